@@ -1,0 +1,162 @@
+"""The `wattcast` command line (typer + rich)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Forecast DL step time, power, cost and CO2e on hardware you do not have.")
+train_app = typer.Typer(no_args_is_help=True, help="Retrain surrogates from measurements.")
+app.add_typer(train_app, name="train")
+err = Console(stderr=True)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def kernels(
+    device: str = typer.Option(..., "--device", "-d", help="Catalog name (case-insensitive) or a spec file (own YAML/JSON or NeuSight JSON)."),
+    input: Path = typer.Option(..., "--input", "-i", help="CSV with OPName + NeuSight shape columns (+ optional dtype)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the predictions here (default: CSV on stdout)."),
+    models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
+) -> None:
+    """Predict the latency of every kernel in a CSV on DEVICE."""
+    import pandas as pd
+
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.models.kernel_predictor import predict_kernels
+
+    try:
+        spec = resolve_device(device)
+    except (DeviceSpecError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if not input.is_file():
+        _fail(f"input file {input} does not exist")
+    try:
+        frame = pd.read_csv(input)
+    except Exception as e:  # pandas raises several types for unreadable CSVs
+        _fail(f"cannot read {input} as CSV: {e}")
+    try:
+        out = predict_kernels(frame, spec, bundle=models)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    bad = (out["error"] != "").sum()
+    if output:
+        out.to_csv(output, index=False)
+    else:
+        out.to_csv(sys.stdout, index=False)
+    ok = out[out["error"] == ""]
+    err.print(
+        f"[green]{len(ok):,}[/] kernels predicted on [bold]{spec.name}[/]"
+        + (f", total {ok['pred_latency_ms'].sum():.3f} ms" if len(ok) else "")
+        + (f", [yellow]{int(ok['ood'].sum()):,} out of distribution[/]" if len(ok) and ok["ood"].any() else "")
+        + (f", [red]{bad:,} rows with errors[/] (see the 'error' column)" if bad else "")
+        + (f" -> {output}" if output else "")
+    )
+
+
+@app.command()
+def devices(name: Optional[str] = typer.Argument(None, help="Show one device's spec (name, alias or spec file).")) -> None:
+    """List the device catalog, or show one spec with its sources."""
+    from wattcast.data.catalog import list_devices, resolve_device
+    from wattcast.data.device_spec import DeviceSpecError
+
+    con = Console()
+    if name:
+        try:
+            spec = resolve_device(name)
+        except (DeviceSpecError, FileNotFoundError) as e:
+            _fail(str(e))
+        t = Table(title=spec.name)
+        t.add_column("field")
+        t.add_column("value")
+        t.add_column("source")
+        for k, v in spec.to_dict().items():
+            if k in ("sources", "source"):
+                continue
+            t.add_row(k, str(v), spec.source_of(k) if isinstance(v, (int, float)) and not isinstance(v, bool) else "")
+        con.print(t)
+        return
+    t = Table(title="wattcast device catalog")
+    for c in ("name", "vendor", "FP32 TFLOP/s", "FP16 TFLOP/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "GB", "GB/s", "SMs", "L2 MB", "TDP W"):
+        t.add_column(c)
+    f = lambda v: "" if v is None else f"{v:g}"  # noqa: E731
+    for s in list_devices():
+        t.add_row(s.name, s.vendor, f(s.peak_fp32_tflops), f(s.peak_fp16_tflops), f(s.peak_bf16_tflops), f(s.peak_fp8_tflops),
+                  f(s.memory_gb), f(s.memory_bandwidth_gbps), f(s.num_sms), f(s.l2_cache_mb), f(s.tdp_w))
+    con.print(t)
+
+
+@train_app.command("kernels")
+def train_kernels(
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
+    holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="GPUs never trained, tuned or selected on (repeatable)."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Your own profiling CSV (schema in README) to train on as well."),
+    only_csv: bool = typer.Option(False, "--only-csv", help="Train on --csv alone, without the shared datasets."),
+    spec: List[Path] = typer.Option([], "--spec", help="Spec file for a GPU of your CSV that is not in the catalog (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Bundle folder to write (default: the shipped one in the package)."),
+    quick: bool = typer.Option(False, "--quick", help="Small, fast fits (smoke tests); not for shipping."),
+    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts)."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+) -> None:
+    """Train, evaluate (held-out GPUs), log to MLflow and ship the kernel latency surrogates."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.training.kernel_run import run_train_kernels
+
+    if only_csv and csv is None:
+        _fail("--only-csv needs --csv FILE")
+    holdout_names = []
+    from wattcast.data.catalog import resolve_device
+
+    for h in holdout:
+        try:
+            holdout_names.append(resolve_device(h).name)
+        except DeviceSpecError as e:
+            _fail(f"--holdout: {e}")
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} fits"), TimeElapsedColumn(), console=err) as prog:
+            task = prog.add_task("training kernel surrogates", total=None)
+            outcome = run_train_kernels(
+                data=data, csv=csv, only_csv=only_csv, holdout=tuple(holdout_names), out_dir=out,
+                spec_files=tuple(str(s) for s in spec), quick=quick, tracking_dir=mlruns, use_mlflow=not no_mlflow,
+                progress=lambda what, n: prog.advance(task, n), log=lambda m: prog.console.print(m),
+            )
+    except (FileNotFoundError, ValueError, DeviceSpecError) as e:
+        _fail(str(e))
+    con = Console()
+    for name in ("heldout_by_family", "in_distribution", "tensorcore_lodo"):
+        t = outcome.tables.get(name)
+        if t is None or len(t) == 0:
+            continue
+        tab = Table(title=name.replace("_", " "))
+        frame = t.reset_index() if name != "tensorcore_lodo" else t
+        for c in frame.columns:
+            tab.add_column(str(c))
+        for _, r in frame.iterrows():
+            tab.add_row(*[f"{v:.2f}" if isinstance(v, float) else str(v) for v in r])
+        con.print(tab)
+    colour = "green" if outcome.replaced else "yellow"
+    con.print(f"[{colour}]{outcome.reason}[/] -> {outcome.out_dir}")
+    if outcome.run_id:
+        con.print(f"MLflow run {outcome.run_id} in {mlruns}/ (mlflow ui --backend-store-uri sqlite:///{mlruns}/mlflow.db)")
+    if not outcome.replaced:
+        raise typer.Exit(1)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,224 @@
+"""Read NeuSight's device JSON format into a :class:`DeviceSpec` (and describe the mapping).
+
+NeuSight (Lee et al., ASPLOS 2025) describes a GPU with a flat JSON object::
+
+    {"Device": "NVIDIA L4", "Dev_Mem": 24, "Mem_Bw": 300, "Num_Sm": 60, "Core_Per_SM": 128,
+     "Freq": 2040, "SingleFLOPs": 31334, "L2Cache": 48}
+
+Units: ``Dev_Mem`` GB, ``Mem_Bw`` GB/s, ``Freq`` MHz, ``SingleFLOPs`` GFLOP/s FP32, ``L2Cache`` MB.
+AMD files give ``SingleFLOPsVEC`` (vector FP32) and ``SingleFLOPsMM`` (FP32 on the matrix cores)
+instead of ``SingleFLOPs``, and count ``Core_Per_SM`` in SIMD units (4 per CU) rather than FP32
+lanes; the spec stores lanes (4 SIMD16 units = 64), and :func:`to_neusight_json` converts back.
+
+NeuSight files carry FP32 figures only. When the JSON's ``Device`` names a catalog entry, the
+file's numbers win and the fields NeuSight lacks (tensor-core peaks, TDP, clocks, interconnect ...)
+are filled from the catalog entry, each with a ``sources`` note saying so. A GPU that is not in the
+catalog loads from the JSON alone.
+
+One NeuSight file, ``NVIDIA_H100_80GB_HBM3_TP.json``, describes a 2-GPU tensor-parallel pair as one
+device: memory, bandwidth and L2 are doubled, ``Num_Sm`` is not, and ``SingleFLOPs`` (1979 TFLOP/s)
+is the pair's dense FP16 tensor peak, not FP32. Such a file is recognised because its FP32 figure
+cannot be reached by ``2 x Num_Sm x Core_Per_SM x Freq``; with a catalog match the group size ``k``
+is ``Dev_Mem`` over the catalog's memory, the spec becomes ``"<Device> x<k>"`` with ``k x`` the SMs,
+and ``SingleFLOPs`` is read as the group's FP16 tensor peak.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+from wattcast.data.device_spec import DeviceSpec, DeviceSpecError, validate
+
+#: NeuSight key -> DeviceSpec field (AMD keys included)
+KEY_TO_FIELD = {
+    "Device": "name",
+    "Dev_Mem": "memory_gb",
+    "Mem_Bw": "memory_bandwidth_gbps",
+    "Num_Sm": "num_sms",
+    "Core_Per_SM": "cores_per_sm",
+    "Freq": "boost_clock_mhz",
+    "SingleFLOPs": "peak_fp32_tflops",
+    "SingleFLOPsVEC": "peak_fp32_tflops",
+    "SingleFLOPsMM": "peak_fp32_matrix_tflops",
+    "L2Cache": "l2_cache_mb",
+}
+
+#: keys a NeuSight file must have (besides an FP32 figure: SingleFLOPs, or SingleFLOPsVEC on AMD)
+_REQUIRED_KEYS = ("Device", "Dev_Mem", "Mem_Bw", "Num_Sm", "Freq", "L2Cache")
+
+#: keys that identify a mapping as NeuSight's format
+_MARKER_KEYS = ("Device", "SingleFLOPs", "SingleFLOPsMM", "SingleFLOPsVEC")
+
+#: FP32 lanes per SIMD unit on AMD CDNA (a CU has 4 SIMD16 units)
+_AMD_LANES_PER_SIMD = 16
+
+#: catalog fields NeuSight lacks, filled from a matching catalog entry
+_FILL_FROM_CATALOG = (
+    "arch",
+    "peak_fp32_matrix_tflops",
+    "peak_tf32_tflops",
+    "peak_fp16_tflops",
+    "peak_bf16_tflops",
+    "peak_fp8_tflops",
+    "cores_per_sm",
+    "base_clock_mhz",
+    "tdp_w",
+    "idle_power_w",
+    "interconnect",
+    "interconnect_bandwidth_gbps",
+    "process_node_nm",
+    "die_area_mm2",
+    "launch_price_usd",
+    "memory_type",
+)
+
+#: of those, the ones that add up over the GPUs of a multi-GPU group (scaled by k)
+_EXTENSIVE = {
+    "peak_fp32_matrix_tflops",
+    "peak_tf32_tflops",
+    "peak_fp16_tflops",
+    "peak_bf16_tflops",
+    "peak_fp8_tflops",
+    "tdp_w",
+    "idle_power_w",
+    "die_area_mm2",
+    "launch_price_usd",
+}
+
+
+def is_neusight_json(d: Any) -> bool:
+    """True when ``d`` looks like a NeuSight device JSON (has ``Device`` / ``SingleFLOPs*`` keys)."""
+    return isinstance(d, Mapping) and any(k in d for k in _MARKER_KEYS)
+
+
+def _vendor_from_name(name: str, d: Mapping[str, Any]) -> str:
+    low = name.lower()
+    if re.search(r"\bamd\b|instinct|radeon", low) or "SingleFLOPsVEC" in d or "SingleFLOPsMM" in d:
+        return "amd"
+    if "intel" in low or "gaudi" in low:
+        return "intel"
+    return "nvidia"
+
+
+def _number(d: Mapping[str, Any], key: str, where: str) -> float:
+    v = d[key]
+    if isinstance(v, bool):
+        v = None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise DeviceSpecError(
+            f"{where}: NeuSight key '{key}' (-> {KEY_TO_FIELD[key]}) must be a number, got {d[key]!r}"
+        ) from None
+    return x
+
+
+def _intish(x: float) -> float | int:
+    return int(x) if math.isfinite(x) and x == int(x) else x
+
+
+def _catalog_entry(name: str) -> DeviceSpec | None:
+    from wattcast.data.catalog import find_device  # lazy: catalog imports this module
+
+    return find_device(name)
+
+
+def from_neusight_json(
+    d: Mapping[str, Any], *, use_catalog: bool = True, origin: str | None = None
+) -> DeviceSpec:
+    """Map a NeuSight device JSON to a validated :class:`DeviceSpec`.
+
+    ``use_catalog``: fill the fields NeuSight lacks from the catalog entry the ``Device`` name
+    resolves to (if any). ``origin``: a file name to mention in messages and citations.
+    """
+    if not isinstance(d, Mapping):
+        raise DeviceSpecError(f"NeuSight device JSON must be an object, got {type(d).__name__}")
+    name = str(d.get("Device", "") or "").strip()
+    where = f"NeuSight device JSON {name or origin or '?'!r}" + (f" ({origin})" if origin and name else "")
+    for key in _REQUIRED_KEYS:
+        if key not in d or d[key] in (None, ""):
+            raise DeviceSpecError(f"{where}: missing NeuSight key '{key}' (-> {KEY_TO_FIELD[key]})")
+    vendor = _vendor_from_name(name, d)
+    if "SingleFLOPsVEC" in d:
+        fp32_key = "SingleFLOPsVEC"
+    elif "SingleFLOPs" in d:
+        fp32_key = "SingleFLOPs"
+    else:
+        want = "SingleFLOPsVEC' (or 'SingleFLOPs" if vendor == "amd" else "SingleFLOPs"
+        raise DeviceSpecError(f"{where}: missing NeuSight key '{want}' (-> peak_fp32_tflops)")
+
+    cite = f"NeuSight device JSON {name}" + (f" ({origin})" if origin else "")
+    sources: dict[str, str] = {}
+    kw: dict[str, Any] = {
+        "name": name,
+        "vendor": vendor,
+        "memory_gb": _intish(_number(d, "Dev_Mem", where)),
+        "memory_bandwidth_gbps": _intish(_number(d, "Mem_Bw", where)),
+        "num_sms": _intish(_number(d, "Num_Sm", where)),
+        "boost_clock_mhz": _intish(_number(d, "Freq", where)),
+        "l2_cache_mb": _intish(_number(d, "L2Cache", where)),
+        "peak_fp32_tflops": _number(d, fp32_key, where) / 1000.0,
+    }
+    sources["peak_fp32_tflops"] = f"{cite}: {fp32_key} {d[fp32_key]} GFLOP/s / 1000"
+    if "SingleFLOPsMM" in d:
+        kw["peak_fp32_matrix_tflops"] = _number(d, "SingleFLOPsMM", where) / 1000.0
+        sources["peak_fp32_matrix_tflops"] = f"{cite}: SingleFLOPsMM {d['SingleFLOPsMM']} GFLOP/s / 1000"
+    if d.get("Core_Per_SM") not in (None, ""):
+        cores = _number(d, "Core_Per_SM", where)
+        if vendor == "amd" and 0 < cores <= 8:
+            # NeuSight counts SIMD units per CU on AMD; the spec counts FP32 lanes
+            sources["cores_per_sm"] = f"{cite}: Core_Per_SM {d['Core_Per_SM']} SIMD units x {_AMD_LANES_PER_SIMD} lanes"
+            cores *= _AMD_LANES_PER_SIMD
+        kw["cores_per_sm"] = _intish(cores)
+
+    cat = _catalog_entry(name) if (use_catalog and name) else None
+    group = 1
+    cores = kw.get("cores_per_sm")
+    if cat is not None and vendor == "nvidia" and cores and kw["num_sms"] > 0 and kw["boost_clock_mhz"] > 0:
+        bound = 2 * kw["num_sms"] * cores * kw["boost_clock_mhz"] / 1e6
+        if kw["peak_fp32_tflops"] > bound * 1.05:
+            # not an FP32 rate these SMs can reach: a multi-GPU group whose figure is the FP16 tensor peak
+            group = max(1, round(kw["memory_gb"] / cat.memory_gb)) if cat.memory_gb else 1
+            fp16 = kw["peak_fp32_tflops"]
+            kw["num_sms"] = int(kw["num_sms"]) * group
+            kw["peak_fp32_tflops"] = round(cat.peak_fp32_tflops * group, 3)
+            kw["peak_fp16_tflops"] = fp16
+            sources["peak_fp16_tflops"] = (
+                f"{cite}: {fp32_key} {d[fp32_key]} GFLOP/s exceeds 2 x Num_Sm x Core_Per_SM x Freq, "
+                f"read as the dense FP16 tensor peak of {group} GPU(s)"
+            )
+            sources["peak_fp32_tflops"] = f"catalog entry {cat.name} x {group}: {cat.source_of('peak_fp32_tflops')}"
+            if group > 1:
+                kw["name"] = f"{name} x{group}"
+                sources["num_sms"] = f"{cite}: Num_Sm {d['Num_Sm']} per GPU x {group} GPUs (Dev_Mem / catalog memory)"
+
+    if cat is not None:
+        for f in _FILL_FROM_CATALOG:
+            v = getattr(cat, f)
+            if v is None or v == "" or kw.get(f) is not None:
+                continue
+            if f == "base_clock_mhz" and v > kw["boost_clock_mhz"]:
+                continue  # the file's clock wins; a catalog base above it would contradict it
+            if group > 1 and f in _EXTENSIVE:
+                v = v * group
+            kw[f] = v
+            if f not in ("arch", "interconnect", "memory_type"):
+                scale = f" x {group}" if group > 1 and f in _EXTENSIVE else ""
+                sources[f] = f"catalog entry {cat.name}{scale} (not in NeuSight JSON): {cat.source_of(f)}"
+        kw["aliases"] = (cat.name,) if group == 1 else ()
+        if group > 1:
+            kw["arch"] = f"{cat.arch}, {group}-GPU tensor-parallel group".strip(", ")
+
+    kw["source"] = cite
+    kw["sources"] = sources
+    try:
+        return validate(DeviceSpec(**kw))
+    except DeviceSpecError as e:
+        msg = str(e)
+        for key, field_name in KEY_TO_FIELD.items():
+            if f"'{field_name}'" in msg and key in d:
+                msg += f" [NeuSight key '{key}']"
+                break
+        raise DeviceSpecError(f"{msg} (from {where})") from None

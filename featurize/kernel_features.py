@@ -1,0 +1,255 @@
+"""Per-kernel features: work, traffic, roofline times, tile/wave shape, cache fit, device descriptors.
+
+Everything is vectorised over rows. ``featurize_kernels(frame, device)`` takes the unified kernel
+table (op, dtype, NeuSight shape columns) and either one :class:`DeviceSpec` for every row or a
+mapping from the frame's ``device`` column to specs.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.featurize.kernel_ops import (
+    BINARY_OPS,
+    DTYPE_BYTES,
+    FLOPS_PER_ELEMENT,
+    OP_FAMILY,
+    SHAPE_COLS,
+)
+
+#: GEMM tile shapes (rows x cols of the output) that cuBLAS/rocBLAS kernels commonly use
+TILES = ((32, 32), (64, 64), (128, 64), (128, 128), (256, 128))
+
+#: bytes moved per SM per clock between L2 and the SMs; a proxy for L2 bandwidth, which datasheets omit
+_L2_BYTES_PER_SM_CLOCK = 64.0
+
+DEVICE_FEATURES = (
+    "dev_log_sms",
+    "dev_log_bw_gbps",
+    "dev_log_peak_vec_tflops",
+    "dev_log_peak_tflops",
+    "dev_log_l2_mb",
+    "dev_clock_ghz",
+    "dev_is_amd",
+    "dev_log_ridge",
+    "dev_log_l2bw_over_dram",
+    "dev_log_flops_per_sm_clock",
+    "dev_base_over_boost",
+    "dev_log_w_per_tflop",
+    "dev_log_mem_gb",
+)
+
+_BASE = (
+    "log_flops",
+    "log_bytes",
+    "log_intensity",
+    "log_intensity_over_ridge",
+    "log_t_compute_ms",
+    "log_t_mem_ms",
+    "log_t_roof_ms",
+    "log_ws_over_l2",
+    "dtype_bytes",
+    "is_tensor_dtype",
+)
+
+GEMM_FEATURES = _BASE + DEVICE_FEATURES + (
+    "log_B", "log_M", "log_N", "log_K", "log_out_elems", "log_M_over_K", "log_N_over_MK",
+    "is_linear",
+    *[f"wave_eff_{a}x{b}" for a, b in TILES],
+    *[f"log_waves_{a}x{b}" for a, b in TILES],
+    "log_tiles_128x128_per_sm",
+    "log_k_iters_per_tile",
+)
+
+CONV_FEATURES = GEMM_FEATURES + ("log_kernel_size", "log_stride", "log_out_size", "log_in_channels")
+
+VEC_FEATURES = _BASE + DEVICE_FEATURES + (
+    "log_B", "log_H", "log_numel", "log_numel_per_sm", "log_rows_per_sm", "row_wave_eff",
+    "log_row_bytes", "is_binary", "flops_per_element", "log_elem_waves",
+)
+
+FEATURES_BY_FAMILY = {
+    "gemm": GEMM_FEATURES,
+    "conv": CONV_FEATURES,
+    "elementwise": VEC_FEATURES,
+    "ln": VEC_FEATURES,
+    "softmax": VEC_FEATURES,
+}
+
+
+def _log(x) -> np.ndarray:
+    return np.log(np.maximum(np.asarray(x, dtype=float), 1e-30))
+
+
+def device_table(specs: Mapping[str, DeviceSpec]) -> pd.DataFrame:
+    """One row per device with the numbers features need (index = device key given)."""
+    rows = {}
+    for key, s in specs.items():
+        rows[key] = {
+            "sms": float(s.num_sms),
+            "bw_gbps": float(s.memory_bandwidth_gbps),
+            "peak_vec_tflops": float(s.peak_fp32_tflops),
+            "l2_mb": float(s.l2_cache_mb),
+            "clock_mhz": float(s.boost_clock_mhz),
+            "is_amd": float(s.vendor == "amd"),
+            # NaN when the sheet lacks them: LightGBM routes NaN, the MLP imputes
+            "base_clock_mhz": float(s.base_clock_mhz) if s.base_clock_mhz else np.nan,
+            "tdp_w": float(s.tdp_w) if s.tdp_w else np.nan,
+            "mem_gb": float(s.memory_gb),
+            **{f"peak_{d}": s.peak_matrix_tflops(d) for d in DTYPE_BYTES},
+            **{f"native_{d}": float(s.has_native(d)) for d in DTYPE_BYTES},
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _wave_eff(tiles: np.ndarray, sms: np.ndarray) -> np.ndarray:
+    waves = np.ceil(tiles / sms)
+    return tiles / np.maximum(waves * sms, 1.0)
+
+
+def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, DeviceSpec]) -> pd.DataFrame:
+    """Return a feature frame aligned with ``frame`` (same index).
+
+    ``frame`` needs ``op``, ``dtype`` and the shape columns of its ops (missing ones are NaN).
+    Besides the model features it carries ``family``, ``flops``, ``bytes`` and ``t_roof_ms``
+    (the roofline time: max of compute and memory time) used as the prediction baseline.
+    """
+    n = len(frame)
+    op = frame["op"].astype(str).to_numpy()
+    dtype = frame["dtype"].astype(str).to_numpy() if "dtype" in frame else np.full(n, "fp32")
+    fam = pd.Series(op).map(OP_FAMILY).to_numpy()
+    if pd.isna(fam).any():
+        bad = sorted(set(op[pd.isna(fam)]))
+        raise ValueError(f"unknown op(s) {bad}; known: {sorted(OP_FAMILY)}")
+
+    if isinstance(device, DeviceSpec):
+        table = device_table({device.name: device})
+        dev_idx = np.zeros(n, dtype=int)
+    else:
+        table = device_table(device)
+        names = frame["device"].astype(str)
+        missing = sorted(set(names) - set(table.index))
+        if missing:
+            raise ValueError(f"no device spec for {missing}")
+        dev_idx = table.index.get_indexer(names)
+    D = {c: table[c].to_numpy()[dev_idx] for c in table.columns}
+
+    g = {c: (frame[c].to_numpy(dtype=float) if c in frame else np.full(n, np.nan)) for c in SHAPE_COLS}
+    ebytes = pd.Series(dtype).map(DTYPE_BYTES).to_numpy(dtype=float)
+    if np.isnan(ebytes).any():
+        raise ValueError(f"unknown dtype(s) {sorted(set(dtype[np.isnan(ebytes)]))}; known: {sorted(DTYPE_BYTES)}")
+
+    peak_mat = np.zeros(n)
+    native = np.zeros(n)
+    for d in DTYPE_BYTES:
+        m = dtype == d
+        peak_mat[m] = D[f"peak_{d}"][m]
+        native[m] = D[f"native_{d}"][m]
+    sms, bw, peak_vec, l2_mb, clock = D["sms"], D["bw_gbps"], D["peak_vec_tflops"], D["l2_mb"], D["clock_mhz"]
+
+    is_gemm = fam == "gemm"
+    is_conv = fam == "conv"
+    is_vec = ~(is_gemm | is_conv)
+    is_linear = op == "linear"
+
+    # ---- GEMM view (conv as implicit GEMM: rows = B*out^2, contraction = Cin*k^2, cols = Cout)
+    B, M, N, K, H = g["B"], g["M"], g["N"], g["K"], g["H"]
+    cin, cout, ks, s_in, stride, pad = (g[c] for c in ("Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size", "Stride", "Padding"))
+    out_size = np.floor((s_in + 2 * pad - ks) / np.where(stride > 0, stride, 1)) + 1
+    gB = np.where(is_conv, 1.0, B)
+    gM = np.where(is_conv, B * out_size**2, M)
+    gN = np.where(is_conv, cin * ks**2, N)
+    gK = np.where(is_conv, cout, K)
+
+    flops = np.zeros(n)
+    bytes_ = np.zeros(n)
+    mm = is_gemm | is_conv
+    flops[mm] = 2.0 * (gB * gM * gN * gK)[mm] + np.where(is_linear, B * M * K, 0.0)[mm]
+    gemm_bytes = (B * M * N + np.where(is_linear, N * K + K, B * N * K) + B * M * K) * ebytes
+    conv_bytes = (B * cin * s_in**2 + cout * cin * ks**2 + B * cout * out_size**2) * ebytes
+    bytes_[is_gemm] = gemm_bytes[is_gemm]
+    bytes_[is_conv] = conv_bytes[is_conv]
+    numel = B * H
+    fpe = pd.Series(op).map(FLOPS_PER_ELEMENT).fillna(1.0).to_numpy(dtype=float)
+    is_binary = np.isin(op, BINARY_OPS)
+    flops[is_vec] = (numel * fpe)[is_vec]
+    # silu_mul reads a (B, 2H) gate+up tensor: the same 3 x B x H traffic as a binary op
+    vec_bytes = numel * ebytes * np.where(is_binary, 3.0, 2.0) + np.where(np.isin(op, ("ln", "rmsnorm")), 2 * H * ebytes, 0.0)
+    bytes_[is_vec] = vec_bytes[is_vec]
+
+    peak_flops = np.where(mm, peak_mat, peak_vec) * 1e12
+    t_compute_ms = flops / peak_flops * 1e3
+    t_mem_ms = bytes_ / (bw * 1e9) * 1e3
+    t_roof_ms = np.maximum(t_compute_ms, t_mem_ms)
+    ridge = peak_flops / (bw * 1e9)
+    intensity = flops / np.maximum(bytes_, 1.0)
+    l2bw_gbps = sms * clock * 1e6 * _L2_BYTES_PER_SM_CLOCK / 1e9
+
+    F: dict[str, np.ndarray] = {
+        "log_flops": _log(flops + 1),
+        "log_bytes": _log(bytes_),
+        "log_intensity": _log(intensity),
+        "log_intensity_over_ridge": _log(intensity / ridge),
+        "log_t_compute_ms": _log(t_compute_ms),
+        "log_t_mem_ms": _log(t_mem_ms),
+        "log_t_roof_ms": _log(t_roof_ms),
+        "log_ws_over_l2": _log(bytes_ / (l2_mb * 1e6)),
+        "dtype_bytes": ebytes,
+        "is_tensor_dtype": ((dtype != "fp32") & (native > 0)).astype(float),
+        "dev_log_sms": _log(sms),
+        "dev_log_bw_gbps": _log(bw),
+        "dev_log_peak_vec_tflops": _log(peak_vec),
+        "dev_log_peak_tflops": _log(peak_flops / 1e12),
+        "dev_log_l2_mb": _log(l2_mb),
+        "dev_clock_ghz": clock / 1e3,
+        "dev_is_amd": D["is_amd"],
+        "dev_log_ridge": _log(ridge),
+        "dev_log_l2bw_over_dram": _log(l2bw_gbps / bw),
+        "dev_log_flops_per_sm_clock": _log(peak_flops / (sms * clock * 1e6)),
+        # power-starved designs (low base clock, few watts per TFLOP) sustain far less than boost peak
+        "dev_base_over_boost": D["base_clock_mhz"] / clock,
+        "dev_log_w_per_tflop": np.log(D["tdp_w"] / (peak_flops / 1e12)),
+        "dev_log_mem_gb": _log(D["mem_gb"]),
+        "log_B": _log(np.where(is_conv, B, np.where(is_vec, B, gB))),
+        "log_M": _log(gM),
+        "log_N": _log(gN),
+        "log_K": _log(gK),
+        "log_H": _log(H),
+        "log_out_elems": _log(gB * gM * gK),
+        "log_M_over_K": _log(gM / gK),
+        "log_N_over_MK": _log(gN / np.sqrt(gM * gK)),
+        "is_linear": is_linear.astype(float),
+        "log_kernel_size": _log(ks),
+        "log_stride": _log(stride),
+        "log_out_size": _log(out_size),
+        "log_in_channels": _log(cin),
+    }
+    for a, b in TILES:
+        tiles = gB * np.ceil(gM / a) * np.ceil(gK / b)
+        F[f"wave_eff_{a}x{b}"] = _wave_eff(tiles, sms)
+        F[f"log_waves_{a}x{b}"] = _log(tiles / sms)
+    F["log_tiles_128x128_per_sm"] = _log(gB * np.ceil(gM / 128) * np.ceil(gK / 128) / sms)
+    F["log_k_iters_per_tile"] = _log(np.ceil(gN / 32))
+
+    # vector ops: elementwise kernels stride over numel; ln/softmax give one row (or a few) per block
+    F["log_numel"] = _log(numel)
+    F["log_numel_per_sm"] = _log(numel / sms)
+    F["log_rows_per_sm"] = _log(B / sms)
+    F["row_wave_eff"] = _wave_eff(np.maximum(B, 1.0), sms)
+    F["log_row_bytes"] = _log(H * ebytes)
+    F["is_binary"] = is_binary.astype(float)
+    F["flops_per_element"] = fpe
+    F["log_elem_waves"] = _log(np.ceil(numel / 512.0) / (sms * 16.0))
+
+    out = pd.DataFrame(F, index=frame.index)
+    out["family"] = fam
+    out["flops"] = flops
+    out["bytes"] = bytes_
+    out["t_compute_ms"] = t_compute_ms
+    out["t_mem_ms"] = t_mem_ms
+    out["t_roof_ms"] = t_roof_ms
+    return out

@@ -1,0 +1,80 @@
+"""The kernel vocabulary: op names, their family, and the shape columns each one needs.
+
+Shape convention (NeuSight's, used everywhere in wattcast):
+- ``bmm``    B, M, N, K: torch.bmm of (B, M, N) by (B, N, K); N is the contraction dim, output (B, M, K).
+- ``linear`` B, M, N, K: nn.Linear(N, K, bias=True) on (B, M, N); N is the contraction dim.
+- elementwise ops, ``ln``, ``rmsnorm``, ``softmax``: a (B, H) tensor (normalisation over H).
+- ``conv``   B, Input_Channel, Output_Channel, Kernel_Size, Input_Size, Stride, Padding:
+  nn.Conv2d without bias on a (B, C, S, S) input.
+"""
+
+from __future__ import annotations
+
+GEMM_COLS = ("B", "M", "N", "K")
+VEC_COLS = ("B", "H")
+CONV_COLS = ("B", "Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size", "Stride", "Padding")
+SHAPE_COLS = ("B", "M", "N", "K", "H", "Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size", "Stride", "Padding")
+
+#: tensor-tensor elementwise ops (read two inputs, write one)
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "silu_mul")
+#: one-input elementwise ops (``u`` = with a Python scalar)
+UNARY_OPS = ("addu", "subu", "mulu", "divu", "powu", "relu", "gelu", "tanh", "silu", "exp", "sigmoid", "neg", "sqrt", "rsqrt", "copy")
+ELEMENTWISE_OPS = BINARY_OPS + UNARY_OPS
+
+#: op -> family; a family has one surrogate
+OP_FAMILY: dict[str, str] = {
+    "bmm": "gemm",
+    "matmul": "gemm",
+    "linear": "gemm",
+    "conv": "conv",
+    "ln": "ln",
+    "rmsnorm": "ln",
+    "softmax": "softmax",
+    **{op: "elementwise" for op in ELEMENTWISE_OPS},
+}
+
+FAMILIES = ("gemm", "conv", "elementwise", "ln", "softmax")
+
+#: the families the issue reports on (BMM and linear are reported apart though one model serves both)
+REPORT_FAMILY: dict[str, str] = {
+    "bmm": "bmm",
+    "matmul": "bmm",
+    "linear": "linear",
+    "conv": "conv",
+    "ln": "layernorm",
+    "rmsnorm": "layernorm",
+    "softmax": "softmax",
+    **{op: "elementwise" for op in ELEMENTWISE_OPS},
+}
+
+#: approximate arithmetic per output element, for vector ops (FLOP/element)
+FLOPS_PER_ELEMENT: dict[str, float] = {
+    "add": 1, "sub": 1, "mul": 1, "div": 1, "pow": 10, "silu_mul": 6,
+    "addu": 1, "subu": 1, "mulu": 1, "divu": 1, "powu": 10, "relu": 1, "gelu": 14, "tanh": 8,
+    "silu": 5, "exp": 4, "sigmoid": 5, "neg": 1, "sqrt": 2, "rsqrt": 2, "copy": 0,
+    "ln": 8, "rmsnorm": 5, "softmax": 5,
+}
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+DTYPE_ALIASES: dict[str, str] = {
+    "float32": "fp32", "float": "fp32", "f32": "fp32", "torch.float32": "fp32",
+    "tensorfloat32": "tf32",
+    "float16": "fp16", "half": "fp16", "f16": "fp16", "torch.float16": "fp16",
+    "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "float8": "fp8", "f8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+}
+
+
+def required_columns(op: str) -> tuple[str, ...]:
+    fam = OP_FAMILY[op]
+    if fam == "gemm":
+        return GEMM_COLS
+    if fam == "conv":
+        return CONV_COLS
+    return VEC_COLS
+
+
+def canonical_dtype(d: str) -> str:
+    s = str(d).strip().lower()
+    return DTYPE_ALIASES.get(s, s)

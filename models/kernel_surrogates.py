@@ -1,0 +1,128 @@
+"""Kernel latency surrogates behind one fit/predict interface.
+
+Every surrogate predicts ``log(latency / roofline)`` for one op family from the features of
+``wattcast.featurize.kernel_features``; latency = roofline x exp(prediction). Families:
+
+- :class:`RooflineSurrogate`: the analytical baseline (prediction 0, i.e. latency = roofline) and,
+  with a per-family calibration constant, the fallback when no learned model is available.
+- :class:`LGBMSurrogate`: gradient-boosted trees (LightGBM); saved as LightGBM text.
+- :class:`MLPSurrogate`: a NeuSight-style MLP predicting the achieved fraction of the roofline,
+  ``eff = EFF_MAX x sigmoid(z)``, so latency is bounded below by roofline / EFF_MAX. It is trained with
+  torch (``training/``) and runs in numpy here, so prediction needs no torch; weights in safetensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+#: the MLP's efficiency ceiling against the DRAM roofline; above 1 because L2-resident kernels beat DRAM
+EFF_MAX = 2.0
+
+
+class RooflineSurrogate:
+    """latency = roofline x exp(offset); offset 0 is the plain roofline."""
+
+    name = "roofline"
+
+    def __init__(self, offset: float = 0.0):
+        self.offset = float(offset)
+
+    def fit(self, X: pd.DataFrame, y: np.ndarray) -> "RooflineSurrogate":
+        self.offset = float(np.median(y))
+        return self
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        return np.full(len(X), self.offset)
+
+
+class LGBMSurrogate:
+    """LightGBM regressor on the log roofline ratio."""
+
+    name = "lgbm"
+
+    def __init__(self, features: Sequence[str], params: dict | None = None, num_boost_round: int = 400):
+        self.features = list(features)
+        self.params = {
+            "objective": "l2",
+            "learning_rate": 0.05,
+            "num_leaves": 63,
+            "min_data_in_leaf": 20,
+            "feature_fraction": 0.8,
+            "bagging_fraction": 0.8,
+            "bagging_freq": 1,
+            "lambda_l2": 1.0,
+            "verbose": -1,
+            "num_threads": 0,
+            "seed": 0,
+            "deterministic": True,
+            **(params or {}),
+        }
+        self.num_boost_round = num_boost_round
+        self.booster = None
+
+    def fit(self, X: pd.DataFrame, y: np.ndarray) -> "LGBMSurrogate":
+        import lightgbm as lgb
+
+        ds = lgb.Dataset(X[self.features].to_numpy(dtype=np.float64), label=np.asarray(y), feature_name=self.features, free_raw_data=True)
+        self.booster = lgb.train(self.params, ds, num_boost_round=self.num_boost_round)
+        return self
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        if self.booster is None:
+            raise RuntimeError("LGBMSurrogate is not fitted")
+        return self.booster.predict(X[self.features].to_numpy(dtype=np.float64), num_threads=0)
+
+    def save(self, path: Path) -> None:
+        self.booster.save_model(str(path))
+
+    @classmethod
+    def load(cls, path: Path, features: Sequence[str]) -> "LGBMSurrogate":
+        import lightgbm as lgb
+
+        m = cls(features)
+        m.booster = lgb.Booster(model_file=str(path))  # LightGBM text format: no pickle
+        if list(m.booster.feature_name()) != list(features):
+            raise ValueError(f"{path}: the booster's features differ from the manifest's")
+        return m
+
+
+class MLPSurrogate:
+    """Numpy forward pass of a trained MLP: standardise -> (Linear, SiLU)* -> Linear -> efficiency."""
+
+    name = "mlp"
+
+    def __init__(self, features: Sequence[str], weights: dict[str, np.ndarray]):
+        self.features = list(features)
+        self.mean = weights["mean"].astype(np.float64)
+        self.std = weights["std"].astype(np.float64)
+        self.fill = weights["fill"].astype(np.float64)  # imputation for NaN inputs (training medians)
+        n_layers = sum(1 for k in weights if k.startswith("w"))
+        self.layers = [(weights[f"w{i}"].astype(np.float64), weights[f"b{i}"].astype(np.float64)) for i in range(n_layers)]
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The arrays that rebuild this model (saved as safetensors)."""
+        out = {"mean": self.mean, "std": self.std, "fill": self.fill}
+        for i, (w, b) in enumerate(self.layers):
+            out[f"w{i}"] = w
+            out[f"b{i}"] = b
+        return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+    def fit(self, X, y):  # pragma: no cover - training lives in wattcast.training
+        raise NotImplementedError("MLPSurrogate is trained by wattcast.training.kernel_mlp.fit_mlp")
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        z = X[self.features].to_numpy(dtype=np.float64)
+        z = np.where(np.isnan(z), self.fill, z)
+        z = (z - self.mean) / self.std
+        for i, (w, b) in enumerate(self.layers):
+            z = z @ w.T + b
+            if i < len(self.layers) - 1:
+                z = z / (1.0 + np.exp(-z))  # SiLU
+        z = z[:, 0]
+        # eff = EFF_MAX * sigmoid(z); log ratio = -log(eff)
+        log_sig = -np.logaddexp(0.0, -z)
+        return -(np.log(EFF_MAX) + log_sig)

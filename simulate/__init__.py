@@ -1,0 +1,1 @@
+"""Lifecycle simulation: scheduler, topology, parallelism, memory (issue 4)."""

@@ -1,0 +1,289 @@
+"""The whole `wattcast train kernels` job: load -> train -> evaluate held-out -> MLflow -> gated write."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.catalog import resolve_device
+from wattcast.data.device_spec import DeviceSpec, DeviceSpecError
+from wattcast.models.kernel_bundle import KernelBundle, shipped_folder
+from wattcast.training.kernels import (
+    NEUSIGHT_OOD_MAPE,
+    TrainConfig,
+    dataset_fingerprint,
+    evaluate,
+    old_bundle_score,
+    summarise,
+    train_bundle,
+)
+
+#: the validation gate's tolerance: the new bundle may not be worse than the old by more than this
+GATE_TOLERANCE = 0.0
+
+
+@dataclass
+class RunOutcome:
+    replaced: bool
+    reason: str
+    out_dir: Path
+    metrics: dict
+    tables: dict
+    run_id: str | None
+
+
+def _specs_for(devices, extra_specs: dict[str, DeviceSpec]) -> dict[str, DeviceSpec]:
+    specs = {}
+    unknown = []
+    for d in sorted(set(devices)):
+        if d in extra_specs:
+            specs[d] = extra_specs[d]
+            continue
+        try:
+            specs[d] = resolve_device(d)
+        except DeviceSpecError:
+            unknown.append(d)
+    if unknown:
+        raise DeviceSpecError(
+            f"no device spec for {unknown}: use catalog names or aliases in the CSV's Device column, "
+            "or pass a spec file per device with --spec FILE (its name must match the Device column)"
+        )
+    return specs
+
+
+def _canonical_devices(df: pd.DataFrame, extra_specs: dict[str, DeviceSpec]) -> pd.DataFrame:
+    """Map the Device column of user data to catalog names (spec files keep their own names)."""
+    names = {}
+    for d in pd.unique(df["device"]):
+        if d in extra_specs:
+            names[d] = d
+            continue
+        try:
+            names[d] = resolve_device(d).name
+        except DeviceSpecError:
+            names[d] = d
+    return df.assign(device=df["device"].map(names))
+
+
+def _plot_heldout(pred: pd.DataFrame, folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for dev, g in pred.groupby("device"):
+        fig, ax = plt.subplots(figsize=(6, 6))
+        for fam, gg in g.groupby("report_family"):
+            ax.scatter(gg["latency_ms"], gg["pred_latency_ms"], s=6, alpha=0.5, label=f"{fam} ({gg['ape'].mean()*100:.1f}%)")
+        lo = max(1e-4, min(g["latency_ms"].min(), g["pred_latency_ms"].min()))
+        hi = max(g["latency_ms"].max(), g["pred_latency_ms"].max())
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured latency (ms)")
+        ax.set_ylabel("predicted latency (ms)")
+        ax.set_title(f"{dev} (held out): MAPE {g['ape'].mean()*100:.1f}%")
+        ax.legend(fontsize=8)
+        p = folder / f"heldout_{dev}.png"
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def _mlflow_log(tracking_dir: Path, params: dict, metrics: dict, artifacts: list[Path], tags: dict) -> str | None:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("DO_NOT_TRACK", "true")
+    import mlflow
+
+    tracking_dir.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(f"sqlite:///{tracking_dir.resolve() / 'mlflow.db'}")
+    name = "kernel-surrogates"
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is None:
+        exp_id = mlflow.create_experiment(name, artifact_location=(tracking_dir.resolve() / "artifacts").as_uri())
+    else:
+        exp_id = exp.experiment_id
+    with mlflow.start_run(experiment_id=exp_id) as run:
+        mlflow.log_params(params)
+        mlflow.set_tags(tags)
+        clean = {k.replace("%", "pct").replace(" ", "_"): float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}
+        mlflow.log_metrics(clean)
+        for a in artifacts:
+            mlflow.log_artifact(str(a))
+        return run.info.run_id
+
+
+def run_train_kernels(
+    data: str | Path | None = None,
+    csv: str | Path | None = None,
+    only_csv: bool = False,
+    holdout: tuple[str, ...] = ("L4", "A100-PCIe-80GB"),
+    out_dir: str | Path | None = None,
+    spec_files: tuple[str, ...] = (),
+    quick: bool = False,
+    tracking_dir: str | Path = "mlruns",
+    use_mlflow: bool = True,
+    progress: Callable[[str, int], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> RunOutcome:
+    from wattcast.data.kernel_datasets import (
+        DataNotFoundError,
+        load_kernels,
+        load_label_nodes,
+        load_user_kernels,
+        split_heldout,
+    )
+
+    t0 = time.time()
+    cfg = TrainConfig.quick(holdout=tuple(holdout)) if quick else TrainConfig(holdout=tuple(holdout))
+    extra_specs = {}
+    for f in spec_files:
+        s = resolve_device(f)
+        extra_specs[s.name] = s
+
+    frames, heldout_parts = [], []
+    user_val = None
+    if not only_csv:
+        shared = load_kernels(data)  # raises DataNotFoundError with a clear message
+        train_shared, held_shared = _split(shared, holdout)
+        frames.append(train_shared)
+        heldout_parts.append(held_shared)
+        try:
+            nodes = load_label_nodes(data, devices=list(holdout))
+            heldout_parts.append(nodes[nodes["device"].isin(holdout)])
+        except DataNotFoundError:
+            pass
+    if csv is not None:
+        user = _canonical_devices(load_user_kernels(csv), extra_specs)
+        held_user = user[user["device"].isin(holdout)]
+        user = user[~user["device"].isin(holdout)]
+        if len(held_user):
+            log(f"{len(held_user)} rows of the user CSV are on held-out GPUs {sorted(set(held_user['device']))}: used for evaluation only")
+            heldout_parts.append(held_user)
+        rng = np.random.default_rng(1)
+        vmask = rng.random(len(user)) < 0.2
+        user_val = user[vmask]
+        frames.append(user[~vmask])
+    train = pd.concat(frames, ignore_index=True)
+    if len(train) == 0:
+        raise ValueError("no training rows")
+    specs = _specs_for(pd.concat([train, *heldout_parts, *( [user_val] if user_val is not None else [])])["device"], extra_specs)
+    fp = dataset_fingerprint(train[["op", "dtype", "B", "M", "N", "K", "H", "device", "latency_ms"]])
+    log(f"training rows: {len(train):,} on {train['device'].nunique()} GPUs; held out: {', '.join(holdout)}; fingerprint {fp}")
+
+    bundle, lodo_tables, val = train_bundle(train, specs, cfg, progress=progress, extra_val=user_val)
+    bundle.meta["dataset_fingerprint"] = fp
+    bundle.meta["config"] = {k: v for k, v in cfg.__dict__.items()}
+
+    metrics: dict[str, float] = {}
+    tables: dict[str, pd.DataFrame] = {}
+    # in-distribution: the validation split of the training GPUs
+    val_pred = evaluate(bundle, val, specs)
+    tables["in_distribution"] = summarise(val_pred, ["report_family"])
+    metrics["val_mape_pct"] = float(val_pred["ape"].mean() * 100)
+    for fam, r in tables["in_distribution"].iterrows():
+        metrics[f"indist_{fam}_mape_pct"] = r["mape_pct"]
+    # LODO (unseen training GPU) per family, and the tensor-core GEMM LODO per device
+    lodo_rows = []
+    for fam, t in lodo_tables.items():
+        ch = t.attrs["choice"]
+        for (dev, dt), g in t.groupby(["device", "dtype"]):
+            lodo_rows.append({"family": fam, "device": dev, "dtype": dt, "rows": len(g), "model": ch,
+                              "mape_pct": g[f"ape_{ch}"].mean() * 100, "roofline_mape_pct": g["ape_roofline"].mean() * 100})
+        metrics[f"lodo_{fam}_mape_pct"] = float(t.groupby("device")[f"ape_{ch}"].mean().mean() * 100)
+    if lodo_rows:
+        tables["lodo"] = pd.DataFrame(lodo_rows).round(2)
+        tc = tables["lodo"][(tables["lodo"]["family"] == "gemm") & (tables["lodo"]["dtype"] != "fp32")]
+        tables["tensorcore_lodo"] = tc
+        for _, r in tc.iterrows():
+            metrics[f"tc_lodo_{r['device']}_{r['dtype']}_mape_pct"] = r["mape_pct"]
+    # held-out GPUs: the honest number
+    held = pd.concat(heldout_parts, ignore_index=True) if heldout_parts else pd.DataFrame()
+    held_pred = None
+    if len(held):
+        held_pred = evaluate(bundle, held, specs)
+        tables["heldout"] = summarise(held_pred, ["device", "source", "report_family"])
+        by_fam = summarise(held_pred, ["device", "report_family"])
+        by_fam["neusight_published_pct"] = [NEUSIGHT_OOD_MAPE.get(f, np.nan) for _, f in by_fam.index]
+        tables["heldout_by_family"] = by_fam
+        for (dev, fam), r in by_fam.iterrows():
+            metrics[f"heldout_{dev}_{fam}_mape_pct"] = r["mape_pct"]
+            metrics[f"heldout_{dev}_{fam}_roofline_mape_pct"] = r["roofline_mape_pct"]
+        metrics["heldout_mape_pct"] = float(held_pred["ape"].mean() * 100)
+
+    # the gate: replace only if the new bundle validates no worse on the same validation rows
+    target = Path(out_dir) if out_dir else shipped_folder()
+    new_score = float(val_pred["ape"].mean())
+    old_score = old_bundle_score(target, val, specs) if (target / "kernel_manifest.json").is_file() else None
+    if old_score is None:
+        replaced, reason = True, "no working bundle at the target: writing the new one"
+    elif new_score <= old_score * (1 + GATE_TOLERANCE):
+        replaced, reason = True, f"new bundle validates no worse ({new_score*100:.2f}% vs {old_score*100:.2f}% MAPE on {len(val):,} validation rows)"
+    else:
+        replaced, reason = False, (
+            f"kept the existing bundle: the new one validates worse ({new_score*100:.2f}% vs {old_score*100:.2f}% MAPE "
+            f"on {len(val):,} validation rows)"
+        )
+    metrics["gate_new_mape_pct"] = new_score * 100
+    if old_score is not None:
+        metrics["gate_old_mape_pct"] = old_score * 100
+    bundle.meta["metrics"] = {k: round(float(v), 3) for k, v in metrics.items()}
+    if replaced:
+        # write to a sibling temp folder, then swap: a crash never leaves a half-written bundle
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".kernels-", dir=target.parent))
+        bundle.save(tmp)
+        for f in target.glob("kernel_*"):
+            f.unlink()
+        for f in tmp.iterdir():
+            shutil.move(str(f), target / f.name)
+        tmp.rmdir()
+        from wattcast.models.kernel_bundle import load_bundle
+
+        load_bundle.cache_clear()
+    seconds = time.time() - t0
+    metrics["train_seconds"] = seconds
+
+    run_id = None
+    if use_mlflow:
+        with tempfile.TemporaryDirectory() as td:
+            tdp = Path(td)
+            arts = []
+            for name, t in tables.items():
+                p = tdp / f"{name}.csv"
+                t.to_csv(p)
+                arts.append(p)
+            if held_pred is not None:
+                arts += _plot_heldout(held_pred, tdp)
+            (tdp / "manifest_meta.json").write_text(json.dumps(bundle.meta, indent=1, default=str))
+            arts.append(tdp / "manifest_meta.json")
+            params = {
+                "holdout": ",".join(holdout),
+                "train_rows": len(train),
+                "train_devices": ",".join(bundle.meta["train_devices"]),
+                "dataset_fingerprint": fp,
+                "user_csv": str(csv) if csv else "",
+                **{f"cfg_{k}": v for k, v in cfg.__dict__.items()},
+                **{f"choice_{f}": fm.choice for f, fm in bundle.families.items()},
+            }
+            run_id = _mlflow_log(Path(tracking_dir), params, metrics, arts, {"replaced": str(replaced), "gate": reason})
+    return RunOutcome(replaced, reason, target, metrics, tables, run_id)
+
+
+def _split(df: pd.DataFrame, holdout: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from wattcast.data.kernel_datasets import AMBIGUOUS_DEVICES
+
+    amb = df["device"].isin(AMBIGUOUS_DEVICES)
+    held = df["device"].isin(holdout)
+    return df[~held & ~amb], df[held]

@@ -1,0 +1,237 @@
+"""`wattcast train kernels`: fit, select, evaluate, log and (if it validates) ship the kernel surrogates.
+
+Protocol (held-out discipline):
+- Held-out GPUs (default NVIDIA L4 and A100 80GB PCIe) are removed before anything is fitted. They
+  are only predicted by the finished bundle, and their errors are reported; nothing is chosen by them.
+- Per op family, leave-one-device-out (LODO) over the training GPUs picks the model (LightGBM, MLP
+  or their mean) and calibrates the uncertainty band: it is the honest "unseen GPU" estimate that
+  training is allowed to look at.
+- A random 10% of the training GPUs' rows (plus 20% of a user's CSV) is the validation split: the
+  shipped bundle is fitted without it, reports in-distribution error on it, and must be no worse on
+  it than the bundle it would replace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURES_BY_FAMILY, featurize_kernels
+from wattcast.featurize.kernel_ops import REPORT_FAMILY
+from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
+from wattcast.models.kernel_surrogates import LGBMSurrogate
+
+#: NeuSight (ASPLOS'25) published out-of-distribution per-op errors, percent (the bar to halve)
+NEUSIGHT_OOD_MAPE = {"bmm": 13.8, "linear": 13.9, "elementwise": 19.3, "softmax": 13.9, "layernorm": 56.7}
+
+#: device descriptors the vector-op families keep; more of them let the trees memorise the 7 training
+#: GPUs, which LODO showed generalises worse (mean LODO APE 0.21 -> 0.16 for LayerNorm)
+VECTOR_DEVICE_FEATURES = ("dev_log_ridge", "dev_is_amd", "dev_log_w_per_tflop")
+
+
+def family_features(family: str) -> list[str]:
+    feats = list(FEATURES_BY_FAMILY[family])
+    if family in ("elementwise", "ln", "softmax"):
+        feats = [f for f in feats if f not in DEVICE_FEATURES] + list(VECTOR_DEVICE_FEATURES)
+    return feats
+
+
+@dataclass
+class TrainConfig:
+    holdout: tuple[str, ...] = ("L4", "A100-PCIe-80GB")
+    lgbm_rounds: int = 400
+    mlp_epochs: int = 20
+    max_rows_per_fit: int = 80_000  # subsample cap per fit (LODO folds and final)
+    lodo: bool = True
+    val_fraction: float = 0.10
+    seed: int = 0
+    families: tuple[str, ...] = ("gemm", "conv", "elementwise", "ln", "softmax")
+
+    @classmethod
+    def quick(cls, **kw) -> "TrainConfig":
+        return cls(lgbm_rounds=60, mlp_epochs=3, max_rows_per_fit=8_000, **kw)
+
+
+@dataclass
+class TrainResult:
+    bundle: KernelBundle
+    metrics: dict[str, float]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    heldout_predictions: pd.DataFrame | None = None
+    fingerprint: str = ""
+    seconds: float = 0.0
+
+
+def dataset_fingerprint(df: pd.DataFrame) -> str:
+    h = pd.util.hash_pandas_object(df.reset_index(drop=True), index=False).to_numpy()
+    return hashlib.sha256(h.tobytes()).hexdigest()[:16]
+
+
+def ape(pred_ms: np.ndarray, true_ms: np.ndarray) -> np.ndarray:
+    return np.abs(pred_ms / true_ms - 1.0)
+
+
+def _fit_pair(X: pd.DataFrame, y: np.ndarray, feats: list[str], cfg: TrainConfig, rng, want_mlp: bool = True):
+    idx = np.arange(len(X))
+    if len(idx) > cfg.max_rows_per_fit:
+        idx = rng.choice(idx, cfg.max_rows_per_fit, replace=False)
+    lg = LGBMSurrogate(feats, num_boost_round=cfg.lgbm_rounds, params={"seed": cfg.seed}).fit(X.iloc[idx], y[idx])
+    mlp = None
+    if want_mlp and cfg.mlp_epochs > 0:
+        from wattcast.training.kernel_mlp import fit_mlp
+
+        mlp = fit_mlp(X.iloc[idx], y[idx], feats, epochs=cfg.mlp_epochs, seed=cfg.seed)
+    return lg, mlp
+
+
+def _lodo(X: pd.DataFrame, y: np.ndarray, devices: np.ndarray, feats: list[str], cfg: TrainConfig, rng, tick) -> pd.DataFrame:
+    """Leave-one-device-out predictions of every candidate for every row (columns lgbm, mlp, ens)."""
+    out = pd.DataFrame(index=X.index, columns=["lgbm", "mlp", "ens"], dtype=float)
+    for d in pd.unique(devices):
+        te = devices == d
+        lg, mlp = _fit_pair(X[~te], y[~te], feats, cfg, rng)
+        out.loc[te, "lgbm"] = lg.predict(X[te])
+        out.loc[te, "mlp"] = mlp.predict(X[te]) if mlp is not None else np.nan
+        tick()
+    out["ens"] = out[["lgbm", "mlp"]].mean(axis=1)
+    return out
+
+
+def _choose(lodo: pd.DataFrame, y: np.ndarray, devices: np.ndarray) -> tuple[str, dict[str, float]]:
+    """The candidate with the lowest mean-over-devices LODO APE."""
+    scores = {}
+    for c in ("lgbm", "mlp", "ens"):
+        p = lodo[c].to_numpy(dtype=float)
+        if np.isnan(p).all():
+            continue
+        e = pd.Series(np.abs(np.exp(p - y) - 1.0)).groupby(devices).mean()
+        scores[c] = float(e.mean())
+    return min(scores, key=scores.get), scores
+
+
+def _support(X: pd.DataFrame, feats: Sequence[str]) -> dict[str, tuple[float, float]]:
+    sup = {}
+    for f in feats:
+        v = X[f].to_numpy(dtype=float)
+        v = v[np.isfinite(v)]
+        if len(v) and f not in ("is_linear", "is_binary", "dev_is_amd", "is_tensor_dtype"):
+            sup[f] = (float(v.min()), float(v.max()))
+    return sup
+
+
+def train_bundle(
+    train: pd.DataFrame,
+    specs: dict[str, DeviceSpec],
+    cfg: TrainConfig,
+    progress: Callable[[str, int], None] | None = None,
+    extra_val: pd.DataFrame | None = None,
+) -> tuple[KernelBundle, dict[str, pd.DataFrame], pd.DataFrame]:
+    """Fit one model per family on ``train`` (no held-out GPU rows!). Returns bundle, LODO tables, val split."""
+    rng = np.random.default_rng(cfg.seed)
+    held = set(cfg.holdout)
+    leaked = sorted(set(train["device"]) & held)
+    if leaked:
+        raise ValueError(f"held-out GPU rows reached training: {leaked}")
+    X_all = featurize_kernels(train, specs)
+    y_all = np.log(train["latency_ms"].to_numpy(dtype=float) / X_all["t_roof_ms"].to_numpy())
+    is_val = rng.random(len(train)) < cfg.val_fraction
+    val_parts = [train[is_val]]
+    if extra_val is not None and len(extra_val):
+        val_parts.append(extra_val)
+    families: dict[str, FamilyModel] = {}
+    tables: dict[str, pd.DataFrame] = {}
+    tick = (lambda: progress("fit", 1)) if progress else (lambda: None)
+    for fam in cfg.families:
+        m = (X_all["family"] == fam).to_numpy() & ~is_val
+        if m.sum() < 50:
+            continue
+        feats = family_features(fam)
+        X, y = X_all[m], y_all[m]
+        devs = train["device"].to_numpy()[m]
+        choice, scores, band = "lgbm", {}, (-0.3, 0.3)
+        if cfg.lodo and len(pd.unique(devs)) >= 3:
+            lodo = _lodo(X, y, devs, feats, cfg, rng, tick)
+            choice, scores = _choose(lodo, y, devs)
+            resid = y - lodo[choice].to_numpy(dtype=float)
+            band = (float(np.quantile(resid, 0.05)), float(np.quantile(resid, 0.95)))
+            t = pd.DataFrame(
+                {
+                    "device": devs,
+                    "op": train["op"].to_numpy()[m],
+                    "dtype": train["dtype"].to_numpy()[m],
+                    "source": train["source"].to_numpy()[m],
+                    **{f"ape_{c}": np.abs(np.exp(lodo[c].to_numpy(dtype=float) - y) - 1) for c in ("lgbm", "mlp", "ens")},
+                    "ape_roofline": np.abs(np.exp(-y) - 1),
+                }
+            )
+            t.attrs["scores"] = scores
+            t.attrs["choice"] = choice
+            tables[fam] = t
+        lg, mlp = _fit_pair(X, y, feats, cfg, rng, want_mlp=choice in ("mlp", "ens") or cfg.mlp_epochs > 0)
+        tick()
+        families[fam] = FamilyModel(
+            family=fam,
+            features=feats,
+            choice=choice,
+            band_log=band,
+            support=_support(X, feats),
+            fallback_offset=float(np.median(y)),
+            lgbm=lg,
+            mlp=mlp,
+        )
+    meta = {
+        "train_devices": sorted(set(train.loc[~is_val, "device"])),
+        "holdout_devices": list(cfg.holdout),
+        "lodo_scores": {f: t.attrs["scores"] for f, t in tables.items()},
+        "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return KernelBundle(families, meta), tables, pd.concat(val_parts)
+
+
+def evaluate(bundle: KernelBundle, rows: pd.DataFrame, specs: dict[str, DeviceSpec]) -> pd.DataFrame:
+    """Predict ``rows`` (unified table) device by device; adds pred/roofline/ape columns."""
+    from wattcast.models.kernel_predictor import predict_kernels
+
+    parts = []
+    for dev, g in rows.groupby("device", sort=False):
+        p = predict_kernels(g, specs[dev], bundle=bundle)
+        parts.append(p)
+    out = pd.concat(parts) if parts else rows.assign(pred_latency_ms=[], roofline_ms=[])
+    out["ape"] = ape(out["pred_latency_ms"].to_numpy(), out["latency_ms"].to_numpy())
+    out["ape_roofline"] = ape(out["roofline_ms"].to_numpy(), out["latency_ms"].to_numpy())
+    out["report_family"] = out["op"].map(REPORT_FAMILY)
+    out["inside_band"] = (out["latency_ms"] >= out["pred_low_ms"]) & (out["latency_ms"] <= out["pred_high_ms"])
+    return out
+
+
+def summarise(pred: pd.DataFrame, by: Iterable[str]) -> pd.DataFrame:
+    g = pred.groupby(list(by))
+    return pd.DataFrame(
+        {
+            "rows": g.size(),
+            "mape_pct": g["ape"].mean() * 100,
+            "median_ape_pct": g["ape"].median() * 100,
+            "roofline_mape_pct": g["ape_roofline"].mean() * 100,
+            "band_coverage_pct": g["inside_band"].mean() * 100,
+            "ood_pct": g["ood"].mean() * 100,
+        }
+    ).round(2)
+
+
+def old_bundle_score(folder: Path, val: pd.DataFrame, specs) -> float | None:
+    try:
+        old = KernelBundle.load(folder)
+    except FileNotFoundError:
+        return None
+    except Exception:  # an unreadable old bundle is not a working model
+        return None
+    ev = evaluate(old, val, specs)
+    return float(ev["ape"].mean())
