@@ -42,7 +42,8 @@ def kernels(
     if not input.is_file():
         _fail(f"input file {input} does not exist")
     try:
-        frame = pd.read_csv(input)
+        # read as text so the output repeats every input cell exactly as given
+        frame = pd.read_csv(input, dtype=str, keep_default_na=False)
     except Exception as e:  # pandas raises several types for unreadable CSVs
         _fail(f"cannot read {input} as CSV: {e}")
     try:

@@ -62,7 +62,8 @@ DTYPE_ALIASES: dict[str, str] = {
     "tensorfloat32": "tf32",
     "float16": "fp16", "half": "fp16", "f16": "fp16", "torch.float16": "fp16",
     "bfloat16": "bf16", "torch.bfloat16": "bf16",
-    "float8": "fp8", "f8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+    "float8": "fp8", "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+    "f8e4m3fn": "fp8", "f8e5m2": "fp8", "f8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
 }
 
 

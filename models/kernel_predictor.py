@@ -34,7 +34,12 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
         raise ValueError("input has no 'OPName' (or 'op') column")
     n = len(df)
     op = df["op"].astype(str).str.strip().str.lower()
-    dtype = df["dtype"].fillna("fp32").astype(str).map(canonical_dtype) if "dtype" in df else pd.Series("fp32", index=df.index)
+    if "dtype" in df:
+        raw = df["dtype"]
+        blank = raw.isna().to_numpy() | (raw.astype(str).str.strip() == "").to_numpy()
+        dtype = pd.Series(np.where(blank, "fp32", raw.astype(str).to_numpy()), index=df.index).map(canonical_dtype)
+    else:
+        dtype = pd.Series("fp32", index=df.index)
     err = np.full(n, "", dtype=object)
     known = op.isin(list(OP_FAMILY)).to_numpy()
     err[~known] = [f"unknown op {o!r}" for o in op[~known]]
@@ -49,13 +54,21 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
                 err[rows] = f"missing column {c!r} for op {ops!r}"
                 break
             v = pd.to_numeric(df.loc[rows, c], errors="coerce").to_numpy(dtype=float)
-            bad = ~np.isfinite(v) | (v < (0 if c == "Padding" else 1))
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(v) | (v < (0 if c == "Padding" else 1)) | (v != np.round(v))
             if bad.any():
                 idx = np.flatnonzero(rows)[bad]
-                err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r}" for i in idx]
+                err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r} (need a whole number >= {0 if c == 'Padding' else 1})" for i in idx]
+                rows = rows & (err == "")
     for c in ("B", "M", "N", "K", "H", "Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size", "Stride", "Padding"):
         if c in df:
             out[c] = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+    # a convolution whose kernel does not fit the padded input has no output: say so, do not predict it
+    conv = (out["op"] == "conv").to_numpy() & (err == "")
+    if conv.any():
+        size = out["Input_Size"].to_numpy() + 2 * out["Padding"].to_numpy() - out["Kernel_Size"].to_numpy()
+        bad = conv & (size < 0)
+        err[bad] = "conv kernel larger than the padded input (Kernel_Size > Input_Size + 2 x Padding): no output"
     return out, err
 
 

@@ -100,14 +100,24 @@ class MLPSurrogate:
         self.mean = weights["mean"].astype(np.float64)
         self.std = weights["std"].astype(np.float64)
         self.fill = weights["fill"].astype(np.float64)  # imputation for NaN inputs (training medians)
+        # inputs are clipped to the training range: an MLP extrapolates linearly and without bound
+        # outside it, a tree does not (leave-one-device-out chose this, see training/kernel_mlp.py)
+        self.lo = weights["lo"].astype(np.float64) if "lo" in weights else None
+        self.hi = weights["hi"].astype(np.float64) if "hi" in weights else None
+        self.clip = self.lo is not None
         n_layers = sum(1 for k in weights if k.startswith("w"))
-        self.layers = [(weights[f"w{i}"].astype(np.float64), weights[f"b{i}"].astype(np.float64)) for i in range(n_layers)]
+        # float32 like the torch net it came from; transposed once here, not per call
+        self.layers = [
+            (np.ascontiguousarray(weights[f"w{i}"].T, dtype=np.float32), weights[f"b{i}"].astype(np.float32)) for i in range(n_layers)
+        ]
 
     def weights(self) -> dict[str, np.ndarray]:
         """The arrays that rebuild this model (saved as safetensors)."""
         out = {"mean": self.mean, "std": self.std, "fill": self.fill}
-        for i, (w, b) in enumerate(self.layers):
-            out[f"w{i}"] = w
+        if self.clip:
+            out["lo"], out["hi"] = self.lo, self.hi
+        for i, (wt, b) in enumerate(self.layers):
+            out[f"w{i}"] = wt.T
             out[f"b{i}"] = b
         return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
@@ -117,12 +127,15 @@ class MLPSurrogate:
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         z = X[self.features].to_numpy(dtype=np.float64)
         z = np.where(np.isnan(z), self.fill, z)
-        z = (z - self.mean) / self.std
-        for i, (w, b) in enumerate(self.layers):
-            z = z @ w.T + b
+        if self.clip:
+            z = np.clip(z, self.lo, self.hi)
+        z = ((z - self.mean) / self.std).astype(np.float32)
+        for i, (wt, b) in enumerate(self.layers):
+            z = z @ wt
+            z += b
             if i < len(self.layers) - 1:
-                z = z / (1.0 + np.exp(-z))  # SiLU
-        z = z[:, 0]
+                z *= 1.0 / (1.0 + np.exp(-np.clip(z, -60.0, 60.0)))  # SiLU
+        z = z[:, 0].astype(np.float64)
         # eff = EFF_MAX * sigmoid(z); log ratio = -log(eff)
         log_sig = -np.logaddexp(0.0, -z)
         return -(np.log(EFF_MAX) + log_sig)

@@ -20,6 +20,7 @@ def fit_mlp(
     batch_size: int = 512,
     lr: float = 2e-3,
     seed: int = 0,
+    clip_inputs: bool = True,
 ) -> MLPSurrogate:
     """Fit on ``y = log(latency / roofline)``; returns a numpy :class:`MLPSurrogate`."""
     import torch
@@ -63,6 +64,8 @@ def fit_mlp(
             sched.step()
 
     weights: dict[str, np.ndarray] = {"mean": mean, "std": std, "fill": fill}
+    if clip_inputs:
+        weights["lo"], weights["hi"] = A.min(axis=0), A.max(axis=0)
     linears = [m for m in net if isinstance(m, torch.nn.Linear)]
     for i, lin in enumerate(linears):
         weights[f"w{i}"] = lin.weight.detach().numpy().astype(np.float32)

@@ -224,14 +224,3 @@ def summarise(pred: pd.DataFrame, by: Iterable[str]) -> pd.DataFrame:
             "ood_pct": g["ood"].mean() * 100,
         }
     ).round(2)
-
-
-def old_bundle_score(folder: Path, val: pd.DataFrame, specs) -> float | None:
-    try:
-        old = KernelBundle.load(folder)
-    except FileNotFoundError:
-        return None
-    except Exception:  # an unreadable old bundle is not a working model
-        return None
-    ev = evaluate(old, val, specs)
-    return float(ev["ape"].mean())

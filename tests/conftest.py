@@ -1,0 +1,151 @@
+"""Shared fixtures: the repository paths, the public data root (skip when absent) and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Library code paths must never phone home; set it for this process and every subprocess we start.
+_QUIET_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "HF_HUB_OFFLINE": "1"}
+for _k, _v in _QUIET_ENV.items():
+    os.environ.setdefault(_k, _v)
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+#: the columns `wattcast kernels` adds (its contract with other tools)
+CONTRACT_COLUMNS = ("pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood")
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def examples_csv() -> Path:
+    return EXAMPLES / "kernels.csv"
+
+
+@pytest.fixture(scope="session")
+def my_gpu_yaml() -> Path:
+    return EXAMPLES / "my_gpu.yaml"
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    """The public datasets folder; skips the test when it is not there."""
+    from wattcast.data.kernel_datasets import DataNotFoundError, resolve_data_root
+
+    try:
+        return resolve_data_root()
+    except DataNotFoundError as e:
+        pytest.skip(f"public kernel data not available: {e}")
+
+
+def cli_env(data: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(_QUIET_ENV)
+    # a wide virtual terminal so rich does not wrap the messages we look for
+    env["COLUMNS"] = "400"
+    env["NO_COLOR"] = "1"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if data is not None:
+        env["WATTCAST_DATA"] = str(data)
+    else:
+        try:
+            from wattcast.data.kernel_datasets import resolve_data_root
+
+            env.setdefault("WATTCAST_DATA", str(resolve_data_root()))
+        except FileNotFoundError:
+            pass
+    return env
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, data: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real `wattcast` command line (``python -m wattcast.cli ARGS``) and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "wattcast.cli", *map(str, args)],
+        cwd=str(cwd or REPO),
+        env=cli_env(data),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def flat(text: str) -> str:
+    """Whitespace-normalised text (rich may still wrap long messages)."""
+    return " ".join(text.split())
+
+
+@pytest.fixture(scope="session")
+def cli():
+    return run_cli
+
+
+# ------------------------------------------------------------------------------ background training
+class BackgroundTraining:
+    """`wattcast train kernels --quick --out BASE/bundle --mlruns BASE/mlruns` on the shared data, in a subprocess.
+
+    test_train_cli.py checks its results; conftest starts it at collection time so the ~45 s of
+    training overlap the other tests (the machine has 2 cores; training keeps one of them busy).
+    """
+
+    def __init__(self, base: Path, data: Path):
+        self.base = base
+        self.bundle = base / "bundle"
+        self.mlruns = base / "mlruns"
+        self._log = open(base / "train.log", "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wattcast.cli", "train", "kernels", "--quick",
+             "--out", str(self.bundle), "--mlruns", str(self.mlruns)],
+            cwd=str(base), env=cli_env(data), stdout=self._log, stderr=subprocess.STDOUT, text=True,
+        )
+        self._done: subprocess.CompletedProcess | None = None
+
+    def result(self, timeout: float = 900) -> subprocess.CompletedProcess:
+        """Wait for the run; stdout holds its combined output."""
+        if self._done is None:
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.stop()
+                pytest.fail(f"`wattcast train kernels --quick` did not finish in {timeout:.0f} s")
+            self._log.seek(0)
+            self._done = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self._log.read(), "")
+            self._log.close()
+        return self._done
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # our own child, by its handle
+            self.proc.wait()
+        if not self._log.closed:
+            self._log.close()
+
+
+def pytest_collection_finish(session):
+    """Start the shared-data training early when test_train_cli.py is selected and the data is there."""
+    cfg = session.config
+    if cfg.option.collectonly or not any(Path(str(i.fspath)).name == "test_train_cli.py" for i in session.items):
+        return
+    try:
+        from wattcast.data.kernel_datasets import resolve_data_root
+
+        data = resolve_data_root()
+    except FileNotFoundError:
+        return  # the module skips itself
+    base = Path(cfg._tmp_path_factory.mktemp("train")) if hasattr(cfg, "_tmp_path_factory") else None
+    if base is None:
+        return  # no tmp_path factory (plugin disabled): the fixture starts it instead
+    cfg._wattcast_training = BackgroundTraining(base, data)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    t = getattr(session.config, "_wattcast_training", None)
+    if t is not None:
+        t.stop()

@@ -1,0 +1,257 @@
+"""predict_kernels: the `wattcast kernels` contract, sanity of the shipped bundle, devices, OOD, bundle I/O.
+
+The shipped bundle is a placeholder that will be retrained: nothing here depends on its accuracy,
+only on properties any sensible bundle has (ordering of clearly different kernels and devices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import wattcast
+from conftest import CONTRACT_COLUMNS
+from wattcast.data.catalog import resolve_device
+from wattcast.models.kernel_bundle import KernelBundle, load_bundle, shipped_folder
+from wattcast.models.kernel_predictor import predict_kernels
+
+NEUSIGHT_L4 = "neusight/devices/NVIDIA_L4.json"
+
+
+@pytest.fixture(scope="module")
+def examples(examples_csv) -> pd.DataFrame:
+    return pd.read_csv(examples_csv)
+
+
+def _gemm(op="bmm", dtype="fp32", **shape) -> dict:
+    return {"OPName": op, "dtype": dtype, **shape}
+
+
+def _pred(rows: list[dict], device: str) -> np.ndarray:
+    out = predict_kernels(pd.DataFrame(rows), device)
+    assert (out["error"] == "").all(), out["error"].tolist()
+    return out["pred_latency_ms"].to_numpy()
+
+
+def _check_contract(out: pd.DataFrame, inp: pd.DataFrame) -> None:
+    assert len(out) == len(inp)
+    assert list(out.columns[: len(inp.columns)]) == list(inp.columns)
+    pd.testing.assert_frame_equal(out[list(inp.columns)], inp)
+    for c in CONTRACT_COLUMNS:
+        assert c in out.columns
+    ok = out["error"] == ""
+    p, lo, hi = (out.loc[ok, c].to_numpy(dtype=float) for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"))
+    assert np.isfinite(p).all() and (p > 0).all()
+    assert (lo <= p).all() and (p <= hi).all()
+    assert (lo > 0).all()
+    assert out["ood"].dtype == bool
+
+
+# ------------------------------------------------------------------------------ the contract
+@pytest.mark.parametrize("device", ["H100-SXM5-80GB", "h100-sxm5-80gb", "Tesla-T4", "MI300X", "L4"])
+def test_examples_predict_every_row(examples, device):
+    out = predict_kernels(examples, device)
+    _check_contract(out, examples)
+    assert (out["error"] == "").all(), out.loc[out["error"] != "", "error"].tolist()
+
+
+def test_examples_cover_the_documented_ops_and_dtypes(examples):
+    ops = set(examples["OPName"])
+    assert {"bmm", "linear", "add", "addu", "gelu", "ln", "softmax", "conv"} <= ops
+    assert {"bf16", "fp16", "fp32"} <= set(examples["dtype"])
+    assert "Kernel_Size" in examples.columns and "Kernel_Szie" not in examples.columns
+    assert 15 <= len(examples) <= 30
+
+
+def test_input_frame_is_not_modified_and_index_is_kept(examples):
+    df = examples.copy()
+    df.index = np.arange(1000, 1000 + len(df))
+    before = df.copy()
+    out = predict_kernels(df, "A100-SXM4-40GB")
+    pd.testing.assert_frame_equal(df, before)
+    assert list(out.index) == list(df.index)
+
+
+def test_dtype_defaults_to_fp32(examples):
+    fp32 = examples[examples["dtype"] == "fp32"].reset_index(drop=True)
+    without = fp32.drop(columns=["dtype"])
+    blank = fp32.assign(dtype=np.nan)
+    a = predict_kernels(fp32, "A100-SXM4-40GB")["pred_latency_ms"].to_numpy()
+    b = predict_kernels(without, "A100-SXM4-40GB")["pred_latency_ms"].to_numpy()
+    c = predict_kernels(blank, "A100-SXM4-40GB")["pred_latency_ms"].to_numpy()
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+
+
+def test_neusight_kernel_szie_spelling_is_accepted(examples):
+    conv = examples[examples["OPName"] == "conv"].dropna(axis=1, how="all").reset_index(drop=True)
+    typo = conv.rename(columns={"Kernel_Size": "Kernel_Szie"})
+    a = predict_kernels(conv, "V100-PCIe-32GB")
+    b = predict_kernels(typo, "V100-PCIe-32GB")
+    assert (b["error"] == "").all()
+    assert list(b.columns[: len(typo.columns)]) == list(typo.columns)  # the user's spelling is kept
+    np.testing.assert_array_equal(a["pred_latency_ms"], b["pred_latency_ms"])
+
+
+# ------------------------------------------------------------------------------ sanity of the numbers
+def test_four_times_larger_gemm_is_slower():
+    base = dict(M=2048, N=2048, K=2048)
+    small, big_b, big_mk = _pred([_gemm(B=1, **base), _gemm(B=4, **base), _gemm(B=1, M=4096, N=2048, K=4096)], "A100-SXM4-40GB")
+    assert big_b > small
+    assert big_mk > small
+    small_l, big_l = _pred([_gemm("linear", B=1, M=4096, N=4096, K=4096), _gemm("linear", B=1, M=16384, N=4096, K=4096)], "L40S")
+    assert big_l > small_l
+
+
+def test_same_gemm_is_faster_on_h100_than_on_t4():
+    rows = [_gemm(B=1, M=4096, N=4096, K=4096), _gemm("linear", B=1, M=8192, N=4096, K=4096)]
+    h100 = _pred(rows, "H100-SXM5-80GB")
+    t4 = _pred(rows, "Tesla-T4")
+    assert (h100 < t4).all()
+    assert (t4 / h100 > 3).all()  # ~8x the FP32 peak, ~10x the bandwidth
+
+
+def test_bf16_gemm_is_faster_than_fp32_on_a100():
+    shape = dict(B=1, M=8192, N=8192, K=8192)
+    fp32, bf16 = _pred([_gemm(dtype="fp32", **shape), _gemm(dtype="bf16", **shape)], "A100-SXM4-40GB")
+    assert bf16 < fp32
+    assert fp32 / bf16 > 2  # the tensor-core peak is 16x the FP32 one
+
+
+# ------------------------------------------------------------------------------ row-level errors
+def test_unknown_op_is_a_row_error(examples):
+    bad = pd.concat([examples.iloc[:3], pd.DataFrame([{"OPName": "frobnicate", "B": 8, "H": 128}]), examples.iloc[3:6]],
+                    ignore_index=True)
+    out = predict_kernels(bad, "H100-SXM5-80GB")
+    assert len(out) == len(bad)
+    row = out.iloc[3]
+    assert "frobnicate" in row["error"] and "unknown op" in row["error"]
+    assert np.isnan(row["pred_latency_ms"]) and np.isnan(row["pred_low_ms"]) and np.isnan(row["pred_high_ms"])
+    others = out.drop(index=3)
+    assert (others["error"] == "").all()
+    assert np.isfinite(others["pred_latency_ms"]).all()
+    # the other rows get the same numbers as without the bad row
+    clean = predict_kernels(pd.concat([examples.iloc[:3], examples.iloc[3:6]], ignore_index=True), "H100-SXM5-80GB")
+    np.testing.assert_allclose(others["pred_latency_ms"].to_numpy(), clean["pred_latency_ms"].to_numpy())
+
+
+def test_missing_shape_column_is_a_row_error_naming_it():
+    df = pd.DataFrame([{"OPName": "add", "B": 64, "H": 1024}, {"OPName": "bmm", "B": 4, "H": 1024}, {"OPName": "ln", "B": 64, "H": 1024}])
+    out = predict_kernels(df, "A100-SXM4-40GB")
+    assert out.loc[0, "error"] == "" and out.loc[2, "error"] == ""
+    assert "'M'" in out.loc[1, "error"] and "bmm" in out.loc[1, "error"]
+    assert np.isnan(out.loc[1, "pred_latency_ms"])
+    assert np.isfinite(out.loc[[0, 2], "pred_latency_ms"]).all()
+
+
+def test_invalid_shape_value_is_a_row_error():
+    df = pd.DataFrame([{"OPName": "add", "B": 64, "H": 1024}, {"OPName": "add", "B": -1, "H": 1024}, {"OPName": "add", "B": 64, "H": "x"}])
+    out = predict_kernels(df, "A100-SXM4-40GB")
+    assert out.loc[0, "error"] == ""
+    assert "'B'" in out.loc[1, "error"]
+    assert "'H'" in out.loc[2, "error"]
+    assert out.loc[[1, 2], "pred_latency_ms"].isna().all()
+
+
+def test_conv_with_a_kernel_larger_than_the_padded_input_is_a_row_error():
+    ok = dict(OPName="conv", B=1, Input_Channel=3, Output_Channel=8, Kernel_Size=3, Input_Size=8, Stride=1, Padding=1)
+    bad = dict(ok, Kernel_Size=7, Input_Size=2, Padding=0)
+    out = predict_kernels(pd.DataFrame([ok, bad]), "A100-SXM4-40GB")
+    assert out.loc[0, "error"] == ""
+    assert out.loc[1, "error"] != ""
+    assert np.isnan(out.loc[1, "pred_latency_ms"])
+
+
+def test_unknown_dtype_is_a_row_error():
+    df = pd.DataFrame([_gemm(B=1, M=64, N=64, K=64), _gemm(dtype="fp64", B=1, M=64, N=64, K=64)])
+    out = predict_kernels(df, "A100-SXM4-40GB")
+    assert out.loc[0, "error"] == ""
+    assert "fp64" in out.loc[1, "error"]
+    assert np.isnan(out.loc[1, "pred_latency_ms"])
+
+
+# ------------------------------------------------------------------------------ devices
+def test_neusight_json_device_file(examples, data_root):
+    path = data_root / NEUSIGHT_L4
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    fp32 = examples[examples["dtype"] == "fp32"].reset_index(drop=True)
+    for dev in (path, str(path)):
+        out = predict_kernels(fp32, dev)
+        _check_contract(out, fp32)
+        assert (out["error"] == "").all()
+    # NeuSight's JSON holds the same FP32 figures as the catalog's L4: same roofline
+    cat = predict_kernels(fp32, "L4")
+    np.testing.assert_allclose(out["roofline_ms"], cat["roofline_ms"], rtol=1e-3)
+
+
+def test_own_schema_yaml_device_file(examples, my_gpu_yaml):
+    spec = resolve_device(str(my_gpu_yaml))
+    assert spec.name == "RTX-4090"
+    from wattcast.data.catalog import find_device
+
+    assert find_device(spec.name) is None  # not a catalog device: the file is the only way in
+    for dev in (my_gpu_yaml, str(my_gpu_yaml), spec):
+        out = predict_kernels(examples, dev)
+        _check_contract(out, examples)
+        assert (out["error"] == "").all()
+
+
+def test_giant_gemm_is_out_of_distribution():
+    n = 131072
+    out = predict_kernels(pd.DataFrame([_gemm(B=1, M=n, N=n, K=n), _gemm(B=1, M=1024, N=1024, K=1024)]), "H100-SXM5-80GB")
+    assert bool(out.loc[0, "ood"]) is True
+    assert "shape" in out.loc[0, "ood_reason"]
+    assert np.isfinite(out.loc[0, "pred_latency_ms"]) and out.loc[0, "pred_latency_ms"] > 0
+    assert out.loc[0, "pred_low_ms"] <= out.loc[0, "pred_latency_ms"] <= out.loc[0, "pred_high_ms"]
+
+
+def test_made_up_device_with_ten_times_the_bandwidth_is_out_of_distribution(examples):
+    from wattcast.data.catalog import list_devices
+
+    h100 = resolve_device("H100-SXM5-80GB")
+    top_bw = max(s.memory_bandwidth_gbps for s in list_devices())
+    fantasy = dataclasses.replace(h100, name="Fantasy-GPU", aliases=(), memory_bandwidth_gbps=10 * top_bw)
+    out = predict_kernels(examples, fantasy)
+    assert (out["error"] == "").all()
+    assert out["ood"].all()
+    assert out["ood_reason"].str.contains("device").all()
+    _check_contract(out, examples)
+
+
+# ------------------------------------------------------------------------------ API and bundle
+def test_top_level_api_matches_the_models_function(examples):
+    a = wattcast.predict_kernels(examples, "H100-SXM5-80GB")
+    b = predict_kernels(examples, "H100-SXM5-80GB")
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_bundle_round_trip_predicts_identically(examples, tmp_path):
+    shipped = KernelBundle.load(shipped_folder())
+    shipped.save(tmp_path / "copy")
+    files = sorted(p.name for p in (tmp_path / "copy").iterdir())
+    assert "kernel_manifest.json" in files
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".joblib"))]
+    again = KernelBundle.load(tmp_path / "copy")
+    assert sorted(again.families) == sorted(shipped.families)
+    assert again.train_devices == shipped.train_devices
+    for dev in ("H100-SXM5-80GB", "MI300X"):
+        a = predict_kernels(examples, dev, bundle=shipped)
+        b = predict_kernels(examples, dev, bundle=again)
+        c = predict_kernels(examples, dev, bundle=str(tmp_path / "copy"))
+        d = predict_kernels(examples, dev)  # default: the shipped bundle
+        pd.testing.assert_frame_equal(a, b)
+        pd.testing.assert_frame_equal(a, c)
+        pd.testing.assert_frame_equal(a, d)
+    load_bundle.cache_clear()
+
+
+def test_shipped_bundle_is_trained_without_the_heldout_gpus():
+    meta = load_bundle().meta
+    held = set(meta.get("holdout_devices", []))
+    assert {"L4", "A100-PCIe-80GB"} <= held
+    assert not held & set(meta["train_devices"])

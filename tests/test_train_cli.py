@@ -1,0 +1,212 @@
+"""End-to-end `wattcast train kernels` on the real data: bundle files, held-out discipline, MLflow, the gate.
+
+The shared-data training (``--quick``, ~45 s on 2 cores) runs once, in a background subprocess that
+conftest starts as soon as collection selects this module, so the other tests run beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import CONTRACT_COLUMNS, BackgroundTraining, flat, run_cli
+
+pytestmark = pytest.mark.e2e
+
+HELDOUT = ("L4", "A100-PCIe-80GB")
+PICKLES = (".pkl", ".pickle", ".joblib")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def training(request, tmp_path_factory, data_root) -> BackgroundTraining:
+    """The background training started by conftest at collection time (or now, if it was not)."""
+    t = getattr(request.config, "_wattcast_training", None)
+    if t is None:
+        t = BackgroundTraining(tmp_path_factory.mktemp("train"), data_root)
+        request.config._wattcast_training = t
+    return t
+
+
+@pytest.fixture(scope="module")
+def trained(training) -> BackgroundTraining:
+    r = training.result()
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert "Traceback" not in r.stdout, r.stdout[-4000:]
+    return training
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------ user CSV
+@pytest.fixture(scope="module")
+def user_csv(tmp_path_factory, data_root) -> Path:
+    """~400 measured T4 kernels (bmm, add, ln) in the documented user schema."""
+    base = data_root / "neusight" / "kernels"
+    parts = []
+    for op, cols, n in (("bmm", ["B", "M", "N", "K"], 140), ("add", ["B", "H"], 130), ("ln", ["B", "H"], 130)):
+        f = base / op / "Tesla_T4.csv"
+        if not f.is_file():
+            pytest.skip(f"{f} not present")
+        d = pd.read_csv(f)
+        parts.append(d.sample(n, random_state=0)[["OPName", "Latency", "Device", *cols]])
+    user = pd.concat(parts, ignore_index=True)[["OPName", "Latency", "Device", "B", "M", "N", "K", "H"]]
+    assert len(user) == 400
+    path = tmp_path_factory.mktemp("user") / "t4_kernels.csv"
+    user.to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def user_bundle(tmp_path_factory, user_csv) -> Path:
+    out = tmp_path_factory.mktemp("user_train") / "bundle2"
+    r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--out", out, "--no-mlflow", cwd=out.parent)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    return out
+
+
+def test_user_csv_training_writes_a_bundle(user_bundle, user_csv, tmp_path):
+    names = {p.name for p in user_bundle.iterdir()}
+    assert "kernel_manifest.json" in names
+    assert {"kernel_gemm.lgbm.txt", "kernel_elementwise.lgbm.txt", "kernel_ln.lgbm.txt"} <= names
+    assert not [n for n in names if n.endswith(PICKLES)]
+    manifest = json.loads((user_bundle / "kernel_manifest.json").read_text())
+    assert manifest["train_devices"] == ["Tesla-T4"]
+    # the new bundle predicts (its families; the others fall back to the roofline)
+    r = run_cli("kernels", "--device", "Tesla-T4", "--input", user_csv, "--models", user_bundle)
+    assert r.returncode == 0, r.stderr
+    out = pd.read_csv(io.StringIO(r.stdout))
+    assert len(out) == 400 and all(c in out for c in CONTRACT_COLUMNS)
+    assert np.isfinite(out["pred_latency_ms"]).all()
+
+
+def test_corrupted_csv_does_not_replace_the_bundle(user_bundle, user_csv, tmp_path):
+    target = tmp_path / "bundle2"
+    shutil.copytree(user_bundle, target)
+    before = _hashes(target)
+    bad = pd.read_csv(user_csv)
+    bad["Latency"] = bad["Latency"] * 50
+    bad_csv = tmp_path / "corrupted.csv"
+    bad.to_csv(bad_csv, index=False)
+    r = run_cli("train", "kernels", "--csv", bad_csv, "--only-csv", "--quick", "--out", target, "--no-mlflow", cwd=tmp_path)
+    assert "Traceback" not in r.stderr
+    assert r.returncode != 0, flat(r.stdout)
+    assert "kept the existing bundle" in flat(r.stdout + r.stderr)
+    assert _hashes(target) == before
+
+
+def test_csv_without_latency_column_fails_naming_it(user_csv, tmp_path):
+    bad = pd.read_csv(user_csv).drop(columns=["Latency"])
+    path = tmp_path / "no_latency.csv"
+    bad.to_csv(path, index=False)
+    r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--quick", "--out", tmp_path / "b", "--no-mlflow", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    msg = flat(r.stderr)
+    assert "'Latency'" in msg and "missing column" in msg
+    assert not (tmp_path / "b" / "kernel_manifest.json").exists()
+
+
+def test_csv_with_negative_latency_names_the_row(user_csv, tmp_path):
+    bad = pd.read_csv(user_csv)
+    bad.loc[7, "Latency"] = -0.5
+    path = tmp_path / "negative.csv"
+    bad.to_csv(path, index=False)
+    r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--quick", "--out", tmp_path / "b", "--no-mlflow", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    msg = flat(r.stderr)
+    assert "line 9" in msg  # header is line 1, so data row 7 (0-based) is line 9
+    assert "-0.5" in msg
+    assert not (tmp_path / "b" / "kernel_manifest.json").exists()
+
+
+def test_csv_on_a_gpu_outside_the_catalog_needs_and_takes_a_spec(user_csv, my_gpu_yaml, tmp_path):
+    df = pd.read_csv(user_csv).assign(Device="RTX-4090")
+    path = tmp_path / "rtx.csv"
+    df.to_csv(path, index=False)
+    r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--quick", "--out", tmp_path / "b", "--no-mlflow", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert "--spec" in flat(r.stderr) and "RTX-4090" in flat(r.stderr)
+    r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--spec", my_gpu_yaml, "--quick", "--out", tmp_path / "b",
+                "--no-mlflow", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "b" / "kernel_manifest.json").read_text())["train_devices"] == ["RTX-4090"]
+
+
+def test_only_csv_without_csv_fails_cleanly(tmp_path):
+    r = run_cli("train", "kernels", "--only-csv", "--quick", "--out", tmp_path / "b", "--no-mlflow", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert "--csv" in flat(r.stderr)
+
+
+# ------------------------------------------------------------------------------ shared-data training
+def test_training_writes_a_pickle_free_bundle(trained):
+    names = {p.name for p in trained.bundle.iterdir()}
+    assert "kernel_manifest.json" in names
+    assert "kernel_mlp.safetensors" in names
+    lgbm = sorted(n for n in names if n.endswith(".lgbm.txt"))
+    assert {"kernel_gemm.lgbm.txt", "kernel_elementwise.lgbm.txt", "kernel_ln.lgbm.txt", "kernel_softmax.lgbm.txt"} <= set(lgbm)
+    for n in lgbm:
+        assert (trained.bundle / n).read_text()[:4] == "tree"  # LightGBM text format
+    pickles = [p for p in trained.base.rglob("*") if p.suffix.lower() in PICKLES]
+    assert not pickles, pickles
+
+
+def test_manifest_excludes_the_heldout_gpus(trained):
+    manifest = json.loads((trained.bundle / "kernel_manifest.json").read_text())
+    train_devices = set(manifest["train_devices"])
+    assert len(train_devices) >= 5
+    for h in HELDOUT:
+        assert h not in train_devices
+    assert set(HELDOUT) <= set(manifest["holdout_devices"])
+    assert {"gemm", "elementwise", "ln", "softmax"} <= set(manifest["families"])
+
+
+def test_mlflow_run_has_heldout_metrics_and_plots(trained):
+    mlflow = pytest.importorskip("mlflow")
+    db = trained.mlruns / "mlflow.db"
+    assert db.is_file()
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    runs = mlflow.search_runs(search_all_experiments=True)
+    assert len(runs) >= 1
+    run = runs.iloc[0]
+    heldout = [c for c in runs.columns if c.startswith("metrics.heldout_")]
+    assert heldout, list(runs.columns)
+    assert any(h in c for c in heldout for h in HELDOUT)
+    vals = run[heldout].astype(float)
+    assert np.isfinite(vals.dropna()).all() and vals.notna().any()
+    assert "metrics.train_seconds" in runs.columns and run["metrics.train_seconds"] > 0
+    from mlflow.tracking import MlflowClient
+
+    arts = {a.path for a in MlflowClient().list_artifacts(run["run_id"])}
+    pngs = {a for a in arts if a.endswith(".png")}
+    for h in HELDOUT:
+        assert any(h in p for p in pngs), (h, sorted(arts))
+
+
+def test_predicting_with_the_trained_bundle(trained, examples_csv, tmp_path):
+    out_csv = tmp_path / "out.csv"
+    r = run_cli("kernels", "--device", "L4", "--input", examples_csv, "--models", trained.bundle, "--output", out_csv)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    out = pd.read_csv(out_csv)
+    inp = pd.read_csv(examples_csv)
+    assert len(out) == len(inp)
+    assert list(out.columns[: len(inp.columns)]) == list(inp.columns)
+    assert all(c in out for c in CONTRACT_COLUMNS)
+    p = out["pred_latency_ms"].to_numpy(dtype=float)
+    assert np.isfinite(p).all() and (p > 0).all()
+    assert (out["pred_low_ms"] <= out["pred_latency_ms"]).all() and (out["pred_latency_ms"] <= out["pred_high_ms"]).all()
+
