@@ -119,12 +119,26 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
     (the roofline time: max of compute and memory time) used as the prediction baseline.
     """
     n = len(frame)
-    op = frame["op"].astype(str).to_numpy()
-    dtype = frame["dtype"].astype(str).to_numpy() if "dtype" in frame else np.full(n, "fp32")
-    fam = pd.Series(op).map(OP_FAMILY).to_numpy()
-    if pd.isna(fam).any():
-        bad = sorted(set(op[pd.isna(fam)]))
-        raise ValueError(f"unknown op(s) {bad}; known: {sorted(OP_FAMILY)}")
+    # look-ups run once per distinct op/dtype (pd.factorize hashes), not once per row
+    op_codes, op_names = pd.factorize(frame["op"].astype(str))
+    op_names = np.asarray(op_names, dtype=object)
+    op = op_names[op_codes] if n else np.array([], dtype=object)
+    unknown = [o for o in op_names if o not in OP_FAMILY]
+    if unknown:
+        raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {sorted(OP_FAMILY)}")
+    fam = np.array([OP_FAMILY[o] for o in op_names], dtype=object)[op_codes]
+    if "dtype" in frame:
+        dt_codes, dt_names = pd.factorize(frame["dtype"].astype(str))
+        dt_names = np.asarray(dt_names, dtype=object)
+    else:
+        dt_codes, dt_names = np.zeros(n, dtype=int), np.array(["fp32"], dtype=object)
+    bad_dt = [d for d in dt_names if d not in DTYPE_BYTES]
+    if bad_dt:
+        raise ValueError(f"unknown dtype(s) {sorted(bad_dt)}; known: {sorted(DTYPE_BYTES)}")
+    dtype = dt_names[dt_codes] if n else np.array([], dtype=object)
+
+    def per_op(table: dict, default: float) -> np.ndarray:
+        return np.array([float(table.get(o, default)) for o in op_names], dtype=float)[op_codes] if n else np.zeros(0)
 
     if isinstance(device, DeviceSpec):
         table = device_table({device.name: device})
@@ -139,14 +153,12 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
     D = {c: table[c].to_numpy()[dev_idx] for c in table.columns}
 
     g = {c: (frame[c].to_numpy(dtype=float) if c in frame else np.full(n, np.nan)) for c in SHAPE_COLS}
-    ebytes = pd.Series(dtype).map(DTYPE_BYTES).to_numpy(dtype=float)
-    if np.isnan(ebytes).any():
-        raise ValueError(f"unknown dtype(s) {sorted(set(dtype[np.isnan(ebytes)]))}; known: {sorted(DTYPE_BYTES)}")
+    ebytes = np.array([float(DTYPE_BYTES[d]) for d in dt_names])[dt_codes] if n else np.zeros(0)
 
     peak_mat = np.zeros(n)
     native = np.zeros(n)
-    for d in DTYPE_BYTES:
-        m = dtype == d
+    for i, d in enumerate(dt_names):
+        m = dt_codes == i
         peak_mat[m] = D[f"peak_{d}"][m]
         native[m] = D[f"native_{d}"][m]
     sms, bw, peak_vec, l2_mb, clock = D["sms"], D["bw_gbps"], D["peak_vec_tflops"], D["l2_mb"], D["clock_mhz"]
@@ -154,7 +166,7 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
     is_gemm = fam == "gemm"
     is_conv = fam == "conv"
     is_vec = ~(is_gemm | is_conv)
-    is_linear = op == "linear"
+    is_linear = per_op({"linear": 1.0}, 0.0) > 0
 
     # ---- GEMM view (conv as implicit GEMM: rows = B*out^2, contraction = Cin*k^2, cols = Cout)
     B, M, N, K, H = g["B"], g["M"], g["N"], g["K"], g["H"]
@@ -174,11 +186,11 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
     bytes_[is_gemm] = gemm_bytes[is_gemm]
     bytes_[is_conv] = conv_bytes[is_conv]
     numel = B * H
-    fpe = pd.Series(op).map(FLOPS_PER_ELEMENT).fillna(1.0).to_numpy(dtype=float)
-    is_binary = np.isin(op, BINARY_OPS)
+    fpe = per_op(FLOPS_PER_ELEMENT, 1.0)
+    is_binary = per_op(dict.fromkeys(BINARY_OPS, 1.0), 0.0) > 0
     flops[is_vec] = (numel * fpe)[is_vec]
     # silu_mul reads a (B, 2H) gate+up tensor: the same 3 x B x H traffic as a binary op
-    vec_bytes = numel * ebytes * np.where(is_binary, 3.0, 2.0) + np.where(np.isin(op, ("ln", "rmsnorm")), 2 * H * ebytes, 0.0)
+    vec_bytes = numel * ebytes * np.where(is_binary, 3.0, 2.0) + np.where(per_op({"ln": 1.0, "rmsnorm": 1.0}, 0.0) > 0, 2 * H * ebytes, 0.0)
     bytes_[is_vec] = vec_bytes[is_vec]
 
     peak_flops = np.where(mm, peak_mat, peak_vec) * 1e12

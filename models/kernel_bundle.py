@@ -45,31 +45,77 @@ class FamilyModel:
 
     def predict_log_ratio(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """Return (log ratio, ensemble spread >= 0)."""
-        preds = {}
-        if self.lgbm is not None and self.choice in ("lgbm", "ens"):
-            preds["lgbm"] = self.lgbm.predict(X)
-        if self.mlp is not None and self.choice in ("mlp", "ens"):
-            preds["mlp"] = self.mlp.predict(X)
-        if not preds:
+        if not self._uses_lgbm() and not self._uses_mlp():
             return RooflineSurrogate(self.fallback_offset).predict(X), np.zeros(len(X))
-        stack = np.vstack(list(preds.values()))
-        spread = np.abs(stack[0] - stack[-1]) / 2 if len(stack) > 1 else np.zeros(len(X))
-        return stack.mean(axis=0), spread
+        return self.predict_log_ratio_matrix(X[self.features].to_numpy(dtype=np.float64))
+
+    def _uses_lgbm(self) -> bool:
+        return self.lgbm is not None and self.choice in ("lgbm", "ens")
+
+    def _uses_mlp(self) -> bool:
+        return self.mlp is not None and self.choice in ("mlp", "ens")
+
+    def predict_log_ratio_matrix(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`predict_log_ratio` on an (n, len(features)) float64 array, columns = ``features`` in order."""
+        n = len(A)
+        if self._uses_lgbm() or self._uses_mlp():
+            A = np.ascontiguousarray(A, dtype=np.float64)  # one copy for both models (LightGBM wants C order)
+        p_lgbm = self.lgbm.predict_matrix(A) if self._uses_lgbm() else None
+        p_mlp = self.mlp.predict_matrix(A) if self._uses_mlp() else None
+        if p_lgbm is None and p_mlp is None:
+            return np.full(n, self.fallback_offset), np.zeros(n)
+        if p_lgbm is None or p_mlp is None:
+            p = p_lgbm if p_mlp is None else p_mlp
+            return np.asarray(p, dtype=np.float64), np.zeros(n)
+        # the mean and half-difference of the two, as np.vstack(...).mean(axis=0) computed them
+        return (p_lgbm + p_mlp) / 2, np.abs(p_lgbm - p_mlp) / 2
 
     def ood_mask(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """(shape_ood, device_ood): a feature outside the training support (NaN device figures excluded)."""
-        shape_ood = np.zeros(len(X), dtype=bool)
-        dev_ood = np.zeros(len(X), dtype=bool)
-        for f, (lo, hi) in self.support.items():
-            if f not in X:
-                continue
-            v = X[f].to_numpy(dtype=float)
-            slack = SUPPORT_SLACK * max(hi - lo, 1e-9)
-            out = (v < lo - slack) | (v > hi + slack)
-            if f in DEVICE_FEATURES:
-                dev_ood |= out
-            else:
-                shape_ood |= out
+        cols = self.support_columns(X.columns)
+        V = np.empty((len(cols), len(X))).T  # column-major: the check runs column by column
+        for j, c in enumerate(cols):
+            V[:, j] = X[c].to_numpy(dtype=float)
+        return self.ood_mask_matrix(V, cols)
+
+    def support_columns(self, available) -> list[str]:
+        """The support features found among ``available`` (in support order): the columns ood_mask checks."""
+        return [f for f in self.support if f in available]
+
+    def _bounds(self, cols: list[str]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+        """(positions in ``cols`` of support features, their lo - slack, hi + slack, is-device-feature);
+        cached while ``cols`` and the support are unchanged."""
+        key = (tuple(cols), tuple(self.support.items()))
+        cache = self.__dict__.get("_bounds_cache")
+        if cache is None or cache[0] != key:
+            pos = [j for j, f in enumerate(cols) if f in self.support]
+            lo = np.empty(len(pos))
+            hi = np.empty(len(pos))
+            for i, j in enumerate(pos):
+                a, b = self.support[cols[j]]
+                slack = SUPPORT_SLACK * max(b - a, 1e-9)
+                lo[i], hi[i] = a - slack, b + slack
+            dev = np.array([cols[j] in DEVICE_FEATURES for j in pos], dtype=bool)
+            cache = (key, (pos, lo, hi, dev))
+            self.__dict__["_bounds_cache"] = cache
+        return cache[1]
+
+    def ood_mask_matrix(self, V: np.ndarray, cols: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`ood_mask` on an (n, len(cols)) float64 array whose columns are the features ``cols``
+        (columns without a support range are ignored; column-major V is fastest)."""
+        n = len(V)
+        pos, lo, hi, dev = self._bounds(list(cols))
+        shape_ood = np.zeros(n, dtype=bool)
+        dev_ood = np.zeros(n, dtype=bool)
+        below = np.empty(n, dtype=bool)
+        above = np.empty(n, dtype=bool)
+        for i, j in enumerate(pos):
+            v = V[:, j]
+            np.less(v, lo[i], out=below)  # NaN compares False: never out of support
+            np.greater(v, hi[i], out=above)
+            acc = dev_ood if dev[i] else shape_ood
+            acc |= below
+            acc |= above
         return shape_ood, dev_ood
 
 

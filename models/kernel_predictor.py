@@ -9,7 +9,7 @@ import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
-from wattcast.featurize.kernel_ops import OP_FAMILY, canonical_dtype, required_columns, DTYPE_BYTES
+from wattcast.featurize.kernel_ops import DTYPE_BYTES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras
@@ -27,6 +27,28 @@ def _resolve(device: DeviceSpec | str | Path) -> DeviceSpec:
     return resolve_device(device)
 
 
+def _numeric(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
+
+
+def _text_column(uniques, codes: np.ndarray):
+    """The column ``np.array(uniques, dtype=object)[codes]`` would make in a frame, without a Python object
+    per row when pandas stores text natively (every entry of ``uniques`` is a str)."""
+    objs = np.empty(len(uniques), dtype=object)
+    objs[:] = list(uniques)
+    # the dtype pandas infers for an object array of str: ``str`` in pandas 3, object before
+    dt = pd.Series(objs[:1]).dtype
+    if len(codes) == 0 or dt == object:
+        return objs[codes]
+    return pd.array(objs, dtype=dt).take(codes)
+
+
+def _text_codes(values: np.ndarray) -> tuple[np.ndarray, list]:
+    """(codes, uniques) of an object array of str."""
+    codes, uniq = pd.factorize(values)
+    return codes, list(uniq)
+
+
 def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """Canonical ``op``/``dtype``/shape columns plus a per-row error message ('' = row is fine)."""
     df = frame.rename(columns={k: v for k, v in _COLUMN_ALIASES.items() if k in frame and v not in frame})
@@ -34,42 +56,172 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
         raise ValueError("input has no 'OPName' (or 'op') column")
     n = len(df)
     op = df["op"].astype(str).str.strip().str.lower()
+    # work on the distinct spellings (a few) and per-row codes, not on per-row strings
+    op_codes, op_uniq = pd.factorize(op, use_na_sentinel=False)
+    op_uniq = list(op_uniq)
     if "dtype" in df:
         raw = df["dtype"]
         blank = raw.isna().to_numpy() | (raw.astype(str).str.strip() == "").to_numpy()
-        dtype = pd.Series(np.where(blank, "fp32", raw.astype(str).to_numpy()), index=df.index).map(canonical_dtype)
+        if n == 0:
+            dtype_col = pd.Series(np.where(blank, "fp32", raw.astype(str).to_numpy()), index=df.index).map(canonical_dtype).to_numpy()
+            dt_codes, dt_uniq = np.zeros(0, dtype=np.intp), []
+        else:
+            # every entry is a str here; canonical_dtype once per distinct spelling
+            raw_codes, raw_uniq = _text_codes(np.where(blank, "fp32", raw.astype(str).to_numpy()))
+            dt_codes, dt_uniq = pd.factorize(np.array([canonical_dtype(u) for u in raw_uniq], dtype=object))
+            dt_codes, dt_uniq = dt_codes[raw_codes], list(dt_uniq)
+            dtype_col = _text_column(dt_uniq, dt_codes)
     else:
-        dtype = pd.Series("fp32", index=df.index)
+        dt_codes, dt_uniq = np.zeros(n, dtype=np.intp), ["fp32"]
+        dtype_col = pd.Series("fp32", index=df.index).to_numpy() if n == 0 else _text_column(dt_uniq, dt_codes)
     err = np.full(n, "", dtype=object)
-    known = op.isin(list(OP_FAMILY)).to_numpy()
-    err[~known] = [f"unknown op {o!r}" for o in op[~known]]
-    bad_dtype = ~dtype.isin(list(DTYPE_BYTES)).to_numpy() & (err == "")
-    err[bad_dtype] = [f"unknown dtype {d!r}" for d in dtype[bad_dtype]]
-    out = pd.DataFrame({"op": op.to_numpy(), "dtype": dtype.to_numpy()}, index=df.index)
-    for ops in pd.unique(op[known]):
+    fine = np.ones(n, dtype=bool)  # err == '' kept as a mask, not recomputed over strings
+    known = np.array([u in OP_FAMILY for u in op_uniq], dtype=bool)[op_codes]
+    if not known.all():
+        err[~known] = [f"unknown op {o!r}" for o in op[~known]]
+        fine &= known
+    bad_dtype = ~np.array([u in DTYPE_BYTES for u in dt_uniq], dtype=bool)[dt_codes] & fine
+    if bad_dtype.any():
+        err[bad_dtype] = [f"unknown dtype {dt_uniq[c]!r}" for c in dt_codes[bad_dtype]]
+        fine &= ~bad_dtype
+    shape = [c for c in SHAPE_COLS if c in df]
+    # numeric columns convert element by element: convert each once and validate on slices of it
+    values = {c: _numeric(df[c]) for c in shape}
+    numeric = {c: pd.api.types.is_numeric_dtype(df[c].dtype) for c in shape}
+    for code in pd.unique(op_codes[known]):
+        ops = op_uniq[code]
         cols = required_columns(ops)
-        rows = (op == ops).to_numpy() & (err == "")
+        rows = (op_codes == code) & fine
         for c in cols:
             if c not in df:
                 err[rows] = f"missing column {c!r} for op {ops!r}"
+                fine &= ~rows
                 break
-            v = pd.to_numeric(df.loc[rows, c], errors="coerce").to_numpy(dtype=float)
+            v = values[c][rows] if numeric[c] else _numeric(df.loc[rows, c])
             with np.errstate(invalid="ignore"):
                 bad = ~np.isfinite(v) | (v < (0 if c == "Padding" else 1)) | (v != np.round(v))
             if bad.any():
                 idx = np.flatnonzero(rows)[bad]
                 err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r} (need a whole number >= {0 if c == 'Padding' else 1})" for i in idx]
-                rows = rows & (err == "")
-    for c in ("B", "M", "N", "K", "H", "Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size", "Stride", "Padding"):
-        if c in df:
-            out[c] = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+                fine[idx] = False
+                rows = rows & fine
+    out = pd.DataFrame({"op": op.to_numpy() if n == 0 else op.array, "dtype": dtype_col, **values}, index=df.index)
     # a convolution whose kernel does not fit the padded input has no output: say so, do not predict it
-    conv = (out["op"] == "conv").to_numpy() & (err == "")
-    if conv.any():
-        size = out["Input_Size"].to_numpy() + 2 * out["Padding"].to_numpy() - out["Kernel_Size"].to_numpy()
-        bad = conv & (size < 0)
-        err[bad] = "conv kernel larger than the padded input (Kernel_Size > Input_Size + 2 x Padding): no output"
+    if "conv" in op_uniq:
+        conv = (op_codes == op_uniq.index("conv")) & fine
+        if conv.any():
+            size = out["Input_Size"].to_numpy() + 2 * out["Padding"].to_numpy() - out["Kernel_Size"].to_numpy()
+            bad = conv & (size < 0)
+            err[bad] = "conv kernel larger than the padded input (Kernel_Size > Input_Size + 2 x Padding): no output"
     return out, err
+
+
+#: dedupe rows before featurising/predicting when at most this fraction of them is distinct
+_DEDUP_MAX_DISTINCT = 0.8
+
+
+def _distinct_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """(representative row of each distinct row, distinct-row number of every row), or None when nearly all
+    rows are distinct. Rows are equal when every column is (NaN equals NaN): predictions are row-wise, so
+    equal rows get equal predictions and each distinct row needs predicting once."""
+    n = len(df)
+    if n < 2:
+        return None
+    key = np.zeros(n, dtype=np.int64)
+    size = 1
+    for c in df.columns:
+        codes, uniq = pd.factorize(df[c], use_na_sentinel=True)  # NaN -> -1
+        k = len(uniq) + 1
+        if size * k >= 2**62:  # keep the combined key in int64: renumber it first
+            key, u = pd.factorize(key)
+            size = len(u)
+        key = key * k + (codes + 1)
+        size *= k
+    inverse, uniq = pd.factorize(key)
+    if len(uniq) > _DEDUP_MAX_DISTINCT * n:
+        return None
+    rep = np.empty(len(uniq), dtype=np.intp)
+    rep[inverse] = np.arange(n)  # any row of each group represents it
+    return rep, inverse
+
+
+def _family_matrix(X: pd.DataFrame, cols: list[str], rows: np.ndarray | None) -> np.ndarray:
+    """X[cols] (restricted to ``rows``) as a column-major float64 array, gathered column by column."""
+    A = np.empty((len(cols), len(X) if rows is None else len(rows)))
+    for j, c in enumerate(cols):
+        v = X[c].to_numpy(dtype=np.float64)
+        if rows is None:
+            A[j] = v
+        else:
+            np.take(v, rows, out=A[j])
+    return A.T
+
+
+def _family_columns(fm, X: pd.DataFrame) -> list[str]:
+    """The model's features, then the support features it does not use: one matrix serves both."""
+    feats = set(fm.features)
+    return list(fm.features) + [c for c in fm.support_columns(X.columns) if c not in feats]
+
+
+def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
+    """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``."""
+    return _predict_features(featurize_kernels(canon, spec), bundle)
+
+
+#: ood_reason from (shape_ood, device_ood): code = shape_ood + 2 x device_ood
+_OOD_REASONS = ["", "shape", "device", "shape+device"]
+
+
+def _predict_features(X: pd.DataFrame, bundle: KernelBundle) -> dict[str, object]:
+    """The output columns for the featurised rows ``X`` (per-family surrogates + OOD check): arrays, and
+    for the text columns ``model``/``ood_reason`` (codes, distinct strings)."""
+    fam = X["family"].to_numpy()
+    t_roof = X["t_roof_ms"].to_numpy()
+    n = len(X)
+    lr = np.zeros(n)
+    lo = np.zeros(n)
+    hi = np.zeros(n)
+    o = np.zeros(n, dtype=bool)
+    model_codes, model_names = np.zeros(n, dtype=np.intp), [""]
+    why_codes, why_names = np.zeros(n, dtype=np.intp), list(_OOD_REASONS)
+
+    def code(names: list[str], name: str) -> int:
+        if name not in names:
+            names.append(name)
+        return names.index(name)
+
+    families = pd.unique(fam)
+    for f in families:
+        rows = None if len(families) == 1 else np.flatnonzero(fam == f)
+        m = slice(None) if rows is None else rows
+        fm = bundle.families.get(f)
+        if fm is None:
+            lr[m], lo[m], hi[m] = 0.0, -np.log(2.0), np.log(2.0)
+            o[m] = True
+            model_codes[m] = code(model_names, "roofline-fallback")
+            why_codes[m] = code(why_names, f"no surrogate for family {f!r}")
+            continue
+        cols = _family_columns(fm, X)
+        A = _family_matrix(X, cols, rows)
+        p, spread = fm.predict_log_ratio_matrix(A[:, : len(fm.features)])
+        shape_ood, dev_ood = fm.ood_mask_matrix(A, cols)
+        oo = shape_ood | dev_ood
+        widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
+        lr[m] = p
+        lo[m] = p + fm.band_log[0] * widen - spread
+        hi[m] = p + fm.band_log[1] * widen + spread
+        o[m] = oo
+        model_codes[m] = code(model_names, fm.choice if fm.choice != "roofline" else "roofline-fallback")
+        why_codes[m] = shape_ood + 2 * dev_ood.astype(np.intp)
+    return {
+        "pred_latency_ms": t_roof * np.exp(lr),
+        "pred_low_ms": t_roof * np.exp(np.minimum(lo, lr)),
+        "pred_high_ms": t_roof * np.exp(np.maximum(hi, lr)),
+        "ood": o,
+        "roofline_ms": t_roof,
+        "model": (model_codes, model_names),
+        "ood_reason": (why_codes, why_names),
+    }
 
 
 def predict_kernels(
@@ -87,59 +239,46 @@ def predict_kernels(
         bundle = load_bundle(str(bundle) if bundle else None)
     canon, err = normalise_kernel_frame(frame)
     n = len(canon)
-    pred = np.full(n, np.nan)
-    low = np.full(n, np.nan)
-    high = np.full(n, np.nan)
-    roof = np.full(n, np.nan)
-    ood = np.zeros(n, dtype=bool)
-    model = np.full(n, "", dtype=object)
-    reason = np.full(n, "", dtype=object)
     ok = err == ""
-    if ok.any():
-        sub = canon[ok]
-        X = featurize_kernels(sub, spec)
-        fam = X["family"].to_numpy()
-        t_roof = X["t_roof_ms"].to_numpy()
-        lr = np.zeros(len(sub))
-        lo = np.zeros(len(sub))
-        hi = np.zeros(len(sub))
-        o = np.zeros(len(sub), dtype=bool)
-        mname = np.full(len(sub), "", dtype=object)
-        why = np.full(len(sub), "", dtype=object)
-        for f in pd.unique(fam):
-            m = fam == f
-            fm = bundle.families.get(f)
-            if fm is None:
-                lr[m], lo[m], hi[m] = 0.0, -np.log(2.0), np.log(2.0)
-                o[m] = True
-                mname[m] = "roofline-fallback"
-                why[m] = f"no surrogate for family {f!r}"
+    n_ok = int(ok.sum())
+    cols: dict[str, object] = {
+        "pred_latency_ms": np.full(n, np.nan), "pred_low_ms": np.full(n, np.nan), "pred_high_ms": np.full(n, np.nan),
+        "ood": np.zeros(n, dtype=bool), "roofline_ms": np.full(n, np.nan),
+    }
+    # text columns are built from (per-row codes, distinct strings)
+    text = {"model": (np.zeros(n, dtype=np.intp), [""]), "ood_reason": (np.zeros(n, dtype=np.intp), [""])}
+    if n_ok:
+        sub = canon if n_ok == n else canon[ok]
+        # a table of kernels repeats itself (every layer of a model runs the same shapes): predict each
+        # distinct kernel once and copy the results to its repeats
+        groups = _distinct_rows(sub)
+        rep, inverse = (None, None) if groups is None else groups
+        res = _predict_rows(sub if rep is None else sub.iloc[rep], spec, bundle)
+        for k, v in res.items():
+            if k in text:
+                codes, uniq = v
+                if inverse is not None:
+                    codes = codes[inverse]
+                if n_ok < n:  # rows with an error get ''
+                    full = np.full(n, len(uniq), dtype=np.intp)
+                    full[ok] = codes
+                    codes, uniq = full, uniq + [""]
+                text[k] = (codes, uniq)
                 continue
-            Xf = X[m]
-            p, spread = fm.predict_log_ratio(Xf)
-            shape_ood, dev_ood = fm.ood_mask(Xf)
-            oo = shape_ood | dev_ood
-            widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
-            lr[m] = p
-            lo[m] = p + fm.band_log[0] * widen - spread
-            hi[m] = p + fm.band_log[1] * widen + spread
-            o[m] = oo
-            mname[m] = fm.choice if fm.choice != "roofline" else "roofline-fallback"
-            why[m] = np.where(shape_ood & dev_ood, "shape+device", np.where(shape_ood, "shape", np.where(dev_ood, "device", "")))
-        pred[ok] = t_roof * np.exp(lr)
-        low[ok] = t_roof * np.exp(np.minimum(lo, lr))
-        high[ok] = t_roof * np.exp(np.maximum(hi, lr))
-        roof[ok] = t_roof
-        ood[ok] = o
-        model[ok] = mname
-        reason[ok] = why
+            if inverse is not None:
+                v = v[inverse]
+            if n_ok == n:
+                cols[k] = v
+            else:
+                cols[k][ok] = v
+    for k, (codes, uniq) in text.items():
+        cols[k] = _text_column(uniq, codes)
+    if n_ok == n:
+        cols["error"] = _text_column([""], np.zeros(n, dtype=np.intp))
+    else:
+        codes, uniq = _text_codes(err)
+        cols["error"] = _text_column(uniq, codes)
     out = frame.copy()
-    out["pred_latency_ms"] = pred
-    out["pred_low_ms"] = low
-    out["pred_high_ms"] = high
-    out["ood"] = ood
-    out["roofline_ms"] = roof
-    out["model"] = model
-    out["ood_reason"] = reason
-    out["error"] = err
+    for c in PRED_COLUMNS + EXTRA_COLUMNS:
+        out[c] = cols[c]
     return out

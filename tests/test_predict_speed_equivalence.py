@@ -1,0 +1,276 @@
+"""The fast prediction path gives the same outputs as the plain one it replaced.
+
+`predict_kernels` predicts each distinct kernel once, builds one feature matrix per family, runs the
+MLP in row blocks on one BLAS thread and builds text columns from codes. ``_reference_predict`` below is
+the plain row-by-row version (the implementation before those changes, kept here verbatim in spirit):
+every non-MLP output must match it exactly; the float32 MLP's result for a row depends on the batch
+it is computed in (BLAS blocking and threading change the rounding of its logit by an ulp), so the
+predicted times may differ by ~1e-6 relative (measured max 9.6e-7 on 25 catalog devices).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from wattcast.data.catalog import resolve_device
+from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
+from wattcast.featurize.kernel_ops import DTYPE_BYTES, OP_FAMILY, canonical_dtype, required_columns
+from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, SUPPORT_SLACK, load_bundle
+from wattcast.models import kernel_predictor as kp
+from wattcast.models.kernel_predictor import normalise_kernel_frame, predict_kernels
+from wattcast.models.kernel_surrogates import EFF_MAX
+
+#: float32 MLP rounding (an ulp of the logit, batch dependent); the measured maximum is 9.6e-7
+MLP_RTOL = 1e-5
+TIME_COLUMNS = ("pred_latency_ms", "pred_low_ms", "pred_high_ms")
+EXACT_COLUMNS = ("ood", "roofline_ms", "model", "ood_reason", "error")
+
+
+# ------------------------------------------------------------------------------ the plain version
+def _reference_normalise(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    df = frame.rename(columns={k: v for k, v in {"OPName": "op", "Kernel_Szie": "Kernel_Size"}.items() if k in frame and v not in frame})
+    n = len(df)
+    op = df["op"].astype(str).str.strip().str.lower()
+    if "dtype" in df:
+        raw = df["dtype"]
+        blank = raw.isna().to_numpy() | (raw.astype(str).str.strip() == "").to_numpy()
+        dtype = pd.Series(np.where(blank, "fp32", raw.astype(str).to_numpy()), index=df.index).map(canonical_dtype)
+    else:
+        dtype = pd.Series("fp32", index=df.index)
+    err = np.full(n, "", dtype=object)
+    known = op.isin(list(OP_FAMILY)).to_numpy()
+    err[~known] = [f"unknown op {o!r}" for o in op[~known]]
+    bad_dtype = ~dtype.isin(list(DTYPE_BYTES)).to_numpy() & (err == "")
+    err[bad_dtype] = [f"unknown dtype {d!r}" for d in dtype[bad_dtype]]
+    out = pd.DataFrame({"op": op.to_numpy(), "dtype": dtype.to_numpy()}, index=df.index)
+    for ops in pd.unique(op[known]):
+        rows = (op == ops).to_numpy() & (err == "")
+        for c in required_columns(ops):
+            if c not in df:
+                err[rows] = f"missing column {c!r} for op {ops!r}"
+                break
+            v = pd.to_numeric(df.loc[rows, c], errors="coerce").to_numpy(dtype=float)
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(v) | (v < (0 if c == "Padding" else 1)) | (v != np.round(v))
+            if bad.any():
+                idx = np.flatnonzero(rows)[bad]
+                err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r} (need a whole number >= {0 if c == 'Padding' else 1})" for i in idx]
+                rows = rows & (err == "")
+    for c in ("B", "M", "N", "K", "H", "Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size", "Stride", "Padding"):
+        if c in df:
+            out[c] = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+    conv = (out["op"] == "conv").to_numpy() & (err == "")
+    if conv.any():
+        size = out["Input_Size"].to_numpy() + 2 * out["Padding"].to_numpy() - out["Kernel_Size"].to_numpy()
+        err[conv & (size < 0)] = "conv kernel larger than the padded input (Kernel_Size > Input_Size + 2 x Padding): no output"
+    return out, err
+
+
+def _reference_mlp(mlp, X: pd.DataFrame) -> np.ndarray:
+    z = X[mlp.features].to_numpy(dtype=np.float64)
+    z = np.where(np.isnan(z), mlp.fill, z)
+    if mlp.clip:
+        z = np.clip(z, mlp.lo, mlp.hi)
+    z = ((z - mlp.mean) / mlp.std).astype(np.float32)
+    for i, (wt, b) in enumerate(mlp.layers):
+        z = z @ wt
+        z += b
+        if i < len(mlp.layers) - 1:
+            z *= 1.0 / (1.0 + np.exp(-np.clip(z, -60.0, 60.0)))
+    z = z[:, 0].astype(np.float64)
+    return -(np.log(EFF_MAX) - np.logaddexp(0.0, -z))
+
+
+def _reference_family(fm, X: pd.DataFrame):
+    preds = []
+    if fm.lgbm is not None and fm.choice in ("lgbm", "ens"):
+        preds.append(fm.lgbm.booster.predict(X[fm.features].to_numpy(dtype=np.float64), num_threads=0))
+    if fm.mlp is not None and fm.choice in ("mlp", "ens"):
+        preds.append(_reference_mlp(fm.mlp, X))
+    if not preds:
+        p, spread = np.full(len(X), fm.fallback_offset), np.zeros(len(X))
+    else:
+        stack = np.vstack(preds)
+        p = stack.mean(axis=0)
+        spread = np.abs(stack[0] - stack[-1]) / 2 if len(stack) > 1 else np.zeros(len(X))
+    shape_ood = np.zeros(len(X), dtype=bool)
+    dev_ood = np.zeros(len(X), dtype=bool)
+    for f, (lo, hi) in fm.support.items():
+        if f not in X:
+            continue
+        v = X[f].to_numpy(dtype=float)
+        slack = SUPPORT_SLACK * max(hi - lo, 1e-9)
+        out = (v < lo - slack) | (v > hi + slack)
+        if f in DEVICE_FEATURES:
+            dev_ood |= out
+        else:
+            shape_ood |= out
+    return p, spread, shape_ood, dev_ood
+
+
+def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
+    canon, err = _reference_normalise(frame)
+    n = len(canon)
+    pred, low, high, roof = (np.full(n, np.nan) for _ in range(4))
+    ood = np.zeros(n, dtype=bool)
+    model = np.full(n, "", dtype=object)
+    reason = np.full(n, "", dtype=object)
+    ok = err == ""
+    if ok.any():
+        X = featurize_kernels(canon[ok], spec)
+        fam = X["family"].to_numpy()
+        t_roof = X["t_roof_ms"].to_numpy()
+        k = len(X)
+        lr, lo, hi = np.zeros(k), np.zeros(k), np.zeros(k)
+        o = np.zeros(k, dtype=bool)
+        mname = np.full(k, "", dtype=object)
+        why = np.full(k, "", dtype=object)
+        for f in pd.unique(fam):
+            m = fam == f
+            fm = bundle.families.get(f)
+            if fm is None:
+                lr[m], lo[m], hi[m] = 0.0, -np.log(2.0), np.log(2.0)
+                o[m] = True
+                mname[m] = "roofline-fallback"
+                why[m] = f"no surrogate for family {f!r}"
+                continue
+            p, spread, shape_ood, dev_ood = _reference_family(fm, X[m])
+            oo = shape_ood | dev_ood
+            widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
+            lr[m] = p
+            lo[m] = p + fm.band_log[0] * widen - spread
+            hi[m] = p + fm.band_log[1] * widen + spread
+            o[m] = oo
+            mname[m] = fm.choice if fm.choice != "roofline" else "roofline-fallback"
+            why[m] = np.where(shape_ood & dev_ood, "shape+device", np.where(shape_ood, "shape", np.where(dev_ood, "device", "")))
+        pred[ok] = t_roof * np.exp(lr)
+        low[ok] = t_roof * np.exp(np.minimum(lo, lr))
+        high[ok] = t_roof * np.exp(np.maximum(hi, lr))
+        roof[ok] = t_roof
+        ood[ok] = o
+        model[ok] = mname
+        reason[ok] = why
+    out = frame.copy()
+    for c, v in (("pred_latency_ms", pred), ("pred_low_ms", low), ("pred_high_ms", high), ("ood", ood),
+                 ("roofline_ms", roof), ("model", model), ("ood_reason", reason), ("error", err)):
+        out[c] = v
+    return out
+
+
+# ------------------------------------------------------------------------------ test frames
+BAD_ROWS = pd.DataFrame([
+    {"OPName": "frobnicate", "B": 8, "H": 128},
+    {"OPName": "add", "B": -1, "H": 4},
+    {"OPName": "add", "B": 64, "H": 2.5},
+    {"OPName": "bmm", "B": 4, "H": 1024},
+    {"OPName": "linear", "dtype": "fp64", "B": 1, "M": 64, "N": 64, "K": 64},
+    {"OPName": "conv", "B": 1, "Input_Channel": 3, "Output_Channel": 8, "Kernel_Size": 7, "Input_Size": 2, "Stride": 1, "Padding": 0},
+])
+
+
+def _mixed_frame(examples: pd.DataFrame) -> pd.DataFrame:
+    """Repeated kernels, kernels far outside the training range, row errors, an extra column, odd index."""
+    rng = np.random.default_rng(7)
+    n = 1500
+    kind = rng.choice(["bmm", "linear", "add", "gelu", "mulu", "ln", "softmax"], size=n)
+    gemm = np.isin(kind, ["bmm", "linear"])
+    size = lambda: np.round(2.0 ** rng.integers(0, 21, size=n) * rng.choice([1, 3], size=n))  # noqa: E731
+    many = pd.DataFrame({
+        "OPName": kind,
+        "dtype": np.where(gemm, rng.choice(["fp32", "bf16", "float16", " FP16 "], size=n), rng.choice(["fp32", "", None], size=n)),
+        "B": size(),
+        "M": np.where(gemm, size(), np.nan),
+        "N": np.where(gemm, size(), np.nan),
+        "K": np.where(gemm, size(), np.nan),
+        "H": np.where(gemm, np.nan, size()),
+    })
+    many = pd.concat([many, many.iloc[:1000]], ignore_index=True)  # exact repeats: predicted once
+    df = pd.concat([examples, BAD_ROWS, many, examples], ignore_index=True)
+    df["note"] = "x"
+    df.index = np.arange(len(df))[::-1] * 3 + 5
+    return df
+
+
+@pytest.fixture(scope="module")
+def frames(examples_csv) -> dict[str, pd.DataFrame]:
+    ex = pd.read_csv(examples_csv)
+    return {
+        "examples": ex,  # all distinct: no dedupe
+        "examples with errors": pd.concat([BAD_ROWS, ex], ignore_index=True),
+        "mixed": _mixed_frame(ex),  # deduped
+        "all errors": ex.assign(OPName="nope").iloc[:3],
+        "empty": ex.iloc[:0],
+    }
+
+
+def _assert_equivalent(got: pd.DataFrame, ref: pd.DataFrame) -> None:
+    assert list(got.columns) == list(ref.columns)
+    pd.testing.assert_series_equal(got.dtypes, ref.dtypes)
+    assert got.index.equals(ref.index)
+    inputs = [c for c in ref.columns if c not in TIME_COLUMNS + EXACT_COLUMNS]
+    pd.testing.assert_frame_equal(got[inputs], ref[inputs])
+    for c in EXACT_COLUMNS:
+        np.testing.assert_array_equal(got[c].to_numpy(), ref[c].to_numpy(), err_msg=c)
+    for c in TIME_COLUMNS:
+        np.testing.assert_allclose(got[c].to_numpy(), ref[c].to_numpy(), rtol=MLP_RTOL, atol=0, equal_nan=True, err_msg=c)
+
+
+# ------------------------------------------------------------------------------ tests
+@pytest.mark.parametrize("device", ["H100-SXM5-80GB", "Tesla-T4", "MI300X"])
+def test_fast_path_matches_the_plain_one(frames, device):
+    spec = resolve_device(device)
+    bundle = load_bundle()
+    for name, df in frames.items():
+        got = predict_kernels(df, spec, bundle=bundle)
+        ref = _reference_predict(df, spec, bundle)
+        _assert_equivalent(got, ref)
+        if name == "mixed":  # the frame exercises what it should
+            assert got["ood"].any() and (~got["ood"]).any()
+            assert (got["error"] != "").sum() == 6
+            canon, err = normalise_kernel_frame(df)
+            assert kp._distinct_rows(canon[err == ""]) is not None
+
+
+def test_normalise_matches_the_plain_one(frames):
+    odd = pd.DataFrame({
+        "OPName": ["linear", " BMM ", None, "add", "Softmax", np.nan, "ln", "gelu"],
+        "dtype": ["float32", " half ", np.nan, "", "bfloat16", "fp32", "fp64", "torch.float16"],
+        "B": ["1", 2, 3, "4.5", 8, 1, 2, "x"],
+        "M": [64, 64] + [None] * 6, "N": [64, 64] + [None] * 6, "K": [64, 64] + [None] * 6,
+        "H": [None, None, 5, 6, 7, 8, 9, 10],
+    })
+    for df in [*frames.values(), odd, odd.drop(columns=["dtype"]), frames["examples"].astype(object)]:
+        canon, err = normalise_kernel_frame(df)
+        ref_canon, ref_err = _reference_normalise(df)
+        pd.testing.assert_frame_equal(canon, ref_canon)
+        assert err.dtype == ref_err.dtype and list(err) == list(ref_err)
+
+
+def test_repeated_kernels_get_identical_predictions(frames):
+    df = frames["examples"]
+    once = predict_kernels(df, "L4")
+    many = predict_kernels(pd.concat([df] * 5, ignore_index=True), "L4")
+    for k in range(5):
+        part = many.iloc[k * len(df) : (k + 1) * len(df)].reset_index(drop=True)
+        for c in TIME_COLUMNS + EXACT_COLUMNS:
+            np.testing.assert_array_equal(part[c].to_numpy(), many.iloc[: len(df)][c].to_numpy(), err_msg=c)
+        for c in TIME_COLUMNS:
+            np.testing.assert_allclose(part[c].to_numpy(), once[c].to_numpy(), rtol=MLP_RTOL, err_msg=c)
+
+
+def test_mlp_forward_leaves_blas_threads_as_they_were(frames):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    before = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
+    predict_kernels(frames["examples"], "A100-SXM4-40GB")
+    after = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
+    assert before == after
+
+
+def test_mlp_weights_round_trip_unchanged():
+    bundle = load_bundle()
+    fm = next(f for f in bundle.families.values() if f.mlp is not None)
+    rebuilt = type(fm.mlp)(fm.mlp.features, fm.mlp.weights())
+    for k, v in fm.mlp.weights().items():
+        np.testing.assert_array_equal(rebuilt.weights()[k], v, err_msg=k)
