@@ -85,12 +85,12 @@ class LGBMSurrogate:
 
     name = "lgbm"
 
-    def __init__(self, features: Sequence[str], params: dict | None = None, num_boost_round: int = 250):
+    def __init__(self, features: Sequence[str], params: dict | None = None, num_boost_round: int = 400):
         self.features = list(features)
         self.params = {
             "objective": "l2",
-            "learning_rate": 0.08,
-            "num_leaves": 31,
+            "learning_rate": 0.05,
+            "num_leaves": 63,
             "min_data_in_leaf": 20,
             "feature_fraction": 0.8,
             "bagging_fraction": 0.8,
