@@ -85,6 +85,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from wattcast.data.kernel_ops import DTYPE_BYTES, OP_FAMILY, canonical_dtype
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -201,27 +203,10 @@ NEUSIGHT_OPS = ("bmm", "linear", "conv", "add", "addu", "div", "divu", "mul", "m
                 "relu", "gelu", "tanh", "ln", "softmax")
 GEMM_OPS = ("bmm", "linear", "matmul")
 CONV_OPS = ("conv",)
-#: ops this module emits or accepts from users (the project vocabulary is added when importable)
-_BASE_KNOWN_OPS = frozenset(NEUSIGHT_OPS) | {"rmsnorm", "silu_mul", "matmul", "sub", "subu", "silu", "exp",
-                                             "sigmoid", "neg", "sqrt", "rsqrt", "copy"}
-
-_DTYPE_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "f32": "fp32", "torch.float32": "fp32",
-    "tf32": "tf32", "tensorfloat32": "tf32",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16", "torch.float16": "fp16",
-    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
-    "fp8": "fp8", "float8": "fp8", "f8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8",
-    "e5m2": "fp8", "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8",
-}
 
 
 def _known_ops() -> frozenset[str]:
-    try:  # keep in step with the featurizer's vocabulary when it is importable
-        from wattcast.featurize.kernel_ops import OP_FAMILY  # type: ignore
-
-        return _BASE_KNOWN_OPS | frozenset(OP_FAMILY)
-    except Exception:  # pragma: no cover - the vocabulary module is optional here
-        return _BASE_KNOWN_OPS
+    return frozenset(OP_FAMILY)
 
 
 def _shape_columns_for(op: str) -> tuple[str, ...]:
@@ -673,7 +658,7 @@ def load_user_kernels(path: str | os.PathLike[str]) -> pd.DataFrame:
     shapes = {c: (_num(txt[s]) if s in header else np.full(len(raw), np.nan)) for c, s in shape_src.items()}
     dtypes = (raw[dtype_c].astype(str).str.strip().str.lower() if dtype_c else pd.Series("fp32", index=raw.index))
     dtypes = dtypes.where(dtypes != "", "fp32")
-    canon = dtypes.map(_DTYPE_ALIASES)
+    canon = dtypes.map(lambda d: canonical_dtype(d) if canonical_dtype(d) in DTYPE_BYTES else None)
 
     # vectorised checks first; reasons are spelled out only for the rows that fail
     op_arr = ops.to_numpy(dtype=object)

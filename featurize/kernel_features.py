@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
-from wattcast.featurize.kernel_ops import (
+from wattcast.data.kernel_ops import (
     BINARY_OPS,
     DTYPE_BYTES,
     FLOPS_PER_ELEMENT,

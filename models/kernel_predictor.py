@@ -9,7 +9,7 @@ import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
-from wattcast.featurize.kernel_ops import DTYPE_BYTES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
+from wattcast.data.kernel_ops import DTYPE_BYTES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras

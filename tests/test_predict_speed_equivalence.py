@@ -16,7 +16,7 @@ import pytest
 
 from wattcast.data.catalog import resolve_device
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
-from wattcast.featurize.kernel_ops import DTYPE_BYTES, OP_FAMILY, canonical_dtype, required_columns
+from wattcast.data.kernel_ops import DTYPE_BYTES, OP_FAMILY, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, SUPPORT_SLACK, load_bundle
 from wattcast.models import kernel_predictor as kp
 from wattcast.models.kernel_predictor import normalise_kernel_frame, predict_kernels

@@ -25,7 +25,7 @@ import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURES_BY_FAMILY, featurize_kernels
-from wattcast.featurize.kernel_ops import REPORT_FAMILY
+from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
 from wattcast.models.kernel_surrogates import LGBMSurrogate
 
