@@ -40,6 +40,7 @@ class FamilyModel:
     band_log: tuple[float, float]  # quantiles of log(measured / predicted) on unseen devices
     support: dict[str, tuple[float, float]]  # feature -> (min, max) over training rows
     fallback_offset: float
+    latency_floor_ms: float = 0.0  # the fastest latency measured for this family in training
     lgbm: LGBMSurrogate | None = None
     mlp: MLPSurrogate | None = None
 
@@ -142,6 +143,7 @@ class KernelBundle:
                 "band_log": list(fm.band_log),
                 "support": {k: list(v) for k, v in fm.support.items()},
                 "fallback_offset": fm.fallback_offset,
+                "latency_floor_ms": fm.latency_floor_ms,
                 "lgbm": None,
                 "mlp": fm.mlp is not None,
             }
@@ -186,6 +188,7 @@ class KernelBundle:
                 band_log=tuple(e["band_log"]),
                 support={k: tuple(v) for k, v in e["support"].items()},
                 fallback_offset=float(e["fallback_offset"]),
+                latency_floor_ms=float(e.get("latency_floor_ms", 0.0)),
                 lgbm=lg,
                 mlp=mlp,
             )

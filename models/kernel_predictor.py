@@ -207,8 +207,15 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle) -> dict[str, object
         shape_ood, dev_ood = fm.ood_mask_matrix(A, cols)
         oo = shape_ood | dev_ood
         widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
+        lo_m = p + fm.band_log[0] * widen - spread
+        if fm.latency_floor_ms > 0:
+            # never faster than the fastest kernel of this family ever measured (launch overhead): the
+            # learned ratio does not extrapolate to one-element tensors
+            floor = np.log(fm.latency_floor_ms / t_roof[m])
+            p = np.maximum(p, floor)
+            lo_m = np.maximum(lo_m, floor)
         lr[m] = p
-        lo[m] = p + fm.band_log[0] * widen - spread
+        lo[m] = lo_m
         hi[m] = p + fm.band_log[1] * widen + spread
         o[m] = oo
         model_codes[m] = code(model_names, fm.choice if fm.choice != "roofline" else "roofline-fallback")

@@ -255,3 +255,16 @@ def test_shipped_bundle_is_trained_without_the_heldout_gpus():
     held = set(meta.get("holdout_devices", []))
     assert {"L4", "A100-PCIe-80GB"} <= held
     assert not held & set(meta["train_devices"])
+
+
+def test_tiny_kernels_are_not_predicted_below_the_fastest_measured_kernel():
+    """A one-element op: the learned ratio does not extrapolate, the measured floor holds."""
+    bundle = load_bundle()
+    floor = bundle.families["elementwise"].latency_floor_ms
+    assert floor > 0, "the shipped bundle carries a latency floor per family"
+    frame = pd.DataFrame({"OPName": ["mulu", "add", "divu"], "B": [1, 1, 1], "H": [1, 4, 1]})
+    for dev in ("L4", "H100-SXM5-80GB", "Tesla-T4"):
+        out = wattcast.predict_kernels(frame, dev)
+        assert (out["pred_latency_ms"] >= floor * (1 - 1e-9)).all()
+        assert (out["pred_low_ms"] <= out["pred_latency_ms"]).all()
+        assert (out["pred_latency_ms"] <= out["pred_high_ms"]).all()

@@ -139,8 +139,12 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             p, spread, shape_ood, dev_ood = _reference_family(fm, X[m])
             oo = shape_ood | dev_ood
             widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
+            lo_m = p + fm.band_log[0] * widen - spread
+            if fm.latency_floor_ms > 0:  # the measured floor, applied row by row here
+                floor = np.log(fm.latency_floor_ms / t_roof[m])
+                p, lo_m = np.maximum(p, floor), np.maximum(lo_m, floor)
             lr[m] = p
-            lo[m] = p + fm.band_log[0] * widen - spread
+            lo[m] = lo_m
             hi[m] = p + fm.band_log[1] * widen + spread
             o[m] = oo
             mname[m] = fm.choice if fm.choice != "roofline" else "roofline-fallback"
