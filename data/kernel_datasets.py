@@ -587,14 +587,16 @@ def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[s
     return _finish(frames, dropped, excluded)
 
 
-def split_heldout(df: pd.DataFrame, ambiguous_to_heldout: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(train, heldout). Held-out GPUs (``HELDOUT_DEVICES``) never reach training.
+def split_heldout(
+    df: pd.DataFrame, ambiguous_to_heldout: bool = False, holdout: Iterable[str] = HELDOUT_DEVICES
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, heldout). Held-out GPUs (``holdout``, default ``HELDOUT_DEVICES``) never reach training.
 
     Rows on ``AMBIGUOUS_DEVICES`` (an A100 80GB of unknown form factor, possibly the held-out
     PCIe card) are in neither frame, unless ``ambiguous_to_heldout`` puts them in the held-out one.
     """
     dev = df["device"].astype(str)
-    held = dev.isin(HELDOUT_DEVICES)
+    held = dev.isin(list(holdout))
     amb = dev.isin(AMBIGUOUS_DEVICES)
     train = df.loc[~held & ~amb].copy()
     heldout = df.loc[held | (amb if ambiguous_to_heldout else False)].copy()

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
 from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate
@@ -44,12 +43,6 @@ class FamilyModel:
     lgbm: LGBMSurrogate | None = None
     mlp: MLPSurrogate | None = None
 
-    def predict_log_ratio(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """Return (log ratio, ensemble spread >= 0)."""
-        if not self._uses_lgbm() and not self._uses_mlp():
-            return RooflineSurrogate(self.fallback_offset).predict(X), np.zeros(len(X))
-        return self.predict_log_ratio_matrix(X[self.features].to_numpy(dtype=np.float64))
-
     def _uses_lgbm(self) -> bool:
         return self.lgbm is not None and self.choice in ("lgbm", "ens")
 
@@ -57,64 +50,50 @@ class FamilyModel:
         return self.mlp is not None and self.choice in ("mlp", "ens")
 
     def predict_log_ratio_matrix(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`predict_log_ratio` on an (n, len(features)) float64 array, columns = ``features`` in order."""
+        """(log ratio, ensemble spread >= 0) for an (n, len(features)) float64 array, columns = ``features``."""
         n = len(A)
         if self._uses_lgbm() or self._uses_mlp():
             A = np.ascontiguousarray(A, dtype=np.float64)  # one copy for both models (LightGBM wants C order)
         p_lgbm = self.lgbm.predict_matrix(A) if self._uses_lgbm() else None
         p_mlp = self.mlp.predict_matrix(A) if self._uses_mlp() else None
         if p_lgbm is None and p_mlp is None:
-            return np.full(n, self.fallback_offset), np.zeros(n)
+            return RooflineSurrogate(self.fallback_offset).predict_matrix(A), np.zeros(n)
         if p_lgbm is None or p_mlp is None:
             p = p_lgbm if p_mlp is None else p_mlp
             return np.asarray(p, dtype=np.float64), np.zeros(n)
         # the mean and half-difference of the two, as np.vstack(...).mean(axis=0) computed them
         return (p_lgbm + p_mlp) / 2, np.abs(p_lgbm - p_mlp) / 2
 
-    def ood_mask(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """(shape_ood, device_ood): a feature outside the training support (NaN device figures excluded)."""
-        cols = self.support_columns(X.columns)
-        V = np.empty((len(cols), len(X))).T  # column-major: the check runs column by column
-        for j, c in enumerate(cols):
-            V[:, j] = X[c].to_numpy(dtype=float)
-        return self.ood_mask_matrix(V, cols)
+    def __post_init__(self) -> None:
+        # support bounds as arrays, once: lo - slack, hi + slack, and which are device features
+        names = list(self.support)
+        spans = [self.support[f] for f in names]
+        slack = np.array([SUPPORT_SLACK * max(b - a, 1e-9) for a, b in spans])
+        self._sup_names = names
+        self._sup_lo = np.array([a for a, _ in spans]) - slack
+        self._sup_hi = np.array([b for _, b in spans]) + slack
+        self._sup_dev = np.array([f in DEVICE_FEATURES for f in names], dtype=bool)
 
     def support_columns(self, available) -> list[str]:
         """The support features found among ``available`` (in support order): the columns ood_mask checks."""
         return [f for f in self.support if f in available]
 
-    def _bounds(self, cols: list[str]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
-        """(positions in ``cols`` of support features, their lo - slack, hi + slack, is-device-feature);
-        cached while ``cols`` and the support are unchanged."""
-        key = (tuple(cols), tuple(self.support.items()))
-        cache = self.__dict__.get("_bounds_cache")
-        if cache is None or cache[0] != key:
-            pos = [j for j, f in enumerate(cols) if f in self.support]
-            lo = np.empty(len(pos))
-            hi = np.empty(len(pos))
-            for i, j in enumerate(pos):
-                a, b = self.support[cols[j]]
-                slack = SUPPORT_SLACK * max(b - a, 1e-9)
-                lo[i], hi[i] = a - slack, b + slack
-            dev = np.array([cols[j] in DEVICE_FEATURES for j in pos], dtype=bool)
-            cache = (key, (pos, lo, hi, dev))
-            self.__dict__["_bounds_cache"] = cache
-        return cache[1]
-
     def ood_mask_matrix(self, V: np.ndarray, cols: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`ood_mask` on an (n, len(cols)) float64 array whose columns are the features ``cols``
-        (columns without a support range are ignored; column-major V is fastest)."""
+        """(shape_ood, device_ood) for an (n, len(cols)) float64 array whose columns are the features ``cols``:
+        a feature outside the training support (NaN never is; columns without a support range are ignored)."""
         n = len(V)
-        pos, lo, hi, dev = self._bounds(list(cols))
+        where = {c: j for j, c in enumerate(cols)}
         shape_ood = np.zeros(n, dtype=bool)
         dev_ood = np.zeros(n, dtype=bool)
         below = np.empty(n, dtype=bool)
         above = np.empty(n, dtype=bool)
-        for i, j in enumerate(pos):
-            v = V[:, j]
-            np.less(v, lo[i], out=below)  # NaN compares False: never out of support
-            np.greater(v, hi[i], out=above)
-            acc = dev_ood if dev[i] else shape_ood
+        for i, f in enumerate(self._sup_names):
+            if f not in where:
+                continue
+            v = V[:, where[f]]
+            np.less(v, self._sup_lo[i], out=below)  # NaN compares False: never out of support
+            np.greater(v, self._sup_hi[i], out=above)
+            acc = dev_ood if self._sup_dev[i] else shape_ood
             acc |= below
             acc |= above
         return shape_ood, dev_ood

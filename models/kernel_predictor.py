@@ -62,18 +62,13 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
     if "dtype" in df:
         raw = df["dtype"]
         blank = raw.isna().to_numpy() | (raw.astype(str).str.strip() == "").to_numpy()
-        if n == 0:
-            dtype_col = pd.Series(np.where(blank, "fp32", raw.astype(str).to_numpy()), index=df.index).map(canonical_dtype).to_numpy()
-            dt_codes, dt_uniq = np.zeros(0, dtype=np.intp), []
-        else:
-            # every entry is a str here; canonical_dtype once per distinct spelling
-            raw_codes, raw_uniq = _text_codes(np.where(blank, "fp32", raw.astype(str).to_numpy()))
-            dt_codes, dt_uniq = pd.factorize(np.array([canonical_dtype(u) for u in raw_uniq], dtype=object))
-            dt_codes, dt_uniq = dt_codes[raw_codes], list(dt_uniq)
-            dtype_col = _text_column(dt_uniq, dt_codes)
+        # canonical_dtype once per distinct spelling
+        raw_codes, raw_uniq = _text_codes(np.where(blank, "fp32", raw.astype(str).to_numpy()))
+        dt_codes, dt_uniq = pd.factorize(np.array([canonical_dtype(u) for u in raw_uniq], dtype=object))
+        dt_codes, dt_uniq = dt_codes[raw_codes], list(dt_uniq)
     else:
         dt_codes, dt_uniq = np.zeros(n, dtype=np.intp), ["fp32"]
-        dtype_col = pd.Series("fp32", index=df.index).to_numpy() if n == 0 else _text_column(dt_uniq, dt_codes)
+    dtype_col = _text_column(dt_uniq, dt_codes)
     err = np.full(n, "", dtype=object)
     fine = np.ones(n, dtype=bool)  # err == '' kept as a mask, not recomputed over strings
     known = np.array([u in OP_FAMILY for u in op_uniq], dtype=bool)[op_codes]

@@ -77,7 +77,10 @@ class RooflineSurrogate:
         return self
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
-        return np.full(len(X), self.offset)
+        return self.predict_matrix(X)
+
+    def predict_matrix(self, A) -> np.ndarray:
+        return np.full(len(A), self.offset)
 
 
 class LGBMSurrogate:

@@ -43,12 +43,7 @@ FP32_PEAK_TFLOPS = {
 # ------------------------------------------------------------------------------------------ fixtures
 
 
-@pytest.fixture(scope="module")
-def data_root() -> Path:
-    try:
-        return resolve_data_root()
-    except DataNotFoundError as e:
-        pytest.skip(f"public datasets not available: {e}")
+# data_root: the session fixture in conftest.py (skips without the public datasets)
 
 
 @pytest.fixture(scope="module")

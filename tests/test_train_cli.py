@@ -104,30 +104,28 @@ def test_corrupted_csv_does_not_replace_the_bundle(user_bundle, user_csv, tmp_pa
     assert _hashes(target) == before
 
 
-def test_csv_without_latency_column_fails_naming_it(user_csv, tmp_path):
-    bad = pd.read_csv(user_csv).drop(columns=["Latency"])
-    path = tmp_path / "no_latency.csv"
+def _train_rejected(bad: pd.DataFrame, tmp_path) -> str:
+    """Train on ``bad`` alone: it must fail cleanly and write no bundle; returns stderr (flattened)."""
+    path = tmp_path / "bad.csv"
     bad.to_csv(path, index=False)
     r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--quick", "--out", tmp_path / "b", "--no-mlflow", cwd=tmp_path)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
-    msg = flat(r.stderr)
-    assert "'Latency'" in msg and "missing column" in msg
     assert not (tmp_path / "b" / "kernel_manifest.json").exists()
+    return flat(r.stderr)
+
+
+def test_csv_without_latency_column_fails_naming_it(user_csv, tmp_path):
+    msg = _train_rejected(pd.read_csv(user_csv).drop(columns=["Latency"]), tmp_path)
+    assert "'Latency'" in msg and "missing column" in msg
 
 
 def test_csv_with_negative_latency_names_the_row(user_csv, tmp_path):
     bad = pd.read_csv(user_csv)
     bad.loc[7, "Latency"] = -0.5
-    path = tmp_path / "negative.csv"
-    bad.to_csv(path, index=False)
-    r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--quick", "--out", tmp_path / "b", "--no-mlflow", cwd=tmp_path)
-    assert r.returncode != 0
-    assert "Traceback" not in r.stderr
-    msg = flat(r.stderr)
+    msg = _train_rejected(bad, tmp_path)
     assert "line 9" in msg  # header is line 1, so data row 7 (0-based) is line 9
     assert "-0.5" in msg
-    assert not (tmp_path / "b" / "kernel_manifest.json").exists()
 
 
 def test_csv_on_a_gpu_outside_the_catalog_needs_and_takes_a_spec(user_csv, my_gpu_yaml, tmp_path):

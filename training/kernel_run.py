@@ -158,7 +158,7 @@ def run_train_kernels(
     user_val = None
     if not only_csv:
         shared = load_kernels(data)  # raises DataNotFoundError with a clear message
-        train_shared, held_shared = _split(shared, holdout)
+        train_shared, held_shared = split_heldout(shared, holdout=holdout)
         frames.append(train_shared)
         heldout_parts.append(held_shared)
         try:
@@ -278,13 +278,13 @@ def run_train_kernels(
 
 def _reference_rows(data, holdout) -> pd.DataFrame | None:
     """A sample of the shared training GPUs' rows (never held-out GPUs), or None without the data."""
-    from wattcast.data.kernel_datasets import DataNotFoundError, load_kernels
+    from wattcast.data.kernel_datasets import DataNotFoundError, load_kernels, split_heldout
 
     try:
         shared = load_kernels(data)
     except DataNotFoundError:
         return None
-    train, _ = _split(shared, holdout)
+    train, _ = split_heldout(shared, holdout=holdout)
     n = min(REFERENCE_ROWS, len(train))
     return train.sample(n=n, random_state=2) if n else None
 
@@ -318,11 +318,3 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
     if worse:
         return False, f"kept the existing bundle: the new one regresses {'; '.join(worse)} ({summary})", m
     return True, f"new bundle validates no worse ({summary})", m
-
-
-def _split(df: pd.DataFrame, holdout: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from wattcast.data.kernel_datasets import AMBIGUOUS_DEVICES
-
-    amb = df["device"].isin(AMBIGUOUS_DEVICES)
-    held = df["device"].isin(holdout)
-    return df[~held & ~amb], df[held]
