@@ -25,4 +25,34 @@ def predict_kernels(frame, device):
     return _pk(frame, device)
 
 
-__all__ = ["predict_kernels", "__version__"]
+def predict(model, device, *, batch: int = 1, seq: int = 1024, mode: str = "train", dtype: str = "fp32",
+            attention: str = "eager", compile: bool = False, optimizer: str = "adamw", recompute: str = "none",
+            grad_accumulation: bool = False, bundle=None):
+    """Predict one training step (or inference pass) of ``model`` on ``device``.
+
+    ``model``: an ONNX file, a Hugging Face ``config.json``, a built-in name (``wattcast.builtin_models()``),
+    a config dict, or a ``torch.nn.Module``. ``device``: a catalog name, a spec file or a DeviceSpec.
+    Returns a :class:`wattcast.simulate.single_device.StepPrediction` (``forward_ms``, ``backward_ms``,
+    ``optimizer_ms``, ``step_time_ms``, ``memory_gb``, ``flops``, ``per_op``, ``fallback_ops``,
+    ``ood_fraction``, ...). Graphs and distinct-kernel predictions are cached, so repeated calls are cheap.
+    """
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpec
+    from wattcast.featurize.workload import StepOptions, step_graph
+    from wattcast.simulate.single_device import predict_graph
+
+    spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
+    opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
+                       optimizer=optimizer, recompute=recompute, grad_accumulation=grad_accumulation)
+    graph = step_graph(model, opts)
+    return predict_graph(graph, spec, bundle)
+
+
+def builtin_models() -> list[str]:
+    """Names of the model configs shipped with wattcast."""
+    from wattcast.featurize.hf_config import builtin_models as _b
+
+    return _b()
+
+
+__all__ = ["predict_kernels", "predict", "builtin_models", "__version__"]

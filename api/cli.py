@@ -13,6 +13,8 @@ from rich.table import Table
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Forecast DL step time, power, cost and CO2e on hardware you do not have.")
 train_app = typer.Typer(no_args_is_help=True, help="Retrain surrogates from measurements.")
 app.add_typer(train_app, name="train")
+validate_app = typer.Typer(no_args_is_help=True, help="Check predictions against measurements.")
+app.add_typer(validate_app, name="validate")
 err = Console(stderr=True)
 
 
@@ -95,6 +97,131 @@ def devices(name: Optional[str] = typer.Argument(None, help="Show one device's s
         t.add_row(s.name, s.vendor, f(s.peak_fp32_tflops), f(s.peak_fp16_tflops), f(s.peak_bf16_tflops), f(s.peak_fp8_tflops),
                   f(s.memory_gb), f(s.memory_bandwidth_gbps), f(s.num_sms), f(s.l2_cache_mb), f(s.tdp_w))
     con.print(t)
+
+
+def _prediction_json(res) -> dict:
+    d = res.to_dict()
+    d["per_op"] = [dict(op_class=r["op_class"], count=r["count"], time_ms=r["time_ms"], flops=r["flops"]) for r in res.per_op]
+    return d
+
+
+@app.command()
+def predict(
+    model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (see --list-models)."),
+    device: str = typer.Option(..., "--device", "-d", help="Catalog name (case-insensitive) or a spec file."),
+    batch: int = typer.Option(1, "--batch", "-b", help="Sequences per step."),
+    seq: int = typer.Option(1024, "--seq", "-s", help="Tokens per sequence."),
+    mode: str = typer.Option("train", "--mode", help="train (forward + backward + optimizer) or inference (forward)."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32, tf32, bf16 or fp16."),
+    attention: str = typer.Option("eager", "--attention", help="eager (bmm + softmax + bmm) or flash (fused kernel)."),
+    compile: bool = typer.Option(False, "--compile", help="Approximate torch.compile: fuse elementwise chains."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw, sgd or none."),
+    recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective or full."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) of the step."),
+    allow_oom: bool = typer.Option(False, "--allow-oom", help="Report a configuration that does not fit instead of failing."),
+) -> None:
+    """Predict one training step (or inference pass) of a model on one device."""
+    import json
+
+    from wattcast import predict as _predict
+    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.featurize.op_graph import GraphError
+
+    try:
+        res = _predict(model, device, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
+                       optimizer=optimizer, recompute=recompute)
+    except (GraphError, DeviceSpecError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if trace:
+        from wattcast.simulate.trace import write_chrome_trace
+
+        write_chrome_trace(res, trace)
+    if as_json:
+        print(json.dumps(_prediction_json(res), indent=2))
+    else:
+        _print_prediction(res)
+    if not res.fits and not allow_oom:
+        m = res.memory
+        _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
+              f"{_device_memory(device):.0f} GB (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
+              f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB); "
+              "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
+
+
+def _device_memory(device: str) -> float:
+    from wattcast.data.catalog import resolve_device
+
+    return float(resolve_device(device).memory_gb)
+
+
+def _print_prediction(res) -> None:
+    con = Console()
+    head = Table(title=f"{res.meta.get('name')} on {res.device} ({res.mode}, {res.meta.get('dtype')}, "
+                       f"batch {res.meta.get('batch', '?')} x seq {res.meta.get('seq', '?')})")
+    for c in ("forward ms", "backward ms", "optimizer ms", "step ms", "memory GB", "TFLOP/step", "kernels", "OOD kernels"):
+        head.add_column(c, justify="right")
+    head.add_row(f"{res.forward_ms:.2f}", f"{res.backward_ms:.2f}", f"{res.optimizer_ms:.2f}", f"{res.step_time_ms:.2f}",
+                 f"{res.memory_gb:.2f}" + ("" if res.fits else " (does not fit)"), f"{res.flops / 1e12:.2f}",
+                 f"{len(res.nodes):,}", f"{100 * res.ood_fraction:.0f}%")
+    con.print(head)
+    t = Table(title="per op class")
+    for c in ("op class", "kernels", "time ms", "share"):
+        t.add_column(c, justify="right" if c != "op class" else "left")
+    for r in res.per_op:
+        t.add_row(r["op_class"], f"{r['count']:,}", f"{r['time_ms']:.2f}", f"{100 * r['time_ms'] / max(res.step_time_ms, 1e-12):.1f}%")
+    con.print(t)
+    layers = res.per_layer
+    if layers:
+        t = Table(title="per layer (-1 = embeddings, last = head, loss and optimizer)")
+        for c in ("layer", "kernels", "time ms"):
+            t.add_column(c, justify="right")
+        shown = layers if len(layers) <= 12 else layers[:5] + [None] + layers[-5:]
+        for r in shown:
+            if r is None:
+                t.add_row("...", "", "")
+                continue
+            t.add_row(str(r["layer"]), f"{r['count']:,}", f"{r['time_ms']:.2f}")
+        con.print(t)
+    if res.fallback_ops:
+        con.print("[yellow]ops without their own learned model[/] (proxy = costed as a copy moving the same bytes; "
+                  "roofline = analytical): " + ", ".join(f"{f['op_class']} ({f['method']}, {f['count']}, {f['time_ms']:.2f} ms)"
+                                                         for f in res.fallback_ops))
+
+
+@app.command("models")
+def list_models() -> None:
+    """List the built-in model configs (usable as --model NAME)."""
+    from wattcast import builtin_models
+
+    for name in builtin_models():
+        print(name)
+
+
+@validate_app.command("labels")
+def validate_labels(
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
+    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts)."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write every label's prediction to this CSV."),
+) -> None:
+    """Predict every single-GPU NeuSight label end to end; per-GPU errors; log to MLflow."""
+    from wattcast.training.e2e_run import run_validate_labels
+
+    try:
+        outcome = run_validate_labels(data=data, tracking_dir=mlruns, use_mlflow=not no_mlflow, output=output)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    con = Console()
+    summ = outcome["summary"]
+    t = Table(title="NeuSight labels, end to end (absolute % error)")
+    for c in summ.columns:
+        t.add_column(str(c))
+    for _, r in summ.iterrows():
+        t.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r])
+    con.print(t)
+    if outcome.get("run_id"):
+        con.print(f"MLflow run {outcome['run_id']} in {mlruns}/")
 
 
 @train_app.command("kernels")

@@ -35,6 +35,15 @@ OP_FAMILY: dict[str, str] = {
 
 FAMILIES = ("gemm", "conv", "elementwise", "ln", "softmax")
 
+#: ops of the vocabulary with no measured kernel in any training source, predicted as the measured op
+#: that moves the same bytes with similar arithmetic (the learned models have never seen them, so their
+#: own category would be an extrapolation): a copy reads and writes one tensor like a scalar add; the
+#: transcendental unaries (exp, sigmoid, silu, sqrt, rsqrt) are costed as tanh
+MEASURED_AS: dict[str, str] = {
+    "matmul": "bmm", "sub": "add", "subu": "addu", "copy": "addu", "neg": "mulu",
+    "silu": "tanh", "exp": "tanh", "sigmoid": "tanh", "sqrt": "tanh", "rsqrt": "tanh",
+}
+
 #: the families the issue reports on (BMM and linear are reported apart though one model serves both)
 REPORT_FAMILY: dict[str, str] = {
     "bmm": "bmm",

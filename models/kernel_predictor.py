@@ -9,7 +9,7 @@ import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
-from wattcast.data.kernel_ops import DTYPE_BYTES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
+from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras
@@ -100,7 +100,12 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
                 err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r} (need a whole number >= {0 if c == 'Padding' else 1})" for i in idx]
                 fine[idx] = False
                 rows = rows & fine
-    out = pd.DataFrame({"op": op.to_numpy() if n == 0 else op.array, "dtype": dtype_col, **values}, index=df.index)
+    # ops no training source measured are predicted as their measured stand-in (kernel_ops.MEASURED_AS)
+    if any(u in MEASURED_AS for u in op_uniq):
+        op_col = _text_column([MEASURED_AS.get(u, u) for u in op_uniq], op_codes)
+    else:
+        op_col = op.to_numpy() if n == 0 else op.array
+    out = pd.DataFrame({"op": op_col, "dtype": dtype_col, **values}, index=df.index)
     # a convolution whose kernel does not fit the padded input has no output: say so, do not predict it
     if "conv" in op_uniq:
         conv = (op_codes == op_uniq.index("conv")) & fine

@@ -103,14 +103,15 @@ def _plot_heldout(pred: pd.DataFrame, folder: Path) -> list[Path]:
     return paths
 
 
-def _mlflow_log(tracking_dir: Path, params: dict, metrics: dict, artifacts: list[Path], tags: dict) -> str | None:
+def _mlflow_log(tracking_dir: Path, params: dict, metrics: dict, artifacts: list[Path], tags: dict,
+                experiment: str = "kernel-surrogates") -> str | None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
     import mlflow
 
     tracking_dir.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(f"sqlite:///{tracking_dir.resolve() / 'mlflow.db'}")
-    name = "kernel-surrogates"
+    name = experiment
     exp = mlflow.get_experiment_by_name(name)
     if exp is None:
         exp_id = mlflow.create_experiment(name, artifact_location=(tracking_dir.resolve() / "artifacts").as_uri())

@@ -1,0 +1,377 @@
+"""Operator-graph generators for Hugging Face model families, from their config alone.
+
+Each generator emits the kernels the matching ``transformers`` class launches in eager PyTorch
+(``attn_implementation="eager"``), in order, for a batch of ``batch`` sequences of ``seq`` tokens:
+
+- ``gpt2`` (GPT2LMHeadModel; also GPT-3 / Megatron-style GPT configs): learned positions, Conv1D (addmm)
+  projections, ``gelu_new`` as its 8 elementwise kernels, causal ``where`` mask, tied LM head.
+- ``opt`` (OPTForCausalLM): learned positions (offset 2), q scaled after q_proj, q/k/v made contiguous,
+  bmm attention, additive causal mask then ``max`` with the dtype minimum, ReLU MLP, tied LM head.
+- ``llama`` (LlamaForCausalLM, also mistral/qwen2): RMSNorm as its eager kernels, RoPE, grouped-query
+  attention (repeat_kv copies), SwiGLU MLP, untied LM head unless ``tie_word_embeddings``.
+- ``mixtral`` (MixtralForCausalLM): llama attention plus a top-k router over ``num_local_experts`` experts;
+  tokens are assumed balanced over experts (``tokens * top_k / n_experts`` each; stated, not measured).
+- ``bert`` (BertForPreTraining for training with MLM + NSP heads and losses;
+  BertForSequenceClassification for inference).
+- ``switch`` (SwitchTransformersForConditionalGeneration / T5): see :mod:`wattcast.featurize.hf_switch`.
+
+``attention="flash"`` replaces the eager QK^T / mask / softmax / dropout / PV chain by one fused kernel.
+In training the loss (cross-entropy over the logits) is part of the forward graph.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from wattcast.featurize.hf_config import HFConfig
+from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
+
+
+# --------------------------------------------------------------------------------------------
+# shared pieces
+# --------------------------------------------------------------------------------------------
+
+def heads(b: GraphBuilder, x: Tensor, n: int, d: int) -> Tensor:
+    """(B, S, n*d) -> (B, n, S, d) as a view (transpose without a copy)."""
+    bs, s = x.shape[0], x.shape[1]
+    return b.view(x, (bs, n, s, d))
+
+
+def merge_heads(b: GraphBuilder, x: Tensor, name: str = "merge_heads") -> Tensor:
+    """(B, n, S, d) -> (B, S, n*d): the transpose + contiguous/reshape copy every eager model does."""
+    bs, n, s, d = x.shape
+    return b.copy(x, (bs, s, n * d), name=name)
+
+
+def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: str, mask: str, dropout_p: float,
+                    mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False) -> Tensor:
+    """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), mask
+    (``where`` causal, ``add`` additive, ``none``), softmax, dropout, PV. Tagged ``attn_core``."""
+    bs, h, s, d = q.shape
+    skv = k.shape[2]
+    with b.tag("attn_core"):
+        k_t = Tensor((bs, k.shape[1], d, skv), k.dtype, k.node, k.tid)  # transposed view, no kernel
+        scores = b.matmul(q, k_t, name="attn.qk")
+        if scale == "scores_div":
+            scores = b.elementwise("div", scores, 1.0, name="attn.scale")
+        elif scale == "scores_mul":
+            scores = b.elementwise("mul", scores, 1.0, name="attn.scale")
+        if mask != "none":
+            m = b.input(mask_shape or (1, 1, s, skv))
+            scores = b.elementwise("where" if mask == "where" else "add", scores, m, name="attn.mask")
+        if clamp_min:
+            scores = b.elementwise("maximum", scores, 0.0, name="attn.clamp")
+        probs = b.softmax(scores, name="attn.softmax")
+        probs = b.dropout(probs, dropout_p, name="attn.dropout")
+        return b.matmul(probs, v, name="attn.pv")
+
+
+def attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, impl: str, causal: bool, **eager_kw) -> Tensor:
+    if impl == "flash":
+        return b.flash_attention(q, k, v, causal=causal, name="attn.flash")
+    return eager_attention(b, q, k, v, **eager_kw)
+
+
+def repeat_kv(b: GraphBuilder, x: Tensor, n_rep: int, name: str) -> Tensor:
+    if n_rep == 1:
+        return x
+    bs, h, s, d = x.shape
+    return b.copy(x, (bs, h * n_rep, s, d), name=name, expand=True)
+
+
+def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:
+    """The activation kernels eager PyTorch runs for a Hugging Face ``hidden_act`` string."""
+    a = act.lower()
+    if a in ("gelu_new", "gelu_pytorch_tanh_composite", "gelu_fast"):
+        # NewGELUActivation: 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))) -> 8 kernels
+        half = b.elementwise("mul", x, 0.5, name="gelu.half")
+        cube = b.elementwise("pow", x, 3.0, name="gelu.cube")
+        cube = b.elementwise("mul", cube, 0.044715, name="gelu.coef")
+        inner = b.elementwise("add", x, cube, name="gelu.inner")
+        inner = b.elementwise("mul", inner, 0.7978845608, name="gelu.scale")
+        t = b.elementwise("tanh", inner, name="gelu.tanh")
+        t = b.elementwise("add", t, 1.0, name="gelu.one")
+        return b.elementwise("mul", half, t, name="gelu.out")
+    if a in ("gelu", "gelu_python", "gelu_pytorch_tanh", "gelu_accurate", "quick_gelu"):
+        return b.elementwise("gelu", x, name="gelu")
+    if a in ("relu",):
+        return b.elementwise("relu", x, name="relu")
+    if a in ("silu", "swish"):
+        return b.elementwise("silu", x, name="silu")
+    if a == "tanh":
+        return b.elementwise("tanh", x, name="tanh")
+    raise GraphError(f"unsupported activation function {act!r}")
+
+
+def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
+    """LlamaRMSNorm / T5LayerNorm as eager PyTorch runs it: pow, mean, add eps, rsqrt, mul, mul weight
+    (plus fp32 casts when the model runs in half precision)."""
+    h = x.shape[-1]
+    with b.scope(name):
+        if b.dtype != "fp32":
+            x32 = b.copy(x, name=f"{name}.to_fp32")
+        else:
+            x32 = x
+        sq = b.elementwise("pow", x32, 2.0, name=f"{name}.pow")
+        var = b.reduction(sq, (*x.shape[:-1], 1), name=f"{name}.mean")
+        var = b.elementwise("add", var, 1e-6, name=f"{name}.eps")
+        r = b.elementwise("rsqrt", var, name=f"{name}.rsqrt")
+        y = b.elementwise("mul", x32, r, name=f"{name}.normalise")
+        if b.dtype != "fp32":
+            y = b.copy(y, name=f"{name}.to_dtype")
+        w = b.input((h,))
+        b.add_params(h)
+        return b.elementwise("mul", w, y, name=f"{name}.weight")
+
+
+def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
+    """apply_rotary_pos_emb on one of q/k: x*cos + rotate_half(x)*sin (neg of a half, cat, 2 muls, add)."""
+    bs, h, s, d = x.shape
+    cos = b.input((bs, 1, s, d))
+    a = b.elementwise("mul", x, cos, name=f"{name}.cos")
+    half = Tensor((bs, h, s, d // 2), x.dtype, x.node, x.tid)
+    neg = b.elementwise("neg", half, name=f"{name}.neg")
+    rot = b.copy(Tensor((bs, h, s, d), x.dtype, neg.node, neg.tid), name=f"{name}.cat")
+    c = b.elementwise("mul", rot, cos, name=f"{name}.sin")
+    return b.elementwise("add", a, c, name=f"{name}.add")
+
+
+def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False) -> Tensor:
+    logits = b.linear(x, vocab, bias=bias, name="lm_head", weight_params=not tied)
+    if train:
+        b.cross_entropy(logits, name="loss")
+    return logits
+
+
+def _p(cfg: HFConfig, *keys: str, default: float = 0.0) -> float:
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            return float(v)
+    return default
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-2 / GPT-3 style
+# --------------------------------------------------------------------------------------------
+
+def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
+    embd_p, attn_p, resid_p = _p(cfg, "embd_pdrop", default=0.1), _p(cfg, "attn_pdrop", default=0.1), _p(cfg, "resid_pdrop", default=0.1)
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "transformer.embeddings"):
+        tok = b.embedding(ids, cfg.vocab, h, name="wte")
+        pos = b.embedding(b.input((1, seq), "fp32"), max(cfg.max_positions, seq), h, name="wpe")
+        x = b.elementwise("add", tok, pos, name="embed.add")
+        x = b.dropout(x, embd_p, name="embed.dropout")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"transformer.h.{i}"):
+            y = b.layernorm(x, name="ln_1")
+            qkv = b.linear(y, 3 * h, name="attn.c_attn")
+            q = heads(b, Tensor((batch, seq, h), qkv.dtype, qkv.node, qkv.tid), nh, d)
+            a = attention(b, q, q, q, impl=impl, causal=True, scale="scores_div", mask="where", dropout_p=attn_p)
+            a = merge_heads(b, a)
+            a = b.linear(a, h, name="attn.c_proj")
+            a = b.dropout(a, resid_p, name="attn.resid_dropout")
+            x = b.elementwise("add", a, x, name="residual_1")
+            y = b.layernorm(x, name="ln_2")
+            y = b.linear(y, cfg.ffn, name="mlp.c_fc")
+            y = activation(b, y, cfg.activation)
+            y = b.linear(y, h, name="mlp.c_proj")
+            y = b.dropout(y, resid_p, name="mlp.dropout")
+            x = b.elementwise("add", x, y, name="residual_2")
+    with b.layer(cfg.n_layers, "lm_head"):
+        x = b.layernorm(x, name="ln_f")
+        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+
+
+# --------------------------------------------------------------------------------------------
+# OPT
+# --------------------------------------------------------------------------------------------
+
+def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
+    p, attn_p = _p(cfg, "dropout", default=0.1), _p(cfg, "attention_dropout")
+    proj = int(cfg.get("word_embed_proj_dim") or h)
+    pre_ln = bool(cfg.get("do_layer_norm_before", True))
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "model.decoder.embeddings"):
+        x = b.embedding(ids, cfg.vocab, proj, name="embed_tokens")
+        if proj != h:
+            x = b.linear(x, h, bias=False, name="project_in")
+        # causal mask (S, S) and the expanded additive mask (B, 1, S, S), off the gradient path
+        b.elementwise("where", b.input((seq, seq)), b.input((seq, seq)), name="causal_mask", grad=False)
+        b.elementwise("where", b.input((batch, 1, seq, seq)), b.input((batch, 1, seq, seq)), name="expand_mask", grad=False)
+        pos = b.embedding(b.input((batch, seq), "fp32"), max(cfg.max_positions, seq) + 2, h, name="embed_positions")
+        x = b.elementwise("add", x, pos, name="embed.add")
+        x = b.dropout(x, p, name="embed.dropout")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"model.decoder.layers.{i}"):
+            res = x
+            y = b.layernorm(x, name="self_attn_layer_norm") if pre_ln else x
+            q = b.linear(y, h, name="self_attn.q_proj")
+            q = b.elementwise("mul", q, 1.0, name="self_attn.q_scale")
+            k = b.linear(y, h, name="self_attn.k_proj")
+            k = b.copy(k, (batch, nh, seq, d), name="self_attn.k_contiguous")
+            v = b.linear(y, h, name="self_attn.v_proj")
+            v = b.copy(v, (batch, nh, seq, d), name="self_attn.v_contiguous")
+            q = b.copy(q, (batch, nh, seq, d), name="self_attn.q_contiguous")
+            a = attention(b, q, k, v, impl=impl, causal=True, scale="none", mask="add", dropout_p=attn_p,
+                          mask_shape=(batch, 1, seq, seq), clamp_min=True)
+            a = merge_heads(b, a, name="self_attn.reshape")
+            a = b.linear(a, h, name="self_attn.out_proj")
+            a = b.dropout(a, p, name="dropout_1")
+            x = b.elementwise("add", res, a, name="residual_1")
+            if not pre_ln:
+                x = b.layernorm(x, name="self_attn_layer_norm")
+            res = x
+            y = b.layernorm(x, name="final_layer_norm") if pre_ln else x
+            y = b.linear(y, cfg.ffn, name="fc1")
+            y = activation(b, y, cfg.activation)
+            y = b.dropout(y, _p(cfg, "activation_dropout"), name="activation_dropout")
+            y = b.linear(y, h, name="fc2")
+            y = b.dropout(y, p, name="dropout_2")
+            x = b.elementwise("add", res, y, name="residual_2")
+            if not pre_ln:
+                x = b.layernorm(x, name="final_layer_norm")
+    with b.layer(cfg.n_layers, "lm_head"):
+        if pre_ln and cfg.get("_remove_final_layer_norm") is not True:
+            x = b.layernorm(x, name="final_layer_norm")
+        if proj != h:
+            x = b.linear(x, proj, bias=False, name="project_out")
+        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+
+
+# --------------------------------------------------------------------------------------------
+# Llama / Mistral / Mixtral
+# --------------------------------------------------------------------------------------------
+
+def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str) -> Tensor:
+    nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    bias = bool(cfg.get("attention_bias", cfg.model_type == "qwen2"))
+    q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj"), nh, d)
+    k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj"), nkv, d)
+    v = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.v_proj"), nkv, d)
+    q = rope(b, q, "rope.q")
+    k = rope(b, k, "rope.k")
+    if impl != "flash":
+        k = repeat_kv(b, k, nh // nkv, "repeat_kv.k")
+        v = repeat_kv(b, v, nh // nkv, "repeat_kv.v")
+    a = attention(b, q, k, v, impl=impl, causal=True, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
+                  mask_shape=(batch, 1, seq, seq))
+    a = merge_heads(b, a, name="self_attn.transpose")
+    return b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj")
+
+
+def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str) -> Tensor:
+    g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj")
+    u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj")
+    g = activation(b, g, cfg.activation if cfg.activation != "gelu" else "silu")
+    y = b.elementwise("mul", g, u, name=f"{prefix}.mul")
+    return b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj")
+
+
+def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int) -> Tensor:
+    n_exp = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 8)
+    top_k = int(cfg.get("num_experts_per_tok") or 2)
+    if not 1 <= top_k <= n_exp:
+        raise GraphError(f"num_experts_per_tok={top_k} must be between 1 and num_local_experts={n_exp}")
+    h = cfg.hidden
+    t = batch * seq
+    flat = b.view(x, (t, h))
+    logits = b.linear(flat, n_exp, bias=False, name="moe.gate")
+    probs = b.softmax(logits, name="moe.router_softmax")
+    b.opaque("moe.topk", [probs], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False)
+    w = b.elementwise("div", Tensor((t, top_k), probs.dtype, probs.node, probs.tid), b.input((t, 1)), name="moe.normalise")
+    # balanced routing: every expert gets tokens * top_k / n_experts tokens (an assumption, stated)
+    per = max(1, round(t * top_k / n_exp))
+    out = b.copy(flat, name="moe.zeros_like", grad=False)
+    for e in range(n_exp):
+        with b.scope(f"moe.experts.{e}"):
+            xe = b.copy(Tensor((per, h), flat.dtype, flat.node, flat.tid), name=f"experts.{e}.index")
+            ye = _swiglu(cfg, b, xe, cfg.ffn, f"experts.{e}")
+            ye = b.elementwise("mul", ye, Tensor((per, 1), w.dtype, w.node, w.tid), name=f"experts.{e}.weight")
+            out = b.elementwise("add", Tensor((per, h), out.dtype, out.node, out.tid), ye, name=f"experts.{e}.index_add")
+    return Tensor((batch, seq, h), out.dtype, out.node, out.tid)
+
+
+def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False) -> None:
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "model.embed_tokens"):
+        x = b.embedding(ids, cfg.vocab, cfg.hidden, name="embed_tokens")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"model.layers.{i}"):
+            y = rms_norm_eager(b, x, "input_layernorm")
+            a = _llama_attention(cfg, b, y, batch, seq, impl)
+            x = b.elementwise("add", x, a, name="residual_1")
+            y = rms_norm_eager(b, x, "post_attention_layernorm")
+            y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp")
+            x = b.elementwise("add", x, y, name="residual_2")
+    with b.layer(cfg.n_layers, "lm_head"):
+        x = rms_norm_eager(b, x, "norm")
+        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", False)), train=b.train)
+
+
+def mixtral(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    llama(cfg, b, batch, seq, impl=impl, moe=True)
+
+
+# --------------------------------------------------------------------------------------------
+# BERT
+# --------------------------------------------------------------------------------------------
+
+def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
+    p, attn_p = _p(cfg, "hidden_dropout_prob", default=0.1), _p(cfg, "attention_probs_dropout_prob", default=0.1)
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "bert.embeddings"):
+        # the extended attention mask (1 - mask) * min, (B, 1, 1, S), off the gradient path
+        b.elementwise("sub", b.input((batch, 1, 1, seq)), 1.0, name="extended_mask", grad=False)
+        x = b.embedding(ids, cfg.vocab, h, name="word_embeddings")
+        tt = b.embedding(b.input((batch, seq), "fp32"), int(cfg.get("type_vocab_size") or 2), h, name="token_type_embeddings")
+        x = b.elementwise("add", x, tt, name="embed.add_type")
+        pos = b.embedding(b.input((1, seq), "fp32"), max(cfg.max_positions, seq), h, name="position_embeddings")
+        x = b.elementwise("add", x, pos, name="embed.add_pos")
+        x = b.layernorm(x, name="embeddings.LayerNorm")
+        x = b.dropout(x, p, name="embeddings.dropout")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"bert.encoder.layer.{i}"):
+            q = heads(b, b.linear(x, h, name="attention.self.query"), nh, d)
+            k = heads(b, b.linear(x, h, name="attention.self.key"), nh, d)
+            v = heads(b, b.linear(x, h, name="attention.self.value"), nh, d)
+            a = attention(b, q, k, v, impl=impl, causal=False, scale="scores_div", mask="add", dropout_p=attn_p,
+                          mask_shape=(batch, 1, 1, seq))
+            a = merge_heads(b, a, name="attention.self.contiguous")
+            a = b.linear(a, h, name="attention.output.dense")
+            a = b.dropout(a, p, name="attention.output.dropout")
+            x = b.layernorm(b.elementwise("add", a, x, name="attention.output.residual"), name="attention.output.LayerNorm")
+            y = b.linear(x, cfg.ffn, name="intermediate.dense")
+            y = activation(b, y, cfg.activation)
+            y = b.linear(y, h, name="output.dense")
+            y = b.dropout(y, p, name="output.dropout")
+            x = b.layernorm(b.elementwise("add", y, x, name="output.residual"), name="output.LayerNorm")
+    with b.layer(cfg.n_layers, "heads"):
+        cls_tok = b.copy(Tensor((batch, h), x.dtype, x.node, x.tid), name="pooler.first_token")
+        pooled = b.elementwise("tanh", b.linear(cls_tok, h, name="pooler.dense"), name="pooler.activation")
+        if b.train:
+            y = b.linear(x, h, name="cls.predictions.transform.dense")
+            y = activation(b, y, cfg.activation)
+            y = b.layernorm(y, name="cls.predictions.transform.LayerNorm")
+            scores = b.linear(y, cfg.vocab, bias=True, name="cls.predictions.decoder", weight_params=False)
+            nsp = b.linear(pooled, 2, name="cls.seq_relationship")
+            b.cross_entropy(scores, name="loss.mlm")
+            b.cross_entropy(nsp, name="loss.nsp")
+        else:
+            pooled = b.dropout(pooled, p, name="dropout")
+            b.linear(pooled, int(cfg.get("num_labels") or 2), name="classifier")
+
+
+def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    from wattcast.featurize.hf_switch import switch
+
+    switch(cfg, b, batch, seq, impl=impl)
+
+
+GENERATORS: dict[str, Callable[..., None]] = {
+    "gpt2": gpt2, "opt": opt, "llama": llama, "mixtral": mixtral, "bert": bert, "switch": _switch,
+}

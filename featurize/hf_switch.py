@@ -1,0 +1,148 @@
+"""Switch Transformers (and dense T5) encoder-decoder graphs, as Hugging Face's eager classes run them.
+
+SwitchTransformersForConditionalGeneration: shared token embedding; T5 blocks with RMS-style
+T5LayerNorm (eager: pow, mean, add, rsqrt, mul, mul weight), bias-free q/k/v/o projections, no score
+scaling, a relative position bias computed in the first block of each stack (bucketing kernels on an
+S x S grid, an embedding lookup, broadcast-add of the mask) and added to the scores in every block;
+the decoder adds causal self-attention and cross-attention; every ``*_sparse_step``-th feed-forward is
+a Switch MoE layer: a router (linear to ``num_experts`` logits in fp32, softmax, argmax, one-hot,
+cumsum capacity mask) and one FFN per expert over ``expert_capacity`` token slots (the HF implementation
+gathers each expert's tokens into a zero-padded buffer of ``expert_capacity`` rows; without a capacity
+the tokens are assumed balanced, ``tokens / num_experts`` each), scattered back and scaled by the router
+probability. The LM head is tied to the embedding and scaled by ``d_model**-0.5``. The decoder input is
+as long as the encoder input (``seq``); training adds cross-entropy over the decoder logits.
+"""
+
+from __future__ import annotations
+
+from wattcast.featurize.hf_config import HFConfig
+from wattcast.featurize.hf_models import activation, merge_heads, rms_norm_eager
+from wattcast.featurize.op_graph import GraphBuilder, Tensor
+
+
+def _position_bias(b: GraphBuilder, cfg: HFConfig, batch: int, s_q: int, s_kv: int, *, name: str) -> Tensor:
+    """The relative position bias (B, heads, S_q, S_kv) of the first block of a stack."""
+    nb = int(cfg.get("relative_attention_num_buckets") or 32)
+    grid = b.input((s_q, s_kv))
+    with b.scope(name):
+        # _relative_position_bucket: ~14 small kernels on the (S_q, S_kv) grid (sub, compare, abs, log,
+        # divisions, min, where...), none on the gradient path; costed as scalar-op kernels of that size
+        t = grid
+        for k in range(13):
+            t = b.elementwise("add", t, 1.0, name=f"{name}.bucket{k}", grad=False)
+        t = b.elementwise("where", t, b.input((s_q, s_kv)), name=f"{name}.bucket_where", grad=False)
+        emb = b.embedding(t, nb, cfg.n_heads, name=f"{name}.relative_attention_bias")
+        emb = b.copy(emb, (1, cfg.n_heads, s_q, s_kv), name=f"{name}.permute")
+        return b.elementwise("add", emb, b.input((batch, 1, 1, s_kv)), name=f"{name}.mask")
+
+
+def _attention(b: GraphBuilder, cfg: HFConfig, x: Tensor, kv: Tensor, bias: Tensor | None, *, impl: str, causal: bool,
+               prefix: str) -> Tensor:
+    bs, s, _ = x.shape
+    skv = kv.shape[1]
+    nh, d = cfg.n_heads, cfg.head_dim
+    inner = nh * d
+    q = b.linear(x, inner, bias=False, name=f"{prefix}.q")
+    k = b.linear(kv, inner, bias=False, name=f"{prefix}.k")
+    v = b.linear(kv, inner, bias=False, name=f"{prefix}.v")
+    q4 = Tensor((bs, nh, s, d), q.dtype, q.node, q.tid)
+    k4 = Tensor((bs, nh, skv, d), k.dtype, k.node, k.tid)
+    v4 = Tensor((bs, nh, skv, d), v.dtype, v.node, v.tid)
+    if impl == "flash":
+        a = b.flash_attention(q4, k4, v4, causal=causal, name=f"{prefix}.flash")
+    else:
+        with b.tag("attn_core"):
+            scores = b.matmul(q4, Tensor((bs, nh, d, skv), k.dtype, k.node, k.tid), name=f"{prefix}.qk")
+            pb = bias if bias is not None else b.input((bs, nh, s, skv))
+            scores = b.elementwise("add", scores, pb, name=f"{prefix}.position_bias")
+            probs = b.softmax(scores, name=f"{prefix}.softmax")
+            probs = b.dropout(probs, float(cfg.get("dropout_rate") or 0.1), name=f"{prefix}.dropout")
+            a = b.matmul(probs, v4, name=f"{prefix}.pv")
+    a = merge_heads(b, a, name=f"{prefix}.contiguous")
+    return b.linear(a, cfg.hidden, bias=False, name=f"{prefix}.o")
+
+
+def _dense_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor:
+    y = b.linear(x, cfg.ffn, bias=False, name=f"{prefix}.wi")
+    y = activation(b, y, cfg.activation.replace("gated-", ""))
+    y = b.dropout(y, float(cfg.get("dropout_rate") or 0.1), name=f"{prefix}.dropout")
+    return b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.wo")
+
+
+def _sparse_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor:
+    bs, s, h = x.shape
+    t = bs * s
+    n_exp = int(cfg.get("num_experts") or 8)
+    cap = cfg.get("expert_capacity")
+    slots = int(cap) if cap else max(1, round(t / n_exp))
+    x32 = b.copy(x, name=f"{prefix}.router.to_fp32") if b.dtype != "fp32" else x
+    logits = b.linear(x32, n_exp, bias=bool(cfg.get("router_bias", False)), name=f"{prefix}.router.classifier")
+    probs = b.softmax(logits, name=f"{prefix}.router.softmax")
+    # argmax, one_hot, cumsum, capacity mask, max: small (T, E) kernels off the gradient path
+    for k, op in enumerate(("argmax", "one_hot", "cumsum", "le", "mul", "max")):
+        b.opaque(f"{prefix}.router.{op}", [probs], (bs, s, n_exp), flops=float(t * n_exp), op_class="other", grad=False)
+    out = b.copy(x, name=f"{prefix}.clone")
+    for e in range(n_exp):
+        with b.scope(f"{prefix}.experts.{e}"):
+            buf = b.copy(Tensor((slots, h), x.dtype, x.node, x.tid), name=f"experts.{e}.gather")
+            y = _dense_ff(b, cfg, buf, f"experts.{e}")
+            out = b.copy(Tensor((slots, h), y.dtype, y.node, y.tid), name=f"experts.{e}.scatter")
+    out = Tensor((bs, s, h), out.dtype, out.node, out.tid)
+    pmax = b.input((bs, s, 1))
+    return b.elementwise("mul", pmax, out, name=f"{prefix}.router_scale")
+
+
+def _is_sparse(i: int, step: int, n_sparse: int) -> bool:
+    return n_sparse > 0 and (step == 1 or i % step == 1)
+
+
+def _stack(b: GraphBuilder, cfg: HFConfig, x: Tensor, *, decoder: bool, enc: Tensor | None, impl: str, n_layers: int,
+           layer_offset: int, batch: int) -> Tensor:
+    p = float(cfg.get("dropout_rate") or 0.1)
+    kind = "decoder" if decoder else "encoder"
+    step = int(cfg.get(f"{kind}_sparse_step") or 1)
+    n_sparse = int(cfg.get(f"num_sparse_{kind}_layers") or 0)
+    if cfg.model_type == "t5":
+        n_sparse = 0
+    s = x.shape[1]
+    bias = cross_bias = None
+    for i in range(n_layers):
+        with b.layer(layer_offset + i, f"{kind}.block.{i}"):
+            if i == 0 and impl != "flash":
+                bias = _position_bias(b, cfg, batch, s, s, name=f"{kind}.position_bias")
+            y = rms_norm_eager(b, x, "layer_norm_sa")
+            a = _attention(b, cfg, y, y, bias, impl=impl, causal=decoder, prefix="SelfAttention")
+            x = b.elementwise("add", x, b.dropout(a, p, name="sa.dropout"), name="sa.residual")
+            if decoder and enc is not None:
+                y = rms_norm_eager(b, x, "layer_norm_ca")
+                a = _attention(b, cfg, y, enc, cross_bias, impl=impl, causal=False, prefix="EncDecAttention")
+                x = b.elementwise("add", x, b.dropout(a, p, name="ca.dropout"), name="ca.residual")
+            y = rms_norm_eager(b, x, "layer_norm_ff")
+            y = _sparse_ff(b, cfg, y, "mlp") if _is_sparse(i, step, n_sparse) else _dense_ff(b, cfg, y, "DenseReluDense")
+            x = b.elementwise("add", x, b.dropout(y, p, name="ff.dropout"), name="ff.residual")
+    return x
+
+
+def switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    p = float(cfg.get("dropout_rate") or 0.1)
+    n_enc = cfg.n_layers
+    n_dec = int(cfg.get("num_decoder_layers") or n_enc)
+    with b.layer(-1, "encoder.embed_tokens"):
+        x = b.embedding(b.input((batch, seq), "fp32"), cfg.vocab, cfg.hidden, name="shared")
+        x = b.dropout(x, p, name="encoder.dropout")
+    x = _stack(b, cfg, x, decoder=False, enc=None, impl=impl, n_layers=n_enc, layer_offset=0, batch=batch)
+    total = n_enc + n_dec
+    with b.layer(n_enc - 1, "encoder.final_layer_norm"):
+        enc = b.dropout(rms_norm_eager(b, x, "encoder.final_layer_norm"), p, name="encoder.final_dropout")
+        y = b.embedding(b.input((batch, seq), "fp32"), cfg.vocab, cfg.hidden, name="decoder.embed_tokens", params=False)
+        y = b.dropout(y, p, name="decoder.dropout")
+    y = _stack(b, cfg, y, decoder=True, enc=enc, impl=impl, n_layers=n_dec, layer_offset=n_enc, batch=batch)
+    with b.layer(total, "lm_head"):
+        y = b.dropout(rms_norm_eager(b, y, "decoder.final_layer_norm"), p, name="decoder.final_dropout")
+        tied = bool(cfg.get("tie_word_embeddings", True))
+        if tied:
+            y = b.elementwise("mul", y, cfg.hidden ** -0.5, name="lm_head.scale")
+        logits = b.linear(y, cfg.vocab, bias=False, name="lm_head", weight_params=not tied)
+        if b.train:
+            b.cross_entropy(logits, name="loss")
+    b.meta["n_layers_total"] = total

@@ -1,0 +1,475 @@
+"""The typed operator graph every workload importer produces, and the builder that makes it.
+
+One row per kernel (``OpGraph.nodes``, a pandas frame) plus data-dependency edges (``OpGraph.edges``,
+an ``(E, 2)`` int array of node ids). Importers (Hugging Face configs, ONNX, ``torch.export``) call the
+:class:`GraphBuilder` methods for the *forward* pass; each method also records the backward kernels of
+the op, so :func:`wattcast.featurize.training_graph.training_graph` can derive backward, recomputation
+and the optimizer step from any importer's graph.
+
+Node columns (units in names):
+
+- ``name``; ``op_class``: one of :data:`OP_CLASSES` (``collective`` is reserved for the distributed
+  scheduler); ``kernel``: the kernel-surrogate op (vocabulary of ``wattcast.data.kernel_ops``) or ``""``
+  when no surrogate models it (then ``method`` says how it is costed);
+- ``method``: ``surrogate`` (the learned kernel model), ``proxy`` (a memory-bound op costed as an
+  elementwise kernel moving the same bytes), ``flash`` (the fused-attention cost model), ``roofline``
+  (no model at all: the analytical roofline, flagged as a fallback);
+- ``dtype``; the NeuSight shape columns ``B, M, N, K, H`` and conv columns (NaN when unused);
+- ``flops``, ``bytes`` (read + written), ``scale`` (multiplier on the surrogate time of ``kernel``: a
+  backward kernel that moves 1.5x the bytes of the forward kernel it is costed as has 1.5),
+  ``param_count`` (parameters the op owns);
+- ``layer`` (-1 before the first block, ``n_layers`` after the last), ``scope`` (module path),
+  ``phase`` (``forward``/``backward``/``optimizer``), ``fwd_id`` (for backward nodes: the forward node
+  they differentiate; -1 otherwise), ``recompute`` (a forward op re-run in backward), ``tag``
+  (``attn_core`` for the ops selective recomputation re-runs).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.kernel_ops import BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLOPS_PER_ELEMENT, UNARY_OPS, canonical_dtype
+
+OP_CLASSES = (
+    "linear", "bmm", "conv", "elementwise", "layernorm", "softmax", "reduction", "embedding", "memory",
+    "dropout", "flash_attention", "loss", "optimizer", "collective", "other",
+)
+PHASES = ("forward", "backward", "optimizer")
+METHODS = ("surrogate", "proxy", "flash", "roofline")
+SHAPE_COLUMNS = ("B", "M", "N", "K", "H", *CONV_COLS[1:])
+NODE_COLUMNS = (
+    "name", "op_class", "kernel", "method", "dtype", *SHAPE_COLUMNS, "flops", "bytes", "scale", "param_count",
+    "layer", "scope", "phase", "fwd_id", "recompute", "tag",
+)
+#: Backward time / forward time of the fused backward kernels PyTorch runs for LayerNorm (dX plus the
+#: dgamma/dbeta reduction) and softmax (softmax_backward_data): the median ratio of measured ``bw_latency``
+#: to ``fw_latency`` over the NeuSight label-CSV nodes of the *training* GPUs (MI100, MI210, V100; 42 LN and
+#: 12 softmax nodes; held-out GPUs not used). The backward is costed as the forward kernel times this.
+BACKWARD_RATIO = {"layernorm": 2.37, "softmax": 2.76}
+#: arithmetic ops that have a tensor-tensor and a tensor-scalar kernel in the surrogate vocabulary
+_ARITH = ("add", "sub", "mul", "div", "pow")
+
+
+class GraphError(ValueError):
+    """A workload cannot be turned into an operator graph (bad shape, unknown op, ...)."""
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return int(math.prod(int(s) for s in shape)) if len(shape) else 1
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A value flowing through the graph: shape, dtype, the node that produced it (-1 = graph input)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    node: int = -1
+    tid: int = -1
+
+    @property
+    def numel(self) -> int:
+        return _numel(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES.get(self.dtype, 4)
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """Nodes (one row per kernel), edges (src, dst node ids) and metadata about the workload."""
+
+    nodes: pd.DataFrame
+    edges: np.ndarray
+    meta: dict = field(default_factory=dict)
+    #: bytes of every activation tensor saved for backward, and per forward node the saved tensor ids
+    saved: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def param_count(self) -> int:
+        return int(self.meta.get("param_count", 0))
+
+    def phase(self, name: str) -> pd.DataFrame:
+        return self.nodes[self.nodes["phase"] == name]
+
+
+@dataclass
+class _Node:
+    values: dict
+    inputs: list[int]
+    saves: list[int]
+    backward: list[dict]
+
+
+class GraphBuilder:
+    """Record forward kernels (and their backward rules) while an importer walks a model."""
+
+    def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model") -> None:
+        self.dtype = canonical_dtype(dtype)
+        if self.dtype not in DTYPE_BYTES:
+            raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
+        self.train = train  # dropout is active only in training
+        self.name = name
+        self._nodes: list[_Node] = []
+        self._tensor_bytes: list[int] = []
+        self._out_bytes: list[int] = []
+        self._tensor_node: list[int] = []
+        self._layer = -1
+        self._scope = ""
+        self._tag = ""
+        self.param_count = 0
+        self.param_bytes = 0
+        self.meta: dict = {}
+
+    # ------------------------------------------------------------------ context
+    @contextmanager
+    def layer(self, index: int, scope: str = "") -> Iterator[None]:
+        old = self._layer, self._scope
+        self._layer, self._scope = int(index), scope or old[1]
+        try:
+            yield
+        finally:
+            self._layer, self._scope = old
+
+    @contextmanager
+    def scope(self, scope: str) -> Iterator[None]:
+        old = self._scope
+        self._scope = scope
+        try:
+            yield
+        finally:
+            self._scope = old
+
+    @contextmanager
+    def tag(self, tag: str) -> Iterator[None]:
+        old = self._tag
+        self._tag = tag
+        try:
+            yield
+        finally:
+            self._tag = old
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def dbytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def input(self, shape: Sequence[int], dtype: str | None = None) -> Tensor:
+        """A graph input (token ids, images, ...)."""
+        return self._tensor(shape, dtype or self.dtype, -1)
+
+    def _tensor(self, shape: Sequence[int], dtype: str, node: int) -> Tensor:
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise GraphError(f"negative dimension in shape {shape}")
+        t = Tensor(shape, dtype, node, len(self._tensor_bytes))
+        self._tensor_bytes.append(t.nbytes)
+        self._tensor_node.append(node)
+        return t
+
+    def add_params(self, n: int) -> None:
+        self.param_count += int(n)
+        self.param_bytes += int(n) * self.dbytes
+
+    def _add(self, name: str, op_class: str, kernel: str, method: str, inputs: Sequence[Tensor], out_shape,
+             *, flops: float, bytes_: float, params: int = 0, saves: Sequence[Tensor] = (),
+             backward: Sequence[dict] = (), out_dtype: str | None = None, **shape) -> Tensor:
+        values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=self.dtype,
+                      flops=float(flops), bytes=float(bytes_), scale=1.0, param_count=int(params), layer=self._layer,
+                      scope=self._scope, tag=self._tag)
+        for c in SHAPE_COLUMNS:
+            values[c] = float(shape[c]) if c in shape else np.nan
+        nid = len(self._nodes)
+        if params:
+            self.add_params(params)
+        self._nodes.append(_Node(values, [t.node for t in inputs if t.node >= 0], [t.tid for t in saves], list(backward)))
+        out = self._tensor(out_shape, out_dtype or self.dtype, nid)
+        self._out_bytes.append(out.nbytes)
+        return out
+
+    @staticmethod
+    def _bw(name: str, op_class: str, kernel: str, method: str = "surrogate", *, flops: float, bytes_: float,
+            scale: float = 1.0, **shape) -> dict:
+        return dict(name=name, op_class=op_class, kernel=kernel, method=method, flops=float(flops), bytes=float(bytes_),
+                    scale=float(scale), **shape)
+
+    # ------------------------------------------------------------------ GEMMs
+    def linear(self, x: Tensor, out_features: int, *, bias: bool = True, name: str = "linear",
+               weight_params: bool = True, needs_input_grad: bool = True) -> Tensor:
+        """``nn.Linear(in, out)`` on ``x`` (..., in). ``weight_params=False`` for a tied weight."""
+        if not x.shape:
+            raise GraphError(f"{name}: linear needs a tensor with at least one dimension")
+        n, k = int(x.shape[-1]), int(out_features)
+        m = _numel(x.shape[:-1])
+        db = self.dbytes
+        params = (n * k if weight_params else 0) + (k if bias else 0)
+        bw = []
+        if needs_input_grad:  # dX = dY (M,K) @ W (K,N)
+            bw.append(self._bw(f"{name}.dgrad", "linear", "bmm", flops=2.0 * m * n * k, bytes_=(m * k + k * n + m * n) * db, B=1, M=m, N=k, K=n))
+        # dW = X^T (N,M) @ dY (M,K)  (computed for tied weights too: they still get a gradient)
+        bw.append(self._bw(f"{name}.wgrad", "linear", "bmm", flops=2.0 * m * n * k, bytes_=(m * n + m * k + n * k) * db, B=1, M=n, N=m, K=k))
+        if bias:  # db = sum over rows of dY
+            bw.append(self._bw(f"{name}.bgrad", "reduction", "", "proxy", flops=m * k, bytes_=(m * k + k) * db))
+        return self._add(name, "linear", "linear" if bias else "bmm", "surrogate", [x], (*x.shape[:-1], k),
+                         flops=2.0 * m * n * k + (m * k if bias else 0), bytes_=(m * n + n * k + m * k + (k if bias else 0)) * db,
+                         params=params, saves=[x], backward=bw, B=1, M=m, N=n, K=k)
+
+    def matmul(self, a: Tensor, b: Tensor, *, name: str = "matmul") -> Tensor:
+        """``torch.matmul`` of (..., M, N) by (..., N, K), batch dims broadcast."""
+        if len(a.shape) < 2 or len(b.shape) < 2:
+            raise GraphError(f"{name}: matmul needs two tensors of rank >= 2, got {a.shape} and {b.shape}")
+        if a.shape[-1] != b.shape[-2]:
+            raise GraphError(f"{name}: contraction dims differ: {a.shape} @ {b.shape}")
+        try:
+            lead = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        except ValueError as e:
+            raise GraphError(f"{name}: batch dims do not broadcast: {a.shape} @ {b.shape}") from e
+        m, n, k = int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
+        bsz = _numel(lead)
+        db = self.dbytes
+        flops = 2.0 * bsz * m * n * k
+        bw = [
+            self._bw(f"{name}.grad_a", "bmm", "bmm", flops=flops, bytes_=(bsz * m * k + b.numel + a.numel) * db, B=bsz, M=m, N=k, K=n),
+            self._bw(f"{name}.grad_b", "bmm", "bmm", flops=flops, bytes_=(a.numel + bsz * m * k + b.numel) * db, B=bsz, M=n, N=m, K=k),
+        ]
+        return self._add(name, "bmm", "bmm", "surrogate", [a, b], (*lead, m, k), flops=flops,
+                         bytes_=(a.numel + b.numel + bsz * m * k) * db, saves=[a, b], backward=bw, B=bsz, M=m, N=n, K=k)
+
+    def conv2d(self, x: Tensor, out_channels: int, kernel_size: int, *, stride: int = 1, padding: int = 0,
+               bias: bool = False, name: str = "conv") -> Tensor:
+        """``nn.Conv2d`` on (B, C, S, S) (square images and kernels, as the conv surrogate knows them)."""
+        if len(x.shape) != 4 or x.shape[2] != x.shape[3]:
+            raise GraphError(f"{name}: conv2d needs a (B, C, S, S) input, got {x.shape}")
+        b, c, s = x.shape[0], x.shape[1], x.shape[2]
+        o = (s + 2 * padding - kernel_size) // stride + 1
+        if o <= 0:
+            raise GraphError(f"{name}: kernel {kernel_size} larger than the padded input {s}+2*{padding}")
+        flops = 2.0 * b * out_channels * o * o * c * kernel_size * kernel_size
+        db = self.dbytes
+        out_n = b * out_channels * o * o
+        w = out_channels * c * kernel_size * kernel_size
+        shape = dict(B=b, Input_Channel=c, Output_Channel=out_channels, Kernel_Size=kernel_size, Input_Size=s,
+                     Stride=stride, Padding=padding)
+        bw = [
+            self._bw(f"{name}.dgrad", "conv", "", "roofline", flops=flops, bytes_=(out_n + w + x.numel) * db),
+            self._bw(f"{name}.wgrad", "conv", "", "roofline", flops=flops, bytes_=(out_n + x.numel + w) * db),
+        ]
+        out = self._add(name, "conv", "conv", "surrogate", [x], (b, out_channels, o, o), flops=flops,
+                        bytes_=(x.numel + w + out_n) * db, params=w, saves=[x], backward=bw, **shape)
+        if bias:
+            out = self.elementwise("add", out, self._tensor((out_channels, 1, 1), self.dtype, -1), name=f"{name}.bias")
+            self.add_params(out_channels)
+        return out
+
+    # ------------------------------------------------------------------ vector ops
+    def elementwise(self, op: str, *inputs: Tensor | float, name: str | None = None, out_dtype: str | None = None,
+                    grad: bool = True) -> Tensor:
+        """An elementwise op on tensors (and Python scalars), broadcasting.
+
+        Arithmetic ops (add, sub, mul, div, pow) become the tensor-tensor kernel when two inputs have more
+        than one element, else the scalar variant (``addu``...). Other ops must be in the surrogate
+        vocabulary (relu, gelu, tanh, silu, exp, sigmoid, neg, sqrt, rsqrt, copy); ``where``/masking ops
+        are costed as ``add`` (two tensor reads, one write). ``grad=False`` for ops off the gradient path
+        (mask and position computations).
+        """
+        name = name or op
+        tensors = [t for t in inputs if isinstance(t, Tensor)]
+        if not tensors:
+            raise GraphError(f"{name}: elementwise op without a tensor input")
+        try:
+            shape = tuple(np.broadcast_shapes(*[t.shape for t in tensors]))
+        except ValueError as e:
+            raise GraphError(f"{name}: shapes do not broadcast: {[t.shape for t in tensors]}") from e
+        big = [t for t in tensors if t.numel > 1]
+        if op in _ARITH:
+            kernel = op if len(big) >= 2 else op + "u"
+        elif op in ("where", "masked_fill", "maximum", "minimum"):
+            kernel = "add"
+        elif op in BINARY_OPS or op in UNARY_OPS:
+            kernel = op
+        else:
+            raise GraphError(f"{name}: elementwise op {op!r} is not in the kernel vocabulary")
+        n = _numel(shape)
+        db = self.dbytes
+        bytes_ = (sum(t.nbytes for t in tensors) + n * DTYPE_BYTES.get(out_dtype or self.dtype, db))
+        b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
+        flops = FLOPS_PER_ELEMENT.get(kernel, 1) * n
+        bw: list[dict] = []
+        saves: list[Tensor] = []
+        if grad:
+            # gradient kernels: add/sub pass the gradient through (no kernel unless broadcast-reduced);
+            # a product or quotient needs one kernel per tensor input; unary functions one fused kernel
+            # reading (grad, saved input)
+            n_grad = len(big)
+            if kernel in ("add", "sub"):
+                reduce = [t for t in big if t.numel < n]
+                for i, _ in enumerate(reduce):
+                    bw.append(self._bw(f"{name}.grad_reduce{i}", "reduction", "", "proxy", flops=n, bytes_=2 * n * db))
+            elif kernel in ("addu", "subu", "copy"):
+                pass
+            elif kernel in ("mul", "div", "silu_mul", "pow"):
+                saves = big
+                for i in range(max(n_grad, 1)):
+                    bw.append(self._bw(f"{name}.grad{i}", "elementwise", "mul", flops=n, bytes_=3 * n * db, B=b, H=h))
+            elif kernel == "powu":  # grad * p * x^(p-1): pow, scalar mul, mul
+                saves = big[:1]
+                bw += [self._bw(f"{name}.grad_pow", "elementwise", "powu", flops=10 * n, bytes_=2 * n * db, B=b, H=h),
+                       self._bw(f"{name}.grad_scale", "elementwise", "mulu", flops=n, bytes_=2 * n * db, B=b, H=h),
+                       self._bw(f"{name}.grad", "elementwise", "mul", flops=n, bytes_=3 * n * db, B=b, H=h)]
+            else:  # unary with a derivative (mulu, divu, gelu, tanh, ...)
+                saves = big[:1] if kernel not in ("mulu", "divu", "neg") else []
+                bwk = "mulu" if kernel in ("mulu", "divu", "neg") else "mul"
+                bw.append(self._bw(f"{name}.grad", "elementwise", bwk, flops=FLOPS_PER_ELEMENT.get(kernel, 1) * n,
+                                   bytes_=(2 if bwk == "mulu" else 3) * n * db, B=b, H=h))
+        return self._add(name, "elementwise", kernel, "surrogate", tensors, shape, flops=flops, bytes_=bytes_,
+                         saves=saves, backward=bw, out_dtype=out_dtype, B=b, H=h)
+
+    def dropout(self, x: Tensor, p: float, *, name: str = "dropout") -> Tensor:
+        """Dropout: a kernel writing output and a 1-byte mask in training, nothing in inference."""
+        if not self.train or p <= 0:
+            return x
+        n = x.numel
+        b, h = _numel(x.shape[:-1]), x.shape[-1]
+        db = self.dbytes
+        mask = self._tensor(x.shape, "fp8", -1)  # bool mask, 1 byte per element
+        bw = [self._bw(f"{name}.grad", "dropout", "mul", flops=n, bytes_=(2 * db + 1) * n, B=b, H=h)]
+        return self._add(name, "dropout", "mul", "surrogate", [x], x.shape, flops=2 * n, bytes_=(2 * db + 1) * n,
+                         saves=[mask], backward=bw, B=b, H=h)
+
+    def layernorm(self, x: Tensor, *, name: str = "layernorm", bias: bool = True, rms: bool = False) -> Tensor:
+        """LayerNorm (or RMSNorm, ``rms=True``) over the last dim, as one fused kernel."""
+        h = int(x.shape[-1])
+        b = _numel(x.shape[:-1])
+        db = self.dbytes
+        kernel = "rmsnorm" if rms else "ln"
+        bw = [self._bw(f"{name}.grad", "layernorm", kernel, flops=2 * FLOPS_PER_ELEMENT[kernel] * b * h, bytes_=(3 * b * h + 2 * h) * db,
+                       scale=BACKWARD_RATIO["layernorm"], B=b, H=h)]
+        params = h * (1 if rms or not bias else 2)
+        return self._add(name, "layernorm", kernel, "surrogate", [x], x.shape, flops=FLOPS_PER_ELEMENT[kernel] * b * h,
+                         bytes_=(2 * b * h + params) * db, params=params, saves=[x], backward=bw, B=b, H=h)
+
+    def softmax(self, x: Tensor, *, name: str = "softmax") -> Tensor:
+        """Softmax over the last dim; backward reads output and gradient (one kernel)."""
+        h = int(x.shape[-1])
+        b = _numel(x.shape[:-1])
+        db = self.dbytes
+        out = self._add(name, "softmax", "softmax", "surrogate", [x], x.shape, flops=5 * b * h, bytes_=2 * b * h * db,
+                        backward=[self._bw(f"{name}.grad", "softmax", "softmax", flops=4 * b * h, bytes_=3 * b * h * db,
+                                                     scale=BACKWARD_RATIO["softmax"], B=b, H=h)],
+                        B=b, H=h)
+        # softmax saves its output
+        self._nodes[out.node].saves.append(out.tid)
+        return out
+
+    def reduction(self, x: Tensor, out_shape: Sequence[int], *, name: str = "reduce", grad: bool = True) -> Tensor:
+        """A reduction (mean, sum, max...) of ``x`` to ``out_shape``: memory-bound, costed by proxy."""
+        n_out = _numel(out_shape)
+        db = self.dbytes
+        bw = [self._bw(f"{name}.grad", "elementwise", "", "proxy", flops=x.numel, bytes_=(n_out + x.numel) * db)] if grad else []
+        return self._add(name, "reduction", "", "proxy", [x], out_shape, flops=x.numel, bytes_=(x.numel + n_out) * db, backward=bw)
+
+    # ------------------------------------------------------------------ memory ops
+    def view(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        """A view / reshape of a contiguous tensor: no kernel."""
+        shape = tuple(int(s) for s in shape)
+        if _numel(shape) != x.numel:
+            raise GraphError(f"view of {x.shape} as {shape} changes the element count")
+        return Tensor(shape, x.dtype, x.node, x.tid)
+
+    def copy(self, x: Tensor, shape: Sequence[int] | None = None, *, name: str = "copy", grad: bool = True,
+             expand: bool = False) -> Tensor:
+        """A materialising copy (``.contiguous()`` after a transpose, cat, cast...): one copy kernel.
+
+        ``expand=True`` allows a larger output (``expand(...).reshape`` as in grouped-query attention's
+        repeat_kv); its backward sums the copies back (a reduction)."""
+        shape = tuple(shape) if shape is not None else x.shape
+        n_out = _numel(shape)
+        if n_out != x.numel and not (expand and n_out >= x.numel):
+            raise GraphError(f"{name}: copy of {x.shape} as {shape} changes the element count")
+        b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
+        db = self.dbytes
+        bytes_ = (x.numel + n_out) * db
+        if not grad:
+            bw = []
+        elif n_out == x.numel:
+            bw = [self._bw(f"{name}.grad", "memory", "copy", flops=0, bytes_=bytes_, B=b, H=h)]
+        else:
+            bw = [self._bw(f"{name}.grad", "reduction", "", "proxy", flops=n_out, bytes_=bytes_)]
+        return self._add(name, "memory", "copy", "surrogate", [x], shape, flops=0, bytes_=bytes_, backward=bw, B=b, H=h)
+
+    def embedding(self, ids: Tensor, vocab: int, dim: int, *, name: str = "embedding", params: bool = True) -> Tensor:
+        """``nn.Embedding(vocab, dim)`` gather; backward is a scatter-add into a zeroed (vocab, dim) gradient."""
+        t = ids.numel
+        db = self.dbytes
+        bw = [self._bw(f"{name}.grad_zero", "memory", "", "proxy", flops=0, bytes_=vocab * dim * db),
+              self._bw(f"{name}.grad", "embedding", "", "proxy", flops=t * dim, bytes_=(2 * t * dim + t) * db)]
+        return self._add(name, "embedding", "", "proxy", [ids], (*ids.shape, dim), flops=0,
+                         bytes_=(2 * t * dim) * db + t * 8, params=vocab * dim if params else 0, saves=[], backward=bw)
+
+    # ------------------------------------------------------------------ attention and loss
+    def flash_attention(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, name: str = "flash_attention") -> Tensor:
+        """Fused attention (FlashAttention-2): q (B, h, S, d), k/v (B, h_kv, S_kv, d); no S x S tensor in memory."""
+        if len(q.shape) != 4 or len(k.shape) != 4:
+            raise GraphError(f"{name}: flash attention needs (B, heads, S, d) tensors, got {q.shape}, {k.shape}")
+        b, h, s, d = q.shape
+        skv = k.shape[2]
+        frac = 0.5 if causal and s == skv else 1.0
+        flops = 4.0 * b * h * s * skv * d * frac
+        db = self.dbytes
+        io = (q.numel + k.numel + v.numel + q.numel) * db
+        out = self._add(name, "flash_attention", "", "flash", [q, k, v], q.shape, flops=flops, bytes_=io,
+                        saves=[q, k, v], B=b * h, M=s, N=d, K=skv,
+                        backward=[self._bw(f"{name}.grad", "flash_attention", "", "flash", flops=2.5 * flops,
+                                           bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=d, K=skv)])
+        self._nodes[out.node].saves.append(out.tid)
+        return out
+
+    def cross_entropy(self, logits: Tensor, *, name: str = "loss") -> Tensor:
+        """Cross-entropy over the last dim of ``logits`` (log_softmax + nll); backward = softmax - onehot."""
+        v = int(logits.shape[-1])
+        t = _numel(logits.shape[:-1])
+        db = self.dbytes
+        out = self._add(name, "loss", "softmax", "surrogate", [logits], (), flops=5 * t * v, bytes_=2 * t * v * db,
+                        saves=[logits], B=t, H=v,
+                        backward=[self._bw(f"{name}.grad", "loss", "softmax", flops=4 * t * v, bytes_=4 * t * v * db, scale=2.0, B=t, H=v)])
+        return out
+
+    # ------------------------------------------------------------------ other
+    def opaque(self, name: str, inputs: Sequence[Tensor], out_shape: Sequence[int], *, flops: float = 0.0,
+               bytes_: float | None = None, op_class: str = "other", grad: bool = True) -> Tensor:
+        """An op with no surrogate: costed by the roofline of its FLOPs and bytes, and flagged."""
+        out_n = _numel(out_shape)
+        b = bytes_ if bytes_ is not None else (sum(t.nbytes for t in inputs) + out_n * self.dbytes)
+        bw = [self._bw(f"{name}.grad", op_class, "", "roofline", flops=2 * flops, bytes_=2 * b)] if grad else []
+        return self._add(name, op_class, "", "roofline", list(inputs), out_shape, flops=flops, bytes_=b, backward=bw)
+
+    # ------------------------------------------------------------------ result
+    def build(self, **meta) -> OpGraph:
+        """The forward graph (``phase == 'forward'``); backward rules stay attached for training_graph."""
+        rows = [n.values for n in self._nodes]
+        nodes = pd.DataFrame(rows, columns=[c for c in NODE_COLUMNS if c not in ("phase", "fwd_id", "recompute")])
+        nodes["phase"] = "forward"
+        nodes["fwd_id"] = -1
+        nodes["recompute"] = False
+        nodes = nodes[list(NODE_COLUMNS)]
+        edges = [(src, dst) for dst, n in enumerate(self._nodes) for src in n.inputs]
+        edges_arr = np.array(edges, dtype=np.int64).reshape(-1, 2)
+        m = dict(self.meta)
+        m.update(meta)
+        m.setdefault("name", self.name)
+        m["param_count"] = int(self.param_count)
+        m["dtype"] = self.dtype
+        saved = dict(tensor_bytes=np.array(self._tensor_bytes, dtype=np.int64), tensor_node=np.array(self._tensor_node, dtype=np.int64),
+                     by_node=[n.saves for n in self._nodes], backward=[n.backward for n in self._nodes],
+                     inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64))
+        return OpGraph(nodes=nodes, edges=edges_arr, meta=m, saved=saved)

@@ -1,0 +1,140 @@
+"""Derive a training step (forward, backward, optimizer) from any importer's forward graph.
+
+Backward kernels come from the rules each :class:`~wattcast.featurize.op_graph.GraphBuilder` method
+attached to its forward node (a GEMM gives two GEMMs, a LayerNorm its backward and weight-gradient
+reduction, softmax its backward, ...), emitted in reverse topological order. Recomputation re-runs forward
+kernels inside backward: ``full`` the whole block (layer) before its backward, ``selective`` only the
+attention core (QK^T, mask, softmax, dropout, PV; Korthikanti et al. 2022). The optimizer step is
+memory-bound and costed per layer from the bytes it moves per parameter (:data:`OPTIMIZER_BYTES_PER_PARAM`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, GraphError, OpGraph
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+RECOMPUTE = ("none", "selective", "full")
+
+#: bytes read + written per parameter by one optimizer step (PyTorch foreach implementations).
+#: fp32 AdamW reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq: 7 x 4 B.
+#: Mixed precision (fp16/bf16 params) keeps fp32 master weights: it also reads the 2-byte grad and
+#: writes the 2-byte param copy: 7 x 4 + 2 + 2 B. SGD without momentum (torch default): p, g -> p.
+OPTIMIZER_BYTES_PER_PARAM = {
+    ("adamw", False): 28, ("adamw", True): 32,
+    ("sgd", False): 12, ("sgd", True): 16,
+}
+#: FLOPs per parameter of one step (AdamW: moments, bias correction, sqrt, division, decay, update)
+OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "sgd": 2}
+
+
+def optimizer_key(optimizer: str) -> str:
+    o = str(optimizer).lower()
+    if o not in OPTIMIZERS:
+        raise GraphError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    return "adamw" if o == "adam" else o
+
+
+def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:
+    row = {c: np.nan for c in SHAPE_COLUMNS}
+    row["scale"] = 1.0
+    row.update(spec)
+    row.update(dtype=dtype, param_count=0, layer=fwd_row["layer"], scope=fwd_row["scope"], phase="backward",
+               fwd_id=fwd_id, recompute=False, tag=fwd_row["tag"])
+    for c in SHAPE_COLUMNS:
+        row[c] = float(row[c]) if row[c] is not None else np.nan
+    return row
+
+
+def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "none",
+                   grad_accumulation: bool = False) -> OpGraph:
+    """Forward + backward (+ recomputation) + optimizer step of a forward graph.
+
+    ``grad_accumulation`` adds the AccumulateGrad kernel per parameter (gradients summed into existing
+    ``.grad`` tensors, as in gradient accumulation over micro-batches).
+    """
+    if "backward" not in fwd.saved:
+        raise GraphError("graph has no backward rules (was it built by GraphBuilder?)")
+    recompute = str(recompute).lower()
+    if recompute not in RECOMPUTE:
+        raise GraphError(f"unknown recompute mode {recompute!r}; use one of {', '.join(RECOMPUTE)}")
+    opt = optimizer_key(optimizer)
+    nodes = fwd.nodes
+    dtype = fwd.meta.get("dtype", "fp32")
+    fwd_rows = nodes.to_dict("records")
+    rules = fwd.saved["backward"]
+    inputs = fwd.saved["inputs"]
+    n_fwd = len(fwd_rows)
+    out_rows: list[dict] = []
+    edges: list[tuple[int, int]] = [tuple(e) for e in fwd.edges.tolist()]
+    first_bw: dict[int, int] = {}  # forward id -> its first backward node id
+    last_bw: dict[int, int] = {}
+    prev = n_fwd - 1  # backward starts after the last forward kernel
+    layers = nodes["layer"].to_numpy()
+    tags = nodes["tag"].to_numpy()
+    seen_layers: set[int] = set()
+    for i in range(n_fwd - 1, -1, -1):
+        lay = int(layers[i])
+        if recompute != "none" and lay >= 0 and lay not in seen_layers and lay < fwd.meta.get("n_layers", 1 << 30):
+            seen_layers.add(lay)
+            sel = np.flatnonzero(layers == lay)
+            if recompute == "selective":
+                sel = sel[tags[sel] == "attn_core"]
+            for j in sel:
+                r = dict(fwd_rows[j])
+                r.update(phase="backward", fwd_id=int(j), recompute=True, param_count=0, name=f"{r['name']}.recompute")
+                nid = n_fwd + len(out_rows)
+                out_rows.append(r)
+                edges.append((prev, nid))
+                prev = nid
+        specs = rules[i]
+        if not specs:
+            continue
+        for k, spec in enumerate(specs):
+            nid = n_fwd + len(out_rows)
+            out_rows.append(_bw_row(spec, fwd_rows[i], i, dtype))
+            edges.append((i, nid))
+            edges.append((prev, nid))
+            if k == 0:
+                first_bw[i] = nid
+            last_bw[i] = nid
+            prev = nid
+    # gradient flow: dst's backward feeds src's backward
+    for src, dst in fwd.edges.tolist():
+        if dst in last_bw and src in first_bw:
+            edges.append((last_bw[dst], first_bw[src]))
+    n_params = fwd.meta.get("param_count", 0)
+    if grad_accumulation or opt != "none":
+        by_layer = nodes.groupby("layer", sort=True)["param_count"].sum()
+        mixed = dtype in ("fp16", "bf16")
+        db = 2 if mixed else 4
+        for lay, p in by_layer.items():
+            if p <= 0:
+                continue
+            scope = f"layer {lay}"
+            if grad_accumulation:
+                out_rows.append(_opt_row(f"accumulate_grad[{lay}]", "elementwise", lay, scope, float(p), 3.0 * p * db, dtype, "backward"))
+                edges.append((prev, n_fwd + len(out_rows) - 1))
+            if opt != "none":
+                out_rows.append(_opt_row(f"{opt}.step[{lay}]", "optimizer", lay, scope, OPTIMIZER_FLOPS_PER_PARAM[opt] * float(p),
+                                         OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)] * float(p), dtype, "optimizer"))
+                edges.append((prev, n_fwd + len(out_rows) - 1))
+    extra = pd.DataFrame(out_rows, columns=list(NODE_COLUMNS))
+    all_nodes = pd.concat([nodes, extra], ignore_index=True) if len(extra) else nodes.copy()
+    all_nodes["recompute"] = all_nodes["recompute"].astype(bool)
+    all_nodes["fwd_id"] = all_nodes["fwd_id"].astype(np.int64)
+    all_nodes["layer"] = all_nodes["layer"].astype(np.int64)
+    meta = dict(fwd.meta, mode="train", optimizer=opt, recompute=recompute, grad_accumulation=bool(grad_accumulation),
+                optimizer_param_count=int(n_params))
+    return replace(fwd, nodes=all_nodes, edges=np.array(edges, dtype=np.int64).reshape(-1, 2), meta=meta)
+
+
+def _opt_row(name: str, op_class: str, layer: int, scope: str, flops: float, bytes_: float, dtype: str, phase: str) -> dict:
+    row = {c: np.nan for c in SHAPE_COLUMNS}
+    row.update(name=name, op_class=op_class, kernel="", method="proxy", dtype=dtype, flops=flops, bytes=bytes_, scale=1.0,
+               param_count=0, layer=int(layer), scope=scope, phase=phase, fwd_id=-1, recompute=False, tag="")
+    return row

@@ -1,0 +1,115 @@
+"""One entry point from a model reference to the operator graph of a step.
+
+``model`` may be an ONNX file (``.onnx``), a Hugging Face ``config.json`` (or any ``.json`` config),
+a built-in model name (:func:`wattcast.featurize.hf_config.builtin_models`), a config dict, or a
+``torch.nn.Module`` (traced with ``torch.export`` on the meta device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
+from wattcast.featurize.hf_config import HFConfig, load_hf_config
+from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
+from wattcast.featurize.training_graph import RECOMPUTE, optimizer_key, training_graph
+
+MODES = ("train", "inference")
+ATTENTION = ("eager", "flash")
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """What one step runs: shapes, precision, attention kernel, fusion, optimizer, recomputation."""
+
+    batch: int = 1
+    seq: int = 1024
+    mode: str = "train"
+    dtype: str = "fp32"
+    attention: str = "eager"
+    compile: bool = False
+    optimizer: str = "adamw"
+    recompute: str = "none"
+    grad_accumulation: bool = False
+
+    def validated(self) -> "StepOptions":
+        mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
+        if mode not in MODES:
+            raise GraphError(f"unknown mode {self.mode!r}; use train or inference")
+        dtype = canonical_dtype(self.dtype)
+        if dtype not in DTYPE_BYTES:
+            raise GraphError(f"unknown dtype {self.dtype!r}; use one of fp32, tf32, bf16, fp16")
+        att = str(self.attention).lower()
+        if att not in ATTENTION:
+            raise GraphError(f"unknown attention {self.attention!r}; use eager or flash")
+        if int(self.batch) < 1 or int(self.seq) < 1:
+            raise GraphError(f"batch and seq must be positive, got batch={self.batch}, seq={self.seq}")
+        if str(self.recompute).lower() not in RECOMPUTE:
+            raise GraphError(f"unknown recompute {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        opt = optimizer_key(self.optimizer)
+        return StepOptions(int(self.batch), int(self.seq), mode, dtype, att, bool(self.compile), opt,
+                           str(self.recompute).lower(), bool(self.grad_accumulation))
+
+
+def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
+    from wattcast.featurize.hf_models import GENERATORS
+
+    # tf32 runs fp32 tensors on tensor cores: the graph's tensors are fp32-sized, the kernels tf32
+    b = GraphBuilder(opts.dtype, train=opts.mode == "train", name=cfg.name)
+    if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert"):
+        raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {cfg.max_positions} learned positions")
+    GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
+    n_layers = int(b.meta.get("n_layers_total", cfg.n_layers))
+    return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
+                   seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
+                   hidden=cfg.hidden, vocab=cfg.vocab)
+
+
+@lru_cache(maxsize=256)
+def _cached_path_graph(path: str, mtime: float, opts: StepOptions) -> OpGraph:
+    return _build(path, opts)
+
+
+def _build(model: Any, opts: StepOptions) -> OpGraph:
+    if isinstance(model, dict):
+        fwd = _hf_forward(load_hf_config(model), opts)
+    elif isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx"):
+        from wattcast.featurize.onnx_import import graph_from_onnx
+
+        fwd = graph_from_onnx(model, batch=opts.batch, seq=opts.seq, dtype=opts.dtype, train=opts.mode == "train")
+    elif isinstance(model, (str, Path)):
+        fwd = _hf_forward(load_hf_config(model), opts)
+    else:
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is an optional extra
+            raise GraphError("a PyTorch module needs torch installed (pip install 'wattcast[train]')") from None
+        if not isinstance(model, torch.nn.Module):
+            raise GraphError(f"cannot build a graph from a {type(model).__name__}; pass an ONNX file, a config.json, "
+                             "a built-in model name, a config dict or a torch.nn.Module")
+        from wattcast.featurize.torch_import import graph_from_module
+
+        fwd = graph_from_module(model, batch=opts.batch, seq=opts.seq, dtype=opts.dtype, train=opts.mode == "train")
+    if opts.compile:
+        from wattcast.featurize.fusion import fuse_elementwise
+
+        fwd = fuse_elementwise(fwd)
+    meta = dict(fwd.meta, mode=opts.mode, compile=opts.compile, attention=opts.attention)
+    fwd = OpGraph(fwd.nodes, fwd.edges, meta, fwd.saved)
+    if opts.mode == "train":
+        return training_graph(fwd, optimizer=opts.optimizer, recompute=opts.recompute, grad_accumulation=opts.grad_accumulation)
+    return fwd
+
+
+def step_graph(model: Any, opts: StepOptions | None = None, **kw) -> OpGraph:
+    """The operator graph of one step of ``model`` (cached for files and built-in names)."""
+    opts = (opts or StepOptions(**kw)).validated() if not kw or opts is None else StepOptions(**{**opts.__dict__, **kw}).validated()
+    if isinstance(model, (str, Path)):
+        p = Path(model)
+        if p.is_file():
+            return _cached_path_graph(str(p.resolve()), p.stat().st_mtime, opts)
+        return _cached_path_graph(str(model), 0.0, opts)
+    return _build(model, opts)

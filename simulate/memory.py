@@ -1,0 +1,106 @@
+"""Peak device memory of one step: weights, gradients, optimizer states, activations.
+
+- weights: parameters x dtype bytes; mixed precision (fp16/bf16) training adds fp32 master weights (4 B);
+- gradients (training): parameters x dtype bytes;
+- optimizer states: AdamW two fp32 moments (8 B/param), SGD none (torch's default, no momentum);
+- activations (training): every tensor a forward op saves for backward, each counted once (the input of
+  q/k/v projections is one tensor); ``selective`` recomputation drops the tensors produced inside the
+  attention core, ``full`` keeps only each block's input plus one block's activations (re-made during its
+  backward);
+- transient: the largest single kernel's inputs + output beyond the above (logits and their gradient in a
+  causal LM), which is what tips a large-vocabulary model over the edge;
+- inference: weights plus the largest kernel's working set (no saved activations).
+
+Not counted (stated): the CUDA context and allocator fragmentation (typically 0.3-1 GB on the device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from wattcast.featurize.op_graph import OpGraph
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_gb: float
+    gradients_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    transient_gb: float
+
+    @property
+    def total_gb(self) -> float:
+        return self.weights_gb + self.gradients_gb + self.optimizer_gb + self.activations_gb + self.transient_gb
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["total_gb"] = self.total_gb
+        return d
+
+
+def estimate_memory(graph: OpGraph) -> MemoryEstimate:
+    meta = graph.meta
+    dtype = meta.get("dtype", "fp32")
+    db = 2 if dtype in ("fp16", "bf16") else (1 if dtype == "fp8" else 4)
+    params = float(meta.get("param_count", 0))
+    train = meta.get("mode") == "train"
+    weights = params * db
+    grads = opt = acts = 0.0
+    nodes = graph.nodes
+    fwd = nodes[nodes["phase"] == "forward"]
+    # working set of the largest kernel (inputs + output), minus weights it reads
+    own_w = fwd["param_count"].to_numpy(dtype=float) * db
+    transient = float(np.max(fwd["bytes"].to_numpy(dtype=float) - own_w)) if len(fwd) else 0.0
+    if train:
+        if db < 4:
+            weights += params * 4  # fp32 master copy
+        grads = params * db
+        optimizer = meta.get("optimizer", "adamw")
+        opt = params * 8 if optimizer in ("adamw", "adam") else 0.0
+        by_node = graph.saved.get("by_node", [])
+        tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
+        tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
+        layers = fwd["layer"].to_numpy()
+        tags = fwd["tag"].to_numpy()
+        recompute = meta.get("recompute", "none")
+        saved_ids: set[int] = set()
+        for i, ids in enumerate(by_node):
+            if recompute == "selective" and tags[i] == "attn_core":
+                # keep only the attention core's inputs (q, k, v), produced outside it
+                ids = [t for t in ids if tnode[t] < 0 or tags[tnode[t]] != "attn_core"]
+            saved_ids.update(ids)
+        if recompute == "full":
+            n_layers = int(meta.get("n_layers", 0)) or 1
+            per_layer = {}
+            outside = 0.0
+            for t in saved_ids:
+                src = tnode[t]
+                lay = int(layers[src]) if src >= 0 else -1
+                if 0 <= lay < n_layers:
+                    per_layer[lay] = per_layer.get(lay, 0.0) + float(tbytes[t])
+                else:
+                    outside += float(tbytes[t])
+            # a block's input is the previous block's output: hidden-size activation per layer
+            block_in = [float(v) for v in _block_inputs(graph, n_layers)]
+            acts = outside + sum(block_in) + (max(per_layer.values()) if per_layer else 0.0)
+        else:
+            acts = float(sum(float(tbytes[t]) for t in saved_ids))
+    return MemoryEstimate(weights / GB, grads / GB, opt / GB, acts / GB, max(transient, 0.0) / GB)
+
+
+def _block_inputs(graph: OpGraph, n_layers: int) -> list[float]:
+    """Bytes of each block's input: the output of the last forward node before the block."""
+    out_bytes = graph.saved.get("out_bytes")
+    nodes = graph.nodes
+    fwd_layers = nodes.loc[nodes["phase"] == "forward", "layer"].to_numpy()
+    res = []
+    for lay in range(n_layers):
+        idx = np.flatnonzero(fwd_layers == lay)
+        if len(idx) and idx[0] > 0 and out_bytes is not None:
+            res.append(float(out_bytes[idx[0] - 1]))
+    return res

@@ -1,0 +1,210 @@
+"""Cost every node of an operator graph on one device and compose a step (one stream, in order).
+
+Per node, by ``method`` (see :mod:`wattcast.featurize.op_graph`):
+
+- ``surrogate``: the learned kernel model for ``kernel`` at the node's shape, times ``scale``;
+- ``proxy``: a memory-bound op (embedding gather, reductions, optimizer step, fused chains) costed as the
+  learned scalar-add kernel (``addu``: one read, one write) that moves the same bytes (so it inherits the
+  device's achieved bandwidth);
+- ``flash``: fused attention costed as its two GEMMs (QK^T and PV, each by the learned GEMM model) times
+  the fraction of the score matrix computed (1/2 when causal) times FLOPs relative to forward (backward
+  2.5x, FlashAttention-2's recompute + 4 GEMMs); the S x S tensor never touches memory;
+- ``roofline``: no model: max(FLOPs / dtype peak, bytes / bandwidth); reported in ``fallback_ops``.
+
+Each kernel also pays a host launch cost: eager PyTorch cannot issue kernels faster than one per
+``launch_overhead_ms`` (:data:`DEFAULT_LAUNCH_OVERHEAD_MS`), so a node takes max(GPU time, launch cost).
+Distinct kernels are predicted once (a 96-layer model repeats ~100 shapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
+from wattcast.models.kernel_bundle import KernelBundle, load_bundle
+from wattcast.models.kernel_predictor import predict_kernels
+from wattcast.simulate.memory import MemoryEstimate, estimate_memory
+
+#: Host-side cost of launching one kernel from eager PyTorch (ms). Chosen on the NeuSight labels of the
+#: training GPUs only (see benchmarks/e2e_labels.py); the held-out GPUs played no part.
+DEFAULT_LAUNCH_OVERHEAD_MS = 0.006
+#: row width used to shape a proxy (bytes-equivalent copy) kernel
+_PROXY_WIDTH = 4096
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """One step (training or inference) of a workload on one device."""
+
+    device: str
+    mode: str
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    step_time_ms: float
+    memory_gb: float
+    memory: MemoryEstimate
+    fits: bool
+    flops: float
+    per_op: list[dict]
+    per_layer: list[dict]
+    fallback_ops: list[dict]
+    ood_fraction: float
+    ood_time_fraction: float
+    nodes: pd.DataFrame = field(repr=False)
+    meta: dict = field(default_factory=dict, repr=False)
+
+    def to_dict(self, *, nodes: bool = False) -> dict:
+        d = dict(device=self.device, mode=self.mode, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
+                 optimizer_ms=self.optimizer_ms, step_time_ms=self.step_time_ms, memory_gb=self.memory_gb,
+                 memory=self.memory.to_dict(), fits=self.fits, flops=self.flops, per_op=self.per_op, per_layer=self.per_layer,
+                 fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, ood_time_fraction=self.ood_time_fraction,
+                 model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)))
+        if nodes:
+            d["nodes"] = self.nodes.to_dict("records")
+        return d
+
+
+def _hash_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each distinct row, inverse) of a frame."""
+    h = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    return first, inverse
+
+
+def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> pd.DataFrame:
+    """pred_latency_ms / low / high / ood for kernel rows (op, dtype, shape columns), distinct rows once."""
+    if frame.empty:
+        return pd.DataFrame({"pred_latency_ms": [], "pred_low_ms": [], "pred_high_ms": [], "ood": [], "error": []})
+    first, inverse = _hash_rows(frame)
+    uniq = frame.iloc[first].reset_index(drop=True)
+    out = predict_kernels(uniq, spec, bundle=bundle)
+    cols = out[["pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "error"]].iloc[inverse].reset_index(drop=True)
+    return cols
+
+
+def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec: DeviceSpec) -> np.ndarray:
+    peak = np.array([spec.peak_matrix_tflops(d if d in DTYPE_BYTES else "fp32") for d in dtype], dtype=float) * 1e12
+    return np.maximum(flops / peak, bytes_ / (spec.memory_bandwidth_gbps * 1e9)) * 1e3
+
+
+def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
+               launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS) -> pd.DataFrame:
+    """The graph's nodes plus ``time_ms``, ``low_ms``, ``high_ms``, ``ood`` and ``gpu_ms`` columns."""
+    bundle = bundle or load_bundle()
+    nodes = graph.nodes.reset_index(drop=True)
+    n = len(nodes)
+    t = np.full(n, np.nan)
+    lo = np.full(n, np.nan)
+    hi = np.full(n, np.nan)
+    ood = np.zeros(n, dtype=bool)
+    method = nodes["method"].to_numpy()
+    dtype = nodes["dtype"].to_numpy()
+    db = np.array([DTYPE_BYTES.get(d, 4) for d in dtype], dtype=float)
+    scale = nodes["scale"].to_numpy(dtype=float)
+    flops = nodes["flops"].to_numpy(dtype=float)
+    bytes_ = nodes["bytes"].to_numpy(dtype=float)
+
+    # build one kernel table for every node that needs the learned models
+    parts: list[tuple[np.ndarray, pd.DataFrame, np.ndarray]] = []  # (node idx, kernel rows, multiplier)
+    sur = np.flatnonzero(method == "surrogate")
+    if len(sur):
+        k = nodes.loc[sur, ["kernel", "dtype", *SHAPE_COLUMNS]].rename(columns={"kernel": "op"})
+        parts.append((sur, k, scale[sur]))
+    prx = np.flatnonzero(method == "proxy")
+    if len(prx):
+        # a scalar add reads and writes one tensor: 2 x elements x dtype bytes
+        elems = np.maximum(bytes_[prx] / (2.0 * db[prx]), 1.0)
+        width = np.minimum(elems, _PROXY_WIDTH).round()
+        rows = np.maximum(np.round(elems / width), 1.0)
+        k = pd.DataFrame({"op": "addu", "dtype": dtype[prx], "B": rows, "H": width})
+        parts.append((prx, k, scale[prx] * elems / (rows * width)))
+    fl = np.flatnonzero(method == "flash")
+    if len(fl):
+        f = nodes.loc[fl]
+        B, M, N, K = (f[c].to_numpy(dtype=float) for c in ("B", "M", "N", "K"))
+        qk = pd.DataFrame({"op": "bmm", "dtype": dtype[fl], "B": B, "M": M, "N": N, "K": K})
+        pv = pd.DataFrame({"op": "bmm", "dtype": dtype[fl], "B": B, "M": M, "N": K, "K": N})
+        frac = flops[fl] / np.maximum(4.0 * B * M * N * K, 1.0)
+        parts.append((fl, qk, frac))
+        parts.append((fl, pv, frac))
+    if parts:
+        frame = pd.concat([p[1] for p in parts], ignore_index=True)
+        for c in ("B", "M", "N", "K", "H", *SHAPE_COLUMNS[5:]):
+            if c not in frame:
+                frame[c] = np.nan
+        res = _surrogate_times(frame[["op", "dtype", *SHAPE_COLUMNS]], spec, bundle)
+        pos = 0
+        covered = np.zeros(n, dtype=bool)
+        for idx, _, _ in parts:
+            covered[idx] = True
+        t[covered] = lo[covered] = hi[covered] = 0.0
+        for idx, rows, mult in parts:
+            r = res.iloc[pos:pos + len(rows)]
+            pos += len(rows)
+            bad = r["error"].to_numpy() != ""
+            p = r["pred_latency_ms"].to_numpy(dtype=float) * mult
+            pl = r["pred_low_ms"].to_numpy(dtype=float) * mult
+            ph = r["pred_high_ms"].to_numpy(dtype=float) * mult
+            np.add.at(t, idx, np.where(bad, np.nan, p))
+            np.add.at(lo, idx, np.where(bad, np.nan, pl))
+            np.add.at(hi, idx, np.where(bad, np.nan, ph))
+            ood[idx] |= r["ood"].to_numpy(dtype=bool) | bad
+    # roofline: nodes without a model, and any node the models could not predict (flagged)
+    need = np.isnan(t)
+    if need.any():
+        rf = _roofline_ms(flops[need], bytes_[need], dtype[need], spec)
+        t[need], lo[need], hi[need] = rf, rf * 0.5, rf * 2.0
+        method = method.copy()
+        method[need] = "roofline"
+    gpu = t.copy()
+    t = np.maximum(t, launch_overhead_ms)
+    out = nodes.copy()
+    out["method"] = method
+    out["gpu_ms"] = gpu
+    out["time_ms"] = t
+    out["low_ms"] = np.maximum(lo, launch_overhead_ms)
+    out["high_ms"] = np.maximum(hi, launch_overhead_ms)
+    out["ood"] = ood
+    return out
+
+
+def _group(costed: pd.DataFrame, key: str) -> list[dict]:
+    g = costed.groupby(key, sort=False).agg(count=("time_ms", "size"), time_ms=("time_ms", "sum"), flops=("flops", "sum"))
+    g = g.sort_values("time_ms", ascending=False).reset_index()
+    return [{key: (int(r[key]) if key == "layer" else str(r[key])), "count": int(r["count"]), "time_ms": float(r["time_ms"]),
+             "flops": float(r["flops"])} for r in g.to_dict("records")]
+
+
+def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
+                  launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS) -> StepPrediction:
+    """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory and flags."""
+    costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
+    phase = costed["phase"].to_numpy()
+    t = costed["time_ms"].to_numpy()
+    fwd, bwd, opt = (float(t[phase == p].sum()) for p in ("forward", "backward", "optimizer"))
+    per_op = _group(costed.rename(columns={"op_class": "op_class"}), "op_class")
+    per_layer = sorted(_group(costed, "layer"), key=lambda r: r["layer"])
+    fb = costed[costed["method"].isin(["roofline", "proxy", "flash"])]
+    fallback = []
+    if len(fb):
+        g = fb.groupby(["op_class", "method"], sort=False).agg(count=("time_ms", "size"), time_ms=("time_ms", "sum")).reset_index()
+        fallback = [dict(op_class=str(r["op_class"]), method=str(r["method"]), count=int(r["count"]), time_ms=float(r["time_ms"]))
+                    for r in g.to_dict("records")]
+    total = fwd + bwd + opt
+    ood = costed["ood"].to_numpy(dtype=bool)
+    mem = estimate_memory(graph)
+    return StepPrediction(
+        device=spec.name, mode=str(graph.meta.get("mode", "inference")), forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
+        step_time_ms=total, memory_gb=mem.total_gb, memory=mem, fits=bool(mem.total_gb <= spec.memory_gb),
+        flops=float(costed["flops"].sum() - costed.loc[costed["recompute"], "flops"].sum()),
+        per_op=per_op, per_layer=per_layer, fallback_ops=fallback,
+        ood_fraction=float(ood.mean()) if len(ood) else 0.0,
+        ood_time_fraction=float(t[ood].sum() / total) if total > 0 else 0.0,
+        nodes=costed, meta=dict(graph.meta),
+    )

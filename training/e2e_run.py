@@ -1,0 +1,119 @@
+"""`wattcast validate labels`: end-to-end and per-operator errors on the NeuSight labels, logged to MLflow."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.catalog import resolve_device
+from wattcast.data.kernel_datasets import HELDOUT_DEVICES, load_label_nodes, resolve_data_root
+from wattcast.featurize.op_graph import GraphBuilder
+from wattcast.featurize.training_graph import training_graph
+from wattcast.models.kernel_bundle import load_bundle
+from wattcast.simulate.single_device import cost_nodes
+from wattcast.training.e2e_labels import GOAL_E2E_MEAN_PCT, NEUSIGHT_E2E_MEAN_PCT, evaluate_labels, plot_labels, summarise_labels
+
+_CLASS = {"linear": "linear", "bmm": "bmm", "ln": "layernorm", "softmax": "softmax"}
+
+
+def label_node_errors(root: str | Path | None = None, bundle=None) -> pd.DataFrame:
+    """Every mapped label-CSV node predicted alone (forward, and backward where measured), per device.
+
+    The forward prediction of a node is the kernel the graph builder emits for it; the backward is the
+    sum of the backward kernels the same builder method attaches (the rules ``training_graph`` uses), so
+    this measures the per-operator pieces the end-to-end prediction is made of.
+    """
+    bundle = bundle or load_bundle()
+    nodes = load_label_nodes(root)
+    out = []
+    for device, grp in nodes.groupby("device"):
+        b = GraphBuilder("fp32", train=True)
+        keep = []
+        for r in grp.itertuples(index=False):
+            op = r.op
+            if op == "linear":
+                b.linear(b.input((int(r.M), int(r.N))), int(r.K), name="linear")
+            elif op == "bmm":
+                b.matmul(b.input((int(r.B), int(r.M), int(r.N))), b.input((int(r.B), int(r.N), int(r.K))), name="bmm")
+            elif op == "ln":
+                b.layernorm(b.input((int(r.B), int(r.H))), name="ln")
+            elif op == "softmax":
+                b.softmax(b.input((int(r.B), int(r.H))), name="softmax")
+            elif op in ("add", "sub", "mul", "div", "pow"):
+                b.elementwise(op, b.input((int(r.B), int(r.H))), b.input((int(r.B), int(r.H))), name=op)
+            elif op.endswith("u") and op[:-1] in ("add", "sub", "mul", "div", "pow"):
+                b.elementwise(op[:-1], b.input((int(r.B), int(r.H))), 2.0, name=op)
+            elif op in ("tanh", "gelu", "relu"):
+                b.elementwise(op, b.input((int(r.B), int(r.H))), name=op)
+            else:
+                continue
+            keep.append(r)
+        if not keep:
+            continue
+        g = training_graph(b.build(n_layers=0), optimizer="none")
+        costed = cost_nodes(g, resolve_device(device), bundle)
+        fwd = costed[costed["phase"] == "forward"]
+        bwd = costed[costed["phase"] == "backward"].groupby("fwd_id")["time_ms"].sum()
+        kept = pd.DataFrame([k._asdict() for k in keep])
+        kept["pred_fw_ms"] = fwd["time_ms"].to_numpy()
+        kept["pred_bw_ms"] = bwd.reindex(np.arange(len(kept)), fill_value=0.0).to_numpy()
+        out.append(kept)
+    df = pd.concat(out, ignore_index=True)
+    df["op_class"] = [_CLASS.get(o, "elementwise") for o in df["op"]]
+    df["heldout"] = df["device"].isin(HELDOUT_DEVICES)
+    return df
+
+
+def summarise_node_errors(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (device, cls), g in df.groupby(["device", "op_class"]):
+        fw = g[g["fw_latency_ms"] > 0]
+        bw = g[(g["mode"] == "train") & (g["bw_latency_ms"] > 0)]
+        rows.append(dict(device=device, op_class=cls, heldout=device in HELDOUT_DEVICES, nodes=len(fw),
+                         fw_mape_pct=float((100 * (fw["pred_fw_ms"] - fw["fw_latency_ms"]).abs() / fw["fw_latency_ms"]).mean()) if len(fw) else np.nan,
+                         fw_time_error_pct=float(100 * (fw["pred_fw_ms"].sum() - fw["fw_latency_ms"].sum()) / fw["fw_latency_ms"].sum()) if len(fw) else np.nan,
+                         bw_nodes=len(bw),
+                         bw_mape_pct=float((100 * (bw["pred_bw_ms"] - bw["bw_latency_ms"]).abs() / bw["bw_latency_ms"]).mean()) if len(bw) else np.nan,
+                         bw_time_error_pct=float(100 * (bw["pred_bw_ms"].sum() - bw["bw_latency_ms"].sum()) / bw["bw_latency_ms"].sum()) if len(bw) else np.nan))
+    return pd.DataFrame(rows)
+
+
+def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | Path = "mlruns", use_mlflow: bool = True,
+                        output: str | Path | None = None) -> dict:
+    root = resolve_data_root(data)
+    bundle = load_bundle()
+    labels = evaluate_labels(root, bundle=bundle)
+    summary = summarise_labels(labels)
+    nodes = label_node_errors(root, bundle)
+    node_summary = summarise_node_errors(nodes)
+    if output:
+        labels.to_csv(output, index=False)
+    metrics: dict[str, float] = {}
+    for r in summary.itertuples(index=False):
+        key = f"{r.device}.{r.kind}".replace(" ", "_")
+        metrics[f"e2e_mean_abs_pct.{key}"] = float(r.mean_abs_error_pct)
+        metrics[f"e2e_max_abs_pct.{key}"] = float(r.max_abs_error_pct)
+    for r in node_summary.itertuples(index=False):
+        if np.isfinite(r.fw_mape_pct):
+            metrics[f"node_fw_mape_pct.{r.device}.{r.op_class}"] = float(r.fw_mape_pct)
+        if np.isfinite(r.bw_mape_pct):
+            metrics[f"node_bw_mape_pct.{r.device}.{r.op_class}"] = float(r.bw_mape_pct)
+    run_id = None
+    if use_mlflow:
+        from wattcast.training.kernel_run import _mlflow_log
+
+        with tempfile.TemporaryDirectory() as tmp:
+            t = Path(tmp)
+            labels.to_csv(t / "labels_predicted.csv", index=False)
+            summary.to_csv(t / "labels_summary.csv", index=False)
+            node_summary.to_csv(t / "label_nodes_by_op_class.csv", index=False)
+            arts = [t / "labels_predicted.csv", t / "labels_summary.csv", t / "label_nodes_by_op_class.csv",
+                    plot_labels(labels, t / "labels_predicted_vs_measured.png")]
+            params = {"labels": int((labels["status"] == "ok").sum()), "heldout": ",".join(HELDOUT_DEVICES),
+                      "bundle": str(bundle.meta.get("mlflow_run", bundle.meta.get("trained_at", ""))),
+                      "neusight_e2e_mean_pct": str(NEUSIGHT_E2E_MEAN_PCT), "goal_e2e_mean_pct": str(GOAL_E2E_MEAN_PCT)}
+            run_id = _mlflow_log(Path(tracking_dir), params, metrics, arts, {"kind": "e2e-labels"}, experiment="e2e-labels")
+    return dict(labels=labels, summary=summary, nodes=nodes, node_summary=node_summary, metrics=metrics, run_id=run_id)
