@@ -1,0 +1,204 @@
+"""Operator graphs from Hugging Face configs: parameters, FLOPs, backward rules, options, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import wattcast
+from wattcast.featurize.hf_config import load_hf_config, normalise_config
+from wattcast.featurize.op_graph import GraphBuilder, GraphError
+from wattcast.featurize.training_graph import training_graph
+from wattcast.featurize.workload import StepOptions, step_graph
+
+# Parameter counts of the Hugging Face classes the generators mirror (sum(p.numel()) of
+# GPT2LMHeadModel, BertForPreTraining, OPTForCausalLM, LlamaForCausalLM, MixtralForCausalLM).
+HF_PARAMS = {
+    "gpt2": 124_439_808,
+    "bert_base": 110_106_428,
+    "opt_1.3b": 1_315_758_080,
+    "llama2_7b": 6_738_415_616,
+    "llama3_8b": 8_030_261_248,
+    "mixtral_8x7b": 46_702_792_704,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_PARAMS))
+def test_parameter_counts_match_hugging_face(name):
+    g = step_graph(name, StepOptions(batch=1, seq=128, mode="train"))
+    assert g.param_count == HF_PARAMS[name]
+
+
+def test_bert_inference_is_sequence_classification():
+    # BertForSequenceClassification: BertModel (109,482,240) + a 768 x 2 classifier
+    assert step_graph("bert_base", StepOptions(batch=1, seq=128, mode="inference")).param_count == 109_482_240 + 768 * 2 + 2
+
+
+def _gemm_flops(g, phase):
+    n = g.nodes
+    sel = (n["phase"] == phase) & n["op_class"].isin(["linear", "bmm"]) & ~n["recompute"]
+    return float(n.loc[sel, "flops"].sum())
+
+
+@pytest.mark.parametrize("name,batch,seq", [("gpt2", 4, 1024), ("gpt3_2.7b", 1, 2048), ("llama2_7b", 2, 512)])
+def test_training_flops_match_closed_form(name, batch, seq):
+    """6 x (matmul parameters) x tokens + attention (3 x 4 B S^2 d L) within 2%."""
+    cfg = load_hf_config(name)
+    g = step_graph(name, StepOptions(batch=batch, seq=seq, mode="train", optimizer="none"))
+    d, L, V, T = cfg.hidden, cfg.n_layers, cfg.vocab, batch * seq
+    ffn_mats = 3 if cfg.family == "llama" else 2
+    attn_proj = 2 * d * d + 2 * d * cfg.n_kv_heads * cfg.head_dim
+    matmul_params = L * (attn_proj + ffn_mats * d * cfg.ffn) + V * d  # + LM head
+    closed = 6.0 * matmul_params * T + 3 * 4.0 * batch * seq * seq * d * L
+    total = float(g.nodes.loc[~g.nodes["recompute"], "flops"].sum())
+    assert abs(total - closed) / closed < 0.02
+    # backward GEMMs are twice the forward GEMMs (dX and dW per GEMM; forward also counts bias adds)
+    assert _gemm_flops(g, "backward") == pytest.approx(2 * _gemm_flops(g, "forward"), rel=1e-3)
+    assert _gemm_flops(g, "backward") <= 2 * _gemm_flops(g, "forward")
+
+
+def test_inference_graph_has_no_backward_or_dropout():
+    g = step_graph("gpt2", StepOptions(batch=2, seq=256, mode="inference"))
+    assert set(g.nodes["phase"]) == {"forward"}
+    assert "dropout" not in set(g.nodes["op_class"])
+    assert "loss" not in set(g.nodes["op_class"])
+
+
+def test_every_node_knows_layer_and_pass_and_edges_are_valid():
+    g = step_graph("bert_base", StepOptions(batch=2, seq=128, mode="train"))
+    n = g.nodes
+    assert set(n["phase"]) == {"forward", "backward", "optimizer"}
+    assert n["layer"].min() == -1 and n["layer"].max() == 12
+    assert (n.loc[n["phase"] == "backward", "fwd_id"] >= 0).sum() > 0
+    assert g.edges.min() >= 0 and g.edges.max() < len(n)
+    assert (g.edges[:, 0] != g.edges[:, 1]).all()
+
+
+def test_gpt2_new_gelu_is_eight_kernels_and_compile_fuses_them():
+    eager = step_graph("gpt2", StepOptions(batch=1, seq=256, mode="inference"))
+    assert (eager.nodes["name"].str.startswith("gelu.")).sum() == 8 * 12
+    fused = step_graph("gpt2", StepOptions(batch=1, seq=256, mode="inference", compile=True))
+    assert len(fused) < len(eager)
+    assert (fused.nodes["op_class"] == "fused").any()
+    assert not (fused.nodes["name"].str.startswith("gelu.")).any()
+    # the GEMM work is untouched by fusion
+    assert _gemm_flops(fused, "forward") == _gemm_flops(eager, "forward")
+
+
+def test_recompute_trades_memory_for_time():
+    res = {r: wattcast.predict("gpt2_medium", "A100-SXM4-80GB", batch=8, seq=1024, recompute=r) for r in ("none", "selective", "full")}
+    assert res["none"].step_time_ms < res["selective"].step_time_ms < res["full"].step_time_ms
+    assert res["none"].memory.activations_gb > res["selective"].memory.activations_gb > res["full"].memory.activations_gb
+    # model FLOPs do not count recomputation
+    assert res["full"].flops == pytest.approx(res["none"].flops)
+
+
+def test_flash_attention_removes_the_score_matrix():
+    eager = wattcast.predict("gpt3_xl", "A100-SXM4-80GB", batch=4, seq=2048, dtype="bf16", attention="eager")
+    flash = wattcast.predict("gpt3_xl", "A100-SXM4-80GB", batch=4, seq=2048, dtype="bf16", attention="flash")
+    assert flash.memory.activations_gb < 0.5 * eager.memory.activations_gb
+    assert flash.step_time_ms < eager.step_time_ms
+    assert any(r["op_class"] == "flash_attention" for r in flash.per_op)
+
+
+def test_mixed_precision_memory_counts_master_weights_and_adam_states():
+    r = wattcast.predict("gpt2", "H100-SXM5-80GB", batch=1, seq=128, dtype="bf16")
+    p = r.meta["param_count"]
+    assert r.memory.weights_gb == pytest.approx(p * (2 + 4) / 1e9)
+    assert r.memory.gradients_gb == pytest.approx(p * 2 / 1e9)
+    assert r.memory.optimizer_gb == pytest.approx(p * 8 / 1e9)
+    sgd = wattcast.predict("gpt2", "H100-SXM5-80GB", batch=1, seq=128, dtype="bf16", optimizer="sgd")
+    assert sgd.memory.optimizer_gb == 0 and sgd.optimizer_ms < r.optimizer_ms
+
+
+def test_prediction_fields_add_up_and_repeat_calls_are_cheap():
+    import time
+
+    r = wattcast.predict("gpt2", "L4", batch=2, seq=512)
+    assert r.step_time_ms == pytest.approx(r.forward_ms + r.backward_ms + r.optimizer_ms)
+    assert sum(x["time_ms"] for x in r.per_op) == pytest.approx(r.step_time_ms)
+    assert sum(x["count"] for x in r.per_op) == len(r.nodes)
+    assert 0 <= r.ood_fraction <= 1 and r.flops > 0 and r.memory_gb > 0
+    t = time.perf_counter()
+    for _ in range(3):
+        wattcast.predict("gpt2", "L4", batch=2, seq=512)
+    # not a speed target (benchmarks/ has those): only that the graph is cached, not rebuilt
+    assert (time.perf_counter() - t) / 3 < 5.0
+
+
+def test_gqa_llama_repeat_kv_and_rope_present():
+    g = step_graph("llama3_8b", StepOptions(batch=1, seq=256, mode="inference"))
+    names = g.nodes["name"]
+    assert names.str.startswith("repeat_kv").sum() == 2 * 32
+    assert names.str.startswith("rope.").sum() == 2 * 5 * 32
+    assert (g.nodes["kernel"] == "silu").sum() == 32
+
+
+def test_mixtral_routes_tokens_to_experts():
+    g = step_graph("mixtral_8x7b", StepOptions(batch=1, seq=128, mode="inference"))
+    expert_gemms = g.nodes[g.nodes["name"].str.contains(r"experts\.\d+\.(?:gate|up|down)_proj")]
+    assert len(expert_gemms) == 32 * 8 * 3
+    # balanced routing: 128 tokens x top-2 / 8 experts = 32 rows per expert GEMM
+    assert set(expert_gemms["M"]) == {32.0}
+
+
+# --------------------------------------------------------------------------- bad input
+def test_unknown_model_type_is_a_clear_error():
+    with pytest.raises(GraphError, match="unknown model_type 'mamba'"):
+        normalise_config({"model_type": "mamba", "hidden_size": 8})
+
+
+def test_missing_and_inconsistent_fields_are_named():
+    with pytest.raises(GraphError, match="missing n_layers"):
+        normalise_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "vocab_size": 10})
+    with pytest.raises(GraphError, match="not divisible by 5 heads"):
+        normalise_config({"model_type": "gpt2", "n_embd": 64, "n_head": 5, "n_layer": 2, "vocab_size": 10})
+    with pytest.raises(GraphError, match="must be a positive integer"):
+        normalise_config({"model_type": "gpt2", "n_embd": -64, "n_head": 4, "n_layer": 2, "vocab_size": 10})
+
+
+def test_aliases_are_normalised():
+    a = normalise_config({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 10})
+    b = normalise_config({"model_type": "gpt2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 10})
+    assert (a.hidden, a.n_heads, a.n_layers, a.ffn) == (b.hidden, b.n_heads, b.n_layers, b.ffn) == (64, 4, 2, 256)
+
+
+def test_bad_options_and_unknown_builtin():
+    with pytest.raises(GraphError, match="not a file and not a built-in model"):
+        step_graph("no_such_model", StepOptions())
+    with pytest.raises(GraphError, match="unknown attention"):
+        step_graph("gpt2", StepOptions(attention="paged"))
+    with pytest.raises(GraphError, match="exceeds the model's 1024 learned positions"):
+        step_graph("gpt2", StepOptions(seq=4096))
+
+
+def test_builder_rejects_impossible_shapes():
+    b = GraphBuilder("fp32")
+    with pytest.raises(GraphError, match="contraction dims differ"):
+        b.matmul(b.input((2, 3, 4)), b.input((2, 5, 6)))
+    with pytest.raises(GraphError, match="do not broadcast"):
+        b.elementwise("add", b.input((3, 4)), b.input((5, 4)))
+    with pytest.raises(GraphError, match="unknown dtype"):
+        GraphBuilder("fp12")
+
+
+def test_training_graph_rejects_unknown_options():
+    g = step_graph("gpt2", StepOptions(batch=1, seq=64, mode="inference"))
+    with pytest.raises(GraphError, match="unknown optimizer"):
+        training_graph(g, optimizer="lion")
+    with pytest.raises(GraphError, match="unknown recompute"):
+        training_graph(g, recompute="some")
+
+
+def test_chrome_trace(tmp_path):
+    from wattcast.simulate.trace import write_chrome_trace
+
+    r = wattcast.predict("gpt2", "T4", batch=1, seq=128, mode="inference")
+    p = write_chrome_trace(r, tmp_path / "t.json")
+    ev = json.loads(p.read_text())["traceEvents"]
+    xs = [e for e in ev if e["ph"] == "X"]
+    assert len(xs) == len(r.nodes)
+    assert sum(e["dur"] for e in xs) == pytest.approx(r.step_time_ms * 1e3, rel=1e-6)
+    assert all(np.diff([e["ts"] for e in xs]) >= 0)
