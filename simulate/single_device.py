@@ -18,6 +18,7 @@ Distinct kernels are predicted once (a 96-layer model repeats ~100 shapes).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,15 +78,40 @@ def _hash_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return first, inverse
 
 
+#: per (device spec, bundle): kernel-row hash -> (latency, low, high, ood, error); a search over
+#: batch sizes, strategies or devices re-uses every kernel it has already predicted
+_PREDICTION_CACHE: dict[tuple[str, int], dict[int, tuple]] = {}
+_CACHE_MAX_ROWS = 500_000
+
+
+def _spec_key(spec: DeviceSpec) -> str:
+    return json.dumps(spec.to_dict(), sort_keys=True, default=str)
+
+
 def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> pd.DataFrame:
-    """pred_latency_ms / low / high / ood for kernel rows (op, dtype, shape columns), distinct rows once."""
+    """pred_latency_ms / low / high / ood / error for kernel rows (op, dtype, shape columns).
+
+    Distinct rows are predicted once, and only those this process has not predicted before on this
+    device with this bundle."""
+    cols = ["pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "error"]
     if frame.empty:
-        return pd.DataFrame({"pred_latency_ms": [], "pred_low_ms": [], "pred_high_ms": [], "ood": [], "error": []})
-    first, inverse = _hash_rows(frame)
-    uniq = frame.iloc[first].reset_index(drop=True)
-    out = predict_kernels(uniq, spec, bundle=bundle)
-    cols = out[["pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "error"]].iloc[inverse].reset_index(drop=True)
-    return cols
+        return pd.DataFrame({c: [] for c in cols})
+    h = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    uh, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    cache = _PREDICTION_CACHE.setdefault((_spec_key(spec), id(bundle)), {})
+    missing = [i for i, k in enumerate(uh.tolist()) if k not in cache]
+    if missing:
+        if len(cache) > _CACHE_MAX_ROWS:
+            cache.clear()
+        rows = frame.iloc[first[missing]].reset_index(drop=True)
+        out = predict_kernels(rows, spec, bundle=bundle)
+        vals = zip(out["pred_latency_ms"].to_numpy(dtype=float), out["pred_low_ms"].to_numpy(dtype=float),
+                   out["pred_high_ms"].to_numpy(dtype=float), out["ood"].to_numpy(dtype=bool), out["error"].astype(str).tolist())
+        for i, v in zip(missing, vals):
+            cache[int(uh[i])] = v
+    got = [cache[k] for k in uh.tolist()]
+    table = pd.DataFrame(got, columns=cols)
+    return table.iloc[inverse].reset_index(drop=True)
 
 
 def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec: DeviceSpec) -> np.ndarray:
@@ -174,11 +200,16 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
     return out
 
 
-def _group(costed: pd.DataFrame, key: str) -> list[dict]:
-    g = costed.groupby(key, sort=False).agg(count=("time_ms", "size"), time_ms=("time_ms", "sum"), flops=("flops", "sum"))
-    g = g.sort_values("time_ms", ascending=False).reset_index()
-    return [{key: (int(r[key]) if key == "layer" else str(r[key])), "count": int(r["count"]), "time_ms": float(r["time_ms"]),
-             "flops": float(r["flops"])} for r in g.to_dict("records")]
+def _group(keys: np.ndarray, time_ms: np.ndarray, flops: np.ndarray, name: str, *, by_time: bool = True) -> list[dict]:
+    """count / time_ms / flops per distinct key (numpy; a pandas groupby costs more than the costing)."""
+    codes, uniq = pd.factorize(keys, sort=not by_time)
+    k = len(uniq)
+    cnt = np.bincount(codes, minlength=k)
+    t = np.bincount(codes, weights=time_ms, minlength=k)
+    f = np.bincount(codes, weights=flops, minlength=k)
+    order = np.argsort(-t, kind="stable") if by_time else np.arange(k)
+    conv = int if name == "layer" else str
+    return [{name: conv(uniq[i]), "count": int(cnt[i]), "time_ms": float(t[i]), "flops": float(f[i])} for i in order]
 
 
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
@@ -188,21 +219,23 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     phase = costed["phase"].to_numpy()
     t = costed["time_ms"].to_numpy()
     fwd, bwd, opt = (float(t[phase == p].sum()) for p in ("forward", "backward", "optimizer"))
-    per_op = _group(costed.rename(columns={"op_class": "op_class"}), "op_class")
-    per_layer = sorted(_group(costed, "layer"), key=lambda r: r["layer"])
-    fb = costed[costed["method"].isin(["roofline", "proxy", "flash"])]
+    flops = costed["flops"].to_numpy(dtype=float)
+    per_op = _group(costed["op_class"].to_numpy(), t, flops, "op_class")
+    per_layer = _group(costed["layer"].to_numpy(), t, flops, "layer", by_time=False)
+    method = costed["method"].to_numpy()
+    fb = np.isin(method, ["roofline", "proxy", "flash"])
     fallback = []
-    if len(fb):
-        g = fb.groupby(["op_class", "method"], sort=False).agg(count=("time_ms", "size"), time_ms=("time_ms", "sum")).reset_index()
-        fallback = [dict(op_class=str(r["op_class"]), method=str(r["method"]), count=int(r["count"]), time_ms=float(r["time_ms"]))
-                    for r in g.to_dict("records")]
+    if fb.any():
+        key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + method[fb].astype(object)
+        fallback = [dict(op_class=r["key"].split("|")[0], method=r["key"].split("|")[1], count=r["count"], time_ms=r["time_ms"])
+                    for r in _group(key, t[fb], flops[fb], "key")]
     total = fwd + bwd + opt
     ood = costed["ood"].to_numpy(dtype=bool)
     mem = estimate_memory(graph)
     return StepPrediction(
         device=spec.name, mode=str(graph.meta.get("mode", "inference")), forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
         step_time_ms=total, memory_gb=mem.total_gb, memory=mem, fits=bool(mem.total_gb <= spec.memory_gb),
-        flops=float(costed["flops"].sum() - costed.loc[costed["recompute"], "flops"].sum()),
+        flops=float(flops[~costed["recompute"].to_numpy(dtype=bool)].sum()),
         per_op=per_op, per_layer=per_layer, fallback_ops=fallback,
         ood_fraction=float(ood.mean()) if len(ood) else 0.0,
         ood_time_fraction=float(t[ood].sum() / total) if total > 0 else 0.0,
