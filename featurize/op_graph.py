@@ -266,14 +266,14 @@ class GraphBuilder:
         ]
         out = self._add(name, "conv", "conv", "surrogate", [x], (b, out_channels, o, o), flops=flops,
                         bytes_=(x.numel + w + out_n) * db, params=w, saves=[x], backward=bw, **shape)
-        if bias:
-            out = self.elementwise("add", out, self._tensor((out_channels, 1, 1), self.dtype, -1), name=f"{name}.bias")
-            self.add_params(out_channels)
+        if bias:  # the bias add owns the bias parameters (so the per-layer optimizer step counts them)
+            out = self.elementwise("add", out, self._tensor((out_channels, 1, 1), self.dtype, -1), name=f"{name}.bias",
+                                   params=out_channels)
         return out
 
     # ------------------------------------------------------------------ vector ops
     def elementwise(self, op: str, *inputs: Tensor | float, name: str | None = None, out_dtype: str | None = None,
-                    grad: bool = True) -> Tensor:
+                    grad: bool = True, params: int = 0) -> Tensor:
         """An elementwise op on tensors (and Python scalars), broadcasting.
 
         Arithmetic ops (add, sub, mul, div, pow) become the tensor-tensor kernel when two inputs have more
@@ -332,7 +332,7 @@ class GraphBuilder:
                 bw.append(self._bw(f"{name}.grad", "elementwise", bwk, flops=FLOPS_PER_ELEMENT.get(kernel, 1) * n,
                                    bytes_=(2 if bwk == "mulu" else 3) * n * db, B=b, H=h))
         return self._add(name, "elementwise", kernel, "surrogate", tensors, shape, flops=flops, bytes_=bytes_,
-                         saves=saves, backward=bw, out_dtype=out_dtype, B=b, H=h)
+                         params=params, saves=saves, backward=bw, out_dtype=out_dtype, B=b, H=h)
 
     def dropout(self, x: Tensor, p: float, *, name: str = "dropout") -> Tensor:
         """Dropout: a kernel writing output and a 1-byte mask in training, nothing in inference."""

@@ -855,14 +855,14 @@ class _Importer:
             _attach_params(self.b, out, self.claim(w_node) + self.claim(bias))
             return out
         out = self.b.conv2d(x, int(wv.shape[0]), ks[0], stride=stride[0], padding=padding[0], bias=bias is not None, name=name)
-        # conv2d counted the weight on the conv node and the bias without a node; own what is really ours
+        # conv2d counted the weight on the conv node and the bias on its bias-add node; own what is really
+        # ours (a weight shared with another op was claimed there already)
         n_w, n_b = self.claim(w_node), self.claim(bias)
         conv_node = out.node if bias is None else self.b._nodes[out.node].inputs[0]  # noqa: SLF001 (conv -> bias add)
         conv_t = Tensor(out.shape, out.dtype, conv_node, out.tid)
         _attach_params(self.b, conv_t, n_w - int(wv.numel()))
         if bias is not None:
-            self.b._nodes[out.node].values["param_count"] += n_b  # noqa: SLF001 (conv2d added out_channels to the total)
-            self.b.add_params(n_b - int(wv.shape[0]))
+            _attach_params(self.b, out, n_b - int(wv.shape[0]))
         return out
 
 

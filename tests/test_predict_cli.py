@@ -102,3 +102,35 @@ def test_validate_labels_cli_and_heldout_regression(data_root, tmp_path):
     s = summarise_labels(df).set_index(["device", "kind"])
     for dev, bound in E2E_HELDOUT_BOUND_PCT.items():
         assert s.loc[(dev, "all"), "mean_abs_error_pct"] <= bound, (dev, s.loc[(dev, "all")])
+
+
+def _tiny_onnx(path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", 128])
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                          "tiny", [x], [y], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_predict_onnx_file(tmp_path):
+    f = tmp_path / "tiny.onnx"
+    _tiny_onnx(f)
+    r = run_cli("predict", "--model", f, "--device", "A10", "--batch", "4", "--seq", "256", "--mode", "train", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert {p["op_class"] for p in d["per_op"]} >= {"linear", "elementwise", "optimizer"}
+    assert d["param_count"] == 64 * 128
+
+
+def test_predict_truncated_onnx(tmp_path):
+    f = tmp_path / "tiny.onnx"
+    _tiny_onnx(f)
+    f.write_bytes(f.read_bytes()[:60])
+    r = run_cli("predict", "--model", f, "--device", "A10")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "not a readable ONNX model" in flat(r.stderr)
