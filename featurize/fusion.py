@@ -87,7 +87,7 @@ def fuse_elementwise(g: OpGraph) -> OpGraph:
                    op_class="fused", kernel="", method="proxy", dtype=first["dtype"],
                    flops=float(sum(recs[m]["flops"] for m in grp)), bytes=ext, scale=1.0,
                    param_count=int(sum(recs[m]["param_count"] for m in grp)), layer=first["layer"], scope=first["scope"],
-                   phase="forward", fwd_id=-1, recompute=False, tag=first["tag"])
+                   phase="forward", fwd_id=-1, recompute=False, tag=first["tag"], group="")
         rows.append(row)
         saves = sorted({t for m in grp for t in g.saved["by_node"][m]})
         by_node.append(saves)

@@ -137,10 +137,31 @@ def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
 
 
 def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False) -> Tensor:
-    logits = b.linear(x, vocab, bias=bias, name="lm_head", weight_params=not tied)
+    """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss."""
+    x = b.tp_enter(x, name="lm_head.enter")
+    logits = b.linear(x, _padded_vocab(vocab, b.tp), bias=bias, name="lm_head", weight_params=not tied, parallel="col")
     if train:
-        b.cross_entropy(logits, name="loss")
+        b.cross_entropy(logits, name="loss", vocab_parallel=True)
     return logits
+
+
+def _padded_vocab(vocab: int, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of the tensor-parallel degree (x128 in practice)."""
+    return vocab if tp == 1 else -(-vocab // tp) * tp
+
+
+def local_heads(b: GraphBuilder, n: int, what: str = "attention heads") -> int:
+    if n % b.tp:
+        raise GraphError(f"{n} {what} are not divisible by tensor parallelism {b.tp}")
+    return n // b.tp
+
+
+def vocab_embedding(b: GraphBuilder, ids: Tensor, vocab: int, dim: int, name: str) -> Tensor:
+    """Token embedding: vocabulary-parallel under tensor parallelism, partial lookups all-reduced."""
+    if b.tp == 1:
+        return b.embedding(ids, vocab, dim, name=name)
+    e = b.embedding(ids, _padded_vocab(vocab, b.tp), dim, name=name, parallel=True)
+    return b.tp_exit(e, name=f"{name}.reduce")
 
 
 def _p(cfg: HFConfig, *keys: str, default: float = 0.0) -> float:
@@ -159,25 +180,27 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
     embd_p, attn_p, resid_p = _p(cfg, "embd_pdrop", default=0.1), _p(cfg, "attn_pdrop", default=0.1), _p(cfg, "resid_pdrop", default=0.1)
     ids = b.input((batch, seq), "fp32")
+    hl = local_heads(b, nh)
     with b.layer(-1, "transformer.embeddings"):
-        tok = b.embedding(ids, cfg.vocab, h, name="wte")
-        pos = b.embedding(b.input((1, seq), "fp32"), max(cfg.max_positions, seq), h, name="wpe")
+        tok = vocab_embedding(b, ids, cfg.vocab, h, name="wte")
+        pos = b.embedding(b.input((1, tok.shape[1]), "fp32"), max(cfg.max_positions, seq), h, name="wpe")
         x = b.elementwise("add", tok, pos, name="embed.add")
         x = b.dropout(x, embd_p, name="embed.dropout")
     for i in range(cfg.n_layers):
         with b.layer(i, f"transformer.h.{i}"):
             y = b.layernorm(x, name="ln_1")
-            qkv = b.linear(y, 3 * h, name="attn.c_attn")
-            q = heads(b, Tensor((batch, seq, h), qkv.dtype, qkv.node, qkv.tid), nh, d)
+            y = b.tp_enter(y, name="attn.enter")
+            qkv = b.linear(y, 3 * h, name="attn.c_attn", parallel="col")
+            q = heads(b, Tensor((batch, seq, hl * d), qkv.dtype, qkv.node, qkv.tid), hl, d)
             a = attention(b, q, q, q, impl=impl, causal=True, scale="scores_div", mask="where", dropout_p=attn_p)
             a = merge_heads(b, a)
-            a = b.linear(a, h, name="attn.c_proj")
+            a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row"), name="attn.exit")
             a = b.dropout(a, resid_p, name="attn.resid_dropout")
             x = b.elementwise("add", a, x, name="residual_1")
-            y = b.layernorm(x, name="ln_2")
-            y = b.linear(y, cfg.ffn, name="mlp.c_fc")
+            y = b.tp_enter(b.layernorm(x, name="ln_2"), name="mlp.enter")
+            y = b.linear(y, cfg.ffn, name="mlp.c_fc", parallel="col")
             y = activation(b, y, cfg.activation)
-            y = b.linear(y, h, name="mlp.c_proj")
+            y = b.tp_exit(b.linear(y, h, name="mlp.c_proj", parallel="row"), name="mlp.exit")
             y = b.dropout(y, resid_p, name="mlp.dropout")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
@@ -195,41 +218,43 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
     proj = int(cfg.get("word_embed_proj_dim") or h)
     pre_ln = bool(cfg.get("do_layer_norm_before", True))
     ids = b.input((batch, seq), "fp32")
+    hl = local_heads(b, nh)
     with b.layer(-1, "model.decoder.embeddings"):
-        x = b.embedding(ids, cfg.vocab, proj, name="embed_tokens")
+        x = vocab_embedding(b, ids, cfg.vocab, proj, name="embed_tokens")
         if proj != h:
             x = b.linear(x, h, bias=False, name="project_in")
         # causal mask (S, S) and the expanded additive mask (B, 1, S, S), off the gradient path
         b.elementwise("where", b.input((seq, seq)), b.input((seq, seq)), name="causal_mask", grad=False)
         b.elementwise("where", b.input((batch, 1, seq, seq)), b.input((batch, 1, seq, seq)), name="expand_mask", grad=False)
-        pos = b.embedding(b.input((batch, seq), "fp32"), max(cfg.max_positions, seq) + 2, h, name="embed_positions")
+        pos = b.embedding(b.input((batch, x.shape[1]), "fp32"), max(cfg.max_positions, seq) + 2, h, name="embed_positions")
         x = b.elementwise("add", x, pos, name="embed.add")
         x = b.dropout(x, p, name="embed.dropout")
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.decoder.layers.{i}"):
             res = x
             y = b.layernorm(x, name="self_attn_layer_norm") if pre_ln else x
-            q = b.linear(y, h, name="self_attn.q_proj")
+            y = b.tp_enter(y, name="self_attn.enter")
+            q = b.linear(y, h, name="self_attn.q_proj", parallel="col")
             q = b.elementwise("mul", q, 1.0, name="self_attn.q_scale")
-            k = b.linear(y, h, name="self_attn.k_proj")
-            k = b.copy(k, (batch, nh, seq, d), name="self_attn.k_contiguous")
-            v = b.linear(y, h, name="self_attn.v_proj")
-            v = b.copy(v, (batch, nh, seq, d), name="self_attn.v_contiguous")
-            q = b.copy(q, (batch, nh, seq, d), name="self_attn.q_contiguous")
+            k = b.linear(y, h, name="self_attn.k_proj", parallel="col")
+            k = b.copy(k, (batch, hl, seq, d), name="self_attn.k_contiguous")
+            v = b.linear(y, h, name="self_attn.v_proj", parallel="col")
+            v = b.copy(v, (batch, hl, seq, d), name="self_attn.v_contiguous")
+            q = b.copy(q, (batch, hl, seq, d), name="self_attn.q_contiguous")
             a = attention(b, q, k, v, impl=impl, causal=True, scale="none", mask="add", dropout_p=attn_p,
                           mask_shape=(batch, 1, seq, seq), clamp_min=True)
             a = merge_heads(b, a, name="self_attn.reshape")
-            a = b.linear(a, h, name="self_attn.out_proj")
+            a = b.tp_exit(b.linear(a, h, name="self_attn.out_proj", parallel="row"), name="self_attn.exit")
             a = b.dropout(a, p, name="dropout_1")
             x = b.elementwise("add", res, a, name="residual_1")
             if not pre_ln:
                 x = b.layernorm(x, name="self_attn_layer_norm")
             res = x
             y = b.layernorm(x, name="final_layer_norm") if pre_ln else x
-            y = b.linear(y, cfg.ffn, name="fc1")
+            y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="fc1", parallel="col")
             y = activation(b, y, cfg.activation)
             y = b.dropout(y, _p(cfg, "activation_dropout"), name="activation_dropout")
-            y = b.linear(y, h, name="fc2")
+            y = b.tp_exit(b.linear(y, h, name="fc2", parallel="row"), name="mlp.exit")
             y = b.dropout(y, p, name="dropout_2")
             x = b.elementwise("add", res, y, name="residual_2")
             if not pre_ln:
@@ -248,57 +273,81 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
 
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
     bias = bool(cfg.get("attention_bias", cfg.model_type == "qwen2"))
-    q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj"), nh, d)
-    k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj"), nkv, d)
-    v = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.v_proj"), nkv, d)
+    x = b.tp_enter(x, name="self_attn.enter")
+    q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj", parallel="col"), nhl, d)
+    k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj", parallel="col"), nkvl, d)
+    v = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.v_proj", parallel="col"), nkvl, d)
     q = rope(b, q, "rope.q")
     k = rope(b, k, "rope.k")
     if impl != "flash":
-        k = repeat_kv(b, k, nh // nkv, "repeat_kv.k")
-        v = repeat_kv(b, v, nh // nkv, "repeat_kv.v")
+        k = repeat_kv(b, k, nhl // nkvl, "repeat_kv.k")
+        v = repeat_kv(b, v, nhl // nkvl, "repeat_kv.v")
     a = attention(b, q, k, v, impl=impl, causal=True, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
                   mask_shape=(batch, 1, seq, seq))
     a = merge_heads(b, a, name="self_attn.transpose")
-    return b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj")
+    return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
 
 
-def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str) -> Tensor:
-    g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj")
-    u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj")
+def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *, tp_region: bool = True) -> Tensor:
+    """SwiGLU MLP; ``tp_region=False`` when the caller already entered (and will exit) the tensor-parallel region."""
+    if tp_region:
+        x = b.tp_enter(x, name=f"{prefix}.enter")
+    g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj", parallel="col")
+    u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj", parallel="col")
     g = activation(b, g, cfg.activation if cfg.activation != "gelu" else "silu")
     y = b.elementwise("mul", g, u, name=f"{prefix}.mul")
-    return b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj")
+    y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj", parallel="row")
+    return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
 
 
 def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int) -> Tensor:
+    """Mixtral sparse MoE block (HF eager: per expert gather, SwiGLU, scale by the routing weight, index_add).
+
+    Expert parallelism (``b.ep``) gives each rank num_experts/ep experts; tokens travel by all-to-all to
+    their experts and back. Tensor parallelism splits each expert's FFN like a dense MLP."""
     n_exp = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 8)
     top_k = int(cfg.get("num_experts_per_tok") or 2)
     if not 1 <= top_k <= n_exp:
         raise GraphError(f"num_experts_per_tok={top_k} must be between 1 and num_local_experts={n_exp}")
+    if n_exp % b.ep:
+        raise GraphError(f"{n_exp} experts are not divisible by expert parallelism {b.ep}")
     h = cfg.hidden
-    t = batch * seq
+    t = x.numel // h  # this rank's tokens (a sequence shard under sequence parallelism)
     flat = b.view(x, (t, h))
     logits = b.linear(flat, n_exp, bias=False, name="moe.gate")
     probs = b.softmax(logits, name="moe.router_softmax")
     b.opaque("moe.topk", [probs], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False)
     w = b.elementwise("div", Tensor((t, top_k), probs.dtype, probs.node, probs.tid), b.input((t, 1)), name="moe.normalise")
     # balanced routing: every expert gets tokens * top_k / n_experts tokens (an assumption, stated)
-    per = max(1, round(t * top_k / n_exp))
-    out = b.copy(flat, name="moe.zeros_like", grad=False)
-    for e in range(n_exp):
+    routed = b.copy(Tensor((t * top_k, h), flat.dtype, flat.node, flat.tid), name="moe.permute")
+    if b.ep > 1:
+        routed = b.all_to_all(routed, name="moe.dispatch")
+    routed = b.tp_enter(routed, name="moe.enter")  # under sequence parallelism: gathers every shard's tokens
+    rows = routed.shape[0]
+    local = n_exp // b.ep
+    per = max(1, round(rows * b.ep / n_exp))  # rows each local expert receives from all ep ranks
+    outs = []
+    for e in range(local):
         with b.scope(f"moe.experts.{e}"):
-            xe = b.copy(Tensor((per, h), flat.dtype, flat.node, flat.tid), name=f"experts.{e}.index")
-            ye = _swiglu(cfg, b, xe, cfg.ffn, f"experts.{e}")
-            ye = b.elementwise("mul", ye, Tensor((per, 1), w.dtype, w.node, w.tid), name=f"experts.{e}.weight")
-            out = b.elementwise("add", Tensor((per, h), out.dtype, out.node, out.tid), ye, name=f"experts.{e}.index_add")
-    return Tensor((batch, seq, h), out.dtype, out.node, out.tid)
+            xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
+            ye = _swiglu(cfg, b, xe, cfg.ffn, f"experts.{e}", tp_region=False)
+            outs.append(ye)
+    last = outs[-1]
+    combined = Tensor((rows, h), last.dtype, last.node, last.tid)
+    combined = b.tp_exit(combined, name="moe.exit")
+    if b.ep > 1:
+        combined = b.all_to_all(combined, name="moe.combine")
+    combined = b.elementwise("mul", combined, Tensor((t * top_k, 1), w.dtype, w.node, w.tid), name="moe.weight")
+    out = b.reduction(combined, (t, h), name="moe.index_add")
+    return Tensor(x.shape, out.dtype, out.node, out.tid)
 
 
 def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False) -> None:
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
-        x = b.embedding(ids, cfg.vocab, cfg.hidden, name="embed_tokens")
+        x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
             y = rms_norm_eager(b, x, "input_layernorm")
@@ -327,39 +376,46 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     with b.layer(-1, "bert.embeddings"):
         # the extended attention mask (1 - mask) * min, (B, 1, 1, S), off the gradient path
         b.elementwise("sub", b.input((batch, 1, 1, seq)), 1.0, name="extended_mask", grad=False)
-        x = b.embedding(ids, cfg.vocab, h, name="word_embeddings")
-        tt = b.embedding(b.input((batch, seq), "fp32"), int(cfg.get("type_vocab_size") or 2), h, name="token_type_embeddings")
+        x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
+        tt = b.embedding(b.input((batch, x.shape[1]), "fp32"), int(cfg.get("type_vocab_size") or 2), h, name="token_type_embeddings")
         x = b.elementwise("add", x, tt, name="embed.add_type")
-        pos = b.embedding(b.input((1, seq), "fp32"), max(cfg.max_positions, seq), h, name="position_embeddings")
+        pos = b.embedding(b.input((1, x.shape[1]), "fp32"), max(cfg.max_positions, seq), h, name="position_embeddings")
         x = b.elementwise("add", x, pos, name="embed.add_pos")
         x = b.layernorm(x, name="embeddings.LayerNorm")
         x = b.dropout(x, p, name="embeddings.dropout")
     for i in range(cfg.n_layers):
         with b.layer(i, f"bert.encoder.layer.{i}"):
-            q = heads(b, b.linear(x, h, name="attention.self.query"), nh, d)
-            k = heads(b, b.linear(x, h, name="attention.self.key"), nh, d)
-            v = heads(b, b.linear(x, h, name="attention.self.value"), nh, d)
+            hl = local_heads(b, nh)
+            xe = b.tp_enter(x, name="attention.enter")
+            q = heads(b, b.linear(xe, h, name="attention.self.query", parallel="col"), hl, d)
+            k = heads(b, b.linear(xe, h, name="attention.self.key", parallel="col"), hl, d)
+            v = heads(b, b.linear(xe, h, name="attention.self.value", parallel="col"), hl, d)
             a = attention(b, q, k, v, impl=impl, causal=False, scale="scores_div", mask="add", dropout_p=attn_p,
                           mask_shape=(batch, 1, 1, seq))
             a = merge_heads(b, a, name="attention.self.contiguous")
-            a = b.linear(a, h, name="attention.output.dense")
+            a = b.tp_exit(b.linear(a, h, name="attention.output.dense", parallel="row"), name="attention.exit")
             a = b.dropout(a, p, name="attention.output.dropout")
             x = b.layernorm(b.elementwise("add", a, x, name="attention.output.residual"), name="attention.output.LayerNorm")
-            y = b.linear(x, cfg.ffn, name="intermediate.dense")
+            y = b.linear(b.tp_enter(x, name="mlp.enter"), cfg.ffn, name="intermediate.dense", parallel="col")
             y = activation(b, y, cfg.activation)
-            y = b.linear(y, h, name="output.dense")
+            y = b.tp_exit(b.linear(y, h, name="output.dense", parallel="row"), name="mlp.exit")
             y = b.dropout(y, p, name="output.dropout")
             x = b.layernorm(b.elementwise("add", y, x, name="output.residual"), name="output.LayerNorm")
     with b.layer(cfg.n_layers, "heads"):
+        if b.sp:  # gather the sequence shards back for the heads
+            x = b.collective("all_gather", x, (batch, seq, h), group="tp", size_bytes=batch * seq * h * b.dbytes,
+                             name="heads.all_gather", backward=[("reduce_scatter", batch * seq * h * b.dbytes)])
         cls_tok = b.copy(Tensor((batch, h), x.dtype, x.node, x.tid), name="pooler.first_token")
         pooled = b.elementwise("tanh", b.linear(cls_tok, h, name="pooler.dense"), name="pooler.activation")
         if b.train:
             y = b.linear(x, h, name="cls.predictions.transform.dense")
             y = activation(b, y, cfg.activation)
             y = b.layernorm(y, name="cls.predictions.transform.LayerNorm")
-            scores = b.linear(y, cfg.vocab, bias=True, name="cls.predictions.decoder", weight_params=False)
+            # (under sequence parallelism the heads already run on the gathered sequence)
+            scores = b.linear(y if b.sp else b.tp_enter(y, name="cls.enter"), _padded_vocab(cfg.vocab, b.tp), bias=True,
+                              name="cls.predictions.decoder", weight_params=False, parallel="col")
             nsp = b.linear(pooled, 2, name="cls.seq_relationship")
-            b.cross_entropy(scores, name="loss.mlm")
+            b.cross_entropy(scores, name="loss.mlm", vocab_parallel=True)
             b.cross_entropy(nsp, name="loss.nsp")
         else:
             pooled = b.dropout(pooled, p, name="dropout")

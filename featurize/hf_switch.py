@@ -16,8 +16,8 @@ as long as the encoder input (``seq``); training adds cross-entropy over the dec
 from __future__ import annotations
 
 from wattcast.featurize.hf_config import HFConfig
-from wattcast.featurize.hf_models import activation, merge_heads, rms_norm_eager
-from wattcast.featurize.op_graph import GraphBuilder, Tensor
+from wattcast.featurize.hf_models import activation, local_heads, merge_heads, rms_norm_eager, vocab_embedding
+from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
 
 def _position_bias(b: GraphBuilder, cfg: HFConfig, batch: int, s_q: int, s_kv: int, *, name: str) -> Tensor:
@@ -32,19 +32,23 @@ def _position_bias(b: GraphBuilder, cfg: HFConfig, batch: int, s_q: int, s_kv: i
             t = b.elementwise("add", t, 1.0, name=f"{name}.bucket{k}", grad=False)
         t = b.elementwise("where", t, b.input((s_q, s_kv)), name=f"{name}.bucket_where", grad=False)
         emb = b.embedding(t, nb, cfg.n_heads, name=f"{name}.relative_attention_bias")
-        emb = b.copy(emb, (1, cfg.n_heads, s_q, s_kv), name=f"{name}.permute")
+        hl = local_heads(b, cfg.n_heads)  # each tensor-parallel rank uses its heads' slice
+        emb = b.copy(Tensor((1, hl, s_q, s_kv), emb.dtype, emb.node, emb.tid), name=f"{name}.permute")
         return b.elementwise("add", emb, b.input((batch, 1, 1, s_kv)), name=f"{name}.mask")
 
 
-def _attention(b: GraphBuilder, cfg: HFConfig, x: Tensor, kv: Tensor, bias: Tensor | None, *, impl: str, causal: bool,
+def _attention(b: GraphBuilder, cfg: HFConfig, x: Tensor, kv: Tensor | None, bias: Tensor | None, *, impl: str, causal: bool,
                prefix: str) -> Tensor:
+    x = b.tp_enter(x, name=f"{prefix}.enter")
+    kv = x if kv is None else b.tp_enter(kv, name=f"{prefix}.enter_kv")
     bs, s, _ = x.shape
     skv = kv.shape[1]
-    nh, d = cfg.n_heads, cfg.head_dim
-    inner = nh * d
-    q = b.linear(x, inner, bias=False, name=f"{prefix}.q")
-    k = b.linear(kv, inner, bias=False, name=f"{prefix}.k")
-    v = b.linear(kv, inner, bias=False, name=f"{prefix}.v")
+    d = cfg.head_dim
+    nh = local_heads(b, cfg.n_heads)
+    inner = cfg.n_heads * d
+    q = b.linear(x, inner, bias=False, name=f"{prefix}.q", parallel="col")
+    k = b.linear(kv, inner, bias=False, name=f"{prefix}.k", parallel="col")
+    v = b.linear(kv, inner, bias=False, name=f"{prefix}.v", parallel="col")
     q4 = Tensor((bs, nh, s, d), q.dtype, q.node, q.tid)
     k4 = Tensor((bs, nh, skv, d), k.dtype, k.node, k.tid)
     v4 = Tensor((bs, nh, skv, d), v.dtype, v.node, v.tid)
@@ -59,20 +63,25 @@ def _attention(b: GraphBuilder, cfg: HFConfig, x: Tensor, kv: Tensor, bias: Tens
             probs = b.dropout(probs, float(cfg.get("dropout_rate") or 0.1), name=f"{prefix}.dropout")
             a = b.matmul(probs, v4, name=f"{prefix}.pv")
     a = merge_heads(b, a, name=f"{prefix}.contiguous")
-    return b.linear(a, cfg.hidden, bias=False, name=f"{prefix}.o")
+    return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name=f"{prefix}.o", parallel="row"), name=f"{prefix}.exit")
 
 
-def _dense_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor:
-    y = b.linear(x, cfg.ffn, bias=False, name=f"{prefix}.wi")
+def _dense_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str, *, tp_region: bool = True) -> Tensor:
+    if tp_region:
+        x = b.tp_enter(x, name=f"{prefix}.enter")
+    y = b.linear(x, cfg.ffn, bias=False, name=f"{prefix}.wi", parallel="col")
     y = activation(b, y, cfg.activation.replace("gated-", ""))
     y = b.dropout(y, float(cfg.get("dropout_rate") or 0.1), name=f"{prefix}.dropout")
-    return b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.wo")
+    y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.wo", parallel="row")
+    return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
 
 
 def _sparse_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor:
     bs, s, h = x.shape
     t = bs * s
     n_exp = int(cfg.get("num_experts") or 8)
+    if n_exp % b.ep:
+        raise GraphError(f"{n_exp} experts are not divisible by expert parallelism {b.ep}")
     cap = cfg.get("expert_capacity")
     slots = int(cap) if cap else max(1, round(t / n_exp))
     x32 = b.copy(x, name=f"{prefix}.router.to_fp32") if b.dtype != "fp32" else x
@@ -82,12 +91,21 @@ def _sparse_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor
     for k, op in enumerate(("argmax", "one_hot", "cumsum", "le", "mul", "max")):
         b.opaque(f"{prefix}.router.{op}", [probs], (bs, s, n_exp), flops=float(t * n_exp), op_class="other", grad=False)
     out = b.copy(x, name=f"{prefix}.clone")
-    for e in range(n_exp):
+    # expert parallelism: each rank holds n_exp/ep experts and receives their slots from every rank
+    disp = b.copy(Tensor((n_exp * slots, h), x.dtype, x.node, x.tid), name=f"{prefix}.dispatch_buffer")
+    if b.ep > 1:
+        disp = b.all_to_all(disp, name=f"{prefix}.dispatch")
+    disp = b.tp_enter(disp, name=f"{prefix}.enter")
+    local = n_exp // b.ep
+    for e in range(local):
         with b.scope(f"{prefix}.experts.{e}"):
-            buf = b.copy(Tensor((slots, h), x.dtype, x.node, x.tid), name=f"experts.{e}.gather")
-            y = _dense_ff(b, cfg, buf, f"experts.{e}")
-            out = b.copy(Tensor((slots, h), y.dtype, y.node, y.tid), name=f"experts.{e}.scatter")
-    out = Tensor((bs, s, h), out.dtype, out.node, out.tid)
+            buf = b.copy(Tensor((slots * b.ep, h), disp.dtype, disp.node, disp.tid), name=f"experts.{e}.gather")
+            y = _dense_ff(b, cfg, buf, f"experts.{e}", tp_region=False)
+            out = b.copy(Tensor((slots * b.ep, h), y.dtype, y.node, y.tid), name=f"experts.{e}.scatter")
+    comb = b.tp_exit(Tensor((n_exp * slots, h), out.dtype, out.node, out.tid), name=f"{prefix}.exit")
+    if b.ep > 1:
+        comb = b.all_to_all(comb, name=f"{prefix}.combine")
+    out = Tensor((bs, s, h), comb.dtype, comb.node, comb.tid)
     pmax = b.input((bs, s, 1))
     return b.elementwise("mul", pmax, out, name=f"{prefix}.router_scale")
 
@@ -104,14 +122,14 @@ def _stack(b: GraphBuilder, cfg: HFConfig, x: Tensor, *, decoder: bool, enc: Ten
     n_sparse = int(cfg.get(f"num_sparse_{kind}_layers") or 0)
     if cfg.model_type == "t5":
         n_sparse = 0
-    s = x.shape[1]
+    s = x.shape[1] * (b.tp if b.sp else 1)  # the full sequence (x is a sequence shard under SP)
     bias = cross_bias = None
     for i in range(n_layers):
         with b.layer(layer_offset + i, f"{kind}.block.{i}"):
             if i == 0 and impl != "flash":
                 bias = _position_bias(b, cfg, batch, s, s, name=f"{kind}.position_bias")
             y = rms_norm_eager(b, x, "layer_norm_sa")
-            a = _attention(b, cfg, y, y, bias, impl=impl, causal=decoder, prefix="SelfAttention")
+            a = _attention(b, cfg, y, None, bias, impl=impl, causal=decoder, prefix="SelfAttention")
             x = b.elementwise("add", x, b.dropout(a, p, name="sa.dropout"), name="sa.residual")
             if decoder and enc is not None:
                 y = rms_norm_eager(b, x, "layer_norm_ca")
@@ -128,13 +146,15 @@ def switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
     n_enc = cfg.n_layers
     n_dec = int(cfg.get("num_decoder_layers") or n_enc)
     with b.layer(-1, "encoder.embed_tokens"):
-        x = b.embedding(b.input((batch, seq), "fp32"), cfg.vocab, cfg.hidden, name="shared")
+        x = vocab_embedding(b, b.input((batch, seq), "fp32"), cfg.vocab, cfg.hidden, name="shared")
         x = b.dropout(x, p, name="encoder.dropout")
     x = _stack(b, cfg, x, decoder=False, enc=None, impl=impl, n_layers=n_enc, layer_offset=0, batch=batch)
     total = n_enc + n_dec
     with b.layer(n_enc - 1, "encoder.final_layer_norm"):
         enc = b.dropout(rms_norm_eager(b, x, "encoder.final_layer_norm"), p, name="encoder.final_dropout")
-        y = b.embedding(b.input((batch, seq), "fp32"), cfg.vocab, cfg.hidden, name="decoder.embed_tokens", params=False)
+        y = b.embedding(b.input((batch, seq), "fp32"), cfg.vocab, cfg.hidden, name="decoder.embed_tokens", params=False,
+                        parallel=True)
+        y = b.tp_exit(y, name="decoder.embed_tokens.reduce")
         y = b.dropout(y, p, name="decoder.dropout")
     y = _stack(b, cfg, y, decoder=True, enc=enc, impl=impl, n_layers=n_dec, layer_offset=n_enc, batch=batch)
     with b.layer(total, "lm_head"):
@@ -142,7 +162,8 @@ def switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
         tied = bool(cfg.get("tie_word_embeddings", True))
         if tied:
             y = b.elementwise("mul", y, cfg.hidden ** -0.5, name="lm_head.scale")
-        logits = b.linear(y, cfg.vocab, bias=False, name="lm_head", weight_params=not tied)
+        logits = b.linear(b.tp_enter(y, name="lm_head.enter"), -(-cfg.vocab // b.tp) * b.tp, bias=False, name="lm_head",
+                          weight_params=not tied, parallel="col")
         if b.train:
-            b.cross_entropy(logits, name="loss")
+            b.cross_entropy(logits, name="loss", vocab_parallel=True)
     b.meta["n_layers_total"] = total

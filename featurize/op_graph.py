@@ -21,7 +21,15 @@ Node columns (units in names):
 - ``layer`` (-1 before the first block, ``n_layers`` after the last), ``scope`` (module path),
   ``phase`` (``forward``/``backward``/``optimizer``), ``fwd_id`` (for backward nodes: the forward node
   they differentiate; -1 otherwise), ``recompute`` (a forward op re-run in backward), ``tag``
-  (``attn_core`` for the ops selective recomputation re-runs).
+  (``attn_core`` for the ops selective recomputation re-runs), ``group`` (for ``collective`` nodes: the
+  parallel group it runs over, ``tp``/``ep``; ``bytes`` is then the message size per rank with
+  nccl-tests semantics).
+
+Tensor parallelism (Megatron-LM) is built in, not bolted on: a builder made with ``tp > 1`` gives every
+``linear(..., parallel="col")`` 1/tp of the output features and ``parallel="row"`` 1/tp of the input
+features, so downstream shapes are one rank's shard; ``tp_enter``/``tp_exit`` emit the f/g operators
+(identity/all-reduce, or with sequence parallelism all-gather/reduce-scatter), each with its conjugate as
+its backward rule. ``ep > 1`` shards experts and emits the all-to-alls.
 """
 
 from __future__ import annotations
@@ -41,12 +49,14 @@ OP_CLASSES = (
     "dropout", "flash_attention", "loss", "optimizer", "collective", "other",
 )
 PHASES = ("forward", "backward", "optimizer")
-METHODS = ("surrogate", "proxy", "flash", "roofline")
+METHODS = ("surrogate", "proxy", "flash", "roofline", "collective")
 SHAPE_COLUMNS = ("B", "M", "N", "K", "H", *CONV_COLS[1:])
 NODE_COLUMNS = (
     "name", "op_class", "kernel", "method", "dtype", *SHAPE_COLUMNS, "flops", "bytes", "scale", "param_count",
-    "layer", "scope", "phase", "fwd_id", "recompute", "tag",
+    "layer", "scope", "phase", "fwd_id", "recompute", "tag", "group",
 )
+#: collectives the graph can hold (costed by wattcast.models.collectives)
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 #: Backward time / forward time of the fused backward kernels PyTorch runs for LayerNorm (dX plus the
 #: dgamma/dbeta reduction) and softmax (softmax_backward_data): the median ratio of measured ``bw_latency``
 #: to ``fw_latency`` over the NeuSight label-CSV nodes of the *training* GPUs (MI100, MI210, V100; 42 LN and
@@ -114,11 +124,15 @@ class _Node:
 class GraphBuilder:
     """Record forward kernels (and their backward rules) while an importer walks a model."""
 
-    def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model") -> None:
+    def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model", tp: int = 1, sp: bool = False,
+                 ep: int = 1) -> None:
         self.dtype = canonical_dtype(dtype)
         if self.dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
         self.train = train  # dropout is active only in training
+        if int(tp) < 1 or int(ep) < 1:
+            raise GraphError(f"tp and ep must be >= 1, got tp={tp}, ep={ep}")
+        self.tp, self.sp, self.ep = int(tp), bool(sp) and int(tp) > 1, int(ep)
         self.name = name
         self._nodes: list[_Node] = []
         self._tensor_bytes: list[int] = []
@@ -186,7 +200,7 @@ class GraphBuilder:
              backward: Sequence[dict] = (), out_dtype: str | None = None, **shape) -> Tensor:
         values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=self.dtype,
                       flops=float(flops), bytes=float(bytes_), scale=1.0, param_count=int(params), layer=self._layer,
-                      scope=self._scope, tag=self._tag)
+                      scope=self._scope, tag=self._tag, group=shape.pop("group", ""))
         for c in SHAPE_COLUMNS:
             values[c] = float(shape[c]) if c in shape else np.nan
         nid = len(self._nodes)
@@ -205,13 +219,23 @@ class GraphBuilder:
 
     # ------------------------------------------------------------------ GEMMs
     def linear(self, x: Tensor, out_features: int, *, bias: bool = True, name: str = "linear",
-               weight_params: bool = True, needs_input_grad: bool = True) -> Tensor:
-        """``nn.Linear(in, out)`` on ``x`` (..., in). ``weight_params=False`` for a tied weight."""
+               weight_params: bool = True, needs_input_grad: bool = True, parallel: str | None = None) -> Tensor:
+        """``nn.Linear(in, out)`` on ``x`` (..., in). ``weight_params=False`` for a tied weight.
+
+        ``parallel``: ``col`` (output features split over tp ranks), ``row`` (input features already
+        split: ``x`` is a column-parallel output; the result is a partial sum for ``tp_exit``)."""
         if not x.shape:
             raise GraphError(f"{name}: linear needs a tensor with at least one dimension")
         n, k = int(x.shape[-1]), int(out_features)
+        if parallel == "col" and self.tp > 1:
+            if k % self.tp:
+                raise GraphError(f"{name}: {k} output features are not divisible by tensor parallelism {self.tp}")
+            k //= self.tp
+        elif parallel not in (None, "col", "row"):
+            raise GraphError(f"{name}: parallel must be 'col', 'row' or None, got {parallel!r}")
         m = _numel(x.shape[:-1])
         db = self.dbytes
+        # a row-parallel bias is added once, after the reduction: it is owned by every rank in full
         params = (n * k if weight_params else 0) + (k if bias else 0)
         bw = []
         if needs_input_grad:  # dX = dY (M,K) @ W (K,N)
@@ -407,14 +431,71 @@ class GraphBuilder:
             bw = [self._bw(f"{name}.grad", "reduction", "", "proxy", flops=n_out, bytes_=bytes_)]
         return self._add(name, "memory", "copy", "surrogate", [x], shape, flops=0, bytes_=bytes_, backward=bw, B=b, H=h)
 
-    def embedding(self, ids: Tensor, vocab: int, dim: int, *, name: str = "embedding", params: bool = True) -> Tensor:
-        """``nn.Embedding(vocab, dim)`` gather; backward is a scatter-add into a zeroed (vocab, dim) gradient."""
+    def embedding(self, ids: Tensor, vocab: int, dim: int, *, name: str = "embedding", params: bool = True,
+                  parallel: bool = False) -> Tensor:
+        """``nn.Embedding(vocab, dim)`` gather; backward is a scatter-add into a zeroed (vocab, dim) gradient.
+
+        ``parallel=True``: vocabulary-parallel over tp ranks (each holds vocab/tp rows; the caller reduces
+        the partial lookups with ``tp_exit``)."""
         t = ids.numel
         db = self.dbytes
+        if parallel and self.tp > 1:
+            vocab = -(-vocab // self.tp)
         bw = [self._bw(f"{name}.grad_zero", "memory", "", "proxy", flops=0, bytes_=vocab * dim * db),
               self._bw(f"{name}.grad", "embedding", "", "proxy", flops=t * dim, bytes_=(2 * t * dim + t) * db)]
         return self._add(name, "embedding", "", "proxy", [ids], (*ids.shape, dim), flops=0,
                          bytes_=(2 * t * dim) * db + t * 8, params=vocab * dim if params else 0, saves=[], backward=bw)
+
+    # ------------------------------------------------------------------ collectives
+    def collective(self, op: str, x: Tensor, out_shape: Sequence[int], *, group: str, size_bytes: float, name: str,
+                   backward: Sequence[tuple[str, float]] = ()) -> Tensor:
+        """A collective over ``group`` (``tp``, ``ep``, ...); ``size_bytes`` per rank as nccl-tests counts it;
+        ``backward``: (op, size_bytes) collectives of its gradient."""
+        if op not in COLLECTIVE_OPS:
+            raise GraphError(f"{name}: unknown collective {op!r}; use one of {', '.join(COLLECTIVE_OPS)}")
+        bw = [dict(self._bw(f"{name}.grad", "collective", o, "collective", flops=0, bytes_=sz), group=group)
+              for o, sz in backward]
+        return self._add(name, "collective", op, "collective", [x], out_shape, flops=0, bytes_=size_bytes, backward=bw,
+                         group=group)
+
+    def _bw_only(self, name: str, x: Tensor, bw: list[dict]) -> Tensor:
+        """A forward no-op carrying backward kernels (Megatron's f operator): a zero-time node."""
+        return self._add(name, "collective", "", "collective", [x], x.shape, flops=0, bytes_=0, backward=bw, group="tp")
+
+    def tp_enter(self, x: Tensor, *, name: str = "tp.enter") -> Tensor:
+        """Before a column-parallel linear: identity (backward all-reduce of dX); with sequence parallelism
+        an all-gather of the sequence shards (backward reduce-scatter)."""
+        if self.tp == 1:
+            return x
+        full = x.nbytes * (self.tp if self.sp else 1)
+        if self.sp:
+            shape = (x.shape[0], x.shape[1] * self.tp, *x.shape[2:]) if len(x.shape) >= 3 else (x.shape[0] * self.tp, *x.shape[1:])
+            return self.collective("all_gather", x, shape, group="tp", size_bytes=full, name=f"{name}.all_gather",
+                                   backward=[("reduce_scatter", full)])
+        bw = [dict(self._bw(f"{name}.grad", "collective", "all_reduce", "collective", flops=0, bytes_=full), group="tp")]
+        return self._bw_only(name, x, bw)
+
+    def tp_exit(self, x: Tensor, *, name: str = "tp.exit") -> Tensor:
+        """After a row-parallel linear: all-reduce of the partial sums (backward identity); with sequence
+        parallelism a reduce-scatter into sequence shards (backward all-gather)."""
+        if self.tp == 1:
+            return x
+        full = x.nbytes
+        if self.sp:
+            if len(x.shape) >= 3:
+                if x.shape[1] % self.tp:
+                    raise GraphError(f"{name}: sequence length {x.shape[1]} is not divisible by tensor parallelism {self.tp}")
+                shape = (x.shape[0], x.shape[1] // self.tp, *x.shape[2:])
+            else:
+                shape = (x.shape[0] // self.tp, *x.shape[1:])
+            return self.collective("reduce_scatter", x, shape, group="tp", size_bytes=full, name=f"{name}.reduce_scatter",
+                                   backward=[("all_gather", full)])
+        return self.collective("all_reduce", x, x.shape, group="tp", size_bytes=full, name=f"{name}.all_reduce")
+
+    def all_to_all(self, x: Tensor, *, group: str = "ep", name: str = "all_to_all") -> Tensor:
+        """Token dispatch/combine across expert-parallel ranks (backward: the reverse all-to-all)."""
+        return self.collective("all_to_all", x, x.shape, group=group, size_bytes=x.nbytes, name=name,
+                               backward=[("all_to_all", x.nbytes)])
 
     # ------------------------------------------------------------------ attention and loss
     def flash_attention(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, name: str = "flash_attention") -> Tensor:
@@ -434,11 +515,17 @@ class GraphBuilder:
         self._nodes[out.node].saves.append(out.tid)
         return out
 
-    def cross_entropy(self, logits: Tensor, *, name: str = "loss") -> Tensor:
-        """Cross-entropy over the last dim of ``logits`` (log_softmax + nll); backward = softmax - onehot."""
+    def cross_entropy(self, logits: Tensor, *, name: str = "loss", vocab_parallel: bool = False) -> Tensor:
+        """Cross-entropy over the last dim of ``logits`` (log_softmax + nll); backward = softmax - onehot.
+
+        ``vocab_parallel``: the logits are a tp rank's vocabulary shard (Megatron's parallel cross-entropy:
+        three all-reduces of one float per token: max, target logit, sum of exponentials)."""
         v = int(logits.shape[-1])
         t = _numel(logits.shape[:-1])
         db = self.dbytes
+        if vocab_parallel and self.tp > 1:
+            for k in ("max", "target", "sum_exp"):
+                self.collective("all_reduce", logits, (t,), group="tp", size_bytes=4.0 * t, name=f"{name}.all_reduce_{k}")
         out = self._add(name, "loss", "softmax", "surrogate", [logits], (), flops=5 * t * v, bytes_=2 * t * v * db,
                         saves=[logits], B=t, H=v,
                         backward=[self._bw(f"{name}.grad", "loss", "softmax", flops=4 * t * v, bytes_=4 * t * v * db, scale=2.0, B=t, H=v)])

@@ -42,6 +42,7 @@ def optimizer_key(optimizer: str) -> str:
 def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:
     row = {c: np.nan for c in SHAPE_COLUMNS}
     row["scale"] = 1.0
+    row["group"] = ""
     row.update(spec)
     row.update(dtype=dtype, param_count=0, layer=fwd_row["layer"], scope=fwd_row["scope"], phase="backward",
                fwd_id=fwd_id, recompute=False, tag=fwd_row["tag"])
@@ -136,5 +137,5 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
 def _opt_row(name: str, op_class: str, layer: int, scope: str, flops: float, bytes_: float, dtype: str, phase: str) -> dict:
     row = {c: np.nan for c in SHAPE_COLUMNS}
     row.update(name=name, op_class=op_class, kernel="", method="proxy", dtype=dtype, flops=flops, bytes=bytes_, scale=1.0,
-               param_count=0, layer=int(layer), scope=scope, phase=phase, fwd_id=-1, recompute=False, tag="")
+               param_count=0, layer=int(layer), scope=scope, phase=phase, fwd_id=-1, recompute=False, tag="", group="")
     return row
