@@ -48,6 +48,32 @@ def predict(model, device, *, batch: int = 1, seq: int = 1024, mode: str = "trai
     return predict_graph(graph, spec, bundle)
 
 
+def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, tp: int = 1, pp: int = 1, dp=None,
+                    micro_batch=None, zero: int = 0, sp: bool = False, ep: int = 1, recompute: str = "none",
+                    interleave: int = 1, schedule: str = "1f1b", dtype: str = "bf16", attention: str = "eager",
+                    compile: bool = False, optimizer: str = "adamw", device=None, trace: bool = False):
+    """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
+
+    ``batch`` is the global batch in sequences. Returns a
+    :class:`wattcast.simulate.distributed.DistributedPrediction` (step time, MFU, HFU, TFLOP/s per GPU,
+    exposed communication, pipeline bubble, per-device memory and busy time, ``fits``)."""
+    from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.parallel import ParallelConfig
+
+    par = ParallelConfig(gpus=gpus, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
+                         interleave=interleave, schedule=schedule)
+    return predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
+                               compile=compile, optimizer=optimizer, device=device, trace=trace)
+
+
+def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
+    """Enumerate valid parallel strategies, evaluate them (shared caches), rank them; Pareto front over step
+    time and memory. See :func:`wattcast.simulate.search.search` for the search space options."""
+    from wattcast.simulate.search import search as _search
+
+    return _search(model, cluster, gpus, batch, seq, **kw)
+
+
 def builtin_models() -> list[str]:
     """Names of the model configs shipped with wattcast."""
     from wattcast.featurize.hf_config import builtin_models as _b
@@ -55,4 +81,4 @@ def builtin_models() -> list[str]:
     return _b()
 
 
-__all__ = ["predict_kernels", "predict", "builtin_models", "__version__"]
+__all__ = ["predict_kernels", "predict", "predict_cluster", "search", "builtin_models", "__version__"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -108,8 +109,8 @@ def _prediction_json(res) -> dict:
 @app.command()
 def predict(
     model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (see --list-models)."),
-    device: str = typer.Option(..., "--device", "-d", help="Catalog name (case-insensitive) or a spec file."),
-    batch: int = typer.Option(1, "--batch", "-b", help="Sequences per step."),
+    device: Optional[str] = typer.Option(None, "--device", "-d", help="Catalog name (case-insensitive) or a spec file (default with --cluster: the cluster's GPU)."),
+    batch: int = typer.Option(1, "--batch", "-b", help="Sequences per step (the global batch with --cluster)."),
     seq: int = typer.Option(1024, "--seq", "-s", help="Tokens per sequence."),
     mode: str = typer.Option("train", "--mode", help="train (forward + backward + optimizer) or inference (forward)."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, tf32, bf16 or fp16."),
@@ -120,14 +121,37 @@ def predict(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) of the step."),
     allow_oom: bool = typer.Option(False, "--allow-oom", help="Report a configuration that does not fit instead of failing."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of the job (distributed prediction; needs --cluster)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (Megatron column/row splits)."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel degree (default gpus / (tp x pp))."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per micro-batch."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 over the data-parallel group (3 = FSDP)."),
+    sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (with --tp)."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (mixture-of-experts models)."),
+    interleave: int = typer.Option(1, "--interleave", help="Virtual pipeline stages per GPU (interleaved 1F1B)."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b or gpipe."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file (own YAML or ASTRA-sim network YAML)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a timeline PNG (distributed prediction)."),
 ) -> None:
-    """Predict one training step (or inference pass) of a model on one device."""
+    """Predict one training step (or inference pass) of a model on one device or a cluster.
+
+    With --cluster (and --gpus), --batch is the global batch in sequences and the step runs under the
+    parallel strategy given by --tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave."""
     import json
 
     from wattcast import predict as _predict
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
 
+    if cluster is not None or gpus is not None:
+        _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
+                             as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule)
+        return
+    if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1))) or dp or micro_batch or sp:
+        _fail("parallel options (--tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave) need --cluster and --gpus")
+    if device is None:
+        _fail("--device is required (or --cluster for a distributed prediction)")
     try:
         res = _predict(model, device, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute)
@@ -147,6 +171,84 @@ def predict(
               f"{_device_memory(device):.0f} GB (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB); "
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
+
+
+def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
+                         as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule) -> None:
+    import json
+
+    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.featurize.op_graph import GraphError
+    from wattcast.simulate.cluster import ClusterSpecError
+    from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
+
+    if cluster is None:
+        _fail("--gpus needs --cluster NAME|FILE (presets: wattcast clusters)")
+    if mode != "train":
+        _fail("distributed prediction is for training steps (--mode train)")
+    n = gpus or tp * pp * (dp or 1)
+    par = ParallelConfig(gpus=n, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
+                         interleave=interleave, schedule=schedule)
+    try:
+        res = predict_distributed(model, cluster, gpus=n, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
+                                  compile=compile, optimizer=optimizer, device=device, trace=bool(trace or plot))
+    except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if trace:
+        from wattcast.simulate.trace import write_distributed_trace
+
+        write_distributed_trace(res, trace)
+    if plot:
+        from wattcast.simulate.trace import plot_timeline
+
+        plot_timeline(res, plot)
+    if as_json:
+        print(json.dumps(res.to_dict(), indent=2))
+    else:
+        con = Console()
+        t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch} x seq {seq}")
+        for c in ("step ms", "MFU", "TFLOP/s/GPU", "HFU", "exposed comm ms", "bubble ms", "memory GB (worst)", "fits"):
+            t.add_column(c, justify="right")
+        t.add_row(f"{res.step_time_ms:.1f}", f"{100 * res.mfu:.1f}%", f"{res.tflops_per_gpu:.1f}", f"{100 * res.hfu:.1f}%",
+                  f"{res.exposed_comm_ms:.1f}", f"{res.bubble_ms:.1f}", f"{res.memory_gb:.1f}", "yes" if res.fits else "NO")
+        con.print(t)
+        d = Table(title="per pipeline stage (one GPU of each)")
+        for c in ("stage", "busy ms", "weights GB", "grads GB", "optimizer GB", "activations GB", "total GB"):
+            d.add_column(c, justify="right")
+        for r in res.per_device:
+            d.add_row(str(r["stage"]), f"{r['busy_ms']:.1f}", f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
+                      f"{r['optimizer_gb']:.2f}", f"{r['activations_gb']:.2f}", f"{r['memory_gb']:.2f}")
+        con.print(d)
+    if not res.fits and not allow_oom:
+        worst = max(res.per_device, key=lambda r: r["memory_gb"])
+        _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
+              f"{_device_memory(res.device):.0f} GB (weights {worst['weights_gb']:.1f}, gradients {worst['gradients_gb']:.1f}, "
+              f"optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f} GB); use --zero, --recompute, "
+              "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
+
+
+@app.command()
+def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster preset (or file).")) -> None:
+    """List the cluster presets, or show one."""
+    from wattcast.simulate.cluster import ClusterSpecError, list_clusters, resolve_cluster
+
+    con = Console()
+    if name:
+        try:
+            c = resolve_cluster(name)
+        except ClusterSpecError as e:
+            _fail(str(e))
+        print(json.dumps(c.to_dict(), indent=2))
+        return
+    t = Table(title="wattcast cluster presets")
+    for col in ("name", "device", "GPUs/node", "in-node", "GB/s per GPU", "across nodes", "GB/s per GPU"):
+        t.add_column(col)
+    for c in list_clusters():
+        t.add_row(c.name, c.device, str(c.gpus_per_node), c.intra.kind, f"{c.intra.bandwidth_gb_per_s:g}",
+                  (f"{c.inter.nics_per_node} x {c.inter.nic_bandwidth_gbit_per_s:g} Gb/s {c.inter.kind}" if c.inter else "-"),
+                  f"{c.inter_bandwidth_per_gpu_gb_per_s:g}")
+    con.print(t)
 
 
 def _device_memory(device: str) -> float:

@@ -177,6 +177,10 @@ def _p(cfg: HFConfig, *keys: str, default: float = 0.0) -> float:
 # --------------------------------------------------------------------------------------------
 
 def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """GPT-2 as Hugging Face runs it; with ``b.framework == "megatron"`` as Megatron-LM/DeepSpeed runs a GPT
+    (fused scale-mask-softmax, fused bias-GeLU, fused bias-dropout-add; Megatron's GPT *is* GPT-2's
+    architecture)."""
+    fused = getattr(b, "framework", "hf") == "megatron"
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
     embd_p, attn_p, resid_p = _p(cfg, "embd_pdrop", default=0.1), _p(cfg, "attn_pdrop", default=0.1), _p(cfg, "resid_pdrop", default=0.1)
     ids = b.input((batch, seq), "fp32")
@@ -192,16 +196,22 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             y = b.tp_enter(y, name="attn.enter")
             qkv = b.linear(y, 3 * h, name="attn.c_attn", parallel="col")
             q = heads(b, Tensor((batch, seq, hl * d), qkv.dtype, qkv.node, qkv.tid), hl, d)
-            a = attention(b, q, q, q, impl=impl, causal=True, scale="scores_div", mask="where", dropout_p=attn_p)
+            # Megatron: the scale is folded into baddbmm and mask + softmax are one fused kernel
+            a = attention(b, q, q, q, impl=impl, causal=True, scale="none" if fused else "scores_div",
+                          mask="none" if fused else "where", dropout_p=attn_p)
             a = merge_heads(b, a)
             a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row"), name="attn.exit")
-            a = b.dropout(a, resid_p, name="attn.resid_dropout")
+            if not fused:
+                a = b.dropout(a, resid_p, name="attn.resid_dropout")
+            # Megatron: one fused bias-dropout-add kernel
             x = b.elementwise("add", a, x, name="residual_1")
             y = b.tp_enter(b.layernorm(x, name="ln_2"), name="mlp.enter")
             y = b.linear(y, cfg.ffn, name="mlp.c_fc", parallel="col")
-            y = activation(b, y, cfg.activation)
+            # Megatron: fused bias-GeLU (one kernel)
+            y = b.elementwise("gelu", y, name="mlp.bias_gelu") if fused else activation(b, y, cfg.activation)
             y = b.tp_exit(b.linear(y, h, name="mlp.c_proj", parallel="row"), name="mlp.exit")
-            y = b.dropout(y, resid_p, name="mlp.dropout")
+            if not fused:
+                y = b.dropout(y, resid_p, name="mlp.dropout")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="ln_f")

@@ -34,6 +34,12 @@ class StepOptions:
     optimizer: str = "adamw"
     recompute: str = "none"
     grad_accumulation: bool = False
+    #: the graph of one tensor-parallel rank: tp degree, sequence parallelism, expert parallelism
+    tp: int = 1
+    sp: bool = False
+    ep: int = 1
+    #: whose kernels: "hf" (Hugging Face eager modules) or "megatron" (Megatron-LM's fused kernels; GPT only)
+    framework: str = "hf"
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -51,14 +57,25 @@ class StepOptions:
             raise GraphError(f"unknown recompute {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         opt = optimizer_key(self.optimizer)
         return StepOptions(int(self.batch), int(self.seq), mode, dtype, att, bool(self.compile), opt,
-                           str(self.recompute).lower(), bool(self.grad_accumulation))
+                           str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
+                           _framework(self.framework))
+
+
+def _framework(f: str) -> str:
+    f = str(f).lower()
+    if f not in ("hf", "megatron"):
+        raise GraphError(f"unknown framework {f!r}; use hf or megatron")
+    return f
 
 
 def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     from wattcast.featurize.hf_models import GENERATORS
 
     # tf32 runs fp32 tensors on tensor cores: the graph's tensors are fp32-sized, the kernels tf32
-    b = GraphBuilder(opts.dtype, train=opts.mode == "train", name=cfg.name)
+    b = GraphBuilder(opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp, ep=opts.ep)
+    if opts.framework == "megatron" and cfg.family != "gpt2":
+        raise GraphError(f"framework 'megatron' models GPT (gpt2-type configs) only, not {cfg.model_type}")
+    b.framework = opts.framework
     if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert"):
         raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {cfg.max_positions} learned positions")
     GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
@@ -74,6 +91,10 @@ def _cached_path_graph(path: str, mtime: float, opts: StepOptions) -> OpGraph:
 
 
 def _build(model: Any, opts: StepOptions) -> OpGraph:
+    if (opts.tp > 1 or opts.ep > 1) and not (isinstance(model, dict) or (isinstance(model, (str, Path))
+                                                                       and not str(model).lower().endswith(".onnx"))):
+        raise GraphError("tensor and expert parallelism need a model from a Hugging Face config or a built-in name "
+                         "(ONNX and torch.export graphs carry no column/row-parallel structure); use --dp/--pp/--zero")
     if isinstance(model, dict):
         fwd = _hf_forward(load_hf_config(model), opts)
     elif isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx"):

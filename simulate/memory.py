@@ -104,3 +104,38 @@ def _block_inputs(graph: OpGraph, n_layers: int) -> list[float]:
         if len(idx) and idx[0] > 0 and out_bytes is not None:
             res.append(float(out_bytes[idx[0] - 1]))
     return res
+
+
+def activation_bytes_by_layer(graph: OpGraph) -> tuple[dict[int, float], float]:
+    """(saved activation bytes per layer for one micro-batch, bytes of the largest layer's full activations).
+
+    Under ``full`` recomputation a layer keeps only its input; the second value is what one layer
+    re-materialises during its backward (to be added once per device)."""
+    nodes = graph.nodes
+    fwd = nodes[nodes["phase"] == "forward"]
+    layers = fwd["layer"].to_numpy()
+    tags = fwd["tag"].to_numpy()
+    tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
+    tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
+    recompute = graph.meta.get("recompute", "none")
+    per: dict[int, float] = {}
+    seen: set[int] = set()
+    for i, ids in enumerate(graph.saved.get("by_node", [])):
+        for t in ids:
+            if t in seen:
+                continue
+            seen.add(t)
+            src = tnode[t]
+            if recompute == "selective" and src >= 0 and tags[src] == "attn_core":
+                continue
+            lay = int(layers[src]) if src >= 0 else int(layers[i])
+            per[lay] = per.get(lay, 0.0) + float(tbytes[t])
+    full_max = max((v for k, v in per.items() if k >= 0), default=0.0)
+    if recompute == "full":
+        n_layers = int(graph.meta.get("n_layers", 0))
+        block_in = _block_inputs(graph, n_layers)
+        for lay in range(n_layers):
+            if lay in per:
+                per[lay] = block_in[lay] if lay < len(block_in) else 0.0
+        return per, full_max
+    return per, 0.0

@@ -120,8 +120,11 @@ def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec:
 
 
 def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
-               launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS) -> pd.DataFrame:
-    """The graph's nodes plus ``time_ms``, ``low_ms``, ``high_ms``, ``ood`` and ``gpu_ms`` columns."""
+               launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None) -> pd.DataFrame:
+    """The graph's nodes plus ``time_ms``, ``low_ms``, ``high_ms``, ``ood`` and ``gpu_ms`` columns.
+
+    ``collective_ms(kernel, bytes, group) -> (ms, ood)`` (numpy arrays) costs collective nodes; without it a
+    graph must hold none (a single-device graph has only the zero-time markers of tensor parallelism)."""
     bundle = bundle or load_bundle()
     nodes = graph.nodes.reset_index(drop=True)
     n = len(nodes)
@@ -181,6 +184,20 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
             np.add.at(lo, idx, np.where(bad, np.nan, pl))
             np.add.at(hi, idx, np.where(bad, np.nan, ph))
             ood[idx] |= r["ood"].to_numpy(dtype=bool) | bad
+    coll = method == "collective"
+    if coll.any():
+        real = coll & (nodes["kernel"].to_numpy() != "")
+        t[coll] = 0.0
+        lo[coll] = 0.0
+        hi[coll] = 0.0
+        if real.any():
+            if collective_ms is None:
+                raise ValueError("the graph holds collectives but no cluster was given to cost them")
+            ms, c_ood = collective_ms(nodes["kernel"].to_numpy()[real], bytes_[real], nodes["group"].to_numpy()[real])
+            t[real] = ms
+            lo[real] = ms * 0.8
+            hi[real] = ms * 1.25
+            ood[real] = c_ood
     # roofline: nodes without a model, and any node the models could not predict (flagged)
     need = np.isnan(t)
     if need.any():
@@ -189,13 +206,13 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
         method = method.copy()
         method[need] = "roofline"
     gpu = t.copy()
-    t = np.maximum(t, launch_overhead_ms)
+    t = np.where(coll & (gpu == 0), 0.0, np.maximum(t, launch_overhead_ms))
     out = nodes.copy()
     out["method"] = method
     out["gpu_ms"] = gpu
     out["time_ms"] = t
-    out["low_ms"] = np.maximum(lo, launch_overhead_ms)
-    out["high_ms"] = np.maximum(hi, launch_overhead_ms)
+    out["low_ms"] = np.where(t == 0, 0.0, np.maximum(lo, launch_overhead_ms))
+    out["high_ms"] = np.where(t == 0, 0.0, np.maximum(hi, launch_overhead_ms))
     out["ood"] = ood
     return out
 
@@ -216,6 +233,11 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
                   launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS) -> StepPrediction:
     """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory and flags."""
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
+    return summarise_costed(graph, costed, spec)
+
+
+def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> StepPrediction:
+    """Sum a costed graph into a StepPrediction (shared by single-device and per-rank predictions)."""
     phase = costed["phase"].to_numpy()
     t = costed["time_ms"].to_numpy()
     fwd, bwd, opt = (float(t[phase == p].sum()) for p in ("forward", "backward", "optimizer"))

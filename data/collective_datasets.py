@@ -1,0 +1,185 @@
+"""Load the nccl-tests collective measurements into one table (``load_collectives``).
+
+Files (under ``<data root>/collectives/``, see ``wattcast.data.kernel_datasets.resolve_data_root``; read,
+never copied):
+
+- ``nccl_h100_per_size.csv`` (Apache-2.0, xxrjun/nccl-tests-cluster): H100 SXM clusters, nccl-tests 2.17.8,
+  NCCL 2.29.2, sizes 32 MiB .. 16 GiB. Site ``example-cluster01`` -> cluster preset ``DGX-H100`` (8 GPUs per
+  node; 2-node busbw ~40-48 GB/s per GPU = one 400 Gb/s NIC per GPU, the DGX H100 fabric). Site
+  ``example-cluster00`` (pairwise 2-node alltoall/sendrecv only) gets **no preset** (``cluster`` = ''):
+  its fabric is undocumented and measures ~3x slower than example-cluster01 on the very same
+  configurations (sendrecv 2x1: 13.5 vs 39.5 GB/s busbw; alltoall 2x8: 7-20 vs 92 GB/s), so it is
+  not a DGX H100 fabric. Smoke-test rows have no nodes/GPUs-per-node columns: they are read from the log
+  file name (``..._N2_G1_...``).
+- ``nccl_polaris_per_size.csv`` (**no licence**: internal evaluation only, never training data for a shipped
+  model; ``licence`` column says so): ALCF Polaris, 4x A100 per node, Slingshot-11 -> preset ``Polaris``.
+  ``setup`` = the file's ``env_setup`` (1..5 progressively tuned NCCL/libfabric settings, 5 = best;
+  '2023-1'/'2023-2' = unlabelled 2023 runs). Sizes 0 .. 1 GiB.
+
+Unified table (``COLUMNS``), one row per measured (run, size):
+
+``op`` (canonical, ``wattcast.models.collectives.COLLECTIVES``), ``size_B`` (nccl-tests size: per-rank buffer
+for all_reduce/send_recv, total buffer for all_gather/reduce_scatter/all_to_all), ``nodes``,
+``gpus_per_node``, ``world_size``, ``time_us`` (out-of-place), ``busbw_GBs`` (out-of-place), ``algbw_GBs``,
+``ip_time_us`` (in-place), ``source``, ``cluster`` (preset name or ''), ``site``, ``mode``, ``setup``,
+``nccl``, ``run``, ``licence``.
+
+Rows with size 0 or a non-positive/NaN time are dropped, counted in ``df.attrs["dropped"]`` and logged.
+A file that lacks a needed column raises ``CollectiveDataError`` naming the file and the column.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.kernel_datasets import DataNotFoundError, resolve_data_root
+from wattcast.models.collectives import canonical_op
+
+log = logging.getLogger(__name__)
+
+__all__ = ["COLUMNS", "SOURCES", "CollectiveDataError", "DataNotFoundError", "load_collectives", "collectives_dir"]
+
+COLUMNS = ("op", "size_B", "nodes", "gpus_per_node", "world_size", "time_us", "busbw_GBs", "algbw_GBs", "ip_time_us",
+           "source", "cluster", "site", "mode", "setup", "nccl", "run", "licence")
+SOURCES = ("h100", "polaris")
+H100_FILE = "nccl_h100_per_size.csv"
+POLARIS_FILE = "nccl_polaris_per_size.csv"
+#: site of the H100 file -> cluster preset ('' = no preset describes its fabric)
+H100_SITES = {"example-cluster01": "DGX-H100", "example-cluster00": ""}
+H100_LICENCE = "Apache-2.0"
+POLARIS_LICENCE = "none (internal evaluation only; do not train shipped models on it)"
+
+_H100_NEED = ("cluster", "mode", "run", "file", "test", "nodes", "gpus_per_node", "world_size", "size_B",
+              "oop_time_us", "oop_algbw_GBs", "oop_busbw_GBs", "ip_time_us")
+_POLARIS_NEED = ("nccl_version_dir", "run_dir", "nodes", "gpus_per_node", "world_size", "test", "env_setup", "size_B",
+                 "oop_time_us", "oop_algbw_GBs", "oop_busbw_GBs", "ip_time_us")
+
+
+class CollectiveDataError(ValueError):
+    """A collectives CSV lacks a needed column or holds values that cannot be used."""
+
+
+def collectives_dir(data: str | Path | None = None) -> Path:
+    root = resolve_data_root(data)
+    d = root / "collectives"
+    if not d.is_dir():
+        raise DataNotFoundError(f"collective measurements not found at {d}. Point to the datasets folder with --data PATH "
+                                "or WATTCAST_DATA.")
+    return d
+
+
+def _read(path: Path, need: Sequence[str]) -> pd.DataFrame:
+    if not path.is_file():
+        raise DataNotFoundError(f"{path.name} not found at {path}. Point to the datasets folder with --data PATH or WATTCAST_DATA.")
+    try:
+        df = pd.read_csv(path, dtype={"env_setup": str, "run": str, "run_dir": str})
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise CollectiveDataError(f"{path}: not a readable CSV ({e})") from e
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise CollectiveDataError(f"{path}: missing column {missing[0]!r}" + (f" (and {', '.join(map(repr, missing[1:]))})" if len(missing) > 1 else "")
+                                  + f"; needed: {', '.join(need)}")
+    return df
+
+
+def _ops(test: pd.Series, origin: str) -> np.ndarray:
+    def one(t: str) -> str:
+        base = re.sub(r"\(.*\)$", "", str(t)).strip()  # Polaris: "all_reduce(unlabelled,2023 run)"
+        try:
+            return canonical_op(base)
+        except ValueError as e:
+            raise CollectiveDataError(f"{origin}: column 'test' has an unknown collective {t!r}") from e
+
+    codes, uniq = pd.factorize(test.astype(str))
+    names = np.array([one(u) for u in uniq], dtype=object)
+    return names[codes]
+
+
+def _num(df: pd.DataFrame, col: str) -> np.ndarray:
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
+
+
+def _load_h100(path: Path) -> pd.DataFrame:
+    raw = _read(path, _H100_NEED)
+    nodes, gpn = _num(raw, "nodes"), _num(raw, "gpus_per_node")
+    # smoke logs carry no nodes/GPUs columns: nccl_smoke_N2_G1_<hosts>.log
+    parsed = raw["file"].astype(str).str.extract(r"_N(\d+)_G(\d+)_").astype(float).to_numpy()
+    nodes = np.where(np.isnan(nodes), parsed[:, 0], nodes)
+    gpn = np.where(np.isnan(gpn), parsed[:, 1], gpn)
+    site = raw["cluster"].astype(str)
+    return pd.DataFrame({
+        "op": _ops(raw["test"], str(path)),
+        "size_B": _num(raw, "size_B"),
+        "nodes": nodes,
+        "gpus_per_node": gpn,
+        "world_size": _num(raw, "world_size"),
+        "time_us": _num(raw, "oop_time_us"),
+        "busbw_GBs": _num(raw, "oop_busbw_GBs"),
+        "algbw_GBs": _num(raw, "oop_algbw_GBs"),
+        "ip_time_us": _num(raw, "ip_time_us"),
+        "source": "nccl-tests/h100 (xxrjun/nccl-tests-cluster)",
+        "cluster": site.map(H100_SITES).fillna("").to_numpy(dtype=object),
+        "site": site.to_numpy(dtype=object),
+        "mode": raw["mode"].astype(str).to_numpy(dtype=object),
+        "setup": "default",
+        "nccl": "2.29.2",
+        "run": (raw["run"].astype(str) + "/" + raw["file"].astype(str)).to_numpy(dtype=object),
+        "licence": H100_LICENCE,
+    })
+
+
+def _load_polaris(path: Path) -> pd.DataFrame:
+    raw = _read(path, _POLARIS_NEED)
+    ver = raw["nccl_version_dir"].astype(str).str.replace("nccl_", "", regex=False).str.replace("_", ".", regex=False)
+    return pd.DataFrame({
+        "op": _ops(raw["test"], str(path)),
+        "size_B": _num(raw, "size_B"),
+        "nodes": _num(raw, "nodes"),
+        "gpus_per_node": _num(raw, "gpus_per_node"),
+        "world_size": _num(raw, "world_size"),
+        "time_us": _num(raw, "oop_time_us"),
+        "busbw_GBs": _num(raw, "oop_busbw_GBs"),
+        "algbw_GBs": _num(raw, "oop_algbw_GBs"),
+        "ip_time_us": _num(raw, "ip_time_us"),
+        "source": "nccl-tests/polaris (argonne-lcf/alcf-nccl-tests)",
+        "cluster": "Polaris",
+        "site": "alcf-polaris",
+        "mode": "multi-node",
+        "setup": raw["env_setup"].astype(str).to_numpy(dtype=object),
+        "nccl": ver.to_numpy(dtype=object),
+        "run": raw["run_dir"].astype(str).to_numpy(dtype=object),
+        "licence": POLARIS_LICENCE,
+    })
+
+
+def load_collectives(data: str | Path | None = None, sources: Sequence[str] = SOURCES) -> pd.DataFrame:
+    """Both nccl-tests tables normalised into ``COLUMNS`` (see the module docstring)."""
+    unknown = sorted(set(sources) - set(SOURCES))
+    if unknown:
+        raise ValueError(f"unknown collective source(s) {unknown}; choose from {list(SOURCES)}")
+    d = collectives_dir(data)
+    frames = []
+    if "h100" in sources:
+        frames.append(_load_h100(d / H100_FILE))
+    if "polaris" in sources:
+        frames.append(_load_polaris(d / POLARIS_FILE))
+    df = pd.concat(frames, ignore_index=True)[list(COLUMNS)]
+    bad_shape = ~(np.isfinite(df["nodes"]) & np.isfinite(df["gpus_per_node"]) & (df["nodes"] >= 1) & (df["gpus_per_node"] >= 1))
+    if bad_shape.any():
+        raise CollectiveDataError(f"{int(bad_shape.sum())} row(s) have no usable nodes/gpus_per_node "
+                                  f"(first: source {df.loc[bad_shape, 'source'].iloc[0]}, run {df.loc[bad_shape, 'run'].iloc[0]})")
+    drop = ~(np.isfinite(df["time_us"]) & (df["time_us"] > 0) & np.isfinite(df["size_B"]) & (df["size_B"] > 0))
+    dropped = df.loc[drop].groupby("source").size().to_dict() if drop.any() else {}
+    if drop.any():
+        log.info("collectives: dropped %d row(s) with size 0 or no positive time: %s", int(drop.sum()), dropped)
+    df = df.loc[~drop].reset_index(drop=True)
+    for c in ("nodes", "gpus_per_node", "world_size", "size_B"):
+        df[c] = df[c].astype(np.int64)
+    df.attrs["dropped"] = dropped
+    return df

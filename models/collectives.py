@@ -1,0 +1,563 @@
+"""Collective-communication time on a cluster: an alpha-beta model per link tier, plus a learned correction.
+
+Prediction-time code only (numpy + LightGBM text models; nothing here trains). Semantics follow nccl-tests:
+
+- ``size_bytes`` is the ``size`` column nccl-tests prints: the per-rank buffer for all_reduce, broadcast and
+  send_recv; the *total* (gathered / scattered) buffer for all_gather, reduce_scatter and all_to_all.
+- bus bandwidth = size / time x :func:`bus_factor`: all_reduce 2(n-1)/n; all_gather, reduce_scatter and
+  all_to_all (n-1)/n; broadcast and send_recv 1. ``bus_factor(op, n) x size`` is the number of bytes every
+  rank must move through its links in a bandwidth-optimal algorithm on a flat network.
+- send_recv is nccl-tests' ``sendrecv_perf``: every rank sends ``size`` bytes to the next rank (mod n) and
+  receives as much from the previous one. A single point-to-point transfer is ``n_gpus=2``.
+
+A query is a group of ``n_gpus`` GPUs placed ``gpus_per_node`` (g) to a node, so it spans N = ceil(n / g)
+nodes. Tiers: ``intra`` (per-GPU NVLink/NVSwitch/xGMI/PCIe bandwidth B_i, latency a_i) and ``inter``
+(NICs: per-GPU share B_e = min(g, nics_per_node) x NIC rate / g / oversubscription, one NIC B_1 = NIC rate /
+oversubscription, latency a_e). Every algorithm gives per-GPU bytes on each tier and a latency term;
+time = latency + max(bytes_intra / B_i, bytes_inter / B_e): the tiers run concurrently (NCCL pipelines chunks
+through all of them). With f = bus_factor(op, n), S = size, N nodes:
+
+``ring`` (NCCL's ring; with N > 1 one channel per NIC/rail, each channel leaving the node through its own
+NIC, so a node's cross-node traffic is spread over its g GPUs' NICs)
+    all_reduce / all_gather / reduce_scatter / broadcast: intra f S (g-1)/g, inter f S / g
+    (N = 1: intra f S); latency steps x a, steps 2(n-1) for all_reduce and n-1 otherwise, a = a_e if the
+    group spans nodes else a_i.
+    all_to_all (direct, every pair): intra S (g-1)/n, inter S (n-g)/n; latency (g-1) a_i + (n-g) a_e.
+    send_recv: within a node S / B_i; across nodes one NIC per pair, S / B_1 (the intra pairs of the same
+    group in parallel); latency a (one hop).
+``tree`` (all_reduce: NCCL's double binary tree across nodes, a chain inside each node; broadcast: a
+binomial tree). all_reduce: intra 2S (g > 1), inter 2S / g; latency 2 (ceil(log2 N) a_e + (g-1) a_i).
+broadcast: intra S, inter 2S / g; latency ceil(log2 N) a_e + ceil(log2 g) a_i. Tree bytes are divided by 0.92
+(``TREE_BW_EFFICIENCY``, the derating NCCL's tuning model applies to tree all-reduce). Other collectives have
+no tree.
+``hierarchical`` (explicit 2-level: intra reduce-scatter, inter collective among the N same-rank GPUs (rails)
+on 1/g of the data, intra all-gather; phases pipelined)
+    all_reduce: intra 2S (g-1)/g, inter 2S (N-1)/N / g; latency 2 (g-1) a_i + 2 (N-1) a_e.
+    all_gather / reduce_scatter: intra S (g-1)/g, inter S (N-1)/N / g; latency (g-1) a_i + (N-1) a_e.
+    broadcast: intra S (g-1)/g, inter S / g; latency (g-1) a_i + (N-1) a_e. all_to_all and send_recv: as ring.
+``nvls`` (all_reduce on an NVSwitch that reduces in the switch, NVLink SHARP: Hopper and later): intra S
+(each GPU sends its buffer once and receives the result once); latency 2 a_i; across nodes the inter part
+of ``ring``.
+``auto`` = the fastest of ring and tree per query, and of nvls for a single-node all_reduce on such a switch
+(NCCL's choice, roughly; across nodes NCCL's NVLS-tree is left to the correction).
+
+The learned correction (a LightGBM model of log(measured / auto alpha-beta), trained on nccl-tests runs)
+multiplies the auto time. It is clipped below at the wire-time floor: max over tiers of (fewest bytes any
+algorithm moves on that tier / its full link bandwidth), so no correction can beat the links.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "nvls")
+
+MANIFEST = "collective_manifest.json"
+MODEL_FILE = "collective_correction.txt"
+MANIFEST_SCHEMA = 1
+
+_ALIASES = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all", "all2all": "all_to_all", "alltoallv": "all_to_all", "a2a": "all_to_all",
+    "broadcast": "broadcast", "bcast": "broadcast", "sendrecv": "send_recv", "p2p": "send_recv",
+    "send": "send_recv", "recv": "send_recv", "sendreceive": "send_recv",
+}
+for _c in COLLECTIVES:
+    _ALIASES[_c.replace("_", "")] = _c
+_OP_CODE = {c: i for i, c in enumerate(COLLECTIVES)}
+AR, AG, RS, A2A, BC, SR = range(6)
+
+#: features of the learned correction, in model column order (see :func:`correction_features`)
+FEATURES = (
+    "op", "log2_size", "log2_bytes_per_rank", "log2_n", "nodes", "gpus_per_node", "tiers", "crosses_nodes",
+    "algorithm", "latency_frac", "inter_frac",
+    "intra_bw_gb_per_s", "inter_bw_per_gpu_gb_per_s", "intra_latency_us", "inter_latency_us",
+    "nics_per_gpu", "rail_optimized", "oversubscription", "nvls",
+)
+CATEGORICAL = ("op",)
+#: link-spec features: a query whose cluster differs from every training cluster's is out of support
+LINK_FEATURES = FEATURES[11:]
+#: the tree reaches this fraction of the link bandwidth (NCCL's own tuning model derates tree all-reduce by 0.92)
+TREE_BW_EFFICIENCY = 0.92
+#: bits of the out-of-support mask, and their names (``CollectivePrediction.ood_reason``)
+OOD_BITS = {"fallback": 1, "op": 2, "size": 4, "group": 8, "nodes": 16, "gpus_per_node": 32, "tiers": 64, "cluster": 128}
+#: relative slack on numeric support ranges
+SUPPORT_SLACK = 0.02
+
+#: GPUs whose NVSwitch reduces in the switch (NVLink SHARP): Hopper and Blackwell
+_NVLS_DEVICE = re.compile(r"(?i)(?:^|[^a-z0-9])(?:gh\d{3}|h1\d\d|h20\d?|h800|gb[23]\d\d|b[123]\d\d)(?:$|[^0-9])")
+
+
+# ------------------------------------------------------------------------------------------- names
+def canonical_op(name: str) -> str:
+    """The canonical collective name for ``name`` (aliases: allreduce, alltoall, sendrecv, ...)."""
+    key = re.sub(r"[^a-z0-9]", "", str(name).lower())
+    key = re.sub(r"perf$", "", key)
+    if key.startswith("nccl"):
+        key = key[4:]
+    c = _ALIASES.get(key)
+    if c is None:
+        raise ValueError(f"unknown collective {name!r}; valid: {', '.join(COLLECTIVES)} "
+                         "(aliases such as allreduce, alltoall, sendrecv are accepted)")
+    return c
+
+
+def _op_codes(op, n: int) -> np.ndarray:
+    if isinstance(op, str):
+        return np.full(n, _OP_CODE[canonical_op(op)], dtype=np.int64)
+    arr = np.asarray(op)
+    if arr.dtype.kind in "iu":
+        if arr.size and (arr.min() < 0 or arr.max() >= len(COLLECTIVES)):
+            raise ValueError(f"collective codes must be 0..{len(COLLECTIVES) - 1} ({', '.join(COLLECTIVES)})")
+        return np.broadcast_to(arr.astype(np.int64), (n,)).copy()
+    uniq, inv = np.unique(arr.astype(str), return_inverse=True)
+    codes = np.array([_OP_CODE[canonical_op(u)] for u in uniq], dtype=np.int64)
+    return np.broadcast_to(codes[inv.reshape(arr.shape)], (n,)).copy()
+
+
+def bus_factor(op, n):
+    """nccl-tests' bus-bandwidth factor (busbw = size / time x factor); vectorised over ``n`` (and ``op``)."""
+    n_arr = np.asarray(n, dtype=np.float64)
+    codes = _op_codes(op, max(n_arr.size, 1)).reshape(n_arr.shape) if n_arr.ndim else _op_codes(op, 1)[0]
+    out = _bus_factor_codes(np.asarray(codes), n_arr)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def _bus_factor_codes(codes: np.ndarray, n: np.ndarray) -> np.ndarray:
+    nn = np.maximum(n, 1.0)
+    return np.select([codes == AR, (codes == AG) | (codes == RS) | (codes == A2A)],
+                     [2.0 * (nn - 1) / nn, (nn - 1) / nn], default=np.where(n > 1, 1.0, 0.0))
+
+
+# ------------------------------------------------------------------------------------------ links
+@dataclass(frozen=True)
+class LinkParams:
+    """What the alpha-beta model needs from a cluster (bandwidths in bytes per microsecond)."""
+
+    name: str
+    gpus_per_node: int
+    max_nodes: int | None
+    intra_bw: float  # B/us per GPU, one direction
+    intra_lat: float  # us
+    has_inter: bool
+    nics_per_node: int
+    nic_bw: float  # B/us per NIC, after oversubscription
+    inter_lat: float
+    rail_optimized: bool
+    oversubscription: float
+    nvls: bool  # the in-node switch reduces (NVLink SHARP)
+
+    def link_vector(self) -> tuple[float, ...]:
+        return (self.intra_bw / 1e3, self.nic_bw / 1e3 * min(self.nics_per_node, self.gpus_per_node) / max(self.gpus_per_node, 1)
+                if self.has_inter else 0.0, self.intra_lat, self.inter_lat, float(self.rail_optimized), self.oversubscription)
+
+
+def _cluster_key(c) -> tuple:
+    return (c.name, c.device, c.gpus_per_node, c.intra, c.inter, c.max_nodes)
+
+
+_LP_CACHE: dict[tuple, LinkParams] = {}
+_LP_LOCK = threading.Lock()
+
+
+def link_params(cluster) -> LinkParams:
+    """Cached per cluster spec (a preset name, a cluster file or a ``ClusterSpec``)."""
+    if isinstance(cluster, LinkParams):
+        return cluster
+    if not hasattr(cluster, "intra"):
+        from wattcast.simulate.cluster import resolve_cluster
+
+        cluster = resolve_cluster(cluster)
+    key = _cluster_key(cluster)
+    lp = _LP_CACHE.get(key)
+    if lp is None:
+        inter = cluster.inter
+        osub = inter.oversubscription if inter is not None else 1.0
+        lp = LinkParams(
+            name=cluster.name, gpus_per_node=int(cluster.gpus_per_node), max_nodes=cluster.max_nodes,
+            intra_bw=float(cluster.intra.bandwidth_gb_per_s) * 1e3, intra_lat=float(cluster.intra.latency_us),
+            has_inter=inter is not None, nics_per_node=int(inter.nics_per_node) if inter else 0,
+            nic_bw=float(inter.nic_bandwidth_gbit_per_s) / 8.0 * 1e3 / osub if inter else 0.0,
+            inter_lat=float(inter.latency_us) if inter else 0.0,
+            rail_optimized=bool(inter.rail_optimized) if inter else False, oversubscription=float(osub),
+            nvls=cluster.intra.kind == "nvswitch" and bool(_NVLS_DEVICE.search(cluster.device or "")),
+        )
+        with _LP_LOCK:
+            _LP_CACHE[key] = lp
+    return lp
+
+
+# ------------------------------------------------------------------------------------ alpha-beta
+@dataclass
+class _Query:
+    codes: np.ndarray
+    S: np.ndarray  # bytes
+    n: np.ndarray  # float
+    g: np.ndarray  # GPUs per node actually used (<= n)
+    N: np.ndarray  # nodes
+    lp: LinkParams
+
+
+def _query(op, size_bytes, n_gpus, gpus_per_node, cluster) -> _Query:
+    lp = link_params(cluster)
+    S, n, g = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(n_gpus, dtype=np.float64),
+                                  np.asarray(gpus_per_node, dtype=np.float64))
+    shape = S.shape
+    S, n, g = S.ravel(), n.ravel(), g.ravel()
+    if np.ndim(op) and not isinstance(op, str):
+        op_arr = np.asarray(op)
+        if op_arr.size != S.size:
+            if S.size == 1:
+                S, n, g = (np.broadcast_to(a, (op_arr.size,)) for a in (S, n, g))
+                shape = op_arr.shape
+            else:
+                raise ValueError(f"op has {op_arr.size} entries but the sizes/groups have {S.size}")
+        codes = _op_codes(op_arr.ravel(), S.size)
+    else:
+        codes = _op_codes(op, S.size)
+    if S.size:
+        if not np.all(np.isfinite(S)) or S.min() < 0:
+            raise ValueError("size_bytes must be finite and >= 0")
+        if n.min() < 1 or g.min() < 1 or np.any(n != np.round(n)) or np.any(g != np.round(g)):
+            raise ValueError("n_gpus and gpus_per_node must be whole numbers >= 1")
+        if g.max() > lp.gpus_per_node:
+            raise ValueError(f"gpus_per_node {int(g.max())} exceeds the {lp.gpus_per_node} GPUs per node of cluster {lp.name!r}")
+    g = np.minimum(g, n)
+    N = np.ceil(n / g)
+    if S.size and N.max() > 1:
+        if not lp.has_inter:
+            raise ValueError(f"a group of {int(n[N > 1][0])} GPUs at {int(g[N > 1][0])} per node spans nodes, "
+                             f"but cluster {lp.name!r} has no inter-node tier")
+        if lp.max_nodes is not None and N.max() > lp.max_nodes:
+            raise ValueError(f"the group spans {int(N.max())} nodes; cluster {lp.name!r} has {lp.max_nodes}")
+    q = _Query(codes, S, n, g, N, lp)
+    q.shape = shape  # type: ignore[attr-defined]
+    return q
+
+
+def _inter_bw_gpu(q: _Query) -> np.ndarray:
+    lp = q.lp
+    return np.minimum(q.g, lp.nics_per_node) * lp.nic_bw / q.g if lp.has_inter else np.zeros_like(q.g)
+
+
+def _terms(q: _Query, alg: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(latency_us, intra_bytes, inter_bytes) per GPU for algorithm ``alg``; inf latency where it does not apply."""
+    c, S, n, g, N, lp = q.codes, q.S, q.n, q.g, q.N, q.lp
+    multi = N > 1
+    f = _bus_factor_codes(c, n)
+    a_top = np.where(multi, lp.inter_lat, lp.intra_lat)
+    is_a2a, is_sr, is_ar, is_bc = c == A2A, c == SR, c == AR, c == BC
+    zero = np.zeros_like(S)
+    if alg in ("ring", "hierarchical", "nvls"):
+        steps = np.where(is_ar, 2.0 * (n - 1), n - 1)
+        lat = steps * a_top
+        intra = np.where(multi, f * S * (g - 1) / g, f * S)
+        inter = np.where(multi, f * S / g, zero)
+        # all_to_all: direct exchange with every peer
+        lat = np.where(is_a2a, (g - 1) * lp.intra_lat + (n - g) * lp.inter_lat, lat)
+        intra = np.where(is_a2a, S * (g - 1) / n, intra)
+        inter = np.where(is_a2a, S * (n - g) / n, inter)
+        # send_recv: one hop; across nodes on one NIC (inter bytes scaled so that bytes / B_e = S / B_1)
+        lat = np.where(is_sr, a_top, lat)
+        intra = np.where(is_sr, np.where(g > 1, S, zero), intra)
+        if lp.has_inter:
+            one_nic = S * _inter_bw_gpu(q) / lp.nic_bw
+            inter = np.where(is_sr & multi, one_nic, inter)
+        if alg == "hierarchical":
+            hier = multi & (g > 1) & ~is_a2a & ~is_sr
+            fN = np.where(is_ar, 2.0 * (N - 1) / N, (N - 1) / N)
+            h_lat = np.where(is_ar, 2.0, 1.0) * ((g - 1) * lp.intra_lat + (N - 1) * lp.inter_lat)
+            h_intra = np.where(is_ar, 2.0, 1.0) * S * (g - 1) / g
+            h_inter = np.where(is_bc, S / g, fN * S / g)
+            lat = np.where(hier, h_lat, lat)
+            intra = np.where(hier, h_intra, intra)
+            inter = np.where(hier, h_inter, inter)
+        if alg == "nvls":
+            ok = is_ar & lp.nvls & (n > 1)
+            lat = np.where(ok, np.where(multi, lat, 2.0 * lp.intra_lat), np.inf)
+            intra = np.where(ok, np.where(g > 1, S, zero), intra)
+        return lat, intra, inter
+    if alg == "tree":
+        lg_N = np.ceil(np.log2(np.maximum(N, 1)))
+        lg_g = np.ceil(np.log2(np.maximum(g, 1)))
+        lat = np.where(is_ar, 2.0 * (lg_N * lp.inter_lat + (g - 1) * lp.intra_lat),
+                       np.where(is_bc, lg_N * lp.inter_lat + lg_g * lp.intra_lat, np.inf))
+        intra = np.where(g > 1, np.where(is_ar, 2.0 * S, S), zero) / TREE_BW_EFFICIENCY
+        inter = np.where(multi, 2.0 * S / g, zero) / TREE_BW_EFFICIENCY
+        return lat, intra, inter
+    raise ValueError(f"unknown algorithm {alg!r}; valid: {', '.join(ALGORITHMS)}")
+
+
+def _wire_us(q: _Query, intra: np.ndarray, inter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    t_intra = intra / q.lp.intra_bw
+    bw_e = _inter_bw_gpu(q)
+    t_inter = np.divide(inter, bw_e, out=np.zeros_like(inter), where=inter > 0)
+    return t_intra, t_inter
+
+
+@dataclass
+class AlphaBeta:
+    """The alpha-beta estimate of a batch of queries, with what the correction and the floor need."""
+
+    us: np.ndarray  # time (us); 0 for a single GPU
+    latency_us: np.ndarray
+    intra_wire_us: np.ndarray
+    inter_wire_us: np.ndarray
+    algorithm: np.ndarray  # int: index into ALGORITHMS of the algorithm used (auto: the fastest)
+    floor_us: np.ndarray  # wire time at full link bandwidth, the fewest bytes of any algorithm per tier
+    query: Any = field(repr=False, default=None)
+
+
+def _alpha_beta(q: _Query, algorithm: str = "auto") -> AlphaBeta:
+    algorithm = str(algorithm).lower()
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+    cand = (("ring", "tree", "nvls") if q.lp.nvls else ("ring", "tree")) if algorithm == "auto" else (algorithm,)
+    if algorithm in ("tree", "nvls"):
+        bad = ~np.isin(q.codes, (AR, BC) if algorithm == "tree" else (AR,))
+        if bad.any():
+            raise ValueError(f"algorithm {algorithm!r} applies to "
+                             f"{'all_reduce and broadcast' if algorithm == 'tree' else 'all_reduce'} only, "
+                             f"not {COLLECTIVES[int(q.codes[bad][0])]}")
+        if algorithm == "nvls" and not q.lp.nvls:
+            raise ValueError(f"cluster {q.lp.name!r} has no NVLink SHARP switch (nvls needs an NVSwitch, Hopper or later)")
+    best = None
+    for alg in cand:
+        lat, intra, inter = _terms(q, alg)
+        if algorithm == "auto" and alg == "nvls":  # NCCL's NVLS within a node; across nodes the correction decides
+            lat = np.where(q.N > 1, np.inf, lat)
+        ti, te = _wire_us(q, intra, inter)
+        tot = lat + np.maximum(ti, te)
+        if best is None:
+            best = [tot, lat, ti, te, np.full(len(tot), ALGORITHMS.index(alg), dtype=np.int64)]
+        else:
+            better = tot < best[0]
+            for j, v in enumerate((tot, lat, ti, te)):
+                best[j] = np.where(better, v, best[j])
+            best[4] = np.where(better, ALGORITHMS.index(alg), best[4])
+    tot, lat, ti, te, chosen = best
+    # the floor: per tier, the fewest bytes any algorithm moves, at full bandwidth
+    floors_i, floors_e = [], []
+    for alg in ("ring", "tree", "hierarchical") + (("nvls",) if q.lp.nvls else ()):
+        lat_a, intra, inter = _terms(q, alg)
+        ti_a, te_a = _wire_us(q, intra, inter)
+        ok = np.isfinite(lat_a)
+        floors_i.append(np.where(ok, ti_a, np.inf))
+        floors_e.append(np.where(ok, te_a, np.inf))
+    floor = np.maximum(np.min(floors_i, axis=0), np.min(floors_e, axis=0))
+    single = q.n <= 1
+    if single.any():
+        tot, lat, ti, te, floor = (np.where(single, 0.0, a) for a in (tot, lat, ti, te, floor))
+    return AlphaBeta(tot, lat, ti, te, chosen, floor, q)
+
+
+def alpha_beta_us(op, size_bytes, n_gpus, gpus_per_node, cluster, algorithm: str = "auto") -> np.ndarray:
+    """Alpha-beta time (us) of collective(s) ``op`` on ``size_bytes`` (nccl-tests size) among ``n_gpus`` GPUs
+    placed ``gpus_per_node`` per node on ``cluster``. Vectorised: sizes, group sizes, placements and ops
+    broadcast against each other. ``algorithm``: auto | ring | tree | hierarchical | nvls (module docstring)."""
+    q = _query(op, size_bytes, n_gpus, gpus_per_node, cluster)
+    return _alpha_beta(q, algorithm).us.reshape(q.shape)  # type: ignore[attr-defined]
+
+
+def busbw_gb_per_s(op, size_bytes, n_gpus, time_us) -> np.ndarray:
+    """nccl-tests bus bandwidth (GB/s) of a measured or predicted time."""
+    n = np.asarray(n_gpus, dtype=np.float64)
+    f = bus_factor(op, n)
+    return np.asarray(size_bytes, dtype=np.float64) / np.asarray(time_us, dtype=np.float64) / 1e3 * f
+
+
+# ------------------------------------------------------------------------------------- features
+def correction_features(ab: AlphaBeta) -> np.ndarray:
+    """(n, len(FEATURES)) float64 matrix of the learned correction's inputs, columns in ``FEATURES`` order."""
+    q = ab.query
+    lp = q.lp
+    n_rows = len(q.S)
+    X = np.empty((n_rows, len(FEATURES)), dtype=np.float64)
+    multi = q.N > 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        X[:, 0] = q.codes
+        X[:, 1] = np.log2(np.maximum(q.S, 1.0))
+        X[:, 2] = np.log2(np.maximum(q.S / q.n, 1.0))
+        X[:, 3] = np.log2(q.n)
+        X[:, 4] = q.N
+        X[:, 5] = q.g
+        X[:, 6] = (q.g > 1).astype(float) + multi
+        X[:, 7] = multi
+        X[:, 8] = ab.algorithm
+        X[:, 9] = np.where(ab.us > 0, ab.latency_us / ab.us, 0.0)
+        wire = ab.intra_wire_us + ab.inter_wire_us
+        X[:, 10] = np.where(wire > 0, ab.inter_wire_us / wire, 0.0)
+    X[:, 11] = lp.intra_bw / 1e3
+    X[:, 12] = _inter_bw_gpu(q) / 1e3 if lp.has_inter else 0.0
+    X[:, 13] = lp.intra_lat
+    X[:, 14] = lp.inter_lat
+    X[:, 15] = np.minimum(q.g, lp.nics_per_node) / q.g if lp.has_inter else 0.0
+    X[:, 16] = float(lp.rail_optimized)
+    X[:, 17] = lp.oversubscription
+    X[:, 18] = float(lp.nvls)
+    return X
+
+
+# ------------------------------------------------------------------------------------------ model
+@dataclass
+class CollectivePrediction:
+    us: np.ndarray  # predicted time (us)
+    alpha_beta_us: np.ndarray  # the auto alpha-beta estimate
+    floor_us: np.ndarray  # wire time at full link bandwidth: the prediction never goes below it
+    ood: np.ndarray  # bool: outside the training support (or no learned model)
+    ood_mask: np.ndarray  # int bit mask, see OOD_BITS
+
+    @property
+    def ood_reason(self) -> np.ndarray:
+        """Per query: comma-separated names of the ways it is out of support ('' when in support)."""
+        mask = np.asarray(self.ood_mask)
+        uniq, inv = np.unique(mask.ravel(), return_inverse=True)
+        names = np.empty(len(uniq), dtype=object)
+        names[:] = [",".join(k for k, b in OOD_BITS.items() if int(m) & b) for m in uniq]
+        return names[inv.ravel()].reshape(mask.shape)
+
+
+class CollectiveModel:
+    """alpha-beta x exp(learned log-correction), clipped at the wire-time floor.
+
+    ``booster`` None is the pure alpha-beta model (every query flagged ``fallback``)."""
+
+    def __init__(self, booster=None, manifest: dict | None = None, fallback_reason: str = ""):
+        self.booster = booster
+        self.manifest = manifest or {}
+        self.fallback_reason = fallback_reason
+        sup = self.manifest.get("support", {})
+        self._ops = np.array(sorted(_OP_CODE[o] for o in sup.get("ops", [])), dtype=np.int64)
+        self._ranges = {k: tuple(sup[k]) for k in ("size_B", "n_gpus", "nodes", "gpus_per_node") if k in sup}
+        self._tiers = np.array(sorted({tuple(t) for t in sup.get("tiers", [])}), dtype=np.float64).reshape(-1, 2)
+        self._links = np.array(sup.get("links", []), dtype=np.float64).reshape(-1, 6)
+        self._op_shift: dict[int, float] = {}
+        self._lock = threading.Lock()
+        if booster is not None and list(booster.feature_name()) != list(FEATURES):
+            raise ValueError("the correction model's features differ from this wattcast's FEATURES")
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.booster is None
+
+    def _ood(self, q: _Query, ab: AlphaBeta) -> np.ndarray:
+        m = np.zeros(len(q.S), dtype=np.int64)
+        if self.booster is None:
+            return m | OOD_BITS["fallback"]
+        m |= np.where(np.isin(q.codes, self._ops), 0, OOD_BITS["op"])
+        for key, col, bit in (("size_B", q.S, "size"), ("n_gpus", q.n, "group"), ("nodes", q.N, "nodes"),
+                              ("gpus_per_node", q.g, "gpus_per_node")):
+            if key in self._ranges:
+                lo, hi = self._ranges[key]
+                if key == "size_B":
+                    lo, hi = lo / (1 + SUPPORT_SLACK), hi * (1 + SUPPORT_SLACK)
+                m |= np.where((col < lo) | (col > hi), OOD_BITS[bit], 0)
+        if len(self._tiers):
+            t = np.stack([(q.g > 1).astype(float), (q.N > 1).astype(float)], axis=1)
+            seen = (t[:, None, :] == self._tiers[None, :, :]).all(axis=2).any(axis=1)
+            m |= np.where(seen, 0, OOD_BITS["tiers"])
+        if len(self._links):
+            v = np.array(q.lp.link_vector())
+            rel = np.abs(self._links - v) / np.maximum(np.abs(self._links), 1e-9)
+            if not (rel <= SUPPORT_SLACK).all(axis=1).any():
+                m |= OOD_BITS["cluster"]
+        m = np.where(q.n <= 1, 0, m)
+        return m
+
+    def predict(self, op, size_bytes, n_gpus, gpus_per_node, cluster) -> CollectivePrediction:
+        q = _query(op, size_bytes, n_gpus, gpus_per_node, cluster)
+        ab = _alpha_beta(q, "auto")
+        corr = np.zeros(len(q.S))
+        if self.booster is not None and len(q.S):
+            known = np.isin(q.codes, self._ops) & (q.n > 1)
+            if known.any():
+                X = correction_features(ab)[known]
+                with self._lock:  # LightGBM boosters are not documented as thread-safe for predict
+                    corr[known] = self.booster.predict(np.ascontiguousarray(X), num_threads=1)
+        us = np.maximum(ab.us * np.exp(corr), ab.floor_us)
+        mask = self._ood(q, ab)
+        shape = q.shape  # type: ignore[attr-defined]
+        return CollectivePrediction(us.reshape(shape), ab.us.reshape(shape), ab.floor_us.reshape(shape),
+                                    (mask != 0).reshape(shape), mask.reshape(shape))
+
+    def predict_us(self, op, size_bytes, n_gpus, gpus_per_node, cluster, return_ood: bool = False):
+        """Predicted time (us), as an array shaped like the broadcast inputs; with ``return_ood`` also the
+        bool out-of-support array."""
+        p = self.predict(op, size_bytes, n_gpus, gpus_per_node, cluster)
+        return (p.us, p.ood) if return_ood else p.us
+
+    # ---------------------------------------------------------------------------------- disk
+    def save(self, folder: str | Path) -> tuple[Path, Path]:
+        """Write ``collective_correction.txt`` and ``collective_manifest.json`` into ``folder`` (each file
+        written to a temporary name first, then renamed; the model before the manifest that names it)."""
+        import os
+
+        if self.booster is None:
+            raise ValueError("a fallback (alpha-beta only) model has nothing to save")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        mpath, jpath = folder / MODEL_FILE, folder / MANIFEST
+        tmp_m, tmp_j = folder / f".{MODEL_FILE}.tmp", folder / f".{MANIFEST}.tmp"
+        self.booster.save_model(str(tmp_m))
+        self.manifest.update(schema=MANIFEST_SCHEMA, model_file=MODEL_FILE, features=list(FEATURES))
+        tmp_j.write_text(json.dumps(self.manifest, indent=1, sort_keys=True, default=_json_default))
+        os.replace(tmp_m, mpath)
+        os.replace(tmp_j, jpath)
+        return mpath, jpath
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "CollectiveModel":
+        """Load from ``folder``; raises FileNotFoundError / ValueError when it is absent or unusable."""
+        import lightgbm as lgb
+
+        folder = Path(folder)
+        jpath = folder / MANIFEST
+        if not jpath.is_file():
+            raise FileNotFoundError(f"no collective model manifest at {jpath}")
+        manifest = json.loads(jpath.read_text())
+        if manifest.get("schema") != MANIFEST_SCHEMA:
+            raise ValueError(f"{jpath}: schema {manifest.get('schema')} is not {MANIFEST_SCHEMA}")
+        if list(manifest.get("features", [])) != list(FEATURES):
+            raise ValueError(f"{jpath}: features differ from this wattcast's")
+        mpath = folder / manifest.get("model_file", MODEL_FILE)
+        if not mpath.is_file():
+            raise FileNotFoundError(f"{jpath} names {mpath.name}, which is missing")
+        booster = lgb.Booster(model_file=str(mpath))  # LightGBM text: no pickle
+        return cls(booster, manifest)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def shipped_folder() -> Path:
+    return Path(str(files("wattcast.models") / "artifacts"))
+
+
+@lru_cache(maxsize=8)
+def load_collective_model(folder: str | None = None) -> CollectiveModel:
+    """The shipped model (``models/artifacts/collective_*``) or the one in ``folder``; cached per folder.
+    Without a loadable artifact: pure alpha-beta, every prediction flagged ``ood`` (reason ``fallback``)."""
+    where = Path(folder) if folder else shipped_folder()
+    try:
+        return CollectiveModel.load(where)
+    except (OSError, ValueError) as e:
+        return CollectiveModel(None, {}, fallback_reason=f"alpha-beta only: {e}")
+    except Exception as e:  # a corrupt LightGBM file raises LightGBMError
+        return CollectiveModel(None, {}, fallback_reason=f"alpha-beta only: cannot read the model ({e})")

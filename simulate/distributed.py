@@ -1,0 +1,323 @@
+"""A training step under a parallel strategy on a cluster: per-rank graph, collectives, pipeline, memory.
+
+1. The graph of one micro-batch on one tensor-parallel rank (column/row-parallel GEMMs, TP/SP/EP
+   collectives in it) is costed kernel by kernel; TP collectives are blocking (on the compute stream, as
+   in Megatron-LM), each costed by the collective model on the TP group's placement.
+2. Layers are cut into ``pp x interleave`` chunks (embeddings with the first, head and loss with the last);
+   per chunk the forward and backward time of one micro-batch.
+3. The pipeline schedule is simulated event by event (:mod:`wattcast.simulate.scheduler`), with the
+   activation/gradient point-to-point transfer between stages.
+4. Data-parallel gradient synchronisation per stage: buckets (all-reduce; reduce-scatter under ZeRO >= 1)
+   start as the stage's last backward pass produces them and overlap with it; ZeRO >= 1 all-gathers the
+   updated parameters after the optimizer step; ZeRO-3/FSDP also all-gathers each chunk's parameters
+   before its forward and backward (prefetched: a task takes max(compute, gather)).
+5. Optimizer step per stage (sharded over DP under ZeRO >= 1).
+
+Outputs: step time, exposed communication (step time minus the same step with free communication),
+pipeline bubble, per-device busy time and memory, MFU / HFU / model TFLOP/s per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.catalog import resolve_device
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.featurize.hf_config import load_hf_config
+from wattcast.featurize.workload import StepOptions, step_graph
+from wattcast.models.kernel_bundle import load_bundle
+from wattcast.simulate.cluster import ClusterSpec, resolve_cluster
+from wattcast.simulate.memory import activation_bytes_by_layer
+from wattcast.simulate.parallel import GroupLayout, ParallelConfig, layouts, resolve_parallel
+from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
+from wattcast.simulate.single_device import cost_nodes
+
+
+@dataclass(frozen=True)
+class DistributedPrediction:
+    model: str
+    device: str
+    cluster: str
+    gpus: int
+    parallel: ParallelConfig
+    step_time_ms: float
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    exposed_comm_ms: float
+    bubble_ms: float
+    mfu: float
+    hfu: float
+    tflops_per_gpu: float
+    flops: float
+    memory_gb: float
+    fits: bool
+    per_device: list[dict]
+    per_op: list[dict]
+    fallback_ops: list[dict]
+    ood_fraction: float
+    comm: dict
+    events: list[dict] = field(default_factory=list, repr=False)
+    meta: dict = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict:
+        p = self.parallel
+        return dict(model=self.model, device=self.device, cluster=self.cluster, gpus=self.gpus,
+                    parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, sp=p.sp, ep=p.ep, zero=p.zero, micro_batch=p.micro_batch,
+                                  interleave=p.interleave, recompute=p.recompute, schedule=p.schedule, name=p.describe()),
+                    step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
+                    optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms, bubble_ms=self.bubble_ms,
+                    mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
+                    memory_gb=self.memory_gb, fits=self.fits, per_device=self.per_device, per_op=self.per_op,
+                    fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, comm=self.comm,
+                    param_count=self.meta.get("param_count"))
+
+
+def _collective_model():
+    from wattcast.models.collectives import load_collective_model
+
+    return load_collective_model()
+
+
+def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(ms, ood) of collectives ``op`` of ``size_bytes`` (arrays) over a group placed as ``layout``."""
+    op = np.atleast_1d(np.asarray(op, dtype=object))
+    size = np.atleast_1d(np.asarray(size_bytes, dtype=float))
+    if layout.size <= 1:
+        return np.zeros(len(size)), np.zeros(len(size), dtype=bool)
+    us = np.zeros(len(size))
+    ood = np.zeros(len(size), dtype=bool)
+    for o in pd.unique(op):
+        sel = op == o
+        u, f = model.predict_us(o, size[sel], layout.size, layout.gpus_per_node, cluster, return_ood=True)
+        us[sel] = np.asarray(u, dtype=float)
+        ood[sel] = np.asarray(f, dtype=bool)
+    return us / 1e3, ood
+
+
+def _bytes(dtype: str) -> int:
+    return 2 if dtype in ("fp16", "bf16") else (1 if dtype == "fp8" else 4)
+
+
+def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: int, seq: int,
+                        parallel: ParallelConfig | None = None, dtype: str = "bf16", attention: str = "eager",
+                        compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
+                        bundle=None, coll_model=None, trace: bool = False, framework: str = "hf") -> DistributedPrediction:
+    cl = resolve_cluster(cluster)
+    spec = device if isinstance(device, DeviceSpec) else resolve_device(device or cl.device)
+    par = parallel or ParallelConfig(gpus=gpus)
+    par = replace(par, gpus=gpus)
+    hf = None
+    try:
+        hf = load_hf_config(model) if isinstance(model, (str, dict)) and not str(model).lower().endswith(".onnx") else None
+    except Exception:  # an ONNX/torch model: no config to validate heads against
+        hf = None
+    n_exp = None
+    if hf is not None:
+        n_exp = hf.get("num_local_experts") or hf.get("num_experts")
+    opts0 = StepOptions(batch=1, seq=seq, mode="train", dtype=dtype, attention=attention, compile=compile,
+                        optimizer=optimizer, recompute=par.recompute, framework=framework)
+    # layers: from the config, else from a single-device graph
+    if hf is not None:
+        n_layers = int(hf.n_layers if hf.family != "switch" else hf.n_layers + int(hf.get("num_decoder_layers") or hf.n_layers))
+    else:
+        n_layers = int(step_graph(model, opts0).meta.get("n_layers", 1))
+    par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,
+                           n_kv_heads=hf.n_kv_heads if hf else None, ffn=hf.ffn if hf else None,
+                           n_experts=int(n_exp) if n_exp else None, seq=seq, cluster=cl)
+    lay = layouts(par, cl)
+    bundle = bundle or load_bundle()
+    cm = coll_model or _collective_model()
+    n_micro = par.n_micro(batch)
+    opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep)
+    g = step_graph(model, opts)
+
+    def coll_fn(kernel, size, group):
+        ms = np.zeros(len(size))
+        ood = np.zeros(len(size), dtype=bool)
+        for grp in pd.unique(group):
+            sel = group == grp
+            m, o = collective_ms(cm, kernel[sel], size[sel], lay.get(grp, lay["tp"]), cl)
+            ms[sel], ood[sel] = m, o
+        return ms, ood
+
+    costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn)
+    return _schedule(model, g, costed, spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
+                     dtype=dtype, opts=opts, trace=trace)
+
+
+def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndarray:
+    per = n_layers // n_chunks
+    c = np.clip(layers, 0, n_layers - 1) // per
+    c = np.where(layers < 0, 0, c)
+    return np.where(layers >= n_layers, n_chunks - 1, c).astype(int)
+
+
+def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
+              seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool) -> DistributedPrediction:
+    P, V = par.pp, par.interleave
+    n_chunks = P * V
+    layers = costed["layer"].to_numpy()
+    phase = costed["phase"].to_numpy()
+    t = costed["time_ms"].to_numpy()
+    is_coll = costed["op_class"].to_numpy() == "collective"
+    chunk = _chunk_of_layer(layers, n_layers, n_chunks)
+    f_ms = np.bincount(chunk[phase == "forward"], weights=t[phase == "forward"], minlength=n_chunks)
+    b_ms = np.bincount(chunk[phase == "backward"], weights=t[phase == "backward"], minlength=n_chunks)
+    opt_ms = np.bincount(chunk[phase == "optimizer"], weights=t[phase == "optimizer"], minlength=n_chunks)
+    fwd_nc, bwd_nc = (phase == "forward") & ~is_coll, (phase == "backward") & ~is_coll
+    f_nc = np.bincount(chunk[fwd_nc], weights=t[fwd_nc], minlength=n_chunks)
+    b_nc = np.bincount(chunk[bwd_nc], weights=t[bwd_nc], minlength=n_chunks)
+    tp_coll = np.bincount(chunk[is_coll], weights=t[is_coll], minlength=n_chunks)
+    params = costed["param_count"].to_numpy(dtype=float)
+    params_chunk = np.bincount(chunk[phase == "forward"], weights=params[phase == "forward"], minlength=n_chunks)
+    db = _bytes(dtype)
+    mixed = db < 4
+    # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
+    hidden = int(g.meta.get("hidden") or 0)
+    act_bytes = par.micro_batch * seq * hidden * db / (par.tp if par.sp else 1)
+    p2p_ms = 0.0
+    if P > 1 and act_bytes > 0:
+        pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
+        p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
+
+    def dp_times(zero: int) -> dict:
+        """Per chunk: gradient sync time (bucketed), param all-gather after the step, ZeRO-3 per-task gathers."""
+        dp_l = lay["dp"]
+        grad_b = 4 if mixed else db  # Megatron keeps fp32 main gradients under mixed precision
+        out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
+               "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks)}
+        if dp_l.size <= 1:
+            out["bucket_ms"] = [np.zeros(0)] * n_chunks
+            return out
+        bucket = par.bucket_mb * 1e6
+        op = "reduce_scatter" if zero >= 1 else "all_reduce"
+        for c in range(n_chunks):
+            total = params_chunk[c] * grad_b
+            nb = max(1, int(np.ceil(total / bucket)))
+            sizes = np.full(nb, total / nb)
+            ms, _ = collective_ms(cm, [op] * nb, sizes, dp_l, cl)
+            out["bucket_ms"].append(ms)
+            out["sync_ms"][c] = ms.sum()
+            if zero >= 1:
+                out["gather_after_ms"][c] = collective_ms(cm, ["all_gather"], [params_chunk[c] * db], dp_l, cl)[0][0]
+            if zero == 3:
+                ag = collective_ms(cm, ["all_gather"], [params_chunk[c] * db], dp_l, cl)[0][0]
+                rs = collective_ms(cm, ["reduce_scatter"], [params_chunk[c] * grad_b], dp_l, cl)[0][0]
+                out["z3_f_ms"][c] = ag
+                out["z3_b_ms"][c] = ag + rs
+        return out
+
+    def run(comm_on: bool):
+        dpt = dp_times(par.zero) if comm_on else None
+        f, b = (f_ms, b_ms) if comm_on else (f_nc, b_nc)
+        if comm_on and par.zero == 3:
+            f = np.maximum(f, dpt["z3_f_ms"])
+            b = np.maximum(b, dpt["z3_b_ms"])
+        pipe = simulate_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p_ms if comm_on else 0.0)
+        stage_end = pipe.stage_end.copy()
+        comm_events = []
+        finish = stage_end.copy()
+        for s in range(P):
+            if not comm_on or lay["dp"].size <= 1 or par.zero == 3:
+                if comm_on and par.zero == 3:
+                    finish[s] = stage_end[s]
+                continue
+            b0, b1 = pipe.last_backward[s]
+            ms = np.concatenate([dpt["bucket_ms"][c * P + s] for c in range(V)])
+            n = len(ms)
+            ready = b0 + (b1 - b0) * (np.arange(1, n + 1) / n)
+            end, spans = overlap_buckets(ready, ms)
+            comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{k}]", a, e) for k, (a, e) in enumerate(spans)]
+            finish[s] = max(stage_end[s], end)
+        opt_stage = np.array([opt_ms[[c * P + s for c in range(V)]].sum() for s in range(P)])
+        if par.zero >= 1:
+            opt_stage = opt_stage / lay["dp"].size
+        gather = np.zeros(P)
+        if comm_on and par.zero >= 1 and lay["dp"].size > 1:
+            gather = np.array([dpt["gather_after_ms"][[c * P + s for c in range(V)]].sum() for s in range(P)])
+        total = finish + opt_stage + gather
+        return float(total.max()), pipe, finish, opt_stage, gather, comm_events
+
+    step, pipe, finish, opt_stage, gather, comm_events = run(True)
+    step_free, pipe_free, *_ = run(False)
+    # bubble: idle time of the busiest stage inside the pipeline span (no communication counted)
+    span = float(pipe.stage_end.max())
+    busy = pipe.stage_busy
+    bubble = float(span - busy.max())
+    # model FLOPs: the unsharded training graph of one micro-batch, times micro-batches and replicas
+    g1 = step_graph(model, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
+    model_flops = float(g1.nodes.loc[g1.nodes["phase"] != "optimizer", "flops"].sum()) * n_micro * par.dp
+    hw_flops = model_flops
+    if par.recompute != "none":
+        rc = costed["recompute"].to_numpy(dtype=bool)
+        # the costed graph is one tensor-parallel rank's whole model for one micro-batch
+        hw_flops += float(costed.loc[rc, "flops"].sum()) * par.tp * n_micro * par.dp
+    peak = spec.peak_matrix_tflops(dtype) * 1e12
+    step_s = step / 1e3
+    mfu = model_flops / (step_s * par.gpus * peak)
+    hfu = hw_flops / (step_s * par.gpus * peak)
+    # memory per stage (one TP rank)
+    acts, full_extra = activation_bytes_by_layer(g)
+    act_chunk = np.zeros(n_chunks)
+    for layer_id, v in acts.items():
+        act_chunk[_chunk_of_layer(np.array([layer_id]), n_layers, n_chunks)[0]] += v
+    per_device = []
+    w_b = db + (4 if mixed else 0)
+    opt_b = 8 if opts.optimizer == "adamw" else 0
+    dp_n = lay["dp"].size
+    worst = 0.0
+    for s in range(P):
+        cs = [c * P + s for c in range(V)]
+        p = float(params_chunk[cs].sum())
+        weights = p * w_b / (dp_n if par.zero == 3 else 1)
+        grads = p * (4 if mixed else db) / (dp_n if par.zero >= 2 else 1)
+        ostate = p * opt_b / (dp_n if par.zero >= 1 else 1)
+        if par.schedule == "gpipe":
+            inflight = n_micro * V
+        elif V == 1:
+            inflight = min(P - s, n_micro)
+        else:
+            inflight = min((P - s - 1) * 2 + (V - 1) * P + 1, n_micro * V)
+        act = float(act_chunk[cs].mean()) * inflight + full_extra
+        mem = (weights + grads + ostate + act) / 1e9
+        worst = max(worst, mem)
+        per_device.append(dict(stage=s, busy_ms=float(busy[s] + opt_stage[s]), finish_ms=float(finish[s]),
+                               memory_gb=mem, weights_gb=weights / 1e9, gradients_gb=grads / 1e9, optimizer_gb=ostate / 1e9,
+                               activations_gb=act / 1e9, params=p))
+    phase_t = {ph: float(t[phase == ph].sum()) for ph in ("forward", "backward", "optimizer")}
+    from wattcast.simulate.single_device import _group
+
+    per_op = _group(costed["op_class"].to_numpy(), t, costed["flops"].to_numpy(dtype=float), "op_class")
+    meth = costed["method"].to_numpy()
+    fb = np.isin(meth, ["roofline", "proxy", "flash"])
+    fallback = []
+    if fb.any():
+        key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + meth[fb].astype(object)
+        fallback = [dict(op_class=r["key"].split("|")[0], method=r["key"].split("|")[1], count=r["count"], time_ms=r["time_ms"])
+                    for r in _group(key, t[fb], np.zeros(int(fb.sum())), "key")]
+    events = []
+    if trace:
+        for tk in pipe.tasks:
+            events.append(dict(stage=tk.stage, stream="compute", name=f"{tk.kind}{tk.micro}" + (f".c{tk.chunk}" if V > 1 else ""),
+                               start_ms=tk.start, end_ms=tk.end))
+        for s, name, a, e in comm_events:
+            events.append(dict(stage=s, stream="comm", name=name, start_ms=a, end_ms=e))
+        for s in range(P):
+            if opt_stage[s] > 0:
+                events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=float(finish[s]),
+                                   end_ms=float(finish[s] + opt_stage[s])))
+    comm = dict(tp_ms_per_micro=float(tp_coll.sum()), p2p_ms=p2p_ms,
+                dp_sync_ms=float(sum(dp_times(par.zero)["sync_ms"])) if lay["dp"].size > 1 else 0.0,
+                layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
+    return DistributedPrediction(
+        model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,
+        forward_ms=phase_t["forward"] * n_micro, backward_ms=phase_t["backward"] * n_micro,
+        optimizer_ms=float(opt_stage.max()), exposed_comm_ms=max(step - step_free, 0.0), bubble_ms=max(bubble, 0.0),
+        mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,
+        memory_gb=worst, fits=bool(worst <= spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
+        ood_fraction=float(costed["ood"].mean()), comm=comm, events=events,
+        meta=dict(g.meta, param_count=int(g1.meta.get("param_count", 0)), n_micro=n_micro))

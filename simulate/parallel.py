@@ -1,0 +1,138 @@
+"""Parallel strategies: the configuration, its validity rules, and where each parallel group sits.
+
+A job of ``gpus`` GPUs runs ``dp x tp x pp`` model replicas/shards (Megatron-LM's rank order: tensor
+parallel ranks adjacent, then data parallel, then pipeline stages), optionally with sequence parallelism
+(``sp``, within the TP group), expert parallelism (``ep`` ranks of the DP group share the experts), ZeRO
+stage 0-3 (FSDP = ZeRO-3) over the DP group, micro-batching (``micro_batch`` sequences per micro-batch,
+``batch / (dp x micro_batch)`` micro-batches per step = gradient accumulation), activation recomputation,
+and pipeline schedules GPipe, 1F1B and interleaved 1F1B (``interleave`` virtual stages per GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from wattcast.simulate.cluster import ClusterSpec
+
+SCHEDULES = ("1f1b", "gpipe")
+
+
+class ParallelConfigError(ValueError):
+    """A parallel configuration breaks a rule (the message says which)."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    gpus: int = 1
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    micro_batch: int | None = None
+    zero: int = 0
+    sp: bool = False
+    ep: int = 1
+    recompute: str = "none"
+    interleave: int = 1
+    schedule: str = "1f1b"
+    #: DDP gradient bucket (PyTorch default 25 MB)
+    bucket_mb: float = 25.0
+
+    def n_micro(self, batch: int) -> int:
+        return batch // (self.dp * self.micro_batch)
+
+    def describe(self) -> str:
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.sp:
+            parts.append("sp")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.zero:
+            parts.append(f"zero{self.zero}")
+        if self.interleave > 1:
+            parts.append(f"v{self.interleave}")
+        parts.append(f"mb{self.micro_batch}")
+        if self.recompute != "none":
+            parts.append(f"rc-{self.recompute}")
+        return "-".join(parts)
+
+
+def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
+                     n_kv_heads: int | None = None, ffn: int | None = None, n_experts: int | None = None,
+                     seq: int | None = None, cluster: ClusterSpec | None = None) -> ParallelConfig:
+    """Fill in ``dp`` and ``micro_batch`` and check every rule; raise ParallelConfigError naming the rule."""
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ParallelConfigError(msg)
+
+    for name in ("gpus", "tp", "pp", "ep", "interleave"):
+        v = getattr(cfg, name)
+        need(isinstance(v, int) and v >= 1, f"--{name} must be a positive integer, got {v!r}")
+    need(batch >= 1, f"--batch (global batch in sequences) must be positive, got {batch}")
+    need(cfg.gpus % (cfg.tp * cfg.pp) == 0,
+         f"gpus ({cfg.gpus}) must be a multiple of tp x pp ({cfg.tp} x {cfg.pp} = {cfg.tp * cfg.pp})")
+    dp = cfg.dp if cfg.dp is not None else cfg.gpus // (cfg.tp * cfg.pp)
+    need(dp >= 1 and dp * cfg.tp * cfg.pp == cfg.gpus,
+         f"dp x tp x pp must equal gpus: {dp} x {cfg.tp} x {cfg.pp} = {dp * cfg.tp * cfg.pp} != {cfg.gpus}")
+    mb = cfg.micro_batch if cfg.micro_batch is not None else max(1, batch // dp) if cfg.pp == 1 else 1
+    need(mb >= 1, f"--micro-batch must be positive, got {mb}")
+    need(batch % (dp * mb) == 0,
+         f"global batch ({batch}) must be divisible by dp x micro-batch ({dp} x {mb} = {dp * mb})")
+    n_micro = batch // (dp * mb)
+    if n_heads is not None:
+        need(n_heads % cfg.tp == 0, f"attention heads ({n_heads}) must be divisible by tp ({cfg.tp})")
+    if n_kv_heads is not None and cfg.tp > 1:
+        need(n_kv_heads % cfg.tp == 0, f"key/value heads ({n_kv_heads}) must be divisible by tp ({cfg.tp})")
+    if ffn is not None:
+        need(ffn % cfg.tp == 0, f"FFN size ({ffn}) must be divisible by tp ({cfg.tp})")
+    need(n_layers % (cfg.pp * cfg.interleave) == 0,
+         f"layers ({n_layers}) must be divisible by pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
+    need(cfg.interleave == 1 or cfg.pp > 1, "--interleave needs pipeline parallelism (--pp > 1)")
+    if cfg.interleave > 1:
+        need(n_micro % cfg.pp == 0,
+             f"interleaved 1F1B needs the number of micro-batches ({n_micro}) to be a multiple of pp ({cfg.pp})")
+    need(not cfg.sp or cfg.tp > 1, "--sp (sequence parallelism) needs tensor parallelism (--tp > 1)")
+    if cfg.sp and seq is not None:
+        need(seq % cfg.tp == 0, f"sequence length ({seq}) must be divisible by tp ({cfg.tp}) for sequence parallelism")
+    need(cfg.zero in (0, 1, 2, 3), f"--zero must be 0, 1, 2 or 3, got {cfg.zero}")
+    if cfg.ep > 1:
+        need(n_experts is not None, f"--ep {cfg.ep} needs a mixture-of-experts model (this one has no experts)")
+        need(n_experts % cfg.ep == 0, f"experts ({n_experts}) must be divisible by ep ({cfg.ep})")
+        need(dp % cfg.ep == 0, f"ep ({cfg.ep}) must divide the data-parallel size ({dp})")
+    need(cfg.schedule in SCHEDULES, f"--schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+    need(cfg.recompute in ("none", "selective", "full"), f"--recompute must be none, selective or full, got {cfg.recompute!r}")
+    if cluster is not None and cfg.gpus > cluster.gpus_per_node:
+        need(cluster.inter is not None, f"{cfg.gpus} GPUs need more than one node, but cluster {cluster.name} has no cross-node tier")
+        nodes = -(-cfg.gpus // cluster.gpus_per_node)
+        need(cluster.max_nodes is None or nodes <= cluster.max_nodes,
+             f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
+    return replace(cfg, dp=dp, micro_batch=mb)
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """Where the members of one parallel group sit: how many GPUs, how many share a node, how many nodes."""
+
+    size: int
+    gpus_per_node: int
+    nodes: int
+
+
+def group_layout(size: int, stride: int, gpus_per_node: int) -> GroupLayout:
+    """Members ``stride`` ranks apart (Megatron order: tp stride 1, dp stride tp, pp stride tp x dp)."""
+    if size <= 1:
+        return GroupLayout(1, 1, 1)
+    if stride >= gpus_per_node:
+        per = 1
+    else:
+        per = max(1, min(size, gpus_per_node // stride))
+    return GroupLayout(size, per, -(-size // per))
+
+
+def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
+    g = cluster.gpus_per_node
+    return {
+        "tp": group_layout(cfg.tp, 1, g),
+        "dp": group_layout(cfg.dp or 1, cfg.tp, g),
+        "ep": group_layout(cfg.ep, cfg.tp, g),
+        "pp": group_layout(cfg.pp, cfg.tp * (cfg.dp or 1), g),
+    }

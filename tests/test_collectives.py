@@ -1,0 +1,328 @@
+"""Collectives: bus factors, the alpha-beta model per tier, the learned correction's clip and fallback, the
+nccl-tests loader, and (e2e) training with leave-one-configuration-out evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wattcast.models.collectives import (
+    ALGORITHMS,
+    COLLECTIVES,
+    FEATURES,
+    CollectiveModel,
+    alpha_beta_us,
+    bus_factor,
+    busbw_gb_per_s,
+    canonical_op,
+    load_collective_model,
+    shipped_folder,
+)
+from wattcast.simulate.cluster import resolve_cluster
+
+SIZES = 2.0 ** np.arange(2, 35)  # 4 B .. 16 GiB
+GiB = 2**30
+
+
+# ------------------------------------------------------------------------------------------ names
+def test_bus_factors_follow_nccl_tests():
+    n = 8
+    assert bus_factor("all_reduce", n) == pytest.approx(2 * 7 / 8)
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert bus_factor(op, n) == pytest.approx(7 / 8)
+    assert bus_factor("broadcast", n) == 1.0
+    assert bus_factor("send_recv", n) == 1.0
+    np.testing.assert_allclose(bus_factor("allreduce", np.array([2, 4, 80])), [1.0, 1.5, 2 * 79 / 80])
+    assert bus_factor("all_reduce", 1) == 0.0
+
+
+@pytest.mark.parametrize("alias,name", [("allreduce", "all_reduce"), ("AllGather", "all_gather"), ("alltoall", "all_to_all"),
+                                        ("sendrecv", "send_recv"), ("reduce-scatter", "reduce_scatter"),
+                                        ("all_reduce_perf", "all_reduce"), ("bcast", "broadcast")])
+def test_aliases(alias, name):
+    assert canonical_op(alias) == name
+
+
+def test_bad_op_name_lists_the_valid_ones():
+    with pytest.raises(ValueError) as e:
+        alpha_beta_us("allsum", 1e6, 8, 8, "DGX-H100")
+    msg = str(e.value)
+    assert "allsum" in msg
+    for c in COLLECTIVES:
+        assert c in msg
+
+
+def test_bad_algorithm_and_placement():
+    with pytest.raises(ValueError, match="ring"):
+        alpha_beta_us("all_reduce", 1e6, 8, 8, "DGX-H100", algorithm="butterfly")
+    with pytest.raises(ValueError, match="all_reduce"):
+        alpha_beta_us("all_gather", 1e6, 16, 8, "DGX-H100", algorithm="tree")
+    with pytest.raises(ValueError, match="GPUs per node"):
+        alpha_beta_us("all_reduce", 1e6, 16, 16, "DGX-H100")
+    no_inter = dataclasses.replace(resolve_cluster("DGX-H100"), inter=None, max_nodes=None, name="one-box")
+    with pytest.raises(ValueError, match="no inter-node tier"):
+        alpha_beta_us("all_reduce", 1e6, 16, 8, no_inter)
+    with pytest.raises(ValueError, match="nvls"):
+        alpha_beta_us("all_reduce", 1e6, 8, 8, "DGX-A100", algorithm="nvls")
+
+
+# ------------------------------------------------------------------------------------- alpha-beta
+@pytest.mark.parametrize("cluster", ["DGX-H100", "Polaris", "PCIe-4GPU"])
+@pytest.mark.parametrize("op", COLLECTIVES)
+def test_alpha_beta_monotonic_in_size(cluster, op):
+    gpn = resolve_cluster(cluster).gpus_per_node
+    for n, g in ((2, 2), (gpn, gpn), (2, 1), (4 * gpn, gpn)):
+        for alg in ("auto", "ring", "hierarchical"):
+            t = alpha_beta_us(op, SIZES, n, g, cluster, algorithm=alg)
+            assert np.all(np.isfinite(t)) and np.all(t > 0)
+            assert np.all(np.diff(t) > 0), (op, n, g, alg)
+
+
+def test_single_gpu_costs_nothing():
+    np.testing.assert_array_equal(alpha_beta_us("all_reduce", [1e3, 1e9], 1, 1, "DGX-H100"), [0.0, 0.0])
+
+
+def test_large_ring_all_reduce_reaches_the_link_bandwidth():
+    t = alpha_beta_us("all_reduce", 16 * GiB, 8, 8, "DGX-H100", algorithm="ring")
+    assert busbw_gb_per_s("all_reduce", 16 * GiB, 8, t) == pytest.approx(450, rel=0.01)  # NVLink4 per direction
+    t = alpha_beta_us("all_reduce", 16 * GiB, 80, 8, "DGX-H100", algorithm="ring")
+    assert busbw_gb_per_s("all_reduce", 16 * GiB, 80, t) == pytest.approx(8 * 50, rel=0.02)  # one 400 Gb/s NIC per GPU
+    t = alpha_beta_us("all_reduce", 16 * GiB, 10, 1, "DGX-H100", algorithm="ring")
+    assert busbw_gb_per_s("all_reduce", 16 * GiB, 10, t) == pytest.approx(50, rel=0.01)
+
+
+def test_intra_node_is_faster_than_inter_node():
+    for op in COLLECTIVES:
+        within = alpha_beta_us(op, GiB, 8, 8, "DGX-H100")
+        across = alpha_beta_us(op, GiB, 8, 1, "DGX-H100")  # 8 nodes x 1 GPU
+        assert within < across / 3, op
+
+
+def test_single_node_group_uses_only_the_intra_tier():
+    c = resolve_cluster("DGX-H100")
+    slow_net = dataclasses.replace(c, name="slow-net", inter=dataclasses.replace(c.inter, nic_bandwidth_gbit_per_s=10.0, latency_us=500.0))
+    for op in COLLECTIVES:
+        np.testing.assert_allclose(alpha_beta_us(op, SIZES, 8, 8, c), alpha_beta_us(op, SIZES, 8, 8, slow_net))
+        assert np.all(alpha_beta_us(op, SIZES, 16, 8, slow_net) > alpha_beta_us(op, SIZES, 16, 8, c))
+    fast_nvlink = dataclasses.replace(c, name="fast-nvlink", intra=dataclasses.replace(c.intra, bandwidth_gb_per_s=900.0))
+    assert alpha_beta_us("all_reduce", GiB, 8, 8, fast_nvlink) < alpha_beta_us("all_reduce", GiB, 8, 8, c)
+
+
+def test_hierarchical_vs_flat_ring():
+    # across nodes the hierarchical algorithm sends 2(N-1)/N of the data over the NICs, the ring 2(n-1)/n
+    big = 4 * GiB
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        hier = alpha_beta_us(op, big, 16, 8, "DGX-H100", algorithm="hierarchical")
+        ring = alpha_beta_us(op, big, 16, 8, "DGX-H100", algorithm="ring")
+        assert hier < ring, op
+        # inside one node there is nothing to be hierarchical about
+        np.testing.assert_allclose(alpha_beta_us(op, SIZES, 8, 8, "DGX-H100", algorithm="hierarchical"),
+                                   alpha_beta_us(op, SIZES, 8, 8, "DGX-H100", algorithm="ring"))
+    # all-to-all cannot shrink its cross-node traffic: the same either way
+    np.testing.assert_allclose(alpha_beta_us("all_to_all", SIZES, 16, 8, "DGX-H100", algorithm="hierarchical"),
+                               alpha_beta_us("all_to_all", SIZES, 16, 8, "DGX-H100", algorithm="ring"))
+
+
+def test_tree_wins_small_messages_and_auto_is_the_minimum():
+    ring = alpha_beta_us("all_reduce", SIZES, 256, 8, "DGX-H100", algorithm="ring")
+    tree = alpha_beta_us("all_reduce", SIZES, 256, 8, "DGX-H100", algorithm="tree")
+    auto = alpha_beta_us("all_reduce", SIZES, 256, 8, "DGX-H100")
+    assert tree[0] < ring[0] / 5  # log2(N) hops instead of 2(n-1)
+    assert ring[-1] < tree[-1]  # and the ring keeps its bandwidth edge
+    np.testing.assert_allclose(auto, np.minimum(ring, tree))
+    # on a cluster without NVLink SHARP auto is exactly min(ring, tree) within a node too
+    np.testing.assert_allclose(alpha_beta_us("all_reduce", SIZES, 8, 8, "DGX-A100"),
+                               np.minimum(alpha_beta_us("all_reduce", SIZES, 8, 8, "DGX-A100", algorithm="ring"),
+                                          alpha_beta_us("all_reduce", SIZES, 8, 8, "DGX-A100", algorithm="tree")))
+
+
+def test_send_recv_across_nodes_uses_one_nic():
+    t = alpha_beta_us("send_recv", 16 * GiB, 2, 1, "DGX-H100")
+    assert busbw_gb_per_s("send_recv", 16 * GiB, 2, t) == pytest.approx(50, rel=0.01)
+    t = alpha_beta_us("send_recv", 16 * GiB, 16, 8, "DGX-H100")  # 8 NICs per node do not help one pair
+    assert busbw_gb_per_s("send_recv", 16 * GiB, 16, t) == pytest.approx(50, rel=0.01)
+
+
+def test_vectorised_over_ops_groups_and_sizes():
+    rng = np.random.default_rng(0)
+    ops = rng.choice(list(COLLECTIVES) + ["alltoall", "allreduce"], 200)
+    sizes = 2.0 ** rng.integers(8, 34, 200)
+    n = rng.choice([2, 4, 8, 16, 64], 200)
+    g = np.minimum(n, 8)
+    got = alpha_beta_us(ops, sizes, n, g, "DGX-H100")
+    want = [float(alpha_beta_us(o, s, k, j, "DGX-H100")) for o, s, k, j in zip(ops, sizes, n, g)]
+    np.testing.assert_allclose(got, want)
+    assert alpha_beta_us("all_reduce", np.array([[1e6, 1e7], [1e8, 1e9]]), 8, 8, "DGX-H100").shape == (2, 2)
+
+
+# ------------------------------------------------------------------------------------------ model
+def test_fallback_is_alpha_beta_and_flagged(tmp_path):
+    m = load_collective_model(str(tmp_path))
+    assert m.is_fallback and "alpha-beta only" in m.fallback_reason
+    p = m.predict("all_gather", SIZES, 16, 8, "DGX-H100")
+    np.testing.assert_allclose(p.us, alpha_beta_us("all_gather", SIZES, 16, 8, "DGX-H100"))
+    assert p.ood.all() and set(p.ood_reason) == {"fallback"}
+
+
+class _ConstBooster:
+    """Stands in for a LightGBM booster that predicts one log-correction for every row."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def feature_name(self):
+        return list(FEATURES)
+
+    def predict(self, X, num_threads=0):
+        return np.full(len(X), self.value)
+
+
+def test_correction_can_never_beat_the_wire():
+    support = {"ops": list(COLLECTIVES), "size_B": [1, 2**40], "n_gpus": [1, 1e6], "nodes": [1, 1e5], "gpus_per_node": [1, 8]}
+    fast = CollectiveModel(_ConstBooster(-20.0), {"support": support})
+    slow = CollectiveModel(_ConstBooster(np.log(2.0)), {"support": support})
+    for op in COLLECTIVES:
+        for n, g in ((8, 8), (80, 8), (4, 1)):
+            p = fast.predict(op, SIZES, n, g, "DGX-H100")
+            assert np.all(p.us >= p.floor_us) and np.all(p.floor_us > 0)
+            np.testing.assert_allclose(p.us, p.floor_us)
+            assert np.all(p.floor_us <= p.alpha_beta_us * (1 + 1e-12))
+            np.testing.assert_allclose(slow.predict_us(op, SIZES, n, g, "DGX-H100"), 2 * p.alpha_beta_us)
+    # the floor is the full-bandwidth wire time: a 16 GiB ring all-reduce on 8 NVLink4 GPUs with NVLS in the
+    # switch moves 16 GiB per GPU, at 450 GB/s
+    p = fast.predict("all_reduce", 16 * GiB, 8, 8, "DGX-H100")
+    assert float(p.floor_us) == pytest.approx(16 * GiB / 450e3, rel=1e-6)
+
+
+def test_out_of_support_flags():
+    support = {"ops": ["all_reduce"], "size_B": [2**25, 2**34], "n_gpus": [4, 80], "nodes": [1, 10],
+               "gpus_per_node": [1, 8], "tiers": [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]],
+               "links": [[450.0, 50.0, 3.0, 5.0, 1.0, 1.0]]}
+    m = CollectiveModel(_ConstBooster(0.0), {"support": support})
+    p = m.predict(["all_reduce", "all_reduce", "broadcast", "all_reduce"], [2**30, 1024, 2**30, 2**30], [16, 16, 16, 512],
+                  [8, 8, 8, 8], "DGX-H100")
+    assert list(p.ood) == [False, True, True, True]
+    assert list(p.ood_reason) == ["", "size", "op", "group,nodes"]
+    assert m.predict("all_reduce", 2**30, 8, 4, "Polaris").ood_reason == "cluster"
+
+
+def test_shipped_artifact_is_small_fast_and_in_support():
+    folder = shipped_folder()
+    if not (folder / "collective_manifest.json").is_file():
+        pytest.skip("no shipped collective model")
+    size = sum(f.stat().st_size for f in folder.glob("collective_*"))
+    assert size < 1_000_000
+    m = load_collective_model()
+    assert not m.is_fallback, m.fallback_reason
+    assert m.manifest["trained_on"]["clusters"] == ["DGX-H100"]
+    p = m.predict("all_reduce", 2**30, 16, 8, "DGX-H100")
+    assert not bool(p.ood) and float(p.us) >= float(p.floor_us)
+    rng = np.random.default_rng(1)
+    ops = rng.choice(COLLECTIVES, 300)
+    sizes = 2.0 ** rng.integers(10, 34, 300)
+    n = rng.choice([2, 8, 16, 64, 256], 300)
+    m.predict_us(ops, sizes, n, np.minimum(n, 8), "DGX-H100")  # warm-up
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        m.predict_us(ops, sizes, n, np.minimum(n, 8), "DGX-H100")
+        times.append(time.perf_counter() - t0)
+    assert min(times) < 0.02  # ~1.5 ms on the 2-core dev box; generous for a loaded machine
+
+
+def test_algorithms_listed():
+    assert ALGORITHMS[0] == "auto" and {"ring", "tree", "hierarchical"} <= set(ALGORITHMS)
+
+
+# ------------------------------------------------------------------------------------------- data
+def _write_csvs(folder: Path, h100_drop: str | None = None) -> Path:
+    d = folder / "collectives"
+    d.mkdir(parents=True)
+    h_cols = ["cluster", "mode", "run", "file", "test", "nodes", "gpus_per_node", "world_size", "gpu_name", "size_B", "count",
+              "dtype", "redop", "oop_time_us", "oop_algbw_GBs", "oop_busbw_GBs", "ip_time_us", "ip_algbw_GBs", "ip_busbw_GBs"]
+    rows = [["example-cluster01", "single-node", "r1", "nccl_N1_G8_a.log", "all_reduce_perf", 1, 8, 8, "H100", 33554432, 1, "double",
+             "sum", 100.0, 335.0, 587.0, 101.0, 330.0, 580.0],
+            ["example-cluster01", "smoke", "r2", "nccl_smoke_N2_G1_a_b.log", "sendrecv_perf", "", "", 2, "H100", 33554432, 1,
+             "double", "sum", 838.0, 40.0, 40.0, 800.0, 42.0, 42.0]]
+    keep = [i for i, c in enumerate(h_cols) if c != h100_drop]
+    lines = [",".join(h_cols[i] for i in keep)] + [",".join(str(r[i]) for i in keep) for r in rows]
+    (d / "nccl_h100_per_size.csv").write_text("\n".join(lines) + "\n")
+    p_cols = ["nccl_version_dir", "run_dir", "nodes", "gpus_per_node", "world_size", "test", "env_setup", "env_setup_desc", "size_B",
+              "count", "dtype", "redop", "oop_time_us", "oop_algbw_GBs", "oop_busbw_GBs", "ip_time_us", "ip_algbw_GBs", "ip_busbw_GBs"]
+    prow = [["nccl_2_18", "n2.g4.x", 2, 4, 8, "all_reduce", "5", "best", 4, 1, "float", "sum", 28.0, 0, 0, 28.0, 0, 0],
+            ["nccl_2_18", "n2.g4.x", 2, 4, 8, "alltoall", "5", "best", 0, 0, "float", "none", 23.0, 0, 0, 23.0, 0, 0],
+            ["nccl_2_18", "n8.g4.y", 8, 4, 32, '"all_reduce(unlabelled,2023 run)"', "2023-1", "", 8, 2, "float", "sum", 47.0, 0, 0, 47.0, 0, 0]]
+    (d / "nccl_polaris_per_size.csv").write_text("\n".join([",".join(p_cols)] + [",".join(map(str, r)) for r in prow]) + "\n")
+    return folder
+
+
+def test_loader_normalises_both_files(tmp_path):
+    from wattcast.data.collective_datasets import COLUMNS, load_collectives
+
+    df = load_collectives(_write_csvs(tmp_path))
+    assert tuple(df.columns) == COLUMNS
+    assert list(df["op"]) == ["all_reduce", "send_recv", "all_reduce", "all_reduce"]
+    assert list(df["cluster"]) == ["DGX-H100", "DGX-H100", "Polaris", "Polaris"]
+    smoke = df.iloc[1]
+    assert (smoke["nodes"], smoke["gpus_per_node"], smoke["world_size"]) == (2, 1, 2)  # from the log file name
+    assert list(df["setup"][2:]) == ["5", "2023-1"] and df["licence"].iloc[2].startswith("none")
+    assert sum(df.attrs["dropped"].values()) == 1  # the size-0 Polaris row
+
+
+def test_loader_names_a_missing_column(tmp_path):
+    from wattcast.data.collective_datasets import CollectiveDataError, load_collectives
+
+    with pytest.raises(CollectiveDataError, match="oop_time_us"):
+        load_collectives(_write_csvs(tmp_path, h100_drop="oop_time_us"))
+
+
+def test_loader_missing_folder_is_clear(tmp_path):
+    from wattcast.data.collective_datasets import load_collectives
+    from wattcast.data.kernel_datasets import DataNotFoundError
+
+    with pytest.raises(DataNotFoundError, match="WATTCAST_DATA"):
+        load_collectives(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def collectives_root(data_root):
+    if not (data_root / "collectives").is_dir():
+        pytest.skip(f"no collectives folder under {data_root}")
+    return data_root
+
+
+def test_loader_on_the_shared_data(collectives_root):
+    from wattcast.data.collective_datasets import load_collectives
+
+    df = load_collectives(collectives_root)
+    assert set(df["op"]) <= set(COLLECTIVES)
+    assert set(df["cluster"]) == {"DGX-H100", "Polaris", ""}
+    assert (df["size_B"] > 0).all() and (df["time_us"] > 0).all()
+    assert (df["nodes"] * df["gpus_per_node"] == df["world_size"]).all()
+    pol = df[df["cluster"] == "Polaris"]
+    assert (pol["licence"].str.startswith("none")).all() and "5" in set(pol["setup"])
+
+
+@pytest.mark.e2e
+def test_train_quick_beats_alpha_beta_held_out(collectives_root, tmp_path):
+    from wattcast.training.collectives import run_train_collectives
+
+    out = tmp_path / "model"
+    r = run_train_collectives(data=collectives_root, out_dir=out, use_mlflow=False, quick=True, log=lambda s: None)
+    m = r["metrics"]
+    assert m["loco_mape_pct"] < m["alpha_beta_mape_pct"], r["summary"]
+    assert m["loco_mape_pct"] < 20
+    assert r["replaced"] and r["run_id"] is None
+    s = r["summary"]
+    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "all"} <= set(s["collective"])
+    assert "polaris_5_mape_pct" in m  # evaluated, never trained on
+    model = load_collective_model(str(out))
+    assert not model.is_fallback and "Polaris" not in model.manifest["support"]["clusters"]
+    assert sum(f.stat().st_size for f in out.glob("collective_*")) < 1_000_000
+    # same data, same result: the gate keeps replacing (no worse); a worse recorded figure is never kept over a better one
+    r2 = run_train_collectives(data=collectives_root, out_dir=out, use_mlflow=False, quick=True, log=lambda s: None)
+    assert r2["replaced"], r2["reason"]
