@@ -360,6 +360,8 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
             tdp = Path(td)
             arts = []
             for name, t in tables.items():
+                if name == "loco_rows":  # per-row measurements are the dataset's, not ours to publish
+                    continue
                 p = tdp / f"{name}.csv"
                 t.to_csv(p, index=False)
                 arts.append(p)

@@ -119,11 +119,11 @@ def run_validate_distributed(data=None, *, tracking_dir="mlruns", use_mlflow: bo
 
         with tempfile.TemporaryDirectory() as tmp:
             t = Path(tmp)
-            ns.to_csv(t / "neusight_4gpu.csv", index=False)
-            ps.to_csv(t / "vtrain_single_predicted.csv", index=False)
-            pm.to_csv(t / "vtrain_multi_predicted.csv", index=False)
-            arts = [t / "neusight_4gpu.csv", t / "vtrain_single_predicted.csv", t / "vtrain_multi_predicted.csv",
-                    _plot(ps, pm, t / "vtrain_predicted_vs_measured.png")]
+            # summaries only: per-row measurements belong to the datasets (use --output for a local CSV)
+            pd.DataFrame([dict(set="single", **s_single), dict(set="multi", **s_multi)]).to_csv(t / "vtrain_summary.csv", index=False)
+            ns[["strategy", "error_pct", "neusight_error_pct", "exposed_comm_ms", "bubble_ms", "mfu"]].to_csv(
+                t / "neusight_4gpu_errors.csv", index=False)
+            arts = [t / "vtrain_summary.csv", t / "neusight_4gpu_errors.csv", _plot(ps, pm, t / "vtrain_predicted_vs_measured.png")]
             run_id = _mlflow_log(Path(tracking_dir), {"sample": str(sample), "cluster": "DGX-A100 (vTrain), NVLink-4GPU (NeuSight)"},
                                  metrics, arts, {"kind": "distributed-validation"}, experiment="distributed-validation")
     return dict(neusight=ns, vtrain_single=ps, vtrain_multi=pm, summary_single=s_single, summary_multi=s_multi,

@@ -107,10 +107,10 @@ def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | P
 
         with tempfile.TemporaryDirectory() as tmp:
             t = Path(tmp)
-            labels.to_csv(t / "labels_predicted.csv", index=False)
+            # summaries only: per-label measurements belong to the dataset (use --output for a local CSV)
             summary.to_csv(t / "labels_summary.csv", index=False)
             node_summary.to_csv(t / "label_nodes_by_op_class.csv", index=False)
-            arts = [t / "labels_predicted.csv", t / "labels_summary.csv", t / "label_nodes_by_op_class.csv",
+            arts = [t / "labels_summary.csv", t / "label_nodes_by_op_class.csv",
                     plot_labels(labels, t / "labels_predicted_vs_measured.png")]
             params = {"labels": int((labels["status"] == "ok").sum()), "heldout": ",".join(HELDOUT_DEVICES),
                       "bundle": str(bundle.meta.get("mlflow_run", bundle.meta.get("trained_at", ""))),
