@@ -384,6 +384,74 @@ def train_kernels(
         raise typer.Exit(1)
 
 
+@train_app.command("collectives")
+def train_collectives(
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Artifact folder to write (default: the shipped one in the package)."),
+    quick: bool = typer.Option(False, "--quick", help="Small, fast fits (smoke tests); not for shipping."),
+    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts)."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+) -> None:
+    """Train the learned correction of the collective cost model on nccl-tests data (H100; Polaris evaluated only)."""
+    from wattcast.training.collectives import run_train_collectives
+
+    try:
+        res = run_train_collectives(data=data, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow, quick=quick,
+                                    log=lambda m: err.print(m))
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    con = Console()
+    summ = res["summary"]
+    t = Table(title="collectives: leave-one-configuration-out MAPE %")
+    for c in summ.columns:
+        t.add_column(str(c))
+    for _, r in summ.iterrows():
+        t.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r])
+    con.print(t)
+    con.print(f"{res['reason']}" + (f"; MLflow run {res['run_id']}" if res.get("run_id") else ""))
+    if not res["replaced"]:
+        raise typer.Exit(1)
+
+
+@validate_app.command("distributed")
+def validate_distributed(
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
+    sample: Optional[int] = typer.Option(None, "--sample", help="Evaluate at most this many vTrain rows per file (speed)."),
+    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write every vTrain row's prediction to this CSV."),
+) -> None:
+    """NeuSight's 4-GPU labels and vTrain's measured iteration times: predicted vs measured."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from wattcast.training.distributed_validation import run_validate_distributed
+
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
+            task = prog.add_task("predicting vTrain configurations", total=None)
+            res = run_validate_distributed(data, tracking_dir=mlruns, use_mlflow=not no_mlflow, sample=sample, output=output,
+                                           progress=lambda i, n: prog.update(task, completed=i, total=n))
+    except FileNotFoundError as e:
+        _fail(str(e))
+    con = Console()
+    t = Table(title="NeuSight 4-GPU labels (A100-SXM4-40GB, FP32, global batch 4)")
+    for c in ("strategy", "measured ms", "predicted ms", "error %", "NeuSight's error %"):
+        t.add_column(c, justify="right")
+    for r in res["neusight"].itertuples(index=False):
+        t.add_row(r.strategy, f"{r.measured_ms:.1f}", f"{r.predicted_ms:.1f}", f"{r.error_pct:+.1f}", f"{r.neusight_error_pct:.1f}")
+    con.print(t)
+    t = Table(title="vTrain (A100 FP16 Megatron-DeepSpeed): absolute % error")
+    for c in ("set", "rows", "mean", "median", "max", "signed mean", "within 10%"):
+        t.add_column(c, justify="right")
+    for name in ("single", "multi"):
+        s = res[f"summary_{name}"]
+        t.add_row(name + (" (evaluation half)" if name == "single" else ""), str(s["rows"]), f"{s['mean_abs_pct']:.1f}",
+                  f"{s['median_abs_pct']:.1f}", f"{s['max_abs_pct']:.1f}", f"{s['mean_signed_pct']:+.1f}", f"{100 * s['within_10pct']:.0f}%")
+    con.print(t)
+    if res.get("run_id"):
+        con.print(f"MLflow run {res['run_id']} in {mlruns}/")
+
+
 def main() -> None:  # pragma: no cover
     app()
 
