@@ -179,7 +179,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
-    from wattcast.simulate.cluster import ClusterSpecError
+    from wattcast.data.cluster_spec import ClusterSpecError
     from wattcast.simulate.distributed import predict_distributed
     from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
 
@@ -231,7 +231,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 @app.command()
 def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster preset (or file).")) -> None:
     """List the cluster presets, or show one."""
-    from wattcast.simulate.cluster import ClusterSpecError, list_clusters, resolve_cluster
+    from wattcast.data.cluster_spec import ClusterSpecError, list_clusters, resolve_cluster
 
     con = Console()
     if name:

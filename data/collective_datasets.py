@@ -18,7 +18,7 @@ never copied):
 
 Unified table (``COLUMNS``), one row per measured (run, size):
 
-``op`` (canonical, ``wattcast.models.collectives.COLLECTIVES``), ``size_B`` (nccl-tests size: per-rank buffer
+``op`` (canonical, ``wattcast.data.collective_ops.COLLECTIVES``), ``size_B`` (nccl-tests size: per-rank buffer
 for all_reduce/send_recv, total buffer for all_gather/reduce_scatter/all_to_all), ``nodes``,
 ``gpus_per_node``, ``world_size``, ``time_us`` (out-of-place), ``busbw_GBs`` (out-of-place), ``algbw_GBs``,
 ``ip_time_us`` (in-place), ``source``, ``cluster`` (preset name or ''), ``site``, ``mode``, ``setup``,
@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.kernel_datasets import DataNotFoundError, resolve_data_root
-from wattcast.models.collectives import canonical_op
+from wattcast.data.collective_ops import canonical_op
 
 log = logging.getLogger(__name__)
 

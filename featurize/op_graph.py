@@ -42,6 +42,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import pandas as pd
 
+from wattcast.data.collective_ops import COLLECTIVES
 from wattcast.data.kernel_ops import BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLOPS_PER_ELEMENT, UNARY_OPS, canonical_dtype
 
 OP_CLASSES = (
@@ -56,7 +57,7 @@ NODE_COLUMNS = (
     "layer", "scope", "phase", "fwd_id", "recompute", "tag", "group",
 )
 #: collectives the graph can hold (costed by wattcast.models.collectives)
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+COLLECTIVE_OPS = COLLECTIVES
 #: Backward time / forward time of the fused backward kernels PyTorch runs for LayerNorm (dX plus the
 #: dgamma/dbeta reduction) and softmax (softmax_backward_data): the median ratio of measured ``bw_latency``
 #: to ``fw_latency`` over the NeuSight label-CSV nodes of the *training* GPUs (MI100, MI210, V100; 42 LN and

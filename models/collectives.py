@@ -59,21 +59,14 @@ from typing import Any
 
 import numpy as np
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+from wattcast.data.collective_ops import COLLECTIVES, canonical_op  # noqa: E402  (re-exported)
+
 ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "nvls")
 
 MANIFEST = "collective_manifest.json"
 MODEL_FILE = "collective_correction.txt"
 MANIFEST_SCHEMA = 1
 
-_ALIASES = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-    "alltoall": "all_to_all", "all2all": "all_to_all", "alltoallv": "all_to_all", "a2a": "all_to_all",
-    "broadcast": "broadcast", "bcast": "broadcast", "sendrecv": "send_recv", "p2p": "send_recv",
-    "send": "send_recv", "recv": "send_recv", "sendreceive": "send_recv",
-}
-for _c in COLLECTIVES:
-    _ALIASES[_c.replace("_", "")] = _c
 _OP_CODE = {c: i for i, c in enumerate(COLLECTIVES)}
 AR, AG, RS, A2A, BC, SR = range(6)
 
@@ -99,19 +92,6 @@ _NVLS_DEVICE = re.compile(r"(?i)(?:^|[^a-z0-9])(?:gh\d{3}|h1\d\d|h20\d?|h800|gb[
 
 
 # ------------------------------------------------------------------------------------------- names
-def canonical_op(name: str) -> str:
-    """The canonical collective name for ``name`` (aliases: allreduce, alltoall, sendrecv, ...)."""
-    key = re.sub(r"[^a-z0-9]", "", str(name).lower())
-    key = re.sub(r"perf$", "", key)
-    if key.startswith("nccl"):
-        key = key[4:]
-    c = _ALIASES.get(key)
-    if c is None:
-        raise ValueError(f"unknown collective {name!r}; valid: {', '.join(COLLECTIVES)} "
-                         "(aliases such as allreduce, alltoall, sendrecv are accepted)")
-    return c
-
-
 def _op_codes(op, n: int) -> np.ndarray:
     if isinstance(op, str):
         return np.full(n, _OP_CODE[canonical_op(op)], dtype=np.int64)
@@ -175,7 +155,7 @@ def link_params(cluster) -> LinkParams:
     if isinstance(cluster, LinkParams):
         return cluster
     if not hasattr(cluster, "intra"):
-        from wattcast.simulate.cluster import resolve_cluster
+        from wattcast.data.cluster_spec import resolve_cluster
 
         cluster = resolve_cluster(cluster)
     key = _cluster_key(cluster)

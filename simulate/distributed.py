@@ -29,11 +29,11 @@ from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.hf_config import load_hf_config
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.models.kernel_bundle import load_bundle
-from wattcast.simulate.cluster import ClusterSpec, resolve_cluster
+from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.simulate.memory import activation_bytes_by_layer
 from wattcast.simulate.parallel import GroupLayout, ParallelConfig, layouts, resolve_parallel
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
-from wattcast.simulate.single_device import cost_nodes
+from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary
 
 
 @dataclass(frozen=True)
@@ -307,16 +307,8 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
                                memory_gb=mem, weights_gb=weights / 1e9, gradients_gb=grads / 1e9, optimizer_gb=ostate / 1e9,
                                activations_gb=act / 1e9, params=p))
     phase_t = {ph: float(t[phase == ph].sum()) for ph in ("forward", "backward", "optimizer")}
-    from wattcast.simulate.single_device import _group
-
     per_op = _group(costed["op_class"].to_numpy(), t, costed["flops"].to_numpy(dtype=float), "op_class")
-    meth = costed["method"].to_numpy()
-    fb = np.isin(meth, ["roofline", "proxy", "flash"])
-    fallback = []
-    if fb.any():
-        key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + meth[fb].astype(object)
-        fallback = [dict(op_class=r["key"].split("|")[0], method=r["key"].split("|")[1], count=r["count"], time_ms=r["time_ms"])
-                    for r in _group(key, t[fb], np.zeros(int(fb.sum())), "key")]
+    fallback = fallback_summary(costed)
     events = []
     if trace:
         for tk in pipe.tasks:

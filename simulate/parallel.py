@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from wattcast.simulate.cluster import ClusterSpec
+from wattcast.data.cluster_spec import ClusterSpec
 
 SCHEDULES = ("1f1b", "gpipe")
 

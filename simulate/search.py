@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from wattcast.featurize.hf_config import load_hf_config
-from wattcast.simulate.cluster import resolve_cluster
+from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.simulate.distributed import predict_distributed
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
 

@@ -229,6 +229,18 @@ def _group(keys: np.ndarray, time_ms: np.ndarray, flops: np.ndarray, name: str, 
     return [{name: conv(uniq[i]), "count": int(cnt[i]), "time_ms": float(t[i]), "flops": float(f[i])} for i in order]
 
 
+def fallback_summary(costed: pd.DataFrame) -> list[dict]:
+    """Kernels costed without their own learned model, by op class and method (count, time)."""
+    method = costed["method"].to_numpy()
+    fb = np.isin(method, ["roofline", "proxy", "flash"])
+    if not fb.any():
+        return []
+    key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + method[fb].astype(object)
+    t = costed["time_ms"].to_numpy()[fb]
+    return [dict(op_class=r["key"].split("|")[0], method=r["key"].split("|")[1], count=r["count"], time_ms=r["time_ms"])
+            for r in _group(key, t, np.zeros(len(t)), "key")]
+
+
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
                   launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS) -> StepPrediction:
     """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory and flags."""
@@ -244,13 +256,7 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
     flops = costed["flops"].to_numpy(dtype=float)
     per_op = _group(costed["op_class"].to_numpy(), t, flops, "op_class")
     per_layer = _group(costed["layer"].to_numpy(), t, flops, "layer", by_time=False)
-    method = costed["method"].to_numpy()
-    fb = np.isin(method, ["roofline", "proxy", "flash"])
-    fallback = []
-    if fb.any():
-        key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + method[fb].astype(object)
-        fallback = [dict(op_class=r["key"].split("|")[0], method=r["key"].split("|")[1], count=r["count"], time_ms=r["time_ms"])
-                    for r in _group(key, t[fb], flops[fb], "key")]
+    fallback = fallback_summary(costed)
     total = fwd + bwd + opt
     ood = costed["ood"].to_numpy(dtype=bool)
     mem = estimate_memory(graph)

@@ -22,15 +22,19 @@ def chrome_trace_events(res) -> list[dict]:
     return events
 
 
-def write_chrome_trace(res, path: str | Path) -> Path:
+def _write_trace(path: str | Path, events: list[dict], other: dict) -> Path:
+    """Write a Chrome trace atomically (a reader never sees half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"traceEvents": chrome_trace_events(res), "displayTimeUnit": "ms",
-                               "otherData": {"model": res.meta.get("name"), "device": res.device, "mode": res.mode,
-                                             "step_time_ms": res.step_time_ms}}))
+    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}))
     tmp.replace(path)
     return path
+
+
+def write_chrome_trace(res, path: str | Path) -> Path:
+    return _write_trace(path, chrome_trace_events(res), {"model": res.meta.get("name"), "device": res.device,
+                                                         "mode": res.mode, "step_time_ms": res.step_time_ms})
 
 
 def distributed_trace_events(res) -> list[dict]:
@@ -49,14 +53,8 @@ def distributed_trace_events(res) -> list[dict]:
 
 
 def write_distributed_trace(res, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"traceEvents": distributed_trace_events(res), "displayTimeUnit": "ms",
-                               "otherData": {"model": res.model, "cluster": res.cluster, "parallel": res.parallel.describe(),
-                                             "step_time_ms": res.step_time_ms}}))
-    tmp.replace(path)
-    return path
+    return _write_trace(path, distributed_trace_events(res), {"model": res.model, "cluster": res.cluster,
+                                                              "parallel": res.parallel.describe(), "step_time_ms": res.step_time_ms})
 
 
 def plot_timeline(res, path: str | Path) -> Path:

@@ -22,7 +22,7 @@ from wattcast.models.collectives import (
     load_collective_model,
     shipped_folder,
 )
-from wattcast.simulate.cluster import resolve_cluster
+from wattcast.data.cluster_spec import resolve_cluster
 
 SIZES = 2.0 ** np.arange(2, 35)  # 4 B .. 16 GiB
 GiB = 2**30

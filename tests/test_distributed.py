@@ -9,7 +9,7 @@ import pytest
 
 import wattcast
 from conftest import flat, run_cli
-from wattcast.simulate.cluster import ClusterSpecError, cluster_from_dict, from_astra_network, resolve_cluster
+from wattcast.data.cluster_spec import ClusterSpecError, cluster_from_dict, from_astra_network, resolve_cluster
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, group_layout, resolve_parallel
 from wattcast.simulate.scheduler import schedule_order, simulate_pipeline
 

@@ -11,7 +11,7 @@ source (spec-wide ``source`` or per-field ``sources``).
   rail i: a collective among same-rank GPUs crosses one switch), ``oversubscription`` (>= 1: fabric
   bisection is this many times smaller than the NICs' total).
 
-Shipped presets live in ``simulate/clusters/*.yaml``; ``--cluster NAME|FILE`` resolves either. ASTRA-sim's
+Shipped presets live in ``data/clusters/*.yaml``; ``--cluster NAME|FILE`` resolves either. ASTRA-sim's
 analytical network YAML (``topology``/``npus_count``/``bandwidth`` GB/s/``latency`` ns lists) imports too.
 """
 
