@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Reproduce the published training footprints (Patterson et al. 2021 Table 4, LaMDA) from each row's
+own inputs with wattcast's lifecycle functions, and print energy / tCO2e errors.
+
+    python3 benchmarks/footprint_published.py [--data PATH]
+
+``--data``: the shared datasets folder or the CSV itself (default: WATTCAST_DATA or ../shared/datasets).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from wattcast.training.footprint_validation import TOLERANCE_PCT, validate_published
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None)
+    a = ap.parse_args()
+    t = validate_published(a.data)
+    cols = ["model", "hardware", "n_accelerators", "hours", "avg_power_w_per_accel", "pue", "grid_kgco2e_per_kwh",
+            "energy_mwh_published", "energy_mwh_pred", "energy_err_pct",
+            "operational_tco2e_published", "operational_tco2e_pred", "operational_err_pct",
+            "net_grid_kgco2e_per_kwh", "total_tco2e_published", "total_tco2e_pred", "total_err_pct",
+            "footprint_energy_mwh", "status"]
+    show = t[[c for c in cols if c in t.columns]].copy()
+    show["model"] = show["model"].astype(str).str.slice(0, 28)
+    with pd.option_context("display.width", 250, "display.max_columns", 40, "display.float_format", "{:,.3f}".format):
+        print(show.to_string(index=False))
+    scored = t[~t["status"].astype(str).str.startswith("skipped")]
+    for c in ("energy_err_pct", "operational_err_pct", "total_err_pct"):
+        print(f"max |{c}| = {scored[c].abs().max():.2f}%  (mean {scored[c].abs().mean():.2f}%)")
+    print(f"{(scored['status'] == 'ok').sum()}/{len(scored)} rows within {TOLERANCE_PCT:g}%; "
+          f"{len(t) - len(scored)} skipped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,463 @@
+"""Grid carbon intensity, embodied-carbon factors and cost defaults for the lifecycle calculator.
+
+Everything here reads small DERIVED tables shipped as package data in ``wattcast/data/carbon/``
+(so the calculator works after ``pip install`` with no ``../shared``); ``carbon/ATTRIBUTION.md`` names
+the upstream projects and licences. Each figure carries a source string; where no public number
+exists the tables say "assumption" and why.
+
+- ``grid_intensity.json``: location-based grid intensity (gCO2e/kWh) per country (ISO 3166-1 alpha-3,
+  CodeCarbon's global energy mix = Our World in Data / Ember), per cloud region (CodeCarbon's
+  ``cloud/impact.csv``: GCP from Google's region-carbon data at CodeCarbon HEAD; AWS/Azure from the
+  2023-05-16 version, older country/eGRID averages) and Nordic bidding zones (CodeCarbon, ENTSO-E).
+  Regenerate with ``python -m wattcast.data.carbon --rebuild PATH/TO/shared/datasets``.
+- ``embodied_factors.yaml``: ACT (facebookresearch/ACT, MIT) fab energy/GHG/material per cm2 per
+  process node, DRAM/SSD per GB, materials per kg, PCB per m2 and layer; plus the stated server-share
+  assumptions.
+- ``costs.yaml``: electricity price, server/network/facility CapEx, lifetime, PUE, reliability and cloud
+  $/GPU-hour defaults.
+
+Units live in the names: ``*_kgco2e_per_kwh``, ``*_kgco2e_per_cm2``, ``*_usd_per_kwh`` ...
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import re
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+__all__ = [
+    "CarbonDataError",
+    "Factor",
+    "GridIntensity",
+    "UnknownRegionError",
+    "accelerator_price_usd",
+    "act_node_nm",
+    "build_grid_table",
+    "cloud_usd_per_gpu_hour",
+    "cost_defaults",
+    "fab_kgco2e_per_cm2",
+    "grid_intensity",
+    "list_regions",
+    "material_kgco2e_per_kg",
+    "memory_kgco2e_per_gb",
+    "pcb_kgco2e_per_m2",
+    "server_defaults",
+    "ssd_kgco2e_per_gb",
+    "world_grid_intensity",
+]
+
+
+class CarbonDataError(ValueError):
+    """A carbon/cost table is missing, malformed, or has no figure for what was asked."""
+
+
+class UnknownRegionError(CarbonDataError):
+    """A region name matches no country, cloud region or grid zone in the shipped table."""
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One figure with its unit, its citation, and whether it is a stated assumption."""
+
+    value: float
+    unit: str
+    source: str
+    assumption: bool = False
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
+@dataclass(frozen=True)
+class GridIntensity:
+    """Grid carbon intensity for one region. ``basis``: location | market | explicit."""
+
+    region: str
+    name: str
+    kgco2e_per_kwh: float
+    basis: str
+    source: str
+    year: int | None = None
+
+
+# ------------------------------------------------------------------------------------ loading
+def _pkg_text(name: str) -> str:
+    try:
+        return (files("wattcast.data") / "carbon" / name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CarbonDataError(
+            f"package data wattcast/data/carbon/{name} is missing; reinstall wattcast "
+            "(pyproject package-data must include 'carbon/*')"
+        ) from None
+
+
+@functools.lru_cache(maxsize=1)
+def _grid() -> dict[str, Any]:
+    return json.loads(_pkg_text("grid_intensity.json"))
+
+
+@functools.lru_cache(maxsize=1)
+def _embodied() -> dict[str, Any]:
+    return yaml.safe_load(_pkg_text("embodied_factors.yaml"))
+
+
+@functools.lru_cache(maxsize=1)
+def _costs() -> dict[str, Any]:
+    return yaml.safe_load(_pkg_text("costs.yaml"))
+
+
+def _key(s: str) -> str:
+    return re.sub(r"[^a-z0-9:]", "", str(s).lower())
+
+
+@functools.lru_cache(maxsize=1)
+def _region_index() -> dict[str, tuple[str, str]]:
+    """normalised label -> (table, key). Countries by ISO3 and name; cloud regions as 'provider:region'
+    and bare 'region' when no other provider uses the same name; zones by code; 'world'."""
+    g = _grid()
+    idx: dict[str, tuple[str, str]] = {"world": ("world", "world")}
+    for iso, row in g["countries"].items():
+        idx[_key(iso)] = ("countries", iso)
+        idx.setdefault(_key(row["name"]), ("countries", iso))
+    for alias, iso in g.get("country_aliases", {}).items():
+        idx.setdefault(_key(alias), ("countries", iso))
+    for code in g["zones"]:
+        idx.setdefault(_key(code), ("zones", code))
+    bare: dict[str, list[str]] = {}
+    for full, row in g["cloud_regions"].items():
+        idx[_key(full)] = ("cloud_regions", full)
+        for label in (row["region"], *row.get("aliases", [])):
+            bare.setdefault(_key(label), []).append(full)
+            idx.setdefault(_key(f"{row['provider']}:{label}"), ("cloud_regions", full))
+    for k, fulls in bare.items():
+        if len(fulls) == 1:
+            idx.setdefault(k, ("cloud_regions", fulls[0]))
+    return idx
+
+
+def list_regions(kind: str | None = None) -> list[str]:
+    """Canonical region names: ``kind`` in {None, 'country', 'cloud', 'zone'}."""
+    g = _grid()
+    out: list[str] = []
+    if kind in (None, "country"):
+        out += sorted(g["countries"])
+    if kind in (None, "cloud"):
+        out += sorted(g["cloud_regions"])
+    if kind in (None, "zone"):
+        out += sorted(g["zones"])
+    if kind is None:
+        out.append("world")
+    if kind not in (None, "country", "cloud", "zone"):
+        raise CarbonDataError(f"unknown region kind {kind!r}; expected country, cloud or zone")
+    return out
+
+
+def _suggest(region: str) -> str:
+    idx = _region_index()
+    k = _key(region)
+    close = difflib.get_close_matches(k, list(idx), n=5, cutoff=0.6)
+    names = []
+    for c in close:
+        table, key = idx[c]
+        label = key if table != "countries" else f"{key} ({_grid()['countries'][key]['name']})"
+        if label not in names:
+            names.append(label)
+    return ", ".join(names)
+
+
+def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
+    """Grid intensity of ``region`` in kgCO2e/kWh.
+
+    ``region``: a country ISO 3166-1 alpha-3 code or name (``"FRA"``, ``"France"``; ``"US"``/``"UK"`` are
+    accepted aliases), a cloud region (``"gcp:us-central1"``, ``"aws:eu-west-1"``, ``"azure:westeurope"``,
+    or the bare region name when only one provider uses it), a Nordic bidding zone (``"SE3"``), or
+    ``"world"``. Location-based by default. ``market_based=True`` returns the table's market-based
+    figure, which exists only for cloud regions (CodeCarbon's ``offsetRatio``: location x (1 - offsetRatio/100),
+    a provider-declared renewable-matching proxy, not a published Scope-2 market-based factor); for
+    other regions it raises and asks for an explicit market-based factor.
+    """
+    if region is None or str(region).strip() == "":
+        raise UnknownRegionError("empty region; give a country ISO3 code, a cloud region or 'world'")
+    hit = _region_index().get(_key(region))
+    if hit is None:
+        near = _suggest(region)
+        raise UnknownRegionError(
+            f"unknown region {region!r}"
+            + (f"; close matches: {near}" if near else "")
+            + ". Regions are country ISO3 codes or names (e.g. USA, France), cloud regions as provider:region "
+            "(e.g. gcp:us-central1, aws:us-east-1, azure:westeurope), Nordic zones (SE1..SE4, NO1..NO5), or 'world'; "
+            "or pass an explicit grid intensity (grid_kgco2e_per_kwh / --grid-kgco2e-per-kwh)."
+        )
+    table, key = hit
+    g = _grid()
+    row = g[table] if table == "world" else g[table][key]
+    if table == "cloud_regions":
+        src = f"{g['sources'][row['snapshot']]}; upstream citation: {row['cite']}"
+    else:
+        src = row.get("source") or g["sources"][table]
+    name = row.get("name") or key
+    year = row.get("year")
+    if market_based:
+        m = row.get("market_gco2e_per_kwh")
+        if m is None:
+            raise CarbonDataError(
+                f"no market-based grid intensity for region {key!r} in the shipped table (market-based figures "
+                "exist only for cloud regions); pass an explicit market-based factor "
+                "(LifecycleAssumptions.market_kgco2e_per_kwh or grid_kgco2e_per_kwh)"
+            )
+        return GridIntensity(key, name, float(m) / 1000.0, "market", f"{src}; {g['sources']['market']}", year)
+    return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year)
+
+
+def world_grid_intensity() -> GridIntensity:
+    """The default when no region or explicit intensity is given (world average, stated in the table)."""
+    return grid_intensity("world")
+
+
+# ------------------------------------------------------------------------------- embodied factors
+def act_node_nm(process_node_nm: float | None) -> tuple[int, str]:
+    """The ACT node used for a device node, and why: ACT tabulates 28/20/14/10/8/7/5/3 nm.
+
+    Marketing-name families map to their base node (TSMC N4/4N -> 5, N6 -> 7, 12FFN -> 14, 16 -> 14);
+    anything else maps to the nearest tabulated node.
+    """
+    e = _embodied()["fab"]
+    nodes = sorted(int(n) for n in e["nodes"])
+    if process_node_nm is None:
+        d = int(e["default_node_nm"])
+        return d, f"device has no process_node_nm; assumed {d} nm (stated default)"
+    n = float(process_node_nm)
+    fam = {int(k): int(v) for k, v in e["node_family"].items()}
+    if n == int(n) and int(n) in fam:
+        m = fam[int(n)]
+        return m, (f"{n:g} nm -> ACT {m} nm" + (f" ({e['node_family_note']})" if m != int(n) else ""))
+    m = min(nodes, key=lambda x: (abs(x - n), x))
+    return m, f"{n:g} nm not tabulated by ACT; nearest ACT node {m} nm"
+
+
+def fab_kgco2e_per_cm2(process_node_nm: float | None) -> Factor:
+    """ACT logic model: carbon per cm2 of die = (CI_fab x EPA + GPA + MPA) / yield, in kgCO2e/cm2."""
+    e = _embodied()["fab"]
+    node, why = act_node_nm(process_node_nm)
+    row = e["nodes"][str(node)] if str(node) in e["nodes"] else e["nodes"][node]
+    ci = float(e["ci_fab_gco2e_per_kwh"]["value"])
+    y = float(e["fab_yield"]["value"])
+    gpa = (float(row["gpa_95_g_per_cm2"]) + float(row["gpa_99_g_per_cm2"])) / 2.0
+    g_per_cm2 = (ci * float(row["epa_kwh_per_cm2"]) + gpa + float(row["mpa_g_per_cm2"])) / y
+    src = (
+        f"ACT logic model (CI_fab x EPA + GPA + MPA)/yield at {node} nm: EPA {row['epa_kwh_per_cm2']} kWh/cm2 "
+        f"(ACT logic/epa.yaml), GPA {gpa:g} g/cm2 = mean of 95%/99% abatement (logic/gpa_95.yaml, gpa_99.yaml), "
+        f"MPA {row['mpa_g_per_cm2']} g/cm2 (logic/materials.yaml), CI_fab {ci:g} g/kWh ({e['ci_fab_gco2e_per_kwh']['source']}), "
+        f"yield {y:g} ({e['fab_yield']['source']}); {why}"
+    )
+    return Factor(g_per_cm2 / 1000.0, "kgCO2e/cm2", src, assumption=process_node_nm is None)
+
+
+def memory_kgco2e_per_gb(memory_type: str | None) -> Factor:
+    """Embodied carbon per GB of device memory. HBM and GDDR are treated as DRAM-class (ACT has no
+    HBM/GDDR factor): the ACT DRAM factor of its most recent tabulated node."""
+    m = _embodied()["memory"]
+    t = (memory_type or "").strip().lower()
+    fam = "dram"
+    for prefix, f in m["type_prefix"].items():
+        if t.startswith(prefix):
+            fam = f
+            break
+    row = m["factors"][fam]
+    note = row["source"]
+    if memory_type is None:
+        note += "; device has no memory_type, DRAM-class assumed"
+    elif fam != "dram" or not t.startswith(("ddr", "lpddr")):
+        note += f"; {memory_type} treated as DRAM-class ({m['hbm_note']})"
+    return Factor(float(row["g_per_gb"]) / 1000.0, "kgCO2e/GB", note, assumption=True)
+
+
+def ssd_kgco2e_per_gb() -> Factor:
+    row = _embodied()["storage"]["ssd"]
+    return Factor(float(row["g_per_gb"]) / 1000.0, "kgCO2e/GB", row["source"])
+
+
+def material_kgco2e_per_kg(name: str) -> Factor:
+    mats = _embodied()["materials"]
+    if name not in mats:
+        raise CarbonDataError(f"unknown material {name!r}; known: {', '.join(sorted(mats))}")
+    row = mats[name]
+    return Factor(float(row["kg_per_kg"]), "kgCO2e/kg", row["source"])
+
+
+def pcb_kgco2e_per_m2(layers: int) -> Factor:
+    """ACT PCB model: tabulated 2/4/6/8 layers; above that the per-layer slope (cpla) x layers."""
+    p = _embodied()["pcb"]
+    layers = int(layers)
+    if layers <= 0:
+        raise CarbonDataError(f"PCB layers must be positive, got {layers}")
+    tab = {int(k): float(v) for k, v in p["kg_per_m2_by_layers"].items()}
+    if layers in tab:
+        return Factor(tab[layers], "kgCO2e/m2", f"ACT materials/pcb.yaml, {layers} layers")
+    v = float(p["cpla_kg_per_m2_per_layer"]) * layers
+    return Factor(v, "kgCO2e/m2", f"ACT materials/pcb.yaml cpla {p['cpla_kg_per_m2_per_layer']} kg/m2 per layer x {layers} layers")
+
+
+def server_defaults() -> dict[str, Factor]:
+    """The stated per-server bill of materials used for the host/server embodied share."""
+    s = _embodied()["server"]
+    return {k: Factor(float(v["value"]), v["unit"], v["source"], bool(v.get("assumption", False))) for k, v in s.items()}
+
+
+# ------------------------------------------------------------------------------------- costs
+def cost_defaults() -> dict[str, Factor]:
+    """Every scalar default in costs.yaml (lifecycle, prices, reliability) as a Factor."""
+    c = _costs()["defaults"]
+    return {k: Factor(float(v["value"]), v["unit"], v["source"], bool(v.get("assumption", False))) for k, v in c.items()}
+
+
+def accelerator_price_usd(spec) -> Factor:
+    """Purchase price of one accelerator: the spec's ``launch_price_usd``; else a sibling's cited price
+    from costs.yaml; else a stated USD-per-TDP-watt fallback (flagged as an assumption)."""
+    if getattr(spec, "launch_price_usd", None):
+        return Factor(float(spec.launch_price_usd), "USD", spec.source_of("launch_price_usd"))
+    fb = _costs()["accelerator_price_fallback"]
+    name = getattr(spec, "name", "")
+    if name in fb:
+        return Factor(float(fb[name]["usd"]), "USD", fb[name]["source"], assumption=True)
+    per_w = cost_defaults()["accelerator_usd_per_tdp_w"]
+    tdp = getattr(spec, "tdp_w", None)
+    if not tdp:
+        raise CarbonDataError(
+            f"device {name!r} has no launch_price_usd and no tdp_w; pass accelerator_price_usd explicitly"
+        )
+    return Factor(per_w.value * float(tdp), "USD",
+                  f"no price for {name}: {per_w.value:g} USD/W x TDP {tdp:g} W ({per_w.source})", assumption=True)
+
+
+def cloud_usd_per_gpu_hour(device_name: str | None) -> Factor | None:
+    """On-demand cloud price per GPU-hour for a catalog device, or None when the table has none."""
+    if not device_name:
+        return None
+    row = _costs()["cloud_usd_per_gpu_hour"].get(device_name)
+    if row is None:
+        return None
+    return Factor(float(row["usd_per_gpu_hour"]), "USD/GPU-hour", row["source"], assumption=True)
+
+
+# ------------------------------------------------------------------------------ table builder
+_CC = "specs/codecarbon"
+
+
+def build_grid_table(data_root: str | Path) -> dict[str, Any]:
+    """Re-derive ``grid_intensity.json`` from the public CodeCarbon files under ``data_root``.
+
+    Keeps only what the calculator needs (intensity, year, names, offset ratio); values are unchanged
+    from the source (gCO2e/kWh).
+    """
+    import csv
+
+    root = Path(data_root)
+    mix = json.loads((root / _CC / "private_infra_global_energy_mix.json").read_text(encoding="utf-8"))
+    countries = {
+        iso: {"name": r["country_name"], "gco2e_per_kwh": float(r["carbon_intensity"]), "year": int(r["year"])}
+        for iso, r in sorted(mix.items())
+        if r.get("carbon_intensity") is not None and math.isfinite(float(r["carbon_intensity"]))
+    }
+
+    def rows(name: str) -> list[dict[str, str]]:
+        with open(root / _CC / name, encoding="utf-8-sig", newline="") as fh:
+            return list(csv.DictReader(fh))
+
+    cloud: dict[str, dict[str, Any]] = {}
+
+    def add(r: dict[str, str], snapshot: str) -> None:
+        impact = float(r["impact"])
+        ratio = float(r["offsetRatio"] or 0)
+        full = f"{r['provider']}:{r['region']}"
+        entry: dict[str, Any] = {
+            "provider": r["provider"], "region": r["region"],
+            "name": " ".join(x for x in (r.get("regionName") or "", r.get("city") or "", r.get("country_name") or "") if x).strip(),
+            "gco2e_per_kwh": impact,
+            "offset_ratio_pct": ratio,
+            "market_gco2e_per_kwh": round(impact * (1.0 - ratio / 100.0), 6),
+            "snapshot": snapshot,
+            "cite": (r.get("source") or "none given").strip(),
+        }
+        if r["region"] == "me-cenrtal1":  # upstream typo kept as the key; the real name is an alias
+            entry["aliases"] = ["me-central1"]
+        cloud[full] = entry
+
+    for r in rows("cloud_impact_gcp_HEAD.csv"):
+        add(r, "gcp_head")
+    for r in rows("cloud_impact_gcp_aws_azure_2023-05-16_8277eb67.csv"):
+        if r["provider"] in ("aws", "azure"):
+            add(r, "aws_azure_2023")
+    nordic = json.loads((root / _CC / "private_infra_nordic_emissions.json").read_text(encoding="utf-8"))
+    zones = {
+        code: {"name": r["description"], "gco2e_per_kwh": float(r["emission_factor"]), "year": int(r["year"])}
+        for code, r in nordic["data"].items()
+    }
+    world = _world_entry()
+    return {
+        "_about": "DERIVED table for wattcast: grid carbon intensity in gCO2e/kWh (location-based). "
+                  "market_gco2e_per_kwh (cloud regions only) = gco2e_per_kwh x (1 - offset_ratio_pct/100), from "
+                  "CodeCarbon's offsetRatio column. See ATTRIBUTION.md. Rebuild: python -m wattcast.data.carbon --rebuild DATA_ROOT",
+        "sources": {
+            "countries": "CodeCarbon codecarbon/data/private_infra/global_energy_mix.json @b05965e (MIT); "
+                         "carbon_intensity per country from Our World in Data / Ember energy data, year per row",
+            "gcp_head": "CodeCarbon codecarbon/data/cloud/impact.csv @b05965e (MIT): GCP regions, Google region-carbon data",
+            "aws_azure_2023": "CodeCarbon codecarbon/data/cloud/impact.csv @8277eb6 (2023-05-16, MIT): AWS/Azure rows, "
+                              "older country/eGRID grid averages (removed upstream later)",
+            "zones": f"CodeCarbon codecarbon/data/private_infra/nordic_emissions.json (MIT): {nordic['metadata']['source']}",
+            "market": "market-based proxy = location x (1 - CodeCarbon offsetRatio/100): the provider's declared share "
+                      "matched by renewable purchases/offsets, not a published Scope-2 market-based factor",
+        },
+        "world": world,
+        "country_aliases": {"US": "USA", "UK": "GBR", "United States of America": "USA"},
+        "countries": countries,
+        "cloud_regions": dict(sorted(cloud.items())),
+        "zones": zones,
+    }
+
+
+def _world_entry() -> dict[str, Any]:
+    return {
+        "name": "World average",
+        "gco2e_per_kwh": 481.0,
+        "year": 2023,
+        "source": "ACT act/models/carbon_intensity/location_2023.yaml 'world' 481 g/kWh (facebookresearch/ACT @abc9fbb, MIT); "
+                  "default when no region or explicit intensity is given",
+    }
+
+
+def _dump(table: Mapping[str, Any]) -> str:
+    """JSON with one table row per line (small, diff-friendly)."""
+    parts = []
+    for k, v in table.items():
+        if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+            inner = ",\n".join(f"  {json.dumps(kk)}: {json.dumps(vv, ensure_ascii=False)}" for kk, vv in v.items())
+            parts.append(f" {json.dumps(k)}: {{\n{inner}\n }}")
+        else:
+            parts.append(f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def _main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Rebuild wattcast's derived grid-intensity table from the public data")
+    ap.add_argument("--rebuild", metavar="DATA_ROOT", required=True, help="the shared/datasets folder")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "carbon" / "grid_intensity.json"))
+    a = ap.parse_args(argv)
+    table = build_grid_table(a.rebuild)
+    Path(a.out).write_text(_dump(table), encoding="utf-8")
+    print(f"wrote {a.out}: {len(table['countries'])} countries, {len(table['cloud_regions'])} cloud regions, "
+          f"{len(table['zones'])} zones")
+
+
+if __name__ == "__main__":
+    _main()
