@@ -33,6 +33,7 @@ from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.simulate.memory import activation_bytes_by_layer
 from wattcast.simulate.parallel import GroupLayout, ParallelConfig, layouts, resolve_parallel
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
+from wattcast.simulate.energy import apply_power
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary
 
 
@@ -62,6 +63,10 @@ class DistributedPrediction:
     comm: dict
     events: list[dict] = field(default_factory=list, repr=False)
     meta: dict = field(default_factory=dict, repr=False)
+    #: one step: energy of every GPU together (J) and the average board power per GPU (W)
+    energy_j: float = 0.0
+    avg_power_w: float = 0.0
+    power_limit_w: float | None = None
 
     def to_dict(self) -> dict:
         p = self.parallel
@@ -73,7 +78,8 @@ class DistributedPrediction:
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
                     memory_gb=self.memory_gb, fits=self.fits, per_device=self.per_device, per_op=self.per_op,
                     fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, comm=self.comm,
-                    param_count=self.meta.get("param_count"))
+                    param_count=self.meta.get("param_count"), energy_j=self.energy_j, avg_power_w=self.avg_power_w,
+                    power_limit_w=self.power_limit_w)
 
 
 #: Host-side costs per framework: (per-kernel launch floor in ms, fixed per-iteration overhead in ms).
@@ -118,7 +124,8 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                         parallel: ParallelConfig | None = None, dtype: str = "bf16", attention: str = "eager",
                         compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
-                        host_ms: tuple[float, float] | None = None) -> DistributedPrediction:
+                        host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
+                        power_model=None) -> DistributedPrediction:
     cl = resolve_cluster(cluster)
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device or cl.device)
     par = parallel or ParallelConfig(gpus=gpus)
@@ -159,8 +166,9 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
 
     launch_ms, iter_ms = host_ms or FRAMEWORK_HOST_MS[opts.framework]
     costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
+    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w)
     return _schedule(model, g, costed, spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
-                     dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms)
+                     dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w)
 
 
 def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndarray:
@@ -172,7 +180,7 @@ def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndar
 
 def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
               seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
-              iteration_ms: float = 0.0) -> DistributedPrediction:
+              iteration_ms: float = 0.0, power_limit_w: float | None = None) -> DistributedPrediction:
     P, V = par.pp, par.interleave
     n_chunks = P * V
     layers = costed["layer"].to_numpy()
@@ -307,6 +315,30 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
                                memory_gb=mem, weights_gb=weights / 1e9, gradients_gb=grads / 1e9, optimizer_gb=ostate / 1e9,
                                activations_gb=act / 1e9, params=p))
     phase_t = {ph: float(t[phase == ph].sum()) for ph in ("forward", "backward", "optimizer")}
+    # energy per GPU of each stage: kernels at their power, launch gaps and waits at idle, DP sync at comm power
+    from wattcast.models.power import comm_power_w, idle_power_w
+
+    p_idle, p_comm = idle_power_w(spec), comm_power_w(spec)
+    w = costed["power_w"].to_numpy(dtype=float)
+    gpu_t = costed["gpu_ms"].to_numpy(dtype=float)
+    e_node = (w * gpu_t + p_idle * np.maximum(t - gpu_t, 0.0)) / 1e3  # J
+    comp = phase != "optimizer"
+    e_chunk = np.bincount(chunk[comp], weights=e_node[comp], minlength=n_chunks) * n_micro
+    e_opt = np.bincount(chunk[~comp], weights=e_node[~comp], minlength=n_chunks)
+    dp_sync = np.zeros(P)
+    if lay["dp"].size > 1:
+        dsy = dp_times(par.zero)["sync_ms"]
+        dp_sync = np.array([dsy[[c * P + s for c in range(V)]].sum() for s in range(P)]) + gather
+    stage_e = np.zeros(P)
+    for s in range(P):
+        cs = [c * P + s for c in range(V)]
+        e_opt_s = e_opt[cs].sum() / (lay["dp"].size if par.zero >= 1 else 1)
+        busy_s = busy[s] + opt_stage[s]
+        comm_s = min(dp_sync[s], max(step - busy_s, 0.0))
+        stage_e[s] = e_chunk[cs].sum() + e_opt_s + (p_comm * comm_s + p_idle * max(step - busy_s - comm_s, 0.0)) / 1e3
+        per_device[s]["energy_j"] = float(stage_e[s])
+        per_device[s]["avg_power_w"] = float(stage_e[s] / step_s)
+    energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
     per_op = _group(costed["op_class"].to_numpy(), t, costed["flops"].to_numpy(dtype=float), "op_class")
     fallback = fallback_summary(costed)
     events = []
@@ -330,4 +362,5 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
         mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,
         memory_gb=worst, fits=bool(worst <= spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
         ood_fraction=float(costed["ood"].mean()), comm=comm, events=events,
-        meta=dict(g.meta, param_count=int(g1.meta.get("param_count", 0)), n_micro=n_micro))
+        meta=dict(g.meta, param_count=int(g1.meta.get("param_count", 0)), n_micro=n_micro),
+        energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w)

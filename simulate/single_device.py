@@ -19,7 +19,7 @@ Distinct kernels are predicted once (a 96-layer model repeats ~100 shapes).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -59,13 +59,18 @@ class StepPrediction:
     ood_time_fraction: float
     nodes: pd.DataFrame = field(repr=False)
     meta: dict = field(default_factory=dict, repr=False)
+    #: one step on one GPU: energy (J) and average board power (W), from the power surrogate
+    energy_j: float = 0.0
+    avg_power_w: float = 0.0
+    power_limit_w: float | None = None
 
     def to_dict(self, *, nodes: bool = False) -> dict:
         d = dict(device=self.device, mode=self.mode, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                  optimizer_ms=self.optimizer_ms, step_time_ms=self.step_time_ms, memory_gb=self.memory_gb,
                  memory=self.memory.to_dict(), fits=self.fits, flops=self.flops, per_op=self.per_op, per_layer=self.per_layer,
                  fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, ood_time_fraction=self.ood_time_fraction,
-                 model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)))
+                 model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)),
+                 energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w)
         if nodes:
             d["nodes"] = self.nodes.to_dict("records")
         return d
@@ -242,10 +247,19 @@ def fallback_summary(costed: pd.DataFrame) -> list[dict]:
 
 
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
-                  launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS) -> StepPrediction:
-    """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory and flags."""
+                  launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, power_limit_w: float | None = None,
+                  power_model=None) -> StepPrediction:
+    """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory, energy and flags.
+
+    ``power_limit_w``: a board power cap; kernels that would exceed it run at a lower clock (slower)."""
+    from wattcast.simulate.energy import apply_power, energy_of
+
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
-    return summarise_costed(graph, costed, spec)
+    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w)
+    res = summarise_costed(graph, costed, spec)
+    e = sum(energy_of(costed, spec))
+    step_s = res.step_time_ms / 1e3
+    return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w)
 
 
 def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> StepPrediction:

@@ -1,0 +1,132 @@
+"""Power and energy of a predicted step: per-kernel power from the power surrogate, idle power elsewhere.
+
+Per kernel: the power model's board power at the kernel's achieved compute and memory utilisation
+(:mod:`wattcast.featurize.power_features`, :mod:`wattcast.models.power`) over its GPU time; the rest of
+the kernel's slot (host launch gaps), pipeline bubbles and waits draw idle power; communication-only time
+draws the model's communication power. A power limit (``power_limit_w``) lowers the clock where a kernel
+would exceed it: its time grows (compute-bound kernels most) and its power drops to the limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.device_spec import DeviceSpec
+
+
+@dataclass(frozen=True)
+class StepEnergy:
+    energy_j: float  # one GPU, one step
+    avg_power_w: float  # energy / step time
+    step_time_ms: float  # after the power limit
+    kernel_energy_j: float
+    idle_energy_j: float
+    comm_energy_j: float
+    ood_fraction: float
+    power_limit_w: float | None
+
+
+def _power_model(power_model=None):
+    if power_model is not None:
+        return power_model
+    from wattcast.models.power import load_power_model
+
+    return load_power_model()
+
+
+def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None):
+    """(gpu_ms after the limit, watts, ood) per kernel row of a costed graph (collectives get comm power)."""
+    from wattcast.featurize.power_features import kernel_power_features
+    from wattcast.models.power import apply_power_limit, comm_power_w
+
+    pm = _power_model(power_model)
+    gpu = costed["gpu_ms"].to_numpy(dtype=float)
+    flops = costed["flops"].to_numpy(dtype=float)
+    bytes_ = costed["bytes"].to_numpy(dtype=float)
+    dtype = costed["dtype"].to_numpy()
+    coll = costed["op_class"].to_numpy() == "collective"
+    feats = kernel_power_features(flops, bytes_, np.maximum(gpu, 1e-6), dtype, spec)
+    w, _lo, _hi, ood = pm.predict_w(feats)
+    w = np.asarray(w, dtype=float)
+    ood = np.asarray(ood, dtype=bool)
+    if power_limit_w is not None:
+        cu = feats["compute_util"].to_numpy(dtype=float) if "compute_util" in feats else np.zeros(len(gpu))
+        gpu, w = apply_power_limit(gpu, w, float(power_limit_w), spec, cu, model=pm)
+        gpu = np.asarray(gpu, dtype=float)
+        w = np.asarray(w, dtype=float)
+    w = np.where(coll, comm_power_w(spec), w)
+    return gpu, w, ood
+
+
+def apply_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None) -> pd.DataFrame:
+    """The costed kernels with ``power_w`` (board power while the kernel runs) and, under a power limit,
+    stretched ``gpu_ms``/``time_ms``; ``power_ood`` flags kernels outside the power model's support."""
+    gpu, w, ood = kernel_power(costed, spec, power_model, power_limit_w=power_limit_w)
+    out = costed.copy()
+    old = out["gpu_ms"].to_numpy(dtype=float)
+    slot = out["time_ms"].to_numpy(dtype=float)
+    out["time_ms"] = np.where(slot > 0, slot + np.maximum(gpu - old, 0.0), 0.0)
+    out["gpu_ms"] = gpu
+    out["power_w"] = w
+    out["power_ood"] = ood
+    return out
+
+
+def energy_of(costed: pd.DataFrame, spec: DeviceSpec) -> tuple[float, float, float]:
+    """(kernel J, idle J, comm J) of one pass over costed kernels carrying ``power_w`` (see apply_power)."""
+    from wattcast.models.power import idle_power_w
+
+    gpu = costed["gpu_ms"].to_numpy(dtype=float)
+    slot = costed["time_ms"].to_numpy(dtype=float)
+    w = costed["power_w"].to_numpy(dtype=float)
+    coll = costed["op_class"].to_numpy() == "collective"
+    k_j = float(np.sum(np.where(coll, 0.0, w * gpu)) / 1e3)
+    c_j = float(np.sum(np.where(coll, w * gpu, 0.0)) / 1e3)
+    i_j = float(np.sum(np.maximum(slot - gpu, 0.0)) * idle_power_w(spec) / 1e3)
+    return k_j, i_j, c_j
+
+
+def step_energy(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None,
+                launch_overhead_ms: float = 0.0) -> StepEnergy:
+    """Energy of one in-order step on one GPU (the single-device timeline)."""
+    from wattcast.models.power import idle_power_w
+
+    old_gpu = costed["gpu_ms"].to_numpy(dtype=float)
+    gpu, w, ood = kernel_power(costed, spec, power_model, power_limit_w=power_limit_w)
+    slot = costed["time_ms"].to_numpy(dtype=float)
+    # a slot is max(GPU time, launch cost): the limit stretches the GPU part only
+    new_slot = np.where(slot > 0, np.maximum(gpu, np.minimum(slot, np.maximum(slot - old_gpu, launch_overhead_ms))), 0.0)
+    new_slot = np.maximum(new_slot, gpu)
+    coll = costed["op_class"].to_numpy() == "collective"
+    k_j = float(np.sum(np.where(coll, 0.0, w * gpu)) / 1e3)
+    c_j = float(np.sum(np.where(coll, w * gpu, 0.0)) / 1e3)
+    idle = idle_power_w(spec)
+    i_j = float(np.sum(np.maximum(new_slot - gpu, 0.0)) * idle / 1e3)
+    step_ms = float(new_slot.sum())
+    e = k_j + c_j + i_j
+    return StepEnergy(e, e / (step_ms / 1e3) if step_ms > 0 else 0.0, step_ms, k_j, i_j, c_j,
+                      float(ood.mean()) if len(ood) else 0.0, power_limit_w)
+
+
+#: utilisation at which `wattcast footprint` evaluates the power surrogate when no average power is given:
+#: a large-model training step's GPU time is dominated by GEMMs near this compute utilisation (MFU of
+#: well-tuned LLM training is 0.35-0.55: Megatron-LM SC21, Llama 3); memory-bandwidth utilisation is
+#: taken as half of it
+DEFAULT_FOOTPRINT_UTILISATION = 0.5
+
+
+def gpu_power_at_w(spec: DeviceSpec, utilisation: float, power_model=None, dtype: str = "bf16") -> float:
+    """The power surrogate's board power for a GPU held at ``utilisation`` of its compute peak."""
+    from wattcast.featurize.power_features import kernel_power_features
+
+    pm = _power_model(power_model)
+    peak = spec.peak_matrix_tflops(dtype) * 1e12
+    time_ms = 1.0
+    flops = np.array([utilisation * peak * time_ms / 1e3])
+    bytes_ = np.array([0.5 * utilisation * spec.memory_bandwidth_gbps * 1e9 * time_ms / 1e3])
+    feats = kernel_power_features(flops, bytes_, np.array([time_ms]), np.array([dtype]), spec)
+    w, _lo, _hi, _ood = pm.predict_w(feats)
+    return float(np.asarray(w, dtype=float)[0])
