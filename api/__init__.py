@@ -75,6 +75,22 @@ def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
     return _search(model, cluster, gpus, batch, seq, **kw)
 
 
+def footprint(device, gpus: int, hours: float, *, avg_power_w: float | None = None, utilisation: float = 0.5, **kw):
+    """Lifecycle footprint (energy, operational/embodied CO2e, CapEx/OpEx/TCO, goodput) of ``gpus`` x ``device``
+    for ``hours`` of wall-clock time. ``avg_power_w``: measured all-in power per accelerator (Patterson et
+    al.'s convention); without it, the power surrogate's GPU power at ``utilisation`` plus node overhead.
+    ``kw``: region, pue, grid_kgco2e_per_kwh, lifetime_years, ... (see wattcast.simulate.lifecycle.footprint)."""
+    from wattcast.data.catalog import resolve_device
+    from wattcast.simulate.energy import gpu_power_at_w
+    from wattcast.simulate.lifecycle import footprint as _fp
+
+    spec = resolve_device(device)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    if avg_power_w is not None:
+        return _fp(spec, gpus, hours, avg_power_w=avg_power_w, apply_goodput=False, **kw)
+    return _fp(spec, gpus, hours, power_model=lambda u: gpu_power_at_w(spec, u), utilisation=utilisation, apply_goodput=False, **kw)
+
+
 def builtin_models() -> list[str]:
     """Names of the model configs shipped with wattcast."""
     from wattcast.featurize.hf_config import builtin_models as _b
@@ -82,4 +98,4 @@ def builtin_models() -> list[str]:
     return _b()
 
 
-__all__ = ["predict_kernels", "predict", "predict_cluster", "search", "builtin_models", "__version__"]
+__all__ = ["predict_kernels", "predict", "predict_cluster", "search", "footprint", "builtin_models", "__version__"]

@@ -133,6 +133,12 @@ def predict(
     schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b or gpipe."),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file (own YAML or ASTRA-sim network YAML)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a timeline PNG (distributed prediction)."),
+    power_limit_w: Optional[float] = typer.Option(None, "--power-limit-w", help="Board power limit per GPU (W): clocks drop, time and power respond."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Train on this many tokens: adds the run's time, energy, CO2e and cost (`run`)."),
+    region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon: country (ISO code or name) or cloud region (gcp:us-central1)."),
+    pue: Optional[float] = typer.Option(None, "--pue", help="Data-centre PUE (default 1.2)."),
+    lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime for amortising embodied carbon and CapEx (default 5)."),
+    grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region)."),
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
@@ -144,9 +150,13 @@ def predict(
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
 
+    run_kw = dict(tokens=tokens, region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh)
+    if tokens is None and any(v is not None for v in (region, pue, lifetime_years, grid_kgco2e_per_kwh)):
+        _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh describe a run: give --tokens too")
     if cluster is not None or gpus is not None:
         _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
-                             as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule)
+                             as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
+                             power_limit_w, run_kw)
         return
     if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1))) or dp or micro_batch or sp:
         _fail("parallel options (--tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave) need --cluster and --gpus")
@@ -154,17 +164,24 @@ def predict(
         _fail("--device is required (or --cluster for a distributed prediction)")
     try:
         res = _predict(model, device, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
-                       optimizer=optimizer, recompute=recompute)
+                       optimizer=optimizer, recompute=recompute, power_limit_w=power_limit_w)
     except (GraphError, DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    run = _run_footprint(res.device, 1, res.step_time_ms, res.avg_power_w, batch * seq, res.flops, run_kw)
     if trace:
         from wattcast.simulate.trace import write_chrome_trace
 
         write_chrome_trace(res, trace)
     if as_json:
-        print(json.dumps(_prediction_json(res), indent=2))
+        d = _prediction_json(res)
+        if run is not None:
+            d["run"] = run.run_dict()
+            d["run_details"] = run.to_dict()
+        print(json.dumps(d, indent=2, default=str))
     else:
         _print_prediction(res)
+        if run is not None:
+            _print_run(run)
     if not res.fits and not allow_oom:
         m = res.memory
         _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
@@ -173,8 +190,30 @@ def predict(
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
 
 
+def _run_footprint(device, gpus: int, step_time_ms: float, gpu_power_w: float, tokens_per_step: float, flops_per_step: float,
+                   run_kw: dict):
+    """The `run` of a prediction when --tokens is given (lifecycle time, energy, carbon, cost)."""
+    if run_kw.get("tokens") is None:
+        return None
+    from wattcast.simulate.lifecycle import footprint_from_step
+
+    kw = {k: v for k, v in run_kw.items() if k != "tokens" and v is not None}
+    try:
+        return footprint_from_step(device, gpus, step_time_ms=step_time_ms, gpu_power_w=gpu_power_w, tokens=run_kw["tokens"],
+                                   tokens_per_step=tokens_per_step, flops_per_step=flops_per_step, **kw)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _print_run(run) -> None:
+    from wattcast.simulate.lifecycle import format_footprint
+
+    Console().print(format_footprint(run))
+
+
 def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
-                         as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule) -> None:
+                         as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
+                         power_limit_w=None, run_kw=None) -> None:
     import json
 
     from wattcast.data.device_spec import DeviceSpecError
@@ -192,9 +231,11 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
                          interleave=interleave, schedule=schedule)
     try:
         res = predict_distributed(model, cluster, gpus=n, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                                  compile=compile, optimizer=optimizer, device=device, trace=bool(trace or plot))
+                                  compile=compile, optimizer=optimizer, device=device, trace=bool(trace or plot),
+                                  power_limit_w=power_limit_w)
     except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    run = _run_footprint(res.device, res.gpus, res.step_time_ms, res.avg_power_w, batch * seq, res.flops, run_kw or {})
     if trace:
         from wattcast.simulate.trace import write_distributed_trace
 
@@ -204,7 +245,11 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 
         plot_timeline(res, plot)
     if as_json:
-        print(json.dumps(res.to_dict(), indent=2))
+        d = res.to_dict()
+        if run is not None:
+            d["run"] = run.run_dict()
+            d["run_details"] = run.to_dict()
+        print(json.dumps(d, indent=2, default=str))
     else:
         con = Console()
         t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch} x seq {seq}")
@@ -220,6 +265,10 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
             d.add_row(str(r["stage"]), f"{r['busy_ms']:.1f}", f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
                       f"{r['optimizer_gb']:.2f}", f"{r['activations_gb']:.2f}", f"{r['memory_gb']:.2f}")
         con.print(d)
+        con.print(f"energy per step {res.energy_j / 1e3:.2f} kJ (all GPUs), average board power {res.avg_power_w:.0f} W per GPU"
+                  + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
+        if run is not None:
+            _print_run(run)
     if not res.fits and not allow_oom:
         worst = max(res.per_device, key=lambda r: r["memory_gb"])
         _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
@@ -285,10 +334,44 @@ def _print_prediction(res) -> None:
                 continue
             t.add_row(str(r["layer"]), f"{r['count']:,}", f"{r['time_ms']:.2f}")
         con.print(t)
+    con.print(f"energy per step {res.energy_j:.1f} J, average board power {res.avg_power_w:.0f} W"
+              + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
     if res.fallback_ops:
         con.print("[yellow]ops without their own learned model[/] (proxy = costed as a copy moving the same bytes; "
                   "roofline = analytical): " + ", ".join(f"{f['op_class']} ({f['method']}, {f['count']}, {f['time_ms']:.2f} ms)"
                                                          for f in res.fallback_ops))
+
+
+@app.command()
+def footprint(
+    device: str = typer.Option(..., "--device", "-d", help="Catalog name or spec file."),
+    gpus: int = typer.Option(..., "--gpus", help="Accelerators in the run."),
+    hours: float = typer.Option(..., "--hours", help="Wall-clock hours of the run (as published footprints report)."),
+    avg_power_w: Optional[float] = typer.Option(None, "--avg-power-w", help="Measured all-in average power per accelerator (W); default: the power surrogate at --utilisation plus node overhead."),
+    utilisation: float = typer.Option(0.5, "--utilisation", help="Compute utilisation for the power surrogate when --avg-power-w is not given."),
+    pue: Optional[float] = typer.Option(None, "--pue", help="Data-centre PUE (default 1.2)."),
+    region: Optional[str] = typer.Option(None, "--region", help="Grid region: country (ISO code or name) or cloud region."),
+    grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region)."),
+    lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime (default 5)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Energy, CO2e and cost of a run described by its hours (the calculator behind predict --tokens)."""
+    from wattcast import footprint as _footprint
+    from wattcast.data.device_spec import DeviceSpecError
+
+    if region is not None and grid_kgco2e_per_kwh is not None:
+        _fail("give --region or --grid-kgco2e-per-kwh, not both")
+    try:
+        fp = _footprint(device, gpus=gpus, hours=hours, avg_power_w=avg_power_w, utilisation=utilisation, pue=pue, region=region,
+                        grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years)
+    except (DeviceSpecError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if as_json:
+        d = fp.to_dict()
+        d["run"] = fp.run_dict()
+        print(json.dumps(d, indent=2, default=str))
+    else:
+        _print_run(fp)
 
 
 @app.command("models")

@@ -338,6 +338,8 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
         stage_e[s] = e_chunk[cs].sum() + e_opt_s + (p_comm * comm_s + p_idle * max(step - busy_s - comm_s, 0.0)) / 1e3
         per_device[s]["energy_j"] = float(stage_e[s])
         per_device[s]["avg_power_w"] = float(stage_e[s] / step_s)
+        per_device[s]["busy_power_w"] = float(e_chunk[cs].sum() / max(busy[s] / 1e3, 1e-12))
+        per_device[s]["idle_power_w"] = float(p_idle)
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
     per_op = _group(costed["op_class"].to_numpy(), t, costed["flops"].to_numpy(dtype=float), "op_class")
     fallback = fallback_summary(costed)

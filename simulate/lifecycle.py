@@ -642,3 +642,16 @@ def format_footprint(fp: RunFootprint) -> str:
         lines.append(f"tCDP {fp.tcdp_kgco2e_h:,.0f} kgCO2e*h")
     lines += [f"note: {f}" for f in fp.flags]
     return "\n".join(lines)
+
+
+def footprint_from_step(device: str | DeviceSpec, gpus: int, *, step_time_ms: float, gpu_power_w: float, tokens: float,
+                        tokens_per_step: float, flops_per_step: float | None = None, **kw) -> RunFootprint:
+    """A training run of ``tokens`` tokens made of predicted steps: ``ceil(tokens / tokens_per_step)`` steps of
+    ``step_time_ms`` at ``gpu_power_w`` per GPU (the power surrogate's GPU-only average; node overhead is
+    added by :func:`footprint`). ``kw`` goes to :func:`footprint` (region, pue, lifetime_years, ...)."""
+    if tokens <= 0 or tokens_per_step <= 0:
+        raise ValueError(f"tokens ({tokens}) and tokens per step ({tokens_per_step}) must be positive")
+    steps = math.ceil(tokens / tokens_per_step)
+    hours = steps * step_time_ms / 3.6e6
+    flops = flops_per_step * steps if flops_per_step else None
+    return footprint(device, gpus, hours, power_model=float(gpu_power_w), flops=flops, **kw)

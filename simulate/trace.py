@@ -12,12 +12,21 @@ def chrome_trace_events(res) -> list[dict]:
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{res.device}"}},
               {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "compute"}}]
     t_us = 0.0
-    for r in nodes[["name", "op_class", "phase", "layer", "kernel", "method", "time_ms", "gpu_ms", "flops", "bytes", "ood"]].itertuples(index=False):
+    has_power = "power_w" in nodes
+    cols = ["name", "op_class", "phase", "layer", "kernel", "method", "time_ms", "gpu_ms", "flops", "bytes", "ood"]
+    power = nodes["power_w"].to_numpy(dtype=float) if has_power else None
+    last_w = None
+    for i, r in enumerate(nodes[cols].itertuples(index=False)):
         dur = float(r.time_ms) * 1e3
         events.append({"name": r.name, "cat": f"{r.phase},{r.op_class}", "ph": "X", "pid": 0, "tid": 0, "ts": round(t_us, 3),
                        "dur": round(dur, 3), "args": {"layer": int(r.layer), "kernel": r.kernel, "method": r.method,
                                                       "gpu_ms": float(r.gpu_ms), "flops": float(r.flops), "bytes": float(r.bytes),
                                                       "ood": bool(r.ood)}})
+        if has_power and dur > 0:
+            w = round(float(power[i]), 1)
+            if w != last_w:  # a counter track: board power while each kernel runs
+                events.append({"name": "power", "ph": "C", "pid": 0, "ts": round(t_us, 3), "args": {"board_w": w}})
+                last_w = w
         t_us += dur
     return events
 
@@ -49,6 +58,20 @@ def distributed_trace_events(res) -> list[dict]:
         ev.append({"name": e["name"], "ph": "X", "pid": e["stage"], "tid": 0 if e["stream"] == "compute" else 1,
                    "ts": round(e["start_ms"] * 1e3, 3), "dur": round((e["end_ms"] - e["start_ms"]) * 1e3, 3),
                    "cat": e["stream"]})
+    # power counter per stage: compute tasks at the stage's busy power, gaps at idle
+    for d in res.per_device:
+        s = d["stage"]
+        busy_w, idle_w = d.get("busy_power_w"), d.get("idle_power_w")
+        if busy_w is None:
+            continue
+        spans = sorted((e["start_ms"], e["end_ms"]) for e in res.events if e["stage"] == s and e["stream"] == "compute")
+        t = 0.0
+        for a, b in spans:
+            if a > t:
+                ev.append({"name": "power", "ph": "C", "pid": s, "ts": round(t * 1e3, 3), "args": {"board_w": round(idle_w, 1)}})
+            ev.append({"name": "power", "ph": "C", "pid": s, "ts": round(a * 1e3, 3), "args": {"board_w": round(busy_w, 1)}})
+            t = b
+        ev.append({"name": "power", "ph": "C", "pid": s, "ts": round(t * 1e3, 3), "args": {"board_w": round(idle_w, 1)}})
     return ev
 
 

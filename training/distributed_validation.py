@@ -26,6 +26,8 @@ NEUSIGHT_DIST = {"dp4": dict(tp=1, pp=1, micro_batch=1), "tp4": dict(tp=4, pp=1,
 #: NeuSight's own errors on these labels (the issue's baseline) and the goal
 NEUSIGHT_DIST_ERROR_PCT = {"dp4": 12.9, "tp4": 8.4, "pp4_1": 10.3}
 VTRAIN_VOCAB = 50257
+#: activation recomputation assumed in vTrain's runs (chosen on the fitting half, see fit_framework_overhead.py)
+VTRAIN_RECOMPUTE = "none"
 
 
 def neusight_distributed(root=None, coll_model=None) -> pd.DataFrame:
@@ -74,11 +76,12 @@ def fit_split(single: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def predict_vtrain(df: pd.DataFrame, *, cluster: str = "DGX-A100", coll_model=None, progress=None,
-                   host_ms: tuple[float, float] | None = None) -> pd.DataFrame:
+                   host_ms: tuple[float, float] | None = None, recompute: str = VTRAIN_RECOMPUTE) -> pd.DataFrame:
     out = []
     for i, r in enumerate(df.itertuples(index=False)):
         cfg = _vtrain_config(r.hidden, r.heads, r.layers, r.seq)
-        par = ParallelConfig(gpus=int(r.gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp), micro_batch=int(r.micro_batch))
+        par = ParallelConfig(gpus=int(r.gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp), micro_batch=int(r.micro_batch),
+                             recompute=recompute)
         row = r._asdict()
         try:
             p = predict_distributed(cfg, cluster, gpus=int(r.gpus), batch=int(r.batch), seq=int(r.seq), parallel=par,
