@@ -496,6 +496,33 @@ def train_collectives(
         raise typer.Exit(1)
 
 
+@train_app.command("power")
+def train_power(
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Artifact folder to write (default: the shipped one in the package)."),
+    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts)."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+) -> None:
+    """Fit the power surrogate on the measured power data; leave-one-GPU-out errors to MLflow; gated write."""
+    from wattcast.training.power import run_train_power
+
+    try:
+        res = run_train_power(data=data, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    con = Console()
+    summ = res["summary"]
+    t = Table(title="power: leave-one-GPU-out error %")
+    for c in summ.columns:
+        t.add_column(str(c))
+    for _, r in summ.iterrows():
+        t.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r])
+    con.print(t)
+    con.print(f"{res['reason']}" + (f"; MLflow run {res['run_id']}" if res.get("run_id") else ""))
+    if not res["replaced"]:
+        raise typer.Exit(1)
+
+
 @validate_app.command("distributed")
 def validate_distributed(
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
