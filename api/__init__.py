@@ -27,7 +27,8 @@ def predict_kernels(frame, device):
 
 def predict(model, device, *, batch: int = 1, seq: int = 1024, mode: str = "train", dtype: str = "fp32",
             attention: str = "eager", compile: bool = False, optimizer: str = "adamw", recompute: str = "none",
-            grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None):
+            grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
+            clock_cap_mhz: float | None = None):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json``, a built-in name (``wattcast.builtin_models()``),
@@ -45,14 +46,14 @@ def predict(model, device, *, batch: int = 1, seq: int = 1024, mode: str = "trai
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute, grad_accumulation=grad_accumulation)
     graph = step_graph(model, opts)
-    return predict_graph(graph, spec, bundle, power_limit_w=power_limit_w)
+    return predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
 
 
 def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, tp: int = 1, pp: int = 1, dp=None,
                     micro_batch=None, zero: int = 0, sp: bool = False, ep: int = 1, recompute: str = "none",
                     interleave: int = 1, schedule: str = "1f1b", dtype: str = "bf16", attention: str = "eager",
                     compile: bool = False, optimizer: str = "adamw", device=None, trace: bool = False,
-                    power_limit_w: float | None = None):
+                    power_limit_w: float | None = None, clock_cap_mhz: float | None = None):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
@@ -64,7 +65,8 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
     par = ParallelConfig(gpus=gpus, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
                          interleave=interleave, schedule=schedule)
     return predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                               compile=compile, optimizer=optimizer, device=device, trace=trace, power_limit_w=power_limit_w)
+                               compile=compile, optimizer=optimizer, device=device, trace=trace, power_limit_w=power_limit_w,
+                               clock_cap_mhz=clock_cap_mhz)
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):

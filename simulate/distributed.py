@@ -125,7 +125,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                         compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
                         host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
-                        power_model=None) -> DistributedPrediction:
+                        power_model=None, clock_cap_mhz: float | None = None) -> DistributedPrediction:
     cl = resolve_cluster(cluster)
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device or cl.device)
     par = parallel or ParallelConfig(gpus=gpus)
@@ -166,7 +166,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
 
     launch_ms, iter_ms = host_ms or FRAMEWORK_HOST_MS[opts.framework]
     costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
-    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w)
+    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     return _schedule(model, g, costed, spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
                      dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w)
 
@@ -315,7 +315,7 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
                                memory_gb=mem, weights_gb=weights / 1e9, gradients_gb=grads / 1e9, optimizer_gb=ostate / 1e9,
                                activations_gb=act / 1e9, params=p))
     phase_t = {ph: float(t[phase == ph].sum()) for ph in ("forward", "backward", "optimizer")}
-    # energy per GPU of each stage: kernels at their power, launch gaps and waits at idle, DP sync at comm power
+    # energy per GPU of each stage: kernels at their power, host launch gaps at idle, waits at communication power
     from wattcast.models.power import comm_power_w, idle_power_w
 
     p_idle, p_comm = idle_power_w(spec), comm_power_w(spec)
@@ -325,21 +325,18 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
     comp = phase != "optimizer"
     e_chunk = np.bincount(chunk[comp], weights=e_node[comp], minlength=n_chunks) * n_micro
     e_opt = np.bincount(chunk[~comp], weights=e_node[~comp], minlength=n_chunks)
-    dp_sync = np.zeros(P)
-    if lay["dp"].size > 1:
-        dsy = dp_times(par.zero)["sync_ms"]
-        dp_sync = np.array([dsy[[c * P + s for c in range(V)]].sum() for s in range(P)]) + gather
     stage_e = np.zeros(P)
     for s in range(P):
         cs = [c * P + s for c in range(V)]
         e_opt_s = e_opt[cs].sum() / (lay["dp"].size if par.zero >= 1 else 1)
         busy_s = busy[s] + opt_stage[s]
-        comm_s = min(dp_sync[s], max(step - busy_s, 0.0))
-        stage_e[s] = e_chunk[cs].sum() + e_opt_s + (p_comm * comm_s + p_idle * max(step - busy_s - comm_s, 0.0)) / 1e3
+        # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls
+        # for its peer: communication power, not idle power
+        stage_e[s] = e_chunk[cs].sum() + e_opt_s + p_comm * max(step - busy_s, 0.0) / 1e3
         per_device[s]["energy_j"] = float(stage_e[s])
         per_device[s]["avg_power_w"] = float(stage_e[s] / step_s)
         per_device[s]["busy_power_w"] = float(e_chunk[cs].sum() / max(busy[s] / 1e3, 1e-12))
-        per_device[s]["idle_power_w"] = float(p_idle)
+        per_device[s]["wait_power_w"] = float(p_comm)
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
     per_op = _group(costed["op_class"].to_numpy(), t, costed["flops"].to_numpy(dtype=float), "op_class")
     fallback = fallback_summary(costed)

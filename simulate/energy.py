@@ -37,7 +37,8 @@ def _power_model(power_model=None):
     return load_power_model()
 
 
-def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None):
+def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None,
+                 clock_cap_mhz: float | None = None):
     """(gpu_ms after the limit, watts, ood) per kernel row of a costed graph (collectives get comm power)."""
     from wattcast.featurize.power_features import kernel_power_features
     from wattcast.models.power import apply_power_limit, comm_power_w
@@ -52,19 +53,21 @@ def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, po
     w, _lo, _hi, ood = pm.predict_w(feats)
     w = np.asarray(w, dtype=float)
     ood = np.asarray(ood, dtype=bool)
-    if power_limit_w is not None:
+    if power_limit_w is not None or clock_cap_mhz is not None:
         cu = feats["compute_util"].to_numpy(dtype=float) if "compute_util" in feats else np.zeros(len(gpu))
-        gpu, w = apply_power_limit(gpu, w, float(power_limit_w), spec, cu, model=pm)
+        gpu, w = apply_power_limit(gpu, w, None if power_limit_w is None else float(power_limit_w), spec, cu, model=pm,
+                                   clock_cap_mhz=clock_cap_mhz)
         gpu = np.asarray(gpu, dtype=float)
         w = np.asarray(w, dtype=float)
     w = np.where(coll, comm_power_w(spec), w)
     return gpu, w, ood
 
 
-def apply_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None) -> pd.DataFrame:
+def apply_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None,
+                clock_cap_mhz: float | None = None) -> pd.DataFrame:
     """The costed kernels with ``power_w`` (board power while the kernel runs) and, under a power limit,
     stretched ``gpu_ms``/``time_ms``; ``power_ood`` flags kernels outside the power model's support."""
-    gpu, w, ood = kernel_power(costed, spec, power_model, power_limit_w=power_limit_w)
+    gpu, w, ood = kernel_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     out = costed.copy()
     old = out["gpu_ms"].to_numpy(dtype=float)
     slot = out["time_ms"].to_numpy(dtype=float)

@@ -248,14 +248,14 @@ def fallback_summary(costed: pd.DataFrame) -> list[dict]:
 
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
                   launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, power_limit_w: float | None = None,
-                  power_model=None) -> StepPrediction:
+                  power_model=None, clock_cap_mhz: float | None = None) -> StepPrediction:
     """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory, energy and flags.
 
     ``power_limit_w``: a board power cap; kernels that would exceed it run at a lower clock (slower)."""
     from wattcast.simulate.energy import apply_power, energy_of
 
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
-    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w)
+    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     res = summarise_costed(graph, costed, spec)
     e = sum(energy_of(costed, spec))
     step_s = res.step_time_ms / 1e3

@@ -58,10 +58,10 @@ def distributed_trace_events(res) -> list[dict]:
         ev.append({"name": e["name"], "ph": "X", "pid": e["stage"], "tid": 0 if e["stream"] == "compute" else 1,
                    "ts": round(e["start_ms"] * 1e3, 3), "dur": round((e["end_ms"] - e["start_ms"]) * 1e3, 3),
                    "cat": e["stream"]})
-    # power counter per stage: compute tasks at the stage's busy power, gaps at idle
+    # power counter per stage: compute tasks at the stage's busy power, waits at communication power
     for d in res.per_device:
         s = d["stage"]
-        busy_w, idle_w = d.get("busy_power_w"), d.get("idle_power_w")
+        busy_w, idle_w = d.get("busy_power_w"), d.get("wait_power_w")
         if busy_w is None:
             continue
         spans = sorted((e["start_ms"], e["end_ms"]) for e in res.events if e["stage"] == s and e["stream"] == "compute")

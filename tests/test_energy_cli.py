@@ -65,3 +65,9 @@ def test_footprint_cli_surrogate_power_and_bad_region():
     assert d["run"]["energy_mwh"] > 0
     r = run_cli("footprint", "--device", "A100-SXM4-80GB", "--gpus", "8", "--hours", "10", "--region", "Frnace")
     assert r.returncode == 2 and "France" in flat(r.stderr) and "Traceback" not in r.stderr
+
+
+def test_clock_cap_slows_and_cools():
+    free = wattcast.predict("gpt3_xl", "A100-SXM4-80GB", batch=2, seq=2048, dtype="bf16", attention="flash")
+    capped = wattcast.predict("gpt3_xl", "A100-SXM4-80GB", batch=2, seq=2048, dtype="bf16", attention="flash", clock_cap_mhz=900)
+    assert capped.step_time_ms > free.step_time_ms and capped.avg_power_w < free.avg_power_w
