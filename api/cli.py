@@ -279,6 +279,51 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 
 
 @app.command()
+def search(
+    model: str = typer.Option(..., "--model", "-m", help="A Hugging Face config.json or a built-in name."),
+    cluster: str = typer.Option(..., "--cluster", help="Cluster preset name or file."),
+    gpus: int = typer.Option(..., "--gpus", help="GPUs of the job."),
+    batch: int = typer.Option(..., "--batch", help="Global batch in sequences."),
+    seq: int = typer.Option(2048, "--seq", help="Tokens per sequence."),
+    dtype: str = typer.Option("bf16", "--dtype"),
+    attention: str = typer.Option("flash", "--attention"),
+    max_configs: int = typer.Option(200, "--max-configs", help="Evaluate at most this many configurations."),
+    top: int = typer.Option(10, "--top", help="Rows to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
+) -> None:
+    """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from wattcast import search as _search
+    from wattcast.data.cluster_spec import ClusterSpecError
+    from wattcast.featurize.op_graph import GraphError
+
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
+            task = prog.add_task("evaluating strategies", total=None)
+            res = _search(model, cluster, gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
+                          progress=lambda i, n: prog.update(task, completed=i, total=min(n, max_configs)))
+    except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if res.ranked.empty:
+        _fail("no valid configuration: " + ("; ".join(sorted(set(res.rejected["rule"].astype(str)))[:5]) if len(res.rejected) else "none generated"))
+    if as_json:
+        print(json.dumps({"ranked": res.ranked.to_dict("records"), "pareto": res.pareto.to_dict("records"),
+                          "rejected": res.rejected.to_dict("records")}, indent=2, default=str))
+        return
+    con = Console()
+    for title, frame in ((f"fastest {top} of {len(res.ranked)} configurations", res.ranked.head(top)),
+                         ("Pareto front (step time vs memory)", res.pareto)):
+        t = Table(title=title)
+        for c in ("config", "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms"):
+            t.add_column(c, justify="right" if c != "config" else "left", no_wrap=(c == "config"))
+        for r in frame.itertuples(index=False):
+            t.add_row(r.config, f"{r.step_time_ms:.1f}", f"{100 * r.mfu:.1f}%", f"{r.tflops_per_gpu:.1f}", f"{r.memory_gb:.1f}",
+                      "yes" if r.fits else "NO", f"{r.exposed_comm_ms:.1f}", f"{r.bubble_ms:.1f}")
+        con.print(t)
+
+
+@app.command()
 def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster preset (or file).")) -> None:
     """List the cluster presets, or show one."""
     from wattcast.data.cluster_spec import ClusterSpecError, list_clusters, resolve_cluster

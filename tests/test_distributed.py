@@ -185,3 +185,11 @@ def test_vtrain_sample_regression(data_root):
     _, evaluation = fit_split(load_vtrain(data_root, "single"))
     s = summarise_vtrain(predict_vtrain(evaluation.sample(n=40, random_state=0)))
     assert s["failed"] == 0 and s["mean_abs_pct"] <= 12.0
+
+
+def test_search_cli():
+    r = run_cli("search", "--model", "gpt2", "--cluster", "nvlink-4gpu", "--gpus", "4", "--batch", "8", "--seq", "1024",
+                "--max-configs", "12", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["ranked"] and d["pareto"] and all("config" in x for x in d["ranked"])
