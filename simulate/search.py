@@ -71,6 +71,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
         hf = load_hf_config(model)
     except Exception:
         hf = None
+    if attention == "flash" and "recompute" not in space:
+        # fused attention keeps no S x S activations: selective recomputation would change nothing
+        space = dict(space, recompute=("none", "full"))
     cands = candidate_configs(model, cl, gpus, batch, seq, **space)
     rows, bad = [], []
     n_layers = None
