@@ -193,3 +193,12 @@ def test_search_cli():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["ranked"] and d["pareto"] and all("config" in x for x in d["ranked"])
+
+
+@pytest.mark.e2e
+def test_vtrain_multi_node_sample_regression(data_root):
+    from wattcast.training.distributed_validation import VTRAIN_RECOMPUTE, load_vtrain, predict_vtrain, summarise_vtrain
+
+    multi = load_vtrain(data_root, "multi").sample(n=20, random_state=0)
+    s = summarise_vtrain(predict_vtrain(multi, recompute=VTRAIN_RECOMPUTE["multi"]))
+    assert s["failed"] == 0 and s["mean_abs_pct"] <= 15.0
