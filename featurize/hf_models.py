@@ -177,10 +177,10 @@ def _p(cfg: HFConfig, *keys: str, default: float = 0.0) -> float:
 # --------------------------------------------------------------------------------------------
 
 def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
-    """GPT-2 as Hugging Face runs it; with ``b.framework == "megatron"`` as Megatron-LM/DeepSpeed runs a GPT
+    """GPT-2 as Hugging Face runs it; with ``b.framework`` "megatron"/"megatron-deepspeed" as Megatron-LM runs a GPT
     (fused scale-mask-softmax, fused bias-GeLU, fused bias-dropout-add; Megatron's GPT *is* GPT-2's
     architecture)."""
-    fused = getattr(b, "framework", "hf") == "megatron"
+    fused = getattr(b, "framework", "hf") in ("megatron", "megatron-deepspeed")
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
     embd_p, attn_p, resid_p = _p(cfg, "embd_pdrop", default=0.1), _p(cfg, "attn_pdrop", default=0.1), _p(cfg, "resid_pdrop", default=0.1)
     ids = b.input((batch, seq), "fp32")

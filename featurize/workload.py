@@ -38,7 +38,8 @@ class StepOptions:
     tp: int = 1
     sp: bool = False
     ep: int = 1
-    #: whose kernels: "hf" (Hugging Face eager modules) or "megatron" (Megatron-LM's fused kernels; GPT only)
+    #: whose kernels and host costs: "hf" (Hugging Face eager modules), "megatron" (Megatron-LM's fused
+    #: kernels; GPT only) or "megatron-deepspeed" (the same kernels driven by DeepSpeed's engine)
     framework: str = "hf"
 
     def validated(self) -> "StepOptions":
@@ -63,8 +64,8 @@ class StepOptions:
 
 def _framework(f: str) -> str:
     f = str(f).lower()
-    if f not in ("hf", "megatron"):
-        raise GraphError(f"unknown framework {f!r}; use hf or megatron")
+    if f not in ("hf", "megatron", "megatron-deepspeed"):
+        raise GraphError(f"unknown framework {f!r}; use hf, megatron or megatron-deepspeed")
     return f
 
 
@@ -73,7 +74,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
 
     # tf32 runs fp32 tensors on tensor cores: the graph's tensors are fp32-sized, the kernels tf32
     b = GraphBuilder(opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp, ep=opts.ep)
-    if opts.framework == "megatron" and cfg.family != "gpt2":
+    if opts.framework != "hf" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron' models GPT (gpt2-type configs) only, not {cfg.model_type}")
     b.framework = opts.framework
     if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert"):

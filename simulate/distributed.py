@@ -84,14 +84,15 @@ class DistributedPrediction:
 
 #: Host-side costs per framework: (per-kernel launch floor in ms, fixed per-iteration overhead in ms).
 #: ``hf``: eager PyTorch; the NeuSight labels cannot tell 0 from 30 us (GPU-bound), 6 us is the usual CUDA
-#: launch cost. ``megatron``: Megatron-LM/DeepSpeed's Python-side cost per kernel (module hooks, autograd,
-#: fused-kernel wrappers) and per iteration (loss-scale and grad-norm checks with host syncs, optimizer
-#: bookkeeping); fitted on half of vTrain's single-node rows (benchmarks/fit_framework_overhead.py), the
-#: other half and the multi-node rows are the reported error.
-FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.07, 20.0)}
+#: launch cost. ``megatron-deepspeed``: Megatron-DeepSpeed's Python-side cost per kernel (module and engine
+#: hooks, autograd, fused-kernel wrappers) and per iteration (loss-scale and grad-norm checks with host
+#: syncs, optimizer bookkeeping); fitted on half of vTrain's single-node rows
+#: (benchmarks/fit_framework_overhead.py), the other half and the multi-node rows are the reported error.
+#: ``megatron`` (Megatron-LM without DeepSpeed): no measurements to fit, so eager PyTorch's costs.
+FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-deepspeed": (0.07, 20.0)}
 #: Whether data-parallel gradient buckets overlap the backward pass: PyTorch DDP/FSDP do; Megatron-LM's
 #: local DDP (without --overlap-grad-reduce) and DeepSpeed's ZeRO-0 engine all-reduce after backward.
-FRAMEWORK_DP_OVERLAP = {"hf": True, "megatron": False}
+FRAMEWORK_DP_OVERLAP = {"hf": True, "megatron": False, "megatron-deepspeed": False}
 
 
 def _collective_model():

@@ -2,8 +2,10 @@
 
 - NeuSight's 4-GPU labels (``labels/NVIDIA_A100-SXM4-40GB/gpt2_large-train-1024-4-{dp4,tp4,pp4_1}.json``):
   GPT-2 large through accelerate's Megatron-LM integration, FP32, global batch 4, one micro-batch, on one
-  4-GPU NVLink node (``NVLink-4GPU`` preset); one iteration includes the optimizer step.
-- vTrain ground truth (``endtoend/vtrain/ground_truth_{single,multi}.csv``): Megatron-DeepSpeed GPT models,
+  4-GPU NVLink node (``NVLink-4GPU`` preset); one iteration includes the optimizer step (framework
+  ``megatron``: Megatron-LM's kernels, DP all-reduce after backward, no DeepSpeed engine).
+- vTrain ground truth (``endtoend/vtrain/ground_truth_{single,multi}.csv``): Megatron-DeepSpeed GPT models
+  (framework ``megatron-deepspeed``),
   FP16, A100 SXM 80GB (the vTrain paper's DGX A100 nodes, ``DGX-A100`` preset), full TP/DP/PP configs;
   vocabulary 50,257 (GPT-2 BPE, Megatron pads it), no ZeRO.
 """
@@ -88,7 +90,7 @@ def predict_vtrain(df: pd.DataFrame, *, cluster: str = "DGX-A100", coll_model=No
         row = r._asdict()
         try:
             p = predict_distributed(cfg, cluster, gpus=int(r.gpus), batch=int(r.batch), seq=int(r.seq), parallel=par,
-                                    dtype="fp16", attention="eager", optimizer="adamw", framework="megatron", coll_model=coll_model,
+                                    dtype="fp16", attention="eager", optimizer="adamw", framework="megatron-deepspeed", coll_model=coll_model,
                                     host_ms=host_ms)
             row.update(predicted_ms=p.step_time_ms, error_pct=100 * (p.step_time_ms - r.measured_ms) / r.measured_ms,
                        mfu=p.mfu, fits=p.fits, status="ok")
