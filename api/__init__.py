@@ -53,7 +53,7 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
                     micro_batch=None, zero: int = 0, sp: bool = False, ep: int = 1, recompute: str = "none",
                     interleave: int = 1, schedule: str = "1f1b", dtype: str = "bf16", attention: str = "eager",
                     compile: bool = False, optimizer: str = "adamw", device=None, trace: bool = False,
-                    power_limit_w: float | None = None, clock_cap_mhz: float | None = None):
+                    power_limit_w: float | None = None, clock_cap_mhz: float | None = None, framework: str = "hf"):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
@@ -66,7 +66,7 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
                          interleave=interleave, schedule=schedule)
     return predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
                                compile=compile, optimizer=optimizer, device=device, trace=trace, power_limit_w=power_limit_w,
-                               clock_cap_mhz=clock_cap_mhz)
+                               clock_cap_mhz=clock_cap_mhz, framework=framework)
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):

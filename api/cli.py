@@ -134,6 +134,7 @@ def predict(
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file (own YAML or ASTRA-sim network YAML)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a timeline PNG (distributed prediction)."),
     power_limit_w: Optional[float] = typer.Option(None, "--power-limit-w", help="Board power limit per GPU (W): clocks drop, time and power respond."),
+    framework: str = typer.Option("hf", "--framework", help="Whose kernels and host costs: hf, megatron (GPT) or megatron-deepspeed (GPT)."),
     clock_cap_mhz: Optional[float] = typer.Option(None, "--clock-cap-mhz", help="SM clock cap (MHz): time and power respond."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Train on this many tokens: adds the run's time, energy, CO2e and cost (`run`)."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon: country (ISO code or name) or cloud region (gcp:us-central1)."),
@@ -157,12 +158,14 @@ def predict(
     if cluster is not None or gpus is not None:
         _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
                              as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
-                             power_limit_w, run_kw, clock_cap_mhz)
+                             power_limit_w, run_kw, clock_cap_mhz, framework)
         return
     if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1))) or dp or micro_batch or sp:
         _fail("parallel options (--tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave) need --cluster and --gpus")
     if device is None:
         _fail("--device is required (or --cluster for a distributed prediction)")
+    if framework != "hf":
+        _fail("--framework applies to distributed predictions (--cluster); one device uses Hugging Face's eager kernels")
     try:
         res = _predict(model, device, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
@@ -214,7 +217,7 @@ def _print_run(run) -> None:
 
 def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
                          as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
-                         power_limit_w=None, run_kw=None, clock_cap_mhz=None) -> None:
+                         power_limit_w=None, run_kw=None, clock_cap_mhz=None, framework="hf") -> None:
     import json
 
     from wattcast.data.device_spec import DeviceSpecError
@@ -233,7 +236,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
     try:
         res = predict_distributed(model, cluster, gpus=n, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
                                   compile=compile, optimizer=optimizer, device=device, trace=bool(trace or plot),
-                                  power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+                                  power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework)
     except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     run = _run_footprint(res.device, res.gpus, res.step_time_ms, res.avg_power_w, batch * seq, res.flops, run_kw or {})
