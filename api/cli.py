@@ -402,6 +402,8 @@ def footprint(
     region: Optional[str] = typer.Option(None, "--region", help="Grid region: country (ISO code or name) or cloud region."),
     grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region)."),
     lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime (default 5)."),
+    market_based: bool = typer.Option(False, "--market-based", help="Market-based grid factor for the region (where the table has one)."),
+    node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, NICs, fans as a share of GPU power (default 0.3)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Energy, CO2e and cost of a run described by its hours (the calculator behind predict --tokens)."""
@@ -412,7 +414,8 @@ def footprint(
         _fail("give --region or --grid-kgco2e-per-kwh, not both")
     try:
         fp = _footprint(device, gpus=gpus, hours=hours, avg_power_w=avg_power_w, utilisation=utilisation, pue=pue, region=region,
-                        grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years)
+                        grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years,
+                        market_based=market_based or None, node_overhead_share=node_overhead_share)
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     if as_json:
