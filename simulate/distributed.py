@@ -31,7 +31,7 @@ from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.simulate.memory import activation_bytes_by_layer
-from wattcast.simulate.parallel import GroupLayout, ParallelConfig, layouts, resolve_parallel
+from wattcast.simulate.parallel import GroupLayout, ParallelConfig, group_layout, layouts, resolve_parallel
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
 from wattcast.simulate.energy import apply_power
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary
@@ -198,6 +198,9 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
     tp_coll = np.bincount(chunk[is_coll], weights=t[is_coll], minlength=n_chunks)
     params = costed["param_count"].to_numpy(dtype=float)
     params_chunk = np.bincount(chunk[phase == "forward"], weights=params[phase == "forward"], minlength=n_chunks)
+    # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
+    is_exp = (phase == "forward") & costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
+    expert_chunk = np.bincount(chunk[is_exp], weights=params[is_exp], minlength=n_chunks)
     db = _bytes(dtype)
     mixed = db < 4
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
@@ -219,11 +222,16 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
             return out
         bucket = par.bucket_mb * 1e6
         op = "reduce_scatter" if zero >= 1 else "all_reduce"
+        ep_dp = group_layout(max(dp_l.size // par.ep, 1), par.tp * par.ep, cl.gpus_per_node)
         for c in range(n_chunks):
-            total = params_chunk[c] * grad_b
-            nb = max(1, int(np.ceil(total / bucket)))
-            sizes = np.full(nb, total / nb)
-            ms, _ = collective_ms(cm, [op] * nb, sizes, dp_l, cl)
+            parts = []
+            for p_count, group in ((params_chunk[c] - expert_chunk[c], dp_l), (expert_chunk[c], ep_dp)):
+                total = p_count * grad_b
+                if total <= 0 or group.size <= 1:
+                    continue
+                nb = max(1, int(np.ceil(total / bucket)))
+                parts.append(collective_ms(cm, [op] * nb, np.full(nb, total / nb), group, cl)[0])
+            ms = np.concatenate(parts) if parts else np.zeros(0)
             out["bucket_ms"].append(ms)
             out["sync_ms"][c] = ms.sum()
             if zero >= 1:
