@@ -95,6 +95,21 @@ FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-dee
 FRAMEWORK_DP_OVERLAP = {"hf": True, "megatron": False, "megatron-deepspeed": False}
 
 
+def _grad_bytes(framework: str, dtype: str) -> int:
+    """Bytes per gradient element the data-parallel reduction moves, by framework default:
+    PyTorch AMP keeps fp32 parameters, so fp32 gradients; DeepSpeed's fp16/bf16 engines all-reduce the
+    half-precision gradients; Megatron-LM reduces fp16 gradients as they are but forces fp32 main-gradient
+    accumulation (and reduction) for bf16 (``--accumulate-allreduce-grads-in-fp32``)."""
+    db = _bytes(dtype)
+    if db >= 4:
+        return db
+    if framework == "megatron-deepspeed":
+        return db
+    if framework == "megatron":
+        return 4 if dtype == "bf16" else db
+    return 4
+
+
 def _collective_model():
     from wattcast.models.collectives import load_collective_model
 
@@ -214,7 +229,7 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
     def dp_times(zero: int) -> dict:
         """Per chunk: gradient sync time (bucketed), param all-gather after the step, ZeRO-3 per-task gathers."""
         dp_l = lay["dp"]
-        grad_b = 4 if mixed else db  # Megatron keeps fp32 main gradients under mixed precision
+        grad_b = _grad_bytes(opts.framework, dtype)
         out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
                "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks)}
         if dp_l.size <= 1:
