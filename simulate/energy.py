@@ -2,31 +2,17 @@
 
 Per kernel: the power model's board power at the kernel's achieved compute and memory utilisation
 (:mod:`wattcast.featurize.power_features`, :mod:`wattcast.models.power`) over its GPU time; the rest of
-the kernel's slot (host launch gaps), pipeline bubbles and waits draw idle power; communication-only time
-draws the model's communication power. A power limit (``power_limit_w``) lowers the clock where a kernel
+the kernel's slot (host launch gaps) draws idle power; collectives draw the model's communication power
+(and so do waits inside a distributed step, see :mod:`wattcast.simulate.distributed`). A power limit (``power_limit_w``) lowers the clock where a kernel
 would exceed it: its time grows (compute-bound kernels most) and its power drops to the limit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
-
-
-@dataclass(frozen=True)
-class StepEnergy:
-    energy_j: float  # one GPU, one step
-    avg_power_w: float  # energy / step time
-    step_time_ms: float  # after the power limit
-    kernel_energy_j: float
-    idle_energy_j: float
-    comm_energy_j: float
-    ood_fraction: float
-    power_limit_w: float | None
 
 
 def _power_model(power_model=None):
@@ -90,28 +76,6 @@ def energy_of(costed: pd.DataFrame, spec: DeviceSpec) -> tuple[float, float, flo
     c_j = float(np.sum(np.where(coll, w * gpu, 0.0)) / 1e3)
     i_j = float(np.sum(np.maximum(slot - gpu, 0.0)) * idle_power_w(spec) / 1e3)
     return k_j, i_j, c_j
-
-
-def step_energy(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None,
-                launch_overhead_ms: float = 0.0) -> StepEnergy:
-    """Energy of one in-order step on one GPU (the single-device timeline)."""
-    from wattcast.models.power import idle_power_w
-
-    old_gpu = costed["gpu_ms"].to_numpy(dtype=float)
-    gpu, w, ood = kernel_power(costed, spec, power_model, power_limit_w=power_limit_w)
-    slot = costed["time_ms"].to_numpy(dtype=float)
-    # a slot is max(GPU time, launch cost): the limit stretches the GPU part only
-    new_slot = np.where(slot > 0, np.maximum(gpu, np.minimum(slot, np.maximum(slot - old_gpu, launch_overhead_ms))), 0.0)
-    new_slot = np.maximum(new_slot, gpu)
-    coll = costed["op_class"].to_numpy() == "collective"
-    k_j = float(np.sum(np.where(coll, 0.0, w * gpu)) / 1e3)
-    c_j = float(np.sum(np.where(coll, w * gpu, 0.0)) / 1e3)
-    idle = idle_power_w(spec)
-    i_j = float(np.sum(np.maximum(new_slot - gpu, 0.0)) * idle / 1e3)
-    step_ms = float(new_slot.sum())
-    e = k_j + c_j + i_j
-    return StepEnergy(e, e / (step_ms / 1e3) if step_ms > 0 else 0.0, step_ms, k_j, i_j, c_j,
-                      float(ood.mean()) if len(ood) else 0.0, power_limit_w)
 
 
 #: utilisation at which `wattcast footprint` evaluates the power surrogate when no average power is given:
