@@ -519,6 +519,21 @@ def train_kernels(
         raise typer.Exit(1)
 
 
+def _print_train_result(res: dict, title: str) -> None:
+    """The summary table of a training run, the gate's verdict and the MLflow run; exit 1 if not replaced."""
+    con = Console()
+    summ = res["summary"]
+    t = Table(title=title)
+    for c in summ.columns:
+        t.add_column(str(c))
+    for _, r in summ.iterrows():
+        t.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r])
+    con.print(t)
+    con.print(f"{res['reason']}" + (f"; MLflow run {res['run_id']}" if res.get("run_id") else ""))
+    if not res["replaced"]:
+        raise typer.Exit(1)
+
+
 @train_app.command("collectives")
 def train_collectives(
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
@@ -535,17 +550,7 @@ def train_collectives(
                                     log=lambda m: err.print(m))
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    con = Console()
-    summ = res["summary"]
-    t = Table(title="collectives: leave-one-configuration-out MAPE %")
-    for c in summ.columns:
-        t.add_column(str(c))
-    for _, r in summ.iterrows():
-        t.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r])
-    con.print(t)
-    con.print(f"{res['reason']}" + (f"; MLflow run {res['run_id']}" if res.get("run_id") else ""))
-    if not res["replaced"]:
-        raise typer.Exit(1)
+    _print_train_result(res, "collectives: leave-one-configuration-out MAPE %")
 
 
 @train_app.command("power")
@@ -562,17 +567,7 @@ def train_power(
         res = run_train_power(data=data, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    con = Console()
-    summ = res["summary"]
-    t = Table(title="power: leave-one-GPU-out error %")
-    for c in summ.columns:
-        t.add_column(str(c))
-    for _, r in summ.iterrows():
-        t.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r])
-    con.print(t)
-    con.print(f"{res['reason']}" + (f"; MLflow run {res['run_id']}" if res.get("run_id") else ""))
-    if not res["replaced"]:
-        raise typer.Exit(1)
+    _print_train_result(res, "power: leave-one-GPU-out error %")
 
 
 @validate_app.command("distributed")
