@@ -124,7 +124,27 @@ def _mlflow_log(tracking_dir: Path, params: dict, metrics: dict, artifacts: list
         mlflow.log_metrics(clean)
         for a in artifacts:
             mlflow.log_artifact(str(a))
-        return run.info.run_id
+        run_id = run.info.run_id
+    relativise_artifact_paths(tracking_dir)
+    return run_id
+
+
+def relativise_artifact_paths(tracking_dir: Path) -> None:
+    """Store artifact locations relative to the tracking folder's parent (the repository root), so the
+    committed store opens with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`` from any clone."""
+    import sqlite3
+
+    tracking_dir = Path(tracking_dir).resolve()
+    prefix = tracking_dir.as_uri()
+    rel = tracking_dir.name
+    con = sqlite3.connect(str(tracking_dir / "mlflow.db"))
+    try:
+        for table, col in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+            for absolute in (prefix, str(tracking_dir)):
+                con.execute(f"UPDATE {table} SET {col} = REPLACE({col}, ?, ?) WHERE {col} LIKE ?", (absolute, rel, absolute + "%"))
+        con.commit()
+    finally:
+        con.close()
 
 
 def run_train_kernels(
