@@ -131,10 +131,13 @@ def _mlflow_log(tracking_dir: Path, params: dict, metrics: dict, artifacts: list
 
 def relativise_artifact_paths(tracking_dir: Path) -> None:
     """Store artifact locations relative to the tracking folder's parent (the repository root), so the
-    committed store opens with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`` from any clone."""
+    committed store opens with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`` from any clone.
+    Only when that parent is the working directory (where the relative paths will be read from)."""
     import sqlite3
 
     tracking_dir = Path(tracking_dir).resolve()
+    if tracking_dir.parent != Path.cwd().resolve():
+        return  # relative paths would resolve against the wrong folder: keep them absolute
     prefix = tracking_dir.as_uri()
     rel = tracking_dir.name
     con = sqlite3.connect(str(tracking_dir / "mlflow.db"))
