@@ -172,8 +172,10 @@ def test_manifest_excludes_the_heldout_gpus(trained):
     assert {"gemm", "elementwise", "ln", "softmax"} <= set(manifest["families"])
 
 
-def test_mlflow_run_has_heldout_metrics_and_plots(trained):
+def test_mlflow_run_has_heldout_metrics_and_plots(trained, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
+    # the store keeps artifact paths relative to its parent folder (where it was written from)
+    monkeypatch.chdir(trained.base)
     db = trained.mlruns / "mlflow.db"
     assert db.is_file()
     mlflow.set_tracking_uri(f"sqlite:///{db}")
