@@ -153,6 +153,7 @@ def test_predict_cluster_json_contract(tmp_path):
     assert d["parallel"]["dp"] == 2 and d["parallel"]["sp"] is True
     ev = json.loads(trace.read_text())["traceEvents"]
     assert {e["pid"] for e in ev if e.get("ph") == "X"} == {0, 1}
+    assert {e["pid"] for e in ev if e.get("ph") == "C" and e["name"] == "power"} == {0, 1}
     assert png.stat().st_size > 1000
 
 

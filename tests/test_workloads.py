@@ -202,3 +202,5 @@ def test_chrome_trace(tmp_path):
     assert len(xs) == len(r.nodes)
     assert sum(e["dur"] for e in xs) == pytest.approx(r.step_time_ms * 1e3, rel=1e-6)
     assert all(np.diff([e["ts"] for e in xs]) >= 0)
+    power = [e for e in ev if e["ph"] == "C" and e["name"] == "power"]
+    assert power and all(0 < e["args"]["board_w"] <= 70 for e in power)  # T4: 70 W TDP
