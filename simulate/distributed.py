@@ -221,6 +221,11 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
     hidden = int(g.meta.get("hidden") or 0)
     act_bytes = par.micro_batch * seq * hidden * db / (par.tp if par.sp else 1)
+    if act_bytes <= 0:  # imported graphs: the tensor crossing a layer boundary, as the graph has it
+        from wattcast.simulate.memory import _block_inputs
+
+        edges = _block_inputs(g, n_layers)
+        act_bytes = float(max(edges)) if edges else 0.0
     p2p_ms = 0.0
     if P > 1 and act_bytes > 0:
         pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
