@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import itertools
 
-import numpy as np
 import pandas as pd
 
 from wattcast.training.distributed_validation import fit_split, load_vtrain, predict_vtrain

@@ -122,7 +122,6 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
     # look-ups run once per distinct op/dtype (pd.factorize hashes), not once per row
     op_codes, op_names = pd.factorize(frame["op"].astype(str))
     op_names = np.asarray(op_names, dtype=object)
-    op = op_names[op_codes] if n else np.array([], dtype=object)
     unknown = [o for o in op_names if o not in OP_FAMILY]
     if unknown:
         raise ValueError(f"unknown op(s) {sorted(unknown)}; known: {sorted(OP_FAMILY)}")

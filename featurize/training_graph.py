@@ -68,7 +68,6 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     dtype = fwd.meta.get("dtype", "fp32")
     fwd_rows = nodes.to_dict("records")
     rules = fwd.saved["backward"]
-    inputs = fwd.saved["inputs"]
     n_fwd = len(fwd_rows)
     out_rows: list[dict] = []
     edges: list[tuple[int, int]] = [tuple(e) for e in fwd.edges.tolist()]
