@@ -63,6 +63,8 @@ COLLECTIVE_OPS = COLLECTIVES
 #: to ``fw_latency`` over the NeuSight label-CSV nodes of the *training* GPUs (MI100, MI210, V100; 42 LN and
 #: 12 softmax nodes; held-out GPUs not used). The backward is costed as the forward kernel times this.
 BACKWARD_RATIO = {"layernorm": 2.37, "softmax": 2.76}
+#: op classes whose kernels run in TF32 when the step's dtype is tf32 (the rest stays fp32)
+TF32_CLASSES = ("linear", "bmm", "conv", "flash_attention")
 #: arithmetic ops that have a tensor-tensor and a tensor-scalar kernel in the surrogate vocabulary
 _ARITH = ("add", "sub", "mul", "div", "pow")
 
@@ -199,7 +201,9 @@ class GraphBuilder:
     def _add(self, name: str, op_class: str, kernel: str, method: str, inputs: Sequence[Tensor], out_shape,
              *, flops: float, bytes_: float, params: int = 0, saves: Sequence[Tensor] = (),
              backward: Sequence[dict] = (), out_dtype: str | None = None, **shape) -> Tensor:
-        values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=self.dtype,
+        # TF32 is a tensor-core mode for matrix products; everything else runs on fp32 data as fp32
+        dtype = self.dtype if self.dtype != "tf32" or op_class in TF32_CLASSES else "fp32"
+        values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=dtype,
                       flops=float(flops), bytes=float(bytes_), scale=1.0, param_count=int(params), layer=self._layer,
                       scope=self._scope, tag=self._tag, group=shape.pop("group", ""))
         for c in SHAPE_COLUMNS:

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, GraphError, OpGraph
+from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSES, GraphError, OpGraph
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
 RECOMPUTE = ("none", "selective", "full")
@@ -44,6 +44,8 @@ def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:
     row["scale"] = 1.0
     row["group"] = ""
     row.update(spec)
+    if dtype == "tf32" and spec.get("op_class") not in TF32_CLASSES:
+        dtype = "fp32"  # TF32 is a matrix-product mode
     row.update(dtype=dtype, param_count=0, layer=fwd_row["layer"], scope=fwd_row["scope"], phase="backward",
                fwd_id=fwd_id, recompute=False, tag=fwd_row["tag"])
     for c in SHAPE_COLUMNS:
@@ -134,6 +136,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
 
 
 def _opt_row(name: str, op_class: str, layer: int, scope: str, flops: float, bytes_: float, dtype: str, phase: str) -> dict:
+    dtype = "fp32" if dtype == "tf32" else dtype  # the optimizer's arithmetic is not a matrix product
     row = {c: np.nan for c in SHAPE_COLUMNS}
     row.update(name=name, op_class=op_class, kernel="", method="proxy", dtype=dtype, flops=flops, bytes=bytes_, scale=1.0,
                param_count=0, layer=int(layer), scope=scope, phase=phase, fwd_id=-1, recompute=False, tag="", group="")
