@@ -204,3 +204,10 @@ def test_chrome_trace(tmp_path):
     assert all(np.diff([e["ts"] for e in xs]) >= 0)
     power = [e for e in ev if e["ph"] == "C" and e["name"] == "power"]
     assert power and all(0 < e["args"]["board_w"] <= 70 for e in power)  # T4: 70 W TDP
+
+
+def test_tf32_is_a_matrix_product_mode():
+    g = step_graph("gpt2", StepOptions(batch=1, seq=128, mode="train", dtype="tf32"))
+    n = g.nodes
+    gemm = n["op_class"].isin(["linear", "bmm"])
+    assert set(n.loc[gemm, "dtype"]) == {"tf32"} and set(n.loc[~gemm, "dtype"]) == {"fp32"}
