@@ -13,8 +13,6 @@ evaluated only. The example-cluster00 rows (undocumented, ~3x slower fabric) hav
 from __future__ import annotations
 
 import hashlib
-import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -354,34 +352,25 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
 
     run_id = None
     if use_mlflow:
-        from wattcast.training.kernel_run import _mlflow_log
+        from wattcast.training.tracking import log_run
 
-        with tempfile.TemporaryDirectory() as td:
-            tdp = Path(td)
-            arts = []
-            for name, t in tables.items():
-                if name == "loco_rows":  # per-row measurements are the dataset's, not ours to publish
-                    continue
-                p = tdp / f"{name}.csv"
-                t.to_csv(p, index=False)
-                arts.append(p)
-            arts.append(_plot(frame, pol_pred, tdp / "pred_vs_measured.png"))
-            (tdp / "collective_manifest.json").write_text(json.dumps(model.manifest, indent=1, default=str))
-            arts.append(tdp / "collective_manifest.json")
-            params = {
-                "train_clusters": ",".join(TRAIN_CLUSTERS),
-                "train_rows": len(h100),
-                "train_medians": len(frame),
-                "configurations": frame["config"].nunique(),
-                "dataset_fingerprint": fp,
-                "rounds": rounds,
-                "quick": quick,
-                "polaris_setup": POLARIS_SETUP,
-                "split": "leave-one-configuration-out (collective, nodes, gpus_per_node)",
-                **{f"lgbm_{k}": v for k, v in LGBM_PARAMS.items()},
-            }
-            run_id = _mlflow_log(Path(tracking_dir), params, metrics, arts,
-                                 {"replaced": str(replaced), "gate": reason, "polaris": "evaluation only (no licence)"},
-                                 experiment="collectives")
+        params = {
+            "train_clusters": ",".join(TRAIN_CLUSTERS),
+            "train_rows": len(h100),
+            "train_medians": len(frame),
+            "configurations": frame["config"].nunique(),
+            "dataset_fingerprint": fp,
+            "rounds": rounds,
+            "quick": quick,
+            "polaris_setup": POLARIS_SETUP,
+            "split": "leave-one-configuration-out (collective, nodes, gpus_per_node)",
+            **{f"lgbm_{k}": v for k, v in LGBM_PARAMS.items()},
+        }
+        # per-row measurements (loco_rows) are the dataset's, not ours to publish
+        run_id = log_run(tracking_dir, experiment="collectives", params=params, metrics=metrics,
+                         tags={"replaced": str(replaced), "gate": reason, "polaris": "evaluation only (no licence)"},
+                         tables={k: v for k, v in tables.items() if k != "loco_rows"},
+                         figures=[lambda d: _plot(frame, pol_pred, d / "pred_vs_measured.png")],
+                         documents={"collective_manifest.json": model.manifest})
     return {"summary": summary, "metrics": metrics, "replaced": replaced, "reason": reason, "run_id": run_id,
             "tables": tables, "out_dir": target}

@@ -130,19 +130,15 @@ def run_validate_distributed(data=None, *, tracking_dir="mlruns", use_mlflow: bo
         pd.concat([ps.assign(set="single"), pm.assign(set="multi")]).to_csv(output, index=False)
     run_id = None
     if use_mlflow:
-        import tempfile
+        from wattcast.training.tracking import log_run
 
-        from wattcast.training.kernel_run import _mlflow_log
-
-        with tempfile.TemporaryDirectory() as tmp:
-            t = Path(tmp)
-            # summaries only: per-row measurements belong to the datasets (use --output for a local CSV)
-            pd.DataFrame([dict(set="single", **s_single), dict(set="multi", **s_multi)]).to_csv(t / "vtrain_summary.csv", index=False)
-            ns[["strategy", "error_pct", "neusight_error_pct", "exposed_comm_ms", "bubble_ms", "mfu"]].to_csv(
-                t / "neusight_4gpu_errors.csv", index=False)
-            arts = [t / "vtrain_summary.csv", t / "neusight_4gpu_errors.csv", _plot(ps, pm, t / "vtrain_predicted_vs_measured.png")]
-            run_id = _mlflow_log(Path(tracking_dir), {"sample": str(sample), "cluster": "DGX-A100 (vTrain), NVLink-4GPU (NeuSight)"},
-                                 metrics, arts, {"kind": "distributed-validation"}, experiment="distributed-validation")
+        # summaries only: per-row measurements belong to the datasets (use --output for a local CSV)
+        tables = {"vtrain_summary": pd.DataFrame([dict(set="single", **s_single), dict(set="multi", **s_multi)]),
+                  "neusight_4gpu_errors": ns[["strategy", "error_pct", "neusight_error_pct", "exposed_comm_ms", "bubble_ms", "mfu"]]}
+        run_id = log_run(tracking_dir, experiment="distributed-validation",
+                         params={"sample": str(sample), "cluster": "DGX-A100 (vTrain), NVLink-4GPU (NeuSight)"},
+                         metrics=metrics, tags={"kind": "distributed-validation"}, tables=tables,
+                         figures=[lambda d: _plot(ps, pm, d / "vtrain_predicted_vs_measured.png")])
     return dict(neusight=ns, vtrain_single=ps, vtrain_multi=pm, summary_single=s_single, summary_multi=s_multi,
                 metrics=metrics, run_id=run_id)
 
@@ -153,19 +149,16 @@ def _plot(ps: pd.DataFrame, pm: pd.DataFrame, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from wattcast.training.tracking import scatter_pred_vs_measured
+
     fig, ax = plt.subplots(figsize=(6, 6))
+    oks = []
     for d, lab in ((ps, "single node"), (pm, "multi node")):
         ok = d[d["status"] == "ok"]
+        oks.append(ok)
         ax.scatter(ok["measured_ms"], ok["predicted_ms"], s=8, alpha=0.6, label=f"vTrain {lab} ({len(ok)})")
-    allv = pd.concat([ps, pm])
-    allv = allv[allv["status"] == "ok"]
-    lim = [allv[["measured_ms", "predicted_ms"]].min().min() * 0.8, allv[["measured_ms", "predicted_ms"]].max().max() * 1.25]
-    ax.plot(lim, lim, "k-", lw=0.8)
-    for f in (0.9, 1.1):
-        ax.plot(lim, [lim[0] * f, lim[1] * f], "k:", lw=0.6)
-    ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured iteration (ms)", ylabel="predicted (ms)",
-           title="vTrain ground truth, A100 FP16 Megatron-DeepSpeed (dotted: +/-10%)")
-    ax.legend(fontsize=8)
+    scatter_pred_vs_measured(ax, oks, 0.10, "measured iteration (ms)", "predicted (ms)",
+                             "vTrain ground truth, A100 FP16 Megatron-DeepSpeed (dotted: +/-10%)")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

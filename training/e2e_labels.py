@@ -25,6 +25,7 @@ from wattcast.featurize.op_graph import GraphError
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.single_device import DEFAULT_LAUNCH_OVERHEAD_MS, cost_nodes
+from wattcast.training.tracking import scatter_pred_vs_measured
 
 LABEL = re.compile(r"^(?P<model>.+?)-(?P<mode>train|inf)-(?P<seq>\d+)-(?P<batch>\d+)(?:-(?P<opt>.+))?$")
 #: NeuSight's published end-to-end mean errors on the project's held-out GPUs (the issue's baseline)
@@ -136,13 +137,8 @@ def plot_labels(df: pd.DataFrame, path: Path) -> Path:
     for (held, mode), g in ok.groupby(["heldout", "mode"]):
         ax.scatter(g["measured_ms"], g["predicted_ms"], s=22, marker="o" if mode == "train" else "^",
                    label=f"{'held-out' if held else 'training GPUs'}, {mode}", alpha=0.8)
-    lim = [ok[["measured_ms", "predicted_ms"]].min().min() * 0.8, ok[["measured_ms", "predicted_ms"]].max().max() * 1.25]
-    ax.plot(lim, lim, "k-", lw=0.8)
-    for f in (0.85, 1.15):
-        ax.plot(lim, [lim[0] * f, lim[1] * f], "k:", lw=0.6)
-    ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured step (ms)", ylabel="predicted step (ms)",
-           title="NeuSight labels: end-to-end, one GPU (dotted: +/-15%)")
-    ax.legend(fontsize=8)
+    scatter_pred_vs_measured(ax, [ok], 0.15, "measured step (ms)", "predicted step (ms)",
+                             "NeuSight labels: end-to-end, one GPU (dotted: +/-15%)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -103,17 +102,13 @@ def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | P
             metrics[f"node_bw_mape_pct.{r.device}.{r.op_class}"] = float(r.bw_mape_pct)
     run_id = None
     if use_mlflow:
-        from wattcast.training.kernel_run import _mlflow_log
+        from wattcast.training.tracking import log_run
 
-        with tempfile.TemporaryDirectory() as tmp:
-            t = Path(tmp)
-            # summaries only: per-label measurements belong to the dataset (use --output for a local CSV)
-            summary.to_csv(t / "labels_summary.csv", index=False)
-            node_summary.to_csv(t / "label_nodes_by_op_class.csv", index=False)
-            arts = [t / "labels_summary.csv", t / "label_nodes_by_op_class.csv",
-                    plot_labels(labels, t / "labels_predicted_vs_measured.png")]
-            params = {"labels": int((labels["status"] == "ok").sum()), "heldout": ",".join(HELDOUT_DEVICES),
-                      "bundle": str(bundle.meta.get("mlflow_run", bundle.meta.get("trained_at", ""))),
-                      "neusight_e2e_mean_pct": str(NEUSIGHT_E2E_MEAN_PCT), "goal_e2e_mean_pct": str(GOAL_E2E_MEAN_PCT)}
-            run_id = _mlflow_log(Path(tracking_dir), params, metrics, arts, {"kind": "e2e-labels"}, experiment="e2e-labels")
+        params = {"labels": int((labels["status"] == "ok").sum()), "heldout": ",".join(HELDOUT_DEVICES),
+                  "bundle": str(bundle.meta.get("mlflow_run", bundle.meta.get("trained_at", ""))),
+                  "neusight_e2e_mean_pct": str(NEUSIGHT_E2E_MEAN_PCT), "goal_e2e_mean_pct": str(GOAL_E2E_MEAN_PCT)}
+        # summaries only: per-label measurements belong to the dataset (use --output for a local CSV)
+        run_id = log_run(tracking_dir, experiment="e2e-labels", params=params, metrics=metrics, tags={"kind": "e2e-labels"},
+                         tables={"labels_summary": summary, "label_nodes_by_op_class": node_summary},
+                         figures=[lambda d: plot_labels(labels, d / "labels_predicted_vs_measured.png")])
     return dict(labels=labels, summary=summary, nodes=nodes, node_summary=node_summary, metrics=metrics, run_id=run_id)

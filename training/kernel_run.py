@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import tempfile
 import time
@@ -25,6 +23,7 @@ from wattcast.training.kernels import (
     summarise,
     train_bundle,
 )
+from wattcast.training.tracking import log_run
 
 #: the gate: the new bundle must be no worse than the old on all validation rows together, and may not
 #: regress any one part (shared reference rows, the user's rows) by more than this fraction
@@ -101,53 +100,6 @@ def _plot_heldout(pred: pd.DataFrame, folder: Path) -> list[Path]:
         plt.close(fig)
         paths.append(p)
     return paths
-
-
-def _mlflow_log(tracking_dir: Path, params: dict, metrics: dict, artifacts: list[Path], tags: dict,
-                experiment: str = "kernel-surrogates") -> str | None:
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("DO_NOT_TRACK", "true")
-    import mlflow
-
-    tracking_dir.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(f"sqlite:///{tracking_dir.resolve() / 'mlflow.db'}")
-    name = experiment
-    exp = mlflow.get_experiment_by_name(name)
-    if exp is None:
-        exp_id = mlflow.create_experiment(name, artifact_location=(tracking_dir.resolve() / "artifacts").as_uri())
-    else:
-        exp_id = exp.experiment_id
-    with mlflow.start_run(experiment_id=exp_id) as run:
-        mlflow.log_params(params)
-        mlflow.set_tags(tags)
-        clean = {k.replace("%", "pct").replace(" ", "_"): float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}
-        mlflow.log_metrics(clean)
-        for a in artifacts:
-            mlflow.log_artifact(str(a))
-        run_id = run.info.run_id
-    relativise_artifact_paths(tracking_dir)
-    return run_id
-
-
-def relativise_artifact_paths(tracking_dir: Path) -> None:
-    """Store artifact locations relative to the tracking folder's parent (the repository root), so the
-    committed store opens with ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`` from any clone.
-    Only when that parent is the working directory (where the relative paths will be read from)."""
-    import sqlite3
-
-    tracking_dir = Path(tracking_dir).resolve()
-    if tracking_dir.parent != Path.cwd().resolve():
-        return  # relative paths would resolve against the wrong folder: keep them absolute
-    prefix = tracking_dir.as_uri()
-    rel = tracking_dir.name
-    con = sqlite3.connect(str(tracking_dir / "mlflow.db"))
-    try:
-        for table, col in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
-            for absolute in (prefix, str(tracking_dir)):
-                con.execute(f"UPDATE {table} SET {col} = REPLACE({col}, ?, ?) WHERE {col} LIKE ?", (absolute, rel, absolute + "%"))
-        con.commit()
-    finally:
-        con.close()
 
 
 def run_train_kernels(
@@ -276,27 +228,19 @@ def run_train_kernels(
 
     run_id = None
     if use_mlflow:
-        with tempfile.TemporaryDirectory() as td:
-            tdp = Path(td)
-            arts = []
-            for name, t in tables.items():
-                p = tdp / f"{name}.csv"
-                t.to_csv(p)
-                arts.append(p)
-            if held_pred is not None:
-                arts += _plot_heldout(held_pred, tdp)
-            (tdp / "manifest_meta.json").write_text(json.dumps(bundle.meta, indent=1, default=str))
-            arts.append(tdp / "manifest_meta.json")
-            params = {
-                "holdout": ",".join(holdout),
-                "train_rows": len(train),
-                "train_devices": ",".join(bundle.meta["train_devices"]),
-                "dataset_fingerprint": fp,
-                "user_csv": str(csv) if csv else "",
-                **{f"cfg_{k}": v for k, v in cfg.__dict__.items()},
-                **{f"choice_{f}": fm.choice for f, fm in bundle.families.items()},
-            }
-            run_id = _mlflow_log(Path(tracking_dir), params, metrics, arts, {"replaced": str(replaced), "gate": reason})
+        params = {
+            "holdout": ",".join(holdout),
+            "train_rows": len(train),
+            "train_devices": ",".join(bundle.meta["train_devices"]),
+            "dataset_fingerprint": fp,
+            "user_csv": str(csv) if csv else "",
+            **{f"cfg_{k}": v for k, v in cfg.__dict__.items()},
+            **{f"choice_{f}": fm.choice for f, fm in bundle.families.items()},
+        }
+        run_id = log_run(tracking_dir, experiment="kernel-surrogates", params=params, metrics=metrics,
+                         tags={"replaced": str(replaced), "gate": reason}, tables=tables, table_index=True,
+                         figures=[lambda d: _plot_heldout(held_pred, d)] if held_pred is not None else [],
+                         documents={"manifest_meta.json": bundle.meta})
     return RunOutcome(replaced, reason, target, metrics, tables, run_id)
 
 

@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -727,32 +725,22 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
     tables = {"lodo_by_gpu": summary, "power_limits": limits}
     run_id = None
     if use_mlflow:
-        from wattcast.training.kernel_run import _mlflow_log
+        from wattcast.training.tracking import log_run
 
-        with tempfile.TemporaryDirectory() as td:
-            tdp = Path(td)
-            arts = []
-            for name, t in tables.items():
-                if t is None or t.empty:
-                    continue
-                p = tdp / f"{name}.csv"
-                t.to_csv(p, index=False)
-                arts.append(p)
-            arts.append(_plot(pred, chosen, limit_rows, tdp / "power_lodo_and_limits.png"))
-            (tdp / MANIFEST).write_text(json.dumps(model.to_manifest(), indent=1, default=str))
-            arts.append(tdp / MANIFEST)
-            params_log = {
-                "form": chosen, "train_rows": len(train), "train_devices": ",".join(sorted(train["device"].unique())),
-                "sources": ",".join(sorted(train["source"].unique())), "dataset_fingerprint": fp,
-                "split": "leave-one-GPU-out", "perseus_tp": PERSEUS_TP, "perseus_mbs": PERSEUS_MBS,
-                "perseus_tdp_w": PERSEUS_TDP_W, "idle_fraction_of_tdp": IDLE_FRACTION_OF_TDP,
-                "min_clock_ratio": MIN_CLOCK_RATIO, "curve_features": ",".join(CURVE_FEATURES),
-                "chosen": chosen,
-                **{f"curve_{k}": round(v, 4) for k, v in params.items()},
-                **{f"curve_free_{k}": round(v, 4) for k, v in params_free.items()},
-            }
-            run_id = _mlflow_log(Path(tracking_dir), params_log, metrics, arts,
-                                 {"replaced": str(replaced), "gate": reason}, experiment=EXPERIMENT)
+        params_log = {
+            "form": chosen, "train_rows": len(train), "train_devices": ",".join(sorted(train["device"].unique())),
+            "sources": ",".join(sorted(train["source"].unique())), "dataset_fingerprint": fp,
+            "split": "leave-one-GPU-out", "perseus_tp": PERSEUS_TP, "perseus_mbs": PERSEUS_MBS,
+            "perseus_tdp_w": PERSEUS_TDP_W, "idle_fraction_of_tdp": IDLE_FRACTION_OF_TDP,
+            "min_clock_ratio": MIN_CLOCK_RATIO, "curve_features": ",".join(CURVE_FEATURES),
+            "chosen": chosen,
+            **{f"curve_{k}": round(v, 4) for k, v in params.items()},
+            **{f"curve_free_{k}": round(v, 4) for k, v in params_free.items()},
+        }
+        run_id = log_run(tracking_dir, experiment=EXPERIMENT, params=params_log, metrics=metrics,
+                         tags={"replaced": str(replaced), "gate": reason}, tables=tables,
+                         figures=[lambda d: _plot(pred, chosen, limit_rows, d / "power_lodo_and_limits.png")],
+                         documents={MANIFEST: model.to_manifest()})
     return {"summary": summary, "metrics": metrics, "replaced": replaced, "reason": reason, "run_id": run_id,
             "tables": tables, "out_dir": target}
 
