@@ -100,12 +100,6 @@ def devices(name: Optional[str] = typer.Argument(None, help="Show one device's s
     con.print(t)
 
 
-def _prediction_json(res) -> dict:
-    d = res.to_dict()
-    d["per_op"] = [dict(op_class=r["op_class"], count=r["count"], time_ms=r["time_ms"], flops=r["flops"]) for r in res.per_op]
-    return d
-
-
 @app.command()
 def predict(
     model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (see --list-models)."),
@@ -146,8 +140,6 @@ def predict(
 
     With --cluster (and --gpus), --batch is the global batch in sequences and the step runs under the
     parallel strategy given by --tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave."""
-    import json
-
     from wattcast import predict as _predict
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
@@ -177,11 +169,7 @@ def predict(
 
         write_chrome_trace(res, trace)
     if as_json:
-        d = _prediction_json(res)
-        if run is not None:
-            d["run"] = run.run_dict()
-            d["run_details"] = run.to_dict()
-        print(json.dumps(d, indent=2, default=str))
+        _print_json(res, run)
     else:
         _print_prediction(res)
         if run is not None:
@@ -209,6 +197,15 @@ def _run_footprint(device, gpus: int, step_time_ms: float, gpu_power_w: float, t
         _fail(str(e))
 
 
+def _print_json(res, run) -> None:
+    """One JSON object: the prediction (``to_dict``), plus ``run`` and ``run_details`` when --tokens was given."""
+    d = res.to_dict()
+    if run is not None:
+        d["run"] = run.run_dict()
+        d["run_details"] = run.to_dict()
+    print(json.dumps(d, indent=2, default=str))
+
+
 def _print_run(run) -> None:
     from wattcast.simulate.lifecycle import format_footprint
 
@@ -218,8 +215,6 @@ def _print_run(run) -> None:
 def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
                          as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
                          power_limit_w=None, run_kw=None, clock_cap_mhz=None, framework="hf") -> None:
-    import json
-
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
     from wattcast.data.cluster_spec import ClusterSpecError
@@ -249,11 +244,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 
         plot_timeline(res, plot)
     if as_json:
-        d = res.to_dict()
-        if run is not None:
-            d["run"] = run.run_dict()
-            d["run_details"] = run.to_dict()
-        print(json.dumps(d, indent=2, default=str))
+        _print_json(res, run)
     else:
         con = Console()
         t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch} x seq {seq}")

@@ -65,6 +65,19 @@ class HFConfig:
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)
 
+    @property
+    def total_layers(self) -> int:
+        """Blocks of the whole model: encoder plus decoder for encoder-decoder families."""
+        if self.family == "switch":
+            return self.n_layers + int(self.get("num_decoder_layers") or self.n_layers)
+        return self.n_layers
+
+    @property
+    def n_experts(self) -> int | None:
+        """Experts per MoE layer, or None for a dense model."""
+        n = self.get("num_local_experts") or self.get("num_experts")
+        return int(n) if n else None
+
 
 def _first(raw: Mapping[str, Any], key: str) -> Any:
     for alias in ALIASES[key]:

@@ -166,4 +166,3 @@ def switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
                           weight_params=not tied, parallel="col")
         if b.train:
             b.cross_entropy(logits, name="loss", vocab_parallel=True)
-    b.meta["n_layers_total"] = total

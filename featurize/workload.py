@@ -7,7 +7,7 @@ a built-in model name (:func:`wattcast.featurize.hf_config.builtin_models`), a c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert"):
         raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {cfg.max_positions} learned positions")
     GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
-    n_layers = int(b.meta.get("n_layers_total", cfg.n_layers))
+    n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
                    hidden=cfg.hidden, vocab=cfg.vocab)
@@ -128,7 +128,7 @@ def _build(model: Any, opts: StepOptions) -> OpGraph:
 
 def step_graph(model: Any, opts: StepOptions | None = None, **kw) -> OpGraph:
     """The operator graph of one step of ``model`` (cached for files and built-in names)."""
-    opts = (opts or StepOptions(**kw)).validated() if not kw or opts is None else StepOptions(**{**opts.__dict__, **kw}).validated()
+    opts = replace(opts or StepOptions(), **kw).validated()
     if isinstance(model, (str, Path)):
         p = Path(model)
         if p.is_file():

@@ -20,20 +20,23 @@ pipeline bubble, per-device busy time and memory, MFU / HFU / model TFLOP/s per 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
 from wattcast.data.catalog import resolve_device
+from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec
-from wattcast.featurize.hf_config import load_hf_config
+from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.featurize.hf_config import HFConfig, load_hf_config
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.models.kernel_bundle import load_bundle
-from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
+from wattcast.simulate.energy import apply_power
 from wattcast.simulate.memory import activation_bytes_by_layer
 from wattcast.simulate.parallel import GroupLayout, ParallelConfig, group_layout, layouts, resolve_parallel
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
-from wattcast.simulate.energy import apply_power
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary
 
 
@@ -100,7 +103,7 @@ def _grad_bytes(framework: str, dtype: str) -> int:
     PyTorch AMP keeps fp32 parameters, so fp32 gradients; DeepSpeed's fp16/bf16 engines all-reduce the
     half-precision gradients; Megatron-LM reduces fp16 gradients as they are but forces fp32 main-gradient
     accumulation (and reduction) for bf16 (``--accumulate-allreduce-grads-in-fp32``)."""
-    db = _bytes(dtype)
+    db = DTYPE_BYTES[dtype]
     if db >= 4:
         return db
     if framework == "megatron-deepspeed":
@@ -132,8 +135,11 @@ def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSp
     return us / 1e3, ood
 
 
-def _bytes(dtype: str) -> int:
-    return 2 if dtype in ("fp16", "bf16") else (1 if dtype == "fp8" else 4)
+def _model_config(model) -> HFConfig | None:
+    """The Hugging Face config behind ``model`` (a config file, dict or built-in name), else None (ONNX, torch)."""
+    if isinstance(model, Mapping) or (isinstance(model, (str, Path)) and not str(model).lower().endswith(".onnx")):
+        return load_hf_config(model)
+    return None
 
 
 def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: int, seq: int,
@@ -146,24 +152,14 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device or cl.device)
     par = parallel or ParallelConfig(gpus=gpus)
     par = replace(par, gpus=gpus)
-    hf = None
-    try:
-        hf = load_hf_config(model) if isinstance(model, (str, dict)) and not str(model).lower().endswith(".onnx") else None
-    except Exception:  # an ONNX/torch model: no config to validate heads against
-        hf = None
-    n_exp = None
-    if hf is not None:
-        n_exp = hf.get("num_local_experts") or hf.get("num_experts")
+    hf = _model_config(model)
     opts0 = StepOptions(batch=1, seq=seq, mode="train", dtype=dtype, attention=attention, compile=compile,
                         optimizer=optimizer, recompute=par.recompute, framework=framework)
     # layers: from the config, else from a single-device graph
-    if hf is not None:
-        n_layers = int(hf.n_layers if hf.family != "switch" else hf.n_layers + int(hf.get("num_decoder_layers") or hf.n_layers))
-    else:
-        n_layers = int(step_graph(model, opts0).meta.get("n_layers", 1))
+    n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,
                            n_kv_heads=hf.n_kv_heads if hf else None, ffn=hf.ffn if hf else None,
-                           n_experts=int(n_exp) if n_exp else None, seq=seq, cluster=cl)
+                           n_experts=hf.n_experts if hf else None, seq=seq, cluster=cl)
     lay = layouts(par, cl)
     bundle = bundle or load_bundle()
     cm = coll_model or _collective_model()
@@ -216,7 +212,7 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
     is_exp = (phase == "forward") & costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
     expert_chunk = np.bincount(chunk[is_exp], weights=params[is_exp], minlength=n_chunks)
-    db = _bytes(dtype)
+    db = DTYPE_BYTES[dtype]
     mixed = db < 4
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
     hidden = int(g.meta.get("hidden") or 0)
@@ -232,7 +228,8 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
         p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
 
     def dp_times(zero: int) -> dict:
-        """Per chunk: gradient sync time (bucketed), param all-gather after the step, ZeRO-3 per-task gathers."""
+        """Per chunk: gradient sync time (bucketed), param all-gather after the step, ZeRO-3 per-task gathers.
+        Computed once per prediction (``dpt`` below)."""
         dp_l = lay["dp"]
         grad_b = _grad_bytes(opts.framework, dtype)
         out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
@@ -263,8 +260,9 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
                 out["z3_b_ms"][c] = ag + rs
         return out
 
+    dpt = dp_times(par.zero)
+
     def run(comm_on: bool):
-        dpt = dp_times(par.zero) if comm_on else None
         f, b = (f_ms, b_ms) if comm_on else (f_nc, b_nc)
         if comm_on and par.zero == 3:
             f = np.maximum(f, dpt["z3_f_ms"])
@@ -381,7 +379,7 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
                 events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=float(finish[s]),
                                    end_ms=float(finish[s] + opt_stage[s])))
     comm = dict(tp_ms_per_micro=float(tp_coll.sum()), p2p_ms=p2p_ms,
-                dp_sync_ms=float(sum(dp_times(par.zero)["sync_ms"])) if lay["dp"].size > 1 else 0.0,
+                dp_sync_ms=float(dpt["sync_ms"].sum()),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,

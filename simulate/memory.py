@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph
 
 GB = 1e9
@@ -46,7 +47,7 @@ class MemoryEstimate:
 def estimate_memory(graph: OpGraph) -> MemoryEstimate:
     meta = graph.meta
     dtype = meta.get("dtype", "fp32")
-    db = 2 if dtype in ("fp16", "bf16") else (1 if dtype == "fp8" else 4)
+    db = DTYPE_BYTES.get(dtype, 4)
     params = float(meta.get("param_count", 0))
     train = meta.get("mode") == "train"
     weights = params * db

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from wattcast.featurize.hf_config import load_hf_config
 from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.simulate.distributed import predict_distributed
-from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
+from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -66,28 +65,16 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
            optimizer: str = "adamw", max_configs: int = 400, progress=None, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``)."""
     cl = resolve_cluster(cluster)
-    hf = None
-    try:
-        hf = load_hf_config(model)
-    except Exception:
-        hf = None
     if attention == "flash" and "recompute" not in space:
         # fused attention keeps no S x S activations: selective recomputation would change nothing
         space = dict(space, recompute=("none", "full"))
     cands = candidate_configs(model, cl, gpus, batch, seq, **space)
     rows, bad = [], []
-    n_layers = None
-    if hf is not None:
-        n_layers = hf.n_layers if hf.family != "switch" else hf.n_layers + int(hf.get("num_decoder_layers") or hf.n_layers)
     evaluated = 0
     for par in cands:
         if evaluated >= max_configs:
             break
-        try:
-            if hf is not None:
-                n_exp = hf.get("num_local_experts") or hf.get("num_experts")
-                resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
-                                 n_experts=int(n_exp) if n_exp else None, seq=seq, cluster=cl)
+        try:  # an invalid strategy is rejected by its rules before any graph is built
             r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
                                     optimizer=optimizer)
         except ParallelConfigError as e:

@@ -169,7 +169,7 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
         parts.append((fl, pv, frac))
     if parts:
         frame = pd.concat([p[1] for p in parts], ignore_index=True)
-        for c in ("B", "M", "N", "K", "H", *SHAPE_COLUMNS[5:]):
+        for c in SHAPE_COLUMNS:
             if c not in frame:
                 frame[c] = np.nan
         res = _surrogate_times(frame[["op", "dtype", *SHAPE_COLUMNS]], spec, bundle)
