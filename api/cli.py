@@ -281,7 +281,7 @@ def search(
     seq: int = typer.Option(2048, "--seq", help="Tokens per sequence."),
     dtype: str = typer.Option("bf16", "--dtype"),
     attention: str = typer.Option("flash", "--attention"),
-    max_configs: int = typer.Option(200, "--max-configs", help="Evaluate at most this many configurations."),
+    max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations."),
     top: int = typer.Option(10, "--top", help="Rows to show."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
 ) -> None:

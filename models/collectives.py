@@ -423,6 +423,9 @@ class CollectiveModel:
         self._links = np.array(sup.get("links", []), dtype=np.float64).reshape(-1, 6)
         self._op_shift: dict[int, float] = {}
         self._lock = threading.Lock()
+        #: id(cluster) -> (cluster, {(op, n_gpus, gpus_per_node, size): (us, ood)}); the cluster is held so
+        #: that its id cannot be reused while its entries live
+        self._memo: dict[int, tuple[Any, dict]] = {}
         if booster is not None and list(booster.feature_name()) != list(FEATURES):
             raise ValueError("the correction model's features differ from this wattcast's FEATURES")
 
@@ -475,6 +478,28 @@ class CollectiveModel:
         bool out-of-support array."""
         p = self.predict(op, size_bytes, n_gpus, gpus_per_node, cluster)
         return (p.us, p.ood) if return_ood else p.us
+
+    def predict_us_memo(self, op: str, size_bytes, n_gpus: int, gpus_per_node: int, cluster) -> tuple[np.ndarray, np.ndarray]:
+        """(us, ood) of one collective ``op`` over one group placement for an array of message sizes,
+        remembered per distinct (op, group, size, cluster): search loops ask for the same messages again
+        and again, and one LightGBM call costs about a millisecond however few rows it has."""
+        entry = self._memo.get(id(cluster))
+        if entry is None or entry[0] is not cluster:
+            if len(self._memo) >= 32:
+                self._memo.clear()
+            entry = self._memo[id(cluster)] = (cluster, {})
+        memo = entry[1]
+        if len(memo) > 200_000:
+            memo.clear()
+        keys = [(op, int(n_gpus), int(gpus_per_node), s) for s in np.asarray(size_bytes, dtype=float).ravel().tolist()]
+        miss = [k for k in dict.fromkeys(keys) if k not in memo]
+        if miss:
+            u, f = self.predict_us(op, np.array([k[3] for k in miss]), n_gpus, gpus_per_node, cluster, return_ood=True)
+            for k, a, b in zip(miss, np.ravel(u).tolist(), np.ravel(f).tolist()):
+                memo[k] = (a, b)
+        vals = [memo[k] for k in keys]
+        return (np.fromiter((v[0] for v in vals), dtype=float, count=len(vals)),
+                np.fromiter((v[1] for v in vals), dtype=bool, count=len(vals)))
 
     # ---------------------------------------------------------------------------------- disk
     def save(self, folder: str | Path) -> tuple[Path, Path]:

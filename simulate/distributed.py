@@ -127,12 +127,22 @@ def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSp
         return np.zeros(len(size)), np.zeros(len(size), dtype=bool)
     us = np.zeros(len(size))
     ood = np.zeros(len(size), dtype=bool)
+    memo = getattr(model, "predict_us_memo", None)
     for o in pd.unique(op):
         sel = op == o
-        u, f = model.predict_us(o, size[sel], layout.size, layout.gpus_per_node, cluster, return_ood=True)
+        if memo is not None:
+            u, f = memo(o, size[sel], layout.size, layout.gpus_per_node, cluster)
+        else:
+            u, f = model.predict_us(o, size[sel], layout.size, layout.gpus_per_node, cluster, return_ood=True)
         us[sel] = np.asarray(u, dtype=float)
         ood[sel] = np.asarray(f, dtype=bool)
     return us / 1e3, ood
+
+
+#: costed rank graphs by (identities of graph, device, models, cluster; group placements; host and power
+#: settings); each entry holds the objects whose ids it uses, so no id is reused while it lives. Oldest out.
+_COSTED: dict = {}
+_COSTED_MAX = 128
 
 
 def _model_config(model) -> HFConfig | None:
@@ -165,7 +175,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     cm = coll_model or _collective_model()
     n_micro = par.n_micro(batch)
     opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep)
-    g = step_graph(model, opts)
+    g, n_rep = _rank_graph(model, hf, opts)
 
     def coll_fn(kernel, size, group):
         ms = np.zeros(len(size))
@@ -177,10 +187,182 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
         return ms, ood
 
     launch_ms, iter_ms = host_ms or FRAMEWORK_HOST_MS[opts.framework]
-    costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
-    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
-    return _schedule(model, g, costed, spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
-                     dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w)
+    # the costed rank graph depends on the graph, the device, the models, the TP/EP group placements and the
+    # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
+    pins = (g, spec, bundle, cm, cl, power_model)  # n_rep follows from g
+    key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, clock_cap_mhz)
+    hit = _COSTED.get(key)
+    if hit is None:
+        costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
+        costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+        if len(_COSTED) >= _COSTED_MAX:
+            _COSTED.pop(next(iter(_COSTED)))
+        _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep))
+    # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
+    g1, n_rep1 = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
+    return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
+                     dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
+                     model_totals=_model_totals(g1, n_rep1))
+
+
+#: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
+#: the middle block stands for blocks 1 .. L-2 (every per-layer and whole-model sum counts it L-2 times): exact,
+#: and L/3 times cheaper to build, which is what makes strategy search fast for 100-layer models.
+_UNIFORM_FAMILIES = ("gpt2", "opt", "llama", "mixtral", "bert")
+_SHORT_LAYERS = 3
+_SHORT_GRAPHS: dict = {}
+
+
+def _rank_graph(model, hf: HFConfig | None, opts: StepOptions):
+    """(graph, n_rep): the step graph of ``model``; for uniform configs with more than 4 blocks a 3-block
+    graph whose block 1 repeats ``n_rep`` = L-2 times (else ``n_rep`` 1 and the whole graph)."""
+    if hf is None or hf.family not in _UNIFORM_FAMILIES or hf.n_layers != hf.total_layers or hf.n_layers <= _SHORT_LAYERS + 1:
+        return step_graph(model, opts), 1
+    import json
+
+    from wattcast.featurize.hf_config import ALIASES
+
+    def short(n_blocks: int, o: StepOptions):
+        key = (json.dumps(dict(hf.raw), sort_keys=True, default=str), hf.name, n_blocks, o)
+        g = _SHORT_GRAPHS.get(key)
+        if g is None:
+            raw = dict(hf.raw, _name_or_path=hf.name)
+            for k in ALIASES["n_layers"]:
+                if k in raw:
+                    raw[k] = n_blocks
+            g = step_graph(raw, o)
+            if len(_SHORT_GRAPHS) >= 256:
+                _SHORT_GRAPHS.pop(next(iter(_SHORT_GRAPHS)))
+            _SHORT_GRAPHS[key] = g
+        return g
+
+    g = short(_SHORT_LAYERS, opts)
+    if "block_params" not in g.meta:
+        # parameters of one block, as the builder counts them (some, e.g. RMSNorm weights, sit on no kernel node)
+        small = replace(opts, batch=1, seq=8, mode="inference", tp=1, sp=False, ep=1, recompute="none", compile=False)
+        g.meta["block_params"] = short(_SHORT_LAYERS, small).param_count - short(_SHORT_LAYERS - 1, small).param_count
+    return g, hf.n_layers - (_SHORT_LAYERS - 1)
+
+
+def _layer_multiplicity(layers: np.ndarray, n_rep: int) -> np.ndarray:
+    """How many blocks of the full model each node of a (short) graph stands for."""
+    return np.where(layers == 1, n_rep, 1) if n_rep > 1 else np.ones(len(layers), dtype=np.int64)
+
+
+def _full_layer_ids(ids: np.ndarray, n_rep: int) -> tuple[np.ndarray, np.ndarray]:
+    """(layer ids of the full model, index into ``ids`` for each): block 1 of a short graph becomes blocks
+    1 .. n_rep, later ids shift by n_rep - 1."""
+    if n_rep <= 1:
+        return ids, np.arange(len(ids))
+    out, src = [], []
+    for j, lid in enumerate(ids.tolist()):
+        if lid == 1:
+            out += range(1, 1 + n_rep)
+            src += [j] * n_rep
+        else:
+            out.append(lid + (n_rep - 1 if lid > 1 else 0))
+            src.append(j)
+    return np.array(out, dtype=np.int64), np.array(src, dtype=np.int64)
+
+
+def _model_totals(g1, n_rep: int) -> dict:
+    """Model FLOPs of one micro-batch (optimizer excluded) and the parameter count, from the unsharded graph."""
+    hit = _TOTALS.get(id(g1))
+    if hit is not None and hit[0] is g1:
+        return hit[1]
+    nodes = g1.nodes
+    layers = nodes["layer"].to_numpy()
+    mult = _layer_multiplicity(layers, n_rep)
+    phase = nodes["phase"].to_numpy()
+    flops = float((nodes["flops"].to_numpy(dtype=float) * mult)[phase != "optimizer"].sum())
+    params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(g1.meta.get("block_params", 0))
+    out = dict(flops=flops, param_count=params)
+    if len(_TOTALS) >= 256:
+        _TOTALS.pop(next(iter(_TOTALS)))
+    _TOTALS[id(g1)] = (g1, out)
+    return out
+
+
+_TOTALS: dict = {}
+
+
+@dataclass(frozen=True)
+class _RankView:
+    """A costed rank graph summed per layer (index ``layer_ids``): what scheduling a strategy needs, so that
+    strategies sharing the graph never walk its kernels again."""
+
+    layer_ids: np.ndarray
+    f_ms: np.ndarray  # forward time of one micro-batch, collectives included
+    b_ms: np.ndarray
+    opt_ms: np.ndarray
+    f_nc_ms: np.ndarray  # the same without collectives
+    b_nc_ms: np.ndarray
+    coll_ms: np.ndarray
+    params: np.ndarray  # parameters held (forward nodes)
+    expert_params: np.ndarray
+    e_comp_j: np.ndarray  # energy of one micro-batch's forward + backward
+    e_opt_j: np.ndarray
+    act_bytes: np.ndarray  # saved activations of one micro-batch
+    full_extra_bytes: float
+    block_input_bytes: tuple
+    phase_ms: dict
+    recompute_flops: float
+    per_op: list
+    fallback_ops: list
+    ood_fraction: float
+
+
+def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _RankView:
+    """Per-layer sums of a costed rank graph; with ``n_rep`` > 1 (a short graph, see ``_rank_graph``) block 1
+    is repeated into blocks 1 .. n_rep."""
+    from wattcast.models.power import idle_power_w
+    from wattcast.simulate.memory import _block_inputs
+
+    layers = costed["layer"].to_numpy()
+    ids, li = np.unique(layers, return_inverse=True)
+    n = len(ids)
+    mult = _layer_multiplicity(layers, n_rep)
+    full_ids, src = _full_layer_ids(ids, n_rep)
+    phase = costed["phase"].to_numpy()
+    t = costed["time_ms"].to_numpy(dtype=float)
+    fwd, bwd, opt = phase == "forward", phase == "backward", phase == "optimizer"
+    is_coll = costed["op_class"].to_numpy() == "collective"
+    params = costed["param_count"].to_numpy(dtype=float)
+    is_exp = fwd & costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
+    w = costed["power_w"].to_numpy(dtype=float)
+    gpu_t = costed["gpu_ms"].to_numpy(dtype=float)
+    # kernels at their power, host launch gaps at idle
+    e_node = (w * gpu_t + idle_power_w(spec) * np.maximum(t - gpu_t, 0.0)) / 1e3
+
+    def per_layer(mask, v):
+        return np.bincount(li[mask], weights=v[mask], minlength=n)[src]
+
+    acts, full_extra = activation_bytes_by_layer(g)
+    act = np.zeros(n)
+    if acts:
+        keys = np.fromiter(acts.keys(), dtype=np.int64, count=len(acts))
+        pos = np.searchsorted(ids, keys)
+        ok = (pos < n) & (ids[np.minimum(pos, n - 1)] == keys)
+        np.add.at(act, pos[ok], np.fromiter(acts.values(), dtype=float, count=len(acts))[ok])
+    act = act[src]
+    n_layers = int(g.meta.get("n_layers", 0) or 0)
+    rc = costed["recompute"].to_numpy(dtype=bool)
+    flops = costed["flops"].to_numpy(dtype=float)
+    whole = costed
+    if n_rep > 1:  # whole-model summaries count block 1 n_rep times
+        whole = costed[["op_class", "method", "time_ms", "flops", "ood"]].iloc[np.repeat(np.arange(len(costed)), mult)]
+    wt = whole["time_ms"].to_numpy(dtype=float)
+    wphase = np.repeat(phase, mult)
+    return _RankView(
+        layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
+        f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
+        params=per_layer(fwd, params), expert_params=per_layer(is_exp, params), e_comp_j=per_layer(~opt, e_node),
+        e_opt_j=per_layer(opt, e_node), act_bytes=act, full_extra_bytes=float(full_extra),
+        block_input_bytes=tuple(_block_inputs(g, n_layers)) if not g.meta.get("hidden") else (),
+        phase_ms={ph: float(wt[wphase == ph].sum()) for ph in ("forward", "backward", "optimizer")},
+        recompute_flops=float((flops * mult)[rc].sum()),
+        per_op=_group(whole["op_class"].to_numpy(), wt, whole["flops"].to_numpy(dtype=float), "op_class"),
+        fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
 
 
 def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndarray:
@@ -190,38 +372,29 @@ def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndar
     return np.where(layers >= n_layers, n_chunks - 1, c).astype(int)
 
 
-def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
+def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
               seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
-              iteration_ms: float = 0.0, power_limit_w: float | None = None) -> DistributedPrediction:
+              iteration_ms: float = 0.0, power_limit_w: float | None = None,
+              model_totals: dict | None = None) -> DistributedPrediction:
     P, V = par.pp, par.interleave
     n_chunks = P * V
-    layers = costed["layer"].to_numpy()
-    phase = costed["phase"].to_numpy()
-    t = costed["time_ms"].to_numpy()
-    is_coll = costed["op_class"].to_numpy() == "collective"
-    chunk = _chunk_of_layer(layers, n_layers, n_chunks)
-    f_ms = np.bincount(chunk[phase == "forward"], weights=t[phase == "forward"], minlength=n_chunks)
-    b_ms = np.bincount(chunk[phase == "backward"], weights=t[phase == "backward"], minlength=n_chunks)
-    opt_ms = np.bincount(chunk[phase == "optimizer"], weights=t[phase == "optimizer"], minlength=n_chunks)
-    fwd_nc, bwd_nc = (phase == "forward") & ~is_coll, (phase == "backward") & ~is_coll
-    f_nc = np.bincount(chunk[fwd_nc], weights=t[fwd_nc], minlength=n_chunks)
-    b_nc = np.bincount(chunk[bwd_nc], weights=t[bwd_nc], minlength=n_chunks)
-    tp_coll = np.bincount(chunk[is_coll], weights=t[is_coll], minlength=n_chunks)
-    params = costed["param_count"].to_numpy(dtype=float)
-    params_chunk = np.bincount(chunk[phase == "forward"], weights=params[phase == "forward"], minlength=n_chunks)
+    chunk = _chunk_of_layer(view.layer_ids, n_layers, n_chunks)
+
+    def per_chunk(v: np.ndarray) -> np.ndarray:
+        return np.bincount(chunk, weights=v, minlength=n_chunks)
+
+    f_ms, b_ms, opt_ms = per_chunk(view.f_ms), per_chunk(view.b_ms), per_chunk(view.opt_ms)
+    f_nc, b_nc, tp_coll = per_chunk(view.f_nc_ms), per_chunk(view.b_nc_ms), per_chunk(view.coll_ms)
+    params_chunk = per_chunk(view.params)
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
-    is_exp = (phase == "forward") & costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
-    expert_chunk = np.bincount(chunk[is_exp], weights=params[is_exp], minlength=n_chunks)
+    expert_chunk = per_chunk(view.expert_params)
     db = DTYPE_BYTES[dtype]
     mixed = db < 4
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
     hidden = int(g.meta.get("hidden") or 0)
     act_bytes = par.micro_batch * seq * hidden * db / (par.tp if par.sp else 1)
     if act_bytes <= 0:  # imported graphs: the tensor crossing a layer boundary, as the graph has it
-        from wattcast.simulate.memory import _block_inputs
-
-        edges = _block_inputs(g, n_layers)
-        act_bytes = float(max(edges)) if edges else 0.0
+        act_bytes = float(max(view.block_input_bytes)) if view.block_input_bytes else 0.0
     p2p_ms = 0.0
     if P > 1 and act_bytes > 0:
         pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
@@ -240,24 +413,40 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
         bucket = par.bucket_mb * 1e6
         op = "reduce_scatter" if zero >= 1 else "all_reduce"
         ep_dp = group_layout(max(dp_l.size // par.ep, 1), par.tp * par.ep, cl.gpus_per_node)
+        # every message of the step first, then one (memoised) prediction per collective and group
+        msgs: list[tuple[int, str, str, float, GroupLayout, int]] = []  # (chunk, role, op, bytes, group, count)
         for c in range(n_chunks):
-            parts = []
             for p_count, group in ((params_chunk[c] - expert_chunk[c], dp_l), (expert_chunk[c], ep_dp)):
                 total = p_count * grad_b
                 if total <= 0 or group.size <= 1:
                     continue
                 nb = max(1, int(np.ceil(total / bucket)))
-                parts.append(collective_ms(cm, [op] * nb, np.full(nb, total / nb), group, cl)[0])
-            ms = np.concatenate(parts) if parts else np.zeros(0)
+                msgs.append((c, "bucket", op, total / nb, group, nb))
+            if zero >= 1:
+                msgs.append((c, "gather", "all_gather", params_chunk[c] * db, dp_l, 1))
+            if zero == 3:
+                msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b, dp_l, 1))
+        ms_of = np.zeros(len(msgs))
+        by_kind: dict[tuple, list[int]] = {}
+        for i, m in enumerate(msgs):
+            by_kind.setdefault((m[2], m[4]), []).append(i)
+        for (o, grp), idx in by_kind.items():
+            ms_of[idx] = collective_ms(cm, [o] * len(idx), [msgs[i][3] for i in idx], grp, cl)[0]
+        buckets: list[list[np.ndarray]] = [[] for _ in range(n_chunks)]
+        for (c, role, _o, _b, _g, nb), t_ms in zip(msgs, ms_of):
+            if role == "bucket":
+                buckets[c].append(np.full(nb, t_ms))
+            elif role == "gather":
+                out["gather_after_ms"][c] = t_ms
+                if zero == 3:
+                    out["z3_f_ms"][c] = t_ms
+                    out["z3_b_ms"][c] += t_ms
+            else:
+                out["z3_b_ms"][c] += t_ms
+        for c in range(n_chunks):
+            ms = np.concatenate(buckets[c]) if buckets[c] else np.zeros(0)
             out["bucket_ms"].append(ms)
             out["sync_ms"][c] = ms.sum()
-            if zero >= 1:
-                out["gather_after_ms"][c] = collective_ms(cm, ["all_gather"], [params_chunk[c] * db], dp_l, cl)[0][0]
-            if zero == 3:
-                ag = collective_ms(cm, ["all_gather"], [params_chunk[c] * db], dp_l, cl)[0][0]
-                rs = collective_ms(cm, ["reduce_scatter"], [params_chunk[c] * grad_b], dp_l, cl)[0][0]
-                out["z3_f_ms"][c] = ag
-                out["z3_b_ms"][c] = ag + rs
         return out
 
     dpt = dp_times(par.zero)
@@ -267,7 +456,8 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
         if comm_on and par.zero == 3:
             f = np.maximum(f, dpt["z3_f_ms"])
             b = np.maximum(b, dpt["z3_b_ms"])
-        pipe = simulate_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p_ms if comm_on else 0.0)
+        pipe = simulate_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p_ms if comm_on else 0.0,
+                                 keep_tasks=trace and comm_on)
         stage_end = pipe.stage_end.copy()
         comm_events = []
         finish = stage_end.copy()
@@ -284,7 +474,9 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
             else:
                 ready = np.full(n, stage_end[s])
             end, spans = overlap_buckets(ready, ms)
-            comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{k}]", a, e) for k, (a, e) in enumerate(spans)]
+            if trace:
+                comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{k}]", a, e)
+                                for k, (a, e) in enumerate(spans)]
             finish[s] = max(stage_end[s], end)
         opt_stage = np.array([opt_ms[[c * P + s for c in range(V)]].sum() for s in range(P)])
         if par.zero >= 1:
@@ -302,22 +494,18 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
     busy = pipe.stage_busy
     bubble = float(span - busy.max())
     # model FLOPs: the unsharded training graph of one micro-batch, times micro-batches and replicas
-    g1 = step_graph(model, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
-    model_flops = float(g1.nodes.loc[g1.nodes["phase"] != "optimizer", "flops"].sum()) * n_micro * par.dp
+    model_flops = model_totals["flops"] * n_micro * par.dp
     hw_flops = model_flops
     if par.recompute != "none":
-        rc = costed["recompute"].to_numpy(dtype=bool)
         # the costed graph is one tensor-parallel rank's whole model for one micro-batch
-        hw_flops += float(costed.loc[rc, "flops"].sum()) * par.tp * n_micro * par.dp
+        hw_flops += view.recompute_flops * par.tp * n_micro * par.dp
     peak = spec.peak_matrix_tflops(dtype) * 1e12
     step_s = step / 1e3
     mfu = model_flops / (step_s * par.gpus * peak)
     hfu = hw_flops / (step_s * par.gpus * peak)
     # memory per stage (one TP rank)
-    acts, full_extra = activation_bytes_by_layer(g)
-    act_chunk = np.zeros(n_chunks)
-    for layer_id, v in acts.items():
-        act_chunk[_chunk_of_layer(np.array([layer_id]), n_layers, n_chunks)[0]] += v
+    act_chunk = per_chunk(view.act_bytes)
+    full_extra = view.full_extra_bytes
     per_device = []
     w_b = db + (4 if mixed else 0)
     opt_b = 8 if opts.optimizer == "adamw" else 0
@@ -341,17 +529,13 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
         per_device.append(dict(stage=s, busy_ms=float(busy[s] + opt_stage[s]), finish_ms=float(finish[s]),
                                memory_gb=mem, weights_gb=weights / 1e9, gradients_gb=grads / 1e9, optimizer_gb=ostate / 1e9,
                                activations_gb=act / 1e9, params=p))
-    phase_t = {ph: float(t[phase == ph].sum()) for ph in ("forward", "backward", "optimizer")}
+    phase_t = view.phase_ms
     # energy per GPU of each stage: kernels at their power, host launch gaps at idle, waits at communication power
-    from wattcast.models.power import comm_power_w, idle_power_w
+    from wattcast.models.power import comm_power_w
 
-    p_idle, p_comm = idle_power_w(spec), comm_power_w(spec)
-    w = costed["power_w"].to_numpy(dtype=float)
-    gpu_t = costed["gpu_ms"].to_numpy(dtype=float)
-    e_node = (w * gpu_t + p_idle * np.maximum(t - gpu_t, 0.0)) / 1e3  # J
-    comp = phase != "optimizer"
-    e_chunk = np.bincount(chunk[comp], weights=e_node[comp], minlength=n_chunks) * n_micro
-    e_opt = np.bincount(chunk[~comp], weights=e_node[~comp], minlength=n_chunks)
+    p_comm = comm_power_w(spec)
+    e_chunk = per_chunk(view.e_comp_j) * n_micro
+    e_opt = per_chunk(view.e_opt_j)
     stage_e = np.zeros(P)
     for s in range(P):
         cs = [c * P + s for c in range(V)]
@@ -365,8 +549,7 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
         per_device[s]["busy_power_w"] = float(e_chunk[cs].sum() / max(busy[s] / 1e3, 1e-12))
         per_device[s]["wait_power_w"] = float(p_comm)
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
-    per_op = _group(costed["op_class"].to_numpy(), t, costed["flops"].to_numpy(dtype=float), "op_class")
-    fallback = fallback_summary(costed)
+    per_op, fallback = view.per_op, view.fallback_ops
     events = []
     if trace:
         for tk in pipe.tasks:
@@ -387,6 +570,6 @@ def _schedule(model, g, costed: pd.DataFrame, spec: DeviceSpec, cl: ClusterSpec,
         optimizer_ms=float(opt_stage.max()), exposed_comm_ms=max(step - step_free, 0.0), bubble_ms=max(bubble, 0.0),
         mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,
         memory_gb=worst, fits=bool(worst <= spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
-        ood_fraction=float(costed["ood"].mean()), comm=comm, events=events,
-        meta=dict(g.meta, param_count=int(g1.meta.get("param_count", 0)), n_micro=n_micro),
+        ood_fraction=view.ood_fraction, comm=comm, events=events,
+        meta=dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro),
         energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w)

@@ -13,6 +13,7 @@ left when compute ends is exposed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -78,15 +79,29 @@ class PipelineResult:
     comm_events: list[tuple[int, str, float, float]] = field(default_factory=list)  # (stage, name, start, end)
 
 
+@lru_cache(maxsize=256)
+def _orders(n_stages: int, n_micro: int, interleave: int, kind: str) -> tuple[tuple[tuple[int, int, int, int], ...], ...]:
+    """Per stage, its tasks as (is_backward, micro, chunk, virtual stage), cached per schedule shape."""
+    P = n_stages
+    return tuple(tuple((int(k == "B"), m, c, c * P + s) for k, m, c in schedule_order(s, P, n_micro, interleave, kind))
+                 for s in range(P))
+
+
 def simulate_pipeline(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
-                      p2p_ms: float = 0.0) -> PipelineResult:
-    """``f_ms[v]``, ``b_ms[v]``: forward/backward time of one micro-batch on virtual stage v (v = chunk x P + stage)."""
+                      p2p_ms: float = 0.0, keep_tasks: bool = True) -> PipelineResult:
+    """``f_ms[v]``, ``b_ms[v]``: forward/backward time of one micro-batch on virtual stage v (v = chunk x P + stage).
+    ``keep_tasks=False`` skips the per-task records (only a trace needs them)."""
     V = interleave
     P = len(f_ms) // V
-    orders = [schedule_order(s, P, n_micro, V, kind) for s in range(P)]
-    done: dict[tuple[str, int, int], float] = {}  # (kind, micro, virtual stage) -> end time
-    free = np.zeros(P)
-    busy = np.zeros(P)
+    PV = P * V
+    orders = _orders(P, n_micro, V, kind)
+    f, b = [float(x) for x in f_ms], [float(x) for x in b_ms]
+    p2p = float(p2p_ms)
+    # end time of (micro m, virtual stage v) at index m * PV + v; -1 = not done yet
+    done_f = [-1.0] * (n_micro * PV)
+    done_b = [-1.0] * (n_micro * PV)
+    free = [0.0] * P
+    busy = [0.0] * P
     pos = [0] * P
     tasks: list[Task] = []
     remaining = sum(len(o) for o in orders)
@@ -94,45 +109,61 @@ def simulate_pipeline(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, inter
     while remaining:
         progressed = False
         for s in range(P):
-            while pos[s] < len(orders[s]):
-                kind_, m, c = orders[s][pos[s]]
-                v = c * P + s
-                if kind_ == "F":
-                    dep = ("F", m, v - 1) if v > 0 else None
-                    extra = p2p_ms if v > 0 else 0.0
-                    dur = f_ms[v]
+            order, i, t_free, n_done = orders[s], pos[s], free[s], 0
+            n = len(order)
+            while i < n:
+                is_b, m, c, v = order[i]
+                idx = m * PV + v
+                if not is_b:
+                    if v > 0:
+                        d = done_f[idx - 1]
+                        if d < 0:
+                            break
+                        ready = d + p2p
+                    else:
+                        ready = 0.0
+                    dur = f[v]
                 else:
-                    dep = ("B", m, v + 1) if v < P * V - 1 else ("F", m, v)
-                    extra = p2p_ms if v < P * V - 1 else 0.0
-                    dur = b_ms[v]
-                if dep is not None and dep not in done:
-                    break
-                ready = (done[dep] + extra) if dep is not None else 0.0
-                if kind_ == "B" and ("F", m, v) not in done:
-                    break
-                start = max(free[s], ready)
-                end = start + dur
-                done[(kind_, m, v)] = end
-                free[s] = end
+                    own = done_f[idx]
+                    if own < 0:
+                        break
+                    if v < PV - 1:
+                        d = done_b[idx + 1]
+                        if d < 0:
+                            break
+                        ready = d + p2p
+                    else:
+                        ready = own
+                    dur = b[v]
+                start = t_free if t_free > ready else ready
+                t_free = start + dur
+                if is_b:
+                    done_b[idx] = t_free
+                    last_b[s] = (start, t_free)
+                else:
+                    done_f[idx] = t_free
                 busy[s] += dur
-                tasks.append(Task(kind_, m, c, s, start, end))
-                if kind_ == "B":
-                    last_b[s] = (start, end)
-                pos[s] += 1
-                remaining -= 1
+                if keep_tasks:
+                    tasks.append(Task("B" if is_b else "F", m, c, s, start, t_free))
+                i += 1
+                n_done += 1
+            if n_done:
+                pos[s], free[s] = i, t_free
+                remaining -= n_done
                 progressed = True
         if not progressed:  # pragma: no cover - schedules above are deadlock-free
             raise RuntimeError("pipeline schedule deadlocked")
-    return PipelineResult(tasks, free.copy(), busy, last_b)
+    return PipelineResult(tasks, np.array(free), np.array(busy), last_b)
 
 
 def overlap_buckets(ready_ms: np.ndarray, dur_ms: np.ndarray, start_ms: float = 0.0) -> tuple[float, list[tuple[float, float]]]:
     """Run buckets FIFO on one communication stream: each starts when it is ready and the stream is free.
-    Returns (end time, [(start, end)...])."""
-    t = start_ms
-    spans = []
-    for r, d in zip(ready_ms, dur_ms):
-        s = max(t, r)
-        t = s + d
-        spans.append((s, t))
-    return t, spans
+    Returns (end time, [(start, end)...]). Vectorised: end_k = C_k + max(start, max_{j<=k}(ready_j - C_{j-1}))
+    with C the running sum of durations."""
+    r = np.asarray(ready_ms, dtype=float)
+    d = np.asarray(dur_ms, dtype=float)
+    if not len(d):
+        return float(start_ms), []
+    c = np.cumsum(d)
+    end = c + np.maximum(np.maximum.accumulate(r - (c - d)), start_ms)
+    return float(end[-1]), list(zip((end - d).tolist(), end.tolist()))

@@ -62,7 +62,7 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "flash",
-           optimizer: str = "adamw", max_configs: int = 400, progress=None, **space) -> SearchResult:
+           optimizer: str = "adamw", max_configs: int = 5000, progress=None, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``)."""
     cl = resolve_cluster(cluster)
     if attention == "flash" and "recompute" not in space:

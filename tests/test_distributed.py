@@ -203,3 +203,43 @@ def test_vtrain_multi_node_sample_regression(data_root):
     multi = load_vtrain(data_root, "multi").sample(n=20, random_state=0)
     s = summarise_vtrain(predict_vtrain(multi, recompute=VTRAIN_RECOMPUTE["multi"]))
     assert s["failed"] == 0 and s["mean_abs_pct"] <= 15.0
+
+
+def test_short_graph_equals_full_graph(monkeypatch):
+    """Uniform models are costed from a 3-block graph whose middle block stands for the others: every output
+    must equal the full-depth graph's."""
+    from wattcast.simulate import distributed as D
+
+    cases = [("gpt3_2.7b", dict(tp=2, pp=2, micro_batch=2, zero=1, recompute="full")),
+             ("llama2_7b", dict(tp=2, pp=2, micro_batch=1, sp=True, interleave=2, recompute="selective")),
+             ("mixtral_8x7b", dict(tp=2, pp=1, ep=2, micro_batch=1, zero=3))]
+    for model, kw in cases:
+        args = dict(gpus=8, batch=16, seq=1024, dtype="bf16", attention="eager")
+        short = wattcast.predict_cluster(model, "DGX-H100", **args, **kw).to_dict()
+        D._COSTED.clear()
+        monkeypatch.setattr(D, "_UNIFORM_FAMILIES", ())
+        full = wattcast.predict_cluster(model, "DGX-H100", **args, **kw).to_dict()
+        monkeypatch.undo()
+        D._COSTED.clear()
+        for k in ("step_time_ms", "memory_gb", "mfu", "hfu", "energy_j", "exposed_comm_ms", "bubble_ms", "flops",
+                  "forward_ms", "backward_ms", "optimizer_ms", "ood_fraction"):
+            assert short[k] == pytest.approx(full[k], rel=1e-9, abs=1e-12), (model, k)
+        assert short["param_count"] == full["param_count"]
+        assert [(p["op_class"], p["count"]) for p in short["per_op"]] == [(p["op_class"], p["count"]) for p in full["per_op"]]
+        assert [d["memory_gb"] for d in short["per_device"]] == pytest.approx([d["memory_gb"] for d in full["per_device"]])
+
+
+def test_overlap_buckets_is_a_fifo_queue():
+    from wattcast.simulate.scheduler import overlap_buckets
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 20))
+        ready, dur, start = np.sort(rng.random(n) * 5), rng.random(n), float(rng.random())
+        t, spans = start, []
+        for r, d in zip(ready, dur):  # the plain loop
+            s = max(t, r)
+            t = s + d
+            spans.append((s, t))
+        end, got = overlap_buckets(ready, dur, start)
+        assert end == pytest.approx(t) and np.allclose(got, spans)
