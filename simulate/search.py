@@ -62,7 +62,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "flash",
-           optimizer: str = "adamw", max_configs: int = 5000, progress=None, **space) -> SearchResult:
+           optimizer: str = "adamw", max_configs: int = 5000, progress=None, framework: str = "hf",
+           **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``)."""
     cl = resolve_cluster(cluster)
     if attention == "flash" and "recompute" not in space:
@@ -76,7 +77,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
             break
         try:  # an invalid strategy is rejected by its rules before any graph is built
             r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                                    optimizer=optimizer)
+                                    optimizer=optimizer, framework=framework)
         except ParallelConfigError as e:
             bad.append(dict(config=par.describe(), rule=str(e)))
             continue
