@@ -17,14 +17,15 @@ from wattcast.training.distributed_validation import fit_split, load_vtrain, pre
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=120, help="rows of the fitting half to use (speed)")
+    ap.add_argument("--rows", type=int, default=720, help="rows of the fitting half to use (speed)")
     ap.add_argument("--recompute", default="none", help="activation recomputation assumed in the runs")
     args = ap.parse_args()
     single = load_vtrain(which="single")
     fit, _ = fit_split(single)
     fit = fit.sample(n=min(args.rows, len(fit)), random_state=1)
     res = []
-    for launch_ms, iter_ms in itertools.product((0.006, 0.025, 0.05, 0.07, 0.09, 0.11, 0.14), (0.0, 10.0, 20.0, 30.0)):
+    for launch_ms, iter_ms in itertools.product((0.006, 0.025, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.11, 0.14),
+                                                 (0.0, 5.0, 10.0, 20.0, 30.0)):
         p = predict_vtrain(fit, host_ms=(launch_ms, iter_ms), recompute=args.recompute)
         ok = p[p["status"] == "ok"]
         err = ok["error_pct"].abs()

@@ -44,25 +44,39 @@ def merge_heads(b: GraphBuilder, x: Tensor, name: str = "merge_heads") -> Tensor
 
 
 def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: str, mask: str, dropout_p: float,
-                    mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False) -> Tensor:
+                    mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False,
+                    strided: tuple[bool, bool, bool] = (False, False, False)) -> Tensor:
     """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), mask
-    (``where`` causal, ``add`` additive, ``none``), softmax, dropout, PV. Tagged ``attn_core``."""
+    (``where`` causal with a bool (1, 1, S, S) mask, ``add`` additive, ``none``), softmax, dropout, PV.
+    Tagged ``attn_core``.
+
+    ``strided`` (q, k, v): the operand is a head-permuted view ``x.view(B, S, h, d).permute(0, 2, 1, 3)``
+    of a projection. ``torch.matmul`` on 4-D operands folds the batch dims with ``reshape``, which cannot
+    view such a tensor (its batch and head strides do not merge), so it copies the operand to a contiguous
+    (B*h, ., .) buffer before the bmm: GPT-2 and BERT attention pay these copies (two before QK^T, one
+    before PV); OPT makes q/k/v contiguous itself, and RoPE outputs are contiguous already."""
     bs, h, s, d = q.shape
     skv = k.shape[2]
     with b.tag("attn_core"):
+        if strided[0]:
+            q = b.copy(q, name="attn.q_reshape")
         k_t = Tensor((bs, k.shape[1], d, skv), k.dtype, k.node, k.tid)  # transposed view, no kernel
+        if strided[1]:
+            k_t = b.copy(k_t, name="attn.k_reshape")
         scores = b.matmul(q, k_t, name="attn.qk")
         if scale == "scores_div":
             scores = b.elementwise("div", scores, 1.0, name="attn.scale")
         elif scale == "scores_mul":
             scores = b.elementwise("mul", scores, 1.0, name="attn.scale")
         if mask != "none":
-            m = b.input(mask_shape or (1, 1, s, skv))
+            m = b.input(mask_shape or (1, 1, s, skv), "fp8" if mask == "where" else None, requires_grad=False)
             scores = b.elementwise("where" if mask == "where" else "add", scores, m, name="attn.mask")
         if clamp_min:
             scores = b.elementwise("maximum", scores, 0.0, name="attn.clamp")
         probs = b.softmax(scores, name="attn.softmax")
         probs = b.dropout(probs, dropout_p, name="attn.dropout")
+        if strided[2]:
+            v = b.copy(v, name="attn.v_reshape")
         return b.matmul(probs, v, name="attn.pv")
 
 
@@ -127,7 +141,7 @@ def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
 def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
     """apply_rotary_pos_emb on one of q/k: x*cos + rotate_half(x)*sin (neg of a half, cat, 2 muls, add)."""
     bs, h, s, d = x.shape
-    cos = b.input((bs, 1, s, d))
+    cos = b.input((bs, 1, s, d), requires_grad=False)
     a = b.elementwise("mul", x, cos, name=f"{name}.cos")
     half = Tensor((bs, h, s, d // 2), x.dtype, x.node, x.tid)
     neg = b.elementwise("neg", half, name=f"{name}.neg")
@@ -198,7 +212,7 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             q = heads(b, Tensor((batch, seq, hl * d), qkv.dtype, qkv.node, qkv.tid), hl, d)
             # Megatron: the scale is folded into baddbmm and mask + softmax are one fused kernel
             a = attention(b, q, q, q, impl=impl, causal=True, scale="none" if fused else "scores_div",
-                          mask="none" if fused else "where", dropout_p=attn_p)
+                          mask="none" if fused else "where", dropout_p=attn_p, strided=(not fused,) * 3)
             a = merge_heads(b, a)
             a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row"), name="attn.exit")
             if not fused:
@@ -294,8 +308,9 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     if impl != "flash":
         k = repeat_kv(b, k, nhl // nkvl, "repeat_kv.k")
         v = repeat_kv(b, v, nhl // nkvl, "repeat_kv.v")
+    # v is a transposed view unless repeat_kv copied it; q and k come out of RoPE contiguous
     a = attention(b, q, k, v, impl=impl, causal=True, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
-                  mask_shape=(batch, 1, seq, seq))
+                  mask_shape=(batch, 1, seq, seq), strided=(False, False, nhl == nkvl))
     a = merge_heads(b, a, name="self_attn.transpose")
     return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
 
@@ -401,7 +416,7 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             k = heads(b, b.linear(xe, h, name="attention.self.key", parallel="col"), hl, d)
             v = heads(b, b.linear(xe, h, name="attention.self.value", parallel="col"), hl, d)
             a = attention(b, q, k, v, impl=impl, causal=False, scale="scores_div", mask="add", dropout_p=attn_p,
-                          mask_shape=(batch, 1, 1, seq))
+                          mask_shape=(batch, 1, 1, seq), strided=(True, True, True))
             a = merge_heads(b, a, name="attention.self.contiguous")
             a = b.tp_exit(b.linear(a, h, name="attention.output.dense", parallel="row"), name="attention.exit")
             a = b.dropout(a, p, name="attention.output.dropout")

@@ -34,7 +34,7 @@ def _position_bias(b: GraphBuilder, cfg: HFConfig, batch: int, s_q: int, s_kv: i
         emb = b.embedding(t, nb, cfg.n_heads, name=f"{name}.relative_attention_bias")
         hl = local_heads(b, cfg.n_heads)  # each tensor-parallel rank uses its heads' slice
         emb = b.copy(Tensor((1, hl, s_q, s_kv), emb.dtype, emb.node, emb.tid), name=f"{name}.permute")
-        return b.elementwise("add", emb, b.input((batch, 1, 1, s_kv)), name=f"{name}.mask")
+        return b.elementwise("add", emb, b.input((batch, 1, 1, s_kv), requires_grad=False), name=f"{name}.mask")
 
 
 def _attention(b: GraphBuilder, cfg: HFConfig, x: Tensor, kv: Tensor | None, bias: Tensor | None, *, impl: str, causal: bool,

@@ -59,14 +59,30 @@ NODE_COLUMNS = (
 #: collectives the graph can hold (costed by wattcast.models.collectives)
 COLLECTIVE_OPS = COLLECTIVES
 #: Backward time / forward time of the fused backward kernels PyTorch runs for LayerNorm (dX plus the
-#: dgamma/dbeta reduction) and softmax (softmax_backward_data): the median ratio of measured ``bw_latency``
-#: to ``fw_latency`` over the NeuSight label-CSV nodes of the *training* GPUs (MI100, MI210, V100; 42 LN and
-#: 12 softmax nodes; held-out GPUs not used). The backward is costed as the forward kernel times this.
-BACKWARD_RATIO = {"layernorm": 2.37, "softmax": 2.76}
+#: dgamma/dbeta reduction): the median ratio of measured ``bw_latency`` to ``fw_latency`` over the NeuSight
+#: label-CSV nodes of the *training* GPUs (MI100, MI210, V100; 42 LN nodes; held-out GPUs not used). The
+#: backward is costed as the forward kernel times this.
+BACKWARD_RATIO = {"layernorm": 2.37}
+#: softmax_backward_data (dx = y * (dy - sum(dy * y))) is memory-bound: it reads y and dy, reduces each
+#: row, and reads them again to write dx. It is costed as the two-tensor ``mul`` kernel of the same (B, H)
+#: times this factor: the median of measured ``bw_latency`` / predicted ``mul`` time (timing floor taken
+#: off) over the 12 softmax nodes of the training-GPU train labels (MI100, MI210, V100; range 2.0-2.4,
+#: flat in H from 512 to 2048; held-out GPUs not used). A ratio to the forward kernel is not: PyTorch's
+#: forward softmax switches algorithm above H=1024 (measured bw/fw falls from ~2.5 to ~1.5 there).
+SOFTMAX_BACKWARD_MUL = 2.1
 #: op classes whose kernels run in TF32 when the step's dtype is tf32 (the rest stays fp32)
 TF32_CLASSES = ("linear", "bmm", "conv", "flash_attention")
 #: arithmetic ops that have a tensor-tensor and a tensor-scalar kernel in the surrogate vocabulary
 _ARITH = ("add", "sub", "mul", "div", "pow")
+#: selection ops (no kernel of their own): costed as ``add`` when they stream two tensors, else ``addu``
+_SELECT = ("where", "masked_fill", "maximum", "minimum")
+#: a broadcast operand smaller than 1/_CACHED_BROADCAST of an elementwise op's output bytes is read from
+#: DRAM once and then hit in cache for every repetition, so the op costs like its one-tensor (scalar)
+#: kernel; a larger one (OPT's (B,1,S,S) additive mask, 1/heads of the scores) is re-read every
+#: repetition and the op costs like the two-tensor kernel. On the NeuSight label CSVs of the training GPUs
+#: the BERT (B,1,1,S) mask add and the GPT-2 (1,1,S,S) bool-mask where run within ~10% of the scalar
+#: division next to them, while OPT's mask add runs at the two-tensor add's time.
+_CACHED_BROADCAST = 64
 
 
 class GraphError(ValueError):
@@ -147,6 +163,7 @@ class GraphBuilder:
         self.param_count = 0
         self.param_bytes = 0
         self.meta: dict = {}
+        self._no_grad: set[int] = set()  # tensor ids that need no gradient (see ``input``)
 
     # ------------------------------------------------------------------ context
     @contextmanager
@@ -181,9 +198,14 @@ class GraphBuilder:
     def dbytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-    def input(self, shape: Sequence[int], dtype: str | None = None) -> Tensor:
-        """A graph input (token ids, images, ...)."""
-        return self._tensor(shape, dtype or self.dtype, -1)
+    def input(self, shape: Sequence[int], dtype: str | None = None, *, requires_grad: bool = True) -> Tensor:
+        """A graph input (token ids, images, ...). ``requires_grad=False`` for constants off the gradient
+        path (attention masks, rotary tables): autograd computes no gradient for them, so elementwise ops
+        emit no backward kernel (e.g. no broadcast-reduction) for such an operand."""
+        t = self._tensor(shape, dtype or self.dtype, -1)
+        if not requires_grad:
+            self._no_grad.add(t.tid)
+        return t
 
     def _tensor(self, shape: Sequence[int], dtype: str, node: int) -> Tensor:
         shape = tuple(int(s) for s in shape)
@@ -320,33 +342,57 @@ class GraphBuilder:
         except ValueError as e:
             raise GraphError(f"{name}: shapes do not broadcast: {[t.shape for t in tensors]}") from e
         big = [t for t in tensors if t.numel > 1]
+        n = _numel(shape)
+        db = self.dbytes
+        out_b = n * DTYPE_BYTES.get(out_dtype or self.dtype, db)
+        # operands the kernel streams from memory: full-size ones, and broadcast ones too large to stay
+        # cache-resident between repetitions (see _CACHED_BROADCAST); a small broadcast operand (BERT's
+        # (B,1,1,S) mask, GPT-2's (1,1,S,S) bool causal mask) costs like a scalar
+        streamed = [t for t in big if t.numel == n or t.nbytes * _CACHED_BROADCAST > out_b]
         if op in _ARITH:
-            kernel = op if len(big) >= 2 else op + "u"
-        elif op in ("where", "masked_fill", "maximum", "minimum"):
-            kernel = "add"
+            kernel = op if len(streamed) >= 2 else op + "u"
+        elif op in _SELECT:
+            # where(cond, x, scalar) / max(x, 0-d tensor) read one tensor and write one, like a scalar add
+            kernel = "add" if len(streamed) >= 2 else "addu"
         elif op in BINARY_OPS or op in UNARY_OPS:
             kernel = op
         else:
             raise GraphError(f"{name}: elementwise op {op!r} is not in the kernel vocabulary")
-        n = _numel(shape)
-        db = self.dbytes
-        bytes_ = (sum(t.nbytes for t in tensors) + n * DTYPE_BYTES.get(out_dtype or self.dtype, db))
+        bytes_ = sum(t.nbytes for t in tensors) + out_b
         b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
         flops = FLOPS_PER_ELEMENT.get(kernel, 1) * n
         bw: list[dict] = []
         saves: list[Tensor] = []
-        if grad:
+        # operands autograd differentiates (constants such as masks get no gradient)
+        need = [t for t in big if t.tid not in self._no_grad]
+        if grad and tensors and all(t.tid in self._no_grad for t in tensors):
+            grad = False  # nothing upstream needs a gradient
+        if grad and op in _SELECT:
+            saves = big if op in ("maximum", "minimum") else [t for t in big if t.tid in self._no_grad]  # where keeps its mask
+            for i in range(max(len(need), 1)):
+                if op in ("where", "masked_fill"):  # where(cond, grad, 0): one masked copy of the gradient
+                    bw.append(self._bw(f"{name}.grad{i}", "elementwise", "addu", flops=n, bytes_=2 * n * db, B=b, H=h))
+                else:
+                    # max/min (aten derivatives.yaml): where(self == other, grad / 2, grad).masked_fill_(self < other, 0):
+                    # two compares writing bool masks (5 of the 8 bytes/element of a scalar add), grad / 2,
+                    # a three-input where, an in-place masked fill
+                    bw += [self._bw(f"{name}.grad{i}.eq", "elementwise", "addu", flops=n, bytes_=(db + 1) * n, scale=(db + 1) / (2 * db), B=b, H=h),
+                           self._bw(f"{name}.grad{i}.half", "elementwise", "divu", flops=n, bytes_=2 * n * db, B=b, H=h),
+                           self._bw(f"{name}.grad{i}.where", "elementwise", "add", flops=n, bytes_=(3 * db + 1) * n, B=b, H=h),
+                           self._bw(f"{name}.grad{i}.lt", "elementwise", "addu", flops=n, bytes_=(db + 1) * n, scale=(db + 1) / (2 * db), B=b, H=h),
+                           self._bw(f"{name}.grad{i}.fill", "elementwise", "addu", flops=n, bytes_=(2 * db + 1) * n, scale=(2 * db + 1) / (2 * db), B=b, H=h)]
+        elif grad:
             # gradient kernels: add/sub pass the gradient through (no kernel unless broadcast-reduced);
             # a product or quotient needs one kernel per tensor input; unary functions one fused kernel
             # reading (grad, saved input)
-            n_grad = len(big)
-            if kernel in ("add", "sub"):
-                reduce = [t for t in big if t.numel < n]
+            n_grad = len(need)
+            if kernel in ("add", "sub", "addu", "subu") and op in _ARITH:
+                reduce = [t for t in need if t.numel < n]
                 for i, _ in enumerate(reduce):
                     bw.append(self._bw(f"{name}.grad_reduce{i}", "reduction", "", "proxy", flops=n, bytes_=2 * n * db))
             elif kernel in ("addu", "subu", "copy"):
                 pass
-            elif kernel in ("mul", "div", "silu_mul", "pow"):
+            elif kernel in ("mul", "div", "silu_mul", "pow") or (op in _ARITH and op not in ("add", "sub") and len(big) >= 2):
                 saves = big
                 for i in range(max(n_grad, 1)):
                     bw.append(self._bw(f"{name}.grad{i}", "elementwise", "mul", flops=n, bytes_=3 * n * db, B=b, H=h))
@@ -393,8 +439,8 @@ class GraphBuilder:
         b = _numel(x.shape[:-1])
         db = self.dbytes
         out = self._add(name, "softmax", "softmax", "surrogate", [x], x.shape, flops=5 * b * h, bytes_=2 * b * h * db,
-                        backward=[self._bw(f"{name}.grad", "softmax", "softmax", flops=4 * b * h, bytes_=3 * b * h * db,
-                                                     scale=BACKWARD_RATIO["softmax"], B=b, H=h)],
+                        backward=[self._bw(f"{name}.grad", "softmax", "mul", flops=4 * b * h, bytes_=3 * b * h * db,
+                                                     scale=SOFTMAX_BACKWARD_MUL, B=b, H=h)],
                         B=b, H=h)
         # softmax saves its output
         self._nodes[out.node].saves.append(out.tid)

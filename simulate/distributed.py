@@ -92,7 +92,7 @@ class DistributedPrediction:
 #: syncs, optimizer bookkeeping); fitted on half of vTrain's single-node rows
 #: (benchmarks/fit_framework_overhead.py), the other half and the multi-node rows are the reported error.
 #: ``megatron`` (Megatron-LM without DeepSpeed): no measurements to fit, so eager PyTorch's costs.
-FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-deepspeed": (0.07, 20.0)}
+FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-deepspeed": (0.08, 10.0)}
 #: Whether data-parallel gradient buckets overlap the backward pass: PyTorch DDP/FSDP do; Megatron-LM's
 #: local DDP (without --overlap-grad-reduce) and DeepSpeed's ZeRO-0 engine all-reduce after backward.
 FRAMEWORK_DP_OVERLAP = {"hf": True, "megatron": False, "megatron-deepspeed": False}

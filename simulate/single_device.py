@@ -36,6 +36,9 @@ from wattcast.simulate.memory import MemoryEstimate, estimate_memory
 DEFAULT_LAUNCH_OVERHEAD_MS = 0.006
 #: row width used to shape a proxy (bytes-equivalent copy) kernel
 _PROXY_WIDTH = 4096
+#: (B, H) of the scalar-add kernel whose predicted latency is the device's isolated-timing floor: 16 KB,
+#: inside the surrogate's training range, far too small to take measurable time on any GPU
+_FLOOR_SHAPE = (16, 256)
 
 
 @dataclass(frozen=True)
@@ -94,11 +97,11 @@ def _spec_key(spec: DeviceSpec) -> str:
 
 
 def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> pd.DataFrame:
-    """pred_latency_ms / low / high / ood / error for kernel rows (op, dtype, shape columns).
+    """pred_latency_ms / low / high / ood / error / roofline_ms for kernel rows (op, dtype, shape columns).
 
     Distinct rows are predicted once, and only those this process has not predicted before on this
     device with this bundle."""
-    cols = ["pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "error"]
+    cols = ["pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "error", "roofline_ms"]
     if frame.empty:
         return pd.DataFrame({c: [] for c in cols})
     h = pd.util.hash_pandas_object(frame, index=False).to_numpy()
@@ -111,7 +114,8 @@ def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
         rows = frame.iloc[first[missing]].reset_index(drop=True)
         out = predict_kernels(rows, spec, bundle=bundle)
         vals = zip(out["pred_latency_ms"].to_numpy(dtype=float), out["pred_low_ms"].to_numpy(dtype=float),
-                   out["pred_high_ms"].to_numpy(dtype=float), out["ood"].to_numpy(dtype=bool), out["error"].astype(str).tolist())
+                   out["pred_high_ms"].to_numpy(dtype=float), out["ood"].to_numpy(dtype=bool), out["error"].astype(str).tolist(),
+                   out["roofline_ms"].to_numpy(dtype=float))
         for i, v in zip(missing, vals):
             cache[int(uh[i])] = v
     got = [cache[k] for k in uh.tolist()]
@@ -122,6 +126,22 @@ def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
 def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec: DeviceSpec) -> np.ndarray:
     peak = np.array([spec.peak_matrix_tflops(d if d in DTYPE_BYTES else "fp32") for d in dtype], dtype=float) * 1e12
     return np.maximum(flops / peak, bytes_ / (spec.memory_bandwidth_gbps * 1e9)) * 1e3
+
+
+def _timing_floor_ms(spec: DeviceSpec, bundle: KernelBundle) -> float:
+    """What an isolated, event-timed kernel measurement adds over the kernel's cost inside a stream (ms).
+
+    The kernel surrogates learned latencies timed one op at a time with CUDA events; on every device the
+    smallest kernels still read ~0.015-0.045 ms (NeuSight's kernel CSVs: e.g. a 16x256 scalar add takes
+    as long as a 1M-element one), a fixed cost of timing an op alone. Back to back in one eager stream a
+    tiny kernel costs only its launch (``DEFAULT_LAUNCH_OVERHEAD_MS``). So the surrogate's own prediction
+    for a 16x256 scalar add (a kernel that is all overhead) minus the launch cost is taken off every
+    learned FP32 kernel time (see cost_nodes); being a prediction, it needs no measurement of the device."""
+    k = pd.DataFrame({"op": ["addu"], "dtype": ["fp32"], **{c: [np.nan] for c in SHAPE_COLUMNS}})
+    k["B"], k["H"] = float(_FLOOR_SHAPE[0]), float(_FLOOR_SHAPE[1])
+    r = _surrogate_times(k[["op", "dtype", *SHAPE_COLUMNS]], spec, bundle)
+    v = float(r["pred_latency_ms"].iloc[0])
+    return max(v - DEFAULT_LAUNCH_OVERHEAD_MS, 0.0) if np.isfinite(v) else 0.0
 
 
 def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
@@ -173,6 +193,7 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
             if c not in frame:
                 frame[c] = np.nan
         res = _surrogate_times(frame[["op", "dtype", *SHAPE_COLUMNS]], spec, bundle)
+        floor = _timing_floor_ms(spec, bundle)
         pos = 0
         covered = np.zeros(n, dtype=bool)
         for idx, _, _ in parts:
@@ -182,9 +203,16 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
             r = res.iloc[pos:pos + len(rows)]
             pos += len(rows)
             bad = r["error"].to_numpy() != ""
-            p = r["pred_latency_ms"].to_numpy(dtype=float) * mult
-            pl = r["pred_low_ms"].to_numpy(dtype=float) * mult
-            ph = r["pred_high_ms"].to_numpy(dtype=float) * mult
+            # the floor is a property of NeuSight's one-op-at-a-time FP32 timings; the tensor-core sources
+            # behind fp16/bf16/tf32/fp8 kernels were timed otherwise (and vTrain's FP16 fitting half is
+            # predicted worse with it: 9.7% vs 8.3% mean, host costs refitted either way)
+            # Taking the floor off never makes a kernel beat its roofline time (a 1-5 MB add measured at
+            # about the floor still moves its bytes).
+            f_ms = np.where(rows["dtype"].to_numpy() == "fp32", floor, 0.0)
+            roof = np.where(f_ms > 0, np.nan_to_num(r["roofline_ms"].to_numpy(dtype=float), nan=0.0), 0.0)
+            p = np.maximum(r["pred_latency_ms"].to_numpy(dtype=float) - f_ms, roof) * mult
+            pl = np.maximum(r["pred_low_ms"].to_numpy(dtype=float) - f_ms, roof) * mult
+            ph = np.maximum(r["pred_high_ms"].to_numpy(dtype=float) - f_ms, roof) * mult
             np.add.at(t, idx, np.where(bad, np.nan, p))
             np.add.at(lo, idx, np.where(bad, np.nan, pl))
             np.add.at(hi, idx, np.where(bad, np.nan, ph))
