@@ -169,7 +169,8 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,
                            n_kv_heads=hf.n_kv_heads if hf else None, ffn=hf.ffn if hf else None,
-                           n_experts=hf.n_experts if hf else None, seq=seq, cluster=cl)
+                           n_experts=hf.n_experts if hf else None, seq=seq, cluster=cl,
+                           uneven_stages=framework == "megatron-deepspeed")
     lay = layouts(par, cl)
     bundle = bundle or load_bundle()
     cm = coll_model or _collective_model()
@@ -366,8 +367,9 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
 
 
 def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndarray:
-    per = n_layers // n_chunks
-    c = np.clip(layers, 0, n_layers - 1) // per
+    """Model chunk of each layer: contiguous, balanced (sizes differ by at most one when the layers do not divide;
+    equal otherwise); embeddings with the first chunk, head and loss with the last."""
+    c = (np.clip(layers, 0, n_layers - 1) * n_chunks) // n_layers
     c = np.where(layers < 0, 0, c)
     return np.where(layers >= n_layers, n_chunks - 1, c).astype(int)
 

@@ -58,8 +58,11 @@ class ParallelConfig:
 
 def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
                      n_kv_heads: int | None = None, ffn: int | None = None, n_experts: int | None = None,
-                     seq: int | None = None, cluster: ClusterSpec | None = None) -> ParallelConfig:
-    """Fill in ``dp`` and ``micro_batch`` and check every rule; raise ParallelConfigError naming the rule."""
+                     seq: int | None = None, cluster: ClusterSpec | None = None,
+                     uneven_stages: bool = False) -> ParallelConfig:
+    """Fill in ``dp`` and ``micro_batch`` and check every rule; raise ParallelConfigError naming the rule.
+    ``uneven_stages``: the framework may give pipeline stages different numbers of layers (DeepSpeed's
+    pipeline partitioner does; Megatron-LM needs layers divisible by stages); at least one layer each."""
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ParallelConfigError(msg)
@@ -84,8 +87,13 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         need(n_kv_heads % cfg.tp == 0, f"key/value heads ({n_kv_heads}) must be divisible by tp ({cfg.tp})")
     if ffn is not None:
         need(ffn % cfg.tp == 0, f"FFN size ({ffn}) must be divisible by tp ({cfg.tp})")
-    need(n_layers % (cfg.pp * cfg.interleave) == 0,
-         f"layers ({n_layers}) must be divisible by pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
+    if uneven_stages:
+        need(n_layers >= cfg.pp * cfg.interleave,
+             f"layers ({n_layers}) must be at least pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
+    else:
+        need(n_layers % (cfg.pp * cfg.interleave) == 0,
+             f"layers ({n_layers}) must be divisible by pp x interleave ({cfg.pp} x {cfg.interleave} = "
+             f"{cfg.pp * cfg.interleave})")
     need(cfg.interleave == 1 or cfg.pp > 1, "--interleave needs pipeline parallelism (--pp > 1)")
     if cfg.interleave > 1:
         need(n_micro % cfg.pp == 0,

@@ -243,3 +243,16 @@ def test_overlap_buckets_is_a_fifo_queue():
             spans.append((s, t))
         end, got = overlap_buckets(ready, dur, start)
         assert end == pytest.approx(t) and np.allclose(got, spans)
+
+
+def test_uneven_pipeline_stages_only_where_the_framework_allows_them():
+    """DeepSpeed's pipeline partitioner splits 70 layers over 12 stages (5 or 6 each); Megatron-LM cannot."""
+    cfg = {"model_type": "gpt2", "n_embd": 512, "n_head": 8, "n_layer": 14, "n_positions": 512, "vocab_size": 1000}
+    par = ParallelConfig(gpus=4, pp=4, micro_batch=1)
+    with pytest.raises(ParallelConfigError, match="layers \\(14\\) must be divisible by pp"):
+        wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron")
+    from wattcast.simulate.distributed import _chunk_of_layer, predict_distributed
+
+    r = predict_distributed(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, parallel=par, framework="megatron-deepspeed")
+    assert r.fits and r.step_time_ms > 0
+    assert np.bincount(_chunk_of_layer(np.arange(14), 14, 4)).tolist() == [4, 3, 4, 3]
