@@ -7,7 +7,6 @@ only on properties any sensible bundle has (ordering of clearly different kernel
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
