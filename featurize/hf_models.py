@@ -195,6 +195,9 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     (fused scale-mask-softmax, fused bias-GeLU, fused bias-dropout-add; Megatron's GPT *is* GPT-2's
     architecture)."""
     fused = getattr(b, "framework", "hf") in ("megatron", "megatron-deepspeed")
+    # Megatron's fused scale-mask-softmax kernel takes fp16/bf16 input only (FusedScaleMaskSoftmax.
+    # is_kernel_available); in fp32/tf32 it runs torch's path: masked_fill of the causal mask, then softmax
+    unfused_mask = fused and b.dtype not in ("fp16", "bf16")
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
     embd_p, attn_p, resid_p = _p(cfg, "embd_pdrop", default=0.1), _p(cfg, "attn_pdrop", default=0.1), _p(cfg, "resid_pdrop", default=0.1)
     ids = b.input((batch, seq), "fp32")
@@ -212,7 +215,8 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             q = heads(b, Tensor((batch, seq, hl * d), qkv.dtype, qkv.node, qkv.tid), hl, d)
             # Megatron: the scale is folded into baddbmm and mask + softmax are one fused kernel
             a = attention(b, q, q, q, impl=impl, causal=True, scale="none" if fused else "scores_div",
-                          mask="none" if fused else "where", dropout_p=attn_p, strided=(not fused,) * 3)
+                          mask="none" if fused and not unfused_mask else "where", dropout_p=attn_p,
+                          strided=(not fused,) * 3)
             a = merge_heads(b, a)
             a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row"), name="attn.exit")
             if not fused:

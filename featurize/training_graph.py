@@ -30,6 +30,11 @@ OPTIMIZER_BYTES_PER_PARAM = {
 }
 #: FLOPs per parameter of one step (AdamW: moments, bias correction, sqrt, division, decay, update)
 OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "sgd": 2}
+#: Gradient clipping before the step, at norm 1.0: the default of Hugging Face Trainer (max_grad_norm),
+#: Megatron-LM (--clip-grad) and DeepSpeed (gradient_clipping in its examples). torch.nn.utils.clip_grad_norm_
+#: reads every gradient for the norm (_foreach_norm) and multiplies them all by the clamped coefficient
+#: (_foreach_mul_): 3 passes over fp32 gradients (mixed precision clips the fp32 main gradients).
+CLIP_BYTES_PER_PARAM = 3 * 4
 
 
 def optimizer_key(optimizer: str) -> str:
@@ -54,11 +59,12 @@ def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:
 
 
 def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "none",
-                   grad_accumulation: bool = False) -> OpGraph:
+                   grad_accumulation: bool = False, clip_grad: bool = True) -> OpGraph:
     """Forward + backward (+ recomputation) + optimizer step of a forward graph.
 
     ``grad_accumulation`` adds the AccumulateGrad kernel per parameter (gradients summed into existing
-    ``.grad`` tensors, as in gradient accumulation over micro-batches).
+    ``.grad`` tensors, as in gradient accumulation over micro-batches). ``clip_grad``: with an optimizer,
+    clip the gradients' norm first (``CLIP_BYTES_PER_PARAM``).
     """
     if "backward" not in fwd.saved:
         raise GraphError("graph has no backward rules (was it built by GraphBuilder?)")
@@ -121,6 +127,10 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
             if grad_accumulation:
                 out_rows.append(_opt_row(f"accumulate_grad[{lay}]", "elementwise", lay, scope, float(p), 3.0 * p * db, dtype, "backward"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
+            if opt != "none" and clip_grad:
+                out_rows.append(_opt_row(f"clip_grad_norm[{lay}]", "optimizer", lay, scope, 2.0 * float(p),
+                                         CLIP_BYTES_PER_PARAM * float(p), dtype, "optimizer"))
+                edges.append((prev, n_fwd + len(out_rows) - 1))
             if opt != "none":
                 out_rows.append(_opt_row(f"{opt}.step[{lay}]", "optimizer", lay, scope, OPTIMIZER_FLOPS_PER_PARAM[opt] * float(p),
                                          OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)] * float(p), dtype, "optimizer"))
@@ -131,6 +141,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     all_nodes["fwd_id"] = all_nodes["fwd_id"].astype(np.int64)
     all_nodes["layer"] = all_nodes["layer"].astype(np.int64)
     meta = dict(fwd.meta, mode="train", optimizer=opt, recompute=recompute, grad_accumulation=bool(grad_accumulation),
+                clip_grad=bool(clip_grad and opt != "none"),
                 optimizer_param_count=int(n_params))
     return replace(fwd, nodes=all_nodes, edges=np.array(edges, dtype=np.int64).reshape(-1, 2), meta=meta)
 

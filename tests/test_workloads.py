@@ -212,3 +212,18 @@ def test_tf32_is_a_matrix_product_mode():
     n = g.nodes
     gemm = n["op_class"].isin(["linear", "bmm"])
     assert set(n.loc[gemm, "dtype"]) == {"tf32"} and set(n.loc[~gemm, "dtype"]) == {"fp32"}
+
+
+def test_gradient_clipping_rows_and_megatron_fp32_mask():
+    from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM
+
+    g = step_graph("gpt2", StepOptions(batch=1, seq=128, mode="train", optimizer="adamw"))
+    clip = g.nodes[g.nodes["name"].str.startswith("clip_grad_norm")]
+    assert clip["bytes"].sum() == CLIP_BYTES_PER_PARAM * g.nodes["param_count"].sum()
+    assert (clip["phase"] == "optimizer").all() and g.meta["clip_grad"]
+    g0 = step_graph("gpt2", StepOptions(batch=1, seq=128, mode="train", optimizer="none"))
+    assert not g0.nodes["name"].str.startswith("clip_grad_norm").any()
+    # Megatron's fused softmax takes half precision only: fp32 keeps the masked fill, fp16 folds it in
+    masks = {dt: step_graph("gpt2", StepOptions(batch=1, seq=128, dtype=dt, framework="megatron")).nodes["name"]
+             .eq("attn.mask").sum() for dt in ("fp32", "fp16")}
+    assert masks["fp32"] == 12 and masks["fp16"] == 0
