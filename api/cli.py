@@ -19,6 +19,11 @@ app.add_typer(validate_app, name="validate")
 err = Console(stderr=True)
 
 
+def pd_isna(v) -> bool:
+    """A missing table cell (None or NaN) without importing pandas at CLI start-up."""
+    return v is None or (isinstance(v, float) and v != v)
+
+
 def _fail(msg: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {msg}")
     raise typer.Exit(code)
@@ -275,17 +280,20 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 @app.command()
 def search(
     model: str = typer.Option(..., "--model", "-m", help="A Hugging Face config.json or a built-in name."),
-    cluster: str = typer.Option(..., "--cluster", help="Cluster preset name or file."),
+    cluster: List[str] = typer.Option(..., "--cluster", help="Cluster preset name or file; repeat it to compare hardware."),
     gpus: int = typer.Option(..., "--gpus", help="GPUs of the job."),
     batch: int = typer.Option(..., "--batch", help="Global batch in sequences."),
     seq: int = typer.Option(2048, "--seq", help="Tokens per sequence."),
     dtype: str = typer.Option("bf16", "--dtype"),
     attention: str = typer.Option("flash", "--attention"),
-    max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations."),
+    max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations per cluster."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Tokens of the whole run: adds its hours, energy, TCO and CO2e."),
+    region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens)."),
     top: int = typer.Option(10, "--top", help="Rows to show."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
 ) -> None:
-    """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave)."""
+    """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
+    on one cluster or across several."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from wattcast import search as _search
@@ -295,7 +303,8 @@ def search(
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("evaluating strategies", total=None)
-            res = _search(model, cluster, gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
+            res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
+                          tokens=tokens, footprint_kw=dict(region=region) if region else None,
                           progress=lambda i, n: prog.update(task, completed=i, total=min(n, max_configs)))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
@@ -306,14 +315,25 @@ def search(
                           "rejected": res.rejected.to_dict("records")}, indent=2, default=str))
         return
     con = Console()
+    if not con.is_terminal:  # piped or captured: room for every column
+        con = Console(width=160)
     for title, frame in ((f"fastest {top} of {len(res.ranked)} configurations", res.ranked.head(top)),
                          ("Pareto front (step time vs memory)", res.pareto)):
         t = Table(title=title)
-        for c in ("config", "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms"):
-            t.add_column(c, justify="right" if c != "config" else "left", no_wrap=(c == "config"))
-        for r in frame.itertuples(index=False):
-            t.add_row(r.config, f"{r.step_time_ms:.1f}", f"{100 * r.mfu:.1f}%", f"{r.tflops_per_gpu:.1f}", f"{r.memory_gb:.1f}",
-                      "yes" if r.fits else "NO", f"{r.exposed_comm_ms:.1f}", f"{r.bubble_ms:.1f}")
+        many = len(cluster) > 1
+        run = "run_hours" in frame
+        # (header, key, format); run figures replace the communication columns to keep the table narrow
+        cols = ([("cluster", "cluster", "{}")] if many else []) + [
+            ("config", "config", "{}"), ("step ms", "step_time_ms", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
+            ("GB", "memory_gb", "{:.1f}"), ("fits", "fits", "{}"), ("W/GPU", "avg_power_w", "{:.0f}")] + (
+            [("run h", "run_hours", "{:,.1f}"), ("MWh", "run_energy_mwh", "{:,.2f}"), ("TCO $", "run_tco_usd", "{:,.0f}"),
+             ("tCO2e", "run_tco2e", "{:,.2f}")] if run else
+            [("exposed comm ms", "exposed_comm_ms", "{:.1f}"), ("bubble ms", "bubble_ms", "{:.1f}")])
+        for head, key, _ in cols:
+            t.add_column(head, justify="left" if key in ("cluster", "config") else "right", no_wrap=key in ("cluster", "config"))
+        for r in frame.to_dict("records"):
+            t.add_row(*["" if pd_isna(r.get(k)) else ("yes" if r[k] else "NO") if k == "fits" else fmt.format(r[k])
+                        for _, k, fmt in cols])
         con.print(t)
 
 

@@ -63,31 +63,53 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
 
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "flash",
            optimizer: str = "adamw", max_configs: int = 5000, progress=None, framework: str = "hf",
-           **space) -> SearchResult:
-    """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``)."""
-    cl = resolve_cluster(cluster)
+           tokens: float | None = None, footprint_kw: dict | None = None, **space) -> SearchResult:
+    """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
+
+    ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
+    then names its cluster, and the ranking and Pareto front run across all of them. ``max_configs`` counts
+    per cluster. Every row carries the step's energy (all GPUs, J) and average power per GPU. With
+    ``tokens`` (a whole training run), fitting rows also get the run's lifecycle footprint
+    (:func:`wattcast.simulate.lifecycle.footprint_from_step`; ``footprint_kw``: region, pue,
+    lifetime_years, ...): ``run_hours``, ``run_energy_mwh``, ``run_tco_usd``, ``run_tco2e``."""
+    clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
+    if not clusters:
+        raise ValueError("no cluster to search")
     if attention == "flash" and "recompute" not in space:
         # fused attention keeps no S x S activations: selective recomputation would change nothing
         space = dict(space, recompute=("none", "full"))
-    cands = candidate_configs(model, cl, gpus, batch, seq, **space)
     rows, bad = [], []
-    evaluated = 0
-    for par in cands:
-        if evaluated >= max_configs:
-            break
-        try:  # an invalid strategy is rejected by its rules before any graph is built
-            r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                                    optimizer=optimizer, framework=framework)
-        except ParallelConfigError as e:
-            bad.append(dict(config=par.describe(), rule=str(e)))
-            continue
-        evaluated += 1
-        if progress:
-            progress(evaluated, len(cands))
-        rows.append(dict(config=r.parallel.describe(), tp=par.tp, pp=par.pp, dp=r.parallel.dp, micro_batch=r.parallel.micro_batch,
-                         zero=par.zero, sp=par.sp, ep=par.ep, recompute=par.recompute, interleave=par.interleave,
-                         step_time_ms=r.step_time_ms, mfu=r.mfu, tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb,
-                         fits=r.fits, exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms))
+    for c in clusters:
+        cl = resolve_cluster(c)
+        cands = candidate_configs(model, cl, gpus, batch, seq, **space)
+        evaluated = 0
+        for par in cands:
+            if evaluated >= max_configs:
+                break
+            try:  # an invalid strategy is rejected by its rules before any graph is built
+                r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
+                                        attention=attention, optimizer=optimizer, framework=framework)
+            except ParallelConfigError as e:
+                bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
+                continue
+            evaluated += 1
+            if progress:
+                progress(evaluated, len(cands))
+            row = dict(cluster=cl.name, device=r.device, config=r.parallel.describe(), tp=par.tp, pp=par.pp,
+                       dp=r.parallel.dp, micro_batch=r.parallel.micro_batch, zero=par.zero, sp=par.sp, ep=par.ep,
+                       recompute=par.recompute, interleave=par.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
+                       tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
+                       exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
+                       avg_power_w=r.avg_power_w)
+            if tokens and r.fits:
+                from wattcast.simulate.lifecycle import footprint_from_step
+
+                fp = footprint_from_step(r.device, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
+                                         tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
+                                         **(footprint_kw or {}))
+                row.update(run_hours=fp.hours, run_energy_mwh=fp.energy_mwh, run_tco_usd=fp.tco_usd,
+                           run_tco2e=fp.total_tco2e)
+            rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
         return SearchResult(df, df, pd.DataFrame(bad))

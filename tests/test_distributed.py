@@ -256,3 +256,16 @@ def test_uneven_pipeline_stages_only_where_the_framework_allows_them():
     r = predict_distributed(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, parallel=par, framework="megatron-deepspeed")
     assert r.fits and r.step_time_ms > 0
     assert np.bincount(_chunk_of_layer(np.arange(14), 14, 4)).tolist() == [4, 3, 4, 3]
+
+
+def test_search_across_clusters_with_run_footprint():
+    r = run_cli("search", "--model", "gpt2", "--cluster", "nvlink-4gpu", "--cluster", "pcie-4gpu", "--gpus", "4", "--batch", "8",
+                "--seq", "1024", "--max-configs", "6", "--tokens", "1e9", "--region", "FRA", "--json")
+    assert r.returncode == 0, r.stderr
+    ranked = json.loads(r.stdout)["ranked"]
+    assert {x["cluster"] for x in ranked} == {"NVLink-4GPU", "PCIe-4GPU"}
+    fit = [x for x in ranked if x["fits"]]
+    assert fit and all(x["run_hours"] > 0 and x["run_tco2e"] > 0 and x["energy_j"] > 0 for x in fit)
+    # one ranking across both clusters: fitting configurations first, fastest first
+    times = [x["step_time_ms"] for x in fit]
+    assert times == sorted(times) and ranked[:len(fit)] == fit
