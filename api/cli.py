@@ -15,6 +15,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Forecast DL 
 train_app = typer.Typer(no_args_is_help=True, help="Retrain surrogates from measurements.")
 app.add_typer(train_app, name="train")
 validate_app = typer.Typer(no_args_is_help=True, help="Check predictions against measurements.")
+# options every training and validation job takes
+_DATA_OPTION = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets).")
+_MLRUNS_OPTION = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts).")
+_NO_MLFLOW_OPTION = typer.Option(False, "--no-mlflow", help="Do not log to MLflow.")
+_OUT_OPTION = typer.Option(None, "--out", help="Artifact folder to write (default: the shipped one in the package).")
 app.add_typer(validate_app, name="validate")
 err = Console(stderr=True)
 
@@ -448,9 +453,9 @@ def list_models() -> None:
 
 @validate_app.command("labels")
 def validate_labels(
-    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
-    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts)."),
-    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    data: Optional[Path] = _DATA_OPTION,
+    mlruns: Path = _MLRUNS_OPTION,
+    no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every label's prediction to this CSV."),
 ) -> None:
     """Predict every single-GPU NeuSight label end to end; per-GPU errors; log to MLflow."""
@@ -474,15 +479,15 @@ def validate_labels(
 
 @train_app.command("kernels")
 def train_kernels(
-    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
+    data: Optional[Path] = _DATA_OPTION,
     holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="GPUs never trained, tuned or selected on (repeatable)."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Your own profiling CSV (schema in README) to train on as well."),
     only_csv: bool = typer.Option(False, "--only-csv", help="Train on --csv alone, without the shared datasets."),
     spec: List[Path] = typer.Option([], "--spec", help="Spec file for a GPU of your CSV that is not in the catalog (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Bundle folder to write (default: the shipped one in the package)."),
     quick: bool = typer.Option(False, "--quick", help="Small, fast fits (smoke tests); not for shipping."),
-    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts)."),
-    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    mlruns: Path = _MLRUNS_OPTION,
+    no_mlflow: bool = _NO_MLFLOW_OPTION,
 ) -> None:
     """Train, evaluate (held-out GPUs), log to MLflow and ship the kernel latency surrogates."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -547,11 +552,11 @@ def _print_train_result(res: dict, title: str) -> None:
 
 @train_app.command("collectives")
 def train_collectives(
-    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Artifact folder to write (default: the shipped one in the package)."),
+    data: Optional[Path] = _DATA_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
     quick: bool = typer.Option(False, "--quick", help="Small, fast fits (smoke tests); not for shipping."),
-    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts)."),
-    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    mlruns: Path = _MLRUNS_OPTION,
+    no_mlflow: bool = _NO_MLFLOW_OPTION,
 ) -> None:
     """Train the learned correction of the collective cost model on nccl-tests data (H100; Polaris evaluated only)."""
     from wattcast.training.collectives import run_train_collectives
@@ -566,10 +571,10 @@ def train_collectives(
 
 @train_app.command("power")
 def train_power(
-    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Artifact folder to write (default: the shipped one in the package)."),
-    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts)."),
-    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    data: Optional[Path] = _DATA_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
+    mlruns: Path = _MLRUNS_OPTION,
+    no_mlflow: bool = _NO_MLFLOW_OPTION,
 ) -> None:
     """Fit the power surrogate on the measured power data; leave-one-GPU-out errors to MLflow; gated write."""
     from wattcast.training.power import run_train_power
@@ -583,10 +588,10 @@ def train_power(
 
 @validate_app.command("distributed")
 def validate_distributed(
-    data: Optional[Path] = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets)."),
+    data: Optional[Path] = _DATA_OPTION,
     sample: Optional[int] = typer.Option(None, "--sample", help="Evaluate at most this many vTrain rows per file (speed)."),
-    mlruns: Path = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder."),
-    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Do not log to MLflow."),
+    mlruns: Path = _MLRUNS_OPTION,
+    no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every vTrain row's prediction to this CSV."),
 ) -> None:
     """NeuSight's 4-GPU labels and vTrain's measured iteration times: predicted vs measured."""

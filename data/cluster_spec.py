@@ -27,6 +27,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from wattcast.data.device_spec import SpecRecord
+
 SCHEMA_VERSION = 1
 INTRA_KINDS = ("nvswitch", "nvlink", "xgmi", "pcie")
 INTER_KINDS = ("infiniband", "roce", "ethernet", "slingshot")
@@ -55,7 +57,7 @@ class InterNode:
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class ClusterSpec(SpecRecord):
     name: str
     device: str
     gpus_per_node: int
@@ -81,15 +83,6 @@ class ClusterSpec:
         if self.inter is None:
             return 0.0
         return self.inter.nics_per_node * self.inter.nic_bandwidth_gbit_per_s / 8.0 / self.inter.oversubscription
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["aliases"] = list(self.aliases)
-        d["sources"] = dict(self.sources)
-        return {k: v for k, v in d.items() if v not in (None, "", [], {})}
-
-    def source_of(self, name: str) -> str:
-        return self.sources.get(name) or self.source
 
 
 def _positive(where: str, name: str, v: Any, *, integer: bool = False, allow_zero: bool = False) -> None:

@@ -55,8 +55,25 @@ class DeviceSpecError(ValueError):
     """A device spec is missing a field, has an impossible value, or contradicts itself."""
 
 
+class SpecRecord:
+    """What device and cluster specs share: a flat dict without empty fields, and the source of each figure."""
+
+    source: str
+    sources: Mapping[str, str]
+    aliases: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)  # type: ignore[call-overload]
+        d["aliases"] = list(self.aliases)
+        d["sources"] = dict(self.sources)
+        return {k: v for k, v in d.items() if v not in (None, "", [], {})}
+
+    def source_of(self, field_name: str) -> str:
+        return self.sources.get(field_name) or self.source
+
+
 @dataclass(frozen=True)
-class DeviceSpec:
+class DeviceSpec(SpecRecord):
     """One accelerator. Peaks are dense (no sparsity) datasheet figures."""
 
     name: str
@@ -118,14 +135,6 @@ class DeviceSpec:
             "fp8": self.peak_fp8_tflops is not None,
         }[dtype.lower()]
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["aliases"] = list(self.aliases)
-        d["sources"] = dict(self.sources)
-        return {k: v for k, v in d.items() if v not in (None, "", [], {})}
-
-    def source_of(self, field_name: str) -> str:
-        return self.sources.get(field_name) or self.source
 
 
 def normalise_name(name: str) -> str:

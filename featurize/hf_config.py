@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -144,9 +145,15 @@ def load_hf_config(model: str | Path | Mapping[str, Any]) -> HFConfig:
             p = cand
         else:
             raise GraphError(f"{model}: not a file and not a built-in model (built-ins: {', '.join(builtin_models())})")
-    try:
-        raw = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GraphError(f"{p}: cannot read as a JSON config: {e}") from None
     name = p.parent.name if p.name == "config.json" else p.stem
-    return normalise_config(raw, name=name, origin=str(p))
+    return _load_config_file(str(p.resolve()), p.stat().st_mtime, name, str(p))
+
+
+@lru_cache(maxsize=256)
+def _load_config_file(path: str, mtime: float, name: str, origin: str) -> HFConfig:
+    """A config file, read once per modification time (predictions in a search loop ask again and again)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GraphError(f"{origin}: cannot read as a JSON config: {e}") from None
+    return normalise_config(raw, name=name, origin=origin)

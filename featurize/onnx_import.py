@@ -678,20 +678,17 @@ class _Importer:
 
     def _affine_tail(self, out: str, group: set[int]):
         """Optional ``* gamma (+ beta)`` after a normalisation: (final output, gamma, beta)."""
-        gamma = beta = None
-        m = self._sole(out)
-        if m is not None and self.nodes[m].op_type == "Mul":
+        found: dict[str, str] = {}
+        for op in ("Mul", "Add"):  # the Add only after a Mul
+            m = self._sole(out)
+            if m is None or self.nodes[m].op_type != op:
+                break
             other = self._other(m, out)
-            if self._static_float(other) and _numel_dims(self._shape(other) or (2,)) > 1:
-                gamma, out = other, self.nodes[m].output[0]
-                group.add(m)
-                a = self._sole(out)
-                if a is not None and self.nodes[a].op_type == "Add":
-                    other = self._other(a, out)
-                    if self._static_float(other) and _numel_dims(self._shape(other) or (2,)) > 1:
-                        beta, out = other, self.nodes[a].output[0]
-                        group.add(a)
-        return out, gamma, beta
+            if not (self._static_float(other) and _numel_dims(self._shape(other) or (2,)) > 1):
+                break
+            found[op], out = other, self.nodes[m].output[0]
+            group.add(m)
+        return out, found.get("Mul"), found.get("Add")
 
     def _match_norm_core(self, centred: str, sq_node: int, group: set[int]):
         """From the squaring node: ReduceMean -> Add(eps) -> Sqrt -> Div(centred, .) | Reciprocal -> Mul(centred, .)."""

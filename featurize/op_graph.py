@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -170,31 +170,25 @@ class GraphBuilder:
 
     # ------------------------------------------------------------------ context
     @contextmanager
-    def layer(self, index: int, scope: str = "") -> Iterator[None]:
-        old = self._layer, self._scope
-        self._layer, self._scope = int(index), scope or old[1]
+    def _setting(self, **attrs: Any) -> Iterator[None]:
+        """Set builder attributes (``_layer``, ``_scope``, ``_tag``) for the ops recorded inside the block."""
+        old = {k: getattr(self, k) for k in attrs}
+        for k, v in attrs.items():
+            setattr(self, k, v)
         try:
             yield
         finally:
-            self._layer, self._scope = old
+            for k, v in old.items():
+                setattr(self, k, v)
 
-    @contextmanager
-    def scope(self, scope: str) -> Iterator[None]:
-        old = self._scope
-        self._scope = scope
-        try:
-            yield
-        finally:
-            self._scope = old
+    def layer(self, index: int, scope: str = ""):
+        return self._setting(_layer=int(index), _scope=scope or self._scope)
 
-    @contextmanager
-    def tag(self, tag: str) -> Iterator[None]:
-        old = self._tag
-        self._tag = tag
-        try:
-            yield
-        finally:
-            self._tag = old
+    def scope(self, scope: str):
+        return self._setting(_scope=scope)
+
+    def tag(self, tag: str):
+        return self._setting(_tag=tag)
 
     # ------------------------------------------------------------------ plumbing
     @property

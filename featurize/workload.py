@@ -7,6 +7,7 @@ a built-in model name (:func:`wattcast.featurize.hf_config.builtin_models`), a c
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +42,9 @@ class StepOptions:
     #: whose kernels and host costs: "hf" (Hugging Face eager modules), "megatron" (Megatron-LM's fused
     #: kernels; GPT only) or "megatron-deepspeed" (the same kernels driven by DeepSpeed's engine)
     framework: str = "hf"
+    #: build only this many transformer blocks of a Hugging Face config (0: all of them); for models whose
+    #: blocks are all alike, a short graph stands for the whole one (simulate/distributed.py)
+    blocks: int = 0
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -59,7 +63,7 @@ class StepOptions:
         opt = optimizer_key(self.optimizer)
         return StepOptions(int(self.batch), int(self.seq), mode, dtype, att, bool(self.compile), opt,
                            str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
-                           _framework(self.framework))
+                           _framework(self.framework), int(self.blocks))
 
 
 def _framework(f: str) -> str:
@@ -77,6 +81,10 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     if opts.framework != "hf" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron' models GPT (gpt2-type configs) only, not {cfg.model_type}")
     b.framework = opts.framework
+    if opts.blocks:
+        if cfg.total_layers != cfg.n_layers:
+            raise GraphError(f"{cfg.name}: an encoder-decoder model cannot be built with fewer blocks")
+        cfg = replace(cfg, n_layers=min(int(opts.blocks), cfg.n_layers))
     if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert"):
         raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {cfg.max_positions} learned positions")
     GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
@@ -96,6 +104,9 @@ def _build(model: Any, opts: StepOptions) -> OpGraph:
                                                                        and not str(model).lower().endswith(".onnx"))):
         raise GraphError("tensor and expert parallelism need a model from a Hugging Face config or a built-in name "
                          "(ONNX and torch.export graphs carry no column/row-parallel structure); use --dp/--pp/--zero")
+    if opts.blocks and not (isinstance(model, dict) or (isinstance(model, (str, Path))
+                                                        and not str(model).lower().endswith(".onnx"))):
+        raise GraphError("building fewer blocks needs a model from a Hugging Face config or a built-in name")
     if isinstance(model, dict):
         fwd = _hf_forward(load_hf_config(model), opts)
     elif isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx"):
@@ -126,12 +137,23 @@ def _build(model: Any, opts: StepOptions) -> OpGraph:
     return fwd
 
 
+@lru_cache(maxsize=64)
+def _cached_dict_graph(config_json: str, opts: StepOptions) -> OpGraph:
+    return _build(json.loads(config_json), opts)
+
+
 def step_graph(model: Any, opts: StepOptions | None = None, **kw) -> OpGraph:
-    """The operator graph of one step of ``model`` (cached for files and built-in names)."""
+    """The operator graph of one step of ``model`` (cached for files, built-in names and JSON-able config dicts)."""
     opts = replace(opts or StepOptions(), **kw).validated()
     if isinstance(model, (str, Path)):
         p = Path(model)
         if p.is_file():
             return _cached_path_graph(str(p.resolve()), p.stat().st_mtime, opts)
         return _cached_path_graph(str(model), 0.0, opts)
+    if isinstance(model, dict):
+        try:
+            key = json.dumps(model, sort_keys=True)
+        except (TypeError, ValueError):  # not plain JSON: build it every time
+            return _build(model, opts)
+        return _cached_dict_graph(key, opts)
     return _build(model, opts)

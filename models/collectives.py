@@ -525,13 +525,11 @@ class CollectiveModel:
         """Load from ``folder``; raises FileNotFoundError / ValueError when it is absent or unusable."""
         import lightgbm as lgb
 
+        from wattcast.models.manifest import read_manifest
+
         folder = Path(folder)
         jpath = folder / MANIFEST
-        if not jpath.is_file():
-            raise FileNotFoundError(f"no collective model manifest at {jpath}")
-        manifest = json.loads(jpath.read_text())
-        if manifest.get("schema") != MANIFEST_SCHEMA:
-            raise ValueError(f"{jpath}: schema {manifest.get('schema')} is not {MANIFEST_SCHEMA}")
+        manifest = read_manifest(folder, MANIFEST, "collective model", MANIFEST_SCHEMA)
         if list(manifest.get("features", [])) != list(FEATURES):
             raise ValueError(f"{jpath}: features differ from this wattcast's")
         mpath = folder / manifest.get("model_file", MODEL_FILE)

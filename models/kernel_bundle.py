@@ -21,6 +21,7 @@ import numpy as np
 
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
 from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate
+from wattcast.models.manifest import read_manifest
 
 MANIFEST = "kernel_manifest.json"
 MLP_FILE = "kernel_mlp.safetensors"
@@ -142,12 +143,7 @@ class KernelBundle:
     @classmethod
     def load(cls, folder: Path) -> "KernelBundle":
         folder = Path(folder)
-        mpath = folder / MANIFEST
-        if not mpath.is_file():
-            raise FileNotFoundError(f"no kernel surrogate manifest at {mpath}")
-        manifest = json.loads(mpath.read_text())
-        if manifest.get("schema") != BUNDLE_SCHEMA:
-            raise ValueError(f"{mpath}: bundle schema {manifest.get('schema')} is not {BUNDLE_SCHEMA}")
+        manifest = read_manifest(folder, MANIFEST, "kernel surrogate", BUNDLE_SCHEMA)
         tensors: dict[str, np.ndarray] = {}
         if (folder / MLP_FILE).is_file():
             from safetensors.numpy import load_file

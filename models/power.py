@@ -180,10 +180,10 @@ class PowerModel:
 
     @classmethod
     def load(cls, folder: str | Path) -> "PowerModel":
+        from wattcast.models.manifest import read_manifest
+
         folder = Path(folder)
-        m = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        if m.get("schema_version") != POWER_SCHEMA:
-            raise ValueError(f"{folder / MANIFEST}: schema_version {m.get('schema_version')}, this wattcast reads {POWER_SCHEMA}")
+        m = read_manifest(folder, MANIFEST, "power model", POWER_SCHEMA, schema_key="schema_version")
         booster = None
         if m["form"] == "lgbm":
             import lightgbm as lgb

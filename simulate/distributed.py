@@ -127,13 +127,9 @@ def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSp
         return np.zeros(len(size)), np.zeros(len(size), dtype=bool)
     us = np.zeros(len(size))
     ood = np.zeros(len(size), dtype=bool)
-    memo = getattr(model, "predict_us_memo", None)
     for o in pd.unique(op):
         sel = op == o
-        if memo is not None:
-            u, f = memo(o, size[sel], layout.size, layout.gpus_per_node, cluster)
-        else:
-            u, f = model.predict_us(o, size[sel], layout.size, layout.gpus_per_node, cluster, return_ood=True)
+        u, f = model.predict_us_memo(o, size[sel], layout.size, layout.gpus_per_node, cluster)
         us[sel] = np.asarray(u, dtype=float)
         ood[sel] = np.asarray(f, dtype=bool)
     return us / 1e3, ood
@@ -176,7 +172,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     cm = coll_model or _collective_model()
     n_micro = par.n_micro(batch)
     opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep)
-    g, n_rep = _rank_graph(model, hf, opts)
+    g, n_rep, _ = _rank_graph(model, hf, opts)
 
     def coll_fn(kernel, size, group):
         ms = np.zeros(len(size))
@@ -200,10 +196,10 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
             _COSTED.pop(next(iter(_COSTED)))
         _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep))
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
-    g1, n_rep1 = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
+    g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
     return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
                      dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
-                     model_totals=_model_totals(g1, n_rep1))
+                     model_totals=_model_totals(g1, n_rep1, block_params))
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
@@ -211,38 +207,18 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
 #: and L/3 times cheaper to build, which is what makes strategy search fast for 100-layer models.
 _UNIFORM_FAMILIES = ("gpt2", "opt", "llama", "mixtral", "bert")
 _SHORT_LAYERS = 3
-_SHORT_GRAPHS: dict = {}
 
 
-def _rank_graph(model, hf: HFConfig | None, opts: StepOptions):
-    """(graph, n_rep): the step graph of ``model``; for uniform configs with more than 4 blocks a 3-block
-    graph whose block 1 repeats ``n_rep`` = L-2 times (else ``n_rep`` 1 and the whole graph)."""
+def _rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
+    """(graph, n_rep, block_params): the step graph of ``model``; for uniform configs with more than 4 blocks
+    a 3-block graph whose block 1 repeats ``n_rep`` = L-2 times, and the parameters of one block as the
+    builder counts them (some, e.g. RMSNorm weights, sit on no kernel node); else the whole graph, 1, 0."""
     if hf is None or hf.family not in _UNIFORM_FAMILIES or hf.n_layers != hf.total_layers or hf.n_layers <= _SHORT_LAYERS + 1:
-        return step_graph(model, opts), 1
-    import json
-
-    from wattcast.featurize.hf_config import ALIASES
-
-    def short(n_blocks: int, o: StepOptions):
-        key = (json.dumps(dict(hf.raw), sort_keys=True, default=str), hf.name, n_blocks, o)
-        g = _SHORT_GRAPHS.get(key)
-        if g is None:
-            raw = dict(hf.raw, _name_or_path=hf.name)
-            for k in ALIASES["n_layers"]:
-                if k in raw:
-                    raw[k] = n_blocks
-            g = step_graph(raw, o)
-            if len(_SHORT_GRAPHS) >= 256:
-                _SHORT_GRAPHS.pop(next(iter(_SHORT_GRAPHS)))
-            _SHORT_GRAPHS[key] = g
-        return g
-
-    g = short(_SHORT_LAYERS, opts)
-    if "block_params" not in g.meta:
-        # parameters of one block, as the builder counts them (some, e.g. RMSNorm weights, sit on no kernel node)
-        small = replace(opts, batch=1, seq=8, mode="inference", tp=1, sp=False, ep=1, recompute="none", compile=False)
-        g.meta["block_params"] = short(_SHORT_LAYERS, small).param_count - short(_SHORT_LAYERS - 1, small).param_count
-    return g, hf.n_layers - (_SHORT_LAYERS - 1)
+        return step_graph(model, opts), 1, 0
+    small = replace(opts, batch=1, seq=8, mode="inference", tp=1, sp=False, ep=1, recompute="none", compile=False)
+    block_params = (step_graph(model, small, blocks=_SHORT_LAYERS).param_count
+                    - step_graph(model, small, blocks=_SHORT_LAYERS - 1).param_count)
+    return step_graph(model, opts, blocks=_SHORT_LAYERS), hf.n_layers - (_SHORT_LAYERS - 1), block_params
 
 
 def _layer_multiplicity(layers: np.ndarray, n_rep: int) -> np.ndarray:
@@ -266,7 +242,7 @@ def _full_layer_ids(ids: np.ndarray, n_rep: int) -> tuple[np.ndarray, np.ndarray
     return np.array(out, dtype=np.int64), np.array(src, dtype=np.int64)
 
 
-def _model_totals(g1, n_rep: int) -> dict:
+def _model_totals(g1, n_rep: int, block_params: int) -> dict:
     """Model FLOPs of one micro-batch (optimizer excluded) and the parameter count, from the unsharded graph."""
     hit = _TOTALS.get(id(g1))
     if hit is not None and hit[0] is g1:
@@ -276,7 +252,7 @@ def _model_totals(g1, n_rep: int) -> dict:
     mult = _layer_multiplicity(layers, n_rep)
     phase = nodes["phase"].to_numpy()
     flops = float((nodes["flops"].to_numpy(dtype=float) * mult)[phase != "optimizer"].sum())
-    params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(g1.meta.get("block_params", 0))
+    params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(block_params)
     out = dict(flops=flops, param_count=params)
     if len(_TOTALS) >= 256:
         _TOTALS.pop(next(iter(_TOTALS)))

@@ -13,6 +13,7 @@ import pandas as pd
 
 from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.simulate.distributed import predict_distributed
+from wattcast.simulate.lifecycle import footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
 
 
@@ -102,8 +103,6 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
                        exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
                        avg_power_w=r.avg_power_w)
             if tokens and r.fits:
-                from wattcast.simulate.lifecycle import footprint_from_step
-
                 fp = footprint_from_step(r.device, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
                                          tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
                                          **(footprint_kw or {}))
