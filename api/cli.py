@@ -589,19 +589,19 @@ def train_power(
 @validate_app.command("distributed")
 def validate_distributed(
     data: Optional[Path] = _DATA_OPTION,
-    sample: Optional[int] = typer.Option(None, "--sample", help="Evaluate at most this many vTrain rows per file (speed)."),
+    sample: Optional[int] = typer.Option(None, "--sample", help="Evaluate at most this many vTrain / MPT rows per file (speed)."),
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
-    output: Optional[Path] = typer.Option(None, "--output", help="Write every vTrain row's prediction to this CSV."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write every vTrain and MPT row's prediction to this CSV."),
 ) -> None:
-    """NeuSight's 4-GPU labels and vTrain's measured iteration times: predicted vs measured."""
+    """NeuSight's 4-GPU labels, vTrain's iteration times and MosaicML's MPT FSDP throughput: predicted vs measured."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from wattcast.training.distributed_validation import run_validate_distributed
 
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
-            task = prog.add_task("predicting vTrain configurations", total=None)
+            task = prog.add_task("predicting vTrain and MPT configurations", total=None)
             res = run_validate_distributed(data, tracking_dir=mlruns, use_mlflow=not no_mlflow, sample=sample, output=output,
                                            progress=lambda i, n: prog.update(task, completed=i, total=n))
     except FileNotFoundError as e:
@@ -620,6 +620,13 @@ def validate_distributed(
         s = res[f"summary_{name}"]
         t.add_row(name + (" (evaluation half)" if name == "single" else ""), str(s["rows"]), f"{s['mean_abs_pct']:.1f}",
                   f"{s['median_abs_pct']:.1f}", f"{s['max_abs_pct']:.1f}", f"{s['mean_signed_pct']:+.1f}", f"{100 * s['within_10pct']:.0f}%")
+    con.print(t)
+    t = Table(title="MosaicML MPT (FSDP full shard, BF16, flash attention; A100 40/80 GB): step time, absolute % error")
+    for c in ("GPU", "rows", "mean", "median", "max", "signed mean", "within 10%", "predicted not to fit"):
+        t.add_column(c, justify="right")
+    for r in res["summary_mpt"].itertuples(index=False):
+        t.add_row(str(r.group), str(r.rows), f"{r.mean_abs_pct:.1f}", f"{r.median_abs_pct:.1f}", f"{r.max_abs_pct:.1f}",
+                  f"{r.mean_signed_pct:+.1f}", f"{100 * r.within_10pct:.0f}%", str(r.predicted_not_to_fit))
     con.print(t)
     if res.get("run_id"):
         con.print(f"MLflow run {res['run_id']} in {mlruns}/")

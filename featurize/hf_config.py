@@ -33,6 +33,7 @@ MODEL_TYPES: dict[str, str] = {
     "gpt2": "gpt2", "gpt": "gpt2", "megatron-gpt": "gpt2", "gpt3": "gpt2",
     "opt": "opt",
     "llama": "llama", "mistral": "llama", "qwen2": "llama",
+    "mpt": "mpt",
     "mixtral": "mixtral",
     "bert": "bert",
     "switch_transformers": "switch", "t5": "switch",
@@ -125,6 +126,24 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     if heads % kv:
         raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
     ffn = _first(raw, "ffn")
+    if family == "mpt":  # MosaicML MPT: nested attention options and an MLP expansion ratio
+        attn = raw.get("attn_config") or {}
+        if not isinstance(attn, Mapping):
+            raise GraphError(f"{origin}: attn_config must be a JSON object")
+        kind = str(attn.get("attn_type", "multihead_attention"))
+        if kind == "multiquery_attention":
+            kv = 1
+        elif kind == "grouped_query_attention":
+            kv = _positive_int(attn.get("kv_n_heads"), "attn_config.kv_n_heads", origin)
+        elif kind != "multihead_attention":
+            raise GraphError(f"{origin}: unknown attn_config.attn_type {kind!r}")
+        if heads % kv:
+            raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
+        if ffn is None and raw.get("expansion_ratio") is not None:
+            er = raw["expansion_ratio"]
+            if not isinstance(er, (int, float)) or er <= 0:
+                raise GraphError(f"{origin}: expansion_ratio must be a positive number, got {er!r}")
+            ffn = int(er * hidden)
     ffn = 4 * hidden if ffn is None else _positive_int(ffn, "intermediate size", origin)
     maxpos = _first(raw, "max_positions")
     maxpos = 0 if maxpos is None else int(maxpos)

@@ -45,10 +45,11 @@ def merge_heads(b: GraphBuilder, x: Tensor, name: str = "merge_heads") -> Tensor
 
 def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: str, mask: str, dropout_p: float,
                     mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False,
-                    strided: tuple[bool, bool, bool] = (False, False, False)) -> Tensor:
-    """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), mask
-    (``where`` causal with a bool (1, 1, S, S) mask, ``add`` additive, ``none``), softmax, dropout, PV.
-    Tagged ``attn_core``.
+                    strided: tuple[bool, bool, bool] = (False, False, False),
+                    bias_shape: tuple[int, ...] | None = None) -> Tensor:
+    """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), an additive
+    position bias of ``bias_shape`` (ALiBi's (1, h, 1, S); none by default), mask (``where`` causal with a
+    bool (1, 1, S, S) mask, ``add`` additive, ``none``), softmax, dropout, PV. Tagged ``attn_core``.
 
     ``strided`` (q, k, v): the operand is a head-permuted view ``x.view(B, S, h, d).permute(0, 2, 1, 3)``
     of a projection. ``torch.matmul`` on 4-D operands folds the batch dims with ``reshape``, which cannot
@@ -68,6 +69,8 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
             scores = b.elementwise("div", scores, 1.0, name="attn.scale")
         elif scale == "scores_mul":
             scores = b.elementwise("mul", scores, 1.0, name="attn.scale")
+        if bias_shape is not None:
+            scores = b.elementwise("add", scores, b.input(bias_shape, requires_grad=False), name="attn.position_bias")
         if mask != "none":
             m = b.input(mask_shape or (1, 1, s, skv), "fp8" if mask == "where" else None, requires_grad=False)
             scores = b.elementwise("where" if mask == "where" else "add", scores, m, name="attn.mask")
@@ -233,6 +236,56 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="ln_f")
+        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+
+
+# --------------------------------------------------------------------------------------------
+# MosaicML MPT
+# --------------------------------------------------------------------------------------------
+
+def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """MPT as llm-foundry's ``MPTForCausalLM`` runs it: pre-norm blocks with one fused ``Wqkv`` projection
+    (grouped-query when the config asks), ALiBi (``attn_config.alibi``: a (1, h, 1, S) bias added to the
+    scores in torch attention; FlashAttention-2 takes ALiBi slopes inside its kernel) or learned positions,
+    a GELU MLP of ``expansion_ratio``, no biases under ``no_bias``, a final norm, and the LM head tied to the
+    token embedding. Dropouts follow ``emb_pdrop``, ``resid_pdrop``, ``attn_config.attn_pdrop`` (MPT's
+    pretraining configs set them to 0)."""
+    attn_cfg = cfg.get("attn_config") or {}
+    alibi = bool(attn_cfg.get("alibi", False))
+    bias = not bool(cfg.get("no_bias", False))
+    h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
+    emb_p, resid_p, attn_p = _p(cfg, "emb_pdrop"), _p(cfg, "resid_pdrop"), float(attn_cfg.get("attn_pdrop") or 0.0)
+    ids = b.input((batch, seq), "fp32")
+    hl = local_heads(b, nh)
+    kvl = local_heads(b, cfg.n_kv_heads, "key/value heads")
+    with b.layer(-1, "transformer.embeddings"):
+        x = vocab_embedding(b, ids, cfg.vocab, h, name="wte")
+        if bool(cfg.get("learned_pos_emb", True)) and not alibi:
+            pos = b.embedding(b.input((1, seq), "fp32"), max(cfg.max_positions, seq), h, name="wpe")
+            x = b.elementwise("add", x, pos, name="embed.add")
+        x = b.dropout(x, emb_p, name="emb_drop")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"transformer.blocks.{i}"):
+            y = b.tp_enter(b.layernorm(x, name="norm_1", bias=bias), name="attn.enter")
+            qkv = b.linear(y, (nh + 2 * cfg.n_kv_heads) * d, bias=bias, name="attn.Wqkv", parallel="col")
+            q = heads(b, Tensor((batch, seq, hl * d), qkv.dtype, qkv.node, qkv.tid), hl, d)
+            kv = heads(b, Tensor((batch, seq, kvl * d), qkv.dtype, qkv.node, qkv.tid), kvl, d)
+            if impl != "flash" and kvl != hl:
+                kv = repeat_kv(b, kv, hl // kvl, "attn.repeat_kv")
+            a = attention(b, q, kv, kv, impl=impl, causal=True, scale="scores_mul", mask="where", dropout_p=attn_p,
+                          strided=(True, True, True), bias_shape=(1, hl, 1, seq) if alibi else None)
+            a = merge_heads(b, a)
+            a = b.tp_exit(b.linear(a, h, bias=bias, name="attn.out_proj", parallel="row"), name="attn.exit")
+            a = b.dropout(a, resid_p, name="resid_attn_dropout")
+            x = b.elementwise("add", x, a, name="residual_1")
+            y = b.tp_enter(b.layernorm(x, name="norm_2", bias=bias), name="ffn.enter")
+            y = b.linear(y, cfg.ffn, bias=bias, name="ffn.up_proj", parallel="col")
+            y = activation(b, y, cfg.activation)
+            y = b.tp_exit(b.linear(y, h, bias=bias, name="ffn.down_proj", parallel="row"), name="ffn.exit")
+            y = b.dropout(y, resid_p, name="resid_ffn_dropout")
+            x = b.elementwise("add", x, y, name="residual_2")
+    with b.layer(cfg.n_layers, "lm_head"):
+        x = b.layernorm(x, name="norm_f", bias=bias)
         lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
 
 
@@ -458,5 +511,5 @@ def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
 
 
 GENERATORS: dict[str, Callable[..., None]] = {
-    "gpt2": gpt2, "opt": opt, "llama": llama, "mixtral": mixtral, "bert": bert, "switch": _switch,
+    "gpt2": gpt2, "mpt": mpt, "opt": opt, "llama": llama, "mixtral": mixtral, "bert": bert, "switch": _switch,
 }

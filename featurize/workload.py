@@ -87,6 +87,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         cfg = replace(cfg, n_layers=min(int(opts.blocks), cfg.n_layers))
     if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert"):
         raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {cfg.max_positions} learned positions")
+    if opts.seq > cfg.max_positions > 0 and cfg.family == "mpt":  # MPTModel.forward refuses longer inputs
+        raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's max_seq_len {cfg.max_positions}")
     GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,

@@ -14,7 +14,7 @@ from wattcast.featurize.training_graph import training_graph
 from wattcast.featurize.workload import StepOptions, step_graph
 
 # Parameter counts of the Hugging Face classes the generators mirror (sum(p.numel()) of
-# GPT2LMHeadModel, BertForPreTraining, OPTForCausalLM, LlamaForCausalLM, MixtralForCausalLM).
+# GPT2LMHeadModel, BertForPreTraining, OPTForCausalLM, LlamaForCausalLM, MixtralForCausalLM, MPTForCausalLM).
 HF_PARAMS = {
     "gpt2": 124_439_808,
     "bert_base": 110_106_428,
@@ -22,6 +22,7 @@ HF_PARAMS = {
     "llama2_7b": 6_738_415_616,
     "llama3_8b": 8_030_261_248,
     "mixtral_8x7b": 46_702_792_704,
+    "mpt_7b": 6_649_286_656,
 }
 
 
@@ -42,7 +43,7 @@ def _gemm_flops(g, phase):
     return float(n.loc[sel, "flops"].sum())
 
 
-@pytest.mark.parametrize("name,batch,seq", [("gpt2", 4, 1024), ("gpt3_2.7b", 1, 2048), ("llama2_7b", 2, 512)])
+@pytest.mark.parametrize("name,batch,seq", [("gpt2", 4, 1024), ("gpt3_2.7b", 1, 2048), ("llama2_7b", 2, 512), ("mpt_7b", 1, 1024)])
 def test_training_flops_match_closed_form(name, batch, seq):
     """6 x (matmul parameters) x tokens + attention (3 x 4 B S^2 d L) within 2%."""
     cfg = load_hf_config(name)
@@ -227,3 +228,32 @@ def test_gradient_clipping_rows_and_megatron_fp32_mask():
     masks = {dt: step_graph("gpt2", StepOptions(batch=1, seq=128, dtype=dt, framework="megatron")).nodes["name"]
              .eq("attn.mask").sum() for dt in ("fp32", "fp16")}
     assert masks["fp32"] == 12 and masks["fp16"] == 0
+
+
+def _mpt(**kw):
+    cfg = {"model_type": "mpt", "d_model": 256, "n_heads": 8, "n_layers": 2, "expansion_ratio": 4, "max_seq_len": 128,
+           "vocab_size": 1000, "no_bias": True, "attn_config": {"alibi": True}}
+    cfg.update(kw)
+    return cfg
+
+
+def test_mpt_config_alibi_gqa_and_bad_fields():
+    g = step_graph(_mpt(), StepOptions(batch=2, seq=128, mode="train", optimizer="none"))
+    names = set(g.nodes["name"])
+    assert "attn.position_bias" in names and "wpe" not in names  # ALiBi: a score bias, no position table
+    assert not any(n.endswith("bias") and "grad" in n for n in names)
+    d, L, V = 256, 2, 1000
+    assert g.param_count == V * d + L * (12 * d * d + 2 * d) + d  # no biases, LN weights only, tied head
+    learned = step_graph(_mpt(attn_config={"alibi": False}), StepOptions(batch=2, seq=128, mode="train"))
+    assert learned.param_count == g.param_count + 128 * d and "wpe" in set(learned.nodes["name"])
+    gqa = load_hf_config(_mpt(attn_config={"attn_type": "grouped_query_attention", "kv_n_heads": 2}, expansion_ratio=2.5))
+    assert gqa.n_kv_heads == 2 and gqa.ffn == 640
+    assert step_graph(_mpt(attn_config={"attn_type": "grouped_query_attention", "kv_n_heads": 2, "alibi": True}),
+                      StepOptions(batch=1, seq=64, mode="train")).param_count == V * d + L * (d * (d + 2 * 64) + d * d + 8 * d * d + 2 * d) + d
+    for bad, msg in ((_mpt(attn_config={"attn_type": "sparse"}), "unknown attn_config.attn_type"),
+                     (_mpt(expansion_ratio=-1), "expansion_ratio must be a positive number"),
+                     (_mpt(attn_config={"attn_type": "grouped_query_attention", "kv_n_heads": 3}), "not divisible")):
+        with pytest.raises(GraphError, match=msg):
+            load_hf_config(bad)
+    with pytest.raises(GraphError, match="max_seq_len 128"):
+        step_graph(_mpt(), StepOptions(batch=1, seq=256, mode="train"))

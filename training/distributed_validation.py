@@ -8,6 +8,8 @@
   (framework ``megatron-deepspeed``),
   FP16, A100 SXM 80GB (the vTrain paper's DGX A100 nodes, ``DGX-A100`` preset), full TP/DP/PP configs;
   vocabulary 50,257 (GPT-2 BPE, Megatron pads it), no ZeRO.
+- MosaicML's MPT throughput table (``endtoend/mpt``): FSDP (ZeRO-3), BF16, flash attention, 8-128 A100s
+  (:mod:`wattcast.training.mpt_validation`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
+from wattcast.training.mpt_validation import load_mpt, predict_mpt, summarise_mpt
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
 
 NEUSIGHT_DIST = {"dp4": dict(tp=1, pp=1, micro_batch=1), "tp4": dict(tp=4, pp=1, micro_batch=4),
@@ -119,28 +122,36 @@ def run_validate_distributed(data=None, *, tracking_dir="mlruns", use_mlflow: bo
     if sample:
         single = single.sample(n=min(sample, len(single)), random_state=0)
         multi = multi.sample(n=min(sample, len(multi)), random_state=0)
+    mpt = load_mpt(data)
+    if sample:
+        mpt = mpt.sample(n=min(sample, len(mpt)), random_state=0)
     ps = predict_vtrain(single, progress=progress, recompute=VTRAIN_RECOMPUTE["single"])
     pm = predict_vtrain(multi, progress=progress, recompute=VTRAIN_RECOMPUTE["multi"])
-    s_single, s_multi = summarise_vtrain(ps), summarise_vtrain(pm)
+    pmpt = predict_mpt(mpt, progress=progress)
+    s_single, s_multi, s_mpt = summarise_vtrain(ps), summarise_vtrain(pm), summarise_mpt(pmpt)
     metrics = {f"neusight_{r.strategy}_error_pct": float(r.error_pct) for r in ns.itertuples(index=False)}
     metrics.update({f"vtrain_single_{k}": v for k, v in s_single.items()})
     metrics.update({f"vtrain_multi_{k}": v for k, v in s_multi.items()})
+    for r in s_mpt.itertuples(index=False):
+        for k in ("mean_abs_pct", "max_abs_pct", "mean_signed_pct", "predicted_not_to_fit"):
+            metrics[f"mpt_{r.group}_{k}"] = float(getattr(r, k))
     metrics["seconds"] = time.time() - t0
     if output:
-        pd.concat([ps.assign(set="single"), pm.assign(set="multi")]).to_csv(output, index=False)
+        pd.concat([ps.assign(set="vtrain-single"), pm.assign(set="vtrain-multi"), pmpt.assign(set="mpt")]).to_csv(output, index=False)
     run_id = None
     if use_mlflow:
         from wattcast.training.tracking import log_run
 
         # summaries only: per-row measurements belong to the datasets (use --output for a local CSV)
         tables = {"vtrain_summary": pd.DataFrame([dict(set="single", **s_single), dict(set="multi", **s_multi)]),
+                  "mpt_fsdp_summary": s_mpt,
                   "neusight_4gpu_errors": ns[["strategy", "error_pct", "neusight_error_pct", "exposed_comm_ms", "bubble_ms", "mfu"]]}
         run_id = log_run(tracking_dir, experiment="distributed-validation",
                          params={"sample": str(sample), "cluster": "DGX-A100 (vTrain), NVLink-4GPU (NeuSight)"},
                          metrics=metrics, tags={"kind": "distributed-validation"}, tables=tables,
                          figures=[lambda d: _plot(ps, pm, d / "vtrain_predicted_vs_measured.png")])
     return dict(neusight=ns, vtrain_single=ps, vtrain_multi=pm, summary_single=s_single, summary_multi=s_multi,
-                metrics=metrics, run_id=run_id)
+                mpt=pmpt, summary_mpt=s_mpt, metrics=metrics, run_id=run_id)
 
 
 def _plot(ps: pd.DataFrame, pm: pd.DataFrame, path: Path) -> Path:

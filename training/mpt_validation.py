@@ -1,0 +1,104 @@
+"""Validate FSDP training predictions on MosaicML's published MPT throughput table.
+
+``endtoend/mpt/mpt_training_benchmarks.csv`` (llm-foundry ``scripts/train/benchmarking/README.md``) lists
+139 MPT training runs, 125M to 70B parameters, sequence 512 to 65,536, on 8 to 128 A100s (40 GB and 80 GB)
+with PyTorch FSDP ``FULL_SHARD``, BF16, FlashAttention and, for some, activation checkpointing, each with
+its measured tokens per second per GPU. Every row is predicted as:
+
+- the model: ``model_type: mpt`` with the sizes of ``mpt_model_dims.csv``; learned position embeddings of
+  the run's sequence length, no ALiBi (the table's ``NumParams`` grows by exactly seq x d_model with the
+  sequence, so the benchmarked models carried a position table), no biases, GELU MLP;
+- the strategy: ZeRO-3 (FSDP full sharding) over all GPUs, the table's micro-batch and gradient
+  accumulation, full recomputation where activation checkpointing was on, flash attention, AdamW;
+- the hardware: 8-GPU A100 SXM nodes with 8 x 200 Gb/s between nodes (the table's "1600 Gbps node-node
+  interconnect (RoCE)"; the ``DGX-A100`` preset with the 40 GB or 80 GB GPU). The table does not say SXM;
+  8-GPU nodes with one 200 Gb/s NIC per GPU are HGX (SXM) systems, so the 80 GB rows are taken as
+  A100-SXM4-80GB, not the project's held-out A100 80GB PCIe.
+
+Nothing is fitted here: the rows only measure the finished models (kernels, collectives, scheduler, memory).
+Because every row ran, the memory model is checked too: each one should be predicted to fit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.kernel_datasets import resolve_data_root
+from wattcast.simulate.distributed import predict_distributed
+from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
+
+MPT_DEVICE = {"a100_40gb": "A100-SXM4-40GB", "a100_80gb": "A100-SXM4-80GB"}
+MPT_CLUSTER = "DGX-A100"
+_COLUMNS = {"Model": "model", "SeqLen (T)": "seq", "# GPUs": "gpus", "GPU": "gpu", "MFU": "mfu_pct",
+            "MicroBatchSize": "micro_batch", "GradAccum": "grad_accum", "GlobalBatchSize": "batch",
+            "Throughput (T/s/GPU)": "tokens_per_s_per_gpu", "Precision": "precision",
+            "Activation Checkpointing": "checkpointing", "NumParams": "num_params"}
+_DIM_COLUMNS = ("model", "d_model", "n_heads", "n_layers", "expansion_ratio", "vocab_size")
+
+
+def load_mpt(root=None) -> pd.DataFrame:
+    """The benchmark table joined with the model sizes; one row per run, measured step time in ms."""
+    base = resolve_data_root(root) / "endtoend" / "mpt"
+    runs_f, dims_f = base / "mpt_training_benchmarks.csv", base / "mpt_model_dims.csv"
+    for f in (runs_f, dims_f):
+        if not f.is_file():
+            raise FileNotFoundError(f"MPT benchmark file not found: {f}")
+    runs = pd.read_csv(runs_f)
+    dims = pd.read_csv(dims_f)
+    missing = [c for c in _COLUMNS if c not in runs.columns]
+    if missing:
+        raise ValueError(f"{runs_f}: missing column(s) {missing}")
+    missing = [c for c in _DIM_COLUMNS if c not in dims.columns]
+    if missing:
+        raise ValueError(f"{dims_f}: missing column(s) {missing}")
+    runs = runs.rename(columns=_COLUMNS)[list(_COLUMNS.values())]
+    runs["model"] = runs["model"].astype(str)
+    df = runs.merge(dims[list(_DIM_COLUMNS)].astype({"model": str}), on="model", how="left", validate="many_to_one")
+    unknown = sorted(set(df.loc[df["d_model"].isna(), "model"]))
+    if unknown:
+        raise ValueError(f"{runs_f}: model(s) {unknown} have no sizes in {dims_f.name}")
+    # measured step: global batch x seq tokens at the measured per-GPU rate on every GPU
+    df["measured_ms"] = 1e3 * df["batch"] * df["seq"] / (df["tokens_per_s_per_gpu"] * df["gpus"])
+    return df
+
+
+def mpt_config(r) -> dict:
+    return {"model_type": "mpt", "d_model": int(r.d_model), "n_heads": int(r.n_heads), "n_layers": int(r.n_layers),
+            "expansion_ratio": float(r.expansion_ratio), "vocab_size": int(r.vocab_size), "max_seq_len": int(r.seq),
+            "attn_config": {"alibi": False, "attn_pdrop": 0.0}, "learned_pos_emb": True, "no_bias": True,
+            "emb_pdrop": 0.0, "resid_pdrop": 0.0, "_name_or_path": f"mpt-{r.model}"}
+
+
+def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None) -> pd.DataFrame:
+    out = []
+    for i, r in enumerate(df.itertuples(index=False)):
+        row = r._asdict()
+        gpus = int(r.gpus)
+        par = ParallelConfig(gpus=gpus, dp=gpus, micro_batch=int(r.micro_batch), zero=3,
+                             recompute="full" if bool(r.checkpointing) else "none")
+        try:
+            p = predict_distributed(mpt_config(r), MPT_CLUSTER, device=MPT_DEVICE[r.gpu], gpus=gpus, batch=int(r.batch),
+                                    seq=int(r.seq), parallel=par, dtype="bf16", attention="flash", optimizer="adamw",
+                                    framework="hf", coll_model=coll_model)
+            row.update(predicted_ms=p.step_time_ms, error_pct=100 * (p.step_time_ms - r.measured_ms) / r.measured_ms,
+                       predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"), memory_gb=p.memory_gb,
+                       fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms, status="ok")
+        except (ParallelConfigError, ValueError) as e:
+            row.update(predicted_ms=np.nan, error_pct=np.nan, status=str(e))
+        out.append(row)
+        if progress:
+            progress(i + 1, len(df))
+    return pd.DataFrame(out)
+
+
+def summarise_mpt(pred: pd.DataFrame) -> pd.DataFrame:
+    """Mean / max |error| and signed mean per GPU and overall; rows predicted not to fit although they ran."""
+    ok = pred[pred["status"] == "ok"].copy()
+    ok["abs_error_pct"] = ok["error_pct"].abs()
+    parts = [ok.assign(group=ok["gpu"]), ok.assign(group="all")]
+    g = pd.concat(parts).groupby("group")
+    return pd.DataFrame({"rows": g.size(), "mean_abs_pct": g["abs_error_pct"].mean(), "median_abs_pct": g["abs_error_pct"].median(),
+                         "max_abs_pct": g["abs_error_pct"].max(), "mean_signed_pct": g["error_pct"].mean(),
+                         "within_10pct": g["abs_error_pct"].apply(lambda s: float((s <= 10).mean())),
+                         "predicted_not_to_fit": g["fits"].apply(lambda s: int((~s.astype(bool)).sum()))}).reset_index()
