@@ -24,7 +24,8 @@ import pandas as pd
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
 from wattcast.training.mpt_validation import load_mpt, predict_mpt, summarise_mpt
-from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
+from wattcast.training.validation_rows import predict_rows
+from wattcast.simulate.parallel import ParallelConfig
 
 NEUSIGHT_DIST = {"dp4": dict(tp=1, pp=1, micro_batch=1), "tp4": dict(tp=4, pp=1, micro_batch=4),
                  "pp4_1": dict(tp=1, pp=4, micro_batch=4)}
@@ -85,24 +86,15 @@ def fit_split(single: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def predict_vtrain(df: pd.DataFrame, *, cluster: str = "DGX-A100", coll_model=None, progress=None,
                    host_ms: tuple[float, float] | None = None, recompute: str = "none") -> pd.DataFrame:
-    out = []
-    for i, r in enumerate(df.itertuples(index=False)):
-        cfg = _vtrain_config(r.hidden, r.heads, r.layers, r.seq)
+    def one(r):
         par = ParallelConfig(gpus=int(r.gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp), micro_batch=int(r.micro_batch),
                              recompute=recompute)
-        row = r._asdict()
-        try:
-            p = predict_distributed(cfg, cluster, gpus=int(r.gpus), batch=int(r.batch), seq=int(r.seq), parallel=par,
-                                    dtype="fp16", attention="eager", optimizer="adamw", framework="megatron-deepspeed", coll_model=coll_model,
-                                    host_ms=host_ms)
-            row.update(predicted_ms=p.step_time_ms, error_pct=100 * (p.step_time_ms - r.measured_ms) / r.measured_ms,
-                       mfu=p.mfu, fits=p.fits, status="ok")
-        except (ParallelConfigError, ValueError) as e:
-            row.update(predicted_ms=np.nan, error_pct=np.nan, status=str(e))
-        out.append(row)
-        if progress:
-            progress(i + 1, len(df))
-    return pd.DataFrame(out)
+        p = predict_distributed(_vtrain_config(r.hidden, r.heads, r.layers, r.seq), cluster, gpus=int(r.gpus), batch=int(r.batch),
+                                seq=int(r.seq), parallel=par, dtype="fp16", attention="eager", optimizer="adamw",
+                                framework="megatron-deepspeed", coll_model=coll_model, host_ms=host_ms)
+        return p.step_time_ms, dict(mfu=p.mfu, fits=p.fits)
+
+    return predict_rows(df, one, progress=progress)
 
 
 def summarise_vtrain(pred: pd.DataFrame) -> dict:

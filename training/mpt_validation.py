@@ -21,12 +21,12 @@ Because every row ran, the memory model is checked too: each one should be predi
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
-from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
+from wattcast.simulate.parallel import ParallelConfig
+from wattcast.training.validation_rows import predict_rows
 
 MPT_DEVICE = {"a100_40gb": "A100-SXM4-40GB", "a100_80gb": "A100-SXM4-80GB"}
 MPT_CLUSTER = "DGX-A100"
@@ -71,25 +71,17 @@ def mpt_config(r) -> dict:
 
 
 def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None) -> pd.DataFrame:
-    out = []
-    for i, r in enumerate(df.itertuples(index=False)):
-        row = r._asdict()
+    def one(r):
         gpus = int(r.gpus)
         par = ParallelConfig(gpus=gpus, dp=gpus, micro_batch=int(r.micro_batch), zero=3,
                              recompute="full" if bool(r.checkpointing) else "none")
-        try:
-            p = predict_distributed(mpt_config(r), MPT_CLUSTER, device=MPT_DEVICE[r.gpu], gpus=gpus, batch=int(r.batch),
-                                    seq=int(r.seq), parallel=par, dtype="bf16", attention="flash", optimizer="adamw",
-                                    framework="hf", coll_model=coll_model)
-            row.update(predicted_ms=p.step_time_ms, error_pct=100 * (p.step_time_ms - r.measured_ms) / r.measured_ms,
-                       predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"), memory_gb=p.memory_gb,
-                       fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms, status="ok")
-        except (ParallelConfigError, ValueError) as e:
-            row.update(predicted_ms=np.nan, error_pct=np.nan, status=str(e))
-        out.append(row)
-        if progress:
-            progress(i + 1, len(df))
-    return pd.DataFrame(out)
+        p = predict_distributed(mpt_config(r), MPT_CLUSTER, device=MPT_DEVICE[r.gpu], gpus=gpus, batch=int(r.batch),
+                                seq=int(r.seq), parallel=par, dtype="bf16", attention="flash", optimizer="adamw",
+                                framework="hf", coll_model=coll_model)
+        return p.step_time_ms, dict(predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"),
+                                    memory_gb=p.memory_gb, fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms)
+
+    return predict_rows(df, one, progress=progress)
 
 
 def summarise_mpt(pred: pd.DataFrame) -> pd.DataFrame:
