@@ -37,7 +37,7 @@ from wattcast.simulate.energy import apply_power
 from wattcast.simulate.memory import activation_bytes_by_layer
 from wattcast.simulate.parallel import GroupLayout, ParallelConfig, group_layout, layouts, resolve_parallel
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
-from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary
+from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, stream_bandwidth_gbps
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,25 @@ def _grad_bytes(framework: str, dtype: str) -> int:
     if framework == "megatron":
         return 4 if dtype == "bf16" else db
     return 4
+
+
+def grad_accumulation_bytes(framework: str, dtype: str) -> tuple[float, bool]:
+    """(bytes per parameter, every micro-batch?) of the pass that accumulates a micro-batch's gradients.
+
+    - PyTorch (``hf``; AMP keeps fp32 parameters) and DeepSpeed's fp16/fp32 engines: autograd's AccumulateGrad
+      adds each new gradient into ``.grad`` in place (read both, write one, in the gradient dtype), for every
+      micro-batch after the first.
+    - DeepSpeed's ``BF16_Optimizer`` (``megatron-deepspeed`` with bf16): ``backward`` copies/accumulates the
+      bf16 gradients into fp32 ones after every micro-batch (``update_hp_grads``: ``hp.add_(lp.to(fp32))``,
+      a cast writing an fp32 temporary, then the add: 2 + 4 + 4 + 4 + 4 bytes), the first one included.
+    - Megatron-LM: gradient-accumulation fusion, the default, accumulates into the fp32 main gradients inside
+      the weight-gradient GEMMs: no separate pass.
+    """
+    if framework == "megatron":
+        return 0.0, False
+    if framework == "megatron-deepspeed" and dtype == "bf16":
+        return 18.0, True
+    return 3.0 * _grad_bytes(framework, dtype), False
 
 
 def _collective_model():
@@ -199,7 +218,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
     return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
                      dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
-                     model_totals=_model_totals(g1, n_rep1, block_params))
+                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=stream_bandwidth_gbps(spec, bundle))
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
@@ -353,7 +372,7 @@ def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndar
 def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
               seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
               iteration_ms: float = 0.0, power_limit_w: float | None = None,
-              model_totals: dict | None = None) -> DistributedPrediction:
+              model_totals: dict | None = None, stream_gbps: float = 1e3) -> DistributedPrediction:
     P, V = par.pp, par.interleave
     n_chunks = P * V
     chunk = _chunk_of_layer(view.layer_ids, n_layers, n_chunks)
@@ -428,6 +447,13 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
         return out
 
     dpt = dp_times(par.zero)
+    # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
+    # the data-parallel ranks with ZeRO-2/3, which reduce every micro-batch), added to every backward task
+    acc_b, every = grad_accumulation_bytes(opts.framework, dtype)
+    share = 1.0 if every else (n_micro - 1) / n_micro
+    shard = lay["dp"].size if par.zero >= 2 else 1
+    acc_ms = params_chunk / shard * acc_b * share / (stream_gbps * 1e9) * 1e3
+    b_ms, b_nc = b_ms + acc_ms, b_nc + acc_ms
 
     def run(comm_on: bool):
         f, b = (f_ms, b_ms) if comm_on else (f_nc, b_nc)
@@ -540,7 +566,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
                 events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=float(finish[s]),
                                    end_ms=float(finish[s] + opt_stage[s])))
     comm = dict(tp_ms_per_micro=float(tp_coll.sum()), p2p_ms=p2p_ms,
-                dp_sync_ms=float(dpt["sync_ms"].sum()),
+                dp_sync_ms=float(dpt["sync_ms"].sum()), grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,

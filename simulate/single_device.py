@@ -39,6 +39,8 @@ _PROXY_WIDTH = 4096
 #: (B, H) of the scalar-add kernel whose predicted latency is the device's isolated-timing floor: 16 KB,
 #: inside the surrogate's training range, far too small to take measurable time on any GPU
 _FLOOR_SHAPE = (16, 256)
+#: (B, H) of the fp32 scalar add that measures a device's streaming bandwidth (128 MiB each way)
+_STREAM_SHAPE = (8192, 4096)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,22 @@ def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec:
     return np.maximum(flops / peak, bytes_ / (spec.memory_bandwidth_gbps * 1e9)) * 1e3
 
 
+def _addu_ms(spec: DeviceSpec, bundle: KernelBundle, b: int, h: int) -> float:
+    """The surrogate's latency for one fp32 scalar add of (b, h) on ``spec`` (cached per device and bundle)."""
+    key = (_spec_key(spec), id(bundle), b, h)
+    hit = _ADDU_CACHE.get(key)
+    if hit is not None and hit[0] is bundle:  # the bundle is held, so its id is not reused while cached
+        return hit[1]
+    k = pd.DataFrame({"op": ["addu"], "dtype": ["fp32"], **{c: [np.nan] for c in SHAPE_COLUMNS}})
+    k["B"], k["H"] = float(b), float(h)
+    v = float(_surrogate_times(k[["op", "dtype", *SHAPE_COLUMNS]], spec, bundle)["pred_latency_ms"].iloc[0])
+    _ADDU_CACHE[key] = (bundle, v)
+    return v
+
+
+_ADDU_CACHE: dict = {}
+
+
 def _timing_floor_ms(spec: DeviceSpec, bundle: KernelBundle) -> float:
     """What an isolated, event-timed kernel measurement adds over the kernel's cost inside a stream (ms).
 
@@ -137,20 +155,19 @@ def _timing_floor_ms(spec: DeviceSpec, bundle: KernelBundle) -> float:
     tiny kernel costs only its launch (``DEFAULT_LAUNCH_OVERHEAD_MS``). So the surrogate's own prediction
     for a 16x256 scalar add (a kernel that is all overhead) minus the launch cost is taken off every
     learned FP32 kernel time (see cost_nodes); being a prediction, it needs no measurement of the device."""
-    key = (_spec_key(spec), id(bundle))
-    hit = _FLOOR_CACHE.get(key)
-    if hit is not None and hit[0] is bundle:  # the bundle is held, so its id is not reused while cached
-        return hit[1]
-    k = pd.DataFrame({"op": ["addu"], "dtype": ["fp32"], **{c: [np.nan] for c in SHAPE_COLUMNS}})
-    k["B"], k["H"] = float(_FLOOR_SHAPE[0]), float(_FLOOR_SHAPE[1])
-    r = _surrogate_times(k[["op", "dtype", *SHAPE_COLUMNS]], spec, bundle)
-    v = float(r["pred_latency_ms"].iloc[0])
-    out = max(v - DEFAULT_LAUNCH_OVERHEAD_MS, 0.0) if np.isfinite(v) else 0.0
-    _FLOOR_CACHE[key] = (bundle, out)
-    return out
+    v = _addu_ms(spec, bundle, *_FLOOR_SHAPE)
+    return max(v - DEFAULT_LAUNCH_OVERHEAD_MS, 0.0) if np.isfinite(v) else 0.0
 
 
-_FLOOR_CACHE: dict = {}
+def stream_bandwidth_gbps(spec: DeviceSpec, bundle: KernelBundle | None = None) -> float:
+    """Memory bandwidth a large streaming kernel achieves on ``spec`` (GB/s): the learned scalar add of
+    ``_STREAM_SHAPE`` (read + write), for costing passes over whole tensors that are not graph nodes."""
+    bundle = bundle or load_bundle()
+    b, h = _STREAM_SHAPE
+    ms = _addu_ms(spec, bundle, b, h)
+    if not np.isfinite(ms) or ms <= 0:
+        return float(spec.memory_bandwidth_gbps)
+    return 2.0 * b * h * 4 / (ms / 1e3) / 1e9
 
 
 def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
