@@ -33,7 +33,7 @@ from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.hf_config import HFConfig, load_hf_config
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.models.kernel_bundle import load_bundle
-from wattcast.simulate.energy import apply_power
+from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer
 from wattcast.simulate.parallel import GroupLayout, ParallelConfig, group_layout, layouts, resolve_parallel
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
@@ -538,7 +538,9 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     from wattcast.models.power import comm_power_w
 
     p_comm = comm_power_w(spec)
-    e_chunk = per_chunk(view.e_comp_j) * n_micro
+    # the gradient-accumulation passes (not graph kernels) run at the power of a streaming kernel
+    e_acc = acc_ms * n_micro / 1e3 * (stream_power_w(spec, stream_gbps) if acc_ms.any() else 0.0)
+    e_chunk = per_chunk(view.e_comp_j) * n_micro + e_acc
     e_opt = per_chunk(view.e_opt_j)
     stage_e = np.zeros(P)
     for s in range(P):

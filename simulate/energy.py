@@ -64,6 +64,16 @@ def apply_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, pow
     return out
 
 
+def stream_power_w(spec: DeviceSpec, stream_gbps: float, power_model=None) -> float:
+    """Board power while a streaming elementwise pass (one FLOP per 4-byte element read) runs at ``stream_gbps``."""
+    from wattcast.featurize.power_features import kernel_power_features
+
+    pm = _power_model(power_model)
+    bytes_ = np.array([stream_gbps * 1e9 * 1e-3])  # what 1 ms moves
+    feats = kernel_power_features(bytes_ / 8.0, bytes_, np.array([1.0]), np.array(["fp32"]), spec)
+    return float(np.asarray(pm.predict_w(feats)[0], dtype=float)[0])
+
+
 def energy_of(costed: pd.DataFrame, spec: DeviceSpec) -> tuple[float, float, float]:
     """(kernel J, idle J, comm J) of one pass over costed kernels carrying ``power_w`` (see apply_power)."""
     from wattcast.models.power import idle_power_w
