@@ -69,9 +69,20 @@ def stream_power_w(spec: DeviceSpec, stream_gbps: float, power_model=None) -> fl
     from wattcast.featurize.power_features import kernel_power_features
 
     pm = _power_model(power_model)
+    key = (id(spec), id(pm), float(stream_gbps))
+    hit = _STREAM_POWER.get(key)
+    if hit is not None and hit[0] is spec and hit[1] is pm:  # both held, so their ids are not reused
+        return hit[2]
     bytes_ = np.array([stream_gbps * 1e9 * 1e-3])  # what 1 ms moves
     feats = kernel_power_features(bytes_ / 8.0, bytes_, np.array([1.0]), np.array(["fp32"]), spec)
-    return float(np.asarray(pm.predict_w(feats)[0], dtype=float)[0])
+    w = float(np.asarray(pm.predict_w(feats)[0], dtype=float)[0])
+    if len(_STREAM_POWER) > 256:
+        _STREAM_POWER.clear()
+    _STREAM_POWER[key] = (spec, pm, w)
+    return w
+
+
+_STREAM_POWER: dict = {}
 
 
 def energy_of(costed: pd.DataFrame, spec: DeviceSpec) -> tuple[float, float, float]:
