@@ -218,7 +218,8 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
     return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
                      dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
-                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=stream_bandwidth_gbps(spec, bundle))
+                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=stream_bandwidth_gbps(spec, bundle),
+                     power_model=power_model)
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
@@ -372,7 +373,7 @@ def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndar
 def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
               seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
               iteration_ms: float = 0.0, power_limit_w: float | None = None,
-              model_totals: dict | None = None, stream_gbps: float = 1e3) -> DistributedPrediction:
+              model_totals: dict | None = None, stream_gbps: float = 1e3, power_model=None) -> DistributedPrediction:
     P, V = par.pp, par.interleave
     n_chunks = P * V
     chunk = _chunk_of_layer(view.layer_ids, n_layers, n_chunks)
@@ -539,7 +540,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
 
     p_comm = comm_power_w(spec)
     # the gradient-accumulation passes (not graph kernels) run at the power of a streaming kernel
-    e_acc = acc_ms * n_micro / 1e3 * (stream_power_w(spec, stream_gbps) if acc_ms.any() else 0.0)
+    e_acc = acc_ms * n_micro / 1e3 * (stream_power_w(spec, stream_gbps, power_model) if acc_ms.any() else 0.0)
     e_chunk = per_chunk(view.e_comp_j) * n_micro + e_acc
     e_opt = per_chunk(view.e_opt_j)
     stage_e = np.zeros(P)
