@@ -246,7 +246,8 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
 def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """MPT as llm-foundry's ``MPTForCausalLM`` runs it: pre-norm blocks with one fused ``Wqkv`` projection
     (grouped-query when the config asks), ALiBi (``attn_config.alibi``: a (1, h, 1, S) bias added to the
-    scores in torch attention; FlashAttention-2 takes ALiBi slopes inside its kernel) or learned positions,
+    scores in torch attention; FlashAttention-2 takes ALiBi slopes inside its kernel) and/or learned positions
+    (``learned_pos_emb``, default true as in ``MPTConfig``),
     a GELU MLP of ``expansion_ratio``, no biases under ``no_bias``, a final norm, and the LM head tied to the
     token embedding. Dropouts follow ``emb_pdrop``, ``resid_pdrop``, ``attn_config.attn_pdrop`` (MPT's
     pretraining configs set them to 0)."""
@@ -260,7 +261,7 @@ def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
     kvl = local_heads(b, cfg.n_kv_heads, "key/value heads")
     with b.layer(-1, "transformer.embeddings"):
         x = vocab_embedding(b, ids, cfg.vocab, h, name="wte")
-        if bool(cfg.get("learned_pos_emb", True)) and not alibi:
+        if bool(cfg.get("learned_pos_emb", True)):  # MPTModel builds ``wpe`` whenever the flag is set, ALiBi or not
             pos = b.embedding(b.input((1, seq), "fp32"), max(cfg.max_positions, seq), h, name="wpe")
             x = b.elementwise("add", x, pos, name="embed.add")
         x = b.dropout(x, emb_p, name="emb_drop")
