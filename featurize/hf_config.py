@@ -17,7 +17,7 @@ from wattcast.featurize.op_graph import GraphError
 
 #: aliases, in order of preference, for each normalised field
 ALIASES: dict[str, tuple[str, ...]] = {
-    "hidden": ("hidden_size", "n_embd", "d_model", "dim", "model_dim"),
+    "hidden": ("hidden_size", "n_embd", "n_embed", "d_model", "dim", "model_dim"),
     "n_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_encoder_layers"),
     "n_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads"),
     "n_kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"),
@@ -33,7 +33,7 @@ MODEL_TYPES: dict[str, str] = {
     "gpt2": "gpt2", "gpt": "gpt2", "megatron-gpt": "gpt2", "gpt3": "gpt2",
     "opt": "opt",
     "llama": "llama", "mistral": "llama", "qwen2": "llama",
-    "mpt": "mpt",
+    "mpt": "mpt", "gpt_neox": "gpt_neox", "bloom": "bloom",
     "mixtral": "mixtral",
     "bert": "bert",
     "switch_transformers": "switch", "t5": "switch",

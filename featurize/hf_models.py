@@ -291,6 +291,113 @@ def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
 
 
 # --------------------------------------------------------------------------------------------
+# GPT-NeoX (Pythia) and BLOOM
+# --------------------------------------------------------------------------------------------
+
+def _partial_rope(b: GraphBuilder, x: Tensor, rot: int, name: str) -> Tensor:
+    """apply_rotary_pos_emb on the first ``rot`` dims of each head (GPT-NeoX's ``rotary_pct``), then the
+    cat with the untouched dims (a copy of the whole tensor when ``rot`` < head dim)."""
+    bs, h, s, d = x.shape
+    if rot >= d:
+        return rope(b, x, name)
+    part = rope(b, Tensor((bs, h, s, rot), x.dtype, x.node, x.tid), name)
+    return b.copy(Tensor((bs, h, s, d), part.dtype, part.node, part.tid), name=f"{name}.cat_pass")
+
+
+def gpt_neox(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """``GPTNeoXForCausalLM`` (Pythia, GPT-NeoX-20B) as Hugging Face's eager attention runs it: one fused
+    ``query_key_value`` projection viewed as (B, heads, S, 3d) and chunked, rotary embeddings on the first
+    ``rotary_pct`` of each head, QK^T then scaling, additive causal mask, softmax, PV on the strided value
+    chunk, and the parallel residual (``use_parallel_residual``: x + attn(ln1(x)) + mlp(ln2(x))); an untied
+    ``embed_out`` unless ``tie_word_embeddings``."""
+    h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
+    rot = int(d * float(cfg.get("rotary_pct", 0.25)))
+    parallel = bool(cfg.get("use_parallel_residual", True))
+    bias = bool(cfg.get("attention_bias", True))
+    attn_p, hid_p = _p(cfg, "attention_dropout"), _p(cfg, "hidden_dropout")
+    ids = b.input((batch, seq), "fp32")
+    hl = local_heads(b, nh)
+    with b.layer(-1, "gpt_neox.embed_in"):
+        x = vocab_embedding(b, ids, cfg.vocab, h, name="embed_in")
+        x = b.dropout(x, hid_p, name="emb_dropout")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"gpt_neox.layers.{i}"):
+            y = b.tp_enter(b.layernorm(x, name="input_layernorm"), name="attention.enter")
+            qkv = b.linear(y, 3 * h, bias=bias, name="attention.query_key_value", parallel="col")
+            chunk = Tensor((batch, hl, seq, d), qkv.dtype, qkv.node, qkv.tid)  # q/k/v: strided views of qkv
+            q = _partial_rope(b, chunk, rot, "rope.q") if rot > 0 else chunk
+            k = _partial_rope(b, chunk, rot, "rope.k") if rot > 0 else chunk
+            a = attention(b, q, k, chunk, impl=impl, causal=True, scale="scores_mul", mask="add", dropout_p=attn_p,
+                          mask_shape=(batch, 1, seq, seq), strided=(rot == 0, rot == 0, True))
+            a = merge_heads(b, a, name="attention.reshape")
+            a = b.tp_exit(b.linear(a, h, bias=bias, name="attention.dense", parallel="row"), name="attention.exit")
+            a = b.dropout(a, hid_p, name="post_attention_dropout")
+            if not parallel:
+                a = x = b.elementwise("add", a, x, name="residual_1")
+            m = b.tp_enter(b.layernorm(x, name="post_attention_layernorm"), name="mlp.enter")
+            m = b.linear(m, cfg.ffn, name="mlp.dense_h_to_4h", parallel="col")
+            m = activation(b, m, cfg.activation)
+            m = b.tp_exit(b.linear(m, h, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
+            m = b.dropout(m, hid_p, name="post_mlp_dropout")
+            if parallel:
+                x = b.elementwise("add", b.elementwise("add", m, a, name="residual_mlp_attn"), x, name="residual")
+            else:
+                x = b.elementwise("add", m, a, name="residual_2")
+    with b.layer(cfg.n_layers, "lm_head"):
+        x = b.layernorm(x, name="final_layer_norm")
+        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", False)), train=b.train)
+
+
+def _bloom_gelu(b: GraphBuilder, x: Tensor) -> Tensor:
+    """``bloom_gelu_forward``: x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))), nine kernels."""
+    sq = b.elementwise("mul", x, x, name="gelu.sq")
+    t = b.elementwise("mul", sq, 0.044715, name="gelu.coef")
+    t = b.elementwise("add", t, 1.0, name="gelu.one_a")
+    t = b.elementwise("mul", x, t, name="gelu.x_inner")
+    t = b.elementwise("mul", t, 0.79788456, name="gelu.scale")
+    t = b.elementwise("tanh", t, name="gelu.tanh")
+    t = b.elementwise("add", t, 1.0, name="gelu.one_b")
+    half = b.elementwise("mul", x, 0.5, name="gelu.half")
+    return b.elementwise("mul", half, t, name="gelu.out")
+
+
+def bloom(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """``BloomForCausalLM`` as Hugging Face runs it: embedding LayerNorm, fused ``query_key_value`` split into
+    three strided copies, ALiBi through ``alibi.baddbmm`` (the (B*h, 1, S) bias broadcast into the scores,
+    scaled inside the GEMM), additive causal mask, fp32 softmax, PV, BLOOM's tanh GeLU (nine kernels),
+    dropout-add residuals, and the LM head tied to the embedding."""
+    h, nh = cfg.hidden, cfg.n_heads
+    hl = local_heads(b, nh)
+    attn_p, hid_p = _p(cfg, "attention_dropout"), _p(cfg, "hidden_dropout")
+    post_ln = bool(cfg.get("apply_residual_connection_post_layernorm", False))
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "transformer.word_embeddings"):
+        x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
+        x = b.layernorm(x, name="word_embeddings_layernorm")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"transformer.h.{i}"):
+            y = b.layernorm(x, name="input_layernorm")
+            res = y if post_ln else x
+            y = b.tp_enter(y, name="self_attention.enter")
+            qkv = b.linear(y, 3 * h, name="self_attention.query_key_value", parallel="col")
+            q = heads(b, Tensor((batch, seq, hl * cfg.head_dim), qkv.dtype, qkv.node, qkv.tid), hl, cfg.head_dim)
+            a = attention(b, q, q, q, impl=impl, causal=True, scale="none", mask="add", dropout_p=attn_p,
+                          mask_shape=(batch, 1, seq, seq), strided=(True, True, True), bias_shape=(batch, hl, 1, seq))
+            a = merge_heads(b, a, name="self_attention.merge_heads")
+            a = b.tp_exit(b.linear(a, h, name="self_attention.dense", parallel="row"), name="self_attention.exit")
+            x = b.elementwise("add", res, b.dropout(a, hid_p, name="attn.dropout"), name="residual_1")
+            y = b.layernorm(x, name="post_attention_layernorm")
+            res = y if post_ln else x
+            y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="mlp.dense_h_to_4h", parallel="col")
+            y = _bloom_gelu(b, y)
+            y = b.tp_exit(b.linear(y, h, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
+            x = b.elementwise("add", res, b.dropout(y, hid_p, name="mlp.dropout"), name="residual_2")
+    with b.layer(cfg.n_layers, "lm_head"):
+        x = b.layernorm(x, name="ln_f")
+        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+
+
+# --------------------------------------------------------------------------------------------
 # OPT
 # --------------------------------------------------------------------------------------------
 
@@ -512,5 +619,5 @@ def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
 
 
 GENERATORS: dict[str, Callable[..., None]] = {
-    "gpt2": gpt2, "mpt": mpt, "opt": opt, "llama": llama, "mixtral": mixtral, "bert": bert, "switch": _switch,
+    "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "opt": opt, "llama": llama, "mixtral": mixtral, "bert": bert, "switch": _switch,
 }

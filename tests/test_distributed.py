@@ -252,7 +252,9 @@ def test_short_graph_equals_full_graph(monkeypatch):
     cases = [("gpt3_2.7b", dict(tp=2, pp=2, micro_batch=2, zero=1, recompute="full")),
              ("llama2_7b", dict(tp=2, pp=2, micro_batch=1, sp=True, interleave=2, recompute="selective")),
              ("mixtral_8x7b", dict(tp=2, pp=1, ep=2, micro_batch=1, zero=3)),
-             ("mpt_7b", dict(tp=1, pp=1, micro_batch=2, zero=3, recompute="full"))]
+             ("mpt_7b", dict(tp=1, pp=1, micro_batch=2, zero=3, recompute="full")),
+             ("bloom_560m", dict(tp=2, pp=2, micro_batch=2, zero=1, recompute="selective")),
+             ("pythia_160m", dict(tp=2, pp=1, micro_batch=4))]
     for model, kw in cases:
         args = dict(gpus=8, batch=16, seq=1024, dtype="bf16", attention="eager")
         short = wattcast.predict_cluster(model, "DGX-H100", **args, **kw).to_dict()

@@ -23,6 +23,8 @@ HF_PARAMS = {
     "llama2_7b": 6_738_415_616,
     "llama3_8b": 8_030_261_248,
     "mixtral_8x7b": 46_702_792_704,
+    "pythia_160m": 162_322_944,  # GPTNeoXForCausalLM (EleutherAI/pythia-160m; untied embed_out)
+    "bloom_560m": 559_214_592,  # BloomForCausalLM (bigscience/bloom-560m)
 }
 
 
@@ -43,7 +45,8 @@ def _gemm_flops(g, phase):
     return float(n.loc[sel, "flops"].sum())
 
 
-@pytest.mark.parametrize("name,batch,seq", [("gpt2", 4, 1024), ("gpt3_2.7b", 1, 2048), ("llama2_7b", 2, 512), ("mpt_7b", 1, 1024)])
+@pytest.mark.parametrize("name,batch,seq", [("gpt2", 4, 1024), ("gpt3_2.7b", 1, 2048), ("llama2_7b", 2, 512), ("mpt_7b", 1, 1024),
+                                                ("pythia_160m", 2, 512), ("bloom_560m", 1, 1024)])
 def test_training_flops_match_closed_form(name, batch, seq):
     """6 x (matmul parameters) x tokens + attention (3 x 4 B S^2 d L) within 2%."""
     cfg = load_hf_config(name)
@@ -257,3 +260,15 @@ def test_mpt_config_alibi_gqa_and_bad_fields():
             load_hf_config(bad)
     with pytest.raises(GraphError, match="max_seq_len 128"):
         step_graph(_mpt(), StepOptions(batch=1, seq=256, mode="train"))
+
+
+def test_gpt_neox_parallel_residual_partial_rotary_and_bloom_alibi():
+    g = step_graph("pythia_160m", StepOptions(batch=1, seq=256, mode="inference"))
+    names = list(g.nodes["name"])
+    assert "rope.q.cat_pass" in names and "residual_mlp_attn" in names  # rotary on 25% of dims; parallel residual
+    seq_res = step_graph({**load_hf_config("pythia_160m").raw, "use_parallel_residual": False},
+                         StepOptions(batch=1, seq=256, mode="inference"))
+    assert "residual_1" in set(seq_res.nodes["name"]) and seq_res.param_count == g.param_count
+    bl = step_graph("bloom_560m", StepOptions(batch=2, seq=128, mode="train"))
+    names = set(bl.nodes["name"])
+    assert {"word_embeddings_layernorm", "attn.position_bias", "gelu.tanh"} <= names and "wpe" not in names
