@@ -167,6 +167,10 @@ class GraphBuilder:
         self.param_bytes = 0
         self.meta: dict = {}
         self._no_grad: set[int] = set()  # tensor ids that need no gradient (see ``input``)
+        self._tensor_shape: list[tuple[int, ...]] = []
+        self._tensor_dtype: list[str] = []
+        # tensor id -> element counts of the views through which ops took a gradient-carrying input
+        self._grad_uses: dict[int, list[int]] = {}
 
     # ------------------------------------------------------------------ context
     @contextmanager
@@ -211,6 +215,8 @@ class GraphBuilder:
         t = Tensor(shape, dtype, node, len(self._tensor_bytes))
         self._tensor_bytes.append(t.nbytes)
         self._tensor_node.append(node)
+        self._tensor_shape.append(shape)
+        self._tensor_dtype.append(dtype)
         return t
 
     def add_params(self, n: int) -> None:
@@ -219,7 +225,13 @@ class GraphBuilder:
 
     def _add(self, name: str, op_class: str, kernel: str, method: str, inputs: Sequence[Tensor], out_shape,
              *, flops: float, bytes_: float, params: int = 0, saves: Sequence[Tensor] = (),
-             backward: Sequence[dict] = (), out_dtype: str | None = None, **shape) -> Tensor:
+             backward: Sequence[dict] = (), out_dtype: str | None = None, grad_inputs: Sequence[Tensor] | None = None,
+             **shape) -> Tensor:
+        """Record one forward kernel. ``grad_inputs``: the inputs the op sends a gradient to in backward (default:
+        all); a tensor that receives gradients from several uses gets autograd's accumulation (see ``build``)."""
+        for t in inputs if grad_inputs is None else grad_inputs:
+            if t.node >= 0 and t.tid >= 0 and t.tid not in self._no_grad:
+                self._grad_uses.setdefault(t.tid, []).append(t.numel)
         # TF32 is a tensor-core mode for matrix products; everything else runs on fp32 data as fp32
         dtype = self.dtype if self.dtype != "tf32" or op_class in TF32_CLASSES else "fp32"
         values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=dtype,
@@ -270,7 +282,7 @@ class GraphBuilder:
             bw.append(self._bw(f"{name}.bgrad", "reduction", "", "proxy", flops=m * k, bytes_=(m * k + k) * db))
         return self._add(name, "linear", "linear" if bias else "bmm", "surrogate", [x], (*x.shape[:-1], k),
                          flops=2.0 * m * n * k + (m * k if bias else 0), bytes_=(m * n + n * k + m * k + (k if bias else 0)) * db,
-                         params=params, saves=[x], backward=bw, B=1, M=m, N=n, K=k)
+                         params=params, saves=[x], backward=bw, grad_inputs=[x] if needs_input_grad else [], B=1, M=m, N=n, K=k)
 
     def matmul(self, a: Tensor, b: Tensor, *, name: str = "matmul") -> Tensor:
         """``torch.matmul`` of (..., M, N) by (..., N, K), batch dims broadcast."""
@@ -404,7 +416,7 @@ class GraphBuilder:
                 bw.append(self._bw(f"{name}.grad", "elementwise", bwk, flops=FLOPS_PER_ELEMENT.get(kernel, 1) * n,
                                    bytes_=(2 if bwk == "mulu" else 3) * n * db, B=b, H=h))
         return self._add(name, "elementwise", kernel, "surrogate", tensors, shape, flops=flops, bytes_=bytes_,
-                         params=params, saves=saves, backward=bw, out_dtype=out_dtype, B=b, H=h)
+                         params=params, saves=saves, backward=bw, out_dtype=out_dtype, grad_inputs=need if grad else [], B=b, H=h)
 
     def dropout(self, x: Tensor, p: float, *, name: str = "dropout") -> Tensor:
         """Dropout: a kernel writing output and a 1-byte mask in training, nothing in inference."""
@@ -449,7 +461,8 @@ class GraphBuilder:
         n_out = _numel(out_shape)
         db = self.dbytes
         bw = [self._bw(f"{name}.grad", "elementwise", "", "proxy", flops=x.numel, bytes_=(n_out + x.numel) * db)] if grad else []
-        return self._add(name, "reduction", "", "proxy", [x], out_shape, flops=x.numel, bytes_=(x.numel + n_out) * db, backward=bw)
+        return self._add(name, "reduction", "", "proxy", [x], out_shape, flops=x.numel, bytes_=(x.numel + n_out) * db, backward=bw,
+                         grad_inputs=None if grad else [])
 
     # ------------------------------------------------------------------ memory ops
     def view(self, x: Tensor, shape: Sequence[int]) -> Tensor:
@@ -478,7 +491,8 @@ class GraphBuilder:
             bw = [self._bw(f"{name}.grad", "memory", "copy", flops=0, bytes_=bytes_, B=b, H=h)]
         else:
             bw = [self._bw(f"{name}.grad", "reduction", "", "proxy", flops=n_out, bytes_=bytes_)]
-        return self._add(name, "memory", "copy", "surrogate", [x], shape, flops=0, bytes_=bytes_, backward=bw, B=b, H=h)
+        return self._add(name, "memory", "copy", "surrogate", [x], shape, flops=0, bytes_=bytes_, backward=bw,
+                         grad_inputs=None if grad else [], B=b, H=h)
 
     def embedding(self, ids: Tensor, vocab: int, dim: int, *, name: str = "embedding", params: bool = True,
                   parallel: bool = False) -> Tensor:
@@ -493,7 +507,8 @@ class GraphBuilder:
         bw = [self._bw(f"{name}.grad_zero", "memory", "", "proxy", flops=0, bytes_=vocab * dim * db),
               self._bw(f"{name}.grad", "embedding", "", "proxy", flops=t * dim, bytes_=(2 * t * dim + t) * db)]
         return self._add(name, "embedding", "", "proxy", [ids], (*ids.shape, dim), flops=0,
-                         bytes_=(2 * t * dim) * db + t * 8, params=vocab * dim if params else 0, saves=[], backward=bw)
+                         bytes_=(2 * t * dim) * db + t * 8, params=vocab * dim if params else 0, saves=[], backward=bw,
+                         grad_inputs=[])
 
     # ------------------------------------------------------------------ collectives
     def collective(self, op: str, x: Tensor, out_shape: Sequence[int], *, group: str, size_bytes: float, name: str,
@@ -590,6 +605,33 @@ class GraphBuilder:
         return self._add(name, op_class, "", "roofline", list(inputs), out_shape, flops=flops, bytes_=b, backward=bw)
 
     # ------------------------------------------------------------------ result
+    def _backward_with_accumulation(self) -> list[list[dict]]:
+        """Each node's backward rules, preceded by autograd's gradient accumulation for its output tensor.
+
+        A tensor used by k ops receives k gradients, and the autograd engine sums them (``InputBuffer``: one
+        add kernel per extra gradient) before the producer's backward runs: a residual stream feeding a
+        norm and the residual add, an input shared by the q/k/v or gate/up projections. Slices of one tensor
+        (q/k/v views of a fused projection) come back through one ``cat`` (split's backward) instead; when the
+        whole tensor is used too, that assembled gradient is added like any other."""
+        rules = [list(n.backward) for n in self._nodes]
+        for tid, uses in self._grad_uses.items():
+            node = self._tensor_node[tid]
+            if node < 0 or len(uses) < 2:
+                continue
+            shape, dt = self._tensor_shape[tid], self._tensor_dtype[tid]
+            n = _numel(shape)
+            full = sum(1 for u in uses if u >= n)
+            part = len(uses) - full
+            adds = max(full - 1, 0) + (1 if part and full else 0)
+            db = DTYPE_BYTES.get(dt, self.dbytes)
+            b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
+            name = self._nodes[node].values["name"]
+            acc = [self._bw(f"{name}.grad_split_cat", "memory", "copy", flops=0, bytes_=2 * n * db, B=b, H=h)] if part >= 2 else []
+            acc += [self._bw(f"{name}.grad_accumulate{i}", "elementwise", "add", flops=n, bytes_=3 * n * db, B=b, H=h)
+                    for i in range(adds)]
+            rules[node] = acc + rules[node]
+        return rules
+
     def build(self, **meta) -> OpGraph:
         """The forward graph (``phase == 'forward'``); backward rules stay attached for training_graph."""
         rows = [n.values for n in self._nodes]
@@ -606,6 +648,6 @@ class GraphBuilder:
         m["param_count"] = int(self.param_count)
         m["dtype"] = self.dtype
         saved = dict(tensor_bytes=np.array(self._tensor_bytes, dtype=np.int64), tensor_node=np.array(self._tensor_node, dtype=np.int64),
-                     by_node=[n.saves for n in self._nodes], backward=[n.backward for n in self._nodes],
+                     by_node=[n.saves for n in self._nodes], backward=self._backward_with_accumulation(),
                      inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64))
         return OpGraph(nodes=nodes, edges=edges_arr, meta=m, saved=saved)

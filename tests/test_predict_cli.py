@@ -84,8 +84,9 @@ def test_predict_truncated_config(tmp_path):
 #: held-out end-to-end mean absolute error (%) reached by this version; fail if it gets worse. (Raised from
 #: 7.0 / 20.5 when FP32 kernels began to be costed without the isolated-timing floor, a change chosen on the
 #: training GPUs' labels, 7.7% -> 5.8% mean, that moved the held-out A100 80GB train labels to 11.5% and L4 to
-#: 21.3%; reported as measured, not tuned back.)
-E2E_HELDOUT_BOUND_PCT = {"A100-PCIe-80GB": 12.0, "L4": 22.0}
+#: 21.3%; reported as measured, not tuned back. Autograd's gradient accumulation in the training graphs, kept
+#: on the training GPUs' train labels, 3.4% -> 3.1%, then gave 11.1 / 20.7.)
+E2E_HELDOUT_BOUND_PCT = {"A100-PCIe-80GB": 11.6, "L4": 21.2}
 
 
 @pytest.mark.e2e
