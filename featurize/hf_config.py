@@ -32,7 +32,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 MODEL_TYPES: dict[str, str] = {
     "gpt2": "gpt2", "gpt": "gpt2", "megatron-gpt": "gpt2", "gpt3": "gpt2",
     "opt": "opt",
-    "llama": "llama", "mistral": "llama", "qwen2": "llama",
+    "llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma": "gemma",
     "mpt": "mpt", "gpt_neox": "gpt_neox", "bloom": "bloom",
     "mixtral": "mixtral",
     "bert": "bert",

@@ -480,13 +480,15 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
 
 
-def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *, tp_region: bool = True) -> Tensor:
-    """SwiGLU MLP; ``tp_region=False`` when the caller already entered (and will exit) the tensor-parallel region."""
+def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *, tp_region: bool = True,
+            act: str | None = None) -> Tensor:
+    """SwiGLU MLP (GeGLU with ``act``); ``tp_region=False`` when the caller already entered (and will exit) the
+    tensor-parallel region."""
     if tp_region:
         x = b.tp_enter(x, name=f"{prefix}.enter")
     g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj", parallel="col")
     u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj", parallel="col")
-    g = activation(b, g, cfg.activation if cfg.activation != "gelu" else "silu")
+    g = activation(b, g, act or (cfg.activation if cfg.activation != "gelu" else "silu"))
     y = b.elementwise("mul", g, u, name=f"{prefix}.mul")
     y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj", parallel="row")
     return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
@@ -534,21 +536,33 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int) -> Ten
     return Tensor(x.shape, out.dtype, out.node, out.tid)
 
 
-def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False) -> None:
+def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False, gemma: bool = False) -> None:
+    """Llama / Mistral / Qwen2 (and Mixtral with ``moe``, Gemma with ``gemma``) as Hugging Face runs them.
+
+    Gemma differs by: the embedding scaled by sqrt(hidden) (one scalar multiply), a GeGLU MLP with the tanh
+    GELU (``hidden_activation``, default ``gelu_pytorch_tanh``, whatever ``hidden_act`` says), RMSNorm weights
+    applied as (1 + w) (a hidden-sized add, costed with the norm) and the LM head tied to the embedding."""
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
+        if gemma:
+            x = b.elementwise("mul", x, float(cfg.hidden) ** 0.5, name="embed_tokens.normalizer")
+    act = str(cfg.get("hidden_activation") or "gelu_pytorch_tanh") if gemma else None
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
             y = rms_norm_eager(b, x, "input_layernorm")
             a = _llama_attention(cfg, b, y, batch, seq, impl)
             x = b.elementwise("add", x, a, name="residual_1")
             y = rms_norm_eager(b, x, "post_attention_layernorm")
-            y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp")
+            y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act)
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = rms_norm_eager(b, x, "norm")
-        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", False)), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", gemma)), train=b.train)
+
+
+def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    llama(cfg, b, batch, seq, impl=impl, gemma=True)
 
 
 def mixtral(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -619,5 +633,5 @@ def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
 
 
 GENERATORS: dict[str, Callable[..., None]] = {
-    "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "opt": opt, "llama": llama, "mixtral": mixtral, "bert": bert, "switch": _switch,
+    "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral, "bert": bert, "switch": _switch,
 }

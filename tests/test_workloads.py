@@ -25,6 +25,7 @@ HF_PARAMS = {
     "mixtral_8x7b": 46_702_792_704,
     "pythia_160m": 162_322_944,  # GPTNeoXForCausalLM (EleutherAI/pythia-160m; untied embed_out)
     "bloom_560m": 559_214_592,  # BloomForCausalLM (bigscience/bloom-560m)
+    "gemma_2b": 2_506_172_416,  # GemmaForCausalLM (google/gemma-2b; multi-query, head_dim 256, tied head)
 }
 
 
@@ -46,13 +47,13 @@ def _gemm_flops(g, phase):
 
 
 @pytest.mark.parametrize("name,batch,seq", [("gpt2", 4, 1024), ("gpt3_2.7b", 1, 2048), ("llama2_7b", 2, 512), ("mpt_7b", 1, 1024),
-                                                ("pythia_160m", 2, 512), ("bloom_560m", 1, 1024)])
+                                                ("pythia_160m", 2, 512), ("bloom_560m", 1, 1024), ("gemma_2b", 1, 1024)])
 def test_training_flops_match_closed_form(name, batch, seq):
     """6 x (matmul parameters) x tokens + attention (3 x 4 B S^2 d L) within 2%."""
     cfg = load_hf_config(name)
     g = step_graph(name, StepOptions(batch=batch, seq=seq, mode="train", optimizer="none"))
     d, L, V, T = cfg.hidden, cfg.n_layers, cfg.vocab, batch * seq
-    ffn_mats = 3 if cfg.family == "llama" else 2
+    ffn_mats = 3 if cfg.family in ("llama", "gemma") else 2
     attn_proj = 2 * d * d + 2 * d * cfg.n_kv_heads * cfg.head_dim
     matmul_params = L * (attn_proj + ffn_mats * d * cfg.ffn) + V * d  # + LM head
     closed = 6.0 * matmul_params * T + 3 * 4.0 * batch * seq * seq * d * L
@@ -272,3 +273,11 @@ def test_gpt_neox_parallel_residual_partial_rotary_and_bloom_alibi():
     bl = step_graph("bloom_560m", StepOptions(batch=2, seq=128, mode="train"))
     names = set(bl.nodes["name"])
     assert {"word_embeddings_layernorm", "attn.position_bias", "gelu.tanh"} <= names and "wpe" not in names
+
+
+def test_gemma_is_a_tied_geglu_llama_with_a_scaled_embedding():
+    g = step_graph("gemma_2b", StepOptions(batch=1, seq=128, mode="inference"))
+    n = g.nodes
+    assert "embed_tokens.normalizer" in set(n["name"]) and "gelu" in set(n["kernel"]) and "silu" not in set(n["kernel"])
+    lm = n[n["name"] == "lm_head"].iloc[0]
+    assert lm["param_count"] == 0  # tied to the embedding
