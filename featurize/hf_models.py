@@ -397,6 +397,52 @@ def bloom(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) ->
         lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
 
 
+def falcon(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """``FalconForCausalLM`` as Hugging Face's eager attention runs it: one ``query_key_value`` projection
+    (multi-query for Falcon-7B, ``num_kv_heads`` groups with ``new_decoder_architecture``), rotary embeddings
+    on q and k, QK^T / sqrt(d) + additive mask, softmax, PV; attention and MLP in parallel off one LayerNorm
+    (two, ``ln_attn``/``ln_mlp``, in the new architecture), ``mlp + attention`` then dropout-add onto the
+    residual; biases only with ``bias``; the LM head tied to the embedding."""
+    h, nh, nkv, d = cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    bias = bool(cfg.get("bias", False))
+    new_arch = bool(cfg.get("new_decoder_architecture", False))
+    parallel = new_arch or bool(cfg.get("parallel_attn", True))
+    hl, kvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
+    attn_p, hid_p = _p(cfg, "attention_dropout"), _p(cfg, "hidden_dropout")
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "transformer.word_embeddings"):
+        x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"transformer.h.{i}"):
+            ln_a = b.layernorm(x, name="ln_attn" if new_arch else "input_layernorm")
+            y = b.tp_enter(ln_a, name="self_attention.enter")
+            qkv = b.linear(y, (nh + 2 * nkv) * d, bias=bias, name="self_attention.query_key_value", parallel="col")
+            q = rope(b, Tensor((batch, hl, seq, d), qkv.dtype, qkv.node, qkv.tid), "rope.q")
+            k = rope(b, Tensor((batch, kvl, seq, d), qkv.dtype, qkv.node, qkv.tid), "rope.k")
+            v = Tensor((batch, kvl, seq, d), qkv.dtype, qkv.node, qkv.tid)
+            if impl != "flash" and kvl != hl:
+                k, v = repeat_kv(b, k, hl // kvl, "repeat_kv.k"), repeat_kv(b, v, hl // kvl, "repeat_kv.v")
+            a = attention(b, q, k, v, impl=impl, causal=True, scale="scores_div", mask="add", dropout_p=attn_p,
+                          mask_shape=(batch, 1, seq, seq), strided=(False, False, kvl == hl))
+            a = merge_heads(b, a, name="self_attention.merge_heads")
+            a = b.tp_exit(b.linear(a, h, bias=bias, name="self_attention.dense", parallel="row"), name="self_attention.exit")
+            if parallel:
+                m_in = b.layernorm(x, name="ln_mlp") if new_arch else ln_a
+                res = x
+            else:
+                res = x = b.elementwise("add", x, b.dropout(a, attn_p, name="attn.dropout"), name="residual_1")
+                m_in = b.layernorm(x, name="post_attention_layernorm")
+            m = b.linear(b.tp_enter(m_in, name="mlp.enter"), cfg.ffn, bias=bias, name="mlp.dense_h_to_4h", parallel="col")
+            m = b.elementwise("gelu", m, name="mlp.act")
+            m = b.tp_exit(b.linear(m, h, bias=bias, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
+            if parallel:
+                m = b.elementwise("add", m, a, name="mlp_plus_attention")
+            x = b.elementwise("add", res, b.dropout(m, hid_p, name="mlp.dropout"), name="residual")
+    with b.layer(cfg.n_layers, "lm_head"):
+        x = b.layernorm(x, name="ln_f")
+        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+
+
 # --------------------------------------------------------------------------------------------
 # OPT
 # --------------------------------------------------------------------------------------------
@@ -633,5 +679,5 @@ def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
 
 
 GENERATORS: dict[str, Callable[..., None]] = {
-    "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral, "bert": bert, "switch": _switch,
+    "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "falcon": falcon, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral, "bert": bert, "switch": _switch,
 }

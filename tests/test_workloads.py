@@ -26,6 +26,7 @@ HF_PARAMS = {
     "pythia_160m": 162_322_944,  # GPTNeoXForCausalLM (EleutherAI/pythia-160m; untied embed_out)
     "bloom_560m": 559_214_592,  # BloomForCausalLM (bigscience/bloom-560m)
     "gemma_2b": 2_506_172_416,  # GemmaForCausalLM (google/gemma-2b; multi-query, head_dim 256, tied head)
+    "falcon_7b": 6_921_720_704,  # FalconForCausalLM (tiiuae/falcon-7b; multi-query, parallel attention, no biases)
 }
 
 
@@ -47,7 +48,8 @@ def _gemm_flops(g, phase):
 
 
 @pytest.mark.parametrize("name,batch,seq", [("gpt2", 4, 1024), ("gpt3_2.7b", 1, 2048), ("llama2_7b", 2, 512), ("mpt_7b", 1, 1024),
-                                                ("pythia_160m", 2, 512), ("bloom_560m", 1, 1024), ("gemma_2b", 1, 1024)])
+                                                ("pythia_160m", 2, 512), ("bloom_560m", 1, 1024), ("gemma_2b", 1, 1024),
+                                                ("falcon_7b", 1, 512)])
 def test_training_flops_match_closed_form(name, batch, seq):
     """6 x (matmul parameters) x tokens + attention (3 x 4 B S^2 d L) within 2%."""
     cfg = load_hf_config(name)
@@ -281,3 +283,14 @@ def test_gemma_is_a_tied_geglu_llama_with_a_scaled_embedding():
     assert "embed_tokens.normalizer" in set(n["name"]) and "gelu" in set(n["kernel"]) and "silu" not in set(n["kernel"])
     lm = n[n["name"] == "lm_head"].iloc[0]
     assert lm["param_count"] == 0  # tied to the embedding
+
+
+def test_falcon_new_decoder_architecture_groups_and_two_norms():
+    cfg = {"model_type": "falcon", "hidden_size": 256, "n_head": 8, "n_layer": 2, "vocab_size": 1000,
+           "new_decoder_architecture": True, "num_kv_heads": 2, "bias": True}
+    assert load_hf_config(cfg).n_kv_heads == 2 and load_hf_config({**cfg, "new_decoder_architecture": False}).n_kv_heads == 1
+    g = step_graph(cfg, StepOptions(batch=1, seq=64, mode="train"))
+    d, hd = 256, 32
+    per_layer = 2 * 2 * d + d * (8 + 4) * hd + (8 + 4) * hd + d * d + d + 4 * d * d + 4 * d + 4 * d * d + d
+    assert g.param_count == 1000 * d + 2 * per_layer + 2 * d
+    assert {"ln_attn", "ln_mlp", "mlp_plus_attention"} <= set(g.nodes["name"])
