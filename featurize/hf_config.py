@@ -145,13 +145,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
             if not isinstance(er, (int, float)) or er <= 0:
                 raise GraphError(f"{origin}: expansion_ratio must be a positive number, got {er!r}")
             ffn = int(er * hidden)
-    if family == "falcon" and _first(raw, "n_kv_heads") is None:  # Falcon: multi-query unless the new decoder
-        if raw.get("new_decoder_architecture"):
-            kv = _positive_int(raw.get("num_kv_heads", heads), "num_kv_heads", origin)
-        elif raw.get("multi_query", True):
-            kv = 1
-        if heads % kv:
-            raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
+    if family == "falcon" and not raw.get("new_decoder_architecture") and raw.get("multi_query", True):
+        kv = 1  # FalconAttention: num_kv_heads counts only in the new decoder or without multi_query
     ffn = 4 * hidden if ffn is None else _positive_int(ffn, "intermediate size", origin)
     maxpos = _first(raw, "max_positions")
     maxpos = 0 if maxpos is None else int(maxpos)
