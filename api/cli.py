@@ -184,11 +184,12 @@ def predict(
         _print_prediction(res)
         if run is not None:
             _print_run(run)
-    _warn_tight_memory(res.memory_gb, _device_memory(device))
+    capacity_gb = _device_memory(device)
+    _warn_tight_memory(res.memory_gb, capacity_gb)
     if not res.fits and not allow_oom:
         m = res.memory
         _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
-              f"{_device_memory(device):.0f} GB (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
+              f"{capacity_gb:.0f} GB (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB); "
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
 
@@ -287,11 +288,12 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
                   + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
         if run is not None:
             _print_run(run)
-    _warn_tight_memory(res.memory_gb, _device_memory(res.device))
+    capacity_gb = _device_memory(res.device)
+    _warn_tight_memory(res.memory_gb, capacity_gb)
     if not res.fits and not allow_oom:
         worst = max(res.per_device, key=lambda r: r["memory_gb"])
         _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
-              f"{_device_memory(res.device):.0f} GB (weights {worst['weights_gb']:.1f}, gradients {worst['gradients_gb']:.1f}, "
+              f"{capacity_gb:.0f} GB (weights {worst['weights_gb']:.1f}, gradients {worst['gradients_gb']:.1f}, "
               f"optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f} GB); use --zero, --recompute, "
               "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
 

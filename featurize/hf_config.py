@@ -124,8 +124,6 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     hd = _positive_int(hd, "head_dim", origin)
     kv = _first(raw, "n_kv_heads")
     kv = heads if kv is None else _positive_int(kv, "num_key_value_heads", origin)
-    if heads % kv:
-        raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
     ffn = _first(raw, "ffn")
     if family == "mpt":  # MosaicML MPT: nested attention options and an MLP expansion ratio
         attn = raw.get("attn_config") or {}
@@ -138,8 +136,6 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
             kv = _positive_int(attn.get("kv_n_heads"), "attn_config.kv_n_heads", origin)
         elif kind != "multihead_attention":
             raise GraphError(f"{origin}: unknown attn_config.attn_type {kind!r}")
-        if heads % kv:
-            raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
         if ffn is None and raw.get("expansion_ratio") is not None:
             er = raw["expansion_ratio"]
             if not isinstance(er, (int, float)) or er <= 0:
@@ -147,6 +143,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
             ffn = int(er * hidden)
     if family == "falcon" and not raw.get("new_decoder_architecture") and raw.get("multi_query", True):
         kv = 1  # FalconAttention: num_kv_heads counts only in the new decoder or without multi_query
+    if heads % kv:
+        raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
     ffn = 4 * hidden if ffn is None else _positive_int(ffn, "intermediate size", origin)
     maxpos = _first(raw, "max_positions")
     maxpos = 0 if maxpos is None else int(maxpos)

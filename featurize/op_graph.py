@@ -168,7 +168,6 @@ class GraphBuilder:
         self.meta: dict = {}
         self._no_grad: set[int] = set()  # tensor ids that need no gradient (see ``input``)
         self._tensor_shape: list[tuple[int, ...]] = []
-        self._tensor_dtype: list[str] = []
         # tensor id -> element counts of the views through which ops took a gradient-carrying input
         self._grad_uses: dict[int, list[int]] = {}
 
@@ -216,7 +215,6 @@ class GraphBuilder:
         self._tensor_bytes.append(t.nbytes)
         self._tensor_node.append(node)
         self._tensor_shape.append(shape)
-        self._tensor_dtype.append(dtype)
         return t
 
     def add_params(self, n: int) -> None:
@@ -618,12 +616,14 @@ class GraphBuilder:
             node = self._tensor_node[tid]
             if node < 0 or len(uses) < 2:
                 continue
-            shape, dt = self._tensor_shape[tid], self._tensor_dtype[tid]
+            shape = self._tensor_shape[tid]
             n = _numel(shape)
+            if n == 0:
+                continue
             full = sum(1 for u in uses if u >= n)
             part = len(uses) - full
             adds = max(full - 1, 0) + (1 if part and full else 0)
-            db = DTYPE_BYTES.get(dt, self.dbytes)
+            db = self._tensor_bytes[tid] / n
             b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
             name = self._nodes[node].values["name"]
             acc = [self._bw(f"{name}.grad_split_cat", "memory", "copy", flops=0, bytes_=2 * n * db, B=b, H=h)] if part >= 2 else []

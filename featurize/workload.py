@@ -85,10 +85,10 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         if cfg.total_layers != cfg.n_layers:
             raise GraphError(f"{cfg.name}: an encoder-decoder model cannot be built with fewer blocks")
         cfg = replace(cfg, n_layers=min(int(opts.blocks), cfg.n_layers))
-    if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert"):
-        raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {cfg.max_positions} learned positions")
-    if opts.seq > cfg.max_positions > 0 and cfg.family == "mpt":  # MPTModel.forward refuses longer inputs
-        raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's max_seq_len {cfg.max_positions}")
+    # learned position tables end at max_positions (MPTModel.forward refuses longer inputs even with ALiBi)
+    if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert", "mpt"):
+        limit = f"max_seq_len {cfg.max_positions}" if cfg.family == "mpt" else f"{cfg.max_positions} learned positions"
+        raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {limit}")
     GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,

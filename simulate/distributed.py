@@ -215,13 +215,12 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
         costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
         if len(_COSTED) >= _COSTED_MAX:
             _COSTED.pop(next(iter(_COSTED)))
-        _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep))
+        _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep), stream_bandwidth_gbps(spec, bundle))
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
     g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
     return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
                      dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
-                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=stream_bandwidth_gbps(spec, bundle),
-                     power_model=power_model)
+                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=hit[3], power_model=power_model)
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and

@@ -23,9 +23,9 @@ import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
+from wattcast.simulate.parallel import ParallelConfig
 from wattcast.training.mpt_validation import load_mpt, predict_mpt, summarise_mpt
 from wattcast.training.validation_rows import predict_rows
-from wattcast.simulate.parallel import ParallelConfig
 
 NEUSIGHT_DIST = {"dp4": dict(tp=1, pp=1, micro_batch=1), "tp4": dict(tp=4, pp=1, micro_batch=4),
                  "pp4_1": dict(tp=1, pp=4, micro_batch=4)}
@@ -111,12 +111,9 @@ def run_validate_distributed(data=None, *, tracking_dir="mlruns", use_mlflow: bo
     ns = neusight_distributed(data)
     _, single = fit_split(load_vtrain(data, "single"))  # the other half fitted the framework overheads
     multi = load_vtrain(data, "multi")
-    if sample:
-        single = single.sample(n=min(sample, len(single)), random_state=0)
-        multi = multi.sample(n=min(sample, len(multi)), random_state=0)
     mpt = load_mpt(data)
     if sample:
-        mpt = mpt.sample(n=min(sample, len(mpt)), random_state=0)
+        single, multi, mpt = (d.sample(n=min(sample, len(d)), random_state=0) for d in (single, multi, mpt))
     ps = predict_vtrain(single, progress=progress, recompute=VTRAIN_RECOMPUTE["single"])
     pm = predict_vtrain(multi, progress=progress, recompute=VTRAIN_RECOMPUTE["multi"])
     pmpt = predict_mpt(mpt, progress=progress)
