@@ -489,6 +489,16 @@ def validate_labels(
     for _, r in summ.iterrows():
         t.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r])
     con.print(t)
+    split = outcome["train_split"]
+    if len(split):
+        t = Table(title="Training labels: forward and backward apart (absolute % error; fw/bw time ratio, median)")
+        short = {"fw_mean_abs_error_pct": "forward %", "bw_mean_abs_error_pct": "backward %", "step_mean_abs_error_pct": "step %",
+                 "measured_fw_over_bw": "fw/bw measured", "predicted_fw_over_bw": "fw/bw predicted"}
+        for c in split.columns:
+            t.add_column(short.get(c, str(c)))
+        for _, r in split.iterrows():
+            t.add_row(*[(f"{v:.2f}" if "_over_" in c else f"{v:.1f}") if isinstance(v, float) else str(v) for c, v in r.items()])
+        con.print(t)
     if outcome.get("run_id"):
         con.print(f"MLflow run {outcome['run_id']} in {mlruns}/")
 

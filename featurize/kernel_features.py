@@ -72,6 +72,10 @@ VEC_FEATURES = _BASE + DEVICE_FEATURES + (
     "log_row_bytes", "is_binary", "flops_per_element", "log_elem_waves",
 )
 
+#: device descriptors outside DEVICE_FEATURES (which the GEMM and conv families use whole); families pick from
+#: these in ``wattcast.training.kernels.family_features``
+EXTRA_DEVICE_FEATURES = ("dev_is_gddr",)
+
 FEATURES_BY_FAMILY = {
     "gemm": GEMM_FEATURES,
     "conv": CONV_FEATURES,
@@ -100,10 +104,21 @@ def device_table(specs: Mapping[str, DeviceSpec]) -> pd.DataFrame:
             "base_clock_mhz": float(s.base_clock_mhz) if s.base_clock_mhz else np.nan,
             "tdp_w": float(s.tdp_w) if s.tdp_w else np.nan,
             "mem_gb": float(s.memory_gb),
+            "is_gddr": _is_gddr(s.memory_type),
             **{f"peak_{d}": s.peak_matrix_tflops(d) for d in DTYPE_BYTES},
             **{f"native_{d}": float(s.has_native(d)) for d in DTYPE_BYTES},
         }
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _is_gddr(memory_type: str | None) -> float:
+    """1 for GDDR memory, 0 for HBM (or other stacked/on-package memory), NaN when the sheet does not say.
+
+    Streaming kernels reach a different fraction of the datasheet bandwidth on the two: ~75-80% on the GDDR5/6
+    training GPUs (P4, T4) for elementwise, softmax and LayerNorm alike, 85-93% on HBM2 V100/A100."""
+    if not memory_type:
+        return np.nan
+    return 1.0 if "GDDR" in memory_type.upper() else 0.0
 
 
 def _wave_eff(tiles: np.ndarray, sms: np.ndarray) -> np.ndarray:
@@ -225,6 +240,7 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
         "dev_base_over_boost": D["base_clock_mhz"] / clock,
         "dev_log_w_per_tflop": np.log(D["tdp_w"] / (peak_flops / 1e12)),
         "dev_log_mem_gb": _log(D["mem_gb"]),
+        "dev_is_gddr": D["is_gddr"],
         "log_B": _log(np.where(is_conv, B, np.where(is_vec, B, gB))),
         "log_M": _log(gM),
         "log_N": _log(gN),

@@ -43,6 +43,14 @@ class FamilyModel:
     latency_floor_ms: float = 0.0  # the fastest latency measured for this family in training
     lgbm: LGBMSurrogate | None = None
     mlp: MLPSurrogate | None = None
+    #: the same per dtype: the sources were timed differently (NeuSight's FP32 kernels one op at a time with
+    #: CUDA events, never under ~0.01 ms; the tensor-core sources' FP16 kernels down to 1 us), so a dtype's
+    #: floor is the fastest kernel measured in it; dtypes not listed fall back to ``latency_floor_ms``
+    latency_floor_by_dtype_ms: dict[str, float] = field(default_factory=dict)
+
+    def floor_ms(self, dtype_names: list[str]) -> np.ndarray:
+        """The latency floor (ms) for each of ``dtype_names``."""
+        return np.array([self.latency_floor_by_dtype_ms.get(d, self.latency_floor_ms) for d in dtype_names], dtype=float)
 
     def _uses_lgbm(self) -> bool:
         return self.lgbm is not None and self.choice in ("lgbm", "ens")
@@ -124,6 +132,7 @@ class KernelBundle:
                 "support": {k: list(v) for k, v in fm.support.items()},
                 "fallback_offset": fm.fallback_offset,
                 "latency_floor_ms": fm.latency_floor_ms,
+                "latency_floor_by_dtype_ms": dict(sorted(fm.latency_floor_by_dtype_ms.items())),
                 "lgbm": None,
                 "mlp": fm.mlp is not None,
             }
@@ -164,6 +173,7 @@ class KernelBundle:
                 support={k: tuple(v) for k, v in e["support"].items()},
                 fallback_offset=float(e["fallback_offset"]),
                 latency_floor_ms=float(e.get("latency_floor_ms", 0.0)),
+                latency_floor_by_dtype_ms={k: float(v) for k, v in e.get("latency_floor_by_dtype_ms", {}).items()},
                 lgbm=lg,
                 mlp=mlp,
             )

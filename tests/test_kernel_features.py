@@ -224,3 +224,13 @@ def test_mapping_of_devices_mode_matches_single_device_mode(a100, t4):
     pd.testing.assert_frame_equal(X, pd.concat([Xa, Xt]))
     # the same kernel is slower in roofline terms on the T4
     assert (X["t_roof_ms"].to_numpy()[len(MIXED):] > X["t_roof_ms"].to_numpy()[: len(MIXED)]).all()
+
+
+def test_memory_technology_feature(a100, t4):
+    from dataclasses import replace
+
+    row = {"op": "softmax", "B": 64, "H": 1024}
+    assert _one(row, t4)["dev_is_gddr"] == 1.0  # GDDR6
+    assert _one(row, a100)["dev_is_gddr"] == 0.0  # HBM2
+    # a sheet that does not say: NaN (LightGBM routes it, the MLP imputes), never a guess
+    assert np.isnan(_one(row, replace(a100, memory_type=None))["dev_is_gddr"])

@@ -106,6 +106,31 @@ def test_validate_labels_cli_and_heldout_regression(data_root, tmp_path):
     s = summarise_labels(df).set_index(["device", "kind"])
     for dev, bound in E2E_HELDOUT_BOUND_PCT.items():
         assert s.loc[(dev, "all"), "mean_abs_error_pct"] <= bound, (dev, s.loc[(dev, "all")])
+    assert "forward and backward apart" in r.stdout
+
+
+def test_train_split_separates_forward_and_backward_errors():
+    import pandas as pd
+
+    from wattcast.training.e2e_labels import summarise_train_split
+
+    df = pd.DataFrame({
+        "status": ["ok", "ok", "ok", "graph: x"], "mode": ["train", "train", "inf", "train"],
+        "device": ["V100-PCIe-32GB", "V100-PCIe-32GB", "V100-PCIe-32GB", "L4"],
+        # forward 20% slow on the first label, backward exact; the inference label and the failed one are ignored
+        "predicted_fw_ms": [120.0, 50.0, 10.0, 1.0], "measured_fw_ms": [100.0, 50.0, 12.0, 1.0],
+        "predicted_bw_ms": [200.0, 110.0, 0.0, 1.0], "measured_bw_ms": [200.0, 100.0, 0.0, 1.0],
+        "abs_error_pct": [100 * 20 / 300, 100 * 10 / 150, 16.7, 0.0],
+    })
+    t = summarise_train_split(df).set_index("device")
+    assert list(t.index) == ["V100-PCIe-32GB"]
+    r = t.loc["V100-PCIe-32GB"]
+    assert r["labels"] == 2
+    assert r["fw_mean_abs_error_pct"] == pytest.approx(10.0)  # (20 + 0) / 2
+    assert r["bw_mean_abs_error_pct"] == pytest.approx(5.0)  # (0 + 10) / 2
+    assert r["measured_fw_over_bw"] == pytest.approx((0.5 + 0.5) / 2)
+    assert r["predicted_fw_over_bw"] == pytest.approx((0.6 + 50 / 110) / 2)
+    assert not r["heldout"]
 
 
 def _tiny_onnx(path):

@@ -126,6 +126,31 @@ def summarise_labels(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def summarise_train_split(df: pd.DataFrame) -> pd.DataFrame:
+    """Training labels split into their measured parts: forward and backward errors per device, and the
+    measured forward/backward time ratio next to the predicted one.
+
+    The labels time forward and backward separately (``fw_latency``, ``bwall_latency``), so where a step's
+    error comes from can be told apart. The forward of a dense model does about half the backward's work,
+    so its measured fw/bw ratio should sit near the predicted one whatever the GPU; a ratio far above it
+    means the forward measurement carries time the kernels do not (allocator, synchronisation), which no
+    kernel model predicts."""
+    ok = df[(df["status"] == "ok") & (df["mode"] == "train")]
+    ok = ok[(ok["measured_fw_ms"] > 0) & (ok["measured_bw_ms"] > 0)]
+    if ok.empty:
+        return pd.DataFrame(columns=["device", "labels", "fw_mean_abs_error_pct", "bw_mean_abs_error_pct",
+                                     "step_mean_abs_error_pct", "measured_fw_over_bw", "predicted_fw_over_bw", "heldout"])
+    fw_err = 100.0 * (ok["predicted_fw_ms"] / ok["measured_fw_ms"] - 1.0)
+    bw_err = 100.0 * (ok["predicted_bw_ms"] / ok["measured_bw_ms"] - 1.0)
+    t = pd.DataFrame({"device": ok["device"], "fw": fw_err.abs(), "bw": bw_err.abs(), "step": ok["abs_error_pct"],
+                      "m_ratio": ok["measured_fw_ms"] / ok["measured_bw_ms"], "p_ratio": ok["predicted_fw_ms"] / ok["predicted_bw_ms"]})
+    out = t.groupby("device").agg(labels=("fw", "size"), fw_mean_abs_error_pct=("fw", "mean"), bw_mean_abs_error_pct=("bw", "mean"),
+                                  step_mean_abs_error_pct=("step", "mean"), measured_fw_over_bw=("m_ratio", "median"),
+                                  predicted_fw_over_bw=("p_ratio", "median")).reset_index()
+    out["heldout"] = out["device"].isin(HELDOUT_DEVICES)
+    return out
+
+
 def plot_labels(df: pd.DataFrame, path: Path) -> Path:
     import matplotlib
 

@@ -13,7 +13,7 @@ from wattcast.featurize.op_graph import GraphBuilder
 from wattcast.featurize.training_graph import training_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.single_device import cost_nodes
-from wattcast.training.e2e_labels import GOAL_E2E_MEAN_PCT, NEUSIGHT_E2E_MEAN_PCT, evaluate_labels, plot_labels, summarise_labels
+from wattcast.training.e2e_labels import GOAL_E2E_MEAN_PCT, NEUSIGHT_E2E_MEAN_PCT, evaluate_labels, plot_labels, summarise_labels, summarise_train_split
 
 _CLASS = {"linear": "linear", "bmm": "bmm", "ln": "layernorm", "softmax": "softmax"}
 
@@ -86,6 +86,7 @@ def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | P
     bundle = load_bundle()
     labels = evaluate_labels(root, bundle=bundle)
     summary = summarise_labels(labels)
+    split = summarise_train_split(labels)
     nodes = label_node_errors(root, bundle)
     node_summary = summarise_node_errors(nodes)
     if output:
@@ -95,6 +96,9 @@ def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | P
         key = f"{r.device}.{r.kind}".replace(" ", "_")
         metrics[f"e2e_mean_abs_pct.{key}"] = float(r.mean_abs_error_pct)
         metrics[f"e2e_max_abs_pct.{key}"] = float(r.max_abs_error_pct)
+    for r in split.itertuples(index=False):
+        metrics[f"train_fw_mean_abs_pct.{r.device}"] = float(r.fw_mean_abs_error_pct)
+        metrics[f"train_bw_mean_abs_pct.{r.device}"] = float(r.bw_mean_abs_error_pct)
     for r in node_summary.itertuples(index=False):
         if np.isfinite(r.fw_mape_pct):
             metrics[f"node_fw_mape_pct.{r.device}.{r.op_class}"] = float(r.fw_mape_pct)
@@ -109,6 +113,7 @@ def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | P
                   "neusight_e2e_mean_pct": str(NEUSIGHT_E2E_MEAN_PCT), "goal_e2e_mean_pct": str(GOAL_E2E_MEAN_PCT)}
         # summaries only: per-label measurements belong to the dataset (use --output for a local CSV)
         run_id = log_run(tracking_dir, experiment="e2e-labels", params=params, metrics=metrics, tags={"kind": "e2e-labels"},
-                         tables={"labels_summary": summary, "label_nodes_by_op_class": node_summary},
+                         tables={"labels_summary": summary, "train_forward_backward": split,
+                                 "label_nodes_by_op_class": node_summary},
                          figures=[lambda d: plot_labels(labels, d / "labels_predicted_vs_measured.png")])
-    return dict(labels=labels, summary=summary, nodes=nodes, node_summary=node_summary, metrics=metrics, run_id=run_id)
+    return dict(labels=labels, summary=summary, train_split=split, nodes=nodes, node_summary=node_summary, metrics=metrics, run_id=run_id)
