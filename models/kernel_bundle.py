@@ -49,8 +49,18 @@ class FamilyModel:
     latency_floor_by_dtype_ms: dict[str, float] = field(default_factory=dict)
 
     def floor_ms(self, dtype_names: list[str]) -> np.ndarray:
-        """The latency floor (ms) for each of ``dtype_names``."""
-        return np.array([self.latency_floor_by_dtype_ms.get(d, self.latency_floor_ms) for d in dtype_names], dtype=float)
+        """The latency floor (ms) for each of ``dtype_names`` (TF32 tensors are FP32 in memory: a family never
+        measured in TF32, such as elementwise, takes the FP32 floor)."""
+        fl = self.latency_floor_by_dtype_ms
+
+        def one(d: str) -> float:
+            if d in fl:
+                return fl[d]
+            if d == "tf32" and "fp32" in fl:
+                return fl["fp32"]
+            return self.latency_floor_ms
+
+        return np.array([one(d) for d in dtype_names], dtype=float)
 
     def _uses_lgbm(self) -> bool:
         return self.lgbm is not None and self.choice in ("lgbm", "ens")

@@ -268,6 +268,9 @@ def test_tiny_kernels_are_not_predicted_below_the_fastest_measured_kernel():
     for dev in ("L4", "H100-SXM5-80GB", "Tesla-T4"):
         out = wattcast.predict_kernels(frame, dev)
         assert (out["pred_latency_ms"] >= fp32_floor * (1 - 1e-9)).all()
+        # TF32 elementwise tensors are FP32 in memory: the FP32 floor
+        tf32 = wattcast.predict_kernels(frame.assign(dtype="tf32"), dev)
+        assert (tf32["pred_latency_ms"] >= fp32_floor * (1 - 1e-9)).all()
         half = wattcast.predict_kernels(frame.assign(dtype="fp16"), dev)
         assert (half["pred_latency_ms"] >= bundle.families["elementwise"].floor_ms(["fp16"])[0] * (1 - 1e-9)).all()
         assert (out["pred_low_ms"] <= out["pred_latency_ms"]).all()

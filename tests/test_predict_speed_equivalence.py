@@ -142,7 +142,7 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             lo_m = p + fm.band_log[0] * widen - spread
             if fm.latency_floor_ms > 0:  # the measured floor of the row's dtype, applied row by row here
                 dts = canon[ok]["dtype"].to_numpy()[m]
-                floor_ms = np.array([fm.latency_floor_by_dtype_ms.get(str(d), fm.latency_floor_ms) for d in dts])
+                floor_ms = fm.floor_ms([str(d) for d in dts])
                 floor = np.log(floor_ms / t_roof[m])
                 p, lo_m = np.maximum(p, floor), np.maximum(lo_m, floor)
             lr[m] = p
