@@ -668,6 +668,12 @@ def validate_distributed(
         t.add_row(name + (" (evaluation half)" if name == "single" else ""), str(s["rows"]), f"{s['mean_abs_pct']:.1f}",
                   f"{s['median_abs_pct']:.1f}", f"{s['max_abs_pct']:.1f}", f"{s['mean_signed_pct']:+.1f}", f"{100 * s['within_10pct']:.0f}%")
     con.print(t)
+    t = Table(title="vTrain by tensor-parallel degree: absolute and signed % error")
+    for c in ("set", "TP", "rows", "mean", "signed mean"):
+        t.add_column(c, justify="right")
+    for r in res["vtrain_by_tp"].itertuples(index=False):
+        t.add_row(str(r.set), str(r.tp), str(r.rows), f"{r.mean_abs_pct:.1f}", f"{r.mean_signed_pct:+.1f}")
+    con.print(t)
     t = Table(title="MosaicML MPT (FSDP full shard, BF16, flash attention; A100 40/80 GB): step time, absolute % error")
     for c in ("GPU", "rows", "mean", "median", "max", "signed mean", "within 10%", "predicted not to fit"):
         t.add_column(c, justify="right")

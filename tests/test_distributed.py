@@ -188,6 +188,19 @@ def test_vtrain_sample_regression(data_root):
     assert s["failed"] == 0 and s["mean_abs_pct"] <= 12.0
 
 
+def test_vtrain_errors_by_tp_degree():
+    import pandas as pd
+
+    from wattcast.training.distributed_validation import vtrain_by_tp
+
+    pred = pd.DataFrame({"tp": [1, 1, 8, 8, 8], "status": ["ok", "ok", "ok", "ok", "graph: x"],
+                         "error_pct": [4.0, -2.0, -30.0, -10.0, 99.0]})
+    t = vtrain_by_tp(pred, "single").set_index("tp")
+    assert list(t.index) == [1, 8] and (t["set"] == "single").all()
+    assert t.loc[1, "rows"] == 2 and t.loc[1, "mean_abs_pct"] == pytest.approx(3.0) and t.loc[1, "mean_signed_pct"] == pytest.approx(1.0)
+    assert t.loc[8, "rows"] == 2 and t.loc[8, "mean_abs_pct"] == pytest.approx(20.0) and t.loc[8, "mean_signed_pct"] == pytest.approx(-20.0)
+
+
 def test_search_cli():
     r = run_cli("search", "--model", "gpt2", "--cluster", "nvlink-4gpu", "--gpus", "4", "--batch", "8", "--seq", "1024",
                 "--max-configs", "12", "--json")

@@ -105,6 +105,15 @@ def summarise_vtrain(pred: pd.DataFrame) -> dict:
                 within_10pct=float((a <= 10).mean()))
 
 
+def vtrain_by_tp(pred: pd.DataFrame, set_name: str) -> pd.DataFrame:
+    """Errors per tensor-parallel degree (rows, mean absolute and mean signed %): where a set's error sits.
+    vTrain's single-node TP8 runs, for example, are slow against every other 8-GPU layout of the same models."""
+    ok = pred[pred["status"] == "ok"]
+    g = ok.assign(abs_error_pct=ok["error_pct"].abs()).groupby("tp")
+    out = pd.DataFrame({"rows": g.size(), "mean_abs_pct": g["abs_error_pct"].mean(), "mean_signed_pct": g["error_pct"].mean()})
+    return out.reset_index().assign(set=set_name)[["set", "tp", "rows", "mean_abs_pct", "mean_signed_pct"]]
+
+
 def run_validate_distributed(data=None, *, tracking_dir="mlruns", use_mlflow: bool = True, sample: int | None = None,
                              output: str | Path | None = None, progress=None) -> dict:
     t0 = time.time()
@@ -118,6 +127,7 @@ def run_validate_distributed(data=None, *, tracking_dir="mlruns", use_mlflow: bo
     pm = predict_vtrain(multi, progress=progress, recompute=VTRAIN_RECOMPUTE["multi"])
     pmpt = predict_mpt(mpt, progress=progress)
     s_single, s_multi, s_mpt = summarise_vtrain(ps), summarise_vtrain(pm), summarise_mpt(pmpt)
+    by_tp = pd.concat([vtrain_by_tp(ps, "single"), vtrain_by_tp(pm, "multi")], ignore_index=True)
     metrics = {f"neusight_{r.strategy}_error_pct": float(r.error_pct) for r in ns.itertuples(index=False)}
     metrics.update({f"vtrain_single_{k}": v for k, v in s_single.items()})
     metrics.update({f"vtrain_multi_{k}": v for k, v in s_multi.items()})
@@ -133,13 +143,13 @@ def run_validate_distributed(data=None, *, tracking_dir="mlruns", use_mlflow: bo
 
         # summaries only: per-row measurements belong to the datasets (use --output for a local CSV)
         tables = {"vtrain_summary": pd.DataFrame([dict(set="single", **s_single), dict(set="multi", **s_multi)]),
-                  "mpt_fsdp_summary": s_mpt,
+                  "vtrain_by_tp": by_tp, "mpt_fsdp_summary": s_mpt,
                   "neusight_4gpu_errors": ns[["strategy", "error_pct", "neusight_error_pct", "exposed_comm_ms", "bubble_ms", "mfu"]]}
         run_id = log_run(tracking_dir, experiment="distributed-validation",
                          params={"sample": str(sample), "cluster": "DGX-A100 (vTrain), NVLink-4GPU (NeuSight)"},
                          metrics=metrics, tags={"kind": "distributed-validation"}, tables=tables,
                          figures=[lambda d: _plot(ps, pm, d / "vtrain_predicted_vs_measured.png")])
-    return dict(neusight=ns, vtrain_single=ps, vtrain_multi=pm, summary_single=s_single, summary_multi=s_multi,
+    return dict(neusight=ns, vtrain_single=ps, vtrain_multi=pm, summary_single=s_single, summary_multi=s_multi, vtrain_by_tp=by_tp,
                 mpt=pmpt, summary_mpt=s_mpt, metrics=metrics, run_id=run_id)
 
 
