@@ -184,10 +184,8 @@ def predict(
         _print_prediction(res)
         if run is not None:
             _print_run(run)
-    capacity_gb = _device_memory(device)
-    _warn_tight_memory(res.memory_gb, capacity_gb)
-    if mode == "train":
-        _warn_memory_pressure(res.memory_gb, capacity_gb)
+    capacity_gb = res.memory_capacity_gb
+    _warn_memory(res)
     if not res.fits and not allow_oom:
         m = res.memory
         _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
@@ -196,35 +194,20 @@ def predict(
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
 
 
-#: relative band around a device's capacity inside which "fits" / "does not fit" is within the memory
-#: estimate's error (one of vTrain's 968 measured runs was predicted at 81.2 GB on 80 GB and ran)
-TIGHT_MEMORY_FRACTION = 0.05
+def _warn_memory(res) -> None:
+    """Say when the memory prediction is near the device's capacity (``res.memory_flag``)."""
+    from wattcast.simulate.memory import MEMORY_PRESSURE_FRACTION, TIGHT_MEMORY_FRACTION
 
-
-def _warn_tight_memory(predicted_gb: float, capacity_gb: float) -> None:
-    if capacity_gb > 0 and abs(predicted_gb / capacity_gb - 1.0) <= TIGHT_MEMORY_FRACTION:
-        err.print(f"[yellow]memory is tight: predicted {predicted_gb:.1f} GB of {capacity_gb:.0f} GB, within "
+    gb, cap = res.memory_gb, res.memory_capacity_gb
+    if res.memory_flag == "tight":
+        err.print(f"[yellow]memory is tight: predicted {gb:.1f} GB of {cap:.0f} GB, within "
                   f"{100 * TIGHT_MEMORY_FRACTION:.0f}% of capacity, where the estimate cannot tell fitting from not "
                   "(allocator fragmentation and framework buffers are not modelled); check on the hardware[/yellow]")
-
-
-#: fraction of a device's capacity from which an eager single-GPU training step's forward ran slower than its
-#: kernels on the NeuSight labels (the caching allocator frees and retries as activations pile up): MI210's
-#: train runs predicted at 90% and 99% of its 64 GB ran their forward 2.8x and 1.8x the predicted kernel time
-#: (backward within 4%), its runs at 69% and below within 10%; set between the two on that training GPU.
-#: (Held-out, not used to set it: the A100 80GB's runs at 72% and 80% had their forward within 8%.)
-MEMORY_PRESSURE_FRACTION = 0.85
-
-
-def _warn_memory_pressure(predicted_gb: float, capacity_gb: float) -> None:
-    """Below the tight band but near capacity: the step time (not the fit) is what may be wrong."""
-    if capacity_gb <= 0:
-        return
-    frac = predicted_gb / capacity_gb
-    if MEMORY_PRESSURE_FRACTION <= frac < 1.0 - TIGHT_MEMORY_FRACTION:
-        err.print(f"[yellow]memory pressure: predicted {predicted_gb:.1f} GB is {100 * frac:.0f}% of {capacity_gb:.0f} GB; "
-                  "eager training steps this close to capacity ran their forward pass 1.8-2.8x slower than its kernels "
-                  "on the measured GPUs (allocator frees and retries), so the step time may be underestimated[/yellow]")
+    elif res.memory_flag == "pressure":
+        err.print(f"[yellow]memory pressure: predicted {gb:.1f} GB is {100 * gb / cap:.0f}% of {cap:.0f} GB (from "
+                  f"{100 * MEMORY_PRESSURE_FRACTION:.0f}%); eager training steps this close to capacity ran their forward "
+                  "pass 1.8-2.8x slower than its kernels on the measured GPUs (allocator frees and retries), so the step "
+                  "time may be underestimated[/yellow]")
 
 
 def _run_footprint(device, gpus: int, step_time_ms: float, gpu_power_w: float, tokens_per_step: float, flops_per_step: float,
@@ -309,8 +292,8 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
                   + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
         if run is not None:
             _print_run(run)
-    capacity_gb = _device_memory(res.device)
-    _warn_tight_memory(res.memory_gb, capacity_gb)
+    capacity_gb = res.memory_capacity_gb
+    _warn_memory(res)
     if not res.fits and not allow_oom:
         worst = max(res.per_device, key=lambda r: r["memory_gb"])
         _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
@@ -400,12 +383,6 @@ def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster p
                   (f"{c.inter.nics_per_node} x {c.inter.nic_bandwidth_gbit_per_s:g} Gb/s {c.inter.kind}" if c.inter else "-"),
                   f"{c.inter_bandwidth_per_gpu_gb_per_s:g}")
     con.print(t)
-
-
-def _device_memory(device: str) -> float:
-    from wattcast.data.catalog import resolve_device
-
-    return float(resolve_device(device).memory_gb)
 
 
 def _print_prediction(res) -> None:

@@ -25,6 +25,30 @@ from wattcast.featurize.op_graph import OpGraph
 
 GB = 1e9
 
+#: relative band around a device's capacity inside which "fits" / "does not fit" is within the memory
+#: estimate's error (one of vTrain's 968 measured runs was predicted at 81.2 GB on 80 GB and ran)
+TIGHT_MEMORY_FRACTION = 0.05
+#: fraction of a device's capacity from which an eager single-GPU training step's forward ran slower than its
+#: kernels on the NeuSight labels (the caching allocator frees and retries as activations pile up): MI210's
+#: train runs predicted at 90% and 99% of its 64 GB ran their forward 2.8x and 1.8x the predicted kernel time
+#: (backward within 4%), its runs at 69% and below within 10%; set between the two on that training GPU.
+#: (Held-out, not used to set it: the A100 80GB's runs at 72% and 80% had their forward within 8%.)
+MEMORY_PRESSURE_FRACTION = 0.85
+
+
+def memory_flag(predicted_gb: float, capacity_gb: float, *, eager_training: bool) -> str:
+    """``"tight"`` within :data:`TIGHT_MEMORY_FRACTION` of capacity either way (fit or not is inside the
+    estimate's error), ``"pressure"`` for an eager training step from :data:`MEMORY_PRESSURE_FRACTION` of
+    capacity up to the tight band (it fits, its step time may be low), else ``""``."""
+    if capacity_gb <= 0:
+        return ""
+    frac = predicted_gb / capacity_gb
+    if abs(frac - 1.0) <= TIGHT_MEMORY_FRACTION:
+        return "tight"
+    if eager_training and MEMORY_PRESSURE_FRACTION <= frac < 1.0 - TIGHT_MEMORY_FRACTION:
+        return "pressure"
+    return ""
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:

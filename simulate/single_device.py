@@ -29,7 +29,7 @@ from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
 from wattcast.models.kernel_bundle import KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
-from wattcast.simulate.memory import MemoryEstimate, estimate_memory
+from wattcast.simulate.memory import MemoryEstimate, estimate_memory, memory_flag
 
 #: Host-side cost of launching one kernel from eager PyTorch (ms). Chosen on the NeuSight labels of the
 #: training GPUs only (see benchmarks/e2e_labels.py); the held-out GPUs played no part.
@@ -68,6 +68,13 @@ class StepPrediction:
     energy_j: float = 0.0
     avg_power_w: float = 0.0
     power_limit_w: float | None = None
+    #: the device's memory (GB): ``memory_flag`` compares the prediction with it
+    memory_capacity_gb: float = 0.0
+
+    @property
+    def memory_flag(self) -> str:
+        """"tight", "pressure" (a training step near capacity) or "" (see simulate.memory.memory_flag)."""
+        return memory_flag(self.memory_gb, self.memory_capacity_gb, eager_training=self.mode == "train")
 
     def to_dict(self, *, nodes: bool = False) -> dict:
         d = dict(device=self.device, mode=self.mode, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
@@ -75,7 +82,8 @@ class StepPrediction:
                  memory=self.memory.to_dict(), fits=self.fits, flops=self.flops, per_op=self.per_op, per_layer=self.per_layer,
                  fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, ood_time_fraction=self.ood_time_fraction,
                  model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)),
-                 energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w)
+                 energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w,
+                 memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag)
         if nodes:
             d["nodes"] = self.nodes.to_dict("records")
         return d
@@ -331,6 +339,7 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
     return StepPrediction(
         device=spec.name, mode=str(graph.meta.get("mode", "inference")), forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
         step_time_ms=total, memory_gb=mem.total_gb, memory=mem, fits=bool(mem.total_gb <= spec.memory_gb),
+        memory_capacity_gb=float(spec.memory_gb),
         flops=float(flops[~costed["recompute"].to_numpy(dtype=bool)].sum()),
         per_op=per_op, per_layer=per_layer, fallback_ops=fallback,
         ood_fraction=float(ood.mean()) if len(ood) else 0.0,

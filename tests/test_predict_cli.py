@@ -170,7 +170,9 @@ def test_tight_memory_is_flagged_not_hidden():
     r = run_cli("predict", "--model", "gpt2_xl", "--device", "V100-PCIe-32GB", "--batch", "3", "--seq", "1024",
                 "--mode", "train", "--dtype", "fp16", "--recompute", "full", "--json")
     assert r.returncode == 0, r.stderr
-    assert "memory is tight" in flat(r.stderr) and json.loads(r.stdout)["fits"] is True
+    d = json.loads(r.stdout)
+    assert "memory is tight" in flat(r.stderr) and d["fits"] is True
+    assert d["memory_flag"] == "tight" and d["memory_capacity_gb"] == 32
 
 
 def test_memory_pressure_warns_about_step_time_not_fit():
@@ -180,8 +182,22 @@ def test_memory_pressure_warns_about_step_time_not_fit():
     assert r.returncode == 0, r.stderr
     err = flat(r.stderr)
     assert "memory pressure" in err and "memory is tight" not in err
-    assert json.loads(r.stdout)["fits"] is True
+    d = json.loads(r.stdout)
+    assert d["fits"] is True and d["memory_flag"] == "pressure"
     # the same model in inference is far from capacity: no warning
     r = run_cli("predict", "--model", "gpt2_xl", "--device", "V100-PCIe-32GB", "--batch", "2", "--seq", "1024",
                 "--mode", "inference", "--dtype", "fp16", "--json")
     assert r.returncode == 0 and "memory pressure" not in flat(r.stderr)
+    assert json.loads(r.stdout)["memory_flag"] == ""
+
+
+def test_memory_flag_bands():
+    from wattcast.simulate.memory import memory_flag
+
+    assert memory_flag(31.2, 32, eager_training=False) == "tight"  # within 5%, either side
+    assert memory_flag(33.5, 32, eager_training=True) == "tight"
+    assert memory_flag(29.1, 32, eager_training=True) == "pressure"  # 91%: fits, time may be low
+    assert memory_flag(29.1, 32, eager_training=False) == ""  # measured on eager training only
+    assert memory_flag(26.0, 32, eager_training=True) == ""  # 81%
+    assert memory_flag(40.0, 32, eager_training=True) == ""  # plainly does not fit: the fit check says so
+    assert memory_flag(10.0, 0.0, eager_training=True) == ""
