@@ -72,10 +72,6 @@ VEC_FEATURES = _BASE + DEVICE_FEATURES + (
     "log_row_bytes", "is_binary", "flops_per_element", "log_elem_waves",
 )
 
-#: device descriptors outside DEVICE_FEATURES (which the GEMM and conv families use whole); families pick from
-#: these in ``wattcast.training.kernels.family_features``
-EXTRA_DEVICE_FEATURES = ("dev_is_gddr",)
-
 FEATURES_BY_FAMILY = {
     "gemm": GEMM_FEATURES,
     "conv": CONV_FEATURES,

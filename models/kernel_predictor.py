@@ -172,10 +172,10 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
 _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
 
-def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype=None) -> dict[str, object]:
+def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype) -> dict[str, object]:
     """The output columns for the featurised rows ``X`` (per-family surrogates + OOD check): arrays, and
     for the text columns ``model``/``ood_reason`` (codes, distinct strings). ``dtype`` (the rows' canonical
-    dtype names) picks each row's latency floor; without it every row gets its family's floor."""
+    dtype names) picks each row's latency floor."""
     fam = X["family"].to_numpy()
     t_roof = X["t_roof_ms"].to_numpy()
     n = len(X)
@@ -191,9 +191,8 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype=None) -> dict
             names.append(name)
         return names.index(name)
 
-    if dtype is not None:
-        dt_codes, dt_names = pd.factorize(np.asarray(dtype, dtype=object))
-        dt_names = [str(d) for d in dt_names]
+    dt_codes, dt_names = pd.factorize(np.asarray(dtype, dtype=object))
+    dt_names = [str(d) for d in dt_names]
     families = pd.unique(fam)
     for f in families:
         rows = None if len(families) == 1 else np.flatnonzero(fam == f)
@@ -215,7 +214,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype=None) -> dict
         if fm.latency_floor_ms > 0:
             # never faster than the fastest kernel of this family ever measured in the row's dtype (launch
             # overhead): the learned ratio does not extrapolate to one-element tensors
-            floor_ms = fm.latency_floor_ms if dtype is None else fm.floor_ms(dt_names)[dt_codes[m]]
+            floor_ms = fm.floor_ms(dt_names)[dt_codes[m]]
             floor = np.log(floor_ms / t_roof[m])
             p = np.maximum(p, floor)
             lo_m = np.maximum(lo_m, floor)

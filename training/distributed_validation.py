@@ -25,7 +25,7 @@ from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.training.mpt_validation import load_mpt, predict_mpt, summarise_mpt
-from wattcast.training.validation_rows import predict_rows
+from wattcast.training.validation_rows import error_stats, predict_rows
 
 NEUSIGHT_DIST = {"dp4": dict(tp=1, pp=1, micro_batch=1), "tp4": dict(tp=4, pp=1, micro_batch=4),
                  "pp4_1": dict(tp=1, pp=4, micro_batch=4)}
@@ -108,10 +108,9 @@ def summarise_vtrain(pred: pd.DataFrame) -> dict:
 def vtrain_by_tp(pred: pd.DataFrame, set_name: str) -> pd.DataFrame:
     """Errors per tensor-parallel degree (rows, mean absolute and mean signed %): where a set's error sits.
     vTrain's single-node TP8 runs, for example, are slow against every other 8-GPU layout of the same models."""
-    ok = pred[pred["status"] == "ok"]
-    g = ok.assign(abs_error_pct=ok["error_pct"].abs()).groupby("tp")
-    out = pd.DataFrame({"rows": g.size(), "mean_abs_pct": g["abs_error_pct"].mean(), "mean_signed_pct": g["error_pct"].mean()})
-    return out.reset_index().assign(set=set_name)[["set", "tp", "rows", "mean_abs_pct", "mean_signed_pct"]]
+    out = error_stats(pred, "tp")
+    out.insert(0, "set", set_name)
+    return out
 
 
 def run_validate_distributed(data=None, *, tracking_dir="mlruns", use_mlflow: bool = True, sample: int | None = None,

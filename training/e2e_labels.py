@@ -137,9 +137,6 @@ def summarise_train_split(df: pd.DataFrame) -> pd.DataFrame:
     kernel model predicts."""
     ok = df[(df["status"] == "ok") & (df["mode"] == "train")]
     ok = ok[(ok["measured_fw_ms"] > 0) & (ok["measured_bw_ms"] > 0)]
-    if ok.empty:
-        return pd.DataFrame(columns=["device", "labels", "fw_mean_abs_error_pct", "bw_mean_abs_error_pct",
-                                     "step_mean_abs_error_pct", "measured_fw_over_bw", "predicted_fw_over_bw", "heldout"])
     fw_err = 100.0 * (ok["predicted_fw_ms"] / ok["measured_fw_ms"] - 1.0)
     bw_err = 100.0 * (ok["predicted_bw_ms"] / ok["measured_bw_ms"] - 1.0)
     t = pd.DataFrame({"device": ok["device"], "fw": fw_err.abs(), "bw": bw_err.abs(), "step": ok["abs_error_pct"],

@@ -26,7 +26,7 @@ import pandas as pd
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
 from wattcast.simulate.parallel import ParallelConfig
-from wattcast.training.validation_rows import predict_rows
+from wattcast.training.validation_rows import error_stats, predict_rows
 
 MPT_DEVICE = {"a100_40gb": "A100-SXM4-40GB", "a100_80gb": "A100-SXM4-80GB"}
 MPT_CLUSTER = "DGX-A100"
@@ -46,12 +46,10 @@ def load_mpt(root=None) -> pd.DataFrame:
             raise FileNotFoundError(f"MPT benchmark file not found: {f}")
     runs = pd.read_csv(runs_f)
     dims = pd.read_csv(dims_f)
-    missing = [c for c in _COLUMNS if c not in runs.columns]
-    if missing:
-        raise ValueError(f"{runs_f}: missing column(s) {missing}")
-    missing = [c for c in _DIM_COLUMNS if c not in dims.columns]
-    if missing:
-        raise ValueError(f"{dims_f}: missing column(s) {missing}")
+    for f, frame, need in ((runs_f, runs, _COLUMNS), (dims_f, dims, _DIM_COLUMNS)):
+        missing = [c for c in need if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{f}: missing column(s) {missing}")
     runs = runs.rename(columns=_COLUMNS)[list(_COLUMNS.values())]
     runs["model"] = runs["model"].astype(str)
     df = runs.merge(dims[list(_DIM_COLUMNS)].astype({"model": str}), on="model", how="left", validate="many_to_one")
@@ -86,11 +84,9 @@ def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None) -> pd.DataF
 
 def summarise_mpt(pred: pd.DataFrame) -> pd.DataFrame:
     """Mean / max |error| and signed mean per GPU and overall; rows predicted not to fit although they ran."""
-    ok = pred[pred["status"] == "ok"].copy()
-    ok["abs_error_pct"] = ok["error_pct"].abs()
-    parts = [ok.assign(group=ok["gpu"]), ok.assign(group="all")]
-    g = pd.concat(parts).groupby("group")
-    return pd.DataFrame({"rows": g.size(), "mean_abs_pct": g["abs_error_pct"].mean(), "median_abs_pct": g["abs_error_pct"].median(),
-                         "max_abs_pct": g["abs_error_pct"].max(), "mean_signed_pct": g["error_pct"].mean(),
-                         "within_10pct": g["abs_error_pct"].apply(lambda s: float((s <= 10).mean())),
-                         "predicted_not_to_fit": g["fits"].apply(lambda s: int((~s.astype(bool)).sum()))}).reset_index()
+    both = pd.concat([pred.assign(group=pred["gpu"]), pred.assign(group="all")])
+    out = error_stats(both, "group")
+    ok = both[both["status"] == "ok"]
+    not_fit = (~ok["fits"].astype(bool)).groupby(ok["group"]).sum()
+    out["predicted_not_to_fit"] = not_fit.reindex(out["group"]).to_numpy(dtype=int)
+    return out

@@ -27,3 +27,14 @@ def predict_rows(df: pd.DataFrame, predict: Callable[[tuple], tuple[float, dict]
         if progress:
             progress(i + 1, len(df))
     return pd.DataFrame(out)
+
+
+def error_stats(pred: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per value of column ``by``, over the predicted rows (status "ok"): ``rows``, mean / median / max absolute
+    % error, signed mean and the share within 10%."""
+    ok = pred[pred["status"] == "ok"]
+    err = ok["error_pct"]
+    a = err.abs().groupby(ok[by])
+    return pd.DataFrame({"rows": a.size(), "mean_abs_pct": a.mean(), "median_abs_pct": a.median(), "max_abs_pct": a.max(),
+                         "mean_signed_pct": err.groupby(ok[by]).mean(),
+                         "within_10pct": (err.abs() <= 10).groupby(ok[by]).mean()}).rename_axis(by).reset_index()
