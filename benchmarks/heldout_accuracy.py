@@ -21,22 +21,27 @@ from wattcast.models.kernel_bundle import load_bundle
 from wattcast.training.kernels import NEUSIGHT_OOD_MAPE, evaluate, summarise
 
 
+def heldout_predictions(data=None, models=None) -> pd.DataFrame:
+    """Every kernels_test row and mapped label-CSV node of the held-out GPUs, predicted by the bundle."""
+    bundle = load_bundle(models)
+    kern = load_kernels(data)
+    rows = pd.concat(
+        [kern[kern["device"].isin(HELDOUT_DEVICES)], load_label_nodes(data, devices=list(HELDOUT_DEVICES))],
+        ignore_index=True,
+    )
+    specs = {d: resolve_device(d) for d in rows["device"].unique()}
+    leaked = set(bundle.train_devices) & set(HELDOUT_DEVICES)
+    print(f"bundle trained on {len(bundle.train_devices)} GPUs; held-out GPUs in its training set: {sorted(leaked) or 'none'}")
+    return evaluate(bundle, rows, specs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None)
     ap.add_argument("--models", default=None)
     a = ap.parse_args()
     t0 = time.time()
-    bundle = load_bundle(a.models)
-    kern = load_kernels(a.data)
-    rows = pd.concat(
-        [kern[kern["device"].isin(HELDOUT_DEVICES)], load_label_nodes(a.data, devices=list(HELDOUT_DEVICES))],
-        ignore_index=True,
-    )
-    specs = {d: resolve_device(d) for d in rows["device"].unique()}
-    leaked = set(bundle.train_devices) & set(HELDOUT_DEVICES)
-    print(f"bundle trained on {len(bundle.train_devices)} GPUs; held-out GPUs in its training set: {sorted(leaked) or 'none'}")
-    pred = evaluate(bundle, rows, specs)
+    pred = heldout_predictions(a.data, a.models)
     pd.set_option("display.width", 200)
     for title, by in (("by source", ["device", "source", "report_family"]), ("all held-out rows", ["device", "report_family"])):
         t = summarise(pred, by)

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Every accuracy goal of the kernel, workload and distributed issues next to the figure measured now.
+
+    python3 benchmarks/accuracy_goals.py [--data PATH]
+
+Recomputes each figure from the data with the shipped surrogates (nothing is trained or tuned here) and prints
+one table: issue, what is measured, the goal, the measured figure and whether it is met. About 40 s.
+
+- Kernels (issue 2): MAPE per op family on the held-out GPUs' kernels_test rows and label-CSV nodes; goal half
+  of NeuSight's published out-of-distribution error for that family (``heldout_accuracy.py``).
+- Workloads (issue 3): mean and max absolute error of the held-out GPUs' single-GPU NeuSight labels
+  (``wattcast validate labels``); goal under 6% (L4) and 4% (A100 80GB PCIe), no label over 15%.
+- Distributed (issue 4): NeuSight's 4-GPU labels (each under 5%), vTrain single-node evaluation half and
+  multi-node (mean under 8%), published large runs (each under 10%; ``published_runs.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pandas as pd
+
+from heldout_accuracy import heldout_predictions
+from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
+from wattcast.training.distributed_validation import run_validate_distributed
+from wattcast.training.e2e_labels import GOAL_E2E_MEAN_PCT
+from wattcast.training.e2e_run import run_validate_labels
+from wattcast.training.kernels import NEUSIGHT_OOD_MAPE, summarise
+
+#: the workload issue's ceiling on any one held-out label
+E2E_MAX_LABEL_PCT = 15.0
+NEUSIGHT_4GPU_GOAL_PCT = 5.0
+VTRAIN_GOAL_PCT = 8.0
+PUBLISHED_GOAL_PCT = 10.0
+
+
+def kernel_goals(data) -> list[dict]:
+    t = summarise(heldout_predictions(data), ["device", "report_family"])
+    out = []
+    for (device, fam), r in t.iterrows():
+        if fam in NEUSIGHT_OOD_MAPE:
+            out.append(dict(issue=2, measure=f"{device} {fam} kernel MAPE %", goal=NEUSIGHT_OOD_MAPE[fam] / 2,
+                            measured=float(r["mape_pct"])))
+    return out
+
+
+def label_goals(data) -> list[dict]:
+    s = run_validate_labels(data, use_mlflow=False)["summary"]
+    out = []
+    for device, goal in GOAL_E2E_MEAN_PCT.items():
+        r = s[(s["device"] == device) & (s["kind"] == "all")].iloc[0]
+        out.append(dict(issue=3, measure=f"{device} labels mean |error| % ({int(r['labels'])})", goal=goal,
+                        measured=float(r["mean_abs_error_pct"])))
+        out.append(dict(issue=3, measure=f"{device} labels max |error| %", goal=E2E_MAX_LABEL_PCT,
+                        measured=float(r["max_abs_error_pct"])))
+    return out
+
+
+def distributed_goals(data) -> list[dict]:
+    v = run_validate_distributed(data, use_mlflow=False)
+    out = [dict(issue=4, measure=f"NeuSight 4-GPU {r.strategy} |error| %", goal=NEUSIGHT_4GPU_GOAL_PCT,
+                measured=abs(float(r.error_pct))) for r in v["neusight"].itertuples(index=False)]
+    for name, key in (("vTrain single node (evaluation half)", "summary_single"), ("vTrain multi node", "summary_multi")):
+        out.append(dict(issue=4, measure=f"{name} mean |error| %", goal=VTRAIN_GOAL_PCT, measured=v[key]["mean_abs_pct"]))
+    w = megatron_weak_scaling(data)
+    for col, name in (("error_pct", "micro-batch 1"), ("tuned_error_pct", "fastest fitting micro-batch")):
+        out.append(dict(issue=4, measure=f"Megatron weak scaling, {name}: max |error| % ({len(w)} runs)",
+                        goal=PUBLISHED_GOAL_PCT, measured=float(w[col].abs().max())))
+    for run in (gpt3_megatron_a100(), bloom_176b()):
+        out.append(dict(issue=4, measure=f"{run['run']} step time |error| %", goal=PUBLISHED_GOAL_PCT,
+                        measured=abs(100 * (run["predicted"] - run["measured"]) / run["measured"])))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None)
+    a = ap.parse_args()
+    t0 = time.time()
+    t = pd.DataFrame(kernel_goals(a.data) + label_goals(a.data) + distributed_goals(a.data))
+    t["met"] = t["measured"] < t["goal"]
+    pd.set_option("display.width", 200)
+    print(t.round(2).to_string(index=False))
+    for issue, g in t.groupby("issue"):
+        print(f"issue {issue}: {int(g['met'].sum())} of {len(g)} goals met")
+    print(f"({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
