@@ -34,6 +34,64 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _input_file(path: Path, what: str) -> Path:
+    """An existing regular file, or a clear error."""
+    if path.is_dir():
+        _fail(f"{what} {path} is a directory, not a file")
+    if not path.is_file():
+        _fail(f"{what} {path} does not exist")
+    return path
+
+
+def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect: tuple[Path, ...] = ()) -> Path:
+    """A file path we can write: not a directory, not one of the inputs (``protect``), with an allowed suffix;
+    missing parent folders are created. Checked before any work is done."""
+    if path.is_dir():
+        _fail(f"{what} {path} is a directory; give a file name")
+    if suffixes and path.suffix.lower() not in suffixes:
+        _fail(f"{what} {path}: use one of {', '.join(suffixes)}")
+    for p in protect:
+        if p is not None and path.exists() and p.exists() and path.resolve() == p.resolve():
+            _fail(f"{what} {path} is the input file; refusing to overwrite it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _fail(f"cannot create the folder of {what} {path}: {e.strerror or e}")
+    return path
+
+
+def _output_dir(path: Path, what: str) -> Path:
+    """A folder to write into (created if missing), or a clear error when a file is in the way."""
+    if path.exists() and not path.is_dir():
+        _fail(f"{what} {path} is a file; give a folder")
+    return path
+
+
+def _write(what: str, path: Path, write) -> None:
+    """Run ``write()``; an operating-system error becomes a one-line message, not a traceback."""
+    try:
+        write()
+    except OSError as e:
+        _fail(f"cannot write {what} {path}: {e.strerror or e}")
+
+
+def _job_paths(mlruns: Path | None = None, out: Path | None = None, output: Path | None = None) -> None:
+    """Check a training or validation job's output locations before it runs for minutes."""
+    if mlruns is not None:
+        _output_dir(mlruns, "--mlruns")
+    if out is not None:
+        _output_dir(out, "--out")
+    if output is not None:
+        _output_file(output, "--output")
+
+
+def _positive(**values) -> None:
+    """Reject counts below 1, naming the option."""
+    for name, v in values.items():
+        if v is not None and v < 1:
+            _fail(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+
+
 @app.command()
 def kernels(
     device: str = typer.Option(..., "--device", "-d", help="Catalog name (case-insensitive) or a spec file (own YAML/JSON or NeuSight JSON)."),
@@ -52,20 +110,33 @@ def kernels(
         spec = resolve_device(device)
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    if not input.is_file():
-        _fail(f"input file {input} does not exist")
+    _input_file(input, "input file")
+    if output:
+        _output_file(output, "--output", protect=(input,))
+    # a row with more fields than the header would make pandas shift every column (or drop cells): an error
+    with open(input, newline="", encoding="utf-8-sig", errors="replace") as f:
+        import csv
+
+        widths = [(i, len(r)) for i, r in enumerate(csv.reader(f), start=1) if r]
+    longer = [i for i, n in widths[1:] if n > widths[0][1]] if widths else []
+    if longer:
+        _fail(f"{input}: line(s) {', '.join(map(str, longer[:5]))} have more fields than the header ({widths[0][1]})")
     try:
         # read as text so the output repeats every input cell exactly as given
-        frame = pd.read_csv(input, dtype=str, keep_default_na=False)
+        frame = pd.read_csv(input, dtype=str, keep_default_na=False, index_col=False)
     except Exception as e:  # pandas raises several types for unreadable CSVs
         _fail(f"cannot read {input} as CSV: {e}")
+    replaced = [c for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "ood_reason", "error") if c in frame.columns]
+    if replaced:
+        err.print(f"[yellow]the input already has column(s) {', '.join(replaced)}; the output replaces them[/yellow]")
+        frame = frame.drop(columns=replaced)
     try:
         out = predict_kernels(frame, spec, bundle=models)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     bad = (out["error"] != "").sum()
     if output:
-        out.to_csv(output, index=False)
+        _write("--output", output, lambda: out.to_csv(output, index=False))
     else:
         out.to_csv(sys.stdout, index=False)
     ok = out[out["error"] == ""]
@@ -76,6 +147,8 @@ def kernels(
         + (f", [red]{bad:,} rows with errors[/] (see the 'error' column)" if bad else "")
         + (f" -> {output}" if output else "")
     )
+    if len(out) and bad == len(out):
+        raise typer.Exit(1)  # nothing could be predicted: the rows' 'error' column says why
 
 
 @app.command()
@@ -114,13 +187,13 @@ def devices(name: Optional[str] = typer.Argument(None, help="Show one device's s
 def predict(
     model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (see --list-models)."),
     device: Optional[str] = typer.Option(None, "--device", "-d", help="Catalog name (case-insensitive) or a spec file (default with --cluster: the cluster's GPU)."),
-    batch: int = typer.Option(1, "--batch", "-b", help="Sequences per step (the global batch with --cluster)."),
-    seq: int = typer.Option(1024, "--seq", "-s", help="Tokens per sequence."),
+    batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Sequences per step (the global batch with --cluster; default 1, or an ONNX file's own fixed dims)."),
+    seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Tokens per sequence (default 1024, or an ONNX file's own fixed dims)."),
     mode: str = typer.Option("train", "--mode", help="train (forward + backward + optimizer) or inference (forward)."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, tf32, bf16 or fp16."),
     attention: str = typer.Option("eager", "--attention", help="eager (bmm + softmax + bmm) or flash (fused kernel)."),
     compile: bool = typer.Option(False, "--compile", help="Approximate torch.compile: fuse elementwise chains."),
-    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw, sgd or none."),
+    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), sgd or none; training only."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective or full."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) of the step."),
@@ -145,6 +218,7 @@ def predict(
     pue: Optional[float] = typer.Option(None, "--pue", help="Data-centre PUE (default 1.2)."),
     lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime for amortising embodied carbon and CapEx (default 5)."),
     grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region)."),
+    dim: List[str] = typer.Option([], "--dim", help="Bind a symbolic ONNX input dim: NAME=VALUE (repeatable)."),
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
@@ -157,27 +231,52 @@ def predict(
     run_kw = dict(tokens=tokens, region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh)
     if tokens is None and any(v is not None for v in (region, pue, lifetime_years, grid_kgco2e_per_kwh)):
         _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh describe a run: give --tokens too")
+    if str(mode).lower() in ("inference", "inf", "infer"):
+        if optimizer is not None or recompute != "none":
+            _fail("--optimizer and --recompute describe a training step; --mode inference runs the forward pass only")
+    optimizer = optimizer or "adamw"
+    dims = {}
+    for d in dim:
+        k, sep, v = d.partition("=")
+        if not sep or not k.strip() or not v.strip().lstrip("-").isdigit():
+            _fail(f"--dim {d!r}: use NAME=VALUE with an integer value, e.g. --dim past_len=128")
+        dims[k.strip()] = int(v)
+    if trace:
+        _output_file(trace, "--trace", (".json",))
+    if plot:
+        _output_file(plot, "--plot", (".png", ".pdf", ".svg"))
     if cluster is not None or gpus is not None:
-        _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
-                             as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
-                             power_limit_w, run_kw, clock_cap_mhz, framework)
+        if dims:
+            _fail("--dim applies to single-device predictions of ONNX models")
+        _predict_distributed(model, device, cluster, gpus, batch or 1, seq or 1024, mode, dtype, attention, compile, optimizer,
+                             recompute, as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave,
+                             schedule, power_limit_w, run_kw, clock_cap_mhz, framework)
         return
     if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1))) or dp or micro_batch or sp:
         _fail("parallel options (--tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave) need --cluster and --gpus")
+    if schedule != "1f1b":
+        _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
+    if plot:
+        _fail("--plot draws the distributed timeline (--cluster); for one device use --trace (Chrome trace)")
     if device is None:
         _fail("--device is required (or --cluster for a distributed prediction)")
     if framework != "hf":
         _fail("--framework applies to distributed predictions (--cluster); one device uses Hugging Face's eager kernels")
     try:
         res = _predict(model, device, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
-                       optimizer=optimizer, recompute=recompute, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+                       optimizer=optimizer, recompute=recompute, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
+                       dims=dims or None)
     except (GraphError, DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    run = _run_footprint(res.device, 1, res.step_time_ms, res.avg_power_w, batch * seq, res.flops, run_kw)
+    b, s_ = res.meta.get("batch"), res.meta.get("seq")
+    if tokens is not None and not (b and s_):
+        _fail("--tokens needs the step's tokens: this ONNX graph's batch and sequence dims are fixed by the file "
+              "and not named batch/sequence, so wattcast cannot tell how many tokens a step trains on")
+    run = _run_footprint(res.device, 1, res.step_time_ms, res.avg_power_w, (b or 0) * (s_ or 0), res.flops, run_kw)
     if trace:
         from wattcast.simulate.trace import write_chrome_trace
 
-        write_chrome_trace(res, trace)
+        _write("--trace", trace, lambda: write_chrome_trace(res, trace))
     if as_json:
         _print_json(res, run)
     else:
@@ -253,7 +352,8 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
         _fail("--gpus needs --cluster NAME|FILE (presets: wattcast clusters)")
     if mode != "train":
         _fail("distributed prediction is for training steps (--mode train)")
-    n = gpus or tp * pp * (dp or 1)
+    _positive(gpus=gpus, batch=batch, seq=seq)
+    n = gpus if gpus is not None else tp * pp * (dp or 1)
     par = ParallelConfig(gpus=n, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
                          interleave=interleave, schedule=schedule)
     try:
@@ -266,11 +366,11 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
     if trace:
         from wattcast.simulate.trace import write_distributed_trace
 
-        write_distributed_trace(res, trace)
+        _write("--trace", trace, lambda: write_distributed_trace(res, trace))
     if plot:
         from wattcast.simulate.trace import plot_timeline
 
-        plot_timeline(res, plot)
+        _write("--plot", plot, lambda: plot_timeline(res, plot))
     if as_json:
         _print_json(res, run)
     else:
@@ -325,6 +425,12 @@ def search(
     from wattcast.data.cluster_spec import ClusterSpecError
     from wattcast.featurize.op_graph import GraphError
 
+    _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top)
+    if region is not None and tokens is None:
+        _fail("--region sets the carbon of a run: give --tokens too")
+    if model.lower().endswith(".onnx"):
+        _fail("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face config or a "
+              "built-in name (an ONNX model can be predicted with `wattcast predict --cluster` and --dp/--pp/--zero)")
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("evaluating strategies", total=None)
@@ -338,6 +444,7 @@ def search(
     if as_json:
         print(json.dumps({"ranked": res.ranked.to_dict("records"), "pareto": res.pareto.to_dict("records"),
                           "rejected": res.rejected.to_dict("records")}, indent=2, default=str))
+        _fail_if_none_fits(res)
         return
     con = Console()
     if not con.is_terminal:  # piped or captured: room for every column
@@ -360,6 +467,15 @@ def search(
             t.add_row(*["" if pd_isna(r.get(k)) else ("yes" if r[k] else "NO") if k == "fits" else fmt.format(r[k])
                         for _, k, fmt in cols])
         con.print(t)
+    _fail_if_none_fits(res)
+
+
+def _fail_if_none_fits(res) -> None:
+    """Exit 3 (as predict does for a configuration that does not fit) when no evaluated strategy fits."""
+    if not res.ranked["fits"].any():
+        _fail(f"none of the {len(res.ranked)} valid configurations fits in memory (smallest: "
+              f"{res.ranked['memory_gb'].min():.1f} GB per GPU); add GPUs, lower --batch/--seq, or use a larger-memory cluster",
+              code=3)
 
 
 @app.command()
@@ -387,8 +503,10 @@ def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster p
 
 def _print_prediction(res) -> None:
     con = Console()
-    head = Table(title=f"{res.meta.get('name')} on {res.device} ({res.mode}, {res.meta.get('dtype')}, "
-                       f"batch {res.meta.get('batch', '?')} x seq {res.meta.get('seq', '?')})")
+    b, s = res.meta.get("batch"), res.meta.get("seq")
+    shape = (f"batch {b} x seq {s}" if b is not None and s is not None else
+             "input dims as exported in the file" + (f", batch {b}" if b is not None else "") + (f", seq {s}" if s is not None else ""))
+    head = Table(title=f"{res.meta.get('name')} on {res.device} ({res.mode}, {res.meta.get('dtype')}, {shape})")
     for c in ("forward ms", "backward ms", "optimizer ms", "step ms", "memory GB", "TFLOP/step", "kernels", "OOD kernels"):
         head.add_column(c, justify="right")
     head.add_row(f"{res.forward_ms:.2f}", f"{res.backward_ms:.2f}", f"{res.optimizer_ms:.2f}", f"{res.step_time_ms:.2f}",
@@ -475,6 +593,7 @@ def validate_labels(
     """Predict every single-GPU NeuSight label end to end; per-GPU errors; log to MLflow."""
     from wattcast.training.e2e_run import run_validate_labels
 
+    _job_paths(None if no_mlflow else mlruns, output=output)
     try:
         outcome = run_validate_labels(data=data, tracking_dir=mlruns, use_mlflow=not no_mlflow, output=output)
     except FileNotFoundError as e:
@@ -521,6 +640,9 @@ def train_kernels(
 
     if only_csv and csv is None:
         _fail("--only-csv needs --csv FILE")
+    if csv is not None:
+        _input_file(csv, "--csv")
+    _job_paths(None if no_mlflow else mlruns, out=out)
     holdout_names = []
     from wattcast.data.catalog import resolve_device
 
@@ -585,6 +707,7 @@ def train_collectives(
     """Train the learned correction of the collective cost model on nccl-tests data (H100; Polaris evaluated only)."""
     from wattcast.training.collectives import run_train_collectives
 
+    _job_paths(None if no_mlflow else mlruns, out=out)
     try:
         res = run_train_collectives(data=data, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow, quick=quick,
                                     log=lambda m: err.print(m))
@@ -603,6 +726,7 @@ def train_power(
     """Fit the power surrogate on the measured power data; leave-one-GPU-out errors to MLflow; gated write."""
     from wattcast.training.power import run_train_power
 
+    _job_paths(None if no_mlflow else mlruns, out=out)
     try:
         res = run_train_power(data=data, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow)
     except (FileNotFoundError, ValueError) as e:
@@ -623,6 +747,8 @@ def validate_distributed(
 
     from wattcast.training.distributed_validation import run_validate_distributed
 
+    _positive(sample=sample)
+    _job_paths(None if no_mlflow else mlruns, output=output)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("predicting vTrain and MPT configurations", total=None)

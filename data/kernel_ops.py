@@ -35,6 +35,9 @@ OP_FAMILY: dict[str, str] = {
 
 FAMILIES = ("gemm", "conv", "elementwise", "ln", "softmax")
 
+#: other spellings of OPName a user CSV may carry (lower-cased) -> the vocabulary's name
+OP_ALIASES: dict[str, str] = {"layernorm": "ln", "layer_norm": "ln", "rms_norm": "rmsnorm", "conv2d": "conv"}
+
 #: ops of the vocabulary with no measured kernel in any training source, predicted as the measured op
 #: that moves the same bytes with similar arithmetic (the learned models have never seen them, so their
 #: own category would be an extrapolation): a copy reads and writes one tensor like a scalar add; the

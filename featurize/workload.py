@@ -26,8 +26,10 @@ ATTENTION = ("eager", "flash")
 class StepOptions:
     """What one step runs: shapes, precision, attention kernel, fusion, optimizer, recomputation."""
 
-    batch: int = 1
-    seq: int = 1024
+    #: sequences and tokens per sequence; None: not given (a Hugging Face config or module takes 1 and 1,024, an
+    #: ONNX file keeps its own fixed dims or binds its symbolic ones to those defaults)
+    batch: int | None = 1
+    seq: int | None = 1024
     mode: str = "train"
     dtype: str = "fp32"
     attention: str = "eager"
@@ -45,6 +47,8 @@ class StepOptions:
     #: build only this many transformer blocks of a Hugging Face config (0: all of them); for models whose
     #: blocks are all alike, a short graph stands for the whole one (simulate/distributed.py)
     blocks: int = 0
+    #: other symbolic ONNX input dims, bound by name: ((name, value), ...)
+    dims: tuple = ()
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -53,17 +57,30 @@ class StepOptions:
         dtype = canonical_dtype(self.dtype)
         if dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {self.dtype!r}; use one of fp32, tf32, bf16, fp16")
+        if dtype == "fp8":
+            raise GraphError("fp8 steps are not modelled: FP8 recipes run only the GEMMs in fp8 (with scaling kernels) and "
+                             "keep the rest in bf16, which this graph cannot express; use --dtype bf16 (single fp8 kernels: "
+                             "wattcast kernels)")
         att = str(self.attention).lower()
         if att not in ATTENTION:
             raise GraphError(f"unknown attention {self.attention!r}; use eager or flash")
-        if int(self.batch) < 1 or int(self.seq) < 1:
+        if any(v is not None and int(v) < 1 for v in (self.batch, self.seq)):
             raise GraphError(f"batch and seq must be positive, got batch={self.batch}, seq={self.seq}")
+        dims = tuple(sorted(dict(self.dims).items()))
+        for k, v in dims:
+            if int(v) < 1:
+                raise GraphError(f"dim {k} must be positive, got {v}")
         if str(self.recompute).lower() not in RECOMPUTE:
             raise GraphError(f"unknown recompute {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         opt = optimizer_key(self.optimizer)
-        return StepOptions(int(self.batch), int(self.seq), mode, dtype, att, bool(self.compile), opt,
+        return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
+                           mode, dtype, att, bool(self.compile), opt,
                            str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
-                           _framework(self.framework), int(self.blocks))
+                           _framework(self.framework), int(self.blocks), tuple((str(k), int(v)) for k, v in dims))
+
+    def with_default_shape(self) -> "StepOptions":
+        """Batch 1 and 1,024 tokens where they were not given."""
+        return replace(self, batch=1 if self.batch is None else self.batch, seq=1024 if self.seq is None else self.seq)
 
 
 def _framework(f: str) -> str:
@@ -101,6 +118,23 @@ def _cached_path_graph(path: str, mtime: float, opts: StepOptions) -> OpGraph:
     return _build(path, opts)
 
 
+def _onnx_forward(path, opts: StepOptions) -> OpGraph:
+    """An ONNX file's forward graph. Options the user gave that the file's fixed input dims cannot take are an
+    error (a step at another batch or length would be a silently wrong number); the defaults only bind
+    symbolic dims."""
+    from wattcast.featurize.onnx_import import graph_from_onnx
+
+    d = opts.with_default_shape()
+    fwd = graph_from_onnx(path, batch=d.batch, seq=d.seq, dtype=opts.dtype, train=opts.mode == "train", dims=dict(opts.dims) or None)
+    ignored = {o.split("=")[0] for o in fwd.meta.get("ignored_options", ())}
+    given = [f"{o} {getattr(opts, o)}" for o in ("batch", "seq") if o in ignored and getattr(opts, o) is not None]
+    if given:
+        raise GraphError(f"{fwd.meta.get('name')}: the ONNX file's input dims are fixed, so {' and '.join(given)} cannot be "
+                         f"applied; re-export it with dynamic axes (torch.onnx.export(..., dynamic_shapes=...)) or leave "
+                         f"--batch/--seq out to predict the shapes it was exported with")
+    return fwd
+
+
 def _build(model: Any, opts: StepOptions) -> OpGraph:
     if (opts.tp > 1 or opts.ep > 1) and not (isinstance(model, dict) or (isinstance(model, (str, Path))
                                                                        and not str(model).lower().endswith(".onnx"))):
@@ -109,12 +143,15 @@ def _build(model: Any, opts: StepOptions) -> OpGraph:
     if opts.blocks and not (isinstance(model, dict) or (isinstance(model, (str, Path))
                                                         and not str(model).lower().endswith(".onnx"))):
         raise GraphError("building fewer blocks needs a model from a Hugging Face config or a built-in name")
+    is_onnx = isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx")
+    if opts.dims and not is_onnx:
+        raise GraphError("named input dims (--dim) apply to ONNX models; a config or module takes --batch and --seq")
+    if not is_onnx:
+        opts = opts.with_default_shape()
     if isinstance(model, dict):
         fwd = _hf_forward(load_hf_config(model), opts)
-    elif isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx"):
-        from wattcast.featurize.onnx_import import graph_from_onnx
-
-        fwd = graph_from_onnx(model, batch=opts.batch, seq=opts.seq, dtype=opts.dtype, train=opts.mode == "train")
+    elif is_onnx:
+        fwd = _onnx_forward(model, opts)
     elif isinstance(model, (str, Path)):
         fwd = _hf_forward(load_hf_config(model), opts)
     else:
@@ -149,6 +186,11 @@ def step_graph(model: Any, opts: StepOptions | None = None, **kw) -> OpGraph:
     opts = replace(opts or StepOptions(), **kw).validated()
     if isinstance(model, (str, Path)):
         p = Path(model)
+        if p.is_dir():  # a Hugging Face model folder: its config.json
+            if not (p / "config.json").is_file():
+                raise GraphError(f"{p} is a folder without a config.json; give an ONNX file, a config.json, a Hugging Face "
+                                 "model folder or a built-in name")
+            p = p / "config.json"
         if p.is_file():
             return _cached_path_graph(str(p.resolve()), p.stat().st_mtime, opts)
         return _cached_path_graph(str(model), 0.0, opts)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
-from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
+from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras
@@ -56,6 +56,7 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
         raise ValueError("input has no 'OPName' (or 'op') column")
     n = len(df)
     op = df["op"].astype(str).str.strip().str.lower()
+    op = op.where(~op.isin(OP_ALIASES.keys()), op.map(OP_ALIASES))
     # work on the distinct spellings (a few) and per-row codes, not on per-row strings
     op_codes, op_uniq = pd.factorize(op, use_na_sentinel=False)
     op_uniq = list(op_uniq)

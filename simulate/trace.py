@@ -36,8 +36,12 @@ def _write_trace(path: str | Path, events: list[dict], other: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no half-written file left behind
+        raise
     return path
 
 
