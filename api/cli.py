@@ -262,8 +262,12 @@ def predict(
         _fail("--device is required (or --cluster for a distributed prediction)")
     if framework != "hf":
         _fail("--framework applies to distributed predictions (--cluster); one device uses Hugging Face's eager kernels")
+    from wattcast.data.catalog import resolve_device
+
     try:
-        res = _predict(model, device, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
+        # resolved once: the run's cost and carbon use this spec's own figures, never a catalog entry of the same name
+        spec = resolve_device(device)
+        res = _predict(model, spec, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
                        dims=dims or None)
     except (GraphError, DeviceSpecError, FileNotFoundError, ValueError) as e:
@@ -272,7 +276,12 @@ def predict(
     if tokens is not None and not (b and s_):
         _fail("--tokens needs the step's tokens: this ONNX graph's batch and sequence dims are fixed by the file "
               "and not named batch/sequence, so wattcast cannot tell how many tokens a step trains on")
-    run = _run_footprint(res.device, 1, res.step_time_ms, res.avg_power_w, (b or 0) * (s_ or 0), res.flops, run_kw)
+    run = _run_footprint(spec, 1, res.step_time_ms, res.avg_power_w, (b or 0) * (s_ or 0), res.flops, run_kw)
+    unmapped = res.meta.get("unmapped_ops") or {}
+    if unmapped:
+        err.print(f"[yellow]{sum(unmapped.values())} op(s) have no cost model and are costed by the roofline from their "
+                  f"inputs and outputs (flagged in fallback_ops): "
+                  + ", ".join(f"{k} x{v}" for k, v in list(unmapped.items())[:8]) + "[/yellow]")
     if trace:
         from wattcast.simulate.trace import write_chrome_trace
 
@@ -354,15 +363,21 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
         _fail("distributed prediction is for training steps (--mode train)")
     _positive(gpus=gpus, batch=batch, seq=seq)
     n = gpus if gpus is not None else tp * pp * (dp or 1)
+    from wattcast.data.catalog import resolve_device
+
+    try:
+        spec = resolve_device(device) if device else None  # the run's cost uses this spec's own figures
+    except (DeviceSpecError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
     par = ParallelConfig(gpus=n, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
                          interleave=interleave, schedule=schedule)
     try:
         res = predict_distributed(model, cluster, gpus=n, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                                  compile=compile, optimizer=optimizer, device=device, trace=bool(trace or plot),
+                                  compile=compile, optimizer=optimizer, device=spec, trace=bool(trace or plot),
                                   power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework)
     except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    run = _run_footprint(res.device, res.gpus, res.step_time_ms, res.avg_power_w, batch * seq, res.flops, run_kw or {})
+    run = _run_footprint(spec or res.device, res.gpus, res.step_time_ms, res.avg_power_w, batch * seq, res.flops, run_kw or {})
     if trace:
         from wattcast.simulate.trace import write_distributed_trace
 

@@ -33,12 +33,19 @@ against Zeus's power-limit runs (V100, P100, RTX 6000; from the measured run at 
 2-11% MAPE and power within 5-7%, but slowdowns at the lowest limits (100-125 W, clocks below the swept
 range) are under-predicted (V100 at 100 W: 1.49x predicted vs 1.87x measured).
 
+Bad settings are refused (:func:`check_power_settings`): a power limit or clock cap must be a finite
+positive number; a clock cap below the lowest clock modelled (:data:`MIN_CLOCK_RATIO` x boost) is refused
+rather than silently clamped to it, and a cap at or above the boost clock does not bind (no change). A
+power limit below what the step draws at that lowest clock (:func:`check_power_limit_attainable`) is refused
+by the prediction paths (:mod:`wattcast.simulate.energy`), since no clock could meet it.
+
 Nothing here imports ``wattcast.training``; artifacts are JSON and LightGBM text (no pickles).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -227,10 +234,12 @@ def idle_power_w(spec: DeviceSpec) -> float:
     return device_idle_w(spec)[0]
 
 
-def comm_power_w(spec: DeviceSpec) -> float:
-    """GPU power while only communicating or waiting (collectives, pipeline bubbles): see :data:`COMM_DYNAMIC_FRACTION`."""
+def comm_power_w(spec: DeviceSpec, power_limit_w: float | None = None) -> float:
+    """GPU power while only communicating or waiting (collectives, pipeline bubbles): see :data:`COMM_DYNAMIC_FRACTION`.
+    A board power limit caps it (never below idle)."""
     idle = idle_power_w(spec)
-    return idle + COMM_DYNAMIC_FRACTION * (device_tdp_w(spec) - idle)
+    w = idle + COMM_DYNAMIC_FRACTION * (device_tdp_w(spec) - idle)
+    return w if power_limit_w is None else max(idle, min(w, float(power_limit_w)))
 
 
 def node_power_w(gpu_power_w, n_gpus: int = 1, share: float | None = None):
@@ -281,23 +290,87 @@ def clock_ratio_for_limit(power_w, limit_w, spec: DeviceSpec, model: PowerModel 
     return np.clip(s, MIN_CLOCK_RATIO, 1.0)
 
 
+def _finite_positive(value, name: str, option: str, unit: str) -> float:
+    """``value`` as a float, or a ValueError naming the parameter (and its CLI option) and the value."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} ({option}) must be a number in {unit}, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} ({option}) must be a number in {unit}, got {value!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} ({option}) must be a finite number of {unit} above 0, got {value!r}")
+    return v
+
+
+def lowest_clock_mhz(spec: DeviceSpec) -> float:
+    """The lowest SM clock the clock/power-limit model goes to: :data:`MIN_CLOCK_RATIO` x the boost clock."""
+    return MIN_CLOCK_RATIO * float(spec.boost_clock_mhz)
+
+
+def check_power_settings(power_limit_w, clock_cap_mhz, spec: DeviceSpec) -> tuple[float | None, float | None]:
+    """``(power_limit_w, clock_cap_mhz)`` as floats (None stays None), or a ValueError naming the parameter.
+
+    Both must be finite and above 0. A clock cap below :func:`lowest_clock_mhz` (``MIN_CLOCK_RATIO`` x boost:
+    the model's time and power response is not extrapolated further; drivers rarely go lower under a cap) is
+    refused, not clamped: clamping would report the step at a clock the user did not ask for. A cap at or
+    above the boost clock does not bind (time and power unchanged)."""
+    limit = None if power_limit_w is None else _finite_positive(power_limit_w, "power_limit_w", "--power-limit-w", "W")
+    cap = None if clock_cap_mhz is None else _finite_positive(clock_cap_mhz, "clock_cap_mhz", "--clock-cap-mhz", "MHz")
+    if cap is not None:
+        low = lowest_clock_mhz(spec)
+        if cap < low * (1 - 1e-9):
+            raise ValueError(
+                f"clock_cap_mhz (--clock-cap-mhz) {cap:g} MHz is below the lowest clock wattcast models on {spec.name}: "
+                f"{MIN_CLOCK_RATIO:g} x its {float(spec.boost_clock_mhz):g} MHz boost = {low:g} MHz (time and power are "
+                f"not extrapolated below it); give a cap of at least {math.ceil(low):g} MHz")
+    return limit, cap
+
+
+def power_at_lowest_clock_w(power_w, spec: DeviceSpec, compute_util=0.0, model: PowerModel | None = None) -> np.ndarray:
+    """What kernels drawing ``power_w`` at boost draw at the lowest modelled clock (:func:`lowest_clock_mhz`):
+    the least board power any power limit can bring them to. Vectorised."""
+    p = np.asarray(power_w, dtype=float)
+    return apply_clock(np.ones(p.shape), p, MIN_CLOCK_RATIO, spec, compute_util, model)[1]
+
+
+def check_power_limit_attainable(limit_w: float, power_w, spec: DeviceSpec, compute_util=0.0,
+                                 model: PowerModel | None = None, what: str = "this step") -> None:
+    """Refuse a power limit no clock can meet: below the idle power, or below what the most power-hungry of
+    the kernels (``power_w`` at boost) still draws at the lowest modelled clock. Under a limit at or above
+    that floor every kernel fits (idle gaps draw idle power, below it), so a step's average power stays
+    under the limit it is reported with."""
+    p = np.asarray(power_w, dtype=float).reshape(-1)
+    floor = float(idle_power_w(spec))
+    if p.size:
+        floor = max(floor, float(np.max(power_at_lowest_clock_w(p, spec, compute_util, model))))
+    if limit_w < floor * (1 - 1e-9):
+        raise ValueError(
+            f"power_limit_w (--power-limit-w) {limit_w:g} W is below the {floor:.1f} W the {spec.name} draws running "
+            f"{what} at its lowest clock ({MIN_CLOCK_RATIO:g} x its {float(spec.boost_clock_mhz):g} MHz boost = "
+            f"{lowest_clock_mhz(spec):g} MHz; idle alone is {idle_power_w(spec):.0f} W): no clock meets it; give a "
+            f"limit of at least {math.ceil(floor):g} W")
+
+
 def apply_power_limit(time_ms, power_w, limit_w, spec: DeviceSpec, compute_util, model: PowerModel | None = None,
                       clock_cap_mhz: float | None = None):
     """(time_ms, power_w) under a board power limit ``limit_w`` (W; None = TDP, no change) and an optional
     SM clock cap. Where the predicted power exceeds the limit the clock drops until it fits
     (:func:`clock_ratio_for_limit`), then :func:`apply_clock` moves time and power; a limit below what the
-    lowest clock (:data:`MIN_CLOCK_RATIO`) allows leaves power above it. Vectorised over kernels.
+    lowest clock (:data:`MIN_CLOCK_RATIO`) allows leaves power above it here (measured runs are replayed
+    through this); the prediction paths refuse such a limit first (:func:`check_power_limit_attainable`).
+    ``limit_w`` and ``clock_cap_mhz`` are checked by :func:`check_power_settings` (finite, above 0, cap not
+    below the lowest modelled clock). Vectorised over kernels.
 
     Applied per kernel this assumes the power controller reacts within a kernel; for a steady workload
     pass the step's average power and average compute utilisation instead."""
+    limit_w, clock_cap_mhz = check_power_settings(limit_w, clock_cap_mhz, spec)
     t = np.asarray(time_ms, dtype=float)
     p = np.asarray(power_w, dtype=float)
     s = np.ones(np.broadcast(t, p).shape)
     if clock_cap_mhz is not None:
         s = np.minimum(s, float(clock_cap_mhz) / float(spec.boost_clock_mhz))
     if limit_w is not None:
-        if limit_w <= 0:
-            raise ValueError(f"power limit must be positive, got {limit_w} W")
         # the power the kernel would draw at the capped clock, then the ratio to get under the limit
         _, p_cap = apply_clock(t, p, s, spec, compute_util, model)
         s = s * clock_ratio_for_limit(p_cap, limit_w, spec, model)

@@ -196,7 +196,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,
                            n_kv_heads=hf.n_kv_heads if hf else None, ffn=hf.ffn if hf else None,
                            n_experts=hf.n_experts if hf else None, seq=seq, cluster=cl,
-                           uneven_stages=framework == "megatron-deepspeed")
+                           uneven_stages=framework == "megatron-deepspeed", framework=framework)
     lay = layouts(par, cl)
     bundle = bundle or load_bundle()
     cm = coll_model or _collective_model()
@@ -548,7 +548,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     # energy per GPU of each stage: kernels at their power, host launch gaps at idle, waits at communication power
     from wattcast.models.power import comm_power_w
 
-    p_comm = comm_power_w(spec)
+    p_comm = comm_power_w(spec, power_limit_w)
     # the gradient-accumulation passes (not graph kernels) run at the power of a streaming kernel
     e_acc = acc_ms * n_micro / 1e3 * (stream_power_w(spec, stream_gbps, power_model) if acc_ms.any() else 0.0)
     e_chunk = per_chunk(view.e_comp_j) * n_micro + e_acc

@@ -5,6 +5,11 @@ Per kernel: the power model's board power at the kernel's achieved compute and m
 the kernel's slot (host launch gaps) draws idle power; collectives draw the model's communication power
 (and so do waits inside a distributed step, see :mod:`wattcast.simulate.distributed`). A power limit (``power_limit_w``) lowers the clock where a kernel
 would exceed it: its time grows (compute-bound kernels most) and its power drops to the limit.
+
+Bad settings are refused with a ValueError naming the parameter (:func:`wattcast.models.power.check_power_settings`):
+a limit or clock cap that is not a finite number above 0, a clock cap below the lowest modelled clock, and a
+power limit below what the step's most power-hungry kernel draws at that lowest clock (no clock meets it, and
+the step would be reported above its own limit).
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ def _power_model(power_model=None):
 
 def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None,
                  clock_cap_mhz: float | None = None):
-    """(gpu_ms after the limit, watts, ood) per kernel row of a costed graph (collectives get comm power)."""
-    from wattcast.featurize.power_features import kernel_power_features
-    from wattcast.models.power import apply_power_limit, comm_power_w
+    """(gpu_ms after the limit, watts, ood) per kernel row of a costed graph (collectives get comm power).
 
+    Raises ValueError for a bad ``power_limit_w`` / ``clock_cap_mhz`` (see the module docstring), including a
+    limit below what these kernels draw at the lowest modelled clock."""
+    from wattcast.featurize.power_features import kernel_power_features
+    from wattcast.models.power import apply_power_limit, check_power_limit_attainable, check_power_settings, comm_power_w
+
+    power_limit_w, clock_cap_mhz = check_power_settings(power_limit_w, clock_cap_mhz, spec)
     pm = _power_model(power_model)
     gpu = costed["gpu_ms"].to_numpy(dtype=float)
     flops = costed["flops"].to_numpy(dtype=float)
@@ -41,11 +50,12 @@ def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, po
     ood = np.asarray(ood, dtype=bool)
     if power_limit_w is not None or clock_cap_mhz is not None:
         cu = feats["compute_util"].to_numpy(dtype=float) if "compute_util" in feats else np.zeros(len(gpu))
-        gpu, w = apply_power_limit(gpu, w, None if power_limit_w is None else float(power_limit_w), spec, cu, model=pm,
-                                   clock_cap_mhz=clock_cap_mhz)
+        if power_limit_w is not None:
+            check_power_limit_attainable(power_limit_w, w[~coll], spec, cu[~coll], model=pm)
+        gpu, w = apply_power_limit(gpu, w, power_limit_w, spec, cu, model=pm, clock_cap_mhz=clock_cap_mhz)
         gpu = np.asarray(gpu, dtype=float)
         w = np.asarray(w, dtype=float)
-    w = np.where(coll, comm_power_w(spec), w)
+    w = np.where(coll, comm_power_w(spec, power_limit_w), w)
     return gpu, w, ood
 
 
@@ -107,9 +117,17 @@ DEFAULT_FOOTPRINT_UTILISATION = 0.5
 
 
 def gpu_power_at_w(spec: DeviceSpec, utilisation: float, power_model=None, dtype: str = "bf16") -> float:
-    """The power surrogate's board power for a GPU held at ``utilisation`` of its compute peak."""
+    """The power surrogate's board power for a GPU held at ``utilisation`` of its compute peak.
+
+    ``utilisation`` is a fraction of the peak: finite and in [0, 1] (0 gives the idle power; a GPU cannot
+    run above its peak), else a ValueError naming it."""
     from wattcast.featurize.power_features import kernel_power_features
 
+    if isinstance(utilisation, (bool, np.bool_)) or not isinstance(utilisation, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(utilisation) or not 0.0 <= float(utilisation) <= 1.0:
+        raise ValueError(f"utilisation (--utilisation) is a fraction of the compute peak: a finite number in [0, 1], "
+                         f"got {utilisation!r}")
+    utilisation = float(utilisation)
     pm = _power_model(power_model)
     peak = spec.peak_matrix_tflops(dtype) * 1e12
     time_ms = 1.0

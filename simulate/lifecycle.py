@@ -28,6 +28,12 @@ Formulas (``h`` = effective hours, ``N`` = GPUs):
   ``goodput = tau / (M e^{R/M} (e^{(tau+C)/M} - 1))`` in (0, 1]; effective hours = failure-free hours / goodput;
 - CCI = total kgCO2e per PFLOP (1e15 FLOP) of the run's useful FLOPs; tCDP = total kgCO2e x hours.
 
+Per-device figures come from the spec object given. The name-keyed tables (cloud USD/GPU-hour, a
+sibling's purchase price, a die-area fallback) are used only when the spec is the catalog's own device of
+that name (same hardware figures, :func:`catalog_spec_matches`); a user spec that merely reuses a catalog
+name gets none of them: the cloud price is unknown (``None``, flagged), the purchase price falls back to the
+stated USD-per-TDP-watt rule and the die area to the stated default (both flagged).
+
 Example::
 
     >>> from wattcast.simulate.lifecycle import footprint, LifecycleAssumptions
@@ -44,6 +50,7 @@ Example::
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Mapping, Union
 
@@ -86,11 +93,43 @@ PowerModel = Union[Callable[[float], float], float, int]
 
 
 def _pos(name: str, v: float, *, zero_ok: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
         raise ValueError(f"{name} must be a finite number, got {v!r}")
     if v < 0 or (v == 0 and not zero_ok):
         raise ValueError(f"{name} must be {'non-negative' if zero_ok else 'positive'}, got {v!r}")
     return float(v)
+
+
+def _utilisation(v: float) -> float:
+    """A GPU compute utilisation: finite and in [0, 1] (0: the GPUs sit idle and draw idle power)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise ValueError(f"utilisation (--utilisation) must be a finite number in [0, 1], got {v!r}")
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"utilisation (--utilisation) is a fraction of the compute peak, in [0, 1]; got {v!r}")
+    return float(v)
+
+
+#: DeviceSpec fields that only cite or name a figure; two specs that differ only in these are one device
+_CITATION_FIELDS = ("aliases", "source", "sources", "schema_version", "launch_price_usd")
+
+
+def catalog_spec_matches(spec: DeviceSpec) -> bool:
+    """True when ``spec`` is the catalog's own device of its name: the same object, or the same hardware
+    figures (citations, aliases and the launch price aside). Only then may figures kept in tables keyed by
+    the catalog name (cloud price, a sibling's price, a die-area fallback) stand for ``spec``."""
+    from wattcast.data.catalog import load_catalog
+
+    ref = load_catalog().get(spec.name)
+    if ref is None:
+        return False
+    if ref is spec:
+        return True
+    return all(getattr(ref, f.name) == getattr(spec, f.name) for f in fields(ref) if f.name not in _CITATION_FIELDS)
+
+
+def _not_catalog_flag(spec: DeviceSpec, what: str) -> str:
+    return (f"the spec named {spec.name!r} is not the catalog's {spec.name} (its figures differ): the catalog's "
+            f"{what} for that name is not used")
 
 
 # ============================================================================ energy and carbon
@@ -184,6 +223,8 @@ def embodied_kgco2e_per_device(spec: DeviceSpec, *, include_server: bool = True,
     Die: ``die_area_mm2 / 100 x fab_kgco2e_per_cm2(node)``; memory: ``memory_gb x DRAM-class kg/GB``
     (HBM/GDDR treated as DRAM-class, stated); board: accelerator PCB; server share: see
     :func:`server_share_kgco2e_per_gpu`. Packaging (CoWoS), HBM stacking, assembly are not counted.
+    Without a die area, the table's per-device fallback applies only to the catalog's own spec of that name
+    (:func:`catalog_spec_matches`), else the stated default; either way flagged.
     """
     flags: list[str] = []
     srcs: dict[str, str] = {}
@@ -192,7 +233,11 @@ def embodied_kgco2e_per_device(spec: DeviceSpec, *, include_server: bool = True,
     if area:
         srcs["die_area_mm2"] = spec.source_of("die_area_mm2")
     else:
-        fb = emb["die_area_fallback_mm2"].get(spec.name) or emb["die_area_default_mm2"]
+        named = emb["die_area_fallback_mm2"].get(spec.name)
+        if named is not None and not catalog_spec_matches(spec):
+            flags.append(_not_catalog_flag(spec, "die-area fallback"))
+            named = None
+        fb = named or emb["die_area_default_mm2"]
         area = float(fb["value"])
         flags.append(f"die area of {spec.name} unknown; assumed {area:g} mm2")
         srcs["die_area_mm2"] = fb["source"]
@@ -457,6 +502,21 @@ class RunFootprint:
 
 
 # ============================================================================== footprint
+def _accelerator_price(spec: DeviceSpec, catalog_own: bool, flags: list[str]) -> "_c.Factor":
+    """The spec's launch price; else the table's price for the catalog name (a sibling's cited price) only
+    when ``spec`` is the catalog's own device; else the stated USD-per-TDP-watt rule (flagged)."""
+    if getattr(spec, "launch_price_usd", None) or catalog_own or spec.name not in _c._costs()["accelerator_price_fallback"]:
+        return _c.accelerator_price_usd(spec)
+    flags.append(_not_catalog_flag(spec, "fallback purchase price"))
+    per_w = _c.cost_defaults()["accelerator_usd_per_tdp_w"]
+    if not spec.tdp_w:
+        raise _c.CarbonDataError(
+            f"device {spec.name!r} has no launch_price_usd and no tdp_w; pass accelerator_price_usd explicitly")
+    return _c.Factor(per_w.value * float(spec.tdp_w), "USD",
+                     f"no price for this {spec.name} spec: {per_w.value:g} USD/W x TDP {spec.tdp_w:g} W ({per_w.source})",
+                     assumption=True)
+
+
 def _resolve(device: str | DeviceSpec) -> DeviceSpec:
     if isinstance(device, DeviceSpec):
         return device
@@ -481,7 +541,8 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
       Patterson convention: node overhead NOT added unless ``node_overhead_share`` is given);
       ``power_model`` (GPU power: a number, or a callable ``f(utilisation) -> W`` called with
       ``utilisation``; node overhead added); else ``default_power_fraction_of_tdp x TDP`` (flagged; node
-      overhead added).
+      overhead added). ``utilisation`` is a fraction of the compute peak, finite and in [0, 1] (0 is
+      meaningful: GPUs held but idle draw idle power); anything else is a ValueError naming it.
     - Grid: ``grid_kgco2e_per_kwh`` (explicit) > ``region`` (shipped table; location-based, or
       market-based with ``market_based=True``) > world average (flagged).
     - ``flops``: useful FLOPs of the run, for CCI. Named arguments override ``assumptions``.
@@ -494,8 +555,10 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
     if over:
         a = replace(a, **over)
     spec = _resolve(device)
-    if isinstance(gpus, bool) or int(gpus) != gpus or gpus < 1:
+    if isinstance(gpus, bool) or not isinstance(gpus, numbers.Real) or not math.isfinite(gpus) or int(gpus) != gpus or gpus < 1:
         raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    if utilisation is not None:  # a fraction of the compute peak, in [0, 1]; 0: GPUs held idle (idle power)
+        utilisation = _utilisation(utilisation)
     gpus = int(gpus)
     ideal_h = _pos("hours", hours)
     flags: list[str] = []
@@ -582,10 +645,11 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
         flags.append(f"run uses {share_h:.2f} x the hardware's productive lifetime")
 
     # ---- costs
+    catalog_own = catalog_spec_matches(spec)
     if a.accelerator_price_usd is not None:
         price, srcs["accelerator_price_usd"] = a.accelerator_price_usd, "given"
     else:
-        pf = _c.accelerator_price_usd(spec)
+        pf = _accelerator_price(spec, catalog_own, flags)
         price, srcs["accelerator_price_usd"] = pf.value, pf.source
         if pf.assumption:
             flags.append(f"no launch price for {spec.name}: assumed USD {pf.value:,.0f}")
@@ -601,6 +665,10 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
         srcs["cloud_usd_per_gpu_hour"] = "given"
     else:
         cf = _c.cloud_usd_per_gpu_hour(spec.name)
+        if cf is not None and not catalog_own:
+            flags.append(_not_catalog_flag(spec, f"cloud price (USD {cf.value:g}/GPU-h)")
+                         + "; cloud view unknown: give cloud_usd_per_gpu_hour")
+            cf = None
         cph = None if cf is None else cf.value
         if cf is not None:
             srcs["cloud_usd_per_gpu_hour"] = cf.source
@@ -648,9 +716,15 @@ def footprint_from_step(device: str | DeviceSpec, gpus: int, *, step_time_ms: fl
                         tokens_per_step: float, flops_per_step: float | None = None, **kw) -> RunFootprint:
     """A training run of ``tokens`` tokens made of predicted steps: ``ceil(tokens / tokens_per_step)`` steps of
     ``step_time_ms`` at ``gpu_power_w`` per GPU (the power surrogate's GPU-only average; node overhead is
-    added by :func:`footprint`). ``kw`` goes to :func:`footprint` (region, pue, lifetime_years, ...)."""
-    if tokens <= 0 or tokens_per_step <= 0:
-        raise ValueError(f"tokens ({tokens}) and tokens per step ({tokens_per_step}) must be positive")
+    added by :func:`footprint`). ``kw`` goes to :func:`footprint` (region, pue, lifetime_years, ...).
+    ``tokens``, ``tokens_per_step``, ``step_time_ms`` and ``gpu_power_w`` must be finite and above 0 (ValueError
+    naming the parameter)."""
+    tokens = _pos("tokens (run length in tokens, --tokens)", tokens)
+    tokens_per_step = _pos("tokens_per_step", tokens_per_step)
+    step_time_ms = _pos("step_time_ms", step_time_ms)
+    _pos("gpu_power_w", gpu_power_w)
+    if flops_per_step is not None:
+        flops_per_step = _pos("flops_per_step", flops_per_step, zero_ok=True)
     steps = math.ceil(tokens / tokens_per_step)
     hours = steps * step_time_ms / 3.6e6
     flops = flops_per_step * steps if flops_per_step else None

@@ -6,15 +6,25 @@ parallel ranks adjacent, then data parallel, then pipeline stages), optionally w
 stage 0-3 (FSDP = ZeRO-3) over the DP group, micro-batching (``micro_batch`` sequences per micro-batch,
 ``batch / (dp x micro_batch)`` micro-batches per step = gradient accumulation), activation recomputation,
 and pipeline schedules GPipe, 1F1B and interleaved 1F1B (``interleave`` virtual stages per GPU).
+
+Framework rules (:data:`PIPELINE_ZERO_MAX`): Megatron-LM's distributed optimizer shards optimizer state
+only (ZeRO-1), and DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only, so ``megatron`` and
+``megatron-deepspeed`` refuse pipeline parallelism with ZeRO 2 or 3.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 
 from wattcast.data.cluster_spec import ClusterSpec
 
 SCHEDULES = ("1f1b", "gpipe")
+#: highest ZeRO stage a framework runs together with pipeline parallelism (pp > 1); frameworks not listed
+#: have no such limit here. DeepSpeed: ``PipelineEngine`` asserts ZeRO stage < 2 (gradient partitioning
+#: needs the whole backward pass of a stage, which a pipeline interleaves); Megatron-LM: its distributed
+#: optimizer is ZeRO-1 (no gradient or parameter sharding)
+PIPELINE_ZERO_MAX = {"megatron": 1, "megatron-deepspeed": 1}
 
 
 class ParallelConfigError(ValueError):
@@ -59,18 +69,30 @@ class ParallelConfig:
 def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
                      n_kv_heads: int | None = None, ffn: int | None = None, n_experts: int | None = None,
                      seq: int | None = None, cluster: ClusterSpec | None = None,
-                     uneven_stages: bool = False) -> ParallelConfig:
+                     uneven_stages: bool = False, framework: str | None = None) -> ParallelConfig:
     """Fill in ``dp`` and ``micro_batch`` and check every rule; raise ParallelConfigError naming the rule.
     ``uneven_stages``: the framework may give pipeline stages different numbers of layers (DeepSpeed's
-    pipeline partitioner does; Megatron-LM needs layers divisible by stages); at least one layer each."""
+    pipeline partitioner does; Megatron-LM needs layers divisible by stages); at least one layer each.
+    ``framework`` (hf, megatron, megatron-deepspeed): checks the framework's own limits
+    (:data:`PIPELINE_ZERO_MAX`); when it is not given, ``uneven_stages`` stands for DeepSpeed's pipeline
+    engine (the only one that partitions unevenly) and its limit applies.
+
+    Counts (tp, pp, dp and micro_batch when given, ep, interleave, then gpus) must be positive integers:
+    a 0 or negative degree is named as given, before the job size that was computed from it."""
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ParallelConfigError(msg)
 
-    for name in ("gpus", "tp", "pp", "ep", "interleave"):
+    def positive_int(v) -> bool:
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+
+    for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "gpus"):
         v = getattr(cfg, name)
-        need(isinstance(v, int) and v >= 1, f"--{name} must be a positive integer, got {v!r}")
-    need(batch >= 1, f"--batch (global batch in sequences) must be positive, got {batch}")
+        if v is None and name in ("dp", "micro_batch"):
+            continue
+        need(positive_int(v), f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+    need(positive_int(batch),
+         f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
     need(cfg.gpus % (cfg.tp * cfg.pp) == 0,
          f"gpus ({cfg.gpus}) must be a multiple of tp x pp ({cfg.tp} x {cfg.pp} = {cfg.tp * cfg.pp})")
     dp = cfg.dp if cfg.dp is not None else cfg.gpus // (cfg.tp * cfg.pp)
@@ -95,18 +117,29 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
              f"layers ({n_layers}) must be divisible by pp x interleave ({cfg.pp} x {cfg.interleave} = "
              f"{cfg.pp * cfg.interleave})")
     need(cfg.interleave == 1 or cfg.pp > 1, "--interleave needs pipeline parallelism (--pp > 1)")
+    need(cfg.schedule in SCHEDULES, f"--schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+    need(cfg.interleave == 1 or cfg.schedule == "1f1b",
+         f"--interleave {cfg.interleave} (virtual pipeline stages) is interleaved 1F1B: it cannot run with --schedule "
+         f"{cfg.schedule}; use --schedule 1f1b or --interleave 1")
     if cfg.interleave > 1:
         need(n_micro % cfg.pp == 0,
              f"interleaved 1F1B needs the number of micro-batches ({n_micro}) to be a multiple of pp ({cfg.pp})")
     need(not cfg.sp or cfg.tp > 1, "--sp (sequence parallelism) needs tensor parallelism (--tp > 1)")
     if cfg.sp and seq is not None:
         need(seq % cfg.tp == 0, f"sequence length ({seq}) must be divisible by tp ({cfg.tp}) for sequence parallelism")
-    need(cfg.zero in (0, 1, 2, 3), f"--zero must be 0, 1, 2 or 3, got {cfg.zero}")
+    need(isinstance(cfg.zero, numbers.Integral) and not isinstance(cfg.zero, bool) and cfg.zero in (0, 1, 2, 3),
+         f"--zero must be 0, 1, 2 or 3, got {cfg.zero!r}")
+    fw = framework if framework is not None else ("megatron-deepspeed" if uneven_stages else None)
+    zmax = PIPELINE_ZERO_MAX.get(fw)
+    if zmax is not None and cfg.pp > 1:
+        need(cfg.zero <= zmax,
+             f"pipeline parallelism (pp {cfg.pp}) with ZeRO stage {cfg.zero}: {fw} runs pipelines with ZeRO stage "
+             f"{zmax} at most (DeepSpeed's pipeline engine supports ZeRO-1; Megatron-LM's distributed optimizer is "
+             f"ZeRO-1); use --zero {zmax} or lower, or --pp 1")
     if cfg.ep > 1:
         need(n_experts is not None, f"--ep {cfg.ep} needs a mixture-of-experts model (this one has no experts)")
         need(n_experts % cfg.ep == 0, f"experts ({n_experts}) must be divisible by ep ({cfg.ep})")
         need(dp % cfg.ep == 0, f"ep ({cfg.ep}) must divide the data-parallel size ({dp})")
-    need(cfg.schedule in SCHEDULES, f"--schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
     need(cfg.recompute in ("none", "selective", "full"), f"--recompute must be none, selective or full, got {cfg.recompute!r}")
     if cluster is not None and cfg.gpus > cluster.gpus_per_node:
         need(cluster.inter is not None, f"{cfg.gpus} GPUs need more than one node, but cluster {cluster.name} has no cross-node tier")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.simulate.distributed import predict_distributed
 from wattcast.simulate.lifecycle import footprint_from_step
@@ -76,12 +77,16 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
     clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
     if not clusters:
         raise ValueError("no cluster to search")
+    for name, v in (("gpus", gpus), ("batch", batch), ("seq", seq), ("max_configs", max_configs)):
+        if int(v) < 1:
+            raise ValueError(f"{name} must be at least 1, got {v}")
     if attention == "flash" and "recompute" not in space:
         # fused attention keeps no S x S activations: selective recomputation would change nothing
         space = dict(space, recompute=("none", "full"))
     rows, bad = [], []
     for c in clusters:
         cl = resolve_cluster(c)
+        spec = resolve_device(cl.device)  # the run's cost uses this spec's own figures
         cands = candidate_configs(model, cl, gpus, batch, seq, **space)
         evaluated = 0
         for par in cands:
@@ -103,7 +108,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
                        exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
                        avg_power_w=r.avg_power_w)
             if tokens and r.fits:
-                fp = footprint_from_step(r.device, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
+                fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
                                          tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
                                          **(footprint_kw or {}))
                 row.update(run_hours=fp.hours, run_energy_mwh=fp.energy_mwh, run_tco_usd=fp.tco_usd,

@@ -313,9 +313,14 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
                   power_model=None, clock_cap_mhz: float | None = None) -> StepPrediction:
     """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory, energy and flags.
 
-    ``power_limit_w``: a board power cap; kernels that would exceed it run at a lower clock (slower)."""
+    ``power_limit_w``: a board power cap; kernels that would exceed it run at a lower clock (slower).
+    ``clock_cap_mhz``: an SM clock cap. Both must be finite and above 0 (ValueError naming the parameter, checked
+    before any costing); a cap below the lowest modelled clock and a limit no clock can meet for this step are
+    refused too (see :mod:`wattcast.simulate.energy`)."""
+    from wattcast.models.power import check_power_settings
     from wattcast.simulate.energy import apply_power, energy_of
 
+    power_limit_w, clock_cap_mhz = check_power_settings(power_limit_w, clock_cap_mhz, spec)
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
     costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     res = summarise_costed(graph, costed, spec)

@@ -63,6 +63,38 @@ from wattcast.models.power import (
 )
 
 EXPERIMENT = "power"
+
+
+class PowerDataError(ValueError):
+    """A power-measurement file cannot be read, lacks a needed column, or holds values that are not numbers."""
+
+
+def _read_power_csv(path: Path, columns: tuple[str, ...], numeric: tuple[str, ...] = (),
+                    complete: tuple[str, ...] = ()) -> pd.DataFrame:
+    """``path`` as a frame with ``columns`` (PowerDataError naming the file and the missing columns otherwise);
+    ``numeric`` columns parsed as numbers (a cell that is not one is an error; empty cells stay NaN);
+    ``complete`` columns must have no empty cells."""
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise PowerDataError(f"{path}: cannot read as CSV: {e}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise PowerDataError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}; the file needs "
+                             f"{', '.join(columns)} (it has {', '.join(map(str, df.columns)) or 'no columns'})")
+    for c in numeric:
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = (v.isna() & df[c].notna()).to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise PowerDataError(f"{path}: column {c!r} must hold numbers; data row {i + 1} has {df[c].iloc[i]!r}")
+        df[c] = v
+    for c in complete:
+        empty = df[c].isna().to_numpy()
+        if empty.any():
+            raise PowerDataError(f"{path}: column {c!r} is empty on data row {int(np.flatnonzero(empty)[0]) + 1}")
+    return df
+
 #: the gate: a new model may be at most this much (relative) worse than the shipped one on the same rows
 GATE_TOLERANCE = 0.02
 LGBM_PARAMS = {
@@ -120,7 +152,8 @@ def load_perseus_stages(root: Path) -> pd.DataFrame:
         hits = sorted(folder.glob(f"{model}+a100_sxm_bf16.csv"))
         if not hits:
             continue
-        df = pd.read_csv(hits[0])
+        cols = ("stage", "instruction", "frequency", "time", "energy")
+        df = _read_power_csv(hits[0], cols, numeric=("stage", "frequency", "time", "energy"), complete=cols)
         df["model"] = model
         frames.append(df)
     if not frames:
@@ -140,6 +173,8 @@ def load_perseus_stages(root: Path) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------------------------ Zeus
 ZEUS_GPUS = {"v100": "V100-PCIe-32GB", "p100": "Tesla-P100-PCIe-16GB", "rtx6000": "Quadro-RTX-6000"}
+#: columns a Zeus ``summary_power_<gpu>.csv`` must have
+ZEUS_COLUMNS = ("dataset", "network", "batch_size", "power_limit", "time_per_epoch", "average_power")
 IMAGENET_IMAGES = 1_281_167
 RESNET50_TRAIN_FLOPS = 3 * 8.2e9  # forward 4.1 GMAC = 8.2 GFLOP per 224x224 image; backward 2x forward
 RESNET50_ACT_BYTES = 0.5e9  # ~100 MB of FP32 activations per image, written once and read ~4x fwd+bwd
@@ -178,7 +213,8 @@ def load_zeus(root: Path) -> pd.DataFrame:
         p = root / "zeus" / f"summary_power_{key}.csv"
         if not p.is_file():
             continue
-        z = pd.read_csv(p)
+        z = _read_power_csv(p, ZEUS_COLUMNS, numeric=("batch_size", "power_limit", "time_per_epoch", "average_power"),
+                            complete=("dataset", "network", "batch_size", "power_limit"))
         z = (z.groupby(["dataset", "network", "batch_size", "power_limit"], as_index=False)
              [["time_per_epoch", "average_power"]].median())
         z["device"] = dev
@@ -227,13 +263,17 @@ LLM_ARCH = {
 #: assumed mean prompt length (tokens) per task: not in the published files
 PROMPT_TOKENS = {"llm_text_generation/chat": 256, "llm_text_generation/code": 128}
 MLENERGY_GPUS = {"NVIDIA A100-SXM4-40GB": "A100-SXM4-40GB", "NVIDIA H100 80GB HBM3": "H100-SXM5-80GB"}
+#: columns the ML.ENERGY table must have: text, then numbers
+MLENERGY_TEXT_COLUMNS = ("_task", "Model", "GPU", "_config")
+MLENERGY_NUMERIC_COLUMNS = ("_derived_avg_power_W_all_gpus", "TP", "PP", "Token tput (tok/s)", "Avg Output Tokens",
+                            "Avg TPOT (s)", "Avg BS (reqs)")
 
 
 def load_mlenergy(root: Path) -> pd.DataFrame:
     p = root / "mlenergy" / "v2_a100_h100_configs.csv"
     if not p.is_file():
         return pd.DataFrame()
-    m = pd.read_csv(p)
+    m = _read_power_csv(p, MLENERGY_TEXT_COLUMNS + MLENERGY_NUMERIC_COLUMNS, numeric=MLENERGY_NUMERIC_COLUMNS)
     m = m[m["_derived_avg_power_W_all_gpus"].notna() & m["_task"].isin(list(PROMPT_TOKENS))
           & m["Model"].isin(list(LLM_ARCH)) & m["GPU"].isin(list(MLENERGY_GPUS))].copy()
     if m.empty:
@@ -299,7 +339,9 @@ def build_rows(root: Path) -> dict[str, pd.DataFrame]:
             parts.append(_row_frame("mlenergy", g, resolve_device(dev), "bf16", g["time_ms"].to_numpy()))
     a100 = root / "perseus" / "zeus_baseline" / "A100_zeus_global.csv"
     if a100.is_file():
-        out["a100_pcie_limits"] = pd.read_csv(a100)
+        out["a100_pcie_limits"] = _read_power_csv(a100, ("model_name", "power_limit_0", "time", "energy"),
+                                                  numeric=("power_limit_0", "time", "energy"),
+                                                  complete=("model_name", "power_limit_0", "time", "energy"))
     if not parts:
         return out
     train = pd.concat(parts, ignore_index=True)
@@ -560,7 +602,7 @@ def accelwattch_range(root: Path, model: PowerModel) -> dict[str, float]:
     p = root / "hw_power_validation_volta.csv"
     if not p.is_file():
         return {}
-    a = pd.read_csv(p)
+    a = _read_power_csv(p, ("mean HW_power",), numeric=("mean HW_power",), complete=("mean HW_power",))
     spec = resolve_device("V100-PCIe-32GB")
     from wattcast.models.power import idle_power_w
 
