@@ -68,18 +68,86 @@ class HFConfig:
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)
 
+    # typed reads of optional fields: a field set to null counts as absent, any other value must have the
+    # field's type (0 is a count, not "absent"; "yes" is not a boolean); errors name the field and the value
+    def count(self, *keys: str, default: int | None = None, minimum: int = 1) -> int | None:
+        """The first of ``keys`` the config sets, as a whole number >= ``minimum``; ``default`` if none is set."""
+        for k in keys:
+            if self.raw.get(k) is not None:
+                return int_field(self.raw, k, self.name, minimum=minimum)
+        return default
+
+    def flag(self, key: str, default: bool) -> bool:
+        """A boolean field (JSON true/false); ``default`` if the config does not set it."""
+        return bool_field(self.raw, key, self.name, default)
+
+    def fraction(self, *keys: str, default: float = 0.0) -> float:
+        """The first of ``keys`` the config sets, as a number in [0, 1] (a probability or a ratio)."""
+        for k in keys:
+            if self.raw.get(k) is not None:
+                return fraction_field(self.raw, k, self.name)
+        return default
+
     @property
     def total_layers(self) -> int:
         """Blocks of the whole model: encoder plus decoder for encoder-decoder families."""
         if self.family == "switch":
-            return self.n_layers + int(self.get("num_decoder_layers") or self.n_layers)
+            return self.n_layers + self.count("num_decoder_layers", default=self.n_layers)
         return self.n_layers
 
     @property
     def n_experts(self) -> int | None:
-        """Experts per MoE layer, or None for a dense model."""
-        n = self.get("num_local_experts") or self.get("num_experts")
-        return int(n) if n else None
+        """Experts per MoE layer, or None for a dense model (Mixtral and Switch default to 8 as in
+        ``transformers``, the number their graphs build)."""
+        if self.family == "mixtral":
+            return self.count("num_local_experts", "num_experts", default=8)
+        if self.family == "switch":
+            return self.count("num_experts", default=8) if self.model_type != "t5" else None
+        # dense families: an expert count is not read by the graph; 0 says "no experts"
+        return self.count("num_local_experts", "num_experts", default=0, minimum=0) or None
+
+    @property
+    def experts_per_token(self) -> int:
+        """Mixtral's top-k (``num_experts_per_tok``, default 2), between 1 and the expert count."""
+        n_exp = self.n_experts or 0
+        top_k = self.count("num_experts_per_tok", default=2)
+        if top_k > n_exp:
+            raise GraphError(f"{self.name}: field 'num_experts_per_tok' ({top_k}) must be between 1 and the number of "
+                             f"experts (num_local_experts={n_exp})")
+        return top_k
+
+
+def _where(origin: str, key: str) -> str:
+    return f"{origin}: field '{key}'"
+
+
+def int_field(raw: Mapping[str, Any], key: str, origin: str, *, minimum: int = 1) -> int:
+    """``raw[key]`` as a whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors)."""
+    v = raw.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise GraphError(f"{_where(origin, key)} must be an integer, got {v!r}")
+    if v < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise GraphError(f"{_where(origin, key)} must be {what}, got {v!r}")
+    return int(v)
+
+
+def bool_field(raw: Mapping[str, Any], key: str, origin: str, default: bool) -> bool:
+    """``raw[key]`` as a JSON boolean; ``default`` when absent or null."""
+    v = raw.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise GraphError(f"{_where(origin, key)} must be true or false, got {v!r}")
+    return v
+
+
+def fraction_field(raw: Mapping[str, Any], key: str, origin: str) -> float:
+    """``raw[key]`` as a number in [0, 1]."""
+    v = raw.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise GraphError(f"{_where(origin, key)} must be a number between 0 and 1, got {v!r}")
+    return float(v)
 
 
 def _first(raw: Mapping[str, Any], key: str) -> Any:
@@ -90,13 +158,16 @@ def _first(raw: Mapping[str, Any], key: str) -> Any:
 
 
 def _positive_int(value: Any, what: str, origin: str) -> int:
-    try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise GraphError(f"{origin}: {what} must be an integer, got {value!r}") from None
-    if v <= 0 or v != value and not (isinstance(value, float) and value.is_integer()):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+        raise GraphError(f"{origin}: {what} must be an integer, got {value!r}")
+    if value <= 0:
         raise GraphError(f"{origin}: {what} must be a positive integer, got {value!r}")
-    return v
+    return int(value)
+
+
+def _alias(raw: Mapping[str, Any], key: str) -> str:
+    """The alias of ``key`` the config sets (for error messages)."""
+    return next((a for a in ALIASES[key] if raw.get(a) is not None), ALIASES[key][0])
 
 
 def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str = "config") -> HFConfig:
@@ -113,7 +184,7 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         v = _first(raw, key)
         if v is None:
             raise GraphError(f"{origin}: missing {key} (one of {', '.join(ALIASES[key])})")
-        need[key] = _positive_int(v, ALIASES[key][0] if _first(raw, key) is None else next(a for a in ALIASES[key] if raw.get(a) is not None), origin)
+        need[key] = _positive_int(v, _alias(raw, key), origin)
     hidden, heads = need["hidden"], need["n_heads"]
     family = MODEL_TYPES[mt]
     hd = _first(raw, "head_dim")
@@ -121,15 +192,16 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         if hidden % heads:
             raise GraphError(f"{origin}: hidden size {hidden} is not divisible by {heads} heads")
         hd = hidden // heads
-    hd = _positive_int(hd, "head_dim", origin)
+    hd = _positive_int(hd, _alias(raw, "head_dim"), origin)
     kv = _first(raw, "n_kv_heads")
-    kv = heads if kv is None else _positive_int(kv, "num_key_value_heads", origin)
+    kv = heads if kv is None else _positive_int(kv, _alias(raw, "n_kv_heads"), origin)
     ffn = _first(raw, "ffn")
     if family == "mpt":  # MosaicML MPT: nested attention options and an MLP expansion ratio
-        attn = raw.get("attn_config") or {}
+        attn = raw.get("attn_config")
+        attn = {} if attn is None else attn
         if not isinstance(attn, Mapping):
-            raise GraphError(f"{origin}: attn_config must be a JSON object")
-        kind = str(attn.get("attn_type", "multihead_attention"))
+            raise GraphError(f"{origin}: attn_config must be a JSON object, got {attn!r}")
+        kind = attn.get("attn_type", "multihead_attention")
         if kind == "multiquery_attention":
             kv = 1
         elif kind == "grouped_query_attention":
@@ -138,19 +210,31 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
             raise GraphError(f"{origin}: unknown attn_config.attn_type {kind!r}")
         if ffn is None and raw.get("expansion_ratio") is not None:
             er = raw["expansion_ratio"]
-            if not isinstance(er, (int, float)) or er <= 0:
+            if isinstance(er, bool) or not isinstance(er, (int, float)) or not er > 0 or int(er * hidden) < 1:
                 raise GraphError(f"{origin}: expansion_ratio must be a positive number, got {er!r}")
             ffn = int(er * hidden)
-    if family == "falcon" and not raw.get("new_decoder_architecture") and raw.get("multi_query", True):
+    if family == "falcon" and not bool_field(raw, "new_decoder_architecture", origin, False) \
+            and bool_field(raw, "multi_query", origin, True):
         kv = 1  # FalconAttention: num_kv_heads counts only in the new decoder or without multi_query
     if heads % kv:
         raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
-    ffn = 4 * hidden if ffn is None else _positive_int(ffn, "intermediate size", origin)
+    ffn = 4 * hidden if ffn is None else _positive_int(ffn, _alias(raw, "ffn"), origin)
     maxpos = _first(raw, "max_positions")
-    maxpos = 0 if maxpos is None else int(maxpos)
-    act = str(_first(raw, "activation") or ("gelu_new" if family == "gpt2" else "gelu")).lower()
-    return HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=need["n_layers"], n_heads=heads, n_kv_heads=kv,
-                    head_dim=hd, ffn=ffn, vocab=need["vocab"], max_positions=maxpos, activation=act, name=name, raw=dict(raw))
+    # 0 = not given (no limit known); a given table size must be a positive integer
+    maxpos = 0 if maxpos is None else _positive_int(maxpos, _alias(raw, "max_positions"), origin)
+    act = _first(raw, "activation")
+    if act is not None and (not isinstance(act, str) or not act.strip()):
+        raise GraphError(f"{origin}: field '{_alias(raw, 'activation')}' must be an activation name, got {act!r}")
+    act = (act or ("gelu_new" if family == "gpt2" else "gelu")).lower()
+    cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=need["n_layers"], n_heads=heads, n_kv_heads=kv,
+                   head_dim=hd, ffn=ffn, vocab=need["vocab"], max_positions=maxpos, activation=act, name=name, raw=dict(raw))
+    # fields read outside the graph (parallel rules): checked here so that every command names them
+    cfg.flag("tie_word_embeddings", True)
+    cfg.total_layers
+    cfg.n_experts
+    if family == "mixtral":
+        cfg.experts_per_token
+    return cfg
 
 
 def load_hf_config(model: str | Path | Mapping[str, Any]) -> HFConfig:

@@ -21,9 +21,9 @@ In training the loss (cross-entropy over the logits) is part of the forward grap
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
-from wattcast.featurize.hf_config import HFConfig
+from wattcast.featurize.hf_config import HFConfig, bool_field, fraction_field
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
 
@@ -182,11 +182,14 @@ def vocab_embedding(b: GraphBuilder, ids: Tensor, vocab: int, dim: int, name: st
 
 
 def _p(cfg: HFConfig, *keys: str, default: float = 0.0) -> float:
-    for k in keys:
-        v = cfg.get(k)
-        if v is not None:
-            return float(v)
-    return default
+    """A dropout probability: the first of ``keys`` the config sets, a number in [0, 1] (0 is 0, not the default)."""
+    return cfg.fraction(*keys, default=default)
+
+
+def _nested(cfg: HFConfig, section: str, key: str) -> dict:
+    """``{"section.key": value}`` of a nested options object (MPT's ``attn_config``), for the typed field readers."""
+    sub = cfg.get(section)
+    return {f"{section}.{key}": sub.get(key) if isinstance(sub, Mapping) else None}
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,7 +239,7 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="ln_f")
-        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train)
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,17 +254,18 @@ def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
     a GELU MLP of ``expansion_ratio``, no biases under ``no_bias``, a final norm, and the LM head tied to the
     token embedding. Dropouts follow ``emb_pdrop``, ``resid_pdrop``, ``attn_config.attn_pdrop`` (MPT's
     pretraining configs set them to 0)."""
-    attn_cfg = cfg.get("attn_config") or {}
-    alibi = bool(attn_cfg.get("alibi", False))
-    bias = not bool(cfg.get("no_bias", False))
+    alibi = bool_field(_nested(cfg, "attn_config", "alibi"), "attn_config.alibi", cfg.name, False)
+    bias = not cfg.flag("no_bias", False)
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
-    emb_p, resid_p, attn_p = _p(cfg, "emb_pdrop"), _p(cfg, "resid_pdrop"), float(attn_cfg.get("attn_pdrop") or 0.0)
+    pdrop = _nested(cfg, "attn_config", "attn_pdrop")
+    attn_p = 0.0 if pdrop["attn_config.attn_pdrop"] is None else fraction_field(pdrop, "attn_config.attn_pdrop", cfg.name)
+    emb_p, resid_p = _p(cfg, "emb_pdrop"), _p(cfg, "resid_pdrop")
     ids = b.input((batch, seq), "fp32")
     hl = local_heads(b, nh)
     kvl = local_heads(b, cfg.n_kv_heads, "key/value heads")
     with b.layer(-1, "transformer.embeddings"):
         x = vocab_embedding(b, ids, cfg.vocab, h, name="wte")
-        if bool(cfg.get("learned_pos_emb", True)):  # MPTModel builds ``wpe`` whenever the flag is set, ALiBi or not
+        if cfg.flag("learned_pos_emb", True):  # MPTModel builds ``wpe`` whenever the flag is set, ALiBi or not
             pos = b.embedding(b.input((1, seq), "fp32"), max(cfg.max_positions, seq), h, name="wpe")
             x = b.elementwise("add", x, pos, name="embed.add")
         x = b.dropout(x, emb_p, name="emb_drop")
@@ -287,7 +291,7 @@ def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="norm_f", bias=bias)
-        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train)
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,9 +315,9 @@ def gpt_neox(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str)
     chunk, and the parallel residual (``use_parallel_residual``: x + attn(ln1(x)) + mlp(ln2(x))); an untied
     ``embed_out`` unless ``tie_word_embeddings``."""
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
-    rot = int(d * float(cfg.get("rotary_pct", 0.25)))
-    parallel = bool(cfg.get("use_parallel_residual", True))
-    bias = bool(cfg.get("attention_bias", True))
+    rot = int(d * cfg.fraction("rotary_pct", default=0.25))
+    parallel = cfg.flag("use_parallel_residual", True)
+    bias = cfg.flag("attention_bias", True)
     attn_p, hid_p = _p(cfg, "attention_dropout"), _p(cfg, "hidden_dropout")
     ids = b.input((batch, seq), "fp32")
     hl = local_heads(b, nh)
@@ -345,7 +349,7 @@ def gpt_neox(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str)
                 x = b.elementwise("add", m, a, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="final_layer_norm")
-        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", False)), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train)
 
 
 def _bloom_gelu(b: GraphBuilder, x: Tensor) -> Tensor:
@@ -369,7 +373,7 @@ def bloom(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) ->
     h, nh = cfg.hidden, cfg.n_heads
     hl = local_heads(b, nh)
     attn_p, hid_p = _p(cfg, "attention_dropout"), _p(cfg, "hidden_dropout")
-    post_ln = bool(cfg.get("apply_residual_connection_post_layernorm", False))
+    post_ln = cfg.flag("apply_residual_connection_post_layernorm", False)
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "transformer.word_embeddings"):
         x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
@@ -394,7 +398,7 @@ def bloom(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) ->
             x = b.elementwise("add", res, b.dropout(y, hid_p, name="mlp.dropout"), name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="ln_f")
-        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train)
 
 
 def falcon(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -404,9 +408,9 @@ def falcon(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
     (two, ``ln_attn``/``ln_mlp``, in the new architecture), ``mlp + attention`` then dropout-add onto the
     residual; biases only with ``bias``; the LM head tied to the embedding."""
     h, nh, nkv, d = cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    bias = bool(cfg.get("bias", False))
-    new_arch = bool(cfg.get("new_decoder_architecture", False))
-    parallel = new_arch or bool(cfg.get("parallel_attn", True))
+    bias = cfg.flag("bias", False)
+    new_arch = cfg.flag("new_decoder_architecture", False)
+    parallel = cfg.flag("parallel_attn", True) or new_arch
     hl, kvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
     attn_p, hid_p = _p(cfg, "attention_dropout"), _p(cfg, "hidden_dropout")
     ids = b.input((batch, seq), "fp32")
@@ -440,7 +444,7 @@ def falcon(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
             x = b.elementwise("add", res, b.dropout(m, hid_p, name="mlp.dropout"), name="residual")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="ln_f")
-        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train)
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,8 +454,8 @@ def falcon(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
 def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
     p, attn_p = _p(cfg, "dropout", default=0.1), _p(cfg, "attention_dropout")
-    proj = int(cfg.get("word_embed_proj_dim") or h)
-    pre_ln = bool(cfg.get("do_layer_norm_before", True))
+    proj = cfg.count("word_embed_proj_dim", default=h)
+    pre_ln = cfg.flag("do_layer_norm_before", True)
     ids = b.input((batch, seq), "fp32")
     hl = local_heads(b, nh)
     with b.layer(-1, "model.decoder.embeddings"):
@@ -495,11 +499,11 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             if not pre_ln:
                 x = b.layernorm(x, name="final_layer_norm")
     with b.layer(cfg.n_layers, "lm_head"):
-        if pre_ln and cfg.get("_remove_final_layer_norm") is not True:
+        if pre_ln and not cfg.flag("_remove_final_layer_norm", False):
             x = b.layernorm(x, name="final_layer_norm")
         if proj != h:
             x = b.linear(x, proj, bias=False, name="project_out")
-        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", True)), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train)
 
 
 # --------------------------------------------------------------------------------------------
@@ -509,7 +513,7 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
-    bias = bool(cfg.get("attention_bias", cfg.model_type == "qwen2"))
+    bias = cfg.flag("attention_bias", cfg.model_type == "qwen2")
     x = b.tp_enter(x, name="self_attn.enter")
     q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj", parallel="col"), nhl, d)
     k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj", parallel="col"), nkvl, d)
@@ -545,10 +549,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int) -> Ten
 
     Expert parallelism (``b.ep``) gives each rank num_experts/ep experts; tokens travel by all-to-all to
     their experts and back. Tensor parallelism splits each expert's FFN like a dense MLP."""
-    n_exp = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 8)
-    top_k = int(cfg.get("num_experts_per_tok") or 2)
-    if not 1 <= top_k <= n_exp:
-        raise GraphError(f"num_experts_per_tok={top_k} must be between 1 and num_local_experts={n_exp}")
+    n_exp, top_k = cfg.n_experts, cfg.experts_per_token  # checked: positive integers, top_k <= n_exp
     if n_exp % b.ep:
         raise GraphError(f"{n_exp} experts are not divisible by expert parallelism {b.ep}")
     h = cfg.hidden
@@ -593,7 +594,13 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
         if gemma:
             x = b.elementwise("mul", x, float(cfg.hidden) ** 0.5, name="embed_tokens.normalizer")
-    act = str(cfg.get("hidden_activation") or "gelu_pytorch_tanh") if gemma else None
+    act = None
+    if gemma:
+        act = cfg.get("hidden_activation")
+        if act is None:
+            act = "gelu_pytorch_tanh"
+        elif not isinstance(act, str):
+            raise GraphError(f"{cfg.name}: field 'hidden_activation' must be an activation name, got {act!r}")
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
             y = rms_norm_eager(b, x, "input_layernorm")
@@ -604,7 +611,7 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = rms_norm_eager(b, x, "norm")
-        lm_head_and_loss(b, x, cfg.vocab, tied=bool(cfg.get("tie_word_embeddings", gemma)), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", gemma), train=b.train)
 
 
 def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -627,7 +634,7 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
         # the extended attention mask (1 - mask) * min, (B, 1, 1, S), off the gradient path
         b.elementwise("sub", b.input((batch, 1, 1, seq)), 1.0, name="extended_mask", grad=False)
         x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
-        tt = b.embedding(b.input((batch, x.shape[1]), "fp32"), int(cfg.get("type_vocab_size") or 2), h, name="token_type_embeddings")
+        tt = b.embedding(b.input((batch, x.shape[1]), "fp32"), cfg.count("type_vocab_size", default=2), h, name="token_type_embeddings")
         x = b.elementwise("add", x, tt, name="embed.add_type")
         pos = b.embedding(b.input((1, x.shape[1]), "fp32"), max(cfg.max_positions, seq), h, name="position_embeddings")
         x = b.elementwise("add", x, pos, name="embed.add_pos")
@@ -669,7 +676,7 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             b.cross_entropy(nsp, name="loss.nsp")
         else:
             pooled = b.dropout(pooled, p, name="dropout")
-            b.linear(pooled, int(cfg.get("num_labels") or 2), name="classifier")
+            b.linear(pooled, cfg.count("num_labels", default=2), name="classifier")
 
 
 def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:

@@ -22,7 +22,7 @@ from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
 def _position_bias(b: GraphBuilder, cfg: HFConfig, batch: int, s_q: int, s_kv: int, *, name: str) -> Tensor:
     """The relative position bias (B, heads, S_q, S_kv) of the first block of a stack."""
-    nb = int(cfg.get("relative_attention_num_buckets") or 32)
+    nb = cfg.count("relative_attention_num_buckets", default=32)
     grid = b.input((s_q, s_kv))
     with b.scope(name):
         # _relative_position_bucket: ~14 small kernels on the (S_q, S_kv) grid (sub, compare, abs, log,
@@ -60,7 +60,7 @@ def _attention(b: GraphBuilder, cfg: HFConfig, x: Tensor, kv: Tensor | None, bia
             pb = bias if bias is not None else b.input((bs, nh, s, skv))
             scores = b.elementwise("add", scores, pb, name=f"{prefix}.position_bias")
             probs = b.softmax(scores, name=f"{prefix}.softmax")
-            probs = b.dropout(probs, float(cfg.get("dropout_rate") or 0.1), name=f"{prefix}.dropout")
+            probs = b.dropout(probs, cfg.fraction("dropout_rate", default=0.1), name=f"{prefix}.dropout")
             a = b.matmul(probs, v4, name=f"{prefix}.pv")
     a = merge_heads(b, a, name=f"{prefix}.contiguous")
     return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name=f"{prefix}.o", parallel="row"), name=f"{prefix}.exit")
@@ -71,7 +71,7 @@ def _dense_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str, *, tp_regi
         x = b.tp_enter(x, name=f"{prefix}.enter")
     y = b.linear(x, cfg.ffn, bias=False, name=f"{prefix}.wi", parallel="col")
     y = activation(b, y, cfg.activation.replace("gated-", ""))
-    y = b.dropout(y, float(cfg.get("dropout_rate") or 0.1), name=f"{prefix}.dropout")
+    y = b.dropout(y, cfg.fraction("dropout_rate", default=0.1), name=f"{prefix}.dropout")
     y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.wo", parallel="row")
     return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
 
@@ -79,13 +79,13 @@ def _dense_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str, *, tp_regi
 def _sparse_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor:
     bs, s, h = x.shape
     t = bs * s
-    n_exp = int(cfg.get("num_experts") or 8)
+    n_exp = cfg.count("num_experts", default=8)
     if n_exp % b.ep:
         raise GraphError(f"{n_exp} experts are not divisible by expert parallelism {b.ep}")
-    cap = cfg.get("expert_capacity")
-    slots = int(cap) if cap else max(1, round(t / n_exp))
+    cap = cfg.count("expert_capacity")  # absent: tokens balanced over the experts
+    slots = cap if cap is not None else max(1, round(t / n_exp))
     x32 = b.copy(x, name=f"{prefix}.router.to_fp32") if b.dtype != "fp32" else x
-    logits = b.linear(x32, n_exp, bias=bool(cfg.get("router_bias", False)), name=f"{prefix}.router.classifier")
+    logits = b.linear(x32, n_exp, bias=cfg.flag("router_bias", False), name=f"{prefix}.router.classifier")
     probs = b.softmax(logits, name=f"{prefix}.router.softmax")
     # argmax, one_hot, cumsum, capacity mask, max: small (T, E) kernels off the gradient path
     for k, op in enumerate(("argmax", "one_hot", "cumsum", "le", "mul", "max")):
@@ -111,15 +111,16 @@ def _sparse_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor
 
 
 def _is_sparse(i: int, step: int, n_sparse: int) -> bool:
-    return n_sparse > 0 and (step == 1 or i % step == 1)
+    """SwitchTransformersStack: block i is sparse when ``i % step == 1`` (or step 1); step 0 makes none sparse."""
+    return n_sparse > 0 and step > 0 and (step == 1 or i % step == 1)
 
 
 def _stack(b: GraphBuilder, cfg: HFConfig, x: Tensor, *, decoder: bool, enc: Tensor | None, impl: str, n_layers: int,
            layer_offset: int, batch: int) -> Tensor:
-    p = float(cfg.get("dropout_rate") or 0.1)
+    p = cfg.fraction("dropout_rate", default=0.1)
     kind = "decoder" if decoder else "encoder"
-    step = int(cfg.get(f"{kind}_sparse_step") or 1)
-    n_sparse = int(cfg.get(f"num_sparse_{kind}_layers") or 0)
+    step = cfg.count(f"{kind}_sparse_step", default=1, minimum=0)
+    n_sparse = cfg.count(f"num_sparse_{kind}_layers", default=0, minimum=0)
     if cfg.model_type == "t5":
         n_sparse = 0
     s = x.shape[1] * (b.tp if b.sp else 1)  # the full sequence (x is a sequence shard under SP)
@@ -142,9 +143,9 @@ def _stack(b: GraphBuilder, cfg: HFConfig, x: Tensor, *, decoder: bool, enc: Ten
 
 
 def switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
-    p = float(cfg.get("dropout_rate") or 0.1)
+    p = cfg.fraction("dropout_rate", default=0.1)
     n_enc = cfg.n_layers
-    n_dec = int(cfg.get("num_decoder_layers") or n_enc)
+    n_dec = cfg.total_layers - n_enc  # num_decoder_layers, default the encoder's
     with b.layer(-1, "encoder.embed_tokens"):
         x = vocab_embedding(b, b.input((batch, seq), "fp32"), cfg.vocab, cfg.hidden, name="shared")
         x = b.dropout(x, p, name="encoder.dropout")
@@ -159,7 +160,7 @@ def switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
     y = _stack(b, cfg, y, decoder=True, enc=enc, impl=impl, n_layers=n_dec, layer_offset=n_enc, batch=batch)
     with b.layer(total, "lm_head"):
         y = b.dropout(rms_norm_eager(b, y, "decoder.final_layer_norm"), p, name="decoder.final_dropout")
-        tied = bool(cfg.get("tie_word_embeddings", True))
+        tied = cfg.flag("tie_word_embeddings", True)
         if tied:
             y = b.elementwise("mul", y, cfg.hidden ** -0.5, name="lm_head.scale")
         logits = b.linear(b.tp_enter(y, name="lm_head.enter"), -(-cfg.vocab // b.tp) * b.tp, bias=False, name="lm_head",

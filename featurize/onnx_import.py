@@ -262,19 +262,19 @@ def _bind_inputs(model, batch: int | None, seq: int | None, dims: dict[str, int]
                 v = dims[key]
             elif p and low in BATCH_DIM_NAMES:
                 if batch is None:
-                    raise GraphError(f"input {inp.name!r} dim {axis} is the symbolic batch dim {p!r}; pass batch=...")
+                    raise GraphError(f"input {inp.name!r} dim {axis} is the symbolic batch dim {p!r}; pass batch=... (--batch)")
                 v = batch
                 used.add("batch")
             elif p and low in SEQ_DIM_NAMES:
                 if seq is None:
-                    raise GraphError(f"input {inp.name!r} dim {axis} is the symbolic sequence dim {p!r}; pass seq=...")
+                    raise GraphError(f"input {inp.name!r} dim {axis} is the symbolic sequence dim {p!r}; pass seq=... (--seq)")
                 v = seq
                 used.add("seq")
             elif p and _dim_expr(p, env) is not None:
                 v = _dim_expr(p, env)
             else:
                 what = f"symbolic dim {p!r}" if p else "an unnamed dynamic dim"
-                hint = f"dims={{{p!r}: ...}}" if p else f"dims={{{key!r}: ...}}"
+                hint = (f"dims={{{p!r}: ...}} (--dim {p}=VALUE)" if p else f"dims={{{key!r}: ...}} (--dim {key}=VALUE)")
                 raise GraphError(f"input {inp.name!r} dim {axis} is {what} with no value; pass {hint}")
             v = int(v)
             if v <= 0:
@@ -1841,6 +1841,9 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     if seq is not None and int(seq) <= 0:
         raise GraphError(f"seq must be positive, got {seq}")
     model, where, base = _load(path_or_model)
+    if not len(model.graph.node):
+        raise GraphError(f"{where}: the ONNX graph has no nodes (nothing runs, so there is no step to predict); "
+                         "was the model exported empty or stripped?")
     shape_only = _declare_shape_only_weights(model)
     tied = _tied_by_value(model)
     consts = _small_constants(model)

@@ -184,8 +184,10 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
                         host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
                         power_model=None, clock_cap_mhz: float | None = None) -> DistributedPrediction:
-    cl = resolve_cluster(cluster)
-    spec = device if isinstance(device, DeviceSpec) else resolve_device(device or cl.device)
+    # the device (if given) is resolved first: it names the GPU of a cluster file that has none (ASTRA-sim)
+    spec = device if isinstance(device, DeviceSpec) or device is None else resolve_device(device)
+    cl = resolve_cluster(cluster, device=spec.name if spec is not None else None)
+    spec = spec or resolve_device(cl.device)
     par = parallel or ParallelConfig(gpus=gpus)
     par = replace(par, gpus=gpus)
     hf = _model_config(model)
