@@ -28,13 +28,15 @@ def predict_kernels(frame, device):
 def predict(model, device, *, batch: int | None = None, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
             attention: str = "eager", compile: bool = False, optimizer: str = "adamw", recompute: str = "none",
             grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
-            clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None):
+            clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json``, a built-in name (``wattcast.builtin_models()``),
     a config dict, or a ``torch.nn.Module``. ``device``: a catalog name, a spec file or a DeviceSpec.
     ``batch`` / ``seq`` default to 1 and 1,024; an ONNX file with fixed input dims keeps its own, and giving
     values it cannot take raises ``GraphError``. ``dims`` binds other symbolic ONNX input dims by name.
+    ``example_inputs``: the forward inputs of a ``torch.nn.Module`` that does not take token ids (tensors on any
+    device, meta included; only shapes and dtypes are used), instead of ``batch``/``seq``.
     Returns a :class:`wattcast.simulate.single_device.StepPrediction` (``forward_ms``, ``backward_ms``,
     ``optimizer_ms``, ``step_time_ms``, ``memory_gb``, ``flops``, ``per_op``, ``fallback_ops``,
     ``ood_fraction``, ...). Graphs and distinct-kernel predictions are cached, so repeated calls are cheap.
@@ -47,8 +49,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute, grad_accumulation=grad_accumulation,
-                       dims=tuple((dims or {}).items()))
-    graph = step_graph(model, opts)
+                       dims=dims or ())
+    graph = step_graph(model, opts, example_inputs=example_inputs)
     return predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
 
 

@@ -13,6 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
 from wattcast.featurize.hf_config import HFConfig, load_hf_config
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
@@ -64,12 +66,24 @@ class StepOptions:
         att = str(self.attention).lower()
         if att not in ATTENTION:
             raise GraphError(f"unknown attention {self.attention!r}; use eager or flash")
-        if any(v is not None and int(v) < 1 for v in (self.batch, self.seq)):
-            raise GraphError(f"batch and seq must be positive, got batch={self.batch}, seq={self.seq}")
-        dims = tuple(sorted(dict(self.dims).items()))
+        for name in ("batch", "seq"):
+            v = getattr(self, name)
+            if v is not None and not _is_count(v):
+                raise GraphError(f"{name} must be a positive whole number, got {v!r}")
+        if self.batch is not None and self.seq is not None and int(self.batch) * int(self.seq) > MAX_TOKENS_PER_STEP:
+            raise GraphError(f"batch x seq = {int(self.batch) * int(self.seq):,} tokens in one step is beyond what wattcast "
+                             f"costs ({MAX_TOKENS_PER_STEP:,}); for a distributed run give the global batch to the cluster "
+                             "prediction, which splits it into micro-batches")
+        for name in ("compile", "grad_accumulation", "sp"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise GraphError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        try:
+            dims = tuple(sorted(dict(self.dims).items()))
+        except (TypeError, ValueError):
+            raise GraphError(f"dims must map input dim names to sizes (e.g. {{'past_len': 128}}), got {self.dims!r}") from None
         for k, v in dims:
-            if int(v) < 1:
-                raise GraphError(f"dim {k} must be positive, got {v}")
+            if not _is_count(v):
+                raise GraphError(f"dim {k} must be a positive whole number, got {v!r}")
         if str(self.recompute).lower() not in RECOMPUTE:
             raise GraphError(f"unknown recompute {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         opt = optimizer_key(self.optimizer)
@@ -81,6 +95,16 @@ class StepOptions:
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given."""
         return replace(self, batch=1 if self.batch is None else self.batch, seq=1024 if self.seq is None else self.seq)
+
+
+#: tokens of one step on one device (batch x seq) that the graph builders cost; beyond it, index arithmetic
+#: (tokens x hidden x vocabulary bytes) leaves int64 and no real device holds the activations anyway
+MAX_TOKENS_PER_STEP = 2**32
+
+
+def _is_count(v) -> bool:
+    """A positive whole number (Python or numpy integer; not a bool, not a float)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= 1
 
 
 def _framework(f: str) -> str:
@@ -135,7 +159,7 @@ def _onnx_forward(path, opts: StepOptions) -> OpGraph:
     return fwd
 
 
-def _build(model: Any, opts: StepOptions) -> OpGraph:
+def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -> OpGraph:
     if (opts.tp > 1 or opts.ep > 1) and not (isinstance(model, dict) or (isinstance(model, (str, Path))
                                                                        and not str(model).lower().endswith(".onnx"))):
         raise GraphError("tensor and expert parallelism need a model from a Hugging Face config or a built-in name "
@@ -146,7 +170,7 @@ def _build(model: Any, opts: StepOptions) -> OpGraph:
     is_onnx = isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx")
     if opts.dims and not is_onnx:
         raise GraphError("named input dims (--dim) apply to ONNX models; a config or module takes --batch and --seq")
-    if not is_onnx:
+    if not is_onnx and example_inputs is None:
         opts = opts.with_default_shape()
     if isinstance(model, dict):
         fwd = _hf_forward(load_hf_config(model), opts)
@@ -164,7 +188,8 @@ def _build(model: Any, opts: StepOptions) -> OpGraph:
                              "a built-in model name, a config dict or a torch.nn.Module")
         from wattcast.featurize.torch_import import graph_from_module
 
-        fwd = graph_from_module(model, batch=opts.batch, seq=opts.seq, dtype=opts.dtype, train=opts.mode == "train")
+        fwd = graph_from_module(model, example_inputs, batch=opts.batch, seq=opts.seq, dtype=opts.dtype,
+                                train=opts.mode == "train")
     if opts.compile:
         from wattcast.featurize.fusion import fuse_elementwise
 
@@ -181,9 +206,17 @@ def _cached_dict_graph(config_json: str, opts: StepOptions) -> OpGraph:
     return _build(json.loads(config_json), opts)
 
 
-def step_graph(model: Any, opts: StepOptions | None = None, **kw) -> OpGraph:
-    """The operator graph of one step of ``model`` (cached for files, built-in names and JSON-able config dicts)."""
+def step_graph(model: Any, opts: StepOptions | None = None, example_inputs: tuple | None = None, **kw) -> OpGraph:
+    """The operator graph of one step of ``model`` (cached for files, built-in names and JSON-able config dicts).
+    ``example_inputs``: the positional inputs of a ``torch.nn.Module``'s forward (default: token ids of shape
+    (batch, seq)); only shapes and dtypes are used."""
     opts = replace(opts or StepOptions(), **kw).validated()
+    if example_inputs is not None:
+        if isinstance(model, (str, Path, dict)):
+            raise GraphError("example_inputs apply to a torch.nn.Module; a config or ONNX file has its own inputs")
+        if opts.batch is not None or opts.seq is not None:
+            raise GraphError("give example_inputs or batch/seq (token ids of shape (batch, seq)), not both")
+        return _build(model, opts, tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
     if isinstance(model, (str, Path)):
         p = Path(model)
         if p.is_dir():  # a Hugging Face model folder: its config.json

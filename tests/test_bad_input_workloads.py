@@ -290,3 +290,39 @@ def test_onnx_graph_without_nodes(tmp_path):
         graph_from_onnx(model)
     with pytest.raises(GraphError, match="has no nodes"):
         wattcast.predict(str(p), DEVICE)
+
+
+# ------------------------------------------------------------------ the Python API's step options
+@pytest.mark.parametrize("kw, needle", [
+    (dict(batch=2.5), "batch must be a positive whole number"),
+    (dict(batch="2"), "batch must be a positive whole number"),
+    (dict(batch=True), "batch must be a positive whole number"),
+    (dict(seq=0), "seq must be a positive whole number"),
+    (dict(batch=10**12, seq=128), "tokens in one step"),
+    (dict(compile="false"), "compile must be True or False"),
+    (dict(grad_accumulation="x"), "grad_accumulation must be True or False"),
+    (dict(dims=[1, 2]), "dims must map input dim names"),
+])
+def test_predict_options_are_checked_not_coerced(kw, needle):
+    import wattcast
+
+    with pytest.raises(GraphError, match=needle):
+        wattcast.predict("gpt2", "A10", **kw)
+
+
+def test_predict_takes_numpy_counts_and_module_example_inputs():
+    import numpy as np
+    import torch
+
+    import wattcast
+
+    a = wattcast.predict("gpt2", "A10", batch=np.int64(2), seq=np.int32(128)).step_time_ms
+    assert a == wattcast.predict("gpt2", "A10", batch=2, seq=128).step_time_ms
+    layer = torch.nn.TransformerEncoderLayer(256, 4, batch_first=True)
+    x = torch.randn(8, 128, 256, device="meta")
+    r = wattcast.predict(layer, "A100-SXM4-80GB", example_inputs=(x,))
+    assert r.step_time_ms > 0 and r.meta["batch"] == 8
+    with pytest.raises(GraphError, match="not both"):
+        wattcast.predict(layer, "A100-SXM4-80GB", example_inputs=(x,), batch=8)
+    with pytest.raises(GraphError, match="torch.nn.Module"):
+        wattcast.predict("gpt2", "A10", example_inputs=(x,))
