@@ -114,7 +114,9 @@ def load_spec_file(path: str | Path) -> DeviceSpec:
     Own schema (the fields of :class:`DeviceSpec`), or NeuSight's device JSON (recognised by its
     ``Device`` / ``SingleFLOPs`` / ``SingleFLOPsMM`` keys, see :mod:`wattcast.data.neusight_device`).
     Raises :class:`DeviceSpecError` naming the file for a missing file, a parse error, a
-    non-mapping document, unknown fields or a failed validation.
+    non-mapping document, unknown fields or a failed validation (see :mod:`wattcast.data.device_spec`).
+    ``tdp_w`` is optional: without it kernel latency works, but step predictions (which report power and
+    energy) and footprints without a given power refuse the spec, asking for ``tdp_w``.
     """
     p = Path(path).expanduser()
     if not p.exists():

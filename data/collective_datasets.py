@@ -25,7 +25,8 @@ for all_reduce/send_recv, total buffer for all_gather/reduce_scatter/all_to_all)
 ``nccl``, ``run``, ``licence``.
 
 Rows with size 0 or a non-positive/NaN time are dropped, counted in ``df.attrs["dropped"]`` and logged.
-A file that lacks a needed column raises ``CollectiveDataError`` naming the file and the column.
+A file that is empty, has a header but no rows, or lacks a needed column raises ``CollectiveDataError`` naming
+the file (and the column).
 """
 
 from __future__ import annotations
@@ -79,12 +80,18 @@ def _read(path: Path, need: Sequence[str]) -> pd.DataFrame:
         raise DataNotFoundError(f"{path.name} not found at {path}. Point to the datasets folder with --data PATH or WATTCAST_DATA.")
     try:
         df = pd.read_csv(path, dtype={"env_setup": str, "run": str, "run_dir": str})
+    except pd.errors.EmptyDataError:
+        raise CollectiveDataError(f"{path}: empty file (no header row, no data); expected the columns {', '.join(need)}") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise CollectiveDataError(f"{path}: not a readable CSV ({e})") from e
+    except OSError as e:
+        raise CollectiveDataError(f"{path}: cannot read ({e.strerror or e})") from e
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise CollectiveDataError(f"{path}: missing column {missing[0]!r}" + (f" (and {', '.join(map(repr, missing[1:]))})" if len(missing) > 1 else "")
                                   + f"; needed: {', '.join(need)}")
+    if df.empty:
+        raise CollectiveDataError(f"{path}: header only, no measurement rows")
     return df
 
 

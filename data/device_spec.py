@@ -1,14 +1,28 @@
 """The device spec schema (version 1): one accelerator described by its datasheet.
 
 Units live in the field names. Every non-empty figure carries a citation: either the
-spec-wide ``source`` or a per-field entry in ``sources``. ``validate`` rejects missing,
-negative or inconsistent values with a message that names the field.
+spec-wide ``source`` or a per-field entry in ``sources``.
+
+Every :class:`DeviceSpec` checks its own values when it is built (``__post_init__``), whatever builds it:
+a spec file, NeuSight JSON import, the catalog, ``dataclasses.replace`` or user code. Missing required
+fields, numbers that are not finite and positive (or are given as text), text fields that are not strings
+(``name``, ``vendor``, ``arch``, ``interconnect``, ``memory_type``, ``source``), ``aliases`` that is not a
+list of strings, ``sources`` that is not a mapping of strings, and inconsistent figures raise
+:class:`DeviceSpecError` naming the field and the value. Numbers may be ints, floats or numpy scalars.
+``validate`` (used by the file loaders) adds the citation rule: every figure needs a ``source``.
+
+``tdp_w`` (and ``idle_power_w``) are optional in the schema: a spec without them loads, and kernel latency
+(``wattcast.predict_kernels``) needs neither. The power model does need ``tdp_w``, and every step prediction
+(``wattcast.predict``, ``predict_cluster``, ``search``) also reports the step's power and energy, so those, and
+``wattcast.footprint`` without ``avg_power_w``, raise a clear :class:`DeviceSpecError` asking for ``tdp_w``
+when it is missing. Give ``tdp_w`` for any device you want step, energy or footprint predictions for.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -49,6 +63,11 @@ _NUMERIC = (
     "die_area_mm2",
     "launch_price_usd",
 )
+
+#: fields that hold text (None allowed where the field is optional)
+_TEXT = ("name", "vendor", "arch", "interconnect", "memory_type", "source")
+
+VENDORS = ("nvidia", "amd", "intel", "other")
 
 
 class DeviceSpecError(ValueError):
@@ -93,7 +112,7 @@ class DeviceSpec(SpecRecord):
     peak_fp8_tflops: float | None = None
     cores_per_sm: int | None = None
     base_clock_mhz: float | None = None
-    tdp_w: float | None = None
+    tdp_w: float | None = None  # optional here, but the power model (step energy, footprint) needs it
     idle_power_w: float | None = None
     interconnect: str | None = None  # e.g. "NVLink4", "PCIe4 x16"
     interconnect_bandwidth_gbps: float | None = None  # per GPU, total both directions, GB/s
@@ -104,6 +123,12 @@ class DeviceSpec(SpecRecord):
     source: str = ""  # default citation for every figure
     sources: Mapping[str, str] = field(default_factory=dict)  # per-field citation overrides
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        # every construction path (files, NeuSight import, catalog, dataclasses.replace, user code) is checked
+        if isinstance(self.aliases, list):
+            object.__setattr__(self, "aliases", tuple(self.aliases))
+        check_values(self)
 
     # ----------------------------------------------------------------- derived
     @property
@@ -142,24 +167,57 @@ def normalise_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", str(name).lower())
 
 
-def validate(spec: DeviceSpec) -> DeviceSpec:
-    """Return ``spec`` unchanged or raise :class:`DeviceSpecError` naming the bad field."""
-    where = f"device {spec.name!r}" if spec.name else "device spec"
+def _where(spec: DeviceSpec) -> str:
+    name = getattr(spec, "name", None)
+    return f"device {name!r}" if isinstance(name, str) and name else "device spec"
+
+
+def _is_number(v: Any) -> bool:
+    """An int, float or numpy scalar number (not a bool, not text)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def check_values(spec: DeviceSpec) -> DeviceSpec:
+    """Return ``spec`` or raise :class:`DeviceSpecError` naming the bad field and its value.
+
+    Types (numbers, text, aliases, sources), required fields, positive finite figures and the consistency
+    rules a datasheet never breaks. Runs on every construction (``DeviceSpec.__post_init__``); the
+    citation rule is in :func:`validate`.
+    """
+    where = _where(spec)
     for f in _REQUIRED:
         v = getattr(spec, f)
-        if v is None or v == "":
+        if v is None or (isinstance(v, str) and not v.strip()):
             raise DeviceSpecError(f"{where}: required field '{f}' is missing")
+    for f in _TEXT:
+        v = getattr(spec, f)
+        if v is None and f not in ("name", "vendor", "arch", "source"):
+            continue
+        if not isinstance(v, str):
+            raise DeviceSpecError(f"{where}: field '{f}' must be text (a string), got {v!r}")
+    if not isinstance(spec.aliases, tuple):
+        raise DeviceSpecError(f"{where}: field 'aliases' must be a list of strings, got {spec.aliases!r}")
+    bad = [a for a in spec.aliases if not isinstance(a, str)]
+    if bad:
+        raise DeviceSpecError(f"{where}: field 'aliases' must be a list of strings, got {bad[0]!r} in {list(spec.aliases)!r}")
+    if not isinstance(spec.sources, Mapping):
+        raise DeviceSpecError(
+            f"{where}: field 'sources' must be a mapping of field name -> citation (strings), got {spec.sources!r}"
+        )
+    bad = [(k, c) for k, c in spec.sources.items() if not (isinstance(k, str) and isinstance(c, str))]
+    if bad:
+        raise DeviceSpecError(
+            f"{where}: field 'sources' must map field names to citation strings, got {bad[0][0]!r}: {bad[0][1]!r}"
+        )
     for f in _NUMERIC:
         v = getattr(spec, f)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if not _is_number(v):
             raise DeviceSpecError(f"{where}: field '{f}' must be a number, got {v!r}")
         if not math.isfinite(v) or v <= 0:
             raise DeviceSpecError(f"{where}: field '{f}' must be a positive finite number, got {v!r}")
-        if not spec.source_of(f):
-            raise DeviceSpecError(f"{where}: field '{f}' has no source; give 'source' or 'sources.{f}'")
-    if spec.vendor not in ("nvidia", "amd", "intel", "other"):
+    if spec.vendor not in VENDORS:
         raise DeviceSpecError(f"{where}: field 'vendor' must be nvidia|amd|intel|other, got {spec.vendor!r}")
     # Consistency rules a datasheet never breaks.
     if spec.base_clock_mhz and spec.base_clock_mhz > spec.boost_clock_mhz * 1.001:
@@ -179,9 +237,9 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
     if spec.idle_power_w and spec.tdp_w and spec.idle_power_w >= spec.tdp_w:
         raise DeviceSpecError(f"{where}: field 'idle_power_w' ({spec.idle_power_w}) must be below tdp_w ({spec.tdp_w})")
     if spec.cores_per_sm is not None and int(spec.cores_per_sm) != spec.cores_per_sm:
-        raise DeviceSpecError(f"{where}: field 'cores_per_sm' must be an integer")
+        raise DeviceSpecError(f"{where}: field 'cores_per_sm' must be an integer, got {spec.cores_per_sm!r}")
     if int(spec.num_sms) != spec.num_sms:
-        raise DeviceSpecError(f"{where}: field 'num_sms' must be an integer")
+        raise DeviceSpecError(f"{where}: field 'num_sms' must be an integer, got {spec.num_sms!r}")
     # FP32 peak must be reachable by the cores: peak <= 2 * sms * cores * clock (+5% slack).
     if spec.cores_per_sm:
         bound = 2 * spec.num_sms * spec.cores_per_sm * spec.boost_clock_mhz * 1e6 / 1e12
@@ -190,8 +248,24 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
                 f"{where}: field 'peak_fp32_tflops' ({spec.peak_fp32_tflops}) exceeds "
                 f"2 x num_sms x cores_per_sm x boost_clock = {bound:.1f} TFLOP/s"
             )
-    if spec.schema_version != SCHEMA_VERSION:
-        raise DeviceSpecError(f"{where}: field 'schema_version' is {spec.schema_version}, this wattcast reads {SCHEMA_VERSION}")
+    if isinstance(spec.schema_version, bool) or spec.schema_version != SCHEMA_VERSION:
+        raise DeviceSpecError(
+            f"{where}: field 'schema_version' is {spec.schema_version!r}, this wattcast reads {SCHEMA_VERSION}"
+        )
+    return spec
+
+
+def validate(spec: DeviceSpec) -> DeviceSpec:
+    """Return ``spec`` unchanged or raise :class:`DeviceSpecError` naming the bad field.
+
+    The value checks of :func:`check_values` (already run when ``spec`` was built) plus the citation rule of
+    spec files: every figure needs ``source`` or ``sources.<field>``.
+    """
+    check_values(spec)
+    where = _where(spec)
+    for f in _NUMERIC:
+        if getattr(spec, f) is not None and not spec.source_of(f):
+            raise DeviceSpecError(f"{where}: field '{f}' has no source; give 'source' or 'sources.{f}'")
     return spec
 
 
@@ -207,11 +281,15 @@ def from_dict(d: Mapping[str, Any]) -> DeviceSpec:
             f"known fields: {', '.join(sorted(_FIELDS))}"
         )
     kw = dict(d)
+    # empty (None, '') means none; anything but a list / mapping is passed on and refused by DeviceSpec,
+    # naming the field (tuple('abc') would make three one-letter aliases)
     if "aliases" in kw:
-        kw["aliases"] = tuple(kw["aliases"] or ())
+        a = kw["aliases"]
+        kw["aliases"] = () if a is None or a == "" else tuple(a) if isinstance(a, (list, tuple)) else a
     if "sources" in kw:
-        kw["sources"] = dict(kw["sources"] or {})
-    missing = [f for f in _REQUIRED if kw.get(f) in (None, "")]
+        src = kw["sources"]
+        kw["sources"] = {} if src is None or src == "" else dict(src) if isinstance(src, Mapping) else src
+    missing = [f for f in _REQUIRED if kw.get(f) is None or (isinstance(kw.get(f), str) and not kw[f].strip())]
     if missing:
         raise DeviceSpecError(f"device spec {d.get('name', '?')!r}: required field '{missing[0]}' is missing")
     return validate(DeviceSpec(**kw))

@@ -49,8 +49,35 @@ def _text_codes(values: np.ndarray) -> tuple[np.ndarray, list]:
     return codes, list(uniq)
 
 
+#: the input columns wattcast reads (any spelling) or writes: each may appear once
+_USED_COLUMNS = frozenset(("op", "dtype", *_COLUMN_ALIASES, *_COLUMN_ALIASES.values(), *SHAPE_COLS,
+                           *PRED_COLUMNS, *EXTRA_COLUMNS))
+
+
+def check_kernel_frame(frame) -> pd.DataFrame:
+    """``frame`` if it is a table of kernels wattcast can read, else a ValueError saying what is wrong:
+    not a pandas DataFrame, or a column it reads/writes (``OPName``/``op``, ``dtype``, shape columns,
+    prediction columns) given more than once."""
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(
+            "kernel predictions need a pandas DataFrame with an 'OPName' (or 'op') column, one row per kernel "
+            f"(plus its shape columns), got {type(frame).__name__}"
+            + (" (a single row: use series.to_frame().T)" if isinstance(frame, pd.Series) else "")
+        )
+    cols = pd.Index(frame.columns)
+    dup = cols[cols.duplicated()]
+    dup = sorted({str(c) for c in dup if c in _USED_COLUMNS})
+    if dup:
+        raise ValueError(f"input has duplicate column(s) {', '.join(map(repr, dup))}; give each column once")
+    return frame
+
+
 def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """Canonical ``op``/``dtype``/shape columns plus a per-row error message ('' = row is fine)."""
+    """Canonical ``op``/``dtype``/shape columns plus a per-row error message ('' = row is fine).
+
+    Raises ValueError for anything but a DataFrame, a frame without ``OPName``/``op``, or one that repeats
+    a column wattcast reads (see :func:`check_kernel_frame`)."""
+    check_kernel_frame(frame)
     df = frame.rename(columns={k: v for k, v in _COLUMN_ALIASES.items() if k in frame and v not in frame})
     if "op" not in df:
         raise ValueError("input has no 'OPName' (or 'op') column")
@@ -244,8 +271,10 @@ def predict_kernels(
     """Every input row, plus ``pred_latency_ms``, ``pred_low_ms``, ``pred_high_ms``, ``ood`` and extras.
 
     Rows that cannot be predicted (unknown op, missing/invalid shape) keep NaN predictions and say why
-    in ``error``; the rest of the frame is still predicted.
+    in ``error``; the rest of the frame is still predicted. ``frame`` that is not a pandas DataFrame, has no
+    ``OPName``/``op`` column or repeats a column wattcast reads is a ValueError saying so.
     """
+    check_kernel_frame(frame)
     spec = _resolve(device)
     if bundle is None or isinstance(bundle, (str, Path)):
         bundle = load_bundle(str(bundle) if bundle else None)

@@ -54,6 +54,8 @@ import numbers
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Mapping, Union
 
+from numpy import bool_ as np_bool
+
 from wattcast.data import carbon as _c
 from wattcast.data.device_spec import DeviceSpec
 
@@ -93,11 +95,43 @@ PowerModel = Union[Callable[[float], float], float, int]
 
 
 def _pos(name: str, v: float, *, zero_ok: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+    try:
+        finite = not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
         raise ValueError(f"{name} must be a finite number, got {v!r}")
     if v < 0 or (v == 0 and not zero_ok):
         raise ValueError(f"{name} must be {'non-negative' if zero_ok else 'positive'}, got {v!r}")
     return float(v)
+
+
+def _flag(name: str, v: Any) -> bool:
+    """A yes/no setting: True or False (a string such as 'no' would read as True)."""
+    if not isinstance(v, (bool, np_bool)):
+        raise ValueError(f"{name} must be True or False, got {v!r}")
+    return bool(v)
+
+
+def _region(v: Any, name: str = "region") -> str:
+    """A grid region: a non-empty string (an empty one would silently fall back to the world average)."""
+    if not isinstance(v, str):
+        raise _c.UnknownRegionError(f"{name} must be a string (country ISO3 code or name, cloud region such as "
+                                    f"gcp:us-central1, or 'world'), got {v!r}")
+    if not v.strip():
+        raise _c.UnknownRegionError(f"empty region ({name}={v!r}); give a country ISO3 code, a cloud region or "
+                                    "'world', or leave it out for the world average")
+    return v
+
+
+def _count(name: str, v: Any) -> int:
+    """A whole number >= 1 (ints of any size, or whole floats)."""
+    ok = isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    if not ok and isinstance(v, numbers.Real) and not isinstance(v, bool):
+        ok = math.isfinite(v) and int(v) == v
+    if not ok or v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)
 
 
 def _utilisation(v: float) -> float:
@@ -108,6 +142,14 @@ def _utilisation(v: float) -> float:
         raise ValueError(f"utilisation (--utilisation) is a fraction of the compute peak, in [0, 1]; got {v!r}")
     return float(v)
 
+
+#: LifecycleAssumptions fields that are yes/no settings
+_FLAG_FIELDS = ("market_based", "include_server_embodied")
+
+#: numeric keyword parameters of :func:`footprint` -> zero allowed
+_FOOTPRINT_NUMBERS = {"pue": False, "grid_kgco2e_per_kwh": True, "lifetime_years": False,
+                      "electricity_usd_per_kwh": True, "cloud_usd_per_gpu_hour": True, "node_overhead_share": True,
+                      "flops": True}
 
 #: DeviceSpec fields that only cite or name a figure; two specs that differ only in these are one device
 _CITATION_FIELDS = ("aliases", "source", "sources", "schema_version", "launch_price_usd")
@@ -404,9 +446,13 @@ class LifecycleAssumptions:
     include_server_embodied: bool = True
 
     def __post_init__(self) -> None:
+        for f in _FLAG_FIELDS:
+            _flag(f"LifecycleAssumptions.{f}", getattr(self, f))
+        if self.region is not None:
+            _region(self.region, "LifecycleAssumptions.region")
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is None or isinstance(v, (bool, str)):
+            if v is None or f.name in _FLAG_FIELDS or f.name == "region":
                 continue
             _pos(f"LifecycleAssumptions.{f.name}", v, zero_ok=f.name in (
                 "electricity_usd_per_kwh", "server_usd_per_gpu", "network_usd_per_gpu", "facility_usd_per_kw",
@@ -547,6 +593,26 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
       market-based with ``market_based=True``) > world average (flagged).
     - ``flops``: useful FLOPs of the run, for CCI. Named arguments override ``assumptions``.
     """
+    # every parameter checked up front, so a message names what the caller gave (not an internal quantity)
+    if assumptions is not None and not isinstance(assumptions, LifecycleAssumptions):
+        raise ValueError(f"assumptions must be a LifecycleAssumptions, got {type(assumptions).__name__}")
+    given = dict(pue=pue, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years,
+                 electricity_usd_per_kwh=electricity_usd_per_kwh, cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour,
+                 node_overhead_share=node_overhead_share, flops=flops)
+    for k, v in given.items():
+        if v is not None:
+            _pos(k, v, zero_ok=_FOOTPRINT_NUMBERS[k])
+    if pue is not None and pue < 1:
+        raise ValueError(f"pue must be >= 1 (facility energy / IT energy), got {pue!r}")
+    if region is not None:
+        _region(region)
+    if market_based is not None:
+        _flag("market_based", market_based)
+    _flag("apply_goodput", apply_goodput)
+    gpus = _count("gpus", gpus)
+    ideal_h = _pos("hours", hours)
+    if avg_power_w is not None:
+        _pos("avg_power_w", avg_power_w)
     a = assumptions or LifecycleAssumptions()
     over = {k: v for k, v in dict(pue=pue, region=region, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                                   market_based=market_based, lifetime_years=lifetime_years,
@@ -555,12 +621,8 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
     if over:
         a = replace(a, **over)
     spec = _resolve(device)
-    if isinstance(gpus, bool) or not isinstance(gpus, numbers.Real) or not math.isfinite(gpus) or int(gpus) != gpus or gpus < 1:
-        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
     if utilisation is not None:  # a fraction of the compute peak, in [0, 1]; 0: GPUs held idle (idle power)
         utilisation = _utilisation(utilisation)
-    gpus = int(gpus)
-    ideal_h = _pos("hours", hours)
     flags: list[str] = []
     srcs: dict[str, str] = {}
 
@@ -573,7 +635,12 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
         if callable(power_model):
             if utilisation is None:
                 raise ValueError("power_model is a callable: give the utilisation to evaluate it at")
-            p = _pos("power_model(utilisation)", float(power_model(float(utilisation))))
+            w = power_model(float(utilisation))
+            try:
+                w = float(w)
+            except (TypeError, ValueError):
+                raise ValueError(f"power_model(utilisation) must return a number of watts, got {w!r}") from None
+            p = _pos("power_model(utilisation)", w)
         else:
             p = _pos("power_model", power_model)
         share = a.node_overhead_share if node_overhead_share is None else node_overhead_share
@@ -603,10 +670,25 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
     else:
         g = 1.0
         flags.append("goodput not applied: hours taken as measured wall-clock time")
+
+    def too_large(what: str, v: float) -> None:
+        """Name the caller's hours / gpus / power when a product of them overflows (not an internal field)."""
+        if not math.isfinite(v):
+            raise ValueError(
+                f"hours={hours!r}, gpus={gpus} and {p_node:g} W per GPU are too large together: the run's {what} "
+                "overflows (not a finite number); check hours, gpus and avg_power_w / the power model")
+
+    too_large("power per GPU incl. node overhead", p_node)
     eff_h = ideal_h / g
-    gpu_h = gpus * eff_h
+    too_large("effective hours", eff_h)
+    try:
+        gpu_h = float(gpus) * eff_h
+    except OverflowError:  # more GPUs than a float holds
+        gpu_h = math.inf
+    too_large("GPU-hours", gpu_h)
 
     # ---- energy and operational carbon
+    too_large("IT energy (kWh)", gpu_h * p_node / 1000.0 * a.pue)
     e_it = it_energy_kwh(gpus, p_node, eff_h)
     if a.grid_kgco2e_per_kwh is not None:
         grid, basis, greg = a.grid_kgco2e_per_kwh, "explicit", a.region
@@ -674,7 +756,15 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
             srcs["cloud_usd_per_gpu_hour"] = cf.source
     srcs.update({k: v for k, v in a.sources().items() if k not in srcs and v})
 
+    for what, v in (("operational CO2e", op_kg), ("embodied CO2e", emb_kg), ("CapEx", cap), ("OpEx", opx),
+                    ("CapEx + OpEx", cap + opx), ("cloud cost", 0.0 if cph is None else gpu_h * cph)):
+        too_large(what, v)
     total_kg = op_kg + emb_kg
+    too_large("total CO2e", total_kg)
+    too_large("carbon-delay product (kgCO2e x h)", total_kg * eff_h)
+    cci = None if not flops else cci_kgco2e_per_pflop(total_kg, flops)
+    if cci is not None and not math.isfinite(cci):
+        raise ValueError(f"flops={flops!r} is too small for the run's {total_kg:g} kgCO2e: carbon per PFLOP overflows")
     return RunFootprint(
         hours=eff_h, gpu_hours=gpu_h, energy_mwh=facility_energy_kwh(e_it, a.pue) / 1000.0,
         operational_tco2e=op_kg / 1000.0, embodied_tco2e=emb_kg / 1000.0, total_tco2e=total_kg / 1000.0,
@@ -687,7 +777,7 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
         checkpoint_interval_s=interval if apply_goodput else None,
         system_mtbf_h=None if mtbf_s is None else mtbf_s / 3600.0,
         flops=None if flops is None else float(flops),
-        cci_kgco2e_per_pflop=None if not flops else cci_kgco2e_per_pflop(total_kg, flops),
+        cci_kgco2e_per_pflop=cci,
         tcdp_kgco2e_h=tcdp_kgco2e_h(total_kg, eff_h), flags=tuple(flags), sources=srcs,
     )
 
@@ -725,7 +815,16 @@ def footprint_from_step(device: str | DeviceSpec, gpus: int, *, step_time_ms: fl
     _pos("gpu_power_w", gpu_power_w)
     if flops_per_step is not None:
         flops_per_step = _pos("flops_per_step", flops_per_step, zero_ok=True)
-    steps = math.ceil(tokens / tokens_per_step)
+    n = tokens / tokens_per_step
+    if not math.isfinite(n):
+        raise ValueError(f"tokens={tokens!r} over tokens_per_step={tokens_per_step!r} gives too many steps to represent")
+    steps = math.ceil(n)
     hours = steps * step_time_ms / 3.6e6
+    if not math.isfinite(hours):
+        raise ValueError(f"{steps:g} steps (tokens={tokens!r} / tokens_per_step={tokens_per_step!r}) of "
+                         f"step_time_ms={step_time_ms!r} overflow the run's hours; check tokens and step_time_ms")
     flops = flops_per_step * steps if flops_per_step else None
+    if flops is not None and not math.isfinite(flops):
+        raise ValueError(f"flops_per_step={flops_per_step!r} x {steps:g} steps overflows the run's FLOPs; "
+                         "check tokens and flops_per_step")
     return footprint(device, gpus, hours, power_model=float(gpu_power_w), flops=flops, **kw)
