@@ -260,7 +260,7 @@ def predict(
         _fail("--plot draws the distributed timeline (--cluster); for one device use --trace (Chrome trace)")
     if device is None:
         _fail("--device is required (or --cluster for a distributed prediction)")
-    if framework != "hf":
+    if str(framework).lower() != "hf":
         _fail("--framework applies to distributed predictions (--cluster); one device uses Hugging Face's eager kernels")
     from wattcast.data.catalog import resolve_device
 

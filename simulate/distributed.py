@@ -6,7 +6,9 @@
 2. Layers are cut into ``pp x interleave`` chunks (embeddings with the first, head and loss with the last);
    per chunk the forward and backward time of one micro-batch.
 3. The pipeline schedule is simulated event by event (:mod:`wattcast.simulate.scheduler`), with the
-   activation/gradient point-to-point transfer between stages.
+   activation/gradient point-to-point transfer between stages; beyond ``MAX_EXACT_MICRO`` micro-batches its
+   steady state is extrapolated (``meta["schedule_extrapolated"]``; a trace then draws the head and the tail
+   of the schedule, ``meta["trace_truncated"]``).
 4. Data-parallel gradient synchronisation per stage: buckets (all-reduce; reduce-scatter under ZeRO >= 1)
    start as the stage's last backward pass produces them and overlap with it; ZeRO >= 1 all-gathers the
    updated parameters after the optimizer step; ZeRO-3/FSDP also all-gathers each chunk's parameters
@@ -19,6 +21,7 @@ pipeline bubble, per-device busy time and memory, MFU / HFU / model TFLOP/s per 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
@@ -31,11 +34,12 @@ from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.hf_config import HFConfig, load_hf_config
-from wattcast.featurize.workload import StepOptions, step_graph
+from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, _framework, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
-from wattcast.simulate.parallel import GroupLayout, ParallelConfig, group_layout, layouts, resolve_parallel
+from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
+                                        resolve_parallel)
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, stream_bandwidth_gbps
 
@@ -91,7 +95,9 @@ class DistributedPrediction:
                     fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, comm=self.comm,
                     param_count=self.meta.get("param_count"), energy_j=self.energy_j, avg_power_w=self.avg_power_w,
                     power_limit_w=self.power_limit_w, memory_capacity_gb=self.memory_capacity_gb,
-                    memory_flag=self.memory_flag)
+                    memory_flag=self.memory_flag,
+                    # set when the pipeline schedule of a huge micro-batch count was extrapolated past its exact part
+                    schedule_extrapolated=self.meta.get("schedule_extrapolated"))
 
 
 #: Host-side costs per framework: (per-kernel launch floor in ms, fixed per-iteration overhead in ms).
@@ -178,12 +184,32 @@ def _model_config(model) -> HFConfig | None:
     return None
 
 
+#: global tokens of one step (batch x seq) a prediction takes: int64, what tables and JSON readers hold
+MAX_GLOBAL_TOKENS = 2**63 - 1
+
+
+def _count(v, label: str) -> int:
+    """``v`` as an int if it is a positive whole number (Python or numpy integer, not a bool), else a
+    ParallelConfigError naming ``label``."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= 1:
+        return int(v)
+    raise ParallelConfigError(f"{label} must be a positive integer, got {v!r}")
+
+
 def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: int, seq: int,
                         parallel: ParallelConfig | None = None, dtype: str = "bf16", attention: str = "eager",
                         compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
                         host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
                         power_model=None, clock_cap_mhz: float | None = None) -> DistributedPrediction:
+    # names and counts first: every table lookup and rule below takes them as given
+    framework = _framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
+    seq = _count(seq, "--seq (tokens per sequence)")
+    if isinstance(batch, numbers.Integral) and not isinstance(batch, bool) and batch >= 1:
+        batch = int(batch)  # the rules below check it; a numpy integer must not wrap around in batch x seq
+        if batch * seq > MAX_GLOBAL_TOKENS:
+            raise ParallelConfigError(f"global batch x seq = {batch:,} x {seq:,} = {batch * seq:,} tokens in one step is "
+                                      f"beyond what wattcast models (2^63 - 1); use a smaller --batch")
     # the device (if given) is resolved first: it names the GPU of a cluster file that has none (ASTRA-sim)
     spec = device if isinstance(device, DeviceSpec) or device is None else resolve_device(device)
     cl = resolve_cluster(cluster, device=spec.name if spec is not None else None)
@@ -199,6 +225,13 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                            n_kv_heads=hf.n_kv_heads if hf else None, ffn=hf.ffn if hf else None,
                            n_experts=hf.n_experts if hf else None, seq=seq, cluster=cl,
                            uneven_stages=framework == "megatron-deepspeed", framework=framework)
+    mb = int(par.micro_batch)
+    if mb * seq > MAX_TOKENS_PER_STEP:
+        whole = par.pp == 1 and (parallel is None or parallel.micro_batch is None)
+        raise ParallelConfigError(
+            f"micro-batch x seq = {mb:,} x {seq:,} = {mb * seq:,} tokens in one micro-batch is beyond what wattcast costs "
+            f"({MAX_TOKENS_PER_STEP:,}); " + ("without pipeline parallelism a replica's whole batch is one micro-batch "
+                                              "unless --micro-batch is given" if whole else "use a smaller --micro-batch"))
     lay = layouts(par, cl)
     bundle = bundle or load_bundle()
     cm = coll_model or _collective_model()
@@ -576,10 +609,24 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
                                start_ms=tk.start, end_ms=tk.end))
         for s, name, a, e in comm_events:
             events.append(dict(stage=s, stream="comm", name=name, start_ms=a, end_ms=e))
+        for s, a, e, n_hidden in pipe.trace_gaps:  # an extrapolated step: its steady state is not drawn
+            events.append(dict(stage=s, stream="compute", name=f"[{n_hidden:,} tasks of the steady state not drawn]",
+                               start_ms=float(a), end_ms=float(e)))
         for s in range(P):
             if opt_stage[s] > 0:
                 events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=float(finish[s]),
                                    end_ms=float(finish[s] + opt_stage[s])))
+    meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro)
+    if pipe.extrapolated:
+        meta["schedule_extrapolated"] = dict(
+            simulated_micro=int(pipe.simulated_micro), period_ms=float(np.max(pipe.period_ms)),
+            note=f"{n_micro:,} micro-batches: the pipeline schedule was simulated task by task for "
+                 f"{pipe.simulated_micro:,} and its steady state extrapolated (one more micro-batch adds "
+                 f"{float(np.max(pipe.period_ms)):.6g} ms)")
+        if trace:
+            meta["trace_truncated"] = ("the trace draws the first half and the last quarter of the tasks of a "
+                                       f"{pipe.simulated_micro:,} micro-batch schedule, the latter at the end of the step; "
+                                       "one event per stage marks the steady state between them, not drawn")
     comm = dict(tp_ms_per_micro=float(tp_coll.sum()), p2p_ms=p2p_ms,
                 dp_sync_ms=float(dpt["sync_ms"].sum()), grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
@@ -590,5 +637,5 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
         mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,
         memory_gb=worst, fits=bool(worst <= spec.memory_gb), memory_capacity_gb=float(spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
         ood_fraction=view.ood_fraction, comm=comm, events=events,
-        meta=dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro),
+        meta=meta,
         energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w)

@@ -8,10 +8,15 @@ plus the activation's point-to-point transfer; a backward needs the next virtual
 gradient's transfer (the last virtual stage needs its own forward). Data-parallel gradient buckets run on
 the communication stream as the last backward pass of each stage produces them (DDP overlap); what is
 left when compute ends is exposed.
+
+Cost is bounded: up to :data:`MAX_EXACT_MICRO` micro-batches a step is simulated task by task; beyond, the
+schedule is simulated exactly for that many and its periodic steady state extrapolated linearly (see
+:func:`simulate_pipeline`), so a global batch of 10^15 sequences costs what 4,096 micro-batches cost.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -70,6 +75,11 @@ def schedule_order(stage: int, n_stages: int, n_micro: int, interleave: int = 1,
     return order
 
 
+#: micro-batches of a step simulated task by task. A longer step is simulated exactly for (about) this many
+#: micro-batches and the rest extrapolated from the steady state; every step up to here is exact.
+MAX_EXACT_MICRO = 4096
+
+
 @dataclass
 class PipelineResult:
     tasks: list[Task]
@@ -77,6 +87,18 @@ class PipelineResult:
     stage_busy: np.ndarray  # compute time each stage spent
     last_backward: list[tuple[float, float]]  # per stage: (start, end) of its last backward task
     comm_events: list[tuple[int, str, float, float]] = field(default_factory=list)  # (stage, name, start, end)
+    #: micro-batches of the step, and how many were simulated task by task (fewer: the rest was extrapolated)
+    n_micro: int = 0
+    simulated_micro: int = 0
+    #: extrapolated steps: per stage, the time one more micro-batch adds in the steady state (ms)
+    period_ms: np.ndarray | None = None
+    #: extrapolated steps with tasks kept: per stage (stage, start, end, tasks not drawn), the stretch of the
+    #: steady state between the drawn head and tail of the schedule
+    trace_gaps: list[tuple[int, float, float, int]] = field(default_factory=list)
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.simulated_micro < self.n_micro
 
 
 @lru_cache(maxsize=256)
@@ -88,9 +110,85 @@ def _orders(n_stages: int, n_micro: int, interleave: int, kind: str) -> tuple[tu
 
 
 def simulate_pipeline(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
-                      p2p_ms: float = 0.0, keep_tasks: bool = True) -> PipelineResult:
+                      p2p_ms: float = 0.0, keep_tasks: bool = True, max_exact_micro: int | None = None) -> PipelineResult:
     """``f_ms[v]``, ``b_ms[v]``: forward/backward time of one micro-batch on virtual stage v (v = chunk x P + stage).
-    ``keep_tasks=False`` skips the per-task records (only a trace needs them)."""
+    ``keep_tasks=False`` skips the per-task records (only a trace needs them).
+
+    Up to ``max_exact_micro`` (default :data:`MAX_EXACT_MICRO`) micro-batches the schedule is simulated task by
+    task. Beyond, time and memory would grow with the micro-batch count, so the schedule is simulated exactly
+    for N and N - k micro-batches (N at most the limit, k about N/2: a multiple of every cycle length up to the
+    stage count when that fits, and of the stage count under interleaving)
+    and extrapolated: once the pipeline is in its steady state, every further micro-batch adds the same time
+    (the bottleneck's period) to each stage, so ``end(n) = end(N) + (n - N) x (end(N) - end(N - k)) / k``, and
+    likewise the busy time and the last backward pass. The tasks (``keep_tasks``) are then the head of the
+    exact schedule and its tail moved to the end of the step (``trace_gaps`` marks what lies between)."""
+    V = interleave
+    limit = MAX_EXACT_MICRO if max_exact_micro is None else max_exact_micro
+    if n_micro <= limit:
+        res = _simulate_exact(f_ms, b_ms, n_micro=n_micro, interleave=V, kind=kind, p2p_ms=p2p_ms, keep_tasks=keep_tasks)
+        res.n_micro = res.simulated_micro = n_micro
+        return res
+    P = len(f_ms) // V
+    q = P if V > 1 else 1  # interleaved 1F1B runs micro-batches in groups of P (and needs whole groups)
+    N = max(limit - limit % q, 2 * q)
+    if N >= n_micro:
+        res = _simulate_exact(f_ms, b_ms, n_micro=n_micro, interleave=V, kind=kind, p2p_ms=p2p_ms, keep_tasks=keep_tasks)
+        res.n_micro = res.simulated_micro = n_micro
+        return res
+    # the steady state can repeat over a few micro-batches rather than one (a critical dependency cycle through
+    # several stages): measure over a whole number of such repeats where N leaves room for it
+    rep = math.lcm(q, *range(1, P + 1))
+    unit = rep if rep <= N // 2 else q
+    k = max(q, (N // 2) - (N // 2) % unit)
+    full = _simulate_exact(f_ms, b_ms, n_micro=N, interleave=V, kind=kind, p2p_ms=p2p_ms, keep_tasks=keep_tasks)
+    less = _simulate_exact(f_ms, b_ms, n_micro=N - k, interleave=V, kind=kind, p2p_ms=p2p_ms, keep_tasks=False)
+    extra = float(n_micro - N)
+    period = (full.stage_end - less.stage_end) / k
+    shift = extra * period
+    busy = full.stage_busy + extra * (full.stage_busy - less.stage_busy) / k
+    last_b = [(a + d, e + d) for (a, e), d in zip(full.last_backward, shift.tolist())]
+    tasks, gaps = [], []
+    if keep_tasks:
+        tasks, gaps = _extrapolated_tasks(full.tasks, P, N, q, V, kind, n_micro, shift)
+    return PipelineResult(tasks, full.stage_end + shift, busy, last_b, n_micro=n_micro, simulated_micro=N,
+                          period_ms=period, trace_gaps=gaps)
+
+
+def _extrapolated_tasks(tasks: list[Task], P: int, N: int, q: int, V: int, kind: str, n_micro: int,
+                        shift: np.ndarray) -> tuple[list[Task], list[tuple[int, float, float, int]]]:
+    """The tasks of an extrapolated step as far as they are drawn: per stage the first half of the exact N
+    micro-batch schedule (the same tasks at the same times as in the whole step: they do not depend on how many
+    micro-batches follow), and its last quarter (steady state and drain) moved by the stage's extrapolated
+    ``shift``, with micro-batch numbers as in the whole step; between them a gap."""
+    per_stage: list[list[Task]] = [[] for _ in range(P)]
+    for t in tasks:
+        per_stage[t.stage].append(t)
+    o1, o2 = _orders(P, N, V, kind), _orders(P, N + q, V, kind)
+    more = n_micro - N  # a tail task q micro-batches on in a step of N + q is this many on in the whole step
+    out: list[Task] = []
+    gaps: list[tuple[int, float, float, int]] = []
+    for s in range(P):
+        st = per_stage[s]
+        n = len(st)
+        head, tail0 = n // 2, n - n // 4
+        out += st[:head]
+        d = float(shift[s])
+        a, b = o1[s], o2[s]
+        for i in range(tail0, n):
+            t = st[i]
+            j = len(b) - (n - i)  # the same place counted from the end of a step of N + q micro-batches
+            step = b[j][1] - a[i][1] if b[j][0] == a[i][0] and b[j][2] == a[i][2] else 0
+            micro = t.micro + (more if step == q else 0)
+            out.append(Task(t.kind, micro, t.chunk, s, t.start + d, t.end + d))
+        if head and tail0 < n:
+            total = 2 * V * n_micro
+            gaps.append((s, st[head - 1].end, st[tail0].start + d, total - head - (n - tail0)))
+    return out, gaps
+
+
+def _simulate_exact(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
+                    p2p_ms: float = 0.0, keep_tasks: bool = True) -> PipelineResult:
+    """Every task of the schedule, event by event."""
     V = interleave
     P = len(f_ms) // V
     PV = P * V

@@ -6,15 +6,19 @@ kernel prediction per distinct kernel and device, one collective prediction per 
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import resolve_cluster
-from wattcast.simulate.distributed import predict_distributed
-from wattcast.simulate.lifecycle import footprint_from_step
+from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
+from wattcast.simulate.lifecycle import footprint, footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
 
 
@@ -27,6 +31,14 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
     return out
 
 
+#: columns of ``SearchResult.ranked`` (and ``pareto``); a search with ``tokens`` adds :data:`RUN_COLUMNS`
+COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
+           "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
+           "avg_power_w")
+RUN_COLUMNS = ("run_hours", "run_energy_mwh", "run_tco_usd", "run_tco2e")
+REJECTED_COLUMNS = ("cluster", "config", "rule")
+
+
 @dataclass(frozen=True)
 class SearchResult:
     ranked: pd.DataFrame  # every evaluated configuration, fitting ones first, by step time
@@ -35,12 +47,80 @@ class SearchResult:
 
     @property
     def best(self) -> dict | None:
+        """The fastest configuration that fits in memory, as a row dict; None when none was evaluated or none
+        fits (``ranked`` and ``pareto`` are then empty frames, or hold no fitting row)."""
+        if self.ranked.empty or "fits" not in self.ranked:
+            return None
         fit = self.ranked[self.ranked["fits"]]
         return None if fit.empty else fit.iloc[0].to_dict()
 
 
+#: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
+SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
+                      interleave=(1, 2), ep=(1,))
+
+
+def _is_count(v) -> bool:
+    """A positive whole number: a Python or numpy integer, not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= 1
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
+        if v < 1:
+            raise ValueError(f"{name} must be at least 1, got {v}")
+        return int(v)
+    raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def _choices(name: str, value) -> tuple | None:
+    """One search-space option as a tuple of choices: a list/tuple/range/array or other iterable as given
+    (duplicates dropped), a single value (a string too) as a one-element choice; None keeps the default.
+    Each choice is checked (ValueError naming the option and the value)."""
+    if name not in SPACE_DEFAULTS:
+        raise ValueError(f"unknown search-space option {name!r}; valid: {', '.join(SPACE_DEFAULTS)}")
+    if value is None:
+        value = SPACE_DEFAULTS[name]
+        if value is None:
+            return None
+    if isinstance(value, np.ndarray):
+        vals = value.ravel().tolist()
+    elif isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        vals = [value]
+    else:
+        vals = list(value)
+    if not vals:
+        raise ValueError(f"search-space option {name} has no choices (give at least one value)")
+    out = []
+    for v in vals:
+        if name in ("tp", "pp", "micro_batch", "interleave", "ep"):
+            if not _is_count(v):
+                raise ValueError(f"search-space option {name}: every choice must be a positive integer, got {v!r}")
+            v = int(v)
+        elif name == "zero":
+            if not (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v in (0, 1, 2, 3)):
+                raise ValueError(f"search-space option zero: every choice must be 0, 1, 2 or 3, got {v!r}")
+            v = int(v)
+        elif name == "sp":
+            if not isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"search-space option sp: every choice must be True or False, got {v!r}")
+            v = bool(v)
+        elif name == "recompute":
+            if not isinstance(v, str) or v.lower() not in ("none", "selective", "full"):
+                raise ValueError(f"search-space option recompute: every choice must be none, selective or full, got {v!r}")
+            v = v.lower()
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=(1,)) -> list[ParallelConfig]:
+    """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
+    ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16)."""
+    tp, pp, micro_batch, zero, sp, recompute, interleave, ep = (
+        _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
+                                    ("recompute", recompute), ("interleave", interleave), ("ep", ep)))
     cl = resolve_cluster(cluster)
     tps = list(tp) if tp is not None else _pow2_divisors(gpus, cl.gpus_per_node)
     out = []
@@ -73,16 +153,27 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
     per cluster. Every row carries the step's energy (all GPUs, J) and average power per GPU. With
     ``tokens`` (a whole training run), fitting rows also get the run's lifecycle footprint
     (:func:`wattcast.simulate.lifecycle.footprint_from_step`; ``footprint_kw``: region, pue,
-    lifetime_years, ...): ``run_hours``, ``run_energy_mwh``, ``run_tco_usd``, ``run_tco2e``."""
+    lifetime_years, ...): ``run_hours``, ``run_energy_mwh``, ``run_tco_usd``, ``run_tco2e``.
+
+    ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep),
+    each a list of choices or a single value. ``gpus``, ``batch``, ``seq`` and ``max_configs`` must be positive
+    integers; these, an unknown option, a bad choice or an unknown ``footprint_kw`` key raise ValueError naming
+    it. When nothing is evaluated (no strategy divides the job, or every one broke a rule: see ``rejected``),
+    ``ranked`` and ``pareto`` are empty frames with the usual columns and ``best`` is None."""
     clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
     if not clusters:
         raise ValueError("no cluster to search")
-    for name, v in (("gpus", gpus), ("batch", batch), ("seq", seq), ("max_configs", max_configs)):
-        if int(v) < 1:
-            raise ValueError(f"{name} must be at least 1, got {v}")
-    if attention == "flash" and "recompute" not in space:
+    gpus, batch, seq, max_configs = (_positive_int(name, v) for name, v in (
+        ("gpus", gpus), ("batch", batch), ("seq", seq), ("max_configs", max_configs)))
+    if batch * seq > MAX_GLOBAL_TOKENS:
+        raise ValueError(f"batch x seq = {batch:,} x {seq:,} = {batch * seq:,} tokens in one step is beyond what wattcast "
+                         "models (2^63 - 1)")
+    if attention == "flash" and space.get("recompute") is None:
         # fused attention keeps no S x S activations: selective recomputation would change nothing
         space = dict(space, recompute=("none", "full"))
+    # an unknown option or a bad choice is named before anything is evaluated
+    space = {k: _choices(k, v) for k, v in space.items()}
+    _check_footprint_kw(footprint_kw)
     rows, bad = [], []
     for c in clusters:
         cl = resolve_cluster(c)
@@ -114,9 +205,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
                 row.update(run_hours=fp.hours, run_energy_mwh=fp.energy_mwh, run_tco_usd=fp.tco_usd,
                            run_tco2e=fp.total_tco2e)
             rows.append(row)
+    rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
+    if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
+        empty = pd.DataFrame(columns=list(COLUMNS + (RUN_COLUMNS if tokens else ())))
+        return SearchResult(empty, empty.copy(), rejected)
     df = pd.DataFrame(rows)
-    if df.empty:
-        return SearchResult(df, df, pd.DataFrame(bad))
     df = df.sort_values(["fits", "step_time_ms"], ascending=[False, True]).reset_index(drop=True)
     fit = df[df["fits"]].sort_values(["step_time_ms", "memory_gb"])
     front, best_mem = [], float("inf")
@@ -124,4 +217,21 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
         if r.memory_gb < best_mem:
             front.append(r._asdict())
             best_mem = r.memory_gb
-    return SearchResult(df, pd.DataFrame(front), pd.DataFrame(bad))
+    return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected)
+
+
+#: parameters of :func:`wattcast.simulate.lifecycle.footprint` that a search sets itself
+_FOOTPRINT_SET = ("device", "gpus", "hours", "power_model", "flops")
+
+
+def _check_footprint_kw(kw) -> None:
+    """``footprint_kw`` must map options of :func:`wattcast.simulate.lifecycle.footprint` (ValueError naming an
+    unknown one and listing the valid ones)."""
+    if kw is None:
+        return
+    if not isinstance(kw, dict):
+        raise ValueError(f"footprint_kw must be a dict of footprint options (region, pue, ...), got {kw!r}")
+    valid = [p for p in inspect.signature(footprint).parameters if p not in _FOOTPRINT_SET]
+    unknown = [k for k in kw if k not in valid]
+    if unknown:
+        raise ValueError(f"unknown footprint_kw option {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")

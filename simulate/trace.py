@@ -81,7 +81,8 @@ def distributed_trace_events(res) -> list[dict]:
 
 def write_distributed_trace(res, path: str | Path) -> Path:
     return _write_trace(path, distributed_trace_events(res), {"model": res.model, "cluster": res.cluster,
-                                                              "parallel": res.parallel.describe(), "step_time_ms": res.step_time_ms})
+                                                              "parallel": res.parallel.describe(), "step_time_ms": res.step_time_ms,
+                                                              "truncated": res.meta.get("trace_truncated")})
 
 
 def plot_timeline(res, path: str | Path) -> Path:
