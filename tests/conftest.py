@@ -149,3 +149,20 @@ def pytest_sessionfinish(session, exitstatus):
     t = getattr(session.config, "_wattcast_training", None)
     if t is not None:
         t.stop()
+
+
+#: a valid user spec in the own schema (a GPU not in the catalog), shared by spec tests
+USER_SPEC = {
+    "schema_version": 1,
+    "name": "Acme-X1",
+    "vendor": "other",
+    "peak_fp32_tflops": 40.0,
+    "peak_bf16_tflops": 400.0,
+    "memory_gb": 96,
+    "memory_bandwidth_gbps": 2500,
+    "num_sms": 100,
+    "boost_clock_mhz": 1800,
+    "l2_cache_mb": 64,
+    "tdp_w": 500,
+    "source": "Acme X1 datasheet rev 3",
+}

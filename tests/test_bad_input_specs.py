@@ -10,6 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+
+from conftest import USER_SPEC
 import yaml
 
 import wattcast
@@ -19,20 +21,7 @@ from wattcast.simulate.lifecycle import LifecycleAssumptions, footprint, footpri
 
 A100 = "A100-SXM4-80GB"
 
-_USER_SPEC = {
-    "schema_version": 1,
-    "name": "Acme-X1",
-    "vendor": "other",
-    "peak_fp32_tflops": 40.0,
-    "peak_bf16_tflops": 400.0,
-    "memory_gb": 96,
-    "memory_bandwidth_gbps": 2500,
-    "num_sms": 100,
-    "boost_clock_mhz": 1800,
-    "l2_cache_mb": 64,
-    "tdp_w": 500,
-    "source": "Acme X1 datasheet rev 3",
-}
+_USER_SPEC = USER_SPEC
 
 
 @pytest.fixture(scope="module")

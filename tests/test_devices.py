@@ -8,6 +8,8 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
+
+from conftest import USER_SPEC
 import yaml
 
 from wattcast.data.catalog import (
@@ -200,20 +202,7 @@ def test_missing_spec_file_path_is_a_clear_error(tmp_path):
 
 
 # ------------------------------------------------------------------ user spec files
-_USER_SPEC = {
-    "schema_version": 1,
-    "name": "Acme-X1",
-    "vendor": "other",
-    "peak_fp32_tflops": 40.0,
-    "peak_bf16_tflops": 400.0,
-    "memory_gb": 96,
-    "memory_bandwidth_gbps": 2500,
-    "num_sms": 100,
-    "boost_clock_mhz": 1800,
-    "l2_cache_mb": 64,
-    "tdp_w": 500,
-    "source": "Acme X1 datasheet rev 3",
-}
+_USER_SPEC = USER_SPEC
 
 
 def test_user_yaml_spec_for_unknown_gpu_resolves_from_path(tmp_path):
