@@ -8,9 +8,9 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import USER_SPEC
-import yaml
 
 from wattcast.data.catalog import (
     find_device,
