@@ -232,7 +232,7 @@ def predict(
     if tokens is None and any(v is not None for v in (region, pue, lifetime_years, grid_kgco2e_per_kwh)):
         _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh describe a run: give --tokens too")
     if str(mode).lower() in ("inference", "inf", "infer"):
-        if optimizer is not None or recompute != "none":
+        if (optimizer is not None and str(optimizer).lower() != "none") or recompute != "none":
             _fail("--optimizer and --recompute describe a training step; --mode inference runs the forward pass only")
     optimizer = optimizer or "adamw"
     dims = {}
@@ -242,9 +242,9 @@ def predict(
             _fail(f"--dim {d!r}: use NAME=VALUE with an integer value, e.g. --dim past_len=128")
         dims[k.strip()] = int(v)
     if trace:
-        _output_file(trace, "--trace", (".json",))
+        _output_file(trace, "--trace")
     if plot:
-        _output_file(plot, "--plot", (".png", ".pdf", ".svg"))
+        _output_file(plot, "--plot", (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".eps", ".ps"))
     if cluster is not None or gpus is not None:
         if dims:
             _fail("--dim applies to single-device predictions of ONNX models")
@@ -359,7 +359,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 
     if cluster is None:
         _fail("--gpus needs --cluster NAME|FILE (presets: wattcast clusters)")
-    if mode != "train":
+    if str(mode).lower() not in ("train", "training"):
         _fail("distributed prediction is for training steps (--mode train)")
     _positive(gpus=gpus, batch=batch, seq=seq)
     n = gpus if gpus is not None else tp * pp * (dp or 1)
@@ -450,7 +450,7 @@ def search(
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("evaluating strategies", total=None)
             res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
-                          tokens=tokens, footprint_kw=dict(region=region) if region else None,
+                          tokens=tokens, footprint_kw=dict(region=region) if region is not None else None,
                           progress=lambda i, n: prog.update(task, completed=i, total=min(n, max_configs)))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))

@@ -232,6 +232,21 @@ def _dim_expr(expr: str, env: dict[str, int]) -> int | None:
     return v if v >= 0 else None
 
 
+def _fixed_batch_seq(model) -> dict[str, int | None]:
+    """Batch and sequence length of a graph exported with fixed input dims, where the first input says them:
+    its fixed axis 0 is the batch; axis 1 is the sequence when the input is 2-D integer token ids or 3-D
+    (batch, sequence, hidden) activations."""
+    init_names = {t.name for t in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in init_names or not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
+            continue
+        tt = inp.type.tensor_type
+        d = [x.dim_value if x.HasField("dim_value") else None for x in tt.shape.dim]
+        ints = tt.elem_type in (6, 7)  # INT32, INT64 (see _INT_NAMES)
+        return {"batch": d[0] if d else None, "seq": d[1] if (ints and len(d) == 2) or (not ints and len(d) == 3) else None}
+    return {"batch": None, "seq": None}
+
+
 def _bind_inputs(model, batch: int | None, seq: int | None, dims: dict[str, int] | None) -> tuple[dict[str, int], set[str]]:
     """Give every symbolic graph-input dim a value (in place): the name -> value bindings, options used."""
     dims = dict(dims or {})
@@ -1852,15 +1867,18 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     inferred, err = _infer(model)
     name = Path(where).stem if base is not None else (model.graph.name or "onnx_model")
     imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts)
+    fixed = _fixed_batch_seq(model)
     meta = dict(name=name, dims=env, producer=model.producer_name or "",
-                batch=batch if "batch" in used else None, seq=seq if "seq" in used else None)
+                batch=batch if "batch" in used else fixed["batch"], seq=seq if "seq" in used else fixed["seq"])
     if base is not None:
         meta["path"] = str(base)
     if err:
         meta["shape_inference_error"] = err
     if shape_only:
         meta["shape_only_weights"] = shape_only  # declared in value_info only
-    ignored = [f"{o}={v}" for o, v in (("batch", batch), ("seq", seq)) if v is not None and o not in used]
+    # an option the fixed dims cannot take (one equal to the exported size is simply met)
+    ignored = [f"{o}={v}" for o, v in (("batch", batch), ("seq", seq))
+               if v is not None and o not in used and fixed[o] != int(v)]
     if ignored:
         meta["ignored_options"] = ignored  # the model's input dims are fixed
     return imp.run(meta)

@@ -103,8 +103,12 @@ MAX_TOKENS_PER_STEP = 2**32
 
 
 def _is_count(v) -> bool:
-    """A positive whole number (Python or numpy integer; not a bool, not a float)."""
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= 1
+    """A positive whole number: a Python or numpy integer, or a float with no fraction (4.0); not a bool."""
+    if isinstance(v, (bool, np.bool_)):
+        return False
+    if isinstance(v, (float, np.floating)):
+        return bool(np.isfinite(v)) and float(v).is_integer() and v >= 1
+    return isinstance(v, (int, np.integer)) and v >= 1
 
 
 def _framework(f: str) -> str:
@@ -153,9 +157,16 @@ def _onnx_forward(path, opts: StepOptions) -> OpGraph:
     ignored = {o.split("=")[0] for o in fwd.meta.get("ignored_options", ())}
     given = [f"{o} {getattr(opts, o)}" for o in ("batch", "seq") if o in ignored and getattr(opts, o) is not None]
     if given:
-        raise GraphError(f"{fwd.meta.get('name')}: the ONNX file's input dims are fixed, so {' and '.join(given)} cannot be "
-                         f"applied; re-export it with dynamic axes (torch.onnx.export(..., dynamic_shapes=...)) or leave "
-                         f"--batch/--seq out to predict the shapes it was exported with")
+        own = ", ".join(f"{o} {fwd.meta[o]}" for o in ("batch", "seq") if fwd.meta.get(o) is not None)
+        raise GraphError(f"{fwd.meta.get('name')}: the ONNX file's input dims are fixed"
+                         + (f" ({own})" if own else "") + f", so {' and '.join(given)} cannot be applied; re-export it "
+                         "with dynamic axes (torch.onnx.export(..., dynamic_shapes=...)) or give the shapes it was "
+                         "exported with")
+    bound = set(fwd.meta.get("dims") or ())
+    unknown = [k for k, _ in opts.dims if k not in bound and ":" not in k]
+    if unknown:
+        raise GraphError(f"{fwd.meta.get('name')}: no symbolic input dim named {', '.join(unknown)}"
+                         + (f" (its symbolic dims: {', '.join(sorted(bound))})" if bound else " (its input dims are fixed)"))
     return fwd
 
 

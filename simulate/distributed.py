@@ -217,7 +217,9 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     par = parallel or ParallelConfig(gpus=gpus)
     par = replace(par, gpus=gpus)
     hf = _model_config(model)
-    opts0 = StepOptions(batch=1, seq=seq, mode="train", dtype=dtype, attention=attention, compile=compile,
+    onnx_model = isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx")
+    # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
+    opts0 = StepOptions(batch=None if onnx_model else 1, seq=seq, mode="train", dtype=dtype, attention=attention, compile=compile,
                         optimizer=optimizer, recompute=par.recompute, framework=framework)
     # layers: from the config, else from a single-device graph
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))

@@ -174,6 +174,17 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
     # an unknown option or a bad choice is named before anything is evaluated
     space = {k: _choices(k, v) for k, v in space.items()}
     _check_footprint_kw(footprint_kw)
+    if tokens is not None:
+        try:
+            ok = float(tokens) > 0 and np.isfinite(float(tokens))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok or isinstance(tokens, bool):
+            raise ValueError(f"tokens (run length in tokens) must be a finite number above 0, got {tokens!r}")
+    elif footprint_kw:
+        raise ValueError("footprint_kw describes a run: give tokens too")
+    if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
+        raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
     rows, bad = [], []
     for c in clusters:
         cl = resolve_cluster(c)

@@ -66,7 +66,6 @@ def test_dim_option_binds_a_named_symbolic_dim(tmp_path):
     (("--mode", "inference", "--recompute", "full"), "--mode inference"),
     (("--schedule", "gpipe"), "--schedule"),
     (("--plot", "x.png"), "--plot"),
-    (("--trace", "t.txt"), ".json"),
 ])
 def test_predict_rejects_options_it_would_ignore(args, needle):
     r = run("predict", "-m", "gpt2", "-d", "H100-SXM5-80GB", *args)
@@ -154,3 +153,29 @@ def test_job_output_locations_are_checked_first(tmp_path):
     r = run("validate", "distributed", "--sample", "-1", "--no-mlflow")
     assert r.exit_code == 2 and "--sample must be at least 1" in flat(r.stderr)
     assert f.read_text() == "keep"
+
+
+def test_fixed_shape_onnx_takes_its_own_shape_and_runs_on_a_cluster(tmp_path):
+    """Regressions the third red-team round found: the exported shape itself is accepted, the cluster path's
+    layer probe does not force batch 1, and unknown --dim names are errors."""
+    f = _onnx(tmp_path / "fixed.onnx", [2, 16])
+    assert run("predict", "-m", f, "-d", "A10", "--batch", "2").exit_code == 0
+    r = run("predict", "-m", f, "--cluster", "DGX-A100", "--gpus", "1", "--batch", "2", "--micro-batch", "2", "--seq", "16")
+    assert r.exit_code == 0, r.stderr
+    r = run("predict", "-m", f, "-d", "A10", "--dim", "nosuch=5")
+    assert r.exit_code == 2 and "no symbolic input dim named nosuch" in flat(r.stderr)
+
+
+def test_inference_with_no_optimizer_and_other_plot_formats(tmp_path):
+    assert run("predict", "-m", "gpt2", "-d", "L4", "--mode", "inference", "--optimizer", "none").exit_code == 0
+    out = tmp_path / "t.jpg"
+    r = run("predict", "-m", "gpt2", "--cluster", "DGX-H100", "--gpus", "8", "--batch", "8", "--plot", out)
+    assert r.exit_code == 0 and out.stat().st_size > 0
+
+
+def test_search_checks_its_run_options():
+    base = ("search", "-m", "gpt2", "--cluster", "DGX-H100", "--gpus", "8", "--batch", "8", "--seq", "1024")
+    r = run(*base, "--tokens", "0")
+    assert r.exit_code == 2 and "tokens" in flat(r.stderr)
+    r = run(*base, "--tokens", "1e9", "--region", "")
+    assert r.exit_code == 2 and "empty region" in flat(r.stderr)
