@@ -104,7 +104,7 @@ def kernels(
 
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpecError
-    from wattcast.models.kernel_predictor import predict_kernels
+    from wattcast.models.kernel_predictor import EXTRA_COLUMNS, PRED_COLUMNS, predict_kernels
 
     try:
         spec = resolve_device(device)
@@ -113,20 +113,24 @@ def kernels(
     _input_file(input, "input file")
     if output:
         _output_file(output, "--output", protect=(input,))
+    try:
+        text = input.read_text(encoding="utf-8-sig")  # read once: checked below, then parsed
+    except (OSError, UnicodeDecodeError) as e:
+        _fail(f"cannot read {input} as CSV: {e}")
     # a row with more fields than the header would make pandas shift every column (or drop cells): an error
-    with open(input, newline="", encoding="utf-8-sig", errors="replace") as f:
-        import csv
+    import csv
+    import io
 
-        widths = [(i, len(r)) for i, r in enumerate(csv.reader(f), start=1) if r]
+    widths = [(i, len(r)) for i, r in enumerate(csv.reader(io.StringIO(text, newline="")), start=1) if r]
     longer = [i for i, n in widths[1:] if n > widths[0][1]] if widths else []
     if longer:
         _fail(f"{input}: line(s) {', '.join(map(str, longer[:5]))} have more fields than the header ({widths[0][1]})")
     try:
         # read as text so the output repeats every input cell exactly as given
-        frame = pd.read_csv(input, dtype=str, keep_default_na=False, index_col=False)
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, index_col=False)
     except Exception as e:  # pandas raises several types for unreadable CSVs
         _fail(f"cannot read {input} as CSV: {e}")
-    replaced = [c for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "ood_reason", "error") if c in frame.columns]
+    replaced = [c for c in PRED_COLUMNS + EXTRA_COLUMNS if c in frame.columns]
     if replaced:
         err.print(f"[yellow]the input already has column(s) {', '.join(replaced)}; the output replaces them[/yellow]")
         frame = frame.drop(columns=replaced)
@@ -443,7 +447,9 @@ def search(
     _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top)
     if region is not None and tokens is None:
         _fail("--region sets the carbon of a run: give --tokens too")
-    if model.lower().endswith(".onnx"):
+    from wattcast.featurize.workload import is_onnx_path
+
+    if is_onnx_path(model):
         _fail("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face config or a "
               "built-in name (an ONNX model can be predicted with `wattcast predict --cluster` and --dp/--pp/--zero)")
     try:

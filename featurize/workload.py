@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from wattcast.data.checks import is_count
 from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
 from wattcast.featurize.hf_config import HFConfig, load_hf_config
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
@@ -104,11 +105,12 @@ MAX_TOKENS_PER_STEP = 2**32
 
 def _is_count(v) -> bool:
     """A positive whole number: a Python or numpy integer, or a float with no fraction (4.0); not a bool."""
-    if isinstance(v, (bool, np.bool_)):
-        return False
-    if isinstance(v, (float, np.floating)):
-        return bool(np.isfinite(v)) and float(v).is_integer() and v >= 1
-    return isinstance(v, (int, np.integer)) and v >= 1
+    return is_count(v, whole_floats=True)
+
+
+def is_onnx_path(model: Any) -> bool:
+    """Whether ``model`` names an ONNX file (by its suffix)."""
+    return isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx")
 
 
 def _framework(f: str) -> str:
@@ -171,14 +173,12 @@ def _onnx_forward(path, opts: StepOptions) -> OpGraph:
 
 
 def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -> OpGraph:
-    if (opts.tp > 1 or opts.ep > 1) and not (isinstance(model, dict) or (isinstance(model, (str, Path))
-                                                                       and not str(model).lower().endswith(".onnx"))):
+    is_onnx = is_onnx_path(model)
+    if (opts.tp > 1 or opts.ep > 1) and not (isinstance(model, dict) or (isinstance(model, (str, Path)) and not is_onnx)):
         raise GraphError("tensor and expert parallelism need a model from a Hugging Face config or a built-in name "
                          "(ONNX and torch.export graphs carry no column/row-parallel structure); use --dp/--pp/--zero")
-    if opts.blocks and not (isinstance(model, dict) or (isinstance(model, (str, Path))
-                                                        and not str(model).lower().endswith(".onnx"))):
+    if opts.blocks and not (isinstance(model, dict) or (isinstance(model, (str, Path)) and not is_onnx)):
         raise GraphError("building fewer blocks needs a model from a Hugging Face config or a built-in name")
-    is_onnx = isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx")
     if opts.dims and not is_onnx:
         raise GraphError("named input dims (--dim) apply to ONNX models; a config or module takes --batch and --seq")
     if not is_onnx and example_inputs is None:

@@ -21,7 +21,6 @@ pipeline bubble, per-device busy time and memory, MFU / HFU / model TFLOP/s per 
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
@@ -29,12 +28,13 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from wattcast.data.checks import is_count
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.hf_config import HFConfig, load_hf_config
-from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, _framework, step_graph
+from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, _framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
@@ -179,7 +179,7 @@ _COSTED_MAX = 128
 
 def _model_config(model) -> HFConfig | None:
     """The Hugging Face config behind ``model`` (a config file, dict or built-in name), else None (ONNX, torch)."""
-    if isinstance(model, Mapping) or (isinstance(model, (str, Path)) and not str(model).lower().endswith(".onnx")):
+    if isinstance(model, Mapping) or (isinstance(model, (str, Path)) and not is_onnx_path(model)):
         return load_hf_config(model)
     return None
 
@@ -191,7 +191,7 @@ MAX_GLOBAL_TOKENS = 2**63 - 1
 def _count(v, label: str) -> int:
     """``v`` as an int if it is a positive whole number (Python or numpy integer, not a bool), else a
     ParallelConfigError naming ``label``."""
-    if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= 1:
+    if is_count(v):
         return int(v)
     raise ParallelConfigError(f"{label} must be a positive integer, got {v!r}")
 
@@ -205,7 +205,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     # names and counts first: every table lookup and rule below takes them as given
     framework = _framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
     seq = _count(seq, "--seq (tokens per sequence)")
-    if isinstance(batch, numbers.Integral) and not isinstance(batch, bool) and batch >= 1:
+    if is_count(batch):
         batch = int(batch)  # the rules below check it; a numpy integer must not wrap around in batch x seq
         if batch * seq > MAX_GLOBAL_TOKENS:
             raise ParallelConfigError(f"global batch x seq = {batch:,} x {seq:,} = {batch * seq:,} tokens in one step is "
@@ -217,9 +217,8 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     par = parallel or ParallelConfig(gpus=gpus)
     par = replace(par, gpus=gpus)
     hf = _model_config(model)
-    onnx_model = isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx")
     # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
-    opts0 = StepOptions(batch=None if onnx_model else 1, seq=seq, mode="train", dtype=dtype, attention=attention, compile=compile,
+    opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=dtype, attention=attention, compile=compile,
                         optimizer=optimizer, recompute=par.recompute, framework=framework)
     # layers: from the config, else from a single-device graph
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))

@@ -56,6 +56,7 @@ from typing import Any, Callable, Mapping, Union
 
 from numpy import bool_ as np_bool
 
+from wattcast.data.checks import is_count
 from wattcast.data import carbon as _c
 from wattcast.data.device_spec import DeviceSpec
 
@@ -126,10 +127,7 @@ def _region(v: Any, name: str = "region") -> str:
 
 def _count(name: str, v: Any) -> int:
     """A whole number >= 1 (ints of any size, or whole floats)."""
-    ok = isinstance(v, numbers.Integral) and not isinstance(v, bool)
-    if not ok and isinstance(v, numbers.Real) and not isinstance(v, bool):
-        ok = math.isfinite(v) and int(v) == v
-    if not ok or v < 1:
+    if not is_count(v, whole_floats=True):
         raise ValueError(f"{name} must be a positive integer, got {v!r}")
     return int(v)
 

@@ -14,9 +14,9 @@ only (ZeRO-1), and DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only, 
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, replace
 
+from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -83,15 +83,12 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         if not cond:
             raise ParallelConfigError(msg)
 
-    def positive_int(v) -> bool:
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-
     for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "gpus"):
         v = getattr(cfg, name)
         if v is None and name in ("dp", "micro_batch"):
             continue
-        need(positive_int(v), f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-    need(positive_int(batch),
+        need(is_count(v), f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+    need(is_count(batch),
          f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
     need(cfg.gpus % (cfg.tp * cfg.pp) == 0,
          f"gpus ({cfg.gpus}) must be a multiple of tp x pp ({cfg.tp} x {cfg.pp} = {cfg.tp * cfg.pp})")
@@ -127,7 +124,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     need(not cfg.sp or cfg.tp > 1, "--sp (sequence parallelism) needs tensor parallelism (--tp > 1)")
     if cfg.sp and seq is not None:
         need(seq % cfg.tp == 0, f"sequence length ({seq}) must be divisible by tp ({cfg.tp}) for sequence parallelism")
-    need(isinstance(cfg.zero, numbers.Integral) and not isinstance(cfg.zero, bool) and cfg.zero in (0, 1, 2, 3),
+    need(is_int(cfg.zero) and cfg.zero in (0, 1, 2, 3),
          f"--zero must be 0, 1, 2 or 3, got {cfg.zero!r}")
     fw = framework if framework is not None else ("megatron-deepspeed" if uneven_stages else None)
     zmax = PIPELINE_ZERO_MAX.get(fw)

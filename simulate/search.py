@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.catalog import resolve_device
+from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
 from wattcast.simulate.lifecycle import footprint, footprint_from_step
@@ -60,13 +60,8 @@ SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False
                       interleave=(1, 2), ep=(1,))
 
 
-def _is_count(v) -> bool:
-    """A positive whole number: a Python or numpy integer, not a bool."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= 1
-
-
 def _positive_int(name: str, v) -> int:
-    if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
+    if is_int(v):
         if v < 1:
             raise ValueError(f"{name} must be at least 1, got {v}")
         return int(v)
@@ -94,11 +89,11 @@ def _choices(name: str, value) -> tuple | None:
     out = []
     for v in vals:
         if name in ("tp", "pp", "micro_batch", "interleave", "ep"):
-            if not _is_count(v):
+            if not is_count(v):
                 raise ValueError(f"search-space option {name}: every choice must be a positive integer, got {v!r}")
             v = int(v)
         elif name == "zero":
-            if not (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v in (0, 1, 2, 3)):
+            if not (is_int(v) and v in (0, 1, 2, 3)):
                 raise ValueError(f"search-space option zero: every choice must be 0, 1, 2 or 3, got {v!r}")
             v = int(v)
         elif name == "sp":
