@@ -522,6 +522,38 @@ def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster p
     con.print(t)
 
 
+@app.command()
+def regions(
+    text: Optional[str] = typer.Argument(None, help="Show only regions whose name or label contains this text (e.g. us-east, France)."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="country, cloud or zone (default: all)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the region names --region takes (countries, cloud regions, grid zones) with their grid intensity."""
+    from wattcast.data.carbon import CarbonDataError, grid_intensity, list_regions
+
+    try:
+        names = list_regions(kind)
+    except CarbonDataError as e:
+        _fail(str(e))
+    rows = []
+    for n in names:
+        g = grid_intensity(n)
+        if text and text.strip().lower() not in f"{n} {g.name}".lower():
+            continue
+        rows.append(dict(region=n, name=g.name, kgco2e_per_kwh=g.kgco2e_per_kwh, basis=g.basis, year=g.year))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        _fail(f"no region matches {text!r}" + (f" among --kind {kind}" if kind else "") + "; `wattcast regions` lists them all", code=1)
+    t = Table(title=f"wattcast regions ({len(rows)}): grid intensity, location-based")
+    for col in ("region", "name", "kgCO2e/kWh"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["region"], r["name"], f"{r['kgco2e_per_kwh']:.3f}")
+    Console().print(t)
+
+
 def _print_prediction(res) -> None:
     con = Console()
     b, s = res.meta.get("batch"), res.meta.get("seq")

@@ -143,6 +143,32 @@ def _region_index() -> dict[str, tuple[str, str]]:
     return idx
 
 
+def _exact_key(s: str) -> str:
+    """A region label lower-cased with spaces and underscores as hyphens, punctuation kept: the key that tells
+    AWS's ``us-east-1`` from GCP's ``us-east1`` (which :func:`_key` folds together)."""
+    return re.sub(r"[\s_]+", "-", str(s).strip().lower())
+
+
+@functools.lru_cache(maxsize=1)
+def _bare_cloud_index() -> dict[str, list[str]]:
+    """bare cloud region label as its provider writes it (``us-east-1``, ``us-east1``, ``westeurope``) ->
+    every ``provider:region`` that uses exactly that label."""
+    out: dict[str, list[str]] = {}
+    for full, row in _grid()["cloud_regions"].items():
+        for label in (row["region"], *row.get("aliases", [])):
+            out.setdefault(_exact_key(label), []).append(full)
+    return out
+
+
+def _lookup(region: str) -> tuple[str, str] | None:
+    """(table, key) of ``region``: a bare cloud region label matching exactly one provider's spelling wins
+    (``us-east-1`` is AWS, ``us-east1`` GCP), then the normalised index."""
+    fulls = _bare_cloud_index().get(_exact_key(region), [])
+    if len(fulls) == 1:
+        return "cloud_regions", fulls[0]
+    return _region_index().get(_key(region))
+
+
 def list_regions(kind: str | None = None) -> list[str]:
     """Canonical region names: ``kind`` in {None, 'country', 'cloud', 'zone'}."""
     g = _grid()
@@ -163,8 +189,11 @@ def list_regions(kind: str | None = None) -> list[str]:
 def _suggest(region: str) -> str:
     idx = _region_index()
     k = _key(region)
+    # cloud regions whose own label is the text as typed (a label several providers use) come first
+    names = list(_bare_cloud_index().get(_exact_key(region), []))
+    # then those whose label only differs in punctuation (``useast1``: AWS us-east-1 and GCP us-east1)
+    names += [f for lab, fulls in _bare_cloud_index().items() if _key(lab) == k for f in fulls if f not in names]
     close = difflib.get_close_matches(k, list(idx), n=5, cutoff=0.6)
-    names = []
     for c in close:
         table, key = idx[c]
         label = key if table != "countries" else f"{key} ({_grid()['countries'][key]['name']})"
@@ -186,7 +215,7 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
     """
     if region is None or str(region).strip() == "":
         raise UnknownRegionError("empty region; give a country ISO3 code, a cloud region or 'world'")
-    hit = _region_index().get(_key(region))
+    hit = _lookup(region)
     if hit is None:
         near = _suggest(region)
         raise UnknownRegionError(

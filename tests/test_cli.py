@@ -173,3 +173,19 @@ def test_neusight_linear_rows_of_a_training_gpu(tmp_path, data_root):
     mape = float(ape.mean() * 100)
     assert np.isfinite(mape)
     assert mape < 100, f"MAPE {mape:.1f}% on NeuSight T4 linear rows"
+
+
+def test_regions_lists_and_filters():
+    import json as _json
+
+    r = run_cli("regions", "us-east-1", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = _json.loads(r.stdout)
+    assert [x["region"] for x in rows] == ["aws:us-east-1"]
+    assert 0.1 < rows[0]["kgco2e_per_kwh"] < 1.0
+    every = _json.loads(run_cli("regions", "--kind", "cloud", "--json").stdout)
+    assert len(every) > 50 and all(":" in x["region"] for x in every)
+    miss = run_cli("regions", "atlantis")
+    assert miss.returncode == 1 and "no region matches" in miss.stderr
+    bad = run_cli("regions", "--kind", "planet")
+    assert bad.returncode == 2 and "unknown region kind" in bad.stderr

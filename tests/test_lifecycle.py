@@ -234,3 +234,14 @@ def test_shipped_grid_table_matches_public_data(data_root):
 
     shipped = json.loads((files("wattcast.data") / "carbon" / "grid_intensity.json").read_text(encoding="utf-8"))
     assert carbon.build_grid_table(data_root) == shipped
+
+
+def test_bare_cloud_region_labels_resolve_per_provider_spelling():
+    # AWS writes us-east-1, GCP us-east1: the normalised key folds both to "useast1", the label as typed does not
+    assert carbon.grid_intensity("us-east-1").region == "aws:us-east-1"
+    assert carbon.grid_intensity("US-East-1").region == "aws:us-east-1"
+    assert carbon.grid_intensity("us-east1").region == "gcp:us-east1"
+    assert carbon.grid_intensity("westeurope").region == "azure:westeurope"
+    # a spelling that only differs in punctuation is ambiguous: refused, both named first
+    with pytest.raises(carbon.UnknownRegionError, match=r"close matches: aws:us-east-1, gcp:us-east1"):
+        carbon.grid_intensity("useast1")
