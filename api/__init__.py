@@ -28,7 +28,8 @@ def predict_kernels(frame, device):
 def predict(model, device, *, batch: int | None = None, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
             attention: str = "eager", compile: bool = False, optimizer: str = "adamw", recompute: str = "none",
             grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
-            clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None):
+            clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None,
+            tokens: float | None = None, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json``, a built-in name (``wattcast.builtin_models()``),
@@ -40,6 +41,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     Returns a :class:`wattcast.simulate.single_device.StepPrediction` (``forward_ms``, ``backward_ms``,
     ``optimizer_ms``, ``step_time_ms``, ``memory_gb``, ``flops``, ``per_op``, ``fallback_ops``,
     ``ood_fraction``, ...). Graphs and distinct-kernel predictions are cached, so repeated calls are cheap.
+    ``tokens``: a training run's length in tokens; the result's ``run`` then holds the whole run's hours, energy,
+    TCO and CO2e (``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ... as ``wattcast predict --tokens``).
     """
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpec
@@ -51,27 +54,71 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                        optimizer=optimizer, recompute=recompute, grad_accumulation=grad_accumulation,
                        dims=dims or ())
     graph = step_graph(model, opts, example_inputs=example_inputs)
-    return predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+    res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+    b, s_ = res.meta.get("batch"), res.meta.get("seq")
+    if tokens is None:
+        _no_run_options(run_kw)
+        return res
+    if not (b and s_):
+        raise ValueError("tokens= needs the step's tokens: this graph's batch and sequence dims are not known")
+    return _with_run(res, spec, tokens, b * s_, run_kw)
+
+
+#: the run options ``tokens=`` takes (as ``wattcast predict --tokens``)
+RUN_OPTIONS = ("region", "pue", "lifetime_years", "grid_kgco2e_per_kwh", "market_based", "electricity_usd_per_kwh",
+               "cloud_usd_per_gpu_hour", "node_overhead_share", "assumptions")
+
+
+def _no_run_options(run_kw: dict) -> None:
+    unknown = sorted(set(run_kw) - set(RUN_OPTIONS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}")
+    given = sorted(k for k, v in run_kw.items() if v is not None)
+    if given:
+        raise ValueError(f"{', '.join(given)} describe a run: give tokens= too")
+
+
+def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict):
+    from dataclasses import replace
+
+    from wattcast.simulate.lifecycle import run_of_prediction
+
+    unknown = sorted(set(run_kw) - set(RUN_OPTIONS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}")
+    return replace(res, run=run_of_prediction(res, tokens=tokens, tokens_per_step=tokens_per_step, device=spec, **run_kw))
 
 
 def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, tp: int = 1, pp: int = 1, dp=None,
                     micro_batch=None, zero: int = 0, sp: bool = False, ep: int = 1, recompute: str = "none",
                     interleave: int = 1, schedule: str = "1f1b", dtype: str = "bf16", attention: str = "eager",
                     compile: bool = False, optimizer: str = "adamw", device=None, trace: bool = False,
-                    power_limit_w: float | None = None, clock_cap_mhz: float | None = None, framework: str = "hf"):
+                    power_limit_w: float | None = None, clock_cap_mhz: float | None = None, framework: str = "hf",
+                    tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
     :class:`wattcast.simulate.distributed.DistributedPrediction` (step time, MFU, HFU, TFLOP/s per GPU,
-    exposed communication, pipeline bubble, per-device memory and busy time, ``fits``)."""
+    exposed communication, pipeline bubble, per-device memory and busy time, ``fits``). ``tokens`` (and
+    ``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ...): the whole run in ``.run``, the same
+    figures as ``wattcast predict --cluster ... --tokens``."""
     from wattcast.simulate.distributed import predict_distributed
     from wattcast.simulate.parallel import ParallelConfig
 
     par = ParallelConfig(gpus=gpus, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
                          interleave=interleave, schedule=schedule)
-    return predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                               compile=compile, optimizer=optimizer, device=device, trace=trace, power_limit_w=power_limit_w,
-                               clock_cap_mhz=clock_cap_mhz, framework=framework)
+    if tokens is None:
+        _no_run_options(run_kw)
+    res = predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
+                              compile=compile, optimizer=optimizer, device=device, trace=trace, power_limit_w=power_limit_w,
+                              clock_cap_mhz=clock_cap_mhz, framework=framework)
+    if tokens is None:
+        return res
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpec
+
+    spec = device if isinstance(device, DeviceSpec) else resolve_device(device if device is not None else res.device)
+    return _with_run(res, spec, tokens, batch * seq, run_kw)
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):

@@ -280,7 +280,7 @@ def predict(
     if tokens is not None and not (b and s_):
         _fail("--tokens needs the step's tokens: this ONNX graph's batch and sequence dims are fixed by the file "
               "and not named batch/sequence, so wattcast cannot tell how many tokens a step trains on")
-    run = _run_footprint(spec, 1, res.step_time_ms, res.avg_power_w, (b or 0) * (s_ or 0), res.flops, run_kw)
+    run = _run_footprint(spec, res, (b or 0) * (s_ or 0), run_kw)
     unmapped = res.meta.get("unmapped_ops") or {}
     if unmapped:
         err.print(f"[yellow]{sum(unmapped.values())} op(s) have no cost model and are costed by the roofline from their "
@@ -322,17 +322,16 @@ def _warn_memory(res) -> None:
                   "time may be underestimated[/yellow]")
 
 
-def _run_footprint(device, gpus: int, step_time_ms: float, gpu_power_w: float, tokens_per_step: float, flops_per_step: float,
-                   run_kw: dict):
-    """The `run` of a prediction when --tokens is given (lifecycle time, energy, carbon, cost)."""
+def _run_footprint(device, res, tokens_per_step: float, run_kw: dict):
+    """The `run` of prediction ``res`` when --tokens is given (lifecycle time, energy, carbon, cost): the same
+    function the Python API's ``tokens=`` uses."""
     if run_kw.get("tokens") is None:
         return None
-    from wattcast.simulate.lifecycle import footprint_from_step
+    from wattcast.simulate.lifecycle import run_of_prediction
 
-    kw = {k: v for k, v in run_kw.items() if k != "tokens" and v is not None}
+    kw = {k: v for k, v in run_kw.items() if k != "tokens"}
     try:
-        return footprint_from_step(device, gpus, step_time_ms=step_time_ms, gpu_power_w=gpu_power_w, tokens=run_kw["tokens"],
-                                   tokens_per_step=tokens_per_step, flops_per_step=flops_per_step, **kw)
+        return run_of_prediction(res, tokens=run_kw["tokens"], tokens_per_step=tokens_per_step, device=device, **kw)
     except ValueError as e:
         _fail(str(e))
 
@@ -381,7 +380,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
                                   power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework)
     except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    run = _run_footprint(spec or res.device, res.gpus, res.step_time_ms, res.avg_power_w, batch * seq, res.flops, run_kw or {})
+    run = _run_footprint(spec or res.device, res, batch * seq, run_kw or {})
     if trace:
         from wattcast.simulate.trace import write_distributed_trace
 

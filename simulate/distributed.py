@@ -76,6 +76,8 @@ class DistributedPrediction:
     power_limit_w: float | None = None
     #: one GPU's memory (GB): ``memory_flag`` compares the worst device's prediction with it
     memory_capacity_gb: float = 0.0
+    #: the whole run (lifecycle.RunFootprint) when a run length in tokens was given, else None
+    run: object = field(default=None, repr=False)
 
     @property
     def memory_flag(self) -> str:
@@ -97,7 +99,8 @@ class DistributedPrediction:
                     power_limit_w=self.power_limit_w, memory_capacity_gb=self.memory_capacity_gb,
                     memory_flag=self.memory_flag,
                     # set when the pipeline schedule of a huge micro-batch count was extrapolated past its exact part
-                    schedule_extrapolated=self.meta.get("schedule_extrapolated"))
+                    schedule_extrapolated=self.meta.get("schedule_extrapolated"),
+                    **(dict(run=self.run.run_dict(), run_details=self.run.to_dict()) if self.run is not None else {}))
 
 
 #: Host-side costs per framework: (per-kernel launch floor in ms, fixed per-iteration overhead in ms).

@@ -826,3 +826,15 @@ def footprint_from_step(device: str | DeviceSpec, gpus: int, *, step_time_ms: fl
         raise ValueError(f"flops_per_step={flops_per_step!r} x {steps:g} steps overflows the run's FLOPs; "
                          "check tokens and flops_per_step")
     return footprint(device, gpus, hours, power_model=float(gpu_power_w), flops=flops, **kw)
+
+
+def run_of_prediction(prediction, *, tokens: float, tokens_per_step: float, device: str | DeviceSpec | None = None,
+                      **kw) -> RunFootprint:
+    """The run of ``tokens`` tokens made of ``prediction``'s steps (a StepPrediction or DistributedPrediction):
+    its step time, average GPU power, GPU count and FLOPs per step; ``device`` (default: the prediction's) is the
+    spec whose price and embodied carbon are used. ``kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ...
+    (None values are dropped). The CLI and the Python API both compute a run through this function."""
+    kw = {k: v for k, v in kw.items() if v is not None}
+    return footprint_from_step(device if device is not None else prediction.device, int(getattr(prediction, "gpus", 1)),
+                               step_time_ms=prediction.step_time_ms, gpu_power_w=prediction.avg_power_w, tokens=tokens,
+                               tokens_per_step=tokens_per_step, flops_per_step=prediction.flops, **kw)

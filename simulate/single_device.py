@@ -70,6 +70,8 @@ class StepPrediction:
     power_limit_w: float | None = None
     #: the device's memory (GB): ``memory_flag`` compares the prediction with it
     memory_capacity_gb: float = 0.0
+    #: the whole run (lifecycle.RunFootprint) when a run length in tokens was given, else None
+    run: object = field(default=None, repr=False)
 
     @property
     def memory_flag(self) -> str:
@@ -84,6 +86,9 @@ class StepPrediction:
                  model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)),
                  energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w,
                  memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag)
+        if self.run is not None:  # predict(..., tokens=): the whole run's time, energy, cost and carbon
+            d["run"] = self.run.run_dict()
+            d["run_details"] = self.run.to_dict()
         if nodes:
             d["nodes"] = self.nodes.to_dict("records")
         return d

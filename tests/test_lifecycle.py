@@ -245,3 +245,30 @@ def test_bare_cloud_region_labels_resolve_per_provider_spelling():
     # a spelling that only differs in punctuation is ambiguous: refused, both named first
     with pytest.raises(carbon.UnknownRegionError, match=r"close matches: aws:us-east-1, gcp:us-east1"):
         carbon.grid_intensity("useast1")
+
+
+def test_python_api_run_equals_the_cli_run():
+    import json as _json
+    import subprocess
+    import sys
+
+    import wattcast
+
+    kw = dict(gpus=16, batch=64, seq=1024, tp=2, micro_batch=1)
+    r = wattcast.predict_cluster("gpt2_medium", "DGX-A100", **kw, tokens=1e9, region="us-east-1", pue=1.2)
+    cli = subprocess.run([sys.executable, "-m", "wattcast.cli", "predict", "--model", "gpt2_medium", "--cluster", "DGX-A100",
+                          "--gpus", "16", "--batch", "64", "--seq", "1024", "--tp", "2", "--micro-batch", "1", "--dtype", "bf16",
+                          "--tokens", "1e9", "--region", "us-east-1", "--pue", "1.2", "--json"], capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    c = _json.loads(cli.stdout)
+    assert c["step_time_ms"] == r.step_time_ms
+    assert c["run"] == r.to_dict()["run"] and r.run.run_dict()["total_tco2e"] > 0
+    # a step without tokens= carries no run; run options without tokens= are refused, misspelt ones too
+    assert wattcast.predict_cluster("gpt2_medium", "DGX-A100", **kw).run is None
+    with pytest.raises(ValueError, match="give tokens="):
+        wattcast.predict_cluster("gpt2_medium", "DGX-A100", **kw, region="FRA")
+    with pytest.raises(TypeError, match="regoin"):
+        wattcast.predict_cluster("gpt2_medium", "DGX-A100", **kw, tokens=1e9, regoin="FRA")
+    single = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=4, seq=512, tokens=1e8, region="FRA")
+    assert single.to_dict()["run"]["hours"] == pytest.approx(single.step_time_ms * (1e8 / 2048) / 3.6e6 / single.run.goodput,
+                                                               rel=1e-3)
