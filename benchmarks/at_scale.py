@@ -48,7 +48,7 @@ def published_rows(data) -> pd.DataFrame:
     rows += [dict(run=r.model, reading="fastest fitting", error_pct=r.tuned_error_pct, fits=bool(r.tuned_config))
              for r in w.itertuples()]
     for run in (gpt3_megatron_a100(), bloom_176b()):
-        rows.append(dict(run=run["run"], reading="step time", fits=bool(run.get("fits", True)),
+        rows.append(dict(run=run["run"], reading="step time", fits=bool(run["fits"]),
                          error_pct=100 * (run["predicted"] - run["measured"]) / run["measured"]))
     return pd.DataFrame(rows)
 

@@ -71,7 +71,7 @@ def gpt3_megatron_a100() -> dict:
     p = predict_distributed("gpt3_175b", "DGX-A100", gpus=1024, batch=1536, seq=2048, parallel=par, dtype="fp16",
                             attention="eager", framework="megatron")
     return dict(run="GPT-3 175B, Megatron-LM, 1,024 A100", metric="step_time_s", measured=32.0,
-                predicted=p.step_time_ms / 1e3, also=f"{p.hfu * 312:.0f} TFLOP/s per GPU counting recomputation "
+                predicted=p.step_time_ms / 1e3, fits=p.fits, also=f"{p.hfu * 312:.0f} TFLOP/s per GPU counting recomputation "
                                                    "(published 138)")
 
 
@@ -95,7 +95,7 @@ def bloom_176b() -> dict:
     p = predict_distributed(cfg, cl, gpus=384, batch=2048, seq=2048, parallel=par, dtype="bf16", attention="eager",
                             framework="megatron-deepspeed")
     return dict(run="BLOOM-176B, Megatron-DeepSpeed, 384 A100", metric="step_time_s", measured=104.7,
-                predicted=p.step_time_ms / 1e3, also=f"{p.hfu * 312:.0f} TFLOP/s per GPU counting recomputation "
+                predicted=p.step_time_ms / 1e3, fits=p.fits, also=f"{p.hfu * 312:.0f} TFLOP/s per GPU counting recomputation "
                                                     "(published 149.8)")
 
 
