@@ -227,8 +227,10 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row"), name="attn.exit")
             if not fused:
                 a = b.dropout(a, resid_p, name="attn.resid_dropout")
-            # Megatron: one fused bias-dropout-add kernel
+            # Megatron: one fused bias-dropout-add kernel (its dropout mask saved with it)
             x = b.elementwise("add", a, x, name="residual_1")
+            if fused:
+                b.fused_dropout_mask(x, resid_p)
             y = b.tp_enter(b.layernorm(x, name="ln_2"), name="mlp.enter")
             y = b.linear(y, cfg.ffn, name="mlp.c_fc", parallel="col")
             # Megatron: fused bias-GeLU (one kernel)
@@ -237,6 +239,8 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             if not fused:
                 y = b.dropout(y, resid_p, name="mlp.dropout")
             x = b.elementwise("add", x, y, name="residual_2")
+            if fused:
+                b.fused_dropout_mask(x, resid_p)
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="ln_f")
         lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train)

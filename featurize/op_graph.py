@@ -170,6 +170,11 @@ class GraphBuilder:
         self._tensor_shape: list[tuple[int, ...]] = []
         # tensor id -> element counts of the views through which ops took a gradient-carrying input
         self._grad_uses: dict[int, list[int]] = {}
+        # sequence parallelism: the all-gathered tensor id -> the local shard it was gathered from. A linear layer
+        # that consumes a gathered input saves the shard for its weight gradient and all-gathers it again in backward
+        # (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication; Korthikanti et al. 2022 Sec. 4.2.2: the
+        # QKV and FC1 inputs are stored sharded, 2sbh/t each)
+        self._sp_shard: dict[int, Tensor] = {}
 
     # ------------------------------------------------------------------ context
     @contextmanager
@@ -280,7 +285,8 @@ class GraphBuilder:
             bw.append(self._bw(f"{name}.bgrad", "reduction", "", "proxy", flops=m * k, bytes_=(m * k + k) * db))
         return self._add(name, "linear", "linear" if bias else "bmm", "surrogate", [x], (*x.shape[:-1], k),
                          flops=2.0 * m * n * k + (m * k if bias else 0), bytes_=(m * n + n * k + m * k + (k if bias else 0)) * db,
-                         params=params, saves=[x], backward=bw, grad_inputs=[x] if needs_input_grad else [], B=1, M=m, N=n, K=k)
+                         params=params, saves=[self._sp_shard.get(x.tid, x)], backward=bw,
+                         grad_inputs=[x] if needs_input_grad else [], B=1, M=m, N=n, K=k)
 
     def matmul(self, a: Tensor, b: Tensor, *, name: str = "matmul") -> Tensor:
         """``torch.matmul`` of (..., M, N) by (..., N, K), batch dims broadcast."""
@@ -428,6 +434,14 @@ class GraphBuilder:
         return self._add(name, "dropout", "mul", "surrogate", [x], x.shape, flops=2 * n, bytes_=(2 * db + 1) * n,
                          saves=[mask], backward=bw, B=b, H=h)
 
+    def fused_dropout_mask(self, out: Tensor, p: float) -> None:
+        """A dropout fused into the kernel that produced ``out`` (Megatron-LM's bias-dropout-add): no kernel of its
+        own, but its 1-byte mask is saved for backward (Korthikanti et al. 2022 Table 2: sbh per dropout)."""
+        if not self.train or p <= 0 or out.node < 0:
+            return
+        mask = self._tensor(out.shape, "fp8", -1)
+        self._nodes[out.node].saves.append(mask.tid)
+
     def layernorm(self, x: Tensor, *, name: str = "layernorm", bias: bool = True, rms: bool = False) -> Tensor:
         """LayerNorm (or RMSNorm, ``rms=True``) over the last dim, as one fused kernel."""
         h = int(x.shape[-1])
@@ -532,8 +546,10 @@ class GraphBuilder:
         full = x.nbytes * (self.tp if self.sp else 1)
         if self.sp:
             shape = (x.shape[0], x.shape[1] * self.tp, *x.shape[2:]) if len(x.shape) >= 3 else (x.shape[0] * self.tp, *x.shape[1:])
-            return self.collective("all_gather", x, shape, group="tp", size_bytes=full, name=f"{name}.all_gather",
-                                   backward=[("reduce_scatter", full)])
+            out = self.collective("all_gather", x, shape, group="tp", size_bytes=full, name=f"{name}.all_gather",
+                                  backward=[("reduce_scatter", full)])
+            self._sp_shard[out.tid] = x
+            return out
         bw = [dict(self._bw(f"{name}.grad", "collective", "all_reduce", "collective", flops=0, bytes_=full), group="tp")]
         return self._bw_only(name, x, bw)
 

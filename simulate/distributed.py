@@ -42,6 +42,7 @@ from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelCon
                                         resolve_parallel)
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, stream_bandwidth_gbps
+from wattcast.simulate.stage_memory import held_gradient_bytes, inflight_chunks, stage_memory
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ class DistributedPrediction:
     power_limit_w: float | None = None
     #: one GPU's memory (GB): ``memory_flag`` compares the worst device's prediction with it
     memory_capacity_gb: float = 0.0
+    #: the worst stage's memory term by term (GB): weights, master_weights, gradients, optimizer, activations,
+    #: buffers, total; with its stage index and the chunks of activations it holds
+    memory: dict = field(default_factory=dict)
     #: the whole run (lifecycle.RunFootprint) when a run length in tokens was given, else None
     run: object = field(default=None, repr=False)
 
@@ -93,7 +97,7 @@ class DistributedPrediction:
                     step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms, bubble_ms=self.bubble_ms,
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
-                    memory_gb=self.memory_gb, fits=self.fits, per_device=self.per_device, per_op=self.per_op,
+                    memory_gb=self.memory_gb, memory=self.memory, fits=self.fits, per_device=self.per_device, per_op=self.per_op,
                     fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, comm=self.comm,
                     param_count=self.meta.get("param_count"), energy_j=self.energy_j, avg_power_w=self.avg_power_w,
                     power_limit_w=self.power_limit_w, memory_capacity_gb=self.memory_capacity_gb,
@@ -436,7 +440,6 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
     expert_chunk = per_chunk(view.expert_params)
     db = DTYPE_BYTES[dtype]
-    mixed = db < 4
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
     hidden = int(g.meta.get("hidden") or 0)
     act_bytes = par.micro_batch * seq * hidden * db / (par.tp if par.sp else 1)
@@ -557,32 +560,31 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     step_s = step / 1e3
     mfu = model_flops / (step_s * par.gpus * peak)
     hfu = hw_flops / (step_s * par.gpus * peak)
-    # memory per stage (one TP rank)
+    # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation)
     act_chunk = per_chunk(view.act_bytes)
-    full_extra = view.full_extra_bytes
     per_device = []
-    w_b = db + (4 if mixed else 0)
-    opt_b = 8 if opts.optimizer == "adamw" else 0
     dp_n = lay["dp"].size
-    worst = 0.0
+    in_model = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
+    block_params = float(view.params[in_model].max()) if in_model.any() else 0.0
+    worst, worst_terms = 0.0, None
     for s in range(P):
         cs = [c * P + s for c in range(V)]
         p = float(params_chunk[cs].sum())
-        weights = p * w_b / (dp_n if par.zero == 3 else 1)
-        grads = p * (4 if mixed else db) / (dp_n if par.zero >= 2 else 1)
-        ostate = p * opt_b / (dp_n if par.zero >= 1 else 1)
-        if par.schedule == "gpipe":
-            inflight = n_micro * V
-        elif V == 1:
-            inflight = min(P - s, n_micro)
-        else:
-            inflight = min((P - s - 1) * 2 + (V - 1) * P + 1, n_micro * V)
-        act = float(act_chunk[cs].mean()) * inflight + full_extra
-        mem = (weights + grads + ostate + act) / 1e9
-        worst = max(worst, mem)
+        inflight = inflight_chunks(s, pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
+        sm = stage_memory(params=p, act_bytes_per_chunk=float(act_chunk[cs].mean()), inflight=inflight,
+                          full_recompute_extra_bytes=view.full_extra_bytes, dtype_bytes=db,
+                          grad_bytes=_grad_bytes(opts.framework, dtype), held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db),
+                          optimizer=opts.optimizer, zero=par.zero, dp=dp_n,
+                          framework=opts.framework, block_params=block_params)
+        terms = sm.to_gb_dict()
+        mem = terms["total_gb"]
+        if worst_terms is None or mem > worst:
+            worst, worst_terms = mem, dict(stage=s, inflight_chunks=inflight, **terms)
         per_device.append(dict(stage=s, busy_ms=float(busy[s] + opt_stage[s]), finish_ms=float(finish[s]),
-                               memory_gb=mem, weights_gb=weights / 1e9, gradients_gb=grads / 1e9, optimizer_gb=ostate / 1e9,
-                               activations_gb=act / 1e9, params=p))
+                               memory_gb=mem, weights_gb=terms["weights_gb"] + terms["master_weights_gb"],
+                               gradients_gb=terms["gradients_gb"], optimizer_gb=terms["optimizer_gb"],
+                               activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
+                               post_backward_buffers_gb=terms["post_backward_buffers_gb"], params=p))
     phase_t = view.phase_ms
     # energy per GPU of each stage: kernels at their power, host launch gaps at idle, waits at communication power
     from wattcast.models.power import comm_power_w
@@ -639,7 +641,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
         forward_ms=phase_t["forward"] * n_micro, backward_ms=phase_t["backward"] * n_micro,
         optimizer_ms=float(opt_stage.max()), exposed_comm_ms=max(step - step_free, 0.0), bubble_ms=max(bubble, 0.0),
         mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,
-        memory_gb=worst, fits=bool(worst <= spec.memory_gb), memory_capacity_gb=float(spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
+        memory_gb=worst, memory=worst_terms or {}, fits=bool(worst <= spec.memory_gb), memory_capacity_gb=float(spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
         ood_fraction=view.ood_fraction, comm=comm, events=events,
         meta=meta,
         energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w)

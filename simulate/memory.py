@@ -96,8 +96,9 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
         saved_ids: set[int] = set()
         for i, ids in enumerate(by_node):
             if recompute == "selective" and tags[i] == "attn_core":
-                # keep only the attention core's inputs (q, k, v), produced outside it
-                ids = [t for t in ids if tnode[t] < 0 or tags[tnode[t]] != "attn_core"]
+                # keep only the attention core's inputs (q, k, v), produced outside it; its dropout mask (made by no
+                # node) is recomputed with it (Korthikanti et al. 2022 Sec. 5: selective drops all 5as^2 terms)
+                ids = [t for t in ids if tnode[t] >= 0 and tags[tnode[t]] != "attn_core"]
             saved_ids.update(ids)
         if recompute == "full":
             n_layers = int(meta.get("n_layers", 0)) or 1
@@ -151,7 +152,8 @@ def activation_bytes_by_layer(graph: OpGraph) -> tuple[dict[int, float], float]:
                 continue
             seen.add(t)
             src = tnode[t]
-            if recompute == "selective" and src >= 0 and tags[src] == "attn_core":
+            # selective recomputation re-makes what the attention core makes (its dropout mask included)
+            if recompute == "selective" and ((src >= 0 and tags[src] == "attn_core") or (src < 0 and tags[i] == "attn_core")):
                 continue
             lay = int(layers[src]) if src >= 0 else int(layers[i])
             per[lay] = per.get(lay, 0.0) + float(tbytes[t])

@@ -1,0 +1,144 @@
+"""Memory of one pipeline stage of a distributed training step, term by term, as the frameworks allocate it.
+
+Pure functions over counts (parameters held by the stage, activation bytes of one micro-batch per model chunk);
+every term cites the equation or the framework code it follows. Units are in the names.
+
+- Model states, mixed precision (Megatron-LM ``megatron/training/theoretical_memory_usage.py``; Rajbhandari et al.
+  2020, ZeRO Sec. 3.1): half-precision weights (2 B/param), fp32 main gradients (4 B/param: Megatron's
+  ``main_grad`` buffer, DeepSpeed's fp32 gradient partitions, PyTorch AMP's fp32 ``.grad``), fp32 master weights
+  (4 B/param) and Adam's two fp32 moments (8 B/param): 18 B/param without sharding. The distributed optimizer /
+  ZeRO-1 shards master weights and moments over the data-parallel group (Megatron: 6 + 12/d B/param), ZeRO-2 also
+  the gradients, ZeRO-3 / FSDP the weights too. Full precision (fp32): 4 + 4 + 8 = 16 B/param.
+- Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Eq. 1-6):
+  per layer and micro-batch what the rank graph saves for backward (``activation_bytes_by_layer``; 34·s·b·h/t under
+  sequence parallelism with selective recomputation, s·b·h·(34 + 5as/h)/t with SP and no recomputation,
+  2·s·b·h/t kept per layer under full recomputation plus one layer re-materialised); the first stage holds as many
+  micro-batches as 1F1B keeps in flight (p, Sec. 4.2.3: L/p layers x p micro-batches = L layers' worth), the
+  interleaved schedule (1 + (p-1)/(p·v)) times that (Narayanan et al. SC21 Sec. 2.2.2), GPipe every micro-batch.
+- Framework buffers (their own line): PyTorch DDP's gradient buckets are a second copy of the gradients unless
+  ``gradient_as_bucket_view=True`` (``torch.nn.parallel.DistributedDataParallel`` docs: the saving "will be equal
+  to the total gradients size"), allocated with the model, so held during the passes; FSDP holds the unsharded
+  parameters of the running and the prefetched unit (one transformer block each: llm-foundry wraps per block,
+  ``forward_prefetch``/``backward_prefetch``); DeepSpeed flattens gradients into reduce buckets of up to
+  ``reduce_bucket_size`` = 5e8 elements (DeepSpeed's default config) when it reduces them, after the last
+  micro-batch's backward (activations freed by then: a second peak, not added to the first); Megatron-LM's
+  distributed optimizer reduces and gathers in place in its contiguous grad and param buffers (no extra copy).
+  Plus the cuBLAS workspace of the compute stream (PyTorch: 32 MiB on sm90 and later, ``CUBLAS_WORKSPACE_CONFIG``
+  default): taken as 32 MiB.
+- Gradients are held in the dtype the framework keeps them in: fp32 for PyTorch AMP (fp32 parameters) and for
+  Megatron-LM with bf16 (``--accumulate-allreduce-grads-in-fp32``, which Megatron sets for bf16; its theoretical
+  memory formula assumes it), the half-precision dtype for Megatron-LM fp16 and DeepSpeed's fp16 engine (its fp32
+  master gradients are made at the optimizer step, after the activations are freed), half plus fp32 for
+  DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch).
+
+Not counted (stated): the CUDA context (~0.3-0.6 GB with lazy module loading) and allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+GB = 1e9
+#: cuBLAS workspace of one stream (PyTorch's default on sm90+, ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+#: DeepSpeed's default ``reduce_bucket_size`` (elements): its gradient reduce buckets are flattened copies
+DEEPSPEED_BUCKET_ELEMENTS = 5e8
+#: Adam/AdamW: two fp32 moments per parameter
+ADAM_BYTES_PER_PARAM = 8
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes of one stage's device, term by term (see the module docstring for each equation). The peak is the
+    larger of the passes' (model states + activations + buffers) and the gradient reduction's after the last
+    backward (model states + ``post_backward_buffers_bytes``, activations freed)."""
+
+    weights_bytes: float
+    master_weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    post_backward_buffers_bytes: float = 0.0
+
+    @property
+    def states_bytes(self) -> float:
+        return self.weights_bytes + self.master_weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return self.states_bytes + max(self.activations_bytes + self.buffers_bytes, self.post_backward_buffers_bytes)
+
+    def to_gb_dict(self) -> dict:
+        d = {k.replace("_bytes", "_gb"): v / GB for k, v in asdict(self).items()}
+        d["total_gb"] = self.total_bytes / GB
+        return d
+
+
+def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int) -> int:
+    """Bytes per parameter of the gradients a framework holds through the backward passes (module docstring)."""
+    if dtype_bytes >= 4:
+        return dtype_bytes
+    if framework == "megatron":
+        return 4 if dtype == "bf16" else dtype_bytes
+    if framework == "megatron-deepspeed":
+        return dtype_bytes + (4 if dtype == "bf16" else 0)
+    return 4  # PyTorch AMP: fp32 parameters, fp32 gradients
+
+
+def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: int, dp: int,
+                      grad_bytes: float | None = None) -> dict:
+    """Weights, fp32 master weights, gradients and optimizer states of ``params`` parameters (bytes), sharded over
+    ``dp`` ranks as ZeRO stage ``zero`` shards them. Mixed precision when ``dtype_bytes`` < 4; ``grad_bytes``: bytes
+    per parameter of the held gradients (default fp32 under mixed precision, Megatron's formula)."""
+    mixed = dtype_bytes < 4
+    opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
+    dp = max(int(dp), 1)
+    if grad_bytes is None:
+        grad_bytes = 4 if mixed else dtype_bytes
+    return dict(
+        weights_bytes=params * dtype_bytes / (dp if zero >= 3 else 1),
+        master_weights_bytes=params * (4 if mixed else 0) / (dp if zero >= 1 else 1),
+        gradients_bytes=params * grad_bytes / (dp if zero >= 2 else 1),
+        optimizer_bytes=params * opt_b / (dp if zero >= 1 else 1),
+    )
+
+
+def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, schedule: str) -> int:
+    """Model chunks' activations of one micro-batch that stage ``stage`` holds at its peak: 1F1B keeps pp - stage
+    micro-batches in flight (Narayanan et al. SC21 Sec. 2.2.1), interleaved 1F1B (pp - stage - 1)·2 + (v-1)·pp + 1
+    chunks (Megatron-LM's warm-up count, ``get_forward_backward_func``), GPipe every micro-batch."""
+    if schedule == "gpipe":
+        return n_micro * interleave
+    if interleave == 1:
+        return min(pp - stage, n_micro)
+    return min((pp - stage - 1) * 2 + (interleave - 1) * pp + 1, n_micro * interleave)
+
+
+def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes: int, zero: int, dp: int,
+                 block_params: float) -> tuple[float, float]:
+    """(held during the passes, made after the last backward) bytes of the framework's communication buffers for
+    ``params`` parameters of a stage; the first includes the cuBLAS workspace. ``grad_bytes``: bytes per gradient
+    element the reduction moves; ``block_params``: parameters of one transformer block on this rank (FSDP's unit)."""
+    during, after = float(CUBLAS_WORKSPACE_BYTES), 0.0
+    if dp > 1:
+        if framework == "hf":
+            if zero >= 3:  # FSDP: the running and the prefetched unit, unsharded
+                during += 2.0 * block_params * dtype_bytes
+            elif zero == 0:  # DDP: bucket buffers are a second copy of the gradients
+                during += params * grad_bytes
+        elif framework == "megatron-deepspeed":  # flattened reduce buckets when the gradients are reduced
+            after = min(params, DEEPSPEED_BUCKET_ELEMENTS) * grad_bytes / (dp if zero >= 2 else 1)
+    return during, after
+
+
+def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, full_recompute_extra_bytes: float,
+                 dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str, zero: int, dp: int,
+                 framework: str, block_params: float) -> StageMemory:
+    """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
+    full recomputation), and buffers."""
+    st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp, grad_bytes=held_grad_bytes)
+    during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
+                                 block_params=block_params)
+    return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
+                       buffers_bytes=during, post_backward_buffers_bytes=after)
