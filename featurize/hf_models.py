@@ -618,6 +618,64 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
         lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", gemma), train=b.train)
 
 
+def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """A Llama-architecture model as Megatron-Core's GPTModel runs it with the Transformer Engine layer spec
+    (``--normalization RMSNorm --swiglu --position-embedding-type rope --group-query-attention
+    --untie-embeddings-and-output-weights --disable-bias-linear``; the Llama recipes of Megatron-LM/NeMo):
+
+    - RMSNorm as one fused kernel (TE's ``LayerNormLinear`` norm; it saves its input, and the QKV GEMM its output);
+    - one fused QKV GEMM ((heads + 2 x kv heads) x head_dim outputs, ``linear_qkv``);
+    - fused RoPE (``apply_rotary_pos_emb`` with ``--apply-rope-fusion``): one memory-bound kernel over q/k/v that
+      saves nothing but its frequencies;
+    - core attention: TE's flash kernel (``attention="flash"``), or Megatron's unfused path (K/V expanded to every
+      query head inside the core, fused scale-mask-softmax, no dropout: Llama's ``attention_dropout`` is 0);
+    - output projection; the residual add (bias-dropout-add with hidden dropout 0: no mask);
+    - ``linear_fc1`` (gate and up, 2 x ffn outputs, costed as two GEMMs of ffn) and the fused SwiGLU kernel
+      (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its input), ``linear_fc2``.
+
+    Saved per layer under sequence parallelism with selective recomputation (sbh/t units, 2-byte activations):
+    2 + 2 (the norms' inputs) + 2 + 2 (QKV and FC1 inputs, sharded) + 2(1 + 2 kv/heads) (q, k, v) + 2 (projection
+    input) + 6 ffn/h (SwiGLU input and FC2 input) — Korthikanti et al. 2022's accounting with the GPT MLP's 4h GeLU
+    replaced by SwiGLU's 2 x ffn input and ffn output, and multi-head K/V by grouped ones."""
+    if cfg.n_experts:
+        raise GraphError(f"{cfg.name}: framework 'megatron' models dense Llama-architecture models; mixture-of-experts "
+                         "layers (Megatron-Core's MoE) are not modelled, use --framework hf")
+    nh, nkv, d, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden
+    nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "embedding"):
+        x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"decoder.layers.{i}"):
+            y = b.tp_enter(b.layernorm(x, name="input_layernorm", rms=True, bias=False), name="self_attention.enter")
+            qkv = b.linear(y, (nh + 2 * nkv) * d, bias=False, name="self_attention.linear_qkv", parallel="col")
+            qkv = b.elementwise("mul", qkv, 1.0, name="self_attention.rope")  # fused RoPE over q and k (v passes)
+            sq = qkv.shape[1]
+            q = Tensor((batch, nhl, sq, d), qkv.dtype, qkv.node, qkv.tid)
+            k = Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid)
+            v = Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid)
+            if impl == "flash":
+                a = b.flash_attention(q, k, v, causal=True, name="attn.flash")
+            else:
+                with b.tag("attn_core"):
+                    k = repeat_kv(b, k, nhl // nkvl, "core_attention.expand_k")
+                    v = repeat_kv(b, v, nhl // nkvl, "core_attention.expand_v")
+                a = eager_attention(b, q, k, v, scale="none", mask="none", dropout_p=0.0)
+            a = merge_heads(b, a, name="self_attention.merge_heads")
+            a = b.tp_exit(b.linear(a, h, bias=False, name="self_attention.linear_proj", parallel="row"),
+                          name="self_attention.exit")
+            x = b.elementwise("add", x, a, name="residual_1")
+            y = b.tp_enter(b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False), name="mlp.enter")
+            gate = b.linear(y, cfg.ffn, bias=False, name="mlp.linear_fc1.gate", parallel="col")
+            up = b.linear(y, cfg.ffn, bias=False, name="mlp.linear_fc1.up", parallel="col")
+            y = b.elementwise("mul", gate, up, name="mlp.swiglu")  # fused: reads 2 x ffn, writes ffn, saves its input
+            y = b.tp_exit(b.linear(y, h, bias=False, name="mlp.linear_fc2", parallel="row"), name="mlp.exit")
+            x = b.elementwise("add", x, y, name="residual_2")
+    with b.layer(cfg.n_layers, "output_layer"):
+        x = b.layernorm(x, name="final_layernorm", rms=True, bias=False)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train)
+
+
 def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     llama(cfg, b, batch, seq, impl=impl, gemma=True)
 

@@ -125,8 +125,11 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
 
     # tf32 runs fp32 tensors on tensor cores: the graph's tensors are fp32-sized, the kernels tf32
     b = GraphBuilder(opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp, ep=opts.ep)
-    if opts.framework != "hf" and cfg.family != "gpt2":
-        raise GraphError(f"framework 'megatron' models GPT (gpt2-type configs) only, not {cfg.model_type}")
+    if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
+        raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
+    if opts.framework == "megatron" and cfg.family not in ("gpt2", "llama"):
+        raise GraphError(f"framework 'megatron' models GPT (gpt2-type) and Llama-architecture configs (Megatron-Core's "
+                         f"GPTModel), not {cfg.model_type}")
     b.framework = opts.framework
     if opts.blocks:
         if cfg.total_layers != cfg.n_layers:
@@ -136,7 +139,12 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert", "mpt"):
         limit = f"max_seq_len {cfg.max_positions}" if cfg.family == "mpt" else f"{cfg.max_positions} learned positions"
         raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {limit}")
-    GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
+    if opts.framework == "megatron" and cfg.family == "llama":
+        from wattcast.featurize.hf_models import llama_megatron
+
+        llama_megatron(cfg, b, opts.batch, opts.seq, impl=opts.attention)
+    else:
+        GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
