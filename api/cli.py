@@ -223,6 +223,8 @@ def predict(
     lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime for amortising embodied carbon and CapEx (default 5)."),
     grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region)."),
     dim: List[str] = typer.Option([], "--dim", help="Bind a symbolic ONNX input dim: NAME=VALUE (repeatable)."),
+    pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
+    pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="Transformer layers of the last pipeline stage (decoder_last_pipeline_num_layers)."),
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
@@ -254,10 +256,13 @@ def predict(
             _fail("--dim applies to single-device predictions of ONNX models")
         _predict_distributed(model, device, cluster, gpus, batch or 1, seq or 1024, mode, dtype, attention, compile, optimizer,
                              recompute, as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave,
-                             schedule, power_limit_w, run_kw, clock_cap_mhz, framework)
+                             schedule, power_limit_w, run_kw, clock_cap_mhz, framework,
+                             pp_first_layers=pp_first_stage_layers, pp_last_layers=pp_last_stage_layers)
         return
-    if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1))) or dp or micro_batch or sp:
-        _fail("parallel options (--tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave) need --cluster and --gpus")
+    if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1))) or dp or micro_batch or sp \
+            or pp_first_stage_layers is not None or pp_last_stage_layers is not None:
+        _fail("parallel options (--tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
+              "--pp-last-stage-layers) need --cluster and --gpus")
     if schedule != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
     if plot:
@@ -353,7 +358,8 @@ def _print_run(run) -> None:
 
 def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
                          as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
-                         power_limit_w=None, run_kw=None, clock_cap_mhz=None, framework="hf") -> None:
+                         power_limit_w=None, run_kw=None, clock_cap_mhz=None, framework="hf", pp_first_layers=None,
+                         pp_last_layers=None) -> None:
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
     from wattcast.data.cluster_spec import ClusterSpecError
@@ -373,7 +379,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     par = ParallelConfig(gpus=n, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
-                         interleave=interleave, schedule=schedule)
+                         interleave=interleave, schedule=schedule, pp_first_layers=pp_first_layers, pp_last_layers=pp_last_layers)
     try:
         res = predict_distributed(model, cluster, gpus=n, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
                                   compile=compile, optimizer=optimizer, device=spec, trace=bool(trace or plot),

@@ -39,7 +39,7 @@ from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
-                                        resolve_parallel)
+                                        resolve_parallel, stage_layers)
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, stream_bandwidth_gbps
 from wattcast.simulate.stage_memory import held_gradient_bytes, inflight_chunks, stage_memory
@@ -93,7 +93,8 @@ class DistributedPrediction:
         p = self.parallel
         return dict(model=self.model, device=self.device, cluster=self.cluster, gpus=self.gpus,
                     parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, sp=p.sp, ep=p.ep, zero=p.zero, micro_batch=p.micro_batch,
-                                  interleave=p.interleave, recompute=p.recompute, schedule=p.schedule, name=p.describe()),
+                                  interleave=p.interleave, recompute=p.recompute, schedule=p.schedule, name=p.describe(),
+                                  stage_layers=self.meta.get("stage_layers")),
                     step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms, bubble_ms=self.bubble_ms,
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
@@ -415,10 +416,12 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
         fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
 
 
-def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int) -> np.ndarray:
-    """Model chunk of each layer: contiguous, balanced (sizes differ by at most one when the layers do not divide;
-    equal otherwise); embeddings with the first chunk, head and loss with the last."""
-    c = (np.clip(layers, 0, n_layers - 1) * n_chunks) // n_layers
+def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: list[int] | None = None) -> np.ndarray:
+    """Model chunk of each layer: contiguous runs of ``counts`` layers (``parallel.stage_layers``; by default
+    DeepSpeed's balanced split); embeddings with the first chunk, head and loss with the last."""
+    counts = counts or stage_layers(n_layers, n_chunks, deepspeed=True)
+    ends = np.cumsum(counts)
+    c = np.searchsorted(ends, np.clip(layers, 0, n_layers - 1), side="right")
     c = np.where(layers < 0, 0, c)
     return np.where(layers >= n_layers, n_chunks - 1, c).astype(int)
 
@@ -429,7 +432,9 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
               model_totals: dict | None = None, stream_gbps: float = 1e3, power_model=None) -> DistributedPrediction:
     P, V = par.pp, par.interleave
     n_chunks = P * V
-    chunk = _chunk_of_layer(view.layer_ids, n_layers, n_chunks)
+    counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers,
+                          deepspeed=opts.framework == "megatron-deepspeed")
+    chunk = _chunk_of_layer(view.layer_ids, n_layers, n_chunks, counts)
 
     def per_chunk(v: np.ndarray) -> np.ndarray:
         return np.bincount(chunk, weights=v, minlength=n_chunks)
@@ -622,7 +627,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
             if opt_stage[s] > 0:
                 events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=float(finish[s]),
                                    end_ms=float(finish[s] + opt_stage[s])))
-    meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro)
+    meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts)
     if pipe.extrapolated:
         meta["schedule_extrapolated"] = dict(
             simulated_micro=int(pipe.simulated_micro), period_ms=float(np.max(pipe.period_ms)),

@@ -46,6 +46,10 @@ class ParallelConfig:
     schedule: str = "1f1b"
     #: DDP gradient bucket (PyTorch default 25 MB)
     bucket_mb: float = 25.0
+    #: transformer layers of the first / last pipeline stage (Megatron-Core's ``decoder_first_pipeline_num_layers`` /
+    #: ``decoder_last_pipeline_num_layers``); the other stages split the rest evenly. None: see ``stage_layers``
+    pp_first_layers: int | None = None
+    pp_last_layers: int | None = None
 
     def n_micro(self, batch: int) -> int:
         return batch // (self.dp * self.micro_batch)
@@ -63,7 +67,60 @@ class ParallelConfig:
         parts.append(f"mb{self.micro_batch}")
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
+        if self.pp_first_layers is not None or self.pp_last_layers is not None:
+            parts.append(f"ppl{'' if self.pp_first_layers is None else self.pp_first_layers},"
+                         f"{'' if self.pp_last_layers is None else self.pp_last_layers}")
         return "-".join(parts)
+
+
+def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last: int | None = None,
+                 deepspeed: bool = False) -> list[int]:
+    """Transformer layers of each model chunk (stage, or virtual stage under interleaving), in pipeline order.
+
+    - ``first``/``last`` given (Megatron-Core's ``decoder_first/last_pipeline_num_layers``): those on the first and
+      last stage, the rest split evenly over the stages between (they must divide, Megatron's rule);
+    - layers divisible by the chunks: equal;
+    - otherwise Megatron/PyTorch (``deepspeed`` False): balanced, the stages differing by one layer at most, and the
+      stages with one layer fewer are the first and the last (they also hold the embedding and the output layer
+      with the loss), then inwards: Llama 3 405B's 126 layers on 16 stages are 7, 8 x 14, 7, as Meta ran it (Dubey
+      et al. 2024 Sec. 3.3.2: "we reduce one Transformer layer each from the first and the last stages");
+    - DeepSpeed's partitioner (``deepspeed``): layer ``i`` on chunk ``i x chunks // layers``, sizes differing by one.
+    """
+    if first is not None or last is not None:
+        f = 0 if first is None else int(first)
+        lst = 0 if last is None else int(last)
+        mid = n_layers - f - lst
+        inner = n_chunks - (first is not None) - (last is not None)
+        if inner <= 0:
+            if mid != 0:
+                raise ParallelConfigError(f"--pp-first-stage-layers/--pp-last-stage-layers ({f} + {lst}) must add up to the "
+                                          f"model's {n_layers} layers when they name every stage")
+            return [f] if n_chunks == 1 else [f, lst]
+        if mid < inner or mid % inner:
+            raise ParallelConfigError(
+                f"{n_layers} layers with {f if first is not None else '-'} on the first and "
+                f"{lst if last is not None else '-'} on the last stage leave {mid} for the other {inner} stages: they must "
+                f"divide evenly (Megatron-Core's rule) and give each at least one")
+        counts = [mid // inner] * inner
+        return ([f] if first is not None else []) + counts + ([lst] if last is not None else [])
+    q, r = divmod(n_layers, n_chunks)
+    if r == 0:
+        return [q] * n_chunks
+    if deepspeed:
+        import numpy as np
+
+        return np.bincount((np.arange(n_layers) * n_chunks) // n_layers, minlength=n_chunks).tolist()
+    counts = [q + 1] * n_chunks
+    # n_chunks - r chunks get q: the outermost first (first, last, second, second-to-last, ...)
+    order = [i for pair in zip(range(n_chunks), range(n_chunks - 1, -1, -1)) for i in pair]
+    taken: list[int] = []
+    for i in order:
+        if len(taken) == n_chunks - r:
+            break
+        if i not in taken:
+            taken.append(i)
+            counts[i] = q
+    return counts
 
 
 def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
@@ -106,13 +163,23 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         need(n_kv_heads % cfg.tp == 0, f"key/value heads ({n_kv_heads}) must be divisible by tp ({cfg.tp})")
     if ffn is not None:
         need(ffn % cfg.tp == 0, f"FFN size ({ffn}) must be divisible by tp ({cfg.tp})")
-    if uneven_stages:
-        need(n_layers >= cfg.pp * cfg.interleave,
-             f"layers ({n_layers}) must be at least pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
-    else:
-        need(n_layers % (cfg.pp * cfg.interleave) == 0,
+    need(n_layers >= cfg.pp * cfg.interleave,
+         f"layers ({n_layers}) must be at least pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
+    explicit = cfg.pp_first_layers is not None or cfg.pp_last_layers is not None
+    for name in ("pp_first_layers", "pp_last_layers"):
+        v = getattr(cfg, name)
+        need(v is None or (is_int(v) and v >= 0),
+             f"--{name.replace('_layers', '-stage-layers').replace('_', '-')} must be a whole number of layers >= 0, got {v!r}")
+    if explicit:
+        need(cfg.pp > 1, "--pp-first-stage-layers/--pp-last-stage-layers need pipeline parallelism (--pp > 1)")
+        need(cfg.interleave == 1, "--pp-first-stage-layers/--pp-last-stage-layers with --interleave: uneven virtual "
+                                  "stages are not modelled; use --interleave 1")
+        stage_layers(n_layers, cfg.pp, first=cfg.pp_first_layers, last=cfg.pp_last_layers)  # raises naming the rule
+    elif n_layers % (cfg.pp * cfg.interleave) and not uneven_stages:
+        need(cfg.interleave == 1,
              f"layers ({n_layers}) must be divisible by pp x interleave ({cfg.pp} x {cfg.interleave} = "
-             f"{cfg.pp * cfg.interleave})")
+             f"{cfg.pp * cfg.interleave}) for the interleaved schedule (Megatron's rule); the automatic uneven split "
+             f"needs --interleave 1")
     need(cfg.interleave == 1 or cfg.pp > 1, "--interleave needs pipeline parallelism (--pp > 1)")
     need(cfg.schedule in SCHEDULES, f"--schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
     need(cfg.interleave == 1 or cfg.schedule == "1f1b",

@@ -59,7 +59,8 @@ def test_astra_sim_network_import():
 @pytest.mark.parametrize("kw,msg", [
     (dict(gpus=8, tp=3), "multiple of tp x pp"),
     (dict(gpus=8, tp=8, pp=1), "attention heads \\(12\\) must be divisible by tp \\(8\\)"),
-    (dict(gpus=8, pp=8), "layers \\(12\\) must be divisible by pp x interleave"),
+    (dict(gpus=8, pp=4, interleave=2, micro_batch=1), "layers \\(12\\) must be divisible by pp x interleave"),
+    (dict(gpus=8, pp=8, interleave=2, micro_batch=1), "layers \\(12\\) must be at least pp x interleave"),
     (dict(gpus=8, dp=8, micro_batch=3), "global batch \\(16\\) must be divisible by dp x micro-batch"),
     (dict(gpus=8, sp=True), "sequence parallelism\\) needs tensor parallelism"),
     (dict(gpus=8, ep=2), "needs a mixture-of-experts model"),
@@ -301,17 +302,40 @@ def test_overlap_buckets_is_a_fifo_queue():
         assert end == pytest.approx(t) and np.allclose(got, spans)
 
 
-def test_uneven_pipeline_stages_only_where_the_framework_allows_them():
-    """DeepSpeed's pipeline partitioner splits 70 layers over 12 stages (5 or 6 each); Megatron-LM cannot."""
+def test_uneven_pipeline_stages():
+    """DeepSpeed's pipeline partitioner splits 14 layers over 4 stages 4, 3, 4, 3; Megatron/PyTorch get the balanced
+    split with the short stages first and last (they hold the embedding and the loss): 3, 4, 4, 3; explicit
+    first/last stage sizes (Megatron-Core's decoder_first/last_pipeline_num_layers) split the rest evenly."""
     cfg = {"model_type": "gpt2", "n_embd": 512, "n_head": 8, "n_layer": 14, "n_positions": 512, "vocab_size": 1000}
     par = ParallelConfig(gpus=4, pp=4, micro_batch=1)
-    with pytest.raises(ParallelConfigError, match="layers \\(14\\) must be divisible by pp"):
-        wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron")
     from wattcast.simulate.distributed import _chunk_of_layer, predict_distributed
 
     r = predict_distributed(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, parallel=par, framework="megatron-deepspeed")
-    assert r.fits and r.step_time_ms > 0
+    assert r.fits and r.step_time_ms > 0 and r.meta["stage_layers"] == [4, 3, 4, 3]
     assert np.bincount(_chunk_of_layer(np.arange(14), 14, 4)).tolist() == [4, 3, 4, 3]
+    m = wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron")
+    assert m.meta["stage_layers"] == [3, 4, 4, 3] and m.to_dict()["parallel"]["stage_layers"] == [3, 4, 4, 3]
+    e = wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron",
+                                 pp_first_stage_layers=2, pp_last_stage_layers=2)
+    assert e.meta["stage_layers"] == [2, 5, 5, 2] and "ppl2,2" in e.parallel.describe()
+    # the first stage's busy time follows its layers: fewer layers, less time
+    busy = [d["busy_ms"] for d in e.per_device]
+    assert busy[0] < busy[1]
+    with pytest.raises(ParallelConfigError, match="leave 9 for the other 2 stages: they must divide evenly"):
+        wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron",
+                                 pp_first_stage_layers=3, pp_last_stage_layers=2)
+    with pytest.raises(ParallelConfigError, match="need pipeline parallelism"):
+        wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, micro_batch=1, pp_first_stage_layers=3)
+    with pytest.raises(ParallelConfigError, match="whole number of layers"):
+        wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, pp_first_stage_layers=-1)
+
+
+def test_llama3_405b_on_16_stages_is_not_refused():
+    """126 layers on 16 stages (Llama 3 405B as Meta ran it: TP8 PP16) is split 7, 8 x 14, 7, never refused."""
+    r = wattcast.predict_cluster("llama3_405b", "DGX-H100", gpus=2048, batch=256, seq=8192, tp=8, pp=16, micro_batch=1,
+                                 sp=True, zero=1, recompute="full", attention="flash", framework="megatron")
+    assert r.meta["stage_layers"] == [7] + [8] * 14 + [7]
+    assert r.fits and 0.2 < r.mfu < 0.7
 
 
 def test_search_across_clusters_with_run_footprint():
@@ -354,3 +378,15 @@ def test_gradient_accumulation_pass_per_framework():
     z2 = run("hf", 64, zero=2, dtype="bf16").comm["grad_accumulation_ms_per_micro"]
     z0 = run("hf", 64, zero=0, dtype="bf16").comm["grad_accumulation_ms_per_micro"]
     assert z2 == pytest.approx(z0 / 8)
+
+
+def test_cli_uneven_stage_flags():
+    base = ["predict", "--model", "gpt2", "--cluster", "nvlink-4gpu", "--gpus", "4", "--batch", "8", "--seq", "256",
+            "--pp", "4", "--micro-batch", "1", "--framework", "megatron", "--json"]
+    r = run_cli(*base, "--pp-first-stage-layers", "2", "--pp-last-stage-layers", "2")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["parallel"]["stage_layers"] == [2, 4, 4, 2]
+    bad = run_cli(*base, "--pp-first-stage-layers", "5", "--pp-last-stage-layers", "2")
+    assert bad.returncode == 2 and "must divide evenly" in bad.stderr
+    one = run_cli("predict", "--model", "gpt2", "--device", "H100-SXM5-80GB", "--pp-first-stage-layers", "2")
+    assert one.returncode == 2 and "need --cluster" in one.stderr
