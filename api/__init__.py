@@ -94,7 +94,7 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
                     interleave: int = 1, schedule: str = "1f1b", dtype: str = "bf16", attention: str = "eager",
                     compile: bool = False, optimizer: str = "adamw", device=None, trace: bool = False,
                     power_limit_w: float | None = None, clock_cap_mhz: float | None = None, framework: str = "hf",
-                    pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None,
+                    pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int = 1,
                     tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -103,6 +103,7 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
     exposed communication, pipeline bubble, per-device memory and busy time, ``fits``).
     ``pp_first_stage_layers``/``pp_last_stage_layers``: transformer layers of the first/last pipeline stage (the rest
     split evenly); without them layers that do not divide are split automatically (``parallel.stage_layers``).
+    ``cp``: context parallelism (ring attention over ``cp`` ranks; needs ``attention="flash"``).
     ``tokens`` (and
     ``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ...): the whole run in ``.run``, the same
     figures as ``wattcast predict --cluster ... --tokens``."""
@@ -111,7 +112,7 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
 
     par = ParallelConfig(gpus=gpus, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
                          interleave=interleave, schedule=schedule, pp_first_layers=pp_first_stage_layers,
-                         pp_last_layers=pp_last_stage_layers)
+                         pp_last_layers=pp_last_stage_layers, cp=cp)
     if tokens is None:
         _no_run_options(run_kw)
     res = predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,

@@ -225,6 +225,7 @@ def predict(
     dim: List[str] = typer.Option([], "--dim", help="Bind a symbolic ONNX input dim: NAME=VALUE (repeatable)."),
     pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
     pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="Transformer layers of the last pipeline stage (decoder_last_pipeline_num_layers)."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel degree: the sequence split over this many ranks (ring attention; needs --attention flash)."),
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
@@ -257,11 +258,11 @@ def predict(
         _predict_distributed(model, device, cluster, gpus, batch or 1, seq or 1024, mode, dtype, attention, compile, optimizer,
                              recompute, as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave,
                              schedule, power_limit_w, run_kw, clock_cap_mhz, framework,
-                             pp_first_layers=pp_first_stage_layers, pp_last_layers=pp_last_stage_layers)
+                             pp_first_layers=pp_first_stage_layers, pp_last_layers=pp_last_stage_layers, cp=cp)
         return
-    if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1))) or dp or micro_batch or sp \
+    if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1), (cp, 1))) or dp or micro_batch or sp \
             or pp_first_stage_layers is not None or pp_last_stage_layers is not None:
-        _fail("parallel options (--tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
+        _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
               "--pp-last-stage-layers) need --cluster and --gpus")
     if schedule != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
@@ -359,7 +360,7 @@ def _print_run(run) -> None:
 def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
                          as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
                          power_limit_w=None, run_kw=None, clock_cap_mhz=None, framework="hf", pp_first_layers=None,
-                         pp_last_layers=None) -> None:
+                         pp_last_layers=None, cp=1) -> None:
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
     from wattcast.data.cluster_spec import ClusterSpecError
@@ -379,7 +380,8 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     par = ParallelConfig(gpus=n, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
-                         interleave=interleave, schedule=schedule, pp_first_layers=pp_first_layers, pp_last_layers=pp_last_layers)
+                         interleave=interleave, schedule=schedule, pp_first_layers=pp_first_layers, pp_last_layers=pp_last_layers,
+                         cp=cp)
     try:
         res = predict_distributed(model, cluster, gpus=n, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
                                   compile=compile, optimizer=optimizer, device=spec, trace=bool(trace or plot),
@@ -440,6 +442,7 @@ def search(
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens)."),
     top: int = typer.Option(10, "--top", help="Rows to show."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
+    cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
 ) -> None:
     """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
     on one cluster or across several."""
@@ -462,7 +465,8 @@ def search(
             task = prog.add_task("evaluating strategies", total=None)
             res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
                           tokens=tokens, footprint_kw=dict(region=region) if region is not None else None,
-                          progress=lambda i, n: prog.update(task, completed=i, total=min(n, max_configs)))
+                          progress=lambda i, n: prog.update(task, completed=i, total=min(n, max_configs)),
+                          **(dict(cp=tuple(cp)) if cp else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     if res.ranked.empty:

@@ -147,7 +147,7 @@ class GraphBuilder:
     """Record forward kernels (and their backward rules) while an importer walks a model."""
 
     def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model", tp: int = 1, sp: bool = False,
-                 ep: int = 1) -> None:
+                 ep: int = 1, cp: int = 1) -> None:
         self.dtype = canonical_dtype(dtype)
         if self.dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
@@ -155,6 +155,9 @@ class GraphBuilder:
         if int(tp) < 1 or int(ep) < 1:
             raise GraphError(f"tp and ep must be >= 1, got tp={tp}, ep={ep}")
         self.tp, self.sp, self.ep = int(tp), bool(sp) and int(tp) > 1, int(ep)
+        if int(cp) < 1:
+            raise GraphError(f"cp must be >= 1, got cp={cp}")
+        self.cp = int(cp)
         self.name = name
         self._nodes: list[_Node] = []
         self._tensor_bytes: list[int] = []
@@ -583,9 +586,17 @@ class GraphBuilder:
         b, h, s, d = q.shape
         skv = k.shape[2]
         frac = 0.5 if causal and s == skv else 1.0
+        kv_reads = 1
+        if self.cp > 1:
+            # context parallelism (ring attention, Megatron-Core / Transformer Engine): this rank's queries (s = seq/cp
+            # tokens, two load-balanced chunks) meet every rank's keys and values as they pass round the ring; with the
+            # causal mask balanced over the ranks the work is half of s x (s x cp): 1/cp of the full causal attention
+            # (costed as one kernel of that size; the cp-1 KV exchanges are the scheduler's, overlapped with it)
+            skv, kv_reads = skv * self.cp, self.cp
+            frac = 0.5 if causal else 1.0
         flops = 4.0 * b * h * s * skv * d * frac
         db = self.dbytes
-        io = (q.numel + k.numel + v.numel + q.numel) * db
+        io = (q.numel + (k.numel + v.numel) * kv_reads + q.numel) * db
         out = self._add(name, "flash_attention", "", "flash", [q, k, v], q.shape, flops=flops, bytes_=io,
                         saves=[q, k, v], B=b * h, M=s, N=d, K=skv,
                         backward=[self._bw(f"{name}.grad", "flash_attention", "", "flash", flops=2.5 * flops,

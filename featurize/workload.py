@@ -44,6 +44,9 @@ class StepOptions:
     tp: int = 1
     sp: bool = False
     ep: int = 1
+    #: context parallelism: ``seq`` is then this rank's share of the sequence (seq / cp tokens), and attention reads
+    #: the whole sequence's keys and values through the ring (``GraphBuilder.flash_attention``)
+    cp: int = 1
     #: whose kernels and host costs: "hf" (Hugging Face eager modules), "megatron" (Megatron-LM's fused
     #: kernels; GPT only) or "megatron-deepspeed" (the same kernels driven by DeepSpeed's engine)
     framework: str = "hf"
@@ -91,7 +94,8 @@ class StepOptions:
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,
                            str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
-                           _framework(self.framework), int(self.blocks), tuple((str(k), int(v)) for k, v in dims))
+                           cp=int(self.cp), framework=_framework(self.framework), blocks=int(self.blocks),
+                           dims=tuple((str(k), int(v)) for k, v in dims))
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given."""
@@ -124,7 +128,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     from wattcast.featurize.hf_models import GENERATORS
 
     # tf32 runs fp32 tensors on tensor cores: the graph's tensors are fp32-sized, the kernels tf32
-    b = GraphBuilder(opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp, ep=opts.ep)
+    b = GraphBuilder(opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp, ep=opts.ep, cp=opts.cp)
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
     if opts.framework == "megatron" and cfg.family not in ("gpt2", "llama"):

@@ -92,7 +92,7 @@ class DistributedPrediction:
     def to_dict(self) -> dict:
         p = self.parallel
         return dict(model=self.model, device=self.device, cluster=self.cluster, gpus=self.gpus,
-                    parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, sp=p.sp, ep=p.ep, zero=p.zero, micro_batch=p.micro_batch,
+                    parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, ep=p.ep, zero=p.zero, micro_batch=p.micro_batch,
                                   interleave=p.interleave, recompute=p.recompute, schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers")),
                     step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
@@ -245,7 +245,17 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     bundle = bundle or load_bundle()
     cm = coll_model or _collective_model()
     n_micro = par.n_micro(batch)
-    opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep)
+    cp_kv_bytes = 0.0
+    if par.cp > 1:
+        if hf is None or hf.family in ("bert", "switch"):
+            raise ParallelConfigError("--cp (context parallelism) splits the sequence of a causal decoder language model "
+                                      "(a GPT, Llama, MPT, ... config); this model is not one")
+        if str(attention).lower() != "flash":
+            raise ParallelConfigError("--cp (context parallelism) runs ring attention on fused attention kernels "
+                                      "(Transformer Engine / FlashAttention): use --attention flash")
+        # K and V of this rank's share of the sequence, one layer: what each ring step passes on
+        cp_kv_bytes = 2.0 * par.micro_batch * (seq // par.cp) * (hf.n_kv_heads // par.tp) * hf.head_dim * DTYPE_BYTES[dtype]
+    opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep, cp=par.cp, seq=seq // par.cp)
     g, n_rep, _ = _rank_graph(model, hf, opts)
 
     def coll_fn(kernel, size, group):
@@ -270,10 +280,11 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
             _COSTED.pop(next(iter(_COSTED)))
         _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep), stream_bandwidth_gbps(spec, bundle))
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
-    g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, recompute="none"))
+    g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none"))
     return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
                      dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
-                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=hit[3], power_model=power_model)
+                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=hit[3], power_model=power_model,
+                     cp_kv_bytes=cp_kv_bytes)
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
@@ -349,6 +360,8 @@ class _RankView:
     f_nc_ms: np.ndarray  # the same without collectives
     b_nc_ms: np.ndarray
     coll_ms: np.ndarray
+    attn_f_ms: np.ndarray  # fused attention kernels' time (what ring attention's KV exchange overlaps with)
+    attn_b_ms: np.ndarray
     params: np.ndarray  # parameters held (forward nodes)
     expert_params: np.ndarray
     e_comp_j: np.ndarray  # energy of one micro-batch's forward + backward
@@ -377,7 +390,9 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
     phase = costed["phase"].to_numpy()
     t = costed["time_ms"].to_numpy(dtype=float)
     fwd, bwd, opt = phase == "forward", phase == "backward", phase == "optimizer"
-    is_coll = costed["op_class"].to_numpy() == "collective"
+    op_class = costed["op_class"].to_numpy()
+    is_coll = op_class == "collective"
+    is_attn = op_class == "flash_attention"
     params = costed["param_count"].to_numpy(dtype=float)
     is_exp = fwd & costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
     w = costed["power_w"].to_numpy(dtype=float)
@@ -407,6 +422,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
     return _RankView(
         layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
         f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
+        attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn, t),
         params=per_layer(fwd, params), expert_params=per_layer(is_exp, params), e_comp_j=per_layer(~opt, e_node),
         e_opt_j=per_layer(opt, e_node), act_bytes=act, full_extra_bytes=float(full_extra),
         block_input_bytes=tuple(_block_inputs(g, n_layers)) if not g.meta.get("hidden") else (),
@@ -429,7 +445,8 @@ def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: li
 def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
               seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
               iteration_ms: float = 0.0, power_limit_w: float | None = None,
-              model_totals: dict | None = None, stream_gbps: float = 1e3, power_model=None) -> DistributedPrediction:
+              model_totals: dict | None = None, stream_gbps: float = 1e3, power_model=None,
+              cp_kv_bytes: float = 0.0) -> DistributedPrediction:
     P, V = par.pp, par.interleave
     n_chunks = P * V
     counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers,
@@ -439,7 +456,18 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     def per_chunk(v: np.ndarray) -> np.ndarray:
         return np.bincount(chunk, weights=v, minlength=n_chunks)
 
-    f_ms, b_ms, opt_ms = per_chunk(view.f_ms), per_chunk(view.b_ms), per_chunk(view.opt_ms)
+    # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
+    # gradients), each overlapped with the attention of the block in hand; what a step's transfer takes beyond that
+    # block's attention is exposed (Liu et al. 2023, Ring Attention; Megatron-Core / TE's implementation)
+    cp_f_ms = cp_b_ms = np.zeros(len(view.layer_ids))
+    cp_step_ms = (0.0, 0.0)
+    if par.cp > 1 and cp_kv_bytes > 0:
+        xf, xb = collective_ms(cm, ["send_recv", "send_recv"], [cp_kv_bytes, 2.0 * cp_kv_bytes], lay["cp"], cl)[0]
+        cp_step_ms = (float(xf), float(xb))
+        has = view.attn_f_ms > 0
+        cp_f_ms = np.where(has, (par.cp - 1) * np.maximum(xf - view.attn_f_ms / par.cp, 0.0), 0.0)
+        cp_b_ms = np.where(view.attn_b_ms > 0, (par.cp - 1) * np.maximum(xb - view.attn_b_ms / par.cp, 0.0), 0.0)
+    f_ms, b_ms, opt_ms = per_chunk(view.f_ms + cp_f_ms), per_chunk(view.b_ms + cp_b_ms), per_chunk(view.opt_ms)
     f_nc, b_nc, tp_coll = per_chunk(view.f_nc_ms), per_chunk(view.b_nc_ms), per_chunk(view.coll_ms)
     params_chunk = per_chunk(view.params)
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
@@ -447,7 +475,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     db = DTYPE_BYTES[dtype]
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
     hidden = int(g.meta.get("hidden") or 0)
-    act_bytes = par.micro_batch * seq * hidden * db / (par.tp if par.sp else 1)
+    act_bytes = par.micro_batch * seq * hidden * db / (par.tp if par.sp else 1) / par.cp
     if act_bytes <= 0:  # imported graphs: the tensor crossing a layer boundary, as the graph has it
         act_bytes = float(max(view.block_input_bytes)) if view.block_input_bytes else 0.0
     p2p_ms = 0.0
@@ -560,7 +588,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     hw_flops = model_flops
     if par.recompute != "none":
         # the costed graph is one tensor-parallel rank's whole model for one micro-batch
-        hw_flops += view.recompute_flops * par.tp * n_micro * par.dp
+        hw_flops += view.recompute_flops * par.tp * par.cp * n_micro * par.dp
     peak = spec.peak_matrix_tflops(dtype) * 1e12
     step_s = step / 1e3
     mfu = model_flops / (step_s * par.gpus * peak)
@@ -615,9 +643,18 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     per_op, fallback = view.per_op, view.fallback_ops
     events = []
     if trace:
+        # context parallelism: each task's ring KV exchange on the communication stream, from the task's start, for the
+        # chunk's layers x (cp - 1) steps (it overlaps the task's attention; what it cannot hide is in the task)
+        n_attn = per_chunk((view.attn_f_ms > 0).astype(float))
         for tk in pipe.tasks:
             events.append(dict(stage=tk.stage, stream="compute", name=f"{tk.kind}{tk.micro}" + (f".c{tk.chunk}" if V > 1 else ""),
                                start_ms=tk.start, end_ms=tk.end))
+            if par.cp > 1:
+                c = tk.chunk * P + tk.stage
+                ring = n_attn[c] * (par.cp - 1) * cp_step_ms[0 if tk.kind == "F" else 1]
+                if ring > 0:
+                    events.append(dict(stage=tk.stage, stream="comm", name=f"cp.ring_kv{tk.micro}", start_ms=tk.start,
+                                       end_ms=tk.start + ring))
         for s, name, a, e in comm_events:
             events.append(dict(stage=s, stream="comm", name=name, start_ms=a, end_ms=e))
         for s, a, e, n_hidden in pipe.trace_gaps:  # an extrapolated step: its steady state is not drawn
@@ -639,6 +676,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
                                        f"{pipe.simulated_micro:,} micro-batch schedule, the latter at the end of the step; "
                                        "one event per stage marks the steady state between them, not drawn")
     comm = dict(tp_ms_per_micro=float(tp_coll.sum()), p2p_ms=p2p_ms,
+                cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
                 dp_sync_ms=float(dpt["sync_ms"].sum()), grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
     return DistributedPrediction(

@@ -50,12 +50,16 @@ class ParallelConfig:
     #: ``decoder_last_pipeline_num_layers``); the other stages split the rest evenly. None: see ``stage_layers``
     pp_first_layers: int | None = None
     pp_last_layers: int | None = None
+    #: context parallelism: the sequence split over ``cp`` ranks (ring attention); world = dp x tp x pp x cp
+    cp: int = 1
 
     def n_micro(self, batch: int) -> int:
         return batch // (self.dp * self.micro_batch)
 
     def describe(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
         if self.sp:
             parts.append("sp")
         if self.ep > 1:
@@ -140,18 +144,27 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         if not cond:
             raise ParallelConfigError(msg)
 
-    for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "gpus"):
+    for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "cp", "gpus"):
         v = getattr(cfg, name)
         if v is None and name in ("dp", "micro_batch"):
             continue
         need(is_count(v), f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
     need(is_count(batch),
          f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
-    need(cfg.gpus % (cfg.tp * cfg.pp) == 0,
-         f"gpus ({cfg.gpus}) must be a multiple of tp x pp ({cfg.tp} x {cfg.pp} = {cfg.tp * cfg.pp})")
-    dp = cfg.dp if cfg.dp is not None else cfg.gpus // (cfg.tp * cfg.pp)
-    need(dp >= 1 and dp * cfg.tp * cfg.pp == cfg.gpus,
-         f"dp x tp x pp must equal gpus: {dp} x {cfg.tp} x {cfg.pp} = {dp * cfg.tp * cfg.pp} != {cfg.gpus}")
+    mp = cfg.tp * cfg.pp * cfg.cp
+    mp_txt = f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1 else f"tp x pp x cp ({cfg.tp} x {cfg.pp} x {cfg.cp} = {mp})"
+    need(cfg.gpus % mp == 0, f"gpus ({cfg.gpus}) must be a multiple of {mp_txt}")
+    dp = cfg.dp if cfg.dp is not None else cfg.gpus // mp
+    need(dp >= 1 and dp * mp == cfg.gpus,
+         f"dp x tp x pp{' x cp' if cfg.cp > 1 else ''} must equal gpus: {dp} x {cfg.tp} x {cfg.pp}"
+         f"{f' x {cfg.cp}' if cfg.cp > 1 else ''} = {dp * mp} != {cfg.gpus}")
+    if cfg.cp > 1:
+        need(seq is None or seq % (2 * cfg.cp) == 0,
+             f"sequence length ({seq}) must be divisible by 2 x cp ({2 * cfg.cp}): context parallelism splits each sequence "
+             f"into 2 x cp chunks, two per rank, to balance the causal mask")
+        need(not (cfg.sp and seq is not None and (seq // cfg.cp) % cfg.tp),
+             f"each context-parallel rank's {seq // cfg.cp if seq else '?'} tokens must be divisible by tp ({cfg.tp}) for "
+             f"sequence parallelism")
     mb = cfg.micro_batch if cfg.micro_batch is not None else max(1, batch // dp) if cfg.pp == 1 else 1
     need(mb >= 1, f"--micro-batch must be positive, got {mb}")
     need(batch % (dp * mb) == 0,
@@ -235,9 +248,13 @@ def group_layout(size: int, stride: int, gpus_per_node: int) -> GroupLayout:
 
 def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
     g = cluster.gpus_per_node
+    cp = cfg.cp
     return {
         "tp": group_layout(cfg.tp, 1, g),
-        "dp": group_layout(cfg.dp or 1, cfg.tp, g),
-        "ep": group_layout(cfg.ep, cfg.tp, g),
-        "pp": group_layout(cfg.pp, cfg.tp * (cfg.dp or 1), g),
+        # Megatron's order: tp, cp, dp, pp. Gradients are reduced (and ZeRO shards) over the data-parallel ranks
+        # together with the context-parallel ones, which hold the same weights: the "dp" group is dp x cp
+        "cp": group_layout(cp, cfg.tp, g),
+        "dp": group_layout((cfg.dp or 1) * cp, cfg.tp, g),
+        "ep": group_layout(cfg.ep, cfg.tp * cp, g),
+        "pp": group_layout(cfg.pp, cfg.tp * cp * (cfg.dp or 1), g),
     }

@@ -32,7 +32,7 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 
 
 #: columns of ``SearchResult.ranked`` (and ``pareto``); a search with ``tokens`` adds :data:`RUN_COLUMNS`
-COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
+COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w")
 RUN_COLUMNS = ("run_hours", "run_energy_mwh", "run_tco_usd", "run_tco2e")
@@ -57,7 +57,10 @@ class SearchResult:
 
 #: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
 SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
-                      interleave=(1, 2), ep=(1,))
+                      interleave=(1, 2), ep=(1,), cp=None)
+#: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
+#: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
+CP_DEFAULT_MIN_SEQ = 16384
 
 
 def _positive_int(name: str, v) -> int:
@@ -88,7 +91,7 @@ def _choices(name: str, value) -> tuple | None:
         raise ValueError(f"search-space option {name} has no choices (give at least one value)")
     out = []
     for v in vals:
-        if name in ("tp", "pp", "micro_batch", "interleave", "ep"):
+        if name in ("tp", "pp", "micro_batch", "interleave", "ep", "cp"):
             if not is_count(v):
                 raise ValueError(f"search-space option {name}: every choice must be a positive integer, got {v!r}")
             v = int(v)
@@ -110,31 +113,35 @@ def _choices(name: str, value) -> tuple | None:
 
 
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
-                      sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=(1,)) -> list[ParallelConfig]:
+                      sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=(1,),
+                      cp=None) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
-    ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16)."""
-    tp, pp, micro_batch, zero, sp, recompute, interleave, ep = (
+    ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16);
+    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on."""
+    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
-                                    ("recompute", recompute), ("interleave", interleave), ("ep", ep)))
+                                    ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp)))
+    if cp is None:
+        cp = (1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)
     cl = resolve_cluster(cluster)
     tps = list(tp) if tp is not None else _pow2_divisors(gpus, cl.gpus_per_node)
     out = []
-    for t in tps:
-        if gpus % t:
+    for t, c in itertools.product(tps, cp):
+        if gpus % (t * c) or (c > 1 and seq % (2 * c)):
             continue
-        pps = list(pp) if pp is not None else _pow2_divisors(gpus // t)
+        pps = list(pp) if pp is not None else _pow2_divisors(gpus // (t * c))
         for p in pps:
-            if gpus % (t * p):
+            if gpus % (t * p * c):
                 continue
-            dp = gpus // (t * p)
+            dp = gpus // (t * p * c)
             if batch % dp:
                 continue
             mbs = list(micro_batch) if micro_batch is not None else _pow2_divisors(batch // dp, 16)
             for mb, z, s, rc, v, e in itertools.product(mbs, zero, sp, recompute, interleave, ep):
-                if (s and t == 1) or (v > 1 and p == 1) or (z and dp == 1):
+                if (s and t == 1) or (v > 1 and p == 1) or (z and dp * c == 1):
                     continue
                 out.append(ParallelConfig(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                          interleave=v))
+                                          interleave=v, cp=c))
     return out
 
 
@@ -199,7 +206,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
             if progress:
                 progress(evaluated, len(cands))
             row = dict(cluster=cl.name, device=r.device, config=r.parallel.describe(), tp=par.tp, pp=par.pp,
-                       dp=r.parallel.dp, micro_batch=r.parallel.micro_batch, zero=par.zero, sp=par.sp, ep=par.ep,
+                       dp=r.parallel.dp, cp=par.cp, micro_batch=r.parallel.micro_batch, zero=par.zero, sp=par.sp, ep=par.ep,
                        recompute=par.recompute, interleave=par.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
                        tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
                        exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,

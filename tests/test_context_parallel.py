@@ -1,0 +1,102 @@
+"""Context parallelism (--cp): ring attention, its rules, its costs, and where it shows up."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import wattcast
+from conftest import run_cli
+from wattcast.featurize.workload import StepOptions, step_graph
+from wattcast.simulate.parallel import ParallelConfigError
+from wattcast.simulate.search import candidate_configs
+
+KW = dict(tp=8, micro_batch=1, sp=True, zero=1, recompute="selective", attention="flash", framework="megatron")
+
+
+def _llama(cp: int, seq: int = 32768, gpus: int = 32):
+    return wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=gpus, batch=4, seq=seq, cp=cp, **KW)
+
+
+def test_attention_work_per_rank_is_one_cp_th_of_the_causal_attention():
+    def flash_flops(cp: int) -> float:
+        o = StepOptions(batch=1, seq=32768 // cp, mode="train", dtype="bf16", attention="flash", framework="megatron", cp=cp)
+        n = step_graph("llama3_8b", o, blocks=3).nodes
+        return float(n.loc[(n["op_class"] == "flash_attention") & (n["phase"] == "forward"), "flops"].sum())
+
+    full = flash_flops(1)
+    for cp in (2, 4, 8):
+        assert flash_flops(cp) == pytest.approx(full / cp, rel=1e-9)
+
+
+def test_activations_and_memory_shrink_with_cp_and_the_kv_exchange_is_costed():
+    r1, r4 = _llama(1), _llama(4)
+    assert r4.memory["activations_gb"] == pytest.approx(r1.memory["activations_gb"] / 4, rel=0.02)
+    assert r4.fits and r4.to_dict()["parallel"]["cp"] == 4 and "cp4" in r4.parallel.describe()
+    # K and V of one layer's local tokens: 2 x (32768 / 4) tokens x 8 KV heads / tp 8 x 128 x 2 bytes
+    fwd_ms, bwd_ms = r4.comm["cp_kv_step_ms"]
+    assert 0 < fwd_ms < bwd_ms
+    # the same total work on the same GPUs: the step time changes by the exchange and the DP group, not 4x
+    assert 0.8 < r4.step_time_ms / r1.step_time_ms < 1.3
+
+
+def test_exchange_is_exposed_when_attention_blocks_are_short():
+    """At 2K tokens per sequence split 8 ways each ring step's attention block is tiny and the KV transfer across
+    nodes shows; at 128K it hides behind the attention."""
+    short = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=64, batch=1, seq=2048, cp=8, **KW)
+    long_ = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=64, batch=1, seq=131072, cp=8, **KW)
+    assert short.comm["cp_exposed_ms_per_micro"] > 0
+    assert long_.comm["cp_exposed_ms_per_micro"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(seq=1004, cp=4), "divisible by 2 x cp"),
+    (dict(seq=1040, cp=4), "rank's 260 tokens must be divisible by tp"),
+    (dict(seq=4096, cp=4, attention="eager"), "use --attention flash"),
+    (dict(seq=4096, cp=3), "multiple of tp x pp x cp"),
+    (dict(seq=4096, cp=0), "--cp must be a positive integer"),
+])
+def test_cp_rules(kw, msg):
+    args = dict(KW, **kw)
+    seq, cp = args.pop("seq"), args.pop("cp")
+    with pytest.raises(ParallelConfigError, match=msg):
+        wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=32, batch=1, seq=seq, cp=cp, **args)
+
+
+def test_cp_needs_a_causal_decoder():
+    with pytest.raises(ParallelConfigError, match="causal decoder"):
+        wattcast.predict_cluster("bert_base", "DGX-H100", gpus=8, batch=4, seq=512, cp=2, attention="flash")
+
+
+def test_search_includes_cp_for_long_sequences_and_cli_flags():
+    long_ = candidate_configs("llama3_8b", "DGX-H100", 16, 16, 32768)
+    assert {c.cp for c in long_} == {1, 2, 4, 8}
+    assert all(c.tp * c.pp * c.cp * c.dp == 16 for c in long_)
+    assert {c.cp for c in candidate_configs("llama3_8b", "DGX-H100", 16, 16, 4096)} == {1}
+    r = run_cli("predict", "--model", "llama3_8b", "--cluster", "DGX-H100", "--gpus", "16", "--batch", "1", "--seq", "16384",
+                "--tp", "8", "--cp", "2", "--sp", "--attention", "flash", "--dtype", "bf16", "--framework", "megatron", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["parallel"]["cp"] == 2 and d["parallel"]["dp"] == 1
+    s = run_cli("search", "--model", "gpt2", "--cluster", "DGX-H100", "--gpus", "8", "--batch", "8", "--seq", "1024",
+                "--cp", "1", "--cp", "2", "--max-configs", "40", "--json")
+    assert s.returncode == 0, s.stderr
+    cps = {row["cp"] for row in json.loads(s.stdout)["ranked"]}
+    assert cps <= {1, 2} and 2 in cps
+    one = run_cli("predict", "--model", "gpt2", "--device", "H100-SXM5-80GB", "--cp", "2")
+    assert one.returncode == 2 and "need --cluster" in one.stderr
+    assert np.isfinite(d["step_time_ms"])
+
+
+def test_ring_exchange_is_in_the_trace(tmp_path):
+    out = tmp_path / "cp.json"
+    r = run_cli("predict", "--model", "llama3_8b", "--cluster", "DGX-H100", "--gpus", "16", "--batch", "2", "--seq", "16384",
+                "--tp", "4", "--cp", "2", "--pp", "2", "--micro-batch", "1", "--sp", "--attention", "flash", "--dtype", "bf16",
+                "--framework", "megatron", "--trace", str(out))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    ring = [e for e in ev if str(e.get("name", "")).startswith("cp.ring_kv")]
+    assert len(ring) == 2 * 2 * 2  # 2 stages x 2 micro-batches x (forward, backward)
