@@ -95,6 +95,8 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
                     compile: bool = False, optimizer: str = "adamw", device=None, trace: bool = False,
                     power_limit_w: float | None = None, clock_cap_mhz: float | None = None, framework: str = "hf",
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int = 1,
+                    overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
+                    tp_comm_overlap: bool | None = None,
                     tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -104,6 +106,8 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
     ``pp_first_stage_layers``/``pp_last_stage_layers``: transformer layers of the first/last pipeline stage (the rest
     split evenly); without them layers that do not divide are split automatically (``parallel.stage_layers``).
     ``cp``: context parallelism (ring attention over ``cp`` ranks; needs ``attention="flash"``).
+    ``overlap_grad_reduce``/``overlap_param_gather``/``tp_comm_overlap``: Megatron-Core's overlaps (None: the
+    framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``).
     ``tokens`` (and
     ``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ...): the whole run in ``.run``, the same
     figures as ``wattcast predict --cluster ... --tokens``."""
@@ -112,7 +116,8 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
 
     par = ParallelConfig(gpus=gpus, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
                          interleave=interleave, schedule=schedule, pp_first_layers=pp_first_stage_layers,
-                         pp_last_layers=pp_last_stage_layers, cp=cp)
+                         pp_last_layers=pp_last_stage_layers, cp=cp, overlap_grad_reduce=overlap_grad_reduce,
+                         overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap)
     if tokens is None:
         _no_run_options(run_kw)
     res = predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,

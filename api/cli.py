@@ -226,6 +226,9 @@ def predict(
     pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
     pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="Transformer layers of the last pipeline stage (decoder_last_pipeline_num_layers)."),
     cp: int = typer.Option(1, "--cp", help="Context-parallel degree: the sequence split over this many ranks (ring attention; needs --attention flash)."),
+    overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Megatron-Core: reduce gradient buckets during the last backward (default on with --framework megatron)."),
+    overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="Megatron-Core: all-gather the distributed optimizer's parameters during the next forward (default on with --framework megatron and --zero >= 1)."),
+    tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
@@ -258,12 +261,15 @@ def predict(
         _predict_distributed(model, device, cluster, gpus, batch or 1, seq or 1024, mode, dtype, attention, compile, optimizer,
                              recompute, as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave,
                              schedule, power_limit_w, run_kw, clock_cap_mhz, framework,
-                             pp_first_layers=pp_first_stage_layers, pp_last_layers=pp_last_stage_layers, cp=cp)
+                             pp_first_layers=pp_first_stage_layers, pp_last_layers=pp_last_stage_layers, cp=cp,
+                             overlaps=dict(overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                                           tp_comm_overlap=tp_comm_overlap))
         return
     if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1), (cp, 1))) or dp or micro_batch or sp \
-            or pp_first_stage_layers is not None or pp_last_stage_layers is not None:
+            or pp_first_stage_layers is not None or pp_last_stage_layers is not None \
+            or any(v is not None for v in (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap)):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
-              "--pp-last-stage-layers) need --cluster and --gpus")
+              "--pp-last-stage-layers/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
     if schedule != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
     if plot:
@@ -360,7 +366,7 @@ def _print_run(run) -> None:
 def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
                          as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
                          power_limit_w=None, run_kw=None, clock_cap_mhz=None, framework="hf", pp_first_layers=None,
-                         pp_last_layers=None, cp=1) -> None:
+                         pp_last_layers=None, cp=1, overlaps=None) -> None:
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
     from wattcast.data.cluster_spec import ClusterSpecError
@@ -381,7 +387,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
         _fail(str(e))
     par = ParallelConfig(gpus=n, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
                          interleave=interleave, schedule=schedule, pp_first_layers=pp_first_layers, pp_last_layers=pp_last_layers,
-                         cp=cp)
+                         cp=cp, **(overlaps or {}))
     try:
         res = predict_distributed(model, cluster, gpus=n, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
                                   compile=compile, optimizer=optimizer, device=spec, trace=bool(trace or plot),

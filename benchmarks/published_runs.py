@@ -31,6 +31,10 @@ from wattcast.simulate.lifecycle import footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.simulate.search import search
 
+#: Megatron-LM in 2021 (SC21, the GPT-3 example) had none of Megatron-Core's overlaps: gradients were all-reduced after
+#: the backward pass, and there was no distributed optimizer or userbuffers TP overlap
+NO_OVERLAP = dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
+
 
 def megatron_weak_scaling(root, rows: int | None = None) -> pd.DataFrame:
     df = pd.read_csv(resolve_data_root(root) / "published" / "training_throughput.csv")
@@ -43,14 +47,15 @@ def megatron_weak_scaling(root, rows: int | None = None) -> pd.DataFrame:
         heads = int(r.n_heads) if np.isfinite(r.n_heads) else h // 128
         cfg = {"model_type": "gpt2", "n_embd": h, "n_head": heads, "n_layer": L, "n_positions": int(r.seq_len),
                "vocab_size": int(r.vocab), "activation_function": "gelu", "_name_or_path": str(r.model)}
-        par = ParallelConfig(gpus=int(r.n_gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp), micro_batch=1, recompute="full")
+        par = ParallelConfig(gpus=int(r.n_gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp), micro_batch=1, recompute="full",
+                             **NO_OVERLAP)
         t0 = time.time()
         p = predict_distributed(cfg, "DGX-A100", gpus=int(r.n_gpus), batch=int(r.global_batch), seq=int(r.seq_len), parallel=par,
                                 dtype="fp16", attention="eager", framework="megatron")
         hw_tflops = p.hfu * 312.0  # A100 dense FP16 peak (the catalog's figure)
         res = search(cfg, "DGX-A100", int(r.n_gpus), int(r.global_batch), int(r.seq_len), dtype="fp16", attention="eager",
                      framework="megatron", tp=(int(r.tp),), pp=(int(r.pp),), micro_batch=(1, 2, 4, 8), zero=(0,),
-                     sp=(False,), recompute=("full",), interleave=(1, 2, 3, 4))
+                     sp=(False,), recompute=("full",), interleave=(1, 2, 3, 4), overlaps=NO_OVERLAP)
         best = res.best
         tuned = best["mfu"] * 312.0 * (p.hfu / p.mfu) if best else np.nan  # recomputation adds the same share
         out.append(dict(model=r.model, gpus=int(r.n_gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp),
@@ -67,7 +72,7 @@ def gpt3_megatron_a100() -> dict:
     DP8, global batch 1,536 x 2,048, ~32 s per iteration and 138 TFLOP/s per GPU. From
     examples/pretrain_gpt3_175B.sh: micro-batch 1, activation checkpointing, fp16, no interleaving; A100 80GB
     DGX nodes (Selene) assumed."""
-    par = ParallelConfig(gpus=1024, tp=8, pp=16, dp=8, micro_batch=1, recompute="full")
+    par = ParallelConfig(gpus=1024, tp=8, pp=16, dp=8, micro_batch=1, recompute="full", **NO_OVERLAP)
     p = predict_distributed("gpt3_175b", "DGX-A100", gpus=1024, batch=1536, seq=2048, parallel=par, dtype="fp16",
                             attention="eager", framework="megatron")
     return dict(run="GPT-3 175B, Megatron-LM, 1,024 A100", metric="step_time_s", measured=32.0,
@@ -102,7 +107,7 @@ def bloom_176b() -> dict:
 def gpt3_v100() -> dict:
     cfg = "gpt3_175b"
     gpus, batch, seq = 9984, 1560, 2048
-    par = ParallelConfig(gpus=gpus, tp=8, pp=16, dp=78, micro_batch=1, recompute="full")
+    par = ParallelConfig(gpus=gpus, tp=8, pp=16, dp=78, micro_batch=1, recompute="full", **NO_OVERLAP)
     p = predict_distributed(cfg, "DGX-1-V100", gpus=gpus, batch=batch, seq=seq, parallel=par, dtype="fp16",
                             attention="eager", framework="megatron")
     fp = footprint_from_step(p.device, gpus, step_time_ms=p.step_time_ms, gpu_power_w=p.avg_power_w, tokens=300e9,

@@ -42,6 +42,7 @@ from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelCon
                                         resolve_parallel, stage_layers)
 from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, stream_bandwidth_gbps
+from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import held_gradient_bytes, inflight_chunks, stage_memory
 
 
@@ -77,6 +78,8 @@ class DistributedPrediction:
     power_limit_w: float | None = None
     #: one GPU's memory (GB): ``memory_flag`` compares the worst device's prediction with it
     memory_capacity_gb: float = 0.0
+    #: step time minus the same step with one class of communication free (ms): tp, ep, cp, pp, dp
+    exposed_comm_split_ms: dict = field(default_factory=dict)
     #: the worst stage's memory term by term (GB): weights, master_weights, gradients, optimizer, activations,
     #: buffers, total; with its stage index and the chunks of activations it holds
     memory: dict = field(default_factory=dict)
@@ -93,10 +96,13 @@ class DistributedPrediction:
         p = self.parallel
         return dict(model=self.model, device=self.device, cluster=self.cluster, gpus=self.gpus,
                     parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, ep=p.ep, zero=p.zero, micro_batch=p.micro_batch,
+                                  overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
+                                  tp_comm_overlap=p.tp_comm_overlap,
                                   interleave=p.interleave, recompute=p.recompute, schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers")),
                     step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
-                    optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms, bubble_ms=self.bubble_ms,
+                    optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms,
+                    exposed_comm_split_ms=self.exposed_comm_split_ms, bubble_ms=self.bubble_ms,
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
                     memory_gb=self.memory_gb, memory=self.memory, fits=self.fits, per_device=self.per_device, per_op=self.per_op,
                     fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, comm=self.comm,
@@ -209,7 +215,9 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                         compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
                         host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
-                        power_model=None, clock_cap_mhz: float | None = None) -> DistributedPrediction:
+                        power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True) -> DistributedPrediction:
+    """One training step under ``parallel`` on ``cluster`` (see the module docstring). ``comm_split``: also price each
+    class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed)."""
     # names and counts first: every table lookup and rule below takes them as given
     framework = _framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
     seq = _count(seq, "--seq (tokens per sequence)")
@@ -284,7 +292,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
                      dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
                      model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=hit[3], power_model=power_model,
-                     cp_kv_bytes=cp_kv_bytes)
+                     cp_kv_bytes=cp_kv_bytes, comm_split=comm_split)
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
@@ -362,6 +370,9 @@ class _RankView:
     coll_ms: np.ndarray
     attn_f_ms: np.ndarray  # fused attention kernels' time (what ring attention's KV exchange overlaps with)
     attn_b_ms: np.ndarray
+    gemm_f_ms: np.ndarray  # linear layers' GEMMs (what --tp-comm-overlap pipelines the TP collectives with)
+    gemm_b_ms: np.ndarray
+    coll_by_group: dict  # collective group ("tp", "ep") -> (forward ms, backward ms) per layer
     params: np.ndarray  # parameters held (forward nodes)
     expert_params: np.ndarray
     e_comp_j: np.ndarray  # energy of one micro-batch's forward + backward
@@ -393,6 +404,8 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
     op_class = costed["op_class"].to_numpy()
     is_coll = op_class == "collective"
     is_attn = op_class == "flash_attention"
+    is_gemm = op_class == "linear"
+    group = costed["group"].astype(str).to_numpy()
     params = costed["param_count"].to_numpy(dtype=float)
     is_exp = fwd & costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
     w = costed["power_w"].to_numpy(dtype=float)
@@ -423,6 +436,9 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
         layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
         f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
         attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn, t),
+        gemm_f_ms=per_layer(fwd & is_gemm, t), gemm_b_ms=per_layer(bwd & is_gemm, t),
+        coll_by_group={str(grp): (per_layer(fwd & is_coll & (group == grp), t), per_layer(bwd & is_coll & (group == grp), t))
+                       for grp in pd.unique(group[is_coll])},
         params=per_layer(fwd, params), expert_params=per_layer(is_exp, params), e_comp_j=per_layer(~opt, e_node),
         e_opt_j=per_layer(opt, e_node), act_bytes=act, full_extra_bytes=float(full_extra),
         block_input_bytes=tuple(_block_inputs(g, n_layers)) if not g.meta.get("hidden") else (),
@@ -446,7 +462,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
               seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
               iteration_ms: float = 0.0, power_limit_w: float | None = None,
               model_totals: dict | None = None, stream_gbps: float = 1e3, power_model=None,
-              cp_kv_bytes: float = 0.0) -> DistributedPrediction:
+              cp_kv_bytes: float = 0.0, comm_split: bool = True) -> DistributedPrediction:
     P, V = par.pp, par.interleave
     n_chunks = P * V
     counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers,
@@ -467,8 +483,20 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
         has = view.attn_f_ms > 0
         cp_f_ms = np.where(has, (par.cp - 1) * np.maximum(xf - view.attn_f_ms / par.cp, 0.0), 0.0)
         cp_b_ms = np.where(view.attn_b_ms > 0, (par.cp - 1) * np.maximum(xb - view.attn_b_ms / par.cp, 0.0), 0.0)
-    f_ms, b_ms, opt_ms = per_chunk(view.f_ms + cp_f_ms), per_chunk(view.b_ms + cp_b_ms), per_chunk(view.opt_ms)
-    f_nc, b_nc, tp_coll = per_chunk(view.f_nc_ms), per_chunk(view.b_nc_ms), per_chunk(view.coll_ms)
+    # per communication class, what it adds to each chunk's forward and backward (collectives in the rank graph by
+    # group; --tp-comm-overlap pipelines the TP ones with the GEMMs: simulate/overlap.py)
+    f_parts = {"cp": per_chunk(cp_f_ms)}
+    b_parts = {"cp": per_chunk(cp_b_ms)}
+    for grp, (cf, cb) in view.coll_by_group.items():
+        key = grp or "tp"
+        if key == "tp" and par.tp_comm_overlap:
+            cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms) - view.gemm_f_ms
+            cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
+        f_parts[key] = f_parts.get(key, 0.0) + per_chunk(cf)
+        b_parts[key] = b_parts.get(key, 0.0) + per_chunk(cb)
+    f_nc, b_nc, opt_ms = per_chunk(view.f_nc_ms), per_chunk(view.b_nc_ms), per_chunk(view.opt_ms)
+    tp_coll = per_chunk(view.coll_ms)
+    f_ms, b_ms = f_nc + sum(f_parts.values()), b_nc + sum(b_parts.values())
     params_chunk = per_chunk(view.params)
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
     expert_chunk = per_chunk(view.expert_params)
@@ -541,25 +569,30 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     acc_ms = params_chunk / shard * acc_b * share / (stream_gbps * 1e9) * 1e3
     b_ms, b_nc = b_ms + acc_ms, b_nc + acc_ms
 
-    def run(comm_on: bool):
-        f, b = (f_ms, b_ms) if comm_on else (f_nc, b_nc)
-        if comm_on and par.zero == 3:
+    classes = sorted(set(f_parts) | {"pp", "dp"})
+    nccl_share = sm_share(NCCL_SMS, spec.num_sms)
+    dp_overlaps = bool(FRAMEWORK_DP_OVERLAP.get(opts.framework, True) or par.overlap_grad_reduce)
+
+    def run(free: frozenset = frozenset()):
+        """The step with the communication classes in ``free`` made free (everything else as costed)."""
+        f = f_nc + sum(v for k, v in f_parts.items() if k not in free)
+        b = b_nc + sum(v for k, v in b_parts.items() if k not in free)
+        dp_on = "dp" not in free
+        if dp_on and par.zero == 3:
             f = np.maximum(f, dpt["z3_f_ms"])
             b = np.maximum(b, dpt["z3_b_ms"])
-        pipe = simulate_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p_ms if comm_on else 0.0,
-                                 keep_tasks=trace and comm_on)
+        pipe = simulate_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule,
+                                 p2p_ms=0.0 if "pp" in free else p2p_ms, keep_tasks=trace and not free)
         stage_end = pipe.stage_end.copy()
         comm_events = []
         finish = stage_end.copy()
         for s in range(P):
-            if not comm_on or lay["dp"].size <= 1 or par.zero == 3:
-                if comm_on and par.zero == 3:
-                    finish[s] = stage_end[s]
+            if not dp_on or lay["dp"].size <= 1 or par.zero == 3:
                 continue
             b0, b1 = pipe.last_backward[s]
             ms = np.concatenate([dpt["bucket_ms"][c * P + s] for c in range(V)])
             n = len(ms)
-            if FRAMEWORK_DP_OVERLAP.get(opts.framework, True):
+            if dp_overlaps:
                 ready = b0 + (b1 - b0) * (np.arange(1, n + 1) / n)
             else:
                 ready = np.full(n, stage_end[s])
@@ -567,18 +600,29 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
             if trace:
                 comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{k}]", a, e)
                                 for k, (a, e) in enumerate(spans)]
-            finish[s] = max(stage_end[s], end)
+            # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
+            hidden = sum(max(0.0, min(e, stage_end[s]) - a) for a, e in spans) if dp_overlaps else 0.0
+            finish[s] = max(stage_end[s] + nccl_share * hidden, end)
         opt_stage = np.array([opt_ms[[c * P + s for c in range(V)]].sum() for s in range(P)])
         if par.zero >= 1:
             opt_stage = opt_stage / lay["dp"].size
         gather = np.zeros(P)
-        if comm_on and par.zero >= 1 and lay["dp"].size > 1:
+        if dp_on and par.zero >= 1 and lay["dp"].size > 1:
             gather = np.array([dpt["gather_after_ms"][[c * P + s for c in range(V)]].sum() for s in range(P)])
+            if par.overlap_param_gather:
+                # gathered bucket by bucket in the next step's forward pre-hooks: the first bucket waits, the rest run
+                # beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
+                f_first = np.array([f[[c * P + s for c in range(V)]][0] for s in range(P)])
+                n_b = np.maximum(np.ceil(params_stage * DTYPE_BYTES[dtype] / (par.bucket_mb * 1e6)), 1.0)
+                gather = overlapped_ms(f_first, gather, share=nccl_share, first_chunk_ms=gather / n_b) - f_first
         total = finish + opt_stage + gather + iteration_ms
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events
 
-    step, pipe, finish, opt_stage, gather, comm_events = run(True)
-    step_free, pipe_free, *_ = run(False)
+    params_stage = np.array([params_chunk[[c * P + s for c in range(V)]].sum() for s in range(P)])
+    step, pipe, finish, opt_stage, gather, comm_events = run()
+    step_free, pipe_free, *_ = run(frozenset(classes))
+    # exposed communication per class: what the step would save if that class alone were free
+    exposed_split = {k: max(step - run(frozenset([k]))[0], 0.0) for k in classes} if comm_split else {}
     # bubble: idle time of the busiest stage inside the pipeline span (no communication counted)
     span = float(pipe.stage_end.max())
     busy = pipe.stage_busy
@@ -683,6 +727,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,
         forward_ms=phase_t["forward"] * n_micro, backward_ms=phase_t["backward"] * n_micro,
         optimizer_ms=float(opt_stage.max()), exposed_comm_ms=max(step - step_free, 0.0), bubble_ms=max(bubble, 0.0),
+        exposed_comm_split_ms=exposed_split,
         mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,
         memory_gb=worst, memory=worst_terms or {}, fits=bool(worst <= spec.memory_gb), memory_capacity_gb=float(spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
         ood_fraction=view.ood_fraction, comm=comm, events=events,

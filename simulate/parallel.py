@@ -52,6 +52,11 @@ class ParallelConfig:
     pp_last_layers: int | None = None
     #: context parallelism: the sequence split over ``cp`` ranks (ring attention); world = dp x tp x pp x cp
     cp: int = 1
+    #: Megatron-Core's overlaps (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``); None:
+    #: the framework's default (``simulate.overlap.overlap_defaults``), filled in by ``resolve_parallel``
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    tp_comm_overlap: bool | None = None
 
     def n_micro(self, batch: int) -> int:
         return batch // (self.dp * self.micro_batch)
@@ -71,6 +76,10 @@ class ParallelConfig:
         parts.append(f"mb{self.micro_batch}")
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
+        over = [k for k, v in (("ogr", self.overlap_grad_reduce), ("opg", self.overlap_param_gather),
+                                ("tpo", self.tp_comm_overlap)) if v]
+        if over:
+            parts.append("+".join(over))
         if self.pp_first_layers is not None or self.pp_last_layers is not None:
             parts.append(f"ppl{'' if self.pp_first_layers is None else self.pp_first_layers},"
                          f"{'' if self.pp_last_layers is None else self.pp_last_layers}")
@@ -176,7 +185,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         need(n_kv_heads % cfg.tp == 0, f"key/value heads ({n_kv_heads}) must be divisible by tp ({cfg.tp})")
     if ffn is not None:
         need(ffn % cfg.tp == 0, f"FFN size ({ffn}) must be divisible by tp ({cfg.tp})")
-    need(n_layers >= cfg.pp * cfg.interleave,
+    need(n_layers >= cfg.pp * cfg.interleave or cfg.pp * cfg.interleave == 1,
          f"layers ({n_layers}) must be at least pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
     explicit = cfg.pp_first_layers is not None or cfg.pp_last_layers is not None
     for name in ("pp_first_layers", "pp_last_layers"):
@@ -223,7 +232,25 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         nodes = -(-cfg.gpus // cluster.gpus_per_node)
         need(cluster.max_nodes is None or nodes <= cluster.max_nodes,
              f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
-    return replace(cfg, dp=dp, micro_batch=mb)
+    from wattcast.simulate.overlap import overlap_defaults
+
+    fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
+    defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
+    flags = {}
+    for name, default in defaults.items():
+        v = getattr(cfg, name)
+        flag = "--" + name.replace("_", "-")
+        need(v is None or isinstance(v, bool), f"{flag} must be true or false, got {v!r}")
+        if v and fw_name != "megatron":
+            need(False, f"{flag} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP overlap gradient "
+                        f"buckets with backward already; DeepSpeed's engine reduces after backward)")
+        flags[name] = default if v is None else v
+    need(not (cfg.overlap_param_gather and cfg.zero < 1),
+         "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs --zero 1 or more")
+    need(not (cfg.tp_comm_overlap and not (cfg.tp > 1 and cfg.sp)),
+         "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
+         "--tp > 1 and --sp")
+    return replace(cfg, dp=dp, micro_batch=mb, **flags)
 
 
 @dataclass(frozen=True)

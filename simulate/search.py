@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -147,7 +147,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
 
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "flash",
            optimizer: str = "adamw", max_configs: int = 5000, progress=None, framework: str = "hf",
-           tokens: float | None = None, footprint_kw: dict | None = None, **space) -> SearchResult:
+           tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
+           **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -156,6 +157,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
     ``tokens`` (a whole training run), fitting rows also get the run's lifecycle footprint
     (:func:`wattcast.simulate.lifecycle.footprint_from_step`; ``footprint_kw``: region, pue,
     lifetime_years, ...): ``run_hours``, ``run_energy_mwh``, ``run_tco_usd``, ``run_tco2e``.
+
+    ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
+    ``tp_comm_overlap``: True/False; left out, the framework's default).
 
     ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep),
     each a list of choices or a single value. ``gpus``, ``batch``, ``seq`` and ``max_configs`` must be positive
@@ -185,6 +189,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
             raise ValueError(f"tokens (run length in tokens) must be a finite number above 0, got {tokens!r}")
     elif footprint_kw:
         raise ValueError("footprint_kw describes a run: give tokens too")
+    unknown = set(overlaps or {}) - {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"}
+    if unknown:
+        raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: overlap_grad_reduce, overlap_param_gather, "
+                         "tp_comm_overlap")
     if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
         raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
     rows, bad = [], []
@@ -192,13 +200,15 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf1
         cl = resolve_cluster(c)
         spec = resolve_device(cl.device)  # the run's cost uses this spec's own figures
         cands = candidate_configs(model, cl, gpus, batch, seq, **space)
+        if overlaps:
+            cands = [replace(c, **overlaps) for c in cands]
         evaluated = 0
         for par in cands:
             if evaluated >= max_configs:
                 break
             try:  # an invalid strategy is rejected by its rules before any graph is built
                 r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
-                                        attention=attention, optimizer=optimizer, framework=framework)
+                                        attention=attention, optimizer=optimizer, framework=framework, comm_split=False)
             except ParallelConfigError as e:
                 bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
                 continue

@@ -1,0 +1,65 @@
+"""Communication that Megatron-Core overlaps with computation, and what the overlap costs: pure functions.
+
+Three overlaps, each a flag (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``) and a
+``ParallelConfig`` field; ``None`` takes the framework's default (:func:`overlap_defaults`).
+
+Partial, not total: a collective that runs beside a compute kernel takes streaming multiprocessors from it (NCCL runs
+its collectives as CUDA kernels on ``channels`` CTAs, one SM each), so the overlapped computation slows down by the
+share of SMs the collective holds while they run together, and a collective longer than the computation it hides
+behind is exposed for the rest. Pipelined TP overlap (Transformer Engine's userbuffers) splits each collective into
+``tp`` chunks: the first chunk (all-gather) or the last (reduce-scatter) waits for, or is waited on by, its GEMM.
+
+Assumptions (stated, not fitted): NCCL's collectives hold 16 SMs while they run (NCCL's default of at least 16
+channels on NVLink/NVSwitch systems, ``NCCL_MIN_NCHANNELS``; Megatron-LM leaves it at the default), Transformer
+Engine's userbuffers ring-exchange moves data with copy engines and holds ``UB_SMS`` = 2 SMs for its
+synchronisation (TE's ``userbuffers`` defaults for the pipelined all-gather/reduce-scatter: ``num_sm`` 1-16 by
+method; the copy-engine ring exchange is the recommended one on NVSwitch machines).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: SMs an NCCL collective occupies while it runs (NCCL's default minimum channel count on NVSwitch systems)
+NCCL_SMS = 16
+#: SMs Transformer Engine's userbuffers ring exchange holds (copy engines move the data)
+UB_SMS = 2
+
+
+def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int) -> dict[str, bool]:
+    """What a framework overlaps when not told: Megatron-Core's GPT/Llama recipes (Megatron-LM ``examples/llama``,
+    NeMo's ``llama3_*`` pretraining recipes) run the distributed optimizer with ``--overlap-grad-reduce
+    --overlap-param-gather`` and, with TP and sequence parallelism, ``--tp-comm-overlap``; PyTorch DDP/FSDP overlap
+    gradient buckets with backward by construction (handled by the scheduler), and DeepSpeed's engine reduces after
+    backward (``overlap_comm`` off in its default config): none of the three for them."""
+    if framework == "megatron":
+        return dict(overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp)
+    return dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
+
+
+def sm_share(sms_taken: float, num_sms: int) -> float:
+    """Fraction of a GPU's SMs a concurrent collective takes from the compute stream."""
+    return float(min(max(sms_taken, 0.0) / max(num_sms, 1), 1.0))
+
+
+def overlapped_ms(compute_ms, comm_ms, *, share: float, first_chunk_ms=0.0):
+    """Wall time of ``compute_ms`` of computation with ``comm_ms`` of communication run beside it (arrays or scalars).
+
+    While both run the computation is slowed by ``share`` (the SMs the collective holds): the overlapped span
+    ``min(compute, comm)`` costs ``share`` x itself more; communication beyond the computation is exposed; and
+    ``first_chunk_ms`` (a pipelined collective's chunk that cannot overlap) is always exposed. Never less than
+    ``max(compute, comm)``, and equal to ``compute + comm`` when there is nothing to hide behind."""
+    compute = np.asarray(compute_ms, dtype=float)
+    comm = np.asarray(comm_ms, dtype=float)
+    first = np.minimum(np.asarray(first_chunk_ms, dtype=float), comm)
+    rest = comm - first
+    together = np.minimum(compute, rest)
+    t = first + np.maximum(compute + share * together, rest)
+    return t if t.ndim else float(t)
+
+
+def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int):
+    """Time of a layer's TP collectives and the GEMMs they are pipelined with under ``--tp-comm-overlap``
+    (userbuffers: ``tp`` chunks, one exposed, copy-engine transfers holding :data:`UB_SMS` SMs)."""
+    coll = np.asarray(coll_ms, dtype=float)
+    return overlapped_ms(gemm_ms, coll, share=sm_share(UB_SMS, num_sms), first_chunk_ms=coll / max(int(tp), 1))

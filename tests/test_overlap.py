@@ -1,0 +1,90 @@
+"""Megatron-Core's communication overlaps: the partial-overlap model, the flags and their defaults, the exposed split."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import wattcast
+from conftest import run_cli
+from wattcast.simulate.overlap import overlap_defaults, overlapped_ms, sm_share, tp_overlap_layer_ms
+from wattcast.simulate.parallel import ParallelConfigError
+
+
+def test_overlapped_time_bounds_and_monotone():
+    rng = np.random.default_rng(0)
+    comp, comm = rng.uniform(0, 10, 200), rng.uniform(0, 10, 200)
+    share = sm_share(16, 132)
+    t = overlapped_ms(comp, comm, share=share)
+    assert np.all(t >= np.maximum(comp, comm) - 1e-12)  # never faster than the longer of the two
+    assert np.all(t <= comp + comm + 1e-12)  # never slower than running them one after the other
+    # nothing to hide behind: fully exposed; no SM taken: the longer of the two
+    assert overlapped_ms(0.0, 3.0, share=share) == pytest.approx(3.0)
+    assert overlapped_ms(5.0, 3.0, share=0.0) == pytest.approx(5.0)
+    # more computation never makes the pair faster, and what shows beyond the computation is at most the part of the
+    # communication that outlasts it plus the SMs' share of the overlapped part
+    c = np.linspace(0, 10, 50)
+    t = overlapped_ms(c, 6.0, share=share)
+    assert np.all(np.diff(t) >= -1e-12)
+    assert np.all(t - c <= np.maximum(6.0 - c, 0.0) + share * 6.0 + 1e-12)
+    # the chunk a pipelined collective cannot overlap is always paid
+    assert tp_overlap_layer_ms(100.0, 8.0, tp=8, num_sms=132) >= 100.0 + 1.0
+
+
+def test_defaults_follow_the_framework():
+    assert overlap_defaults("megatron", tp=8, sp=True, zero=1) == dict(overlap_grad_reduce=True, overlap_param_gather=True,
+                                                                      tp_comm_overlap=True)
+    assert overlap_defaults("megatron", tp=1, sp=False, zero=0) == dict(overlap_grad_reduce=True, overlap_param_gather=False,
+                                                                       tp_comm_overlap=False)
+    for fw in ("hf", "megatron-deepspeed"):
+        assert not any(overlap_defaults(fw, tp=8, sp=True, zero=1).values())
+
+
+KW = dict(gpus=64, batch=64, seq=2048, tp=8, pp=2, micro_batch=1, sp=True, zero=1, recompute="selective", attention="flash",
+          framework="megatron")
+OFF = dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
+
+
+def test_overlaps_shorten_the_step_and_the_split_says_where():
+    on = wattcast.predict_cluster("gpt3_13b", "DGX-H100", **KW)
+    off = wattcast.predict_cluster("gpt3_13b", "DGX-H100", **KW, **OFF)
+    assert on.parallel.overlap_grad_reduce and on.parallel.tp_comm_overlap and on.parallel.overlap_param_gather
+    assert on.step_time_ms < off.step_time_ms
+    assert on.exposed_comm_split_ms["tp"] < off.exposed_comm_split_ms["tp"]
+    assert on.exposed_comm_split_ms["dp"] <= off.exposed_comm_split_ms["dp"]
+    d = on.to_dict()
+    assert set(d["exposed_comm_split_ms"]) >= {"tp", "dp", "pp", "cp"}
+    assert d["parallel"]["tp_comm_overlap"] is True
+    # each class alone never exposes more than all of them together
+    assert max(on.exposed_comm_split_ms.values()) <= on.exposed_comm_ms + 1e-9
+    # turning one overlap on alone helps, and never beats all three
+    tp_only = wattcast.predict_cluster("gpt3_13b", "DGX-H100", **KW, **dict(OFF, tp_comm_overlap=True))
+    assert on.step_time_ms <= tp_only.step_time_ms < off.step_time_ms
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(zero=0, overlap_param_gather=True), "needs --zero 1"),
+    (dict(sp=False, tp_comm_overlap=True), "needs --tp > 1 and --sp"),
+    (dict(framework="hf", overlap_grad_reduce=True), "Megatron-Core option"),
+    (dict(overlap_grad_reduce="yes"), "must be true or false"),
+])
+def test_overlap_rules(kw, msg):
+    with pytest.raises(ParallelConfigError, match=msg):
+        wattcast.predict_cluster("gpt3_13b", "DGX-H100", **dict(KW, **kw))
+
+
+def test_cli_flags_and_json():
+    base = ["predict", "--model", "gpt3_13b", "--cluster", "DGX-H100", "--gpus", "64", "--batch", "64", "--seq", "2048",
+            "--tp", "8", "--pp", "2", "--micro-batch", "1", "--sp", "--zero", "1", "--attention", "flash", "--dtype", "bf16",
+            "--framework", "megatron", "--json"]
+    on = run_cli(*base)
+    off = run_cli(*base, "--no-overlap-grad-reduce", "--no-overlap-param-gather", "--no-tp-comm-overlap")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    a, b = json.loads(on.stdout), json.loads(off.stdout)
+    assert a["parallel"]["overlap_grad_reduce"] and not b["parallel"]["overlap_grad_reduce"]
+    assert a["step_time_ms"] < b["step_time_ms"]
+    assert set(a["exposed_comm_split_ms"]) >= {"tp", "dp", "pp", "cp"}
+    bad = run_cli(*[x for x in base if x != "--sp"], "--tp-comm-overlap")
+    assert bad.returncode == 2 and "needs --tp > 1 and --sp" in bad.stderr
