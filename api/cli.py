@@ -194,7 +194,7 @@ def predict(
     batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Sequences per step (the global batch with --cluster; default 1, or an ONNX file's own fixed dims)."),
     seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Tokens per sequence (default 1024, or an ONNX file's own fixed dims)."),
     mode: str = typer.Option("train", "--mode", help="train (forward + backward + optimizer) or inference (forward)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32, tf32, bf16 or fp16."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32, tf32, bf16, fp16 or fp8 (Transformer Engine recipe: linear-layer GEMMs in FP8, the rest bf16)."),
     attention: str = typer.Option("eager", "--attention", help="eager (bmm + softmax + bmm) or flash (fused kernel)."),
     compile: bool = typer.Option(False, "--compile", help="Approximate torch.compile: fuse elementwise chains."),
     optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), sgd or none; training only."),

@@ -177,6 +177,29 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+#: field -> (lowest, highest plausible value, the unit a too-small figure is likely in, the unit a too-large one is):
+#: figures 1,000x off, e.g. TDP in kW, memory in bytes, bandwidth in B/s or TB/s, a peak in FLOP/s, a clock in Hz.
+#: The bounds hold well outside every datasheet of the catalog (P4's 75 W to MI355X's 1,400 W; 8-288 GB; 192 GB/s-8 TB/s).
+_PLAUSIBLE = {
+    "tdp_w": (5.0, 5000.0, "kW", "mW"),
+    "idle_power_w": (0.5, 2000.0, "kW", "mW"),
+    "memory_gb": (0.25, 5000.0, "TB", "bytes or MB"),
+    "memory_bandwidth_gbps": (5.0, 200000.0, "TB/s", "B/s or MB/s"),
+    "peak_fp32_tflops": (0.01, 20000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
+    "peak_tf32_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
+    "peak_fp16_tflops": (0.01, 100000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
+    "peak_bf16_tflops": (0.01, 100000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
+    "peak_fp8_tflops": (0.01, 200000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
+    "boost_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz"),
+    "base_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz"),
+    "l2_cache_mb": (0.01, 10000.0, "GB", "bytes or KB"),
+}
+_UNIT = {"tdp_w": "watts", "idle_power_w": "watts", "memory_gb": "GB", "memory_bandwidth_gbps": "GB/s",
+         "peak_fp32_tflops": "TFLOP/s", "peak_tf32_tflops": "TFLOP/s", "peak_fp16_tflops": "TFLOP/s",
+         "peak_bf16_tflops": "TFLOP/s", "peak_fp8_tflops": "TFLOP/s", "boost_clock_mhz": "MHz", "base_clock_mhz": "MHz",
+         "l2_cache_mb": "MB"}
+
+
 def check_values(spec: DeviceSpec) -> DeviceSpec:
     """Return ``spec`` or raise :class:`DeviceSpecError` naming the bad field and its value.
 
@@ -219,6 +242,17 @@ def check_values(spec: DeviceSpec) -> DeviceSpec:
             raise DeviceSpecError(f"{where}: field '{f}' must be a positive finite number, got {v!r}")
     if spec.vendor not in VENDORS:
         raise DeviceSpecError(f"{where}: field 'vendor' must be nvidia|amd|intel|other, got {spec.vendor!r}")
+    # Figures 1,000x off (a unit mix-up) first: the consistency rules below would misname them.
+    for f, (lo, hi, low_unit, high_unit) in _PLAUSIBLE.items():
+        v = getattr(spec, f)
+        if v is None:
+            continue
+        if v > hi:
+            raise DeviceSpecError(f"{where}: field '{f}' is {v:g}, over {hi:g}: it looks like {high_unit}; give it in "
+                                  f"{_UNIT[f]}")
+        if v < lo:
+            raise DeviceSpecError(f"{where}: field '{f}' is {v:g}, under {lo:g}: it looks like {low_unit}; give it in "
+                                  f"{_UNIT[f]}")
     # Consistency rules a datasheet never breaks.
     if spec.base_clock_mhz and spec.base_clock_mhz > spec.boost_clock_mhz * 1.001:
         raise DeviceSpecError(
@@ -232,8 +266,11 @@ def check_values(spec: DeviceSpec) -> DeviceSpec:
                 f"{where}: field '{f}' ({v}) is below peak_fp32_tflops ({spec.peak_fp32_tflops}); "
                 "reduced-precision peaks are dense tensor/matrix figures and are never slower than FP32"
             )
-    if spec.peak_fp8_tflops and spec.peak_fp16_tflops and spec.peak_fp8_tflops < spec.peak_fp16_tflops * 0.999:
-        raise DeviceSpecError(f"{where}: field 'peak_fp8_tflops' is below peak_fp16_tflops")
+    for half in ("peak_fp16_tflops", "peak_bf16_tflops"):
+        h = getattr(spec, half)
+        if spec.peak_fp8_tflops and h and spec.peak_fp8_tflops < h * 0.999:
+            raise DeviceSpecError(f"{where}: field 'peak_fp8_tflops' ({spec.peak_fp8_tflops}) is below {half} ({h}); FP8 "
+                                  "tensor cores run at least at the 16-bit rate (dense figures for both)")
     if spec.idle_power_w and spec.tdp_w and spec.idle_power_w >= spec.tdp_w:
         raise DeviceSpecError(f"{where}: field 'idle_power_w' ({spec.idle_power_w}) must be below tdp_w ({spec.tdp_w})")
     if spec.cores_per_sm is not None and int(spec.cores_per_sm) != spec.cores_per_sm:

@@ -156,7 +156,10 @@ def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
 def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False) -> Tensor:
     """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss."""
     x = b.tp_enter(x, name="lm_head.enter")
-    logits = b.linear(x, _padded_vocab(vocab, b.tp), bias=bias, name="lm_head", weight_params=not tied, parallel="col")
+    # Transformer Engine's recipes keep the output layer in bf16 (Megatron-Core: not a TE module; --fp8 covers the
+    # transformer layers)
+    logits = b.linear(x, _padded_vocab(vocab, b.tp), bias=bias, name="lm_head", weight_params=not tied, parallel="col",
+                      fp8=False)
     if train:
         b.cross_entropy(logits, name="loss", vocab_parallel=True)
     return logits
@@ -559,7 +562,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int) -> Ten
     h = cfg.hidden
     t = x.numel // h  # this rank's tokens (a sequence shard under sequence parallelism)
     flat = b.view(x, (t, h))
-    logits = b.linear(flat, n_exp, bias=False, name="moe.gate")
+    logits = b.linear(flat, n_exp, bias=False, name="moe.gate", fp8=False)  # the router stays in bf16
     probs = b.softmax(logits, name="moe.router_softmax")
     b.opaque("moe.topk", [probs], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False)
     w = b.elementwise("div", Tensor((t, top_k), probs.dtype, probs.node, probs.tid), b.input((t, 1)), name="moe.normalise")

@@ -147,7 +147,7 @@ class GraphBuilder:
     """Record forward kernels (and their backward rules) while an importer walks a model."""
 
     def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model", tp: int = 1, sp: bool = False,
-                 ep: int = 1, cp: int = 1) -> None:
+                 ep: int = 1, cp: int = 1, gemm_dtype: str | None = None) -> None:
         self.dtype = canonical_dtype(dtype)
         if self.dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
@@ -158,6 +158,9 @@ class GraphBuilder:
         if int(cp) < 1:
             raise GraphError(f"cp must be >= 1, got cp={cp}")
         self.cp = int(cp)
+        #: an FP8 recipe (Transformer Engine): the linear layers' GEMMs in this dtype with their casts, the rest in
+        #: ``dtype`` (see ``linear``)
+        self.gemm_dtype = gemm_dtype
         self.name = name
         self._nodes: list[_Node] = []
         self._tensor_bytes: list[int] = []
@@ -232,14 +235,14 @@ class GraphBuilder:
     def _add(self, name: str, op_class: str, kernel: str, method: str, inputs: Sequence[Tensor], out_shape,
              *, flops: float, bytes_: float, params: int = 0, saves: Sequence[Tensor] = (),
              backward: Sequence[dict] = (), out_dtype: str | None = None, grad_inputs: Sequence[Tensor] | None = None,
-             **shape) -> Tensor:
+             node_dtype: str | None = None, **shape) -> Tensor:
         """Record one forward kernel. ``grad_inputs``: the inputs the op sends a gradient to in backward (default:
         all); a tensor that receives gradients from several uses gets autograd's accumulation (see ``build``)."""
         for t in inputs if grad_inputs is None else grad_inputs:
             if t.node >= 0 and t.tid >= 0 and t.tid not in self._no_grad:
                 self._grad_uses.setdefault(t.tid, []).append(t.numel)
         # TF32 is a tensor-core mode for matrix products; everything else runs on fp32 data as fp32
-        dtype = self.dtype if self.dtype != "tf32" or op_class in TF32_CLASSES else "fp32"
+        dtype = node_dtype or (self.dtype if self.dtype != "tf32" or op_class in TF32_CLASSES else "fp32")
         values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=dtype,
                       flops=float(flops), bytes=float(bytes_), scale=1.0, param_count=int(params), layer=self._layer,
                       scope=self._scope, tag=self._tag, group=shape.pop("group", ""))
@@ -261,7 +264,8 @@ class GraphBuilder:
 
     # ------------------------------------------------------------------ GEMMs
     def linear(self, x: Tensor, out_features: int, *, bias: bool = True, name: str = "linear",
-               weight_params: bool = True, needs_input_grad: bool = True, parallel: str | None = None) -> Tensor:
+               weight_params: bool = True, needs_input_grad: bool = True, parallel: str | None = None,
+               fp8: bool = True) -> Tensor:
         """``nn.Linear(in, out)`` on ``x`` (..., in). ``weight_params=False`` for a tied weight.
 
         ``parallel``: ``col`` (output features split over tp ranks), ``row`` (input features already
@@ -279,16 +283,33 @@ class GraphBuilder:
         db = self.dbytes
         # a row-parallel bias is added once, after the reduction: it is owned by every rank in full
         params = (n * k if weight_params else 0) + (k if bias else 0)
+        # FP8 recipe (Transformer Engine's Linear under fp8_autocast, NVIDIA's default delayed-scaling recipe): the GEMMs
+        # run in FP8 (E4M3 forward; E5M2 gradients in the HYBRID format: one "fp8" kernel dtype), operands read at 1 B;
+        # the input is cast (with its transpose for the weight gradient and an amax) before the GEMM, the output
+        # gradient likewise in backward; the weight's cast is once per step (training_graph); the output and dgrad
+        # come out in the model's dtype. The FP8 input is what is saved for the weight gradient (1 B per element).
+        fp8 = fp8 and self.gemm_dtype == "fp8"  # ``fp8=False``: a layer the recipe keeps in bf16 (output layer, router)
+        gb = DTYPE_BYTES["fp8"] if fp8 else db  # bytes per GEMM operand element
+        gdt = "fp8" if fp8 else None
+        saved = self._sp_shard.get(x.tid, x)
         bw = []
+        if fp8:
+            self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=saved.numel,
+                      bytes_=saved.numel * (db + 2 * gb), grad_inputs=[])
+            saved = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP) kept for backward
+            bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=m * k, bytes_=m * k * (db + 2 * gb)))
         if needs_input_grad:  # dX = dY (M,K) @ W (K,N)
-            bw.append(self._bw(f"{name}.dgrad", "linear", "bmm", flops=2.0 * m * n * k, bytes_=(m * k + k * n + m * n) * db, B=1, M=m, N=k, K=n))
+            bw.append(dict(self._bw(f"{name}.dgrad", "linear", "bmm", flops=2.0 * m * n * k,
+                                    bytes_=(m * k + k * n) * gb + m * n * db, B=1, M=m, N=k, K=n), **({"dtype": gdt} if fp8 else {})))
         # dW = X^T (N,M) @ dY (M,K)  (computed for tied weights too: they still get a gradient)
-        bw.append(self._bw(f"{name}.wgrad", "linear", "bmm", flops=2.0 * m * n * k, bytes_=(m * n + m * k + n * k) * db, B=1, M=n, N=m, K=k))
+        bw.append(dict(self._bw(f"{name}.wgrad", "linear", "bmm", flops=2.0 * m * n * k,
+                                bytes_=(m * n + m * k) * gb + n * k * db, B=1, M=n, N=m, K=k), **({"dtype": gdt} if fp8 else {})))
         if bias:  # db = sum over rows of dY
             bw.append(self._bw(f"{name}.bgrad", "reduction", "", "proxy", flops=m * k, bytes_=(m * k + k) * db))
         return self._add(name, "linear", "linear" if bias else "bmm", "surrogate", [x], (*x.shape[:-1], k),
-                         flops=2.0 * m * n * k + (m * k if bias else 0), bytes_=(m * n + n * k + m * k + (k if bias else 0)) * db,
-                         params=params, saves=[self._sp_shard.get(x.tid, x)], backward=bw,
+                         flops=2.0 * m * n * k + (m * k if bias else 0),
+                         bytes_=(m * n + n * k) * gb + (m * k + (k if bias else 0)) * db,
+                         params=params, saves=[saved], backward=bw, node_dtype=gdt,
                          grad_inputs=[x] if needs_input_grad else [], B=1, M=m, N=n, K=k)
 
     def matmul(self, a: Tensor, b: Tensor, *, name: str = "matmul") -> Tensor:

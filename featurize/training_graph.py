@@ -49,6 +49,7 @@ def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:
     row["scale"] = 1.0
     row["group"] = ""
     row.update(spec)
+    dtype = spec.get("dtype") or dtype  # an FP8 recipe's GEMMs name their own dtype
     if dtype == "tf32" and spec.get("op_class") not in TF32_CLASSES:
         dtype = "fp32"  # TF32 is a matrix-product mode
     row.update(dtype=dtype, param_count=0, layer=fwd_row["layer"], scope=fwd_row["scope"], phase="backward",
@@ -118,6 +119,8 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     n_params = fwd.meta.get("param_count", 0)
     if grad_accumulation or opt != "none":
         by_layer = nodes.groupby("layer", sort=True)["param_count"].sum()
+        fp8_rows = nodes["dtype"].to_numpy() == "fp8"
+        fp8_params_by_layer = nodes[fp8_rows].groupby("layer")["param_count"].sum().to_dict() if fp8_rows.any() else {}
         mixed = dtype in ("fp16", "bf16")
         db = 2 if mixed else 4
         for lay, p in by_layer.items():
@@ -134,6 +137,13 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
             if opt != "none":
                 out_rows.append(_opt_row(f"{opt}.step[{lay}]", "optimizer", lay, scope, OPTIMIZER_FLOPS_PER_PARAM[opt] * float(p),
                                          OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)] * float(p), dtype, "optimizer"))
+                edges.append((prev, n_fwd + len(out_rows) - 1))
+            fp8_p = float(fp8_params_by_layer.get(lay, 0.0))
+            if fp8_p > 0:
+                # Transformer Engine casts the updated bf16 weights of its FP8 GEMMs once per step (cached over the
+                # micro-batches, Megatron's is_first_microbatch): read 2 B, write the fp8 copy and its transpose
+                out_rows.append(_opt_row(f"fp8_weight_cast[{lay}]", "fp8_cast", lay, scope, fp8_p, 4.0 * fp8_p, dtype,
+                                         "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
     extra = pd.DataFrame(out_rows, columns=list(NODE_COLUMNS))
     all_nodes = pd.concat([nodes, extra], ignore_index=True) if len(extra) else nodes.copy()

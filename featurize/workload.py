@@ -62,11 +62,7 @@ class StepOptions:
             raise GraphError(f"unknown mode {self.mode!r}; use train or inference")
         dtype = canonical_dtype(self.dtype)
         if dtype not in DTYPE_BYTES:
-            raise GraphError(f"unknown dtype {self.dtype!r}; use one of fp32, tf32, bf16, fp16")
-        if dtype == "fp8":
-            raise GraphError("fp8 steps are not modelled: FP8 recipes run only the GEMMs in fp8 (with scaling kernels) and "
-                             "keep the rest in bf16, which this graph cannot express; use --dtype bf16 (single fp8 kernels: "
-                             "wattcast kernels)")
+            raise GraphError(f"unknown dtype {self.dtype!r}; use one of fp32, tf32, bf16, fp16, fp8")
         att = str(self.attention).lower()
         if att not in ATTENTION:
             raise GraphError(f"unknown attention {self.attention!r}; use eager or flash")
@@ -128,7 +124,10 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     from wattcast.featurize.hf_models import GENERATORS
 
     # tf32 runs fp32 tensors on tensor cores: the graph's tensors are fp32-sized, the kernels tf32
-    b = GraphBuilder(opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp, ep=opts.ep, cp=opts.cp)
+    # fp8: Transformer Engine's recipe, the linear layers' GEMMs in FP8 (with their casts), everything else in bf16
+    fp8 = opts.dtype == "fp8"
+    b = GraphBuilder("bf16" if fp8 else opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp,
+                     ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None)
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
     if opts.framework == "megatron" and cfg.family not in ("gpt2", "llama"):
@@ -140,9 +139,9 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
             raise GraphError(f"{cfg.name}: an encoder-decoder model cannot be built with fewer blocks")
         cfg = replace(cfg, n_layers=min(int(opts.blocks), cfg.n_layers))
     # learned position tables end at max_positions (MPTModel.forward refuses longer inputs even with ALiBi)
-    if opts.seq > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert", "mpt"):
+    if opts.seq * opts.cp > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert", "mpt"):
         limit = f"max_seq_len {cfg.max_positions}" if cfg.family == "mpt" else f"{cfg.max_positions} learned positions"
-        raise GraphError(f"{cfg.name}: seq {opts.seq} exceeds the model's {limit}")
+        raise GraphError(f"{cfg.name}: seq {opts.seq * opts.cp} exceeds the model's {limit}")
     if opts.framework == "megatron" and cfg.family == "llama":
         from wattcast.featurize.hf_models import llama_megatron
 
@@ -152,7 +151,9 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
-                   hidden=cfg.hidden, vocab=cfg.vocab)
+                   hidden=cfg.hidden, vocab=cfg.vocab,
+                   **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
+                      "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights"} if fp8 else {}))
 
 
 @lru_cache(maxsize=256)
@@ -191,6 +192,10 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
                          "(ONNX and torch.export graphs carry no column/row-parallel structure); use --dp/--pp/--zero")
     if opts.blocks and not (isinstance(model, dict) or (isinstance(model, (str, Path)) and not is_onnx)):
         raise GraphError("building fewer blocks needs a model from a Hugging Face config or a built-in name")
+    if opts.dtype == "fp8" and not (isinstance(model, dict) or (isinstance(model, (str, Path)) and not is_onnx)):
+        raise GraphError("--dtype fp8 is Transformer Engine's recipe over a model's linear layers: it needs a Hugging Face "
+                         "config or a built-in name (an ONNX or torch.export graph does not say which ops TE would run in "
+                         "FP8); use --dtype bf16")
     if opts.dims and not is_onnx:
         raise GraphError("named input dims (--dim) apply to ONNX models; a config or module takes --batch and --seq")
     if not is_onnx and example_inputs is None:

@@ -202,6 +202,13 @@ def _model_config(model) -> HFConfig | None:
 MAX_GLOBAL_TOKENS = 2**63 - 1
 
 
+def _require_fp8(spec: DeviceSpec) -> None:
+    """An FP8 recipe needs FP8 tensor cores: a spec without ``peak_fp8_tflops`` is refused, naming the field."""
+    if not spec.peak_fp8_tflops:
+        raise ParallelConfigError(f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no "
+                                  "peak_fp8_tflops (no FP8 support: A100, V100, MI250 and older); use --dtype bf16")
+
+
 def _count(v, label: str) -> int:
     """``v`` as an int if it is a positive whole number (Python or numpy integer, not a bool), else a
     ParallelConfigError naming ``label``."""
@@ -220,6 +227,12 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed)."""
     # names and counts first: every table lookup and rule below takes them as given
     framework = _framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
+    graph_dtype = dtype
+    if str(dtype).lower() == "fp8":
+        # Transformer Engine's recipe: the graph holds FP8 GEMMs; weights, activations, gradients and the
+        # communication they need are bf16 (the casts are kernels in the graph), and MFU is quoted against the bf16
+        # dense peak (Megatron-LM / NeMo's convention)
+        graph_dtype, dtype = "fp8", "bf16"
     seq = _count(seq, "--seq (tokens per sequence)")
     if is_count(batch):
         batch = int(batch)  # the rules below check it; a numpy integer must not wrap around in batch x seq
@@ -234,7 +247,9 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     par = replace(par, gpus=gpus)
     hf = _model_config(model)
     # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
-    opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=dtype, attention=attention, compile=compile,
+    if graph_dtype == "fp8":
+        _require_fp8(spec)
+    opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype, attention=attention, compile=compile,
                         optimizer=optimizer, recompute=par.recompute, framework=framework)
     # layers: from the config, else from a single-device graph
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))
@@ -644,6 +659,12 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     in_model = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
     block_params = float(view.params[in_model].max()) if in_model.any() else 0.0
     worst, worst_terms = 0.0, None
+    fp8_frac = 0.0
+    if g.meta.get("precision") == "fp8":
+        from wattcast.simulate.memory import fp8_weight_copy_bytes
+
+        fwd_params = float(g.nodes.loc[g.nodes["phase"] == "forward", "param_count"].sum())
+        fp8_frac = fp8_weight_copy_bytes(g) / 2.0 / fwd_params if fwd_params > 0 else 0.0
     for s in range(P):
         cs = [c * P + s for c in range(V)]
         p = float(params_chunk[cs].sum())
@@ -652,7 +673,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
                           full_recompute_extra_bytes=view.full_extra_bytes, dtype_bytes=db,
                           grad_bytes=_grad_bytes(opts.framework, dtype), held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db),
                           optimizer=opts.optimizer, zero=par.zero, dp=dp_n,
-                          framework=opts.framework, block_params=block_params)
+                          framework=opts.framework, block_params=block_params, fp8_param_fraction=fp8_frac)
         terms = sm.to_gb_dict()
         mem = terms["total_gb"]
         if worst_terms is None or mem > worst:

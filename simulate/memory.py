@@ -81,6 +81,8 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
     # working set of the largest kernel (inputs + output), minus weights it reads
     own_w = fwd["param_count"].to_numpy(dtype=float) * db
     transient = float(np.max(fwd["bytes"].to_numpy(dtype=float) - own_w)) if len(fwd) else 0.0
+    # an FP8 recipe: Transformer Engine keeps each FP8 GEMM's weight cast (and its transpose) between steps, 2 B/param
+    weights += fp8_weight_copy_bytes(graph)
     if train:
         if db < 4:
             weights += params * 4  # fp32 master copy
@@ -117,6 +119,14 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
         else:
             acts = float(sum(float(tbytes[t]) for t in saved_ids))
     return MemoryEstimate(weights / GB, grads / GB, opt / GB, acts / GB, max(transient, 0.0) / GB)
+
+
+def fp8_weight_copy_bytes(graph: OpGraph) -> float:
+    """Bytes of the FP8 weight copies an FP8 recipe caches: Transformer Engine keeps the fp8 weight and its transpose
+    (for the dgrad GEMM) of every FP8 linear layer between steps (``is_first_microbatch`` caching): 2 B per parameter."""
+    n = graph.nodes
+    sel = (n["phase"] == "forward") & (n["dtype"] == "fp8")
+    return 2.0 * float(n.loc[sel, "param_count"].sum()) if sel.any() else 0.0
 
 
 def _block_inputs(graph: OpGraph, n_layers: int) -> list[float]:

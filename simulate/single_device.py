@@ -326,6 +326,9 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     from wattcast.simulate.energy import apply_power, energy_of
 
     power_limit_w, clock_cap_mhz = check_power_settings(power_limit_w, clock_cap_mhz, spec)
+    if graph.meta.get("precision") == "fp8" and not spec.peak_fp8_tflops:
+        raise ValueError(f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops "
+                         "(no FP8 support: A100, V100, MI250 and older); use --dtype bf16")
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
     costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     res = summarise_costed(graph, costed, spec)

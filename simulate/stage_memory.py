@@ -134,10 +134,12 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
 
 def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, full_recompute_extra_bytes: float,
                  dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str, zero: int, dp: int,
-                 framework: str, block_params: float) -> StageMemory:
+                 framework: str, block_params: float, fp8_param_fraction: float = 0.0) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
-    full recomputation), and buffers."""
+    full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
+    recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights)."""
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp, grad_bytes=held_grad_bytes)
+    st["weights_bytes"] += 2.0 * params * fp8_param_fraction / (dp if zero >= 3 else 1)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
                                  block_params=block_params)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,

@@ -61,7 +61,6 @@ def test_dim_option_binds_a_named_symbolic_dim(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (("--dtype", "fp8"), "fp8 steps are not modelled"),
     (("--mode", "inference", "--optimizer", "sgd"), "--mode inference"),
     (("--mode", "inference", "--recompute", "full"), "--mode inference"),
     (("--schedule", "gpipe"), "--schedule"),
@@ -70,6 +69,14 @@ def test_dim_option_binds_a_named_symbolic_dim(tmp_path):
 def test_predict_rejects_options_it_would_ignore(args, needle):
     r = run("predict", "-m", "gpt2", "-d", "H100-SXM5-80GB", *args)
     assert r.exit_code == 2 and needle in flat(r.stderr)
+
+
+def test_fp8_steps_run_the_recipe_where_the_gpu_has_fp8():
+    """--dtype fp8 used to be refused; it now runs Transformer Engine's recipe, and a GPU without FP8 tensor cores is
+    refused naming the spec field."""
+    assert run("predict", "-m", "gpt2", "-d", "H100-SXM5-80GB", "--dtype", "fp8").exit_code == 0
+    r = run("predict", "-m", "gpt2", "-d", "A10", "--dtype", "fp8")
+    assert r.exit_code == 2 and "peak_fp8_tflops" in flat(r.stderr)
 
 
 def test_distributed_counts_and_output_paths(tmp_path):

@@ -263,3 +263,23 @@ def test_train_collectives_on_an_empty_file_names_it(tmp_path):
     (d / "nccl_h100_per_size.csv").write_text("")
     with pytest.raises(CollectiveDataError, match=r"nccl_h100_per_size\.csv"):
         run_train_collectives(data=tmp_path, out_dir=tmp_path / "o", use_mlflow=False, log=lambda *a: None)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(tdp_w=0.7), "'tdp_w' is 0.7, under 5: it looks like kW; give it in watts"),
+    (dict(memory_gb=80e9), "'memory_gb' is 8e\\+10, over 5000: it looks like bytes or MB; give it in GB"),
+    (dict(memory_bandwidth_gbps=3.35e12), "looks like B/s or MB/s; give it in GB/s"),
+    (dict(memory_bandwidth_gbps=3.35), "looks like TB/s; give it in GB/s"),
+    (dict(peak_bf16_tflops=989e12), "'peak_bf16_tflops' is .*looks like FLOP/s or GFLOP/s"),
+    (dict(boost_clock_mhz=1.98, base_clock_mhz=1.6), "'boost_clock_mhz' is 1.98, under 50: it looks like GHz"),
+    (dict(peak_fp8_tflops=900.0), "'peak_fp8_tflops' \\(900.0\\) is below peak_fp16_tflops"),
+    (dict(base_clock_mhz=2500.0), "'base_clock_mhz' \\(2500.0\\) exceeds boost_clock_mhz"),
+])
+def test_spec_units_and_inconsistent_figures_are_named(kw, msg):
+    import dataclasses
+
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpecError
+
+    with pytest.raises(DeviceSpecError, match=msg):
+        dataclasses.replace(resolve_device("H100-SXM5-80GB"), **kw)

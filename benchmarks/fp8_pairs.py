@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""FP8 GEMMs against the visible FP8/BF16 pairs: the XLA matmul table measures the same shapes in bf16 and in fp8
+(E4M3 x E4M3) on B200 and gfx950 (MI355X class).
+
+    python3 benchmarks/fp8_pairs.py [--data PATH]
+
+For every shape measured in both, the shipped kernel surrogates predict both dtypes (``wattcast.predict_kernels``,
+as ``wattcast kernels`` does) and the benchmark prints, per device and size band (GFLOP per GEMM): rows, MAPE and
+signed mean error of the fp8 time, and the measured vs predicted fp8-over-bf16 speed-up. The surrogates were
+trained with these devices' rows (the held-out-generation figures are ``leave_one_generation_out.py``'s): this
+measures whether the dtype step the graphs rely on (the recipe's GEMMs in fp8, the rest in bf16) is right.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.kernel_datasets import resolve_data_root
+from wattcast.models.kernel_predictor import predict_kernels
+
+DEVICES = {"sm_100_B200": "B200", "gfx950": "MI355X"}
+BANDS = [(0.0, 0.1, "< 0.1 GFLOP"), (0.1, 1.0, "0.1-1 GFLOP"), (1.0, np.inf, ">= 1 GFLOP")]
+
+
+def pairs(root) -> pd.DataFrame:
+    d = pd.read_csv(resolve_data_root(root) / "tensorcore" / "xla_matmul_perf_table.csv")
+    bf = d[(d.lhs_dtype == "bf16") & (d.rhs_dtype == "bf16") & (d.out_dtype == "bf16")]
+    f8 = d[(d.lhs_dtype == "f8e4m3fn") & (d.rhs_dtype == "f8e4m3fn")]
+    f8 = f8.sort_values("derived_time_us").drop_duplicates(["device", "b", "m", "n", "k"])  # fastest output dtype
+    keys = ["device", "b", "m", "n", "k"]
+    return bf[keys + ["derived_time_us"]].merge(f8[keys + ["derived_time_us"]], on=keys, suffixes=("_bf16", "_fp8"))
+
+
+def predict(p: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    for dev, name in DEVICES.items():
+        sub = p[p.device == dev].copy()
+        if sub.empty:
+            continue
+        # XLA's dot (b, m, k) x (b, k, n): wattcast's bmm is (B, M, N) x (B, N, K) with N the contraction
+        frame = pd.DataFrame({"OPName": "bmm", "B": sub.b, "M": sub.m, "N": sub.k, "K": sub.n})
+        for dt in ("bf16", "fp8"):
+            r = predict_kernels(frame.assign(dtype=dt), name)
+            sub[f"pred_ms_{dt}"] = r["pred_latency_ms"].to_numpy()
+        sub["gflop"] = 2.0 * sub.b * sub.m * sub.n * sub.k / 1e9
+        out.append(sub.assign(name=name))
+    return pd.concat(out, ignore_index=True)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for name, g in df.groupby("name"):
+        for lo, hi, band in BANDS:
+            s = g[(g.gflop >= lo) & (g.gflop < hi)]
+            if s.empty:
+                continue
+            meas = s.derived_time_us_fp8 / 1e3
+            err = 100 * (s.pred_ms_fp8 - meas) / meas
+            rows.append(dict(device=name, band=band, rows=len(s), fp8_mape_pct=float(err.abs().mean()),
+                             fp8_signed_pct=float(err.mean()),
+                             measured_speedup=float((s.derived_time_us_bf16 / s.derived_time_us_fp8).median()),
+                             predicted_speedup=float((s.pred_ms_bf16 / s.pred_ms_fp8).median())))
+    return pd.DataFrame(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None)
+    a = ap.parse_args()
+    t = summary(predict(pairs(a.data)))
+    pd.set_option("display.width", 200)
+    print(t.round(2).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
