@@ -40,7 +40,7 @@ from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
                                         resolve_parallel, stage_layers)
-from wattcast.simulate.scheduler import overlap_buckets, simulate_pipeline
+from wattcast.simulate.scheduler import bucket_spans, simulate_pipeline
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, stream_bandwidth_gbps
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import held_gradient_bytes, inflight_chunks, stage_memory
@@ -611,12 +611,13 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
                 ready = b0 + (b1 - b0) * (np.arange(1, n + 1) / n)
             else:
                 ready = np.full(n, stage_end[s])
-            end, spans = overlap_buckets(ready, ms)
+            starts, ends = bucket_spans(ready, ms)
+            end = float(ends[-1]) if n else 0.0
             if trace:
                 comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{k}]", a, e)
-                                for k, (a, e) in enumerate(spans)]
+                                for k, (a, e) in enumerate(zip(starts.tolist(), ends.tolist()))]
             # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
-            hidden = sum(max(0.0, min(e, stage_end[s]) - a) for a, e in spans) if dp_overlaps else 0.0
+            hidden = float(np.maximum(np.minimum(ends, stage_end[s]) - starts, 0.0).sum()) if dp_overlaps and n else 0.0
             finish[s] = max(stage_end[s] + nccl_share * hidden, end)
         opt_stage = np.array([opt_ms[[c * P + s for c in range(V)]].sum() for s in range(P)])
         if par.zero >= 1:

@@ -254,6 +254,15 @@ def _simulate_exact(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interle
     return PipelineResult(tasks, np.array(free), np.array(busy), last_b)
 
 
+def bucket_spans(ready_ms: np.ndarray, dur_ms: np.ndarray, start_ms: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of buckets run FIFO on one communication stream (see :func:`overlap_buckets`), as arrays."""
+    r = np.asarray(ready_ms, dtype=float)
+    d = np.asarray(dur_ms, dtype=float)
+    c = np.cumsum(d)
+    end = c + np.maximum(np.maximum.accumulate(r - (c - d)), start_ms) if len(d) else c
+    return end - d, end
+
+
 def overlap_buckets(ready_ms: np.ndarray, dur_ms: np.ndarray, start_ms: float = 0.0) -> tuple[float, list[tuple[float, float]]]:
     """Run buckets FIFO on one communication stream: each starts when it is ready and the stream is free.
     Returns (end time, [(start, end)...]). Vectorised: end_k = C_k + max(start, max_{j<=k}(ready_j - C_{j-1}))
