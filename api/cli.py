@@ -449,6 +449,8 @@ def search(
     top: int = typer.Option(10, "--top", help="Rows to show."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
+    framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
+    no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
 ) -> None:
     """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
     on one cluster or across several."""
@@ -472,6 +474,9 @@ def search(
             res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
                           tokens=tokens, footprint_kw=dict(region=region) if region is not None else None,
                           progress=lambda i, n: prog.update(task, completed=i, total=min(n, max_configs)),
+                          framework=framework,
+                          overlaps=dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
+                          if no_overlap else None,
                           **(dict(cp=tuple(cp)) if cp else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))

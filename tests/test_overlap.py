@@ -88,3 +88,13 @@ def test_cli_flags_and_json():
     assert set(a["exposed_comm_split_ms"]) >= {"tp", "dp", "pp", "cp"}
     bad = run_cli(*[x for x in base if x != "--sp"], "--tp-comm-overlap")
     assert bad.returncode == 2 and "needs --tp > 1 and --sp" in bad.stderr
+
+
+def test_search_cli_takes_the_framework_and_can_turn_the_overlaps_off():
+    base = ["search", "--model", "gpt3_xl", "--cluster", "DGX-H100", "--gpus", "8", "--batch", "16", "--seq", "2048",
+            "--framework", "megatron", "--max-configs", "12", "--json"]
+    on, off = run_cli(*base), run_cli(*base, "--no-overlap")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    names_on = [r["config"] for r in json.loads(on.stdout)["ranked"]]
+    names_off = [r["config"] for r in json.loads(off.stdout)["ranked"]]
+    assert any("ogr" in n for n in names_on) and not any("ogr" in n for n in names_off)
