@@ -186,9 +186,129 @@ def _extrapolated_tasks(tasks: list[Task], P: int, N: int, q: int, V: int, kind:
     return out, gaps
 
 
+@lru_cache(maxsize=256)
+def _order_arrays(n_stages: int, n_micro: int, interleave: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """The schedule of :func:`_orders` as one (tasks, 4) int64 array (is_backward, micro, chunk, virtual stage), stage
+    after stage, and each stage's offset into it (n_stages + 1)."""
+    orders = _orders(n_stages, n_micro, interleave, kind)
+    flat = np.array([t for o in orders for t in o], dtype=np.int64).reshape(-1, 4)
+    offsets = np.zeros(n_stages + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(o) for o in orders])
+    return flat, offsets
+
+
+def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy, last_b):
+    """The event loop over arrays (``_simulate_exact``'s, task for task): fills ``starts``/``ends`` per task and
+    ``free``/``busy``/``last_b`` per stage; returns False if the schedule deadlocks. Compiled with numba when it is
+    installed (the same code, ~100x faster); the plain Python function is the reference the tests compare with."""
+    n_stages = offsets.shape[0] - 1
+    done_f = np.full(n_micro * pv, -1.0)
+    done_b = np.full(n_micro * pv, -1.0)
+    pos = offsets[:-1].copy()
+    remaining = offsets[n_stages]
+    while remaining > 0:
+        progressed = False
+        for s in range(n_stages):
+            i = pos[s]
+            t_free = free[s]
+            n = offsets[s + 1]
+            n_done = 0
+            while i < n:
+                is_b = order[i, 0]
+                m = order[i, 1]
+                v = order[i, 3]
+                idx = m * pv + v
+                if is_b == 0:
+                    if v > 0:
+                        d = done_f[idx - 1]
+                        if d < 0:
+                            break
+                        ready = d + p2p
+                    else:
+                        ready = 0.0
+                    dur = f[v]
+                else:
+                    own = done_f[idx]
+                    if own < 0:
+                        break
+                    if v < pv - 1:
+                        d = done_b[idx + 1]
+                        if d < 0:
+                            break
+                        ready = d + p2p
+                    else:
+                        ready = own
+                    dur = b[v]
+                start = t_free if t_free > ready else ready
+                t_free = start + dur
+                if is_b == 1:
+                    done_b[idx] = t_free
+                    last_b[s, 0] = start
+                    last_b[s, 1] = t_free
+                else:
+                    done_f[idx] = t_free
+                busy[s] += dur
+                starts[i] = start
+                ends[i] = t_free
+                i += 1
+                n_done += 1
+            if n_done > 0:
+                pos[s] = i
+                free[s] = t_free
+                remaining -= n_done
+                progressed = True
+        if not progressed:
+            return False
+    return True
+
+
+try:  # numba compiles the event loop; without it (or if it fails to load) the Python loop runs
+    import os as _os
+
+    if _os.environ.get("WATTCAST_NO_NUMBA"):
+        raise ImportError("WATTCAST_NO_NUMBA is set")
+    from numba import njit as _njit
+
+    _kernel = _njit(cache=True, nogil=True)(_kernel_py)
+except Exception:  # pragma: no cover - depends on the environment
+    _kernel = None
+
+
+def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2p_ms: float, keep_tasks: bool,
+                     kernel=None) -> PipelineResult:
+    """Every task of the schedule, event by event, over arrays (numba-compiled when available)."""
+    V = interleave
+    P = len(f_ms) // V
+    order, offsets = _order_arrays(P, n_micro, V, kind)
+    n = order.shape[0]
+    starts, ends = np.zeros(n), np.zeros(n)
+    free, busy, last_b = np.zeros(P), np.zeros(P), np.zeros((P, 2))
+    run = kernel or _kernel or _kernel_py
+    ok = run(order, offsets, np.asarray(f_ms, dtype=np.float64), np.asarray(b_ms, dtype=np.float64), int(n_micro),
+             int(P * V), float(p2p_ms), starts, ends, free, busy, last_b)
+    if not ok:  # pragma: no cover - the schedules above are deadlock-free
+        raise RuntimeError("pipeline schedule deadlocked")
+    tasks: list[Task] = []
+    if keep_tasks:
+        stage_of = np.repeat(np.arange(P), np.diff(offsets))
+        tasks = [Task("B" if o[0] else "F", int(o[1]), int(o[2]), int(st), a, e)
+                 for o, st, a, e in zip(order.tolist(), stage_of.tolist(), starts.tolist(), ends.tolist())]
+    return PipelineResult(tasks, free, busy, [tuple(x) for x in last_b.tolist()])
+
+
 def _simulate_exact(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
                     p2p_ms: float = 0.0, keep_tasks: bool = True) -> PipelineResult:
-    """Every task of the schedule, event by event."""
+    """Every task of the schedule: the compiled array loop when numba is there, else the Python event loop."""
+    if _kernel is not None:
+        return _simulate_arrays(f_ms, b_ms, n_micro=n_micro, interleave=interleave, kind=kind, p2p_ms=p2p_ms,
+                                keep_tasks=keep_tasks)
+    return _simulate_events(f_ms, b_ms, n_micro=n_micro, interleave=interleave, kind=kind, p2p_ms=p2p_ms,
+                            keep_tasks=keep_tasks)
+
+
+def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
+                     p2p_ms: float = 0.0, keep_tasks: bool = True) -> PipelineResult:
+    """Every task of the schedule, event by event (the reference implementation)."""
     V = interleave
     P = len(f_ms) // V
     PV = P * V
