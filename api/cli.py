@@ -414,11 +414,12 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
                   f"{res.exposed_comm_ms:.1f}", f"{res.bubble_ms:.1f}", f"{res.memory_gb:.1f}", "yes" if res.fits else "NO")
         con.print(t)
         d = Table(title="per pipeline stage (one GPU of each)")
-        for c in ("stage", "busy ms", "weights GB", "grads GB", "optimizer GB", "activations GB", "total GB"):
+        for c in ("stage", "busy ms", "weights GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
             d.add_column(c, justify="right")
         for r in res.per_device:
             d.add_row(str(r["stage"]), f"{r['busy_ms']:.1f}", f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
-                      f"{r['optimizer_gb']:.2f}", f"{r['activations_gb']:.2f}", f"{r['memory_gb']:.2f}")
+                      f"{r['optimizer_gb']:.2f}", f"{r['activations_gb']:.2f}", f"{r.get('buffers_gb', 0.0):.2f}",
+                      f"{r['memory_gb']:.2f}")
         con.print(d)
         con.print(f"energy per step {res.energy_j / 1e3:.2f} kJ (all GPUs), average board power {res.avg_power_w:.0f} W per GPU"
                   + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
@@ -429,8 +430,9 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
     if not res.fits and not allow_oom:
         worst = max(res.per_device, key=lambda r: r["memory_gb"])
         _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
-              f"{capacity_gb:.0f} GB (weights {worst['weights_gb']:.1f}, gradients {worst['gradients_gb']:.1f}, "
-              f"optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f} GB); use --zero, --recompute, "
+              f"{capacity_gb:.1f} GB ({capacity_gb * 1e9 / 2**30:.0f} GiB) (weights {worst['weights_gb']:.1f}, gradients "
+              f"{worst['gradients_gb']:.1f}, optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f}, "
+              f"buffers {worst.get('buffers_gb', 0.0):.1f} GB); use --zero, --recompute, "
               "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
 
 

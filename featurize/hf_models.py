@@ -153,15 +153,17 @@ def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
     return b.elementwise("add", a, c, name=f"{name}.add")
 
 
-def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False) -> Tensor:
-    """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss."""
+def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False,
+                     fp32_loss: bool = False) -> Tensor:
+    """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss
+    (``fp32_loss``: on ``logits.float()``, as Megatron-LM's GPT computes it, keeping fp32 probabilities)."""
     x = b.tp_enter(x, name="lm_head.enter")
     # Transformer Engine's recipes keep the output layer in bf16 (Megatron-Core: not a TE module; --fp8 covers the
     # transformer layers)
     logits = b.linear(x, _padded_vocab(vocab, b.tp), bias=bias, name="lm_head", weight_params=not tied, parallel="col",
                       fp8=False)
     if train:
-        b.cross_entropy(logits, name="loss", vocab_parallel=True)
+        b.cross_entropy(logits, name="loss", vocab_parallel=True, fp32_saved=fp32_loss)
     return logits
 
 
@@ -246,7 +248,7 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
                 b.fused_dropout_mask(x, resid_p)
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="ln_f")
-        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train, fp32_loss=fused)
 
 
 # --------------------------------------------------------------------------------------------
@@ -676,7 +678,7 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "output_layer"):
         x = b.layernorm(x, name="final_layernorm", rms=True, bias=False)
-        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train, fp32_loss=True)
 
 
 def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:

@@ -622,10 +622,13 @@ class GraphBuilder:
                         saves=[q, k, v], B=b * h, M=s, N=d, K=skv,
                         backward=[self._bw(f"{name}.grad", "flash_attention", "", "flash", flops=2.5 * flops,
                                            bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=d, K=skv)])
-        self._nodes[out.node].saves.append(out.tid)
+        # FlashAttention-2 saves q, k, v, the output and the fp32 log-sum-exp of every row (B, h, S) for backward
+        # (flash_attn_interface.FlashAttnFunc: ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...))
+        self._nodes[out.node].saves += [out.tid, self._tensor((b, h, s), "fp32", out.node).tid]
         return out
 
-    def cross_entropy(self, logits: Tensor, *, name: str = "loss", vocab_parallel: bool = False) -> Tensor:
+    def cross_entropy(self, logits: Tensor, *, name: str = "loss", vocab_parallel: bool = False,
+                      fp32_saved: bool = False) -> Tensor:
         """Cross-entropy over the last dim of ``logits`` (log_softmax + nll); backward = softmax - onehot.
 
         ``vocab_parallel``: the logits are a tp rank's vocabulary shard (Megatron's parallel cross-entropy:
@@ -636,8 +639,11 @@ class GraphBuilder:
         if vocab_parallel and self.tp > 1:
             for k in ("max", "target", "sum_exp"):
                 self.collective("all_reduce", logits, (t,), group="tp", size_bytes=4.0 * t, name=f"{name}.all_reduce_{k}")
+        # ``fp32_saved``: the loss runs on ``logits.float()`` and keeps fp32 probabilities for backward (Megatron-LM's
+        # vocab_parallel_cross_entropy; Korthikanti et al. 2022 Sec. 4.3: 4sbv/t bytes)
+        kept = self._tensor(logits.shape, "fp32", len(self._nodes)) if fp32_saved and self.dtype != "fp32" else logits
         out = self._add(name, "loss", "softmax", "surrogate", [logits], (), flops=5 * t * v, bytes_=2 * t * v * db,
-                        saves=[logits], B=t, H=v,
+                        saves=[kept], B=t, H=v,
                         backward=[self._bw(f"{name}.grad", "loss", "softmax", flops=4 * t * v, bytes_=4 * t * v * db, scale=2.0, B=t, H=v)])
         return out
 

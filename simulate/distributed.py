@@ -43,7 +43,7 @@ from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelCon
 from wattcast.simulate.scheduler import bucket_spans, simulate_pipeline
 from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, stream_bandwidth_gbps
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
-from wattcast.simulate.stage_memory import held_gradient_bytes, inflight_chunks, stage_memory
+from wattcast.simulate.stage_memory import capacity_gb, held_gradient_bytes, inflight_chunks, stage_memory
 
 
 @dataclass(frozen=True)
@@ -751,7 +751,8 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
         optimizer_ms=float(opt_stage.max()), exposed_comm_ms=max(step - step_free, 0.0), bubble_ms=max(bubble, 0.0),
         exposed_comm_split_ms=exposed_split,
         mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,
-        memory_gb=worst, memory=worst_terms or {}, fits=bool(worst <= spec.memory_gb), memory_capacity_gb=float(spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
+        memory_gb=worst, memory=worst_terms or {}, fits=bool(worst <= capacity_gb(spec.memory_gb)),
+        memory_capacity_gb=capacity_gb(spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
         ood_fraction=view.ood_fraction, comm=comm, events=events,
         meta=meta,
         energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w)

@@ -95,20 +95,23 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
         layers = fwd["layer"].to_numpy()
         tags = fwd["tag"].to_numpy()
         recompute = meta.get("recompute", "none")
-        saved_ids: set[int] = set()
+        saved_ids: dict[int, int] = {}  # saved tensor -> the first node that keeps it
         for i, ids in enumerate(by_node):
             if recompute == "selective" and tags[i] == "attn_core":
                 # keep only the attention core's inputs (q, k, v), produced outside it; its dropout mask (made by no
                 # node) is recomputed with it (Korthikanti et al. 2022 Sec. 5: selective drops all 5as^2 terms)
                 ids = [t for t in ids if tnode[t] >= 0 and tags[tnode[t]] != "attn_core"]
-            saved_ids.update(ids)
+            for t in ids:
+                saved_ids.setdefault(t, i)
         if recompute == "full":
             n_layers = int(meta.get("n_layers", 0)) or 1
             per_layer = {}
             outside = 0.0
-            for t in saved_ids:
+            for t, keeper in saved_ids.items():
                 src = tnode[t]
-                lay = int(layers[src]) if src >= 0 else -1
+                # a tensor made by no node (a dropout mask) belongs to the layer of the node that keeps it: a
+                # checkpointed layer re-makes it, it is not kept outside the layers
+                lay = int(layers[src]) if src >= 0 else int(layers[keeper])
                 if 0 <= lay < n_layers:
                     per_layer[lay] = per_layer.get(lay, 0.0) + float(tbytes[t])
                 else:

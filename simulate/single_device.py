@@ -159,6 +159,18 @@ def _addu_ms(spec: DeviceSpec, bundle: KernelBundle, b: int, h: int) -> float:
 _ADDU_CACHE: dict = {}
 
 
+def in_stream_kernel_ms(pred: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle | None = None) -> np.ndarray:
+    """Kernel times as a step costs them, from ``predict_kernels`` output: FP32 rows without the isolated-timing
+    floor (:func:`_timing_floor_ms`), never below their roofline time; other dtypes as predicted. What a profiler
+    trace of a running model measures per kernel."""
+    bundle = bundle or load_bundle()
+    floor = _timing_floor_ms(spec, bundle)
+    dtype = pred["dtype"].astype(str).to_numpy() if "dtype" in pred else np.full(len(pred), "fp32")
+    f_ms = np.where(dtype == "fp32", floor, 0.0)
+    roof = np.where(f_ms > 0, np.nan_to_num(pred["roofline_ms"].to_numpy(dtype=float), nan=0.0), 0.0)
+    return np.maximum(pred["pred_latency_ms"].to_numpy(dtype=float) - f_ms, roof)
+
+
 def _timing_floor_ms(spec: DeviceSpec, bundle: KernelBundle) -> float:
     """What an isolated, event-timed kernel measurement adds over the kernel's cost inside a stream (ms).
 

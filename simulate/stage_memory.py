@@ -31,7 +31,12 @@ every term cites the equation or the framework code it follows. Units are in the
   master gradients are made at the optimizer step, after the activations are freed), half plus fp32 for
   DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch).
 
-Not counted (stated): the CUDA context (~0.3-0.6 GB with lazy module loading) and allocator fragmentation.
+- The CUDA context with cuBLAS/NCCL handles: 0.5 GB (an assumption: PyTorch reports 0.3-0.6 GB per process on
+  Ampere/Hopper with CUDA's lazy module loading), with the buffers.
+- Capacity: a catalog "80 GB" is binary (HBM stacks of 2^n GiB: nvidia-smi shows 81,920 MiB on an A100 80GB, 32,768
+  MiB on a V100 32GB), so the memory a stage may use is ``memory_gb`` GiB = 85.9 GB for 80 (:func:`capacity_gb`).
+
+Not counted (stated): allocator fragmentation.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ from dataclasses import asdict, dataclass
 GB = 1e9
 #: cuBLAS workspace of one stream (PyTorch's default on sm90+, ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB
 CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+#: the CUDA context with cuBLAS and NCCL handles (an assumption; 0.3-0.6 GB measured per process with lazy loading)
+CUDA_CONTEXT_BYTES = 0.5e9
+GIB = 2**30
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): its gradient reduce buckets are flattened copies
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
 #: Adam/AdamW: two fp32 moments per parameter
@@ -120,7 +128,7 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
     """(held during the passes, made after the last backward) bytes of the framework's communication buffers for
     ``params`` parameters of a stage; the first includes the cuBLAS workspace. ``grad_bytes``: bytes per gradient
     element the reduction moves; ``block_params``: parameters of one transformer block on this rank (FSDP's unit)."""
-    during, after = float(CUBLAS_WORKSPACE_BYTES), 0.0
+    during, after = float(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES), 0.0
     if dp > 1:
         if framework == "hf":
             if zero >= 3:  # FSDP: the running and the prefetched unit, unsharded
@@ -144,3 +152,9 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                                  block_params=block_params)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
                        buffers_bytes=during, post_backward_buffers_bytes=after)
+
+
+def capacity_gb(memory_gb: float) -> float:
+    """A GPU's memory in GB (1e9 bytes, the unit of every memory figure here) from its catalog figure, which vendors
+    give in binary units (80 GB = 80 GiB = 85.9e9 bytes)."""
+    return float(memory_gb) * GIB / 1e9

@@ -115,7 +115,7 @@ def test_distributed_prediction_fields_and_tradeoffs():
         for k in ("mfu", "tflops_per_gpu", "hfu", "exposed_comm_ms", "bubble_ms", "memory_gb", "fits", "step_time_ms"):
             assert k in d
         assert 0 < r.mfu < 1 and r.fits
-        assert d["memory_capacity_gb"] == 80 and d["memory_flag"] == ""  # DGX-A100: 80 GB GPUs, far from full
+        assert d["memory_capacity_gb"] == pytest.approx(80 * 2**30 / 1e9) and d["memory_flag"] == ""  # 80 GiB GPUs
     assert pp.bubble_ms > 0 and dp.bubble_ms == 0
     # tensor parallelism shards the weights: less memory per GPU than pure data parallelism
     assert tp.memory_gb < dp.memory_gb

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Tensor-core GEMMs on a GPU generation the model never saw: leave one generation out, on visible data only.
+
+    python3 benchmarks/leave_one_generation_out.py [--data PATH] [--fp32-sample 0.25] [--mlruns DIR | --no-mlflow]
+
+Folds (every device of the generation leaves training together):
+- Blackwell: train without B200, predict B200 (XLA's table: bf16, fp8, tf32);
+- Ampere: train without every A100 (SXM4-80GB Vidur profiles, LLMCompass's A100, NeuSight's A100-PCIe-40GB FP32),
+  predict the A100's FP16 Vidur and LLMCompass GEMMs;
+- CDNA: train without MI100/MI210/MI355X, predict MI210 (LLMCompass FP16) and MI355X (XLA: bf16, fp16, fp8).
+The project's held-out GPUs (L4, A100 80GB PCIe) are never in training.
+
+Five models per fold, all LightGBM on log(measured / roofline) like the shipped GEMM family:
+- ``bundle``: the shipped GEMM family's features (shape, roofline, wave/tile and every device descriptor);
+- ``bundle+source``: the same plus the measuring source (XLA's CUPTI kernel time, Vidur's per-layer profiles,
+  LLMCompass, DeepBench, NeuSight's CUDA events) as a per-source term, predicted with the source of the rows it is
+  compared against;
+- ``bundle/ceiling``: the bundle's features, the target taken relative to the device's matmul ceiling (the MAMF
+  table's best achievable over dense peak where it lists the device and dtype, :data:`DEFAULT_CEILING` for other
+  tensor dtypes, 1 for FP32): the trees learn efficiency relative to what the device can reach;
+- ``normalised``: features that describe the kernel relative to its device only (intensity over the ridge point,
+  wave quantisation and waves per SM for plausible tiles, tiles per SM, K depth, working set over L2, dtype), the
+  power derating (W per peak TFLOP/s, base over boost clock), vendor, the MAMF ceiling (NaN where absent) and the
+  source; ``normalised/ceiling`` with the ceiling-relative target.
+
+Per held-out device and dtype: rows, MAPE and signed mean error for GEMMs >= 1 GFLOP and smaller ones. Goal (kernels
+issue): >= 1 GFLOP within 10% MAPE and |bias| <= 5% on every held-out generation; small GEMMs within 20%.
+NeuSight's FP32 rows are subsampled (``--fp32-sample``) to keep the six fits to minutes; said in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.catalog import resolve_device
+from wattcast.data.kernel_datasets import load_kernels, resolve_data_root
+from wattcast.featurize.kernel_features import featurize_kernels
+from wattcast.training.kernels import TrainConfig, family_features
+
+HELD_OUT = ("L4", "A100-PCIe-80GB")
+#: matmul ceiling (fraction of the dense tensor peak) for a device and dtype the MAMF table does not list: the median
+#: of its bf16 rows (0.74)
+DEFAULT_CEILING = 0.74
+FOLDS = {
+    "Blackwell (B200)": ("B200",),
+    "Ampere (A100)": ("A100-SXM4-80GB", "A100-80GB-unknown", "A100-PCIe-40GB"),
+    "CDNA (MI100/MI210/MI355X)": ("MI100", "MI210", "MI355X"),
+}
+SOURCES = ("xla", "vidur", "llmcompass", "deepbench", "neusight/kernels", "neusight/kernels_test")
+#: MAMF table name per catalog device (best achievable matmul TFLOP/s; ml-engineering, CC BY-SA 4.0)
+MAMF_NAME = {"A100-SXM4-80GB": "NVIDIA A100 SXM", "A100-80GB-unknown": "NVIDIA A100 SXM", "A100-PCIe-40GB": "NVIDIA A100 PCIe",
+             "B200": "NVIDIA B200 SXM", "MI355X": "AMD MI355X", "H100-SXM5-80GB": "NVIDIA H100 SXM",
+             "MI300X": "AMD MI300X"}
+NORMALISED = ("log_intensity_over_ridge", "log_ws_over_l2", "dtype_bytes", "is_tensor_dtype", "is_linear",
+              "wave_eff_32x32", "wave_eff_64x64", "wave_eff_128x64", "wave_eff_128x128", "wave_eff_256x128",
+              "log_waves_32x32", "log_waves_64x64", "log_waves_128x64", "log_waves_128x128", "log_waves_256x128",
+              "log_tiles_128x128_per_sm", "log_k_iters_per_tile", "log_M_over_K", "log_N_over_MK",
+              "log_t_roof_ms", "dev_log_w_per_tflop", "dev_base_over_boost", "dev_is_amd")
+
+
+def gemm_rows(root, fp32_sample: float, seed: int = 0) -> pd.DataFrame:
+    df = load_kernels(root)
+    df = df[df["op"].isin(["bmm", "linear"]) & ~df["device"].isin(HELD_OUT)]
+    fp32 = df["dtype"] == "fp32"
+    keep = ~fp32 | (np.random.default_rng(seed).random(len(df)) < fp32_sample)
+    return df[keep].reset_index(drop=True)
+
+
+def mamf_ratio(root, devices: pd.Series, dtypes: pd.Series, specs: dict) -> np.ndarray:
+    """Best achievable matmul TFLOP/s over the device's dense peak for the dtype, where the MAMF table has it."""
+    t = pd.read_csv(resolve_data_root(root) / "tensorcore" / "mamf_max_achievable_matmul_tflops.csv")
+    t["dtype"] = t["dtype"].map({"bf16": "bf16", "fp8_e4m3fn": "fp8"})
+    best = {(r.accelerator, r.dtype): r.mamf_tflops for r in t.itertuples() if np.isfinite(r.mamf_tflops)}
+    out = np.full(len(devices), np.nan)
+    for i, (d, dt) in enumerate(zip(devices.to_numpy(), dtypes.to_numpy())):
+        name = MAMF_NAME.get(d)
+        key = (name, "bf16" if dt in ("bf16", "fp16") else dt)
+        if name and key in best:
+            out[i] = best[key] / specs[d].peak_matrix_tflops(dt)
+    return out
+
+
+def features(df: pd.DataFrame, root) -> tuple[pd.DataFrame, np.ndarray, dict]:
+    specs = {d: resolve_device(d if d != "A100-80GB-unknown" else "A100-SXM4-80GB") for d in df["device"].unique()}
+    X = featurize_kernels(df, specs)
+    y = np.log(df["latency_ms"].to_numpy(dtype=float) / X["t_roof_ms"].to_numpy())
+    X["mamf_ratio"] = mamf_ratio(root, df["device"], df["dtype"], specs)
+    for s in SOURCES:
+        X[f"src_{s}"] = (df["source"].to_numpy() == s).astype(float)
+    return X, y, specs
+
+
+def fit_predict(Xtr, ytr, Xte, feats, cfg: TrainConfig) -> np.ndarray:
+    import lightgbm as lgb
+
+    m = lgb.LGBMRegressor(n_estimators=cfg.lgbm_rounds, num_leaves=63, learning_rate=0.05, min_child_samples=20,
+                          subsample=0.8, subsample_freq=1, colsample_bytree=0.8, verbose=-1, n_jobs=2)
+    m.fit(Xtr[feats], ytr)
+    return m.predict(Xte[feats])
+
+
+def error_table(df: pd.DataFrame, pred_ms: np.ndarray, fold: str, model: str) -> pd.DataFrame:
+    err = 100 * (pred_ms - df["latency_ms"].to_numpy()) / df["latency_ms"].to_numpy()
+    gflop = 2.0 * df["B"].fillna(1).to_numpy() * df["M"].to_numpy() * df["N"].to_numpy() * df["K"].to_numpy() / 1e9
+    t = pd.DataFrame({"fold": fold, "model": model, "device": df["device"].to_numpy(), "dtype": df["dtype"].to_numpy(),
+                      "source": df["source"].to_numpy(), "size": np.where(gflop >= 1.0, ">= 1 GFLOP", "< 1 GFLOP"),
+                      "err": err})
+    g = t.groupby(["fold", "model", "device", "source", "dtype", "size"])["err"]
+    return pd.DataFrame({"rows": g.size(), "mape_pct": g.apply(lambda e: e.abs().mean()),
+                         "bias_pct": g.mean()}).reset_index()
+
+
+def run(root=None, fp32_sample: float = 0.25) -> pd.DataFrame:
+    df = gemm_rows(root, fp32_sample)
+    X, y, _ = features(df, root)
+    cfg = TrainConfig()
+    bundle_feats = family_features("gemm")
+    norm_feats = list(NORMALISED) + ["mamf_ratio"] + [f"src_{s}" for s in SOURCES]
+    out = []
+    for fold, devices in FOLDS.items():
+        test = df["device"].isin(devices).to_numpy() & (df["dtype"] != "fp32").to_numpy()
+        train = ~df["device"].isin(devices).to_numpy()
+        src_feats = [f"src_{s}" for s in SOURCES]
+        # the device's matmul ceiling (MAMF's best over peak; DEFAULT_CEILING for a tensor dtype it does not list,
+        # 1 for FP32 vector peaks): efficiency relative to it is what the trees learn in the "ceiling" variants
+        ceil = np.where(np.isfinite(X["mamf_ratio"]), X["mamf_ratio"], np.where(df["dtype"] == "fp32", 1.0, DEFAULT_CEILING))
+        log_c = np.log(ceil.astype(float))
+        for model, feats, shift in (("bundle", bundle_feats, False), ("bundle+source", bundle_feats + src_feats, False),
+                                    ("bundle/ceiling", bundle_feats, True), ("normalised", norm_feats, False),
+                                    ("normalised/ceiling", norm_feats, True)):
+            t0 = time.time()
+            yt = y + log_c if shift else y
+            p = fit_predict(X[train], yt[train], X[test], feats, cfg) - (log_c[test] if shift else 0.0)
+            pred_ms = np.exp(p) * X.loc[test, "t_roof_ms"].to_numpy()
+            tab = error_table(df[test], pred_ms, fold, model)
+            tab["fit_s"] = time.time() - t0
+            out.append(tab)
+    return pd.concat(out, ignore_index=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--fp32-sample", type=float, default=0.25)
+    ap.add_argument("--mlruns", default="mlruns")
+    ap.add_argument("--no-mlflow", action="store_true")
+    a = ap.parse_args()
+    t0 = time.time()
+    t = run(a.data, a.fp32_sample)
+    pd.set_option("display.width", 220)
+    print(t.drop(columns=["fit_s"]).round(1).to_string(index=False))
+    big = t[t["size"] == ">= 1 GFLOP"]
+    goal = big.assign(met=(big.mape_pct <= 10) & (big.bias_pct.abs() <= 5)).groupby("model")["met"].agg(["sum", "count"])
+    print(f"\nrows >= 1 GFLOP meeting 10% MAPE and |bias| <= 5% (per device x dtype x source):\n{goal.to_string()}")
+    print(f"(NeuSight FP32 rows sampled at {a.fp32_sample:.0%}; {time.time() - t0:.0f} s)")
+    if not a.no_mlflow:
+        from wattcast.training.tracking import log_run
+
+        metrics = {f"{r.model}_{r.device}_{r.dtype}_{r.source.replace('/', '_')}_{'big' if r.size.startswith('>=') else 'small'}_{k}":
+                   float(getattr(r, k)) for r in t.itertuples() for k in ("mape_pct", "bias_pct")}
+        run_id = log_run(a.mlruns, experiment="kernel-logo", params={"fp32_sample": a.fp32_sample}, metrics=metrics,
+                         tags={"kind": "leave-one-generation-out"}, tables={"logo": t})
+        print(f"MLflow run {run_id} (experiment kernel-logo)")
+
+
+if __name__ == "__main__":
+    main()
