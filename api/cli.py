@@ -809,6 +809,86 @@ def train_power(
     _print_train_result(res, "power: leave-one-GPU-out error %")
 
 
+@validate_app.command("trace")
+def validate_trace(
+    trace: Path = typer.Argument(..., help="A PyTorch profiler (Kineto) trace: .json or .json.gz, recorded with record_shapes=True."),
+    device: Optional[str] = typer.Option(None, "--device", "-d", help="The GPU it ran on (default: the trace's deviceProperties, if in the catalog)."),
+    tf32: bool = typer.Option(False, "--tf32", help="FP32 matmuls ran on TF32 tensor cores (PyTorch's default before 1.12)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Predict every kernel a profiler trace measured and compare (MAPE and signed bias, overall and per op class)."""
+    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.data.profile_import import ProfileImportError
+    from wattcast.training.trace_validation import compare_trace
+
+    _input_file(trace, "trace")
+    try:
+        summary, rows = compare_trace(trace, device, tf32=tf32)
+    except (ProfileImportError, DeviceSpecError, ValueError) as e:
+        _fail(str(e))
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    con = Console()
+    t = Table(title=f"{trace.name} on {summary['device']}: predicted vs measured kernel time")
+    for c in ("op class", "rows", "MAPE %", "signed %"):
+        t.add_column(c, justify="right" if c != "op class" else "left")
+    for name, st in sorted(summary["by_op"].items()):
+        t.add_row(name, f"{st['rows']:,}", f"{st['mape_pct']:.1f}", f"{st['bias_pct']:+.1f}")
+    t.add_row("all", f"{summary['rows']:,}", f"{summary['mape_pct']:.1f}", f"{summary['bias_pct']:+.1f}")
+    con.print(t)
+    con.print(f"GPU busy time of the compared kernels: measured {summary['measured_busy_ms']:.1f} ms, predicted "
+              f"{summary['predicted_busy_ms']:.1f} ms; {summary['not_compared_rows']:,} kernel groups not compared "
+              f"(no wattcast op or no recorded shapes), {summary['collective_kernels']:,} NCCL kernels")
+
+
+profile_app = typer.Typer(no_args_is_help=True, help="Profiling data: import traces and logs into measurement tables.")
+app.add_typer(profile_app, name="profile")
+
+
+@profile_app.command("import")
+def profile_import(
+    files: List[Path] = typer.Argument(..., help="Kineto traces (.json/.json.gz) and nccl-tests logs (.txt/.log)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Folder for kernels.csv and collectives.csv."),
+    device: Optional[str] = typer.Option(None, "--device", "-d", help="The GPU, where a file does not record it."),
+) -> None:
+    """Turn profiling files into the measurement tables `wattcast train` and `wattcast kernels` read."""
+    import pandas as pd
+
+    from wattcast.data.profile_import import KERNEL_COLUMNS, ProfileImportError, read_kineto, read_nccl_tests
+
+    kern, coll = [], []
+    for f in files:
+        _input_file(f, "profiling file")
+        try:
+            if f.name.endswith((".json", ".json.gz")):
+                r = read_kineto(f, device=device)
+                kern.append(r["kernels"])
+                coll.append(r["collectives"])
+            else:
+                coll.append(read_nccl_tests(f, device=device))
+        except ProfileImportError as e:
+            _fail(str(e))
+    out = _output_dir(output, "--output")
+    _write("--output", out, lambda: out.mkdir(parents=True, exist_ok=True))
+    written = []
+    k_all = pd.concat([p for p in kern if len(p)], ignore_index=True) if any(len(p) for p in kern) else pd.DataFrame()
+    cols = [c for c in KERNEL_COLUMNS if c in k_all] + (["kernel_name"] if "kernel_name" in k_all else [])
+    mapped = k_all[k_all["OPName"].astype(str) != ""][cols] if len(k_all) else k_all
+    unmatched = k_all[k_all["OPName"].astype(str) == ""][cols] if len(k_all) else k_all
+    # kernels.csv: rows `wattcast train kernels --csv` and `wattcast kernels` read; unmatched_kernels.csv: GPU kernels
+    # with no wattcast op (or no recorded shapes), kept with their kernel names and times
+    for name, parts in (("kernels.csv", [mapped]), ("unmatched_kernels.csv", [unmatched]), ("collectives.csv", coll)):
+        parts = [p for p in parts if len(p)]
+        if parts:
+            frame = pd.concat(parts, ignore_index=True)
+            _write("--output", out / name, lambda fr=frame, n=name: fr.to_csv(out / n, index=False))
+            written.append(f"{out / name} ({len(frame):,} rows)")
+    if not written:
+        _fail("no kernel or collective rows in " + ", ".join(str(f) for f in files), code=1)
+    Console().print("wrote " + "; ".join(written))
+
+
 @validate_app.command("distributed")
 def validate_distributed(
     data: Optional[Path] = _DATA_OPTION,

@@ -17,10 +17,12 @@ from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.data.profile_import import read_kineto
 
 
-def compare_trace(path: str | Path, device: str | None = None) -> tuple[dict, pd.DataFrame]:
+def compare_trace(path: str | Path, device: str | None = None, *, tf32: bool = False) -> tuple[dict, pd.DataFrame]:
     """(summary, compared rows). The summary has the contract keys ``rows``, ``mape_pct``, ``bias_pct`` (signed mean
     error, %), ``by_op`` (per op class: rows, mape_pct, bias_pct), ``measured_busy_ms`` and ``predicted_busy_ms``
-    (summed GPU time of the compared kernels), plus the trace's device and what was not compared."""
+    (summed GPU time of the compared kernels), plus the trace's device and what was not compared. ``tf32``: FP32
+    matrix products ran on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``, PyTorch's default before
+    1.12; the trace records the tensors' dtype, not the math mode)."""
     from wattcast.data.catalog import resolve_device
     from wattcast.models.kernel_predictor import predict_kernels
     from wattcast.simulate.single_device import in_stream_kernel_ms
@@ -33,6 +35,9 @@ def compare_trace(path: str | Path, device: str | None = None) -> tuple[dict, pd
     spec = resolve_device(dev)
     k = imp["kernels"]
     mapped = k[k["OPName"].astype(str) != ""].copy()
+    if tf32:
+        gemm = mapped["OPName"].isin(["bmm", "linear"]) & (mapped["dtype"] == "fp32")
+        mapped.loc[gemm, "dtype"] = "tf32"
     if mapped.empty:
         raise ValueError(f"{path}: no kernel in this trace could be tied to an op with recorded shapes (record the "
                          "trace with torch.profiler(..., record_shapes=True))")
@@ -56,5 +61,5 @@ def compare_trace(path: str | Path, device: str | None = None) -> tuple[dict, pd
                    device=spec.name, gpu_name=imp["gpu_name"], trace_kernel_ms=imp["kernel_ms"],
                    not_compared_rows=int(len(k) - len(mapped)), collective_kernels=int(len(imp["collectives"])),
                    ood_fraction=float(mapped["ood"].mean()) if len(mapped) else 0.0,
-                   isolated_predicted_busy_ms=float(mapped["isolated_pred_ms"].sum()))
+                   isolated_predicted_busy_ms=float(mapped["isolated_pred_ms"].sum()), tf32=bool(tf32))
     return summary, mapped
