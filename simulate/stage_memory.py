@@ -41,7 +41,7 @@ Not counted (stated): allocator fragmentation.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 GB = 1e9
 #: cuBLAS workspace of one stream (PyTorch's default on sm90+, ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB
@@ -78,9 +78,12 @@ class StageMemory:
         return self.states_bytes + max(self.activations_bytes + self.buffers_bytes, self.post_backward_buffers_bytes)
 
     def to_gb_dict(self) -> dict:
-        d = {k.replace("_bytes", "_gb"): v / GB for k, v in asdict(self).items()}
-        d["total_gb"] = self.total_bytes / GB
-        return d
+        # by hand rather than dataclasses.asdict (a deep copy): this runs per stage of every configuration a search
+        # evaluates
+        return dict(weights_gb=self.weights_bytes / GB, master_weights_gb=self.master_weights_bytes / GB,
+                    gradients_gb=self.gradients_bytes / GB, optimizer_gb=self.optimizer_bytes / GB,
+                    activations_gb=self.activations_bytes / GB, buffers_gb=self.buffers_bytes / GB,
+                    post_backward_buffers_gb=self.post_backward_buffers_bytes / GB, total_gb=self.total_bytes / GB)
 
 
 def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int) -> int:
