@@ -413,6 +413,12 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
         t.add_row(f"{res.step_time_ms:.1f}", f"{100 * res.mfu:.1f}%", f"{res.tflops_per_gpu:.1f}", f"{100 * res.hfu:.1f}%",
                   f"{res.exposed_comm_ms:.1f}", f"{res.bubble_ms:.1f}", f"{res.memory_gb:.1f}", "yes" if res.fits else "NO")
         con.print(t)
+        split = {k: v for k, v in res.exposed_comm_split_ms.items() if v > 0}
+        p = res.parallel
+        over = [n for n, on in (("grad reduce", p.overlap_grad_reduce), ("param gather", p.overlap_param_gather),
+                                ("TP comm", p.tp_comm_overlap)) if on]
+        con.print("exposed communication by class: " + (", ".join(f"{k} {v:.1f} ms" for k, v in split.items()) or "none")
+                  + ("; overlapped: " + ", ".join(over) if over else ""))
         d = Table(title="per pipeline stage (one GPU of each)")
         for c in ("stage", "busy ms", "weights GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
             d.add_column(c, justify="right")
