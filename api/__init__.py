@@ -17,6 +17,8 @@ for _k, _v in (
 
 __version__ = "0.1.0"
 
+from wattcast.simulate.defaults import DEFAULTS  # noqa: E402  (after the environment above)
+
 
 def predict_kernels(frame, device):
     """Predict per-kernel latency for every row of ``frame`` on ``device`` (see wattcast.models.kernel_predictor)."""
@@ -25,8 +27,9 @@ def predict_kernels(frame, device):
     return _pk(frame, device)
 
 
-def predict(model, device, *, batch: int | None = None, seq: int | None = None, mode: str = "train", dtype: str = "fp32",
-            attention: str = "eager", compile: bool = False, optimizer: str = "adamw", recompute: str = "none",
+def predict(model, device, *, batch: int | None = None, seq: int | None = None, mode: str = "train",
+            dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention, compile: bool = False,
+            optimizer: str = DEFAULTS.optimizer, recompute: str = "none",
             grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
             clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None,
             tokens: float | None = None, **run_kw):
@@ -91,7 +94,8 @@ def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict):
 
 def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, tp: int = 1, pp: int = 1, dp=None,
                     micro_batch=None, zero: int = 0, sp: bool = False, ep: int = 1, recompute: str = "none",
-                    interleave: int = 1, schedule: str = "1f1b", dtype: str = "bf16", attention: str = "eager",
+                    interleave: int = 1, schedule: str = "1f1b", dtype: str = DEFAULTS.dtype,
+                    attention: str = DEFAULTS.attention,
                     compile: bool = False, optimizer: str = "adamw", device=None, trace: bool = False,
                     power_limit_w: float | None = None, clock_cap_mhz: float | None = None, framework: str = "hf",
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int = 1,

@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from wattcast.simulate.defaults import DEFAULTS
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Forecast DL step time, power, cost and CO2e on hardware you do not have.")
 train_app = typer.Typer(no_args_is_help=True, help="Retrain surrogates from measurements.")
 app.add_typer(train_app, name="train")
@@ -194,8 +196,8 @@ def predict(
     batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Sequences per step (the global batch with --cluster; default 1, or an ONNX file's own fixed dims)."),
     seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Tokens per sequence (default 1024, or an ONNX file's own fixed dims)."),
     mode: str = typer.Option("train", "--mode", help="train (forward + backward + optimizer) or inference (forward)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32, tf32, bf16, fp16 or fp8 (Transformer Engine recipe: linear-layer GEMMs in FP8, the rest bf16)."),
-    attention: str = typer.Option("eager", "--attention", help="eager (bmm + softmax + bmm) or flash (fused kernel)."),
+    dtype: str = typer.Option(DEFAULTS.dtype, "--dtype", help="bf16 (default), fp16, fp32, tf32 or fp8 (Transformer Engine recipe: linear-layer GEMMs in FP8, the rest bf16)."),
+    attention: str = typer.Option(DEFAULTS.attention, "--attention", help="flash (fused kernel, default) or eager (bmm + softmax + bmm)."),
     compile: bool = typer.Option(False, "--compile", help="Approximate torch.compile: fuse elementwise chains."),
     optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), sgd or none; training only."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective or full."),
@@ -449,8 +451,8 @@ def search(
     gpus: int = typer.Option(..., "--gpus", help="GPUs of the job."),
     batch: int = typer.Option(..., "--batch", help="Global batch in sequences."),
     seq: int = typer.Option(2048, "--seq", help="Tokens per sequence."),
-    dtype: str = typer.Option("bf16", "--dtype"),
-    attention: str = typer.Option("flash", "--attention"),
+    dtype: str = typer.Option(DEFAULTS.dtype, "--dtype", help="As for predict (default bf16)."),
+    attention: str = typer.Option(DEFAULTS.attention, "--attention", help="As for predict (default flash)."),
     max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations per cluster."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Tokens of the whole run: adds its hours, energy, TCO and CO2e."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens)."),

@@ -36,6 +36,7 @@ from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.hf_config import HFConfig, load_hf_config
 from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, _framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
+from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
@@ -218,7 +219,8 @@ def _count(v, label: str) -> int:
 
 
 def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: int, seq: int,
-                        parallel: ParallelConfig | None = None, dtype: str = "bf16", attention: str = "eager",
+                        parallel: ParallelConfig | None = None, dtype: str = DEFAULTS.dtype,
+                        attention: str = DEFAULTS.attention,
                         compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
                         host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,

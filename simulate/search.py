@@ -17,6 +17,7 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster
+from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
 from wattcast.simulate.lifecycle import footprint, footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
@@ -145,7 +146,7 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     return out
 
 
-def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = "bf16", attention: str = "flash",
+def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
            optimizer: str = "adamw", max_configs: int = 5000, progress=None, framework: str = "hf",
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            **space) -> SearchResult:

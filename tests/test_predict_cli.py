@@ -169,7 +169,7 @@ def test_tight_memory_is_flagged_not_hidden():
     # 31.2 GB predicted on a 32 GB card: inside the memory estimate's error, so the CLI says so (and still answers).
     # Batch 9: full recomputation no longer keeps every layer's dropout masks, so batch 3 is now 27.0 GB
     r = run_cli("predict", "--model", "gpt2_xl", "--device", "V100-PCIe-32GB", "--batch", "9", "--seq", "1024",
-                "--mode", "train", "--dtype", "fp16", "--recompute", "full", "--json")
+                "--mode", "train", "--dtype", "fp16", "--attention", "eager", "--recompute", "full", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert "memory is tight" in flat(r.stderr) and d["fits"] is True
@@ -180,7 +180,7 @@ def test_memory_pressure_warns_about_step_time_not_fit():
     # 29.1 GB of 32 GB (91%): fits, outside the tight band, but where measured eager training forwards slowed (batch
     # 6: full recomputation no longer keeps every layer's dropout masks, batch 2 is now 26.3 GB)
     r = run_cli("predict", "--model", "gpt2_xl", "--device", "V100-PCIe-32GB", "--batch", "6", "--seq", "1024",
-                "--mode", "train", "--dtype", "fp16", "--recompute", "full", "--json")
+                "--mode", "train", "--dtype", "fp16", "--attention", "eager", "--recompute", "full", "--json")
     assert r.returncode == 0, r.stderr
     err = flat(r.stderr)
     assert "memory pressure" in err and "memory is tight" not in err
