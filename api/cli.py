@@ -21,6 +21,8 @@ _MLRUNS_OPTION = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store fol
 _NO_MLFLOW_OPTION = typer.Option(False, "--no-mlflow", help="Do not log to MLflow.")
 _OUT_OPTION = typer.Option(None, "--out", help="Artifact folder to write (default: the shipped one in the package).")
 app.add_typer(validate_app, name="validate")
+profile_app = typer.Typer(no_args_is_help=True, help="Import profiling files (or measure this machine's GPU) into measurement tables.")
+app.add_typer(profile_app, name="profile")
 err = Console(stderr=True)
 
 
@@ -807,6 +809,110 @@ def validate_distributed(
     con.print(t)
     if res.get("run_id"):
         con.print(f"MLflow run {res['run_id']} in {mlruns}/")
+
+
+@profile_app.command("import")
+def profile_import(
+    files: List[Path] = typer.Argument(..., help="PyTorch profiler JSON(.gz), Nsight Systems SQLite export, nccl-tests stdout, nvidia-smi CSV or DCGM dmon log (format told from the content)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write kernels.csv / collectives.csv / power.csv / profile.json into."),
+    device: Optional[str] = typer.Option(None, "--device", "-d", help="GPU of the files when they do not record it (or to override it)."),
+    collective: Optional[str] = typer.Option(None, "--collective", help="Collective of an nccl-tests log that does not name it (all_reduce, all_gather, ...)."),
+) -> None:
+    """Import profiling files into wattcast's measurement tables (schema in the README)."""
+    from wattcast.data.profiles.importers import import_file
+    from wattcast.data.profiles.tables import Profile, ProfileImportError
+
+    _output_dir(output, "--output")
+    for f in files:
+        _input_file(f, "input file")
+    if device is not None:
+        from wattcast.data.catalog import resolve_device
+        from wattcast.data.device_spec import DeviceSpecError
+
+        try:
+            resolve_device(device)
+        except (DeviceSpecError, FileNotFoundError, ValueError) as e:
+            _fail(f"--device: {e}")
+    prof = Profile()
+    for f in files:
+        try:
+            notes = import_file(prof, f, device=device, collective=collective)
+        except ProfileImportError as e:
+            _fail(str(e))
+        _print_import_notes(notes)
+    _write("--output", output, lambda: prof.write(output))
+    k = prof.table("kernels")
+    mapped = int((k["OPName"].fillna("") != "").sum()) if len(k) else 0
+    err.print(f"[green]{mapped:,}[/] kernel rows mapped to wattcast ops"
+              + (f", [yellow]{len(k) - mapped:,} kept unmapped[/] (OPName '', see 'reason')" if len(k) - mapped else "")
+              + f", {len(prof.table('collectives')):,} collective rows, {len(prof.table('power')):,} power samples -> {output}")
+    unknown = sorted({str(n) for t in ("kernels", "collectives", "power") for n, d in
+                      zip(prof.table(t)["device_name"].fillna(""), prof.table(t)["Device"].fillna("")) if n and not d})
+    if unknown:
+        err.print(f"[yellow]GPU(s) not in the catalog: {', '.join(unknown)}; their rows have an empty 'Device' "
+                  "(give --device NAME or a spec file to train on them)[/yellow]")
+
+
+def _print_import_notes(notes: dict) -> None:
+    parts = [f"{notes.get('format')}: {notes.get('file')}"]
+    for key in ("kernel_rows", "mapped_rows", "unmapped_rows", "collective_rows", "power_rows"):
+        if key in notes:
+            parts.append(f"{key.replace('_', ' ')} {notes[key]:,}")
+    err.print(", ".join(parts))
+    if notes.get("warning"):
+        err.print(f"[yellow]{notes['warning']}[/yellow]")
+    for why, n in sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])[:6]:
+        err.print(f"  unmapped: {n:,} x {why}")
+
+
+@validate_app.command("trace")
+def validate_trace_cmd(
+    files: List[Path] = typer.Argument(..., help="Profiling file(s) with kernel times and shapes (PyTorch profiler JSON(.gz) or Nsight Systems SQLite)."),
+    device: str = typer.Option(..., "--device", "-d", help="Device to predict on (catalog name, alias or spec file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (rows, mape_pct, bias_pct, by_op, measured_busy_ms, predicted_busy_ms, ...)."),
+    trace_device: Optional[str] = typer.Option(None, "--trace-device", help="GPU of a trace that does not record it."),
+    models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write every compared row (measured, predicted, error %) to this CSV."),
+) -> None:
+    """Predict every imported kernel on DEVICE and compare with its measured GPU time."""
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.data.profiles.tables import ProfileImportError
+    from wattcast.training.trace_validation import validate_trace
+
+    for f in files:
+        _input_file(f, "input file")
+    if output:
+        _output_file(output, "--output", suffixes=(".csv",), protect=tuple(files))
+    try:
+        resolve_device(device)
+    except (DeviceSpecError, FileNotFoundError, ValueError) as e:
+        _fail(f"--device: {e}")
+    try:
+        summary, rows = validate_trace(files, device, bundle=models, trace_device=trace_device)
+    except (ProfileImportError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    if output:
+        _write("--output", output, lambda: rows.to_csv(output, index=False))
+    if summary["trace_catalog_devices"] and summary["device"] not in summary["trace_catalog_devices"]:
+        err.print(f"[yellow]the trace ran on {', '.join(summary['trace_devices'])}; predicting on {summary['device']}[/yellow]")
+    if as_json:
+        print(json.dumps(summary, indent=2, default=float))
+        return
+    con = Console()
+    t = Table(title=f"{summary['rows']:,} kernel rows on {summary['device']}: predicted vs measured (% error; signed + = over-prediction)")
+    for c in ("op class", "rows", "MAPE %", "median APE %", "signed bias %", "measured ms", "predicted ms"):
+        t.add_column(c, justify="right")
+    for cls, v in summary["by_op"].items():
+        t.add_row(cls, f"{v['rows']:,}", f"{v['mape_pct']:.1f}", f"{v['median_ape_pct']:.1f}", f"{v['bias_pct']:+.1f}",
+                  f"{v['measured_ms']:.3f}", f"{v['predicted_ms']:.3f}")
+    t.add_row("all", f"{summary['rows']:,}", f"{summary['mape_pct']:.1f}", f"{summary['median_ape_pct']:.1f}",
+              f"{summary['bias_pct']:+.1f}", f"{summary['measured_busy_ms']:.3f}", f"{summary['predicted_busy_ms']:.3f}")
+    con.print(t)
+    con.print(f"trace GPU busy {summary['trace_busy_ms']:.3f} ms; {summary['unmapped_rows']:,} rows "
+              f"({summary['unmapped_busy_ms']:.3f} ms) not compared:")
+    for why, n in list(summary["unmapped_reasons"].items())[:8]:
+        con.print(f"  {n:,} x {why}")
 
 
 def main() -> None:  # pragma: no cover
