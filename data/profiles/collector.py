@@ -227,12 +227,12 @@ def measure(backend, fn, opts: SweepOptions) -> tuple[float, float | None]:
     backend.sync()
     one = backend.time_ms(fn, 1)
     inner = max(opts.inner, math.ceil(opts.min_loop_ms / one) if one > 0 else opts.inner)
-    repeats = opts.repeats
     e0 = backend.energy_mj()
-    if e0 is not None and one > 0:  # long enough for the energy counter to resolve the average power
-        repeats = max(repeats, math.ceil(opts.min_power_window_ms / (one * inner)))
     t0 = time.perf_counter()
-    loops = [backend.time_ms(fn, inner) / inner for _ in range(repeats)]
+    loops = [backend.time_ms(fn, inner) / inner for _ in range(opts.repeats)]
+    # with an energy counter, keep timing until the window is long enough for it to resolve the average power
+    while e0 is not None and (time.perf_counter() - t0) * 1000.0 < opts.min_power_window_ms:
+        loops.append(backend.time_ms(fn, inner) / inner)
     backend.sync()
     e1 = backend.energy_mj()
     wall_ms = (time.perf_counter() - t0) * 1000.0
