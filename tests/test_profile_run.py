@@ -107,3 +107,57 @@ def test_profile_run_cli(tmp_path):
     if not torch.cuda.is_available():
         r = run_cli("profile", "run", "--backend", "cuda", "--output", str(tmp_path / "x"))
         assert r.returncode == 2 and "no CUDA GPU" in flat(r.stderr)
+
+
+def test_cuda_backend_code_path_with_fake_driver():
+    """CudaBackend's timer, energy counter and spec query, run against stand-ins for torch.cuda and pynvml that
+    behave as documented (events: elapsed_time in ms; NVML: energy in mJ, clocks in MHz, limits in mW)."""
+    import time
+    import types
+
+    from wattcast.data.profiles.collector import CudaBackend
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1000.0
+
+    class TorchProxy:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    fake_torch = TorchProxy()
+    fake_torch.cuda = types.SimpleNamespace(Event=Event, synchronize=lambda device=None: None)
+    fake_torch.backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=False)))
+    t0 = time.perf_counter()
+    nvml = types.SimpleNamespace(
+        NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: int((time.perf_counter() - t0) * 1000 * 300),  # 300 W
+        nvmlDeviceGetMaxClockInfo=lambda h, which: {1: 1410, 2: 1215}[which],
+        nvmlDeviceGetMemoryBusWidth=lambda h: 5120,
+        nvmlDeviceGetPowerManagementDefaultLimit=lambda h: 400000)
+    be = object.__new__(CudaBackend)
+    be.torch, be.device, be.index, be.nvml, be.handle = fake_torch, torch.device("cpu"), 0, nvml, object()
+    be.props = types.SimpleNamespace(name="NVIDIA A100-SXM4-40GB", major=8, minor=0, multi_processor_count=108,
+                                     total_memory=42505273344)
+    be.device_name = be.props.name
+    spec = be.spec()
+    # A100 SXM4 40 GB datasheet: 19.5 TFLOP/s FP32, 1,555 GB/s, 400 W (NVIDIA A100 datasheet)
+    assert spec["catalog_name"] == "A100-SXM4-40GB" and spec["tdp_w"] == 400.0
+    assert spec["peak_fp32_tflops"] == pytest.approx(19.49, abs=0.01)
+    assert spec["memory_bandwidth_gbps"] == pytest.approx(1555.2)
+    prof, notes = run_sweep(be, SweepOptions(quick=True, dtypes=("fp32", "tf32"), warmup=1, repeats=1, inner=1,
+                                             min_loop_ms=0.0, min_power_window_ms=5.0, collectives=False))
+    k = prof.table("kernels")
+    assert notes["failed_points"] == 0 and set(k["Device"]) == {"A100-SXM4-40GB"} and "tf32" in set(k["dtype"])
+    assert be.torch.backends.cuda.matmul.allow_tf32 is False  # restored after the sweep
+    assert prof.table("power")["power_w"].between(250, 350).all()
