@@ -884,7 +884,7 @@ def profile_import(
         from wattcast.data.device_spec import DeviceSpecError
 
         try:
-            resolve_device(device)
+            device = resolve_device(device).name  # a spec file's GPU is named by its spec
         except (DeviceSpecError, FileNotFoundError, ValueError) as e:
             _fail(f"--device: {e}")
     prof = Profile()
@@ -894,6 +894,10 @@ def profile_import(
         except ProfileImportError as e:
             _fail(str(e))
         _print_import_notes(notes)
+    if device is not None:  # the GPU the user named is known even when the catalog does not list it (spec file)
+        for frames in prof.frames.values():
+            for fr in frames:
+                fr.loc[(fr["Device"].fillna("") == "") & (fr["device_name"] == device), "Device"] = device
     _write("--output", output, lambda: prof.write(output))
     k = prof.table("kernels")
     mapped = int((k["OPName"].fillna("") != "").sum()) if len(k) else 0

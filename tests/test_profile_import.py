@@ -389,3 +389,18 @@ def test_train_kernels_rejects_bad_data_folders(tmp_path):
                                               ).to_csv(empty / "kernels.csv", index=False)
     r = run_cli("train", "kernels", "--data", str(empty), "--no-mlflow", "--only-csv")
     assert r.returncode == 2 and "no kernel row with a wattcast op" in flat(r.stderr)
+
+
+def test_import_with_a_spec_file_device(tmp_path, my_gpu_yaml):
+    from wattcast.data.catalog import resolve_device
+
+    b = TraceBuilder(devices=())
+    b.op("aten::mm", [[64, 64], [64, 64]], ["float", "float"])
+    trace = b.write(tmp_path / "t.json")
+    r = run_cli("profile", "import", str(trace), "--output", str(tmp_path / "p"), "--device", str(my_gpu_yaml))
+    assert r.returncode == 0, r.stderr
+    name = resolve_device(my_gpu_yaml).name
+    k = read_table(tmp_path / "p", "kernels")
+    assert set(k["Device"]) == {name} and set(k["device_name"]) == {name}
+    r = run_cli("profile", "import", str(trace), "--output", str(tmp_path / "q"), "--device", "no-such-gpu")
+    assert r.returncode == 2 and "--device" in flat(r.stderr)
