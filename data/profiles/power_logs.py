@@ -6,7 +6,7 @@
   ``name`` gives the device (else ``--device``). ``[N/A]`` cells become empty.
 - DCGM ``dcgmi dmon -e 155,203,204,100,150`` output (whitespace columns ``#Entity ID POWER GPUTL MCUTL SMCLK TMPTR``,
   one line per GPU per sample; field ids: 155 power usage W, 203 GPU util %, 204 memory-copy util %, 100 SM clock
-  MHz, 150 GPU temperature C; DCGM field reference, ``dcgm_fields.h``) or the same as CSV. DCGM prints no
+  MHz, 150 GPU temperature C; DCGM field reference, ``dcgm_fields.h``). DCGM prints no
   timestamp: samples are numbered per GPU (``timestamp`` = sample index). The device must be given (--device).
 """
 
@@ -25,10 +25,9 @@ from wattcast.data.profiles.tables import ProfileImportError
 _SMI = {"timestamp": "timestamp", "name": "device_name", "index": "gpu_index", "power.draw": "power_w",
         "power.draw.instant": "power_w", "power.draw.average": "power_w", "utilization.gpu": "gpu_util_pct",
         "utilization.memory": "mem_util_pct", "clocks.sm": "sm_clock_mhz", "clocks.current.sm": "sm_clock_mhz",
-        "temperature.gpu": "temperature_c", "power.limit": "power_limit_w", "enforced.power.limit": "power_limit_w",
-        "total_energy_consumption": "energy_j"}
+        "temperature.gpu": "temperature_c", "power.limit": "power_limit_w", "enforced.power.limit": "power_limit_w"}
 _DCGM = {"POWER": "power_w", "PWR": "power_w", "GPUTL": "gpu_util_pct", "MCUTL": "mem_util_pct", "SMCLK": "sm_clock_mhz",
-         "TMPTR": "temperature_c", "ENERGY": "energy_j", "TOTEC": "energy_j"}
+         "TMPTR": "temperature_c", "TOTEC": "energy_j"}  # TOTEC: field 156, total energy since boot in mJ
 
 
 def looks_like_smi(text: str) -> bool:
@@ -62,8 +61,6 @@ def import_nvidia_smi(path: str | Path, device: str | None = None) -> tuple[pd.D
     out = pd.DataFrame({"timestamp": df["timestamp"].astype(str).str.strip()})
     for c in ("gpu_index", "power_w", "gpu_util_pct", "mem_util_pct", "sm_clock_mhz", "temperature_c", "power_limit_w", "energy_j"):
         out[c] = _strip_units(df[c]) if c in df else np.nan
-    if "energy_j" in df:  # nvidia-smi reports total_energy_consumption in mJ
-        out["energy_j"] = out["energy_j"] / 1000.0
     names = df["device_name"].astype(str).str.strip() if device is None else pd.Series([device] * len(df))
     out["device_name"] = names.to_numpy()
     out["Device"] = [catalog_name(n) for n in out["device_name"]]
@@ -113,6 +110,8 @@ def import_dcgm(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
     for c in cols[1:]:
         if c in _DCGM:
             out[_DCGM[c]] = _strip_units(df[c])
+    if "energy_j" in out:
+        out["energy_j"] = out["energy_j"] / 1000.0  # mJ -> J
     out["timestamp"] = out.groupby("gpu_index").cumcount()
     out["device_name"] = device
     out["Device"] = catalog_name(device)
