@@ -132,7 +132,7 @@ def test_kineto_rows(tmp_path, gz):
     assert set(k["Device"]) == {"A100-SXM4-40GB"} and set(k["device_name"]) == {"NVIDIA A100-PG509-200"}
     # unmapped rows are kept and counted, never dropped: embedding backward, double add, the orphan kernel
     assert notes["kernel_rows"] == len(k) == 10 and notes["unmapped_rows"] == 3
-    assert "kernel with no launching cpu_op in the trace" in notes["unmapped_reasons"]
+    assert "kernel with no launch event in the trace (correlation not found)" in notes["unmapped_reasons"]
     (row,) = c.to_dict("records")
     assert (row["op"], row["size_B"], row["world_size"], row["time_us"]) == ("all_reduce", 4000, 4, 100.0)
 

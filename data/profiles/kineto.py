@@ -34,6 +34,10 @@ _LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime")
 _FLOW_CATS = ("ac2g", "async_cpu_to_gpu")
 #: GEMM kernels that run FP32 inputs on tensor cores in TF32 (cuBLAS/CUTLASS names: s1688 = fp32 via 16x8x8 mma)
 _TF32_KERNEL = re.compile(r"tensorop_s1688|tf32|xmma_gemm_f32f32_tf32", re.I)
+#: why a kernel has no operator: its correlation has no launch event (dropped by the profiler, or a CUDA graph
+#: replay), or it was launched outside every recorded cpu_op
+_UNLINKED = {"no launch": "kernel with no launch event in the trace (correlation not found)",
+             "outside ops": "kernel launched outside any cpu_op"}
 _NCCL_OP = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.I)
 
 
@@ -197,12 +201,12 @@ def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataF
     for n, k in enumerate(kernels):
         c = (k.get("args") or {}).get("correlation")
         site = sites.get(int(c)) if c is not None else None
-        if site is None or (site[0], site[1]) not in thread_ops:
-            groups[("unlinked", n)].append(k)
+        if site is None:
+            groups[("no launch", n)].append(k)
             continue
-        ops = thread_ops[(site[0], site[1])]
-        i = ops.innermost(site[2])
-        groups[((site[0], site[1]), i) if i >= 0 else ("unlinked", n)].append(k)
+        ops = thread_ops.get((site[0], site[1]))
+        i = ops.innermost(site[2]) if ops is not None else -1
+        groups[((site[0], site[1]), i) if i >= 0 else ("outside ops", n)].append(k)
 
     krows, crows = [], []
     reasons: dict[str, int] = defaultdict(int)
@@ -210,7 +214,7 @@ def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataF
         ks.sort(key=lambda k: float(k.get("ts", 0)))
         did = (ks[0].get("args") or {}).get("device")
         dname = device or devs.get(int(did) if did is not None else 0) or next(iter(devs.values()), "")
-        ops = thread_ops.get(key[0]) if key[0] != "unlinked" else None
+        ops = thread_ops.get(key[0]) if key[0] not in _UNLINKED else None
         idx = key[1] if ops is not None else -1
         if any("nccl" in k.get("name", "").lower() for k in ks):
             crows.append(_nccl_row(ks, ops, idx, doc, dname, source))
@@ -220,7 +224,7 @@ def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataF
         row = {"latency_ms": lat_ms, "n_kernels": len(ks), "kernel": longest.get("name", "")[:200],
                "device_name": dname, "Device": catalog_name(dname), "source": source}
         if ops is None:
-            row.update(OPName="", aten_op="", reason="kernel with no launching cpu_op in the trace")
+            row.update(OPName="", aten_op="", reason=_UNLINKED[key[0]])
         else:
             op = ops.ops[idx]
             a = op.get("args") or {}
