@@ -19,10 +19,14 @@ app.add_typer(train_app, name="train")
 validate_app = typer.Typer(no_args_is_help=True, help="Check predictions against measurements.")
 # options every training and validation job takes
 _DATA_OPTION = typer.Option(None, "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets).")
+_TRAIN_DATA_OPTION = typer.Option([], "--data", help="Dataset root (default: $WATTCAST_DATA, then ../shared/datasets) "
+                                  "and/or folders written by `wattcast profile import` / `profile run` (repeatable).")
 _MLRUNS_OPTION = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store folder (sqlite DB + artifacts).")
 _NO_MLFLOW_OPTION = typer.Option(False, "--no-mlflow", help="Do not log to MLflow.")
 _OUT_OPTION = typer.Option(None, "--out", help="Artifact folder to write (default: the shipped one in the package).")
 app.add_typer(validate_app, name="validate")
+profile_app = typer.Typer(no_args_is_help=True, help="Import profiling files (or measure this machine's GPU) into measurement tables.")
+app.add_typer(profile_app, name="profile")
 err = Console(stderr=True)
 
 
@@ -705,7 +709,7 @@ def validate_labels(
 
 @train_app.command("kernels")
 def train_kernels(
-    data: Optional[Path] = _DATA_OPTION,
+    data: List[Path] = _TRAIN_DATA_OPTION,
     holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="GPUs never trained, tuned or selected on (repeatable)."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Your own profiling CSV (schema in README) to train on as well."),
     only_csv: bool = typer.Option(False, "--only-csv", help="Train on --csv alone, without the shared datasets."),
@@ -721,11 +725,15 @@ def train_kernels(
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.training.kernel_run import run_train_kernels
 
-    if only_csv and csv is None:
-        _fail("--only-csv needs --csv FILE")
+    data, profiles = _train_data(data)
+    if only_csv and csv is None and not profiles:
+        _fail("--only-csv needs --csv FILE (or an imported profile folder in --data)")
     if csv is not None:
         _input_file(csv, "--csv")
     _job_paths(None if no_mlflow else mlruns, out=out)
+    tmp = None
+    if profiles:
+        csv, tmp = _imported_kernel_csv(profiles, csv)
     holdout_names = []
     from wattcast.data.catalog import resolve_device
 
@@ -744,6 +752,9 @@ def train_kernels(
             )
     except (FileNotFoundError, ValueError, DeviceSpecError) as e:
         _fail(str(e))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
     con = Console()
     for name in ("heldout_by_family", "in_distribution", "tensorcore_lodo"):
         t = outcome.tables.get(name)
@@ -762,6 +773,51 @@ def train_kernels(
         con.print(f"MLflow run {outcome.run_id} in {mlruns}/ (mlflow ui --backend-store-uri sqlite:///{mlruns}/mlflow.db)")
     if not outcome.replaced:
         raise typer.Exit(1)
+
+
+def _train_data(data: List[Path]) -> tuple[Optional[Path], list[Path]]:
+    """(dataset root, imported profile folders) from the repeatable --data option of the train commands."""
+    from wattcast.data.profiles.tables import ProfileImportError
+    from wattcast.data.profiles.training_input import split_data_args
+
+    for d in data:
+        if not d.is_dir():
+            _fail(f"--data {d} is not a folder" if d.exists() else f"--data {d} does not exist")
+    try:
+        return split_data_args(data)
+    except ProfileImportError as e:
+        _fail(str(e))
+
+
+def _imported_kernel_csv(profiles: list[Path], csv: Optional[Path]):
+    """A temporary user-schema CSV holding the imported profiles' usable kernel rows (plus --csv's rows)."""
+    import tempfile
+
+    import pandas as pd
+
+    from wattcast.data.profiles.tables import ProfileImportError
+    from wattcast.data.profiles.training_input import kernel_training_rows
+
+    try:
+        rows, counts = kernel_training_rows(profiles)
+    except ProfileImportError as e:
+        _fail(str(e))
+    left = {k: v for k, v in counts.items() if k not in ("rows", "used") and v}
+    err.print(f"imported profiles: {counts['used']:,} of {counts['rows']:,} kernel rows used"
+              + (" (left out: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in left.items()) + ")" if left else ""))
+    if counts["used"] == 0:
+        _fail(f"--data {', '.join(map(str, profiles))}: no kernel row with a wattcast op, a measured time and a catalog GPU")
+    if csv is not None:
+        try:
+            own = pd.read_csv(csv, dtype=str, keep_default_na=False)
+        except Exception as e:  # pandas raises several types for unreadable CSVs
+            _fail(f"--csv {csv}: not a readable CSV ({e})")
+        own = own.rename(columns={"op": "OPName", "Latency": "latency_ms", "Latency (ms)": "latency_ms", "device": "Device"})
+        rows = pd.concat([own, rows.astype(object)], ignore_index=True)
+    tmp = tempfile.TemporaryDirectory(prefix="wattcast-imported-")
+    path = Path(tmp.name) / "imported_kernels.csv"
+    rows.to_csv(path, index=False)
+    return path, tmp
 
 
 def _print_train_result(res: dict, title: str) -> None:
@@ -869,6 +925,153 @@ def validate_distributed(
     con.print(t)
     if res.get("run_id"):
         con.print(f"MLflow run {res['run_id']} in {mlruns}/")
+
+
+@profile_app.command("import")
+def profile_import(
+    files: List[Path] = typer.Argument(..., help="PyTorch profiler JSON(.gz), Nsight Systems SQLite export, nccl-tests stdout, nvidia-smi CSV or DCGM dmon log (format told from the content)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write kernels.csv / collectives.csv / power.csv / profile.json into."),
+    device: Optional[str] = typer.Option(None, "--device", "-d", help="GPU of the files when they do not record it (or to override it)."),
+    collective: Optional[str] = typer.Option(None, "--collective", help="Collective of an nccl-tests log that does not name it (all_reduce, all_gather, ...)."),
+) -> None:
+    """Import profiling files into wattcast's measurement tables (schema in the README)."""
+    from wattcast.data.profiles.importers import import_file
+    from wattcast.data.profiles.tables import Profile, ProfileImportError
+
+    _output_dir(output, "--output")
+    for f in files:
+        _input_file(f, "input file")
+    if device is not None:
+        from wattcast.data.catalog import resolve_device
+        from wattcast.data.device_spec import DeviceSpecError
+
+        try:
+            device = resolve_device(device).name  # a spec file's GPU is named by its spec
+        except (DeviceSpecError, FileNotFoundError, ValueError) as e:
+            _fail(f"--device: {e}")
+    prof = Profile()
+    for f in files:
+        try:
+            notes = import_file(prof, f, device=device, collective=collective)
+        except ProfileImportError as e:
+            _fail(str(e))
+        _print_import_notes(notes)
+    if device is not None:  # the GPU the user named is known even when the catalog does not list it (spec file)
+        for frames in prof.frames.values():
+            for fr in frames:
+                fr.loc[(fr["Device"].fillna("") == "") & (fr["device_name"] == device), "Device"] = device
+    _write("--output", output, lambda: prof.write(output))
+    k = prof.table("kernels")
+    mapped = int((k["OPName"].fillna("") != "").sum()) if len(k) else 0
+    err.print(f"[green]{mapped:,}[/] kernel rows mapped to wattcast ops"
+              + (f", [yellow]{len(k) - mapped:,} kept unmapped[/] (OPName '', see 'reason')" if len(k) - mapped else "")
+              + f", {len(prof.table('collectives')):,} collective rows, {len(prof.table('power')):,} power samples -> {output}")
+    unknown = sorted({str(n) for t in ("kernels", "collectives", "power") for n, d in
+                      zip(prof.table(t)["device_name"].fillna(""), prof.table(t)["Device"].fillna("")) if n and not d})
+    if unknown:
+        err.print(f"[yellow]GPU(s) not in the catalog: {', '.join(unknown)}; their rows have an empty 'Device' "
+                  "(give --device NAME or a spec file to train on them)[/yellow]")
+
+
+@profile_app.command("run")
+def profile_run(
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write the measured tables (and device.json) into."),
+    backend: str = typer.Option("auto", "--backend", help="auto (CUDA when a GPU is visible, else CPU), cuda or cpu."),
+    dtype: List[str] = typer.Option(["fp32"], "--dtype", help="Dtypes to sweep (repeatable): fp32, tf32, fp16, bf16."),
+    quick: bool = typer.Option(False, "--quick", help="A small sweep (minutes -> seconds) to check the setup."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed loops per shape (the median is kept)."),
+    collectives: bool = typer.Option(True, "--collectives/--no-collectives", help="Sweep all_reduce/all_gather/reduce_scatter sizes inside a torch.distributed job (torchrun)."),
+) -> None:
+    """Measure this machine's GPU on a sweep of GEMM/elementwise/norm/softmax (and collective) shapes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
+    from wattcast.data.profiles.collector import SweepOptions, make_backend, run_sweep
+    from wattcast.data.profiles.tables import ProfileImportError
+
+    _output_dir(output, "--output")
+    _positive(repeats=repeats)
+    dts = tuple(dict.fromkeys(canonical_dtype(d) for d in dtype))
+    bad = [d for d in dts if d not in DTYPE_BYTES or d == "fp8"]
+    if bad:
+        _fail(f"--dtype: cannot sweep {', '.join(bad)}; use fp32, tf32, fp16 or bf16")
+    try:
+        be = make_backend(backend)
+    except ProfileImportError as e:
+        _fail(str(e))
+    opts = SweepOptions(dtypes=dts, quick=quick, repeats=repeats, collectives=collectives)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
+        task = prog.add_task(f"measuring on {be.device_name} ({be.name})", total=None)
+        prof, notes = run_sweep(be, opts, progress=lambda i, n: prog.update(task, completed=i, total=n))
+    _write("--output", output, lambda: prof.write(output))
+    _write("--output", output / "device.json", lambda: (output / "device.json").write_text(json.dumps(notes["spec"], indent=2), encoding="utf-8"))
+    err.print(f"[green]{notes['kernel_rows'] - notes['failed_points']:,}[/] kernel shapes measured"
+              + (f", [yellow]{notes['failed_points']} not measurable[/] (see 'reason')" if notes["failed_points"] else "")
+              + f", {notes['collective_rows']} collective rows, {notes['power_rows']} power samples on {be.device_name} -> {output}")
+    if be.name == "cpu":
+        err.print("[yellow]CPU timer backend: these rows time the CPU, not a GPU (for checking the sweep only)[/yellow]")
+
+
+def _print_import_notes(notes: dict) -> None:
+    parts = [f"{notes.get('format')}: {notes.get('file')}"]
+    for key in ("kernel_rows", "mapped_rows", "unmapped_rows", "collective_rows", "power_rows"):
+        if key in notes:
+            parts.append(f"{key.replace('_', ' ')} {notes[key]:,}")
+    err.print(", ".join(parts))
+    if notes.get("warning"):
+        err.print(f"[yellow]{notes['warning']}[/yellow]")
+    for why, n in sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])[:6]:
+        err.print(f"  unmapped: {n:,} x {why}")
+
+
+@validate_app.command("trace")
+def validate_trace_cmd(
+    files: List[Path] = typer.Argument(..., help="Profiling file(s) with kernel times and shapes (PyTorch profiler JSON(.gz) or Nsight Systems SQLite)."),
+    device: str = typer.Option(..., "--device", "-d", help="Device to predict on (catalog name, alias or spec file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (rows, mape_pct, bias_pct, by_op, measured_busy_ms, predicted_busy_ms, ...)."),
+    trace_device: Optional[str] = typer.Option(None, "--trace-device", help="GPU of a trace that does not record it."),
+    models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write every compared row (measured, predicted, error %) to this CSV."),
+) -> None:
+    """Predict every imported kernel on DEVICE and compare with its measured GPU time."""
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.data.profiles.tables import ProfileImportError
+    from wattcast.training.trace_validation import validate_trace
+
+    for f in files:
+        _input_file(f, "input file")
+    if output:
+        _output_file(output, "--output", suffixes=(".csv",), protect=tuple(files))
+    try:
+        resolve_device(device)
+    except (DeviceSpecError, FileNotFoundError, ValueError) as e:
+        _fail(f"--device: {e}")
+    try:
+        summary, rows = validate_trace(files, device, bundle=models, trace_device=trace_device)
+    except (ProfileImportError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    if output:
+        _write("--output", output, lambda: rows.to_csv(output, index=False))
+    if summary["trace_catalog_devices"] and summary["device"] not in summary["trace_catalog_devices"]:
+        err.print(f"[yellow]the trace ran on {', '.join(summary['trace_devices'])}; predicting on {summary['device']}[/yellow]")
+    if as_json:
+        print(json.dumps(summary, indent=2, default=float))
+        return
+    con = Console()
+    t = Table(title=f"{summary['rows']:,} kernel rows on {summary['device']}: predicted vs measured (% error; signed + = over-prediction)")
+    for c in ("op class", "rows", "MAPE %", "median APE %", "signed bias %", "measured ms", "predicted ms"):
+        t.add_column(c, justify="right")
+    for cls, v in summary["by_op"].items():
+        t.add_row(cls, f"{v['rows']:,}", f"{v['mape_pct']:.1f}", f"{v['median_ape_pct']:.1f}", f"{v['bias_pct']:+.1f}",
+                  f"{v['measured_ms']:.3f}", f"{v['predicted_ms']:.3f}")
+    t.add_row("all", f"{summary['rows']:,}", f"{summary['mape_pct']:.1f}", f"{summary['median_ape_pct']:.1f}",
+              f"{summary['bias_pct']:+.1f}", f"{summary['measured_busy_ms']:.3f}", f"{summary['predicted_busy_ms']:.3f}")
+    con.print(t)
+    con.print(f"trace GPU busy {summary['trace_busy_ms']:.3f} ms; {summary['unmapped_rows']:,} rows "
+              f"({summary['unmapped_busy_ms']:.3f} ms) not compared:")
+    for why, n in list(summary["unmapped_reasons"].items())[:8]:
+        con.print(f"  {n:,} x {why}")
 
 
 def main() -> None:  # pragma: no cover

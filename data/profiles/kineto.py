@@ -1,0 +1,248 @@
+"""PyTorch profiler (Kineto) Chrome traces (``.json`` / ``.json.gz``) -> kernel and collective rows.
+
+How a GPU kernel finds the operator that launched it: the kernel event's ``args.correlation`` is the id of the
+``ac2g`` (or older ``async_cpu_to_gpu``) flow whose start event sits on the launching CPU thread at the launch
+time, and of the ``cuda_runtime`` launch event (``cudaLaunchKernel``...) with the same correlation. The operator
+is the innermost ``cpu_op`` on that thread whose [ts, ts+dur] holds the launch. All kernels of one operator call
+(e.g. a GEMM plus its split-K reduction) form one row whose ``latency_ms`` is the sum of their ``dur``
+(microseconds in the trace). Kernels with no launch or no enclosing ``cpu_op`` are kept as their own rows with
+``OPName`` ''. NCCL kernels become collective rows; their size comes from the enclosing
+``record_param_comms`` op (``In/Out msg nelems`` x ``dtype``; group size from ``Group size``, else the trace's
+``distributedInfo.world_size``). The device name comes from the trace's ``deviceProperties`` (matched to the
+catalog by name/alias). Format reference: HolisticTraceAnalysis' parser (facebookresearch/HolisticTraceAnalysis,
+``hta/common/trace_parser.py``) and the traces in ../shared/datasets/traces.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+import zlib
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+from wattcast.data.collective_ops import canonical_op
+from wattcast.data.profiles.aten_map import ELEM_BYTES, TORCH_DTYPES, map_aten
+from wattcast.data.profiles.devices import catalog_name
+from wattcast.data.profiles.tables import ProfileImportError
+
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime")
+_FLOW_CATS = ("ac2g", "async_cpu_to_gpu")
+#: GEMM kernels that run FP32 inputs on tensor cores in TF32 (cuBLAS/CUTLASS names: s1688 = fp32 via 16x8x8 mma)
+_TF32_KERNEL = re.compile(r"tensorop_s1688|tf32|xmma_gemm_f32f32_tf32", re.I)
+#: why a kernel has no operator: its correlation has no launch event (dropped by the profiler, or a CUDA graph
+#: replay), or it was launched outside every recorded cpu_op
+_UNLINKED = {"no launch": "kernel with no launch event in the trace (correlation not found)",
+             "outside ops": "kernel launched outside any cpu_op"}
+_NCCL_OP = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", re.I)
+
+
+def reason_key(reason: str) -> str:
+    """The kind of an unmapped-row reason, without the op name (for counts)."""
+    if reason.startswith("no wattcast op class"):
+        return "no wattcast op class"
+    if reason.endswith("is not an aten op"):
+        return "not an aten op (custom / framework op)"
+    if reason.startswith("aten::") and ": " in reason:
+        return reason.split(": ", 1)[1]
+    return reason
+
+
+def load_trace(path: str | Path) -> dict:
+    """The trace document; ProfileImportError for a truncated gzip, invalid JSON or a non-trace document."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        doc = json.loads(raw.decode("utf-8"))
+    except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as e:
+        raise ProfileImportError(f"{p}: cannot read the trace: truncated or damaged gzip ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileImportError(f"{p}: not a JSON trace (truncated or damaged?): {e}") from None
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ProfileImportError(f"{p}: no 'traceEvents' list: not a PyTorch profiler / Chrome trace")
+    return doc
+
+
+def trace_devices(doc: dict) -> dict[int, str]:
+    """GPU id -> name from ``deviceProperties``."""
+    out = {}
+    for d in doc.get("deviceProperties") or []:
+        if isinstance(d, dict) and "name" in d:
+            try:
+                out[int(d.get("id", len(out)))] = str(d["name"])
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+def _launch_sites(events) -> dict[int, tuple]:
+    """correlation id -> (pid, tid, ts) of the CPU-side launch (flow start, else the runtime event)."""
+    sites: dict[int, tuple] = {}
+    for e in events:
+        cat = e.get("cat")
+        if cat in _LAUNCH_CATS and e.get("ph") == "X":
+            c = (e.get("args") or {}).get("correlation")
+            if c is not None:
+                sites.setdefault(int(c), (e.get("pid"), e.get("tid"), float(e.get("ts", 0))))
+    for e in events:  # the flow start is the documented link; it wins when present
+        if e.get("cat") in _FLOW_CATS and e.get("ph") == "s" and "id" in e:
+            try:
+                sites[int(e["id"])] = (e.get("pid"), e.get("tid"), float(e.get("ts", 0)))
+            except (TypeError, ValueError):
+                continue
+    return sites
+
+
+class _ThreadOps:
+    """The cpu_ops of one thread, for 'innermost op holding time t' queries (ops nest properly per thread)."""
+
+    def __init__(self, ops: list[dict]) -> None:
+        self.ops = sorted(ops, key=lambda e: (float(e["ts"]), -float(e.get("dur", 0))))
+        self.starts = [float(e["ts"]) for e in self.ops]
+        # parent index of each op (stack sweep)
+        self.parent = [-1] * len(self.ops)
+        stack: list[int] = []
+        for i, e in enumerate(self.ops):
+            t = self.starts[i]
+            while stack and self._end(stack[-1]) < t:
+                stack.pop()
+            self.parent[i] = stack[-1] if stack else -1
+            stack.append(i)
+
+    def _end(self, i: int) -> float:
+        e = self.ops[i]
+        return float(e["ts"]) + float(e.get("dur", 0))
+
+    def innermost(self, t: float) -> int:
+        i = bisect.bisect_right(self.starts, t) - 1
+        while i >= 0 and self._end(i) < t:
+            i = self.parent[i]
+        return i
+
+    def chain(self, i: int):
+        while i >= 0:
+            yield i
+            i = self.parent[i]
+
+
+def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name: str, source: str) -> dict:
+    k0 = kernels[0]
+    time_us = sum(float(k.get("dur", 0)) for k in kernels)
+    m = _NCCL_OP.search(k0.get("name", ""))
+    row = {"time_us": time_us, "device_name": device_name, "Device": catalog_name(device_name), "source": source,
+           "op": "", "size_B": float("nan"), "dtype": "", "world_size": float("nan"), "reason": ""}
+    if m:
+        try:
+            row["op"] = canonical_op(m.group(1))
+        except ValueError:
+            row["reason"] = f"unknown NCCL kernel {m.group(1)!r}"
+    comm = None
+    if ops is not None and idx >= 0:
+        comm = next((ops.ops[j] for j in ops.chain(idx) if ops.ops[j].get("name") == "record_param_comms"), None)
+    info = doc.get("distributedInfo") or {}
+    if comm is not None:
+        a = comm.get("args") or {}
+        try:
+            row["op"] = canonical_op(a.get("Collective name", "")) if a.get("Collective name") else row["op"]
+        except ValueError:
+            pass
+        dt = str(a.get("dtype", ""))
+        eb = ELEM_BYTES.get(TORCH_DTYPES.get(dt, dt)) or ELEM_BYTES.get(dt)
+        n = max(int(a.get("In msg nelems") or 0), int(a.get("Out msg nelems") or 0))
+        row["dtype"] = TORCH_DTYPES.get(dt, dt)
+        if eb and n:
+            row["size_B"] = n * eb
+        else:
+            row["reason"] = "record_param_comms has no message size / dtype"
+        if a.get("Group size"):
+            row["world_size"] = int(a["Group size"])
+    else:
+        row["reason"] = "no record_param_comms op around the NCCL kernel: message size unknown"
+    if row["world_size"] != row["world_size"] and info.get("world_size"):
+        row["world_size"] = int(info["world_size"])
+    if not row["op"]:
+        row["reason"] = row["reason"] or f"cannot tell the collective of kernel {k0.get('name', '')[:60]!r}"
+    return row
+
+
+def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(kernel rows, collective rows, notes) of one trace. ``device`` overrides the trace's device name."""
+    p = Path(path)
+    doc = load_trace(p)
+    events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
+    kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    source = f"kineto:{p.name}"
+    if not kernels:
+        cpu_only = any(e.get("cat") == "cpu_op" for e in events)
+        raise ProfileImportError(
+            f"{p}: no GPU kernel events ('cat': 'kernel') in the trace"
+            + (": a CPU-only profile (profile with ProfilerActivity.CUDA)" if cpu_only else ""))
+    devs = trace_devices(doc)
+    if device is None and not devs:
+        raise ProfileImportError(f"{p}: the trace records no GPU (no 'deviceProperties'); give the device (--device)")
+    threads: dict[tuple, list] = defaultdict(list)
+    has_dims = False
+    for e in events:
+        if e.get("cat") == "cpu_op" and e.get("ph") == "X" and "ts" in e:
+            threads[(e.get("pid"), e.get("tid"))].append(e)
+            has_dims = has_dims or "Input Dims" in (e.get("args") or {})
+    thread_ops = {k: _ThreadOps(v) for k, v in threads.items()}
+    sites = _launch_sites(events)
+
+    groups: dict[tuple, list] = defaultdict(list)  # (thread, op index) or ("kernel", n) -> kernels
+    for n, k in enumerate(kernels):
+        c = (k.get("args") or {}).get("correlation")
+        site = sites.get(int(c)) if c is not None else None
+        if site is None:
+            groups[("no launch", n)].append(k)
+            continue
+        ops = thread_ops.get((site[0], site[1]))
+        i = ops.innermost(site[2]) if ops is not None else -1
+        groups[((site[0], site[1]), i) if i >= 0 else ("outside ops", n)].append(k)
+
+    krows, crows = [], []
+    reasons: dict[str, int] = defaultdict(int)
+    for key, ks in groups.items():
+        ks.sort(key=lambda k: float(k.get("ts", 0)))
+        did = (ks[0].get("args") or {}).get("device")
+        dname = device or devs.get(int(did) if did is not None else 0) or next(iter(devs.values()), "")
+        ops = thread_ops.get(key[0]) if key[0] not in _UNLINKED else None
+        idx = key[1] if ops is not None else -1
+        if any("nccl" in k.get("name", "").lower() for k in ks):
+            crows.append(_nccl_row(ks, ops, idx, doc, dname, source))
+            continue
+        lat_ms = sum(float(k.get("dur", 0)) for k in ks) / 1000.0
+        longest = max(ks, key=lambda k: float(k.get("dur", 0)))
+        row = {"latency_ms": lat_ms, "n_kernels": len(ks), "kernel": longest.get("name", "")[:200],
+               "device_name": dname, "Device": catalog_name(dname), "source": source}
+        if ops is None:
+            row.update(OPName="", aten_op="", reason=_UNLINKED[key[0]])
+        else:
+            op = ops.ops[idx]
+            a = op.get("args") or {}
+            name, shape, dtype, why = map_aten(op.get("name", ""), a.get("Input Dims"), a.get("Input type"),
+                                               a.get("Concrete Inputs"))
+            if name in ("bmm", "linear") and dtype == "fp32" and any(_TF32_KERNEL.search(k.get("name", "")) for k in ks):
+                dtype = "tf32"
+            row.update(OPName=name, aten_op=op.get("name", ""), dtype=dtype, reason=why, **shape)
+        if row["reason"]:
+            reasons[reason_key(row["reason"])] += 1
+        krows.append(row)
+    kdf = pd.DataFrame(krows)
+    cdf = pd.DataFrame(crows)
+    mapped = int((kdf["OPName"] != "").sum()) if len(kdf) else 0
+    notes = {"file": str(p), "format": "kineto", "device": sorted(set(devs.values())) if device is None else [device],
+             "kernels": len(kernels), "kernel_rows": len(kdf), "mapped_rows": mapped, "unmapped_rows": len(kdf) - mapped,
+             "collective_rows": len(cdf), "has_shapes": has_dims, "unmapped_reasons": dict(reasons)}
+    if not has_dims:
+        notes["warning"] = ("the trace has no operator shapes ('Input Dims'): profile with record_shapes=True; "
+                            "every kernel row is kept unmapped")
+    return kdf, cdf, notes

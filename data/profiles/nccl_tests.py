@@ -1,0 +1,104 @@
+"""nccl-tests stdout (``all_reduce_perf -b 8 -e 1G -f 2 ...``) -> collective rows.
+
+The result table (NVIDIA/nccl-tests, ``src/common.cu``; columns read from its header line, so versions with
+and without ``redop``/``root`` columns both parse)::
+
+    #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+    #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+             8             2     float     sum      -1    10.53    0.00    0.00      0    10.33    0.00    0.00      0
+
+The first ``time algbw busbw`` group is out-of-place, the second in-place (``N/A`` allowed). The collective comes
+from the ``# Collective test starting: all_reduce_perf`` line, else the file name (``all_gather_perf.log``),
+else ``collective=``; ranks, hosts and GPU name from the ``#  Rank  0 Group  0 Pid ... on HOST device 0 [..]
+NAME`` lines.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from wattcast.data.collective_ops import canonical_op
+from wattcast.data.profiles.devices import catalog_name
+from wattcast.data.profiles.tables import ProfileImportError
+
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$")
+_TEST = re.compile(r"Collective test starting:\s*(\S+)")
+_DTYPES = {"float": "fp32", "half": "fp16", "bfloat16": "bf16", "double": "fp64", "int8": "int8", "uint8": "uint8",
+           "int32": "int32", "uint32": "uint32", "int64": "int64", "uint64": "uint64", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+
+
+def looks_like_nccl_tests(text: str) -> bool:
+    return bool(re.search(r"^#\s+size\s+count\s+type", text, re.M)) or "nccl-tests" in text[:2000] or "Avg bus bandwidth" in text
+
+
+def _num(s: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        return math.nan
+
+
+def import_nccl_tests(path: str | Path, collective: str | None = None, device: str | None = None) -> tuple[pd.DataFrame, dict]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ProfileImportError(f"{p}: cannot read ({e.strerror or e})") from None
+    lines = text.splitlines()
+    header = next((ln for ln in lines if re.match(r"^#\s+size\s+count\s+type", ln)), None)
+    if header is None:
+        raise ProfileImportError(f"{p}: no nccl-tests result table (header '# size count type ... time algbw busbw')")
+    cols = header.lstrip("#").split()
+    if "time" not in cols or "busbw" not in cols:
+        raise ProfileImportError(f"{p}: the nccl-tests header lacks 'time' / 'busbw' columns: {' '.join(cols)}")
+    first = cols.index("time")
+    groups = [i for i, c in enumerate(cols) if c == "time"]
+    op = collective
+    if op is None:
+        m = _TEST.search(text)
+        op = m.group(1) if m else None
+    if op is None:
+        m = re.search(r"(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|alltoall|broadcast|send_?recv)", p.name, re.I)
+        op = m.group(1) if m else None
+    if op is None:
+        raise ProfileImportError(f"{p}: cannot tell which collective this nccl-tests log measured (no 'Collective test "
+                                 "starting' line, no collective in the file name); give collective= / --collective")
+    try:
+        op = canonical_op(op)
+    except ValueError as e:
+        raise ProfileImportError(f"{p}: {e}") from None
+    ranks = [m.groups() for m in map(_RANK.match, lines) if m]
+    hosts = {h for _, h, _ in ranks}
+    names = sorted({n for _, _, n in ranks})
+    dname = device or (names[0] if names else "")
+    rows, bad = [], 0
+    for ln in lines:
+        s = ln.strip()
+        if not s or s.startswith("#") or not s[0].isdigit():
+            continue
+        tok = s.split()
+        if len(tok) < first + 3:
+            bad += 1
+            continue
+        d = dict(zip(cols, tok))
+        size, t_us = _num(d.get("size", "")), _num(tok[first])
+        if not (size == size and t_us == t_us):
+            bad += 1
+            continue
+        ip = _num(tok[groups[1]]) if len(groups) > 1 and len(tok) > groups[1] else math.nan
+        rows.append({"op": op, "size_B": size, "dtype": _DTYPES.get(d.get("type", ""), d.get("type", "")),
+                     "world_size": len(ranks) or math.nan, "nodes": len(hosts) or math.nan,
+                     "gpus_per_node": (len(ranks) // len(hosts)) if hosts else math.nan, "time_us": t_us,
+                     "algbw_GBs": _num(tok[first + 1]), "busbw_GBs": _num(tok[first + 2]), "ip_time_us": ip,
+                     "device_name": dname, "Device": catalog_name(dname), "reason": "", "source": f"nccl-tests:{p.name}"})
+    if not rows:
+        raise ProfileImportError(f"{p}: the nccl-tests table has no result rows (truncated log?)")
+    notes = {"file": str(p), "format": "nccl-tests", "collective": op, "device": names or ([device] if device else []),
+             "collective_rows": len(rows), "unreadable_lines": bad, "ranks": len(ranks), "hosts": len(hosts)}
+    if not ranks:
+        notes["warning"] = "no '# Rank N ... device' lines: world size and GPU unknown"
+    return pd.DataFrame(rows), notes

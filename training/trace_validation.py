@@ -1,0 +1,103 @@
+"""``wattcast validate trace``: predict every imported kernel row of a profile on a device, compare with its
+measured GPU time.
+
+Errors are per row: APE = |pred - meas| / meas, signed = (pred - meas) / meas (positive = over-prediction), both
+in %; ``mape_pct`` / ``bias_pct`` are their means over the compared rows, per op class (``REPORT_FAMILY``:
+bmm, linear, elementwise, softmax, layernorm, conv) in ``by_op``. ``measured_busy_ms`` / ``predicted_busy_ms`` are
+sums of GPU kernel time over the compared rows (the rows both sides cover); the trace's total kernel time and the
+part that could not be compared (``unmapped_busy_ms``) are reported next to them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.kernel_ops import REPORT_FAMILY
+from wattcast.data.profiles.importers import import_files
+from wattcast.data.profiles.kineto import reason_key
+from wattcast.data.profiles.tables import ProfileImportError
+
+
+def _stats(meas: np.ndarray, pred: np.ndarray) -> dict:
+    rel = (pred - meas) / meas * 100.0
+    return {"rows": int(len(meas)), "mape_pct": float(np.mean(np.abs(rel))) if len(meas) else float("nan"),
+            "bias_pct": float(np.mean(rel)) if len(meas) else float("nan"),
+            "median_ape_pct": float(np.median(np.abs(rel))) if len(meas) else float("nan"),
+            "measured_ms": float(meas.sum()), "predicted_ms": float(pred.sum())}
+
+
+def validate_trace(paths, device, bundle=None, trace_device: str | None = None) -> tuple[dict, pd.DataFrame]:
+    """(summary dict, per-row table) for the kernel rows of ``paths`` predicted on ``device``."""
+    from wattcast import predict_kernels
+    from wattcast.data.catalog import resolve_device
+
+    spec = resolve_device(device)
+    prof = import_files([Path(p) for p in paths], device=trace_device)
+    k = prof.table("kernels")
+    if k.empty:
+        raise ProfileImportError(f"{', '.join(map(str, paths))}: no GPU kernel rows to compare "
+                                 "(a collectives-only or power-only file?)")
+    mapped = k["OPName"].fillna("").astype(str) != ""
+    lat = pd.to_numeric(k["latency_ms"], errors="coerce")
+    positive = lat > 0
+    rows = k[mapped & positive].reset_index(drop=True)
+    reasons = Counter(reason_key(str(r)) for r in k.loc[~mapped, "reason"].fillna(""))
+    if (mapped & ~positive).any():
+        reasons["measured time 0 (below the profiler's 1 us resolution)"] += int((mapped & ~positive).sum())
+    if rows.empty:
+        why = "; ".join(f"{n} x {r}" for r, n in reasons.most_common(3))
+        raise ProfileImportError(f"{', '.join(map(str, paths))}: none of the {len(k)} kernel rows maps to a wattcast op "
+                                 f"with shapes ({why})")
+    cols = ["OPName", "B", "M", "N", "K", "H", "dtype"]
+    frame = rows[cols].copy()
+    for c in ("B", "M", "N", "K", "H"):
+        frame[c] = pd.to_numeric(frame[c], errors="coerce")
+    pred = predict_kernels(frame, spec) if bundle is None else _predict_with(frame, spec, bundle)
+    out = rows.copy()
+    out["pred_latency_ms"] = pred["pred_latency_ms"].to_numpy()
+    out["ood"] = pred["ood"].to_numpy()
+    out["error"] = pred["error"].to_numpy()
+    ok = out["error"].fillna("") == ""
+    for e in out.loc[~ok, "error"]:
+        reasons[f"not predictable: {e}"] += 1
+    cmp_ = out[ok].copy()
+    cmp_["op_class"] = cmp_["OPName"].map(REPORT_FAMILY).fillna("other")
+    cmp_["error_pct"] = (cmp_["pred_latency_ms"] - cmp_["latency_ms"]) / cmp_["latency_ms"] * 100.0
+    meas, prd = cmp_["latency_ms"].to_numpy(float), cmp_["pred_latency_ms"].to_numpy(float)
+    total = _stats(meas, prd)
+    by_op = {}
+    for cls, g in cmp_.groupby("op_class", sort=True):
+        by_op[cls] = _stats(g["latency_ms"].to_numpy(float), g["pred_latency_ms"].to_numpy(float))
+    by_kernel_op = {}
+    for op, g in cmp_.groupby("OPName", sort=True):
+        s = _stats(g["latency_ms"].to_numpy(float), g["pred_latency_ms"].to_numpy(float))
+        by_kernel_op[op] = {k2: s[k2] for k2 in ("rows", "mape_pct", "bias_pct")}
+    trace_devs = sorted({str(d) for d in k["device_name"].fillna("") if str(d)})
+    summary = {
+        "rows": total["rows"], "mape_pct": total["mape_pct"], "bias_pct": total["bias_pct"],
+        "by_op": {c: {k2: v[k2] for k2 in ("rows", "mape_pct", "bias_pct", "median_ape_pct", "measured_ms", "predicted_ms")}
+                  for c, v in by_op.items()},
+        "measured_busy_ms": total["measured_ms"], "predicted_busy_ms": total["predicted_ms"],
+        "median_ape_pct": total["median_ape_pct"], "by_kernel_op": by_kernel_op,
+        "device": spec.name, "trace_devices": trace_devs,
+        "trace_catalog_devices": sorted({str(d) for d in k["Device"].fillna("") if str(d)}),
+        "files": [str(p) for p in paths], "kernel_rows": int(len(k)),
+        "kernels": int(pd.to_numeric(k["n_kernels"], errors="coerce").fillna(1).sum()),
+        "trace_busy_ms": float(lat.fillna(0).sum()),
+        "unmapped_rows": int(len(k) - total["rows"]),
+        "unmapped_busy_ms": float(lat.fillna(0).sum() - total["measured_ms"]),
+        "unmapped_reasons": dict(reasons.most_common()),
+        "ood_rows": int(cmp_["ood"].astype(bool).sum()),
+        "dtypes": {str(d): int(n) for d, n in cmp_["dtype"].value_counts().items()},
+    }
+    return summary, cmp_
+
+
+def _predict_with(frame, spec, bundle):
+    from wattcast.models.kernel_predictor import predict_kernels as _pk
+
+    return _pk(frame, spec, bundle=bundle)
