@@ -1032,6 +1032,7 @@ def validate_trace_cmd(
     trace_device: Optional[str] = typer.Option(None, "--trace-device", help="GPU of a trace that does not record it."),
     models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write every compared row (measured, predicted, error %) to this CSV."),
+    in_step: bool = typer.Option(False, "--in-step", help="Compare the kernel times a predicted step uses (FP32 without the isolated-timing floor of NeuSight's one-op-at-a-time measurements)."),
 ) -> None:
     """Predict every imported kernel on DEVICE and compare with its measured GPU time."""
     from wattcast.data.catalog import resolve_device
@@ -1048,7 +1049,7 @@ def validate_trace_cmd(
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(f"--device: {e}")
     try:
-        summary, rows = validate_trace(files, device, bundle=models, trace_device=trace_device)
+        summary, rows = validate_trace(files, device, bundle=models, trace_device=trace_device, in_step=in_step)
     except (ProfileImportError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     if output:

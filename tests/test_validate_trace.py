@@ -111,3 +111,17 @@ def test_import_real_traces(traces, tmp_path):
     assert r.returncode == 0 and set(read_table(tmp_path / "q", "kernels")["Device"]) == {"MI250"}
     r = run_cli("validate", "trace", str(traces / "v100_rank0.json.gz"), "--device", "V100-SXM2-32GB", "--json")
     assert r.returncode == 2 and "record_shapes" in flat(r.stderr)
+
+
+@pytest.mark.e2e
+def test_in_step_comparison_takes_the_isolated_timing_floor_off(traces):
+    """--in-step compares the kernel times a predicted step uses (FP32 without NeuSight's one-op-at-a-time floor):
+    on the A100 trace's many microsecond kernels the isolated latencies over-predict several-fold, the in-step ones
+    do not."""
+    f = str(traces / "a100_trace_diff_control.json.gz")
+    iso = json.loads(run_cli("validate", "trace", f, "--device", "A100-SXM4-40GB", "--json").stdout)
+    r = run_cli("validate", "trace", f, "--device", "A100-SXM4-40GB", "--in-step", "--json")
+    assert r.returncode == 0, r.stderr
+    step = json.loads(r.stdout)
+    assert step["rows"] == iso["rows"]
+    assert step["predicted_busy_ms"] < iso["predicted_busy_ms"] and step["mape_pct"] < iso["mape_pct"] / 2

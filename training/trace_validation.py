@@ -30,8 +30,11 @@ def _stats(meas: np.ndarray, pred: np.ndarray) -> dict:
             "measured_ms": float(meas.sum()), "predicted_ms": float(pred.sum())}
 
 
-def validate_trace(paths, device, bundle=None, trace_device: str | None = None) -> tuple[dict, pd.DataFrame]:
-    """(summary dict, per-row table) for the kernel rows of ``paths`` predicted on ``device``."""
+def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
+                   in_step: bool = False) -> tuple[dict, pd.DataFrame]:
+    """(summary dict, per-row table) for the kernel rows of ``paths`` predicted on ``device``. ``in_step``: compare
+    the kernel times a step is costed with (FP32 kernels without NeuSight's isolated-timing floor, never below their
+    roofline: ``simulate.single_device.in_stream_kernel_ms``) instead of the surrogates' isolated-kernel latency."""
     from wattcast import predict_kernels
     from wattcast.data.catalog import resolve_device
 
@@ -59,6 +62,12 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None) 
     pred = predict_kernels(frame, spec) if bundle is None else _predict_with(frame, spec, bundle)
     out = rows.copy()
     out["pred_latency_ms"] = pred["pred_latency_ms"].to_numpy()
+    if in_step:
+        from wattcast.models.kernel_bundle import load_bundle
+        from wattcast.simulate.single_device import in_stream_kernel_ms
+
+        b = load_bundle(bundle) if bundle is not None else None
+        out["pred_latency_ms"] = in_stream_kernel_ms(pred.assign(dtype=frame["dtype"].to_numpy()), spec, b)
     out["ood"] = pred["ood"].to_numpy()
     out["error"] = pred["error"].to_numpy()
     ok = out["error"].fillna("") == ""
