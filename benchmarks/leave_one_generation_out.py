@@ -160,7 +160,8 @@ def main() -> None:
     if not a.no_mlflow:
         from wattcast.training.tracking import log_run
 
-        metrics = {f"{r.model}_{r.device}_{r.dtype}_{r.source.replace('/', '_')}_{'big' if r.size.startswith('>=') else 'small'}_{k}":
+        metrics = {f"{r.model.replace('+', '_plus_').replace('/', '_over_')}_{r.device}_{r.dtype}_{r.source.replace('/', '_')}_"
+                   f"{'big' if r.size.startswith('>=') else 'small'}_{k}":
                    float(getattr(r, k)) for r in t.itertuples() for k in ("mape_pct", "bias_pct")}
         run_id = log_run(a.mlruns, experiment="kernel-logo", params={"fp32_sample": a.fp32_sample}, metrics=metrics,
                          tags={"kind": "leave-one-generation-out"}, tables={"logo": t})
