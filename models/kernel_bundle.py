@@ -25,6 +25,60 @@ from wattcast.models.manifest import read_manifest
 
 MANIFEST = "kernel_manifest.json"
 MLP_FILE = "kernel_mlp.safetensors"
+#: a retrained bundle folder: ``versions/<name>/`` holds each bundle written, ``CURRENT`` names the live one (switched
+#: with one atomic rename, so a crash at any moment leaves the previous bundle live); a folder without ``CURRENT``
+#: (the shipped ``models/artifacts/``, older bundles) is itself the bundle
+POINTER = "CURRENT"
+VERSIONS = "versions"
+
+
+class BundleError(ValueError):
+    """A kernel bundle that cannot be used (missing, damaged or tampered files): the message names the file."""
+
+
+def sha256_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_bundle_folder(folder: str | Path) -> Path:
+    """The folder holding the live bundle: ``folder/versions/<CURRENT>`` when ``folder`` has a pointer, else ``folder``."""
+    folder = Path(folder)
+    ptr = folder / POINTER
+    if not ptr.is_file():
+        return folder
+    name = ptr.read_text(encoding="utf-8", errors="replace").strip()
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise BundleError(f"{ptr}: not a bundle version name ({name!r})")
+    live = folder / VERSIONS / name
+    if not live.is_dir():
+        raise BundleError(f"{ptr} names bundle version {name!r}, but {live} is missing")
+    return live
+
+
+def _check_file(folder: Path, fn: str, manifest: dict) -> Path:
+    """``folder/fn`` after checking it against the manifest's sha256 (bundles written since hashes exist) or, for
+    an older manifest, that a LightGBM text model is complete: a damaged file is a BundleError naming it, never a
+    crash inside LightGBM's parser."""
+    path = folder / fn
+    if not path.is_file():
+        raise BundleError(f"kernel surrogate file {path} is missing")
+    want = (manifest.get("files") or {}).get(fn)
+    if want:
+        got = sha256_file(path)
+        if got != want:
+            raise BundleError(f"kernel surrogate file {path} is damaged or was changed: sha256 {got[:12]}... is not the "
+                              f"manifest's {want[:12]}...; retrain or restore it")
+    elif fn.endswith(".lgbm.txt"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if not text.startswith("tree") or "end of trees" not in text:
+            raise BundleError(f"kernel surrogate file {path} is not a complete LightGBM text model (truncated?)")
+    return path
 BUNDLE_SCHEMA = 1
 #: widen the band (in log space) for out-of-distribution rows
 OOD_BAND_FACTOR = 2.0
@@ -156,21 +210,30 @@ class KernelBundle:
             fams[name] = entry
         if tensors:
             save_file(tensors, str(folder / MLP_FILE))
-        manifest = {"schema": BUNDLE_SCHEMA, "families": fams, **self.meta}
+        written = sorted({e["lgbm"] for e in fams.values() if e["lgbm"]} | ({MLP_FILE} if tensors else set()))
+        manifest = {"schema": BUNDLE_SCHEMA, "families": fams, **self.meta,
+                    "files": {fn: sha256_file(folder / fn) for fn in written}}
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
     @classmethod
     def load(cls, folder: Path) -> "KernelBundle":
-        folder = Path(folder)
+        folder = resolve_bundle_folder(folder)
         manifest = read_manifest(folder, MANIFEST, "kernel surrogate", BUNDLE_SCHEMA)
+        if not isinstance(manifest.get("families"), dict):
+            raise BundleError(f"{folder / MANIFEST}: no 'families' mapping")
         tensors: dict[str, np.ndarray] = {}
-        if (folder / MLP_FILE).is_file():
+        if any(e.get("mlp") for e in manifest["families"].values()) or (folder / MLP_FILE).is_file():
+            from safetensors import SafetensorError
             from safetensors.numpy import load_file
 
-            tensors = load_file(str(folder / MLP_FILE))
+            path = _check_file(folder, MLP_FILE, manifest)
+            try:
+                tensors = load_file(str(path))
+            except (SafetensorError, OSError, ValueError) as e:
+                raise BundleError(f"kernel surrogate file {path} is not a readable safetensors file ({e})") from None
         fams = {}
         for name, e in manifest["families"].items():
-            lg = LGBMSurrogate.load(folder / e["lgbm"], e["features"]) if e.get("lgbm") else None
+            lg = LGBMSurrogate.load(_check_file(folder, e["lgbm"], manifest), e["features"]) if e.get("lgbm") else None
             mlp = None
             if e.get("mlp"):
                 w = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(name + "/")}
@@ -195,7 +258,71 @@ def shipped_folder() -> Path:
     return Path(str(files("wattcast.models") / "artifacts"))
 
 
-@lru_cache(maxsize=8)
 def load_bundle(folder: str | None = None) -> KernelBundle:
-    """The shipped bundle (default) or one from ``folder``; cached per folder."""
-    return KernelBundle.load(Path(folder) if folder else shipped_folder())
+    """The shipped bundle (default) or one from ``folder`` (its live version); cached per live version, so a bundle
+    switched in by a retraining is picked up."""
+    return _load_live(str(resolve_bundle_folder(Path(folder) if folder else shipped_folder())))
+
+
+@lru_cache(maxsize=8)
+def _load_live(live: str) -> KernelBundle:
+    return KernelBundle.load(Path(live))
+
+
+load_bundle.cache_clear = _load_live.cache_clear  # type: ignore[attr-defined]  (callers clear it after a swap)
+
+
+#: versions a bundle folder keeps besides the live one and the one before it
+KEEP_OLD_VERSIONS = 3
+
+
+def install_bundle(bundle: "KernelBundle", target: str | Path) -> Path:
+    """Write ``bundle`` as a new version under ``target/versions/``, check it loads (every file against its hash), and
+    make it live by writing ``target/CURRENT`` with one atomic rename, under a lock (concurrent trainings serialise
+    their switches). A crash before the rename leaves the previous bundle live and at most a ``.tmp-*`` folder;
+    one after it, the new one. A flat bundle already in ``target`` (the shipped layout) stays where it is and is
+    simply no longer read. Returns the new version's folder."""
+    import fcntl
+    import os
+    import shutil
+    import time
+    import uuid
+
+    target = Path(target)
+    versions = target / VERSIONS
+    versions.mkdir(parents=True, exist_ok=True)
+    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    tmp = versions / f".tmp-{name}"
+    bundle.save(tmp)
+    KernelBundle.load(tmp)  # the written files load and match their hashes
+    final = versions / name
+    os.replace(tmp, final)
+    with open(target / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            previous = (target / POINTER).read_text().strip() if (target / POINTER).is_file() else None
+            ptr_tmp = target / f".{POINTER}.{name}.tmp"
+            ptr_tmp.write_text(name + "\n", encoding="utf-8")
+            os.replace(ptr_tmp, target / POINTER)
+            keep = {name, previous}
+            old = sorted(p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in keep)
+            for p in old[:-KEEP_OLD_VERSIONS] if KEEP_OLD_VERSIONS else old:
+                shutil.rmtree(p, ignore_errors=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    load_bundle.cache_clear()
+    return final
+
+
+def add_hashes(folder: str | Path) -> dict:
+    """Write the sha256 of every model file a bundle's manifest names into it (for bundles written before hashes
+    were): ``python -c "from wattcast.models.kernel_bundle import add_hashes; add_hashes('DIR')"``."""
+    folder = resolve_bundle_folder(folder)
+    path = Path(folder) / MANIFEST
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    names = {e["lgbm"] for e in manifest["families"].values() if e.get("lgbm")}
+    if (Path(folder) / MLP_FILE).is_file():
+        names.add(MLP_FILE)
+    manifest["files"] = {fn: sha256_file(Path(folder) / fn) for fn in sorted(names)}
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return manifest["files"]

@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from wattcast.models.kernel_bundle import resolve_bundle_folder
+
 from conftest import CONTRACT_COLUMNS, BackgroundTraining, flat, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +45,13 @@ def trained(training) -> BackgroundTraining:
 
 
 def _hashes(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+    live = resolve_bundle_folder(folder)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(live.iterdir()) if p.is_file()}
+
+
+def _live(folder: Path) -> Path:
+    """The folder of a retrained bundle's live version (versions/<CURRENT>)."""
+    return resolve_bundle_folder(folder)
 
 
 # ------------------------------------------------------------------------------ user CSV
@@ -75,11 +83,11 @@ def user_bundle(tmp_path_factory, user_csv) -> Path:
 
 
 def test_user_csv_training_writes_a_bundle(user_bundle, user_csv, tmp_path):
-    names = {p.name for p in user_bundle.iterdir()}
+    names = {p.name for p in _live(user_bundle).iterdir()}
     assert "kernel_manifest.json" in names
     assert {"kernel_gemm.lgbm.txt", "kernel_elementwise.lgbm.txt", "kernel_ln.lgbm.txt"} <= names
     assert not [n for n in names if n.endswith(PICKLES)]
-    manifest = json.loads((user_bundle / "kernel_manifest.json").read_text())
+    manifest = json.loads((_live(user_bundle) / "kernel_manifest.json").read_text())
     assert manifest["train_devices"] == ["Tesla-T4"]
     # the new bundle predicts (its families; the others fall back to the roofline)
     r = run_cli("kernels", "--device", "Tesla-T4", "--input", user_csv, "--models", user_bundle)
@@ -111,7 +119,7 @@ def _train_rejected(bad: pd.DataFrame, tmp_path) -> str:
     r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--quick", "--out", tmp_path / "b", "--no-mlflow", cwd=tmp_path)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
-    assert not (tmp_path / "b" / "kernel_manifest.json").exists()
+    assert not (tmp_path / "b" / "CURRENT").exists() and not (tmp_path / "b" / "kernel_manifest.json").exists()
     return flat(r.stderr)
 
 
@@ -139,7 +147,7 @@ def test_csv_on_a_gpu_outside_the_catalog_needs_and_takes_a_spec(user_csv, my_gp
     r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--spec", my_gpu_yaml, "--quick", "--out", tmp_path / "b",
                 "--no-mlflow", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert json.loads((tmp_path / "b" / "kernel_manifest.json").read_text())["train_devices"] == ["RTX-4090"]
+    assert json.loads((_live(tmp_path / "b") / "kernel_manifest.json").read_text())["train_devices"] == ["RTX-4090"]
 
 
 def test_only_csv_without_csv_fails_cleanly(tmp_path):
@@ -151,19 +159,19 @@ def test_only_csv_without_csv_fails_cleanly(tmp_path):
 
 # ------------------------------------------------------------------------------ shared-data training
 def test_training_writes_a_pickle_free_bundle(trained):
-    names = {p.name for p in trained.bundle.iterdir()}
+    names = {p.name for p in _live(trained.bundle).iterdir()}
     assert "kernel_manifest.json" in names
     assert "kernel_mlp.safetensors" in names
     lgbm = sorted(n for n in names if n.endswith(".lgbm.txt"))
     assert {"kernel_gemm.lgbm.txt", "kernel_elementwise.lgbm.txt", "kernel_ln.lgbm.txt", "kernel_softmax.lgbm.txt"} <= set(lgbm)
     for n in lgbm:
-        assert (trained.bundle / n).read_text()[:4] == "tree"  # LightGBM text format
+        assert (_live(trained.bundle) / n).read_text()[:4] == "tree"  # LightGBM text format
     pickles = [p for p in trained.base.rglob("*") if p.suffix.lower() in PICKLES]
     assert not pickles, pickles
 
 
 def test_manifest_excludes_the_heldout_gpus(trained):
-    manifest = json.loads((trained.bundle / "kernel_manifest.json").read_text())
+    manifest = json.loads((_live(trained.bundle) / "kernel_manifest.json").read_text())
     train_devices = set(manifest["train_devices"])
     assert len(train_devices) >= 5
     for h in HELDOUT:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,18 +209,11 @@ def run_train_kernels(
     metrics.update(gate)
     bundle.meta["metrics"] = {k: round(float(v), 3) for k, v in metrics.items()}
     if replaced:
-        # write to a sibling temp folder, then swap: a crash never leaves a half-written bundle
-        target.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".kernels-", dir=target.parent))
-        bundle.save(tmp)
-        for f in target.glob("kernel_*"):
-            f.unlink()
-        for f in tmp.iterdir():
-            shutil.move(str(f), target / f.name)
-        tmp.rmdir()
-        from wattcast.models.kernel_bundle import load_bundle
+        # a new version beside the old one, checked, then one atomic pointer switch (models.kernel_bundle.install_bundle):
+        # a kill at any moment leaves a working bundle live
+        from wattcast.models.kernel_bundle import install_bundle
 
-        load_bundle.cache_clear()
+        install_bundle(bundle, target)
     seconds = time.time() - t0
     metrics["train_seconds"] = seconds
 
@@ -259,7 +250,13 @@ def _reference_rows(data, holdout) -> pd.DataFrame | None:
 
 def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, new_pred: pd.DataFrame | None = None):
     """(replace?, why, metrics). Parts: 'user' rows (source == 'user') and 'shared' rows (the rest)."""
-    if not (target / "kernel_manifest.json").is_file():
+    from wattcast.models.kernel_bundle import resolve_bundle_folder
+
+    try:
+        live = resolve_bundle_folder(target)
+    except ValueError as e:  # a pointer to a missing version: there is no working bundle to keep
+        return True, f"the existing bundle does not load ({e}): replacing it", {}
+    if not (live / "kernel_manifest.json").is_file():
         return True, "no working bundle at the target: writing the new one", {}
     try:
         old = KernelBundle.load(target)
