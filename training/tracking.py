@@ -49,14 +49,18 @@ def log_run(tracking_dir: str | Path, *, experiment: str, params: Mapping[str, A
             p.write_text(json.dumps(doc, indent=1, default=str))
             arts.append(p)
         mlflow.set_tracking_uri(f"sqlite:///{tracking_dir.resolve() / 'mlflow.db'}")
-        exp = mlflow.get_experiment_by_name(experiment)
-        if exp is None:
-            exp_id = mlflow.create_experiment(experiment, artifact_location=(tracking_dir.resolve() / "artifacts").as_uri())
-        else:
-            exp_id = exp.experiment_id
+        # one process at a time creates the store (MLflow's schema migration on a fresh sqlite file) and the
+        # experiment: concurrent jobs on a new store otherwise race and crash
+        with _store_lock(tracking_dir):
+            exp = mlflow.get_experiment_by_name(experiment)
+            if exp is None:
+                exp_id = mlflow.create_experiment(experiment, artifact_location=(tracking_dir.resolve() / "artifacts").as_uri())
+            else:
+                exp_id = exp.experiment_id
         with mlflow.start_run(experiment_id=exp_id) as run:
             mlflow.log_params(dict(params))
-            mlflow.set_tags(dict(tags))
+            # the code that produced the run (MLflow's own tag name for it)
+            mlflow.set_tags({"mlflow.source.git.commit": git_commit(), **dict(tags)})
             clean = {k.replace("%", "pct").replace(" ", "_"): float(v) for k, v in metrics.items()
                      if v is not None and np.isfinite(v)}
             mlflow.log_metrics(clean)
@@ -65,6 +69,38 @@ def log_run(tracking_dir: str | Path, *, experiment: str, params: Mapping[str, A
             run_id = run.info.run_id
     relativise_artifact_paths(tracking_dir)
     return run_id
+
+
+def git_commit() -> str:
+    """The checked-out commit of the repository this code runs from (``unknown`` outside a git checkout)."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                           text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class _store_lock:
+    """An exclusive file lock on ``<tracking_dir>/.mlflow.lock`` (fcntl; released on exit)."""
+
+    def __init__(self, tracking_dir: Path) -> None:
+        self.path = Path(tracking_dir) / ".mlflow.lock"
+
+    def __enter__(self):
+        import fcntl
+
+        self.f = open(self.path, "a+")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
 
 
 def relativise_artifact_paths(tracking_dir: Path) -> None:
