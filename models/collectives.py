@@ -514,7 +514,10 @@ class CollectiveModel:
         mpath, jpath = folder / MODEL_FILE, folder / MANIFEST
         tmp_m, tmp_j = folder / f".{MODEL_FILE}.tmp", folder / f".{MANIFEST}.tmp"
         self.booster.save_model(str(tmp_m))
-        self.manifest.update(schema=MANIFEST_SCHEMA, model_file=MODEL_FILE, features=list(FEATURES))
+        from wattcast.models.manifest import sha256_file
+
+        self.manifest.update(schema=MANIFEST_SCHEMA, model_file=MODEL_FILE, features=list(FEATURES),
+                             model_sha256=sha256_file(tmp_m))
         tmp_j.write_text(json.dumps(self.manifest, indent=1, sort_keys=True, default=_json_default))
         os.replace(tmp_m, mpath)
         os.replace(tmp_j, jpath)
@@ -525,7 +528,7 @@ class CollectiveModel:
         """Load from ``folder``; raises FileNotFoundError / ValueError when it is absent or unusable."""
         import lightgbm as lgb
 
-        from wattcast.models.manifest import read_manifest
+        from wattcast.models.manifest import check_model_file, read_manifest
 
         folder = Path(folder)
         jpath = folder / MANIFEST
@@ -535,6 +538,7 @@ class CollectiveModel:
         mpath = folder / manifest.get("model_file", MODEL_FILE)
         if not mpath.is_file():
             raise FileNotFoundError(f"{jpath} names {mpath.name}, which is missing")
+        check_model_file(mpath, manifest.get("model_sha256"), what="collective model")  # before LightGBM parses it
         booster = lgb.Booster(model_file=str(mpath))  # LightGBM text: no pickle
         return cls(booster, manifest)
 

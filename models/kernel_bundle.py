@@ -21,7 +21,7 @@ import numpy as np
 
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
 from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate
-from wattcast.models.manifest import read_manifest
+from wattcast.models.manifest import check_model_file, read_manifest, sha256_file
 
 MANIFEST = "kernel_manifest.json"
 MLP_FILE = "kernel_mlp.safetensors"
@@ -36,14 +36,6 @@ class BundleError(ValueError):
     """A kernel bundle that cannot be used (missing, damaged or tampered files): the message names the file."""
 
 
-def sha256_file(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def resolve_bundle_folder(folder: str | Path) -> Path:
@@ -65,20 +57,10 @@ def _check_file(folder: Path, fn: str, manifest: dict) -> Path:
     """``folder/fn`` after checking it against the manifest's sha256 (bundles written since hashes exist) or, for
     an older manifest, that a LightGBM text model is complete: a damaged file is a BundleError naming it, never a
     crash inside LightGBM's parser."""
-    path = folder / fn
-    if not path.is_file():
-        raise BundleError(f"kernel surrogate file {path} is missing")
-    want = (manifest.get("files") or {}).get(fn)
-    if want:
-        got = sha256_file(path)
-        if got != want:
-            raise BundleError(f"kernel surrogate file {path} is damaged or was changed: sha256 {got[:12]}... is not the "
-                              f"manifest's {want[:12]}...; retrain or restore it")
-    elif fn.endswith(".lgbm.txt"):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if not text.startswith("tree") or "end of trees" not in text:
-            raise BundleError(f"kernel surrogate file {path} is not a complete LightGBM text model (truncated?)")
-    return path
+    try:
+        return check_model_file(folder / fn, (manifest.get("files") or {}).get(fn), what="kernel surrogate")
+    except ValueError as e:
+        raise BundleError(str(e)) from None
 BUNDLE_SCHEMA = 1
 #: widen the band (in log space) for out-of-distribution rows
 OOD_BAND_FACTOR = 2.0

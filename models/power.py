@@ -173,11 +173,16 @@ class PowerModel:
         """Write the manifest (and the LightGBM text) atomically: temp file in the folder, then rename."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        files_out = {MANIFEST: json.dumps(self.to_manifest(), indent=1, default=str)}
+        manifest = self.to_manifest()
+        files_out = {}
         if self.form == "lgbm" and self.booster is not None:
+            import hashlib
+
             files_out[LGBM_FILE] = self.booster.model_to_string()
+            manifest["lgbm_sha256"] = hashlib.sha256(files_out[LGBM_FILE].encode("utf-8")).hexdigest()
         elif (folder / LGBM_FILE).exists():
             (folder / LGBM_FILE).unlink()
+        files_out[MANIFEST] = json.dumps(manifest, indent=1, default=str)
         for name in sorted(files_out, key=lambda n: n == MANIFEST):  # manifest last: it names the rest
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -195,7 +200,10 @@ class PowerModel:
         if m["form"] == "lgbm":
             import lightgbm as lgb
 
-            booster = lgb.Booster(model_str=(folder / LGBM_FILE).read_text(encoding="utf-8"))
+            from wattcast.models.manifest import check_model_file
+
+            path = check_model_file(folder / LGBM_FILE, m.get("lgbm_sha256"), what="power model")  # before LightGBM
+            booster = lgb.Booster(model_str=path.read_text(encoding="utf-8"))
         return cls(form=m["form"], params=dict(m["params"]), alpha=float(m["alpha"]), u_ref=float(m["u_ref"]),
                    band_log=tuple(m["band_log"]), support={k: tuple(v) for k, v in m.get("support", {}).items()},
                    meta=m.get("meta", {}), booster=booster)

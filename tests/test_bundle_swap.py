@@ -127,3 +127,22 @@ def test_a_pointer_to_a_missing_version_is_named(shipped_copy):
     (shipped_copy / "CURRENT").write_text("20990101T000000-deadbeef\n")
     with pytest.raises(BundleError, match="names bundle version '20990101T000000-deadbeef'"):
         KernelBundle.load(shipped_copy)
+
+
+def test_collective_and_power_models_are_checked_before_lightgbm_parses_them(tmp_path):
+    from wattcast.models.collectives import CollectiveModel, shipped_folder
+
+    d = tmp_path / "coll"
+    d.mkdir()
+    for f in ("collective_correction.txt", "collective_manifest.json"):
+        shutil.copy(shipped_folder() / f, d / f)
+    CollectiveModel.load(d)
+    m = d / "collective_correction.txt"
+    m.write_text(m.read_text()[:2000])
+    with pytest.raises(ValueError, match="collective_correction.txt is damaged or was changed"):
+        CollectiveModel.load(d)
+    j = json.loads((d / "collective_manifest.json").read_text())
+    j.pop("model_sha256")
+    (d / "collective_manifest.json").write_text(json.dumps(j))
+    with pytest.raises(ValueError, match="not a complete LightGBM text model"):
+        CollectiveModel.load(d)
