@@ -42,7 +42,7 @@ from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
                                         resolve_parallel, stage_layers)
 from wattcast.simulate.scheduler import bucket_spans, simulate_pipeline
-from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, stream_bandwidth_gbps
+from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import capacity_gb, held_gradient_bytes, inflight_chunks, stage_memory
 
@@ -399,6 +399,7 @@ class _RankView:
     block_input_bytes: tuple
     phase_ms: dict
     recompute_flops: float
+    overheads: dict  # single_device.step_overheads of the whole rank graph (one micro-batch; the optimizer once)
     per_op: list
     fallback_ops: list
     ood_fraction: float
@@ -461,6 +462,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
         block_input_bytes=tuple(_block_inputs(g, n_layers)) if not g.meta.get("hidden") else (),
         phase_ms={ph: float(wt[wphase == ph].sum()) for ph in ("forward", "backward", "optimizer")},
         recompute_flops=float((flops * mult)[rc].sum()),
+        overheads=step_overheads(costed.iloc[np.repeat(np.arange(len(costed)), mult)] if n_rep > 1 else costed),
         per_op=_group(whole["op_class"].to_numpy(), wt, whole["flops"].to_numpy(dtype=float), "op_class"),
         fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
 
@@ -744,6 +746,9 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
                                        f"{pipe.simulated_micro:,} micro-batch schedule, the latter at the end of the step; "
                                        "one event per stage marks the steady state between them, not drawn")
     comm = dict(tp_ms_per_micro=float(tp_coll.sum()), p2p_ms=p2p_ms,
+                # named overheads of one rank's graph: per micro-batch, the optimizer and clipping once per step
+                # (before ZeRO sharding); the accumulation pass between micro-batches is grad_accumulation_ms_per_micro
+                rank_overheads_ms=view.overheads,
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
                 dp_sync_ms=float(dpt["sync_ms"].sum()), grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})

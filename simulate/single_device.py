@@ -72,6 +72,8 @@ class StepPrediction:
     memory_capacity_gb: float = 0.0
     #: the whole run (lifecycle.RunFootprint) when a run length in tokens was given, else None
     run: object = field(default=None, repr=False)
+    #: named overheads of the step (ms; see step_overheads): optimizer, clipping, accumulation, casts, copies, launch gaps
+    overheads: dict = field(default_factory=dict)
 
     @property
     def memory_flag(self) -> str:
@@ -85,7 +87,7 @@ class StepPrediction:
                  fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, ood_time_fraction=self.ood_time_fraction,
                  model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)),
                  energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w,
-                 memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag)
+                 memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag, overheads=self.overheads)
         if self.run is not None:  # predict(..., tokens=): the whole run's time, energy, cost and carbon
             d["run"] = self.run.run_dict()
             d["run_details"] = self.run.to_dict()
@@ -349,6 +351,26 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w)
 
 
+def step_overheads(costed: pd.DataFrame) -> dict:
+    """The parts of a step that are not the model's layers, by name (ms; each is also inside ``per_op`` and the
+    phase totals, not on top of them): the optimizer update, gradient-norm clipping, gradient accumulation, FP8 casts,
+    memory copies (layout copies), and the launch gaps: host time in which the GPU waited for the next small kernel
+    (a kernel's time beyond its GPU time, where the CPU could not keep up)."""
+    name = costed["name"].astype(str)
+    oc = costed["op_class"].astype(str).to_numpy()
+    t = costed["time_ms"].to_numpy(dtype=float)
+    gpu = costed["gpu_ms"].to_numpy(dtype=float) if "gpu_ms" in costed else t
+    phase = costed["phase"].astype(str).to_numpy()
+    clip = name.str.startswith("clip_grad_norm").to_numpy()
+    acc = name.str.startswith("accumulate_grad").to_numpy()
+    return {"optimizer_step_ms": float(t[(phase == "optimizer") & ~clip & (oc != "fp8_cast")].sum()),
+            "clip_grad_norm_ms": float(t[clip].sum()),
+            "grad_accumulation_ms": float(t[acc].sum()),
+            "fp8_cast_ms": float(t[oc == "fp8_cast"].sum()),
+            "memcpy_ms": float(t[oc == "memory"].sum()),
+            "launch_gap_ms": float(np.maximum(t - gpu, 0.0).sum())}
+
+
 def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> StepPrediction:
     """Sum a costed graph into a StepPrediction (shared by single-device and per-rank predictions)."""
     phase = costed["phase"].to_numpy()
@@ -361,7 +383,7 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
     total = fwd + bwd + opt
     ood = costed["ood"].to_numpy(dtype=bool)
     mem = estimate_memory(graph)
-    return StepPrediction(
+    return StepPrediction(overheads=step_overheads(costed),
         device=spec.name, mode=str(graph.meta.get("mode", "inference")), forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
         step_time_ms=total, memory_gb=mem.total_gb, memory=mem, fits=bool(mem.total_gb <= spec.memory_gb),
         memory_capacity_gb=float(spec.memory_gb),

@@ -295,3 +295,17 @@ def test_falcon_new_decoder_architecture_groups_and_two_norms():
     per_layer = 2 * 2 * d + d * (8 + 4) * hd + (8 + 4) * hd + d * d + d + 4 * d * d + 4 * d + 4 * d * d + d
     assert g.param_count == 1000 * d + 2 * per_layer + 2 * d
     assert {"ln_attn", "ln_mlp", "mlp_plus_attention"} <= set(g.nodes["name"])
+
+
+def test_step_overheads_are_named_and_inside_the_step():
+    r = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=2, seq=512)
+    o = r.to_dict()["overheads"]
+    assert set(o) == {"optimizer_step_ms", "clip_grad_norm_ms", "grad_accumulation_ms", "fp8_cast_ms", "memcpy_ms",
+                      "launch_gap_ms"}
+    assert o["optimizer_step_ms"] > 0 and o["clip_grad_norm_ms"] > 0 and o["fp8_cast_ms"] == 0
+    assert o["optimizer_step_ms"] + o["clip_grad_norm_ms"] == pytest.approx(r.optimizer_ms, rel=1e-9)
+    assert sum(o.values()) < r.step_time_ms
+    f8 = wattcast.predict("gpt2", "H100-SXM5-80GB", batch=2, seq=512, dtype="fp8")
+    assert f8.overheads["fp8_cast_ms"] > 0
+    inf = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=2, seq=512, mode="inference")
+    assert inf.overheads["optimizer_step_ms"] == 0 and inf.overheads["clip_grad_norm_ms"] == 0
