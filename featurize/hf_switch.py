@@ -127,7 +127,9 @@ def _stack(b: GraphBuilder, cfg: HFConfig, x: Tensor, *, decoder: bool, enc: Ten
     bias = cross_bias = None
     for i in range(n_layers):
         with b.layer(layer_offset + i, f"{kind}.block.{i}"):
-            if i == 0 and impl != "flash":
+            if i == 0:
+                # the relative position bias (its bucket table is a parameter) is computed whatever the attention
+                # kernel: a fused kernel takes it as an additive mask (SDPA's attn_mask), it does not make it away
                 bias = _position_bias(b, cfg, batch, s, s, name=f"{kind}.position_bias")
             y = rms_norm_eager(b, x, "layer_norm_sa")
             a = _attention(b, cfg, y, None, bias, impl=impl, causal=decoder, prefix="SelfAttention")

@@ -187,8 +187,9 @@ def test_mixtral_defaults_only_when_the_field_is_absent():
 ])
 def test_switch_fields_name_the_field(field, value, msg):
     cfg = _builtin("switch_base_8", **{"num_layers": 2, "num_decoder_layers": 2, field: value})
-    with pytest.raises(GraphError, match=f"field '{field}' {msg}"):
-        wattcast.predict(cfg, DEVICE, batch=1, seq=128, attention="eager")
+    for attention in ("eager", "flash"):
+        with pytest.raises(GraphError, match=f"field '{field}' {msg}"):
+            wattcast.predict(cfg, DEVICE, batch=1, seq=128, attention=attention)
 
 
 def test_switch_zero_dropout_means_no_dropout():
@@ -326,3 +327,11 @@ def test_predict_takes_numpy_counts_and_module_example_inputs():
         wattcast.predict(layer, "A100-SXM4-80GB", example_inputs=(x,), batch=8)
     with pytest.raises(GraphError, match="torch.nn.Module"):
         wattcast.predict("gpt2", "A10", example_inputs=(x,))
+
+
+def test_t5_relative_position_bias_is_part_of_the_model_with_any_attention_kernel():
+    """The bias table is a parameter and its lookups run whatever the attention kernel (flash is the default now): the
+    parameter count does not depend on the kernel (a bad bucket count is named with flash too: the test above)."""
+    eager = wattcast.predict("switch_base_8", DEVICE, batch=1, seq=128, attention="eager")
+    flash = wattcast.predict("switch_base_8", DEVICE, batch=1, seq=128, attention="flash")
+    assert eager.meta["param_count"] == flash.meta["param_count"]
