@@ -201,7 +201,7 @@ def predict(
     seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Tokens per sequence (default 1024, or an ONNX file's own fixed dims)."),
     mode: str = typer.Option("train", "--mode", help="train (forward + backward + optimizer) or inference (forward)."),
     dtype: str = typer.Option(DEFAULTS.dtype, "--dtype", help="bf16 (default), fp16, fp32, tf32 or fp8 (Transformer Engine recipe: linear-layer GEMMs in FP8, the rest bf16)."),
-    attention: str = typer.Option(DEFAULTS.attention, "--attention", help="flash (fused kernel, default) or eager (bmm + softmax + bmm)."),
+    attention: str = typer.Option(DEFAULTS.attention, "--attention", help="flash (fused kernel of today: FlashAttention-2 / cuDNN / Transformer Engine, default), flash1 (FlashAttention-1 / Triton class, 2022-23 runs) or eager (bmm + softmax + bmm)."),
     compile: bool = typer.Option(False, "--compile", help="Approximate torch.compile: fuse elementwise chains."),
     optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), sgd or none; training only."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective or full."),

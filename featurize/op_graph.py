@@ -43,7 +43,8 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.collective_ops import COLLECTIVES
-from wattcast.data.kernel_ops import BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLOPS_PER_ELEMENT, UNARY_OPS, canonical_dtype
+from wattcast.data.kernel_ops import (BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLASH_KERNELS, FLOPS_PER_ELEMENT, UNARY_OPS,
+                                      canonical_dtype)
 
 OP_CLASSES = (
     "linear", "bmm", "conv", "elementwise", "layernorm", "softmax", "reduction", "embedding", "memory",
@@ -147,7 +148,7 @@ class GraphBuilder:
     """Record forward kernels (and their backward rules) while an importer walks a model."""
 
     def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model", tp: int = 1, sp: bool = False,
-                 ep: int = 1, cp: int = 1, gemm_dtype: str | None = None) -> None:
+                 ep: int = 1, cp: int = 1, gemm_dtype: str | None = None, flash_kernel: str = "fa2") -> None:
         self.dtype = canonical_dtype(dtype)
         if self.dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
@@ -161,6 +162,10 @@ class GraphBuilder:
         #: an FP8 recipe (Transformer Engine): the linear layers' GEMMs in this dtype with their casts, the rest in
         #: ``dtype`` (see ``linear``)
         self.gemm_dtype = gemm_dtype
+        #: which fused-attention implementation class the flash nodes run (models/attention.py FLASH_KERNELS)
+        if flash_kernel not in FLASH_KERNELS:
+            raise GraphError(f"unknown flash attention kernel {flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
+        self.flash_kernel = flash_kernel
         self.name = name
         self._nodes: list[_Node] = []
         self._tensor_bytes: list[int] = []
@@ -618,9 +623,10 @@ class GraphBuilder:
         flops = 4.0 * b * h * s * skv * d * frac
         db = self.dbytes
         io = (q.numel + (k.numel + v.numel) * kv_reads + q.numel) * db
-        out = self._add(name, "flash_attention", "", "flash", [q, k, v], q.shape, flops=flops, bytes_=io,
+        fk = self.flash_kernel
+        out = self._add(name, "flash_attention", fk, "flash", [q, k, v], q.shape, flops=flops, bytes_=io,
                         saves=[q, k, v], B=b * h, M=s, N=d, K=skv,
-                        backward=[self._bw(f"{name}.grad", "flash_attention", "", "flash", flops=2.5 * flops,
+                        backward=[self._bw(f"{name}.grad", "flash_attention", fk, "flash", flops=2.5 * flops,
                                            bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=d, K=skv)])
         # FlashAttention-2 saves q, k, v, the output and the fp32 log-sum-exp of every row (B, h, S) for backward
         # (flash_attn_interface.FlashAttnFunc: ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...))

@@ -16,13 +16,16 @@ from typing import Any
 import numpy as np
 
 from wattcast.data.checks import is_count
-from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
+from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.hf_config import HFConfig, load_hf_config
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.training_graph import RECOMPUTE, optimizer_key, training_graph
 
 MODES = ("train", "inference")
-ATTENTION = ("eager", "flash")
+#: "flash" is today's fused attention (FlashAttention-2 / cuDNN / Transformer Engine), "flash1" the 2022-23 class
+#: (FlashAttention-1, Triton FlashAttention); both build the same fused node, costed per class (models/attention.py)
+ATTENTION = ("eager", "flash", "flash1")
+_FLASH_KERNEL_OF = {"flash": "fa2", "flash1": "fa1"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class StepOptions:
     blocks: int = 0
     #: other symbolic ONNX input dims, bound by name: ((name, value), ...)
     dims: tuple = ()
+    #: the fused-attention implementation class (data/kernel_ops.FLASH_KERNELS); set from ``attention`` by validated()
+    flash_kernel: str = "fa2"
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -65,7 +70,7 @@ class StepOptions:
             raise GraphError(f"unknown dtype {self.dtype!r}; use one of fp32, tf32, bf16, fp16, fp8")
         att = str(self.attention).lower()
         if att not in ATTENTION:
-            raise GraphError(f"unknown attention {self.attention!r}; use eager or flash")
+            raise GraphError(f"unknown attention {self.attention!r}; use eager, flash or flash1")
         for name in ("batch", "seq"):
             v = getattr(self, name)
             if v is not None and not _is_count(v):
@@ -87,11 +92,17 @@ class StepOptions:
         if str(self.recompute).lower() not in RECOMPUTE:
             raise GraphError(f"unknown recompute {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         opt = optimizer_key(self.optimizer)
+        # "flash1" is the fused node with the older kernel class; validated twice, the class stays what it was set to
+        fk = _FLASH_KERNEL_OF[att] if att == "flash1" else str(self.flash_kernel)
+        if fk not in FLASH_KERNELS:
+            raise GraphError(f"unknown flash attention kernel {self.flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
+        if att in _FLASH_KERNEL_OF:
+            att = "flash"
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,
                            str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
                            cp=int(self.cp), framework=_framework(self.framework), blocks=int(self.blocks),
-                           dims=tuple((str(k), int(v)) for k, v in dims))
+                           dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk)
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given."""
@@ -127,7 +138,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     # fp8: Transformer Engine's recipe, the linear layers' GEMMs in FP8 (with their casts), everything else in bf16
     fp8 = opts.dtype == "fp8"
     b = GraphBuilder("bf16" if fp8 else opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp,
-                     ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None)
+                     ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None,
+                     flash_kernel=opts.flash_kernel)
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
     if opts.framework == "megatron" and cfg.family not in ("gpt2", "llama"):
@@ -222,7 +234,8 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
         from wattcast.featurize.fusion import fuse_elementwise
 
         fwd = fuse_elementwise(fwd)
-    meta = dict(fwd.meta, mode=opts.mode, compile=opts.compile, attention=opts.attention)
+    meta = dict(fwd.meta, mode=opts.mode, compile=opts.compile, attention=opts.attention,
+                **({"flash_kernel": opts.flash_kernel} if opts.attention == "flash" else {}))
     fwd = OpGraph(fwd.nodes, fwd.edges, meta, fwd.saved)
     if opts.mode == "train":
         return training_graph(fwd, optimizer=opts.optimizer, recompute=opts.recompute, grad_accumulation=opts.grad_accumulation)

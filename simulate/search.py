@@ -175,7 +175,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if batch * seq > MAX_GLOBAL_TOKENS:
         raise ValueError(f"batch x seq = {batch:,} x {seq:,} = {batch * seq:,} tokens in one step is beyond what wattcast "
                          "models (2^63 - 1)")
-    if attention == "flash" and space.get("recompute") is None:
+    if str(attention).lower().startswith("flash") and space.get("recompute") is None:
         # fused attention keeps no S x S activations: selective recomputation would change nothing
         space = dict(space, recompute=("none", "full"))
     # an unknown option or a bad choice is named before anything is evaluated

@@ -27,6 +27,7 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
+from wattcast.models.attention import BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, flash_attention_ms
 from wattcast.models.kernel_bundle import KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
 from wattcast.simulate.memory import MemoryEstimate, estimate_memory, memory_flag
@@ -145,6 +146,22 @@ def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec:
     return np.maximum(flops / peak, bytes_ / (spec.memory_bandwidth_gbps * 1e9)) * 1e3
 
 
+def _flash_ms(f: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray,
+              spec: DeviceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fused attention nodes (B = batch x heads, M = queries, N = head dim, K = keys): the spec-sheet model of
+    models/attention.py, with a band of -20% / +25% (the spread of the published shares it is pinned to)."""
+    B, M, N, K = (f[c].to_numpy(dtype=float) for c in ("B", "M", "N", "K"))
+    bwd = f["phase"].to_numpy() == "backward"
+    # the graph's FLOPs are exact (half the square when causal): the share of the scores the mask keeps
+    kept = flops / np.maximum(4.0 * B * M * N * K * np.where(bwd, BACKWARD_FLOP_RATIO, 1.0), 1.0)
+    kernel = np.where(f["kernel"].astype(str).to_numpy() == "", DEFAULT_FLASH_KERNEL, f["kernel"].astype(str).to_numpy())
+    peak = np.array([spec.peak_matrix_tflops(d if d in DTYPE_BYTES else "bf16") for d in dtype], dtype=float)
+    ms = flash_attention_ms(kernel=kernel, phase=np.where(bwd, "backward", "forward"), bh=B, s_q=M, s_kv=K,
+                            head_dim=N, kept=kept, io_bytes=bytes_, peak_tflops=peak,
+                            fp32_tflops=spec.peak_fp32_tflops, memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms)
+    return ms, ms * 0.8, ms * 1.25
+
+
 def _addu_ms(spec: DeviceSpec, bundle: KernelBundle, b: int, h: int) -> float:
     """The surrogate's latency for one fp32 scalar add of (b, h) on ``spec`` (cached per device and bundle)."""
     key = (_spec_key(spec), id(bundle), b, h)
@@ -231,15 +248,6 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
         rows = np.maximum(np.round(elems / width), 1.0)
         k = pd.DataFrame({"op": "addu", "dtype": dtype[prx], "B": rows, "H": width})
         parts.append((prx, k, scale[prx] * elems / (rows * width)))
-    fl = np.flatnonzero(method == "flash")
-    if len(fl):
-        f = nodes.loc[fl]
-        B, M, N, K = (f[c].to_numpy(dtype=float) for c in ("B", "M", "N", "K"))
-        qk = pd.DataFrame({"op": "bmm", "dtype": dtype[fl], "B": B, "M": M, "N": N, "K": K})
-        pv = pd.DataFrame({"op": "bmm", "dtype": dtype[fl], "B": B, "M": M, "N": K, "K": N})
-        frac = flops[fl] / np.maximum(4.0 * B * M * N * K, 1.0)
-        parts.append((fl, qk, frac))
-        parts.append((fl, pv, frac))
     if parts:
         frame = pd.concat([p[1] for p in parts], ignore_index=True)
         for c in SHAPE_COLUMNS:
@@ -270,6 +278,9 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
             np.add.at(lo, idx, np.where(bad, np.nan, pl))
             np.add.at(hi, idx, np.where(bad, np.nan, ph))
             ood[idx] |= r["ood"].to_numpy(dtype=bool) | bad
+    fl = np.flatnonzero(method == "flash")
+    if len(fl):
+        t[fl], lo[fl], hi[fl] = _flash_ms(nodes.iloc[fl], flops[fl], bytes_[fl], dtype[fl], spec)
     coll = method == "collective"
     if coll.any():
         real = coll & (nodes["kernel"].to_numpy() != "")

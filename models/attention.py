@@ -1,0 +1,116 @@
+"""Fused (flash) attention kernels: a spec-sheet model, not a GEMM surrogate.
+
+A fused attention kernel never writes the S x S scores to memory: it streams key/value tiles through shared
+memory and keeps a running softmax in registers. Costing it as two batched GEMMs (QK^T and PV, what wattcast did
+before) charges the S x S output to HBM, so the prediction turned memory-bound, depended on the memory bandwidth
+(an A100 40 GB came out 30% slower than an 80 GB at sequence 32k) and was far off on long sequences. Here:
+
+    time = max(tensor-core time + softmax time, memory time), then wave quantization
+
+- **tensor-core time**: the executed matrix FLOPs (4 x B x H x S_q x S_kv x d forward, 2.5x that backward;
+  a causal kernel skips the blocks above the diagonal but computes the diagonal ones whole, so it executes
+  (n + 1) / (2n) of the full square with n = S / 128 key blocks) at ``mma_efficiency`` of the dense peak;
+- **softmax time**: the score elements' non-matrix work (scale, running max, exp, row sums, conversion forward;
+  recomputing P and dS = P * (dP - D) backward) at the device's FP32 (CUDA-core) peak:
+  ``SOFTMAX_FP32_OPS`` operations per element. This is what makes head dimension 64 slower than 128 (half the
+  matrix work per score element) and it scales with the spec sheet's FP32/tensor ratio;
+- **memory time**: Q, K, V, O (and dO, dQ, dK, dV backward) once through HBM;
+- **waves**: the kernel runs one thread block per (batch, head, 128-row query block) forward and per key block
+  backward; blocks / (waves x SMs) of the machine does useful work.
+
+Two implementation classes, each pinned to the paper's own figures on its native GPU (A100, head dim 128,
+long sequences; FlashAttention-2, Dao 2023, arXiv:2307.08691, abstract and section 4.1):
+
+- ``fa2``: FlashAttention-2 / cuDNN / Transformer Engine fused attention, what today's training runs: forward up
+  to 73% and backward up to 63% of the dense peak. On Hopper and later it stands for the generation's own fused
+  kernel (FlashAttention-3 / cuDNN), which reaches a similar share of that generation's peak (FlashAttention-3,
+  Shah et al. 2024: 75% of H100's BF16 peak forward);
+- ``fa1``: FlashAttention-1 and the Triton FlashAttention kernels of 2022-2023 (MosaicML's ``attn_impl: triton``):
+  "25-40% of the theoretical maximum FLOPs/s" (the FlashAttention-2 abstract on FlashAttention-1); forward 40%,
+  backward 30%.
+
+``mma_efficiency`` per class is solved so that a head-dimension-128, long-sequence kernel on an A100 (312 dense
+FP16 TFLOP/s, 19.5 FP32 TFLOP/s) reaches exactly the paper's share once its softmax time is added; nothing is
+fitted to wattcast's validation data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wattcast.data.kernel_ops import FLASH_KERNELS as FLASH_KERNEL_NAMES
+
+#: query / key block rows of a FlashAttention-2 thread block (128 x 64 or 128 x 128 tiles for d <= 128)
+BLOCK_ROWS = 128
+#: non-matrix FP32 operations per score element: forward (scale + running max + exp + sum + convert) and
+#: backward (recompute exp, dP - D, multiply, scale, convert twice)
+SOFTMAX_FP32_OPS = {"forward": 6.0, "backward": 12.0}
+#: backward executes 2.5x the forward matrix FLOPs (five GEMMs against two, FlashAttention-2 section 3.2)
+BACKWARD_FLOP_RATIO = 2.5
+
+#: the A100 reference the paper's shares were measured on (NVIDIA A100 datasheet: 312 dense FP16/BF16 TFLOP/s,
+#: 19.5 FP32 TFLOP/s)
+_REF_PEAK_TFLOPS, _REF_FP32_TFLOPS, _REF_HEAD_DIM = 312.0, 19.5, 128
+
+
+@dataclass(frozen=True)
+class FlashKernel:
+    """One implementation class: the share of the dense peak it reaches (head dim 128, long sequence, A100)."""
+
+    name: str
+    forward_share: float
+    backward_share: float
+    source: str
+
+    def mma_efficiency(self, phase: str) -> float:
+        """Tensor-core efficiency that, with the reference softmax time added, gives the published share."""
+        share = self.forward_share if phase == "forward" else self.backward_share
+        flops_per_elem = 4.0 * _REF_HEAD_DIM * (BACKWARD_FLOP_RATIO if phase == "backward" else 1.0)
+        total = flops_per_elem / (_REF_PEAK_TFLOPS * share)
+        softmax = SOFTMAX_FP32_OPS[phase] / _REF_FP32_TFLOPS
+        return flops_per_elem / (_REF_PEAK_TFLOPS * (total - softmax))
+
+
+FLASH_KERNELS = {
+    "fa2": FlashKernel("fa2", 0.73, 0.63, "FlashAttention-2 (Dao 2023, arXiv:2307.08691): forward up to 73%, backward "
+                                         "up to 63% of A100's peak"),
+    "fa1": FlashKernel("fa1", 0.40, 0.30, "FlashAttention-1 / Triton FlashAttention: 25-40% of A100's peak "
+                                         "(FlashAttention-2 abstract)"),
+}
+DEFAULT_FLASH_KERNEL = "fa2"
+if tuple(FLASH_KERNELS) != FLASH_KERNEL_NAMES:  # pragma: no cover - a packaging mistake
+    raise RuntimeError("data/kernel_ops.FLASH_KERNELS and models/attention.FLASH_KERNELS must list the same kernels")
+
+
+def flash_attention_ms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray, s_q: np.ndarray, s_kv: np.ndarray,
+                       head_dim: np.ndarray, kept: np.ndarray, io_bytes: np.ndarray, peak_tflops: np.ndarray,
+                       fp32_tflops: float, memory_gbps: float, sms: int) -> np.ndarray:
+    """GPU time (ms) of fused attention kernels, one per row (vectorised).
+
+    ``bh``: batch x heads; ``s_q``/``s_kv``: query / key lengths; ``kept``: the share of the S_q x S_kv scores the
+    mask keeps (0.5 causal, 1 none; a causal square also computes its diagonal blocks whole);
+    ``io_bytes``: the bytes the kernel moves through HBM; ``peak_tflops``: the dense tensor-core peak of each
+    row's dtype; ``phase``: "forward" or "backward"; ``kernel``: a :data:`FLASH_KERNELS` key."""
+    kernel = np.asarray(kernel, dtype=object)
+    unknown = sorted(set(kernel) - set(FLASH_KERNELS))
+    if unknown:
+        raise ValueError(f"unknown flash attention kernel(s) {unknown}; expected one of {sorted(FLASH_KERNELS)}")
+    bwd = np.asarray(phase) == "backward"
+    bh, s_q, s_kv, d = (np.asarray(a, dtype=float) for a in (bh, s_q, s_kv, head_dim))
+    n_kv = np.maximum(np.ceil(s_kv / BLOCK_ROWS), 1.0)
+    kept = np.clip(np.asarray(kept, dtype=float), 0.0, 1.0)
+    exec_frac = np.where((kept < 1.0) & (s_q == s_kv), np.minimum(kept * (n_kv + 1.0) / n_kv, 1.0), kept)
+    elems = bh * s_q * s_kv * exec_frac
+    mma_flops = 4.0 * elems * d * np.where(bwd, BACKWARD_FLOP_RATIO, 1.0)
+    eff = np.array([FLASH_KERNELS[k].mma_efficiency("backward" if b else "forward") for k, b in zip(kernel, bwd)],
+                   dtype=float)
+    mma_s = mma_flops / (np.asarray(peak_tflops, dtype=float) * 1e12 * eff)
+    softmax_s = elems * np.where(bwd, SOFTMAX_FP32_OPS["backward"], SOFTMAX_FP32_OPS["forward"]) / (fp32_tflops * 1e12)
+    mem_s = np.asarray(io_bytes, dtype=float) / (memory_gbps * 1e9)
+    # one thread block per (batch, head, 128-row block); the last wave may leave SMs idle
+    blocks = bh * np.ceil(np.where(bwd, s_kv, s_q) / BLOCK_ROWS)
+    waves = np.ceil(blocks / max(int(sms), 1))
+    fill = blocks / np.maximum(waves * max(int(sms), 1), 1.0)
+    return np.maximum((mma_s + softmax_s) / np.maximum(fill, 1e-9), mem_s) * 1e3
