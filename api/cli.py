@@ -756,12 +756,12 @@ def train_kernels(
         if tmp is not None:
             tmp.cleanup()
     con = Console()
-    for name in ("heldout_by_family", "in_distribution", "tensorcore_lodo"):
+    for name in ("heldout_by_family", "in_distribution", "tensorcore_lodo", "generation_calibration"):
         t = outcome.tables.get(name)
         if t is None or len(t) == 0:
             continue
         tab = Table(title=name.replace("_", " "))
-        frame = t.reset_index() if name != "tensorcore_lodo" else t
+        frame = t if name in ("tensorcore_lodo", "generation_calibration") else t.reset_index()
         for c in frame.columns:
             tab.add_column(str(c))
         for _, r in frame.iterrows():

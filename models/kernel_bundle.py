@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
 from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate
@@ -83,6 +84,18 @@ class FamilyModel:
     #: CUDA events, never under ~0.01 ms; the tensor-core sources' FP16 kernels down to 1 us), so a dtype's
     #: floor is the fastest kernel measured in it; dtypes not listed fall back to ``latency_floor_ms``
     latency_floor_by_dtype_ms: dict[str, float] = field(default_factory=dict)
+    #: leave-one-generation-out calibration (training/generation_calibration.py): ``band_log`` (replaces the LODO
+    #: band), ``margin`` (per device descriptor, the extrapolation beyond the training range the folds covered:
+    #: device-OOD starts beyond it), ``folds`` (per held-out generation: rows, MAPE, signed bias); None = not run
+    logo: dict | None = None
+
+    @property
+    def calibrated_band_log(self) -> tuple[float, float]:
+        """The band a prediction carries: the leave-one-generation-out one where calibrated, else the LODO one."""
+        if self.logo and self.logo.get("band_log"):
+            lo, hi = self.logo["band_log"]
+            return float(lo), float(hi)
+        return self.band_log
 
     def floor_ms(self, dtype_names: list[str]) -> np.ndarray:
         """The latency floor (ms) for each of ``dtype_names`` (TF32 tensors are FP32 in memory: a family never
@@ -124,10 +137,39 @@ class FamilyModel:
         names = list(self.support)
         spans = [self.support[f] for f in names]
         slack = np.array([SUPPORT_SLACK * max(b - a, 1e-9) for a, b in spans])
+        # a device descriptor is out of distribution only beyond the extrapolation leave-one-generation-out covered
+        # (every descriptor, read by the model or not: the band measured what the unread ones leave unmodelled only
+        # as far as the folds varied them; an L4's watts per TFLOP/s, below every fold, is not covered)
+        margin = (self.logo or {}).get("margin") or {}
+        slack = slack + np.array([float(margin.get(f, 0.0)) if f in DEVICE_FEATURES else 0.0 for f in names])
         self._sup_names = names
         self._sup_lo = np.array([a for a, _ in spans]) - slack
         self._sup_hi = np.array([b for _, b in spans]) + slack
         self._sup_dev = np.array([f in DEVICE_FEATURES for f in names], dtype=bool)
+
+    def dtype_class_device_ood(self, X: pd.DataFrame, rows=None) -> np.ndarray:
+        """Device-OOD per dtype class: tensor-core rows (``is_tensor_dtype``) against the devices' descriptors over
+        the family's tensor-core training rows, FP32 rows against its FP32 rows (each range widened by the
+        generation margin). A GPU can be inside the family's pooled range and outside its own class's: an L4's
+        watts per FP32 TFLOP/s (2.4) is below every FP32 training GPU's (8 and up), though bf16 rows go lower."""
+        by = (self.logo or {}).get("support_by_dtype_class") or {}
+        idx = slice(None) if rows is None else rows
+        n = len(X) if rows is None else len(rows)
+        out = np.zeros(n, dtype=bool)
+        if not by or "is_tensor_dtype" not in X:
+            return out
+        margin = (self.logo or {}).get("margin") or {}
+        tensor = X["is_tensor_dtype"].to_numpy()[idx] > 0.5
+        for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
+            if not sel.any() or cls not in by:
+                continue
+            for f, (lo, hi) in by[cls].items():
+                if f not in X:
+                    continue
+                pad = SUPPORT_SLACK * max(hi - lo, 1e-9) + float(margin.get(f, 0.0))
+                v = X[f].to_numpy(dtype=float)[idx]
+                out |= sel & ((v < lo - pad) | (v > hi + pad))  # NaN compares False
+        return out
 
     def support_columns(self, available) -> list[str]:
         """The support features found among ``available`` (in support order): the columns ood_mask checks."""
@@ -181,6 +223,7 @@ class KernelBundle:
                 "latency_floor_by_dtype_ms": dict(sorted(fm.latency_floor_by_dtype_ms.items())),
                 "lgbm": None,
                 "mlp": fm.mlp is not None,
+                **({"logo": fm.logo} if fm.logo else {}),
             }
             if fm.lgbm is not None:
                 fn = f"kernel_{name}.lgbm.txt"
@@ -231,6 +274,7 @@ class KernelBundle:
                 latency_floor_by_dtype_ms={k: float(v) for k, v in e.get("latency_floor_by_dtype_ms", {}).items()},
                 lgbm=lg,
                 mlp=mlp,
+                logo=e.get("logo") or None,
             )
         meta = {k: v for k, v in manifest.items() if k not in ("schema", "families")}
         return cls(fams, meta)

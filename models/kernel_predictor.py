@@ -236,9 +236,11 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype) -> dict[str,
         A = _family_matrix(X, cols, rows)
         p, spread = fm.predict_log_ratio_matrix(A[:, : len(fm.features)])
         shape_ood, dev_ood = fm.ood_mask_matrix(A, cols)
+        dev_ood |= fm.dtype_class_device_ood(X, rows)
         oo = shape_ood | dev_ood
         widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
-        lo_m = p + fm.band_log[0] * widen - spread
+        band = fm.calibrated_band_log
+        lo_m = p + band[0] * widen - spread
         if fm.latency_floor_ms > 0:
             # never faster than the fastest kernel of this family ever measured in the row's dtype (launch
             # overhead): the learned ratio does not extrapolate to one-element tensors
@@ -248,7 +250,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype) -> dict[str,
             lo_m = np.maximum(lo_m, floor)
         lr[m] = p
         lo[m] = lo_m
-        hi[m] = p + fm.band_log[1] * widen + spread
+        hi[m] = p + band[1] * widen + spread
         o[m] = oo
         model_codes[m] = code(model_names, fm.choice if fm.choice != "roofline" else "roofline-fallback")
         why_codes[m] = shape_ood + 2 * dev_ood.astype(np.intp)

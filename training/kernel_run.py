@@ -13,6 +13,7 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.device_spec import DeviceSpec, DeviceSpecError
 from wattcast.models.kernel_bundle import KernelBundle, shipped_folder
+from wattcast.training.generation_calibration import attach_calibration, calibrate_generations, calibration_table
 from wattcast.training.kernels import (
     NEUSIGHT_OOD_MAPE,
     TrainConfig,
@@ -159,6 +160,11 @@ def run_train_kernels(
     log(f"training rows: {len(train):,} on {train['device'].nunique()} GPUs; held out: {', '.join(holdout)}; fingerprint {fp}")
 
     bundle, lodo_tables, val = train_bundle(train, specs, cfg, progress=progress, extra_val=user_val)
+    # leave one generation out: the band a new generation's prediction carries and where device-OOD starts
+    cal = calibrate_generations(train, specs, bundle, rounds=max(cfg.lgbm_rounds // 2, 30),
+                                max_rows=max(cfg.max_rows_per_fit // 2, 4000), seed=cfg.seed,
+                                tick=(lambda: progress("calibrate", 1)) if progress else None)
+    bundle = attach_calibration(bundle, cal)
     bundle.meta["dataset_fingerprint"] = fp
     bundle.meta["config"] = {k: v for k, v in cfg.__dict__.items()}
 
@@ -184,6 +190,12 @@ def run_train_kernels(
         tables["tensorcore_lodo"] = tc
         for _, r in tc.iterrows():
             metrics[f"tc_lodo_{r['device']}_{r['dtype']}_mape_pct"] = r["mape_pct"]
+    cal_t = calibration_table(cal)
+    if len(cal_t):
+        tables["generation_calibration"] = cal_t.round(2)
+        for r in cal_t.itertuples():
+            metrics[f"logo_{r.family}_{r.generation}_mape_pct"] = r.mape_pct
+            metrics[f"logo_{r.family}_{r.generation}_bias_pct"] = r.bias_pct
     # held-out GPUs: the honest number
     held = pd.concat(heldout_parts, ignore_index=True) if heldout_parts else pd.DataFrame()
     held_pred = None

@@ -1,0 +1,93 @@
+"""Leave-one-generation-out calibration of the kernel surrogates: what OOD means and how wide the band is."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import wattcast
+from wattcast.data.catalog import resolve_device
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.models.kernel_bundle import load_bundle, shipped_folder
+from wattcast.models.kernel_predictor import predict_kernels
+from wattcast.training.generation_calibration import (attach_calibration, calibrate_generations, calibration_table,
+                                                      generation_of)
+
+
+def test_generation_is_the_first_word_of_the_arch():
+    assert generation_of(resolve_device("A100-SXM4-80GB")) == "Ampere"
+    assert generation_of(resolve_device("A40")) == "Ampere"
+    assert generation_of(resolve_device("MI210")) == "CDNA2"
+
+
+def test_shipped_bundle_is_calibrated_per_generation():
+    m = json.loads((shipped_folder() / "kernel_manifest.json").read_text())
+    for fam, e in m["families"].items():
+        logo = e["logo"]
+        lo, hi = logo["band_log"]
+        assert lo < 0 < hi, fam
+        assert len(logo["folds"]) >= 3, fam
+        assert all(v >= 0 for v in logo["margin"].values())
+    assert {"Blackwell", "Ampere", "CDNA4"} <= set(m["families"]["gemm"]["logo"]["folds"])
+
+
+def test_tensor_core_gemms_of_a_new_generation_are_covered_by_the_folds():
+    # an H100 / B200 bf16 GEMM sits inside what the Ampere and Blackwell folds covered: not OOD, calibrated band
+    gemm = load_bundle().families["gemm"]
+    lo, hi = gemm.calibrated_band_log
+    for dev in ("H100-SXM5-80GB", "B200"):
+        p = wattcast.predict("llama3_8b", dev, batch=1, seq=2048, dtype="bf16")
+        lin = p.nodes[(p.nodes["op_class"] == "linear") & (p.nodes["method"] == "surrogate")]
+        # (the 128k-vocabulary output layer is larger than any training GEMM: shape-OOD, rightly)
+        lin = lin[~lin["name"].str.startswith("lm_head")]
+        assert len(lin) > 100 and not lin["ood"].any(), dev
+        big = lin[lin["gpu_ms"] > 0.05]
+        # the calibrated band plus the ensemble's spread, never the doubled OOD band
+        up, down = np.log(big["high_ms"] / big["time_ms"]), np.log(big["low_ms"] / big["time_ms"])
+        assert (up >= hi - 0.01).all() and (up < 1.5 * hi).all()
+        assert (down <= lo + 0.01).all() and (down > 1.5 * lo).all()
+
+
+def test_fp32_gemms_on_a_gpu_with_less_power_per_flop_than_any_fp32_fold_are_flagged():
+    # L4: 72 W for 30 FP32 TFLOP/s; every FP32 training GPU has 8+ W per TFLOP/s (bf16 rows go lower, pooled)
+    k = pd.DataFrame({"op": ["linear"] * 2, "dtype": ["fp32", "bf16"], "B": [1.0] * 2, "M": [2048.0] * 2,
+                      "N": [2048.0] * 2, "K": [2048.0] * 2})
+    r = predict_kernels(k, resolve_device("L4"))
+    assert bool(r["ood"].iloc[0]) and "device" in r["ood_reason"].iloc[0]
+
+
+def test_a_gpu_beyond_every_fold_is_still_device_ood_with_a_wider_band():
+    h100 = resolve_device("H100-SXM5-80GB")
+    fast = DeviceSpec(**{**h100.__dict__, "name": "far-future", "memory_bandwidth_gbps": 150_000.0,
+                         "peak_bf16_tflops": 90_000.0, "peak_fp16_tflops": 90_000.0, "peak_fp32_tflops": 6_000.0,
+                         "num_sms": 100 * h100.num_sms, "l2_cache_mb": 5000.0,
+                         "peak_tf32_tflops": 45_000.0, "peak_fp8_tflops": 180_000.0})
+    k = pd.DataFrame({"op": ["linear"], "dtype": ["bf16"], "B": [1.0], "M": [4096.0], "N": [4096.0], "K": [4096.0]})
+    near = predict_kernels(k, h100).iloc[0]
+    far = predict_kernels(k, fast).iloc[0]
+    assert not near["ood"] and far["ood"] and "device" in far["ood_reason"]
+    width = lambda r: np.log(r["pred_high_ms"] / r["pred_low_ms"])  # noqa: E731
+    assert width(far) > 1.5 * width(near)
+
+
+def test_calibration_on_real_rows_reports_each_generation(data_root):
+    from wattcast.data.kernel_datasets import load_kernels, split_heldout
+
+    rows, _ = split_heldout(load_kernels(data_root))
+    rows = rows[rows["op"] == "softmax"]
+    specs = {d: resolve_device(d) for d in rows["device"].unique()}
+    bundle = load_bundle()
+    cal = calibrate_generations(rows, specs, bundle, rounds=20, max_rows=3000)
+    assert set(cal) == {"softmax"}
+    c = cal["softmax"]
+    gens = {generation_of(specs[d]) for d in rows["device"].unique()}
+    assert set(c["folds"]) == gens
+    t = calibration_table(cal)
+    assert (t["rows"] > 0).all() and np.isfinite(t[["mape_pct", "bias_pct"]]).all().all()
+    assert (t["band_low_pct"] < 0).all() and (t["band_high_pct"] > 0).all()
+    new = attach_calibration(bundle, cal)
+    assert new.families["softmax"].logo is c and new.families["gemm"].logo is bundle.families["gemm"].logo
+    assert new.families["softmax"].calibrated_band_log == tuple(c["band_log"])

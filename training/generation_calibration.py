@@ -1,0 +1,175 @@
+"""What "out of distribution" means for a kernel surrogate, and how wide its band is: leave one generation out.
+
+A GPU a user asks about is usually a generation the training data lacks. The leave-one-*device*-out test that picks
+each family's model keeps a sibling of the held-out GPU in training (another A100, another V100), so its residuals
+say little about a new generation, and a range check on every device descriptor flagged almost every kernel of an
+H100 step as OOD (its bandwidth is above any training GPU's) with a band twice as wide, covering everything.
+
+Here, per op family, every GPU generation of the training set (the first word of the spec's ``arch``: Pascal, Volta,
+Turing, Ampere, Blackwell, CDNA, CDNA2, CDNA4, ...) leaves training in turn; the family's LightGBM recipe is fitted
+on the rest and predicts it. Two things are kept in the bundle:
+
+- ``band_log``: the 5% and 95% quantiles of log(measured / predicted) over those folds, each generation weighted
+  equally: the band a prediction on a new generation carries;
+- ``margin``: per device descriptor, how far (in the feature's own units, mostly logs) the held-out generations
+  lay beyond the range of the GPUs they were predicted from. The test covered that much extrapolation, so a new
+  GPU is device-OOD only beyond the training range widened by it. An H100 (bandwidth 1.6x the training maximum)
+  sits inside what the Ampere fold covered (an A100 against Volta's 0.9 TB/s); a GPU far beyond every fold is
+  still flagged, and its band is widened.
+
+The folds refit LightGBM only (the shipped family may be a LightGBM + MLP mean): the band is that of the recipe,
+not of the exact shipped trees, and says so in the manifest (``logo.model``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
+from wattcast.models.kernel_bundle import KernelBundle
+
+#: quantiles of the calibrated band
+BAND_QUANTILES = (0.05, 0.95)
+#: rows drawn per held-out generation for the pooled quantiles (every generation weighs the same)
+ROWS_PER_FOLD = 4000
+
+
+def generation_of(spec: DeviceSpec) -> str:
+    """A GPU's generation: the first word of its spec's ``arch`` (``Ampere (GA100)`` -> ``Ampere``), else its name."""
+    arch = str(spec.arch or "").strip()
+    return arch.split()[0] if arch else spec.name
+
+
+def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bundle: KernelBundle, *,
+                          rounds: int = 200, max_rows: int = 40_000, seed: int = 0,
+                          tick: Callable[[], None] | None = None) -> dict[str, dict]:
+    """Leave-one-generation-out over ``train`` (no held-out GPU rows) for each family of ``bundle``.
+
+    Returns ``{family: {"band_log": [lo, hi], "margin": {feature: units}, "folds": {generation: {...}},
+    "model": ...}}``; families with fewer than two generations get no entry (their LODO band stays)."""
+    from wattcast.models.kernel_surrogates import LGBMSurrogate
+
+    rng = np.random.default_rng(seed)
+    X_all = featurize_kernels(train, specs)
+    y_all = np.log(train["latency_ms"].to_numpy(dtype=float) / X_all["t_roof_ms"].to_numpy(dtype=float))
+    gen_of = {d: generation_of(s) for d, s in specs.items()}
+    gens_all = train["device"].map(gen_of).to_numpy()
+    out: dict[str, dict] = {}
+    for fam, fm in bundle.families.items():
+        m = (X_all["family"] == fam).to_numpy() & np.isfinite(y_all)
+        if m.sum() < 50 or fm.lgbm is None:
+            continue
+        X, y, gens = X_all[m], y_all[m], gens_all[m]
+        dev_feats = [f for f in fm.support if f in DEVICE_FEATURES and f in X]
+        names = pd.unique(gens)
+        if len(names) < 2:
+            continue
+        pooled, folds = [], {}
+        margin = {f: 0.0 for f in dev_feats}
+        for g in names:
+            te = gens == g
+            tr_idx = np.flatnonzero(~te)
+            if len(tr_idx) < 50:
+                continue
+            if len(tr_idx) > max_rows:
+                tr_idx = rng.choice(tr_idx, max_rows, replace=False)
+            lg = LGBMSurrogate(fm.features, num_boost_round=rounds, params={"seed": seed}).fit(X.iloc[tr_idx], y[tr_idx])
+            r = y[te] - lg.predict(X[te])
+            err = np.exp(-r) - 1.0  # predicted / measured - 1
+            excess = {}
+            for f in dev_feats:
+                tr_v = X[f].to_numpy(dtype=float)[~te]
+                te_v = X[f].to_numpy(dtype=float)[te]
+                tr_v, te_v = tr_v[np.isfinite(tr_v)], te_v[np.isfinite(te_v)]
+                if not len(tr_v) or not len(te_v):
+                    continue
+                e = float(max(tr_v.min() - te_v.min(), te_v.max() - tr_v.max(), 0.0))
+                excess[f] = e
+                margin[f] = max(margin[f], e)
+            folds[str(g)] = {"rows": int(te.sum()), "mape_pct": float(100 * np.abs(err).mean()),
+                             "bias_pct": float(100 * err.mean()), "excess": excess}
+            take = r if len(r) <= ROWS_PER_FOLD else rng.choice(r, ROWS_PER_FOLD, replace=False)
+            # equal weight per generation: resample small folds up to the same count
+            if len(take) < ROWS_PER_FOLD:
+                take = rng.choice(take, ROWS_PER_FOLD, replace=True)
+            pooled.append(take)
+            if tick:
+                tick()
+        if len(folds) < 2:
+            continue
+        resid = np.concatenate(pooled)
+        tensor = X["is_tensor_dtype"].to_numpy() > 0.5 if "is_tensor_dtype" in X else np.zeros(len(X), dtype=bool)
+        by_class = {}
+        for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
+            if sel.any():
+                by_class[cls] = {f: [float(np.nanmin(X[f].to_numpy(dtype=float)[sel])),
+                                     float(np.nanmax(X[f].to_numpy(dtype=float)[sel]))]
+                                 for f in dev_feats if np.isfinite(X[f].to_numpy(dtype=float)[sel]).any()}
+        out[fam] = {"support_by_dtype_class": by_class,"band_log": [float(np.quantile(resid, BAND_QUANTILES[0])), float(np.quantile(resid, BAND_QUANTILES[1]))],
+                    "margin": margin, "folds": folds,
+                    "model": f"LightGBM refit per fold ({rounds} rounds, at most {max_rows:,} rows), the family's features"}
+    return out
+
+
+def calibration_table(cal: dict[str, dict]) -> pd.DataFrame:
+    """One row per (family, held-out generation): rows, MAPE and signed bias of the fold, and the band."""
+    rows = []
+    for fam, c in cal.items():
+        for g, f in c["folds"].items():
+            rows.append({"family": fam, "generation": g, "rows": f["rows"], "mape_pct": f["mape_pct"],
+                         "bias_pct": f["bias_pct"],
+                         # the band as measured relative to predicted
+                         "band_low_pct": 100 * (np.exp(c["band_log"][0]) - 1),
+                         "band_high_pct": 100 * (np.exp(c["band_log"][1]) - 1)})
+    return pd.DataFrame(rows)
+
+
+def attach_calibration(bundle: KernelBundle, cal: dict[str, dict]) -> KernelBundle:
+    """``bundle`` with each calibrated family's ``logo`` set (the support check and band then use it)."""
+    from dataclasses import replace
+
+    fams = {f: (replace(fm, logo=cal[f]) if f in cal else fm) for f, fm in bundle.families.items()}
+    meta = dict(bundle.meta, generation_calibration={"band_quantiles": list(BAND_QUANTILES),
+                                                      "families": sorted(cal)})
+    return KernelBundle(fams, meta)
+
+
+def calibrate_folder(folder, data=None, holdout: tuple[str, ...] = ("L4", "A100-PCIe-80GB"), **kw) -> pd.DataFrame:
+    """Calibrate the bundle in ``folder`` (its live version) on the shared training rows and write the result into its
+    manifest (one atomic replace; the model files and their hashes are untouched). Returns the per-fold table."""
+    import json
+    import os
+    from pathlib import Path
+
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.kernel_datasets import load_kernels, split_heldout
+    from wattcast.models.kernel_bundle import MANIFEST, resolve_bundle_folder
+
+    live = resolve_bundle_folder(Path(folder))
+    bundle = KernelBundle.load(live)
+    train, _ = split_heldout(load_kernels(data), holdout=holdout)
+    train = train[train["device"].isin(bundle.train_devices)] if bundle.train_devices else train
+    specs = {d: resolve_device(d) for d in train["device"].unique()}
+    cal = calibrate_generations(train, specs, bundle, **kw)
+    path = live / MANIFEST
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    for fam, c in cal.items():
+        manifest["families"][fam]["logo"] = c
+    manifest["generation_calibration"] = attach_calibration(bundle, cal).meta["generation_calibration"]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+    return calibration_table(cal)
+
+
+if __name__ == "__main__":  # python -m wattcast.training.generation_calibration [FOLDER] (default: the shipped bundle)
+    import sys
+
+    from wattcast.models.kernel_bundle import shipped_folder
+
+    pd.set_option("display.width", 200)
+    print(calibrate_folder(sys.argv[1] if len(sys.argv) > 1 else shipped_folder()).round(2).to_string(index=False))
