@@ -916,7 +916,7 @@ def validate_distributed(
     for r in res["vtrain_by_tp"].itertuples(index=False):
         t.add_row(str(r.set), str(r.tp), str(r.rows), f"{r.mean_abs_pct:.1f}", f"{r.mean_signed_pct:+.1f}")
     con.print(t)
-    t = Table(title="MosaicML MPT (FSDP full shard, BF16, flash attention; A100 40/80 GB): step time, absolute % error")
+    t = Table(title="MosaicML MPT (FSDP full shard, BF16, Triton flash attention; A100 40/80 GB): step time, absolute % error")
     for c in ("GPU", "rows", "mean", "median", "max", "signed mean", "within 10%", "predicted not to fit"):
         t.add_column(c, justify="right")
     for r in res["summary_mpt"].itertuples(index=False):
