@@ -91,6 +91,24 @@ def _job_paths(mlruns: Path | None = None, out: Path | None = None, output: Path
         _output_file(output, "--output")
 
 
+_FORCE_OPTION = typer.Option(False, "--force", help="Accept figures outside the plausible ranges (a deliberately exotic "
+                             "device, cluster or assumption); without it they are refused as likely unit mix-ups.")
+
+
+def _forceable(command):
+    """Run a command with the plausibility ranges off when it was given ``--force`` (its ``force`` parameter)."""
+    import functools
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        from wattcast.data.checks import allow_exotic
+
+        with allow_exotic(bool(kwargs.get("force"))):
+            return command(*args, **kwargs)
+
+    return run
+
+
 def _positive(**values) -> None:
     """Reject counts below 1, naming the option."""
     for name, v in values.items():
@@ -99,11 +117,13 @@ def _positive(**values) -> None:
 
 
 @app.command()
+@_forceable
 def kernels(
     device: str = typer.Option(..., "--device", "-d", help="Catalog name (case-insensitive) or a spec file (own YAML/JSON or NeuSight JSON)."),
     input: Path = typer.Option(..., "--input", "-i", help="CSV with OPName + NeuSight shape columns (+ optional dtype)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the predictions here (default: CSV on stdout)."),
     models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Predict the latency of every kernel in a CSV on DEVICE."""
     import pandas as pd
@@ -162,7 +182,11 @@ def kernels(
 
 
 @app.command()
-def devices(name: Optional[str] = typer.Argument(None, help="Show one device's spec (name, alias or spec file).")) -> None:
+@_forceable
+def devices(
+    name: Optional[str] = typer.Argument(None, help="Show one device's spec (name, alias or spec file)."),
+    force: bool = _FORCE_OPTION,
+) -> None:
     """List the device catalog, or show one spec with its sources."""
     from wattcast.data.catalog import list_devices, resolve_device
     from wattcast.data.device_spec import DeviceSpecError
@@ -194,6 +218,7 @@ def devices(name: Optional[str] = typer.Argument(None, help="Show one device's s
 
 
 @app.command()
+@_forceable
 def predict(
     model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (see --list-models)."),
     device: Optional[str] = typer.Option(None, "--device", "-d", help="Catalog name (case-insensitive) or a spec file (default with --cluster: the cluster's GPU)."),
@@ -235,6 +260,7 @@ def predict(
     overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Megatron-Core: reduce gradient buckets during the last backward (default on with --framework megatron)."),
     overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="Megatron-Core: all-gather the distributed optimizer's parameters during the next forward (default on with --framework megatron and --zero >= 1)."),
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
@@ -449,6 +475,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 
 
 @app.command()
+@_forceable
 def search(
     model: str = typer.Option(..., "--model", "-m", help="A Hugging Face config.json or a built-in name."),
     cluster: List[str] = typer.Option(..., "--cluster", help="Cluster preset name or file; repeat it to compare hardware."),
@@ -465,6 +492,7 @@ def search(
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
     on one cluster or across several."""
@@ -534,7 +562,11 @@ def _fail_if_none_fits(res) -> None:
 
 
 @app.command()
-def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster preset (or file).")) -> None:
+@_forceable
+def clusters(
+    name: Optional[str] = typer.Argument(None, help="Show one cluster preset (or file)."),
+    force: bool = _FORCE_OPTION,
+) -> None:
     """List the cluster presets, or show one."""
     from wattcast.data.cluster_spec import ClusterSpecError, list_clusters, resolve_cluster
 
@@ -627,6 +659,7 @@ def _print_prediction(res) -> None:
 
 
 @app.command()
+@_forceable
 def footprint(
     device: str = typer.Option(..., "--device", "-d", help="Catalog name or spec file."),
     gpus: int = typer.Option(..., "--gpus", help="Accelerators in the run."),
@@ -640,6 +673,7 @@ def footprint(
     market_based: bool = typer.Option(False, "--market-based", help="Market-based grid factor for the region (where the table has one)."),
     node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, NICs, fans as a share of GPU power (default 0.3)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Energy, CO2e and cost of a run described by its hours (the calculator behind predict --tokens)."""
     from wattcast import footprint as _footprint
@@ -647,7 +681,10 @@ def footprint(
 
     if region is not None and grid_kgco2e_per_kwh is not None:
         _fail("give --region or --grid-kgco2e-per-kwh, not both")
+    from wattcast.simulate.lifecycle import check_plausible
+
     try:
+        check_plausible("hours", hours)  # (the Python API takes computed hours from footprint_from_step unchecked)
         fp = _footprint(device, gpus=gpus, hours=hours, avg_power_w=avg_power_w, utilisation=utilisation, pue=pue, region=region,
                         grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years,
                         market_based=market_based or None, node_overhead_share=node_overhead_share)
