@@ -330,6 +330,7 @@ def predict(
         err.print(f"[yellow]{sum(unmapped.values())} op(s) have no cost model and are costed by the roofline from their "
                   f"inputs and outputs (flagged in fallback_ops): "
                   + ", ".join(f"{k} x{v}" for k, v in list(unmapped.items())[:8]) + "[/yellow]")
+    _print_warnings(res.meta)
     if trace:
         from wattcast.simulate.trace import write_chrome_trace
 
@@ -348,6 +349,12 @@ def predict(
               f"{capacity_gb:.0f} GB (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB); "
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
+
+
+def _print_warnings(meta: dict) -> None:
+    """The graph's warnings (``meta["warnings"]``: a sequence beyond a RoPE model's positions, ...) on stderr."""
+    for w in meta.get("warnings") or ():
+        err.print(f"[yellow]warning: {w}[/yellow]")
 
 
 def _warn_memory(res) -> None:
@@ -427,6 +434,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
     except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     run = _run_footprint(spec or res.device, res, batch * seq, run_kw or {})
+    _print_warnings(res.meta)
     if trace:
         from wattcast.simulate.trace import write_distributed_trace
 
