@@ -49,9 +49,15 @@ def _input_file(path: Path, what: str) -> Path:
     return path
 
 
-def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect: tuple[Path, ...] = ()) -> Path:
+_OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace an existing --output file (without it, an existing "
+                                 "file is an error).")
+
+
+def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect: tuple[Path, ...] = (),
+                 overwrite: bool | None = None) -> Path:
     """A file path we can write: not a directory, not one of the inputs (``protect``), with an allowed suffix;
-    missing parent folders are created. Checked before any work is done."""
+    missing parent folders are created. ``overwrite=False`` (a command with ``--overwrite`` not given): an existing
+    file is an error; None: not checked. Checked before any work is done."""
     if path.is_dir():
         _fail(f"{what} {path} is a directory; give a file name")
     if suffixes and path.suffix.lower() not in suffixes:
@@ -59,6 +65,8 @@ def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect:
     for p in protect:
         if p is not None and path.exists() and p.exists() and path.resolve() == p.resolve():
             _fail(f"{what} {path} is the input file; refusing to overwrite it")
+    if overwrite is False and path.exists():
+        _fail(f"{what} {path} already exists; pass --overwrite to replace it, or give another file name")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -81,14 +89,15 @@ def _write(what: str, path: Path, write) -> None:
         _fail(f"cannot write {what} {path}: {e.strerror or e}")
 
 
-def _job_paths(mlruns: Path | None = None, out: Path | None = None, output: Path | None = None) -> None:
+def _job_paths(mlruns: Path | None = None, out: Path | None = None, output: Path | None = None,
+               overwrite: bool | None = None) -> None:
     """Check a training or validation job's output locations before it runs for minutes."""
     if mlruns is not None:
         _output_dir(mlruns, "--mlruns")
     if out is not None:
         _output_dir(out, "--out")
     if output is not None:
-        _output_file(output, "--output")
+        _output_file(output, "--output", overwrite=overwrite)
 
 
 _FORCE_OPTION = typer.Option(False, "--force", help="Accept figures outside the plausible ranges (a deliberately exotic "
@@ -122,6 +131,7 @@ def kernels(
     device: str = typer.Option(..., "--device", "-d", help="Catalog name (case-insensitive) or a spec file (own YAML/JSON or NeuSight JSON)."),
     input: Path = typer.Option(..., "--input", "-i", help="CSV with OPName + NeuSight shape columns (+ optional dtype)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the predictions here (default: CSV on stdout)."),
+    overwrite: bool = _OVERWRITE_OPTION,
     models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
     force: bool = _FORCE_OPTION,
 ) -> None:
@@ -138,7 +148,7 @@ def kernels(
         _fail(str(e))
     _input_file(input, "input file")
     if output:
-        _output_file(output, "--output", protect=(input,))
+        _output_file(output, "--output", protect=(input,), overwrite=overwrite)
     try:
         text = input.read_text(encoding="utf-8-sig")  # read once: checked below, then parsed
     except (OSError, UnicodeDecodeError) as e:
@@ -721,11 +731,12 @@ def validate_labels(
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every label's prediction to this CSV."),
+    overwrite: bool = _OVERWRITE_OPTION,
 ) -> None:
     """Predict every single-GPU NeuSight label end to end; per-GPU errors; log to MLflow."""
     from wattcast.training.e2e_run import run_validate_labels
 
-    _job_paths(None if no_mlflow else mlruns, output=output)
+    _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
     try:
         outcome = run_validate_labels(data=data, tracking_dir=mlruns, use_mlflow=not no_mlflow, output=output)
     except FileNotFoundError as e:
@@ -925,6 +936,7 @@ def validate_distributed(
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every vTrain and MPT row's prediction to this CSV."),
+    overwrite: bool = _OVERWRITE_OPTION,
 ) -> None:
     """NeuSight's 4-GPU labels, vTrain's iteration times and MosaicML's MPT FSDP throughput: predicted vs measured."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -932,7 +944,7 @@ def validate_distributed(
     from wattcast.training.distributed_validation import run_validate_distributed
 
     _positive(sample=sample)
-    _job_paths(None if no_mlflow else mlruns, output=output)
+    _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("predicting vTrain and MPT configurations", total=None)
@@ -1077,6 +1089,7 @@ def validate_trace_cmd(
     trace_device: Optional[str] = typer.Option(None, "--trace-device", help="GPU of a trace that does not record it."),
     models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write every compared row (measured, predicted, error %) to this CSV."),
+    overwrite: bool = _OVERWRITE_OPTION,
     in_step: bool = typer.Option(False, "--in-step", help="Compare the kernel times a predicted step uses (FP32 without the isolated-timing floor of NeuSight's one-op-at-a-time measurements)."),
 ) -> None:
     """Predict every imported kernel on DEVICE and compare with its measured GPU time."""
@@ -1088,7 +1101,7 @@ def validate_trace_cmd(
     for f in files:
         _input_file(f, "input file")
     if output:
-        _output_file(output, "--output", suffixes=(".csv",), protect=tuple(files))
+        _output_file(output, "--output", suffixes=(".csv",), protect=tuple(files), overwrite=overwrite)
     try:
         resolve_device(device)
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
