@@ -118,6 +118,13 @@ def _forceable(command):
     return run
 
 
+def _table_console() -> Console:
+    """stdout for tables: the terminal's width, or when piped / redirected (``wattcast devices | head``) room for every
+    column at full width (rich would otherwise squeeze the table into 80 columns and cut names to "MI1…")."""
+    con = Console()
+    return con if con.is_terminal else Console(width=1000)
+
+
 def _positive(**values) -> None:
     """Reject counts below 1, naming the option."""
     for name, v in values.items():
@@ -195,20 +202,24 @@ def kernels(
 @_forceable
 def devices(
     name: Optional[str] = typer.Argument(None, help="Show one device's spec (name, alias or spec file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: the list of specs, or one spec (own schema, a valid spec file)."),
     force: bool = _FORCE_OPTION,
 ) -> None:
     """List the device catalog, or show one spec with its sources."""
     from wattcast.data.catalog import list_devices, resolve_device
     from wattcast.data.device_spec import DeviceSpecError
 
-    con = Console()
+    con = _table_console()
     if name:
         try:
             spec = resolve_device(name)
-        except (DeviceSpecError, FileNotFoundError) as e:
+        except (DeviceSpecError, FileNotFoundError, ValueError) as e:
             _fail(str(e))
+        if as_json:  # the spec in its own schema (a valid spec file): 'source' and the per-field 'sources'
+            print(json.dumps(spec.to_dict(), indent=2))
+            return
         t = Table(title=spec.name)
-        t.add_column("field")
+        t.add_column("field", no_wrap=True)
         t.add_column("value")
         t.add_column("source")
         for k, v in spec.to_dict().items():
@@ -217,11 +228,15 @@ def devices(
             t.add_row(k, str(v), spec.source_of(k) if isinstance(v, (int, float)) and not isinstance(v, bool) else "")
         con.print(t)
         return
+    specs = list_devices()
+    if as_json:
+        print(json.dumps([s.to_dict() for s in specs], indent=2))
+        return
     t = Table(title="wattcast device catalog")
     for c in ("name", "vendor", "FP32 TFLOP/s", "FP16 TFLOP/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "GB", "GB/s", "SMs", "L2 MB", "TDP W"):
-        t.add_column(c)
+        t.add_column(c, no_wrap=c == "name")
     f = lambda v: "" if v is None else f"{v:g}"  # noqa: E731
-    for s in list_devices():
+    for s in specs:
         t.add_row(s.name, s.vendor, f(s.peak_fp32_tflops), f(s.peak_fp16_tflops), f(s.peak_bf16_tflops), f(s.peak_fp8_tflops),
                   f(s.memory_gb), f(s.memory_bandwidth_gbps), f(s.num_sms), f(s.l2_cache_mb), f(s.tdp_w))
     con.print(t)
@@ -583,12 +598,12 @@ def _fail_if_none_fits(res) -> None:
 @_forceable
 def clusters(
     name: Optional[str] = typer.Argument(None, help="Show one cluster preset (or file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: the list of presets (one cluster is always JSON)."),
     force: bool = _FORCE_OPTION,
 ) -> None:
     """List the cluster presets, or show one."""
     from wattcast.data.cluster_spec import ClusterSpecError, list_clusters, resolve_cluster
 
-    con = Console()
     if name:
         try:
             c = resolve_cluster(name)
@@ -596,14 +611,18 @@ def clusters(
             _fail(str(e))
         print(json.dumps(c.to_dict(), indent=2))
         return
+    presets = list_clusters()
+    if as_json:
+        print(json.dumps([c.to_dict() for c in presets], indent=2))
+        return
     t = Table(title="wattcast cluster presets")
     for col in ("name", "device", "GPUs/node", "in-node", "GB/s per GPU", "across nodes", "GB/s per GPU"):
-        t.add_column(col)
-    for c in list_clusters():
+        t.add_column(col, no_wrap=col in ("name", "device"))
+    for c in presets:
         t.add_row(c.name, c.device, str(c.gpus_per_node), c.intra.kind, f"{c.intra.bandwidth_gb_per_s:g}",
                   (f"{c.inter.nics_per_node} x {c.inter.nic_bandwidth_gbit_per_s:g} Gb/s {c.inter.kind}" if c.inter else "-"),
                   f"{c.inter_bandwidth_per_gpu_gb_per_s:g}")
-    con.print(t)
+    _table_console().print(t)
 
 
 @app.command()
@@ -635,7 +654,7 @@ def regions(
         t.add_column(col)
     for r in rows:
         t.add_row(r["region"], r["name"], f"{r['kgco2e_per_kwh']:.3f}")
-    Console().print(t)
+    _table_console().print(t)
 
 
 def _print_prediction(res) -> None:
@@ -717,12 +736,25 @@ def footprint(
 
 
 @app.command("models")
-def list_models() -> None:
+def list_models(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: each built-in's name, model_type and main sizes."),
+) -> None:
     """List the built-in model configs (usable as --model NAME)."""
     from wattcast import builtin_models
 
+    if not as_json:
+        for name in builtin_models():
+            print(name)
+        return
+    from wattcast.featurize.hf_config import load_hf_config
+
+    rows = []
     for name in builtin_models():
-        print(name)
+        c = load_hf_config(name)
+        rows.append(dict(name=name, model_type=c.model_type, family=c.family, n_layers=c.total_layers, hidden=c.hidden,
+                         n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, ffn=c.ffn, vocab=c.vocab,
+                         max_positions=c.max_positions or None, n_experts=c.n_experts, source=c.get("_source")))
+    print(json.dumps(rows, indent=2))
 
 
 @validate_app.command("labels")
