@@ -245,7 +245,7 @@ def devices(
 @app.command()
 @_forceable
 def predict(
-    model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (see --list-models)."),
+    model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (`wattcast models` lists them)."),
     device: Optional[str] = typer.Option(None, "--device", "-d", help="Catalog name (case-insensitive) or a spec file (default with --cluster: the cluster's GPU)."),
     batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Sequences per step (the global batch with --cluster; default 1, or an ONNX file's own fixed dims)."),
     seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Tokens per sequence (default 1024, or an ONNX file's own fixed dims)."),
@@ -546,9 +546,13 @@ def search(
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("evaluating strategies", total=None)
+
+            def progress(done: int, total: int) -> None:  # per cluster: every candidate counts, rejected ones too
+                prog.update(task, completed=done, total=total)
+
             res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
                           tokens=tokens, footprint_kw=dict(region=region) if region is not None else None,
-                          progress=lambda i, n: prog.update(task, completed=i, total=min(n, max_configs)),
+                          progress=progress,
                           framework=framework,
                           overlaps=dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
                           if no_overlap else None,
