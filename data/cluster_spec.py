@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from wattcast.data.checks import implausible
+from wattcast.data.checks import exotic_allowed, implausible
 from wattcast.data.device_spec import SpecRecord
 
 SCHEMA_VERSION = 1
@@ -157,11 +157,8 @@ def validate_cluster(c: ClusterSpec) -> ClusterSpec:
             raise ClusterSpecError(f"{where}: field 'inter.rail_optimized' must be true or false, got {c.inter.rail_optimized!r}")
         if c.inter.oversubscription < 1:
             raise ClusterSpecError(f"{where}: field 'inter.oversubscription' must be >= 1 (1 = full bisection), got {c.inter.oversubscription}")
-        if c.inter_bandwidth_per_gpu_gb_per_s > c.intra.bandwidth_gb_per_s * 1.001 and c.gpus_per_node > 1:
-            raise ClusterSpecError(
-                f"{where}: cross-node bandwidth per GPU ({c.inter_bandwidth_per_gpu_gb_per_s:.1f} GB/s) exceeds the "
-                f"in-node bandwidth ({c.intra.bandwidth_gb_per_s} GB/s); check units (NICs are in Gbit/s)")
-    # figures 1,000x off (a unit mix-up) are refused unless --force (allow_exotic); after the hard rules above
+    # figures 1,000x off (a unit mix-up) are refused unless --force (allow_exotic); checked before the consistency
+    # rule below, which would misname them
     for name, v in (("gpus_per_node", c.gpus_per_node), ("intra.bandwidth_gb_per_s", c.intra.bandwidth_gb_per_s),
                     ("intra.latency_us", c.intra.latency_us)) + ((
                         ("inter.nics_per_node", c.inter.nics_per_node),
@@ -171,6 +168,12 @@ def validate_cluster(c: ClusterSpec) -> ClusterSpec:
         msg = implausible(f"field '{name}'", v, *PLAUSIBLE[name])
         if msg:
             raise ClusterSpecError(f"{where}: {msg}")
+    if c.inter is not None and c.inter_bandwidth_per_gpu_gb_per_s > c.intra.bandwidth_gb_per_s * 1.001 \
+            and c.gpus_per_node > 1 and not exotic_allowed():  # a units check too: --force lets it through
+        raise ClusterSpecError(
+            f"{where}: cross-node bandwidth per GPU ({c.inter_bandwidth_per_gpu_gb_per_s:.1f} GB/s) exceeds the "
+            f"in-node bandwidth ({c.intra.bandwidth_gb_per_s} GB/s); check units (NICs are in Gbit/s), or pass --force "
+            "for a system that is really built so")
     if c.max_nodes is not None:
         _positive(where, "max_nodes", c.max_nodes, integer=True)
         if c.max_nodes > 1 and c.inter is None:
