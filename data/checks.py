@@ -32,7 +32,7 @@ _EXOTIC = contextvars.ContextVar("wattcast_allow_exotic", default=False)
 def allow_exotic(on: bool = True):
     """Within this block, plausibility ranges (figures that look 1,000x off: a TDP in kW, memory in bytes, a share
     given as a percent) are not enforced; hard rules (positive, finite, consistent) still are. The CLI's ``--force``
-    runs its command inside this block; in Python: ``with wattcast.data.checks.allow_exotic(): ...``."""
+    runs its command inside this block; in Python: ``with wattcast.allow_exotic(): ...``."""
     token = _EXOTIC.set(bool(on))
     try:
         yield
@@ -53,4 +53,4 @@ def implausible(name: str, v: float, lo: float, hi: float, low_hint: str, high_h
         return None
     side, bound, hint = ("over", hi, high_hint) if v > hi else ("under", lo, low_hint)
     return (f"{name} is {v:g}, {side} the plausible {bound:g}: it looks like {hint}; give it in {unit} "
-            f"(or pass --force / use allow_exotic() for a deliberately exotic value)")
+            f"(or pass --force, in Python wattcast.allow_exotic(), for a deliberately exotic value)")
