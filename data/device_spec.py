@@ -195,11 +195,13 @@ _PLAUSIBLE = {
     "boost_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz"),
     "base_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz"),
     "l2_cache_mb": (0.01, 10000.0, "GB", "bytes or KB"),
+    "interconnect_bandwidth_gbps": (1.0, 20000.0, "TB/s", "B/s or MB/s"),
+    "die_area_mm2": (10.0, 50000.0, "cm^2", "square micrometres"),  # to a wafer-scale chip (46,225 mm^2)
 }
 _UNIT = {"tdp_w": "watts", "idle_power_w": "watts", "memory_gb": "GB", "memory_bandwidth_gbps": "GB/s",
          "peak_fp32_tflops": "TFLOP/s", "peak_tf32_tflops": "TFLOP/s", "peak_fp16_tflops": "TFLOP/s",
          "peak_bf16_tflops": "TFLOP/s", "peak_fp8_tflops": "TFLOP/s", "boost_clock_mhz": "MHz", "base_clock_mhz": "MHz",
-         "l2_cache_mb": "MB"}
+         "l2_cache_mb": "MB", "interconnect_bandwidth_gbps": "GB/s", "die_area_mm2": "mm^2"}
 
 
 def check_values(spec: DeviceSpec) -> DeviceSpec:

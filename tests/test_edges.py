@@ -101,6 +101,7 @@ def test_cluster_file_in_bytes_per_second_through_the_cli(tmp_path):
 
 @pytest.mark.parametrize("field, value, hint", [
     ("tdp_w", 0.45, "kW"), ("memory_gb", 80e9, "bytes"), ("memory_bandwidth_gbps", 2.0e12, "B/s"),
+    ("interconnect_bandwidth_gbps", 64e9, "B/s"), ("die_area_mm2", 6.08, "cm^2"),
 ])
 def test_device_spec_units_and_force(tmp_path, my_gpu_yaml, field, value, hint):
     text = yaml.safe_load(my_gpu_yaml.read_text())
