@@ -18,6 +18,7 @@ for _k, _v in (
 __version__ = "0.1.0"
 
 from wattcast.simulate.defaults import DEFAULTS  # noqa: E402  (after the environment above)
+from wattcast.data.checks import allow_exotic  # noqa: E402  (``with wattcast.allow_exotic():`` = the CLI's --force)
 
 
 def predict_kernels(frame, device):
@@ -167,4 +168,5 @@ def builtin_models() -> list[str]:
     return _b()
 
 
-__all__ = ["predict_kernels", "predict", "predict_cluster", "search", "footprint", "builtin_models", "__version__"]
+__all__ = ["predict_kernels", "predict", "predict_cluster", "search", "footprint", "builtin_models", "allow_exotic",
+           "__version__"]

@@ -49,9 +49,15 @@ def _input_file(path: Path, what: str) -> Path:
     return path
 
 
-def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect: tuple[Path, ...] = ()) -> Path:
+_OVERWRITE_OPTION = typer.Option(False, "--overwrite", help="Replace an existing --output file (without it, an existing "
+                                 "file is an error).")
+
+
+def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect: tuple[Path, ...] = (),
+                 overwrite: bool | None = None) -> Path:
     """A file path we can write: not a directory, not one of the inputs (``protect``), with an allowed suffix;
-    missing parent folders are created. Checked before any work is done."""
+    missing parent folders are created. ``overwrite=False`` (a command with ``--overwrite`` not given): an existing
+    file is an error; None: not checked. Checked before any work is done."""
     if path.is_dir():
         _fail(f"{what} {path} is a directory; give a file name")
     if suffixes and path.suffix.lower() not in suffixes:
@@ -59,6 +65,8 @@ def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect:
     for p in protect:
         if p is not None and path.exists() and p.exists() and path.resolve() == p.resolve():
             _fail(f"{what} {path} is the input file; refusing to overwrite it")
+    if overwrite is False and path.exists():
+        _fail(f"{what} {path} already exists; pass --overwrite to replace it, or give another file name")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -81,14 +89,40 @@ def _write(what: str, path: Path, write) -> None:
         _fail(f"cannot write {what} {path}: {e.strerror or e}")
 
 
-def _job_paths(mlruns: Path | None = None, out: Path | None = None, output: Path | None = None) -> None:
+def _job_paths(mlruns: Path | None = None, out: Path | None = None, output: Path | None = None,
+               overwrite: bool | None = None) -> None:
     """Check a training or validation job's output locations before it runs for minutes."""
     if mlruns is not None:
         _output_dir(mlruns, "--mlruns")
     if out is not None:
         _output_dir(out, "--out")
     if output is not None:
-        _output_file(output, "--output")
+        _output_file(output, "--output", overwrite=overwrite)
+
+
+_FORCE_OPTION = typer.Option(False, "--force", help="Accept figures outside the plausible ranges (a deliberately exotic "
+                             "device, cluster or assumption); without it they are refused as likely unit mix-ups.")
+
+
+def _forceable(command):
+    """Run a command with the plausibility ranges off when it was given ``--force`` (its ``force`` parameter)."""
+    import functools
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        from wattcast.data.checks import allow_exotic
+
+        with allow_exotic(bool(kwargs.get("force"))):
+            return command(*args, **kwargs)
+
+    return run
+
+
+def _table_console() -> Console:
+    """stdout for tables: the terminal's width, or when piped / redirected (``wattcast devices | head``) room for every
+    column at full width (rich would otherwise squeeze the table into 80 columns and cut names to "MI1…")."""
+    con = Console()
+    return con if con.is_terminal else Console(width=1000)
 
 
 def _positive(**values) -> None:
@@ -99,11 +133,14 @@ def _positive(**values) -> None:
 
 
 @app.command()
+@_forceable
 def kernels(
     device: str = typer.Option(..., "--device", "-d", help="Catalog name (case-insensitive) or a spec file (own YAML/JSON or NeuSight JSON)."),
     input: Path = typer.Option(..., "--input", "-i", help="CSV with OPName + NeuSight shape columns (+ optional dtype)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the predictions here (default: CSV on stdout)."),
+    overwrite: bool = _OVERWRITE_OPTION,
     models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Predict the latency of every kernel in a CSV on DEVICE."""
     import pandas as pd
@@ -118,7 +155,7 @@ def kernels(
         _fail(str(e))
     _input_file(input, "input file")
     if output:
-        _output_file(output, "--output", protect=(input,))
+        _output_file(output, "--output", protect=(input,), overwrite=overwrite)
     try:
         text = input.read_text(encoding="utf-8-sig")  # read once: checked below, then parsed
     except (OSError, UnicodeDecodeError) as e:
@@ -162,19 +199,27 @@ def kernels(
 
 
 @app.command()
-def devices(name: Optional[str] = typer.Argument(None, help="Show one device's spec (name, alias or spec file).")) -> None:
+@_forceable
+def devices(
+    name: Optional[str] = typer.Argument(None, help="Show one device's spec (name, alias or spec file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: the list of specs, or one spec (own schema, a valid spec file)."),
+    force: bool = _FORCE_OPTION,
+) -> None:
     """List the device catalog, or show one spec with its sources."""
     from wattcast.data.catalog import list_devices, resolve_device
     from wattcast.data.device_spec import DeviceSpecError
 
-    con = Console()
+    con = _table_console()
     if name:
         try:
             spec = resolve_device(name)
-        except (DeviceSpecError, FileNotFoundError) as e:
+        except (DeviceSpecError, FileNotFoundError, ValueError) as e:
             _fail(str(e))
+        if as_json:  # the spec in its own schema (a valid spec file): 'source' and the per-field 'sources'
+            print(json.dumps(spec.to_dict(), indent=2))
+            return
         t = Table(title=spec.name)
-        t.add_column("field")
+        t.add_column("field", no_wrap=True)
         t.add_column("value")
         t.add_column("source")
         for k, v in spec.to_dict().items():
@@ -183,19 +228,24 @@ def devices(name: Optional[str] = typer.Argument(None, help="Show one device's s
             t.add_row(k, str(v), spec.source_of(k) if isinstance(v, (int, float)) and not isinstance(v, bool) else "")
         con.print(t)
         return
+    specs = list_devices()
+    if as_json:
+        print(json.dumps([s.to_dict() for s in specs], indent=2))
+        return
     t = Table(title="wattcast device catalog")
     for c in ("name", "vendor", "FP32 TFLOP/s", "FP16 TFLOP/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "GB", "GB/s", "SMs", "L2 MB", "TDP W"):
-        t.add_column(c)
+        t.add_column(c, no_wrap=c == "name")
     f = lambda v: "" if v is None else f"{v:g}"  # noqa: E731
-    for s in list_devices():
+    for s in specs:
         t.add_row(s.name, s.vendor, f(s.peak_fp32_tflops), f(s.peak_fp16_tflops), f(s.peak_bf16_tflops), f(s.peak_fp8_tflops),
                   f(s.memory_gb), f(s.memory_bandwidth_gbps), f(s.num_sms), f(s.l2_cache_mb), f(s.tdp_w))
     con.print(t)
 
 
 @app.command()
+@_forceable
 def predict(
-    model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (see --list-models)."),
+    model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (`wattcast models` lists them)."),
     device: Optional[str] = typer.Option(None, "--device", "-d", help="Catalog name (case-insensitive) or a spec file (default with --cluster: the cluster's GPU)."),
     batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Sequences per step (the global batch with --cluster; default 1, or an ONNX file's own fixed dims)."),
     seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Tokens per sequence (default 1024, or an ONNX file's own fixed dims)."),
@@ -235,6 +285,7 @@ def predict(
     overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Megatron-Core: reduce gradient buckets during the last backward (default on with --framework megatron)."),
     overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="Megatron-Core: all-gather the distributed optimizer's parameters during the next forward (default on with --framework megatron and --zero >= 1)."),
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
@@ -304,6 +355,7 @@ def predict(
         err.print(f"[yellow]{sum(unmapped.values())} op(s) have no cost model and are costed by the roofline from their "
                   f"inputs and outputs (flagged in fallback_ops): "
                   + ", ".join(f"{k} x{v}" for k, v in list(unmapped.items())[:8]) + "[/yellow]")
+    _print_warnings(res.meta)
     if trace:
         from wattcast.simulate.trace import write_chrome_trace
 
@@ -322,6 +374,12 @@ def predict(
               f"{capacity_gb:.0f} GB (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB); "
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
+
+
+def _print_warnings(meta: dict) -> None:
+    """The graph's warnings (``meta["warnings"]``: a sequence beyond a RoPE model's positions, ...) on stderr."""
+    for w in meta.get("warnings") or ():
+        err.print(f"[yellow]warning: {w}[/yellow]")
 
 
 def _warn_memory(res) -> None:
@@ -401,6 +459,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
     except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     run = _run_footprint(spec or res.device, res, batch * seq, run_kw or {})
+    _print_warnings(res.meta)
     if trace:
         from wattcast.simulate.trace import write_distributed_trace
 
@@ -449,6 +508,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
 
 
 @app.command()
+@_forceable
 def search(
     model: str = typer.Option(..., "--model", "-m", help="A Hugging Face config.json or a built-in name."),
     cluster: List[str] = typer.Option(..., "--cluster", help="Cluster preset name or file; repeat it to compare hardware."),
@@ -465,6 +525,7 @@ def search(
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
     on one cluster or across several."""
@@ -485,9 +546,13 @@ def search(
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("evaluating strategies", total=None)
+
+            def progress(done: int, total: int) -> None:  # per cluster: every candidate counts, rejected ones too
+                prog.update(task, completed=done, total=total)
+
             res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
                           tokens=tokens, footprint_kw=dict(region=region) if region is not None else None,
-                          progress=lambda i, n: prog.update(task, completed=i, total=min(n, max_configs)),
+                          progress=progress,
                           framework=framework,
                           overlaps=dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
                           if no_overlap else None,
@@ -534,11 +599,15 @@ def _fail_if_none_fits(res) -> None:
 
 
 @app.command()
-def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster preset (or file).")) -> None:
+@_forceable
+def clusters(
+    name: Optional[str] = typer.Argument(None, help="Show one cluster preset (or file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: the list of presets (one cluster is always JSON)."),
+    force: bool = _FORCE_OPTION,
+) -> None:
     """List the cluster presets, or show one."""
     from wattcast.data.cluster_spec import ClusterSpecError, list_clusters, resolve_cluster
 
-    con = Console()
     if name:
         try:
             c = resolve_cluster(name)
@@ -546,14 +615,18 @@ def clusters(name: Optional[str] = typer.Argument(None, help="Show one cluster p
             _fail(str(e))
         print(json.dumps(c.to_dict(), indent=2))
         return
+    presets = list_clusters()
+    if as_json:
+        print(json.dumps([c.to_dict() for c in presets], indent=2))
+        return
     t = Table(title="wattcast cluster presets")
     for col in ("name", "device", "GPUs/node", "in-node", "GB/s per GPU", "across nodes", "GB/s per GPU"):
-        t.add_column(col)
-    for c in list_clusters():
+        t.add_column(col, no_wrap=col in ("name", "device"))
+    for c in presets:
         t.add_row(c.name, c.device, str(c.gpus_per_node), c.intra.kind, f"{c.intra.bandwidth_gb_per_s:g}",
                   (f"{c.inter.nics_per_node} x {c.inter.nic_bandwidth_gbit_per_s:g} Gb/s {c.inter.kind}" if c.inter else "-"),
                   f"{c.inter_bandwidth_per_gpu_gb_per_s:g}")
-    con.print(t)
+    _table_console().print(t)
 
 
 @app.command()
@@ -585,7 +658,7 @@ def regions(
         t.add_column(col)
     for r in rows:
         t.add_row(r["region"], r["name"], f"{r['kgco2e_per_kwh']:.3f}")
-    Console().print(t)
+    _table_console().print(t)
 
 
 def _print_prediction(res) -> None:
@@ -627,6 +700,7 @@ def _print_prediction(res) -> None:
 
 
 @app.command()
+@_forceable
 def footprint(
     device: str = typer.Option(..., "--device", "-d", help="Catalog name or spec file."),
     gpus: int = typer.Option(..., "--gpus", help="Accelerators in the run."),
@@ -640,6 +714,7 @@ def footprint(
     market_based: bool = typer.Option(False, "--market-based", help="Market-based grid factor for the region (where the table has one)."),
     node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, NICs, fans as a share of GPU power (default 0.3)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    force: bool = _FORCE_OPTION,
 ) -> None:
     """Energy, CO2e and cost of a run described by its hours (the calculator behind predict --tokens)."""
     from wattcast import footprint as _footprint
@@ -647,7 +722,10 @@ def footprint(
 
     if region is not None and grid_kgco2e_per_kwh is not None:
         _fail("give --region or --grid-kgco2e-per-kwh, not both")
+    from wattcast.simulate.lifecycle import check_plausible
+
     try:
+        check_plausible("hours", hours)  # (the Python API takes computed hours from footprint_from_step unchecked)
         fp = _footprint(device, gpus=gpus, hours=hours, avg_power_w=avg_power_w, utilisation=utilisation, pue=pue, region=region,
                         grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years,
                         market_based=market_based or None, node_overhead_share=node_overhead_share)
@@ -662,12 +740,25 @@ def footprint(
 
 
 @app.command("models")
-def list_models() -> None:
+def list_models(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: each built-in's name, model_type and main sizes."),
+) -> None:
     """List the built-in model configs (usable as --model NAME)."""
     from wattcast import builtin_models
 
+    if not as_json:
+        for name in builtin_models():
+            print(name)
+        return
+    from wattcast.featurize.hf_config import load_hf_config
+
+    rows = []
     for name in builtin_models():
-        print(name)
+        c = load_hf_config(name)
+        rows.append(dict(name=name, model_type=c.model_type, family=c.family, n_layers=c.total_layers, hidden=c.hidden,
+                         n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, ffn=c.ffn, vocab=c.vocab,
+                         max_positions=c.max_positions or None, n_experts=c.n_experts, source=c.get("_source")))
+    print(json.dumps(rows, indent=2))
 
 
 @validate_app.command("labels")
@@ -676,11 +767,12 @@ def validate_labels(
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every label's prediction to this CSV."),
+    overwrite: bool = _OVERWRITE_OPTION,
 ) -> None:
     """Predict every single-GPU NeuSight label end to end; per-GPU errors; log to MLflow."""
     from wattcast.training.e2e_run import run_validate_labels
 
-    _job_paths(None if no_mlflow else mlruns, output=output)
+    _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
     try:
         outcome = run_validate_labels(data=data, tracking_dir=mlruns, use_mlflow=not no_mlflow, output=output)
     except FileNotFoundError as e:
@@ -880,6 +972,7 @@ def validate_distributed(
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every vTrain and MPT row's prediction to this CSV."),
+    overwrite: bool = _OVERWRITE_OPTION,
 ) -> None:
     """NeuSight's 4-GPU labels, vTrain's iteration times and MosaicML's MPT FSDP throughput: predicted vs measured."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -887,7 +980,7 @@ def validate_distributed(
     from wattcast.training.distributed_validation import run_validate_distributed
 
     _positive(sample=sample)
-    _job_paths(None if no_mlflow else mlruns, output=output)
+    _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("predicting vTrain and MPT configurations", total=None)
@@ -1032,6 +1125,7 @@ def validate_trace_cmd(
     trace_device: Optional[str] = typer.Option(None, "--trace-device", help="GPU of a trace that does not record it."),
     models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write every compared row (measured, predicted, error %) to this CSV."),
+    overwrite: bool = _OVERWRITE_OPTION,
     in_step: bool = typer.Option(False, "--in-step", help="Compare the kernel times a predicted step uses (FP32 without the isolated-timing floor of NeuSight's one-op-at-a-time measurements)."),
 ) -> None:
     """Predict every imported kernel on DEVICE and compare with its measured GPU time."""
@@ -1043,7 +1137,7 @@ def validate_trace_cmd(
     for f in files:
         _input_file(f, "input file")
     if output:
-        _output_file(output, "--output", suffixes=(".csv",), protect=tuple(files))
+        _output_file(output, "--output", suffixes=(".csv",), protect=tuple(files), overwrite=overwrite)
     try:
         resolve_device(device)
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:

@@ -27,12 +27,27 @@ from typing import Any, Mapping
 
 import yaml
 
+from wattcast.data.checks import exotic_allowed, implausible
 from wattcast.data.device_spec import SpecRecord
 
 SCHEMA_VERSION = 1
 INTRA_KINDS = ("nvswitch", "nvlink", "xgmi", "pcie")
 INTER_KINDS = ("infiniband", "roce", "ethernet", "slingshot")
 _PRESETS = Path(__file__).resolve().parent / "clusters"
+
+
+#: field -> (lowest, highest plausible value, what a too-small figure probably is, what a too-large one is, the unit).
+#: Wide of every real system: PCIe 3 x4 (4 GB/s) to NVLink 5 (900 GB/s per direction); 1 GbE to 1.6 Tb/s NICs;
+#: 1-72 GPUs per node (NVL72); latencies of a few microseconds. Outside them a figure is almost surely in another unit.
+PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
+    "gpus_per_node": (1, 1024, "-", "the GPUs of the whole cluster, not of one node", "GPUs per node"),
+    "intra.bandwidth_gb_per_s": (0.5, 20_000.0, "TB/s", "B/s, KB/s or MB/s (or Gbit/s x 1,000)", "GB/s per direction"),
+    "intra.latency_us": (0.0, 1_000.0, "-", "nanoseconds", "microseconds"),
+    "inter.nics_per_node": (1, 256, "-", "the NICs of the whole cluster, not of one node", "NICs per node"),
+    "inter.nic_bandwidth_gbit_per_s": (0.1, 20_000.0, "Tbit/s", "bit/s, kbit/s or Mbit/s", "Gbit/s per NIC"),
+    "inter.latency_us": (0.0, 10_000.0, "-", "nanoseconds", "microseconds"),
+    "inter.oversubscription": (1.0, 128.0, "-", "a percent or a port count, not a ratio", "a ratio >= 1"),
+}
 
 
 class ClusterSpecError(ValueError):
@@ -87,11 +102,23 @@ class ClusterSpec(SpecRecord):
 
 def _positive(where: str, name: str, v: Any, *, integer: bool = False, allow_zero: bool = False) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ClusterSpecError(f"{where}: field '{name}' must be a number, got {v!r}")
+        raise ClusterSpecError(f"{where}: field '{name}' must be a number, got {v!r}{_yaml_number_hint(v)}")
     if v < 0 or (v == 0 and not allow_zero):
         raise ClusterSpecError(f"{where}: field '{name}' must be positive, got {v!r}")
     if integer and int(v) != v:
         raise ClusterSpecError(f"{where}: field '{name}' must be a whole number, got {v!r}")
+
+
+def _yaml_number_hint(v: Any) -> str:
+    """YAML 1.1 (PyYAML) reads 9e11 (no dot) as text: say how to write the number."""
+    if isinstance(v, str):
+        try:
+            x = float(v)
+        except ValueError:
+            return ""
+        if math.isfinite(x):
+            return f" (text: YAML reads an exponent without a dot as a string; write {x:.1e})"
+    return ""
 
 
 def _text(where: str, name: str, v: Any, *, required: bool = True) -> None:
@@ -130,10 +157,23 @@ def validate_cluster(c: ClusterSpec) -> ClusterSpec:
             raise ClusterSpecError(f"{where}: field 'inter.rail_optimized' must be true or false, got {c.inter.rail_optimized!r}")
         if c.inter.oversubscription < 1:
             raise ClusterSpecError(f"{where}: field 'inter.oversubscription' must be >= 1 (1 = full bisection), got {c.inter.oversubscription}")
-        if c.inter_bandwidth_per_gpu_gb_per_s > c.intra.bandwidth_gb_per_s * 1.001 and c.gpus_per_node > 1:
-            raise ClusterSpecError(
-                f"{where}: cross-node bandwidth per GPU ({c.inter_bandwidth_per_gpu_gb_per_s:.1f} GB/s) exceeds the "
-                f"in-node bandwidth ({c.intra.bandwidth_gb_per_s} GB/s); check units (NICs are in Gbit/s)")
+    # figures 1,000x off (a unit mix-up) are refused unless --force (allow_exotic); checked before the consistency
+    # rule below, which would misname them
+    for name, v in (("gpus_per_node", c.gpus_per_node), ("intra.bandwidth_gb_per_s", c.intra.bandwidth_gb_per_s),
+                    ("intra.latency_us", c.intra.latency_us)) + ((
+                        ("inter.nics_per_node", c.inter.nics_per_node),
+                        ("inter.nic_bandwidth_gbit_per_s", c.inter.nic_bandwidth_gbit_per_s),
+                        ("inter.latency_us", c.inter.latency_us),
+                        ("inter.oversubscription", c.inter.oversubscription)) if c.inter is not None else ()):
+        msg = implausible(f"field '{name}'", v, *PLAUSIBLE[name])
+        if msg:
+            raise ClusterSpecError(f"{where}: {msg}")
+    if c.inter is not None and c.inter_bandwidth_per_gpu_gb_per_s > c.intra.bandwidth_gb_per_s * 1.001 \
+            and c.gpus_per_node > 1 and not exotic_allowed():  # a units check too: --force lets it through
+        raise ClusterSpecError(
+            f"{where}: cross-node bandwidth per GPU ({c.inter_bandwidth_per_gpu_gb_per_s:.1f} GB/s) exceeds the "
+            f"in-node bandwidth ({c.intra.bandwidth_gb_per_s} GB/s); check units (NICs are in Gbit/s), or pass --force "
+            "for a system that is really built so")
     if c.max_nodes is not None:
         _positive(where, "max_nodes", c.max_nodes, integer=True)
         if c.max_nodes > 1 and c.inter is None:

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from wattcast.data.checks import exotic_allowed
+
 SCHEMA_VERSION = 1
 
 #: dtypes a kernel can run in, and the peak field each one uses for matrix (GEMM/conv) work.
@@ -193,11 +195,13 @@ _PLAUSIBLE = {
     "boost_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz"),
     "base_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz"),
     "l2_cache_mb": (0.01, 10000.0, "GB", "bytes or KB"),
+    "interconnect_bandwidth_gbps": (1.0, 20000.0, "TB/s", "B/s or MB/s"),
+    "die_area_mm2": (10.0, 50000.0, "cm^2", "square micrometres"),  # to a wafer-scale chip (46,225 mm^2)
 }
 _UNIT = {"tdp_w": "watts", "idle_power_w": "watts", "memory_gb": "GB", "memory_bandwidth_gbps": "GB/s",
          "peak_fp32_tflops": "TFLOP/s", "peak_tf32_tflops": "TFLOP/s", "peak_fp16_tflops": "TFLOP/s",
          "peak_bf16_tflops": "TFLOP/s", "peak_fp8_tflops": "TFLOP/s", "boost_clock_mhz": "MHz", "base_clock_mhz": "MHz",
-         "l2_cache_mb": "MB"}
+         "l2_cache_mb": "MB", "interconnect_bandwidth_gbps": "GB/s", "die_area_mm2": "mm^2"}
 
 
 def check_values(spec: DeviceSpec) -> DeviceSpec:
@@ -243,16 +247,17 @@ def check_values(spec: DeviceSpec) -> DeviceSpec:
     if spec.vendor not in VENDORS:
         raise DeviceSpecError(f"{where}: field 'vendor' must be nvidia|amd|intel|other, got {spec.vendor!r}")
     # Figures 1,000x off (a unit mix-up) first: the consistency rules below would misname them.
-    for f, (lo, hi, low_unit, high_unit) in _PLAUSIBLE.items():
+    # ``--force`` (:func:`wattcast.data.checks.allow_exotic`) lets a deliberately exotic figure through.
+    for f, (lo, hi, low_unit, high_unit) in (() if exotic_allowed() else _PLAUSIBLE.items()):
         v = getattr(spec, f)
         if v is None:
             continue
         if v > hi:
             raise DeviceSpecError(f"{where}: field '{f}' is {v:g}, over {hi:g}: it looks like {high_unit}; give it in "
-                                  f"{_UNIT[f]}")
+                                  f"{_UNIT[f]} (or pass --force for a deliberately exotic value)")
         if v < lo:
             raise DeviceSpecError(f"{where}: field '{f}' is {v:g}, under {lo:g}: it looks like {low_unit}; give it in "
-                                  f"{_UNIT[f]}")
+                                  f"{_UNIT[f]} (or pass --force for a deliberately exotic value)")
     # Consistency rules a datasheet never breaks.
     if spec.base_clock_mhz and spec.base_clock_mhz > spec.boost_clock_mhz * 1.001:
         raise DeviceSpecError(

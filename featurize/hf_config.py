@@ -8,6 +8,7 @@ the generators in :mod:`wattcast.featurize.hf_models`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +42,19 @@ MODEL_TYPES: dict[str, str] = {
 }
 
 _BUILTIN_DIR = Path(__file__).resolve().parent / "hf_configs"
+
+#: layers (blocks) of a model wattcast builds: the largest published models have 100-200 (GPT-3 96, Llama 3 405B 126,
+#: PaLM 118); the graph is built block by block, so a billion layers would run for hours and exhaust memory
+MAX_LAYERS = 1024
+#: experts per MoE layer (Switch-C 2,048, DeepSeek-V3 256), and experts over all layers (each expert is its own kernels)
+MAX_EXPERTS = 4096
+MAX_LAYER_EXPERTS = 32_768
+#: ``torch_dtype`` / ``dtype`` values ``transformers`` writes (read for checking only: --dtype sets the step's dtype)
+TORCH_DTYPES = ("float32", "float", "float16", "half", "bfloat16", "float64", "double", "float8_e4m3fn",
+                "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8", "auto")
+#: families whose positions are rotary (RoPE): a sequence beyond max_position_embeddings still runs (the step is well
+#: defined) but is outside the trained context unless rope_scaling extends it; a warning, not an error
+ROPE_FAMILIES = ("llama", "gemma", "mixtral", "gpt_neox", "falcon")
 
 
 def builtin_models() -> list[str]:
@@ -170,10 +184,90 @@ def _alias(raw: Mapping[str, Any], key: str) -> str:
     return next((a for a in ALIASES[key] if raw.get(a) is not None), ALIASES[key][0])
 
 
+def _non_finite(raw: Mapping[str, Any], prefix: str = "") -> tuple[str, Any] | None:
+    """The first field (nested objects and lists too) holding NaN or an infinity, as (dotted name, value)."""
+    for k, v in raw.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, float) and not math.isfinite(v):
+            return key, v
+        if isinstance(v, Mapping):
+            hit = _non_finite(v, key + ".")
+            if hit:
+                return hit
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                if isinstance(x, float) and not math.isfinite(x):
+                    return f"{key}[{i}]", x
+                if isinstance(x, Mapping):
+                    hit = _non_finite(x, f"{key}[{i}].")
+                    if hit:
+                        return hit
+    return None
+
+
+def _check_fields(raw: Mapping[str, Any], origin: str) -> None:
+    """Fields a graph does not read but a wrong value of which means a broken config: NaN/inf anywhere,
+    ``rope_theta`` (a positive finite number) and ``torch_dtype`` / ``dtype`` (a torch dtype name)."""
+    bad = _non_finite(raw)
+    if bad:
+        raise GraphError(f"{_where(origin, bad[0])} is {bad[1]!r}: not a finite number (a broken or hand-edited config)")
+    theta = raw.get("rope_theta")
+    if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0):
+        raise GraphError(f"{_where(origin, 'rope_theta')} must be a positive number (the RoPE base, e.g. 10000), "
+                         f"got {theta!r}")
+    for key in ("torch_dtype", "dtype"):
+        v = raw.get(key)
+        if v is None:
+            continue
+        name = v.strip().lower().removeprefix("torch.") if isinstance(v, str) else None
+        if name not in TORCH_DTYPES:
+            raise GraphError(f"{_where(origin, key)} is {v!r}, not a torch dtype; expected one of "
+                             f"{', '.join(TORCH_DTYPES)} (the step's dtype is set by --dtype)")
+
+
+def _check_size(cfg: HFConfig, raw: Mapping[str, Any], origin: str) -> None:
+    """Refuse models too large to build (a billion layers would hang), naming the field."""
+    for key, n in (("n_layers", cfg.n_layers), ("num_decoder_layers", cfg.total_layers - cfg.n_layers)):
+        if n > MAX_LAYERS:
+            field_name = _alias(raw, key) if key in ALIASES else key
+            raise GraphError(f"{_where(origin, field_name)} is {n:,}: over {MAX_LAYERS:,} layers, beyond any published "
+                             f"model (the largest have 100-200); wattcast refuses it rather than build a graph for hours")
+    if cfg.total_layers > MAX_LAYERS:
+        raise GraphError(f"{origin}: {cfg.total_layers:,} encoder plus decoder layers, over {MAX_LAYERS:,} "
+                         "(fields num_layers and num_decoder_layers)")
+    n_exp = cfg.n_experts or 0
+    key = next((k for k in ("num_local_experts", "num_experts") if raw.get(k) is not None), "num_local_experts")
+    if n_exp > MAX_EXPERTS:
+        raise GraphError(f"{_where(origin, key)} is {n_exp:,}: over {MAX_EXPERTS:,} experts per layer (Switch-C has "
+                         "2,048); wattcast refuses it rather than build a graph for hours")
+    if n_exp * cfg.total_layers > MAX_LAYER_EXPERTS:
+        raise GraphError(f"{_where(origin, key)} is {n_exp:,} over {cfg.total_layers:,} layers: "
+                         f"{n_exp * cfg.total_layers:,} experts in all, over {MAX_LAYER_EXPERTS:,}; wattcast refuses it "
+                         "rather than build a graph for hours")
+
+
+def position_warning(cfg: HFConfig, seq: int) -> str | None:
+    """A warning when ``seq`` tokens exceed a rotary-position model's ``max_position_embeddings`` (and any
+    ``rope_scaling`` factor): the step is predicted (RoPE runs any length), but the model was not trained there.
+    Learned-position families refuse such a ``seq`` instead (see :func:`wattcast.featurize.workload`)."""
+    if cfg.family not in ROPE_FAMILIES or not cfg.max_positions or seq <= cfg.max_positions:
+        return None
+    scaling = cfg.raw.get("rope_scaling")
+    factor = scaling.get("factor") if isinstance(scaling, Mapping) else None
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0 \
+            and seq <= cfg.max_positions * factor:
+        return None
+    field_name = _alias(cfg.raw, "max_positions")
+    return (f"{cfg.name}: seq {seq:,} is beyond {field_name} {cfg.max_positions:,}: rotary-position (RoPE) models "
+            "run longer sequences, so the step is predicted, but the model was not trained at this length (a warning, "
+            "not an error; set rope_scaling in the config for a context-extended model)")
+
+
 def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str = "config") -> HFConfig:
     """Normalise field aliases and check the numbers a graph needs."""
     if not isinstance(raw, Mapping):
         raise GraphError(f"{origin}: a config must be a JSON object")
+    _check_fields(raw, origin)
     mt = str(raw.get("model_type", "")).strip().lower()
     if not mt:
         raise GraphError(f"{origin}: no 'model_type' field; known types: {', '.join(sorted(MODEL_TYPES))}")
@@ -230,8 +324,7 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
                    head_dim=hd, ffn=ffn, vocab=need["vocab"], max_positions=maxpos, activation=act, name=name, raw=dict(raw))
     # fields read outside the graph (parallel rules): checked here so that every command names them
     cfg.flag("tie_word_embeddings", True)
-    cfg.total_layers
-    cfg.n_experts
+    _check_size(cfg, raw, origin)
     if family == "mixtral":
         cfg.experts_per_token
     return cfg

@@ -34,6 +34,8 @@ Mapping (ONNX op -> builder call):
   ``layernorm``; FusedMatMul -> ``linear``/``matmul``; FastGelu, BiasGelu, QuickGelu, BiasAdd -> ``elementwise``;
 - the attention core (MatMul -> (Div|Mul) -> (Add|Where mask) -> Softmax -> (Dropout) -> MatMul) is
   tagged ``attn_core``; an opset-23 ``Attention`` op -> ``flash_attention``;
+- control flow (``Loop``, ``If``, ``Scan``: any node with a subgraph) -> :class:`GraphError` naming the node, its
+  trip count and its body: its subgraph is not costed, and one tiny op in its place would be a silently wrong step;
 - any other op -> ``opaque`` (0 FLOPs, bytes from its input/output shapes: costed by the roofline and
   flagged) and counted in ``graph.meta["unmapped_ops"]``.
 
@@ -1834,6 +1836,54 @@ class _Importer:
             self._set(o, t, rg or p > 0)
 
 
+def _constant_int(model, name: str) -> int | None:
+    """The value of a scalar integer initializer or Constant output ``name`` (a Loop's trip count), else None."""
+    from onnx import numpy_helper
+
+    if not name:
+        return None
+    for t in model.graph.initializer:
+        if t.name == name:
+            v = numpy_helper.to_array(t)
+            return int(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "iu" else None
+    for n in model.graph.node:
+        if n.op_type == "Constant" and name in n.output:
+            for a in n.attribute:
+                if a.name == "value" and a.HasField("t"):
+                    v = numpy_helper.to_array(a.t)
+                    return int(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "iu" else None
+                if a.name == "value_int":
+                    return int(a.i)
+    return None
+
+
+def _refuse_control_flow(model, where: str) -> None:
+    """GraphError naming the first node that runs a subgraph (Loop, If, Scan, ...): the importer walks one graph and
+    would cost the node as a single tiny op, its body never (1,000 iterations of a MatMul as 0.007 ms)."""
+    from collections import Counter
+
+    from onnx import AttributeProto
+
+    for k, n in enumerate(model.graph.node):
+        bodies = [a.g for a in n.attribute if a.type == AttributeProto.GRAPH]
+        bodies += [g for a in n.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
+        if not bodies:
+            continue
+        ops = Counter(x.op_type for g in bodies for x in g.node)
+        body = ", ".join(f"{c} {op}" for op, c in ops.most_common(5)) or "no ops"
+        what = {"If": "runs one of two branch subgraphs", "Scan": "runs its body once per scanned slice"}.get(
+            n.op_type, "runs a body subgraph")
+        trips = ""
+        if n.op_type == "Loop":
+            m = _constant_int(model, n.input[0] if n.input else "")
+            trips = f" {m:,} times (constant trip count)" if m is not None else " a number of times known only at run time"
+        raise GraphError(
+            f"{where}: node {n.name or f'#{k}'!r} ({n.op_type}) {what}{trips} ({body}); wattcast does not cost ONNX "
+            "control flow and refuses the model rather than count the node as one tiny op. Export with the loop "
+            "unrolled and the branch taken (torch.onnx.export traces Python loops and ifs that way; avoid "
+            "torch.jit.script), or give a Hugging Face config")
+
+
 def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None = None, dtype: str | None = None,
                     train: bool = False, dims: dict[str, int] | None = None) -> OpGraph:
     """The forward operator graph of an ONNX model (a path, a ``ModelProto`` or its bytes).
@@ -1859,6 +1909,7 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     if not len(model.graph.node):
         raise GraphError(f"{where}: the ONNX graph has no nodes (nothing runs, so there is no step to predict); "
                          "was the model exported empty or stripped?")
+    _refuse_control_flow(model, where)
     shape_only = _declare_shape_only_weights(model)
     tied = _tied_by_value(model)
     consts = _small_constants(model)

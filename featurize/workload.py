@@ -17,7 +17,7 @@ import numpy as np
 
 from wattcast.data.checks import is_count
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
-from wattcast.featurize.hf_config import HFConfig, load_hf_config
+from wattcast.featurize.hf_config import HFConfig, load_hf_config, position_warning
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.training_graph import RECOMPUTE, optimizer_key, training_graph
 
@@ -154,6 +154,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     if opts.seq * opts.cp > cfg.max_positions > 0 and cfg.family in ("gpt2", "opt", "bert", "mpt"):
         limit = f"max_seq_len {cfg.max_positions}" if cfg.family == "mpt" else f"{cfg.max_positions} learned positions"
         raise GraphError(f"{cfg.name}: seq {opts.seq * opts.cp} exceeds the model's {limit}")
+    # rotary positions run beyond the table: predicted, with a warning in meta["warnings"] (printed by the CLI)
+    pos_warning = position_warning(cfg, opts.seq * opts.cp)
     if opts.framework == "megatron" and cfg.family == "llama":
         from wattcast.featurize.hf_models import llama_megatron
 
@@ -163,7 +165,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
-                   hidden=cfg.hidden, vocab=cfg.vocab,
+                   hidden=cfg.hidden, vocab=cfg.vocab, **({"warnings": [pos_warning]} if pos_warning else {}),
                    **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
                       "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights"} if fp8 else {}))
 

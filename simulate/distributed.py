@@ -112,6 +112,7 @@ class DistributedPrediction:
                     memory_flag=self.memory_flag,
                     # set when the pipeline schedule of a huge micro-batch count was extrapolated past its exact part
                     schedule_extrapolated=self.meta.get("schedule_extrapolated"),
+                    **({"warnings": list(self.meta["warnings"])} if self.meta.get("warnings") else {}),
                     **(dict(run=self.run.run_dict(), run_details=self.run.to_dict()) if self.run is not None else {}))
 
 

@@ -56,7 +56,7 @@ from typing import Any, Callable, Mapping, Union
 
 from numpy import bool_ as np_bool
 
-from wattcast.data.checks import is_count
+from wattcast.data.checks import implausible, is_count
 from wattcast.data import carbon as _c
 from wattcast.data.device_spec import DeviceSpec
 
@@ -145,6 +145,34 @@ def _utilisation(v: float) -> float:
 _FLAG_FIELDS = ("market_based", "include_server_embodied")
 
 #: numeric keyword parameters of :func:`footprint` -> zero allowed
+#: parameter -> (lowest, highest plausible value, what a too-small figure probably is, what a too-large one is, unit):
+#: a figure outside is almost surely in another unit (a share given as a percent, g instead of kg, mW or the power
+#: of all GPUs instead of one); refused unless --force (:func:`wattcast.data.checks.allow_exotic`).
+PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
+    "avg_power_w": (1.0, 10_000.0, "kilowatts", "milliwatts, or the power of all GPUs together", "watts per accelerator"),
+    "hours": (0.0, 1e6, "-", "seconds or minutes (1e6 hours is 114 years)", "hours"),
+    "lifetime_years": (0.25, 50.0, "another unit (1e-9 years is 0.03 s)", "months, days or hours", "years"),
+    "node_overhead_share": (0.0, 2.0, "-", "a percent (50 means 0.5)", "a share of GPU power (0.3 = 30%)"),
+    "pue": (1.0, 4.0, "-", "a percent (120 means 1.2)", "a ratio (facility / IT energy)"),
+    "grid_kgco2e_per_kwh": (0.0, 2.0, "-", "grams per kWh (481 means 0.481)", "kgCO2e per kWh"),
+    "electricity_usd_per_kwh": (0.0, 2.0, "-", "cents or USD per MWh", "USD per kWh"),
+    "cloud_usd_per_gpu_hour": (0.0, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
+}
+#: the command-line option of each footprint parameter (named in messages)
+_FLAGS = {"avg_power_w": "--avg-power-w", "hours": "--hours", "lifetime_years": "--lifetime-years",
+          "node_overhead_share": "--node-overhead-share", "pue": "--pue", "grid_kgco2e_per_kwh": "--grid-kgco2e-per-kwh"}
+
+
+def check_plausible(name: str, v: float | None, prefix: str = "") -> None:
+    """ValueError when ``v`` is outside :data:`PLAUSIBLE` (unless allow_exotic / --force), naming the parameter."""
+    if v is None or name not in PLAUSIBLE:
+        return
+    label = f"{prefix}{name}" + (f" ({_FLAGS[name]})" if name in _FLAGS and not prefix else "")
+    msg = implausible(label, float(v), *PLAUSIBLE[name])
+    if msg:
+        raise ValueError(msg)
+
+
 _FOOTPRINT_NUMBERS = {"pue": False, "grid_kgco2e_per_kwh": True, "lifetime_years": False,
                       "electricity_usd_per_kwh": True, "cloud_usd_per_gpu_hour": True, "node_overhead_share": True,
                       "flops": True}
@@ -458,6 +486,9 @@ class LifecycleAssumptions:
                 "market_kgco2e_per_kwh", "accelerator_price_usd", "cloud_usd_per_gpu_hour", "embodied_kgco2e_per_gpu"))
         if self.pue < 1:
             raise ValueError(f"LifecycleAssumptions.pue must be >= 1, got {self.pue!r}")
+        for f in PLAUSIBLE:
+            if hasattr(self, f):
+                check_plausible(f, getattr(self, f), "LifecycleAssumptions.")
         if self.lifetime_utilisation > 1:
             raise ValueError(f"LifecycleAssumptions.lifetime_utilisation must be in (0, 1], got {self.lifetime_utilisation!r}")
         if self.default_power_fraction_of_tdp > 1.5:
@@ -611,6 +642,10 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
     ideal_h = _pos("hours", hours)
     if avg_power_w is not None:
         _pos("avg_power_w", avg_power_w)
+    # (``hours`` is not range-checked here: footprint_from_step passes the computed hours of a long run; the
+    # footprint command checks its --hours)
+    for k, v in dict(given, avg_power_w=avg_power_w).items():
+        check_plausible(k, v)
     a = assumptions or LifecycleAssumptions()
     over = {k: v for k, v in dict(pue=pue, region=region, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                                   market_based=market_based, lifetime_years=lifetime_years,

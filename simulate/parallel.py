@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from wattcast.data.checks import is_count, is_int
+from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -230,6 +230,14 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if cluster is not None and cfg.gpus > cluster.gpus_per_node:
         need(cluster.inter is not None, f"{cfg.gpus} GPUs need more than one node, but cluster {cluster.name} has no cross-node tier")
         nodes = -(-cfg.gpus // cluster.gpus_per_node)
+        # a partly filled node would put some parallel groups across a node boundary that the group layouts
+        # (whole nodes, Megatron rank order) do not see: a silently wrong communication time
+        need(cfg.gpus % cluster.gpus_per_node == 0 or exotic_allowed(),
+             f"{cfg.gpus} GPUs do not fill whole nodes of cluster {cluster.name} (gpus_per_node "
+             f"{cluster.gpus_per_node}: {cfg.gpus // cluster.gpus_per_node} full node(s) and "
+             f"{cfg.gpus % cluster.gpus_per_node} GPU(s) more); a job spanning nodes needs a multiple of gpus_per_node "
+             f"({cluster.gpus_per_node * (nodes - 1)} or {cluster.gpus_per_node * nodes} GPUs), or check gpus_per_node "
+             "in the cluster spec (--force models the partial node as a whole one)")
         need(cluster.max_nodes is None or nodes <= cluster.max_nodes,
              f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
     from wattcast.simulate.overlap import overlap_defaults

@@ -204,7 +204,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         if overlaps:
             cands = [replace(c, **overlaps) for c in cands]
         evaluated = 0
-        for par in cands:
+        for done, par in enumerate(cands, start=1):
             if evaluated >= max_configs:
                 break
             try:  # an invalid strategy is rejected by its rules before any graph is built
@@ -212,10 +212,12 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                         attention=attention, optimizer=optimizer, framework=framework, comm_split=False)
             except ParallelConfigError as e:
                 bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
+                if progress:  # a rejected candidate is done too: the bar reaches its total
+                    progress(done, len(cands))
                 continue
             evaluated += 1
             if progress:
-                progress(evaluated, len(cands))
+                progress(done, len(cands))
             row = dict(cluster=cl.name, device=r.device, config=r.parallel.describe(), tp=par.tp, pp=par.pp,
                        dp=r.parallel.dp, cp=par.cp, micro_batch=r.parallel.micro_batch, zero=par.zero, sp=par.sp, ep=par.ep,
                        recompute=par.recompute, interleave=par.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
@@ -229,6 +231,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                 row.update(run_hours=fp.hours, run_energy_mwh=fp.energy_mwh, run_tco_usd=fp.tco_usd,
                            run_tco2e=fp.total_tco2e)
             rows.append(row)
+        if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
+            progress(len(cands), len(cands))
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=list(COLUMNS + (RUN_COLUMNS if tokens else ())))

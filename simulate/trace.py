@@ -85,26 +85,109 @@ def write_distributed_trace(res, path: str | Path) -> Path:
                                                               "truncated": res.meta.get("trace_truncated")})
 
 
-def plot_timeline(res, path: str | Path) -> Path:
-    """A PNG of the per-stage timeline (forward, backward, optimizer on compute; DP buckets on comm)."""
+#: timeline colours: compute tasks by kind, communication by parallel group, and the exposed part of communication
+TIMELINE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "not drawn": "#DDDDDD",
+                    "dp": "#8172B3", "cp": "#64B5CD", "comm": "#999999", "exposed": "#C44E52"}
+
+
+def _timeline_kind(e: dict) -> str:
+    """The legend entry of one event."""
+    name = str(e["name"])
+    if e["stream"] == "compute":
+        if name.startswith("F"):
+            return "forward"
+        if name.startswith("B"):
+            return "backward"
+        if name == "optimizer":
+            return "optimizer"
+        return "not drawn" if name.startswith("[") else "optimizer"
+    group = name.split(".", 1)[0]
+    return group if group in ("dp", "cp") else "comm"
+
+
+def exposed_comm_intervals(res) -> list[tuple[int, float, float]]:
+    """(stage, start_ms, end_ms) of the communication on the comm stream during which the stage's compute stream is
+    idle: what the step waits for. (TP and pipeline send/recv time is inside the F/B tasks and is not among these;
+    ``res.exposed_comm_split_ms`` has every class.)"""
+    out = []
+    for s in sorted({e["stage"] for e in res.events}):
+        busy = sorted((e["start_ms"], e["end_ms"]) for e in res.events if e["stage"] == s and e["stream"] == "compute")
+        merged: list[list[float]] = []
+        for a, b in busy:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        comm = sorted((e["start_ms"], e["end_ms"]) for e in res.events if e["stage"] == s and e["stream"] == "comm")
+        for a, b in comm:
+            t = a
+            for c, d in merged:  # subtract the compute spans from [a, b)
+                if d <= t or c >= b:
+                    continue
+                if c > t:
+                    out.append((s, t, c))
+                t = max(t, d)
+                if t >= b:
+                    break
+            if t < b:
+                out.append((s, t, b))
+    # overlapping comm events of one stage would count the same gap twice: merge per stage
+    merged_out: list[tuple[int, float, float]] = []
+    for s, a, b in sorted(out):
+        if merged_out and merged_out[-1][0] == s and a <= merged_out[-1][2]:
+            merged_out[-1] = (s, merged_out[-1][1], max(merged_out[-1][2], b))
+        elif b > a:
+            merged_out.append((s, a, b))
+    return merged_out
+
+
+def timeline_figure(res):
+    """The matplotlib figure of :func:`plot_timeline` (for tests and notebooks)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    path = Path(path)
     stages = sorted({e["stage"] for e in res.events}) or [0]
-    fig, ax = plt.subplots(figsize=(11, 0.6 + 0.55 * len(stages) * 2))
-    colours = {"F": "#4C72B0", "B": "#DD8452", "o": "#55A868", "d": "#8172B3"}
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.55 * len(stages) * 2))
+    used = []
     for e in res.events:
         y = e["stage"] * 2 + (0 if e["stream"] == "compute" else 1)
-        c = colours.get(e["name"][0], "#999999")
-        ax.broken_barh([(e["start_ms"], e["end_ms"] - e["start_ms"])], (y - 0.4, 0.8), facecolors=c, edgecolors="white", linewidth=0.3)
+        kind = _timeline_kind(e)
+        used.append(kind)
+        ax.broken_barh([(e["start_ms"], e["end_ms"] - e["start_ms"])], (y - 0.4, 0.8), facecolors=TIMELINE_COLOURS[kind],
+                       edgecolors="white", linewidth=0.3)
+    exposed = exposed_comm_intervals(res)
+    for s, a, b in exposed:  # over the comm row, hatched: the compute stream waits for it
+        ax.broken_barh([(a, b - a)], (s * 2 + 1 - 0.4, 0.8), facecolors="none", edgecolors=TIMELINE_COLOURS["exposed"],
+                       hatch="////", linewidth=0.8)
+        ax.broken_barh([(a, b - a)], (s * 2 + 0.35, 0.1), facecolors=TIMELINE_COLOURS["exposed"])
     ax.set_yticks([s * 2 + k for s in stages for k in (0, 1)], [f"stage {s} {n}" for s in stages for n in ("compute", "comm")])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
+    labels = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "not drawn": "steady state (not drawn)",
+              "dp": "data-parallel comm (gradient reduce / param gather)", "cp": "context-parallel ring KV exchange",
+              "comm": "other comm"}
+    handles = [Patch(facecolor=TIMELINE_COLOURS[k], label=v) for k, v in labels.items() if k in used]
+    handles.append(Patch(facecolor="none", edgecolor=TIMELINE_COLOURS["exposed"], hatch="////",
+                         label="exposed comm (the compute stream waits)"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.1 / max(len(stages), 1)), ncol=3,
+              fontsize=8, frameon=False)
+    split = ", ".join(f"{k} {v:.1f}" for k, v in (res.exposed_comm_split_ms or {}).items() if v > 0) or "none"
     ax.set_title(f"{res.model} on {res.gpus} x {res.device} ({res.parallel.describe()}): step {res.step_time_ms:.1f} ms, "
-                 f"bubble {res.bubble_ms:.1f} ms, exposed comm {res.exposed_comm_ms:.1f} ms", fontsize=9)
+                 f"bubble {res.bubble_ms:.1f} ms, exposed comm {res.exposed_comm_ms:.1f} ms\n"
+                 f"exposed comm by class (ms): {split}; TP and pipeline transfers run inside the F/B tasks", fontsize=9)
+    return fig
+
+
+def plot_timeline(res, path: str | Path) -> Path:
+    """A PNG of the per-stage timeline (forward, backward, optimizer on compute; DP buckets on comm), with a legend,
+    the exposed communication hatched in red and the exposed time of every class in the title."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig = timeline_figure(res)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -67,7 +67,17 @@ SHORT_FORMS = {
     "NVIDIA_H100_80GB_HBM3": "H100-SXM5-80GB",
 }
 
-NEUSIGHT_DIR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "neusight" / "devices"
+def _data_root() -> Path:
+    """The datasets folder as every command finds it ($WATTCAST_DATA first, then ../shared/datasets)."""
+    from wattcast.data.kernel_datasets import DataNotFoundError, resolve_data_root
+
+    try:
+        return resolve_data_root()
+    except DataNotFoundError:
+        return Path("/nonexistent-wattcast-data")
+
+
+NEUSIGHT_DIR = _data_root() / "neusight" / "devices"
 NEUSIGHT_FILES = sorted(NEUSIGHT_DIR.glob("*.json")) if NEUSIGHT_DIR.is_dir() else []
 
 DEVICE_FILES = sorted(
