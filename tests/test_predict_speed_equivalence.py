@@ -97,16 +97,28 @@ def _reference_family(fm, X: pd.DataFrame):
         spread = np.abs(stack[0] - stack[-1]) / 2 if len(stack) > 1 else np.zeros(len(X))
     shape_ood = np.zeros(len(X), dtype=bool)
     dev_ood = np.zeros(len(X), dtype=bool)
+    # leave-one-generation-out calibration: device ranges widened by the folds' extrapolation, and checked per dtype
+    # class as well (tensor-core rows against the tensor-core training rows, FP32 rows against the FP32 ones)
+    logo = fm.logo or {}
+    margin = logo.get("margin") or {}
     for f, (lo, hi) in fm.support.items():
         if f not in X:
             continue
         v = X[f].to_numpy(dtype=float)
-        slack = SUPPORT_SLACK * max(hi - lo, 1e-9)
+        slack = SUPPORT_SLACK * max(hi - lo, 1e-9) + (margin.get(f, 0.0) if f in DEVICE_FEATURES else 0.0)
         out = (v < lo - slack) | (v > hi + slack)
         if f in DEVICE_FEATURES:
             dev_ood |= out
         else:
             shape_ood |= out
+    tensor = X["is_tensor_dtype"].to_numpy() > 0.5
+    for i in range(len(X)):
+        ranges = (logo.get("support_by_dtype_class") or {}).get("tensor" if tensor[i] else "vector", {})
+        for f, (lo, hi) in ranges.items():
+            v = float(X[f].iloc[i])
+            slack = SUPPORT_SLACK * max(hi - lo, 1e-9) + margin.get(f, 0.0)
+            if v < lo - slack or v > hi + slack:
+                dev_ood[i] = True
     return p, spread, shape_ood, dev_ood
 
 
@@ -139,7 +151,8 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             p, spread, shape_ood, dev_ood = _reference_family(fm, X[m])
             oo = shape_ood | dev_ood
             widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
-            lo_m = p + fm.band_log[0] * widen - spread
+            band = fm.logo["band_log"] if fm.logo else fm.band_log  # the generation-calibrated band where there is one
+            lo_m = p + band[0] * widen - spread
             if fm.latency_floor_ms > 0:  # the measured floor of the row's dtype, applied row by row here
                 dts = canon[ok]["dtype"].to_numpy()[m]
                 floor_ms = fm.floor_ms([str(d) for d in dts])
@@ -147,7 +160,7 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                 p, lo_m = np.maximum(p, floor), np.maximum(lo_m, floor)
             lr[m] = p
             lo[m] = lo_m
-            hi[m] = p + fm.band_log[1] * widen + spread
+            hi[m] = p + band[1] * widen + spread
             o[m] = oo
             mname[m] = fm.choice if fm.choice != "roofline" else "roofline-fallback"
             why[m] = np.where(shape_ood & dev_ood, "shape+device", np.where(shape_ood, "shape", np.where(dev_ood, "device", "")))
