@@ -582,6 +582,7 @@ def search(
                           pareto=pareto, **(dict(cp=tuple(cp)) if cp else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    limits = {"--max-usd": max_usd, "--deadline-days": deadline_days, "--max-tco2e": max_tco2e}
     if res.ranked.empty and res.excluded.empty:
         _fail("no valid configuration: " + ("; ".join(sorted(set(res.rejected["rule"].astype(str)))[:5]) if len(res.rejected) else "none generated"))
     if output is not None:
@@ -593,7 +594,7 @@ def search(
     if as_json:
         print(json.dumps({"ranked": _records(res.ranked), "pareto": _records(res.pareto),
                           "rejected": _records(res.rejected), "excluded": _records(res.excluded)}, indent=2, default=str))
-        _fail_if_none_fits(res)
+        _fail_if_none_fits(res, limits)
         return
     con = Console()
     if not con.is_terminal:  # piped or captured: room for every column
@@ -637,7 +638,7 @@ def search(
     if len(res.excluded):
         counts = res.excluded["excluded_by"].value_counts()
         con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))
-    _fail_if_none_fits(res)
+    _fail_if_none_fits(res, limits)
 
 
 def _records(frame) -> list[dict]:
@@ -662,21 +663,27 @@ def _write_table(frame, path: Path) -> None:
 
 
 def _print_run_sources(con, ranked) -> None:
-    """Say where the run's prices and grid intensity come from, and whether they are the region's own."""
+    """Say where the run's prices and grid intensity come from, and whether they are the region's own (each once)."""
     fit = ranked[ranked["fits"]]
     if fit.empty:
         return
+    seen = set()
     for dev, r in fit.drop_duplicates("device").set_index("device").iterrows():
-        grid = (f"grid {r['grid_kgco2e_per_kwh']:.3f} kgCO2e/kWh ({r['grid_region'] or 'no region'}, {r['grid_basis']}; "
-                f"{'site-specific' if r['grid_region_specific'] else 'NOT region-specific'}: {r['grid_source']})")
-        elec = (f"electricity {r['electricity_usd_per_kwh']:g} USD/kWh ("
-                f"{'site-specific' if r['electricity_region_specific'] else 'NOT region-specific'}: {r['electricity_source']})")
-        cloud = ("cloud price unknown for this GPU (give --cloud-usd-per-gpu-hour)" if pd_isna(r["cloud_usd_per_gpu_hour"])
-                 else f"cloud {r['cloud_usd_per_gpu_hour']:g} USD/GPU-h ({r['cloud_price_source']})")
-        con.print(f"{dev}: {grid}; {elec}; {cloud}; PUE {r['pue']:g}")
+        lines = [
+            f"grid {r['grid_kgco2e_per_kwh']:.3f} kgCO2e/kWh, {r['grid_region'] or 'no region'} ({r['grid_basis']}, "
+            f"{'site-specific' if r['grid_region_specific'] else 'NOT region-specific'}; source: {r['grid_source']})",
+            f"electricity {r['electricity_usd_per_kwh']:g} USD/kWh ("
+            f"{'site-specific' if r['electricity_region_specific'] else 'NOT region-specific'}; source: {r['electricity_source']})",
+            f"PUE {r['pue']:g}",
+            (f"{dev}: cloud price unknown (cloud $ empty; give --cloud-usd-per-gpu-hour)" if pd_isna(r["cloud_usd_per_gpu_hour"])
+             else f"{dev}: cloud {r['cloud_usd_per_gpu_hour']:g} USD/GPU-h (source: {r['cloud_price_source']})")]
+        for line in lines:
+            if line not in seen:
+                seen.add(line)
+                con.print(line, soft_wrap=True)
 
 
-def _fail_if_none_fits(res) -> None:
+def _fail_if_none_fits(res, limits: dict | None = None) -> None:
     """Exit 3 (as predict does for a configuration that does not fit) when no evaluated strategy fits; exit 1 when
     some fit but a constraint (--max-usd, --deadline-days, --max-tco2e) leaves none, saying what the best would need."""
     import pandas as pd
@@ -691,9 +698,10 @@ def _fail_if_none_fits(res) -> None:
         best = []
         for flag, col, fmt in (("--max-usd", "run_cloud_usd", "${:,.0f}"), ("--deadline-days", "run_days", "{:,.1f} days"),
                                ("--max-tco2e", "run_tco2e", "{:,.2f} tCO2e")):
-            if col in fit and fit[col].notna().any():
-                best.append(f"{flag}: the best fitting configuration needs {fmt.format(fit[col].min())}")
-        _fail(f"no configuration meets the constraints ({len(fit)} fit in memory); " + "; ".join(best), code=1)
+            if (limits or {}).get(flag) is not None and col in fit and fit[col].notna().any():
+                best.append(f"{flag} {limits[flag]:g}: the best fitting configuration needs {fmt.format(fit[col].min())}")
+        _fail(f"no configuration meets the constraints ({len(fit)} fit in memory)" + "".join("; " + b for b in best)
+              + ("; --pareto keeps the front of what they leave" if not best else ""), code=1)
 
 
 @app.command()

@@ -343,8 +343,8 @@ def _check_goals(objective, max_usd, deadline_days, max_tco2e, pareto, tokens) -
         needs += [k for k, v in limits.items() if v is not None] + (["pareto"] if pareto else [])
         if needs:
             raise ValueError(f"{', '.join(needs)} describe(s) a whole training run: give tokens (--tokens) too")
-    need_cloud = (f"objective {obj}" if obj == "cost" else "max_usd" if limits["max_usd"] is not None
-                  else "pareto (time x cloud cost x CO2e)" if pareto else "")
+    need_cloud = (f"objective {obj} (--objective)" if obj == "cost" else "max_usd (--max-usd)" if limits["max_usd"] is not None
+                  else "pareto (--pareto: time x cloud cost x CO2e)" if pareto else "")
     col = OBJECTIVES[obj] if (tokens is not None or obj == "time") else "energy_j"
     return dict(objective=obj, column=col, pareto=bool(pareto), need_cloud=need_cloud, **limits)
 
