@@ -698,10 +698,11 @@ def _fail_if_none_fits(res, limits: dict | None = None) -> None:
         best = []
         for flag, col, fmt in (("--max-usd", "run_cloud_usd", "${:,.0f}"), ("--deadline-days", "run_days", "{:,.1f} days"),
                                ("--max-tco2e", "run_tco2e", "{:,.2f} tCO2e")):
-            if (limits or {}).get(flag) is not None and col in fit and fit[col].notna().any():
-                best.append(f"{flag} {limits[flag]:g}: the best fitting configuration needs {fmt.format(fit[col].min())}")
+            lim = (limits or {}).get(flag)
+            if lim is not None and col in fit and fit[col].notna().any() and fit[col].min() > lim:
+                best.append(f"{flag} {lim:g}: the best fitting configuration needs {fmt.format(fit[col].min())}")
         _fail(f"no configuration meets the constraints ({len(fit)} fit in memory)" + "".join("; " + b for b in best)
-              + ("; --pareto keeps the front of what they leave" if not best else ""), code=1)
+              + ("; each can be met alone, but no configuration meets them together" if not best else ""), code=1)
 
 
 @app.command()
