@@ -531,6 +531,7 @@ def search(
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
+    simulate_oom: bool = typer.Option(False, "--simulate-oom", help="Also simulate the steps of configurations that do not fit (slower; by default memory comes first and their times are left empty)."),
 ) -> None:
     """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
     on one cluster or across several; with --tokens, rank and filter whole runs by time, cost and CO2e."""
@@ -579,7 +580,7 @@ def search(
                           overlaps=dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
                           if no_overlap else None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
-                          pareto=pareto, **(dict(cp=tuple(cp)) if cp else {}))
+                          pareto=pareto, prune_oom=not simulate_oom, **(dict(cp=tuple(cp)) if cp else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     limits = {"--max-usd": max_usd, "--deadline-days": deadline_days, "--max-tco2e": max_tco2e}

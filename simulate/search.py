@@ -20,7 +20,7 @@ from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
 from wattcast.simulate.lifecycle import footprint, footprint_from_step
-from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
+from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -35,7 +35,7 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 #: columns of ``SearchResult.ranked`` (and ``pareto``); a search with ``tokens`` adds :data:`RUN_COLUMNS`
 COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
-           "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag")
+           "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled")
 #: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the on-demand cloud price
 #: per GPU-hour (``cloud_usd_per_gpu_hour``, from ``cloud_price_source``; NaN when the device has none and none was given);
 #: ``run_tco_usd``: owned hardware's amortised CapEx + OpEx. ``*_source`` say where each price and intensity comes
@@ -164,7 +164,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            optimizer: str = DEFAULTS.optimizer, max_configs: int = 5000, progress=None, framework: str = DEFAULTS.framework,
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
-           max_tco2e: float | None = None, pareto: bool = False, **space) -> SearchResult:
+           max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -180,6 +180,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     the step's energy). Constraints keep the fitting rows within ``max_usd`` (cloud cost, USD), ``deadline_days``
     (run time incl. failures) and ``max_tco2e``; ``pareto`` keeps the Pareto front over run time x cloud cost x
     CO2e. These need ``tokens``; what they leave out is in ``excluded``.
+
+    ``prune_oom`` (default): memory first; a strategy that does not fit is not scheduled (its row has ``fits`` False,
+    its memory, ``scheduled`` False and NaN times, MFU and energy), which leaves the fitting rows, their order and
+    every figure of theirs unchanged. ``prune_oom=False`` simulates every step.
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``: True/False; left out, the framework's default).
@@ -230,7 +234,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if is_onnx_path(model):
         raise ValueError("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face "
                          "config or a built-in name")
-    _model_config(model)
+    hf = _model_config(model)
     resolved = []
     for c in clusters:
         cl = resolve_cluster(c)
@@ -251,12 +255,17 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         if overlaps:
             cands = [replace(c, **overlaps) for c in cands]
         evaluated = 0
+        rules = dict(batch=batch, n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
+                     n_experts=hf.n_experts, seq=seq, cluster=cl, uneven_stages=framework == "megatron-deepspeed",
+                     framework=framework)
         for par in cands:
             if evaluated >= max_configs:
                 break
-            try:  # an invalid strategy is rejected by its rules before any graph is built
+            try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
+                resolve_parallel(replace(par, gpus=gpus), **rules)
                 r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
-                                        attention=attention, optimizer=optimizer, framework=framework, comm_split=False)
+                                        attention=attention, optimizer=optimizer, framework=framework, comm_split=False,
+                                        prune_oom=bool(prune_oom))
             except ParallelConfigError as e:
                 bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
                 continue
@@ -271,7 +280,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                        exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
                        avg_power_w=r.avg_power_w, strategy=format_strategy(p, batch, framework),
                        grad_accum=p.n_micro(batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
-                       memory_flag=r.memory_flag)
+                       memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True))
             if tokens and r.fits:
                 fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
                                          tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,

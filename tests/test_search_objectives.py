@@ -282,3 +282,42 @@ def test_cli_output_suffix_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     r = run(*CLI, "--tokens", "2e10", "--plot", tmp_path / "front.svg")
     assert r.exit_code == 2 and "--plot" in flat(r.stderr)
+
+
+# ------------------------------------------------------------------------------------------------ memory first
+@pytest.fixture(scope="module")
+def pruned_and_full():
+    job = dict(gpus=4, batch=16, seq=2048, zero=(0, 1, 2, 3))
+    return (wattcast.search("gpt3_2.7b", "nvlink-4gpu", **job),
+            wattcast.search("gpt3_2.7b", "nvlink-4gpu", prune_oom=False, **job))
+
+
+def test_memory_first_pruning_keeps_the_top_10_and_every_fitting_row(pruned_and_full):
+    pruned, full = pruned_and_full
+    assert len(pruned.ranked) == len(full.ranked) and not pruned.ranked["fits"].all()  # some do not fit: pruned
+    fp, ff = _fit(pruned.ranked), _fit(full.ranked)
+    assert fp["strategy"].head(10).tolist() == ff["strategy"].head(10).tolist()
+    cols = ["strategy", "step_time_ms", "mfu", "memory_gb", "energy_j", "avg_power_w", "exposed_comm_ms", "bubble_ms"]
+    pd.testing.assert_frame_equal(fp[cols].reset_index(drop=True), ff[cols].reset_index(drop=True))
+    assert pruned.best == full.best
+    pd.testing.assert_frame_equal(pruned.pareto[cols].reset_index(drop=True), full.pareto[cols].reset_index(drop=True))
+
+
+def test_pruned_rows_have_their_memory_and_no_made_up_times(pruned_and_full):
+    pruned, full = pruned_and_full
+    oom = pruned.ranked[~pruned.ranked["fits"]]
+    assert len(oom) and not oom["scheduled"].any() and pruned.ranked.loc[pruned.ranked["fits"], "scheduled"].all()
+    assert oom[["step_time_ms", "mfu", "energy_j", "avg_power_w", "tflops_per_gpu"]].isna().all().all()
+    mem = full.ranked.set_index("strategy")["memory_gb"]
+    assert np.array_equal(oom["memory_gb"].to_numpy(), mem.loc[oom["strategy"]].to_numpy())
+    assert full.ranked["scheduled"].all() and full.ranked["step_time_ms"].notna().all()
+
+
+def test_cli_search_json_has_null_times_for_pruned_rows_and_simulate_oom_fills_them():
+    args = ("search", "-m", "gpt3_2.7b", "--cluster", "nvlink-4gpu", "--gpus", "4", "--batch", "16", "--seq", "2048",
+            "--max-configs", "60", "--json")
+    d = json.loads(run(*args).stdout)
+    oom = [x for x in d["ranked"] if not x["fits"]]
+    assert oom and all(x["step_time_ms"] is None and x["scheduled"] is False for x in oom)
+    d = json.loads(run(*args, "--simulate-oom").stdout)
+    assert all(x["step_time_ms"] > 0 and x["scheduled"] for x in d["ranked"])
