@@ -249,6 +249,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                  "(--cloud-usd-per-gpu-hour)")
         resolved.append((cl, spec))
     run_cols = RUN_COLUMNS if tokens is not None else ()
+    # the kernel bundle and the collective model once per search: no filesystem look-up per candidate
+    from wattcast.models.kernel_bundle import load_bundle
+    from wattcast.simulate.distributed import _collective_model
+
+    bundle, coll_model = load_bundle(), _collective_model()
     rows, bad = [], []
     for cl, spec in resolved:
         cands = candidate_configs(model, cl, gpus, batch, seq, **space)
@@ -265,7 +270,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                 resolve_parallel(replace(par, gpus=gpus), **rules)
                 r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
                                         attention=attention, optimizer=optimizer, framework=framework, comm_split=False,
-                                        prune_oom=bool(prune_oom))
+                                        prune_oom=bool(prune_oom), bundle=bundle, coll_model=coll_model)
             except ParallelConfigError as e:
                 bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
                 continue
