@@ -35,7 +35,8 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 #: columns of ``SearchResult.ranked`` (and ``pareto``); a search with ``tokens`` adds :data:`RUN_COLUMNS`
 COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
-           "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled")
+           "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
+           "attention", "framework")
 #: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the on-demand cloud price
 #: per GPU-hour (``cloud_usd_per_gpu_hour``, from ``cloud_price_source``; NaN when the device has none and none was given);
 #: ``run_tco_usd``: owned hardware's amortised CapEx + OpEx. ``*_source`` say where each price and intensity comes
@@ -285,7 +286,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                        exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
                        avg_power_w=r.avg_power_w, strategy=format_strategy(p, batch, framework),
                        grad_accum=p.n_micro(batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
-                       memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True))
+                       memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
+                       # the settings a strategy string does not carry: predict it with the same ones
+                       dtype=str(dtype).lower(), attention=str(attention).lower(), framework=framework)
             if tokens and r.fits:
                 fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
                                          tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,

@@ -205,3 +205,12 @@ def test_cli_predict_strategy_errors():
 def test_strategy_dataclass_replace_keeps_fields():
     st = parse_strategy("tp2-pp2-dp2-mb1-ga8-v2-zero1-rcfull-ppf3")
     assert replace(st, tp=4).gpus == 16 and st.pp_first_layers == 3 and st.recompute == "full" and st.interleave == 2
+
+
+def test_rows_name_the_settings_a_strategy_string_does_not_carry():
+    res = wattcast.search("gpt3_xl", "DGX-H100", 8, 8, 1024, dtype="fp8", framework="Megatron", max_configs=4)
+    r = res.ranked.iloc[0]
+    assert (r["dtype"], r["attention"], r["framework"]) == ("fp8", "flash", "megatron")
+    p = wattcast.predict_cluster("gpt3_xl", "DGX-H100", seq=1024, strategy=r["strategy"], dtype=r["dtype"],
+                                 attention=r["attention"], framework=r["framework"])
+    assert p.step_time_ms == r["step_time_ms"] and p.memory_gb == r["memory_gb"]
