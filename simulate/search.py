@@ -17,6 +17,7 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster
+from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
 from wattcast.simulate.lifecycle import footprint, footprint_from_step
@@ -256,45 +257,46 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
     bundle, coll_model = load_bundle(), _collective_model()
     rows, bad = [], []
-    for cl, spec in resolved:
-        cands = candidate_configs(model, cl, gpus, batch, seq, **space)
-        if overlaps:
-            cands = [replace(c, **overlaps) for c in cands]
-        evaluated = 0
-        rules = dict(batch=batch, n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
-                     n_experts=hf.n_experts, seq=seq, cluster=cl, uneven_stages=framework == "megatron-deepspeed",
-                     framework=framework)
-        for par in cands:
-            if evaluated >= max_configs:
-                break
-            try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
-                resolve_parallel(replace(par, gpus=gpus), **rules)
-                r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
-                                        attention=attention, optimizer=optimizer, framework=framework, comm_split=False,
-                                        prune_oom=bool(prune_oom), bundle=bundle, coll_model=coll_model)
-            except ParallelConfigError as e:
-                bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
-                continue
-            evaluated += 1
-            if progress:
-                progress(evaluated, len(cands))
-            p = r.parallel
-            row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
-                       dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
-                       recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
-                       tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
-                       exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
-                       avg_power_w=r.avg_power_w, strategy=format_strategy(p, batch, framework),
-                       grad_accum=p.n_micro(batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
-                       memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
-                       # the settings a strategy string does not carry: predict it with the same ones
-                       dtype=str(dtype).lower(), attention=str(attention).lower(), framework=framework)
-            if tokens and r.fits:
-                fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
-                                         tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
-                                         **(footprint_kw or {}))
-                row.update(_run_row(fp))
-            rows.append(row)
+    with pinned_files():  # the model's file looked up once per search, not per candidate
+        for cl, spec in resolved:
+            cands = candidate_configs(model, cl, gpus, batch, seq, **space)
+            if overlaps:
+                cands = [replace(c, **overlaps) for c in cands]
+            evaluated = 0
+            rules = dict(batch=batch, n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
+                         n_experts=hf.n_experts, seq=seq, cluster=cl, uneven_stages=framework == "megatron-deepspeed",
+                         framework=framework)
+            for par in cands:
+                if evaluated >= max_configs:
+                    break
+                try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
+                    resolve_parallel(replace(par, gpus=gpus), **rules)
+                    r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
+                                            attention=attention, optimizer=optimizer, framework=framework, comm_split=False,
+                                            prune_oom=bool(prune_oom), bundle=bundle, coll_model=coll_model)
+                except ParallelConfigError as e:
+                    bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
+                    continue
+                evaluated += 1
+                if progress:
+                    progress(evaluated, len(cands))
+                p = r.parallel
+                row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
+                           dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
+                           recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
+                           tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
+                           exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
+                           avg_power_w=r.avg_power_w, strategy=format_strategy(p, batch, framework),
+                           grad_accum=p.n_micro(batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
+                           memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
+                           # the settings a strategy string does not carry: predict it with the same ones
+                           dtype=str(dtype).lower(), attention=str(attention).lower(), framework=framework)
+                if tokens and r.fits:
+                    fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
+                                             tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
+                                             **(footprint_kw or {}))
+                    row.update(_run_row(fp))
+                rows.append(row)
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
     cols = list(COLUMNS + run_cols)
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)

@@ -321,3 +321,40 @@ def test_cli_search_json_has_null_times_for_pruned_rows_and_simulate_oom_fills_t
     assert oom and all(x["step_time_ms"] is None and x["scheduled"] is False for x in oom)
     d = json.loads(run(*args, "--simulate-oom").stdout)
     assert all(x["step_time_ms"] > 0 and x["scheduled"] for x in d["ranked"])
+
+
+def test_search_looks_up_the_model_file_once_not_per_candidate(monkeypatch, tmp_path):
+    from wattcast.featurize import hf_config, workload
+
+    calls = {"config": 0, "graph": 0}
+    loc_c, loc_g = hf_config._locate_config, workload._locate_model_file
+
+    def count_c(m):
+        calls["config"] += 1
+        return loc_c(m)
+
+    def count_g(m):
+        calls["graph"] += 1
+        return loc_g(m)
+
+    monkeypatch.setattr(hf_config, "_locate_config", count_c)
+    monkeypatch.setattr(workload, "_locate_model_file", count_g)
+    res = wattcast.search("gpt2", "nvlink-4gpu", 4, 8, 512, max_configs=30)
+    assert len(res.ranked) + len(res.rejected) >= 20
+    assert calls["config"] <= 2 and calls["graph"] <= 1  # once before the loop (checks), once inside the pinned block
+    # outside a search nothing is pinned: an edited config file is read again
+    f = tmp_path / "config.json"
+    cfg = dict(model_type="gpt2", n_layer=2, n_head=4, n_embd=256, vocab_size=1000, n_positions=512)
+    f.write_text(json.dumps(cfg))
+    a = hf_config.load_hf_config(str(f))
+    f.write_text(json.dumps(dict(cfg, n_layer=3)))
+    import os
+
+    os.utime(f, (1e9, 1e9))  # a different modification time for sure
+    assert hf_config.load_hf_config(str(f)).n_layers == a.n_layers + 1
+    with hf_config.pinned_files():
+        first = hf_config.load_hf_config(str(f))
+        f.write_text(json.dumps(dict(cfg, n_layer=5)))
+        os.utime(f, (2e9, 2e9))
+        assert hf_config.load_hf_config(str(f)) == first  # pinned: looked up once inside the block
+    assert hf_config.load_hf_config(str(f)).n_layers == 5
