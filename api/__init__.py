@@ -93,15 +93,17 @@ def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict):
     return replace(res, run=run_of_prediction(res, tokens=tokens, tokens_per_step=tokens_per_step, device=spec, **run_kw))
 
 
-def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, tp: int = 1, pp: int = 1, dp=None,
-                    micro_batch=None, zero: int = 0, sp: bool = False, ep: int = 1, recompute: str = "none",
-                    interleave: int = 1, schedule: str = "1f1b", dtype: str = DEFAULTS.dtype,
-                    attention: str = DEFAULTS.attention,
-                    compile: bool = False, optimizer: str = "adamw", device=None, trace: bool = False,
-                    power_limit_w: float | None = None, clock_cap_mhz: float | None = None, framework: str = "hf",
-                    pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int = 1,
+def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | None = None, seq: int = 1024,
+                    tp: int | None = None, pp: int | None = None, dp=None,
+                    micro_batch=None, zero: int | None = None, sp: bool | None = None, ep: int | None = None,
+                    recompute: str | None = None, interleave: int | None = None, schedule: str | None = None,
+                    dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
+                    compile: bool = False, optimizer: str = DEFAULTS.optimizer, device=None, trace: bool = False,
+                    power_limit_w: float | None = None, clock_cap_mhz: float | None = None,
+                    framework: str = DEFAULTS.framework,
+                    pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int | None = None,
                     overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
-                    tp_comm_overlap: bool | None = None,
+                    tp_comm_overlap: bool | None = None, strategy: str | None = None,
                     tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -113,16 +115,36 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
     ``cp``: context parallelism (ring attention over ``cp`` ranks; needs ``attention="flash"``).
     ``overlap_grad_reduce``/``overlap_param_gather``/``tp_comm_overlap``: Megatron-Core's overlaps (None: the
     framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``).
+    ``strategy``: a strategy string as ``wattcast.search`` gives it per row (``simulate/strategy.py``, e.g.
+    ``"tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b"``); it sets the parallel options, ``gpus`` and (with its
+    ``ga``) ``batch``, and predicts that row's figures exactly. An option also given must agree with it (ValueError
+    naming the option otherwise). Without ``strategy``, ``gpus`` and ``batch`` are required and the parallel options
+    default to tp 1, pp 1, cp 1, ep 1, ZeRO 0, no SP, no recomputation, interleave 1 and 1F1B.
     ``tokens`` (and
     ``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ...): the whole run in ``.run``, the same
     figures as ``wattcast predict --cluster ... --tokens``."""
     from wattcast.simulate.distributed import predict_distributed
     from wattcast.simulate.parallel import ParallelConfig
 
-    par = ParallelConfig(gpus=gpus, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
-                         interleave=interleave, schedule=schedule, pp_first_layers=pp_first_stage_layers,
-                         pp_last_layers=pp_last_stage_layers, cp=cp, overlap_grad_reduce=overlap_grad_reduce,
-                         overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap)
+    opts = dict(gpus=gpus, batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep,
+                recompute=recompute, interleave=interleave, schedule=schedule, cp=cp, pp_first_layers=pp_first_stage_layers,
+                pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
+                overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap)
+    if strategy is not None:
+        from wattcast.simulate.strategy import strategy_values
+
+        api = {"pp_first_layers": "pp_first_stage_layers", "pp_last_layers": "pp_last_stage_layers"}
+        opts = strategy_values(strategy, {k: v for k, v in opts.items() if v is not None},
+                               label=lambda k: api.get(k, k))
+        opts.setdefault("batch", None)
+    defaults = dict(tp=1, pp=1, zero=0, sp=False, ep=1, recompute="none", interleave=1, schedule="1f1b", cp=1)
+    opts = {k: (defaults[k] if v is None and k in defaults else v) for k, v in opts.items()}
+    for k in ("gpus", "batch"):
+        if opts[k] is None:
+            raise TypeError(f"predict_cluster() needs {k}= (or a strategy= that sets it"
+                            + (": the strategy's ga<N> gives the global batch)" if k == "batch" else ")"))
+    gpus, batch = opts.pop("gpus"), opts.pop("batch")
+    par = ParallelConfig(gpus=gpus, **opts)
     if tokens is None:
         _no_run_options(run_kw)
     res = predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
@@ -139,7 +161,11 @@ def predict_cluster(model, cluster, *, gpus: int, batch: int, seq: int = 1024, t
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
     """Enumerate valid parallel strategies, evaluate them (shared caches), rank them; Pareto front over step
-    time and memory. See :func:`wattcast.simulate.search.search` for the search space options."""
+    time and memory. Every row has a ``strategy`` string that ``predict_cluster(..., strategy=)`` predicts exactly.
+    With ``tokens`` (and ``footprint_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour,
+    ...): each fitting row's run days, cloud cost, TCO, energy and CO2e with their sources; ``objective`` (time, cost,
+    tco, co2e, energy), ``max_usd``, ``deadline_days``, ``max_tco2e`` and ``pareto`` (time x cloud cost x CO2e) rank and
+    filter them. See :func:`wattcast.simulate.search.search` for the search space options."""
     from wattcast.simulate.search import search as _search
 
     return _search(model, cluster, gpus, batch, seq, **kw)

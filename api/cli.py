@@ -25,6 +25,11 @@ _MLRUNS_OPTION = typer.Option(Path("mlruns"), "--mlruns", help="MLflow store fol
 _NO_MLFLOW_OPTION = typer.Option(False, "--no-mlflow", help="Do not log to MLflow.")
 _OUT_OPTION = typer.Option(None, "--out", help="Artifact folder to write (default: the shipped one in the package).")
 app.add_typer(validate_app, name="validate")
+# options of every command that computes a whole training run (--tokens): predict, predict --cluster, search
+_PUE_OPTION = typer.Option(None, "--pue", help="Data-centre PUE (default 1.2).")
+_LIFETIME_OPTION = typer.Option(None, "--lifetime-years", help="Hardware lifetime for amortising embodied carbon and CapEx (default 5).")
+_GRID_OPTION = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region).")
+_CLOUD_OPTION = typer.Option(None, "--cloud-usd-per-gpu-hour", help="Cloud price per GPU-hour for the run's cloud cost (default: the table's on-demand price for a catalog GPU).")
 profile_app = typer.Typer(no_args_is_help=True, help="Import profiling files (or measure this machine's GPU) into measurement tables.")
 app.add_typer(profile_app, name="profile")
 err = Console(stderr=True)
@@ -245,6 +250,7 @@ def devices(
 @app.command()
 @_forceable
 def predict(
+    ctx: typer.Context,
     model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (`wattcast models` lists them)."),
     device: Optional[str] = typer.Option(None, "--device", "-d", help="Catalog name (case-insensitive) or a spec file (default with --cluster: the cluster's GPU)."),
     batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Sequences per step (the global batch with --cluster; default 1, or an ONNX file's own fixed dims)."),
@@ -275,9 +281,10 @@ def predict(
     clock_cap_mhz: Optional[float] = typer.Option(None, "--clock-cap-mhz", help="SM clock cap (MHz): time and power respond."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Train on this many tokens: adds the run's time, energy, CO2e and cost (`run`)."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon: country (ISO code or name) or cloud region (gcp:us-central1)."),
-    pue: Optional[float] = typer.Option(None, "--pue", help="Data-centre PUE (default 1.2)."),
-    lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime for amortising embodied carbon and CapEx (default 5)."),
-    grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region)."),
+    pue: Optional[float] = _PUE_OPTION,
+    lifetime_years: Optional[float] = _LIFETIME_OPTION,
+    grid_kgco2e_per_kwh: Optional[float] = _GRID_OPTION,
+    cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
     dim: List[str] = typer.Option([], "--dim", help="Bind a symbolic ONNX input dim: NAME=VALUE (repeatable)."),
     pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
     pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="Transformer layers of the last pipeline stage (decoder_last_pipeline_num_layers)."),
@@ -286,18 +293,36 @@ def predict(
     overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="Megatron-Core: all-gather the distributed optimizer's parameters during the next forward (default on with --framework megatron and --zero >= 1)."),
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
     force: bool = _FORCE_OPTION,
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
     With --cluster (and --gpus), --batch is the global batch in sequences and the step runs under the
-    parallel strategy given by --tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave."""
+    parallel strategy given by --tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave, or by --strategy."""
     from wattcast import predict as _predict
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.featurize.op_graph import GraphError
 
-    run_kw = dict(tokens=tokens, region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh)
-    if tokens is None and any(v is not None for v in (region, pue, lifetime_years, grid_kgco2e_per_kwh)):
-        _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh describe a run: give --tokens too")
+    run_kw = dict(tokens=tokens, region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
+                  cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour)
+    if tokens is None and any(v is not None for v in (region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour)):
+        _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh/--cloud-usd-per-gpu-hour describe a run: give --tokens too")
+    if strategy is not None:
+        if cluster is None:
+            _fail("--strategy names a parallel strategy: it needs --cluster NAME|FILE")
+        v = _strategy_options(ctx, strategy, dict(
+            gpus=gpus, batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep,
+            interleave=interleave, recompute=recompute, schedule=schedule, cp=cp, pp_first_layers=pp_first_stage_layers,
+            pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
+            overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap))
+        gpus, tp, pp, dp, micro_batch, zero, sp, ep = (v[k] for k in ("gpus", "tp", "pp", "dp", "micro_batch", "zero", "sp", "ep"))
+        interleave, recompute, schedule, cp = v["interleave"], v["recompute"], v["schedule"], v["cp"]
+        pp_first_stage_layers, pp_last_stage_layers = v["pp_first_layers"], v["pp_last_layers"]
+        overlap_grad_reduce, overlap_param_gather, tp_comm_overlap = (
+            v["overlap_grad_reduce"], v["overlap_param_gather"], v["tp_comm_overlap"])
+        if v.get("batch") is None:
+            _fail("--strategy without ga<N> (micro-batches per step) needs --batch (the global batch)")
+        batch = v["batch"]
     if str(mode).lower() in ("inference", "inf", "infer"):
         if (optimizer is not None and str(optimizer).lower() != "none") or recompute != "none":
             _fail("--optimizer and --recompute describe a training step; --mode inference runs the forward pass only")
@@ -380,6 +405,32 @@ def _print_warnings(meta: dict) -> None:
     """The graph's warnings (``meta["warnings"]``: a sequence beyond a RoPE model's positions, ...) on stderr."""
     for w in meta.get("warnings") or ():
         err.print(f"[yellow]warning: {w}[/yellow]")
+
+
+#: predict's parallel options as the strategy names them -> their flags
+_STRATEGY_FLAGS = dict(gpus="--gpus", batch="--batch", tp="--tp", pp="--pp", dp="--dp", micro_batch="--micro-batch", zero="--zero",
+                       sp="--sp", ep="--ep", interleave="--interleave", recompute="--recompute", schedule="--schedule", cp="--cp",
+                       pp_first_layers="--pp-first-stage-layers", pp_last_layers="--pp-last-stage-layers",
+                       overlap_grad_reduce="--overlap-grad-reduce", overlap_param_gather="--overlap-param-gather",
+                       tp_comm_overlap="--tp-comm-overlap")
+_STRATEGY_PARAMS = dict(pp_first_layers="pp_first_stage_layers", pp_last_layers="pp_last_stage_layers")
+
+
+def _strategy_options(ctx, text: str, values: dict) -> dict:
+    """--strategy merged with the parallel flags given on the command line (a flag that disagrees is an error naming
+    it; a malformed string names the bad token)."""
+    from wattcast.simulate.strategy import StrategyError, strategy_values
+
+    given = {}
+    for k, v in values.items():
+        src = ctx.get_parameter_source(_STRATEGY_PARAMS.get(k, k)) if ctx is not None else None
+        # typer may bundle its own click: the source is compared by name
+        if getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT") and v is not None:
+            given[k] = v
+    try:
+        return strategy_values(text, given, label=lambda k: _STRATEGY_FLAGS[k])
+    except StrategyError as e:
+        _fail(f"--strategy: {e}")
 
 
 def _warn_memory(res) -> None:
@@ -507,6 +558,9 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
               "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
 
 
+_SEARCH_OUTPUT_SUFFIXES = (".json", ".csv", ".parquet")
+
+
 @app.command()
 @_forceable
 def search(
@@ -518,17 +572,30 @@ def search(
     dtype: str = typer.Option(DEFAULTS.dtype, "--dtype", help="As for predict (default bf16)."),
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="As for predict (default flash)."),
     max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations per cluster."),
-    tokens: Optional[float] = typer.Option(None, "--tokens", help="Tokens of the whole run: adds its hours, energy, TCO and CO2e."),
-    region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens)."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Tokens of the whole run: adds its days, cloud cost, energy, TCO and CO2e."),
+    region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens; `wattcast regions` lists them)."),
+    pue: Optional[float] = _PUE_OPTION,
+    lifetime_years: Optional[float] = _LIFETIME_OPTION,
+    grid_kgco2e_per_kwh: Optional[float] = _GRID_OPTION,
+    cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
+    objective: str = typer.Option("time", "--objective", help="Rank by: time (step time, default), cost (the run's on-demand cloud cost), tco (owned TCO), co2e or energy (the run's; without --tokens the step's energy). All but time and energy need --tokens."),
+    max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Keep runs whose cloud cost is at most this (USD; needs --tokens)."),
+    deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Keep runs that finish within this many days, failures included (needs --tokens)."),
+    max_tco2e: Optional[float] = typer.Option(None, "--max-tco2e", help="Keep runs of at most this many tCO2e, embodied included (needs --tokens)."),
+    pareto: bool = typer.Option(False, "--pareto", help="Keep only the Pareto front over run time x cloud cost x CO2e (needs --tokens)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write every kept row to FILE (.json, .csv or .parquet, told by the suffix)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Let --output replace an existing file."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: run time vs cloud cost, coloured by CO2e, the Pareto front highlighted (needs --tokens)."),
     top: int = typer.Option(10, "--top", help="Rows to show."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
     force: bool = _FORCE_OPTION,
+    simulate_oom: bool = typer.Option(False, "--simulate-oom", help="Also simulate the steps of configurations that do not fit (slower; by default memory comes first and their times are left empty)."),
 ) -> None:
     """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
-    on one cluster or across several."""
+    on one cluster or across several; with --tokens, rank and filter whole runs by time, cost and CO2e."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from wattcast import search as _search
@@ -536,13 +603,33 @@ def search(
     from wattcast.featurize.op_graph import GraphError
 
     _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top)
-    if region is not None and tokens is None:
-        _fail("--region sets the carbon of a run: give --tokens too")
+    run_opts = dict(region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
+                    cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour)
+    if tokens is None:
+        given = [f"--{k.replace('_', '-')}" for k, v in run_opts.items() if v is not None]
+        given += [f for f, v in (("--max-usd", max_usd), ("--deadline-days", deadline_days), ("--max-tco2e", max_tco2e),
+                                 ("--pareto", pareto or None), ("--plot", plot)) if v is not None]
+        if str(objective).lower() in ("cost", "tco", "co2e"):
+            given.append(f"--objective {objective}")
+        if given:
+            what = "sets the carbon of a run" if given == ["--region"] else "describe(s) a whole training run"
+            _fail(f"{'/'.join(given)} {what}: give --tokens too")
     from wattcast.featurize.workload import is_onnx_path
 
     if is_onnx_path(model):
         _fail("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face config or a "
               "built-in name (an ONNX model can be predicted with `wattcast predict --cluster` and --dp/--pp/--zero)")
+    if output is not None:
+        _output_file(output, "--output", _SEARCH_OUTPUT_SUFFIXES)
+        if output.exists() and not overwrite:
+            _fail(f"--output {output} exists; refusing to overwrite it (pass --overwrite to replace it)")
+        if output.suffix.lower() == ".parquet":
+            try:
+                import pyarrow  # noqa: F401
+            except ImportError:
+                _fail("--output .parquet needs pyarrow (pip install pyarrow), or use .csv or .json")
+    if plot is not None:
+        _output_file(plot, "--plot", (".png",))
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("evaluating strategies", total=None)
@@ -550,52 +637,138 @@ def search(
             def progress(done: int, total: int) -> None:  # per cluster: every candidate counts, rejected ones too
                 prog.update(task, completed=done, total=total)
 
+            fkw = {k: v for k, v in run_opts.items() if v is not None}
             res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
-                          tokens=tokens, footprint_kw=dict(region=region) if region is not None else None,
+                          tokens=tokens, footprint_kw=fkw or None,
                           progress=progress,
                           framework=framework,
                           overlaps=dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
                           if no_overlap else None,
-                          **(dict(cp=tuple(cp)) if cp else {}))
+                          objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
+                          pareto=pareto, prune_oom=not simulate_oom, **(dict(cp=tuple(cp)) if cp else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    if res.ranked.empty:
+    limits = {"--max-usd": max_usd, "--deadline-days": deadline_days, "--max-tco2e": max_tco2e}
+    if res.ranked.empty and res.excluded.empty:
         _fail("no valid configuration: " + ("; ".join(sorted(set(res.rejected["rule"].astype(str)))[:5]) if len(res.rejected) else "none generated"))
+    if output is not None:
+        _write("--output", output, lambda: _write_table(res.ranked, output))
+    if plot is not None and not res.ranked.empty:
+        from wattcast.simulate.search import plot_runs
+
+        _write("--plot", plot, lambda: plot_runs(res.ranked, plot))
     if as_json:
-        print(json.dumps({"ranked": res.ranked.to_dict("records"), "pareto": res.pareto.to_dict("records"),
-                          "rejected": res.rejected.to_dict("records")}, indent=2, default=str))
-        _fail_if_none_fits(res)
+        print(json.dumps({"ranked": _records(res.ranked), "pareto": _records(res.pareto),
+                          "rejected": _records(res.rejected), "excluded": _records(res.excluded)}, indent=2, default=str))
+        _fail_if_none_fits(res, limits)
         return
     con = Console()
     if not con.is_terminal:  # piped or captured: room for every column
-        con = Console(width=160)
-    for title, frame in ((f"fastest {top} of {len(res.ranked)} configurations", res.ranked.head(top)),
-                         ("Pareto front (step time vs memory)", res.pareto)):
+        con = Console(width=200)
+    many = len(cluster) > 1
+    shown = res.ranked.head(top)
+    by = {"time": "step time", "cost": "cloud cost", "tco": "TCO", "co2e": "CO2e",
+          "energy": "energy"}.get(str(objective).lower(), objective)
+    tables = [(f"best {top} of {len(res.ranked)} configurations by {by}"
+               + (" (Pareto front: run time x cloud cost x CO2e)" if pareto else ""), shown)]
+    if not pareto:
+        tables.append(("Pareto front (step time vs memory)", res.pareto))
+    for title, frame in tables:
         t = Table(title=title)
-        many = len(cluster) > 1
         run = "run_hours" in frame
         # (header, key, format); run figures replace the communication columns to keep the table narrow
         cols = ([("cluster", "cluster", "{}")] if many else []) + [
-            ("config", "config", "{}"), ("step ms", "step_time_ms", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
+            ("strategy", "strategy", "{}"), ("step ms", "step_time_ms", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
             ("GB", "memory_gb", "{:.1f}"), ("fits", "fits", "{}"), ("W/GPU", "avg_power_w", "{:.0f}")] + (
-            [("run h", "run_hours", "{:,.1f}"), ("MWh", "run_energy_mwh", "{:,.2f}"), ("TCO $", "run_tco_usd", "{:,.0f}"),
-             ("tCO2e", "run_tco2e", "{:,.2f}")] if run else
+            [("days", "run_days", "{:,.1f}"), ("cloud $", "run_cloud_usd", "{:,.0f}"), ("TCO $", "run_tco_usd", "{:,.0f}"),
+             ("MWh", "run_energy_mwh", "{:,.2f}"), ("tCO2e", "run_tco2e", "{:,.2f}")] if run else
             [("exposed comm ms", "exposed_comm_ms", "{:.1f}"), ("bubble ms", "bubble_ms", "{:.1f}")])
         for head, key, _ in cols:
-            t.add_column(head, justify="left" if key in ("cluster", "config") else "right", no_wrap=key in ("cluster", "config"))
+            t.add_column(head, justify="left" if key in ("cluster", "strategy") else "right",
+                         no_wrap=key in ("cluster", "strategy"))
         for r in frame.to_dict("records"):
-            t.add_row(*["" if pd_isna(r.get(k)) else ("yes" if r[k] else "NO") if k == "fits" else fmt.format(r[k])
-                        for _, k, fmt in cols])
+            cells = []
+            for _, k, fmt in cols:
+                v = r.get(k)
+                cell = "" if pd_isna(v) else ("yes" if v else "NO") if k == "fits" else fmt.format(v)
+                if k == "memory_gb" and r.get("memory_flag") == "tight":
+                    cell += " tight"
+                cells.append(cell)
+            t.add_row(*cells)
         con.print(t)
-    _fail_if_none_fits(res)
+    if "run_hours" in res.ranked and len(res.ranked):
+        _print_run_sources(con, res.ranked)
+    if "memory_flag" in shown and (shown["memory_flag"] == "tight").any():
+        con.print("[yellow]tight: predicted within 5% of the GPU's memory, where the estimate cannot tell fitting from "
+                  "not; check on the hardware[/yellow]")
+    if len(res.excluded):
+        counts = res.excluded["excluded_by"].value_counts()
+        con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))
+    _fail_if_none_fits(res, limits)
 
 
-def _fail_if_none_fits(res) -> None:
-    """Exit 3 (as predict does for a configuration that does not fit) when no evaluated strategy fits."""
-    if not res.ranked["fits"].any():
-        _fail(f"none of the {len(res.ranked)} valid configurations fits in memory (smallest: "
-              f"{res.ranked['memory_gb'].min():.1f} GB per GPU); add GPUs, lower --batch/--seq, or use a larger-memory cluster",
+def _records(frame) -> list[dict]:
+    """Rows as JSON-ready dicts: a missing figure (NaN) is null, numpy scalars are plain numbers."""
+    import numpy as np
+
+    out = []
+    for r in frame.to_dict("records"):
+        out.append({k: (None if pd_isna(v) else v.item() if isinstance(v, np.generic) else v) for k, v in r.items()})
+    return out
+
+
+def _write_table(frame, path: Path) -> None:
+    """``frame`` to ``path`` in the format its suffix names (.json: a list of records, .csv, .parquet)."""
+    suf = path.suffix.lower()
+    if suf == ".json":
+        path.write_text(json.dumps(_records(frame), indent=2, default=str), encoding="utf-8")
+    elif suf == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path, index=False)
+
+
+def _print_run_sources(con, ranked) -> None:
+    """Say where the run's prices and grid intensity come from, and whether they are the region's own (each once)."""
+    fit = ranked[ranked["fits"]]
+    if fit.empty:
+        return
+    seen = set()
+    for dev, r in fit.drop_duplicates("device").set_index("device").iterrows():
+        lines = [
+            f"grid {r['grid_kgco2e_per_kwh']:.3f} kgCO2e/kWh, {r['grid_region'] or 'no region'} ({r['grid_basis']}, "
+            f"{'site-specific' if r['grid_region_specific'] else 'NOT region-specific'}; source: {r['grid_source']})",
+            f"electricity {r['electricity_usd_per_kwh']:g} USD/kWh ("
+            f"{'site-specific' if r['electricity_region_specific'] else 'NOT region-specific'}; source: {r['electricity_source']})",
+            f"PUE {r['pue']:g}",
+            (f"{dev}: cloud price unknown (cloud $ empty; give --cloud-usd-per-gpu-hour)" if pd_isna(r["cloud_usd_per_gpu_hour"])
+             else f"{dev}: cloud {r['cloud_usd_per_gpu_hour']:g} USD/GPU-h (source: {r['cloud_price_source']})")]
+        for line in lines:
+            if line not in seen:
+                seen.add(line)
+                con.print(line, soft_wrap=True)
+
+
+def _fail_if_none_fits(res, limits: dict | None = None) -> None:
+    """Exit 3 (as predict does for a configuration that does not fit) when no evaluated strategy fits; exit 1 when
+    some fit but a constraint (--max-usd, --deadline-days, --max-tco2e) leaves none, saying what the best would need."""
+    import pandas as pd
+
+    every = pd.concat([f for f in (res.ranked, res.excluded) if len(f)]) if len(res.excluded) else res.ranked
+    if not every["fits"].any():
+        _fail(f"none of the {len(every)} valid configurations fits in memory (smallest: "
+              f"{every['memory_gb'].min():.1f} GB per GPU); add GPUs, lower --batch/--seq, or use a larger-memory cluster",
               code=3)
+    if res.ranked.empty:
+        fit = every[every["fits"]]
+        best = []
+        for flag, col, fmt in (("--max-usd", "run_cloud_usd", "${:,.0f}"), ("--deadline-days", "run_days", "{:,.1f} days"),
+                               ("--max-tco2e", "run_tco2e", "{:,.2f} tCO2e")):
+            lim = (limits or {}).get(flag)
+            if lim is not None and col in fit and fit[col].notna().any() and fit[col].min() > lim:
+                best.append(f"{flag} {lim:g}: the best fitting configuration needs {fmt.format(fit[col].min())}")
+        _fail(f"no configuration meets the constraints ({len(fit)} fit in memory)" + "".join("; " + b for b in best)
+              + ("; each can be met alone, but no configuration meets them together" if not best else ""), code=1)
 
 
 @app.command()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -330,10 +332,44 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     return cfg
 
 
+#: the file look-ups of a ``pinned_files`` block: (kind, model reference) -> what the look-up found
+_PINNED: ContextVar[dict | None] = ContextVar("wattcast_pinned_files", default=None)
+
+
+@contextmanager
+def pinned_files():
+    """Inside the block, the file look-up of each model reference (is it a file or a built-in name, its real path and
+    modification time) is made once and reused: a strategy search asks for the same model thousands of times and the
+    files do not change under it. Nested blocks share the outer one's look-ups."""
+    if _PINNED.get() is not None:
+        yield
+        return
+    token = _PINNED.set({})
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def pinned(key: tuple, look_up):
+    """``look_up()``, once per ``key`` inside a :func:`pinned_files` block (every time outside one; errors are not kept)."""
+    memo = _PINNED.get()
+    if memo is None:
+        return look_up()
+    if key not in memo:
+        memo[key] = look_up()
+    return memo[key]
+
+
 def load_hf_config(model: str | Path | Mapping[str, Any]) -> HFConfig:
     """A config from a dict, a ``config.json`` path, or a built-in name (case-insensitive)."""
     if isinstance(model, Mapping):
         return normalise_config(model, name=str(model.get("_name_or_path", "model")))
+    return _load_config_file(*pinned(("config", str(model)), lambda: _locate_config(model)))
+
+
+def _locate_config(model: str | Path) -> tuple[str, float, str, str]:
+    """(real path, modification time, name, origin) of a config file or built-in name."""
     p = Path(model)
     if not p.is_file():
         key = str(model).strip().lower().replace("-", "_")
@@ -343,7 +379,7 @@ def load_hf_config(model: str | Path | Mapping[str, Any]) -> HFConfig:
         else:
             raise GraphError(f"{model}: not a file and not a built-in model (built-ins: {', '.join(builtin_models())})")
     name = p.parent.name if p.name == "config.json" else p.stem
-    return _load_config_file(str(p.resolve()), p.stat().st_mtime, name, str(p))
+    return str(p.resolve()), p.stat().st_mtime, name, str(p)
 
 
 @lru_cache(maxsize=256)

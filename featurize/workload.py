@@ -17,7 +17,7 @@ import numpy as np
 
 from wattcast.data.checks import is_count
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
-from wattcast.featurize.hf_config import HFConfig, load_hf_config, position_warning
+from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned, position_warning
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.training_graph import RECOMPUTE, optimizer_key, training_graph
 
@@ -249,6 +249,20 @@ def _cached_dict_graph(config_json: str, opts: StepOptions) -> OpGraph:
     return _build(json.loads(config_json), opts)
 
 
+def _locate_model_file(model: str | Path) -> tuple[str, float]:
+    """(real path, modification time) of a model file or a Hugging Face folder's config.json; (the name, 0) for a
+    built-in name."""
+    p = Path(model)
+    if p.is_dir():  # a Hugging Face model folder: its config.json
+        if not (p / "config.json").is_file():
+            raise GraphError(f"{p} is a folder without a config.json; give an ONNX file, a config.json, a Hugging Face "
+                             "model folder or a built-in name")
+        p = p / "config.json"
+    if p.is_file():
+        return str(p.resolve()), p.stat().st_mtime
+    return str(model), 0.0
+
+
 def step_graph(model: Any, opts: StepOptions | None = None, example_inputs: tuple | None = None, **kw) -> OpGraph:
     """The operator graph of one step of ``model`` (cached for files, built-in names and JSON-able config dicts).
     ``example_inputs``: the positional inputs of a ``torch.nn.Module``'s forward (default: token ids of shape
@@ -261,15 +275,7 @@ def step_graph(model: Any, opts: StepOptions | None = None, example_inputs: tupl
             raise GraphError("give example_inputs or batch/seq (token ids of shape (batch, seq)), not both")
         return _build(model, opts, tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
     if isinstance(model, (str, Path)):
-        p = Path(model)
-        if p.is_dir():  # a Hugging Face model folder: its config.json
-            if not (p / "config.json").is_file():
-                raise GraphError(f"{p} is a folder without a config.json; give an ONNX file, a config.json, a Hugging Face "
-                                 "model folder or a built-in name")
-            p = p / "config.json"
-        if p.is_file():
-            return _cached_path_graph(str(p.resolve()), p.stat().st_mtime, opts)
-        return _cached_path_graph(str(model), 0.0, opts)
+        return _cached_path_graph(*pinned(("graph", str(model)), lambda: _locate_model_file(model)), opts)
     if isinstance(model, dict):
         try:
             key = json.dumps(model, sort_keys=True)

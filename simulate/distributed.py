@@ -225,9 +225,12 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                         compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
                         host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
-                        power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True) -> DistributedPrediction:
+                        power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
+                        prune_oom: bool = False) -> DistributedPrediction:
     """One training step under ``parallel`` on ``cluster`` (see the module docstring). ``comm_split``: also price each
-    class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed)."""
+    class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed). ``prune_oom``: memory
+    first; a strategy that does not fit is returned without simulating its step (times, MFU and energy NaN,
+    ``meta["scheduled"]`` False: what a search does)."""
     # names and counts first: every table lookup and rule below takes them as given
     framework = _framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
     graph_dtype = dtype
@@ -310,7 +313,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
                      dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
                      model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=hit[3], power_model=power_model,
-                     cp_kv_bytes=cp_kv_bytes, comm_split=comm_split)
+                     cp_kv_bytes=cp_kv_bytes, comm_split=comm_split, prune_oom=prune_oom)
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
@@ -478,11 +481,27 @@ def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: li
     return np.where(layers >= n_layers, n_chunks - 1, c).astype(int)
 
 
+def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_layers: int, n_micro: int, counts,
+                 model_totals: dict, worst: float, worst_terms: dict | None, capacity: float, view: "_RankView",
+                 power_limit_w: float | None) -> DistributedPrediction:
+    """A strategy that does not fit, with its memory and without a schedule (``prune_oom``): every time, throughput
+    and energy figure is NaN (not simulated), never a made-up number; ``meta["scheduled"]`` is False."""
+    nan = float("nan")
+    meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
+                scheduled=False, note="does not fit in memory: the step was not simulated (memory-first pruning)")
+    return DistributedPrediction(
+        model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=nan,
+        forward_ms=nan, backward_ms=nan, optimizer_ms=nan, exposed_comm_ms=nan, bubble_ms=nan, mfu=nan, hfu=nan,
+        tflops_per_gpu=nan, flops=model_totals["flops"] * n_micro * par.dp, memory_gb=worst, memory=worst_terms or {},
+        fits=False, memory_capacity_gb=capacity, per_device=[], per_op=view.per_op, fallback_ops=view.fallback_ops,
+        ood_fraction=view.ood_fraction, comm={}, meta=meta, energy_j=nan, avg_power_w=nan, power_limit_w=power_limit_w)
+
+
 def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
               seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
               iteration_ms: float = 0.0, power_limit_w: float | None = None,
               model_totals: dict | None = None, stream_gbps: float = 1e3, power_model=None,
-              cp_kv_bytes: float = 0.0, comm_split: bool = True) -> DistributedPrediction:
+              cp_kv_bytes: float = 0.0, comm_split: bool = True, prune_oom: bool = False) -> DistributedPrediction:
     P, V = par.pp, par.interleave
     n_chunks = P * V
     counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers,
@@ -491,6 +510,43 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
 
     def per_chunk(v: np.ndarray) -> np.ndarray:
         return np.bincount(chunk, weights=v, minlength=n_chunks)
+
+    # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation); it needs no
+    # schedule, so it comes first: a search skips the schedule of a strategy that does not fit (``prune_oom``)
+    params_chunk = per_chunk(view.params)
+    act_chunk = per_chunk(view.act_bytes)
+    db = DTYPE_BYTES[dtype]
+    dp_n = lay["dp"].size
+    in_model = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
+    block_params = float(view.params[in_model].max()) if in_model.any() else 0.0
+    worst, worst_terms = 0.0, None
+    fp8_frac = 0.0
+    if g.meta.get("precision") == "fp8":
+        from wattcast.simulate.memory import fp8_weight_copy_bytes
+
+        fwd_params = float(g.nodes.loc[g.nodes["phase"] == "forward", "param_count"].sum())
+        fp8_frac = fp8_weight_copy_bytes(g) / 2.0 / fwd_params if fwd_params > 0 else 0.0
+    stage_mem, stage_params = [], []
+    for s in range(P):
+        cs = [c * P + s for c in range(V)]
+        p = float(params_chunk[cs].sum())
+        inflight = inflight_chunks(s, pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
+        sm = stage_memory(params=p, act_bytes_per_chunk=float(act_chunk[cs].mean()), inflight=inflight,
+                          full_recompute_extra_bytes=view.full_extra_bytes, dtype_bytes=db,
+                          grad_bytes=_grad_bytes(opts.framework, dtype), held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db),
+                          optimizer=opts.optimizer, zero=par.zero, dp=dp_n,
+                          framework=opts.framework, block_params=block_params, fp8_param_fraction=fp8_frac)
+        terms = sm.to_gb_dict()
+        mem = terms["total_gb"]
+        if worst_terms is None or mem > worst:
+            worst, worst_terms = mem, dict(stage=s, inflight_chunks=inflight, **terms)
+        stage_mem.append((inflight, terms))
+        stage_params.append(p)
+    capacity = capacity_gb(spec.memory_gb)
+    fits = bool(worst <= capacity)
+    if prune_oom and not fits:
+        return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
+                            view, power_limit_w)
 
     # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
     # gradients), each overlapped with the attention of the block in hand; what a step's transfer takes beyond that
@@ -517,10 +573,8 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     f_nc, b_nc, opt_ms = per_chunk(view.f_nc_ms), per_chunk(view.b_nc_ms), per_chunk(view.opt_ms)
     tp_coll = per_chunk(view.coll_ms)
     f_ms, b_ms = f_nc + sum(f_parts.values()), b_nc + sum(b_parts.values())
-    params_chunk = per_chunk(view.params)
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
     expert_chunk = per_chunk(view.expert_params)
-    db = DTYPE_BYTES[dtype]
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
     hidden = int(g.meta.get("hidden") or 0)
     act_bytes = par.micro_batch * seq * hidden * db / (par.tp if par.sp else 1) / par.cp
@@ -658,37 +712,14 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     step_s = step / 1e3
     mfu = model_flops / (step_s * par.gpus * peak)
     hfu = hw_flops / (step_s * par.gpus * peak)
-    # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation)
-    act_chunk = per_chunk(view.act_bytes)
+    # per stage: busy time and memory (computed before the schedule, above)
     per_device = []
-    dp_n = lay["dp"].size
-    in_model = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
-    block_params = float(view.params[in_model].max()) if in_model.any() else 0.0
-    worst, worst_terms = 0.0, None
-    fp8_frac = 0.0
-    if g.meta.get("precision") == "fp8":
-        from wattcast.simulate.memory import fp8_weight_copy_bytes
-
-        fwd_params = float(g.nodes.loc[g.nodes["phase"] == "forward", "param_count"].sum())
-        fp8_frac = fp8_weight_copy_bytes(g) / 2.0 / fwd_params if fwd_params > 0 else 0.0
-    for s in range(P):
-        cs = [c * P + s for c in range(V)]
-        p = float(params_chunk[cs].sum())
-        inflight = inflight_chunks(s, pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
-        sm = stage_memory(params=p, act_bytes_per_chunk=float(act_chunk[cs].mean()), inflight=inflight,
-                          full_recompute_extra_bytes=view.full_extra_bytes, dtype_bytes=db,
-                          grad_bytes=_grad_bytes(opts.framework, dtype), held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db),
-                          optimizer=opts.optimizer, zero=par.zero, dp=dp_n,
-                          framework=opts.framework, block_params=block_params, fp8_param_fraction=fp8_frac)
-        terms = sm.to_gb_dict()
-        mem = terms["total_gb"]
-        if worst_terms is None or mem > worst:
-            worst, worst_terms = mem, dict(stage=s, inflight_chunks=inflight, **terms)
+    for s, (inflight, terms) in enumerate(stage_mem):
         per_device.append(dict(stage=s, busy_ms=float(busy[s] + opt_stage[s]), finish_ms=float(finish[s]),
-                               memory_gb=mem, weights_gb=terms["weights_gb"] + terms["master_weights_gb"],
+                               memory_gb=terms["total_gb"], weights_gb=terms["weights_gb"] + terms["master_weights_gb"],
                                gradients_gb=terms["gradients_gb"], optimizer_gb=terms["optimizer_gb"],
                                activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
-                               post_backward_buffers_gb=terms["post_backward_buffers_gb"], params=p))
+                               post_backward_buffers_gb=terms["post_backward_buffers_gb"], params=stage_params[s]))
     phase_t = view.phase_ms
     # energy per GPU of each stage: kernels at their power, host launch gaps at idle, waits at communication power
     from wattcast.models.power import comm_power_w
@@ -759,8 +790,8 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
         optimizer_ms=float(opt_stage.max()), exposed_comm_ms=max(step - step_free, 0.0), bubble_ms=max(bubble, 0.0),
         exposed_comm_split_ms=exposed_split,
         mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,
-        memory_gb=worst, memory=worst_terms or {}, fits=bool(worst <= capacity_gb(spec.memory_gb)),
-        memory_capacity_gb=capacity_gb(spec.memory_gb), per_device=per_device, per_op=per_op, fallback_ops=fallback,
+        memory_gb=worst, memory=worst_terms or {}, fits=fits,
+        memory_capacity_gb=capacity, per_device=per_device, per_op=per_op, fallback_ops=fallback,
         ood_fraction=view.ood_fraction, comm=comm, events=events,
         meta=meta,
         energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w)

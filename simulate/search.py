@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -17,10 +17,11 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster
+from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
 from wattcast.simulate.lifecycle import footprint, footprint_from_step
-from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
+from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -35,9 +36,21 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 #: columns of ``SearchResult.ranked`` (and ``pareto``); a search with ``tokens`` adds :data:`RUN_COLUMNS`
 COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
-           "avg_power_w")
-RUN_COLUMNS = ("run_hours", "run_energy_mwh", "run_tco_usd", "run_tco2e")
+           "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
+           "attention", "framework")
+#: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the on-demand cloud price
+#: per GPU-hour (``cloud_usd_per_gpu_hour``, from ``cloud_price_source``; NaN when the device has none and none was given);
+#: ``run_tco_usd``: owned hardware's amortised CapEx + OpEx. ``*_source`` say where each price and intensity comes
+#: from, ``grid_region_specific`` / ``electricity_region_specific`` whether it is the region's own figure.
+#: ``run_pareto``: on the Pareto front over run time x cloud cost x CO2e of the rows kept.
+RUN_COLUMNS = ("run_hours", "run_energy_mwh", "run_tco_usd", "run_tco2e", "run_days", "run_cloud_usd", "run_gpu_hours",
+               "cloud_usd_per_gpu_hour", "cloud_price_source", "electricity_usd_per_kwh", "electricity_source",
+               "electricity_region_specific", "grid_kgco2e_per_kwh", "grid_region", "grid_basis", "grid_source",
+               "grid_region_specific", "pue", "run_pareto")
 REJECTED_COLUMNS = ("cluster", "config", "rule")
+#: what ``objective`` ranks by: the column (run figures need ``tokens``; ``energy`` without them is the step's energy)
+OBJECTIVES = {"time": "step_time_ms", "cost": "run_cloud_usd", "tco": "run_tco_usd", "co2e": "run_tco2e",
+              "energy": "run_energy_mwh"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,9 @@ class SearchResult:
     ranked: pd.DataFrame  # every evaluated configuration, fitting ones first, by step time
     pareto: pd.DataFrame  # configurations no other beats on both step time and memory
     rejected: pd.DataFrame  # configurations that broke a rule, with the rule
+    #: configurations left out by a constraint (max_usd, deadline_days, max_tco2e) or by ``pareto``, with
+    #: ``excluded_by`` naming which (``memory`` for those that do not fit, when a constraint or ``pareto`` is given)
+    excluded: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def best(self) -> dict | None:
@@ -147,26 +163,43 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
-           optimizer: str = "adamw", max_configs: int = 5000, progress=None, framework: str = "hf",
+           optimizer: str = DEFAULTS.optimizer, max_configs: int = 5000, progress=None, framework: str = DEFAULTS.framework,
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
-           **space) -> SearchResult:
+           objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
+           max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
     then names its cluster, and the ranking and Pareto front run across all of them. ``max_configs`` counts
-    per cluster. Every row carries the step's energy (all GPUs, J) and average power per GPU. With
+    per cluster. Every row carries the step's energy (all GPUs, J), average power per GPU and its ``strategy``
+    string (:mod:`wattcast.simulate.strategy`: ``predict_cluster(..., strategy=)`` gives the same figures). With
     ``tokens`` (a whole training run), fitting rows also get the run's lifecycle footprint
     (:func:`wattcast.simulate.lifecycle.footprint_from_step`; ``footprint_kw``: region, pue,
-    lifetime_years, ...): ``run_hours``, ``run_energy_mwh``, ``run_tco_usd``, ``run_tco2e``.
+    lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour, ...): :data:`RUN_COLUMNS`.
+
+    ``objective`` ranks the fitting rows: ``time`` (step time, the default), ``cost`` (the run's on-demand cloud
+    cost), ``tco`` (owned TCO), ``co2e`` (the run's total tCO2e) or ``energy`` (the run's MWh; without ``tokens``
+    the step's energy). Constraints keep the fitting rows within ``max_usd`` (cloud cost, USD), ``deadline_days``
+    (run time incl. failures) and ``max_tco2e``; ``pareto`` keeps the Pareto front over run time x cloud cost x
+    CO2e. These need ``tokens``; what they leave out is in ``excluded``.
+
+    ``prune_oom`` (default): memory first; a strategy that does not fit is not scheduled (its row has ``fits`` False,
+    its memory, ``scheduled`` False and NaN times, MFU and energy), which leaves the fitting rows, their order and
+    every figure of theirs unchanged. ``prune_oom=False`` simulates every step.
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``: True/False; left out, the framework's default).
 
     ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep),
     each a list of choices or a single value. ``gpus``, ``batch``, ``seq`` and ``max_configs`` must be positive
-    integers; these, an unknown option, a bad choice or an unknown ``footprint_kw`` key raise ValueError naming
-    it. When nothing is evaluated (no strategy divides the job, or every one broke a rule: see ``rejected``),
-    ``ranked`` and ``pareto`` are empty frames with the usual columns and ``best`` is None."""
+    integers; these, an unknown option, a bad choice, an unknown ``footprint_kw`` key, an unknown model, cluster or
+    region raise ValueError naming it before anything is evaluated. When nothing is evaluated (no strategy divides
+    the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames with the usual
+    columns and ``best`` is None."""
+    from wattcast.featurize.workload import _framework, is_onnx_path
+    from wattcast.simulate.distributed import _model_config
+    from wattcast.simulate.strategy import format_strategy
+
     clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
     if not clusters:
         raise ValueError("no cluster to search")
@@ -190,62 +223,210 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             raise ValueError(f"tokens (run length in tokens) must be a finite number above 0, got {tokens!r}")
     elif footprint_kw:
         raise ValueError("footprint_kw describes a run: give tokens too")
+    goals = _check_goals(objective, max_usd, deadline_days, max_tco2e, pareto, tokens)
     unknown = set(overlaps or {}) - {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"}
     if unknown:
         raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: overlap_grad_reduce, overlap_param_gather, "
                          "tp_comm_overlap")
     if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
         raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
-    rows, bad = [], []
+    framework = _framework(framework)
+    # the model, every cluster and the run's region are resolved before the first evaluation: a typo in the last of
+    # them is not found after minutes of work
+    if is_onnx_path(model):
+        raise ValueError("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face "
+                         "config or a built-in name")
+    hf = _model_config(model)
+    resolved = []
     for c in clusters:
         cl = resolve_cluster(c)
         spec = resolve_device(cl.device)  # the run's cost uses this spec's own figures
-        cands = candidate_configs(model, cl, gpus, batch, seq, **space)
-        if overlaps:
-            cands = [replace(c, **overlaps) for c in cands]
-        evaluated = 0
-        for done, par in enumerate(cands, start=1):
-            if evaluated >= max_configs:
-                break
-            try:  # an invalid strategy is rejected by its rules before any graph is built
-                r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
-                                        attention=attention, optimizer=optimizer, framework=framework, comm_split=False)
-            except ParallelConfigError as e:
-                bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
-                if progress:  # a rejected candidate is done too: the bar reaches its total
+        probe = None
+        if tokens is not None:  # checks the region and every run option, and tells whether a cloud price is known
+            probe = footprint_from_step(spec, gpus, step_time_ms=1.0, gpu_power_w=100.0, tokens=float(tokens),
+                                        tokens_per_step=batch * seq, **(footprint_kw or {}))
+            if probe.cloud_usd is None and goals["need_cloud"]:
+                raise ValueError(f"{goals['need_cloud']} needs the run's cloud cost, but there is no on-demand price for "
+                                 f"{spec.name} (cluster {cl.name}): give cloud_usd_per_gpu_hour "
+                                 "(--cloud-usd-per-gpu-hour)")
+        resolved.append((cl, spec))
+    run_cols = RUN_COLUMNS if tokens is not None else ()
+    # the kernel bundle and the collective model once per search: no filesystem look-up per candidate
+    from wattcast.models.kernel_bundle import load_bundle
+    from wattcast.simulate.distributed import _collective_model
+
+    bundle, coll_model = load_bundle(), _collective_model()
+    rows, bad = [], []
+    with pinned_files():  # the model's file looked up once per search, not per candidate
+        for cl, spec in resolved:
+            cands = candidate_configs(model, cl, gpus, batch, seq, **space)
+            if overlaps:
+                cands = [replace(c, **overlaps) for c in cands]
+            evaluated = 0
+            rules = dict(batch=batch, n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
+                         n_experts=hf.n_experts, seq=seq, cluster=cl, uneven_stages=framework == "megatron-deepspeed",
+                         framework=framework)
+            for done, par in enumerate(cands, start=1):
+                if evaluated >= max_configs:
+                    break
+                try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
+                    resolve_parallel(replace(par, gpus=gpus), **rules)
+                    r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
+                                            attention=attention, optimizer=optimizer, framework=framework, comm_split=False,
+                                            prune_oom=bool(prune_oom), bundle=bundle, coll_model=coll_model)
+                except ParallelConfigError as e:
+                    bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
+                    if progress:  # a rejected candidate is done too: the bar reaches its total
+                        progress(done, len(cands))
+                    continue
+                evaluated += 1
+                if progress:
                     progress(done, len(cands))
-                continue
-            evaluated += 1
-            if progress:
-                progress(done, len(cands))
-            row = dict(cluster=cl.name, device=r.device, config=r.parallel.describe(), tp=par.tp, pp=par.pp,
-                       dp=r.parallel.dp, cp=par.cp, micro_batch=r.parallel.micro_batch, zero=par.zero, sp=par.sp, ep=par.ep,
-                       recompute=par.recompute, interleave=par.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
-                       tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
-                       exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
-                       avg_power_w=r.avg_power_w)
-            if tokens and r.fits:
-                fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
-                                         tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
-                                         **(footprint_kw or {}))
-                row.update(run_hours=fp.hours, run_energy_mwh=fp.energy_mwh, run_tco_usd=fp.tco_usd,
-                           run_tco2e=fp.total_tco2e)
-            rows.append(row)
-        if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
-            progress(len(cands), len(cands))
+                p = r.parallel
+                row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
+                           dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
+                           recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
+                           tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
+                           exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
+                           avg_power_w=r.avg_power_w, strategy=format_strategy(p, batch, framework),
+                           grad_accum=p.n_micro(batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
+                           memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
+                           # the settings a strategy string does not carry: predict it with the same ones
+                           dtype=str(dtype).lower(), attention=str(attention).lower(), framework=framework)
+                if tokens and r.fits:
+                    fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
+                                             tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
+                                             **(footprint_kw or {}))
+                    row.update(_run_row(fp))
+                rows.append(row)
+            if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
+                progress(len(cands), len(cands))
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
+    cols = list(COLUMNS + run_cols)
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
-        empty = pd.DataFrame(columns=list(COLUMNS + (RUN_COLUMNS if tokens else ())))
-        return SearchResult(empty, empty.copy(), rejected)
-    df = pd.DataFrame(rows)
-    df = df.sort_values(["fits", "step_time_ms"], ascending=[False, True]).reset_index(drop=True)
+        empty = pd.DataFrame(columns=cols)
+        return SearchResult(empty, empty.copy(), rejected, empty.copy())
+    df = pd.DataFrame(rows, columns=cols)
+    if tokens is not None:
+        df["run_pareto"] = pareto_mask(df)
+    df, excluded = _apply_goals(df, goals)
     fit = df[df["fits"]].sort_values(["step_time_ms", "memory_gb"])
     front, best_mem = [], float("inf")
     for r in fit.itertuples(index=False):
         if r.memory_gb < best_mem:
             front.append(r._asdict())
             best_mem = r.memory_gb
-    return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected)
+    return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded)
+
+
+def _run_row(fp) -> dict:
+    """A search row's run figures from one :class:`~wattcast.simulate.lifecycle.RunFootprint`, with the source of
+    every price and intensity and whether it is the region's own."""
+    src = fp.sources
+    elec_src = src.get("electricity_usd_per_kwh", "")
+    return dict(run_hours=fp.hours, run_energy_mwh=fp.energy_mwh, run_tco_usd=fp.tco_usd, run_tco2e=fp.total_tco2e,
+                run_days=fp.hours / 24.0, run_cloud_usd=np.nan if fp.cloud_usd is None else fp.cloud_usd,
+                run_gpu_hours=fp.gpu_hours,
+                cloud_usd_per_gpu_hour=np.nan if fp.cloud_usd_per_gpu_hour is None else fp.cloud_usd_per_gpu_hour,
+                cloud_price_source=src.get("cloud_usd_per_gpu_hour", "none: no cloud price for this device"),
+                electricity_usd_per_kwh=fp.electricity_usd_per_kwh, electricity_source=elec_src,
+                # the shipped electricity price is one global default; only a price the caller gave is their site's
+                electricity_region_specific=elec_src == "given",
+                grid_kgco2e_per_kwh=fp.grid_kgco2e_per_kwh, grid_region=fp.grid_region or "",
+                grid_basis=fp.grid_basis, grid_source=src.get("grid_kgco2e_per_kwh", ""),
+                # the site's own intensity: the region's (table) or one the caller gave; False for the world average
+                grid_region_specific=fp.grid_basis == "explicit" or (bool(fp.grid_region) and
+                                                                    str(fp.grid_region).lower() != "world"),
+                pue=fp.pue)
+
+
+def _nonneg(name: str, v) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = float("nan")
+    if isinstance(v, bool) or not np.isfinite(f) or f <= 0:
+        raise ValueError(f"{name} must be a finite number above 0, got {v!r}")
+    return f
+
+
+def _check_goals(objective, max_usd, deadline_days, max_tco2e, pareto, tokens) -> dict:
+    """The objective and constraints, checked (ValueError naming the bad one) before anything is evaluated."""
+    obj = str(objective).lower() if isinstance(objective, str) else objective
+    if obj not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    limits = dict(max_usd=_nonneg("max_usd", max_usd), deadline_days=_nonneg("deadline_days", deadline_days),
+                  max_tco2e=_nonneg("max_tco2e", max_tco2e))
+    if not isinstance(pareto, (bool, np.bool_)):
+        raise ValueError(f"pareto must be True or False, got {pareto!r}")
+    if tokens is None:
+        needs = [f"objective {obj}" for _ in [0] if obj in ("cost", "tco", "co2e")]
+        needs += [k for k, v in limits.items() if v is not None] + (["pareto"] if pareto else [])
+        if needs:
+            raise ValueError(f"{', '.join(needs)} describe(s) a whole training run: give tokens (--tokens) too")
+    need_cloud = (f"objective {obj} (--objective)" if obj == "cost" else "max_usd (--max-usd)" if limits["max_usd"] is not None
+                  else "pareto (--pareto: time x cloud cost x CO2e)" if pareto else "")
+    col = OBJECTIVES[obj] if (tokens is not None or obj == "time") else "energy_j"
+    return dict(objective=obj, column=col, pareto=bool(pareto), need_cloud=need_cloud, **limits)
+
+
+#: constraint -> (column, what the message calls it)
+_LIMITS = {"max_usd": ("run_cloud_usd", "cloud cost"), "deadline_days": ("run_days", "run time (days)"),
+           "max_tco2e": ("run_tco2e", "tCO2e")}
+
+
+def _apply_goals(df: pd.DataFrame, goals: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rank ``df`` (fitting rows first) by the objective, drop the fitting rows a constraint (or ``pareto``) excludes;
+    return (kept, excluded with ``excluded_by``)."""
+    keep = np.ones(len(df), dtype=bool)
+    why = np.full(len(df), "", dtype=object)
+    fits = df["fits"].to_numpy(dtype=bool)
+    for name, (col, _) in _LIMITS.items():
+        lim = goals.get(name)
+        if lim is None:
+            continue
+        over = fits & ~(df[col].to_numpy(dtype=float) <= lim)
+        why[over & (why == "")] = name
+        keep &= ~over
+    if goals["pareto"]:
+        off = fits & keep & ~df["run_pareto"].to_numpy(dtype=bool)
+        why[off] = "pareto"
+        keep &= ~off
+    if goals["pareto"] or any(goals.get(k) is not None for k in _LIMITS):
+        # a configuration that does not fit meets no constraint and is on no front
+        why[~fits] = "memory"
+        keep &= fits
+    excluded = df[~keep].assign(excluded_by=why[~keep]).reset_index(drop=True)
+    kept = df[keep]
+    # fitting rows first; then the objective, step time and memory break ties (stable)
+    kept = kept.sort_values(["fits", goals["column"], "step_time_ms", "memory_gb"], ascending=[False, True, True, True],
+                            kind="mergesort").reset_index(drop=True)
+    return kept, excluded
+
+
+def pareto_mask(df: pd.DataFrame, cols=("run_days", "run_cloud_usd", "run_tco2e")) -> np.ndarray:
+    """Rows (fitting, every objective known) that no other such row beats: no worse on all of ``cols`` and better on
+    one. Sorted by the first column, each row is compared (vectorised) with the ones before it."""
+    out = np.zeros(len(df), dtype=bool)
+    vals = df[list(cols)].to_numpy(dtype=float)
+    ok = df["fits"].to_numpy(dtype=bool) & np.isfinite(vals).all(axis=1)
+    idx = np.flatnonzero(ok)
+    if not len(idx):
+        return out
+    v = vals[idx]
+    order = np.lexsort(v.T[::-1])  # by the first column, then the others
+    v, idx = v[order], idx[order]
+    front: list[int] = []
+    for i in range(len(v)):
+        if front:
+            f = v[front]
+            if ((f <= v[i]).all(axis=1) & (f < v[i]).any(axis=1)).any():
+                continue
+        front.append(i)
+    out[idx[front]] = True
+    return out
 
 
 #: parameters of :func:`wattcast.simulate.lifecycle.footprint` that a search sets itself
@@ -263,3 +444,36 @@ def _check_footprint_kw(kw) -> None:
     unknown = [k for k in kw if k not in valid]
     if unknown:
         raise ValueError(f"unknown footprint_kw option {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+
+
+def plot_runs(df: pd.DataFrame, path) -> None:
+    """A PNG of the fitting runs in ``df`` (a search with ``tokens``): run time (days) vs cloud cost (USD, or owned TCO
+    when no cloud price is known), coloured by tCO2e, the Pareto front (``run_pareto``) ringed and joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fit = df[df["fits"].astype(bool)]
+    cost, label = ("run_cloud_usd", "cloud cost (USD, on-demand)")
+    if fit[cost].isna().all():
+        cost, label = "run_tco_usd", "owned TCO (USD; no cloud price known)"
+    n_all = len(fit)
+    fit = fit[fit[cost].notna()]
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+    sc = ax.scatter(fit["run_days"], fit[cost], c=fit["run_tco2e"], cmap="viridis", s=18, alpha=0.8)
+    fig.colorbar(sc, ax=ax, label="run tCO2e (operational + embodied)")
+    front = fit[fit["run_pareto"].astype(bool)].sort_values("run_days")
+    if len(front):
+        ax.scatter(front["run_days"], front[cost], s=90, facecolors="none", edgecolors="red", linewidths=1.5,
+                   label=f"Pareto front ({len(front)}): time x cloud cost x CO2e")
+        ax.plot(front["run_days"], front[cost], color="red", lw=0.8, alpha=0.6)
+        ax.legend(loc="best", fontsize=8)
+    ax.set_xlabel("time to train (days, failures included)")
+    ax.set_ylabel(label)
+    ax.set_title(f"{len(fit)} fitting configurations" + (f" ({n_all - len(fit)} more without a cloud price: not shown)"
+                                                         if n_all > len(fit) else ""))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

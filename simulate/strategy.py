@@ -1,0 +1,213 @@
+"""A parallel strategy as one string that round-trips: ``wattcast search`` prints it per row, and
+``wattcast predict --cluster ... --strategy STR`` (``wattcast.predict_cluster(..., strategy=STR)``) takes it back.
+
+Grammar: tokens joined by ``-``, in any order on input (the canonical order below on output)::
+
+    tp2-pp4-dp8-cp1-ep1-mb1-ga16-zero1-v2-sp-rcfull-1f1b
+
+- counts ``tp<N>``, ``pp<N>``, ``dp<N>``, ``cp<N>``, ``ep<N>``, ``mb<N>`` (sequences per micro-batch), ``ga<N>``
+  (micro-batches per step = gradient accumulation; with ``dp`` and ``mb`` it fixes the global batch
+  ``dp x mb x ga``), ``zero<0-3>``, ``v<N>`` (virtual pipeline stages per GPU, interleaved 1F1B);
+- ``sp`` (sequence parallelism on; absent: off);
+- ``rcnone`` / ``rcselective`` / ``rcfull`` (activation recomputation);
+- ``1f1b`` / ``gpipe`` (pipeline schedule);
+- Megatron-Core's overlaps as deviations from the framework's default (``simulate.overlap.overlap_defaults``):
+  ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm); absent:
+  the framework's default, so a string predicted under the same ``--framework`` resolves the same flags;
+- ``ppf<N>`` / ``ppl<N>``: transformer layers of the first / last pipeline stage (only when set).
+
+``tp``, ``pp``, ``dp`` and ``mb`` are required; the others default to 1, ZeRO 0, no SP, no recomputation, 1F1B and
+the framework's overlaps. The GPU count is ``tp x pp x dp x cp``. Precision, attention kernel and framework are not
+part of a strategy: search runs every candidate with the same ones (``simulate/defaults.py``), and they are
+given to ``predict`` the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from wattcast.simulate.parallel import SCHEDULES, ParallelConfig
+
+__all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
+
+RECOMPUTE = ("none", "selective", "full")
+_COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl")
+_REQUIRED = ("tp", "pp", "dp", "mb")
+_OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap"}
+_NUM = re.compile(r"^(tp|pp|dp|cp|ep|mb|ga|zero|v|ppf|ppl)(\d+)$")
+
+
+class StrategyError(ValueError):
+    """A strategy string that cannot be read (the message names the bad token)."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A parsed strategy string (see the module docstring)."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    cp: int = 1
+    ep: int = 1
+    grad_accum: int | None = None  # micro-batches per step; None: not given (the global batch then comes from --batch)
+    zero: int = 0
+    interleave: int = 1
+    sp: bool = False
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    tp_comm_overlap: bool | None = None
+    pp_first_layers: int | None = None
+    pp_last_layers: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def global_batch(self) -> int | None:
+        """Sequences per step (``dp x mb x ga``), or None when ``ga`` was not given."""
+        return None if self.grad_accum is None else self.dp * self.micro_batch * self.grad_accum
+
+    def parallel_config(self) -> ParallelConfig:
+        """The :class:`ParallelConfig` this strategy names (its overlaps None where the framework default applies)."""
+        return ParallelConfig(gpus=self.gpus, tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch, zero=self.zero,
+                              sp=self.sp, ep=self.ep, recompute=self.recompute, interleave=self.interleave,
+                              schedule=self.schedule, pp_first_layers=self.pp_first_layers,
+                              pp_last_layers=self.pp_last_layers, cp=self.cp,
+                              overlap_grad_reduce=self.overlap_grad_reduce,
+                              overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap)
+
+
+def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: str = "hf") -> str:
+    """The canonical strategy string of ``cfg``: ``dp`` and ``micro_batch`` must be known (a configuration resolved by
+    :func:`wattcast.simulate.parallel.resolve_parallel`, as every search row's is). ``batch`` (global, sequences) adds
+    ``ga`` = micro-batches per step. Overlap flags are written where they differ from ``framework``'s default."""
+    from wattcast.simulate.overlap import overlap_defaults
+    from wattcast.featurize.workload import _framework
+
+    if cfg.dp is None or cfg.micro_batch is None:
+        raise StrategyError("format_strategy needs a configuration with dp and micro_batch set (resolve it first)")
+    parts = [f"tp{cfg.tp}", f"pp{cfg.pp}", f"dp{cfg.dp}", f"cp{cfg.cp}", f"ep{cfg.ep}", f"mb{cfg.micro_batch}"]
+    if batch is not None:
+        per = cfg.dp * cfg.micro_batch
+        if batch % per:
+            raise StrategyError(f"global batch {batch} is not a multiple of dp x micro-batch ({cfg.dp} x {cfg.micro_batch})")
+        parts.append(f"ga{batch // per}")
+    parts += [f"zero{cfg.zero}", f"v{cfg.interleave}"]
+    if cfg.sp:
+        parts.append("sp")
+    parts += [f"rc{cfg.recompute}", cfg.schedule]
+    defaults = overlap_defaults(_framework(framework), tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
+    for tok, name in _OVERLAPS.items():
+        v = getattr(cfg, name)
+        if v is not None and bool(v) != defaults[name]:
+            parts.append(tok if v else f"no{tok}")
+    if cfg.pp_first_layers is not None:
+        parts.append(f"ppf{cfg.pp_first_layers}")
+    if cfg.pp_last_layers is not None:
+        parts.append(f"ppl{cfg.pp_last_layers}")
+    return "-".join(parts)
+
+
+def parse_strategy(text: str) -> Strategy:
+    """Read a strategy string (see the module docstring); a :class:`StrategyError` names a bad, repeated or
+    conflicting token, or a required one that is missing."""
+    if not isinstance(text, str) or not text.strip():
+        raise StrategyError(f"strategy must be a non-empty string like 'tp2-pp1-dp4-mb1', got {text!r}")
+    seen: dict[str, str] = {}  # field -> the token that set it
+    kw: dict = {}
+
+    def put(field: str, value, tok: str) -> None:
+        if field in seen:
+            raise StrategyError(f"strategy {text!r}: token {tok!r} sets {field} again (already set by {seen[field]!r})")
+        seen[field] = tok
+        kw[field] = value
+
+    for tok in text.strip().split("-"):
+        t = tok.strip().lower()
+        m = _NUM.match(t)
+        if m:
+            name, n = m.group(1), int(m.group(2))
+            if name == "zero":
+                if n > 3:
+                    raise StrategyError(f"strategy {text!r}: bad token {tok!r}: ZeRO stage must be 0, 1, 2 or 3")
+            elif name in ("ppf", "ppl"):
+                pass  # whole layers, 0 allowed
+            elif n < 1:
+                raise StrategyError(f"strategy {text!r}: bad token {tok!r}: {name} must be at least 1")
+            put(name, n, tok)
+        elif t == "sp":
+            put("sp", True, tok)
+        elif t.startswith("rc") and t[2:] in RECOMPUTE:
+            put("recompute", t[2:], tok)
+        elif t in SCHEDULES:
+            put("schedule", t, tok)
+        elif t in _OVERLAPS or (t.startswith("no") and t[2:] in _OVERLAPS):
+            key = t[2:] if t.startswith("no") else t
+            put(_OVERLAPS[key], not t.startswith("no"), tok)
+        else:
+            raise StrategyError(
+                f"strategy {text!r}: bad token {tok!r}; tokens are tp<N> pp<N> dp<N> cp<N> ep<N> mb<N> ga<N> zero<0-3> "
+                f"v<N> ppf<N> ppl<N>, sp, rc{{none,selective,full}}, {'/'.join(SCHEDULES)}, "
+                f"{'/'.join(_OVERLAPS)} (or no<flag>), joined by '-'")
+    missing = [k for k in _REQUIRED if k not in kw]
+    if missing:
+        raise StrategyError(f"strategy {text!r} lacks {', '.join(f'{k}<N>' for k in missing)} (required: tp, pp, dp, mb)")
+    s = Strategy(tp=kw["tp"], pp=kw["pp"], dp=kw["dp"], micro_batch=kw["mb"])
+    rename = dict(cp="cp", ep="ep", ga="grad_accum", zero="zero", v="interleave", ppf="pp_first_layers",
+                  ppl="pp_last_layers")
+    extra = {rename.get(k, k): v for k, v in kw.items() if k not in _REQUIRED}
+    return replace(s, **extra)
+
+
+def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: name) -> dict:
+    """The parallel options a strategy sets, merged with the ones the caller gave explicitly (``given``: option ->
+    value, only those actually given). Keys: gpus, batch, tp, pp, dp, micro_batch, cp, ep, zero, sp, interleave,
+    recompute, schedule, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, pp_first_layers, pp_last_layers
+    (batch only when the strategy has ``ga`` or it was given). A given value that differs from the strategy's is a
+    StrategyError naming the option (``label(key)``: its name as the caller knows it) and both values."""
+    st = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
+    own = dict(gpus=st.gpus, batch=st.global_batch, tp=st.tp, pp=st.pp, dp=st.dp, micro_batch=st.micro_batch, cp=st.cp,
+               ep=st.ep, zero=st.zero, sp=st.sp, interleave=st.interleave, recompute=st.recompute, schedule=st.schedule,
+               overlap_grad_reduce=st.overlap_grad_reduce, overlap_param_gather=st.overlap_param_gather,
+               tp_comm_overlap=st.tp_comm_overlap, pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers)
+    unknown = sorted(set(given) - set(own))
+    if unknown:
+        raise StrategyError(f"unknown strategy option(s) {unknown}")
+    out = dict(own)
+    for k, v in given.items():
+        mine = own[k]
+        if mine is None:  # the strategy leaves it open (the framework's overlap default, no ga, even stages)
+            out[k] = v
+            continue
+        same = (str(v).lower() == str(mine).lower()) if isinstance(mine, str) else (
+            type(v) is not str and not (isinstance(mine, bool) != isinstance(v, bool)) and v == mine)
+        if not same:
+            what = {"gpus": f"tp x pp x dp x cp = {mine}", "batch": f"dp x mb x ga = {mine}"}.get(k, repr(mine))
+            raise StrategyError(f"{label(k)} {v!r} conflicts with the strategy {format_given(st)!r}, which sets "
+                                f"{k} = {what}; leave {label(k)} out or change the strategy")
+    if out["batch"] is None:
+        out.pop("batch")
+    return out
+
+
+def format_given(st: Strategy) -> str:
+    """``st`` written back as a string (canonical order; overlaps as given)."""
+    parts = [f"tp{st.tp}", f"pp{st.pp}", f"dp{st.dp}", f"cp{st.cp}", f"ep{st.ep}", f"mb{st.micro_batch}"]
+    if st.grad_accum is not None:
+        parts.append(f"ga{st.grad_accum}")
+    parts += [f"zero{st.zero}", f"v{st.interleave}"] + (["sp"] if st.sp else []) + [f"rc{st.recompute}", st.schedule]
+    for tok, name in _OVERLAPS.items():
+        v = getattr(st, name)
+        if v is not None:
+            parts.append(tok if v else f"no{tok}")
+    if st.pp_first_layers is not None:
+        parts.append(f"ppf{st.pp_first_layers}")
+    if st.pp_last_layers is not None:
+        parts.append(f"ppl{st.pp_last_layers}")
+    return "-".join(parts)
