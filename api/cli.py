@@ -803,6 +803,53 @@ def clusters(
 
 
 @app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output folder of Parquet parts (default: the spec's 'output', else sweep.parquet); a rerun resumes it."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Address of a running Dask scheduler (tcp://host:8786); default: a LocalCluster on this machine."),
+    workers: int = typer.Option(2, "--workers", help="LocalCluster worker processes (0: run the tasks in this process, one by one, without Dask)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the best row of every task as JSON."),
+) -> None:
+    """Sweep models x clusters x GPU counts x regions (a strategy search per task) on Dask; results to Parquet as tasks finish."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from wattcast.sweep import SweepSpecError, load_spec, read_sweep, run_sweep, summary
+
+    _input_file(spec, "sweep spec")
+    if workers < 0:
+        _fail(f"--workers must be 0 or more, got {workers}")
+    try:
+        sp = load_spec(spec)
+    except SweepSpecError as e:
+        _fail(str(e))
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TimeRemainingColumn(), console=err) as prog:
+            task = prog.add_task("sweep tasks", total=None)
+            res = run_sweep(sp, output, scheduler=scheduler, workers=workers,
+                            progress=lambda d, t: prog.update(task, completed=d, total=t))
+    except (SweepSpecError, OSError) as e:
+        _fail(str(e))
+    best = summary(read_sweep(res.output))
+    if as_json:
+        print(json.dumps(dict(output=str(res.output), tasks=res.total, skipped=res.skipped, ran=res.ran,
+                              failed=[dict(task_id=t, error=e) for t, e in res.failed_tasks],
+                              best=json.loads(best.to_json(orient="records"))), indent=2))
+    else:
+        t = Table(title=f"sweep: best strategy per task ({res.total} tasks; {res.skipped} already done, {res.ran} run)")
+        for c in best.columns:
+            t.add_column(str(c))
+        for _, r in best.iterrows():
+            t.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r])
+        _table_console().print(t)
+        err.print(f"results: {res.output} (pandas.read_parquet or wattcast.sweep.read_sweep)")
+    if res.failed_tasks:
+        for tid, e in res.failed_tasks:
+            err.print(f"[red]task {tid} failed: {e}[/red]")
+        raise typer.Exit(1)
+
+
+@app.command()
 def regions(
     text: Optional[str] = typer.Argument(None, help="Show only regions whose name or label contains this text (e.g. us-east, France)."),
     kind: Optional[str] = typer.Option(None, "--kind", help="country, cloud or zone (default: all)."),

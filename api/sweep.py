@@ -1,0 +1,356 @@
+"""Sweeps that outgrow one process: models x clusters x GPU counts x regions, each task a strategy search, on Dask.
+
+``wattcast sweep SPEC.yaml`` (and :func:`run_sweep`) reads a spec like::
+
+    models: [llama3_8b, gpt3_175b]        # built-in names, config.json or ONNX paths
+    clusters: [DGX-H100, DGX-A100]        # presets or cluster files
+    gpus: [64, 128]                       # GPU counts (each a whole number of nodes of every cluster)
+    batch: 512                            # global batch, sequences
+    seq: 4096
+    regions: [aws:us-east-1, gcp:europe-west4]   # optional; one task per region (needs tokens)
+    tokens: 1.0e12                        # optional: whole-run time, cost, energy and CO2e per row
+    dtype: bf16                           # optional, as `wattcast search`
+    attention: flash
+    framework: hf
+    objective: time                       # time | cost | tco | co2e | energy
+    top: 3                                # rows kept per task (the best fitting ones)
+    max_configs: 500                      # per task
+    space: {tp: [1, 2, 4, 8], zero: [1]}  # optional search-space options of `wattcast.search`
+
+Every (model, cluster, gpus, region) is one task: a :func:`wattcast.search` whose ``top`` best fitting rows (or one
+row saying nothing fits) are written, as soon as the task finishes, to its own Parquet part in the output folder
+(``OUT.parquet/part-<task id>.parquet``, written to a temporary name and renamed, so a part is whole or absent).
+The folder reads as one table (``pandas.read_parquet(OUT)``). A rerun with the same output skips the tasks whose
+parts are there, so an interrupted sweep resumes; a worker killed mid-task loses only that task, which Dask runs
+again on another worker. Task ids hash the task and the settings that change its result, so a changed spec does
+not reuse stale parts.
+
+Bad input is refused before anything runs: an unknown key (named), an empty list, a GPU count or batch that is
+not a positive whole number, an unknown model, cluster or region.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+
+#: spec keys and what they hold
+SPEC_KEYS = {
+    "models": "list of models (built-in names, config.json or ONNX paths)",
+    "clusters": "list of clusters (preset names or files)",
+    "gpus": "list of GPU counts",
+    "batch": "global batch (sequences)",
+    "seq": "sequence length (tokens)",
+    "regions": "list of regions (wattcast regions); needs tokens",
+    "tokens": "whole-run length in tokens",
+    "dtype": "precision (fp32, tf32, bf16, fp16, fp8)",
+    "attention": "eager, flash or flash1",
+    "framework": "hf, megatron or megatron-deepspeed",
+    "objective": "time, cost, tco, co2e or energy",
+    "top": "rows kept per task",
+    "max_configs": "strategies evaluated per task",
+    "space": "search-space options of wattcast.search (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp)",
+    "output": "output folder (.parquet); the --output flag overrides it",
+}
+#: columns every written row has besides the search's own
+TASK_COLUMNS = ("task_id", "model", "cluster", "gpus", "region", "status", "error", "rank", "task_seconds")
+
+
+class SweepSpecError(ValueError):
+    """A sweep spec that cannot run: the message names the key and what is wrong."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    models: tuple
+    clusters: tuple
+    gpus: tuple
+    batch: int
+    seq: int
+    regions: tuple = (None,)
+    tokens: float | None = None
+    dtype: str = "bf16"
+    attention: str = "flash"
+    framework: str = "hf"
+    objective: str = "time"
+    top: int = 1
+    max_configs: int = 500
+    space: dict = field(default_factory=dict)
+    output: str | None = None
+
+    def tasks(self) -> list[dict]:
+        """One dict per (model, cluster, gpus, region), with its id."""
+        settings = {k: getattr(self, k) for k in ("batch", "seq", "tokens", "dtype", "attention", "framework", "objective",
+                                                  "top", "max_configs")}
+        settings["space"] = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in sorted(self.space.items())}
+        out = []
+        for m, c, g, r in product(self.models, self.clusters, self.gpus, self.regions):
+            t = dict(model=str(m), cluster=str(c), gpus=int(g), region=r, **settings)
+            t["task_id"] = hashlib.sha256(json.dumps(t, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            out.append(t)
+        return out
+
+
+def _as_list(key: str, v: Any) -> tuple:
+    items = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    if not items:
+        raise SweepSpecError(f"sweep spec: '{key}' is an empty list; give at least one {SPEC_KEYS[key].split(' (')[0]}")
+    return items
+
+
+def _count(key: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or int(v) < 1:
+        raise SweepSpecError(f"sweep spec: '{key}' must be a positive whole number, got {v!r}")
+    return int(v)
+
+
+def load_spec(source: str | Path | dict) -> SweepSpec:
+    """A validated :class:`SweepSpec` from a YAML/JSON file or a dict; models, clusters and regions are resolved
+    here, before any task runs."""
+    if isinstance(source, dict):
+        raw, where = dict(source), "sweep spec"
+    else:
+        import yaml
+
+        path = Path(source)
+        if not path.is_file():
+            raise SweepSpecError(f"sweep spec {path} is not a file")
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise SweepSpecError(f"sweep spec {path} is not valid YAML ({e})") from None
+        where = str(path)
+        if not isinstance(raw, dict):
+            raise SweepSpecError(f"sweep spec {path}: expected a mapping of keys ({', '.join(SPEC_KEYS)})")
+    unknown = sorted(set(raw) - set(SPEC_KEYS))
+    if unknown:
+        from difflib import get_close_matches
+
+        hints = [f"{k!r}" + (f" (did you mean {get_close_matches(k, list(SPEC_KEYS), 1)[0]!r}?)"
+                             if get_close_matches(k, list(SPEC_KEYS), 1) else "") for k in unknown]
+        raise SweepSpecError(f"{where}: unknown key(s) {', '.join(hints)}; known: {', '.join(SPEC_KEYS)}")
+    for k in ("models", "clusters", "gpus", "batch", "seq"):
+        if k not in raw:
+            raise SweepSpecError(f"{where}: missing key '{k}' ({SPEC_KEYS[k]})")
+    models, clusters = _as_list("models", raw["models"]), _as_list("clusters", raw["clusters"])
+    gpus = tuple(_count("gpus", g) for g in _as_list("gpus", raw["gpus"]))
+    regions = _as_list("regions", raw["regions"]) if raw.get("regions") is not None else (None,)
+    tokens = raw.get("tokens")
+    if tokens is not None:
+        try:
+            tokens = float(tokens)
+        except (TypeError, ValueError):
+            raise SweepSpecError(f"{where}: 'tokens' must be a number, got {raw['tokens']!r}") from None
+        if not tokens > 0:
+            raise SweepSpecError(f"{where}: 'tokens' must be above 0, got {raw['tokens']!r}")
+    if regions != (None,) and tokens is None:
+        raise SweepSpecError(f"{where}: 'regions' price and weigh a whole run: give 'tokens' (the run length) too")
+    space = raw.get("space") or {}
+    if not isinstance(space, dict):
+        raise SweepSpecError(f"{where}: 'space' must be a mapping of search options, got {space!r}")
+    spec = SweepSpec(models=models, clusters=clusters, gpus=gpus, batch=_count("batch", raw["batch"]),
+                     seq=_count("seq", raw["seq"]), regions=regions, tokens=tokens,
+                     dtype=str(raw.get("dtype", "bf16")), attention=str(raw.get("attention", "flash")),
+                     framework=str(raw.get("framework", "hf")), objective=str(raw.get("objective", "time")),
+                     top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
+                     space=dict(space), output=raw.get("output"))
+    _resolve_names(spec, where)
+    return spec
+
+
+def _resolve_names(spec: SweepSpec, where: str) -> None:
+    """Every model, cluster and region exists and every search option is known, before any task runs."""
+    from wattcast.data.cluster_spec import resolve_cluster
+    from wattcast.featurize.workload import StepOptions
+    from wattcast.simulate.search import SPACE_DEFAULTS
+
+    bad = sorted(set(spec.space) - set(SPACE_DEFAULTS))
+    if bad:
+        raise SweepSpecError(f"{where}: unknown search option(s) {bad} in 'space'; known: {', '.join(SPACE_DEFAULTS)}")
+    if spec.objective not in ("time", "cost", "tco", "co2e", "energy"):
+        raise SweepSpecError(f"{where}: 'objective' must be time, cost, tco, co2e or energy, got {spec.objective!r}")
+    try:
+        StepOptions(dtype=spec.dtype, attention=spec.attention, framework=spec.framework).validated()
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: {e}") from None
+    for c in spec.clusters:
+        try:
+            resolve_cluster(c)
+        except Exception as e:  # noqa: BLE001 - any failure to resolve is the spec's error, named
+            raise SweepSpecError(f"{where}: cluster {c!r}: {e}") from None
+    from wattcast.simulate.distributed import _model_config
+
+    for m in spec.models:
+        try:
+            _model_config(m) if not str(m).lower().endswith(".onnx") else None
+            if str(m).lower().endswith(".onnx") and not Path(m).is_file():
+                raise ValueError(f"no such ONNX file {m}")
+        except Exception as e:  # noqa: BLE001
+            raise SweepSpecError(f"{where}: model {m!r}: {e}") from None
+    if spec.regions != (None,):
+        from wattcast.data.carbon import grid_intensity
+
+        for r in spec.regions:
+            try:
+                grid_intensity(str(r))
+            except (ValueError, KeyError) as e:
+                raise SweepSpecError(f"{where}: region {r!r}: {e}") from None
+
+
+def run_task(task: dict) -> pd.DataFrame:
+    """One task: a strategy search; its ``top`` best fitting rows (or one row saying why there are none)."""
+    from wattcast import search
+
+    t0 = time.time()
+    base = {k: task[k] for k in ("task_id", "model", "cluster", "gpus")}
+    base["region"] = task["region"] or ""
+    try:
+        kw = dict(dtype=task["dtype"], attention=task["attention"], framework=task["framework"],
+                  max_configs=task["max_configs"], objective=task["objective"], **task["space"])
+        if task["tokens"] is not None:
+            kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)
+        res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)
+        fit = res.ranked[res.ranked["fits"].astype(bool)] if len(res.ranked) else res.ranked
+        if len(fit):
+            out = fit.head(task["top"]).reset_index(drop=True)
+            out.insert(0, "rank", range(1, len(out) + 1))
+            status, error = "ok", ""
+        else:
+            out = pd.DataFrame({"rank": [0]})
+            status = "none fits"
+            error = (f"{len(res.ranked)} strategies evaluated, none fits in memory" if len(res.ranked)
+                     else f"no valid strategy ({len(res.rejected)} broke a rule)")
+    except (ValueError, RuntimeError) as e:  # a task that cannot run is a row saying why, not a lost sweep
+        out, status, error = pd.DataFrame({"rank": [0]}), "error", str(e)
+    out = out.drop(columns=[k for k in base if k in out.columns])  # the search's own cluster name: the task's is kept
+    for k, v in reversed(list(base.items())):
+        out.insert(0, k, v)
+    out["status"], out["error"] = status, error
+    out["task_seconds"] = time.time() - t0
+    return out
+
+
+def _part_path(folder: Path, task_id: str) -> Path:
+    return folder / f"part-{task_id}.parquet"
+
+
+def write_part(folder: Path, task_id: str, frame: pd.DataFrame) -> Path:
+    """One task's rows as its own part: written under a temporary name, then renamed (whole or absent)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = _part_path(folder, task_id)
+    tmp = folder / f".tmp-{task_id}-{os.getpid()}.parquet"
+    frame = frame.copy()
+    for c in frame.columns:  # mixed-type object columns (e.g. a NaN among strings) as text
+        if frame[c].dtype == object:
+            frame[c] = frame[c].map(lambda v: v if isinstance(v, str) else ("" if v is None else str(v)))
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, final)
+    return final
+
+
+def done_tasks(folder: Path) -> set[str]:
+    """Task ids whose part is already in ``folder`` (a rerun skips them)."""
+    if not folder.is_dir():
+        return set()
+    return {p.stem[len("part-"):] for p in folder.glob("part-*.parquet")}
+
+
+def read_sweep(folder: str | Path) -> pd.DataFrame:
+    """Every part of a sweep's output folder as one table."""
+    parts = sorted(Path(folder).glob("part-*.parquet"))
+    if not parts:
+        return pd.DataFrame(columns=list(TASK_COLUMNS))
+    df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+    keys = [c for c in ("model", "cluster", "gpus", "region", "rank") if c in df.columns]
+    return df.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+@dataclass
+class SweepOutcome:
+    output: Path
+    total: int
+    skipped: int
+    ran: int
+    failed_tasks: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = None, *, scheduler: str | None = None,
+              workers: int = 2, progress: Callable[[int, int], None] | None = None,
+              client_hook: Callable[[Any], None] | None = None) -> SweepOutcome:
+    """Run every task of ``spec`` not already in ``output``; each finished task's rows are written at once.
+
+    ``scheduler``: a Dask scheduler address (``tcp://host:8786``); None starts a LocalCluster of ``workers``
+    single-threaded worker processes on localhost; ``workers=0`` runs the tasks in this process, one by one
+    (no Dask). ``progress(done, total)`` after every task. ``client_hook(client)`` is called once the Dask client is up
+    (tests use it to kill a worker)."""
+    t0 = time.time()
+    spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
+    out = Path(output or spec.output or "sweep.parquet")
+    if out.exists() and not out.is_dir():
+        raise SweepSpecError(f"output {out} exists and is not a sweep folder")
+    tasks = spec.tasks()
+    have = done_tasks(out)
+    todo = [t for t in tasks if t["task_id"] not in have]
+    skipped = len(tasks) - len(todo)
+    done = skipped
+    if progress:
+        progress(done, len(tasks))
+    failed: list = []
+    if not todo:
+        return SweepOutcome(out, len(tasks), skipped, 0, failed, time.time() - t0)
+    if workers == 0 and scheduler is None:
+        for t in todo:
+            write_part(out, t["task_id"], run_task(t))
+            done += 1
+            if progress:
+                progress(done, len(tasks))
+        return SweepOutcome(out, len(tasks), skipped, len(todo), failed, time.time() - t0)
+    from dask.distributed import Client, LocalCluster, as_completed
+
+    cluster = None
+    if scheduler is None:
+        cluster = LocalCluster(n_workers=max(int(workers), 1), threads_per_worker=1, processes=True,
+                               host="127.0.0.1", dashboard_address=None, silence_logs=40)
+        client = Client(cluster)
+    else:
+        client = Client(scheduler)
+    try:
+        if client_hook:
+            client_hook(client)
+        futures = {client.submit(run_task, t, key=f"wattcast-task-{t['task_id']}", retries=2, pure=False): t
+                   for t in todo}
+        for fut in as_completed(futures):
+            t = futures[fut]
+            try:
+                frame = fut.result()
+            except Exception as e:  # a task whose workers kept dying: recorded, the rest go on  # noqa: BLE001
+                failed.append((t["task_id"], repr(e)))
+                continue
+            write_part(out, t["task_id"], frame)
+            done += 1
+            if progress:
+                progress(done, len(tasks))
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    return SweepOutcome(out, len(tasks), skipped, len(todo) - len(failed), failed, time.time() - t0)
+
+
+def summary(frame: pd.DataFrame, columns: Iterable[str] = ("model", "cluster", "gpus", "region", "status", "strategy",
+                                                            "step_time_ms", "mfu", "memory_gb", "run_days", "run_cloud_usd",
+                                                            "run_tco2e")) -> pd.DataFrame:
+    """The best row of each task (rank 1, or the row saying why there is none)."""
+    if frame.empty:
+        return frame
+    best = frame[frame["rank"] <= 1]
+    return best[[c for c in columns if c in best.columns]].reset_index(drop=True)

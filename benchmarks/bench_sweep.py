@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""Sweep speed: the same sweep on a Dask LocalCluster with 1 worker and with 2 (and in-process), printed.
+
+    python3 benchmarks/bench_sweep.py [--gpus 8 16 32 64] [--max-configs 60]
+
+GPT-2 and Llama 3 8B on DGX-A100 and DGX-H100 at each GPU count: one strategy search per task. Each run writes to a
+fresh folder; the Dask runs include starting the cluster (workers import wattcast and build their graphs once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from wattcast.sweep import run_sweep
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, nargs="+", default=[8, 16, 32, 64])
+    ap.add_argument("--max-configs", type=int, default=60)
+    a = ap.parse_args()
+    spec = dict(models=["gpt2", "llama3_8b"], clusters=["DGX-A100", "DGX-H100"], gpus=a.gpus, batch=256, seq=2048,
+                max_configs=a.max_configs)
+    times = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, workers in (("in-process", 0), ("dask, 1 worker", 1), ("dask, 2 workers", 2)):
+            t0 = time.time()
+            r = run_sweep(spec, Path(tmp) / label.replace(" ", "_").replace(",", ""), workers=workers)
+            times[label] = time.time() - t0
+            print(f"{label:16s} {r.ran} tasks in {times[label]:6.1f} s ({r.ran / times[label]:.2f} tasks/s)")
+    print(f"speed-up, 2 workers vs 1: {times['dask, 1 worker'] / times['dask, 2 workers']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""`wattcast sweep`: spec checks, Parquet parts as tasks finish, resume, Dask with a killed worker, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from wattcast.sweep import SweepSpecError, done_tasks, load_spec, read_sweep, run_sweep, summary
+
+SPEC = dict(models=["gpt2"], clusters=["DGX-A100", "DGX-H100"], gpus=[8, 16], batch=32, seq=512, max_configs=12, top=2)
+
+
+def _strip(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=["task_seconds"]).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("patch,needle", [
+    (dict(gpu=[8]), "unknown key(s) 'gpu' (did you mean 'gpus'?)"),
+    (dict(gpus=[]), "'gpus' is an empty list"),
+    (dict(gpus=[8, 0]), "'gpus' must be a positive whole number, got 0"),
+    (dict(batch=2.5), "'batch' must be a positive whole number"),
+    (dict(regions=["aws:us-east-1"]), "give 'tokens'"),
+    (dict(tokens=1e9, regions=["atlantis-1"]), "region 'atlantis-1'"),
+    (dict(clusters=["DGX-Z900"]), "cluster 'DGX-Z900'"),
+    (dict(models=["gpt2", "no_such_model"]), "model 'no_such_model'"),
+    (dict(space=dict(tpp=[1])), "unknown search option(s) ['tpp']"),
+    (dict(objective="speed"), "'objective' must be"),
+    (dict(attention="flash9"), "unknown attention"),
+])
+def test_bad_specs_are_refused_before_anything_runs(tmp_path, patch, needle):
+    out = tmp_path / "out.parquet"
+    with pytest.raises(SweepSpecError) as e:
+        run_sweep({**SPEC, **patch}, out, workers=0)
+    assert needle in str(e.value)
+    assert not out.exists()
+
+
+def test_missing_key_is_named():
+    spec = dict(SPEC)
+    spec.pop("seq")
+    with pytest.raises(SweepSpecError, match="missing key 'seq'"):
+        load_spec(spec)
+
+
+def test_tasks_write_parts_and_a_rerun_resumes(tmp_path):
+    out = tmp_path / "s.parquet"
+    seen = []
+    r = run_sweep(SPEC, out, workers=0, progress=lambda d, t: seen.append((d, t)))
+    assert (r.total, r.skipped, r.ran) == (4, 0, 4) and seen[-1] == (4, 4)
+    df = read_sweep(out)
+    assert set(df["status"]) == {"ok"} and df.groupby("task_id").size().max() <= 2
+    assert len(done_tasks(out)) == 4 and pd.read_parquet(out).shape[0] == len(df)  # the folder reads as one table
+    best = summary(df)
+    assert len(best) == 4 and (best["step_time_ms"] > 0).all() and best["strategy"].str.startswith("tp").all()
+    # a rerun skips everything; a lost part is recomputed, and the same
+    r2 = run_sweep(SPEC, out, workers=0)
+    assert (r2.skipped, r2.ran) == (4, 0)
+    victim = sorted(out.glob("part-*.parquet"))[0]
+    victim.unlink()
+    r3 = run_sweep(SPEC, out, workers=0)
+    assert (r3.skipped, r3.ran) == (3, 1)
+    pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(df))
+    # a changed setting is a different task: nothing stale is reused
+    r4 = run_sweep({**SPEC, "seq": 256}, out, workers=0)
+    assert r4.skipped == 0 and r4.ran == 4
+
+
+def test_a_task_that_fits_nowhere_is_a_row_saying_so(tmp_path):
+    r = run_sweep(dict(SPEC, models=["llama3_70b"], clusters=["DGX-A100"], gpus=[8], batch=8, seq=4096,
+                       space=dict(tp=[1], pp=[1], zero=[0])), tmp_path / "o", workers=0)
+    df = read_sweep(r.output)
+    assert len(df) == 1 and df["status"].iloc[0] == "none fits" and "none fits" in df["error"].iloc[0]
+
+
+def test_dask_sweep_survives_a_killed_worker(tmp_path):
+    pytest.importorskip("dask.distributed")
+    spec = dict(SPEC, gpus=[8, 16, 32])
+    ref = read_sweep(run_sweep(spec, tmp_path / "ref", workers=0).output)
+    out = tmp_path / "dask"
+    killed = {}
+
+    def hook(client):
+        def kill_one():
+            deadline = time.time() + 120
+            while time.time() < deadline and not done_tasks(out):  # once the first task has finished
+                time.sleep(0.05)
+            pids = client.run(os.getpid)
+            pid = sorted(pids.values())[0]
+            os.kill(pid, signal.SIGKILL)
+            killed["pid"] = pid
+
+        threading.Thread(target=kill_one, daemon=True).start()
+
+    r = run_sweep(spec, out, workers=2, client_hook=hook)
+    assert killed, "no worker was killed"
+    assert r.failed_tasks == [] and r.ran == 6
+    pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(ref))
+
+
+def test_cli_sweep_prints_the_best_row_per_task(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models: [gpt2]\nclusters: [DGX-H100]\ngpus: [8]\nbatch: 16\nseq: 256\nmax_configs: 6\n")
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-m", "wattcast.cli", "sweep", str(spec), "--output", str(tmp_path / "o"),
+                        "--workers", "0", "--json"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tasks"] == 1 and doc["ran"] == 1 and doc["best"][0]["status"] == "ok"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [gpt2]\nclusters: [DGX-H100]\ngpus: [8]\nbatch: 16\nseq: 256\nworkerz: 3\n")
+    r = subprocess.run([sys.executable, "-m", "wattcast.cli", "sweep", str(bad), "--output", str(tmp_path / "o2")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "workerz" in r.stderr and not (tmp_path / "o2").exists()
