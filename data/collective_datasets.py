@@ -233,9 +233,9 @@ def load_profile_collectives(folders: Sequence[str | Path], cluster: str | Path 
         counts["rows"] += n
         if n == 0:
             continue
-        reason = t["reason"].fillna("").astype(str).str.strip().to_numpy()
+        reason = t["reason"].astype(object).fillna("").astype(str).str.strip().to_numpy()
         ops = np.full(n, "", dtype=object)
-        raw_ops = t["op"].fillna("").astype(str)
+        raw_ops = t["op"].astype(object).fillna("").astype(str)
         for u in raw_ops.unique():
             try:
                 ops[(raw_ops == u).to_numpy()] = canonical_op(u)
@@ -244,7 +244,7 @@ def load_profile_collectives(folders: Sequence[str | Path], cluster: str | Path 
         size, time_us = _num(t, "size_B"), _num(t, "time_us")
         nodes, gpn, world = _num(t, "nodes"), _num(t, "gpus_per_node"), _num(t, "world_size")
         world = np.where(np.isfinite(world), world, nodes * gpn)
-        dev = t["Device"].fillna("").astype(str).to_numpy()
+        dev = t["Device"].astype(object).fillna("").astype(str).to_numpy()
         why = np.full(n, "", dtype=object)
 
         def flag(key: str, bad: np.ndarray) -> None:
@@ -272,7 +272,7 @@ def load_profile_collectives(folders: Sequence[str | Path], cluster: str | Path 
         counts["used"] += int(use.sum())
         if not use.any():
             continue
-        src = t["source"].fillna("").astype(str).to_numpy()
+        src = t["source"].astype(object).fillna("").astype(str).to_numpy()
         frames.append(pd.DataFrame({
             "op": ops[use], "size_B": size[use], "nodes": nodes[use], "gpus_per_node": gpn[use], "world_size": world[use],
             "time_us": time_us[use], "busbw_GBs": _num(t, "busbw_GBs")[use], "algbw_GBs": _num(t, "algbw_GBs")[use],

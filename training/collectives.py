@@ -371,8 +371,16 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
                 metrics[f"imported_left_out_{k}"] = float(icounts[k])
 
     trained_clusters = list(TRAIN_CLUSTERS)
+    cluster_files = {}
     if imported is not None:
-        trained_clusters += [c for c in sorted(imported["cluster"].unique()) if c not in trained_clusters]
+        from wattcast.data.cluster_spec import resolve_cluster
+
+        for c in sorted(imported["cluster"].unique()):
+            name = resolve_cluster(c).name
+            if name != c:
+                cluster_files[name] = c
+            if name not in trained_clusters:
+                trained_clusters.append(name)
     manifest = {
         "trained_on": {"clusters": trained_clusters, "source": "nccl-tests/h100 (xxrjun/nccl-tests-cluster)",
                        "licence": "Apache-2.0", "rows": int(len(h100)), "medians": int(len(frame)),
@@ -380,6 +388,7 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
                        **({"imported": {"profiles": [str(p) for p in profiles], "rows": int(icounts["used"]),
                                         "rows_read": int(icounts["rows"]), "medians": int(imp.sum()),
                                         "left_out": {k: int(icounts[k]) for k in PROFILE_REASONS if icounts[k]},
+                                        "cluster_files": cluster_files,
                                         "licence": PROFILE_LICENCE}} if imported is not None else {})},
         "target": "log(measured out-of-place time / auto alpha-beta time)",
         "dataset_fingerprint": fp,

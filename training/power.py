@@ -361,7 +361,7 @@ PROFILE_POWER_COLUMNS = ("flops", "bytes", "time_ms", "dtype")
 PROFILE_POWER_REASONS = {
     "missing_columns": f"power.csv lacks column(s) of {', '.join(PROFILE_POWER_COLUMNS)}",
     "no_power": "no positive power_w",
-    "no_work": "empty or non-positive flops / bytes / time_ms",
+    "no_work": "empty or negative flops / bytes, or no positive time_ms",
     "unknown_dtype": "a dtype wattcast does not know",
     "unknown_device": "a GPU the catalog does not know (empty 'Device')",
 }
@@ -389,16 +389,17 @@ def load_profile_power(folders) -> tuple[pd.DataFrame, dict]:
             continue
         power = pd.to_numeric(t["power_w"], errors="coerce").to_numpy(float)
         flops, bytes_, tms = (pd.to_numeric(t[c], errors="coerce").to_numpy(float) for c in ("flops", "bytes", "time_ms"))
-        dtype = t["dtype"].fillna("").astype(str).str.strip().str.lower().to_numpy()
-        dev = t["Device"].fillna("").astype(str).to_numpy()
+        dtype = t["dtype"].astype(object).fillna("").astype(str).str.strip().str.lower().to_numpy()
+        dev = t["Device"].astype(object).fillna("").astype(str).to_numpy()
         why = np.full(n, "", dtype=object)
 
         def flag(key: str, bad: np.ndarray) -> None:
             why[(why == "") & bad] = key
 
         flag("no_power", ~(np.isfinite(power) & (power > 0)))
+        # zero work is a measurement too (an idle GPU: g = 0); unknown or negative work is not
         flag("no_work", ~(np.isfinite(flops) & np.isfinite(bytes_) & np.isfinite(tms) & (flops >= 0) & (bytes_ >= 0)
-                          & (flops + bytes_ > 0) & (tms > 0)))
+                          & (tms > 0)))
         flag("unknown_dtype", ~np.isin(dtype, list(DTYPE_BYTES)))
         known = {}
         for d in np.unique(dev[why == ""]):
@@ -413,7 +414,7 @@ def load_profile_power(folders) -> tuple[pd.DataFrame, dict]:
         counts["used"] += int(use.sum())
         if not use.any():
             continue
-        src = t["source"].fillna("").astype(str).to_numpy()
+        src = t["source"].astype(object).fillna("").astype(str).to_numpy()
         sel = pd.DataFrame({"flops": flops[use], "bytes": bytes_[use], "time_ms": tms[use], "dtype": dtype[use],
                             "power_w": power[use], "device": dev[use],
                             "workload": [f"{folder.name}/{s}/{i}" for s, i in zip(src[use], np.flatnonzero(use))]})
