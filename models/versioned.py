@@ -62,8 +62,10 @@ def resolve_live(folder: str | Path, layout: Layout, error: type[Exception] = Va
 
 
 def new_version_name() -> str:
-    """A sortable, unique version name: UTC time + 8 random hex digits."""
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    """A unique version name that sorts by creation time: UTC time to the microsecond + 8 random hex digits
+    (``20261125T201723.123456-1a2b3c4d``; pruning keeps the newest by name)."""
+    now = time.time()
+    return (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}-" + uuid.uuid4().hex[:8])
 
 
 def install_version(target: str | Path, layout: Layout, write: Callable[[Path], object], check: Callable[[Path], object],

@@ -199,6 +199,30 @@ def test_old_versions_are_pruned_and_three_kinds_share_one_folder(coll_flat, mon
     assert not load_collective_model(str(coll_flat)).is_fallback
 
 
+def test_concurrent_installs_leave_one_valid_live_collective_model(coll_flat):
+    import threading
+
+    model = CollectiveModel.load(coll_flat)
+    before = _coll_predict(model)
+    errors = []
+
+    def go():
+        try:
+            install_collective_model(model, coll_flat)
+        except Exception as e:  # pragma: no cover - the assertion below reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=go) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert resolve_collective_folder(coll_flat).parent == coll_flat / mc.VERSIONS
+    assert len(list((coll_flat / mc.VERSIONS).iterdir())) == 3 and not list((coll_flat / mc.VERSIONS).glob(".tmp-*"))
+    np.testing.assert_array_equal(_coll_predict(load_collective_model(str(coll_flat))), before)
+
+
 def test_a_broken_pointer_is_named(coll_flat, power_flat):
     (coll_flat / mc.POINTER).write_text("20990101T000000-deadbeef\n")
     m = load_collective_model(str(coll_flat))
