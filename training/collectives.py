@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from wattcast.data.collective_datasets import PROFILE_LICENCE, load_profile_collectives, profile_counts_text
 from wattcast.models.collectives import (
     CATEGORICAL,
     COLLECTIVES,
@@ -32,8 +33,6 @@ from wattcast.models.collectives import (
     link_params,
     shipped_folder,
 )
-
-from wattcast.data.collective_datasets import PROFILE_LICENCE, load_profile_collectives, profile_counts_text
 
 TRAIN_CLUSTERS = ("DGX-H100",)
 #: Polaris setup evaluated primarily (5 = the best-tuned NCCL/libfabric settings)
