@@ -1149,19 +1149,24 @@ def _print_train_result(res: dict, title: str) -> None:
 
 @train_app.command("collectives")
 def train_collectives(
-    data: Optional[Path] = _DATA_OPTION,
+    data: List[Path] = _TRAIN_DATA_OPTION,
     out: Optional[Path] = _OUT_OPTION,
     quick: bool = typer.Option(False, "--quick", help="Small, fast fits (smoke tests); not for shipping."),
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file the imported profiles' collective rows were measured on (needed with profile folders in --data: a profile does not record its fabric)."),
 ) -> None:
-    """Train the learned correction of the collective cost model on nccl-tests data (H100; Polaris evaluated only)."""
+    """Train the learned correction of the collective cost model on nccl-tests data (H100; Polaris evaluated only),
+    plus the collective rows of imported profile folders given with --data."""
     from wattcast.training.collectives import run_train_collectives
 
+    root, profiles = _train_data(data)
+    if cluster is not None and not profiles:
+        _fail("--cluster names the cluster of imported profile rows; give the profile folder(s) with --data DIR")
     _job_paths(None if no_mlflow else mlruns, out=out)
     try:
-        res = run_train_collectives(data=data, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow, quick=quick,
-                                    log=lambda m: err.print(m))
+        res = run_train_collectives(data=root, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow, quick=quick,
+                                    log=lambda m: err.print(m), profiles=profiles, cluster=cluster)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     _print_train_result(res, "collectives: leave-one-configuration-out MAPE %")
@@ -1169,17 +1174,20 @@ def train_collectives(
 
 @train_app.command("power")
 def train_power(
-    data: Optional[Path] = _DATA_OPTION,
+    data: List[Path] = _TRAIN_DATA_OPTION,
     out: Optional[Path] = _OUT_OPTION,
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
 ) -> None:
-    """Fit the power surrogate on the measured power data; leave-one-GPU-out errors to MLflow; gated write."""
+    """Fit the power surrogate on the measured power data (plus the usable power rows of imported profile folders
+    given with --data); leave-one-GPU-out errors to MLflow; gated write."""
     from wattcast.training.power import run_train_power
 
+    root, profiles = _train_data(data)
     _job_paths(None if no_mlflow else mlruns, out=out)
     try:
-        res = run_train_power(data=data, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow)
+        res = run_train_power(data=root, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow,
+                              log=lambda m: err.print(m), profiles=profiles)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     _print_train_result(res, "power: leave-one-GPU-out error %")

@@ -44,7 +44,8 @@ from wattcast.data.collective_ops import canonical_op
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COLUMNS", "SOURCES", "CollectiveDataError", "DataNotFoundError", "load_collectives", "collectives_dir"]
+__all__ = ["COLUMNS", "SOURCES", "CollectiveDataError", "DataNotFoundError", "load_collectives", "collectives_dir",
+           "load_profile_collectives", "PROFILE_REASONS"]
 
 COLUMNS = ("op", "size_B", "nodes", "gpus_per_node", "world_size", "time_us", "busbw_GBs", "algbw_GBs", "ip_time_us",
            "source", "cluster", "site", "mode", "setup", "nccl", "run", "licence")
@@ -190,3 +191,106 @@ def load_collectives(data: str | Path | None = None, sources: Sequence[str] = SO
         df[c] = df[c].astype(np.int64)
     df.attrs["dropped"] = dropped
     return df
+
+
+# ------------------------------------------------------------------------------------ imported profiles
+#: why an imported collective row could not join the training frame (keys of the counts ``load_profile_collectives``
+#: returns, in the order they are checked; a row is counted under the first that applies)
+PROFILE_REASONS = {
+    "not_measured": "the importer/collector recorded it as not measured (its 'reason' column)",
+    "unknown_op": "an op that is not one of the modelled collectives",
+    "no_time_or_size": "no positive size_B / time_us",
+    "no_placement": "no nodes / gpus_per_node (an nccl-tests log without '# Rank' lines, or a collector row)",
+    "inconsistent_group": "nodes x gpus_per_node differs from world_size",
+    "single_gpu": "a group of one GPU (nothing is communicated)",
+    "no_cluster": "no cluster given for the imported rows (train collectives --cluster NAME|FILE)",
+    "device_differs_from_cluster": "the row's GPU is not the cluster's GPU",
+    "does_not_fit_cluster": "more GPUs per node or more nodes than the cluster has (or several nodes, no inter-node tier)",
+}
+PROFILE_LICENCE = "user data (imported profile)"
+
+
+def load_profile_collectives(folders: Sequence[str | Path], cluster: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
+    """The collective rows of imported profile folders (``wattcast profile import`` / ``profile run``:
+    ``collectives.csv``) in this module's ``COLUMNS``, measured on ``cluster`` (a preset name or cluster file: the
+    links the alpha-beta model and the correction's link features are computed from; a profile does not record its
+    fabric), plus counts: ``rows`` read, ``used``, and one count per :data:`PROFILE_REASONS` key for the rows left out
+    (never silently dropped). ``cluster`` is kept as given (the training frame resolves it again)."""
+    from wattcast.data.profiles.tables import read_table
+
+    counts = {"rows": 0, "used": 0, **{k: 0 for k in PROFILE_REASONS}}
+    spec = None
+    if cluster is not None:
+        from wattcast.data.cluster_spec import resolve_cluster
+
+        spec = resolve_cluster(cluster)  # ClusterSpecError (a ValueError) names an unknown preset / bad file
+        is_file = Path(str(cluster)).suffix.lower() in (".yaml", ".yml", ".json") or Path(str(cluster)).is_file()
+        cluster = str(cluster) if is_file else spec.name  # a preset by its canonical name
+    frames = []
+    for folder in map(Path, folders):
+        t = read_table(folder, "collectives")
+        n = len(t)
+        counts["rows"] += n
+        if n == 0:
+            continue
+        reason = t["reason"].astype(object).fillna("").astype(str).str.strip().to_numpy()
+        ops = np.full(n, "", dtype=object)
+        raw_ops = t["op"].astype(object).fillna("").astype(str)
+        for u in raw_ops.unique():
+            try:
+                ops[(raw_ops == u).to_numpy()] = canonical_op(u)
+            except ValueError:
+                pass
+        size, time_us = _num(t, "size_B"), _num(t, "time_us")
+        nodes, gpn, world = _num(t, "nodes"), _num(t, "gpus_per_node"), _num(t, "world_size")
+        world = np.where(np.isfinite(world), world, nodes * gpn)
+        dev = t["Device"].astype(object).fillna("").astype(str).to_numpy()
+        why = np.full(n, "", dtype=object)
+
+        def flag(key: str, bad: np.ndarray) -> None:
+            why[(why == "") & bad] = key
+
+        flag("not_measured", reason != "")
+        flag("unknown_op", ops == "")
+        flag("no_time_or_size", ~(np.isfinite(size) & (size > 0) & np.isfinite(time_us) & (time_us > 0)))
+        flag("no_placement", ~(np.isfinite(nodes) & np.isfinite(gpn) & (nodes >= 1) & (gpn >= 1)))
+        flag("inconsistent_group", ~np.isclose(nodes * gpn, world))
+        flag("single_gpu", world < 2)
+        if spec is None:
+            flag("no_cluster", np.ones(n, dtype=bool))
+        else:
+            flag("device_differs_from_cluster", (dev != "") & (dev != spec.device))
+            too_big = gpn > spec.gpus_per_node
+            if spec.max_nodes is not None:
+                too_big |= nodes > spec.max_nodes
+            if spec.inter is None:
+                too_big |= nodes > 1
+            flag("does_not_fit_cluster", too_big)
+        for k in PROFILE_REASONS:
+            counts[k] += int((why == k).sum())
+        use = why == ""
+        counts["used"] += int(use.sum())
+        if not use.any():
+            continue
+        src = t["source"].astype(object).fillna("").astype(str).to_numpy()
+        frames.append(pd.DataFrame({
+            "op": ops[use], "size_B": size[use], "nodes": nodes[use], "gpus_per_node": gpn[use], "world_size": world[use],
+            "time_us": time_us[use], "busbw_GBs": _num(t, "busbw_GBs")[use], "algbw_GBs": _num(t, "algbw_GBs")[use],
+            "ip_time_us": _num(t, "ip_time_us")[use],
+            "source": np.char.add(f"profile:{folder.name}:", src[use].astype(str)).astype(object),
+            "cluster": str(cluster), "site": f"profile:{folder}", "mode": "imported", "setup": "imported", "nccl": "",
+            "run": str(folder), "licence": PROFILE_LICENCE,
+        }))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
+    df = df[list(COLUMNS)]
+    if len(df):
+        for c in ("nodes", "gpus_per_node", "world_size", "size_B"):
+            df[c] = np.round(df[c].astype(float)).astype(np.int64)
+    return df, counts
+
+
+def profile_counts_text(counts: dict) -> str:
+    """'N of M collective rows used (left out: ...)' for logs and errors."""
+    left = [f"{counts[k]:,} {k.replace('_', ' ')}" for k in PROFILE_REASONS if counts.get(k)]
+    return (f"{counts['used']:,} of {counts['rows']:,} imported collective rows used"
+            + (f" (left out: {', '.join(left)})" if left else ""))

@@ -66,6 +66,11 @@ ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "nvls")
 MANIFEST = "collective_manifest.json"
 MODEL_FILE = "collective_correction.txt"
 MANIFEST_SCHEMA = 1
+#: a retrained model's folder: ``collective_versions/<name>/`` holds each version written, ``COLLECTIVE_CURRENT``
+#: names the live one (switched with one atomic rename; models/versioned.py); a folder without the pointer (the
+#: shipped ``models/artifacts/``) is itself the model. Own names, so the kernel bundle can share the folder.
+POINTER = "COLLECTIVE_CURRENT"
+VERSIONS = "collective_versions"
 
 _OP_CODE = {c: i for i, c in enumerate(COLLECTIVES)}
 AR, AG, RS, A2A, BC, SR = range(6)
@@ -525,12 +530,13 @@ class CollectiveModel:
 
     @classmethod
     def load(cls, folder: str | Path) -> "CollectiveModel":
-        """Load from ``folder``; raises FileNotFoundError / ValueError when it is absent or unusable."""
+        """Load from ``folder`` (its live version when it has a ``COLLECTIVE_CURRENT`` pointer, else the flat
+        files); raises FileNotFoundError / ValueError when it is absent or unusable."""
         import lightgbm as lgb
 
         from wattcast.models.manifest import check_model_file, read_manifest
 
-        folder = Path(folder)
+        folder = resolve_collective_folder(folder)
         jpath = folder / MANIFEST
         manifest = read_manifest(folder, MANIFEST, "collective model", MANIFEST_SCHEMA)
         if list(manifest.get("features", [])) != list(FEATURES):
@@ -541,6 +547,50 @@ class CollectiveModel:
         check_model_file(mpath, manifest.get("model_sha256"), what="collective model")  # before LightGBM parses it
         booster = lgb.Booster(model_file=str(mpath))  # LightGBM text: no pickle
         return cls(booster, manifest)
+
+
+def _layout():
+    from wattcast.models.versioned import Layout
+
+    return Layout(pointer=POINTER, versions=VERSIONS, what="collective model")
+
+
+def resolve_collective_folder(folder: str | Path) -> Path:
+    """The folder holding the live collective model: ``folder/collective_versions/<COLLECTIVE_CURRENT>`` when
+    ``folder`` has the pointer, else ``folder`` (flat layout). ValueError naming the pointer when it is broken."""
+    from wattcast.models.versioned import resolve_live
+
+    return resolve_live(folder, _layout())
+
+
+#: probe rows on which an installed model must predict exactly what the model in memory predicts
+_PROBE_ROWS = 64
+
+
+def install_collective_model(model: "CollectiveModel", target: str | Path) -> Path:
+    """Write ``model`` as a new version under ``target/collective_versions/``, load it back there (hash checked) and
+    check it predicts what ``model`` predicts on probe rows, then make it live with one atomic rename of
+    ``target/COLLECTIVE_CURRENT`` (models/versioned.py). A kill at any moment leaves the previous model live.
+    Returns the new version's folder."""
+    from wattcast.models.versioned import install_version
+
+    if model.booster is None:
+        raise ValueError("a fallback (alpha-beta only) model has nothing to install")
+    rng = np.random.default_rng(0)
+    probe = rng.uniform(0.0, 1.0, (_PROBE_ROWS, len(FEATURES))) * np.array(
+        [len(COLLECTIVES) - 1, 34, 30, 10, 64, 8, 2, 1, len(ALGORITHMS) - 1, 1, 1, 900, 100, 10, 10, 1, 1, 4, 1])
+    probe[:, 0] = np.floor(probe[:, 0])
+    want = model.booster.predict(probe, num_threads=1)
+
+    def check(folder: Path) -> None:
+        got = CollectiveModel.load(folder).booster.predict(probe, num_threads=1)
+        if not np.allclose(got, want, rtol=0, atol=1e-12):
+            raise ValueError(f"the collective model written to {folder} does not predict what was trained "
+                             f"(max difference {float(np.max(np.abs(got - want))):.3g})")
+
+    final = install_version(target, _layout(), model.save, check)
+    load_collective_model.cache_clear()
+    return final
 
 
 def _json_default(o):
@@ -557,14 +607,26 @@ def shipped_folder() -> Path:
     return Path(str(files("wattcast.models") / "artifacts"))
 
 
-@lru_cache(maxsize=8)
 def load_collective_model(folder: str | None = None) -> CollectiveModel:
-    """The shipped model (``models/artifacts/collective_*``) or the one in ``folder``; cached per folder.
-    Without a loadable artifact: pure alpha-beta, every prediction flagged ``ood`` (reason ``fallback``)."""
+    """The shipped model (``models/artifacts/collective_*``) or the one in ``folder`` (its live version when it holds
+    retrained versions, else its flat files); cached per live version, so a model switched in by a retraining is
+    picked up. Without a loadable artifact: pure alpha-beta, every prediction flagged ``ood`` (reason ``fallback``)."""
     where = Path(folder) if folder else shipped_folder()
     try:
-        return CollectiveModel.load(where)
+        live = resolve_collective_folder(where)
+    except (OSError, ValueError) as e:
+        return CollectiveModel(None, {}, fallback_reason=f"alpha-beta only: {e}")
+    return _load_collective_live(str(live))
+
+
+@lru_cache(maxsize=8)
+def _load_collective_live(live: str) -> CollectiveModel:
+    try:
+        return CollectiveModel.load(live)
     except (OSError, ValueError) as e:
         return CollectiveModel(None, {}, fallback_reason=f"alpha-beta only: {e}")
     except Exception as e:  # a corrupt LightGBM file raises LightGBMError
         return CollectiveModel(None, {}, fallback_reason=f"alpha-beta only: cannot read the model ({e})")
+
+
+load_collective_model.cache_clear = _load_collective_live.cache_clear  # type: ignore[attr-defined]

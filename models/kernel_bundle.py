@@ -23,6 +23,7 @@ import pandas as pd
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
 from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate
 from wattcast.models.manifest import check_model_file, read_manifest, sha256_file
+from wattcast.models.versioned import Layout, install_version, resolve_live
 
 MANIFEST = "kernel_manifest.json"
 MLP_FILE = "kernel_mlp.safetensors"
@@ -39,19 +40,13 @@ class BundleError(ValueError):
 
 
 
+#: where retrained bundles keep their versions (models/versioned.py)
+LAYOUT = Layout(pointer=POINTER, versions=VERSIONS, what="bundle")
+
+
 def resolve_bundle_folder(folder: str | Path) -> Path:
     """The folder holding the live bundle: ``folder/versions/<CURRENT>`` when ``folder`` has a pointer, else ``folder``."""
-    folder = Path(folder)
-    ptr = folder / POINTER
-    if not ptr.is_file():
-        return folder
-    name = ptr.read_text(encoding="utf-8", errors="replace").strip()
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        raise BundleError(f"{ptr}: not a bundle version name ({name!r})")
-    live = folder / VERSIONS / name
-    if not live.is_dir():
-        raise BundleError(f"{ptr} names bundle version {name!r}, but {live} is missing")
-    return live
+    return resolve_live(folder, LAYOUT, BundleError)
 
 
 def _check_file(folder: Path, fn: str, manifest: dict) -> Path:
@@ -307,35 +302,8 @@ def install_bundle(bundle: "KernelBundle", target: str | Path) -> Path:
     make it live by writing ``target/CURRENT`` with one atomic rename, under a lock (concurrent trainings serialise
     their switches). A crash before the rename leaves the previous bundle live and at most a ``.tmp-*`` folder;
     one after it, the new one. A flat bundle already in ``target`` (the shipped layout) stays where it is and is
-    simply no longer read. Returns the new version's folder."""
-    import fcntl
-    import os
-    import shutil
-    import time
-    import uuid
-
-    target = Path(target)
-    versions = target / VERSIONS
-    versions.mkdir(parents=True, exist_ok=True)
-    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
-    tmp = versions / f".tmp-{name}"
-    bundle.save(tmp)
-    KernelBundle.load(tmp)  # the written files load and match their hashes
-    final = versions / name
-    os.replace(tmp, final)
-    with open(target / ".lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            previous = (target / POINTER).read_text().strip() if (target / POINTER).is_file() else None
-            ptr_tmp = target / f".{POINTER}.{name}.tmp"
-            ptr_tmp.write_text(name + "\n", encoding="utf-8")
-            os.replace(ptr_tmp, target / POINTER)
-            keep = {name, previous}
-            old = sorted(p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in keep)
-            for p in old[:-KEEP_OLD_VERSIONS] if KEEP_OLD_VERSIONS else old:
-                shutil.rmtree(p, ignore_errors=True)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    simply no longer read. Returns the new version's folder (models/versioned.py ``install_version``)."""
+    final = install_version(target, LAYOUT, bundle.save, KernelBundle.load, keep=KEEP_OLD_VERSIONS)
     load_bundle.cache_clear()
     return final
 

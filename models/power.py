@@ -63,6 +63,11 @@ from wattcast.featurize.power_features import device_idle_w, device_tdp_w
 MANIFEST = "power_manifest.json"
 LGBM_FILE = "power_g.lgbm.txt"
 POWER_SCHEMA = 1
+#: a retrained model's folder: ``power_versions/<name>/`` holds each version written, ``POWER_CURRENT`` names the
+#: live one (switched with one atomic rename; models/versioned.py); a folder without the pointer (the shipped
+#: ``models/artifacts/``) is itself the model. Own names, so the kernel bundle can share the folder.
+POINTER = "POWER_CURRENT"
+VERSIONS = "power_versions"
 
 #: features the learned ``g`` may use (columns of ``kernel_power_features``)
 CURVE_FEATURES = ("compute_util", "memory_util")
@@ -192,9 +197,10 @@ class PowerModel:
 
     @classmethod
     def load(cls, folder: str | Path) -> "PowerModel":
+        """Load from ``folder`` (its live version when it has a ``POWER_CURRENT`` pointer, else the flat files)."""
         from wattcast.models.manifest import read_manifest
 
-        folder = Path(folder)
+        folder = resolve_power_folder(folder)
         m = read_manifest(folder, MANIFEST, "power model", POWER_SCHEMA, schema_key="schema_version")
         booster = None
         if m["form"] == "lgbm":
@@ -227,13 +233,66 @@ def shipped_folder() -> Path:
     return Path(str(files("wattcast.models") / "artifacts"))
 
 
-@lru_cache(maxsize=8)
+def _layout():
+    from wattcast.models.versioned import Layout
+
+    return Layout(pointer=POINTER, versions=VERSIONS, what="power model")
+
+
+def resolve_power_folder(folder: str | Path) -> Path:
+    """The folder holding the live power model: ``folder/power_versions/<POWER_CURRENT>`` when ``folder`` has the
+    pointer, else ``folder`` (flat layout). ValueError naming the pointer when it is broken."""
+    from wattcast.models.versioned import resolve_live
+
+    return resolve_live(folder, _layout())
+
+
+def _probe_features() -> pd.DataFrame:
+    """Rows on which an installed power model must predict what the model in memory predicts."""
+    u = np.linspace(0.0, 1.0, 11)
+    cu, mu = np.meshgrid(u, u)
+    n = cu.size
+    return pd.DataFrame({"compute_util": cu.ravel(), "memory_util": mu.ravel(), "tensor": np.arange(n) % 2,
+                         "dtype_bytes": np.where(np.arange(n) % 2, 2.0, 4.0), "tdp_w": 300.0 + np.arange(n) * 3.0,
+                         "boost_clock_mhz": 1400.0, "process_node_nm": 7.0, "idle_w": 50.0})
+
+
+def install_power_model(model: "PowerModel", target: str | Path) -> Path:
+    """Write ``model`` as a new version under ``target/power_versions/``, load it back there (hash checked) and check
+    it predicts what ``model`` predicts on probe rows, then make it live with one atomic rename of
+    ``target/POWER_CURRENT`` (models/versioned.py). A kill at any moment leaves the previous model live. Returns the
+    new version's folder."""
+    from wattcast.models.versioned import install_version
+
+    probe = _probe_features()
+    want = model.predict_w(probe)[0]
+
+    def check(folder: Path) -> None:
+        back = PowerModel.load(folder)
+        got = back.predict_w(probe)[0]
+        if back.form != model.form or not np.allclose(got, want, rtol=0, atol=1e-9):
+            raise ValueError(f"the power model written to {folder} does not predict what was trained")
+
+    final = install_version(target, _layout(), model.save, check)
+    load_power_model.cache_clear()
+    return final
+
+
 def load_power_model(folder: str | None = None) -> PowerModel:
-    """The shipped power model (default) or one from ``folder``; the flagged analytical prior when absent."""
-    target = Path(folder) if folder else shipped_folder()
-    if not (target / MANIFEST).is_file():
+    """The shipped power model (default) or one from ``folder`` (its live version when it holds retrained versions,
+    else its flat files); cached per live version. The flagged analytical prior when absent."""
+    target = resolve_power_folder(Path(folder) if folder else shipped_folder())
+    return _load_power_live(str(target))
+
+
+@lru_cache(maxsize=8)
+def _load_power_live(live: str) -> PowerModel:
+    if not (Path(live) / MANIFEST).is_file():
         return analytical_model()
-    return PowerModel.load(target)
+    return PowerModel.load(live)
+
+
+load_power_model.cache_clear = _load_power_live.cache_clear  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------------- rest of the timeline

@@ -20,6 +20,7 @@ from wattcast.models.collectives import (
     busbw_gb_per_s,
     canonical_op,
     load_collective_model,
+    resolve_collective_folder,
     shipped_folder,
 )
 from wattcast.data.cluster_spec import resolve_cluster
@@ -322,7 +323,9 @@ def test_train_quick_beats_alpha_beta_held_out(collectives_root, tmp_path):
     assert "polaris_5_mape_pct" in m  # evaluated, never trained on
     model = load_collective_model(str(out))
     assert not model.is_fallback and "Polaris" not in model.manifest["support"]["clusters"]
-    assert sum(f.stat().st_size for f in out.glob("collective_*")) < 1_000_000
+    live = resolve_collective_folder(out)  # installed as a version, made live by the COLLECTIVE_CURRENT pointer
+    assert live.parent == out / "collective_versions" and (live / "collective_manifest.json").is_file()
+    assert sum(f.stat().st_size for f in live.glob("collective_*")) < 1_000_000
     # same data, same result: the gate keeps replacing (no worse); a worse recorded figure is never kept over a better one
     r2 = run_train_collectives(data=collectives_root, out_dir=out, use_mlflow=False, quick=True, log=lambda s: None)
     assert r2["replaced"], r2["reason"]

@@ -23,6 +23,7 @@ from wattcast.models.power import (
     comm_power_w,
     idle_power_w,
     load_power_model,
+    resolve_power_folder,
     node_power_w,
 )
 
@@ -213,7 +214,8 @@ def test_train_power_end_to_end(data_root, tmp_path):
     assert 1.0 <= m["clock_alpha"] <= 3.5
     assert any(k.startswith("limit_zeus_") and k.endswith("_time_mape_pct") for k in m)
     trained = load_power_model(str(out))
-    assert not trained.fallback and (out / MANIFEST).is_file()
+    # installed as a version under power_versions/, made live by the POWER_CURRENT pointer
+    assert not trained.fallback and (resolve_power_folder(out) / MANIFEST).is_file() and (out / "POWER_CURRENT").is_file()
     assert trained.alpha == pytest.approx(m["clock_alpha"])
     spec = resolve_device("A100-SXM4-40GB")
     w = trained.predict_w(_feats(spec, [0.05, 0.7], [0.1, 0.25]))[0]

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from wattcast.data.collective_datasets import PROFILE_LICENCE, load_profile_collectives, profile_counts_text
 from wattcast.models.collectives import (
     CATEGORICAL,
     COLLECTIVES,
@@ -28,8 +29,8 @@ from wattcast.models.collectives import (
     _alpha_beta,
     _query,
     correction_features,
+    install_collective_model,
     link_params,
-    load_collective_model,
     shipped_folder,
 )
 
@@ -39,6 +40,11 @@ POLARIS_SETUP = "5"
 #: sizes below this were never measured on the H100 clusters: the correction is out of support there
 H100_MIN_SIZE = 32 * 2**20
 GATE_TOLERANCE_PCT = 1e-6
+#: the gate on other data also refuses a model that is this much (relative) worse on either part of the rows
+#: (the shipped dataset's, the imported profiles'), however much the other part gains
+PART_TOLERANCE = 0.05
+#: a part is checked when it has at least this many (config, size) rows
+PART_MIN_ROWS = 5
 
 LGBM_PARAMS = {
     "objective": "l2",
@@ -66,6 +72,9 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["cluster", "op", "nodes", "gpus_per_node", "size_B"]
     g = df.groupby(keys, sort=True)
     out = g["time_us"].agg(time_us="median", runs="size").reset_index()
+    # a (config, size) with any imported profile row in it is part of the imported rows (gate and metrics per part)
+    out["imported"] = (df["licence"].eq(PROFILE_LICENCE).groupby([df[k] for k in keys], sort=True).any().to_numpy()
+                       if "licence" in df else False)
     out["world_size"] = out["nodes"] * out["gpus_per_node"]
     out["config"] = out["op"] + "@" + out["nodes"].astype(str) + "x" + out["gpus_per_node"].astype(str)
     out["scale"] = out["nodes"].astype(str) + "x" + out["gpus_per_node"].astype(str)
@@ -221,8 +230,16 @@ def _plot(frame: pd.DataFrame, pol: pd.DataFrame | None, path: Path) -> Path:
 # ------------------------------------------------------------------------------------------- gate
 def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_metrics: dict, fingerprint: str):
     """(replace?, why, gate metrics). Same data as the old artifact's: compare leave-one-config-out MAPE (the
-    held-out figure of each artifact's own training run); other data: compare both models on the current rows."""
-    if not (target / MANIFEST).is_file():
+    held-out figure of each artifact's own training run); other data: compare both models on the current rows, overall
+    and per part (the shipped dataset's rows, the imported profiles' rows): neither part may get worse by more than
+    ``PART_TOLERANCE``. The old model is the target's live version (versioned or flat layout)."""
+    from wattcast.models.collectives import resolve_collective_folder
+
+    try:
+        live = resolve_collective_folder(target)
+    except ValueError as e:  # a pointer to a missing version: there is no working model to keep
+        return True, f"the existing collective model does not load ({e}): replacing it", {}
+    if not (live / MANIFEST).is_file():
         return True, "no collective model at the target: writing the new one", {}
     try:
         old = CollectiveModel.load(target)
@@ -245,38 +262,68 @@ def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_m
             pred = np.empty(len(frame))
             for cl, idx in frame.groupby("cluster").indices.items():
                 pred[idx] = mod.predict_us(*(a[idx] for a in args), cl)
-            apes.append(float(_ape(pred, frame["time_us"]).mean() * 100))
+            apes.append(_ape(pred, frame["time_us"]))
     except Exception as e:
         return True, f"the existing collective model does not predict ({e}): replacing it", {}
-    m = {"gate_new_mape_pct": apes[0], "gate_old_mape_pct": apes[1]}
-    what = f"{apes[0]:.2f}% vs {apes[1]:.2f}% MAPE on the {len(frame)} current rows (the old model was trained on other data)"
-    if apes[0] > apes[1] + GATE_TOLERANCE_PCT:
+    n_all, o_all = float(apes[0].mean() * 100), float(apes[1].mean() * 100)
+    m = {"gate_new_mape_pct": n_all, "gate_old_mape_pct": o_all}
+    imported = frame["imported"].to_numpy(bool) if "imported" in frame else np.zeros(len(frame), bool)
+    worse = []
+    for part, sel in (("shipped", ~imported), ("imported", imported)):
+        if not sel.any():
+            continue
+        n_, o_ = float(apes[0][sel].mean() * 100), float(apes[1][sel].mean() * 100)
+        m[f"gate_{part}_new_mape_pct"], m[f"gate_{part}_old_mape_pct"] = n_, o_
+        if sel.sum() >= PART_MIN_ROWS and n_ > o_ * (1 + PART_TOLERANCE) + GATE_TOLERANCE_PCT:
+            worse.append(f"{part} rows {n_:.2f}% vs {o_:.2f}%")
+    what = f"{n_all:.2f}% vs {o_all:.2f}% MAPE on the {len(frame)} current rows (the old model was trained on other data)"
+    if n_all > o_all + GATE_TOLERANCE_PCT:
         return False, f"kept the existing collective model: the new one validates worse ({what})", m
+    if worse:
+        return False, f"kept the existing collective model: the new one regresses {'; '.join(worse)} ({what})", m
     return True, f"new collective model validates no worse ({what})", m
 
 
 # -------------------------------------------------------------------------------------------- run
 def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: bool = True, quick: bool = False,
-                          log=print) -> dict:
+                          log=print, profiles=(), cluster=None) -> dict:
     """Train, evaluate (leave-one-configuration-out on H100, alpha-beta alone, Polaris), log to MLflow and
-    write the artifact when it validates no worse than the existing one.
+    install the model as the target's new live version (models/collectives.py ``install_collective_model``) when it
+    validates no worse than the existing one.
+
+    ``profiles``: imported profile folders (``wattcast profile import`` / ``profile run``) whose ``collectives.csv``
+    rows, measured on ``cluster`` (preset name or cluster file), join the training rows; rows that cannot be used are
+    counted per reason (``result["imported"]``), and a ValueError says why when none can.
 
     Returns ``{"summary": DataFrame, "metrics": dict, "replaced": bool, "reason": str, "run_id": str|None,
-    "tables": {name: DataFrame}, "out_dir": Path}``."""
-    from wattcast.data.collective_datasets import load_collectives
+    "tables": {name: DataFrame}, "out_dir": Path, "imported": counts or None}``."""
+    from wattcast.data.collective_datasets import PROFILE_REASONS, load_collectives
 
     t0 = time.time()
     rounds = QUICK_ROUNDS if quick else ROUNDS
+    profiles = [Path(p) for p in profiles or ()]
+    imported, icounts = None, None
+    if profiles:
+        imported, icounts = load_profile_collectives(profiles, cluster)
+        if icounts["used"] == 0:
+            hint = ("; give the cluster they were measured on with --cluster NAME|FILE" if icounts["no_cluster"] else "")
+            raise ValueError(f"--data {', '.join(map(str, profiles))}: no imported collective row can train the "
+                             f"correction: {profile_counts_text(icounts)}{hint}")
+        log(f"collectives: {profile_counts_text(icounts)}, on cluster {imported['cluster'].iloc[0]}")
+    elif cluster is not None:
+        raise ValueError("--cluster names the cluster imported profile rows were measured on; give the profile "
+                         "folder(s) with --data DIR (folders written by `wattcast profile import`)")
     raw = load_collectives(data)
     h100 = raw[raw["cluster"].isin(TRAIN_CLUSTERS) & (raw["licence"] != "") & raw["source"].str.contains("h100")]
     left_out = raw[raw["source"].str.contains("h100") & ~raw.index.isin(h100.index)]
-    frame = aggregate(h100)
+    train_rows = h100 if imported is None else pd.concat([h100, imported], ignore_index=True)
+    frame = aggregate(train_rows)
     if frame.empty:
         raise ValueError("no H100 collective rows with a cluster preset to train on")
     fp = _fingerprint(frame[["cluster", "op", "nodes", "gpus_per_node", "size_B", "time_us"]])
-    log(f"collectives: {len(h100):,} H100 runs -> {len(frame)} (config, size) medians in {frame['config'].nunique()} "
-        f"configurations; left out {len(left_out):,} rows without a cluster preset "
-        f"({', '.join(sorted(left_out['site'].unique())) or 'none'}); fingerprint {fp}")
+    log(f"collectives: {len(train_rows):,} runs -> {len(frame)} (config, size) medians in {frame['config'].nunique()} "
+        f"configurations ({int(frame['imported'].sum())} with imported rows); left out {len(left_out):,} H100 rows "
+        f"without a cluster preset ({', '.join(sorted(left_out['site'].unique())) or 'none'}); fingerprint {fp}")
 
     ab_us, floor, X = baseline(frame)
     frame["ab_us"], frame["floor_us"] = ab_us, floor
@@ -297,7 +344,7 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
         "loco_max_config_mape_pct": float(frame.groupby("config")["ape_loco"].mean().max() * 100),
     }
     # against every run (not the medians): adds the run-to-run spread
-    runs = h100.merge(frame[["cluster", "op", "nodes", "gpus_per_node", "size_B", "pred_loco", "ab_us"]],
+    runs = train_rows.merge(frame[["cluster", "op", "nodes", "gpus_per_node", "size_B", "pred_loco", "ab_us"]],
                       on=["cluster", "op", "nodes", "gpus_per_node", "size_B"], how="left")
     metrics["loco_per_run_mape_pct"] = float(_ape(runs["pred_loco"], runs["time_us"]).mean() * 100)
     metrics["alpha_beta_per_run_mape_pct"] = float(_ape(runs["ab_us"], runs["time_us"]).mean() * 100)
@@ -309,10 +356,39 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
         metrics[f"loco_{key}_mape_pct"] = float(r["loco_mape_pct"])
         metrics[f"alpha_beta_{key}_mape_pct"] = float(r["alpha_beta_mape_pct"])
 
+    imp = frame["imported"].to_numpy(bool)
+    if imp.any():  # before/after on the user's own rows: held-out configuration, alpha-beta alone, in-sample
+        metrics["loco_imported_mape_pct"] = float(frame.loc[imp, "ape_loco"].mean() * 100)
+        metrics["alpha_beta_imported_mape_pct"] = float(frame.loc[imp, "ape_ab"].mean() * 100)
+        metrics["in_sample_imported_mape_pct"] = float(frame.loc[imp, "ape_fit"].mean() * 100)
+        metrics["loco_shipped_mape_pct"] = float(frame.loc[~imp, "ape_loco"].mean() * 100)
+        metrics["imported_rows_used"] = float(icounts["used"])
+        metrics["imported_rows_read"] = float(icounts["rows"])
+        metrics["imported_medians"] = float(imp.sum())
+        for k in PROFILE_REASONS:
+            if icounts[k]:
+                metrics[f"imported_left_out_{k}"] = float(icounts[k])
+
+    trained_clusters = list(TRAIN_CLUSTERS)
+    cluster_files = {}
+    if imported is not None:
+        from wattcast.data.cluster_spec import resolve_cluster
+
+        for c in sorted(imported["cluster"].unique()):
+            name = resolve_cluster(c).name
+            if name != c:
+                cluster_files[name] = c
+            if name not in trained_clusters:
+                trained_clusters.append(name)
     manifest = {
-        "trained_on": {"clusters": list(TRAIN_CLUSTERS), "source": "nccl-tests/h100 (xxrjun/nccl-tests-cluster)",
+        "trained_on": {"clusters": trained_clusters, "source": "nccl-tests/h100 (xxrjun/nccl-tests-cluster)",
                        "licence": "Apache-2.0", "rows": int(len(h100)), "medians": int(len(frame)),
-                       "configurations": int(frame["config"].nunique())},
+                       "configurations": int(frame["config"].nunique()),
+                       **({"imported": {"profiles": [str(p) for p in profiles], "rows": int(icounts["used"]),
+                                        "rows_read": int(icounts["rows"]), "medians": int(imp.sum()),
+                                        "left_out": {k: int(icounts[k]) for k in PROFILE_REASONS if icounts[k]},
+                                        "cluster_files": cluster_files,
+                                        "licence": PROFILE_LICENCE}} if imported is not None else {})},
         "target": "log(measured out-of-place time / auto alpha-beta time)",
         "dataset_fingerprint": fp,
         "quick": bool(quick),
@@ -344,8 +420,9 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
     metrics.update(gate)
     if replaced:
         model.manifest["metrics"] = manifest["metrics"]
-        model.save(target)
-        load_collective_model.cache_clear()
+        # a new version beside the old one, loaded and checked there, then one atomic pointer switch: a kill at any
+        # moment leaves a working model live
+        install_collective_model(model, target)
     metrics["train_seconds"] = time.time() - t0
     log(f"collectives: leave-one-config-out MAPE {metrics['loco_mape_pct']:.1f}% (alpha-beta alone "
         f"{metrics['alpha_beta_mape_pct']:.1f}%); {reason}")
@@ -356,7 +433,7 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
 
         params = {
             "train_clusters": ",".join(TRAIN_CLUSTERS),
-            "train_rows": len(h100),
+            "train_rows": len(train_rows),
             "train_medians": len(frame),
             "configurations": frame["config"].nunique(),
             "dataset_fingerprint": fp,
@@ -364,6 +441,8 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
             "quick": quick,
             "polaris_setup": POLARIS_SETUP,
             "split": "leave-one-configuration-out (collective, nodes, gpus_per_node)",
+            "profiles": ",".join(map(str, profiles)),
+            "profile_cluster": "" if imported is None else ",".join(sorted(imported["cluster"].unique())),
             **{f"lgbm_{k}": v for k, v in LGBM_PARAMS.items()},
         }
         # per-row measurements (loco_rows) are the dataset's, not ours to publish
@@ -373,4 +452,4 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
                          figures=[lambda d: _plot(frame, pol_pred, d / "pred_vs_measured.png")],
                          documents={"collective_manifest.json": model.manifest})
     return {"summary": summary, "metrics": metrics, "replaced": replaced, "reason": reason, "run_id": run_id,
-            "tables": tables, "out_dir": target}
+            "tables": tables, "out_dir": target, "imported": icounts}

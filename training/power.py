@@ -58,7 +58,8 @@ from wattcast.models.power import (
     PowerModel,
     apply_power_limit,
     lgbm_matrix,
-    load_power_model,
+    install_power_model,
+    resolve_power_folder,
     shipped_folder,
 )
 
@@ -350,6 +351,89 @@ def build_rows(root: Path) -> dict[str, pd.DataFrame]:
     return out
 
 
+# ------------------------------------------------------------------------------------ imported profiles
+#: what an imported power sample needs besides its power to train g: the work done while it was measured (FLOPs,
+#: HBM bytes), over how long (ms) and in which dtype, so that compute_util = FLOPs / (time x peak) and memory_util =
+#: bytes / (time x bandwidth) are computed as for every shipped row. nvidia-smi / DCGM logs do not record them (their
+#: utilization.gpu is the share of time a kernel ran, not the share of peak FLOP/s; not used in their place).
+PROFILE_POWER_COLUMNS = ("flops", "bytes", "time_ms", "dtype")
+#: why an imported power sample could not join the training rows (counted under the first that applies)
+PROFILE_POWER_REASONS = {
+    "missing_columns": f"power.csv lacks column(s) of {', '.join(PROFILE_POWER_COLUMNS)}",
+    "no_power": "no positive power_w",
+    "no_work": "empty or negative flops / bytes, or no positive time_ms",
+    "unknown_dtype": "a dtype wattcast does not know",
+    "unknown_device": "a GPU the catalog does not know (empty 'Device')",
+}
+
+
+def load_profile_power(folders) -> tuple[pd.DataFrame, dict]:
+    """Training rows (as :func:`build_rows` makes them, ``source`` 'profile') from the power samples of imported profile
+    folders that carry the work they measured (:data:`PROFILE_POWER_COLUMNS`), and counts: ``rows``, ``used``, one per
+    :data:`PROFILE_POWER_REASONS` key, and ``missing`` ({folder: [missing column names]})."""
+    from wattcast.data.kernel_ops import DTYPE_BYTES
+    from wattcast.data.profiles.tables import read_table
+
+    counts: dict = {"rows": 0, "used": 0, **{k: 0 for k in PROFILE_POWER_REASONS}, "missing": {}}
+    parts = []
+    for folder in map(Path, folders):
+        t = read_table(folder, "power")
+        n = len(t)
+        counts["rows"] += n
+        if n == 0:
+            continue
+        missing = [c for c in PROFILE_POWER_COLUMNS if c not in t.columns]
+        if missing:
+            counts["missing_columns"] += n
+            counts["missing"][str(folder)] = missing
+            continue
+        power = pd.to_numeric(t["power_w"], errors="coerce").to_numpy(float)
+        flops, bytes_, tms = (pd.to_numeric(t[c], errors="coerce").to_numpy(float) for c in ("flops", "bytes", "time_ms"))
+        dtype = t["dtype"].astype(object).fillna("").astype(str).str.strip().str.lower().to_numpy()
+        dev = t["Device"].astype(object).fillna("").astype(str).to_numpy()
+        why = np.full(n, "", dtype=object)
+
+        def flag(key: str, bad: np.ndarray) -> None:
+            why[(why == "") & bad] = key
+
+        flag("no_power", ~(np.isfinite(power) & (power > 0)))
+        # zero work is a measurement too (an idle GPU: g = 0); unknown or negative work is not
+        flag("no_work", ~(np.isfinite(flops) & np.isfinite(bytes_) & np.isfinite(tms) & (flops >= 0) & (bytes_ >= 0)
+                          & (tms > 0)))
+        flag("unknown_dtype", ~np.isin(dtype, list(DTYPE_BYTES)))
+        known = {}
+        for d in np.unique(dev[why == ""]):
+            try:
+                known[d] = resolve_device(d) if d else None
+            except Exception:  # not a catalog GPU: counted below
+                known[d] = None
+        flag("unknown_device", np.array([known.get(d) is None for d in dev]) & (why == ""))
+        for k in PROFILE_POWER_REASONS:
+            counts[k] += int((why == k).sum())
+        use = why == ""
+        counts["used"] += int(use.sum())
+        if not use.any():
+            continue
+        src = t["source"].astype(object).fillna("").astype(str).to_numpy()
+        sel = pd.DataFrame({"flops": flops[use], "bytes": bytes_[use], "time_ms": tms[use], "dtype": dtype[use],
+                            "power_w": power[use], "device": dev[use],
+                            "workload": [f"{folder.name}/{s}/{i}" for s, i in zip(src[use], np.flatnonzero(use))]})
+        for (d, dt), g in sel.groupby(["device", "dtype"], sort=True):
+            parts.append(_row_frame("profile", g, known[d], dt, g["time_ms"].to_numpy()))
+    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if len(rows):
+        rows["g"] = ((rows["power_w"] - rows["idle_w"]) / (rows["tdp_w"] - rows["idle_w"])).clip(0.0, 1.0)
+    return rows, counts
+
+
+def profile_power_text(counts: dict) -> str:
+    """'N of M imported power samples used (left out: ...)', naming the missing columns per folder."""
+    left = [f"{counts[k]:,} {k.replace('_', ' ')}" for k in PROFILE_POWER_REASONS if counts.get(k)]
+    miss = "; ".join(f"{f}/power.csv lacks {', '.join(repr(c) for c in cols)}" for f, cols in counts["missing"].items())
+    return (f"{counts['used']:,} of {counts['rows']:,} imported power samples used"
+            + (f" (left out: {', '.join(left)})" if left else "") + (f"; {miss}" if miss else ""))
+
+
 def fingerprint(train: pd.DataFrame) -> str:
     cols = ["source", "device", "workload", "compute_util", "memory_util", "power_w"]
     h = hashlib.sha256(pd.util.hash_pandas_object(train[cols].round(6), index=False).values.tobytes())
@@ -614,7 +698,14 @@ def accelwattch_range(root: Path, model: PowerModel) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------ gate
 def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_pct: float) -> tuple[bool, str, dict]:
-    if not (target / MANIFEST).is_file():
+    """(replace?, why, gate metrics): the new model against the target's live one (versioned or flat layout) on the
+    current rows, device-weighted, overall and per part (shipped datasets' rows, imported profiles' rows: neither may
+    get worse by more than ``GATE_TOLERANCE``), and on the recorded leave-one-GPU-out figure."""
+    try:
+        live = resolve_power_folder(target)
+    except ValueError as e:  # a pointer to a missing version: there is no working model to keep
+        return True, f"the existing power model does not load ({e}): replacing it", {}
+    if not (live / MANIFEST).is_file():
         return True, "no power model at the target: writing the new one", {}
     try:
         old = PowerModel.load(target)
@@ -625,10 +716,23 @@ def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_p
     w = _weights(train)
     n_, o_ = float(np.average(new_ape, weights=w) * 100), float(np.average(old_ape, weights=w) * 100)
     m = {"gate_new_mape_pct": n_, "gate_old_mape_pct": o_}
+    imported = (train["source"] == "profile").to_numpy()
+    worse = []
+    if imported.any():
+        for part, sel in (("shipped", ~imported), ("imported", imported)):
+            if not sel.any():
+                continue
+            pn = float(np.average(new_ape[sel], weights=w[sel]) * 100)
+            po = float(np.average(old_ape[sel], weights=w[sel]) * 100)
+            m[f"gate_{part}_new_mape_pct"], m[f"gate_{part}_old_mape_pct"] = pn, po
+            if pn > po * (1 + GATE_TOLERANCE) + 1e-9:
+                worse.append(f"{part} rows {pn:.2f}% vs {po:.2f}%")
     old_lodo = old.meta.get("metrics", {}).get("lodo_mean_gpu_mape_pct")
     what = f"{n_:.2f}% vs {o_:.2f}% device-weighted MAPE on {len(train)} rows"
     if n_ > o_ * (1 + GATE_TOLERANCE) + 1e-9:
         return False, f"kept the existing power model: the new one fits worse ({what})", m
+    if worse:
+        return False, f"kept the existing power model: the new one regresses {'; '.join(worse)} ({what})", m
     if old_lodo is not None and new_lodo_pct > float(old_lodo) * (1 + GATE_TOLERANCE) + 1e-9:
         return False, (f"kept the existing power model: leave-one-GPU-out {new_lodo_pct:.2f}% vs {float(old_lodo):.2f}% "
                        f"({what})"), m
@@ -671,11 +775,17 @@ def _plot(pred: pd.DataFrame, chosen: str, limits: pd.DataFrame | None, path: Pa
 
 
 # ------------------------------------------------------------------------------------------------ run
-def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: bool = True, log=print) -> dict:
-    """Build rows, fit, evaluate leave-one-GPU-out, fit the clock response, check power limits, gate, log.
+def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: bool = True, log=print,
+                    profiles=()) -> dict:
+    """Build rows, fit, evaluate leave-one-GPU-out, fit the clock response, check power limits, gate, log; install the
+    model as the target's new live version (models/power.py ``install_power_model``) when it validates.
+
+    ``profiles``: imported profile folders whose power samples carry the work they measured
+    (:data:`PROFILE_POWER_COLUMNS`) join the training rows; the others are counted per reason
+    (``result["imported"]``), and a PowerDataError names the missing columns when none can be used.
 
     Returns ``{"summary": DataFrame (per GPU and source), "metrics": dict, "replaced": bool, "reason": str,
-    "run_id": str|None, "tables": {name: DataFrame}, "out_dir": Path}``."""
+    "run_id": str|None, "tables": {name: DataFrame}, "out_dir": Path, "imported": counts or None}``."""
     from wattcast.data.kernel_datasets import DataNotFoundError, resolve_data_root
 
     t0 = time.time()
@@ -684,10 +794,24 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
         raise DataNotFoundError(f"power data folder not found: {root} (expected shared/datasets/power with the "
                                 "Perseus, Zeus and ML.ENERGY files). Point to the datasets folder with --data PATH "
                                 "or WATTCAST_DATA.")
+    profiles = [Path(p) for p in profiles or ()]
+    icounts = None
+    if profiles:
+        prof_rows, icounts = load_profile_power(profiles)
+        if icounts["used"] == 0:
+            raise PowerDataError(
+                f"--data {', '.join(map(str, profiles))}: no imported power sample can train the power model: "
+                f"{profile_power_text(icounts)}. The model fits g(compute_util, memory_util), and those come from the "
+                f"work each sample measured: add the columns {', '.join(PROFILE_POWER_COLUMNS)} (FLOPs and HBM bytes done "
+                "during the sample's time_ms window, in that dtype) to use the samples; nvidia-smi / DCGM utilisation "
+                "percentages are not a substitute")
+        log(f"power: {profile_power_text(icounts)}")
     rows = build_rows(root)
     train = rows.get("train")
     if train is None or train.empty:
         raise DataNotFoundError(f"no usable power rows under {root}")
+    if profiles:
+        train = pd.concat([train, prof_rows[list(train.columns)]], ignore_index=True)
     if "perseus_sweep" not in rows:
         raise DataNotFoundError(f"{root}/perseus/stage_profile: the Perseus stage sweeps fit the clock response; not found")
     fp = fingerprint(train)
@@ -754,13 +878,25 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
     metrics.update(accelwattch_range(root, model))
     model.meta["metrics"] = {k: round(float(v), 3) for k, v in metrics.items()
                              if k.startswith(("lodo_mean", "lodo_curve_mean", "lodo_lgbm_mean", "baseline_tdp", "clock_alpha", "clock_u_ref"))}
+    if icounts is not None:  # before/after on the imported samples: held-out GPU figure, TDP x utilisation
+        imp = (train["source"] == "profile").to_numpy()
+        metrics["imported_samples_used"] = float(icounts["used"])
+        metrics["imported_samples_read"] = float(icounts["rows"])
+        for k in PROFILE_POWER_REASONS:
+            if icounts[k]:
+                metrics[f"imported_left_out_{k}"] = float(icounts[k])
+        metrics["lodo_imported_mape_pct"] = float(pred.loc[imp, f"ape_{chosen}"].mean() * 100)
+        metrics["baseline_imported_mape_pct"] = float(pred.loc[imp, "ape_baseline"].mean() * 100)
+        model.meta["imported"] = {"profiles": [str(p) for p in profiles], "samples": int(icounts["used"]),
+                                  "samples_read": int(icounts["rows"]),
+                                  "left_out": {k: int(icounts[k]) for k in PROFILE_POWER_REASONS if icounts[k]}}
 
     target = Path(out_dir) if out_dir else shipped_folder()
     replaced, reason, gate = gate_decision(model, target, train, mean_gpu[chosen])
     metrics.update(gate)
     if replaced:
-        model.save(target)
-        load_power_model.cache_clear()
+        # a new version beside the old one, loaded and checked there, then one atomic pointer switch
+        install_power_model(model, target)
     metrics["train_seconds"] = time.time() - t0
     log(f"power: alpha {clock['alpha']:.2f} (dynamic power ~ clock^alpha), u_ref {clock['u_ref']:.2f}; {reason}")
 
@@ -775,7 +911,7 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
             "split": "leave-one-GPU-out", "perseus_tp": PERSEUS_TP, "perseus_mbs": PERSEUS_MBS,
             "perseus_tdp_w": PERSEUS_TDP_W, "idle_fraction_of_tdp": IDLE_FRACTION_OF_TDP,
             "min_clock_ratio": MIN_CLOCK_RATIO, "curve_features": ",".join(CURVE_FEATURES),
-            "chosen": chosen,
+            "chosen": chosen, "profiles": ",".join(map(str, profiles)),
             **{f"curve_{k}": round(v, 4) for k, v in params.items()},
             **{f"curve_free_{k}": round(v, 4) for k, v in params_free.items()},
         }
@@ -784,5 +920,5 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
                          figures=[lambda d: _plot(pred, chosen, limit_rows, d / "power_lodo_and_limits.png")],
                          documents={MANIFEST: model.to_manifest()})
     return {"summary": summary, "metrics": metrics, "replaced": replaced, "reason": reason, "run_id": run_id,
-            "tables": tables, "out_dir": target}
+            "tables": tables, "out_dir": target, "imported": icounts}
 
