@@ -990,7 +990,7 @@ def validate_labels(
     overwrite: bool = _OVERWRITE_OPTION,
 ) -> None:
     """Predict every single-GPU NeuSight label end to end; per-GPU errors; log to MLflow."""
-    from wattcast.training.e2e_run import run_validate_labels
+    from wattcast.validation.e2e_run import run_validate_labels
 
     _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
     try:
@@ -1205,7 +1205,7 @@ def validate_distributed(
     """NeuSight's 4-GPU labels, vTrain's iteration times and MosaicML's MPT FSDP throughput: predicted vs measured."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from wattcast.training.distributed_validation import run_validate_distributed
+    from wattcast.validation.distributed_validation import run_validate_distributed
 
     _positive(sample=sample)
     _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
@@ -1360,7 +1360,7 @@ def validate_trace_cmd(
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.data.profiles.tables import ProfileImportError
-    from wattcast.training.trace_validation import validate_trace
+    from wattcast.validation.trace_validation import validate_trace
 
     for f in files:
         _input_file(f, "input file")

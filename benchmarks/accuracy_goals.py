@@ -23,9 +23,9 @@ import pandas as pd
 
 from heldout_accuracy import heldout_predictions
 from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
-from wattcast.training.distributed_validation import run_validate_distributed
-from wattcast.training.e2e_labels import GOAL_E2E_MEAN_PCT
-from wattcast.training.e2e_run import run_validate_labels
+from wattcast.validation.distributed_validation import run_validate_distributed
+from wattcast.validation.e2e_labels import GOAL_E2E_MEAN_PCT
+from wattcast.validation.e2e_run import run_validate_labels
 from wattcast.training.kernels import NEUSIGHT_OOD_MAPE, summarise
 
 #: the workload issue's ceiling on any one held-out label

@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
-from wattcast.training.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
-from wattcast.training.mpt_validation import load_mpt, predict_mpt
+from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
+from wattcast.validation.mpt_validation import load_mpt, predict_mpt
 
 GOAL_MEDIAN_PCT = 5.0
 GOAL_MAX_PCT = 15.0

@@ -12,7 +12,7 @@ import itertools
 
 import pandas as pd
 
-from wattcast.training.distributed_validation import fit_split, load_vtrain, predict_vtrain
+from wattcast.validation.distributed_validation import fit_split, load_vtrain, predict_vtrain
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import argparse
 
 import pandas as pd
 
-from wattcast.training.footprint_validation import TOLERANCE_PCT, validate_published
+from wattcast.validation.footprint_validation import TOLERANCE_PCT, validate_published
 
 
 def main() -> None:

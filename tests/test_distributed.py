@@ -174,7 +174,7 @@ NEUSIGHT_4GPU_BOUND_PCT = {"dp4": 2.0, "tp4": 8.0, "pp4_1": 3.5}
 
 @pytest.mark.e2e
 def test_neusight_4gpu_labels_regression(data_root):
-    from wattcast.training.distributed_validation import neusight_distributed
+    from wattcast.validation.distributed_validation import neusight_distributed
 
     df = neusight_distributed(data_root).set_index("strategy")
     for k, bound in NEUSIGHT_4GPU_BOUND_PCT.items():
@@ -183,7 +183,7 @@ def test_neusight_4gpu_labels_regression(data_root):
 
 @pytest.mark.e2e
 def test_vtrain_sample_regression(data_root):
-    from wattcast.training.distributed_validation import fit_split, load_vtrain, predict_vtrain, summarise_vtrain
+    from wattcast.validation.distributed_validation import fit_split, load_vtrain, predict_vtrain, summarise_vtrain
 
     _, evaluation = fit_split(load_vtrain(data_root, "single"))
     s = summarise_vtrain(predict_vtrain(evaluation.sample(n=40, random_state=0)))
@@ -193,7 +193,7 @@ def test_vtrain_sample_regression(data_root):
 def test_vtrain_errors_by_tp_degree():
     import pandas as pd
 
-    from wattcast.training.distributed_validation import vtrain_by_tp
+    from wattcast.validation.distributed_validation import vtrain_by_tp
 
     pred = pd.DataFrame({"tp": [1, 1, 8, 8, 8], "status": ["ok", "ok", "ok", "ok", "graph: x"],
                          "error_pct": [4.0, -2.0, -30.0, -10.0, 99.0]})
@@ -213,7 +213,7 @@ def test_search_cli():
 
 @pytest.mark.e2e
 def test_vtrain_multi_node_sample_regression(data_root):
-    from wattcast.training.distributed_validation import VTRAIN_RECOMPUTE, load_vtrain, predict_vtrain, summarise_vtrain
+    from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, load_vtrain, predict_vtrain, summarise_vtrain
 
     multi = load_vtrain(data_root, "multi").sample(n=20, random_state=0)
     s = summarise_vtrain(predict_vtrain(multi, recompute=VTRAIN_RECOMPUTE["multi"]))
@@ -227,7 +227,7 @@ MPT_MEAN_ABS_BOUND_PCT = 14.0
 
 @pytest.mark.e2e
 def test_mpt_fsdp_table_regression(data_root):
-    from wattcast.training.mpt_validation import load_mpt, predict_mpt, summarise_mpt
+    from wattcast.validation.mpt_validation import load_mpt, predict_mpt, summarise_mpt
 
     pred = predict_mpt(load_mpt(data_root))
     assert (pred["status"] == "ok").all(), pred.loc[pred["status"] != "ok", "status"].tolist()
@@ -239,7 +239,7 @@ def test_mpt_fsdp_table_regression(data_root):
 
 
 def test_mpt_loader_names_missing_columns_and_models(tmp_path):
-    from wattcast.training.mpt_validation import load_mpt
+    from wattcast.validation.mpt_validation import load_mpt
 
     base = tmp_path / "endtoend" / "mpt"
     base.mkdir(parents=True)

@@ -206,7 +206,7 @@ def test_assumptions_validate():
 # ----------------------------------------------------------------------------------------- e2e
 @pytest.mark.e2e
 def test_published_footprints_reproduce(data_root):
-    from wattcast.training.footprint_validation import TOLERANCE_PCT, validate_published
+    from wattcast.validation.footprint_validation import TOLERANCE_PCT, validate_published
 
     t = validate_published(data_root)
     assert len(t) >= 7

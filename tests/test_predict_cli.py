@@ -96,7 +96,7 @@ def test_validate_labels_cli_and_heldout_regression(data_root, tmp_path):
     assert r.returncode == 0, r.stderr
     import pandas as pd
 
-    from wattcast.training.e2e_labels import summarise_labels
+    from wattcast.validation.e2e_labels import summarise_labels
 
     df = pd.read_csv(out)
     ok = df[df["status"] == "ok"]
@@ -112,7 +112,7 @@ def test_validate_labels_cli_and_heldout_regression(data_root, tmp_path):
 def test_train_split_separates_forward_and_backward_errors():
     import pandas as pd
 
-    from wattcast.training.e2e_labels import summarise_train_split
+    from wattcast.validation.e2e_labels import summarise_train_split
 
     df = pd.DataFrame({
         "status": ["ok", "ok", "ok", "graph: x"], "mode": ["train", "train", "inf", "train"],

@@ -31,7 +31,7 @@ import pandas as pd
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
 from wattcast.simulate.parallel import ParallelConfig
-from wattcast.training.validation_rows import error_stats, predict_rows
+from wattcast.validation.validation_rows import error_stats, predict_rows
 
 MPT_DEVICE = {"a100_40gb": "A100-SXM4-40GB", "a100_80gb": "A100-SXM4-80GB"}
 MPT_CLUSTER = "DGX-A100"

@@ -13,7 +13,7 @@ from wattcast.featurize.op_graph import GraphBuilder
 from wattcast.featurize.training_graph import training_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.single_device import cost_nodes
-from wattcast.training.e2e_labels import GOAL_E2E_MEAN_PCT, NEUSIGHT_E2E_MEAN_PCT, evaluate_labels, plot_labels, summarise_labels, summarise_train_split
+from wattcast.validation.e2e_labels import GOAL_E2E_MEAN_PCT, NEUSIGHT_E2E_MEAN_PCT, evaluate_labels, plot_labels, summarise_labels, summarise_train_split
 
 _CLASS = {"linear": "linear", "bmm": "bmm", "ln": "layernorm", "softmax": "softmax"}
 

@@ -9,7 +9,7 @@
   FP16, A100 SXM 80GB (the vTrain paper's DGX A100 nodes, ``DGX-A100`` preset), full TP/DP/PP configs;
   vocabulary 50,257 (GPT-2 BPE, Megatron pads it), no ZeRO.
 - MosaicML's MPT throughput table (``endtoend/mpt``): FSDP (ZeRO-3), BF16, flash attention, 8-128 A100s
-  (:mod:`wattcast.training.mpt_validation`).
+  (:mod:`wattcast.validation.mpt_validation`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import pandas as pd
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
 from wattcast.simulate.parallel import ParallelConfig
-from wattcast.training.mpt_validation import load_mpt, predict_mpt, summarise_mpt
-from wattcast.training.validation_rows import error_stats, predict_rows
+from wattcast.validation.mpt_validation import load_mpt, predict_mpt, summarise_mpt
+from wattcast.validation.validation_rows import error_stats, predict_rows
 
 #: NeuSight's 4-GPU runs use Megatron-LM's GPT without Megatron-Core's overlaps (gradients all-reduced after backward,
 #: as wattcast modelled them before those flags existed): each strategy says so explicitly
