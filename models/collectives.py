@@ -413,7 +413,8 @@ class CollectivePrediction:
 
 
 class CollectiveModel:
-    """alpha-beta x exp(learned log-correction), clipped at the wire-time floor.
+    """alpha-beta x exp(learned log-correction), clipped at the wire-time floor; on a cluster outside the correction's
+    training support (``ood_reason`` "cluster") alpha-beta alone.
 
     ``booster`` None is the pure alpha-beta model (every query flagged ``fallback``)."""
 
@@ -466,14 +467,17 @@ class CollectiveModel:
         q = _query(op, size_bytes, n_gpus, gpus_per_node, cluster)
         ab = _alpha_beta(q, "auto")
         corr = np.zeros(len(q.S))
+        mask = self._ood(q, ab)
         if self.booster is not None and len(q.S):
-            known = np.isin(q.codes, self._ops) & (q.n > 1)
+            # the learned correction only on the fabrics it was fitted on: on a cluster outside its support it made
+            # things worse than alpha-beta alone (an H100 site it never saw, 7,721 nccl-tests rows: 41.8% vs 12.7%
+            # MAPE; A100 NVSwitch all-reduces 1.7x too slow against Megatron's SC21 and vTrain's multi-node TP8 runs)
+            known = np.isin(q.codes, self._ops) & (q.n > 1) & ((mask & OOD_BITS["cluster"]) == 0)
             if known.any():
                 X = correction_features(ab)[known]
                 with self._lock:  # LightGBM boosters are not documented as thread-safe for predict
                     corr[known] = self.booster.predict(np.ascontiguousarray(X), num_threads=1)
         us = np.maximum(ab.us * np.exp(corr), ab.floor_us)
-        mask = self._ood(q, ab)
         shape = q.shape  # type: ignore[attr-defined]
         return CollectivePrediction(us.reshape(shape), ab.us.reshape(shape), ab.floor_us.reshape(shape),
                                     (mask != 0).reshape(shape), mask.reshape(shape))
