@@ -39,6 +39,7 @@ MODEL_TYPES: dict[str, str] = {
     "mpt": "mpt", "gpt_neox": "gpt_neox", "bloom": "bloom", "falcon": "falcon", "refinedweb": "falcon",
     "refinedwebmodel": "falcon",
     "mixtral": "mixtral",
+    "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3",
     "bert": "bert",
     "switch_transformers": "switch", "t5": "switch",
 }
@@ -56,7 +57,7 @@ TORCH_DTYPES = ("float32", "float", "float16", "half", "bfloat16", "float64", "d
                 "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8", "auto")
 #: families whose positions are rotary (RoPE): a sequence beyond max_position_embeddings still runs (the step is well
 #: defined) but is outside the trained context unless rope_scaling extends it; a warning, not an error
-ROPE_FAMILIES = ("llama", "gemma", "mixtral", "gpt_neox", "falcon")
+ROPE_FAMILIES = ("llama", "gemma", "mixtral", "gpt_neox", "falcon", "qwen3", "phi3", "gemma2", "gemma3")
 
 
 def builtin_models() -> list[str]:

@@ -21,6 +21,7 @@ In training the loss (cross-entropy over the logits) is part of the forward grap
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from wattcast.featurize.hf_config import HFConfig, bool_field, fraction_field
@@ -46,7 +47,7 @@ def merge_heads(b: GraphBuilder, x: Tensor, name: str = "merge_heads") -> Tensor
 def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: str, mask: str, dropout_p: float,
                     mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False,
                     strided: tuple[bool, bool, bool] = (False, False, False),
-                    bias_shape: tuple[int, ...] | None = None) -> Tensor:
+                    bias_shape: tuple[int, ...] | None = None, softcap: float | None = None) -> Tensor:
     """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), an additive
     position bias of ``bias_shape`` (ALiBi's (1, h, 1, S); none by default), mask (``where`` causal with a
     bool (1, 1, S, S) mask, ``add`` additive, ``none``), softmax, dropout, PV. Tagged ``attn_core``.
@@ -69,6 +70,8 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
             scores = b.elementwise("div", scores, 1.0, name="attn.scale")
         elif scale == "scores_mul":
             scores = b.elementwise("mul", scores, 1.0, name="attn.scale")
+        if softcap:  # Gemma 2: cap * tanh(scores / cap)
+            scores = _softcap(b, scores, softcap, "attn.softcap")
         if bias_shape is not None:
             scores = b.elementwise("add", scores, b.input(bias_shape, requires_grad=False), name="attn.position_bias")
         if mask != "none":
@@ -154,14 +157,17 @@ def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
 
 
 def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False,
-                     fp32_loss: bool = False) -> Tensor:
+                     fp32_loss: bool = False, softcap: float | None = None) -> Tensor:
     """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss
-    (``fp32_loss``: on ``logits.float()``, as Megatron-LM's GPT computes it, keeping fp32 probabilities)."""
+    (``fp32_loss``: on ``logits.float()``, as Megatron-LM's GPT computes it, keeping fp32 probabilities;
+    ``softcap``: Gemma 2's final logit soft-capping before the loss)."""
     x = b.tp_enter(x, name="lm_head.enter")
     # Transformer Engine's recipes keep the output layer in bf16 (Megatron-Core: not a TE module; --fp8 covers the
     # transformer layers)
     logits = b.linear(x, _padded_vocab(vocab, b.tp), bias=bias, name="lm_head", weight_params=not tied, parallel="col",
                       fp8=False)
+    if softcap:
+        logits = _softcap(b, logits, softcap, "lm_head.softcap")
     if train:
         b.cross_entropy(logits, name="loss", vocab_parallel=True, fp32_saved=fp32_loss)
     return logits
@@ -519,34 +525,90 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
 # Llama / Mistral / Mixtral
 # --------------------------------------------------------------------------------------------
 
-def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str) -> Tensor:
+@dataclass(frozen=True)
+class LlamaVariant:
+    """What a Llama-architecture family changes (every field off is plain Llama / Mistral / Qwen2).
+
+    - ``qk_norm``: RMSNorm over each head's query and key before RoPE (Qwen3, Gemma 3);
+    - ``fused_qkv`` / ``fused_gate_up``: one projection for q, k, v (one for gate and up) split by views (Phi-3);
+    - ``sandwich``: a norm after attention and around the MLP too, four per block (Gemma 2 and 3);
+    - ``attn_softcap`` / ``final_softcap``: logits soft-capped as cap * tanh(x / cap) (Gemma 2): three elementwise
+      kernels on the S x S scores (eager; fused into the flash kernel) and on the vocabulary logits;
+    - ``window`` / ``global_every``: sliding-window attention of ``window`` keys on the local layers; every
+      ``global_every``-th layer is global (Gemma 2: 2, alternating; Gemma 3: 6, five local to one global; 1: all
+      layers global; 0: all local, Mistral's ``sliding_window``)."""
+
+    gemma: bool = False
+    qk_norm: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    sandwich: bool = False
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    window: int | None = None
+    global_every: int = 1
+
+    def is_local(self, layer: int) -> bool:
+        if not self.window:
+            return False
+        return True if self.global_every == 0 else (layer + 1) % self.global_every != 0
+
+
+def _softcap(b: GraphBuilder, x: Tensor, cap: float, name: str) -> Tensor:
+    """cap * tanh(x / cap), as eager PyTorch runs it (Gemma2Attention / Gemma2ForCausalLM)."""
+    y = b.elementwise("div", x, float(cap), name=f"{name}.div")
+    y = b.elementwise("tanh", y, name=f"{name}.tanh")
+    return b.elementwise("mul", y, float(cap), name=f"{name}.mul")
+
+
+def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
+                     var: LlamaVariant = LlamaVariant(), layer: int = 0) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
     bias = cfg.flag("attention_bias", cfg.model_type == "qwen2")
     x = b.tp_enter(x, name="self_attn.enter")
-    q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj", parallel="col"), nhl, d)
-    k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj", parallel="col"), nkvl, d)
-    v = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.v_proj", parallel="col"), nkvl, d)
+    if var.fused_qkv:  # Phi-3: one qkv_proj, split into q, k, v by views
+        qkv = b.linear(x, (nh + 2 * nkv) * d, bias=bias, name="self_attn.qkv_proj", parallel="col")
+        bs_, s_ = qkv.shape[0], qkv.shape[1]
+        q, k, v = (heads(b, Tensor((bs_, s_, n * d), qkv.dtype, qkv.node, qkv.tid), n, d)
+                   for n in (nhl, nkvl, nkvl))
+    else:
+        q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj", parallel="col"), nhl, d)
+        k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj", parallel="col"), nkvl, d)
+        v = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.v_proj", parallel="col"), nkvl, d)
+    if var.qk_norm:  # Qwen3 / Gemma 3: RMSNorm over the head dim of q and k
+        q = rms_norm_eager(b, q, "self_attn.q_norm")
+        k = rms_norm_eager(b, k, "self_attn.k_norm")
     q = rope(b, q, "rope.q")
     k = rope(b, k, "rope.k")
     if impl != "flash":
         k = repeat_kv(b, k, nhl // nkvl, "repeat_kv.k")
         v = repeat_kv(b, v, nhl // nkvl, "repeat_kv.v")
     # v is a transposed view unless repeat_kv copied it; q and k come out of RoPE contiguous
-    a = attention(b, q, k, v, impl=impl, causal=True, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
-                  mask_shape=(batch, 1, seq, seq), strided=(False, False, nhl == nkvl))
+    window = var.window if var.is_local(layer) else None
+    if impl == "flash":
+        a = b.flash_attention(q, k, v, causal=True, name="attn.flash", window=window)
+    else:
+        a = eager_attention(b, q, k, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
+                            mask_shape=(batch, 1, seq, seq), strided=(False, False, nhl == nkvl),
+                            softcap=var.attn_softcap)
     a = merge_heads(b, a, name="self_attn.transpose")
     return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
 
 
 def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *, tp_region: bool = True,
-            act: str | None = None) -> Tensor:
+            act: str | None = None, fused: bool = False) -> Tensor:
     """SwiGLU MLP (GeGLU with ``act``); ``tp_region=False`` when the caller already entered (and will exit) the
-    tensor-parallel region."""
+    tensor-parallel region; ``fused``: one gate_up_proj of twice the width, split by views (Phi-3)."""
     if tp_region:
         x = b.tp_enter(x, name=f"{prefix}.enter")
-    g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj", parallel="col")
-    u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj", parallel="col")
+    if fused:
+        gu = b.linear(x, 2 * ffn, bias=False, name=f"{prefix}.gate_up_proj", parallel="col")
+        half = (*gu.shape[:-1], gu.shape[-1] // 2)
+        g, u = Tensor(half, gu.dtype, gu.node, gu.tid), Tensor(half, gu.dtype, gu.node, gu.tid)
+    else:
+        g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj", parallel="col")
+        u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj", parallel="col")
     g = activation(b, g, act or (cfg.activation if cfg.activation != "gelu" else "silu"))
     y = b.elementwise("mul", g, u, name=f"{prefix}.mul")
     y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj", parallel="row")
@@ -592,12 +654,16 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int) -> Ten
     return Tensor(x.shape, out.dtype, out.node, out.tid)
 
 
-def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False, gemma: bool = False) -> None:
-    """Llama / Mistral / Qwen2 (and Mixtral with ``moe``, Gemma with ``gemma``) as Hugging Face runs them.
+def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False, gemma: bool = False,
+          var: LlamaVariant | None = None) -> None:
+    """Llama / Mistral / Qwen2 (and Mixtral with ``moe``, Gemma with ``gemma``; Qwen3, Phi-3, Gemma 2 and 3 with
+    ``var``, see :class:`LlamaVariant`) as Hugging Face runs them.
 
     Gemma differs by: the embedding scaled by sqrt(hidden) (one scalar multiply), a GeGLU MLP with the tanh
     GELU (``hidden_activation``, default ``gelu_pytorch_tanh``, whatever ``hidden_act`` says), RMSNorm weights
     applied as (1 + w) (a hidden-sized add, costed with the norm) and the LM head tied to the embedding."""
+    var = var or LlamaVariant(gemma=gemma)
+    gemma = var.gemma
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -613,14 +679,19 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
             y = rms_norm_eager(b, x, "input_layernorm")
-            a = _llama_attention(cfg, b, y, batch, seq, impl)
+            a = _llama_attention(cfg, b, y, batch, seq, impl, var, i)
+            if var.sandwich:  # Gemma 2/3: the attention output is normalised before the residual add
+                a = rms_norm_eager(b, a, "post_attention_layernorm")
             x = b.elementwise("add", x, a, name="residual_1")
-            y = rms_norm_eager(b, x, "post_attention_layernorm")
-            y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act)
+            y = rms_norm_eager(b, x, "pre_feedforward_layernorm" if var.sandwich else "post_attention_layernorm")
+            y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up)
+            if var.sandwich:
+                y = rms_norm_eager(b, y, "post_feedforward_layernorm")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = rms_norm_eager(b, x, "norm")
-        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", gemma), train=b.train)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", gemma), train=b.train,
+                         softcap=var.final_softcap)
 
 
 def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -683,6 +754,45 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
 
 def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     llama(cfg, b, batch, seq, impl=impl, gemma=True)
+
+
+def _opt_float(cfg: HFConfig, key: str) -> float | None:
+    v = cfg.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise GraphError(f"{cfg.name}: field '{key}' must be a positive number or null, got {v!r}")
+    return float(v)
+
+
+def qwen3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """Qwen3 (dense): Llama with RMSNorm on each head's query and key (``q_norm``/``k_norm``), no qkv bias."""
+    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(qk_norm=True))
+
+
+def phi3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """Phi-3: Llama with one fused ``qkv_proj`` and one fused ``gate_up_proj`` (sliding window when the config
+    sets ``sliding_window``, as Phi3Attention passes it to the kernel)."""
+    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(fused_qkv=True, fused_gate_up=True,
+                                                          window=cfg.count("sliding_window"), global_every=0))
+
+
+def gemma2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """Gemma 2: Gemma with sandwich norms (four RMSNorms per block), attention and final logit soft-capping
+    (``attn_logit_softcapping``, ``final_logit_softcapping``) and sliding-window attention
+    (``sliding_window``) on every other layer (even layers local, as Gemma2DecoderLayer)."""
+    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(
+        gemma=True, sandwich=True, attn_softcap=_opt_float(cfg, "attn_logit_softcapping"),
+        final_softcap=_opt_float(cfg, "final_logit_softcapping"), window=cfg.count("sliding_window"), global_every=2))
+
+
+def gemma3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """Gemma 3 (text): Gemma 2's sandwich norms plus query/key RMSNorm, no soft-capping by default, and
+    ``sliding_window_pattern`` (default 6): five local layers to one global."""
+    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(
+        gemma=True, sandwich=True, qk_norm=True, attn_softcap=_opt_float(cfg, "attn_logit_softcapping"),
+        final_softcap=_opt_float(cfg, "final_logit_softcapping"), window=cfg.count("sliding_window"),
+        global_every=cfg.count("sliding_window_pattern", default=6)))
 
 
 def mixtral(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -753,5 +863,6 @@ def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
 
 
 GENERATORS: dict[str, Callable[..., None]] = {
-    "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "falcon": falcon, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral, "bert": bert, "switch": _switch,
+    "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "falcon": falcon, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral,
+    "qwen3": qwen3, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3, "bert": bert, "switch": _switch,
 }

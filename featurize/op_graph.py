@@ -605,13 +605,19 @@ class GraphBuilder:
                                backward=[("all_to_all", x.nbytes)])
 
     # ------------------------------------------------------------------ attention and loss
-    def flash_attention(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, name: str = "flash_attention") -> Tensor:
-        """Fused attention (FlashAttention-2): q (B, h, S, d), k/v (B, h_kv, S_kv, d); no S x S tensor in memory."""
+    def flash_attention(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, name: str = "flash_attention",
+                        window: int | None = None) -> Tensor:
+        """Fused attention (FlashAttention-2): q (B, h, S, d), k/v (B, h_kv, S_kv, d); no S x S tensor in memory.
+        ``window``: causal sliding-window attention (each query sees the last ``window`` keys; Mistral, Gemma 2/3
+        local layers): the kernel skips the blocks outside the band."""
         if len(q.shape) != 4 or len(k.shape) != 4:
             raise GraphError(f"{name}: flash attention needs (B, heads, S, d) tensors, got {q.shape}, {k.shape}")
         b, h, s, d = q.shape
         skv = k.shape[2]
         frac = 0.5 if causal and s == skv else 1.0
+        if window and causal and s == skv and s > window and self.cp == 1:
+            # pairs (i, j) with 0 <= i - j < window, over the S x S square
+            frac = (window * s - window * (window - 1) / 2.0) / float(s * s)
         kv_reads = 1
         if self.cp > 1:
             # context parallelism (ring attention, Megatron-Core / Transformer Engine): this rank's queries (s = seq/cp

@@ -319,7 +319,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
 #: the middle block stands for blocks 1 .. L-2 (every per-layer and whole-model sum counts it L-2 times): exact,
 #: and L/3 times cheaper to build, which is what makes strategy search fast for 100-layer models.
-_UNIFORM_FAMILIES = ("gpt2", "mpt", "gpt_neox", "bloom", "falcon", "opt", "llama", "gemma", "mixtral", "bert")
+_UNIFORM_FAMILIES = ("gpt2", "mpt", "gpt_neox", "bloom", "falcon", "opt", "llama", "gemma", "mixtral", "bert", "qwen3", "phi3")
 _SHORT_LAYERS = 3
 
 

@@ -1,0 +1,77 @@
+"""Qwen3, Phi-3, Gemma 2 and Gemma 3 configs: the graphs Hugging Face runs, checked on published sizes and structure."""
+
+from __future__ import annotations
+
+import pytest
+
+import wattcast
+from wattcast.featurize.op_graph import GraphError
+from wattcast.featurize.workload import StepOptions, step_graph
+
+GEMMA3_TEXT = {  # google/gemma-3-4b-it text_config sizes, cut to 12 layers
+    "model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 12,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208,
+    "max_position_embeddings": 131072, "sliding_window": 1024, "sliding_window_pattern": 6,
+    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "_name_or_path": "gemma3-text-12l"}
+
+
+@pytest.mark.parametrize("name,params_b", [("qwen3_8b", 8.19), ("phi3_mini", 3.82), ("gemma2_9b", 9.24)])
+def test_parameter_counts_match_the_published_models(name, params_b):
+    g = step_graph(name, StepOptions(batch=1, seq=128, mode="inference", dtype="bf16"))
+    assert g.param_count / 1e9 == pytest.approx(params_b, rel=0.005)
+
+
+def _names(model, **kw):
+    g = step_graph(model, StepOptions(**{"batch": 1, "seq": 256, "mode": "inference", "dtype": "bf16", **kw}))
+    return g.nodes, set(g.nodes["name"].astype(str))
+
+
+def test_qwen3_normalises_each_heads_query_and_key():
+    nodes, names = _names("qwen3_8b")
+    assert any(n.startswith("self_attn.q_norm") for n in names) and any(n.startswith("self_attn.k_norm") for n in names)
+    _, llama = _names("llama3_8b")
+    assert not any("q_norm" in n for n in llama)
+
+
+def test_phi3_runs_fused_projections():
+    nodes, names = _names("phi3_mini")
+    assert "self_attn.qkv_proj" in names and "mlp.gate_up_proj" in names
+    assert "self_attn.q_proj" not in names and "mlp.gate_proj" not in names
+    qkv = nodes[nodes["name"] == "self_attn.qkv_proj"].iloc[0]
+    assert int(qkv["K"]) == 3 * 3072  # (heads + 2 kv heads) x head dim
+
+
+def test_gemma2_sandwich_norms_and_soft_capping():
+    nodes, names = _names("gemma2_9b", attention="eager")
+    for n in ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+        assert any(x.startswith(n) for x in names), n
+    assert {"attn.softcap.tanh", "lm_head.softcap.tanh"} <= names
+    _, flash = _names("gemma2_9b", attention="flash")
+    assert "lm_head.softcap.tanh" in flash and "attn.softcap.tanh" not in flash  # fused into the kernel
+
+
+def test_local_layers_attend_to_their_window_only():
+    g = step_graph("gemma2_9b", StepOptions(batch=1, seq=16384, mode="inference", dtype="bf16", attention="flash"))
+    fl = g.nodes[g.nodes["op_class"] == "flash_attention"].set_index("layer")["flops"]
+    local, glob = fl.loc[0], fl.loc[1]  # Gemma 2: even layers local (window 4096), odd ones global
+    s, w = 16384, 4096
+    assert local / glob == pytest.approx((w * s - w * (w - 1) / 2) / (s * s / 2), rel=1e-6)
+    g3 = step_graph(GEMMA3_TEXT, StepOptions(batch=1, seq=4096, mode="inference", dtype="bf16", attention="flash"))
+    f3 = g3.nodes[g3.nodes["op_class"] == "flash_attention"].set_index("layer")["flops"]
+    glob3 = [int(i) for i in f3.index if f3.loc[i] == f3.max()]
+    assert glob3 == [5, 11]  # five local layers to one global
+    _, names = _names(GEMMA3_TEXT)
+    assert any(n.startswith("self_attn.q_norm") for n in names) and "lm_head.softcap.tanh" not in names
+
+
+def test_bad_softcap_is_named():
+    cfg = {**GEMMA3_TEXT, "final_logit_softcapping": "thirty"}
+    with pytest.raises(GraphError, match="final_logit_softcapping"):
+        step_graph(cfg, StepOptions(batch=1, seq=64, mode="inference"))
+
+
+def test_new_families_train_on_a_cluster():
+    r = wattcast.predict_cluster("qwen3_8b", "DGX-H100", gpus=8, batch=16, seq=2048, tp=2, micro_batch=1, zero=1)
+    assert r.step_time_ms > 0 and r.fits
+    p = wattcast.predict("gemma2_9b", "H100-SXM5-80GB", batch=1, seq=2048)
+    assert p.step_time_ms > 0 and all(f.get("op_class") != "linear" for f in p.fallback_ops)
