@@ -40,6 +40,7 @@ MODEL_TYPES: dict[str, str] = {
     "refinedwebmodel": "falcon",
     "mixtral": "mixtral",
     "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3",
+    "deepseek_v2": "deepseek", "deepseek_v3": "deepseek",
     "bert": "bert",
     "switch_transformers": "switch", "t5": "switch",
 }
@@ -57,7 +58,7 @@ TORCH_DTYPES = ("float32", "float", "float16", "half", "bfloat16", "float64", "d
                 "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8", "auto")
 #: families whose positions are rotary (RoPE): a sequence beyond max_position_embeddings still runs (the step is well
 #: defined) but is outside the trained context unless rope_scaling extends it; a warning, not an error
-ROPE_FAMILIES = ("llama", "gemma", "mixtral", "gpt_neox", "falcon", "qwen3", "phi3", "gemma2", "gemma3")
+ROPE_FAMILIES = ("llama", "gemma", "mixtral", "gpt_neox", "falcon", "qwen3", "phi3", "gemma2", "gemma3", "deepseek")
 
 
 def builtin_models() -> list[str]:
@@ -118,6 +119,8 @@ class HFConfig:
         ``transformers``, the number their graphs build)."""
         if self.family == "mixtral":
             return self.count("num_local_experts", "num_experts", default=8)
+        if self.family == "deepseek":  # routed experts (the shared ones run on every token, outside the router)
+            return self.count("n_routed_experts", default=0, minimum=0) or None
         if self.family == "switch":
             return self.count("num_experts", default=8) if self.model_type != "t5" else None
         # dense families: an expert count is not read by the graph; 0 says "no experts"
@@ -239,7 +242,8 @@ def _check_size(cfg: HFConfig, raw: Mapping[str, Any], origin: str) -> None:
         raise GraphError(f"{origin}: {cfg.total_layers:,} encoder plus decoder layers, over {MAX_LAYERS:,} "
                          "(fields num_layers and num_decoder_layers)")
     n_exp = cfg.n_experts or 0
-    key = next((k for k in ("num_local_experts", "num_experts") if raw.get(k) is not None), "num_local_experts")
+    key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if raw.get(k) is not None),
+               "num_local_experts")
     if n_exp > MAX_EXPERTS:
         raise GraphError(f"{_where(origin, key)} is {n_exp:,}: over {MAX_EXPERTS:,} experts per layer (Switch-C has "
                          "2,048); wattcast refuses it rather than build a graph for hours")
@@ -328,7 +332,7 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     # fields read outside the graph (parallel rules): checked here so that every command names them
     cfg.flag("tie_word_embeddings", True)
     _check_size(cfg, raw, origin)
-    if family == "mixtral":
+    if family in ("mixtral", "deepseek") and cfg.n_experts:
         cfg.experts_per_token
     return cfg
 

@@ -615,19 +615,23 @@ def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *,
     return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
 
 
-def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int) -> Tensor:
+def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, expert_ffn: int | None = None,
+         scoring: str = "softmax") -> Tensor:
     """Mixtral sparse MoE block (HF eager: per expert gather, SwiGLU, scale by the routing weight, index_add).
 
     Expert parallelism (``b.ep``) gives each rank num_experts/ep experts; tokens travel by all-to-all to
-    their experts and back. Tensor parallelism splits each expert's FFN like a dense MLP."""
+    their experts and back. Tensor parallelism splits each expert's FFN like a dense MLP. ``expert_ffn``: each
+    expert's width (default the config's FFN); ``scoring``: the router's softmax, or DeepSeek-V3's sigmoid."""
     n_exp, top_k = cfg.n_experts, cfg.experts_per_token  # checked: positive integers, top_k <= n_exp
+    ffn = expert_ffn or cfg.ffn
     if n_exp % b.ep:
         raise GraphError(f"{n_exp} experts are not divisible by expert parallelism {b.ep}")
     h = cfg.hidden
     t = x.numel // h  # this rank's tokens (a sequence shard under sequence parallelism)
     flat = b.view(x, (t, h))
     logits = b.linear(flat, n_exp, bias=False, name="moe.gate", fp8=False)  # the router stays in bf16
-    probs = b.softmax(logits, name="moe.router_softmax")
+    probs = (b.elementwise("sigmoid", logits, name="moe.router_sigmoid") if scoring == "sigmoid"
+             else b.softmax(logits, name="moe.router_softmax"))
     b.opaque("moe.topk", [probs], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False)
     w = b.elementwise("div", Tensor((t, top_k), probs.dtype, probs.node, probs.tid), b.input((t, 1)), name="moe.normalise")
     # balanced routing: every expert gets tokens * top_k / n_experts tokens (an assumption, stated)
@@ -642,7 +646,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int) -> Ten
     for e in range(local):
         with b.scope(f"moe.experts.{e}"):
             xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
-            ye = _swiglu(cfg, b, xe, cfg.ffn, f"experts.{e}", tp_region=False)
+            ye = _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False)
             outs.append(ye)
     last = outs[-1]
     combined = Tensor((rows, h), last.dtype, last.node, last.tid)
@@ -750,6 +754,82 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     with b.layer(cfg.n_layers, "output_layer"):
         x = b.layernorm(x, name="final_layernorm", rms=True, bias=False)
         lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train, fp32_loss=True)
+
+
+def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str) -> Tensor:
+    """DeepSeek-V2/V3 multi-head latent attention as DeepseekV3Attention runs it: queries through a low-rank
+    ``q_a_proj`` -> RMSNorm -> ``q_b_proj`` (or one ``q_proj`` without ``q_lora_rank``); keys and values from one
+    compressed ``kv_a_proj_with_mqa`` (``kv_lora_rank`` + a shared rotary key of ``qk_rope_head_dim``) -> RMSNorm ->
+    ``kv_b_proj``; RoPE on the rotary parts; queries and keys concatenated (copies) from their no-rope and rope parts;
+    attention with query/key head dim ``qk_nope + qk_rope`` and value head dim ``v_head_dim``; ``o_proj``."""
+    nh = cfg.n_heads
+    nhl = local_heads(b, nh)
+    nope = cfg.count("qk_nope_head_dim", default=128)
+    rdim = cfg.count("qk_rope_head_dim", default=64)
+    vdim = cfg.count("v_head_dim", default=128)
+    kv_rank = cfg.count("kv_lora_rank", default=512)
+    q_rank = cfg.count("q_lora_rank")
+    qd = nope + rdim
+    bs, s_ = x.shape[0], x.shape[1]
+    if q_rank:  # the low-rank query path is replicated across tp ranks; q_b_proj is column-parallel
+        qa = b.linear(x, q_rank, bias=False, name="self_attn.q_a_proj")
+        qa = rms_norm_eager(b, qa, "self_attn.q_a_layernorm")
+        qa = b.tp_enter(qa, name="self_attn.enter")
+        q = b.linear(qa, nh * qd, bias=False, name="self_attn.q_b_proj", parallel="col")
+    else:
+        q = b.linear(b.tp_enter(x, name="self_attn.enter"), nh * qd, bias=False, name="self_attn.q_proj", parallel="col")
+    ckv = b.linear(x, kv_rank + rdim, bias=False, name="self_attn.kv_a_proj_with_mqa")
+    c = rms_norm_eager(b, Tensor((bs, s_, kv_rank), ckv.dtype, ckv.node, ckv.tid), "self_attn.kv_a_layernorm")
+    c = b.tp_enter(c, name="self_attn.kv_enter")
+    kv = b.linear(c, nh * (nope + vdim), bias=False, name="self_attn.kv_b_proj", parallel="col")
+    q4 = heads(b, q, nhl, qd)
+    q_pe = rope(b, Tensor((bs, nhl, s_, rdim), q4.dtype, q4.node, q4.tid), "rope.q")
+    k_pe = rope(b, Tensor((bs, 1, s_, rdim), ckv.dtype, ckv.node, ckv.tid), "rope.k")
+    qs = b.copy(Tensor((bs, nhl, s_, qd), q_pe.dtype, q_pe.node, q_pe.tid), name="self_attn.q_cat")
+    ks = b.copy(Tensor((bs, nhl, s_, qd), kv.dtype, kv.node, kv.tid), name="self_attn.k_cat")
+    v = Tensor((bs, nhl, s_, vdim), kv.dtype, kv.node, kv.tid)
+    if impl == "flash":
+        a = b.flash_attention(qs, ks, v, causal=True, name="attn.flash")
+    else:
+        a = eager_attention(b, qs, ks, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
+                            mask_shape=(batch, 1, seq, seq), strided=(False, False, True))
+    a = merge_heads(b, a, name="self_attn.transpose")
+    return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
+
+
+def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """DeepSeek-V2 / V3 (``deepseek_v2``, ``deepseek_v3``) as Hugging Face runs them: multi-head latent attention
+    (:func:`_mla`) in every block; the first ``first_k_dense_replace`` blocks a dense SwiGLU MLP of
+    ``intermediate_size``, the rest DeepSeekMoE: ``n_routed_experts`` experts of ``moe_intermediate_size`` with
+    ``num_experts_per_tok`` per token (V3 scores them by a sigmoid, V2 by a softmax) plus ``n_shared_experts``
+    shared experts run as one SwiGLU of n_shared x ``moe_intermediate_size`` on every token. The multi-token-prediction
+    module (V3's ``num_nextn_predict_layers``) is not part of the Hugging Face model and is not built."""
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "model.embed_tokens"):
+        x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
+    dense = cfg.count("first_k_dense_replace", default=0, minimum=0)
+    every = cfg.count("moe_layer_freq", default=1)
+    moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
+    shared = cfg.count("n_shared_experts", default=0, minimum=0)
+    scoring = "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax"
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"model.layers.{i}"):
+            y = rms_norm_eager(b, x, "input_layernorm")
+            a = _mla(cfg, b, y, batch, seq, impl)
+            x = b.elementwise("add", x, a, name="residual_1")
+            y = rms_norm_eager(b, x, "post_attention_layernorm")
+            if cfg.n_experts and i >= dense and i % every == 0:
+                m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring)
+                if shared:
+                    sh = _swiglu(cfg, b, y, shared * moe_ffn, "mlp.shared_experts")
+                    m = b.elementwise("add", m, sh, name="mlp.shared_add")
+                y = m
+            else:
+                y = _swiglu(cfg, b, y, cfg.ffn, "mlp")
+            x = b.elementwise("add", x, y, name="residual_2")
+    with b.layer(cfg.n_layers, "lm_head"):
+        x = rms_norm_eager(b, x, "norm")
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train)
 
 
 def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -864,5 +944,5 @@ def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
 
 GENERATORS: dict[str, Callable[..., None]] = {
     "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "falcon": falcon, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral,
-    "qwen3": qwen3, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3, "bert": bert, "switch": _switch,
+    "qwen3": qwen3, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3, "deepseek": deepseek, "bert": bert, "switch": _switch,
 }

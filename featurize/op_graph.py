@@ -626,14 +626,17 @@ class GraphBuilder:
             # (costed as one kernel of that size; the cp-1 KV exchanges are the scheduler's, overlapped with it)
             skv, kv_reads = skv * self.cp, self.cp
             frac = 0.5 if causal else 1.0
-        flops = 4.0 * b * h * s * skv * d * frac
+        # QK^T over the query/key head dim, PV over the value head dim (they differ under DeepSeek's MLA: 192 and 128)
+        dv = v.shape[3] if len(v.shape) == 4 else d
+        d_eff = (d + dv) / 2.0
+        flops = 4.0 * b * h * s * skv * d_eff * frac
         db = self.dbytes
         io = (q.numel + (k.numel + v.numel) * kv_reads + q.numel) * db
         fk = self.flash_kernel
         out = self._add(name, "flash_attention", fk, "flash", [q, k, v], q.shape, flops=flops, bytes_=io,
-                        saves=[q, k, v], B=b * h, M=s, N=d, K=skv,
+                        saves=[q, k, v], B=b * h, M=s, N=int(round(d_eff)), K=skv,
                         backward=[self._bw(f"{name}.grad", "flash_attention", fk, "flash", flops=2.5 * flops,
-                                           bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=d, K=skv)])
+                                           bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=int(round(d_eff)), K=skv)])
         # FlashAttention-2 saves q, k, v, the output and the fp32 log-sum-exp of every row (B, h, S) for backward
         # (flash_attn_interface.FlashAttnFunc: ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...))
         self._nodes[out.node].saves += [out.tid, self._tensor((b, h, s), "fp32", out.node).tid]

@@ -75,3 +75,44 @@ def test_new_families_train_on_a_cluster():
     assert r.step_time_ms > 0 and r.fits
     p = wattcast.predict("gemma2_9b", "H100-SXM5-80GB", batch=1, seq=2048)
     assert p.step_time_ms > 0 and all(f.get("op_class") != "linear" for f in p.fallback_ops)
+
+
+DSV2_LITE = {  # deepseek-ai/DeepSeek-V2-Lite config.json sizes
+    "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2,
+    "n_routed_experts": 64, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "vocab_size": 102400, "max_position_embeddings": 163840, "hidden_act": "silu", "tie_word_embeddings": False,
+    "_name_or_path": "deepseek-v2-lite"}
+
+
+@pytest.mark.parametrize("model,params_b", [(DSV2_LITE, 15.71), ("deepseek_v3", 671.0)])
+def test_deepseek_parameter_counts_match_the_published_models(model, params_b):
+    g = step_graph(model, StepOptions(batch=1, seq=16, mode="inference", dtype="bf16"))
+    assert g.param_count / 1e9 == pytest.approx(params_b, rel=0.002)
+
+
+def test_deepseek_latent_attention_shared_experts_and_dense_first_blocks():
+    g = step_graph(DSV2_LITE, StepOptions(batch=1, seq=256, mode="inference", dtype="bf16", attention="flash"))
+    n = g.nodes
+    names = set(n["name"].astype(str))
+    assert {"self_attn.kv_a_proj_with_mqa", "self_attn.kv_b_proj", "self_attn.q_proj", "self_attn.q_cat"} <= names
+    assert "self_attn.q_a_proj" not in names  # V2-Lite has no q_lora_rank
+    kv_a = n[n["name"] == "self_attn.kv_a_proj_with_mqa"].iloc[0]
+    assert int(kv_a["K"]) == 512 + 64  # compressed KV plus the shared rotary key
+    per_layer = n.groupby("layer")["name"].apply(set)
+    assert "mlp.gate_proj" in per_layer.loc[0] and not any("experts" in x for x in per_layer.loc[0])  # dense block 0
+    assert any(x.startswith("experts.63.") for x in per_layer.loc[1]) and "mlp.shared_add" in per_layer.loc[1]
+    fl = n[n["op_class"] == "flash_attention"].iloc[0]
+    # QK^T over 192 (128 + 64) and PV over 128: 4 x (192 + 128) / 2 per score pair, half the square (causal)
+    assert fl["flops"] == pytest.approx(4.0 * 16 * 256 * 256 * 160 * 0.5)
+    v3 = step_graph("deepseek_v3", StepOptions(batch=1, seq=16, mode="inference", dtype="bf16", blocks=4))
+    names3 = set(v3.nodes["name"].astype(str))
+    assert {"self_attn.q_a_proj", "self_attn.q_b_proj", "moe.router_sigmoid"} <= names3
+
+
+def test_deepseek_on_a_cluster_with_expert_parallelism():
+    r = wattcast.predict_cluster(DSV2_LITE, "DGX-H100", gpus=16, batch=32, seq=2048, tp=1, ep=8, micro_batch=1, zero=1)
+    assert r.step_time_ms > 0 and r.exposed_comm_split_ms.get("ep", 0) >= 0
+    with pytest.raises(ValueError, match=r"experts \(64\) must be divisible by ep \(6\)"):
+        wattcast.predict_cluster(DSV2_LITE, "DGX-H100", gpus=48, batch=48, seq=2048, tp=1, ep=6, micro_batch=1)
