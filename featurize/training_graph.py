@@ -35,6 +35,11 @@ OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "sgd": 2}
 #: reads every gradient for the norm (_foreach_norm) and multiplies them all by the clamped coefficient
 #: (_foreach_mul_): 3 passes over fp32 gradients (mixed precision clips the fp32 main gradients).
 CLIP_BYTES_PER_PARAM = 3 * 4
+#: FP16 mixed precision scales the loss (dynamic loss scaling: torch.amp.GradScaler, Megatron's and DeepSpeed's fp16
+#: optimizers) and unscales the gradients before the step, checking them for inf/NaN in the same pass
+#: (_amp_foreach_non_finite_check_and_unscale_ / Megatron's _unscale_main_grads_and_check_for_nan): read and write
+#: the fp32 gradients once. BF16 needs no loss scaling.
+LOSS_SCALE_BYTES_PER_PARAM = 2 * 4
 
 
 def optimizer_key(optimizer: str) -> str:
@@ -129,6 +134,10 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
             scope = f"layer {lay}"
             if grad_accumulation:
                 out_rows.append(_opt_row(f"accumulate_grad[{lay}]", "elementwise", lay, scope, float(p), 3.0 * p * db, dtype, "backward"))
+                edges.append((prev, n_fwd + len(out_rows) - 1))
+            if opt != "none" and dtype == "fp16":
+                out_rows.append(_opt_row(f"loss_scale.unscale[{lay}]", "optimizer", lay, scope, float(p),
+                                         LOSS_SCALE_BYTES_PER_PARAM * float(p), dtype, "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
             if opt != "none" and clip_grad:
                 out_rows.append(_opt_row(f"clip_grad_norm[{lay}]", "optimizer", lay, scope, 2.0 * float(p),

@@ -366,7 +366,8 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
 
 def step_overheads(costed: pd.DataFrame) -> dict:
     """The parts of a step that are not the model's layers, by name (ms; each is also inside ``per_op`` and the
-    phase totals, not on top of them): the optimizer update, gradient-norm clipping, gradient accumulation, FP8 casts,
+    phase totals, not on top of them): the optimizer update, gradient-norm clipping, FP16 loss scaling (unscaling and
+    the inf/NaN check of the gradients), gradient accumulation, FP8 casts,
     memory copies (layout copies), and the launch gaps: host time in which the GPU waited for the next small kernel
     (a kernel's time beyond its GPU time, where the CPU could not keep up)."""
     name = costed["name"].astype(str)
@@ -376,8 +377,10 @@ def step_overheads(costed: pd.DataFrame) -> dict:
     phase = costed["phase"].astype(str).to_numpy()
     clip = name.str.startswith("clip_grad_norm").to_numpy()
     acc = name.str.startswith("accumulate_grad").to_numpy()
-    return {"optimizer_step_ms": float(t[(phase == "optimizer") & ~clip & (oc != "fp8_cast")].sum()),
+    scale = name.str.startswith("loss_scale.").to_numpy()
+    return {"optimizer_step_ms": float(t[(phase == "optimizer") & ~clip & ~scale & (oc != "fp8_cast")].sum()),
             "clip_grad_norm_ms": float(t[clip].sum()),
+            "loss_scaling_ms": float(t[scale].sum()),
             "grad_accumulation_ms": float(t[acc].sum()),
             "fp8_cast_ms": float(t[oc == "fp8_cast"].sum()),
             "memcpy_ms": float(t[oc == "memory"].sum()),

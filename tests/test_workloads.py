@@ -300,10 +300,18 @@ def test_falcon_new_decoder_architecture_groups_and_two_norms():
 def test_step_overheads_are_named_and_inside_the_step():
     r = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=2, seq=512)
     o = r.to_dict()["overheads"]
-    assert set(o) == {"optimizer_step_ms", "clip_grad_norm_ms", "grad_accumulation_ms", "fp8_cast_ms", "memcpy_ms",
-                      "launch_gap_ms"}
+    assert set(o) == {"optimizer_step_ms", "clip_grad_norm_ms", "loss_scaling_ms", "grad_accumulation_ms", "fp8_cast_ms",
+                      "memcpy_ms", "launch_gap_ms"}
     assert o["optimizer_step_ms"] > 0 and o["clip_grad_norm_ms"] > 0 and o["fp8_cast_ms"] == 0
+    assert o["loss_scaling_ms"] == 0  # fp32: no loss scaling
     assert o["optimizer_step_ms"] + o["clip_grad_norm_ms"] == pytest.approx(r.optimizer_ms, rel=1e-9)
+    h = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=2, seq=512, dtype="fp16")
+    bf = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=2, seq=512, dtype="bf16")
+    # fp16 unscales and checks every fp32 gradient once (8 B per parameter), bf16 does not scale
+    assert h.overheads["loss_scaling_ms"] > 0 and bf.overheads["loss_scaling_ms"] == 0
+    assert h.overheads["loss_scaling_ms"] == pytest.approx(h.overheads["clip_grad_norm_ms"] * 8 / 12, rel=0.35)
+    assert sum(h.overheads[k] for k in ("optimizer_step_ms", "clip_grad_norm_ms", "loss_scaling_ms")) == \
+        pytest.approx(h.optimizer_ms, rel=1e-9)
     assert sum(o.values()) < r.step_time_ms
     f8 = wattcast.predict("gpt2", "H100-SXM5-80GB", batch=2, seq=512, dtype="fp8")
     assert f8.overheads["fp8_cast_ms"] > 0
