@@ -166,10 +166,46 @@ def calibrate_folder(folder, data=None, holdout: tuple[str, ...] = ("L4", "A100-
     return calibration_table(cal)
 
 
-if __name__ == "__main__":  # python -m wattcast.training.generation_calibration [FOLDER] (default: the shipped bundle)
-    import sys
+def folder_calibration_table(folder) -> pd.DataFrame:
+    """The calibration a bundle folder's manifest holds, as :func:`calibration_table` prints it."""
+    from pathlib import Path
+
+    from wattcast.models.kernel_bundle import KernelBundle, resolve_bundle_folder
+
+    b = KernelBundle.load(resolve_bundle_folder(Path(folder)))
+    return calibration_table({f: fm.logo for f, fm in b.families.items() if fm.logo})
+
+
+def main(argv=None) -> None:
+    """python -m wattcast.training.generation_calibration [FOLDER] [--show] [--mlruns DIR | --no-mlflow]: recalibrate a
+    bundle folder in place (default: the shipped one), or ``--show`` what its manifest holds; log it to MLflow
+    (experiment ``kernel-generation-calibration``)."""
+    import argparse
 
     from wattcast.models.kernel_bundle import shipped_folder
 
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("folder", nargs="?", default=None)
+    ap.add_argument("--show", action="store_true", help="print (and log) the manifest's calibration, do not recompute")
+    ap.add_argument("--mlruns", default="mlruns")
+    ap.add_argument("--no-mlflow", action="store_true")
+    a = ap.parse_args(argv)
+    folder = a.folder or shipped_folder()
+    t = folder_calibration_table(folder) if a.show else calibrate_folder(folder)
     pd.set_option("display.width", 200)
-    print(calibrate_folder(sys.argv[1] if len(sys.argv) > 1 else shipped_folder()).round(2).to_string(index=False))
+    print(t.round(2).to_string(index=False))
+    if not a.no_mlflow and len(t):
+        from wattcast.training.tracking import log_run
+
+        metrics = {f"logo_{r.family}_{r.generation}_{m}": float(getattr(r, m)) for r in t.itertuples()
+                   for m in ("mape_pct", "bias_pct")}
+        metrics.update({f"band_{fam}_{end}_pct": float(g[f"band_{end}_pct"].iloc[0])
+                        for fam, g in t.groupby("family") for end in ("low", "high")})
+        run_id = log_run(a.mlruns, experiment="kernel-generation-calibration",
+                         params={"folder": str(folder), "recomputed": str(not a.show)}, metrics=metrics,
+                         tags={"kind": "generation-calibration"}, tables={"generation_calibration": t})
+        print(f"MLflow run {run_id} (experiment kernel-generation-calibration)")
+
+
+if __name__ == "__main__":
+    main()
