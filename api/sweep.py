@@ -186,11 +186,11 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
             resolve_cluster(c)
         except Exception as e:  # noqa: BLE001 - any failure to resolve is the spec's error, named
             raise SweepSpecError(f"{where}: cluster {c!r}: {e}") from None
-    from wattcast.simulate.distributed import _model_config
+    from wattcast.simulate.distributed import model_config
 
     for m in spec.models:
         try:
-            _model_config(m) if not str(m).lower().endswith(".onnx") else None
+            model_config(m) if not str(m).lower().endswith(".onnx") else None
             if str(m).lower().endswith(".onnx") and not Path(m).is_file():
                 raise ValueError(f"no such ONNX file {m}")
         except Exception as e:  # noqa: BLE001

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import yaml
 
 from wattcast.data.device_spec import DeviceSpec, DeviceSpecError, from_dict, normalise_name
-from wattcast.data.neusight_device import _AMD_LANES_PER_SIMD, from_neusight_json, is_neusight_json
+from wattcast.data.neusight_device import AMD_LANES_PER_SIMD, from_neusight_json, is_neusight_json
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -196,8 +196,8 @@ def to_neusight_json(spec: DeviceSpec) -> dict[str, Any]:
         "Freq": _num(spec.boost_clock_mhz),
     }
     if spec.vendor == "amd":
-        if cores % _AMD_LANES_PER_SIMD == 0:
-            out["Core_Per_SM"] = int(cores) // _AMD_LANES_PER_SIMD
+        if cores % AMD_LANES_PER_SIMD == 0:
+            out["Core_Per_SM"] = int(cores) // AMD_LANES_PER_SIMD
         mm = spec.peak_fp32_matrix_tflops or spec.peak_fp32_tflops
         out["SingleFLOPsMM"] = _num(round(mm * 1000, 3))
         out["SingleFLOPsVEC"] = _num(round(spec.peak_fp32_tflops * 1000, 3))
