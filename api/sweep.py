@@ -42,6 +42,8 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
+from wattcast.data.checks import did_you_mean
+
 #: spec keys and what they hold
 SPEC_KEYS = {
     "models": "list of models (built-in names, config.json or ONNX paths)",
@@ -132,10 +134,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
             raise SweepSpecError(f"sweep spec {path}: expected a mapping of keys ({', '.join(SPEC_KEYS)})")
     unknown = sorted(set(raw) - set(SPEC_KEYS))
     if unknown:
-        from difflib import get_close_matches
-
-        hints = [f"{k!r}" + (f" (did you mean {get_close_matches(k, list(SPEC_KEYS), 1)[0]!r}?)"
-                             if get_close_matches(k, list(SPEC_KEYS), 1) else "") for k in unknown]
+        hints = [f"{k!r}" + did_you_mean(k, SPEC_KEYS, " (did you mean {}?)", quote=True, n=1) for k in unknown]
         raise SweepSpecError(f"{where}: unknown key(s) {', '.join(hints)}; known: {', '.join(SPEC_KEYS)}")
     for k in ("models", "clusters", "gpus", "batch", "seq"):
         if k not in raw:
@@ -186,11 +185,11 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
             resolve_cluster(c)
         except Exception as e:  # noqa: BLE001 - any failure to resolve is the spec's error, named
             raise SweepSpecError(f"{where}: cluster {c!r}: {e}") from None
-    from wattcast.simulate.distributed import _model_config
+    from wattcast.simulate.distributed import model_config
 
     for m in spec.models:
         try:
-            _model_config(m) if not str(m).lower().endswith(".onnx") else None
+            model_config(m) if not str(m).lower().endswith(".onnx") else None
             if str(m).lower().endswith(".onnx") and not Path(m).is_file():
                 raise ValueError(f"no such ONNX file {m}")
         except Exception as e:  # noqa: BLE001

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import wattcast
 from wattcast.data.catalog import resolve_device
-from wattcast.featurize.workload import StepOptions, _cached_path_graph, step_graph
+from wattcast.featurize.workload import StepOptions, cached_path_graph, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.single_device import predict_graph
 
@@ -37,7 +37,7 @@ def main() -> None:
     bundle = load_bundle()
     opts = StepOptions(batch=1, seq=2048, mode="train", dtype="bf16")
     for name in ("gpt3_175b", "gpt3_2.7b", "llama2_70b"):
-        _cached_path_graph.cache_clear()
+        cached_path_graph.cache_clear()
         t0 = time.perf_counter()
         g = step_graph(name, opts)
         t_build = time.perf_counter() - t0

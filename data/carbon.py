@@ -21,7 +21,6 @@ Units live in the names: ``*_kgco2e_per_kwh``, ``*_kgco2e_per_cm2``, ``*_usd_per
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import math
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+
+from wattcast.data.checks import close_names
 
 __all__ = [
     "CarbonDataError",
@@ -193,7 +194,7 @@ def _suggest(region: str) -> str:
     names = list(_bare_cloud_index().get(_exact_key(region), []))
     # then those whose label only differs in punctuation (``useast1``: AWS us-east-1 and GCP us-east1)
     names += [f for lab, fulls in _bare_cloud_index().items() if _key(lab) == k for f in fulls if f not in names]
-    close = difflib.get_close_matches(k, list(idx), n=5, cutoff=0.6)
+    close = close_names(k, idx, n=5, cutoff=0.6)
     for c in close:
         table, key = idx[c]
         label = key if table != "countries" else f"{key} ({_grid()['countries'][key]['name']})"

@@ -15,7 +15,6 @@ original: ``a100`` -> A100-SXM4-40GB, ``h100`` -> H100-SXM5-80GB, ``v100`` -> V1
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import math
@@ -25,8 +24,9 @@ from typing import Any, Mapping
 
 import yaml
 
+from wattcast.data.checks import did_you_mean
 from wattcast.data.device_spec import DeviceSpec, DeviceSpecError, from_dict, normalise_name
-from wattcast.data.neusight_device import _AMD_LANES_PER_SIMD, from_neusight_json, is_neusight_json
+from wattcast.data.neusight_device import AMD_LANES_PER_SIMD, from_neusight_json, is_neusight_json
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -93,18 +93,12 @@ def find_device(name: str) -> DeviceSpec | None:
     return specs[hit] if hit else None
 
 
-def _suggest(name: str, n: int = 5) -> list[str]:
-    """The ``n`` catalog names closest to ``name`` (best difflib ratio over each device's name and aliases)."""
-    specs, index = _catalog()
-    key = normalise_name(name)
-    best: dict[str, float] = {}
-    for k, canon in index.items():
-        score = difflib.SequenceMatcher(None, key, k).ratio()
-        if key and len(k) >= 2 and (key in k or k in key):
-            score += 0.5  # substring hits ("mi300" in "mi300x") beat edit distance
-        best[canon] = max(best.get(canon, 0.0), score)
-    ranked = sorted(best, key=lambda c: (-best[c], c))
-    return ranked[:n]
+def _closest_hint(name: str, n: int = 5) -> str:
+    """The hint " Closest catalog devices: ...", with the ``n`` catalog names closest to ``name`` (best difflib ratio
+    over each device's name and aliases; substring hits such as "mi300" in "mi300x" beat edit distance)."""
+    _, index = _catalog()
+    return did_you_mean(normalise_name(name), index, " Closest catalog devices: {}.", n=n, cutoff=0.0,
+                        substring_bonus=0.5, report=index)
 
 
 # --------------------------------------------------------------------------- files
@@ -165,8 +159,7 @@ def resolve_device(name_or_path: str | Path | DeviceSpec) -> DeviceSpec:
         return spec
     if p.suffix.lower() in SPEC_SUFFIXES:
         raise DeviceSpecError(f"device spec file not found: {p}")
-    near = _suggest(text)
-    hint = f" Closest catalog devices: {', '.join(near)}." if near else ""
+    hint = _closest_hint(text)
     raise DeviceSpecError(
         f"unknown device {text!r}.{hint} "
         "A path to a device spec file (.yaml/.yml/.json, own schema or NeuSight JSON) also works."
@@ -196,8 +189,8 @@ def to_neusight_json(spec: DeviceSpec) -> dict[str, Any]:
         "Freq": _num(spec.boost_clock_mhz),
     }
     if spec.vendor == "amd":
-        if cores % _AMD_LANES_PER_SIMD == 0:
-            out["Core_Per_SM"] = int(cores) // _AMD_LANES_PER_SIMD
+        if cores % AMD_LANES_PER_SIMD == 0:
+            out["Core_Per_SM"] = int(cores) // AMD_LANES_PER_SIMD
         mm = spec.peak_fp32_matrix_tflops or spec.peak_fp32_tflops
         out["SingleFLOPsMM"] = _num(round(mm * 1000, 3))
         out["SingleFLOPsVEC"] = _num(round(spec.peak_fp32_tflops * 1000, 3))

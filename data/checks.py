@@ -1,12 +1,15 @@
-"""Type checks shared by every layer's input validation, so "a count" means one thing everywhere, and the
-plausibility ranges (figures 1,000x off) with their ``--force`` switch (:func:`allow_exotic`)."""
+"""Type checks shared by every layer's input validation, so "a count" means one thing everywhere, the
+plausibility ranges (figures 1,000x off) with their ``--force`` switch (:func:`allow_exotic`), and the name
+suggestions of "unknown name" messages (:func:`close_names`, :func:`did_you_mean`)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import math
 import numbers
+from typing import Iterable, Mapping
 
 
 def is_int(v) -> bool:
@@ -54,3 +57,35 @@ def implausible(name: str, v: float, lo: float, hi: float, low_hint: str, high_h
     side, bound, hint = ("over", hi, high_hint) if v > hi else ("under", lo, low_hint)
     return (f"{name} is {v:g}, {side} the plausible {bound:g}: it looks like {hint}; give it in {unit} "
             f"(or pass --force, in Python wattcast.allow_exotic(), for a deliberately exotic value)")
+
+
+# ------------------------------------------------------------------ name suggestions
+def close_names(name: str, candidates: Iterable[str], *, n: int = 3, cutoff: float = 0.6, substring_bonus: float = 0.0,
+                report: Mapping[str, str] | None = None) -> list[str]:
+    """Up to ``n`` of ``candidates`` closest to ``name``, best first, by difflib's similarity ratio (at least ``cutoff``).
+
+    Plain (no ``report``, no ``substring_bonus``) this is :func:`difflib.get_close_matches`. ``report`` maps each
+    candidate spelling (an alias, a normalised key) to the name to report: a name scores its best spelling, and ties
+    go alphabetically. ``substring_bonus`` is added to the score of a spelling of two characters or more that contains
+    ``name`` or is contained in it, so that ``mi300`` finds ``MI300X`` before ``MI100``."""
+    if report is None and not substring_bonus:
+        return difflib.get_close_matches(name, list(candidates), n=n, cutoff=cutoff)
+    best: dict[str, float] = {}
+    for spelling in candidates:
+        score = difflib.SequenceMatcher(None, name, spelling).ratio()
+        if substring_bonus and name and len(spelling) >= 2 and (name in spelling or spelling in name):
+            score += substring_bonus
+        shown = report[spelling] if report is not None else spelling
+        best[shown] = max(best.get(shown, 0.0), score)
+    return sorted((c for c in best if best[c] >= cutoff), key=lambda c: (-best[c], c))[:n]
+
+
+def did_you_mean(name: str, candidates: Iterable[str], template: str = "; did you mean {}?", *, quote: bool = False,
+                 **close) -> str:
+    """The hint an "unknown ``name``" message carries: ``template`` with ``{}`` filled by the :func:`close_names` of
+    ``name`` among ``candidates`` (keyword arguments ``close`` go to it), comma-separated and, with ``quote``, as
+    ``repr``; "" when no candidate is close."""
+    near = close_names(name, candidates, **close)
+    if not near:
+        return ""
+    return template.format(", ".join(repr(c) if quote else c for c in near))

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from wattcast.data.checks import exotic_allowed, implausible
+from wattcast.data.checks import did_you_mean, exotic_allowed, implausible
 from wattcast.data.device_spec import SpecRecord
 
 SCHEMA_VERSION = 1
@@ -389,10 +389,7 @@ def _resolve_cluster(name_or_path: str | Path, device: str | None) -> ClusterSpe
         return load_cluster_file(p, device=device)
     c = _presets().get(_key(s))
     if c is None:
-        import difflib
-
         names = sorted({c.name for c in _presets().values()})
-        near = difflib.get_close_matches(s.lower(), [n.lower() for n in names], n=3, cutoff=0.3)
-        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        hint = did_you_mean(s.lower(), [n.lower() for n in names], "; did you mean {}?", n=3, cutoff=0.3)
         raise ClusterSpecError(f"unknown cluster {s!r}{hint} (presets: {', '.join(names)}; or pass a YAML file)")
     return c

@@ -52,7 +52,7 @@ _REQUIRED_KEYS = ("Device", "Dev_Mem", "Mem_Bw", "Num_Sm", "Freq", "L2Cache")
 _MARKER_KEYS = ("Device", "SingleFLOPs", "SingleFLOPsMM", "SingleFLOPsVEC")
 
 #: FP32 lanes per SIMD unit on AMD CDNA (a CU has 4 SIMD16 units)
-_AMD_LANES_PER_SIMD = 16
+AMD_LANES_PER_SIMD = 16
 
 #: catalog fields NeuSight lacks, filled from a matching catalog entry
 _FILL_FROM_CATALOG = (
@@ -169,8 +169,8 @@ def from_neusight_json(
         cores = _number(d, "Core_Per_SM", where)
         if vendor == "amd" and 0 < cores <= 8:
             # NeuSight counts SIMD units per CU on AMD; the spec counts FP32 lanes
-            sources["cores_per_sm"] = f"{cite}: Core_Per_SM {d['Core_Per_SM']} SIMD units x {_AMD_LANES_PER_SIMD} lanes"
-            cores *= _AMD_LANES_PER_SIMD
+            sources["cores_per_sm"] = f"{cite}: Core_Per_SM {d['Core_Per_SM']} SIMD units x {AMD_LANES_PER_SIMD} lanes"
+            cores *= AMD_LANES_PER_SIMD
         kw["cores_per_sm"] = _intish(cores)
 
     cat = _catalog_entry(name) if (use_catalog and name) else None

@@ -16,7 +16,8 @@ Each generator emits the kernels the matching ``transformers`` class launches in
 - ``switch`` (SwitchTransformersForConditionalGeneration / T5): see :mod:`wattcast.featurize.hf_switch`.
 
 ``attention="flash"`` replaces the eager QK^T / mask / softmax / dropout / PV chain by one fused kernel.
-In training the loss (cross-entropy over the logits) is part of the forward graph.
+In training the loss (cross-entropy over the logits) is part of the forward graph. The building blocks the
+generators share (attention, activations, RMSNorm, RoPE, LM head) are in :mod:`wattcast.featurize.hf_blocks`.
 """
 
 from __future__ import annotations
@@ -24,172 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
+                                          merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding)
 from wattcast.featurize.hf_config import HFConfig, bool_field, fraction_field
+from wattcast.featurize.hf_switch import switch
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
-
-
-# --------------------------------------------------------------------------------------------
-# shared pieces
-# --------------------------------------------------------------------------------------------
-
-def heads(b: GraphBuilder, x: Tensor, n: int, d: int) -> Tensor:
-    """(B, S, n*d) -> (B, n, S, d) as a view (transpose without a copy)."""
-    bs, s = x.shape[0], x.shape[1]
-    return b.view(x, (bs, n, s, d))
-
-
-def merge_heads(b: GraphBuilder, x: Tensor, name: str = "merge_heads") -> Tensor:
-    """(B, n, S, d) -> (B, S, n*d): the transpose + contiguous/reshape copy every eager model does."""
-    bs, n, s, d = x.shape
-    return b.copy(x, (bs, s, n * d), name=name)
-
-
-def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: str, mask: str, dropout_p: float,
-                    mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False,
-                    strided: tuple[bool, bool, bool] = (False, False, False),
-                    bias_shape: tuple[int, ...] | None = None, softcap: float | None = None) -> Tensor:
-    """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), an additive
-    position bias of ``bias_shape`` (ALiBi's (1, h, 1, S); none by default), mask (``where`` causal with a
-    bool (1, 1, S, S) mask, ``add`` additive, ``none``), softmax, dropout, PV. Tagged ``attn_core``.
-
-    ``strided`` (q, k, v): the operand is a head-permuted view ``x.view(B, S, h, d).permute(0, 2, 1, 3)``
-    of a projection. ``torch.matmul`` on 4-D operands folds the batch dims with ``reshape``, which cannot
-    view such a tensor (its batch and head strides do not merge), so it copies the operand to a contiguous
-    (B*h, ., .) buffer before the bmm: GPT-2 and BERT attention pay these copies (two before QK^T, one
-    before PV); OPT makes q/k/v contiguous itself, and RoPE outputs are contiguous already."""
-    bs, h, s, d = q.shape
-    skv = k.shape[2]
-    with b.tag("attn_core"):
-        if strided[0]:
-            q = b.copy(q, name="attn.q_reshape")
-        k_t = Tensor((bs, k.shape[1], d, skv), k.dtype, k.node, k.tid)  # transposed view, no kernel
-        if strided[1]:
-            k_t = b.copy(k_t, name="attn.k_reshape")
-        scores = b.matmul(q, k_t, name="attn.qk")
-        if scale == "scores_div":
-            scores = b.elementwise("div", scores, 1.0, name="attn.scale")
-        elif scale == "scores_mul":
-            scores = b.elementwise("mul", scores, 1.0, name="attn.scale")
-        if softcap:  # Gemma 2: cap * tanh(scores / cap)
-            scores = _softcap(b, scores, softcap, "attn.softcap")
-        if bias_shape is not None:
-            scores = b.elementwise("add", scores, b.input(bias_shape, requires_grad=False), name="attn.position_bias")
-        if mask != "none":
-            m = b.input(mask_shape or (1, 1, s, skv), "fp8" if mask == "where" else None, requires_grad=False)
-            scores = b.elementwise("where" if mask == "where" else "add", scores, m, name="attn.mask")
-        if clamp_min:
-            scores = b.elementwise("maximum", scores, 0.0, name="attn.clamp")
-        probs = b.softmax(scores, name="attn.softmax")
-        probs = b.dropout(probs, dropout_p, name="attn.dropout")
-        if strided[2]:
-            v = b.copy(v, name="attn.v_reshape")
-        return b.matmul(probs, v, name="attn.pv")
-
-
-def attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, impl: str, causal: bool, **eager_kw) -> Tensor:
-    if impl == "flash":
-        return b.flash_attention(q, k, v, causal=causal, name="attn.flash")
-    return eager_attention(b, q, k, v, **eager_kw)
-
-
-def repeat_kv(b: GraphBuilder, x: Tensor, n_rep: int, name: str) -> Tensor:
-    if n_rep == 1:
-        return x
-    bs, h, s, d = x.shape
-    return b.copy(x, (bs, h * n_rep, s, d), name=name, expand=True)
-
-
-def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:
-    """The activation kernels eager PyTorch runs for a Hugging Face ``hidden_act`` string."""
-    a = act.lower()
-    if a in ("gelu_new", "gelu_pytorch_tanh_composite", "gelu_fast"):
-        # NewGELUActivation: 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))) -> 8 kernels
-        half = b.elementwise("mul", x, 0.5, name="gelu.half")
-        cube = b.elementwise("pow", x, 3.0, name="gelu.cube")
-        cube = b.elementwise("mul", cube, 0.044715, name="gelu.coef")
-        inner = b.elementwise("add", x, cube, name="gelu.inner")
-        inner = b.elementwise("mul", inner, 0.7978845608, name="gelu.scale")
-        t = b.elementwise("tanh", inner, name="gelu.tanh")
-        t = b.elementwise("add", t, 1.0, name="gelu.one")
-        return b.elementwise("mul", half, t, name="gelu.out")
-    if a in ("gelu", "gelu_python", "gelu_pytorch_tanh", "gelu_accurate", "quick_gelu"):
-        return b.elementwise("gelu", x, name="gelu")
-    if a in ("relu",):
-        return b.elementwise("relu", x, name="relu")
-    if a in ("silu", "swish"):
-        return b.elementwise("silu", x, name="silu")
-    if a == "tanh":
-        return b.elementwise("tanh", x, name="tanh")
-    raise GraphError(f"unsupported activation function {act!r}")
-
-
-def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
-    """LlamaRMSNorm / T5LayerNorm as eager PyTorch runs it: pow, mean, add eps, rsqrt, mul, mul weight
-    (plus fp32 casts when the model runs in half precision)."""
-    h = x.shape[-1]
-    with b.scope(name):
-        if b.dtype != "fp32":
-            x32 = b.copy(x, name=f"{name}.to_fp32")
-        else:
-            x32 = x
-        sq = b.elementwise("pow", x32, 2.0, name=f"{name}.pow")
-        var = b.reduction(sq, (*x.shape[:-1], 1), name=f"{name}.mean")
-        var = b.elementwise("add", var, 1e-6, name=f"{name}.eps")
-        r = b.elementwise("rsqrt", var, name=f"{name}.rsqrt")
-        y = b.elementwise("mul", x32, r, name=f"{name}.normalise")
-        if b.dtype != "fp32":
-            y = b.copy(y, name=f"{name}.to_dtype")
-        w = b.input((h,))
-        b.add_params(h)
-        return b.elementwise("mul", w, y, name=f"{name}.weight")
-
-
-def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
-    """apply_rotary_pos_emb on one of q/k: x*cos + rotate_half(x)*sin (neg of a half, cat, 2 muls, add)."""
-    bs, h, s, d = x.shape
-    cos = b.input((bs, 1, s, d), requires_grad=False)
-    a = b.elementwise("mul", x, cos, name=f"{name}.cos")
-    half = Tensor((bs, h, s, d // 2), x.dtype, x.node, x.tid)
-    neg = b.elementwise("neg", half, name=f"{name}.neg")
-    rot = b.copy(Tensor((bs, h, s, d), x.dtype, neg.node, neg.tid), name=f"{name}.cat")
-    c = b.elementwise("mul", rot, cos, name=f"{name}.sin")
-    return b.elementwise("add", a, c, name=f"{name}.add")
-
-
-def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False,
-                     fp32_loss: bool = False, softcap: float | None = None) -> Tensor:
-    """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss
-    (``fp32_loss``: on ``logits.float()``, as Megatron-LM's GPT computes it, keeping fp32 probabilities;
-    ``softcap``: Gemma 2's final logit soft-capping before the loss)."""
-    x = b.tp_enter(x, name="lm_head.enter")
-    # Transformer Engine's recipes keep the output layer in bf16 (Megatron-Core: not a TE module; --fp8 covers the
-    # transformer layers)
-    logits = b.linear(x, _padded_vocab(vocab, b.tp), bias=bias, name="lm_head", weight_params=not tied, parallel="col",
-                      fp8=False)
-    if softcap:
-        logits = _softcap(b, logits, softcap, "lm_head.softcap")
-    if train:
-        b.cross_entropy(logits, name="loss", vocab_parallel=True, fp32_saved=fp32_loss)
-    return logits
-
-
-def _padded_vocab(vocab: int, tp: int) -> int:
-    """Megatron pads the vocabulary to a multiple of the tensor-parallel degree (x128 in practice)."""
-    return vocab if tp == 1 else -(-vocab // tp) * tp
-
-
-def local_heads(b: GraphBuilder, n: int, what: str = "attention heads") -> int:
-    if n % b.tp:
-        raise GraphError(f"{n} {what} are not divisible by tensor parallelism {b.tp}")
-    return n // b.tp
-
-
-def vocab_embedding(b: GraphBuilder, ids: Tensor, vocab: int, dim: int, name: str) -> Tensor:
-    """Token embedding: vocabulary-parallel under tensor parallelism, partial lookups all-reduced."""
-    if b.tp == 1:
-        return b.embedding(ids, vocab, dim, name=name)
-    e = b.embedding(ids, _padded_vocab(vocab, b.tp), dim, name=name, parallel=True)
-    return b.tp_exit(e, name=f"{name}.reduce")
 
 
 def _p(cfg: HFConfig, *keys: str, default: float = 0.0) -> float:
@@ -552,13 +392,6 @@ class LlamaVariant:
         if not self.window:
             return False
         return True if self.global_every == 0 else (layer + 1) % self.global_every != 0
-
-
-def _softcap(b: GraphBuilder, x: Tensor, cap: float, name: str) -> Tensor:
-    """cap * tanh(x / cap), as eager PyTorch runs it (Gemma2Attention / Gemma2ForCausalLM)."""
-    y = b.elementwise("div", x, float(cap), name=f"{name}.div")
-    y = b.elementwise("tanh", y, name=f"{name}.tanh")
-    return b.elementwise("mul", y, float(cap), name=f"{name}.mul")
 
 
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
@@ -926,7 +759,7 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             y = activation(b, y, cfg.activation)
             y = b.layernorm(y, name="cls.predictions.transform.LayerNorm")
             # (under sequence parallelism the heads already run on the gathered sequence)
-            scores = b.linear(y if b.sp else b.tp_enter(y, name="cls.enter"), _padded_vocab(cfg.vocab, b.tp), bias=True,
+            scores = b.linear(y if b.sp else b.tp_enter(y, name="cls.enter"), padded_vocab(cfg.vocab, b.tp), bias=True,
                               name="cls.predictions.decoder", weight_params=False, parallel="col")
             nsp = b.linear(pooled, 2, name="cls.seq_relationship")
             b.cross_entropy(scores, name="loss.mlm", vocab_parallel=True)
@@ -936,13 +769,7 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             b.linear(pooled, cfg.count("num_labels", default=2), name="classifier")
 
 
-def _switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
-    from wattcast.featurize.hf_switch import switch
-
-    switch(cfg, b, batch, seq, impl=impl)
-
-
 GENERATORS: dict[str, Callable[..., None]] = {
     "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "falcon": falcon, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral,
-    "qwen3": qwen3, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3, "deepseek": deepseek, "bert": bert, "switch": _switch,
+    "qwen3": qwen3, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3, "deepseek": deepseek, "bert": bert, "switch": switch,
 }

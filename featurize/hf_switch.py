@@ -16,7 +16,7 @@ as long as the encoder input (``seq``); training adds cross-entropy over the dec
 from __future__ import annotations
 
 from wattcast.featurize.hf_config import HFConfig
-from wattcast.featurize.hf_models import activation, local_heads, merge_heads, rms_norm_eager, vocab_embedding
+from wattcast.featurize.hf_blocks import activation, local_heads, merge_heads, rms_norm_eager, vocab_embedding
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
 

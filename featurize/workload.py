@@ -101,7 +101,7 @@ class StepOptions:
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,
                            str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
-                           cp=int(self.cp), framework=_framework(self.framework), blocks=int(self.blocks),
+                           cp=int(self.cp), framework=canonical_framework(self.framework), blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk)
 
     def with_default_shape(self) -> "StepOptions":
@@ -124,11 +124,17 @@ def is_onnx_path(model: Any) -> bool:
     return isinstance(model, (str, Path)) and str(model).lower().endswith(".onnx")
 
 
-def _framework(f: str) -> str:
+def canonical_framework(f: str) -> str:
+    """``f`` lower-cased, checked to be a framework the graph builders know (hf, megatron, megatron-deepspeed)."""
     f = str(f).lower()
     if f not in ("hf", "megatron", "megatron-deepspeed"):
         raise GraphError(f"unknown framework {f!r}; use hf, megatron or megatron-deepspeed")
     return f
+
+
+#: the former private name, still imported by simulate/search.py (another branch's file): remove once it imports
+#: canonical_framework
+_framework = canonical_framework
 
 
 def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
@@ -171,7 +177,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
 
 
 @lru_cache(maxsize=256)
-def _cached_path_graph(path: str, mtime: float, opts: StepOptions) -> OpGraph:
+def cached_path_graph(path: str, mtime: float, opts: StepOptions) -> OpGraph:
     return _build(path, opts)
 
 
@@ -275,7 +281,7 @@ def step_graph(model: Any, opts: StepOptions | None = None, example_inputs: tupl
             raise GraphError("give example_inputs or batch/seq (token ids of shape (batch, seq)), not both")
         return _build(model, opts, tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
     if isinstance(model, (str, Path)):
-        return _cached_path_graph(*pinned(("graph", str(model)), lambda: _locate_model_file(model)), opts)
+        return cached_path_graph(*pinned(("graph", str(model)), lambda: _locate_model_file(model)), opts)
     if isinstance(model, dict):
         try:
             key = json.dumps(model, sort_keys=True)

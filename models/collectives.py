@@ -184,7 +184,7 @@ def link_params(cluster) -> LinkParams:
 
 # ------------------------------------------------------------------------------------ alpha-beta
 @dataclass
-class _Query:
+class CollectiveQuery:
     codes: np.ndarray
     S: np.ndarray  # bytes
     n: np.ndarray  # float
@@ -193,7 +193,7 @@ class _Query:
     lp: LinkParams
 
 
-def _query(op, size_bytes, n_gpus, gpus_per_node, cluster) -> _Query:
+def collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster) -> CollectiveQuery:
     lp = link_params(cluster)
     S, n, g = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(n_gpus, dtype=np.float64),
                                   np.asarray(gpus_per_node, dtype=np.float64))
@@ -225,17 +225,17 @@ def _query(op, size_bytes, n_gpus, gpus_per_node, cluster) -> _Query:
                              f"but cluster {lp.name!r} has no inter-node tier")
         if lp.max_nodes is not None and N.max() > lp.max_nodes:
             raise ValueError(f"the group spans {int(N.max())} nodes; cluster {lp.name!r} has {lp.max_nodes}")
-    q = _Query(codes, S, n, g, N, lp)
+    q = CollectiveQuery(codes, S, n, g, N, lp)
     q.shape = shape  # type: ignore[attr-defined]
     return q
 
 
-def _inter_bw_gpu(q: _Query) -> np.ndarray:
+def _inter_bw_gpu(q: CollectiveQuery) -> np.ndarray:
     lp = q.lp
     return np.minimum(q.g, lp.nics_per_node) * lp.nic_bw / q.g if lp.has_inter else np.zeros_like(q.g)
 
 
-def _terms(q: _Query, alg: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _terms(q: CollectiveQuery, alg: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(latency_us, intra_bytes, inter_bytes) per GPU for algorithm ``alg``; inf latency where it does not apply."""
     c, S, n, g, N, lp = q.codes, q.S, q.n, q.g, q.N, q.lp
     multi = N > 1
@@ -283,7 +283,7 @@ def _terms(q: _Query, alg: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     raise ValueError(f"unknown algorithm {alg!r}; valid: {', '.join(ALGORITHMS)}")
 
 
-def _wire_us(q: _Query, intra: np.ndarray, inter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _wire_us(q: CollectiveQuery, intra: np.ndarray, inter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     t_intra = intra / q.lp.intra_bw
     bw_e = _inter_bw_gpu(q)
     t_inter = np.divide(inter, bw_e, out=np.zeros_like(inter), where=inter > 0)
@@ -303,7 +303,7 @@ class AlphaBeta:
     query: Any = field(repr=False, default=None)
 
 
-def _alpha_beta(q: _Query, algorithm: str = "auto") -> AlphaBeta:
+def alpha_beta(q: CollectiveQuery, algorithm: str = "auto") -> AlphaBeta:
     algorithm = str(algorithm).lower()
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
@@ -350,8 +350,8 @@ def alpha_beta_us(op, size_bytes, n_gpus, gpus_per_node, cluster, algorithm: str
     """Alpha-beta time (us) of collective(s) ``op`` on ``size_bytes`` (nccl-tests size) among ``n_gpus`` GPUs
     placed ``gpus_per_node`` per node on ``cluster``. Vectorised: sizes, group sizes, placements and ops
     broadcast against each other. ``algorithm``: auto | ring | tree | hierarchical | nvls (module docstring)."""
-    q = _query(op, size_bytes, n_gpus, gpus_per_node, cluster)
-    return _alpha_beta(q, algorithm).us.reshape(q.shape)  # type: ignore[attr-defined]
+    q = collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster)
+    return alpha_beta(q, algorithm).us.reshape(q.shape)  # type: ignore[attr-defined]
 
 
 def busbw_gb_per_s(op, size_bytes, n_gpus, time_us) -> np.ndarray:
@@ -439,7 +439,7 @@ class CollectiveModel:
     def is_fallback(self) -> bool:
         return self.booster is None
 
-    def _ood(self, q: _Query, ab: AlphaBeta) -> np.ndarray:
+    def _ood(self, q: CollectiveQuery, ab: AlphaBeta) -> np.ndarray:
         m = np.zeros(len(q.S), dtype=np.int64)
         if self.booster is None:
             return m | OOD_BITS["fallback"]
@@ -464,8 +464,8 @@ class CollectiveModel:
         return m
 
     def predict(self, op, size_bytes, n_gpus, gpus_per_node, cluster) -> CollectivePrediction:
-        q = _query(op, size_bytes, n_gpus, gpus_per_node, cluster)
-        ab = _alpha_beta(q, "auto")
+        q = collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster)
+        ab = alpha_beta(q, "auto")
         corr = np.zeros(len(q.S))
         mask = self._ood(q, ab)
         if self.booster is not None and len(q.S):

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
-from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate
+from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate, Surrogate, choice_members
 from wattcast.models.manifest import check_model_file, read_manifest, sha256_file
 from wattcast.models.versioned import Layout, install_version, resolve_live
 
@@ -106,28 +106,28 @@ class FamilyModel:
 
         return np.array([one(d) for d in dtype_names], dtype=float)
 
-    def _uses_lgbm(self) -> bool:
-        return self.lgbm is not None and self.choice in ("lgbm", "ens")
-
-    def _uses_mlp(self) -> bool:
-        return self.mlp is not None and self.choice in ("mlp", "ens")
+    def members(self) -> list[Surrogate]:
+        """The fitted surrogates ``choice`` runs, in :data:`~wattcast.models.kernel_surrogates.CHOICES` order (one not
+        in the bundle is left out; none left means the roofline fallback)."""
+        fitted = {LGBMSurrogate.name: self.lgbm, MLPSurrogate.name: self.mlp}
+        return [fitted[m] for m in choice_members(self.choice) if fitted.get(m) is not None]
 
     def predict_log_ratio_matrix(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(log ratio, ensemble spread >= 0) for an (n, len(features)) float64 array, columns = ``features``."""
         n = len(A)
-        if self._uses_lgbm() or self._uses_mlp():
-            A = np.ascontiguousarray(A, dtype=np.float64)  # one copy for both models (LightGBM wants C order)
-        p_lgbm = self.lgbm.predict_matrix(A) if self._uses_lgbm() else None
-        p_mlp = self.mlp.predict_matrix(A) if self._uses_mlp() else None
-        if p_lgbm is None and p_mlp is None:
+        members = self.members()
+        if not members:
             return RooflineSurrogate(self.fallback_offset).predict_matrix(A), np.zeros(n)
-        if p_lgbm is None or p_mlp is None:
-            p = p_lgbm if p_mlp is None else p_mlp
-            return np.asarray(p, dtype=np.float64), np.zeros(n)
+        A = np.ascontiguousarray(A, dtype=np.float64)  # one copy for both models (LightGBM wants C order)
+        preds = [m.predict_matrix(A) for m in members]
+        if len(preds) == 1:
+            return np.asarray(preds[0], dtype=np.float64), np.zeros(n)
         # the mean and half-difference of the two, as np.vstack(...).mean(axis=0) computed them
+        p_lgbm, p_mlp = preds
         return (p_lgbm + p_mlp) / 2, np.abs(p_lgbm - p_mlp) / 2
 
     def __post_init__(self) -> None:
+        choice_members(self.choice)  # an unknown choice is a ValueError naming the known ones, not a silent roofline
         # support bounds as arrays, once: lo - slack, hi + slack, and which are device features
         names = list(self.support)
         spans = [self.support[f] for f in names]
@@ -253,6 +253,10 @@ class KernelBundle:
                 raise BundleError(f"kernel surrogate file {path} is not a readable safetensors file ({e})") from None
         fams = {}
         for name, e in manifest["families"].items():
+            try:
+                choice_members(e.get("choice"))
+            except ValueError as err:
+                raise BundleError(f"{folder / MANIFEST}: family {name!r}: 'choice': {err}") from None
             lg = LGBMSurrogate.load(_check_file(folder, e["lgbm"], manifest), e["features"]) if e.get("lgbm") else None
             mlp = None
             if e.get("mlp"):

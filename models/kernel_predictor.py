@@ -11,6 +11,7 @@ from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
+from wattcast.models.kernel_surrogates import RooflineSurrogate
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras
 PRED_COLUMNS = ("pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood")
@@ -252,7 +253,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype) -> dict[str,
         lo[m] = lo_m
         hi[m] = p + band[1] * widen + spread
         o[m] = oo
-        model_codes[m] = code(model_names, fm.choice if fm.choice != "roofline" else "roofline-fallback")
+        model_codes[m] = code(model_names, fm.choice if fm.choice != RooflineSurrogate.name else "roofline-fallback")
         why_codes[m] = shape_ood + 2 * dev_ood.astype(np.intp)
     return {
         "pred_latency_ms": t_roof * np.exp(lr),

@@ -1,4 +1,4 @@
-"""Kernel latency surrogates behind one fit/predict interface.
+"""Kernel latency surrogates behind one fit/predict interface (the :class:`Surrogate` protocol) and a registry by name.
 
 Every surrogate predicts ``log(latency / roofline)`` for one op family from the features of
 ``wattcast.featurize.kernel_features``; latency = roofline x exp(prediction). Families:
@@ -9,6 +9,10 @@ Every surrogate predicts ``log(latency / roofline)`` for one op family from the 
 - :class:`MLPSurrogate`: a NeuSight-style MLP predicting the achieved fraction of the roofline,
   ``eff = EFF_MAX x sigmoid(z)``, so latency is bounded below by roofline / EFF_MAX. It is trained with
   torch (``training/``) and runs in numpy here, so prediction needs no torch; weights in safetensors.
+
+:data:`SURROGATES` maps the names a bundle's manifest uses to these classes, :data:`CHOICES` a family's model choice
+(``lgbm``, ``mlp``, ``ens`` = the mean of both, ``roofline`` = the fallback) to the surrogates it runs; code that picks a
+predictor by string goes through :func:`surrogate_class` and :func:`choice_members`, which name the known ones on a miss.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
+
+from wattcast.data.checks import did_you_mean
 
 #: the MLP's efficiency ceiling against the DRAM roofline; above 1 because L2-resident kernels beat DRAM
 EFF_MAX = 2.0
@@ -62,6 +68,26 @@ def _single_thread_blas() -> Iterator[None]:
             if _blas["depth"] == 0 and _blas["limiter"] is not None:
                 limiter, _blas["limiter"] = _blas["limiter"], None
                 limiter.restore_original_limits()
+
+
+@runtime_checkable
+class Surrogate(Protocol):
+    """What every kernel latency surrogate offers (vidur's execution-time predictors share one base the same way).
+
+    ``name`` is its key in :data:`SURROGATES` and in a bundle's manifest; ``fit(X, y)`` learns ``y = log(latency /
+    roofline)`` from the feature frame ``X`` and returns the surrogate; ``predict(X)`` gives that log ratio per row of
+    ``X``; ``predict_matrix(A)`` the same on an (n, len(features)) float array whose columns are the surrogate's
+    features in order (the fast path of ``models/kernel_predictor.py``). Persistence differs by kind and stays with
+    the class: LightGBM text files (``save(path)`` / ``load(path, features)``), MLP arrays (``weights()`` into the
+    bundle's safetensors file), the roofline's single offset in the manifest."""
+
+    name: str
+
+    def fit(self, X: pd.DataFrame, y: np.ndarray) -> "Surrogate": ...
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray: ...
+
+    def predict_matrix(self, A: np.ndarray) -> np.ndarray: ...
 
 
 class RooflineSurrogate:
@@ -217,3 +243,41 @@ class MLPSurrogate:
         # eff = EFF_MAX * sigmoid(out); log ratio = -log(eff)
         log_sig = -np.logaddexp(0.0, -out)
         return -(np.log(EFF_MAX) + log_sig)
+
+
+#: surrogate classes by the name a bundle's manifest uses for them
+SURROGATES: dict[str, type[Surrogate]] = {c.name: c for c in (RooflineSurrogate, LGBMSurrogate, MLPSurrogate)}
+
+#: a family's model choice -> the learned surrogates it runs: one of them, the mean of both (``ens``, whose spread is
+#: the half-difference), or none (``roofline``: the fallback offset)
+CHOICES: dict[str, tuple[str, ...]] = {
+    LGBMSurrogate.name: (LGBMSurrogate.name,),
+    MLPSurrogate.name: (MLPSurrogate.name,),
+    "ens": (LGBMSurrogate.name, MLPSurrogate.name),
+    RooflineSurrogate.name: (),
+}
+
+#: the choices training compares by leave-one-device-out error, in order (the roofline is the fallback, not a candidate)
+CANDIDATES: tuple[str, ...] = tuple(c for c, members in CHOICES.items() if members)
+
+
+def _unknown(what: str, name, known) -> ValueError:
+    hint = did_you_mean(str(name), known, " (did you mean {}?)", quote=True, n=1)
+    return ValueError(f"unknown {what} {name!r}{hint}; known: {', '.join(known)}")
+
+
+def surrogate_class(name: str) -> type[Surrogate]:
+    """The surrogate class registered as ``name``; a ValueError naming the known ones (and the closest) otherwise."""
+    try:
+        return SURROGATES[name]
+    except (KeyError, TypeError):
+        raise _unknown("kernel surrogate", name, SURROGATES) from None
+
+
+def choice_members(choice: str) -> tuple[str, ...]:
+    """The names of the surrogates a family's model ``choice`` runs (see :data:`CHOICES`); a ValueError naming the
+    known choices (and the closest) otherwise."""
+    try:
+        return CHOICES[choice]
+    except (KeyError, TypeError):
+        raise _unknown("kernel model choice", choice, CHOICES) from None

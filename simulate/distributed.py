@@ -34,7 +34,7 @@ from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.hf_config import HFConfig, load_hf_config
-from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, _framework, is_onnx_path, step_graph
+from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.energy import apply_power, stream_power_w
@@ -42,7 +42,7 @@ from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
                                         resolve_parallel, stage_layers)
 from wattcast.simulate.scheduler import bucket_spans, simulate_pipeline
-from wattcast.simulate.single_device import _group, cost_nodes, fallback_summary, step_overheads, stream_bandwidth_gbps
+from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import capacity_gb, held_gradient_bytes, inflight_chunks, stage_memory
 
@@ -165,7 +165,7 @@ def grad_accumulation_bytes(framework: str, dtype: str) -> tuple[float, bool]:
     return 3.0 * _grad_bytes(framework, dtype), False
 
 
-def _collective_model():
+def collective_model():
     from wattcast.models.collectives import load_collective_model
 
     return load_collective_model()
@@ -193,11 +193,16 @@ _COSTED: dict = {}
 _COSTED_MAX = 128
 
 
-def _model_config(model) -> HFConfig | None:
+def model_config(model) -> HFConfig | None:
     """The Hugging Face config behind ``model`` (a config file, dict or built-in name), else None (ONNX, torch)."""
     if isinstance(model, Mapping) or (isinstance(model, (str, Path)) and not is_onnx_path(model)):
         return load_hf_config(model)
     return None
+
+
+#: the former private names, still imported by simulate/search.py (another branch's file): remove once it imports
+#: model_config and collective_model
+_model_config, _collective_model = model_config, collective_model
 
 
 #: global tokens of one step (batch x seq) a prediction takes: int64, what tables and JSON readers hold
@@ -232,7 +237,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     first; a strategy that does not fit is returned without simulating its step (times, MFU and energy NaN,
     ``meta["scheduled"]`` False: what a search does)."""
     # names and counts first: every table lookup and rule below takes them as given
-    framework = _framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
+    framework = canonical_framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
     graph_dtype = dtype
     if str(dtype).lower() == "fp8":
         # Transformer Engine's recipe: the graph holds FP8 GEMMs; weights, activations, gradients and the
@@ -251,7 +256,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
     spec = spec or resolve_device(cl.device)
     par = parallel or ParallelConfig(gpus=gpus)
     par = replace(par, gpus=gpus)
-    hf = _model_config(model)
+    hf = model_config(model)
     # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
     if graph_dtype == "fp8":
         _require_fp8(spec)
@@ -272,7 +277,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                                               "unless --micro-batch is given" if whole else "use a smaller --micro-batch"))
     lay = layouts(par, cl)
     bundle = bundle or load_bundle()
-    cm = coll_model or _collective_model()
+    cm = coll_model or collective_model()
     n_micro = par.n_micro(batch)
     cp_kv_bytes = 0.0
     if par.cp > 1:
@@ -413,7 +418,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
     """Per-layer sums of a costed rank graph; with ``n_rep`` > 1 (a short graph, see ``_rank_graph``) block 1
     is repeated into blocks 1 .. n_rep."""
     from wattcast.models.power import idle_power_w
-    from wattcast.simulate.memory import _block_inputs
+    from wattcast.simulate.memory import block_input_bytes
 
     layers = costed["layer"].to_numpy()
     ids, li = np.unique(layers, return_inverse=True)
@@ -463,15 +468,15 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
                        for grp in pd.unique(group[is_coll])},
         params=per_layer(fwd, params), expert_params=per_layer(is_exp, params), e_comp_j=per_layer(~opt, e_node),
         e_opt_j=per_layer(opt, e_node), act_bytes=act, full_extra_bytes=float(full_extra),
-        block_input_bytes=tuple(_block_inputs(g, n_layers)) if not g.meta.get("hidden") else (),
+        block_input_bytes=tuple(block_input_bytes(g, n_layers)) if not g.meta.get("hidden") else (),
         phase_ms={ph: float(wt[wphase == ph].sum()) for ph in ("forward", "backward", "optimizer")},
         recompute_flops=float((flops * mult)[rc].sum()),
         overheads=step_overheads(costed.iloc[np.repeat(np.arange(len(costed)), mult)] if n_rep > 1 else costed),
-        per_op=_group(whole["op_class"].to_numpy(), wt, whole["flops"].to_numpy(dtype=float), "op_class"),
+        per_op=group_totals(whole["op_class"].to_numpy(), wt, whole["flops"].to_numpy(dtype=float), "op_class"),
         fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
 
 
-def _chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: list[int] | None = None) -> np.ndarray:
+def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: list[int] | None = None) -> np.ndarray:
     """Model chunk of each layer: contiguous runs of ``counts`` layers (``parallel.stage_layers``; by default
     DeepSpeed's balanced split); embeddings with the first chunk, head and loss with the last."""
     counts = counts or stage_layers(n_layers, n_chunks, deepspeed=True)
@@ -506,7 +511,7 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     n_chunks = P * V
     counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers,
                           deepspeed=opts.framework == "megatron-deepspeed")
-    chunk = _chunk_of_layer(view.layer_ids, n_layers, n_chunks, counts)
+    chunk = chunk_of_layer(view.layer_ids, n_layers, n_chunks, counts)
 
     def per_chunk(v: np.ndarray) -> np.ndarray:
         return np.bincount(chunk, weights=v, minlength=n_chunks)

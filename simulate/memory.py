@@ -117,7 +117,7 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
                 else:
                     outside += float(tbytes[t])
             # a block's input is the previous block's output: hidden-size activation per layer
-            block_in = [float(v) for v in _block_inputs(graph, n_layers)]
+            block_in = [float(v) for v in block_input_bytes(graph, n_layers)]
             acts = outside + sum(block_in) + (max(per_layer.values()) if per_layer else 0.0)
         else:
             acts = float(sum(float(tbytes[t]) for t in saved_ids))
@@ -132,7 +132,7 @@ def fp8_weight_copy_bytes(graph: OpGraph) -> float:
     return 2.0 * float(n.loc[sel, "param_count"].sum()) if sel.any() else 0.0
 
 
-def _block_inputs(graph: OpGraph, n_layers: int) -> list[float]:
+def block_input_bytes(graph: OpGraph, n_layers: int) -> list[float]:
     """Bytes of each block's input: the output of the last forward node before the block."""
     out_bytes = graph.saved.get("out_bytes")
     nodes = graph.nodes
@@ -173,7 +173,7 @@ def activation_bytes_by_layer(graph: OpGraph) -> tuple[dict[int, float], float]:
     full_max = max((v for k, v in per.items() if k >= 0), default=0.0)
     if recompute == "full":
         n_layers = int(graph.meta.get("n_layers", 0))
-        block_in = _block_inputs(graph, n_layers)
+        block_in = block_input_bytes(graph, n_layers)
         for lay in range(n_layers):
             if lay in per:
                 per[lay] = block_in[lay] if lay < len(block_in) else 0.0

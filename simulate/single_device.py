@@ -316,7 +316,7 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
     return out
 
 
-def _group(keys: np.ndarray, time_ms: np.ndarray, flops: np.ndarray, name: str, *, by_time: bool = True) -> list[dict]:
+def group_totals(keys: np.ndarray, time_ms: np.ndarray, flops: np.ndarray, name: str, *, by_time: bool = True) -> list[dict]:
     """count / time_ms / flops per distinct key (numpy; a pandas groupby costs more than the costing)."""
     codes, uniq = pd.factorize(keys, sort=not by_time)
     k = len(uniq)
@@ -337,7 +337,7 @@ def fallback_summary(costed: pd.DataFrame) -> list[dict]:
     key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + method[fb].astype(object)
     t = costed["time_ms"].to_numpy()[fb]
     return [dict(op_class=r["key"].split("|")[0], method=r["key"].split("|")[1], count=r["count"], time_ms=r["time_ms"])
-            for r in _group(key, t, np.zeros(len(t)), "key")]
+            for r in group_totals(key, t, np.zeros(len(t)), "key")]
 
 
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
@@ -393,8 +393,8 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
     t = costed["time_ms"].to_numpy()
     fwd, bwd, opt = (float(t[phase == p].sum()) for p in ("forward", "backward", "optimizer"))
     flops = costed["flops"].to_numpy(dtype=float)
-    per_op = _group(costed["op_class"].to_numpy(), t, flops, "op_class")
-    per_layer = _group(costed["layer"].to_numpy(), t, flops, "layer", by_time=False)
+    per_op = group_totals(costed["op_class"].to_numpy(), t, flops, "op_class")
+    per_layer = group_totals(costed["layer"].to_numpy(), t, flops, "layer", by_time=False)
     fallback = fallback_summary(costed)
     total = fwd + bwd + opt
     ood = costed["ood"].to_numpy(dtype=bool)

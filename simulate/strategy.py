@@ -88,7 +88,7 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
     :func:`wattcast.simulate.parallel.resolve_parallel`, as every search row's is). ``batch`` (global, sequences) adds
     ``ga`` = micro-batches per step. Overlap flags are written where they differ from ``framework``'s default."""
     from wattcast.simulate.overlap import overlap_defaults
-    from wattcast.featurize.workload import _framework
+    from wattcast.featurize.workload import canonical_framework
 
     if cfg.dp is None or cfg.micro_batch is None:
         raise StrategyError("format_strategy needs a configuration with dp and micro_batch set (resolve it first)")
@@ -102,7 +102,7 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
     if cfg.sp:
         parts.append("sp")
     parts += [f"rc{cfg.recompute}", cfg.schedule]
-    defaults = overlap_defaults(_framework(framework), tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
+    defaults = overlap_defaults(canonical_framework(framework), tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
     for tok, name in _OVERLAPS.items():
         v = getattr(cfg, name)
         if v is not None and bool(v) != defaults[name]:

@@ -310,11 +310,11 @@ def test_uneven_pipeline_stages():
     first/last stage sizes (Megatron-Core's decoder_first/last_pipeline_num_layers) split the rest evenly."""
     cfg = {"model_type": "gpt2", "n_embd": 512, "n_head": 8, "n_layer": 14, "n_positions": 512, "vocab_size": 1000}
     par = ParallelConfig(gpus=4, pp=4, micro_batch=1)
-    from wattcast.simulate.distributed import _chunk_of_layer, predict_distributed
+    from wattcast.simulate.distributed import chunk_of_layer, predict_distributed
 
     r = predict_distributed(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, parallel=par, framework="megatron-deepspeed")
     assert r.fits and r.step_time_ms > 0 and r.meta["stage_layers"] == [4, 3, 4, 3]
-    assert np.bincount(_chunk_of_layer(np.arange(14), 14, 4)).tolist() == [4, 3, 4, 3]
+    assert np.bincount(chunk_of_layer(np.arange(14), 14, 4)).tolist() == [4, 3, 4, 3]
     m = wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron")
     assert m.meta["stage_layers"] == [3, 4, 4, 3] and m.to_dict()["parallel"]["stage_layers"] == [3, 4, 4, 3]
     e = wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron",

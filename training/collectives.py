@@ -26,8 +26,8 @@ from wattcast.models.collectives import (
     FEATURES,
     MANIFEST,
     CollectiveModel,
-    _alpha_beta,
-    _query,
+    alpha_beta,
+    collective_query,
     correction_features,
     install_collective_model,
     link_params,
@@ -87,9 +87,9 @@ def baseline(frame: pd.DataFrame):
     us, floor, X = np.empty(n), np.empty(n), np.empty((n, len(FEATURES)))
     for cl, idx in frame.groupby("cluster", sort=False).indices.items():
         sub = frame.iloc[idx]
-        q = _query(sub["op"].to_numpy(), sub["size_B"].to_numpy(float), sub["world_size"].to_numpy(float),
+        q = collective_query(sub["op"].to_numpy(), sub["size_B"].to_numpy(float), sub["world_size"].to_numpy(float),
                    sub["gpus_per_node"].to_numpy(float), cl)
-        ab = _alpha_beta(q, "auto")
+        ab = alpha_beta(q, "auto")
         us[idx], floor[idx], X[idx] = ab.us, ab.floor_us, correction_features(ab)
     return us, floor, X
 

@@ -25,7 +25,7 @@ from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURES_BY_FAMILY, featurize_kernels
 from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
-from wattcast.models.kernel_surrogates import LGBMSurrogate, RooflineSurrogate
+from wattcast.models.kernel_surrogates import CANDIDATES, CHOICES, LGBMSurrogate, MLPSurrogate, RooflineSurrogate
 
 #: NeuSight (ASPLOS'25) published out-of-distribution per-op errors, percent (the bar to halve)
 NEUSIGHT_OOD_MAPE = {"bmm": 13.8, "linear": 13.9, "elementwise": 19.3, "softmax": 13.9, "layernorm": 56.7}
@@ -103,8 +103,8 @@ def _fit_pair(X: pd.DataFrame, y: np.ndarray, feats: list[str], cfg: TrainConfig
 
 
 def _lodo(X: pd.DataFrame, y: np.ndarray, devices: np.ndarray, feats: list[str], cfg: TrainConfig, rng, tick) -> pd.DataFrame:
-    """Leave-one-device-out predictions of every candidate for every row (columns lgbm, mlp, ens)."""
-    out = pd.DataFrame(index=X.index, columns=["lgbm", "mlp", "ens"], dtype=float)
+    """Leave-one-device-out predictions of every candidate for every row (columns lgbm, mlp, ens: CANDIDATES)."""
+    out = pd.DataFrame(index=X.index, columns=list(CANDIDATES), dtype=float)
     for d in pd.unique(devices):
         te = devices == d
         lg, mlp = _fit_pair(X[~te], y[~te], feats, cfg, rng)
@@ -118,7 +118,7 @@ def _lodo(X: pd.DataFrame, y: np.ndarray, devices: np.ndarray, feats: list[str],
 def _choose(lodo: pd.DataFrame, y: np.ndarray, devices: np.ndarray) -> tuple[str, dict[str, float]]:
     """The candidate with the lowest mean-over-devices LODO APE."""
     scores = {}
-    for c in ("lgbm", "mlp", "ens"):
+    for c in CANDIDATES:
         p = lodo[c].to_numpy(dtype=float)
         if np.isnan(p).all():
             continue
@@ -178,14 +178,14 @@ def train_bundle(
                     "op": train["op"].to_numpy()[m],
                     "dtype": train["dtype"].to_numpy()[m],
                     "source": train["source"].to_numpy()[m],
-                    **{f"ape_{c}": np.abs(np.exp(lodo[c].to_numpy(dtype=float) - y) - 1) for c in ("lgbm", "mlp", "ens")},
+                    **{f"ape_{c}": np.abs(np.exp(lodo[c].to_numpy(dtype=float) - y) - 1) for c in CANDIDATES},
                     "ape_roofline": np.abs(np.exp(-y) - 1),
                 }
             )
             t.attrs["scores"] = scores
             t.attrs["choice"] = choice
             tables[fam] = t
-        lg, mlp = _fit_pair(X, y, feats, cfg, rng, want_mlp=choice in ("mlp", "ens") or cfg.mlp_epochs > 0)
+        lg, mlp = _fit_pair(X, y, feats, cfg, rng, want_mlp=MLPSurrogate.name in CHOICES[choice] or cfg.mlp_epochs > 0)
         tick()
         families[fam] = FamilyModel(
             family=fam,
