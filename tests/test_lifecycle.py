@@ -9,8 +9,8 @@ import math
 import pytest
 
 from wattcast.data import carbon
-from wattcast.simulate import lifecycle as lc
-from wattcast.simulate.lifecycle import LifecycleAssumptions, footprint
+from wattcast import lifecycle as lc
+from wattcast.lifecycle import LifecycleAssumptions, footprint
 
 
 # ----------------------------------------------------------------------------- pure functions
