@@ -3,10 +3,15 @@ amortised) and the cloud on-demand view; the purchase price of a spec. Pure func
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from wattcast.data import carbon as _c
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.lifecycle.checks import _not_catalog_flag, _pos
 from wattcast.lifecycle.energy import amortisation_share, facility_energy_kwh
+
+if TYPE_CHECKING:
+    from wattcast.lifecycle.assumptions import LifecycleAssumptions
 
 
 def opex_usd(energy_kwh: float, pue: float, electricity_usd_per_kwh: float) -> float:
@@ -61,3 +66,37 @@ def _accelerator_price(spec: DeviceSpec, catalog_own: bool, flags: list[str]) ->
                      assumption=True)
 
 
+
+
+def accelerator_price_usd_of(spec: DeviceSpec, a: "LifecycleAssumptions", catalog_own: bool, flags: list[str],
+                             srcs: dict[str, str]) -> float:
+    """Purchase price of one accelerator (USD): given in ``a``, else the spec's launch price or a stated fallback
+    (:func:`_accelerator_price`; flagged when assumed). Appends to ``flags`` and ``srcs``."""
+    if a.accelerator_price_usd is not None:
+        price, srcs["accelerator_price_usd"] = a.accelerator_price_usd, "given"
+    else:
+        pf = _accelerator_price(spec, catalog_own, flags)
+        price, srcs["accelerator_price_usd"] = pf.value, pf.source
+        if pf.assumption:
+            flags.append(f"no launch price for {spec.name}: assumed USD {pf.value:,.0f}")
+    return price
+
+
+def cloud_usd_per_gpu_hour_of(spec: DeviceSpec, a: "LifecycleAssumptions", catalog_own: bool, flags: list[str],
+                              srcs: dict[str, str]) -> float | None:
+    """On-demand cloud price (USD per GPU-hour): given in ``a``, else the table's price for the catalog's own
+    device of that name, else None (unknown; flagged for a spec that merely reuses a catalog name). Appends to
+    ``flags`` and ``srcs``."""
+    if a.cloud_usd_per_gpu_hour is not None:
+        cph: float | None = a.cloud_usd_per_gpu_hour
+        srcs["cloud_usd_per_gpu_hour"] = "given"
+    else:
+        cf = _c.cloud_usd_per_gpu_hour(spec.name)
+        if cf is not None and not catalog_own:
+            flags.append(_not_catalog_flag(spec, f"cloud price (USD {cf.value:g}/GPU-h)")
+                         + "; cloud view unknown: give cloud_usd_per_gpu_hour")
+            cf = None
+        cph = None if cf is None else cf.value
+        if cf is not None:
+            srcs["cloud_usd_per_gpu_hour"] = cf.source
+    return cph

@@ -5,11 +5,14 @@ and the total-carbon-delay product. Pure functions; units in their names."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from wattcast.data import carbon as _c
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.lifecycle.checks import _not_catalog_flag, _pos, catalog_spec_matches
+
+if TYPE_CHECKING:
+    from wattcast.lifecycle.assumptions import LifecycleAssumptions
 
 HOURS_PER_YEAR = 8760.0
 
@@ -155,3 +158,84 @@ def tcdp_kgco2e_h(total_kgco2e: float, hours: float) -> float:
     """Total-carbon-delay product (tCDP): total kgCO2e x run time in hours (lower is better)."""
     return _pos("total_kgco2e", total_kgco2e, zero_ok=True) * _pos("hours", hours, zero_ok=True)
 
+
+
+def accelerator_power_w(spec: DeviceSpec, a: "LifecycleAssumptions", flags: list[str], srcs: dict[str, str], *,
+                        avg_power_w: float | None = None, power_model=None, utilisation: float | None = None,
+                        node_overhead_share: float | None = None) -> tuple[float, float, str]:
+    """Power per accelerator before node overhead (W), the node-overhead share added to it, and how it was found:
+    the given all-in ``avg_power_w`` (no overhead unless ``node_overhead_share`` is given), else ``power_model`` (W,
+    or a callable of ``utilisation``), else ``a.default_power_fraction_of_tdp x TDP`` (flagged); the last two add
+    ``node_overhead_share`` (default ``a.node_overhead_share``). Appends to ``flags`` and ``srcs``."""
+    if avg_power_w is not None:
+        p = _pos("avg_power_w", avg_power_w)
+        share = 0.0 if node_overhead_share is None else node_overhead_share
+        how = "given avg_power_w (all-in per accelerator" + ("; node overhead not added)" if share == 0 else f"; + {share:g} node overhead)")
+    elif power_model is not None:
+        if callable(power_model):
+            if utilisation is None:
+                raise ValueError("power_model is a callable: give the utilisation to evaluate it at")
+            w = power_model(float(utilisation))
+            try:
+                w = float(w)
+            except (TypeError, ValueError):
+                raise ValueError(f"power_model(utilisation) must return a number of watts, got {w!r}") from None
+            p = _pos("power_model(utilisation)", w)
+        else:
+            p = _pos("power_model", power_model)
+        share = a.node_overhead_share if node_overhead_share is None else node_overhead_share
+        how = f"power model (GPU power{'' if utilisation is None else f' at utilisation {utilisation:g}'}) + {share:g} node overhead"
+    else:
+        if not spec.tdp_w:
+            raise ValueError(f"device {spec.name!r} has no tdp_w: give avg_power_w or power_model")
+        p = a.default_power_fraction_of_tdp * spec.tdp_w
+        share = a.node_overhead_share if node_overhead_share is None else node_overhead_share
+        how = f"{a.default_power_fraction_of_tdp:g} x TDP {spec.tdp_w:g} W (no power given) + {share:g} node overhead"
+        flags.append(f"no average power or power model given: assumed {a.default_power_fraction_of_tdp:g} x TDP = {p:g} W per GPU")
+        srcs["default_power_fraction_of_tdp"] = _c.cost_defaults()["default_power_fraction_of_tdp"].source
+    if share:
+        srcs["node_overhead_share"] = (_c.cost_defaults()["node_overhead_share"].source
+                                       if share == _c.cost_defaults()["node_overhead_share"].value else "given")
+    return p, share, how
+
+
+def grid_kgco2e_per_kwh_of(a: "LifecycleAssumptions", flags: list[str], srcs: dict[str, str]) -> tuple[float, str, str | None]:
+    """The grid intensity a run is charged (kgCO2e/kWh), its basis (explicit | market | location) and region:
+    ``a.grid_kgco2e_per_kwh`` > a market-based override > ``a.region``'s table entry > the world average (flagged).
+    Appends to ``flags`` and ``srcs``."""
+    if a.grid_kgco2e_per_kwh is not None:
+        grid, basis, greg = a.grid_kgco2e_per_kwh, "explicit", a.region
+        srcs["grid_kgco2e_per_kwh"] = "given"
+        if a.region:
+            flags.append(f"explicit grid intensity {grid:g} kgCO2e/kWh used instead of region {a.region!r}")
+    elif a.market_based and a.market_kgco2e_per_kwh is not None:
+        grid, basis, greg = a.market_kgco2e_per_kwh, "market", a.region
+        srcs["grid_kgco2e_per_kwh"] = "given (market-based)"
+    else:
+        if a.region:
+            gi = _c.grid_intensity(a.region, market_based=a.market_based)
+        else:
+            if a.market_based:
+                raise _c.CarbonDataError("market_based needs a cloud region or an explicit market_kgco2e_per_kwh")
+            gi = _c.world_grid_intensity()
+            flags.append(f"no region or grid intensity given: world average {gi.kgco2e_per_kwh:g} kgCO2e/kWh")
+        grid, basis, greg = gi.kgco2e_per_kwh, gi.basis, gi.region
+        srcs["grid_kgco2e_per_kwh"] = gi.source
+    return grid, basis, greg
+
+
+def embodied_kgco2e_per_gpu_of(spec: DeviceSpec, a: "LifecycleAssumptions", flags: list[str],
+                               srcs: dict[str, str]) -> tuple[float, dict[str, float]]:
+    """Lifetime embodied kgCO2e per accelerator (given in ``a``, else :func:`embodied_kgco2e_per_device`) and its
+    breakdown. Appends to ``flags`` and ``srcs``."""
+    if a.embodied_kgco2e_per_gpu is not None:
+        per_gpu = a.embodied_kgco2e_per_gpu
+        breakdown: dict[str, float] = {"total_kgco2e": per_gpu}
+        srcs["embodied_kgco2e_per_gpu"] = "given"
+    else:
+        eb = embodied_kgco2e_per_device(spec, include_server=a.include_server_embodied, gpus_per_server=a.gpus_per_server)
+        per_gpu = eb.total_kgco2e
+        breakdown = eb.to_dict()
+        flags.extend(eb.flags)
+        srcs.update({f"embodied.{k}": v for k, v in eb.sources.items()})
+    return per_gpu, breakdown

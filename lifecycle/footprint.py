@@ -11,16 +11,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Union
 
-from wattcast.data import carbon as _c
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.lifecycle.assumptions import LifecycleAssumptions, assumptions_from_options
-from wattcast.lifecycle.checks import (_count, _flag, _not_catalog_flag, _pos, _resolve, _utilisation,
-                                       catalog_spec_matches, check_plausible)
-from wattcast.lifecycle.cost import _accelerator_price, capex_breakdown_usd, cloud_usd, opex_usd
-from wattcast.lifecycle.energy import (amortisation_share, cci_kgco2e_per_pflop, embodied_kgco2e,
-                                       embodied_kgco2e_per_device, facility_energy_kwh, it_energy_kwh,
-                                       node_power_w, operational_kgco2e, tcdp_kgco2e_h)
-from wattcast.lifecycle.goodput import goodput, system_mtbf_s, young_daly_interval_s
+from wattcast.lifecycle.checks import _count, _flag, _pos, _resolve, _utilisation, catalog_spec_matches, check_plausible
+from wattcast.lifecycle.cost import (accelerator_price_usd_of, capex_breakdown_usd, cloud_usd, cloud_usd_per_gpu_hour_of,
+                                     opex_usd)
+from wattcast.lifecycle.energy import (accelerator_power_w, amortisation_share, cci_kgco2e_per_pflop, embodied_kgco2e,
+                                       embodied_kgco2e_per_gpu_of, facility_energy_kwh, grid_kgco2e_per_kwh_of,
+                                       it_energy_kwh, node_power_w, operational_kgco2e, tcdp_kgco2e_h)
+from wattcast.lifecycle.goodput import run_goodput
 
 #: the keys of the ``run`` object (``wattcast predict --json``); other tools rely on exactly these
 RUN_KEYS = ("hours", "gpu_hours", "energy_mwh", "operational_tco2e", "embodied_tco2e", "total_tco2e",
@@ -143,49 +142,12 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     srcs: dict[str, str] = {}
 
     # ---- power per accelerator
-    if avg_power_w is not None:
-        p = _pos("avg_power_w", avg_power_w)
-        share = 0.0 if node_overhead_share is None else node_overhead_share
-        how = "given avg_power_w (all-in per accelerator" + ("; node overhead not added)" if share == 0 else f"; + {share:g} node overhead)")
-    elif power_model is not None:
-        if callable(power_model):
-            if utilisation is None:
-                raise ValueError("power_model is a callable: give the utilisation to evaluate it at")
-            w = power_model(float(utilisation))
-            try:
-                w = float(w)
-            except (TypeError, ValueError):
-                raise ValueError(f"power_model(utilisation) must return a number of watts, got {w!r}") from None
-            p = _pos("power_model(utilisation)", w)
-        else:
-            p = _pos("power_model", power_model)
-        share = a.node_overhead_share if node_overhead_share is None else node_overhead_share
-        how = f"power model (GPU power{'' if utilisation is None else f' at utilisation {utilisation:g}'}) + {share:g} node overhead"
-    else:
-        if not spec.tdp_w:
-            raise ValueError(f"device {spec.name!r} has no tdp_w: give avg_power_w or power_model")
-        p = a.default_power_fraction_of_tdp * spec.tdp_w
-        share = a.node_overhead_share if node_overhead_share is None else node_overhead_share
-        how = f"{a.default_power_fraction_of_tdp:g} x TDP {spec.tdp_w:g} W (no power given) + {share:g} node overhead"
-        flags.append(f"no average power or power model given: assumed {a.default_power_fraction_of_tdp:g} x TDP = {p:g} W per GPU")
-        srcs["default_power_fraction_of_tdp"] = _c.cost_defaults()["default_power_fraction_of_tdp"].source
+    p, share, how = accelerator_power_w(spec, a, flags, srcs, avg_power_w=avg_power_w, power_model=power_model,
+                                        utilisation=utilisation, node_overhead_share=node_overhead_share)
     p_node = node_power_w(p, share)
-    if share:
-        srcs["node_overhead_share"] = (_c.cost_defaults()["node_overhead_share"].source
-                                       if share == _c.cost_defaults()["node_overhead_share"].value else "given")
 
     # ---- goodput
-    mtbf_s = None if a.mtbf_gpu_hours is None else system_mtbf_s(a.mtbf_gpu_hours, gpus)
-    interval = a.checkpoint_interval_s
-    if apply_goodput:
-        if interval is None and mtbf_s is not None and a.checkpoint_write_s > 0:
-            interval = young_daly_interval_s(a.checkpoint_write_s, mtbf_s)
-        g = goodput(a.checkpoint_write_s, mtbf_s, a.restart_min * 60.0, interval)
-        if a.mtbf_gpu_hours is None:
-            flags.append("failures not modelled (mtbf_gpu_hours=None)")
-    else:
-        g = 1.0
-        flags.append("goodput not applied: hours taken as measured wall-clock time")
+    g, interval, mtbf_s = run_goodput(a, gpus, apply_goodput, flags)
 
     def too_large(what: str, v: float) -> None:
         """Name the caller's hours / gpus / power when a product of them overflows (not an internal field)."""
@@ -206,51 +168,19 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     # ---- energy and operational carbon
     too_large("IT energy (kWh)", gpu_h * p_node / 1000.0 * a.pue)
     e_it = it_energy_kwh(gpus, p_node, eff_h)
-    if a.grid_kgco2e_per_kwh is not None:
-        grid, basis, greg = a.grid_kgco2e_per_kwh, "explicit", a.region
-        srcs["grid_kgco2e_per_kwh"] = "given"
-        if a.region:
-            flags.append(f"explicit grid intensity {grid:g} kgCO2e/kWh used instead of region {a.region!r}")
-    elif a.market_based and a.market_kgco2e_per_kwh is not None:
-        grid, basis, greg = a.market_kgco2e_per_kwh, "market", a.region
-        srcs["grid_kgco2e_per_kwh"] = "given (market-based)"
-    else:
-        if a.region:
-            gi = _c.grid_intensity(a.region, market_based=a.market_based)
-        else:
-            if a.market_based:
-                raise _c.CarbonDataError("market_based needs a cloud region or an explicit market_kgco2e_per_kwh")
-            gi = _c.world_grid_intensity()
-            flags.append(f"no region or grid intensity given: world average {gi.kgco2e_per_kwh:g} kgCO2e/kWh")
-        grid, basis, greg = gi.kgco2e_per_kwh, gi.basis, gi.region
-        srcs["grid_kgco2e_per_kwh"] = gi.source
+    grid, basis, greg = grid_kgco2e_per_kwh_of(a, flags, srcs)
     op_kg = operational_kgco2e(e_it, a.pue, grid)
 
     # ---- embodied
     share_h = amortisation_share(eff_h, a.lifetime_years, a.lifetime_utilisation)
-    if a.embodied_kgco2e_per_gpu is not None:
-        per_gpu = a.embodied_kgco2e_per_gpu
-        breakdown: dict[str, float] = {"total_kgco2e": per_gpu}
-        srcs["embodied_kgco2e_per_gpu"] = "given"
-    else:
-        eb = embodied_kgco2e_per_device(spec, include_server=a.include_server_embodied, gpus_per_server=a.gpus_per_server)
-        per_gpu = eb.total_kgco2e
-        breakdown = eb.to_dict()
-        flags.extend(eb.flags)
-        srcs.update({f"embodied.{k}": v for k, v in eb.sources.items()})
+    per_gpu, breakdown = embodied_kgco2e_per_gpu_of(spec, a, flags, srcs)
     emb_kg = embodied_kgco2e(per_gpu, gpus, eff_h, a.lifetime_years, a.lifetime_utilisation)
     if share_h > 1:
         flags.append(f"run uses {share_h:.2f} x the hardware's productive lifetime")
 
     # ---- costs
     catalog_own = catalog_spec_matches(spec)
-    if a.accelerator_price_usd is not None:
-        price, srcs["accelerator_price_usd"] = a.accelerator_price_usd, "given"
-    else:
-        pf = _accelerator_price(spec, catalog_own, flags)
-        price, srcs["accelerator_price_usd"] = pf.value, pf.source
-        if pf.assumption:
-            flags.append(f"no launch price for {spec.name}: assumed USD {pf.value:,.0f}")
+    price = accelerator_price_usd_of(spec, a, catalog_own, flags, srcs)
     tdp_kw = (spec.tdp_w or p) * (1.0 + a.node_overhead_share) / 1000.0
     capex = capex_breakdown_usd(price, gpus, eff_h, a.lifetime_years, a.lifetime_utilisation,
                                 server_usd_per_gpu=a.server_usd_per_gpu, network_usd_per_gpu=a.network_usd_per_gpu,
@@ -258,18 +188,7 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
                                 facility_lifetime_years=a.facility_lifetime_years)
     cap = sum(capex.values())
     opx = opex_usd(e_it, a.pue, a.electricity_usd_per_kwh)
-    if a.cloud_usd_per_gpu_hour is not None:
-        cph: float | None = a.cloud_usd_per_gpu_hour
-        srcs["cloud_usd_per_gpu_hour"] = "given"
-    else:
-        cf = _c.cloud_usd_per_gpu_hour(spec.name)
-        if cf is not None and not catalog_own:
-            flags.append(_not_catalog_flag(spec, f"cloud price (USD {cf.value:g}/GPU-h)")
-                         + "; cloud view unknown: give cloud_usd_per_gpu_hour")
-            cf = None
-        cph = None if cf is None else cf.value
-        if cf is not None:
-            srcs["cloud_usd_per_gpu_hour"] = cf.source
+    cph = cloud_usd_per_gpu_hour_of(spec, a, catalog_own, flags, srcs)
     srcs.update({k: v for k, v in a.sources().items() if k not in srcs and v})
 
     for what, v in (("operational CO2e", op_kg), ("embodied CO2e", emb_kg), ("CapEx", cap), ("OpEx", opx),

@@ -4,8 +4,12 @@ time spent on kept work. Pure functions; units in their names."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from wattcast.lifecycle.checks import _pos
+
+if TYPE_CHECKING:
+    from wattcast.lifecycle.assumptions import LifecycleAssumptions
 
 
 def system_mtbf_s(mtbf_gpu_hours: float, gpus: int) -> float:
@@ -64,3 +68,22 @@ def goodput(checkpoint_s: float, mtbf_s: float | None, restart_s: float = 0.0, i
     return min(g, 1.0)
 
 
+
+
+def run_goodput(a: "LifecycleAssumptions", gpus: int, apply_goodput: bool,
+                flags: list[str]) -> tuple[float, float | None, float | None]:
+    """A run's goodput under ``a`` (MTBF per GPU, checkpoint write time and interval, restart time) on ``gpus``
+    GPUs, the checkpoint interval used (s; Young/Daly when ``a`` gives none) and the system MTBF (s, None without
+    failures). ``apply_goodput=False``: hours are measured wall-clock time, goodput 1 (flagged in ``flags``)."""
+    mtbf_s = None if a.mtbf_gpu_hours is None else system_mtbf_s(a.mtbf_gpu_hours, gpus)
+    interval = a.checkpoint_interval_s
+    if apply_goodput:
+        if interval is None and mtbf_s is not None and a.checkpoint_write_s > 0:
+            interval = young_daly_interval_s(a.checkpoint_write_s, mtbf_s)
+        g = goodput(a.checkpoint_write_s, mtbf_s, a.restart_min * 60.0, interval)
+        if a.mtbf_gpu_hours is None:
+            flags.append("failures not modelled (mtbf_gpu_hours=None)")
+    else:
+        g = 1.0
+        flags.append("goodput not applied: hours taken as measured wall-clock time")
+    return g, interval, mtbf_s
