@@ -85,7 +85,7 @@ def _no_run_options(run_kw: dict) -> None:
 def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict):
     from dataclasses import replace
 
-    from wattcast.simulate.lifecycle import run_of_prediction
+    from wattcast.lifecycle import run_of_prediction
 
     unknown = sorted(set(run_kw) - set(RUN_OPTIONS))
     if unknown:
@@ -175,10 +175,10 @@ def footprint(device, gpus: int, hours: float, *, avg_power_w: float | None = No
     """Lifecycle footprint (energy, operational/embodied CO2e, CapEx/OpEx/TCO, goodput) of ``gpus`` x ``device``
     for ``hours`` of wall-clock time. ``avg_power_w``: measured all-in power per accelerator (Patterson et
     al.'s convention); without it, the power surrogate's GPU power at ``utilisation`` plus node overhead.
-    ``kw``: region, pue, grid_kgco2e_per_kwh, lifetime_years, ... (see wattcast.simulate.lifecycle.footprint)."""
+    ``kw``: region, pue, grid_kgco2e_per_kwh, lifetime_years, ... (see wattcast.lifecycle.footprint)."""
     from wattcast.data.catalog import resolve_device
     from wattcast.simulate.energy import gpu_power_at_w
-    from wattcast.simulate.lifecycle import footprint as _fp
+    from wattcast.lifecycle import footprint as _fp
 
     spec = resolve_device(device)
     kw = {k: v for k, v in kw.items() if v is not None}

@@ -454,7 +454,7 @@ def _run_footprint(device, res, tokens_per_step: float, run_kw: dict):
     function the Python API's ``tokens=`` uses."""
     if run_kw.get("tokens") is None:
         return None
-    from wattcast.simulate.lifecycle import run_of_prediction
+    from wattcast.lifecycle import run_of_prediction
 
     kw = {k: v for k, v in run_kw.items() if k != "tokens"}
     try:
@@ -473,7 +473,7 @@ def _print_json(res, run) -> None:
 
 
 def _print_run(run) -> None:
-    from wattcast.simulate.lifecycle import format_footprint
+    from wattcast.lifecycle import format_footprint
 
     Console().print(format_footprint(run))
 
@@ -942,7 +942,7 @@ def footprint(
 
     if region is not None and grid_kgco2e_per_kwh is not None:
         _fail("give --region or --grid-kgco2e-per-kwh, not both")
-    from wattcast.simulate.lifecycle import check_plausible
+    from wattcast.lifecycle import check_plausible
 
     try:
         check_plausible("hours", hours)  # (the Python API takes computed hours from footprint_from_step unchecked)

@@ -38,7 +38,7 @@ def main() -> None:
     # the same runs with wattcast's own power model instead of the published average power
     from wattcast.data.catalog import find_device
     from wattcast.simulate.energy import DEFAULT_FOOTPRINT_UTILISATION, gpu_power_at_w
-    from wattcast.simulate.lifecycle import LifecycleAssumptions
+    from wattcast.lifecycle import LifecycleAssumptions
 
     share = LifecycleAssumptions().node_overhead_share
     print(f"\nwattcast's own power model (GPU power at utilisation {DEFAULT_FOOTPRINT_UTILISATION} + node overhead {share}):")

@@ -27,7 +27,7 @@ import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
-from wattcast.simulate.lifecycle import footprint_from_step
+from wattcast.lifecycle import footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.simulate.search import search
 

@@ -84,7 +84,7 @@ class DistributedPrediction:
     #: the worst stage's memory term by term (GB): weights, master_weights, gradients, optimizer, activations,
     #: buffers, total; with its stage index and the chunks of activations it holds
     memory: dict = field(default_factory=dict)
-    #: the whole run (lifecycle.RunFootprint) when a run length in tokens was given, else None
+    #: the whole run (wattcast.lifecycle.RunFootprint) when a run length in tokens was given, else None
     run: object = field(default=None, repr=False)
 
     @property

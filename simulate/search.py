@@ -20,7 +20,7 @@ from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
-from wattcast.simulate.lifecycle import footprint, footprint_from_step
+from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
 
 

@@ -71,7 +71,7 @@ class StepPrediction:
     power_limit_w: float | None = None
     #: the device's memory (GB): ``memory_flag`` compares the prediction with it
     memory_capacity_gb: float = 0.0
-    #: the whole run (lifecycle.RunFootprint) when a run length in tokens was given, else None
+    #: the whole run (wattcast.lifecycle.RunFootprint) when a run length in tokens was given, else None
     run: object = field(default=None, repr=False)
     #: named overheads of the step (ms; see step_overheads): optimizer, clipping, accumulation, casts, copies, launch gaps
     overheads: dict = field(default_factory=dict)

@@ -186,7 +186,7 @@ def test_footprint_utilisation_edges_are_meaningful(h100):
 @pytest.mark.parametrize("bad", [dict(tokens=INF), dict(tokens=NAN), dict(tokens=0), dict(tokens=-1e9),
                                  dict(tokens_per_step=NAN), dict(step_time_ms=NAN), dict(gpu_power_w=NAN)])
 def test_footprint_from_step_validates_its_numbers(bad):
-    from wattcast.simulate.lifecycle import footprint_from_step
+    from wattcast.lifecycle import footprint_from_step
 
     kw = dict(step_time_ms=100.0, gpu_power_w=300.0, tokens=1e9, tokens_per_step=8192.0)
     kw.update(bad)
@@ -201,7 +201,7 @@ def test_cloud_price_only_for_the_catalog_spec_of_that_name(h100, tmp_path):
     assert cat.cloud_usd_per_gpu_hour == pytest.approx(12.29)
     # an RTX 4090-like spec that reuses the H100's name
     impostor = dataclasses.replace(load_catalog()["L40S"], name=H100, aliases=())
-    from wattcast.simulate.lifecycle import catalog_spec_matches, footprint
+    from wattcast.lifecycle import catalog_spec_matches, footprint
 
     assert not catalog_spec_matches(impostor) and catalog_spec_matches(h100)
     fp = footprint(impostor, 8, 10.0, avg_power_w=400.0, apply_goodput=False)
@@ -222,7 +222,7 @@ def test_cloud_price_only_for_the_catalog_spec_of_that_name(h100, tmp_path):
 
 
 def test_sibling_price_and_die_area_tables_only_for_catalog_specs():
-    from wattcast.simulate.lifecycle import footprint
+    from wattcast.lifecycle import footprint
 
     cat = load_catalog()
     own = footprint(cat["H100-PCIe-80GB"], 1, 10.0, avg_power_w=300.0, apply_goodput=False)

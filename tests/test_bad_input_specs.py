@@ -17,7 +17,7 @@ import yaml
 import wattcast
 from wattcast.data.catalog import load_spec_file, resolve_device
 from wattcast.data.device_spec import DeviceSpec, DeviceSpecError, from_dict
-from wattcast.simulate.lifecycle import LifecycleAssumptions, footprint, footprint_from_step
+from wattcast.lifecycle import LifecycleAssumptions, footprint, footprint_from_step
 
 A100 = "A100-SXM4-80GB"
 

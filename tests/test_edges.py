@@ -125,7 +125,7 @@ def test_device_spec_units_and_force(tmp_path, my_gpu_yaml, field, value, hint):
     (dict(grid_kgco2e_per_kwh=481), "grid_kgco2e_per_kwh", "grams"),
 ])
 def test_footprint_assumptions_off_by_a_unit(kw, name, hint):
-    from wattcast.simulate.lifecycle import footprint
+    from wattcast.lifecycle import footprint
 
     with pytest.raises(ValueError) as e:
         footprint("h100", gpus=8, hours=10, **kw)
@@ -136,7 +136,7 @@ def test_footprint_assumptions_off_by_a_unit(kw, name, hint):
 
 
 def test_footprint_assumptions_object_is_checked_too():
-    from wattcast.simulate.lifecycle import LifecycleAssumptions
+    from wattcast.lifecycle import LifecycleAssumptions
 
     with pytest.raises(ValueError, match=r"LifecycleAssumptions.node_overhead_share is 30.*percent"):
         LifecycleAssumptions(node_overhead_share=30)
@@ -160,7 +160,7 @@ def test_footprint_cli_units_and_force():
 def test_long_predicted_runs_are_not_refused_as_implausible_hours():
     """footprint_from_step computes the hours of a long run: a range check on hours there would refuse a valid
     (if sobering) answer."""
-    from wattcast.simulate.lifecycle import footprint_from_step
+    from wattcast.lifecycle import footprint_from_step
 
     fp = footprint_from_step("h100", 1, step_time_ms=1000.0, gpu_power_w=500.0, tokens=1e15, tokens_per_step=1000)
     assert fp.ideal_hours > 1e6

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from wattcast.data import carbon
-from wattcast.simulate import lifecycle as lc
-from wattcast.simulate.lifecycle import LifecycleAssumptions, footprint
+from wattcast import lifecycle as lc
+from wattcast.lifecycle import LifecycleAssumptions, footprint
 
 
 # ----------------------------------------------------------------------------- pure functions
@@ -274,3 +274,24 @@ def test_python_api_run_equals_the_cli_run():
     single = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=4, seq=512, tokens=1e8, region="FRA")
     assert single.to_dict()["run"]["hours"] == pytest.approx(single.step_time_ms * (1e8 / 2048) / 3.6e6 / single.run.goodput,
                                                                rel=1e-3)
+
+
+def test_run_footprint_takes_one_assumptions_object():
+    """The loose options (CLI flags, wattcast.footprint keywords) and the LifecycleAssumptions object they build give
+    the same run; a bad option is named as the caller gave it."""
+    from wattcast.lifecycle import assumptions_from_options, footprint_from_step, run_footprint
+
+    a = assumptions_from_options(pue=1.15, region="FRA", lifetime_years=4.0)
+    assert (a.pue, a.region, a.lifetime_years) == (1.15, "FRA", 4.0)
+    via_object = run_footprint("h100", 64, 100.0, a, avg_power_w=500.0, node_overhead_share=0.2)
+    via_options = footprint("h100", 64, 100.0, avg_power_w=500.0, node_overhead_share=0.2, pue=1.15, region="FRA",
+                            lifetime_years=4.0)
+    assert via_object.to_dict() == via_options.to_dict()
+    assert via_object.pue == 1.15 and via_object.grid_region is not None
+    step = dict(step_time_ms=900.0, gpu_power_w=550.0, tokens=1e12, tokens_per_step=4e6)
+    assert (footprint_from_step("h100", 16, assumptions=a, **step).to_dict()
+            == footprint_from_step("h100", 16, pue=1.15, region="FRA", lifetime_years=4.0, **step).to_dict())
+    with pytest.raises(ValueError, match=r"pue \(--pue\)"):
+        assumptions_from_options(pue=120.0)
+    with pytest.raises(ValueError, match="assumptions must be a LifecycleAssumptions"):
+        run_footprint("h100", 8, 10.0, {"pue": 1.1})

@@ -14,7 +14,7 @@ For every row the lifecycle calculator's own functions compute
 
 and compares them with the published energy, gross tCO2e (``operational_tco2e``) and net tCO2e
 (``total_tco2e``). Rows whose device is in the catalog (GPT-3 on V100) are also run end to end through
-:func:`wattcast.simulate.lifecycle.footprint` (measured hours, so ``apply_goodput=False``) as a cross-check.
+:func:`wattcast.lifecycle.footprint` (measured hours, so ``apply_goodput=False``) as a cross-check.
 A row with a missing input is reported with status ``skipped: ...`` and not scored.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from wattcast.simulate.lifecycle import facility_energy_kwh, footprint, it_energy_kwh, operational_kgco2e
+from wattcast.lifecycle import facility_energy_kwh, footprint, it_energy_kwh, operational_kgco2e
 
 PUBLISHED_CSV = Path("published") / "training_footprints.csv"
 TOLERANCE_PCT = 2.0

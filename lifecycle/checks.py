@@ -1,0 +1,130 @@
+"""Checks shared by the lifecycle calculator: every number a caller gives is validated here with a message that
+names it (and its command-line flag), figures outside a plausible range are refused as probably in another unit,
+and :func:`catalog_spec_matches` decides when name-keyed tables may stand for a device spec."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import fields
+from typing import Any
+
+from numpy import bool_ as np_bool
+
+from wattcast.data import carbon as _c
+from wattcast.data.checks import implausible, is_count
+from wattcast.data.device_spec import DeviceSpec
+
+
+def _pos(name: str, v: float, *, zero_ok: bool = False) -> float:
+    try:
+        finite = not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if v < 0 or (v == 0 and not zero_ok):
+        raise ValueError(f"{name} must be {'non-negative' if zero_ok else 'positive'}, got {v!r}")
+    return float(v)
+
+
+def _flag(name: str, v: Any) -> bool:
+    """A yes/no setting: True or False (a string such as 'no' would read as True)."""
+    if not isinstance(v, (bool, np_bool)):
+        raise ValueError(f"{name} must be True or False, got {v!r}")
+    return bool(v)
+
+
+def _region(v: Any, name: str = "region") -> str:
+    """A grid region: a non-empty string (an empty one would silently fall back to the world average)."""
+    if not isinstance(v, str):
+        raise _c.UnknownRegionError(f"{name} must be a string (country ISO3 code or name, cloud region such as "
+                                    f"gcp:us-central1, or 'world'), got {v!r}")
+    if not v.strip():
+        raise _c.UnknownRegionError(f"empty region ({name}={v!r}); give a country ISO3 code, a cloud region or "
+                                    "'world', or leave it out for the world average")
+    return v
+
+
+def _count(name: str, v: Any) -> int:
+    """A whole number >= 1 (ints of any size, or whole floats)."""
+    if not is_count(v, whole_floats=True):
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _utilisation(v: float) -> float:
+    """A GPU compute utilisation: finite and in [0, 1] (0: the GPUs sit idle and draw idle power)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise ValueError(f"utilisation (--utilisation) must be a finite number in [0, 1], got {v!r}")
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"utilisation (--utilisation) is a fraction of the compute peak, in [0, 1]; got {v!r}")
+    return float(v)
+
+
+#: LifecycleAssumptions fields that are yes/no settings
+_FLAG_FIELDS = ("market_based", "include_server_embodied")
+
+#: numeric keyword parameters of :func:`footprint` -> zero allowed
+#: parameter -> (lowest, highest plausible value, what a too-small figure probably is, what a too-large one is, unit):
+#: a figure outside is almost surely in another unit (a share given as a percent, g instead of kg, mW or the power
+#: of all GPUs instead of one); refused unless --force (:func:`wattcast.data.checks.allow_exotic`).
+PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
+    "avg_power_w": (1.0, 10_000.0, "kilowatts", "milliwatts, or the power of all GPUs together", "watts per accelerator"),
+    "hours": (0.0, 1e6, "-", "seconds or minutes (1e6 hours is 114 years)", "hours"),
+    "lifetime_years": (0.25, 50.0, "another unit (1e-9 years is 0.03 s)", "months, days or hours", "years"),
+    "node_overhead_share": (0.0, 2.0, "-", "a percent (50 means 0.5)", "a share of GPU power (0.3 = 30%)"),
+    "pue": (1.0, 4.0, "-", "a percent (120 means 1.2)", "a ratio (facility / IT energy)"),
+    "grid_kgco2e_per_kwh": (0.0, 2.0, "-", "grams per kWh (481 means 0.481)", "kgCO2e per kWh"),
+    "electricity_usd_per_kwh": (0.0, 2.0, "-", "cents or USD per MWh", "USD per kWh"),
+    "cloud_usd_per_gpu_hour": (0.0, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
+}
+#: the command-line option of each footprint parameter (named in messages)
+_FLAGS = {"avg_power_w": "--avg-power-w", "hours": "--hours", "lifetime_years": "--lifetime-years",
+          "node_overhead_share": "--node-overhead-share", "pue": "--pue", "grid_kgco2e_per_kwh": "--grid-kgco2e-per-kwh"}
+
+
+def check_plausible(name: str, v: float | None, prefix: str = "") -> None:
+    """ValueError when ``v`` is outside :data:`PLAUSIBLE` (unless allow_exotic / --force), naming the parameter."""
+    if v is None or name not in PLAUSIBLE:
+        return
+    label = f"{prefix}{name}" + (f" ({_FLAGS[name]})" if name in _FLAGS and not prefix else "")
+    msg = implausible(label, float(v), *PLAUSIBLE[name])
+    if msg:
+        raise ValueError(msg)
+
+
+_FOOTPRINT_NUMBERS = {"pue": False, "grid_kgco2e_per_kwh": True, "lifetime_years": False,
+                      "electricity_usd_per_kwh": True, "cloud_usd_per_gpu_hour": True, "node_overhead_share": True,
+                      "flops": True}
+
+#: DeviceSpec fields that only cite or name a figure; two specs that differ only in these are one device
+_CITATION_FIELDS = ("aliases", "source", "sources", "schema_version", "launch_price_usd")
+
+
+def catalog_spec_matches(spec: DeviceSpec) -> bool:
+    """True when ``spec`` is the catalog's own device of its name: the same object, or the same hardware
+    figures (citations, aliases and the launch price aside). Only then may figures kept in tables keyed by
+    the catalog name (cloud price, a sibling's price, a die-area fallback) stand for ``spec``."""
+    from wattcast.data.catalog import load_catalog
+
+    ref = load_catalog().get(spec.name)
+    if ref is None:
+        return False
+    if ref is spec:
+        return True
+    return all(getattr(ref, f.name) == getattr(spec, f.name) for f in fields(ref) if f.name not in _CITATION_FIELDS)
+
+
+def _not_catalog_flag(spec: DeviceSpec, what: str) -> str:
+    return (f"the spec named {spec.name!r} is not the catalog's {spec.name} (its figures differ): the catalog's "
+            f"{what} for that name is not used")
+
+
+def _resolve(device: str | DeviceSpec) -> DeviceSpec:
+    if isinstance(device, DeviceSpec):
+        return device
+    from wattcast.data.catalog import resolve_device
+
+    return resolve_device(device)
+

@@ -1,0 +1,102 @@
+"""Cost of a run: OpEx (energy at the electricity price), CapEx (accelerators, servers, network and the facility,
+amortised) and the cloud on-demand view; the purchase price of a spec. Pure functions; units in their names."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from wattcast.data import carbon as _c
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.lifecycle.checks import _not_catalog_flag, _pos
+from wattcast.lifecycle.energy import amortisation_share, facility_energy_kwh
+
+if TYPE_CHECKING:
+    from wattcast.lifecycle.assumptions import LifecycleAssumptions
+
+
+def opex_usd(energy_kwh: float, pue: float, electricity_usd_per_kwh: float) -> float:
+    """Energy cost: IT energy (kWh, before PUE) x PUE x electricity price, in USD."""
+    return facility_energy_kwh(energy_kwh, pue) * _pos("electricity_usd_per_kwh", electricity_usd_per_kwh, zero_ok=True)
+
+
+
+def capex_breakdown_usd(accelerator_usd: float, gpus: int, run_hours: float, lifetime_years: float,
+                        lifetime_utilisation: float = 1.0, *, server_usd_per_gpu: float = 0.0,
+                        network_usd_per_gpu: float = 0.0, facility_usd_per_kw: float = 0.0,
+                        facility_kw: float = 0.0, facility_lifetime_years: float = 15.0) -> dict[str, float]:
+    """CapEx charged to a run, by item (USD): accelerators, servers and network amortised over
+    ``lifetime_years``, the facility build-out (``facility_usd_per_kw x facility_kw``) over
+    ``facility_lifetime_years``; both at ``lifetime_utilisation``."""
+    share = amortisation_share(run_hours, lifetime_years, lifetime_utilisation)
+    n = _pos("gpus", gpus)
+    fac_share = amortisation_share(run_hours, facility_lifetime_years, lifetime_utilisation)
+    return {
+        "accelerators_usd": _pos("accelerator_usd", accelerator_usd, zero_ok=True) * n * share,
+        "servers_usd": _pos("server_usd_per_gpu", server_usd_per_gpu, zero_ok=True) * n * share,
+        "network_usd": _pos("network_usd_per_gpu", network_usd_per_gpu, zero_ok=True) * n * share,
+        "facility_usd": (_pos("facility_usd_per_kw", facility_usd_per_kw, zero_ok=True)
+                         * _pos("facility_kw", facility_kw, zero_ok=True) * fac_share),
+    }
+
+
+def capex_usd(accelerator_usd: float, gpus: int, run_hours: float, lifetime_years: float,
+              lifetime_utilisation: float = 1.0, **kw: float) -> float:
+    """Total CapEx charged to a run in USD (sum of :func:`capex_breakdown_usd`)."""
+    return sum(capex_breakdown_usd(accelerator_usd, gpus, run_hours, lifetime_years, lifetime_utilisation, **kw).values())
+
+
+def cloud_usd(gpu_hours: float, usd_per_gpu_hour: float) -> float:
+    """The cloud alternative view: GPU-hours x on-demand price, in USD."""
+    return _pos("gpu_hours", gpu_hours, zero_ok=True) * _pos("usd_per_gpu_hour", usd_per_gpu_hour, zero_ok=True)
+
+
+
+def _accelerator_price(spec: DeviceSpec, catalog_own: bool, flags: list[str]) -> "_c.Factor":
+    """The spec's launch price; else the table's price for the catalog name (a sibling's cited price) only
+    when ``spec`` is the catalog's own device; else the stated USD-per-TDP-watt rule (flagged)."""
+    if getattr(spec, "launch_price_usd", None) or catalog_own or spec.name not in _c._costs()["accelerator_price_fallback"]:
+        return _c.accelerator_price_usd(spec)
+    flags.append(_not_catalog_flag(spec, "fallback purchase price"))
+    per_w = _c.cost_defaults()["accelerator_usd_per_tdp_w"]
+    if not spec.tdp_w:
+        raise _c.CarbonDataError(
+            f"device {spec.name!r} has no launch_price_usd and no tdp_w; pass accelerator_price_usd explicitly")
+    return _c.Factor(per_w.value * float(spec.tdp_w), "USD",
+                     f"no price for this {spec.name} spec: {per_w.value:g} USD/W x TDP {spec.tdp_w:g} W ({per_w.source})",
+                     assumption=True)
+
+
+
+
+def accelerator_price_usd_of(spec: DeviceSpec, a: "LifecycleAssumptions", catalog_own: bool, flags: list[str],
+                             srcs: dict[str, str]) -> float:
+    """Purchase price of one accelerator (USD): given in ``a``, else the spec's launch price or a stated fallback
+    (:func:`_accelerator_price`; flagged when assumed). Appends to ``flags`` and ``srcs``."""
+    if a.accelerator_price_usd is not None:
+        price, srcs["accelerator_price_usd"] = a.accelerator_price_usd, "given"
+    else:
+        pf = _accelerator_price(spec, catalog_own, flags)
+        price, srcs["accelerator_price_usd"] = pf.value, pf.source
+        if pf.assumption:
+            flags.append(f"no launch price for {spec.name}: assumed USD {pf.value:,.0f}")
+    return price
+
+
+def cloud_usd_per_gpu_hour_of(spec: DeviceSpec, a: "LifecycleAssumptions", catalog_own: bool, flags: list[str],
+                              srcs: dict[str, str]) -> float | None:
+    """On-demand cloud price (USD per GPU-hour): given in ``a``, else the table's price for the catalog's own
+    device of that name, else None (unknown; flagged for a spec that merely reuses a catalog name). Appends to
+    ``flags`` and ``srcs``."""
+    if a.cloud_usd_per_gpu_hour is not None:
+        cph: float | None = a.cloud_usd_per_gpu_hour
+        srcs["cloud_usd_per_gpu_hour"] = "given"
+    else:
+        cf = _c.cloud_usd_per_gpu_hour(spec.name)
+        if cf is not None and not catalog_own:
+            flags.append(_not_catalog_flag(spec, f"cloud price (USD {cf.value:g}/GPU-h)")
+                         + "; cloud view unknown: give cloud_usd_per_gpu_hour")
+            cf = None
+        cph = None if cf is None else cf.value
+        if cf is not None:
+            srcs["cloud_usd_per_gpu_hour"] = cf.source
+    return cph

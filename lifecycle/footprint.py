@@ -1,0 +1,304 @@
+"""The footprint of one run: :func:`run_footprint` puts the energy and carbon (:mod:`.energy`), cost
+(:mod:`.cost`) and goodput (:mod:`.goodput`) formulas together for ``gpus`` accelerators for ``hours`` under one
+:class:`~wattcast.lifecycle.assumptions.LifecycleAssumptions` and returns a :class:`RunFootprint`.
+:func:`footprint` is the same calculation with the assumptions given as loose options (``pue=``, ``region=``, ...:
+what ``wattcast.footprint`` and a search's ``footprint_kw`` pass); :func:`footprint_from_step` and
+:func:`run_of_prediction` make a run of predicted steps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Union
+
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.lifecycle.assumptions import LifecycleAssumptions, assumptions_from_options
+from wattcast.lifecycle.checks import _count, _flag, _pos, _resolve, _utilisation, catalog_spec_matches, check_plausible
+from wattcast.lifecycle.cost import (accelerator_price_usd_of, capex_breakdown_usd, cloud_usd, cloud_usd_per_gpu_hour_of,
+                                     opex_usd)
+from wattcast.lifecycle.energy import (accelerator_power_w, amortisation_share, cci_kgco2e_per_pflop, embodied_kgco2e,
+                                       embodied_kgco2e_per_gpu_of, facility_energy_kwh, grid_kgco2e_per_kwh_of,
+                                       it_energy_kwh, node_power_w, operational_kgco2e, tcdp_kgco2e_h)
+from wattcast.lifecycle.goodput import run_goodput
+
+#: the keys of the ``run`` object (``wattcast predict --json``); other tools rely on exactly these
+RUN_KEYS = ("hours", "gpu_hours", "energy_mwh", "operational_tco2e", "embodied_tco2e", "total_tco2e",
+            "capex_usd", "opex_usd", "tco_usd", "goodput")
+
+PowerModel = Union[Callable[[float], float], float, int]
+
+
+# ================================================================================ results
+@dataclass(frozen=True)
+class RunFootprint:
+    """One run's lifecycle footprint. The first ten fields are the ``run`` object (:data:`RUN_KEYS`)."""
+
+    hours: float  # effective wall-clock hours (failure-free hours / goodput)
+    gpu_hours: float
+    energy_mwh: float  # facility energy (IT x PUE)
+    operational_tco2e: float
+    embodied_tco2e: float
+    total_tco2e: float
+    capex_usd: float
+    opex_usd: float
+    tco_usd: float
+    goodput: float
+    # ---- extras
+    device: str
+    gpus: int
+    ideal_hours: float  # failure-free hours as given
+    avg_power_w: float  # per accelerator, as given / modelled (before node overhead)
+    node_power_w: float  # per accelerator, incl. node overhead (what energy uses)
+    power_source: str
+    utilisation: float | None
+    it_energy_mwh: float
+    pue: float
+    grid_kgco2e_per_kwh: float
+    grid_basis: str  # location | market | explicit
+    grid_region: str | None
+    electricity_usd_per_kwh: float
+    embodied_kgco2e_per_gpu: float  # lifetime, not amortised
+    embodied_breakdown_kgco2e_per_gpu: Mapping[str, float]
+    amortisation_share: float
+    capex_breakdown_usd: Mapping[str, float]
+    cloud_usd: float | None
+    cloud_usd_per_gpu_hour: float | None
+    checkpoint_interval_s: float | None
+    system_mtbf_h: float | None
+    flops: float | None
+    cci_kgco2e_per_pflop: float | None
+    tcdp_kgco2e_h: float
+    flags: tuple[str, ...] = ()
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def energy_kwh(self) -> float:
+        return self.energy_mwh * 1000.0
+
+    @property
+    def energy_j(self) -> float:
+        """Facility energy of the whole run in joules."""
+        return self.energy_mwh * 3.6e9
+
+    def run_dict(self) -> dict[str, float]:
+        """Exactly the ``run`` keys of ``wattcast predict --json`` (:data:`RUN_KEYS`)."""
+        return {k: float(getattr(self, k)) for k in RUN_KEYS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (tuples as lists, mappings as dicts)."""
+        d = asdict(self)
+        d["flags"] = list(self.flags)
+        d["embodied_breakdown_kgco2e_per_gpu"] = dict(self.embodied_breakdown_kgco2e_per_gpu)
+        d["capex_breakdown_usd"] = dict(self.capex_breakdown_usd)
+        d["sources"] = dict(self.sources)
+        return d
+
+
+# ============================================================================== footprint
+def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions: LifecycleAssumptions | None = None, *,
+                  avg_power_w: float | None = None, power_model: PowerModel | None = None,
+                  utilisation: float | None = None, node_overhead_share: float | None = None,
+                  flops: float | None = None, apply_goodput: bool = True) -> RunFootprint:
+    """Lifecycle footprint of ``gpus`` x ``device`` running for ``hours`` under ``assumptions`` (default: the
+    shipped defaults; build one from CLI-style options with :func:`assumptions_from_options`).
+
+    - ``hours``: failure-free run time; with ``apply_goodput`` (default) the effective time is
+      ``hours / goodput`` (failures, checkpoints, restarts). Pass ``apply_goodput=False`` when ``hours``
+      is a measured wall-clock time (goodput is then reported as 1 and flagged).
+    - Power per accelerator, first of: ``avg_power_w`` (all-in system average per accelerator, the
+      Patterson convention: node overhead NOT added unless ``node_overhead_share`` is given);
+      ``power_model`` (GPU power: a number, or a callable ``f(utilisation) -> W`` called with
+      ``utilisation``; node overhead added); else ``default_power_fraction_of_tdp x TDP`` (flagged; node
+      overhead added). ``utilisation`` is a fraction of the compute peak, finite and in [0, 1] (0 is
+      meaningful: GPUs held but idle draw idle power); anything else is a ValueError naming it.
+    - ``node_overhead_share``: the node overhead added to this run's power (None: none on a given
+      ``avg_power_w``, ``assumptions.node_overhead_share`` on modelled power). The provisioned kW of the
+      facility CapEx always uses ``assumptions.node_overhead_share``.
+    - Grid: ``assumptions.grid_kgco2e_per_kwh`` (explicit) > ``assumptions.region`` (shipped table;
+      location-based, or market-based with ``market_based=True``) > world average (flagged).
+    - ``flops``: useful FLOPs of the run, for CCI.
+    """
+    # every parameter checked up front, so a message names what the caller gave (not an internal quantity)
+    if assumptions is not None and not isinstance(assumptions, LifecycleAssumptions):
+        raise ValueError(f"assumptions must be a LifecycleAssumptions, got {type(assumptions).__name__}")
+    if node_overhead_share is not None:
+        _pos("node_overhead_share", node_overhead_share, zero_ok=True)
+    if flops is not None:
+        _pos("flops", flops, zero_ok=True)
+    _flag("apply_goodput", apply_goodput)
+    gpus = _count("gpus", gpus)
+    ideal_h = _pos("hours", hours)
+    if avg_power_w is not None:
+        _pos("avg_power_w", avg_power_w)
+    # (``hours`` is not range-checked here: footprint_from_step passes the computed hours of a long run; the
+    # footprint command checks its --hours)
+    for k, v in dict(node_overhead_share=node_overhead_share, flops=flops, avg_power_w=avg_power_w).items():
+        check_plausible(k, v)
+    a = assumptions or LifecycleAssumptions()
+    spec = _resolve(device)
+    if utilisation is not None:  # a fraction of the compute peak, in [0, 1]; 0: GPUs held idle (idle power)
+        utilisation = _utilisation(utilisation)
+    flags: list[str] = []
+    srcs: dict[str, str] = {}
+
+    # ---- power per accelerator
+    p, share, how = accelerator_power_w(spec, a, flags, srcs, avg_power_w=avg_power_w, power_model=power_model,
+                                        utilisation=utilisation, node_overhead_share=node_overhead_share)
+    p_node = node_power_w(p, share)
+
+    # ---- goodput
+    g, interval, mtbf_s = run_goodput(a, gpus, apply_goodput, flags)
+
+    def too_large(what: str, v: float) -> None:
+        """Name the caller's hours / gpus / power when a product of them overflows (not an internal field)."""
+        if not math.isfinite(v):
+            raise ValueError(
+                f"hours={hours!r}, gpus={gpus} and {p_node:g} W per GPU are too large together: the run's {what} "
+                "overflows (not a finite number); check hours, gpus and avg_power_w / the power model")
+
+    too_large("power per GPU incl. node overhead", p_node)
+    eff_h = ideal_h / g
+    too_large("effective hours", eff_h)
+    try:
+        gpu_h = float(gpus) * eff_h
+    except OverflowError:  # more GPUs than a float holds
+        gpu_h = math.inf
+    too_large("GPU-hours", gpu_h)
+
+    # ---- energy and operational carbon
+    too_large("IT energy (kWh)", gpu_h * p_node / 1000.0 * a.pue)
+    e_it = it_energy_kwh(gpus, p_node, eff_h)
+    grid, basis, greg = grid_kgco2e_per_kwh_of(a, flags, srcs)
+    op_kg = operational_kgco2e(e_it, a.pue, grid)
+
+    # ---- embodied
+    share_h = amortisation_share(eff_h, a.lifetime_years, a.lifetime_utilisation)
+    per_gpu, breakdown = embodied_kgco2e_per_gpu_of(spec, a, flags, srcs)
+    emb_kg = embodied_kgco2e(per_gpu, gpus, eff_h, a.lifetime_years, a.lifetime_utilisation)
+    if share_h > 1:
+        flags.append(f"run uses {share_h:.2f} x the hardware's productive lifetime")
+
+    # ---- costs
+    catalog_own = catalog_spec_matches(spec)
+    price = accelerator_price_usd_of(spec, a, catalog_own, flags, srcs)
+    tdp_kw = (spec.tdp_w or p) * (1.0 + a.node_overhead_share) / 1000.0
+    capex = capex_breakdown_usd(price, gpus, eff_h, a.lifetime_years, a.lifetime_utilisation,
+                                server_usd_per_gpu=a.server_usd_per_gpu, network_usd_per_gpu=a.network_usd_per_gpu,
+                                facility_usd_per_kw=a.facility_usd_per_kw, facility_kw=gpus * tdp_kw,
+                                facility_lifetime_years=a.facility_lifetime_years)
+    cap = sum(capex.values())
+    opx = opex_usd(e_it, a.pue, a.electricity_usd_per_kwh)
+    cph = cloud_usd_per_gpu_hour_of(spec, a, catalog_own, flags, srcs)
+    srcs.update({k: v for k, v in a.sources().items() if k not in srcs and v})
+
+    for what, v in (("operational CO2e", op_kg), ("embodied CO2e", emb_kg), ("CapEx", cap), ("OpEx", opx),
+                    ("CapEx + OpEx", cap + opx), ("cloud cost", 0.0 if cph is None else gpu_h * cph)):
+        too_large(what, v)
+    total_kg = op_kg + emb_kg
+    too_large("total CO2e", total_kg)
+    too_large("carbon-delay product (kgCO2e x h)", total_kg * eff_h)
+    cci = None if not flops else cci_kgco2e_per_pflop(total_kg, flops)
+    if cci is not None and not math.isfinite(cci):
+        raise ValueError(f"flops={flops!r} is too small for the run's {total_kg:g} kgCO2e: carbon per PFLOP overflows")
+    return RunFootprint(
+        hours=eff_h, gpu_hours=gpu_h, energy_mwh=facility_energy_kwh(e_it, a.pue) / 1000.0,
+        operational_tco2e=op_kg / 1000.0, embodied_tco2e=emb_kg / 1000.0, total_tco2e=total_kg / 1000.0,
+        capex_usd=cap, opex_usd=opx, tco_usd=cap + opx, goodput=g,
+        device=spec.name, gpus=gpus, ideal_hours=ideal_h, avg_power_w=p, node_power_w=p_node, power_source=how,
+        utilisation=None if utilisation is None else float(utilisation), it_energy_mwh=e_it / 1000.0, pue=a.pue,
+        grid_kgco2e_per_kwh=grid, grid_basis=basis, grid_region=greg, electricity_usd_per_kwh=a.electricity_usd_per_kwh,
+        embodied_kgco2e_per_gpu=per_gpu, embodied_breakdown_kgco2e_per_gpu=breakdown, amortisation_share=share_h,
+        capex_breakdown_usd=capex, cloud_usd=None if cph is None else cloud_usd(gpu_h, cph), cloud_usd_per_gpu_hour=cph,
+        checkpoint_interval_s=interval if apply_goodput else None,
+        system_mtbf_h=None if mtbf_s is None else mtbf_s / 3600.0,
+        flops=None if flops is None else float(flops),
+        cci_kgco2e_per_pflop=cci,
+        tcdp_kgco2e_h=tcdp_kgco2e_h(total_kg, eff_h), flags=tuple(flags), sources=srcs,
+    )
+
+
+def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: float | None = None,
+              power_model: PowerModel | None = None, utilisation: float | None = None,
+              region: str | None = None, pue: float | None = None, grid_kgco2e_per_kwh: float | None = None,
+              flops: float | None = None, *, market_based: bool | None = None, lifetime_years: float | None = None,
+              electricity_usd_per_kwh: float | None = None, cloud_usd_per_gpu_hour: float | None = None,
+              node_overhead_share: float | None = None, apply_goodput: bool = True,
+              assumptions: LifecycleAssumptions | None = None) -> RunFootprint:
+    """:func:`run_footprint` with the assumptions given as options: ``region``, ``pue``, ``grid_kgco2e_per_kwh``,
+    ``market_based``, ``lifetime_years``, ``electricity_usd_per_kwh`` and ``cloud_usd_per_gpu_hour`` replace those
+    of ``assumptions`` (:func:`assumptions_from_options`; a bad one is a ValueError naming it); the other
+    parameters are :func:`run_footprint`'s."""
+    a = assumptions_from_options(assumptions, pue=pue, region=region, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
+                                 market_based=market_based, lifetime_years=lifetime_years,
+                                 electricity_usd_per_kwh=electricity_usd_per_kwh,
+                                 cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour)
+    return run_footprint(device, gpus, hours, a, avg_power_w=avg_power_w, power_model=power_model,
+                         utilisation=utilisation, node_overhead_share=node_overhead_share, flops=flops,
+                         apply_goodput=apply_goodput)
+
+
+def format_footprint(fp: RunFootprint) -> str:
+    """A short human-readable summary (what ``wattcast footprint`` without ``--json`` can print)."""
+    lines = [
+        f"{fp.gpus} x {fp.device}: {fp.hours:,.1f} h ({fp.ideal_hours:,.1f} h failure-free, goodput {fp.goodput:.3f}), "
+        f"{fp.gpu_hours:,.0f} GPU-h",
+        f"power {fp.avg_power_w:,.0f} W/GPU -> {fp.node_power_w:,.0f} W incl. node [{fp.power_source}]",
+        f"energy {fp.energy_mwh:,.2f} MWh (IT {fp.it_energy_mwh:,.2f} MWh x PUE {fp.pue:g})",
+        f"grid {fp.grid_kgco2e_per_kwh:.3f} kgCO2e/kWh ({fp.grid_basis}{', ' + fp.grid_region if fp.grid_region else ''})",
+        f"CO2e: operational {fp.operational_tco2e:,.2f} t + embodied {fp.embodied_tco2e:,.2f} t = {fp.total_tco2e:,.2f} t",
+        f"cost: CapEx ${fp.capex_usd:,.0f} + OpEx ${fp.opex_usd:,.0f} = TCO ${fp.tco_usd:,.0f}"
+        + (f"  (cloud on-demand view: ${fp.cloud_usd:,.0f} at ${fp.cloud_usd_per_gpu_hour:g}/GPU-h)" if fp.cloud_usd is not None else ""),
+    ]
+    if fp.cci_kgco2e_per_pflop is not None:
+        lines.append(f"CCI {fp.cci_kgco2e_per_pflop:.3g} kgCO2e/PFLOP; tCDP {fp.tcdp_kgco2e_h:,.0f} kgCO2e*h")
+    else:
+        lines.append(f"tCDP {fp.tcdp_kgco2e_h:,.0f} kgCO2e*h")
+    lines += [f"note: {f}" for f in fp.flags]
+    return "\n".join(lines)
+
+
+def footprint_from_step(device: str | DeviceSpec, gpus: int, *, step_time_ms: float, gpu_power_w: float, tokens: float,
+                        tokens_per_step: float, flops_per_step: float | None = None,
+                        assumptions: LifecycleAssumptions | None = None, **kw) -> RunFootprint:
+    """A training run of ``tokens`` tokens made of predicted steps: ``ceil(tokens / tokens_per_step)`` steps of
+    ``step_time_ms`` at ``gpu_power_w`` per GPU (the power surrogate's GPU-only average; node overhead is
+    added by :func:`run_footprint`) under ``assumptions``. ``kw``: options of :func:`footprint` (region, pue,
+    lifetime_years, node_overhead_share, ...), which replace those of ``assumptions``.
+    ``tokens``, ``tokens_per_step``, ``step_time_ms`` and ``gpu_power_w`` must be finite and above 0 (ValueError
+    naming the parameter)."""
+    tokens = _pos("tokens (run length in tokens, --tokens)", tokens)
+    tokens_per_step = _pos("tokens_per_step", tokens_per_step)
+    step_time_ms = _pos("step_time_ms", step_time_ms)
+    _pos("gpu_power_w", gpu_power_w)
+    if flops_per_step is not None:
+        flops_per_step = _pos("flops_per_step", flops_per_step, zero_ok=True)
+    n = tokens / tokens_per_step
+    if not math.isfinite(n):
+        raise ValueError(f"tokens={tokens!r} over tokens_per_step={tokens_per_step!r} gives too many steps to represent")
+    steps = math.ceil(n)
+    hours = steps * step_time_ms / 3.6e6
+    if not math.isfinite(hours):
+        raise ValueError(f"{steps:g} steps (tokens={tokens!r} / tokens_per_step={tokens_per_step!r}) of "
+                         f"step_time_ms={step_time_ms!r} overflow the run's hours; check tokens and step_time_ms")
+    flops = flops_per_step * steps if flops_per_step else None
+    if flops is not None and not math.isfinite(flops):
+        raise ValueError(f"flops_per_step={flops_per_step!r} x {steps:g} steps overflows the run's FLOPs; "
+                         "check tokens and flops_per_step")
+    if not kw:
+        return run_footprint(device, gpus, hours, assumptions, power_model=float(gpu_power_w), flops=flops)
+    return footprint(device, gpus, hours, power_model=float(gpu_power_w), flops=flops, assumptions=assumptions, **kw)
+
+
+def run_of_prediction(prediction, *, tokens: float, tokens_per_step: float, device: str | DeviceSpec | None = None,
+                      assumptions: LifecycleAssumptions | None = None, **kw) -> RunFootprint:
+    """The run of ``tokens`` tokens made of ``prediction``'s steps (a StepPrediction or DistributedPrediction):
+    its step time, average GPU power, GPU count and FLOPs per step; ``device`` (default: the prediction's) is the
+    spec whose price and embodied carbon are used; ``assumptions`` the lifecycle inputs (the CLI builds them from
+    its flags). ``kw``: options of :func:`footprint` (region, pue, lifetime_years, node_overhead_share, ...; None
+    values are dropped) that replace those of ``assumptions``. The CLI and the Python API both compute a run
+    through this function."""
+    kw = {k: v for k, v in kw.items() if v is not None}
+    return footprint_from_step(device if device is not None else prediction.device, int(getattr(prediction, "gpus", 1)),
+                               step_time_ms=prediction.step_time_ms, gpu_power_w=prediction.avg_power_w, tokens=tokens,
+                               tokens_per_step=tokens_per_step, flops_per_step=prediction.flops, assumptions=assumptions,
+                               **kw)
