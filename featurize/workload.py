@@ -132,11 +132,6 @@ def canonical_framework(f: str) -> str:
     return f
 
 
-#: the former private name, still imported by simulate/search.py (another branch's file): remove once it imports
-#: canonical_framework
-_framework = canonical_framework
-
-
 def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     from wattcast.featurize.hf_models import GENERATORS
 

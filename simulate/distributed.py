@@ -200,11 +200,6 @@ def model_config(model) -> HFConfig | None:
     return None
 
 
-#: the former private names, still imported by simulate/search.py (another branch's file): remove once it imports
-#: model_config and collective_model
-_model_config, _collective_model = model_config, collective_model
-
-
 #: global tokens of one step (batch x seq) a prediction takes: int64, what tables and JSON readers hold
 MAX_GLOBAL_TOKENS = 2**63 - 1
 

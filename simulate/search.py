@@ -174,7 +174,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     per cluster. Every row carries the step's energy (all GPUs, J), average power per GPU and its ``strategy``
     string (:mod:`wattcast.simulate.strategy`: ``predict_cluster(..., strategy=)`` gives the same figures). With
     ``tokens`` (a whole training run), fitting rows also get the run's lifecycle footprint
-    (:func:`wattcast.simulate.lifecycle.footprint_from_step`; ``footprint_kw``: region, pue,
+    (:func:`wattcast.lifecycle.footprint_from_step`; ``footprint_kw``: region, pue,
     lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour, ...): :data:`RUN_COLUMNS`.
 
     ``objective`` ranks the fitting rows: ``time`` (step time, the default), ``cost`` (the run's on-demand cloud
@@ -196,8 +196,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     region raise ValueError naming it before anything is evaluated. When nothing is evaluated (no strategy divides
     the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames with the usual
     columns and ``best`` is None."""
-    from wattcast.featurize.workload import _framework, is_onnx_path
-    from wattcast.simulate.distributed import _model_config
+    from wattcast.featurize.workload import canonical_framework, is_onnx_path
+    from wattcast.simulate.distributed import model_config
     from wattcast.simulate.strategy import format_strategy
 
     clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
@@ -230,13 +230,13 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                          "tp_comm_overlap")
     if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
         raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
-    framework = _framework(framework)
+    framework = canonical_framework(framework)
     # the model, every cluster and the run's region are resolved before the first evaluation: a typo in the last of
     # them is not found after minutes of work
     if is_onnx_path(model):
         raise ValueError("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face "
                          "config or a built-in name")
-    hf = _model_config(model)
+    hf = model_config(model)
     resolved = []
     for c in clusters:
         cl = resolve_cluster(c)
@@ -253,9 +253,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     run_cols = RUN_COLUMNS if tokens is not None else ()
     # the kernel bundle and the collective model once per search: no filesystem look-up per candidate
     from wattcast.models.kernel_bundle import load_bundle
-    from wattcast.simulate.distributed import _collective_model
+    from wattcast.simulate.distributed import collective_model
 
-    bundle, coll_model = load_bundle(), _collective_model()
+    bundle, coll_model = load_bundle(), collective_model()
     rows, bad = [], []
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
@@ -320,7 +320,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
 
 def _run_row(fp) -> dict:
-    """A search row's run figures from one :class:`~wattcast.simulate.lifecycle.RunFootprint`, with the source of
+    """A search row's run figures from one :class:`~wattcast.lifecycle.RunFootprint`, with the source of
     every price and intensity and whether it is the region's own."""
     src = fp.sources
     elec_src = src.get("electricity_usd_per_kwh", "")
@@ -429,12 +429,12 @@ def pareto_mask(df: pd.DataFrame, cols=("run_days", "run_cloud_usd", "run_tco2e"
     return out
 
 
-#: parameters of :func:`wattcast.simulate.lifecycle.footprint` that a search sets itself
+#: parameters of :func:`wattcast.lifecycle.footprint` that a search sets itself
 _FOOTPRINT_SET = ("device", "gpus", "hours", "power_model", "flops")
 
 
 def _check_footprint_kw(kw) -> None:
-    """``footprint_kw`` must map options of :func:`wattcast.simulate.lifecycle.footprint` (ValueError naming an
+    """``footprint_kw`` must map options of :func:`wattcast.lifecycle.footprint` (ValueError naming an
     unknown one and listing the valid ones)."""
     if kw is None:
         return
