@@ -235,94 +235,137 @@ class _Shapes:
 
 
     def _computed_shape(self, n, index: int = 0) -> tuple[int, ...] | None:
-        """Output shape of a shape-manipulating op from its input shapes and constant operands."""
-        op = n.op_type
+        """Output ``index``'s shape of a shape-manipulating op from its input shapes and constant operands
+        (see :data:`_SHAPE_RULES`), else None."""
+        rule = _SHAPE_RULES.get(n.op_type)
         ins = list(n.input)
+        s0 = self._shape(ins[0]) if ins and ins[0] else None
+        if rule is None or s0 is None:
+            return None
 
         def val(i):
             c = self._const(ins[i]) if len(ins) > i and ins[i] else None
             return None if c is None else [int(v) for v in np.asarray(c).reshape(-1)]
 
-        s0 = self._shape(ins[0]) if ins and ins[0] else None
-        if s0 is None:
-            return None
-        r = len(s0)
         try:
-            if op == "Reshape":
-                shape = val(1)
-                if shape is None:
-                    return None
-                shape = [s0[i] if v == 0 and i < r and not _attr(n, "allowzero", 0) else v for i, v in enumerate(shape)]
-                if shape.count(-1) == 1:
-                    shape[shape.index(-1)] = _numel_dims(s0) // max(1, _numel_dims([v for v in shape if v != -1]))
-                return tuple(shape) if _numel_dims(shape) == _numel_dims(s0) and min(shape, default=0) >= 0 else None
-            if op == "Flatten":
-                ax = int(_attr(n, "axis", 1)) % (r + 1)
-                return (_numel_dims(s0[:ax]), _numel_dims(s0[ax:]))
-            if op in ("Squeeze", "Unsqueeze"):
-                axes = _attr(n, "axes", None)
-                axes = list(axes) if axes is not None else val(1)
-                if op == "Unsqueeze":
-                    out_r = r + len(axes)
-                    axes = {a % out_r for a in axes}
-                    it = iter(s0)
-                    return tuple(1 if i in axes else next(it) for i in range(out_r))
-                axes = {a % r for a in axes} if axes else {i for i, d in enumerate(s0) if d == 1}
-                return tuple(d for i, d in enumerate(s0) if i not in axes)
-            if op == "Expand":
-                return tuple(np.broadcast_shapes(s0, tuple(val(1))))
-            if op == "Tile":
-                return tuple(d * t for d, t in zip(s0, val(1)))
-            if op == "Concat":
-                shapes = [self._shape(i) for i in ins if i]
-                ax = int(_attr(n, "axis", 0)) % r
-                return (*s0[:ax], sum(s[ax] for s in shapes), *s0[ax + 1:])
-            if op in ("Gather", "GatherElements"):
-                idx = self._shape(ins[1])
-                ax = int(_attr(n, "axis", 0)) % r
-                return tuple(idx) if op == "GatherElements" else (*s0[:ax], *idx, *s0[ax + 1:])
-            if op == "Slice":
-                if self.opset < 10:
-                    starts, ends, axes, steps = _attr(n, "starts"), _attr(n, "ends"), _attr(n, "axes", None), None
-                else:
-                    starts, ends, axes, steps = val(1), val(2), val(3), val(4)
-                axes = list(axes) if axes is not None else list(range(len(starts)))
-                steps = steps or [1] * len(starts)
-                sl = [slice(None)] * r
-                for a, b0, e, st in zip(axes, starts, ends, steps):
-                    sl[a % r] = slice(b0, e, st)
-                dummy = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), s0, (0,) * r, writeable=False)
-                return dummy[tuple(sl)].shape
-            if op == "Split":
-                ax = int(_attr(n, "axis", 0)) % r
-                sizes = list(_attr(n, "split", None) or val(1) or [])
-                if not sizes:
-                    parts = len([o for o in n.output])
-                    each = -(-s0[ax] // parts)
-                    sizes = [min(each, s0[ax] - i * each) for i in range(parts)]
-                return (*s0[:ax], sizes[index], *s0[ax + 1:])
-            if op == "Pad":
-                pads = list(_attr(n, "pads", None) or val(1))
-                axes = val(3) if len(ins) > 3 and ins[3] else list(range(r))
-                out = list(s0)
-                for j, a in enumerate(axes):
-                    out[a % r] += pads[j] + pads[j + len(axes)]
-                return tuple(out)
-            if op in _REDUCE_OPS and op.startswith(("Reduce", "Arg")):
-                keep = int(_attr(n, "keepdims", 1))
-                if op.startswith("Arg"):
-                    axes = [int(_attr(n, "axis", 0))]
-                else:
-                    axes = _attr(n, "axes", None)
-                    axes = list(axes) if axes is not None else val(1)
-                if not axes:
-                    if _attr(n, "noop_with_empty_axes", 0):
-                        return tuple(s0)
-                    axes = list(range(r))
-                axes = {a % r for a in axes}
-                return tuple((1 if i in axes else d) for i, d in enumerate(s0) if keep or i not in axes)
-            if op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
-                return (*s0[:2], *([1] * (r - 2)))
+            return rule(self, n, s0, val, index)
         except (TypeError, ValueError, IndexError, StopIteration, ZeroDivisionError):
             return None
+
+
+# ------------------------------------------------------------------ output shapes computed here
+# A rule ``(imp, n, s0, val, index)`` gets the importer, the node, its first input's shape and ``val(i)``, the
+# constant value of input ``i`` as a list of ints (None when unknown); it returns output ``index``'s shape or None.
+def _rule_reshape(imp, n, s0, val, index):
+    r = len(s0)
+    shape = val(1)
+    if shape is None:
         return None
+    shape = [s0[i] if v == 0 and i < r and not _attr(n, "allowzero", 0) else v for i, v in enumerate(shape)]
+    if shape.count(-1) == 1:
+        shape[shape.index(-1)] = _numel_dims(s0) // max(1, _numel_dims([v for v in shape if v != -1]))
+    return tuple(shape) if _numel_dims(shape) == _numel_dims(s0) and min(shape, default=0) >= 0 else None
+
+
+def _rule_flatten(imp, n, s0, val, index):
+    ax = int(_attr(n, "axis", 1)) % (len(s0) + 1)
+    return (_numel_dims(s0[:ax]), _numel_dims(s0[ax:]))
+
+
+def _rule_squeeze(imp, n, s0, val, index):
+    r = len(s0)
+    axes = _attr(n, "axes", None)
+    axes = list(axes) if axes is not None else val(1)
+    if n.op_type == "Unsqueeze":
+        out_r = r + len(axes)
+        axes = {a % out_r for a in axes}
+        it = iter(s0)
+        return tuple(1 if i in axes else next(it) for i in range(out_r))
+    axes = {a % r for a in axes} if axes else {i for i, d in enumerate(s0) if d == 1}
+    return tuple(d for i, d in enumerate(s0) if i not in axes)
+
+
+def _rule_expand(imp, n, s0, val, index):
+    return tuple(np.broadcast_shapes(s0, tuple(val(1))))
+
+
+def _rule_tile(imp, n, s0, val, index):
+    return tuple(d * t for d, t in zip(s0, val(1)))
+
+
+def _rule_concat(imp, n, s0, val, index):
+    shapes = [imp._shape(i) for i in n.input if i]
+    ax = int(_attr(n, "axis", 0)) % len(s0)
+    return (*s0[:ax], sum(s[ax] for s in shapes), *s0[ax + 1:])
+
+
+def _rule_gather(imp, n, s0, val, index):
+    idx = imp._shape(n.input[1])
+    ax = int(_attr(n, "axis", 0)) % len(s0)
+    return tuple(idx) if n.op_type == "GatherElements" else (*s0[:ax], *idx, *s0[ax + 1:])
+
+
+def _rule_slice(imp, n, s0, val, index):
+    r = len(s0)
+    if imp.opset < 10:
+        starts, ends, axes, steps = _attr(n, "starts"), _attr(n, "ends"), _attr(n, "axes", None), None
+    else:
+        starts, ends, axes, steps = val(1), val(2), val(3), val(4)
+    axes = list(axes) if axes is not None else list(range(len(starts)))
+    steps = steps or [1] * len(starts)
+    sl = [slice(None)] * r
+    for a, b0, e, st in zip(axes, starts, ends, steps):
+        sl[a % r] = slice(b0, e, st)
+    dummy = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), s0, (0,) * r, writeable=False)
+    return dummy[tuple(sl)].shape
+
+
+def _rule_split(imp, n, s0, val, index):
+    ax = int(_attr(n, "axis", 0)) % len(s0)
+    sizes = list(_attr(n, "split", None) or val(1) or [])
+    if not sizes:
+        parts = len([o for o in n.output])
+        each = -(-s0[ax] // parts)
+        sizes = [min(each, s0[ax] - i * each) for i in range(parts)]
+    return (*s0[:ax], sizes[index], *s0[ax + 1:])
+
+
+def _rule_pad(imp, n, s0, val, index):
+    r = len(s0)
+    ins = list(n.input)
+    pads = list(_attr(n, "pads", None) or val(1))
+    axes = val(3) if len(ins) > 3 and ins[3] else list(range(r))
+    out = list(s0)
+    for j, a in enumerate(axes):
+        out[a % r] += pads[j] + pads[j + len(axes)]
+    return tuple(out)
+
+
+def _rule_reduce(imp, n, s0, val, index):
+    r = len(s0)
+    keep = int(_attr(n, "keepdims", 1))
+    if n.op_type.startswith("Arg"):
+        axes = [int(_attr(n, "axis", 0))]
+    else:
+        axes = _attr(n, "axes", None)
+        axes = list(axes) if axes is not None else val(1)
+    if not axes:
+        if _attr(n, "noop_with_empty_axes", 0):
+            return tuple(s0)
+        axes = list(range(r))
+    axes = {a % r for a in axes}
+    return tuple((1 if i in axes else d) for i, d in enumerate(s0) if keep or i not in axes)
+
+
+def _rule_global_pool(imp, n, s0, val, index):
+    return (*s0[:2], *([1] * (len(s0) - 2)))
+
+
+#: op -> the rule computing its output shape (ops whose output ONNX shape inference may leave unknown)
+_SHAPE_RULES = {
+    "Reshape": _rule_reshape, "Flatten": _rule_flatten, "Squeeze": _rule_squeeze, "Unsqueeze": _rule_squeeze,
+    "Expand": _rule_expand, "Tile": _rule_tile, "Concat": _rule_concat, "Gather": _rule_gather,
+    "GatherElements": _rule_gather, "Slice": _rule_slice, "Split": _rule_split, "Pad": _rule_pad,
+    **{op: _rule_reduce for op in sorted(_REDUCE_OPS) if op.startswith(("Reduce", "Arg"))},
+    "GlobalAveragePool": _rule_global_pool, "GlobalMaxPool": _rule_global_pool, "GlobalLpPool": _rule_global_pool,
+}
