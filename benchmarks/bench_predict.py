@@ -61,7 +61,7 @@ def main() -> None:
     if args.onnx:
         import torch
 
-        from wattcast.featurize.onnx_import import graph_from_onnx
+        from wattcast.featurize.onnx import graph_from_onnx
 
         sys_path = Path(__file__).resolve().parents[1] / "examples"
         import sys

@@ -180,7 +180,7 @@ def _onnx_forward(path, opts: StepOptions) -> OpGraph:
     """An ONNX file's forward graph. Options the user gave that the file's fixed input dims cannot take are an
     error (a step at another batch or length would be a silently wrong number); the defaults only bind
     symbolic dims."""
-    from wattcast.featurize.onnx_import import graph_from_onnx
+    from wattcast.featurize.onnx import graph_from_onnx
 
     d = opts.with_default_shape()
     fwd = graph_from_onnx(path, batch=d.batch, seq=d.seq, dtype=opts.dtype, train=opts.mode == "train", dims=dict(opts.dims) or None)

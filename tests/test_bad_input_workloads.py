@@ -278,7 +278,7 @@ def test_onnx_graph_without_nodes(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    from wattcast.featurize.onnx_import import graph_from_onnx
+    from wattcast.featurize.onnx import graph_from_onnx
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])

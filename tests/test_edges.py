@@ -258,7 +258,7 @@ def _loop_model(trips: int | None):
 
 
 def test_onnx_loop_is_refused_naming_the_node_and_its_trip_count(tmp_path):
-    from wattcast.featurize.onnx_import import graph_from_onnx
+    from wattcast.featurize.onnx import graph_from_onnx
 
     onnx, m = _loop_model(1000)
     with pytest.raises(GraphError, match=r"node 'repeat_matmul' \(Loop\) runs a body subgraph 1,000 times.*1 MatMul"):
@@ -276,7 +276,7 @@ def test_onnx_if_is_refused_naming_the_node():
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    from wattcast.featurize.onnx_import import graph_from_onnx
+    from wattcast.featurize.onnx import graph_from_onnx
 
     F = TensorProto.FLOAT
 

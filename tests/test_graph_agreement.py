@@ -27,7 +27,7 @@ def nanogpt():
 
 @pytest.fixture(scope="module")
 def graphs(nanogpt, tmp_path_factory):
-    from wattcast.featurize.onnx_import import graph_from_onnx
+    from wattcast.featurize.onnx import graph_from_onnx
     from wattcast.featurize.torch_import import graph_from_module
     from wattcast.featurize.workload import StepOptions, step_graph
 

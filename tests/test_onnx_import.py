@@ -11,7 +11,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from wattcast.featurize.onnx_import import graph_from_onnx  # noqa: E402
+from wattcast.featurize.onnx import graph_from_onnx  # noqa: E402
 from wattcast.featurize.op_graph import GraphError  # noqa: E402
 from wattcast.featurize.training_graph import training_graph  # noqa: E402
 

@@ -1,0 +1,56 @@
+"""Import an ONNX model as a forward :class:`~wattcast.featurize.op_graph.OpGraph`.
+
+:func:`graph_from_onnx` walks the ONNX graph once (O(nodes)) and records one
+:class:`~wattcast.featurize.op_graph.GraphBuilder` call per kernel, so
+:func:`wattcast.featurize.training_graph.training_graph` can derive the training step from the result.
+
+Only shapes are needed, never weight values: the file is read with ``load_external_data=False`` (weights
+in a missing external-data file are fine), symbolic input dims are bound from ``batch``/``seq``/``dims``
+and ``onnx.shape_inference`` fills in every intermediate shape (what it misses -- shape arithmetic it
+cannot propagate -- is folded here with the ONNX reference ops on the small constant tensors).
+
+Mapping (ONNX op -> builder call):
+
+- MatMul with an initializer operand -> ``linear`` (a following ``Add`` of a 1-D initializer is fused as
+  its bias); MatMul of two activations -> ``matmul``; Gemm -> ``linear`` (``transB``, bias = ``C``);
+- Conv: 2-D, square input and kernel, one group, symmetric padding, no dilation -> ``conv2d``; any
+  other Conv / ConvTranspose -> ``opaque`` conv roofline with its real FLOPs;
+- elementwise ops -> ``elementwise`` with the nearest vocabulary kernel (Add/Sub/Mul/Div/Pow, Relu, Tanh,
+  Sigmoid, Exp, Sqrt, Neg, Gelu/FastGelu/BiasGelu; Reciprocal -> ``divu``; Erf, Sin, Cos -> ``tanh``;
+  Where/Max/Min -> ``where``/``maximum``/``minimum`` (costed as ``add``); comparisons -> ``sub``, no
+  gradient); an Erf-based GELU subgraph (x/sqrt2 -> Erf -> +1 -> *x -> *0.5) collapses into one ``gelu``;
+  Cast -> ``copy`` when it changes the dtype, free otherwise;
+- LayerNormalization / SimplifiedLayerNormalization / RMSNormalization (and the decomposed
+  ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div[-Mul-Add] LayerNorm and Pow-ReduceMean-Add-Sqrt-Div|Mul
+  RMSNorm patterns) -> ``layernorm``; Softmax / LogSoftmax -> ``softmax``;
+- Gather of an initializer -> ``embedding``; Gather of activations -> ``copy`` of the gathered size;
+- Transpose, Concat, Slice, Split, Expand, Tile, Pad, ... -> ``copy``; Reshape, Squeeze, Unsqueeze,
+  Flatten, Identity -> free views; Shape, Constant, ConstantOfShape and anything computed from constants
+  only -> no kernel (an inference runtime folds them);
+- ReduceMean / ReduceSum / ReduceMax ..., pooling, ArgMax, TopK, CumSum -> ``reduction``;
+  BatchNormalization -> one per-channel ``mul``; Group/InstanceNormalization -> ``layernorm`` over the
+  group; Dropout -> ``dropout`` (train mode only); Einsum -> ``opaque`` with its FLOPs;
+- com.microsoft fused ops: SkipLayerNormalization / SkipSimplifiedLayerNormalization -> ``add`` +
+  ``layernorm``; FusedMatMul -> ``linear``/``matmul``; FastGelu, BiasGelu, QuickGelu, BiasAdd -> ``elementwise``;
+- the attention core (MatMul -> (Div|Mul) -> (Add|Where mask) -> Softmax -> (Dropout) -> MatMul) is
+  tagged ``attn_core``; an opset-23 ``Attention`` op -> ``flash_attention``;
+- control flow (``Loop``, ``If``, ``Scan``: any node with a subgraph) -> :class:`GraphError` naming the node, its
+  trip count and its body: its subgraph is not costed, and one tiny op in its place would be a silently wrong step;
+- any other op -> ``opaque`` (0 FLOPs, bytes from its input/output shapes: costed by the roofline and
+  flagged) and counted in ``graph.meta["unmapped_ops"]``.
+
+Parameters are the float initializers an op uses as weights (GEMM/conv/embedding/norm weights, biases
+and other vectors added or multiplied into activations), each counted once: tied weights (an LM head
+reusing the embedding table, also when the exporter stored it as a transposed copy) are recognised from
+the ``torch.onnx`` node metadata or, when the weight values are in the file, by comparing the values.
+
+
+The package by concern: ``load`` reads the file and binds the symbolic dims, ``shapes`` infers shapes and folds
+constants, ``patterns`` recognises fused subgraphs, ``params`` counts parameters, ``ops`` holds the mapping
+tables and per-op handlers, ``assemble`` walks the model into the graph.
+"""
+
+from wattcast.featurize.onnx.assemble import graph_from_onnx
+from wattcast.featurize.onnx.load import BATCH_DIM_NAMES, SEQ_DIM_NAMES
+
+__all__ = ["graph_from_onnx", "BATCH_DIM_NAMES", "SEQ_DIM_NAMES"]

@@ -1,0 +1,360 @@
+"""Building the graph: the importer walks the prepared model once (O(nodes)), one handler per node, and
+:func:`graph_from_onnx` ties reading, dim binding, shape inference and the walk together."""
+
+from __future__ import annotations
+
+import re
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from wattcast.data.kernel_ops import canonical_dtype
+from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _Builder, _Static, _numel_dims,
+                                            _sanitize)
+from wattcast.featurize.onnx.load import (_bind_inputs, _declare_shape_only_weights, _fixed_batch_seq, _load,
+                                          _refuse_control_flow, _topo_order)
+from wattcast.featurize.onnx.ops import _Ops
+from wattcast.featurize.onnx.params import _Params, _is_buffer, _tied_by_value
+from wattcast.featurize.onnx.patterns import _Patterns
+from wattcast.featurize.onnx.shapes import _infer, _Shapes, _small_constants, _strip_weights
+from wattcast.featurize.op_graph import GraphError, OpGraph, Tensor
+
+_LAYER_RE = re.compile(r"(?:^|[./_])(?:h|layers|layer|blocks|block)[._](\d+)(?=$|[./_])")
+
+#: a handler meeting shapes it cannot cost raises one of these; the op is then costed by the roofline
+_HANDLER_ERRORS = (GraphError, ValueError, IndexError, TypeError, KeyError, ZeroDivisionError)
+
+#: constant-folded ops whose output still holds the values (a parameter) of its float inputs:
+#: a transposed / reshaped / concatenated / scaled weight; not cos(positions * inv_freq)
+_SOURCE_OPS = {"Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "CastLike", "Concat",
+               "Split", "Slice", "Gather", "Expand", "Tile", "Mul", "Div", "Add", "Sub", "Neg"}
+
+
+class _Importer(_Shapes, _Patterns, _Params, _Ops):
+    """One walk over a prepared model: the state (values, shapes, claimed parameters, matched patterns)
+    that the shape, pattern, parameter and op-handler mixins read and write, and the walk itself."""
+
+    def __init__(self, model, *, dtype: str | None, train: bool, name: str, tied: dict[str, str],
+                 consts: dict[str, np.ndarray]):
+        self.model = model
+        g = model.graph
+        self.g = g
+        self.nodes = _topo_order(g)
+        self.opset = max((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), default=13)
+        self.consts = consts
+        # initializers: shapes, element types
+        self.inits: dict[str, _Static] = {}
+        self.init_numel: dict[str, int] = {}
+        for t in g.initializer:
+            nm = t.name
+            shape = tuple(int(d) for d in t.dims)
+            isf = t.data_type in _FLOAT_TYPES and not _is_buffer(t)
+            self.inits[nm] = _Static(shape, frozenset({nm}) if isf else frozenset(), t.data_type)
+            self.init_numel[nm] = _numel_dims(shape)
+        for s in g.sparse_initializer:
+            shape = tuple(int(d) for d in s.dims)
+            nm = s.values.name
+            isf = s.values.data_type in _FLOAT_TYPES
+            self.inits[nm] = _Static(shape, frozenset({nm}) if isf else frozenset(), s.values.data_type)
+            self.init_numel[nm] = _numel_dims(shape)
+        # shapes and element types of every value
+        self.info: dict[str, tuple[int, tuple | None]] = {}
+        for vi in [*g.input, *g.value_info, *g.output]:
+            if vi.type.HasField("tensor_type"):
+                tt = vi.type.tensor_type
+                shape = None
+                if tt.HasField("shape"):
+                    shape = tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim)
+                self.info[vi.name] = (tt.elem_type, shape)
+        for nm, s in self.inits.items():
+            self.info[nm] = (s.elem, s.shape)
+        self.dtype = canonical_dtype(dtype) if dtype else self._model_dtype()
+        self.b = _Builder(self.dtype, train=train, name=name)
+        # bookkeeping
+        self.vals: dict[str, Tensor | _Static] = {}
+        self.rg: dict[str, bool] = {}  # requires grad (on the parameter-gradient path)
+        self.counted: set[str] = set()
+        self.claim_log: list[str] = []  # counted keys in claim order (to undo a failed handler)
+        self.alias_key: dict[str, str] = {k: _sanitize(v) for k, v in tied.items()}
+        self.unmapped: dict[str, int] = {}
+        self.fallback: dict[str, int] = {}
+        self.warnings: list[str] = []
+        self.unknown_shapes = 0
+        self.static_names: set[str] = set()
+        self.consumers: dict[str, list[int]] = {}
+        self.producer: dict[str, int] = {}
+        self.graph_outputs = {o.name for o in g.output}
+        for k, n in enumerate(self.nodes):
+            for i in n.input:
+                if i:
+                    self.consumers.setdefault(i, []).append(k)
+            for o in n.output:
+                if o:
+                    self.producer[o] = k
+        self._mark_static()
+        self._ref_cls: dict = {}
+        for n in self.nodes:  # constant shape arithmetic, so the pattern matchers see folded scalars
+            if all(o in self.static_names for o in n.output if o):
+                self._fold(n)
+        self.skip: set[int] = set()
+        self.fused: dict[int, tuple] = {}  # anchor node -> (kind, ...) of a collapsed subgraph
+        self.groups: dict[int, set[int]] = {}  # anchor node -> the nodes it stands for
+        self.attn: set[int] = set()
+        self.mask_adds: set[int] = set()
+        self.bias_of: dict[int, int] = {}  # MatMul node -> fused bias Add node
+        self._pre_gamma: dict[int, str] = {}
+        self._match_patterns()
+        self.layer_of, self.scope_of, self.n_layers = self._layers()
+
+
+    def _model_dtype(self) -> str:
+        weight: dict[str, int] = {}
+        for nm, s in self.inits.items():
+            if s.elem in _FLOAT_TYPES and s.elem != 11:
+                weight[_FLOAT_TYPES[s.elem]] = weight.get(_FLOAT_TYPES[s.elem], 0) + self.init_numel[nm]
+        if not weight:
+            for nm, (elem, _) in self.info.items():
+                if elem in _FLOAT_TYPES and elem != 11:
+                    weight[_FLOAT_TYPES[elem]] = weight.get(_FLOAT_TYPES[elem], 0) + 1
+        return max(weight, key=weight.get) if weight else "fp32"
+
+
+    @staticmethod
+    def _node_path(n) -> str:
+        """Module path of a node: from torch.onnx metadata (``namespace``) or the ``/a/b.3/op`` node name."""
+        for p in n.metadata_props:
+            if p.key == "namespace" and p.value:
+                mods = []
+                for part in p.value.split("/")[:-1]:  # the last component is the aten op
+                    path = part.split(":", 1)[0].strip()
+                    if path:
+                        mods.append(path)
+                if mods:
+                    return mods[-1]
+        name = n.name or ""
+        if "/" in name:
+            parts = [x for x in name.strip("/").split("/")[:-1] if x]
+            return ".".join(parts)
+        return name if _LAYER_RE.search(name) else ""
+
+
+    def _layers(self):
+        raw: list[int | None] = []
+        scopes: list[str] = []
+        for n in self.nodes:
+            path = self._node_path(n)
+            m = _LAYER_RE.search(path)
+            raw.append(int(m.group(1)) if m else None)
+            scopes.append(path)
+        idx = [k for k, r in enumerate(raw) if r is not None]
+        if not idx:
+            return [-1] * len(raw), scopes, 0
+        n_layers = max(r for r in raw if r is not None) + 1
+        first, last = idx[0], idx[-1]
+        out = []
+        cur = -1
+        for k, r in enumerate(raw):
+            if r is not None:
+                cur = r
+            elif k < first:
+                cur = -1
+            elif k > last:
+                cur = n_layers
+            elif not scopes[k] and k:  # an unnamed op inside a block: the scope of the op before it
+                scopes[k] = scopes[k - 1]
+            out.append(cur)
+        return out, scopes, n_layers
+
+
+    def _tensor(self, name: str) -> Tensor:
+        """The activation tensor of ``name`` (a static value becomes a graph-input tensor)."""
+        v = self.vals.get(name)
+        if isinstance(v, Tensor):
+            return v
+        shape = self._shape(name)
+        if shape is None:
+            shape = (1,)
+            self.unknown_shapes += 1
+        t = self.b.input(shape, self._tdtype(self._elem(name)))
+        return t
+
+
+    def _set(self, name: str, t: Tensor, rg: bool) -> None:
+        self.vals[name] = t
+        self.rg[name] = rg
+
+
+    def _view(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        shape = tuple(int(d) for d in shape)
+        if shape == x.shape:
+            return x
+        if _numel_dims(shape) == x.numel:
+            return self.b.view(x, shape)
+        return self.b.alias(shape, x.dtype, x.node)  # inconsistent shapes: keep the dependency, not the bytes
+
+
+    def _register_rest(self, n, first: Tensor | None, rg: bool) -> None:
+        """Outputs of ``n`` not yet defined: further outputs of the same kernel."""
+        for o in n.output:
+            if o and o not in self.vals:
+                shape = self._out_shape(o, first.shape if first is not None else None)
+                elem = self._elem(o)
+                if first is None:
+                    self.vals[o] = _Static(shape, frozenset(), elem)
+                else:
+                    self._set(o, self.b.alias(shape, self._tdtype(elem), first.node), rg)
+
+
+    def run(self, meta: dict) -> OpGraph:
+        g = self.g
+        for inp in g.input:
+            if inp.name in self.inits:
+                continue
+            shape = self._shape(inp.name)
+            if shape is None:
+                shape = (1,)
+                self.unknown_shapes += 1
+            self._set(inp.name, self.b.input(shape, self._tdtype(self._elem(inp.name))), False)
+        for nm, s in self.inits.items():
+            self.vals[nm] = s
+        for k, n in enumerate(self.nodes):
+            if k in self.skip:
+                continue
+            lay, scope = self.layer_of[k], self.scope_of[k]
+            with self.b.layer(lay, scope), (self.b.tag("attn_core") if k in self.attn else nullcontext()):
+                self._emit(k, n)
+        meta = dict(meta)
+        meta.update(source="onnx", n_layers=int(self.n_layers), unmapped_ops=dict(sorted(self.unmapped.items())),
+                    onnx_nodes=len(self.nodes), opset=int(self.opset))
+        if self.fallback:
+            meta["fallback_ops"] = dict(sorted(self.fallback.items()))
+        if self.unknown_shapes:
+            meta["unknown_shapes"] = int(self.unknown_shapes)
+        if self.warnings:
+            meta["warnings"] = self.warnings[:20]
+        return self.b.build(**meta)
+
+
+    def _emit(self, k: int, n) -> None:
+        if k in self.fused:
+            mark, counted = self.b.mark(), len(self.claim_log)
+            try:
+                self._emit_fused(k, n, n.name or f"{n.op_type}_{k}", self.fused[k])
+            except _HANDLER_ERRORS as e:  # emit the subgraph op by op instead
+                self._undo(n, mark, counted, e, "emitted op by op")
+                for j in sorted(self.groups[k]):
+                    self._emit_node(j, self.nodes[j])
+            return
+        self._emit_node(k, n)
+
+
+    def _undo(self, n, mark: tuple, counted: int, e: Exception, what: str) -> None:
+        """Forget what a failed handler recorded (kernels, claimed parameters, values) and say so."""
+        self.fallback[n.op_type] = self.fallback.get(n.op_type, 0) + 1
+        if len(self.warnings) < 20:
+            self.warnings.append(f"{n.name or n.op_type} ({n.op_type}): {type(e).__name__}: {e}; {what}")
+        for o in n.output:
+            self.vals.pop(o, None)
+        for key in self.claim_log[counted:]:
+            self.counted.discard(key)
+        del self.claim_log[counted:]
+        self.b.rollback(mark)
+
+
+    def _emit_node(self, k: int, n) -> None:
+        """One ONNX node through its handler; the roofline when nothing maps it or its handler fails."""
+        name = n.name or f"{n.op_type}_{k}"
+        ins = list(n.input)
+        outs = [o for o in n.output if o]
+        if outs and all(o in self.static_names for o in outs):
+            self._emit_static(n)
+            return
+        handler = self._handler(n.op_type, n) if n.domain in _DEFAULT_DOMAINS or n.domain == "com.microsoft" else None
+        if handler is None:
+            self._emit_unknown(k, n, name, ins, unmapped=True)
+            return
+        mark, counted = self.b.mark(), len(self.claim_log)
+        try:
+            handler(k, n, name, ins)
+        except _HANDLER_ERRORS as e:
+            self._undo(n, mark, counted, e, "costed by the roofline")
+            self._emit_unknown(k, n, name, ins, unmapped=False)
+            if k in self.bias_of:  # the bias Add fused into this MatMul
+                add = self.nodes[self.bias_of[k]]
+                self._emit_node(self.bias_of[k], add)
+
+
+    def _emit_static(self, n) -> None:
+        ins = [i for i in n.input if i]
+        srcs: frozenset = frozenset()
+        if n.op_type == "Identity" and ins and ins[0] in self.inits and self.inits[ins[0]].sources:
+            # torch.onnx (TorchScript) stores parameters with equal values once and re-creates each
+            # parameter name with an Identity: a distinct parameter
+            o = n.output[0]
+            self.init_numel[o] = self.init_numel[ins[0]]
+            srcs = frozenset({o})
+        elif n.op_type in _SOURCE_OPS:
+            for i in ins:
+                v = self.vals.get(i)
+                if isinstance(v, _Static):
+                    srcs |= v.sources
+        self._fold(n)
+        for o in n.output:
+            if o:
+                shape = self._shape(o)
+                if shape is None and o in self.consts:
+                    shape = tuple(self.consts[o].shape)
+                self.vals[o] = _Static(shape, srcs if self._is_float(o) else frozenset(), self._elem(o))
+
+
+def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None = None, dtype: str | None = None,
+                    train: bool = False, dims: dict[str, int] | None = None) -> OpGraph:
+    """The forward operator graph of an ONNX model (a path, a ``ModelProto`` or its bytes).
+
+    ``batch`` / ``seq`` bind symbolic input dims named like batch / sequence (see :data:`BATCH_DIM_NAMES`,
+    :data:`SEQ_DIM_NAMES`); ``dims`` binds any other symbolic dim by name (or ``"input:axis"`` for an
+    unnamed one). ``dtype`` overrides the dtype read from the model's float tensors; ``train`` turns on
+    dropout kernels. Weight values are never needed: external-data files may be missing.
+
+    ``graph.meta`` has ``source="onnx"``, ``param_count``, ``n_layers``, ``unmapped_ops`` (op type ->
+    count of the ops costed by the roofline because nothing maps them), ``dims`` (the bound symbolic
+    dims), ``batch`` / ``seq`` (None when the model's dims are fixed: the option is then listed in
+    ``ignored_options``), ``opset``, ``onnx_nodes`` and, when relevant, ``unknown_shapes`` (outputs whose
+    shape had to be guessed), ``fallback_ops`` (mapped ops whose handler failed: roofline, with
+    ``warnings``) and ``shape_only_weights``.
+    Raises :class:`GraphError` for a missing, corrupt or truncated file or an unbound symbolic dim.
+    """
+    if batch is not None and int(batch) <= 0:
+        raise GraphError(f"batch must be positive, got {batch}")
+    if seq is not None and int(seq) <= 0:
+        raise GraphError(f"seq must be positive, got {seq}")
+    model, where, base = _load(path_or_model)
+    if not len(model.graph.node):
+        raise GraphError(f"{where}: the ONNX graph has no nodes (nothing runs, so there is no step to predict); "
+                         "was the model exported empty or stripped?")
+    _refuse_control_flow(model, where)
+    shape_only = _declare_shape_only_weights(model)
+    tied = _tied_by_value(model)
+    consts = _small_constants(model)
+    _strip_weights(model)
+    env, used = _bind_inputs(model, batch, seq, dims)
+    inferred, err = _infer(model)
+    name = Path(where).stem if base is not None else (model.graph.name or "onnx_model")
+    imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts)
+    fixed = _fixed_batch_seq(model)
+    meta = dict(name=name, dims=env, producer=model.producer_name or "",
+                batch=batch if "batch" in used else fixed["batch"], seq=seq if "seq" in used else fixed["seq"])
+    if base is not None:
+        meta["path"] = str(base)
+    if err:
+        meta["shape_inference_error"] = err
+    if shape_only:
+        meta["shape_only_weights"] = shape_only  # declared in value_info only
+    # an option the fixed dims cannot take (one equal to the exported size is simply met)
+    ignored = [f"{o}={v}" for o, v in (("batch", batch), ("seq", seq))
+               if v is not None and o not in used and fixed[o] != int(v)]
+    if ignored:
+        meta["ignored_options"] = ignored  # the model's input dims are fixed
+    return imp.run(meta)

@@ -1,0 +1,82 @@
+"""What every part of the ONNX importer shares: element types, the value record, the builder hooks."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
+
+# ONNX TensorProto element types
+_FLOAT_TYPES = {1: "fp32", 10: "fp16", 16: "bf16", 11: "fp32"}  # FLOAT, FLOAT16, BFLOAT16, DOUBLE
+
+_ELEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 17: 1, 18: 1, 19: 1, 20: 1}
+
+_INT_NAMES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 12: "uint32", 13: "uint64"}
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass(frozen=True)
+class _Static:
+    """A value known before the run: initializers, constants, shapes, and anything computed from them only."""
+
+    shape: tuple[int | None, ...] | None
+    sources: frozenset  # float initializers it was computed from (parameter candidates)
+    elem: int  # ONNX element type (0 = unknown)
+
+
+class _Builder(GraphBuilder):
+    """GraphBuilder plus the three hooks an importer of arbitrary graphs needs (see the report)."""
+
+    def own_params(self, t: Tensor, n: int) -> None:
+        """Attribute ``n`` (possibly negative) more parameters to the node that produced ``t``."""
+        if n == 0:
+            return
+        if t.node < 0:
+            raise GraphError("parameters must belong to a kernel")
+        self._nodes[t.node].values["param_count"] += int(n)
+        self.add_params(n)
+
+    def link(self, t: Tensor, inputs: Iterable[Tensor]) -> None:
+        """Add data-dependency edges from ``inputs`` to the node that produced ``t``."""
+        if t.node < 0:
+            return
+        ins = self._nodes[t.node].inputs
+        for x in inputs:
+            if x.node >= 0 and x.node not in ins and x.node != t.node:
+                ins.append(x.node)
+
+    def mark(self) -> tuple:
+        return len(self._nodes), len(self._tensor_bytes), self.param_count, self.param_bytes
+
+    def rollback(self, mark: tuple) -> None:
+        """Forget the kernels recorded since ``mark`` (a handler that failed half-way)."""
+        n_nodes, n_tensors, self.param_count, self.param_bytes = mark
+        del self._nodes[n_nodes:]
+        del self._tensor_bytes[n_tensors:]
+
+    def alias(self, shape: Sequence[int], dtype: str, node: int) -> Tensor:
+        """A further output of the kernel ``node`` (or a stand-in of another shape for ``node``'s output)."""
+        return self._tensor(shape, dtype, node)
+
+
+def _numel_dims(dims) -> int:
+    return int(math.prod(int(d) for d in dims)) if len(dims) else 1
+
+
+def _sanitize(name: str) -> str:
+    """The ``torch.export`` placeholder of a parameter name (``h.0.attn.weight`` -> ``p_h_0_attn_weight``)."""
+    return "p_" + re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
+def _attr(node, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            import onnx
+
+            v = onnx.helper.get_attribute_value(a)
+            return v.decode() if isinstance(v, bytes) else v
+    return default
