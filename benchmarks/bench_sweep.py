@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sweep speed: the same sweep on a Dask LocalCluster with 1 worker and with 2 (and in-process), printed.
 
-    python3 benchmarks/bench_sweep.py [--gpus 8 16 32 64] [--max-configs 60]
+    python3 benchmarks/bench_sweep.py [--gpus 8 16 32 64] [--max-configs 60] [--models gpt2 llama3_8b] [--batch 256]
 
 GPT-2 and Llama 3 8B on DGX-A100 and DGX-H100 at each GPU count: one strategy search per task. Each run writes to a
 fresh folder; the Dask runs include starting the cluster (workers import wattcast and build their graphs once).
@@ -21,8 +21,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 16, 32, 64])
     ap.add_argument("--max-configs", type=int, default=60)
+    ap.add_argument("--models", nargs="+", default=["gpt2", "llama3_8b"])
+    ap.add_argument("--batch", type=int, default=256)
     a = ap.parse_args()
-    spec = dict(models=["gpt2", "llama3_8b"], clusters=["DGX-A100", "DGX-H100"], gpus=a.gpus, batch=256, seq=2048,
+    spec = dict(models=a.models, clusters=["DGX-A100", "DGX-H100"], gpus=a.gpus, batch=a.batch, seq=2048,
                 max_configs=a.max_configs)
     times = {}
     with tempfile.TemporaryDirectory() as tmp:
