@@ -113,7 +113,7 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
       meaningful: GPUs held but idle draw idle power); anything else is a ValueError naming it.
     - ``node_overhead_share``: the node overhead added to this run's power (None: none on a given
       ``avg_power_w``, ``assumptions.node_overhead_share`` on modelled power). The provisioned kW of the
-      facility CapEx always uses ``assumptions.node_overhead_share``.
+      facility CapEx uses the given share, else ``assumptions.node_overhead_share``.
     - Grid: ``assumptions.grid_kgco2e_per_kwh`` (explicit) > ``assumptions.region`` (shipped table;
       location-based, or market-based with ``market_based=True``) > world average (flagged).
     - ``flops``: useful FLOPs of the run, for CCI.
@@ -181,7 +181,9 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     # ---- costs
     catalog_own = catalog_spec_matches(spec)
     price = accelerator_price_usd_of(spec, a, catalog_own, flags, srcs)
-    tdp_kw = (spec.tdp_w or p) * (1.0 + a.node_overhead_share) / 1000.0
+    # the facility is provisioned for the node's power: a given node overhead counts there too
+    share_kw = a.node_overhead_share if node_overhead_share is None else node_overhead_share
+    tdp_kw = (spec.tdp_w or p) * (1.0 + share_kw) / 1000.0
     capex = capex_breakdown_usd(price, gpus, eff_h, a.lifetime_years, a.lifetime_utilisation,
                                 server_usd_per_gpu=a.server_usd_per_gpu, network_usd_per_gpu=a.network_usd_per_gpu,
                                 facility_usd_per_kw=a.facility_usd_per_kw, facility_kw=gpus * tdp_kw,

@@ -295,3 +295,13 @@ def test_run_footprint_takes_one_assumptions_object():
         assumptions_from_options(pue=120.0)
     with pytest.raises(ValueError, match="assumptions must be a LifecycleAssumptions"):
         run_footprint("h100", 8, 10.0, {"pue": 1.1})
+
+
+def test_a_given_node_overhead_share_provisions_the_facility_too():
+    # the facility is provisioned for N x TDP x (1 + share): a user's share counts there, not only in the run's power
+    import wattcast
+
+    base = wattcast.footprint("H100-SXM5-80GB", 8, 100.0).to_dict()["capex_breakdown_usd"]
+    more = wattcast.footprint("H100-SXM5-80GB", 8, 100.0, node_overhead_share=0.6).to_dict()["capex_breakdown_usd"]
+    assert more["facility_usd"] / base["facility_usd"] == pytest.approx(1.6 / 1.3)
+    assert more["accelerators_usd"] == base["accelerators_usd"]
