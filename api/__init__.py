@@ -70,7 +70,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
 #: the run options ``tokens=`` takes (as ``wattcast predict --tokens``)
 RUN_OPTIONS = ("region", "pue", "lifetime_years", "grid_kgco2e_per_kwh", "market_based", "electricity_usd_per_kwh",
-               "cloud_usd_per_gpu_hour", "node_overhead_share", "assumptions")
+               "cloud_usd_per_gpu_hour", "node_overhead_share", "assumptions", "mtbf_gpu_hours", "checkpoint_write_s")
 
 
 def _no_run_options(run_kw: dict) -> None:

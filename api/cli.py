@@ -29,6 +29,8 @@ app.add_typer(validate_app, name="validate")
 _PUE_OPTION = typer.Option(None, "--pue", help="Data-centre PUE (default 1.2).")
 _LIFETIME_OPTION = typer.Option(None, "--lifetime-years", help="Hardware lifetime for amortising embodied carbon and CapEx (default 5).")
 _GRID_OPTION = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region).")
+_MTBF_OPTION = typer.Option(None, "--mtbf-gpu-hours", help="Mean time between failures of one GPU, hours (the run's goodput: failures, restarts, checkpoints; default from the shipped assumptions).")
+_CHECKPOINT_OPTION = typer.Option(None, "--checkpoint-write-s", help="Seconds to write one checkpoint (Young/Daly interval and its cost; default from the shipped assumptions).")
 _CLOUD_OPTION = typer.Option(None, "--cloud-usd-per-gpu-hour", help="Cloud price per GPU-hour for the run's cloud cost (default: the table's on-demand price for a catalog GPU).")
 profile_app = typer.Typer(no_args_is_help=True, help="Import profiling files (or measure this machine's GPU) into measurement tables.")
 app.add_typer(profile_app, name="profile")
@@ -285,6 +287,8 @@ def predict(
     lifetime_years: Optional[float] = _LIFETIME_OPTION,
     grid_kgco2e_per_kwh: Optional[float] = _GRID_OPTION,
     cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
+    mtbf_gpu_hours: Optional[float] = _MTBF_OPTION,
+    checkpoint_write_s: Optional[float] = _CHECKPOINT_OPTION,
     dim: List[str] = typer.Option([], "--dim", help="Bind a symbolic ONNX input dim: NAME=VALUE (repeatable)."),
     pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
     pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="Transformer layers of the last pipeline stage (decoder_last_pipeline_num_layers)."),
@@ -304,9 +308,12 @@ def predict(
     from wattcast.featurize.op_graph import GraphError
 
     run_kw = dict(tokens=tokens, region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
-                  cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour)
-    if tokens is None and any(v is not None for v in (region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour)):
-        _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh/--cloud-usd-per-gpu-hour describe a run: give --tokens too")
+                  cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
+                  checkpoint_write_s=checkpoint_write_s)
+    if tokens is None and any(v is not None for v in (region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour,
+                                                      mtbf_gpu_hours, checkpoint_write_s)):
+        _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh/--cloud-usd-per-gpu-hour/--mtbf-gpu-hours/"
+              "--checkpoint-write-s describe a run: give --tokens too")
     if strategy is not None:
         if cluster is None:
             _fail("--strategy names a parallel strategy: it needs --cluster NAME|FILE")
@@ -578,6 +585,8 @@ def search(
     lifetime_years: Optional[float] = _LIFETIME_OPTION,
     grid_kgco2e_per_kwh: Optional[float] = _GRID_OPTION,
     cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
+    mtbf_gpu_hours: Optional[float] = _MTBF_OPTION,
+    checkpoint_write_s: Optional[float] = _CHECKPOINT_OPTION,
     objective: str = typer.Option("time", "--objective", help="Rank by: time (step time, default), cost (the run's on-demand cloud cost), tco (owned TCO), co2e or energy (the run's; without --tokens the step's energy). All but time and energy need --tokens."),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Keep runs whose cloud cost is at most this (USD; needs --tokens)."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Keep runs that finish within this many days, failures included (needs --tokens)."),
@@ -604,7 +613,8 @@ def search(
 
     _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top)
     run_opts = dict(region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
-                    cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour)
+                    cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
+                    checkpoint_write_s=checkpoint_write_s)
     if tokens is None:
         given = [f"--{k.replace('_', '-')}" for k, v in run_opts.items() if v is not None]
         given += [f for f, v in (("--max-usd", max_usd), ("--deadline-days", deadline_days), ("--max-tco2e", max_tco2e),

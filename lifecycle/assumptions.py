@@ -92,14 +92,16 @@ def assumptions_from_options(assumptions: LifecycleAssumptions | None = None, *,
                              region: str | None = None, grid_kgco2e_per_kwh: float | None = None,
                              market_based: bool | None = None, lifetime_years: float | None = None,
                              electricity_usd_per_kwh: float | None = None,
-                             cloud_usd_per_gpu_hour: float | None = None) -> LifecycleAssumptions:
+                             cloud_usd_per_gpu_hour: float | None = None, mtbf_gpu_hours: float | None = None,
+                             checkpoint_write_s: float | None = None) -> LifecycleAssumptions:
     """``assumptions`` (default: the shipped defaults) with the options that are not None put in its place: the
     object the CLI flags (``--pue``, ``--region``, ...) and the Python API's keywords describe. Each option is checked
     first, so a ValueError names the option as the caller gave it (``pue (--pue)``), not a field of the object."""
     if assumptions is not None and not isinstance(assumptions, LifecycleAssumptions):
         raise ValueError(f"assumptions must be a LifecycleAssumptions, got {type(assumptions).__name__}")
     given = dict(pue=pue, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years,
-                 electricity_usd_per_kwh=electricity_usd_per_kwh, cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour)
+                 electricity_usd_per_kwh=electricity_usd_per_kwh, cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour,
+                 mtbf_gpu_hours=mtbf_gpu_hours, checkpoint_write_s=checkpoint_write_s)
     for k, v in given.items():
         if v is not None:
             _pos(k, v, zero_ok=_FOOTPRINT_NUMBERS[k])

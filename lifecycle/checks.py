@@ -96,7 +96,7 @@ def check_plausible(name: str, v: float | None, prefix: str = "") -> None:
 
 _FOOTPRINT_NUMBERS = {"pue": False, "grid_kgco2e_per_kwh": True, "lifetime_years": False,
                       "electricity_usd_per_kwh": True, "cloud_usd_per_gpu_hour": True, "node_overhead_share": True,
-                      "flops": True}
+                      "flops": True, "mtbf_gpu_hours": False, "checkpoint_write_s": True}
 
 #: DeviceSpec fields that only cite or name a figure; two specs that differ only in these are one device
 _CITATION_FIELDS = ("aliases", "source", "sources", "schema_version", "launch_price_usd")

@@ -225,15 +225,17 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
               flops: float | None = None, *, market_based: bool | None = None, lifetime_years: float | None = None,
               electricity_usd_per_kwh: float | None = None, cloud_usd_per_gpu_hour: float | None = None,
               node_overhead_share: float | None = None, apply_goodput: bool = True,
-              assumptions: LifecycleAssumptions | None = None) -> RunFootprint:
+              assumptions: LifecycleAssumptions | None = None, mtbf_gpu_hours: float | None = None,
+              checkpoint_write_s: float | None = None) -> RunFootprint:
     """:func:`run_footprint` with the assumptions given as options: ``region``, ``pue``, ``grid_kgco2e_per_kwh``,
-    ``market_based``, ``lifetime_years``, ``electricity_usd_per_kwh`` and ``cloud_usd_per_gpu_hour`` replace those
-    of ``assumptions`` (:func:`assumptions_from_options`; a bad one is a ValueError naming it); the other
+    ``market_based``, ``lifetime_years``, ``electricity_usd_per_kwh``, ``cloud_usd_per_gpu_hour``, ``mtbf_gpu_hours``
+    (mean time between failures of one GPU, hours) and ``checkpoint_write_s`` replace those of ``assumptions`` (:func:`assumptions_from_options`; a bad one is a ValueError naming it); the other
     parameters are :func:`run_footprint`'s."""
     a = assumptions_from_options(assumptions, pue=pue, region=region, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                                  market_based=market_based, lifetime_years=lifetime_years,
                                  electricity_usd_per_kwh=electricity_usd_per_kwh,
-                                 cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour)
+                                 cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
+                                 checkpoint_write_s=checkpoint_write_s)
     return run_footprint(device, gpus, hours, a, avg_power_w=avg_power_w, power_model=power_model,
                          utilisation=utilisation, node_overhead_share=node_overhead_share, flops=flops,
                          apply_goodput=apply_goodput)

@@ -305,3 +305,28 @@ def test_a_given_node_overhead_share_provisions_the_facility_too():
     more = wattcast.footprint("H100-SXM5-80GB", 8, 100.0, node_overhead_share=0.6).to_dict()["capex_breakdown_usd"]
     assert more["facility_usd"] / base["facility_usd"] == pytest.approx(1.6 / 1.3)
     assert more["accelerators_usd"] == base["accelerators_usd"]
+
+
+def test_mtbf_and_checkpoint_flags_reach_the_run(tmp_path):
+    # fewer hours between failures and slower checkpoints: less goodput, a longer run; the same in the API and the CLI
+    import json
+
+    import wattcast
+    from conftest import run_cli
+
+    kw = dict(gpus=16, batch=32, seq=1024, tokens=1e9, tp=1, micro_batch=2)
+    base = wattcast.predict_cluster("gpt2", "DGX-H100", **kw).run
+    worse = wattcast.predict_cluster("gpt2", "DGX-H100", mtbf_gpu_hours=500.0, checkpoint_write_s=600.0, **kw).run
+    assert worse.goodput < base.goodput and worse.hours > base.hours
+    r = run_cli("predict", "-m", "gpt2", "--cluster", "DGX-H100", "--gpus", "16", "--batch", "32", "--seq", "1024",
+                "--tp", "1", "--micro-batch", "2", "--tokens", "1e9", "--mtbf-gpu-hours", "500",
+                "--checkpoint-write-s", "600", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["run"]["goodput"] == pytest.approx(worse.goodput, rel=1e-9)
+    r = run_cli("predict", "-m", "gpt2", "--device", "H100-SXM5-80GB", "--mtbf-gpu-hours", "500")
+    assert r.returncode == 2 and "--tokens" in r.stderr
+    with pytest.raises(ValueError, match="mtbf_gpu_hours"):
+        wattcast.predict_cluster("gpt2", "DGX-H100", mtbf_gpu_hours=-1.0, **kw)
+    s = wattcast.search("gpt2", "DGX-H100", 16, 32, 1024, tokens=1e9, max_configs=4,
+                        footprint_kw=dict(mtbf_gpu_hours=500.0, checkpoint_write_s=600.0))
+    assert s.best is not None and s.best["run_days"] > 0
