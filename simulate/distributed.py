@@ -33,7 +33,7 @@ from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_ops import DTYPE_BYTES
-from wattcast.featurize.hf_config import HFConfig, load_hf_config
+from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned
 from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.defaults import DEFAULTS
@@ -326,7 +326,13 @@ _SHORT_LAYERS = 3
 def _rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
     """(graph, n_rep, block_params): the step graph of ``model``; for uniform configs with more than 4 blocks
     a 3-block graph whose block 1 repeats ``n_rep`` = L-2 times, and the parameters of one block as the
-    builder counts them (some, e.g. RMSNorm weights, sit on no kernel node); else the whole graph, 1, 0."""
+    builder counts them (some, e.g. RMSNorm weights, sit on no kernel node); else the whole graph, 1, 0.
+    Inside a :func:`~wattcast.featurize.hf_config.pinned_files` block (a search) each (model, options) is looked up
+    once: the model object is held by the caller for the block, so its id names it."""
+    return pinned(("rank_graph", id(model), opts), lambda: _build_rank_graph(model, hf, opts))
+
+
+def _build_rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
     if hf is None or hf.family not in _UNIFORM_FAMILIES or hf.n_layers != hf.total_layers or hf.n_layers <= _SHORT_LAYERS + 1:
         return step_graph(model, opts), 1, 0
     small = replace(opts, batch=1, seq=8, mode="inference", tp=1, sp=False, ep=1, recompute="none", compile=False)

@@ -251,11 +251,12 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                  "(--cloud-usd-per-gpu-hour)")
         resolved.append((cl, spec))
     run_cols = RUN_COLUMNS if tokens is not None else ()
-    # the kernel bundle and the collective model once per search: no filesystem look-up per candidate
+    # the kernel bundle, the collective and the power model once per search: no filesystem look-up per candidate
     from wattcast.models.kernel_bundle import load_bundle
+    from wattcast.models.power import load_power_model
     from wattcast.simulate.distributed import collective_model
 
-    bundle, coll_model = load_bundle(), collective_model()
+    bundle, coll_model, power_model = load_bundle(), collective_model(), load_power_model()
     rows, bad = [], []
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
@@ -273,7 +274,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                     resolve_parallel(replace(par, gpus=gpus), **rules)
                     r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
                                             attention=attention, optimizer=optimizer, framework=framework, comm_split=False,
-                                            prune_oom=bool(prune_oom), bundle=bundle, coll_model=coll_model)
+                                            prune_oom=bool(prune_oom), bundle=bundle, coll_model=coll_model,
+                                            power_model=power_model)
                 except ParallelConfigError as e:
                     bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
                     if progress:  # a rejected candidate is done too: the bar reaches its total
