@@ -310,8 +310,7 @@ def predict(
     run_kw = dict(tokens=tokens, region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                   cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
                   checkpoint_write_s=checkpoint_write_s)
-    if tokens is None and any(v is not None for v in (region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour,
-                                                      mtbf_gpu_hours, checkpoint_write_s)):
+    if tokens is None and any(v is not None for v in run_kw.values()):
         _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh/--cloud-usd-per-gpu-hour/--mtbf-gpu-hours/"
               "--checkpoint-write-s describe a run: give --tokens too")
     if strategy is not None:

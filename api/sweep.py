@@ -185,12 +185,14 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
             resolve_cluster(c)
         except Exception as e:  # noqa: BLE001 - any failure to resolve is the spec's error, named
             raise SweepSpecError(f"{where}: cluster {c!r}: {e}") from None
+    from wattcast.featurize.workload import is_onnx_path
     from wattcast.simulate.distributed import model_config
 
     for m in spec.models:
         try:
-            model_config(m) if not str(m).lower().endswith(".onnx") else None
-            if str(m).lower().endswith(".onnx") and not Path(m).is_file():
+            if not is_onnx_path(m):
+                model_config(m)
+            elif not Path(m).is_file():
                 raise ValueError(f"no such ONNX file {m}")
         except Exception as e:  # noqa: BLE001
             raise SweepSpecError(f"{where}: model {m!r}: {e}") from None

@@ -491,15 +491,14 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     return Tensor(x.shape, out.dtype, out.node, out.tid)
 
 
-def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False, gemma: bool = False,
-          var: LlamaVariant | None = None) -> None:
-    """Llama / Mistral / Qwen2 (and Mixtral with ``moe``, Gemma with ``gemma``; Qwen3, Phi-3, Gemma 2 and 3 with
+def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False,
+          var: LlamaVariant = LlamaVariant()) -> None:
+    """Llama / Mistral / Qwen2 (and Mixtral with ``moe``; Gemma, Qwen3, Phi-3, Gemma 2 and 3 with
     ``var``, see :class:`LlamaVariant`) as Hugging Face runs them.
 
     Gemma differs by: the embedding scaled by sqrt(hidden) (one scalar multiply), a GeGLU MLP with the tanh
     GELU (``hidden_activation``, default ``gelu_pytorch_tanh``, whatever ``hidden_act`` says), RMSNorm weights
     applied as (1 + w) (a hidden-sized add, costed with the norm) and the LM head tied to the embedding."""
-    var = var or LlamaVariant(gemma=gemma)
     gemma = var.gemma
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
@@ -666,7 +665,7 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str)
 
 
 def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
-    llama(cfg, b, batch, seq, impl=impl, gemma=True)
+    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(gemma=True))
 
 
 def _opt_float(cfg: HFConfig, key: str) -> float | None:

@@ -104,8 +104,10 @@ def flash_attention_ms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray,
     exec_frac = np.where((kept < 1.0) & (s_q == s_kv), np.minimum(kept * (n_kv + 1.0) / n_kv, 1.0), kept)
     elems = bh * s_q * s_kv * exec_frac
     mma_flops = 4.0 * elems * d * np.where(bwd, BACKWARD_FLOP_RATIO, 1.0)
-    eff = np.array([FLASH_KERNELS[k].mma_efficiency("backward" if b else "forward") for k, b in zip(kernel, bwd)],
-                   dtype=float)
+    # one efficiency per (kernel class, phase), not per row
+    pairs, inv = np.unique(np.stack([kernel.astype(str), np.where(bwd, "backward", "forward")]), axis=1,
+                           return_inverse=True)
+    eff = np.array([FLASH_KERNELS[k].mma_efficiency(ph) for k, ph in pairs.T], dtype=float)[inv.ravel()]
     mma_s = mma_flops / (np.asarray(peak_tflops, dtype=float) * 1e12 * eff)
     softmax_s = elems * np.where(bwd, SOFTMAX_FP32_OPS["backward"], SOFTMAX_FP32_OPS["forward"]) / (fp32_tflops * 1e12)
     mem_s = np.asarray(io_bytes, dtype=float) / (memory_gbps * 1e9)

@@ -143,8 +143,15 @@ def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
     return table.iloc[inverse].reset_index(drop=True)
 
 
+def _peak_tflops(dtype: np.ndarray, spec: DeviceSpec, unknown: str) -> np.ndarray:
+    """The dense matrix peak (TFLOP/s) of each row's dtype (``unknown`` for a dtype wattcast does not know), looked
+    up once per distinct dtype."""
+    names, inv = np.unique(np.asarray(dtype, dtype=str), return_inverse=True)
+    return np.array([spec.peak_matrix_tflops(d if d in DTYPE_BYTES else unknown) for d in names], dtype=float)[inv.ravel()]
+
+
 def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec: DeviceSpec) -> np.ndarray:
-    peak = np.array([spec.peak_matrix_tflops(d if d in DTYPE_BYTES else "fp32") for d in dtype], dtype=float) * 1e12
+    peak = _peak_tflops(dtype, spec, "fp32") * 1e12
     return np.maximum(flops / peak, bytes_ / (spec.memory_bandwidth_gbps * 1e9)) * 1e3
 
 
@@ -157,7 +164,7 @@ def _flash_ms(f: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, dtype: np.
     # the graph's FLOPs are exact (half the square when causal): the share of the scores the mask keeps
     kept = flops / np.maximum(4.0 * B * M * N * K * np.where(bwd, BACKWARD_FLOP_RATIO, 1.0), 1.0)
     kernel = np.where(f["kernel"].astype(str).to_numpy() == "", DEFAULT_FLASH_KERNEL, f["kernel"].astype(str).to_numpy())
-    peak = np.array([spec.peak_matrix_tflops(d if d in DTYPE_BYTES else "bf16") for d in dtype], dtype=float)
+    peak = _peak_tflops(dtype, spec, "bf16")
     ms = flash_attention_ms(kernel=kernel, phase=np.where(bwd, "backward", "forward"), bh=B, s_q=M, s_kv=K,
                             head_dim=N, kept=kept, io_bytes=bytes_, peak_tflops=peak,
                             fp32_tflops=spec.peak_fp32_tflops, memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms)

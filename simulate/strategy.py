@@ -92,26 +92,20 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
 
     if cfg.dp is None or cfg.micro_batch is None:
         raise StrategyError("format_strategy needs a configuration with dp and micro_batch set (resolve it first)")
-    parts = [f"tp{cfg.tp}", f"pp{cfg.pp}", f"dp{cfg.dp}", f"cp{cfg.cp}", f"ep{cfg.ep}", f"mb{cfg.micro_batch}"]
+    ga = None
     if batch is not None:
         per = cfg.dp * cfg.micro_batch
         if batch % per:
             raise StrategyError(f"global batch {batch} is not a multiple of dp x micro-batch ({cfg.dp} x {cfg.micro_batch})")
-        parts.append(f"ga{batch // per}")
-    parts += [f"zero{cfg.zero}", f"v{cfg.interleave}"]
-    if cfg.sp:
-        parts.append("sp")
-    parts += [f"rc{cfg.recompute}", cfg.schedule]
+        ga = batch // per
+    # overlaps are written only where they differ from the framework's default
     defaults = overlap_defaults(canonical_framework(framework), tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
-    for tok, name in _OVERLAPS.items():
-        v = getattr(cfg, name)
-        if v is not None and bool(v) != defaults[name]:
-            parts.append(tok if v else f"no{tok}")
-    if cfg.pp_first_layers is not None:
-        parts.append(f"ppf{cfg.pp_first_layers}")
-    if cfg.pp_last_layers is not None:
-        parts.append(f"ppl{cfg.pp_last_layers}")
-    return "-".join(parts)
+    overlaps = {name: (None if getattr(cfg, name) is None or bool(getattr(cfg, name)) == defaults[name]
+                       else bool(getattr(cfg, name))) for name in _OVERLAPS.values()}
+    return format_given(Strategy(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, micro_batch=cfg.micro_batch, cp=cfg.cp, ep=cfg.ep,
+                                 grad_accum=ga, zero=cfg.zero, interleave=cfg.interleave, sp=bool(cfg.sp),
+                                 recompute=cfg.recompute, schedule=cfg.schedule, pp_first_layers=cfg.pp_first_layers,
+                                 pp_last_layers=cfg.pp_last_layers, **overlaps))
 
 
 def parse_strategy(text: str) -> Strategy:

@@ -133,9 +133,12 @@ def attach_calibration(bundle: KernelBundle, cal: dict[str, dict]) -> KernelBund
     from dataclasses import replace
 
     fams = {f: (replace(fm, logo=cal[f]) if f in cal else fm) for f, fm in bundle.families.items()}
-    meta = dict(bundle.meta, generation_calibration={"band_quantiles": list(BAND_QUANTILES),
-                                                      "families": sorted(cal)})
-    return KernelBundle(fams, meta)
+    return KernelBundle(fams, dict(bundle.meta, generation_calibration=_calibration_meta(cal)))
+
+
+def _calibration_meta(cal: dict[str, dict]) -> dict:
+    """What the manifest says of a calibration as a whole."""
+    return {"band_quantiles": list(BAND_QUANTILES), "families": sorted(cal)}
 
 
 def calibrate_folder(folder, data=None, holdout: tuple[str, ...] = ("L4", "A100-PCIe-80GB"), **kw) -> pd.DataFrame:
@@ -159,7 +162,7 @@ def calibrate_folder(folder, data=None, holdout: tuple[str, ...] = ("L4", "A100-
     manifest = json.loads(path.read_text(encoding="utf-8"))
     for fam, c in cal.items():
         manifest["families"][fam]["logo"] = c
-    manifest["generation_calibration"] = attach_calibration(bundle, cal).meta["generation_calibration"]
+    manifest["generation_calibration"] = _calibration_meta(cal)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)
