@@ -12,6 +12,7 @@ from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate
+from wattcast.models.power_derating import fp32_gemm_floor_ms, sustained_fp32_fraction
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras
 PRED_COLUMNS = ("pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood")
@@ -194,17 +195,32 @@ def _family_columns(fm, X: pd.DataFrame) -> list[str]:
 
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
     """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``."""
-    return _predict_features(featurize_kernels(canon, spec), bundle, canon["dtype"])
+    X = featurize_kernels(canon, spec)
+    return _predict_features(X, bundle, canon["dtype"], power_floor_ms=_power_floor_ms(X, canon["dtype"], spec))
+
+
+def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | None:
+    """The power-limited time of FP32 GEMMs on a board whose TDP cannot feed its FP32 lanes at boost clock
+    (:mod:`wattcast.models.power_derating`); None when the device is not power-limited."""
+    frac = sustained_fp32_fraction(spec.tdp_w, spec.peak_fp32_tflops, spec.process_node_nm)
+    if frac >= 1.0:
+        return None
+    fp32_gemm = (X["family"].to_numpy() == "gemm") & (np.asarray(dtype, dtype=object) == "fp32")
+    if not fp32_gemm.any():
+        return None
+    return np.where(fp32_gemm, fp32_gemm_floor_ms(X["flops"].to_numpy(), spec.peak_fp32_tflops, frac), 0.0)
 
 
 #: ood_reason from (shape_ood, device_ood): code = shape_ood + 2 x device_ood
 _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
 
-def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype) -> dict[str, object]:
+def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_ms: np.ndarray | None = None
+                      ) -> dict[str, object]:
     """The output columns for the featurised rows ``X`` (per-family surrogates + OOD check): arrays, and
     for the text columns ``model``/``ood_reason`` (codes, distinct strings). ``dtype`` (the rows' canonical
-    dtype names) picks each row's latency floor."""
+    dtype names) picks each row's latency floor; ``power_floor_ms`` (per row, 0 where none) is the power-limited
+    time no prediction goes below (:func:`_power_floor_ms`)."""
     fam = X["family"].to_numpy()
     t_roof = X["t_roof_ms"].to_numpy()
     n = len(X)
@@ -249,6 +265,16 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype) -> dict[str,
             floor = np.log(floor_ms / t_roof[m])
             p = np.maximum(p, floor)
             lo_m = np.maximum(lo_m, floor)
+        if power_floor_ms is not None:
+            pf = power_floor_ms[m]
+            capped = pf > 0
+            if capped.any():
+                # a power-limited board: the GEMM runs no faster than the FP32 rate its TDP sustains; the band moves
+                # with the prediction (the learned band is about the trees' error around what they predict)
+                lim = np.log(np.where(capped, pf, 1.0) / t_roof[m])
+                shift = np.where(capped, np.maximum(lim - p, 0.0), 0.0)
+                p = p + shift
+                lo_m = lo_m + shift
         lr[m] = p
         lo[m] = lo_m
         hi[m] = p + band[1] * widen + spread
