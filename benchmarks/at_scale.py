@@ -35,7 +35,7 @@ from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
 from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
 from wattcast.validation.mpt_validation import load_mpt, predict_mpt
 from wattcast.validation.source_anomalies import anomaly_evidence, anomaly_mask
-from wattcast.validation.step_breakdown import TERM_COLUMNS
+from wattcast.validation.step_breakdown import TERM_COLUMNS, knob_effects
 
 GOAL_MEDIAN_PCT = 5.0
 GOAL_MAX_PCT = 15.0
@@ -105,6 +105,26 @@ _ID_COLUMNS = {"vtrain": ["gpus", "batch", "micro_batch", "hidden", "layers", "t
                "mpt": ["model", "gpu", "seq", "gpus", "micro_batch", "grad_accum", "checkpointing"]}
 
 
+#: per source family, the knobs whose effect is compared (measured vs predicted ratio over rows that differ in that
+#: knob only) and the columns held fixed for each: where a term goes wrong, the knob that moves it shows a miss
+_KNOBS = {"vtrain": {"tp": ["gpus", "batch", "micro_batch", "hidden", "layers", "pp"],
+                     "pp": ["gpus", "batch", "micro_batch", "hidden", "layers", "tp"],
+                     "micro_batch": ["gpus", "batch", "hidden", "layers", "tp", "dp", "pp"]},
+          "mpt": {"gpus": ["model", "gpu", "seq", "checkpointing"],
+                  "seq": ["model", "gpu", "gpus", "checkpointing"]}}
+
+
+def knob_table(all_rows: pd.DataFrame) -> pd.DataFrame:
+    """Every source's knob effects (validation.step_breakdown.knob_effects) in one table."""
+    out = []
+    for src, g in all_rows.groupby("source", sort=False):
+        for knob, hold in _KNOBS["mpt" if src.startswith("mpt") else "vtrain"].items():
+            k = knob_effects(g, knob, hold).rename(columns={f"{knob}_from": "from", f"{knob}_to": "to"})
+            out.append(k.assign(source=src, knob=knob))
+    t = pd.concat(out, ignore_index=True)
+    return t[["source", "knob", "from", "to", "pairs", "measured_ratio", "predicted_ratio", "miss"]]
+
+
 def worst_rows(all_rows: pd.DataFrame, limit_pct: float = GOAL_MAX_PCT) -> dict[str, pd.DataFrame]:
     """Per source, the rows beyond ``limit_pct`` with the measurement, the prediction and every term (ms)."""
     out = {}
@@ -137,6 +157,11 @@ def main() -> None:
         print(f"{src}: {len(w)} row(s) beyond {GOAL_MAX_PCT:g}%, with the predicted step's terms (ms; per stage)")
         print(w.round(1).to_string(index=False))
         print()
+    knobs = knob_table(all_rows)
+    print("one knob at a time: step-time ratio measured vs predicted over rows that differ only in it "
+          "(miss = predicted / measured ratio, median; 1 = the prediction follows the knob)")
+    print(knobs.round(3).to_string(index=False))
+    print()
     print("rows the sources show to be inconsistent with their neighbours (validation/source_anomalies.py):")
     print(evidence.round(3).to_string(index=False))
     print()
@@ -155,7 +180,7 @@ def main() -> None:
                    for m in ("median_abs_pct", "max_abs_pct", "signed_mean_pct", "refused_oom")}
         run_id = log_run(a.mlruns, experiment="at-scale", params={"sample": str(a.sample)}, metrics=metrics,
                          tags={"kind": "at-scale"}, tables={"at_scale_summary": t, "published_runs": pub,
-                                                            "source_anomalies": evidence,
+                                                            "source_anomalies": evidence, "knob_effects": knobs,
                                                             **{"worst_" + re.sub(r"\W+", "_", k).strip("_"): v for k, v in worst.items()}})
         print(f"MLflow run {run_id} (experiment at-scale)")
 

@@ -66,3 +66,17 @@ def test_listed_anomalies_hold_on_the_sources(data_root):
     hi = ev["value"] > ev["others_max"]
     assert (lo | hi).all(), ev
     assert anomaly_mask(multi, "vtrain-multi").sum() == 1 and anomaly_mask(mpt, "mpt").sum() == 4
+
+
+def test_knob_effects_ratio_and_miss():
+    from wattcast.validation.step_breakdown import knob_effects
+
+    rows = pd.DataFrame({"model": ["a", "a", "b", "b", "b"], "tp": [1, 2, 1, 2, 4], "status": ["ok"] * 4 + ["graph: x"],
+                         "measured_ms": [100.0, 60.0, 200.0, 100.0, 1.0], "predicted_ms": [100.0, 50.0, 200.0, 100.0, 1.0]})
+    t = knob_effects(rows, "tp", ["model"])
+    assert t[["tp_from", "tp_to"]].values.tolist() == [[1, 2]]  # the failed TP4 row pairs with nothing
+    r = t.iloc[0]
+    assert r["pairs"] == 2 and r["measured_ratio"] == pytest.approx(0.55) and r["predicted_ratio"] == pytest.approx(0.5)
+    assert r["miss"] == pytest.approx((0.5 / 0.6 + 1.0) / 2)
+    with pytest.raises(ValueError, match=r"no column\(s\) \['seq'\]"):
+        knob_effects(rows, "tp", ["seq"])

@@ -15,6 +15,8 @@ the terms leave unexplained (negative where overlapping terms are counted twice)
 
 from __future__ import annotations
 
+import pandas as pd
+
 #: op classes of the rank graph reported as "attention": the score and value batched GEMMs, softmax and the fused
 #: kernels (eager attention's mask and dropout sit in elementwise / dropout with the other layers' ones)
 ATTENTION_CLASSES = ("bmm", "softmax", "flash_attention")
@@ -45,3 +47,27 @@ def step_terms(p, iteration_ms: float = 0.0) -> dict:
     listed = sum(v for k, v in out.items() if k not in ("n_micro", "launch_gap_ms"))  # launch gaps sit inside the kernels
     out["other_ms"] = float(p.step_time_ms) - listed
     return out
+
+
+def knob_effects(rows: pd.DataFrame, knob: str, hold: list[str]) -> pd.DataFrame:
+    """What one knob does to the measurement and to the prediction: for every pair of predicted rows (status "ok")
+    that agree on every column of ``hold`` and differ in ``knob``, the step-time ratio measured and predicted; per
+    (knob from, knob to), the pairs, the median of each ratio and ``miss`` = the median of predicted / measured ratio
+    (1 when the prediction follows the knob; e.g. 0.7: the measurement grows 1/0.7 times more than predicted).
+    Other columns that follow from the knob (DP when TP changes at a fixed GPU count) are left free."""
+    missing = [c for c in [knob, *hold, "measured_ms", "predicted_ms"] if c not in rows.columns]
+    if missing:
+        raise ValueError(f"knob_effects: the rows have no column(s) {missing}")
+    ok = rows[rows["status"] == "ok"][[knob, *hold, "measured_ms", "predicted_ms"]]
+    m = ok.merge(ok, on=hold, suffixes=("_a", "_b"))
+    m = m[m[f"{knob}_a"] < m[f"{knob}_b"]]
+    if m.empty:
+        return pd.DataFrame(columns=[f"{knob}_from", f"{knob}_to", "pairs", "measured_ratio", "predicted_ratio", "miss"])
+    meas = m["measured_ms_b"] / m["measured_ms_a"]
+    pred = m["predicted_ms_b"] / m["predicted_ms_a"]
+    t = pd.DataFrame({f"{knob}_from": m[f"{knob}_a"], f"{knob}_to": m[f"{knob}_b"], "measured_ratio": meas,
+                      "predicted_ratio": pred, "miss": pred / meas})
+    g = t.groupby([f"{knob}_from", f"{knob}_to"])
+    out = g.median()
+    out.insert(0, "pairs", g.size())
+    return out.reset_index()
