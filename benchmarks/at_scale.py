@@ -14,13 +14,18 @@ rows, see ``fit_framework_overhead.py``):
   a second row reads them with today's FlashAttention-2 class, to show what that assumption is worth).
 
 Per source: rows, median and max |error| %, signed mean %, and how many configurations that ran were predicted
-not to fit (refused as out of memory by the CLI). The goal of the Megatron-Core issue: median <= 5%, none > 15%,
+not to fit (refused as out of memory by the CLI). Each vTrain/MPT source is reported twice: all rows, and without
+the rows the source itself shows to be inconsistent with their neighbours (``validation/source_anomalies.py``; the
+evidence is printed). Every row beyond 15% is printed with its per-term breakdown (``validation/step_breakdown.py``:
+GEMMs, attention, other kernels, exposed TP/DP/PP/CP communication, bubble, optimizer, host overheads) next to the
+measurement (``--rows-csv`` writes every row with its terms). The goal of the Megatron-Core issue: median <= 5%, none > 15%,
 no published configuration refused. Logged to MLflow (experiment ``at-scale``) unless ``--no-mlflow``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 import numpy as np
@@ -29,6 +34,8 @@ import pandas as pd
 from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
 from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
 from wattcast.validation.mpt_validation import load_mpt, predict_mpt
+from wattcast.validation.source_anomalies import anomaly_evidence, anomaly_mask
+from wattcast.validation.step_breakdown import TERM_COLUMNS, knob_effects
 
 GOAL_MEDIAN_PCT = 5.0
 GOAL_MAX_PCT = 15.0
@@ -54,8 +61,9 @@ def published_rows(data) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def at_scale_table(data=None, sample: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-source statistics, the published runs row by row)."""
+def at_scale_table(data=None, sample: int | None = None, *, rows: bool = False):
+    """(per-source statistics, the published runs row by row) and, with ``rows``, also (every vTrain/MPT row with
+    its prediction, terms and anomaly flag, the anomaly evidence)."""
     pub = published_rows(data)
     out = []
     for reading in ("micro-batch 1", "fastest fitting"):
@@ -64,8 +72,14 @@ def at_scale_table(data=None, sample: int | None = None) -> tuple[pd.DataFrame, 
     _, single = fit_split(load_vtrain(data, "single"))
     multi = load_vtrain(data, "multi")
     mpt = load_mpt(data)
+    # the evidence is computed on the whole source, before any sampling
+    evidence = pd.concat([anomaly_evidence(multi, "vtrain-multi"), anomaly_evidence(mpt, "mpt")], ignore_index=True)
+    multi = multi.assign(source_anomaly=anomaly_mask(multi, "vtrain-multi"))
+    mpt = mpt.assign(source_anomaly=anomaly_mask(mpt, "mpt"))
+    single = single.assign(source_anomaly=False)
     if sample:
         single, multi, mpt = (d.sample(n=min(sample, len(d)), random_state=0) for d in (single, multi, mpt))
+    all_rows = []
     for name, pred in (("vtrain-single (evaluation half)", predict_vtrain(single, recompute=VTRAIN_RECOMPUTE["single"])),
                        ("vtrain-multi", predict_vtrain(multi, recompute=VTRAIN_RECOMPUTE["multi"])),
                        ("mpt", predict_mpt(mpt)),
@@ -74,9 +88,53 @@ def at_scale_table(data=None, sample: int | None = None) -> tuple[pd.DataFrame, 
         ok = pred[pred["status"] == "ok"]
         refused = int((~ok["fits"].astype(bool)).sum()) if "fits" in ok else 0
         out.append(_stats(name, ok["error_pct"], refused))
+        odd = ok["source_anomaly"].astype(bool)
+        if odd.any():
+            clean = ok[~odd]
+            out.append(_stats(f"{name} without source anomalies", clean["error_pct"], int((~clean["fits"].astype(bool)).sum())))
+        all_rows.append(pred.assign(source=name))
     t = pd.DataFrame(out)
     t["goal_met"] = (t["median_abs_pct"] <= GOAL_MEDIAN_PCT) & (t["max_abs_pct"] <= GOAL_MAX_PCT) & (t["refused_oom"] == 0)
+    if rows:
+        return t, pub, pd.concat(all_rows, ignore_index=True), evidence
     return t, pub
+
+
+#: columns that identify a row in the over-15% listing, per source family
+_ID_COLUMNS = {"vtrain": ["gpus", "batch", "micro_batch", "hidden", "layers", "tp", "dp", "pp"],
+               "mpt": ["model", "gpu", "seq", "gpus", "micro_batch", "grad_accum", "checkpointing"]}
+
+
+#: per source family, the knobs whose effect is compared (measured vs predicted ratio over rows that differ in that
+#: knob only) and the columns held fixed for each: where a term goes wrong, the knob that moves it shows a miss
+_KNOBS = {"vtrain": {"tp": ["gpus", "batch", "micro_batch", "hidden", "layers", "pp"],
+                     "pp": ["gpus", "batch", "micro_batch", "hidden", "layers", "tp"],
+                     "micro_batch": ["gpus", "batch", "hidden", "layers", "tp", "dp", "pp"]},
+          "mpt": {"gpus": ["model", "gpu", "seq", "checkpointing"],
+                  "seq": ["model", "gpu", "gpus", "checkpointing"]}}
+
+
+def knob_table(all_rows: pd.DataFrame) -> pd.DataFrame:
+    """Every source's knob effects (validation.step_breakdown.knob_effects) in one table."""
+    out = []
+    for src, g in all_rows.groupby("source", sort=False):
+        for knob, hold in _KNOBS["mpt" if src.startswith("mpt") else "vtrain"].items():
+            k = knob_effects(g, knob, hold).rename(columns={f"{knob}_from": "from", f"{knob}_to": "to"})
+            out.append(k.assign(source=src, knob=knob))
+    t = pd.concat(out, ignore_index=True)
+    return t[["source", "knob", "from", "to", "pairs", "measured_ratio", "predicted_ratio", "miss"]]
+
+
+def worst_rows(all_rows: pd.DataFrame, limit_pct: float = GOAL_MAX_PCT) -> dict[str, pd.DataFrame]:
+    """Per source, the rows beyond ``limit_pct`` with the measurement, the prediction and every term (ms)."""
+    out = {}
+    for src, g in all_rows[all_rows["status"] == "ok"].groupby("source", sort=False):
+        bad = g[g["error_pct"].abs() > limit_pct].sort_values("error_pct")
+        if bad.empty:
+            continue
+        ids = _ID_COLUMNS["mpt" if src.startswith("mpt") else "vtrain"]
+        out[src] = bad[ids + ["measured_ms", "predicted_ms", "error_pct", "source_anomaly", *TERM_COLUMNS]]
+    return out
 
 
 def main() -> None:
@@ -85,12 +143,30 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=None, help="predict at most N rows of each vTrain/MPT set")
     ap.add_argument("--mlruns", default="mlruns")
     ap.add_argument("--no-mlflow", action="store_true")
+    ap.add_argument("--rows-csv", default=None, help="write every vTrain/MPT row with its prediction and terms here")
     a = ap.parse_args()
     t0 = time.time()
-    t, pub = at_scale_table(a.data, a.sample)
-    pd.set_option("display.width", 200)
+    t, pub, all_rows, evidence = at_scale_table(a.data, a.sample, rows=True)
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 40)
+    pd.set_option("display.max_colwidth", 70)
     print(pub.round(1).to_string(index=False))
     print()
+    worst = worst_rows(all_rows)
+    for src, w in worst.items():
+        print(f"{src}: {len(w)} row(s) beyond {GOAL_MAX_PCT:g}%, with the predicted step's terms (ms; per stage)")
+        print(w.round(1).to_string(index=False))
+        print()
+    knobs = knob_table(all_rows)
+    print("one knob at a time: step-time ratio measured vs predicted over rows that differ only in it "
+          "(miss = predicted / measured ratio, median; 1 = the prediction follows the knob)")
+    print(knobs.round(3).to_string(index=False))
+    print()
+    print("rows the sources show to be inconsistent with their neighbours (validation/source_anomalies.py):")
+    print(evidence.round(3).to_string(index=False))
+    print()
+    if a.rows_csv:
+        all_rows.to_csv(a.rows_csv, index=False)
     print(t.round(2).to_string(index=False))
     print(f"goal per source: median <= {GOAL_MEDIAN_PCT:g}%, none > {GOAL_MAX_PCT:g}%, nothing that ran refused as OOM; "
           f"met by {int(t['goal_met'].sum())} of {len(t)} ({time.time() - t0:.0f} s)")
@@ -98,12 +174,14 @@ def main() -> None:
         from wattcast.training.tracking import log_run
 
         key = {r.source: r.source.split(" ")[0].replace("-", "_") + ("_tuned" if "fastest" in r.source else "")
-               + ("_fa2" if "FlashAttention-2" in r.source else "")
+               + ("_fa2" if "FlashAttention-2" in r.source else "") + ("_clean" if "without source" in r.source else "")
                for r in t.itertuples()}
         metrics = {f"{key[r.source]}_{m}": float(getattr(r, m)) for r in t.itertuples()
                    for m in ("median_abs_pct", "max_abs_pct", "signed_mean_pct", "refused_oom")}
         run_id = log_run(a.mlruns, experiment="at-scale", params={"sample": str(a.sample)}, metrics=metrics,
-                         tags={"kind": "at-scale"}, tables={"at_scale_summary": t, "published_runs": pub})
+                         tags={"kind": "at-scale"}, tables={"at_scale_summary": t, "published_runs": pub,
+                                                            "source_anomalies": evidence, "knob_effects": knobs,
+                                                            **{"worst_" + re.sub(r"\W+", "_", k).strip("_"): v for k, v in worst.items()}})
         print(f"MLflow run {run_id} (experiment at-scale)")
 
 

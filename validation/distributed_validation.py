@@ -22,9 +22,10 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
-from wattcast.simulate.distributed import predict_distributed
+from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.validation.mpt_validation import load_mpt, predict_mpt, summarise_mpt
+from wattcast.validation.step_breakdown import step_terms
 from wattcast.validation.validation_rows import error_stats, predict_rows
 
 #: NeuSight's 4-GPU runs use Megatron-LM's GPT without Megatron-Core's overlaps (gradients all-reduced after backward,
@@ -95,7 +96,8 @@ def predict_vtrain(df: pd.DataFrame, *, cluster: str = "DGX-A100", coll_model=No
         p = predict_distributed(_vtrain_config(r.hidden, r.heads, r.layers, r.seq), cluster, gpus=int(r.gpus), batch=int(r.batch),
                                 seq=int(r.seq), parallel=par, dtype="fp16", attention="eager", optimizer="adamw",
                                 framework="megatron-deepspeed", coll_model=coll_model, host_ms=host_ms)
-        return p.step_time_ms, dict(mfu=p.mfu, fits=p.fits)
+        iteration_ms = (host_ms or FRAMEWORK_HOST_MS["megatron-deepspeed"])[1]
+        return p.step_time_ms, dict(mfu=p.mfu, fits=p.fits, **step_terms(p, iteration_ms))
 
     return predict_rows(df, one, progress=progress)
 

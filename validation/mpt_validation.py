@@ -29,8 +29,9 @@ from __future__ import annotations
 import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
-from wattcast.simulate.distributed import predict_distributed
+from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
 from wattcast.simulate.parallel import ParallelConfig
+from wattcast.validation.step_breakdown import step_terms
 from wattcast.validation.validation_rows import error_stats, predict_rows
 
 MPT_DEVICE = {"a100_40gb": "A100-SXM4-40GB", "a100_80gb": "A100-SXM4-80GB"}
@@ -86,7 +87,8 @@ def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: 
                                 seq=int(r.seq), parallel=par, dtype="bf16", attention=attention, optimizer="adamw",
                                 framework="hf", coll_model=coll_model)
         return p.step_time_ms, dict(predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"),
-                                    memory_gb=p.memory_gb, fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms)
+                                    memory_gb=p.memory_gb, fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms,
+                                    **step_terms(p, FRAMEWORK_HOST_MS["hf"][1]))
 
     return predict_rows(df, one, progress=progress)
 

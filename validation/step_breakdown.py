@@ -1,0 +1,73 @@
+"""One predicted training step split into the terms an at-scale error is traced to (the house rule of issue 15).
+
+For a row whose error is large, the question is *which term* is wrong: the GEMMs, attention, the other kernels,
+the exposed communication of one class (TP, DP/ZeRO, PP, CP), the pipeline bubble, the optimizer or the host
+overheads. :func:`step_terms` flattens a :class:`~wattcast.simulate.distributed.DistributedPrediction` into those
+columns (``*_ms``), so a validation table carries them next to the measurement and neighbouring rows that differ
+in one knob can be compared term by term.
+
+Kernel terms are per pipeline stage: the rank graph's time per op class for one micro-batch, times the
+micro-batches, divided by the stages (the average stage; with an uneven split the busiest stage is longer).
+Communication terms are what the step would save if that class alone were free (``exposed_comm_split_ms``), so
+they do not add up to the step exactly (overlaps); ``other_ms`` is the step minus every listed term, i.e. what
+the terms leave unexplained (negative where overlapping terms are counted twice).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+#: op classes of the rank graph reported as "attention": the score and value batched GEMMs, softmax and the fused
+#: kernels (eager attention's mask and dropout sit in elementwise / dropout with the other layers' ones)
+ATTENTION_CLASSES = ("bmm", "softmax", "flash_attention")
+#: op classes reported as "optimizer" inside the kernel terms (the step's optimizer time is its own term)
+_NOT_COMPUTE = ("collective", "optimizer")
+#: the columns step_terms returns, in print order
+TERM_COLUMNS = ("n_micro", "gemm_ms", "attention_ms", "other_kernels_ms", "exposed_tp_ms", "exposed_dp_ms",
+                "exposed_pp_ms", "exposed_cp_ms", "bubble_ms", "optimizer_ms", "launch_gap_ms", "iteration_ms",
+                "other_ms")
+
+
+def step_terms(p, iteration_ms: float = 0.0) -> dict:
+    """The per-term breakdown of prediction ``p`` (a DistributedPrediction), in ms of the step (see the module
+    docstring). ``iteration_ms``: the framework's fixed per-iteration host cost the prediction used."""
+    n_micro = int(p.meta.get("n_micro") or 1)
+    per_stage = n_micro / max(int(p.parallel.pp), 1)
+    by_class = {o["op_class"]: float(o["time_ms"]) for o in p.per_op}
+    gemm = by_class.get("linear", 0.0) * per_stage
+    attn = sum(by_class.get(c, 0.0) for c in ATTENTION_CLASSES) * per_stage
+    other = sum(v for k, v in by_class.items() if k not in ("linear", *ATTENTION_CLASSES, *_NOT_COMPUTE)) * per_stage
+    split = p.exposed_comm_split_ms or {}
+    launch = float((p.comm.get("rank_overheads_ms") or {}).get("launch_gap_ms", 0.0)) * per_stage
+    out = dict(n_micro=n_micro, gemm_ms=gemm, attention_ms=attn, other_kernels_ms=other,
+               exposed_tp_ms=float(split.get("tp", 0.0)) + float(split.get("ep", 0.0)),
+               exposed_dp_ms=float(split.get("dp", 0.0)), exposed_pp_ms=float(split.get("pp", 0.0)),
+               exposed_cp_ms=float(split.get("cp", 0.0)), bubble_ms=float(p.bubble_ms), optimizer_ms=float(p.optimizer_ms),
+               launch_gap_ms=launch, iteration_ms=float(iteration_ms))
+    listed = sum(v for k, v in out.items() if k not in ("n_micro", "launch_gap_ms"))  # launch gaps sit inside the kernels
+    out["other_ms"] = float(p.step_time_ms) - listed
+    return out
+
+
+def knob_effects(rows: pd.DataFrame, knob: str, hold: list[str]) -> pd.DataFrame:
+    """What one knob does to the measurement and to the prediction: for every pair of predicted rows (status "ok")
+    that agree on every column of ``hold`` and differ in ``knob``, the step-time ratio measured and predicted; per
+    (knob from, knob to), the pairs, the median of each ratio and ``miss`` = the median of predicted / measured ratio
+    (1 when the prediction follows the knob; e.g. 0.7: the measurement grows 1/0.7 times more than predicted).
+    Other columns that follow from the knob (DP when TP changes at a fixed GPU count) are left free."""
+    missing = [c for c in [knob, *hold, "measured_ms", "predicted_ms"] if c not in rows.columns]
+    if missing:
+        raise ValueError(f"knob_effects: the rows have no column(s) {missing}")
+    ok = rows[rows["status"] == "ok"][[knob, *hold, "measured_ms", "predicted_ms"]]
+    m = ok.merge(ok, on=hold, suffixes=("_a", "_b"))
+    m = m[m[f"{knob}_a"] < m[f"{knob}_b"]]
+    if m.empty:
+        return pd.DataFrame(columns=[f"{knob}_from", f"{knob}_to", "pairs", "measured_ratio", "predicted_ratio", "miss"])
+    meas = m["measured_ms_b"] / m["measured_ms_a"]
+    pred = m["predicted_ms_b"] / m["predicted_ms_a"]
+    t = pd.DataFrame({f"{knob}_from": m[f"{knob}_a"], f"{knob}_to": m[f"{knob}_b"], "measured_ratio": meas,
+                      "predicted_ratio": pred, "miss": pred / meas})
+    g = t.groupby([f"{knob}_from", f"{knob}_to"])
+    out = g.median()
+    out.insert(0, "pairs", g.size())
+    return out.reset_index()
