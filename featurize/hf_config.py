@@ -373,17 +373,42 @@ def load_hf_config(model: str | Path | Mapping[str, Any]) -> HFConfig:
     return _load_config_file(*pinned(("config", str(model)), lambda: _locate_config(model)))
 
 
-def _locate_config(model: str | Path) -> tuple[str, float, str, str]:
-    """(real path, modification time, name, origin) of a config file or built-in name."""
+def locate_model_config(model: str | Path) -> tuple[Path, str, str] | None:
+    """(config file, model name, kind: "folder", "builtin" or "hub") of a model reference that is not a plain file: a Hugging Face model folder (its
+    ``config.json``), a built-in name, or a Hub id in the local Hub cache (:mod:`wattcast.featurize.hub_cache`;
+    ``org/name`` not in the cache raises a :class:`~wattcast.featurize.hub_cache.HubCacheError` saying where it looked).
+    None when it is none of these."""
+    from wattcast.featurize.hub_cache import cached_config, repo_name
+
     p = Path(model)
-    if not p.is_file():
-        key = str(model).strip().lower().replace("-", "_")
-        cand = _BUILTIN_DIR / f"{key}.json"
-        if cand.is_file():
-            p = cand
-        else:
-            raise GraphError(f"{model}: not a file and not a built-in model (built-ins: {', '.join(builtin_models())})")
-    name = p.parent.name if p.name == "config.json" else p.stem
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise GraphError(f"{p} is a folder without a config.json; give an ONNX file, a config.json, a Hugging Face "
+                             "model folder, a Hub id in the local cache or a built-in name")
+        return p / "config.json", p.resolve().name, "folder"
+    cand = _BUILTIN_DIR / f"{str(model).strip().lower().replace('-', '_')}.json"
+    if cand.is_file():
+        return cand, cand.stem, "builtin"
+    if isinstance(model, str):
+        # "org/name" can only be a Hub id (refused, saying where it looked, when not cached); a bare name is one only
+        # when the cache has it (else: the unknown built-in name it more likely is)
+        hub = cached_config(model, required="/" in model.split("@", 1)[0])
+        if hub is not None:
+            return hub, repo_name(model), "hub"
+    return None
+
+
+def _locate_config(model: str | Path) -> tuple[str, float, str, str]:
+    """(real path, modification time, name, origin) of a config file, model folder, built-in name or cached Hub id."""
+    p = Path(model)
+    if p.is_file():
+        name = p.parent.name if p.name == "config.json" else p.stem
+    else:
+        found = locate_model_config(model)
+        if found is None:
+            raise GraphError(f"{model}: not a file and not a built-in model (built-ins: {', '.join(builtin_models())}; "
+                             "a Hugging Face model folder or a Hub id in the local Hub cache also works)")
+        p, name, _ = found
     return str(p.resolve()), p.stat().st_mtime, name, str(p)
 
 
