@@ -3,7 +3,8 @@
 Units live in the field names. Every non-empty figure carries a citation: either the
 spec-wide ``source`` or a per-field entry in ``sources``.
 
-Every :class:`DeviceSpec` checks its own values when it is built (``__post_init__``), whatever builds it:
+Validation is a pydantic v2 model, :class:`DeviceSpecModel` (its validators in :mod:`wattcast.data.spec_model`).
+Every :class:`DeviceSpec` checks its own values on it when it is built (``__post_init__``), whatever builds it:
 a spec file, NeuSight JSON import, the catalog, ``dataclasses.replace`` or user code. Missing required
 fields, numbers that are not finite and positive (or are given as text), text fields that are not strings
 (``name``, ``vendor``, ``arch``, ``interconnect``, ``memory_type``, ``source``), ``aliases`` that is not a
@@ -27,7 +28,8 @@ from typing import Annotated, Any, Mapping
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
 
-from wattcast.data.spec_model import FIELD, first_problem, number, one_of, optional, plausible, problem, text
+from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
+                                      text)
 
 SCHEMA_VERSION = 1
 
@@ -179,12 +181,6 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
 }
 
 
-def _required(v: Any) -> Any:
-    if v is None or (isinstance(v, str) and not v.strip()):
-        raise problem("wc_missing", f"required {FIELD} is missing")
-    return v
-
-
 def _aliases(v: Any) -> Any:
     if not isinstance(v, tuple):
         raise problem("wc_type", f"{FIELD} must be a list of strings, got {v!r}")
@@ -203,21 +199,15 @@ def _sources(v: Any) -> Any:
     return v
 
 
-def _schema(v: Any) -> Any:
-    if isinstance(v, bool) or v != SCHEMA_VERSION:
-        raise problem("wc_value", f"{FIELD} is {v!r}, this wattcast reads {SCHEMA_VERSION}")
-    return v
-
-
 _POSITIVE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}")
 _WHOLE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}",
                 integer=True, whole_msg="must be an integer, got {v!r}")
 
 
-def _figure(name: str, *, required: bool = False, whole: bool = False) -> Any:
+def _figure(name: str, *, needed: bool = False, whole: bool = False) -> Any:
     """The type of a numeric spec field: a positive finite number (whole with ``whole``), inside its plausible range
     (:data:`PLAUSIBLE`) when it has one."""
-    checks = [AfterValidator(_required)] if required else []
+    checks = [AfterValidator(required)] if needed else []
     checks.append(AfterValidator(optional(_WHOLE if whole else _POSITIVE)))
     if name in PLAUSIBLE:
         checks.append(AfterValidator(plausible(*PLAUSIBLE[name])))
@@ -238,7 +228,7 @@ class DeviceSpecModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[Any, AfterValidator(_required), _TEXT]
+    name: Annotated[Any, AfterValidator(required), _TEXT]
     vendor: Annotated[Any, _TEXT, AfterValidator(one_of(VENDORS, "must be nvidia|amd|intel|other, got {v!r}"))] = "nvidia"
     arch: _Text = ""
     interconnect: _OptionalText = None
@@ -248,24 +238,24 @@ class DeviceSpecModel(BaseModel):
     sources: Annotated[Any, AfterValidator(_sources)] = {}
     tdp_w: _figure("tdp_w") = None
     idle_power_w: _figure("idle_power_w") = None
-    memory_gb: _figure("memory_gb", required=True)
-    memory_bandwidth_gbps: _figure("memory_bandwidth_gbps", required=True)
-    peak_fp32_tflops: _figure("peak_fp32_tflops", required=True)
+    memory_gb: _figure("memory_gb", needed=True)
+    memory_bandwidth_gbps: _figure("memory_bandwidth_gbps", needed=True)
+    peak_fp32_tflops: _figure("peak_fp32_tflops", needed=True)
     peak_fp32_matrix_tflops: _figure("peak_fp32_matrix_tflops") = None
     peak_tf32_tflops: _figure("peak_tf32_tflops") = None
     peak_fp16_tflops: _figure("peak_fp16_tflops") = None
     peak_bf16_tflops: _figure("peak_bf16_tflops") = None
     peak_fp8_tflops: _figure("peak_fp8_tflops") = None
-    boost_clock_mhz: _figure("boost_clock_mhz", required=True)
+    boost_clock_mhz: _figure("boost_clock_mhz", needed=True)
     base_clock_mhz: _figure("base_clock_mhz") = None
-    l2_cache_mb: _figure("l2_cache_mb", required=True)
+    l2_cache_mb: _figure("l2_cache_mb", needed=True)
     interconnect_bandwidth_gbps: _figure("interconnect_bandwidth_gbps") = None
     die_area_mm2: _figure("die_area_mm2") = None
-    num_sms: _figure("num_sms", required=True, whole=True)
+    num_sms: _figure("num_sms", needed=True, whole=True)
     cores_per_sm: _figure("cores_per_sm", whole=True) = None
     process_node_nm: _figure("process_node_nm") = None
     launch_price_usd: _figure("launch_price_usd") = None
-    schema_version: Annotated[Any, AfterValidator(_schema)] = SCHEMA_VERSION
+    schema_version: Annotated[Any, AfterValidator(schema(SCHEMA_VERSION))] = SCHEMA_VERSION
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> "DeviceSpecModel":

@@ -98,6 +98,24 @@ def one_of(choices: Iterable[str], msg: str) -> Callable[[Any], Any]:
     return check
 
 
+def required(v: Any) -> Any:
+    """Present: not None and not blank text."""
+    if v is None or (isinstance(v, str) and not v.strip()):
+        raise problem("wc_missing", f"required {FIELD} is missing")
+    return v
+
+
+def schema(version: int) -> Callable[[Any], Any]:
+    """The schema version this wattcast reads."""
+
+    def check(v: Any) -> Any:
+        if isinstance(v, bool) or v != version:
+            raise problem("wc_value", f"{FIELD} is {v!r}, this wattcast reads {version}")
+        return v
+
+    return check
+
+
 def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``check``, except that None (an absent optional field) passes."""
     return lambda v: v if v is None else check(v)
@@ -114,8 +132,11 @@ def first_problem(e: ValidationError, *, missing: Callable[[str], str] = lambda 
     names ``known(section)`` gives), ``model_type`` (a section that is not a mapping: ``not_mapping(field, value)``)."""
     errors = e.errors(include_url=False)
 
-    def dotted(loc: tuple) -> str:
-        return ".".join(str(p) for p in loc)
+    def dotted(loc: tuple) -> str:  # ("intra", "kind") -> intra.kind; ("bandwidth", 0) -> bandwidth[0]
+        out = ""
+        for p in loc:
+            out += f"[{p}]" if isinstance(p, int) and out else (f".{p}" if out else str(p))
+        return out
 
     def rank(err: Mapping[str, Any]) -> int:
         t = err["type"]
@@ -134,9 +155,9 @@ def first_problem(e: ValidationError, *, missing: Callable[[str], str] = lambda 
         return err["ctx"]["message"].replace(FIELD, f"field '{dotted(loc)}'")
     if t in ("extra_forbidden", "invalid_key"):
         section = loc[:-1]
-        unknown = [dotted(x["loc"]) for x in errors if x["type"] in ("extra_forbidden", "invalid_key")
-                   and tuple(x["loc"][:-1]) == section]
         prefix = dotted(section) + "." if section else ""
+        unknown = [f"{prefix}{x['loc'][-1]}" for x in errors if x["type"] in ("extra_forbidden", "invalid_key")
+                   and tuple(x["loc"][:-1]) == section]  # a key, even a number, is a name here
         names = sorted(f"{prefix}{k}" for k in (known(dotted(section)) if known else ()))
         return f"unknown field(s) {', '.join(unknown)}" + (f"; known: {', '.join(names)}" if names else "")
     if t == "missing":
