@@ -23,6 +23,8 @@ from wattcast.data.checks import implausible
 
 #: stands for "field '<dotted name>'" in a message; filled in by :func:`first_problem`
 FIELD = "\x00field\x00"
+#: stands for the bare dotted name (messages that read "n_layer must be ...")
+NAME = "\x00name\x00"
 
 #: error kinds, in the order a message reports them
 KINDS = ("wc_missing", "wc_type", "wc_value", "wc_plausible", "wc_rule", "wc_citation")
@@ -124,13 +126,14 @@ def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
 # ------------------------------------------------------------------ one message from a ValidationError
 def first_problem(e: ValidationError, *, missing: Callable[[str], str] = lambda f: f"required field '{f}' is missing",
                   known: Callable[[str], Iterable[str]] | None = None,
-                  not_mapping: Callable[[str, Any], str] | None = None) -> str:
+                  not_mapping: Callable[[str, Any], str] | None = None, at: tuple = ()) -> str:
     """The message of the first problem in ``e`` (by kind, then field order), with :data:`FIELD` filled in.
 
     Pydantic's own errors are worded in wattcast's terms: ``missing`` (a required field; all missing fields of one
     section in one message), ``extra_forbidden`` / ``invalid_key`` ("unknown field(s) ...; known: ..." with the
-    names ``known(section)`` gives), ``model_type`` (a section that is not a mapping: ``not_mapping(field, value)``)."""
-    errors = e.errors(include_url=False)
+    names ``known(section)`` gives), ``model_type`` (a section that is not a mapping: ``not_mapping(field, value)``).
+    ``at`` is put before every error's location (the key a lone value was read from)."""
+    errors = [dict(x, loc=(*at, *x["loc"])) for x in e.errors(include_url=False)]
 
     def dotted(loc: tuple) -> str:  # ("intra", "kind") -> intra.kind; ("bandwidth", 0) -> bandwidth[0]
         out = ""
@@ -152,7 +155,7 @@ def first_problem(e: ValidationError, *, missing: Callable[[str], str] = lambda 
     err = errors[first]
     t, loc = err["type"], tuple(err["loc"])
     if t in _RANK:
-        return err["ctx"]["message"].replace(FIELD, f"field '{dotted(loc)}'")
+        return err["ctx"]["message"].replace(FIELD, f"field '{dotted(loc)}'").replace(NAME, dotted(loc))
     if t in ("extra_forbidden", "invalid_key"):
         section = loc[:-1]
         prefix = dotted(section) + "." if section else ""
