@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Annotated, Any, Mapping
 
 import yaml
-
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
 from wattcast.data.checks import did_you_mean, exotic_allowed
 from wattcast.data.device_spec import SpecRecord
-from wattcast.data.spec_model import FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema, text
+from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
+                                      text)
 
 SCHEMA_VERSION = 1
 INTRA_KINDS = ("nvswitch", "nvlink", "xgmi", "pcie")

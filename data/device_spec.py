@@ -26,7 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Mapping
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo,
+                      model_validator)
 
 from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
                                       text)
@@ -118,9 +119,9 @@ class DeviceSpec(SpecRecord):
 
     def __post_init__(self) -> None:
         # every construction path (files, NeuSight import, catalog, dataclasses.replace, user code) is checked
-        if isinstance(self.aliases, list):
-            object.__setattr__(self, "aliases", tuple(self.aliases))
-        _check(_values(self))
+        m = _check(_values(self))
+        object.__setattr__(self, "aliases", m.aliases)  # a list becomes a tuple, None none
+        object.__setattr__(self, "sources", m.sources)
 
     # ----------------------------------------------------------------- derived
     @property
@@ -182,6 +183,7 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
 
 
 def _aliases(v: Any) -> Any:
+    v = () if v is None or v == "" else tuple(v) if isinstance(v, list) else v  # tuple('abc'): three aliases
     if not isinstance(v, tuple):
         raise problem("wc_type", f"{FIELD} must be a list of strings, got {v!r}")
     bad = [a for a in v if not isinstance(a, str)]
@@ -191,12 +193,13 @@ def _aliases(v: Any) -> Any:
 
 
 def _sources(v: Any) -> Any:
+    v = {} if v is None or v == "" else v
     if not isinstance(v, Mapping):
         raise problem("wc_type", f"{FIELD} must be a mapping of field name -> citation (strings), got {v!r}")
     bad = [(k, c) for k, c in v.items() if not (isinstance(k, str) and isinstance(c, str))]
     if bad:
         raise problem("wc_type", f"{FIELD} must map field names to citation strings, got {bad[0][0]!r}: {bad[0][1]!r}")
-    return v
+    return dict(v)
 
 
 _POSITIVE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}")
@@ -234,8 +237,8 @@ class DeviceSpecModel(BaseModel):
     interconnect: _OptionalText = None
     memory_type: _OptionalText = None
     source: _Text = ""
-    aliases: Annotated[Any, AfterValidator(_aliases)] = ()
-    sources: Annotated[Any, AfterValidator(_sources)] = {}
+    aliases: Annotated[Any, BeforeValidator(_aliases)] = ()
+    sources: Annotated[Any, BeforeValidator(_sources)] = {}
     tdp_w: _figure("tdp_w") = None
     idle_power_w: _figure("idle_power_w") = None
     memory_gb: _figure("memory_gb", needed=True)
@@ -290,11 +293,11 @@ class DeviceSpecModel(BaseModel):
         return s
 
 
-def _check(values: Mapping[str, Any], *, cite: bool = False) -> None:
+def _check(values: Mapping[str, Any], *, cite: bool = False) -> DeviceSpecModel:
     """Validate ``values`` (a spec's fields) on :class:`DeviceSpecModel`; :class:`DeviceSpecError` naming the first
     problem's field and value (and the device)."""
     try:
-        DeviceSpecModel.model_validate(values, context={"cite": cite})
+        return DeviceSpecModel.model_validate(values, context={"cite": cite})
     except ValidationError as e:
         name = values.get("name")
         where = f"device {name!r}" if isinstance(name, str) and name else "device spec"
@@ -320,14 +323,6 @@ _FIELDS = {f.name for f in dataclasses.fields(DeviceSpec)}
 
 def from_dict(d: Mapping[str, Any]) -> DeviceSpec:
     """Build and validate a spec from a plain mapping (YAML/JSON in the own schema), citations included."""
-    kw = dict(d)
-    # empty (None, '') means none; anything but a list / mapping is passed on and refused by the model,
-    # naming the field (tuple('abc') would make three one-letter aliases)
-    if "aliases" in kw:
-        a = kw["aliases"]
-        kw["aliases"] = () if a is None or a == "" else tuple(a) if isinstance(a, (list, tuple)) else a
-    if "sources" in kw:
-        src = kw["sources"]
-        kw["sources"] = {} if src is None or src == "" else dict(src) if isinstance(src, Mapping) else src
-    _check(kw, cite=True)  # unknown and missing fields too, before the dataclass sees them
-    return DeviceSpec(**kw)
+    m = _check(d, cite=True)  # unknown and missing fields too, before the dataclass sees them
+    # the model's aliases and sources: a list read as a tuple, an empty entry (None, '') as none
+    return DeviceSpec(**{**d, "aliases": m.aliases, "sources": m.sources})

@@ -3,8 +3,8 @@
 :func:`load_hf_config` accepts a path, a model folder, a dict, a built-in name (:func:`builtin_models`) or a Hub id in
 the local Hugging Face cache (:mod:`wattcast.featurize.hub_cache`) and returns a :class:`HFConfig` with normalised
 fields, validated on the pydantic v2 model :class:`HFConfigModel` (optional fields the graph builders read go through
-the same pydantic types: :func:`int_field`, :func:`bool_field`, :func:`fraction_field`); :func:`graph_from_hf_config` dispatches on ``model_type`` to
-the generators in :mod:`wattcast.featurize.hf_models`.
+the same pydantic types: :func:`int_field`, :func:`bool_field`, :func:`fraction_field`); ``model_type`` picks the
+generator family (:data:`MODEL_TYPES`) in :mod:`wattcast.featurize.hf_models`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
+                      model_validator)
 
 from wattcast.data.spec_model import FIELD, NAME, first_problem, problem
 from wattcast.featurize.op_graph import GraphError
@@ -200,6 +201,12 @@ def _activation(v: Any) -> Any:
 _COUNT = Annotated[Any, AfterValidator(_whole(ref=NAME))]
 
 
+def _aliases(key: str, *default: None) -> Any:
+    """A normalised field read from the first of its :data:`ALIASES` the config sets (errors name that alias);
+    required unless a ``default`` is given."""
+    return Field(*default, validation_alias=AliasChoices(*ALIASES[key]))
+
+
 def _non_finite(raw: Mapping[str, Any], prefix: str = "") -> tuple[str, Any] | None:
     """The first field (nested objects and lists too) holding NaN or an infinity, as (dotted name, value)."""
     for k, v in raw.items():
@@ -247,17 +254,16 @@ class HFConfigModel(BaseModel):
         return {k: v for k, v in raw.items() if v is not None and isinstance(k, str)}
 
     model_type: Annotated[Any, AfterValidator(lambda v: str(v).strip().lower())]
-    hidden: Annotated[_COUNT, Field(validation_alias=AliasChoices(*ALIASES["hidden"]))]
-    n_layers: Annotated[Any, AfterValidator(_whole(ref=NAME)), AfterValidator(_layers),
-                        Field(validation_alias=AliasChoices(*ALIASES["n_layers"]))]
-    n_heads: Annotated[_COUNT, Field(validation_alias=AliasChoices(*ALIASES["n_heads"]))]
-    vocab: Annotated[_COUNT, Field(validation_alias=AliasChoices(*ALIASES["vocab"]))]
-    head_dim: Annotated[_COUNT, Field(None, validation_alias=AliasChoices(*ALIASES["head_dim"]))]
-    n_kv_heads: Annotated[_COUNT, Field(None, validation_alias=AliasChoices(*ALIASES["n_kv_heads"]))]
-    ffn: Annotated[_COUNT, Field(None, validation_alias=AliasChoices(*ALIASES["ffn"]))]
+    hidden: Annotated[_COUNT, _aliases("hidden")]
+    n_layers: Annotated[Any, AfterValidator(_whole(ref=NAME)), AfterValidator(_layers), _aliases("n_layers")]
+    n_heads: Annotated[_COUNT, _aliases("n_heads")]
+    vocab: Annotated[_COUNT, _aliases("vocab")]
+    head_dim: Annotated[_COUNT, _aliases("head_dim", None)]
+    n_kv_heads: Annotated[_COUNT, _aliases("n_kv_heads", None)]
+    ffn: Annotated[_COUNT, _aliases("ffn", None)]
     #: the position table's size; absent: no limit known
-    max_positions: Annotated[_COUNT, Field(None, validation_alias=AliasChoices(*ALIASES["max_positions"]))]
-    activation: Annotated[Any, AfterValidator(_activation), Field(None, validation_alias=AliasChoices(*ALIASES["activation"]))]
+    max_positions: Annotated[_COUNT, _aliases("max_positions", None)]
+    activation: Annotated[Any, AfterValidator(_activation), _aliases("activation", None)]
     rope_theta: Annotated[Any, AfterValidator(_rope_theta)] = None
     torch_dtype: Annotated[Any, AfterValidator(_torch_dtype)] = None
     dtype: Annotated[Any, AfterValidator(_torch_dtype)] = None
@@ -438,10 +444,10 @@ def load_hf_config(model: str | Path | Mapping[str, Any]) -> HFConfig:
 
 
 def locate_model_config(model: str | Path) -> tuple[Path, str, str] | None:
-    """(config file, model name, kind: "folder", "builtin" or "hub") of a model reference that is not a plain file: a Hugging Face model folder (its
-    ``config.json``), a built-in name, or a Hub id in the local Hub cache (:mod:`wattcast.featurize.hub_cache`;
-    ``org/name`` not in the cache raises a :class:`~wattcast.featurize.hub_cache.HubCacheError` saying where it looked).
-    None when it is none of these."""
+    """(config file, model name, kind: "folder", "builtin" or "hub") of a model reference that is not a plain file:
+    a Hugging Face model folder (its ``config.json``), a built-in name, or a Hub id in the local Hub cache
+    (:mod:`wattcast.featurize.hub_cache`; ``org/name`` not in the cache raises a
+    :class:`~wattcast.featurize.hub_cache.HubCacheError` saying where it looked). None when it is none of these."""
     from wattcast.featurize.hub_cache import cached_config, repo_name
 
     p = Path(model)
