@@ -5,9 +5,9 @@ Face config fields): field types whose validators carry wattcast's rules and mes
 Fields are typed ``Annotated[Any, <validators>]``: pydantic coerces nothing (``"2000"`` stays text and is refused,
 an ``np.float32`` stays what it was, so every figure is the one given), and each validator raises a
 :func:`problem` carrying a message in which :data:`FIELD` stands for the field's (dotted) name. When several
-fields are wrong, the message reports the first by kind (:data:`KINDS`: a missing field before a wrong type, before
-an out-of-range value, before an implausible one, before a broken rule between fields, before a missing citation),
-then by field order.
+fields are wrong, the message reports the first by kind (an unknown field, then :data:`KINDS`: a missing field, a
+wrong type, an out-of-range value, an implausible one, a broken rule between fields, a missing citation), then by
+field order. Rules between fields (model validators) run only once every field is valid.
 """
 
 from __future__ import annotations
