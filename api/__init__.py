@@ -36,8 +36,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
             tokens: float | None = None, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
-    ``model``: an ONNX file, a Hugging Face ``config.json``, a built-in name (``wattcast.builtin_models()``),
-    a config dict, or a ``torch.nn.Module``. ``device``: a catalog name, a spec file or a DeviceSpec.
+    ``model``: an ONNX file, a Hugging Face ``config.json`` or model folder, a Hub id (``org/name``) whose config is
+    in the local Hugging Face cache, a built-in name (``wattcast.builtin_models()``), a config dict, or a
+    ``torch.nn.Module``. ``device``: a catalog name, a spec file or a DeviceSpec.
     ``batch`` / ``seq`` default to 1 and 1,024; an ONNX file with fixed input dims keeps its own, and giving
     values it cannot take raises ``GraphError``. ``dims`` binds other symbolic ONNX input dims by name.
     ``example_inputs``: the forward inputs of a ``torch.nn.Module`` that does not take token ids (tensors on any

@@ -253,7 +253,7 @@ def devices(
 @_forceable
 def predict(
     ctx: typer.Context,
-    model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json, or a built-in name (`wattcast models` lists them)."),
+    model: str = typer.Option(..., "--model", "-m", help="An ONNX file, a Hugging Face config.json or model folder, a Hub id (org/name) in the local Hugging Face cache, or a built-in name (`wattcast models` lists them)."),
     device: Optional[str] = typer.Option(None, "--device", "-d", help="Catalog name (case-insensitive) or a spec file (default with --cluster: the cluster's GPU)."),
     batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Sequences per step (the global batch with --cluster; default 1, or an ONNX file's own fixed dims)."),
     seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Tokens per sequence (default 1024, or an ONNX file's own fixed dims)."),
@@ -570,7 +570,7 @@ _SEARCH_OUTPUT_SUFFIXES = (".json", ".csv", ".parquet")
 @app.command()
 @_forceable
 def search(
-    model: str = typer.Option(..., "--model", "-m", help="A Hugging Face config.json or a built-in name."),
+    model: str = typer.Option(..., "--model", "-m", help="A Hugging Face config.json, a Hub id (org/name) in the local Hugging Face cache, or a built-in name."),
     cluster: List[str] = typer.Option(..., "--cluster", help="Cluster preset name or file; repeat it to compare hardware."),
     gpus: int = typer.Option(..., "--gpus", help="GPUs of the job."),
     batch: int = typer.Option(..., "--batch", help="Global batch in sequences."),

@@ -55,8 +55,8 @@ def implausible(name: str, v: float, lo: float, hi: float, low_hint: str, high_h
     if exotic_allowed() or lo <= v <= hi:
         return None
     side, bound, hint = ("over", hi, high_hint) if v > hi else ("under", lo, low_hint)
-    return (f"{name} is {v:g}, {side} the plausible {bound:g}: it looks like {hint}; give it in {unit} "
-            f"(or pass --force, in Python wattcast.allow_exotic(), for a deliberately exotic value)")
+    return (f"{name} is {v:g}, {side} {bound:g}: it looks like {hint}; give it in {unit} (plausible: {lo:g} to "
+            f"{hi:g}; or pass --force, in Python wattcast.allow_exotic(), for a deliberately exotic value)")
 
 
 # ------------------------------------------------------------------ name suggestions

@@ -11,6 +11,9 @@ source (spec-wide ``source`` or per-field ``sources``).
   rail i: a collective among same-rank GPUs crosses one switch), ``oversubscription`` (>= 1: fabric
   bisection is this many times smaller than the NICs' total).
 
+Validation is a pydantic v2 model, :class:`ClusterSpecModel` (with :class:`IntraNodeModel`, :class:`InterNodeModel`;
+ASTRA-sim files :class:`AstraNetworkModel`), its validators in :mod:`wattcast.data.spec_model`.
+
 Shipped presets live in ``data/clusters/*.yaml``; ``--cluster NAME|FILE`` resolves either. ASTRA-sim's
 analytical network YAML (``topology``/``npus_count``/``bandwidth`` GB/s/``latency`` ns lists) imports too.
 """
@@ -23,12 +26,15 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
-from wattcast.data.checks import did_you_mean, exotic_allowed, implausible
+from wattcast.data.checks import did_you_mean, exotic_allowed
 from wattcast.data.device_spec import SpecRecord
+from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
+                                      text)
 
 SCHEMA_VERSION = 1
 INTRA_KINDS = ("nvswitch", "nvlink", "xgmi", "pcie")
@@ -100,15 +106,6 @@ class ClusterSpec(SpecRecord):
         return self.inter.nics_per_node * self.inter.nic_bandwidth_gbit_per_s / 8.0 / self.inter.oversubscription
 
 
-def _positive(where: str, name: str, v: Any, *, integer: bool = False, allow_zero: bool = False) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ClusterSpecError(f"{where}: field '{name}' must be a number, got {v!r}{_yaml_number_hint(v)}")
-    if v < 0 or (v == 0 and not allow_zero):
-        raise ClusterSpecError(f"{where}: field '{name}' must be positive, got {v!r}")
-    if integer and int(v) != v:
-        raise ClusterSpecError(f"{where}: field '{name}' must be a whole number, got {v!r}")
-
-
 def _yaml_number_hint(v: Any) -> str:
     """YAML 1.1 (PyYAML) reads 9e11 (no dot) as text: say how to write the number."""
     if isinstance(v, str):
@@ -121,102 +118,163 @@ def _yaml_number_hint(v: Any) -> str:
     return ""
 
 
-def _text(where: str, name: str, v: Any, *, required: bool = True) -> None:
-    """A name-like field: a non-empty string (a YAML number, list or mapping is not a name)."""
-    if v is None or v == "":
-        if required:
-            raise ClusterSpecError(f"{where}: required field '{name}' is missing")
-        return
-    if not isinstance(v, str):
-        raise ClusterSpecError(f"{where}: field '{name}' must be a string, got {v!r} ({type(v).__name__}); quote it in YAML")
+def _figure(name: str | None = None, *, zero: bool = False, count: bool = False) -> Any:
+    """A number field: finite, positive (>= 0 with ``zero``), whole with ``count`` (kept as an int: GPU and NIC
+    counts index and divide), inside :data:`PLAUSIBLE` [``name``] unless --force."""
+    checks = [AfterValidator(number(zero=zero, integer=count, hint=_yaml_number_hint))]
+    if count:
+        checks.append(AfterValidator(int))
+    if name is not None:
+        checks.append(AfterValidator(plausible(*PLAUSIBLE[name])))
+    return Annotated[(Any, *checks)]
+
+
+def _flag(v: Any) -> Any:
+    if not isinstance(v, bool):
+        raise problem("wc_type", f"{FIELD} must be true or false, got {v!r}")
+    return v
+
+
+def _full_bisection(v: Any) -> Any:
+    if v < 1:
+        raise problem("wc_value", f"{FIELD} must be >= 1 (1 = full bisection), got {v}")
+    return v
+
+
+def _drop_absent(d: Any, needed: tuple[str, ...]) -> Any:
+    """(A before-validator's work) a required field given as null or "" is missing, named as such, not a wrong type."""
+    if isinstance(d, Mapping):
+        return {k: v for k, v in d.items() if not (k in needed and (v is None or v == ""))}
+    return d
+
+
+def _aliases(v: Any) -> Any:
+    v = () if v is None else tuple(v) if isinstance(v, (list, tuple)) else v
+    if not isinstance(v, tuple) or not all(isinstance(a, str) and a for a in v):
+        raise problem("wc_type", f"{FIELD} must be a list of names, got {v!r}")
+    return v
+
+
+def _sources(v: Any) -> Any:
+    v = {} if v is None else v
+    if not isinstance(v, Mapping):
+        raise problem("wc_type", f"{FIELD} must be a mapping of field name to source, got {v!r}")
+    for k, c in v.items():
+        if not isinstance(k, str) or not isinstance(c, str):
+            raise problem("wc_type", f"{FIELD} must map field names to source strings, got {k!r}: {c!r}")
+    return dict(v)
+
+
+_NAME = text(type_msg="must be a string, got {v!r} ({t}); quote it in YAML")
+
+
+class IntraNodeModel(BaseModel):
+    """The link tier within a node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent(cls, d: Any) -> Any:
+        return _drop_absent(d, ("kind", "bandwidth_gb_per_s", "latency_us"))
+
+    kind: Annotated[Any, AfterValidator(one_of(INTRA_KINDS, "must be one of {choices}, got {v!r}"))]
+    bandwidth_gb_per_s: _figure("intra.bandwidth_gb_per_s")
+    latency_us: _figure("intra.latency_us", zero=True)
+
+
+class InterNodeModel(BaseModel):
+    """The link tier across nodes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent(cls, d: Any) -> Any:
+        return _drop_absent(d, ("kind", "nics_per_node", "nic_bandwidth_gbit_per_s", "latency_us"))
+
+    kind: Annotated[Any, AfterValidator(one_of(INTER_KINDS, "must be one of {choices}, got {v!r}"))]
+    nics_per_node: _figure("inter.nics_per_node", count=True)
+    nic_bandwidth_gbit_per_s: _figure("inter.nic_bandwidth_gbit_per_s")
+    latency_us: _figure("inter.latency_us", zero=True)
+    rail_optimized: Annotated[Any, AfterValidator(_flag)] = True
+    oversubscription: Annotated[Any, AfterValidator(number(hint=_yaml_number_hint)), AfterValidator(_full_bisection),
+                                AfterValidator(plausible(*PLAUSIBLE["inter.oversubscription"]))] = 1.0
+
+
+class ClusterSpecModel(BaseModel):
+    """The validation model of a cluster spec (the fields of :class:`ClusterSpec`, in the order problems are
+    reported): types, required fields, positive figures and whole counts, plausible ranges (units off by 1,000x,
+    lifted by :func:`wattcast.data.checks.allow_exotic` / ``--force``), the rules between tiers and the citation of
+    every link figure. Counts given as 8.0 come out as ints; every other value as given."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent(cls, d: Any) -> Any:
+        return _drop_absent(d, ("name", "device", "gpus_per_node", "intra"))
+
+    name: Annotated[Any, AfterValidator(required), AfterValidator(_NAME)]
+    device: Annotated[Any, AfterValidator(required), AfterValidator(_NAME)]
+    gpus_per_node: _figure("gpus_per_node", count=True)
+    intra: IntraNodeModel
+    inter: InterNodeModel | None = None
+    max_nodes: Annotated[Any, AfterValidator(optional(number(integer=True, hint=_yaml_number_hint))),
+                         AfterValidator(optional(int))] = None
+    aliases: Annotated[Any, BeforeValidator(_aliases)] = ()
+    source: Annotated[Any, BeforeValidator(lambda v: "" if v is None else v), AfterValidator(_NAME)] = ""
+    sources: Annotated[Any, BeforeValidator(_sources)] = {}
+    schema_version: Annotated[Any, AfterValidator(schema(SCHEMA_VERSION))] = SCHEMA_VERSION
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClusterSpecModel":
+        c = self
+        if c.inter is not None and c.gpus_per_node > 1 and not exotic_allowed():  # a units check: --force lifts it
+            per_gpu = c.inter.nics_per_node * c.inter.nic_bandwidth_gbit_per_s / 8.0 / c.gpus_per_node / c.inter.oversubscription
+            if per_gpu > c.intra.bandwidth_gb_per_s * 1.001:
+                raise problem("wc_rule", f"cross-node bandwidth per GPU ({per_gpu:.1f} GB/s) exceeds the in-node bandwidth "
+                                         f"({c.intra.bandwidth_gb_per_s} GB/s); check units (NICs are in Gbit/s), or pass "
+                                         "--force for a system that is really built so")
+        if c.max_nodes is not None and c.max_nodes > 1 and c.inter is None:
+            raise problem("wc_rule", f"max_nodes is {c.max_nodes} but there is no 'inter' (cross-node) tier")
+        for f in ("intra.bandwidth_gb_per_s", "intra.latency_us") + (("inter.nic_bandwidth_gbit_per_s", "inter.latency_us")
+                                                                     if c.inter else ()):
+            if not (c.sources.get(f) or c.source):
+                raise problem("wc_citation", f"field '{f}' has no source; give 'source' or 'sources.{f}'")
+        return c
+
+
+_SECTIONS = {"": ClusterSpecModel, "intra": IntraNodeModel, "inter": InterNodeModel}
+
+
+def _not_mapping(field_name: str, v: Any) -> str:
+    second = "bandwidth_gb_per_s" if field_name == "intra" else "nics_per_node"
+    return f"field '{field_name}' must be a mapping (kind: ..., {second}: ...), got {v!r} ({type(v).__name__})"
+
+
+def _validated(d: Mapping[str, Any]) -> ClusterSpec:
+    """The :class:`ClusterSpec` of the fields ``d`` (sections as mappings), validated on :class:`ClusterSpecModel`;
+    :class:`ClusterSpecError` naming the first problem's field and value (and the cluster)."""
+    try:
+        m = ClusterSpecModel.model_validate(d)
+    except ValidationError as e:
+        name = d.get("name")
+        where = f"cluster {name!r}" if name not in (None, "") else "cluster spec"
+        raise ClusterSpecError(f"{where}: " + first_problem(
+            e, known=lambda section: _SECTIONS[section].model_fields, not_mapping=_not_mapping)) from None
+    inter = None if m.inter is None else InterNode(**{f: getattr(m.inter, f) for f in InterNodeModel.model_fields})
+    return ClusterSpec(intra=IntraNode(**{f: getattr(m.intra, f) for f in IntraNodeModel.model_fields}), inter=inter,
+                       **{f: getattr(m, f) for f in ClusterSpecModel.model_fields if f not in ("intra", "inter")})
 
 
 def validate_cluster(c: ClusterSpec) -> ClusterSpec:
-    where = f"cluster {c.name!r}" if c.name else "cluster spec"
-    if not c.name:
-        raise ClusterSpecError("cluster spec: required field 'name' is missing")
-    _text(where, "name", c.name)
-    _text(where, "device", c.device)
-    _positive(where, "gpus_per_node", c.gpus_per_node, integer=True)
-    if not isinstance(c.intra, IntraNode):
-        raise ClusterSpecError(f"{where}: field 'intra' must be a mapping of {', '.join(sorted(_INTRA))}, got {c.intra!r}")
-    if c.inter is not None and not isinstance(c.inter, InterNode):
-        raise ClusterSpecError(f"{where}: field 'inter' must be a mapping of {', '.join(sorted(_INTER))}, got {c.inter!r}")
-    if not isinstance(c.intra.kind, str) or c.intra.kind not in INTRA_KINDS:
-        raise ClusterSpecError(f"{where}: field 'intra.kind' must be one of {', '.join(INTRA_KINDS)}, got {c.intra.kind!r}")
-    _positive(where, "intra.bandwidth_gb_per_s", c.intra.bandwidth_gb_per_s)
-    _positive(where, "intra.latency_us", c.intra.latency_us, allow_zero=True)
-    if c.inter is not None:
-        if not isinstance(c.inter.kind, str) or c.inter.kind not in INTER_KINDS:
-            raise ClusterSpecError(f"{where}: field 'inter.kind' must be one of {', '.join(INTER_KINDS)}, got {c.inter.kind!r}")
-        _positive(where, "inter.nics_per_node", c.inter.nics_per_node, integer=True)
-        _positive(where, "inter.nic_bandwidth_gbit_per_s", c.inter.nic_bandwidth_gbit_per_s)
-        _positive(where, "inter.latency_us", c.inter.latency_us, allow_zero=True)
-        _positive(where, "inter.oversubscription", c.inter.oversubscription)
-        if not isinstance(c.inter.rail_optimized, bool):
-            raise ClusterSpecError(f"{where}: field 'inter.rail_optimized' must be true or false, got {c.inter.rail_optimized!r}")
-        if c.inter.oversubscription < 1:
-            raise ClusterSpecError(f"{where}: field 'inter.oversubscription' must be >= 1 (1 = full bisection), got {c.inter.oversubscription}")
-    # figures 1,000x off (a unit mix-up) are refused unless --force (allow_exotic); checked before the consistency
-    # rule below, which would misname them
-    for name, v in (("gpus_per_node", c.gpus_per_node), ("intra.bandwidth_gb_per_s", c.intra.bandwidth_gb_per_s),
-                    ("intra.latency_us", c.intra.latency_us)) + ((
-                        ("inter.nics_per_node", c.inter.nics_per_node),
-                        ("inter.nic_bandwidth_gbit_per_s", c.inter.nic_bandwidth_gbit_per_s),
-                        ("inter.latency_us", c.inter.latency_us),
-                        ("inter.oversubscription", c.inter.oversubscription)) if c.inter is not None else ()):
-        msg = implausible(f"field '{name}'", v, *PLAUSIBLE[name])
-        if msg:
-            raise ClusterSpecError(f"{where}: {msg}")
-    if c.inter is not None and c.inter_bandwidth_per_gpu_gb_per_s > c.intra.bandwidth_gb_per_s * 1.001 \
-            and c.gpus_per_node > 1 and not exotic_allowed():  # a units check too: --force lets it through
-        raise ClusterSpecError(
-            f"{where}: cross-node bandwidth per GPU ({c.inter_bandwidth_per_gpu_gb_per_s:.1f} GB/s) exceeds the "
-            f"in-node bandwidth ({c.intra.bandwidth_gb_per_s} GB/s); check units (NICs are in Gbit/s), or pass --force "
-            "for a system that is really built so")
-    if c.max_nodes is not None:
-        _positive(where, "max_nodes", c.max_nodes, integer=True)
-        if c.max_nodes > 1 and c.inter is None:
-            raise ClusterSpecError(f"{where}: max_nodes is {c.max_nodes} but there is no 'inter' (cross-node) tier")
-    if not isinstance(c.aliases, tuple) or not all(isinstance(a, str) and a for a in c.aliases):
-        raise ClusterSpecError(f"{where}: field 'aliases' must be a list of names, got {c.aliases!r}")
-    _text(where, "source", c.source, required=False)
-    if not isinstance(c.sources, Mapping):
-        raise ClusterSpecError(f"{where}: field 'sources' must be a mapping of field name to source, got {c.sources!r}")
-    for k, v in c.sources.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise ClusterSpecError(f"{where}: field 'sources' must map field names to source strings, got {k!r}: {v!r}")
-    for f in ("intra.bandwidth_gb_per_s", "intra.latency_us") + (("inter.nic_bandwidth_gbit_per_s", "inter.latency_us") if c.inter else ()):
-        if not c.source_of(f):
-            raise ClusterSpecError(f"{where}: field '{f}' has no source; give 'source' or 'sources.{f}'")
-    if isinstance(c.schema_version, bool) or c.schema_version != SCHEMA_VERSION:
-        raise ClusterSpecError(f"{where}: field 'schema_version' is {c.schema_version!r}, this wattcast reads {SCHEMA_VERSION}")
-    # whole numbers given as 8.0 are kept as ints (GPU and NIC counts index and divide)
-    c = dataclasses.replace(c, gpus_per_node=int(c.gpus_per_node), max_nodes=None if c.max_nodes is None else int(c.max_nodes))
-    if c.inter is not None and not isinstance(c.inter.nics_per_node, int):
-        c = dataclasses.replace(c, inter=dataclasses.replace(c.inter, nics_per_node=int(c.inter.nics_per_node)))
-    return c
-
-
-_TOP = {f.name for f in dataclasses.fields(ClusterSpec)}
-_INTRA = {f.name for f in dataclasses.fields(IntraNode)}
-_INTER = {f.name for f in dataclasses.fields(InterNode)}
-
-
-def _section(name: str, what: str, v: Any, known: set[str], required: tuple[str, ...]) -> dict[str, Any]:
-    """The ``intra``/``inter`` mapping: a mapping with only known fields and every required one."""
-    where = f"cluster {name!r}"
-    if not isinstance(v, Mapping):
-        raise ClusterSpecError(f"{where}: field '{what}' must be a mapping (kind: ..., {required[1]}: ...), "
-                               f"got {v!r} ({type(v).__name__})")
-    unknown = sorted((k for k in v if k not in known), key=str)
-    if unknown:
-        raise ClusterSpecError(f"{where}: unknown field(s) {', '.join(f'{what}.{u}' for u in unknown)}; "
-                               f"known: {', '.join(sorted(f'{what}.{k}' for k in known))}")
-    missing = [k for k in required if v.get(k) is None]
-    if missing:
-        raise ClusterSpecError(f"{where}: required field(s) {', '.join(f'{what}.{k}' for k in missing)} missing")
-    return dict(v)
+    """``c`` checked on :class:`ClusterSpecModel` (whole-number counts given as floats become ints)."""
+    d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+    for tier in ("intra", "inter"):
+        if dataclasses.is_dataclass(d[tier]):
+            d[tier] = dataclasses.asdict(d[tier])
+    return _validated(d)
 
 
 def cluster_from_dict(d: Mapping[str, Any], *, device: str | None = None) -> ClusterSpec:
@@ -224,68 +282,52 @@ def cluster_from_dict(d: Mapping[str, Any], *, device: str | None = None) -> Clu
     when the dict has none (an ASTRA-sim file names none); given, it overrides the dict's own."""
     if not isinstance(d, Mapping):
         raise ClusterSpecError(f"cluster spec must be a mapping of fields, got {type(d).__name__}")
-    if device is not None:
-        _text("cluster spec", "device", device)
     if "topology" in d and "npus_count" in d:
         return from_astra_network(d, device=device)
-    name = d.get("name", "?")
-    unknown = sorted((k for k in d if k not in _TOP), key=str)
-    if unknown:
-        raise ClusterSpecError(f"cluster {name!r}: unknown field(s) {', '.join(map(str, unknown))}; "
-                               f"known: {', '.join(sorted(_TOP))}")
-    if d.get("intra") is None:
-        raise ClusterSpecError(f"cluster {name!r}: required field 'intra' is missing")
-    intra = IntraNode(**_section(name, "intra", d["intra"], _INTRA, ("kind", "bandwidth_gb_per_s", "latency_us")))
-    inter = None
-    if d.get("inter") is not None:
-        inter = InterNode(**_section(name, "inter", d["inter"], _INTER,
-                                     ("kind", "nics_per_node", "nic_bandwidth_gbit_per_s", "latency_us")))
-    kw = {k: v for k, v in d.items() if k not in ("intra", "inter")}
-    if device is not None:
-        kw["device"] = device
-    for req in ("name", "device", "gpus_per_node"):
-        if kw.get(req) in (None, ""):
-            raise ClusterSpecError(f"cluster {name!r}: required field '{req}' is missing")
-    aliases = kw.get("aliases")
-    if aliases is None:
-        kw["aliases"] = ()
-    elif isinstance(aliases, (list, tuple)):
-        kw["aliases"] = tuple(aliases)
-    else:
-        raise ClusterSpecError(f"cluster {name!r}: field 'aliases' must be a list of names, got {aliases!r}")
-    sources = kw.get("sources")
-    if sources is None:
-        kw["sources"] = {}
-    elif isinstance(sources, Mapping):
-        kw["sources"] = dict(sources)
-    else:
-        raise ClusterSpecError(f"cluster {name!r}: field 'sources' must be a mapping of field name to source, got {sources!r}")
-    if kw.get("source") is None:
-        kw.pop("source", None)
-    return validate_cluster(ClusterSpec(intra=intra, inter=inter, **kw))
+    return _validated(dict(d) if device is None else {**d, "device": device})
 
 
-def _astra_list(d: Mapping[str, Any], key: str) -> list:
-    v = d.get(key)
-    if v is None:
-        raise ClusterSpecError(f"ASTRA-sim network: required field '{key}' is missing "
-                               "(need topology, npus_count, bandwidth, latency lists, one entry per dimension)")
+def _dimensions(v: Any) -> Any:
     if not isinstance(v, (list, tuple)):
-        raise ClusterSpecError(f"ASTRA-sim network: field '{key}' must be a list (one entry per dimension), got {v!r}")
+        raise problem("wc_type", f"{FIELD} must be a list (one entry per dimension), got {v!r}")
     return list(v)
 
 
-def _astra_number(key: str, i: int, v: Any, *, integer: bool = False, allow_zero: bool = False) -> float | int:
-    what = f"{key}[{i}]"
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ClusterSpecError(f"ASTRA-sim network: field '{what}' must be a number, got {v!r}")
-    if v < 0 or (v == 0 and not allow_zero):
-        raise ClusterSpecError(f"ASTRA-sim network: field '{what}' must be positive, got {v!r}")
-    if integer:
-        if int(v) != v:
-            raise ClusterSpecError(f"ASTRA-sim network: field '{what}' must be a whole number of NPUs, got {v!r}")
-        return int(v)
-    return float(v)
+def _topology_name(v: Any) -> Any:
+    if not isinstance(v, str) or not v:
+        raise problem("wc_type", f"{FIELD} must be a topology name (Ring, Switch, FullyConnected), got {v!r}")
+    return v
+
+
+def _per_dimension(item: Any) -> Any:
+    return Annotated[list[item], BeforeValidator(_dimensions)]
+
+
+class AstraNetworkModel(BaseModel):
+    """ASTRA-sim's analytical network config: one entry per dimension in each list (other keys, such as ``device``
+    and ``name``, are read by :func:`from_astra_network`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent(cls, d: Any) -> Any:
+        return _drop_absent(d, ("topology", "npus_count", "bandwidth", "latency"))
+
+    topology: _per_dimension(Annotated[Any, AfterValidator(_topology_name)])
+    npus_count: _per_dimension(Annotated[Any, AfterValidator(number(integer=True, whole_msg="must be a whole number of "
+                                                                                            "NPUs, got {v!r}")),
+                                         AfterValidator(int)])
+    bandwidth: _per_dimension(Annotated[Any, AfterValidator(number()), AfterValidator(float)])
+    latency: _per_dimension(Annotated[Any, AfterValidator(number(zero=True)), AfterValidator(float)])
+
+    @model_validator(mode="after")
+    def _same_length(self) -> "AstraNetworkModel":
+        n = (len(self.topology), len(self.npus_count), len(self.bandwidth), len(self.latency))
+        if len(set(n)) > 1 or not n[0]:
+            raise problem("wc_rule", "topology, npus_count, bandwidth and latency must have the same length "
+                                     f"(one entry per dimension), got {', '.join(map(str, n))}")
+        return self
 
 
 def from_astra_network(d: Mapping[str, Any], *, device: str | None = None, name: str = "astra-sim network") -> ClusterSpec:
@@ -294,23 +336,17 @@ def from_astra_network(d: Mapping[str, Any], *, device: str | None = None, name:
     The device is not part of ASTRA-sim's file: pass it (or add a ``device`` key)."""
     if not isinstance(d, Mapping):
         raise ClusterSpecError(f"ASTRA-sim network: the config must be a mapping, got {type(d).__name__}")
-    topo = _astra_list(d, "topology")
-    for i, t in enumerate(topo):
-        if not isinstance(t, str) or not t:
-            raise ClusterSpecError(f"ASTRA-sim network: field 'topology[{i}]' must be a topology name (Ring, Switch, "
-                                   f"FullyConnected), got {t!r}")
-    npus = [_astra_number("npus_count", i, x, integer=True) for i, x in enumerate(_astra_list(d, "npus_count"))]
-    bw = [_astra_number("bandwidth", i, x) for i, x in enumerate(_astra_list(d, "bandwidth"))]
-    lat = [_astra_number("latency", i, x, allow_zero=True) for i, x in enumerate(_astra_list(d, "latency"))]
-    if not (len(topo) == len(npus) == len(bw) == len(lat)) or not topo:
-        raise ClusterSpecError("ASTRA-sim network: topology, npus_count, bandwidth and latency must have the same length "
-                               f"(one entry per dimension), got {len(topo)}, {len(npus)}, {len(bw)}, {len(lat)}")
+    try:
+        m = AstraNetworkModel.model_validate(d)
+    except ValidationError as e:
+        msg = first_problem(e, missing=lambda f: f"required field '{f}' is missing (need topology, npus_count, "
+                                                 "bandwidth, latency lists, one entry per dimension)")
+        raise ClusterSpecError(f"ASTRA-sim network: {msg}") from None
+    topo, npus, bw, lat = m.topology, m.npus_count, m.bandwidth, m.latency
     dev = device if device is not None else d.get("device")
     if dev is None or dev == "":
         raise ClusterSpecError("ASTRA-sim network: the file names no GPU; add 'device: NAME' or pass --device")
-    _text("ASTRA-sim network", "device", dev)
     cname = d.get("name", name)
-    _text("ASTRA-sim network", "name", cname)
     src = "ASTRA-sim analytical network config"
     intra = IntraNode(kind="nvswitch" if topo[0].lower() in ("switch", "fullyconnected") else "nvlink",
                       bandwidth_gb_per_s=bw[0], latency_us=lat[0] / 1e3)
@@ -375,8 +411,7 @@ def resolve_cluster(name_or_path: str | Path | ClusterSpec, *, device: str | Non
     else:
         c = _resolve_cluster(name_or_path, device)
     if device is not None and c.device != device:
-        _text(f"cluster {c.name!r}", "device", device)
-        c = dataclasses.replace(c, device=device)
+        c = validate_cluster(dataclasses.replace(c, device=device))
     return c
 
 

@@ -3,7 +3,8 @@
 Units live in the field names. Every non-empty figure carries a citation: either the
 spec-wide ``source`` or a per-field entry in ``sources``.
 
-Every :class:`DeviceSpec` checks its own values when it is built (``__post_init__``), whatever builds it:
+Validation is a pydantic v2 model, :class:`DeviceSpecModel` (its validators in :mod:`wattcast.data.spec_model`).
+Every :class:`DeviceSpec` checks its own values on it when it is built (``__post_init__``), whatever builds it:
 a spec file, NeuSight JSON import, the catalog, ``dataclasses.replace`` or user code. Missing required
 fields, numbers that are not finite and positive (or are given as text), text fields that are not strings
 (``name``, ``vendor``, ``arch``, ``interconnect``, ``memory_type``, ``source``), ``aliases`` that is not a
@@ -21,28 +22,21 @@ when it is missing. Give ``tdp_w`` for any device you want step, energy or footp
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
-from wattcast.data.checks import exotic_allowed
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo,
+                      model_validator)
+
+from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
+                                      text)
 
 SCHEMA_VERSION = 1
 
 #: dtypes a kernel can run in, and the peak field each one uses for matrix (GEMM/conv) work.
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
-_REQUIRED = (
-    "name",
-    "peak_fp32_tflops",
-    "memory_gb",
-    "memory_bandwidth_gbps",
-    "num_sms",
-    "boost_clock_mhz",
-    "l2_cache_mb",
-)
 
 _NUMERIC = (
     "peak_fp32_tflops",
@@ -65,9 +59,6 @@ _NUMERIC = (
     "die_area_mm2",
     "launch_price_usd",
 )
-
-#: fields that hold text (None allowed where the field is optional)
-_TEXT = ("name", "vendor", "arch", "interconnect", "memory_type", "source")
 
 VENDORS = ("nvidia", "amd", "intel", "other")
 
@@ -128,9 +119,9 @@ class DeviceSpec(SpecRecord):
 
     def __post_init__(self) -> None:
         # every construction path (files, NeuSight import, catalog, dataclasses.replace, user code) is checked
-        if isinstance(self.aliases, list):
-            object.__setattr__(self, "aliases", tuple(self.aliases))
-        check_values(self)
+        m = _check(_values(self))
+        object.__setattr__(self, "aliases", m.aliases)  # a list becomes a tuple, None none
+        object.__setattr__(self, "sources", m.sources)
 
     # ----------------------------------------------------------------- derived
     @property
@@ -169,145 +160,161 @@ def normalise_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", str(name).lower())
 
 
-def _where(spec: DeviceSpec) -> str:
-    name = getattr(spec, "name", None)
-    return f"device {name!r}" if isinstance(name, str) and name else "device spec"
-
-
-def _is_number(v: Any) -> bool:
-    """An int, float or numpy scalar number (not a bool, not text)."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-#: field -> (lowest, highest plausible value, the unit a too-small figure is likely in, the unit a too-large one is):
-#: figures 1,000x off, e.g. TDP in kW, memory in bytes, bandwidth in B/s or TB/s, a peak in FLOP/s, a clock in Hz.
-#: The bounds hold well outside every datasheet of the catalog (P4's 75 W to MI355X's 1,400 W; 8-288 GB; 192 GB/s-8 TB/s).
-_PLAUSIBLE = {
-    "tdp_w": (5.0, 5000.0, "kW", "mW"),
-    "idle_power_w": (0.5, 2000.0, "kW", "mW"),
-    "memory_gb": (0.25, 5000.0, "TB", "bytes or MB"),
-    "memory_bandwidth_gbps": (5.0, 200000.0, "TB/s", "B/s or MB/s"),
-    "peak_fp32_tflops": (0.01, 20000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
-    "peak_tf32_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
-    "peak_fp16_tflops": (0.01, 100000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
-    "peak_bf16_tflops": (0.01, 100000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
-    "peak_fp8_tflops": (0.01, 200000.0, "PFLOP/s", "FLOP/s or GFLOP/s"),
-    "boost_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz"),
-    "base_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz"),
-    "l2_cache_mb": (0.01, 10000.0, "GB", "bytes or KB"),
-    "interconnect_bandwidth_gbps": (1.0, 20000.0, "TB/s", "B/s or MB/s"),
-    "die_area_mm2": (10.0, 50000.0, "cm^2", "square micrometres"),  # to a wafer-scale chip (46,225 mm^2)
+#: field -> (lowest, highest plausible value, the unit a too-small figure is likely in, the unit a too-large one is,
+#: the unit to give it in): figures 1,000x off, e.g. TDP in kW, memory in bytes, bandwidth in B/s or TB/s, a peak in
+#: FLOP/s, a clock in Hz. The bounds hold well outside every datasheet of the catalog (P4's 75 W to MI355X's 1,400 W;
+#: 8-288 GB; 192 GB/s-8 TB/s).
+PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
+    "tdp_w": (5.0, 5000.0, "kW", "mW", "watts"),
+    "idle_power_w": (0.5, 2000.0, "kW", "mW", "watts"),
+    "memory_gb": (0.25, 5000.0, "TB", "bytes or MB", "GB"),
+    "memory_bandwidth_gbps": (5.0, 200000.0, "TB/s", "B/s or MB/s", "GB/s"),
+    "peak_fp32_tflops": (0.01, 20000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
+    "peak_tf32_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
+    "peak_fp16_tflops": (0.01, 100000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
+    "peak_bf16_tflops": (0.01, 100000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
+    "peak_fp8_tflops": (0.01, 200000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
+    "boost_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz", "MHz"),
+    "base_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz", "MHz"),
+    "l2_cache_mb": (0.01, 10000.0, "GB", "bytes or KB", "MB"),
+    "interconnect_bandwidth_gbps": (1.0, 20000.0, "TB/s", "B/s or MB/s", "GB/s"),
+    "die_area_mm2": (10.0, 50000.0, "cm^2", "square micrometres", "mm^2"),  # to a wafer-scale chip (46,225 mm^2)
 }
-_UNIT = {"tdp_w": "watts", "idle_power_w": "watts", "memory_gb": "GB", "memory_bandwidth_gbps": "GB/s",
-         "peak_fp32_tflops": "TFLOP/s", "peak_tf32_tflops": "TFLOP/s", "peak_fp16_tflops": "TFLOP/s",
-         "peak_bf16_tflops": "TFLOP/s", "peak_fp8_tflops": "TFLOP/s", "boost_clock_mhz": "MHz", "base_clock_mhz": "MHz",
-         "l2_cache_mb": "MB", "interconnect_bandwidth_gbps": "GB/s", "die_area_mm2": "mm^2"}
 
 
-def check_values(spec: DeviceSpec) -> DeviceSpec:
-    """Return ``spec`` or raise :class:`DeviceSpecError` naming the bad field and its value.
-
-    Types (numbers, text, aliases, sources), required fields, positive finite figures and the consistency
-    rules a datasheet never breaks. Runs on every construction (``DeviceSpec.__post_init__``); the
-    citation rule is in :func:`validate`.
-    """
-    where = _where(spec)
-    for f in _REQUIRED:
-        v = getattr(spec, f)
-        if v is None or (isinstance(v, str) and not v.strip()):
-            raise DeviceSpecError(f"{where}: required field '{f}' is missing")
-    for f in _TEXT:
-        v = getattr(spec, f)
-        if v is None and f not in ("name", "vendor", "arch", "source"):
-            continue
-        if not isinstance(v, str):
-            raise DeviceSpecError(f"{where}: field '{f}' must be text (a string), got {v!r}")
-    if not isinstance(spec.aliases, tuple):
-        raise DeviceSpecError(f"{where}: field 'aliases' must be a list of strings, got {spec.aliases!r}")
-    bad = [a for a in spec.aliases if not isinstance(a, str)]
+def _aliases(v: Any) -> Any:
+    v = () if v is None or v == "" else tuple(v) if isinstance(v, list) else v  # tuple('abc'): three aliases
+    if not isinstance(v, tuple):
+        raise problem("wc_type", f"{FIELD} must be a list of strings, got {v!r}")
+    bad = [a for a in v if not isinstance(a, str)]
     if bad:
-        raise DeviceSpecError(f"{where}: field 'aliases' must be a list of strings, got {bad[0]!r} in {list(spec.aliases)!r}")
-    if not isinstance(spec.sources, Mapping):
-        raise DeviceSpecError(
-            f"{where}: field 'sources' must be a mapping of field name -> citation (strings), got {spec.sources!r}"
-        )
-    bad = [(k, c) for k, c in spec.sources.items() if not (isinstance(k, str) and isinstance(c, str))]
+        raise problem("wc_type", f"{FIELD} must be a list of strings, got {bad[0]!r} in {list(v)!r}")
+    return v
+
+
+def _sources(v: Any) -> Any:
+    v = {} if v is None or v == "" else v
+    if not isinstance(v, Mapping):
+        raise problem("wc_type", f"{FIELD} must be a mapping of field name -> citation (strings), got {v!r}")
+    bad = [(k, c) for k, c in v.items() if not (isinstance(k, str) and isinstance(c, str))]
     if bad:
-        raise DeviceSpecError(
-            f"{where}: field 'sources' must map field names to citation strings, got {bad[0][0]!r}: {bad[0][1]!r}"
-        )
-    for f in _NUMERIC:
-        v = getattr(spec, f)
-        if v is None:
-            continue
-        if not _is_number(v):
-            raise DeviceSpecError(f"{where}: field '{f}' must be a number, got {v!r}")
-        if not math.isfinite(v) or v <= 0:
-            raise DeviceSpecError(f"{where}: field '{f}' must be a positive finite number, got {v!r}")
-    if spec.vendor not in VENDORS:
-        raise DeviceSpecError(f"{where}: field 'vendor' must be nvidia|amd|intel|other, got {spec.vendor!r}")
-    # Figures 1,000x off (a unit mix-up) first: the consistency rules below would misname them.
-    # ``--force`` (:func:`wattcast.data.checks.allow_exotic`) lets a deliberately exotic figure through.
-    for f, (lo, hi, low_unit, high_unit) in (() if exotic_allowed() else _PLAUSIBLE.items()):
-        v = getattr(spec, f)
-        if v is None:
-            continue
-        if v > hi:
-            raise DeviceSpecError(f"{where}: field '{f}' is {v:g}, over {hi:g}: it looks like {high_unit}; give it in "
-                                  f"{_UNIT[f]} (or pass --force for a deliberately exotic value)")
-        if v < lo:
-            raise DeviceSpecError(f"{where}: field '{f}' is {v:g}, under {lo:g}: it looks like {low_unit}; give it in "
-                                  f"{_UNIT[f]} (or pass --force for a deliberately exotic value)")
-    # Consistency rules a datasheet never breaks.
-    if spec.base_clock_mhz and spec.base_clock_mhz > spec.boost_clock_mhz * 1.001:
-        raise DeviceSpecError(
-            f"{where}: field 'base_clock_mhz' ({spec.base_clock_mhz}) exceeds boost_clock_mhz ({spec.boost_clock_mhz})"
-        )
-    for f in ("peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "peak_fp8_tflops", "peak_fp32_matrix_tflops"):
-        v = getattr(spec, f)
-        if v is not None and v < spec.peak_fp32_tflops * 0.999 and f != "peak_fp32_matrix_tflops":
-            # a reduced-precision matrix peak below vector FP32 means a typo (or a non-tensor figure)
-            raise DeviceSpecError(
-                f"{where}: field '{f}' ({v}) is below peak_fp32_tflops ({spec.peak_fp32_tflops}); "
-                "reduced-precision peaks are dense tensor/matrix figures and are never slower than FP32"
-            )
-    for half in ("peak_fp16_tflops", "peak_bf16_tflops"):
-        h = getattr(spec, half)
-        if spec.peak_fp8_tflops and h and spec.peak_fp8_tflops < h * 0.999:
-            raise DeviceSpecError(f"{where}: field 'peak_fp8_tflops' ({spec.peak_fp8_tflops}) is below {half} ({h}); FP8 "
-                                  "tensor cores run at least at the 16-bit rate (dense figures for both)")
-    if spec.idle_power_w and spec.tdp_w and spec.idle_power_w >= spec.tdp_w:
-        raise DeviceSpecError(f"{where}: field 'idle_power_w' ({spec.idle_power_w}) must be below tdp_w ({spec.tdp_w})")
-    if spec.cores_per_sm is not None and int(spec.cores_per_sm) != spec.cores_per_sm:
-        raise DeviceSpecError(f"{where}: field 'cores_per_sm' must be an integer, got {spec.cores_per_sm!r}")
-    if int(spec.num_sms) != spec.num_sms:
-        raise DeviceSpecError(f"{where}: field 'num_sms' must be an integer, got {spec.num_sms!r}")
-    # FP32 peak must be reachable by the cores: peak <= 2 * sms * cores * clock (+5% slack).
-    if spec.cores_per_sm:
-        bound = 2 * spec.num_sms * spec.cores_per_sm * spec.boost_clock_mhz * 1e6 / 1e12
-        if spec.peak_fp32_tflops > bound * 1.05 and spec.vendor == "nvidia":
-            raise DeviceSpecError(
-                f"{where}: field 'peak_fp32_tflops' ({spec.peak_fp32_tflops}) exceeds "
-                f"2 x num_sms x cores_per_sm x boost_clock = {bound:.1f} TFLOP/s"
-            )
-    if isinstance(spec.schema_version, bool) or spec.schema_version != SCHEMA_VERSION:
-        raise DeviceSpecError(
-            f"{where}: field 'schema_version' is {spec.schema_version!r}, this wattcast reads {SCHEMA_VERSION}"
-        )
-    return spec
+        raise problem("wc_type", f"{FIELD} must map field names to citation strings, got {bad[0][0]!r}: {bad[0][1]!r}")
+    return dict(v)
+
+
+_POSITIVE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}")
+_WHOLE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}",
+                integer=True, whole_msg="must be an integer, got {v!r}")
+
+
+def _figure(name: str, *, needed: bool = False, whole: bool = False) -> Any:
+    """The type of a numeric spec field: a positive finite number (whole with ``whole``), inside its plausible range
+    (:data:`PLAUSIBLE`) when it has one."""
+    checks = [AfterValidator(required)] if needed else []
+    checks.append(AfterValidator(optional(_WHOLE if whole else _POSITIVE)))
+    if name in PLAUSIBLE:
+        checks.append(AfterValidator(plausible(*PLAUSIBLE[name])))
+    return Annotated[(Any, *checks)]
+
+
+_TEXT = AfterValidator(text())
+_Text = Annotated[Any, _TEXT]
+_OptionalText = Annotated[Any, AfterValidator(optional(text()))]
+
+
+class DeviceSpecModel(BaseModel):
+    """The validation model of a device spec (the fields of :class:`DeviceSpec`, in the order problems are
+    reported): types, required fields, positive finite figures, plausible ranges (units off by 1,000x, lifted by
+    :func:`wattcast.data.checks.allow_exotic` / ``--force``) and the consistency rules a datasheet never breaks.
+    Validated with ``context={"cite": True}`` it also asks every figure for a citation (the rule of spec files).
+    Values are checked, never converted: a :class:`DeviceSpec` holds what it was given."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[Any, AfterValidator(required), _TEXT]
+    vendor: Annotated[Any, _TEXT, AfterValidator(one_of(VENDORS, "must be nvidia|amd|intel|other, got {v!r}"))] = "nvidia"
+    arch: _Text = ""
+    interconnect: _OptionalText = None
+    memory_type: _OptionalText = None
+    source: _Text = ""
+    aliases: Annotated[Any, BeforeValidator(_aliases)] = ()
+    sources: Annotated[Any, BeforeValidator(_sources)] = {}
+    tdp_w: _figure("tdp_w") = None
+    idle_power_w: _figure("idle_power_w") = None
+    memory_gb: _figure("memory_gb", needed=True)
+    memory_bandwidth_gbps: _figure("memory_bandwidth_gbps", needed=True)
+    peak_fp32_tflops: _figure("peak_fp32_tflops", needed=True)
+    peak_fp32_matrix_tflops: _figure("peak_fp32_matrix_tflops") = None
+    peak_tf32_tflops: _figure("peak_tf32_tflops") = None
+    peak_fp16_tflops: _figure("peak_fp16_tflops") = None
+    peak_bf16_tflops: _figure("peak_bf16_tflops") = None
+    peak_fp8_tflops: _figure("peak_fp8_tflops") = None
+    boost_clock_mhz: _figure("boost_clock_mhz", needed=True)
+    base_clock_mhz: _figure("base_clock_mhz") = None
+    l2_cache_mb: _figure("l2_cache_mb", needed=True)
+    interconnect_bandwidth_gbps: _figure("interconnect_bandwidth_gbps") = None
+    die_area_mm2: _figure("die_area_mm2") = None
+    num_sms: _figure("num_sms", needed=True, whole=True)
+    cores_per_sm: _figure("cores_per_sm", whole=True) = None
+    process_node_nm: _figure("process_node_nm") = None
+    launch_price_usd: _figure("launch_price_usd") = None
+    schema_version: Annotated[Any, AfterValidator(schema(SCHEMA_VERSION))] = SCHEMA_VERSION
+
+    @model_validator(mode="after")
+    def _consistent(self, info: ValidationInfo) -> "DeviceSpecModel":
+        """The rules between fields a datasheet never breaks, then (spec files) the citation of every figure."""
+        s = self
+        if s.base_clock_mhz and s.base_clock_mhz > s.boost_clock_mhz * 1.001:
+            raise problem("wc_rule", f"field 'base_clock_mhz' ({s.base_clock_mhz}) exceeds boost_clock_mhz "
+                                     f"({s.boost_clock_mhz})")
+        for f in ("peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "peak_fp8_tflops"):
+            v = getattr(s, f)
+            if v is not None and v < s.peak_fp32_tflops * 0.999:
+                # a reduced-precision matrix peak below vector FP32 means a typo (or a non-tensor figure)
+                raise problem("wc_rule", f"field '{f}' ({v}) is below peak_fp32_tflops ({s.peak_fp32_tflops}); "
+                              "reduced-precision peaks are dense tensor/matrix figures and are never slower than FP32")
+        for half in ("peak_fp16_tflops", "peak_bf16_tflops"):
+            h = getattr(s, half)
+            if s.peak_fp8_tflops and h and s.peak_fp8_tflops < h * 0.999:
+                raise problem("wc_rule", f"field 'peak_fp8_tflops' ({s.peak_fp8_tflops}) is below {half} ({h}); FP8 "
+                              "tensor cores run at least at the 16-bit rate (dense figures for both)")
+        if s.idle_power_w and s.tdp_w and s.idle_power_w >= s.tdp_w:
+            raise problem("wc_rule", f"field 'idle_power_w' ({s.idle_power_w}) must be below tdp_w ({s.tdp_w})")
+        # FP32 peak must be reachable by the cores: peak <= 2 * sms * cores * clock (+5% slack).
+        if s.cores_per_sm and s.vendor == "nvidia":
+            bound = 2 * s.num_sms * s.cores_per_sm * s.boost_clock_mhz * 1e6 / 1e12
+            if s.peak_fp32_tflops > bound * 1.05:
+                raise problem("wc_rule", f"field 'peak_fp32_tflops' ({s.peak_fp32_tflops}) exceeds "
+                                         f"2 x num_sms x cores_per_sm x boost_clock = {bound:.1f} TFLOP/s")
+        if info.context and info.context.get("cite"):
+            for f in _NUMERIC:
+                if getattr(s, f) is not None and not (s.sources.get(f) or s.source):
+                    raise problem("wc_citation", f"field '{f}' has no source; give 'source' or 'sources.{f}'")
+        return s
+
+
+def _check(values: Mapping[str, Any], *, cite: bool = False) -> DeviceSpecModel:
+    """Validate ``values`` (a spec's fields) on :class:`DeviceSpecModel`; :class:`DeviceSpecError` naming the first
+    problem's field and value (and the device)."""
+    try:
+        return DeviceSpecModel.model_validate(values, context={"cite": cite})
+    except ValidationError as e:
+        name = values.get("name")
+        where = f"device {name!r}" if isinstance(name, str) and name else "device spec"
+        raise DeviceSpecError(f"{where}: {first_problem(e, known=lambda section: sorted(_FIELDS))}") from None
+
+
+def _values(spec: DeviceSpec) -> dict[str, Any]:
+    return {f: getattr(spec, f) for f in _FIELDS}
 
 
 def validate(spec: DeviceSpec) -> DeviceSpec:
     """Return ``spec`` unchanged or raise :class:`DeviceSpecError` naming the bad field.
 
-    The value checks of :func:`check_values` (already run when ``spec`` was built) plus the citation rule of
-    spec files: every figure needs ``source`` or ``sources.<field>``.
+    The value checks every :class:`DeviceSpec` passes when it is built, plus the citation rule of spec files:
+    every figure needs ``source`` or ``sources.<field>``.
     """
-    check_values(spec)
-    where = _where(spec)
-    for f in _NUMERIC:
-        if getattr(spec, f) is not None and not spec.source_of(f):
-            raise DeviceSpecError(f"{where}: field '{f}' has no source; give 'source' or 'sources.{f}'")
+    _check(_values(spec), cite=True)
     return spec
 
 
@@ -315,23 +322,7 @@ _FIELDS = {f.name for f in dataclasses.fields(DeviceSpec)}
 
 
 def from_dict(d: Mapping[str, Any]) -> DeviceSpec:
-    """Build and validate a spec from a plain mapping (YAML/JSON in the own schema)."""
-    unknown = sorted(set(d) - _FIELDS)
-    if unknown:
-        raise DeviceSpecError(
-            f"device spec {d.get('name', '?')!r}: unknown field(s) {', '.join(unknown)}; "
-            f"known fields: {', '.join(sorted(_FIELDS))}"
-        )
-    kw = dict(d)
-    # empty (None, '') means none; anything but a list / mapping is passed on and refused by DeviceSpec,
-    # naming the field (tuple('abc') would make three one-letter aliases)
-    if "aliases" in kw:
-        a = kw["aliases"]
-        kw["aliases"] = () if a is None or a == "" else tuple(a) if isinstance(a, (list, tuple)) else a
-    if "sources" in kw:
-        src = kw["sources"]
-        kw["sources"] = {} if src is None or src == "" else dict(src) if isinstance(src, Mapping) else src
-    missing = [f for f in _REQUIRED if kw.get(f) is None or (isinstance(kw.get(f), str) and not kw[f].strip())]
-    if missing:
-        raise DeviceSpecError(f"device spec {d.get('name', '?')!r}: required field '{missing[0]}' is missing")
-    return validate(DeviceSpec(**kw))
+    """Build and validate a spec from a plain mapping (YAML/JSON in the own schema), citations included."""
+    m = _check(d, cite=True)  # unknown and missing fields too, before the dataclass sees them
+    # the model's aliases and sources: a list read as a tuple, an empty entry (None, '') as none
+    return DeviceSpec(**{**d, "aliases": m.aliases, "sources": m.sources})

@@ -1,8 +1,10 @@
 """Hugging Face ``config.json`` files, read without ``transformers``: field aliases and model families.
 
-:func:`load_hf_config` accepts a path, a dict or a built-in name (:data:`BUILTIN_MODELS`) and returns a
-:class:`HFConfig` with normalised fields; :func:`graph_from_hf_config` dispatches on ``model_type`` to
-the generators in :mod:`wattcast.featurize.hf_models`.
+:func:`load_hf_config` accepts a path, a model folder, a dict, a built-in name (:func:`builtin_models`) or a Hub id in
+the local Hugging Face cache (:mod:`wattcast.featurize.hub_cache`) and returns a :class:`HFConfig` with normalised
+fields, validated on the pydantic v2 model :class:`HFConfigModel` (optional fields the graph builders read go through
+the same pydantic types: :func:`int_field`, :func:`bool_field`, :func:`fraction_field`); ``model_type`` picks the
+generator family (:data:`MODEL_TYPES`) in :mod:`wattcast.featurize.hf_models`.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
+                      model_validator)
+
+from wattcast.data.spec_model import FIELD, NAME, first_problem, problem
 from wattcast.featurize.op_graph import GraphError
 
 #: aliases, in order of preference, for each normalised field
@@ -137,57 +143,68 @@ class HFConfig:
         return top_k
 
 
-def _where(origin: str, key: str) -> str:
-    return f"{origin}: field '{key}'"
+# ------------------------------------------------------------------ validation: pydantic types and the config model
+def _whole(minimum: int = 1, ref: str = FIELD):
+    """A whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors), returned as an int.
+    ``ref`` is how the message names the field (:data:`FIELD` "field 'x'", :data:`NAME` "x")."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            raise problem("wc_type", f"{ref} must be an integer, got {v!r}")
+        if v < minimum:
+            raise problem("wc_value", f"{ref} must be {what}, got {v!r}")
+        return int(v)
+
+    return check
 
 
-def int_field(raw: Mapping[str, Any], key: str, origin: str, *, minimum: int = 1) -> int:
-    """``raw[key]`` as a whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors)."""
-    v = raw.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        raise GraphError(f"{_where(origin, key)} must be an integer, got {v!r}")
-    if v < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise GraphError(f"{_where(origin, key)} must be {what}, got {v!r}")
-    return int(v)
-
-
-def bool_field(raw: Mapping[str, Any], key: str, origin: str, default: bool) -> bool:
-    """``raw[key]`` as a JSON boolean; ``default`` when absent or null."""
-    v = raw.get(key)
-    if v is None:
-        return default
+def _flag(v: Any) -> bool:
     if not isinstance(v, bool):
-        raise GraphError(f"{_where(origin, key)} must be true or false, got {v!r}")
+        raise problem("wc_type", f"{FIELD} must be true or false, got {v!r}")
     return v
 
 
-def fraction_field(raw: Mapping[str, Any], key: str, origin: str) -> float:
-    """``raw[key]`` as a number in [0, 1]."""
-    v = raw.get(key)
+def _fraction(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-        raise GraphError(f"{_where(origin, key)} must be a number between 0 and 1, got {v!r}")
+        raise problem("wc_value", f"{FIELD} must be a number between 0 and 1, got {v!r}")
     return float(v)
 
 
-def _first(raw: Mapping[str, Any], key: str) -> Any:
-    for alias in ALIASES[key]:
-        if raw.get(alias) is not None:
-            return raw[alias]
-    return None
+def _layers(v: int) -> int:
+    if v > MAX_LAYERS:
+        raise problem("wc_plausible", f"{FIELD} is {v:,}: over {MAX_LAYERS:,} layers, beyond any published model (the "
+                                      "largest have 100-200); wattcast refuses it rather than build a graph for hours")
+    return v
 
 
-def _positive_int(value: Any, what: str, origin: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
-        raise GraphError(f"{origin}: {what} must be an integer, got {value!r}")
-    if value <= 0:
-        raise GraphError(f"{origin}: {what} must be a positive integer, got {value!r}")
-    return int(value)
+def _rope_theta(v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise problem("wc_value", f"{FIELD} must be a positive number (the RoPE base, e.g. 10000), got {v!r}")
+    return v
 
 
-def _alias(raw: Mapping[str, Any], key: str) -> str:
-    """The alias of ``key`` the config sets (for error messages)."""
-    return next((a for a in ALIASES[key] if raw.get(a) is not None), ALIASES[key][0])
+def _torch_dtype(v: Any) -> Any:
+    name = v.strip().lower().removeprefix("torch.") if isinstance(v, str) else None
+    if name not in TORCH_DTYPES:
+        raise problem("wc_value", f"{FIELD} is {v!r}, not a torch dtype; expected one of {', '.join(TORCH_DTYPES)} "
+                                  "(the step's dtype is set by --dtype)")
+    return v
+
+
+def _activation(v: Any) -> Any:
+    if not isinstance(v, str) or not v.strip():
+        raise problem("wc_type", f"{FIELD} must be an activation name, got {v!r}")
+    return v
+
+
+_COUNT = Annotated[Any, AfterValidator(_whole(ref=NAME))]
+
+
+def _aliases(key: str, *default: None) -> Any:
+    """A normalised field read from the first of its :data:`ALIASES` the config sets (errors name that alias);
+    required unless a ``default`` is given."""
+    return Field(*default, validation_alias=AliasChoices(*ALIASES[key]))
 
 
 def _non_finite(raw: Mapping[str, Any], prefix: str = "") -> tuple[str, Any] | None:
@@ -211,33 +228,98 @@ def _non_finite(raw: Mapping[str, Any], prefix: str = "") -> tuple[str, Any] | N
     return None
 
 
-def _check_fields(raw: Mapping[str, Any], origin: str) -> None:
-    """Fields a graph does not read but a wrong value of which means a broken config: NaN/inf anywhere,
-    ``rope_theta`` (a positive finite number) and ``torch_dtype`` / ``dtype`` (a torch dtype name)."""
-    bad = _non_finite(raw)
-    if bad:
-        raise GraphError(f"{_where(origin, bad[0])} is {bad[1]!r}: not a finite number (a broken or hand-edited config)")
-    theta = raw.get("rope_theta")
-    if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0):
-        raise GraphError(f"{_where(origin, 'rope_theta')} must be a positive number (the RoPE base, e.g. 10000), "
-                         f"got {theta!r}")
-    for key in ("torch_dtype", "dtype"):
-        v = raw.get(key)
-        if v is None:
-            continue
-        name = v.strip().lower().removeprefix("torch.") if isinstance(v, str) else None
-        if name not in TORCH_DTYPES:
-            raise GraphError(f"{_where(origin, key)} is {v!r}, not a torch dtype; expected one of "
-                             f"{', '.join(TORCH_DTYPES)} (the step's dtype is set by --dtype)")
+class HFConfigModel(BaseModel):
+    """The validation model of the Hugging Face config fields wattcast reads: the ones every graph needs (read from
+    their :data:`ALIASES`, errors naming the alias the config used), ``rope_theta``, ``torch_dtype`` / ``dtype`` and
+    ``tie_word_embeddings``; NaN or an infinity anywhere in the file, and an unknown ``model_type``, are refused first.
+    A field set to null counts as absent. Other fields pass (a config has many); the graph builders read the ones
+    they use with :func:`int_field`, :func:`bool_field` and :func:`fraction_field`, on the same types."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_file(cls, raw: Any) -> Any:
+        if not isinstance(raw, Mapping):
+            raise problem("wc_type", "a config must be a JSON object")
+        bad = _non_finite(raw)
+        if bad:
+            raise problem("wc_value", f"field '{bad[0]}' is {bad[1]!r}: not a finite number (a broken or hand-edited "
+                                      "config)")
+        mt = str(raw.get("model_type", "")).strip().lower()
+        if not mt:
+            raise problem("wc_missing", f"no 'model_type' field; known types: {', '.join(sorted(MODEL_TYPES))}")
+        if mt not in MODEL_TYPES:
+            raise problem("wc_value", f"unknown model_type {mt!r}; known types: {', '.join(sorted(MODEL_TYPES))}")
+        return {k: v for k, v in raw.items() if v is not None and isinstance(k, str)}
+
+    model_type: Annotated[Any, AfterValidator(lambda v: str(v).strip().lower())]
+    hidden: Annotated[_COUNT, _aliases("hidden")]
+    n_layers: Annotated[Any, AfterValidator(_whole(ref=NAME)), AfterValidator(_layers), _aliases("n_layers")]
+    n_heads: Annotated[_COUNT, _aliases("n_heads")]
+    vocab: Annotated[_COUNT, _aliases("vocab")]
+    head_dim: Annotated[_COUNT, _aliases("head_dim", None)]
+    n_kv_heads: Annotated[_COUNT, _aliases("n_kv_heads", None)]
+    ffn: Annotated[_COUNT, _aliases("ffn", None)]
+    #: the position table's size; absent: no limit known
+    max_positions: Annotated[_COUNT, _aliases("max_positions", None)]
+    activation: Annotated[Any, AfterValidator(_activation), _aliases("activation", None)]
+    rope_theta: Annotated[Any, AfterValidator(_rope_theta)] = None
+    torch_dtype: Annotated[Any, AfterValidator(_torch_dtype)] = None
+    dtype: Annotated[Any, AfterValidator(_torch_dtype)] = None
+    tie_word_embeddings: Annotated[Any, AfterValidator(_flag)] = None
+
+
+#: the normalised field of each alias, and its aliases (for "missing hidden (one of hidden_size, n_embd, ...)")
+_KEY_OF_ALIAS = {a: k for k, aliases in ALIASES.items() for a in aliases}
+
+
+def _missing(alias: str) -> str:
+    key = _KEY_OF_ALIAS.get(alias, alias)
+    return f"missing {key} (one of {', '.join(ALIASES[key])})" if key in ALIASES else f"missing {alias}"
+
+
+@lru_cache(maxsize=None)
+def _adapter(check: str, minimum: int = 1) -> TypeAdapter:
+    """The pydantic type of a field read outside :class:`HFConfigModel`: "count" (a whole number >= ``minimum``,
+    named "field 'x'"), "size" (the same, named "x"), "flag" or "fraction"."""
+    v = {"count": lambda: _whole(minimum), "size": lambda: _whole(minimum, NAME), "flag": lambda: _flag,
+         "fraction": lambda: _fraction}[check]()
+    return TypeAdapter(Annotated[Any, AfterValidator(v)])
+
+
+def _read(check: str, value: Any, key: str, origin: str, *, minimum: int = 1) -> Any:
+    """``value`` (of the field ``key``, dotted when nested) as :func:`_adapter` (``check``) types it, or
+    :class:`GraphError` naming the field."""
+    try:
+        return _adapter(check, minimum).validate_python(value)
+    except ValidationError as e:
+        raise GraphError(f"{origin}: {first_problem(e, at=tuple(key.split('.')))}") from None
+
+
+def int_field(raw: Mapping[str, Any], key: str, origin: str, *, minimum: int = 1) -> int:
+    """``raw[key]`` as a whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors)."""
+    return _read("count", raw.get(key), key, origin, minimum=minimum)
+
+
+def bool_field(raw: Mapping[str, Any], key: str, origin: str, default: bool) -> bool:
+    """``raw[key]`` as a JSON boolean; ``default`` when absent or null."""
+    return default if raw.get(key) is None else _read("flag", raw[key], key, origin)
+
+
+def fraction_field(raw: Mapping[str, Any], key: str, origin: str) -> float:
+    """``raw[key]`` as a number in [0, 1]."""
+    return _read("fraction", raw.get(key), key, origin)
 
 
 def _check_size(cfg: HFConfig, raw: Mapping[str, Any], origin: str) -> None:
-    """Refuse models too large to build (a billion layers would hang), naming the field."""
-    for key, n in (("n_layers", cfg.n_layers), ("num_decoder_layers", cfg.total_layers - cfg.n_layers)):
-        if n > MAX_LAYERS:
-            field_name = _alias(raw, key) if key in ALIASES else key
-            raise GraphError(f"{_where(origin, field_name)} is {n:,}: over {MAX_LAYERS:,} layers, beyond any published "
-                             f"model (the largest have 100-200); wattcast refuses it rather than build a graph for hours")
+    """Refuse models too large to build (a billion layers would hang), naming the field: the rules over several
+    fields (encoder plus decoder layers, experts per layer and in all); one stack's layers are a field rule."""
+    decoder = cfg.total_layers - cfg.n_layers
+    if decoder > MAX_LAYERS:
+        raise GraphError(f"{origin}: field 'num_decoder_layers' is {decoder:,}: over {MAX_LAYERS:,} layers, beyond any "
+                         "published model (the largest have 100-200); wattcast refuses it rather than build a graph "
+                         "for hours")
     if cfg.total_layers > MAX_LAYERS:
         raise GraphError(f"{origin}: {cfg.total_layers:,} encoder plus decoder layers, over {MAX_LAYERS:,} "
                          "(fields num_layers and num_decoder_layers)")
@@ -245,12 +327,17 @@ def _check_size(cfg: HFConfig, raw: Mapping[str, Any], origin: str) -> None:
     key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if raw.get(k) is not None),
                "num_local_experts")
     if n_exp > MAX_EXPERTS:
-        raise GraphError(f"{_where(origin, key)} is {n_exp:,}: over {MAX_EXPERTS:,} experts per layer (Switch-C has "
+        raise GraphError(f"{origin}: field '{key}' is {n_exp:,}: over {MAX_EXPERTS:,} experts per layer (Switch-C has "
                          "2,048); wattcast refuses it rather than build a graph for hours")
     if n_exp * cfg.total_layers > MAX_LAYER_EXPERTS:
-        raise GraphError(f"{_where(origin, key)} is {n_exp:,} over {cfg.total_layers:,} layers: "
+        raise GraphError(f"{origin}: field '{key}' is {n_exp:,} over {cfg.total_layers:,} layers: "
                          f"{n_exp * cfg.total_layers:,} experts in all, over {MAX_LAYER_EXPERTS:,}; wattcast refuses it "
                          "rather than build a graph for hours")
+
+
+def _alias(raw: Mapping[str, Any], key: str) -> str:
+    """The alias of ``key`` the config sets (for messages)."""
+    return next((a for a in ALIASES[key] if raw.get(a) is not None), ALIASES[key][0])
 
 
 def position_warning(cfg: HFConfig, seq: int) -> str | None:
@@ -271,32 +358,21 @@ def position_warning(cfg: HFConfig, seq: int) -> str | None:
 
 
 def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str = "config") -> HFConfig:
-    """Normalise field aliases and check the numbers a graph needs."""
-    if not isinstance(raw, Mapping):
-        raise GraphError(f"{origin}: a config must be a JSON object")
-    _check_fields(raw, origin)
-    mt = str(raw.get("model_type", "")).strip().lower()
-    if not mt:
-        raise GraphError(f"{origin}: no 'model_type' field; known types: {', '.join(sorted(MODEL_TYPES))}")
-    if mt not in MODEL_TYPES:
-        raise GraphError(f"{origin}: unknown model_type {mt!r}; known types: {', '.join(sorted(MODEL_TYPES))}")
-    need = {}
-    for key in ("hidden", "n_layers", "n_heads", "vocab"):
-        v = _first(raw, key)
-        if v is None:
-            raise GraphError(f"{origin}: missing {key} (one of {', '.join(ALIASES[key])})")
-        need[key] = _positive_int(v, _alias(raw, key), origin)
-    hidden, heads = need["hidden"], need["n_heads"]
+    """Validate ``raw`` on :class:`HFConfigModel`, normalise field aliases and derive what the config leaves out
+    (head size, key/value heads, MLP width); :class:`GraphError` naming the field on bad input."""
+    try:
+        m = HFConfigModel.model_validate(raw)
+    except ValidationError as e:
+        raise GraphError(f"{origin}: {first_problem(e, missing=_missing)}") from None
+    mt, hidden, heads = m.model_type, m.hidden, m.n_heads
     family = MODEL_TYPES[mt]
-    hd = _first(raw, "head_dim")
+    hd = m.head_dim
     if hd is None:
         if hidden % heads:
             raise GraphError(f"{origin}: hidden size {hidden} is not divisible by {heads} heads")
         hd = hidden // heads
-    hd = _positive_int(hd, _alias(raw, "head_dim"), origin)
-    kv = _first(raw, "n_kv_heads")
-    kv = heads if kv is None else _positive_int(kv, _alias(raw, "n_kv_heads"), origin)
-    ffn = _first(raw, "ffn")
+    kv = heads if m.n_kv_heads is None else m.n_kv_heads
+    ffn = m.ffn
     if family == "mpt":  # MosaicML MPT: nested attention options and an MLP expansion ratio
         attn = raw.get("attn_config")
         attn = {} if attn is None else attn
@@ -306,7 +382,7 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         if kind == "multiquery_attention":
             kv = 1
         elif kind == "grouped_query_attention":
-            kv = _positive_int(attn.get("kv_n_heads"), "attn_config.kv_n_heads", origin)
+            kv = _read("size", attn.get("kv_n_heads"), "attn_config.kv_n_heads", origin)
         elif kind != "multihead_attention":
             raise GraphError(f"{origin}: unknown attn_config.attn_type {kind!r}")
         if ffn is None and raw.get("expansion_ratio") is not None:
@@ -319,18 +395,12 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         kv = 1  # FalconAttention: num_kv_heads counts only in the new decoder or without multi_query
     if heads % kv:
         raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
-    ffn = 4 * hidden if ffn is None else _positive_int(ffn, _alias(raw, "ffn"), origin)
-    maxpos = _first(raw, "max_positions")
-    # 0 = not given (no limit known); a given table size must be a positive integer
-    maxpos = 0 if maxpos is None else _positive_int(maxpos, _alias(raw, "max_positions"), origin)
-    act = _first(raw, "activation")
-    if act is not None and (not isinstance(act, str) or not act.strip()):
-        raise GraphError(f"{origin}: field '{_alias(raw, 'activation')}' must be an activation name, got {act!r}")
-    act = (act or ("gelu_new" if family == "gpt2" else "gelu")).lower()
-    cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=need["n_layers"], n_heads=heads, n_kv_heads=kv,
-                   head_dim=hd, ffn=ffn, vocab=need["vocab"], max_positions=maxpos, activation=act, name=name, raw=dict(raw))
-    # fields read outside the graph (parallel rules): checked here so that every command names them
-    cfg.flag("tie_word_embeddings", True)
+    ffn = 4 * hidden if ffn is None else ffn
+    maxpos = m.max_positions or 0  # 0 = not given (no limit known)
+    act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()
+    cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=m.n_layers, n_heads=heads, n_kv_heads=kv,
+                   head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw))
+    # the rules over several fields, on the normalised config
     _check_size(cfg, raw, origin)
     if family in ("mixtral", "deepseek") and cfg.n_experts:
         cfg.experts_per_token
@@ -373,17 +443,42 @@ def load_hf_config(model: str | Path | Mapping[str, Any]) -> HFConfig:
     return _load_config_file(*pinned(("config", str(model)), lambda: _locate_config(model)))
 
 
-def _locate_config(model: str | Path) -> tuple[str, float, str, str]:
-    """(real path, modification time, name, origin) of a config file or built-in name."""
+def locate_model_config(model: str | Path) -> tuple[Path, str, str] | None:
+    """(config file, model name, kind: "folder", "builtin" or "hub") of a model reference that is not a plain file:
+    a Hugging Face model folder (its ``config.json``), a built-in name, or a Hub id in the local Hub cache
+    (:mod:`wattcast.featurize.hub_cache`; ``org/name`` not in the cache raises a
+    :class:`~wattcast.featurize.hub_cache.HubCacheError` saying where it looked). None when it is none of these."""
+    from wattcast.featurize.hub_cache import cached_config, repo_name
+
     p = Path(model)
-    if not p.is_file():
-        key = str(model).strip().lower().replace("-", "_")
-        cand = _BUILTIN_DIR / f"{key}.json"
-        if cand.is_file():
-            p = cand
-        else:
-            raise GraphError(f"{model}: not a file and not a built-in model (built-ins: {', '.join(builtin_models())})")
-    name = p.parent.name if p.name == "config.json" else p.stem
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise GraphError(f"{p} is a folder without a config.json; give an ONNX file, a config.json, a Hugging Face "
+                             "model folder, a Hub id in the local cache or a built-in name")
+        return p / "config.json", p.resolve().name, "folder"
+    cand = _BUILTIN_DIR / f"{str(model).strip().lower().replace('-', '_')}.json"
+    if cand.is_file():
+        return cand, cand.stem, "builtin"
+    if isinstance(model, str):
+        # "org/name" can only be a Hub id (refused, saying where it looked, when not cached); a bare name is one only
+        # when the cache has it (else: the unknown built-in name it more likely is)
+        hub = cached_config(model, required="/" in model.split("@", 1)[0])
+        if hub is not None:
+            return hub, repo_name(model), "hub"
+    return None
+
+
+def _locate_config(model: str | Path) -> tuple[str, float, str, str]:
+    """(real path, modification time, name, origin) of a config file, model folder, built-in name or cached Hub id."""
+    p = Path(model)
+    if p.is_file():
+        name = p.parent.name if p.name == "config.json" else p.stem
+    else:
+        found = locate_model_config(model)
+        if found is None:
+            raise GraphError(f"{model}: not a file and not a built-in model (built-ins: {', '.join(builtin_models())}; "
+                             "a Hugging Face model folder or a Hub id in the local Hub cache also works)")
+        p, name, _ = found
     return str(p.resolve()), p.stat().st_mtime, name, str(p)
 
 

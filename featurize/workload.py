@@ -17,7 +17,7 @@ import numpy as np
 
 from wattcast.data.checks import is_count
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
-from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned, position_warning
+from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, pinned, position_warning
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.training_graph import RECOMPUTE, optimizer_key, training_graph
 
@@ -252,16 +252,18 @@ def _cached_dict_graph(config_json: str, opts: StepOptions) -> OpGraph:
 
 def _locate_model_file(model: str | Path) -> tuple[str, float]:
     """(real path, modification time) of a model file or a Hugging Face folder's config.json; (the name, 0) for a
-    built-in name."""
+    built-in name; (the Hub id, its cached config's modification time) for a Hub id in the local Hub cache (the id
+    is kept so the graph is named after the model, not the snapshot hash)."""
     p = Path(model)
-    if p.is_dir():  # a Hugging Face model folder: its config.json
-        if not (p / "config.json").is_file():
-            raise GraphError(f"{p} is a folder without a config.json; give an ONNX file, a config.json, a Hugging Face "
-                             "model folder or a built-in name")
-        p = p / "config.json"
     if p.is_file():
         return str(p.resolve()), p.stat().st_mtime
-    return str(model), 0.0
+    if is_onnx_path(model):
+        return str(model), 0.0  # a missing ONNX file: the importer names it
+    found = locate_model_config(model)
+    if found is None or found[2] == "builtin":
+        return str(model), 0.0  # a built-in name, or an unknown one (load_hf_config names it)
+    config, _, kind = found
+    return (str(config.resolve()) if kind == "folder" else str(model)), config.stat().st_mtime
 
 
 def step_graph(model: Any, opts: StepOptions | None = None, example_inputs: tuple | None = None, **kw) -> OpGraph:
