@@ -455,6 +455,8 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     env, used = _bind_inputs(model, batch, seq, dims)
     inferred, err = _infer(model)
     name = Path(where).stem if base is not None else (model.graph.name or "onnx_model")
+    if isinstance(trips, dict):
+        _check_trip_names(trips, model, where)
     shared = _Shared(trips=trips)
     imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts, shared=shared)
     fixed = _fixed_batch_seq(model)
@@ -484,7 +486,7 @@ def _check_trip_count(v) -> int | dict[str, int] | None:
     def count(x, what):
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer, float)) or (
                 isinstance(x, float) and not x.is_integer()) or x < 0:
-            raise GraphError(f"{what} must be a whole number >= 0, got {x!r}")
+            raise GraphError(f"{what} (--loop-trip-count) must be a whole number >= 0, got {x!r}")
         return int(x)
 
     if v is None:
@@ -494,17 +496,35 @@ def _check_trip_count(v) -> int | dict[str, int] | None:
     return count(v, "loop_trip_count")
 
 
+def _loop_names(graph) -> list[str]:
+    """Names of the Loop nodes of ``graph`` and of its subgraphs."""
+    from onnx import AttributeProto
+
+    out = []
+    for n in graph.node:
+        if n.op_type == "Loop":
+            out.append(n.name)
+        for a in n.attribute:
+            for sg in [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []:
+                out += _loop_names(sg)
+    return out
+
+
+def _check_trip_names(trips: dict, model, where: str) -> None:
+    """Every node a ``loop_trip_count`` dict names is a Loop of the model (by name, or its path through the bodies)."""
+    loops = _loop_names(model.graph)
+    unknown = sorted(k for k in trips if k.split("/")[-1] not in loops)
+    if unknown:
+        raise GraphError(f"{where}: loop_trip_count names {', '.join(map(repr, unknown))}, no Loop node of the model"
+                         + (f" (its loops: {', '.join(sorted(set(loops)))})" if loops else " (it has no Loop)"))
+
+
 def _check_trips_used(trips, shared: _Shared, where: str) -> None:
     """A trip count given for no loop is an error (the user meant a loop the model does not have as they think)."""
-    if trips is None:
+    if trips is None or isinstance(trips, dict):
         return
     loops = sorted(k for k, e in shared.flow.items() if e.get("op") == "Loop")
-    if isinstance(trips, dict):
-        unknown = sorted(set(trips) - shared.trips_used)
-        if unknown:
-            raise GraphError(f"{where}: loop_trip_count names {', '.join(map(repr, unknown))}, no Loop node of the model"
-                             + (f" (its loops: {', '.join(loops)})" if loops else " (it has no Loop)"))
-    elif not shared.trips_used:
+    if not shared.trips_used:
         raise GraphError(f"{where}: loop_trip_count (--loop-trip-count) {trips} was given, but no Loop of the model has a "
                          "trip count known only at run time or a condition that may end it"
                          + (f" (its loops: {', '.join(loops)}: constant trip counts)" if loops else " (it has no Loop)"))

@@ -181,7 +181,8 @@ class _Control:
         if total > MAX_UNROLLED_KERNELS:
             raise ControlFlowError(
                 f"{self._where(n, name)} unrolls to {total:,} kernels, beyond the {MAX_UNROLLED_KERNELS:,} wattcast "
-                f"costs in one model; give a smaller trip count ({_OPTION}) or export fewer iterations")
+                f"costs in one model; export fewer iterations, or for a loop whose count is not a constant give a smaller "
+                "one with --loop-trip-count N (loop_trip_count=N in Python)")
 
     # ------------------------------------------------------------------ Loop
     def _trip_count(self, n, name: str, ins: list[str], body) -> tuple[int, str]:
@@ -255,7 +256,7 @@ class _Control:
             for j, v in enumerate(outs[1 + n_carried:]):
                 scans[j].append((v, child.rg.get(body.output[1 + n_carried + j].name, False)))
             added = len(self.b._nodes) - before
-            self._budget(n, name, added, self.shared.unrolled + added * (trips - i - 1) if i == 0 else None)
+            self._budget(n, name, added, self.shared.unrolled + added * trips if i == 0 else None)
         for o, v, r in zip(n.output[:n_carried], state, state_rg):
             if o:
                 self._bind_out(o, v, r)
@@ -347,7 +348,7 @@ class _Control:
             for j, v in enumerate(outs[n_state:]):
                 scans[j].append((v, child.rg.get(body.output[n_state + j].name, False)))
             added = len(self.b._nodes) - before
-            self._budget(n, name, added, self.shared.unrolled + added * (trips - i - 1) if i == 0 else None)
+            self._budget(n, name, added, self.shared.unrolled + added * trips if i == 0 else None)
         for o, v, r in zip(n.output[:n_state], state, state_rg):
             if o:
                 self._bind_out(o, v, r)
