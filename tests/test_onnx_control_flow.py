@@ -242,3 +242,37 @@ def test_other_subgraph_ops_are_still_refused():
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     with pytest.raises(GraphError, match=r"node 'beam' \(com.microsoft.BeamSearch\) runs a body subgraph"):
         graph_from_onnx(m)
+
+
+def test_torchscript_loops_exported_by_torch_onnx(tmp_path):
+    """A scripted ``for i in range(n)`` (trip count an input) and a ``while`` (M = INT64_MAX, computed condition)."""
+    torch = pytest.importorskip("torch")
+
+    class For(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 32)
+
+        def forward(self, x, n: int):
+            for _ in range(n):
+                x = torch.tanh(self.lin(x))
+            return x
+
+    class While(For):
+        def forward(self, x):
+            while x.sum() < 100:
+                x = self.lin(x) + 1
+            return x
+
+    for cls, args, names in ((For, (torch.randn(4, 32), 10), ["x", "n"]), (While, (torch.randn(4, 32),), ["x"])):
+        f = tmp_path / f"{cls.__name__}.onnx"
+        try:
+            torch.onnx.export(torch.jit.script(cls()), args, str(f), dynamo=False, input_names=names)
+        except Exception as e:  # noqa: BLE001 - an exporter without TorchScript support
+            pytest.skip(f"torch.onnx (TorchScript) export unavailable: {e}")
+        with pytest.raises(GraphError, match=r"\(Loop\) runs a body subgraph .*--loop-trip-count N"):
+            graph_from_onnx(f)
+        g = graph_from_onnx(f, loop_trip_count=10)
+        lin = g.nodes[g.nodes["op_class"] == "linear"]
+        assert len(lin) == 10 and lin["flops"].nunique() == 1 and g.param_count == 32 * 32 + 32
+        assert lin["name"].iloc[3] == "/Loop[3]/lin/Gemm"

@@ -337,11 +337,17 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
         return child
 
 
+    def _node_name(self, k: int, n) -> str:
+        """A kernel's name: the node's, after the path of the bodies it runs in (``loop[3]/inner[0]/MatMul``)."""
+        name = n.name or f"{n.op_type}_{k}"
+        return self.prefix + name.lstrip("/") if self.prefix else name
+
+
     def _emit(self, k: int, n) -> None:
         if k in self.fused:
             mark, counted = self.b.mark(), len(self.claim_log)
             try:
-                self._emit_fused(k, n, self.prefix + (n.name or f"{n.op_type}_{k}"), self.fused[k])
+                self._emit_fused(k, n, self._node_name(k, n), self.fused[k])
             except _HANDLER_ERRORS as e:  # emit the subgraph op by op instead
                 self._undo(n, mark, counted, e, "emitted op by op")
                 for j in sorted(self.groups[k]):
@@ -365,7 +371,7 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
 
     def _emit_node(self, k: int, n) -> None:
         """One ONNX node through its handler; the roofline when nothing maps it or its handler fails."""
-        name = self.prefix + (n.name or f"{n.op_type}_{k}")
+        name = self._node_name(k, n)
         ins = list(n.input)
         outs = [o for o in n.output if o]
         if outs and all(o in self.static_names for o in outs):

@@ -213,6 +213,10 @@ class _Control:
         if given is not None:
             self.shared.trips_used.add(name)
             return (int(given) if m is None else min(int(given), max(m, 0))), "given"
+        if m is not None and m > MAX_UNROLLED_KERNELS:  # a while loop's M (exporters write INT64_MAX): no count
+            raise ControlFlowError(
+                f"{self._where(n, name)} runs a body subgraph until its condition stops it (its trip count input, "
+                f"{m:,}, is only a bound); wattcast costs the body once per iteration and needs the count: pass {_OPTION}")
         if m is not None:
             self._warn(f"{self._where(n, name)}: costed at its constant trip count {m:,}, an upper bound: its condition "
                        f"may end it sooner; give the count it runs with {_OPTION}")
