@@ -227,27 +227,6 @@ def _topo_order(graph) -> list:
     return [nodes[k] for k in order]
 
 
-def _constant_int(model, name: str) -> int | None:
-    """The value of a scalar integer initializer or Constant output ``name`` (a Loop's trip count), else None."""
-    from onnx import numpy_helper
-
-    if not name:
-        return None
-    for t in model.graph.initializer:
-        if t.name == name:
-            v = numpy_helper.to_array(t)
-            return int(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "iu" else None
-    for n in model.graph.node:
-        if n.op_type == "Constant" and name in n.output:
-            for a in n.attribute:
-                if a.name == "value" and a.HasField("t"):
-                    v = numpy_helper.to_array(a.t)
-                    return int(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "iu" else None
-                if a.name == "value_int":
-                    return int(a.i)
-    return None
-
-
 def _refuse_control_flow(model, where: str) -> None:
     """GraphError naming the first node that runs a subgraph the importer cannot cost: anything but the default
     domain's ``Loop``, ``If`` and ``Scan`` (costed through their bodies, see ``control.py``), e.g. a contrib
