@@ -276,3 +276,42 @@ def test_torchscript_loops_exported_by_torch_onnx(tmp_path):
         lin = g.nodes[g.nodes["op_class"] == "linear"]
         assert len(lin) == 10 and lin["flops"].nunique() == 1 and g.param_count == 32 * 32 + 32
         assert lin["name"].iloc[3] == "/Loop[3]/lin/Gemm"
+
+
+def test_a_constant_initial_state_still_runs_and_a_loop_without_kernels_is_bounded():
+    # the loop's state starts as an initializer (a zero state): its MatMuls run at run time, one per iteration
+    m = _matmul_loop(4)
+    m.graph.initializer.append(numpy_helper.from_array(np.zeros((64, 64), np.float32), "h0"))
+    m.graph.node[0].input[2] = "h0"
+    del m.graph.input[:]
+    g = graph_from_onnx(m)
+    assert (g.nodes["op_class"] == "linear").sum() == 4
+    # a counter loop (no kernels at all) of a billion iterations is refused, not walked for hours
+    body = helper.make_graph([helper.make_node("Add", ["n_in", "one"], ["n_out"]), helper.make_node("Identity", ["c"], ["co"])],
+                             "count", [vi("i", I64, []), vi("c", BOOL, []), vi("n_in", I64, [])],
+                             [vi("co", BOOL, []), vi("n_out", I64, [])])
+    m = _model([helper.make_node("Loop", ["M", "", "zero"], ["n"], body=body, name="counter"),
+                helper.make_node("Relu", ["x"], ["y"])], [vi("x", F, [4])], [vi("y", F, [4]), vi("n", I64, [])],
+               [_i64("M", 10**9), _i64("one", 1), _i64("zero", 0)])
+    with pytest.raises(GraphError, match="node 'counter' \\(Loop\\) unrolls to 1,000,000,000"):
+        graph_from_onnx(m)
+    m.graph.initializer[0].CopyFrom(_i64("M", 5))
+    g = graph_from_onnx(m)
+    assert list(g.nodes["kernel"]) == ["relu"] and g.meta["control_flow"][0]["kernels"] == 0
+
+
+def test_an_if_inside_a_loop_is_flagged_once():
+    then_b = helper.make_graph([helper.make_node("MatMul", ["x_in", "W"], ["t"])], "then", [], [vi("t", F, [64, 64])])
+    else_b = helper.make_graph([helper.make_node("Relu", ["x_in"], ["e"])], "else", [], [vi("e", F, [64, 64])])
+    body = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x_in"], ["s"], keepdims=0), helper.make_node("Less", ["s", "limit"], ["pick"]),
+         helper.make_node("If", ["pick"], ["x_out"], then_branch=then_b, else_branch=else_b, name="branchy"),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [vi("i", I64, []), vi("c_in", BOOL, []), vi("x_in", F, [64, 64])], [vi("c_out", BOOL, []), vi("x_out", F, [64, 64])])
+    m = _model([helper.make_node("Loop", ["M", "", "x"], ["y"], body=body, name="outer")], [vi("x", F, [64, 64])],
+               [vi("y", F, [64, 64])], [_i64("M", 6), _w(), numpy_helper.from_array(np.array(1.0, np.float32), "limit")])
+    g = graph_from_onnx(m)
+    assert (g.nodes["op_class"] == "linear").sum() == 6 and g.param_count == 64 * 64
+    assert len([w for w in g.meta["warnings"] if "branchy" in w]) == 1 and "'outer/branchy' (If)" in g.meta["warnings"][0]
+    flow = {e["node"]: e for e in g.meta["control_flow"]}
+    assert flow["outer/branchy"]["runs"] == 6 and flow["outer/branchy"]["branch"] == "then_branch"

@@ -116,7 +116,9 @@ class _Control:
 
     # ------------------------------------------------------------------ plumbing
     def _where(self, n, name: str) -> str:
-        return f"node {name!r} ({n.op_type})"
+        """The node as messages name it: its path through the bodies, iteration indices dropped (one message for
+        every iteration)."""
+        return f"node {self.shared.flow_key(name)!r} ({n.op_type})"
 
     def _record(self, name: str, entry: dict) -> None:
         """One line of ``meta["control_flow"]`` per control-flow node (a node inside a body: how often it ran)."""
@@ -137,6 +139,16 @@ class _Control:
     def _warn(self, msg: str) -> None:
         if msg not in self.warnings:
             self.warnings.append(msg)
+
+    def _running(self, name: str) -> Any:
+        """The value of ``name`` as a loop's carried state or scanned input: a float constant without a known value
+        (a zero initial state stored as an initializer) becomes an activation, since the body's ops on it run at run
+        time (the importer folds only what a runtime folds: a Loop is never folded); small known constants
+        (counters, shapes) stay folded, so trip counts and shapes computed from them are known."""
+        v = self._binding(name)
+        if isinstance(v, _Static) and name not in self.consts and self._is_float(name):
+            return self._tensor(name)
+        return v
 
     def _binding(self, name: str) -> Any:
         """The value of an outer-scope name a body reads."""
@@ -175,8 +187,9 @@ class _Control:
         return outs, out_consts, child
 
     def _budget(self, n, name: str, added: int, planned: int | None = None) -> None:
-        """Refuse a model whose unrolled bodies would exceed :data:`MAX_UNROLLED_KERNELS`."""
-        self.shared.unrolled += added
+        """Refuse a model whose unrolled bodies would exceed :data:`MAX_UNROLLED_KERNELS` (an iteration that adds no
+        kernel -- shape arithmetic, a counter -- counts as one: each is a walk of its body)."""
+        self.shared.unrolled += max(added, 1)
         total = self.shared.unrolled if planned is None else planned
         if total > MAX_UNROLLED_KERNELS:
             raise ControlFlowError(
@@ -236,7 +249,7 @@ class _Control:
                                    f"{len(body.output)} outputs for {n_carried} loop-carried values")
         trips, source = self._trip_count(n, name, ins, body)
         n_scan = len(body.output) - 1 - n_carried
-        state = [self._binding(nm) for nm in carried]
+        state = [self._running(nm) for nm in carried]
         state_consts = {j: self.consts[nm] for j, nm in enumerate(carried) if nm in self.consts}
         state_rg = [self.rg.get(nm, False) for nm in carried]
         scans: list[list] = [[] for _ in range(n_scan)]
@@ -260,7 +273,7 @@ class _Control:
             for j, v in enumerate(outs[1 + n_carried:]):
                 scans[j].append((v, child.rg.get(body.output[1 + n_carried + j].name, False)))
             added = len(self.b._nodes) - before
-            self._budget(n, name, added, self.shared.unrolled + added * trips if i == 0 else None)
+            self._budget(n, name, added, self.shared.unrolled + max(added, 1) * trips if i == 0 else None)
         for o, v, r in zip(n.output[:n_carried], state, state_rg):
             if o:
                 self._bind_out(o, v, r)
@@ -310,10 +323,10 @@ class _Control:
         n_out = len(body.output) - n_state
         in_axes = list(_attr(n, "scan_input_axes", None) or [0] * n_in)
         out_axes = list(_attr(n, "scan_output_axes", None) or [0] * n_out)
-        state = [self._binding(nm) for nm in ins[:n_state]]
+        state = [self._running(nm) for nm in ins[:n_state]]
         state_rg = [self.rg.get(nm, False) for nm in ins[:n_state]]
         state_consts = {j: self.consts[nm] for j, nm in enumerate(ins[:n_state]) if nm in self.consts}
-        xs = [self._binding(nm) for nm in ins[n_state:]]
+        xs = [self._running(nm) for nm in ins[n_state:]]
         lengths = set()
         slices = []
         for nm, x, ax in zip(ins[n_state:], xs, in_axes):
@@ -352,7 +365,7 @@ class _Control:
             for j, v in enumerate(outs[n_state:]):
                 scans[j].append((v, child.rg.get(body.output[n_state + j].name, False)))
             added = len(self.b._nodes) - before
-            self._budget(n, name, added, self.shared.unrolled + added * trips if i == 0 else None)
+            self._budget(n, name, added, self.shared.unrolled + max(added, 1) * trips if i == 0 else None)
         for o, v, r in zip(n.output[:n_state], state, state_rg):
             if o:
                 self._bind_out(o, v, r)
