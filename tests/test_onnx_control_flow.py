@@ -315,3 +315,19 @@ def test_an_if_inside_a_loop_is_flagged_once():
     assert len([w for w in g.meta["warnings"] if "branchy" in w]) == 1 and "'outer/branchy' (If)" in g.meta["warnings"][0]
     flow = {e["node"]: e for e in g.meta["control_flow"]}
     assert flow["outer/branchy"]["runs"] == 6 and flow["outer/branchy"]["branch"] == "then_branch"
+
+
+def test_a_growing_loop_state_is_costed_at_each_iteration_s_shape():
+    """A KV-cache-like state grows by a row per iteration: each iteration's MatMul has its own M (2, 3, 4, 5)."""
+    body = helper.make_graph([helper.make_node("Concat", ["x_in", "row"], ["x_out"], axis=0),
+                              helper.make_node("MatMul", ["x_out", "W"], ["h"]),
+                              helper.make_node("ReduceSum", ["h"], ["s"], keepdims=0),
+                              helper.make_node("Identity", ["c"], ["co"])], "grow_body",
+                             [vi("i", I64, []), vi("c", BOOL, []), vi("x_in", F, ["n", 8])],
+                             [vi("co", BOOL, []), vi("x_out", F, ["n2", 8]), vi("s", F, [])])
+    m = _model([helper.make_node("Loop", ["M", "", "x"], ["y", "sums"], body=body, name="grow")],
+               [vi("x", F, [1, 8]), vi("row", F, [1, 8])], [vi("y", F, None), vi("sums", F, None)], [_i64("M", 4), _w(n=8)])
+    g = graph_from_onnx(m)
+    lin = g.nodes[g.nodes["op_class"] == "linear"]
+    assert lin["M"].tolist() == [2, 3, 4, 5] and "unknown_shapes" not in g.meta and "fallback_ops" not in g.meta
+    assert g.nodes.iloc[-1]["name"] == "grow.concat_0" and g.nodes.iloc[-1]["bytes"] == 2 * 4 * 4  # 4 fp32 sums

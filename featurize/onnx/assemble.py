@@ -313,6 +313,7 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             g = onnx.GraphProto()
             g.CopyFrom(graph)
             del g.input[:]
+            del g.value_info[:]  # shapes inferred afresh from this iteration's inputs (a growing state changes them)
             for nm, _, elem, shape in sig:
                 known = shape is not None and all(d is not None for d in shape)
                 g.input.append(onnx.helper.make_tensor_value_info(nm, elem, list(shape) if known else None))
