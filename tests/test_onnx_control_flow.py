@@ -326,7 +326,7 @@ def test_a_growing_loop_state_is_costed_at_each_iteration_s_shape():
                              [vi("i", I64, []), vi("c", BOOL, []), vi("x_in", F, ["n", 8])],
                              [vi("co", BOOL, []), vi("x_out", F, ["n2", 8]), vi("s", F, [])])
     m = _model([helper.make_node("Loop", ["M", "", "x"], ["y", "sums"], body=body, name="grow")],
-               [vi("x", F, [1, 8]), vi("row", F, [1, 8])], [vi("y", F, None), vi("sums", F, None)], [_i64("M", 4), _w(n=8)])
+               [vi("x", F, [1, 8]), vi("row", F, [1, 8])], [vi("y", F, ["rows", 8]), vi("sums", F, ["k"])], [_i64("M", 4), _w(n=8)])
     g = graph_from_onnx(m)
     lin = g.nodes[g.nodes["op_class"] == "linear"]
     assert lin["M"].tolist() == [2, 3, 4, 5] and "unknown_shapes" not in g.meta and "fallback_ops" not in g.meta
