@@ -118,12 +118,13 @@ MAX_TOKENS_PER_STEP = 2**32
 
 
 def _trip_count_option(v: Any) -> Any:
-    """``loop_trip_count`` in a hashable form: None, a count, or sorted ((node name, count), ...) (checked by the importer)."""
-    if v is None or isinstance(v, tuple):
-        return v
-    if isinstance(v, dict):
-        return tuple(sorted((str(k), c) for k, c in v.items()))
-    return v
+    """``loop_trip_count`` checked and hashable: None, a count, or sorted ((node name, count), ...)."""
+    if v is None:
+        return None
+    from wattcast.featurize.onnx.assemble import _check_trip_count
+
+    v = _check_trip_count(dict(v) if isinstance(v, tuple) else v)
+    return tuple(sorted(v.items())) if isinstance(v, dict) else v
 
 
 def _is_count(v) -> bool:

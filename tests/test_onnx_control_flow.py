@@ -120,6 +120,14 @@ def test_unknown_trip_count_is_refused_naming_the_option_and_given_count_is_used
     for bad in (-1, 2.5, True, "3"):
         with pytest.raises(GraphError, match=r"loop_trip_count \(--loop-trip-count\) must be a whole number"):
             graph_from_onnx(_matmul_loop(None), loop_trip_count=bad)
+    import wattcast
+
+    f0 = tmp_path / "dyn0.onnx"
+    onnx.save(_matmul_loop(None), str(f0))
+    for bad in ([3], {"repeat_matmul": [3]}, -2):  # through the Python API (hashed for the graph cache): the same errors
+        with pytest.raises(GraphError, match=r"loop_trip_count.*must be a whole number"):
+            wattcast.predict(str(f0), "h100", mode="inference", loop_trip_count=bad)
+    assert wattcast.predict(str(f0), "h100", mode="inference", loop_trip_count={"repeat_matmul": 2}).forward_ms > 0
     # the CLI flag
     from conftest import flat, run_cli
 

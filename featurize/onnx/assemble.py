@@ -500,6 +500,9 @@ def _check_trip_count(v) -> int | dict[str, int] | None:
         return None
     if isinstance(v, dict):
         return {str(k): count(x, f"loop_trip_count[{k!r}]") for k, x in v.items()}
+    if isinstance(v, (list, tuple, set)):
+        raise GraphError(f"loop_trip_count (--loop-trip-count) must be a whole number >= 0 or {{Loop node name: count}}, "
+                         f"got {v!r}")
     return count(v, "loop_trip_count")
 
 
