@@ -33,7 +33,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
             optimizer: str = DEFAULTS.optimizer, recompute: str = "none",
             grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
             clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None,
-            tokens: float | None = None, **run_kw):
+            tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json`` or model folder, a Hub id (``org/name``) whose config is
@@ -43,6 +43,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     values it cannot take raises ``GraphError``. ``dims`` binds other symbolic ONNX input dims by name.
     ``example_inputs``: the forward inputs of a ``torch.nn.Module`` that does not take token ids (tensors on any
     device, meta included; only shapes and dtypes are used), instead of ``batch``/``seq``.
+    ``loop_trip_count``: iterations of an ONNX model's Loops whose trip count is known only at run time (a count, or
+    ``{node name: count}``); see ``wattcast.featurize.onnx``.
     Returns a :class:`wattcast.simulate.single_device.StepPrediction` (``forward_ms``, ``backward_ms``,
     ``optimizer_ms``, ``step_time_ms``, ``memory_gb``, ``flops``, ``per_op``, ``fallback_ops``,
     ``ood_fraction``, ...). Graphs and distinct-kernel predictions are cached, so repeated calls are cheap.
@@ -57,7 +59,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute, grad_accumulation=grad_accumulation,
-                       dims=dims or ())
+                       dims=dims or (), loop_trip_count=loop_trip_count)
     graph = step_graph(model, opts, example_inputs=example_inputs)
     res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     b, s_ = res.meta.get("batch"), res.meta.get("seq")

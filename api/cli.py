@@ -290,6 +290,7 @@ def predict(
     mtbf_gpu_hours: Optional[float] = _MTBF_OPTION,
     checkpoint_write_s: Optional[float] = _CHECKPOINT_OPTION,
     dim: List[str] = typer.Option([], "--dim", help="Bind a symbolic ONNX input dim: NAME=VALUE (repeatable)."),
+    loop_trip_count: Optional[int] = typer.Option(None, "--loop-trip-count", help="Iterations of an ONNX model's Loops whose trip count is known only at run time (each body is costed this many times)."),
     pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
     pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="Transformer layers of the last pipeline stage (decoder_last_pipeline_num_layers)."),
     cp: int = typer.Option(1, "--cp", help="Context-parallel degree: the sequence split over this many ranks (ring attention; needs --attention flash)."),
@@ -346,6 +347,8 @@ def predict(
     if cluster is not None or gpus is not None:
         if dims:
             _fail("--dim applies to single-device predictions of ONNX models")
+        if loop_trip_count is not None:
+            _fail("--loop-trip-count applies to single-device predictions of ONNX models")
         _predict_distributed(model, device, cluster, gpus, batch or 1, seq or 1024, mode, dtype, attention, compile, optimizer,
                              recompute, as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave,
                              schedule, power_limit_w, run_kw, clock_cap_mhz, framework,
@@ -373,7 +376,7 @@ def predict(
         spec = resolve_device(device)
         res = _predict(model, spec, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
-                       dims=dims or None)
+                       dims=dims or None, loop_trip_count=loop_trip_count)
     except (GraphError, DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     b, s_ = res.meta.get("batch"), res.meta.get("seq")

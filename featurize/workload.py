@@ -60,6 +60,8 @@ class StepOptions:
     dims: tuple = ()
     #: the fused-attention implementation class (data/kernel_ops.FLASH_KERNELS); set from ``attention`` by validated()
     flash_kernel: str = "fa2"
+    #: iterations of the ONNX Loops whose trip count is known only at run time: a count, or ((node name, count), ...)
+    loop_trip_count: Any = None
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -102,7 +104,8 @@ class StepOptions:
                            mode, dtype, att, bool(self.compile), opt,
                            str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
                            cp=int(self.cp), framework=canonical_framework(self.framework), blocks=int(self.blocks),
-                           dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk)
+                           dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
+                           loop_trip_count=_trip_count_option(self.loop_trip_count))
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given."""
@@ -112,6 +115,16 @@ class StepOptions:
 #: tokens of one step on one device (batch x seq) that the graph builders cost; beyond it, index arithmetic
 #: (tokens x hidden x vocabulary bytes) leaves int64 and no real device holds the activations anyway
 MAX_TOKENS_PER_STEP = 2**32
+
+
+def _trip_count_option(v: Any) -> Any:
+    """``loop_trip_count`` checked and hashable: None, a count, or sorted ((node name, count), ...)."""
+    if v is None:
+        return None
+    from wattcast.featurize.onnx.assemble import _check_trip_count
+
+    v = _check_trip_count(dict(v) if isinstance(v, tuple) else v)
+    return tuple(sorted(v.items())) if isinstance(v, dict) else v
 
 
 def _is_count(v) -> bool:
@@ -183,7 +196,9 @@ def _onnx_forward(path, opts: StepOptions) -> OpGraph:
     from wattcast.featurize.onnx import graph_from_onnx
 
     d = opts.with_default_shape()
-    fwd = graph_from_onnx(path, batch=d.batch, seq=d.seq, dtype=opts.dtype, train=opts.mode == "train", dims=dict(opts.dims) or None)
+    trips = dict(opts.loop_trip_count) if isinstance(opts.loop_trip_count, tuple) else opts.loop_trip_count
+    fwd = graph_from_onnx(path, batch=d.batch, seq=d.seq, dtype=opts.dtype, train=opts.mode == "train", dims=dict(opts.dims) or None,
+                          loop_trip_count=trips)
     ignored = {o.split("=")[0] for o in fwd.meta.get("ignored_options", ())}
     given = [f"{o} {getattr(opts, o)}" for o in ("batch", "seq") if o in ignored and getattr(opts, o) is not None]
     if given:
@@ -213,6 +228,8 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
                          "FP8); use --dtype bf16")
     if opts.dims and not is_onnx:
         raise GraphError("named input dims (--dim) apply to ONNX models; a config or module takes --batch and --seq")
+    if opts.loop_trip_count is not None and not is_onnx:
+        raise GraphError("loop_trip_count (--loop-trip-count) applies to ONNX models with Loop nodes")
     if not is_onnx and example_inputs is None:
         opts = opts.with_default_shape()
     if isinstance(model, dict):

@@ -428,3 +428,31 @@ def test_torch_exported_gpt_params_and_flops(tmp_path, dynamo):
     t = training_graph(g, recompute="full")
     assert (t.nodes["phase"] == "backward").sum() > len(n)
     assert t.meta["optimizer_param_count"] == g.param_count
+
+
+def test_builder_rollback_forgets_every_trace_of_the_kernels():
+    """What a failed handler (or an If branch tried) recorded is taken back whole: the graph equals one that never
+    recorded it (tensor tables, output bytes and gradient uses included)."""
+    from wattcast.featurize.onnx.common import _Builder
+
+    def build(detour: bool):
+        b = _Builder("fp32", train=True)
+        x = b.input((4, 16))
+        h = b.linear(x, 16, name="fc1")
+        if detour:
+            mark = b.mark()
+            t = b.elementwise("relu", h, name="tried")
+            b.linear(t, 8, name="tried2")
+            b.elementwise("add", h, h, name="tried3")  # extra uses of h: gradient accumulation
+            b.rollback(mark)
+        y = b.elementwise("gelu", h, name="act")
+        b.elementwise("add", y, h, name="res")
+        return b.build()
+
+    a, b = build(False), build(True)
+    assert a.nodes.equals(b.nodes) and np.array_equal(a.edges, b.edges)
+    for key in ("tensor_bytes", "tensor_node", "out_bytes"):
+        assert np.array_equal(a.saved[key], b.saved[key]), key
+    assert a.saved["backward"] == b.saved["backward"] and a.saved["by_node"] == b.saved["by_node"]
+    ta, tb = training_graph(a), training_graph(b)
+    assert ta.nodes.equals(tb.nodes)

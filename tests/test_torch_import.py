@@ -259,3 +259,16 @@ def test_export_failure_is_a_graph_error():
         graph_from_module(_meta_gpt("eager"))
     with pytest.raises(GraphError, match="nn.Module"):
         graph_from_module(lambda x: x, batch=1, seq=1)
+
+
+def test_op_table_names_a_handler_for_every_packet_and_keeps_the_priorities():
+    """tables.RULES (ATen packet -> handler) is the whole mapping: every handler exists, and a packet in two families
+    keeps the first (``_to_copy`` is a cast, ``cat`` a multi-input copy, ``copy`` a write into its destination)."""
+    from wattcast.featurize.torch_import.assemble import _Importer
+    from wattcast.featurize.torch_import.tables import _COPIES, _ELEMENTWISE, _GEMMS, _VIEWS, RULES
+
+    assert all(callable(getattr(_Importer, h, None)) for h in set(RULES.values()))
+    assert (RULES["_to_copy"], RULES["cat"], RULES["copy"], RULES["clone"]) == ("_cast", "_concat", "_copy_into", "_copy")
+    assert all(RULES[p] == "_view" for p in _VIEWS) and all(RULES[p] == "_gemm" for p in _GEMMS)
+    assert all(RULES[p] == "_elementwise" for p in _ELEMENTWISE) and set(_COPIES) <= set(RULES)
+    assert RULES["max"] == "_max_min" and RULES["tril"] == "_triangular" and "sort" not in RULES

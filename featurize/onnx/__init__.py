@@ -34,8 +34,11 @@ Mapping (ONNX op -> builder call):
   ``layernorm``; FusedMatMul -> ``linear``/``matmul``; FastGelu, BiasGelu, QuickGelu, BiasAdd -> ``elementwise``;
 - the attention core (MatMul -> (Div|Mul) -> (Add|Where mask) -> Softmax -> (Dropout) -> MatMul) is
   tagged ``attn_core``; an opset-23 ``Attention`` op -> ``flash_attention``;
-- control flow (``Loop``, ``If``, ``Scan``: any node with a subgraph) -> :class:`GraphError` naming the node, its
-  trip count and its body: its subgraph is not costed, and one tiny op in its place would be a silently wrong step;
+- control flow: ``Loop`` and ``Scan`` -> their bodies unrolled, one walk per iteration (trip count: the constant
+  ``M``, ``loop_trip_count`` given by the user, or the scanned length; unknown -> :class:`GraphError` naming the node
+  and the option); ``If`` -> the branch of a constant condition, else the more expensive one, flagged (``control.py``);
+  any other node with a subgraph -> :class:`GraphError` naming it (one tiny op in its place would be a silently wrong
+  step);
 - any other op -> ``opaque`` (0 FLOPs, bytes from its input/output shapes: costed by the roofline and
   flagged) and counted in ``graph.meta["unmapped_ops"]``.
 
@@ -47,7 +50,7 @@ the ``torch.onnx`` node metadata or, when the weight values are in the file, by 
 
 The package by concern: ``load`` reads the file and binds the symbolic dims, ``shapes`` infers shapes and folds
 constants, ``patterns`` recognises fused subgraphs, ``params`` counts parameters, ``ops`` holds the mapping
-tables and per-op handlers, ``assemble`` walks the model into the graph.
+tables and per-op handlers, ``control`` costs Loop / Scan / If bodies, ``assemble`` walks the model into the graph.
 """
 
 from wattcast.featurize.onnx.assemble import graph_from_onnx

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import re
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from wattcast.data.kernel_ops import canonical_dtype
-from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _Builder, _Static, _numel_dims,
+from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT_NAMES, _Builder, _Static, _numel_dims,
                                             _sanitize)
+from wattcast.featurize.onnx.control import ControlFlowError, _Control
 from wattcast.featurize.onnx.load import (_bind_inputs, _declare_shape_only_weights, _fixed_batch_seq, _load,
                                           _refuse_control_flow, _topo_order)
 from wattcast.featurize.onnx.ops import _Ops
@@ -31,18 +33,49 @@ _HANDLER_ERRORS = (GraphError, ValueError, IndexError, TypeError, KeyError, Zero
 _SOURCE_OPS = {"Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "CastLike", "Concat",
                "Split", "Slice", "Gather", "Expand", "Tile", "Mul", "Div", "Add", "Sub", "Neg"}
 
+#: control-flow ops costed through their subgraphs (control.py); an error in one refuses the model
+_CONTROL_OPS = frozenset({"Loop", "If", "Scan"})
 
-class _Importer(_Shapes, _Patterns, _Params, _Ops):
+#: ONNX element type of a builder tensor's dtype (the body of a loop declares what flows into it)
+_DTYPE_ELEM = {"fp32": 1, "tf32": 1, "fp16": 10, "bf16": 16, **{v: k for k, v in _INT_NAMES.items()}}
+
+
+@dataclass
+class _Shared:
+    """What the importer of a model and the child importers of its control-flow bodies share."""
+
+    #: the user's trip count for loops whose count is known only at run time (int), or per Loop node name (dict)
+    trips: int | dict | None = None
+    trips_used: set = field(default_factory=set)
+    #: ``meta["control_flow"]``: one entry per control-flow node (path with iteration indices dropped)
+    flow: dict = field(default_factory=dict)
+    #: kernels added by unrolled bodies so far
+    unrolled: int = 0
+    #: (body, bound input kinds and shapes) -> (shape-inferred body model, its small constants)
+    bodies: dict = field(default_factory=dict)
+
+    @staticmethod
+    def flow_key(path: str) -> str:
+        return re.sub(r"\[\d+\]", "", path)
+
+
+class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
     """One walk over a prepared model: the state (values, shapes, claimed parameters, matched patterns)
-    that the shape, pattern, parameter and op-handler mixins read and write, and the walk itself."""
+    that the shape, pattern, parameter and op-handler mixins read and write, and the walk itself.
+
+    A child importer (``parent`` given) walks a control-flow body into its parent's builder, sharing its parameter
+    claims and flags; ``outer`` are the static values (constants, weights) the body reads from outside or is given."""
 
     def __init__(self, model, *, dtype: str | None, train: bool, name: str, tied: dict[str, str],
-                 consts: dict[str, np.ndarray]):
+                 consts: dict[str, np.ndarray], parent: "_Importer | None" = None,
+                 outer: dict[str, _Static] | None = None, prefix: str = "", shared: _Shared | None = None):
         self.model = model
         g = model.graph
         self.g = g
+        self.prefix = prefix
         self.nodes = _topo_order(g)
-        self.opset = max((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), default=13)
+        self.opset = parent.opset if parent is not None else max(
+            (o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), default=13)
         self.consts = consts
         # initializers: shapes, element types
         self.inits: dict[str, _Static] = {}
@@ -59,6 +92,8 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
             isf = s.values.data_type in _FLOAT_TYPES
             self.inits[nm] = _Static(shape, frozenset({nm}) if isf else frozenset(), s.values.data_type)
             self.init_numel[nm] = _numel_dims(shape)
+        if outer:
+            self.inits.update(outer)
         # shapes and element types of every value
         self.info: dict[str, tuple[int, tuple | None]] = {}
         for vi in [*g.input, *g.value_info, *g.output]:
@@ -70,18 +105,27 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
                 self.info[vi.name] = (tt.elem_type, shape)
         for nm, s in self.inits.items():
             self.info[nm] = (s.elem, s.shape)
-        self.dtype = canonical_dtype(dtype) if dtype else self._model_dtype()
-        self.b = _Builder(self.dtype, train=train, name=name)
         # bookkeeping
         self.vals: dict[str, Tensor | _Static] = {}
         self.rg: dict[str, bool] = {}  # requires grad (on the parameter-gradient path)
-        self.counted: set[str] = set()
-        self.claim_log: list[str] = []  # counted keys in claim order (to undo a failed handler)
-        self.alias_key: dict[str, str] = {k: _sanitize(v) for k, v in tied.items()}
-        self.unmapped: dict[str, int] = {}
-        self.fallback: dict[str, int] = {}
-        self.warnings: list[str] = []
         self.unknown_shapes = 0
+        if parent is None:
+            self.dtype = canonical_dtype(dtype) if dtype else self._model_dtype()
+            self.b = _Builder(self.dtype, train=train, name=name)
+            self.counted: set[str] = set()
+            self.claim_log: list[str] = []  # counted keys in claim order (to undo a failed handler)
+            self.alias_key: dict[str, str] = {k: _sanitize(v) for k, v in tied.items()}
+            self.unmapped: dict[str, int] = {}
+            self.fallback: dict[str, int] = {}
+            self.warnings: list[str] = []
+            self.shared = shared or _Shared()
+            self._ref_cls: dict = {}
+        else:  # a body: the parent's builder, claims and flags
+            self.dtype, self.b, self.shared, self._ref_cls = parent.dtype, parent.b, parent.shared, parent._ref_cls
+            self.counted, self.claim_log, self.alias_key = parent.counted, parent.claim_log, parent.alias_key
+            self.unmapped, self.fallback, self.warnings = parent.unmapped, parent.fallback, parent.warnings
+            parent.init_numel.update(self.init_numel)
+            self.init_numel = parent.init_numel
         self.static_names: set[str] = set()
         self.consumers: dict[str, list[int]] = {}
         self.producer: dict[str, int] = {}
@@ -94,7 +138,6 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
                 if o:
                     self.producer[o] = k
         self._mark_static()
-        self._ref_cls: dict = {}
         for n in self.nodes:  # constant shape arithmetic, so the pattern matchers see folded scalars
             if all(o in self.static_names for o in n.output if o):
                 self._fold(n)
@@ -106,7 +149,10 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
         self.bias_of: dict[int, int] = {}  # MatMul node -> fused bias Add node
         self._pre_gamma: dict[int, str] = {}
         self._match_patterns()
-        self.layer_of, self.scope_of, self.n_layers = self._layers()
+        if parent is None:
+            self.layer_of, self.scope_of, self.n_layers = self._layers()
+        else:  # a body runs where its control-flow node is
+            self.layer_of, self.scope_of, self.n_layers = [self.b._layer] * len(self.nodes), [self.b._scope] * len(self.nodes), 0
 
 
     def _model_dtype(self) -> str:
@@ -217,17 +263,12 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
                 shape = (1,)
                 self.unknown_shapes += 1
             self._set(inp.name, self.b.input(shape, self._tdtype(self._elem(inp.name))), False)
-        for nm, s in self.inits.items():
-            self.vals[nm] = s
-        for k, n in enumerate(self.nodes):
-            if k in self.skip:
-                continue
-            lay, scope = self.layer_of[k], self.scope_of[k]
-            with self.b.layer(lay, scope), (self.b.tag("attn_core") if k in self.attn else nullcontext()):
-                self._emit(k, n)
+        self.walk()
         meta = dict(meta)
         meta.update(source="onnx", n_layers=int(self.n_layers), unmapped_ops=dict(sorted(self.unmapped.items())),
                     onnx_nodes=len(self.nodes), opset=int(self.opset))
+        if self.shared.flow:
+            meta["control_flow"] = list(self.shared.flow.values())
         if self.fallback:
             meta["fallback_ops"] = dict(sorted(self.fallback.items()))
         if self.unknown_shapes:
@@ -237,11 +278,77 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
         return self.b.build(**meta)
 
 
+    def walk(self) -> None:
+        """Emit every node (graph inputs and outer values already in ``vals``)."""
+        for nm, s in self.inits.items():
+            self.vals.setdefault(nm, s)
+        for k, n in enumerate(self.nodes):
+            if k in self.skip:
+                continue
+            lay, scope = self.layer_of[k], self.scope_of[k]
+            with self.b.layer(lay, scope), (self.b.tag("attn_core") if k in self.attn else nullcontext()):
+                self._emit(k, n)
+
+
+    def _child(self, graph, env: dict[str, Any], consts: dict[str, np.ndarray], prefix: str,
+               rg: dict[str, bool]) -> "_Importer":
+        """An importer of the subgraph ``graph`` with its inputs and outer-scope names bound to ``env`` (Tensor:
+        an activation of this walk; _Static: a constant or weight), ready to ``walk`` into this builder."""
+        import onnx
+
+        declared = {i.name: i.type.tensor_type.elem_type for i in graph.input if i.type.HasField("tensor_type")}
+        sig = []
+        for nm in sorted(env):
+            v = env[nm]
+            if isinstance(v, _Static):
+                elem = v.elem or declared.get(nm) or 1
+                shape = v.shape
+            else:
+                elem = declared.get(nm) or self._elem(nm) or _DTYPE_ELEM.get(v.dtype, 1)
+                shape = v.shape
+            sig.append((nm, isinstance(v, Tensor), int(elem), None if shape is None else tuple(shape)))
+        key = (id(graph), tuple(sig))
+        got = self.shared.bodies.get(key)
+        if got is None:
+            g = onnx.GraphProto()
+            g.CopyFrom(graph)
+            del g.input[:]
+            del g.value_info[:]  # shapes inferred afresh from this iteration's inputs (a growing state changes them)
+            for nm, _, elem, shape in sig:
+                known = shape is not None and all(d is not None for d in shape)
+                g.input.append(onnx.helper.make_tensor_value_info(nm, elem, list(shape) if known else None))
+            body = onnx.helper.make_model(g, opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version)
+            _refuse_control_flow(body, prefix.rstrip("/") or "body")
+            small = _small_constants(body)
+            _strip_weights(body)
+            inferred, _ = _infer(body)
+            got = (inferred, small, graph)  # the graph is kept so its id stays unique while cached
+            self.shared.bodies[key] = got
+        inferred, small = got[0], got[1]
+        outer = {}
+        for nm, _, elem, shape in sig:
+            v = env[nm]
+            if isinstance(v, _Static):
+                outer[nm] = v if v.elem else _Static(v.shape, v.sources, elem)
+        child = _Importer(inferred, dtype=self.dtype, train=self.b.train, name="", tied={}, consts={**small, **consts},
+                          parent=self, outer=outer, prefix=prefix)
+        for nm, v in env.items():
+            if isinstance(v, Tensor):
+                child._set(nm, v, rg.get(nm, False))
+        return child
+
+
+    def _node_name(self, k: int, n) -> str:
+        """A kernel's name: the node's, after the path of the bodies it runs in (``loop[3]/inner[0]/MatMul``)."""
+        name = n.name or f"{n.op_type}_{k}"
+        return self.prefix + name.lstrip("/") if self.prefix else name
+
+
     def _emit(self, k: int, n) -> None:
         if k in self.fused:
             mark, counted = self.b.mark(), len(self.claim_log)
             try:
-                self._emit_fused(k, n, n.name or f"{n.op_type}_{k}", self.fused[k])
+                self._emit_fused(k, n, self._node_name(k, n), self.fused[k])
             except _HANDLER_ERRORS as e:  # emit the subgraph op by op instead
                 self._undo(n, mark, counted, e, "emitted op by op")
                 for j in sorted(self.groups[k]):
@@ -265,7 +372,7 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
 
     def _emit_node(self, k: int, n) -> None:
         """One ONNX node through its handler; the roofline when nothing maps it or its handler fails."""
-        name = n.name or f"{n.op_type}_{k}"
+        name = self._node_name(k, n)
         ins = list(n.input)
         outs = [o for o in n.output if o]
         if outs and all(o in self.static_names for o in outs):
@@ -278,7 +385,12 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
         mark, counted = self.b.mark(), len(self.claim_log)
         try:
             handler(k, n, name, ins)
+        except ControlFlowError:
+            raise
         except _HANDLER_ERRORS as e:
+            if n.op_type in _CONTROL_OPS:  # never one tiny op in place of a body
+                raise ControlFlowError(f"node {name!r} ({n.op_type}): its subgraph cannot be costed: "
+                                       f"{type(e).__name__}: {e}") from e
             self._undo(n, mark, counted, e, "costed by the roofline")
             self._emit_unknown(k, n, name, ins, unmapped=False)
             if k in self.bias_of:  # the bias Add fused into this MatMul
@@ -310,7 +422,8 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops):
 
 
 def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None = None, dtype: str | None = None,
-                    train: bool = False, dims: dict[str, int] | None = None) -> OpGraph:
+                    train: bool = False, dims: dict[str, int] | None = None,
+                    loop_trip_count: int | dict[str, int] | None = None) -> OpGraph:
     """The forward operator graph of an ONNX model (a path, a ``ModelProto`` or its bytes).
 
     ``batch`` / ``seq`` bind symbolic input dims named like batch / sequence (see :data:`BATCH_DIM_NAMES`,
@@ -324,8 +437,15 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     ``ignored_options``), ``opset``, ``onnx_nodes`` and, when relevant, ``unknown_shapes`` (outputs whose
     shape had to be guessed), ``fallback_ops`` (mapped ops whose handler failed: roofline, with
     ``warnings``) and ``shape_only_weights``.
-    Raises :class:`GraphError` for a missing, corrupt or truncated file or an unbound symbolic dim.
+
+    Control flow (``Loop``, ``Scan``, ``If``) is costed through its subgraphs, unrolled (see ``control.py``):
+    ``loop_trip_count`` gives the iterations of the loops whose count is known only at run time (an int for all of
+    them, or ``{node name: count}``); ``meta["control_flow"]`` lists every control-flow node with its trip count and
+    its source, or the ``If`` branch taken and why.
+    Raises :class:`GraphError` for a missing, corrupt or truncated file, an unbound symbolic dim, or a loop
+    whose trip count is unknown and not given.
     """
+    trips = _check_trip_count(loop_trip_count)
     if batch is not None and int(batch) <= 0:
         raise GraphError(f"batch must be positive, got {batch}")
     if seq is not None and int(seq) <= 0:
@@ -342,7 +462,10 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     env, used = _bind_inputs(model, batch, seq, dims)
     inferred, err = _infer(model)
     name = Path(where).stem if base is not None else (model.graph.name or "onnx_model")
-    imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts)
+    if isinstance(trips, dict):
+        _check_trip_names(trips, model, where)
+    shared = _Shared(trips=trips)
+    imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts, shared=shared)
     fixed = _fixed_batch_seq(model)
     meta = dict(name=name, dims=env, producer=model.producer_name or "",
                 batch=batch if "batch" in used else fixed["batch"], seq=seq if "seq" in used else fixed["seq"])
@@ -357,4 +480,61 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
                if v is not None and o not in used and fixed[o] != int(v)]
     if ignored:
         meta["ignored_options"] = ignored  # the model's input dims are fixed
-    return imp.run(meta)
+    try:
+        graph = imp.run(meta)
+    except ControlFlowError as e:
+        raise ControlFlowError(f"{where}: {e}") from None
+    _check_trips_used(trips, shared, where)
+    return graph
+
+
+def _check_trip_count(v) -> int | dict[str, int] | None:
+    """``loop_trip_count`` checked: a whole number >= 0, or a dict of Loop node names to such numbers."""
+    def count(x, what):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer, float)) or (
+                isinstance(x, float) and not x.is_integer()) or x < 0:
+            raise GraphError(f"{what} (--loop-trip-count) must be a whole number >= 0, got {x!r}")
+        return int(x)
+
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        return {str(k): count(x, f"loop_trip_count[{k!r}]") for k, x in v.items()}
+    if isinstance(v, (list, tuple, set)):
+        raise GraphError(f"loop_trip_count (--loop-trip-count) must be a whole number >= 0 or {{Loop node name: count}}, "
+                         f"got {v!r}")
+    return count(v, "loop_trip_count")
+
+
+def _loop_names(graph) -> list[str]:
+    """Names of the Loop nodes of ``graph`` and of its subgraphs."""
+    from onnx import AttributeProto
+
+    out = []
+    for n in graph.node:
+        if n.op_type == "Loop":
+            out.append(n.name)
+        for a in n.attribute:
+            for sg in [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []:
+                out += _loop_names(sg)
+    return out
+
+
+def _check_trip_names(trips: dict, model, where: str) -> None:
+    """Every node a ``loop_trip_count`` dict names is a Loop of the model (by name, or its path through the bodies)."""
+    loops = _loop_names(model.graph)
+    unknown = sorted(k for k in trips if k.split("/")[-1] not in loops)
+    if unknown:
+        raise GraphError(f"{where}: loop_trip_count names {', '.join(map(repr, unknown))}, no Loop node of the model"
+                         + (f" (its loops: {', '.join(sorted(set(loops)))})" if loops else " (it has no Loop)"))
+
+
+def _check_trips_used(trips, shared: _Shared, where: str) -> None:
+    """A trip count given for no loop is an error (the user meant a loop the model does not have as they think)."""
+    if trips is None or isinstance(trips, dict):
+        return
+    loops = sorted(k for k, e in shared.flow.items() if e.get("op") == "Loop")
+    if not shared.trips_used:
+        raise GraphError(f"{where}: loop_trip_count (--loop-trip-count) {trips} was given, but no Loop of the model has a "
+                         "trip count known only at run time or a condition that may end it"
+                         + (f" (its loops: {', '.join(loops)}: constant trip counts)" if loops else " (it has no Loop)"))

@@ -49,14 +49,39 @@ class _Builder(GraphBuilder):
             if x.node >= 0 and x.node not in ins and x.node != t.node:
                 ins.append(x.node)
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._use_journal: list[int] = []  # tensor ids in the order ``_add`` recorded a gradient use of them
+
+    def _add(self, name, op_class, kernel, method, inputs, out_shape, *, grad_inputs=None, **kw):
+        # journal the gradient uses ``GraphBuilder._add`` records (the same condition), so ``rollback`` can take
+        # back exactly the uses of the kernels it forgets
+        for t in inputs if grad_inputs is None else grad_inputs:
+            if t.node >= 0 and t.tid >= 0 and t.tid not in self._no_grad:
+                self._use_journal.append(t.tid)
+        return super()._add(name, op_class, kernel, method, inputs, out_shape, grad_inputs=grad_inputs, **kw)
+
     def mark(self) -> tuple:
-        return len(self._nodes), len(self._tensor_bytes), self.param_count, self.param_bytes
+        return (len(self._nodes), len(self._tensor_bytes), self.param_count, self.param_bytes,
+                len(self._use_journal))
 
     def rollback(self, mark: tuple) -> None:
-        """Forget the kernels recorded since ``mark`` (a handler that failed half-way)."""
-        n_nodes, n_tensors, self.param_count, self.param_bytes = mark
+        """Forget the kernels and tensors recorded since ``mark`` (a handler that failed half-way, a branch tried)."""
+        n_nodes, n_tensors, self.param_count, self.param_bytes, n_uses = mark
         del self._nodes[n_nodes:]
+        del self._out_bytes[n_nodes:]
         del self._tensor_bytes[n_tensors:]
+        del self._tensor_node[n_tensors:]
+        del self._tensor_shape[n_tensors:]
+        journal = self._use_journal
+        for tid in reversed(journal[n_uses:]):
+            uses = self._grad_uses[tid]
+            uses.pop()
+            if not uses:
+                del self._grad_uses[tid]
+        del journal[n_uses:]
+        if any(t >= n_tensors for t in self._no_grad):
+            self._no_grad = {t for t in self._no_grad if t < n_tensors}
 
     def alias(self, shape: Sequence[int], dtype: str, node: int) -> Tensor:
         """A further output of the kernel ``node`` (or a stand-in of another shape for ``node``'s output)."""

@@ -227,49 +227,24 @@ def _topo_order(graph) -> list:
     return [nodes[k] for k in order]
 
 
-def _constant_int(model, name: str) -> int | None:
-    """The value of a scalar integer initializer or Constant output ``name`` (a Loop's trip count), else None."""
-    from onnx import numpy_helper
-
-    if not name:
-        return None
-    for t in model.graph.initializer:
-        if t.name == name:
-            v = numpy_helper.to_array(t)
-            return int(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "iu" else None
-    for n in model.graph.node:
-        if n.op_type == "Constant" and name in n.output:
-            for a in n.attribute:
-                if a.name == "value" and a.HasField("t"):
-                    v = numpy_helper.to_array(a.t)
-                    return int(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind in "iu" else None
-                if a.name == "value_int":
-                    return int(a.i)
-    return None
-
-
 def _refuse_control_flow(model, where: str) -> None:
-    """GraphError naming the first node that runs a subgraph (Loop, If, Scan, ...): the importer walks one graph and
-    would cost the node as a single tiny op, its body never (1,000 iterations of a MatMul as 0.007 ms)."""
+    """GraphError naming the first node that runs a subgraph the importer cannot cost: anything but the default
+    domain's ``Loop``, ``If`` and ``Scan`` (costed through their bodies, see ``control.py``), e.g. a contrib
+    ``BeamSearch``. Counted as a single tiny op its body would never be (1,000 iterations of a MatMul as 0.007 ms)."""
     from collections import Counter
 
     from onnx import AttributeProto
 
     for k, n in enumerate(model.graph.node):
+        if n.op_type in ("Loop", "If", "Scan") and n.domain in ("", "ai.onnx"):
+            continue
         bodies = [a.g for a in n.attribute if a.type == AttributeProto.GRAPH]
         bodies += [g for a in n.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
         if not bodies:
             continue
         ops = Counter(x.op_type for g in bodies for x in g.node)
         body = ", ".join(f"{c} {op}" for op, c in ops.most_common(5)) or "no ops"
-        what = {"If": "runs one of two branch subgraphs", "Scan": "runs its body once per scanned slice"}.get(
-            n.op_type, "runs a body subgraph")
-        trips = ""
-        if n.op_type == "Loop":
-            m = _constant_int(model, n.input[0] if n.input else "")
-            trips = f" {m:,} times (constant trip count)" if m is not None else " a number of times known only at run time"
         raise GraphError(
-            f"{where}: node {n.name or f'#{k}'!r} ({n.op_type}) {what}{trips} ({body}); wattcast does not cost ONNX "
-            "control flow and refuses the model rather than count the node as one tiny op. Export with the loop "
-            "unrolled and the branch taken (torch.onnx.export traces Python loops and ifs that way; avoid "
-            "torch.jit.script), or give a Hugging Face config")
+            f"{where}: node {n.name or f'#{k}'!r} ({n.domain + '.' if n.domain else ''}{n.op_type}) runs a body subgraph "
+            f"({body}); wattcast costs the subgraphs of ONNX Loop, If and Scan only and refuses the model rather than "
+            "count the node as one tiny op. Export it with the standard control-flow ops, or give a Hugging Face config")

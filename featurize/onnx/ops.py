@@ -82,9 +82,12 @@ _HANDLERS = _first_wins(
     (("Einsum",), "_einsum"),
     (("SplitToSequence",), "_split_to_sequence"),
     (("SequenceAt",), "_sequence_at"),
+    (("Loop",), "_loop"),
+    (("Scan",), "_scan"),
+    (("If",), "_if"),
 )
-#: ops mapped only in the default domain (com.microsoft's ``Attention`` takes other inputs)
-_DEFAULT_DOMAIN_ONLY = frozenset({"Attention"})
+#: ops mapped only in the default domain (com.microsoft's ``Attention`` takes other inputs; control flow: control.py)
+_DEFAULT_DOMAIN_ONLY = frozenset({"Attention", "Loop", "Scan", "If"})
 
 
 class _Ops:
