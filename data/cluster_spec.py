@@ -47,6 +47,7 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "inter.nic_bandwidth_gbit_per_s": (0.1, 20_000.0, "Tbit/s", "bit/s, kbit/s or Mbit/s", "Gbit/s per NIC"),
     "inter.latency_us": (0.0, 10_000.0, "-", "nanoseconds", "microseconds"),
     "inter.oversubscription": (1.0, 128.0, "-", "a percent or a port count, not a ratio", "a ratio >= 1"),
+    "cloud_usd_per_gpu_hour": (0.01, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
 }
 
 
@@ -79,6 +80,9 @@ class ClusterSpec(SpecRecord):
     intra: IntraNode
     inter: InterNode | None = None
     max_nodes: int | None = None
+    #: optional: what this cluster costs per GPU-hour in the cloud (USD); wins over the device price table for a
+    #: run on it (the output names this spec as the source; cite it in ``sources.cloud_usd_per_gpu_hour``)
+    cloud_usd_per_gpu_hour: float | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -178,6 +182,11 @@ def validate_cluster(c: ClusterSpec) -> ClusterSpec:
         _positive(where, "max_nodes", c.max_nodes, integer=True)
         if c.max_nodes > 1 and c.inter is None:
             raise ClusterSpecError(f"{where}: max_nodes is {c.max_nodes} but there is no 'inter' (cross-node) tier")
+    if c.cloud_usd_per_gpu_hour is not None:
+        _positive(where, "cloud_usd_per_gpu_hour", c.cloud_usd_per_gpu_hour)
+        msg = implausible("field 'cloud_usd_per_gpu_hour'", c.cloud_usd_per_gpu_hour, *PLAUSIBLE["cloud_usd_per_gpu_hour"])
+        if msg:
+            raise ClusterSpecError(f"{where}: {msg}")
     if not isinstance(c.aliases, tuple) or not all(isinstance(a, str) and a for a in c.aliases):
         raise ClusterSpecError(f"{where}: field 'aliases' must be a list of names, got {c.aliases!r}")
     _text(where, "source", c.source, required=False)
