@@ -83,6 +83,8 @@ class LifecycleAssumptions:
         defaults = _c.cost_defaults()
         out: dict[str, str] = {}
         for f in fields(self):
+            if f.name == "cloud_price_source":  # names the source of cloud_usd_per_gpu_hour, not a figure
+                continue
             v = getattr(self, f.name)
             dflt = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
             if v != dflt:
