@@ -610,7 +610,7 @@ def search(
     checkpoint_write_s: Optional[float] = _CHECKPOINT_OPTION,
     pricing: Optional[str] = _PRICING_OPTION,
     electricity_usd_per_kwh: Optional[float] = _ELECTRICITY_OPTION,
-    objective: str = typer.Option("time", "--objective", help="Rank by: time (step time, default), cost (the run's on-demand cloud cost), tco (owned TCO), co2e or energy (the run's; without --tokens the step's energy). All but time and energy need --tokens."),
+    objective: str = typer.Option("time", "--objective", help="Rank by: time (step time, default), cost (the run's cloud cost under --pricing), tco (owned TCO), co2e or energy (the run's; without --tokens the step's energy). All but time and energy need --tokens."),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Keep runs whose cloud cost is at most this (USD; needs --tokens)."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Keep runs that finish within this many days, failures included (needs --tokens)."),
     max_tco2e: Optional[float] = typer.Option(None, "--max-tco2e", help="Keep runs of at most this many tCO2e, embodied included (needs --tokens)."),

@@ -463,7 +463,8 @@ def plot_runs(df: pd.DataFrame, path) -> None:
     import matplotlib.pyplot as plt
 
     fit = df[df["fits"].astype(bool)]
-    cost, label = ("run_cloud_usd", "cloud cost (USD, on-demand)")
+    plans = sorted(set(fit["cloud_pricing"].dropna())) if "cloud_pricing" in fit else []
+    cost, label = ("run_cloud_usd", f"cloud cost (USD, {', '.join(plans) or 'on-demand'})")
     if fit[cost].isna().all():
         cost, label = "run_tco_usd", "owned TCO (USD; no cloud price known)"
     n_all = len(fit)
