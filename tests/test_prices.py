@@ -300,3 +300,9 @@ def test_cli_regions_lists_the_price():
     assert r.exit_code == 0 and "USD/kWh" in out and "without a price use the global default 0.08" in out
     r = invoke("regions", "Germany")
     assert "DEU" in flat(r.output) and "0.216" in flat(r.output)
+
+
+def test_cli_implausible_electricity_price_names_the_flag():
+    r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "FRA", "--electricity-usd-per-kwh", 80)
+    out = flat(r.output)
+    assert r.exit_code == 2 and "electricity_usd_per_kwh (--electricity-usd-per-kwh) is 80" in out and "USD per MWh" in out
