@@ -73,7 +73,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
 #: the run options ``tokens=`` takes (as ``wattcast predict --tokens``)
 RUN_OPTIONS = ("region", "pue", "lifetime_years", "grid_kgco2e_per_kwh", "market_based", "electricity_usd_per_kwh",
-               "cloud_usd_per_gpu_hour", "node_overhead_share", "assumptions", "mtbf_gpu_hours", "checkpoint_write_s")
+               "cloud_usd_per_gpu_hour", "node_overhead_share", "assumptions", "mtbf_gpu_hours", "checkpoint_write_s",
+               "pricing")
 
 
 def _no_run_options(run_kw: dict) -> None:
@@ -85,7 +86,7 @@ def _no_run_options(run_kw: dict) -> None:
         raise ValueError(f"{', '.join(given)} describe a run: give tokens= too")
 
 
-def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict):
+def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict, cluster=None):
     from dataclasses import replace
 
     from wattcast.lifecycle import run_of_prediction
@@ -93,7 +94,8 @@ def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict):
     unknown = sorted(set(run_kw) - set(RUN_OPTIONS))
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {unknown}")
-    return replace(res, run=run_of_prediction(res, tokens=tokens, tokens_per_step=tokens_per_step, device=spec, **run_kw))
+    return replace(res, run=run_of_prediction(res, tokens=tokens, tokens_per_step=tokens_per_step, device=spec,
+                                              cluster=cluster, **run_kw))
 
 
 def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | None = None, seq: int = 1024,
@@ -158,8 +160,10 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpec
 
+    from wattcast.data.cluster_spec import resolve_cluster
+
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device if device is not None else res.device)
-    return _with_run(res, spec, tokens, batch * seq, run_kw)
+    return _with_run(res, spec, tokens, batch * seq, run_kw, cluster=resolve_cluster(cluster))
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):

@@ -31,7 +31,9 @@ _LIFETIME_OPTION = typer.Option(None, "--lifetime-years", help="Hardware lifetim
 _GRID_OPTION = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region).")
 _MTBF_OPTION = typer.Option(None, "--mtbf-gpu-hours", help="Mean time between failures of one GPU, hours (the run's goodput: failures, restarts, checkpoints; default from the shipped assumptions).")
 _CHECKPOINT_OPTION = typer.Option(None, "--checkpoint-write-s", help="Seconds to write one checkpoint (Young/Daly interval and its cost; default from the shipped assumptions).")
-_CLOUD_OPTION = typer.Option(None, "--cloud-usd-per-gpu-hour", help="Cloud price per GPU-hour for the run's cloud cost (default: the table's on-demand price for a catalog GPU).")
+_CLOUD_OPTION = typer.Option(None, "--cloud-usd-per-gpu-hour", help="Cloud price per GPU-hour for the run's cloud cost (default: a cluster spec's own price, else the table's price for a catalog GPU under --pricing).")
+_PRICING_OPTION = typer.Option(None, "--pricing", help="Cloud pricing of the run's cloud cost: on-demand (default), reserved-1y or reserved-3y (committed-use list prices, cloud_prices.yaml).")
+_ELECTRICITY_OPTION = typer.Option(None, "--electricity-usd-per-kwh", help="Electricity price (USD/kWh) for the run's OpEx; wins over --region's price (default: the region's price from the shipped table, else the global 0.08).")
 profile_app = typer.Typer(no_args_is_help=True, help="Import profiling files (or measure this machine's GPU) into measurement tables.")
 app.add_typer(profile_app, name="profile")
 err = Console(stderr=True)
@@ -123,6 +125,18 @@ def _forceable(command):
             return command(*args, **kwargs)
 
     return run
+
+
+def _check_pricing_flag(pricing: Optional[str]) -> None:
+    """--pricing names a cloud pricing plan (refused before any evaluation, listing the valid ones)."""
+    if pricing is None:
+        return
+    from wattcast.data.carbon import CarbonDataError, check_pricing
+
+    try:
+        check_pricing(pricing)
+    except CarbonDataError as e:
+        _fail(str(e))
 
 
 def _table_console() -> Console:
@@ -289,6 +303,8 @@ def predict(
     cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
     mtbf_gpu_hours: Optional[float] = _MTBF_OPTION,
     checkpoint_write_s: Optional[float] = _CHECKPOINT_OPTION,
+    pricing: Optional[str] = _PRICING_OPTION,
+    electricity_usd_per_kwh: Optional[float] = _ELECTRICITY_OPTION,
     dim: List[str] = typer.Option([], "--dim", help="Bind a symbolic ONNX input dim: NAME=VALUE (repeatable)."),
     loop_trip_count: Optional[int] = typer.Option(None, "--loop-trip-count", help="Iterations of an ONNX model's Loops whose trip count is known only at run time (each body is costed this many times)."),
     pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
@@ -310,10 +326,11 @@ def predict(
 
     run_kw = dict(tokens=tokens, region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                   cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
-                  checkpoint_write_s=checkpoint_write_s)
+                  checkpoint_write_s=checkpoint_write_s, pricing=pricing, electricity_usd_per_kwh=electricity_usd_per_kwh)
     if tokens is None and any(v is not None for v in run_kw.values()):
         _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh/--cloud-usd-per-gpu-hour/--mtbf-gpu-hours/"
-              "--checkpoint-write-s describe a run: give --tokens too")
+              "--checkpoint-write-s/--pricing/--electricity-usd-per-kwh describe a run: give --tokens too")
+    _check_pricing_flag(pricing)
     if strategy is not None:
         if cluster is None:
             _fail("--strategy names a parallel strategy: it needs --cluster NAME|FILE")
@@ -458,16 +475,21 @@ def _warn_memory(res) -> None:
                   "time may be underestimated[/yellow]")
 
 
-def _run_footprint(device, res, tokens_per_step: float, run_kw: dict):
+def _run_footprint(device, res, tokens_per_step: float, run_kw: dict, cluster=None):
     """The `run` of prediction ``res`` when --tokens is given (lifecycle time, energy, carbon, cost): the same
-    function the Python API's ``tokens=`` uses."""
+    function the Python API's ``tokens=`` uses. ``cluster``: the cluster spec (its own cloud price, if any)."""
     if run_kw.get("tokens") is None:
         return None
     from wattcast.lifecycle import run_of_prediction
 
     kw = {k: v for k, v in run_kw.items() if k != "tokens"}
     try:
-        return run_of_prediction(res, tokens=run_kw["tokens"], tokens_per_step=tokens_per_step, device=device, **kw)
+        if cluster is not None:
+            from wattcast.data.cluster_spec import resolve_cluster
+
+            cluster = resolve_cluster(cluster)
+        return run_of_prediction(res, tokens=run_kw["tokens"], tokens_per_step=tokens_per_step, device=device,
+                                 cluster=cluster, **kw)
     except ValueError as e:
         _fail(str(e))
 
@@ -518,7 +540,7 @@ def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, 
                                   power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework)
     except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    run = _run_footprint(spec or res.device, res, batch * seq, run_kw or {})
+    run = _run_footprint(spec or res.device, res, batch * seq, run_kw or {}, cluster=cluster)
     _print_warnings(res.meta)
     if trace:
         from wattcast.simulate.trace import write_distributed_trace
@@ -589,7 +611,9 @@ def search(
     cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
     mtbf_gpu_hours: Optional[float] = _MTBF_OPTION,
     checkpoint_write_s: Optional[float] = _CHECKPOINT_OPTION,
-    objective: str = typer.Option("time", "--objective", help="Rank by: time (step time, default), cost (the run's on-demand cloud cost), tco (owned TCO), co2e or energy (the run's; without --tokens the step's energy). All but time and energy need --tokens."),
+    pricing: Optional[str] = _PRICING_OPTION,
+    electricity_usd_per_kwh: Optional[float] = _ELECTRICITY_OPTION,
+    objective: str = typer.Option("time", "--objective", help="Rank by: time (step time, default), cost (the run's cloud cost under --pricing), tco (owned TCO), co2e or energy (the run's; without --tokens the step's energy). All but time and energy need --tokens."),
     max_usd: Optional[float] = typer.Option(None, "--max-usd", help="Keep runs whose cloud cost is at most this (USD; needs --tokens)."),
     deadline_days: Optional[float] = typer.Option(None, "--deadline-days", help="Keep runs that finish within this many days, failures included (needs --tokens)."),
     max_tco2e: Optional[float] = typer.Option(None, "--max-tco2e", help="Keep runs of at most this many tCO2e, embodied included (needs --tokens)."),
@@ -616,7 +640,8 @@ def search(
     _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top)
     run_opts = dict(region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                     cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
-                    checkpoint_write_s=checkpoint_write_s)
+                    checkpoint_write_s=checkpoint_write_s, pricing=pricing, electricity_usd_per_kwh=electricity_usd_per_kwh)
+    _check_pricing_flag(pricing)
     if tokens is None:
         given = [f"--{k.replace('_', '-')}" for k, v in run_opts.items() if v is not None]
         given += [f for f, v in (("--max-usd", max_usd), ("--deadline-days", deadline_days), ("--max-tco2e", max_tco2e),
@@ -679,7 +704,7 @@ def search(
         con = Console(width=200)
     many = len(cluster) > 1
     shown = res.ranked.head(top)
-    by = {"time": "step time", "cost": "cloud cost", "tco": "TCO", "co2e": "CO2e",
+    by = {"time": "step time", "cost": f"cloud cost ({pricing or 'on-demand'})", "tco": "TCO", "co2e": "CO2e",
           "energy": "energy"}.get(str(objective).lower(), objective)
     tables = [(f"best {top} of {len(res.ranked)} configurations by {by}"
                + (" (Pareto front: run time x cloud cost x CO2e)" if pareto else ""), shown)]
@@ -754,7 +779,8 @@ def _print_run_sources(con, ranked) -> None:
             f"{'site-specific' if r['electricity_region_specific'] else 'NOT region-specific'}; source: {r['electricity_source']})",
             f"PUE {r['pue']:g}",
             (f"{dev}: cloud price unknown (cloud $ empty; give --cloud-usd-per-gpu-hour)" if pd_isna(r["cloud_usd_per_gpu_hour"])
-             else f"{dev}: cloud {r['cloud_usd_per_gpu_hour']:g} USD/GPU-h (source: {r['cloud_price_source']})")]
+             else f"{dev}: cloud {r['cloud_usd_per_gpu_hour']:g} USD/GPU-h, {r.get('cloud_pricing', 'on-demand')} "
+                  f"(source: {r['cloud_price_source']})")]
         for line in lines:
             if line not in seen:
                 seen.add(line)
@@ -867,8 +893,9 @@ def regions(
     kind: Optional[str] = typer.Option(None, "--kind", help="country, cloud or zone (default: all)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """List the region names --region takes (countries, cloud regions, grid zones) with their grid intensity."""
-    from wattcast.data.carbon import CarbonDataError, grid_intensity, list_regions
+    """List the region names --region takes (countries, cloud regions, grid zones) with their grid intensity and
+    electricity price (USD/kWh; empty where the shipped table has none: a run there uses the global default)."""
+    from wattcast.data.carbon import CarbonDataError, cost_defaults, electricity_price, grid_intensity, list_regions
 
     try:
         names = list_regions(kind)
@@ -879,18 +906,31 @@ def regions(
         g = grid_intensity(n)
         if text and text.strip().lower() not in f"{n} {g.name}".lower():
             continue
-        rows.append(dict(region=n, name=g.name, kgco2e_per_kwh=g.kgco2e_per_kwh, basis=g.basis, year=g.year))
+        ep = electricity_price(n)
+        rows.append(dict(region=n, name=g.name, kgco2e_per_kwh=g.kgco2e_per_kwh, basis=g.basis, year=g.year,
+                         electricity_usd_per_kwh=None if ep is None else ep.usd_per_kwh,
+                         electricity_location=None if ep is None else ep.location,
+                         electricity_year=None if ep is None else ep.year,
+                         electricity_source=None if ep is None else ep.source,
+                         electricity_approximate=None if ep is None else ep.approximate))
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     if not rows:
         _fail(f"no region matches {text!r}" + (f" among --kind {kind}" if kind else "") + "; `wattcast regions` lists them all", code=1)
-    t = Table(title=f"wattcast regions ({len(rows)}): grid intensity, location-based")
-    for col in ("region", "name", "kgCO2e/kWh"):
+    t = Table(title=f"wattcast regions ({len(rows)}): grid intensity, location-based; electricity price (industrial)")
+    for col in ("region", "name", "kgCO2e/kWh", "USD/kWh", "price of"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["region"], r["name"], f"{r['kgco2e_per_kwh']:.3f}")
-    _table_console().print(t)
+        price = r["electricity_usd_per_kwh"]
+        t.add_row(r["region"], r["name"], f"{r['kgco2e_per_kwh']:.3f}", "" if price is None else f"{price:.3f}",
+                  "" if price is None else f"{r['electricity_location']} {r['electricity_year']}")
+    con = _table_console()
+    con.print(t)
+    missing = sum(r["electricity_usd_per_kwh"] is None for r in rows)
+    con.print(f"USD/kWh: {len(rows) - missing} regions priced (electricity_prices.yaml; figures approximate, see "
+              f"--json for each source); {missing} without a price use the global default "
+              f"{cost_defaults()['electricity_usd_per_kwh'].value:g} USD/kWh, flagged in a run's output.")
 
 
 def _print_prediction(res) -> None:
@@ -945,6 +985,9 @@ def footprint(
     lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime (default 5)."),
     market_based: bool = typer.Option(False, "--market-based", help="Market-based grid factor for the region (where the table has one)."),
     node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, NICs, fans as a share of GPU power (default 0.3)."),
+    cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
+    pricing: Optional[str] = _PRICING_OPTION,
+    electricity_usd_per_kwh: Optional[float] = _ELECTRICITY_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     force: bool = _FORCE_OPTION,
 ) -> None:
@@ -954,13 +997,16 @@ def footprint(
 
     if region is not None and grid_kgco2e_per_kwh is not None:
         _fail("give --region or --grid-kgco2e-per-kwh, not both")
+    _check_pricing_flag(pricing)
     from wattcast.lifecycle import check_plausible
 
     try:
         check_plausible("hours", hours)  # (the Python API takes computed hours from footprint_from_step unchecked)
         fp = _footprint(device, gpus=gpus, hours=hours, avg_power_w=avg_power_w, utilisation=utilisation, pue=pue, region=region,
                         grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years,
-                        market_based=market_based or None, node_overhead_share=node_overhead_share)
+                        market_based=market_based or None, node_overhead_share=node_overhead_share,
+                        cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, pricing=pricing,
+                        electricity_usd_per_kwh=electricity_usd_per_kwh)
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     if as_json:

@@ -13,8 +13,13 @@ exists the tables say "assumption" and why.
 - ``embodied_factors.yaml``: ACT (facebookresearch/ACT, MIT) fab energy/GHG/material per cm2 per
   process node, DRAM/SSD per GB, materials per kg, PCB per m2 and layer; plus the stated server-share
   assumptions.
-- ``costs.yaml``: electricity price, server/network/facility CapEx, lifetime, PUE, reliability and cloud
-  $/GPU-hour defaults.
+- ``costs.yaml``: the global electricity price default, server/network/facility CapEx, lifetime, PUE and
+  reliability defaults.
+- ``electricity_prices.yaml``: industrial / non-household electricity price per country, US state and Canadian
+  province (EIA, Eurostat, national sources; FX rate stated where converted), and the state or country of each
+  cloud region (:func:`electricity_price`).
+- ``cloud_prices.yaml``: cloud list prices per GPU-hour, on-demand and 1-/3-year commitments, per device and
+  provider (:func:`cloud_price`).
 
 Units live in the names: ``*_kgco2e_per_kwh``, ``*_kgco2e_per_cm2``, ``*_usd_per_kwh`` ...
 """
@@ -35,15 +40,21 @@ import yaml
 from wattcast.data.checks import close_names
 
 __all__ = [
+    "PRICING_PLANS",
     "CarbonDataError",
+    "CloudPrice",
+    "ElectricityPrice",
     "Factor",
     "GridIntensity",
     "UnknownRegionError",
     "accelerator_price_usd",
     "act_node_nm",
     "build_grid_table",
+    "check_pricing",
+    "cloud_price",
     "cloud_usd_per_gpu_hour",
     "cost_defaults",
+    "electricity_price",
     "fab_kgco2e_per_cm2",
     "grid_intensity",
     "list_regions",
@@ -368,14 +379,166 @@ def accelerator_price_usd(spec) -> Factor:
                   f"no price for {name}: {per_w.value:g} USD/W x TDP {tdp:g} W ({per_w.source})", assumption=True)
 
 
-def cloud_usd_per_gpu_hour(device_name: str | None) -> Factor | None:
-    """On-demand cloud price per GPU-hour for a catalog device, or None when the table has none."""
-    if not device_name:
-        return None
-    row = _costs()["cloud_usd_per_gpu_hour"].get(device_name)
+#: cloud pricing plans (``--pricing``): pay as you go, 1-year and 3-year commitments (cloud_prices.yaml)
+PRICING_PLANS = ("on-demand", "reserved-1y", "reserved-3y")
+
+
+def check_pricing(pricing: str, name: str = "pricing (--pricing)") -> str:
+    """A cloud pricing plan, normalised (``On_Demand`` -> ``on-demand``); anything else is a CarbonDataError naming
+    ``name`` and listing the plans."""
+    if isinstance(pricing, str):
+        p = re.sub(r"[\s_]+", "-", pricing.strip().lower())
+        if p in PRICING_PLANS:
+            return p
+    raise CarbonDataError(f"unknown {name} {pricing!r}; valid: {', '.join(PRICING_PLANS)}")
+
+
+@functools.lru_cache(maxsize=1)
+def _cloud_prices() -> dict[str, Any]:
+    t = yaml.safe_load(_pkg_text("cloud_prices.yaml"))
+    if tuple(t.get("plans", ())) != PRICING_PLANS:
+        raise CarbonDataError(f"cloud_prices.yaml: plans must be {list(PRICING_PLANS)}, got {t.get('plans')!r}")
+    return t
+
+
+@dataclass(frozen=True)
+class CloudPrice:
+    """One cloud list price per GPU-hour: ``provider``'s ``instance`` under ``pricing``, listed in ``list_region``."""
+
+    device: str
+    provider: str
+    instance: str
+    pricing: str
+    usd_per_gpu_hour: float
+    list_region: str
+    source: str
+    approximate: bool = False
+    #: the run's region (a cloud region) is the list region: the price is that region's own
+    region_specific: bool = False
+
+
+def cloud_price(device_name: str | None, pricing: str = "on-demand", region: str | None = None,
+                notes: list[str] | None = None) -> CloudPrice | None:
+    """The cloud price per GPU-hour of a catalog device under ``pricing`` (:data:`PRICING_PLANS`): the offer of
+    ``region``'s provider when ``region`` is a cloud region and that provider has an offer with this plan, else the
+    device's default offer (AWS us-east-1); None when neither has a price. Why a price is not the region's own (or is
+    missing) is appended to ``notes``."""
+    pricing = check_pricing(pricing)
+    notes = notes if notes is not None else []
+    row = _cloud_prices()["devices"].get(device_name or "")
     if row is None:
         return None
-    return Factor(float(row["usd_per_gpu_hour"]), "USD/GPU-hour", row["source"], assumption=True)
+    offers = row.get("offers", {})
+    hit = _lookup(region) if region else None
+    cloud_region = hit[1] if hit and hit[0] == "cloud_regions" else None
+    provider = cloud_region.split(":", 1)[0] if cloud_region else None
+    chosen = None
+    if provider and pricing in offers.get(provider, {}).get("usd_per_gpu_hour", {}):
+        chosen = provider
+    else:
+        dflt = row.get("default")
+        if dflt and pricing in offers.get(dflt, {}).get("usd_per_gpu_hour", {}):
+            chosen = dflt
+            if provider and provider != dflt:
+                notes.append(f"no {provider} {pricing} price for {device_name} in the shipped table: {dflt}'s "
+                             f"{offers[dflt]['list_region']} price used for region {cloud_region}")
+    if chosen is None:
+        have = "; ".join(f"{prov} {', '.join(o.get('usd_per_gpu_hour', {}))}" for prov, o in offers.items())
+        notes.append(f"no {pricing} cloud price for {device_name}" + (f" in {region}" if region else "")
+                     + (f" (the table has {have}: give a region of that provider)" if have else "")
+                     + ": cloud cost unknown; or give cloud_usd_per_gpu_hour (--cloud-usd-per-gpu-hour)")
+        return None
+    o = offers[chosen]
+    specific = cloud_region is not None and cloud_region == o["list_region"]
+    src = (f"{o['source']} ({pricing}, {o['instance']}, list region {o['list_region']}, {o['date']}"
+           + (f"; {o['derived']}" if o.get("derived") else "")
+           + ("; approximate: recorded without re-reading the price list, verify" if o.get("approximate") else "") + ")")
+    if region and not specific and provider in (chosen, None):
+        notes.append(f"cloud price is {chosen}'s {o['list_region']} list price, not region-specific for {region}")
+    return CloudPrice(device_name, chosen, o["instance"], pricing, float(o["usd_per_gpu_hour"][pricing]),
+                      o["list_region"], src, bool(o.get("approximate")), specific)
+
+
+def cloud_usd_per_gpu_hour(device_name: str | None, pricing: str = "on-demand", region: str | None = None) -> Factor | None:
+    """Cloud price per GPU-hour for a catalog device (on-demand by default, :func:`cloud_price`), or None when the
+    table has none."""
+    if not device_name:
+        return None
+    cp = cloud_price(device_name, pricing, region)
+    if cp is None:
+        return None
+    return Factor(cp.usd_per_gpu_hour, "USD/GPU-hour", cp.source, assumption=True)
+
+
+# --------------------------------------------------------------------------- electricity prices
+@functools.lru_cache(maxsize=1)
+def _electricity() -> dict[str, Any]:
+    return yaml.safe_load(_pkg_text("electricity_prices.yaml"))
+
+
+@dataclass(frozen=True)
+class ElectricityPrice:
+    """The electricity price of a region (USD/kWh): ``location`` is the US state (``US-VA``), Canadian province
+    (``CA-QC``) or country (ISO3) whose tariff it is; ``converted`` when typed in another currency."""
+
+    region: str
+    location: str
+    name: str
+    usd_per_kwh: float
+    year: str
+    source: str
+    approximate: bool = False
+    converted: bool = False
+
+
+def _price_row(location: str) -> tuple[dict[str, Any], str] | None:
+    t = _electricity()
+    if location.startswith("US-"):
+        row = t["states"].get(location[3:])
+    elif location.startswith("CA-"):
+        row = t["provinces"].get(location[3:])
+    else:
+        row = t["countries"].get(location)
+        if row is not None and "name" not in row:
+            row = dict(row, name=_grid()["countries"].get(location, {}).get("name", location))
+    return None if row is None else (row, location)
+
+
+def electricity_price(region: str) -> ElectricityPrice | None:
+    """The shipped electricity price of ``region`` (a country, cloud region or grid zone as :func:`grid_intensity`
+    takes): the row of its country, or of the state / province a cloud region sits in; None when the table has no
+    row for it (the caller falls back to the global default and says so). An unknown region name raises
+    :class:`UnknownRegionError` (the same message as :func:`grid_intensity`)."""
+    hit = _lookup(region) if region is not None and str(region).strip() else None
+    if hit is None:
+        grid_intensity(region)  # raises, naming close matches
+        return None
+    table, key = hit
+    t = _electricity()
+    location = {"countries": key, "cloud_regions": t["cloud_regions"].get(key), "zones": t.get("zones", {}).get(key),
+                "world": None}[table]
+    if location is None:
+        return None
+    got = _price_row(location)
+    if got is None:
+        return None
+    row, location = got
+    src = f"{row['source']} ({row['name']}, {row['year']})"
+    if table != "countries":
+        src = f"{key} -> {location}: {src}"
+    if "usd_per_kwh" in row:
+        usd, converted = float(row["usd_per_kwh"]), False
+    else:
+        fx = t["fx_usd_per_unit"].get(row["currency"])
+        if fx is None:
+            raise CarbonDataError(f"electricity_prices.yaml: no FX rate for currency {row['currency']!r} ({location})")
+        usd, converted = float(row["local_per_kwh"]) * float(fx["rate"]), True
+        src += (f"; {row['local_per_kwh']:g} {row['currency']}/kWh converted at {fx['rate']:g} USD/{row['currency']} "
+                f"({fx['period']}, {fx['source']}): approximate conversion")
+    if row.get("approximate"):
+        src += "; approximate: typed in without re-reading the release, verify"
+    return ElectricityPrice(key, location, str(row["name"]), usd, str(row["year"]), src, bool(row.get("approximate")),
+                            converted)
 
 
 # ------------------------------------------------------------------------------ table builder

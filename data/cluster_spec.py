@@ -53,6 +53,7 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "inter.nic_bandwidth_gbit_per_s": (0.1, 20_000.0, "Tbit/s", "bit/s, kbit/s or Mbit/s", "Gbit/s per NIC"),
     "inter.latency_us": (0.0, 10_000.0, "-", "nanoseconds", "microseconds"),
     "inter.oversubscription": (1.0, 128.0, "-", "a percent or a port count, not a ratio", "a ratio >= 1"),
+    "cloud_usd_per_gpu_hour": (0.01, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
 }
 
 
@@ -85,6 +86,9 @@ class ClusterSpec(SpecRecord):
     intra: IntraNode
     inter: InterNode | None = None
     max_nodes: int | None = None
+    #: optional: what this cluster costs per GPU-hour in the cloud (USD); wins over the device price table for a
+    #: run on it (the output names this spec as the source; cite it in ``sources.cloud_usd_per_gpu_hour``)
+    cloud_usd_per_gpu_hour: float | None = None
     aliases: tuple[str, ...] = ()
     source: str = ""
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -222,6 +226,8 @@ class ClusterSpecModel(BaseModel):
     inter: InterNodeModel | None = None
     max_nodes: Annotated[Any, AfterValidator(optional(number(integer=True, hint=_yaml_number_hint))),
                          AfterValidator(optional(int))] = None
+    cloud_usd_per_gpu_hour: Annotated[Any, AfterValidator(optional(number(hint=_yaml_number_hint))),
+                                      AfterValidator(optional(plausible(*PLAUSIBLE["cloud_usd_per_gpu_hour"])))] = None
     aliases: Annotated[Any, BeforeValidator(_aliases)] = ()
     source: Annotated[Any, BeforeValidator(lambda v: "" if v is None else v), AfterValidator(_NAME)] = ""
     sources: Annotated[Any, BeforeValidator(_sources)] = {}

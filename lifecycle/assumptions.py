@@ -26,7 +26,8 @@ class LifecycleAssumptions:
     lifetime_years: float = field(default_factory=_d("lifetime_years"))
     #: fraction of the hardware's lifetime in productive use (amortisation); not the GPU's compute utilisation
     lifetime_utilisation: float = field(default_factory=_d("lifetime_utilisation"))
-    electricity_usd_per_kwh: float = field(default_factory=_d("electricity_usd_per_kwh"))
+    #: None: the region's price (``electricity_prices.yaml``), else the global default (costs.yaml); given: wins
+    electricity_usd_per_kwh: float | None = None
     region: str | None = None
     grid_kgco2e_per_kwh: float | None = None  # explicit location- or market-based intensity; wins over region
     market_based: bool = False
@@ -44,6 +45,10 @@ class LifecycleAssumptions:
     checkpoint_interval_s: float | None = None  # None: Young/Daly optimum
     restart_min: float = field(default_factory=_d("restart_min"))
     cloud_usd_per_gpu_hour: float | None = None  # None: the table's price for the device, if any
+    #: where a given ``cloud_usd_per_gpu_hour`` comes from (e.g. a cluster spec), said in the output; None: "given"
+    cloud_price_source: str | None = None
+    #: cloud pricing plan of the table's price: on-demand, reserved-1y or reserved-3y (cloud_prices.yaml)
+    pricing: str = "on-demand"
     embodied_kgco2e_per_gpu: float | None = None  # None: ACT-style estimate (device + server share)
     include_server_embodied: bool = True
 
@@ -52,9 +57,12 @@ class LifecycleAssumptions:
             _flag(f"LifecycleAssumptions.{f}", getattr(self, f))
         if self.region is not None:
             _region(self.region, "LifecycleAssumptions.region")
+        object.__setattr__(self, "pricing", _c.check_pricing(self.pricing, "LifecycleAssumptions.pricing"))
+        if self.cloud_price_source is not None and not isinstance(self.cloud_price_source, str):
+            raise ValueError(f"LifecycleAssumptions.cloud_price_source must be a string, got {self.cloud_price_source!r}")
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is None or f.name in _FLAG_FIELDS or f.name == "region":
+            if v is None or f.name in _FLAG_FIELDS or f.name in ("region", "pricing", "cloud_price_source"):
                 continue
             _pos(f"LifecycleAssumptions.{f.name}", v, zero_ok=f.name in (
                 "electricity_usd_per_kwh", "server_usd_per_gpu", "network_usd_per_gpu", "facility_usd_per_kw",
@@ -75,10 +83,13 @@ class LifecycleAssumptions:
         defaults = _c.cost_defaults()
         out: dict[str, str] = {}
         for f in fields(self):
+            if f.name == "cloud_price_source":  # names the source of cloud_usd_per_gpu_hour, not a figure
+                continue
             v = getattr(self, f.name)
             dflt = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
             if v != dflt:
-                out[f.name] = "given"
+                out[f.name] = "given" if f.name != "cloud_usd_per_gpu_hour" or not self.cloud_price_source \
+                    else self.cloud_price_source
             elif f.name in defaults:
                 out[f.name] = defaults[f.name].source
             elif f.name == "gpus_per_server":
@@ -93,7 +104,8 @@ def assumptions_from_options(assumptions: LifecycleAssumptions | None = None, *,
                              market_based: bool | None = None, lifetime_years: float | None = None,
                              electricity_usd_per_kwh: float | None = None,
                              cloud_usd_per_gpu_hour: float | None = None, mtbf_gpu_hours: float | None = None,
-                             checkpoint_write_s: float | None = None) -> LifecycleAssumptions:
+                             checkpoint_write_s: float | None = None, pricing: str | None = None,
+                             cloud_price_source: str | None = None) -> LifecycleAssumptions:
     """``assumptions`` (default: the shipped defaults) with the options that are not None put in its place: the
     object the CLI flags (``--pue``, ``--region``, ...) and the Python API's keywords describe. Each option is checked
     first, so a ValueError names the option as the caller gave it (``pue (--pue)``), not a field of the object."""
@@ -111,8 +123,13 @@ def assumptions_from_options(assumptions: LifecycleAssumptions | None = None, *,
         _region(region)
     if market_based is not None:
         _flag("market_based", market_based)
+    if pricing is not None:
+        pricing = _c.check_pricing(pricing)
+    if cloud_price_source is not None and not isinstance(cloud_price_source, str):
+        raise ValueError(f"cloud_price_source must be a string, got {cloud_price_source!r}")
     for k, v in given.items():
         check_plausible(k, v)
     a = assumptions or LifecycleAssumptions()
-    over = {k: v for k, v in dict(given, region=region, market_based=market_based).items() if v is not None}
+    over = {k: v for k, v in dict(given, region=region, market_based=market_based, pricing=pricing,
+                                  cloud_price_source=cloud_price_source).items() if v is not None}
     return replace(a, **over) if over else a

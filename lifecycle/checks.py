@@ -81,7 +81,8 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
 }
 #: the command-line option of each footprint parameter (named in messages)
 _FLAGS = {"avg_power_w": "--avg-power-w", "hours": "--hours", "lifetime_years": "--lifetime-years",
-          "node_overhead_share": "--node-overhead-share", "pue": "--pue", "grid_kgco2e_per_kwh": "--grid-kgco2e-per-kwh"}
+          "node_overhead_share": "--node-overhead-share", "pue": "--pue", "grid_kgco2e_per_kwh": "--grid-kgco2e-per-kwh",
+          "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "cloud_usd_per_gpu_hour": "--cloud-usd-per-gpu-hour"}
 
 
 def check_plausible(name: str, v: float | None, prefix: str = "") -> None:

@@ -1,5 +1,5 @@
 """Cost of a run: OpEx (energy at the electricity price), CapEx (accelerators, servers, network and the facility,
-amortised) and the cloud on-demand view; the purchase price of a spec. Pure functions; units in their names."""
+amortised) and the cloud view (on-demand or reserved); the electricity price of a region; the purchase price of a spec. Pure functions; units in their names."""
 
 from __future__ import annotations
 
@@ -84,19 +84,61 @@ def accelerator_price_usd_of(spec: DeviceSpec, a: "LifecycleAssumptions", catalo
 
 def cloud_usd_per_gpu_hour_of(spec: DeviceSpec, a: "LifecycleAssumptions", catalog_own: bool, flags: list[str],
                               srcs: dict[str, str]) -> float | None:
-    """On-demand cloud price (USD per GPU-hour): given in ``a``, else the table's price for the catalog's own
-    device of that name, else None (unknown; flagged for a spec that merely reuses a catalog name). Appends to
-    ``flags`` and ``srcs``."""
+    """Cloud price (USD per GPU-hour) under ``a.pricing`` (on-demand by default): given in ``a`` (its source
+    ``a.cloud_price_source``, e.g. a cluster spec, else "given"), else the table's price for the catalog's own device
+    of that name (the offer of ``a.region``'s provider when it has one, :func:`wattcast.data.carbon.cloud_price`), else
+    None (unknown; flagged, also for a spec that merely reuses a catalog name). Appends to ``flags`` and ``srcs``."""
     if a.cloud_usd_per_gpu_hour is not None:
         cph: float | None = a.cloud_usd_per_gpu_hour
-        srcs["cloud_usd_per_gpu_hour"] = "given"
+        srcs["cloud_usd_per_gpu_hour"] = a.cloud_price_source or "given"
+        if a.pricing != "on-demand":
+            flags.append(f"cloud price {cph:g} USD/GPU-h as given: pricing {a.pricing} does not change it")
     else:
-        cf = _c.cloud_usd_per_gpu_hour(spec.name)
-        if cf is not None and not catalog_own:
-            flags.append(_not_catalog_flag(spec, f"cloud price (USD {cf.value:g}/GPU-h)")
+        notes: list[str] = []
+        cp = _c.cloud_price(spec.name, a.pricing, a.region, notes)
+        if cp is not None and not catalog_own:
+            flags.append(_not_catalog_flag(spec, f"cloud price (USD {cp.usd_per_gpu_hour:g}/GPU-h)")
                          + "; cloud view unknown: give cloud_usd_per_gpu_hour")
-            cf = None
-        cph = None if cf is None else cf.value
-        if cf is not None:
-            srcs["cloud_usd_per_gpu_hour"] = cf.source
+            cp = None
+        elif catalog_own:
+            flags.extend(notes)
+        cph = None if cp is None else cp.usd_per_gpu_hour
+        if cp is not None:
+            srcs["cloud_usd_per_gpu_hour"] = cp.source
     return cph
+
+
+def electricity_usd_per_kwh_of(a: "LifecycleAssumptions", flags: list[str], srcs: dict[str, str]) -> tuple[float, bool]:
+    """The electricity price a run pays (USD/kWh) and whether it is the site's own: given in ``a`` (wins), else
+    ``a.region``'s row of the shipped table (:func:`wattcast.data.carbon.electricity_price`), else the global default
+    (not region-specific; flagged when a region was given but has no row). Appends to ``flags`` and ``srcs``."""
+    if a.electricity_usd_per_kwh is not None:
+        srcs["electricity_usd_per_kwh"] = "given"
+        return a.electricity_usd_per_kwh, True
+    dflt = _c.cost_defaults()["electricity_usd_per_kwh"]
+    if a.region:
+        ep = _c.electricity_price(a.region)
+        if ep is not None:
+            srcs["electricity_usd_per_kwh"] = ep.source
+            return ep.usd_per_kwh, True
+        flags.append(f"no electricity price for region {a.region!r} in the shipped table: global default "
+                     f"{dflt.value:g} USD/kWh used (not region-specific; give electricity_usd_per_kwh / "
+                     "--electricity-usd-per-kwh)")
+        srcs["electricity_usd_per_kwh"] = f"fallback, no price for region {a.region}: {dflt.source}"
+        return dflt.value, False
+    srcs["electricity_usd_per_kwh"] = dflt.source
+    return dflt.value, False
+
+
+def cluster_cloud_kw(cluster, kw: dict, assumptions: "LifecycleAssumptions | None" = None) -> dict:
+    """``kw`` (footprint options) with ``cluster``'s own ``cloud_usd_per_gpu_hour`` and its source put in, when the
+    cluster spec carries one and neither ``kw`` nor ``assumptions`` gives a cloud price (an explicit price wins over
+    the cluster's, the cluster's over the device table). ``cluster``: a ClusterSpec or None."""
+    price = getattr(cluster, "cloud_usd_per_gpu_hour", None)
+    if price is None or kw.get("cloud_usd_per_gpu_hour") is not None or (
+            assumptions is not None and assumptions.cloud_usd_per_gpu_hour is not None):
+        return kw
+    cite = dict(getattr(cluster, "sources", None) or {}).get("cloud_usd_per_gpu_hour")
+    src = (f"cluster spec {cluster.name}: cloud_usd_per_gpu_hour {price:g} "
+           f"({cite or 'the spec gives no source for it: sources.cloud_usd_per_gpu_hour'})")
+    return dict(kw, cloud_usd_per_gpu_hour=float(price), cloud_price_source=src)

@@ -15,7 +15,7 @@ from wattcast.data.device_spec import DeviceSpec
 from wattcast.lifecycle.assumptions import LifecycleAssumptions, assumptions_from_options
 from wattcast.lifecycle.checks import _count, _flag, _pos, _resolve, _utilisation, catalog_spec_matches, check_plausible
 from wattcast.lifecycle.cost import (accelerator_price_usd_of, capex_breakdown_usd, cloud_usd, cloud_usd_per_gpu_hour_of,
-                                     opex_usd)
+                                     cluster_cloud_kw, electricity_usd_per_kwh_of, opex_usd)
 from wattcast.lifecycle.energy import (accelerator_power_w, amortisation_share, cci_kgco2e_per_pflop, embodied_kgco2e,
                                        embodied_kgco2e_per_gpu_of, facility_energy_kwh, grid_kgco2e_per_kwh_of,
                                        it_energy_kwh, node_power_w, operational_kgco2e, tcdp_kgco2e_h)
@@ -70,6 +70,10 @@ class RunFootprint:
     tcdp_kgco2e_h: float
     flags: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict)
+    #: the electricity price is the site's own: the region's row of the shipped table, or one the caller gave
+    electricity_region_specific: bool = False
+    #: cloud pricing plan of ``cloud_usd_per_gpu_hour`` (on-demand, reserved-1y, reserved-3y)
+    pricing: str = "on-demand"
 
     @property
     def energy_kwh(self) -> float:
@@ -189,7 +193,8 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
                                 facility_usd_per_kw=a.facility_usd_per_kw, facility_kw=gpus * tdp_kw,
                                 facility_lifetime_years=a.facility_lifetime_years)
     cap = sum(capex.values())
-    opx = opex_usd(e_it, a.pue, a.electricity_usd_per_kwh)
+    elec, elec_specific = electricity_usd_per_kwh_of(a, flags, srcs)
+    opx = opex_usd(e_it, a.pue, elec)
     cph = cloud_usd_per_gpu_hour_of(spec, a, catalog_own, flags, srcs)
     srcs.update({k: v for k, v in a.sources().items() if k not in srcs and v})
 
@@ -208,7 +213,7 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
         capex_usd=cap, opex_usd=opx, tco_usd=cap + opx, goodput=g,
         device=spec.name, gpus=gpus, ideal_hours=ideal_h, avg_power_w=p, node_power_w=p_node, power_source=how,
         utilisation=None if utilisation is None else float(utilisation), it_energy_mwh=e_it / 1000.0, pue=a.pue,
-        grid_kgco2e_per_kwh=grid, grid_basis=basis, grid_region=greg, electricity_usd_per_kwh=a.electricity_usd_per_kwh,
+        grid_kgco2e_per_kwh=grid, grid_basis=basis, grid_region=greg, electricity_usd_per_kwh=elec,
         embodied_kgco2e_per_gpu=per_gpu, embodied_breakdown_kgco2e_per_gpu=breakdown, amortisation_share=share_h,
         capex_breakdown_usd=capex, cloud_usd=None if cph is None else cloud_usd(gpu_h, cph), cloud_usd_per_gpu_hour=cph,
         checkpoint_interval_s=interval if apply_goodput else None,
@@ -216,6 +221,7 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
         flops=None if flops is None else float(flops),
         cci_kgco2e_per_pflop=cci,
         tcdp_kgco2e_h=tcdp_kgco2e_h(total_kg, eff_h), flags=tuple(flags), sources=srcs,
+        electricity_region_specific=elec_specific, pricing=a.pricing,
     )
 
 
@@ -226,16 +232,21 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
               electricity_usd_per_kwh: float | None = None, cloud_usd_per_gpu_hour: float | None = None,
               node_overhead_share: float | None = None, apply_goodput: bool = True,
               assumptions: LifecycleAssumptions | None = None, mtbf_gpu_hours: float | None = None,
-              checkpoint_write_s: float | None = None) -> RunFootprint:
+              checkpoint_write_s: float | None = None, pricing: str | None = None,
+              cloud_price_source: str | None = None) -> RunFootprint:
     """:func:`run_footprint` with the assumptions given as options: ``region``, ``pue``, ``grid_kgco2e_per_kwh``,
     ``market_based``, ``lifetime_years``, ``electricity_usd_per_kwh``, ``cloud_usd_per_gpu_hour``, ``mtbf_gpu_hours``
-    (mean time between failures of one GPU, hours) and ``checkpoint_write_s`` replace those of ``assumptions`` (:func:`assumptions_from_options`; a bad one is a ValueError naming it); the other
-    parameters are :func:`run_footprint`'s."""
+    (mean time between failures of one GPU, hours), ``checkpoint_write_s``, ``pricing`` (cloud plan: on-demand,
+    reserved-1y, reserved-3y) and ``cloud_price_source`` (where a given cloud price comes from, said in the output)
+    replace those of ``assumptions`` (:func:`assumptions_from_options`; a bad one is a ValueError naming it); the other
+    parameters are :func:`run_footprint`'s. With ``region`` and no ``electricity_usd_per_kwh``, OpEx uses the region's
+    electricity price (``electricity_prices.yaml``; the global default, flagged, where the region has none)."""
     a = assumptions_from_options(assumptions, pue=pue, region=region, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                                  market_based=market_based, lifetime_years=lifetime_years,
                                  electricity_usd_per_kwh=electricity_usd_per_kwh,
                                  cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
-                                 checkpoint_write_s=checkpoint_write_s)
+                                 checkpoint_write_s=checkpoint_write_s, pricing=pricing,
+                                 cloud_price_source=cloud_price_source)
     return run_footprint(device, gpus, hours, a, avg_power_w=avg_power_w, power_model=power_model,
                          utilisation=utilisation, node_overhead_share=node_overhead_share, flops=flops,
                          apply_goodput=apply_goodput)
@@ -251,8 +262,13 @@ def format_footprint(fp: RunFootprint) -> str:
         f"grid {fp.grid_kgco2e_per_kwh:.3f} kgCO2e/kWh ({fp.grid_basis}{', ' + fp.grid_region if fp.grid_region else ''})",
         f"CO2e: operational {fp.operational_tco2e:,.2f} t + embodied {fp.embodied_tco2e:,.2f} t = {fp.total_tco2e:,.2f} t",
         f"cost: CapEx ${fp.capex_usd:,.0f} + OpEx ${fp.opex_usd:,.0f} = TCO ${fp.tco_usd:,.0f}"
-        + (f"  (cloud on-demand view: ${fp.cloud_usd:,.0f} at ${fp.cloud_usd_per_gpu_hour:g}/GPU-h)" if fp.cloud_usd is not None else ""),
+        + (f"  (cloud {fp.pricing} view: ${fp.cloud_usd:,.0f} at ${fp.cloud_usd_per_gpu_hour:g}/GPU-h)" if fp.cloud_usd is not None else ""),
+        f"electricity {fp.electricity_usd_per_kwh:g} USD/kWh ("
+        f"{'site-specific' if fp.electricity_region_specific else 'NOT region-specific'}; "
+        f"source: {fp.sources.get('electricity_usd_per_kwh', '')})",
     ]
+    if fp.cloud_usd is not None:
+        lines.append(f"cloud price source ({fp.pricing}): {fp.sources.get('cloud_usd_per_gpu_hour', '')}")
     if fp.cci_kgco2e_per_pflop is not None:
         lines.append(f"CCI {fp.cci_kgco2e_per_pflop:.3g} kgCO2e/PFLOP; tCDP {fp.tcdp_kgco2e_h:,.0f} kgCO2e*h")
     else:
@@ -294,14 +310,16 @@ def footprint_from_step(device: str | DeviceSpec, gpus: int, *, step_time_ms: fl
 
 
 def run_of_prediction(prediction, *, tokens: float, tokens_per_step: float, device: str | DeviceSpec | None = None,
-                      assumptions: LifecycleAssumptions | None = None, **kw) -> RunFootprint:
+                      assumptions: LifecycleAssumptions | None = None, cluster=None, **kw) -> RunFootprint:
     """The run of ``tokens`` tokens made of ``prediction``'s steps (a StepPrediction or DistributedPrediction):
     its step time, average GPU power, GPU count and FLOPs per step; ``device`` (default: the prediction's) is the
     spec whose price and embodied carbon are used; ``assumptions`` the lifecycle inputs (the CLI builds them from
     its flags). ``kw``: options of :func:`footprint` (region, pue, lifetime_years, node_overhead_share, ...; None
-    values are dropped) that replace those of ``assumptions``. The CLI and the Python API both compute a run
-    through this function."""
+    values are dropped) that replace those of ``assumptions``. ``cluster``: the ClusterSpec the prediction ran on; its
+    own ``cloud_usd_per_gpu_hour`` (when it has one and none is given) prices the cloud view. The CLI and the Python
+    API both compute a run through this function."""
     kw = {k: v for k, v in kw.items() if v is not None}
+    kw = cluster_cloud_kw(cluster, kw, assumptions)
     return footprint_from_step(device if device is not None else prediction.device, int(getattr(prediction, "gpus", 1)),
                                step_time_ms=prediction.step_time_ms, gpu_power_w=prediction.avg_power_w, tokens=tokens,
                                tokens_per_step=tokens_per_step, flops_per_step=prediction.flops, assumptions=assumptions,

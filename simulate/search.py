@@ -21,6 +21,7 @@ from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
 from wattcast.lifecycle import footprint, footprint_from_step
+from wattcast.lifecycle.cost import cluster_cloud_kw
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
 
 
@@ -38,15 +39,16 @@ COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
            "attention", "framework")
-#: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the on-demand cloud price
-#: per GPU-hour (``cloud_usd_per_gpu_hour``, from ``cloud_price_source``; NaN when the device has none and none was given);
+#: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the cloud price per GPU-hour
+#: under ``cloud_pricing`` (on-demand, reserved-1y, reserved-3y; ``cloud_usd_per_gpu_hour``, from ``cloud_price_source``:
+#: a given price, the cluster spec's own, or the table's; NaN when none is known);
 #: ``run_tco_usd``: owned hardware's amortised CapEx + OpEx. ``*_source`` say where each price and intensity comes
 #: from, ``grid_region_specific`` / ``electricity_region_specific`` whether it is the region's own figure.
 #: ``run_pareto``: on the Pareto front over run time x cloud cost x CO2e of the rows kept.
 RUN_COLUMNS = ("run_hours", "run_energy_mwh", "run_tco_usd", "run_tco2e", "run_days", "run_cloud_usd", "run_gpu_hours",
                "cloud_usd_per_gpu_hour", "cloud_price_source", "electricity_usd_per_kwh", "electricity_source",
                "electricity_region_specific", "grid_kgco2e_per_kwh", "grid_region", "grid_basis", "grid_source",
-               "grid_region_specific", "pue", "run_pareto")
+               "grid_region_specific", "pue", "run_pareto", "cloud_pricing")
 REJECTED_COLUMNS = ("cluster", "config", "rule")
 #: what ``objective`` ranks by: the column (run figures need ``tokens``; ``energy`` without them is the step's energy)
 OBJECTIVES = {"time": "step_time_ms", "cost": "run_cloud_usd", "tco": "run_tco_usd", "co2e": "run_tco2e",
@@ -238,17 +240,21 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                          "config or a built-in name")
     hf = model_config(model)
     resolved = []
+    run_kw: dict[str, dict] = {}  # per cluster: footprint_kw with the cluster spec's own cloud price, if it has one
     for c in clusters:
         cl = resolve_cluster(c)
         spec = resolve_device(cl.device)  # the run's cost uses this spec's own figures
         probe = None
+        run_kw[cl.name] = cluster_cloud_kw(cl, dict(footprint_kw or {}), (footprint_kw or {}).get("assumptions"))
         if tokens is not None:  # checks the region and every run option, and tells whether a cloud price is known
             probe = footprint_from_step(spec, gpus, step_time_ms=1.0, gpu_power_w=100.0, tokens=float(tokens),
-                                        tokens_per_step=batch * seq, **(footprint_kw or {}))
+                                        tokens_per_step=batch * seq, **run_kw[cl.name])
             if probe.cloud_usd is None and goals["need_cloud"]:
-                raise ValueError(f"{goals['need_cloud']} needs the run's cloud cost, but there is no on-demand price for "
-                                 f"{spec.name} (cluster {cl.name}): give cloud_usd_per_gpu_hour "
-                                 "(--cloud-usd-per-gpu-hour)")
+                raise ValueError(f"{goals['need_cloud']} needs the run's cloud cost, but there is no {probe.pricing} price "
+                                 f"for {spec.name} (cluster {cl.name}"
+                                 + (f", region {probe.grid_region}" if (footprint_kw or {}).get("region") else "")
+                                 + "): give cloud_usd_per_gpu_hour (--cloud-usd-per-gpu-hour)"
+                                 + (", or another pricing (--pricing)" if probe.pricing != "on-demand" else ""))
         resolved.append((cl, spec))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     # the kernel bundle, the collective and the power model once per search: no filesystem look-up per candidate
@@ -298,7 +304,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                 if tokens and r.fits:
                     fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
                                              tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
-                                             **(footprint_kw or {}))
+                                             **run_kw[cl.name])
                     row.update(_run_row(fp))
                 rows.append(row)
             if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
@@ -332,8 +338,8 @@ def _run_row(fp) -> dict:
                 cloud_usd_per_gpu_hour=np.nan if fp.cloud_usd_per_gpu_hour is None else fp.cloud_usd_per_gpu_hour,
                 cloud_price_source=src.get("cloud_usd_per_gpu_hour", "none: no cloud price for this device"),
                 electricity_usd_per_kwh=fp.electricity_usd_per_kwh, electricity_source=elec_src,
-                # the shipped electricity price is one global default; only a price the caller gave is their site's
-                electricity_region_specific=elec_src == "given",
+                # the region's row of the shipped price table, or a price the caller gave; False for the global default
+                electricity_region_specific=bool(fp.electricity_region_specific), cloud_pricing=fp.pricing,
                 grid_kgco2e_per_kwh=fp.grid_kgco2e_per_kwh, grid_region=fp.grid_region or "",
                 grid_basis=fp.grid_basis, grid_source=src.get("grid_kgco2e_per_kwh", ""),
                 # the site's own intensity: the region's (table) or one the caller gave; False for the world average
@@ -457,7 +463,8 @@ def plot_runs(df: pd.DataFrame, path) -> None:
     import matplotlib.pyplot as plt
 
     fit = df[df["fits"].astype(bool)]
-    cost, label = ("run_cloud_usd", "cloud cost (USD, on-demand)")
+    plans = sorted(set(fit["cloud_pricing"].dropna())) if "cloud_pricing" in fit else []
+    cost, label = ("run_cloud_usd", f"cloud cost (USD, {', '.join(plans) or 'on-demand'})")
     if fit[cost].isna().all():
         cost, label = "run_tco_usd", "owned TCO (USD; no cloud price known)"
     n_all = len(fit)

@@ -64,12 +64,16 @@ def test_sources_and_region_flags_are_explicit(runs):
     fit = _fit(runs.ranked)
     r = fit.iloc[0]
     assert r["grid_region"] == "aws:us-east-1" and bool(r["grid_region_specific"]) and "CodeCarbon" in r["grid_source"]
-    # the shipped electricity price is one global default, and the output says so
-    assert not bool(r["electricity_region_specific"]) and "not region-specific" in r["electricity_source"]
+    # the region's own electricity price (its state's row of the shipped table), and the output says where from
+    assert bool(r["electricity_region_specific"]) and "US-VA" in r["electricity_source"] and "EIA" in r["electricity_source"]
+    assert r["cloud_pricing"] == "on-demand"
     assert "us-east-1" in r["cloud_price_source"] and r["cloud_usd_per_gpu_hour"] > 0
     world = wattcast.search(MODEL, CLUSTER, tokens=TOKENS, **dict(JOB, max_configs=3))
     w = _fit(world.ranked).iloc[0]
     assert not bool(w["grid_region_specific"]) and w["grid_region"] == "world"
+    # no region: the global default electricity price, said as not region-specific
+    assert not bool(w["electricity_region_specific"]) and "not region-specific" in w["electricity_source"]
+    assert w["electricity_usd_per_kwh"] == 0.08
     given = wattcast.search(MODEL, CLUSTER, tokens=TOKENS, footprint_kw=dict(electricity_usd_per_kwh=0.2,
                                                                             grid_kgco2e_per_kwh=0.05),
                             **dict(JOB, max_configs=3))
@@ -254,7 +258,8 @@ def test_cli_table_says_where_prices_come_from_and_keeps_the_front():
     assert r.exit_code == 0, r.output
     out = flat(r.stdout)
     assert "Pareto front: run time x cloud cost x CO2e" in out and "cloud $" in out and "days" in out
-    assert "electricity 0.08 USD/kWh (NOT region-specific" in out and "aws:us-east-1 (location, site-specific" in out
+    assert "electricity 0.089 USD/kWh (site-specific; source: aws:us-east-1 -> US-VA" in out
+    assert "aws:us-east-1 (location, site-specific" in out and "USD/GPU-h, on-demand" in out
     assert "PUE 1.1" in out and "left out:" in out
 
 

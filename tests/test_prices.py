@@ -1,0 +1,308 @@
+"""Prices per region and pricing plan (issue 16): the electricity price of a run follows --region (its country's, or its
+cloud region's state / country row of electricity_prices.yaml, converted at a stated FX rate), an explicit price wins,
+a region without a row falls back to the global default and says so; the cloud price follows --pricing (on-demand,
+reserved-1y, reserved-3y) and the region's provider; a cluster spec's own cloud price wins over the table; nothing
+changes when no region or pricing is given."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import wattcast
+from conftest import flat
+from wattcast.cli import app
+from wattcast.data import carbon
+from wattcast.data.catalog import load_catalog
+from wattcast.data.cluster_spec import ClusterSpecError, cluster_from_dict, resolve_cluster
+from wattcast.lifecycle import LifecycleAssumptions, footprint
+from wattcast.simulate import search as search_mod
+
+runner = CliRunner()
+RUN = dict(avg_power_w=500.0, apply_goodput=False)  # a fixed run: 64 x H100 for 100 h
+
+
+def fp(**kw):
+    return footprint("h100", 64, 100.0, **RUN, **kw)
+
+
+def invoke(*args):
+    r = runner.invoke(app, [str(a) for a in args])
+    assert not (r.exception and not isinstance(r.exception, SystemExit)), f"traceback: {r.exception!r}"
+    return r
+
+
+# ------------------------------------------------------------------------------------------ defaults unchanged
+#: the on-demand USD/GPU-hour wattcast reported before per-region / reserved pricing (costs.yaml, AWS us-east-1)
+OLD_ON_DEMAND = {"A100-SXM4-40GB": 4.0966, "V100-SXM2-16GB": 3.06, "H100-SXM5-80GB": 12.29, "Tesla-T4": 0.526,
+                 "L4": 0.8048}
+
+
+@pytest.mark.parametrize("device", sorted(load_catalog()))
+def test_no_region_no_pricing_gives_the_old_figures(device):
+    got = carbon.cloud_usd_per_gpu_hour(device)
+    if device in OLD_ON_DEMAND:
+        assert got is not None and got.value == OLD_ON_DEMAND[device]
+    else:
+        assert got is None  # no price before: still none (no silent new number without a region)
+
+
+def test_default_run_uses_the_global_electricity_price_and_says_so():
+    f = fp()
+    assert f.electricity_usd_per_kwh == 0.08 and not f.electricity_region_specific and f.pricing == "on-demand"
+    assert f.opex_usd == pytest.approx(f.energy_mwh * 1000 * 0.08)
+    assert f.cloud_usd_per_gpu_hour == 12.29 and f.cloud_usd == pytest.approx(64 * 100 * 12.29)
+    assert "not region-specific" in f.sources["electricity_usd_per_kwh"]
+    assert LifecycleAssumptions().electricity_usd_per_kwh is None  # None: the region's price, else the default
+
+
+# ------------------------------------------------------------------------------------------ electricity per region
+def test_cloud_region_uses_its_states_price():
+    f = fp(region="aws:us-east-1")
+    va = yaml.safe_load((files("wattcast.data") / "carbon" / "electricity_prices.yaml").read_text())["states"]["VA"]
+    assert f.electricity_usd_per_kwh == va["usd_per_kwh"] and f.electricity_region_specific
+    assert f.opex_usd == pytest.approx(f.energy_mwh * 1000 * va["usd_per_kwh"])
+    src = f.sources["electricity_usd_per_kwh"]
+    assert "aws:us-east-1 -> US-VA" in src and "EIA Electric Power Monthly" in src and "2023" in src
+    assert fp(region="us-east-1").electricity_usd_per_kwh == va["usd_per_kwh"]  # the bare AWS name too
+    assert not any("no electricity price" in x for x in f.flags)
+
+
+@pytest.mark.parametrize("region, location", [("FRA", "FRA"), ("France", "FRA"), ("gcp:europe-west4", "NLD"),
+                                              ("UK", "GBR"), ("azure:japaneast", "JPN"), ("SE3", "SWE"),
+                                              ("azure:canadaeast", "CA-QC"), ("gcp:us-central1", "US-IA")])
+def test_regions_map_to_their_price_row(region, location):
+    ep = carbon.electricity_price(region)
+    assert ep is not None and ep.location == location and 0.01 < ep.usd_per_kwh < 0.6
+    assert fp(region=region).electricity_usd_per_kwh == pytest.approx(ep.usd_per_kwh)
+
+
+def test_a_converted_price_states_its_fx_rate():
+    t = carbon._electricity()
+    ep = carbon.electricity_price("DEU")
+    row, fx = t["countries"]["DEU"], t["fx_usd_per_unit"]["EUR"]
+    assert ep.converted and ep.usd_per_kwh == pytest.approx(row["local_per_kwh"] * fx["rate"])
+    assert f"converted at {fx['rate']:g} USD/EUR" in ep.source and "Eurostat nrg_pc_205" in ep.source
+    assert "approximate" in ep.source  # typed in without re-reading the release: said in the output
+
+
+def test_explicit_price_wins_over_the_region_even_at_the_default_value():
+    for price in (0.2, 0.08):
+        f = fp(region="aws:us-east-1", electricity_usd_per_kwh=price)
+        assert f.electricity_usd_per_kwh == price and f.sources["electricity_usd_per_kwh"] == "given"
+        assert f.electricity_region_specific
+
+
+@pytest.mark.parametrize("region", ["gcp:asia-east1", "TWN", "world"])
+def test_region_without_a_price_falls_back_with_a_flag(region):
+    f = fp(region=region)
+    assert f.electricity_usd_per_kwh == 0.08 and not f.electricity_region_specific
+    assert f.sources["electricity_usd_per_kwh"].startswith(f"fallback, no price for region {region}")
+    assert any(x.startswith(f"no electricity price for region {region!r}") and "global default 0.08" in x for x in f.flags)
+
+
+def test_unknown_region_is_refused_naming_close_matches():
+    with pytest.raises(carbon.UnknownRegionError, match="us-eastt-1"):
+        carbon.electricity_price("us-eastt-1")
+
+
+def test_the_price_table_is_complete_and_consistent():
+    t = carbon._electricity()
+    grid = carbon._grid()
+    for full, loc in t["cloud_regions"].items():
+        assert full in grid["cloud_regions"], full
+        assert carbon._price_row(loc) is not None, (full, loc)
+    for zone, iso in t["zones"].items():
+        assert zone in grid["zones"] and iso in t["countries"]
+    for table in ("states", "provinces", "countries"):
+        for key, row in t[table].items():
+            assert row.get("source") and row.get("year"), (table, key)
+            assert ("usd_per_kwh" in row) != ("local_per_kwh" in row), (table, key)
+            if "currency" in row:
+                assert row["currency"] in t["fx_usd_per_unit"], (table, key)
+            if table == "countries":
+                assert key in grid["countries"], key
+    # every cloud region has a price but those the table names as unsourced (documented in the YAML)
+    unpriced = {r for r in grid["cloud_regions"] if carbon.electricity_price(r) is None}
+    countries = {grid["cloud_regions"][r]["name"].split()[-1] for r in unpriced}
+    assert countries <= {"Kong", "China", "Taiwan", "Indonesia", "Israel", "Qatar", "Arabia", "Chile"}, unpriced
+    assert len(unpriced) <= 10
+
+
+def test_every_cloud_region_in_the_us_has_a_state_price():
+    for full, row in carbon._grid()["cloud_regions"].items():
+        if row["name"].endswith("USA"):
+            assert carbon.electricity_price(full).location.startswith("US-"), full
+
+
+# ------------------------------------------------------------------------------------------ cloud pricing plans
+def test_reserved_pricing_scales_the_cloud_cost():
+    od, r1, r3 = (fp(pricing=p) for p in ("on-demand", "reserved-1y", "reserved-3y"))
+    assert od.cloud_usd > r1.cloud_usd > r3.cloud_usd > 0
+    assert r1.pricing == "reserved-1y" and r1.cloud_usd == pytest.approx(r1.gpu_hours * r1.cloud_usd_per_gpu_hour)
+    assert r1.tco_usd == od.tco_usd and r1.total_tco2e == od.total_tco2e  # only the cloud view changes
+    assert "reserved-1y" in r1.sources["cloud_usd_per_gpu_hour"] and "p5.48xlarge" in r1.sources["cloud_usd_per_gpu_hour"]
+    assert fp(pricing="Reserved_1Y").cloud_usd == r1.cloud_usd  # spelling normalised
+
+
+@pytest.mark.parametrize("bad", ["reserved-2y", "spot", "", 3])
+def test_unknown_pricing_lists_the_valid_ones(bad):
+    with pytest.raises(ValueError, match="valid: on-demand, reserved-1y, reserved-3y"):
+        fp(pricing=bad)
+    with pytest.raises(ValueError, match="LifecycleAssumptions.pricing"):
+        LifecycleAssumptions(pricing=bad)
+
+
+def test_no_reserved_price_in_the_table_leaves_the_cloud_view_unknown_and_says_how():
+    f = footprint("v100", 8, 10.0, **RUN, pricing="reserved-3y")
+    assert f.cloud_usd is None and f.cloud_usd_per_gpu_hour is None
+    assert any("no reserved-3y cloud price for V100-SXM2-16GB" in x and "--cloud-usd-per-gpu-hour" in x for x in f.flags)
+
+
+def test_the_regions_provider_prices_the_run():
+    g = fp(region="gcp:us-central1")
+    assert g.cloud_usd_per_gpu_hour == pytest.approx(88.2537 / 8, rel=1e-4)
+    assert "a3-highgpu-8g" in g.sources["cloud_usd_per_gpu_hour"]
+    assert not any("not region-specific" in x for x in g.flags if "cloud price" in x)
+    eu = fp(region="gcp:europe-west4")  # the same list price, said as not that region's own
+    assert eu.cloud_usd_per_gpu_hour == g.cloud_usd_per_gpu_hour
+    assert any("cloud price is gcp's gcp:us-central1 list price, not region-specific" in x for x in eu.flags)
+    # azure has no reserved price in the table: the default (AWS) offer, said so
+    az = fp(region="azure:eastus", pricing="reserved-1y")
+    assert az.cloud_usd_per_gpu_hour == fp(pricing="reserved-1y").cloud_usd_per_gpu_hour
+    assert any("no azure reserved-1y price" in x for x in az.flags)
+
+
+def test_given_cloud_price_wins_and_pricing_is_said_not_to_change_it():
+    f = fp(cloud_usd_per_gpu_hour=2.0, pricing="reserved-3y")
+    assert f.cloud_usd_per_gpu_hour == 2.0 and f.sources["cloud_usd_per_gpu_hour"] == "given"
+    assert any("pricing reserved-3y does not change it" in x for x in f.flags)
+
+
+# ------------------------------------------------------------------------------------------ cluster spec price
+def _cluster(tmp_path, **extra):
+    d = yaml.safe_load((files("wattcast.data") / "clusters" / "dgx-h100.yaml").read_text())
+    d.update(name="priced-h100", aliases=[], **extra)
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def test_cluster_spec_price_wins_over_the_table_and_is_named(tmp_path):
+    p = _cluster(tmp_path, cloud_usd_per_gpu_hour=2.5,
+                 sources={"cloud_usd_per_gpu_hour": "our 2025 contract", "intra.latency_us": "x", "inter.latency_us": "y"})
+    kw = dict(gpus=8, batch=16, seq=1024, tokens=1e9)
+    run = wattcast.predict_cluster("gpt2_medium", str(p), **kw).run
+    assert run.cloud_usd_per_gpu_hour == 2.5 and run.cloud_usd == pytest.approx(run.gpu_hours * 2.5)
+    assert run.sources["cloud_usd_per_gpu_hour"] == "cluster spec priced-h100: cloud_usd_per_gpu_hour 2.5 (our 2025 contract)"
+    given = wattcast.predict_cluster("gpt2_medium", str(p), cloud_usd_per_gpu_hour=3.0, **kw).run
+    assert given.cloud_usd_per_gpu_hour == 3.0 and given.sources["cloud_usd_per_gpu_hour"] == "given"
+    # the CLI gives the same figures and source
+    r = invoke("predict", "-m", "gpt2_medium", "--cluster", p, "--gpus", 8, "--batch", 16, "--seq", 1024, "--tokens", 1e9,
+               "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)["run_details"]
+    assert d["cloud_usd"] == pytest.approx(run.cloud_usd) and d["sources"]["cloud_usd_per_gpu_hour"].startswith("cluster spec")
+    # and the search's rows
+    res = wattcast.search("gpt2_medium", str(p), 8, 16, 1024, tokens=1e9, max_configs=2)
+    row = res.ranked[res.ranked["fits"]].iloc[0]
+    assert row["cloud_usd_per_gpu_hour"] == 2.5 and row["cloud_price_source"].startswith("cluster spec priced-h100")
+
+
+@pytest.mark.parametrize("bad, msg", [(-1, "must be positive"), ("2", "must be a number"), (5000, "over 500: it looks like cents")])
+def test_bad_cluster_price_names_the_field(bad, msg):
+    d = yaml.safe_load((files("wattcast.data") / "clusters" / "dgx-h100.yaml").read_text())
+    d["cloud_usd_per_gpu_hour"] = bad
+    with pytest.raises(ClusterSpecError, match=f"cloud_usd_per_gpu_hour.*{msg}|{msg}.*cloud_usd_per_gpu_hour"):
+        cluster_from_dict(d)
+
+
+def test_shipped_clusters_carry_no_price():
+    assert resolve_cluster("DGX-H100").cloud_usd_per_gpu_hour is None
+
+
+# ------------------------------------------------------------------------------------------ search and the CLI
+def test_search_cost_objective_ranks_by_the_chosen_pricing():
+    kw = dict(tokens=2e10, objective="cost", max_configs=8)
+    od = wattcast.search("gpt2_medium", "DGX-H100", 8, 16, 1024, **kw)
+    r3 = wattcast.search("gpt2_medium", "DGX-H100", 8, 16, 1024, footprint_kw=dict(pricing="reserved-3y"), **kw)
+    a, b = od.ranked[od.ranked["fits"]], r3.ranked[r3.ranked["fits"]]
+    assert b["run_cloud_usd"].is_monotonic_increasing and (b["cloud_pricing"] == "reserved-3y").all()
+    assert list(a["strategy"]) == list(b["strategy"])  # one price per GPU-hour: the same order, lower cost
+    assert (b["run_cloud_usd"].to_numpy() < a["run_cloud_usd"].to_numpy()).all()
+
+
+def test_search_refuses_a_pricing_without_a_price_before_evaluating(monkeypatch):
+    def no_eval(*a, **k):  # pragma: no cover - only called when a check is missing
+        raise AssertionError("evaluated before the bad input was refused")
+
+    monkeypatch.setattr(search_mod, "predict_distributed", no_eval)
+    # Azure's A100 80GB has an on-demand price in the table but no reservation
+    with pytest.raises(ValueError, match=r"no reserved-1y price for A100-SXM4-80GB \(cluster DGX-A100, region "
+                                         r"azure:eastus\).*or another pricing \(--pricing\)"):
+        wattcast.search("gpt2_medium", "DGX-A100", 8, 16, 1024, tokens=1e9, objective="cost",
+                        footprint_kw=dict(pricing="reserved-1y", region="azure:eastus"))
+    with pytest.raises(ValueError, match="valid: on-demand, reserved-1y, reserved-3y"):
+        wattcast.search("gpt2_medium", "DGX-H100", 8, 16, 1024, tokens=1e9, footprint_kw=dict(pricing="monthly"))
+
+
+@pytest.mark.parametrize("cmd", [
+    ("footprint", "-d", "h100", "--gpus", 8, "--hours", 10),
+    ("predict", "-m", "gpt2_medium", "-d", "h100", "--tokens", 1e9),
+    ("search", "-m", "gpt2_medium", "--cluster", "DGX-H100", "--gpus", 8, "--batch", 16, "--seq", 1024, "--tokens", 1e9),
+])
+def test_cli_unknown_pricing_is_refused_listing_the_plans(cmd):
+    r = invoke(*cmd, "--pricing", "reserved-5y")
+    assert r.exit_code == 2 and "unknown pricing (--pricing) 'reserved-5y'; valid: on-demand, reserved-1y, reserved-3y" in flat(r.output)
+
+
+def test_cli_pricing_and_electricity_need_tokens_on_predict():
+    r = invoke("predict", "-m", "gpt2_medium", "-d", "h100", "--pricing", "reserved-1y")
+    assert r.exit_code == 2 and "give --tokens too" in flat(r.output)
+
+
+def test_cli_footprint_says_the_pricing_and_the_electricity_source():
+    r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "aws:us-east-1", "--pricing", "reserved-3y")
+    out = flat(r.output)
+    assert r.exit_code == 0, out
+    assert "cloud reserved-3y view" in out and "electricity 0.089 USD/kWh (site-specific; source: aws:us-east-1 -> US-VA" in out
+    r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "TWN", "--json")
+    d = json.loads(r.stdout)
+    assert d["electricity_usd_per_kwh"] == 0.08 and d["electricity_region_specific"] is False
+    assert any("no electricity price for region 'TWN'" in x for x in d["flags"])
+    r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "TWN", "--electricity-usd-per-kwh", 0.11,
+               "--json")
+    d = json.loads(r.stdout)
+    assert d["electricity_usd_per_kwh"] == 0.11 and d["sources"]["electricity_usd_per_kwh"] == "given"
+
+
+def test_cli_predict_json_carries_pricing_and_region_price():
+    r = invoke("predict", "-m", "gpt2_medium", "-d", "h100", "--tokens", 1e9, "--region", "gcp:europe-west4",
+               "--pricing", "reserved-1y", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)["run_details"]
+    assert d["pricing"] == "reserved-1y" and d["cloud_usd_per_gpu_hour"] == pytest.approx(6.95)
+    assert d["electricity_region_specific"] and "NLD" in d["sources"]["electricity_usd_per_kwh"]
+
+
+def test_cli_regions_lists_the_price():
+    r = invoke("regions", "us-east-1", "--json")
+    rows = json.loads(r.stdout)
+    aws = next(x for x in rows if x["region"] == "aws:us-east-1")
+    assert aws["electricity_usd_per_kwh"] == pytest.approx(0.089) and aws["electricity_location"] == "US-VA"
+    assert "EIA" in aws["electricity_source"]
+    r = invoke("regions", "asia-east1")
+    out = flat(r.output)
+    assert r.exit_code == 0 and "USD/kWh" in out and "without a price use the global default 0.08" in out
+    r = invoke("regions", "Germany")
+    assert "DEU" in flat(r.output) and "0.216" in flat(r.output)
+
+
+def test_cli_implausible_electricity_price_names_the_flag():
+    r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "FRA", "--electricity-usd-per-kwh", 80)
+    out = flat(r.output)
+    assert r.exit_code == 2 and "electricity_usd_per_kwh (--electricity-usd-per-kwh) is 80" in out and "USD per MWh" in out
