@@ -25,8 +25,8 @@ class StepTokensUnknownError(ValueError):
 
 @dataclass(frozen=True)
 class RunOptions:
-    """A training run of ``tokens`` tokens and its lifecycle options (``--tokens`` and the flags that need it); every
-    ``None`` takes the shipped assumption (``wattcast.lifecycle``)."""
+    """A training run of ``tokens`` tokens and its lifecycle options (``--tokens`` and the flags that need it; the
+    ``tokens=`` options of ``wattcast.predict``); every ``None`` takes the shipped assumption (``wattcast.lifecycle``)."""
 
     tokens: float | None = None
     region: str | None = None
@@ -36,6 +36,9 @@ class RunOptions:
     cloud_usd_per_gpu_hour: float | None = None
     mtbf_gpu_hours: float | None = None
     checkpoint_write_s: float | None = None
+    electricity_usd_per_kwh: float | None = None
+    node_overhead_share: float | None = None
+    market_based: bool | None = None
 
     def given_without_tokens(self) -> list[str]:
         """The run options given although ``tokens`` is not (they would be ignored)."""
@@ -44,8 +47,8 @@ class RunOptions:
         return [k for k, v in asdict(self).items() if v is not None]
 
     def kwargs(self) -> dict:
-        """``tokens=`` and the run options, as ``wattcast.predict`` and ``wattcast.predict_cluster`` take them."""
-        return asdict(self)
+        """``tokens=`` and the run options given (not None), as ``wattcast.predict`` / ``predict_cluster`` take them."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)

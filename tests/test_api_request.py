@@ -171,3 +171,10 @@ def test_tokens_on_a_graph_without_batch_and_sequence_dims(tmp_path):
     r = CliRunner().invoke(cli.app, ["predict", "-m", str(f), "-d", "A10", "--tokens", "1e9"])
     assert r.exit_code == 2 and "--tokens needs the step's tokens: this ONNX graph's batch and sequence dims are fixed" \
         in flat(r.output)
+
+
+def test_run_options_are_the_python_api_run_options():
+    from dataclasses import fields
+
+    assert {f.name for f in fields(RunOptions)} - {"tokens"} <= set(wattcast.RUN_OPTIONS)
+    assert RunOptions(tokens=1e9, pue=1.1).kwargs() == {"tokens": 1e9, "pue": 1.1}
