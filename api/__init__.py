@@ -142,7 +142,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         opts = strategy_values(strategy, {k: v for k, v in opts.items() if v is not None},
                                label=lambda k: api.get(k, k))
         opts.setdefault("batch", None)
-    defaults = dict(tp=1, pp=1, zero=0, sp=False, ep=1, recompute="none", interleave=1, schedule="1f1b", cp=1)
+    from wattcast.request import parallel_defaults
+
+    defaults = dict(parallel_defaults(), recompute="none")
     opts = {k: (defaults[k] if v is None and k in defaults else v) for k, v in opts.items()}
     for k in ("gpus", "batch"):
         if opts[k] is None:

@@ -12,7 +12,7 @@ Defaults are those of the Python API (``simulate/defaults.py``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from wattcast.simulate.defaults import DEFAULTS
@@ -72,6 +72,12 @@ class ParallelOptions:
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
+
+
+def parallel_defaults() -> dict:
+    """The parallel options' fixed defaults (tp 1, pp 1, ZeRO 0, no SP, ep 1, interleave 1, 1F1B, cp 1): the ones
+    ``wattcast.predict_cluster`` fills in, from :class:`ParallelOptions`."""
+    return {f.name: f.default for f in fields(ParallelOptions) if f.default is not MISSING and f.default is not None}
 
 
 @dataclass(frozen=True)
