@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 from wattcast.simulate.defaults import DEFAULTS  # noqa: E402  (after the environment above)
 from wattcast.data.checks import allow_exotic  # noqa: E402  (``with wattcast.allow_exotic():`` = the CLI's --force)
+from wattcast.request import ParallelOptions, PredictRequest, RunOptions  # noqa: E402  (one request: the CLI's too)
 
 
 def predict_kernels(frame, device):
@@ -67,7 +68,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
         _no_run_options(run_kw)
         return res
     if not (b and s_):
-        raise ValueError("tokens= needs the step's tokens: this graph's batch and sequence dims are not known")
+        from wattcast.request import StepTokensUnknownError
+
+        raise StepTokensUnknownError("tokens= needs the step's tokens: this graph's batch and sequence dims are not known")
     return _with_run(res, spec, tokens, b * s_, run_kw)
 
 
@@ -128,6 +131,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``tokens`` (and
     ``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ...): the whole run in ``.run``, the same
     figures as ``wattcast predict --cluster ... --tokens``."""
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpec
     from wattcast.simulate.distributed import predict_distributed
     from wattcast.simulate.parallel import ParallelConfig
 
@@ -142,7 +147,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         opts = strategy_values(strategy, {k: v for k, v in opts.items() if v is not None},
                                label=lambda k: api.get(k, k))
         opts.setdefault("batch", None)
-    defaults = dict(tp=1, pp=1, zero=0, sp=False, ep=1, recompute="none", interleave=1, schedule="1f1b", cp=1)
+    from wattcast.request import parallel_defaults
+
+    defaults = dict(parallel_defaults(), recompute="none")
     opts = {k: (defaults[k] if v is None and k in defaults else v) for k, v in opts.items()}
     for k in ("gpus", "batch"):
         if opts[k] is None:
@@ -152,18 +159,16 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     par = ParallelConfig(gpus=gpus, **opts)
     if tokens is None:
         _no_run_options(run_kw)
+    # resolved once, first: the run's cost and carbon use this spec's own figures, never a catalog entry of the same name
+    spec = device if isinstance(device, DeviceSpec) or device is None else resolve_device(device)
     res = predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                              compile=compile, optimizer=optimizer, device=device, trace=trace, power_limit_w=power_limit_w,
+                              compile=compile, optimizer=optimizer, device=spec, trace=trace, power_limit_w=power_limit_w,
                               clock_cap_mhz=clock_cap_mhz, framework=framework)
     if tokens is None:
         return res
-    from wattcast.data.catalog import resolve_device
-    from wattcast.data.device_spec import DeviceSpec
-
     from wattcast.data.cluster_spec import resolve_cluster
 
-    spec = device if isinstance(device, DeviceSpec) else resolve_device(device if device is not None else res.device)
-    return _with_run(res, spec, tokens, batch * seq, run_kw, cluster=resolve_cluster(cluster))
+    return _with_run(res, spec or resolve_device(res.device), tokens, batch * seq, run_kw, cluster=resolve_cluster(cluster))
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
@@ -202,4 +207,4 @@ def builtin_models() -> list[str]:
 
 
 __all__ = ["predict_kernels", "predict", "predict_cluster", "search", "footprint", "builtin_models", "allow_exotic",
-           "__version__"]
+           "PredictRequest", "ParallelOptions", "RunOptions", "__version__"]

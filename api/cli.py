@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import List, Optional
 
 import typer
@@ -320,106 +321,160 @@ def predict(
 
     With --cluster (and --gpus), --batch is the global batch in sequences and the step runs under the
     parallel strategy given by --tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave, or by --strategy."""
-    from wattcast import predict as _predict
-    from wattcast.data.device_spec import DeviceSpecError
-    from wattcast.featurize.op_graph import GraphError
+    flags = SimpleNamespace(**locals())  # the parsed flags by name (the first statement: nothing else is defined yet)
+    req = _predict_request(ctx, flags)
+    res = _request_prediction(req)
+    if req.distributed:
+        _show_cluster_prediction(res, req, flags)
+    else:
+        _show_step_prediction(res, flags)
 
-    run_kw = dict(tokens=tokens, region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
-                  cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
-                  checkpoint_write_s=checkpoint_write_s, pricing=pricing, electricity_usd_per_kwh=electricity_usd_per_kwh)
-    if tokens is None and any(v is not None for v in run_kw.values()):
-        _fail("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh/--cloud-usd-per-gpu-hour/--mtbf-gpu-hours/"
-              "--checkpoint-write-s/--pricing/--electricity-usd-per-kwh describe a run: give --tokens too")
-    _check_pricing_flag(pricing)
-    if strategy is not None:
-        if cluster is None:
-            _fail("--strategy names a parallel strategy: it needs --cluster NAME|FILE")
-        v = _strategy_options(ctx, strategy, dict(
-            gpus=gpus, batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep,
-            interleave=interleave, recompute=recompute, schedule=schedule, cp=cp, pp_first_layers=pp_first_stage_layers,
-            pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
-            overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap))
-        gpus, tp, pp, dp, micro_batch, zero, sp, ep = (v[k] for k in ("gpus", "tp", "pp", "dp", "micro_batch", "zero", "sp", "ep"))
-        interleave, recompute, schedule, cp = v["interleave"], v["recompute"], v["schedule"], v["cp"]
-        pp_first_stage_layers, pp_last_stage_layers = v["pp_first_layers"], v["pp_last_layers"]
-        overlap_grad_reduce, overlap_param_gather, tp_comm_overlap = (
-            v["overlap_grad_reduce"], v["overlap_param_gather"], v["tp_comm_overlap"])
-        if v.get("batch") is None:
-            _fail("--strategy without ga<N> (micro-batches per step) needs --batch (the global batch)")
-        batch = v["batch"]
-    if str(mode).lower() in ("inference", "inf", "infer"):
-        if (optimizer is not None and str(optimizer).lower() != "none") or recompute != "none":
+
+_RUN_FLAGS_MESSAGE = ("--region/--pue/--lifetime-years/--grid-kgco2e-per-kwh/--cloud-usd-per-gpu-hour/--mtbf-gpu-hours/"
+                      "--checkpoint-write-s/--pricing/--electricity-usd-per-kwh describe a run: give --tokens too")
+_PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".eps", ".ps")
+
+
+def _predict_request(ctx, f):
+    """`predict`'s flags ``f`` as one :class:`wattcast.request.PredictRequest`, or a clear error naming the flag
+    (all checked before any work is done)."""
+    from wattcast.request import RunOptions
+
+    run = RunOptions(tokens=f.tokens, region=f.region, pue=f.pue, lifetime_years=f.lifetime_years,
+                     grid_kgco2e_per_kwh=f.grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour=f.cloud_usd_per_gpu_hour,
+                     mtbf_gpu_hours=f.mtbf_gpu_hours, checkpoint_write_s=f.checkpoint_write_s, pricing=f.pricing,
+                     electricity_usd_per_kwh=f.electricity_usd_per_kwh)
+    if run.given_without_tokens():
+        _fail(_RUN_FLAGS_MESSAGE)
+    _check_pricing_flag(f.pricing)
+    par = _parallel_flags(ctx, f)
+    if str(f.mode).lower() in ("inference", "inf", "infer"):
+        if (f.optimizer is not None and str(f.optimizer).lower() != "none") or par["recompute"] != "none":
             _fail("--optimizer and --recompute describe a training step; --mode inference runs the forward pass only")
-    optimizer = optimizer or "adamw"
+    dims = _dims(f.dim)
+    if f.trace:
+        _output_file(f.trace, "--trace")
+    if f.plot:
+        _output_file(f.plot, "--plot", _PLOT_SUFFIXES)
+    common = dict(model=f.model, device=f.device, mode=f.mode, dtype=f.dtype, attention=f.attention, compile=f.compile,
+                  optimizer=f.optimizer or DEFAULTS.optimizer, recompute=par.pop("recompute"),
+                  power_limit_w=f.power_limit_w, clock_cap_mhz=f.clock_cap_mhz, run=run)
+    if f.cluster is not None or par["gpus"] is not None:
+        if dims:
+            _fail("--dim applies to single-device predictions of ONNX models")
+        if f.loop_trip_count is not None:
+            _fail("--loop-trip-count applies to single-device predictions of ONNX models")
+        return _cluster_request(f, par, common)
+    return _step_request(f, par, dims, common)
+
+
+def _parallel_flags(ctx, f) -> dict:
+    """The parallel flags (and --batch, --recompute, --schedule) by their strategy names, merged with --strategy."""
+    values = dict(gpus=f.gpus, batch=f.batch, tp=f.tp, pp=f.pp, dp=f.dp, micro_batch=f.micro_batch, zero=f.zero, sp=f.sp,
+                  ep=f.ep, interleave=f.interleave, recompute=f.recompute, schedule=f.schedule, cp=f.cp,
+                  pp_first_layers=f.pp_first_stage_layers, pp_last_layers=f.pp_last_stage_layers,
+                  overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
+                  tp_comm_overlap=f.tp_comm_overlap)
+    if f.strategy is None:
+        return values
+    if f.cluster is None:
+        _fail("--strategy names a parallel strategy: it needs --cluster NAME|FILE")
+    values = dict(_strategy_options(ctx, f.strategy, values))
+    if values.get("batch") is None:
+        _fail("--strategy without ga<N> (micro-batches per step) needs --batch (the global batch)")
+    return values
+
+
+def _dims(given: list[str]) -> dict[str, int]:
+    """--dim NAME=VALUE flags as {name: value}."""
     dims = {}
-    for d in dim:
+    for d in given:
         k, sep, v = d.partition("=")
         if not sep or not k.strip() or not v.strip().lstrip("-").isdigit():
             _fail(f"--dim {d!r}: use NAME=VALUE with an integer value, e.g. --dim past_len=128")
         dims[k.strip()] = int(v)
-    if trace:
-        _output_file(trace, "--trace")
-    if plot:
-        _output_file(plot, "--plot", (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".eps", ".ps"))
-    if cluster is not None or gpus is not None:
-        if dims:
-            _fail("--dim applies to single-device predictions of ONNX models")
-        if loop_trip_count is not None:
-            _fail("--loop-trip-count applies to single-device predictions of ONNX models")
-        _predict_distributed(model, device, cluster, gpus, batch or 1, seq or 1024, mode, dtype, attention, compile, optimizer,
-                             recompute, as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave,
-                             schedule, power_limit_w, run_kw, clock_cap_mhz, framework,
-                             pp_first_layers=pp_first_stage_layers, pp_last_layers=pp_last_stage_layers, cp=cp,
-                             overlaps=dict(overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                                           tp_comm_overlap=tp_comm_overlap))
-        return
-    if any(v != d for v, d in ((tp, 1), (pp, 1), (zero, 0), (ep, 1), (interleave, 1), (cp, 1))) or dp or micro_batch or sp \
-            or pp_first_stage_layers is not None or pp_last_stage_layers is not None \
-            or any(v is not None for v in (overlap_grad_reduce, overlap_param_gather, tp_comm_overlap)):
+    return dims
+
+
+def _cluster_request(f, par: dict, common: dict):
+    """A distributed request (--cluster): --batch is the global batch (default 1), --gpus defaults to tp x pp x dp."""
+    from wattcast.request import ParallelOptions, PredictRequest
+
+    if f.cluster is None:
+        _fail("--gpus needs --cluster NAME|FILE (presets: wattcast clusters)")
+    if str(f.mode).lower() not in ("train", "training"):
+        _fail("distributed prediction is for training steps (--mode train)")
+    batch = par.pop("batch")
+    batch, seq = (1 if batch is None else batch), (1024 if f.seq is None else f.seq)
+    _positive(gpus=par["gpus"], batch=batch, seq=seq)
+    if par["gpus"] is None:
+        par["gpus"] = par["tp"] * par["pp"] * (par["dp"] or 1)
+    parallel = ParallelOptions(pp_first_stage_layers=par.pop("pp_first_layers"),
+                               pp_last_stage_layers=par.pop("pp_last_layers"), **par)
+    return PredictRequest(cluster=f.cluster, parallel=parallel, batch=batch, seq=seq, framework=f.framework,
+                          timeline=bool(f.trace or f.plot), **common)
+
+
+def _step_request(f, par: dict, dims: dict, common: dict):
+    """A single-device request: parallel, pipeline and cluster-only flags are refused rather than ignored."""
+    from wattcast.request import PredictRequest
+
+    if any(par[k] != d for k, d in (("tp", 1), ("pp", 1), ("zero", 0), ("ep", 1), ("interleave", 1), ("cp", 1))) \
+            or par["dp"] or par["micro_batch"] or par["sp"] \
+            or par["pp_first_layers"] is not None or par["pp_last_layers"] is not None \
+            or any(par[k] is not None for k in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
               "--pp-last-stage-layers/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
-    if schedule != "1f1b":
+    if par["schedule"] != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
-    if plot:
+    if f.plot:
         _fail("--plot draws the distributed timeline (--cluster); for one device use --trace (Chrome trace)")
-    if device is None:
+    if f.device is None:
         _fail("--device is required (or --cluster for a distributed prediction)")
-    if str(framework).lower() != "hf":
+    if str(f.framework).lower() != "hf":
         _fail("--framework applies to distributed predictions (--cluster); one device uses Hugging Face's eager kernels")
-    from wattcast.data.catalog import resolve_device
+    return PredictRequest(batch=par["batch"], seq=f.seq, dims=tuple(dims.items()), loop_trip_count=f.loop_trip_count,
+                          **common)
+
+
+def _request_prediction(req):
+    """``req`` predicted by the Python API (``wattcast.predict`` / ``wattcast.predict_cluster``); its errors become
+    one-line messages."""
+    from wattcast.data.cluster_spec import ClusterSpecError
+    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.featurize.op_graph import GraphError
+    from wattcast.request import StepTokensUnknownError
 
     try:
-        # resolved once: the run's cost and carbon use this spec's own figures, never a catalog entry of the same name
-        spec = resolve_device(device)
-        res = _predict(model, spec, batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
-                       optimizer=optimizer, recompute=recompute, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
-                       dims=dims or None, loop_trip_count=loop_trip_count)
-    except (GraphError, DeviceSpecError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
-    b, s_ = res.meta.get("batch"), res.meta.get("seq")
-    if tokens is not None and not (b and s_):
+        return req.predict()
+    except StepTokensUnknownError:
         _fail("--tokens needs the step's tokens: this ONNX graph's batch and sequence dims are fixed by the file "
               "and not named batch/sequence, so wattcast cannot tell how many tokens a step trains on")
-    run = _run_footprint(spec, res, (b or 0) * (s_ or 0), run_kw)
+    except (GraphError, DeviceSpecError, ClusterSpecError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+
+
+def _show_step_prediction(res, f) -> None:
+    """A single-device prediction: warnings, --trace, the JSON or tables, and the out-of-memory exit (code 3)."""
     unmapped = res.meta.get("unmapped_ops") or {}
     if unmapped:
         err.print(f"[yellow]{sum(unmapped.values())} op(s) have no cost model and are costed by the roofline from their "
                   f"inputs and outputs (flagged in fallback_ops): "
                   + ", ".join(f"{k} x{v}" for k, v in list(unmapped.items())[:8]) + "[/yellow]")
     _print_warnings(res.meta)
-    if trace:
+    if f.trace:
         from wattcast.simulate.trace import write_chrome_trace
 
-        _write("--trace", trace, lambda: write_chrome_trace(res, trace))
-    if as_json:
-        _print_json(res, run)
+        _write("--trace", f.trace, lambda: write_chrome_trace(res, f.trace))
+    if f.as_json:
+        _print_json(res)
     else:
         _print_prediction(res)
-        if run is not None:
-            _print_run(run)
+        if res.run is not None:
+            _print_run(res.run)
     capacity_gb = res.memory_capacity_gb
     _warn_memory(res)
-    if not res.fits and not allow_oom:
+    if not res.fits and not f.allow_oom:
         m = res.memory
         _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
               f"{capacity_gb:.0f} GB (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
@@ -475,32 +530,9 @@ def _warn_memory(res) -> None:
                   "time may be underestimated[/yellow]")
 
 
-def _run_footprint(device, res, tokens_per_step: float, run_kw: dict, cluster=None):
-    """The `run` of prediction ``res`` when --tokens is given (lifecycle time, energy, carbon, cost): the same
-    function the Python API's ``tokens=`` uses. ``cluster``: the cluster spec (its own cloud price, if any)."""
-    if run_kw.get("tokens") is None:
-        return None
-    from wattcast.lifecycle import run_of_prediction
-
-    kw = {k: v for k, v in run_kw.items() if k != "tokens"}
-    try:
-        if cluster is not None:
-            from wattcast.data.cluster_spec import resolve_cluster
-
-            cluster = resolve_cluster(cluster)
-        return run_of_prediction(res, tokens=run_kw["tokens"], tokens_per_step=tokens_per_step, device=device,
-                                 cluster=cluster, **kw)
-    except ValueError as e:
-        _fail(str(e))
-
-
-def _print_json(res, run) -> None:
-    """One JSON object: the prediction (``to_dict``), plus ``run`` and ``run_details`` when --tokens was given."""
-    d = res.to_dict()
-    if run is not None:
-        d["run"] = run.run_dict()
-        d["run_details"] = run.to_dict()
-    print(json.dumps(d, indent=2, default=str))
+def _print_json(res) -> None:
+    """One JSON object: the prediction (``to_dict``, with ``run`` and ``run_details`` when --tokens was given)."""
+    print(json.dumps(res.to_dict(), indent=2, default=str))
 
 
 def _print_run(run) -> None:
@@ -509,84 +541,59 @@ def _print_run(run) -> None:
     Console().print(format_footprint(run))
 
 
-def _predict_distributed(model, device, cluster, gpus, batch, seq, mode, dtype, attention, compile, optimizer, recompute,
-                         as_json, trace, plot, allow_oom, tp, pp, dp, micro_batch, zero, sp, ep, interleave, schedule,
-                         power_limit_w=None, run_kw=None, clock_cap_mhz=None, framework="hf", pp_first_layers=None,
-                         pp_last_layers=None, cp=1, overlaps=None) -> None:
-    from wattcast.data.device_spec import DeviceSpecError
-    from wattcast.featurize.op_graph import GraphError
-    from wattcast.data.cluster_spec import ClusterSpecError
-    from wattcast.simulate.distributed import predict_distributed
-    from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
-
-    if cluster is None:
-        _fail("--gpus needs --cluster NAME|FILE (presets: wattcast clusters)")
-    if str(mode).lower() not in ("train", "training"):
-        _fail("distributed prediction is for training steps (--mode train)")
-    _positive(gpus=gpus, batch=batch, seq=seq)
-    n = gpus if gpus is not None else tp * pp * (dp or 1)
-    from wattcast.data.catalog import resolve_device
-
-    try:
-        spec = resolve_device(device) if device else None  # the run's cost uses this spec's own figures
-    except (DeviceSpecError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
-    par = ParallelConfig(gpus=n, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep, recompute=recompute,
-                         interleave=interleave, schedule=schedule, pp_first_layers=pp_first_layers, pp_last_layers=pp_last_layers,
-                         cp=cp, **(overlaps or {}))
-    try:
-        res = predict_distributed(model, cluster, gpus=n, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                                  compile=compile, optimizer=optimizer, device=spec, trace=bool(trace or plot),
-                                  power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework)
-    except (GraphError, DeviceSpecError, ClusterSpecError, ParallelConfigError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
-    run = _run_footprint(spec or res.device, res, batch * seq, run_kw or {}, cluster=cluster)
+def _show_cluster_prediction(res, req, f) -> None:
+    """A distributed prediction: warnings, --trace, --plot, the JSON or tables, and the out-of-memory exit (code 3)."""
     _print_warnings(res.meta)
-    if trace:
+    if f.trace:
         from wattcast.simulate.trace import write_distributed_trace
 
-        _write("--trace", trace, lambda: write_distributed_trace(res, trace))
-    if plot:
+        _write("--trace", f.trace, lambda: write_distributed_trace(res, f.trace))
+    if f.plot:
         from wattcast.simulate.trace import plot_timeline
 
-        _write("--plot", plot, lambda: plot_timeline(res, plot))
-    if as_json:
-        _print_json(res, run)
+        _write("--plot", f.plot, lambda: plot_timeline(res, f.plot))
+    if f.as_json:
+        _print_json(res)
     else:
-        con = Console()
-        t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch} x seq {seq}")
-        for c in ("step ms", "MFU", "TFLOP/s/GPU", "HFU", "exposed comm ms", "bubble ms", "memory GB (worst)", "fits"):
-            t.add_column(c, justify="right")
-        t.add_row(f"{res.step_time_ms:.1f}", f"{100 * res.mfu:.1f}%", f"{res.tflops_per_gpu:.1f}", f"{100 * res.hfu:.1f}%",
-                  f"{res.exposed_comm_ms:.1f}", f"{res.bubble_ms:.1f}", f"{res.memory_gb:.1f}", "yes" if res.fits else "NO")
-        con.print(t)
-        split = {k: v for k, v in res.exposed_comm_split_ms.items() if v > 0}
-        p = res.parallel
-        over = [n for n, on in (("grad reduce", p.overlap_grad_reduce), ("param gather", p.overlap_param_gather),
-                                ("TP comm", p.tp_comm_overlap)) if on]
-        con.print("exposed communication by class: " + (", ".join(f"{k} {v:.1f} ms" for k, v in split.items()) or "none")
-                  + ("; overlapped: " + ", ".join(over) if over else ""))
-        d = Table(title="per pipeline stage (one GPU of each)")
-        for c in ("stage", "busy ms", "weights GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
-            d.add_column(c, justify="right")
-        for r in res.per_device:
-            d.add_row(str(r["stage"]), f"{r['busy_ms']:.1f}", f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
-                      f"{r['optimizer_gb']:.2f}", f"{r['activations_gb']:.2f}", f"{r.get('buffers_gb', 0.0):.2f}",
-                      f"{r['memory_gb']:.2f}")
-        con.print(d)
-        con.print(f"energy per step {res.energy_j / 1e3:.2f} kJ (all GPUs), average board power {res.avg_power_w:.0f} W per GPU"
-                  + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
-        if run is not None:
-            _print_run(run)
+        _print_cluster_tables(res, req.batch, req.seq)
+        if res.run is not None:
+            _print_run(res.run)
     capacity_gb = res.memory_capacity_gb
     _warn_memory(res)
-    if not res.fits and not allow_oom:
+    if not res.fits and not f.allow_oom:
         worst = max(res.per_device, key=lambda r: r["memory_gb"])
         _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
               f"{capacity_gb:.1f} GB ({capacity_gb * 1e9 / 2**30:.0f} GiB) (weights {worst['weights_gb']:.1f}, gradients "
               f"{worst['gradients_gb']:.1f}, optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f}, "
               f"buffers {worst.get('buffers_gb', 0.0):.1f} GB); use --zero, --recompute, "
               "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
+
+
+def _print_cluster_tables(res, batch: int, seq: int) -> None:
+    """The tables of a distributed prediction: totals, exposed communication, per pipeline stage, energy."""
+    con = Console()
+    t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch} x seq {seq}")
+    for c in ("step ms", "MFU", "TFLOP/s/GPU", "HFU", "exposed comm ms", "bubble ms", "memory GB (worst)", "fits"):
+        t.add_column(c, justify="right")
+    t.add_row(f"{res.step_time_ms:.1f}", f"{100 * res.mfu:.1f}%", f"{res.tflops_per_gpu:.1f}", f"{100 * res.hfu:.1f}%",
+              f"{res.exposed_comm_ms:.1f}", f"{res.bubble_ms:.1f}", f"{res.memory_gb:.1f}", "yes" if res.fits else "NO")
+    con.print(t)
+    split = {k: v for k, v in res.exposed_comm_split_ms.items() if v > 0}
+    p = res.parallel
+    over = [n for n, on in (("grad reduce", p.overlap_grad_reduce), ("param gather", p.overlap_param_gather),
+                            ("TP comm", p.tp_comm_overlap)) if on]
+    con.print("exposed communication by class: " + (", ".join(f"{k} {v:.1f} ms" for k, v in split.items()) or "none")
+              + ("; overlapped: " + ", ".join(over) if over else ""))
+    d = Table(title="per pipeline stage (one GPU of each)")
+    for c in ("stage", "busy ms", "weights GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
+        d.add_column(c, justify="right")
+    for r in res.per_device:
+        d.add_row(str(r["stage"]), f"{r['busy_ms']:.1f}", f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
+                  f"{r['optimizer_gb']:.2f}", f"{r['activations_gb']:.2f}", f"{r.get('buffers_gb', 0.0):.2f}",
+                  f"{r['memory_gb']:.2f}")
+    con.print(d)
+    con.print(f"energy per step {res.energy_j / 1e3:.2f} kJ (all GPUs), average board power {res.avg_power_w:.0f} W per GPU"
+              + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
 
 
 _SEARCH_OUTPUT_SUFFIXES = (".json", ".csv", ".parquet")

@@ -1,0 +1,141 @@
+"""One prediction request: the options of ``wattcast.predict`` / ``wattcast.predict_cluster`` in one frozen object.
+
+``wattcast predict`` parses its flags into a :class:`PredictRequest` and calls :meth:`PredictRequest.predict`, which
+calls the same public function a Python user calls (``wattcast.predict`` on one device, ``wattcast.predict_cluster``
+with a cluster); the command line only parses flags and renders the result. A Python user may build a request too::
+
+    req = PredictRequest("gpt2", cluster="DGX-A100", batch=16, parallel=ParallelOptions(gpus=8, tp=2))
+    res = req.predict()          # == wattcast.predict_cluster("gpt2", "DGX-A100", gpus=8, tp=2, batch=16)
+
+Defaults are those of the Python API (``simulate/defaults.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+from wattcast.simulate.defaults import DEFAULTS
+
+
+class StepTokensUnknownError(ValueError):
+    """``tokens=`` was given for a graph whose batch and sequence dims are not known (an ONNX file exported with fixed
+    dims that are not named batch/sequence): the tokens one step trains on, hence the run's step count, are unknown."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """A training run of ``tokens`` tokens and its lifecycle options (``--tokens`` and the flags that need it; the
+    ``tokens=`` options of ``wattcast.predict``); every ``None`` takes the shipped assumption (``wattcast.lifecycle``)."""
+
+    tokens: float | None = None
+    region: str | None = None
+    pue: float | None = None
+    lifetime_years: float | None = None
+    grid_kgco2e_per_kwh: float | None = None
+    cloud_usd_per_gpu_hour: float | None = None
+    mtbf_gpu_hours: float | None = None
+    checkpoint_write_s: float | None = None
+    electricity_usd_per_kwh: float | None = None
+    pricing: str | None = None
+    node_overhead_share: float | None = None
+    market_based: bool | None = None
+
+    def given_without_tokens(self) -> list[str]:
+        """The run options given although ``tokens`` is not (they would be ignored)."""
+        if self.tokens is not None:
+            return []
+        return [k for k, v in asdict(self).items() if v is not None]
+
+    def kwargs(self) -> dict:
+        """``tokens=`` and the run options given (not None), as ``wattcast.predict`` / ``predict_cluster`` take them."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ParallelOptions:
+    """How a step is split over ``gpus`` GPUs (the keyword arguments of ``wattcast.predict_cluster``; ``dp`` and
+    ``micro_batch`` default from the others, the overlaps from the framework)."""
+
+    gpus: int
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    micro_batch: int | None = None
+    zero: int = 0
+    sp: bool = False
+    ep: int = 1
+    interleave: int = 1
+    schedule: str = "1f1b"
+    cp: int = 1
+    pp_first_stage_layers: int | None = None
+    pp_last_stage_layers: int | None = None
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    tp_comm_overlap: bool | None = None
+
+
+def parallel_defaults() -> dict:
+    """The parallel options' fixed defaults (tp 1, pp 1, ZeRO 0, no SP, ep 1, interleave 1, 1F1B, cp 1): the ones
+    ``wattcast.predict_cluster`` fills in, from :class:`ParallelOptions`."""
+    return {f.name: f.default for f in fields(ParallelOptions) if f.default is not MISSING and f.default is not None}
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """One step of ``model`` on ``device`` (``cluster`` None) or on ``parallel.gpus`` GPUs of ``cluster``.
+
+    ``batch`` is the global batch with a cluster (required there), ``dims`` binds symbolic ONNX input dims (one device
+    only), ``timeline`` keeps a cluster step's event timeline (for a trace or a plot), ``run`` the training run."""
+
+    model: Any
+    device: Any = None
+    cluster: Any = None
+    parallel: ParallelOptions | None = None
+    batch: int | None = None
+    seq: int | None = None
+    mode: str = "train"
+    dtype: str = DEFAULTS.dtype
+    attention: str = DEFAULTS.attention
+    compile: bool = False
+    optimizer: str = DEFAULTS.optimizer
+    recompute: str = "none"
+    power_limit_w: float | None = None
+    clock_cap_mhz: float | None = None
+    framework: str = DEFAULTS.framework
+    dims: tuple[tuple[str, int], ...] = ()
+    #: iterations of an ONNX model's run-time Loops (one device): an int, or ((node, count), ...)
+    loop_trip_count: int | tuple[tuple[str, int], ...] | None = None
+    timeline: bool = False
+    run: RunOptions = field(default_factory=RunOptions)
+
+    @property
+    def distributed(self) -> bool:
+        return self.cluster is not None
+
+    def predict(self):
+        """The prediction, from ``wattcast.predict`` (one device) or ``wattcast.predict_cluster`` (a cluster):
+        a StepPrediction or a DistributedPrediction, with ``.run`` when ``run.tokens`` is set."""
+        import wattcast
+
+        common = dict(batch=self.batch, seq=self.seq, dtype=self.dtype, attention=self.attention, compile=self.compile,
+                      optimizer=self.optimizer, recompute=self.recompute, power_limit_w=self.power_limit_w,
+                      clock_cap_mhz=self.clock_cap_mhz, **self.run.kwargs())
+        if not self.distributed:
+            if self.parallel is not None or self.timeline or self.framework != DEFAULTS.framework:
+                raise ValueError("parallel=, timeline= and framework= describe a cluster step: give cluster= too")
+            loops = self.loop_trip_count
+            return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
+                                    loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops, **common)
+        if self.parallel is None:
+            raise ValueError("a cluster step needs parallel= (at least ParallelOptions(gpus=N))")
+        if str(self.mode).lower() not in ("train", "training"):
+            raise ValueError("distributed prediction is for training steps (mode='train')")
+        if self.dims:
+            raise ValueError("dims= applies to single-device predictions of ONNX models")
+        if self.loop_trip_count is not None:
+            raise ValueError("loop_trip_count= applies to single-device predictions of ONNX models")
+        if self.seq is None:
+            common["seq"] = 1024
+        return wattcast.predict_cluster(self.model, self.cluster, device=self.device, trace=self.timeline,
+                                        framework=self.framework, **asdict(self.parallel), **common)
