@@ -226,11 +226,29 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
                         host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
                         power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
-                        prune_oom: bool = False) -> DistributedPrediction:
+                        prune_oom: bool = False, exact_pipeline: bool = True) -> DistributedPrediction:
     """One training step under ``parallel`` on ``cluster`` (see the module docstring). ``comm_split``: also price each
     class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed). ``prune_oom``: memory
     first; a strategy that does not fit is returned without simulating its step (times, MFU and energy NaN,
-    ``meta["scheduled"]`` False: what a search does)."""
+    ``meta["scheduled"]`` False: what a search does). ``exact_pipeline`` False: the pipeline is timed in closed form
+    where that is exact (:mod:`wattcast.simulate.pipeline_fast`), else by the event-driven scheduler."""
+    return _schedule(schedule_context(
+        model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=parallel, dtype=dtype, attention=attention,
+        compile=compile, optimizer=optimizer, device=device, bundle=bundle, coll_model=coll_model, trace=trace,
+        framework=framework, host_ms=host_ms, power_limit_w=power_limit_w, power_model=power_model,
+        clock_cap_mhz=clock_cap_mhz, comm_split=comm_split, prune_oom=prune_oom, exact_pipeline=exact_pipeline))
+
+
+def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int, seq: int,
+                     parallel: ParallelConfig | None = None, dtype: str = DEFAULTS.dtype,
+                     attention: str = DEFAULTS.attention,
+                     compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
+                     bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
+                     host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
+                     power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
+                     prune_oom: bool = False, exact_pipeline: bool = True) -> "ScheduleContext":
+    """:func:`predict_distributed`'s checks, rank graph and costing: the :class:`ScheduleContext` of one step (same
+    arguments)."""
     # names and counts first: every table lookup and rule below takes them as given
     framework = canonical_framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
     graph_dtype = dtype
@@ -310,10 +328,11 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
         _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep), stream_bandwidth_gbps(spec, bundle))
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
     g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none"))
-    return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
-                     dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
-                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=hit[3], power_model=power_model,
-                     cp_kv_bytes=cp_kv_bytes, comm_split=comm_split, prune_oom=prune_oom)
+    return ScheduleContext(model=model, g=g, view=hit[2], spec=spec, cl=cl, par=par, lay=lay, cm=cm, batch=batch, seq=seq,
+                           n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,
+                           power_limit_w=power_limit_w, model_totals=_model_totals(g1, n_rep1, block_params),
+                           stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=comm_split,
+                           prune_oom=prune_oom, exact_pipeline=exact_pipeline)
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
@@ -503,11 +522,53 @@ def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_la
         ood_fraction=view.ood_fraction, comm={}, meta=meta, energy_j=nan, avg_power_w=nan, power_limit_w=power_limit_w)
 
 
-def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
-              seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
-              iteration_ms: float = 0.0, power_limit_w: float | None = None,
-              model_totals: dict | None = None, stream_gbps: float = 1e3, power_model=None,
-              cp_kv_bytes: float = 0.0, comm_split: bool = True, prune_oom: bool = False) -> DistributedPrediction:
+@dataclass(frozen=True)
+class ScheduleContext:
+    """Everything :func:`_schedule` needs to time one strategy: the costed rank graph and its per-layer view, the
+    device, cluster, strategy and group placements, the collective model, the step's sizes and settings. Built by
+    :func:`schedule_context` (``predict_distributed``'s checks and caches); a search re-targets one to another
+    strategy sharing its rank graph with :meth:`with_parallel`."""
+
+    model: object
+    g: object  # the rank graph (featurize.op_graph.OpGraph)
+    view: _RankView
+    spec: DeviceSpec
+    cl: ClusterSpec
+    par: ParallelConfig  # resolved
+    lay: dict  # group -> GroupLayout (``parallel.layouts``)
+    cm: object  # collective model
+    batch: int
+    seq: int
+    n_micro: int
+    n_layers: int
+    dtype: str
+    opts: StepOptions
+    trace: bool = False
+    iteration_ms: float = 0.0
+    power_limit_w: float | None = None
+    model_totals: dict | None = None
+    stream_gbps: float = 1e3
+    power_model: object = None
+    cp_kv_bytes: float = 0.0
+    comm_split: bool = True
+    prune_oom: bool = False
+    #: True: the pipeline is timed by the event-driven scheduler (the reference); False: by the closed form
+    #: (:mod:`wattcast.simulate.pipeline_fast`) where it applies
+    exact_pipeline: bool = True
+
+    def with_parallel(self, par: ParallelConfig) -> "ScheduleContext":
+        """This context for another resolved strategy with the same rank graph (tp, sp, ep, cp, micro-batch and
+        recomputation equal): its group placements and micro-batch count."""
+        return replace(self, par=par, lay=layouts(par, self.cl), n_micro=par.n_micro(self.batch))
+
+
+def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
+    """One step of ``ctx.par`` (see the module docstring, items 2-5)."""
+    (model, g, view, spec, cl, par, lay, cm, batch, seq, n_micro, n_layers, dtype, opts, trace, iteration_ms,
+     power_limit_w, model_totals, stream_gbps, power_model, cp_kv_bytes, comm_split, prune_oom) = (
+        ctx.model, ctx.g, ctx.view, ctx.spec, ctx.cl, ctx.par, ctx.lay, ctx.cm, ctx.batch, ctx.seq, ctx.n_micro,
+        ctx.n_layers, ctx.dtype, ctx.opts, ctx.trace, ctx.iteration_ms, ctx.power_limit_w, ctx.model_totals,
+        ctx.stream_gbps, ctx.power_model, ctx.cp_kv_bytes, ctx.comm_split, ctx.prune_oom)
     P, V = par.pp, par.interleave
     n_chunks = P * V
     counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers,
