@@ -41,7 +41,8 @@ from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
                                         resolve_parallel, stage_layers)
-from wattcast.simulate.scheduler import bucket_spans, simulate_pipeline
+from wattcast.simulate.pipeline_fast import time_pipeline
+from wattcast.simulate.scheduler import bucket_spans
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import capacity_gb, held_gradient_bytes, inflight_chunks, stage_memory
@@ -722,8 +723,9 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
         if dp_on and par.zero == 3:
             f = np.maximum(f, dpt["z3_f_ms"])
             b = np.maximum(b, dpt["z3_b_ms"])
-        pipe = simulate_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule,
-                                 p2p_ms=0.0 if "pp" in free else p2p_ms, keep_tasks=trace and not free)
+        pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule,
+                             p2p_ms=0.0 if "pp" in free else p2p_ms, keep_tasks=trace and not free,
+                             exact=ctx.exact_pipeline)
         stage_end = pipe.stage_end.copy()
         comm_events = []
         finish = stage_end.copy()

@@ -19,7 +19,7 @@ from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
-from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
+from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, _schedule, schedule_context
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
 
@@ -166,7 +166,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            optimizer: str = DEFAULTS.optimizer, max_configs: int = 5000, progress=None, framework: str = DEFAULTS.framework,
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
-           max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, **space) -> SearchResult:
+           max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
+           workers: int = 1, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -267,15 +268,31 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             rules = dict(batch=batch, n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
                          n_experts=hf.n_experts, seq=seq, cluster=cl, uneven_stages=framework == "megatron-deepspeed",
                          framework=framework)
+            # one schedule context per rank graph (tp, sp, ep, cp, micro-batch, recomputation): the checks, graph and
+            # costing of predict_distributed run once per group, each strategy then only re-targets it
+            contexts: dict = {}
             for done, par in enumerate(cands, start=1):
                 if evaluated >= max_configs:
                     break
                 try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
-                    resolve_parallel(replace(par, gpus=gpus), **rules)
-                    r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
-                                            attention=attention, optimizer=optimizer, framework=framework, comm_split=False,
-                                            prune_oom=bool(prune_oom), bundle=bundle, coll_model=coll_model,
-                                            power_model=power_model)
+                    par_r = resolve_parallel(replace(par, gpus=gpus), **rules)
+                    key = (par_r.tp, par_r.sp, par_r.ep, par_r.cp, par_r.micro_batch, par_r.recompute)
+                    ctx = contexts.get(key)
+                    if ctx is None:
+                        try:
+                            ctx = schedule_context(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
+                                                   attention=attention, optimizer=optimizer, framework=framework,
+                                                   comm_split=False, prune_oom=bool(prune_oom), bundle=bundle,
+                                                   coll_model=coll_model, power_model=power_model,
+                                                   exact_pipeline=bool(exact_pipeline))
+                        except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
+                            ctx = e
+                        contexts[key] = ctx
+                    elif not isinstance(ctx, ParallelConfigError):
+                        ctx = ctx.with_parallel(par_r)
+                    if isinstance(ctx, ParallelConfigError):
+                        raise ParallelConfigError(str(ctx))
+                    r = _schedule(ctx)
                 except ParallelConfigError as e:
                     bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
                     if progress:  # a rejected candidate is done too: the bar reaches its total
