@@ -271,6 +271,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             # one schedule context per rank graph (tp, sp, ep, cp, micro-batch, recomputation): the checks, graph and
             # costing of predict_distributed run once per group, each strategy then only re-targets it
             contexts: dict = {}
+            memo: dict = {}  # per-chunk sums and data-parallel message times shared by the groups
             for done, par in enumerate(cands, start=1):
                 if evaluated >= max_configs:
                     break
@@ -285,6 +286,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                                    comm_split=False, prune_oom=bool(prune_oom), bundle=bundle,
                                                    coll_model=coll_model, power_model=power_model,
                                                    exact_pipeline=bool(exact_pipeline))
+                            ctx = replace(ctx, detail=False, memo=memo)
                         except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                             ctx = e
                         contexts[key] = ctx
