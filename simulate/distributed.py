@@ -21,6 +21,7 @@ pipeline bubble, per-device busy time and memory, MFU / HFU / model TFLOP/s per 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
@@ -566,7 +567,11 @@ class ScheduleContext:
     def with_parallel(self, par: ParallelConfig) -> "ScheduleContext":
         """This context for another resolved strategy with the same rank graph (tp, sp, ep, cp, micro-batch and
         recomputation equal): its group placements and micro-batch count."""
-        return replace(self, par=par, lay=layouts(par, self.cl), n_micro=par.n_micro(self.batch))
+        out = copy.copy(self)  # a shallow copy with three fields set: dataclasses.replace re-runs __init__ (slower)
+        object.__setattr__(out, "par", par)
+        object.__setattr__(out, "lay", layouts(par, self.cl))
+        object.__setattr__(out, "n_micro", par.n_micro(self.batch))
+        return out
 
 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
@@ -750,7 +755,12 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
     p2p_ms = 0.0
     if P > 1 and act_bytes > 0:
         pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
-        p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
+        p2p_key = ("p2p", act_bytes, pl, id(cl), id(cm))
+        p2p_ms = memo.get(p2p_key) if memo is not None else None
+        if p2p_ms is None:
+            p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
+            if memo is not None:
+                memo[p2p_key] = p2p_ms
 
     grad_b = _grad_bytes(opts.framework, dtype)
     dp_key = ("dp", par.zero, lay["dp"], par.ep, par.tp, par.bucket_mb, grad_b, db, P, V, id(cl), id(cm),
@@ -774,15 +784,26 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
 
     def run(free: frozenset = frozenset()):
         """The step with the communication classes in ``free`` made free (everything else as costed)."""
-        f = f_nc + sum(v for k, v in f_parts.items() if k not in free)
-        b = b_nc + sum(v for k, v in b_parts.items() if k not in free)
+        comm_key = (parts_key, "comm", free)
+        comm = sums.get(comm_key)
+        if comm is None:  # what the classes not made free add, per chunk (forward, backward)
+            comm = sums[comm_key] = (sum(v for k, v in f_parts.items() if k not in free),
+                                     sum(v for k, v in b_parts.items() if k not in free))
+        f = f_nc + comm[0]
+        b = b_nc + comm[1]
         dp_on = "dp" not in free
         if dp_on and par.zero == 3:
             f = np.maximum(f, dpt["z3_f_ms"])
             b = np.maximum(b, dpt["z3_b_ms"])
-        pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule,
-                             p2p_ms=0.0 if "pp" in free else p2p_ms, keep_tasks=trace and not free,
-                             exact=ctx.exact_pipeline)
+        p2p = 0.0 if "pp" in free else p2p_ms
+        keep = trace and not free
+        pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)
+        pipe = memo.get(pipe_key) if memo is not None and not keep else None
+        if pipe is None:  # strategies that differ only where the pipeline does not see it (ZeRO 0/1, ...) share it
+            pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p, keep_tasks=keep,
+                                 exact=ctx.exact_pipeline)
+            if memo is not None and not keep:
+                memo[pipe_key] = pipe
         stage_end = pipe.stage_end.copy()
         comm_events = []
         finish = stage_end.copy()

@@ -157,8 +157,8 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         v = getattr(cfg, name)
         if v is None and name in ("dp", "micro_batch"):
             continue
-        need(is_count(v), f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-    need(is_count(batch),
+        need((type(v) is int and v >= 1) or is_count(v), f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+    need((type(batch) is int and batch >= 1) or is_count(batch),
          f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
     mp = cfg.tp * cfg.pp * cfg.cp
     mp_txt = f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1 else f"tp x pp x cp ({cfg.tp} x {cfg.pp} x {cfg.cp} = {mp})"
@@ -190,7 +190,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     explicit = cfg.pp_first_layers is not None or cfg.pp_last_layers is not None
     for name in ("pp_first_layers", "pp_last_layers"):
         v = getattr(cfg, name)
-        need(v is None or (is_int(v) and v >= 0),
+        need(v is None or ((type(v) is int or is_int(v)) and v >= 0),
              f"--{name.replace('_layers', '-stage-layers').replace('_', '-')} must be a whole number of layers >= 0, got {v!r}")
     if explicit:
         need(cfg.pp > 1, "--pp-first-stage-layers/--pp-last-stage-layers need pipeline parallelism (--pp > 1)")
@@ -213,7 +213,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     need(not cfg.sp or cfg.tp > 1, "--sp (sequence parallelism) needs tensor parallelism (--tp > 1)")
     if cfg.sp and seq is not None:
         need(seq % cfg.tp == 0, f"sequence length ({seq}) must be divisible by tp ({cfg.tp}) for sequence parallelism")
-    need(is_int(cfg.zero) and cfg.zero in (0, 1, 2, 3),
+    need((type(cfg.zero) is int or is_int(cfg.zero)) and cfg.zero in (0, 1, 2, 3),
          f"--zero must be 0, 1, 2 or 3, got {cfg.zero!r}")
     fw = framework if framework is not None else ("megatron-deepspeed" if uneven_stages else None)
     zmax = PIPELINE_ZERO_MAX.get(fw)

@@ -188,6 +188,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     its memory, ``scheduled`` False and NaN times, MFU and energy), which leaves the fitting rows, their order and
     every figure of theirs unchanged. ``prune_oom=False`` simulates every step.
 
+    ``exact_pipeline``: time every pipeline with the event-driven scheduler (the reference); by default the closed form
+    of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the scheduler
+    the rest. ``workers``: processes to evaluate on (default 1); from :data:`PARALLEL_MIN_CANDIDATES` candidates a
+    cluster's candidates are split over them by rank graph, with the same rows in the same order as one process.
+
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``: True/False; left out, the framework's default).
 
@@ -199,7 +204,6 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     columns and ``best`` is None."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
     from wattcast.simulate.distributed import model_config
-    from wattcast.simulate.strategy import format_strategy
 
     clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
     if not clusters:
@@ -252,74 +256,24 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                  "(--cloud-usd-per-gpu-hour)")
         resolved.append((cl, spec))
     run_cols = RUN_COLUMNS if tokens is not None else ()
-    # the kernel bundle, the collective and the power model once per search: no filesystem look-up per candidate
-    from wattcast.models.kernel_bundle import load_bundle
-    from wattcast.models.power import load_power_model
-    from wattcast.simulate.distributed import collective_model
-
-    bundle, coll_model, power_model = load_bundle(), collective_model(), load_power_model()
+    n_workers = _workers(workers)
     rows, bad = [], []
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
             if overlaps:
                 cands = [replace(c, **overlaps) for c in cands]
-            evaluated = 0
-            rules = dict(batch=batch, n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
-                         n_experts=hf.n_experts, seq=seq, cluster=cl, uneven_stages=framework == "megatron-deepspeed",
-                         framework=framework)
-            # one schedule context per rank graph (tp, sp, ep, cp, micro-batch, recomputation): the checks, graph and
-            # costing of predict_distributed run once per group, each strategy then only re-targets it
-            contexts: dict = {}
-            memo: dict = {}  # per-chunk sums and data-parallel message times shared by the groups
-            for done, par in enumerate(cands, start=1):
-                if evaluated >= max_configs:
-                    break
-                try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
-                    par_r = resolve_parallel(replace(par, gpus=gpus), **rules)
-                    key = (par_r.tp, par_r.sp, par_r.ep, par_r.cp, par_r.micro_batch, par_r.recompute)
-                    ctx = contexts.get(key)
-                    if ctx is None:
-                        try:
-                            ctx = schedule_context(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
-                                                   attention=attention, optimizer=optimizer, framework=framework,
-                                                   comm_split=False, prune_oom=bool(prune_oom), bundle=bundle,
-                                                   coll_model=coll_model, power_model=power_model,
-                                                   exact_pipeline=bool(exact_pipeline))
-                            ctx = replace(ctx, detail=False, memo=memo)
-                        except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
-                            ctx = e
-                        contexts[key] = ctx
-                    elif not isinstance(ctx, ParallelConfigError):
-                        ctx = ctx.with_parallel(par_r)
-                    if isinstance(ctx, ParallelConfigError):
-                        raise ParallelConfigError(str(ctx))
-                    r = _schedule(ctx)
-                except ParallelConfigError as e:
-                    bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
-                    if progress:  # a rejected candidate is done too: the bar reaches its total
-                        progress(done, len(cands))
-                    continue
-                evaluated += 1
-                if progress:
-                    progress(done, len(cands))
-                p = r.parallel
-                row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
-                           dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
-                           recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
-                           tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
-                           exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
-                           avg_power_w=r.avg_power_w, strategy=format_strategy(p, batch, framework),
-                           grad_accum=p.n_micro(batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
-                           memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
-                           # the settings a strategy string does not carry: predict it with the same ones
-                           dtype=str(dtype).lower(), attention=str(attention).lower(), framework=framework)
-                if tokens and r.fits:
-                    fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
-                                             tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
-                                             **(footprint_kw or {}))
-                    row.update(_run_row(fp))
-                rows.append(row)
+            job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, batch=batch, seq=seq, dtype=dtype, attention=attention,
+                       optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
+                       exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=footprint_kw,
+                       n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
+                       n_experts=hf.n_experts)
+            if n_workers > 1 and len(cands) >= PARALLEL_MIN_CANDIDATES:
+                got = _evaluate_parallel(job, cands, n_workers, max_configs, progress)
+            else:
+                got = _evaluate_serial(job, cands, max_configs, progress)
+            for kind, rec in got:
+                (rows if kind == "row" else bad).append(rec)
             if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
                 progress(len(cands), len(cands))
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
@@ -338,6 +292,217 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             front.append(r._asdict())
             best_mem = r.memory_gb
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded)
+
+
+#: candidates from which ``workers`` > 1 splits a search over processes; below, starting them costs more than it saves
+PARALLEL_MIN_CANDIDATES = 400
+
+
+def _workers(workers) -> int:
+    """``workers`` checked: a positive integer (ValueError naming it)."""
+    if isinstance(workers, bool) or not is_int(workers) or workers < 1:
+        raise ValueError(f"workers must be a positive integer (processes to evaluate on), got {workers!r}")
+    return int(workers)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every candidate of one cluster's search shares (picklable: worker processes get it whole)."""
+
+    model: object
+    cl: object  # ClusterSpec
+    spec: object  # DeviceSpec
+    gpus: int
+    batch: int
+    seq: int
+    dtype: str
+    attention: str
+    optimizer: str
+    framework: str
+    prune_oom: bool
+    exact_pipeline: bool
+    tokens: float | None
+    footprint_kw: dict | None
+    n_layers: int
+    n_heads: int | None
+    n_kv_heads: int | None
+    ffn: int | None
+    n_experts: int | None
+
+    def rules(self) -> dict:
+        return dict(batch=self.batch, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                    ffn=self.ffn, n_experts=self.n_experts, seq=self.seq, cluster=self.cl,
+                    uneven_stages=self.framework == "megatron-deepspeed", framework=self.framework)
+
+
+def _group_key(par: ParallelConfig) -> tuple:
+    """What a candidate's rank graph depends on: candidates with the same key share a schedule context."""
+    return (par.tp, par.sp, par.ep, par.cp, par.micro_batch, par.recompute)
+
+
+class _Evaluator:
+    """Evaluates one job's candidates, one schedule context per rank graph (the checks, graph and costing of
+    predict_distributed once per group; each strategy then only re-targets it), sharing per-chunk sums and
+    data-parallel message times across groups."""
+
+    def __init__(self, job: _Job):
+        from wattcast.models.kernel_bundle import load_bundle
+        from wattcast.models.power import load_power_model
+        from wattcast.simulate.distributed import collective_model
+
+        self.job = job
+        self.rules = job.rules()
+        # the kernel bundle, the collective and the power model once: no filesystem look-up per candidate
+        self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
+        self.contexts: dict = {}
+        self.memo: dict = {}
+
+    def __call__(self, par: ParallelConfig) -> tuple[str, dict]:
+        """("row", the search row) or ("bad", the rule it breaks) for one candidate."""
+        from wattcast.simulate.strategy import format_strategy
+
+        job = self.job
+        cl = job.cl
+        try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
+            par_r = resolve_parallel(par if par.gpus == job.gpus else replace(par, gpus=job.gpus), **self.rules)
+            key = _group_key(par_r)
+            ctx = self.contexts.get(key)
+            if ctx is None:
+                try:
+                    ctx = schedule_context(job.model, cl, gpus=job.gpus, batch=job.batch, seq=job.seq, parallel=par,
+                                           dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
+                                           framework=job.framework, comm_split=False, prune_oom=job.prune_oom,
+                                           bundle=self.bundle, coll_model=self.coll_model, power_model=self.power_model,
+                                           exact_pipeline=job.exact_pipeline)
+                    ctx = replace(ctx, detail=False, memo=self.memo)
+                except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
+                    ctx = e
+                self.contexts[key] = ctx
+            elif not isinstance(ctx, ParallelConfigError):
+                ctx = ctx.with_parallel(par_r)
+            if isinstance(ctx, ParallelConfigError):
+                raise ParallelConfigError(str(ctx))
+            r = _schedule(ctx)
+        except ParallelConfigError as e:
+            return "bad", dict(cluster=cl.name, config=par.describe(), rule=str(e))
+        p = r.parallel
+        row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
+                   dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
+                   recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
+                   tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
+                   exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
+                   avg_power_w=r.avg_power_w, strategy=format_strategy(p, job.batch, job.framework),
+                   grad_accum=p.n_micro(job.batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
+                   memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
+                   # the settings a strategy string does not carry: predict it with the same ones
+                   dtype=str(job.dtype).lower(), attention=str(job.attention).lower(), framework=job.framework)
+        if job.tokens and r.fits:
+            fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
+                                     tokens=float(job.tokens), tokens_per_step=job.batch * job.seq, flops_per_step=r.flops,
+                                     **(job.footprint_kw or {}))
+            row.update(_run_row(fp))
+        return "row", row
+
+
+def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> list[tuple[str, dict]]:
+    """Every candidate in order until ``max_configs`` were evaluated (rejected ones do not count)."""
+    ev = _Evaluator(job)
+    out, evaluated = [], 0
+    for done, par in enumerate(cands, start=1):
+        if evaluated >= max_configs:
+            break
+        kind, rec = ev(par)
+        out.append((kind, rec))
+        evaluated += kind == "row"
+        if progress:  # a rejected candidate is done too: the bar reaches its total
+            progress(done, len(cands))
+    return out
+
+
+#: per worker process: jobs seen, by their pickled bytes, so that a search's cluster and device are the same objects
+#: from one task to the next (the costed rank graphs are cached by identity); and the evaluator of the running search
+_WORKER_JOBS: dict = {}
+_WORKER_EVAL: dict = {}
+
+
+def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, ParallelConfig]]) -> list[tuple[int, str, dict]]:
+    """A worker's share: (candidate index, kind, record) for each candidate of ``part`` (whole groups). The parts of
+    one search that a worker gets share its evaluator (contexts and memo), as the serial loop shares them."""
+    import pickle
+
+    job = _WORKER_JOBS.get(job_bytes)
+    if job is None:
+        if len(_WORKER_JOBS) >= 16:
+            _WORKER_JOBS.pop(next(iter(_WORKER_JOBS)))
+        job = _WORKER_JOBS[job_bytes] = pickle.loads(job_bytes)
+    ev = _WORKER_EVAL.get((search_id, job_bytes))
+    if ev is None:
+        _WORKER_EVAL.clear()  # one search at a time: the previous one's contexts go
+        ev = _WORKER_EVAL[(search_id, job_bytes)] = _Evaluator(job)
+    with pinned_files():
+        return [(i, *ev(par)) for i, par in part]
+
+
+#: one single-process executor per worker slot, kept for the session: a slot gets the same groups search after search
+#: (its caches stay warm) and no process is started twice
+_POOLS: list = []
+
+
+def _pools(n: int) -> list:
+    from concurrent.futures import ProcessPoolExecutor
+
+    while len(_POOLS) < n:
+        _POOLS.append(ProcessPoolExecutor(max_workers=1))
+    return _POOLS[:n]
+
+
+def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int, progress) -> list[tuple[str, dict]]:
+    """The candidates split over ``n_workers`` processes by group (each rank graph built in one process), merged back
+    in candidate order and cut at ``max_configs`` evaluated as the serial loop cuts: the same rows, in the same order."""
+    import pickle
+    import uuid
+    from concurrent.futures import as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    groups: dict = {}
+    for i, par in enumerate(cands):
+        groups.setdefault(_group_key(par), []).append((i, par))
+    # groups to workers, largest first onto the least loaded; each worker's groups in a few parts (whole groups) for
+    # the progress bar
+    shares: list[list] = [[] for _ in range(n_workers)]
+    for g in sorted(groups.values(), key=len, reverse=True):
+        min(shares, key=lambda sh: sum(map(len, sh))).append(g)
+    parts = []
+    for w, share in enumerate(shares):
+        n_parts = min(4, len(share))
+        for k in range(n_parts):
+            part = [c for g in share[k::n_parts] for c in g]
+            if part:
+                parts.append((w, part))
+    job_bytes = pickle.dumps(job)
+    results: dict[int, tuple[str, dict]] = {}
+    pools = _pools(n_workers)
+    try:
+        search_id = uuid.uuid4().hex
+        futures = [pools[w].submit(_evaluate_part, job_bytes, search_id, part) for w, part in parts]
+        for fut in as_completed(futures):
+            for i, kind, rec in fut.result():
+                results[i] = (kind, rec)
+            if progress:
+                progress(min(len(results), len(cands)), len(cands))
+    except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh next time, finish here
+        for pool in _POOLS:
+            pool.shutdown(wait=False, cancel_futures=True)
+        _POOLS.clear()
+        return _evaluate_serial(job, cands, max_configs, progress)
+    out, evaluated = [], 0
+    for i in range(len(cands)):
+        if evaluated >= max_configs:
+            break
+        kind, rec = results[i]
+        out.append((kind, rec))
+        evaluated += kind == "row"
+    return out
 
 
 def _run_row(fp) -> dict:

@@ -182,11 +182,13 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=dp, block_params=block_params)
     n = len(params)
-    during = np.broadcast_to(np.asarray(during, dtype=float), (n,))
-    after = np.broadcast_to(np.asarray(after, dtype=float), (n,))
+
+    def arr(v) -> np.ndarray:
+        return v if isinstance(v, np.ndarray) else np.full(n, float(v))
+
+    during, after = arr(during), arr(after)
     act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
-    w, m, g, o = (np.broadcast_to(np.asarray(st[k], dtype=float), (n,)) for k in
-                  ("weights_bytes", "master_weights_bytes", "gradients_bytes", "optimizer_bytes"))
+    w, m, g, o = (arr(st[k]) for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes", "optimizer_bytes"))
     total = w + m + g + o + np.maximum(act + during, after)
     return dict(weights_gb=w / GB, master_weights_gb=m / GB, gradients_gb=g / GB, optimizer_gb=o / GB,
                 activations_gb=act / GB, buffers_gb=during / GB, post_backward_buffers_gb=after / GB, total_gb=total / GB)
