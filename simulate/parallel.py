@@ -74,6 +74,8 @@ class ParallelConfig:
         if self.interleave > 1:
             parts.append(f"v{self.interleave}")
         parts.append(f"mb{self.micro_batch}")
+        if self.schedule != "1f1b":
+            parts.append(self.schedule)
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         over = [k for k, v in (("ogr", self.overlap_grad_reduce), ("opg", self.overlap_param_gather),

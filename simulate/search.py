@@ -21,7 +21,7 @@ from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, _schedule, schedule_context
 from wattcast.lifecycle import footprint, footprint_from_step
-from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
+from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, ParallelConfigError, resolve_parallel
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -74,7 +74,7 @@ class SearchResult:
 
 #: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
 SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
-                      interleave=(1, 2), ep=(1,), cp=None)
+                      interleave=(1, 2), ep=(1,), cp=None, schedule=("1f1b",))
 #: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
 #: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
 CP_DEFAULT_MIN_SEQ = 16384
@@ -120,6 +120,11 @@ def _choices(name: str, value) -> tuple | None:
             if not isinstance(v, (bool, np.bool_)):
                 raise ValueError(f"search-space option sp: every choice must be True or False, got {v!r}")
             v = bool(v)
+        elif name == "schedule":
+            if not isinstance(v, str) or v.lower() not in SCHEDULES:
+                raise ValueError(f"search-space option schedule: every choice must be one of {', '.join(SCHEDULES)}, "
+                                 f"got {v!r}")
+            v = v.lower()
         elif name == "recompute":
             if not isinstance(v, str) or v.lower() not in ("none", "selective", "full"):
                 raise ValueError(f"search-space option recompute: every choice must be none, selective or full, got {v!r}")
@@ -131,13 +136,16 @@ def _choices(name: str, value) -> tuple | None:
 
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=(1,),
-                      cp=None) -> list[ParallelConfig]:
+                      cp=None, schedule=("1f1b",)) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16);
-    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on."""
-    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp = (
+    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on. ``schedule``: 1f1b and/or
+    gpipe (GPipe only where it differs: pp > 1 without interleaving)."""
+    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
-                                    ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp)))
+                                    ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp),
+                                    ("schedule", schedule)))
+    schedule = schedule or ("1f1b",)
     if cp is None:
         cp = (1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)
     cl = resolve_cluster(cluster)
@@ -154,11 +162,15 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
             if batch % dp:
                 continue
             mbs = list(micro_batch) if micro_batch is not None else _pow2_divisors(batch // dp, 16)
-            for mb, z, s, rc, v, e in itertools.product(mbs, zero, sp, recompute, interleave, ep):
+            for mb, z, s, rc, v, e, sch in itertools.product(mbs, zero, sp, recompute, interleave, ep, schedule):
                 if (s and t == 1) or (v > 1 and p == 1) or (z and dp * c == 1):
                     continue
+                if sch == "gpipe" and (p == 1 or v > 1):  # one stage: the same step; interleaving is 1F1B's
+                    if "1f1b" in schedule:
+                        continue
+                    sch = "1f1b" if p == 1 else sch  # a lone gpipe choice: one stage runs it as 1F1B does
                 out.append(ParallelConfig(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                          interleave=v, cp=c))
+                                          interleave=v, cp=c, schedule=sch))
     return out
 
 
@@ -196,7 +208,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``: True/False; left out, the framework's default).
 
-    ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep),
+    ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp,
+    schedule),
     each a list of choices or a single value. ``gpus``, ``batch``, ``seq`` and ``max_configs`` must be positive
     integers; these, an unknown option, a bad choice, an unknown ``footprint_kw`` key, an unknown model, cluster or
     region raise ValueError naming it before anything is evaluated. When nothing is evaluated (no strategy divides
@@ -451,9 +464,20 @@ _POOLS: list = []
 def _pools(n: int) -> list:
     from concurrent.futures import ProcessPoolExecutor
 
+    if not _POOLS:
+        import atexit
+
+        atexit.register(shutdown_workers)
     while len(_POOLS) < n:
         _POOLS.append(ProcessPoolExecutor(max_workers=1))
     return _POOLS[:n]
+
+
+def shutdown_workers() -> None:
+    """Stop the worker processes a search with ``workers`` > 1 started (they are kept for the next search; this also
+    runs at exit)."""
+    while _POOLS:
+        _POOLS.pop().shutdown(wait=True, cancel_futures=True)
 
 
 def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int, progress) -> list[tuple[str, dict]]:
