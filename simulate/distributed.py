@@ -193,7 +193,7 @@ def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSp
 #: costed rank graphs by (identities of graph, device, models, cluster; group placements; host and power
 #: settings); each entry holds the objects whose ids it uses, so no id is reused while it lives. Oldest out.
 _COSTED: dict = {}
-_COSTED_MAX = 128
+_COSTED_MAX = 1024  # a GPT-3 search over TP, SP, CP, micro-batch and recomputation has 140 rank graphs
 
 
 def model_config(model) -> HFConfig | None:
