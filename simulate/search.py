@@ -434,6 +434,7 @@ def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> list
 
 #: per worker process: jobs seen, by their pickled bytes, so that a search's cluster and device are the same objects
 #: from one task to the next (the costed rank graphs are cached by identity); and the evaluator of the running search
+#: (the parts of one search a worker gets share its contexts and memo)
 _WORKER_JOBS: dict = {}
 _WORKER_EVAL: dict = {}
 
@@ -456,21 +457,23 @@ def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, Paral
         return [(i, *ev(par)) for i, par in part]
 
 
-#: one single-process executor per worker slot, kept for the session: a slot gets the same groups search after search
-#: (its caches stay warm) and no process is started twice
+#: the worker processes, kept for the session (started once; their caches stay warm from one search to the next)
 _POOLS: list = []
 
 
-def _pools(n: int) -> list:
+def _pool(n: int):
+    """A process pool of ``n`` workers (the kept one if it has ``n``)."""
     from concurrent.futures import ProcessPoolExecutor
 
+    if _POOLS and _POOLS[0]._max_workers != n:
+        shutdown_workers()
     if not _POOLS:
         import atexit
 
+        atexit.unregister(shutdown_workers)
         atexit.register(shutdown_workers)
-    while len(_POOLS) < n:
-        _POOLS.append(ProcessPoolExecutor(max_workers=1))
-    return _POOLS[:n]
+        _POOLS.append(ProcessPoolExecutor(max_workers=n))
+    return _POOLS[0]
 
 
 def shutdown_workers() -> None:
@@ -481,8 +484,9 @@ def shutdown_workers() -> None:
 
 
 def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int, progress) -> list[tuple[str, dict]]:
-    """The candidates split over ``n_workers`` processes by group (each rank graph built in one process), merged back
-    in candidate order and cut at ``max_configs`` evaluated as the serial loop cuts: the same rows, in the same order."""
+    """The candidates split over ``n_workers`` processes by group (each rank graph built in one process per search),
+    merged back in candidate order and cut at ``max_configs`` evaluated as the serial loop cuts: the same rows, in the
+    same order."""
     import pickle
     import uuid
     from concurrent.futures import as_completed
@@ -491,24 +495,21 @@ def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int,
     groups: dict = {}
     for i, par in enumerate(cands):
         groups.setdefault(_group_key(par), []).append((i, par))
-    # groups to workers, largest first onto the least loaded; each worker's groups in a few parts (whole groups) for
-    # the progress bar
-    shares: list[list] = [[] for _ in range(n_workers)]
+    # whole groups (each rank graph is built in one process) in parts of about an eighth of a worker's share, largest
+    # first; the pool hands them to whichever worker is free (the cost of a candidate varies: rule-broken, pruned and
+    # scheduled ones differ tenfold), the evaluator of each worker is shared by the parts it gets
+    target = max(1, len(cands) // (8 * n_workers))
+    parts: list[list] = [[]]
     for g in sorted(groups.values(), key=len, reverse=True):
-        min(shares, key=lambda sh: sum(map(len, sh))).append(g)
-    parts = []
-    for w, share in enumerate(shares):
-        n_parts = min(4, len(share))
-        for k in range(n_parts):
-            part = [c for g in share[k::n_parts] for c in g]
-            if part:
-                parts.append((w, part))
+        if len(parts[-1]) >= target:
+            parts.append([])
+        parts[-1].extend(g)
     job_bytes = pickle.dumps(job)
     results: dict[int, tuple[str, dict]] = {}
-    pools = _pools(n_workers)
+    pool = _pool(n_workers)
     try:
         search_id = uuid.uuid4().hex
-        futures = [pools[w].submit(_evaluate_part, job_bytes, search_id, part) for w, part in parts]
+        futures = [pool.submit(_evaluate_part, job_bytes, search_id, part) for part in parts if part]
         for fut in as_completed(futures):
             for i, kind, rec in fut.result():
                 results[i] = (kind, rec)
