@@ -43,7 +43,6 @@ from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
                                         resolve_parallel, stage_layers)
 from wattcast.simulate.pipeline_fast import time_pipeline
-from wattcast.simulate.scheduler import bucket_spans
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
