@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -635,6 +636,8 @@ def search(
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
     force: bool = _FORCE_OPTION,
     simulate_oom: bool = typer.Option(False, "--simulate-oom", help="Also simulate the steps of configurations that do not fit (slower; by default memory comes first and their times are left empty)."),
+    workers: int = typer.Option(min(2, os.cpu_count() or 1), "--workers", help="Processes to evaluate on (default: the CPUs, at most 2); from 400 candidates on they split the search, with the same results as one."),
+    exact_pipeline: bool = typer.Option(False, "--exact-pipeline", help="Time every pipeline with the event-driven scheduler (the reference) instead of the closed form where it applies."),
 ) -> None:
     """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
     on one cluster or across several; with --tokens, rank and filter whole runs by time, cost and CO2e."""
@@ -644,7 +647,7 @@ def search(
     from wattcast.data.cluster_spec import ClusterSpecError
     from wattcast.featurize.op_graph import GraphError
 
-    _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top)
+    _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top, workers=workers)
     run_opts = dict(region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                     cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
                     checkpoint_write_s=checkpoint_write_s, pricing=pricing, electricity_usd_per_kwh=electricity_usd_per_kwh)
@@ -689,7 +692,8 @@ def search(
                           overlaps=dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
                           if no_overlap else None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
-                          pareto=pareto, prune_oom=not simulate_oom, **(dict(cp=tuple(cp)) if cp else {}))
+                          pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,
+                          **(dict(cp=tuple(cp)) if cp else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     limits = {"--max-usd": max_usd, "--deadline-days": deadline_days, "--max-tco2e": max_tco2e}

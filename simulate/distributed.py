@@ -21,6 +21,7 @@ pipeline bubble, per-device busy time and memory, MFU / HFU / model TFLOP/s per 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
@@ -41,10 +42,11 @@ from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
                                         resolve_parallel, stage_layers)
-from wattcast.simulate.scheduler import bucket_spans, simulate_pipeline
+from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
-from wattcast.simulate.stage_memory import capacity_gb, held_gradient_bytes, inflight_chunks, stage_memory
+from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
+                                            stage_memory_gb)
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSp
 #: costed rank graphs by (identities of graph, device, models, cluster; group placements; host and power
 #: settings); each entry holds the objects whose ids it uses, so no id is reused while it lives. Oldest out.
 _COSTED: dict = {}
-_COSTED_MAX = 128
+_COSTED_MAX = 1024  # a GPT-3 search over TP, SP, CP, micro-batch and recomputation has 140 rank graphs
 
 
 def model_config(model) -> HFConfig | None:
@@ -226,11 +228,29 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
                         host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
                         power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
-                        prune_oom: bool = False) -> DistributedPrediction:
+                        prune_oom: bool = False, exact_pipeline: bool = True) -> DistributedPrediction:
     """One training step under ``parallel`` on ``cluster`` (see the module docstring). ``comm_split``: also price each
     class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed). ``prune_oom``: memory
     first; a strategy that does not fit is returned without simulating its step (times, MFU and energy NaN,
-    ``meta["scheduled"]`` False: what a search does)."""
+    ``meta["scheduled"]`` False: what a search does). ``exact_pipeline`` False: the pipeline is timed in closed form
+    where that is exact (:mod:`wattcast.simulate.pipeline_fast`), else by the event-driven scheduler."""
+    return _schedule(schedule_context(
+        model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=parallel, dtype=dtype, attention=attention,
+        compile=compile, optimizer=optimizer, device=device, bundle=bundle, coll_model=coll_model, trace=trace,
+        framework=framework, host_ms=host_ms, power_limit_w=power_limit_w, power_model=power_model,
+        clock_cap_mhz=clock_cap_mhz, comm_split=comm_split, prune_oom=prune_oom, exact_pipeline=exact_pipeline))
+
+
+def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int, seq: int,
+                     parallel: ParallelConfig | None = None, dtype: str = DEFAULTS.dtype,
+                     attention: str = DEFAULTS.attention,
+                     compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
+                     bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
+                     host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
+                     power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
+                     prune_oom: bool = False, exact_pipeline: bool = True) -> "ScheduleContext":
+    """:func:`predict_distributed`'s checks, rank graph and costing: the :class:`ScheduleContext` of one step (same
+    arguments)."""
     # names and counts first: every table lookup and rule below takes them as given
     framework = canonical_framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
     graph_dtype = dtype
@@ -310,10 +330,11 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
         _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep), stream_bandwidth_gbps(spec, bundle))
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
     g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none"))
-    return _schedule(model, g, hit[2], spec, cl, par, lay, cm, batch=batch, seq=seq, n_micro=n_micro, n_layers=n_layers,
-                     dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms, power_limit_w=power_limit_w,
-                     model_totals=_model_totals(g1, n_rep1, block_params), stream_gbps=hit[3], power_model=power_model,
-                     cp_kv_bytes=cp_kv_bytes, comm_split=comm_split, prune_oom=prune_oom)
+    return ScheduleContext(model=model, g=g, view=hit[2], spec=spec, cl=cl, par=par, lay=lay, cm=cm, batch=batch, seq=seq,
+                           n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,
+                           power_limit_w=power_limit_w, model_totals=_model_totals(g1, n_rep1, block_params),
+                           stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=comm_split,
+                           prune_oom=prune_oom, exact_pipeline=exact_pipeline)
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
@@ -503,57 +524,121 @@ def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_la
         ood_fraction=view.ood_fraction, comm={}, meta=meta, energy_j=nan, avg_power_w=nan, power_limit_w=power_limit_w)
 
 
-def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, lay, cm, *, batch: int,
-              seq: int, n_micro: int, n_layers: int, dtype: str, opts: StepOptions, trace: bool,
-              iteration_ms: float = 0.0, power_limit_w: float | None = None,
-              model_totals: dict | None = None, stream_gbps: float = 1e3, power_model=None,
-              cp_kv_bytes: float = 0.0, comm_split: bool = True, prune_oom: bool = False) -> DistributedPrediction:
-    P, V = par.pp, par.interleave
+@dataclass(frozen=True)
+class ScheduleContext:
+    """Everything :func:`_schedule` needs to time one strategy: the costed rank graph and its per-layer view, the
+    device, cluster, strategy and group placements, the collective model, the step's sizes and settings. Built by
+    :func:`schedule_context` (``predict_distributed``'s checks and caches); a search re-targets one to another
+    strategy sharing its rank graph with :meth:`with_parallel`."""
+
+    model: object
+    g: object  # the rank graph (featurize.op_graph.OpGraph)
+    view: _RankView
+    spec: DeviceSpec
+    cl: ClusterSpec
+    par: ParallelConfig  # resolved
+    lay: dict  # group -> GroupLayout (``parallel.layouts``)
+    cm: object  # collective model
+    batch: int
+    seq: int
+    n_micro: int
+    n_layers: int
+    dtype: str
+    opts: StepOptions
+    trace: bool = False
+    iteration_ms: float = 0.0
+    power_limit_w: float | None = None
+    model_totals: dict | None = None
+    stream_gbps: float = 1e3
+    power_model: object = None
+    cp_kv_bytes: float = 0.0
+    comm_split: bool = True
+    prune_oom: bool = False
+    #: True: the pipeline is timed by the event-driven scheduler (the reference); False: by the closed form
+    #: (:mod:`wattcast.simulate.pipeline_fast`) where it applies
+    exact_pipeline: bool = True
+    #: False: leave ``per_device`` empty (a search reads the step's totals only)
+    detail: bool = True
+    #: shared across the contexts of one search: per-chunk sums and data-parallel message times by what they depend
+    #: on (None: nothing kept)
+    memo: dict | None = field(default=None, compare=False, repr=False)
+
+    def with_parallel(self, par: ParallelConfig) -> "ScheduleContext":
+        """This context for another resolved strategy with the same rank graph (tp, sp, ep, cp, micro-batch and
+        recomputation equal): its group placements and micro-batch count."""
+        out = copy.copy(self)  # a shallow copy with three fields set: dataclasses.replace re-runs __init__ (slower)
+        object.__setattr__(out, "par", par)
+        object.__setattr__(out, "lay", layouts(par, self.cl))
+        object.__setattr__(out, "n_micro", par.n_micro(self.batch))
+        return out
+
+
+def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
+              grad_b: float, db: float, P: int, V: int) -> dict:
+    """Per chunk: gradient sync time (bucketed), param all-gather after the step, ZeRO-3 per-task gathers; and per stage
+    its buckets in order (``bucket_pad``: stages x most buckets, zero-padded; ``bucket_n``: each stage's count)."""
     n_chunks = P * V
-    counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers,
-                          deepspeed=opts.framework == "megatron-deepspeed")
-    chunk = chunk_of_layer(view.layer_ids, n_layers, n_chunks, counts)
+    dp_l = lay["dp"]
+    out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
+           "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks)}
+    if dp_l.size <= 1:
+        out["bucket_ms"] = [np.zeros(0)] * n_chunks
+        return _stage_buckets(out, P, V)
+    bucket = par.bucket_mb * 1e6
+    op = "reduce_scatter" if par.zero >= 1 else "all_reduce"
+    ep_dp = group_layout(max(dp_l.size // par.ep, 1), par.tp * par.ep, cl.gpus_per_node)
+    # every message of the step first, then one (memoised) prediction per collective and group
+    msgs: list[tuple[int, str, str, float, GroupLayout, int]] = []  # (chunk, role, op, bytes, group, count)
+    for c in range(n_chunks):
+        for p_count, group in ((params_chunk[c] - expert_chunk[c], dp_l), (expert_chunk[c], ep_dp)):
+            total = p_count * grad_b
+            if total <= 0 or group.size <= 1:
+                continue
+            nb = max(1, int(np.ceil(total / bucket)))
+            msgs.append((c, "bucket", op, total / nb, group, nb))
+        if par.zero >= 1:
+            msgs.append((c, "gather", "all_gather", params_chunk[c] * db, dp_l, 1))
+        if par.zero == 3:
+            msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b, dp_l, 1))
+    ms_of = np.zeros(len(msgs))
+    by_kind: dict[tuple, list[int]] = {}
+    for i, m in enumerate(msgs):
+        by_kind.setdefault((m[2], m[4]), []).append(i)
+    for (o, grp), idx in by_kind.items():
+        ms_of[idx] = collective_ms(cm, [o] * len(idx), [msgs[i][3] for i in idx], grp, cl)[0]
+    buckets: list[list[np.ndarray]] = [[] for _ in range(n_chunks)]
+    for (c, role, _o, _b, _g, nb), t_ms in zip(msgs, ms_of):
+        if role == "bucket":
+            buckets[c].append(np.full(nb, t_ms))
+        elif role == "gather":
+            out["gather_after_ms"][c] = t_ms
+            if par.zero == 3:
+                out["z3_f_ms"][c] = t_ms
+                out["z3_b_ms"][c] += t_ms
+        else:
+            out["z3_b_ms"][c] += t_ms
+    for c in range(n_chunks):
+        ms = np.concatenate(buckets[c]) if buckets[c] else np.zeros(0)
+        out["bucket_ms"].append(ms)
+        out["sync_ms"][c] = ms.sum()
+    return _stage_buckets(out, P, V)
 
-    def per_chunk(v: np.ndarray) -> np.ndarray:
-        return np.bincount(chunk, weights=v, minlength=n_chunks)
 
-    # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation); it needs no
-    # schedule, so it comes first: a search skips the schedule of a strategy that does not fit (``prune_oom``)
-    params_chunk = per_chunk(view.params)
-    act_chunk = per_chunk(view.act_bytes)
-    db = DTYPE_BYTES[dtype]
-    dp_n = lay["dp"].size
-    in_model = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
-    block_params = float(view.params[in_model].max()) if in_model.any() else 0.0
-    worst, worst_terms = 0.0, None
-    fp8_frac = 0.0
-    if g.meta.get("precision") == "fp8":
-        from wattcast.simulate.memory import fp8_weight_copy_bytes
+def _stage_buckets(out: dict, P: int, V: int) -> dict:
+    """``out`` with each stage's buckets (its chunks' in chunk order) as one zero-padded matrix."""
+    per_stage = [np.concatenate([out["bucket_ms"][c * P + s] for c in range(V)]) for s in range(P)]
+    n = np.array([len(x) for x in per_stage], dtype=np.int64)
+    pad = np.zeros((P, int(n.max()) if len(n) else 0))
+    for s, x in enumerate(per_stage):
+        pad[s, : len(x)] = x
+    out["bucket_pad"], out["bucket_n"] = pad, n
+    return out
 
-        fwd_params = float(g.nodes.loc[g.nodes["phase"] == "forward", "param_count"].sum())
-        fp8_frac = fp8_weight_copy_bytes(g) / 2.0 / fwd_params if fwd_params > 0 else 0.0
-    stage_mem, stage_params = [], []
-    for s in range(P):
-        cs = [c * P + s for c in range(V)]
-        p = float(params_chunk[cs].sum())
-        inflight = inflight_chunks(s, pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
-        sm = stage_memory(params=p, act_bytes_per_chunk=float(act_chunk[cs].mean()), inflight=inflight,
-                          full_recompute_extra_bytes=view.full_extra_bytes, dtype_bytes=db,
-                          grad_bytes=_grad_bytes(opts.framework, dtype), held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db),
-                          optimizer=opts.optimizer, zero=par.zero, dp=dp_n,
-                          framework=opts.framework, block_params=block_params, fp8_param_fraction=fp8_frac)
-        terms = sm.to_gb_dict()
-        mem = terms["total_gb"]
-        if worst_terms is None or mem > worst:
-            worst, worst_terms = mem, dict(stage=s, inflight_chunks=inflight, **terms)
-        stage_mem.append((inflight, terms))
-        stage_params.append(p)
-    capacity = capacity_gb(spec.memory_gb)
-    fits = bool(worst <= capacity)
-    if prune_oom and not fits:
-        return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
-                            view, power_limit_w)
 
+def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
+                cp_kv_bytes: float, per_chunk) -> tuple:
+    """Per communication class, what it adds to each chunk's forward and backward (ms), the ring attention's KV step
+    times and its exposed time per layer: (f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms)."""
     # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
     # gradients), each overlapped with the attention of the block in hand; what a step's transfer takes beyond that
     # block's attention is exposed (Liu et al. 2023, Ring Attention; Megatron-Core / TE's implementation)
@@ -576,11 +661,91 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
         f_parts[key] = f_parts.get(key, 0.0) + per_chunk(cf)
         b_parts[key] = b_parts.get(key, 0.0) + per_chunk(cb)
-    f_nc, b_nc, opt_ms = per_chunk(view.f_nc_ms), per_chunk(view.b_nc_ms), per_chunk(view.opt_ms)
-    tp_coll = per_chunk(view.coll_ms)
+    return f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms
+
+
+def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
+    """One step of ``ctx.par`` (see the module docstring, items 2-5)."""
+    (model, g, view, spec, cl, par, lay, cm, batch, seq, n_micro, n_layers, dtype, opts, trace, iteration_ms,
+     power_limit_w, model_totals, stream_gbps, power_model, cp_kv_bytes, comm_split, prune_oom) = (
+        ctx.model, ctx.g, ctx.view, ctx.spec, ctx.cl, ctx.par, ctx.lay, ctx.cm, ctx.batch, ctx.seq, ctx.n_micro,
+        ctx.n_layers, ctx.dtype, ctx.opts, ctx.trace, ctx.iteration_ms, ctx.power_limit_w, ctx.model_totals,
+        ctx.stream_gbps, ctx.power_model, ctx.cp_kv_bytes, ctx.comm_split, ctx.prune_oom)
+    P, V = par.pp, par.interleave
+    n_chunks = P * V
+    deepspeed = opts.framework == "megatron-deepspeed"
+    memo = ctx.memo
+    chunk_key = ("chunks", id(view), n_layers, n_chunks, par.pp_first_layers, par.pp_last_layers, deepspeed)
+    hit = memo.get(chunk_key) if memo is not None else None
+    if hit is None:
+        counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers, deepspeed=deepspeed)
+        chunk = chunk_of_layer(view.layer_ids, n_layers, n_chunks, counts)
+        hit = (counts, chunk, {})
+        if memo is not None:
+            memo[chunk_key] = hit
+    counts, chunk, sums = hit
+
+    def per_chunk(v: np.ndarray) -> np.ndarray:
+        return np.bincount(chunk, weights=v, minlength=n_chunks)
+
+    def chunk_sum(name: str) -> np.ndarray:
+        """``per_chunk`` of a field of the view, once per (view, chunking) in a search."""
+        out = sums.get(name)
+        if out is None:
+            out = sums[name] = per_chunk(getattr(view, name))
+        return out
+
+    def by_stage(v: np.ndarray) -> np.ndarray:
+        """Per stage, the sum over its chunks (chunk c of stage s is v[c x P + s])."""
+        return v.reshape(V, P).sum(axis=0)
+
+    # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation); it needs no
+    # schedule, so it comes first: a search skips the schedule of a strategy that does not fit (``prune_oom``)
+    params_chunk = chunk_sum("params")
+    act_chunk = chunk_sum("act_bytes")
+    db = DTYPE_BYTES[dtype]
+    dp_n = lay["dp"].size
+    block_params = sums.get("block_params")
+    if block_params is None:
+        in_model = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
+        block_params = sums["block_params"] = float(view.params[in_model].max()) if in_model.any() else 0.0
+    fp8_frac = 0.0
+    if g.meta.get("precision") == "fp8":
+        from wattcast.simulate.memory import fp8_weight_copy_bytes
+
+        fwd_params = float(g.nodes.loc[g.nodes["phase"] == "forward", "param_count"].sum())
+        fp8_frac = fp8_weight_copy_bytes(g) / 2.0 / fwd_params if fwd_params > 0 else 0.0
+    params_stage = by_stage(params_chunk)
+    inflight_s = inflight_chunks_by_stage(pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
+    mem = stage_memory_gb(params=params_stage, act_bytes_per_chunk=act_chunk.reshape(V, P).mean(axis=0),
+                          inflight=inflight_s, full_recompute_extra_bytes=view.full_extra_bytes, dtype_bytes=db,
+                          grad_bytes=_grad_bytes(opts.framework, dtype),
+                          held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
+                          zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
+                          fp8_param_fraction=fp8_frac)
+
+    def stage_terms(s: int) -> dict:
+        return {k: float(v[s]) for k, v in mem.items()}
+
+    w_stage = int(np.argmax(mem["total_gb"]))  # the first of the fullest stages
+    worst = float(mem["total_gb"][w_stage])
+    worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))
+    capacity = capacity_gb(spec.memory_gb)
+    fits = bool(worst <= capacity)
+    if prune_oom and not fits:
+        return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
+                            view, power_limit_w)
+
+    parts_key = ("parts", bool(par.tp_comm_overlap), par.cp, cp_kv_bytes)
+    parts = sums.get(parts_key)
+    if parts is None:
+        parts = sums[parts_key] = _comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk)
+    f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms = parts
+    f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
+    tp_coll = chunk_sum("coll_ms")
     f_ms, b_ms = f_nc + sum(f_parts.values()), b_nc + sum(b_parts.values())
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
-    expert_chunk = per_chunk(view.expert_params)
+    expert_chunk = chunk_sum("expert_params")
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
     hidden = int(g.meta.get("hidden") or 0)
     act_bytes = par.micro_batch * seq * hidden * db / (par.tp if par.sp else 1) / par.cp
@@ -589,58 +754,21 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     p2p_ms = 0.0
     if P > 1 and act_bytes > 0:
         pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
-        p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
+        p2p_key = ("p2p", act_bytes, pl, id(cl), id(cm))
+        p2p_ms = memo.get(p2p_key) if memo is not None else None
+        if p2p_ms is None:
+            p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
+            if memo is not None:
+                memo[p2p_key] = p2p_ms
 
-    def dp_times(zero: int) -> dict:
-        """Per chunk: gradient sync time (bucketed), param all-gather after the step, ZeRO-3 per-task gathers.
-        Computed once per prediction (``dpt`` below)."""
-        dp_l = lay["dp"]
-        grad_b = _grad_bytes(opts.framework, dtype)
-        out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
-               "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks)}
-        if dp_l.size <= 1:
-            out["bucket_ms"] = [np.zeros(0)] * n_chunks
-            return out
-        bucket = par.bucket_mb * 1e6
-        op = "reduce_scatter" if zero >= 1 else "all_reduce"
-        ep_dp = group_layout(max(dp_l.size // par.ep, 1), par.tp * par.ep, cl.gpus_per_node)
-        # every message of the step first, then one (memoised) prediction per collective and group
-        msgs: list[tuple[int, str, str, float, GroupLayout, int]] = []  # (chunk, role, op, bytes, group, count)
-        for c in range(n_chunks):
-            for p_count, group in ((params_chunk[c] - expert_chunk[c], dp_l), (expert_chunk[c], ep_dp)):
-                total = p_count * grad_b
-                if total <= 0 or group.size <= 1:
-                    continue
-                nb = max(1, int(np.ceil(total / bucket)))
-                msgs.append((c, "bucket", op, total / nb, group, nb))
-            if zero >= 1:
-                msgs.append((c, "gather", "all_gather", params_chunk[c] * db, dp_l, 1))
-            if zero == 3:
-                msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b, dp_l, 1))
-        ms_of = np.zeros(len(msgs))
-        by_kind: dict[tuple, list[int]] = {}
-        for i, m in enumerate(msgs):
-            by_kind.setdefault((m[2], m[4]), []).append(i)
-        for (o, grp), idx in by_kind.items():
-            ms_of[idx] = collective_ms(cm, [o] * len(idx), [msgs[i][3] for i in idx], grp, cl)[0]
-        buckets: list[list[np.ndarray]] = [[] for _ in range(n_chunks)]
-        for (c, role, _o, _b, _g, nb), t_ms in zip(msgs, ms_of):
-            if role == "bucket":
-                buckets[c].append(np.full(nb, t_ms))
-            elif role == "gather":
-                out["gather_after_ms"][c] = t_ms
-                if zero == 3:
-                    out["z3_f_ms"][c] = t_ms
-                    out["z3_b_ms"][c] += t_ms
-            else:
-                out["z3_b_ms"][c] += t_ms
-        for c in range(n_chunks):
-            ms = np.concatenate(buckets[c]) if buckets[c] else np.zeros(0)
-            out["bucket_ms"].append(ms)
-            out["sync_ms"][c] = ms.sum()
-        return out
-
-    dpt = dp_times(par.zero)
+    grad_b = _grad_bytes(opts.framework, dtype)
+    dp_key = ("dp", par.zero, lay["dp"], par.ep, par.tp, par.bucket_mb, grad_b, db, P, V, id(cl), id(cm),
+              params_chunk.tobytes(), expert_chunk.tobytes())
+    dpt = memo.get(dp_key) if memo is not None else None
+    if dpt is None:
+        dpt = _dp_times(par, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V)
+        if memo is not None:
+            memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
     # the data-parallel ranks with ZeRO-2/3, which reduce every micro-batch), added to every backward task
     acc_b, every = grad_accumulation_bytes(opts.framework, dtype)
@@ -655,51 +783,68 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
 
     def run(free: frozenset = frozenset()):
         """The step with the communication classes in ``free`` made free (everything else as costed)."""
-        f = f_nc + sum(v for k, v in f_parts.items() if k not in free)
-        b = b_nc + sum(v for k, v in b_parts.items() if k not in free)
+        comm_key = (parts_key, "comm", free)
+        comm = sums.get(comm_key)
+        if comm is None:  # what the classes not made free add, per chunk (forward, backward)
+            comm = sums[comm_key] = (sum(v for k, v in f_parts.items() if k not in free),
+                                     sum(v for k, v in b_parts.items() if k not in free))
+        f = f_nc + comm[0]
+        b = b_nc + comm[1]
         dp_on = "dp" not in free
         if dp_on and par.zero == 3:
             f = np.maximum(f, dpt["z3_f_ms"])
             b = np.maximum(b, dpt["z3_b_ms"])
-        pipe = simulate_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule,
-                                 p2p_ms=0.0 if "pp" in free else p2p_ms, keep_tasks=trace and not free)
+        p2p = 0.0 if "pp" in free else p2p_ms
+        keep = trace and not free
+        pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)
+        pipe = memo.get(pipe_key) if memo is not None and not keep else None
+        if pipe is None:  # strategies that differ only where the pipeline does not see it (ZeRO 0/1, ...) share it
+            pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p, keep_tasks=keep,
+                                 exact=ctx.exact_pipeline)
+            if memo is not None and not keep:
+                memo[pipe_key] = pipe
         stage_end = pipe.stage_end.copy()
         comm_events = []
         finish = stage_end.copy()
-        for s in range(P):
-            if not dp_on or lay["dp"].size <= 1 or par.zero == 3:
-                continue
-            b0, b1 = pipe.last_backward[s]
-            ms = np.concatenate([dpt["bucket_ms"][c * P + s] for c in range(V)])
-            n = len(ms)
+        if dp_on and lay["dp"].size > 1 and par.zero != 3 and dpt["bucket_pad"].shape[1]:
+            # every stage's buckets at once: rows padded with empty buckets that are never ready (they change nothing)
+            ms, n = dpt["bucket_pad"], dpt["bucket_n"]
+            k = np.arange(1, ms.shape[1] + 1)
+            valid = k[None, :] <= n[:, None]
+            lb = np.asarray(pipe.last_backward, dtype=float).reshape(P, 2)
             if dp_overlaps:
-                ready = b0 + (b1 - b0) * (np.arange(1, n + 1) / n)
+                ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * (k[None, :] / np.maximum(n, 1)[:, None])
             else:
-                ready = np.full(n, stage_end[s])
-            starts, ends = bucket_spans(ready, ms)
-            end = float(ends[-1]) if n else 0.0
+                ready = np.repeat(stage_end[:, None], ms.shape[1], axis=1)
+            ready = np.where(valid, ready, -np.inf)
+            cum = np.cumsum(ms, axis=1)
+            ends = cum + np.maximum(np.maximum.accumulate(ready - (cum - ms), axis=1), 0.0)
+            starts = ends - ms
+            end = np.where(n > 0, ends[np.arange(P), np.maximum(n - 1, 0)], 0.0)
             if trace:
-                comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{k}]", a, e)
-                                for k, (a, e) in enumerate(zip(starts.tolist(), ends.tolist()))]
+                comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{j}]", float(starts[s, j]),
+                                 float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
             # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
-            hidden = float(np.maximum(np.minimum(ends, stage_end[s]) - starts, 0.0).sum()) if dp_overlaps and n else 0.0
-            finish[s] = max(stage_end[s] + nccl_share * hidden, end)
-        opt_stage = np.array([opt_ms[[c * P + s for c in range(V)]].sum() for s in range(P)])
+            if dp_overlaps:
+                hidden = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0), 0.0).sum(axis=1)
+            else:
+                hidden = np.zeros(P)
+            finish = np.where(n > 0, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
+        opt_stage = by_stage(opt_ms)
         if par.zero >= 1:
             opt_stage = opt_stage / lay["dp"].size
         gather = np.zeros(P)
         if dp_on and par.zero >= 1 and lay["dp"].size > 1:
-            gather = np.array([dpt["gather_after_ms"][[c * P + s for c in range(V)]].sum() for s in range(P)])
+            gather = by_stage(dpt["gather_after_ms"])
             if par.overlap_param_gather:
                 # gathered bucket by bucket in the next step's forward pre-hooks: the first bucket waits, the rest run
                 # beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
-                f_first = np.array([f[[c * P + s for c in range(V)]][0] for s in range(P)])
+                f_first = f[:P].copy()
                 n_b = np.maximum(np.ceil(params_stage * DTYPE_BYTES[dtype] / (par.bucket_mb * 1e6)), 1.0)
                 gather = overlapped_ms(f_first, gather, share=nccl_share, first_chunk_ms=gather / n_b) - f_first
         total = finish + opt_stage + gather + iteration_ms
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events
 
-    params_stage = np.array([params_chunk[[c * P + s for c in range(V)]].sum() for s in range(P)])
     step, pipe, finish, opt_stage, gather, comm_events = run()
     step_free, pipe_free, *_ = run(frozenset(classes))
     # exposed communication per class: what the step would save if that class alone were free
@@ -718,14 +863,6 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     step_s = step / 1e3
     mfu = model_flops / (step_s * par.gpus * peak)
     hfu = hw_flops / (step_s * par.gpus * peak)
-    # per stage: busy time and memory (computed before the schedule, above)
-    per_device = []
-    for s, (inflight, terms) in enumerate(stage_mem):
-        per_device.append(dict(stage=s, busy_ms=float(busy[s] + opt_stage[s]), finish_ms=float(finish[s]),
-                               memory_gb=terms["total_gb"], weights_gb=terms["weights_gb"] + terms["master_weights_gb"],
-                               gradients_gb=terms["gradients_gb"], optimizer_gb=terms["optimizer_gb"],
-                               activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
-                               post_backward_buffers_gb=terms["post_backward_buffers_gb"], params=stage_params[s]))
     phase_t = view.phase_ms
     # energy per GPU of each stage: kernels at their power, host launch gaps at idle, waits at communication power
     from wattcast.models.power import comm_power_w
@@ -733,20 +870,25 @@ def _schedule(model, g, view: _RankView, spec: DeviceSpec, cl: ClusterSpec, par:
     p_comm = comm_power_w(spec, power_limit_w)
     # the gradient-accumulation passes (not graph kernels) run at the power of a streaming kernel
     e_acc = acc_ms * n_micro / 1e3 * (stream_power_w(spec, stream_gbps, power_model) if acc_ms.any() else 0.0)
-    e_chunk = per_chunk(view.e_comp_j) * n_micro + e_acc
-    e_opt = per_chunk(view.e_opt_j)
-    stage_e = np.zeros(P)
-    for s in range(P):
-        cs = [c * P + s for c in range(V)]
-        e_opt_s = e_opt[cs].sum() / (lay["dp"].size if par.zero >= 1 else 1)
-        busy_s = busy[s] + opt_stage[s]
-        # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls
-        # for its peer: communication power, not idle power
-        stage_e[s] = e_chunk[cs].sum() + e_opt_s + p_comm * max(step - busy_s, 0.0) / 1e3
-        per_device[s]["energy_j"] = float(stage_e[s])
-        per_device[s]["avg_power_w"] = float(stage_e[s] / step_s)
-        per_device[s]["busy_power_w"] = float(e_chunk[cs].sum() / max(busy[s] / 1e3, 1e-12))
-        per_device[s]["wait_power_w"] = float(p_comm)
+    e_chunk = chunk_sum("e_comp_j") * n_micro + e_acc
+    e_opt = chunk_sum("e_opt_j")
+    e_chunk_s = by_stage(e_chunk)
+    busy_all = busy + opt_stage
+    # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls for its
+    # peer: communication power, not idle power
+    stage_e = (e_chunk_s + by_stage(e_opt) / (lay["dp"].size if par.zero >= 1 else 1)
+               + p_comm * np.maximum(step - busy_all, 0.0) / 1e3)
+    # per stage: busy time, memory (computed before the schedule, above) and energy; a search reads none of it
+    per_device = []
+    for s in range(P if ctx.detail else 0):
+        terms = stage_terms(s)
+        per_device.append(dict(stage=s, busy_ms=float(busy_all[s]), finish_ms=float(finish[s]),
+                               memory_gb=terms["total_gb"], weights_gb=terms["weights_gb"] + terms["master_weights_gb"],
+                               gradients_gb=terms["gradients_gb"], optimizer_gb=terms["optimizer_gb"],
+                               activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
+                               post_backward_buffers_gb=terms["post_backward_buffers_gb"], params=float(params_stage[s]),
+                               energy_j=float(stage_e[s]), avg_power_w=float(stage_e[s] / step_s),
+                               busy_power_w=float(e_chunk_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm)))
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
     per_op, fallback = view.per_op, view.fallback_ops
     events = []

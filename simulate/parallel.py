@@ -74,6 +74,8 @@ class ParallelConfig:
         if self.interleave > 1:
             parts.append(f"v{self.interleave}")
         parts.append(f"mb{self.micro_batch}")
+        if self.schedule != "1f1b":
+            parts.append(self.schedule)
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         over = [k for k, v in (("ogr", self.overlap_grad_reduce), ("opg", self.overlap_param_gather),
@@ -106,11 +108,13 @@ def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last
         inner = n_chunks - (first is not None) - (last is not None)
         if inner <= 0:
             if mid != 0:
-                raise ParallelConfigError(f"--pp-first-stage-layers/--pp-last-stage-layers ({f} + {lst}) must add up to the "
-                                          f"model's {n_layers} layers when they name every stage")
+                raise ParallelConfigError(
+                    f"--pp-first-stage-layers/--pp-last-stage-layers ({f} + {lst}) must add up to the "
+                    f"model's {n_layers} layers when they name every stage")
             return [f] if n_chunks == 1 else [f, lst]
         if mid < inner or mid % inner:
             raise ParallelConfigError(
+                
                 f"{n_layers} layers with {f if first is not None else '-'} on the first and "
                 f"{lst if last is not None else '-'} on the last stage leave {mid} for the other {inner} stages: they must "
                 f"divide evenly (Megatron-Core's rule) and give each at least one")
@@ -149,97 +153,128 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
 
     Counts (tp, pp, dp and micro_batch when given, ep, interleave, then gpus) must be positive integers:
     a 0 or negative degree is named as given, before the job size that was computed from it."""
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise ParallelConfigError(msg)
-
+    # each rule: ``if not (rule): raise ParallelConfigError(message)``; a message is only formatted when its rule is
+    # broken (a search checks tens of thousands of candidates)
     for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "cp", "gpus"):
         v = getattr(cfg, name)
         if v is None and name in ("dp", "micro_batch"):
             continue
-        need(is_count(v), f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-    need(is_count(batch),
-         f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
+        if not ((type(v) is int and v >= 1) or is_count(v)):
+            raise ParallelConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+    if not ((type(batch) is int and batch >= 1) or is_count(batch)):
+        raise ParallelConfigError(f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
     mp = cfg.tp * cfg.pp * cfg.cp
     mp_txt = f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1 else f"tp x pp x cp ({cfg.tp} x {cfg.pp} x {cfg.cp} = {mp})"
-    need(cfg.gpus % mp == 0, f"gpus ({cfg.gpus}) must be a multiple of {mp_txt}")
+    if not (cfg.gpus % mp == 0):
+        raise ParallelConfigError(f"gpus ({cfg.gpus}) must be a multiple of {mp_txt}")
     dp = cfg.dp if cfg.dp is not None else cfg.gpus // mp
-    need(dp >= 1 and dp * mp == cfg.gpus,
-         f"dp x tp x pp{' x cp' if cfg.cp > 1 else ''} must equal gpus: {dp} x {cfg.tp} x {cfg.pp}"
-         f"{f' x {cfg.cp}' if cfg.cp > 1 else ''} = {dp * mp} != {cfg.gpus}")
+    if not (dp >= 1 and dp * mp == cfg.gpus):
+        raise ParallelConfigError(
+            f"dp x tp x pp{' x cp' if cfg.cp > 1 else ''} must equal gpus: {dp} x {cfg.tp} x {cfg.pp}"
+            f"{f' x {cfg.cp}' if cfg.cp > 1 else ''} = {dp * mp} != {cfg.gpus}")
     if cfg.cp > 1:
-        need(seq is None or seq % (2 * cfg.cp) == 0,
-             f"sequence length ({seq}) must be divisible by 2 x cp ({2 * cfg.cp}): context parallelism splits each sequence "
-             f"into 2 x cp chunks, two per rank, to balance the causal mask")
-        need(not (cfg.sp and seq is not None and (seq // cfg.cp) % cfg.tp),
-             f"each context-parallel rank's {seq // cfg.cp if seq else '?'} tokens must be divisible by tp ({cfg.tp}) for "
-             f"sequence parallelism")
+        if not (seq is None or seq % (2 * cfg.cp) == 0):
+            raise ParallelConfigError(
+                f"sequence length ({seq}) must be divisible by 2 x cp ({2 * cfg.cp}): context parallelism splits each sequence "
+                f"into 2 x cp chunks, two per rank, to balance the causal mask")
+        if cfg.sp and seq is not None and (seq // cfg.cp) % cfg.tp:
+            raise ParallelConfigError(
+                f"each context-parallel rank's {seq // cfg.cp if seq else '?'} tokens must be divisible by tp ({cfg.tp}) for "
+                f"sequence parallelism")
     mb = cfg.micro_batch if cfg.micro_batch is not None else max(1, batch // dp) if cfg.pp == 1 else 1
-    need(mb >= 1, f"--micro-batch must be positive, got {mb}")
-    need(batch % (dp * mb) == 0,
-         f"global batch ({batch}) must be divisible by dp x micro-batch ({dp} x {mb} = {dp * mb})")
+    if not (mb >= 1):
+        raise ParallelConfigError(f"--micro-batch must be positive, got {mb}")
+    if not (batch % (dp * mb) == 0):
+        raise ParallelConfigError(
+            f"global batch ({batch}) must be divisible by dp x micro-batch ({dp} x {mb} = {dp * mb})")
     n_micro = batch // (dp * mb)
     if n_heads is not None:
-        need(n_heads % cfg.tp == 0, f"attention heads ({n_heads}) must be divisible by tp ({cfg.tp})")
+        if not (n_heads % cfg.tp == 0):
+            raise ParallelConfigError(f"attention heads ({n_heads}) must be divisible by tp ({cfg.tp})")
     if n_kv_heads is not None and cfg.tp > 1:
-        need(n_kv_heads % cfg.tp == 0, f"key/value heads ({n_kv_heads}) must be divisible by tp ({cfg.tp})")
+        if not (n_kv_heads % cfg.tp == 0):
+            raise ParallelConfigError(f"key/value heads ({n_kv_heads}) must be divisible by tp ({cfg.tp})")
     if ffn is not None:
-        need(ffn % cfg.tp == 0, f"FFN size ({ffn}) must be divisible by tp ({cfg.tp})")
-    need(n_layers >= cfg.pp * cfg.interleave or cfg.pp * cfg.interleave == 1,
-         f"layers ({n_layers}) must be at least pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
+        if not (ffn % cfg.tp == 0):
+            raise ParallelConfigError(f"FFN size ({ffn}) must be divisible by tp ({cfg.tp})")
+    if not (n_layers >= cfg.pp * cfg.interleave or cfg.pp * cfg.interleave == 1):
+        raise ParallelConfigError(
+            f"layers ({n_layers}) must be at least pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
     explicit = cfg.pp_first_layers is not None or cfg.pp_last_layers is not None
     for name in ("pp_first_layers", "pp_last_layers"):
         v = getattr(cfg, name)
-        need(v is None or (is_int(v) and v >= 0),
-             f"--{name.replace('_layers', '-stage-layers').replace('_', '-')} must be a whole number of layers >= 0, got {v!r}")
+        if not (v is None or ((type(v) is int or is_int(v)) and v >= 0)):
+            raise ParallelConfigError(
+                f"--{name.replace('_layers', '-stage-layers').replace('_', '-')} must be a whole number of layers >= 0, got {v!r}")
     if explicit:
-        need(cfg.pp > 1, "--pp-first-stage-layers/--pp-last-stage-layers need pipeline parallelism (--pp > 1)")
-        need(cfg.interleave == 1, "--pp-first-stage-layers/--pp-last-stage-layers with --interleave: uneven virtual "
-                                  "stages are not modelled; use --interleave 1")
+        if not (cfg.pp > 1):
+            raise ParallelConfigError(
+                "--pp-first-stage-layers/--pp-last-stage-layers need pipeline parallelism (--pp > 1)")
+        if not (cfg.interleave == 1):
+            raise ParallelConfigError(
+                "--pp-first-stage-layers/--pp-last-stage-layers with --interleave: uneven virtual "
+                "stages are not modelled; use --interleave 1")
         stage_layers(n_layers, cfg.pp, first=cfg.pp_first_layers, last=cfg.pp_last_layers)  # raises naming the rule
     elif n_layers % (cfg.pp * cfg.interleave) and not uneven_stages:
-        need(cfg.interleave == 1,
-             f"layers ({n_layers}) must be divisible by pp x interleave ({cfg.pp} x {cfg.interleave} = "
-             f"{cfg.pp * cfg.interleave}) for the interleaved schedule (Megatron's rule); the automatic uneven split "
-             f"needs --interleave 1")
-    need(cfg.interleave == 1 or cfg.pp > 1, "--interleave needs pipeline parallelism (--pp > 1)")
-    need(cfg.schedule in SCHEDULES, f"--schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
-    need(cfg.interleave == 1 or cfg.schedule == "1f1b",
-         f"--interleave {cfg.interleave} (virtual pipeline stages) is interleaved 1F1B: it cannot run with --schedule "
-         f"{cfg.schedule}; use --schedule 1f1b or --interleave 1")
+        if not (cfg.interleave == 1):
+            raise ParallelConfigError(
+                f"layers ({n_layers}) must be divisible by pp x interleave ({cfg.pp} x {cfg.interleave} = "
+                f"{cfg.pp * cfg.interleave}) for the interleaved schedule (Megatron's rule); the automatic uneven split "
+                f"needs --interleave 1")
+    if not (cfg.interleave == 1 or cfg.pp > 1):
+        raise ParallelConfigError("--interleave needs pipeline parallelism (--pp > 1)")
+    if not (cfg.schedule in SCHEDULES):
+        raise ParallelConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {cfg.schedule!r}")
+    if not (cfg.interleave == 1 or cfg.schedule == "1f1b"):
+        raise ParallelConfigError(
+            f"--interleave {cfg.interleave} (virtual pipeline stages) is interleaved 1F1B: it cannot run with --schedule "
+            f"{cfg.schedule}; use --schedule 1f1b or --interleave 1")
     if cfg.interleave > 1:
-        need(n_micro % cfg.pp == 0,
-             f"interleaved 1F1B needs the number of micro-batches ({n_micro}) to be a multiple of pp ({cfg.pp})")
-    need(not cfg.sp or cfg.tp > 1, "--sp (sequence parallelism) needs tensor parallelism (--tp > 1)")
+        if not (n_micro % cfg.pp == 0):
+            raise ParallelConfigError(
+                f"interleaved 1F1B needs the number of micro-batches ({n_micro}) to be a multiple of pp ({cfg.pp})")
+    if cfg.sp and cfg.tp <= 1:
+        raise ParallelConfigError("--sp (sequence parallelism) needs tensor parallelism (--tp > 1)")
     if cfg.sp and seq is not None:
-        need(seq % cfg.tp == 0, f"sequence length ({seq}) must be divisible by tp ({cfg.tp}) for sequence parallelism")
-    need(is_int(cfg.zero) and cfg.zero in (0, 1, 2, 3),
-         f"--zero must be 0, 1, 2 or 3, got {cfg.zero!r}")
+        if not (seq % cfg.tp == 0):
+            raise ParallelConfigError(
+                f"sequence length ({seq}) must be divisible by tp ({cfg.tp}) for sequence parallelism")
+    if not ((type(cfg.zero) is int or is_int(cfg.zero)) and cfg.zero in (0, 1, 2, 3)):
+        raise ParallelConfigError(f"--zero must be 0, 1, 2 or 3, got {cfg.zero!r}")
     fw = framework if framework is not None else ("megatron-deepspeed" if uneven_stages else None)
     zmax = PIPELINE_ZERO_MAX.get(fw)
     if zmax is not None and cfg.pp > 1:
-        need(cfg.zero <= zmax,
-             f"pipeline parallelism (pp {cfg.pp}) with ZeRO stage {cfg.zero}: {fw} runs pipelines with ZeRO stage "
-             f"{zmax} at most (DeepSpeed's pipeline engine supports ZeRO-1; Megatron-LM's distributed optimizer is "
-             f"ZeRO-1); use --zero {zmax} or lower, or --pp 1")
+        if not (cfg.zero <= zmax):
+            raise ParallelConfigError(
+                f"pipeline parallelism (pp {cfg.pp}) with ZeRO stage {cfg.zero}: {fw} runs pipelines with ZeRO stage "
+                f"{zmax} at most (DeepSpeed's pipeline engine supports ZeRO-1; Megatron-LM's distributed optimizer is "
+                f"ZeRO-1); use --zero {zmax} or lower, or --pp 1")
     if cfg.ep > 1:
-        need(n_experts is not None, f"--ep {cfg.ep} needs a mixture-of-experts model (this one has no experts)")
-        need(n_experts % cfg.ep == 0, f"experts ({n_experts}) must be divisible by ep ({cfg.ep})")
-        need(dp % cfg.ep == 0, f"ep ({cfg.ep}) must divide the data-parallel size ({dp})")
-    need(cfg.recompute in ("none", "selective", "full"), f"--recompute must be none, selective or full, got {cfg.recompute!r}")
+        if not (n_experts is not None):
+            raise ParallelConfigError(f"--ep {cfg.ep} needs a mixture-of-experts model (this one has no experts)")
+        if not (n_experts % cfg.ep == 0):
+            raise ParallelConfigError(f"experts ({n_experts}) must be divisible by ep ({cfg.ep})")
+        if not (dp % cfg.ep == 0):
+            raise ParallelConfigError(f"ep ({cfg.ep}) must divide the data-parallel size ({dp})")
+    if not (cfg.recompute in ("none", "selective", "full")):
+        raise ParallelConfigError(f"--recompute must be none, selective or full, got {cfg.recompute!r}")
     if cluster is not None and cfg.gpus > cluster.gpus_per_node:
-        need(cluster.inter is not None, f"{cfg.gpus} GPUs need more than one node, but cluster {cluster.name} has no cross-node tier")
+        if not (cluster.inter is not None):
+            raise ParallelConfigError(
+                f"{cfg.gpus} GPUs need more than one node, but cluster {cluster.name} has no cross-node tier")
         nodes = -(-cfg.gpus // cluster.gpus_per_node)
         # a partly filled node would put some parallel groups across a node boundary that the group layouts
         # (whole nodes, Megatron rank order) do not see: a silently wrong communication time
-        need(cfg.gpus % cluster.gpus_per_node == 0 or exotic_allowed(),
-             f"{cfg.gpus} GPUs do not fill whole nodes of cluster {cluster.name} (gpus_per_node "
-             f"{cluster.gpus_per_node}: {cfg.gpus // cluster.gpus_per_node} full node(s) and "
-             f"{cfg.gpus % cluster.gpus_per_node} GPU(s) more); a job spanning nodes needs a multiple of gpus_per_node "
-             f"({cluster.gpus_per_node * (nodes - 1)} or {cluster.gpus_per_node * nodes} GPUs), or check gpus_per_node "
-             "in the cluster spec (--force models the partial node as a whole one)")
-        need(cluster.max_nodes is None or nodes <= cluster.max_nodes,
-             f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
+        if not (cfg.gpus % cluster.gpus_per_node == 0 or exotic_allowed()):
+            raise ParallelConfigError(
+                f"{cfg.gpus} GPUs do not fill whole nodes of cluster {cluster.name} (gpus_per_node "
+                f"{cluster.gpus_per_node}: {cfg.gpus // cluster.gpus_per_node} full node(s) and "
+                f"{cfg.gpus % cluster.gpus_per_node} GPU(s) more); a job spanning nodes needs a multiple of gpus_per_node "
+                f"({cluster.gpus_per_node * (nodes - 1)} or {cluster.gpus_per_node * nodes} GPUs), or check gpus_per_node "
+                "in the cluster spec (--force models the partial node as a whole one)")
+        if not (cluster.max_nodes is None or nodes <= cluster.max_nodes):
+            raise ParallelConfigError(
+                f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
     from wattcast.simulate.overlap import overlap_defaults
 
     fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
@@ -248,16 +283,20 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     for name, default in defaults.items():
         v = getattr(cfg, name)
         flag = "--" + name.replace("_", "-")
-        need(v is None or isinstance(v, bool), f"{flag} must be true or false, got {v!r}")
+        if not (v is None or isinstance(v, bool)):
+            raise ParallelConfigError(f"{flag} must be true or false, got {v!r}")
         if v and fw_name != "megatron":
-            need(False, f"{flag} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP overlap gradient "
-                        f"buckets with backward already; DeepSpeed's engine reduces after backward)")
+            raise ParallelConfigError(
+                f"{flag} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP overlap gradient "
+                f"buckets with backward already; DeepSpeed's engine reduces after backward)")
         flags[name] = default if v is None else v
-    need(not (cfg.overlap_param_gather and cfg.zero < 1),
-         "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs --zero 1 or more")
-    need(not (cfg.tp_comm_overlap and not (cfg.tp > 1 and cfg.sp)),
-         "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
-         "--tp > 1 and --sp")
+    if cfg.overlap_param_gather and cfg.zero < 1:
+        raise ParallelConfigError(
+            "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs --zero 1 or more")
+    if cfg.tp_comm_overlap and not (cfg.tp > 1 and cfg.sp):
+        raise ParallelConfigError(
+            "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
+            "--tp > 1 and --sp")
     return replace(cfg, dp=dp, micro_batch=mb, **flags)
 
 

@@ -19,10 +19,10 @@ from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
-from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, predict_distributed
+from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, _schedule, schedule_context
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
-from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
+from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, ParallelConfigError, resolve_parallel
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -76,7 +76,7 @@ class SearchResult:
 
 #: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
 SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
-                      interleave=(1, 2), ep=(1,), cp=None)
+                      interleave=(1, 2), ep=(1,), cp=None, schedule=("1f1b",))
 #: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
 #: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
 CP_DEFAULT_MIN_SEQ = 16384
@@ -122,6 +122,11 @@ def _choices(name: str, value) -> tuple | None:
             if not isinstance(v, (bool, np.bool_)):
                 raise ValueError(f"search-space option sp: every choice must be True or False, got {v!r}")
             v = bool(v)
+        elif name == "schedule":
+            if not isinstance(v, str) or v.lower() not in SCHEDULES:
+                raise ValueError(f"search-space option schedule: every choice must be one of {', '.join(SCHEDULES)}, "
+                                 f"got {v!r}")
+            v = v.lower()
         elif name == "recompute":
             if not isinstance(v, str) or v.lower() not in ("none", "selective", "full"):
                 raise ValueError(f"search-space option recompute: every choice must be none, selective or full, got {v!r}")
@@ -133,13 +138,16 @@ def _choices(name: str, value) -> tuple | None:
 
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=(1,),
-                      cp=None) -> list[ParallelConfig]:
+                      cp=None, schedule=("1f1b",)) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16);
-    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on."""
-    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp = (
+    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on. ``schedule``: 1f1b and/or
+    gpipe (GPipe only where it differs: pp > 1 without interleaving)."""
+    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
-                                    ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp)))
+                                    ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp),
+                                    ("schedule", schedule)))
+    schedule = schedule or ("1f1b",)
     if cp is None:
         cp = (1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)
     cl = resolve_cluster(cluster)
@@ -156,11 +164,15 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
             if batch % dp:
                 continue
             mbs = list(micro_batch) if micro_batch is not None else _pow2_divisors(batch // dp, 16)
-            for mb, z, s, rc, v, e in itertools.product(mbs, zero, sp, recompute, interleave, ep):
+            for mb, z, s, rc, v, e, sch in itertools.product(mbs, zero, sp, recompute, interleave, ep, schedule):
                 if (s and t == 1) or (v > 1 and p == 1) or (z and dp * c == 1):
                     continue
+                if sch == "gpipe" and (p == 1 or v > 1):  # one stage: the same step; interleaving is 1F1B's
+                    if "1f1b" in schedule:
+                        continue
+                    sch = "1f1b" if p == 1 else sch  # a lone gpipe choice: one stage runs it as 1F1B does
                 out.append(ParallelConfig(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                          interleave=v, cp=c))
+                                          interleave=v, cp=c, schedule=sch))
     return out
 
 
@@ -168,7 +180,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            optimizer: str = DEFAULTS.optimizer, max_configs: int = 5000, progress=None, framework: str = DEFAULTS.framework,
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
-           max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, **space) -> SearchResult:
+           max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
+           workers: int = 1, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -189,10 +202,16 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     its memory, ``scheduled`` False and NaN times, MFU and energy), which leaves the fitting rows, their order and
     every figure of theirs unchanged. ``prune_oom=False`` simulates every step.
 
+    ``exact_pipeline``: time every pipeline with the event-driven scheduler (the reference); by default the closed form
+    of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the scheduler
+    the rest. ``workers``: processes to evaluate on (default 1); from :data:`PARALLEL_MIN_CANDIDATES` candidates a
+    cluster's candidates are split over them by rank graph, with the same rows in the same order as one process.
+
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``: True/False; left out, the framework's default).
 
-    ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep),
+    ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp,
+    schedule),
     each a list of choices or a single value. ``gpus``, ``batch``, ``seq`` and ``max_configs`` must be positive
     integers; these, an unknown option, a bad choice, an unknown ``footprint_kw`` key, an unknown model, cluster or
     region raise ValueError naming it before anything is evaluated. When nothing is evaluated (no strategy divides
@@ -200,7 +219,6 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     columns and ``best`` is None."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
     from wattcast.simulate.distributed import model_config
-    from wattcast.simulate.strategy import format_strategy
 
     clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
     if not clusters:
@@ -257,56 +275,24 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                  + (", or another pricing (--pricing)" if probe.pricing != "on-demand" else ""))
         resolved.append((cl, spec))
     run_cols = RUN_COLUMNS if tokens is not None else ()
-    # the kernel bundle, the collective and the power model once per search: no filesystem look-up per candidate
-    from wattcast.models.kernel_bundle import load_bundle
-    from wattcast.models.power import load_power_model
-    from wattcast.simulate.distributed import collective_model
-
-    bundle, coll_model, power_model = load_bundle(), collective_model(), load_power_model()
+    n_workers = _workers(workers)
     rows, bad = [], []
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
             if overlaps:
                 cands = [replace(c, **overlaps) for c in cands]
-            evaluated = 0
-            rules = dict(batch=batch, n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
-                         n_experts=hf.n_experts, seq=seq, cluster=cl, uneven_stages=framework == "megatron-deepspeed",
-                         framework=framework)
-            for done, par in enumerate(cands, start=1):
-                if evaluated >= max_configs:
-                    break
-                try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
-                    resolve_parallel(replace(par, gpus=gpus), **rules)
-                    r = predict_distributed(model, cl, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype,
-                                            attention=attention, optimizer=optimizer, framework=framework, comm_split=False,
-                                            prune_oom=bool(prune_oom), bundle=bundle, coll_model=coll_model,
-                                            power_model=power_model)
-                except ParallelConfigError as e:
-                    bad.append(dict(cluster=cl.name, config=par.describe(), rule=str(e)))
-                    if progress:  # a rejected candidate is done too: the bar reaches its total
-                        progress(done, len(cands))
-                    continue
-                evaluated += 1
-                if progress:
-                    progress(done, len(cands))
-                p = r.parallel
-                row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
-                           dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
-                           recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
-                           tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
-                           exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
-                           avg_power_w=r.avg_power_w, strategy=format_strategy(p, batch, framework),
-                           grad_accum=p.n_micro(batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
-                           memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
-                           # the settings a strategy string does not carry: predict it with the same ones
-                           dtype=str(dtype).lower(), attention=str(attention).lower(), framework=framework)
-                if tokens and r.fits:
-                    fp = footprint_from_step(spec, gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
-                                             tokens=float(tokens), tokens_per_step=batch * seq, flops_per_step=r.flops,
-                                             **run_kw[cl.name])
-                    row.update(_run_row(fp))
-                rows.append(row)
+            job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, batch=batch, seq=seq, dtype=dtype, attention=attention,
+                       optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
+                       exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name],
+                       n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
+                       n_experts=hf.n_experts)
+            if n_workers > 1 and len(cands) >= PARALLEL_MIN_CANDIDATES:
+                got = _evaluate_parallel(job, cands, n_workers, max_configs, progress)
+            else:
+                got = _evaluate_serial(job, cands, max_configs, progress)
+            for kind, rec in got:
+                (rows if kind == "row" else bad).append(rec)
             if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
                 progress(len(cands), len(cands))
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
@@ -325,6 +311,229 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             front.append(r._asdict())
             best_mem = r.memory_gb
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded)
+
+
+#: candidates from which ``workers`` > 1 splits a search over processes; below, starting them costs more than it saves
+PARALLEL_MIN_CANDIDATES = 400
+
+
+def _workers(workers) -> int:
+    """``workers`` checked: a positive integer (ValueError naming it)."""
+    if isinstance(workers, bool) or not is_int(workers) or workers < 1:
+        raise ValueError(f"workers must be a positive integer (processes to evaluate on), got {workers!r}")
+    return int(workers)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every candidate of one cluster's search shares (picklable: worker processes get it whole)."""
+
+    model: object
+    cl: object  # ClusterSpec
+    spec: object  # DeviceSpec
+    gpus: int
+    batch: int
+    seq: int
+    dtype: str
+    attention: str
+    optimizer: str
+    framework: str
+    prune_oom: bool
+    exact_pipeline: bool
+    tokens: float | None
+    footprint_kw: dict | None
+    n_layers: int
+    n_heads: int | None
+    n_kv_heads: int | None
+    ffn: int | None
+    n_experts: int | None
+
+    def rules(self) -> dict:
+        return dict(batch=self.batch, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                    ffn=self.ffn, n_experts=self.n_experts, seq=self.seq, cluster=self.cl,
+                    uneven_stages=self.framework == "megatron-deepspeed", framework=self.framework)
+
+
+def _group_key(par: ParallelConfig) -> tuple:
+    """What a candidate's rank graph depends on: candidates with the same key share a schedule context."""
+    return (par.tp, par.sp, par.ep, par.cp, par.micro_batch, par.recompute)
+
+
+class _Evaluator:
+    """Evaluates one job's candidates, one schedule context per rank graph (the checks, graph and costing of
+    predict_distributed once per group; each strategy then only re-targets it), sharing per-chunk sums and
+    data-parallel message times across groups."""
+
+    def __init__(self, job: _Job):
+        from wattcast.models.kernel_bundle import load_bundle
+        from wattcast.models.power import load_power_model
+        from wattcast.simulate.distributed import collective_model
+
+        self.job = job
+        self.rules = job.rules()
+        # the kernel bundle, the collective and the power model once: no filesystem look-up per candidate
+        self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
+        self.contexts: dict = {}
+        self.memo: dict = {}
+
+    def __call__(self, par: ParallelConfig) -> tuple[str, dict]:
+        """("row", the search row) or ("bad", the rule it breaks) for one candidate."""
+        from wattcast.simulate.strategy import format_strategy
+
+        job = self.job
+        cl = job.cl
+        try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
+            par_r = resolve_parallel(par if par.gpus == job.gpus else replace(par, gpus=job.gpus), **self.rules)
+            key = _group_key(par_r)
+            ctx = self.contexts.get(key)
+            if ctx is None:
+                try:
+                    ctx = schedule_context(job.model, cl, gpus=job.gpus, batch=job.batch, seq=job.seq, parallel=par,
+                                           dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
+                                           framework=job.framework, comm_split=False, prune_oom=job.prune_oom,
+                                           bundle=self.bundle, coll_model=self.coll_model, power_model=self.power_model,
+                                           exact_pipeline=job.exact_pipeline)
+                    ctx = replace(ctx, detail=False, memo=self.memo)
+                except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
+                    ctx = e
+                self.contexts[key] = ctx
+            elif not isinstance(ctx, ParallelConfigError):
+                ctx = ctx.with_parallel(par_r)
+            if isinstance(ctx, ParallelConfigError):
+                raise ParallelConfigError(str(ctx))
+            r = _schedule(ctx)
+        except ParallelConfigError as e:
+            return "bad", dict(cluster=cl.name, config=par.describe(), rule=str(e))
+        p = r.parallel
+        row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
+                   dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
+                   recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
+                   tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
+                   exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
+                   avg_power_w=r.avg_power_w, strategy=format_strategy(p, job.batch, job.framework),
+                   grad_accum=p.n_micro(job.batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
+                   memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
+                   # the settings a strategy string does not carry: predict it with the same ones
+                   dtype=str(job.dtype).lower(), attention=str(job.attention).lower(), framework=job.framework)
+        if job.tokens and r.fits:
+            fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
+                                     tokens=float(job.tokens), tokens_per_step=job.batch * job.seq, flops_per_step=r.flops,
+                                     **(job.footprint_kw or {}))
+            row.update(_run_row(fp))
+        return "row", row
+
+
+def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> list[tuple[str, dict]]:
+    """Every candidate in order until ``max_configs`` were evaluated (rejected ones do not count)."""
+    ev = _Evaluator(job)
+    out, evaluated = [], 0
+    for done, par in enumerate(cands, start=1):
+        if evaluated >= max_configs:
+            break
+        kind, rec = ev(par)
+        out.append((kind, rec))
+        evaluated += kind == "row"
+        if progress:  # a rejected candidate is done too: the bar reaches its total
+            progress(done, len(cands))
+    return out
+
+
+#: per worker process: jobs seen, by their pickled bytes, so that a search's cluster and device are the same objects
+#: from one task to the next (the costed rank graphs are cached by identity); and the evaluator of the running search
+#: (the parts of one search a worker gets share its contexts and memo)
+_WORKER_JOBS: dict = {}
+_WORKER_EVAL: dict = {}
+
+
+def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, ParallelConfig]]) -> list[tuple[int, str, dict]]:
+    """A worker's share: (candidate index, kind, record) for each candidate of ``part`` (whole groups). The parts of
+    one search that a worker gets share its evaluator (contexts and memo), as the serial loop shares them."""
+    import pickle
+
+    job = _WORKER_JOBS.get(job_bytes)
+    if job is None:
+        if len(_WORKER_JOBS) >= 16:
+            _WORKER_JOBS.pop(next(iter(_WORKER_JOBS)))
+        job = _WORKER_JOBS[job_bytes] = pickle.loads(job_bytes)
+    ev = _WORKER_EVAL.get((search_id, job_bytes))
+    if ev is None:
+        _WORKER_EVAL.clear()  # one search at a time: the previous one's contexts go
+        ev = _WORKER_EVAL[(search_id, job_bytes)] = _Evaluator(job)
+    with pinned_files():
+        return [(i, *ev(par)) for i, par in part]
+
+
+#: the worker processes, kept for the session (started once; their caches stay warm from one search to the next)
+_POOLS: list = []
+
+
+def _pool(n: int):
+    """A process pool of ``n`` workers (the kept one if it has ``n``)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    if _POOLS and _POOLS[0]._max_workers != n:
+        shutdown_workers()
+    if not _POOLS:
+        import atexit
+
+        atexit.unregister(shutdown_workers)
+        atexit.register(shutdown_workers)
+        _POOLS.append(ProcessPoolExecutor(max_workers=n))
+    return _POOLS[0]
+
+
+def shutdown_workers() -> None:
+    """Stop the worker processes a search with ``workers`` > 1 started (they are kept for the next search; this also
+    runs at exit)."""
+    while _POOLS:
+        _POOLS.pop().shutdown(wait=True, cancel_futures=True)
+
+
+def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int, progress) -> list[tuple[str, dict]]:
+    """The candidates split over ``n_workers`` processes by group (each rank graph built in one process per search),
+    merged back in candidate order and cut at ``max_configs`` evaluated as the serial loop cuts: the same rows, in the
+    same order."""
+    import pickle
+    import uuid
+    from concurrent.futures import as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    groups: dict = {}
+    for i, par in enumerate(cands):
+        groups.setdefault(_group_key(par), []).append((i, par))
+    # whole groups (each rank graph is built in one process) in parts of about an eighth of a worker's share, largest
+    # first; the pool hands them to whichever worker is free (the cost of a candidate varies: rule-broken, pruned and
+    # scheduled ones differ tenfold), the evaluator of each worker is shared by the parts it gets
+    target = max(1, len(cands) // (8 * n_workers))
+    parts: list[list] = [[]]
+    for g in sorted(groups.values(), key=len, reverse=True):
+        if len(parts[-1]) >= target:
+            parts.append([])
+        parts[-1].extend(g)
+    job_bytes = pickle.dumps(job)
+    results: dict[int, tuple[str, dict]] = {}
+    pool = _pool(n_workers)
+    try:
+        search_id = uuid.uuid4().hex
+        futures = [pool.submit(_evaluate_part, job_bytes, search_id, part) for part in parts if part]
+        for fut in as_completed(futures):
+            for i, kind, rec in fut.result():
+                results[i] = (kind, rec)
+            if progress:
+                progress(min(len(results), len(cands)), len(cands))
+    except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh next time, finish here
+        for pool in _POOLS:
+            pool.shutdown(wait=False, cancel_futures=True)
+        _POOLS.clear()
+        return _evaluate_serial(job, cands, max_configs, progress)
+    out, evaluated = [], 0
+    for i in range(len(cands)):
+        if evaluated >= max_configs:
+            break
+        kind, rec = results[i]
+        out.append((kind, rec))
+        evaluated += kind == "row"
+    return out
 
 
 def _run_row(fp) -> dict:

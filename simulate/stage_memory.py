@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 GB = 1e9
 #: cuBLAS workspace of one stream (PyTorch's default on sm90+, ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB
 CUBLAS_WORKSPACE_BYTES = 32 * 2**20
@@ -139,7 +141,7 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
             elif zero == 0:  # DDP: bucket buffers are a second copy of the gradients
                 during += params * grad_bytes
         elif framework == "megatron-deepspeed":  # flattened reduce buckets when the gradients are reduced
-            after = min(params, DEEPSPEED_BUCKET_ELEMENTS) * grad_bytes / (dp if zero >= 2 else 1)
+            after = np.minimum(params, DEEPSPEED_BUCKET_ELEMENTS) * grad_bytes / (dp if zero >= 2 else 1)
     return during, after
 
 
@@ -155,6 +157,41 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                                  block_params=block_params)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
                        buffers_bytes=during, post_backward_buffers_bytes=after)
+
+
+def inflight_chunks_by_stage(*, pp: int, interleave: int, n_micro: int, schedule: str) -> np.ndarray:
+    """:func:`inflight_chunks` of every stage at once (int64 array of ``pp``)."""
+    s = np.arange(pp, dtype=np.int64)
+    if schedule == "gpipe":
+        return np.full(pp, n_micro * interleave, dtype=np.int64)
+    if interleave == 1:
+        return np.minimum(pp - s, n_micro)
+    return np.minimum((pp - s - 1) * 2 + (interleave - 1) * pp + 1, n_micro * interleave)
+
+
+def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
+                    full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
+                    optimizer: str, zero: int, dp: int, framework: str, block_params: float,
+                    fp8_param_fraction: float = 0.0) -> dict[str, np.ndarray]:
+    """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
+    out, one array each): the same equations, term for term, in the same order of operations."""
+    params = np.asarray(params, dtype=float)
+    st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp,
+                           grad_bytes=held_grad_bytes)
+    st["weights_bytes"] = st["weights_bytes"] + 2.0 * params * fp8_param_fraction / (dp if zero >= 3 else 1)
+    during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
+                                 dp=dp, block_params=block_params)
+    n = len(params)
+
+    def arr(v) -> np.ndarray:
+        return v if isinstance(v, np.ndarray) else np.full(n, float(v))
+
+    during, after = arr(during), arr(after)
+    act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
+    w, m, g, o = (arr(st[k]) for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes", "optimizer_bytes"))
+    total = w + m + g + o + np.maximum(act + during, after)
+    return dict(weights_gb=w / GB, master_weights_gb=m / GB, gradients_gb=g / GB, optimizer_gb=o / GB,
+                activations_gb=act / GB, buffers_gb=during / GB, post_backward_buffers_gb=after / GB, total_gb=total / GB)
 
 
 def capacity_gb(memory_gb: float) -> float:

@@ -240,7 +240,8 @@ def test_search_refuses_a_pricing_without_a_price_before_evaluating(monkeypatch)
     def no_eval(*a, **k):  # pragma: no cover - only called when a check is missing
         raise AssertionError("evaluated before the bad input was refused")
 
-    monkeypatch.setattr(search_mod, "predict_distributed", no_eval)
+    monkeypatch.setattr(search_mod, "schedule_context", no_eval)  # where a search starts evaluating
+    monkeypatch.setattr(search_mod, "_schedule", no_eval)
     # Azure's A100 80GB has an on-demand price in the table but no reservation
     with pytest.raises(ValueError, match=r"no reserved-1y price for A100-SXM4-80GB \(cluster DGX-A100, region "
                                          r"azure:eastus\).*or another pricing \(--pricing\)"):
