@@ -351,7 +351,8 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
             client_hook(client)
         home = task_homes(todo, sorted(client.scheduler_info().get("workers", {})))
         futures = {client.submit(run_task, t, key=f"wattcast-task-{t['task_id']}", retries=2, pure=False,
-                                 workers=home.get(t["task_id"]), allow_other_workers=True): t
+                                 **({"workers": home[t["task_id"]], "allow_other_workers": True}
+                                    if t["task_id"] in home else {})): t
                    for t in todo}
         for fut in as_completed(futures):
             t = futures[fut]

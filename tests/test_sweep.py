@@ -136,3 +136,11 @@ def test_task_homes_group_a_model_on_one_worker_and_balance():
     assert len({h1[t["task_id"]][0] for t in one if t["cluster"] == "x"}) == 1
     # a single worker: no preferences at all
     assert task_homes(tasks, ["w1"]) == {}
+
+
+def test_one_dask_worker_runs_the_sweep_as_in_process(tmp_path):
+    # one worker: no worker preferences are sent (Dask refuses allow_other_workers without workers)
+    a = run_sweep(SPEC, tmp_path / "a", workers=0)
+    b = run_sweep(SPEC, tmp_path / "b", workers=1)
+    assert (b.ran, b.failed_tasks) == (a.ran, [])
+    pd.testing.assert_frame_equal(_strip(read_sweep(b.output)), _strip(read_sweep(a.output)))
