@@ -239,28 +239,6 @@ def run_task(task: dict) -> pd.DataFrame:
     return out
 
 
-def task_homes(tasks: list[dict], workers: list[str]) -> dict[str, list[str]]:
-    """A preferred worker per task id, balancing the load: tasks that share a model go to one worker, which builds the
-    model's graphs and caches once and reuses them (spread over workers, each would build them again). The grouping
-    is the coarsest of model, (model, cluster), (model, cluster, gpus) that gives every worker work. Preferences only:
-    an idle or surviving worker still takes any task (``allow_other_workers``). Empty with fewer than two workers."""
-    if len(workers) < 2:
-        return {}
-    for keys in (("model",), ("model", "cluster"), ("model", "cluster", "gpus"), ("task_id",)):
-        groups: dict[tuple, list[str]] = {}
-        for t in tasks:
-            groups.setdefault(tuple(str(t[k]) for k in keys), []).append(t["task_id"])
-        if len(groups) >= len(workers):
-            break
-    load = {w: 0 for w in workers}
-    home = {}
-    for _, ids in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):  # largest first onto the least loaded
-        w = min(workers, key=lambda a: (load[a], a))
-        load[w] += len(ids)
-        home.update({i: [w] for i in ids})
-    return home
-
-
 def _part_path(folder: Path, task_id: str) -> Path:
     return folder / f"part-{task_id}.parquet"
 
@@ -349,10 +327,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     try:
         if client_hook:
             client_hook(client)
-        home = task_homes(todo, sorted(client.scheduler_info().get("workers", {})))
-        futures = {client.submit(run_task, t, key=f"wattcast-task-{t['task_id']}", retries=2, pure=False,
-                                 **({"workers": home[t["task_id"]], "allow_other_workers": True}
-                                    if t["task_id"] in home else {})): t
+        futures = {client.submit(run_task, t, key=f"wattcast-task-{t['task_id']}", retries=2, pure=False): t
                    for t in todo}
         for fut in as_completed(futures):
             t = futures[fut]

@@ -121,25 +121,7 @@ def test_cli_sweep_prints_the_best_row_per_task(tmp_path):
     assert r.returncode == 2 and "workerz" in r.stderr and not (tmp_path / "o2").exists()
 
 
-def test_task_homes_group_a_model_on_one_worker_and_balance():
-    from wattcast.sweep import task_homes
-
-    tasks = [dict(task_id=f"{m}-{c}-{g}", model=m, cluster=c, gpus=g)
-             for m in ("a", "b") for c in ("x", "y") for g in (8, 16)]
-    home = task_homes(tasks, ["w1", "w2"])
-    by_model = {m: {home[t["task_id"]][0] for t in tasks if t["model"] == m} for m in ("a", "b")}
-    assert by_model["a"] != by_model["b"] and all(len(v) == 1 for v in by_model.values())
-    # one model, two workers: split by cluster so both workers have work
-    one = [t for t in tasks if t["model"] == "a"]
-    h1 = task_homes(one, ["w1", "w2"])
-    assert {h1[t["task_id"]][0] for t in one} == {"w1", "w2"}
-    assert len({h1[t["task_id"]][0] for t in one if t["cluster"] == "x"}) == 1
-    # a single worker: no preferences at all
-    assert task_homes(tasks, ["w1"]) == {}
-
-
 def test_one_dask_worker_runs_the_sweep_as_in_process(tmp_path):
-    # one worker: no worker preferences are sent (Dask refuses allow_other_workers without workers)
     a = run_sweep(SPEC, tmp_path / "a", workers=0)
     b = run_sweep(SPEC, tmp_path / "b", workers=1)
     assert (b.ran, b.failed_tasks) == (a.ran, [])
