@@ -12,7 +12,7 @@ from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate
-from wattcast.models.power_derating import fp32_gemm_floor_ms, sustained_fp32_fraction
+from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras
 PRED_COLUMNS = ("pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood")
@@ -202,7 +202,7 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
 def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | None:
     """The power-limited time of FP32 GEMMs on a board whose TDP cannot feed its FP32 lanes at boost clock
     (:mod:`wattcast.models.power_derating`); None when the device is not power-limited."""
-    frac = sustained_fp32_fraction(spec.tdp_w, spec.peak_fp32_tflops, spec.process_node_nm)
+    frac = spec_fp32_fraction(spec)
     if frac >= 1.0:
         return None
     fp32_gemm = (X["family"].to_numpy() == "gemm") & (np.asarray(dtype, dtype=object) == "fp32")

@@ -10,7 +10,8 @@ sustains only the fraction its power buys (the clock drops toward base clock, as
 GFLOP (the 90th-percentile achieved fraction of peak per GPU): T4 (12 nm, 8.6 W per TFLOP/s) and P4 (16 nm, 13.2) are
 power-limited, V100, P100 and A100 40 GB are not and bound the fit from the other side. The project's held-out GPUs
 take no part in the fit. Tensor-core math uses far less energy per FLOP and has no power-limited training GPU: the cap
-is applied to FP32 vector GEMMs only.
+is applied to FP32 vector GEMMs only, and on NVIDIA GPUs only (the vendor it was fitted on: AMD's CDNA FP32 peaks
+count packed/matrix FP32 and its GEMMs exceed the vector peak, so its W per TFLOP/s does not mean the same).
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ def sustained_fp32_fraction(tdp_w: float | None, peak_fp32_tflops: float, node_n
     if not tdp_w or not node_nm or not peak_fp32_tflops or peak_fp32_tflops <= 0:
         return 1.0
     return float(min(1.0, (float(tdp_w) / float(peak_fp32_tflops)) / w_needed_per_tflop(node_nm, w12, alpha)))
+
+
+def spec_fp32_fraction(spec) -> float:
+    """:func:`sustained_fp32_fraction` of a device spec (1.0 off NVIDIA, where the fit has no support)."""
+    if str(getattr(spec, "vendor", "")).lower() != "nvidia":
+        return 1.0
+    return sustained_fp32_fraction(spec.tdp_w, spec.peak_fp32_tflops, spec.process_node_nm)
 
 
 def fp32_gemm_floor_ms(flops: np.ndarray, peak_fp32_tflops: float, fraction: float) -> np.ndarray:

@@ -29,6 +29,10 @@ def test_which_gpus_are_power_limited():
             for s in [resolve_device(d)]}
     assert frac["L4"] < 0.5 and frac["Tesla-T4"] < 0.7
     assert frac["V100-PCIe-32GB"] == frac["H100-SXM5-80GB"] == frac["A100-PCIe-80GB"] == frac["B200"] == 1.0
+    # off NVIDIA the fit has no support: no cap, whatever the W per TFLOP/s says
+    mi300x = resolve_device("MI300X")
+    assert pdr.sustained_fp32_fraction(mi300x.tdp_w, mi300x.peak_fp32_tflops, mi300x.process_node_nm) < 1.0
+    assert pdr.spec_fp32_fraction(mi300x) == 1.0 and pdr.spec_fp32_fraction(resolve_device("L4")) < 0.5
 
 
 def test_shipped_constants_are_the_fit(data_root):

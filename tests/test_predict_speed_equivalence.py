@@ -21,7 +21,7 @@ from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, SUPPORT_SLACK, load_b
 from wattcast.models import kernel_predictor as kp
 from wattcast.models.kernel_predictor import normalise_kernel_frame, predict_kernels
 from wattcast.models.kernel_surrogates import EFF_MAX
-from wattcast.models.power_derating import fp32_gemm_floor_ms, sustained_fp32_fraction
+from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
 
 #: float32 MLP rounding (an ulp of the logit, batch dependent); the measured maximum is 9.6e-7
 MLP_RTOL = 1e-5
@@ -160,7 +160,7 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                 floor = np.log(floor_ms / t_roof[m])
                 p, lo_m = np.maximum(p, floor), np.maximum(lo_m, floor)
             if f == "gemm":  # a power-limited board: FP32 GEMMs no faster than the FP32 rate its TDP sustains
-                frac = sustained_fp32_fraction(spec.tdp_w, spec.peak_fp32_tflops, spec.process_node_nm)
+                frac = spec_fp32_fraction(spec)
                 fp32 = canon[ok]["dtype"].to_numpy()[m] == "fp32"
                 if frac < 1.0 and fp32.any():
                     lim = np.log(fp32_gemm_floor_ms(X["flops"].to_numpy()[m], spec.peak_fp32_tflops, frac) / t_roof[m])
