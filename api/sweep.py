@@ -1,4 +1,5 @@
-"""Sweeps that outgrow one process: models x clusters x GPU counts x regions, each task a strategy search, on Dask.
+"""Sweeps that outgrow one process: models x clusters x GPU counts x regions, each task a strategy search, on Dask
+(default) or Ray (the optional extra ``pip install "wattcast[ray]"``; ``backend="ray"``, ``--backend ray``).
 
 ``wattcast sweep SPEC.yaml`` (and :func:`run_sweep`) reads a spec like::
 
@@ -22,7 +23,8 @@ row saying nothing fits) are written, as soon as the task finishes, to its own P
 (``OUT.parquet/part-<task id>.parquet``, written to a temporary name and renamed, so a part is whole or absent).
 The folder reads as one table (``pandas.read_parquet(OUT)``). A rerun with the same output skips the tasks whose
 parts are there, so an interrupted sweep resumes; a worker killed mid-task loses only that task, which Dask runs
-again on another worker. Task ids hash the task and the settings that change its result, so a changed spec does
+again on another worker (on Ray: the actor is restarted and the task retried). Both backends, and the in-process
+run, go through one loop that writes the parts, so their output is the same. Task ids hash the task and the settings that change its result, so a changed spec does
 not reuse stale parts.
 
 Bad input is refused before anything runs: an unknown key (named), an empty list, a GPU count or batch that is

@@ -136,3 +136,78 @@ def test_task_homes_group_a_model_on_one_worker_and_balance():
     assert len({h1[t["task_id"]][0] for t in one if t["cluster"] == "x"}) == 1
     # a single worker: no preferences at all
     assert task_homes(tasks, ["w1"]) == {}
+
+
+# ---- the Ray backend (optional extra): the error without Ray always runs; real runs only where Ray is installed ----
+
+def test_ray_backend_without_ray_names_the_extra(tmp_path, monkeypatch):
+    from wattcast.sweep import SweepBackendError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where it is not installed
+    out = tmp_path / "r.parquet"
+    with pytest.raises(SweepBackendError, match=r'pip install "wattcast\[ray\]"'):
+        run_sweep(SPEC, out, backend="ray")
+    assert not out.exists()
+    # the command line says the same, exit 2, before anything runs
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models: [gpt2]\nclusters: [DGX-H100]\ngpus: [8]\nbatch: 16\nseq: 256\nmax_configs: 6\n")
+    code = "import sys; sys.modules['ray'] = None; from wattcast.cli import app; app()"
+    r = subprocess.run([sys.executable, "-c", code, "sweep", str(spec), "--output", str(out), "--backend", "ray"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and 'pip install "wattcast[ray]"' in r.stderr.replace("\n", " "), r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(backend="spark"), "backend must be one of dask, ray, got 'spark'"),
+    (dict(backend="ray", scheduler="tcp://127.0.0.1:8786"), "give ray_address"),
+    (dict(backend="ray", workers=0), "workers=0 runs the tasks in this process"),
+    (dict(ray_address="auto"), "ray_address (--ray-address) needs backend 'ray'"),
+])
+def test_backend_options_that_do_not_go_together_are_refused(tmp_path, kw, needle):
+    from wattcast.sweep import SweepBackendError
+
+    out = tmp_path / "o"
+    with pytest.raises(SweepBackendError) as e:
+        run_sweep(SPEC, out, **kw)
+    assert needle in str(e.value) and not out.exists()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=40)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_sweep_matches_in_process_resumes_and_survives_a_killed_actor(tmp_path, local_ray):
+    spec = dict(SPEC, gpus=[8, 16, 32])
+    ref = read_sweep(run_sweep(spec, tmp_path / "ref", workers=0).output)
+    out = tmp_path / "ray"
+    seen, killed = [], {}
+
+    def hook(actors):
+        pids = local_ray.get([a.pid.remote() for a in actors])
+        assert len(set(pids)) == len(actors) == 2  # one process per actor, on the Ray this test started
+
+        def kill_one():
+            deadline = time.time() + 120
+            while time.time() < deadline and not done_tasks(out):  # once the first task has finished
+                time.sleep(0.05)
+            os.kill(pids[0], signal.SIGKILL)
+            killed["pid"] = pids[0]
+
+        threading.Thread(target=kill_one, daemon=True).start()
+
+    r = run_sweep(spec, out, backend="ray", workers=2, client_hook=hook, progress=lambda d, t: seen.append((d, t)))
+    assert killed, "no actor was killed"
+    assert r.failed_tasks == [] and (r.total, r.skipped, r.ran) == (6, 0, 6) and seen[-1] == (6, 6)
+    assert local_ray.is_initialized()  # a Ray it found is left running for its owner
+    pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(ref))
+    # resume: skip identical to the other backends
+    assert (run_sweep(spec, out, backend="ray").skipped, run_sweep(spec, out, workers=0).skipped) == (6, 6)
+    sorted(out.glob("part-*.parquet"))[-1].unlink()
+    r2 = run_sweep(spec, out, backend="ray")
+    assert (r2.skipped, r2.ran) == (5, 1)
+    pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(ref))
