@@ -349,8 +349,8 @@ def _dask_results(todo: list[dict], scheduler: str | None, workers: int, client_
             client_hook(client)
         home = task_homes(todo, sorted(client.scheduler_info().get("workers", {})))
         futures = {client.submit(run_task, t, key=f"wattcast-task-{t['task_id']}", retries=2, pure=False,
-                                 workers=home.get(t["task_id"]), allow_other_workers=True): t
-                   for t in todo}
+                                 workers=home.get(t["task_id"]), allow_other_workers=t["task_id"] in home): t
+                   for t in todo}  # (Dask refuses allow_other_workers without workers: one worker has no homes)
         for fut in as_completed(futures):
             t = futures[fut]
             try:

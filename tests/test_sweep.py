@@ -211,3 +211,13 @@ def test_ray_sweep_matches_in_process_resumes_and_survives_a_killed_actor(tmp_pa
     r2 = run_sweep(spec, out, backend="ray")
     assert (r2.skipped, r2.ran) == (5, 1)
     pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(ref))
+
+
+def test_dask_sweep_on_one_worker_matches_in_process(tmp_path):
+    """One worker means no task homes; Dask must then get no allow_other_workers either (it refuses that)."""
+    pytest.importorskip("dask.distributed")
+    spec = dict(SPEC, clusters=["DGX-H100"])
+    ref = read_sweep(run_sweep(spec, tmp_path / "ref", workers=0).output)
+    r = run_sweep(spec, tmp_path / "one", workers=1)
+    assert r.failed_tasks == [] and r.ran == 2
+    pd.testing.assert_frame_equal(_strip(read_sweep(r.output)), _strip(ref))
