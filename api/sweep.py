@@ -382,9 +382,9 @@ RAY_MAX_TASK_RETRIES = 2
 def _ray_results(todo: list[dict], address: str | None, workers: int, client_hook):
     """Tasks on a pool of Ray actors, as they finish (``ray.wait``).
 
-    Ray is used as found when ``ray.init`` was already called (one actor per CPU of that cluster); else it is started
-    here, at ``address`` (an existing cluster: one actor per CPU) or locally with ``workers`` CPUs (one actor each),
-    and shut down at the end. Tasks that share a model are queued on one actor (:func:`task_homes`), so its graphs and
+    Ray is used as found when ``ray.init`` was already called; else it is started here, at ``address`` (an existing
+    cluster) or locally with ``workers`` CPUs, and shut down at the end. One actor per free CPU (an actor holds its CPU
+    for its life, so more actors than free CPUs would wait for ever). Tasks that share a model are queued on one actor (:func:`task_homes`), so its graphs and
     caches are built once; an idle actor whose queue is empty takes the last task of the longest queue. An actor whose
     process dies is restarted and its running task retried (``max_restarts``, ``max_task_retries``); a task that
     still fails is recorded and its actor leaves the pool."""
@@ -392,7 +392,7 @@ def _ray_results(todo: list[dict], address: str | None, workers: int, client_hoo
     from collections import deque
 
     ray = import_ray()
-    started = False
+    started, actors = False, []
     if not ray.is_initialized():
         if address is not None:
             ray.init(address=address, logging_level=logging.WARNING)
@@ -400,9 +400,16 @@ def _ray_results(todo: list[dict], address: str | None, workers: int, client_hoo
             ray.init(num_cpus=max(int(workers), 1), include_dashboard=False, logging_level=logging.WARNING)
         started = True
     try:
-        n = (max(int(workers), 1) if started and address is None
-             else max(1, int(ray.cluster_resources().get("CPU", 1))))
-        n = min(n, len(todo))
+        free, waited = 0, time.time() + 15  # (a previous sweep's actors hand their CPUs back asynchronously)
+        while True:
+            free = int(ray.available_resources().get("CPU", 0))  # an actor holds its CPU: more actors than CPUs wait
+            if free >= 1 or time.time() > waited:
+                break
+            time.sleep(0.2)
+        if free < 1:
+            raise SweepBackendError("the Ray cluster has no free CPU for the sweep's actors (each takes one); "
+                                    f"resources now: {ray.available_resources()}")
+        n = min(free, len(todo))
         runner = ray.remote(TaskRunner).options(num_cpus=1, max_restarts=RAY_MAX_RESTARTS,
                                                 max_task_retries=RAY_MAX_TASK_RETRIES)
         actors = [runner.remote() for _ in range(n)]
@@ -455,6 +462,8 @@ def _ray_results(todo: list[dict], address: str | None, workers: int, client_hoo
                     yield t, frame
                 dispatch(i)
     finally:
+        for a in actors:  # their CPUs back at once, for the next sweep on a Ray that stays up
+            ray.kill(a)
         if started:
             ray.shutdown()
 
