@@ -379,6 +379,21 @@ RAY_MAX_RESTARTS = 2
 RAY_MAX_TASK_RETRIES = 2
 
 
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A ``host:port`` or ``ray://host:port`` Ray address answers a TCP connect (``ray.init`` would retry for minutes);
+    ``auto`` and other forms are left to Ray."""
+    import socket
+
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise SweepBackendError(f"ray_address (--ray-address) {address!r}: nothing answers at {host}:{port} ({e})") from None
+
+
 def _ray_results(todo: list[dict], address: str | None, workers: int, client_hook):
     """Tasks on a pool of Ray actors, as they finish (``ray.wait``).
 
@@ -393,9 +408,16 @@ def _ray_results(todo: list[dict], address: str | None, workers: int, client_hoo
 
     ray = import_ray()
     started, actors = False, []
+    if ray.is_initialized() and address is not None:
+        raise SweepBackendError(f"ray_address (--ray-address) {address!r}: Ray is already initialised in this process "
+                                "and cannot switch clusters; call ray.shutdown() first or leave ray_address out")
     if not ray.is_initialized():
         if address is not None:
-            ray.init(address=address, logging_level=logging.WARNING)
+            try:
+                ray.init(address=address, logging_level=logging.WARNING)
+            except Exception as e:  # noqa: BLE001 - whatever Ray raises, the address is what is wrong: named
+                raise SweepBackendError(f"ray_address (--ray-address) {address!r}: cannot connect to Ray "
+                                        f"({type(e).__name__}: {e})") from None
         else:
             ray.init(num_cpus=max(int(workers), 1), include_dashboard=False, logging_level=logging.WARNING)
         started = True
@@ -492,6 +514,8 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
             raise SweepBackendError("workers=0 runs the tasks in this process without a backend; with backend 'ray' "
                                     "give workers >= 1 (or use the default backend)")
         import_ray()  # before anything runs: a clear error when the extra is not installed
+        if ray_address is not None:
+            _check_reachable(ray_address)
     elif ray_address is not None:
         raise SweepBackendError("ray_address (--ray-address) needs backend 'ray' (--backend ray)")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)

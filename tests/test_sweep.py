@@ -221,3 +221,26 @@ def test_dask_sweep_on_one_worker_matches_in_process(tmp_path):
     r = run_sweep(spec, tmp_path / "one", workers=1)
     assert r.failed_tasks == [] and r.ran == 2
     pd.testing.assert_frame_equal(_strip(read_sweep(r.output)), _strip(ref))
+
+
+def test_ray_address_that_nothing_answers_is_named(tmp_path):
+    import socket
+
+    pytest.importorskip("ray")
+    from wattcast.sweep import SweepBackendError
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "o"
+    with pytest.raises(SweepBackendError, match=rf"ray_address \(--ray-address\) '127.0.0.1:{port}': nothing answers"):
+        run_sweep(SPEC, out, backend="ray", ray_address=f"127.0.0.1:{port}")
+    assert not out.exists()
+
+
+def test_ray_address_cannot_switch_a_ray_already_up(tmp_path, local_ray):
+    from wattcast.sweep import SweepBackendError
+
+    with pytest.raises(SweepBackendError, match=r"'auto': Ray is already initialised in this process"):
+        run_sweep(SPEC, tmp_path / "o", backend="ray", ray_address="auto")
+    assert not (tmp_path / "o").exists() and local_ray.is_initialized()
