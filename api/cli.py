@@ -858,27 +858,43 @@ def sweep(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Address of a running Dask scheduler (tcp://host:8786); default: a LocalCluster on this machine."),
     workers: int = typer.Option(2, "--workers", help="LocalCluster worker processes (0: run the tasks in this process, one by one, without Dask)."),
     as_json: bool = typer.Option(False, "--json", help="Print the best row of every task as JSON."),
+    backend: str = typer.Option("dask", "--backend", help="dask or ray (optional extra: pip install \"wattcast\\[ray]\"; local Ray with --workers CPUs, or --ray-address)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Address of a running Ray cluster (with --backend ray; e.g. ray://host:10001 or auto)."),
 ) -> None:
-    """Sweep models x clusters x GPU counts x regions (a strategy search per task) on Dask; results to Parquet as tasks finish."""
+    """Sweep models x clusters x GPU counts x regions (a strategy search per task) on Dask or Ray; results to Parquet as tasks finish."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from wattcast.sweep import SweepSpecError, load_spec, read_sweep, run_sweep, summary
+    from wattcast.sweep import BACKENDS, SweepBackendError, SweepSpecError, import_ray, load_spec, read_sweep, run_sweep, summary
 
     _input_file(spec, "sweep spec")
     if workers < 0:
         _fail(f"--workers must be 0 or more, got {workers}")
+    if backend not in BACKENDS:
+        _fail(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "ray":
+        if scheduler is not None:
+            _fail("--scheduler is a Dask scheduler address; with --backend ray use --ray-address")
+        if workers == 0 and ray_address is None:
+            _fail("--workers 0 runs the tasks in this process without a backend; with --backend ray give --workers 1 or more")
+        try:
+            import_ray()
+        except SweepBackendError as e:
+            _fail(escape(str(e)))  # messages quote [ray], not markup
+    elif ray_address is not None:
+        _fail("--ray-address needs --backend ray")
     try:
         sp = load_spec(spec)
     except SweepSpecError as e:
-        _fail(str(e))
+        _fail(escape(str(e)))  # messages quote [ray], not markup
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=err) as prog:
             task = prog.add_task("sweep tasks", total=None)
-            res = run_sweep(sp, output, scheduler=scheduler, workers=workers,
+            res = run_sweep(sp, output, scheduler=scheduler, workers=workers, backend=backend, ray_address=ray_address,
                             progress=lambda d, t: prog.update(task, completed=d, total=t))
-    except (SweepSpecError, OSError) as e:
-        _fail(str(e))
+    except (SweepSpecError, SweepBackendError, OSError) as e:
+        _fail(escape(str(e)))  # messages quote [ray], not markup
     best = summary(read_sweep(res.output))
     if as_json:
         print(json.dumps(dict(output=str(res.output), tasks=res.total, skipped=res.skipped, ran=res.ran,

@@ -1,4 +1,5 @@
-"""Sweeps that outgrow one process: models x clusters x GPU counts x regions, each task a strategy search, on Dask.
+"""Sweeps that outgrow one process: models x clusters x GPU counts x regions, each task a strategy search, on Dask
+(default) or Ray (the optional extra ``pip install "wattcast[ray]"``; ``backend="ray"``, ``--backend ray``).
 
 ``wattcast sweep SPEC.yaml`` (and :func:`run_sweep`) reads a spec like::
 
@@ -22,7 +23,8 @@ row saying nothing fits) are written, as soon as the task finishes, to its own P
 (``OUT.parquet/part-<task id>.parquet``, written to a temporary name and renamed, so a part is whole or absent).
 The folder reads as one table (``pandas.read_parquet(OUT)``). A rerun with the same output skips the tasks whose
 parts are there, so an interrupted sweep resumes; a worker killed mid-task loses only that task, which Dask runs
-again on another worker. Task ids hash the task and the settings that change its result, so a changed spec does
+again on another worker (on Ray: the actor is restarted and the task retried). Both backends, and the in-process
+run, go through one loop that writes the parts, so their output is the same. Task ids hash the task and the settings that change its result, so a changed spec does
 not reuse stale parts.
 
 Bad input is refused before anything runs: an unknown key (named), an empty list, a GPU count or batch that is
@@ -239,6 +241,28 @@ def run_task(task: dict) -> pd.DataFrame:
     return out
 
 
+def task_homes(tasks: list[dict], workers: list[str]) -> dict[str, list[str]]:
+    """A home worker per task id for the Ray backend's actor queues, balancing the load: tasks that share a model go to
+    one actor, which builds the model's graphs and caches once (an idle actor still takes work from the longest queue).
+    The grouping is the coarsest of model, (model, cluster), (model, cluster, gpus) that gives every worker work.
+    Empty with fewer than two workers."""
+    if len(workers) < 2:
+        return {}
+    for keys in (("model",), ("model", "cluster"), ("model", "cluster", "gpus"), ("task_id",)):
+        groups: dict[tuple, list[str]] = {}
+        for t in tasks:
+            groups.setdefault(tuple(str(t[k]) for k in keys), []).append(t["task_id"])
+        if len(groups) >= len(workers):
+            break
+    load = {w: 0 for w in workers}
+    home = {}
+    for _, ids in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):  # largest first onto the least loaded
+        w = min(workers, key=lambda a: (load[a], a))
+        load[w] += len(ids)
+        home.update({i: [w] for i in ids})
+    return home
+
+
 def _part_path(folder: Path, task_id: str) -> Path:
     return folder / f"part-{task_id}.parquet"
 
@@ -284,16 +308,215 @@ class SweepOutcome:
     seconds: float = 0.0
 
 
+#: where :func:`run_sweep` runs the tasks
+BACKENDS = ("dask", "ray")
+RAY_INSTALL_HINT = 'pip install "wattcast[ray]"'
+
+
+class SweepBackendError(RuntimeError):
+    """A backend that cannot start (not installed, or options that do not go together); the message says why."""
+
+
+def import_ray():
+    """The ``ray`` module, or a :class:`SweepBackendError` saying how to install it (Ray is an optional extra)."""
+    try:
+        import ray
+    except ImportError as e:
+        raise SweepBackendError(f"backend 'ray' needs Ray, which is not installed ({e}); install it with: "
+                                f"{RAY_INSTALL_HINT}") from None
+    return ray
+
+
+def _in_process_results(todo: list[dict]):
+    """Tasks one by one in this process."""
+    for t in todo:
+        yield t, run_task(t)
+
+
+def _dask_results(todo: list[dict], scheduler: str | None, workers: int, client_hook):
+    """Tasks on Dask (a LocalCluster of ``workers`` processes, or the scheduler at ``scheduler``), as they finish."""
+    from dask.distributed import Client, LocalCluster, as_completed
+
+    cluster = None
+    if scheduler is None:
+        cluster = LocalCluster(n_workers=max(int(workers), 1), threads_per_worker=1, processes=True,
+                               host="127.0.0.1", dashboard_address=None, silence_logs=40)
+        client = Client(cluster)
+    else:
+        client = Client(scheduler)
+    try:
+        if client_hook:
+            client_hook(client)
+        # no worker preferences: a model's tasks kept on one Dask worker measured no gain (README, sweep)
+        futures = {client.submit(run_task, t, key=f"wattcast-task-{t['task_id']}", retries=2, pure=False): t
+                   for t in todo}
+        for fut in as_completed(futures):
+            t = futures[fut]
+            try:
+                yield t, fut.result()
+            except Exception as e:  # a task whose workers kept dying: recorded, the rest go on  # noqa: BLE001
+                yield t, e
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+class TaskRunner:
+    """A Ray actor (one long-lived process) that runs tasks; it keeps the graphs and caches of the models it has seen,
+    as a Dask worker does."""
+
+    def run(self, task: dict) -> pd.DataFrame:
+        return run_task(task)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+#: Ray actor restarts, and retries of the task that was running when an actor's process died
+RAY_MAX_RESTARTS = 2
+RAY_MAX_TASK_RETRIES = 2
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A ``host:port`` or ``ray://host:port`` Ray address answers a TCP connect (``ray.init`` would retry for minutes);
+    ``auto`` and other forms are left to Ray."""
+    import socket
+
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise SweepBackendError(f"ray_address (--ray-address) {address!r}: nothing answers at {host}:{port} ({e})") from None
+
+
+def _ray_results(todo: list[dict], address: str | None, workers: int, client_hook):
+    """Tasks on a pool of Ray actors, as they finish (``ray.wait``).
+
+    Ray is used as found when ``ray.init`` was already called; else it is started here, at ``address`` (an existing
+    cluster) or locally with ``workers`` CPUs, and shut down at the end. One actor per free CPU (an actor holds its CPU
+    for its life, so more actors than free CPUs would wait for ever). Tasks that share a model are queued on one actor (:func:`task_homes`), so its graphs and
+    caches are built once; an idle actor whose queue is empty takes the last task of the longest queue. An actor whose
+    process dies is restarted and its running task retried (``max_restarts``, ``max_task_retries``); a task that
+    still fails is recorded and its actor leaves the pool."""
+    import logging
+    from collections import deque
+
+    ray = import_ray()
+    started, actors = False, []
+    if ray.is_initialized() and address is not None:
+        raise SweepBackendError(f"ray_address (--ray-address) {address!r}: Ray is already initialised in this process "
+                                "and cannot switch clusters; call ray.shutdown() first or leave ray_address out")
+    if not ray.is_initialized():
+        if address is not None:
+            try:
+                ray.init(address=address, logging_level=logging.WARNING)
+            except Exception as e:  # noqa: BLE001 - whatever Ray raises, the address is what is wrong: named
+                raise SweepBackendError(f"ray_address (--ray-address) {address!r}: cannot connect to Ray "
+                                        f"({type(e).__name__}: {e})") from None
+        else:
+            ray.init(num_cpus=max(int(workers), 1), include_dashboard=False, logging_level=logging.WARNING)
+        started = True
+    try:
+        free, waited = 0, time.time() + 15  # (a previous sweep's actors hand their CPUs back asynchronously)
+        while True:
+            free = int(ray.available_resources().get("CPU", 0))  # an actor holds its CPU: more actors than CPUs wait
+            if free >= 1 or time.time() > waited:
+                break
+            time.sleep(0.2)
+        if free < 1:
+            raise SweepBackendError("the Ray cluster has no free CPU for the sweep's actors (each takes one); "
+                                    f"resources now: {ray.available_resources()}")
+        n = min(free, len(todo))
+        runner = ray.remote(TaskRunner).options(num_cpus=1, max_restarts=RAY_MAX_RESTARTS,
+                                                max_task_retries=RAY_MAX_TASK_RETRIES)
+        actors = [runner.remote() for _ in range(n)]
+        if client_hook:
+            client_hook(actors)
+        names = [str(i) for i in range(n)]
+        home = task_homes(todo, names)
+        queues = {i: deque() for i in range(n)}
+        for t in todo:
+            queues[int(home.get(t["task_id"], ["0"])[0])].append(t)
+        alive = set(range(n))
+
+        def next_task(i: int):
+            if queues[i]:
+                return queues[i].popleft()
+            donor = max(sorted(alive), key=lambda j: len(queues[j]))
+            return queues[donor].pop() if queues[donor] else None
+
+        running: dict = {}  # object ref -> (actor index, task)
+
+        def dispatch(i: int) -> None:
+            t = next_task(i)
+            if t is not None:
+                running[actors[i].run.remote(t)] = (i, t)
+
+        for i in range(n):
+            dispatch(i)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1)
+            for ref in ready:
+                i, t = running.pop(ref)
+                try:
+                    frame = ray.get(ref)
+                except ray.exceptions.RayActorError as e:  # died more often than it may restart: out of the pool
+                    alive.discard(i)
+                    if alive:  # its queue goes to the least loaded survivor
+                        queues[min(sorted(alive), key=lambda j: len(queues[j]))].extend(queues[i])
+                        queues[i].clear()
+                    yield t, e
+                    if not alive:  # nothing left to run the rest on
+                        rest = [x for q in queues.values() for x in q]
+                        for q in queues.values():
+                            q.clear()
+                        for x in rest:
+                            yield x, SweepBackendError("every Ray actor died; task not run (a rerun resumes)")
+                    continue
+                except Exception as e:  # noqa: BLE001 - the task raised: recorded, the rest go on
+                    yield t, e
+                else:
+                    yield t, frame
+                dispatch(i)
+    finally:
+        for a in actors:  # their CPUs back at once, for the next sweep on a Ray that stays up
+            ray.kill(a)
+        if started:
+            ray.shutdown()
+
+
 def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = None, *, scheduler: str | None = None,
               workers: int = 2, progress: Callable[[int, int], None] | None = None,
-              client_hook: Callable[[Any], None] | None = None) -> SweepOutcome:
+              client_hook: Callable[[Any], None] | None = None, backend: str = "dask",
+              ray_address: str | None = None) -> SweepOutcome:
     """Run every task of ``spec`` not already in ``output``; each finished task's rows are written at once.
 
-    ``scheduler``: a Dask scheduler address (``tcp://host:8786``); None starts a LocalCluster of ``workers``
-    single-threaded worker processes on localhost; ``workers=0`` runs the tasks in this process, one by one
-    (no Dask). ``progress(done, total)`` after every task. ``client_hook(client)`` is called once the Dask client is up
-    (tests use it to kill a worker)."""
+    ``backend="dask"``: ``scheduler`` is a Dask scheduler address (``tcp://host:8786``); None starts a LocalCluster of
+    ``workers`` single-threaded worker processes on localhost. ``backend="ray"`` (the optional extra,
+    ``pip install "wattcast[ray]"``): a pool of Ray actors, on the Ray already initialised in this process, else on the
+    cluster at ``ray_address``, else on a local Ray with ``workers`` CPUs. ``workers=0`` runs the tasks in this process,
+    one by one (no Dask; not with Ray). Every backend goes through the same loop: parts written as tasks finish, the
+    same resume and the same rows. ``progress(done, total)`` after every task. ``client_hook`` is called once the
+    backend is up, with the Dask client or the list of Ray actor handles (tests use it to kill a worker)."""
     t0 = time.time()
+    if backend not in BACKENDS:
+        raise SweepBackendError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "ray":
+        if scheduler is not None:
+            raise SweepBackendError("scheduler is a Dask scheduler address; with backend 'ray' give ray_address "
+                                    "(--ray-address)")
+        if workers == 0 and ray_address is None:
+            raise SweepBackendError("workers=0 runs the tasks in this process without a backend; with backend 'ray' "
+                                    "give workers >= 1 (or use the default backend)")
+        import_ray()  # before anything runs: a clear error when the extra is not installed
+        if ray_address is not None:
+            _check_reachable(ray_address)
+    elif ray_address is not None:
+        raise SweepBackendError("ray_address (--ray-address) needs backend 'ray' (--backend ray)")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     out = Path(output or spec.output or "sweep.parquet")
     if out.exists() and not out.is_dir():
@@ -308,42 +531,23 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     failed: list = []
     if not todo:
         return SweepOutcome(out, len(tasks), skipped, 0, failed, time.time() - t0)
-    if workers == 0 and scheduler is None:
-        for t in todo:
-            write_part(out, t["task_id"], run_task(t))
-            done += 1
-            if progress:
-                progress(done, len(tasks))
-        return SweepOutcome(out, len(tasks), skipped, len(todo), failed, time.time() - t0)
-    from dask.distributed import Client, LocalCluster, as_completed
-
-    cluster = None
-    if scheduler is None:
-        cluster = LocalCluster(n_workers=max(int(workers), 1), threads_per_worker=1, processes=True,
-                               host="127.0.0.1", dashboard_address=None, silence_logs=40)
-        client = Client(cluster)
+    if backend == "ray":
+        results = _ray_results(todo, ray_address, workers, client_hook)
+    elif workers == 0 and scheduler is None:
+        results = _in_process_results(todo)
     else:
-        client = Client(scheduler)
-    try:
-        if client_hook:
-            client_hook(client)
-        futures = {client.submit(run_task, t, key=f"wattcast-task-{t['task_id']}", retries=2, pure=False): t
-                   for t in todo}
-        for fut in as_completed(futures):
-            t = futures[fut]
-            try:
-                frame = fut.result()
-            except Exception as e:  # a task whose workers kept dying: recorded, the rest go on  # noqa: BLE001
-                failed.append((t["task_id"], repr(e)))
+        results = _dask_results(todo, scheduler, workers, client_hook)
+    try:  # the one loop every backend shares: write each finished task's part at once
+        for t, frame in results:
+            if isinstance(frame, BaseException):
+                failed.append((t["task_id"], repr(frame)))
                 continue
             write_part(out, t["task_id"], frame)
             done += 1
             if progress:
                 progress(done, len(tasks))
     finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        results.close()
     return SweepOutcome(out, len(tasks), skipped, len(todo) - len(failed), failed, time.time() - t0)
 
 

@@ -121,8 +121,126 @@ def test_cli_sweep_prints_the_best_row_per_task(tmp_path):
     assert r.returncode == 2 and "workerz" in r.stderr and not (tmp_path / "o2").exists()
 
 
-def test_one_dask_worker_runs_the_sweep_as_in_process(tmp_path):
-    a = run_sweep(SPEC, tmp_path / "a", workers=0)
-    b = run_sweep(SPEC, tmp_path / "b", workers=1)
-    assert (b.ran, b.failed_tasks) == (a.ran, [])
-    pd.testing.assert_frame_equal(_strip(read_sweep(b.output)), _strip(read_sweep(a.output)))
+def test_task_homes_group_a_model_on_one_worker_and_balance():
+    from wattcast.sweep import task_homes
+
+    tasks = [dict(task_id=f"{m}-{c}-{g}", model=m, cluster=c, gpus=g)
+             for m in ("a", "b") for c in ("x", "y") for g in (8, 16)]
+    home = task_homes(tasks, ["w1", "w2"])
+    by_model = {m: {home[t["task_id"]][0] for t in tasks if t["model"] == m} for m in ("a", "b")}
+    assert by_model["a"] != by_model["b"] and all(len(v) == 1 for v in by_model.values())
+    # one model, two workers: split by cluster so both workers have work
+    one = [t for t in tasks if t["model"] == "a"]
+    h1 = task_homes(one, ["w1", "w2"])
+    assert {h1[t["task_id"]][0] for t in one} == {"w1", "w2"}
+    assert len({h1[t["task_id"]][0] for t in one if t["cluster"] == "x"}) == 1
+    # a single worker: no preferences at all
+    assert task_homes(tasks, ["w1"]) == {}
+
+
+# ---- the Ray backend (optional extra): the error without Ray always runs; real runs only where Ray is installed ----
+
+def test_ray_backend_without_ray_names_the_extra(tmp_path, monkeypatch):
+    from wattcast.sweep import SweepBackendError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where it is not installed
+    out = tmp_path / "r.parquet"
+    with pytest.raises(SweepBackendError, match=r'pip install "wattcast\[ray\]"'):
+        run_sweep(SPEC, out, backend="ray")
+    assert not out.exists()
+    # the command line says the same, exit 2, before anything runs
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models: [gpt2]\nclusters: [DGX-H100]\ngpus: [8]\nbatch: 16\nseq: 256\nmax_configs: 6\n")
+    code = "import sys; sys.modules['ray'] = None; from wattcast.cli import app; app()"
+    r = subprocess.run([sys.executable, "-c", code, "sweep", str(spec), "--output", str(out), "--backend", "ray"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and 'pip install "wattcast[ray]"' in r.stderr.replace("\n", " "), r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(backend="spark"), "backend must be one of dask, ray, got 'spark'"),
+    (dict(backend="ray", scheduler="tcp://127.0.0.1:8786"), "give ray_address"),
+    (dict(backend="ray", workers=0), "workers=0 runs the tasks in this process"),
+    (dict(ray_address="auto"), "ray_address (--ray-address) needs backend 'ray'"),
+])
+def test_backend_options_that_do_not_go_together_are_refused(tmp_path, kw, needle):
+    from wattcast.sweep import SweepBackendError
+
+    out = tmp_path / "o"
+    with pytest.raises(SweepBackendError) as e:
+        run_sweep(SPEC, out, **kw)
+    assert needle in str(e.value) and not out.exists()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=40)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_sweep_matches_in_process_resumes_and_survives_a_killed_actor(tmp_path, local_ray):
+    spec = dict(SPEC, gpus=[8, 16, 32])
+    ref = read_sweep(run_sweep(spec, tmp_path / "ref", workers=0).output)
+    out = tmp_path / "ray"
+    seen, killed = [], {}
+
+    def hook(actors):
+        pids = local_ray.get([a.pid.remote() for a in actors])
+        assert len(set(pids)) == len(actors) == 2  # one process per actor, on the Ray this test started
+
+        def kill_one():
+            deadline = time.time() + 120
+            while time.time() < deadline and not done_tasks(out):  # once the first task has finished
+                time.sleep(0.05)
+            os.kill(pids[0], signal.SIGKILL)
+            killed["pid"] = pids[0]
+
+        threading.Thread(target=kill_one, daemon=True).start()
+
+    r = run_sweep(spec, out, backend="ray", workers=2, client_hook=hook, progress=lambda d, t: seen.append((d, t)))
+    assert killed, "no actor was killed"
+    assert r.failed_tasks == [] and (r.total, r.skipped, r.ran) == (6, 0, 6) and seen[-1] == (6, 6)
+    assert local_ray.is_initialized()  # a Ray it found is left running for its owner
+    pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(ref))
+    # resume: skip identical to the other backends
+    assert (run_sweep(spec, out, backend="ray").skipped, run_sweep(spec, out, workers=0).skipped) == (6, 6)
+    sorted(out.glob("part-*.parquet"))[-1].unlink()
+    r2 = run_sweep(spec, out, backend="ray")
+    assert (r2.skipped, r2.ran) == (5, 1)
+    pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(ref))
+
+
+def test_dask_sweep_on_one_worker_matches_in_process(tmp_path):
+    """A one-worker Dask sweep gives the in-process table."""
+    pytest.importorskip("dask.distributed")
+    spec = dict(SPEC, clusters=["DGX-H100"])
+    ref = read_sweep(run_sweep(spec, tmp_path / "ref", workers=0).output)
+    r = run_sweep(spec, tmp_path / "one", workers=1)
+    assert r.failed_tasks == [] and r.ran == 2
+    pd.testing.assert_frame_equal(_strip(read_sweep(r.output)), _strip(ref))
+
+
+def test_ray_address_that_nothing_answers_is_named(tmp_path):
+    import socket
+
+    pytest.importorskip("ray")
+    from wattcast.sweep import SweepBackendError
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "o"
+    with pytest.raises(SweepBackendError, match=rf"ray_address \(--ray-address\) '127.0.0.1:{port}': nothing answers"):
+        run_sweep(SPEC, out, backend="ray", ray_address=f"127.0.0.1:{port}")
+    assert not out.exists()
+
+
+def test_ray_address_cannot_switch_a_ray_already_up(tmp_path, local_ray):
+    from wattcast.sweep import SweepBackendError
+
+    with pytest.raises(SweepBackendError, match=r"'auto': Ray is already initialised in this process"):
+        run_sweep(SPEC, tmp_path / "o", backend="ray", ray_address="auto")
+    assert not (tmp_path / "o").exists() and local_ray.is_initialized()
