@@ -243,6 +243,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             raise ValueError(f"tokens (run length in tokens) must be a finite number above 0, got {tokens!r}")
     elif footprint_kw:
         raise ValueError("footprint_kw describes a run: give tokens too")
+    for name, flag in (("exact_pipeline", exact_pipeline), ("prune_oom", prune_oom), ("pareto", pareto)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
     goals = _check_goals(objective, max_usd, deadline_days, max_tco2e, pareto, tokens)
     unknown = set(overlaps or {}) - {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"}
     if unknown:

@@ -108,6 +108,13 @@ def test_bad_workers_are_named(bad):
         wattcast.search("gpt2-xl", "DGX-A100", **JOB, workers=bad)
 
 
+@pytest.mark.parametrize("name", ["exact_pipeline", "prune_oom", "pareto"])
+def test_switches_must_be_booleans(name):
+    # "no" or 0 would otherwise read as a choice (a truthy string turned the reference pipeline on)
+    with pytest.raises(ValueError, match=f"{name} must be True or False"):
+        wattcast.search("gpt2-xl", "DGX-A100", **JOB, **{name: "no"})
+
+
 def test_schedule_is_a_search_option():
     res = wattcast.search("gpt2-xl", "DGX-A100", **JOB, pp=(1, 4), tp=(1,), zero=(0,), interleave=(1, 2),
                           schedule=("1f1b", "gpipe"), max_configs=100_000)
