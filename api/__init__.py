@@ -177,8 +177,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
     With ``tokens`` (and ``footprint_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour,
     ...): each fitting row's run days, cloud cost, TCO, energy and CO2e with their sources; ``objective`` (time, cost,
     tco, co2e, energy), ``max_usd``, ``deadline_days``, ``max_tco2e`` and ``pareto`` (time x cloud cost x CO2e) rank and
-    filter them. See :func:`wattcast.simulate.search.search` for the search space options."""
-    from wattcast.simulate.search import search as _search
+    filter them. See :func:`wattcast.planning.search.search` for the search space options."""
+    from wattcast.planning.search import search as _search
 
     return _search(model, cluster, gpus, batch, seq, **kw)
 

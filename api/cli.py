@@ -702,7 +702,7 @@ def search(
     if output is not None:
         _write("--output", output, lambda: _write_table(res.ranked, output))
     if plot is not None and not res.ranked.empty:
-        from wattcast.simulate.search import plot_runs
+        from wattcast.planning.search import plot_runs
 
         _write("--plot", plot, lambda: plot_runs(res.ranked, plot))
     if as_json:

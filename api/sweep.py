@@ -171,7 +171,7 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
     """Every model, cluster and region exists and every search option is known, before any task runs."""
     from wattcast.data.cluster_spec import resolve_cluster
     from wattcast.featurize.workload import StepOptions
-    from wattcast.simulate.search import SPACE_DEFAULTS
+    from wattcast.planning.search import SPACE_DEFAULTS
 
     bad = sorted(set(spec.space) - set(SPACE_DEFAULTS))
     if bad:

@@ -35,7 +35,7 @@ MODES = {"event-driven": dict(exact_pipeline=True, workers=1), "fast": dict(exac
 
 def _worker_cpu_s() -> list[float]:
     """CPU seconds each of the search's worker processes has used so far (psutil; [] without it)."""
-    from wattcast.simulate import search as search_mod
+    from wattcast.planning import search as search_mod
 
     try:
         import psutil

@@ -29,7 +29,7 @@ from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
 from wattcast.lifecycle import footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig
-from wattcast.simulate.search import search
+from wattcast.planning.search import search
 
 #: Megatron-LM in 2021 (SC21, the GPT-3 example) had none of Megatron-Core's overlaps: gradients were all-reduced after
 #: the backward pass, and there was no distributed optimizer or userbuffers TP overlap

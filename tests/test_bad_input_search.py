@@ -16,7 +16,7 @@ from wattcast.featurize.op_graph import GraphError
 from wattcast.simulate import scheduler
 from wattcast.simulate.parallel import ParallelConfigError
 from wattcast.simulate.scheduler import simulate_pipeline
-from wattcast.simulate.search import COLUMNS, REJECTED_COLUMNS, RUN_COLUMNS, SPACE_DEFAULTS
+from wattcast.planning.search import COLUMNS, REJECTED_COLUMNS, RUN_COLUMNS, SPACE_DEFAULTS
 
 NAN, INF = float("nan"), float("inf")
 MODEL, CLUSTER = "gpt2_medium", "DGX-A100"

@@ -11,7 +11,7 @@ import wattcast
 from conftest import run_cli
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.simulate.parallel import ParallelConfigError
-from wattcast.simulate.search import candidate_configs
+from wattcast.planning.search import candidate_configs
 
 KW = dict(tp=8, micro_batch=1, sp=True, zero=1, recompute="selective", attention="flash", framework="megatron")
 

@@ -87,7 +87,7 @@ def test_search_fast_path_matches_exact_pipeline(exact_and_fast):
 def test_workers_give_the_same_rows(exact_and_fast):
     _, one = exact_and_fast
     kw = dict(zero=(0, 1), interleave=(1, 2), recompute=("none", "full"), max_configs=100_000)
-    import wattcast.simulate.search as search_mod
+    import wattcast.planning.search as search_mod
 
     assert len(one.ranked) + len(one.rejected) >= search_mod.PARALLEL_MIN_CANDIDATES  # the split runs
     two = wattcast.search("gpt2-xl", "DGX-A100", **JOB, workers=2, **kw)

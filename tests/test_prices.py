@@ -20,7 +20,7 @@ from wattcast.data import carbon
 from wattcast.data.catalog import load_catalog
 from wattcast.data.cluster_spec import ClusterSpecError, cluster_from_dict, resolve_cluster
 from wattcast.lifecycle import LifecycleAssumptions, footprint
-from wattcast.simulate import search as search_mod
+from wattcast.planning import search as search_mod
 
 runner = CliRunner()
 RUN = dict(avg_power_w=500.0, apply_goodput=False)  # a fixed run: 64 x H100 for 100 h

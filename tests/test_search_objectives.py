@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 import wattcast
 from conftest import flat
 from wattcast.cli import app
-from wattcast.simulate import search as search_mod
-from wattcast.simulate.search import OBJECTIVES, RUN_COLUMNS, pareto_mask
+from wattcast.planning import search as search_mod
+from wattcast.planning.search import OBJECTIVES, RUN_COLUMNS, pareto_mask
 
 runner = CliRunner()
 MODEL, CLUSTER = "gpt2_medium", "DGX-H100"
