@@ -41,6 +41,7 @@ import pandas as pd
 
 from wattcast.data.catalog import resolve_device
 from wattcast.data.kernel_datasets import load_kernels, resolve_data_root
+from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.training.kernels import TrainConfig, family_features
 
@@ -144,7 +145,7 @@ def physical_inputs(df: pd.DataFrame, specs: dict, ceil: np.ndarray) -> dict:
     dt = df["dtype"].to_numpy()
     spec = [specs[d] for d in dev]
     peak = np.array([s.peak_matrix_tflops(t) for s, t in zip(spec, dt)])
-    nbytes = np.array([{"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[t] for t in dt], dtype=float)
+    nbytes = np.array([DTYPE_BYTES[t] for t in dt], dtype=float)
     b, m, n, k = (df[c].fillna(1).to_numpy(dtype=float) for c in ("B", "M", "N", "K"))
     return dict(b=b, m=m, n=n, k=k, sms=np.array([s.num_sms for s in spec], dtype=float), peak_tflops=peak,
                 ceiling=ceil, clock_mhz=np.array([s.boost_clock_mhz for s in spec], dtype=float),
@@ -157,7 +158,8 @@ def physical_us(inp: dict, t0_by_source: dict, over_tensor: float, over_vector: 
                 rows: np.ndarray | None = None) -> np.ndarray:
     sel = slice(None) if rows is None else rows
     a = {k: (v[sel] if isinstance(v, np.ndarray) else v) for k, v in inp.items()}
-    t0 = np.array([t0_by_source.get(s, np.median(list(t0_by_source.values()))) for s in a["source"]])
+    # a source the fit never saw takes the median floor (computed once, not per row: this runs in the fit's loop)
+    t0 = pd.Series(a["source"]).map(t0_by_source).fillna(float(np.median(list(t0_by_source.values())))).to_numpy()
     common = {k: a[k] for k in ("sms", "peak_tflops", "ceiling", "clock_mhz", "mem_bytes", "bandwidth_gbps")}
     tc = tile_wave_us(a["b"], a["m"], a["n"], a["k"], tile_overhead_cycles=over_tensor, t0_us=t0, tensor=True, **common)
     vc = tile_wave_us(a["b"], a["m"], a["n"], a["k"], tile_overhead_cycles=over_vector, t0_us=t0, tensor=False, **common)

@@ -16,7 +16,8 @@ import argparse
 import numpy as np
 import pandas as pd
 
-HELD_OUT = ("L4", "A100-PCIe-80GB")
+from wattcast.data.kernel_datasets import HELDOUT_DEVICES as HELD_OUT
+
 MIN_FLOPS = 2e9
 
 
