@@ -2,7 +2,9 @@
 
 The other half and every multi-node row are never used here; `wattcast validate distributed` reports on
 them. Prints the grid and the chosen pair (to be typed into simulate/distributed.py FRAMEWORK_HOST_MS).
-Run: python3 benchmarks/fit_framework_overhead.py [--rows 120]
+``--collective``: instead, the host-bound floor of a TP8 collective (FRAMEWORK_COLLECTIVE_HOST_MS) with the per-kernel
+and per-iteration costs as shipped; the mean absolute error per TP degree is printed for each candidate.
+Run: python3 benchmarks/fit_framework_overhead.py [--rows 120] [--collective]
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=720, help="rows of the fitting half to use (speed)")
     ap.add_argument("--recompute", default="none", help="activation recomputation assumed in the runs")
+    ap.add_argument("--collective", action="store_true", help="fit the TP8 collective floor instead")
     args = ap.parse_args()
+    if args.collective:
+        fit_collective_floor(args.rows, args.recompute)
+        return
     single = load_vtrain(which="single")
     fit, _ = fit_split(single)
     fit = fit.sample(n=min(args.rows, len(fit)), random_state=1)
@@ -37,6 +43,34 @@ def main() -> None:
     best = df.iloc[0]
     print(f"chosen: per-kernel {best.launch_ms} ms, per-iteration {best.iteration_ms} ms "
           f"(fit-half mean abs error {best.mean_abs_pct:.1f}% on {len(fit)} rows)")
+
+
+def fit_collective_floor(rows: int, recompute: str) -> None:
+    """Grid over the host-bound floor of one 8-rank TP collective (megatron-deepspeed), on the fitting half."""
+    from wattcast.simulate import distributed as D
+
+    fit, _ = fit_split(load_vtrain(which="single"))
+    fit = fit.sample(n=min(rows, len(fit)), random_state=1)
+    shipped = dict(D.FRAMEWORK_COLLECTIVE_HOST_MS["megatron-deepspeed"])
+    res = []
+    try:
+        for floor_ms in (0.0, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.6):
+            D.FRAMEWORK_COLLECTIVE_HOST_MS["megatron-deepspeed"] = {8: floor_ms} if floor_ms else {}
+            D._COSTED.clear()  # costed rank graphs hold the old floor
+            p = predict_vtrain(fit, recompute=recompute)
+            ok = p[p["status"] == "ok"]
+            err = ok["error_pct"]
+            by_tp = ok.groupby("tp")["error_pct"].agg(lambda e: f"{e.abs().mean():.1f}/{e.mean():+.1f}")
+            res.append(dict(tp8_floor_ms=floor_ms, mean_abs_pct=err.abs().mean(), over_15=int((err.abs() > 15).sum()),
+                            signed_pct=err.mean(), **{f"tp{int(k)} abs/signed": v for k, v in by_tp.items()}))
+            print(res[-1], flush=True)
+    finally:
+        D.FRAMEWORK_COLLECTIVE_HOST_MS["megatron-deepspeed"] = shipped
+        D._COSTED.clear()
+    df = pd.DataFrame(res).sort_values(["mean_abs_pct", "over_15"])
+    print(df.round(2).to_string(index=False))
+    print(f"chosen: TP8 collective floor {df.iloc[0].tp8_floor_ms} ms (fit-half mean abs error "
+          f"{df.iloc[0].mean_abs_pct:.2f}% on {len(fit)} rows)")
 
 
 if __name__ == "__main__":

@@ -656,11 +656,36 @@ class GraphBuilder:
                 self.collective("all_reduce", logits, (t,), group="tp", size_bytes=4.0 * t, name=f"{name}.all_reduce_{k}")
         # ``fp32_saved``: the loss runs on ``logits.float()`` and keeps fp32 probabilities for backward (Megatron-LM's
         # vocab_parallel_cross_entropy; Korthikanti et al. 2022 Sec. 4.3: 4sbv/t bytes)
-        kept = self._tensor(logits.shape, "fp32", len(self._nodes)) if fp32_saved and self.dtype != "fp32" else logits
+        if fp32_saved and self.dtype != "fp32":
+            return self._cross_entropy_fp32(logits, name, t, v)
         out = self._add(name, "loss", "softmax", "surrogate", [logits], (), flops=5 * t * v, bytes_=2 * t * v * db,
-                        saves=[kept], B=t, H=v,
+                        saves=[logits], B=t, H=v,
                         backward=[self._bw(f"{name}.grad", "loss", "softmax", flops=4 * t * v, bytes_=4 * t * v * db, scale=2.0, B=t, H=v)])
         return out
+
+    def _cross_entropy_fp32(self, logits: Tensor, name: str, t: int, v: int) -> Tensor:
+        """Megatron-LM's ``vocab_parallel_cross_entropy(output.float(), labels)`` kernel by kernel
+        (megatron/core/tensor_parallel/cross_entropy.py, unfused, the default): forward ``logits.float()``, max over
+        the vocabulary, in-place subtract, exp into the same buffer, sum, in-place divide (the fp32 probabilities it
+        keeps for backward: Korthikanti et al. 2022 Sec. 4.3, 4sbv/t bytes); backward the in-place multiply by the
+        loss gradient (the one-hot update touches one logit per token) and the cast back to the logits' dtype.
+        About 52 bytes per logit where one fused softmax reads and writes 2 x 2 (the tiny target-gather and mask
+        kernels are left out)."""
+        db, n = self.dbytes, t * v
+        probs = self._tensor(logits.shape, "fp32", len(self._nodes))
+        bw = [dict(self._bw(f"{name}.grad", "loss", "mulu", flops=n, bytes_=8.0 * n, B=t, H=v), dtype="fp32"),
+              dict(self._bw(f"{name}.float.grad", "loss", "copy", flops=0, bytes_=(4.0 + db) * n, B=t, H=v), dtype="fp32")]
+        x = self._add(f"{name}.float", "loss", "copy", "surrogate", [logits], logits.shape, flops=0,
+                      bytes_=(db + 4.0) * n, backward=bw, out_dtype="fp32", node_dtype="fp32", B=t, H=v)
+        steps = (("max", "reduction", "", "proxy", 4.0), ("sub", "loss", "subu", "surrogate", 8.0),
+                 ("exp", "loss", "exp", "surrogate", 8.0), ("sum_exp", "reduction", "", "proxy", 4.0),
+                 ("div", "loss", "divu", "surrogate", 8.0))
+        for i, (step, op_class, kernel, method, per_elem_bytes) in enumerate(steps):
+            last = i == len(steps) - 1
+            x = self._add(name if last else f"{name}.{step}", op_class, kernel, method, [x], () if last else logits.shape,
+                          flops=FLOPS_PER_ELEMENT.get(kernel, 1) * n, bytes_=per_elem_bytes * n, grad_inputs=[],
+                          saves=[probs] if last else (), node_dtype="fp32", B=t, H=v)
+        return x
 
     # ------------------------------------------------------------------ other
     def opaque(self, name: str, inputs: Sequence[Tensor], out_shape: Sequence[int], *, flops: float = 0.0,
