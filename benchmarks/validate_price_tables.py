@@ -59,7 +59,7 @@ def _show(title: str, rows: list[dict], tol: float) -> None:
 # ------------------------------------------------------------------------------------------------ cloud prices
 _CPM_INSTANCE = {"p3.16xlarge": ("p3.2xlarge", 1)}  # the file lists the 1-GPU P3 size: compare per GPU-hour
 _COCALC_GPU = {"a3-highgpu-8g": "nvidia-h100-80gb", "a2-highgpu-8g": "nvidia-tesla-a100",
-               "a2-ultragpu-8g": "nvidia-a100-80gb"}
+               "a2-ultragpu-8g": "nvidia-a100-80gb", "g2-standard-4": "nvidia-l4", "a3-ultragpu-8g": "nvidia-h200-141gb"}
 
 
 def cloud_rows(cpm_dir: str | None, cocalc_dir: str | None) -> list[dict]:

@@ -214,6 +214,11 @@ def test_the_regions_provider_prices_the_run():
     # the default offer still stands in for a provider without an offer of that plan when the default has it
     az_od = fp(region="azure:eastus")
     assert az_od.cloud_usd_per_gpu_hour == pytest.approx(98.32 / 8)  # azure's own on-demand
+    l4 = footprint("l4", 1, 10.0, **RUN, region="gcp:us-central1")  # GCP's own g2-standard-4 (added by the check)
+    assert l4.cloud_usd_per_gpu_hour == pytest.approx(0.7068) and "g2-standard-4" in l4.sources["cloud_usd_per_gpu_hour"]
+    h200 = carbon.cloud_price("H200-SXM-141GB", region="gcp:us-west1")
+    assert h200.usd_per_gpu_hour == pytest.approx((12.265996352 + 8 * 9.31174) / 8, rel=1e-4) and h200.region_specific
+    assert carbon.cloud_price("H200-SXM-141GB") is None  # no default offer: no H200 price without a gcp: region
     t4 = footprint("t4", 1, 10.0, **RUN, region="gcp:us-central1")
     assert t4.cloud_usd_per_gpu_hour == 0.526 and any("no gcp on-demand price" in x for x in t4.flags)
 
