@@ -11,7 +11,10 @@ rows, see ``fit_framework_overhead.py``):
   (``published_runs.py`` states every assumption);
 - ``vtrain-single`` (evaluation half) and ``vtrain-multi``: Megatron-DeepSpeed GPT iteration times on A100;
 - ``mpt``: MosaicML llm-foundry FSDP runs on A100 40/80 GB (the Triton FlashAttention class the recipes used;
-  a second row reads them with today's FlashAttention-2 class, to show what that assumption is worth).
+  a second row reads them with today's FlashAttention-2 class, to show what that assumption is worth);
+- ``megatron-ci``: Megatron-LM's CI iteration times of Megatron-Core GPT tests on DGX A100 (12-layer hidden-512 models,
+  8 GPUs assumed, ``validation/megatron_ci.py``), as shipped and with Megatron-Core host costs fitted on the other
+  half of its tests (the second reading is the one source here with a fitted term of its own).
 
 Per source: rows, median and max |error| %, signed mean %, and how many configurations that ran were predicted
 not to fit (refused as out of memory by the CLI). Each vTrain/MPT source is reported twice: all rows, and without
@@ -33,6 +36,7 @@ import pandas as pd
 
 from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
 from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
+from wattcast.validation.megatron_ci import CI_HOST_FIT, ci_split, load_megatron_ci, predict_megatron_ci
 from wattcast.validation.mpt_validation import load_mpt, predict_mpt
 from wattcast.validation.source_anomalies import anomaly_evidence, anomaly_mask
 from wattcast.validation.step_breakdown import TERM_COLUMNS, knob_effects
@@ -77,14 +81,20 @@ def at_scale_table(data=None, sample: int | None = None, *, rows: bool = False):
     multi = multi.assign(source_anomaly=anomaly_mask(multi, "vtrain-multi"))
     mpt = mpt.assign(source_anomaly=anomaly_mask(mpt, "mpt"))
     single = single.assign(source_anomaly=False)
+    ci = load_megatron_ci(data)[0].assign(source_anomaly=False)
     if sample:
-        single, multi, mpt = (d.sample(n=min(sample, len(d)), random_state=0) for d in (single, multi, mpt))
+        single, multi, mpt, ci = (d.sample(n=min(sample, len(d)), random_state=0) for d in (single, multi, mpt, ci))
     all_rows = []
     for name, pred in (("vtrain-single (evaluation half)", predict_vtrain(single, recompute=VTRAIN_RECOMPUTE["single"])),
                        ("vtrain-multi", predict_vtrain(multi, recompute=VTRAIN_RECOMPUTE["multi"])),
                        ("mpt", predict_mpt(mpt)),
                        # sensitivity: the same rows with today's fused-attention class instead of the Triton one
-                       ("mpt (FlashAttention-2 class)", predict_mpt(mpt, attention="flash"))):
+                       ("mpt (FlashAttention-2 class)", predict_mpt(mpt, attention="flash")),
+                       # Megatron-Core's own CI on DGX A100 (small host-bound models): as shipped, and with the
+                       # Megatron-Core host costs fitted on the other half of its tests (validation/megatron_ci.py)
+                       ("megatron-ci (DGX A100)", predict_megatron_ci(ci)),
+                       ("megatron-ci, fitted host costs (evaluation half)",
+                        predict_megatron_ci(ci_split(ci)[1], host_ms=CI_HOST_FIT))):
         ok = pred[pred["status"] == "ok"]
         refused = int((~ok["fits"].astype(bool)).sum()) if "fits" in ok else 0
         out.append(_stats(name, ok["error_pct"], refused))
@@ -101,7 +111,8 @@ def at_scale_table(data=None, sample: int | None = None, *, rows: bool = False):
 
 
 #: columns that identify a row in the over-15% listing, per source family
-_ID_COLUMNS = {"vtrain": ["gpus", "batch", "micro_batch", "hidden", "layers", "tp", "dp", "pp"],
+_ID_COLUMNS = {"megatron-ci": ["test_case", "platform_env", "tp", "pp", "cp"],
+               "vtrain": ["gpus", "batch", "micro_batch", "hidden", "layers", "tp", "dp", "pp"],
                "mpt": ["model", "gpu", "seq", "gpus", "micro_batch", "grad_accum", "checkpointing"]}
 
 
@@ -111,14 +122,20 @@ _KNOBS = {"vtrain": {"tp": ["gpus", "batch", "micro_batch", "hidden", "layers", 
                      "pp": ["gpus", "batch", "micro_batch", "hidden", "layers", "tp"],
                      "micro_batch": ["gpus", "batch", "hidden", "layers", "tp", "dp", "pp"]},
           "mpt": {"gpus": ["model", "gpu", "seq", "checkpointing"],
-                  "seq": ["model", "gpu", "gpus", "checkpointing"]}}
+                  "seq": ["model", "gpu", "gpus", "checkpointing"]},
+          "megatron-ci": {"tp": ["platform_env", "layers", "batch", "micro_batch", "pp", "cp"],
+                          "pp": ["platform_env", "layers", "batch", "micro_batch", "tp", "cp"]}}
+
+
+def _family(source: str) -> str:
+    return next((f for f in ("mpt", "megatron-ci") if source.startswith(f)), "vtrain")
 
 
 def knob_table(all_rows: pd.DataFrame) -> pd.DataFrame:
     """Every source's knob effects (validation.step_breakdown.knob_effects) in one table."""
     out = []
     for src, g in all_rows.groupby("source", sort=False):
-        for knob, hold in _KNOBS["mpt" if src.startswith("mpt") else "vtrain"].items():
+        for knob, hold in _KNOBS[_family(src)].items():
             k = knob_effects(g, knob, hold).rename(columns={f"{knob}_from": "from", f"{knob}_to": "to"})
             out.append(k.assign(source=src, knob=knob))
     t = pd.concat(out, ignore_index=True)
@@ -132,7 +149,7 @@ def worst_rows(all_rows: pd.DataFrame, limit_pct: float = GOAL_MAX_PCT) -> dict[
         bad = g[g["error_pct"].abs() > limit_pct].sort_values("error_pct")
         if bad.empty:
             continue
-        ids = _ID_COLUMNS["mpt" if src.startswith("mpt") else "vtrain"]
+        ids = _ID_COLUMNS[_family(src)]
         out[src] = bad[ids + ["measured_ms", "predicted_ms", "error_pct", "source_anomaly", *TERM_COLUMNS]]
     return out
 
@@ -173,7 +190,8 @@ def main() -> None:
     if not a.no_mlflow:
         from wattcast.training.tracking import log_run
 
-        key = {r.source: r.source.split(" ")[0].replace("-", "_") + ("_tuned" if "fastest" in r.source else "")
+        key = {r.source: re.sub(r"\W+", "_", r.source.split(" ")[0]).strip("_") + ("_tuned" if "fastest" in r.source else "")
+               + ("_fitted_host" if "fitted host" in r.source else "")
                + ("_fa2" if "FlashAttention-2" in r.source else "") + ("_clean" if "without source" in r.source else "")
                for r in t.itertuples()}
         metrics = {f"{key[r.source]}_{m}": float(getattr(r, m)) for r in t.itertuples()

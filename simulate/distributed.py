@@ -140,9 +140,10 @@ FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-dee
 FRAMEWORK_COLLECTIVE_HOST_MS: dict[str, dict[int, float]] = {"megatron-deepspeed": {8: 0.35}}
 
 
-def collective_host_floor_ms(framework: str, group_size: int) -> float:
-    """The host-bound floor of one rank-graph collective over ``group_size`` ranks (FRAMEWORK_COLLECTIVE_HOST_MS)."""
-    table = FRAMEWORK_COLLECTIVE_HOST_MS.get(framework, {})
+def collective_host_floor_ms(framework: str, group_size: int, table: dict[int, float] | None = None) -> float:
+    """The host-bound floor of one rank-graph collective over ``group_size`` ranks (``table``, by default the
+    framework's entry of FRAMEWORK_COLLECTIVE_HOST_MS)."""
+    table = FRAMEWORK_COLLECTIVE_HOST_MS.get(framework, {}) if table is None else table
     sizes = [k for k in table if k <= group_size]
     return float(table[max(sizes)]) if group_size > 1 and sizes else 0.0
 #: Whether data-parallel gradient buckets overlap the backward pass: PyTorch DDP/FSDP do; Megatron-LM's
@@ -243,7 +244,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: 
                         attention: str = DEFAULTS.attention,
                         compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
                         bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
-                        host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
+                        host_ms: tuple | None = None, power_limit_w: float | None = None,
                         power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
                         prune_oom: bool = False, exact_pipeline: bool = True) -> DistributedPrediction:
     """One training step under ``parallel`` on ``cluster`` (see the module docstring). ``comm_split``: also price each
@@ -263,7 +264,7 @@ def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int
                      attention: str = DEFAULTS.attention,
                      compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
                      bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
-                     host_ms: tuple[float, float] | None = None, power_limit_w: float | None = None,
+                     host_ms: tuple | None = None, power_limit_w: float | None = None,
                      power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
                      prune_oom: bool = False, exact_pipeline: bool = True) -> "ScheduleContext":
     """:func:`predict_distributed`'s checks, rank graph and costing: the :class:`ScheduleContext` of one step (same
@@ -331,14 +332,17 @@ def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int
             sel = group == grp
             gl = lay.get(grp, lay["tp"])
             m, o = collective_ms(cm, kernel[sel], size[sel], gl, cl)
-            ms[sel], ood[sel] = np.maximum(m, collective_host_floor_ms(opts.framework, gl.size)), o
+            ms[sel], ood[sel] = np.maximum(m, collective_host_floor_ms(opts.framework, gl.size, coll_floor)), o
         return ms, ood
 
-    launch_ms, iter_ms = host_ms or FRAMEWORK_HOST_MS[opts.framework]
+    # host_ms: (per-kernel launch, per-iteration[, {TP group size: collective floor}]) overriding the framework's
+    launch_ms, iter_ms, *rest = host_ms or FRAMEWORK_HOST_MS[opts.framework]
+    coll_floor = dict(rest[0]) if rest else FRAMEWORK_COLLECTIVE_HOST_MS.get(opts.framework, {})
     # the costed rank graph depends on the graph, the device, the models, the TP/EP group placements and the
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
     pins = (g, spec, bundle, cm, cl, power_model)  # n_rep follows from g
-    key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, clock_cap_mhz)
+    key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, clock_cap_mhz,
+           tuple(coll_floor.items()) if rest else None)
     hit = _COSTED.get(key)
     if hit is None:
         costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
