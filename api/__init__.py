@@ -134,6 +134,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpec
     from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.parallel import ParallelConfig
 
     opts = dict(gpus=gpus, batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep,
@@ -161,9 +162,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         _no_run_options(run_kw)
     # resolved once, first: the run's cost and carbon use this spec's own figures, never a catalog entry of the same name
     spec = device if isinstance(device, DeviceSpec) or device is None else resolve_device(device)
-    res = predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                              compile=compile, optimizer=optimizer, device=spec, trace=trace, power_limit_w=power_limit_w,
-                              clock_cap_mhz=clock_cap_mhz, framework=framework)
+    res = predict_distributed(model, cluster, par, DistributedOptions(
+        batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer, device=spec,
+        trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework))
     if tokens is None:
         return res
     from wattcast.data.cluster_spec import resolve_cluster
