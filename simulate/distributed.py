@@ -37,7 +37,6 @@ from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned
 from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
-from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,

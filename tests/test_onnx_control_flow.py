@@ -186,6 +186,9 @@ def test_loop_trip_count_works_on_a_cluster_too(tmp_path):
         wattcast.predict_cluster(str(fl), "DGX-A100", **kw)
     with pytest.raises(GraphError, match=r"loop_trip_count \(--loop-trip-count\) applies to ONNX"):
         wattcast.predict_cluster("gpt2", "DGX-A100", loop_trip_count=3, **kw)
+    for bad in ([3], {"repeat_matmul": [3]}, -2):  # the single-device checks, before any cache key is hashed
+        with pytest.raises(GraphError, match=r"loop_trip_count.*must be a whole number"):
+            wattcast.predict_cluster(str(fl), "DGX-A100", loop_trip_count=bad, **kw)
     args = ("predict", "-m", fl, "--cluster", "DGX-A100", "--gpus", "2", "--batch", "8", "--seq", "128", "--json")
     r = run_cli(*args, "--loop-trip-count", "1000")
     assert r.returncode == 0, r.stderr
