@@ -120,8 +120,9 @@ class PredictRequest:
 
         loops = self.loop_trip_count
         common = dict(batch=self.batch, seq=self.seq, dtype=self.dtype, attention=self.attention, compile=self.compile,
-                      loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops, optimizer=self.optimizer, recompute=self.recompute, power_limit_w=self.power_limit_w,
-                      clock_cap_mhz=self.clock_cap_mhz, **self.run.kwargs())
+                      optimizer=self.optimizer, recompute=self.recompute, power_limit_w=self.power_limit_w,
+                      clock_cap_mhz=self.clock_cap_mhz, loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops,
+                      **self.run.kwargs())
         if not self.distributed:
             if self.parallel is not None or self.timeline or self.framework != DEFAULTS.framework:
                 raise ValueError("parallel=, timeline= and framework= describe a cluster step: give cluster= too")
