@@ -112,7 +112,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int | None = None,
                     overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
                     tp_comm_overlap: bool | None = None, strategy: str | None = None,
-                    tokens: float | None = None, **run_kw):
+                    loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
@@ -128,12 +128,15 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``ga``) ``batch``, and predicts that row's figures exactly. An option also given must agree with it (ValueError
     naming the option otherwise). Without ``strategy``, ``gpus`` and ``batch`` are required and the parallel options
     default to tp 1, pp 1, cp 1, ep 1, ZeRO 0, no SP, no recomputation, interleave 1 and 1F1B.
+    ``loop_trip_count``: iterations of an ONNX model's Loops whose trip count is known only at run time (a count, or
+    ``{node name: count}``), as for ``wattcast.predict``.
     ``tokens`` (and
     ``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ...): the whole run in ``.run``, the same
     figures as ``wattcast predict --cluster ... --tokens``."""
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpec
     from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.parallel import ParallelConfig
 
     opts = dict(gpus=gpus, batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep,
@@ -161,9 +164,10 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         _no_run_options(run_kw)
     # resolved once, first: the run's cost and carbon use this spec's own figures, never a catalog entry of the same name
     spec = device if isinstance(device, DeviceSpec) or device is None else resolve_device(device)
-    res = predict_distributed(model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=par, dtype=dtype, attention=attention,
-                              compile=compile, optimizer=optimizer, device=spec, trace=trace, power_limit_w=power_limit_w,
-                              clock_cap_mhz=clock_cap_mhz, framework=framework)
+    res = predict_distributed(model, cluster, par, DistributedOptions(
+        batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer, device=spec,
+        trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
+        loop_trip_count=loop_trip_count))
     if tokens is None:
         return res
     from wattcast.data.cluster_spec import resolve_cluster

@@ -363,8 +363,6 @@ def _predict_request(ctx, f):
     if f.cluster is not None or par["gpus"] is not None:
         if dims:
             _fail("--dim applies to single-device predictions of ONNX models")
-        if f.loop_trip_count is not None:
-            _fail("--loop-trip-count applies to single-device predictions of ONNX models")
         return _cluster_request(f, par, common)
     return _step_request(f, par, dims, common)
 
@@ -413,7 +411,7 @@ def _cluster_request(f, par: dict, common: dict):
     parallel = ParallelOptions(pp_first_stage_layers=par.pop("pp_first_layers"),
                                pp_last_stage_layers=par.pop("pp_last_layers"), **par)
     return PredictRequest(cluster=f.cluster, parallel=parallel, batch=batch, seq=seq, framework=f.framework,
-                          timeline=bool(f.trace or f.plot), **common)
+                          timeline=bool(f.trace or f.plot), loop_trip_count=f.loop_trip_count, **common)
 
 
 def _step_request(f, par: dict, dims: dict, common: dict):

@@ -104,7 +104,7 @@ class PredictRequest:
     clock_cap_mhz: float | None = None
     framework: str = DEFAULTS.framework
     dims: tuple[tuple[str, int], ...] = ()
-    #: iterations of an ONNX model's run-time Loops (one device): an int, or ((node, count), ...)
+    #: iterations of an ONNX model's run-time Loops (one device or a cluster): an int, or ((node, count), ...)
     loop_trip_count: int | tuple[tuple[str, int], ...] | None = None
     timeline: bool = False
     run: RunOptions = field(default_factory=RunOptions)
@@ -118,23 +118,21 @@ class PredictRequest:
         a StepPrediction or a DistributedPrediction, with ``.run`` when ``run.tokens`` is set."""
         import wattcast
 
+        loops = self.loop_trip_count
         common = dict(batch=self.batch, seq=self.seq, dtype=self.dtype, attention=self.attention, compile=self.compile,
                       optimizer=self.optimizer, recompute=self.recompute, power_limit_w=self.power_limit_w,
-                      clock_cap_mhz=self.clock_cap_mhz, **self.run.kwargs())
+                      clock_cap_mhz=self.clock_cap_mhz, loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops,
+                      **self.run.kwargs())
         if not self.distributed:
             if self.parallel is not None or self.timeline or self.framework != DEFAULTS.framework:
                 raise ValueError("parallel=, timeline= and framework= describe a cluster step: give cluster= too")
-            loops = self.loop_trip_count
-            return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
-                                    loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops, **common)
+            return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None, **common)
         if self.parallel is None:
             raise ValueError("a cluster step needs parallel= (at least ParallelOptions(gpus=N))")
         if str(self.mode).lower() not in ("train", "training"):
             raise ValueError("distributed prediction is for training steps (mode='train')")
         if self.dims:
             raise ValueError("dims= applies to single-device predictions of ONNX models")
-        if self.loop_trip_count is not None:
-            raise ValueError("loop_trip_count= applies to single-device predictions of ONNX models")
         if self.seq is None:
             common["seq"] = 1024
         return wattcast.predict_cluster(self.model, self.cluster, device=self.device, trace=self.timeline,

@@ -52,7 +52,11 @@ def number(*, zero: bool = False, integer: bool = False, type_msg: str = "must b
     def check(v: Any) -> Any:
         if not is_number(v):
             raise problem("wc_type", f"{FIELD} " + type_msg.format(v=v, hint=hint(v)))
-        if not math.isfinite(v):
+        try:
+            finite = math.isfinite(v)
+        except OverflowError:  # an int too large for a float
+            finite = False
+        if not finite:
             raise problem("wc_type", f"{FIELD} " + (finite_msg or type_msg).format(v=v, hint=hint(v)))
         if v < 0 or (v == 0 and not zero):
             raise problem("wc_value", f"{FIELD} " + value_msg.format(v=v))
@@ -124,38 +128,52 @@ def optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 # ------------------------------------------------------------------ one message from a ValidationError
+def _dotted(loc: tuple) -> str:
+    """("intra", "kind") -> intra.kind; ("bandwidth", 0) -> bandwidth[0]"""
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) and out else (f".{p}" if out else str(p))
+    return out
+
+
+def _rank(err: Mapping[str, Any]) -> int:
+    t = err["type"]
+    if t in _RANK:
+        return _RANK[t]
+    if t in ("extra_forbidden", "invalid_key"):
+        return -1  # an unknown field first: a misspelt name also makes a required one "missing"
+    if t == "missing":
+        return _RANK["wc_missing"]
+    return _RANK["wc_type"]
+
+
+def _first(errors: list) -> dict:
+    return errors[min(range(len(errors)), key=lambda i: (_rank(errors[i]), i))]
+
+
+def first_location(e: ValidationError) -> tuple:
+    """The location (field path) of the problem :func:`first_problem` reports: e.g. to raise an error class that
+    belongs to that field."""
+    return tuple(_first(e.errors(include_url=False))["loc"])
+
+
 def first_problem(e: ValidationError, *, missing: Callable[[str], str] = lambda f: f"required field '{f}' is missing",
                   known: Callable[[str], Iterable[str]] | None = None,
-                  not_mapping: Callable[[str, Any], str] | None = None, at: tuple = ()) -> str:
+                  not_mapping: Callable[[str, Any], str] | None = None, at: tuple = (),
+                  label: Callable[[str], str] = lambda f: f"field '{f}'") -> str:
     """The message of the first problem in ``e`` (by kind, then field order), with :data:`FIELD` filled in.
 
     Pydantic's own errors are worded in wattcast's terms: ``missing`` (a required field; all missing fields of one
     section in one message), ``extra_forbidden`` / ``invalid_key`` ("unknown field(s) ...; known: ..." with the
     names ``known(section)`` gives), ``model_type`` (a section that is not a mapping: ``not_mapping(field, value)``).
-    ``at`` is put before every error's location (the key a lone value was read from)."""
+    ``at`` is put before every error's location (the key a lone value was read from). ``label`` turns the dotted
+    field name into what :data:`FIELD` stands for (default ``field 'name'``; e.g. an option and its flag)."""
     errors = [dict(x, loc=(*at, *x["loc"])) for x in e.errors(include_url=False)]
-
-    def dotted(loc: tuple) -> str:  # ("intra", "kind") -> intra.kind; ("bandwidth", 0) -> bandwidth[0]
-        out = ""
-        for p in loc:
-            out += f"[{p}]" if isinstance(p, int) and out else (f".{p}" if out else str(p))
-        return out
-
-    def rank(err: Mapping[str, Any]) -> int:
-        t = err["type"]
-        if t in _RANK:
-            return _RANK[t]
-        if t in ("extra_forbidden", "invalid_key"):
-            return -1  # an unknown field first: a misspelt name also makes a required one "missing"
-        if t == "missing":
-            return _RANK["wc_missing"]
-        return _RANK["wc_type"]
-
-    first = min(range(len(errors)), key=lambda i: (rank(errors[i]), i))
-    err = errors[first]
+    dotted = _dotted
+    err = _first(errors)
     t, loc = err["type"], tuple(err["loc"])
     if t in _RANK:
-        return err["ctx"]["message"].replace(FIELD, f"field '{dotted(loc)}'").replace(NAME, dotted(loc))
+        return err["ctx"]["message"].replace(FIELD, label(dotted(loc))).replace(NAME, dotted(loc))
     if t in ("extra_forbidden", "invalid_key"):
         section = loc[:-1]
         prefix = dotted(section) + "." if section else ""

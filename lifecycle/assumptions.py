@@ -5,11 +5,14 @@
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Callable
+from typing import Annotated, Any, Callable
+
+from numpy import bool_ as np_bool
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from wattcast.data import carbon as _c
-from wattcast.lifecycle.checks import (_FLAG_FIELDS, _FOOTPRINT_NUMBERS, PLAUSIBLE, _flag, _pos, _region,
-                                       check_plausible)
+from wattcast.data.spec_model import FIELD, first_location, first_problem, number, optional, plausible, problem, text
+from wattcast.lifecycle.checks import _FLAGS, PLAUSIBLE
 
 
 def _d(name: str) -> Callable[[], float]:
@@ -53,30 +56,10 @@ class LifecycleAssumptions:
     include_server_embodied: bool = True
 
     def __post_init__(self) -> None:
-        for f in _FLAG_FIELDS:
-            _flag(f"LifecycleAssumptions.{f}", getattr(self, f))
-        if self.region is not None:
-            _region(self.region, "LifecycleAssumptions.region")
-        object.__setattr__(self, "pricing", _c.check_pricing(self.pricing, "LifecycleAssumptions.pricing"))
-        if self.cloud_price_source is not None and not isinstance(self.cloud_price_source, str):
-            raise ValueError(f"LifecycleAssumptions.cloud_price_source must be a string, got {self.cloud_price_source!r}")
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is None or f.name in _FLAG_FIELDS or f.name in ("region", "pricing", "cloud_price_source"):
-                continue
-            _pos(f"LifecycleAssumptions.{f.name}", v, zero_ok=f.name in (
-                "electricity_usd_per_kwh", "server_usd_per_gpu", "network_usd_per_gpu", "facility_usd_per_kw",
-                "node_overhead_share", "checkpoint_write_s", "restart_min", "grid_kgco2e_per_kwh",
-                "market_kgco2e_per_kwh", "accelerator_price_usd", "cloud_usd_per_gpu_hour", "embodied_kgco2e_per_gpu"))
-        if self.pue < 1:
-            raise ValueError(f"LifecycleAssumptions.pue must be >= 1, got {self.pue!r}")
-        for f in PLAUSIBLE:
-            if hasattr(self, f):
-                check_plausible(f, getattr(self, f), "LifecycleAssumptions.")
-        if self.lifetime_utilisation > 1:
-            raise ValueError(f"LifecycleAssumptions.lifetime_utilisation must be in (0, 1], got {self.lifetime_utilisation!r}")
-        if self.default_power_fraction_of_tdp > 1.5:
-            raise ValueError("LifecycleAssumptions.default_power_fraction_of_tdp looks wrong (> 1.5 x TDP)")
+        """Every field checked on :class:`LifecycleAssumptionsModel` (a ValueError naming
+        ``LifecycleAssumptions.<field>``); the pricing plan is kept normalised (``On_Demand`` -> ``on-demand``)."""
+        m = _validated({f.name: getattr(self, f.name) for f in fields(self)}, lambda f: f"LifecycleAssumptions.{f}")
+        object.__setattr__(self, "pricing", m.pricing)
 
     def sources(self) -> dict[str, str]:
         """Where each figure comes from: the table's source when it is the default, else 'given'."""
@@ -99,6 +82,128 @@ class LifecycleAssumptions:
 
 
 
+# ------------------------------------------------------------------ validation (pydantic v2, as data/spec_model.py)
+def _positive(zero: bool = False) -> AfterValidator:
+    """A finite number, > 0 (>= 0 with ``zero``), kept as given."""
+    return AfterValidator(optional(number(zero=zero, type_msg="must be a finite number, got {v!r}",
+                                          value_msg=f"must be {'non-negative' if zero else 'positive'}, got {{v!r}}")))
+
+
+def _range(name: str) -> tuple:
+    """The plausible range of ``name`` (``checks.PLAUSIBLE``; units off by 1,000x), lifted by ``--force``."""
+    return (AfterValidator(optional(plausible(*PLAUSIBLE[name]))),) if name in PLAUSIBLE else ()
+
+
+def _figure(name: str, *, zero: bool = False, rule: Callable[[Any], Any] | None = None) -> Any:
+    """A numeric assumption: finite and positive (non-negative with ``zero``), then ``rule`` (a hard bound), then its
+    plausible range."""
+    checks = (_positive(zero), *((AfterValidator(optional(rule)),) if rule else ()), *_range(name))
+    return Annotated[(Any, *checks)]
+
+
+def _at_least_one(v: Any) -> Any:
+    if v < 1:
+        raise problem("wc_value", f"{FIELD} must be >= 1 (facility energy / IT energy), got {v!r}")
+    return v
+
+
+def _fraction(v: Any) -> Any:
+    if v > 1:
+        raise problem("wc_value", f"{FIELD} must be in (0, 1], got {v!r}")
+    return v
+
+
+def _tdp_fraction(v: Any) -> Any:
+    if v > 1.5:
+        raise problem("wc_value", f"{FIELD} looks wrong (> 1.5 x TDP), got {v!r}")
+    return v
+
+
+def _yes_no(v: Any) -> Any:
+    """True or False (a string such as 'no' would read as True)."""
+    if not isinstance(v, (bool, np_bool)):
+        raise problem("wc_type", f"{FIELD} must be True or False, got {v!r}")
+    return v
+
+
+def _grid_region(v: Any) -> Any:
+    """A grid region: a non-empty string (an empty one would silently fall back to the world average)."""
+    if not isinstance(v, str):
+        raise problem("wc_type", f"{FIELD} must be a string (country ISO3 code or name, cloud region such as "
+                                 f"gcp:us-central1, or 'world'), got {v!r}")
+    if not v.strip():
+        raise problem("wc_value", f"empty region ({FIELD}={v!r}); give a country ISO3 code, a cloud region or "
+                                  "'world', or leave it out for the world average")
+    return v
+
+
+def _pricing_plan(v: Any) -> Any:
+    """A cloud pricing plan (cloud_prices.yaml), normalised."""
+    try:
+        return _c.check_pricing(v, FIELD)
+    except _c.CarbonDataError as e:
+        raise problem("wc_value", str(e)) from None
+
+
+_Flag = Annotated[Any, AfterValidator(optional(_yes_no))]
+
+
+class LifecycleAssumptionsModel(BaseModel):
+    """The validation model of :class:`LifecycleAssumptions` (its fields, units in their names, in the order problems
+    are reported): types, positive finite figures, hard bounds (PUE >= 1, a utilisation share <= 1) and the plausible
+    ranges of ``checks.PLAUSIBLE`` (a figure 1,000x off: a PUE of 50, a lifetime of 1e-9 years, a share given as a
+    percent; lifted by :func:`wattcast.data.checks.allow_exotic` / ``--force``). Values are checked, never converted
+    (but for the pricing plan's spelling). Every field defaults to None here: a partial set of values (the options a
+    caller gave) is checked alone, the rest is what :class:`LifecycleAssumptions` already holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pue: _figure("pue", rule=_at_least_one) = None
+    lifetime_years: _figure("lifetime_years") = None
+    lifetime_utilisation: _figure("lifetime_utilisation", rule=_fraction) = None
+    electricity_usd_per_kwh: _figure("electricity_usd_per_kwh", zero=True) = None
+    region: Annotated[Any, AfterValidator(optional(_grid_region))] = None
+    grid_kgco2e_per_kwh: _figure("grid_kgco2e_per_kwh", zero=True) = None
+    market_based: _Flag = None
+    market_kgco2e_per_kwh: _figure("market_kgco2e_per_kwh", zero=True) = None
+    accelerator_price_usd: _figure("accelerator_price_usd", zero=True) = None
+    server_usd_per_gpu: _figure("server_usd_per_gpu", zero=True) = None
+    network_usd_per_gpu: _figure("network_usd_per_gpu", zero=True) = None
+    facility_usd_per_kw: _figure("facility_usd_per_kw", zero=True) = None
+    facility_lifetime_years: _figure("facility_lifetime_years") = None
+    node_overhead_share: _figure("node_overhead_share", zero=True) = None
+    default_power_fraction_of_tdp: _figure("default_power_fraction_of_tdp", rule=_tdp_fraction) = None
+    gpus_per_server: _figure("gpus_per_server") = None
+    mtbf_gpu_hours: _figure("mtbf_gpu_hours") = None
+    checkpoint_write_s: _figure("checkpoint_write_s", zero=True) = None
+    checkpoint_interval_s: _figure("checkpoint_interval_s") = None
+    restart_min: _figure("restart_min", zero=True) = None
+    cloud_usd_per_gpu_hour: _figure("cloud_usd_per_gpu_hour", zero=True) = None
+    cloud_price_source: Annotated[Any, AfterValidator(optional(text(type_msg="must be a string, got {v!r}")))] = None
+    pricing: Annotated[Any, AfterValidator(optional(_pricing_plan))] = None
+    embodied_kgco2e_per_gpu: _figure("embodied_kgco2e_per_gpu", zero=True) = None
+    include_server_embodied: _Flag = None
+
+
+#: the error class of a bad value, by field (the ones a caller may catch specifically); else ValueError
+_ERROR_OF = {"region": _c.UnknownRegionError, "pricing": _c.CarbonDataError}
+
+
+def _validated(values: dict[str, Any], label: Callable[[str], str]) -> LifecycleAssumptionsModel:
+    """``values`` checked on :class:`LifecycleAssumptionsModel`; the first problem (by kind, then field order) as a
+    ValueError whose message names the field as ``label`` gives it."""
+    try:
+        return LifecycleAssumptionsModel.model_validate(values)
+    except ValidationError as e:
+        loc = first_location(e)
+        raise _ERROR_OF.get(loc[0] if loc else None, ValueError)(first_problem(e, label=label)) from None
+
+
+def _option_label(name: str) -> str:
+    """An option as the CLI and the Python API's keywords name it: ``pue (--pue)``, else the bare keyword."""
+    return f"{name} ({_FLAGS[name]})" if name in _FLAGS else "pricing (--pricing)" if name == "pricing" else name
+
+
 def assumptions_from_options(assumptions: LifecycleAssumptions | None = None, *, pue: float | None = None,
                              region: str | None = None, grid_kgco2e_per_kwh: float | None = None,
                              market_based: bool | None = None, lifetime_years: float | None = None,
@@ -111,25 +216,13 @@ def assumptions_from_options(assumptions: LifecycleAssumptions | None = None, *,
     first, so a ValueError names the option as the caller gave it (``pue (--pue)``), not a field of the object."""
     if assumptions is not None and not isinstance(assumptions, LifecycleAssumptions):
         raise ValueError(f"assumptions must be a LifecycleAssumptions, got {type(assumptions).__name__}")
-    given = dict(pue=pue, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years,
-                 electricity_usd_per_kwh=electricity_usd_per_kwh, cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour,
-                 mtbf_gpu_hours=mtbf_gpu_hours, checkpoint_write_s=checkpoint_write_s)
-    for k, v in given.items():
-        if v is not None:
-            _pos(k, v, zero_ok=_FOOTPRINT_NUMBERS[k])
-    if pue is not None and pue < 1:
-        raise ValueError(f"pue must be >= 1 (facility energy / IT energy), got {pue!r}")
-    if region is not None:
-        _region(region)
-    if market_based is not None:
-        _flag("market_based", market_based)
-    if pricing is not None:
-        pricing = _c.check_pricing(pricing)
-    if cloud_price_source is not None and not isinstance(cloud_price_source, str):
-        raise ValueError(f"cloud_price_source must be a string, got {cloud_price_source!r}")
-    for k, v in given.items():
-        check_plausible(k, v)
-    a = assumptions or LifecycleAssumptions()
-    over = {k: v for k, v in dict(given, region=region, market_based=market_based, pricing=pricing,
+    over = {k: v for k, v in dict(pue=pue, region=region, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
+                                  market_based=market_based, lifetime_years=lifetime_years,
+                                  electricity_usd_per_kwh=electricity_usd_per_kwh,
+                                  cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
+                                  checkpoint_write_s=checkpoint_write_s, pricing=pricing,
                                   cloud_price_source=cloud_price_source).items() if v is not None}
+    if over:  # the given options alone, on the same model: a message names the option as the caller gave it
+        _validated(over, _option_label)
+    a = assumptions or LifecycleAssumptions()
     return replace(a, **over) if over else a

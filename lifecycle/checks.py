@@ -1,6 +1,8 @@
-"""Checks shared by the lifecycle calculator: every number a caller gives is validated here with a message that
-names it (and its command-line flag), figures outside a plausible range are refused as probably in another unit,
-and :func:`catalog_spec_matches` decides when name-keyed tables may stand for a device spec."""
+"""Checks shared by the lifecycle calculator: the run's own numbers (gpus, hours, power, utilisation) are validated
+here with a message that names them (and their command-line flag), figures outside a plausible range
+(:data:`PLAUSIBLE`) are refused as probably in another unit, and :func:`catalog_spec_matches` decides when name-keyed
+tables may stand for a device spec. The assumptions (``LifecycleAssumptions``) are validated by a pydantic model
+(``lifecycle/assumptions.py``) with the same ranges."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from typing import Any
 
 from numpy import bool_ as np_bool
 
-from wattcast.data import carbon as _c
 from wattcast.data.checks import implausible, is_count
 from wattcast.data.device_spec import DeviceSpec
 
@@ -35,17 +36,6 @@ def _flag(name: str, v: Any) -> bool:
     return bool(v)
 
 
-def _region(v: Any, name: str = "region") -> str:
-    """A grid region: a non-empty string (an empty one would silently fall back to the world average)."""
-    if not isinstance(v, str):
-        raise _c.UnknownRegionError(f"{name} must be a string (country ISO3 code or name, cloud region such as "
-                                    f"gcp:us-central1, or 'world'), got {v!r}")
-    if not v.strip():
-        raise _c.UnknownRegionError(f"empty region ({name}={v!r}); give a country ISO3 code, a cloud region or "
-                                    "'world', or leave it out for the world average")
-    return v
-
-
 def _count(name: str, v: Any) -> int:
     """A whole number >= 1 (ints of any size, or whole floats)."""
     if not is_count(v, whole_floats=True):
@@ -62,10 +52,6 @@ def _utilisation(v: float) -> float:
     return float(v)
 
 
-#: LifecycleAssumptions fields that are yes/no settings
-_FLAG_FIELDS = ("market_based", "include_server_embodied")
-
-#: numeric keyword parameters of :func:`footprint` -> zero allowed
 #: parameter -> (lowest, highest plausible value, what a too-small figure probably is, what a too-large one is, unit):
 #: a figure outside is almost surely in another unit (a share given as a percent, g instead of kg, mW or the power
 #: of all GPUs instead of one); refused unless --force (:func:`wattcast.data.checks.allow_exotic`).
@@ -85,19 +71,16 @@ _FLAGS = {"avg_power_w": "--avg-power-w", "hours": "--hours", "lifetime_years": 
           "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "cloud_usd_per_gpu_hour": "--cloud-usd-per-gpu-hour"}
 
 
-def check_plausible(name: str, v: float | None, prefix: str = "") -> None:
-    """ValueError when ``v`` is outside :data:`PLAUSIBLE` (unless allow_exotic / --force), naming the parameter."""
+def check_plausible(name: str, v: float | None) -> None:
+    """ValueError when ``v`` is outside :data:`PLAUSIBLE` (unless allow_exotic / --force), naming the parameter and
+    its flag. (The fields of ``LifecycleAssumptions`` get the same ranges from its pydantic model.)"""
     if v is None or name not in PLAUSIBLE:
         return
-    label = f"{prefix}{name}" + (f" ({_FLAGS[name]})" if name in _FLAGS and not prefix else "")
+    label = name + (f" ({_FLAGS[name]})" if name in _FLAGS else "")
     msg = implausible(label, float(v), *PLAUSIBLE[name])
     if msg:
         raise ValueError(msg)
 
-
-_FOOTPRINT_NUMBERS = {"pue": False, "grid_kgco2e_per_kwh": True, "lifetime_years": False,
-                      "electricity_usd_per_kwh": True, "cloud_usd_per_gpu_hour": True, "node_overhead_share": True,
-                      "flops": True, "mtbf_gpu_hours": False, "checkpoint_write_s": True}
 
 #: DeviceSpec fields that only cite or name a figure; two specs that differ only in these are one device
 _CITATION_FIELDS = ("aliases", "source", "sources", "schema_version", "launch_price_usd")

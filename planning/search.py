@@ -20,6 +20,7 @@ from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, _schedule, schedule_context
+from wattcast.simulate.options import DistributedOptions
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
 from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, ParallelConfigError, resolve_parallel
@@ -391,11 +392,10 @@ class _Evaluator:
             ctx = self.contexts.get(key)
             if ctx is None:
                 try:
-                    ctx = schedule_context(job.model, cl, gpus=job.gpus, batch=job.batch, seq=job.seq, parallel=par,
-                                           dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
-                                           framework=job.framework, comm_split=False, prune_oom=job.prune_oom,
-                                           bundle=self.bundle, coll_model=self.coll_model, power_model=self.power_model,
-                                           exact_pipeline=job.exact_pipeline)
+                    ctx = schedule_context(job.model, cl, replace(par, gpus=job.gpus), DistributedOptions(
+                        batch=job.batch, seq=job.seq, dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
+                        framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
+                        coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline))
                     ctx = replace(ctx, detail=False, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e

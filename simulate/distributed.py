@@ -37,13 +37,13 @@ from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned
 from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
-from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
                                         resolve_parallel, stage_layers)
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
+from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
                                             stage_memory_gb)
@@ -239,38 +239,31 @@ def _count(v, label: str) -> int:
     raise ParallelConfigError(f"{label} must be a positive integer, got {v!r}")
 
 
-def predict_distributed(model, cluster: str | ClusterSpec, *, gpus: int, batch: int, seq: int,
-                        parallel: ParallelConfig | None = None, dtype: str = DEFAULTS.dtype,
-                        attention: str = DEFAULTS.attention,
-                        compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
-                        bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
-                        host_ms: tuple | None = None, power_limit_w: float | None = None,
-                        power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
-                        prune_oom: bool = False, exact_pipeline: bool = True) -> DistributedPrediction:
-    """One training step under ``parallel`` on ``cluster`` (see the module docstring). ``comm_split``: also price each
-    class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed). ``prune_oom``: memory
+def predict_distributed(model, cluster: str | ClusterSpec, parallel: ParallelConfig | None = None,
+                        options: DistributedOptions | None = None, *, gpus=MISSING, **keywords) -> DistributedPrediction:
+    """One training step of ``model`` on ``cluster`` under the strategy ``parallel`` (its ``gpus`` GPUs), with the
+    step's settings in ``options`` (:class:`~wattcast.simulate.options.DistributedOptions`: batch, seq, dtype,
+    attention, framework, ...); see the module docstring. ``options.comm_split``: also price each class of
+    communication alone (``exposed_comm_split_ms``; a search leaves it out for speed). ``options.prune_oom``: memory
     first; a strategy that does not fit is returned without simulating its step (times, MFU and energy NaN,
-    ``meta["scheduled"]`` False: what a search does). ``exact_pipeline`` False: the pipeline is timed in closed form
-    where that is exact (:mod:`wattcast.simulate.pipeline_fast`), else by the event-driven scheduler."""
-    return _schedule(schedule_context(
-        model, cluster, gpus=gpus, batch=batch, seq=seq, parallel=parallel, dtype=dtype, attention=attention,
-        compile=compile, optimizer=optimizer, device=device, bundle=bundle, coll_model=coll_model, trace=trace,
-        framework=framework, host_ms=host_ms, power_limit_w=power_limit_w, power_model=power_model,
-        clock_cap_mhz=clock_cap_mhz, comm_split=comm_split, prune_oom=prune_oom, exact_pipeline=exact_pipeline))
+    ``meta["scheduled"]`` False: what a search does). ``options.exact_pipeline`` False: the pipeline is timed in closed
+    form where that is exact (:mod:`wattcast.simulate.pipeline_fast`), else by the event-driven scheduler.
+
+    The old keyword form ``predict_distributed(model, cluster, gpus=, batch=, seq=, parallel=, dtype=, ...)`` still
+    works: its keywords build the options object (``options_from_keywords``)."""
+    parallel, options = options_from_keywords("predict_distributed", parallel, options, gpus, keywords)
+    return _schedule(schedule_context(model, cluster, parallel, options))
 
 
-def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int, seq: int,
-                     parallel: ParallelConfig | None = None, dtype: str = DEFAULTS.dtype,
-                     attention: str = DEFAULTS.attention,
-                     compile: bool = False, optimizer: str = "adamw", device: str | DeviceSpec | None = None,
-                     bundle=None, coll_model=None, trace: bool = False, framework: str = "hf",
-                     host_ms: tuple | None = None, power_limit_w: float | None = None,
-                     power_model=None, clock_cap_mhz: float | None = None, comm_split: bool = True,
-                     prune_oom: bool = False, exact_pipeline: bool = True) -> "ScheduleContext":
+def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig | None = None,
+                     options: DistributedOptions | None = None, *, gpus=MISSING, **keywords) -> "ScheduleContext":
     """:func:`predict_distributed`'s checks, rank graph and costing: the :class:`ScheduleContext` of one step (same
-    arguments)."""
+    arguments, either form)."""
+    parallel, dopts = options_from_keywords("schedule_context", parallel, options, gpus, keywords)
+    batch, seq, dtype, attention, device = dopts.batch, dopts.seq, dopts.dtype, dopts.attention, dopts.device
+    trace, power_limit_w, power_model = dopts.trace, dopts.power_limit_w, dopts.power_model
     # names and counts first: every table lookup and rule below takes them as given
-    framework = canonical_framework(framework)  # case-insensitive; an unknown one is a GraphError naming it
+    framework = canonical_framework(dopts.framework)  # case-insensitive; an unknown one is a GraphError naming it
     graph_dtype = dtype
     if str(dtype).lower() == "fp8":
         # Transformer Engine's recipe: the graph holds FP8 GEMMs; weights, activations, gradients and the
@@ -287,14 +280,14 @@ def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int
     spec = device if isinstance(device, DeviceSpec) or device is None else resolve_device(device)
     cl = resolve_cluster(cluster, device=spec.name if spec is not None else None)
     spec = spec or resolve_device(cl.device)
-    par = parallel or ParallelConfig(gpus=gpus)
-    par = replace(par, gpus=gpus)
+    par = parallel
     hf = model_config(model)
     # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
     if graph_dtype == "fp8":
         _require_fp8(spec)
-    opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype, attention=attention, compile=compile,
-                        optimizer=optimizer, recompute=par.recompute, framework=framework)
+    opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype,
+                        attention=attention, compile=dopts.compile, optimizer=dopts.optimizer, recompute=par.recompute,
+                        framework=framework, loop_trip_count=_hashable_trips(dopts.loop_trip_count))
     # layers: from the config, else from a single-device graph
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,
@@ -303,14 +296,14 @@ def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int
                            uneven_stages=framework == "megatron-deepspeed", framework=framework)
     mb = int(par.micro_batch)
     if mb * seq > MAX_TOKENS_PER_STEP:
-        whole = par.pp == 1 and (parallel is None or parallel.micro_batch is None)
+        whole = par.pp == 1 and parallel.micro_batch is None
         raise ParallelConfigError(
             f"micro-batch x seq = {mb:,} x {seq:,} = {mb * seq:,} tokens in one micro-batch is beyond what wattcast costs "
             f"({MAX_TOKENS_PER_STEP:,}); " + ("without pipeline parallelism a replica's whole batch is one micro-batch "
                                               "unless --micro-batch is given" if whole else "use a smaller --micro-batch"))
     lay = layouts(par, cl)
-    bundle = bundle or load_bundle()
-    cm = coll_model or collective_model()
+    bundle = dopts.bundle or load_bundle()
+    cm = dopts.coll_model or collective_model()
     n_micro = par.n_micro(batch)
     cp_kv_bytes = 0.0
     if par.cp > 1:
@@ -336,17 +329,17 @@ def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int
         return ms, ood
 
     # host_ms: (per-kernel launch, per-iteration[, {TP group size: collective floor}]) overriding the framework's
-    launch_ms, iter_ms, *rest = host_ms or FRAMEWORK_HOST_MS[opts.framework]
+    launch_ms, iter_ms, *rest = dopts.host_ms or FRAMEWORK_HOST_MS[opts.framework]
     coll_floor = dict(rest[0]) if rest else FRAMEWORK_COLLECTIVE_HOST_MS.get(opts.framework, {})
     # the costed rank graph depends on the graph, the device, the models, the TP/EP group placements and the
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
     pins = (g, spec, bundle, cm, cl, power_model)  # n_rep follows from g
-    key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, clock_cap_mhz,
+    key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
            tuple(coll_floor.items()) if rest else None)
     hit = _COSTED.get(key)
     if hit is None:
         costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
-        costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+        costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)
         if len(_COSTED) >= _COSTED_MAX:
             _COSTED.pop(next(iter(_COSTED)))
         _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep), stream_bandwidth_gbps(spec, bundle))
@@ -355,8 +348,16 @@ def schedule_context(model, cluster: str | ClusterSpec, *, gpus: int, batch: int
     return ScheduleContext(model=model, g=g, view=hit[2], spec=spec, cl=cl, par=par, lay=lay, cm=cm, batch=batch, seq=seq,
                            n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,
                            power_limit_w=power_limit_w, model_totals=_model_totals(g1, n_rep1, block_params),
-                           stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=comm_split,
-                           prune_oom=prune_oom, exact_pipeline=exact_pipeline)
+                           stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
+                           prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline)
+
+
+def _hashable_trips(v):
+    """An ONNX loop trip count as :class:`StepOptions` holds it: a ``{node: count}`` mapping as sorted pairs (the
+    step options key caches); a count or None as given (``StepOptions.validated`` checks either)."""
+    if isinstance(v, Mapping):
+        return tuple(sorted(v.items(), key=lambda kv: str(kv[0])))
+    return v
 
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and

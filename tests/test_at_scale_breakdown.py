@@ -11,10 +11,11 @@ from wattcast.validation.step_breakdown import TERM_COLUMNS, step_terms
 
 def test_step_terms_cover_the_step():
     from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.parallel import ParallelConfig
 
     par = ParallelConfig(gpus=4, tp=2, pp=2, micro_batch=1)
-    p = predict_distributed("gpt2", "NVLink-4GPU", gpus=4, batch=4, seq=256, parallel=par, dtype="bf16")
+    p = predict_distributed("gpt2", "NVLink-4GPU", par, DistributedOptions(batch=4, seq=256, dtype="bf16"))
     t = step_terms(p, iteration_ms=3.0)
     assert tuple(t) == TERM_COLUMNS
     assert t["n_micro"] == 4 and t["iteration_ms"] == 3.0

@@ -181,7 +181,7 @@ def test_footprint_numeric_parameters_are_checked_alike(name, value):
 
 
 def test_footprint_string_pue_through_the_api():
-    with pytest.raises(ValueError, match=r"pue must be a finite number, got '1\.2'"):
+    with pytest.raises(ValueError, match=r"pue \(--pue\) must be a finite number, got '1\.2'"):
         wattcast.footprint(A100, 8, 100, pue="1.2")
 
 

@@ -139,8 +139,10 @@ def test_astra_network_device_override_end_to_end(tmp_path):
     p = tmp_path / "astra_nodev.yaml"
     p.write_text(json.dumps(ASTRA))
     from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
+    from wattcast.simulate.parallel import ParallelConfig
 
-    r = predict_distributed("gpt2", str(p), gpus=8, batch=8, seq=128, device=DEVICE)
+    r = predict_distributed("gpt2", str(p), ParallelConfig(gpus=8), DistributedOptions(batch=8, seq=128, device=DEVICE))
     assert r.step_time_ms > 0
 
 

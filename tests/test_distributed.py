@@ -311,8 +311,9 @@ def test_uneven_pipeline_stages():
     cfg = {"model_type": "gpt2", "n_embd": 512, "n_head": 8, "n_layer": 14, "n_positions": 512, "vocab_size": 1000}
     par = ParallelConfig(gpus=4, pp=4, micro_batch=1)
     from wattcast.simulate.distributed import chunk_of_layer, predict_distributed
+    from wattcast.simulate.options import DistributedOptions
 
-    r = predict_distributed(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, parallel=par, framework="megatron-deepspeed")
+    r = predict_distributed(cfg, "nvlink-4gpu", par, DistributedOptions(batch=8, seq=256, framework="megatron-deepspeed"))
     assert r.fits and r.step_time_ms > 0 and r.meta["stage_layers"] == [4, 3, 4, 3]
     assert np.bincount(chunk_of_layer(np.arange(14), 14, 4)).tolist() == [4, 3, 4, 3]
     m = wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron")
@@ -356,6 +357,7 @@ def test_search_across_clusters_with_run_footprint():
 def test_gradient_accumulation_pass_per_framework():
     from wattcast.data.catalog import resolve_device
     from wattcast.simulate.distributed import grad_accumulation_bytes, predict_distributed
+    from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.single_device import stream_bandwidth_gbps
 
     assert grad_accumulation_bytes("megatron", "bf16") == (0.0, False)  # fused into the wgrad GEMMs
@@ -365,8 +367,8 @@ def test_gradient_accumulation_pass_per_framework():
 
     def run(framework, batch, zero=0, dtype="fp16"):
         par = ParallelConfig(gpus=8, dp=8, micro_batch=2, zero=zero)
-        return predict_distributed("gpt2", "DGX-A100", gpus=8, batch=batch, seq=512, parallel=par, dtype=dtype,
-                                   framework=framework)
+        return predict_distributed("gpt2", "DGX-A100", par, DistributedOptions(batch=batch, seq=512, dtype=dtype,
+                                                                              framework=framework))
 
     one, four = run("megatron-deepspeed", 16), run("megatron-deepspeed", 64)  # 1 and 4 micro-batches
     assert one.comm["grad_accumulation_ms_per_micro"] == 0.0

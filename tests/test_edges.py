@@ -73,14 +73,15 @@ def test_yaml_exponent_without_a_dot_says_how_to_write_it(tmp_path):
 
 def test_gpus_that_do_not_fill_whole_nodes_are_refused(tmp_path):
     from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
 
     cl = cluster_from_dict(_cluster(gpus_per_node=3))
     with pytest.raises(ParallelConfigError, match=r"16 GPUs do not fill whole nodes.*gpus_per_node 3.*15 or 18"):
-        predict_distributed("gpt2", cl, gpus=16, batch=16, seq=128, parallel=ParallelConfig(gpus=16))
+        predict_distributed("gpt2", cl, ParallelConfig(gpus=16), DistributedOptions(batch=16, seq=128))
     # a whole number of nodes, or one partial node inside a single node, is fine
-    predict_distributed("gpt2", cl, gpus=15, batch=15, seq=128, parallel=ParallelConfig(gpus=15))
-    predict_distributed("gpt2", cl, gpus=2, batch=2, seq=128, parallel=ParallelConfig(gpus=2))
+    predict_distributed("gpt2", cl, ParallelConfig(gpus=15), DistributedOptions(batch=15, seq=128))
+    predict_distributed("gpt2", cl, ParallelConfig(gpus=2), DistributedOptions(batch=2, seq=128))
     f = tmp_path / "three.yaml"
     f.write_text(yaml.safe_dump(_cluster(gpus_per_node=3)))
     r = run_cli("predict", "-m", "gpt2", "--cluster", f, "--gpus", "16", "--batch", "16", "--seq", "128", "--json")
@@ -379,11 +380,12 @@ def test_search_progress_reaches_its_total_with_rejected_candidates():
 
 def test_timeline_png_has_a_legend_and_shows_exposed_communication(tmp_path):
     from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.parallel import ParallelConfig
     from wattcast.simulate.trace import exposed_comm_intervals, plot_timeline, timeline_figure
 
-    r = predict_distributed("gpt2", "dgx-a100", gpus=16, batch=32, seq=256, trace=True,
-                            parallel=ParallelConfig(gpus=16, tp=2, pp=2, dp=4, micro_batch=2, zero=1))
+    r = predict_distributed("gpt2", "dgx-a100", ParallelConfig(gpus=16, tp=2, pp=2, dp=4, micro_batch=2, zero=1),
+                            DistributedOptions(batch=32, seq=256, trace=True))
     gaps = exposed_comm_intervals(r)
     assert gaps and all(b > a for _, a, b in gaps)
     for s, a, b in gaps:  # no compute of that stage runs inside an exposed interval

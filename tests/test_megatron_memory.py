@@ -14,6 +14,7 @@ import pytest
 from wattcast.featurize.hf_config import load_hf_config
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.simulate.distributed import predict_distributed
+from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.memory import activation_bytes_by_layer
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.simulate.stage_memory import inflight_chunks, model_state_bytes
@@ -75,8 +76,8 @@ def test_model_states_match_megatrons_formula(name, zero):
     dp = 2
     gpus = d["t"] * d["p"] * dp
     par = ParallelConfig(gpus=gpus, tp=d["t"], pp=d["p"], dp=dp, micro_batch=1, sp=True, recompute="selective", zero=zero)
-    r = predict_distributed(_cfg(name), "DGX-A100", gpus=gpus, batch=dp * d["p"], seq=S, parallel=par, dtype="bf16",
-                            attention="eager", framework="megatron")
+    r = predict_distributed(_cfg(name), "DGX-A100", par, DistributedOptions(batch=dp * d["p"], seq=S, dtype="bf16",
+                                                                           attention="eager", framework="megatron"))
     first = r.per_device[0]  # the most loaded shard: the embedding sits on it
     want = megatron_weight_and_optimizer_bytes(d["h"], d["L"], d["t"], d["p"], dp, 51200, dist_opt=zero == 1)
     states0 = (first["weights_gb"] + first["gradients_gb"] + first["optimizer_gb"]) * 1e9
@@ -89,8 +90,8 @@ def test_table3_configurations_fit_and_first_stage_holds_L_layers(name):
     the first stage holds p micro-batches of L/p layers = L layers' activations (Sec. 4.2.3)."""
     d = TABLE3[name]
     par = ParallelConfig(gpus=d["gpus"], tp=d["t"], pp=d["p"], dp=1, micro_batch=1, sp=True, recompute="selective")
-    r = predict_distributed(_cfg(name), "DGX-A100", gpus=d["gpus"], batch=d["batch"], seq=S, parallel=par, dtype="bf16",
-                            attention="eager", framework="megatron")
+    r = predict_distributed(_cfg(name), "DGX-A100", par, DistributedOptions(batch=d["batch"], seq=S, dtype="bf16",
+                                                                           attention="eager", framework="megatron"))
     assert r.fits and r.memory["total_gb"] <= 80
     first = r.per_device[0]
     want = d["L"] * korthikanti_layer_bytes(d["h"], d["a"], d["t"], sp=True, recompute="selective")
@@ -116,8 +117,8 @@ def test_distributed_optimizer_shards_master_weights_and_moments():
 def test_json_reports_memory_terms_of_the_worst_stage():
     d = TABLE3["gpt3_175b"]
     par = ParallelConfig(gpus=64, tp=8, pp=8, dp=1, micro_batch=1, sp=True, recompute="selective")
-    r = predict_distributed(_cfg("gpt3_175b"), "DGX-A100", gpus=64, batch=16, seq=S, parallel=par, dtype="bf16",
-                            attention="eager", framework="megatron")
+    r = predict_distributed(_cfg("gpt3_175b"), "DGX-A100", par, DistributedOptions(batch=16, seq=S, dtype="bf16",
+                                                                                  attention="eager", framework="megatron"))
     m = r.to_dict()["memory"]
     for k in ("weights_gb", "master_weights_gb", "gradients_gb", "optimizer_gb", "activations_gb", "buffers_gb",
               "post_backward_buffers_gb", "total_gb", "stage"):
@@ -194,8 +195,8 @@ def test_megatron_llama_states_match_megatrons_formula(name):
     dp = 4
     gpus = t * p * dp
     par = ParallelConfig(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=1, sp=True, recompute="selective", zero=1)
-    r = predict_distributed(name, "DGX-H100", gpus=gpus, batch=dp * p, seq=S, parallel=par, dtype="bf16",
-                            attention="flash", framework="megatron")
+    r = predict_distributed(name, "DGX-H100", par, DistributedOptions(batch=dp * p, seq=S, dtype="bf16",
+                                                                     attention="flash", framework="megatron"))
     first = r.per_device[0]
     want = megatron_weight_and_optimizer_bytes(cfg.hidden, cfg.n_layers, t, p, dp, cfg.vocab, dist_opt=True, ffn=cfg.ffn,
                                                kv_ratio=cfg.n_kv_heads / cfg.n_heads, gated=1.5)

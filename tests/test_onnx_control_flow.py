@@ -146,6 +146,57 @@ def test_unknown_trip_count_is_refused_naming_the_option_and_given_count_is_used
     assert r.returncode == 2 and "--loop-trip-count" in flat(r.stderr) and "ONNX" in flat(r.stderr)
 
 
+def _token_models(tmp_path):
+    """One ``x @ W`` and the same MatMul in a Loop whose count is a graph input, on ``x`` of shape (batch, seq, 64) with
+    symbolic batch and seq (what a cluster prediction binds to its micro-batch and sequence)."""
+    x = ["batch", "seq", 64]
+    w = _w()
+    one = _model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [vi("x", F, x)], [vi("y", F, x)], [w])
+    body = helper.make_graph([helper.make_node("MatMul", ["x_in", "W"], ["x_out"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
+                             "body", [vi("i", I64, []), vi("c_in", BOOL, []), vi("x_in", F, x)],
+                             [vi("c_out", BOOL, []), vi("x_out", F, x)])
+    loop = _model([helper.make_node("Loop", ["M", "cond", "x"], ["y"], body=body, name="repeat_matmul")],
+                  [vi("x", F, x), vi("M", I64, [])], [vi("y", F, x)], [numpy_helper.from_array(np.array(True), "cond"), w])
+    paths = tmp_path / "one_tokens.onnx", tmp_path / "loop_tokens.onnx"
+    for m, f in zip((one, loop), paths):
+        onnx.save(m, str(f))
+    return paths
+
+
+def test_loop_trip_count_works_on_a_cluster_too(tmp_path):
+    """--loop-trip-count with --cluster (it was refused): 1,000 MatMuls in a Loop cost 1,000x one MatMul on a cluster,
+    through the Python API, the request object and the CLI."""
+    import wattcast
+    from conftest import flat, run_cli
+
+    f1, fl = _token_models(tmp_path)
+    kw = dict(gpus=2, batch=8, seq=128)
+    one = wattcast.predict_cluster(str(f1), "DGX-A100", **kw)
+    loop = wattcast.predict_cluster(str(fl), "DGX-A100", loop_trip_count=1000, **kw)
+    assert one.forward_ms > 0 and loop.forward_ms == pytest.approx(1000 * one.forward_ms, rel=1e-6)
+    # every iteration has its backward: a wgrad each, and a dgrad for the carried state after the first
+    assert 1000 * one.backward_ms < loop.backward_ms < 2000 * one.backward_ms
+    assert loop.step_time_ms > 500 * one.step_time_ms and loop.meta["control_flow"][0]["trip_count"] == 1000
+    assert wattcast.predict_cluster(str(fl), "DGX-A100", loop_trip_count={"repeat_matmul": 10}, **kw).forward_ms \
+        == pytest.approx(10 * one.forward_ms, rel=1e-6)
+    req = wattcast.PredictRequest(str(fl), cluster="DGX-A100", batch=8, seq=128, parallel=wattcast.ParallelOptions(gpus=2),
+                                  loop_trip_count=(("repeat_matmul", 1000),))
+    assert req.predict().forward_ms == loop.forward_ms
+    with pytest.raises(GraphError, match=r"repeat_matmul.*known only at run time.*--loop-trip-count"):
+        wattcast.predict_cluster(str(fl), "DGX-A100", **kw)
+    with pytest.raises(GraphError, match=r"loop_trip_count \(--loop-trip-count\) applies to ONNX"):
+        wattcast.predict_cluster("gpt2", "DGX-A100", loop_trip_count=3, **kw)
+    for bad in ([3], {"repeat_matmul": [3]}, -2):  # the single-device checks, before any cache key is hashed
+        with pytest.raises(GraphError, match=r"loop_trip_count.*must be a whole number"):
+            wattcast.predict_cluster(str(fl), "DGX-A100", loop_trip_count=bad, **kw)
+    args = ("predict", "-m", fl, "--cluster", "DGX-A100", "--gpus", "2", "--batch", "8", "--seq", "128", "--json")
+    r = run_cli(*args, "--loop-trip-count", "1000")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["forward_ms"] == pytest.approx(loop.forward_ms, rel=1e-12)
+    r = run_cli(*args)
+    assert r.returncode == 2 and "--loop-trip-count" in flat(r.stderr) and "Traceback" not in r.stderr
+
+
 def test_while_loop_takes_the_given_count_or_flags_its_bound():
     # the body computes its condition: M is only an upper bound
     g = graph_from_onnx(_matmul_loop(50, cond="computed"))

@@ -142,3 +142,13 @@ def test_optional_hf_fields_read_through_the_same_types():
     assert fraction_field({"p": 1}, "p", "cfg") == 1.0
     with pytest.raises(GraphError, match=r"field 'p' must be a number between 0 and 1, got True"):
         fraction_field({"p": True}, "p", "cfg")
+
+
+def test_an_int_too_large_for_a_float_is_a_spec_error_not_an_overflow():
+    import dataclasses
+
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpecError
+
+    with pytest.raises(DeviceSpecError, match=r"field 'memory_gb' must be a positive finite number"):
+        dataclasses.replace(resolve_device("h100"), memory_gb=10**400)

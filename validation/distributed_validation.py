@@ -23,6 +23,7 @@ import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
+from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.validation.mpt_validation import load_mpt, predict_mpt, summarise_mpt
 from wattcast.validation.step_breakdown import step_terms
@@ -53,8 +54,9 @@ def neusight_distributed(root=None, coll_model=None) -> pd.DataFrame:
             continue
         measured = float(json.loads(f.read_text())["e2e_latency"])
         par = ParallelConfig(gpus=4, **kw)
-        r = predict_distributed(cfg_path, "NVLink-4GPU", gpus=4, batch=4, seq=1024, parallel=par, dtype="fp32",
-                                attention="eager", optimizer="adamw", framework="megatron", coll_model=coll_model)
+        r = predict_distributed(cfg_path, "NVLink-4GPU", par, DistributedOptions(
+            batch=4, seq=1024, dtype="fp32", attention="eager", optimizer="adamw", framework="megatron",
+            coll_model=coll_model))
         rows.append(dict(label=f.stem, strategy=opt, measured_ms=measured, predicted_ms=r.step_time_ms,
                          error_pct=100 * (r.step_time_ms - measured) / measured, neusight_error_pct=NEUSIGHT_DIST_ERROR_PCT[opt],
                          exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, mfu=r.mfu))
@@ -93,9 +95,9 @@ def predict_vtrain(df: pd.DataFrame, *, cluster: str = "DGX-A100", coll_model=No
     def one(r):
         par = ParallelConfig(gpus=int(r.gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp), micro_batch=int(r.micro_batch),
                              recompute=recompute)
-        p = predict_distributed(_vtrain_config(r.hidden, r.heads, r.layers, r.seq), cluster, gpus=int(r.gpus), batch=int(r.batch),
-                                seq=int(r.seq), parallel=par, dtype="fp16", attention="eager", optimizer="adamw",
-                                framework="megatron-deepspeed", coll_model=coll_model, host_ms=host_ms)
+        p = predict_distributed(_vtrain_config(r.hidden, r.heads, r.layers, r.seq), cluster, par, DistributedOptions(
+            batch=int(r.batch), seq=int(r.seq), dtype="fp16", attention="eager", optimizer="adamw",
+            framework="megatron-deepspeed", coll_model=coll_model, host_ms=host_ms))
         iteration_ms = (host_ms or FRAMEWORK_HOST_MS["megatron-deepspeed"])[1]
         return p.step_time_ms, dict(mfu=p.mfu, fits=p.fits, **step_terms(p, iteration_ms))
 

@@ -30,6 +30,7 @@ import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
+from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.validation.step_breakdown import step_terms
 from wattcast.validation.validation_rows import error_stats, predict_rows
@@ -83,9 +84,9 @@ def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: 
         gpus = int(r.gpus)
         par = ParallelConfig(gpus=gpus, dp=gpus, micro_batch=int(r.micro_batch), zero=3,
                              recompute="full" if bool(r.checkpointing) else "none")
-        p = predict_distributed(mpt_config(r), MPT_CLUSTER, device=MPT_DEVICE[r.gpu], gpus=gpus, batch=int(r.batch),
-                                seq=int(r.seq), parallel=par, dtype="bf16", attention=attention, optimizer="adamw",
-                                framework="hf", coll_model=coll_model)
+        p = predict_distributed(mpt_config(r), MPT_CLUSTER, par, DistributedOptions(
+            batch=int(r.batch), seq=int(r.seq), dtype="bf16", attention=attention, optimizer="adamw", framework="hf",
+            device=MPT_DEVICE[r.gpu], coll_model=coll_model))
         return p.step_time_ms, dict(predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"),
                                     memory_gb=p.memory_gb, fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms,
                                     **step_terms(p, FRAMEWORK_HOST_MS["hf"][1]))

@@ -1,0 +1,98 @@
+"""The options of one distributed training step: what :func:`wattcast.simulate.distributed.predict_distributed` and
+:func:`~wattcast.simulate.distributed.schedule_context` take besides the model, the cluster and the parallel strategy.
+
+    opts = DistributedOptions(batch=16, seq=512, dtype="bf16", framework="megatron")
+    res = predict_distributed("gpt2", "DGX-A100", ParallelConfig(gpus=8, tp=2), opts)
+
+The strategy itself (gpus, tp, pp, dp, micro-batch, ZeRO, overlaps, ...) is the
+:class:`~wattcast.simulate.parallel.ParallelConfig`; everything else about the step is here, once. The old keyword
+form ``predict_distributed(model, cluster, gpus=..., batch=..., seq=..., parallel=..., dtype=...)`` still works: its
+keywords build this object (:func:`options_from_keywords`). Values are checked where they are used (the step's
+checks in ``schedule_context``), with the messages they always had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from wattcast.data.device_spec import DeviceSpec
+from wattcast.simulate.defaults import DEFAULTS
+from wattcast.simulate.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """One training step's settings on a cluster (all but the model, the cluster and the parallel strategy)."""
+
+    #: global batch in sequences (split into dp x micro-batches) and tokens per sequence
+    batch: int
+    seq: int
+    #: bf16, fp16, fp32, tf32 or fp8 (Transformer Engine's recipe: FP8 GEMMs, the rest bf16)
+    dtype: str = DEFAULTS.dtype
+    #: flash, flash1 or eager
+    attention: str = DEFAULTS.attention
+    compile: bool = False
+    optimizer: str = "adamw"
+    #: whose kernels and host costs: hf, megatron or megatron-deepspeed
+    framework: str = "hf"
+    #: the GPU (catalog name, spec file or DeviceSpec); None: the cluster's own
+    device: str | DeviceSpec | None = None
+    #: keep the step's event timeline (``DistributedPrediction.events``)
+    trace: bool = False
+    #: (per-kernel launch floor ms, fixed per-iteration ms[, {TP group size: collective host floor ms}]); None: the
+    #: framework's (``FRAMEWORK_HOST_MS``, ``FRAMEWORK_COLLECTIVE_HOST_MS``)
+    host_ms: tuple | None = None
+    power_limit_w: float | None = None
+    clock_cap_mhz: float | None = None
+    #: also price each class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed)
+    comm_split: bool = True
+    #: memory first: a strategy that does not fit is returned unscheduled (times, MFU and energy NaN)
+    prune_oom: bool = False
+    #: True: the event-driven pipeline scheduler (the reference); False: the closed form where it is exact
+    exact_pipeline: bool = True
+    #: iterations of an ONNX model's Loops whose trip count is known only at run time: a count, {node: count} or
+    #: ((node, count), ...) (``wattcast.featurize.onnx``)
+    loop_trip_count: Any = None
+    #: the kernel bundle, collective model and power model (None: the shipped ones, loaded once and cached)
+    bundle: Any = field(default=None, compare=False, repr=False)
+    coll_model: Any = field(default=None, compare=False, repr=False)
+    power_model: Any = field(default=None, compare=False, repr=False)
+
+
+#: ``gpus=`` not given (None is a value: the step's checks refuse it, as they always did)
+MISSING: Any = object()
+
+#: the keyword arguments the options object stands for (``predict_distributed``'s old keyword form)
+OPTION_NAMES = tuple(f.name for f in fields(DistributedOptions))
+
+
+def options_from_keywords(caller: str, parallel: ParallelConfig | None, options: DistributedOptions | None,
+                          gpus: Any, keywords: dict) -> tuple[ParallelConfig, DistributedOptions]:
+    """(parallel strategy, options) of a ``predict_distributed`` / ``schedule_context`` call in either form:
+    ``(model, cluster, parallel, options)``, or the old keywords (``gpus=``, ``batch=``, ``seq=``, ``parallel=``,
+    ``dtype=``, ...; ``gpus`` sets the strategy's GPU count, ``parallel`` None: ``ParallelConfig(gpus=gpus)``).
+    Mixing the two, an unknown keyword or a missing required one is a TypeError naming it."""
+    unknown = sorted(set(keywords) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword argument(s) {', '.join(unknown)}")
+    if options is not None:
+        if not isinstance(options, DistributedOptions):
+            raise TypeError(f"{caller}(): options must be a DistributedOptions, got {type(options).__name__}")
+        if keywords or gpus is not MISSING:
+            given = sorted(keywords) + (["gpus"] if gpus is not MISSING else [])
+            raise TypeError(f"{caller}(): give the step's settings either in options= or as keywords, not both "
+                            f"(got options= and {', '.join(given)}); the GPU count is parallel.gpus")
+        if not isinstance(parallel, ParallelConfig):
+            raise TypeError(f"{caller}(): with options= give the strategy as a ParallelConfig (at least "
+                            f"ParallelConfig(gpus=N)), got {type(parallel).__name__}")
+        return parallel, options
+    missing = [k for k, given in (("gpus", gpus is not MISSING), ("batch", "batch" in keywords),
+                                  ("seq", "seq" in keywords)) if not given]
+    if missing:
+        raise TypeError(f"{caller}() missing required keyword argument(s) {', '.join(missing)} "
+                        "(or give parallel and options=DistributedOptions(...))")
+    if parallel is not None and not isinstance(parallel, ParallelConfig):
+        raise TypeError(f"{caller}(): parallel must be a ParallelConfig, got {type(parallel).__name__}")
+    par = replace(parallel or ParallelConfig(gpus=gpus), gpus=gpus)
+    return par, DistributedOptions(**keywords)
