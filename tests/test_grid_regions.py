@@ -117,6 +117,7 @@ def test_cli_regions_and_footprint_with_a_european_cloud_region():
     rows = json.loads(r.stdout)
     assert [x["region"] for x in rows] == ["aws:eu-central-1"]
     assert rows[0]["kgco2e_per_kwh"] == carbon.grid_intensity("DEU").kgco2e_per_kwh and rows[0]["year"] == 2023
+    assert rows[0]["grid_source"].startswith("country DEU (Germany) 2023")
     r = runner.invoke(app, ["footprint", "-d", "h100", "--gpus", "8", "--hours", "10", "--avg-power-w", "500",
                             "--region", "aws:eu-central-1", "--json"])
     assert r.exit_code == 0, r.output
