@@ -933,6 +933,7 @@ def regions(
             continue
         ep = electricity_price(n)
         rows.append(dict(region=n, name=g.name, kgco2e_per_kwh=g.kgco2e_per_kwh, basis=g.basis, year=g.year,
+                         grid_source=g.source,
                          electricity_usd_per_kwh=None if ep is None else ep.usd_per_kwh,
                          electricity_location=None if ep is None else ep.location,
                          electricity_year=None if ep is None else ep.year,

@@ -7,8 +7,10 @@ exists the tables say "assumption" and why.
 
 - ``grid_intensity.json``: location-based grid intensity (gCO2e/kWh) per country (ISO 3166-1 alpha-3,
   CodeCarbon's global energy mix = Our World in Data / Ember), per cloud region (CodeCarbon's
-  ``cloud/impact.csv``: GCP from Google's region-carbon data at CodeCarbon HEAD; AWS/Azure from the
-  2023-05-16 version, older country/eGRID averages) and Nordic bidding zones (CodeCarbon, ENTSO-E).
+  ``cloud/impact.csv``: GCP from Google's region-carbon data at CodeCarbon HEAD; AWS/Azure regions from the
+  2023-05-16 version, each re-derived from where it is (:data:`CLOUD_REGION_LOCATIONS`): its country's row outside
+  the US and Canada, the 2023 province mix in Canada, the snapshot's eGRID figure in the US; source and year per
+  row) and Nordic bidding zones (CodeCarbon, ENTSO-E).
   Regenerate with ``python -m wattcast.data.carbon --rebuild PATH/TO/shared/datasets``.
 - ``embodied_factors.yaml``: ACT (facebookresearch/ACT, MIT) fab energy/GHG/material per cm2 per
   process node, DRAM/SSD per GB, materials per kg, PCB per m2 and layer; plus the stated server-share
@@ -42,6 +44,7 @@ from wattcast.data.checks import close_names
 __all__ = [
     "PRICING_PLANS",
     "CarbonDataError",
+    "CLOUD_REGION_LOCATIONS",
     "CloudPrice",
     "ElectricityPrice",
     "Factor",
@@ -61,6 +64,7 @@ __all__ = [
     "material_kgco2e_per_kg",
     "memory_kgco2e_per_gb",
     "pcb_kgco2e_per_m2",
+    "province_mix_intensity",
     "server_defaults",
     "ssd_kgco2e_per_gb",
     "world_grid_intensity",
@@ -241,7 +245,7 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
     g = _grid()
     row = g[table] if table == "world" else g[table][key]
     if table == "cloud_regions":
-        src = f"{g['sources'][row['snapshot']]}; upstream citation: {row['cite']}"
+        src = row.get("source") or f"{g['sources'][row['snapshot']]}; upstream citation: {row['cite']}"
     else:
         src = row.get("source") or g["sources"][table]
     name = row.get("name") or key
@@ -557,6 +561,91 @@ def electricity_price(region: str) -> ElectricityPrice | None:
 # ------------------------------------------------------------------------------ table builder
 _CC = "specs/codecarbon"
 
+_AWS_REGIONS_DOC = "AWS Regions and Availability Zones, docs.aws.amazon.com/global-infrastructure/latest/regions/aws-regions.html"
+_AWS_CN_DOC = "AWS China regions, Beijing operated by Sinnet and Ningxia by NWCD, amazonaws.cn region list"
+_AZURE_REGIONS_DOC = "Azure regions list with physical location per region, learn.microsoft.com/azure/reliability/regions-list"
+
+#: Where each AWS/Azure region of CodeCarbon's 2023-05-16 snapshot is: ``provider:region`` -> (location, place, doc).
+#: location is a country ISO3 (its grid row is the country's), ``CA-QC`` / ``CA-ON`` (province mix, 2023) or ``US-xx``
+#: (the snapshot's eGRID figure is kept). The same codes as ``cloud_regions`` in electricity_prices.yaml (a test
+#: checks they agree). A snapshot region missing here stops the rebuild, so no row keeps an old figure unnoticed.
+CLOUD_REGION_LOCATIONS: dict[str, tuple[str, str, str]] = {
+    "aws:ap-east-1": ("HKG", "Hong Kong", _AWS_REGIONS_DOC),
+    "aws:ap-northeast-1": ("JPN", "Tokyo, Japan", _AWS_REGIONS_DOC),
+    "aws:ap-northeast-2": ("KOR", "Seoul, South Korea", _AWS_REGIONS_DOC),
+    "aws:ap-northeast-3": ("JPN", "Osaka, Japan", _AWS_REGIONS_DOC),
+    "aws:ap-south-1": ("IND", "Mumbai, India", _AWS_REGIONS_DOC),
+    "aws:ap-southeast-1": ("SGP", "Singapore", _AWS_REGIONS_DOC),
+    "aws:ap-southeast-2": ("AUS", "Sydney, Australia", _AWS_REGIONS_DOC),
+    "aws:ca-central-1": ("CA-QC", "Montreal, Quebec, Canada", _AWS_REGIONS_DOC),
+    "aws:cn-north-1": ("CHN", "Beijing, China", _AWS_CN_DOC),
+    "aws:cn-northwest-1": ("CHN", "Ningxia, China", _AWS_CN_DOC),
+    "aws:eu-central-1": ("DEU", "Frankfurt, Germany", _AWS_REGIONS_DOC),
+    "aws:eu-north-1": ("SWE", "Stockholm, Sweden", _AWS_REGIONS_DOC),
+    "aws:eu-west-1": ("IRL", "Ireland", _AWS_REGIONS_DOC),
+    "aws:eu-west-2": ("GBR", "London, United Kingdom", _AWS_REGIONS_DOC),
+    "aws:eu-west-3": ("FRA", "Paris, France", _AWS_REGIONS_DOC),
+    "aws:sa-east-1": ("BRA", "Sao Paulo, Brazil", _AWS_REGIONS_DOC),
+    "aws:us-east-1": ("US-VA", "Northern Virginia, US", _AWS_REGIONS_DOC),
+    "aws:us-east-2": ("US-OH", "Ohio, US", _AWS_REGIONS_DOC),
+    "aws:us-gov-east-1": ("US-OH", "AWS GovCloud (US-East), Ohio, US", _AWS_REGIONS_DOC),
+    "aws:us-gov-west-1": ("US-OR", "AWS GovCloud (US-West), Oregon, US", _AWS_REGIONS_DOC),
+    "aws:us-west-1": ("US-CA", "Northern California, US", _AWS_REGIONS_DOC),
+    "aws:us-west-2": ("US-OR", "Oregon, US", _AWS_REGIONS_DOC),
+    "azure:australiacentral": ("AUS", "Canberra, Australia", _AZURE_REGIONS_DOC),
+    "azure:australiacentral2": ("AUS", "Canberra, Australia", _AZURE_REGIONS_DOC),
+    "azure:australiaeast": ("AUS", "New South Wales, Australia", _AZURE_REGIONS_DOC),
+    "azure:australiasoutheast": ("AUS", "Victoria, Australia", _AZURE_REGIONS_DOC),
+    "azure:brazilsouth": ("BRA", "Sao Paulo State, Brazil", _AZURE_REGIONS_DOC),
+    "azure:canadacentral": ("CA-ON", "Toronto, Ontario, Canada", _AZURE_REGIONS_DOC),
+    "azure:canadaeast": ("CA-QC", "Quebec City, Quebec, Canada", _AZURE_REGIONS_DOC),
+    "azure:centralindia": ("IND", "Pune, India", _AZURE_REGIONS_DOC),
+    "azure:centralus": ("US-IA", "Iowa, US", _AZURE_REGIONS_DOC),
+    "azure:eastasia": ("HKG", "Hong Kong", _AZURE_REGIONS_DOC),
+    "azure:eastus": ("US-VA", "Virginia, US", _AZURE_REGIONS_DOC),
+    "azure:eastus2": ("US-VA", "Virginia, US", _AZURE_REGIONS_DOC),
+    "azure:francecentral": ("FRA", "Paris, France", _AZURE_REGIONS_DOC),
+    "azure:francesouth": ("FRA", "Marseille, France", _AZURE_REGIONS_DOC),
+    "azure:japaneast": ("JPN", "Tokyo, Saitama, Japan", _AZURE_REGIONS_DOC),
+    "azure:japanwest": ("JPN", "Osaka, Japan", _AZURE_REGIONS_DOC),
+    "azure:koreacentral": ("KOR", "Seoul, South Korea", _AZURE_REGIONS_DOC),
+    "azure:koreasouth": ("KOR", "Busan, South Korea", _AZURE_REGIONS_DOC),
+    "azure:northcentralus": ("US-IL", "Illinois, US", _AZURE_REGIONS_DOC),
+    "azure:northeurope": ("IRL", "Ireland", _AZURE_REGIONS_DOC),
+    "azure:southafricanorth": ("ZAF", "Johannesburg, South Africa", _AZURE_REGIONS_DOC),
+    "azure:southafricawest": ("ZAF", "Cape Town, South Africa", _AZURE_REGIONS_DOC),
+    "azure:southcentralus": ("US-TX", "Texas, US", _AZURE_REGIONS_DOC),
+    "azure:southeastasia": ("SGP", "Singapore", _AZURE_REGIONS_DOC),
+    "azure:southindia": ("IND", "Chennai, India", _AZURE_REGIONS_DOC),
+    "azure:uksouth": ("GBR", "London, United Kingdom", _AZURE_REGIONS_DOC),
+    "azure:ukwest": ("GBR", "Cardiff, United Kingdom", _AZURE_REGIONS_DOC),
+    "azure:westcentralus": ("US-WY", "Wyoming, US", _AZURE_REGIONS_DOC),
+    "azure:westeurope": ("NLD", "Netherlands", _AZURE_REGIONS_DOC),
+    "azure:westindia": ("IND", "Mumbai, India", _AZURE_REGIONS_DOC),
+    "azure:westus": ("US-CA", "California, US", _AZURE_REGIONS_DOC),
+    "azure:westus2": ("US-WA", "Washington, US", _AZURE_REGIONS_DOC),
+}
+
+_GCP_HEAD_SOURCE = "CodeCarbon codecarbon/data/cloud/impact.csv @b05965e (MIT): GCP regions, Google region-carbon data"
+
+#: Canadian province codes of CLOUD_REGION_LOCATIONS -> the province's key in canada_energy_mix.json
+_CA_PROVINCES = {"CA-QC": "quebec", "CA-ON": "ontario"}
+#: canada_energy_mix.json source key -> carbon_intensity_per_source.json key (the sources that file has a factor for)
+_MIX_FACTOR_KEYS = {"coal": "coal", "petroleum": "petroleum", "naturalGas": "natural_gas", "hydro": "hydroelectricity",
+                    "nuclear": "nuclear", "solar": "solar", "wind": "wind"}
+
+
+def province_mix_intensity(mix: Mapping[str, float], per_source: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+    """Grid intensity (gCO2e/kWh) of a generation mix in percent (CodeCarbon's canada_energy_mix.json row) with the
+    per-source intensities of carbon_intensity_per_source.json: sum(share x factor) / total. Returns the intensity and
+    the share (percent) of the sources that file has no factor for (biomass, tidal, other), which count as zero."""
+    total = float(mix["total"])
+    if not total > 0:
+        raise CarbonDataError(f"energy mix total must be positive, got {mix['total']!r}")
+    g = sum(float(mix.get(k, 0.0)) * float(per_source[f]) for k, f in _MIX_FACTOR_KEYS.items()) / total
+    unfactored = {k: float(v) for k, v in mix.items() if k not in _MIX_FACTOR_KEYS and k != "total" and float(v) > 0}
+    return g, unfactored
+
 
 def build_grid_table(data_root: str | Path) -> dict[str, Any]:
     """Re-derive ``grid_intensity.json`` from the public CodeCarbon files under ``data_root``.
@@ -599,9 +688,20 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
 
     for r in rows("cloud_impact_gcp_HEAD.csv"):
         add(r, "gcp_head")
+        cloud[f"{r['provider']}:{r['region']}"].update(
+            source=f"{_GCP_HEAD_SOURCE}; upstream citation: {(r.get('source') or 'none given').strip()}; "
+                   "data year not given upstream", year=None)
+    per_source = json.loads((root / _CC / "private_infra_carbon_intensity_per_source.json").read_text(encoding="utf-8"))
+    canada = json.loads((root / _CC / "private_infra_2023_canada_energy_mix.json").read_text(encoding="utf-8"))
     for r in rows("cloud_impact_gcp_aws_azure_2023-05-16_8277eb67.csv"):
         if r["provider"] in ("aws", "azure"):
             add(r, "aws_azure_2023")
+            full = f"{r['provider']}:{r['region']}"
+            if full not in CLOUD_REGION_LOCATIONS:
+                raise CarbonDataError(f"{full}: no location in CLOUD_REGION_LOCATIONS (data/carbon.py); add where the "
+                                      "region is (country ISO3, CA-xx or US-xx) with the provider's region doc")
+            _relocate(cloud[full], *CLOUD_REGION_LOCATIONS[full], countries=countries, canada=canada,
+                      per_source=per_source)
     nordic = json.loads((root / _CC / "private_infra_nordic_emissions.json").read_text(encoding="utf-8"))
     zones = {
         code: {"name": r["description"], "gco2e_per_kwh": float(r["emission_factor"]), "year": int(r["year"])}
@@ -615,9 +715,12 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
         "sources": {
             "countries": "CodeCarbon codecarbon/data/private_infra/global_energy_mix.json @b05965e (MIT); "
                          "carbon_intensity per country from Our World in Data / Ember energy data, year per row",
-            "gcp_head": "CodeCarbon codecarbon/data/cloud/impact.csv @b05965e (MIT): GCP regions, Google region-carbon data",
-            "aws_azure_2023": "CodeCarbon codecarbon/data/cloud/impact.csv @8277eb6 (2023-05-16, MIT): AWS/Azure rows, "
-                              "older country/eGRID grid averages (removed upstream later)",
+            "gcp_head": _GCP_HEAD_SOURCE,
+            "aws_azure_2023": "CodeCarbon codecarbon/data/cloud/impact.csv @8277eb6 (2023-05-16, MIT): AWS/Azure region "
+                              "list, names and offset ratios (removed upstream later); its 2016-2019 intensities are "
+                              "kept only for US regions, every other row takes its location's current figure (row 'source')",
+            "canada_provinces": "CodeCarbon codecarbon/data/private_infra/2023/canada_energy_mix.json (MIT): 2023 "
+                                "generation mix per province (percent), x carbon_intensity_per_source.json",
             "zones": f"CodeCarbon codecarbon/data/private_infra/nordic_emissions.json (MIT): {nordic['metadata']['source']}",
             "market": "market-based proxy = location x (1 - CodeCarbon offsetRatio/100): the provider's declared share "
                       "matched by renewable purchases/offsets, not a published Scope-2 market-based factor",
@@ -628,6 +731,42 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
         "cloud_regions": dict(sorted(cloud.items())),
         "zones": zones,
     }
+
+
+def _relocate(entry: dict[str, Any], location: str, place: str, doc: str, *, countries: Mapping[str, Any],
+              canada: Mapping[str, Any], per_source: Mapping[str, Any]) -> None:
+    """Give an AWS/Azure snapshot row the grid intensity of where the region is (in place): the country row outside
+    the US and Canada, the 2023 province mix in Canada; US rows keep the snapshot's eGRID figure (the shared data
+    has only eGRID 2016 per state, older than the snapshot). Adds location, source, year and the snapshot's figure."""
+    snap = float(entry["gco2e_per_kwh"])
+    where = f"{place} ({doc})"
+    if location.startswith("US-"):
+        g, year = snap, None
+        src = (f"{location}: kept the CodeCarbon 2023-05-16 snapshot figure (eGRID subregion, edition not stated "
+               f"upstream: {entry['cite']}); the shared data has only eGRID 2016 per state (older), none newer; "
+               f"location {where}")
+    elif location in _CA_PROVINCES:
+        prov = _CA_PROVINCES[location]
+        if prov not in canada:
+            raise CarbonDataError(f"canada_energy_mix.json has no province {prov!r} (needed for {location})")
+        g, unfactored = province_mix_intensity(canada[prov], per_source)
+        g, year = round(g, 3), 2023
+        src = (f"{location}: {prov.title()} 2023 generation mix (CodeCarbon private_infra/2023/canada_energy_mix.json) "
+               f"x per-source intensities (CodeCarbon carbon_intensity_per_source.json: coal, petroleum, natural gas, "
+               f"hydro, nuclear, solar, wind); no factor there for "
+               + ", ".join(f"{k} {v:g}%" for k, v in sorted(unfactored.items()))
+               + f" (counted as 0); snapshot had {snap:g} ({entry['cite']}); location {where}")
+    else:
+        if location not in countries:
+            raise CarbonDataError(f"{entry['provider']}:{entry['region']}: country {location!r} has no row in "
+                                  "global_energy_mix.json")
+        c = countries[location]
+        g, year = float(c["gco2e_per_kwh"]), int(c["year"])
+        src = (f"country {location} ({c['name']}) {year}: CodeCarbon global_energy_mix.json (Our World in Data / Ember); "
+               f"snapshot had {snap:g} ({entry['cite']}); location {where}")
+    entry.update(gco2e_per_kwh=g,
+                 market_gco2e_per_kwh=round(g * (1.0 - float(entry["offset_ratio_pct"]) / 100.0), 6),
+                 location=location, year=year, source=src, snapshot_gco2e_per_kwh=snap)
 
 
 def _world_entry() -> dict[str, Any]:
