@@ -50,16 +50,14 @@ def _walk_rows_py(A, feat, thr, miss, dleft, left, right, leaf, roots, out):  # 
             node = roots[t]
             while node >= 0:
                 x = A[i, feat[node]]
-                if x != x:  # NaN: the default side when the split learned one, else LightGBM reads 0.0
+                if x != x:  # NaN: the default side when the split learned one for NaN, else LightGBM reads 0.0
                     if miss[node] == 2:
                         node = left[node] if dleft[node] else right[node]
                         continue
                     x = 0.0
-                elif -_ZERO <= x <= _ZERO:
-                    x = 0.0
-                    if miss[node] == 1:  # zero as missing: the default side
-                        node = left[node] if dleft[node] else right[node]
-                        continue
+                if miss[node] == 1 and -_ZERO <= x <= _ZERO:  # zero as missing: the default side
+                    node = left[node] if dleft[node] else right[node]
+                    continue
                 node = left[node] if x <= thr[node] else right[node]
             s += leaf[~node]
         out[i] = s
