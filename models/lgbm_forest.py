@@ -18,6 +18,7 @@ off, as for the pipeline scheduler.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -36,6 +37,9 @@ _RAW_OBJECTIVES = frozenset(("regression", "regression_l2", "l2", "mean_squared_
 _FEAT_BITS, _CHILD_BITS = 9, 27
 #: rows a block walks through one tree together
 _BLOCK_ROWS = 32
+#: specialised block layouts a forest keeps (one per set of constant feature values, e.g. per device)
+_SPECIALISED_KEPT = 4
+_specialised_lock = threading.Lock()
 #: rows from which the compiled loop runs on two threads (each on half the rows; the loop releases the GIL)
 _SPLIT_MIN_ROWS = 4096
 
@@ -133,16 +137,16 @@ class CompiledForest:
     block_roots: np.ndarray | None
     depth: np.ndarray | None
 
-    def _run(self, A: np.ndarray, out: np.ndarray) -> None:
-        if self.nodes is not None:
+    def _run(self, A: np.ndarray, out: np.ndarray, layout) -> None:
+        if layout is not None:
             nan_rows = np.isnan(A).any(axis=1)
             if not nan_rows.any():
-                _walk_blocks(A, self.nodes, self.block_roots, self.depth, len(self.feat), out)
+                _walk_blocks(A, *layout, len(self.feat), out)
                 return
             if not nan_rows.all():
                 ok = np.flatnonzero(~nan_rows)
                 part = np.empty(len(ok))
-                _walk_blocks(np.ascontiguousarray(A[ok]), self.nodes, self.block_roots, self.depth, len(self.feat), part)
+                _walk_blocks(np.ascontiguousarray(A[ok]), *layout, len(self.feat), part)
                 out[ok] = part
                 bad = np.flatnonzero(nan_rows)
                 part = np.empty(len(bad))
@@ -151,6 +155,27 @@ class CompiledForest:
                 out[bad] = part
                 return
         _walk_rows(A, self.feat, self.thr, self.miss, self.dleft, self.left, self.right, self.leaf, self.roots, out)
+
+    def _layout_for(self, A: np.ndarray):
+        """The block walk's (nodes, roots, depth) for the rows ``A``: the forest specialised to the features that have
+        one value (not NaN) in every row (on one device, its descriptors), whose splits are then decided once instead
+        of per row; the plain layout when there are none. Specialisations are kept for the last few constant sets."""
+        if self.nodes is None:
+            return None
+        if len(A) < 2:
+            return self.nodes, self.block_roots, self.depth
+        first = A[0]
+        const = np.flatnonzero((A == first).all(axis=0) & ~np.isnan(first))
+        if not len(const):
+            return self.nodes, self.block_roots, self.depth
+        key = (const.tobytes(), first[const].tobytes())
+        with _specialised_lock:
+            cache = self.__dict__.setdefault("_specialised", {})
+            if key not in cache:
+                if len(cache) >= _SPECIALISED_KEPT:
+                    cache.pop(next(iter(cache)))
+                cache[key] = _specialise(self, const, first[const])
+            return cache[key]
 
     def predict(self, A: np.ndarray) -> np.ndarray:
         A = np.asarray(A, dtype=np.float64)
@@ -162,16 +187,68 @@ class CompiledForest:
         A = np.ascontiguousarray(A)
         out = np.empty(len(A))
         n = len(A)
+        layout = self._layout_for(A)
         if n < _SPLIT_MIN_ROWS or (os.cpu_count() or 1) < 2:
-            self._run(A, out)
+            self._run(A, out, layout)
             return out
         # two halves on two threads: rows are independent, each row's sum is the same
         h = n // 2
         with ThreadPoolExecutor(max_workers=1) as ex:
-            fut = ex.submit(self._run, A[h:], out[h:])
-            self._run(A[:h], out[:h])
+            fut = ex.submit(self._run, A[h:], out[h:], layout)
+            self._run(A[:h], out[:h], layout)
             fut.result()
         return out
+
+
+def _unpack(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(feature, left, right, threshold-or-leaf-value) of every record of a block layout."""
+    meta = nodes.view(np.int64)[1::2]
+    cmask = (1 << _CHILD_BITS) - 1
+    return meta & ((1 << _FEAT_BITS) - 1), (meta >> _FEAT_BITS) & cmask, meta >> (_FEAT_BITS + _CHILD_BITS), nodes[0::2]
+
+
+def _pack(fe: np.ndarray, lc: np.ndarray, rc: np.ndarray, thr: np.ndarray) -> np.ndarray:
+    nodes = np.empty(2 * len(thr))
+    nodes[0::2] = thr
+    nodes.view(np.int64)[1::2] = fe | (lc << _FEAT_BITS) | (rc << (_FEAT_BITS + _CHILD_BITS))
+    return nodes
+
+
+def _tree_depths(lc: np.ndarray, rc: np.ndarray, roots: np.ndarray, n_inner: int) -> np.ndarray:
+    """Per tree, the steps from its root until every path is at a leaf (all trees level by level at once)."""
+    depth = np.zeros(len(roots), dtype=np.int64)
+    front, tree, d = roots, np.arange(len(roots)), 0
+    while True:
+        inner = front < n_inner
+        front, tree = front[inner], tree[inner]
+        if not len(front):
+            return depth
+        d += 1
+        depth[tree] = d
+        front, tree = np.concatenate([lc[front], rc[front]]), np.concatenate([tree, tree])
+
+
+def _specialise(f: CompiledForest, cols: np.ndarray, values: np.ndarray):
+    """The block layout with every split on a feature in ``cols`` (each of the rows' one value, never NaN, in
+    ``values``) decided: links to such a node go to the child every row takes (``value <= threshold``, LightGBM's
+    test for a non-missing value; forests with zero-as-missing splits have no block layout), transitively."""
+    n_inner = len(f.feat)
+    fe, lc, rc, thr = _unpack(f.nodes)
+    total = len(thr)
+    fixed = np.full(f.n_features, np.nan)
+    fixed[cols] = values
+    decided = np.zeros(total, dtype=bool)
+    decided[:n_inner] = ~np.isnan(fixed[fe[:n_inner]])
+    v = fixed[fe]
+    with np.errstate(invalid="ignore"):
+        to = np.where(decided, np.where(v <= thr, lc, rc), np.arange(total))
+    while True:  # follow decided nodes to the first undecided node or leaf (pointer jumping)
+        nxt = to[to]
+        if np.array_equal(nxt, to):
+            break
+        to = nxt
+    lc2, rc2, roots = to[lc], to[rc], to[f.block_roots]
+    return _pack(fe, lc2, rc2, thr), roots, _tree_depths(lc2, rc2, roots, n_inner)
 
 
 def _floats(s: str) -> np.ndarray:
@@ -253,19 +330,6 @@ def _add_block_layout(f: CompiledForest) -> None:
     lc = np.concatenate([to_node(f.left), np.arange(n_inner, total)])
     rc = np.concatenate([to_node(f.right), np.arange(n_inner, total)])
     fe = np.concatenate([f.feat, np.zeros(n_leaf, dtype=np.int64)])
-    nodes = np.empty(2 * total)
-    nodes[0::2] = np.concatenate([f.thr, f.leaf])
-    nodes.view(np.int64)[1::2] = fe | (lc << _FEAT_BITS) | (rc << (_FEAT_BITS + _CHILD_BITS))
-    # steps from each tree's root until every path is at a leaf (its inner nodes, level by level)
-    roots = to_node(f.roots)
-    depth = np.zeros(len(roots), dtype=np.int64)
-    lcl, rcl = lc.tolist(), rc.tolist()
-    for t, r in enumerate(roots.tolist()):
-        level, d = [r], 0
-        while True:
-            level = [c for nd in level if nd < n_inner for c in (lcl[nd], rcl[nd])]
-            if not level:
-                break
-            d += 1
-        depth[t] = d
-    f.nodes, f.block_roots, f.depth = nodes, roots.astype(np.int64), depth
+    roots = to_node(f.roots).astype(np.int64)
+    f.nodes = _pack(fe, lc, rc, np.concatenate([f.thr, f.leaf]))
+    f.block_roots, f.depth = roots, _tree_depths(lc, rc, roots, n_inner)

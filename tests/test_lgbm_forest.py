@@ -74,6 +74,25 @@ def test_compiled_forest_is_bit_identical_to_lightgbm_on_every_shipped_family(fa
         np.testing.assert_array_equal(from_file.nodes.view(np.int64), forest.nodes.view(np.int64))
 
 
+def test_forest_specialised_to_constant_features_is_bit_identical(family_matrices):
+    """On one device its descriptors are constant: their splits are decided once (shallower trees), same sums."""
+    for f, (fm, A) in family_matrices.items():
+        forest = lgbm_forest.compile_forest(fm.lgbm.booster)
+        plain = (forest.nodes, forest.block_roots, forest.depth)
+        nodes, roots, depth = forest._layout_for(A)
+        assert depth.sum() < forest.depth.sum(), f
+        ref = fm.lgbm.booster.predict(A, num_threads=0)
+        for layout in (plain, (nodes, roots, depth)):
+            out = np.empty(len(A))
+            lgbm_forest._walk_blocks(A, *layout, len(forest.feat), out)
+            np.testing.assert_array_equal(out, ref, err_msg=f)
+        # a second set of constants (another "device"): its own specialisation, still LightGBM's numbers
+        B = A.copy()
+        B[:, int(np.flatnonzero((A == A[0]).all(axis=0))[0])] += 0.37
+        np.testing.assert_array_equal(forest.predict(B), fm.lgbm.booster.predict(B, num_threads=0), err_msg=f)
+        assert len(forest._specialised) == 2
+
+
 def test_surrogate_uses_the_compiled_forest_for_large_matrices(family_matrices, monkeypatch):
     fm, A = family_matrices["gemm"]
     ref = fm.lgbm.booster.predict(A, num_threads=0)
