@@ -30,9 +30,15 @@ from wattcast.data.checks import did_you_mean
 #: the MLP's efficiency ceiling against the DRAM roofline; above 1 because L2-resident kernels beat DRAM
 EFF_MAX = 2.0
 
-#: rows from which a LightGBM surrogate predicts with its compiled forest (models/lgbm_forest.py, same numbers
-#: faster): below, building the forest once per process (~0.1 s a family) would cost more than it saves
+#: rows from which a LightGBM surrogate may predict with its compiled forest (models/lgbm_forest.py: the same numbers
+#: in about 0.7x the CPU time); below, LightGBM's own predict
 COMPILED_MIN_ROWS = 2048
+#: ... once the process has predicted this many rows of such matrices with LightGBM (ski rental): the compiled path
+#: costs once per process ~0.5-1 s (numba's start, ~0.1 s per family to build the forest), about what LightGBM spends
+#: on this many rows, so a one-off table never pays more than about twice the cheaper path and a process that keeps
+#: predicting (a sweep, a service, a benchmark after its warm-up run) gets the faster one
+COMPILE_AFTER_ROWS = 65_536
+_lgbm_large_rows = [0]  # rows of matrices >= COMPILED_MIN_ROWS LightGBM predicted in this process
 
 #: rows per block of the MLP forward pass (2048 x 128 float32 activations = 1 MiB)
 _MLP_BLOCK = 2048
@@ -157,9 +163,11 @@ class LGBMSurrogate:
             raise RuntimeError("LGBMSurrogate is not fitted")
         A = np.ascontiguousarray(A, dtype=np.float64)
         if len(A) >= COMPILED_MIN_ROWS:
-            forest = self.compiled_forest()
-            if forest is not None:
-                return forest.predict(A)  # bit-identical to the booster's (tests/test_lgbm_forest.py)
+            if self._forest is not None or _lgbm_large_rows[0] >= COMPILE_AFTER_ROWS:
+                forest = self.compiled_forest()
+                if forest is not None:
+                    return forest.predict(A)  # bit-identical to the booster's (tests/test_lgbm_forest.py)
+            _lgbm_large_rows[0] += len(A)
         # a C-contiguous float64 matrix goes to LightGBM without another copy
         return self.booster.predict(A, num_threads=0)
 

@@ -97,6 +97,7 @@ def test_surrogate_uses_the_compiled_forest_for_large_matrices(family_matrices, 
     fm, A = family_matrices["gemm"]
     ref = fm.lgbm.booster.predict(A, num_threads=0)
     monkeypatch.setattr(ks, "COMPILED_MIN_ROWS", 1)
+    monkeypatch.setattr(ks, "COMPILE_AFTER_ROWS", 0)
     calls = []
     assert isinstance(fm.lgbm.compiled_forest(), lgbm_forest.CompiledForest)
     orig = lgbm_forest.CompiledForest.predict
@@ -104,6 +105,25 @@ def test_surrogate_uses_the_compiled_forest_for_large_matrices(family_matrices, 
     got = fm.lgbm.predict_matrix(A)
     assert calls == [len(A)]
     np.testing.assert_array_equal(got, ref)
+
+
+def test_lightgbm_predicts_until_the_process_has_paid_for_compiling(monkeypatch):
+    """A surrogate compiles its forest only once large matrices worth COMPILE_AFTER_ROWS rows went through LightGBM."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(3000, 4))
+    sur = ks.LGBMSurrogate(["a", "b", "c", "d"], num_boost_round=20).fit(pd.DataFrame(X, columns=list("abcd")), X[:, 0])
+    monkeypatch.setattr(ks, "COMPILED_MIN_ROWS", 1000)
+    monkeypatch.setattr(ks, "COMPILE_AFTER_ROWS", 2500)
+    monkeypatch.setattr(ks, "_lgbm_large_rows", [0])
+    ref = sur.booster.predict(X)
+    np.testing.assert_array_equal(sur.predict_matrix(X[:999]), ref[:999])  # small: LightGBM, not counted
+    assert sur._forest is None and ks._lgbm_large_rows == [0]
+    np.testing.assert_array_equal(sur.predict_matrix(X[:2000]), ref[:2000])  # large: LightGBM, counted
+    assert sur._forest is None and ks._lgbm_large_rows == [2000]
+    np.testing.assert_array_equal(sur.predict_matrix(X[:2000]), ref[:2000])
+    assert sur._forest is None and ks._lgbm_large_rows == [4000]
+    np.testing.assert_array_equal(sur.predict_matrix(X), ref)  # paid for: compiled from now on
+    assert isinstance(sur._forest, lgbm_forest.CompiledForest) and ks._lgbm_large_rows == [4000]
 
 
 def test_predict_kernels_is_unchanged_by_the_compiled_forest(monkeypatch):
@@ -114,6 +134,7 @@ def test_predict_kernels_is_unchanged_by_the_compiled_forest(monkeypatch):
     monkeypatch.setattr(ks, "COMPILED_MIN_ROWS", 10**12)
     plain = kp.predict_kernels(frame, spec, bundle=bundle)
     monkeypatch.setattr(ks, "COMPILED_MIN_ROWS", 1)
+    monkeypatch.setattr(ks, "COMPILE_AFTER_ROWS", 0)
     compiled = kp.predict_kernels(frame, spec, bundle=bundle)
     # the families whose chosen model runs LightGBM (ln's is the MLP; no conv rows here) went through the forest
     used = [f for f in ("gemm", "elementwise", "ln", "softmax") if bundle.families[f].choice in ("lgbm", "ens")]
