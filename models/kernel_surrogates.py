@@ -165,8 +165,10 @@ class LGBMSurrogate:
         if len(A) >= COMPILED_MIN_ROWS:
             if self._forest is not None or _lgbm_large_rows[0] >= COMPILE_AFTER_ROWS:
                 forest = self.compiled_forest()
-                if forest is not None:
-                    return forest.predict(A)  # bit-identical to the booster's (tests/test_lgbm_forest.py)
+                if forest is not None:  # bit-identical to the booster's (tests/test_lgbm_forest.py)
+                    # rows of similar roofline time share a chunk: their specialised trees are shallowest
+                    key = self.features.index("log_t_roof_ms") if "log_t_roof_ms" in self.features else None
+                    return forest.predict(A, order_by=key)
             _lgbm_large_rows[0] += len(A)
         # a C-contiguous float64 matrix goes to LightGBM without another copy
         return self.booster.predict(A, num_threads=0)

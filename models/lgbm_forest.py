@@ -18,7 +18,6 @@ off, as for the pipeline scheduler.
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -37,11 +36,8 @@ _RAW_OBJECTIVES = frozenset(("regression", "regression_l2", "l2", "mean_squared_
 _FEAT_BITS, _CHILD_BITS = 9, 27
 #: rows a block walks through one tree together
 _BLOCK_ROWS = 32
-#: specialised block layouts a forest keeps (one per set of feature ranges)
-_SPECIALISED_KEPT = 4
-_specialised_lock = threading.Lock()
-#: rows from which the compiled loop runs on two threads (each on half the rows; the loop releases the GIL)
-_SPLIT_MIN_ROWS = 4096
+#: rows per chunk of similar rows (sorted by one feature) that gets its own specialised forest
+_CHUNK_ROWS = 4096
 
 
 def _walk_rows_py(A, feat, thr, miss, dleft, left, right, leaf, roots, out):  # pragma: no cover - compiled below
@@ -136,47 +132,26 @@ class CompiledForest:
     nodes: np.ndarray | None
     block_roots: np.ndarray | None
     depth: np.ndarray | None
-
-    def _run(self, A: np.ndarray, out: np.ndarray, layout) -> None:
-        if layout is not None:
-            nan_rows = np.isnan(A).any(axis=1)
-            if not nan_rows.any():
-                _walk_blocks(A, *layout, len(self.feat), out)
-                return
-            if not nan_rows.all():
-                ok = np.flatnonzero(~nan_rows)
-                part = np.empty(len(ok))
-                _walk_blocks(np.ascontiguousarray(A[ok]), *layout, len(self.feat), part)
-                out[ok] = part
-                bad = np.flatnonzero(nan_rows)
-                part = np.empty(len(bad))
-                _walk_rows(np.ascontiguousarray(A[bad]), self.feat, self.thr, self.miss, self.dleft, self.left,
-                           self.right, self.leaf, self.roots, part)
-                out[bad] = part
-                return
-        _walk_rows(A, self.feat, self.thr, self.miss, self.dleft, self.left, self.right, self.leaf, self.roots, out)
+    #: the feature rows are sorted by before they are chunked: the one the most splits test
+    sort_feature: int = 0
 
     def _layout_for(self, A: np.ndarray):
-        """The block walk's (nodes, roots, depth) for the rows ``A``, specialised to the range of each feature over
-        the rows: a split every row takes the same way (the threshold at or above the feature's largest value, or
-        below its smallest) is decided once instead of per row. On one device its descriptors are constant and most
-        of the splits that place the device are decided; the trees get about 40% shallower. Specialisations are kept
-        for the last few ranges."""
-        if self.nodes is None:
-            return None
+        """The block walk's (nodes, roots, depth) for the rows ``A`` (none with NaN), specialised to the range of each
+        feature over them: a split every row takes the same way (threshold at or above the feature's largest value,
+        or below its smallest) is decided once instead of per row."""
         if len(A) < 2:
             return self.nodes, self.block_roots, self.depth
-        lo, hi = np.fmin.reduce(A, axis=0), np.fmax.reduce(A, axis=0)  # NaN ignored; all-NaN column: NaN
-        key = (lo.tobytes(), hi.tobytes())
-        with _specialised_lock:
-            cache = self.__dict__.setdefault("_specialised", {})
-            if key not in cache:
-                if len(cache) >= _SPECIALISED_KEPT:
-                    cache.pop(next(iter(cache)))
-                cache[key] = _specialise(self, lo, hi)
-            return cache[key]
+        return _specialise(self, np.min(A, axis=0), np.max(A, axis=0))
 
-    def predict(self, A: np.ndarray) -> np.ndarray:
+    def _walk_chunks(self, S: np.ndarray, out: np.ndarray, chunks) -> None:
+        for s, e in chunks:
+            _walk_blocks(S[s:e], *self._layout_for(S[s:e]), len(self.feat), out[s:e])
+
+    def predict(self, A: np.ndarray, order_by: int | None = None) -> np.ndarray:
+        """The forest's sum per row of the (n, n_features) array ``A``. Rows without NaN are sorted by feature
+        ``order_by`` (default: the feature most splits test) and walked in chunks of similar rows, each chunk
+        through the forest specialised to its features' ranges (see :meth:`_layout_for`), on two threads when there
+        are several chunks; rows with NaN take the per-row walk. Neither changes a row's sum."""
         A = np.asarray(A, dtype=np.float64)
         if A.ndim != 2 or A.shape[1] != self.n_features:
             raise ValueError(f"compiled forest needs an (n, {self.n_features}) array, got shape {A.shape}")
@@ -184,18 +159,39 @@ class CompiledForest:
         if tiny.any():  # LightGBM's dense-row reader reads these as 0.0
             A = np.where(tiny, 0.0, A)
         A = np.ascontiguousarray(A)
-        out = np.empty(len(A))
         n = len(A)
-        layout = self._layout_for(A)
-        if n < _SPLIT_MIN_ROWS or (os.cpu_count() or 1) < 2:
-            self._run(A, out, layout)
-            return out
-        # two halves on two threads: rows are independent, each row's sum is the same
-        h = n // 2
-        with ThreadPoolExecutor(max_workers=1) as ex:
-            fut = ex.submit(self._run, A[h:], out[h:], layout)
-            self._run(A[:h], out[:h], layout)
-            fut.result()
+        out = np.empty(n)
+        nan_rows = np.isnan(A).any(axis=1) if self.nodes is not None else np.ones(n, dtype=bool)
+        if nan_rows.any():
+            bad = np.flatnonzero(nan_rows)
+            part = np.empty(len(bad))
+            _walk_rows(np.ascontiguousarray(A[bad]), self.feat, self.thr, self.miss, self.dleft, self.left,
+                       self.right, self.leaf, self.roots, part)
+            out[bad] = part
+            if len(bad) == n:
+                return out
+            ok = np.flatnonzero(~nan_rows)
+            A = A[ok]
+        else:
+            ok = None
+        key = self.sort_feature if order_by is None else int(order_by)
+        order = np.argsort(A[:, key], kind="stable") if len(A) > _CHUNK_ROWS else None
+        S = A if order is None else A[order]
+        res = np.empty(len(S))
+        chunks = [(s, min(s + _CHUNK_ROWS, len(S))) for s in range(0, len(S), _CHUNK_ROWS)]
+        if len(chunks) > 1 and (os.cpu_count() or 1) >= 2:
+            # every other chunk on a second thread (the walk releases the GIL): rows are independent
+            with ThreadPoolExecutor(max_workers=1) as ex:
+                fut = ex.submit(self._walk_chunks, S, res, chunks[1::2])
+                self._walk_chunks(S, res, chunks[0::2])
+                fut.result()
+        else:
+            self._walk_chunks(S, res, chunks)
+        if order is not None:
+            res[order] = res.copy()
+        if ok is None:
+            return res
+        out[ok] = res
         return out
 
 
@@ -330,3 +326,4 @@ def _add_block_layout(f: CompiledForest) -> None:
     roots = to_node(f.roots).astype(np.int64)
     f.nodes = _pack(fe, lc, rc, np.concatenate([f.thr, f.leaf]))
     f.block_roots, f.depth = roots, _tree_depths(lc, rc, roots, n_inner)
+    f.sort_feature = int(np.argmax(np.bincount(f.feat, minlength=f.n_features))) if n_inner else 0

@@ -58,15 +58,18 @@ def _with_awkward_values(A: np.ndarray, seed: int = 0) -> np.ndarray:
     return B
 
 
-def test_compiled_forest_is_bit_identical_to_lightgbm_on_every_shipped_family(family_matrices):
+@pytest.mark.parametrize("chunk_rows", [lgbm_forest._CHUNK_ROWS, 300])
+def test_compiled_forest_is_bit_identical_to_lightgbm_on_every_shipped_family(family_matrices, chunk_rows, monkeypatch):
+    """Also with rows sorted and walked in chunks of 300 on two threads, each chunk its own specialised forest."""
+    monkeypatch.setattr(lgbm_forest, "_CHUNK_ROWS", chunk_rows)
     assert set(family_matrices) == {"gemm", "elementwise", "ln", "softmax"}
     for f, (fm, A) in family_matrices.items():
         forest = lgbm_forest.compile_forest(fm.lgbm.booster)
         assert forest is not None and forest.nodes is not None, f
-        for M in (A, _with_awkward_values(A), A[:1], A[:0], A[:5000]):  # 5,000 rows: two threads
+        for M in (A, _with_awkward_values(A), A[:1], A[:0], A[:301]):
             ref = fm.lgbm.booster.predict(M, num_threads=0)
-            got = forest.predict(M)
-            np.testing.assert_array_equal(got, ref, err_msg=f)
+            np.testing.assert_array_equal(forest.predict(M), ref, err_msg=f)
+            np.testing.assert_array_equal(forest.predict(M, order_by=M.shape[1] - 1), ref, err_msg=f)
         # the surrogate's own forest (built from the text file the bundle was loaded from) is the same forest
         from_file = fm.lgbm.compiled_forest()
         np.testing.assert_array_equal(from_file.thr, forest.thr)
@@ -99,7 +102,6 @@ def test_forest_specialised_to_the_rows_feature_ranges_is_bit_identical(family_m
         B[::13, 2] = np.nan
         for M in (B, B[:1], B[:2], np.repeat(B[:1], 50, axis=0)):
             np.testing.assert_array_equal(forest.predict(M), fm.lgbm.booster.predict(M, num_threads=0), err_msg=f)
-        assert 2 <= len(forest._specialised) <= lgbm_forest._SPECIALISED_KEPT
 
 
 def test_surrogate_uses_the_compiled_forest_for_large_matrices(family_matrices, monkeypatch):
@@ -110,9 +112,10 @@ def test_surrogate_uses_the_compiled_forest_for_large_matrices(family_matrices, 
     calls = []
     assert isinstance(fm.lgbm.compiled_forest(), lgbm_forest.CompiledForest)
     orig = lgbm_forest.CompiledForest.predict
-    monkeypatch.setattr(lgbm_forest.CompiledForest, "predict", lambda self, M: (calls.append(len(M)), orig(self, M))[1])
+    monkeypatch.setattr(lgbm_forest.CompiledForest, "predict",
+                        lambda self, M, order_by=None: (calls.append((len(M), order_by)), orig(self, M, order_by))[1])
     got = fm.lgbm.predict_matrix(A)
-    assert calls == [len(A)]
+    assert calls == [(len(A), fm.features.index("log_t_roof_ms"))]
     np.testing.assert_array_equal(got, ref)
 
 
@@ -144,6 +147,7 @@ def test_predict_kernels_is_unchanged_by_the_compiled_forest(monkeypatch):
     plain = kp.predict_kernels(frame, spec, bundle=bundle)
     monkeypatch.setattr(ks, "COMPILED_MIN_ROWS", 1)
     monkeypatch.setattr(ks, "COMPILE_AFTER_ROWS", 0)
+    monkeypatch.setattr(lgbm_forest, "_CHUNK_ROWS", 256)  # sorted chunks, two threads
     compiled = kp.predict_kernels(frame, spec, bundle=bundle)
     # the families whose chosen model runs LightGBM (ln's is the MLP; no conv rows here) went through the forest
     used = [f for f in ("gemm", "elementwise", "ln", "softmax") if bundle.families[f].choice in ("lgbm", "ens")]
