@@ -31,7 +31,7 @@ from wattcast.data.checks import did_you_mean
 EFF_MAX = 2.0
 
 #: rows from which a LightGBM surrogate may predict with its compiled forest (models/lgbm_forest.py: the same numbers
-#: in about 0.7x the CPU time); below, LightGBM's own predict
+#: in about 0.3x the CPU time); below, LightGBM's own predict
 COMPILED_MIN_ROWS = 2048
 #: ... once the process has predicted this many rows of such matrices with LightGBM (ski rental): the compiled path
 #: costs once per process ~0.5-1 s (numba's start, ~0.1 s per family to build the forest), about what LightGBM spends
