@@ -16,7 +16,11 @@ worst case. Each figure is the median of --repeats runs after one warm-up run. T
 split into its stages, timed alone on the same rows: normalising the input frame, finding the distinct
 kernels, featurize_kernels and the model part (per-family surrogate prediction + the
 out-of-distribution check) on the rows that are predicted, and the rest (copying predictions to
-repeated rows, assembling the output frame).
+repeated rows, assembling the output frame). The CPU time of the whole call (all threads) and the load
+average are printed too: on a shared machine the wall times move with other work, CPU seconds much less.
+LightGBM families predict through the compiled forest (models/lgbm_forest.py, bit-identical to LightGBM)
+from models.kernel_surrogates.COMPILED_MIN_ROWS rows; the per-family lines time both it and LightGBM's own
+Booster.predict. WATTCAST_NO_NUMBA=1 measures the plain LightGBM path.
 """
 
 from __future__ import annotations
@@ -72,15 +76,24 @@ def random_kernels(n: int, seed: int = 0, distinct: bool = False) -> pd.DataFram
     return df
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    """Median wall seconds of ``repeats`` calls after one warm-up call; also the last result."""
+def timed(fn, repeats: int, clock=time.perf_counter) -> tuple[float, object]:
+    """Median seconds (wall, or ``clock``) of ``repeats`` calls after one warm-up call; also the last result."""
     out = fn()
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = clock()
         out = fn()
-        times.append(time.perf_counter() - t)
+        times.append(clock() - t)
     return statistics.median(times), out
+
+
+def load_avg() -> str:
+    """The 1- and 5-minute load averages (a busy machine slows every figure here), or '?' where unknown."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "?"
+    return f"{one:.2f} / {five:.2f}"
 
 
 def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) -> None:
@@ -95,10 +108,12 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
     frame = random_kernels(rows, distinct=distinct)
     mix = frame["OPName"].map(lambda o: "gemm" if o in ("bmm", "linear") else ("elementwise" if o in ELEMENTWISE else o))
     print(f"wattcast predict_kernels benchmark: {rows:,} kernels on {spec.name}; "
-          f"{os.cpu_count()} CPU core(s) visible; median of {repeats} runs after 1 warm-up")
+          f"{os.cpu_count()} CPU core(s) visible; median of {repeats} runs after 1 warm-up; load average (1/5 min) {load_avg()}")
     print("  mix: " + ", ".join(f"{k} {v / rows:.0%}" for k, v in mix.value_counts().items()))
 
     t_total, out = timed(lambda: predict_kernels(frame, spec, bundle=bundle), repeats)
+    # CPU seconds of the process (all its threads): less sensitive than wall time to other work on the machine
+    cpu_total, _ = timed(lambda: predict_kernels(frame, spec, bundle=bundle), repeats, clock=time.process_time)
     assert len(out) == rows and (out["error"] == "").all(), out.loc[out["error"] != "", "error"].head().tolist()
     t_norm, (canon, _) = timed(lambda: normalise_kernel_frame(frame), repeats)
     t_group, groups = timed(lambda: kp._distinct_rows(canon), repeats)
@@ -135,12 +150,15 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
     print(f"\n  predict_kernels total   {t_total * 1e3:9.1f} ms   {rate:12,.0f} rows/s   "
           f"(target {TARGET_ROWS_PER_S:,} rows/s on 2 cores: {'met' if rate >= TARGET_ROWS_PER_S else 'NOT met'}, "
           f"{rate / TARGET_ROWS_PER_S:.2f}x)")
+    print(f"  predict_kernels CPU time {cpu_total * 1e3:9.1f} ms   {rows / cpu_total:12,.0f} rows per CPU second (all threads)")
     print(f"  split (each stage timed alone; rows/s counts all {rows:,} input rows):")
     for name, t in (("normalise input frame", t_norm), ("find distinct kernels", t_group),
                     ("featurize_kernels", t_feat), ("model: surrogates + OOD", t_model),
                     ("  surrogates alone", t_pred), ("  OOD check alone", t_ood), ("assemble output (rest)", rest)):
         print(f"    {name:26s} {t * 1e3:9.1f} ms  {t / t_total:6.1%}   {rows / t if t > 0 else float('inf'):12,.0f} rows/s")
-    print("  surrogates per family on the predicted rows (chosen model; LightGBM and MLP timed alone):")
+    print("  surrogates per family on the predicted rows (chosen model; LightGBM and MLP timed alone; lgbm = the path\n"
+          "  predict_kernels takes, the compiled forest from models.kernel_surrogates.COMPILED_MIN_ROWS rows, booster =\n"
+          "  LightGBM's own Booster.predict on all cores):")
     for f in pd.unique(fam):
         if f not in mats:
             print(f"    {f:12s} roofline fallback  {int((fam == f).sum()):9,d} rows")
@@ -151,8 +169,12 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
             if m is not None and (fm.choice == name or fm.choice == "ens"):
                 t_m, _ = timed(lambda: m.predict_matrix(A), repeats)
                 parts.append(f"{name} {t_m * 1e3:7.1f} ms")
+                if name == "lgbm":
+                    t_b, _ = timed(lambda: m.booster.predict(A, num_threads=0), repeats)
+                    parts.append(f"(booster {t_b * 1e3:7.1f} ms)")
         print(f"    {f:12s} {fm.choice:5s} {len(A):9,d} rows   " + "   ".join(parts))
     print(f"  rows flagged out of distribution: {out['ood'].mean():.1%}")
+    print(f"  load average (1/5 min) at the end: {load_avg()}")
 
 
 def bench_train(mlruns: Path | None) -> None:

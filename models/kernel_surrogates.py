@@ -30,6 +30,16 @@ from wattcast.data.checks import did_you_mean
 #: the MLP's efficiency ceiling against the DRAM roofline; above 1 because L2-resident kernels beat DRAM
 EFF_MAX = 2.0
 
+#: rows from which a LightGBM surrogate may predict with its compiled forest (models/lgbm_forest.py: the same numbers
+#: in about 0.3x the CPU time); below, LightGBM's own predict
+COMPILED_MIN_ROWS = 2048
+#: ... once the process has predicted this many rows of such matrices with LightGBM (ski rental): the compiled path
+#: costs once per process ~0.5-1 s (numba's start, ~0.1 s per family to build the forest), about what LightGBM spends
+#: on this many rows, so a one-off table never pays more than about twice the cheaper path and a process that keeps
+#: predicting (a sweep, a service, a benchmark after its warm-up run) gets the faster one
+COMPILE_AFTER_ROWS = 65_536
+_lgbm_large_rows = [0]  # rows of matrices >= COMPILED_MIN_ROWS LightGBM predicted in this process
+
 #: rows per block of the MLP forward pass (2048 x 128 float32 activations = 1 MiB)
 _MLP_BLOCK = 2048
 
@@ -133,12 +143,15 @@ class LGBMSurrogate:
         }
         self.num_boost_round = num_boost_round
         self.booster = None
+        self._model_text: str | None = None  # the text model it was loaded from (compile_forest reads it)
+        self._forest = None  # the compiled forest (models/lgbm_forest.py): built on first use, False if it cannot be
 
     def fit(self, X: pd.DataFrame, y: np.ndarray) -> "LGBMSurrogate":
         import lightgbm as lgb
 
         ds = lgb.Dataset(X[self.features].to_numpy(dtype=np.float64), label=np.asarray(y), feature_name=self.features, free_raw_data=True)
         self.booster = lgb.train(self.params, ds, num_boost_round=self.num_boost_round)
+        self._model_text, self._forest = None, None
         return self
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
@@ -148,8 +161,27 @@ class LGBMSurrogate:
         """Like :meth:`predict` on an (n, len(features)) array whose columns are ``features`` in order."""
         if self.booster is None:
             raise RuntimeError("LGBMSurrogate is not fitted")
+        A = np.ascontiguousarray(A, dtype=np.float64)
+        if len(A) >= COMPILED_MIN_ROWS:
+            if self._forest is not None or _lgbm_large_rows[0] >= COMPILE_AFTER_ROWS:
+                forest = self.compiled_forest()
+                if forest is not None:  # bit-identical to the booster's (tests/test_lgbm_forest.py)
+                    # rows of similar roofline time share a chunk: their specialised trees are shallowest
+                    key = self.features.index("log_t_roof_ms") if "log_t_roof_ms" in self.features else None
+                    return forest.predict(A, order_by=key)
+            _lgbm_large_rows[0] += len(A)
         # a C-contiguous float64 matrix goes to LightGBM without another copy
-        return self.booster.predict(np.ascontiguousarray(A, dtype=np.float64), num_threads=0)
+        return self.booster.predict(A, num_threads=0)
+
+    def compiled_forest(self):
+        """The booster as a numba-compiled forest (:mod:`wattcast.models.lgbm_forest`), built once; None when numba
+        is unavailable or the model has something the compiled walk does not reproduce."""
+        if self._forest is None:
+            from wattcast.models.lgbm_forest import compile_forest
+
+            self._forest = compile_forest(self.booster, self._model_text) or False
+            self._model_text = None  # parsed: no need to keep 2 MB of text
+        return self._forest or None
 
     def save(self, path: Path) -> None:
         self.booster.save_model(str(path))
@@ -160,6 +192,8 @@ class LGBMSurrogate:
 
         m = cls(features)
         m.booster = lgb.Booster(model_file=str(path))  # LightGBM text format: no pickle
+        # the same text, for compile_forest when a large table comes (faster than booster.model_to_string)
+        m._model_text = Path(path).read_text(errors="replace")
         if list(m.booster.feature_name()) != list(features):
             raise ValueError(f"{path}: the booster's features differ from the manifest's")
         return m
