@@ -84,11 +84,14 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
     if "op" not in df:
         raise ValueError("input has no 'OPName' (or 'op') column")
     n = len(df)
-    op = df["op"].astype(str).str.strip().str.lower()
-    op = op.where(~op.isin(OP_ALIASES.keys()), op.map(OP_ALIASES))
-    # work on the distinct spellings (a few) and per-row codes, not on per-row strings
-    op_codes, op_uniq = pd.factorize(op, use_na_sentinel=False)
-    op_uniq = list(op_uniq)
+    # work on the distinct spellings (a few) and per-row codes, not on per-row strings: strip, lower-case and
+    # resolve aliases once per spelling
+    raw_codes, raw_uniq = pd.factorize(df["op"], use_na_sentinel=False)
+    canon = [str(u).strip().lower() for u in raw_uniq]
+    codes_of_raw, op_uniq = pd.factorize(np.array([OP_ALIASES.get(c, c) for c in canon] or [""], dtype=object)[: len(canon)],
+                                         use_na_sentinel=False)
+    op_codes, op_uniq = codes_of_raw[raw_codes], list(op_uniq)
+    op = pd.Series(_text_column(op_uniq, op_codes), index=df.index, dtype=pd.Series([""]).dtype if n == 0 else None)
     if "dtype" in df:
         raw = df["dtype"]
         blank = raw.isna().to_numpy() | (raw.astype(str).str.strip() == "").to_numpy()
