@@ -20,9 +20,11 @@ from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, _schedule, schedule_context
+from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
-from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, ParallelConfigError, resolve_parallel
+from wattcast.simulate.parallel import (SCHEDULES, ParallelConfig, ParallelConfigError, new_config, resolve_parallel,
+                                        with_fields)
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -171,8 +173,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                     if "1f1b" in schedule:
                         continue
                     sch = "1f1b" if p == 1 else sch  # a lone gpipe choice: one stage runs it as 1F1B does
-                out.append(ParallelConfig(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                          interleave=v, cp=c, schedule=sch))
+                out.append(new_config(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
+                                      interleave=v, cp=c, schedule=sch))
     return out
 
 
@@ -279,7 +281,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         resolved.append((cl, spec))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
-    rows, bad = [], []
+    rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
@@ -303,6 +305,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
         return SearchResult(empty, empty.copy(), rejected, empty.copy())
+    if tokens is not None:  # run_pareto is computed over the whole frame below
+        pareto_at = cols.index("run_pareto")
+        rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
     df = pd.DataFrame(rows, columns=cols)
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
@@ -378,16 +383,16 @@ class _Evaluator:
         self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
         self.contexts: dict = {}
         self.memo: dict = {}
+        self.dtype, self.attention = str(job.dtype).lower(), str(job.attention).lower()
 
-    def __call__(self, par: ParallelConfig) -> tuple[str, dict]:
-        """("row", the search row) or ("bad", the rule it breaks) for one candidate."""
-        from wattcast.simulate.strategy import format_strategy
-
+    def __call__(self, par: ParallelConfig) -> tuple[str, tuple]:
+        """("row", the search row: values in the order of :data:`COLUMNS`, then :data:`RUN_COLUMNS` but
+        ``run_pareto`` with ``tokens``) or ("bad", (cluster, config, the rule it breaks)) for one candidate."""
         job = self.job
         cl = job.cl
         try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
-            par_r = resolve_parallel(par if par.gpus == job.gpus else replace(par, gpus=job.gpus), **self.rules)
-            key = _group_key(par_r)
+            par_r = resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **self.rules)
+            key = (par_r.tp, par_r.sp, par_r.ep, par_r.cp, par_r.micro_batch, par_r.recompute)  # _group_key
             ctx = self.contexts.get(key)
             if ctx is None:
                 try:
@@ -396,7 +401,7 @@ class _Evaluator:
                                            framework=job.framework, comm_split=False, prune_oom=job.prune_oom,
                                            bundle=self.bundle, coll_model=self.coll_model, power_model=self.power_model,
                                            exact_pipeline=job.exact_pipeline)
-                    ctx = replace(ctx, detail=False, memo=self.memo)
+                    ctx = replace(ctx, detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e
                 self.contexts[key] = ctx
@@ -406,23 +411,23 @@ class _Evaluator:
                 raise ParallelConfigError(str(ctx))
             r = _schedule(ctx)
         except ParallelConfigError as e:
-            return "bad", dict(cluster=cl.name, config=par.describe(), rule=str(e))
+            return "bad", (cl.name, par.describe(), str(e))
         p = r.parallel
-        row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
-                   dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
-                   recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
-                   tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
-                   exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
-                   avg_power_w=r.avg_power_w, strategy=format_strategy(p, job.batch, job.framework),
-                   grad_accum=p.n_micro(job.batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
-                   memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
-                   # the settings a strategy string does not carry: predict it with the same ones
-                   dtype=str(job.dtype).lower(), attention=str(job.attention).lower(), framework=job.framework)
-        if job.tokens and r.fits:
-            fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
-                                     tokens=float(job.tokens), tokens_per_step=job.batch * job.seq, flops_per_step=r.flops,
-                                     **(job.footprint_kw or {}))
-            row.update(_run_row(fp))
+        row = (cl.name, r.device, p.describe(), p.tp, p.pp, p.dp, p.cp, p.micro_batch, p.zero, p.sp, p.ep, p.recompute,
+               p.interleave, r.step_time_ms, r.mfu, r.tflops_per_gpu, r.memory_gb, r.fits, r.exposed_comm_ms, r.bubble_ms,
+               r.energy_j, r.avg_power_w, format_strategy(p, job.batch, job.framework), job.batch // (p.dp * p.micro_batch),
+               p.schedule, r.memory_capacity_gb, r.memory_flag, r.scheduled,
+               # the settings a strategy string does not carry: predict it with the same ones
+               self.dtype, self.attention, job.framework)
+        if job.tokens:
+            if r.fits:
+                fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
+                                         tokens=float(job.tokens), tokens_per_step=job.batch * job.seq,
+                                         flops_per_step=r.flops, **(job.footprint_kw or {}))
+                run = _run_row(fp)
+                row += tuple(run[k] for k in _RUN_ROW_KEYS)
+            else:  # no run figures for a configuration that does not fit (NaN, as a missing key of a row dict gives)
+                row += _NO_RUN
         return "row", row
 
 
@@ -537,6 +542,12 @@ def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int,
         out.append((kind, rec))
         evaluated += kind == "row"
     return out
+
+
+#: the run figures of a fitting row (:func:`_run_row`), in the order a row tuple holds them: RUN_COLUMNS but
+#: ``run_pareto``, which the search computes over all rows
+_RUN_ROW_KEYS = tuple(c for c in RUN_COLUMNS if c != "run_pareto")
+_NO_RUN = (np.nan,) * len(_RUN_ROW_KEYS)
 
 
 def _run_row(fp) -> dict:

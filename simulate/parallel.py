@@ -14,7 +14,8 @@ only (ZeRO-1), and DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import lru_cache
 
 from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
@@ -164,8 +165,9 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if not ((type(batch) is int and batch >= 1) or is_count(batch)):
         raise ParallelConfigError(f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
     mp = cfg.tp * cfg.pp * cfg.cp
-    mp_txt = f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1 else f"tp x pp x cp ({cfg.tp} x {cfg.pp} x {cfg.cp} = {mp})"
     if not (cfg.gpus % mp == 0):
+        mp_txt = (f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1
+                  else f"tp x pp x cp ({cfg.tp} x {cfg.pp} x {cfg.cp} = {mp})")
         raise ParallelConfigError(f"gpus ({cfg.gpus}) must be a multiple of {mp_txt}")
     dp = cfg.dp if cfg.dp is not None else cfg.gpus // mp
     if not (dp >= 1 and dp * mp == cfg.gpus):
@@ -297,7 +299,25 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
-    return replace(cfg, dp=dp, micro_batch=mb, **flags)
+    return with_fields(cfg, dp=dp, micro_batch=mb, **flags)
+
+
+def with_fields(cfg: ParallelConfig, **changes) -> ParallelConfig:
+    """``dataclasses.replace(cfg, **changes)`` without re-running ``__init__`` (a search makes tens of thousands): the
+    same frozen object, its fields copied and ``changes`` set. ``changes`` must name fields of ParallelConfig."""
+    out = object.__new__(ParallelConfig)
+    d = out.__dict__
+    d.update(cfg.__dict__)
+    d.update(changes)
+    return out
+
+
+def new_config(**fields) -> ParallelConfig:
+    """``ParallelConfig(**fields)`` built the way :func:`with_fields` builds (a search enumerates tens of thousands)."""
+    return with_fields(_DEFAULT_CONFIG, **fields)
+
+
+_DEFAULT_CONFIG = ParallelConfig()
 
 
 @dataclass(frozen=True)
@@ -321,14 +341,18 @@ def group_layout(size: int, stride: int, gpus_per_node: int) -> GroupLayout:
 
 
 def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
-    g = cluster.gpus_per_node
-    cp = cfg.cp
-    return {
-        "tp": group_layout(cfg.tp, 1, g),
+    """Where each parallel group of ``cfg`` sits on ``cluster`` (a new dict; the layouts are shared, immutable)."""
+    return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node))
+
+
+@lru_cache(maxsize=4096)
+def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int) -> tuple[tuple[str, GroupLayout], ...]:
+    return (
+        ("tp", group_layout(tp, 1, g)),
         # Megatron's order: tp, cp, dp, pp. Gradients are reduced (and ZeRO shards) over the data-parallel ranks
         # together with the context-parallel ones, which hold the same weights: the "dp" group is dp x cp
-        "cp": group_layout(cp, cfg.tp, g),
-        "dp": group_layout((cfg.dp or 1) * cp, cfg.tp, g),
-        "ep": group_layout(cfg.ep, cfg.tp * cp, g),
-        "pp": group_layout(cfg.pp, cfg.tp * cp * (cfg.dp or 1), g),
-    }
+        ("cp", group_layout(cp, tp, g)),
+        ("dp", group_layout(dp * cp, tp, g)),
+        ("ep", group_layout(ep, tp * cp, g)),
+        ("pp", group_layout(pp, tp * cp * dp, g)),
+    )

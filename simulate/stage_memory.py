@@ -194,6 +194,30 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                 activations_gb=act / GB, buffers_gb=during / GB, post_backward_buffers_gb=after / GB, total_gb=total / GB)
 
 
+def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
+                   full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
+                   optimizer: str, zero: int, dp: int, framework: str, block_params: float,
+                   fp8_param_fraction: float = 0.0) -> np.ndarray:
+    """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
+    the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
+    params = np.asarray(params, dtype=float)
+    mixed = dtype_bytes < 4
+    opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
+    dp = max(int(dp), 1)
+    if held_grad_bytes is None:
+        held_grad_bytes = 4 if mixed else dtype_bytes
+    d3 = dp if zero >= 3 else 1
+    d1 = dp if zero >= 1 else 1
+    w = params * dtype_bytes / d3
+    w = w + 2.0 * params * fp8_param_fraction / d3
+    during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
+                                 dp=dp, block_params=block_params)
+    act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
+    total = (w + params * (4 if mixed else 0) / d1 + params * held_grad_bytes / (dp if zero >= 2 else 1)
+             + params * opt_b / d1 + np.maximum(act + during, after))
+    return total / GB
+
+
 def capacity_gb(memory_gb: float) -> float:
     """A GPU's memory in GB (1e9 bytes, the unit of every memory figure here) from its catalog figure, which vendors
     give in binary units (80 GB = 80 GiB = 85.9e9 bytes)."""

@@ -1,0 +1,76 @@
+"""The search's fast paths give the figures of the full ones, bit for bit: the memory total alone
+(stage_total_gb) against the term-by-term stage memory, a search's StepSummary against the DistributedPrediction of
+the same schedule context, and the cheap config copies against dataclasses.replace."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from wattcast.simulate.distributed import StepSummary, _schedule, schedule_context
+from wattcast.simulate.parallel import ParallelConfig, layouts, new_config, with_fields
+from wattcast.simulate.stage_memory import stage_memory_gb, stage_total_gb
+
+
+def test_stage_total_equals_the_term_by_term_total():
+    rng = np.random.default_rng(0)
+    n = 0
+    for fw, db, zero, dp, opt, fp8 in itertools.product(("hf", "megatron", "megatron-deepspeed"), (2, 4), (0, 1, 2, 3),
+                                                         (1, 3, 8), ("adamw", "sgd"), (0.0, 0.37)):
+        P = int(rng.integers(1, 9))
+        kw = dict(params=rng.uniform(1e6, 3e9, P), act_bytes_per_chunk=rng.uniform(0, 5e9, P),
+                  inflight=rng.integers(1, 9, P), full_recompute_extra_bytes=float(rng.uniform(0, 1e9)), dtype_bytes=db,
+                  grad_bytes=4, held_grad_bytes=float(rng.choice([2.0, 4.0, 6.0])), optimizer=opt, zero=zero, dp=dp,
+                  framework=fw, block_params=float(rng.uniform(1e6, 1e9)), fp8_param_fraction=fp8)
+        np.testing.assert_array_equal(stage_total_gb(**kw), stage_memory_gb(**kw)["total_gb"])
+        n += 1
+    assert n == 3 * 2 * 4 * 3 * 2 * 2
+
+
+def test_config_copies_equal_replace():
+    base = ParallelConfig(gpus=64, tp=4, pp=2, zero=1, sp=True, recompute="full")
+    a = with_fields(base, dp=8, micro_batch=2, overlap_grad_reduce=False)
+    b = replace(base, dp=8, micro_batch=2, overlap_grad_reduce=False)
+    assert a == b and hash(a) == hash(b) and a.describe() == b.describe()
+    assert base.dp is None  # the original is untouched
+    assert new_config(gpus=8, tp=2, interleave=2) == ParallelConfig(gpus=8, tp=2, interleave=2)
+    with pytest.raises(Exception):  # still frozen
+        a.tp = 3
+
+
+def test_layouts_are_cached_but_each_call_gets_its_own_dict():
+    from wattcast.data.cluster_spec import resolve_cluster
+
+    cl = resolve_cluster("DGX-A100")
+    p = ParallelConfig(gpus=64, tp=4, pp=2, dp=8)
+    a, b = layouts(p, cl), layouts(p, cl)
+    assert a == b and a is not b
+    a["dp"] = None
+    assert layouts(p, cl)["dp"].size == 8
+
+
+@pytest.mark.parametrize("par", [
+    ParallelConfig(gpus=64, tp=8, pp=4, zero=1, micro_batch=1),
+    ParallelConfig(gpus=64, tp=4, pp=4, zero=0, interleave=2, micro_batch=2, sp=True),
+    ParallelConfig(gpus=64, tp=2, pp=8, zero=0, micro_batch=1, schedule="gpipe", recompute="full"),
+    ParallelConfig(gpus=64, tp=8, pp=1, zero=3, micro_batch=1),
+    ParallelConfig(gpus=64, tp=8, pp=2, zero=2, micro_batch=4),
+    ParallelConfig(gpus=64, tp=1, pp=1, zero=0, micro_batch=4),  # does not fit: pruned
+])
+def test_step_summary_equals_the_prediction(par):
+    kw = dict(gpus=64, batch=256, seq=2048, parallel=par, dtype="bf16", attention="flash", comm_split=False,
+              prune_oom=True, exact_pipeline=False)
+    ctx = schedule_context("gpt3_13b", "DGX-A100", **kw)
+    full = _schedule(replace(ctx, detail=False, memo={}))
+    s = _schedule(replace(ctx, detail=False, summary=True, memo={}))
+    assert isinstance(s, StepSummary)
+    for name in StepSummary._fields:
+        want = full.meta.get("scheduled", True) if name == "scheduled" else getattr(full, name)
+        got = getattr(s, name)
+        assert got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got)), name
+    assert s.memory_flag == full.memory_flag
+    assert s.scheduled == (par.tp > 1)
