@@ -205,8 +205,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     every figure of theirs unchanged. ``prune_oom=False`` simulates every step.
 
     ``exact_pipeline``: time every pipeline with the event-driven scheduler (the reference); by default the closed form
-    of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the scheduler
-    the rest. ``workers``: processes to evaluate on (default 1); from :data:`PARALLEL_MIN_CANDIDATES` candidates a
+    of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the rest get
+    the scheduler's one pass in the event loop's order (the same figures, bit for bit). ``workers``: processes to evaluate on (default 1); from :data:`PARALLEL_MIN_CANDIDATES` candidates a
     cluster's candidates are split over them by rank graph, with the same rows in the same order as one process.
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,

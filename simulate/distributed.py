@@ -853,7 +853,8 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
         if hit is None:  # strategies that differ only where the pipeline does not see it (ZeRO 0/1, ...) share it
             pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p, keep_tasks=keep,
                                  exact=ctx.exact_pipeline)
-            hit = (pipe, np.asarray(pipe.last_backward, dtype=float).reshape(P, 2))
+            lb = pipe.last_backward_array
+            hit = (pipe, lb if lb is not None else np.asarray(pipe.last_backward, dtype=float).reshape(P, 2))
             if memo is not None and not keep:
                 memo[pipe_key] = hit
         pipe, lb = hit

@@ -74,3 +74,44 @@ def test_step_summary_equals_the_prediction(par):
         assert got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got)), name
     assert s.memory_flag == full.memory_flag
     assert s.scheduled == (par.tp > 1)
+
+
+@pytest.mark.parametrize("limit", [None, 24])
+def test_static_pass_equals_the_event_loop_bit_for_bit(monkeypatch, limit):
+    """The one-pass timing in the event loop's order (the search's default where the closed form does not apply) gives
+    the event loop's figures exactly, 1F1B, GPipe and interleaved, with transfers, and when the steady state is
+    extrapolated (``limit``: micro-batches simulated task by task)."""
+    from wattcast.simulate import scheduler as sc
+    from wattcast.simulate.pipeline_fast import closed_form_applies, time_pipeline
+
+    if sc._static_kernel is None:
+        pytest.skip("numba is not installed: the event loop times every step")
+    if limit is not None:
+        monkeypatch.setattr(sc, "MAX_EXACT_MICRO", limit)
+    rng = np.random.default_rng(11)
+    n_static = 0
+    for _ in range(120):
+        P = int(rng.integers(1, 13))
+        V = int(rng.choice([1, 2, 3, 4])) if P > 1 else 1
+        kind = "1f1b" if V > 1 else str(rng.choice(["1f1b", "gpipe"]))
+        m = P * int(rng.integers(1, 12)) if V > 1 else int(rng.integers(1, 80))
+        f, b = rng.uniform(0.5, 3, P * V), rng.uniform(1, 6, P * V)
+        p2p = float(rng.choice([0.0, rng.uniform(0, 0.5)]))
+        ref = sc.simulate_pipeline(f, b, n_micro=m, interleave=V, kind=kind, p2p_ms=p2p, keep_tasks=False)
+        py = sc._simulate_events(f, b, n_micro=m, interleave=V, kind=kind, p2p_ms=p2p, keep_tasks=False)
+        got = sc.simulate_pipeline(f, b, n_micro=m, interleave=V, kind=kind, p2p_ms=p2p, keep_tasks=False, static=True)
+        where = (P, V, m, kind, p2p)
+        if not closed_form_applies(f, b, V, p2p, kind):  # what the search's default times with the one pass
+            routed = time_pipeline(f, b, n_micro=m, interleave=V, kind=kind, p2p_ms=p2p, exact=False)
+            np.testing.assert_array_equal(routed.stage_end, got.stage_end, err_msg=str(where))
+        np.testing.assert_array_equal(got.stage_end, ref.stage_end, err_msg=str(where))
+        np.testing.assert_array_equal(got.stage_busy, ref.stage_busy, err_msg=str(where))
+        assert got.last_backward == ref.last_backward, where
+        if limit is None or m <= limit:
+            np.testing.assert_array_equal(got.stage_end, py.stage_end, err_msg=str(where))
+        if got.last_backward_array is not None:
+            np.testing.assert_array_equal(got.last_backward_array, np.array(ref.last_backward))
+        else:
+            assert got.extrapolated
+        n_static += not got.extrapolated
+    assert n_static > 20
