@@ -178,9 +178,13 @@ def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSp
     size = np.atleast_1d(np.asarray(size_bytes, dtype=float))
     if layout.size <= 1:
         return np.zeros(len(size)), np.zeros(len(size), dtype=bool)
+    kinds = list(dict.fromkeys(op.tolist()))  # first-seen order, as pd.unique (a search calls this thousands of times)
+    if len(kinds) == 1:
+        u, f = model.predict_us_memo(kinds[0], size, layout.size, layout.gpus_per_node, cluster)
+        return np.asarray(u, dtype=float) / 1e3, np.asarray(f, dtype=bool)
     us = np.zeros(len(size))
     ood = np.zeros(len(size), dtype=bool)
-    for o in pd.unique(op):
+    for o in kinds:
         sel = op == o
         u, f = model.predict_us_memo(o, size[sel], layout.size, layout.gpus_per_node, cluster)
         us[sel] = np.asarray(u, dtype=float)

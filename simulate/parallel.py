@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
+from wattcast.simulate.overlap import overlap_defaults
 
 SCHEDULES = ("1f1b", "gpipe")
 #: highest ZeRO stage a framework runs together with pipeline parallelism (pp > 1); frameworks not listed
@@ -156,12 +157,16 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     a 0 or negative degree is named as given, before the job size that was computed from it."""
     # each rule: ``if not (rule): raise ParallelConfigError(message)``; a message is only formatted when its rule is
     # broken (a search checks tens of thousands of candidates)
-    for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "cp", "gpus"):
-        v = getattr(cfg, name)
-        if v is None and name in ("dp", "micro_batch"):
-            continue
-        if not ((type(v) is int and v >= 1) or is_count(v)):
-            raise ParallelConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+    d = cfg.__dict__
+    if not all((type(v) is int and v >= 1) for v in (d["tp"], d["pp"], d["ep"], d["interleave"], d["cp"], d["gpus"])
+               + tuple(d[k] for k in ("dp", "micro_batch") if d[k] is not None)):
+        # the common case (plain ints) is checked at once above; here each count in turn, named
+        for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "cp", "gpus"):
+            v = getattr(cfg, name)
+            if v is None and name in ("dp", "micro_batch"):
+                continue
+            if not ((type(v) is int and v >= 1) or is_count(v)):
+                raise ParallelConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
     if not ((type(batch) is int and batch >= 1) or is_count(batch)):
         raise ParallelConfigError(f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
     mp = cfg.tp * cfg.pp * cfg.cp
@@ -277,21 +282,21 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         if not (cluster.max_nodes is None or nodes <= cluster.max_nodes):
             raise ParallelConfigError(
                 f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
-    from wattcast.simulate.overlap import overlap_defaults
-
     fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
     defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
     flags = {}
     for name, default in defaults.items():
-        v = getattr(cfg, name)
-        flag = "--" + name.replace("_", "-")
-        if not (v is None or isinstance(v, bool)):
-            raise ParallelConfigError(f"{flag} must be true or false, got {v!r}")
+        v = d[name]
+        if v is None:
+            flags[name] = default
+            continue
+        if not isinstance(v, bool):
+            raise ParallelConfigError(f"--{name.replace('_', '-')} must be true or false, got {v!r}")
         if v and fw_name != "megatron":
             raise ParallelConfigError(
-                f"{flag} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP overlap gradient "
-                f"buckets with backward already; DeepSpeed's engine reduces after backward)")
-        flags[name] = default if v is None else v
+                f"--{name.replace('_', '-')} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP "
+                f"overlap gradient buckets with backward already; DeepSpeed's engine reduces after backward)")
+        flags[name] = v
     if cfg.overlap_param_gather and cfg.zero < 1:
         raise ParallelConfigError(
             "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs --zero 1 or more")

@@ -47,6 +47,8 @@ def closed_form_applies(f_ms, b_ms, interleave: int, p2p_ms: float, kind: str = 
     b = np.asarray(b_ms, dtype=float)
     if not len(f) or f[0] <= 0 or b[0] <= 0:
         return False
+    if float(f.max()) - float(f.min()) > 2e-9 * float(f[0]):  # some stage is off f[0] by more than 1e-9: at once
+        return False
     uniform = bool(np.all(np.abs(f - f[0]) <= 1e-9 * f[0]) and np.all(np.abs(b - b[0]) <= 1e-9 * b[0]))
     if not uniform:
         return False
