@@ -6,6 +6,7 @@ kernel prediction per distinct kernel and device, one collective prediction per 
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import itertools
 from collections.abc import Iterable
@@ -471,9 +472,12 @@ _WORKER_JOBS: dict = {}
 _WORKER_EVAL: dict = {}
 
 
-def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, ParallelConfig]]) -> list[tuple[int, str, dict]]:
-    """A worker's share: (candidate index, kind, record) for each candidate of ``part`` (whole groups). The parts of
-    one search that a worker gets share its evaluator (contexts and memo), as the serial loop shares them."""
+def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, ParallelConfig]]) -> tuple[list, dict]:
+    """A worker's share: (candidate index, kind, record) for each candidate of ``part`` (whole groups, each
+    contiguous), and the CPU seconds each group took (by :func:`_group_key`). The parts of one search that a worker gets
+    share its evaluator (contexts and memo), as the serial loop shares them."""
+    import time
+
     import pickle
 
     job = _WORKER_JOBS.get(job_bytes)
@@ -485,40 +489,94 @@ def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, Paral
     if ev is None:
         _WORKER_EVAL.clear()  # one search at a time: the previous one's contexts go
         ev = _WORKER_EVAL[(search_id, job_bytes)] = _Evaluator(job)
+    out, cpu_s = [], {}
     with pinned_files(), _no_gc():
-        return [(i, *ev(par)) for i, par in part]
+        key, t0 = None, time.process_time()
+        for i, par in part:
+            k = _group_key(par)
+            if k != key:
+                t = time.process_time()
+                if key is not None:
+                    cpu_s[key] = cpu_s.get(key, 0.0) + t - t0
+                key, t0 = k, t
+            out.append((i, *ev(par)))
+        if key is not None:
+            cpu_s[key] = cpu_s.get(key, 0.0) + time.process_time() - t0
+    return out, cpu_s
 
 
-#: the worker processes, kept for the session (started once; their caches stay warm from one search to the next)
+#: the worker processes, kept for the session (started once; their caches stay warm from one search to the next): one
+#: single-process pool per worker, so that each rank graph goes to the same worker search after search
 _POOLS: list = []
 
 
-def _pool(n: int):
-    """A process pool of ``n`` workers (the kept one if it has ``n``)."""
+def _pool(n: int) -> list:
+    """``n`` worker processes (the kept ones if there are ``n``), one single-process pool each."""
     from concurrent.futures import ProcessPoolExecutor
 
-    if _POOLS and _POOLS[0]._max_workers != n:
+    if _POOLS and len(_POOLS) != n:
         shutdown_workers()
     if not _POOLS:
         import atexit
 
         atexit.unregister(shutdown_workers)
         atexit.register(shutdown_workers)
-        _POOLS.append(ProcessPoolExecutor(max_workers=n))
-    return _POOLS[0]
+        _POOLS.extend(ProcessPoolExecutor(max_workers=1) for _ in range(n))
+    return list(_POOLS)
 
 
 def shutdown_workers() -> None:
     """Stop the worker processes a search with ``workers`` > 1 started (they are kept for the next search; this also
     runs at exit)."""
+    _HOMES.clear()
     while _POOLS:
         _POOLS.pop().shutdown(wait=True, cancel_futures=True)
 
 
+#: per job (its pickled bytes' digest): which worker each group (rank graph) goes to, the CPU seconds each group took
+#: last time, and whether the homes were rebalanced on those measurements yet. Kept while the workers live.
+_HOMES: dict = {}
+_HOMES_MAX = 64
+
+
+def _assign_groups(job_key: str, groups: dict, n_workers: int) -> list[list]:
+    """Each group of candidates (key -> [(index, candidate)]) to one worker, the same one search after search (its
+    costed rank graph and sums are there already: moving a group costs its graph again). A group seen for the first
+    time goes to the least loaded worker, largest first (its measured CPU time if known, else its candidates x 1 ms);
+    after the first search of a job the homes are rebalanced once on the measured times (candidates differ tenfold in
+    cost: rule-broken, pruned, scheduled), then kept. Per worker, its groups (largest first)."""
+    st = _HOMES.get(job_key)
+    if st is None:
+        if len(_HOMES) >= _HOMES_MAX:
+            _HOMES.pop(next(iter(_HOMES)))
+        st = _HOMES[job_key] = {"home": {}, "cost": {}, "rebalanced": False}
+    home, cost = st["home"], st["cost"]
+
+    def est(k) -> float:
+        return cost.get(k, 1e-3 * len(groups[k]))
+
+    if cost and not st["rebalanced"]:
+        home.clear()
+        st["rebalanced"] = True
+    load = [0.0] * n_workers
+    for k, w in home.items():
+        if k in groups and w < n_workers:
+            load[w] += est(k)
+    for k in sorted(groups, key=lambda k: (-est(k), repr(k))):
+        if k not in home or home[k] >= n_workers:
+            w = min(range(n_workers), key=lambda i: (load[i], i))
+            home[k] = w
+            load[w] += est(k)
+    out: list[list] = [[] for _ in range(n_workers)]
+    for k in sorted(groups, key=lambda k: (-est(k), repr(k))):
+        out[home[k]].append(groups[k])
+    return out
+
+
 def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int, progress) -> list[tuple[str, dict]]:
-    """The candidates split over ``n_workers`` processes by group (each rank graph built in one process per search),
-    merged back in candidate order and cut at ``max_configs`` evaluated as the serial loop cuts: the same rows, in the
-    same order."""
+    """The candidates split over ``n_workers`` processes by group (each rank graph built in one process, the same one
+    search after search: :func:`_assign_groups`), merged back in candidate order and cut at ``max_configs`` evaluated as
+    the serial loop cuts: the same rows, in the same order."""
     import pickle
     import uuid
     from concurrent.futures import as_completed
@@ -527,31 +585,42 @@ def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int,
     groups: dict = {}
     for i, par in enumerate(cands):
         groups.setdefault(_group_key(par), []).append((i, par))
-    # whole groups (each rank graph is built in one process) in parts of about an eighth of a worker's share, largest
-    # first; the pool hands them to whichever worker is free (the cost of a candidate varies: rule-broken, pruned and
-    # scheduled ones differ tenfold), the evaluator of each worker is shared by the parts it gets
-    target = max(1, len(cands) // (8 * n_workers))
-    parts: list[list] = [[]]
-    for g in sorted(groups.values(), key=len, reverse=True):
-        if len(parts[-1]) >= target:
-            parts.append([])
-        parts[-1].extend(g)
+    # per worker, its groups in parts of about a quarter of its share (results and progress come back part by part)
+    target = max(1, len(cands) // (4 * n_workers))
     job_bytes = pickle.dumps(job)
+    job_key = hashlib.sha1(job_bytes).hexdigest()
     results: dict[int, tuple[str, dict]] = {}
-    pool = _pool(n_workers)
+    pools = _pool(n_workers)
+    measured: dict = {}
     try:
         search_id = uuid.uuid4().hex
-        futures = [pool.submit(_evaluate_part, job_bytes, search_id, part) for part in parts if part]
+        futures = []
+        for pool, mine in zip(pools, _assign_groups(job_key, groups, n_workers)):
+            part: list = []
+            for g in mine:
+                part.extend(g)
+                if len(part) >= target:
+                    futures.append(pool.submit(_evaluate_part, job_bytes, search_id, part))
+                    part = []
+            if part:
+                futures.append(pool.submit(_evaluate_part, job_bytes, search_id, part))
         for fut in as_completed(futures):
-            for i, kind, rec in fut.result():
+            rows, cpu_s = fut.result()
+            for i, kind, rec in rows:
                 results[i] = (kind, rec)
+            for k, t in cpu_s.items():
+                measured[k] = measured.get(k, 0.0) + t
             if progress:
                 progress(min(len(results), len(cands)), len(cands))
     except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh next time, finish here
         for pool in _POOLS:
             pool.shutdown(wait=False, cancel_futures=True)
         _POOLS.clear()
+        _HOMES.clear()
         return _evaluate_serial(job, cands, max_configs, progress)
+    st = _HOMES.get(job_key)
+    if st is not None:
+        st["cost"].update(measured)
     out, evaluated = [], 0
     for i in range(len(cands)):
         if evaluated >= max_configs:

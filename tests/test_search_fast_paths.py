@@ -115,3 +115,25 @@ def test_static_pass_equals_the_event_loop_bit_for_bit(monkeypatch, limit):
             assert got.extrapolated
         n_static += not got.extrapolated
     assert n_static > 20
+
+
+def test_worker_homes_are_sticky_and_rebalanced_once_on_measured_cost():
+    from wattcast.planning import search as S
+
+    S._HOMES.pop("job-x", None)
+    groups = {("g", i): [(j, None) for j in range(10 + i)] for i in range(8)}
+
+    def homes(parts):
+        return {k: w for w, mine in enumerate(parts) for g in mine for k in groups if groups[k] is g}
+
+    first = homes(S._assign_groups("job-x", groups, 2))
+    assert homes(S._assign_groups("job-x", groups, 2)) == first  # the same worker per group, search after search
+    assert set(first.values()) == {0, 1}
+    # measured: group 7 costs as much as all the others together -> one rebalance puts it alone
+    S._HOMES["job-x"]["cost"].update({k: (7.0 if k == ("g", 7) else 1.0) for k in groups})
+    second = homes(S._assign_groups("job-x", groups, 2))
+    alone = second[("g", 7)]
+    assert all(w != alone for k, w in second.items() if k != ("g", 7))
+    S._HOMES["job-x"]["cost"].update({k: 1.0 for k in groups})  # new measurements do not move groups again
+    assert homes(S._assign_groups("job-x", groups, 2)) == second
+    S._HOMES.pop("job-x", None)
