@@ -315,11 +315,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         df["run_pareto"] = pareto_mask(df)
     df, excluded = _apply_goals(df, goals)
     fit = df[df["fits"]].sort_values(["step_time_ms", "memory_gb"])
-    front, best_mem = [], float("inf")
-    for r in fit.itertuples(index=False):
-        if r.memory_gb < best_mem:
-            front.append(r._asdict())
-            best_mem = r.memory_gb
+    # the front: each row that needs less memory than every faster one (NaN memory is never below; fmin skips it)
+    mem = fit["memory_gb"].to_numpy(dtype=float)
+    before = np.fmin.accumulate(np.concatenate(([np.inf], mem[:-1]))) if len(mem) else mem
+    front = [r._asdict() for r in fit[mem < before].itertuples(index=False)]
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded)
 
 

@@ -45,7 +45,7 @@ from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
-                                            stage_memory_gb, stage_total_gb)
+                                            stage_memory_gb, stage_state_parts, stage_total_from_parts)
 
 
 @dataclass(frozen=True)
@@ -761,26 +761,29 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
         inflight_s = inflight_chunks_by_stage(pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
         if memo is not None:
             memo[inf_key] = inflight_s
-    mem_kw = dict(params=params_stage, act_bytes_per_chunk=act_stage, inflight=inflight_s,
-                  full_recompute_extra_bytes=view.full_extra_bytes, dtype_bytes=db,
-                  grad_bytes=_grad_bytes(opts.framework, dtype),
-                  held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
-                  zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
-                  fp8_param_fraction=fp8_frac)
 
     def stage_terms(s: int) -> dict:
         return {k: float(v[s]) for k, v in mem.items()}
 
     summary = ctx.summary
     capacity = capacity_gb(spec.memory_gb)
-    if summary:  # the total alone (same figures); no per-term breakdown
+    state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
+                    held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
+                    zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
+                    fp8_param_fraction=fp8_frac)
+    if summary:  # the total alone (same figures); the model states per (stage split, ZeRO, DP) once per search
         mem = None
-        total_gb = stage_total_gb(**mem_kw)
+        state_key = ("states", P, V, par.zero, dp_n)
+        mem_parts = sums.get(state_key)
+        if mem_parts is None:
+            mem_parts = sums[state_key] = stage_state_parts(params=params_stage, **state_kw)
+        total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, view.full_extra_bytes)
         w_stage = int(np.argmax(total_gb))
         worst = float(total_gb[w_stage])
         worst_terms = None
     else:
-        mem = stage_memory_gb(**mem_kw)
+        mem = stage_memory_gb(params=params_stage, act_bytes_per_chunk=act_stage, inflight=inflight_s,
+                              full_recompute_extra_bytes=view.full_extra_bytes, **state_kw)
         w_stage = int(np.argmax(mem["total_gb"]))  # the first of the fullest stages
         worst = float(mem["total_gb"][w_stage])
         worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))
