@@ -6,9 +6,11 @@ kernel prediction per distinct kernel and device, one collective prediction per 
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import itertools
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -21,9 +23,11 @@ from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, _schedule, schedule_context
 from wattcast.simulate.options import DistributedOptions
+from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
-from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, ParallelConfigError, resolve_parallel
+from wattcast.simulate.parallel import (SCHEDULES, ParallelConfig, ParallelConfigError, new_config, resolve_parallel,
+                                        with_fields)
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -172,8 +176,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                     if "1f1b" in schedule:
                         continue
                     sch = "1f1b" if p == 1 else sch  # a lone gpipe choice: one stage runs it as 1F1B does
-                out.append(ParallelConfig(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                          interleave=v, cp=c, schedule=sch))
+                out.append(new_config(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
+                                      interleave=v, cp=c, schedule=sch))
     return out
 
 
@@ -204,8 +208,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     every figure of theirs unchanged. ``prune_oom=False`` simulates every step.
 
     ``exact_pipeline``: time every pipeline with the event-driven scheduler (the reference); by default the closed form
-    of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the scheduler
-    the rest. ``workers``: processes to evaluate on (default 1); from :data:`PARALLEL_MIN_CANDIDATES` candidates a
+    of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the rest get
+    the scheduler's one pass in the event loop's order (the same figures, bit for bit). ``workers``: processes to evaluate on (default 1); from :data:`PARALLEL_MIN_CANDIDATES` candidates a
     cluster's candidates are split over them by rank graph, with the same rows in the same order as one process.
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
@@ -280,7 +284,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         resolved.append((cl, spec))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
-    rows, bad = [], []
+    rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
@@ -304,16 +308,18 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
         return SearchResult(empty, empty.copy(), rejected, empty.copy())
+    if tokens is not None:  # run_pareto is computed over the whole frame below
+        pareto_at = cols.index("run_pareto")
+        rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
     df = pd.DataFrame(rows, columns=cols)
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
     df, excluded = _apply_goals(df, goals)
     fit = df[df["fits"]].sort_values(["step_time_ms", "memory_gb"])
-    front, best_mem = [], float("inf")
-    for r in fit.itertuples(index=False):
-        if r.memory_gb < best_mem:
-            front.append(r._asdict())
-            best_mem = r.memory_gb
+    # the front: each row that needs less memory than every faster one (NaN memory is never below; fmin skips it)
+    mem = fit["memory_gb"].to_numpy(dtype=float)
+    before = np.fmin.accumulate(np.concatenate(([np.inf], mem[:-1]))) if len(mem) else mem
+    front = [r._asdict() for r in fit[mem < before].itertuples(index=False)]
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded)
 
 
@@ -379,16 +385,16 @@ class _Evaluator:
         self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
         self.contexts: dict = {}
         self.memo: dict = {}
+        self.dtype, self.attention = str(job.dtype).lower(), str(job.attention).lower()
 
-    def __call__(self, par: ParallelConfig) -> tuple[str, dict]:
-        """("row", the search row) or ("bad", the rule it breaks) for one candidate."""
-        from wattcast.simulate.strategy import format_strategy
-
+    def __call__(self, par: ParallelConfig) -> tuple[str, tuple]:
+        """("row", the search row: values in the order of :data:`COLUMNS`, then :data:`RUN_COLUMNS` but
+        ``run_pareto`` with ``tokens``) or ("bad", (cluster, config, the rule it breaks)) for one candidate."""
         job = self.job
         cl = job.cl
         try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
-            par_r = resolve_parallel(par if par.gpus == job.gpus else replace(par, gpus=job.gpus), **self.rules)
-            key = _group_key(par_r)
+            par_r = resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **self.rules)
+            key = (par_r.tp, par_r.sp, par_r.ep, par_r.cp, par_r.micro_batch, par_r.recompute)  # _group_key
             ctx = self.contexts.get(key)
             if ctx is None:
                 try:
@@ -396,7 +402,7 @@ class _Evaluator:
                         batch=job.batch, seq=job.seq, dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
                         framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
                         coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline))
-                    ctx = replace(ctx, detail=False, memo=self.memo)
+                    ctx = replace(ctx, detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e
                 self.contexts[key] = ctx
@@ -406,23 +412,23 @@ class _Evaluator:
                 raise ParallelConfigError(str(ctx))
             r = _schedule(ctx)
         except ParallelConfigError as e:
-            return "bad", dict(cluster=cl.name, config=par.describe(), rule=str(e))
+            return "bad", (cl.name, par.describe(), str(e))
         p = r.parallel
-        row = dict(cluster=cl.name, device=r.device, config=p.describe(), tp=p.tp, pp=p.pp,
-                   dp=p.dp, cp=p.cp, micro_batch=p.micro_batch, zero=p.zero, sp=p.sp, ep=p.ep,
-                   recompute=p.recompute, interleave=p.interleave, step_time_ms=r.step_time_ms, mfu=r.mfu,
-                   tflops_per_gpu=r.tflops_per_gpu, memory_gb=r.memory_gb, fits=r.fits,
-                   exposed_comm_ms=r.exposed_comm_ms, bubble_ms=r.bubble_ms, energy_j=r.energy_j,
-                   avg_power_w=r.avg_power_w, strategy=format_strategy(p, job.batch, job.framework),
-                   grad_accum=p.n_micro(job.batch), schedule=p.schedule, memory_capacity_gb=r.memory_capacity_gb,
-                   memory_flag=r.memory_flag, scheduled=r.meta.get("scheduled", True),
-                   # the settings a strategy string does not carry: predict it with the same ones
-                   dtype=str(job.dtype).lower(), attention=str(job.attention).lower(), framework=job.framework)
-        if job.tokens and r.fits:
-            fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
-                                     tokens=float(job.tokens), tokens_per_step=job.batch * job.seq, flops_per_step=r.flops,
-                                     **(job.footprint_kw or {}))
-            row.update(_run_row(fp))
+        row = (cl.name, r.device, p.describe(), p.tp, p.pp, p.dp, p.cp, p.micro_batch, p.zero, p.sp, p.ep, p.recompute,
+               p.interleave, r.step_time_ms, r.mfu, r.tflops_per_gpu, r.memory_gb, r.fits, r.exposed_comm_ms, r.bubble_ms,
+               r.energy_j, r.avg_power_w, format_strategy(p, job.batch, job.framework), job.batch // (p.dp * p.micro_batch),
+               p.schedule, r.memory_capacity_gb, r.memory_flag, r.scheduled,
+               # the settings a strategy string does not carry: predict it with the same ones
+               self.dtype, self.attention, job.framework)
+        if job.tokens:
+            if r.fits:
+                fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
+                                         tokens=float(job.tokens), tokens_per_step=job.batch * job.seq,
+                                         flops_per_step=r.flops, **(job.footprint_kw or {}))
+                run = _run_row(fp)
+                row += tuple(run[k] for k in _RUN_ROW_KEYS)
+            else:  # no run figures for a configuration that does not fit (NaN, as a missing key of a row dict gives)
+                row += _NO_RUN
         return "row", row
 
 
@@ -430,15 +436,32 @@ def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> list
     """Every candidate in order until ``max_configs`` were evaluated (rejected ones do not count)."""
     ev = _Evaluator(job)
     out, evaluated = [], 0
-    for done, par in enumerate(cands, start=1):
-        if evaluated >= max_configs:
-            break
-        kind, rec = ev(par)
-        out.append((kind, rec))
-        evaluated += kind == "row"
-        if progress:  # a rejected candidate is done too: the bar reaches its total
-            progress(done, len(cands))
+    with _no_gc():
+        for done, par in enumerate(cands, start=1):
+            if evaluated >= max_configs:
+                break
+            kind, rec = ev(par)
+            out.append((kind, rec))
+            evaluated += kind == "row"
+            if progress:  # a rejected candidate is done too: the bar reaches its total
+                progress(done, len(cands))
     return out
+
+
+@contextmanager
+def _no_gc():
+    """The cyclic garbage collector paused for the block (and restored as it was): the evaluation loop makes no
+    reference cycles worth collecting, but tens of thousands of small objects, which trigger collections that walk
+    the whole heap (graphs, frames, caches): 5-10% of a search. Refcounting still frees everything as usual."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 #: per worker process: jobs seen, by their pickled bytes, so that a search's cluster and device are the same objects
@@ -448,9 +471,12 @@ _WORKER_JOBS: dict = {}
 _WORKER_EVAL: dict = {}
 
 
-def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, ParallelConfig]]) -> list[tuple[int, str, dict]]:
-    """A worker's share: (candidate index, kind, record) for each candidate of ``part`` (whole groups). The parts of
-    one search that a worker gets share its evaluator (contexts and memo), as the serial loop shares them."""
+def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, ParallelConfig]]) -> tuple[list, dict]:
+    """A worker's share: (candidate index, kind, record) for each candidate of ``part`` (whole groups, each
+    contiguous), and the CPU seconds each group took (by :func:`_group_key`). The parts of one search that a worker gets
+    share its evaluator (contexts and memo), as the serial loop shares them."""
+    import time
+
     import pickle
 
     job = _WORKER_JOBS.get(job_bytes)
@@ -462,40 +488,94 @@ def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, Paral
     if ev is None:
         _WORKER_EVAL.clear()  # one search at a time: the previous one's contexts go
         ev = _WORKER_EVAL[(search_id, job_bytes)] = _Evaluator(job)
-    with pinned_files():
-        return [(i, *ev(par)) for i, par in part]
+    out, cpu_s = [], {}
+    with pinned_files(), _no_gc():
+        key, t0 = None, time.process_time()
+        for i, par in part:
+            k = _group_key(par)
+            if k != key:
+                t = time.process_time()
+                if key is not None:
+                    cpu_s[key] = cpu_s.get(key, 0.0) + t - t0
+                key, t0 = k, t
+            out.append((i, *ev(par)))
+        if key is not None:
+            cpu_s[key] = cpu_s.get(key, 0.0) + time.process_time() - t0
+    return out, cpu_s
 
 
-#: the worker processes, kept for the session (started once; their caches stay warm from one search to the next)
+#: the worker processes, kept for the session (started once; their caches stay warm from one search to the next): one
+#: single-process pool per worker, so that each rank graph goes to the same worker search after search
 _POOLS: list = []
 
 
-def _pool(n: int):
-    """A process pool of ``n`` workers (the kept one if it has ``n``)."""
+def _pool(n: int) -> list:
+    """``n`` worker processes (the kept ones if there are ``n``), one single-process pool each."""
     from concurrent.futures import ProcessPoolExecutor
 
-    if _POOLS and _POOLS[0]._max_workers != n:
+    if _POOLS and len(_POOLS) != n:
         shutdown_workers()
     if not _POOLS:
         import atexit
 
         atexit.unregister(shutdown_workers)
         atexit.register(shutdown_workers)
-        _POOLS.append(ProcessPoolExecutor(max_workers=n))
-    return _POOLS[0]
+        _POOLS.extend(ProcessPoolExecutor(max_workers=1) for _ in range(n))
+    return list(_POOLS)
 
 
 def shutdown_workers() -> None:
     """Stop the worker processes a search with ``workers`` > 1 started (they are kept for the next search; this also
     runs at exit)."""
+    _HOMES.clear()
     while _POOLS:
         _POOLS.pop().shutdown(wait=True, cancel_futures=True)
 
 
+#: per job (its pickled bytes' digest): which worker each group (rank graph) goes to, the CPU seconds each group took
+#: last time, and whether the homes were rebalanced on those measurements yet. Kept while the workers live.
+_HOMES: dict = {}
+_HOMES_MAX = 64
+
+
+def _assign_groups(job_key: str, groups: dict, n_workers: int) -> list[list]:
+    """Each group of candidates (key -> [(index, candidate)]) to one worker, the same one search after search (its
+    costed rank graph and sums are there already: moving a group costs its graph again). A group seen for the first
+    time goes to the least loaded worker, largest first (its measured CPU time if known, else its candidates x 1 ms);
+    after the first search of a job the homes are rebalanced once on the measured times (candidates differ tenfold in
+    cost: rule-broken, pruned, scheduled), then kept. Per worker, its groups (largest first)."""
+    st = _HOMES.get(job_key)
+    if st is None:
+        if len(_HOMES) >= _HOMES_MAX:
+            _HOMES.pop(next(iter(_HOMES)))
+        st = _HOMES[job_key] = {"home": {}, "cost": {}, "rebalanced": False}
+    home, cost = st["home"], st["cost"]
+
+    def est(k) -> float:
+        return cost.get(k, 1e-3 * len(groups[k]))
+
+    if cost and not st["rebalanced"]:
+        home.clear()
+        st["rebalanced"] = True
+    load = [0.0] * n_workers
+    for k, w in home.items():
+        if k in groups and w < n_workers:
+            load[w] += est(k)
+    for k in sorted(groups, key=lambda k: (-est(k), repr(k))):
+        if k not in home or home[k] >= n_workers:
+            w = min(range(n_workers), key=lambda i: (load[i], i))
+            home[k] = w
+            load[w] += est(k)
+    out: list[list] = [[] for _ in range(n_workers)]
+    for k in sorted(groups, key=lambda k: (-est(k), repr(k))):
+        out[home[k]].append(groups[k])
+    return out
+
+
 def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int, progress) -> list[tuple[str, dict]]:
-    """The candidates split over ``n_workers`` processes by group (each rank graph built in one process per search),
-    merged back in candidate order and cut at ``max_configs`` evaluated as the serial loop cuts: the same rows, in the
-    same order."""
+    """The candidates split over ``n_workers`` processes by group (each rank graph built in one process, the same one
+    search after search: :func:`_assign_groups`), merged back in candidate order and cut at ``max_configs`` evaluated as
+    the serial loop cuts: the same rows, in the same order."""
     import pickle
     import uuid
     from concurrent.futures import as_completed
@@ -504,31 +584,42 @@ def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int,
     groups: dict = {}
     for i, par in enumerate(cands):
         groups.setdefault(_group_key(par), []).append((i, par))
-    # whole groups (each rank graph is built in one process) in parts of about an eighth of a worker's share, largest
-    # first; the pool hands them to whichever worker is free (the cost of a candidate varies: rule-broken, pruned and
-    # scheduled ones differ tenfold), the evaluator of each worker is shared by the parts it gets
-    target = max(1, len(cands) // (8 * n_workers))
-    parts: list[list] = [[]]
-    for g in sorted(groups.values(), key=len, reverse=True):
-        if len(parts[-1]) >= target:
-            parts.append([])
-        parts[-1].extend(g)
+    # per worker, its groups in parts of about a quarter of its share (results and progress come back part by part)
+    target = max(1, len(cands) // (4 * n_workers))
     job_bytes = pickle.dumps(job)
+    job_key = hashlib.sha1(job_bytes).hexdigest()
     results: dict[int, tuple[str, dict]] = {}
-    pool = _pool(n_workers)
+    pools = _pool(n_workers)
+    measured: dict = {}
     try:
         search_id = uuid.uuid4().hex
-        futures = [pool.submit(_evaluate_part, job_bytes, search_id, part) for part in parts if part]
+        futures = []
+        for pool, mine in zip(pools, _assign_groups(job_key, groups, n_workers)):
+            part: list = []
+            for g in mine:
+                part.extend(g)
+                if len(part) >= target:
+                    futures.append(pool.submit(_evaluate_part, job_bytes, search_id, part))
+                    part = []
+            if part:
+                futures.append(pool.submit(_evaluate_part, job_bytes, search_id, part))
         for fut in as_completed(futures):
-            for i, kind, rec in fut.result():
+            rows, cpu_s = fut.result()
+            for i, kind, rec in rows:
                 results[i] = (kind, rec)
+            for k, t in cpu_s.items():
+                measured[k] = measured.get(k, 0.0) + t
             if progress:
                 progress(min(len(results), len(cands)), len(cands))
     except BrokenProcessPool:  # a worker died (killed, out of memory): start afresh next time, finish here
         for pool in _POOLS:
             pool.shutdown(wait=False, cancel_futures=True)
         _POOLS.clear()
+        _HOMES.clear()
         return _evaluate_serial(job, cands, max_configs, progress)
+    st = _HOMES.get(job_key)
+    if st is not None:
+        st["cost"].update(measured)
     out, evaluated = [], 0
     for i in range(len(cands)):
         if evaluated >= max_configs:
@@ -537,6 +628,12 @@ def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int,
         out.append((kind, rec))
         evaluated += kind == "row"
     return out
+
+
+#: the run figures of a fitting row (:func:`_run_row`), in the order a row tuple holds them: RUN_COLUMNS but
+#: ``run_pareto``, which the search computes over all rows
+_RUN_ROW_KEYS = tuple(c for c in RUN_COLUMNS if c != "run_pareto")
+_NO_RUN = (np.nan,) * len(_RUN_ROW_KEYS)
 
 
 def _run_row(fp) -> dict:

@@ -21,10 +21,9 @@ pipeline bubble, per-device busy time and memory, MFU / HFU / model TFLOP/s per 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -46,7 +45,7 @@ from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
-                                            stage_memory_gb)
+                                            stage_memory_gb, stage_state_parts, stage_total_from_parts)
 
 
 @dataclass(frozen=True)
@@ -197,9 +196,13 @@ def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSp
     size = np.atleast_1d(np.asarray(size_bytes, dtype=float))
     if layout.size <= 1:
         return np.zeros(len(size)), np.zeros(len(size), dtype=bool)
+    kinds = list(dict.fromkeys(op.tolist()))  # first-seen order, as pd.unique (a search calls this thousands of times)
+    if len(kinds) == 1:
+        u, f = model.predict_us_memo(kinds[0], size, layout.size, layout.gpus_per_node, cluster)
+        return np.asarray(u, dtype=float) / 1e3, np.asarray(f, dtype=bool)
     us = np.zeros(len(size))
     ood = np.zeros(len(size), dtype=bool)
-    for o in pd.unique(op):
+    for o in kinds:
         sel = op == o
         u, f = model.predict_us_memo(o, size[sel], layout.size, layout.gpus_per_node, cluster)
         us[sel] = np.asarray(u, dtype=float)
@@ -585,15 +588,44 @@ class ScheduleContext:
     #: shared across the contexts of one search: per-chunk sums and data-parallel message times by what they depend
     #: on (None: nothing kept)
     memo: dict | None = field(default=None, compare=False, repr=False)
+    #: True: :func:`_schedule` returns a :class:`StepSummary` (the figures of a search row, the same numbers) instead
+    #: of a DistributedPrediction; implies ``detail`` False
+    summary: bool = False
 
     def with_parallel(self, par: ParallelConfig) -> "ScheduleContext":
         """This context for another resolved strategy with the same rank graph (tp, sp, ep, cp, micro-batch and
         recomputation equal): its group placements and micro-batch count."""
-        out = copy.copy(self)  # a shallow copy with three fields set: dataclasses.replace re-runs __init__ (slower)
-        object.__setattr__(out, "par", par)
-        object.__setattr__(out, "lay", layouts(par, self.cl))
-        object.__setattr__(out, "n_micro", par.n_micro(self.batch))
+        # a shallow copy with three fields set: dataclasses.replace re-runs __init__, copy.copy goes through __reduce_ex__
+        out = object.__new__(ScheduleContext)
+        d = out.__dict__
+        d.update(self.__dict__)
+        d["par"], d["lay"], d["n_micro"] = par, layouts(par, self.cl), par.n_micro(self.batch)
         return out
+
+
+class StepSummary(NamedTuple):
+    """What a search row needs of one step (``ScheduleContext.summary``): the DistributedPrediction fields of the same
+    names, with the same values; a strategy that does not fit (memory-first pruning) has NaN times and energy and
+    ``scheduled`` False."""
+
+    device: str
+    parallel: ParallelConfig
+    step_time_ms: float
+    mfu: float
+    tflops_per_gpu: float
+    flops: float
+    memory_gb: float
+    fits: bool
+    exposed_comm_ms: float
+    bubble_ms: float
+    energy_j: float
+    avg_power_w: float
+    memory_capacity_gb: float
+    scheduled: bool
+
+    @property
+    def memory_flag(self) -> str:
+        return memory_flag(self.memory_gb, self.memory_capacity_gb, eager_training=False)
 
 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
@@ -732,30 +764,58 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
     if block_params is None:
         in_model = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
         block_params = sums["block_params"] = float(view.params[in_model].max()) if in_model.any() else 0.0
-    fp8_frac = 0.0
-    if g.meta.get("precision") == "fp8":
-        from wattcast.simulate.memory import fp8_weight_copy_bytes
+    fp8_frac = sums.get("fp8_frac")
+    if fp8_frac is None:
+        fp8_frac = 0.0
+        if g.meta.get("precision") == "fp8":
+            from wattcast.simulate.memory import fp8_weight_copy_bytes
 
-        fwd_params = float(g.nodes.loc[g.nodes["phase"] == "forward", "param_count"].sum())
-        fp8_frac = fp8_weight_copy_bytes(g) / 2.0 / fwd_params if fwd_params > 0 else 0.0
-    params_stage = by_stage(params_chunk)
-    inflight_s = inflight_chunks_by_stage(pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
-    mem = stage_memory_gb(params=params_stage, act_bytes_per_chunk=act_chunk.reshape(V, P).mean(axis=0),
-                          inflight=inflight_s, full_recompute_extra_bytes=view.full_extra_bytes, dtype_bytes=db,
-                          grad_bytes=_grad_bytes(opts.framework, dtype),
-                          held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
-                          zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
-                          fp8_param_fraction=fp8_frac)
+            fwd_params = float(g.nodes.loc[g.nodes["phase"] == "forward", "param_count"].sum())
+            fp8_frac = fp8_weight_copy_bytes(g) / 2.0 / fwd_params if fwd_params > 0 else 0.0
+        sums["fp8_frac"] = fp8_frac
+    stage_key = ("stage", P, V)  # one chunking (n_chunks) is several (pp, interleave) splits
+    hit = sums.get(stage_key)
+    if hit is None:
+        hit = sums[stage_key] = (by_stage(params_chunk), act_chunk.reshape(V, P).mean(axis=0), by_stage(chunk_sum("opt_ms")))
+    params_stage, act_stage, opt_by_stage = hit
+    inf_key = ("inflight", P, V, n_micro, par.schedule)
+    inflight_s = memo.get(inf_key) if memo is not None else None
+    if inflight_s is None:
+        inflight_s = inflight_chunks_by_stage(pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
+        if memo is not None:
+            memo[inf_key] = inflight_s
 
     def stage_terms(s: int) -> dict:
         return {k: float(v[s]) for k, v in mem.items()}
 
-    w_stage = int(np.argmax(mem["total_gb"]))  # the first of the fullest stages
-    worst = float(mem["total_gb"][w_stage])
-    worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))
+    summary = ctx.summary
     capacity = capacity_gb(spec.memory_gb)
+    state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
+                    held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
+                    zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
+                    fp8_param_fraction=fp8_frac)
+    if summary:  # the total alone (same figures); the model states per (stage split, ZeRO, DP) once per search
+        mem = None
+        state_key = ("states", P, V, par.zero, dp_n)
+        mem_parts = sums.get(state_key)
+        if mem_parts is None:
+            mem_parts = sums[state_key] = stage_state_parts(params=params_stage, **state_kw)
+        total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, view.full_extra_bytes)
+        w_stage = int(np.argmax(total_gb))
+        worst = float(total_gb[w_stage])
+        worst_terms = None
+    else:
+        mem = stage_memory_gb(params=params_stage, act_bytes_per_chunk=act_stage, inflight=inflight_s,
+                              full_recompute_extra_bytes=view.full_extra_bytes, **state_kw)
+        w_stage = int(np.argmax(mem["total_gb"]))  # the first of the fullest stages
+        worst = float(mem["total_gb"][w_stage])
+        worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))
     fits = bool(worst <= capacity)
     if prune_oom and not fits:
+        if summary:
+            nan = float("nan")
+            return StepSummary(spec.name, par, nan, nan, nan, model_totals["flops"] * n_micro * par.dp, worst, False,
+                               nan, nan, nan, nan, capacity, False)
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
                             view, power_limit_w)
 
@@ -766,7 +826,6 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
     f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms = parts
     f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
     tp_coll = chunk_sum("coll_ms")
-    f_ms, b_ms = f_nc + sum(f_parts.values()), b_nc + sum(b_parts.values())
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
     expert_chunk = chunk_sum("expert_params")
     # point-to-point activation transfer between stages: (micro-batch, seq [/tp with SP], hidden)
@@ -798,7 +857,7 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
     share = 1.0 if every else (n_micro - 1) / n_micro
     shard = lay["dp"].size if par.zero >= 2 else 1
     acc_ms = params_chunk / shard * acc_b * share / (stream_gbps * 1e9) * 1e3
-    b_ms, b_nc = b_ms + acc_ms, b_nc + acc_ms
+    b_nc = b_nc + acc_ms
 
     classes = sorted(set(f_parts) | {"pp", "dp"})
     nccl_share = sm_share(NCCL_SMS, spec.num_sms)
@@ -820,30 +879,36 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
         p2p = 0.0 if "pp" in free else p2p_ms
         keep = trace and not free
         pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)
-        pipe = memo.get(pipe_key) if memo is not None and not keep else None
-        if pipe is None:  # strategies that differ only where the pipeline does not see it (ZeRO 0/1, ...) share it
+        hit = memo.get(pipe_key) if memo is not None and not keep else None
+        if hit is None:  # strategies that differ only where the pipeline does not see it (ZeRO 0/1, ...) share it
             pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p, keep_tasks=keep,
                                  exact=ctx.exact_pipeline)
+            lb = pipe.last_backward_array
+            hit = (pipe, lb if lb is not None else np.asarray(pipe.last_backward, dtype=float).reshape(P, 2))
             if memo is not None and not keep:
-                memo[pipe_key] = pipe
+                memo[pipe_key] = hit
+        pipe, lb = hit
         stage_end = pipe.stage_end.copy()
         comm_events = []
         finish = stage_end.copy()
         if dp_on and lay["dp"].size > 1 and par.zero != 3 and dpt["bucket_pad"].shape[1]:
             # every stage's buckets at once: rows padded with empty buckets that are never ready (they change nothing)
             ms, n = dpt["bucket_pad"], dpt["bucket_n"]
-            k = np.arange(1, ms.shape[1] + 1)
-            valid = k[None, :] <= n[:, None]
-            lb = np.asarray(pipe.last_backward, dtype=float).reshape(P, 2)
+            pre = dpt.get("bucket_pre")
+            if pre is None:  # what depends on the buckets alone, once per set of buckets
+                k = np.arange(1, ms.shape[1] + 1)
+                cum = np.cumsum(ms, axis=1)
+                pre = dpt["bucket_pre"] = (k[None, :] <= n[:, None], k[None, :] / np.maximum(n, 1)[:, None], cum,
+                                           cum - ms, (np.arange(P), np.maximum(n - 1, 0)), n > 0)
+            valid, frac, cum, cum_before, last_idx, has = pre
             if dp_overlaps:
-                ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * (k[None, :] / np.maximum(n, 1)[:, None])
+                ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * frac
             else:
                 ready = np.repeat(stage_end[:, None], ms.shape[1], axis=1)
             ready = np.where(valid, ready, -np.inf)
-            cum = np.cumsum(ms, axis=1)
-            ends = cum + np.maximum(np.maximum.accumulate(ready - (cum - ms), axis=1), 0.0)
+            ends = cum + np.maximum(np.maximum.accumulate(ready - cum_before, axis=1), 0.0)
             starts = ends - ms
-            end = np.where(n > 0, ends[np.arange(P), np.maximum(n - 1, 0)], 0.0)
+            end = np.where(has, ends[last_idx], 0.0)
             if trace:
                 comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{j}]", float(starts[s, j]),
                                  float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
@@ -852,13 +917,15 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
                 hidden = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0), 0.0).sum(axis=1)
             else:
                 hidden = np.zeros(P)
-            finish = np.where(n > 0, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
-        opt_stage = by_stage(opt_ms)
+            finish = np.where(has, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
+        opt_stage = opt_by_stage
         if par.zero >= 1:
             opt_stage = opt_stage / lay["dp"].size
         gather = np.zeros(P)
         if dp_on and par.zero >= 1 and lay["dp"].size > 1:
-            gather = by_stage(dpt["gather_after_ms"])
+            gather = dpt.get("gather_by_stage")
+            if gather is None:
+                gather = dpt["gather_by_stage"] = by_stage(dpt["gather_after_ms"])
             if par.overlap_param_gather:
                 # gathered bucket by bucket in the next step's forward pre-hooks: the first bucket waits, the rest run
                 # beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
@@ -882,25 +949,46 @@ def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
     if par.recompute != "none":
         # the costed graph is one tensor-parallel rank's whole model for one micro-batch
         hw_flops += view.recompute_flops * par.tp * par.cp * n_micro * par.dp
-    peak = spec.peak_matrix_tflops(dtype) * 1e12
+    # device figures that no strategy changes: once per search (held with the spec, whose id keys them)
+    dev_key = ("device", id(spec), dtype, power_limit_w, stream_gbps, id(power_model))
+    dev = memo.get(dev_key) if memo is not None else None
+    if dev is None or dev[0] is not spec:
+        from wattcast.models.power import comm_power_w
+
+        dev = (spec, spec.peak_matrix_tflops(dtype) * 1e12, comm_power_w(spec, power_limit_w), None)
+        if memo is not None:
+            memo[dev_key] = dev
+    _, peak, p_comm, p_stream = dev
     step_s = step / 1e3
     mfu = model_flops / (step_s * par.gpus * peak)
     hfu = hw_flops / (step_s * par.gpus * peak)
     phase_t = view.phase_ms
     # energy per GPU of each stage: kernels at their power, host launch gaps at idle, waits at communication power
-    from wattcast.models.power import comm_power_w
-
-    p_comm = comm_power_w(spec, power_limit_w)
-    # the gradient-accumulation passes (not graph kernels) run at the power of a streaming kernel
-    e_acc = acc_ms * n_micro / 1e3 * (stream_power_w(spec, stream_gbps, power_model) if acc_ms.any() else 0.0)
+    # (p_comm); the gradient-accumulation passes (not graph kernels) run at the power of a streaming kernel
+    if acc_ms.any():
+        if p_stream is None:
+            p_stream = stream_power_w(spec, stream_gbps, power_model)
+            if memo is not None:
+                memo[dev_key] = (spec, peak, p_comm, p_stream)
+        e_acc = acc_ms * n_micro / 1e3 * p_stream
+    else:
+        e_acc = acc_ms * n_micro / 1e3 * 0.0
     e_chunk = chunk_sum("e_comp_j") * n_micro + e_acc
-    e_opt = chunk_sum("e_opt_j")
+    e_opt_key = ("e_opt_stage", P, V)
+    e_opt_s = sums.get(e_opt_key)
+    if e_opt_s is None:
+        e_opt_s = sums[e_opt_key] = by_stage(chunk_sum("e_opt_j"))
     e_chunk_s = by_stage(e_chunk)
     busy_all = busy + opt_stage
     # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls for its
     # peer: communication power, not idle power
-    stage_e = (e_chunk_s + by_stage(e_opt) / (lay["dp"].size if par.zero >= 1 else 1)
+    stage_e = (e_chunk_s + e_opt_s / (lay["dp"].size if par.zero >= 1 else 1)
                + p_comm * np.maximum(step - busy_all, 0.0) / 1e3)
+    if summary:
+        energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
+        return StepSummary(spec.name, par, step, float(mfu), model_flops / step_s / par.gpus / 1e12, model_flops, worst,
+                           fits, max(step - step_free, 0.0), max(bubble, 0.0), energy_total,
+                           energy_total / step_s / par.gpus, capacity, True)
     # per stage: busy time, memory (computed before the schedule, above) and energy; a search reads none of it
     per_device = []
     for s in range(P if ctx.detail else 0):

@@ -14,10 +14,12 @@ only (ZeRO-1), and DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import lru_cache
 
 from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
+from wattcast.simulate.overlap import overlap_defaults
 
 SCHEDULES = ("1f1b", "gpipe")
 #: highest ZeRO stage a framework runs together with pipeline parallelism (pp > 1); frameworks not listed
@@ -155,17 +157,22 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     a 0 or negative degree is named as given, before the job size that was computed from it."""
     # each rule: ``if not (rule): raise ParallelConfigError(message)``; a message is only formatted when its rule is
     # broken (a search checks tens of thousands of candidates)
-    for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "cp", "gpus"):
-        v = getattr(cfg, name)
-        if v is None and name in ("dp", "micro_batch"):
-            continue
-        if not ((type(v) is int and v >= 1) or is_count(v)):
-            raise ParallelConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+    d = cfg.__dict__
+    if not all((type(v) is int and v >= 1) for v in (d["tp"], d["pp"], d["ep"], d["interleave"], d["cp"], d["gpus"])
+               + tuple(d[k] for k in ("dp", "micro_batch") if d[k] is not None)):
+        # the common case (plain ints) is checked at once above; here each count in turn, named
+        for name in ("tp", "pp", "dp", "micro_batch", "ep", "interleave", "cp", "gpus"):
+            v = getattr(cfg, name)
+            if v is None and name in ("dp", "micro_batch"):
+                continue
+            if not ((type(v) is int and v >= 1) or is_count(v)):
+                raise ParallelConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
     if not ((type(batch) is int and batch >= 1) or is_count(batch)):
         raise ParallelConfigError(f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
     mp = cfg.tp * cfg.pp * cfg.cp
-    mp_txt = f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1 else f"tp x pp x cp ({cfg.tp} x {cfg.pp} x {cfg.cp} = {mp})"
     if not (cfg.gpus % mp == 0):
+        mp_txt = (f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1
+                  else f"tp x pp x cp ({cfg.tp} x {cfg.pp} x {cfg.cp} = {mp})")
         raise ParallelConfigError(f"gpus ({cfg.gpus}) must be a multiple of {mp_txt}")
     dp = cfg.dp if cfg.dp is not None else cfg.gpus // mp
     if not (dp >= 1 and dp * mp == cfg.gpus):
@@ -275,21 +282,21 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         if not (cluster.max_nodes is None or nodes <= cluster.max_nodes):
             raise ParallelConfigError(
                 f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
-    from wattcast.simulate.overlap import overlap_defaults
-
     fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
     defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
     flags = {}
     for name, default in defaults.items():
-        v = getattr(cfg, name)
-        flag = "--" + name.replace("_", "-")
-        if not (v is None or isinstance(v, bool)):
-            raise ParallelConfigError(f"{flag} must be true or false, got {v!r}")
+        v = d[name]
+        if v is None:
+            flags[name] = default
+            continue
+        if not isinstance(v, bool):
+            raise ParallelConfigError(f"--{name.replace('_', '-')} must be true or false, got {v!r}")
         if v and fw_name != "megatron":
             raise ParallelConfigError(
-                f"{flag} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP overlap gradient "
-                f"buckets with backward already; DeepSpeed's engine reduces after backward)")
-        flags[name] = default if v is None else v
+                f"--{name.replace('_', '-')} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP "
+                f"overlap gradient buckets with backward already; DeepSpeed's engine reduces after backward)")
+        flags[name] = v
     if cfg.overlap_param_gather and cfg.zero < 1:
         raise ParallelConfigError(
             "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs --zero 1 or more")
@@ -297,7 +304,25 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
-    return replace(cfg, dp=dp, micro_batch=mb, **flags)
+    return with_fields(cfg, dp=dp, micro_batch=mb, **flags)
+
+
+def with_fields(cfg: ParallelConfig, **changes) -> ParallelConfig:
+    """``dataclasses.replace(cfg, **changes)`` without re-running ``__init__`` (a search makes tens of thousands): the
+    same frozen object, its fields copied and ``changes`` set. ``changes`` must name fields of ParallelConfig."""
+    out = object.__new__(ParallelConfig)
+    d = out.__dict__
+    d.update(cfg.__dict__)
+    d.update(changes)
+    return out
+
+
+def new_config(**fields) -> ParallelConfig:
+    """``ParallelConfig(**fields)`` built the way :func:`with_fields` builds (a search enumerates tens of thousands)."""
+    return with_fields(_DEFAULT_CONFIG, **fields)
+
+
+_DEFAULT_CONFIG = ParallelConfig()
 
 
 @dataclass(frozen=True)
@@ -321,14 +346,18 @@ def group_layout(size: int, stride: int, gpus_per_node: int) -> GroupLayout:
 
 
 def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
-    g = cluster.gpus_per_node
-    cp = cfg.cp
-    return {
-        "tp": group_layout(cfg.tp, 1, g),
+    """Where each parallel group of ``cfg`` sits on ``cluster`` (a new dict; the layouts are shared, immutable)."""
+    return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node))
+
+
+@lru_cache(maxsize=4096)
+def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int) -> tuple[tuple[str, GroupLayout], ...]:
+    return (
+        ("tp", group_layout(tp, 1, g)),
         # Megatron's order: tp, cp, dp, pp. Gradients are reduced (and ZeRO shards) over the data-parallel ranks
         # together with the context-parallel ones, which hold the same weights: the "dp" group is dp x cp
-        "cp": group_layout(cp, cfg.tp, g),
-        "dp": group_layout((cfg.dp or 1) * cp, cfg.tp, g),
-        "ep": group_layout(cfg.ep, cfg.tp * cp, g),
-        "pp": group_layout(cfg.pp, cfg.tp * cp * (cfg.dp or 1), g),
-    }
+        ("cp", group_layout(cp, tp, g)),
+        ("dp", group_layout(dp * cp, tp, g)),
+        ("ep", group_layout(ep, tp * cp, g)),
+        ("pp", group_layout(pp, tp * cp * dp, g)),
+    )

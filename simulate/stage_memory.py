@@ -194,6 +194,50 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                 activations_gb=act / GB, buffers_gb=during / GB, post_backward_buffers_gb=after / GB, total_gb=total / GB)
 
 
+def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
+                   full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
+                   optimizer: str, zero: int, dp: int, framework: str, block_params: float,
+                   fp8_param_fraction: float = 0.0) -> np.ndarray:
+    """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
+    the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
+    parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
+                              held_grad_bytes=held_grad_bytes, optimizer=optimizer, zero=zero, dp=dp, framework=framework,
+                              block_params=block_params, fp8_param_fraction=fp8_param_fraction)
+    return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes)
+
+
+def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str,
+                      zero: int, dp: int, framework: str, block_params: float,
+                      fp8_param_fraction: float = 0.0) -> tuple:
+    """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
+    keeps it per stage split, ZeRO stage and DP size): (weights + master weights + gradients + optimizer states, in
+    that order of addition; buffers held during the passes; buffers after the last backward), bytes per stage."""
+    params = np.asarray(params, dtype=float)
+    mixed = dtype_bytes < 4
+    opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
+    dp = max(int(dp), 1)
+    if held_grad_bytes is None:
+        held_grad_bytes = 4 if mixed else dtype_bytes
+    d3 = dp if zero >= 3 else 1
+    d1 = dp if zero >= 1 else 1
+    w = params * dtype_bytes / d3
+    w = w + 2.0 * params * fp8_param_fraction / d3
+    during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
+                                 dp=dp, block_params=block_params)
+    states = (w + params * (4 if mixed else 0) / d1 + params * held_grad_bytes / (dp if zero >= 2 else 1)
+              + params * opt_b / d1)
+    return states, during, after
+
+
+def stage_total_from_parts(parts: tuple, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
+                           full_recompute_extra_bytes: float) -> np.ndarray:
+    """Total GB per stage from :func:`stage_state_parts` and the activations: ``inflight`` chunks of
+    ``act_bytes_per_chunk`` plus the layer re-materialised under full recomputation."""
+    states, during, after = parts
+    act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
+    return (states + np.maximum(act + during, after)) / GB
+
+
 def capacity_gb(memory_gb: float) -> float:
     """A GPU's memory in GB (1e9 bytes, the unit of every memory figure here) from its catalog figure, which vendors
     give in binary units (80 GB = 80 GiB = 85.9e9 bytes)."""
