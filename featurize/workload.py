@@ -121,9 +121,9 @@ def _trip_count_option(v: Any) -> Any:
     """``loop_trip_count`` checked and hashable: None, a count, or sorted ((node name, count), ...)."""
     if v is None:
         return None
-    from wattcast.featurize.onnx.assemble import _check_trip_count
+    from wattcast.featurize.onnx.assemble import check_trip_count
 
-    v = _check_trip_count(dict(v) if isinstance(v, tuple) else v)
+    v = check_trip_count(dict(v) if isinstance(v, tuple) else v)
     return tuple(sorted(v.items())) if isinstance(v, dict) else v
 
 

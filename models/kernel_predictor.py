@@ -35,11 +35,13 @@ def _numeric(col: pd.Series) -> np.ndarray:
 
 def _text_column(uniques, codes: np.ndarray):
     """The column ``np.array(uniques, dtype=object)[codes]`` would make in a frame, without a Python object
-    per row when pandas stores text natively (every entry of ``uniques`` is a str)."""
+    per row when pandas stores text natively (every entry of ``uniques`` is a str or missing)."""
     objs = np.empty(len(uniques), dtype=object)
     objs[:] = list(uniques)
-    # the dtype pandas infers for an object array of str: ``str`` in pandas 3, object before
-    dt = pd.Series(objs[:1]).dtype
+    # the dtype pandas infers for an object array of str: ``str`` in pandas 3, object before (missing entries, such as
+    # an op cell left empty, stay missing in it)
+    sample = next((u for u in uniques if isinstance(u, str)), None)
+    dt = pd.Series([sample if sample is not None else ""]).dtype
     if len(codes) == 0 or dt == object:
         return objs[codes]
     return pd.array(objs, dtype=dt).take(codes)
@@ -87,9 +89,8 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
     # work on the distinct spellings (a few) and per-row codes, not on per-row strings: strip, lower-case and
     # resolve aliases once per spelling
     raw_codes, raw_uniq = pd.factorize(df["op"], use_na_sentinel=False)
-    canon = [str(u).strip().lower() for u in raw_uniq]
-    codes_of_raw, op_uniq = pd.factorize(np.array([OP_ALIASES.get(c, c) for c in canon] or [""], dtype=object)[: len(canon)],
-                                         use_na_sentinel=False)
+    canon = [u if pd.isna(u) else OP_ALIASES.get(str(u).strip().lower(), str(u).strip().lower()) for u in raw_uniq]
+    codes_of_raw, op_uniq = pd.factorize(np.array(canon or [""], dtype=object)[: len(canon)], use_na_sentinel=False)
     op_codes, op_uniq = codes_of_raw[raw_codes], list(op_uniq)
     op = pd.Series(_text_column(op_uniq, op_codes), index=df.index, dtype=pd.Series([""]).dtype if n == 0 else None)
     if "dtype" in df:

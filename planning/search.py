@@ -21,7 +21,7 @@ from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
-from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, _schedule, schedule_context
+from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, schedule_step, schedule_context
 from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
@@ -410,7 +410,7 @@ class _Evaluator:
                 ctx = ctx.with_parallel(par_r)
             if isinstance(ctx, ParallelConfigError):
                 raise ParallelConfigError(str(ctx))
-            r = _schedule(ctx)
+            r = schedule_step(ctx)
         except ParallelConfigError as e:
             return "bad", (cl.name, par.describe(), str(e))
         p = r.parallel

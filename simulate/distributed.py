@@ -255,7 +255,7 @@ def predict_distributed(model, cluster: str | ClusterSpec, parallel: ParallelCon
     The old keyword form ``predict_distributed(model, cluster, gpus=, batch=, seq=, parallel=, dtype=, ...)`` still
     works: its keywords build the options object (``options_from_keywords``)."""
     parallel, options = options_from_keywords("predict_distributed", parallel, options, gpus, keywords)
-    return _schedule(schedule_context(model, cluster, parallel, options))
+    return schedule_step(schedule_context(model, cluster, parallel, options))
 
 
 def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig | None = None,
@@ -552,7 +552,7 @@ def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_la
 
 @dataclass(frozen=True)
 class ScheduleContext:
-    """Everything :func:`_schedule` needs to time one strategy: the costed rank graph and its per-layer view, the
+    """Everything :func:`schedule_step` needs to time one strategy: the costed rank graph and its per-layer view, the
     device, cluster, strategy and group placements, the collective model, the step's sizes and settings. Built by
     :func:`schedule_context` (``predict_distributed``'s checks and caches); a search re-targets one to another
     strategy sharing its rank graph with :meth:`with_parallel`."""
@@ -588,7 +588,7 @@ class ScheduleContext:
     #: shared across the contexts of one search: per-chunk sums and data-parallel message times by what they depend
     #: on (None: nothing kept)
     memo: dict | None = field(default=None, compare=False, repr=False)
-    #: True: :func:`_schedule` returns a :class:`StepSummary` (the figures of a search row, the same numbers) instead
+    #: True: :func:`schedule_step` returns a :class:`StepSummary` (the figures of a search row, the same numbers) instead
     #: of a DistributedPrediction; implies ``detail`` False
     summary: bool = False
 
@@ -719,7 +719,7 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     return f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms
 
 
-def _schedule(ctx: ScheduleContext) -> DistributedPrediction:
+def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     """One step of ``ctx.par`` (see the module docstring, items 2-5)."""
     (model, g, view, spec, cl, par, lay, cm, batch, seq, n_micro, n_layers, dtype, opts, trace, iteration_ms,
      power_limit_w, model_totals, stream_gbps, power_model, cp_kv_bytes, comm_split, prune_oom) = (

@@ -288,7 +288,7 @@ def test_search_refuses_a_pricing_without_a_price_before_evaluating(monkeypatch)
         raise AssertionError("evaluated before the bad input was refused")
 
     monkeypatch.setattr(search_mod, "schedule_context", no_eval)  # where a search starts evaluating
-    monkeypatch.setattr(search_mod, "_schedule", no_eval)
+    monkeypatch.setattr(search_mod, "schedule_step", no_eval)
     # Azure's A100 80GB has an on-demand price in the table but no reservation
     with pytest.raises(ValueError, match=r"no reserved-1y price for A100-SXM4-80GB \(cluster DGX-A100, region "
                                          r"azure:eastus\).*or another pricing \(--pricing\)"):

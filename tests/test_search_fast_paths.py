@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from wattcast.simulate.distributed import StepSummary, _schedule, schedule_context
+from wattcast.simulate.distributed import StepSummary, schedule_step, schedule_context
 from wattcast.simulate.parallel import ParallelConfig, layouts, new_config, with_fields
 from wattcast.simulate.stage_memory import stage_memory_gb, stage_total_gb
 
@@ -65,8 +65,8 @@ def test_step_summary_equals_the_prediction(par):
     kw = dict(gpus=64, batch=256, seq=2048, parallel=par, dtype="bf16", attention="flash", comm_split=False,
               prune_oom=True, exact_pipeline=False)
     ctx = schedule_context("gpt3_13b", "DGX-A100", **kw)
-    full = _schedule(replace(ctx, detail=False, memo={}))
-    s = _schedule(replace(ctx, detail=False, summary=True, memo={}))
+    full = schedule_step(replace(ctx, detail=False, memo={}))
+    s = schedule_step(replace(ctx, detail=False, summary=True, memo={}))
     assert isinstance(s, StepSummary)
     for name in StepSummary._fields:
         want = full.meta.get("scheduled", True) if name == "scheduled" else getattr(full, name)

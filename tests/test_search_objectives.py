@@ -126,7 +126,7 @@ def test_energy_objective_without_tokens_ranks_by_step_energy():
 ])
 def test_bad_goals_are_named_before_evaluating(kw, msg, monkeypatch):
     monkeypatch.setattr(search_mod, "schedule_context", _no_evaluation)  # where a search starts evaluating
-    monkeypatch.setattr(search_mod, "_schedule", _no_evaluation)
+    monkeypatch.setattr(search_mod, "schedule_step", _no_evaluation)
     with pytest.raises(ValueError, match=msg):
         wattcast.search(MODEL, CLUSTER, **JOB, **kw)
 
@@ -200,7 +200,7 @@ def test_the_front_runs_across_clusters():
 
 def test_cost_needs_a_cloud_price_and_says_how_to_give_one(monkeypatch):
     monkeypatch.setattr(search_mod, "schedule_context", _no_evaluation)  # where a search starts evaluating
-    monkeypatch.setattr(search_mod, "_schedule", _no_evaluation)
+    monkeypatch.setattr(search_mod, "schedule_step", _no_evaluation)
     with pytest.raises(ValueError, match=r"no on-demand price for A100-SXM4-80GB.*cloud_usd_per_gpu_hour"):
         wattcast.search(MODEL, ["DGX-H100", "DGX-A100"], tokens=TOKENS, objective="cost", **JOB)
 
@@ -213,7 +213,7 @@ def test_cost_needs_a_cloud_price_and_says_how_to_give_one(monkeypatch):
 ])
 def test_unknown_names_are_refused_before_any_evaluation(what, kw, msg, monkeypatch):
     monkeypatch.setattr(search_mod, "schedule_context", _no_evaluation)  # where a search starts evaluating
-    monkeypatch.setattr(search_mod, "_schedule", _no_evaluation)
+    monkeypatch.setattr(search_mod, "schedule_step", _no_evaluation)
     args = dict(model=MODEL, cluster=CLUSTER)
     args.update(kw)
     with pytest.raises(Exception, match=msg) as e:

@@ -445,7 +445,7 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     Raises :class:`GraphError` for a missing, corrupt or truncated file, an unbound symbolic dim, or a loop
     whose trip count is unknown and not given.
     """
-    trips = _check_trip_count(loop_trip_count)
+    trips = check_trip_count(loop_trip_count)
     if batch is not None and int(batch) <= 0:
         raise GraphError(f"batch must be positive, got {batch}")
     if seq is not None and int(seq) <= 0:
@@ -488,7 +488,7 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     return graph
 
 
-def _check_trip_count(v) -> int | dict[str, int] | None:
+def check_trip_count(v) -> int | dict[str, int] | None:
     """``loop_trip_count`` checked: a whole number >= 0, or a dict of Loop node names to such numbers."""
     def count(x, what):
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer, float)) or (
