@@ -1040,6 +1040,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # named overheads of one rank's graph: per micro-batch, the optimizer and clipping once per step
                 # (before ZeRO sharding); the accumulation pass between micro-batches is grad_accumulation_ms_per_micro
                 rank_overheads_ms=view.overheads,
+                rank_overheads_scope=("the whole model at this TP degree, one micro-batch; optimizer and clipping before "
+                                      "the pipeline split and ZeRO sharding (optimizer_ms is what one device spends)"),
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
                 dp_sync_ms=float(dpt["sync_ms"].sum()), grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
