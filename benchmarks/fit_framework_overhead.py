@@ -14,6 +14,7 @@ import itertools
 
 import pandas as pd
 
+from wattcast.simulate.distributed import FRAMEWORK_HOST_MS
 from wattcast.validation.distributed_validation import fit_split, load_vtrain, predict_vtrain
 
 
@@ -26,9 +27,7 @@ def main() -> None:
     if args.collective:
         fit_collective_floor(args.rows, args.recompute)
         return
-    single = load_vtrain(which="single")
-    fit, _ = fit_split(single)
-    fit = fit.sample(n=min(args.rows, len(fit)), random_state=1)
+    fit = _fitting_rows(args.rows)
     res = []
     for launch_ms, iter_ms in itertools.product((0.006, 0.025, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.11, 0.14),
                                                  (0.0, 5.0, 10.0, 20.0, 30.0)):
@@ -45,28 +44,26 @@ def main() -> None:
           f"(fit-half mean abs error {best.mean_abs_pct:.1f}% on {len(fit)} rows)")
 
 
-def fit_collective_floor(rows: int, recompute: str) -> None:
-    """Grid over the host-bound floor of one 8-rank TP collective (megatron-deepspeed), on the fitting half."""
-    from wattcast.simulate import distributed as D
-
+def _fitting_rows(rows: int) -> pd.DataFrame:
+    """``rows`` rows (seeded) of vTrain's single-node fitting half."""
     fit, _ = fit_split(load_vtrain(which="single"))
-    fit = fit.sample(n=min(rows, len(fit)), random_state=1)
-    shipped = dict(D.FRAMEWORK_COLLECTIVE_HOST_MS["megatron-deepspeed"])
+    return fit.sample(n=min(rows, len(fit)), random_state=1)
+
+
+def fit_collective_floor(rows: int, recompute: str) -> None:
+    """Grid over the host-bound floor of one 8-rank TP collective (megatron-deepspeed), on the fitting half: the
+    shipped per-kernel and per-iteration costs with each candidate floor as ``host_ms``'s collective table."""
+    fit = _fitting_rows(rows)
+    launch_ms, iteration_ms = FRAMEWORK_HOST_MS["megatron-deepspeed"]
     res = []
-    try:
-        for floor_ms in (0.0, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.6):
-            D.FRAMEWORK_COLLECTIVE_HOST_MS["megatron-deepspeed"] = {8: floor_ms} if floor_ms else {}
-            D._COSTED.clear()  # costed rank graphs hold the old floor
-            p = predict_vtrain(fit, recompute=recompute)
-            ok = p[p["status"] == "ok"]
-            err = ok["error_pct"]
-            by_tp = ok.groupby("tp")["error_pct"].agg(lambda e: f"{e.abs().mean():.1f}/{e.mean():+.1f}")
-            res.append(dict(tp8_floor_ms=floor_ms, mean_abs_pct=err.abs().mean(), over_15=int((err.abs() > 15).sum()),
-                            signed_pct=err.mean(), **{f"tp{int(k)} abs/signed": v for k, v in by_tp.items()}))
-            print(res[-1], flush=True)
-    finally:
-        D.FRAMEWORK_COLLECTIVE_HOST_MS["megatron-deepspeed"] = shipped
-        D._COSTED.clear()
+    for floor_ms in (0.0, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.6):
+        p = predict_vtrain(fit, recompute=recompute, host_ms=(launch_ms, iteration_ms, {8: floor_ms} if floor_ms else {}))
+        ok = p[p["status"] == "ok"]
+        err = ok["error_pct"]
+        by_tp = ok.groupby("tp")["error_pct"].agg(lambda e: f"{e.abs().mean():.1f}/{e.mean():+.1f}")
+        res.append(dict(tp8_floor_ms=floor_ms, mean_abs_pct=err.abs().mean(), over_15=int((err.abs() > 15).sum()),
+                        signed_pct=err.mean(), **{f"tp{int(k)} abs/signed": v for k, v in by_tp.items()}))
+        print(res[-1], flush=True)
     df = pd.DataFrame(res).sort_values(["mean_abs_pct", "over_15"])
     print(df.round(2).to_string(index=False))
     print(f"chosen: TP8 collective floor {df.iloc[0].tp8_floor_ms} ms (fit-half mean abs error "

@@ -89,10 +89,11 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
     # work on the distinct spellings (a few) and per-row codes, not on per-row strings: strip, lower-case and
     # resolve aliases once per spelling
     raw_codes, raw_uniq = pd.factorize(df["op"], use_na_sentinel=False)
-    canon = [u if pd.isna(u) else OP_ALIASES.get(str(u).strip().lower(), str(u).strip().lower()) for u in raw_uniq]
-    codes_of_raw, op_uniq = pd.factorize(np.array(canon or [""], dtype=object)[: len(canon)], use_na_sentinel=False)
+    spelled = [u if pd.isna(u) else str(u).strip().lower() for u in raw_uniq]
+    canon = np.array([OP_ALIASES.get(u, u) for u in spelled], dtype=object)
+    codes_of_raw, op_uniq = pd.factorize(canon, use_na_sentinel=False)
     op_codes, op_uniq = codes_of_raw[raw_codes], list(op_uniq)
-    op = pd.Series(_text_column(op_uniq, op_codes), index=df.index, dtype=pd.Series([""]).dtype if n == 0 else None)
+    op = pd.Series(_text_column(op_uniq, op_codes), index=df.index)
     if "dtype" in df:
         raw = df["dtype"]
         blank = raw.isna().to_numpy() | (raw.astype(str).str.strip() == "").to_numpy()

@@ -333,12 +333,12 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
 
     # host_ms: (per-kernel launch, per-iteration[, {TP group size: collective floor}]) overriding the framework's
     launch_ms, iter_ms, *rest = dopts.host_ms or FRAMEWORK_HOST_MS[opts.framework]
-    coll_floor = dict(rest[0]) if rest else FRAMEWORK_COLLECTIVE_HOST_MS.get(opts.framework, {})
+    coll_floor = dict(rest[0]) if rest else None  # None: the framework's (collective_host_floor_ms)
     # the costed rank graph depends on the graph, the device, the models, the TP/EP group placements and the
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
     pins = (g, spec, bundle, cm, cl, power_model)  # n_rep follows from g
     key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
-           tuple(coll_floor.items()) if rest else None)
+           None if coll_floor is None else tuple(coll_floor.items()))
     hit = _COSTED.get(key)
     if hit is None:
         costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)

@@ -91,7 +91,7 @@ def fit_split(single: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def predict_vtrain(df: pd.DataFrame, *, cluster: str = "DGX-A100", coll_model=None, progress=None,
-                   host_ms: tuple[float, float] | None = None, recompute: str = "none") -> pd.DataFrame:
+                   host_ms: tuple | None = None, recompute: str = "none") -> pd.DataFrame:
     def one(r):
         par = ParallelConfig(gpus=int(r.gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp), micro_batch=int(r.micro_batch),
                              recompute=recompute)

@@ -27,10 +27,15 @@ runs ahead of its GPUs, and a per-kernel floor of this size would tax its short 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
+from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
+from wattcast.simulate.parallel import ParallelConfig
+from wattcast.validation.step_breakdown import step_terms
 from wattcast.validation.validation_rows import predict_rows
 
 #: GPUs of one Megatron-LM functional test on a DGX A100 platform (one node, torchrun --nproc-per-node 8)
@@ -63,14 +68,16 @@ def load_megatron_ci(root=None) -> tuple[pd.DataFrame, dict[str, int]]:
     missing = [c for c in ("test_case", "platform_env", "test_type", "iter_time_median_s", *_COLUMNS) if c not in df.columns]
     if missing:
         raise ValueError(f"{f}: missing column(s) {missing}")
+    def given(col: str):  # rows that set an optional column (False where the table has no such column)
+        return df[col].notna() if col in df.columns else False
+
     reasons = {
         "not a GPT test": ~df["test_case"].str.startswith("gpt/"),
         "not a regular or release run": ~df["test_type"].isin(["regular", "release"]),
         "not a DGX A100 platform": ~df["platform_env"].str.contains("dgx_a100|dgxa100", regex=True),
         "a _1node variant": df["test_case"].str.contains("_1node"),
-        "mixture of experts": df["num-experts"].notna() if "num-experts" in df.columns else False,
-        "grouped-query attention or SwiGLU": (df["num-query-groups"].notna() if "num-query-groups" in df.columns else False)
-        | (df["swiglu"].notna() if "swiglu" in df.columns else False),
+        "mixture of experts": given("num-experts"),
+        "grouped-query attention or SwiGLU": given("num-query-groups") | given("swiglu"),
         "no global batch": df["global-batch-size"].isna(),
     }
     keep = pd.Series(True, index=df.index)
@@ -95,22 +102,24 @@ def ci_config(r) -> dict:
             "_name_or_path": f"megatron-ci-gpt-h{int(r.hidden)}-l{int(r.layers)}"}
 
 
+def _switched_on(v) -> bool:
+    """A CI flag column's cell: True where the test passes the flag (the table leaves it empty otherwise)."""
+    return v is True or v == "True"
+
+
 def ci_parallel(r):
     """The ParallelConfig and dtype / attention of a CI row (module docstring)."""
-    from wattcast.simulate.parallel import ParallelConfig
-
     mp = r.tp * r.pp * r.cp
     if CI_GPUS % mp:
         raise ValueError(f"tp x pp x cp = {mp} does not divide the {CI_GPUS} GPUs assumed")
     vpls = r.layers_per_virtual_stage
     interleave = 1
-    if isinstance(vpls, (int, float)) and not np.isnan(vpls) and r.pp > 1:
+    if pd.notna(vpls) and r.pp > 1:
         interleave = max(1, int(r.layers) // (int(r.pp) * int(vpls)))
     par = ParallelConfig(gpus=CI_GPUS, tp=int(r.tp), pp=int(r.pp), cp=int(r.cp), dp=CI_GPUS // mp,
-                         micro_batch=int(r.micro_batch), sp=bool(r.sp is True or r.sp == "True"),
-                         zero=1 if (r.dist_optimizer is True or r.dist_optimizer == "True") else 0,
+                         micro_batch=int(r.micro_batch), sp=_switched_on(r.sp), zero=1 if _switched_on(r.dist_optimizer) else 0,
                          recompute="full" if r.recompute == "full" else "none", interleave=interleave)
-    dtype = "fp8" if isinstance(r.fp8, str) and r.fp8 else ("fp16" if (r.fp16 is True or r.fp16 == "True") else "bf16")
+    dtype = "fp8" if isinstance(r.fp8, str) and r.fp8 else ("fp16" if _switched_on(r.fp16) else "bf16")
     attention = "flash" if (r.attention_backend == "flash" or r.cp > 1) else "eager"
     return par, dtype, attention
 
@@ -126,8 +135,6 @@ def ci_split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def fit_ci_host(df: pd.DataFrame) -> pd.DataFrame:
     """The grid of Megatron-Core host costs on the fitting half (one platform per test), best first."""
-    import itertools
-
     fit = ci_split(df)[0].drop_duplicates("test_case")
     res = []
     for launch, it, coll in itertools.product(*_HOST_GRID.values()):
@@ -139,9 +146,6 @@ def fit_ci_host(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def predict_megatron_ci(df: pd.DataFrame, *, progress=None, host_ms: tuple | None = None) -> pd.DataFrame:
-    from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
-    from wattcast.validation.step_breakdown import step_terms
-
     def one(r):
         par, dtype, attention = ci_parallel(r)
         p = predict_distributed(ci_config(r), CI_CLUSTER, gpus=CI_GPUS, batch=int(r.batch), seq=int(r.seq), parallel=par,
