@@ -1074,6 +1074,7 @@ def validate_labels(
     overwrite: bool = _OVERWRITE_OPTION,
 ) -> None:
     """Predict every single-GPU NeuSight label end to end; per-GPU errors; log to MLflow."""
+    from wattcast.validation.e2e_labels import FW_OVER_BW_CONSISTENT_MAX
     from wattcast.validation.e2e_run import run_validate_labels
 
     _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
@@ -1093,12 +1094,16 @@ def validate_labels(
     if len(split):
         t = Table(title="Training labels: forward and backward apart (absolute % error; fw/bw time ratio, median)")
         short = {"fw_mean_abs_error_pct": "forward %", "bw_mean_abs_error_pct": "backward %", "step_mean_abs_error_pct": "step %",
-                 "measured_fw_over_bw": "fw/bw measured", "predicted_fw_over_bw": "fw/bw predicted"}
+                 "measured_fw_over_bw": "fw/bw measured", "predicted_fw_over_bw": "fw/bw predicted",
+                 "fw_inconsistent": f"fw/bw > {FW_OVER_BW_CONSISTENT_MAX}"}
         for c in split.columns:
             t.add_column(short.get(c, str(c)))
         for _, r in split.iterrows():
             t.add_row(*[(f"{v:.2f}" if "_over_" in c else f"{v:.1f}") if isinstance(v, float) else str(v) for c, v in r.items()])
         con.print(t)
+        con.print(f"A training label whose measured forward is over {FW_OVER_BW_CONSISTENT_MAX} of its measured backward "
+                  "carries time its kernels do not (a dense forward is about half the backward); the labels table's "
+                  "'all-fw-consistent' rows leave those out, 'all' keeps every label.")
     if outcome.get("run_id"):
         con.print(f"MLflow run {outcome['run_id']} in {mlruns}/")
 

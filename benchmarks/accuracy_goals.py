@@ -55,6 +55,11 @@ def label_goals(data) -> list[dict]:
                         measured=float(r["mean_abs_error_pct"])))
         out.append(dict(issue=3, measure=f"{device} labels max |error| %", goal=E2E_MAX_LABEL_PCT,
                         measured=float(r["max_abs_error_pct"])))
+        c = s[(s["device"] == device) & (s["kind"] == "all-fw-consistent")].iloc[0]
+        if int(c["labels"]) != int(r["labels"]):
+            out.append(dict(issue=3, measure=f"{device} labels mean |error| %, forward consistent with backward "
+                                             f"({int(c['labels'])} of {int(r['labels'])})", goal=goal,
+                            measured=float(c["mean_abs_error_pct"])))
     return out
 
 

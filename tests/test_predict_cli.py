@@ -131,6 +131,32 @@ def test_train_split_separates_forward_and_backward_errors():
     assert r["measured_fw_over_bw"] == pytest.approx((0.5 + 0.5) / 2)
     assert r["predicted_fw_over_bw"] == pytest.approx((0.6 + 50 / 110) / 2)
     assert not r["heldout"]
+    assert r["fw_inconsistent"] == 0
+
+
+def test_labels_summary_leaves_out_forwards_inconsistent_with_their_backward():
+    import pandas as pd
+
+    from wattcast.validation.e2e_labels import FW_OVER_BW_CONSISTENT_MAX, forward_consistent, summarise_labels
+
+    df = pd.DataFrame({
+        "status": ["ok"] * 4, "mode": ["train", "train", "inf", "train"], "fusion": [False] * 4,
+        "device": ["L4"] * 4,
+        # the second label's measured forward is 0.9 of its backward: its forward carries time the kernels do not;
+        # an inference label (no backward) and a label at exactly the limit stay
+        "measured_fw_ms": [50.0, 90.0, 10.0, 100.0 * FW_OVER_BW_CONSISTENT_MAX],
+        "measured_bw_ms": [100.0, 100.0, 0.0, 100.0],
+        "error_pct": [2.0, -30.0, 4.0, -6.0],
+    })
+    df["abs_error_pct"] = df["error_pct"].abs()
+    assert forward_consistent(df).tolist() == [True, False, True, True]
+    s = summarise_labels(df).set_index(["device", "kind"])
+    assert s.loc[("L4", "all"), "labels"] == 4
+    assert s.loc[("L4", "all"), "mean_abs_error_pct"] == pytest.approx(42.0 / 4)
+    c = s.loc[("L4", "all-fw-consistent")]
+    assert c["labels"] == 3
+    assert c["mean_abs_error_pct"] == pytest.approx(4.0)
+    assert c["mean_signed_error_pct"] == pytest.approx(0.0)
 
 
 def _tiny_onnx(path):
