@@ -38,8 +38,8 @@ from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canoni
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
-from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, group_layout, layouts,
-                                        resolve_parallel, stage_layers)
+from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers, group_layout,
+                                        layouts, resolve_parallel, stage_layers)
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
@@ -733,7 +733,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     chunk_key = ("chunks", id(view), n_layers, n_chunks, par.pp_first_layers, par.pp_last_layers, deepspeed)
     hit = memo.get(chunk_key) if memo is not None else None
     if hit is None:
-        counts = stage_layers(n_layers, n_chunks, first=par.pp_first_layers, last=par.pp_last_layers, deepspeed=deepspeed)
+        counts = chunk_layers(n_layers, P, V, first=par.pp_first_layers, last=par.pp_last_layers, deepspeed=deepspeed)
         chunk = chunk_of_layer(view.layer_ids, n_layers, n_chunks, counts)
         hit = (counts, chunk, {})
         if memo is not None:

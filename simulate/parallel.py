@@ -142,6 +142,50 @@ def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last
     return counts
 
 
+def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | None = None, last: int | None = None,
+                 deepspeed: bool = False) -> list[int]:
+    """Transformer layers of each model chunk in pipeline order (chunk ``v x pp + s`` is virtual stage ``v`` of stage
+    ``s``, Megatron's interleaved assignment).
+
+    - ``interleave`` 1: the stages of :func:`stage_layers`;
+    - layers divisible by ``pp x interleave`` (and no ``first``/``last``): equal chunks (Megatron's rule);
+    - ``first``/``last`` given: the stages of :func:`stage_layers`, each split evenly over its ``interleave`` virtual
+      stages; each stage's layers must divide by ``interleave`` (Megatron-Core's check on
+      ``decoder_first/last_pipeline_num_layers`` under a virtual pipeline);
+    - otherwise the balanced stages of :func:`stage_layers` (Llama 3 405B's 126 layers on 16 stages: 7, 8 x 14, 7), each
+      stage's layers over its virtual stages differing by one at most, the chunk holding the embedding (first stage,
+      first virtual stage) and the one holding the loss (last stage, last virtual stage) taking the fewer; Megatron-Core
+      runs such a split with ``--pipeline-model-parallel-layout``.
+    """
+    if interleave == 1:
+        return stage_layers(n_layers, pp, first=first, last=last, deepspeed=deepspeed)
+    explicit = first is not None or last is not None
+    if not explicit and n_layers % (pp * interleave) == 0:
+        return [n_layers // (pp * interleave)] * (pp * interleave)
+    stages = stage_layers(n_layers, pp, first=first, last=last, deepspeed=deepspeed)
+    if explicit:
+        bad = [(i, n) for i, n in enumerate(stages) if n % interleave]
+        if bad:
+            i, n = bad[0]
+            which = "first" if i == 0 else "last" if i == pp - 1 else "each middle"
+            raise ParallelConfigError(
+                f"with --interleave {interleave}, every stage's layers must divide by it (Megatron-Core's rule): the "
+                f"{which} stage has {n} ({'/'.join(map(str, stages[:1] + stages[1:-1][:1] + stages[-1:]))} on the first/"
+                f"middle/last stages)")
+    if min(stages) < interleave:
+        raise ParallelConfigError(
+            f"a stage has {min(stages)} layer(s), fewer than its {interleave} virtual stages (--interleave)")
+    per = []
+    for s, n in enumerate(stages):
+        q, r = divmod(n, interleave)
+        split = [q] * interleave
+        extra = range(interleave - r, interleave) if s == 0 else range(r)  # the embedding's and the loss's chunks take fewer
+        for v in extra:
+            split[v] += 1
+        per.append(split)
+    return [per[s][v] for v in range(interleave) for s in range(pp)]
+
+
 def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
                      n_kv_heads: int | None = None, ffn: int | None = None, n_experts: int | None = None,
                      seq: int | None = None, cluster: ClusterSpec | None = None,
@@ -217,17 +261,9 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         if not (cfg.pp > 1):
             raise ParallelConfigError(
                 "--pp-first-stage-layers/--pp-last-stage-layers need pipeline parallelism (--pp > 1)")
-        if not (cfg.interleave == 1):
-            raise ParallelConfigError(
-                "--pp-first-stage-layers/--pp-last-stage-layers with --interleave: uneven virtual "
-                "stages are not modelled; use --interleave 1")
-        stage_layers(n_layers, cfg.pp, first=cfg.pp_first_layers, last=cfg.pp_last_layers)  # raises naming the rule
-    elif n_layers % (cfg.pp * cfg.interleave) and not uneven_stages:
-        if not (cfg.interleave == 1):
-            raise ParallelConfigError(
-                f"layers ({n_layers}) must be divisible by pp x interleave ({cfg.pp} x {cfg.interleave} = "
-                f"{cfg.pp * cfg.interleave}) for the interleaved schedule (Megatron's rule); the automatic uneven split "
-                f"needs --interleave 1")
+        chunk_layers(n_layers, cfg.pp, cfg.interleave, first=cfg.pp_first_layers, last=cfg.pp_last_layers)  # raises
+    elif n_layers % (cfg.pp * cfg.interleave) and cfg.interleave > 1:
+        chunk_layers(n_layers, cfg.pp, cfg.interleave, deepspeed=uneven_stages)  # raises naming the rule
     if not (cfg.interleave == 1 or cfg.pp > 1):
         raise ParallelConfigError("--interleave needs pipeline parallelism (--pp > 1)")
     if not (cfg.schedule in SCHEDULES):

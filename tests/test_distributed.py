@@ -59,7 +59,8 @@ def test_astra_sim_network_import():
 @pytest.mark.parametrize("kw,msg", [
     (dict(gpus=8, tp=3), "multiple of tp x pp"),
     (dict(gpus=8, tp=8, pp=1), "attention heads \\(12\\) must be divisible by tp \\(8\\)"),
-    (dict(gpus=8, pp=4, interleave=2, micro_batch=1), "layers \\(12\\) must be divisible by pp x interleave"),
+    (dict(gpus=8, pp=4, interleave=2, micro_batch=1, pp_first_layers=3, pp_last_layers=3),
+     "with --interleave 2, every stage's layers must divide by it"),
     (dict(gpus=8, pp=8, interleave=2, micro_batch=1), "layers \\(12\\) must be at least pp x interleave"),
     (dict(gpus=8, dp=8, micro_batch=3), "global batch \\(16\\) must be divisible by dp x micro-batch"),
     (dict(gpus=8, sp=True), "sequence parallelism\\) needs tensor parallelism"),
@@ -331,6 +332,37 @@ def test_uneven_pipeline_stages():
         wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, micro_batch=1, pp_first_stage_layers=3)
     with pytest.raises(ParallelConfigError, match="whole number of layers"):
         wattcast.predict_cluster(cfg, "nvlink-4gpu", gpus=4, batch=8, seq=256, pp=4, micro_batch=1, pp_first_stage_layers=-1)
+
+
+def test_uneven_stages_with_interleaving():
+    """Interleaved 1F1B over stages that do not divide: each stage's layers split over its virtual stages (chunk
+    v x pp + s), the embedding's and the loss's chunks taking the fewer; explicit first/last stage sizes must divide
+    by the virtual stages (Megatron-Core's rule)."""
+    from wattcast.simulate.parallel import chunk_layers
+
+    c = chunk_layers(126, 16, 2)  # Llama 3 405B: stages 7, 8 x 14, 7
+    assert len(c) == 32 and sum(c) == 126
+    stages = [c[s] + c[16 + s] for s in range(16)]
+    assert stages == [7] + [8] * 14 + [7]
+    assert c[0] == 3 and c[16] == 4 and c[15] == 4 and c[31] == 3
+    assert chunk_layers(128, 16, 2) == [4] * 32
+    assert chunk_layers(126, 16, 2, first=6, last=8) == [3] + [4] * 14 + [4] + [3] + [4] * 14 + [4]
+    assert chunk_layers(14, 4, 1) == [3, 4, 4, 3]
+    with pytest.raises(ParallelConfigError, match="every stage's layers must divide by it"):
+        chunk_layers(126, 16, 2, first=7, last=7)
+    with pytest.raises(ParallelConfigError, match="fewer than its 4 virtual stages"):
+        chunk_layers(14, 4, 4)
+    cfg = {"model_type": "gpt2", "n_embd": 512, "n_head": 8, "n_layer": 14, "n_positions": 512, "vocab_size": 1000}
+    kw = dict(gpus=4, batch=8, seq=256, pp=4, micro_batch=1, framework="megatron")
+    r = wattcast.predict_cluster(cfg, "nvlink-4gpu", interleave=2, **kw)
+    assert r.meta["stage_layers"] == [1, 2, 2, 2, 2, 2, 2, 1]
+    plain = wattcast.predict_cluster(cfg, "nvlink-4gpu", **kw)
+    # the interleaved schedule's bubble is smaller than plain 1F1B's on the same uneven stages
+    assert 0 < r.bubble_ms < plain.bubble_ms
+    e = wattcast.predict_cluster(cfg, "nvlink-4gpu", interleave=2, pp_first_stage_layers=2, pp_last_stage_layers=4, **kw)
+    assert e.meta["stage_layers"] == [1, 2, 2, 2, 1, 2, 2, 2]
+    with pytest.raises(ParallelConfigError, match="must divide by it"):
+        wattcast.predict_cluster(cfg, "nvlink-4gpu", interleave=2, pp_first_stage_layers=3, pp_last_stage_layers=3, **kw)
 
 
 def test_llama3_405b_on_16_stages_is_not_refused():
