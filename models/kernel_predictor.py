@@ -314,6 +314,12 @@ def predict_kernels(
         bundle = load_bundle(str(bundle) if bundle else None)
     canon, err = normalise_kernel_frame(frame)
     n = len(canon)
+    if not spec.peak_fp8_tflops:
+        fp8 = (canon["dtype"].to_numpy() == "fp8") & (err == "")
+        if fp8.any():
+            err = err.copy()
+            err[fp8] = (f"dtype fp8 needs FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops "
+                        "(A100, V100, MI250 and older); use bf16")
     ok = err == ""
     n_ok = int(ok.sum())
     cols: dict[str, object] = {

@@ -79,6 +79,22 @@ def test_fp8_steps_run_the_recipe_where_the_gpu_has_fp8():
     assert r.exit_code == 2 and "peak_fp8_tflops" in flat(r.stderr)
 
 
+def test_fp8_kernel_rows_on_a_gpu_without_fp8_say_so_per_row():
+    """`wattcast kernels` predicts what it can and names the spec field on each FP8 row of a GPU without FP8 (it used
+    to return BF16-speed figures flagged only as out of distribution)."""
+    import pandas as pd
+
+    from wattcast.models.kernel_predictor import predict_kernels
+
+    frame = pd.DataFrame({"OPName": ["linear", "linear"], "B": [1, 1], "M": [4096, 4096], "N": [4096, 4096],
+                          "K": [4096, 4096], "dtype": ["bf16", "fp8"]})
+    a100 = predict_kernels(frame, "A100-SXM4-80GB")
+    assert a100["pred_latency_ms"].iloc[0] > 0 and a100["error"].iloc[0] == ""
+    assert pd.isna(a100["pred_latency_ms"].iloc[1]) and "peak_fp8_tflops" in a100["error"].iloc[1]
+    h100 = predict_kernels(frame, "H100-SXM5-80GB")
+    assert (h100["error"] == "").all() and h100["pred_latency_ms"].iloc[1] < h100["pred_latency_ms"].iloc[0]
+
+
 def test_distributed_counts_and_output_paths(tmp_path):
     base = ("predict", "-m", "gpt2", "--cluster", "DGX-H100", "--batch", "8")
     r = run(*base, "--gpus", "0")
