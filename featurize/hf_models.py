@@ -449,12 +449,18 @@ def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *,
 
 
 def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, expert_ffn: int | None = None,
-         scoring: str = "softmax") -> Tensor:
+         scoring: str = "softmax", megatron: bool = False) -> Tensor:
     """Mixtral sparse MoE block (HF eager: per expert gather, SwiGLU, scale by the routing weight, index_add).
 
     Expert parallelism (``b.ep``) gives each rank num_experts/ep experts; tokens travel by all-to-all to
     their experts and back. Tensor parallelism splits each expert's FFN like a dense MLP. ``expert_ffn``: each
-    expert's width (default the config's FFN); ``scoring``: the router's softmax, or DeepSeek-V3's sigmoid."""
+    expert's width (default the config's FFN); ``scoring``: the router's softmax, or DeepSeek-V3's sigmoid.
+
+    ``megatron``: Megatron-Core's ``MoELayer`` with the all-to-all token dispatcher and grouped GEMMs
+    (``--moe-token-dispatcher-type alltoall --moe-grouped-gemm``, the Mixtral/DeepSeek recipes): the permuted tokens
+    are contiguous per expert (no per-expert gather), each local expert's FC1 (gate and up) -> fused SwiGLU -> FC2
+    (the grouped GEMM costed as its per-expert GEMMs, one launch each), and one fused unpermute that weights by the
+    routing probabilities and sums each token's top-k rows (``moe_unpermute``)."""
     n_exp, top_k = cfg.n_experts, cfg.experts_per_token  # checked: positive integers, top_k <= n_exp
     ffn = expert_ffn or cfg.ffn
     if n_exp % b.ep:
@@ -478,14 +484,24 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     outs = []
     for e in range(local):
         with b.scope(f"moe.experts.{e}"):
-            xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
-            ye = _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False)
+            if megatron:
+                xe = Tensor((per, h), routed.dtype, routed.node, routed.tid)
+                gate = b.linear(xe, ffn, bias=False, name=f"experts.{e}.linear_fc1.gate", parallel="col")
+                up = b.linear(xe, ffn, bias=False, name=f"experts.{e}.linear_fc1.up", parallel="col")
+                ye = b.linear(b.elementwise("mul", gate, up, name=f"experts.{e}.swiglu"), h, bias=False,
+                              name=f"experts.{e}.linear_fc2", parallel="row")
+            else:
+                xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
+                ye = _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False)
             outs.append(ye)
     last = outs[-1]
     combined = Tensor((rows, h), last.dtype, last.node, last.tid)
     combined = b.tp_exit(combined, name="moe.exit")
     if b.ep > 1:
         combined = b.all_to_all(combined, name="moe.combine")
+    if megatron:
+        out = b.reduction(combined, (t, h), name="moe.unpermute")  # weights and sums each token's top-k rows
+        return Tensor(x.shape, out.dtype, out.node, out.tid)
     combined = b.elementwise("mul", combined, Tensor((t * top_k, 1), w.dtype, w.node, w.tid), name="moe.weight")
     out = b.reduction(combined, (t, h), name="moe.index_add")
     return Tensor(x.shape, out.dtype, out.node, out.tid)
@@ -548,10 +564,10 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     Saved per layer under sequence parallelism with selective recomputation (sbh/t units, 2-byte activations):
     2 + 2 (the norms' inputs) + 2 + 2 (QKV and FC1 inputs, sharded) + 2(1 + 2 kv/heads) (q, k, v) + 2 (projection
     input) + 6 ffn/h (SwiGLU input and FC2 input) — Korthikanti et al. 2022's accounting with the GPT MLP's 4h GeLU
-    replaced by SwiGLU's 2 x ffn input and ffn output, and multi-head K/V by grouped ones."""
-    if cfg.n_experts:
-        raise GraphError(f"{cfg.name}: framework 'megatron' models dense Llama-architecture models; mixture-of-experts "
-                         "layers (Megatron-Core's MoE) are not modelled, use --framework hf")
+    replaced by SwiGLU's 2 x ffn input and ffn output, and multi-head K/V by grouped ones.
+
+    Mixture-of-experts configs (Mixtral) take Megatron-Core's ``MoELayer`` in place of the MLP (``_moe`` with
+    ``megatron``: all-to-all dispatcher, grouped GEMMs, fused permute/unpermute)."""
     nh, nkv, d, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
     ids = b.input((batch, seq), "fp32")
@@ -577,11 +593,15 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
             a = b.tp_exit(b.linear(a, h, bias=False, name="self_attention.linear_proj", parallel="row"),
                           name="self_attention.exit")
             x = b.elementwise("add", x, a, name="residual_1")
-            y = b.tp_enter(b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False), name="mlp.enter")
-            gate = b.linear(y, cfg.ffn, bias=False, name="mlp.linear_fc1.gate", parallel="col")
-            up = b.linear(y, cfg.ffn, bias=False, name="mlp.linear_fc1.up", parallel="col")
-            y = b.elementwise("mul", gate, up, name="mlp.swiglu")  # fused: reads 2 x ffn, writes ffn, saves its input
-            y = b.tp_exit(b.linear(y, h, bias=False, name="mlp.linear_fc2", parallel="row"), name="mlp.exit")
+            if cfg.n_experts:
+                y = _moe(cfg, b, b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False), batch, seq,
+                         megatron=True)
+            else:
+                y = b.tp_enter(b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False), name="mlp.enter")
+                gate = b.linear(y, cfg.ffn, bias=False, name="mlp.linear_fc1.gate", parallel="col")
+                up = b.linear(y, cfg.ffn, bias=False, name="mlp.linear_fc1.up", parallel="col")
+                y = b.elementwise("mul", gate, up, name="mlp.swiglu")  # fused: reads 2 x ffn, writes ffn, saves its input
+                y = b.tp_exit(b.linear(y, h, bias=False, name="mlp.linear_fc2", parallel="row"), name="mlp.exit")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "output_layer"):
         x = b.layernorm(x, name="final_layernorm", rms=True, bias=False)
@@ -629,13 +649,19 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
     return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
 
 
-def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, megatron: bool = False) -> None:
     """DeepSeek-V2 / V3 (``deepseek_v2``, ``deepseek_v3``) as Hugging Face runs them: multi-head latent attention
     (:func:`_mla`) in every block; the first ``first_k_dense_replace`` blocks a dense SwiGLU MLP of
     ``intermediate_size``, the rest DeepSeekMoE: ``n_routed_experts`` experts of ``moe_intermediate_size`` with
     ``num_experts_per_tok`` per token (V3 scores them by a sigmoid, V2 by a softmax) plus ``n_shared_experts``
     shared experts run as one SwiGLU of n_shared x ``moe_intermediate_size`` on every token. The multi-token-prediction
-    module (V3's ``num_nextn_predict_layers``) is not part of the Hugging Face model and is not built."""
+    module (V3's ``num_nextn_predict_layers``) is not part of the Hugging Face model and is not built.
+
+    ``megatron``: as Megatron-Core's GPTModel runs it (``--multi-latent-attention``, the DeepSeek-V3 recipe): the
+    block norms as fused RMSNorm kernels, the MoE layers as Megatron-Core's ``MoELayer`` (``_moe`` with ``megatron``),
+    the loss on fp32 logits; the attention keeps the latent projections and norms of :func:`_mla`."""
+    norm = ((lambda t, name: b.layernorm(t, name=name, rms=True, bias=False)) if megatron
+            else (lambda t, name: rms_norm_eager(b, t, name)))
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -646,12 +672,12 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str)
     scoring = "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax"
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
-            y = rms_norm_eager(b, x, "input_layernorm")
+            y = norm(x, "input_layernorm")
             a = _mla(cfg, b, y, batch, seq, impl)
             x = b.elementwise("add", x, a, name="residual_1")
-            y = rms_norm_eager(b, x, "post_attention_layernorm")
+            y = norm(x, "post_attention_layernorm")
             if cfg.n_experts and i >= dense and i % every == 0:
-                m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring)
+                m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring, megatron=megatron)
                 if shared:
                     sh = _swiglu(cfg, b, y, shared * moe_ffn, "mlp.shared_experts")
                     m = b.elementwise("add", m, sh, name="mlp.shared_add")
@@ -660,8 +686,8 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str)
                 y = _swiglu(cfg, b, y, cfg.ffn, "mlp")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
-        x = rms_norm_eager(b, x, "norm")
-        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train)
+        x = norm(x, "norm")
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train, fp32_loss=megatron)
 
 
 def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:

@@ -156,9 +156,10 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                      flash_kernel=opts.flash_kernel)
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
-    if opts.framework == "megatron" and cfg.family not in ("gpt2", "llama"):
-        raise GraphError(f"framework 'megatron' models GPT (gpt2-type) and Llama-architecture configs (Megatron-Core's "
-                         f"GPTModel), not {cfg.model_type}")
+    if opts.framework == "megatron" and cfg.family not in ("gpt2", "llama", "mixtral", "deepseek"):
+        raise GraphError(f"framework 'megatron' models GPT (gpt2-type), Llama-architecture, Mixtral and DeepSeek-V2/V3 "
+                         f"configs (Megatron-Core's GPTModel, with its MoE layer and multi-latent attention), not "
+                         f"{cfg.model_type}")
     b.framework = opts.framework
     if opts.blocks:
         if cfg.total_layers != cfg.n_layers:
@@ -170,10 +171,14 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         raise GraphError(f"{cfg.name}: seq {opts.seq * opts.cp} exceeds the model's {limit}")
     # rotary positions run beyond the table: predicted, with a warning in meta["warnings"] (printed by the CLI)
     pos_warning = position_warning(cfg, opts.seq * opts.cp)
-    if opts.framework == "megatron" and cfg.family == "llama":
+    if opts.framework == "megatron" and cfg.family in ("llama", "mixtral"):
         from wattcast.featurize.hf_models import llama_megatron
 
         llama_megatron(cfg, b, opts.batch, opts.seq, impl=opts.attention)
+    elif opts.framework == "megatron" and cfg.family == "deepseek":
+        from wattcast.featurize.hf_models import deepseek
+
+        deepseek(cfg, b, opts.batch, opts.seq, impl=opts.attention, megatron=True)
     else:
         GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
     n_layers = cfg.total_layers

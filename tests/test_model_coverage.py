@@ -116,3 +116,33 @@ def test_deepseek_on_a_cluster_with_expert_parallelism():
     assert r.step_time_ms > 0 and r.exposed_comm_split_ms.get("ep", 0) >= 0
     with pytest.raises(ValueError, match=r"experts \(64\) must be divisible by ep \(6\)"):
         wattcast.predict_cluster(DSV2_LITE, "DGX-H100", gpus=48, batch=48, seq=2048, tp=1, ep=6, micro_batch=1)
+
+
+def test_megatron_core_moe_layer():
+    """--framework megatron runs Mixtral and DeepSeek as Megatron-Core does: all-to-all dispatcher, grouped GEMMs over
+    contiguous permuted tokens (no per-expert gather), fused SwiGLU and one fused unpermute (HF: weight multiply and
+    index_add), fused RMSNorm kernels and the loss on fp32 logits; the same expert GEMM shapes and parameters."""
+    kw = dict(batch=1, seq=128, mode="train", blocks=2)
+    hf = step_graph("mixtral_8x7b", StepOptions(**kw))
+    mc = step_graph("mixtral_8x7b", StepOptions(framework="megatron", **kw))
+    fwd = mc.nodes[mc.nodes["phase"] == "forward"]
+    names = fwd["name"].astype(str)
+    assert (names == "moe.unpermute").sum() == 2 and not names.str.contains(r"experts\.\d+\.index").any()
+    assert not names.isin(["moe.weight", "moe.index_add"]).any()
+    assert names.str.fullmatch(r"experts\.\d+\.swiglu").sum() == 2 * 8
+    gemm = lambda g: g.nodes[(g.nodes["phase"] == "forward") & g.nodes["name"].astype(str).str.contains(r"experts\.")  # noqa: E731
+                             & (g.nodes["op_class"] == "linear")]
+    assert len(gemm(mc)) == len(gemm(hf)) == 2 * 8 * 3
+    assert set(gemm(mc)["M"]) == set(gemm(hf)["M"]) == {32.0}  # 128 tokens x top-2 / 8 experts
+    assert mc.param_count == pytest.approx(hf.param_count, rel=1e-3)
+    ds = step_graph("deepseek_v3", StepOptions(framework="megatron", **dict(kw, blocks=4)))  # 3 dense blocks first
+    dn = ds.nodes[ds.nodes["phase"] == "forward"]
+    assert {"input_layernorm", "moe.unpermute", "self_attn.kv_a_proj_with_mqa"} <= set(dn["name"].astype(str))
+    assert (dn.loc[dn["name"] == "input_layernorm", "op_class"] == "layernorm").all()
+    r = wattcast.predict_cluster(DSV2_LITE, "DGX-H100", gpus=16, batch=32, seq=2048, ep=8, micro_batch=1, zero=1,
+                                 framework="megatron")
+    h = wattcast.predict_cluster(DSV2_LITE, "DGX-H100", gpus=16, batch=32, seq=2048, ep=8, micro_batch=1, zero=1)
+    assert r.fits and r.exposed_comm_split_ms["ep"] > 0 and r.parallel.overlap_grad_reduce
+    assert r.memory["activations_gb"] < h.memory["activations_gb"]  # fused kernels save less for backward
+    with pytest.raises(ValueError, match="framework 'megatron' models"):
+        step_graph("bert_base", StepOptions(framework="megatron", batch=1, seq=128))
