@@ -111,7 +111,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     framework: str = DEFAULTS.framework,
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int | None = None,
                     overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
-                    tp_comm_overlap: bool | None = None, strategy: str | None = None,
+                    tp_comm_overlap: bool | None = None, overlap_moe_expert_parallel_comm: bool | None = None,
+                    strategy: str | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -122,7 +123,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     split evenly); without them layers that do not divide are split automatically (``parallel.stage_layers``).
     ``cp``: context parallelism (ring attention over ``cp`` ranks; needs ``attention="flash"``).
     ``overlap_grad_reduce``/``overlap_param_gather``/``tp_comm_overlap``: Megatron-Core's overlaps (None: the
-    framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``).
+    framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``);
+    ``overlap_moe_expert_parallel_comm``: Megatron-Core's MoE all-to-all overlap (off by default; needs ``ep`` > 1).
     ``strategy``: a strategy string as ``wattcast.search`` gives it per row (``simulate/strategy.py``, e.g.
     ``"tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b"``); it sets the parallel options, ``gpus`` and (with its
     ``ga``) ``batch``, and predicts that row's figures exactly. An option also given must agree with it (ValueError
@@ -142,7 +144,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     opts = dict(gpus=gpus, batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep,
                 recompute=recompute, interleave=interleave, schedule=schedule, cp=cp, pp_first_layers=pp_first_stage_layers,
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
-                overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap)
+                overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
+                overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm)
     if strategy is not None:
         from wattcast.simulate.strategy import strategy_values
 

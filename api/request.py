@@ -73,6 +73,7 @@ class ParallelOptions:
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
+    overlap_moe_expert_parallel_comm: bool | None = None
 
 
 def parallel_defaults() -> dict:

@@ -81,7 +81,7 @@ class SearchResult:
 
 #: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
 SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
-                      interleave=(1, 2), ep=(1,), cp=None, schedule=("1f1b",))
+                      interleave=(1, 2), ep=None, cp=None, schedule=("1f1b",))
 #: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
 #: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
 CP_DEFAULT_MIN_SEQ = 16384
@@ -141,13 +141,25 @@ def _choices(name: str, value) -> tuple | None:
     return tuple(out)
 
 
+def _expert_count(model) -> int:
+    """Experts per MoE layer of ``model`` (0 for a dense model, an ONNX file or anything without a config)."""
+    from wattcast.simulate.distributed import model_config
+
+    try:
+        cfg = model_config(model)
+    except Exception:  # an unreadable model is reported by the evaluation itself, with its own message
+        return 0
+    return int(getattr(cfg, "n_experts", 0) or 0) if cfg is not None else 0
+
+
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
-                      sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=(1,),
+                      sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=None,
                       cp=None, schedule=("1f1b",)) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16);
-    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on. ``schedule``: 1f1b and/or
-    gpipe (GPipe only where it differs: pp > 1 without interleaving)."""
+    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on; ``ep`` None: 1 for a dense
+    model, and for a mixture of experts every power of two that divides its expert count (up to the GPUs).
+    ``schedule``: 1f1b and/or gpipe (GPipe only where it differs: pp > 1 without interleaving)."""
     tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
                                     ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp),
@@ -155,6 +167,9 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     schedule = schedule or ("1f1b",)
     if cp is None:
         cp = (1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)
+    if ep is None:
+        n_exp = _expert_count(model)
+        ep = tuple(e for e in _pow2_divisors(n_exp, gpus) if e >= 1) if n_exp else (1,)
     cl = resolve_cluster(cluster)
     tps = list(tp) if tp is not None else _pow2_divisors(gpus, cl.gpus_per_node)
     out = []
@@ -213,7 +228,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     cluster's candidates are split over them by rank graph, with the same rows in the same order as one process.
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
-    ``tp_comm_overlap``: True/False; left out, the framework's default).
+    ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default).
 
     ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp,
     schedule),
@@ -252,10 +267,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     goals = _check_goals(objective, max_usd, deadline_days, max_tco2e, pareto, tokens)
-    unknown = set(overlaps or {}) - {"overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"}
+    valid = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm")
+    unknown = set(overlaps or {}) - set(valid)
     if unknown:
-        raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: overlap_grad_reduce, overlap_param_gather, "
-                         "tp_comm_overlap")
+        raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: {', '.join(valid)}")
     if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
         raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
     framework = canonical_framework(framework)

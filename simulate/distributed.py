@@ -43,7 +43,7 @@ from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelCon
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
-from wattcast.simulate.overlap import NCCL_SMS, overlapped_ms, sm_share, tp_overlap_layer_ms
+from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
                                             stage_memory_gb, stage_state_parts, stage_total_from_parts)
 
@@ -100,6 +100,7 @@ class DistributedPrediction:
                     parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, ep=p.ep, zero=p.zero, micro_batch=p.micro_batch,
                                   overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
                                   tp_comm_overlap=p.tp_comm_overlap,
+                                  overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
                                   interleave=p.interleave, recompute=p.recompute, schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers")),
                     step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
@@ -714,6 +715,8 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         if key == "tp" and par.tp_comm_overlap:
             cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms) - view.gemm_f_ms
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
+        elif key == "ep" and par.overlap_moe_expert_parallel_comm:
+            cf, cb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms)
         f_parts[key] = f_parts.get(key, 0.0) + per_chunk(cf)
         b_parts[key] = b_parts.get(key, 0.0) + per_chunk(cb)
     return f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms
@@ -819,7 +822,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
                             view, power_limit_w)
 
-    parts_key = ("parts", bool(par.tp_comm_overlap), par.cp, cp_kv_bytes)
+    parts_key = ("parts", bool(par.tp_comm_overlap), bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes)
     parts = sums.get(parts_key)
     if parts is None:
         parts = sums[parts_key] = _comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk)

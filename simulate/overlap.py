@@ -1,7 +1,8 @@
 """Communication that Megatron-Core overlaps with computation, and what the overlap costs: pure functions.
 
-Three overlaps, each a flag (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``) and a
-``ParallelConfig`` field; ``None`` takes the framework's default (:func:`overlap_defaults`).
+Four overlaps, each a flag (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``,
+``--overlap-moe-expert-parallel-comm``) and a ``ParallelConfig`` field; ``None`` takes the framework's default
+(:func:`overlap_defaults`).
 
 Partial, not total: a collective that runs beside a compute kernel takes streaming multiprocessors from it (NCCL runs
 its collectives as CUDA kernels on ``channels`` CTAs, one SM each), so the overlapped computation slows down by the
@@ -33,8 +34,10 @@ def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int) -> dict[st
     gradient buckets with backward by construction (handled by the scheduler), and DeepSpeed's engine reduces after
     backward (``overlap_comm`` off in its default config): none of the three for them."""
     if framework == "megatron":
-        return dict(overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp)
-    return dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
+        return dict(overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp,
+                    overlap_moe_expert_parallel_comm=False)
+    return dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
+                overlap_moe_expert_parallel_comm=False)
 
 
 def sm_share(sms_taken: float, num_sms: int) -> float:
@@ -63,3 +66,24 @@ def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int):
     (userbuffers: ``tp`` chunks, one exposed, copy-engine transfers holding :data:`UB_SMS` SMs)."""
     coll = np.asarray(coll_ms, dtype=float)
     return overlapped_ms(gemm_ms, coll, share=sm_share(UB_SMS, num_sms), first_chunk_ms=coll / max(int(tp), 1))
+
+
+def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_sms: int):
+    """What a layer's expert-parallel all-to-alls add to its forward and to its backward under Megatron-Core's
+    ``--overlap-moe-expert-parallel-comm`` (arrays per layer, ms).
+
+    Megatron-Core's batch-level overlap (the idea of DeepSeek-V3's DualPipe) merges the forward of one micro-batch and
+    the backward of another into one task, so the dispatch and combine of each run beside the other's computation. Per
+    layer the pair costs ``overlapped_ms(f + b, a2a_f + a2a_b)`` (NCCL's SMs taken from the computation while both run;
+    all-to-alls longer than the computation beside them stay exposed); what that adds to ``f + b`` is split between the
+    forward and the backward in proportion to their all-to-all times. Stated simplification: a pipeline's warm-up and
+    cool-down micro-batches (``pp - 1`` of each, with no partner in reality) are charged like the steady state."""
+    f = np.asarray(f_compute_ms, dtype=float)
+    b = np.asarray(b_compute_ms, dtype=float)
+    af = np.asarray(a2a_f_ms, dtype=float)
+    ab = np.asarray(a2a_b_ms, dtype=float)
+    comm = af + ab
+    extra = overlapped_ms(f + b, comm, share=sm_share(NCCL_SMS, num_sms)) - (f + b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(comm > 0, af / comm, 0.0)
+    return extra * frac, extra * (1.0 - frac)

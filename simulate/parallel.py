@@ -59,6 +59,9 @@ class ParallelConfig:
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
+    #: Megatron-Core's ``--overlap-moe-expert-parallel-comm``: each micro-batch's expert-parallel all-to-alls run beside
+    #: another micro-batch's computation (``simulate.overlap.ep_overlap_layer_ms``); None: the framework's default (off)
+    overlap_moe_expert_parallel_comm: bool | None = None
 
     def n_micro(self, batch: int) -> int:
         return batch // (self.dp * self.micro_batch)
@@ -81,7 +84,7 @@ class ParallelConfig:
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         over = [k for k, v in (("ogr", self.overlap_grad_reduce), ("opg", self.overlap_param_gather),
-                                ("tpo", self.tp_comm_overlap)) if v]
+                                ("tpo", self.tp_comm_overlap), ("a2a", self.overlap_moe_expert_parallel_comm)) if v]
         if over:
             parts.append("+".join(over))
         if self.pp_first_layers is not None or self.pp_last_layers is not None:
@@ -336,6 +339,13 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if cfg.overlap_param_gather and cfg.zero < 1:
         raise ParallelConfigError(
             "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs --zero 1 or more")
+    if cfg.overlap_moe_expert_parallel_comm and not cfg.ep > 1:
+        raise ParallelConfigError(
+            "--overlap-moe-expert-parallel-comm overlaps the expert-parallel all-to-alls: it needs --ep > 1")
+    if cfg.overlap_moe_expert_parallel_comm and not n_micro >= 2:
+        raise ParallelConfigError(
+            f"--overlap-moe-expert-parallel-comm runs one micro-batch's all-to-alls beside another micro-batch's "
+            f"computation: it needs at least 2 micro-batches per step (this step has {n_micro})")
     if cfg.tp_comm_overlap and not (cfg.tp > 1 and cfg.sp):
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "

@@ -12,7 +12,8 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
 - ``rcnone`` / ``rcselective`` / ``rcfull`` (activation recomputation);
 - ``1f1b`` / ``gpipe`` (pipeline schedule);
 - Megatron-Core's overlaps as deviations from the framework's default (``simulate.overlap.overlap_defaults``):
-  ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm); absent:
+  ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm), ``a2a`` /
+  ``noa2a`` (MoE expert-parallel all-to-alls); absent:
   the framework's default, so a string predicted under the same ``--framework`` resolves the same flags;
 - ``ppf<N>`` / ``ppl<N>``: transformer layers of the first / last pipeline stage (only when set).
 
@@ -34,7 +35,8 @@ __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
 RECOMPUTE = ("none", "selective", "full")
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl")
 _REQUIRED = ("tp", "pp", "dp", "mb")
-_OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap"}
+_OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap",
+             "a2a": "overlap_moe_expert_parallel_comm"}
 _NUM = re.compile(r"^(tp|pp|dp|cp|ep|mb|ga|zero|v|ppf|ppl)(\d+)$")
 
 
@@ -61,6 +63,7 @@ class Strategy:
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
+    overlap_moe_expert_parallel_comm: bool | None = None
     pp_first_layers: int | None = None
     pp_last_layers: int | None = None
 
@@ -80,7 +83,8 @@ class Strategy:
                               schedule=self.schedule, pp_first_layers=self.pp_first_layers,
                               pp_last_layers=self.pp_last_layers, cp=self.cp,
                               overlap_grad_reduce=self.overlap_grad_reduce,
-                              overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap)
+                              overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap,
+                              overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm)
 
 
 def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: str = "hf") -> str:
@@ -162,14 +166,16 @@ def parse_strategy(text: str) -> Strategy:
 def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: name) -> dict:
     """The parallel options a strategy sets, merged with the ones the caller gave explicitly (``given``: option ->
     value, only those actually given). Keys: gpus, batch, tp, pp, dp, micro_batch, cp, ep, zero, sp, interleave,
-    recompute, schedule, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, pp_first_layers, pp_last_layers
+    recompute, schedule, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm,
+    pp_first_layers, pp_last_layers
     (batch only when the strategy has ``ga`` or it was given). A given value that differs from the strategy's is a
     StrategyError naming the option (``label(key)``: its name as the caller knows it) and both values."""
     st = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
     own = dict(gpus=st.gpus, batch=st.global_batch, tp=st.tp, pp=st.pp, dp=st.dp, micro_batch=st.micro_batch, cp=st.cp,
                ep=st.ep, zero=st.zero, sp=st.sp, interleave=st.interleave, recompute=st.recompute, schedule=st.schedule,
                overlap_grad_reduce=st.overlap_grad_reduce, overlap_param_gather=st.overlap_param_gather,
-               tp_comm_overlap=st.tp_comm_overlap, pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers)
+               tp_comm_overlap=st.tp_comm_overlap, overlap_moe_expert_parallel_comm=st.overlap_moe_expert_parallel_comm,
+               pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers)
     unknown = sorted(set(given) - set(own))
     if unknown:
         raise StrategyError(f"unknown strategy option(s) {unknown}")

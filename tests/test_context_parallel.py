@@ -81,7 +81,7 @@ def test_search_includes_cp_for_long_sequences_and_cli_flags():
     d = json.loads(r.stdout)
     assert d["parallel"]["cp"] == 2 and d["parallel"]["dp"] == 1
     s = run_cli("search", "--model", "gpt2", "--cluster", "DGX-H100", "--gpus", "8", "--batch", "8", "--seq", "1024",
-                "--cp", "1", "--cp", "2", "--max-configs", "40", "--json")
+                "--cp", "1", "--cp", "2", "--max-configs", "120", "--json")
     assert s.returncode == 0, s.stderr
     cps = {row["cp"] for row in json.loads(s.stdout)["ranked"]}
     assert cps <= {1, 2} and 2 in cps

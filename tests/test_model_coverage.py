@@ -146,3 +146,16 @@ def test_megatron_core_moe_layer():
     assert r.memory["activations_gb"] < h.memory["activations_gb"]  # fused kernels save less for backward
     with pytest.raises(ValueError, match="framework 'megatron' models"):
         step_graph("bert_base", StepOptions(framework="megatron", batch=1, seq=128))
+
+
+def test_search_varies_expert_parallelism_for_moe_models():
+    from wattcast.planning.search import candidate_configs
+
+    moe = candidate_configs("mixtral_8x7b", "DGX-H100", 16, 32, 2048)
+    assert {c.ep for c in moe} == {1, 2, 4, 8}  # powers of two dividing 8 experts
+    assert {c.ep for c in candidate_configs("gpt2", "DGX-H100", 16, 32, 1024)} == {1}
+    assert {c.ep for c in candidate_configs("mixtral_8x7b", "DGX-H100", 16, 32, 2048, ep=(1, 4))} == {1, 4}
+    r = wattcast.search(DSV2_LITE, "DGX-H100", 16, 32, 2048, framework="megatron", max_configs=400, tp=(1,), pp=(1,),
+                        zero=(1,), sp=(False,), recompute=("none",), interleave=(1,))
+    ranked = r.ranked[r.ranked["fits"]]
+    assert {2, 8, 16} <= set(ranked["ep"]) and ranked.iloc[0]["step_time_ms"] > 0  # 64 experts: ep up to 16 GPUs

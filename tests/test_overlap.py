@@ -9,7 +9,7 @@ import pytest
 
 import wattcast
 from conftest import run_cli
-from wattcast.simulate.overlap import overlap_defaults, overlapped_ms, sm_share, tp_overlap_layer_ms
+from wattcast.simulate.overlap import ep_overlap_layer_ms, overlap_defaults, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.parallel import ParallelConfigError
 
 
@@ -35,9 +35,11 @@ def test_overlapped_time_bounds_and_monotone():
 
 def test_defaults_follow_the_framework():
     assert overlap_defaults("megatron", tp=8, sp=True, zero=1) == dict(overlap_grad_reduce=True, overlap_param_gather=True,
-                                                                      tp_comm_overlap=True)
+                                                                      tp_comm_overlap=True,
+                                                                      overlap_moe_expert_parallel_comm=False)
     assert overlap_defaults("megatron", tp=1, sp=False, zero=0) == dict(overlap_grad_reduce=True, overlap_param_gather=False,
-                                                                       tp_comm_overlap=False)
+                                                                       tp_comm_overlap=False,
+                                                                       overlap_moe_expert_parallel_comm=False)
     for fw in ("hf", "megatron-deepspeed"):
         assert not any(overlap_defaults(fw, tp=8, sp=True, zero=1).values())
 
@@ -98,3 +100,50 @@ def test_search_cli_takes_the_framework_and_can_turn_the_overlaps_off():
     names_on = [r["config"] for r in json.loads(on.stdout)["ranked"]]
     names_off = [r["config"] for r in json.loads(off.stdout)["ranked"]]
     assert any("ogr" in n for n in names_on) and not any("ogr" in n for n in names_off)
+
+
+def test_moe_all_to_all_overlap_model():
+    """--overlap-moe-expert-parallel-comm: a layer's all-to-alls run beside the paired micro-batch's computation; what
+    stays exposed is split between forward and backward by their all-to-all time."""
+    f, b = np.array([4.0, 4.0, 1.0, 0.0]), np.array([8.0, 8.0, 2.0, 0.0])
+    af, ab = np.array([1.0, 0.0, 6.0, 2.0]), np.array([2.0, 0.0, 6.0, 2.0])
+    ef, eb = ep_overlap_layer_ms(f, b, af, ab, num_sms=132)
+    share = sm_share(16, 132)
+    # hidden behind 12 ms of computation: only the SMs' share of the overlapped 3 ms shows
+    assert ef[0] + eb[0] == pytest.approx(share * 3.0) and ef[0] == pytest.approx(eb[0] / 2)
+    assert ef[1] == eb[1] == 0.0  # no all-to-all, nothing added
+    # 12 ms of all-to-all beside 3 ms of computation: the pair takes the all-to-all's 12 ms, 9 more than the computation
+    assert ef[2] + eb[2] == pytest.approx(9.0)
+    assert ef[3] + eb[3] == pytest.approx(4.0)  # nothing to hide behind: all exposed
+    # never more than running them one after the other
+    assert np.all(ef + eb <= af + ab + 1e-12)
+
+
+MOE = {  # a small DeepSeek-V2-Lite-shaped MoE model (64 experts, top-6, 2 shared)
+    "model_type": "deepseek_v2", "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "num_hidden_layers": 4, "intermediate_size": 2816, "moe_intermediate_size": 352, "n_routed_experts": 64,
+    "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 128,
+    "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "vocab_size": 32000,
+    "max_position_embeddings": 4096}
+
+
+def test_moe_all_to_all_overlap_shortens_the_step():
+    kw = dict(gpus=32, batch=64, seq=2048, ep=8, micro_batch=1, zero=1, framework="megatron")
+    off = wattcast.predict_cluster(MOE, "DGX-H100", **kw)
+    on = wattcast.predict_cluster(MOE, "DGX-H100", **kw, overlap_moe_expert_parallel_comm=True)
+    assert not off.parallel.overlap_moe_expert_parallel_comm and on.parallel.overlap_moe_expert_parallel_comm
+    assert off.exposed_comm_split_ms["ep"] > 0
+    assert on.exposed_comm_split_ms["ep"] < off.exposed_comm_split_ms["ep"] and on.step_time_ms < off.step_time_ms
+    assert on.to_dict()["parallel"]["overlap_moe_expert_parallel_comm"] is True and "a2a" in on.parallel.describe()
+    with pytest.raises(ParallelConfigError, match="needs --ep > 1"):
+        wattcast.predict_cluster(MOE, "DGX-H100", **dict(kw, ep=1), overlap_moe_expert_parallel_comm=True)
+    with pytest.raises(ParallelConfigError, match="at least 2 micro-batches"):
+        wattcast.predict_cluster(MOE, "DGX-H100", **dict(kw, batch=32), overlap_moe_expert_parallel_comm=True)
+    with pytest.raises(ParallelConfigError, match="Megatron-Core option"):
+        wattcast.predict_cluster(MOE, "DGX-H100", **dict(kw, framework="hf"), overlap_moe_expert_parallel_comm=True)
+    r = run_cli("predict", "--model", "deepseek_v3", "--cluster", "DGX-H100", "--gpus", "256", "--batch", "512",
+                "--seq", "1024", "--pp", "4", "--ep", "64", "--micro-batch", "1", "--zero", "1", "--framework", "megatron",
+                "--overlap-moe-expert-parallel-comm", "--allow-oom", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["parallel"]["overlap_moe_expert_parallel_comm"] is True and d["parallel"]["name"].endswith("+a2a")
