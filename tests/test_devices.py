@@ -26,7 +26,7 @@ from wattcast.data.neusight_device import from_neusight_json, is_neusight_json
 REQUIRED_NAMES = [
     "Tesla-P4", "Tesla-P100-PCIe-16GB", "Tesla-T4", "V100-PCIe-32GB", "V100-SXM2-16GB", "V100-SXM2-32GB",
     "A10", "A40", "A100-PCIe-40GB", "A100-PCIe-80GB", "A100-SXM4-40GB", "A100-SXM4-80GB", "L4", "L40S",
-    "H100-PCIe-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200", "MI100", "MI210", "MI250", "MI250X",
+    "H100-PCIe-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200", "GB200", "B300", "GB300", "MI100", "MI210", "MI250", "MI250X",
     "MI300X", "MI355X", "Quadro-RTX-6000",
 ]
 
@@ -99,6 +99,29 @@ def test_catalog_has_exactly_the_required_devices():
     assert sorted(load_catalog()) == sorted(REQUIRED_NAMES)
     assert len(DEVICE_FILES) == len(REQUIRED_NAMES)
     assert len(list_devices()) == len(REQUIRED_NAMES)
+
+
+@pytest.mark.parametrize("name,row", [("GB200", "NVIDIA GB200"), ("B300", "NVIDIA B300 (Blackwell Ultra)"),
+                                      ("GB300", "NVIDIA GB300 (Blackwell Ultra)")])
+def test_blackwell_system_gpus_carry_epochs_figures(name, row, data_root):
+    """GB200, B300 and GB300 are typed from the Epoch AI row they cite (dense peaks, memory, bandwidth, TDP)."""
+    import pandas as pd
+
+    path = data_root / "specs" / "epoch" / "ml_hardware.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    r = pd.read_csv(path).set_index("Hardware name").loc[row]
+    s = load_catalog()[name]
+    assert row in s.source
+    assert s.peak_bf16_tflops == pytest.approx(r["Tensor-FP16/BF16 performance (FLOP/s)"] / 1e12)
+    assert s.peak_fp8_tflops == pytest.approx(r["FP8 performance (FLOP/s)"] / 1e12)
+    assert s.peak_tf32_tflops == pytest.approx(r["TF32 (TensorFloat-32) performance (FLOP/s)"] / 1e12)
+    assert s.memory_gb == pytest.approx(r["Memory (bytes)"] / 1e9)
+    assert s.memory_bandwidth_gbps == pytest.approx(r["Memory bandwidth (byte/s)"] / 1e9)
+    assert s.tdp_w == pytest.approx(r["TDP (W)"])
+    # every figure NVIDIA does not publish is labelled derived or assumed next to it
+    for f in ("boost_clock_mhz", "l2_cache_mb"):
+        assert any(w in s.sources[f] for w in ("derived", "assumed", "as B200")), (name, f)
 
 
 @pytest.mark.parametrize("entry", DEVICE_FILES, ids=lambda p: p.name)
