@@ -170,9 +170,10 @@ class FamilyModel:
         """The support features found among ``available`` (in support order): the columns ood_mask checks."""
         return [f for f in self.support if f in available]
 
-    def ood_mask_matrix(self, V: np.ndarray, cols: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def ood_mask_matrix(self, V: np.ndarray, cols: list[str], skip: frozenset = frozenset()) -> tuple[np.ndarray, np.ndarray]:
         """(shape_ood, device_ood) for an (n, len(cols)) float64 array whose columns are the features ``cols``:
-        a feature outside the training support (NaN never is; columns without a support range are ignored)."""
+        a feature outside the training support (NaN never is; columns without a support range, and ``skip``, are
+        ignored)."""
         n = len(V)
         where = {c: j for j, c in enumerate(cols)}
         shape_ood = np.zeros(n, dtype=bool)
@@ -180,7 +181,7 @@ class FamilyModel:
         below = np.empty(n, dtype=bool)
         above = np.empty(n, dtype=bool)
         for i, f in enumerate(self._sup_names):
-            if f not in where:
+            if f not in where or f in skip:
                 continue
             v = V[:, where[f]]
             np.less(v, self._sup_lo[i], out=below)  # NaN compares False: never out of support

@@ -216,6 +216,16 @@ def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | No
     return np.where(fp32_gemm, fp32_gemm_floor_ms(X["flops"].to_numpy(), spec.peak_fp32_tflops, frac), 0.0)
 
 
+#: families whose device descriptors depend on the dtype class (tensor-core vs vector peak: the matmul families, see
+#: ``featurize.kernel_features``); only they are checked against their dtype class's device support. Every other
+#: family's kernels run on the vector units whatever their dtype, so its descriptors are the same for a bf16 and an
+#: fp32 kernel and the family's support (every dtype, widened by what leave-one-generation-out covered) applies.
+DTYPE_CLASS_FAMILIES = frozenset({"gemm", "conv"})
+#: device descriptors of arithmetic rate that the vector families' device-OOD check leaves out: those kernels stream
+#: memory, their models do not read these, and where the arithmetic rate matters to them (transcendental ops, tiny
+#: rows) it enters through shape features that are checked (``log_t_compute_ms``, ``log_intensity_over_ridge``).
+#: An H100's FP32 peak (67 TFLOP/s, beyond every fold) otherwise flagged every bf16 add of a Llama step.
+VECTOR_SKIPPED_DESCRIPTORS = frozenset({"dev_log_peak_tflops", "dev_log_peak_vec_tflops", "dev_log_flops_per_sm_clock"})
 #: ood_reason from (shape_ood, device_ood): code = shape_ood + 2 x device_ood
 _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
@@ -257,8 +267,10 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         cols = _family_columns(fm, X)
         A = _family_matrix(X, cols, rows)
         p, spread = fm.predict_log_ratio_matrix(A[:, : len(fm.features)])
-        shape_ood, dev_ood = fm.ood_mask_matrix(A, cols)
-        dev_ood |= fm.dtype_class_device_ood(X, rows)
+        matmul = f in DTYPE_CLASS_FAMILIES
+        shape_ood, dev_ood = fm.ood_mask_matrix(A, cols, frozenset() if matmul else VECTOR_SKIPPED_DESCRIPTORS)
+        if matmul:
+            dev_ood |= fm.dtype_class_device_ood(X, rows)
         oo = shape_ood | dev_ood
         widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
         band = fm.calibrated_band_log

@@ -91,3 +91,23 @@ def test_calibration_on_real_rows_reports_each_generation(data_root):
     new = attach_calibration(bundle, cal)
     assert new.families["softmax"].logo is c and new.families["gemm"].logo is bundle.families["gemm"].logo
     assert new.families["softmax"].calibrated_band_log == tuple(c["band_log"])
+
+
+def test_vector_kernels_are_not_flagged_by_an_arithmetic_rate_they_do_not_use():
+    """A bf16 elementwise kernel streams memory on the vector units: an H100's FP32 peak (beyond every fold) does not
+    make it OOD, its bandwidth (inside what the Ampere fold covered) does not either; a B200's bandwidth (3.8x the
+    training maximum, beyond every fold) still does. GEMMs keep every descriptor and their dtype class's support."""
+    from wattcast.models.kernel_predictor import DTYPE_CLASS_FAMILIES, VECTOR_SKIPPED_DESCRIPTORS
+
+    assert "elementwise" not in DTYPE_CLASS_FAMILIES and "dev_log_bw_gbps" not in VECTOR_SKIPPED_DESCRIPTORS
+    k = pd.DataFrame({"op": ["add", "mul"], "dtype": ["bf16"] * 2, "B": [1.0, 1.0], "H": [2.0**24, 2.0**26]})
+    h100 = predict_kernels(k, resolve_device("H100-SXM5-80GB"))
+    b200 = predict_kernels(k, resolve_device("B200"))
+    assert not h100["ood"].any(), h100["ood_reason"].tolist()
+    assert b200["ood"].all() and all("device" in r for r in b200["ood_reason"])
+    # softmax was measured on GPUs up to 1.6 TB/s only: an H100's 3.35 TB/s is beyond its folds, still flagged
+    sm = predict_kernels(pd.DataFrame({"op": ["softmax"], "dtype": ["bf16"], "B": [4096.0], "H": [4096.0]}),
+                         resolve_device("H100-SXM5-80GB"))
+    assert bool(sm["ood"].iloc[0]) and "device" in sm["ood_reason"].iloc[0]
+    p = wattcast.predict("llama3_8b", "H100-SXM5-80GB", batch=1, seq=2048, dtype="bf16")
+    assert p.ood_fraction < 0.15
