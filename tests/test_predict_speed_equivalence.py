@@ -84,7 +84,7 @@ def _reference_mlp(mlp, X: pd.DataFrame) -> np.ndarray:
     return -(np.log(EFF_MAX) - np.logaddexp(0.0, -z))
 
 
-def _reference_family(fm, X: pd.DataFrame):
+def _reference_family(fm, X: pd.DataFrame, family: str):
     preds = []
     if fm.lgbm is not None and fm.choice in ("lgbm", "ens"):
         preds.append(fm.lgbm.booster.predict(X[fm.features].to_numpy(dtype=np.float64), num_threads=0))
@@ -98,12 +98,15 @@ def _reference_family(fm, X: pd.DataFrame):
         spread = np.abs(stack[0] - stack[-1]) / 2 if len(stack) > 1 else np.zeros(len(X))
     shape_ood = np.zeros(len(X), dtype=bool)
     dev_ood = np.zeros(len(X), dtype=bool)
-    # leave-one-generation-out calibration: device ranges widened by the folds' extrapolation, and checked per dtype
-    # class as well (tensor-core rows against the tensor-core training rows, FP32 rows against the FP32 ones)
+    # leave-one-generation-out calibration: device ranges widened by the folds' extrapolation, and for the matmul
+    # families checked per dtype class as well (tensor-core rows against the tensor-core training rows, FP32 rows
+    # against the FP32 ones); the vector families leave out the arithmetic-rate descriptors (peaks, FLOP per SM-clock)
+    matmul = family in ("gemm", "conv")
     logo = fm.logo or {}
     margin = logo.get("margin") or {}
     for f, (lo, hi) in fm.support.items():
-        if f not in X:
+        if f not in X or (not matmul and f in ("dev_log_peak_tflops", "dev_log_peak_vec_tflops",
+                                               "dev_log_flops_per_sm_clock")):
             continue
         v = X[f].to_numpy(dtype=float)
         slack = SUPPORT_SLACK * max(hi - lo, 1e-9) + (margin.get(f, 0.0) if f in DEVICE_FEATURES else 0.0)
@@ -113,7 +116,7 @@ def _reference_family(fm, X: pd.DataFrame):
         else:
             shape_ood |= out
     tensor = X["is_tensor_dtype"].to_numpy() > 0.5
-    for i in range(len(X)):
+    for i in range(len(X) if matmul else 0):
         ranges = (logo.get("support_by_dtype_class") or {}).get("tensor" if tensor[i] else "vector", {})
         for f, (lo, hi) in ranges.items():
             v = float(X[f].iloc[i])
@@ -149,7 +152,7 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                 mname[m] = "roofline-fallback"
                 why[m] = f"no surrogate for family {f!r}"
                 continue
-            p, spread, shape_ood, dev_ood = _reference_family(fm, X[m])
+            p, spread, shape_ood, dev_ood = _reference_family(fm, X[m], f)
             oo = shape_ood | dev_ood
             widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
             band = fm.logo["band_log"] if fm.logo else fm.band_log  # the generation-calibrated band where there is one
