@@ -418,12 +418,12 @@ def _cluster_request(f, par: dict, common: dict):
 def _step_request(f, par: dict, dims: dict, common: dict):
     """A single-device request: parallel, pipeline and cluster-only flags are refused rather than ignored."""
     from wattcast.request import PredictRequest
+    from wattcast.simulate.overlap import OVERLAP_FLAGS
 
     if any(par[k] != d for k, d in (("tp", 1), ("pp", 1), ("zero", 0), ("ep", 1), ("interleave", 1), ("cp", 1))) \
             or par["dp"] or par["micro_batch"] or par["sp"] \
             or par["pp_first_layers"] is not None or par["pp_last_layers"] is not None \
-            or any(par[k] is not None for k in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-                                                "overlap_moe_expert_parallel_comm")):
+            or any(par[k] is not None for k in OVERLAP_FLAGS):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
               "--pp-last-stage-layers/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
     if par["schedule"] != "1f1b":
@@ -647,6 +647,7 @@ def search(
 
     from wattcast import search as _search
     from wattcast.data.cluster_spec import ClusterSpecError
+    from wattcast.simulate.overlap import OVERLAP_FLAGS
     from wattcast.featurize.op_graph import GraphError
 
     _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top, workers=workers)
@@ -691,8 +692,7 @@ def search(
                           tokens=tokens, footprint_kw=fkw or None,
                           progress=progress,
                           framework=framework,
-                          overlaps=dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
-                                        overlap_moe_expert_parallel_comm=False)
+                          overlaps=dict.fromkeys(OVERLAP_FLAGS, False)
                           if no_overlap else None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
                           pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,

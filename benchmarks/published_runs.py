@@ -27,13 +27,14 @@ import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import predict_distributed
+from wattcast.simulate.overlap import OVERLAP_FLAGS
 from wattcast.lifecycle import footprint_from_step
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.planning.search import search
 
 #: Megatron-LM in 2021 (SC21, the GPT-3 example) had none of Megatron-Core's overlaps: gradients were all-reduced after
 #: the backward pass, and there was no distributed optimizer or userbuffers TP overlap
-NO_OVERLAP = dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
+NO_OVERLAP = dict.fromkeys(OVERLAP_FLAGS, False)
 
 
 def megatron_weak_scaling(root, rows: int | None = None) -> pd.DataFrame:

@@ -485,11 +485,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     for e in range(local):
         with b.scope(f"moe.experts.{e}"):
             if megatron:
-                xe = Tensor((per, h), routed.dtype, routed.node, routed.tid)
-                gate = b.linear(xe, ffn, bias=False, name=f"experts.{e}.linear_fc1.gate", parallel="col")
-                up = b.linear(xe, ffn, bias=False, name=f"experts.{e}.linear_fc1.up", parallel="col")
-                ye = b.linear(b.elementwise("mul", gate, up, name=f"experts.{e}.swiglu"), h, bias=False,
-                              name=f"experts.{e}.linear_fc2", parallel="row")
+                ye = _swiglu_megatron(b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, h, f"experts.{e}")
             else:
                 xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
                 ye = _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False)
@@ -546,6 +542,16 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
                          softcap=var.final_softcap)
 
 
+def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: str) -> Tensor:
+    """Megatron-Core's SwiGLU MLP (Transformer Engine spec), ``x`` already in the tensor-parallel region:
+    ``linear_fc1`` (gate and up, 2 x ffn outputs, costed as two GEMMs of ffn), the fused SwiGLU kernel
+    (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its input), ``linear_fc2``."""
+    gate = b.linear(x, ffn, bias=False, name=f"{prefix}.linear_fc1.gate", parallel="col")
+    up = b.linear(x, ffn, bias=False, name=f"{prefix}.linear_fc1.up", parallel="col")
+    return b.linear(b.elementwise("mul", gate, up, name=f"{prefix}.swiglu"), hidden, bias=False,
+                    name=f"{prefix}.linear_fc2", parallel="row")
+
+
 def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """A Llama-architecture model as Megatron-Core's GPTModel runs it with the Transformer Engine layer spec
     (``--normalization RMSNorm --swiglu --position-embedding-type rope --group-query-attention
@@ -598,10 +604,7 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                          megatron=True)
             else:
                 y = b.tp_enter(b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False), name="mlp.enter")
-                gate = b.linear(y, cfg.ffn, bias=False, name="mlp.linear_fc1.gate", parallel="col")
-                up = b.linear(y, cfg.ffn, bias=False, name="mlp.linear_fc1.up", parallel="col")
-                y = b.elementwise("mul", gate, up, name="mlp.swiglu")  # fused: reads 2 x ffn, writes ffn, saves its input
-                y = b.tp_exit(b.linear(y, h, bias=False, name="mlp.linear_fc2", parallel="row"), name="mlp.exit")
+                y = b.tp_exit(_swiglu_megatron(b, y, cfg.ffn, h, "mlp"), name="mlp.exit")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "output_layer"):
         x = b.layernorm(x, name="final_layernorm", rms=True, bias=False)

@@ -267,10 +267,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     goals = _check_goals(objective, max_usd, deadline_days, max_tco2e, pareto, tokens)
-    valid = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm")
-    unknown = set(overlaps or {}) - set(valid)
+    from wattcast.simulate.overlap import OVERLAP_FLAGS
+
+    unknown = set(overlaps or {}) - set(OVERLAP_FLAGS)
     if unknown:
-        raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: {', '.join(valid)}")
+        raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: {', '.join(OVERLAP_FLAGS)}")
     if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
         raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
     framework = canonical_framework(framework)

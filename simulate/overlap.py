@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+#: the overlap flags, as ``ParallelConfig`` fields and API keywords (the CLI flags are these with dashes)
+OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm")
 #: SMs an NCCL collective occupies while it runs (NCCL's default minimum channel count on NVSwitch systems)
 NCCL_SMS = 16
 #: SMs Transformer Engine's userbuffers ring exchange holds (copy engines move the data)
@@ -33,11 +35,10 @@ def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int) -> dict[st
     --overlap-param-gather`` and, with TP and sequence parallelism, ``--tp-comm-overlap``; PyTorch DDP/FSDP overlap
     gradient buckets with backward by construction (handled by the scheduler), and DeepSpeed's engine reduces after
     backward (``overlap_comm`` off in its default config): none of the three for them."""
+    off = dict.fromkeys(OVERLAP_FLAGS, False)
     if framework == "megatron":
-        return dict(overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp,
-                    overlap_moe_expert_parallel_comm=False)
-    return dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
-                overlap_moe_expert_parallel_comm=False)
+        return dict(off, overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp)
+    return off
 
 
 def sm_share(sms_taken: float, num_sms: int) -> float:

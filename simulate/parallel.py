@@ -170,11 +170,9 @@ def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | No
         bad = [(i, n) for i, n in enumerate(stages) if n % interleave]
         if bad:
             i, n = bad[0]
-            which = "first" if i == 0 else "last" if i == pp - 1 else "each middle"
             raise ParallelConfigError(
-                f"with --interleave {interleave}, every stage's layers must divide by it (Megatron-Core's rule): the "
-                f"{which} stage has {n} ({'/'.join(map(str, stages[:1] + stages[1:-1][:1] + stages[-1:]))} on the first/"
-                f"middle/last stages)")
+                f"with --interleave {interleave}, every stage's layers must divide by it (Megatron-Core's rule): stage "
+                f"{i} has {n} (layers per stage: {stages})")
     if min(stages) < interleave:
         raise ParallelConfigError(
             f"a stage has {min(stages)} layer(s), fewer than its {interleave} virtual stages (--interleave)")

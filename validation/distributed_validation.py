@@ -24,6 +24,7 @@ import pandas as pd
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
 from wattcast.simulate.options import DistributedOptions
+from wattcast.simulate.overlap import OVERLAP_FLAGS
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.validation.mpt_validation import load_mpt, predict_mpt, summarise_mpt
 from wattcast.validation.step_breakdown import step_terms
@@ -31,7 +32,7 @@ from wattcast.validation.validation_rows import error_stats, predict_rows
 
 #: NeuSight's 4-GPU runs use Megatron-LM's GPT without Megatron-Core's overlaps (gradients all-reduced after backward,
 #: as wattcast modelled them before those flags existed): each strategy says so explicitly
-_NO_OVERLAP = dict(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
+_NO_OVERLAP = dict.fromkeys(OVERLAP_FLAGS, False)
 NEUSIGHT_DIST = {"dp4": dict(tp=1, pp=1, micro_batch=1, **_NO_OVERLAP), "tp4": dict(tp=4, pp=1, micro_batch=4, **_NO_OVERLAP),
                  "pp4_1": dict(tp=1, pp=4, micro_batch=4, **_NO_OVERLAP)}
 #: NeuSight's own errors on these labels (the issue's baseline) and the goal
