@@ -630,13 +630,22 @@ class StepSummary(NamedTuple):
 
 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
-              grad_b: float, db: float, P: int, V: int) -> dict:
-    """Per chunk: gradient sync time (bucketed), param all-gather after the step, ZeRO-3 per-task gathers; and per stage
-    its buckets in order (``bucket_pad``: stages x most buckets, zero-padded; ``bucket_n``: each stage's count)."""
+              grad_b: float, db: float, P: int, V: int, units: np.ndarray | None = None) -> dict:
+    """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
+    reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
+    ``bucket_n``: each stage's count).
+
+    ZeRO-3 / FSDP gathers and reduces unit by unit (``units``: the chunk's wrapped modules, one per transformer block
+    as FSDP's auto-wrap policies and DeepSpeed's per-module fetch have it), so each chunk pays ``units`` collectives of
+    a unit's bytes (their latency grows with the group: a ring takes ``dp - 1`` steps each): ``z3_f_ms`` the forward's
+    gathers, ``z3_b_ms`` the backward's gathers and reduce-scatters, ``z3_first_*`` the one unit's worth that waits
+    for nothing to hide behind (the first gather of a pass, and the backward's last reduce-scatter)."""
     n_chunks = P * V
     dp_l = lay["dp"]
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
-           "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks)}
+           "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks), "z3_first_f_ms": np.zeros(n_chunks),
+           "z3_first_b_ms": np.zeros(n_chunks)}
+    units = np.ones(n_chunks) if units is None else np.maximum(np.asarray(units, dtype=float), 1.0)
     if dp_l.size <= 1:
         out["bucket_ms"] = [np.zeros(0)] * n_chunks
         return _stage_buckets(out, P, V)
@@ -652,10 +661,12 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 continue
             nb = max(1, int(np.ceil(total / bucket)))
             msgs.append((c, "bucket", op, total / nb, group, nb))
-        if par.zero >= 1:
-            msgs.append((c, "gather", "all_gather", params_chunk[c] * db, dp_l, 1))
         if par.zero == 3:
-            msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b, dp_l, 1))
+            u = int(units[c])
+            msgs.append((c, "z3_ag", "all_gather", params_chunk[c] * db / u, dp_l, u))
+            msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b / u, dp_l, u))
+        elif par.zero >= 1:
+            msgs.append((c, "gather", "all_gather", params_chunk[c] * db, dp_l, 1))
     ms_of = np.zeros(len(msgs))
     by_kind: dict[tuple, list[int]] = {}
     for i, m in enumerate(msgs):
@@ -668,11 +679,12 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             buckets[c].append(np.full(nb, t_ms))
         elif role == "gather":
             out["gather_after_ms"][c] = t_ms
-            if par.zero == 3:
-                out["z3_f_ms"][c] = t_ms
-                out["z3_b_ms"][c] += t_ms
-        else:
-            out["z3_b_ms"][c] += t_ms
+        else:  # ZeRO-3: nb units' collectives of t_ms each
+            if role == "z3_ag":
+                out["z3_f_ms"][c] = nb * t_ms
+                out["z3_first_f_ms"][c] = t_ms
+            out["z3_b_ms"][c] += nb * t_ms
+            out["z3_first_b_ms"][c] += t_ms
     for c in range(n_chunks):
         ms = np.concatenate(buckets[c]) if buckets[c] else np.zeros(0)
         out["bucket_ms"].append(ms)
@@ -848,10 +860,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     grad_b = _grad_bytes(opts.framework, dtype)
     dp_key = ("dp", par.zero, lay["dp"], par.ep, par.tp, par.bucket_mb, grad_b, db, P, V, id(cl), id(cm),
-              params_chunk.tobytes(), expert_chunk.tobytes())
+              params_chunk.tobytes(), expert_chunk.tobytes(), tuple(counts))
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
-        dpt = _dp_times(par, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V)
+        dpt = _dp_times(par, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts))
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
@@ -877,8 +889,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         b = b_nc + comm[1]
         dp_on = "dp" not in free
         if dp_on and par.zero == 3:
-            f = np.maximum(f, dpt["z3_f_ms"])
-            b = np.maximum(b, dpt["z3_b_ms"])
+            # each unit's collectives run beside the computation of its neighbours (FSDP's prefetch), taking NCCL's
+            # SMs from it while they run (simulate/overlap.py); one unit's worth per pass has nothing to hide behind
+            f = overlapped_ms(f, dpt["z3_f_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_f_ms"])
+            b = overlapped_ms(b, dpt["z3_b_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_b_ms"])
         p2p = 0.0 if "pp" in free else p2p_ms
         keep = trace and not free
         pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)

@@ -147,3 +147,28 @@ def test_moe_all_to_all_overlap_shortens_the_step():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["parallel"]["overlap_moe_expert_parallel_comm"] is True and d["parallel"]["name"].endswith("+a2a")
+
+
+def test_zero3_gathers_unit_by_unit_and_not_after_the_step():
+    """FSDP / ZeRO-3 gathers and reduce-scatters one wrapped block at a time in the forward and backward: a chunk of
+    L blocks pays L collectives of a block's bytes (each with its latency, which grows with the group), one block's
+    worth per pass waits for nothing, and nothing is gathered after the optimizer step (that is ZeRO-1/2's)."""
+    from wattcast.data.cluster_spec import resolve_cluster
+    from wattcast.simulate.distributed import _dp_times, collective_model
+    from wattcast.simulate.parallel import ParallelConfig, layouts
+
+    cl, cm = resolve_cluster("DGX-A100"), collective_model()
+    params = np.array([7e8])
+
+    def times(gpus, zero, units):
+        par = ParallelConfig(gpus=gpus, dp=gpus, zero=zero, micro_batch=1)
+        return _dp_times(par, layouts(par, cl), cl, cm, params, np.zeros(1), 2.0, 2.0, 1, 1, np.array([units]))
+
+    one, per_block = times(128, 3, 1), times(128, 3, 24)
+    assert per_block["z3_first_f_ms"][0] == pytest.approx(per_block["z3_f_ms"][0] / 24)
+    assert per_block["z3_f_ms"][0] > 2 * one["z3_f_ms"][0]  # 24 x the latency of a 127-step ring
+    assert per_block["z3_b_ms"][0] == pytest.approx(2 * per_block["z3_f_ms"][0], rel=0.01)  # gather + reduce-scatter
+    assert per_block["gather_after_ms"][0] == 0.0
+    assert times(128, 1, 24)["gather_after_ms"][0] > 0.0  # ZeRO-1 gathers the updated shards after the step
+    # more ranks, more ring steps: the per-block collectives grow with the group
+    assert times(128, 3, 24)["z3_f_ms"][0] > times(16, 3, 24)["z3_f_ms"][0]
