@@ -112,7 +112,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int | None = None,
                     overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
                     tp_comm_overlap: bool | None = None, overlap_moe_expert_parallel_comm: bool | None = None,
-                    strategy: str | None = None,
+                    recompute_num_layers: int | None = None, strategy: str | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -125,6 +125,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``overlap_grad_reduce``/``overlap_param_gather``/``tp_comm_overlap``: Megatron-Core's overlaps (None: the
     framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``);
     ``overlap_moe_expert_parallel_comm``: Megatron-Core's MoE all-to-all overlap (off by default; needs ``ep`` > 1).
+    ``recompute_num_layers``: with ``recompute="full"``, Megatron's block recomputation: only the first N transformer
+    layers of each model chunk are recomputed, the others keep their activations (None: every layer).
     ``strategy``: a strategy string as ``wattcast.search`` gives it per row (``simulate/strategy.py``, e.g.
     ``"tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b"``); it sets the parallel options, ``gpus`` and (with its
     ``ga``) ``batch``, and predicts that row's figures exactly. An option also given must agree with it (ValueError
@@ -145,7 +147,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                 recompute=recompute, interleave=interleave, schedule=schedule, cp=cp, pp_first_layers=pp_first_stage_layers,
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
                 overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
-                overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm)
+                overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
+                recompute_num_layers=recompute_num_layers)
     if strategy is not None:
         from wattcast.simulate.strategy import strategy_values
 

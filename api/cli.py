@@ -316,6 +316,7 @@ def predict(
     overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="Megatron-Core: all-gather the distributed optimizer's parameters during the next forward (default on with --framework megatron and --zero >= 1)."),
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
     overlap_moe_expert_parallel_comm: Optional[bool] = typer.Option(None, "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm", help="Megatron-Core: run each micro-batch's MoE all-to-alls beside another micro-batch's computation (batch-level overlap, as DeepSeek-V3's DualPipe; off by default; needs --ep > 1 and --framework megatron)."),
+    recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
     force: bool = _FORCE_OPTION,
     strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
 ) -> None:
@@ -374,7 +375,8 @@ def _parallel_flags(ctx, f) -> dict:
                   ep=f.ep, interleave=f.interleave, recompute=f.recompute, schedule=f.schedule, cp=f.cp,
                   pp_first_layers=f.pp_first_stage_layers, pp_last_layers=f.pp_last_stage_layers,
                   overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
-                  tp_comm_overlap=f.tp_comm_overlap, overlap_moe_expert_parallel_comm=f.overlap_moe_expert_parallel_comm)
+                  tp_comm_overlap=f.tp_comm_overlap, overlap_moe_expert_parallel_comm=f.overlap_moe_expert_parallel_comm,
+                  recompute_num_layers=f.recompute_num_layers)
     if f.strategy is None:
         return values
     if f.cluster is None:
@@ -423,9 +425,9 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if any(par[k] != d for k, d in (("tp", 1), ("pp", 1), ("zero", 0), ("ep", 1), ("interleave", 1), ("cp", 1))) \
             or par["dp"] or par["micro_batch"] or par["sp"] \
             or par["pp_first_layers"] is not None or par["pp_last_layers"] is not None \
-            or any(par[k] is not None for k in OVERLAP_FLAGS):
+            or par["recompute_num_layers"] is not None or any(par[k] is not None for k in OVERLAP_FLAGS):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
-              "--pp-last-stage-layers/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
+              "--pp-last-stage-layers/--recompute-num-layers/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
     if par["schedule"] != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
     if f.plot:
@@ -495,7 +497,8 @@ _STRATEGY_FLAGS = dict(gpus="--gpus", batch="--batch", tp="--tp", pp="--pp", dp=
                        pp_first_layers="--pp-first-stage-layers", pp_last_layers="--pp-last-stage-layers",
                        overlap_grad_reduce="--overlap-grad-reduce", overlap_param_gather="--overlap-param-gather",
                        tp_comm_overlap="--tp-comm-overlap",
-                       overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm")
+                       overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm",
+                       recompute_num_layers="--recompute-num-layers")
 _STRATEGY_PARAMS = dict(pp_first_layers="pp_first_stage_layers", pp_last_layers="pp_last_stage_layers")
 
 
@@ -634,6 +637,7 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     ep: Optional[List[int]] = typer.Option(None, "--ep", help="Expert-parallel degrees to search (repeatable; default 1, and for a mixture-of-experts model every power of two dividing its experts)."),
+    recompute_num_layers: Optional[List[int]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable; adds full recomputation to the choices)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
     force: bool = _FORCE_OPTION,
@@ -696,7 +700,8 @@ def search(
                           if no_overlap else None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
                           pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,
-                          **(dict(cp=tuple(cp)) if cp else {}), **(dict(ep=tuple(ep)) if ep else {}))
+                          **(dict(cp=tuple(cp)) if cp else {}), **(dict(ep=tuple(ep)) if ep else {}),
+                          **(dict(recompute_num_layers=tuple(recompute_num_layers)) if recompute_num_layers else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     limits = {"--max-usd": max_usd, "--deadline-days": deadline_days, "--max-tco2e": max_tco2e}

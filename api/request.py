@@ -74,6 +74,7 @@ class ParallelOptions:
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
+    recompute_num_layers: int | None = None
 
 
 def parallel_defaults() -> dict:

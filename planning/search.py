@@ -81,7 +81,7 @@ class SearchResult:
 
 #: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
 SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
-                      interleave=(1, 2), ep=None, cp=None, schedule=("1f1b",))
+                      interleave=(1, 2), ep=None, cp=None, schedule=("1f1b",), recompute_num_layers=(None,))
 #: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
 #: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
 CP_DEFAULT_MIN_SEQ = 16384
@@ -132,6 +132,11 @@ def _choices(name: str, value) -> tuple | None:
                 raise ValueError(f"search-space option schedule: every choice must be one of {', '.join(SCHEDULES)}, "
                                  f"got {v!r}")
             v = v.lower()
+        elif name == "recompute_num_layers":
+            if v is not None and not is_count(v):
+                raise ValueError(f"search-space option recompute_num_layers: every choice must be a positive integer "
+                                 f"(layers recomputed per model chunk) or None (every layer), got {v!r}")
+            v = None if v is None else int(v)
         elif name == "recompute":
             if not isinstance(v, str) or v.lower() not in ("none", "selective", "full"):
                 raise ValueError(f"search-space option recompute: every choice must be none, selective or full, got {v!r}")
@@ -154,17 +159,29 @@ def _expert_count(model) -> int:
 
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=None,
-                      cp=None, schedule=("1f1b",)) -> list[ParallelConfig]:
+                      cp=None, schedule=("1f1b",), recompute_num_layers=(None,)) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16);
     ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on; ``ep`` None: 1 for a dense
     model, and for a mixture of experts every power of two that divides its expert count (up to the GPUs).
-    ``schedule``: 1f1b and/or gpipe (GPipe only where it differs: pp > 1 without interleaving)."""
-    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule = (
+    ``schedule``: 1f1b and/or gpipe (GPipe only where it differs: pp > 1 without interleaving).
+    ``recompute_num_layers``: layers of each model chunk that full recomputation recomputes (Megatron's block method;
+    None: every layer); choices other than None add full recomputation to ``recompute`` and are tried besides it, and
+    a count that covers every chunk's layers is the same strategy as None and is not repeated."""
+    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule, rc_layers = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
                                     ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp),
-                                    ("schedule", schedule)))
+                                    ("schedule", schedule), ("recompute_num_layers", recompute_num_layers)))
     schedule = schedule or ("1f1b",)
+    rc_layers = rc_layers or (None,)
+    n_layers = 0
+    if any(n is not None for n in rc_layers):
+        from wattcast.simulate.distributed import model_config
+
+        recompute = tuple(recompute) + (() if "full" in recompute else ("full",))
+        rc_layers = (None,) + tuple(n for n in rc_layers if n is not None)
+        cfg = model_config(model)
+        n_layers = int(cfg.total_layers) if cfg is not None else 0
     if cp is None:
         cp = (1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)
     if ep is None:
@@ -191,8 +208,12 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                     if "1f1b" in schedule:
                         continue
                     sch = "1f1b" if p == 1 else sch  # a lone gpipe choice: one stage runs it as 1F1B does
-                out.append(new_config(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                      interleave=v, cp=c, schedule=sch))
+                for n in (rc_layers if rc == "full" else (None,)):
+                    # a count at least every chunk's layers recomputes them all: the None candidate already
+                    if n is not None and n_layers and n >= -(-n_layers // (p * v)):
+                        continue
+                    out.append(new_config(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
+                                          interleave=v, cp=c, schedule=sch, recompute_num_layers=n))
     return out
 
 
@@ -231,7 +252,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default).
 
     ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp,
-    schedule),
+    schedule, recompute_num_layers),
     each a list of choices or a single value. ``gpus``, ``batch``, ``seq`` and ``max_configs`` must be positive
     integers; these, an unknown option, a bad choice, an unknown ``footprint_kw`` key, an unknown model, cluster or
     region raise ValueError naming it before anything is evaluated. When nothing is evaluated (no strategy divides

@@ -101,7 +101,9 @@ class DistributedPrediction:
                                   overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
                                   tp_comm_overlap=p.tp_comm_overlap,
                                   overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
-                                  interleave=p.interleave, recompute=p.recompute, schedule=p.schedule, name=p.describe(),
+                                  interleave=p.interleave, recompute=p.recompute,
+                                  recompute_num_layers=p.recompute_num_layers if p.recompute == "full" else None,
+                                  schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers")),
                     step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms,
@@ -337,19 +339,30 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     coll_floor = dict(rest[0]) if rest else None  # None: the framework's (collective_host_floor_ms)
     # the costed rank graph depends on the graph, the device, the models, the TP/EP group placements and the
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
-    pins = (g, spec, bundle, cm, cl, power_model)  # n_rep follows from g
-    key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
-           None if coll_floor is None else tuple(coll_floor.items()))
-    hit = _COSTED.get(key)
-    if hit is None:
-        costed = cost_nodes(g, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
-        costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)
-        if len(_COSTED) >= _COSTED_MAX:
-            _COSTED.pop(next(iter(_COSTED)))
-        _COSTED[key] = hit = (pins, costed, _rank_view(g, costed, spec, n_rep), stream_bandwidth_gbps(spec, bundle))
+    def costed_view(graph, reps: int) -> tuple:
+        pins = (graph, spec, bundle, cm, cl, power_model)  # reps follows from the graph
+        key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
+               None if coll_floor is None else tuple(coll_floor.items()))
+        hit = _COSTED.get(key)
+        if hit is None:
+            costed = cost_nodes(graph, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
+            costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)
+            if len(_COSTED) >= _COSTED_MAX:
+                _COSTED.pop(next(iter(_COSTED)))
+            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps), stream_bandwidth_gbps(spec, bundle))
+        return hit
+
+    hit = costed_view(g, n_rep)
+    keep_view = None
+    if par.recompute == "full":
+        # Megatron's block recomputation (--recompute-num-layers) mixes recomputed layers with layers that keep their
+        # activations: the latter's view, costed on first use (a search's other members of the group may not need it)
+        def keep_view():
+            return costed_view(*_rank_graph(model, hf, replace(opts, recompute="none"))[:2])[2]
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
     g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none"))
-    return ScheduleContext(model=model, g=g, view=hit[2], spec=spec, cl=cl, par=par, lay=lay, cm=cm, batch=batch, seq=seq,
+    return ScheduleContext(model=model, g=g, view=hit[2], keep_view=keep_view, spec=spec, cl=cl, par=par, lay=lay, cm=cm,
+                           batch=batch, seq=seq,
                            n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,
                            power_limit_w=power_limit_w, model_totals=_model_totals(g1, n_rep1, block_params),
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
@@ -535,6 +548,64 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
     return np.where(layers >= n_layers, n_chunks - 1, c).astype(int)
 
 
+#: the per-layer arrays of a _RankView (block recomputation picks each layer's from one of two views)
+_PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "gemm_f_ms",
+                     "gemm_b_ms", "params", "expert_params", "e_comp_j", "e_opt_j", "act_bytes")
+
+
+def recomputed_layers(layer_ids: np.ndarray, chunk: np.ndarray, counts, n_layers: int, num_layers: int) -> np.ndarray:
+    """Which layers Megatron's block recomputation (``--recompute-granularity full --recompute-method block
+    --recompute-num-layers N``) recomputes: the first ``N`` transformer layers of every model chunk (each pipeline
+    stage, or virtual stage under interleaving: Megatron-Core's ``TransformerBlock`` checkpoints its first N layers);
+    a chunk with fewer layers recomputes them all. Embeddings, head and loss are never recomputed."""
+    starts = np.cumsum(counts) - np.asarray(counts)
+    block = (layer_ids >= 0) & (layer_ids < n_layers)
+    pos = layer_ids - starts[chunk]
+    return block & (pos < int(num_layers))
+
+
+def _blend_rows(keep: list[dict], full: list[dict], key: str, w: float) -> list[dict]:
+    """Whole-model rows (``per_op``, ``fallback_ops``) of a model whose blocks are a share ``w`` of ``full``'s and the
+    rest ``keep``'s: every block is one or the other, so the totals are linear in ``w`` (exact for models whose blocks
+    are alike, the families a short rank graph stands for)."""
+    out: dict = {}
+    for rows, f in ((keep, 1.0 - w), (full, w)):
+        for r in rows:
+            k = r[key] if key != "op_class|method" else (r["op_class"], r["method"])
+            o = out.setdefault(k, {c: (v if isinstance(v, str) else 0.0) for c, v in r.items()})
+            for c, v in r.items():
+                if not isinstance(v, str):
+                    o[c] += f * v
+    rows = [dict(r, count=int(round(r["count"]))) if "count" in r else r for r in out.values()]
+    rows = [r for r in rows if r.get("count", 1) > 0 or r.get("time_ms", 0.0) > 0]
+    return sorted(rows, key=lambda r: -r.get("time_ms", 0.0))
+
+
+def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, counts, n_layers: int,
+                          num_layers: int) -> _RankView:
+    """The view of a step under block recomputation: each layer's time, energy and saved activations from ``full``
+    (recomputed: only its input kept, its forward re-run in the backward) or ``keep`` (activations kept), per
+    :func:`recomputed_layers`; whole-model summaries blended by the share of blocks recomputed; the transient of
+    re-running one layer (``full_extra_bytes``) is there when any layer is recomputed."""
+    rc = recomputed_layers(full.layer_ids, chunk, counts, n_layers, num_layers)
+    n_block = int(((full.layer_ids >= 0) & (full.layer_ids < n_layers)).sum())
+    w = float(rc.sum()) / max(n_block, 1)
+    fields = {name: np.where(rc, getattr(full, name), getattr(keep, name)) for name in _PER_LAYER_FIELDS}
+    zeros = np.zeros(len(rc))
+    groups = dict.fromkeys(list(full.coll_by_group) + list(keep.coll_by_group))
+    fields["coll_by_group"] = {grp: tuple(np.where(rc, full.coll_by_group.get(grp, (zeros, zeros))[i],
+                                                   keep.coll_by_group.get(grp, (zeros, zeros))[i]) for i in (0, 1))
+                               for grp in groups}
+    blend = {k: (1.0 - w) * keep.phase_ms.get(k, 0.0) + w * v for k, v in full.phase_ms.items()}
+    over = {k: (1.0 - w) * keep.overheads.get(k, 0.0) + w * v for k, v in full.overheads.items()}
+    return replace(full, **fields, phase_ms=blend, overheads=over,
+                   full_extra_bytes=full.full_extra_bytes if rc.any() else 0.0,
+                   recompute_flops=w * full.recompute_flops,
+                   per_op=_blend_rows(keep.per_op, full.per_op, "op_class", w),
+                   fallback_ops=_blend_rows(keep.fallback_ops, full.fallback_ops, "op_class|method", w),
+                   ood_fraction=(1.0 - w) * keep.ood_fraction + w * full.ood_fraction)
+
+
 def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_layers: int, n_micro: int, counts,
                  model_totals: dict, worst: float, worst_terms: dict | None, capacity: float, view: "_RankView",
                  power_limit_w: float | None) -> DistributedPrediction:
@@ -592,6 +663,9 @@ class ScheduleContext:
     #: True: :func:`schedule_step` returns a :class:`StepSummary` (the figures of a search row, the same numbers) instead
     #: of a DistributedPrediction; implies ``detail`` False
     summary: bool = False
+    #: with full recomputation: a function giving the view of the same rank graph without recomputation (block
+    #: recomputation, ``ParallelConfig.recompute_num_layers``, takes its layers from both); None otherwise
+    keep_view: object = field(default=None, compare=False, repr=False)
 
     def with_parallel(self, par: ParallelConfig) -> "ScheduleContext":
         """This context for another resolved strategy with the same rank graph (tp, sp, ep, cp, micro-batch and
@@ -754,6 +828,18 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if memo is not None:
             memo[chunk_key] = hit
     counts, chunk, sums = hit
+    if par.recompute_num_layers is not None and par.recompute == "full":
+        mix_key = ("block_rc", id(view), par.recompute_num_layers, tuple(counts))
+        mixed = memo.get(mix_key) if memo is not None else None
+        if mixed is None:
+            if ctx.keep_view is None:
+                raise ParallelConfigError("--recompute-num-layers needs a context built with --recompute full")
+            mixed = _block_recompute_view(view, ctx.keep_view(), chunk, counts, n_layers, par.recompute_num_layers)
+            if memo is not None:
+                memo[mix_key] = mixed
+        view = mixed
+        # per-chunk sums of this view are its own
+        sums = sums.setdefault(("block_rc_sums", par.recompute_num_layers), {})
 
     def per_chunk(v: np.ndarray) -> np.ndarray:
         return np.bincount(chunk, weights=v, minlength=n_chunks)

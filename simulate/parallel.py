@@ -62,6 +62,10 @@ class ParallelConfig:
     #: Megatron-Core's ``--overlap-moe-expert-parallel-comm``: each micro-batch's expert-parallel all-to-alls run beside
     #: another micro-batch's computation (``simulate.overlap.ep_overlap_layer_ms``); None: the framework's default (off)
     overlap_moe_expert_parallel_comm: bool | None = None
+    #: Megatron's block recomputation (``--recompute-method block --recompute-num-layers N``) with ``recompute="full"``:
+    #: only the first N transformer layers of each model chunk are recomputed, the others keep their activations;
+    #: None: every layer (``--recompute-method uniform`` with one layer per group)
+    recompute_num_layers: int | None = None
 
     def n_micro(self, batch: int) -> int:
         return batch // (self.dp * self.micro_batch)
@@ -82,7 +86,8 @@ class ParallelConfig:
         if self.schedule != "1f1b":
             parts.append(self.schedule)
         if self.recompute != "none":
-            parts.append(f"rc-{self.recompute}")
+            parts.append(f"rc-{self.recompute}" + (f"{self.recompute_num_layers}" if self.recompute_num_layers is not None
+                                                    and self.recompute == "full" else ""))
         over = [k for k, v in (("ogr", self.overlap_grad_reduce), ("opg", self.overlap_param_gather),
                                 ("tpo", self.tp_comm_overlap), ("a2a", self.overlap_moe_expert_parallel_comm)) if v]
         if over:
@@ -302,6 +307,14 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             raise ParallelConfigError(f"ep ({cfg.ep}) must divide the data-parallel size ({dp})")
     if not (cfg.recompute in ("none", "selective", "full")):
         raise ParallelConfigError(f"--recompute must be none, selective or full, got {cfg.recompute!r}")
+    rn = cfg.recompute_num_layers
+    if rn is not None:
+        if not ((type(rn) is int or is_int(rn)) and not isinstance(rn, bool) and rn >= 1):
+            raise ParallelConfigError(f"--recompute-num-layers must be a whole number of layers >= 1, got {rn!r}")
+        if cfg.recompute != "full":
+            raise ParallelConfigError(
+                f"--recompute-num-layers {rn} is Megatron's block recomputation of whole layers: it needs --recompute "
+                f"full (got {cfg.recompute}); selective recomputation applies to every layer")
     if cluster is not None and cfg.gpus > cluster.gpus_per_node:
         if not (cluster.inter is not None):
             raise ParallelConfigError(

@@ -9,7 +9,8 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
   (micro-batches per step = gradient accumulation; with ``dp`` and ``mb`` it fixes the global batch
   ``dp x mb x ga``), ``zero<0-3>``, ``v<N>`` (virtual pipeline stages per GPU, interleaved 1F1B);
 - ``sp`` (sequence parallelism on; absent: off);
-- ``rcnone`` / ``rcselective`` / ``rcfull`` (activation recomputation);
+- ``rcnone`` / ``rcselective`` / ``rcfull`` (activation recomputation); ``rcfull<N>``: Megatron's block recomputation
+  of the first N layers of each model chunk (``--recompute-num-layers N``);
 - ``1f1b`` / ``gpipe`` (pipeline schedule);
 - Megatron-Core's overlaps as deviations from the framework's default (``simulate.overlap.overlap_defaults``):
   ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm), ``a2a`` /
@@ -37,6 +38,7 @@ _COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl")
 _REQUIRED = ("tp", "pp", "dp", "mb")
 _OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap",
              "a2a": "overlap_moe_expert_parallel_comm"}
+_RC_BLOCK = re.compile(r"^rcfull(\d+)$")
 _NUM = re.compile(r"^(tp|pp|dp|cp|ep|mb|ga|zero|v|ppf|ppl)(\d+)$")
 
 
@@ -66,6 +68,7 @@ class Strategy:
     overlap_moe_expert_parallel_comm: bool | None = None
     pp_first_layers: int | None = None
     pp_last_layers: int | None = None
+    recompute_num_layers: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -84,7 +87,8 @@ class Strategy:
                               pp_last_layers=self.pp_last_layers, cp=self.cp,
                               overlap_grad_reduce=self.overlap_grad_reduce,
                               overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap,
-                              overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm)
+                              overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm,
+                              recompute_num_layers=self.recompute_num_layers)
 
 
 def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: str = "hf") -> str:
@@ -109,7 +113,9 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
     return format_given(Strategy(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, micro_batch=cfg.micro_batch, cp=cfg.cp, ep=cfg.ep,
                                  grad_accum=ga, zero=cfg.zero, interleave=cfg.interleave, sp=bool(cfg.sp),
                                  recompute=cfg.recompute, schedule=cfg.schedule, pp_first_layers=cfg.pp_first_layers,
-                                 pp_last_layers=cfg.pp_last_layers, **overlaps))
+                                 pp_last_layers=cfg.pp_last_layers,
+                                 recompute_num_layers=cfg.recompute_num_layers if cfg.recompute == "full" else None,
+                                 **overlaps))
 
 
 def parse_strategy(text: str) -> Strategy:
@@ -143,6 +149,12 @@ def parse_strategy(text: str) -> Strategy:
             put("sp", True, tok)
         elif t.startswith("rc") and t[2:] in RECOMPUTE:
             put("recompute", t[2:], tok)
+        elif _RC_BLOCK.match(t):
+            n = int(_RC_BLOCK.match(t).group(1))
+            if n < 1:
+                raise StrategyError(f"strategy {text!r}: bad token {tok!r}: recomputed layers must be at least 1")
+            put("recompute", "full", tok)
+            kw["recompute_num_layers"] = n
         elif t in SCHEDULES:
             put("schedule", t, tok)
         elif t in _OVERLAPS or (t.startswith("no") and t[2:] in _OVERLAPS):
@@ -151,7 +163,7 @@ def parse_strategy(text: str) -> Strategy:
         else:
             raise StrategyError(
                 f"strategy {text!r}: bad token {tok!r}; tokens are tp<N> pp<N> dp<N> cp<N> ep<N> mb<N> ga<N> zero<0-3> "
-                f"v<N> ppf<N> ppl<N>, sp, rc{{none,selective,full}}, {'/'.join(SCHEDULES)}, "
+                f"v<N> ppf<N> ppl<N>, sp, rc{{none,selective,full}}, rcfull<N>, {'/'.join(SCHEDULES)}, "
                 f"{'/'.join(_OVERLAPS)} (or no<flag>), joined by '-'")
     missing = [k for k in _REQUIRED if k not in kw]
     if missing:
@@ -167,7 +179,7 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
     """The parallel options a strategy sets, merged with the ones the caller gave explicitly (``given``: option ->
     value, only those actually given). Keys: gpus, batch, tp, pp, dp, micro_batch, cp, ep, zero, sp, interleave,
     recompute, schedule, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm,
-    pp_first_layers, pp_last_layers
+    pp_first_layers, pp_last_layers, recompute_num_layers
     (batch only when the strategy has ``ga`` or it was given). A given value that differs from the strategy's is a
     StrategyError naming the option (``label(key)``: its name as the caller knows it) and both values."""
     st = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
@@ -175,7 +187,8 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                ep=st.ep, zero=st.zero, sp=st.sp, interleave=st.interleave, recompute=st.recompute, schedule=st.schedule,
                overlap_grad_reduce=st.overlap_grad_reduce, overlap_param_gather=st.overlap_param_gather,
                tp_comm_overlap=st.tp_comm_overlap, overlap_moe_expert_parallel_comm=st.overlap_moe_expert_parallel_comm,
-               pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers)
+               pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers,
+               recompute_num_layers=st.recompute_num_layers)
     unknown = sorted(set(given) - set(own))
     if unknown:
         raise StrategyError(f"unknown strategy option(s) {unknown}")
@@ -201,7 +214,7 @@ def format_given(st: Strategy) -> str:
     parts = [f"tp{st.tp}", f"pp{st.pp}", f"dp{st.dp}", f"cp{st.cp}", f"ep{st.ep}", f"mb{st.micro_batch}"]
     if st.grad_accum is not None:
         parts.append(f"ga{st.grad_accum}")
-    parts += [f"zero{st.zero}", f"v{st.interleave}"] + (["sp"] if st.sp else []) + [f"rc{st.recompute}", st.schedule]
+    parts += [f"zero{st.zero}", f"v{st.interleave}"] + (["sp"] if st.sp else []) + [f"rc{st.recompute}{st.recompute_num_layers or ''}", st.schedule]
     for tok, name in _OVERLAPS.items():
         v = getattr(st, name)
         if v is not None:
