@@ -113,6 +113,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
                     tp_comm_overlap: bool | None = None, overlap_moe_expert_parallel_comm: bool | None = None,
                     recompute_num_layers: int | None = None, strategy: str | None = None,
+                    moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
+                    moe_pad_to_capacity: bool = False,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -127,6 +129,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``overlap_moe_expert_parallel_comm``: Megatron-Core's MoE all-to-all overlap (off by default; needs ``ep`` > 1).
     ``recompute_num_layers``: with ``recompute="full"``, Megatron's block recomputation: only the first N transformer
     layers of each model chunk are recomputed, the others keep their activations (None: every layer).
+    ``moe_load_imbalance`` / ``moe_capacity_factor`` / ``moe_pad_to_capacity``: mixture-of-experts routing as it loads
+    the busiest expert-parallel rank (``simulate/moe_routing.py``; default balanced, dropless).
     ``strategy``: a strategy string as ``wattcast.search`` gives it per row (``simulate/strategy.py``, e.g.
     ``"tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b"``); it sets the parallel options, ``gpus`` and (with its
     ``ga``) ``batch``, and predicts that row's figures exactly. An option also given must agree with it (ValueError
@@ -173,7 +177,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     res = predict_distributed(model, cluster, par, DistributedOptions(
         batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer, device=spec,
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
-        loop_trip_count=loop_trip_count))
+        loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
+        moe_pad_to_capacity=moe_pad_to_capacity))
     if tokens is None:
         return res
     from wattcast.data.cluster_spec import resolve_cluster

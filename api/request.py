@@ -109,6 +109,10 @@ class PredictRequest:
     #: iterations of an ONNX model's run-time Loops (one device or a cluster): an int, or ((node, count), ...)
     loop_trip_count: int | tuple[tuple[str, int], ...] | None = None
     timeline: bool = False
+    #: mixture-of-experts routing on a cluster (``wattcast.predict_cluster``'s options of the same names)
+    moe_load_imbalance: float = 1.0
+    moe_capacity_factor: float | None = None
+    moe_pad_to_capacity: bool = False
     run: RunOptions = field(default_factory=RunOptions)
 
     @property
@@ -128,6 +132,8 @@ class PredictRequest:
         if not self.distributed:
             if self.parallel is not None or self.timeline or self.framework != DEFAULTS.framework:
                 raise ValueError("parallel=, timeline= and framework= describe a cluster step: give cluster= too")
+            if (self.moe_load_imbalance, self.moe_capacity_factor, self.moe_pad_to_capacity) != (1.0, None, False):
+                raise ValueError("the MoE routing options describe expert-parallel ranks of a cluster step: give cluster= too")
             return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None, **common)
         if self.parallel is None:
             raise ValueError("a cluster step needs parallel= (at least ParallelOptions(gpus=N))")
@@ -138,4 +144,6 @@ class PredictRequest:
         if self.seq is None:
             common["seq"] = 1024
         return wattcast.predict_cluster(self.model, self.cluster, device=self.device, trace=self.timeline,
-                                        framework=self.framework, **asdict(self.parallel), **common)
+                                        framework=self.framework, moe_load_imbalance=self.moe_load_imbalance,
+                                        moe_capacity_factor=self.moe_capacity_factor,
+                                        moe_pad_to_capacity=self.moe_pad_to_capacity, **asdict(self.parallel), **common)

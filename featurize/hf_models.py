@@ -473,8 +473,11 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
              else b.softmax(logits, name="moe.router_softmax"))
     b.opaque("moe.topk", [probs], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False)
     w = b.elementwise("div", Tensor((t, top_k), probs.dtype, probs.node, probs.tid), b.input((t, 1)), name="moe.normalise")
-    # balanced routing: every expert gets tokens * top_k / n_experts tokens (an assumption, stated)
+    # routing: every expert gets tokens * top_k / n_experts tokens when balanced; ``b.moe_load`` scales what this rank's
+    # experts receive (the busiest expert-parallel rank, or capacity padding: simulate/moe_routing.py)
     routed = b.copy(Tensor((t * top_k, h), flat.dtype, flat.node, flat.tid), name="moe.permute")
+    if b.moe_load != 1.0:
+        routed = Tensor((max(1, round(t * top_k * b.moe_load)), h), routed.dtype, routed.node, routed.tid)
     if b.ep > 1:
         routed = b.all_to_all(routed, name="moe.dispatch")
     routed = b.tp_enter(routed, name="moe.enter")  # under sequence parallelism: gathers every shard's tokens
@@ -495,6 +498,8 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     combined = b.tp_exit(combined, name="moe.exit")
     if b.ep > 1:
         combined = b.all_to_all(combined, name="moe.combine")
+    if b.moe_load != 1.0:  # back to this rank's own tokens' top-k rows
+        combined = Tensor((t * top_k, h), combined.dtype, combined.node, combined.tid)
     if megatron:
         out = b.reduction(combined, (t, h), name="moe.unpermute")  # weights and sums each token's top-k rows
         return Tensor(x.shape, out.dtype, out.node, out.tid)

@@ -159,6 +159,8 @@ class GraphBuilder:
         if int(cp) < 1:
             raise GraphError(f"cp must be >= 1, got cp={cp}")
         self.cp = int(cp)
+        #: mixture-of-experts routing: tokens this rank's experts process over the balanced share (StepOptions.moe_load)
+        self.moe_load = 1.0
         #: an FP8 recipe (Transformer Engine): the linear layers' GEMMs in this dtype with their casts, the rest in
         #: ``dtype`` (see ``linear``)
         self.gemm_dtype = gemm_dtype

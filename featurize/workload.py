@@ -62,6 +62,9 @@ class StepOptions:
     flash_kernel: str = "fa2"
     #: iterations of the ONNX Loops whose trip count is known only at run time: a count, or ((node name, count), ...)
     loop_trip_count: Any = None
+    #: mixture-of-experts routing: tokens this rank's experts process over the balanced share (>= 1; see
+    #: ``simulate.moe_routing.moe_load_factor``): the busiest expert-parallel rank, which every layer waits for
+    moe_load: float = 1.0
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -105,7 +108,7 @@ class StepOptions:
                            str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
                            cp=int(self.cp), framework=canonical_framework(self.framework), blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
-                           loop_trip_count=_trip_count_option(self.loop_trip_count))
+                           loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load))
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given."""
@@ -115,6 +118,17 @@ class StepOptions:
 #: tokens of one step on one device (batch x seq) that the graph builders cost; beyond it, index arithmetic
 #: (tokens x hidden x vocabulary bytes) leaves int64 and no real device holds the activations anyway
 MAX_TOKENS_PER_STEP = 2**32
+
+
+def _moe_load(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = float("nan")
+    if isinstance(v, bool) or not (np.isfinite(f) and 1.0 <= f <= 1e3):
+        raise GraphError(f"moe_load (tokens of the busiest expert-parallel rank over the balanced share) must be a number "
+                         f"from 1 to 1000, got {v!r}")
+    return f
 
 
 def _trip_count_option(v: Any) -> Any:
@@ -154,6 +168,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     b = GraphBuilder("bf16" if fp8 else opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp,
                      ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None,
                      flash_kernel=opts.flash_kernel)
+    b.moe_load = float(opts.moe_load)
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
     if opts.framework == "megatron" and cfg.family not in ("gpt2", "llama", "mixtral", "deepseek"):
@@ -181,6 +196,9 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         deepseek(cfg, b, opts.batch, opts.seq, impl=opts.attention, megatron=True)
     else:
         GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
+    if opts.moe_load != 1.0 and not any(str(n.values.get("name", "")).endswith("moe.permute") for n in b._nodes):
+        raise GraphError(f"{cfg.name}: the MoE routing load applies to Mixtral/DeepSeek-style MoE layers (routed by "
+                         f"top-k with permuted tokens); this model has none")
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",

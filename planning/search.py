@@ -146,6 +146,24 @@ def _choices(name: str, value) -> tuple | None:
     return tuple(out)
 
 
+_ROUTING_KEYS = ("moe_load_imbalance", "moe_capacity_factor", "moe_pad_to_capacity")
+
+
+def _routing(moe_routing: dict | None) -> dict:
+    """The MoE routing options of a search, checked (ValueError naming the option), without the defaults."""
+    from wattcast.simulate.moe_routing import moe_load_factor
+
+    given = dict(moe_routing or {})
+    unknown = sorted(set(given) - set(_ROUTING_KEYS))
+    if unknown:
+        raise ValueError(f"unknown MoE routing option(s) {unknown}; valid: {', '.join(_ROUTING_KEYS)}")
+    given = {k: v for k, v in given.items() if v is not None and v is not False and not (k == "moe_load_imbalance"
+                                                                                           and v == 1.0)}
+    moe_load_factor(imbalance=given.get("moe_load_imbalance", 1.0), capacity_factor=given.get("moe_capacity_factor"),
+                    pad_to_capacity=given.get("moe_pad_to_capacity", False), ep=2)  # raises naming the option
+    return given
+
+
 def _expert_count(model) -> int:
     """Experts per MoE layer of ``model`` (0 for a dense model, an ONNX file or anything without a config)."""
     from wattcast.simulate.distributed import model_config
@@ -222,7 +240,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
-           workers: int = 1, **space) -> SearchResult:
+           workers: int = 1, moe_routing: dict | None = None, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -247,6 +265,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the rest get
     the scheduler's one pass in the event loop's order (the same figures, bit for bit). ``workers``: processes to evaluate on (default 1); from :data:`PARALLEL_MIN_CANDIDATES` candidates a
     cluster's candidates are split over them by rank graph, with the same rows in the same order as one process.
+
+    ``moe_routing``: mixture-of-experts routing for every candidate (``moe_load_imbalance``, ``moe_capacity_factor``,
+    ``moe_pad_to_capacity``: see ``simulate/moe_routing.py``; default balanced and dropless).
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default).
@@ -275,6 +296,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     # an unknown option or a bad choice is named before anything is evaluated
     space = {k: _choices(k, v) for k, v in space.items()}
     _check_footprint_kw(footprint_kw)
+    routing = _routing(moe_routing)
     if tokens is not None:
         try:
             ok = float(tokens) > 0 and np.isfinite(float(tokens))
@@ -329,7 +351,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                 cands = [replace(c, **overlaps) for c in cands]
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, batch=batch, seq=seq, dtype=dtype, attention=attention,
                        optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
-                       exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name],
+                       exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name], routing=routing,
                        n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
                        n_experts=hf.n_experts)
             if n_workers > 1 and len(cands) >= PARALLEL_MIN_CANDIDATES:
@@ -389,6 +411,9 @@ class _Job:
     exact_pipeline: bool
     tokens: float | None
     footprint_kw: dict | None
+    #: MoE routing options for every candidate (DistributedOptions' moe_load_imbalance, moe_capacity_factor,
+    #: moe_pad_to_capacity); empty: balanced, dropless
+    routing: dict
     n_layers: int
     n_heads: int | None
     n_kv_heads: int | None
@@ -438,7 +463,8 @@ class _Evaluator:
                     ctx = schedule_context(job.model, cl, replace(par, gpus=job.gpus), DistributedOptions(
                         batch=job.batch, seq=job.seq, dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
                         framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
-                        coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline))
+                        coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline,
+                        **job.routing))
                     ctx = replace(ctx, detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e

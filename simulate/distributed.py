@@ -321,7 +321,22 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                                       "(Transformer Engine / FlashAttention): use --attention flash")
         # K and V of this rank's share of the sequence, one layer: what each ring step passes on
         cp_kv_bytes = 2.0 * par.micro_batch * (seq // par.cp) * (hf.n_kv_heads // par.tp) * hf.head_dim * DTYPE_BYTES[dtype]
-    opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep, cp=par.cp, seq=seq // par.cp)
+    moe_load = 1.0
+    routing_given = (dopts.moe_load_imbalance != 1.0 or dopts.moe_capacity_factor is not None
+                     or dopts.moe_pad_to_capacity is not False)
+    if routing_given:
+        from wattcast.simulate.moe_routing import MoERoutingError, moe_load_factor
+
+        if hf is None or not hf.n_experts:
+            raise ParallelConfigError("the MoE routing options (--moe-load-imbalance, --moe-expert-capacity-factor, "
+                                      "--moe-pad-expert-input-to-capacity) need a mixture-of-experts model")
+        try:
+            moe_load = moe_load_factor(imbalance=dopts.moe_load_imbalance, capacity_factor=dopts.moe_capacity_factor,
+                                       pad_to_capacity=dopts.moe_pad_to_capacity, ep=par.ep)
+        except MoERoutingError as e:
+            raise ParallelConfigError(str(e)) from None
+    opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep, cp=par.cp, seq=seq // par.cp,
+                   moe_load=moe_load)
     g, n_rep, _ = _rank_graph(model, hf, opts)
 
     def coll_fn(kernel, size, group):
@@ -360,7 +375,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         def keep_view():
             return costed_view(*_rank_graph(model, hf, replace(opts, recompute="none"))[:2])[2]
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
-    g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none"))
+    # (balanced routing: model FLOPs are the useful ones, whatever a busiest rank or padding adds)
+    g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none",
+                                                             moe_load=1.0))
     return ScheduleContext(model=model, g=g, view=hit[2], keep_view=keep_view, spec=spec, cl=cl, par=par, lay=lay, cm=cm,
                            batch=batch, seq=seq,
                            n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,

@@ -54,6 +54,11 @@ class DistributedOptions:
     #: iterations of an ONNX model's Loops whose trip count is known only at run time: a count, {node: count} or
     #: ((node, count), ...) (``wattcast.featurize.onnx``)
     loop_trip_count: Any = None
+    #: mixture-of-experts routing (``simulate/moe_routing.py``): the busiest expert-parallel rank's tokens over the mean,
+    #: Megatron-Core's expert capacity factor (None: dropless) and padding every expert to its capacity
+    moe_load_imbalance: float = 1.0
+    moe_capacity_factor: float | None = None
+    moe_pad_to_capacity: bool = False
     #: the kernel bundle, collective model and power model (None: the shipped ones, loaded once and cached)
     bundle: Any = field(default=None, compare=False, repr=False)
     coll_model: Any = field(default=None, compare=False, repr=False)

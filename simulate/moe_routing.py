@@ -1,0 +1,59 @@
+"""Mixture-of-experts routing as it loads the busiest expert-parallel rank: pure functions.
+
+Every MoE layer's all-to-alls make each rank wait for the busiest one, so a layer costs what the rank whose experts
+received the most tokens spends. With balanced routing (the default) every expert gets ``tokens x top_k / experts``;
+real routers are not balanced: an auxiliary load-balancing loss keeps the busiest rank some way above the mean, a
+figure that depends on the model, the data and the training step, so it is the user's to give
+(``moe_load_imbalance``, busiest rank over the mean). Megatron-Core's ``--moe-expert-capacity-factor C`` caps every
+expert at C times its balanced share and drops the rest (``--moe-token-drop-policy``), and
+``--moe-pad-expert-input-to-capacity`` pads every expert to exactly that capacity (static shapes, e.g. for FP8).
+"""
+
+from __future__ import annotations
+
+import math
+
+#: plausible range of the factors (a busiest rank 1,000x the mean is a typo, not a router)
+_MAX_FACTOR = 1e3
+
+
+class MoERoutingError(ValueError):
+    """MoE routing options that do not make sense (the message names the option)."""
+
+
+def moe_load_factor(*, imbalance: float = 1.0, capacity_factor: float | None = None, pad_to_capacity: bool = False,
+                    ep: int = 1) -> float:
+    """Tokens the busiest rank's experts process over their balanced share.
+
+    - ``imbalance``: the busiest expert-parallel rank's tokens over the mean (>= 1). With one expert-parallel rank
+      (``ep`` 1) that rank holds every expert and processes every routed token whatever the routing: 1.
+    - ``capacity_factor`` (Megatron-Core's ``--moe-expert-capacity-factor``): each expert keeps at most that many times
+      its balanced share; tokens beyond are dropped, so the busiest rank processes ``min(imbalance, C)``.
+    - ``pad_to_capacity`` (``--moe-pad-expert-input-to-capacity``, needs a capacity factor): every expert processes
+      exactly its capacity, ``C`` times the balanced share, on every rank.
+    """
+    try:
+        imb = float(imbalance)
+    except (TypeError, ValueError):
+        imb = float("nan")
+    if isinstance(imbalance, bool) or not (math.isfinite(imb) and 1.0 <= imb <= _MAX_FACTOR):
+        raise MoERoutingError(f"--moe-load-imbalance is the busiest expert-parallel rank's tokens over the mean: a number "
+                              f"from 1 (balanced) to {_MAX_FACTOR:g}, got {imbalance!r}")
+    if not isinstance(pad_to_capacity, bool):
+        raise MoERoutingError(f"--moe-pad-expert-input-to-capacity must be true or false, got {pad_to_capacity!r}")
+    load = imb if int(ep) > 1 else 1.0
+    if capacity_factor is None:
+        if pad_to_capacity:
+            raise MoERoutingError("--moe-pad-expert-input-to-capacity pads each expert to its capacity: it needs "
+                                  "--moe-expert-capacity-factor")
+        return load
+    try:
+        c = float(capacity_factor)
+    except (TypeError, ValueError):
+        c = float("nan")
+    if isinstance(capacity_factor, bool) or not (math.isfinite(c) and 0.0 < c <= _MAX_FACTOR):
+        raise MoERoutingError(f"--moe-expert-capacity-factor is each expert's capacity over its balanced share: a number "
+                              f"above 0 and at most {_MAX_FACTOR:g}, got {capacity_factor!r}")
+    if pad_to_capacity:
+        return c
+    return min(load, c)
