@@ -203,6 +203,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
                    hidden=cfg.hidden, vocab=cfg.vocab, **({"warnings": [pos_warning]} if pos_warning else {}),
+                   **({"moe_load": float(opts.moe_load)} if opts.moe_load != 1.0 else {}),
                    **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
                       "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights"} if fp8 else {}))
 

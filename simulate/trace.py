@@ -82,7 +82,8 @@ def distributed_trace_events(res) -> list[dict]:
 def write_distributed_trace(res, path: str | Path) -> Path:
     return _write_trace(path, distributed_trace_events(res), {"model": res.model, "cluster": res.cluster,
                                                               "parallel": res.parallel.describe(), "step_time_ms": res.step_time_ms,
-                                                              "truncated": res.meta.get("trace_truncated")})
+                                                              "truncated": res.meta.get("trace_truncated"),
+                                                              "moe_load": res.meta.get("moe_load", 1.0)})
 
 
 #: timeline colours: compute tasks by kind, communication by parallel group, and the exposed part of communication

@@ -74,3 +74,14 @@ def test_cli_flags_reach_the_step():
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["step_time_ms"] == pytest.approx(_step(moe_load_imbalance=1.3).step_time_ms, rel=1e-9)
     assert json.loads(r.stdout)["step_time_ms"] > base
+
+
+def test_the_trace_and_json_say_the_load(tmp_path):
+    import json
+
+    from wattcast.simulate.trace import write_distributed_trace
+
+    p = _step(moe_load_imbalance=1.3, trace=True)
+    assert p.meta["moe_load"] == pytest.approx(1.3)
+    out = write_distributed_trace(p, tmp_path / "t.json")
+    assert json.loads(out.read_text())["otherData"]["moe_load"] == pytest.approx(1.3)
