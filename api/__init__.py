@@ -114,7 +114,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     tp_comm_overlap: bool | None = None, overlap_moe_expert_parallel_comm: bool | None = None,
                     recompute_num_layers: int | None = None, strategy: str | None = None,
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
-                    moe_pad_to_capacity: bool = False,
+                    moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -131,6 +131,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     layers of each model chunk are recomputed, the others keep their activations (None: every layer).
     ``moe_load_imbalance`` / ``moe_capacity_factor`` / ``moe_pad_to_capacity``: mixture-of-experts routing as it loads
     the busiest expert-parallel rank (``simulate/moe_routing.py``; default balanced, dropless).
+    ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
+    using_gpus_per_node``); the job then fills whole nodes of that many.
     ``strategy``: a strategy string as ``wattcast.search`` gives it per row (``simulate/strategy.py``, e.g.
     ``"tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b"``); it sets the parallel options, ``gpus`` and (with its
     ``ga``) ``batch``, and predicts that row's figures exactly. An option also given must agree with it (ValueError
@@ -174,6 +176,11 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         _no_run_options(run_kw)
     # resolved once, first: the run's cost and carbon use this spec's own figures, never a catalog entry of the same name
     spec = device if isinstance(device, DeviceSpec) or device is None else resolve_device(device)
+    if gpus_per_node is not None:
+        from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
+
+        cluster = using_gpus_per_node(resolve_cluster(cluster, device=spec.name if spec is not None else None),
+                                      gpus_per_node)
     res = predict_distributed(model, cluster, par, DistributedOptions(
         batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer, device=spec,
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,

@@ -317,6 +317,7 @@ def predict(
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
     overlap_moe_expert_parallel_comm: Optional[bool] = typer.Option(None, "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm", help="Megatron-Core: run each micro-batch's MoE all-to-alls beside another micro-batch's computation (batch-level overlap, as DeepSeek-V3's DualPipe; off by default; needs --ep > 1 and --framework megatron)."),
     moe_load_imbalance: float = typer.Option(1.0, "--moe-load-imbalance", help="MoE routing: the busiest expert-parallel rank's tokens over the mean (1 = balanced); every MoE layer waits for it."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72, the rest spares); NICs in proportion."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity: each expert keeps at most this many times its balanced share of tokens (the rest are dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
@@ -419,7 +420,8 @@ def _cluster_request(f, par: dict, common: dict):
     return PredictRequest(cluster=f.cluster, parallel=parallel, batch=batch, seq=seq, framework=f.framework,
                           timeline=bool(f.trace or f.plot), loop_trip_count=f.loop_trip_count,
                           moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
-                          moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, **common)
+                          moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, gpus_per_node=f.gpus_per_node,
+                          **common)
 
 
 def _step_request(f, par: dict, dims: dict, common: dict):
@@ -435,6 +437,8 @@ def _step_request(f, par: dict, dims: dict, common: dict):
               "--pp-last-stage-layers/--recompute-num-layers/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
     if par["schedule"] != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
+    if f.gpus_per_node is not None:
+        _fail("--gpus-per-node says how much of each node of a cluster a job uses: it needs --cluster and --gpus")
     if f.moe_load_imbalance != 1.0 or f.moe_expert_capacity_factor is not None or f.moe_pad_expert_input_to_capacity:
         _fail("--moe-load-imbalance/--moe-expert-capacity-factor/--moe-pad-expert-input-to-capacity describe the "
               "expert-parallel ranks of a cluster step: they need --cluster and --gpus")
@@ -646,6 +650,7 @@ def search(
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     ep: Optional[List[int]] = typer.Option(None, "--ep", help="Expert-parallel degrees to search (repeatable; default 1, and for a mixture-of-experts model every power of two dividing its experts)."),
     moe_load_imbalance: float = typer.Option(1.0, "--moe-load-imbalance", help="MoE routing: the busiest expert-parallel rank's tokens over the mean (1 = balanced)."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs on every cluster (e.g. 64 of an NVL72 rack's 72)."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity factor (tokens beyond it dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity."),
     recompute_num_layers: Optional[List[int]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable; adds full recomputation to the choices)."),
@@ -711,6 +716,7 @@ def search(
                           if no_overlap else None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
                           pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,
+                          gpus_per_node=gpus_per_node,
                           moe_routing=dict(moe_load_imbalance=moe_load_imbalance,
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),

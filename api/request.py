@@ -113,6 +113,8 @@ class PredictRequest:
     moe_load_imbalance: float = 1.0
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
+    #: use this many of each node's GPUs (None: all of them)
+    gpus_per_node: int | None = None
     run: RunOptions = field(default_factory=RunOptions)
 
     @property
@@ -146,4 +148,5 @@ class PredictRequest:
         return wattcast.predict_cluster(self.model, self.cluster, device=self.device, trace=self.timeline,
                                         framework=self.framework, moe_load_imbalance=self.moe_load_imbalance,
                                         moe_capacity_factor=self.moe_capacity_factor,
-                                        moe_pad_to_capacity=self.moe_pad_to_capacity, **asdict(self.parallel), **common)
+                                        moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
+                                        **asdict(self.parallel), **common)

@@ -421,6 +421,28 @@ def resolve_cluster(name_or_path: str | Path | ClusterSpec, *, device: str | Non
     return c
 
 
+def using_gpus_per_node(c: ClusterSpec, n: int | None) -> ClusterSpec:
+    """``c`` as a job sees it when it uses ``n`` of every node's GPUs and leaves the rest idle (64 of an NVL72 rack's
+    72, the other 8 held as spares, is how such racks are often run). Each node keeps its in-node fabric (NVLink /
+    NVSwitch: the per-GPU bandwidth does not change); its NICs are counted in proportion, ``round(nics x n / gpus)``
+    and at least one (a rail-optimised node has one per GPU: one per used GPU), so every used GPU keeps its share of
+    the node's network bandwidth. ``n`` None or equal to the node's GPUs: ``c`` itself. Costs stay per GPU used."""
+    if n is None:
+        return c
+    if isinstance(n, bool) or not (isinstance(n, int) or (isinstance(n, float) and n.is_integer())) or n < 1:
+        raise ClusterSpecError(f"--gpus-per-node must be a whole number of GPUs >= 1, got {n!r}")
+    n = int(n)
+    if n > c.gpus_per_node:
+        raise ClusterSpecError(f"--gpus-per-node {n}: cluster {c.name}'s nodes have {c.gpus_per_node} GPUs")
+    if n == c.gpus_per_node:
+        return c
+    inter = c.inter
+    if inter is not None:
+        inter = dataclasses.replace(inter, nics_per_node=max(1, round(inter.nics_per_node * n / c.gpus_per_node)))
+    return dataclasses.replace(c, name=f"{c.name} ({n} of {c.gpus_per_node} GPUs per node)", gpus_per_node=n,
+                               inter=inter, aliases=())
+
+
 def _resolve_cluster(name_or_path: str | Path, device: str | None) -> ClusterSpec:
     s = str(name_or_path)
     p = Path(s)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import is_count, is_int
-from wattcast.data.cluster_spec import resolve_cluster
+from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, schedule_step, schedule_context
@@ -240,7 +240,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
-           workers: int = 1, moe_routing: dict | None = None, **space) -> SearchResult:
+           workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
+           **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -265,6 +266,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the rest get
     the scheduler's one pass in the event loop's order (the same figures, bit for bit). ``workers``: processes to evaluate on (default 1); from :data:`PARALLEL_MIN_CANDIDATES` candidates a
     cluster's candidates are split over them by rank graph, with the same rows in the same order as one process.
+
+    ``gpus_per_node``: use this many of each node's GPUs on every cluster (``data.cluster_spec.using_gpus_per_node``).
 
     ``moe_routing``: mixture-of-experts routing for every candidate (``moe_load_imbalance``, ``moe_capacity_factor``,
     ``moe_pad_to_capacity``: see ``simulate/moe_routing.py``; default balanced and dropless).
@@ -327,7 +330,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     resolved = []
     run_kw: dict[str, dict] = {}  # per cluster: footprint_kw with the cluster spec's own cloud price, if it has one
     for c in clusters:
-        cl = resolve_cluster(c)
+        cl = using_gpus_per_node(resolve_cluster(c), gpus_per_node)
         spec = resolve_device(cl.device)  # the run's cost uses this spec's own figures
         probe = None
         run_kw[cl.name] = cluster_cloud_kw(cl, dict(footprint_kw or {}), (footprint_kw or {}).get("assumptions"))

@@ -327,8 +327,9 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
                 f"{cfg.gpus} GPUs do not fill whole nodes of cluster {cluster.name} (gpus_per_node "
                 f"{cluster.gpus_per_node}: {cfg.gpus // cluster.gpus_per_node} full node(s) and "
                 f"{cfg.gpus % cluster.gpus_per_node} GPU(s) more); a job spanning nodes needs a multiple of gpus_per_node "
-                f"({cluster.gpus_per_node * (nodes - 1)} or {cluster.gpus_per_node * nodes} GPUs), or check gpus_per_node "
-                "in the cluster spec (--force models the partial node as a whole one)")
+                f"({cluster.gpus_per_node * (nodes - 1)} or {cluster.gpus_per_node * nodes} GPUs), --gpus-per-node to use part "
+                "of every node, or check gpus_per_node in the cluster spec (--force models the partial node as a whole "
+                "one)")
         if not (cluster.max_nodes is None or nodes <= cluster.max_nodes):
             raise ParallelConfigError(
                 f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")

@@ -405,3 +405,33 @@ def test_tests_find_the_data_through_wattcast_data():
     hard = re.compile(r"""["']shared["']\s*\)?\s*/\s*["']datasets["']|parents\[2\]""")
     bad = [p.name for p in (REPO / "tests").glob("*.py") if p.name != Path(__file__).name and hard.search(p.read_text())]
     assert not bad, bad
+
+
+def test_jobs_using_part_of_every_node():
+    """--gpus-per-node: 64 of an NVL72 rack's 72 GPUs (the rest spares) is a whole-node job on 64-GPU nodes, with one
+    NIC per used GPU; more than a node holds, or a fraction, is refused naming the option."""
+    import wattcast
+    from wattcast.data.cluster_spec import ClusterSpecError, resolve_cluster, using_gpus_per_node
+    from wattcast.simulate.parallel import ParallelConfigError
+
+    rack = resolve_cluster("GB200-NVL72")
+    part = using_gpus_per_node(rack, 64)
+    assert part.gpus_per_node == 64 and part.inter.nics_per_node == round(rack.inter.nics_per_node * 64 / 72)
+    assert part.inter_bandwidth_per_gpu_gb_per_s == pytest.approx(rack.inter_bandwidth_per_gpu_gb_per_s, rel=0.02)
+    assert part.intra == rack.intra and "64 of 72" in part.name
+    assert using_gpus_per_node(rack, 72) is rack and using_gpus_per_node(rack, None) is rack
+    for bad, msg in ((73, "nodes have 72"), (0, ">= 1"), (2.5, ">= 1"), (True, ">= 1")):
+        with pytest.raises(ClusterSpecError, match=msg):
+            using_gpus_per_node(rack, bad)
+    kw = dict(gpus=128, batch=64, seq=4096, tp=8, pp=2, micro_batch=1, sp=True, zero=1, framework="megatron",
+              recompute="full")
+    with pytest.raises(ParallelConfigError, match="--gpus-per-node"):
+        wattcast.predict_cluster("llama3_70b", "GB200-NVL72", **kw)
+    p = wattcast.predict_cluster("llama3_70b", "GB200-NVL72", gpus_per_node=64, **kw)
+    assert p.cluster.startswith("GB200-NVL72 (64 of 72") and p.step_time_ms > 0
+    res = wattcast.search("llama3_70b", "GB200-NVL72", 128, 64, 4096, gpus_per_node=64, framework="megatron", tp=(8,), pp=(2,),
+                          micro_batch=(1,), zero=(1,), sp=(True,), recompute=("full",), interleave=(1,))
+    assert len(res.ranked) == 1 and res.ranked["cluster"].iloc[0] == p.cluster
+    assert res.ranked["step_time_ms"].iloc[0] == pytest.approx(p.step_time_ms, rel=1e-9)
+    r = run_cli("predict", "--model", "gpt2", "--device", "H100-SXM5-80GB", "--gpus-per-node", "4")
+    assert r.returncode != 0 and "needs --cluster" in r.stderr
