@@ -112,7 +112,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int | None = None,
                     overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
                     tp_comm_overlap: bool | None = None, overlap_moe_expert_parallel_comm: bool | None = None,
-                    recompute_num_layers: int | None = None, strategy: str | None = None,
+                    recompute_num_layers: int | None = None, recompute_method: str | None = None,
+                    strategy: str | None = None,
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
@@ -128,7 +129,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``);
     ``overlap_moe_expert_parallel_comm``: Megatron-Core's MoE all-to-all overlap (off by default; needs ``ep`` > 1).
     ``recompute_num_layers``: with ``recompute="full"``, Megatron's block recomputation: only the first N transformer
-    layers of each model chunk are recomputed, the others keep their activations (None: every layer).
+    layers of each model chunk are recomputed, the others keep their activations (None: every layer);
+    ``recompute_method="uniform"``: Megatron's uniform method instead (every layer, each group of N layers' input kept).
     ``moe_load_imbalance`` / ``moe_capacity_factor`` / ``moe_pad_to_capacity``: mixture-of-experts routing as it loads
     the busiest expert-parallel rank (``simulate/moe_routing.py``; default balanced, dropless).
     ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
@@ -154,7 +156,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
                 overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                 overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
-                recompute_num_layers=recompute_num_layers)
+                recompute_num_layers=recompute_num_layers, recompute_method=recompute_method)
     if strategy is not None:
         from wattcast.simulate.strategy import strategy_values
 

@@ -320,6 +320,7 @@ def predict(
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72, the rest spares); NICs in proportion."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity: each expert keeps at most this many times its balanced share of tokens (the rest are dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)."),
+    recompute_method: str = typer.Option("block", "--recompute-method", help="With --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed) or uniform (every layer; the input of each group of N layers kept)."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
     force: bool = _FORCE_OPTION,
     strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
@@ -380,7 +381,7 @@ def _parallel_flags(ctx, f) -> dict:
                   pp_first_layers=f.pp_first_stage_layers, pp_last_layers=f.pp_last_stage_layers,
                   overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                   tp_comm_overlap=f.tp_comm_overlap, overlap_moe_expert_parallel_comm=f.overlap_moe_expert_parallel_comm,
-                  recompute_num_layers=f.recompute_num_layers)
+                  recompute_num_layers=f.recompute_num_layers, recompute_method=f.recompute_method)
     if f.strategy is None:
         return values
     if f.cluster is None:
@@ -432,9 +433,10 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if any(par[k] != d for k, d in (("tp", 1), ("pp", 1), ("zero", 0), ("ep", 1), ("interleave", 1), ("cp", 1))) \
             or par["dp"] or par["micro_batch"] or par["sp"] \
             or par["pp_first_layers"] is not None or par["pp_last_layers"] is not None \
-            or par["recompute_num_layers"] is not None or any(par[k] is not None for k in OVERLAP_FLAGS):
+            or par["recompute_num_layers"] is not None or par["recompute_method"] != "block" \
+            or any(par[k] is not None for k in OVERLAP_FLAGS):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
-              "--pp-last-stage-layers/--recompute-num-layers/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
+              "--pp-last-stage-layers/--recompute-num-layers/--recompute-method/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
     if par["schedule"] != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
     if f.gpus_per_node is not None:
@@ -510,7 +512,7 @@ _STRATEGY_FLAGS = dict(gpus="--gpus", batch="--batch", tp="--tp", pp="--pp", dp=
                        overlap_grad_reduce="--overlap-grad-reduce", overlap_param_gather="--overlap-param-gather",
                        tp_comm_overlap="--tp-comm-overlap",
                        overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm",
-                       recompute_num_layers="--recompute-num-layers")
+                       recompute_num_layers="--recompute-num-layers", recompute_method="--recompute-method")
 _STRATEGY_PARAMS = dict(pp_first_layers="pp_first_stage_layers", pp_last_layers="pp_last_stage_layers")
 
 

@@ -75,6 +75,7 @@ class ParallelOptions:
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
     recompute_num_layers: int | None = None
+    recompute_method: str = "block"
 
 
 def parallel_defaults() -> dict:

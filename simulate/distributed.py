@@ -103,6 +103,7 @@ class DistributedPrediction:
                                   overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
                                   interleave=p.interleave, recompute=p.recompute,
                                   recompute_num_layers=p.recompute_num_layers if p.recompute == "full" else None,
+                                  recompute_method=p.recompute_method if p.recompute_num_layers is not None else None,
                                   schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers")),
                     step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
@@ -623,6 +624,19 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
                    ood_fraction=(1.0 - w) * keep.ood_fraction + w * full.ood_fraction)
 
 
+def _uniform_recompute_view(full: _RankView, chunk: np.ndarray, counts, n_layers: int, num_layers: int) -> _RankView:
+    """The view of a step under Megatron's uniform recomputation (``--recompute-method uniform --recompute-num-layers
+    N``): every layer is recomputed (times as ``full``), but each model chunk keeps only the input of every group of N
+    layers, and the backward re-makes a whole group at once (N layers' working set instead of one)."""
+    ids = full.layer_ids
+    starts = np.cumsum(counts) - np.asarray(counts)
+    block = (ids >= 0) & (ids < n_layers)
+    keeps_input = ~block | ((ids - starts[chunk]) % int(num_layers) == 0)
+    group = min(int(num_layers), int(max(counts)) if len(counts) else 1)
+    return replace(full, act_bytes=np.where(keeps_input, full.act_bytes, 0.0),
+                   full_extra_bytes=full.full_extra_bytes * group)
+
+
 def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_layers: int, n_micro: int, counts,
                  model_totals: dict, worst: float, worst_terms: dict | None, capacity: float, view: "_RankView",
                  power_limit_w: float | None) -> DistributedPrediction:
@@ -846,17 +860,20 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             memo[chunk_key] = hit
     counts, chunk, sums = hit
     if par.recompute_num_layers is not None and par.recompute == "full":
-        mix_key = ("block_rc", id(view), par.recompute_num_layers, tuple(counts))
+        mix_key = ("block_rc", id(view), par.recompute_num_layers, par.recompute_method, tuple(counts))
         mixed = memo.get(mix_key) if memo is not None else None
         if mixed is None:
             if ctx.keep_view is None:
                 raise ParallelConfigError("--recompute-num-layers needs a context built with --recompute full")
-            mixed = _block_recompute_view(view, ctx.keep_view(), chunk, counts, n_layers, par.recompute_num_layers)
+            if par.recompute_method == "uniform":
+                mixed = _uniform_recompute_view(view, chunk, counts, n_layers, par.recompute_num_layers)
+            else:
+                mixed = _block_recompute_view(view, ctx.keep_view(), chunk, counts, n_layers, par.recompute_num_layers)
             if memo is not None:
                 memo[mix_key] = mixed
         view = mixed
         # per-chunk sums of this view are its own
-        sums = sums.setdefault(("block_rc_sums", par.recompute_num_layers), {})
+        sums = sums.setdefault(("block_rc_sums", par.recompute_num_layers, par.recompute_method), {})
 
     def per_chunk(v: np.ndarray) -> np.ndarray:
         return np.bincount(chunk, weights=v, minlength=n_chunks)

@@ -66,6 +66,9 @@ class ParallelConfig:
     #: only the first N transformer layers of each model chunk are recomputed, the others keep their activations;
     #: None: every layer (``--recompute-method uniform`` with one layer per group)
     recompute_num_layers: int | None = None
+    #: with ``recompute_num_layers``: Megatron's ``--recompute-method`` ("block": the first N layers of each chunk;
+    #: "uniform": every layer, the input of each group of N kept and N layers re-made at once in the backward)
+    recompute_method: str = "block"
 
     def n_micro(self, batch: int) -> int:
         return batch // (self.dp * self.micro_batch)
@@ -86,8 +89,8 @@ class ParallelConfig:
         if self.schedule != "1f1b":
             parts.append(self.schedule)
         if self.recompute != "none":
-            parts.append(f"rc-{self.recompute}" + (f"{self.recompute_num_layers}" if self.recompute_num_layers is not None
-                                                    and self.recompute == "full" else ""))
+            n = self.recompute_num_layers if self.recompute == "full" else None
+            parts.append(f"rc-{self.recompute}" + ("" if n is None else f"{'u' if self.recompute_method == 'uniform' else ''}{n}"))
         over = [k for k, v in (("ogr", self.overlap_grad_reduce), ("opg", self.overlap_param_gather),
                                 ("tpo", self.tp_comm_overlap), ("a2a", self.overlap_moe_expert_parallel_comm)) if v]
         if over:
@@ -313,8 +316,12 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             raise ParallelConfigError(f"--recompute-num-layers must be a whole number of layers >= 1, got {rn!r}")
         if cfg.recompute != "full":
             raise ParallelConfigError(
-                f"--recompute-num-layers {rn} is Megatron's block recomputation of whole layers: it needs --recompute "
-                f"full (got {cfg.recompute}); selective recomputation applies to every layer")
+                f"--recompute-num-layers {rn} is Megatron's block or uniform recomputation of whole layers: it needs "
+                f"--recompute full (got {cfg.recompute}); selective recomputation applies to every layer")
+    if cfg.recompute_method not in ("block", "uniform"):
+        raise ParallelConfigError(f"--recompute-method must be block or uniform, got {cfg.recompute_method!r}")
+    if cfg.recompute_method == "uniform" and rn is None:
+        raise ParallelConfigError("--recompute-method uniform groups --recompute-num-layers layers: give that too")
     if cluster is not None and cfg.gpus > cluster.gpus_per_node:
         if not (cluster.inter is not None):
             raise ParallelConfigError(

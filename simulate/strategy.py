@@ -10,7 +10,8 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
   ``dp x mb x ga``), ``zero<0-3>``, ``v<N>`` (virtual pipeline stages per GPU, interleaved 1F1B);
 - ``sp`` (sequence parallelism on; absent: off);
 - ``rcnone`` / ``rcselective`` / ``rcfull`` (activation recomputation); ``rcfull<N>``: Megatron's block recomputation
-  of the first N layers of each model chunk (``--recompute-num-layers N``);
+  of the first N layers of each model chunk (``--recompute-num-layers N``), ``rcfullu<N>``: its uniform method (every
+  layer, the input of each group of N kept);
 - ``1f1b`` / ``gpipe`` (pipeline schedule);
 - Megatron-Core's overlaps as deviations from the framework's default (``simulate.overlap.overlap_defaults``):
   ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm), ``a2a`` /
@@ -38,7 +39,7 @@ _COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl")
 _REQUIRED = ("tp", "pp", "dp", "mb")
 _OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap",
              "a2a": "overlap_moe_expert_parallel_comm"}
-_RC_BLOCK = re.compile(r"^rcfull(\d+)$")
+_RC_BLOCK = re.compile(r"^rcfull(u?)(\d+)$")
 _NUM = re.compile(r"^(tp|pp|dp|cp|ep|mb|ga|zero|v|ppf|ppl)(\d+)$")
 
 
@@ -69,6 +70,7 @@ class Strategy:
     pp_first_layers: int | None = None
     pp_last_layers: int | None = None
     recompute_num_layers: int | None = None
+    recompute_method: str = "block"
 
     @property
     def gpus(self) -> int:
@@ -88,7 +90,7 @@ class Strategy:
                               overlap_grad_reduce=self.overlap_grad_reduce,
                               overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap,
                               overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm,
-                              recompute_num_layers=self.recompute_num_layers)
+                              recompute_num_layers=self.recompute_num_layers, recompute_method=self.recompute_method)
 
 
 def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: str = "hf") -> str:
@@ -115,6 +117,7 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
                                  recompute=cfg.recompute, schedule=cfg.schedule, pp_first_layers=cfg.pp_first_layers,
                                  pp_last_layers=cfg.pp_last_layers,
                                  recompute_num_layers=cfg.recompute_num_layers if cfg.recompute == "full" else None,
+                                 recompute_method=cfg.recompute_method,
                                  **overlaps))
 
 
@@ -150,11 +153,12 @@ def parse_strategy(text: str) -> Strategy:
         elif t.startswith("rc") and t[2:] in RECOMPUTE:
             put("recompute", t[2:], tok)
         elif _RC_BLOCK.match(t):
-            n = int(_RC_BLOCK.match(t).group(1))
+            uniform, n = _RC_BLOCK.match(t).group(1), int(_RC_BLOCK.match(t).group(2))
             if n < 1:
                 raise StrategyError(f"strategy {text!r}: bad token {tok!r}: recomputed layers must be at least 1")
             put("recompute", "full", tok)
             kw["recompute_num_layers"] = n
+            kw["recompute_method"] = "uniform" if uniform else "block"
         elif t in SCHEDULES:
             put("schedule", t, tok)
         elif t in _OVERLAPS or (t.startswith("no") and t[2:] in _OVERLAPS):
@@ -163,7 +167,7 @@ def parse_strategy(text: str) -> Strategy:
         else:
             raise StrategyError(
                 f"strategy {text!r}: bad token {tok!r}; tokens are tp<N> pp<N> dp<N> cp<N> ep<N> mb<N> ga<N> zero<0-3> "
-                f"v<N> ppf<N> ppl<N>, sp, rc{{none,selective,full}}, rcfull<N>, {'/'.join(SCHEDULES)}, "
+                f"v<N> ppf<N> ppl<N>, sp, rc{{none,selective,full}}, rcfull<N>, rcfullu<N>, {'/'.join(SCHEDULES)}, "
                 f"{'/'.join(_OVERLAPS)} (or no<flag>), joined by '-'")
     missing = [k for k in _REQUIRED if k not in kw]
     if missing:
@@ -179,7 +183,7 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
     """The parallel options a strategy sets, merged with the ones the caller gave explicitly (``given``: option ->
     value, only those actually given). Keys: gpus, batch, tp, pp, dp, micro_batch, cp, ep, zero, sp, interleave,
     recompute, schedule, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm,
-    pp_first_layers, pp_last_layers, recompute_num_layers
+    pp_first_layers, pp_last_layers, recompute_num_layers, recompute_method
     (batch only when the strategy has ``ga`` or it was given). A given value that differs from the strategy's is a
     StrategyError naming the option (``label(key)``: its name as the caller knows it) and both values."""
     st = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
@@ -188,7 +192,8 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                overlap_grad_reduce=st.overlap_grad_reduce, overlap_param_gather=st.overlap_param_gather,
                tp_comm_overlap=st.tp_comm_overlap, overlap_moe_expert_parallel_comm=st.overlap_moe_expert_parallel_comm,
                pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers,
-               recompute_num_layers=st.recompute_num_layers)
+               recompute_num_layers=st.recompute_num_layers,
+               recompute_method=st.recompute_method if st.recompute_num_layers is not None else None)
     unknown = sorted(set(given) - set(own))
     if unknown:
         raise StrategyError(f"unknown strategy option(s) {unknown}")
@@ -206,7 +211,15 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                                 f"{k} = {what}; leave {label(k)} out or change the strategy")
     if out["batch"] is None:
         out.pop("batch")
+    if out["recompute_method"] is None:  # the strategy names no layer count: Megatron's block method unless given
+        out["recompute_method"] = "block"
     return out
+
+
+def _rc_layers(st: Strategy) -> str:
+    if st.recompute_num_layers is None:
+        return ""
+    return f"{'u' if st.recompute_method == 'uniform' else ''}{st.recompute_num_layers}"
 
 
 def format_given(st: Strategy) -> str:
@@ -214,7 +227,7 @@ def format_given(st: Strategy) -> str:
     parts = [f"tp{st.tp}", f"pp{st.pp}", f"dp{st.dp}", f"cp{st.cp}", f"ep{st.ep}", f"mb{st.micro_batch}"]
     if st.grad_accum is not None:
         parts.append(f"ga{st.grad_accum}")
-    parts += [f"zero{st.zero}", f"v{st.interleave}"] + (["sp"] if st.sp else []) + [f"rc{st.recompute}{st.recompute_num_layers or ''}", st.schedule]
+    parts += [f"zero{st.zero}", f"v{st.interleave}"] + (["sp"] if st.sp else []) + [f"rc{st.recompute}{_rc_layers(st)}", st.schedule]
     for tok, name in _OVERLAPS.items():
         v = getattr(st, name)
         if v is not None:

@@ -183,6 +183,7 @@ def test_run_options_are_the_python_api_run_options():
 def test_predict_cluster_fills_the_parallel_options_defaults():
     from wattcast.request import parallel_defaults
 
-    assert parallel_defaults() == dict(tp=1, pp=1, zero=0, sp=False, ep=1, interleave=1, schedule="1f1b", cp=1)
+    assert parallel_defaults() == dict(tp=1, pp=1, zero=0, sp=False, ep=1, interleave=1, schedule="1f1b", cp=1,
+                                   recompute_method="block")
     with pytest.raises(ValueError, match="--zero must be 0, 1, 2 or 3"):
         wattcast.predict_cluster("gpt2", "DGX-A100", gpus=8, batch=8, zero=7)

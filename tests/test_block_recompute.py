@@ -96,3 +96,24 @@ def test_cli_search_and_predict_flags():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["parallel"]["recompute_num_layers"] == 2 and "rc-full2" in d["parallel"]["name"]
+
+
+def test_uniform_method_recomputes_every_layer_and_keeps_each_groups_input():
+    """Megatron's --recompute-method uniform: the time of full recomputation; per chunk the input of every group of N
+    layers is kept and the backward re-makes N layers at once (N = 1 is plain full recomputation)."""
+    full = _step("full")
+    u = {n: _step("full", n, recompute_method="uniform") for n in (1, 2, 4)}
+    assert u[1].memory_gb == pytest.approx(full.memory_gb, rel=1e-12)
+    for p in u.values():
+        assert p.step_time_ms == pytest.approx(full.step_time_ms, rel=1e-12)
+    # a group's transient grows with N faster than the kept inputs shrink (4 micro-batches in flight, 8 layers a stage)
+    assert u[1].memory["activations_gb"] < u[2].memory["activations_gb"] < u[4].memory["activations_gb"]
+    s = format_strategy(u[4].parallel, 16, "megatron")
+    assert "-rcfullu4-" in s and parse_strategy(s).recompute_method == "uniform"
+    again = wattcast.predict_cluster("llama2_7b", "DGX-A100", strategy=s, seq=2048, framework="megatron", dtype="bf16",
+                                     attention="flash")
+    assert again.memory_gb == pytest.approx(u[4].memory_gb, rel=1e-12)
+    with pytest.raises(ParallelConfigError, match="give that too"):
+        _step("full", None, recompute_method="uniform")
+    with pytest.raises(ParallelConfigError, match="block or uniform"):
+        _step("full", 2, recompute_method="random")
