@@ -605,6 +605,8 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
     (recomputed: only its input kept, its forward re-run in the backward) or ``keep`` (activations kept), per
     :func:`recomputed_layers`; whole-model summaries blended by the share of blocks recomputed; the transient of
     re-running one layer (``full_extra_bytes``) is there when any layer is recomputed."""
+    if not np.array_equal(full.layer_ids, keep.layer_ids):  # both from one model: never expected, never silent
+        raise ValueError("block recomputation: the recomputed and the plain rank graphs have different layers")
     rc = recomputed_layers(full.layer_ids, chunk, counts, n_layers, num_layers)
     n_block = int(((full.layer_ids >= 0) & (full.layer_ids < n_layers)).sum())
     w = float(rc.sum()) / max(n_block, 1)
