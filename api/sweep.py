@@ -17,6 +17,8 @@
     top: 3                                # rows kept per task (the best fitting ones)
     max_configs: 500                      # per task
     space: {tp: [1, 2, 4, 8], zero: [1]}  # optional search-space options of `wattcast.search`
+    moe_routing: {moe_load_imbalance: 1.2}  # optional: MoE routing for every strategy (as `search(moe_routing=)`)
+    gpus_per_node: 64                     # optional: use this many of each node's GPUs (as `--gpus-per-node`)
 
 Every (model, cluster, gpus, region) is one task: a :func:`wattcast.search` whose ``top`` best fitting rows (or one
 row saying nothing fits) are written, as soon as the task finishes, to its own Parquet part in the output folder
@@ -61,7 +63,10 @@ SPEC_KEYS = {
     "objective": "time, cost, tco, co2e or energy",
     "top": "rows kept per task",
     "max_configs": "strategies evaluated per task",
-    "space": "search-space options of wattcast.search (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp)",
+    "space": "search-space options of wattcast.search (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, "
+             "schedule, recompute_num_layers)",
+    "moe_routing": "MoE routing for every strategy: moe_load_imbalance, moe_capacity_factor, moe_pad_to_capacity",
+    "gpus_per_node": "use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72)",
     "output": "output folder (.parquet); the --output flag overrides it",
 }
 #: columns every written row has besides the search's own
@@ -89,12 +94,19 @@ class SweepSpec:
     max_configs: int = 500
     space: dict = field(default_factory=dict)
     output: str | None = None
+    moe_routing: dict = field(default_factory=dict)
+    gpus_per_node: int | None = None
 
     def tasks(self) -> list[dict]:
         """One dict per (model, cluster, gpus, region), with its id."""
         settings = {k: getattr(self, k) for k in ("batch", "seq", "tokens", "dtype", "attention", "framework", "objective",
                                                   "top", "max_configs")}
         settings["space"] = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in sorted(self.space.items())}
+        # only when given: the ids of sweeps that set neither stay what they were
+        if self.moe_routing:
+            settings["moe_routing"] = dict(sorted(self.moe_routing.items()))
+        if self.gpus_per_node is not None:
+            settings["gpus_per_node"] = self.gpus_per_node
         out = []
         for m, c, g, r in product(self.models, self.clusters, self.gpus, self.regions):
             t = dict(model=str(m), cluster=str(c), gpus=int(g), region=r, **settings)
@@ -157,12 +169,17 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     space = raw.get("space") or {}
     if not isinstance(space, dict):
         raise SweepSpecError(f"{where}: 'space' must be a mapping of search options, got {space!r}")
+    routing = raw.get("moe_routing") or {}
+    if not isinstance(routing, dict):
+        raise SweepSpecError(f"{where}: 'moe_routing' must be a mapping ({SPEC_KEYS['moe_routing']}), got {routing!r}")
+    per_node = raw.get("gpus_per_node")
     spec = SweepSpec(models=models, clusters=clusters, gpus=gpus, batch=_count("batch", raw["batch"]),
                      seq=_count("seq", raw["seq"]), regions=regions, tokens=tokens,
                      dtype=str(raw.get("dtype", "bf16")), attention=str(raw.get("attention", "flash")),
                      framework=str(raw.get("framework", "hf")), objective=str(raw.get("objective", "time")),
                      top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
-                     space=dict(space), output=raw.get("output"))
+                     space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
+                     gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node))
     _resolve_names(spec, where)
     return spec
 
@@ -182,9 +199,16 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
         StepOptions(dtype=spec.dtype, attention=spec.attention, framework=spec.framework).validated()
     except ValueError as e:
         raise SweepSpecError(f"{where}: {e}") from None
+    from wattcast.data.cluster_spec import using_gpus_per_node
+    from wattcast.planning.search import _routing
+
+    try:
+        _routing(spec.moe_routing)
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: moe_routing: {e}") from None
     for c in spec.clusters:
         try:
-            resolve_cluster(c)
+            using_gpus_per_node(resolve_cluster(c), spec.gpus_per_node)
         except Exception as e:  # noqa: BLE001 - any failure to resolve is the spec's error, named
             raise SweepSpecError(f"{where}: cluster {c!r}: {e}") from None
     from wattcast.featurize.workload import is_onnx_path
@@ -217,7 +241,8 @@ def run_task(task: dict) -> pd.DataFrame:
     base["region"] = task["region"] or ""
     try:
         kw = dict(dtype=task["dtype"], attention=task["attention"], framework=task["framework"],
-                  max_configs=task["max_configs"], objective=task["objective"], **task["space"])
+                  max_configs=task["max_configs"], objective=task["objective"], **task["space"],
+                  moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"))
         if task["tokens"] is not None:
             kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)
         res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)

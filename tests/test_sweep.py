@@ -34,6 +34,10 @@ def _strip(df: pd.DataFrame) -> pd.DataFrame:
     (dict(space=dict(tpp=[1])), "unknown search option(s) ['tpp']"),
     (dict(objective="speed"), "'objective' must be"),
     (dict(attention="flash9"), "unknown attention"),
+    (dict(moe_routing=dict(imbalance=1.2)), "unknown MoE routing option"),
+    (dict(moe_routing=dict(moe_load_imbalance=0.5)), "from 1"),
+    (dict(gpus_per_node=16), "nodes have 8 GPUs"),
+    (dict(gpus_per_node=0), "'gpus_per_node' must be a positive whole number"),
 ])
 def test_bad_specs_are_refused_before_anything_runs(tmp_path, patch, needle):
     out = tmp_path / "out.parquet"
@@ -244,3 +248,21 @@ def test_ray_address_cannot_switch_a_ray_already_up(tmp_path, local_ray):
     with pytest.raises(SweepBackendError, match=r"'auto': Ray is already initialised in this process"):
         run_sweep(SPEC, tmp_path / "o", backend="ray", ray_address="auto")
     assert not (tmp_path / "o").exists() and local_ray.is_initialized()
+
+
+def test_routing_and_gpus_per_node_reach_every_task_and_change_its_id(tmp_path):
+    """moe_routing and gpus_per_node go to each task's search (the same rows as the search API) and into the task id;
+    a spec without them keeps the ids it always had."""
+    import wattcast
+
+    base = dict(models=["mixtral_8x7b"], clusters=["DGX-H100"], gpus=[16], batch=32, seq=2048, framework="megatron",
+                max_configs=40, top=1, space=dict(tp=[2], pp=[1], ep=[8], zero=[1], sp=[True], micro_batch=[1],
+                                                   recompute=["none"], interleave=[1]))
+    spec = dict(base, moe_routing=dict(moe_load_imbalance=1.3), gpus_per_node=4)
+    assert load_spec(spec).tasks()[0]["task_id"] != load_spec(base).tasks()[0]["task_id"]
+    assert "moe_routing" not in load_spec(base).tasks()[0]
+    df = read_sweep(run_sweep(spec, tmp_path / "o", workers=0).output)
+    ref = wattcast.search("mixtral_8x7b", "DGX-H100", 16, 32, 2048, framework="megatron", gpus_per_node=4,
+                          moe_routing=dict(moe_load_imbalance=1.3), **base["space"])
+    assert df["status"].iloc[0] == "ok"
+    assert df["step_time_ms"].iloc[0] == pytest.approx(ref.ranked["step_time_ms"].iloc[0], rel=1e-12)
