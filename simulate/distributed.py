@@ -582,15 +582,14 @@ def recomputed_layers(layer_ids: np.ndarray, chunk: np.ndarray, counts, n_layers
     return block & (pos < int(num_layers))
 
 
-def _blend_rows(keep: list[dict], full: list[dict], key: str, w: float) -> list[dict]:
+def _blend_rows(keep: list[dict], full: list[dict], keys: tuple[str, ...], w: float) -> list[dict]:
     """Whole-model rows (``per_op``, ``fallback_ops``) of a model whose blocks are a share ``w`` of ``full``'s and the
     rest ``keep``'s: every block is one or the other, so the totals are linear in ``w`` (exact for models whose blocks
     are alike, the families a short rank graph stands for)."""
     out: dict = {}
     for rows, f in ((keep, 1.0 - w), (full, w)):
         for r in rows:
-            k = r[key] if key != "op_class|method" else (r["op_class"], r["method"])
-            o = out.setdefault(k, {c: (v if isinstance(v, str) else 0.0) for c, v in r.items()})
+            o = out.setdefault(tuple(r[k] for k in keys), {c: (v if isinstance(v, str) else 0.0) for c, v in r.items()})
             for c, v in r.items():
                 if not isinstance(v, str):
                     o[c] += f * v
@@ -621,8 +620,8 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
     return replace(full, **fields, phase_ms=blend, overheads=over,
                    full_extra_bytes=full.full_extra_bytes if rc.any() else 0.0,
                    recompute_flops=w * full.recompute_flops,
-                   per_op=_blend_rows(keep.per_op, full.per_op, "op_class", w),
-                   fallback_ops=_blend_rows(keep.fallback_ops, full.fallback_ops, "op_class|method", w),
+                   per_op=_blend_rows(keep.per_op, full.per_op, ("op_class",), w),
+                   fallback_ops=_blend_rows(keep.fallback_ops, full.fallback_ops, ("op_class", "method"), w),
                    ood_fraction=(1.0 - w) * keep.ood_fraction + w * full.ood_fraction)
 
 

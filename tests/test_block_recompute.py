@@ -37,6 +37,13 @@ def test_block_recomputation_sits_between_none_and_full_and_is_linear_in_layers(
     parts = {n: _step("full", n) for n in (2, 4, 6, 8)}  # 32 layers on 4 stages: 8 per stage
     assert parts[8].step_time_ms == pytest.approx(full.step_time_ms, rel=1e-9)  # every layer of every stage
     assert parts[8].memory_gb == pytest.approx(full.memory_gb, rel=1e-9)
+    # whole-model summaries blend by the share of blocks recomputed: all of them gives full's own
+    by_class = lambda p: {r["op_class"]: (r["count"], r["time_ms"]) for r in p.per_op}  # noqa: E731
+    assert by_class(parts[8]).keys() == by_class(full).keys()
+    for k, (n, t) in by_class(full).items():
+        assert by_class(parts[8])[k][0] == n and by_class(parts[8])[k][1] == pytest.approx(t, rel=1e-9)
+    assert parts[8].forward_ms == pytest.approx(full.forward_ms, rel=1e-9)
+    assert none.backward_ms < parts[2].backward_ms < full.backward_ms  # the recomputed forwards run in the backward
     t = [none.step_time_ms] + [parts[n].step_time_ms for n in (2, 4, 6, 8)]
     m = [none.memory["activations_gb"]] + [parts[n].memory["activations_gb"] for n in (2, 4, 6, 8)]
     assert all(a < b for a, b in zip(t, t[1:]))  # more layers recomputed: slower ...
