@@ -59,6 +59,9 @@ def test_layouts_are_cached_but_each_call_gets_its_own_dict():
     ParallelConfig(gpus=64, tp=2, pp=8, zero=0, micro_batch=1, schedule="gpipe", recompute="full"),
     ParallelConfig(gpus=64, tp=8, pp=1, zero=3, micro_batch=1),
     ParallelConfig(gpus=64, tp=8, pp=2, zero=2, micro_batch=4),
+    ParallelConfig(gpus=64, tp=4, pp=4, zero=1, micro_batch=1, recompute="full", recompute_num_layers=3),
+    ParallelConfig(gpus=64, tp=4, pp=4, zero=1, micro_batch=1, recompute="full", recompute_num_layers=2,
+                   recompute_method="uniform"),
     ParallelConfig(gpus=64, tp=1, pp=1, zero=0, micro_batch=4),  # does not fit: pruned
 ])
 def test_step_summary_equals_the_prediction(par):
