@@ -603,6 +603,9 @@ def _print_cluster_tables(res, batch: int, seq: int) -> None:
                             ("TP comm", p.tp_comm_overlap), ("MoE all-to-all", p.overlap_moe_expert_parallel_comm)) if on]
     con.print("exposed communication by class: " + (", ".join(f"{k} {v:.1f} ms" for k, v in split.items()) or "none")
               + ("; overlapped: " + ", ".join(over) if over else ""))
+    if res.meta.get("moe_load", 1.0) != 1.0:
+        con.print(f"MoE routing: the busiest expert-parallel rank's experts process {res.meta['moe_load']:.2f}x their "
+                  "balanced share of tokens (every MoE layer waits for it; energy counts every rank so)")
     d = Table(title="per pipeline stage (one GPU of each)")
     for c in ("stage", "busy ms", "weights GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
         d.add_column(c, justify="right")
