@@ -441,7 +441,10 @@ def _step_request(f, par: dict, dims: dict, common: dict):
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
     if f.gpus_per_node is not None:
         _fail("--gpus-per-node says how much of each node of a cluster a job uses: it needs --cluster and --gpus")
-    if f.moe_load_imbalance != 1.0 or f.moe_expert_capacity_factor is not None or f.moe_pad_expert_input_to_capacity:
+    from wattcast.simulate.moe_routing import given_routing
+
+    if given_routing(dict(moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
+                          moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity)):
         _fail("--moe-load-imbalance/--moe-expert-capacity-factor/--moe-pad-expert-input-to-capacity describe the "
               "expert-parallel ranks of a cluster step: they need --cluster and --gpus")
     if f.plot:

@@ -135,7 +135,9 @@ class PredictRequest:
         if not self.distributed:
             if self.parallel is not None or self.timeline or self.framework != DEFAULTS.framework:
                 raise ValueError("parallel=, timeline= and framework= describe a cluster step: give cluster= too")
-            if (self.moe_load_imbalance, self.moe_capacity_factor, self.moe_pad_to_capacity) != (1.0, None, False):
+            from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, given_routing
+
+            if given_routing({k: getattr(self, k) for k in ROUTING_DEFAULTS}):
                 raise ValueError("the MoE routing options describe expert-parallel ranks of a cluster step: give cluster= too")
             return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None, **common)
         if self.parallel is None:

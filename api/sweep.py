@@ -200,10 +200,10 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
     except ValueError as e:
         raise SweepSpecError(f"{where}: {e}") from None
     from wattcast.data.cluster_spec import using_gpus_per_node
-    from wattcast.planning.search import _routing
+    from wattcast.simulate.moe_routing import check_routing
 
     try:
-        _routing(spec.moe_routing)
+        check_routing(spec.moe_routing)
     except ValueError as e:
         raise SweepSpecError(f"{where}: moe_routing: {e}") from None
     for c in spec.clusters:

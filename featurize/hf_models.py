@@ -476,6 +476,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     # routing: every expert gets tokens * top_k / n_experts tokens when balanced; ``b.moe_load`` scales what this rank's
     # experts receive (the busiest expert-parallel rank, or capacity padding: simulate/moe_routing.py)
     routed = b.copy(Tensor((t * top_k, h), flat.dtype, flat.node, flat.tid), name="moe.permute")
+    b.routed_moe = True
     if b.moe_load != 1.0:
         routed = Tensor((max(1, round(t * top_k * b.moe_load)), h), routed.dtype, routed.node, routed.tid)
     if b.ep > 1:

@@ -161,6 +161,8 @@ class GraphBuilder:
         self.cp = int(cp)
         #: mixture-of-experts routing: tokens this rank's experts process over the balanced share (StepOptions.moe_load)
         self.moe_load = 1.0
+        #: set by a top-k routed MoE layer (the layers ``moe_load`` applies to)
+        self.routed_moe = False
         #: an FP8 recipe (Transformer Engine): the linear layers' GEMMs in this dtype with their casts, the rest in
         #: ``dtype`` (see ``linear``)
         self.gemm_dtype = gemm_dtype

@@ -120,12 +120,16 @@ class StepOptions:
 MAX_TOKENS_PER_STEP = 2**32
 
 
+#: the largest MoE routing load modelled (a busiest rank 1,000x the mean is a typo, not a router)
+MOE_LOAD_MAX = 1e3
+
+
 def _moe_load(v: Any) -> float:
     try:
         f = float(v)
     except (TypeError, ValueError):
         f = float("nan")
-    if isinstance(v, bool) or not (np.isfinite(f) and 1.0 <= f <= 1e3):
+    if isinstance(v, bool) or not (np.isfinite(f) and 1.0 <= f <= MOE_LOAD_MAX):
         raise GraphError(f"moe_load (tokens of the busiest expert-parallel rank over the balanced share) must be a number "
                          f"from 1 to 1000, got {v!r}")
     return f
@@ -196,7 +200,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         deepseek(cfg, b, opts.batch, opts.seq, impl=opts.attention, megatron=True)
     else:
         GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
-    if opts.moe_load != 1.0 and not any(str(n.values.get("name", "")).endswith("moe.permute") for n in b._nodes):
+    if opts.moe_load != 1.0 and not b.routed_moe:
         raise GraphError(f"{cfg.name}: the MoE routing load applies to Mixtral/DeepSeek-style MoE layers (routed by "
                          f"top-k with permuted tokens); this model has none")
     n_layers = cfg.total_layers

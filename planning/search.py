@@ -21,6 +21,7 @@ from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.simulate.defaults import DEFAULTS
+from wattcast.simulate.moe_routing import check_routing
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, schedule_step, schedule_context
 from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
@@ -144,24 +145,6 @@ def _choices(name: str, value) -> tuple | None:
         if v not in out:
             out.append(v)
     return tuple(out)
-
-
-_ROUTING_KEYS = ("moe_load_imbalance", "moe_capacity_factor", "moe_pad_to_capacity")
-
-
-def _routing(moe_routing: dict | None) -> dict:
-    """The MoE routing options of a search, checked (ValueError naming the option), without the defaults."""
-    from wattcast.simulate.moe_routing import moe_load_factor
-
-    given = dict(moe_routing or {})
-    unknown = sorted(set(given) - set(_ROUTING_KEYS))
-    if unknown:
-        raise ValueError(f"unknown MoE routing option(s) {unknown}; valid: {', '.join(_ROUTING_KEYS)}")
-    given = {k: v for k, v in given.items() if v is not None and v is not False and not (k == "moe_load_imbalance"
-                                                                                           and v == 1.0)}
-    moe_load_factor(imbalance=given.get("moe_load_imbalance", 1.0), capacity_factor=given.get("moe_capacity_factor"),
-                    pad_to_capacity=given.get("moe_pad_to_capacity", False), ep=2)  # raises naming the option
-    return given
 
 
 def _expert_count(model) -> int:
@@ -299,7 +282,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     # an unknown option or a bad choice is named before anything is evaluated
     space = {k: _choices(k, v) for k, v in space.items()}
     _check_footprint_kw(footprint_kw)
-    routing = _routing(moe_routing)
+    routing = check_routing(moe_routing)
     if tokens is not None:
         try:
             ok = float(tokens) > 0 and np.isfinite(float(tokens))

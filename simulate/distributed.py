@@ -38,6 +38,7 @@ from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canoni
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
+from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers, group_layout,
                                         layouts, resolve_parallel, stage_layers)
 from wattcast.simulate.pipeline_fast import time_pipeline
@@ -323,11 +324,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         # K and V of this rank's share of the sequence, one layer: what each ring step passes on
         cp_kv_bytes = 2.0 * par.micro_batch * (seq // par.cp) * (hf.n_kv_heads // par.tp) * hf.head_dim * DTYPE_BYTES[dtype]
     moe_load = 1.0
-    routing_given = (dopts.moe_load_imbalance != 1.0 or dopts.moe_capacity_factor is not None
-                     or dopts.moe_pad_to_capacity is not False)
-    if routing_given:
-        from wattcast.simulate.moe_routing import MoERoutingError, moe_load_factor
-
+    if given_routing({k: getattr(dopts, k) for k in ROUTING_DEFAULTS}):
         if hf is None or not hf.n_experts:
             raise ParallelConfigError("the MoE routing options (--moe-load-imbalance, --moe-expert-capacity-factor, "
                                       "--moe-pad-expert-input-to-capacity) need a mixture-of-experts model")
@@ -571,14 +568,19 @@ _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", 
                      "gemm_b_ms", "params", "expert_params", "e_comp_j", "e_opt_j", "act_bytes")
 
 
+def _position_in_chunk(layer_ids: np.ndarray, chunk: np.ndarray, counts, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(is a transformer block, its position among its chunk's blocks) for each layer id (``counts``: the chunks'
+    block counts in chunk order, ``chunk``: each layer's chunk)."""
+    starts = np.cumsum(counts) - np.asarray(counts)
+    return (layer_ids >= 0) & (layer_ids < n_layers), layer_ids - starts[chunk]
+
+
 def recomputed_layers(layer_ids: np.ndarray, chunk: np.ndarray, counts, n_layers: int, num_layers: int) -> np.ndarray:
     """Which layers Megatron's block recomputation (``--recompute-granularity full --recompute-method block
     --recompute-num-layers N``) recomputes: the first ``N`` transformer layers of every model chunk (each pipeline
     stage, or virtual stage under interleaving: Megatron-Core's ``TransformerBlock`` checkpoints its first N layers);
     a chunk with fewer layers recomputes them all. Embeddings, head and loss are never recomputed."""
-    starts = np.cumsum(counts) - np.asarray(counts)
-    block = (layer_ids >= 0) & (layer_ids < n_layers)
-    pos = layer_ids - starts[chunk]
+    block, pos = _position_in_chunk(layer_ids, chunk, counts, n_layers)
     return block & (pos < int(num_layers))
 
 
@@ -629,10 +631,8 @@ def _uniform_recompute_view(full: _RankView, chunk: np.ndarray, counts, n_layers
     """The view of a step under Megatron's uniform recomputation (``--recompute-method uniform --recompute-num-layers
     N``): every layer is recomputed (times as ``full``), but each model chunk keeps only the input of every group of N
     layers, and the backward re-makes a whole group at once (N layers' working set instead of one)."""
-    ids = full.layer_ids
-    starts = np.cumsum(counts) - np.asarray(counts)
-    block = (ids >= 0) & (ids < n_layers)
-    keeps_input = ~block | ((ids - starts[chunk]) % int(num_layers) == 0)
+    block, pos = _position_in_chunk(full.layer_ids, chunk, counts, n_layers)
+    keeps_input = ~block | (pos % int(num_layers) == 0)
     group = min(int(num_layers), int(max(counts)) if len(counts) else 1)
     return replace(full, act_bytes=np.where(keeps_input, full.act_bytes, 0.0),
                    full_extra_bytes=full.full_extra_bytes * group)
@@ -736,7 +736,7 @@ class StepSummary(NamedTuple):
 
 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
-              grad_b: float, db: float, P: int, V: int, units: np.ndarray | None = None) -> dict:
+              grad_b: float, db: float, P: int, V: int, units: np.ndarray) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count).
@@ -751,7 +751,7 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
            "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks), "z3_first_f_ms": np.zeros(n_chunks),
            "z3_first_b_ms": np.zeros(n_chunks)}
-    units = np.ones(n_chunks) if units is None else np.maximum(np.asarray(units, dtype=float), 1.0)
+    units = np.maximum(np.asarray(units, dtype=int), 1)
     if dp_l.size <= 1:
         out["bucket_ms"] = [np.zeros(0)] * n_chunks
         return _stage_buckets(out, P, V)
@@ -860,14 +860,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if memo is not None:
             memo[chunk_key] = hit
     counts, chunk, sums = hit
-    if par.recompute_num_layers is not None and par.recompute == "full":
+    if par.recompute_num_layers is not None:  # resolve_parallel's rule: only with full recomputation
         mix_key = ("block_rc", id(view), par.recompute_num_layers, par.recompute_method, tuple(counts))
         mixed = memo.get(mix_key) if memo is not None else None
         if mixed is None:
-            if ctx.keep_view is None:
-                raise ParallelConfigError("--recompute-num-layers needs a context built with --recompute full")
             if par.recompute_method == "uniform":
                 mixed = _uniform_recompute_view(view, chunk, counts, n_layers, par.recompute_num_layers)
+            elif ctx.keep_view is None:
+                raise ParallelConfigError("--recompute-num-layers needs a context built with --recompute full")
             else:
                 mixed = _block_recompute_view(view, ctx.keep_view(), chunk, counts, n_layers, par.recompute_num_layers)
             if memo is not None:

@@ -13,12 +13,32 @@ from __future__ import annotations
 
 import math
 
-#: plausible range of the factors (a busiest rank 1,000x the mean is a typo, not a router)
-_MAX_FACTOR = 1e3
+from wattcast.featurize.workload import MOE_LOAD_MAX as _MAX_FACTOR
+
+#: the routing options (``DistributedOptions`` fields, API keywords) and their defaults: balanced and dropless
+ROUTING_DEFAULTS = {"moe_load_imbalance": 1.0, "moe_capacity_factor": None, "moe_pad_to_capacity": False}
 
 
 class MoERoutingError(ValueError):
     """MoE routing options that do not make sense (the message names the option)."""
+
+
+def given_routing(options: dict) -> dict:
+    """The routing options of ``options`` that differ from :data:`ROUTING_DEFAULTS` (None and False count as not given)."""
+    return {k: v for k, v in options.items() if v is not None and v is not False and v != ROUTING_DEFAULTS.get(k)}
+
+
+def check_routing(options: dict | None) -> dict:
+    """Routing options as a search or a sweep takes them (a mapping of :data:`ROUTING_DEFAULTS` keys), checked: an
+    unknown key or a bad value raises (ValueError / :class:`MoERoutingError` naming it); returns the given ones."""
+    given = dict(options or {})
+    unknown = sorted(set(given) - set(ROUTING_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown MoE routing option(s) {unknown}; valid: {', '.join(ROUTING_DEFAULTS)}")
+    given = given_routing(given)
+    moe_load_factor(imbalance=given.get("moe_load_imbalance", 1.0), capacity_factor=given.get("moe_capacity_factor"),
+                    pad_to_capacity=given.get("moe_pad_to_capacity", False), ep=2)  # raises naming the option
+    return given
 
 
 def moe_load_factor(*, imbalance: float = 1.0, capacity_factor: float | None = None, pad_to_capacity: bool = False,

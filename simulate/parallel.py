@@ -90,7 +90,7 @@ class ParallelConfig:
             parts.append(self.schedule)
         if self.recompute != "none":
             n = self.recompute_num_layers if self.recompute == "full" else None
-            parts.append(f"rc-{self.recompute}" + ("" if n is None else f"{'u' if self.recompute_method == 'uniform' else ''}{n}"))
+            parts.append(f"rc-{self.recompute}{recompute_layers_suffix(n, self.recompute_method)}")
         over = [k for k, v in (("ogr", self.overlap_grad_reduce), ("opg", self.overlap_param_gather),
                                 ("tpo", self.tp_comm_overlap), ("a2a", self.overlap_moe_expert_parallel_comm)) if v]
         if over:
@@ -99,6 +99,11 @@ class ParallelConfig:
             parts.append(f"ppl{'' if self.pp_first_layers is None else self.pp_first_layers},"
                          f"{'' if self.pp_last_layers is None else self.pp_last_layers}")
         return "-".join(parts)
+
+
+def recompute_layers_suffix(num_layers: int | None, method: str) -> str:
+    """How a strategy name writes the recomputed-layer count: "" (every layer), ``N`` (block method), ``uN`` (uniform)."""
+    return "" if num_layers is None else f"{'u' if method == 'uniform' else ''}{num_layers}"
 
 
 def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last: int | None = None,

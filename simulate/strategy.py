@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from wattcast.simulate.parallel import SCHEDULES, ParallelConfig
+from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, recompute_layers_suffix
 
 __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
 
@@ -152,8 +152,8 @@ def parse_strategy(text: str) -> Strategy:
             put("sp", True, tok)
         elif t.startswith("rc") and t[2:] in RECOMPUTE:
             put("recompute", t[2:], tok)
-        elif _RC_BLOCK.match(t):
-            uniform, n = _RC_BLOCK.match(t).group(1), int(_RC_BLOCK.match(t).group(2))
+        elif m := _RC_BLOCK.match(t):
+            uniform, n = m.group(1), int(m.group(2))
             if n < 1:
                 raise StrategyError(f"strategy {text!r}: bad token {tok!r}: recomputed layers must be at least 1")
             put("recompute", "full", tok)
@@ -216,18 +216,12 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
     return out
 
 
-def _rc_layers(st: Strategy) -> str:
-    if st.recompute_num_layers is None:
-        return ""
-    return f"{'u' if st.recompute_method == 'uniform' else ''}{st.recompute_num_layers}"
-
-
 def format_given(st: Strategy) -> str:
     """``st`` written back as a string (canonical order; overlaps as given)."""
     parts = [f"tp{st.tp}", f"pp{st.pp}", f"dp{st.dp}", f"cp{st.cp}", f"ep{st.ep}", f"mb{st.micro_batch}"]
     if st.grad_accum is not None:
         parts.append(f"ga{st.grad_accum}")
-    parts += [f"zero{st.zero}", f"v{st.interleave}"] + (["sp"] if st.sp else []) + [f"rc{st.recompute}{_rc_layers(st)}", st.schedule]
+    parts += [f"zero{st.zero}", f"v{st.interleave}"] + (["sp"] if st.sp else []) + [f"rc{st.recompute}{recompute_layers_suffix(st.recompute_num_layers, st.recompute_method)}", st.schedule]
     for tok, name in _OVERLAPS.items():
         v = getattr(st, name)
         if v is not None:
