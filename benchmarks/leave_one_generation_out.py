@@ -93,7 +93,9 @@ DEFAULT_CEILING = 0.74
 FOLDS = {
     "Blackwell (B200)": ("B200",),
     "Ampere (A100)": ("A100-SXM4-80GB", "A100-80GB-unknown", "A100-PCIe-40GB"),
-    "CDNA (MI100/MI210/MI355X)": ("MI100", "MI210", "MI355X"),
+    "CDNA (MI100/MI210/MI300X/MI355X)": ("MI100", "MI210", "MI300X", "MI355X"),
+    # only with an extra XLA table (--xla-table / WATTCAST_XLA_TABLE): H100's XLA GEMMs
+    "Hopper (H100/H200)": ("H100-SXM5-80GB", "H100-PCIe-80GB", "H200-SXM-141GB"),
 }
 SOURCES = ("xla", "vidur", "llmcompass", "deepbench", "neusight/kernels", "neusight/kernels_test")
 #: MAMF table name per catalog device (best achievable matmul TFLOP/s; ml-engineering, CC BY-SA 4.0)
@@ -107,8 +109,10 @@ NORMALISED = ("log_intensity_over_ridge", "log_ws_over_l2", "dtype_bytes", "is_t
               "log_t_roof_ms", "dev_log_w_per_tflop", "dev_base_over_boost", "dev_is_amd")
 
 
-def gemm_rows(root, fp32_sample: float, seed: int = 0) -> pd.DataFrame:
-    df = load_kernels(root)
+def gemm_rows(root, fp32_sample: float, seed: int = 0, xla_tables=None) -> pd.DataFrame:
+    df = load_kernels(root, xla_tables=xla_tables)
+    if df.attrs.get("xla_tables"):
+        print("extra XLA tables:", ", ".join(df.attrs["xla_tables"]))
     df = df[df["op"].isin(["bmm", "linear"]) & ~df["device"].isin(HELD_OUT)]
     fp32 = df["dtype"] == "fp32"
     keep = ~fp32 | (np.random.default_rng(seed).random(len(df)) < fp32_sample)
@@ -222,10 +226,12 @@ def size_table(df: pd.DataFrame, pred_ms: np.ndarray, fold: str, model: str) -> 
     return out.assign(gflop=out["gflop"].astype(str))
 
 
-def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes: list | None = None) -> pd.DataFrame:
+def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes: list | None = None,
+        xla_tables=None) -> pd.DataFrame:
     """Every fold's error table; ``sizes`` (a list), when given, receives the shipped recipe's (``bundle``)
-    :func:`size_table` per fold."""
-    df = gemm_rows(root, fp32_sample)
+    :func:`size_table` per fold. A fold with no tensor-dtype rows to predict (Hopper without an extra XLA table) is
+    skipped."""
+    df = gemm_rows(root, fp32_sample, xla_tables=xla_tables)
     X, y, specs = features(df, root)
     cfg = TrainConfig()
     bundle_feats = family_features("gemm")
@@ -234,6 +240,9 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
     for fold, devices in FOLDS.items():
         test = df["device"].isin(devices).to_numpy() & (df["dtype"] != "fp32").to_numpy()
         train = ~df["device"].isin(devices).to_numpy()
+        if not test.any():
+            print(f"{fold}: no tensor-dtype GEMM rows to predict (skipped)")
+            continue
         src_feats = [f"src_{s}" for s in SOURCES]
         # the device's matmul ceiling (MAMF's best over peak; DEFAULT_CEILING for a tensor dtype it does not list,
         # 1 for FP32 vector peaks): efficiency relative to it is what the trees learn in the "ceiling" variants
@@ -265,6 +274,20 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         tab = error_table(df[test], phys[test] / 1e3, fold, "physical")
         tab["fit_s"] = time.time() - t0
         out.append(tab)
+        # the roofline plus the measuring source's floor (the physical fit's t0 per source, training generations
+        # only) as the trees' reference: at small sizes a kernel costs the floor, not a multiple of the roofline, so
+        # a ratio learnt on slower GPUs does not shrink a new GPU's small GEMMs below what they can take
+        if not models or "bundle/floor" in models:
+            t0 = time.time()
+            floor_ms = pd.Series(df["source"]).map(params[0]).fillna(float(np.median(list(params[0].values())))).to_numpy() / 1e3
+            ref_ms = X["t_roof_ms"].to_numpy() + floor_ms
+            yf = np.log(df["latency_ms"].to_numpy(dtype=float) / ref_ms)
+            p = fit_predict(X[train], yf[train], X[test], bundle_feats, cfg)
+            tab = error_table(df[test], np.exp(p) * ref_ms[test], fold, "bundle/floor")
+            if sizes is not None:
+                sizes.append(size_table(df[test], np.exp(p) * ref_ms[test], fold, "bundle/floor"))
+            tab["fit_s"] = time.time() - t0
+            out.append(tab)
         yp = np.log(y_us / phys)
         Xp = X.assign(log_phys_us=np.log(phys))
         for model, feats in (("physical+trees", bundle_feats + src_feats + ["log_phys_us"]),
@@ -286,10 +309,12 @@ def main() -> None:
     ap.add_argument("--mlruns", default="mlruns")
     ap.add_argument("--no-mlflow", action="store_true")
     ap.add_argument("--models", default=None, help="comma-separated subset of the models to fit (default: all)")
+    ap.add_argument("--xla-table", action="append", default=None,
+                    help="an extra XLA GEMM table (data/xla_perf_table.py; repeatable; default: $WATTCAST_XLA_TABLE)")
     a = ap.parse_args()
     t0 = time.time()
     sizes: list = []
-    t = run(a.data, a.fp32_sample, tuple(a.models.split(",")) if a.models else None, sizes=sizes)
+    t = run(a.data, a.fp32_sample, tuple(a.models.split(",")) if a.models else None, sizes=sizes, xla_tables=a.xla_table)
     pd.set_option("display.width", 220)
     print(t.drop(columns=["fit_s"]).round(1).to_string(index=False))
     by_size = pd.concat(sizes, ignore_index=True) if sizes else pd.DataFrame()

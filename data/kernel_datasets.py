@@ -34,6 +34,15 @@ Per-source decisions (evidence in brackets):
   FP32 vector peak, so XLA's default precision ran it on TF32 tensor cores. f32 on gfx950 (MI355X) is
   **left out**: 1,023 TFLOPS against a 157 TFLOPS FP32 peak, and gfx950 has no TF32, so the precision it
   really ran in is unknown. Devices: sm_100_B200 -> B200, gfx950 -> MI355X (sm_90 has no rows here).
+  **Extra XLA tables** (``xla_tables=`` or the ``WATTCAST_XLA_TABLE`` environment variable, see
+  ``data/xla_perf_table.py``): the same textproto as compiled into the JAX CUDA plugin wheel carries more devices;
+  their rows join the ``xla`` source (a shape the shared CSV has keeps the shared row). sm_90 -> H100-SXM5-80GB
+  [bf16 reaches 805 TFLOPS, above the H100 PCIe's 756 dense peak, 81% of the SXM's 989]: bf16, and f32 labelled
+  tf32 [403 TFLOPS against 67 FP32]; its fp8 rows are **left out**: 87 of its 1,125 fp8 rows exceed the dense
+  FP8 peak (1,979 TFLOPS) by up to 1.31x on shapes that run 30-212 us, which no dense GEMM can, so what XLA timed
+  there is unknown. gfx942 -> MI300X (the MI325X is gfx942 too, with the same peaks; MI300X assumed): bf16, f16
+  and f8e4m3fnuz x f8e4m3fnuz -> bf16 as fp8 (CDNA3's FP8 is the fnuz variant); f32 left out as on gfx950 (252
+  TFLOPS, 1.54x the FP32 peak: TF32 or not is unknown). sm_107 has no catalog device (excluded, counted).
   xla_hlo_op_profiles.csv (cycles per element, not latencies) and the MAMF table (a ceiling, not a
   sweep) are not read.
 - ``deepbench``: C(M x N) = A(M x K) B(K x N), K the contraction (cuBLAS GEMM naming; the DeepSpeech rows
@@ -173,7 +182,7 @@ DEVICE_MAP: dict[str, dict[str, str]] = {
         "AMD Instinct MI210": "MI210",
         "AMD Instinct MI250": "MI250",
     },
-    "xla": {"sm_100_B200": "B200", "gfx950": "MI355X"},
+    "xla": {"sm_100_B200": "B200", "gfx950": "MI355X", "sm_90": "H100-SXM5-80GB", "gfx942": "MI300X"},
     # SOURCE-deepbench.md names no form factor; chosen from the measured FP32 peaks (module docstring)
     "deepbench": {"V100": "V100-SXM2-16GB", "P100": "Tesla-P100-PCIe-16GB", "T4": "Tesla-T4"},
     # SOURCE-vidur.md: "A100 (80GB DGX)" = SXM4 80GB
@@ -193,6 +202,18 @@ XLA_DTYPES: dict[str, dict[tuple[str, str, str], str]] = {
         ("f16", "f16", "f16"): "fp16",
         ("f8e4m3fn", "f8e4m3fn", "bf16"): "fp8",
         # f32 left out: 1,023 TFLOPS > 157 TFLOPS FP32 peak and no TF32 on gfx950 -> precision unknown
+    },
+    # the two below come only from an extra table (xla_tables / WATTCAST_XLA_TABLE; module docstring)
+    "sm_90": {
+        ("bf16", "bf16", "bf16"): "bf16",
+        ("f32", "f32", "f32"): "tf32",  # 403 TFLOPS measured against a 67 TFLOPS FP32 peak
+        # fp8 left out: 87 of 1,125 rows above the dense FP8 peak (up to 1.31x) -> not a dense FP8 GEMM
+    },
+    "gfx942": {
+        ("bf16", "bf16", "bf16"): "bf16",
+        ("f16", "f16", "f16"): "fp16",
+        ("f8e4m3fnuz", "f8e4m3fnuz", "bf16"): "fp8",
+        # f32 left out: 252 TFLOPS, 1.54x the FP32 peak -> precision unknown (as gfx950)
     },
 }
 
@@ -401,14 +422,31 @@ def _load_neusight(root: Path, sub: str, source_key: str, dropped: Counter, excl
     return frames
 
 
-def _load_xla(root: Path, dropped: Counter, excluded: Counter) -> list[pd.DataFrame]:
+_XLA_KEY = ["device", "b", "m", "n", "k", "lhs_dtype", "rhs_dtype", "out_dtype"]
+
+
+def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[Path] = ()) -> list[pd.DataFrame]:
     f = _need_file(root / "tensorcore" / "xla_matmul_perf_table.csv", "XLA matmul table")
     origin = _rel(f, root)
     header = _header(f)
-    need = ["device", "b", "m", "n", "k", "lhs_dtype", "rhs_dtype", "out_dtype", "flops_per_s"]
+    need = _XLA_KEY + ["flops_per_s"]
     for c in need:
         _pick(header, c, origin)
-    raw = pd.read_csv(f, usecols=need)
+    frames = [_xla_rows(pd.read_csv(f, usecols=need), origin, excluded)]
+    seen = pd.read_csv(f, usecols=_XLA_KEY).astype(str)
+    for path in extra:
+        from wattcast.data.xla_perf_table import read_xla_gemm_table
+
+        more = read_xla_gemm_table(path)[need]
+        key = more[_XLA_KEY].astype(str)
+        dup = pd.MultiIndex.from_frame(key).isin(pd.MultiIndex.from_frame(seen))
+        seen = pd.concat([seen, key[~dup]], ignore_index=True)
+        frames.append(_xla_rows(more.loc[~dup].reset_index(drop=True), str(path), excluded))
+    return frames
+
+
+def _xla_rows(raw: pd.DataFrame, origin: str, excluded: Counter) -> pd.DataFrame:
+    """XLA table rows (``device, b, m, n, k, lhs/rhs/out dtype, flops_per_s``) as unified bmm rows (docstring)."""
     dev, keep = _map_devices(raw["device"], "xla", origin, excluded)
     raw = raw.loc[keep].copy()
     raw["_dev"] = dev[keep]
@@ -419,8 +457,8 @@ def _load_xla(root: Path, dropped: Counter, excluded: Counter) -> list[pd.DataFr
     b, m, n, k = (_num(raw[c]) for c in ("b", "m", "n", "k"))
     with np.errstate(divide="ignore", invalid="ignore"):
         lat = 2.0 * b * m * n * k / _num(raw["flops_per_s"]) * 1e3
-    return [_frame(len(raw), op="bmm", dtype=raw["_dtype"].to_numpy(dtype=object), B=b, M=m, N=k, K=n,
-                   device=raw["_dev"].to_numpy(dtype=object), latency_ms=lat, source="xla", origin=origin)]
+    return _frame(len(raw), op="bmm", dtype=raw["_dtype"].to_numpy(dtype=object), B=b, M=m, N=k, K=n,
+                  device=raw["_dev"].to_numpy(dtype=object), latency_ms=lat, source="xla", origin=origin)
 
 
 def _load_deepbench(root: Path, dropped: Counter, excluded: Counter) -> list[pd.DataFrame]:
@@ -568,11 +606,15 @@ _LOADERS = {
 }
 
 
-def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[str] = ALL_SOURCES) -> pd.DataFrame:
+def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[str] = ALL_SOURCES, *,
+                 xla_tables: Sequence[str | os.PathLike[str]] | None = None) -> pd.DataFrame:
     """All requested kernel-latency sources as one table with exactly ``COLUMNS``.
 
+    ``xla_tables``: extra XLA GEMM tables (textproto, JAX plugin wheel or binary, or a CSV written by
+    ``data/xla_perf_table.py``) added to the ``xla`` source; default: the paths ``WATTCAST_XLA_TABLE`` names.
     ``df.attrs["dropped"]``: {origin: rows removed for NaN/non-positive latency or shape};
-    ``df.attrs["excluded"]``: {origin: rows left out by design (device outside the catalog, ...)}.
+    ``df.attrs["excluded"]``: {origin: rows left out by design (device outside the catalog, ...)};
+    ``df.attrs["xla_tables"]``: the extra tables read.
     """
     sources = (sources,) if isinstance(sources, str) else tuple(sources)
     unknown = [s for s in sources if s not in _LOADERS]
@@ -581,10 +623,20 @@ def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[s
     data_root = resolve_data_root(root)
     dropped: Counter = Counter()
     excluded: Counter = Counter()
+    if xla_tables is None:
+        from wattcast.data.xla_perf_table import tables_from_env
+
+        xla_tables = tables_from_env()
+    extra = [Path(p) for p in xla_tables]
     frames: list[pd.DataFrame] = []
     for s in dict.fromkeys(sources):
-        frames += _LOADERS[s](data_root, dropped, excluded)
-    return _finish(frames, dropped, excluded)
+        if s == "xla":
+            frames += _load_xla(data_root, dropped, excluded, extra)
+        else:
+            frames += _LOADERS[s](data_root, dropped, excluded)
+    out = _finish(frames, dropped, excluded)
+    out.attrs["xla_tables"] = [str(p) for p in extra] if "xla" in sources else []
+    return out
 
 
 def split_heldout(

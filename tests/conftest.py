@@ -13,6 +13,8 @@ import pytest
 _QUIET_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "HF_HUB_OFFLINE": "1"}
 for _k, _v in _QUIET_ENV.items():
     os.environ.setdefault(_k, _v)
+# extra XLA GEMM tables change what load_kernels returns: tests name theirs explicitly
+os.environ.pop("WATTCAST_XLA_TABLE", None)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -88,6 +90,30 @@ def cli():
 
 
 # ------------------------------------------------------------------------------ background training
+#: a two-entry XLA GemmPerfTable on sm_90 (H100): the figures of OpenXLA's table for these shapes
+XLA_EXTRA_TABLE = """# proto-message: xla.GemmPerfTable
+entries {
+  key: "sm_90"
+  value {
+    entries {
+      b: 1
+      m: 4096
+      n: 4096
+      k: 4096
+      flops { key: "bf16xbf16->bf16" value: 780193877565849 }
+    }
+    entries {
+      b: 1
+      m: 256
+      n: 256
+      k: 256
+      flops { key: "bf16xbf16->bf16" value: 6721641025641 }
+    }
+  }
+}
+"""
+
+
 class BackgroundTraining:
     """`wattcast train kernels --quick --out BASE/bundle --mlruns BASE/mlruns` on the shared data, in a subprocess.
 
@@ -99,10 +125,13 @@ class BackgroundTraining:
         self.base = base
         self.bundle = base / "bundle"
         self.mlruns = base / "mlruns"
+        # an extra XLA GEMM table (two H100 bf16 shapes, the format of data/xla_perf_table.py) rides along
+        self.xla_table = base / "xla_extra.txtpb"
+        self.xla_table.write_text(XLA_EXTRA_TABLE)
         self._log = open(base / "train.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wattcast.cli", "train", "kernels", "--quick",
-             "--out", str(self.bundle), "--mlruns", str(self.mlruns)],
+             "--out", str(self.bundle), "--mlruns", str(self.mlruns), "--xla-table", str(self.xla_table)],
             cwd=str(base), env=cli_env(data), stdout=self._log, stderr=subprocess.STDOUT, text=True,
         )
         self._done: subprocess.CompletedProcess | None = None

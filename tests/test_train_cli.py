@@ -170,6 +170,25 @@ def test_training_writes_a_pickle_free_bundle(trained):
     assert not pickles, pickles
 
 
+def test_an_extra_xla_table_trains_its_gpu_and_is_named_in_the_manifest(trained):
+    manifest = json.loads((_live(trained.bundle) / "kernel_manifest.json").read_text())
+    assert manifest["xla_tables"] == [trained.xla_table.name]
+    assert f"extra XLA GEMM tables: {trained.xla_table}" in flat(trained.result().stdout)
+
+
+def test_a_bad_xla_table_is_refused_before_training(tmp_path):
+    r = run_cli("train", "kernels", "--quick", "--out", tmp_path / "b", "--no-mlflow", "--xla-table", tmp_path / "none.whl",
+                cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--xla-table" in flat(r.stderr) and "does not exist" in flat(r.stderr)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a table")
+    r = run_cli("train", "kernels", "--quick", "--out", tmp_path / "b", "--no-mlflow", "--xla-table", notes, cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "not an XLA GEMM table" in flat(r.stderr)
+    assert not list((tmp_path / "b").rglob("kernel_manifest.json"))
+
+
 def test_manifest_excludes_the_heldout_gpus(trained):
     manifest = json.loads((_live(trained.bundle) / "kernel_manifest.json").read_text())
     train_devices = set(manifest["train_devices"])

@@ -113,7 +113,10 @@ def run_train_kernels(
     use_mlflow: bool = True,
     progress: Callable[[str, int], None] | None = None,
     log: Callable[[str], None] = print,
+    xla_tables: tuple[str, ...] | None = None,
 ) -> RunOutcome:
+    """Train, evaluate and (if it validates) install a kernel bundle. ``xla_tables``: extra XLA GEMM tables for the
+    shared ``xla`` source (``data/xla_perf_table.py``; default: ``$WATTCAST_XLA_TABLE``), recorded in the manifest."""
     from wattcast.data.kernel_datasets import (
         DataNotFoundError,
         load_kernels,
@@ -131,8 +134,12 @@ def run_train_kernels(
 
     frames, heldout_parts = [], []
     user_val = None
+    extra_xla: list[str] = []
     if not only_csv:
-        shared = load_kernels(data)  # raises DataNotFoundError with a clear message
+        shared = load_kernels(data, xla_tables=xla_tables)  # raises DataNotFoundError with a clear message
+        extra_xla = list(shared.attrs.get("xla_tables") or [])
+        if extra_xla:
+            log(f"extra XLA GEMM tables: {', '.join(extra_xla)}")
         train_shared, held_shared = split_heldout(shared, holdout=holdout)
         frames.append(train_shared)
         heldout_parts.append(held_shared)
@@ -166,6 +173,8 @@ def run_train_kernels(
                                 tick=(lambda: progress("calibrate", 1)) if progress else None)
     bundle = attach_calibration(bundle, cal)
     bundle.meta["dataset_fingerprint"] = fp
+    # provenance of rows that are not in the shared datasets (file names; the data is not shipped)
+    bundle.meta["xla_tables"] = [Path(p).name for p in extra_xla]
     bundle.meta["config"] = {k: v for k, v in cfg.__dict__.items()}
 
     metrics: dict[str, float] = {}
@@ -213,7 +222,7 @@ def run_train_kernels(
     # the gate: replace only if the new bundle validates no worse on the same validation rows
     target = Path(out_dir) if out_dir else shipped_folder()
     if only_csv:
-        ref = _reference_rows(data, holdout)
+        ref = _reference_rows(data, holdout, xla_tables)
         if ref is not None:
             specs.update(_specs_for(ref["device"], extra_specs))
             val = pd.concat([val, ref], ignore_index=True)
@@ -237,6 +246,7 @@ def run_train_kernels(
             "train_devices": ",".join(bundle.meta["train_devices"]),
             "dataset_fingerprint": fp,
             "user_csv": str(csv) if csv else "",
+            "xla_tables": ",".join(Path(p).name for p in extra_xla),
             **{f"cfg_{k}": v for k, v in cfg.__dict__.items()},
             **{f"choice_{f}": fm.choice for f, fm in bundle.families.items()},
         }
@@ -247,12 +257,12 @@ def run_train_kernels(
     return RunOutcome(replaced, reason, target, metrics, tables, run_id)
 
 
-def _reference_rows(data, holdout) -> pd.DataFrame | None:
+def _reference_rows(data, holdout, xla_tables=None) -> pd.DataFrame | None:
     """A sample of the shared training GPUs' rows (never held-out GPUs), or None without the data."""
     from wattcast.data.kernel_datasets import DataNotFoundError, load_kernels, split_heldout
 
     try:
-        shared = load_kernels(data)
+        shared = load_kernels(data, xla_tables=xla_tables)
     except DataNotFoundError:
         return None
     train, _ = split_heldout(shared, holdout=holdout)
