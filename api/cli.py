@@ -1155,6 +1155,7 @@ def train_kernels(
     spec: List[Path] = typer.Option([], "--spec", help="Spec file for a GPU of your CSV that is not in the catalog (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Bundle folder to write (default: the shipped one in the package)."),
     quick: bool = typer.Option(False, "--quick", help="Small, fast fits (smoke tests); not for shipping."),
+    family: List[str] = typer.Option([], "--family", help="Retrain only this op family (gemm, conv, elementwise, ln, softmax; repeatable) and keep the others of the bundle at --out as they are."),
     xla_table: List[Path] = typer.Option([], "--xla-table", help="An extra XLA GEMM table (a JAX CUDA plugin wheel, its .so, the .txtpb or a CSV from python -m wattcast.data.xla_perf_table; repeatable; default: $WATTCAST_XLA_TABLE)."),
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
@@ -1191,7 +1192,7 @@ def train_kernels(
                 data=data, csv=csv, only_csv=only_csv, holdout=tuple(holdout_names), out_dir=out,
                 spec_files=tuple(str(s) for s in spec), quick=quick, tracking_dir=mlruns, use_mlflow=not no_mlflow,
                 progress=lambda what, n: prog.advance(task, n), log=lambda m: prog.console.print(m),
-                xla_tables=tuple(str(x) for x in xla_table) or None,
+                xla_tables=tuple(str(x) for x in xla_table) or None, families=tuple(family) or None,
             )
     except (FileNotFoundError, ValueError, DeviceSpecError) as e:
         _fail(str(e))

@@ -97,6 +97,35 @@ def test_user_csv_training_writes_a_bundle(user_bundle, user_csv, tmp_path):
     assert np.isfinite(out["pred_latency_ms"]).all()
 
 
+def test_retraining_one_family_keeps_the_others_byte_for_byte(user_bundle, user_csv, tmp_path):
+    import shutil
+
+    out = tmp_path / "partial"
+    shutil.copytree(_live(user_bundle), out)
+    before = _hashes(out)
+    r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--family", "ln", "--out", out, "--no-mlflow",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = flat(r.stdout + r.stderr)
+    assert "retrained ln; kept " in said and "gemm" in said.split("retrained ln; kept ")[1][:40]
+    after = _hashes(out)
+    for name in ("kernel_gemm.lgbm.txt", "kernel_elementwise.lgbm.txt"):
+        assert after[name] == before[name], name
+    manifest = json.loads((_live(out) / "kernel_manifest.json").read_text())
+    assert manifest["retrained_families"] == ["ln"]
+    assert set(manifest["families"]) == {"gemm", "elementwise", "ln"}
+
+
+def test_retraining_one_family_needs_a_bundle_and_a_known_family(user_csv, tmp_path):
+    r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--family", "ln", "--out", tmp_path / "none",
+                "--no-mlflow", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "train every family first" in flat(r.stderr)
+    r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--family", "attention", "--out",
+                tmp_path / "none", "--no-mlflow", cwd=tmp_path)
+    assert r.returncode != 0 and "unknown op family ['attention']" in flat(r.stderr)
+
+
 def test_corrupted_csv_does_not_replace_the_bundle(user_bundle, user_csv, tmp_path):
     target = tmp_path / "bundle2"
     shutil.copytree(user_bundle, target)

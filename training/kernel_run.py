@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -114,9 +114,13 @@ def run_train_kernels(
     progress: Callable[[str, int], None] | None = None,
     log: Callable[[str], None] = print,
     xla_tables: tuple[str, ...] | None = None,
+    families: tuple[str, ...] | None = None,
 ) -> RunOutcome:
     """Train, evaluate and (if it validates) install a kernel bundle. ``xla_tables``: extra XLA GEMM tables for the
-    shared ``xla`` source (``data/xla_perf_table.py``; default: ``$WATTCAST_XLA_TABLE``), recorded in the manifest."""
+    shared ``xla`` source (``data/xla_perf_table.py``; default: ``$WATTCAST_XLA_TABLE``), recorded in the manifest.
+    ``families``: retrain only these op families and take every other one, unchanged, from the working bundle at
+    the target (new data that touches one family does not redraw the others' fits); the gate then compares the
+    merged bundle with the working one as usual."""
     from wattcast.data.kernel_datasets import (
         DataNotFoundError,
         load_kernels,
@@ -127,6 +131,15 @@ def run_train_kernels(
 
     t0 = time.time()
     cfg = TrainConfig.quick(holdout=tuple(holdout)) if quick else TrainConfig(holdout=tuple(holdout))
+    target = Path(out_dir) if out_dir else shipped_folder()
+    base_bundle = None
+    if families:
+        unknown = sorted(set(families) - set(cfg.families))
+        if unknown:
+            raise ValueError(f"unknown op famil{'ies' if len(unknown) > 1 else 'y'} {unknown}; choose from {list(cfg.families)}")
+        base_bundle = _working_bundle(target)
+        # the default order kept: the first family draws from the seed exactly as in a full run
+        cfg = replace(cfg, families=tuple(f for f in cfg.families if f in families))
     extra_specs = {}
     for f in spec_files:
         s = resolve_device(f)
@@ -172,6 +185,10 @@ def run_train_kernels(
                                 max_rows=max(cfg.max_rows_per_fit // 2, 4000), seed=cfg.seed,
                                 tick=(lambda: progress("calibrate", 1)) if progress else None)
     bundle = attach_calibration(bundle, cal)
+    if base_bundle is not None:
+        bundle = _merge_families(base_bundle, bundle)
+        log(f"retrained {', '.join(cfg.families)}; kept {', '.join(f for f in bundle.families if f not in cfg.families) or 'nothing'}"
+            f" from {target}")
     bundle.meta["dataset_fingerprint"] = fp
     # provenance of rows that are not in the shared datasets (file names; the data is not shipped)
     bundle.meta["xla_tables"] = [Path(p).name for p in extra_xla]
@@ -220,7 +237,6 @@ def run_train_kernels(
         metrics["heldout_mape_pct"] = float(held_pred["ape"].mean() * 100)
 
     # the gate: replace only if the new bundle validates no worse on the same validation rows
-    target = Path(out_dir) if out_dir else shipped_folder()
     if only_csv:
         ref = _reference_rows(data, holdout, xla_tables)
         if ref is not None:
@@ -255,6 +271,29 @@ def run_train_kernels(
                          figures=[lambda d: _plot_heldout(held_pred, d)] if held_pred is not None else [],
                          documents={"manifest_meta.json": bundle.meta})
     return RunOutcome(replaced, reason, target, metrics, tables, run_id)
+
+
+def _working_bundle(target: Path) -> KernelBundle:
+    """The bundle live at ``target``, whose families a partial retraining keeps; ValueError when there is none."""
+    try:
+        return KernelBundle.load(target)
+    except Exception as e:  # a missing folder, a missing version, a bad hash: nothing to take families from
+        raise ValueError(f"--family retrains part of a bundle and takes the other families from the working one at "
+                         f"{target}, which does not load ({e}); train every family first") from None
+
+
+def _merge_families(base: KernelBundle, new: KernelBundle) -> KernelBundle:
+    """``base`` with ``new``'s families in place of its own; the manifest says which were retrained."""
+    meta = dict(base.meta)
+    meta.update({k: v for k, v in new.meta.items() if k not in ("train_devices", "lodo_scores", "generation_calibration")})
+    meta["train_devices"] = sorted(set(base.train_devices) | set(new.train_devices))
+    meta["lodo_scores"] = {**base.meta.get("lodo_scores", {}), **new.meta.get("lodo_scores", {})}
+    cal_old, cal_new = base.meta.get("generation_calibration") or {}, new.meta.get("generation_calibration") or {}
+    cal = {**cal_old, **cal_new}
+    cal["families"] = sorted(set(cal_old.get("families", [])) | set(cal_new.get("families", [])))
+    meta["generation_calibration"] = cal
+    meta["retrained_families"] = sorted(new.families)
+    return KernelBundle({**base.families, **new.families}, meta)
 
 
 def _reference_rows(data, holdout, xla_tables=None) -> pd.DataFrame | None:
