@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Tensor-core GEMMs on a GPU generation the model never saw: leave one generation out, on visible data only.
 
-    python3 benchmarks/leave_one_generation_out.py [--data PATH] [--fp32-sample 0.25] [--mlruns DIR | --no-mlflow]
+    python3 benchmarks/leave_one_generation_out.py [--data PATH] [--fp32-sample 0.25] [--xla-table FILE ...]
+        [--models bundle,bundle/floor,...] [--mlruns DIR | --no-mlflow]
 
 Folds (every device of the generation leaves training together):
 - Blackwell: train without B200, predict B200 (XLA's table: bf16, fp8, tf32);
 - Ampere: train without every A100 (SXM4-80GB Vidur profiles, LLMCompass's A100, NeuSight's A100-PCIe-40GB FP32),
   predict the A100's FP16 Vidur and LLMCompass GEMMs;
-- CDNA: train without MI100/MI210/MI355X, predict MI210 (LLMCompass FP16) and MI355X (XLA: bf16, fp16, fp8).
+- CDNA: train without MI100/MI210/MI300X/MI355X, predict MI210 (LLMCompass FP16), MI355X (XLA: bf16, fp16, fp8) and,
+  with an extra XLA table, MI300X;
+- Hopper (only with an extra XLA table, ``--xla-table`` / ``$WATTCAST_XLA_TABLE``, ``data/xla_perf_table.py``): train
+  without H100/H200, predict the H100's XLA bf16 and tf32 GEMMs.
 The project's held-out GPUs (L4, A100 80GB PCIe) are never in training.
 
 Five models per fold, all LightGBM on log(measured / roofline) like the shipped GEMM family:
@@ -17,7 +21,10 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
   compared against;
 - ``bundle/ceiling``: the bundle's features, the target taken relative to the device's matmul ceiling (the MAMF
   table's best achievable over dense peak where it lists the device and dtype, :data:`DEFAULT_CEILING` for other
-  tensor dtypes, 1 for FP32): the trees learn efficiency relative to what the device can reach;
+  tensor dtypes, 1 for FP32): the trees learn efficiency relative to what the device can reach; ``bundle+mamf``: the
+  bundle's features plus that ratio as a feature (NaN where MAMF does not list the device), the target unchanged;
+- ``bundle/floor``: the bundle's features, the target relative to the roofline plus the measuring source's floor
+  (the physical fit's per-source floor, training generations only), predicted with the compared rows' source;
 - ``normalised``: features that describe the kernel relative to its device only (intensity over the ridge point,
   wave quantisation and waves per SM for plausible tiles, tiles per SM, K depth, working set over L2, dtype), the
   power derating (W per peak TFLOP/s, base over boost clock), vendor, the MAMF ceiling (NaN where absent) and the
@@ -250,7 +257,8 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         log_c = np.log(ceil.astype(float))
         for model, feats, shift in (("bundle", bundle_feats, False), ("bundle+source", bundle_feats + src_feats, False),
                                     ("bundle/ceiling", bundle_feats, True), ("normalised", norm_feats, False),
-                                    ("normalised/ceiling", norm_feats, True)):
+                                    ("normalised/ceiling", norm_feats, True),
+                                    ("bundle+mamf", bundle_feats + ["mamf_ratio"], False)):
             if models and model not in models:
                 continue
             t0 = time.time()
@@ -264,6 +272,8 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             out.append(tab)
         # the spec-sheet tile/wave model (models/gemm_physics.py): its floor per source and cycles per tile fitted on
         # the training generations, the ceiling from MAMF (or the default); then trees on what it leaves
+        if models and not any(m.startswith("physical") or m == "bundle/floor" for m in models):
+            continue
         t0 = time.time()
         inp = physical_inputs(df, specs, ceil.astype(float))
         y_us = df["latency_ms"].to_numpy(dtype=float) * 1e3
