@@ -146,3 +146,13 @@ def test_extra_rows_join_the_xla_source_with_the_documented_labels(data_root, tm
     assert len(b200) == 1 and np.isfinite(b200.latency_ms).all() and b200.latency_ms.iloc[0] < 1.0
     monkeypatch.setenv("WATTCAST_XLA_TABLE", str(f))
     assert len(load_kernels(data_root, sources=["xla"])) == len(df)
+
+
+def test_profile_import_points_an_xla_table_to_the_training_flag(tmp_path):
+    from wattcast.data.profiles.importers import detect_format
+    from wattcast.data.profiles.tables import ProfileImportError
+
+    f = tmp_path / "default_matmul_perf_table.txtpb"
+    f.write_text(TEXT)
+    with pytest.raises(ProfileImportError, match="--xla-table"):
+        detect_format(f)

@@ -37,6 +37,10 @@ def detect_format(path: str | Path) -> str:
     kind = sniff(text)
     if kind:
         return kind
+    if "xla.GemmPerfTable" in text or p.suffix in (".whl", ".txtpb"):
+        raise ProfileImportError(f"{p}: an XLA GEMM table (or a wheel that may embed one) is not a profile; give it to "
+                                 f"`wattcast train kernels --xla-table {p.name}` (or WATTCAST_XLA_TABLE), see "
+                                 "data/xla_perf_table.py")
     raise ProfileImportError(f"{p}: not a format wattcast imports ({', '.join(FORMATS)}): PyTorch profiler JSON "
                              "(.json/.json.gz), Nsight Systems SQLite export, nccl-tests stdout, nvidia-smi CSV, DCGM dmon log")
 
