@@ -102,8 +102,11 @@ def test_retraining_one_family_keeps_the_others_byte_for_byte(user_bundle, user_
 
     out = tmp_path / "partial"
     shutil.copytree(_live(user_bundle), out)
+    # as if its GEMM family had been trained with an extra XLA table: a retraining that keeps GEMM keeps that record
+    m = json.loads((out / "kernel_manifest.json").read_text())
+    (out / "kernel_manifest.json").write_text(json.dumps(dict(m, xla_tables=["xla_gemm_table.csv"])))
     before = _hashes(out)
-    base_metrics = json.loads((out / "kernel_manifest.json").read_text())["metrics"]
+    base_metrics = m["metrics"]
     r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--family", "ln", "--out", out, "--no-mlflow",
                 cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -114,6 +117,7 @@ def test_retraining_one_family_keeps_the_others_byte_for_byte(user_bundle, user_
         assert after[name] == before[name], name
     manifest = json.loads((_live(out) / "kernel_manifest.json").read_text())
     assert manifest["retrained_families"] == ["ln"]
+    assert manifest["xla_tables"] == ["xla_gemm_table.csv"]
     # a kept family's in-distribution figure is the one of the run that fitted it, not one on this run's split
     assert manifest["metrics"]["indist_elementwise_mape_pct"] == base_metrics["indist_elementwise_mape_pct"]
     assert set(manifest["families"]) == {"gemm", "elementwise", "ln"}

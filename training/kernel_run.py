@@ -12,6 +12,7 @@ import pandas as pd
 
 from wattcast.data.catalog import resolve_device
 from wattcast.data.device_spec import DeviceSpec, DeviceSpecError
+from wattcast.data.kernel_ops import OP_FAMILY
 from wattcast.models.kernel_bundle import KernelBundle, shipped_folder
 from wattcast.training.generation_calibration import attach_calibration, calibrate_generations, calibration_table
 from wattcast.training.kernels import (
@@ -191,12 +192,12 @@ def run_train_kernels(
             f" from {target}")
         # this run's validation split is drawn over every row; the kept families were fitted on their own run's split,
         # so some of these "validation" rows trained them: validate (and gate) on the retrained families' rows only
-        from wattcast.data.kernel_ops import OP_FAMILY
-
         val = val[val["op"].map(OP_FAMILY).isin(cfg.families).to_numpy()]
     bundle.meta["dataset_fingerprint"] = fp
-    # provenance of rows that are not in the shared datasets (file names; the data is not shipped)
-    bundle.meta["xla_tables"] = [Path(p).name for p in extra_xla]
+    # provenance of rows that are not in the shared datasets (file names; the data is not shipped). XLA rows are GEMMs:
+    # a partial retraining that keeps the GEMM family keeps its record
+    if base_bundle is None or "gemm" in cfg.families:
+        bundle.meta["xla_tables"] = [Path(p).name for p in extra_xla]
     bundle.meta["config"] = {k: v for k, v in cfg.__dict__.items()}
 
     metrics: dict[str, float] = {}
@@ -249,6 +250,8 @@ def run_train_kernels(
     if only_csv:
         ref = _reference_rows(data, holdout, xla_tables)
         if ref is not None:
+            if base_bundle is not None:  # as above: the kept families' rows do not judge this run
+                ref = ref[ref["op"].map(OP_FAMILY).isin(cfg.families).to_numpy()]
             specs.update(_specs_for(ref["device"], extra_specs))
             val = pd.concat([val, ref], ignore_index=True)
     replaced, reason, gate = gate_decision(bundle, target, val, specs, val_pred if not only_csv else None)
