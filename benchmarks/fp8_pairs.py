@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """FP8 GEMMs against the visible FP8/BF16 pairs: the XLA matmul table measures the same shapes in bf16 and in fp8
-(E4M3 x E4M3) on B200 and gfx950 (MI355X class).
+(E4M3 x E4M3) on B200 and gfx950 (MI355X class); with an extra XLA table (``--xla-table`` / ``$WATTCAST_XLA_TABLE``,
+``data/xla_perf_table.py``) also on gfx942 (MI300X class, E4M3 FNUZ). The H100's fp8 rows are not used: some run
+faster than the dense FP8 peak (``data/kernel_datasets.py``).
 
-    python3 benchmarks/fp8_pairs.py [--data PATH]
+    python3 benchmarks/fp8_pairs.py [--data PATH] [--xla-table FILE ...]
 
 For every shape measured in both, the shipped kernel surrogates predict both dtypes (``wattcast.predict_kernels``,
 as ``wattcast kernels`` does) and the benchmark prints, per device and size band (GFLOP per GEMM): rows, MAPE and
@@ -21,14 +23,23 @@ import pandas as pd
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.models.kernel_predictor import predict_kernels
 
-DEVICES = {"sm_100_B200": "B200", "gfx950": "MI355X"}
+DEVICES = {"sm_100_B200": "B200", "gfx950": "MI355X", "gfx942": "MI300X"}
+#: each device's E4M3 type (CDNA3 has the FNUZ variant)
+FP8 = {"sm_100_B200": "f8e4m3fn", "gfx950": "f8e4m3fn", "gfx942": "f8e4m3fnuz"}
 BANDS = [(0.0, 0.1, "< 0.1 GFLOP"), (0.1, 1.0, "0.1-1 GFLOP"), (1.0, np.inf, ">= 1 GFLOP")]
 
 
-def pairs(root) -> pd.DataFrame:
+def pairs(root, xla_tables=None) -> pd.DataFrame:
+    from wattcast.data.xla_perf_table import read_xla_gemm_table, tables_from_env
+
+    keys = ["device", "b", "m", "n", "k", "lhs_dtype", "rhs_dtype", "out_dtype"]
     d = pd.read_csv(resolve_data_root(root) / "tensorcore" / "xla_matmul_perf_table.csv")
+    for path in (tables_from_env() if xla_tables is None else xla_tables):
+        d = pd.concat([d, read_xla_gemm_table(path)], ignore_index=True).drop_duplicates(keys, keep="first")
+    d = d[d.device.isin(list(DEVICES))]
     bf = d[(d.lhs_dtype == "bf16") & (d.rhs_dtype == "bf16") & (d.out_dtype == "bf16")]
-    f8 = d[(d.lhs_dtype == "f8e4m3fn") & (d.rhs_dtype == "f8e4m3fn")]
+    e4 = d.device.map(FP8)
+    f8 = d[(d.lhs_dtype == e4) & (d.rhs_dtype == e4)]
     f8 = f8.sort_values("derived_time_us").drop_duplicates(["device", "b", "m", "n", "k"])  # fastest output dtype
     keys = ["device", "b", "m", "n", "k"]
     return bf[keys + ["derived_time_us"]].merge(f8[keys + ["derived_time_us"]], on=keys, suffixes=("_bf16", "_fp8"))
@@ -69,8 +80,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None)
+    ap.add_argument("--xla-table", action="append", default=None, help="an extra XLA GEMM table (repeatable)")
     a = ap.parse_args()
-    t = summary(predict(pairs(a.data)))
+    t = summary(predict(pairs(a.data, a.xla_table)))
     pd.set_option("display.width", 200)
     print(t.round(2).to_string(index=False))
 
