@@ -27,6 +27,20 @@ def is_count(v, *, whole_floats: bool = False) -> bool:
     return False
 
 
+def real_in(v, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
+    """``v`` as a float when it is a finite number (anything ``float()`` takes, not a bool) in [``lo``, ``hi``]
+    (``lo_open``: above ``lo``); None otherwise, for the caller to raise its own message."""
+    if isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(f) or f > hi or f < lo or (lo_open and f == lo):
+        return None
+    return f
+
+
 # ------------------------------------------------------------------ plausibility (units off by 1,000x)
 _EXOTIC = contextvars.ContextVar("wattcast_allow_exotic", default=False)
 

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Mapping
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
-from wattcast.data.checks import did_you_mean, exotic_allowed
+from wattcast.data.checks import did_you_mean, exotic_allowed, is_count
 from wattcast.data.device_spec import SpecRecord
 from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
                                       text)
@@ -429,7 +429,7 @@ def using_gpus_per_node(c: ClusterSpec, n: int | None) -> ClusterSpec:
     the node's network bandwidth. ``n`` None or equal to the node's GPUs: ``c`` itself. Costs stay per GPU used."""
     if n is None:
         return c
-    if isinstance(n, bool) or not (isinstance(n, int) or (isinstance(n, float) and n.is_integer())) or n < 1:
+    if not is_count(n, whole_floats=True):
         raise ClusterSpecError(f"--gpus-per-node must be a whole number of GPUs >= 1, got {n!r}")
     n = int(n)
     if n > c.gpus_per_node:

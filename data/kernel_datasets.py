@@ -432,11 +432,12 @@ def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[P
     need = _XLA_KEY + ["flops_per_s"]
     for c in need:
         _pick(header, c, origin)
-    frames = [_xla_rows(pd.read_csv(f, usecols=need), origin, excluded)]
-    seen = pd.read_csv(f, usecols=_XLA_KEY).astype(str)
-    for path in extra:
+    shared = pd.read_csv(f, usecols=need)
+    frames = [_xla_rows(shared, origin, excluded)]
+    seen = shared[_XLA_KEY].astype(str)
+    if extra:
         from wattcast.data.xla_perf_table import read_xla_gemm_table
-
+    for path in extra:
         more = read_xla_gemm_table(path)[need]
         key = more[_XLA_KEY].astype(str)
         dup = pd.MultiIndex.from_frame(key).isin(pd.MultiIndex.from_frame(seen))

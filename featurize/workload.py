@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from wattcast.data.checks import is_count
+from wattcast.data.checks import is_count, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, pinned, position_warning
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
@@ -125,11 +125,8 @@ MOE_LOAD_MAX = 1e3
 
 
 def _moe_load(v: Any) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        f = float("nan")
-    if isinstance(v, bool) or not (np.isfinite(f) and 1.0 <= f <= MOE_LOAD_MAX):
+    f = real_in(v, 1.0, MOE_LOAD_MAX)
+    if f is None:
         raise GraphError(f"moe_load (tokens of the busiest expert-parallel rank over the balanced share) must be a number "
                          f"from 1 to 1000, got {v!r}")
     return f

@@ -103,7 +103,7 @@ class DistributedPrediction:
                                   tp_comm_overlap=p.tp_comm_overlap,
                                   overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
                                   interleave=p.interleave, recompute=p.recompute,
-                                  recompute_num_layers=p.recompute_num_layers if p.recompute == "full" else None,
+                                  recompute_num_layers=p.recompute_layers,
                                   recompute_method=p.recompute_method if p.recompute_num_layers is not None else None,
                                   schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers")),

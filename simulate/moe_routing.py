@@ -11,8 +11,7 @@ expert at C times its balanced share and drops the rest (``--moe-token-drop-poli
 
 from __future__ import annotations
 
-import math
-
+from wattcast.data.checks import real_in
 from wattcast.featurize.workload import MOE_LOAD_MAX as _MAX_FACTOR
 
 #: the routing options (``DistributedOptions`` fields, API keywords) and their defaults: balanced and dropless
@@ -52,11 +51,8 @@ def moe_load_factor(*, imbalance: float = 1.0, capacity_factor: float | None = N
     - ``pad_to_capacity`` (``--moe-pad-expert-input-to-capacity``, needs a capacity factor): every expert processes
       exactly its capacity, ``C`` times the balanced share, on every rank.
     """
-    try:
-        imb = float(imbalance)
-    except (TypeError, ValueError):
-        imb = float("nan")
-    if isinstance(imbalance, bool) or not (math.isfinite(imb) and 1.0 <= imb <= _MAX_FACTOR):
+    imb = real_in(imbalance, 1.0, _MAX_FACTOR)
+    if imb is None:
         raise MoERoutingError(f"--moe-load-imbalance is the busiest expert-parallel rank's tokens over the mean: a number "
                               f"from 1 (balanced) to {_MAX_FACTOR:g}, got {imbalance!r}")
     if not isinstance(pad_to_capacity, bool):
@@ -67,11 +63,8 @@ def moe_load_factor(*, imbalance: float = 1.0, capacity_factor: float | None = N
             raise MoERoutingError("--moe-pad-expert-input-to-capacity pads each expert to its capacity: it needs "
                                   "--moe-expert-capacity-factor")
         return load
-    try:
-        c = float(capacity_factor)
-    except (TypeError, ValueError):
-        c = float("nan")
-    if isinstance(capacity_factor, bool) or not (math.isfinite(c) and 0.0 < c <= _MAX_FACTOR):
+    c = real_in(capacity_factor, 0.0, _MAX_FACTOR, lo_open=True)
+    if c is None:
         raise MoERoutingError(f"--moe-expert-capacity-factor is each expert's capacity over its balanced share: a number "
                               f"above 0 and at most {_MAX_FACTOR:g}, got {capacity_factor!r}")
     if pad_to_capacity:

@@ -70,6 +70,11 @@ class ParallelConfig:
     #: "uniform": every layer, the input of each group of N kept and N layers re-made at once in the backward)
     recompute_method: str = "block"
 
+    @property
+    def recompute_layers(self) -> int | None:
+        """The recomputed-layer count that applies: ``recompute_num_layers`` under full recomputation, else None."""
+        return self.recompute_num_layers if self.recompute == "full" else None
+
     def n_micro(self, batch: int) -> int:
         return batch // (self.dp * self.micro_batch)
 
@@ -89,8 +94,7 @@ class ParallelConfig:
         if self.schedule != "1f1b":
             parts.append(self.schedule)
         if self.recompute != "none":
-            n = self.recompute_num_layers if self.recompute == "full" else None
-            parts.append(f"rc-{self.recompute}{recompute_layers_suffix(n, self.recompute_method)}")
+            parts.append(f"rc-{self.recompute}{recompute_layers_suffix(self.recompute_layers, self.recompute_method)}")
         over = [k for k, v in (("ogr", self.overlap_grad_reduce), ("opg", self.overlap_param_gather),
                                 ("tpo", self.tp_comm_overlap), ("a2a", self.overlap_moe_expert_parallel_comm)) if v]
         if over:
@@ -317,7 +321,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(f"--recompute must be none, selective or full, got {cfg.recompute!r}")
     rn = cfg.recompute_num_layers
     if rn is not None:
-        if not ((type(rn) is int or is_int(rn)) and not isinstance(rn, bool) and rn >= 1):
+        if not is_count(rn):
             raise ParallelConfigError(f"--recompute-num-layers must be a whole number of layers >= 1, got {rn!r}")
         if cfg.recompute != "full":
             raise ParallelConfigError(

@@ -116,7 +116,7 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
                                  grad_accum=ga, zero=cfg.zero, interleave=cfg.interleave, sp=bool(cfg.sp),
                                  recompute=cfg.recompute, schedule=cfg.schedule, pp_first_layers=cfg.pp_first_layers,
                                  pp_last_layers=cfg.pp_last_layers,
-                                 recompute_num_layers=cfg.recompute_num_layers if cfg.recompute == "full" else None,
+                                 recompute_num_layers=cfg.recompute_layers,
                                  recompute_method=cfg.recompute_method,
                                  **overlaps))
 

@@ -192,7 +192,7 @@ def run_train_kernels(
             f" from {target}")
         # this run's validation split is drawn over every row; the kept families were fitted on their own run's split,
         # so some of these "validation" rows trained them: validate (and gate) on the retrained families' rows only
-        val = val[val["op"].map(OP_FAMILY).isin(cfg.families).to_numpy()]
+        val = _of_families(val, cfg.families)
     bundle.meta["dataset_fingerprint"] = fp
     # provenance of rows that are not in the shared datasets (file names; the data is not shipped). XLA rows are GEMMs:
     # a partial retraining that keeps the GEMM family keeps its record
@@ -251,7 +251,7 @@ def run_train_kernels(
         ref = _reference_rows(data, holdout, xla_tables)
         if ref is not None:
             if base_bundle is not None:  # as above: the kept families' rows do not judge this run
-                ref = ref[ref["op"].map(OP_FAMILY).isin(cfg.families).to_numpy()]
+                ref = _of_families(ref, cfg.families)
             specs.update(_specs_for(ref["device"], extra_specs))
             val = pd.concat([val, ref], ignore_index=True)
     replaced, reason, gate = gate_decision(bundle, target, val, specs, val_pred if not only_csv else None)
@@ -283,6 +283,11 @@ def run_train_kernels(
                          figures=[lambda d: _plot_heldout(held_pred, d)] if held_pred is not None else [],
                          documents={"manifest_meta.json": bundle.meta})
     return RunOutcome(replaced, reason, target, metrics, tables, run_id)
+
+
+def _of_families(rows: pd.DataFrame, families) -> pd.DataFrame:
+    """The rows of ``rows`` whose op belongs to one of ``families``."""
+    return rows[rows["op"].map(OP_FAMILY).isin(families).to_numpy()]
 
 
 def _working_bundle(target: Path) -> KernelBundle:
