@@ -106,7 +106,8 @@ class DistributedPrediction:
                                   recompute_num_layers=p.recompute_layers,
                                   recompute_method=p.recompute_method if p.recompute_num_layers is not None else None,
                                   schedule=p.schedule, name=p.describe(),
-                                  stage_layers=self.meta.get("stage_layers")),
+                                  stage_layers=self.meta.get("stage_layers"),
+                                  zero3_prefetch=self.meta.get("zero3_prefetch")),
                     step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms,
                     exposed_comm_split_ms=self.exposed_comm_split_ms, bubble_ms=self.bubble_ms,
@@ -153,6 +154,25 @@ def collective_host_floor_ms(framework: str, group_size: int, table: dict[int, f
 #: Whether data-parallel gradient buckets overlap the backward pass: PyTorch DDP/FSDP do; Megatron-LM's
 #: local DDP (without --overlap-grad-reduce) and DeepSpeed's ZeRO-0 engine all-reduce after backward.
 FRAMEWORK_DP_OVERLAP = {"hf": True, "megatron": False, "megatron-deepspeed": False}
+#: whether a framework's ZeRO-3 / FSDP collectives run beside the computation (``DistributedOptions.zero3_prefetch``).
+#: hf (PyTorch FSDP): False, measured. MosaicML's llm-foundry runs (Composer's PyTorch FSDP1 ``FULL_SHARD`` with its
+#: defaults: ``backward_prefetch=BACKWARD_POST``, no forward prefetch, rate-limited all-gathers; the MPT table in
+#: ``../shared/datasets/endtoend/mpt``) lose throughput with the GPU count at a fixed micro-batch by about the whole
+#: time of their collectives: 350M parameters, micro-batch 18, 16 -> 128 A100s: +45 ms per step measured, +41 ms of
+#: collectives predicted (latency-bound 29 MB all-gathers, 15 -> 127 ring steps), +7 ms with them prefetched. Chosen
+#: on the fitting half of that table (``benchmarks/at_scale.py`` reports the other half; ``validation/mpt_validation.py``
+#: ``fit_zero3_prefetch``). megatron / megatron-deepspeed: True (DeepSpeed ZeRO-3 prefetches parameters,
+#: ``stage3_prefetch_bucket_size``; no measurement here says otherwise).
+FRAMEWORK_ZERO3_PREFETCH = {"hf": False, "megatron": True, "megatron-deepspeed": True}
+
+
+def zero3_prefetch(framework: str, given: bool | None) -> bool:
+    """Whether ZeRO-3 / FSDP collectives are prefetched beside the computation: ``given``, else the framework's."""
+    if given is None:
+        return FRAMEWORK_ZERO3_PREFETCH.get(framework, True)
+    if not isinstance(given, (bool, np.bool_)):
+        raise ValueError(f"zero3_prefetch must be True, False or None (the framework's default), got {given!r}")
+    return bool(given)
 
 
 def _grad_bytes(framework: str, dtype: str) -> int:
@@ -381,7 +401,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,
                            power_limit_w=power_limit_w, model_totals=_model_totals(g1, n_rep1, block_params),
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
-                           prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline)
+                           prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
+                           zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch))
 
 
 def _hashable_trips(v):
@@ -687,6 +708,9 @@ class ScheduleContext:
     #: True: the pipeline is timed by the event-driven scheduler (the reference); False: by the closed form
     #: (:mod:`wattcast.simulate.pipeline_fast`) where it applies
     exact_pipeline: bool = True
+    #: ZeRO-3 / FSDP collectives prefetched beside the computation (True) or in series with it (resolved
+    #: ``DistributedOptions.zero3_prefetch``)
+    zero3_prefetch: bool = True
     #: False: leave ``per_device`` empty (a search reads the step's totals only)
     detail: bool = True
     #: shared across the contexts of one search: per-chunk sums and data-parallel message times by what they depend
@@ -998,6 +1022,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     classes = sorted(set(f_parts) | {"pp", "dp"})
     nccl_share = sm_share(NCCL_SMS, spec.num_sms)
     dp_overlaps = bool(FRAMEWORK_DP_OVERLAP.get(opts.framework, True) or par.overlap_grad_reduce)
+    # ZeRO-3's collectives beside the computation (NCCL's SMs taken from it) or, not prefetched, in series with it
+    z3_share = nccl_share if ctx.zero3_prefetch else 1.0
 
     def run(free: frozenset = frozenset()):
         """The step with the communication classes in ``free`` made free (everything else as costed)."""
@@ -1012,8 +1038,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if dp_on and par.zero == 3:
             # each unit's collectives run beside the computation of its neighbours (FSDP's prefetch), taking NCCL's
             # SMs from it while they run (simulate/overlap.py); one unit's worth per pass has nothing to hide behind
-            f = overlapped_ms(f, dpt["z3_f_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_f_ms"])
-            b = overlapped_ms(b, dpt["z3_b_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_b_ms"])
+            f = overlapped_ms(f, dpt["z3_f_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_f_ms"])
+            b = overlapped_ms(b, dpt["z3_b_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_b_ms"])
         p2p = 0.0 if "pp" in free else p2p_ms
         keep = trace and not free
         pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)
@@ -1163,7 +1189,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             if opt_stage[s] > 0:
                 events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=float(finish[s]),
                                    end_ms=float(finish[s] + opt_stage[s])))
-    meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts)
+    meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
+                zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None)
     if pipe.extrapolated:
         meta["schedule_extrapolated"] = dict(
             simulated_micro=int(pipe.simulated_micro), period_ms=float(np.max(pipe.period_ms)),

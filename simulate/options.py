@@ -59,6 +59,10 @@ class DistributedOptions:
     moe_load_imbalance: float = 1.0
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
+    #: ZeRO-3 / FSDP: True, each layer's parameter all-gathers and gradient reduce-scatters run beside the computation of
+    #: its neighbours (prefetched; only the SMs NCCL holds slow the computation); False, in series with the computation;
+    #: None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``)
+    zero3_prefetch: bool | None = None
     #: the kernel bundle, collective model and power model (None: the shipped ones, loaded once and cached)
     bundle: Any = field(default=None, compare=False, repr=False)
     coll_model: Any = field(default=None, compare=False, repr=False)

@@ -79,14 +79,38 @@ def mpt_config(r) -> dict:
 MPT_ATTENTION = "flash1"
 
 
-def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: str = MPT_ATTENTION) -> pd.DataFrame:
+def split_mpt(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fitting half, evaluation half) of the MPT table, by model: the models in order of size, alternately (125M,
+    760M, 3B, 13B, 70B fit; 350M, 1B, 7B, 30B evaluate). Whole models, not rows: a model's rows at other GPU
+    counts and sequences are near copies of each other."""
+    order = df.groupby("model")["num_params"].min().sort_values().index.tolist()
+    fit_models = set(order[0::2])
+    fit = df["model"].isin(fit_models)
+    return df[fit], df[~fit]
+
+
+def fit_zero3_prefetch(df: pd.DataFrame, *, progress=None) -> tuple[bool, dict[bool, float]]:
+    """The ``zero3_prefetch`` setting that predicts ``df`` (the fitting half, :func:`split_mpt`) best, by mean absolute
+    error, and that error for each setting: how FSDP's collectives met the computation in these runs
+    (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH`` records the choice)."""
+    err = {}
+    for setting in (True, False):
+        ok = predict_mpt(df, progress=progress, zero3_prefetch=setting)
+        ok = ok[ok["status"] == "ok"]
+        err[setting] = float(ok["error_pct"].abs().mean())
+    return min(err, key=err.get), err
+
+
+def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: str = MPT_ATTENTION,
+                zero3_prefetch: bool | None = None) -> pd.DataFrame:
+    """Every row predicted (``zero3_prefetch`` None: the hf framework's default for FSDP's collectives)."""
     def one(r):
         gpus = int(r.gpus)
         par = ParallelConfig(gpus=gpus, dp=gpus, micro_batch=int(r.micro_batch), zero=3,
                              recompute="full" if bool(r.checkpointing) else "none")
         p = predict_distributed(mpt_config(r), MPT_CLUSTER, par, DistributedOptions(
             batch=int(r.batch), seq=int(r.seq), dtype="bf16", attention=attention, optimizer="adamw", framework="hf",
-            device=MPT_DEVICE[r.gpu], coll_model=coll_model))
+            device=MPT_DEVICE[r.gpu], coll_model=coll_model, zero3_prefetch=zero3_prefetch))
         return p.step_time_ms, dict(predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"),
                                     memory_gb=p.memory_gb, fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms,
                                     **step_terms(p, FRAMEWORK_HOST_MS["hf"][1]))
