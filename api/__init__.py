@@ -116,6 +116,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     strategy: str | None = None,
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
+                    zero3_prefetch: bool | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -133,6 +134,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``recompute_method="uniform"``: Megatron's uniform method instead (every layer, each group of N layers' input kept).
     ``moe_load_imbalance`` / ``moe_capacity_factor`` / ``moe_pad_to_capacity``: mixture-of-experts routing as it loads
     the busiest expert-parallel rank (``simulate/moe_routing.py``; default balanced, dropless).
+    ``zero3_prefetch``: with ``zero=3`` (FSDP), whether each layer's parameter all-gathers and gradient reduce-scatters
+    run beside the computation (True) or in series with it (False); None: the framework's (``hf``: in series, as
+    measured on MosaicML's PyTorch FSDP runs; ``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
     ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
     using_gpus_per_node``); the job then fills whole nodes of that many.
     ``strategy``: a strategy string as ``wattcast.search`` gives it per row (``simulate/strategy.py``, e.g.
@@ -187,7 +191,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer, device=spec,
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
-        moe_pad_to_capacity=moe_pad_to_capacity))
+        moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch))
     if tokens is None:
         return res
     from wattcast.data.cluster_spec import resolve_cluster

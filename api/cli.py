@@ -320,6 +320,7 @@ def predict(
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72, the rest spares); NICs in proportion."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity: each expert keeps at most this many times its balanced share of tokens (the rest are dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)."),
+    zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
     recompute_method: str = typer.Option("block", "--recompute-method", help="With --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed) or uniform (every layer; the input of each group of N layers kept)."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
     force: bool = _FORCE_OPTION,
@@ -422,7 +423,7 @@ def _cluster_request(f, par: dict, common: dict):
                           timeline=bool(f.trace or f.plot), loop_trip_count=f.loop_trip_count,
                           moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
                           moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, gpus_per_node=f.gpus_per_node,
-                          **common)
+                          zero3_prefetch=f.zero3_prefetch, **common)
 
 
 def _step_request(f, par: dict, dims: dict, common: dict):
@@ -441,6 +442,9 @@ def _step_request(f, par: dict, dims: dict, common: dict):
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
     if f.gpus_per_node is not None:
         _fail("--gpus-per-node says how much of each node of a cluster a job uses: it needs --cluster and --gpus")
+    if f.zero3_prefetch is not None:
+        _fail("--zero3-prefetch/--no-zero3-prefetch say how FSDP's collectives meet the computation: they need --cluster, "
+              "--gpus and --zero 3")
     from wattcast.simulate.moe_routing import given_routing
 
     if given_routing(dict(moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
@@ -661,6 +665,7 @@ def search(
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs on every cluster (e.g. 64 of an NVL72 rack's 72)."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity factor (tokens beyond it dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity."),
+    zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf)."),
     recompute_num_layers: Optional[List[int]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable; adds full recomputation to the choices)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
@@ -724,7 +729,7 @@ def search(
                           if no_overlap else None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
                           pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,
-                          gpus_per_node=gpus_per_node,
+                          gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch,
                           moe_routing=dict(moe_load_imbalance=moe_load_imbalance,
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),

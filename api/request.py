@@ -114,6 +114,8 @@ class PredictRequest:
     moe_load_imbalance: float = 1.0
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
+    #: ZeRO-3 / FSDP collectives beside the computation (True) or in series (False); None: the framework's
+    zero3_prefetch: bool | None = None
     #: use this many of each node's GPUs (None: all of them)
     gpus_per_node: int | None = None
     run: RunOptions = field(default_factory=RunOptions)
@@ -152,4 +154,5 @@ class PredictRequest:
                                         framework=self.framework, moe_load_imbalance=self.moe_load_imbalance,
                                         moe_capacity_factor=self.moe_capacity_factor,
                                         moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
+                                        zero3_prefetch=self.zero3_prefetch,
                                         **asdict(self.parallel), **common)

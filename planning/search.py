@@ -224,7 +224,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
            workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
-           **space) -> SearchResult:
+           zero3_prefetch: bool | None = None, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -254,6 +254,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
     ``moe_routing``: mixture-of-experts routing for every candidate (``moe_load_imbalance``, ``moe_capacity_factor``,
     ``moe_pad_to_capacity``: see ``simulate/moe_routing.py``; default balanced and dropless).
+    ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
+    with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default).
@@ -283,6 +285,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     space = {k: _choices(k, v) for k, v in space.items()}
     _check_footprint_kw(footprint_kw)
     routing = check_routing(moe_routing)
+    from wattcast.simulate.distributed import zero3_prefetch as _z3
+
+    _z3(framework, zero3_prefetch)  # a bad value is named before anything is evaluated
     if tokens is not None:
         try:
             ok = float(tokens) > 0 and np.isfinite(float(tokens))
@@ -338,6 +343,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, batch=batch, seq=seq, dtype=dtype, attention=attention,
                        optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
                        exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name], routing=routing,
+                       zero3_prefetch=zero3_prefetch,
                        n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
                        n_experts=hf.n_experts)
             if n_workers > 1 and len(cands) >= PARALLEL_MIN_CANDIDATES:
@@ -400,6 +406,8 @@ class _Job:
     #: MoE routing options for every candidate (DistributedOptions' moe_load_imbalance, moe_capacity_factor,
     #: moe_pad_to_capacity); empty: balanced, dropless
     routing: dict
+    #: DistributedOptions.zero3_prefetch for every candidate (None: the framework's)
+    zero3_prefetch: bool | None
     n_layers: int
     n_heads: int | None
     n_kv_heads: int | None
@@ -450,7 +458,7 @@ class _Evaluator:
                         batch=job.batch, seq=job.seq, dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
                         framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
                         coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline,
-                        **job.routing))
+                        zero3_prefetch=job.zero3_prefetch, **job.routing))
                     ctx = replace(ctx, detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e

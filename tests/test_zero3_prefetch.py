@@ -1,0 +1,81 @@
+"""ZeRO-3 / FSDP collectives beside the computation or in series with it (``zero3_prefetch``): the model, its framework
+defaults, the flag on predict and search, and the split of the MPT table the hf default was chosen on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import wattcast
+from conftest import flat, run_cli
+from wattcast.simulate.distributed import FRAMEWORK_ZERO3_PREFETCH, zero3_prefetch
+
+# 2 nodes of 8: FSDP's per-layer collectives cross the network
+KW = dict(gpus=16, batch=32, seq=1024, micro_batch=2, zero=3, attention="flash", dtype="bf16")
+
+
+def test_in_series_adds_the_collectives_prefetched_hides_them():
+    pre = wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch=True, **KW)
+    ser = wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch=False, **KW)
+    assert pre.to_dict()["parallel"]["zero3_prefetch"] is True
+    assert ser.to_dict()["parallel"]["zero3_prefetch"] is False
+    assert ser.step_time_ms > pre.step_time_ms
+    assert ser.exposed_comm_split_ms["dp"] > pre.exposed_comm_split_ms["dp"]
+    gained = ser.step_time_ms - pre.step_time_ms
+    # never more than the whole of the collectives (what is exposed in series is all of them)
+    assert gained <= ser.exposed_comm_split_ms["dp"] + 1e-6
+    # the hf framework's default is in series (measured on MosaicML's FSDP runs)
+    default = wattcast.predict_cluster("gpt2-medium", "DGX-A100", **KW)
+    assert default.step_time_ms == pytest.approx(ser.step_time_ms, rel=1e-12)
+    assert FRAMEWORK_ZERO3_PREFETCH["hf"] is False
+
+
+def test_only_zero3_is_affected_and_deepspeed_prefetches():
+    kw = dict(KW, zero=1)
+    a = wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch=True, **kw)
+    b = wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch=False, **kw)
+    assert a.step_time_ms == b.step_time_ms
+    assert a.to_dict()["parallel"]["zero3_prefetch"] is None  # not a ZeRO-3 step: nothing to say
+    ds = wattcast.predict_cluster("gpt2-medium", "DGX-A100", framework="megatron-deepspeed", **KW)
+    ds_pre = wattcast.predict_cluster("gpt2-medium", "DGX-A100", framework="megatron-deepspeed", zero3_prefetch=True, **KW)
+    assert ds.step_time_ms == ds_pre.step_time_ms and ds.to_dict()["parallel"]["zero3_prefetch"] is True
+
+
+def test_a_bad_value_is_named():
+    with pytest.raises(ValueError, match="zero3_prefetch must be True, False or None"):
+        wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch="yes", **KW)
+    assert zero3_prefetch("hf", None) is False and zero3_prefetch("megatron", None) is True
+    assert zero3_prefetch("hf", True) is True
+
+
+def test_cli_flag_json_and_single_device_refusal():
+    base = ["predict", "--model", "gpt2-medium", "--cluster", "DGX-A100", "--gpus", "16", "--batch", "32", "--seq", "1024",
+            "--micro-batch", "2", "--zero", "3", "--attention", "flash", "--dtype", "bf16", "--json"]
+    on, off = run_cli(*base, "--zero3-prefetch"), run_cli(*base)
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    a, b = json.loads(on.stdout), json.loads(off.stdout)
+    assert a["parallel"]["zero3_prefetch"] is True and b["parallel"]["zero3_prefetch"] is False
+    assert a["step_time_ms"] < b["step_time_ms"]
+    bad = run_cli("predict", "--model", "gpt2", "--device", "A100-SXM4-80GB", "--no-zero3-prefetch")
+    assert bad.returncode == 2 and "need --cluster" in flat(bad.stderr)
+
+
+def test_search_takes_it_for_every_zero3_candidate():
+    kw = dict(max_configs=40, zero=(3,), tp=(1,), pp=(1,))
+    pre = wattcast.search("gpt2-medium", "DGX-A100", 16, 32, 1024, zero3_prefetch=True, **kw).ranked
+    ser = wattcast.search("gpt2-medium", "DGX-A100", 16, 32, 1024, zero3_prefetch=False, **kw).ranked
+    assert len(pre) and len(pre) == len(ser)
+    m = pre.merge(ser, on="strategy", suffixes=("_pre", "_ser"))
+    assert len(m) == len(pre) and (m["step_time_ms_ser"] > m["step_time_ms_pre"]).all()
+    with pytest.raises(ValueError, match="zero3_prefetch"):
+        wattcast.search("gpt2-medium", "DGX-A100", 16, 32, 1024, zero3_prefetch=1, **kw)
+
+
+def test_mpt_split_is_by_whole_models(data_root):
+    from wattcast.validation.mpt_validation import load_mpt, split_mpt
+
+    df = load_mpt(data_root)
+    fit, ev = split_mpt(df)
+    assert set(fit["model"]).isdisjoint(ev["model"]) and len(fit) + len(ev) == len(df)
+    assert set(fit["model"]) == {"125m", "760m", "3b", "13b", "70b"}
