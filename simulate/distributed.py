@@ -1171,9 +1171,19 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # context parallelism: each task's ring KV exchange on the communication stream, from the task's start, for the
         # chunk's layers x (cp - 1) steps (it overlaps the task's attention; what it cannot hide is in the task)
         n_attn = per_chunk((view.attn_f_ms > 0).astype(float))
+        z3_trace = par.zero == 3 and lay["dp"].size > 1
         for tk in pipe.tasks:
             events.append(dict(stage=tk.stage, stream="compute", name=f"{tk.kind}{tk.micro}" + (f".c{tk.chunk}" if V > 1 else ""),
                                start_ms=tk.start, end_ms=tk.end))
+            if z3_trace:
+                # ZeRO-3 / FSDP: the task's blocks' gathers (backward: gathers and reduce-scatters) on the communication
+                # stream from the task's start; in series with the computation they are inside the task's time
+                c = tk.chunk * P + tk.stage
+                z3 = dpt["z3_f_ms" if tk.kind == "F" else "z3_b_ms"][c]
+                if z3 > 0:
+                    what = "all_gather" if tk.kind == "F" else "all_gather+reduce_scatter"
+                    events.append(dict(stage=tk.stage, stream="comm", name=f"zero3.{what}{tk.micro}", start_ms=tk.start,
+                                       end_ms=tk.start + float(z3)))
             if par.cp > 1:
                 c = tk.chunk * P + tk.stage
                 ring = n_attn[c] * (par.cp - 1) * cp_step_ms[0 if tk.kind == "F" else 1]

@@ -79,3 +79,16 @@ def test_mpt_split_is_by_whole_models(data_root):
     fit, ev = split_mpt(df)
     assert set(fit["model"]).isdisjoint(ev["model"]) and len(fit) + len(ev) == len(df)
     assert set(fit["model"]) == {"125m", "760m", "3b", "13b", "70b"}
+
+
+def test_the_trace_draws_the_zero3_collectives_on_the_communication_stream():
+    ser = wattcast.predict_cluster("gpt2-medium", "DGX-A100", trace=True, **KW)
+    z3 = [e for e in ser.events if e["name"].startswith("zero3.")]
+    tasks = {(e["name"][0], e["start_ms"]): e for e in ser.events if e["stream"] == "compute" and e["name"][0] in "FB"}
+    assert z3 and all(e["stream"] == "comm" for e in z3)
+    assert {e["name"].rstrip("0123456789") for e in z3} == {"zero3.all_gather", "zero3.all_gather+reduce_scatter"}
+    for e in z3:  # each starts with its task and, in series, ends inside it
+        task = tasks["B" if "reduce_scatter" in e["name"] else "F", e["start_ms"]]
+        assert e["end_ms"] <= task["end_ms"] + 1e-9
+    one = wattcast.predict_cluster("gpt2-medium", "DGX-A100", trace=True, **dict(KW, zero=1))
+    assert not any(e["name"].startswith("zero3.") for e in one.events)
