@@ -19,6 +19,7 @@
     space: {tp: [1, 2, 4, 8], zero: [1]}  # optional search-space options of `wattcast.search`
     moe_routing: {moe_load_imbalance: 1.2}  # optional: MoE routing for every strategy (as `search(moe_routing=)`)
     gpus_per_node: 64                     # optional: use this many of each node's GPUs (as `--gpus-per-node`)
+    zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`)
 
 Every (model, cluster, gpus, region) is one task: a :func:`wattcast.search` whose ``top`` best fitting rows (or one
 row saying nothing fits) are written, as soon as the task finishes, to its own Parquet part in the output folder
@@ -67,6 +68,7 @@ SPEC_KEYS = {
              "schedule, recompute_num_layers)",
     "moe_routing": "MoE routing for every strategy: moe_load_imbalance, moe_capacity_factor, moe_pad_to_capacity",
     "gpus_per_node": "use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72)",
+    "zero3_prefetch": "true or false: ZeRO-3 / FSDP collectives beside the computation or in series (default: the framework's)",
     "output": "output folder (.parquet); the --output flag overrides it",
 }
 #: columns every written row has besides the search's own
@@ -96,6 +98,7 @@ class SweepSpec:
     output: str | None = None
     moe_routing: dict = field(default_factory=dict)
     gpus_per_node: int | None = None
+    zero3_prefetch: bool | None = None
 
     def tasks(self) -> list[dict]:
         """One dict per (model, cluster, gpus, region), with its id."""
@@ -107,6 +110,8 @@ class SweepSpec:
             settings["moe_routing"] = dict(sorted(self.moe_routing.items()))
         if self.gpus_per_node is not None:
             settings["gpus_per_node"] = self.gpus_per_node
+        if self.zero3_prefetch is not None:
+            settings["zero3_prefetch"] = self.zero3_prefetch
         out = []
         for m, c, g, r in product(self.models, self.clusters, self.gpus, self.regions):
             t = dict(model=str(m), cluster=str(c), gpus=int(g), region=r, **settings)
@@ -173,13 +178,17 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     if not isinstance(routing, dict):
         raise SweepSpecError(f"{where}: 'moe_routing' must be a mapping ({SPEC_KEYS['moe_routing']}), got {routing!r}")
     per_node = raw.get("gpus_per_node")
+    z3 = raw.get("zero3_prefetch")
+    if z3 is not None and not isinstance(z3, bool):
+        raise SweepSpecError(f"{where}: 'zero3_prefetch' must be true or false, got {z3!r}")
     spec = SweepSpec(models=models, clusters=clusters, gpus=gpus, batch=_count("batch", raw["batch"]),
                      seq=_count("seq", raw["seq"]), regions=regions, tokens=tokens,
                      dtype=str(raw.get("dtype", "bf16")), attention=str(raw.get("attention", "flash")),
                      framework=str(raw.get("framework", "hf")), objective=str(raw.get("objective", "time")),
                      top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
-                     gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node))
+                     gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
+                     zero3_prefetch=z3)
     _resolve_names(spec, where)
     return spec
 
@@ -242,7 +251,8 @@ def run_task(task: dict) -> pd.DataFrame:
     try:
         kw = dict(dtype=task["dtype"], attention=task["attention"], framework=task["framework"],
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
-                  moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"))
+                  moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
+                  zero3_prefetch=task.get("zero3_prefetch"))
         if task["tokens"] is not None:
             kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)
         res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)

@@ -92,3 +92,15 @@ def test_the_trace_draws_the_zero3_collectives_on_the_communication_stream():
         assert e["end_ms"] <= task["end_ms"] + 1e-9
     one = wattcast.predict_cluster("gpt2-medium", "DGX-A100", trace=True, **dict(KW, zero=1))
     assert not any(e["name"].startswith("zero3.") for e in one.events)
+
+
+def test_sweep_spec_takes_it_and_refuses_a_non_boolean():
+    from wattcast.sweep import SweepSpecError, load_spec
+
+    base = dict(models=["gpt2-medium"], clusters=["DGX-A100"], gpus=[16], batch=32, seq=1024)
+    plain = load_spec(base).tasks()[0]
+    on = load_spec(dict(base, zero3_prefetch=True)).tasks()[0]
+    assert "zero3_prefetch" not in plain and on["zero3_prefetch"] is True
+    assert on["task_id"] != plain["task_id"]  # a changed setting is a new task, never a stale part
+    with pytest.raises(SweepSpecError, match="'zero3_prefetch' must be true or false"):
+        load_spec(dict(base, zero3_prefetch="yes"))
