@@ -111,3 +111,58 @@ def test_vector_kernels_are_not_flagged_by_an_arithmetic_rate_they_do_not_use():
     assert bool(sm["ood"].iloc[0]) and "device" in sm["ood_reason"].iloc[0]
     p = wattcast.predict("llama3_8b", "H100-SXM5-80GB", batch=1, seq=2048, dtype="bf16")
     assert p.ood_fraction < 0.15
+
+
+def test_a_fold_scores_only_the_sources_its_training_rows_still_have(data_root):
+    """Vidur's FP16 RMSNorm kernels were measured on A100 and A40 only: with Ampere held out no training row has
+    that timing method, so the fold scores Ampere's NeuSight rows and says how many it left out."""
+    from wattcast.data.kernel_datasets import load_kernels, split_heldout
+
+    rows, _ = split_heldout(load_kernels(data_root))
+    rows = rows[rows["op"].isin(["ln", "rmsnorm"])]
+    specs = {d: resolve_device(d) for d in rows["device"].unique()}
+    cal = calibrate_generations(rows, specs, load_bundle(), rounds=20, max_rows=3000, families=["ln"])
+    amp = cal["ln"]["folds"]["Ampere"]
+    gen = rows["device"].map({d: generation_of(s) for d, s in specs.items()})
+    ampere = rows[gen == "Ampere"]
+    only_ampere = ~ampere["source"].isin(set(rows.loc[gen != "Ampere", "source"]))
+    assert only_ampere.any() and amp["rows_new_source"] == int(only_ampere.sum())
+    assert amp["rows"] == int((~only_ampere).sum())
+    for g, f in cal["ln"]["folds"].items():  # every fold by the same rule (MI210's LLMCompass rows are CDNA2's alone)
+        held = rows[gen == g]
+        assert f["rows_new_source"] == int((~held["source"].isin(set(rows.loc[gen != g, "source"]))).sum())
+
+
+def test_each_family_draws_its_own_random_stream(data_root):
+    """A family's calibration is the same whether other families run before it or not (one shared stream made adding
+    rows to one family redraw every later family's subsamples)."""
+    from wattcast.data.kernel_datasets import load_kernels, split_heldout
+
+    rows, _ = split_heldout(load_kernels(data_root))
+    rows = rows[rows["op"].isin(["softmax", "ln"])]
+    specs = {d: resolve_device(d) for d in rows["device"].unique()}
+    kw = dict(rounds=10, max_rows=2000)
+    both = calibrate_generations(rows, specs, load_bundle(), families=["ln", "softmax"], **kw)
+    alone = calibrate_generations(rows, specs, load_bundle(), families=["softmax"], **kw)
+    assert set(alone) == {"softmax"} and alone["softmax"]["band_log"] == both["softmax"]["band_log"]
+
+
+def test_recalibrating_a_folder_keeps_the_other_families_and_refuses_a_missing_xla_table(tmp_path, data_root):
+    import shutil
+
+    from wattcast.training.generation_calibration import calibrate_folder
+
+    folder = tmp_path / "bundle"
+    shutil.copytree(shipped_folder(), folder, ignore=shutil.ignore_patterns("__pycache__"))
+    before = json.loads((folder / "kernel_manifest.json").read_text())
+    assert before.get("xla_tables")  # the shipped GEMM family was trained with an extra XLA table
+    with pytest.raises(ValueError, match="extra XLA table"):
+        calibrate_folder(folder, data_root, xla_tables=[])
+    with pytest.raises(ValueError, match="no family"):
+        calibrate_folder(folder, data_root, families=["attention"])
+    t = calibrate_folder(folder, data_root, families=["softmax"], xla_tables=[], rounds=10, max_rows=2000)
+    assert set(t["family"]) == {"softmax"}
+    after = json.loads((folder / "kernel_manifest.json").read_text())
+    for fam in ("gemm", "conv", "ln", "elementwise"):
+        assert after["families"][fam]["logo"] == before["families"][fam]["logo"]
+    assert after["generation_calibration"]["families"] == before["generation_calibration"]["families"]

@@ -10,7 +10,11 @@ Turing, Ampere, Blackwell, CDNA, CDNA2, CDNA4, ...) leaves training in turn; the
 on the rest and predicts it. Two things are kept in the bundle:
 
 - ``band_log``: the 5% and 95% quantiles of log(measured / predicted) over those folds, each generation weighted
-  equally: the band a prediction on a new generation carries;
+  equally: the band a prediction on a new generation carries. A fold scores only the held-out rows whose measuring
+  source (NeuSight's CUDA events, Vidur's profiles, XLA's, ...) the fold's training rows still have: a source only one
+  generation measured (Vidur's FP16 RMSNorm and SiLU-and-mul kernels, all on A100 and A40) would otherwise test a
+  transfer from one timing method to another, which no prediction faces (the shipped model has those rows). The fold
+  says how many rows it left out (``rows_new_source``);
 - ``margin``: per device descriptor, how far (in the feature's own units, mostly logs) the held-out generations
   lay beyond the range of the GPUs they were predicted from. The test covered that much extrapolation, so a new
   GPU is device-OOD only beyond the training range widened by it. An H100 (bandwidth 1.6x the training maximum)
@@ -23,6 +27,7 @@ not of the exact shipped trees, and says so in the manifest (``logo.model``).
 
 from __future__ import annotations
 
+import zlib
 from typing import Callable
 
 import numpy as np
@@ -46,24 +51,29 @@ def generation_of(spec: DeviceSpec) -> str:
 
 def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bundle: KernelBundle, *,
                           rounds: int = 200, max_rows: int = 40_000, seed: int = 0,
-                          tick: Callable[[], None] | None = None) -> dict[str, dict]:
-    """Leave-one-generation-out over ``train`` (no held-out GPU rows) for each family of ``bundle``.
+                          tick: Callable[[], None] | None = None, families=None) -> dict[str, dict]:
+    """Leave-one-generation-out over ``train`` (no held-out GPU rows) for each family of ``bundle`` (or of
+    ``families``).
 
     Returns ``{family: {"band_log": [lo, hi], "margin": {feature: units}, "folds": {generation: {...}},
     "model": ...}}``; families with fewer than two generations get no entry (their LODO band stays)."""
     from wattcast.models.kernel_surrogates import LGBMSurrogate
 
-    rng = np.random.default_rng(seed)
     X_all = featurize_kernels(train, specs)
     y_all = np.log(train["latency_ms"].to_numpy(dtype=float) / X_all["t_roof_ms"].to_numpy(dtype=float))
     gen_of = {d: generation_of(s) for d, s in specs.items()}
     gens_all = train["device"].map(gen_of).to_numpy()
+    src_all = (train["source"].astype(str).to_numpy() if "source" in train else np.full(len(train), "", dtype=object))
     out: dict[str, dict] = {}
     for fam, fm in bundle.families.items():
+        if families is not None and fam not in families:
+            continue
         m = (X_all["family"] == fam).to_numpy() & np.isfinite(y_all)
         if m.sum() < 50 or fm.lgbm is None:
             continue
-        X, y, gens = X_all[m], y_all[m], gens_all[m]
+        X, y, gens, srcs = X_all[m], y_all[m], gens_all[m], src_all[m]
+        # a stream of its own per family: a family's calibration does not depend on which others run before it
+        rng = np.random.default_rng([seed, zlib.crc32(fam.encode())])
         dev_feats = [f for f in fm.support if f in DEVICE_FEATURES and f in X]
         names = pd.unique(gens)
         if len(names) < 2:
@@ -71,9 +81,11 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
         pooled, folds = [], {}
         margin = {f: 0.0 for f in dev_feats}
         for g in names:
-            te = gens == g
-            tr_idx = np.flatnonzero(~te)
-            if len(tr_idx) < 50:
+            held = gens == g
+            # scored: the held-out rows of a source the training rows still have (see the module docstring)
+            te = held & np.isin(srcs, pd.unique(srcs[~held]))
+            tr_idx = np.flatnonzero(~held)
+            if len(tr_idx) < 50 or not te.any():
                 continue
             if len(tr_idx) > max_rows:
                 tr_idx = rng.choice(tr_idx, max_rows, replace=False)
@@ -82,7 +94,7 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
             err = np.exp(-r) - 1.0  # predicted / measured - 1
             excess = {}
             for f in dev_feats:
-                tr_v = X[f].to_numpy(dtype=float)[~te]
+                tr_v = X[f].to_numpy(dtype=float)[~held]
                 te_v = X[f].to_numpy(dtype=float)[te]
                 tr_v, te_v = tr_v[np.isfinite(tr_v)], te_v[np.isfinite(te_v)]
                 if not len(tr_v) or not len(te_v):
@@ -90,7 +102,8 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
                 e = float(max(tr_v.min() - te_v.min(), te_v.max() - tr_v.max(), 0.0))
                 excess[f] = e
                 margin[f] = max(margin[f], e)
-            folds[str(g)] = {"rows": int(te.sum()), "mape_pct": float(100 * np.abs(err).mean()),
+            folds[str(g)] = {"rows": int(te.sum()), "rows_new_source": int((held & ~te).sum()),
+                             "mape_pct": float(100 * np.abs(err).mean()),
                              "bias_pct": float(100 * err.mean()), "excess": excess}
             take = r if len(r) <= ROWS_PER_FOLD else rng.choice(r, ROWS_PER_FOLD, replace=False)
             # equal weight per generation: resample small folds up to the same count
@@ -120,7 +133,8 @@ def calibration_table(cal: dict[str, dict]) -> pd.DataFrame:
     rows = []
     for fam, c in cal.items():
         for g, f in c["folds"].items():
-            rows.append({"family": fam, "generation": g, "rows": f["rows"], "mape_pct": f["mape_pct"],
+            rows.append({"family": fam, "generation": g, "rows": f["rows"],
+                         "rows_new_source": f.get("rows_new_source", 0), "mape_pct": f["mape_pct"],
                          "bias_pct": f["bias_pct"],
                          # the band as measured relative to predicted
                          "band_low_pct": 100 * (np.exp(c["band_log"][0]) - 1),
@@ -141,9 +155,14 @@ def _calibration_meta(cal: dict[str, dict]) -> dict:
     return {"band_quantiles": list(BAND_QUANTILES), "families": sorted(cal)}
 
 
-def calibrate_folder(folder, data=None, holdout: tuple[str, ...] = ("L4", "A100-PCIe-80GB"), **kw) -> pd.DataFrame:
+def calibrate_folder(folder, data=None, holdout: tuple[str, ...] = ("L4", "A100-PCIe-80GB"), *, families=None,
+                     xla_tables=None, **kw) -> pd.DataFrame:
     """Calibrate the bundle in ``folder`` (its live version) on the shared training rows and write the result into its
-    manifest (one atomic replace; the model files and their hashes are untouched). Returns the per-fold table."""
+    manifest (one atomic replace; the model files and their hashes are untouched). Returns the per-fold table.
+
+    ``families``: only these (the others' calibration stays as it is). ``xla_tables``: the extra XLA GEMM tables the
+    bundle was trained with (default: ``WATTCAST_XLA_TABLE``'s); recalibrating the GEMM family of a bundle whose
+    manifest names such tables without them is refused (its folds would lose those GPUs' rows)."""
     import json
     import os
     from pathlib import Path
@@ -154,15 +173,27 @@ def calibrate_folder(folder, data=None, holdout: tuple[str, ...] = ("L4", "A100-
 
     live = resolve_bundle_folder(Path(folder))
     bundle = KernelBundle.load(live)
-    train, _ = split_heldout(load_kernels(data), holdout=holdout)
+    names = list(bundle.families) if families is None else list(families)
+    unknown = sorted(set(names) - set(bundle.families))
+    if unknown:
+        raise ValueError(f"no family {unknown} in the bundle at {live}; it has {', '.join(bundle.families)}")
+    shared = load_kernels(data, xla_tables=xla_tables)
+    needed = list(bundle.meta.get("xla_tables") or [])
+    got = [Path(p).name for p in (shared.attrs.get("xla_tables") or [])]
+    if "gemm" in names and sorted(needed) != sorted(got):
+        raise ValueError(f"the bundle at {live} was trained with the extra XLA table(s) {needed or 'none'} and this "
+                         f"calibration has {got or 'none'}: give the same (--xla-table), or leave the GEMM family out "
+                         "(--family NAME for the others)")
+    train, _ = split_heldout(shared, holdout=holdout)
     train = train[train["device"].isin(bundle.train_devices)] if bundle.train_devices else train
     specs = {d: resolve_device(d) for d in train["device"].unique()}
-    cal = calibrate_generations(train, specs, bundle, **kw)
+    cal = calibrate_generations(train, specs, bundle, families=names, **kw)
     path = live / MANIFEST
     manifest = json.loads(path.read_text(encoding="utf-8"))
     for fam, c in cal.items():
         manifest["families"][fam]["logo"] = c
-    manifest["generation_calibration"] = _calibration_meta(cal)
+    kept = {f: e["logo"] for f, e in manifest["families"].items() if e.get("logo") and f not in cal}
+    manifest["generation_calibration"] = _calibration_meta({**kept, **cal})
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)
@@ -180,9 +211,10 @@ def folder_calibration_table(folder) -> pd.DataFrame:
 
 
 def main(argv=None) -> None:
-    """python -m wattcast.training.generation_calibration [FOLDER] [--show] [--mlruns DIR | --no-mlflow]: recalibrate a
-    bundle folder in place (default: the shipped one), or ``--show`` what its manifest holds; log it to MLflow
-    (experiment ``kernel-generation-calibration``)."""
+    """python -m wattcast.training.generation_calibration [FOLDER] [--show] [--family NAME ...] [--xla-table FILE ...]
+    [--mlruns DIR | --no-mlflow]: recalibrate a bundle folder in place (default: the shipped one; ``--family``: only
+    those families; ``--xla-table``: the extra XLA GEMM tables it was trained with), or ``--show`` what its manifest
+    holds; log it to MLflow (experiment ``kernel-generation-calibration``)."""
     import argparse
 
     from wattcast.models.kernel_bundle import shipped_folder
@@ -190,11 +222,15 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("folder", nargs="?", default=None)
     ap.add_argument("--show", action="store_true", help="print (and log) the manifest's calibration, do not recompute")
+    ap.add_argument("--family", action="append", default=None, help="recalibrate only this family (repeatable)")
+    ap.add_argument("--xla-table", action="append", default=None, help="an extra XLA GEMM table the bundle was trained "
+                    "with (repeatable; default: $WATTCAST_XLA_TABLE)")
     ap.add_argument("--mlruns", default="mlruns")
     ap.add_argument("--no-mlflow", action="store_true")
     a = ap.parse_args(argv)
     folder = a.folder or shipped_folder()
-    t = folder_calibration_table(folder) if a.show else calibrate_folder(folder)
+    t = folder_calibration_table(folder) if a.show else calibrate_folder(folder, families=a.family,
+                                                                           xla_tables=a.xla_table)
     pd.set_option("display.width", 200)
     print(t.round(2).to_string(index=False))
     if not a.no_mlflow and len(t):
