@@ -1036,8 +1036,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         b = b_nc + comm[1]
         dp_on = "dp" not in free
         if dp_on and par.zero == 3:
-            # each unit's collectives run beside the computation of its neighbours (FSDP's prefetch), taking NCCL's
-            # SMs from it while they run (simulate/overlap.py); one unit's worth per pass has nothing to hide behind
+            # prefetched: each unit's collectives run beside the computation of its neighbours, taking NCCL's SMs from
+            # it while they run (simulate/overlap.py), one unit's worth per pass with nothing to hide behind; not
+            # prefetched (z3_share 1): in series with the computation
             f = overlapped_ms(f, dpt["z3_f_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_f_ms"])
             b = overlapped_ms(b, dpt["z3_b_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_b_ms"])
         p2p = 0.0 if "pp" in free else p2p_ms
