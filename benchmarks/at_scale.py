@@ -86,11 +86,12 @@ def at_scale_table(data=None, sample: int | None = None, *, rows: bool = False):
     if sample:
         single, multi, mpt, ci = (d.sample(n=min(sample, len(d)), random_state=0) for d in (single, multi, mpt, ci))
     all_rows = []
+    mpt_pred = predict_mpt(mpt)
     for name, pred in (("vtrain-single (evaluation half)", predict_vtrain(single, recompute=VTRAIN_RECOMPUTE["single"])),
                        ("vtrain-multi", predict_vtrain(multi, recompute=VTRAIN_RECOMPUTE["multi"])),
-                       ("mpt", predict_mpt(mpt)),
+                       ("mpt", mpt_pred),
                        # the hf framework's FSDP collectives setting was chosen on the other half's models
-                       ("mpt (evaluation half)", predict_mpt(split_mpt(mpt)[1])),
+                       ("mpt (evaluation half)", mpt_pred[mpt_pred["model"].isin(split_mpt(mpt)[1]["model"])]),
                        # sensitivity: the same rows with today's fused-attention class instead of the Triton one
                        ("mpt (FlashAttention-2 class)", predict_mpt(mpt, attention="flash")),
                        # Megatron-Core's own CI on DGX A100 (small host-bound models): as shipped, and with the
@@ -190,7 +191,7 @@ def main() -> None:
     fit_half = split_mpt(load_mpt(a.data))[0]
     chosen, fit_err = fit_zero3_prefetch(fit_half)
     print(f"FSDP collectives (hf framework's zero3_prefetch), on the MPT fitting half's {len(fit_half)} rows "
-          f"({', '.join(sorted(fit_half['model'].unique(), key=lambda m: fit_half.loc[fit_half['model'] == m, 'num_params'].min()))}): "
+          f"({', '.join(fit_half.sort_values('num_params')['model'].unique())}): "
           f"prefetched {fit_err[True]:.2f}% mean |error|, in series {fit_err[False]:.2f}% -> "
           f"{'prefetched' if chosen else 'in series'} (shipped default: "
           f"{'prefetched' if FRAMEWORK_ZERO3_PREFETCH['hf'] else 'in series'})")

@@ -1176,17 +1176,16 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         for tk in pipe.tasks:
             events.append(dict(stage=tk.stage, stream="compute", name=f"{tk.kind}{tk.micro}" + (f".c{tk.chunk}" if V > 1 else ""),
                                start_ms=tk.start, end_ms=tk.end))
+            c = tk.chunk * P + tk.stage
             if z3_trace:
                 # ZeRO-3 / FSDP: the task's blocks' gathers (backward: gathers and reduce-scatters) on the communication
                 # stream from the task's start; in series with the computation they are inside the task's time
-                c = tk.chunk * P + tk.stage
                 z3 = dpt["z3_f_ms" if tk.kind == "F" else "z3_b_ms"][c]
                 if z3 > 0:
                     what = "all_gather" if tk.kind == "F" else "all_gather+reduce_scatter"
                     events.append(dict(stage=tk.stage, stream="comm", name=f"zero3.{what}{tk.micro}", start_ms=tk.start,
                                        end_ms=tk.start + float(z3)))
             if par.cp > 1:
-                c = tk.chunk * P + tk.stage
                 ring = n_attn[c] * (par.cp - 1) * cp_step_ms[0 if tk.kind == "F" else 1]
                 if ring > 0:
                     events.append(dict(stage=tk.stage, stream="comm", name=f"cp.ring_kv{tk.micro}", start_ms=tk.start,
