@@ -116,7 +116,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     strategy: str | None = None,
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
-                    zero3_prefetch: bool | None = None,
+                    zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
@@ -137,6 +137,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``zero3_prefetch``: with ``zero=3`` (FSDP), whether each layer's parameter all-gathers and gradient reduce-scatters
     run beside the computation (True) or in series with it (False); None: the framework's (``hf``: in series, as
     measured on MosaicML's PyTorch FSDP runs; ``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
+    ``data_load_ms`` / ``data_workers``: the data loader's host time to produce one micro-batch (default 0: a tokenised
+    stream) and its worker processes (None: the framework's, hf 0, megatron 2); the step also copies each micro-batch
+    to the GPU and, with Megatron and TP > 1, broadcasts it (``simulate/data_loading.py``; ``comm["data_loading"]``).
     ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
     using_gpus_per_node``); the job then fills whole nodes of that many.
     ``strategy``: a strategy string as ``wattcast.search`` gives it per row (``simulate/strategy.py``, e.g.
@@ -191,7 +194,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer, device=spec,
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
-        moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch))
+        moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
+        data_workers=data_workers))
     if tokens is None:
         return res
     from wattcast.data.cluster_spec import resolve_cluster

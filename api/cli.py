@@ -321,6 +321,8 @@ def predict(
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity: each expert keeps at most this many times its balanced share of tokens (the rest are dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
+    data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading on a cluster: the loader's host time to produce one micro-batch, ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
+    data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
     recompute_method: str = typer.Option("block", "--recompute-method", help="With --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed) or uniform (every layer; the input of each group of N layers kept)."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
     force: bool = _FORCE_OPTION,
@@ -423,7 +425,8 @@ def _cluster_request(f, par: dict, common: dict):
                           timeline=bool(f.trace or f.plot), loop_trip_count=f.loop_trip_count,
                           moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
                           moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, gpus_per_node=f.gpus_per_node,
-                          zero3_prefetch=f.zero3_prefetch, **common)
+                          zero3_prefetch=f.zero3_prefetch, data_load_ms=f.data_load_ms, data_workers=f.data_workers,
+                          **common)
 
 
 def _step_request(f, par: dict, dims: dict, common: dict):
@@ -445,6 +448,8 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if f.zero3_prefetch is not None:
         _fail("--zero3-prefetch/--no-zero3-prefetch say how FSDP's collectives meet the computation: they need --cluster, "
               "--gpus and --zero 3")
+    if f.data_load_ms or f.data_workers is not None:
+        _fail("--data-load-ms/--data-workers describe a cluster step's data loading: they need --cluster and --gpus")
     from wattcast.simulate.moe_routing import given_routing
 
     if given_routing(dict(moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
@@ -610,6 +615,12 @@ def _print_cluster_tables(res, batch: int, seq: int) -> None:
                             ("TP comm", p.tp_comm_overlap), ("MoE all-to-all", p.overlap_moe_expert_parallel_comm)) if on]
     con.print("exposed communication by class: " + (", ".join(f"{k} {v:.1f} ms" for k, v in split.items()) or "none")
               + ("; overlapped: " + ", ".join(over) if over else ""))
+    dl = res.comm.get("data_loading") or {}
+    if dl.get("step_ms", 0) > 0:
+        parts = {k: sum(v[f"{k}_ms"] for v in dl["per_micro"].values()) for k in ("loader", "h2d", "broadcast", "kernels")}
+        con.print(f"data loading: {dl['step_ms']:.2f} ms of the step on the busiest reading stage (per micro-batch: "
+                  + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items() if v > 0)
+                  + f"; {dl['workers']} loader worker(s), {dl['load_ms']:g} ms host load per micro-batch)")
     if res.meta.get("moe_load", 1.0) != 1.0:
         con.print(f"MoE routing: the busiest expert-parallel rank's experts process {res.meta['moe_load']:.2f}x their "
                   "balanced share of tokens (every MoE layer waits for it; energy counts every rank so)")
@@ -666,6 +677,8 @@ def search(
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity factor (tokens beyond it dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf)."),
+    data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="The data loader's host time per micro-batch, ms (default 0); as `wattcast predict`."),
+    data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's)."),
     recompute_num_layers: Optional[List[int]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable; adds full recomputation to the choices)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
@@ -729,7 +742,8 @@ def search(
                           if no_overlap else None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
                           pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,
-                          gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch,
+                          gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
+                          data_workers=data_workers,
                           moe_routing=dict(moe_load_imbalance=moe_load_imbalance,
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),

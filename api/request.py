@@ -118,6 +118,9 @@ class PredictRequest:
     zero3_prefetch: bool | None = None
     #: use this many of each node's GPUs (None: all of them)
     gpus_per_node: int | None = None
+    #: data loading on a cluster: the loader's host ms per micro-batch and its workers (None: the framework's)
+    data_load_ms: float = 0.0
+    data_workers: int | None = None
     run: RunOptions = field(default_factory=RunOptions)
 
     @property
@@ -137,6 +140,8 @@ class PredictRequest:
         if not self.distributed:
             if self.parallel is not None or self.timeline or self.framework != DEFAULTS.framework:
                 raise ValueError("parallel=, timeline= and framework= describe a cluster step: give cluster= too")
+            if self.data_load_ms or self.data_workers is not None:
+                raise ValueError("data_load_ms= and data_workers= describe a cluster step's data loading: give cluster= too")
             from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, given_routing
 
             if given_routing({k: getattr(self, k) for k in ROUTING_DEFAULTS}):
@@ -154,5 +159,6 @@ class PredictRequest:
                                         framework=self.framework, moe_load_imbalance=self.moe_load_imbalance,
                                         moe_capacity_factor=self.moe_capacity_factor,
                                         moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
-                                        zero3_prefetch=self.zero3_prefetch,
+                                        zero3_prefetch=self.zero3_prefetch, data_load_ms=self.data_load_ms,
+                                        data_workers=self.data_workers,
                                         **asdict(self.parallel), **common)

@@ -20,6 +20,8 @@
     moe_routing: {moe_load_imbalance: 1.2}  # optional: MoE routing for every strategy (as `search(moe_routing=)`)
     gpus_per_node: 64                     # optional: use this many of each node's GPUs (as `--gpus-per-node`)
     zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`)
+    data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
+    data_workers: 4                       # optional: data-loader worker processes (as `--data-workers`)
 
 Every (model, cluster, gpus, region) is one task: a :func:`wattcast.search` whose ``top`` best fitting rows (or one
 row saying nothing fits) are written, as soon as the task finishes, to its own Parquet part in the output folder
@@ -69,6 +71,8 @@ SPEC_KEYS = {
     "moe_routing": "MoE routing for every strategy: moe_load_imbalance, moe_capacity_factor, moe_pad_to_capacity",
     "gpus_per_node": "use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72)",
     "zero3_prefetch": "true or false: ZeRO-3 / FSDP collectives beside the computation or in series (default: the framework's)",
+    "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
+    "data_workers": "data-loader worker processes (default: the framework's)",
     "output": "output folder (.parquet); the --output flag overrides it",
 }
 #: columns every written row has besides the search's own
@@ -99,6 +103,8 @@ class SweepSpec:
     moe_routing: dict = field(default_factory=dict)
     gpus_per_node: int | None = None
     zero3_prefetch: bool | None = None
+    data_load_ms: float = 0.0
+    data_workers: int | None = None
 
     def tasks(self) -> list[dict]:
         """One dict per (model, cluster, gpus, region), with its id."""
@@ -112,6 +118,10 @@ class SweepSpec:
             settings["gpus_per_node"] = self.gpus_per_node
         if self.zero3_prefetch is not None:
             settings["zero3_prefetch"] = self.zero3_prefetch
+        if self.data_load_ms:
+            settings["data_load_ms"] = self.data_load_ms
+        if self.data_workers is not None:
+            settings["data_workers"] = self.data_workers
         out = []
         for m, c, g, r in product(self.models, self.clusters, self.gpus, self.regions):
             t = dict(model=str(m), cluster=str(c), gpus=int(g), region=r, **settings)
@@ -181,6 +191,15 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     z3 = raw.get("zero3_prefetch")
     if z3 is not None and not isinstance(z3, bool):
         raise SweepSpecError(f"{where}: 'zero3_prefetch' must be true or false, got {z3!r}")
+    from wattcast.simulate.data_loading import check_load_ms, resolve_workers
+
+    try:
+        load_ms = check_load_ms(raw.get("data_load_ms", 0.0))
+        data_workers = raw.get("data_workers")
+        if data_workers is not None:
+            resolve_workers("hf", data_workers)
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: {e}") from None
     spec = SweepSpec(models=models, clusters=clusters, gpus=gpus, batch=_count("batch", raw["batch"]),
                      seq=_count("seq", raw["seq"]), regions=regions, tokens=tokens,
                      dtype=str(raw.get("dtype", "bf16")), attention=str(raw.get("attention", "flash")),
@@ -188,7 +207,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
-                     zero3_prefetch=z3)
+                     zero3_prefetch=z3, data_load_ms=load_ms, data_workers=data_workers)
     _resolve_names(spec, where)
     return spec
 
@@ -252,7 +271,8 @@ def run_task(task: dict) -> pd.DataFrame:
         kw = dict(dtype=task["dtype"], attention=task["attention"], framework=task["framework"],
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
-                  zero3_prefetch=task.get("zero3_prefetch"))
+                  zero3_prefetch=task.get("zero3_prefetch"), data_load_ms=task.get("data_load_ms", 0.0),
+                  data_workers=task.get("data_workers"))
         if task["tokens"] is not None:
             kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)
         res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)

@@ -25,6 +25,8 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
   bundle's features plus that ratio as a feature (NaN where MAMF does not list the device), the target unchanged;
 - ``bundle/floor``: the bundle's features, the target relative to the roofline plus the measuring source's floor
   (the physical fit's per-source floor, training generations only), predicted with the compared rows' source;
+  ``bundle/additive``: the same floor added, not multiplied (``t = floor + ratio x roofline``, the trees learning the
+  ratio of what a kernel takes beyond its source's floor);
 - ``normalised``: features that describe the kernel relative to its device only (intensity over the ridge point,
   wave quantisation and waves per SM for plausible tiles, tiles per SM, K depth, working set over L2, dtype), the
   power derating (W per peak TFLOP/s, base over boost clock), vendor, the MAMF ceiling (NaN where absent) and the
@@ -272,7 +274,7 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             out.append(tab)
         # the spec-sheet tile/wave model (models/gemm_physics.py): its floor per source and cycles per tile fitted on
         # the training generations, the ceiling from MAMF (or the default); then trees on what it leaves
-        if models and not any(m.startswith("physical") or m == "bundle/floor" for m in models):
+        if models and not any(m.startswith("physical") or m in ("bundle/floor", "bundle/additive") for m in models):
             continue
         t0 = time.time()
         inp = physical_inputs(df, specs, ceil.astype(float))
@@ -296,6 +298,21 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             tab = error_table(df[test], np.exp(p) * ref_ms[test], fold, "bundle/floor")
             if sizes is not None:
                 sizes.append(size_table(df[test], np.exp(p) * ref_ms[test], fold, "bundle/floor"))
+            tab["fit_s"] = time.time() - t0
+            out.append(tab)
+        # the floor added, not multiplied: t = floor + ratio x roofline, the trees learning the ratio of what the
+        # kernel takes beyond its source's floor (a GPU-side ratio that should not grow a faster GPU's floor)
+        if not models or "bundle/additive" in models:
+            t0 = time.time()
+            floor_ms = pd.Series(df["source"]).map(params[0]).fillna(float(np.median(list(params[0].values())))).to_numpy() / 1e3
+            roof = X["t_roof_ms"].to_numpy()
+            lat = df["latency_ms"].to_numpy(dtype=float)
+            ya = np.log(np.maximum(lat - floor_ms, 0.25 * roof) / roof)
+            p = fit_predict(X[train], ya[train], X[test], bundle_feats, cfg)
+            pred = floor_ms[test] + np.exp(p) * roof[test]
+            tab = error_table(df[test], pred, fold, "bundle/additive")
+            if sizes is not None:
+                sizes.append(size_table(df[test], pred, fold, "bundle/additive"))
             tab["fit_s"] = time.time() - t0
             out.append(tab)
         yp = np.log(y_us / phys)

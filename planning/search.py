@@ -224,7 +224,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
            workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
-           zero3_prefetch: bool | None = None, **space) -> SearchResult:
+           zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
+           **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -256,6 +257,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``moe_pad_to_capacity``: see ``simulate/moe_routing.py``; default balanced and dropless).
     ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
     with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
+    ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
+    candidate (``simulate/data_loading.py``; default 0 ms and the framework's workers).
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default).
@@ -288,6 +291,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     from wattcast.simulate.distributed import zero3_prefetch as _z3
 
     _z3(framework, zero3_prefetch)  # a bad value is named before anything is evaluated
+    from wattcast.simulate.data_loading import check_load_ms, resolve_workers
+
+    data_load_ms = check_load_ms(data_load_ms)
+    resolve_workers(canonical_framework(framework), data_workers)
     if tokens is not None:
         try:
             ok = float(tokens) > 0 and np.isfinite(float(tokens))
@@ -343,7 +350,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, batch=batch, seq=seq, dtype=dtype, attention=attention,
                        optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
                        exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name], routing=routing,
-                       zero3_prefetch=zero3_prefetch,
+                       zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms, data_workers=data_workers,
                        n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
                        n_experts=hf.n_experts)
             if n_workers > 1 and len(cands) >= PARALLEL_MIN_CANDIDATES:
@@ -408,6 +415,9 @@ class _Job:
     routing: dict
     #: DistributedOptions.zero3_prefetch for every candidate (None: the framework's)
     zero3_prefetch: bool | None
+    #: DistributedOptions.data_load_ms / data_workers for every candidate
+    data_load_ms: float
+    data_workers: int | None
     n_layers: int
     n_heads: int | None
     n_kv_heads: int | None
@@ -458,7 +468,8 @@ class _Evaluator:
                         batch=job.batch, seq=job.seq, dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
                         framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
                         coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline,
-                        zero3_prefetch=job.zero3_prefetch, **job.routing))
+                        zero3_prefetch=job.zero3_prefetch, data_load_ms=job.data_load_ms,
+                        data_workers=job.data_workers, **job.routing))
                     ctx = replace(ctx, detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e

@@ -41,6 +41,7 @@ from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers, group_layout,
                                         layouts, resolve_parallel, stage_layers)
+from wattcast.simulate.data_loading import check_load_ms, h2d_copy_ms, loader_exposed_ms, resolve_workers, stage_copy
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
@@ -114,6 +115,7 @@ class DistributedPrediction:
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
                     memory_gb=self.memory_gb, memory=self.memory, fits=self.fits, per_device=self.per_device, per_op=self.per_op,
                     fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, comm=self.comm,
+                    data_loading=self.comm.get("data_loading"),
                     param_count=self.meta.get("param_count"), energy_j=self.energy_j, avg_power_w=self.avg_power_w,
                     power_limit_w=self.power_limit_w, memory_capacity_gb=self.memory_capacity_gb,
                     memory_flag=self.memory_flag,
@@ -130,9 +132,12 @@ class DistributedPrediction:
 #: syncs, optimizer bookkeeping); fitted on half of vTrain's single-node rows
 #: (benchmarks/fit_framework_overhead.py), the other half and the multi-node rows are the reported error.
 #: Refitted when the graphs gained autograd's gradient-accumulation kernels (0.08 -> 0.07 ms per kernel;
-#: 7.5% on the fitting half, 7.4% before with one kernel fewer per fan-out).
+#: 7.5% on the fitting half, 7.4% before with one kernel fewer per fan-out). Refitted again when each micro-batch's
+#: data loading became a term of its own (``simulate/data_loading.py``: get_batch's copy, its two TP broadcasts and
+#: 8 derived kernels): per iteration 10 -> 5 ms, per kernel 0.07 kept (grid 0.06-0.075 x 5/10 ms on all 720 fitting
+#: rows: 6.50% mean, signed -0.9; 0.07 / 10 ms 6.66%, +1.3).
 #: ``megatron`` (Megatron-LM without DeepSpeed): no measurements to fit, so eager PyTorch's costs.
-FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-deepspeed": (0.07, 10.0)}
+FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-deepspeed": (0.07, 5.0)}
 #: Host-bound floor of one collective inside the rank graph (the TP all-reduces, EP all-to-alls), in ms, per framework
 #: and by group size (the entry of the largest size <= the group's applies; smaller groups take the launch floor).
 #: Each such collective is a barrier across the group: while the ranks' hosts, not their GPUs, set the pace, it waits
@@ -402,7 +407,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            power_limit_w=power_limit_w, model_totals=_model_totals(g1, n_rep1, block_params),
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
-                           zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch))
+                           zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
+                           coll_floor=coll_floor, data_load_ms=check_load_ms(dopts.data_load_ms),
+                           data_workers=resolve_workers(framework, dopts.data_workers))
 
 
 def _hashable_trips(v):
@@ -711,6 +718,13 @@ class ScheduleContext:
     #: ZeRO-3 / FSDP collectives prefetched beside the computation (True) or in series with it (resolved
     #: ``DistributedOptions.zero3_prefetch``)
     zero3_prefetch: bool = True
+    #: the framework's per-kernel launch floor (ms) and TP collective host floors (None: the framework's table), for
+    #: the data-loading kernels and broadcasts (``simulate/data_loading.py``)
+    launch_ms: float = 0.0
+    coll_floor: dict | None = None
+    #: data loading: host ms per micro-batch and the loader's worker processes (resolved)
+    data_load_ms: float = 0.0
+    data_workers: int = 0
     #: False: leave ``per_device`` empty (a search reads the step's totals only)
     detail: bool = True
     #: shared across the contexts of one search: per-chunk sums and data-parallel message times by what they depend
@@ -862,6 +876,42 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         f_parts[key] = f_parts.get(key, 0.0) + per_chunk(cf)
         b_parts[key] = b_parts.get(key, 0.0) + per_chunk(cb)
     return f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms
+
+
+def _data_loading(ctx: ScheduleContext, compute_chunk: np.ndarray, P: int, V: int) -> tuple[np.ndarray, dict]:
+    """(ms per micro-batch added to each chunk's forward, the figures by stage) of loading the batch: the first chunk
+    reads the tokens, the last the labels (one chunk: both). ``compute_chunk``: each chunk's computation per
+    micro-batch (what prefetching workers can hide the loader behind)."""
+    n_chunks = P * V
+    out = np.zeros(n_chunks)
+    framework = ctx.opts.framework
+    stage_compute = compute_chunk.reshape(V, P).sum(axis=0)
+    where = {0: "single"} if n_chunks == 1 else {0: "first", n_chunks - 1: "last"}
+    tp_lay = ctx.lay["tp"]
+    info = {}
+    memo = ctx.memo if ctx.memo is not None else {}
+    for c, w in where.items():
+        key = ("data", framework, ctx.par.micro_batch, ctx.seq, w, tp_lay, id(ctx.cm), id(ctx.cl), ctx.launch_ms,
+               None if ctx.coll_floor is None else tuple(ctx.coll_floor.items()))
+        hit = memo.get(key)
+        if hit is None:  # what does not depend on the pipeline split: once per search
+            nbytes, copies, sizes, kernels = stage_copy(framework, ctx.par.micro_batch, ctx.seq, w)
+            bcast = 0.0
+            if sizes and tp_lay.size > 1:
+                ms, _ = collective_ms(ctx.cm, ["broadcast"] * len(sizes), sizes, tp_lay, ctx.cl)
+                floor = max(collective_host_floor_ms(framework, tp_lay.size, ctx.coll_floor), ctx.launch_ms)
+                bcast = float(np.maximum(ms, floor).sum())
+            hit = memo[key] = (nbytes, copies, len(sizes) if tp_lay.size > 1 else 0, kernels,
+                               h2d_copy_ms(nbytes, copies), bcast, kernels * ctx.launch_ms)
+        nbytes, copies, n_bcast, kernels, h2d, bcast, kern = hit
+        stage = c % P
+        loader = loader_exposed_ms(ctx.data_load_ms, ctx.data_workers, float(stage_compute[stage]))
+        total = loader + h2d + bcast + kern
+        out[c] += total
+        info[w] = dict(stage=int(stage), loader_ms=loader, h2d_ms=h2d, broadcast_ms=bcast, kernels_ms=kern,
+                       total_ms=total, bytes=nbytes, copies=copies, broadcasts=n_bcast, kernels=kernels)
+    return out, dict(per_micro=info, load_ms=ctx.data_load_ms, workers=ctx.data_workers,
+                     step_ms=float(out.reshape(V, P).sum(axis=0).max() * ctx.n_micro))
 
 
 def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
@@ -1018,6 +1068,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     shard = lay["dp"].size if par.zero >= 2 else 1
     acc_ms = params_chunk / shard * acc_b * share / (stream_gbps * 1e9) * 1e3
     b_nc = b_nc + acc_ms
+    # getting each micro-batch onto the GPU (simulate/data_loading.py): the loader's exposed host time, the copy, the
+    # TP broadcast and the derived kernels, in the forward of the chunks that read the batch (first and last)
+    data_f, data_info = _data_loading(ctx, f_nc + b_nc, P, V)
+    f_nc = f_nc + data_f
 
     classes = sorted(set(f_parts) | {"pp", "dp"})
     nccl_share = sm_share(NCCL_SMS, spec.num_sms)
@@ -1177,6 +1231,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             events.append(dict(stage=tk.stage, stream="compute", name=f"{tk.kind}{tk.micro}" + (f".c{tk.chunk}" if V > 1 else ""),
                                start_ms=tk.start, end_ms=tk.end))
             c = tk.chunk * P + tk.stage
+            if tk.kind == "F" and data_f[c] > 0:  # loading the micro-batch: the start of the forward that reads it
+                events.append(dict(stage=tk.stage, stream="compute", name=f"data_loading{tk.micro}", start_ms=tk.start,
+                                   end_ms=tk.start + float(data_f[c])))
             if z3_trace:
                 # ZeRO-3 / FSDP: the task's blocks' gathers (backward: gathers and reduce-scatters) on the communication
                 # stream from the task's start; in series with the computation they are inside the task's time
@@ -1211,10 +1268,17 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             meta["trace_truncated"] = ("the trace draws the first half and the last quarter of the tasks of a "
                                        f"{pipe.simulated_micro:,} micro-batch schedule, the latter at the end of the step; "
                                        "one event per stage marks the steady state between them, not drawn")
+    data_micro = float(data_f.sum())
+    if data_micro > 0:
+        n_ops = sum(v["copies"] + v["broadcasts"] + v["kernels"] for v in data_info["per_micro"].values())
+        per_op = sorted([*per_op, dict(op_class="data_loading", count=int(n_ops), time_ms=data_micro, flops=0.0)],
+                        key=lambda o: -o["time_ms"])
     comm = dict(tp_ms_per_micro=float(tp_coll.sum()), p2p_ms=p2p_ms,
                 # named overheads of one rank's graph: per micro-batch, the optimizer and clipping once per step
-                # (before ZeRO sharding); the accumulation pass between micro-batches is grad_accumulation_ms_per_micro
-                rank_overheads_ms=view.overheads,
+                # (before ZeRO sharding); the accumulation pass between micro-batches is grad_accumulation_ms_per_micro;
+                # data_loading_ms: loading one micro-batch on the stages that read it (first and last, summed)
+                rank_overheads_ms=dict(view.overheads, data_loading_ms=data_micro),
+                data_loading=data_info,
                 rank_overheads_scope=("the whole model at this TP degree, one micro-batch; optimizer and clipping before "
                                       "the pipeline split and ZeRO sharding (optimizer_ms is what one device spends)"),
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),

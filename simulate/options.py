@@ -63,6 +63,10 @@ class DistributedOptions:
     #: its neighbours (prefetched; only the SMs NCCL holds slow the computation); False, in series with the computation;
     #: None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``)
     zero3_prefetch: bool | None = None
+    #: data loading (``simulate/data_loading.py``): host ms the data loader takes to produce one micro-batch (0: free,
+    #: a tokenised stream) and its worker processes (None: the framework's default; 0: loaded in series with the step)
+    data_load_ms: float = 0.0
+    data_workers: int | None = None
     #: the kernel bundle, collective model and power model (None: the shipped ones, loaded once and cached)
     bundle: Any = field(default=None, compare=False, repr=False)
     coll_model: Any = field(default=None, compare=False, repr=False)

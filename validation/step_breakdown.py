@@ -20,12 +20,12 @@ import pandas as pd
 #: op classes of the rank graph reported as "attention": the score and value batched GEMMs, softmax and the fused
 #: kernels (eager attention's mask and dropout sit in elementwise / dropout with the other layers' ones)
 ATTENTION_CLASSES = ("bmm", "softmax", "flash_attention")
-#: op classes reported as "optimizer" inside the kernel terms (the step's optimizer time is its own term)
-_NOT_COMPUTE = ("collective", "optimizer")
+#: op classes left out of the kernel terms: collectives, the optimizer and data loading are terms of their own
+_NOT_COMPUTE = ("collective", "optimizer", "data_loading")
 #: the columns step_terms returns, in print order
 TERM_COLUMNS = ("n_micro", "gemm_ms", "attention_ms", "other_kernels_ms", "exposed_tp_ms", "exposed_dp_ms",
-                "exposed_pp_ms", "exposed_cp_ms", "bubble_ms", "optimizer_ms", "launch_gap_ms", "iteration_ms",
-                "other_ms")
+                "exposed_pp_ms", "exposed_cp_ms", "bubble_ms", "optimizer_ms", "launch_gap_ms", "data_loading_ms",
+                "iteration_ms", "other_ms")
 
 
 def step_terms(p, iteration_ms: float = 0.0) -> dict:
@@ -43,7 +43,8 @@ def step_terms(p, iteration_ms: float = 0.0) -> dict:
                exposed_tp_ms=float(split.get("tp", 0.0)) + float(split.get("ep", 0.0)),
                exposed_dp_ms=float(split.get("dp", 0.0)), exposed_pp_ms=float(split.get("pp", 0.0)),
                exposed_cp_ms=float(split.get("cp", 0.0)), bubble_ms=float(p.bubble_ms), optimizer_ms=float(p.optimizer_ms),
-               launch_gap_ms=launch, iteration_ms=float(iteration_ms))
+               launch_gap_ms=launch, data_loading_ms=float((p.comm.get("data_loading") or {}).get("step_ms", 0.0)),
+               iteration_ms=float(iteration_ms))
     listed = sum(v for k, v in out.items() if k not in ("n_micro", "launch_gap_ms"))  # launch gaps sit inside the kernels
     out["other_ms"] = float(p.step_time_ms) - listed
     return out
