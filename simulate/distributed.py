@@ -878,38 +878,48 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     return f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms
 
 
-def _data_loading(ctx: ScheduleContext, compute_chunk: np.ndarray, P: int, V: int) -> tuple[np.ndarray, dict]:
-    """(ms per micro-batch added to each chunk's forward, the figures by stage) of loading the batch: the first chunk
-    reads the tokens, the last the labels (one chunk: both). ``compute_chunk``: each chunk's computation per
-    micro-batch (what prefetching workers can hide the loader behind)."""
+def _data_loading(ctx: ScheduleContext, f_nc: np.ndarray, b_nc: np.ndarray, P: int, V: int) -> tuple[np.ndarray, dict | None]:
+    """(ms per micro-batch added to each chunk's forward, the figures by stage; None for a search's summary) of loading
+    the batch: the first chunk reads the tokens, the last the labels (one chunk: both). The loader's exposed time
+    depends on each stage's computation per micro-batch (``f_nc`` + ``b_nc``: what prefetching workers hide it behind);
+    the rest on the framework, the micro-batch and the TP group alone (kept in the search's memo)."""
     n_chunks = P * V
-    out = np.zeros(n_chunks)
     framework = ctx.opts.framework
-    stage_compute = compute_chunk.reshape(V, P).sum(axis=0)
-    where = {0: "single"} if n_chunks == 1 else {0: "first", n_chunks - 1: "last"}
     tp_lay = ctx.lay["tp"]
-    info = {}
     memo = ctx.memo if ctx.memo is not None else {}
-    for c, w in where.items():
-        key = ("data", framework, ctx.par.micro_batch, ctx.seq, w, tp_lay, id(ctx.cm), id(ctx.cl), ctx.launch_ms,
-               None if ctx.coll_floor is None else tuple(ctx.coll_floor.items()))
-        hit = memo.get(key)
-        if hit is None:  # what does not depend on the pipeline split: once per search
+    base = (framework, ctx.par.micro_batch, ctx.seq, tp_lay, id(ctx.cm), id(ctx.cl), ctx.launch_ms,
+            None if ctx.coll_floor is None else tuple(ctx.coll_floor.items()))
+    where = {0: "single"} if n_chunks == 1 else {0: "first", n_chunks - 1: "last"}
+    static_key = ("data_f", P, V, base)
+    hit = memo.get(static_key)
+    if hit is None:  # what does not depend on the computation: once per (pipeline split, micro-batch, TP group)
+        static = np.zeros(n_chunks)
+        parts = {}
+        for c, w in where.items():
             nbytes, copies, sizes, kernels = stage_copy(framework, ctx.par.micro_batch, ctx.seq, w)
             bcast = 0.0
             if sizes and tp_lay.size > 1:
                 ms, _ = collective_ms(ctx.cm, ["broadcast"] * len(sizes), sizes, tp_lay, ctx.cl)
                 floor = max(collective_host_floor_ms(framework, tp_lay.size, ctx.coll_floor), ctx.launch_ms)
                 bcast = float(np.maximum(ms, floor).sum())
-            hit = memo[key] = (nbytes, copies, len(sizes) if tp_lay.size > 1 else 0, kernels,
-                               h2d_copy_ms(nbytes, copies), bcast, kernels * ctx.launch_ms)
-        nbytes, copies, n_bcast, kernels, h2d, bcast, kern = hit
-        stage = c % P
-        loader = loader_exposed_ms(ctx.data_load_ms, ctx.data_workers, float(stage_compute[stage]))
-        total = loader + h2d + bcast + kern
-        out[c] += total
-        info[w] = dict(stage=int(stage), loader_ms=loader, h2d_ms=h2d, broadcast_ms=bcast, kernels_ms=kern,
-                       total_ms=total, bytes=nbytes, copies=copies, broadcasts=n_bcast, kernels=kernels)
+            h2d, kern = h2d_copy_ms(nbytes, copies), kernels * ctx.launch_ms
+            static[c] = h2d + bcast + kern
+            parts[w] = dict(stage=int(c % P), h2d_ms=h2d, broadcast_ms=bcast, kernels_ms=kern, bytes=nbytes,
+                            copies=copies, broadcasts=len(sizes) if tp_lay.size > 1 else 0, kernels=kernels)
+        hit = memo[static_key] = (static, parts)
+    static, parts = hit
+    out = static
+    loaders = {}
+    if ctx.data_load_ms > 0:
+        stage_compute = (f_nc + b_nc).reshape(V, P).sum(axis=0)
+        out = static.copy()
+        for c, w in where.items():
+            loaders[w] = loader_exposed_ms(ctx.data_load_ms, ctx.data_workers, float(stage_compute[c % P]))
+            out[c] += loaders[w]
+    if ctx.summary:
+        return out, None
+    info = {w: dict(v, loader_ms=loaders.get(w, 0.0), total_ms=float(out[c])) for (c, w), v in
+            zip(where.items(), parts.values())}
     return out, dict(per_micro=info, load_ms=ctx.data_load_ms, workers=ctx.data_workers,
                      step_ms=float(out.reshape(V, P).sum(axis=0).max() * ctx.n_micro))
 
@@ -1070,7 +1080,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     b_nc = b_nc + acc_ms
     # getting each micro-batch onto the GPU (simulate/data_loading.py): the loader's exposed host time, the copy, the
     # TP broadcast and the derived kernels, in the forward of the chunks that read the batch (first and last)
-    data_f, data_info = _data_loading(ctx, f_nc + b_nc, P, V)
+    data_f, data_info = _data_loading(ctx, f_nc, b_nc, P, V)
     f_nc = f_nc + data_f
 
     classes = sorted(set(f_parts) | {"pp", "dp"})
