@@ -34,7 +34,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
             optimizer: str = DEFAULTS.optimizer, recompute: str = "none",
             grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
             clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None,
-            tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None, **run_kw):
+            tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None,
+            data_load_ms: float = 0.0, data_workers: int | None = None, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json`` or model folder, a Hub id (``org/name``) whose config is
@@ -46,6 +47,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     device, meta included; only shapes and dtypes are used), instead of ``batch``/``seq``.
     ``loop_trip_count``: iterations of an ONNX model's Loops whose trip count is known only at run time (a count, or
     ``{node name: count}``); see ``wattcast.featurize.onnx``.
+    ``data_load_ms`` / ``data_workers``: the data loader's host ms per step and its worker processes (default 0 ms and 0
+    workers, the HF Trainer's: the load in series with the step); the batch's copy to the GPU is in the step too
+    (``simulate/data_loading.py``; ``meta["data_loading"]``, ``overheads["data_loading_ms"]``).
     Returns a :class:`wattcast.simulate.single_device.StepPrediction` (``forward_ms``, ``backward_ms``,
     ``optimizer_ms``, ``step_time_ms``, ``memory_gb``, ``flops``, ``per_op``, ``fallback_ops``,
     ``ood_fraction``, ...). Graphs and distinct-kernel predictions are cached, so repeated calls are cheap.
@@ -63,6 +67,10 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                        dims=dims or (), loop_trip_count=loop_trip_count)
     graph = step_graph(model, opts, example_inputs=example_inputs)
     res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+    from wattcast.models.power import idle_power_w
+    from wattcast.simulate.data_loading import one_device
+
+    res = one_device(res, load_ms=data_load_ms, workers=data_workers, idle_power_w=idle_power_w(spec))
     b, s_ = res.meta.get("batch"), res.meta.get("seq")
     if tokens is None:
         _no_run_options(run_kw)

@@ -321,7 +321,7 @@ def predict(
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity: each expert keeps at most this many times its balanced share of tokens (the rest are dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
-    data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading on a cluster: the loader's host time to produce one micro-batch, ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
+    data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading: the loader's host time to produce one micro-batch (one device: one step), ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
     recompute_method: str = typer.Option("block", "--recompute-method", help="With --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed) or uniform (every layer; the input of each group of N layers kept)."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
@@ -448,8 +448,6 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if f.zero3_prefetch is not None:
         _fail("--zero3-prefetch/--no-zero3-prefetch say how FSDP's collectives meet the computation: they need --cluster, "
               "--gpus and --zero 3")
-    if f.data_load_ms or f.data_workers is not None:
-        _fail("--data-load-ms/--data-workers describe a cluster step's data loading: they need --cluster and --gpus")
     from wattcast.simulate.moe_routing import given_routing
 
     if given_routing(dict(moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
@@ -463,7 +461,7 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if str(f.framework).lower() != "hf":
         _fail("--framework applies to distributed predictions (--cluster); one device uses Hugging Face's eager kernels")
     return PredictRequest(batch=par["batch"], seq=f.seq, dims=tuple(dims.items()), loop_trip_count=f.loop_trip_count,
-                          **common)
+                          data_load_ms=f.data_load_ms, data_workers=f.data_workers, **common)
 
 
 def _request_prediction(req):

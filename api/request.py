@@ -118,7 +118,7 @@ class PredictRequest:
     zero3_prefetch: bool | None = None
     #: use this many of each node's GPUs (None: all of them)
     gpus_per_node: int | None = None
-    #: data loading on a cluster: the loader's host ms per micro-batch and its workers (None: the framework's)
+    #: data loading: the loader's host ms per micro-batch (one device: per step) and its workers (None: the framework's)
     data_load_ms: float = 0.0
     data_workers: int | None = None
     run: RunOptions = field(default_factory=RunOptions)
@@ -140,13 +140,12 @@ class PredictRequest:
         if not self.distributed:
             if self.parallel is not None or self.timeline or self.framework != DEFAULTS.framework:
                 raise ValueError("parallel=, timeline= and framework= describe a cluster step: give cluster= too")
-            if self.data_load_ms or self.data_workers is not None:
-                raise ValueError("data_load_ms= and data_workers= describe a cluster step's data loading: give cluster= too")
             from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, given_routing
 
             if given_routing({k: getattr(self, k) for k in ROUTING_DEFAULTS}):
                 raise ValueError("the MoE routing options describe expert-parallel ranks of a cluster step: give cluster= too")
-            return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None, **common)
+            return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
+                                    data_load_ms=self.data_load_ms, data_workers=self.data_workers, **common)
         if self.parallel is None:
             raise ValueError("a cluster step needs parallel= (at least ParallelOptions(gpus=N))")
         if str(self.mode).lower() not in ("train", "training"):

@@ -130,3 +130,35 @@ def stage_copy(framework: str, micro_batch: int, seq: int, where: str) -> tuple[
     else:
         sizes = []
     return nbytes, copies, sizes, lay.derived_kernels
+
+
+def one_device(res, *, load_ms: float = 0.0, workers: int | None = None, idle_power_w: float = 0.0):
+    """A single-device :class:`~wattcast.simulate.single_device.StepPrediction` with the step's data loading (the HF
+    Trainer's batch: ``input_ids``, ``attention_mask`` and, training, ``labels``, int64; copied when the graph's batch
+    and sequence are known, i.e. a token model) at the start of the forward pass: in ``forward_ms`` and so
+    ``step_time_ms`` (still forward + backward + optimizer), ``per_op`` (``data_loading``), ``overheads``
+    (``data_loading_ms``), the energy (the GPU idles while it waits) and ``meta["data_loading"]``."""
+    from dataclasses import replace
+
+    load_ms = check_load_ms(load_ms)
+    workers = resolve_workers("hf", workers)
+    b, s = res.meta.get("batch"), res.meta.get("seq")
+    copies = (3 if res.mode == "train" else 2) if (b and s and res.meta.get("hidden")) else 0
+    nbytes = float(b) * float(s) * 8.0 * copies if copies else 0.0
+    h2d = h2d_copy_ms(nbytes, copies)
+    loader = loader_exposed_ms(load_ms, workers, res.step_time_ms)
+    total = h2d + loader
+    info = dict(per_micro=dict(single=dict(stage=0, loader_ms=loader, h2d_ms=h2d, broadcast_ms=0.0, kernels_ms=0.0,
+                                           total_ms=total, bytes=nbytes, copies=copies, broadcasts=0, kernels=0)),
+                load_ms=load_ms, workers=workers, step_ms=total,
+                **({} if copies else {"note": "the batch's copy is not modelled: this graph's token batch is not known "
+                                              "(an imported ONNX / torch graph)"}))
+    if total <= 0:
+        return replace(res, meta=dict(res.meta, data_loading=info), overheads=dict(res.overheads, data_loading_ms=0.0))
+    per_op = sorted([*res.per_op, dict(op_class="data_loading", count=copies, time_ms=total, flops=0.0)],
+                    key=lambda o: -o["time_ms"])
+    step = res.step_time_ms + total
+    energy = res.energy_j + idle_power_w * total / 1e3
+    return replace(res, forward_ms=res.forward_ms + total, step_time_ms=step, per_op=per_op,
+                   overheads=dict(res.overheads, data_loading_ms=total),
+                   energy_j=energy, avg_power_w=energy / (step / 1e3), meta=dict(res.meta, data_loading=info))

@@ -890,13 +890,16 @@ def _data_loading(ctx: ScheduleContext, f_nc: np.ndarray, b_nc: np.ndarray, P: i
     base = (framework, ctx.par.micro_batch, ctx.seq, tp_lay, id(ctx.cm), id(ctx.cl), ctx.launch_ms,
             None if ctx.coll_floor is None else tuple(ctx.coll_floor.items()))
     where = {0: "single"} if n_chunks == 1 else {0: "first", n_chunks - 1: "last"}
-    static_key = ("data_f", P, V, base)
+    # an imported graph (ONNX, torch.export): its inputs are not known as a token batch, so no copy is costed
+    tokens = bool(ctx.g.meta.get("hidden"))
+    static_key = ("data_f", P, V, tokens, base)
     hit = memo.get(static_key)
     if hit is None:  # what does not depend on the computation: once per (pipeline split, micro-batch, TP group)
         static = np.zeros(n_chunks)
         parts = {}
         for c, w in where.items():
-            nbytes, copies, sizes, kernels = stage_copy(framework, ctx.par.micro_batch, ctx.seq, w)
+            nbytes, copies, sizes, kernels = (stage_copy(framework, ctx.par.micro_batch, ctx.seq, w) if tokens
+                                              else (0.0, 0, [], 0))
             bcast = 0.0
             if sizes and tp_lay.size > 1:
                 ms, _ = collective_ms(ctx.cm, ["broadcast"] * len(sizes), sizes, tp_lay, ctx.cl)
@@ -921,7 +924,9 @@ def _data_loading(ctx: ScheduleContext, f_nc: np.ndarray, b_nc: np.ndarray, P: i
     info = {w: dict(v, loader_ms=loaders.get(w, 0.0), total_ms=float(out[c])) for (c, w), v in
             zip(where.items(), parts.values())}
     return out, dict(per_micro=info, load_ms=ctx.data_load_ms, workers=ctx.data_workers,
-                     step_ms=float(out.reshape(V, P).sum(axis=0).max() * ctx.n_micro))
+                     step_ms=float(out.reshape(V, P).sum(axis=0).max() * ctx.n_micro),
+                     **({} if tokens else {"note": "the batch's copy is not modelled: this graph's inputs are not known "
+                                                   "as a token batch (an imported ONNX / torch graph)"}))
 
 
 def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:

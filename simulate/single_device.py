@@ -88,7 +88,8 @@ class StepPrediction:
                  fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, ood_time_fraction=self.ood_time_fraction,
                  model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)),
                  energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w,
-                 memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag, overheads=self.overheads)
+                 memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag, overheads=self.overheads,
+                 data_loading=self.meta.get("data_loading"))
         if self.meta.get("warnings"):  # e.g. a sequence beyond a RoPE model's trained positions, an ONNX op's fallback
             d["warnings"] = list(self.meta["warnings"])
         if self.run is not None:  # predict(..., tokens=): the whole run's time, energy, cost and carbon

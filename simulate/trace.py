@@ -12,6 +12,11 @@ def chrome_trace_events(res) -> list[dict]:
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{res.device}"}},
               {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "compute"}}]
     t_us = 0.0
+    data_ms = float((res.meta.get("data_loading") or {}).get("step_ms", 0.0))
+    if data_ms > 0:  # the batch's loading and copy come before the step's first kernel
+        events.append({"name": "data_loading", "cat": "data", "ph": "X", "pid": 0, "tid": 0, "ts": 0.0,
+                       "dur": round(data_ms * 1e3, 3), "args": res.meta["data_loading"]["per_micro"]["single"]})
+        t_us = data_ms * 1e3
     has_power = "power_w" in nodes
     cols = ["name", "op_class", "phase", "layer", "kernel", "method", "time_ms", "gpu_ms", "flops", "bytes", "ood"]
     power = nodes["power_w"].to_numpy(dtype=float) if has_power else None

@@ -103,10 +103,35 @@ def test_bad_values_are_refused():
         wattcast.predict_cluster("gpt2", "DGX-A100", data_workers=-2, **KW)
     with pytest.raises(ValueError, match="data_load_ms"):
         wattcast.search("gpt2", "DGX-A100", 8, 8, 512, data_load_ms=-1)
+    with pytest.raises(ValueError, match="data_load_ms"):
+        wattcast.predict("gpt2", "A100", data_load_ms=-1)
+
+
+def test_one_device():
+    base = wattcast.predict("gpt2", "A100", batch=4, seq=512)
+    dl = base.to_dict()["data_loading"]["per_micro"]["single"]
+    # the HF Trainer's batch: input ids, attention mask and labels, int64
+    assert dl["copies"] == 3 and dl["bytes"] == 4 * 512 * 8 * 3 and dl["loader_ms"] == 0.0
+    assert base.overheads["data_loading_ms"] == pytest.approx(h2d_copy_ms(4 * 512 * 24.0, 3))
+    # at the start of the forward pass: the step is still forward + backward + optimizer
+    assert base.step_time_ms == pytest.approx(base.forward_ms + base.backward_ms + base.optimizer_ms)
+    assert sum(o["time_ms"] for o in base.per_op) == pytest.approx(base.step_time_ms)
+    slow = wattcast.predict("gpt2", "A100", batch=4, seq=512, data_load_ms=5.0)
+    assert slow.step_time_ms - base.step_time_ms == pytest.approx(5.0)  # no workers: in series
+    assert slow.energy_j > base.energy_j
+    hidden = wattcast.predict("gpt2", "A100", batch=4, seq=512, data_load_ms=5.0, data_workers=4)
+    assert hidden.step_time_ms == pytest.approx(base.step_time_ms)
+    inf = wattcast.predict("gpt2", "A100", batch=4, seq=512, mode="inference").to_dict()["data_loading"]
+    assert inf["per_micro"]["single"]["copies"] == 2  # no labels
     from wattcast.request import PredictRequest
 
-    with pytest.raises(ValueError, match="cluster"):
-        PredictRequest("gpt2", device="A100", data_load_ms=1.0).predict()
+    req = PredictRequest("gpt2", device="A100", batch=4, seq=512, data_load_ms=5.0).predict()
+    assert req.step_time_ms == pytest.approx(slow.step_time_ms)
+    from wattcast.simulate.trace import chrome_trace_events
+
+    ev = [e for e in chrome_trace_events(slow) if e["ph"] == "X"]
+    assert ev[0]["name"] == "data_loading" and ev[0]["dur"] == pytest.approx(dl["total_ms"] * 1e3 + 5e3, abs=1e-3)
+    assert ev[-1]["ts"] + ev[-1]["dur"] == pytest.approx(slow.step_time_ms * 1e3, rel=1e-6)
 
 
 def test_search_and_sweep_spec_take_it():
@@ -130,5 +155,8 @@ def test_cli_flags():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["data_loading"]["per_micro"]["single"]["loader_ms"] == 3.0
-    r = run_cli("predict", "-m", "gpt2", "--device", "A100", "--data-load-ms", "3")
-    assert r.returncode != 0 and "--data-load-ms" in (r.stdout + r.stderr)
+    r = run_cli("predict", "-m", "gpt2", "--device", "A100", "--data-load-ms", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data_loading"]["per_micro"]["single"]["loader_ms"] == 3.0
+    r = run_cli("predict", "-m", "gpt2", "--device", "A100", "--data-workers", "-1")
+    assert r.returncode != 0 and "data_workers" in (r.stdout + r.stderr)

@@ -127,7 +127,9 @@ def test_prediction_fields_add_up_and_repeat_calls_are_cheap():
     r = wattcast.predict("gpt2", "L4", batch=2, seq=512)
     assert r.step_time_ms == pytest.approx(r.forward_ms + r.backward_ms + r.optimizer_ms)
     assert sum(x["time_ms"] for x in r.per_op) == pytest.approx(r.step_time_ms)
-    assert sum(x["count"] for x in r.per_op) == len(r.nodes)
+    # every graph kernel once; data_loading counts the batch's copies, which are not graph nodes
+    assert sum(x["count"] for x in r.per_op if x["op_class"] != "data_loading") == len(r.nodes)
+    assert [x["count"] for x in r.per_op if x["op_class"] == "data_loading"] == [3]
     assert 0 <= r.ood_fraction <= 1 and r.flops > 0 and r.memory_gb > 0
     t = time.perf_counter()
     for _ in range(3):
@@ -207,7 +209,8 @@ def test_chrome_trace(tmp_path):
     p = write_chrome_trace(r, tmp_path / "t.json")
     ev = json.loads(p.read_text())["traceEvents"]
     xs = [e for e in ev if e["ph"] == "X"]
-    assert len(xs) == len(r.nodes)
+    # one event per kernel, and the batch's loading before the first (simulate/data_loading.py)
+    assert len(xs) == len(r.nodes) + 1 and xs[0]["name"] == "data_loading"
     # each duration is rounded to 1 ns (3 decimals of a microsecond): the sum may drift by up to 0.5 ns per event
     assert sum(e["dur"] for e in xs) == pytest.approx(r.step_time_ms * 1e3, abs=5e-4 * len(xs))
     assert all(np.diff([e["ts"] for e in xs]) >= 0)
@@ -301,7 +304,7 @@ def test_step_overheads_are_named_and_inside_the_step():
     r = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=2, seq=512)
     o = r.to_dict()["overheads"]
     assert set(o) == {"optimizer_step_ms", "clip_grad_norm_ms", "loss_scaling_ms", "grad_accumulation_ms", "fp8_cast_ms",
-                      "memcpy_ms", "launch_gap_ms"}
+                      "memcpy_ms", "launch_gap_ms", "data_loading_ms"}
     assert o["optimizer_step_ms"] > 0 and o["clip_grad_norm_ms"] > 0 and o["fp8_cast_ms"] == 0
     assert o["loss_scaling_ms"] == 0  # fp32: no loss scaling
     assert o["optimizer_step_ms"] + o["clip_grad_norm_ms"] == pytest.approx(r.optimizer_ms, rel=1e-9)
