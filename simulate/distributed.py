@@ -1208,6 +1208,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     else:
         e_acc = acc_ms * n_micro / 1e3 * 0.0
     e_chunk = chunk_sum("e_comp_j") * n_micro + e_acc
+    if data_f.any():  # the GPU idles while a micro-batch is loaded, copied and broadcast (launch-bound)
+        from wattcast.models.power import idle_power_w
+
+        e_chunk = e_chunk + data_f * n_micro / 1e3 * idle_power_w(spec)
     e_opt_key = ("e_opt_stage", P, V)
     e_opt_s = sums.get(e_opt_key)
     if e_opt_s is None:

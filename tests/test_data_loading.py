@@ -55,6 +55,11 @@ def test_loader_time_in_series_without_workers():
     slow = wattcast.predict_cluster("gpt2", "DGX-A100", micro_batch=2, data_load_ms=3.0, **KW)
     # hf: no workers by default, so every one of the 4 micro-batches waits the 3 ms
     assert slow.step_time_ms - base.step_time_ms == pytest.approx(4 * 3.0, rel=1e-9)
+    from wattcast.data.catalog import resolve_device
+    from wattcast.models.power import idle_power_w
+
+    # the GPU idles while it waits for the batch
+    assert slow.energy_j - base.energy_j == pytest.approx(idle_power_w(resolve_device(slow.device)) * 12.0 / 1e3)
     dl = slow.to_dict()["data_loading"]
     assert dl["workers"] == 0 and dl["load_ms"] == 3.0
     assert dl["per_micro"]["single"]["loader_ms"] == 3.0
