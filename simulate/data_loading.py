@@ -99,7 +99,8 @@ def resolve_workers(framework: str, workers: int | None) -> int:
         return DEFAULT_WORKERS.get(framework, 0)
     ok = isinstance(workers, numbers.Real) and not isinstance(workers, bool) and float(workers).is_integer() and workers >= 0
     if not ok:
-        raise ValueError(f"data_workers must be a whole number >= 0 (data-loader worker processes), got {workers!r}")
+        raise ValueError(f"data_workers (--data-workers) must be a whole number >= 0 (data-loader worker processes), "
+                         f"got {workers!r}")
     return int(workers)
 
 
@@ -108,9 +109,9 @@ def check_load_ms(load_ms: float) -> float:
     try:
         v = float(load_ms)
     except (TypeError, ValueError):
-        raise ValueError(f"data_load_ms must be a number of milliseconds >= 0, got {load_ms!r}") from None
+        raise ValueError(f"data_load_ms (--data-load-ms) must be a number of milliseconds >= 0, got {load_ms!r}") from None
     if not v >= 0 or v == float("inf"):
-        raise ValueError(f"data_load_ms must be a finite number of milliseconds >= 0, got {load_ms!r}")
+        raise ValueError(f"data_load_ms (--data-load-ms) must be a finite number of milliseconds >= 0, got {load_ms!r}")
     return v
 
 
