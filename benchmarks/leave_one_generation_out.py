@@ -289,9 +289,10 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         # the roofline plus the measuring source's floor (the physical fit's t0 per source, training generations
         # only) as the trees' reference: at small sizes a kernel costs the floor, not a multiple of the roofline, so
         # a ratio learnt on slower GPUs does not shrink a new GPU's small GEMMs below what they can take
+        # (the floor of a source the fit never saw: the median floor)
+        floor_ms = pd.Series(df["source"]).map(params[0]).fillna(float(np.median(list(params[0].values())))).to_numpy() / 1e3
         if not models or "bundle/floor" in models:
             t0 = time.time()
-            floor_ms = pd.Series(df["source"]).map(params[0]).fillna(float(np.median(list(params[0].values())))).to_numpy() / 1e3
             ref_ms = X["t_roof_ms"].to_numpy() + floor_ms
             yf = np.log(df["latency_ms"].to_numpy(dtype=float) / ref_ms)
             p = fit_predict(X[train], yf[train], X[test], bundle_feats, cfg)
@@ -304,7 +305,6 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         # kernel takes beyond its source's floor (a GPU-side ratio that should not grow a faster GPU's floor)
         if not models or "bundle/additive" in models:
             t0 = time.time()
-            floor_ms = pd.Series(df["source"]).map(params[0]).fillna(float(np.median(list(params[0].values())))).to_numpy() / 1e3
             roof = X["t_roof_ms"].to_numpy()
             lat = df["latency_ms"].to_numpy(dtype=float)
             ya = np.log(np.maximum(lat - floor_ms, 0.25 * roof) / roof)

@@ -37,8 +37,10 @@ what a pageable-staging or switch-shared host path gives; the figure is the meas
 
 from __future__ import annotations
 
-import numbers
+import math
 from dataclasses import dataclass
+
+from wattcast.data.checks import real_in
 
 #: fixed cost of one pinned host-to-device copy (ms) and its bandwidth (GB/s): least squares on the A100 profile's
 #: 150 copies (module docstring)
@@ -97,8 +99,8 @@ def resolve_workers(framework: str, workers: int | None) -> int:
     """The data-loader workers: ``workers`` as given (an int >= 0), else the framework's default."""
     if workers is None:
         return DEFAULT_WORKERS.get(framework, 0)
-    ok = isinstance(workers, numbers.Real) and not isinstance(workers, bool) and float(workers).is_integer() and workers >= 0
-    if not ok:
+    v = real_in(workers, 0.0, math.inf)
+    if v is None or not v.is_integer():
         raise ValueError(f"data_workers (--data-workers) must be a whole number >= 0 (data-loader worker processes), "
                          f"got {workers!r}")
     return int(workers)
@@ -106,11 +108,8 @@ def resolve_workers(framework: str, workers: int | None) -> int:
 
 def check_load_ms(load_ms: float) -> float:
     """``data_load_ms`` checked: a finite number >= 0 (host ms to produce one micro-batch)."""
-    try:
-        v = float(load_ms)
-    except (TypeError, ValueError):
-        raise ValueError(f"data_load_ms (--data-load-ms) must be a number of milliseconds >= 0, got {load_ms!r}") from None
-    if not v >= 0 or v == float("inf"):
+    v = real_in(load_ms, 0.0, math.inf)
+    if v is None:
         raise ValueError(f"data_load_ms (--data-load-ms) must be a finite number of milliseconds >= 0, got {load_ms!r}")
     return v
 
@@ -120,9 +119,7 @@ def stage_copy(framework: str, micro_batch: int, seq: int, where: str) -> tuple[
     the batch: ``where`` is ``single`` (one pipeline stage), ``first`` or ``last``. Bytes are what TP rank 0 copies
     (every rank with hf); the broadcasts apply only with TP > 1."""
     lay = BATCH_LAYOUT.get(framework, BATCH_LAYOUT["hf"])
-    per_token = {"single": lay.single_bytes_per_token, "first": lay.first_bytes_per_token,
-                 "last": lay.last_bytes_per_token}[where]
-    copies = {"single": lay.single_copies, "first": lay.first_copies, "last": lay.last_copies}[where]
+    per_token, copies = getattr(lay, f"{where}_bytes_per_token"), getattr(lay, f"{where}_copies")
     nbytes = float(micro_batch) * (seq + lay.extra_tokens) * per_token
     if lay.broadcast_per_copy:  # one broadcast per tensor (Megatron-Core)
         sizes = [nbytes / copies] * (copies * lay.tp_broadcasts)
@@ -131,6 +128,19 @@ def stage_copy(framework: str, micro_batch: int, seq: int, where: str) -> tuple[
     else:
         sizes = []
     return nbytes, copies, sizes, lay.derived_kernels
+
+
+#: what ``data_loading.note`` says of a graph whose inputs are not a known token batch (no copy is costed)
+NOT_A_TOKEN_BATCH = ("the batch's copy is not modelled: this graph's inputs are not known as a token batch (an imported "
+                     "ONNX / torch graph)")
+
+
+def stage_figures(stage: int, *, h2d_ms: float, nbytes: float, copies: int, broadcast_ms: float = 0.0,
+                  broadcasts: int = 0, kernels_ms: float = 0.0, kernels: int = 0, loader_ms: float = 0.0) -> dict:
+    """One reading stage's data-loading figures per micro-batch, as the JSON's ``data_loading.per_micro`` holds them."""
+    return dict(stage=int(stage), loader_ms=loader_ms, h2d_ms=h2d_ms, broadcast_ms=broadcast_ms, kernels_ms=kernels_ms,
+                total_ms=loader_ms + h2d_ms + broadcast_ms + kernels_ms, bytes=nbytes, copies=copies,
+                broadcasts=broadcasts, kernels=kernels)
 
 
 def one_device(res, *, load_ms: float = 0.0, workers: int | None = None, idle_power_w: float = 0.0):
@@ -144,16 +154,15 @@ def one_device(res, *, load_ms: float = 0.0, workers: int | None = None, idle_po
     load_ms = check_load_ms(load_ms)
     workers = resolve_workers("hf", workers)
     b, s = res.meta.get("batch"), res.meta.get("seq")
-    copies = (3 if res.mode == "train" else 2) if (b and s and res.meta.get("hidden")) else 0
-    nbytes = float(b) * float(s) * 8.0 * copies if copies else 0.0
-    h2d = h2d_copy_ms(nbytes, copies)
-    loader = loader_exposed_ms(load_ms, workers, res.step_time_ms)
-    total = h2d + loader
-    info = dict(per_micro=dict(single=dict(stage=0, loader_ms=loader, h2d_ms=h2d, broadcast_ms=0.0, kernels_ms=0.0,
-                                           total_ms=total, bytes=nbytes, copies=copies, broadcasts=0, kernels=0)),
-                load_ms=load_ms, workers=workers, step_ms=total,
-                **({} if copies else {"note": "the batch's copy is not modelled: this graph's token batch is not known "
-                                              "(an imported ONNX / torch graph)"}))
+    tokens = bool(b and s and res.meta.get("hidden"))
+    nbytes, copies = stage_copy("hf", b, s, "single")[:2] if tokens else (0.0, 0)
+    if tokens and res.mode != "train":  # inference: no labels
+        nbytes, copies = nbytes * (copies - 1) / copies, copies - 1
+    fig = stage_figures(0, h2d_ms=h2d_copy_ms(nbytes, copies), nbytes=nbytes, copies=copies,
+                        loader_ms=loader_exposed_ms(load_ms, workers, res.step_time_ms))
+    total = fig["total_ms"]
+    info = dict(per_micro=dict(single=fig), load_ms=load_ms, workers=workers, step_ms=total,
+                **({} if tokens else {"note": NOT_A_TOKEN_BATCH}))
     if total <= 0:
         return replace(res, meta=dict(res.meta, data_loading=info), overheads=dict(res.overheads, data_loading_ms=0.0))
     per_op = sorted([*res.per_op, dict(op_class="data_loading", count=copies, time_ms=total, flops=0.0)],

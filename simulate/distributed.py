@@ -41,7 +41,8 @@ from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers, group_layout,
                                         layouts, resolve_parallel, stage_layers)
-from wattcast.simulate.data_loading import check_load_ms, h2d_copy_ms, loader_exposed_ms, resolve_workers, stage_copy
+from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
+                                            resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
@@ -905,10 +906,10 @@ def _data_loading(ctx: ScheduleContext, f_nc: np.ndarray, b_nc: np.ndarray, P: i
                 ms, _ = collective_ms(ctx.cm, ["broadcast"] * len(sizes), sizes, tp_lay, ctx.cl)
                 floor = max(collective_host_floor_ms(framework, tp_lay.size, ctx.coll_floor), ctx.launch_ms)
                 bcast = float(np.maximum(ms, floor).sum())
-            h2d, kern = h2d_copy_ms(nbytes, copies), kernels * ctx.launch_ms
-            static[c] = h2d + bcast + kern
-            parts[w] = dict(stage=int(c % P), h2d_ms=h2d, broadcast_ms=bcast, kernels_ms=kern, bytes=nbytes,
-                            copies=copies, broadcasts=len(sizes) if tp_lay.size > 1 else 0, kernels=kernels)
+            parts[w] = stage_figures(c % P, h2d_ms=h2d_copy_ms(nbytes, copies), nbytes=nbytes, copies=copies,
+                                     broadcast_ms=bcast, broadcasts=len(sizes) if tp_lay.size > 1 else 0,
+                                     kernels_ms=kernels * ctx.launch_ms, kernels=kernels)
+            static[c] = parts[w]["total_ms"]
         hit = memo[static_key] = (static, parts)
     static, parts = hit
     out = static
@@ -921,12 +922,10 @@ def _data_loading(ctx: ScheduleContext, f_nc: np.ndarray, b_nc: np.ndarray, P: i
             out[c] += loaders[w]
     if ctx.summary:
         return out, None
-    info = {w: dict(v, loader_ms=loaders.get(w, 0.0), total_ms=float(out[c])) for (c, w), v in
-            zip(where.items(), parts.values())}
+    info = {w: dict(parts[w], loader_ms=loaders.get(w, 0.0), total_ms=float(out[c])) for c, w in where.items()}
     return out, dict(per_micro=info, load_ms=ctx.data_load_ms, workers=ctx.data_workers,
                      step_ms=float(out.reshape(V, P).sum(axis=0).max() * ctx.n_micro),
-                     **({} if tokens else {"note": "the batch's copy is not modelled: this graph's inputs are not known "
-                                                   "as a token batch (an imported ONNX / torch graph)"}))
+                     **({} if tokens else {"note": NOT_A_TOKEN_BATCH}))
 
 
 def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
@@ -1187,12 +1186,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     dev_key = ("device", id(spec), dtype, power_limit_w, stream_gbps, id(power_model))
     dev = memo.get(dev_key) if memo is not None else None
     if dev is None or dev[0] is not spec:
-        from wattcast.models.power import comm_power_w
+        from wattcast.models.power import comm_power_w, idle_power_w
 
-        dev = (spec, spec.peak_matrix_tflops(dtype) * 1e12, comm_power_w(spec, power_limit_w), None)
+        dev = (spec, spec.peak_matrix_tflops(dtype) * 1e12, comm_power_w(spec, power_limit_w), None, idle_power_w(spec))
         if memo is not None:
             memo[dev_key] = dev
-    _, peak, p_comm, p_stream = dev
+    _, peak, p_comm, p_stream, p_idle = dev
     step_s = step / 1e3
     mfu = model_flops / (step_s * par.gpus * peak)
     hfu = hw_flops / (step_s * par.gpus * peak)
@@ -1203,15 +1202,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if p_stream is None:
             p_stream = stream_power_w(spec, stream_gbps, power_model)
             if memo is not None:
-                memo[dev_key] = (spec, peak, p_comm, p_stream)
+                memo[dev_key] = (spec, peak, p_comm, p_stream, p_idle)
         e_acc = acc_ms * n_micro / 1e3 * p_stream
     else:
         e_acc = acc_ms * n_micro / 1e3 * 0.0
     e_chunk = chunk_sum("e_comp_j") * n_micro + e_acc
     if data_f.any():  # the GPU idles while a micro-batch is loaded, copied and broadcast (launch-bound)
-        from wattcast.models.power import idle_power_w
-
-        e_chunk = e_chunk + data_f * n_micro / 1e3 * idle_power_w(spec)
+        e_chunk = e_chunk + data_f * n_micro / 1e3 * p_idle
     e_opt_key = ("e_opt_stage", P, V)
     e_opt_s = sums.get(e_opt_key)
     if e_opt_s is None:
