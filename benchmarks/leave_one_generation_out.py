@@ -26,7 +26,10 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
 - ``bundle/floor``: the bundle's features, the target relative to the roofline plus the measuring source's floor
   (the physical fit's per-source floor, training generations only), predicted with the compared rows' source;
   ``bundle/additive``: the same floor added, not multiplied (``t = floor + ratio x roofline``, the trees learning the
-  ratio of what a kernel takes beyond its source's floor);
+  ratio of what a kernel takes beyond its source's floor); ``bundle/additive-vendor``: the floor per source *and
+  vendor* (XLA's CUPTI times on CUDA and on ROCm are fitted apart; a pair the training generations lack takes the
+  source's floor on the other vendor); ``bundle/additive-vendor/ceiling``: that, with the roofline divided by the
+  device's matmul ceiling (as in ``bundle/ceiling``);
 - ``normalised``: features that describe the kernel relative to its device only (intensity over the ridge point,
   wave quantisation and waves per SM for plausible tiles, tiles per SM, K depth, working set over L2, dtype), the
   power derating (W per peak TFLOP/s, base over boost clock), vendor, the MAMF ceiling (NaN where absent) and the
@@ -197,6 +200,26 @@ def fit_physical(inp: dict, y_us: np.ndarray, rows: np.ndarray) -> tuple[dict, f
     return unpack(sol.x)
 
 
+def additive_vendor_ms(df: pd.DataFrame, X: pd.DataFrame, specs: dict, ceil: np.ndarray, train: np.ndarray,
+                       test: np.ndarray, feats: list, cfg: TrainConfig, ceiling: bool = False) -> np.ndarray:
+    """``t = floor(source, vendor) + ratio x roofline`` (``/ ceiling`` with ``ceiling``) for the ``test`` rows: the
+    floors from the physical fit with the source keyed by vendor (training rows only), the ratio by the trees."""
+    vendor = np.array([specs[d].vendor for d in df["device"]])
+    inp = physical_inputs(df, specs, ceil)
+    inp["source"] = np.array([f"{s}@{v}" for s, v in zip(df["source"].to_numpy(), vendor)], dtype=object)
+    y_us = df["latency_ms"].to_numpy(dtype=float) * 1e3
+    floors = fit_physical(inp, y_us, train)[0]
+    by_source: dict = {}
+    for key, v in floors.items():
+        by_source.setdefault(key.split("@")[0], []).append(v)
+    median = float(np.median(list(floors.values())))
+    floor_ms = np.array([floors.get(k, np.mean(by_source.get(k.split("@")[0], [median]))) for k in inp["source"]]) / 1e3
+    ref = X["t_roof_ms"].to_numpy() / (ceil if ceiling else 1.0)
+    lat = df["latency_ms"].to_numpy(dtype=float)
+    ya = np.log(np.maximum(lat - floor_ms, 0.25 * ref) / ref)
+    return floor_ms[test] + np.exp(fit_predict(X[train], ya[train], X[test], feats, cfg)) * ref[test]
+
+
 def fit_predict(Xtr, ytr, Xte, feats, cfg: TrainConfig) -> np.ndarray:
     import lightgbm as lgb
 
@@ -274,7 +297,8 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             out.append(tab)
         # the spec-sheet tile/wave model (models/gemm_physics.py): its floor per source and cycles per tile fitted on
         # the training generations, the ceiling from MAMF (or the default); then trees on what it leaves
-        if models and not any(m.startswith("physical") or m in ("bundle/floor", "bundle/additive") for m in models):
+        if models and not any(m.startswith("physical") or m.startswith("bundle/additive") or m == "bundle/floor"
+                              for m in models):
             continue
         t0 = time.time()
         inp = physical_inputs(df, specs, ceil.astype(float))
@@ -313,6 +337,17 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             tab = error_table(df[test], pred, fold, "bundle/additive")
             if sizes is not None:
                 sizes.append(size_table(df[test], pred, fold, "bundle/additive"))
+            tab["fit_s"] = time.time() - t0
+            out.append(tab)
+        for model in ("bundle/additive-vendor", "bundle/additive-vendor/ceiling"):
+            if models and model not in models:
+                continue
+            t0 = time.time()
+            pred = additive_vendor_ms(df, X, specs, ceil.astype(float), train, test, bundle_feats, cfg,
+                                      ceiling=model.endswith("/ceiling"))
+            tab = error_table(df[test], pred, fold, model)
+            if sizes is not None:
+                sizes.append(size_table(df[test], pred, fold, model))
             tab["fit_s"] = time.time() - t0
             out.append(tab)
         yp = np.log(y_us / phys)
