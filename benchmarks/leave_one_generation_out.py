@@ -30,6 +30,9 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
   vendor* (XLA's CUPTI times on CUDA and on ROCm are fitted apart; a pair the training generations lack takes the
   source's floor on the other vendor); ``bundle/additive-vendor/ceiling``: that, with the roofline divided by the
   device's matmul ceiling (as in ``bundle/ceiling``);
+- ``bundle+floor-blend``: the shipped GEMM family's recipe (``models/gemm_floor.py``): ``bundle`` and
+  ``bundle/floor`` blended in log space by size (``bundle/floor`` alone below 0.5 GFLOP, ``bundle`` alone from 2 GFLOP,
+  log-linear between), tensor-core rows only (all the folds predict), each with its own source's floor;
 - ``normalised``: features that describe the kernel relative to its device only (intensity over the ridge point,
   wave quantisation and waves per SM for plausible tiles, tiles per SM, K depth, working set over L2, dtype), the
   power derating (W per peak TFLOP/s, base over boost clock), vendor, the MAMF ceiling (NaN where absent) and the
@@ -52,56 +55,27 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.catalog import resolve_device
-from wattcast.data.kernel_datasets import load_kernels, resolve_data_root
-from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.data.kernel_datasets import load_kernels
 from wattcast.featurize.kernel_features import featurize_kernels
+from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, blend_weight, blended_log_ratio
+from wattcast.training.gemm_floor import (DEFAULT_CEILING, fit_physical, floor_reference_ms, mamf_ratio,
+                                          physical_inputs, physical_us)
 from wattcast.training.kernels import TrainConfig, family_features
 
-# --- the spec-sheet tile/wave GEMM model ("physical" rows) ---
-# A spec-sheet tensor-core GEMM time: output tiles in waves over the SMs, a per-tile fixed cost, a launch floor.
-# 
+# The spec-sheet tile/wave GEMM model ("physical" rows) lives in training/gemm_floor.py (the shipped GEMM family's
+# floor member fits its per-source floors with it):
+#
 #     t_us = t0_us + max(waves x (tile main loop + tile_overhead), memory)
 #     tile main loop = 2 tm tn K / (peak / SMs x ceiling)       (one tile's FLOPs at one SM's share of the peak)
 #     waves          = ceil(B ceil(M / tm) ceil(N / tn) / SMs)   (NeuSight's wave quantisation)
-# 
-# The tile is the one of :data:`TENSOR_TILES` (or :data:`VECTOR_TILES` for FP32 vector math) that finishes first,
-# as a library's heuristic or autotuner would pick. ``ceiling`` is the device's best achievable fraction of its dense peak
-# (the MAMF table where it lists the device); ``tile_overhead`` is a fixed number of clock cycles per tile (prologue that
-# fills the pipeline, epilogue that writes the tile); ``t0_us`` is the timing floor of the measuring method (a CUPTI
-# kernel time, CUDA events around a launch, a profiler range). Fitted on Blackwell's XLA table alone (t0, cycles per
-# tile, ceiling) it explains B200 BF16 GEMMs >= 1 GFLOP within ~4% (ceiling 0.74; MAMF lists 0.776). What it found
-# (2026-11-25): the fold's fit does not transfer, because the terms that matter are the measuring source's, not the
-# GPU's: most XLA GEMMs >= 1 GFLOP take 6-30 us, of which ~5 us is the XLA/CUPTI floor (a 1 us error in it moves B200
-# MAPE by 5-15 points), and the per-tile cost fitted on the other sources (Vidur's per-layer profiles: ~6,400 cycles)
-# is ~50x the one B200's own XLA rows show (~135). No other NVIDIA GPU is measured through XLA in the visible data.
-
-#: candidate CTA tiles (rows x cols of C) for tensor-core GEMMs: the sizes cuBLAS/CUTLASS/hipBLASLt pick for large
-#: problems on Ampere..Blackwell and CDNA; smaller tiles for small problems
-TENSOR_TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
-#: FP32 SIMT GEMMs (no tensor cores): smaller tiles
-VECTOR_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (32, 64), (64, 32), (32, 32))
-#: the memory time's share of the peak bandwidth a streaming kernel reaches
-MEMORY_EFFICIENCY = 0.85
-
-def tile_wave_us(b, m, n, k, *, sms, peak_tflops, ceiling, tile_overhead_cycles, clock_mhz, t0_us, mem_bytes,
-                 bandwidth_gbps, tensor=True) -> np.ndarray:
-    """GEMM time in microseconds from the spec sheet (every argument broadcasts: arrays of rows or scalars)."""
-    b, m, n, k = (np.asarray(v, dtype=float) for v in (b, m, n, k))
-    sms = np.asarray(sms, dtype=float)
-    per_sm_flops_us = np.asarray(peak_tflops, dtype=float) * 1e6 / sms * np.asarray(ceiling, dtype=float)  # FLOP/us
-    over_us = np.asarray(tile_overhead_cycles, dtype=float) / np.asarray(clock_mhz, dtype=float)
-    best = None
-    for tm, tn in (TENSOR_TILES if tensor else VECTOR_TILES):
-        tiles = b * np.ceil(m / tm) * np.ceil(n / tn)
-        t = np.ceil(tiles / sms) * (2.0 * tm * tn * k / per_sm_flops_us + over_us)
-        best = t if best is None else np.minimum(best, t)
-    mem_us = np.asarray(mem_bytes, dtype=float) / (np.asarray(bandwidth_gbps, dtype=float) * 1e3 * MEMORY_EFFICIENCY)
-    return np.asarray(t0_us, dtype=float) + np.maximum(best, mem_us)
+#
+# Fitted on Blackwell's XLA table alone (t0, cycles per tile, ceiling) it explains B200 BF16 GEMMs >= 1 GFLOP within
+# ~4% (ceiling 0.74; MAMF lists 0.776). What it found (2026-11-25): the fold's fit does not transfer, because the terms
+# that matter are the measuring source's, not the GPU's: most XLA GEMMs >= 1 GFLOP take 6-30 us, of which ~5 us is the
+# XLA/CUPTI floor (a 1 us error in it moves B200 MAPE by 5-15 points), and the per-tile cost fitted on the other sources
+# (Vidur's per-layer profiles: ~6,400 cycles) is ~50x the one B200's own XLA rows show (~135).
 
 HELD_OUT = ("L4", "A100-PCIe-80GB")
-#: matmul ceiling (fraction of the dense tensor peak) for a device and dtype the MAMF table does not list: the median
-#: of its bf16 rows (0.74)
-DEFAULT_CEILING = 0.74
 FOLDS = {
     "Blackwell (B200)": ("B200",),
     "Ampere (A100)": ("A100-SXM4-80GB", "A100-80GB-unknown", "A100-PCIe-40GB"),
@@ -110,10 +84,6 @@ FOLDS = {
     "Hopper (H100/H200)": ("H100-SXM5-80GB", "H100-PCIe-80GB", "H200-SXM-141GB"),
 }
 SOURCES = ("xla", "vidur", "llmcompass", "deepbench", "neusight/kernels", "neusight/kernels_test")
-#: MAMF table name per catalog device (best achievable matmul TFLOP/s; ml-engineering, CC BY-SA 4.0)
-MAMF_NAME = {"A100-SXM4-80GB": "NVIDIA A100 SXM", "A100-80GB-unknown": "NVIDIA A100 SXM", "A100-PCIe-40GB": "NVIDIA A100 PCIe",
-             "B200": "NVIDIA B200 SXM", "MI355X": "AMD MI355X", "H100-SXM5-80GB": "NVIDIA H100 SXM",
-             "MI300X": "AMD MI300X"}
 NORMALISED = ("log_intensity_over_ridge", "log_ws_over_l2", "dtype_bytes", "is_tensor_dtype", "is_linear",
               "wave_eff_32x32", "wave_eff_64x64", "wave_eff_128x64", "wave_eff_128x128", "wave_eff_256x128",
               "log_waves_32x32", "log_waves_64x64", "log_waves_128x64", "log_waves_128x128", "log_waves_256x128",
@@ -131,20 +101,6 @@ def gemm_rows(root, fp32_sample: float, seed: int = 0, xla_tables=None) -> pd.Da
     return df[keep].reset_index(drop=True)
 
 
-def mamf_ratio(root, devices: pd.Series, dtypes: pd.Series, specs: dict) -> np.ndarray:
-    """Best achievable matmul TFLOP/s over the device's dense peak for the dtype, where the MAMF table has it."""
-    t = pd.read_csv(resolve_data_root(root) / "tensorcore" / "mamf_max_achievable_matmul_tflops.csv")
-    t["dtype"] = t["dtype"].map({"bf16": "bf16", "fp8_e4m3fn": "fp8"})
-    best = {(r.accelerator, r.dtype): r.mamf_tflops for r in t.itertuples() if np.isfinite(r.mamf_tflops)}
-    out = np.full(len(devices), np.nan)
-    for i, (d, dt) in enumerate(zip(devices.to_numpy(), dtypes.to_numpy())):
-        name = MAMF_NAME.get(d)
-        key = (name, "bf16" if dt in ("bf16", "fp16") else dt)
-        if name and key in best:
-            out[i] = best[key] / specs[d].peak_matrix_tflops(dt)
-    return out
-
-
 def features(df: pd.DataFrame, root) -> tuple[pd.DataFrame, np.ndarray, dict]:
     specs = {d: resolve_device(d if d != "A100-80GB-unknown" else "A100-SXM4-80GB") for d in df["device"].unique()}
     X = featurize_kernels(df, specs)
@@ -153,51 +109,6 @@ def features(df: pd.DataFrame, root) -> tuple[pd.DataFrame, np.ndarray, dict]:
     for s in SOURCES:
         X[f"src_{s}"] = (df["source"].to_numpy() == s).astype(float)
     return X, y, specs
-
-
-def physical_inputs(df: pd.DataFrame, specs: dict, ceil: np.ndarray) -> dict:
-    """Per-row spec-sheet inputs of :func:`wattcast.models.gemm_physics.tile_wave_us`."""
-    dev = df["device"].to_numpy()
-    dt = df["dtype"].to_numpy()
-    spec = [specs[d] for d in dev]
-    peak = np.array([s.peak_matrix_tflops(t) for s, t in zip(spec, dt)])
-    nbytes = np.array([DTYPE_BYTES[t] for t in dt], dtype=float)
-    b, m, n, k = (df[c].fillna(1).to_numpy(dtype=float) for c in ("B", "M", "N", "K"))
-    return dict(b=b, m=m, n=n, k=k, sms=np.array([s.num_sms for s in spec], dtype=float), peak_tflops=peak,
-                ceiling=ceil, clock_mhz=np.array([s.boost_clock_mhz for s in spec], dtype=float),
-                mem_bytes=b * (m * k + k * n + m * n) * nbytes,
-                bandwidth_gbps=np.array([s.memory_bandwidth_gbps for s in spec], dtype=float),
-                tensor=(dt != "fp32"), source=df["source"].to_numpy())
-
-
-def physical_us(inp: dict, t0_by_source: dict, over_tensor: float, over_vector: float,
-                rows: np.ndarray | None = None) -> np.ndarray:
-    sel = slice(None) if rows is None else rows
-    a = {k: (v[sel] if isinstance(v, np.ndarray) else v) for k, v in inp.items()}
-    # a source the fit never saw takes the median floor (computed once, not per row: this runs in the fit's loop)
-    t0 = pd.Series(a["source"]).map(t0_by_source).fillna(float(np.median(list(t0_by_source.values())))).to_numpy()
-    common = {k: a[k] for k in ("sms", "peak_tflops", "ceiling", "clock_mhz", "mem_bytes", "bandwidth_gbps")}
-    tc = tile_wave_us(a["b"], a["m"], a["n"], a["k"], tile_overhead_cycles=over_tensor, t0_us=t0, tensor=True, **common)
-    vc = tile_wave_us(a["b"], a["m"], a["n"], a["k"], tile_overhead_cycles=over_vector, t0_us=t0, tensor=False, **common)
-    return np.where(a["tensor"], tc, vc)
-
-
-def fit_physical(inp: dict, y_us: np.ndarray, rows: np.ndarray) -> tuple[dict, float, float]:
-    """Launch floor per source and cycles per tile (tensor, vector) by robust least squares on log time."""
-    from scipy.optimize import least_squares
-
-    srcs = sorted(set(inp["source"][rows]))
-
-    def unpack(p):
-        return dict(zip(srcs, p[:len(srcs)])), p[-2], p[-1]
-
-    def res(p):
-        return np.log(physical_us(inp, *unpack(p), rows=rows)) - np.log(y_us[rows])
-
-    p0 = np.r_[np.full(len(srcs), 5.0), 1500.0, 1500.0]
-    sol = least_squares(res, p0, bounds=(np.r_[np.zeros(len(srcs)), 0, 0], np.r_[np.full(len(srcs), 100.0), 1e5, 1e5]),
-                        loss="soft_l1", f_scale=0.1)
-    return unpack(sol.x)
 
 
 def additive_vendor_ms(df: pd.DataFrame, X: pd.DataFrame, specs: dict, ceil: np.ndarray, train: np.ndarray,
@@ -297,7 +208,7 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             out.append(tab)
         # the spec-sheet tile/wave model (models/gemm_physics.py): its floor per source and cycles per tile fitted on
         # the training generations, the ceiling from MAMF (or the default); then trees on what it leaves
-        if models and not any(m.startswith("physical") or m.startswith("bundle/additive") or m == "bundle/floor"
+        if models and not any(m.startswith("physical") or m.startswith("bundle/additive") or m in ("bundle/floor", "bundle+floor-blend")
                               for m in models):
             continue
         t0 = time.time()
@@ -314,16 +225,33 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         # only) as the trees' reference: at small sizes a kernel costs the floor, not a multiple of the roofline, so
         # a ratio learnt on slower GPUs does not shrink a new GPU's small GEMMs below what they can take
         # (the floor of a source the fit never saw: the median floor)
-        floor_ms = pd.Series(df["source"]).map(params[0]).fillna(float(np.median(list(params[0].values())))).to_numpy() / 1e3
-        if not models or "bundle/floor" in models:
+        floors_ms = {s: v / 1e3 for s, v in params[0].items()}
+        ref_ms = floor_reference_ms(X["t_roof_ms"].to_numpy(), df["source"].to_numpy(), floors_ms)
+        floor_ms = ref_ms - X["t_roof_ms"].to_numpy()
+        p_floor = None
+        if not models or "bundle/floor" in models or "bundle+floor-blend" in models:
             t0 = time.time()
-            ref_ms = X["t_roof_ms"].to_numpy() + floor_ms
             yf = np.log(df["latency_ms"].to_numpy(dtype=float) / ref_ms)
-            p = fit_predict(X[train], yf[train], X[test], bundle_feats, cfg)
-            tab = error_table(df[test], np.exp(p) * ref_ms[test], fold, "bundle/floor")
+            p_floor = fit_predict(X[train], yf[train], X[test], bundle_feats, cfg)
+            floor_fit_s = time.time() - t0
+        if not models or "bundle/floor" in models:
+            tab = error_table(df[test], np.exp(p_floor) * ref_ms[test], fold, "bundle/floor")
             if sizes is not None:
-                sizes.append(size_table(df[test], np.exp(p) * ref_ms[test], fold, "bundle/floor"))
-            tab["fit_s"] = time.time() - t0
+                sizes.append(size_table(df[test], np.exp(p_floor) * ref_ms[test], fold, "bundle/floor"))
+            tab["fit_s"] = floor_fit_s
+            out.append(tab)
+        # the shipped recipe (models/gemm_floor.py): the roofline member and the floor member blended by size, each
+        # compared row predicted with its own source's floor
+        if not models or "bundle+floor-blend" in models:
+            t0 = time.time()
+            p_roof = fit_predict(X[train], y[train], X[test], bundle_feats, cfg)
+            gflop = 2.0 * df["B"].fillna(1).to_numpy() * df["M"].to_numpy() * df["N"].to_numpy() * df["K"].to_numpy() / 1e9
+            roof = X["t_roof_ms"].to_numpy()[test]
+            lr = blended_log_ratio(p_roof, p_floor, roof, floor_ms[test], blend_weight(gflop[test], *FLOOR_BLEND_GFLOP))
+            tab = error_table(df[test], np.exp(lr) * roof, fold, "bundle+floor-blend")
+            if sizes is not None:
+                sizes.append(size_table(df[test], np.exp(lr) * roof, fold, "bundle+floor-blend"))
+            tab["fit_s"] = time.time() - t0 + floor_fit_s
             out.append(tab)
         # the floor added, not multiplied: t = floor + ratio x roofline, the trees learning the ratio of what the
         # kernel takes beyond its source's floor (a GPU-side ratio that should not grow a faster GPU's floor)

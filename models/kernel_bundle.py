@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
+from wattcast.models.gemm_floor import check_floor_blend
 from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate, Surrogate, choice_members
 from wattcast.models.manifest import check_model_file, read_manifest, sha256_file
 from wattcast.models.versioned import Layout, install_version, resolve_live
@@ -83,6 +84,11 @@ class FamilyModel:
     #: band), ``margin`` (per device descriptor, the extrapolation beyond the training range the folds covered:
     #: device-OOD starts beyond it), ``folds`` (per held-out generation: rows, MAPE, signed bias); None = not run
     logo: dict | None = None
+    #: small tensor-core GEMMs (models/gemm_floor.py): LightGBM on log(measured / (roofline + the measuring source's
+    #: floor)), blended in below ``floor_blend["gflop"][1]`` GFLOP; ``floor_blend`` = {"floors_ms": {source: ms},
+    #: "source": the floor predictions use, "gflop": [lo, hi]}. None (older bundles, other families): not blended
+    floor_lgbm: LGBMSurrogate | None = None
+    floor_blend: dict | None = None
 
     @property
     def calibrated_band_log(self) -> tuple[float, float]:
@@ -225,13 +231,17 @@ class KernelBundle:
                 fn = f"kernel_{name}.lgbm.txt"
                 fm.lgbm.save(folder / fn)
                 entry["lgbm"] = fn
+            if fm.floor_lgbm is not None and fm.floor_blend:
+                fn = f"kernel_{name}_floor.lgbm.txt"
+                fm.floor_lgbm.save(folder / fn)
+                entry["floor_blend"] = {**fm.floor_blend, "lgbm": fn}
             if fm.mlp is not None:
                 for k, v in fm.mlp.weights().items():
                     tensors[f"{name}/{k}"] = v
             fams[name] = entry
         if tensors:
             save_file(tensors, str(folder / MLP_FILE))
-        written = sorted({e["lgbm"] for e in fams.values() if e["lgbm"]} | ({MLP_FILE} if tensors else set()))
+        written = sorted({e["lgbm"] for e in fams.values() if e["lgbm"]} | _floor_files(fams) | ({MLP_FILE} if tensors else set()))
         manifest = {"schema": BUNDLE_SCHEMA, "families": fams, **self.meta,
                     "files": {fn: sha256_file(folder / fn) for fn in written}}
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
@@ -263,6 +273,16 @@ class KernelBundle:
             if e.get("mlp"):
                 w = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(name + "/")}
                 mlp = MLPSurrogate(e["features"], w)
+            floor_lgbm, floor_blend = None, None
+            if e.get("floor_blend"):
+                try:
+                    floor_blend = check_floor_blend(e["floor_blend"], f"{folder / MANIFEST}: family {name!r}")
+                except ValueError as err:
+                    raise BundleError(str(err)) from None
+                fn = e["floor_blend"].get("lgbm")
+                if not fn:
+                    raise BundleError(f"{folder / MANIFEST}: family {name!r}: 'floor_blend' names no 'lgbm' file")
+                floor_lgbm = LGBMSurrogate.load(_check_file(folder, fn, manifest), e["features"])
             fams[name] = FamilyModel(
                 family=name,
                 features=list(e["features"]),
@@ -275,9 +295,16 @@ class KernelBundle:
                 lgbm=lg,
                 mlp=mlp,
                 logo=e.get("logo") or None,
+                floor_lgbm=floor_lgbm,
+                floor_blend=floor_blend,
             )
         meta = {k: v for k, v in manifest.items() if k not in ("schema", "families")}
         return cls(fams, meta)
+
+
+def _floor_files(families: dict) -> set[str]:
+    """The floor members' LightGBM files a manifest's ``families`` name."""
+    return {e["floor_blend"]["lgbm"] for e in families.values() if (e.get("floor_blend") or {}).get("lgbm")}
 
 
 def shipped_folder() -> Path:
@@ -319,7 +346,7 @@ def add_hashes(folder: str | Path) -> dict:
     folder = resolve_bundle_folder(folder)
     path = Path(folder) / MANIFEST
     manifest = json.loads(path.read_text(encoding="utf-8"))
-    names = {e["lgbm"] for e in manifest["families"].values() if e.get("lgbm")}
+    names = {e["lgbm"] for e in manifest["families"].values() if e.get("lgbm")} | _floor_files(manifest["families"])
     if (Path(folder) / MLP_FILE).is_file():
         names.add(MLP_FILE)
     manifest["files"] = {fn: sha256_file(Path(folder) / fn) for fn in sorted(names)}

@@ -10,6 +10,7 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
+from wattcast.models.gemm_floor import blend_weight, blended_log_ratio
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate
 from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
@@ -230,6 +231,23 @@ VECTOR_SKIPPED_DESCRIPTORS = frozenset({"dev_log_peak_tflops", "dev_log_peak_vec
 _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
 
+def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p: np.ndarray,
+                 t_roof_ms: np.ndarray) -> np.ndarray:
+    """The family's log ratios ``p`` with its small tensor-core GEMMs blended with the floor member
+    (:mod:`wattcast.models.gemm_floor`); the floor member runs only on the rows it weighs in."""
+    idx = slice(None) if rows is None else rows
+    lo, hi = fm.floor_blend["gflop"]
+    w = blend_weight(X["flops"].to_numpy(dtype=float)[idx] / 1e9, lo, hi)
+    sel = np.flatnonzero((X["is_tensor_dtype"].to_numpy()[idx] > 0.5) & (w < 1.0))
+    if not len(sel):
+        return p
+    p_floor = fm.floor_lgbm.predict_matrix(np.ascontiguousarray(A[sel, : len(fm.features)]))
+    out = np.array(p, dtype=np.float64, copy=True)
+    out[sel] = blended_log_ratio(out[sel], p_floor, t_roof_ms[sel], fm.floor_blend["floors_ms"][fm.floor_blend["source"]],
+                                 w[sel])
+    return out
+
+
 def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_ms: np.ndarray | None = None
                       ) -> dict[str, object]:
     """The output columns for the featurised rows ``X`` (per-family surrogates + OOD check): arrays, and
@@ -267,6 +285,8 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         cols = _family_columns(fm, X)
         A = _family_matrix(X, cols, rows)
         p, spread = fm.predict_log_ratio_matrix(A[:, : len(fm.features)])
+        if fm.floor_lgbm is not None and fm.floor_blend:
+            p = _floor_blend(fm, X, A, rows, p, t_roof[m])
         matmul = f in DTYPE_CLASS_FAMILIES
         shape_ood, dev_ood = fm.ood_mask_matrix(A, cols, frozenset() if matmul else VECTOR_SKIPPED_DESCRIPTORS)
         if matmul:

@@ -180,7 +180,8 @@ def run_train_kernels(
     fp = dataset_fingerprint(train[["op", "dtype", "B", "M", "N", "K", "H", "device", "latency_ms"]])
     log(f"training rows: {len(train):,} on {train['device'].nunique()} GPUs; held out: {', '.join(holdout)}; fingerprint {fp}")
 
-    bundle, lodo_tables, val = train_bundle(train, specs, cfg, progress=progress, extra_val=user_val)
+    bundle, lodo_tables, val = train_bundle(train, specs, cfg, progress=progress, extra_val=user_val,
+                                            data_root=None if only_csv else data)
     # leave one generation out: the band a new generation's prediction carries and where device-OOD starts
     cal = calibrate_generations(train, specs, bundle, rounds=max(cfg.lgbm_rounds // 2, 30),
                                 max_rows=max(cfg.max_rows_per_fit // 2, 4000), seed=cfg.seed,

@@ -25,7 +25,9 @@ from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURES_BY_FAMILY, featurize_kernels
 from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
+from wattcast.models.gemm_floor import PREDICT_SOURCE
 from wattcast.models.kernel_surrogates import CANDIDATES, CHOICES, LGBMSurrogate, MLPSurrogate, RooflineSurrogate
+from wattcast.training.gemm_floor import fit_floor_member
 
 #: NeuSight (ASPLOS'25) published out-of-distribution per-op errors, percent (the bar to halve)
 NEUSIGHT_OOD_MAPE = {"bmm": 13.8, "linear": 13.9, "elementwise": 19.3, "softmax": 13.9, "layernorm": 56.7}
@@ -50,6 +52,11 @@ def family_features(family: str) -> list[str]:
     if family in VECTOR_DEVICE_FEATURES:
         feats = [f for f in feats if f not in DEVICE_FEATURES] + list(VECTOR_DEVICE_FEATURES[family])
     return feats
+
+
+#: families fitted with a floor member for their small tensor-core kernels (models/gemm_floor.py; leave one
+#: generation out measured it for GEMMs only)
+FLOOR_MEMBER_FAMILIES = ("gemm",)
 
 
 @dataclass
@@ -143,8 +150,10 @@ def train_bundle(
     cfg: TrainConfig,
     progress: Callable[[str, int], None] | None = None,
     extra_val: pd.DataFrame | None = None,
+    data_root=None,
 ) -> tuple[KernelBundle, dict[str, pd.DataFrame], pd.DataFrame]:
-    """Fit one model per family on ``train`` (no held-out GPU rows!). Returns bundle, LODO tables, val split."""
+    """Fit one model per family on ``train`` (no held-out GPU rows!). Returns bundle, LODO tables, val split.
+    ``data_root``: the datasets folder whose MAMF table gives the GEMM floor member's matmul ceilings (else defaults)."""
     rng = np.random.default_rng(cfg.seed)
     held = set(cfg.holdout)
     leaked = sorted(set(train["device"]) & held)
@@ -203,6 +212,14 @@ def train_bundle(
             lgbm=lg,
             mlp=mlp,
         )
+        if fam in FLOOR_MEMBER_FAMILIES and "source" in train and PREDICT_SOURCE in set(train["source"].to_numpy()[m]):
+            # small tensor-core GEMMs against the measuring floor (models/gemm_floor.py), on the same subsample size
+            idx = np.flatnonzero(m)
+            if len(idx) > cfg.max_rows_per_fit:
+                idx = np.sort(rng.choice(idx, cfg.max_rows_per_fit, replace=False))
+            families[fam].floor_lgbm, families[fam].floor_blend = fit_floor_member(
+                train.iloc[idx], X_all.iloc[idx], specs, feats, rounds=cfg.lgbm_rounds, seed=cfg.seed, root=data_root)
+            tick()
     meta = {
         "train_devices": sorted(set(train.loc[~is_val, "device"])),
         "holdout_devices": list(cfg.holdout),

@@ -1,0 +1,61 @@
+"""Small tensor-core GEMMs against the measuring floor: the GEMM family's second LightGBM member, blended in by size.
+
+The GEMM family's trees learn ``log(measured / roofline)``. Below ~1 GFLOP a kernel's time is mostly a fixed floor
+(launch, prologue/epilogue, the timing method's own overhead), not a multiple of the roofline, so a ratio learnt on
+slower GPUs does not shrink to a new GPU's small GEMMs: leave one generation out, the shipped recipe had small GEMMs
+within 20% on 4 of 14 held-out device x dtype cells (B200 -31%, H100 +63%, A100 Vidur +76%). A second LightGBM learns
+``log(measured / (roofline + floor))`` with ``floor`` the measuring source's timing floor (fitted per source on the
+training rows with the spec-sheet tile/wave model, ``training/gemm_floor.py``); it reaches 9 of 14 cells, while the
+first stays better on large GEMMs. The two are blended in log space by the GEMM's size: the floor member alone below
+``gflop[0]``, the roofline member alone from ``gflop[1]``, log-linear in GFLOP between (no step in predicted time).
+Measured with ``benchmarks/leave_one_generation_out.py`` (``bundle+floor-blend``, the shipped recipe's LightGBM).
+
+At prediction time the floor is the one of ``source``: XLA's, a CUPTI kernel time -- what a kernel of a training
+step takes on the GPU (the scheduler adds the host's launch cost where the CPU cannot keep up). Only tensor-core
+dtypes are blended: FP32 GEMMs were measured by one kind of source (NeuSight's CUDA events) and keep the first member.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: GFLOP below which the floor member alone predicts, and from which the roofline member alone does (log-linear blend)
+FLOOR_BLEND_GFLOP = (0.5, 2.0)
+#: the measuring source whose floor a prediction uses: a CUPTI kernel time, as a training step's kernels take
+PREDICT_SOURCE = "xla"
+
+
+def blend_weight(gflop: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Weight of the roofline member per row: 0 at or below ``lo`` GFLOP, 1 at or above ``hi``, log-linear between."""
+    if not 0 < lo < hi:
+        raise ValueError(f"floor blend range must satisfy 0 < lo < hi GFLOP, got ({lo}, {hi})")
+    g = np.maximum(np.asarray(gflop, dtype=float), 1e-30)
+    return np.clip((np.log(g) - np.log(lo)) / (np.log(hi) - np.log(lo)), 0.0, 1.0)
+
+
+def blended_log_ratio(p_roof: np.ndarray, p_floor: np.ndarray, t_roof_ms: np.ndarray, floor_ms, w: np.ndarray
+                      ) -> np.ndarray:
+    """``log(t / t_roof)`` of the blend: ``w`` x the roofline member's log ratio + (1 - ``w``) x the floor member's
+    prediction ``exp(p_floor) x (t_roof + floor)`` as a log ratio to the roofline (``floor_ms`` a scalar or per row)."""
+    t_roof_ms = np.asarray(t_roof_ms, dtype=float)
+    p_f = np.asarray(p_floor, dtype=float) + np.log((t_roof_ms + np.asarray(floor_ms, dtype=float)) / t_roof_ms)
+    return w * np.asarray(p_roof, dtype=float) + (1.0 - w) * p_f
+
+
+def check_floor_blend(spec: dict, where: str) -> dict:
+    """A bundle's ``floor_blend`` entry, checked: ``floors_ms`` (source -> ms, each > 0), ``source`` among them and
+    ``gflop`` [lo, hi] with 0 < lo < hi. Raises ValueError naming ``where`` and the bad key."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: 'floor_blend' must be a mapping")
+    floors = spec.get("floors_ms")
+    if not isinstance(floors, dict) or not floors or not all(
+            isinstance(v, (int, float)) and np.isfinite(v) and v > 0 for v in floors.values()):
+        raise ValueError(f"{where}: 'floor_blend.floors_ms' must map each source to a positive floor in ms")
+    if spec.get("source") not in floors:
+        raise ValueError(f"{where}: 'floor_blend.source' {spec.get('source')!r} is not one of {sorted(floors)}")
+    g = spec.get("gflop")
+    if not (isinstance(g, (list, tuple)) and len(g) == 2):
+        raise ValueError(f"{where}: 'floor_blend.gflop' must be [lo, hi]")
+    blend_weight(np.ones(1), float(g[0]), float(g[1]))  # 0 < lo < hi
+    return {"floors_ms": {str(k): float(v) for k, v in floors.items()}, "source": str(spec["source"]),
+            "gflop": [float(g[0]), float(g[1])]}
