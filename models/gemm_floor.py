@@ -13,6 +13,8 @@ Measured with ``benchmarks/leave_one_generation_out.py`` (``bundle+floor-blend``
 At prediction time the floor is the one of ``source``: XLA's, a CUPTI kernel time -- what a kernel of a training
 step takes on the GPU (the scheduler adds the host's launch cost where the CPU cannot keep up). Only tensor-core
 dtypes are blended: FP32 GEMMs were measured by one kind of source (NeuSight's CUDA events) and keep the first member.
+A blended row's ``model`` column reads ``<choice>+floor``. Its band is still the roofline member's (the generation
+calibration refits that member alone per fold); the floor member moves the prediction, and the band moves with it.
 """
 
 from __future__ import annotations

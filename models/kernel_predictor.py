@@ -233,19 +233,20 @@ _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
 def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p: np.ndarray,
                  t_roof_ms: np.ndarray) -> np.ndarray:
-    """The family's log ratios ``p`` with its small tensor-core GEMMs blended with the floor member
-    (:mod:`wattcast.models.gemm_floor`); the floor member runs only on the rows it weighs in."""
+    """(the family's log ratios ``p`` with its small tensor-core GEMMs blended with the floor member
+    (:mod:`wattcast.models.gemm_floor`), the positions in ``p`` of the rows blended); the floor member runs only on
+    the rows it weighs in."""
     idx = slice(None) if rows is None else rows
     lo, hi = fm.floor_blend["gflop"]
     w = blend_weight(X["flops"].to_numpy(dtype=float)[idx] / 1e9, lo, hi)
     sel = np.flatnonzero((X["is_tensor_dtype"].to_numpy()[idx] > 0.5) & (w < 1.0))
     if not len(sel):
-        return p
+        return p, sel
     p_floor = fm.floor_lgbm.predict_matrix(np.ascontiguousarray(A[sel, : len(fm.features)]))
     out = np.array(p, dtype=np.float64, copy=True)
     out[sel] = blended_log_ratio(out[sel], p_floor, t_roof_ms[sel], fm.floor_blend["floors_ms"][fm.floor_blend["source"]],
                                  w[sel])
-    return out
+    return out, sel
 
 
 def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_ms: np.ndarray | None = None
@@ -285,8 +286,9 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         cols = _family_columns(fm, X)
         A = _family_matrix(X, cols, rows)
         p, spread = fm.predict_log_ratio_matrix(A[:, : len(fm.features)])
+        blended = None
         if fm.floor_lgbm is not None and fm.floor_blend:
-            p = _floor_blend(fm, X, A, rows, p, t_roof[m])
+            p, blended = _floor_blend(fm, X, A, rows, p, t_roof[m])
         matmul = f in DTYPE_CLASS_FAMILIES
         shape_ood, dev_ood = fm.ood_mask_matrix(A, cols, frozenset() if matmul else VECTOR_SKIPPED_DESCRIPTORS)
         if matmul:
@@ -317,6 +319,9 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         hi[m] = p + band[1] * widen + spread
         o[m] = oo
         model_codes[m] = code(model_names, fm.choice if fm.choice != RooflineSurrogate.name else "roofline-fallback")
+        if blended is not None and len(blended):
+            # rows the floor member weighed in on (models/gemm_floor.py) say so
+            model_codes[blended if rows is None else rows[blended]] = code(model_names, f"{fm.choice}+floor")
         why_codes[m] = shape_ood + 2 * dev_ood.astype(np.intp)
     return {
         "pred_latency_ms": t_roof * np.exp(lr),

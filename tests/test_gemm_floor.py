@@ -74,7 +74,9 @@ def test_only_small_tensor_core_gemms_are_blended():
         dict(op="linear", dtype="fp32", B=1, M=256, N=256, K=256),      # FP32: never blended
         dict(op="add", dtype="bf16", B=1, H=4096),
     ])
-    with_floor = predict_kernels(rows, "H100-SXM5-80GB", b)["pred_latency_ms"].to_numpy()
+    out = predict_kernels(rows, "H100-SXM5-80GB", b)
+    with_floor = out["pred_latency_ms"].to_numpy()
+    assert [m.endswith("+floor") for m in out["model"]] == [True, True, False, False, False]
     alone = predict_kernels(rows, "H100-SXM5-80GB", _without_floor(b))["pred_latency_ms"].to_numpy()
     assert with_floor[0] != pytest.approx(alone[0], rel=1e-6)
     assert with_floor[1] != pytest.approx(alone[1], rel=1e-6)

@@ -153,6 +153,21 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                 why[m] = f"no surrogate for family {f!r}"
                 continue
             p, spread, shape_ood, dev_ood = _reference_family(fm, X[m], f)
+            floor_rows = np.zeros(int(m.sum()), dtype=bool)
+            if fm.floor_lgbm is not None and fm.floor_blend:
+                # small tensor-core GEMMs: the floor member's exp(q) x (roofline + floor) blended in by size, in log
+                # space, with weight (log GFLOP - log lo) / (log hi - log lo) clipped to [0, 1] for the roofline member
+                Xm = X[m]
+                lo_g, hi_g = fm.floor_blend["gflop"]
+                floor_ms_src = fm.floor_blend["floors_ms"][fm.floor_blend["source"]]
+                q = fm.floor_lgbm.booster.predict(Xm[fm.features].to_numpy(dtype=np.float64), num_threads=0)
+                for i in range(len(Xm)):
+                    g = float(Xm["flops"].iloc[i]) / 1e9
+                    w = min(max((np.log(g) - np.log(lo_g)) / (np.log(hi_g) - np.log(lo_g)), 0.0), 1.0)
+                    if Xm["is_tensor_dtype"].iloc[i] > 0.5 and w < 1.0:
+                        tr = t_roof[m][i]
+                        p[i] = w * p[i] + (1.0 - w) * (q[i] + np.log((tr + floor_ms_src) / tr))
+                        floor_rows[i] = True
             oo = shape_ood | dev_ood
             widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
             band = fm.logo["band_log"] if fm.logo else fm.band_log  # the generation-calibrated band where there is one
@@ -173,7 +188,7 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             lo[m] = lo_m
             hi[m] = p + band[1] * widen + spread
             o[m] = oo
-            mname[m] = fm.choice if fm.choice != "roofline" else "roofline-fallback"
+            mname[m] = np.where(floor_rows, f"{fm.choice}+floor", fm.choice if fm.choice != "roofline" else "roofline-fallback")
             why[m] = np.where(shape_ood & dev_ood, "shape+device", np.where(shape_ood, "shape", np.where(dev_ood, "device", "")))
         pred[ok] = t_roof * np.exp(lr)
         low[ok] = t_roof * np.exp(np.minimum(lo, lr))
