@@ -232,7 +232,7 @@ _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
 
 def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p: np.ndarray,
-                 t_roof_ms: np.ndarray) -> np.ndarray:
+                 t_roof_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the family's log ratios ``p`` with its small tensor-core GEMMs blended with the floor member
     (:mod:`wattcast.models.gemm_floor`), the positions in ``p`` of the rows blended); the floor member runs only on
     the rows it weighs in."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -213,10 +214,12 @@ def train_bundle(
             mlp=mlp,
         )
         if fam in FLOOR_MEMBER_FAMILIES and "source" in train and PREDICT_SOURCE in set(train["source"].to_numpy()[m]):
-            # small tensor-core GEMMs against the measuring floor (models/gemm_floor.py), on the same subsample size
+            # small tensor-core GEMMs against the measuring floor (models/gemm_floor.py), on the same subsample size;
+            # a random stream of its own, so the families fitted after this one draw as they did without it
             idx = np.flatnonzero(m)
             if len(idx) > cfg.max_rows_per_fit:
-                idx = np.sort(rng.choice(idx, cfg.max_rows_per_fit, replace=False))
+                floor_rng = np.random.default_rng([cfg.seed, zlib.crc32(b"floor member")])
+                idx = np.sort(floor_rng.choice(idx, cfg.max_rows_per_fit, replace=False))
             families[fam].floor_lgbm, families[fam].floor_blend = fit_floor_member(
                 train.iloc[idx], X_all.iloc[idx], specs, feats, rounds=cfg.lgbm_rounds, seed=cfg.seed, root=data_root)
             tick()
