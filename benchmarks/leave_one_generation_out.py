@@ -62,18 +62,8 @@ from wattcast.training.gemm_floor import (DEFAULT_CEILING, fit_physical, floor_r
                                           physical_inputs, physical_us)
 from wattcast.training.kernels import TrainConfig, family_features
 
-# The spec-sheet tile/wave GEMM model ("physical" rows) lives in training/gemm_floor.py (the shipped GEMM family's
-# floor member fits its per-source floors with it):
-#
-#     t_us = t0_us + max(waves x (tile main loop + tile_overhead), memory)
-#     tile main loop = 2 tm tn K / (peak / SMs x ceiling)       (one tile's FLOPs at one SM's share of the peak)
-#     waves          = ceil(B ceil(M / tm) ceil(N / tn) / SMs)   (NeuSight's wave quantisation)
-#
-# Fitted on Blackwell's XLA table alone (t0, cycles per tile, ceiling) it explains B200 BF16 GEMMs >= 1 GFLOP within
-# ~4% (ceiling 0.74; MAMF lists 0.776). What it found (2026-11-25): the fold's fit does not transfer, because the terms
-# that matter are the measuring source's, not the GPU's: most XLA GEMMs >= 1 GFLOP take 6-30 us, of which ~5 us is the
-# XLA/CUPTI floor (a 1 us error in it moves B200 MAPE by 5-15 points), and the per-tile cost fitted on the other sources
-# (Vidur's per-layer profiles: ~6,400 cycles) is ~50x the one B200's own XLA rows show (~135).
+# The spec-sheet tile/wave GEMM model ("physical" rows) and its per-source floor fit live in training/gemm_floor.py
+# (the shipped GEMM family's floor member is fitted with them; the formula and what it found are documented there).
 
 HELD_OUT = ("L4", "A100-PCIe-80GB")
 FOLDS = {

@@ -20,11 +20,11 @@ from wattcast.models.kernel_surrogates import LGBMSurrogate
 
 # --- the spec-sheet tile/wave GEMM model ("physical" rows) ---
 # A spec-sheet tensor-core GEMM time: output tiles in waves over the SMs, a per-tile fixed cost, a launch floor.
-# 
+#
 #     t_us = t0_us + max(waves x (tile main loop + tile_overhead), memory)
 #     tile main loop = 2 tm tn K / (peak / SMs x ceiling)       (one tile's FLOPs at one SM's share of the peak)
 #     waves          = ceil(B ceil(M / tm) ceil(N / tn) / SMs)   (NeuSight's wave quantisation)
-# 
+#
 # The tile is the one of :data:`TENSOR_TILES` (or :data:`VECTOR_TILES` for FP32 vector math) that finishes first,
 # as a library's heuristic or autotuner would pick. ``ceiling`` is the device's best achievable fraction of its dense peak
 # (the MAMF table where it lists the device); ``tile_overhead`` is a fixed number of clock cycles per tile (prologue that
@@ -43,6 +43,7 @@ TENSOR_TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 6
 VECTOR_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (32, 64), (64, 32), (32, 32))
 #: the memory time's share of the peak bandwidth a streaming kernel reaches
 MEMORY_EFFICIENCY = 0.85
+
 
 def tile_wave_us(b, m, n, k, *, sms, peak_tflops, ceiling, tile_overhead_cycles, clock_mhz, t0_us, mem_bytes,
                  bandwidth_gbps, tensor=True) -> np.ndarray:
