@@ -37,7 +37,7 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
   wave quantisation and waves per SM for plausible tiles, tiles per SM, K depth, working set over L2, dtype), the
   power derating (W per peak TFLOP/s, base over boost clock), vendor, the MAMF ceiling (NaN where absent) and the
   source; ``normalised/ceiling`` with the ceiling-relative target.
-- ``physical``: the spec-sheet tile/wave model below (floor per source and cycles per tile fitted on the training
+- ``physical``: the spec-sheet tile/wave model of ``training/gemm_floor.py`` (floor per source and cycles per tile fitted on the training
   generations; ceiling from MAMF or the default); ``physical+trees`` / ``physical+normalised``: LightGBM on what it
   leaves, with the bundle's or the normalised features. ``--models`` picks a subset.
 
