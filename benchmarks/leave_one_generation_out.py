@@ -101,13 +101,14 @@ def features(df: pd.DataFrame, root) -> tuple[pd.DataFrame, np.ndarray, dict]:
     return X, y, specs
 
 
-def additive_vendor_ms(df: pd.DataFrame, X: pd.DataFrame, specs: dict, ceil: np.ndarray, train: np.ndarray,
+def additive_vendor_ms(df: pd.DataFrame, X: pd.DataFrame, specs: dict, inp: dict, train: np.ndarray,
                        test: np.ndarray, feats: list, cfg: TrainConfig, ceiling: bool = False) -> np.ndarray:
     """``t = floor(source, vendor) + ratio x roofline`` (``/ ceiling`` with ``ceiling``) for the ``test`` rows: the
-    floors from the physical fit with the source keyed by vendor (training rows only), the ratio by the trees."""
+    floors from the physical fit (``inp``: :func:`physical_inputs` of ``df``) with the source keyed by vendor (training
+    rows only), the ratio by the trees."""
     vendor = np.array([specs[d].vendor for d in df["device"]])
-    inp = physical_inputs(df, specs, ceil)
-    inp["source"] = np.array([f"{s}@{v}" for s, v in zip(df["source"].to_numpy(), vendor)], dtype=object)
+    inp = dict(inp, source=np.array([f"{s}@{v}" for s, v in zip(df["source"].to_numpy(), vendor)], dtype=object))
+    ceil = inp["ceiling"]
     y_us = df["latency_ms"].to_numpy(dtype=float) * 1e3
     floors = fit_physical(inp, y_us, train)[0]
     by_source: dict = {}
@@ -121,6 +122,11 @@ def additive_vendor_ms(df: pd.DataFrame, X: pd.DataFrame, specs: dict, ceil: np.
     return floor_ms[test] + np.exp(fit_predict(X[train], ya[train], X[test], feats, cfg)) * ref[test]
 
 
+def gemm_gflop(df: pd.DataFrame) -> np.ndarray:
+    """Each GEMM row's GFLOP (2 B M N K / 1e9; B = 1 where absent)."""
+    return 2.0 * df["B"].fillna(1).to_numpy() * df["M"].to_numpy() * df["N"].to_numpy() * df["K"].to_numpy() / 1e9
+
+
 def fit_predict(Xtr, ytr, Xte, feats, cfg: TrainConfig) -> np.ndarray:
     import lightgbm as lgb
 
@@ -132,7 +138,7 @@ def fit_predict(Xtr, ytr, Xte, feats, cfg: TrainConfig) -> np.ndarray:
 
 def error_table(df: pd.DataFrame, pred_ms: np.ndarray, fold: str, model: str) -> pd.DataFrame:
     err = 100 * (pred_ms - df["latency_ms"].to_numpy()) / df["latency_ms"].to_numpy()
-    gflop = 2.0 * df["B"].fillna(1).to_numpy() * df["M"].to_numpy() * df["N"].to_numpy() * df["K"].to_numpy() / 1e9
+    gflop = gemm_gflop(df)
     t = pd.DataFrame({"fold": fold, "model": model, "device": df["device"].to_numpy(), "dtype": df["dtype"].to_numpy(),
                       "source": df["source"].to_numpy(), "size": np.where(gflop >= 1.0, ">= 1 GFLOP", "< 1 GFLOP"),
                       "err": err})
@@ -149,7 +155,7 @@ def size_table(df: pd.DataFrame, pred_ms: np.ndarray, fold: str, model: str) -> 
     """MAPE and signed bias per GEMM size bucket (GFLOP), device and dtype: where a fold's error sits. A bias that
     changes sign with size says a term of the model is wrong, which one mean over all sizes cannot show."""
     err = 100 * (pred_ms - df["latency_ms"].to_numpy()) / df["latency_ms"].to_numpy()
-    gflop = 2.0 * df["B"].fillna(1).to_numpy() * df["M"].to_numpy() * df["N"].to_numpy() * df["K"].to_numpy() / 1e9
+    gflop = gemm_gflop(df)
     t = pd.DataFrame({"fold": fold, "model": model, "device": df["device"].to_numpy(), "dtype": df["dtype"].to_numpy(),
                       "gflop": pd.cut(gflop, SIZE_EDGES_GFLOP, right=False), "err": err,
                       "measured_us": df["latency_ms"].to_numpy() * 1e3})
@@ -169,6 +175,15 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
     cfg = TrainConfig()
     bundle_feats = family_features("gemm")
     norm_feats = list(NORMALISED) + ["mamf_ratio"] + [f"src_{s}" for s in SOURCES]
+    # the device's matmul ceiling (MAMF's best over peak; DEFAULT_CEILING for a tensor dtype it does not list,
+    # 1 for FP32 vector peaks): efficiency relative to it is what the trees learn in the "ceiling" variants; it, the
+    # tile/wave model's inputs and the GEMMs' sizes are the same in every fold
+    ceil = np.where(np.isfinite(X["mamf_ratio"]), X["mamf_ratio"], np.where(df["dtype"] == "fp32", 1.0, DEFAULT_CEILING))
+    ceil = ceil.astype(float)
+    log_c = np.log(ceil)
+    inp = physical_inputs(df, specs, ceil)
+    y_us = df["latency_ms"].to_numpy(dtype=float) * 1e3
+    gflop = gemm_gflop(df)
     out = []
     for fold, devices in FOLDS.items():
         test = df["device"].isin(devices).to_numpy() & (df["dtype"] != "fp32").to_numpy()
@@ -177,10 +192,6 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             print(f"{fold}: no tensor-dtype GEMM rows to predict (skipped)")
             continue
         src_feats = [f"src_{s}" for s in SOURCES]
-        # the device's matmul ceiling (MAMF's best over peak; DEFAULT_CEILING for a tensor dtype it does not list,
-        # 1 for FP32 vector peaks): efficiency relative to it is what the trees learn in the "ceiling" variants
-        ceil = np.where(np.isfinite(X["mamf_ratio"]), X["mamf_ratio"], np.where(df["dtype"] == "fp32", 1.0, DEFAULT_CEILING))
-        log_c = np.log(ceil.astype(float))
         for model, feats, shift in (("bundle", bundle_feats, False), ("bundle+source", bundle_feats + src_feats, False),
                                     ("bundle/ceiling", bundle_feats, True), ("normalised", norm_feats, False),
                                     ("normalised/ceiling", norm_feats, True),
@@ -202,8 +213,6 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
                               for m in models):
             continue
         t0 = time.time()
-        inp = physical_inputs(df, specs, ceil.astype(float))
-        y_us = df["latency_ms"].to_numpy(dtype=float) * 1e3
         params = fit_physical(inp, y_us, train)
         phys = physical_us(inp, *params)
         print(fold, "physical params", {k: round(float(v), 2) for k, v in params[0].items()}, round(float(params[1])),
@@ -235,7 +244,6 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         if not models or "bundle+floor-blend" in models:
             t0 = time.time()
             p_roof = fit_predict(X[train], y[train], X[test], bundle_feats, cfg)
-            gflop = 2.0 * df["B"].fillna(1).to_numpy() * df["M"].to_numpy() * df["N"].to_numpy() * df["K"].to_numpy() / 1e9
             roof = X["t_roof_ms"].to_numpy()[test]
             lr = blended_log_ratio(p_roof, p_floor, roof, floor_ms[test], blend_weight(gflop[test], *FLOOR_BLEND_GFLOP))
             tab = error_table(df[test], np.exp(lr) * roof, fold, "bundle+floor-blend")
@@ -261,7 +269,7 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             if models and model not in models:
                 continue
             t0 = time.time()
-            pred = additive_vendor_ms(df, X, specs, ceil.astype(float), train, test, bundle_feats, cfg,
+            pred = additive_vendor_ms(df, X, specs, inp, train, test, bundle_feats, cfg,
                                       ceiling=model.endswith("/ceiling"))
             tab = error_table(df[test], pred, fold, model)
             if sizes is not None:

@@ -213,7 +213,7 @@ def train_bundle(
             lgbm=lg,
             mlp=mlp,
         )
-        if fam in FLOOR_MEMBER_FAMILIES and "source" in train and PREDICT_SOURCE in set(train["source"].to_numpy()[m]):
+        if fam in FLOOR_MEMBER_FAMILIES and "source" in train and (train["source"].to_numpy()[m] == PREDICT_SOURCE).any():
             # small tensor-core GEMMs against the measuring floor (models/gemm_floor.py), on the same subsample size;
             # a random stream of its own, so the families fitted after this one draw as they did without it
             idx = np.flatnonzero(m)
