@@ -10,8 +10,8 @@ Folds (every device of the generation leaves training together):
   predict the A100's FP16 Vidur and LLMCompass GEMMs;
 - CDNA: train without MI100/MI210/MI300X/MI355X, predict MI210 (LLMCompass FP16), MI355X (XLA: bf16, fp16, fp8) and,
   with an extra XLA table, MI300X;
-- Hopper (only with an extra XLA table, ``--xla-table`` / ``$WATTCAST_XLA_TABLE``, ``data/xla_perf_table.py``): train
-  without H100/H200, predict the H100's XLA bf16 and tf32 GEMMs.
+There is no Hopper fold: the shared datasets withhold the Hopper generation, and an extra table's H100 rows are left
+out (``data.kernel_datasets.WITHHELD_DEVICES``).
 The project's held-out GPUs (L4, A100 80GB PCIe) are never in training.
 
 Five models per fold, all LightGBM on log(measured / roofline) like the shipped GEMM family:
@@ -70,8 +70,6 @@ FOLDS = {
     "Blackwell (B200)": ("B200",),
     "Ampere (A100)": ("A100-SXM4-80GB", "A100-80GB-unknown", "A100-PCIe-40GB"),
     "CDNA (MI100/MI210/MI300X/MI355X)": ("MI100", "MI210", "MI300X", "MI355X"),
-    # only with an extra XLA table (--xla-table / WATTCAST_XLA_TABLE): H100's XLA GEMMs
-    "Hopper (H100/H200)": ("H100-SXM5-80GB", "H100-PCIe-80GB", "H200-SXM-141GB"),
 }
 SOURCES = ("xla", "vidur", "llmcompass", "deepbench", "neusight/kernels", "neusight/kernels_test")
 NORMALISED = ("log_intensity_over_ridge", "log_ws_over_l2", "dtype_bytes", "is_tensor_dtype", "is_linear",
@@ -168,8 +166,7 @@ def size_table(df: pd.DataFrame, pred_ms: np.ndarray, fold: str, model: str) -> 
 def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes: list | None = None,
         xla_tables=None) -> pd.DataFrame:
     """Every fold's error table; ``sizes`` (a list), when given, receives the shipped recipe's (``bundle``)
-    :func:`size_table` per fold. A fold with no tensor-dtype rows to predict (Hopper without an extra XLA table) is
-    skipped."""
+    :func:`size_table` per fold. A fold with no tensor-dtype rows to predict is skipped."""
     df = gemm_rows(root, fp32_sample, xla_tables=xla_tables)
     X, y, specs = features(df, root)
     cfg = TrainConfig()

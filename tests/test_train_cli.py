@@ -273,3 +273,19 @@ def test_predicting_with_the_trained_bundle(trained, examples_csv, tmp_path):
     assert np.isfinite(p).all() and (p > 0).all()
     assert (out["pred_low_ms"] <= out["pred_latency_ms"]).all() and (out["pred_latency_ms"] <= out["pred_high_ms"]).all()
 
+
+
+def test_a_partial_retraining_lists_the_gpus_its_families_were_trained_on():
+    from wattcast.models.kernel_bundle import KernelBundle
+    from wattcast.training.kernel_run import _merge_families
+
+    base = KernelBundle({"gemm": "g0", "ln": "l0"},
+                        {"train_devices": ["A", "H"], "family_train_devices": {"gemm": ["A", "H"], "ln": ["A"]}})
+    new = KernelBundle({"gemm": "g1"}, {"train_devices": ["A"], "family_train_devices": {"gemm": ["A"]}})
+    merged = _merge_families(base, new)
+    # the GPU only the old GEMM family was trained on leaves with it
+    assert merged.train_devices == ["A"] and merged.meta["family_train_devices"] == {"ln": ["A"], "gemm": ["A"]}
+    assert merged.families == {"gemm": "g1", "ln": "l0"}
+    # a base without the per-family record keeps its whole list
+    old = KernelBundle({"gemm": "g0", "ln": "l0"}, {"train_devices": ["A", "H"]})
+    assert _merge_families(old, new).train_devices == ["A", "H"]

@@ -303,8 +303,17 @@ def _working_bundle(target: Path) -> KernelBundle:
 def _merge_families(base: KernelBundle, new: KernelBundle) -> KernelBundle:
     """``base`` with ``new``'s families in place of its own; the manifest says which were retrained."""
     meta = dict(base.meta)
-    meta.update({k: v for k, v in new.meta.items() if k not in ("train_devices", "lodo_scores", "generation_calibration")})
-    meta["train_devices"] = sorted(set(base.train_devices) | set(new.train_devices))
+    meta.update({k: v for k, v in new.meta.items()
+                 if k not in ("train_devices", "family_train_devices", "lodo_scores", "generation_calibration")})
+    # the GPUs the bundle's families were trained on: a retrained family's old GPUs go with it (a kept family's are
+    # known per family when the base recorded them; a base without the record keeps its whole list)
+    old_by_fam, new_by_fam = base.meta.get("family_train_devices"), new.meta.get("family_train_devices") or {}
+    if old_by_fam is not None:
+        by_fam = {f: v for f, v in old_by_fam.items() if f in base.families and f not in new.families} | new_by_fam
+        meta["family_train_devices"] = by_fam
+        meta["train_devices"] = sorted(set().union(*by_fam.values()))
+    else:
+        meta["train_devices"] = sorted(set(base.train_devices) | set(new.train_devices))
     meta["lodo_scores"] = {**base.meta.get("lodo_scores", {}), **new.meta.get("lodo_scores", {})}
     cal_old, cal_new = base.meta.get("generation_calibration") or {}, new.meta.get("generation_calibration") or {}
     cal = {**cal_old, **cal_new}

@@ -225,6 +225,9 @@ def train_bundle(
             tick()
     meta = {
         "train_devices": sorted(set(train.loc[~is_val, "device"])),
+        # per family: a partial retraining (--family) unions these over the families it ends up with
+        "family_train_devices": {fam: sorted(set(train["device"].to_numpy()[(X_all["family"] == fam).to_numpy() & ~is_val]))
+                                 for fam in families},
         "holdout_devices": list(cfg.holdout),
         "lodo_scores": {f: t.attrs["scores"] for f, t in tables.items()},
         "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
