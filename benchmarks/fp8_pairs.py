@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """FP8 GEMMs against the visible FP8/BF16 pairs: the XLA matmul table measures the same shapes in bf16 and in fp8
 (E4M3 x E4M3) on B200 and gfx950 (MI355X class); with an extra XLA table (``--xla-table`` / ``$WATTCAST_XLA_TABLE``,
-``data/xla_perf_table.py``) also on gfx942 (MI300X class, E4M3 FNUZ). The H100's fp8 rows are not used: some run
-faster than the dense FP8 peak (``data/kernel_datasets.py``).
+``data/xla_perf_table.py``) also on gfx942 (MI300X class, E4M3 FNUZ). An extra table's H100 rows are left out: the
+shared datasets withhold the Hopper generation (``data.kernel_datasets.WITHHELD_DEVICES``).
 
     python3 benchmarks/fp8_pairs.py [--data PATH] [--xla-table FILE ...]
 
