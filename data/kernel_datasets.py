@@ -38,9 +38,10 @@ Per-source decisions (evidence in brackets):
   ``data/xla_perf_table.py``): the same textproto as compiled into the JAX CUDA plugin wheel carries more devices;
   their rows join the ``xla`` source (a shape the shared CSV has keeps the shared row). sm_90 (H100) rows are
   **left out**: the shared datasets withhold the Hopper generation on purpose (``WITHHELD_DEVICES``), and a table
-  from elsewhere does not bring it back. gfx942 -> MI300X (the MI325X is gfx942 too, with the same peaks; MI300X assumed): bf16, f16
-  and f8e4m3fnuz x f8e4m3fnuz -> bf16 as fp8 (CDNA3's FP8 is the fnuz variant); f32 left out as on gfx950 (252
-  TFLOPS, 1.54x the FP32 peak: TF32 or not is unknown). sm_107 has no catalog device (excluded, counted).
+  from elsewhere does not bring it back. gfx942 -> MI300X (the MI325X is gfx942 too, with the same peaks; MI300X
+  assumed): bf16, f16 and f8e4m3fnuz x f8e4m3fnuz -> bf16 as fp8 (CDNA3's FP8 is the fnuz variant); f32 left out
+  as on gfx950 (252 TFLOPS, 1.54x the FP32 peak: TF32 or not is unknown). sm_107 has no catalog device (excluded,
+  counted).
   xla_hlo_op_profiles.csv (cycles per element, not latencies) and the MAMF table (a ceiling, not a
   sweep) are not read.
 - ``deepbench``: C(M x N) = A(M x K) B(K x N), K the contraction (cuBLAS GEMM naming; the DeepSpeech rows
@@ -189,13 +190,13 @@ DEVICE_MAP: dict[str, dict[str, str]] = {
     "llmcompass": {"A100": UNKNOWN_A100_80GB, "MI210": "MI210"},
 }
 
-#: Hardware the shared datasets deliberately withhold (``datasets/README.md``: some hardware is absent from every folder,
-#: kept aside to measure how the surrogates do on hardware they never saw, "do not try to recover it elsewhere"):
-#: the Hopper generation's compute measurements were taken out of each copy (the XLA matmul table's and HLO
-#: profiles' sm_90 rows, Vidur's h100 profiles, the MAMF table's H100 / GH200 rows, NeuSight's H100 labels; each
+#: Hardware the shared datasets deliberately withhold (``datasets/README.md``: some hardware is absent from every
+#: folder, kept aside to measure how the surrogates do on hardware they never saw, "do not try to recover it
+#: elsewhere"): the Hopper generation's compute measurements were taken out of each copy (the XLA matmul table's and
+#: HLO profiles' sm_90 rows, Vidur's h100 profiles, the MAMF table's H100 / GH200 rows, NeuSight's H100 labels; each
 #: SOURCE file still names them). An extra XLA table (the JAX CUDA plugin wheel's carries sm_90) would bring them
-#: back: its rows on these devices are left out and counted in ``attrs["excluded"]``. Spec sheets and the nccl-tests
-#: logs (a network, not a GPU's kernels) are not withheld.
+#: back: its rows on these devices are left out and counted in ``attrs["excluded"]``. Spec sheets, the nccl-tests
+#: logs and ML.ENERGY's power figures (a network and a board's power, not a GPU's kernels) are not withheld.
 WITHHELD_DEVICES = ("H100-SXM5-80GB", "H100-PCIe-80GB", "H200-SXM-141GB")
 
 #: XLA (lhs, rhs, out) dtypes kept, per device, and the dtype label they get (module docstring)

@@ -274,7 +274,6 @@ def test_predicting_with_the_trained_bundle(trained, examples_csv, tmp_path):
     assert (out["pred_low_ms"] <= out["pred_latency_ms"]).all() and (out["pred_latency_ms"] <= out["pred_high_ms"]).all()
 
 
-
 def test_a_partial_retraining_lists_the_gpus_its_families_were_trained_on():
     from wattcast.models.kernel_bundle import KernelBundle
     from wattcast.training.kernel_run import _merge_families

@@ -223,10 +223,11 @@ def train_bundle(
             families[fam].floor_lgbm, families[fam].floor_blend = fit_floor_member(
                 train.iloc[idx], X_all.iloc[idx], specs, feats, rounds=cfg.lgbm_rounds, seed=cfg.seed, root=data_root)
             tick()
+    devices = train["device"].to_numpy()
     meta = {
         "train_devices": sorted(set(train.loc[~is_val, "device"])),
         # per family: a partial retraining (--family) unions these over the families it ends up with
-        "family_train_devices": {fam: sorted(set(train["device"].to_numpy()[(X_all["family"] == fam).to_numpy() & ~is_val]))
+        "family_train_devices": {fam: sorted(set(devices[(X_all["family"] == fam).to_numpy() & ~is_val]))
                                  for fam in families},
         "holdout_devices": list(cfg.holdout),
         "lodo_scores": {f: t.attrs["scores"] for f, t in tables.items()},
