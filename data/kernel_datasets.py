@@ -370,9 +370,11 @@ def _finish(frames: list[pd.DataFrame], dropped: Counter, excluded: Counter, ext
     return df
 
 
-def _map_devices(raw: pd.Series, source: str, origin: str, excluded: Counter) -> tuple[np.ndarray, np.ndarray]:
+def _map_devices(raw: pd.Series, source: str, origin: str, excluded: Counter,
+                 withheld: Counter | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Catalog names and a keep-mask; unknown devices are excluded with a log line, and so are the
-    :data:`WITHHELD_DEVICES` (hardware the shared datasets keep aside, which an extra table may carry)."""
+    :data:`WITHHELD_DEVICES` (hardware the shared datasets keep aside, which an extra table may carry; counted in
+    ``withheld`` as well)."""
     mapping = DEVICE_MAP[source]
     raw = raw.astype(str).str.strip()
     dev = raw.map(mapping)
@@ -382,13 +384,15 @@ def _map_devices(raw: pd.Series, source: str, origin: str, excluded: Counter) ->
         for name, n in unknown.items():
             log.info("%s: %d row(s) on device %r left out (not in the wattcast catalog)", origin, n, name)
         excluded[origin] += int((~keep).sum())
-    withheld = dev.isin(WITHHELD_DEVICES).to_numpy()
-    if withheld.any():
-        for name, n in dev[withheld].value_counts().items():
+    held = dev.isin(WITHHELD_DEVICES).to_numpy()
+    if held.any():
+        for name, n in dev[held].value_counts().items():
             log.info("%s: %d row(s) on %s left out (hardware the shared datasets withhold: not recovered from "
                      "elsewhere)", origin, n, name)
-        excluded[origin] += int(withheld.sum())
-        keep = keep & ~withheld
+        excluded[origin] += int(held.sum())
+        if withheld is not None:
+            withheld[origin] += int(held.sum())
+        keep = keep & ~held
     return dev.to_numpy(dtype=object), keep
 
 
@@ -437,7 +441,8 @@ def _load_neusight(root: Path, sub: str, source_key: str, dropped: Counter, excl
 _XLA_KEY = ["device", "b", "m", "n", "k", "lhs_dtype", "rhs_dtype", "out_dtype"]
 
 
-def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[Path] = ()) -> list[pd.DataFrame]:
+def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[Path] = (),
+              withheld: Counter | None = None) -> list[pd.DataFrame]:
     f = _need_file(root / "tensorcore" / "xla_matmul_perf_table.csv", "XLA matmul table")
     origin = _rel(f, root)
     header = _header(f)
@@ -445,7 +450,7 @@ def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[P
     for c in need:
         _pick(header, c, origin)
     shared = pd.read_csv(f, usecols=need)
-    frames = [_xla_rows(shared, origin, excluded)]
+    frames = [_xla_rows(shared, origin, excluded, withheld)]
     seen = shared[_XLA_KEY].astype(str)
     if extra:
         from wattcast.data.xla_perf_table import read_xla_gemm_table
@@ -454,13 +459,13 @@ def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[P
         key = more[_XLA_KEY].astype(str)
         dup = pd.MultiIndex.from_frame(key).isin(pd.MultiIndex.from_frame(seen))
         seen = pd.concat([seen, key[~dup]], ignore_index=True)
-        frames.append(_xla_rows(more.loc[~dup].reset_index(drop=True), str(path), excluded))
+        frames.append(_xla_rows(more.loc[~dup].reset_index(drop=True), str(path), excluded, withheld))
     return frames
 
 
-def _xla_rows(raw: pd.DataFrame, origin: str, excluded: Counter) -> pd.DataFrame:
+def _xla_rows(raw: pd.DataFrame, origin: str, excluded: Counter, withheld: Counter | None = None) -> pd.DataFrame:
     """XLA table rows (``device, b, m, n, k, lhs/rhs/out dtype, flops_per_s``) as unified bmm rows (docstring)."""
-    dev, keep = _map_devices(raw["device"], "xla", origin, excluded)
+    dev, keep = _map_devices(raw["device"], "xla", origin, excluded, withheld)
     raw = raw.loc[keep].copy()
     raw["_dev"] = dev[keep]
     combo = list(zip(raw["lhs_dtype"].astype(str), raw["rhs_dtype"].astype(str), raw["out_dtype"].astype(str)))
@@ -627,6 +632,7 @@ def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[s
     ``data/xla_perf_table.py``) added to the ``xla`` source; default: the paths ``WATTCAST_XLA_TABLE`` names.
     ``df.attrs["dropped"]``: {origin: rows removed for NaN/non-positive latency or shape};
     ``df.attrs["excluded"]``: {origin: rows left out by design (device outside the catalog, ...)};
+    ``df.attrs["withheld"]``: {origin: the part of those on :data:`WITHHELD_DEVICES`};
     ``df.attrs["xla_tables"]``: the extra tables read.
     """
     sources = (sources,) if isinstance(sources, str) else tuple(sources)
@@ -636,6 +642,7 @@ def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[s
     data_root = resolve_data_root(root)
     dropped: Counter = Counter()
     excluded: Counter = Counter()
+    withheld: Counter = Counter()
     if xla_tables is None:
         from wattcast.data.xla_perf_table import tables_from_env
 
@@ -644,11 +651,12 @@ def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[s
     frames: list[pd.DataFrame] = []
     for s in dict.fromkeys(sources):
         if s == "xla":
-            frames += _load_xla(data_root, dropped, excluded, extra)
+            frames += _load_xla(data_root, dropped, excluded, extra, withheld)
         else:
             frames += _LOADERS[s](data_root, dropped, excluded)
     out = _finish(frames, dropped, excluded)
     out.attrs["xla_tables"] = [str(p) for p in extra] if "xla" in sources else []
+    out.attrs["withheld"] = dict(withheld)
     return out
 
 

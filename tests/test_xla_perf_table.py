@@ -169,4 +169,5 @@ def test_withheld_hardware_is_not_recovered_from_an_extra_table(data_root, tmp_p
     df = load_kernels(data_root, sources=["xla"], xla_tables=[f])
     assert not df["device"].isin(WITHHELD_DEVICES).any() and len(df) == len(base)
     # sm_90's four rows (bf16, f32 and fp8 of one shape, bf16 of another) withheld, sm_107's one unknown
-    assert df.attrs["excluded"][str(f)] == 5
+    assert df.attrs["excluded"][str(f)] == 5 and df.attrs["withheld"] == {str(f): 4}
+    assert base.attrs["withheld"] == {}

@@ -123,6 +123,7 @@ def run_train_kernels(
     the target (new data that touches one family does not redraw the others' fits); the gate then compares the
     merged bundle with the working one as usual."""
     from wattcast.data.kernel_datasets import (
+        WITHHELD_DEVICES,
         DataNotFoundError,
         load_kernels,
         load_label_nodes,
@@ -154,6 +155,10 @@ def run_train_kernels(
         extra_xla = list(shared.attrs.get("xla_tables") or [])
         if extra_xla:
             log(f"extra XLA GEMM tables: {', '.join(extra_xla)}")
+        held_out_rows = shared.attrs.get("withheld") or {}
+        if held_out_rows:
+            log(f"left out {sum(held_out_rows.values()):,} rows on hardware the shared datasets withhold "
+                f"({', '.join(WITHHELD_DEVICES)}; not trained on): {', '.join(held_out_rows)}")
         train_shared, held_shared = split_heldout(shared, holdout=holdout)
         frames.append(train_shared)
         heldout_parts.append(held_shared)
