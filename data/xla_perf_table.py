@@ -6,7 +6,9 @@ OpenXLA measures every ``dot`` of a grid (b in {1, 2, 4}; m, n, k in {256 ... 40
 ``tensorcore/xla_matmul_perf_table.csv`` is that file from an August 2026 snapshot with the B200 and MI355X rows
 only. The same textproto is compiled into the JAX CUDA plugin as an embedded file, so the wheel on PyPI carries it
 whole: ``jax-cuda13-pjrt==0.12.0.1`` (built 2026-10-20) holds sm_100_B200 and gfx950 (identical, row for row, to
-the shared CSV), plus **sm_90 (H100)**, **gfx942 (MI300X class)** and sm_107.
+the shared CSV), plus **sm_90 (H100)**, **gfx942 (MI300X class)** and sm_107. The kernel loader keeps the gfx942
+rows and leaves sm_90's out: the shared datasets withhold the Hopper generation on purpose
+(``data.kernel_datasets.WITHHELD_DEVICES``).
 
     pip download jax-cuda13-pjrt==0.12.0.1 --no-deps -d /tmp/jax
     python -m wattcast.data.xla_perf_table /tmp/jax/jax_cuda13_pjrt-*.whl --output xla_gemm_table.csv
