@@ -237,7 +237,7 @@ def train_bundle(
 
 
 def evaluate(bundle: KernelBundle, rows: pd.DataFrame, specs: dict[str, DeviceSpec]) -> pd.DataFrame:
-    """Predict ``rows`` (unified table) device by device; adds pred/roofline/ape columns."""
+    """Predict ``rows`` (unified table) device by device; adds pred/roofline/ape/signed_err columns."""
     from wattcast.models.kernel_predictor import predict_kernels
 
     parts = []
@@ -246,6 +246,7 @@ def evaluate(bundle: KernelBundle, rows: pd.DataFrame, specs: dict[str, DeviceSp
         parts.append(p)
     out = pd.concat(parts) if parts else rows.assign(pred_latency_ms=[], roofline_ms=[])
     out["ape"] = ape(out["pred_latency_ms"].to_numpy(), out["latency_ms"].to_numpy())
+    out["signed_err"] = out["pred_latency_ms"].to_numpy() / out["latency_ms"].to_numpy() - 1.0  # > 0: predicted slow
     out["ape_roofline"] = ape(out["roofline_ms"].to_numpy(), out["latency_ms"].to_numpy())
     out["report_family"] = out["op"].map(REPORT_FAMILY)
     out["inside_band"] = (out["latency_ms"] >= out["pred_low_ms"]) & (out["latency_ms"] <= out["pred_high_ms"])
@@ -258,6 +259,8 @@ def summarise(pred: pd.DataFrame, by: Iterable[str]) -> pd.DataFrame:
         {
             "rows": g.size(),
             "mape_pct": g["ape"].mean() * 100,
+            # signed mean (predicted / measured - 1): a model 10% slow on every row has MAPE 10 and bias +10
+            "bias_pct": g["signed_err"].mean() * 100,
             "median_ape_pct": g["ape"].median() * 100,
             "roofline_mape_pct": g["ape_roofline"].mean() * 100,
             "band_coverage_pct": g["inside_band"].mean() * 100,
