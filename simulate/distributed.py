@@ -139,7 +139,7 @@ class DistributedPrediction:
 #: rows: 6.50% mean, signed -0.9; 0.07 / 10 ms 6.66%, +1.3). Refitted when the GEMM family was retrained without the
 #: withheld H100 rows (stop 29), on a finer grid that includes no per-iteration cost (0.065-0.075 in 0.0025 steps x
 #: 0 / 5 / 10 ms, the 720 fitting rows): 0.075 / 0 ms 6.28% mean (median 4.91, signed +0.6), 0.0725 / 5 ms 6.33%,
-#: 0.07 / 5 ms 6.47%: the per-iteration cost is not pinned apart from the per-kernel one (the syncs it stands for
+#: 0.07 / 5 ms 6.47%, 0.0775 / 0 ms 6.91%, 0.075 / 2.5 ms 6.46%: the per-iteration cost is not pinned apart from the per-kernel one (the syncs it stands for
 #: land in the per-kernel cost); the TP8 collective floor refitted with it stays 0.35 ms.
 #: ``megatron`` (Megatron-LM without DeepSpeed): no measurements to fit, so eager PyTorch's costs.
 FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-deepspeed": (0.075, 0.0)}
