@@ -29,8 +29,9 @@ def main() -> None:
         return
     fit = _fitting_rows(args.rows)
     res = []
-    for launch_ms, iter_ms in itertools.product((0.006, 0.025, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.11, 0.14),
-                                                 (0.0, 5.0, 10.0, 20.0, 30.0)):
+    for launch_ms, iter_ms in itertools.product((0.006, 0.025, 0.05, 0.06, 0.065, 0.0675, 0.07, 0.0725, 0.075, 0.0775,
+                                                  0.08, 0.09, 0.1, 0.11, 0.14),
+                                                 (0.0, 2.5, 5.0, 10.0, 20.0, 30.0)):
         p = predict_vtrain(fit, host_ms=(launch_ms, iter_ms), recompute=args.recompute)
         ok = p[p["status"] == "ok"]
         err = ok["error_pct"].abs()
