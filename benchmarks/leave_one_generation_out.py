@@ -58,7 +58,7 @@ from wattcast.data.catalog import resolve_device
 from wattcast.data.kernel_datasets import load_kernels
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, blend_weight, blended_log_ratio
-from wattcast.training.gemm_floor import (DEFAULT_CEILING, fit_physical, floor_reference_ms, mamf_ratio,
+from wattcast.training.gemm_floor import (ceiling_from_ratio, fit_physical, floor_reference_ms, mamf_ratio,
                                           physical_inputs, physical_us)
 from wattcast.training.kernels import TrainConfig, family_features
 
@@ -175,8 +175,7 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
     # the device's matmul ceiling (MAMF's best over peak; DEFAULT_CEILING for a tensor dtype it does not list,
     # 1 for FP32 vector peaks): efficiency relative to it is what the trees learn in the "ceiling" variants; it, the
     # tile/wave model's inputs and the GEMMs' sizes are the same in every fold
-    ceil = np.where(np.isfinite(X["mamf_ratio"]), X["mamf_ratio"], np.where(df["dtype"] == "fp32", 1.0, DEFAULT_CEILING))
-    ceil = ceil.astype(float)
+    ceil = ceiling_from_ratio(X["mamf_ratio"].to_numpy(), df["dtype"].to_numpy())
     log_c = np.log(ceil)
     inp = physical_inputs(df, specs, ceil)
     y_us = df["latency_ms"].to_numpy(dtype=float) * 1e3

@@ -90,42 +90,23 @@ def cli():
 
 
 # ------------------------------------------------------------------------------ background training
+def xla_gemm_table(devices: dict[str, list[tuple[int, int, int, int, int]]]) -> str:
+    """An XLA GemmPerfTable textproto: per device key, its (b, m, n, k, bf16 FLOP/s) entries."""
+    def entry(b, m, n, k, flops):
+        return (f"    entries {{\n      b: {b}\n      m: {m}\n      n: {n}\n      k: {k}\n"
+                f"      flops {{ key: \"bf16xbf16->bf16\" value: {flops} }}\n    }}\n")
+    return "# proto-message: xla.GemmPerfTable\n" + "".join(
+        f"entries {{\n  key: \"{key}\"\n  value {{\n{''.join(entry(*e) for e in rows)}  }}\n}}\n"
+        for key, rows in devices.items())
+
+
 #: a two-entry XLA GemmPerfTable on gfx942 (MI300X) and one sm_90 (H100) entry, which training must leave out (the
 #: shared datasets withhold the Hopper generation): the figures of OpenXLA's table for these shapes
 #: (jax-cuda13-pjrt 0.12.0.1)
-XLA_EXTRA_TABLE = """# proto-message: xla.GemmPerfTable
-entries {
-  key: "sm_90"
-  value {
-    entries {
-      b: 1
-      m: 4096
-      n: 4096
-      k: 4096
-      flops { key: "bf16xbf16->bf16" value: 780193877565849 }
-    }
-  }
-}
-entries {
-  key: "gfx942"
-  value {
-    entries {
-      b: 1
-      m: 4096
-      n: 4096
-      k: 4096
-      flops { key: "bf16xbf16->bf16" value: 587080012780535 }
-    }
-    entries {
-      b: 1
-      m: 256
-      n: 256
-      k: 256
-      flops { key: "bf16xbf16->bf16" value: 9103209983722 }
-    }
-  }
-}
-"""
+XLA_EXTRA_TABLE = xla_gemm_table({
+    "sm_90": [(1, 4096, 4096, 4096, 780193877565849)],
+    "gfx942": [(1, 4096, 4096, 4096, 587080012780535), (1, 256, 256, 256, 9103209983722)],
+})
 
 
 class BackgroundTraining:

@@ -102,8 +102,7 @@ def physical_us(inp: dict, t0_by_source: dict, over_tensor: float, over_vector: 
                 rows: np.ndarray | None = None) -> np.ndarray:
     sel = slice(None) if rows is None else rows
     a = {k: (v[sel] if isinstance(v, np.ndarray) else v) for k, v in inp.items()}
-    # a source the fit never saw takes the median floor (computed once, not per row: this runs in the fit's loop)
-    t0 = pd.Series(a["source"]).map(t0_by_source).fillna(float(np.median(list(t0_by_source.values())))).to_numpy()
+    t0 = source_floor(a["source"], t0_by_source)
     common = {k: a[k] for k in ("sms", "peak_tflops", "ceiling", "clock_mhz", "mem_bytes", "bandwidth_gbps")}
     tc = tile_wave_us(a["b"], a["m"], a["n"], a["k"], tile_overhead_cycles=over_tensor, t0_us=t0, tensor=True, **common)
     vc = tile_wave_us(a["b"], a["m"], a["n"], a["k"], tile_overhead_cycles=over_vector, t0_us=t0, tensor=False, **common)
@@ -140,7 +139,14 @@ def matmul_ceiling(root, df: pd.DataFrame, specs: dict) -> np.ndarray:
             break
         except OSError:  # no MAMF table there (DataNotFoundError is a FileNotFoundError)
             continue
-    return np.where(np.isfinite(ratio), ratio, np.where(df["dtype"].to_numpy() == "fp32", 1.0, DEFAULT_CEILING)).astype(float)
+    return ceiling_from_ratio(ratio, df["dtype"])
+
+
+def ceiling_from_ratio(ratio: np.ndarray, dtypes) -> np.ndarray:
+    """The matmul ceiling per row from :func:`mamf_ratio` (NaN where the table does not list the device and dtype):
+    the ratio where known, :data:`DEFAULT_CEILING` for another tensor dtype, 1 for FP32 (vector peaks)."""
+    ratio = np.asarray(ratio, dtype=float)
+    return np.where(np.isfinite(ratio), ratio, np.where(np.asarray(dtypes) == "fp32", 1.0, DEFAULT_CEILING)).astype(float)
 
 
 def fit_source_floors(df: pd.DataFrame, specs: dict[str, DeviceSpec], ceiling: np.ndarray) -> dict[str, float]:
@@ -150,10 +156,16 @@ def fit_source_floors(df: pd.DataFrame, specs: dict[str, DeviceSpec], ceiling: n
     return {str(s): float(v) / 1e3 for s, v in floors_us.items()}
 
 
+def source_floor(sources, floors: dict[str, float]) -> np.ndarray:
+    """Each row's source floor, in the units of ``floors``; a source without a fitted floor takes the median floor
+    (computed once, not per row: this runs in the fit's loop)."""
+    median = float(np.median(list(floors.values())))
+    return pd.Series(np.asarray(sources)).map(floors).fillna(median).to_numpy(dtype=float)
+
+
 def floor_reference_ms(t_roof_ms: np.ndarray, sources, floors_ms: dict[str, float]) -> np.ndarray:
     """Roofline plus each row's source floor (a source without a fitted floor takes the median floor)."""
-    median = float(np.median(list(floors_ms.values())))
-    return np.asarray(t_roof_ms, dtype=float) + pd.Series(np.asarray(sources)).map(floors_ms).fillna(median).to_numpy(dtype=float)
+    return np.asarray(t_roof_ms, dtype=float) + source_floor(sources, floors_ms)
 
 
 def fit_floor_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], features: list[str], *,

@@ -245,8 +245,8 @@ def evaluate(bundle: KernelBundle, rows: pd.DataFrame, specs: dict[str, DeviceSp
         p = predict_kernels(g, specs[dev], bundle=bundle)
         parts.append(p)
     out = pd.concat(parts) if parts else rows.assign(pred_latency_ms=[], roofline_ms=[])
-    out["ape"] = ape(out["pred_latency_ms"].to_numpy(), out["latency_ms"].to_numpy())
     out["signed_err"] = out["pred_latency_ms"].to_numpy() / out["latency_ms"].to_numpy() - 1.0  # > 0: predicted slow
+    out["ape"] = np.abs(out["signed_err"].to_numpy())
     out["ape_roofline"] = ape(out["roofline_ms"].to_numpy(), out["latency_ms"].to_numpy())
     out["report_family"] = out["op"].map(REPORT_FAMILY)
     out["inside_band"] = (out["latency_ms"] >= out["pred_low_ms"]) & (out["latency_ms"] <= out["pred_high_ms"])
