@@ -40,7 +40,9 @@ NEUSIGHT_OOD_MAPE = {"bmm": 13.8, "linear": 13.9, "elementwise": 19.3, "softmax"
 #: distribution 5.34 -> 5.29% (MLflow run cb16ca0e). The same swap for elementwise gave LODO 18.7 -> 13.8% but
 #: in distribution 2.60 -> 3.42%, and the bundle gate refused it; with both descriptors (or the SM count
 #: instead of the ridge point) its LODO was no better (21.4, 18.9%). LayerNorm keeps the ridge point (with
-#: the memory technology its T4 fold went 14 -> 33%).
+#: the memory technology its T4 fold went 14 -> 33%). Stop 30 measured the memory technology in place of its watts
+#: per TFLOP: mean per-GPU LODO APE of the MLP 22.2 -> 16.1% (seed 0; 21.9 -> 18.0 seed 1; Vidur's A40 fold 47 ->
+#: 19%), but in distribution 5.25 -> 5.27% and the bundle gate kept the working family (MLflow run aabb540f).
 VECTOR_DEVICE_FEATURES = {
     "ln": ("dev_log_ridge", "dev_is_amd", "dev_log_w_per_tflop"),
     "softmax": ("dev_is_gddr", "dev_is_amd", "dev_log_w_per_tflop"),
