@@ -63,7 +63,6 @@ GEMM_FEATURES = _BASE + DEVICE_FEATURES + (
     *[f"log_waves_{a}x{b}" for a, b in TILES],
     "log_tiles_128x128_per_sm",
     "log_k_iters_per_tile",
-    *[f"log2_align_{d}_bytes" for d in "MNK"],
 )
 
 CONV_FEATURES = GEMM_FEATURES + ("log_kernel_size", "log_stride", "log_out_size", "log_in_channels")
@@ -116,26 +115,6 @@ def _is_gddr(memory_type: str | None) -> float:
     if not memory_type:
         return np.nan
     return 1.0 if "GDDR" in memory_type.upper() else 0.0
-
-
-#: the alignment above which a GEMM dimension gains nothing more (a 128-byte cache line)
-_MAX_ALIGN_BYTES = 128.0
-
-
-def log2_alignment_bytes(dim: np.ndarray, elem_bytes: np.ndarray) -> np.ndarray:
-    """log2 of the byte alignment of a GEMM dimension: the largest power of two dividing it, times the element
-    size, capped at :data:`_MAX_ALIGN_BYTES` (NaN where the dimension is not a positive whole number).
-
-    BLAS libraries load operands with 16-byte vector loads and pick their fastest tiles only when a leading
-    dimension is a multiple of them: in NeuSight's kernel tables (95% of shapes random and odd) a GEMM whose M, N
-    and K are multiples of 8 runs 1.2-2x faster than an unaligned one of the same size on every GPU, and the GEMMs of
-    a real model (hidden sizes, heads, vocabularies padded to 64) are aligned.
-    """
-    d = np.asarray(dim, dtype=float)
-    ok = np.isfinite(d) & (d >= 1) & (d == np.floor(d))
-    di = np.where(ok, d, 1).astype(np.int64)
-    pow2 = (di & -di).astype(float)
-    return np.where(ok, np.log2(np.minimum(pow2 * elem_bytes, _MAX_ALIGN_BYTES)), np.nan)
 
 
 def _wave_eff(tiles: np.ndarray, sms: np.ndarray) -> np.ndarray:
@@ -277,8 +256,6 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
         F[f"wave_eff_{a}x{b}"] = _wave_eff(tiles, sms)
         F[f"log_waves_{a}x{b}"] = _log(tiles / sms)
     F["log_tiles_128x128_per_sm"] = _log(gB * np.ceil(gM / 128) * np.ceil(gK / 128) / sms)
-    for d, dim in zip("MNK", (gM, gN, gK)):
-        F[f"log2_align_{d}_bytes"] = log2_alignment_bytes(dim, ebytes)
     F["log_k_iters_per_tile"] = _log(np.ceil(gN / 32))
 
     # vector ops: elementwise kernels stride over numel; ln/softmax give one row (or a few) per block

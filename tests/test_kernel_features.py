@@ -234,16 +234,3 @@ def test_memory_technology_feature(a100, t4):
     assert _one(row, a100)["dev_is_gddr"] == 0.0  # HBM2
     # a sheet that does not say: NaN (LightGBM routes it, the MLP imputes), never a guess
     assert np.isnan(_one(row, replace(a100, memory_type=None))["dev_is_gddr"])
-
-
-def test_gemm_dimension_alignment(a100):
-    from wattcast.featurize.kernel_features import log2_alignment_bytes
-
-    # largest power of two dividing the dimension, times the element size, capped at a 128-byte line
-    got = log2_alignment_bytes(np.array([1, 2, 7, 8, 1024, 50257, 4097, 4096, np.nan, 0, 3.5]), np.full(11, 4.0))
-    assert got[:8].tolist() == [2, 3, 2, 5, 7, 2, 2, 7]
-    assert np.isnan(got[8:]).all()  # missing, zero or fractional: unknown, not aligned
-    assert log2_alignment_bytes(np.array([8.0]), np.array([2.0]))[0] == 4  # 8 bf16 elements = 16 bytes
-    # per dimension of the GEMM view: bmm (B, M, N) @ (B, N, K); an odd reduction, an aligned output
-    f = _one({"op": "bmm", "B": 4, "M": 1024, "N": 4097, "K": 96, "dtype": "fp16"}, a100)
-    assert (f["log2_align_M_bytes"], f["log2_align_N_bytes"], f["log2_align_K_bytes"]) == (7, 1, 6)
