@@ -155,10 +155,10 @@ def run_train_kernels(
         extra_xla = list(shared.attrs.get("xla_tables") or [])
         if extra_xla:
             log(f"extra XLA GEMM tables: {', '.join(extra_xla)}")
-        held_out_rows = shared.attrs.get("withheld") or {}
-        if held_out_rows:
-            log(f"left out {sum(held_out_rows.values()):,} rows on hardware the shared datasets withhold "
-                f"({', '.join(WITHHELD_DEVICES)}; not trained on): {', '.join(held_out_rows)}")
+        withheld_rows = shared.attrs.get("withheld") or {}
+        if withheld_rows:
+            log(f"left out {sum(withheld_rows.values()):,} rows on hardware the shared datasets withhold "
+                f"({', '.join(WITHHELD_DEVICES)}; not trained on): {', '.join(withheld_rows)}")
         train_shared, held_shared = split_heldout(shared, holdout=holdout)
         frames.append(train_shared)
         heldout_parts.append(held_shared)

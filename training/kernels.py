@@ -169,6 +169,8 @@ def train_bundle(
     if extra_val is not None and len(extra_val):
         val_parts.append(extra_val)
     families: dict[str, FamilyModel] = {}
+    # per family, the GPUs it was fitted on (a partial retraining, --family, unions these over the families it keeps)
+    family_devices: dict[str, list[str]] = {}
     tables: dict[str, pd.DataFrame] = {}
     tick = (lambda: progress("fit", 1)) if progress else (lambda: None)
     for fam in cfg.families:
@@ -178,6 +180,7 @@ def train_bundle(
         feats = family_features(fam)
         X, y = X_all[m], y_all[m]
         devs = train["device"].to_numpy()[m]
+        family_devices[fam] = sorted(set(devs))
         choice, scores, band = "lgbm", {}, (-0.3, 0.3)
         if cfg.lodo and len(pd.unique(devs)) >= 3:
             lodo = _lodo(X, y, devs, feats, cfg, rng, tick)
@@ -225,12 +228,9 @@ def train_bundle(
             families[fam].floor_lgbm, families[fam].floor_blend = fit_floor_member(
                 train.iloc[idx], X_all.iloc[idx], specs, feats, rounds=cfg.lgbm_rounds, seed=cfg.seed, root=data_root)
             tick()
-    devices = train["device"].to_numpy()
     meta = {
         "train_devices": sorted(set(train.loc[~is_val, "device"])),
-        # per family: a partial retraining (--family) unions these over the families it ends up with
-        "family_train_devices": {fam: sorted(set(devices[(X_all["family"] == fam).to_numpy() & ~is_val]))
-                                 for fam in families},
+        "family_train_devices": family_devices,
         "holdout_devices": list(cfg.holdout),
         "lodo_scores": {f: t.attrs["scores"] for f, t in tables.items()},
         "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
