@@ -123,7 +123,7 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
     print(f"  distinct kernels: {n_distinct:,} of {rows:,} rows ({n_distinct / rows:.1%})"
           + ("" if groups is not None else "; predicted row by row (too few repeats to dedupe)"))
     t_feat, X = timed(lambda: featurize_kernels(pred_rows, spec), repeats)
-    t_model, _ = timed(lambda: kp._predict_features(X, bundle, pred_rows["dtype"]), repeats)
+    t_model, _ = timed(lambda: kp._predict_features(X, bundle, pred_rows["dtype"], device=spec), repeats)
 
     fam = X["family"].to_numpy()
     mats = {}

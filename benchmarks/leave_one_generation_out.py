@@ -30,13 +30,24 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
   vendor* (XLA's CUPTI times on CUDA and on ROCm are fitted apart; a pair the training generations lack takes the
   source's floor on the other vendor); ``bundle/additive-vendor/ceiling``: that, with the roofline divided by the
   device's matmul ceiling (as in ``bundle/ceiling``);
-- ``bundle+floor-blend``: the shipped GEMM family's recipe (``models/gemm_floor.py``): ``bundle`` and
+- ``bundle+floor-blend/ceiling-member``: the shipped GEMM family's recipe since stop 31 (``models/gemm_floor.py``):
+  ``bundle+floor-blend`` with the ceiling member (``training/gemm_floor.py`` ``fit_ceiling_member``: per vendor,
+  the source floor added, efficiency relative to the device's matmul ceiling, MAMF's or the device's own 99th
+  percentile) in the roofline member's place for tensor-core rows of a vendor it has; a held-out device takes MAMF's
+  ceiling where the table lists it, else its vendor's median;
+- ``bundle+floor-blend``: the GEMM family's recipe until stop 30: ``bundle`` and
   ``bundle/floor`` blended in log space by size (``bundle/floor`` alone below 0.5 GFLOP, ``bundle`` alone from 2 GFLOP,
   log-linear between), tensor-core rows only (all the folds predict), each with its own source's floor;
 - ``normalised``: features that describe the kernel relative to its device only (intensity over the ridge point,
   wave quantisation and waves per SM for plausible tiles, tiles per SM, K depth, working set over L2, dtype), the
   power derating (W per peak TFLOP/s, base over boost clock), vendor, the MAMF ceiling (NaN where absent) and the
   source; ``normalised/ceiling`` with the ceiling-relative target.
+- ``bundle/vendor-split/additive/ceiling`` (stop 31): ``bundle/additive`` with the roofline divided by the matmul
+  ceiling, fitted on the held-out device's vendor's rows alone where training has that vendor's tensor-core GEMMs
+  (the trees otherwise place a new NVIDIA part next to the AMD part of like peak and bandwidth: every descriptor of
+  B200 sits nearest MI355X); ``.../observed-ceiling``: the same with a training device that MAMF does not list
+  taking the 99th percentile of its own measured efficiency as its ceiling (A40 0.83, V100 0.94 where the default
+  says 0.74); ``bundle+floor-blend/vendor-split``: the shipped recipe on the vendor's rows alone.
 - ``physical``: the spec-sheet tile/wave model of ``training/gemm_floor.py`` (floor per source and cycles per tile fitted on the training
   generations; ceiling from MAMF or the default); ``physical+trees`` / ``physical+normalised``: LightGBM on what it
   leaves, with the bundle's or the normalised features. ``--models`` picks a subset.
@@ -58,8 +69,9 @@ from wattcast.data.catalog import resolve_device
 from wattcast.data.kernel_datasets import load_kernels
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, blend_weight, blended_log_ratio
-from wattcast.training.gemm_floor import (ceiling_from_ratio, fit_physical, floor_reference_ms, mamf_ratio,
-                                          physical_inputs, physical_us)
+from wattcast.models.gemm_floor import ceiling_log_ratio, row_ceilings
+from wattcast.training.gemm_floor import (ceiling_from_ratio, fit_ceiling_member, fit_physical, floor_reference_ms,
+                                          mamf_ratio, physical_inputs, physical_us)
 from wattcast.training.kernels import TrainConfig, family_features
 
 # The spec-sheet tile/wave GEMM model ("physical" rows) and its per-source floor fit live in training/gemm_floor.py
@@ -118,6 +130,28 @@ def additive_vendor_ms(df: pd.DataFrame, X: pd.DataFrame, specs: dict, inp: dict
     lat = df["latency_ms"].to_numpy(dtype=float)
     ya = np.log(np.maximum(lat - floor_ms, 0.25 * ref) / ref)
     return floor_ms[test] + np.exp(fit_predict(X[train], ya[train], X[test], feats, cfg)) * ref[test]
+
+
+def vendor_train(train: np.ndarray, vendor: np.ndarray, tensor: np.ndarray, held_vendor: str,
+                 min_rows: int = 1000) -> np.ndarray:
+    """The training rows of ``held_vendor`` alone when training keeps at least ``min_rows`` of its tensor-core GEMMs,
+    else every training row (the CDNA fold leaves no AMD part to learn from)."""
+    same = train & (vendor == held_vendor)
+    return same if (same & tensor).sum() >= min_rows else train
+
+
+def observed_ceiling(df: pd.DataFrame, X: pd.DataFrame, train: np.ndarray, quantile: float = 0.99) -> np.ndarray:
+    """The matmul ceiling per row: MAMF's where it lists the device and dtype, else a *training* device's own
+    ``quantile`` of measured efficiency (roofline time over measured) in that dtype, else :func:`ceiling_from_ratio`'s
+    default. A held-out device never contributes its own measurements."""
+    eff = X["t_roof_ms"].to_numpy() / df["latency_ms"].to_numpy(dtype=float)
+    tensor = (df["dtype"] != "fp32").to_numpy()
+    q = (pd.DataFrame({"device": df["device"].to_numpy(), "dtype": df["dtype"].to_numpy(), "eff": eff})[train & tensor]
+         .groupby(["device", "dtype"])["eff"].quantile(quantile))
+    mamf = X["mamf_ratio"].to_numpy()
+    ratio = np.array([m if np.isfinite(m) else q.get(k, np.nan)
+                      for m, k in zip(mamf, zip(df["device"].to_numpy(), df["dtype"].to_numpy()))], dtype=float)
+    return ceiling_from_ratio(ratio, df["dtype"].to_numpy())
 
 
 def gemm_gflop(df: pd.DataFrame) -> np.ndarray:
@@ -205,8 +239,8 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             out.append(tab)
         # the spec-sheet tile/wave model (models/gemm_physics.py): its floor per source and cycles per tile fitted on
         # the training generations, the ceiling from MAMF (or the default); then trees on what it leaves
-        if models and not any(m.startswith("physical") or m.startswith("bundle/additive") or m in ("bundle/floor", "bundle+floor-blend")
-                              for m in models):
+        if models and not any(m.startswith("physical") or m.startswith("bundle/additive") or "vendor-split" in m
+                              or m in ("bundle/floor", "bundle+floor-blend") for m in models):
             continue
         t0 = time.time()
         params = fit_physical(inp, y_us, train)
@@ -270,6 +304,66 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             tab = error_table(df[test], pred, fold, model)
             if sizes is not None:
                 sizes.append(size_table(df[test], pred, fold, model))
+            tab["fit_s"] = time.time() - t0
+            out.append(tab)
+        # the held-out vendor's rows alone (where training has its tensor-core GEMMs), per held-out vendor
+        vendor = np.array([specs[d].vendor for d in df["device"]])
+        tensor = (df["dtype"] != "fp32").to_numpy()
+        lat = df["latency_ms"].to_numpy(dtype=float)
+        roof_all = X["t_roof_ms"].to_numpy()
+        # the shipped recipe since stop 31: the floor member blended by size with the ceiling member
+        # (training/gemm_floor.py fit_ceiling_member: per vendor, additive floor, observed ceiling) in the roofline
+        # member's place; a held-out device takes MAMF's ceiling where listed, else its vendor's median
+        if not models or "bundle+floor-blend/ceiling-member" in models:
+            t0 = time.time()
+            cm, entry = fit_ceiling_member(df[train].reset_index(drop=True), X[train].reset_index(drop=True), specs,
+                                           bundle_feats, floors_ms, X["mamf_ratio"].to_numpy()[train], rounds=cfg.lgbm_rounds)
+            pf = fit_predict(X[train], np.log(lat / ref_ms)[train], X[test], bundle_feats, cfg) if p_floor is None else p_floor
+            pred = np.full(len(df), np.nan)
+            test_idx = np.flatnonzero(test)
+            for dev in np.unique(df["device"].to_numpy()[test]):
+                sel = df["device"].to_numpy()[test_idx] == dev
+                rows_ = test_idx[sel]
+                spec = specs[dev]
+                mamf_dev = {t: float(c) for t, c in zip(df["dtype"].to_numpy()[rows_], X["mamf_ratio"].to_numpy()[rows_])
+                            if np.isfinite(c)}
+                e = dict(entry, ceilings={**entry["ceilings"], dev: mamf_dev})
+                c = row_ceilings(dev, spec.vendor, df["dtype"].to_numpy()[rows_], e)
+                model_v = cm.get(spec.vendor)
+                roof = roof_all[rows_]
+                if model_v is None:
+                    pr = fit_predict(X[train], y[train], X.iloc[rows_], bundle_feats, cfg)
+                else:
+                    pr = ceiling_log_ratio(model_v.predict(X.iloc[rows_]), roof, entry["floor_ms"], c)
+                lr = blended_log_ratio(pr, pf[sel], roof, floor_ms[rows_], blend_weight(gflop[rows_], *FLOOR_BLEND_GFLOP))
+                pred[rows_] = np.exp(lr) * roof
+            tab = error_table(df[test], pred[test], fold, "bundle+floor-blend/ceiling-member")
+            if sizes is not None:
+                sizes.append(size_table(df[test], pred[test], fold, "bundle+floor-blend/ceiling-member"))
+            tab["fit_s"] = time.time() - t0
+            out.append(tab)
+        for model in ("bundle/vendor-split/additive/ceiling", "bundle/vendor-split/additive/observed-ceiling",
+                      "bundle+floor-blend/vendor-split"):
+            if models and model not in models:
+                continue
+            t0 = time.time()
+            c = observed_ceiling(df, X, train) if model.endswith("observed-ceiling") else ceil
+            pred = np.full(len(df), np.nan)
+            for v in np.unique(vendor[test]):
+                te = test & (vendor == v)
+                tr = vendor_train(train, vendor, tensor, v)
+                if model.startswith("bundle+floor-blend"):
+                    pr = fit_predict(X[tr], y[tr], X[te], bundle_feats, cfg)
+                    pf = fit_predict(X[tr], np.log(lat / ref_ms)[tr], X[te], bundle_feats, cfg)
+                    lr = blended_log_ratio(pr, pf, roof_all[te], floor_ms[te], blend_weight(gflop[te], *FLOOR_BLEND_GFLOP))
+                    pred[te] = np.exp(lr) * roof_all[te]
+                else:
+                    ref = roof_all / c
+                    ya = np.log(np.maximum(lat - floor_ms, 0.25 * ref) / ref)
+                    pred[te] = floor_ms[te] + np.exp(fit_predict(X[tr], ya[tr], X[te], bundle_feats, cfg)) * ref[te]
+            tab = error_table(df[test], pred[test], fold, model)
+            if sizes is not None:
+                sizes.append(size_table(df[test], pred[test], fold, model))
             tab["fit_s"] = time.time() - t0
             out.append(tab)
         yp = np.log(y_us / phys)

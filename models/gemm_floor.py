@@ -44,6 +44,56 @@ def blended_log_ratio(p_roof: np.ndarray, p_floor: np.ndarray, t_roof_ms: np.nda
     return w * np.asarray(p_roof, dtype=float) + (1.0 - w) * p_f
 
 
+def ceiling_log_ratio(p_ceiling: np.ndarray, t_roof_ms: np.ndarray, floor_ms, ceiling) -> np.ndarray:
+    """``log(t / t_roof)`` of the ceiling member's prediction ``t = floor + exp(p_ceiling) x t_roof / ceiling``: the
+    measuring floor plus the learned multiple of what the device's best achievable matmul takes."""
+    t_roof_ms = np.asarray(t_roof_ms, dtype=float)
+    t = np.asarray(floor_ms, dtype=float) + np.exp(np.asarray(p_ceiling, dtype=float)) * t_roof_ms / np.asarray(ceiling, dtype=float)
+    return np.log(t / t_roof_ms)
+
+
+#: a 16-bit dtype a device was measured in stands for the other one (the same tensor-core rate and kernels: Vidur
+#: profiled the A100 in fp16, llm-foundry trains it in bf16; MAMF lists bf16 only)
+SIXTEEN_BIT_TWIN = {"bf16": "fp16", "fp16": "bf16"}
+
+
+def row_ceilings(device: str, vendor: str, dtypes: np.ndarray, entry: dict) -> np.ndarray:
+    """Each row's matmul ceiling for ``device`` from a bundle's ``ceiling_member`` entry: the device's own (a training
+    device, or one the MAMF table lists) in the dtype or its 16-bit twin, else its vendor's median, else the
+    default."""
+    own = entry["ceilings"].get(device, {})
+    other = entry["vendor_ceilings"].get(vendor, entry["default_ceiling"])
+    return np.array([own.get(str(d), own.get(SIXTEEN_BIT_TWIN.get(str(d), ""), other))
+                     for d in np.asarray(dtypes, dtype=object)], dtype=float)
+
+
+def check_ceiling_member(spec: dict, where: str) -> dict:
+    """A bundle's ``ceiling_member`` entry, checked (ceilings in (0, 1], floor > 0, one LightGBM file per vendor in
+    ``lgbm``). Raises ValueError naming ``where`` and the bad key."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: 'ceiling_member' must be a mapping")
+
+    def ok(c) -> bool:
+        return isinstance(c, (int, float)) and np.isfinite(c) and 0 < c <= 1
+
+    ceilings = spec.get("ceilings")
+    if not isinstance(ceilings, dict) or not all(isinstance(p, dict) and all(ok(c) for c in p.values())
+                                                 for p in ceilings.values()):
+        raise ValueError(f"{where}: 'ceiling_member.ceilings' must map device -> dtype -> a ceiling in (0, 1]")
+    vc = spec.get("vendor_ceilings")
+    if not isinstance(vc, dict) or not all(ok(c) for c in vc.values()) or not ok(spec.get("default_ceiling")):
+        raise ValueError(f"{where}: 'ceiling_member.vendor_ceilings' / 'default_ceiling' must be ceilings in (0, 1]")
+    f = spec.get("floor_ms")
+    if not (isinstance(f, (int, float)) and np.isfinite(f) and f > 0):
+        raise ValueError(f"{where}: 'ceiling_member.floor_ms' must be a positive floor in ms")
+    lg = spec.get("lgbm")
+    if not isinstance(lg, dict) or not lg or not all(isinstance(v, str) for v in lg.values()):
+        raise ValueError(f"{where}: 'ceiling_member.lgbm' must map each vendor to its LightGBM file")
+    return {"ceilings": {str(d): {str(t): float(c) for t, c in p.items()} for d, p in ceilings.items()},
+            "vendor_ceilings": {str(k): float(v) for k, v in vc.items()}, "default_ceiling": float(spec["default_ceiling"]),
+            "floor_ms": float(f), "lgbm": {str(k): str(v) for k, v in lg.items()}}
+
+
 def check_floor_blend(spec: dict, where: str) -> dict:
     """A bundle's ``floor_blend`` entry, checked: ``floors_ms`` (source -> ms, each > 0), ``source`` among them and
     ``gflop`` [lo, hi] with 0 < lo < hi. Raises ValueError naming ``where`` and the bad key."""

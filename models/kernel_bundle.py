@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
-from wattcast.models.gemm_floor import check_floor_blend
+from wattcast.models.gemm_floor import check_ceiling_member, check_floor_blend
 from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate, Surrogate, choice_members
 from wattcast.models.manifest import check_model_file, read_manifest, sha256_file
 from wattcast.models.versioned import Layout, install_version, resolve_live
@@ -89,6 +89,12 @@ class FamilyModel:
     #: "source": the floor predictions use, "gflop": [lo, hi]}. None (older bundles, other families): not blended
     floor_lgbm: LGBMSurrogate | None = None
     floor_blend: dict | None = None
+    #: tensor-core GEMMs from the floor blend's lower edge up (models/gemm_floor.py, "ceiling member"): one LightGBM per
+    #: vendor on log((measured - source floor) / (roofline / the device's matmul ceiling)), predicted in the roofline
+    #: member's place for a device of that vendor; ``ceiling_member`` = {"ceilings": {device: {dtype: c}},
+    #: "vendor_ceilings": {vendor: c}, "default_ceiling": c, "floor_ms": the floor predictions use}. None: not used
+    ceiling_lgbm: dict[str, LGBMSurrogate] | None = None
+    ceiling_member: dict | None = None
 
     @property
     def calibrated_band_log(self) -> tuple[float, float]:
@@ -235,6 +241,12 @@ class KernelBundle:
                 fn = f"kernel_{name}_floor.lgbm.txt"
                 fm.floor_lgbm.save(folder / fn)
                 entry["floor_blend"] = {**fm.floor_blend, "lgbm": fn}
+            if fm.ceiling_lgbm and fm.ceiling_member:
+                names = {}
+                for vendor, model in sorted(fm.ceiling_lgbm.items()):
+                    names[vendor] = f"kernel_{name}_ceiling_{vendor}.lgbm.txt"
+                    model.save(folder / names[vendor])
+                entry["ceiling_member"] = {**fm.ceiling_member, "lgbm": names}
             if fm.mlp is not None:
                 for k, v in fm.mlp.weights().items():
                     tensors[f"{name}/{k}"] = v
@@ -283,6 +295,14 @@ class KernelBundle:
                 if not fn:
                     raise BundleError(f"{folder / MANIFEST}: family {name!r}: 'floor_blend' names no 'lgbm' file")
                 floor_lgbm = LGBMSurrogate.load(_check_file(folder, fn, manifest), e["features"])
+            ceiling_lgbm, ceiling_member = None, None
+            if e.get("ceiling_member"):
+                try:
+                    ceiling_member = check_ceiling_member(e["ceiling_member"], f"{folder / MANIFEST}: family {name!r}")
+                except ValueError as err:
+                    raise BundleError(str(err)) from None
+                ceiling_lgbm = {v: LGBMSurrogate.load(_check_file(folder, fn, manifest), e["features"])
+                                for v, fn in ceiling_member["lgbm"].items()}
             fams[name] = FamilyModel(
                 family=name,
                 features=list(e["features"]),
@@ -297,14 +317,18 @@ class KernelBundle:
                 logo=e.get("logo") or None,
                 floor_lgbm=floor_lgbm,
                 floor_blend=floor_blend,
+                ceiling_lgbm=ceiling_lgbm,
+                ceiling_member=ceiling_member,
             )
         meta = {k: v for k, v in manifest.items() if k not in ("schema", "families")}
         return cls(fams, meta)
 
 
 def _floor_files(families: dict) -> set[str]:
-    """The floor members' LightGBM files a manifest's ``families`` name."""
-    return {e["floor_blend"]["lgbm"] for e in families.values() if (e.get("floor_blend") or {}).get("lgbm")}
+    """The floor and ceiling members' LightGBM files a manifest's ``families`` name."""
+    floor = {e["floor_blend"]["lgbm"] for e in families.values() if (e.get("floor_blend") or {}).get("lgbm")}
+    ceiling = {fn for e in families.values() for fn in ((e.get("ceiling_member") or {}).get("lgbm") or {}).values()}
+    return floor | ceiling
 
 
 def shipped_folder() -> Path:

@@ -10,7 +10,7 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
-from wattcast.models.gemm_floor import blend_weight, blended_log_ratio
+from wattcast.models.gemm_floor import blend_weight, blended_log_ratio, ceiling_log_ratio, row_ceilings
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate
 from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
@@ -202,7 +202,8 @@ def _family_columns(fm, X: pd.DataFrame) -> list[str]:
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
     """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``."""
     X = featurize_kernels(canon, spec)
-    return _predict_features(X, bundle, canon["dtype"], power_floor_ms=_power_floor_ms(X, canon["dtype"], spec))
+    return _predict_features(X, bundle, canon["dtype"], power_floor_ms=_power_floor_ms(X, canon["dtype"], spec),
+                             device=spec)
 
 
 def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | None:
@@ -232,29 +233,41 @@ _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
 
 def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p: np.ndarray,
-                 t_roof_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the family's log ratios ``p`` with its small tensor-core GEMMs blended with the floor member
-    (:mod:`wattcast.models.gemm_floor`), the positions in ``p`` of the rows blended); the floor member runs only on
-    the rows it weighs in."""
+                 t_roof_ms: np.ndarray, dtype_names: np.ndarray, device: DeviceSpec | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the family's log ratios ``p`` with its small tensor-core GEMMs blended with the floor member and, for a
+    ``device`` whose vendor the ceiling member covers, the roofline member's part taken by the ceiling member
+    (:mod:`wattcast.models.gemm_floor`), the positions in ``p`` of the rows the floor member weighed in on, those the
+    ceiling member did); each member runs only on the rows it weighs in. ``dtype_names``: the rows' dtypes."""
     idx = slice(None) if rows is None else rows
     lo, hi = fm.floor_blend["gflop"]
     w = blend_weight(X["flops"].to_numpy(dtype=float)[idx] / 1e9, lo, hi)
-    sel = np.flatnonzero((X["is_tensor_dtype"].to_numpy()[idx] > 0.5) & (w < 1.0))
-    if not len(sel):
-        return p, sel
-    p_floor = fm.floor_lgbm.predict_matrix(np.ascontiguousarray(A[sel, : len(fm.features)]))
+    tensor = X["is_tensor_dtype"].to_numpy()[idx] > 0.5
     out = np.array(p, dtype=np.float64, copy=True)
+    ceil_sel = np.zeros(0, dtype=np.intp)
+    cm = fm.ceiling_member
+    if fm.ceiling_lgbm and cm and device is not None and device.vendor in fm.ceiling_lgbm:
+        ceil_sel = np.flatnonzero(tensor & (w > 0.0))
+        if len(ceil_sel):
+            pc = fm.ceiling_lgbm[device.vendor].predict_matrix(np.ascontiguousarray(A[ceil_sel, : len(fm.features)]))
+            c = row_ceilings(device.name, device.vendor, dtype_names[ceil_sel], cm)
+            out[ceil_sel] = ceiling_log_ratio(pc, t_roof_ms[ceil_sel], cm["floor_ms"], c)
+    sel = np.flatnonzero(tensor & (w < 1.0))
+    if not len(sel):
+        return out, sel, ceil_sel
+    p_floor = fm.floor_lgbm.predict_matrix(np.ascontiguousarray(A[sel, : len(fm.features)]))
     out[sel] = blended_log_ratio(out[sel], p_floor, t_roof_ms[sel], fm.floor_blend["floors_ms"][fm.floor_blend["source"]],
                                  w[sel])
-    return out, sel
+    return out, sel, ceil_sel
 
 
-def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_ms: np.ndarray | None = None
-                      ) -> dict[str, object]:
+def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_ms: np.ndarray | None = None,
+                      device: DeviceSpec | None = None) -> dict[str, object]:
     """The output columns for the featurised rows ``X`` (per-family surrogates + OOD check): arrays, and
     for the text columns ``model``/``ood_reason`` (codes, distinct strings). ``dtype`` (the rows' canonical
     dtype names) picks each row's latency floor; ``power_floor_ms`` (per row, 0 where none) is the power-limited
-    time no prediction goes below (:func:`_power_floor_ms`)."""
+    time no prediction goes below (:func:`_power_floor_ms`); ``device`` (the rows' GPU) picks the GEMM ceiling
+    member's vendor model and matmul ceiling (without it, the roofline member predicts)."""
     fam = X["family"].to_numpy()
     t_roof = X["t_roof_ms"].to_numpy()
     n = len(X)
@@ -286,9 +299,10 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         cols = _family_columns(fm, X)
         A = _family_matrix(X, cols, rows)
         p, spread = fm.predict_log_ratio_matrix(A[:, : len(fm.features)])
-        blended = None
+        blended, ceiled = None, None
         if fm.floor_lgbm is not None and fm.floor_blend:
-            p, blended = _floor_blend(fm, X, A, rows, p, t_roof[m])
+            dt_m = np.asarray(dt_names, dtype=object)[dt_codes[m]]
+            p, blended, ceiled = _floor_blend(fm, X, A, rows, p, t_roof[m], dt_m, device)
         matmul = f in DTYPE_CLASS_FAMILIES
         shape_ood, dev_ood = fm.ood_mask_matrix(A, cols, frozenset() if matmul else VECTOR_SKIPPED_DESCRIPTORS)
         if matmul:
@@ -319,9 +333,16 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         hi[m] = p + band[1] * widen + spread
         o[m] = oo
         model_codes[m] = code(model_names, fm.choice if fm.choice != RooflineSurrogate.name else "roofline-fallback")
+        if ceiled is not None and len(ceiled):
+            # rows the ceiling member predicted (models/gemm_floor.py) say so, and which of the two members weighed in
+            model_codes[ceiled if rows is None else rows[ceiled]] = code(model_names, "ceiling")
         if blended is not None and len(blended):
             # rows the floor member weighed in on (models/gemm_floor.py) say so
-            model_codes[blended if rows is None else rows[blended]] = code(model_names, f"{fm.choice}+floor")
+            both = np.intersect1d(blended, ceiled) if ceiled is not None and len(ceiled) else np.zeros(0, dtype=np.intp)
+            only = np.setdiff1d(blended, both)
+            model_codes[only if rows is None else rows[only]] = code(model_names, f"{fm.choice}+floor")
+            if len(both):
+                model_codes[both if rows is None else rows[both]] = code(model_names, "ceiling+floor")
         why_codes[m] = shape_ood + 2 * dev_ood.astype(np.intp)
     return {
         "pred_latency_ms": t_roof * np.exp(lr),

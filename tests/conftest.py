@@ -190,3 +190,15 @@ USER_SPEC = {
     "tdp_w": 500,
     "source": "Acme X1 datasheet rev 3",
 }
+
+
+@pytest.fixture()
+def shipped_copy(tmp_path):
+    """A copy of the shipped kernel bundle folder, to edit or break (the GEMM floor and ceiling members' file checks)."""
+    import shutil
+
+    from wattcast.models.kernel_bundle import shipped_folder
+
+    dst = tmp_path / "bundle"
+    shutil.copytree(shipped_folder(), dst)
+    return dst

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, PREDICT_SOURCE, blend_weight, blended_log_ratio, check_floor_blend
-from wattcast.models.kernel_bundle import BundleError, KernelBundle, load_bundle, shipped_folder
+from wattcast.models.kernel_bundle import BundleError, KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
 
 
@@ -59,9 +58,12 @@ def test_the_shipped_gemm_family_carries_the_floor_member():
     assert 0.001 < fm.floor_blend["floors_ms"][PREDICT_SOURCE] < 0.02
 
 
-def _without_floor(bundle: KernelBundle) -> KernelBundle:
+def _without_floor(bundle: KernelBundle, ceiling: bool = True) -> KernelBundle:
+    """The bundle without the GEMM floor member (and, unless ``ceiling``, without the ceiling member either)."""
     fams = dict(bundle.families)
     fams["gemm"] = dataclasses.replace(fams["gemm"], floor_lgbm=None, floor_blend=None)
+    if not ceiling:
+        fams["gemm"] = dataclasses.replace(fams["gemm"], ceiling_lgbm=None, ceiling_member=None)
     return KernelBundle(fams, dict(bundle.meta))
 
 
@@ -77,10 +79,12 @@ def test_only_small_tensor_core_gemms_are_blended():
     out = predict_kernels(rows, "H100-SXM5-80GB", b)
     with_floor = out["pred_latency_ms"].to_numpy()
     assert [m.endswith("+floor") for m in out["model"]] == [True, True, False, False, False]
-    alone = predict_kernels(rows, "H100-SXM5-80GB", _without_floor(b))["pred_latency_ms"].to_numpy()
+    # the large bf16 GEMM is the ceiling member's (an NVIDIA GPU), the blended one both members'
+    assert list(out["model"][1:3]) == ["ceiling+floor", "ceiling"]
+    alone = predict_kernels(rows, "H100-SXM5-80GB", _without_floor(b, ceiling=False))["pred_latency_ms"].to_numpy()
     assert with_floor[0] != pytest.approx(alone[0], rel=1e-6)
     assert with_floor[1] != pytest.approx(alone[1], rel=1e-6)
-    assert with_floor[2:] == pytest.approx(alone[2:], rel=1e-12)
+    assert with_floor[3:] == pytest.approx(alone[3:], rel=1e-12)
 
 
 def test_the_blend_has_no_step_at_its_edges():
@@ -95,13 +99,6 @@ def test_the_blend_has_no_step_at_its_edges():
     t = predict_kernels(rows, "B200", b)["pred_latency_ms"].to_numpy()
     assert t[1] / t[0] == pytest.approx(1.0, abs=0.02)
     assert t[3] / t[2] == pytest.approx(1.0, abs=0.02)
-
-
-@pytest.fixture()
-def shipped_copy(tmp_path):
-    dst = tmp_path / "bundle"
-    shutil.copytree(shipped_folder(), dst)
-    return dst
 
 
 def test_the_floor_member_round_trips_and_its_file_is_checked(shipped_copy, tmp_path):

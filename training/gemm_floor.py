@@ -66,7 +66,7 @@ DEFAULT_CEILING = 0.74
 #: MAMF table name per catalog device (best achievable matmul TFLOP/s; ml-engineering, CC BY-SA 4.0)
 MAMF_NAME = {"A100-SXM4-80GB": "NVIDIA A100 SXM", "A100-80GB-unknown": "NVIDIA A100 SXM", "A100-PCIe-40GB": "NVIDIA A100 PCIe",
              "B200": "NVIDIA B200 SXM", "MI355X": "AMD MI355X", "H100-SXM5-80GB": "NVIDIA H100 SXM",
-             "MI300X": "AMD MI300X"}
+             "MI300X": "AMD MI300X", "B300": "NVIDIA B300 SXM", "GB200": "NVIDIA GB200 SXM"}
 
 
 def mamf_ratio(root, devices: pd.Series, dtypes: pd.Series, specs: dict) -> np.ndarray:
@@ -127,19 +127,23 @@ def fit_physical(inp: dict, y_us: np.ndarray, rows: np.ndarray) -> tuple[dict, f
     return unpack(sol.x)
 
 
+def mamf_ratio_any(root, df: pd.DataFrame, specs: dict) -> np.ndarray:
+    """:func:`mamf_ratio` from the first of ``root``'s folders (``--data`` may name several) that has the MAMF table;
+    all NaN without one."""
+    roots = (list(root) or [None]) if isinstance(root, (list, tuple)) else [root]
+    for r in roots:
+        try:
+            return mamf_ratio(r, df["device"], df["dtype"], specs)
+        except OSError:  # no MAMF table there (DataNotFoundError is a FileNotFoundError)
+            continue
+    return np.full(len(df), np.nan)
+
+
 def matmul_ceiling(root, df: pd.DataFrame, specs: dict) -> np.ndarray:
     """Per row: the MAMF table's best achievable fraction of the dense peak where it lists the device and dtype,
     :data:`DEFAULT_CEILING` for another tensor dtype, 1 for FP32 (vector peaks); without the table (``root`` None and
     no dataset found) the defaults."""
-    ratio = np.full(len(df), np.nan)
-    roots = (list(root) or [None]) if isinstance(root, (list, tuple)) else [root]  # `--data` may name several folders
-    for r in roots:
-        try:
-            ratio = mamf_ratio(r, df["device"], df["dtype"], specs)
-            break
-        except OSError:  # no MAMF table there (DataNotFoundError is a FileNotFoundError)
-            continue
-    return ceiling_from_ratio(ratio, df["dtype"])
+    return ceiling_from_ratio(mamf_ratio_any(root, df, specs), df["dtype"])
 
 
 def ceiling_from_ratio(ratio: np.ndarray, dtypes) -> np.ndarray:
@@ -180,3 +184,80 @@ def fit_floor_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Devic
     y = np.log(rows["latency_ms"].to_numpy(dtype=float) / ref)
     lg = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X, y)
     return lg, {"floors_ms": dict(sorted(floors.items())), "source": PREDICT_SOURCE, "gflop": list(FLOOR_BLEND_GFLOP)}
+
+
+# --- the ceiling member (models/gemm_floor.py, "ceiling member"): vendor by vendor, against each device's ceiling ---
+
+#: a training device's own ceiling where MAMF does not list it: this quantile of its measured efficiency (roofline time
+#: over measured) in the dtype. Stop 31: A40 0.83 (Vidur), V100 0.94 and T4 0.97 (DeepBench) where the default says
+#: 0.74; on A100 Vidur's own 0.80 against MAMF's 0.87 (the two sources disagree by as much on the same GPU)
+CEILING_QUANTILE = 0.99
+
+
+def ceiling_table(rows: pd.DataFrame, t_roof_ms: np.ndarray, mamf: np.ndarray) -> dict[str, dict[str, float]]:
+    """{device: {tensor dtype: ceiling}} of the training ``rows``: MAMF's ratio (``mamf``, per row, NaN where the table
+    does not list the device) where listed, else the device's :data:`CEILING_QUANTILE` of its measured efficiency."""
+    tensor = (rows["dtype"] != "fp32").to_numpy()
+    t = pd.DataFrame({"device": rows["device"].to_numpy(), "dtype": rows["dtype"].to_numpy(),
+                      "eff": np.asarray(t_roof_ms, dtype=float) / rows["latency_ms"].to_numpy(dtype=float),
+                      "mamf": np.asarray(mamf, dtype=float)})[tensor]
+    out: dict[str, dict[str, float]] = {}
+    for (dev, dt), g in t.groupby(["device", "dtype"]):
+        m = g["mamf"].dropna()
+        c = float(m.iloc[0]) if len(m) else float(g["eff"].quantile(CEILING_QUANTILE))
+        out.setdefault(str(dev), {})[str(dt)] = round(min(max(c, 0.05), 1.0), 4)
+    return out
+
+
+def vendor_ceilings(table: dict[str, dict[str, float]], vendor_of: dict[str, str]) -> dict[str, float]:
+    """The ceiling a device outside ``table`` takes: the median over its vendor's devices and dtypes in ``table``."""
+    by: dict[str, list[float]] = {}
+    for dev, per in table.items():
+        by.setdefault(vendor_of[dev], []).extend(per.values())
+    return {v: round(float(np.median(c)), 4) for v, c in sorted(by.items())}
+
+
+def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], features: list[str],
+                       floors_ms: dict[str, float], mamf: np.ndarray, *, rounds: int = 400, seed: int = 0,
+                       min_tensor_rows: int = 1000) -> tuple[dict[str, LGBMSurrogate], dict]:
+    """({vendor: LightGBM}, the bundle's ``ceiling_member`` entry) from the GEMM family's training ``rows``.
+
+    Per vendor with at least ``min_tensor_rows`` tensor-core rows, LightGBM on that vendor's rows alone learns
+    ``log((measured - source floor) / (roofline / ceiling))``: the time beyond the measuring source's floor, relative
+    to what the device's best achievable matmul takes (:func:`ceiling_table`; FP32 rows: ceiling 1, vector peak)."""
+    table = ceiling_table(rows, X["t_roof_ms"].to_numpy(), mamf)
+    vendor_of = {d: specs[d].vendor for d in rows["device"].unique()}
+    vendor = rows["device"].map(vendor_of).to_numpy()
+    dt = rows["dtype"].to_numpy()
+    ceil = np.array([1.0 if t == "fp32" else table[d][t] for d, t in zip(rows["device"].to_numpy(), dt)])
+    ref = X["t_roof_ms"].to_numpy() / ceil
+    floor = source_floor(rows["source"].to_numpy(), floors_ms)
+    lat = rows["latency_ms"].to_numpy(dtype=float)
+    y = np.log(np.maximum(lat - floor, 0.25 * ref) / ref)
+    models: dict[str, LGBMSurrogate] = {}
+    for v in sorted(set(vendor)):
+        m = vendor == v
+        if (m & (dt != "fp32")).sum() < min_tensor_rows:
+            continue
+        models[v] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X[m], y[m])
+    if not models:
+        raise ValueError(f"no vendor has {min_tensor_rows} tensor-core GEMM rows to fit the ceiling member on")
+    entry = {"ceilings": {d: dict(sorted(p.items())) for d, p in sorted(table.items())},
+             "vendor_ceilings": vendor_ceilings(table, vendor_of), "default_ceiling": DEFAULT_CEILING,
+             "floor_ms": float(floors_ms[PREDICT_SOURCE])}
+    return models, entry
+
+
+def mamf_ceilings(root, specs: dict[str, DeviceSpec]) -> dict[str, dict[str, float]]:
+    """{device: {dtype: MAMF's best achievable over the dense peak}} for every catalog device of ``specs`` the MAMF
+    table lists (bf16's figure stands for fp16): the ceilings a device outside training can still take."""
+    devs = [d for d in specs if d in MAMF_NAME]
+    if not devs:
+        return {}
+    pairs = pd.DataFrame([(d, t) for d in devs for t in ("bf16", "fp16", "fp8")], columns=["device", "dtype"])
+    r = mamf_ratio_any(root, pairs, specs)
+    out: dict[str, dict[str, float]] = {}
+    for (d, t), c in zip(pairs.itertuples(index=False), r):
+        if np.isfinite(c):
+            out.setdefault(d, {})[t] = round(float(min(c, 1.0)), 4)
+    return out

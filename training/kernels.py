@@ -22,13 +22,14 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from wattcast.data.catalog import load_catalog
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURES_BY_FAMILY, featurize_kernels
 from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
 from wattcast.models.gemm_floor import PREDICT_SOURCE
 from wattcast.models.kernel_surrogates import CANDIDATES, CHOICES, LGBMSurrogate, MLPSurrogate, RooflineSurrogate
-from wattcast.training.gemm_floor import fit_floor_member
+from wattcast.training.gemm_floor import fit_ceiling_member, fit_floor_member, mamf_ceilings, mamf_ratio_any
 
 #: NeuSight (ASPLOS'25) published out-of-distribution per-op errors, percent (the bar to halve)
 NEUSIGHT_OOD_MAPE = {"bmm": 13.8, "linear": 13.9, "elementwise": 19.3, "softmax": 13.9, "layernorm": 56.7}
@@ -147,6 +148,30 @@ def _support(X: pd.DataFrame, feats: Sequence[str]) -> dict[str, tuple[float, fl
     return sup
 
 
+def _fit_ceiling(train: pd.DataFrame, X_all: pd.DataFrame, m: np.ndarray, specs: dict[str, DeviceSpec],
+                 feats: list[str], floors_ms: dict[str, float], cfg: TrainConfig, data_root
+                 ) -> tuple[dict, dict]:
+    """The GEMM family's ceiling member (training/gemm_floor.py ``fit_ceiling_member``) on the family's training rows
+    ``m``, each vendor's subsampled to ``cfg.max_rows_per_fit``; the entry also lists the MAMF table's ceilings of
+    catalog GPUs that no training row measures (a device outside training still takes its own)."""
+    rng = np.random.default_rng([cfg.seed, zlib.crc32(b"ceiling member")])
+    vendor = train["device"].map({d: specs[d].vendor for d in train["device"].unique()}).to_numpy()
+    idx = []
+    for v in sorted(set(vendor[m])):
+        iv = np.flatnonzero(m & (vendor == v))
+        if len(iv) > cfg.max_rows_per_fit:
+            iv = rng.choice(iv, cfg.max_rows_per_fit, replace=False)
+        idx.append(iv)
+    idx = np.sort(np.concatenate(idx))
+    rows, X = train.iloc[idx], X_all.iloc[idx]
+    models, entry = fit_ceiling_member(rows, X, specs, feats, floors_ms, mamf_ratio_any(data_root, rows, specs),
+                                       rounds=cfg.lgbm_rounds, seed=cfg.seed)
+    for dev, per in mamf_ceilings(data_root, load_catalog()).items():
+        entry["ceilings"].setdefault(dev, per)
+    entry["ceilings"] = dict(sorted(entry["ceilings"].items()))
+    return models, entry
+
+
 def train_bundle(
     train: pd.DataFrame,
     specs: dict[str, DeviceSpec],
@@ -227,6 +252,11 @@ def train_bundle(
                 idx = np.sort(floor_rng.choice(idx, cfg.max_rows_per_fit, replace=False))
             families[fam].floor_lgbm, families[fam].floor_blend = fit_floor_member(
                 train.iloc[idx], X_all.iloc[idx], specs, feats, rounds=cfg.lgbm_rounds, seed=cfg.seed, root=data_root)
+            tick()
+            # tensor-core GEMMs from the blend's lower edge up: the ceiling member, vendor by vendor, on up to
+            # max_rows_per_fit rows of each vendor (models/gemm_floor.py; a random stream of its own)
+            families[fam].ceiling_lgbm, families[fam].ceiling_member = _fit_ceiling(
+                train, X_all, m, specs, feats, families[fam].floor_blend["floors_ms"], cfg, data_root)
             tick()
     meta = {
         "train_devices": sorted(set(train.loc[~is_val, "device"])),

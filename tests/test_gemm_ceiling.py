@@ -1,0 +1,149 @@
+"""The GEMM family's ceiling member (models/gemm_floor.py, training/gemm_floor.py): formula, ceilings, bundle entry,
+vendor choice at prediction time, fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from wattcast.data.catalog import resolve_device
+from wattcast.models.gemm_floor import ceiling_log_ratio, check_ceiling_member, row_ceilings
+from wattcast.models.kernel_bundle import BundleError, KernelBundle, load_bundle
+from wattcast.models.kernel_predictor import predict_kernels
+from wattcast.training.gemm_floor import (CEILING_QUANTILE, ceiling_table, fit_ceiling_member, mamf_ceilings,
+                                          vendor_ceilings)
+
+ENTRY = {"ceilings": {"A": {"bf16": 0.8, "fp8": 0.7}}, "vendor_ceilings": {"nvidia": 0.85, "amd": 0.6},
+         "default_ceiling": 0.74, "floor_ms": 0.004, "lgbm": {"nvidia": "n.txt"}}
+
+
+def test_ceiling_log_ratio_is_the_floor_plus_the_learned_multiple_of_the_ceiling_time():
+    t_roof = np.array([0.1, 1.0])
+    out = ceiling_log_ratio(np.log([1.2, 1.0]), t_roof, 0.004, np.array([0.8, 0.5]))
+    assert np.exp(out) * t_roof == pytest.approx([0.004 + 1.2 * 0.1 / 0.8, 0.004 + 1.0 / 0.5])
+
+
+def test_row_ceilings_take_the_device_then_its_vendor_then_the_default():
+    assert list(row_ceilings("A", "nvidia", np.array(["bf16", "fp8", "tf32", "fp16"]), ENTRY)) == [0.8, 0.7, 0.85, 0.8]
+    assert list(row_ceilings("new", "amd", np.array(["bf16"]), ENTRY)) == [0.6]
+    assert list(row_ceilings("new", "intel", np.array(["bf16"]), ENTRY)) == [0.74]
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"ceilings": {"A": {"bf16": 1.5}}}, "ceilings"),
+    ({"ceilings": {"A": 0.8}}, "ceilings"),
+    ({"vendor_ceilings": {"nvidia": 0.0}}, "vendor_ceilings"),
+    ({"default_ceiling": "x"}, "default_ceiling"),
+    ({"floor_ms": -1.0}, "floor_ms"),
+    ({"lgbm": {}}, "lgbm"),
+])
+def test_a_bad_ceiling_member_entry_is_named(change, match):
+    with pytest.raises(ValueError, match=match):
+        check_ceiling_member({**ENTRY, **change}, "manifest")
+    assert check_ceiling_member(ENTRY, "manifest")["vendor_ceilings"] == {"nvidia": 0.85, "amd": 0.6}
+
+
+def test_ceiling_table_takes_mamf_where_listed_else_the_devices_own_quantile():
+    rng = np.random.default_rng(0)
+    n = 200
+    rows = pd.DataFrame({"device": ["X"] * n + ["Y"] * n + ["Y"] * 5, "dtype": ["bf16"] * (2 * n) + ["fp32"] * 5,
+                         "latency_ms": 1.0})
+    eff = np.r_[rng.uniform(0.2, 0.9, n), rng.uniform(0.1, 0.6, n), np.full(5, 0.99)]
+    mamf = np.r_[np.full(n, 0.77), np.full(n + 5, np.nan)]
+    table = ceiling_table(rows, eff, mamf)  # t_roof / latency = eff with latency 1 ms
+    assert table["X"] == {"bf16": 0.77}
+    assert table["Y"] == {"bf16": pytest.approx(np.quantile(eff[n:2 * n], CEILING_QUANTILE), abs=1e-4)}  # no fp32
+    assert vendor_ceilings(table, {"X": "nvidia", "Y": "nvidia"}) == {"nvidia": pytest.approx((0.77 + table["Y"]["bf16"]) / 2)}
+
+
+def test_the_shipped_gemm_family_carries_a_ceiling_member_per_vendor():
+    fm = load_bundle().families["gemm"]
+    assert set(fm.ceiling_lgbm) == {"nvidia", "amd"}
+    cm = fm.ceiling_member
+    # B200 and the A100 take MAMF's best achievable matmul (1,745 of 2,250 and 271 of 312 TFLOP/s); the A40, which
+    # MAMF does not list, its own measured 99th percentile
+    assert cm["ceilings"]["B200"]["bf16"] == pytest.approx(1745.0 / 2250.0, abs=0.01)
+    assert cm["ceilings"]["A100-SXM4-80GB"]["fp16"] == pytest.approx(271.2 / 312.0, abs=0.01)
+    assert 0.7 < cm["ceilings"]["A40"]["fp16"] < 0.95
+    assert 0.7 < cm["vendor_ceilings"]["nvidia"] < 0.95
+    # the held-out GPUs are nowhere in it
+    assert not {"L4", "A100-PCIe-80GB"} & set(cm["ceilings"])
+    assert 0.001 < cm["floor_ms"] < 0.02
+
+
+def test_the_ceiling_member_predicts_large_tensor_core_gemms_of_a_vendor_it_has():
+    b = load_bundle()
+    fm = b.families["gemm"]
+    rows = pd.DataFrame([dict(op="linear", dtype="bf16", B=1, M=8192, N=8192, K=8192),
+                         dict(op="linear", dtype="fp32", B=1, M=8192, N=8192, K=8192)])
+    for dev in ("H100-SXM5-80GB", "MI300X"):
+        out = predict_kernels(rows, dev, b)
+        assert list(out["model"]) == ["ceiling", fm.choice]
+        spec = resolve_device(dev)
+        from wattcast.featurize.kernel_features import featurize_kernels
+
+        X = featurize_kernels(rows.assign(op=["linear", "linear"]), spec)
+        p = fm.ceiling_lgbm[spec.vendor].predict(X.iloc[:1])
+        c = row_ceilings(spec.name, spec.vendor, np.array(["bf16"]), fm.ceiling_member)
+        want = np.exp(ceiling_log_ratio(p, X["t_roof_ms"].to_numpy()[:1], fm.ceiling_member["floor_ms"], c)) * X["t_roof_ms"].to_numpy()[:1]
+        assert out["pred_latency_ms"].iloc[0] == pytest.approx(float(want[0]), rel=1e-9)
+        # a large bf16 GEMM on a datacenter GPU runs at 40-95% of its dense peak
+        tflops = 2 * 8192**3 / (out["pred_latency_ms"].iloc[0] * 1e9)
+        assert 0.4 < tflops / spec.peak_matrix_tflops("bf16") < 0.95
+    # a vendor without a ceiling model keeps the roofline member
+    intel = dataclasses.replace(resolve_device("H100-SXM5-80GB"), vendor="intel", name="H100-as-intel")
+    assert list(predict_kernels(rows, intel, b)["model"]) == [fm.choice, fm.choice]
+
+
+def test_the_ceiling_member_round_trips_and_its_files_are_checked(shipped_copy, tmp_path):
+    b = KernelBundle.load(shipped_copy)
+    out = tmp_path / "saved"
+    b.save(out)
+    again = KernelBundle.load(out)
+    assert again.families["gemm"].ceiling_member == b.families["gemm"].ceiling_member
+    man = json.loads((out / "kernel_manifest.json").read_text())
+    files = man["families"]["gemm"]["ceiling_member"]["lgbm"]
+    assert set(files.values()) <= set(man["files"])
+    p = out / files["amd"]
+    p.write_text(p.read_text()[:-200])  # truncated
+    with pytest.raises(BundleError, match=files["amd"]):
+        KernelBundle.load(out)
+
+
+def test_a_manifest_whose_ceiling_member_is_malformed_is_a_bundle_error(shipped_copy):
+    path = shipped_copy / "kernel_manifest.json"
+    man = json.loads(path.read_text())
+    man["families"]["gemm"]["ceiling_member"]["ceilings"]["B200"]["bf16"] = 7.0
+    path.write_text(json.dumps(man))
+    with pytest.raises(BundleError, match="ceiling_member.ceilings"):
+        KernelBundle.load(shipped_copy)
+
+
+def test_the_ceiling_member_is_fitted_per_vendor_on_the_data(data_root):
+    """Fitted on a sample of the real GEMM rows: one model per vendor with enough tensor-core rows, the MAMF table's
+    ceilings where it lists the device."""
+    from wattcast.data.kernel_datasets import load_kernels, split_heldout
+    from wattcast.featurize.kernel_features import featurize_kernels
+    from wattcast.training.gemm_floor import mamf_ratio_any
+    from wattcast.training.kernels import family_features
+
+    df, _ = split_heldout(load_kernels(data_root))
+    df = df[df["op"].isin(["bmm", "linear"])].sample(frac=1.0, random_state=0).groupby("device").head(1500)
+    df = df.reset_index(drop=True)
+    specs = {d: resolve_device(d) for d in df["device"].unique() if d != "A100-80GB-unknown"}
+    specs["A100-80GB-unknown"] = resolve_device("A100-SXM4-80GB")
+    X = featurize_kernels(df, specs)
+    models, entry = fit_ceiling_member(df, X, specs, family_features("gemm"), {"xla": 0.004, "vidur": 0.004},
+                                       mamf_ratio_any(data_root, df, specs), rounds=20, min_tensor_rows=500)
+    assert set(models) == {"nvidia", "amd"}
+    assert entry["ceilings"]["MI355X"]["bf16"] == pytest.approx(1565.0 / specs["MI355X"].peak_matrix_tflops("bf16"), abs=1e-3)
+    assert "fp32" not in entry["ceilings"]["Tesla-T4"]
+    with pytest.raises(ValueError, match="no vendor"):
+        fit_ceiling_member(df, X, specs, family_features("gemm"), {"xla": 0.004}, mamf_ratio_any(data_root, df, specs),
+                           rounds=5, min_tensor_rows=10**9)
+    listed = mamf_ceilings(data_root, {d: resolve_device(d) for d in ("B200", "B300", "L40S")})
+    assert set(listed) == {"B200", "B300"} and listed["B300"]["fp8"] == pytest.approx(3353.3 / resolve_device("B300").peak_matrix_tflops("fp8"), abs=1e-3)
