@@ -154,6 +154,24 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                 continue
             p, spread, shape_ood, dev_ood = _reference_family(fm, X[m], f)
             floor_rows = np.zeros(int(m.sum()), dtype=bool)
+            ceiling_rows = np.zeros(int(m.sum()), dtype=bool)
+            if fm.floor_lgbm is not None and fm.floor_blend and fm.ceiling_lgbm and spec.vendor in fm.ceiling_lgbm:
+                # tensor-core GEMMs the blend gives the roofline member any weight: the vendor's ceiling member,
+                # floor + exp(c) x roofline / ceiling (the device's own ceiling in the dtype or its 16-bit twin, else
+                # its vendor's median, else the default)
+                Xm = X[m]
+                cm = fm.ceiling_member
+                lo_g, hi_g = fm.floor_blend["gflop"]
+                c = fm.ceiling_lgbm[spec.vendor].booster.predict(Xm[fm.features].to_numpy(dtype=np.float64), num_threads=0)
+                own = cm["ceilings"].get(spec.name, {})
+                dts = canon[ok]["dtype"].to_numpy()[m]
+                for i in range(len(Xm)):
+                    if Xm["is_tensor_dtype"].iloc[i] > 0.5 and float(Xm["flops"].iloc[i]) / 1e9 > lo_g:
+                        twin = {"bf16": "fp16", "fp16": "bf16"}.get(dts[i], "")
+                        ceil = own.get(dts[i], own.get(twin, cm["vendor_ceilings"].get(spec.vendor, cm["default_ceiling"])))
+                        tr = t_roof[m][i]
+                        p[i] = np.log((cm["floor_ms"] + np.exp(c[i]) * tr / ceil) / tr)
+                        ceiling_rows[i] = True
             if fm.floor_lgbm is not None and fm.floor_blend:
                 # small tensor-core GEMMs: the floor member's exp(q) x (roofline + floor) blended in by size, in log
                 # space, with weight (log GFLOP - log lo) / (log hi - log lo) clipped to [0, 1] for the roofline member
@@ -188,7 +206,9 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             lo[m] = lo_m
             hi[m] = p + band[1] * widen + spread
             o[m] = oo
-            mname[m] = np.where(floor_rows, f"{fm.choice}+floor", fm.choice if fm.choice != "roofline" else "roofline-fallback")
+            mname[m] = np.where(ceiling_rows & floor_rows, "ceiling+floor", np.where(
+                ceiling_rows, "ceiling", np.where(floor_rows, f"{fm.choice}+floor",
+                                                  fm.choice if fm.choice != "roofline" else "roofline-fallback")))
             why[m] = np.where(shape_ood & dev_ood, "shape+device", np.where(shape_ood, "shape", np.where(dev_ood, "device", "")))
         pred[ok] = t_roof * np.exp(lr)
         low[ok] = t_roof * np.exp(np.minimum(lo, lr))
