@@ -147,3 +147,20 @@ def test_the_ceiling_member_is_fitted_per_vendor_on_the_data(data_root):
                            rounds=5, min_tensor_rows=10**9)
     listed = mamf_ceilings(data_root, {d: resolve_device(d) for d in ("B200", "B300", "L40S")})
     assert set(listed) == {"B200", "B300"} and listed["B300"]["fp8"] == pytest.approx(3353.3 / resolve_device("B300").peak_matrix_tflops("fp8"), abs=1e-3)
+
+
+def test_training_without_enough_tensor_core_rows_keeps_the_roofline_member(data_root, capsys):
+    """A GEMM table with XLA rows but too few tensor-core rows of any vendor trains no ceiling member, and says so."""
+    from wattcast.data.kernel_datasets import load_kernels, split_heldout
+    from wattcast.featurize.kernel_features import featurize_kernels
+    from wattcast.training.kernels import TrainConfig, _fit_ceiling, family_features
+
+    df, _ = split_heldout(load_kernels(data_root))
+    df = df[df["op"].isin(["bmm", "linear"]) & df["device"].isin(["B200", "MI355X"])].groupby("device").head(50)
+    df = df.reset_index(drop=True)
+    specs = {d: resolve_device(d) for d in df["device"].unique()}
+    X = featurize_kernels(df, specs)
+    got = _fit_ceiling(df, X, np.ones(len(df), dtype=bool), specs, family_features("gemm"), {"xla": 0.004},
+                       TrainConfig.quick(), data_root)
+    assert got == (None, None)
+    assert "ceiling member not fitted" in capsys.readouterr().out

@@ -150,10 +150,11 @@ def _support(X: pd.DataFrame, feats: Sequence[str]) -> dict[str, tuple[float, fl
 
 def _fit_ceiling(train: pd.DataFrame, X_all: pd.DataFrame, m: np.ndarray, specs: dict[str, DeviceSpec],
                  feats: list[str], floors_ms: dict[str, float], cfg: TrainConfig, data_root
-                 ) -> tuple[dict, dict]:
+                 ) -> tuple[dict | None, dict | None]:
     """The GEMM family's ceiling member (training/gemm_floor.py ``fit_ceiling_member``) on the family's training rows
     ``m``, each vendor's subsampled to ``cfg.max_rows_per_fit``; the entry also lists the MAMF table's ceilings of
-    catalog GPUs that no training row measures (a device outside training still takes its own)."""
+    catalog GPUs that no training row measures (a device outside training still takes its own). (None, None), said on
+    stdout, when no vendor has enough tensor-core rows."""
     rng = np.random.default_rng([cfg.seed, zlib.crc32(b"ceiling member")])
     vendor = train["device"].map({d: specs[d].vendor for d in train["device"].unique()}).to_numpy()
     idx = []
@@ -164,8 +165,12 @@ def _fit_ceiling(train: pd.DataFrame, X_all: pd.DataFrame, m: np.ndarray, specs:
         idx.append(iv)
     idx = np.sort(np.concatenate(idx))
     rows, X = train.iloc[idx], X_all.iloc[idx]
-    models, entry = fit_ceiling_member(rows, X, specs, feats, floors_ms, mamf_ratio_any(data_root, rows, specs),
-                                       rounds=cfg.lgbm_rounds, seed=cfg.seed)
+    try:
+        models, entry = fit_ceiling_member(rows, X, specs, feats, floors_ms, mamf_ratio_any(data_root, rows, specs),
+                                           rounds=cfg.lgbm_rounds, seed=cfg.seed)
+    except ValueError as e:  # too few tensor-core rows of any vendor (a small --csv with XLA rows): the roofline member
+        print(f"GEMM ceiling member not fitted ({e}); tensor-core GEMMs keep the roofline member")
+        return None, None
     for dev, per in mamf_ceilings(data_root, load_catalog()).items():
         entry["ceilings"].setdefault(dev, per)
     entry["ceilings"] = dict(sorted(entry["ceilings"].items()))
