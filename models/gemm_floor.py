@@ -63,8 +63,9 @@ def row_ceilings(device: str, vendor: str, dtypes: np.ndarray, entry: dict) -> n
     default."""
     own = entry["ceilings"].get(device, {})
     other = entry["vendor_ceilings"].get(vendor, entry["default_ceiling"])
-    return np.array([own.get(str(d), own.get(SIXTEEN_BIT_TWIN.get(str(d), ""), other))
-                     for d in np.asarray(dtypes, dtype=object)], dtype=float)
+    names, codes = np.unique(np.asarray(dtypes, dtype=object).astype(str), return_inverse=True)  # a few dtypes, many rows
+    per_name = np.array([own.get(d, own.get(SIXTEEN_BIT_TWIN.get(d, ""), other)) for d in names], dtype=float)
+    return per_name[codes.reshape(-1)]
 
 
 def check_ceiling_member(spec: dict, where: str) -> dict:

@@ -286,21 +286,16 @@ class KernelBundle:
                 w = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(name + "/")}
                 mlp = MLPSurrogate(e["features"], w)
             floor_lgbm, floor_blend = None, None
+            where = f"{folder / MANIFEST}: family {name!r}"
             if e.get("floor_blend"):
-                try:
-                    floor_blend = check_floor_blend(e["floor_blend"], f"{folder / MANIFEST}: family {name!r}")
-                except ValueError as err:
-                    raise BundleError(str(err)) from None
+                floor_blend = _checked(check_floor_blend, e["floor_blend"], where)
                 fn = e["floor_blend"].get("lgbm")
                 if not fn:
                     raise BundleError(f"{folder / MANIFEST}: family {name!r}: 'floor_blend' names no 'lgbm' file")
                 floor_lgbm = LGBMSurrogate.load(_check_file(folder, fn, manifest), e["features"])
             ceiling_lgbm, ceiling_member = None, None
             if e.get("ceiling_member"):
-                try:
-                    ceiling_member = check_ceiling_member(e["ceiling_member"], f"{folder / MANIFEST}: family {name!r}")
-                except ValueError as err:
-                    raise BundleError(str(err)) from None
+                ceiling_member = _checked(check_ceiling_member, e["ceiling_member"], where)
                 ceiling_lgbm = {v: LGBMSurrogate.load(_check_file(folder, fn, manifest), e["features"])
                                 for v, fn in ceiling_member["lgbm"].items()}
             fams[name] = FamilyModel(
@@ -322,6 +317,14 @@ class KernelBundle:
             )
         meta = {k: v for k, v in manifest.items() if k not in ("schema", "families")}
         return cls(fams, meta)
+
+
+def _checked(check, entry, where: str) -> dict:
+    """``check(entry, where)`` (a member entry's validator), its ValueError raised as a :class:`BundleError`."""
+    try:
+        return check(entry, where)
+    except ValueError as err:
+        raise BundleError(str(err)) from None
 
 
 def _floor_files(families: dict) -> set[str]:
