@@ -68,10 +68,9 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.kernel_datasets import load_kernels
 from wattcast.featurize.kernel_features import featurize_kernels
-from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, blend_weight, blended_log_ratio
-from wattcast.models.gemm_floor import ceiling_log_ratio, row_ceilings
+from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, PREDICT_SOURCE, blend_weight, blended_log_ratio
 from wattcast.training.gemm_floor import (ceiling_from_ratio, fit_ceiling_member, fit_physical, floor_reference_ms,
-                                          mamf_ratio, physical_inputs, physical_us)
+                                          mamf_ratio, members_log_ratio, physical_inputs, physical_us)
 from wattcast.training.kernels import TrainConfig, family_features
 
 # The spec-sheet tile/wave GEMM model ("physical" rows) and its per-source floor fit live in training/gemm_floor.py
@@ -159,13 +158,23 @@ def gemm_gflop(df: pd.DataFrame) -> np.ndarray:
     return 2.0 * df["B"].fillna(1).to_numpy() * df["M"].to_numpy() * df["N"].to_numpy() * df["K"].to_numpy() / 1e9
 
 
-def fit_predict(Xtr, ytr, Xte, feats, cfg: TrainConfig) -> np.ndarray:
-    import lightgbm as lgb
+class Fitted:
+    """LightGBM fitted on ``Xtr[feats]``; ``predict(X)`` reads the same columns of ``X``."""
 
-    m = lgb.LGBMRegressor(n_estimators=cfg.lgbm_rounds, num_leaves=63, learning_rate=0.05, min_child_samples=20,
-                          subsample=0.8, subsample_freq=1, colsample_bytree=0.8, verbose=-1, n_jobs=2)
-    m.fit(Xtr[feats], ytr)
-    return m.predict(Xte[feats])
+    def __init__(self, Xtr, ytr, feats, cfg: TrainConfig):
+        import lightgbm as lgb
+
+        self.feats = list(feats)
+        self.model = lgb.LGBMRegressor(n_estimators=cfg.lgbm_rounds, num_leaves=63, learning_rate=0.05,
+                                       min_child_samples=20, subsample=0.8, subsample_freq=1, colsample_bytree=0.8,
+                                       verbose=-1, n_jobs=2).fit(Xtr[self.feats], ytr)
+
+    def predict(self, X) -> np.ndarray:
+        return self.model.predict(X[self.feats])
+
+
+def fit_predict(Xtr, ytr, Xte, feats, cfg: TrainConfig) -> np.ndarray:
+    return Fitted(Xtr, ytr, feats, cfg).predict(Xte)
 
 
 def error_table(df: pd.DataFrame, pred_ms: np.ndarray, fold: str, model: str) -> pd.DataFrame:
@@ -240,7 +249,8 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         # the spec-sheet tile/wave model (models/gemm_physics.py): its floor per source and cycles per tile fitted on
         # the training generations, the ceiling from MAMF (or the default); then trees on what it leaves
         if models and not any(m.startswith("physical") or m.startswith("bundle/additive") or "vendor-split" in m
-                              or m in ("bundle/floor", "bundle+floor-blend") for m in models):
+                              or m in ("bundle/floor", "bundle+floor-blend", "bundle+floor-blend/ceiling-member")
+                              for m in models):
             continue
         t0 = time.time()
         params = fit_physical(inp, y_us, train)
@@ -257,11 +267,12 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         floors_ms = {s: v / 1e3 for s, v in params[0].items()}
         ref_ms = floor_reference_ms(X["t_roof_ms"].to_numpy(), df["source"].to_numpy(), floors_ms)
         floor_ms = ref_ms - X["t_roof_ms"].to_numpy()
-        p_floor = None
+        p_floor, floor_model = None, None
         if not models or "bundle/floor" in models or "bundle+floor-blend" in models:
             t0 = time.time()
             yf = np.log(df["latency_ms"].to_numpy(dtype=float) / ref_ms)
-            p_floor = fit_predict(X[train], yf[train], X[test], bundle_feats, cfg)
+            floor_model = Fitted(X[train], yf[train], bundle_feats, cfg)
+            p_floor = floor_model.predict(X[test])
             floor_fit_s = time.time() - t0
         if not models or "bundle/floor" in models:
             tab = error_table(df[test], np.exp(p_floor) * ref_ms[test], fold, "bundle/floor")
@@ -318,25 +329,13 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             t0 = time.time()
             cm, entry = fit_ceiling_member(df[train].reset_index(drop=True), X[train].reset_index(drop=True), specs,
                                            bundle_feats, floors_ms, X["mamf_ratio"].to_numpy()[train], rounds=cfg.lgbm_rounds)
-            pf = fit_predict(X[train], np.log(lat / ref_ms)[train], X[test], bundle_feats, cfg) if p_floor is None else p_floor
+            floor_model = floor_model or Fitted(X[train], np.log(lat / ref_ms)[train], bundle_feats, cfg)
+            p_roof = Fitted(X[train], y[train], bundle_feats, cfg).predict(X[test])
+            blend = {"floors_ms": floors_ms, "source": PREDICT_SOURCE, "gflop": list(FLOOR_BLEND_GFLOP)}
             pred = np.full(len(df), np.nan)
-            test_idx = np.flatnonzero(test)
-            for dev in np.unique(df["device"].to_numpy()[test]):
-                sel = df["device"].to_numpy()[test_idx] == dev
-                rows_ = test_idx[sel]
-                spec = specs[dev]
-                mamf_dev = {t: float(c) for t, c in zip(df["dtype"].to_numpy()[rows_], X["mamf_ratio"].to_numpy()[rows_])
-                            if np.isfinite(c)}
-                e = dict(entry, ceilings={**entry["ceilings"], dev: mamf_dev})
-                c = row_ceilings(dev, spec.vendor, df["dtype"].to_numpy()[rows_], e)
-                model_v = cm.get(spec.vendor)
-                roof = roof_all[rows_]
-                if model_v is None:
-                    pr = fit_predict(X[train], y[train], X.iloc[rows_], bundle_feats, cfg)
-                else:
-                    pr = ceiling_log_ratio(model_v.predict(X.iloc[rows_]), roof, entry["floor_ms"], c)
-                lr = blended_log_ratio(pr, pf[sel], roof, floor_ms[rows_], blend_weight(gflop[rows_], *FLOOR_BLEND_GFLOP))
-                pred[rows_] = np.exp(lr) * roof
+            pred[test] = np.exp(members_log_ratio(p_roof, X[test], df[test], specs, floor_model, blend, cm, entry,
+                                                  X["mamf_ratio"].to_numpy()[test], ceiling_floor_ms=entry["floor_ms"],
+                                                  blend_floor_ms=floor_ms[test])) * roof_all[test]
             tab = error_table(df[test], pred[test], fold, "bundle+floor-blend/ceiling-member")
             if sizes is not None:
                 sizes.append(size_table(df[test], pred[test], fold, "bundle+floor-blend/ceiling-member"))

@@ -52,6 +52,19 @@ def ceiling_log_ratio(p_ceiling: np.ndarray, t_roof_ms: np.ndarray, floor_ms, ce
     return np.log(t / t_roof_ms)
 
 
+#: the ceiling member's key for its LightGBM fitted on every vendor's rows: the member of a GPU whose vendor has none of
+#: its own (leave one generation out with every AMD part held out, the NVIDIA-trained member predicts CDNA's large
+#: GEMMs from MAMF's ceilings within 3-12% where the roofline member was 21-29% fast)
+POOLED_MEMBER = "pooled"
+
+
+def ceiling_model(models: dict | None, vendor: str):
+    """The ceiling member's LightGBM for a GPU of ``vendor``: its vendor's, else the pooled one, else None."""
+    if not models:
+        return None
+    return models.get(vendor, models.get(POOLED_MEMBER))
+
+
 #: a 16-bit dtype a device was measured in stands for the other one (the same tensor-core rate and kernels: Vidur
 #: profiled the A100 in fp16, llm-foundry trains it in bf16; MAMF lists bf16 only)
 SIXTEEN_BIT_TWIN = {"bf16": "fp16", "fp16": "bf16"}

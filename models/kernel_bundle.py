@@ -104,6 +104,18 @@ class FamilyModel:
             return float(lo), float(hi)
         return self.band_log
 
+    def band_log_rows(self, tensor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) log band per row: the calibration's own band of the row's dtype class (``tensor``: tensor-core
+        rows; the rest FP32/vector) where it has one, else :attr:`calibrated_band_log`."""
+        lo, hi = self.calibrated_band_log
+        by = (self.logo or {}).get("band_log_by_class") or {}
+        tensor = np.asarray(tensor, dtype=bool)
+        lo_r, hi_r = np.full(len(tensor), lo), np.full(len(tensor), hi)
+        for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
+            if cls in by and sel.any():
+                lo_r[sel], hi_r[sel] = float(by[cls][0]), float(by[cls][1])
+        return lo_r, hi_r
+
     def floor_ms(self, dtype_names: list[str]) -> np.ndarray:
         """The latency floor (ms) for each of ``dtype_names`` (TF32 tensors are FP32 in memory: a family never
         measured in TF32, such as elementwise, takes the FP32 floor)."""

@@ -10,7 +10,7 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
-from wattcast.models.gemm_floor import blend_weight, blended_log_ratio, ceiling_log_ratio, row_ceilings
+from wattcast.models.gemm_floor import blend_weight, blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate
 from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
@@ -246,10 +246,11 @@ def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p:
     out = np.array(p, dtype=np.float64, copy=True)
     ceil_sel = np.zeros(0, dtype=np.intp)
     cm = fm.ceiling_member
-    if fm.ceiling_lgbm and cm and device is not None and device.vendor in fm.ceiling_lgbm:
+    model = ceiling_model(fm.ceiling_lgbm, device.vendor) if cm and device is not None else None
+    if model is not None:
         ceil_sel = np.flatnonzero(tensor & (w > 0.0))
         if len(ceil_sel):
-            pc = fm.ceiling_lgbm[device.vendor].predict_matrix(np.ascontiguousarray(A[ceil_sel, : len(fm.features)]))
+            pc = model.predict_matrix(np.ascontiguousarray(A[ceil_sel, : len(fm.features)]))
             c = row_ceilings(device.name, device.vendor, dtype_names[ceil_sel], cm)
             out[ceil_sel] = ceiling_log_ratio(pc, t_roof_ms[ceil_sel], cm["floor_ms"], c)
     sel = np.flatnonzero(tensor & (w < 1.0))
@@ -309,7 +310,8 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
             dev_ood |= fm.dtype_class_device_ood(X, rows)
         oo = shape_ood | dev_ood
         widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
-        band = fm.calibrated_band_log
+        tensor_m = X["is_tensor_dtype"].to_numpy()[m] > 0.5 if "is_tensor_dtype" in X else np.zeros(len(p), dtype=bool)
+        band = fm.band_log_rows(tensor_m)
         lo_m = p + band[0] * widen - spread
         if fm.latency_floor_ms > 0:
             # never faster than the fastest kernel of this family ever measured in the row's dtype (launch

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from wattcast.data.catalog import resolve_device
-from wattcast.models.gemm_floor import ceiling_log_ratio, check_ceiling_member, row_ceilings
+from wattcast.featurize.kernel_features import featurize_kernels
+from wattcast.models.gemm_floor import POOLED_MEMBER, ceiling_log_ratio, check_ceiling_member, ceiling_model, row_ceilings
 from wattcast.models.kernel_bundle import BundleError, KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
 from wattcast.training.gemm_floor import (CEILING_QUANTILE, ceiling_table, fit_ceiling_member, mamf_ceilings,
@@ -47,6 +48,13 @@ def test_a_bad_ceiling_member_entry_is_named(change, match):
     assert check_ceiling_member(ENTRY, "manifest")["vendor_ceilings"] == {"nvidia": 0.85, "amd": 0.6}
 
 
+def test_a_vendor_without_its_own_ceiling_model_takes_the_pooled_one():
+    own, pooled = object(), object()
+    assert ceiling_model({"nvidia": own, POOLED_MEMBER: pooled}, "nvidia") is own
+    assert ceiling_model({"nvidia": own, POOLED_MEMBER: pooled}, "amd") is pooled
+    assert ceiling_model({"nvidia": own}, "amd") is None and ceiling_model(None, "amd") is None
+
+
 def test_ceiling_table_takes_mamf_where_listed_else_the_devices_own_quantile():
     rng = np.random.default_rng(0)
     n = 200
@@ -62,7 +70,7 @@ def test_ceiling_table_takes_mamf_where_listed_else_the_devices_own_quantile():
 
 def test_the_shipped_gemm_family_carries_a_ceiling_member_per_vendor():
     fm = load_bundle().families["gemm"]
-    assert set(fm.ceiling_lgbm) == {"nvidia", "amd"}
+    assert set(fm.ceiling_lgbm) == {"nvidia", "amd", POOLED_MEMBER}
     cm = fm.ceiling_member
     # B200 and the A100 take MAMF's best achievable matmul (1,745 of 2,250 and 271 of 312 TFLOP/s); the A40, which
     # MAMF does not list, its own measured 99th percentile
@@ -84,8 +92,6 @@ def test_the_ceiling_member_predicts_large_tensor_core_gemms_of_a_vendor_it_has(
         out = predict_kernels(rows, dev, b)
         assert list(out["model"]) == ["ceiling", fm.choice]
         spec = resolve_device(dev)
-        from wattcast.featurize.kernel_features import featurize_kernels
-
         X = featurize_kernels(rows.assign(op=["linear", "linear"]), spec)
         p = fm.ceiling_lgbm[spec.vendor].predict(X.iloc[:1])
         c = row_ceilings(spec.name, spec.vendor, np.array(["bf16"]), fm.ceiling_member)
@@ -94,9 +100,19 @@ def test_the_ceiling_member_predicts_large_tensor_core_gemms_of_a_vendor_it_has(
         # a large bf16 GEMM on a datacenter GPU runs at 40-95% of its dense peak
         tflops = 2 * 8192**3 / (out["pred_latency_ms"].iloc[0] * 1e9)
         assert 0.4 < tflops / spec.peak_matrix_tflops("bf16") < 0.95
-    # a vendor without a ceiling model keeps the roofline member
+    # a vendor without a ceiling model of its own takes the pooled one, at the default ceiling (no vendor median)
     intel = dataclasses.replace(resolve_device("H100-SXM5-80GB"), vendor="intel", name="H100-as-intel")
-    assert list(predict_kernels(rows, intel, b)["model"]) == [fm.choice, fm.choice]
+    out = predict_kernels(rows, intel, b)
+    assert list(out["model"]) == ["ceiling", fm.choice]
+    X = featurize_kernels(rows, intel)
+    p = fm.ceiling_lgbm[POOLED_MEMBER].predict(X.iloc[:1])
+    t_roof = X["t_roof_ms"].to_numpy()[:1]
+    want = np.exp(ceiling_log_ratio(p, t_roof, fm.ceiling_member["floor_ms"], fm.ceiling_member["default_ceiling"])) * t_roof
+    assert out["pred_latency_ms"].iloc[0] == pytest.approx(float(want[0]), rel=1e-9)
+    # without a pooled member (bundles of stop 31) such a vendor keeps the roofline member
+    own = {v: m for v, m in fm.ceiling_lgbm.items() if v != POOLED_MEMBER}
+    older = KernelBundle({**b.families, "gemm": dataclasses.replace(fm, ceiling_lgbm=own)}, b.meta)
+    assert list(predict_kernels(rows, intel, older)["model"]) == [fm.choice, fm.choice]
 
 
 def test_the_ceiling_member_round_trips_and_its_files_are_checked(shipped_copy, tmp_path):
@@ -127,7 +143,6 @@ def test_the_ceiling_member_is_fitted_per_vendor_on_the_data(data_root):
     """Fitted on a sample of the real GEMM rows: one model per vendor with enough tensor-core rows, the MAMF table's
     ceilings where it lists the device."""
     from wattcast.data.kernel_datasets import load_kernels, split_heldout
-    from wattcast.featurize.kernel_features import featurize_kernels
     from wattcast.training.gemm_floor import mamf_ratio_any
     from wattcast.training.kernels import family_features
 
@@ -139,7 +154,7 @@ def test_the_ceiling_member_is_fitted_per_vendor_on_the_data(data_root):
     X = featurize_kernels(df, specs)
     models, entry = fit_ceiling_member(df, X, specs, family_features("gemm"), {"xla": 0.004, "vidur": 0.004},
                                        mamf_ratio_any(data_root, df, specs), rounds=20, min_tensor_rows=500)
-    assert set(models) == {"nvidia", "amd"}
+    assert set(models) == {"nvidia", "amd", POOLED_MEMBER}
     assert entry["ceilings"]["MI355X"]["bf16"] == pytest.approx(1565.0 / specs["MI355X"].peak_matrix_tflops("bf16"), abs=1e-3)
     assert "fp32" not in entry["ceilings"]["Tesla-T4"]
     with pytest.raises(ValueError, match="no vendor"):
@@ -152,7 +167,6 @@ def test_the_ceiling_member_is_fitted_per_vendor_on_the_data(data_root):
 def test_training_without_enough_tensor_core_rows_keeps_the_roofline_member(data_root, capsys):
     """A GEMM table with XLA rows but too few tensor-core rows of any vendor trains no ceiling member, and says so."""
     from wattcast.data.kernel_datasets import load_kernels, split_heldout
-    from wattcast.featurize.kernel_features import featurize_kernels
     from wattcast.training.kernels import TrainConfig, _fit_ceiling, family_features
 
     df, _ = split_heldout(load_kernels(data_root))
@@ -164,3 +178,30 @@ def test_training_without_enough_tensor_core_rows_keeps_the_roofline_member(data
                        TrainConfig.quick(), data_root)
     assert got == (None, None)
     assert "ceiling member not fitted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("device", ["B200", "MI300X", "A100-SXM4-80GB"])
+def test_members_log_ratio_composes_the_members_as_the_predictor_does(device):
+    """The calibration and the leave-one-generation-out benchmark compose refitted members with
+    ``members_log_ratio``: given the shipped members it must give what ``predict_kernels`` predicts (small GEMMs
+    blended with the floor member, large ones from the vendor's ceiling member, FP32 from the roofline member)."""
+    from wattcast.training.gemm_floor import members_log_ratio
+
+    spec = resolve_device(device)
+    fm = load_bundle().families["gemm"]
+    sizes = [(1, 256, 256, 256), (1, 1024, 1024, 512), (4, 2048, 2048, 1024), (1, 8192, 8192, 8192)]
+    k = pd.DataFrame([{"op": "linear", "dtype": dt, "B": b, "M": m, "N": n, "K": kk}
+                      for dt in ("bf16", "fp32") for b, m, n, kk in sizes])
+    X = featurize_kernels(k.assign(device=device), {device: spec})
+    p_roof, _ = fm.predict_log_ratio_matrix(X[fm.features].to_numpy(dtype=float))
+    cm = fm.ceiling_member
+    # the device's ceilings handed over as a held-out device's (MAMF's, per row) instead of the entry's
+    mamf = np.where(k["dtype"] == "fp32", np.nan, row_ceilings(device, spec.vendor, k["dtype"].to_numpy(), cm))
+    lr = members_log_ratio(p_roof, X, k.assign(device=device), {device: spec}, fm.floor_lgbm, fm.floor_blend,
+                           fm.ceiling_lgbm, {**cm, "ceilings": {d: c for d, c in cm["ceilings"].items() if d != device}},
+                           mamf)
+    got = np.exp(lr) * X["t_roof_ms"].to_numpy()
+    want = predict_kernels(k, spec)["pred_latency_ms"].to_numpy()
+    big = X["flops"].to_numpy() > 5e8  # the smallest ones sit on the family's latency floor in the predictor
+    np.testing.assert_allclose(got[big], want[big], rtol=1e-6)
+    assert (k["dtype"][big] == "bf16").any() and (k["dtype"][big] == "fp32").any()

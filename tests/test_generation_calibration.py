@@ -37,7 +37,7 @@ def test_shipped_bundle_is_calibrated_per_generation():
 def test_tensor_core_gemms_of_a_new_generation_are_covered_by_the_folds():
     # an H100 / B200 bf16 GEMM sits inside what the Ampere and Blackwell folds covered: not OOD, calibrated band
     gemm = load_bundle().families["gemm"]
-    lo, hi = gemm.calibrated_band_log
+    lo, hi = (float(v[0]) for v in gemm.band_log_rows(np.ones(1, dtype=bool)))  # the tensor-core rows' band
     for dev in ("H100-SXM5-80GB", "B200"):
         p = wattcast.predict("llama3_8b", dev, batch=1, seq=2048, dtype="bf16")
         lin = p.nodes[(p.nodes["op_class"] == "linear") & (p.nodes["method"] == "surrogate")]
@@ -166,3 +166,45 @@ def test_recalibrating_a_folder_keeps_the_other_families_and_refuses_a_missing_x
     for fam in ("gemm", "conv", "ln", "elementwise"):
         assert after["families"][fam]["logo"] == before["families"][fam]["logo"]
     assert after["generation_calibration"]["families"] == before["generation_calibration"]["families"]
+
+
+def test_tensor_core_and_fp32_rows_carry_their_own_classes_band():
+    """The GEMM family's calibration has a band per dtype class (the ceiling and floor members predict a new
+    generation's tensor-core GEMMs, the roofline member its FP32 ones); each row carries its class's."""
+    gemm = load_bundle().families["gemm"]
+    by = gemm.logo["band_log_by_class"]
+    assert set(by) == {"tensor", "vector"} and by["tensor"] != by["vector"]
+    lo, hi = gemm.band_log_rows(np.array([True, False]))
+    assert [lo[0], hi[0]] == by["tensor"] and [lo[1], hi[1]] == by["vector"]
+    k = pd.DataFrame({"op": ["linear"] * 2, "dtype": ["bf16", "fp32"], "B": [1.0] * 2, "M": [4096.0] * 2,
+                      "N": [4096.0] * 2, "K": [4096.0] * 2})
+    r = predict_kernels(k, resolve_device("B200"))
+    assert not r["ood"].iloc[0]
+    width = np.log(r["pred_high_ms"] / r["pred_low_ms"]).to_numpy()
+    assert width[0] == pytest.approx(by["tensor"][1] - by["tensor"][0], abs=0.05)  # plus the ensemble's spread, if any
+    # the folds that measured the tensor-core class are the ones the band pooled, each with its rows and bias
+    folds = gemm.logo["folds"]
+    assert {"Blackwell", "CDNA3", "CDNA4"} <= {g for g, f in folds.items() if f["by_class"].get("tensor", {}).get("rows", 0) >= 100}
+    # a family calibrated before classes existed keeps its one band for every row
+    import dataclasses
+    old = dataclasses.replace(gemm, logo={k: v for k, v in gemm.logo.items() if k != "band_log_by_class"})
+    lo, hi = old.band_log_rows(np.array([True, False]))
+    assert list(lo) == [gemm.calibrated_band_log[0]] * 2 and list(hi) == [gemm.calibrated_band_log[1]] * 2
+
+
+def test_the_gemm_folds_refit_the_floor_and_ceiling_members(data_root):
+    """The GEMM family's folds predict with the recipe the bundle uses (roofline, floor and ceiling members refitted
+    per fold): a tensor-core band of its own, and a held-out Blackwell within what the members reach (the roofline
+    member alone read +32% there)."""
+    from wattcast.data.kernel_datasets import load_kernels, split_heldout
+
+    rows, _ = split_heldout(load_kernels(data_root, xla_tables=[]))
+    rows = rows[rows["op"].isin(["bmm", "linear"]) & rows["source"].isin(["xla", "neusight/kernels"])]
+    rows = rows.sample(frac=1.0, random_state=0).groupby(["device", "dtype"]).head(400).reset_index(drop=True)
+    specs = {d: resolve_device(d) for d in rows["device"].unique()}
+    cal = calibrate_generations(rows, specs, load_bundle(), rounds=30, max_rows=6000, families=["gemm"],
+                                root=data_root)["gemm"]
+    assert "floor and ceiling members" in cal["model"]
+    assert set(cal["band_log_by_class"]) == {"tensor", "vector"}
+    b = cal["folds"]["Blackwell"]["by_class"]["tensor"]
+    assert b["rows"] >= 1000 and abs(b["bias_pct"]) < 20, b

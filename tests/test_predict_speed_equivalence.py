@@ -155,14 +155,15 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             p, spread, shape_ood, dev_ood = _reference_family(fm, X[m], f)
             floor_rows = np.zeros(int(m.sum()), dtype=bool)
             ceiling_rows = np.zeros(int(m.sum()), dtype=bool)
-            if fm.floor_lgbm is not None and fm.floor_blend and fm.ceiling_lgbm and spec.vendor in fm.ceiling_lgbm:
-                # tensor-core GEMMs the blend gives the roofline member any weight: the vendor's ceiling member,
-                # floor + exp(c) x roofline / ceiling (the device's own ceiling in the dtype or its 16-bit twin, else
-                # its vendor's median, else the default)
+            ceiling = (fm.ceiling_lgbm or {}).get(spec.vendor, (fm.ceiling_lgbm or {}).get("pooled"))
+            if fm.floor_lgbm is not None and fm.floor_blend and ceiling is not None:
+                # tensor-core GEMMs the blend gives the roofline member any weight: the vendor's ceiling member (else
+                # the pooled one), floor + exp(c) x roofline / ceiling (the device's own ceiling in the dtype or its
+                # 16-bit twin, else its vendor's median, else the default)
                 Xm = X[m]
                 cm = fm.ceiling_member
                 lo_g, hi_g = fm.floor_blend["gflop"]
-                c = fm.ceiling_lgbm[spec.vendor].booster.predict(Xm[fm.features].to_numpy(dtype=np.float64), num_threads=0)
+                c = ceiling.booster.predict(Xm[fm.features].to_numpy(dtype=np.float64), num_threads=0)
                 own = cm["ceilings"].get(spec.name, {})
                 dts = canon[ok]["dtype"].to_numpy()[m]
                 for i in range(len(Xm)):
@@ -189,6 +190,10 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             oo = shape_ood | dev_ood
             widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
             band = fm.logo["band_log"] if fm.logo else fm.band_log  # the generation-calibrated band where there is one
+            by_class = (fm.logo or {}).get("band_log_by_class") or {}
+            tensor_rows = X["is_tensor_dtype"].to_numpy()[m] > 0.5
+            band = [np.array([by_class[("tensor" if t else "vector")][j] if ("tensor" if t else "vector") in by_class
+                              else band[j] for t in tensor_rows]) for j in (0, 1)]  # the row's dtype class's band
             lo_m = p + band[0] * widen - spread
             if fm.latency_floor_ms > 0:  # the measured floor of the row's dtype, applied row by row here
                 dts = canon[ok]["dtype"].to_numpy()[m]

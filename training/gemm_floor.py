@@ -15,7 +15,8 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.data.kernel_ops import DTYPE_BYTES
-from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, PREDICT_SOURCE
+from wattcast.models.gemm_floor import (FLOOR_BLEND_GFLOP, POOLED_MEMBER, PREDICT_SOURCE, blend_weight,
+                                       blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings)
 from wattcast.models.kernel_surrogates import LGBMSurrogate
 
 # --- the spec-sheet tile/wave GEMM model ("physical" rows) ---
@@ -224,7 +225,8 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
 
     Per vendor with at least ``min_tensor_rows`` tensor-core rows, LightGBM on that vendor's rows alone learns
     ``log((measured - source floor) / (roofline / ceiling))``: the time beyond the measuring source's floor, relative
-    to what the device's best achievable matmul takes (:func:`ceiling_table`; FP32 rows: ceiling 1, vector peak)."""
+    to what the device's best achievable matmul takes (:func:`ceiling_table`; FP32 rows: ceiling 1, vector peak);
+    one more on every vendor's rows (key :data:`POOLED_MEMBER`) for a GPU of a vendor without its own."""
     table = ceiling_table(rows, X["t_roof_ms"].to_numpy(), mamf)
     vendor_of = {d: specs[d].vendor for d in rows["device"].unique()}
     vendor = rows["device"].map(vendor_of).to_numpy()
@@ -242,6 +244,8 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
         models[v] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X[m], y[m])
     if not models:
         raise ValueError(f"no vendor has {min_tensor_rows} tensor-core GEMM rows to fit the ceiling member on")
+    # every vendor's rows together: the member of a GPU whose vendor has none (models/gemm_floor.py POOLED_MEMBER)
+    models[POOLED_MEMBER] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X, y)
     entry = {"ceilings": {d: dict(sorted(p.items())) for d, p in sorted(table.items())},
              "vendor_ceilings": vendor_ceilings(table, vendor_of), "default_ceiling": DEFAULT_CEILING,
              "floor_ms": float(floors_ms[PREDICT_SOURCE])}
@@ -260,4 +264,42 @@ def mamf_ceilings(root, specs: dict[str, DeviceSpec]) -> dict[str, dict[str, flo
     for (d, t), c in zip(pairs.itertuples(index=False), r):
         if np.isfinite(c):
             out.setdefault(d, {})[t] = round(float(min(c, 1.0)), 4)
+    return out
+
+
+def members_log_ratio(p_roof: np.ndarray, X: pd.DataFrame, rows: pd.DataFrame, specs: dict[str, DeviceSpec],
+                      floor_lg, floor_blend: dict, ceiling_models: dict, ceiling_entry: dict | None, mamf: np.ndarray,
+                      *, ceiling_floor_ms=None, blend_floor_ms=None) -> np.ndarray:
+    """The GEMM family's prediction, ``log(t / t_roof)``, from its fitted members on ``rows`` (``device``, ``dtype``),
+    as ``models/kernel_predictor.py`` composes them, for GPUs inside or outside training: the roofline member's
+    ``p_roof``; tensor-core rows from the floor blend's lower edge up taken by their vendor's ceiling member where
+    ``ceiling_models`` has one (the device's ceiling from ``ceiling_entry``, else MAMF's ``mamf`` ratio for the row,
+    else its vendor's median); the floor member blended in below the upper edge.
+
+    ``ceiling_floor_ms`` / ``blend_floor_ms``: the floor each member adds (scalar or per row; default: the floor
+    predictions use, as the shipped predictor does; a calibration scores a row against its own source's floor)."""
+    roof = X["t_roof_ms"].to_numpy(dtype=float)
+    w = blend_weight(X["flops"].to_numpy(dtype=float) / 1e9, *floor_blend["gflop"])
+    tensor = X["is_tensor_dtype"].to_numpy() > 0.5
+    predict_floor = floor_blend["floors_ms"][floor_blend["source"]]
+    n = len(X)
+    c_floor = np.broadcast_to(np.asarray(predict_floor if ceiling_floor_ms is None else ceiling_floor_ms, float), n)
+    b_floor = np.broadcast_to(np.asarray(predict_floor if blend_floor_ms is None else blend_floor_ms, float), n)
+    out = np.array(p_roof, dtype=float, copy=True)
+    devices, dtypes = rows["device"].to_numpy(), rows["dtype"].to_numpy()
+    big = tensor & (w > 0.0)
+    for dev in pd.unique(devices[big]):
+        vendor = specs[dev].vendor
+        model = ceiling_model(ceiling_models, vendor)
+        if ceiling_entry is None or model is None:
+            continue
+        sel = np.flatnonzero(big & (devices == dev))
+        own = {str(t): round(min(float(c), 1.0), 4) for t, c in zip(dtypes[sel], mamf[sel]) if np.isfinite(c)}
+        entry = dict(ceiling_entry, ceilings={dev: own, **ceiling_entry["ceilings"]})  # a training device keeps its own
+        c = row_ceilings(dev, vendor, dtypes[sel], entry)
+        out[sel] = ceiling_log_ratio(model.predict(X.iloc[sel]), roof[sel], c_floor[sel], c)
+    small = np.flatnonzero(tensor & (w < 1.0))
+    if len(small):
+        out[small] = blended_log_ratio(out[small], floor_lg.predict(X.iloc[small]), roof[small], b_floor[small],
+                                       w[small])
     return out

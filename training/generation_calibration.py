@@ -21,8 +21,16 @@ on the rest and predicts it. Two things are kept in the bundle:
   sits inside what the Ampere fold covered (an A100 against Volta's 0.9 TB/s); a GPU far beyond every fold is
   still flagged, and its band is widened.
 
+- ``band_log_by_class``: the same quantiles per dtype class (``tensor``: tensor-core dtypes; ``vector``: FP32), from
+  the folds with at least :data:`MIN_CLASS_ROWS` rows of the class; a row carries its class's band. A new generation's
+  tensor-core GEMMs and its FP32 ones are predicted by different members and miss differently.
+
 The folds refit LightGBM only (the shipped family may be a LightGBM + MLP mean): the band is that of the recipe,
-not of the exact shipped trees, and says so in the manifest (``logo.model``).
+not of the exact shipped trees, and says so in the manifest (``logo.model``). For the GEMM family the floor member
+and the ceiling member (``models/gemm_floor.py``) are refitted per fold as well and composed as the predictor
+composes them (``training/gemm_floor.py`` ``members_log_ratio``), each held-out row against its own measuring
+source's floor: until stop 32 only the roofline member was refitted, so the band described a recipe no longer used
+for tensor-core GEMMs (the Blackwell fold read 38% / +32 there, 12% / -6 with the members).
 """
 
 from __future__ import annotations
@@ -36,11 +44,14 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
 from wattcast.models.kernel_bundle import KernelBundle
+from wattcast.training.gemm_floor import mamf_ratio_any
 
 #: quantiles of the calibrated band
 BAND_QUANTILES = (0.05, 0.95)
 #: rows drawn per held-out generation for the pooled quantiles (every generation weighs the same)
 ROWS_PER_FOLD = 4000
+#: a dtype class (tensor-core, FP32) gets a band of its own from the folds with at least this many of its rows
+MIN_CLASS_ROWS = 100
 
 
 def generation_of(spec: DeviceSpec) -> str:
@@ -51,12 +62,13 @@ def generation_of(spec: DeviceSpec) -> str:
 
 def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bundle: KernelBundle, *,
                           rounds: int = 200, max_rows: int = 40_000, seed: int = 0,
-                          tick: Callable[[], None] | None = None, families=None) -> dict[str, dict]:
+                          tick: Callable[[], None] | None = None, families=None, root=None) -> dict[str, dict]:
     """Leave-one-generation-out over ``train`` (no held-out GPU rows) for each family of ``bundle`` (or of
-    ``families``).
+    ``families``). ``root``: the datasets folder whose MAMF table gives the GEMM ceiling member its ceilings.
 
-    Returns ``{family: {"band_log": [lo, hi], "margin": {feature: units}, "folds": {generation: {...}},
-    "model": ...}}``; families with fewer than two generations get no entry (their LODO band stays)."""
+    Returns ``{family: {"band_log": [lo, hi], "band_log_by_class": {"tensor"|"vector": [lo, hi]}, "margin":
+    {feature: units}, "folds": {generation: {...}}, "model": ...}}``; families with fewer than two generations get no
+    entry (their LODO band stays)."""
     from wattcast.models.kernel_surrogates import LGBMSurrogate
 
     X_all = featurize_kernels(train, specs)
@@ -72,13 +84,21 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
         if m.sum() < 50 or fm.lgbm is None:
             continue
         X, y, gens, srcs = X_all[m], y_all[m], gens_all[m], src_all[m]
+        rows = train[m]
+        # the GEMM family's floor and ceiling members (models/gemm_floor.py) are refitted per fold too: the band is
+        # that of the recipe the bundle predicts with
+        members = fam == "gemm" and fm.floor_lgbm is not None and bool(fm.floor_blend)
+        mamf = mamf_ratio_any(root, rows, specs) if members else None
+        tensor = X["is_tensor_dtype"].to_numpy() > 0.5 if "is_tensor_dtype" in X else np.zeros(len(X), dtype=bool)
         # a stream of its own per family: a family's calibration does not depend on which others run before it
         rng = np.random.default_rng([seed, zlib.crc32(fam.encode())])
+        rng_class = np.random.default_rng([seed, zlib.crc32(fam.encode()), 1])  # the class bands' draws: rng's stay
         dev_feats = [f for f in fm.support if f in DEVICE_FEATURES and f in X]
         names = pd.unique(gens)
         if len(names) < 2:
             continue
         pooled, folds = [], {}
+        pooled_class: dict[str, list[np.ndarray]] = {"tensor": [], "vector": []}
         margin = {f: 0.0 for f in dev_feats}
         for g in names:
             held = gens == g
@@ -90,7 +110,10 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
             if len(tr_idx) > max_rows:
                 tr_idx = rng.choice(tr_idx, max_rows, replace=False)
             lg = LGBMSurrogate(fm.features, num_boost_round=rounds, params={"seed": seed}).fit(X.iloc[tr_idx], y[tr_idx])
-            r = y[te] - lg.predict(X[te])
+            p = lg.predict(X[te])
+            if members:
+                p = _gemm_members(p, rows, X, specs, fm, tr_idx, te, mamf, rounds=rounds, seed=seed, root=root)
+            r = y[te] - p
             err = np.exp(-r) - 1.0  # predicted / measured - 1
             excess = {}
             for f in dev_feats:
@@ -102,30 +125,69 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
                 e = float(max(tr_v.min() - te_v.min(), te_v.max() - tr_v.max(), 0.0))
                 excess[f] = e
                 margin[f] = max(margin[f], e)
+            te_tensor = tensor[te]
             folds[str(g)] = {"rows": int(te.sum()), "rows_new_source": int((held & ~te).sum()),
                              "mape_pct": float(100 * np.abs(err).mean()),
-                             "bias_pct": float(100 * err.mean()), "excess": excess}
-            take = r if len(r) <= ROWS_PER_FOLD else rng.choice(r, ROWS_PER_FOLD, replace=False)
-            # equal weight per generation: resample small folds up to the same count
-            if len(take) < ROWS_PER_FOLD:
-                take = rng.choice(take, ROWS_PER_FOLD, replace=True)
-            pooled.append(take)
+                             "bias_pct": float(100 * err.mean()), "excess": excess,
+                             "by_class": {cls: {"rows": int(sel.sum()), "mape_pct": float(100 * np.abs(err[sel]).mean()),
+                                                "bias_pct": float(100 * err[sel].mean())}
+                                          for cls, sel in (("tensor", te_tensor), ("vector", ~te_tensor)) if sel.any()}}
+            pooled.append(_equal_weight(r, rng))
+            for cls, sel in (("tensor", te_tensor), ("vector", ~te_tensor)):
+                if sel.sum() >= MIN_CLASS_ROWS:
+                    pooled_class[cls].append(_equal_weight(r[sel], rng_class))
             if tick:
                 tick()
         if len(folds) < 2:
             continue
         resid = np.concatenate(pooled)
-        tensor = X["is_tensor_dtype"].to_numpy() > 0.5 if "is_tensor_dtype" in X else np.zeros(len(X), dtype=bool)
         by_class = {}
         for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
             if sel.any():
                 by_class[cls] = {f: [float(np.nanmin(X[f].to_numpy(dtype=float)[sel])),
                                      float(np.nanmax(X[f].to_numpy(dtype=float)[sel]))]
                                  for f in dev_feats if np.isfinite(X[f].to_numpy(dtype=float)[sel]).any()}
-        out[fam] = {"support_by_dtype_class": by_class,"band_log": [float(np.quantile(resid, BAND_QUANTILES[0])), float(np.quantile(resid, BAND_QUANTILES[1]))],
+        out[fam] = {"support_by_dtype_class": by_class, "band_log": _band(resid),
+                    # a class's own band where at least two generations measured it (tensor-core GEMMs of a new
+                    # generation and FP32 ones are predicted by different members and miss differently)
+                    "band_log_by_class": {cls: _band(np.concatenate(v)) for cls, v in pooled_class.items() if len(v) >= 2},
                     "margin": margin, "folds": folds,
-                    "model": f"LightGBM refit per fold ({rounds} rounds, at most {max_rows:,} rows), the family's features"}
+                    "model": f"LightGBM refit per fold ({rounds} rounds, at most {max_rows:,} rows), the family's features"
+                             + ("; the floor and ceiling members refitted with it" if members else "")}
     return out
+
+
+def _band(resid: np.ndarray) -> list[float]:
+    """The :data:`BAND_QUANTILES` of pooled log(measured / predicted) residuals."""
+    return [float(np.quantile(resid, BAND_QUANTILES[0])), float(np.quantile(resid, BAND_QUANTILES[1]))]
+
+
+def _equal_weight(r: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """:data:`ROWS_PER_FOLD` of a fold's residuals (drawn without replacement, or resampled up from a small fold):
+    every generation weighs the same in the pooled quantiles."""
+    return rng.choice(r, ROWS_PER_FOLD, replace=len(r) < ROWS_PER_FOLD)
+
+
+def _gemm_members(p_roof: np.ndarray, rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], fm,
+                  tr_idx: np.ndarray, te: np.ndarray, mamf: np.ndarray, *, rounds: int, seed: int, root) -> np.ndarray:
+    """The GEMM family's prediction for a fold's held-out rows ``te`` with the floor member and (where the bundle has
+    one) the ceiling member refitted on the fold's training rows ``tr_idx`` (training/gemm_floor.py); each row scored
+    against its own measuring source's floor (the source the fold's training rows also have)."""
+    from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, members_log_ratio,
+                                              source_floor)
+
+    tr_rows, tr_X = rows.iloc[tr_idx], X.iloc[tr_idx]
+    floor_lg, blend = fit_floor_member(tr_rows, tr_X, specs, fm.features, rounds=rounds, seed=seed, root=root)
+    cms, entry = {}, None
+    if fm.ceiling_lgbm:
+        try:
+            cms, entry = fit_ceiling_member(tr_rows, tr_X, specs, fm.features, blend["floors_ms"], mamf[tr_idx],
+                                            rounds=rounds, seed=seed)
+        except ValueError:  # no vendor left with enough tensor-core rows: the roofline member, as predictions do
+            cms, entry = {}, None
+    own_floor = source_floor(rows["source"].to_numpy()[te], blend["floors_ms"])
+    return members_log_ratio(p_roof, X[te], rows[te], specs, floor_lg, blend, cms, entry, mamf[te],
+                             ceiling_floor_ms=own_floor, blend_floor_ms=own_floor)
 
 
 def calibration_table(cal: dict[str, dict]) -> pd.DataFrame:
@@ -187,7 +249,7 @@ def calibrate_folder(folder, data=None, holdout: tuple[str, ...] = ("L4", "A100-
     train, _ = split_heldout(shared, holdout=holdout)
     train = train[train["device"].isin(bundle.train_devices)] if bundle.train_devices else train
     specs = {d: resolve_device(d) for d in train["device"].unique()}
-    cal = calibrate_generations(train, specs, bundle, families=names, **kw)
+    cal = calibrate_generations(train, specs, bundle, families=names, root=data, **kw)
     path = live / MANIFEST
     manifest = json.loads(path.read_text(encoding="utf-8"))
     for fam, c in cal.items():

@@ -190,7 +190,7 @@ def run_train_kernels(
     # leave one generation out: the band a new generation's prediction carries and where device-OOD starts
     cal = calibrate_generations(train, specs, bundle, rounds=max(cfg.lgbm_rounds // 2, 30),
                                 max_rows=max(cfg.max_rows_per_fit // 2, 4000), seed=cfg.seed,
-                                tick=(lambda: progress("calibrate", 1)) if progress else None)
+                                root=None if only_csv else data, tick=(lambda: progress("calibrate", 1)) if progress else None)
     bundle = attach_calibration(bundle, cal)
     if base_bundle is not None:
         bundle = _merge_families(base_bundle, bundle)
