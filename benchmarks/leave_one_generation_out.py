@@ -33,8 +33,9 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
 - ``bundle+floor-blend/ceiling-member``: the shipped GEMM family's recipe since stop 31 (``models/gemm_floor.py``):
   ``bundle+floor-blend`` with the ceiling member (``training/gemm_floor.py`` ``fit_ceiling_member``: per vendor,
   the source floor added, efficiency relative to the device's matmul ceiling, MAMF's or the device's own 99th
-  percentile) in the roofline member's place for tensor-core rows of a vendor it has; a held-out device takes MAMF's
-  ceiling where the table lists it, else its vendor's median;
+  percentile) in the roofline member's place for tensor-core rows, the vendor's member or (since stop 32, the CDNA
+  fold) the pooled one fitted on every training vendor's rows; a held-out device takes MAMF's ceiling where the table
+  lists it, else its vendor's median, else the default;
 - ``bundle+floor-blend``: the GEMM family's recipe until stop 30: ``bundle`` and
   ``bundle/floor`` blended in log space by size (``bundle/floor`` alone below 0.5 GFLOP, ``bundle`` alone from 2 GFLOP,
   log-linear between), tensor-core rows only (all the folds predict), each with its own source's floor;
@@ -323,8 +324,9 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         lat = df["latency_ms"].to_numpy(dtype=float)
         roof_all = X["t_roof_ms"].to_numpy()
         # the shipped recipe since stop 31: the floor member blended by size with the ceiling member
-        # (training/gemm_floor.py fit_ceiling_member: per vendor, additive floor, observed ceiling) in the roofline
-        # member's place; a held-out device takes MAMF's ceiling where listed, else its vendor's median
+        # (training/gemm_floor.py fit_ceiling_member: per vendor and pooled, additive floor, observed ceiling) in the
+        # roofline member's place, composed as the predictor does (members_log_ratio); a held-out device takes MAMF's
+        # ceiling where listed, else its vendor's median
         if not models or "bundle+floor-blend/ceiling-member" in models:
             t0 = time.time()
             cm, entry = fit_ceiling_member(df[train].reset_index(drop=True), X[train].reset_index(drop=True), specs,

@@ -208,3 +208,22 @@ def test_the_gemm_folds_refit_the_floor_and_ceiling_members(data_root):
     assert set(cal["band_log_by_class"]) == {"tensor", "vector"}
     b = cal["folds"]["Blackwell"]["by_class"]["tensor"]
     assert b["rows"] >= 1000 and abs(b["bias_pct"]) < 20, b
+
+
+def test_a_gemm_fold_without_the_floor_members_source_scores_the_roofline_member(data_root):
+    """A fold whose training rows have no XLA row cannot fit the floor member (it predicts with XLA's floor): the
+    fold scores the roofline member (None from the members) instead of failing the calibration."""
+    from wattcast.data.kernel_datasets import load_kernels, split_heldout
+    from wattcast.featurize.kernel_features import featurize_kernels
+    from wattcast.training.generation_calibration import _gemm_members
+
+    rows, _ = split_heldout(load_kernels(data_root, xla_tables=[]))
+    rows = rows[rows["op"].isin(["bmm", "linear"]) & (rows["source"] == "neusight/kernels")]
+    rows = rows.sample(frac=1.0, random_state=0).groupby("device").head(300).reset_index(drop=True)
+    specs = {d: resolve_device(d) for d in rows["device"].unique()}
+    X = featurize_kernels(rows, specs)
+    fm = load_bundle().families["gemm"]
+    te = np.zeros(len(rows), dtype=bool)
+    te[:10] = True
+    assert _gemm_members(np.zeros(10), rows, X, specs, fm, np.arange(10, len(rows)), te, np.full(len(rows), np.nan),
+                         rounds=5, seed=0, root=data_root) is None

@@ -218,6 +218,20 @@ def vendor_ceilings(table: dict[str, dict[str, float]], vendor_of: dict[str, str
     return {v: round(float(np.median(c)), 4) for v, c in sorted(by.items())}
 
 
+def per_vendor_sample(devices: np.ndarray, idx: np.ndarray, specs: dict[str, DeviceSpec], max_rows: int,
+                      rng: np.random.Generator) -> np.ndarray:
+    """The positions ``idx`` (into ``devices``) with each vendor's cut to at most ``max_rows`` (drawn in sorted vendor
+    order), sorted: what the ceiling member is fitted on, so a vendor with few rows keeps all of them."""
+    vendor = pd.Series(devices[idx]).map({d: specs[d].vendor for d in pd.unique(devices[idx])}).to_numpy()
+    out = []
+    for v in sorted(set(vendor)):
+        iv = idx[vendor == v]
+        if len(iv) > max_rows:
+            iv = rng.choice(iv, max_rows, replace=False)
+        out.append(iv)
+    return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.intp)
+
+
 def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], features: list[str],
                        floors_ms: dict[str, float], mamf: np.ndarray, *, rounds: int = 400, seed: int = 0,
                        min_tensor_rows: int = 1000) -> tuple[dict[str, LGBMSurrogate], dict]:

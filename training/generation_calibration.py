@@ -44,7 +44,7 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
 from wattcast.models.kernel_bundle import KernelBundle
-from wattcast.training.gemm_floor import mamf_ratio_any
+from wattcast.training.gemm_floor import mamf_ratio_any, per_vendor_sample
 
 #: quantiles of the calibrated band
 BAND_QUANTILES = (0.05, 0.95)
@@ -93,6 +93,7 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
         # a stream of its own per family: a family's calibration does not depend on which others run before it
         rng = np.random.default_rng([seed, zlib.crc32(fam.encode())])
         rng_class = np.random.default_rng([seed, zlib.crc32(fam.encode()), 1])  # the class bands' draws: rng's stay
+        rng_members = np.random.default_rng([seed, zlib.crc32(fam.encode()), 2])  # the ceiling member's subsample
         dev_feats = [f for f in fm.support if f in DEVICE_FEATURES and f in X]
         names = pd.unique(gens)
         if len(names) < 2:
@@ -111,8 +112,10 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
                 tr_idx = rng.choice(tr_idx, max_rows, replace=False)
             lg = LGBMSurrogate(fm.features, num_boost_round=rounds, params={"seed": seed}).fit(X.iloc[tr_idx], y[tr_idx])
             p = lg.predict(X[te])
-            if members:
-                p = _gemm_members(p, rows, X, specs, fm, tr_idx, te, mamf, rounds=rounds, seed=seed, root=root)
+            composed = _gemm_members(p, rows, X, specs, fm, tr_idx, te, mamf, rounds=rounds, seed=seed, root=root,
+                                     ceiling_idx=per_vendor_sample(rows["device"].to_numpy(), np.flatnonzero(~held),
+                                                                   specs, max_rows, rng_members)) if members else None
+            p = p if composed is None else composed
             r = y[te] - p
             err = np.exp(-r) - 1.0  # predicted / measured - 1
             excess = {}
@@ -129,6 +132,7 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
             folds[str(g)] = {"rows": int(te.sum()), "rows_new_source": int((held & ~te).sum()),
                              "mape_pct": float(100 * np.abs(err).mean()),
                              "bias_pct": float(100 * err.mean()), "excess": excess,
+                             **({"members": composed is not None} if members else {}),
                              "by_class": {cls: {"rows": int(sel.sum()), "mape_pct": float(100 * np.abs(err[sel]).mean()),
                                                 "bias_pct": float(100 * err[sel].mean())}
                                           for cls, sel in (("tensor", te_tensor), ("vector", ~te_tensor)) if sel.any()}}
@@ -169,20 +173,29 @@ def _equal_weight(r: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def _gemm_members(p_roof: np.ndarray, rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], fm,
-                  tr_idx: np.ndarray, te: np.ndarray, mamf: np.ndarray, *, rounds: int, seed: int, root) -> np.ndarray:
+                  tr_idx: np.ndarray, te: np.ndarray, mamf: np.ndarray, *, rounds: int, seed: int, root,
+                  ceiling_idx: np.ndarray | None = None) -> np.ndarray | None:
     """The GEMM family's prediction for a fold's held-out rows ``te`` with the floor member and (where the bundle has
     one) the ceiling member refitted on the fold's training rows ``tr_idx`` (training/gemm_floor.py); each row scored
-    against its own measuring source's floor (the source the fold's training rows also have)."""
+    against its own measuring source's floor (the source the fold's training rows also have). ``ceiling_idx``: the
+    rows the ceiling member is fitted on (as in training, each vendor's cut separately, so a vendor with few rows keeps
+    them all; default ``tr_idx``). None where the fold
+    leaves no row of the source the floor member predicts with (the fold then scores the roofline member, and its
+    ``members`` says False)."""
     from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, members_log_ratio,
                                               source_floor)
 
     tr_rows, tr_X = rows.iloc[tr_idx], X.iloc[tr_idx]
-    floor_lg, blend = fit_floor_member(tr_rows, tr_X, specs, fm.features, rounds=rounds, seed=seed, root=root)
+    try:
+        floor_lg, blend = fit_floor_member(tr_rows, tr_X, specs, fm.features, rounds=rounds, seed=seed, root=root)
+    except ValueError:  # the fold's training rows lack the source predictions take the floor of: the roofline member
+        return None
     cms, entry = {}, None
     if fm.ceiling_lgbm:
         try:
-            cms, entry = fit_ceiling_member(tr_rows, tr_X, specs, fm.features, blend["floors_ms"], mamf[tr_idx],
-                                            rounds=rounds, seed=seed)
+            c_idx = tr_idx if ceiling_idx is None else ceiling_idx
+            cms, entry = fit_ceiling_member(rows.iloc[c_idx], X.iloc[c_idx], specs, fm.features, blend["floors_ms"],
+                                            mamf[c_idx], rounds=rounds, seed=seed)
         except ValueError:  # no vendor left with enough tensor-core rows: the roofline member, as predictions do
             cms, entry = {}, None
     own_floor = source_floor(rows["source"].to_numpy()[te], blend["floors_ms"])

@@ -29,7 +29,8 @@ from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
 from wattcast.models.gemm_floor import PREDICT_SOURCE
 from wattcast.models.kernel_surrogates import CANDIDATES, CHOICES, LGBMSurrogate, MLPSurrogate, RooflineSurrogate
-from wattcast.training.gemm_floor import fit_ceiling_member, fit_floor_member, mamf_ceilings, mamf_ratio_any
+from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, mamf_ceilings, mamf_ratio_any,
+                                          per_vendor_sample)
 
 #: NeuSight (ASPLOS'25) published out-of-distribution per-op errors, percent (the bar to halve)
 NEUSIGHT_OOD_MAPE = {"bmm": 13.8, "linear": 13.9, "elementwise": 19.3, "softmax": 13.9, "layernorm": 56.7}
@@ -156,14 +157,7 @@ def _fit_ceiling(train: pd.DataFrame, X_all: pd.DataFrame, m: np.ndarray, specs:
     catalog GPUs that no training row measures (a device outside training still takes its own). (None, None), said on
     stdout, when no vendor has enough tensor-core rows."""
     rng = np.random.default_rng([cfg.seed, zlib.crc32(b"ceiling member")])
-    vendor = train["device"].map({d: specs[d].vendor for d in train["device"].unique()}).to_numpy()
-    idx = []
-    for v in sorted(set(vendor[m])):
-        iv = np.flatnonzero(m & (vendor == v))
-        if len(iv) > cfg.max_rows_per_fit:
-            iv = rng.choice(iv, cfg.max_rows_per_fit, replace=False)
-        idx.append(iv)
-    idx = np.sort(np.concatenate(idx))
+    idx = per_vendor_sample(train["device"].to_numpy(), np.flatnonzero(m), specs, cfg.max_rows_per_fit, rng)
     rows, X = train.iloc[idx], X_all.iloc[idx]
     try:
         models, entry = fit_ceiling_member(rows, X, specs, feats, floors_ms, mamf_ratio_any(data_root, rows, specs),
