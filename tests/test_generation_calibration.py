@@ -208,6 +208,9 @@ def test_the_gemm_folds_refit_the_floor_and_ceiling_members(data_root):
     assert set(cal["band_log_by_class"]) == {"tensor", "vector"}
     b = cal["folds"]["Blackwell"]["by_class"]["tensor"]
     assert b["rows"] >= 1000 and abs(b["bias_pct"]) < 20, b
+    t = calibration_table({"gemm": cal}).set_index("generation")
+    assert t.loc["Blackwell", "tensor_bias_pct"] == pytest.approx(b["bias_pct"])
+    assert t["tensor_band_low_pct"].iloc[0] < 0 < t["tensor_band_high_pct"].iloc[0]
 
 
 def test_a_gemm_fold_without_the_floor_members_source_scores_the_roofline_member(data_root):

@@ -204,16 +204,22 @@ def _gemm_members(p_roof: np.ndarray, rows: pd.DataFrame, X: pd.DataFrame, specs
 
 
 def calibration_table(cal: dict[str, dict]) -> pd.DataFrame:
-    """One row per (family, held-out generation): rows, MAPE and signed bias of the fold, and the band."""
+    """One row per (family, held-out generation): rows, MAPE and signed bias of the fold, and the band; where the
+    family has a band per dtype class, the fold's tensor-core rows' figures and the tensor-core band too."""
     rows = []
+    pct = lambda v: 100 * (np.exp(v) - 1)  # noqa: E731 (a log band end as measured relative to predicted, in %)
     for fam, c in cal.items():
+        tensor_band = (c.get("band_log_by_class") or {}).get("tensor")
         for g, f in c["folds"].items():
-            rows.append({"family": fam, "generation": g, "rows": f["rows"],
-                         "rows_new_source": f.get("rows_new_source", 0), "mape_pct": f["mape_pct"],
-                         "bias_pct": f["bias_pct"],
-                         # the band as measured relative to predicted
-                         "band_low_pct": 100 * (np.exp(c["band_log"][0]) - 1),
-                         "band_high_pct": 100 * (np.exp(c["band_log"][1]) - 1)})
+            r = {"family": fam, "generation": g, "rows": f["rows"], "rows_new_source": f.get("rows_new_source", 0),
+                 "mape_pct": f["mape_pct"], "bias_pct": f["bias_pct"],
+                 "band_low_pct": pct(c["band_log"][0]), "band_high_pct": pct(c["band_log"][1])}
+            if tensor_band:
+                t = (f.get("by_class") or {}).get("tensor", {})
+                r.update({"tensor_rows": t.get("rows", 0), "tensor_mape_pct": t.get("mape_pct", np.nan),
+                          "tensor_bias_pct": t.get("bias_pct", np.nan), "tensor_band_low_pct": pct(tensor_band[0]),
+                          "tensor_band_high_pct": pct(tensor_band[1])})
+            rows.append(r)
     return pd.DataFrame(rows)
 
 
@@ -315,6 +321,10 @@ def main(argv=None) -> None:
                    for m in ("mape_pct", "bias_pct")}
         metrics.update({f"band_{fam}_{end}_pct": float(g[f"band_{end}_pct"].iloc[0])
                         for fam, g in t.groupby("family") for end in ("low", "high")})
+        if "tensor_band_low_pct" in t:
+            metrics.update({f"band_{fam}_tensor_{end}_pct": float(g[f"tensor_band_{end}_pct"].iloc[0])
+                            for fam, g in t.dropna(subset=["tensor_band_low_pct"]).groupby("family")
+                            for end in ("low", "high")})
         run_id = log_run(a.mlruns, experiment="kernel-generation-calibration",
                          params={"folder": str(folder), "recomputed": str(not a.show)}, metrics=metrics,
                          tags={"kind": "generation-calibration"}, tables={"generation_calibration": t})
