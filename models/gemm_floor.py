@@ -13,8 +13,8 @@ Measured with ``benchmarks/leave_one_generation_out.py`` (``bundle+floor-blend``
 At prediction time the floor is the one of ``source``: XLA's, a CUPTI kernel time -- what a kernel of a training
 step takes on the GPU (the scheduler adds the host's launch cost where the CPU cannot keep up). Only tensor-core
 dtypes are blended: FP32 GEMMs were measured by one kind of source (NeuSight's CUDA events) and keep the first member.
-A blended row's ``model`` column reads ``<choice>+floor``. Its band is still the roofline member's (the generation
-calibration refits that member alone per fold); the floor member moves the prediction, and the band moves with it.
+A blended row's ``model`` column reads ``<choice>+floor``. Its band is the tensor-core band of the generation
+calibration, which refits the floor and ceiling members per fold with the roofline member (since stop 32).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def ceiling_log_ratio(p_ceiling: np.ndarray, t_roof_ms: np.ndarray, floor_ms, ce
 
 #: the ceiling member's key for its LightGBM fitted on every vendor's rows: the member of a GPU whose vendor has none of
 #: its own (leave one generation out with every AMD part held out, the NVIDIA-trained member predicts CDNA's large
-#: GEMMs from MAMF's ceilings within 3-12% where the roofline member was 21-29% fast)
+#: bf16/fp16 GEMMs >= 1 GFLOP from MAMF's ceilings 4-14% fast where the roofline member was 21-29% fast)
 POOLED_MEMBER = "pooled"
 
 
