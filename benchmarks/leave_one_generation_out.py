@@ -35,7 +35,8 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
   the source floor added, efficiency relative to the device's matmul ceiling, MAMF's or the device's own 99th
   percentile) in the roofline member's place for tensor-core rows, the vendor's member or (since stop 32, the CDNA
   fold) the pooled one fitted on every training vendor's rows; a held-out device takes MAMF's ceiling where the table
-  lists it, else its vendor's median, else the default;
+  lists it, else its vendor's median, else the default; ``.../no-op-name``: the same with the ceiling member not
+  reading ``is_linear`` (measured at stop 32, not adopted: the retrained family validated worse in distribution);
 - ``bundle+floor-blend``: the GEMM family's recipe until stop 30: ``bundle`` and
   ``bundle/floor`` blended in log space by size (``bundle/floor`` alone below 0.5 GFLOP, ``bundle`` alone from 2 GFLOP,
   log-linear between), tensor-core rows only (all the folds predict), each with its own source's floor;
@@ -250,7 +251,7 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         # the spec-sheet tile/wave model (models/gemm_physics.py): its floor per source and cycles per tile fitted on
         # the training generations, the ceiling from MAMF (or the default); then trees on what it leaves
         if models and not any(m.startswith("physical") or m.startswith("bundle/additive") or "vendor-split" in m
-                              or m in ("bundle/floor", "bundle+floor-blend", "bundle+floor-blend/ceiling-member")
+                              or m in ("bundle/floor", "bundle+floor-blend") or "ceiling-member" in m
                               for m in models):
             continue
         t0 = time.time()
@@ -327,20 +328,27 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         # (training/gemm_floor.py fit_ceiling_member: per vendor and pooled, additive floor, observed ceiling) in the
         # roofline member's place, composed as the predictor does (members_log_ratio); a held-out device takes MAMF's
         # ceiling where listed, else its vendor's median
-        if not models or "bundle+floor-blend/ceiling-member" in models:
+        # ".../no-op-name": the ceiling member without ``is_linear`` (stop 32, not adopted: see models/gemm_floor.py
+        # CEILING_DROPPED_FEATURES)
+        p_roof = None
+        for model, c_feats in (("bundle+floor-blend/ceiling-member", bundle_feats),
+                               ("bundle+floor-blend/ceiling-member/no-op-name",
+                                [f for f in bundle_feats if f != "is_linear"])):
+            if models and model not in models:
+                continue
             t0 = time.time()
             cm, entry = fit_ceiling_member(df[train].reset_index(drop=True), X[train].reset_index(drop=True), specs,
-                                           bundle_feats, floors_ms, X["mamf_ratio"].to_numpy()[train], rounds=cfg.lgbm_rounds)
+                                           c_feats, floors_ms, X["mamf_ratio"].to_numpy()[train], rounds=cfg.lgbm_rounds)
             floor_model = floor_model or Fitted(X[train], np.log(lat / ref_ms)[train], bundle_feats, cfg)
-            p_roof = Fitted(X[train], y[train], bundle_feats, cfg).predict(X[test])
+            p_roof = Fitted(X[train], y[train], bundle_feats, cfg).predict(X[test]) if p_roof is None else p_roof
             blend = {"floors_ms": floors_ms, "source": PREDICT_SOURCE, "gflop": list(FLOOR_BLEND_GFLOP)}
             pred = np.full(len(df), np.nan)
             pred[test] = np.exp(members_log_ratio(p_roof, X[test], df[test], specs, floor_model, blend, cm, entry,
                                                   X["mamf_ratio"].to_numpy()[test], ceiling_floor_ms=entry["floor_ms"],
                                                   blend_floor_ms=floor_ms[test])) * roof_all[test]
-            tab = error_table(df[test], pred[test], fold, "bundle+floor-blend/ceiling-member")
+            tab = error_table(df[test], pred[test], fold, model)
             if sizes is not None:
-                sizes.append(size_table(df[test], pred[test], fold, "bundle+floor-blend/ceiling-member"))
+                sizes.append(size_table(df[test], pred[test], fold, model))
             tab["fit_s"] = time.time() - t0
             out.append(tab)
         for model in ("bundle/vendor-split/additive/ceiling", "bundle/vendor-split/additive/observed-ceiling",

@@ -308,7 +308,11 @@ class KernelBundle:
             ceiling_lgbm, ceiling_member = None, None
             if e.get("ceiling_member"):
                 ceiling_member = _checked(check_ceiling_member, e["ceiling_member"], where)
-                ceiling_lgbm = {v: LGBMSurrogate.load(_check_file(folder, fn, manifest), e["features"])
+                c_feats = ceiling_member.get("features", e["features"])
+                unknown = sorted(set(c_feats) - set(e["features"]))
+                if unknown:
+                    raise BundleError(f"{where}: 'ceiling_member.features' {unknown} are not the family's features")
+                ceiling_lgbm = {v: LGBMSurrogate.load(_check_file(folder, fn, manifest), c_feats)
                                 for v, fn in ceiling_member["lgbm"].items()}
             fams[name] = FamilyModel(
                 family=name,

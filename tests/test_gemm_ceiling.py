@@ -12,7 +12,8 @@ import pytest
 
 from wattcast.data.catalog import resolve_device
 from wattcast.featurize.kernel_features import featurize_kernels
-from wattcast.models.gemm_floor import POOLED_MEMBER, ceiling_log_ratio, check_ceiling_member, ceiling_model, row_ceilings
+from wattcast.models.gemm_floor import (POOLED_MEMBER, ceiling_features, ceiling_log_ratio, check_ceiling_member,
+                                       ceiling_model, row_ceilings)
 from wattcast.models.kernel_bundle import BundleError, KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
 from wattcast.training.gemm_floor import (CEILING_QUANTILE, ceiling_table, fit_ceiling_member, mamf_ceilings,
@@ -155,6 +156,9 @@ def test_the_ceiling_member_is_fitted_per_vendor_on_the_data(data_root):
     models, entry = fit_ceiling_member(df, X, specs, family_features("gemm"), {"xla": 0.004, "vidur": 0.004},
                                        mamf_ratio_any(data_root, df, specs), rounds=20, min_tensor_rows=500)
     assert set(models) == {"nvidia", "amd", POOLED_MEMBER}
+    # the members read the family's features less CEILING_DROPPED_FEATURES (none shipped), and say which
+    assert entry["features"] == ceiling_features(family_features("gemm")) == family_features("gemm")
+    assert all(m.features == entry["features"] for m in models.values())
     assert entry["ceilings"]["MI355X"]["bf16"] == pytest.approx(1565.0 / specs["MI355X"].peak_matrix_tflops("bf16"), abs=1e-3)
     assert "fp32" not in entry["ceilings"]["Tesla-T4"]
     with pytest.raises(ValueError, match="no vendor"):
@@ -205,3 +209,42 @@ def test_members_log_ratio_composes_the_members_as_the_predictor_does(device):
     big = X["flops"].to_numpy() > 5e8  # the smallest ones sit on the family's latency floor in the predictor
     np.testing.assert_allclose(got[big], want[big], rtol=1e-6)
     assert (k["dtype"][big] == "bf16").any() and (k["dtype"][big] == "fp32").any()
+
+
+def test_a_ceiling_member_reading_a_feature_the_family_lacks_is_a_bundle_error(shipped_copy):
+    path = shipped_copy / "kernel_manifest.json"
+    man = json.loads(path.read_text())
+    man["families"]["gemm"]["ceiling_member"]["features"] = ["log_flops", "not_a_feature"]
+    path.write_text(json.dumps(man))
+    with pytest.raises(BundleError, match="not_a_feature"):
+        KernelBundle.load(shipped_copy)
+    man["families"]["gemm"]["ceiling_member"]["features"] = "log_flops"
+    path.write_text(json.dumps(man))
+    with pytest.raises(BundleError, match="ceiling_member.features"):
+        KernelBundle.load(shipped_copy)
+
+
+def test_a_ceiling_member_with_features_of_its_own_reads_its_own_columns():
+    """A member fitted on fewer features than the family (CEILING_DROPPED_FEATURES, the manifest entry's
+    ``features``) is fed its own columns in its own order by the predictor, and the bundle round-trips it."""
+    from wattcast.models.kernel_surrogates import LGBMSurrogate
+
+    b = load_bundle()
+    fm = b.families["gemm"]
+    feats = [f for f in fm.features if f not in ("is_linear", "log_B")][::-1]  # fewer, and in another order
+    rows = pd.DataFrame([dict(op="linear", dtype="bf16", B=1, M=m, N=n, K=k)
+                         for m, n, k in ((4096, 4096, 4096), (8192, 2048, 1024), (2048, 8192, 8192))])
+    spec = resolve_device("H100-SXM5-80GB")
+    X = featurize_kernels(rows, spec)
+    rng = np.random.default_rng(0)
+    num = X[fm.features].astype(float)
+    train = num.sample(n=200, replace=True, random_state=0) + rng.normal(0, 0.01, (200, num.shape[1]))
+    member = LGBMSurrogate(feats, num_boost_round=5).fit(train, rng.normal(0, 0.3, 200))
+    own = dataclasses.replace(fm, ceiling_lgbm={"nvidia": member}, ceiling_member={**fm.ceiling_member, "features": feats})
+    mine = KernelBundle({**b.families, "gemm": own}, b.meta)
+    got = predict_kernels(rows, spec, mine)
+    assert list(got["model"]) == ["ceiling"] * 3
+    t_roof = X["t_roof_ms"].to_numpy()
+    c = row_ceilings(spec.name, spec.vendor, np.array(["bf16"] * 3), fm.ceiling_member)
+    want = np.exp(ceiling_log_ratio(member.predict(X), t_roof, fm.ceiling_member["floor_ms"], c)) * t_roof
+    np.testing.assert_allclose(got["pred_latency_ms"].to_numpy(), want, rtol=1e-9)

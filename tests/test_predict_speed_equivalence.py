@@ -163,7 +163,7 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                 Xm = X[m]
                 cm = fm.ceiling_member
                 lo_g, hi_g = fm.floor_blend["gflop"]
-                c = ceiling.booster.predict(Xm[fm.features].to_numpy(dtype=np.float64), num_threads=0)
+                c = ceiling.booster.predict(Xm[ceiling.features].to_numpy(dtype=np.float64), num_threads=0)
                 own = cm["ceilings"].get(spec.name, {})
                 dts = canon[ok]["dtype"].to_numpy()[m]
                 for i in range(len(Xm)):

@@ -16,7 +16,8 @@ from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.models.gemm_floor import (FLOOR_BLEND_GFLOP, POOLED_MEMBER, PREDICT_SOURCE, blend_weight,
-                                       blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings)
+                                       blended_log_ratio, ceiling_features, ceiling_log_ratio, ceiling_model,
+                                       row_ceilings)
 from wattcast.models.kernel_surrogates import LGBMSurrogate
 
 # --- the spec-sheet tile/wave GEMM model ("physical" rows) ---
@@ -240,7 +241,9 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
     Per vendor with at least ``min_tensor_rows`` tensor-core rows, LightGBM on that vendor's rows alone learns
     ``log((measured - source floor) / (roofline / ceiling))``: the time beyond the measuring source's floor, relative
     to what the device's best achievable matmul takes (:func:`ceiling_table`; FP32 rows: ceiling 1, vector peak);
-    one more on every vendor's rows (key :data:`POOLED_MEMBER`) for a GPU of a vendor without its own."""
+    one more on every vendor's rows (key :data:`POOLED_MEMBER`) for a GPU of a vendor without its own. Each reads the
+    family's ``features`` less :data:`~wattcast.models.gemm_floor.CEILING_DROPPED_FEATURES` (the entry's
+    ``features``)."""
     table = ceiling_table(rows, X["t_roof_ms"].to_numpy(), mamf)
     vendor_of = {d: specs[d].vendor for d in rows["device"].unique()}
     vendor = rows["device"].map(vendor_of).to_numpy()
@@ -250,6 +253,7 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
     floor = source_floor(rows["source"].to_numpy(), floors_ms)
     lat = rows["latency_ms"].to_numpy(dtype=float)
     y = np.log(np.maximum(lat - floor, 0.25 * ref) / ref)
+    features = ceiling_features(features)
     models: dict[str, LGBMSurrogate] = {}
     for v in sorted(set(vendor)):
         m = vendor == v
@@ -262,7 +266,7 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
     models[POOLED_MEMBER] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X, y)
     entry = {"ceilings": {d: dict(sorted(p.items())) for d, p in sorted(table.items())},
              "vendor_ceilings": vendor_ceilings(table, vendor_of), "default_ceiling": DEFAULT_CEILING,
-             "floor_ms": float(floors_ms[PREDICT_SOURCE])}
+             "floor_ms": float(floors_ms[PREDICT_SOURCE]), "features": list(features)}
     return models, entry
 
 
