@@ -65,21 +65,6 @@ def ceiling_model(models: dict | None, vendor: str):
     return models.get(vendor, models.get(POOLED_MEMBER))
 
 
-#: features the ceiling member does not read (none in the shipped bundle). Measured at stop 32 and not adopted: without
-#: the op's name (``is_linear``: an NVIDIA part's tensor-core training rows are all ``linear`` ones, Vidur and
-#: DeepBench, while XLA's are all ``bmm``, so it tells the trees which source measured a row), leave one generation out
-#: (``benchmarks/leave_one_generation_out.py`` ``.../no-op-name``, MLflow 59b9faa7) read B200 >= 1 GFLOP bf16 / fp8 /
-#: tf32 12.3 / 13.0 / 10.1% (+7.9 / -4.0 / +1.3; shipped 11.7 / 14.8 / 12.4, +2.7 / -8.5 / +0.5), A100 Vidur 8.4 / -5.8
-#: (9.1 / -7.0), CDNA within a point; the retrained family validated 7.58% against 7.56% in distribution (7.62% without
-#: the batch count too) and the gate kept the working bundle
-CEILING_DROPPED_FEATURES: tuple[str, ...] = ()
-
-
-def ceiling_features(features) -> list[str]:
-    """The ceiling member's features: the family's without :data:`CEILING_DROPPED_FEATURES`."""
-    return [f for f in features if f not in CEILING_DROPPED_FEATURES]
-
-
 #: a 16-bit dtype a device was measured in stands for the other one (the same tensor-core rate and kernels: Vidur
 #: profiled the A100 in fp16, llm-foundry trains it in bf16; MAMF lists bf16 only)
 SIXTEEN_BIT_TWIN = {"bf16": "fp16", "fp16": "bf16"}

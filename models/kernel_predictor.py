@@ -250,8 +250,11 @@ def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p:
     if model is not None:
         ceil_sel = np.flatnonzero(tensor & (w > 0.0))
         if len(ceil_sel):
-            cols = [fm.features.index(f) for f in model.features]  # the member's own features, in its order
-            pc = model.predict_matrix(np.ascontiguousarray(A[np.ix_(ceil_sel, cols)]))
+            if model.features == fm.features:
+                pc = model.predict_matrix(np.ascontiguousarray(A[ceil_sel, : len(fm.features)]))
+            else:  # a member reading features of its own (the manifest entry's ``features``), in its order
+                cols = [fm.features.index(f) for f in model.features]
+                pc = model.predict_matrix(np.ascontiguousarray(A[np.ix_(ceil_sel, cols)]))
             c = row_ceilings(device.name, device.vendor, dtype_names[ceil_sel], cm)
             out[ceil_sel] = ceiling_log_ratio(pc, t_roof_ms[ceil_sel], cm["floor_ms"], c)
     sel = np.flatnonzero(tensor & (w < 1.0))

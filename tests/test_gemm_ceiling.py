@@ -12,8 +12,8 @@ import pytest
 
 from wattcast.data.catalog import resolve_device
 from wattcast.featurize.kernel_features import featurize_kernels
-from wattcast.models.gemm_floor import (POOLED_MEMBER, ceiling_features, ceiling_log_ratio, check_ceiling_member,
-                                       ceiling_model, row_ceilings)
+from wattcast.models.gemm_floor import (POOLED_MEMBER, ceiling_log_ratio, check_ceiling_member, ceiling_model,
+                                       row_ceilings)
 from wattcast.models.kernel_bundle import BundleError, KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
 from wattcast.training.gemm_floor import (CEILING_QUANTILE, ceiling_table, fit_ceiling_member, mamf_ceilings,
@@ -156,8 +156,8 @@ def test_the_ceiling_member_is_fitted_per_vendor_on_the_data(data_root):
     models, entry = fit_ceiling_member(df, X, specs, family_features("gemm"), {"xla": 0.004, "vidur": 0.004},
                                        mamf_ratio_any(data_root, df, specs), rounds=20, min_tensor_rows=500)
     assert set(models) == {"nvidia", "amd", POOLED_MEMBER}
-    # the members read the family's features less CEILING_DROPPED_FEATURES (none shipped), and say which
-    assert entry["features"] == ceiling_features(family_features("gemm")) == family_features("gemm")
+    # the members read the features they were given, and the entry says which
+    assert entry["features"] == family_features("gemm")
     assert all(m.features == entry["features"] for m in models.values())
     assert entry["ceilings"]["MI355X"]["bf16"] == pytest.approx(1565.0 / specs["MI355X"].peak_matrix_tflops("bf16"), abs=1e-3)
     assert "fp32" not in entry["ceilings"]["Tesla-T4"]
@@ -225,8 +225,8 @@ def test_a_ceiling_member_reading_a_feature_the_family_lacks_is_a_bundle_error(s
 
 
 def test_a_ceiling_member_with_features_of_its_own_reads_its_own_columns():
-    """A member fitted on fewer features than the family (CEILING_DROPPED_FEATURES, the manifest entry's
-    ``features``) is fed its own columns in its own order by the predictor, and the bundle round-trips it."""
+    """A member fitted on fewer features than the family (the manifest entry's ``features``: the benchmark's
+    ``.../no-op-name`` variant) is fed its own columns in its own order by the predictor, and the bundle round-trips it."""
     from wattcast.models.kernel_surrogates import LGBMSurrogate
 
     b = load_bundle()

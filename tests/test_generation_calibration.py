@@ -229,4 +229,4 @@ def test_a_gemm_fold_without_the_floor_members_source_scores_the_roofline_member
     te = np.zeros(len(rows), dtype=bool)
     te[:10] = True
     assert _gemm_members(np.zeros(10), rows, X, specs, fm, np.arange(10, len(rows)), te, np.full(len(rows), np.nan),
-                         rounds=5, seed=0, root=data_root) is None
+                         rounds=5, seed=0) is None

@@ -16,8 +16,7 @@ from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.models.gemm_floor import (FLOOR_BLEND_GFLOP, POOLED_MEMBER, PREDICT_SOURCE, blend_weight,
-                                       blended_log_ratio, ceiling_features, ceiling_log_ratio, ceiling_model,
-                                       row_ceilings)
+                                       blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings)
 from wattcast.models.kernel_surrogates import LGBMSurrogate
 
 # --- the spec-sheet tile/wave GEMM model ("physical" rows) ---
@@ -175,10 +174,13 @@ def floor_reference_ms(t_roof_ms: np.ndarray, sources, floors_ms: dict[str, floa
 
 
 def fit_floor_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], features: list[str], *,
-                     rounds: int = 400, seed: int = 0, root=None) -> tuple[LGBMSurrogate, dict]:
+                     rounds: int = 400, seed: int = 0, root=None, mamf: np.ndarray | None = None
+                     ) -> tuple[LGBMSurrogate, dict]:
     """(the floor member's LightGBM, the bundle's ``floor_blend`` entry) from the GEMM family's training ``rows``
-    (with ``source``) and their features ``X``."""
-    floors = fit_source_floors(rows, specs, matmul_ceiling(root, rows, specs))
+    (with ``source``) and their features ``X``. ``mamf``: the rows' :func:`mamf_ratio_any` where the caller has it
+    (else read from ``root``)."""
+    ceiling = matmul_ceiling(root, rows, specs) if mamf is None else ceiling_from_ratio(mamf, rows["dtype"])
+    floors = fit_source_floors(rows, specs, ceiling)
     if PREDICT_SOURCE not in floors:
         raise ValueError(f"the floor member predicts with {PREDICT_SOURCE!r}'s floor, but no training row comes from it "
                          f"(sources: {sorted(floors)})")
@@ -241,9 +243,8 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
     Per vendor with at least ``min_tensor_rows`` tensor-core rows, LightGBM on that vendor's rows alone learns
     ``log((measured - source floor) / (roofline / ceiling))``: the time beyond the measuring source's floor, relative
     to what the device's best achievable matmul takes (:func:`ceiling_table`; FP32 rows: ceiling 1, vector peak);
-    one more on every vendor's rows (key :data:`POOLED_MEMBER`) for a GPU of a vendor without its own. Each reads the
-    family's ``features`` less :data:`~wattcast.models.gemm_floor.CEILING_DROPPED_FEATURES` (the entry's
-    ``features``)."""
+    one more on every vendor's rows (key :data:`POOLED_MEMBER`) for a GPU of a vendor without its own. Each reads
+    ``features`` (the entry's ``features``; the shipped bundle's are the family's)."""
     table = ceiling_table(rows, X["t_roof_ms"].to_numpy(), mamf)
     vendor_of = {d: specs[d].vendor for d in rows["device"].unique()}
     vendor = rows["device"].map(vendor_of).to_numpy()
@@ -253,7 +254,6 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
     floor = source_floor(rows["source"].to_numpy(), floors_ms)
     lat = rows["latency_ms"].to_numpy(dtype=float)
     y = np.log(np.maximum(lat - floor, 0.25 * ref) / ref)
-    features = ceiling_features(features)
     models: dict[str, LGBMSurrogate] = {}
     for v in sorted(set(vendor)):
         m = vendor == v

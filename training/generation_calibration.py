@@ -44,7 +44,8 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
 from wattcast.models.kernel_bundle import KernelBundle
-from wattcast.training.gemm_floor import mamf_ratio_any, per_vendor_sample
+from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, mamf_ratio_any, members_log_ratio,
+                                          per_vendor_sample, source_floor)
 
 #: quantiles of the calibrated band
 BAND_QUANTILES = (0.05, 0.95)
@@ -112,7 +113,7 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
                 tr_idx = rng.choice(tr_idx, max_rows, replace=False)
             lg = LGBMSurrogate(fm.features, num_boost_round=rounds, params={"seed": seed}).fit(X.iloc[tr_idx], y[tr_idx])
             p = lg.predict(X[te])
-            composed = _gemm_members(p, rows, X, specs, fm, tr_idx, te, mamf, rounds=rounds, seed=seed, root=root,
+            composed = _gemm_members(p, rows, X, specs, fm, tr_idx, te, mamf, rounds=rounds, seed=seed,
                                      ceiling_idx=per_vendor_sample(rows["device"].to_numpy(), np.flatnonzero(~held),
                                                                    specs, max_rows, rng_members)) if members else None
             p = p if composed is None else composed
@@ -173,21 +174,18 @@ def _equal_weight(r: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def _gemm_members(p_roof: np.ndarray, rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], fm,
-                  tr_idx: np.ndarray, te: np.ndarray, mamf: np.ndarray, *, rounds: int, seed: int, root,
+                  tr_idx: np.ndarray, te: np.ndarray, mamf: np.ndarray, *, rounds: int, seed: int,
                   ceiling_idx: np.ndarray | None = None) -> np.ndarray | None:
     """The GEMM family's prediction for a fold's held-out rows ``te`` with the floor member and (where the bundle has
     one) the ceiling member refitted on the fold's training rows ``tr_idx`` (training/gemm_floor.py); each row scored
     against its own measuring source's floor (the source the fold's training rows also have). ``ceiling_idx``: the
     rows the ceiling member is fitted on (as in training, each vendor's cut separately, so a vendor with few rows keeps
-    them all; default ``tr_idx``). None where the fold
-    leaves no row of the source the floor member predicts with (the fold then scores the roofline member, and its
-    ``members`` says False)."""
-    from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, members_log_ratio,
-                                              source_floor)
-
+    them all; default ``tr_idx``). None where the fold leaves no row of the source the floor member predicts with (the
+    fold then scores the roofline member, and its ``members`` says False)."""
     tr_rows, tr_X = rows.iloc[tr_idx], X.iloc[tr_idx]
     try:
-        floor_lg, blend = fit_floor_member(tr_rows, tr_X, specs, fm.features, rounds=rounds, seed=seed, root=root)
+        floor_lg, blend = fit_floor_member(tr_rows, tr_X, specs, fm.features, rounds=rounds, seed=seed,
+                                           mamf=mamf[tr_idx])
     except ValueError:  # the fold's training rows lack the source predictions take the floor of: the roofline member
         return None
     cms, entry = {}, None
