@@ -184,7 +184,8 @@ class Fitted:
         self.feats = list(feats)
         self.model = lgb.LGBMRegressor(n_estimators=cfg.lgbm_rounds, num_leaves=63, learning_rate=0.05,
                                        min_child_samples=20, subsample=0.8, subsample_freq=1, colsample_bytree=0.8,
-                                       verbose=-1, n_jobs=2).fit(Xtr[self.feats], ytr)
+                                       verbose=-1, n_jobs=2, random_state=0, deterministic=True,
+                                       force_col_wise=True).fit(Xtr[self.feats], ytr)
 
     def predict(self, X) -> np.ndarray:
         return self.model.predict(X[self.feats])

@@ -139,6 +139,10 @@ class LGBMSurrogate:
             "num_threads": 0,
             "seed": 0,
             "deterministic": True,
+            # LightGBM otherwise picks row- or col-wise histograms by timing a test build, so a loaded machine can
+            # pick the other one and a refit differs (its docs: set one with ``deterministic``); col-wise is what it
+            # picks for these tables on an idle machine
+            "force_col_wise": True,
             **(params or {}),
         }
         self.num_boost_round = num_boost_round
