@@ -156,6 +156,29 @@ FRAMEWORK_HOST_MS = {"hf": (0.006, 0.0), "megatron": (0.006, 0.0), "megatron-dee
 FRAMEWORK_COLLECTIVE_HOST_MS: dict[str, dict[int, float]] = {"megatron-deepspeed": {8: 0.35}}
 
 
+#: Host-bound floor of one ring-attention step under context parallelism (ms, per framework; each direction of a
+#: layer's cp - 1 steps). Transformer Engine's ring attention (``AttnFuncWithCPAndKVP2P`` in
+#: transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py) runs each step from Python: a
+#: ``batch_isend_irecv`` of the next K/V block (backward: K/V and their gradients), the attention of the block in hand,
+#: the softmax-LSE and output corrections (backward: the dQ / dK / dV accumulations), on two streams with events
+#: between them. Where the host, not the GPU, sets the pace (small models, Megatron-LM's CI) that work is the step's
+#: length. No framework's default has one: the one measurement (Megatron-LM CI's context-parallel tests) is read with
+#: the Megatron-Core host costs fitted on it (``validation/megatron_ci.py`` ``CI_HOST_FIT``), not the ``megatron``
+#: preset (a large model's host runs ahead of its GPUs).
+FRAMEWORK_CP_STEP_HOST_MS: dict[str, float] = {}
+
+
+def check_cp_step_floor_ms(v) -> float:
+    """A ring-step host floor (ms): finite and >= 0 (ValueError naming it otherwise)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"host_ms's ring-step floor must be a number of ms, got {v!r}") from None
+    if not np.isfinite(f) or f < 0:
+        raise ValueError(f"host_ms's ring-step floor must be finite and >= 0 ms, got {v!r}")
+    return f
+
+
 def collective_host_floor_ms(framework: str, group_size: int, table: dict[int, float] | None = None) -> float:
     """The host-bound floor of one rank-graph collective over ``group_size`` ranks (``table``, by default the
     framework's entry of FRAMEWORK_COLLECTIVE_HOST_MS)."""
@@ -378,9 +401,11 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
             ms[sel], ood[sel] = np.maximum(m, collective_host_floor_ms(opts.framework, gl.size, coll_floor)), o
         return ms, ood
 
-    # host_ms: (per-kernel launch, per-iteration[, {TP group size: collective floor}]) overriding the framework's
+    # host_ms: (per-kernel launch, per-iteration[, {TP group size: collective floor}[, ring-step floor]]) overriding
+    # the framework's
     launch_ms, iter_ms, *rest = dopts.host_ms or FRAMEWORK_HOST_MS[opts.framework]
     coll_floor = dict(rest[0]) if rest else None  # None: the framework's (collective_host_floor_ms)
+    cp_step_floor_ms = check_cp_step_floor_ms(rest[1] if len(rest) > 1 else FRAMEWORK_CP_STEP_HOST_MS.get(opts.framework, 0.0))
     # the costed rank graph depends on the graph, the device, the models, the TP/EP group placements and the
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
     def costed_view(graph, reps: int) -> tuple:
@@ -414,7 +439,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
-                           coll_floor=coll_floor, data_load_ms=check_load_ms(dopts.data_load_ms),
+                           coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms,
+                           data_load_ms=check_load_ms(dopts.data_load_ms),
                            data_workers=resolve_workers(framework, dopts.data_workers))
 
 
@@ -728,6 +754,8 @@ class ScheduleContext:
     #: the data-loading kernels and broadcasts (``simulate/data_loading.py``)
     launch_ms: float = 0.0
     coll_floor: dict | None = None
+    #: the host-bound floor of one ring-attention step under context parallelism (ms; ``FRAMEWORK_CP_STEP_HOST_MS``)
+    cp_step_floor_ms: float = 0.0
     #: data loading: host ms per micro-batch and the loader's worker processes (resolved)
     data_load_ms: float = 0.0
     data_workers: int = 0
@@ -854,16 +882,20 @@ def _stage_buckets(out: dict, P: int, V: int) -> dict:
 
 
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
-                cp_kv_bytes: float, per_chunk) -> tuple:
+                cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0) -> tuple:
     """Per communication class, what it adds to each chunk's forward and backward (ms), the ring attention's KV step
-    times and its exposed time per layer: (f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms)."""
+    times and its exposed time per layer: (f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms).
+
+    ``cp_step_floor_ms``: a ring step takes at least this long (the host's work for it: ``FRAMEWORK_CP_STEP_HOST_MS``)."""
     # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
     # gradients), each overlapped with the attention of the block in hand; what a step's transfer takes beyond that
-    # block's attention is exposed (Liu et al. 2023, Ring Attention; Megatron-Core / TE's implementation)
+    # block's attention is exposed (Liu et al. 2023, Ring Attention; Megatron-Core / TE's implementation). A step is
+    # never shorter than its host work where the host sets the pace (``cp_step_floor_ms``).
     cp_f_ms = cp_b_ms = np.zeros(len(view.layer_ids))
     cp_step_ms = (0.0, 0.0)
     if par.cp > 1 and cp_kv_bytes > 0:
         xf, xb = collective_ms(cm, ["send_recv", "send_recv"], [cp_kv_bytes, 2.0 * cp_kv_bytes], lay["cp"], cl)[0]
+        xf, xb = max(float(xf), cp_step_floor_ms), max(float(xb), cp_step_floor_ms)
         cp_step_ms = (float(xf), float(xb))
         has = view.attn_f_ms > 0
         cp_f_ms = np.where(has, (par.cp - 1) * np.maximum(xf - view.attn_f_ms / par.cp, 0.0), 0.0)
@@ -1048,10 +1080,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
                             view, power_limit_w)
 
-    parts_key = ("parts", bool(par.tp_comm_overlap), bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes)
+    parts_key = ("parts", bool(par.tp_comm_overlap), bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
+                 ctx.cp_step_floor_ms)
     parts = sums.get(parts_key)
     if parts is None:
-        parts = sums[parts_key] = _comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk)
+        parts = sums[parts_key] = _comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk,
+                                              cp_step_floor_ms=ctx.cp_step_floor_ms)
     f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms = parts
     f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
     tp_coll = chunk_sum("coll_ms")

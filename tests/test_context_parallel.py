@@ -100,3 +100,30 @@ def test_ring_exchange_is_in_the_trace(tmp_path):
     ev = d["traceEvents"] if isinstance(d, dict) else d
     ring = [e for e in ev if str(e.get("name", "")).startswith("cp.ring_kv")]
     assert len(ring) == 2 * 2 * 2  # 2 stages x 2 micro-batches x (forward, backward)
+
+
+def test_ring_step_host_floor_is_exposed_where_the_host_sets_the_pace():
+    """``host_ms``'s fourth entry: each ring-attention step takes at least that long (Transformer Engine runs a step's
+    P2P exchange, attention and corrections from Python). A tiny model's steps are host work, exposed per layer;
+    128K-token blocks hide it behind the attention; no floor is the framework default; a bad floor is refused."""
+    from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
+    from wattcast.simulate.parallel import ParallelConfig
+
+    def run(seq: int, floor: float | None):
+        par = ParallelConfig(gpus=64, tp=8, cp=8, dp=1, micro_batch=1, sp=True, zero=1, recompute="selective")
+        host = None if floor is None else (0.006, 0.0, {}, floor)
+        return predict_distributed("llama3_8b", "DGX-H100", par, DistributedOptions(
+            batch=1, seq=seq, attention="flash", framework="megatron", host_ms=host))
+
+    base, zero, floored = run(2048, None), run(2048, 0.0), run(2048, 5.0)
+    assert zero.step_time_ms == pytest.approx(base.step_time_ms, rel=1e-12)
+    assert floored.comm["cp_kv_step_ms"][0] == pytest.approx(5.0) and floored.comm["cp_kv_step_ms"][1] == pytest.approx(5.0)
+    # 32 layers x 7 steps x 2 directions of at least (5 ms - the step's attention block), one micro-batch
+    assert floored.comm["cp_exposed_ms_per_micro"] > 32 * 7 * 2 * 4.0
+    assert floored.step_time_ms > base.step_time_ms + 32 * 7 * 2 * 4.0
+    long_ = run(131072, 0.2)  # a step's attention block there: ~0.46 ms forward
+    assert long_.comm["cp_exposed_ms_per_micro"] == pytest.approx(0.0, abs=1e-9)
+    for bad in (-1.0, float("nan"), "x"):
+        with pytest.raises(ValueError, match="ring-step floor"):
+            run(2048, bad)

@@ -45,4 +45,6 @@ def test_shipped_megatron_core_is_fast_here_and_the_fitted_host_costs_are_the_gr
     assert (shipped.loc[shipped["status"] == "ok", "error_pct"] < -30).all()  # eager host costs: host-bound runs fast
     best = fit_ci_host(df).iloc[0]
     launch, iteration, coll = CI_HOST_FIT
-    assert (best.launch_ms, best.iteration_ms, best.tp_collective_ms) == (launch, iteration, coll[2])
+    # the fitting half wants no ring-step host floor (CI_HOST_FIT has none): its TP2 x PP2 x CP2 tests read within
+    # 15% with the TP collective floor alone
+    assert (best.launch_ms, best.iteration_ms, best.tp_collective_ms, best.cp_step_ms) == (launch, iteration, coll[2], 0.0)

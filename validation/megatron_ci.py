@@ -49,7 +49,8 @@ CI_VOCAB = 50257
 #: two is not pinned by these rows, their sum over a step is.
 CI_HOST_FIT = (0.125, 40.0, {2: 0.5})
 #: the grid fit_ci_host searches
-_HOST_GRID = dict(launch_ms=(0.1, 0.125, 0.15, 0.175, 0.2), iteration_ms=(0.0, 20.0, 40.0), tp_collective_ms=(0.0, 0.25, 0.5, 1.0))
+_HOST_GRID = dict(launch_ms=(0.1, 0.125, 0.15, 0.175, 0.2), iteration_ms=(0.0, 20.0, 40.0), tp_collective_ms=(0.0, 0.25, 0.5, 1.0),
+                  cp_step_ms=(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0))
 
 _COLUMNS = {"num-layers": "layers", "hidden-size": "hidden", "num-attention-heads": "heads", "seq-length": "seq",
             "micro-batch-size": "micro_batch", "global-batch-size": "batch", "tensor-model-parallel-size": "tp",
@@ -137,10 +138,11 @@ def fit_ci_host(df: pd.DataFrame) -> pd.DataFrame:
     """The grid of Megatron-Core host costs on the fitting half (one platform per test), best first."""
     fit = ci_split(df)[0].drop_duplicates("test_case")
     res = []
-    for launch, it, coll in itertools.product(*_HOST_GRID.values()):
-        p = predict_megatron_ci(fit, host_ms=(launch, it, {2: coll} if coll else {}))
+    for launch, it, coll, cp_step in itertools.product(*_HOST_GRID.values()):
+        p = predict_megatron_ci(fit, host_ms=(launch, it, {2: coll} if coll else {}, cp_step))
         e = p.loc[p["status"] == "ok", "error_pct"]
-        res.append(dict(launch_ms=launch, iteration_ms=it, tp_collective_ms=coll, rows=len(e), mean_abs_pct=e.abs().mean(),
+        res.append(dict(launch_ms=launch, iteration_ms=it, tp_collective_ms=coll, cp_step_ms=cp_step, rows=len(e),
+                        mean_abs_pct=e.abs().mean(),
                         median_abs_pct=e.abs().median(), signed_pct=e.mean()))
     return pd.DataFrame(res).sort_values(["mean_abs_pct", "median_abs_pct"]).reset_index(drop=True)
 
