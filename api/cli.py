@@ -598,6 +598,12 @@ def _show_cluster_prediction(res, req, f) -> None:
               "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
 
 
+def _print_band(con: Console, band: dict) -> None:
+    """The step's 90% band (simulate/step_band.py), where it has one."""
+    if band:
+        con.print(f"step time 90% band: {band['low_ms']:.1f} .. {band['high_ms']:.1f} ms ({band['basis']})")
+
+
 def _print_cluster_tables(res, batch: int, seq: int) -> None:
     """The tables of a distributed prediction: totals, exposed communication, per pipeline stage, energy."""
     con = Console()
@@ -607,6 +613,7 @@ def _print_cluster_tables(res, batch: int, seq: int) -> None:
     t.add_row(f"{res.step_time_ms:.1f}", f"{100 * res.mfu:.1f}%", f"{res.tflops_per_gpu:.1f}", f"{100 * res.hfu:.1f}%",
               f"{res.exposed_comm_ms:.1f}", f"{res.bubble_ms:.1f}", f"{res.memory_gb:.1f}", "yes" if res.fits else "NO")
     con.print(t)
+    _print_band(con, res.step_band)
     split = {k: v for k, v in res.exposed_comm_split_ms.items() if v > 0}
     p = res.parallel
     over = [n for n, on in (("grad reduce", p.overlap_grad_reduce), ("param gather", p.overlap_param_gather),
@@ -1026,6 +1033,7 @@ def _print_prediction(res) -> None:
                  f"{res.memory_gb:.2f}" + ("" if res.fits else " (does not fit)"), f"{res.flops / 1e12:.2f}",
                  f"{len(res.nodes):,}", f"{100 * res.ood_fraction:.0f}%")
     con.print(head)
+    _print_band(con, res.step_band)
     t = Table(title="per op class")
     for c in ("op class", "kernels", "time ms", "share"):
         t.add_column(c, justify="right" if c != "op class" else "left")

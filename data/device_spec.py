@@ -155,6 +155,12 @@ class DeviceSpec(SpecRecord):
 
 
 
+def generation_of(spec: DeviceSpec) -> str:
+    """A GPU's generation: the first word of its spec's ``arch`` (``Ampere (GA100)`` -> ``Ampere``), else its name."""
+    arch = str(spec.arch or "").strip()
+    return arch.split()[0] if arch else spec.name
+
+
 def normalise_name(name: str) -> str:
     """Case- and punctuation-insensitive key: 'NVIDIA A100-PCIE-40GB' -> 'nvidiaa100pcie40gb'."""
     return re.sub(r"[^a-z0-9]", "", str(name).lower())

@@ -45,6 +45,7 @@ from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
+from wattcast.simulate.step_band import band_keys, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
@@ -90,6 +91,9 @@ class DistributedPrediction:
     memory: dict = field(default_factory=dict)
     #: the whole run (wattcast.lifecycle.RunFootprint) when a run length in tokens was given, else None
     run: object = field(default=None, repr=False)
+    #: the step's 90% band from measured steps (simulate/step_band.py: low_ms, high_ms, basis, generation; empty
+    #: without a calibration or a simulated step)
+    step_band: dict = field(default_factory=dict)
 
     @property
     def memory_flag(self) -> str:
@@ -110,7 +114,8 @@ class DistributedPrediction:
                                   schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers"),
                                   zero3_prefetch=self.meta.get("zero3_prefetch")),
-                    step_time_ms=self.step_time_ms, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
+                    step_time_ms=self.step_time_ms, **band_keys(self.step_band),
+                    forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms,
                     exposed_comm_split_ms=self.exposed_comm_split_ms, bubble_ms=self.bubble_ms,
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
@@ -439,7 +444,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
-                           coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms,
+                           coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
                            data_load_ms=check_load_ms(dopts.data_load_ms),
                            data_workers=resolve_workers(framework, dopts.data_workers))
 
@@ -761,6 +766,8 @@ class ScheduleContext:
     data_workers: int = 0
     #: False: leave ``per_device`` empty (a search reads the step's totals only)
     detail: bool = True
+    #: the kernel bundle the rank graph was costed with (the step band's generation term reads its folds)
+    bundle: object = field(default=None, compare=False, repr=False)
     #: shared across the contexts of one search: per-chunk sums and data-parallel message times by what they depend
     #: on (None: nothing kept)
     memo: dict | None = field(default=None, compare=False, repr=False)
@@ -1349,4 +1356,5 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         memory_capacity_gb=capacity, per_device=per_device, per_op=per_op, fallback_ops=fallback,
         ood_fraction=view.ood_fraction, comm=comm, events=events,
         meta=meta,
-        energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w)
+        energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w,
+        step_band=step_band(step, "cluster", spec, per_op, ctx.bundle, tensor=dtype != "fp32"))

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
+from wattcast.simulate.step_band import band_keys, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
 from wattcast.models.attention import BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, flash_attention_ms
@@ -75,6 +76,8 @@ class StepPrediction:
     run: object = field(default=None, repr=False)
     #: named overheads of the step (ms; see step_overheads): optimizer, clipping, accumulation, casts, copies, launch gaps
     overheads: dict = field(default_factory=dict)
+    #: the step's 90% band from measured steps (simulate/step_band.py: low_ms, high_ms, basis, generation)
+    step_band: dict = field(default_factory=dict)
 
     @property
     def memory_flag(self) -> str:
@@ -83,7 +86,8 @@ class StepPrediction:
 
     def to_dict(self, *, nodes: bool = False) -> dict:
         d = dict(device=self.device, mode=self.mode, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
-                 optimizer_ms=self.optimizer_ms, step_time_ms=self.step_time_ms, memory_gb=self.memory_gb,
+                 optimizer_ms=self.optimizer_ms, step_time_ms=self.step_time_ms, **band_keys(self.step_band),
+                 memory_gb=self.memory_gb,
                  memory=self.memory.to_dict(), fits=self.fits, flops=self.flops, per_op=self.per_op, per_layer=self.per_layer,
                  fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, ood_time_fraction=self.ood_time_fraction,
                  model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)),
@@ -369,7 +373,10 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     res = summarise_costed(graph, costed, spec)
     e = sum(energy_of(costed, spec))
     step_s = res.step_time_ms / 1e3
-    return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w)
+    tensor = bool((np.isin(costed["op_class"].to_numpy(), ("linear", "bmm")) & (costed["dtype"].to_numpy() != "fp32")).any())
+    band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor)
+    return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
+                   step_band=band)
 
 
 def step_overheads(costed: pd.DataFrame) -> dict:

@@ -41,7 +41,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import DeviceSpec
+from wattcast.data.device_spec import DeviceSpec, generation_of  # noqa: F401 (re-exported: callers import it here)
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
 from wattcast.models.kernel_bundle import KernelBundle
 from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, mamf_ratio_any, members_log_ratio,
@@ -53,12 +53,6 @@ BAND_QUANTILES = (0.05, 0.95)
 ROWS_PER_FOLD = 4000
 #: a dtype class (tensor-core, FP32) gets a band of its own from the folds with at least this many of its rows
 MIN_CLASS_ROWS = 100
-
-
-def generation_of(spec: DeviceSpec) -> str:
-    """A GPU's generation: the first word of its spec's ``arch`` (``Ampere (GA100)`` -> ``Ampere``), else its name."""
-    arch = str(spec.arch or "").strip()
-    return arch.split()[0] if arch else spec.name
 
 
 def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bundle: KernelBundle, *,

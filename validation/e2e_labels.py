@@ -24,7 +24,7 @@ from wattcast.data.kernel_datasets import DEVICE_MAP, HELDOUT_DEVICES, resolve_d
 from wattcast.featurize.op_graph import GraphError
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.models.kernel_bundle import load_bundle
-from wattcast.simulate.single_device import DEFAULT_LAUNCH_OVERHEAD_MS, cost_nodes
+from wattcast.simulate.single_device import DEFAULT_LAUNCH_OVERHEAD_MS, cost_nodes, group_totals
 from wattcast.training.tracking import scatter_pred_vs_measured
 
 LABEL = re.compile(r"^(?P<model>.+?)-(?P<mode>train|inf)-(?P<seq>\d+)-(?P<batch>\d+)(?:-(?P<opt>.+))?$")
@@ -97,11 +97,15 @@ def predict_label(label: Label, root: Path, bundle, launch_overhead_ms: float = 
     loss_fwd = (ph == "forward") & (costed["op_class"].to_numpy() == "loss")
     fw = float(t[(ph == "forward") & ~loss_fwd].sum())
     bw = float(t[ph == "backward"].sum())
+    compared = ((ph == "forward") & ~loss_fwd) | (ph == "backward")
     pred = fw + bw
     return dict(row, status="ok", predicted_ms=pred, predicted_fw_ms=fw, predicted_bw_ms=bw,
                 measured_fw_ms=label.measured_fw_ms, measured_bw_ms=label.measured_bw_ms,
                 error_pct=100.0 * (pred - label.measured_ms) / label.measured_ms,
-                ood_fraction=float(costed["ood"].mean()))
+                ood_fraction=float(costed["ood"].mean()),
+                # the compared time by op class: what the step band's generation term weighs (validation/step_band.py)
+                per_op=group_totals(costed["op_class"].to_numpy()[compared], t[compared], np.zeros(int(compared.sum())),
+                                    "op_class"))
 
 
 def evaluate_labels(root: str | Path | None = None, *, bundle=None, launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS,

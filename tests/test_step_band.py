@@ -1,0 +1,116 @@
+"""The step's 90% band: calibrated on measured steps (validation/step_band.py), carried by every prediction
+(simulate/step_band.py), widened by the kernels' generation error off the calibrated generations."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import wattcast
+from wattcast.data.catalog import resolve_device
+from wattcast.simulate import step_band as sb
+from wattcast.validation.step_band import calibrate, weighted_quantiles
+
+CAL = {"settings": {"single": {"band_log": [-0.1, 0.2], "generations": ["Ampere"]},
+                    "cluster": {"band_log": [-0.05, 0.1], "generations": ["Ampere"]}}}
+
+
+def _bundle(**fold_biases):
+    """A bundle-like object whose families carry ``logo.folds`` (bias_pct, optional by_class)."""
+    fams = {f: SimpleNamespace(logo={"folds": folds}) for f, folds in fold_biases.items()}
+    return SimpleNamespace(families=fams)
+
+
+@pytest.mark.parametrize("entry,msg", [
+    ({}, "'settings'"),
+    ({"settings": {"single": {"band_log": [0.1, 0.2], "generations": []}}}, "band_log"),
+    ({"settings": {"single": {"band_log": [-0.1, float("nan")], "generations": []}}}, "band_log"),
+    ({"settings": {"single": {"band_log": [-0.1, 0.2], "generations": "Ampere"}}}, "generations"),
+])
+def test_a_bad_calibration_is_refused(entry, msg):
+    with pytest.raises(ValueError, match=msg):
+        sb.check_step_band(entry, "x.json")
+
+
+def test_generation_width_weighs_each_familys_worst_fold_bias_by_its_share():
+    bundle = _bundle(
+        gemm={"A": {"bias_pct": 30.0, "by_class": {"vector": {"bias_pct": 30.0, "rows": 5000}}},
+              "B": {"bias_pct": -8.0, "by_class": {"tensor": {"bias_pct": -8.0, "rows": 1000}}},
+              "C": {"bias_pct": 40.0, "by_class": {"tensor": {"bias_pct": 40.0, "rows": 50}}}},  # too few rows
+        elementwise={"A": {"bias_pct": -20.0, "by_class": {}}, "B": {"bias_pct": 5.0}})
+    per_op = [{"op_class": "linear", "time_ms": 60.0}, {"op_class": "elementwise", "time_ms": 20.0},
+              {"op_class": "collective", "time_ms": 20.0}]
+    tensor = sb.generation_log_width(per_op, 100.0, bundle, tensor=True)
+    assert tensor == pytest.approx(0.6 * math.log(1.08) + 0.2 * math.log(1.20))
+    vector = sb.generation_log_width(per_op, 100.0, bundle, tensor=False)
+    assert vector == pytest.approx(0.6 * math.log(1.30) + 0.2 * math.log(1.20))
+    assert sb.generation_log_width(per_op, float("nan"), bundle, tensor=True) == 0.0
+    assert sb.generation_log_width(per_op, 100.0, None, tensor=True) == 0.0
+
+
+def test_the_band_widens_off_the_calibrated_generations(monkeypatch):
+    monkeypatch.setattr(sb, "load_step_band", lambda: CAL)
+    bundle = _bundle(gemm={"Blackwell": {"bias_pct": 10.0, "by_class": {"tensor": {"bias_pct": 10.0, "rows": 500}}}})
+    per_op = [{"op_class": "linear", "time_ms": 50.0}]
+    a100 = sb.step_band(100.0, "cluster", resolve_device("A100-SXM4-80GB"), per_op, bundle, tensor=True)
+    assert a100["low_ms"] == pytest.approx(100 * math.exp(-0.05)) and a100["high_ms"] == pytest.approx(100 * math.exp(0.1))
+    assert "Ampere" in a100["basis"] and a100["generation"] == "Ampere"
+    b200 = sb.step_band(100.0, "cluster", resolve_device("B200"), per_op, bundle, tensor=True)
+    extra = 0.5 * math.log(1.10)
+    assert b200["low_ms"] == pytest.approx(100 * math.exp(-0.05 - extra))
+    assert b200["high_ms"] == pytest.approx(100 * math.exp(0.1 + extra))
+    assert "Blackwell is not among them" in b200["basis"]
+    assert sb.step_band(float("nan"), "cluster", resolve_device("B200"), per_op, bundle, tensor=True) == {}
+    assert sb.step_band(100.0, "no-such-setting", resolve_device("B200"), per_op, bundle, tensor=True) == {}
+    assert sb.band_keys({}) == {"step_time_band_ms": None, "step_time_band": None}
+
+
+def test_calibration_weighs_every_source_the_same_and_scores_the_check_rows():
+    rng = np.random.default_rng(0)
+    big = pd.DataFrame({"setting": "cluster", "source": "big", "role": "calibrate", "device": "A100-SXM4-80GB",
+                        "log_ratio": rng.normal(0.0, 0.01, 1000)})
+    small = pd.DataFrame({"setting": "cluster", "source": "small", "role": "calibrate", "device": "A100-SXM4-80GB",
+                          "log_ratio": np.full(10, 0.3)})
+    chk = pd.DataFrame({"setting": "cluster", "source": "check", "role": "check", "device": "A100-SXM4-80GB",
+                        "log_ratio": [0.0, 0.1, 0.5, -0.5]})
+    out = calibrate(pd.concat([big, small, chk], ignore_index=True))["settings"]["cluster"]
+    lo, hi = out["band_log"]
+    assert hi == pytest.approx(0.3, abs=1e-6)  # the 10-row source holds half the weight
+    assert -0.05 < lo < 0 and out["generations"] == ["Ampere"]
+    assert out["check_rows"] == 4 and out["check_coverage"] == pytest.approx(0.5)
+    assert out["sources"]["small"]["rows"] == 10 and out["sources"]["check"]["role"] == "check"
+    assert weighted_quantiles(np.array([1.0, 2.0]), np.array([1.0, 1.0]), [0.25, 0.75]) == pytest.approx([1.0, 2.0])
+
+
+def test_predictions_carry_the_band_in_json():
+    one = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=4, seq=512).to_dict()
+    lo, hi = one["step_time_band_ms"]
+    assert lo < one["step_time_ms"] < hi and one["step_time_band"]["basis"].startswith("measured single steps")
+    new = wattcast.predict("gpt2", "B200", batch=4, seq=512).to_dict()
+    assert "Blackwell is not among them" in new["step_time_band"]["basis"]
+    assert new["step_time_band_ms"][1] / new["step_time_ms"] > hi / one["step_time_ms"]
+    cl = wattcast.predict_cluster("gpt3_2.7b", "DGX-A100", gpus=16, batch=64, seq=2048, tp=2, pp=2, micro_batch=2).to_dict()
+    lo, hi = cl["step_time_band_ms"]
+    assert lo < cl["step_time_ms"] < hi and cl["step_time_band"]["basis"] == "measured cluster steps (Ampere)"
+
+
+def test_shipped_calibration_is_the_one_the_data_gives(data_root, tmp_path):
+    """The shipped step_band.json is what ``python -m wattcast.validation.step_band`` makes from the shared data with
+    the shipped models (re-run it after any change that moves predictions)."""
+    out = tmp_path / "step_band.json"
+    subprocess.run([sys.executable, "-m", "wattcast.validation.step_band", "--data", str(data_root), "--output", str(out),
+                    "--no-mlflow"], check=True, capture_output=True, text=True, timeout=600)
+    made, shipped = json.loads(out.read_text()), sb.load_step_band()
+    assert set(made["settings"]) == set(shipped["settings"]) == {"single", "cluster"}
+    for k, s in made["settings"].items():
+        assert s["band_log"] == pytest.approx(shipped["settings"][k]["band_log"], abs=1e-6)
+        assert s["generations"] == shipped["settings"][k]["generations"]
+        assert s["check_coverage"] == pytest.approx(shipped["settings"][k]["check_coverage"], abs=1e-9)
+    assert made["settings"]["cluster"]["generations"] == ["Ampere"]

@@ -1,0 +1,157 @@
+"""The 90% band of a predicted step, calibrated on measured steps: ``python -m wattcast.validation.step_band``.
+
+A kernel's band (``models/kernel_bundle.py``, from the leave-one-generation-out folds) says how far one kernel may be
+off; a step's error is not their sum (their scatter averages out over thousands of kernels, the comonotone sum is
+-20 .. +88% wide and covers everything). The step band here is measured on whole steps, per setting:
+
+- ``single``: one GPU (NeuSight's single-GPU labels, FP32 eager, inference and training). Calibrated on the training
+  GPUs' labels; checked on the project's held-out GPUs' labels (L4, A100 80GB PCIe), never fitted there;
+- ``cluster``: a distributed training step. Calibrated on vTrain's single-node fitting half (the half the
+  Megatron-DeepSpeed host costs were fitted on), vTrain's multi-node rows and the MPT fitting half's models (rows the
+  source itself shows to be inconsistent, ``validation/source_anomalies.py``, left out); checked on vTrain's
+  single-node evaluation half and the MPT evaluation half's models.
+
+Each source weighs the same (a source of 720 rows does not outvote one of 100): the band is the 5% and 95% weighted
+quantiles of log(measured / predicted). Written to ``models/artifacts/step_band.json`` (read by
+:mod:`wattcast.simulate.step_band` at prediction time) with each source's rows and quantiles and the coverage on the
+check rows, and logged to MLflow (experiment ``step-band``).
+
+Every measured step here ran on one GPU generation's worth of hardware per setting (the labels: Pascal .. CDNA2; the
+clusters: A100s only). A step on a generation outside those also carries the kernels' generation error
+(:func:`wattcast.simulate.step_band.generation_log_width`), which no measured step checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wattcast.data.catalog import resolve_device
+from wattcast.data.device_spec import generation_of
+from wattcast.models.kernel_bundle import load_bundle
+from wattcast.simulate.step_band import STEP_BAND_FILE, check_step_band, generation_log_width
+from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
+from wattcast.validation.e2e_labels import evaluate_labels
+from wattcast.validation.mpt_validation import load_mpt, predict_mpt, split_mpt
+from wattcast.validation.source_anomalies import anomaly_mask
+
+#: quantiles of the band
+QUANTILES = (0.05, 0.95)
+
+
+def step_rows(data=None) -> pd.DataFrame:
+    """Every measured step with its prediction: setting, source, role (``calibrate`` / ``check``), device,
+    measured_ms, predicted_ms."""
+    parts = []
+    labels = evaluate_labels(data)
+    labels = labels[labels["status"] == "ok"]
+    parts.append(pd.DataFrame({"setting": "single", "source": np.where(labels["heldout"], "neusight-labels (held-out GPUs)",
+                                                                     "neusight-labels (training GPUs)"),
+                               "role": np.where(labels["heldout"], "check", "calibrate"), "device": labels["device"],
+                               "measured_ms": labels["measured_ms"], "predicted_ms": labels["predicted_ms"],
+                               "per_op": labels["per_op"], "tensor": False}))
+    fit, ev = fit_split(load_vtrain(data, "single"))
+    multi = load_vtrain(data, "multi")
+    multi = multi[~anomaly_mask(multi, "vtrain-multi")]
+    mpt = load_mpt(data)
+    mpt = mpt[~anomaly_mask(mpt, "mpt")]
+    mpt_fit, mpt_ev = split_mpt(mpt)
+    for source, role, df, pred in (
+            ("vtrain-single (fitting half)", "calibrate", fit, lambda d: predict_vtrain(d, recompute=VTRAIN_RECOMPUTE["single"])),
+            ("vtrain-multi", "calibrate", multi, lambda d: predict_vtrain(d, recompute=VTRAIN_RECOMPUTE["multi"])),
+            ("mpt (fitting half)", "calibrate", mpt_fit, predict_mpt),
+            ("vtrain-single (evaluation half)", "check", ev, lambda d: predict_vtrain(d, recompute=VTRAIN_RECOMPUTE["single"])),
+            ("mpt (evaluation half)", "check", mpt_ev, predict_mpt)):
+        p = pred(df)
+        p = p[p["status"] == "ok"]
+        device = p["gpu"].map(lambda g: "A100-SXM4-" + ("40GB" if "40" in str(g) else "80GB")) if "gpu" in p else "A100-SXM4-80GB"
+        parts.append(pd.DataFrame({"setting": "cluster", "source": source, "role": role, "device": device,
+                                   "measured_ms": p["measured_ms"], "predicted_ms": p["predicted_ms"]}))
+    out = pd.concat(parts, ignore_index=True)
+    out["log_ratio"] = np.log(out["measured_ms"].astype(float) / out["predicted_ms"].astype(float))
+    return out[np.isfinite(out["log_ratio"])].reset_index(drop=True)
+
+
+def weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs) -> list[float]:
+    """Quantiles of ``values`` with ``weights`` (midpoint interpolation of the weighted CDF)."""
+    order = np.argsort(values)
+    v, w = np.asarray(values, dtype=float)[order], np.asarray(weights, dtype=float)[order]
+    cdf = (np.cumsum(w) - 0.5 * w) / w.sum()
+    return [float(np.interp(q, cdf, v)) for q in qs]
+
+
+def calibrate(rows: pd.DataFrame, bundle=None) -> dict:
+    """The calibration (see :func:`wattcast.simulate.step_band.check_step_band`) from :func:`step_rows`'s table; a
+    check row on a generation outside the calibration's is scored with ``bundle``'s generation term added."""
+    out = {"quantiles": list(QUANTILES), "settings": {}}
+    for setting, d in rows.groupby("setting"):
+        cal, chk = d[d["role"] == "calibrate"], d[d["role"] == "check"]
+        w = 1.0 / cal.groupby("source")["log_ratio"].transform("size").to_numpy()
+        lo, hi = weighted_quantiles(cal["log_ratio"].to_numpy(), w, QUANTILES)
+        gens = sorted({generation_of(resolve_device(dv)) for dv in cal["device"].unique()})
+        # a row on a generation outside the calibration's carries the kernels' generation error too, as a prediction
+        # does (simulate/step_band.py); rows without their op split (the clusters: all A100s) get none
+        extra = np.zeros(len(d))
+        if bundle is not None and "per_op" in d:
+            for i, r in enumerate(d.itertuples(index=False)):
+                if generation_of(resolve_device(r.device)) not in gens and isinstance(r.per_op, list):
+                    extra[i] = generation_log_width(r.per_op, float(r.predicted_ms), bundle, bool(r.tensor))
+        lr = d["log_ratio"].to_numpy()
+        inside = pd.Series((lr >= lo - extra) & (lr <= hi + extra), index=d.index)
+        is_chk = (d["role"] == "check").to_numpy()
+        sources = {}
+        for (src, role), s in d.groupby(["source", "role"]):
+            q = np.quantile(s["log_ratio"], QUANTILES)
+            sources[src] = {"role": role, "rows": int(len(s)), "q05_log": float(q[0]), "q95_log": float(q[1]),
+                            "signed_mean_pct": float(100 * (np.exp(-s["log_ratio"]) - 1).mean()),
+                            "coverage": float(inside[s.index].mean())}
+        out["settings"][setting] = {"band_log": [lo, hi], "generations": gens, "calibration_rows": int(len(cal)),
+                                    "check_rows": int(is_chk.sum()),
+                                    "check_coverage": float(inside[is_chk].mean()) if is_chk.any() else None,
+                                    "sources": sources}
+    return check_step_band(out, "step band")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--output", default=str(STEP_BAND_FILE), help="where the band is written (the shipped file)")
+    ap.add_argument("--mlruns", default="mlruns")
+    ap.add_argument("--no-mlflow", action="store_true")
+    a = ap.parse_args()
+    t0 = time.time()
+    rows = step_rows(a.data)
+    band = calibrate(rows, load_bundle())
+    for setting, s in band["settings"].items():
+        lo, hi = (100 * (np.exp(v) - 1) for v in s["band_log"])
+        cov = "-" if s["check_coverage"] is None else f"{100 * s['check_coverage']:.1f}%"
+        print(f"{setting}: measured / predicted - 1 within {lo:+.1f} .. {hi:+.1f}% (90%), generations {s['generations']}, "
+              f"{s['calibration_rows']} calibration rows; check rows inside: {cov} of {s['check_rows']}")
+        for src, v in s["sources"].items():
+            print(f"  {src:34s} {v['role']:9s} rows {v['rows']:4d}  5-95%: {100 * (np.exp(v['q05_log']) - 1):+6.1f} .. "
+                  f"{100 * (np.exp(v['q95_log']) - 1):+6.1f}%  signed {v['signed_mean_pct']:+5.1f}%  inside {100 * v['coverage']:.1f}%")
+    Path(a.output).write_text(json.dumps(band, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {a.output} ({time.time() - t0:.0f} s)")
+    if not a.no_mlflow:
+        from wattcast.training.tracking import log_run
+
+        metrics = {}
+        for setting, s in band["settings"].items():
+            metrics[f"{setting}_band_low_log"], metrics[f"{setting}_band_high_log"] = s["band_log"]
+            if s["check_coverage"] is not None:
+                metrics[f"{setting}_check_coverage"] = s["check_coverage"]
+        # per-source summaries only: the measured rows belong to the datasets
+        summary = pd.DataFrame([dict(setting=st, source=src, **v) for st, s in band["settings"].items()
+                                for src, v in s["sources"].items()])
+        run_id = log_run(a.mlruns, experiment="step-band", params={"quantiles": str(QUANTILES)}, metrics=metrics,
+                         tags={"kind": "step-band"}, tables={"step_band_sources": summary})
+        print(f"MLflow run {run_id} (experiment step-band)")
+
+
+if __name__ == "__main__":
+    main()
