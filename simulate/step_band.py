@@ -71,17 +71,19 @@ def _family_bias_log(bundle, family: str, tensor: bool) -> float:
     return math.log1p(worst / 100.0)
 
 
-def generation_log_width(per_op: list[dict], step_ms: float, bundle, tensor: bool) -> float:
+def generation_log_width(per_op: list[dict], bundle, tensor: bool) -> float:
     """The kernels' generation error of a step (log units): each family's :func:`_family_bias_log` times its share of
-    the step's time (``per_op``: op_class, time_ms; classes outside :data:`OP_CLASS_FAMILY` add nothing)."""
-    if not step_ms or not math.isfinite(step_ms) or step_ms <= 0:
+    ``per_op``'s time (op_class, time_ms: a single-GPU step's, or a cluster rank's whole model for one micro-batch;
+    classes outside :data:`OP_CLASS_FAMILY`, such as collectives, add nothing but count in the total)."""
+    total = sum(float(o.get("time_ms", 0.0)) for o in per_op or [])
+    if not math.isfinite(total) or total <= 0:
         return 0.0
     by_family: dict[str, float] = {}
     for o in per_op or []:
         fam = OP_CLASS_FAMILY.get(str(o.get("op_class")))
         if fam is not None:
             by_family[fam] = by_family.get(fam, 0.0) + float(o.get("time_ms", 0.0))
-    return sum(min(t / step_ms, 1.0) * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items())
+    return sum(t / total * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items())
 
 
 def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict], bundle, *, tensor: bool) -> dict:
@@ -95,7 +97,7 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
     gen = generation_of(spec)
     basis = f"measured {setting} steps ({', '.join(s['generations'])})"
     if gen not in s["generations"]:
-        extra = generation_log_width(per_op, step_ms, bundle, tensor)
+        extra = generation_log_width(per_op, bundle, tensor)
         lo, hi = lo - extra, hi + extra
         basis += f" + the kernels' generation error ({gen} is not among them: +/-{100 * (math.exp(extra) - 1):.1f}%)"
     return {"low_ms": step_ms * math.exp(lo), "high_ms": step_ms * math.exp(hi), "basis": basis, "generation": gen}

@@ -47,18 +47,19 @@ def test_generation_width_weighs_each_familys_worst_fold_bias_by_its_share():
         elementwise={"A": {"bias_pct": -20.0, "by_class": {}}, "B": {"bias_pct": 5.0}})
     per_op = [{"op_class": "linear", "time_ms": 60.0}, {"op_class": "elementwise", "time_ms": 20.0},
               {"op_class": "collective", "time_ms": 20.0}]
-    tensor = sb.generation_log_width(per_op, 100.0, bundle, tensor=True)
+    tensor = sb.generation_log_width(per_op, bundle, tensor=True)
     assert tensor == pytest.approx(0.6 * math.log(1.08) + 0.2 * math.log(1.20))
-    vector = sb.generation_log_width(per_op, 100.0, bundle, tensor=False)
+    vector = sb.generation_log_width(per_op, bundle, tensor=False)
     assert vector == pytest.approx(0.6 * math.log(1.30) + 0.2 * math.log(1.20))
-    assert sb.generation_log_width(per_op, float("nan"), bundle, tensor=True) == 0.0
-    assert sb.generation_log_width(per_op, 100.0, None, tensor=True) == 0.0
+    assert sb.generation_log_width([{"op_class": "linear", "time_ms": float("nan")}], bundle, tensor=True) == 0.0
+    assert sb.generation_log_width([], bundle, tensor=True) == 0.0
+    assert sb.generation_log_width(per_op, None, tensor=True) == 0.0
 
 
 def test_the_band_widens_off_the_calibrated_generations(monkeypatch):
     monkeypatch.setattr(sb, "load_step_band", lambda: CAL)
     bundle = _bundle(gemm={"Blackwell": {"bias_pct": 10.0, "by_class": {"tensor": {"bias_pct": 10.0, "rows": 500}}}})
-    per_op = [{"op_class": "linear", "time_ms": 50.0}]
+    per_op = [{"op_class": "linear", "time_ms": 50.0}, {"op_class": "collective", "time_ms": 50.0}]
     a100 = sb.step_band(100.0, "cluster", resolve_device("A100-SXM4-80GB"), per_op, bundle, tensor=True)
     assert a100["low_ms"] == pytest.approx(100 * math.exp(-0.05)) and a100["high_ms"] == pytest.approx(100 * math.exp(0.1))
     assert "Ampere" in a100["basis"] and a100["generation"] == "Ampere"

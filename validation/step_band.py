@@ -100,7 +100,7 @@ def calibrate(rows: pd.DataFrame, bundle=None) -> dict:
         if bundle is not None and "per_op" in d:
             for i, r in enumerate(d.itertuples(index=False)):
                 if generation_of(resolve_device(r.device)) not in gens and isinstance(r.per_op, list):
-                    extra[i] = generation_log_width(r.per_op, float(r.predicted_ms), bundle, bool(r.tensor))
+                    extra[i] = generation_log_width(r.per_op, bundle, bool(r.tensor))
         lr = d["log_ratio"].to_numpy()
         inside = pd.Series((lr >= lo - extra) & (lr <= hi + extra), index=d.index)
         is_chk = (d["role"] == "check").to_numpy()
