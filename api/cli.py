@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -1169,6 +1170,41 @@ def validate_labels(
                   "'all-fw-consistent' rows leave those out, 'all' keeps every label.")
     if outcome.get("run_id"):
         con.print(f"MLflow run {outcome['run_id']} in {mlruns}/")
+
+
+@validate_app.command("step-band")
+def validate_step_band(
+    data: Optional[Path] = _DATA_OPTION,
+    mlruns: Path = _MLRUNS_OPTION,
+    no_mlflow: bool = _NO_MLFLOW_OPTION,
+    output: Optional[Path] = typer.Option(None, "--output", help="Write the calibration (JSON, the shipped file's format) here."),
+    overwrite: bool = _OVERWRITE_OPTION,
+) -> None:
+    """Calibrate the step's 90% band on measured steps (NeuSight labels; vTrain, MPT) and check it on the rows it was
+    not fitted on; the shipped band is python -m wattcast.validation.step_band's."""
+    from wattcast.validation.step_band import run_step_band, source_table
+
+    _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
+    try:
+        with err.status("predicting every measured step ..."):
+            res = run_step_band(data, output=output, tracking_dir=mlruns, use_mlflow=not no_mlflow)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    con = Console()
+    for setting, s in res["band"]["settings"].items():
+        lo, hi = (100 * (math.exp(v) - 1) for v in s["band_log"])
+        cov = "-" if s["check_coverage"] is None else f"{100 * s['check_coverage']:.1f}%"
+        con.print(f"{setting}: measured within {lo:+.1f} .. {hi:+.1f}% of predicted (90%; generations "
+                  f"{', '.join(s['generations'])}); rows not fitted inside: {cov} of {s['check_rows']}")
+    tab = source_table(res["band"])
+    t = Table(title="step band by source (% = measured / predicted - 1; signed = predicted / measured - 1)")
+    for c in tab.columns:
+        t.add_column(str(c), justify="left" if c in ("setting", "source", "role") else "right")
+    for r in tab.itertuples(index=False):
+        t.add_row(*[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r])
+    con.print(t)
+    if res.get("run_id"):
+        con.print(f"MLflow run {res['run_id']} in {mlruns}/")
 
 
 @train_app.command("kernels")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +12,7 @@ import pandas as pd
 import pytest
 
 import wattcast
+from conftest import flat, run_cli
 from wattcast.data.catalog import resolve_device
 from wattcast.simulate import step_band as sb
 from wattcast.validation.step_band import calibrate, weighted_quantiles
@@ -103,11 +102,13 @@ def test_predictions_carry_the_band_in_json():
 
 
 def test_shipped_calibration_is_the_one_the_data_gives(data_root, tmp_path):
-    """The shipped step_band.json is what ``python -m wattcast.validation.step_band`` makes from the shared data with
-    the shipped models (re-run it after any change that moves predictions)."""
+    """The shipped step_band.json is what ``python -m wattcast.validation.step_band`` (and ``wattcast validate
+    step-band --output``, run here) makes from the shared data with the shipped models (re-run it after any change
+    that moves predictions)."""
     out = tmp_path / "step_band.json"
-    subprocess.run([sys.executable, "-m", "wattcast.validation.step_band", "--data", str(data_root), "--output", str(out),
-                    "--no-mlflow"], check=True, capture_output=True, text=True, timeout=600)
+    r = run_cli("validate", "step-band", "--data", data_root, "--output", out, "--no-mlflow", data=data_root)
+    assert r.returncode == 0, r.stderr
+    assert "rows not fitted inside: 90.0% of 780" in flat(r.stdout) and "vtrain-single (evaluation half)" in r.stdout
     made, shipped = json.loads(out.read_text()), sb.load_step_band()
     assert set(made["settings"]) == set(shipped["settings"]) == {"single", "cluster"}
     for k, s in made["settings"].items():

@@ -117,27 +117,14 @@ def calibrate(rows: pd.DataFrame, bundle=None) -> dict:
     return check_step_band(out, "step band")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=None)
-    ap.add_argument("--output", default=str(STEP_BAND_FILE), help="where the band is written (the shipped file)")
-    ap.add_argument("--mlruns", default="mlruns")
-    ap.add_argument("--no-mlflow", action="store_true")
-    a = ap.parse_args()
-    t0 = time.time()
-    rows = step_rows(a.data)
-    band = calibrate(rows, load_bundle())
-    for setting, s in band["settings"].items():
-        lo, hi = (100 * (np.exp(v) - 1) for v in s["band_log"])
-        cov = "-" if s["check_coverage"] is None else f"{100 * s['check_coverage']:.1f}%"
-        print(f"{setting}: measured / predicted - 1 within {lo:+.1f} .. {hi:+.1f}% (90%), generations {s['generations']}, "
-              f"{s['calibration_rows']} calibration rows; check rows inside: {cov} of {s['check_rows']}")
-        for src, v in s["sources"].items():
-            print(f"  {src:34s} {v['role']:9s} rows {v['rows']:4d}  5-95%: {100 * (np.exp(v['q05_log']) - 1):+6.1f} .. "
-                  f"{100 * (np.exp(v['q95_log']) - 1):+6.1f}%  signed {v['signed_mean_pct']:+5.1f}%  inside {100 * v['coverage']:.1f}%")
-    Path(a.output).write_text(json.dumps(band, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {a.output} ({time.time() - t0:.0f} s)")
-    if not a.no_mlflow:
+def run_step_band(data=None, *, output=None, tracking_dir="mlruns", use_mlflow: bool = True) -> dict:
+    """Calibrate the step band from the shared data: ``{"band": the calibration, "run_id": MLflow run or None}``;
+    ``output``: also write it there (``python -m`` writes the shipped file)."""
+    band = calibrate(step_rows(data), load_bundle())
+    if output is not None:
+        Path(output).write_text(json.dumps(band, indent=1, sort_keys=True) + "\n")
+    run_id = None
+    if use_mlflow:
         from wattcast.training.tracking import log_run
 
         metrics = {}
@@ -146,11 +133,38 @@ def main() -> None:
             if s["check_coverage"] is not None:
                 metrics[f"{setting}_check_coverage"] = s["check_coverage"]
         # per-source summaries only: the measured rows belong to the datasets
-        summary = pd.DataFrame([dict(setting=st, source=src, **v) for st, s in band["settings"].items()
-                                for src, v in s["sources"].items()])
-        run_id = log_run(a.mlruns, experiment="step-band", params={"quantiles": str(QUANTILES)}, metrics=metrics,
-                         tags={"kind": "step-band"}, tables={"step_band_sources": summary})
-        print(f"MLflow run {run_id} (experiment step-band)")
+        run_id = log_run(tracking_dir, experiment="step-band", params={"quantiles": str(QUANTILES)}, metrics=metrics,
+                         tags={"kind": "step-band"}, tables={"step_band_sources": source_table(band)})
+    return {"band": band, "run_id": run_id}
+
+
+def source_table(band: dict) -> pd.DataFrame:
+    """One row per setting and source: role, rows, the 5%/95% quantiles as % (measured / predicted - 1), the signed
+    mean error (predicted / measured - 1) and the share inside the setting's band."""
+    return pd.DataFrame([dict(setting=st, source=src, role=v["role"], rows=v["rows"],
+                              q05_pct=100 * (np.exp(v["q05_log"]) - 1), q95_pct=100 * (np.exp(v["q95_log"]) - 1),
+                              signed_mean_pct=v["signed_mean_pct"], inside_pct=100 * v["coverage"])
+                         for st, s in band["settings"].items() for src, v in s["sources"].items()])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--output", default=str(STEP_BAND_FILE), help="where the band is written (the shipped file)")
+    ap.add_argument("--mlruns", default="mlruns")
+    ap.add_argument("--no-mlflow", action="store_true")
+    a = ap.parse_args()
+    t0 = time.time()
+    res = run_step_band(a.data, output=a.output, tracking_dir=a.mlruns, use_mlflow=not a.no_mlflow)
+    for setting, s in res["band"]["settings"].items():
+        lo, hi = (100 * (np.exp(v) - 1) for v in s["band_log"])
+        cov = "-" if s["check_coverage"] is None else f"{100 * s['check_coverage']:.1f}%"
+        print(f"{setting}: measured / predicted - 1 within {lo:+.1f} .. {hi:+.1f}% (90%), generations {s['generations']}, "
+              f"{s['calibration_rows']} calibration rows; check rows inside: {cov} of {s['check_rows']}")
+    print(source_table(res["band"]).round(1).to_string(index=False))
+    print(f"wrote {a.output} ({time.time() - t0:.0f} s)")
+    if res["run_id"]:
+        print(f"MLflow run {res['run_id']} (experiment step-band)")
 
 
 if __name__ == "__main__":
