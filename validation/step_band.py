@@ -90,7 +90,7 @@ def calibrate(rows: pd.DataFrame, bundle=None) -> dict:
     check row on a generation outside the calibration's is scored with ``bundle``'s generation term added."""
     out = {"quantiles": list(QUANTILES), "settings": {}}
     for setting, d in rows.groupby("setting"):
-        cal, chk = d[d["role"] == "calibrate"], d[d["role"] == "check"]
+        cal = d[d["role"] == "calibrate"]
         w = 1.0 / cal.groupby("source")["log_ratio"].transform("size").to_numpy()
         lo, hi = weighted_quantiles(cal["log_ratio"].to_numpy(), w, QUANTILES)
         gens = sorted({generation_of(resolve_device(dv)) for dv in cal["device"].unique()})
