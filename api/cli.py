@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -1182,7 +1181,7 @@ def validate_step_band(
 ) -> None:
     """Calibrate the step's 90% band on measured steps (NeuSight labels; vTrain, MPT) and check it on the rows it was
     not fitted on; the shipped band is python -m wattcast.validation.step_band's."""
-    from wattcast.validation.step_band import run_step_band, source_table
+    from wattcast.validation.step_band import run_step_band, setting_line, source_table
 
     _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
     try:
@@ -1192,10 +1191,7 @@ def validate_step_band(
         _fail(str(e))
     con = Console()
     for setting, s in res["band"]["settings"].items():
-        lo, hi = (100 * (math.exp(v) - 1) for v in s["band_log"])
-        cov = "-" if s["check_coverage"] is None else f"{100 * s['check_coverage']:.1f}%"
-        con.print(f"{setting}: measured within {lo:+.1f} .. {hi:+.1f}% of predicted (90%; generations "
-                  f"{', '.join(s['generations'])}); rows not fitted inside: {cov} of {s['check_rows']}")
+        con.print(setting_line(setting, s))
     tab = source_table(res["band"])
     t = Table(title="step band by source (% = measured / predicted - 1; signed = predicted / measured - 1)")
     for c in tab.columns:

@@ -28,7 +28,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import pandas as pd
 
-from wattcast.data.checks import is_count
+from wattcast.data.checks import is_count, real_in
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec
@@ -175,12 +175,9 @@ FRAMEWORK_CP_STEP_HOST_MS: dict[str, float] = {}
 
 def check_cp_step_floor_ms(v) -> float:
     """A ring-step host floor (ms): finite and >= 0 (ValueError naming it otherwise)."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"host_ms's ring-step floor must be a number of ms, got {v!r}") from None
-    if not np.isfinite(f) or f < 0:
-        raise ValueError(f"host_ms's ring-step floor must be finite and >= 0 ms, got {v!r}")
+    f = real_in(v, 0.0, np.inf)
+    if f is None:
+        raise ValueError(f"host_ms's ring-step floor must be a finite number of ms >= 0, got {v!r}")
     return f
 
 

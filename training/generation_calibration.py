@@ -41,7 +41,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import DeviceSpec, generation_of  # noqa: F401 (re-exported: callers import it here)
+from wattcast.data.device_spec import DeviceSpec, generation_of
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
 from wattcast.models.kernel_bundle import KernelBundle
 from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, mamf_ratio_any, members_log_ratio,

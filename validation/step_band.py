@@ -37,7 +37,7 @@ from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.step_band import STEP_BAND_FILE, check_step_band, generation_log_width
 from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
 from wattcast.validation.e2e_labels import evaluate_labels
-from wattcast.validation.mpt_validation import load_mpt, predict_mpt, split_mpt
+from wattcast.validation.mpt_validation import MPT_DEVICE, load_mpt, predict_mpt, split_mpt
 from wattcast.validation.source_anomalies import anomaly_mask
 
 #: quantiles of the band
@@ -61,15 +61,19 @@ def step_rows(data=None) -> pd.DataFrame:
     mpt = load_mpt(data)
     mpt = mpt[~anomaly_mask(mpt, "mpt")]
     mpt_fit, mpt_ev = split_mpt(mpt)
+    def single(d):
+        return predict_vtrain(d, recompute=VTRAIN_RECOMPUTE["single"])
+
     for source, role, df, pred in (
-            ("vtrain-single (fitting half)", "calibrate", fit, lambda d: predict_vtrain(d, recompute=VTRAIN_RECOMPUTE["single"])),
+            ("vtrain-single (fitting half)", "calibrate", fit, single),
             ("vtrain-multi", "calibrate", multi, lambda d: predict_vtrain(d, recompute=VTRAIN_RECOMPUTE["multi"])),
             ("mpt (fitting half)", "calibrate", mpt_fit, predict_mpt),
-            ("vtrain-single (evaluation half)", "check", ev, lambda d: predict_vtrain(d, recompute=VTRAIN_RECOMPUTE["single"])),
+            ("vtrain-single (evaluation half)", "check", ev, single),
             ("mpt (evaluation half)", "check", mpt_ev, predict_mpt)):
         p = pred(df)
         p = p[p["status"] == "ok"]
-        device = p["gpu"].map(lambda g: "A100-SXM4-" + ("40GB" if "40" in str(g) else "80GB")) if "gpu" in p else "A100-SXM4-80GB"
+        # vTrain's A100s are the DGX-A100 preset's (predict_vtrain's cluster)
+        device = p["gpu"].map(MPT_DEVICE) if "gpu" in p else "A100-SXM4-80GB"
         parts.append(pd.DataFrame({"setting": "cluster", "source": source, "role": role, "device": device,
                                    "measured_ms": p["measured_ms"], "predicted_ms": p["predicted_ms"]}))
     out = pd.concat(parts, ignore_index=True)
@@ -138,6 +142,14 @@ def run_step_band(data=None, *, output=None, tracking_dir="mlruns", use_mlflow: 
     return {"band": band, "run_id": run_id}
 
 
+def setting_line(setting: str, s: dict) -> str:
+    """One calibrated setting in a sentence: its band as %, generations and the share of not-fitted rows inside."""
+    lo, hi = (100 * (np.exp(v) - 1) for v in s["band_log"])
+    cov = "-" if s["check_coverage"] is None else f"{100 * s['check_coverage']:.1f}%"
+    return (f"{setting}: measured within {lo:+.1f} .. {hi:+.1f}% of predicted (90%; generations "
+            f"{', '.join(s['generations'])}); rows not fitted inside: {cov} of {s['check_rows']}")
+
+
 def source_table(band: dict) -> pd.DataFrame:
     """One row per setting and source: role, rows, the 5%/95% quantiles as % (measured / predicted - 1), the signed
     mean error (predicted / measured - 1) and the share inside the setting's band."""
@@ -157,10 +169,7 @@ def main() -> None:
     t0 = time.time()
     res = run_step_band(a.data, output=a.output, tracking_dir=a.mlruns, use_mlflow=not a.no_mlflow)
     for setting, s in res["band"]["settings"].items():
-        lo, hi = (100 * (np.exp(v) - 1) for v in s["band_log"])
-        cov = "-" if s["check_coverage"] is None else f"{100 * s['check_coverage']:.1f}%"
-        print(f"{setting}: measured / predicted - 1 within {lo:+.1f} .. {hi:+.1f}% (90%), generations {s['generations']}, "
-              f"{s['calibration_rows']} calibration rows; check rows inside: {cov} of {s['check_rows']}")
+        print(setting_line(setting, s))
     print(source_table(res["band"]).round(1).to_string(index=False))
     print(f"wrote {a.output} ({time.time() - t0:.0f} s)")
     if res["run_id"]:
