@@ -248,3 +248,49 @@ def test_a_ceiling_member_with_features_of_its_own_reads_its_own_columns():
     c = row_ceilings(spec.name, spec.vendor, np.array(["bf16"] * 3), fm.ceiling_member)
     want = np.exp(ceiling_log_ratio(member.predict(X), t_roof, fm.ceiling_member["floor_ms"], c)) * t_roof
     np.testing.assert_allclose(got["pred_latency_ms"].to_numpy(), want, rtol=1e-9)
+
+
+def test_a_long_contraction_scales_linearly_on_cdna_with_the_shipped_bundle():
+    """CDNA's FP32 GEMMs lose 40-60% beyond a 16k contraction, its FP16 ones do not (LLMCompass MI210 flat to 32k);
+    the ceiling member no longer carries the FP32 collapse to MI300X BF16 (it made a 64k-token weight gradient 4x slow
+    and a bf16 bmm slower than its fp32 twin)."""
+    rows = [("linear", "bf16", 1, 4096, n, 14336) for n in (16384, 32768, 65536)]
+    rows += [("bmm", "bf16", 8, 64, 65536, 8192), ("bmm", "fp32", 8, 64, 65536, 8192)]
+    frame = pd.DataFrame(rows, columns=["OPName", "dtype", "B", "M", "N", "K"])
+    for device in ("MI300X", "MI355X"):
+        t = predict_kernels(frame, device)["pred_latency_ms"].to_numpy()
+        assert t[1] / t[0] == pytest.approx(2.0, rel=0.2) and t[2] / t[1] == pytest.approx(2.0, rel=0.2), (device, t)
+        assert t[3] < t[4], device
+
+
+def test_the_ceiling_member_leaves_out_cdna_long_contraction_fp32_rows(monkeypatch):
+    """The rows a vendor in CEILING_FP32_LEFT_OUT gives its member: no FP32 row beyond the contraction threshold,
+    every tensor-core row; another vendor's FP32 rows all stay."""
+    import wattcast.training.gemm_floor as gf
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, features, **kw):
+            self.features = features
+
+        def fit(self, X, y):
+            seen.setdefault(len(seen), X.copy())
+            return self
+
+    monkeypatch.setattr(gf, "LGBMSurrogate", Recorder)
+    k = gf.CEILING_FP32_LEFT_OUT_FROM_K
+    shapes = [(1, 1024, n, 1024) for n in (1024, k, 2 * k)]
+    df = pd.DataFrame([("linear", dt, *s, dev, 1.0, "xla" if dt != "fp32" else "neusight/kernels")
+                       for dev in ("MI210", "A100-PCIe-40GB") for dt in ("fp32", "fp16") for s in shapes],
+                      columns=["op", "dtype", "B", "M", "N", "K", "device", "latency_ms", "source"])
+    specs = {d: resolve_device(d) for d in df["device"].unique()}
+    X = featurize_kernels(df, specs).assign(device=df["device"].to_numpy(), dtype=df["dtype"].to_numpy(),
+                                            N=df["N"].to_numpy())
+    gf.fit_ceiling_member(df, X, specs, ["log_N"], {"xla": 0.004, "neusight/kernels": 0.004}, np.full(len(df), np.nan),
+                          rounds=1, min_tensor_rows=1)
+    amd, nvidia, pooled = seen[0], seen[1], seen[2]
+    long_fp32 = lambda f: ((f["dtype"] == "fp32") & (f["N"] > k)).sum()  # noqa: E731
+    assert long_fp32(amd) == 0 and (amd["dtype"] == "fp16").sum() == 3 and (amd["dtype"] == "fp32").sum() == 2
+    assert long_fp32(nvidia) == 1 and len(nvidia) == 6
+    assert long_fp32(pooled[pooled["device"] == "MI210"]) == 0 and len(pooled) == 11

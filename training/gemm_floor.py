@@ -235,6 +235,17 @@ def per_vendor_sample(devices: np.ndarray, idx: np.ndarray, specs: dict[str, Dev
     return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.intp)
 
 
+#: vendors whose long-contraction FP32 GEMM rows the ceiling member leaves out (its own and the pooled one's), and the
+#: contraction from which it does: CDNA's FP32 GEMMs lose 40-60% of their rate beyond a 16k contraction (NeuSight
+#: linear rows, MI210 1.3 -> 0.8 and MI100 1.36 -> 0.53 x the vector peak; a kernel choice of the FP32 library) where
+#: its FP16 ones do not (LLMCompass MI210, 8192 x 32768 x 32768 at 120 TFLOP/s as at 4096), and the trees carried that
+#: FP32 collapse to MI300X/MI355X BF16 (4x slower at a 64k contraction: a Llama step's weight gradients). Leaving every
+#: FP32 row out instead made the B200 fold's TF32/FP8 GEMMs >= 1 GFLOP 12-15% fast where they are within 9%
+#: (leave-one-generation-out, stop 34), and AMD's in-range tensor rows validate worse without the shorter ones.
+CEILING_FP32_LEFT_OUT = frozenset({"amd"})
+CEILING_FP32_LEFT_OUT_FROM_K = 16384
+
+
 def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], features: list[str],
                        floors_ms: dict[str, float], mamf: np.ndarray, *, rounds: int = 400, seed: int = 0,
                        min_tensor_rows: int = 1000) -> tuple[dict[str, LGBMSurrogate], dict]:
@@ -242,7 +253,8 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
 
     Per vendor with at least ``min_tensor_rows`` tensor-core rows, LightGBM on that vendor's rows alone learns
     ``log((measured - source floor) / (roofline / ceiling))``: the time beyond the measuring source's floor, relative
-    to what the device's best achievable matmul takes (:func:`ceiling_table`; FP32 rows: ceiling 1, vector peak);
+    to what the device's best achievable matmul takes (:func:`ceiling_table`; FP32 rows: ceiling 1, vector peak; a vendor in
+    :data:`CEILING_FP32_LEFT_OUT` without its FP32 rows beyond :data:`CEILING_FP32_LEFT_OUT_FROM_K`);
     one more on every vendor's rows (key :data:`POOLED_MEMBER`) for a GPU of a vendor without its own. Each reads
     ``features`` (the entry's ``features``; the shipped bundle's are the family's)."""
     table = ceiling_table(rows, X["t_roof_ms"].to_numpy(), mamf)
@@ -254,16 +266,19 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
     floor = source_floor(rows["source"].to_numpy(), floors_ms)
     lat = rows["latency_ms"].to_numpy(dtype=float)
     y = np.log(np.maximum(lat - floor, 0.25 * ref) / ref)
+    contraction = rows["N"].to_numpy(dtype=float)  # NeuSight naming: N is the contraction
+    keep = ~((dt == "fp32") & np.isin(vendor, sorted(CEILING_FP32_LEFT_OUT)) & (contraction > CEILING_FP32_LEFT_OUT_FROM_K))
     models: dict[str, LGBMSurrogate] = {}
     for v in sorted(set(vendor)):
         m = vendor == v
         if (m & (dt != "fp32")).sum() < min_tensor_rows:
             continue
+        m &= keep
         models[v] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X[m], y[m])
     if not models:
         raise ValueError(f"no vendor has {min_tensor_rows} tensor-core GEMM rows to fit the ceiling member on")
     # every vendor's rows together: the member of a GPU whose vendor has none (models/gemm_floor.py POOLED_MEMBER)
-    models[POOLED_MEMBER] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X, y)
+    models[POOLED_MEMBER] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X[keep], y[keep])
     entry = {"ceilings": {d: dict(sorted(p.items())) for d, p in sorted(table.items())},
              "vendor_ceilings": vendor_ceilings(table, vendor_of), "default_ceiling": DEFAULT_CEILING,
              "floor_ms": float(floors_ms[PREDICT_SOURCE]), "features": list(features)}
