@@ -103,3 +103,37 @@ def did_you_mean(name: str, candidates: Iterable[str], template: str = "; did yo
     if not near:
         return ""
     return template.format(", ".join(repr(c) if quote else c for c in near))
+
+
+# ------------------------------------------------------------------ CSV headers
+def duplicate_csv_columns(text: str) -> list[str]:
+    """The column names the header of CSV ``text`` gives more than once, in header order (each once).
+
+    pandas renames a repeated header ``B`` to ``B.1`` (``B.2`` ...), so a reader that looks for ``B`` silently takes
+    the first and ignores the rest: this reads the header line itself (the first non-blank row, as pandas does, with
+    the csv module's quoting) to catch it. Empty names (pandas' ``Unnamed: n``) are not reported."""
+    import csv
+    import io
+
+    for row in csv.reader(io.StringIO(text, newline="")):
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # a blank (or all-space) line before the header: pandas skips it too
+        seen: set[str] = set()
+        dup: list[str] = []
+        for name in row:
+            if name and name in seen and name not in dup:
+                dup.append(name)
+            seen.add(name)
+        return dup
+    return []
+
+
+def csv_header_problem(text: str, where: str = "input") -> str | None:
+    """The error message for CSV ``text`` whose header repeats a column (see :func:`duplicate_csv_columns`),
+    naming ``where`` (the file) and the columns; None when every column is named once."""
+    dup = duplicate_csv_columns(text)
+    if not dup:
+        return None
+    renamed = ", ".join(f"{c!r} -> {c + '.1'!r}" for c in dup[:3])
+    return (f"{where}: the header repeats column(s) {', '.join(map(repr, dup))}; pandas would rename the repeat "
+            f"({renamed}) and it would be silently ignored: give each column once")

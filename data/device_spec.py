@@ -22,6 +22,7 @@ when it is missing. Give ``tdp_w`` for any device you want step, energy or footp
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Mapping
@@ -29,6 +30,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo,
                       model_validator)
 
+from wattcast.data.checks import exotic_allowed
 from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
                                       text)
 
@@ -176,6 +178,7 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "memory_gb": (0.25, 5000.0, "TB", "bytes or MB", "GB"),
     "memory_bandwidth_gbps": (5.0, 200000.0, "TB/s", "B/s or MB/s", "GB/s"),
     "peak_fp32_tflops": (0.01, 20000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
+    "peak_fp32_matrix_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "peak_tf32_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "peak_fp16_tflops": (0.01, 100000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "peak_bf16_tflops": (0.01, 100000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
@@ -186,6 +189,53 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "interconnect_bandwidth_gbps": (1.0, 20000.0, "TB/s", "B/s or MB/s", "GB/s"),
     "die_area_mm2": (10.0, 50000.0, "cm^2", "square micrometres", "mm^2"),  # to a wafer-scale chip (46,225 mm^2)
 }
+
+#: the FP32 FLOP per SM (CU on AMD) per clock an FP32 peak may imply, (lowest, highest): ``peak_fp32_tflops`` and
+#: ``peak_fp32_matrix_tflops`` are checked against ``num_sms`` x ``boost_clock_mhz``. Every catalog GPU gives 128
+#: (Pascal, Volta, Turing, A100; CDNA1/2 vector FP32) or 256 (Ampere GA10x, Ada, Hopper, Blackwell; CDNA1/2 matrix FP32,
+#: CDNA3/4 vector and matrix FP32 with dual issue); the range leaves a 4x margin each way, so a peak 1,000x off (given in
+#: PFLOP/s or GFLOP/s, a NeuSight ``SingleFLOPs`` in TFLOP/s) falls far outside it. Lifted by ``--force`` like
+#: :data:`PLAUSIBLE`.
+FP32_FLOP_PER_SM_CLOCK: tuple[float, float] = (32.0, 1024.0)
+
+#: the highest ratio of a reduced-precision tensor/matrix peak (or the FP32 matrix peak) to the vector FP32 peak: the
+#: catalog's highest is 62.5 (GB300 FP8 5,000 over 80 TFLOP/s), its lowest 1.9 (L4 TF32); a tensor peak given in
+#: GFLOP/s is 1,000x or more. Lifted by ``--force`` like :data:`PLAUSIBLE`. (A peak below FP32 is a hard rule.)
+TENSOR_OVER_FP32_MAX = 500.0
+
+#: the figures :data:`TENSOR_OVER_FP32_MAX` bounds
+_OVER_FP32 = ("peak_fp32_matrix_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "peak_fp8_tflops")
+
+_FORCE = "or pass --force (in Python wattcast.allow_exotic()) for a deliberately exotic value"
+
+
+def _times(x: float) -> str:
+    """How many times off, as said in a message: "about 1,000x" for a power of ten of 1,000 or more, else "16x"."""
+    p = round(math.log10(x)) if x > 0 else 0
+    return f"about {10 ** p:,}x" if p >= 3 else f"{x:.0f}x"
+
+
+def _fp32_per_sm_problem(f: str, v: float, sms: float, mhz: float) -> str | None:
+    """A message when FP32 peak ``v`` (field ``f``) implies a rate per SM and clock outside
+    :data:`FP32_FLOP_PER_SM_CLOCK` on ``sms`` SMs at ``mhz``; None inside it or under ``--force``."""
+    lo, hi = FP32_FLOP_PER_SM_CLOCK
+    per = v * 1e12 / (sms * mhz * 1e6)
+    if exotic_allowed() or lo <= per <= hi:
+        return None
+    typical = math.sqrt(128 * 256)  # between the 128 and 256 of every catalog GPU
+    low = per < lo
+    off = typical / per if low else per / typical
+    far = round(math.log10(off)) >= 3
+    if low:
+        hint = ("was it given in PFLOP/s (or, in a NeuSight file, SingleFLOPs in TFLOP/s instead of GFLOP/s)?" if far
+                else "does num_sms count cores rather than SMs (CUs on AMD)?")
+    else:
+        hint = ("was it given in GFLOP/s?" if far
+                else "is it a tensor-core or sparse figure, or does num_sms count fewer units than the SMs (CUs on AMD)?")
+    band = f"{lo * sms * mhz / 1e6:.3g} to {hi * sms * mhz / 1e6:.3g} TFLOP/s"
+    return (f"field '{f}' ({v:g}) is {_times(off)} {'below' if low else 'above'} what {sms:g} SMs at {mhz:g} MHz give: "
+            f"{per:.3g} FP32 FLOP per SM per clock, where GPUs do {lo:g} to {hi:g} ({band} here); {hint} Give it in "
+            f"TFLOP/s and check num_sms and boost_clock_mhz, {_FORCE}")
 
 
 def _aliases(v: Any) -> Any:
@@ -230,7 +280,8 @@ _OptionalText = Annotated[Any, AfterValidator(optional(text()))]
 
 class DeviceSpecModel(BaseModel):
     """The validation model of a device spec (the fields of :class:`DeviceSpec`, in the order problems are
-    reported): types, required fields, positive finite figures, plausible ranges (units off by 1,000x, lifted by
+    reported): types, required fields, positive finite figures, plausible ranges (units off by 1,000x: each figure
+    alone, FP32 peaks against SMs x clock, tensor peaks against FP32; lifted by
     :func:`wattcast.data.checks.allow_exotic` / ``--force``) and the consistency rules a datasheet never breaks.
     Validated with ``context={"cite": True}`` it also asks every figure for a citation (the rule of spec files).
     Values are checked, never converted: a :class:`DeviceSpec` holds what it was given."""
@@ -270,20 +321,41 @@ class DeviceSpecModel(BaseModel):
     def _consistent(self, info: ValidationInfo) -> "DeviceSpecModel":
         """The rules between fields a datasheet never breaks, then (spec files) the citation of every figure."""
         s = self
+        # FP32 peaks the SMs cannot give at the clock: a unit 1,000x off (before the rules below, which it would trip)
+        for f in ("peak_fp32_tflops", "peak_fp32_matrix_tflops"):
+            v = getattr(s, f)
+            msg = v is not None and _fp32_per_sm_problem(f, v, s.num_sms, s.boost_clock_mhz)
+            if msg:
+                raise problem("wc_plausible", msg)
+        # tensor peaks 1,000x above FP32 (one of the two in another unit)
+        for f in _OVER_FP32:
+            v = getattr(s, f)
+            if v is not None and v > s.peak_fp32_tflops * TENSOR_OVER_FP32_MAX and not exotic_allowed():
+                raise problem("wc_plausible", f"field '{f}' ({v:g}) is {v / s.peak_fp32_tflops:,.0f}x "
+                              f"peak_fp32_tflops ({s.peak_fp32_tflops:g}), over the {TENSOR_OVER_FP32_MAX:g}x of any "
+                              f"GPU (the catalog's most: 62x, Blackwell FP8): was it given in GFLOP/s, or "
+                              f"peak_fp32_tflops in PFLOP/s? Give both in TFLOP/s, {_FORCE}")
         if s.base_clock_mhz and s.base_clock_mhz > s.boost_clock_mhz * 1.001:
             raise problem("wc_rule", f"field 'base_clock_mhz' ({s.base_clock_mhz}) exceeds boost_clock_mhz "
                                      f"({s.boost_clock_mhz})")
-        for f in ("peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "peak_fp8_tflops"):
+        for f in _OVER_FP32:
             v = getattr(s, f)
             if v is not None and v < s.peak_fp32_tflops * 0.999:
                 # a reduced-precision matrix peak below vector FP32 means a typo (or a non-tensor figure)
-                raise problem("wc_rule", f"field '{f}' ({v}) is below peak_fp32_tflops ({s.peak_fp32_tflops}); "
-                              "reduced-precision peaks are dense tensor/matrix figures and are never slower than FP32")
+                unit = (f" ({s.peak_fp32_tflops / v:,.0f}x below: was it given in PFLOP/s?)"
+                        if v * 100 < s.peak_fp32_tflops else "")
+                raise problem("wc_rule", f"field '{f}' ({v}) is below peak_fp32_tflops ({s.peak_fp32_tflops}){unit}; "
+                              "reduced-precision and FP32 matrix peaks are dense tensor/matrix figures and are never "
+                              "slower than vector FP32")
         for half in ("peak_fp16_tflops", "peak_bf16_tflops"):
             h = getattr(s, half)
             if s.peak_fp8_tflops and h and s.peak_fp8_tflops < h * 0.999:
                 raise problem("wc_rule", f"field 'peak_fp8_tflops' ({s.peak_fp8_tflops}) is below {half} ({h}); FP8 "
                               "tensor cores run at least at the 16-bit rate (dense figures for both)")
+            if s.peak_tf32_tflops and h and s.peak_tf32_tflops > h * 1.001:
+                raise problem("wc_rule", f"field 'peak_tf32_tflops' ({s.peak_tf32_tflops}) is above {half} ({h}); TF32 "
+                              "tensor cores run at most at the 16-bit rate (half of it on every NVIDIA generation; "
+                              "dense figures for both)")
         if s.idle_power_w and s.tdp_w and s.idle_power_w >= s.tdp_w:
             raise problem("wc_rule", f"field 'idle_power_w' ({s.idle_power_w}) must be below tdp_w ({s.tdp_w})")
         # FP32 peak must be reachable by the cores: peak <= 2 * sms * cores * clock (+5% slack).
