@@ -184,6 +184,25 @@ def _rope_theta(v: Any) -> Any:
     return v
 
 
+def _rope_scaling(v: Any) -> Any:
+    """``rope_scaling``: a JSON object (null or absent: no scaling) whose ``factor``, when set, is a positive number
+    (Llama 3.1's {"rope_type": "llama3", "factor": 8.0, ...}; a scheme without a factor, such as Phi-3's longrope
+    lists, passes). The factor extends the trained context (:func:`position_warning`)."""
+    if not isinstance(v, Mapping):
+        raise problem("wc_type", f"{FIELD} must be a JSON object such as "
+                                 f"{{\"rope_type\": \"linear\", \"factor\": 2.0}} (or null), got {v!r}")
+    factor = v.get("factor")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0):
+        raise problem("wc_value", f"field 'rope_scaling.factor' must be a positive number (the context extension, "
+                                  f"e.g. 8.0), got {factor!r}")
+    for key in ("rope_type", "type"):
+        kind = v.get(key)
+        if kind is not None and (not isinstance(kind, str) or not kind.strip()):
+            raise problem("wc_type", f"field 'rope_scaling.{key}' must be a scaling scheme's name (e.g. \"linear\", "
+                                     f"\"llama3\", \"yarn\"), got {kind!r}")
+    return v
+
+
 def _torch_dtype(v: Any) -> Any:
     name = v.strip().lower().removeprefix("torch.") if isinstance(v, str) else None
     if name not in TORCH_DTYPES:
@@ -230,10 +249,10 @@ def _non_finite(raw: Mapping[str, Any], prefix: str = "") -> tuple[str, Any] | N
 
 class HFConfigModel(BaseModel):
     """The validation model of the Hugging Face config fields wattcast reads: the ones every graph needs (read from
-    their :data:`ALIASES`, errors naming the alias the config used), ``rope_theta``, ``torch_dtype`` / ``dtype`` and
-    ``tie_word_embeddings``; NaN or an infinity anywhere in the file, and an unknown ``model_type``, are refused first.
-    A field set to null counts as absent. Other fields pass (a config has many); the graph builders read the ones
-    they use with :func:`int_field`, :func:`bool_field` and :func:`fraction_field`, on the same types."""
+    their :data:`ALIASES`, errors naming the alias the config used), ``rope_theta``, ``rope_scaling``, ``torch_dtype`` /
+    ``dtype`` and ``tie_word_embeddings``; NaN or an infinity anywhere in the file, and an unknown ``model_type``, are
+    refused first. A field set to null counts as absent. Other fields pass (a config has many); the graph builders read
+    the ones they use with :func:`int_field`, :func:`bool_field` and :func:`fraction_field`, on the same types."""
 
     model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=())
 
@@ -265,6 +284,7 @@ class HFConfigModel(BaseModel):
     max_positions: Annotated[_COUNT, _aliases("max_positions", None)]
     activation: Annotated[Any, AfterValidator(_activation), _aliases("activation", None)]
     rope_theta: Annotated[Any, AfterValidator(_rope_theta)] = None
+    rope_scaling: Annotated[Any, AfterValidator(_rope_scaling)] = None
     torch_dtype: Annotated[Any, AfterValidator(_torch_dtype)] = None
     dtype: Annotated[Any, AfterValidator(_torch_dtype)] = None
     tie_word_embeddings: Annotated[Any, AfterValidator(_flag)] = None

@@ -611,13 +611,16 @@ class GraphBuilder:
     # ------------------------------------------------------------------ attention and loss
     def flash_attention(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, name: str = "flash_attention",
                         window: int | None = None) -> Tensor:
-        """Fused attention (FlashAttention-2): q (B, h, S, d), k/v (B, h_kv, S_kv, d); no S x S tensor in memory.
+        """Fused attention (FlashAttention-2): q (B, h, S, d), k (B, h_kv, S_kv, d), v (B, h_kv, S_kv, dv) ->
+        (B, h, S, dv); no S x S tensor in memory.
         ``window``: causal sliding-window attention (each query sees the last ``window`` keys; Mistral, Gemma 2/3
         local layers): the kernel skips the blocks outside the band."""
         if len(q.shape) != 4 or len(k.shape) != 4:
             raise GraphError(f"{name}: flash attention needs (B, heads, S, d) tensors, got {q.shape}, {k.shape}")
         b, h, s, d = q.shape
         skv = k.shape[2]
+        if k.shape[3] != d:
+            raise GraphError(f"{name}: query and key head dims differ: q {q.shape}, k {k.shape}")
         frac = 0.5 if causal and s == skv else 1.0
         if window and causal and s == skv and s > window and self.cp == 1:
             # pairs (i, j) with 0 <= i - j < window, over the S x S square
@@ -630,14 +633,16 @@ class GraphBuilder:
             # (costed as one kernel of that size; the cp-1 KV exchanges are the scheduler's, overlapped with it)
             skv, kv_reads = skv * self.cp, self.cp
             frac = 0.5 if causal else 1.0
-        # QK^T over the query/key head dim, PV over the value head dim (they differ under DeepSeek's MLA: 192 and 128)
+        # QK^T over the query/key head dim, PV over the value head dim (they differ under DeepSeek's MLA: 192 and 128);
+        # the output has the value head dim: (B, h, S, dv)
         dv = v.shape[3] if len(v.shape) == 4 else d
         d_eff = (d + dv) / 2.0
         flops = 4.0 * b * h * s * skv * d_eff * frac
         db = self.dbytes
-        io = (q.numel + (k.numel + v.numel) * kv_reads + q.numel) * db
+        out_shape = (b, h, s, dv)
+        io = (q.numel + (k.numel + v.numel) * kv_reads + _numel(out_shape)) * db
         fk = self.flash_kernel
-        out = self._add(name, "flash_attention", fk, "flash", [q, k, v], q.shape, flops=flops, bytes_=io,
+        out = self._add(name, "flash_attention", fk, "flash", [q, k, v], out_shape, flops=flops, bytes_=io,
                         saves=[q, k, v], B=b * h, M=s, N=int(round(d_eff)), K=skv,
                         backward=[self._bw(f"{name}.grad", "flash_attention", fk, "flash", flops=2.5 * flops,
                                            bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=int(round(d_eff)), K=skv)])

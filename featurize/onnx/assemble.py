@@ -12,15 +12,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from wattcast.data.kernel_ops import canonical_dtype
-from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT_NAMES, _Builder, _Static, _numel_dims,
-                                            _sanitize)
+from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT_NAMES, InvalidModelError, _Builder,
+                                            _Static, _numel_dims, _sanitize)
 from wattcast.featurize.onnx.control import ControlFlowError, _Control
 from wattcast.featurize.onnx.load import (_bind_inputs, _declare_shape_only_weights, _fixed_batch_seq, _load,
                                           _refuse_control_flow, _topo_order)
 from wattcast.featurize.onnx.ops import _Ops
 from wattcast.featurize.onnx.params import _Params, _is_buffer, _tied_by_value
 from wattcast.featurize.onnx.patterns import _Patterns
-from wattcast.featurize.onnx.shapes import _infer, _Shapes, _small_constants, _strip_weights
+from wattcast.featurize.onnx.shapes import _file_shapes, _infer, _Shapes, _small_constants, _strip_weights
 from wattcast.featurize.op_graph import GraphError, OpGraph, Tensor
 
 _LAYER_RE = re.compile(r"(?:^|[./_])(?:h|layers|layer|blocks|block)[._](\d+)(?=$|[./_])")
@@ -53,6 +53,11 @@ class _Shared:
     unrolled: int = 0
     #: (body, bound input kinds and shapes) -> (shape-inferred body model, its small constants)
     bodies: dict = field(default_factory=dict)
+    #: the model as the file has it (weights stripped) when it has symbolic input dims, before they were bound; None
+    #: when it has none (the bound model is the file's)
+    unbound: Any = None
+    #: the shapes of the file's values (``_Shapes._refuse_mismatched_inner``), worked out the first time one is asked
+    declared: dict | None = None
 
     @staticmethod
     def flow_key(path: str) -> str:
@@ -126,6 +131,9 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             self.unmapped, self.fallback, self.warnings = parent.unmapped, parent.fallback, parent.warnings
             parent.init_numel.update(self.init_numel)
             self.init_numel = parent.init_numel
+        #: the file's own shapes (a dim is an int when the file fixes it), asked for only when a MatMul's bound inner
+        #: dims differ; None in a control-flow body (its shapes are inferred per iteration)
+        self.declared = self._declared_shapes if parent is None else None
         self.static_names: set[str] = set()
         self.consumers: dict[str, list[int]] = {}
         self.producer: dict[str, int] = {}
@@ -153,6 +161,16 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             self.layer_of, self.scope_of, self.n_layers = self._layers()
         else:  # a body runs where its control-flow node is
             self.layer_of, self.scope_of, self.n_layers = [self.b._layer] * len(self.nodes), [self.b._scope] * len(self.nodes), 0
+
+
+    def _declared_shapes(self) -> dict[str, tuple]:
+        """The shape of each value as the file fixes it: the bound model's when nothing was bound, else shape
+        inference of the unbound one (symbolic dims stay names), once per model."""
+        sh = self.shared
+        if sh.declared is None:
+            sh.declared = (_file_shapes(sh.unbound) if sh.unbound is not None
+                           else {nm: shape for nm, (_, shape) in self.info.items() if shape is not None})
+        return sh.declared
 
 
     def _model_dtype(self) -> str:
@@ -349,6 +367,8 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             mark, counted = self.b.mark(), len(self.claim_log)
             try:
                 self._emit_fused(k, n, self._node_name(k, n), self.fused[k])
+            except InvalidModelError:
+                raise
             except _HANDLER_ERRORS as e:  # emit the subgraph op by op instead
                 self._undo(n, mark, counted, e, "emitted op by op")
                 for j in sorted(self.groups[k]):
@@ -385,7 +405,7 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
         mark, counted = self.b.mark(), len(self.claim_log)
         try:
             handler(k, n, name, ins)
-        except ControlFlowError:
+        except (ControlFlowError, InvalidModelError):
             raise
         except _HANDLER_ERRORS as e:
             if n.op_type in _CONTROL_OPS:  # never one tiny op in place of a body
@@ -459,12 +479,13 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     tied = _tied_by_value(model)
     consts = _small_constants(model)
     _strip_weights(model)
+    unbound = _unbound_copy(model)
     env, used = _bind_inputs(model, batch, seq, dims)
     inferred, err = _infer(model)
     name = Path(where).stem if base is not None else (model.graph.name or "onnx_model")
     if isinstance(trips, dict):
         _check_trip_names(trips, model, where)
-    shared = _Shared(trips=trips)
+    shared = _Shared(trips=trips, unbound=unbound)
     imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts, shared=shared)
     fixed = _fixed_batch_seq(model)
     meta = dict(name=name, dims=env, producer=model.producer_name or "",
@@ -484,8 +505,26 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
         graph = imp.run(meta)
     except ControlFlowError as e:
         raise ControlFlowError(f"{where}: {e}") from None
+    except InvalidModelError as e:
+        raise InvalidModelError(f"{where}: {e}") from None
     _check_trips_used(trips, shared, where)
     return graph
+
+
+def _unbound_copy(model):
+    """A copy of ``model`` before its symbolic input dims are bound (None when its inputs have none): what the file
+    fixes, for telling an invalid model from dims bound inconsistently."""
+    import onnx
+
+    init_names = {t.name for t in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in init_names or not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
+            continue
+        if any(not d.HasField("dim_value") for d in inp.type.tensor_type.shape.dim):
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            return copy
+    return None
 
 
 def check_trip_count(v) -> int | dict[str, int] | None:

@@ -19,6 +19,11 @@ _INT_NAMES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "in
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
+class InvalidModelError(GraphError):
+    """The ONNX model itself is invalid (not merely beyond what the importer maps): e.g. a MatMul or Gemm whose
+    inner dimensions, fixed in the file, differ. Refuses the model instead of costing the node by the roofline."""
+
+
 @dataclass(frozen=True)
 class _Static:
     """A value known before the run: initializers, constants, shapes, and anything computed from them only."""

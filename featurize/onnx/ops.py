@@ -109,6 +109,7 @@ class _Ops:
         sa, sb = self._is_static(a_nm), self._is_static(b_nm)
         out_nm = n.output[0]
         ta, tb = _attr(n, "transA", 0), _attr(n, "transB", 0)  # FusedMatMul
+        self._refuse_mismatched_inner(n, name, a_nm, b_nm, ta, tb)
         if sb and not sa and not ta and not tb and self._is_float(b_nm) and len(self._shape(b_nm) or ()) == 2:
             x = self._tensor(a_nm)
             wshape = self._shape(b_nm)
@@ -156,6 +157,7 @@ class _Ops:
         c_nm = ins[2] if len(ins) > 2 and ins[2] else None
         ta, tb = _attr(n, "transA", 0), _attr(n, "transB", 0)
         out_nm = n.output[0]
+        self._refuse_mismatched_inner(n, name, a_nm, b_nm, ta, tb)
         a = self._tensor(a_nm)
         if len(a.shape) != 2:
             raise GraphError(f"Gemm needs 2-D A, got {a.shape}")

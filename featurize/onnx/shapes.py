@@ -10,8 +10,8 @@ from typing import Sequence
 import numpy as np
 
 from wattcast.data.kernel_ops import DTYPE_BYTES
-from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _ELEM_BYTES, _FLOAT_TYPES, _INT_NAMES, _Static, _attr,
-                                            _numel_dims)
+from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _ELEM_BYTES, _FLOAT_TYPES, _INT_NAMES, InvalidModelError,
+                                            _Static, _attr, _numel_dims)
 from wattcast.featurize.onnx.ops import _BINARY, _REDUCE_OPS, _UNARY
 from wattcast.featurize.op_graph import Tensor
 
@@ -77,8 +77,59 @@ def _strip_weights(model) -> None:
             del t.external_data[:]
 
 
+def _file_shapes(model) -> dict[str, tuple]:
+    """The shape of every value of ``model``'s graph that shape inference of the model as the file has it (symbolic
+    input dims not bound) finds: a dim is an int when the file fixes it, its name (str) when symbolic, None when
+    unknown."""
+    inferred, _ = _infer(model)
+    g = inferred.graph
+    out: dict[str, tuple] = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            out[vi.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
+                                 for d in vi.type.tensor_type.shape.dim)
+    for t in g.initializer:
+        out[t.name] = tuple(int(d) for d in t.dims)
+    for t in g.sparse_initializer:
+        out[t.values.name] = tuple(int(d) for d in t.dims)
+    return out
+
+
+def _inner_dims(sa: Sequence | None, sb: Sequence | None, ta: int = 0, tb: int = 0) -> tuple | None:
+    """The two contracted dims of ``A @ B`` (MatMul broadcasting: a 1-D A or B is a vector; ``ta``/``tb``: Gemm's and
+    FusedMatMul's transA / transB), or None when a shape or its rank is unknown."""
+    if sa is None or sb is None or not len(sa) or not len(sb):
+        return None
+    ka = sa[-2] if ta and len(sa) >= 2 else sa[-1]
+    kb = sb[0] if len(sb) == 1 else (sb[-1] if tb else sb[-2])
+    return ka, kb
+
+
+def _shape_text(s: Sequence) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in s) + ("," if len(s) == 1 else "") + ")"
+
+
 class _Shapes:
     """Shapes, element types and constant values of the importer's values (a mixin of the importer)."""
+
+    def _refuse_mismatched_inner(self, n, name: str, a_nm: str, b_nm: str, ta: int = 0, tb: int = 0) -> None:
+        """:class:`InvalidModelError` naming the node and both shapes when the inner dims of a MatMul / Gemm that the
+        file fixes (not bound from a symbolic dim, not unknown) differ; nothing otherwise (a dim bound from the
+        options, or a shape inference could not find, is left to the handler and its roofline fallback)."""
+        if self.declared is None:  # a control-flow body: its shapes are inferred per iteration, not declared
+            return
+        bound = _inner_dims(self.info.get(a_nm, (0, None))[1], self.info.get(b_nm, (0, None))[1], ta, tb)
+        if bound is None or bound[0] == bound[1]:
+            return  # equal once bound: equal in the file too (binding only gives symbolic dims values)
+        declared = self.declared()
+        sa, sb = declared.get(a_nm), declared.get(b_nm)
+        dims = _inner_dims(sa, sb, ta, tb)
+        if dims is None or not all(isinstance(d, int) for d in dims) or dims[0] == dims[1]:
+            return
+        trans = ", ".join(f"{t}=1" for t, v in (("transA", ta), ("transB", tb)) if v)
+        raise InvalidModelError(f"{n.op_type} node {name!r}: inner dimensions do not match: A {a_nm!r} "
+                                f"{_shape_text(sa)} @ B {b_nm!r} {_shape_text(sb)}{f' ({trans})' if trans else ''}: "
+                                f"{dims[0]} != {dims[1]}; the model is invalid (a broken export or a hand-edited file)")
 
     def _is_static(self, name: str) -> bool:
         return name in self.static_names
