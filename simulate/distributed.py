@@ -1055,13 +1055,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     summary = ctx.summary
     capacity = capacity_gb(spec.memory_gb)
+    # expert states are sharded over the expert-data-parallel group (dp x cp / ep: _dp_times' ep_dp), not the DP group
+    edp_n = max(dp_n // par.ep, 1)
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
-                    fp8_param_fraction=fp8_frac)
-    if summary:  # the total alone (same figures); the model states per (stage split, ZeRO, DP) once per search
+                    fp8_param_fraction=fp8_frac, expert_params=by_stage(chunk_sum("expert_params")), expert_dp=edp_n)
+    if summary:  # the total alone (same figures); the model states per (stage split, ZeRO, DP, expert DP) once per search
         mem = None
-        state_key = ("states", P, V, par.zero, dp_n)
+        state_key = ("states", P, V, par.zero, dp_n, edp_n)
         mem_parts = sums.get(state_key)
         if mem_parts is None:
             mem_parts = sums[state_key] = stage_state_parts(params=params_stage, **state_kw)

@@ -9,6 +9,14 @@ every term cites the equation or the framework code it follows. Units are in the
   (4 B/param) and Adam's two fp32 moments (8 B/param): 18 B/param without sharding. The distributed optimizer /
   ZeRO-1 shards master weights and moments over the data-parallel group (Megatron: 6 + 12/d B/param), ZeRO-2 also
   the gradients, ZeRO-3 / FSDP the weights too. Full precision (fp32): 4 + 4 + 8 = 16 B/param.
+- Expert parameters of a mixture of experts are sharded over the expert-data-parallel group instead, the ranks that
+  hold the same experts: world / (etp x ep x pp) ranks (Megatron-Core ``parallel_state``'s expert mesh; its
+  ``DistributedDataParallel`` keeps the expert parameters in their own grad/param buffers over
+  ``get_expert_data_parallel_group()`` and ``get_megatron_optimizer`` builds their distributed optimizer over that
+  group; DeepSpeed's MoE parameter groups are partitioned over its expert-data-parallel group likewise). The graph
+  builder splits each expert over the TP ranks like a dense MLP (expert TP = TP), so that group is dp x cp / ep:
+  an expert parameter's master weights and moments take 12·ep/(dp·cp) B under the distributed optimizer, not
+  12/(dp·cp) (``expert_params``, ``expert_dp``: with ep = 1 the group is the DP group and nothing changes).
 - Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Eq. 1-6):
   per layer and micro-batch what the rank graph saves for backward (``activation_bytes_by_layer``; 34·s·b·h/t under
   sequence parallelism with selective recomputation, s·b·h·(34 + 5as/h)/t with SP and no recomputation,
@@ -57,6 +65,21 @@ DEEPSPEED_BUCKET_ELEMENTS = 5e8
 ADAM_BYTES_PER_PARAM = 8
 
 
+def _sharded(nbytes, params, expert_params, d: int, de: int):
+    """``nbytes(params) / d`` with the expert parameters' share over ``de`` ranks instead (their expert-data-parallel
+    group): ``nbytes(params - expert) / d + nbytes(expert) / de``. When the two groups are one (no experts, ep = 1, or
+    a term not sharded) the plain ``nbytes(params) / d``, the same floating-point figure as before experts counted."""
+    if de == d:
+        return nbytes(params) / d
+    return nbytes(params - expert_params) / d + nbytes(expert_params) / de
+
+
+def _groups(dp: int, expert_dp: int | None) -> tuple[int, int]:
+    """(DP group, expert-DP group) sizes, at least 1; the expert-DP group is the DP group unless given."""
+    dp = max(int(dp), 1)
+    return dp, (dp if expert_dp is None else max(int(expert_dp), 1))
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """Bytes of one stage's device, term by term (see the module docstring for each equation). The peak is the
@@ -100,21 +123,34 @@ def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int) -> int:
 
 
 def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: int, dp: int,
-                      grad_bytes: float | None = None) -> dict:
+                      grad_bytes: float | None = None, expert_params: float = 0.0, expert_dp: int | None = None) -> dict:
     """Weights, fp32 master weights, gradients and optimizer states of ``params`` parameters (bytes), sharded over
     ``dp`` ranks as ZeRO stage ``zero`` shards them. Mixed precision when ``dtype_bytes`` < 4; ``grad_bytes``: bytes
-    per parameter of the held gradients (default fp32 under mixed precision, Megatron's formula)."""
+    per parameter of the held gradients (default fp32 under mixed precision, Megatron's formula). ``expert_params``
+    of the ``params`` are experts, sharded over their ``expert_dp`` ranks instead (default ``dp``; module docstring)."""
     mixed = dtype_bytes < 4
     opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
-    dp = max(int(dp), 1)
+    dp, edp = _groups(dp, expert_dp)
     if grad_bytes is None:
         grad_bytes = 4 if mixed else dtype_bytes
+    d3, e3 = (dp, edp) if zero >= 3 else (1, 1)
+    d2, e2 = (dp, edp) if zero >= 2 else (1, 1)
+    d1, e1 = (dp, edp) if zero >= 1 else (1, 1)
     return dict(
-        weights_bytes=params * dtype_bytes / (dp if zero >= 3 else 1),
-        master_weights_bytes=params * (4 if mixed else 0) / (dp if zero >= 1 else 1),
-        gradients_bytes=params * grad_bytes / (dp if zero >= 2 else 1),
-        optimizer_bytes=params * opt_b / (dp if zero >= 1 else 1),
+        weights_bytes=_sharded(lambda x: x * dtype_bytes, params, expert_params, d3, e3),
+        master_weights_bytes=_sharded(lambda x: x * (4 if mixed else 0), params, expert_params, d1, e1),
+        gradients_bytes=_sharded(lambda x: x * grad_bytes, params, expert_params, d2, e2),
+        optimizer_bytes=_sharded(lambda x: x * opt_b, params, expert_params, d1, e1),
     )
+
+
+def fp8_copy_bytes(params, *, fp8_param_fraction: float, zero: int, dp: int, expert_params=0.0,
+                   expert_dp: int | None = None):
+    """Bytes of Transformer Engine's cached fp8 weight and transpose (2 B per FP8-GEMM parameter, the share
+    ``fp8_param_fraction`` of ``params``), sharded with the weights under ZeRO-3 (experts over ``expert_dp``)."""
+    dp, edp = _groups(dp, expert_dp)
+    d3, e3 = (dp, edp) if zero >= 3 else (1, 1)
+    return _sharded(lambda x: 2.0 * x * fp8_param_fraction, params, expert_params, d3, e3)
 
 
 def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, schedule: str) -> int:
@@ -147,12 +183,16 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
 
 def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, full_recompute_extra_bytes: float,
                  dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str, zero: int, dp: int,
-                 framework: str, block_params: float, fp8_param_fraction: float = 0.0) -> StageMemory:
+                 framework: str, block_params: float, fp8_param_fraction: float = 0.0, expert_params: float = 0.0,
+                 expert_dp: int | None = None) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
-    recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights)."""
-    st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp, grad_bytes=held_grad_bytes)
-    st["weights_bytes"] += 2.0 * params * fp8_param_fraction / (dp if zero >= 3 else 1)
+    recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
+    ``expert_params`` of the stage's ``params`` are sharded over ``expert_dp`` ranks (default ``dp``)."""
+    st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp, grad_bytes=held_grad_bytes,
+                           expert_params=expert_params, expert_dp=expert_dp)
+    st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
+                                          expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
                                  block_params=block_params)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
@@ -172,13 +212,16 @@ def inflight_chunks_by_stage(*, pp: int, interleave: int, n_micro: int, schedule
 def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
                     full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                     optimizer: str, zero: int, dp: int, framework: str, block_params: float,
-                    fp8_param_fraction: float = 0.0) -> dict[str, np.ndarray]:
+                    fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
+                    expert_dp: int | None = None) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
+    expert_params = np.asarray(expert_params, dtype=float)
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp,
-                           grad_bytes=held_grad_bytes)
-    st["weights_bytes"] = st["weights_bytes"] + 2.0 * params * fp8_param_fraction / (dp if zero >= 3 else 1)
+                           grad_bytes=held_grad_bytes, expert_params=expert_params, expert_dp=expert_dp)
+    st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
+                                                               dp=dp, expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=dp, block_params=block_params)
     n = len(params)
@@ -197,35 +240,42 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
 def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
                    full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                    optimizer: str, zero: int, dp: int, framework: str, block_params: float,
-                   fp8_param_fraction: float = 0.0) -> np.ndarray:
+                   fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
+                   expert_dp: int | None = None) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
                               held_grad_bytes=held_grad_bytes, optimizer=optimizer, zero=zero, dp=dp, framework=framework,
-                              block_params=block_params, fp8_param_fraction=fp8_param_fraction)
+                              block_params=block_params, fp8_param_fraction=fp8_param_fraction,
+                              expert_params=expert_params, expert_dp=expert_dp)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes)
 
 
 def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str,
                       zero: int, dp: int, framework: str, block_params: float,
-                      fp8_param_fraction: float = 0.0) -> tuple:
+                      fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
+                      expert_dp: int | None = None) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
-    keeps it per stage split, ZeRO stage and DP size): (weights + master weights + gradients + optimizer states, in
-    that order of addition; buffers held during the passes; buffers after the last backward), bytes per stage."""
+    keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
+    states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
+    stage. ``expert_params`` of ``params`` are sharded over ``expert_dp`` ranks (default ``dp``)."""
     params = np.asarray(params, dtype=float)
+    ex = np.asarray(expert_params, dtype=float)
     mixed = dtype_bytes < 4
     opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
-    dp = max(int(dp), 1)
+    dp, edp = _groups(dp, expert_dp)
     if held_grad_bytes is None:
         held_grad_bytes = 4 if mixed else dtype_bytes
-    d3 = dp if zero >= 3 else 1
-    d1 = dp if zero >= 1 else 1
-    w = params * dtype_bytes / d3
-    w = w + 2.0 * params * fp8_param_fraction / d3
+    d3, e3 = (dp, edp) if zero >= 3 else (1, 1)
+    d2, e2 = (dp, edp) if zero >= 2 else (1, 1)
+    d1, e1 = (dp, edp) if zero >= 1 else (1, 1)
+    w = _sharded(lambda x: x * dtype_bytes, params, ex, d3, e3)
+    w = w + _sharded(lambda x: 2.0 * x * fp8_param_fraction, params, ex, d3, e3)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=dp, block_params=block_params)
-    states = (w + params * (4 if mixed else 0) / d1 + params * held_grad_bytes / (dp if zero >= 2 else 1)
-              + params * opt_b / d1)
+    states = (w + _sharded(lambda x: x * (4 if mixed else 0), params, ex, d1, e1)
+              + _sharded(lambda x: x * held_grad_bytes, params, ex, d2, e2)
+              + _sharded(lambda x: x * opt_b, params, ex, d1, e1))
     return states, during, after
 
 
