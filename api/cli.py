@@ -504,7 +504,7 @@ def _show_step_prediction(res, f) -> None:
     if not res.fits and not f.allow_oom:
         m = res.memory
         _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
-              f"{capacity_gb:.0f} GB (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
+              f"{capacity_gb:.1f} GB ({capacity_gb * 1e9 / 2**30:.0f} GiB) (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB); "
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
 
@@ -549,11 +549,12 @@ def _warn_memory(res) -> None:
 
     gb, cap = res.memory_gb, res.memory_capacity_gb
     if res.memory_flag == "tight":
-        err.print(f"[yellow]memory is tight: predicted {gb:.1f} GB of {cap:.0f} GB, within "
+        err.print(f"[yellow]memory is tight: predicted {gb:.1f} GB of {cap:.1f} GB ({cap * 1e9 / 2**30:.0f} GiB), within "
                   f"{100 * TIGHT_MEMORY_FRACTION:.0f}% of capacity, where the estimate cannot tell fitting from not "
                   "(allocator fragmentation and framework buffers are not modelled); check on the hardware[/yellow]")
     elif res.memory_flag == "pressure":
-        err.print(f"[yellow]memory pressure: predicted {gb:.1f} GB is {100 * gb / cap:.0f}% of {cap:.0f} GB (from "
+        err.print(f"[yellow]memory pressure: predicted {gb:.1f} GB is {100 * gb / cap:.0f}% of {cap:.1f} GB "
+                  f"({cap * 1e9 / 2**30:.0f} GiB; from "
                   f"{100 * MEMORY_PRESSURE_FRACTION:.0f}%); eager training steps this close to capacity ran their forward "
                   "pass 1.8-2.8x slower than its kernels on the measured GPUs (allocator frees and retries), so the step "
                   "time may be underestimated[/yellow]")

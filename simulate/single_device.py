@@ -32,6 +32,7 @@ from wattcast.models.attention import BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL,
 from wattcast.models.kernel_bundle import KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
 from wattcast.simulate.memory import MemoryEstimate, estimate_memory, memory_flag
+from wattcast.simulate.stage_memory import capacity_gb
 
 #: Host-side cost of launching one kernel from eager PyTorch (ms). Chosen on the NeuSight labels of the
 #: training GPUs only (see benchmarks/e2e_labels.py); the held-out GPUs played no part.
@@ -416,8 +417,8 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
     mem = estimate_memory(graph)
     return StepPrediction(overheads=step_overheads(costed),
         device=spec.name, mode=str(graph.meta.get("mode", "inference")), forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
-        step_time_ms=total, memory_gb=mem.total_gb, memory=mem, fits=bool(mem.total_gb <= spec.memory_gb),
-        memory_capacity_gb=float(spec.memory_gb),
+        step_time_ms=total, memory_gb=mem.total_gb, memory=mem, fits=bool(mem.total_gb <= capacity_gb(spec.memory_gb)),
+        memory_capacity_gb=capacity_gb(spec.memory_gb),
         flops=float(flops[~costed["recompute"].to_numpy(dtype=bool)].sum()),
         per_op=per_op, per_layer=per_layer, fallback_ops=fallback,
         ood_fraction=float(ood.mean()) if len(ood) else 0.0,

@@ -48,7 +48,8 @@ def test_predict_oom_is_reported_with_numbers():
     r = run_cli("predict", "--model", "llama2_7b", "--device", "L4", "--batch", "8", "--seq", "4096", "--dtype", "bf16")
     assert r.returncode == 3
     msg = flat(r.stderr)
-    assert "does not fit" in msg and "24 GB" in msg and "Traceback" not in msg
+    # the L4's 24 GB are 24 GiB (25.8e9 bytes), the capacity a prediction (in 1e9-byte GB) is compared with
+    assert "does not fit" in msg and "25.8 GB (24 GiB)" in msg and "Traceback" not in msg
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -85,8 +86,9 @@ def test_predict_truncated_config(tmp_path):
 #: 7.0 / 20.5 when FP32 kernels began to be costed without the isolated-timing floor, a change chosen on the
 #: training GPUs' labels, 7.7% -> 5.8% mean, that moved the held-out A100 80GB train labels to 11.5% and L4 to
 #: 21.3%; reported as measured, not tuned back. Autograd's gradient accumulation in the training graphs, kept
-#: on the training GPUs' train labels, 3.4% -> 3.1%, then gave 11.1 / 20.7.)
-E2E_HELDOUT_BOUND_PCT = {"A100-PCIe-80GB": 11.6, "L4": 21.2}
+#: on the training GPUs' train labels, 3.4% -> 3.1%, then gave 11.1 / 20.7. The GEMM family's refit at stop 34, for
+#: the ceiling member's CDNA fix, moved the A100 80GB's 11.57 -> 11.62: reported, not tuned back.)
+E2E_HELDOUT_BOUND_PCT = {"A100-PCIe-80GB": 11.7, "L4": 21.2}
 
 
 @pytest.mark.e2e
@@ -192,18 +194,18 @@ def test_predict_truncated_onnx(tmp_path):
 
 
 def test_tight_memory_is_flagged_not_hidden():
-    # 31.2 GB predicted on a 32 GB card: inside the memory estimate's error, so the CLI says so (and still answers).
-    # Batch 9: full recomputation no longer keeps every layer's dropout masks, so batch 3 is now 27.0 GB
-    r = run_cli("predict", "--model", "gpt2_xl", "--device", "V100-PCIe-32GB", "--batch", "9", "--seq", "1024",
+    # 33.3 GB predicted on a 32 GB (= 32 GiB = 34.4e9 bytes) card: inside the memory estimate's error, so the CLI says
+    # so (and still answers). Batch 12: full recomputation no longer keeps every layer's dropout masks
+    r = run_cli("predict", "--model", "gpt2_xl", "--device", "V100-PCIe-32GB", "--batch", "12", "--seq", "1024",
                 "--mode", "train", "--dtype", "fp16", "--attention", "eager", "--recompute", "full", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert "memory is tight" in flat(r.stderr) and d["fits"] is True
-    assert d["memory_flag"] == "tight" and d["memory_capacity_gb"] == 32
+    assert d["memory_flag"] == "tight" and d["memory_capacity_gb"] == pytest.approx(32 * 2**30 / 1e9)
 
 
 def test_memory_pressure_warns_about_step_time_not_fit():
-    # 29.1 GB of 32 GB (91%): fits, outside the tight band, but where measured eager training forwards slowed (batch
+    # 29.1 GB of 32 GiB (85%): fits, outside the tight band, but where measured eager training forwards slowed (batch
     # 6: full recomputation no longer keeps every layer's dropout masks, batch 2 is now 26.3 GB)
     r = run_cli("predict", "--model", "gpt2_xl", "--device", "V100-PCIe-32GB", "--batch", "6", "--seq", "1024",
                 "--mode", "train", "--dtype", "fp16", "--attention", "eager", "--recompute", "full", "--json")
@@ -226,6 +228,7 @@ def test_memory_flag_bands():
     assert memory_flag(33.5, 32, eager_training=True) == "tight"
     assert memory_flag(29.1, 32, eager_training=True) == "pressure"  # 91%: fits, time may be low
     assert memory_flag(29.1, 32, eager_training=False) == ""  # measured on eager training only
-    assert memory_flag(26.0, 32, eager_training=True) == ""  # 81%
+    assert memory_flag(26.0, 32, eager_training=True) == "pressure"  # 81%: from 79% (the same 54.4e9 bytes on MI210)
+    assert memory_flag(24.0, 32, eager_training=True) == ""  # 75%
     assert memory_flag(40.0, 32, eager_training=True) == ""  # plainly does not fit: the fit check says so
     assert memory_flag(10.0, 0.0, eager_training=True) == ""
