@@ -72,14 +72,37 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
     res = one_device(res, load_ms=data_load_ms, workers=data_workers, idle_power_w=idle_power_w(spec))
     b, s_ = res.meta.get("batch"), res.meta.get("seq")
+    m = res.meta
+    settings = dict(_model_settings(model, m), device=res.device, mode=m.get("mode", mode), dtype=m.get("dtype", dtype),
+                    batch=b, seq=s_, attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
+                    compile=bool(m.get("compile", compile)),
+                    optimizer=m.get("optimizer", optimizer) if m.get("mode", mode) == "train" else None,
+                    recompute=m.get("recompute", recompute), grad_accumulation=bool(grad_accumulation), framework="hf",
+                    power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, data_load_ms=data_load_ms,
+                    data_workers=(m.get("data_loading") or {}).get("workers", data_workers), dims=dict(dims) if dims else None,
+                    loop_trip_count=loop_trip_count)
     if tokens is None:
         _no_run_options(run_kw)
-        return res
+        return _with_settings(res, settings)
     if not (b and s_):
         from wattcast.request import StepTokensUnknownError
 
         raise StepTokensUnknownError("tokens= needs the step's tokens: this graph's batch and sequence dims are not known")
-    return _with_run(res, spec, tokens, b * s_, run_kw)
+    return _with_settings(_with_run(res, spec, tokens, b * s_, run_kw), settings)
+
+
+def _model_settings(model, meta: dict) -> dict:
+    """``model`` as given (a name or a path; a config dict or module by its name) and the name it resolved to."""
+    given = str(model) if isinstance(model, (str, os.PathLike)) else meta.get("name")
+    return dict(model=given, model_name=meta.get("name"))
+
+
+def _with_settings(res, settings: dict):
+    """``res`` with the settings it ran with in ``res.meta["settings"]`` (what the CLI's title shows and the rest of the
+    options that shaped the step: dtype, batch, seq, attention, optimizer, recompute, mode, framework, ...), which its
+    ``to_dict()`` (hence ``wattcast predict --json``) gives as ``settings``."""
+    res.meta["settings"] = settings
+    return res
 
 
 #: the run options ``tokens=`` takes (as ``wattcast predict --tokens``)
@@ -139,7 +162,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``overlap_moe_expert_parallel_comm``: Megatron-Core's MoE all-to-all overlap (off by default; needs ``ep`` > 1).
     ``recompute_num_layers``: with ``recompute="full"``, Megatron's block recomputation: only the first N transformer
     layers of each model chunk are recomputed, the others keep their activations (None: every layer);
-    ``recompute_method="uniform"``: Megatron's uniform method instead (every layer, each group of N layers' input kept).
+    ``recompute_method="uniform"``: Megatron's uniform method instead (every layer, each group of N layers' input kept);
+    a method (block or uniform) given without ``recompute="full"`` is an error, as in Megatron.
     ``moe_load_imbalance`` / ``moe_capacity_factor`` / ``moe_pad_to_capacity``: mixture-of-experts routing as it loads
     the busiest expert-parallel rank (``simulate/moe_routing.py``; default balanced, dropless).
     ``zero3_prefetch``: with ``zero=3`` (FSDP), whether each layer's parameter all-gathers and gradient reduce-scatters
@@ -182,6 +206,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     from wattcast.request import parallel_defaults
 
     defaults = dict(parallel_defaults(), recompute="none")
+    # not filled in: a method given without full recomputation is refused (resolve_parallel), the default applies alone
+    defaults.pop("recompute_method", None)
     opts = {k: (defaults[k] if v is None and k in defaults else v) for k, v in opts.items()}
     for k in ("gpus", "batch"):
         if opts[k] is None:
@@ -204,11 +230,31 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
         data_workers=data_workers))
+    from wattcast.featurize.workload import canonical_framework
+    from wattcast.simulate.strategy import StrategyError, format_strategy
+
+    m, fw = res.meta, canonical_framework(framework)
+    try:
+        strategy_text = format_strategy(res.parallel, batch, fw)
+    except StrategyError:
+        strategy_text = None
+    settings = dict(_model_settings(model, m), device=res.device, cluster=res.cluster, gpus=res.gpus, mode="train",
+                    dtype=m.get("dtype", dtype), batch=batch, seq=seq, micro_batch=res.parallel.micro_batch,
+                    attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
+                    compile=bool(m.get("compile", compile)), optimizer=m.get("optimizer", optimizer),
+                    recompute=res.parallel.recompute, framework=fw, strategy=strategy_text,
+                    power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node,
+                    moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
+                    moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),
+                    data_load_ms=data_load_ms,
+                    data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
+                    loop_trip_count=loop_trip_count)
     if tokens is None:
-        return res
+        return _with_settings(res, settings)
     from wattcast.data.cluster_spec import resolve_cluster
 
-    return _with_run(res, spec or resolve_device(res.device), tokens, batch * seq, run_kw, cluster=resolve_cluster(cluster))
+    return _with_settings(_with_run(res, spec or resolve_device(res.device), tokens, batch * seq, run_kw,
+                                    cluster=resolve_cluster(cluster)), settings)
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):

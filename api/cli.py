@@ -74,7 +74,7 @@ def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect:
     if suffixes and path.suffix.lower() not in suffixes:
         _fail(f"{what} {path}: use one of {', '.join(suffixes)}")
     for p in protect:
-        if p is not None and path.exists() and p.exists() and path.resolve() == p.resolve():
+        if p is not None and _same_file(path, p):
             _fail(f"{what} {path} is the input file; refusing to overwrite it")
     if overwrite is False and path.exists():
         _fail(f"{what} {path} already exists; pass --overwrite to replace it, or give another file name")
@@ -83,6 +83,14 @@ def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect:
     except OSError as e:
         _fail(f"cannot create the folder of {what} {path}: {e.strerror or e}")
     return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one existing file (symlinks resolved, hard links too)."""
+    try:
+        return a.exists() and b.exists() and (a.resolve() == b.resolve() or os.path.samefile(a, b))
+    except OSError:
+        return False
 
 
 def _output_dir(path: Path, what: str) -> Path:
@@ -183,6 +191,10 @@ def kernels(
         text = input.read_text(encoding="utf-8-sig")  # read once: checked below, then parsed
     except (OSError, UnicodeDecodeError) as e:
         _fail(f"cannot read {input} as CSV: {e}")
+    from wattcast.data.checks import csv_header_problem
+
+    if msg := csv_header_problem(text, str(input)):  # a repeated column would be renamed B.1 and silently ignored
+        _fail(msg)
     # a row with more fields than the header would make pandas shift every column (or drop cells): an error
     import csv
     import io
@@ -280,7 +292,7 @@ def predict(
     optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), sgd or none; training only."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective or full."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) of the step."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) of the step (an existing file only with --overwrite; never one of the inputs)."),
     allow_oom: bool = typer.Option(False, "--allow-oom", help="Report a configuration that does not fit instead of failing."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of the job (distributed prediction; needs --cluster)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (Megatron column/row splits)."),
@@ -293,7 +305,8 @@ def predict(
     interleave: int = typer.Option(1, "--interleave", help="Virtual pipeline stages per GPU (interleaved 1F1B)."),
     schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b or gpipe."),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file (own YAML or ASTRA-sim network YAML)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a timeline PNG (distributed prediction)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a timeline PNG (distributed prediction; an existing file only with --overwrite)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Let --trace / --plot replace an existing file (never an input: the model, device or cluster file)."),
     power_limit_w: Optional[float] = typer.Option(None, "--power-limit-w", help="Board power limit per GPU (W): clocks drop, time and power respond."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels and host costs: hf, megatron (GPT) or megatron-deepspeed (GPT)."),
     clock_cap_mhz: Optional[float] = typer.Option(None, "--clock-cap-mhz", help="SM clock cap (MHz): time and power respond."),
@@ -323,7 +336,7 @@ def predict(
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading: the loader's host time to produce one micro-batch (one device: one step), ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
-    recompute_method: str = typer.Option("block", "--recompute-method", help="With --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed) or uniform (every layer; the input of each group of N layers kept)."),
+    recompute_method: Optional[str] = typer.Option(None, "--recompute-method", help="With --recompute full and --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed; the default) or uniform (every layer; the input of each group of N layers kept). Without --recompute full it is an error, as in Megatron."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
     force: bool = _FORCE_OPTION,
     strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
@@ -363,10 +376,7 @@ def _predict_request(ctx, f):
         if (f.optimizer is not None and str(f.optimizer).lower() != "none") or par["recompute"] != "none":
             _fail("--optimizer and --recompute describe a training step; --mode inference runs the forward pass only")
     dims = _dims(f.dim)
-    if f.trace:
-        _output_file(f.trace, "--trace")
-    if f.plot:
-        _output_file(f.plot, "--plot", _PLOT_SUFFIXES)
+    _predict_outputs(f)
     common = dict(model=f.model, device=f.device, mode=f.mode, dtype=f.dtype, attention=f.attention, compile=f.compile,
                   optimizer=f.optimizer or DEFAULTS.optimizer, recompute=par.pop("recompute"),
                   power_limit_w=f.power_limit_w, clock_cap_mhz=f.clock_cap_mhz, run=run)
@@ -375,6 +385,37 @@ def _predict_request(ctx, f):
             _fail("--dim applies to single-device predictions of ONNX models")
         return _cluster_request(f, par, common)
     return _step_request(f, par, dims, common)
+
+
+def _predict_inputs(f) -> dict[str, Path]:
+    """The files `predict` reads, by flag: the model (a file, or a folder's config.json), a device spec file and a
+    cluster file (names of built-ins and Hub ids are not files and are left out)."""
+    out = {}
+    for flag, v in (("--model", f.model), ("--device", f.device), ("--cluster", f.cluster)):
+        if v is None:
+            continue
+        p = Path(str(v)).expanduser()
+        if p.is_dir():
+            p = p / "config.json"
+        if p.is_file():
+            out[flag] = p
+    return out
+
+
+def _predict_outputs(f) -> None:
+    """--trace / --plot: never one of the inputs (symlinks and hard links resolved), never the same file twice, an
+    existing file only with --overwrite (as `kernels --output`); checked before any work, so nothing is written."""
+    inputs = _predict_inputs(f)
+    outs = [(flag, path, suf) for flag, path, suf in (("--trace", f.trace, ()), ("--plot", f.plot, _PLOT_SUFFIXES)) if path]
+    for flag, path, _ in outs:
+        for src, p in inputs.items():
+            if _same_file(path, p):
+                _fail(f"{flag} {path} is the {src} input file ({p}); refusing to overwrite it: give another file name")
+    if len(outs) == 2 and (_same_file(outs[0][1], outs[1][1]) or
+                           Path(outs[0][1]).expanduser().absolute() == Path(outs[1][1]).expanduser().absolute()):
+        _fail(f"--trace and --plot name the same file {outs[0][1]}; give each its own")
+    for flag, path, suf in outs:
+        _output_file(path, flag, suf, overwrite=bool(f.overwrite))
 
 
 def _parallel_flags(ctx, f) -> dict:
@@ -437,7 +478,7 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if any(par[k] != d for k, d in (("tp", 1), ("pp", 1), ("zero", 0), ("ep", 1), ("interleave", 1), ("cp", 1))) \
             or par["dp"] or par["micro_batch"] or par["sp"] \
             or par["pp_first_layers"] is not None or par["pp_last_layers"] is not None \
-            or par["recompute_num_layers"] is not None or par["recompute_method"] != "block" \
+            or par["recompute_num_layers"] is not None or par["recompute_method"] is not None \
             or any(par[k] is not None for k in OVERLAP_FLAGS):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
               "--pp-last-stage-layers/--recompute-num-layers/--recompute-method/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
@@ -561,7 +602,8 @@ def _warn_memory(res) -> None:
 
 
 def _print_json(res) -> None:
-    """One JSON object: the prediction (``to_dict``, with ``run`` and ``run_details`` when --tokens was given)."""
+    """One JSON object: the prediction (``to_dict``, with ``run`` and ``run_details`` when --tokens was given, the
+    ``settings`` it ran with and an always-present ``warnings``)."""
     print(json.dumps(res.to_dict(), indent=2, default=str))
 
 
@@ -759,7 +801,7 @@ def search(
         _fail(str(e))
     limits = {"--max-usd": max_usd, "--deadline-days": deadline_days, "--max-tco2e": max_tco2e}
     if res.ranked.empty and res.excluded.empty:
-        _fail("no valid configuration: " + ("; ".join(sorted(set(res.rejected["rule"].astype(str)))[:5]) if len(res.rejected) else "none generated"))
+        _fail("no valid configuration: " + (res.invalid_reason() or "none generated"))
     if output is not None:
         _write("--output", output, lambda: _write_table(res.ranked, output))
     if plot is not None and not res.ranked.empty:

@@ -75,13 +75,22 @@ class ParallelOptions:
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
     recompute_num_layers: int | None = None
-    recompute_method: str = "block"
+    #: Megatron's --recompute-method (block or uniform); None: not given (block applies to ``recompute_num_layers``).
+    #: Given, it needs ``recompute="full"``
+    recompute_method: str | None = None
+
+
+#: the recomputation method that applies to ``recompute_num_layers`` when none is given (Megatron's block method)
+RECOMPUTE_METHOD_DEFAULT = "block"
 
 
 def parallel_defaults() -> dict:
-    """The parallel options' fixed defaults (tp 1, pp 1, ZeRO 0, no SP, ep 1, interleave 1, 1F1B, cp 1): the ones
-    ``wattcast.predict_cluster`` fills in, from :class:`ParallelOptions`."""
-    return {f.name: f.default for f in fields(ParallelOptions) if f.default is not MISSING and f.default is not None}
+    """The parallel options' fixed defaults (tp 1, pp 1, ZeRO 0, no SP, ep 1, interleave 1, 1F1B, cp 1, and the block
+    recomputation method), from :class:`ParallelOptions`; ``wattcast.predict_cluster`` fills in all but the method,
+    which applies only with ``recompute_num_layers`` (a method given without full recomputation is an error)."""
+    out = {f.name: f.default for f in fields(ParallelOptions) if f.default is not MISSING and f.default is not None}
+    out["recompute_method"] = RECOMPUTE_METHOD_DEFAULT
+    return out
 
 
 @dataclass(frozen=True)

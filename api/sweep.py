@@ -24,13 +24,15 @@
     data_workers: 4                       # optional: data-loader worker processes (as `--data-workers`)
 
 Every (model, cluster, gpus, region) is one task: a :func:`wattcast.search` whose ``top`` best fitting rows (or one
-row saying nothing fits) are written, as soon as the task finishes, to its own Parquet part in the output folder
-(``OUT.parquet/part-<task id>.parquet``, written to a temporary name and renamed, so a part is whole or absent).
-The folder reads as one table (``pandas.read_parquet(OUT)``). A rerun with the same output skips the tasks whose
-parts are there, so an interrupted sweep resumes; a worker killed mid-task loses only that task, which Dask runs
-again on another worker (on Ray: the actor is restarted and the task retried). Both backends, and the in-process
-run, go through one loop that writes the parts, so their output is the same. Task ids hash the task and the settings that change its result, so a changed spec does
-not reuse stale parts.
+row saying why there are none: ``status`` "none fits" when strategies were evaluated and none fits in memory, "no valid
+strategy" when every candidate broke a rule, with the rules in ``error``; see :data:`STATUSES`) are written, as soon
+as the task finishes, to its own Parquet part in the output folder (``OUT.parquet/part-<task id>.parquet``, written
+to a temporary name and renamed, so a part is whole or absent). The folder reads as one table
+(``pandas.read_parquet(OUT)``). A rerun with the same output skips the tasks whose parts are there, so an interrupted
+sweep resumes; a worker killed mid-task loses only that task, which Dask runs again on another worker (on Ray: the
+actor is restarted and the task retried). Both backends, and the in-process run, go through one loop that writes the
+parts, so their output is the same. Task ids hash the task and the settings that change its result, so a changed spec
+does not reuse stale parts.
 
 Bad input is refused before anything runs: an unknown key (named), an empty list, a GPU count or batch that is
 not a positive whole number, an unknown model, cluster or region.
@@ -75,6 +77,11 @@ SPEC_KEYS = {
     "data_workers": "data-loader worker processes (default: the framework's)",
     "output": "output folder (.parquet); the --output flag overrides it",
 }
+#: a task's ``status``: "ok" (its best rows), "none fits" (strategies were evaluated, none fits in memory),
+#: "no valid strategy" (every candidate broke a rule, e.g. an FP8 run on A100s, or GPUs that do not fill whole nodes:
+#: ``error`` names the rules) or "error" (the task could not run; ``error`` says why)
+STATUSES = ("ok", "none fits", "no valid strategy", "error")
+NO_VALID_STRATEGY = "no valid strategy"
 #: columns every written row has besides the search's own
 TASK_COLUMNS = ("task_id", "model", "cluster", "gpus", "region", "status", "error", "rank", "task_seconds")
 
@@ -281,11 +288,15 @@ def run_task(task: dict) -> pd.DataFrame:
             out = fit.head(task["top"]).reset_index(drop=True)
             out.insert(0, "rank", range(1, len(out) + 1))
             status, error = "ok", ""
-        else:
+        elif len(res.ranked):  # strategies were evaluated: memory is what leaves none
             out = pd.DataFrame({"rank": [0]})
             status = "none fits"
-            error = (f"{len(res.ranked)} strategies evaluated, none fits in memory" if len(res.ranked)
-                     else f"no valid strategy ({len(res.rejected)} broke a rule)")
+            error = f"{len(res.ranked)} strategies evaluated, none fits in memory"
+        else:  # every candidate broke a rule (or none was generated): the rules, most common first
+            out = pd.DataFrame({"rank": [0]})
+            status = NO_VALID_STRATEGY
+            why = res.invalid_reason()
+            error = f"no valid strategy ({len(res.rejected)} broke a rule)" + (f": {why}" if why else "")
     except (ValueError, RuntimeError) as e:  # a task that cannot run is a row saying why, not a lost sweep
         out, status, error = pd.DataFrame({"rank": [0]}), "error", str(e)
     out = out.drop(columns=[k for k in base if k in out.columns])  # the search's own cluster name: the task's is kept
@@ -608,8 +619,8 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
 
 def summary(frame: pd.DataFrame, columns: Iterable[str] = ("model", "cluster", "gpus", "region", "status", "strategy",
                                                             "step_time_ms", "mfu", "memory_gb", "run_days", "run_cloud_usd",
-                                                            "run_tco2e")) -> pd.DataFrame:
-    """The best row of each task (rank 1, or the row saying why there is none)."""
+                                                            "run_tco2e", "error")) -> pd.DataFrame:
+    """The best row of each task (rank 1, or the row saying why there is none, with its ``error`` text)."""
     if frame.empty:
         return frame
     best = frame[frame["rank"] <= 1]

@@ -27,8 +27,8 @@ from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
-from wattcast.simulate.parallel import (SCHEDULES, ParallelConfig, ParallelConfigError, new_config, resolve_parallel,
-                                        with_fields)
+from wattcast.simulate.parallel import (SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size, new_config,
+                                        resolve_parallel, with_fields)
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -69,6 +69,29 @@ class SearchResult:
     #: configurations left out by a constraint (max_usd, deadline_days, max_tco2e) or by ``pareto``, with
     #: ``excluded_by`` naming which (``memory`` for those that do not fit, when a constraint or ``pareto`` is given)
     excluded: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: per cluster name, why it has no valid strategy whatever the split: a rule of the job's size that no strategy
+    #: meets (the message ``predict`` gives), or, when the search space generated no candidate at all, the rules its
+    #: nearest configurations break. Clusters with valid strategies are not in it.
+    why_none: dict = field(default_factory=dict)
+
+    def invalid_reason(self, top: int = 3) -> str:
+        """Why no configuration is valid, in one line: the job-level reasons of :attr:`why_none`, then the ``top``
+        most common rules of ``rejected`` with how many candidates broke each. Empty when nothing was rejected and
+        no reason is known."""
+        parts = []
+        many = len(set(self.why_none) | set(self.rejected["cluster"] if "cluster" in self.rejected else ())) > 1
+        for cl, why in self.why_none.items():
+            parts.append(f"cluster {cl}: {why}" if many else why)
+        if len(self.rejected):
+            rules = self.rejected["rule"].astype(str)
+            said = set(self.why_none.values())
+            if said:  # a job-level rule: every candidate breaks it, some an earlier rule first
+                rest = rules[~rules.isin(said)]
+                parts.append(f"{len(rules) - len(rest)} of the {len(rules)} candidate strategies were rejected by it"
+                             + (f", the others by an earlier rule: {_top_rules(rest, top)}" if len(rest) else ""))
+            else:
+                parts.append(rule_counts(rules, top=top))
+        return "; ".join(parts)
 
     @property
     def best(self) -> dict | None:
@@ -78,6 +101,25 @@ class SearchResult:
             return None
         fit = self.ranked[self.ranked["fits"]]
         return None if fit.empty else fit.iloc[0].to_dict()
+
+
+def _top_rules(rules, top: int) -> str:
+    """The ``top`` most common messages of ``rules`` with their counts ("msg (k of n); ..."), and how many others."""
+    counts = pd.Series(list(rules), dtype=object).value_counts()
+    n = int(counts.sum())
+    shown = [f"{msg} ({k} of {n})" for msg, k in counts.head(top).items()]
+    rest = len(counts) - len(shown)
+    return "; ".join(shown) + (f"; and {rest} other rule{'s' if rest > 1 else ''}" if rest > 0 else "")
+
+
+def rule_counts(rules, top: int = 3, what: str = "candidate strategies") -> str:
+    """The ``top`` most common rule messages of ``rules`` (one per candidate) with their counts, in one line."""
+    rules = list(rules)
+    if not rules:
+        return ""
+    n, distinct = len(rules), len(set(rules))
+    return (f"{'every one' if n > 1 else 'the one'} of the {n} {what} breaks a rule"
+            + ("; most common: " if distinct > 1 else ": ") + _top_rules(rules, top))
 
 
 #: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
@@ -218,6 +260,42 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     return out
 
 
+#: configurations :func:`why_no_candidates` checks at most
+_WHY_MAX = 4000
+
+
+def why_no_candidates(cl, gpus: int, batch: int, seq: int, space: dict, rules: dict, top: int = 3) -> str:
+    """Why a search space generated no candidate for the job (``space``: the checked options, ``rules``: the model's
+    rules for :func:`resolve_parallel`): a rule of the job's size (as ``predict`` says it), else the most common rules
+    that the space's configurations break once the divisibility shortcuts of :func:`candidate_configs` are off (each
+    tp x cp x pp x micro-batch of the space with every choice of the other options; micro-batch 1 by default)."""
+    try:
+        check_job_size(gpus, cl)
+    except ParallelConfigError as e:
+        return str(e)
+    opt = {k: (space.get(k) if space.get(k) is not None else SPACE_DEFAULTS[k]) for k in SPACE_DEFAULTS}
+    tps = list(opt["tp"] or _pow2_divisors(gpus, cl.gpus_per_node))
+    cps = list(opt["cp"] or ((1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)))
+    eps = list(opt["ep"] or (1,))
+    mbs = list(opt["micro_batch"] or (1,))
+    rest = list(itertools.product(opt["zero"], opt["sp"], opt["recompute"], opt["interleave"], eps, opt["schedule"]))
+    rules_seen = []
+    for t, c in itertools.product(tps, cps):
+        pps = list(opt["pp"] or (_pow2_divisors(gpus // (t * c)) if gpus % (t * c) == 0 else (1,)))
+        for p, mb, (z, sp, rc, v, e, sch) in itertools.product(pps, mbs, rest):
+            if len(rules_seen) >= _WHY_MAX:
+                break
+            try:
+                resolve_parallel(new_config(gpus=gpus, tp=t, pp=p, cp=c, micro_batch=mb, zero=z, sp=sp, recompute=rc,
+                                            interleave=v, ep=e, schedule=sch), **rules)
+            except ParallelConfigError as err:
+                rules_seen.append(str(err))
+    if rules_seen:
+        return "no strategy of the search space divides the job: " + rule_counts(rules_seen, top, "configurations tried")
+    return (f"no strategy of the search space divides the job ({gpus} GPUs, global batch {batch}, seq {seq}): "
+            "widen the space (tp, pp, micro_batch, zero, ...)")
+
+
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
            optimizer: str = DEFAULTS.optimizer, max_configs: int = 5000, progress=None, framework: str = DEFAULTS.framework,
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
@@ -342,6 +420,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
+    why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
@@ -353,6 +432,13 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                        zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms, data_workers=data_workers,
                        n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
                        n_experts=hf.n_experts)
+            if not cands:
+                why_none[cl.name] = why_no_candidates(cl, gpus, batch, seq, space, job.rules())
+            else:
+                try:
+                    check_job_size(gpus, cl)
+                except ParallelConfigError as e:  # every candidate breaks it (they are still listed in ``rejected``)
+                    why_none[cl.name] = str(e)
             if n_workers > 1 and len(cands) >= PARALLEL_MIN_CANDIDATES:
                 got = _evaluate_parallel(job, cands, n_workers, max_configs, progress)
             else:
@@ -365,7 +451,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     cols = list(COLUMNS + run_cols)
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
-        return SearchResult(empty, empty.copy(), rejected, empty.copy())
+        return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none)
     if tokens is not None:  # run_pareto is computed over the whole frame below
         pareto_at = cols.index("run_pareto")
         rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
@@ -378,7 +464,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     mem = fit["memory_gb"].to_numpy(dtype=float)
     before = np.fmin.accumulate(np.concatenate(([np.inf], mem[:-1]))) if len(mem) else mem
     front = [r._asdict() for r in fit[mem < before].itertuples(index=False)]
-    return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded)
+    return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
+                        {k: v for k, v in why_none.items() if k not in set(df["cluster"])})
 
 
 #: candidates from which ``workers`` > 1 splits a search over processes; below, starting them costs more than it saves

@@ -127,7 +127,9 @@ class DistributedPrediction:
                     memory_flag=self.memory_flag,
                     # set when the pipeline schedule of a huge micro-batch count was extrapolated past its exact part
                     schedule_extrapolated=self.meta.get("schedule_extrapolated"),
-                    **({"warnings": list(self.meta["warnings"])} if self.meta.get("warnings") else {}),
+                    warnings=list(self.meta.get("warnings") or []),  # always there: [] when there are none
+                    # the options the public API ran with (wattcast.predict_cluster sets them; None for the simulator's own)
+                    **({"settings": dict(self.meta["settings"])} if self.meta.get("settings") else {}),
                     **(dict(run=self.run.run_dict(), run_details=self.run.to_dict()) if self.run is not None else {}))
 
 
@@ -1216,7 +1218,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     step, pipe, finish, opt_stage, gather, comm_events = run()
     step_free, pipe_free, *_ = run(frozenset(classes))
     # exposed communication per class: what the step would save if that class alone were free
-    exposed_split = {k: max(step - run(frozenset([k]))[0], 0.0) for k in classes} if comm_split else {}
+    # every class is named, 0.0 where the strategy has none (tp 1, ep 1, ...); a search leaves the split out
+    exposed_split = ({k: max(step - run(frozenset([k]))[0], 0.0) if k in classes else 0.0
+                      for k in sorted({"tp", "dp", "pp", "cp", "ep"} | set(classes))} if comm_split else {})
     # bubble: idle time of the busiest stage inside the pipeline span (no communication counted)
     span = float(pipe.stage_end.max())
     busy = pipe.stage_busy

@@ -67,8 +67,10 @@ class ParallelConfig:
     #: None: every layer (``--recompute-method uniform`` with one layer per group)
     recompute_num_layers: int | None = None
     #: with ``recompute_num_layers``: Megatron's ``--recompute-method`` ("block": the first N layers of each chunk;
-    #: "uniform": every layer, the input of each group of N kept and N layers re-made at once in the backward)
-    recompute_method: str = "block"
+    #: "uniform": every layer, the input of each group of N kept and N layers re-made at once in the backward).
+    #: None: not given (``resolve_parallel`` makes it "block" when ``recompute_num_layers`` is set); given, it needs
+    #: ``recompute="full"`` (Megatron's rule: selective recomputation has no method)
+    recompute_method: str | None = None
 
     @property
     def recompute_layers(self) -> int | None:
@@ -126,20 +128,31 @@ def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last
     if first is not None or last is not None:
         f = 0 if first is None else int(first)
         lst = 0 if last is None else int(last)
+        for flag, v in (("--pp-first-stage-layers", first), ("--pp-last-stage-layers", last)):
+            if v is not None and int(v) > n_layers:
+                raise ParallelConfigError(f"{flag} {int(v)} exceeds the model's {n_layers} transformer layers")
         mid = n_layers - f - lst
         inner = n_chunks - (first is not None) - (last is not None)
+        if first is not None and last is not None and mid < 0:
+            raise ParallelConfigError(
+                f"--pp-first-stage-layers {f} and --pp-last-stage-layers {lst} together ({f + lst}) exceed the model's "
+                f"{n_layers} transformer layers")
         if inner <= 0:
             if mid != 0:
                 raise ParallelConfigError(
                     f"--pp-first-stage-layers/--pp-last-stage-layers ({f} + {lst}) must add up to the "
                     f"model's {n_layers} layers when they name every stage")
             return [f] if n_chunks == 1 else [f, lst]
-        if mid < inner or mid % inner:
+        given = " and ".join([f"{f} on the first stage"] * (first is not None) + [f"{lst} on the last stage"] * (last is not None))
+        others = f"the other {inner} stage{'s' if inner > 1 else ''}"
+        if mid < inner:
             raise ParallelConfigError(
-                
-                f"{n_layers} layers with {f if first is not None else '-'} on the first and "
-                f"{lst if last is not None else '-'} on the last stage leave {mid} for the other {inner} stages: they must "
-                f"divide evenly (Megatron-Core's rule) and give each at least one")
+                f"the model's {n_layers} transformer layers with {given} leave {mid} for {others}: every stage needs at "
+                f"least one layer")
+        if mid % inner:
+            raise ParallelConfigError(
+                f"the model's {n_layers} transformer layers with {given} leave {mid} for {others}: they must divide "
+                f"evenly (Megatron-Core's rule)")
         counts = [mid // inner] * inner
         return ([f] if first is not None else []) + counts + ([lst] if last is not None else [])
     q, r = divmod(n_layers, n_chunks)
@@ -272,9 +285,10 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     explicit = cfg.pp_first_layers is not None or cfg.pp_last_layers is not None
     for name in ("pp_first_layers", "pp_last_layers"):
         v = getattr(cfg, name)
-        if not (v is None or ((type(v) is int or is_int(v)) and v >= 0)):
+        if not (v is None or ((type(v) is int or is_int(v)) and v >= 1)):
             raise ParallelConfigError(
-                f"--{name.replace('_layers', '-stage-layers').replace('_', '-')} must be a whole number of layers >= 0, got {v!r}")
+                f"--{name.replace('_layers', '-stage-layers').replace('_', '-')} must be a whole number of layers, at least "
+                f"1 (every pipeline stage holds at least one transformer layer), got {v!r}")
     if explicit:
         if not (cfg.pp > 1):
             raise ParallelConfigError(
@@ -327,28 +341,22 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             raise ParallelConfigError(
                 f"--recompute-num-layers {rn} is Megatron's block or uniform recomputation of whole layers: it needs "
                 f"--recompute full (got {cfg.recompute}); selective recomputation applies to every layer")
-    if cfg.recompute_method not in ("block", "uniform"):
-        raise ParallelConfigError(f"--recompute-method must be block or uniform, got {cfg.recompute_method!r}")
-    if cfg.recompute_method == "uniform" and rn is None:
+    method = cfg.recompute_method
+    if method is not None:
+        if method not in ("block", "uniform"):
+            raise ParallelConfigError(f"--recompute-method must be block or uniform, got {method!r}")
+        if cfg.recompute != "full":
+            raise ParallelConfigError(
+                f"--recompute-method {method} says which layers Megatron's full recomputation recomputes: it needs "
+                f"--recompute full (got {cfg.recompute})"
+                + ("; selective recomputation applies to every layer and takes no method (Megatron refuses it too)"
+                   if cfg.recompute == "selective" else ""))
+    if method == "uniform" and rn is None:
         raise ParallelConfigError("--recompute-method uniform groups --recompute-num-layers layers: give that too")
+    if method is None and rn is not None:
+        method = "block"  # Megatron's block method unless told otherwise
     if cluster is not None and cfg.gpus > cluster.gpus_per_node:
-        if not (cluster.inter is not None):
-            raise ParallelConfigError(
-                f"{cfg.gpus} GPUs need more than one node, but cluster {cluster.name} has no cross-node tier")
-        nodes = -(-cfg.gpus // cluster.gpus_per_node)
-        # a partly filled node would put some parallel groups across a node boundary that the group layouts
-        # (whole nodes, Megatron rank order) do not see: a silently wrong communication time
-        if not (cfg.gpus % cluster.gpus_per_node == 0 or exotic_allowed()):
-            raise ParallelConfigError(
-                f"{cfg.gpus} GPUs do not fill whole nodes of cluster {cluster.name} (gpus_per_node "
-                f"{cluster.gpus_per_node}: {cfg.gpus // cluster.gpus_per_node} full node(s) and "
-                f"{cfg.gpus % cluster.gpus_per_node} GPU(s) more); a job spanning nodes needs a multiple of gpus_per_node "
-                f"({cluster.gpus_per_node * (nodes - 1)} or {cluster.gpus_per_node * nodes} GPUs), --gpus-per-node to use part "
-                "of every node, or check gpus_per_node in the cluster spec (--force models the partial node as a whole "
-                "one)")
-        if not (cluster.max_nodes is None or nodes <= cluster.max_nodes):
-            raise ParallelConfigError(
-                f"{cfg.gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
+        check_job_size(cfg.gpus, cluster)
     fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
     defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
     flags = {}
@@ -378,7 +386,32 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
-    return with_fields(cfg, dp=dp, micro_batch=mb, **flags)
+    return with_fields(cfg, dp=dp, micro_batch=mb, recompute_method=method, **flags)
+
+
+def check_job_size(gpus: int, cluster: ClusterSpec) -> None:
+    """The rules of the job's size on ``cluster``, which no parallel strategy changes (ParallelConfigError naming the
+    rule): a job beyond one node needs a cross-node tier, whole nodes (unless exotic figures are allowed) and at most
+    the cluster's ``max_nodes``."""
+    if gpus <= cluster.gpus_per_node:
+        return
+    if not (cluster.inter is not None):
+        raise ParallelConfigError(
+            f"{gpus} GPUs need more than one node, but cluster {cluster.name} has no cross-node tier")
+    nodes = -(-gpus // cluster.gpus_per_node)
+    # a partly filled node would put some parallel groups across a node boundary that the group layouts
+    # (whole nodes, Megatron rank order) do not see: a silently wrong communication time
+    if not (gpus % cluster.gpus_per_node == 0 or exotic_allowed()):
+        raise ParallelConfigError(
+            f"{gpus} GPUs do not fill whole nodes of cluster {cluster.name} (gpus_per_node "
+            f"{cluster.gpus_per_node}: {gpus // cluster.gpus_per_node} full node(s) and "
+            f"{gpus % cluster.gpus_per_node} GPU(s) more); a job spanning nodes needs a multiple of gpus_per_node "
+            f"({cluster.gpus_per_node * (nodes - 1)} or {cluster.gpus_per_node * nodes} GPUs), --gpus-per-node to use part "
+            "of every node, or check gpus_per_node in the cluster spec (--force models the partial node as a whole "
+            "one)")
+    if not (cluster.max_nodes is None or nodes <= cluster.max_nodes):
+        raise ParallelConfigError(
+            f"{gpus} GPUs need {nodes} nodes; cluster {cluster.name} has {cluster.max_nodes}")
 
 
 def with_fields(cfg: ParallelConfig, **changes) -> ParallelConfig:

@@ -95,8 +95,10 @@ class StepPrediction:
                  energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w,
                  memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag, overheads=self.overheads,
                  data_loading=self.meta.get("data_loading"))
-        if self.meta.get("warnings"):  # e.g. a sequence beyond a RoPE model's trained positions, an ONNX op's fallback
-            d["warnings"] = list(self.meta["warnings"])
+        # e.g. a sequence beyond a RoPE model's trained positions, an ONNX op's fallback; always there ([] when none)
+        d["warnings"] = list(self.meta.get("warnings") or [])
+        if self.meta.get("settings"):  # the options the public API ran with (wattcast.predict sets them)
+            d["settings"] = dict(self.meta["settings"])
         if self.run is not None:  # predict(..., tokens=): the whole run's time, energy, cost and carbon
             d["run"] = self.run.run_dict()
             d["run_details"] = self.run.to_dict()

@@ -90,7 +90,9 @@ class Strategy:
                               overlap_grad_reduce=self.overlap_grad_reduce,
                               overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap,
                               overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm,
-                              recompute_num_layers=self.recompute_num_layers, recompute_method=self.recompute_method)
+                              recompute_num_layers=self.recompute_num_layers,
+                              # the method only with a layer count (rcfull<N> / rcfullu<N>): given alone, it needs full
+                              recompute_method=self.recompute_method if self.recompute_num_layers is not None else None)
 
 
 def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: str = "hf") -> str:
@@ -143,8 +145,8 @@ def parse_strategy(text: str) -> Strategy:
             if name == "zero":
                 if n > 3:
                     raise StrategyError(f"strategy {text!r}: bad token {tok!r}: ZeRO stage must be 0, 1, 2 or 3")
-            elif name in ("ppf", "ppl"):
-                pass  # whole layers, 0 allowed
+            elif n < 1 and name in ("ppf", "ppl"):
+                raise StrategyError(f"strategy {text!r}: bad token {tok!r}: a pipeline stage holds at least 1 layer")
             elif n < 1:
                 raise StrategyError(f"strategy {text!r}: bad token {tok!r}: {name} must be at least 1")
             put(name, n, tok)
@@ -211,8 +213,8 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                                 f"{k} = {what}; leave {label(k)} out or change the strategy")
     if out["batch"] is None:
         out.pop("batch")
-    if out["recompute_method"] is None:  # the strategy names no layer count: Megatron's block method unless given
-        out["recompute_method"] = "block"
+    # recompute_method stays None when neither the strategy (no layer count) nor the caller names one: Megatron's block
+    # method then applies to a layer count (resolve_parallel), and a method given without full recomputation is refused
     return out
 
 

@@ -6,33 +6,47 @@ import json
 from pathlib import Path
 
 
+def _ns(ms: float) -> int:
+    """A time in ms as whole nanoseconds: every event's start and end are rounded once, so that consecutive events of
+    one track meet exactly (``dur`` = end - start, never a nanosecond over the next one's start)."""
+    return int(round(float(ms) * 1e6))
+
+
+def _us(ns: int) -> float:
+    """Whole nanoseconds as the trace's microseconds (3 decimals, exact to the nanosecond)."""
+    return round(ns / 1e3, 3)
+
+
 def chrome_trace_events(res) -> list[dict]:
-    """Complete ('X') events, microseconds, kernels back to back on the compute stream in graph order."""
+    """Complete ('X') events, microseconds, kernels back to back on the compute stream in graph order. Each kernel's
+    start and end are the running sums rounded once to the nanosecond, so slices meet without overlapping."""
     nodes = res.nodes
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{res.device}"}},
               {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "compute"}}]
-    t_us = 0.0
+    t_ms = 0.0
     data_ms = float((res.meta.get("data_loading") or {}).get("step_ms", 0.0))
     if data_ms > 0:  # the batch's loading and copy come before the step's first kernel
         events.append({"name": "data_loading", "cat": "data", "ph": "X", "pid": 0, "tid": 0, "ts": 0.0,
-                       "dur": round(data_ms * 1e3, 3), "args": res.meta["data_loading"]["per_micro"]["single"]})
-        t_us = data_ms * 1e3
+                       "dur": _us(_ns(data_ms)), "args": res.meta["data_loading"]["per_micro"]["single"]})
+        t_ms = data_ms
     has_power = "power_w" in nodes
     cols = ["name", "op_class", "phase", "layer", "kernel", "method", "time_ms", "gpu_ms", "flops", "bytes", "ood"]
     power = nodes["power_w"].to_numpy(dtype=float) if has_power else None
     last_w = None
+    start = _ns(t_ms)
     for i, r in enumerate(nodes[cols].itertuples(index=False)):
-        dur = float(r.time_ms) * 1e3
-        events.append({"name": r.name, "cat": f"{r.phase},{r.op_class}", "ph": "X", "pid": 0, "tid": 0, "ts": round(t_us, 3),
-                       "dur": round(dur, 3), "args": {"layer": int(r.layer), "kernel": r.kernel, "method": r.method,
-                                                      "gpu_ms": float(r.gpu_ms), "flops": float(r.flops), "bytes": float(r.bytes),
-                                                      "ood": bool(r.ood)}})
-        if has_power and dur > 0:
+        t_ms += float(r.time_ms)
+        end = max(_ns(t_ms), start)
+        events.append({"name": r.name, "cat": f"{r.phase},{r.op_class}", "ph": "X", "pid": 0, "tid": 0, "ts": _us(start),
+                       "dur": _us(end - start), "args": {"layer": int(r.layer), "kernel": r.kernel, "method": r.method,
+                                                         "gpu_ms": float(r.gpu_ms), "flops": float(r.flops),
+                                                         "bytes": float(r.bytes), "ood": bool(r.ood)}})
+        if has_power and float(r.time_ms) > 0:
             w = round(float(power[i]), 1)
             if w != last_w:  # a counter track: board power while each kernel runs
-                events.append({"name": "power", "ph": "C", "pid": 0, "ts": round(t_us, 3), "args": {"board_w": w}})
+                events.append({"name": "power", "ph": "C", "pid": 0, "ts": _us(start), "args": {"board_w": w}})
                 last_w = w
-        t_us += dur
+        start = end
     return events
 
 
@@ -55,32 +69,95 @@ def write_chrome_trace(res, path: str | Path) -> Path:
                                                          "mode": res.mode, "step_time_ms": res.step_time_ms})
 
 
+#: the tracks (thread ids) of a distributed trace, per pipeline stage (process): the computation, then one per kind
+#: of communication that can run at the same time as another (each on its own NCCL stream / group): an event's kind is
+#: its name's prefix (``cp.ring_kv3`` -> cp; ZeRO-3's ``zero3.*`` share the data-parallel track)
+TRACKS = {"compute": (0, "compute"), "dp": (1, "comm: dp (gradient reduce, ZeRO)"), "cp": (2, "comm: cp (ring KV exchange)"),
+          "pp": (3, "comm: pp (send/recv)"), "ep": (4, "comm: ep (all-to-all)"), "tp": (5, "comm: tp"),
+          "comm": (6, "comm: other")}
+_TRACK_OF = {"zero3": "dp"}
+#: extra lanes of a track (events of one kind that partly overlap: e.g. a ring exchange outlasting its task) start here
+_LANE_TID = 100
+
+
+def _track(e: dict) -> str:
+    """The track (key of :data:`TRACKS`) of one timeline event."""
+    if e["stream"] == "compute":
+        return "compute"
+    kind = str(e["name"]).split(".", 1)[0]
+    kind = _TRACK_OF.get(kind, kind)
+    return kind if kind in TRACKS else "comm"
+
+
+def _lanes(spans: list[tuple[int, int, int]]) -> dict[int, int]:
+    """Lane of each span (start ns, end ns, index) so that the spans of one lane are sequential or nested, never
+    partly overlapping (Perfetto and chrome://tracing draw those wrongly): lane 0 where possible, else the first lane
+    where it fits."""
+    stacks: list[list[int]] = []  # per lane: the ends of the open (enclosing) spans
+    out = {}
+    for a, b, i in sorted(spans, key=lambda x: (x[0], -x[1], x[2])):
+        for lane, st in enumerate(stacks):
+            while st and st[-1] <= a:
+                st.pop()
+            if not st or b <= st[-1]:
+                st.append(b)
+                out[i] = lane
+                break
+        else:
+            stacks.append([b])
+            out[i] = len(stacks) - 1
+    return out
+
+
 def distributed_trace_events(res) -> list[dict]:
-    """Chrome trace of a distributed step: one process per pipeline stage, compute and comm threads."""
+    """Chrome trace of a distributed step: one process per pipeline stage; a compute thread, and a thread per kind of
+    communication (:data:`TRACKS`: dp/ZeRO, cp, pp, ep, tp), each named by thread_name metadata. Starts and ends are
+    rounded once to the nanosecond (``dur`` = end - start), and events of one thread are sequential or nested: ones
+    that would partly overlap go to an extra lane of their kind (tid 100 + ...)."""
     ev = []
     stages = sorted({e["stage"] for e in res.events})
+    spans = {}  # (stage, track) -> [(start ns, end ns, event index)]
+    for i, e in enumerate(res.events):
+        a = _ns(e["start_ms"])
+        spans.setdefault((e["stage"], _track(e)), []).append((a, max(_ns(e["end_ms"]), a), i))
+    tids: dict[int, int] = {}
+    names: dict[tuple[int, int], str] = {}
+    for (s, track), sp in spans.items():
+        base, label = TRACKS[track]
+        lanes = _lanes(sp)
+        for _, _, i in sp:
+            lane = lanes[i]
+            tid = base if lane == 0 else _LANE_TID + 10 * base + lane
+            tids[i] = tid
+            names[(s, tid)] = label if lane == 0 else f"{label} ({lane + 1})"
     for s in stages:
         ev.append({"name": "process_name", "ph": "M", "pid": s, "args": {"name": f"stage {s} ({res.device})"}})
-        ev.append({"name": "thread_name", "ph": "M", "pid": s, "tid": 0, "args": {"name": "compute"}})
-        ev.append({"name": "thread_name", "ph": "M", "pid": s, "tid": 1, "args": {"name": "comm"}})
-    for e in res.events:
-        ev.append({"name": e["name"], "ph": "X", "pid": e["stage"], "tid": 0 if e["stream"] == "compute" else 1,
-                   "ts": round(e["start_ms"] * 1e3, 3), "dur": round((e["end_ms"] - e["start_ms"]) * 1e3, 3),
-                   "cat": e["stream"]})
+        ev.append({"name": "process_sort_index", "ph": "M", "pid": s, "args": {"sort_index": s}})
+        own = sorted({tid for (st, tid) in names if st == s} | {0})
+        for tid in own:
+            label = names.get((s, tid), TRACKS["compute"][1])
+            ev.append({"name": "thread_name", "ph": "M", "pid": s, "tid": tid, "args": {"name": label}})
+            ev.append({"name": "thread_sort_index", "ph": "M", "pid": s, "tid": tid, "args": {"sort_index": tid}})
+    for (s, track), sp in spans.items():
+        for a, b, i in sp:
+            e = res.events[i]
+            ev.append({"name": e["name"], "ph": "X", "pid": s, "tid": tids[i], "ts": _us(a), "dur": _us(b - a),
+                       "cat": e["stream"]})
     # power counter per stage: compute tasks at the stage's busy power, waits at communication power
     for d in res.per_device:
         s = d["stage"]
         busy_w, idle_w = d.get("busy_power_w"), d.get("wait_power_w")
         if busy_w is None:
             continue
-        spans = sorted((e["start_ms"], e["end_ms"]) for e in res.events if e["stage"] == s and e["stream"] == "compute")
-        t = 0.0
-        for a, b in spans:
+        comp = sorted((_ns(e["start_ms"]), _ns(e["end_ms"])) for e in res.events
+                      if e["stage"] == s and e["stream"] == "compute")
+        t = 0
+        for a, b in comp:
             if a > t:
-                ev.append({"name": "power", "ph": "C", "pid": s, "ts": round(t * 1e3, 3), "args": {"board_w": round(idle_w, 1)}})
-            ev.append({"name": "power", "ph": "C", "pid": s, "ts": round(a * 1e3, 3), "args": {"board_w": round(busy_w, 1)}})
-            t = b
-        ev.append({"name": "power", "ph": "C", "pid": s, "ts": round(t * 1e3, 3), "args": {"board_w": round(idle_w, 1)}})
+                ev.append({"name": "power", "ph": "C", "pid": s, "ts": _us(t), "args": {"board_w": round(idle_w, 1)}})
+            ev.append({"name": "power", "ph": "C", "pid": s, "ts": _us(a), "args": {"board_w": round(busy_w, 1)}})
+            t = max(t, b)
+        ev.append({"name": "power", "ph": "C", "pid": s, "ts": _us(t), "args": {"board_w": round(idle_w, 1)}})
     return ev
 
 

@@ -181,7 +181,6 @@ def test_csv_header_problem_names_file_and_column():
     assert msg.startswith("k.csv: the header repeats column(s) 'B'") and "'B.1'" in msg and "give each column once" in msg
 
 
-@pytest.mark.xfail(strict=False, reason="needs the one-line csv_header_problem call in api/cli.py `kernels`")
 def test_kernels_cli_refuses_a_repeated_column(tmp_path):
     from typer.testing import CliRunner
 

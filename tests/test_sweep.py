@@ -82,6 +82,7 @@ def test_a_task_that_fits_nowhere_is_a_row_saying_so(tmp_path):
                        space=dict(tp=[1], pp=[1], zero=[0])), tmp_path / "o", workers=0)
     df = read_sweep(r.output)
     assert len(df) == 1 and df["status"].iloc[0] == "none fits" and "none fits" in df["error"].iloc[0]
+    assert "none fits in memory" in summary(df)["error"].iloc[0]  # the best-row summary (and --json) carries the reason
 
 
 def test_dask_sweep_survives_a_killed_worker(tmp_path):
