@@ -1059,6 +1059,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     capacity = capacity_gb(spec.memory_gb)
     # expert states are sharded over the expert-data-parallel group (dp x cp / ep: _dp_times' ep_dp), not the DP group
     edp_n = max(dp_n // par.ep, 1)
+    # what one device's share of the optimizer step is under ZeRO >= 1, per stage: dense parameters sharded over the DP
+    # group, expert ones over the expert-DP group (1 / dp without experts or with ep 1)
+    if par.zero >= 1:
+        exp_frac = np.divide(by_stage(chunk_sum("expert_params")), params_stage,
+                             out=np.zeros(P), where=params_stage > 0) if edp_n != dp_n else np.zeros(P)
+        opt_share = (1.0 - exp_frac) / dp_n + exp_frac / edp_n
+    else:
+        opt_share = np.ones(P)
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
@@ -1198,9 +1206,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             else:
                 hidden = np.zeros(P)
             finish = np.where(has, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
-        opt_stage = opt_by_stage
-        if par.zero >= 1:
-            opt_stage = opt_stage / lay["dp"].size
+        opt_stage = opt_by_stage * opt_share
         gather = np.zeros(P)
         if dp_on and par.zero >= 1 and lay["dp"].size > 1:
             gather = dpt.get("gather_by_stage")
@@ -1266,7 +1272,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     busy_all = busy + opt_stage
     # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls for its
     # peer: communication power, not idle power
-    stage_e = (e_chunk_s + e_opt_s / (lay["dp"].size if par.zero >= 1 else 1)
+    stage_e = (e_chunk_s + e_opt_s * opt_share
                + p_comm * np.maximum(step - busy_all, 0.0) / 1e3)
     if summary:
         energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)

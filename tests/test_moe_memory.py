@@ -155,3 +155,15 @@ def test_search_summary_memory_equals_the_prediction_for_experts(zero):
     s = schedule_step(replace(ctx, detail=False, summary=True, memo={}))
     assert isinstance(s, StepSummary)
     assert s.memory_gb == full.memory_gb and s.fits == full.fits is False
+
+
+def test_the_optimizer_step_of_expert_parameters_is_sharded_over_the_expert_data_parallel_group():
+    """Under ZeRO-1 each rank steps its shard: the dense parameters' 1/dp and the expert parameters' 1/(dp/ep) (the time
+    and the energy follow); with ep 1 the whole DP group shards both."""
+    expert, dense = mixtral_rank_params(8)
+    frac = expert / (expert + dense)
+    z0, z1 = _mixtral(0), _mixtral(1)
+    # dp 32, ep 8: the expert share goes over 4 ranks, the dense one over 32
+    assert z1.optimizer_ms == pytest.approx(z0.optimizer_ms * ((1 - frac) / 32 + frac / 4), rel=0.03)
+    one0, one1 = _mixtral(0, ep=1, dp=8), _mixtral(1, ep=1, dp=8)
+    assert one1.optimizer_ms == pytest.approx(one0.optimizer_ms / 8, rel=1e-9)
