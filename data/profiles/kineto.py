@@ -83,6 +83,61 @@ def trace_devices(doc: dict) -> dict[int, str]:
     return out
 
 
+_CHECKED_CATS = ("kernel", "cpu_op", *_LAUNCH_CATS, *_FLOW_CATS)
+INVALID_DURATION = "invalid duration (a kernel 'dur' that is missing, negative, non-numeric or infinite)"
+INVALID_SHAPE = "invalid shape (a negative dimension in 'Input Dims')"
+
+
+def _finite(v) -> float | None:
+    """``v`` as a finite float, else None (bools, strings that are not numbers, NaN, inf)."""
+    if isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f and f not in (float("inf"), float("-inf")) else None
+
+
+def _event_label(i: int, e: dict) -> str:
+    return f"event #{i} ({e.get('cat')} {str(e.get('name', ''))[:60]!r})"
+
+
+def _check_events(events: list[dict], p: Path) -> None:
+    """Malformed fields of the events the importer reads are one clear ProfileImportError naming the event (never a
+    traceback): ``args`` that is not an object, a ``ts`` that is not a finite number, a ``name`` that is not a
+    string, a cpu_op ``dur`` that is not a finite number >= 0. Timestamps are made floats in place. A kernel's
+    ``dur`` is checked per row instead (``INVALID_DURATION``: the row is kept unmapped, counted)."""
+    for i, e in enumerate(events):
+        cat = e.get("cat")
+        if cat not in _CHECKED_CATS:
+            continue
+        a = e.get("args")
+        if a is not None and not isinstance(a, dict):
+            raise ProfileImportError(f"{p}: {_event_label(i, e)}: 'args' is {type(a).__name__}, not an object "
+                                     "(damaged trace?)")
+        if "name" in e and not isinstance(e["name"], str):
+            raise ProfileImportError(f"{p}: {_event_label(i, e)}: 'name' is not a string (damaged trace?)")
+        if cat == "kernel" or cat == "cpu_op" or "ts" in e:
+            ts = _finite(e.get("ts"))
+            if ts is None:
+                raise ProfileImportError(f"{p}: {_event_label(i, e)}: 'ts' {e.get('ts')!r} is not a finite number "
+                                         "(damaged trace?)")
+            e["ts"] = ts
+        if cat == "cpu_op" and "dur" in e:
+            d = _finite(e.get("dur"))
+            if d is None or d < 0:
+                raise ProfileImportError(f"{p}: {_event_label(i, e)}: 'dur' {e.get('dur')!r} is not a finite "
+                                         "number >= 0 (damaged trace?)")
+            e["dur"] = d
+
+
+def _kernel_dur(k: dict) -> float | None:
+    """A kernel's ``dur`` (us) when it is a real measurement (finite, >= 0), else None."""
+    d = _finite(k.get("dur"))
+    return d if d is not None and d >= 0 else None
+
+
 def _launch_sites(events) -> dict[int, tuple]:
     """correlation id -> (pid, tid, ts) of the CPU-side launch (flow start, else the runtime event)."""
     sites: dict[int, tuple] = {}
@@ -135,7 +190,8 @@ class _ThreadOps:
 
 def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name: str, source: str) -> dict:
     k0 = kernels[0]
-    time_us = sum(float(k.get("dur", 0)) for k in kernels)
+    durs = [_kernel_dur(k) for k in kernels]
+    time_us = sum(durs) if None not in durs else float("nan")
     m = _NCCL_OP.search(k0.get("name", ""))
     row = {"time_us": time_us, "device_name": device_name, "Device": catalog_name(device_name), "source": source,
            "op": "", "size_B": float("nan"), "dtype": "", "world_size": float("nan"), "reason": ""}
@@ -170,6 +226,8 @@ def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name:
         row["world_size"] = int(info["world_size"])
     if not row["op"]:
         row["reason"] = row["reason"] or f"cannot tell the collective of kernel {k0.get('name', '')[:60]!r}"
+    if None in durs:
+        row["reason"] = INVALID_DURATION
     return row
 
 
@@ -178,6 +236,7 @@ def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataF
     p = Path(path)
     doc = load_trace(p)
     events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
+    _check_events(events, p)
     kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
     source = f"kineto:{p.name}"
     if not kernels:
@@ -219,8 +278,9 @@ def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataF
         if any("nccl" in k.get("name", "").lower() for k in ks):
             crows.append(_nccl_row(ks, ops, idx, doc, dname, source))
             continue
-        lat_ms = sum(float(k.get("dur", 0)) for k in ks) / 1000.0
-        longest = max(ks, key=lambda k: float(k.get("dur", 0)))
+        durs = [_kernel_dur(k) for k in ks]
+        lat_ms = sum(durs) / 1000.0 if None not in durs else float("nan")
+        longest = max(ks, key=lambda k: _kernel_dur(k) or 0.0)
         row = {"latency_ms": lat_ms, "n_kernels": len(ks), "kernel": longest.get("name", "")[:200],
                "device_name": dname, "Device": catalog_name(dname), "source": source}
         if ops is None:
@@ -233,6 +293,10 @@ def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataF
             if name in ("bmm", "linear") and dtype == "fp32" and any(_TF32_KERNEL.search(k.get("name", "")) for k in ks):
                 dtype = "tf32"
             row.update(OPName=name, aten_op=op.get("name", ""), dtype=dtype, reason=why, **shape)
+            if name and not why and any(_finite(v) is None or _finite(v) < 0 for v in shape.values() if v is not None):
+                row.update(OPName="", reason=INVALID_SHAPE)
+        if None in durs:  # an impossible measurement is never a training / validation row
+            row.update(OPName="", reason=INVALID_DURATION)
         if row["reason"]:
             reasons[reason_key(row["reason"])] += 1
         krows.append(row)
