@@ -32,7 +32,7 @@ _PUE_OPTION = typer.Option(None, "--pue", help="Data-centre PUE (default 1.2).")
 _LIFETIME_OPTION = typer.Option(None, "--lifetime-years", help="Hardware lifetime for amortising embodied carbon and CapEx (default 5).")
 _GRID_OPTION = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region).")
 _MTBF_OPTION = typer.Option(None, "--mtbf-gpu-hours", help="Mean time between failures of one GPU, hours (the run's goodput: failures, restarts, checkpoints; default from the shipped assumptions).")
-_CHECKPOINT_OPTION = typer.Option(None, "--checkpoint-write-s", help="Seconds to write one checkpoint (Young/Daly interval and its cost; default from the shipped assumptions).")
+_CHECKPOINT_OPTION = typer.Option(None, "--checkpoint-write-s", help="Seconds to write one checkpoint (Young/Daly interval and its cost; a run shorter than the interval writes none; 0 to 86,400 s; default from the shipped assumptions).")
 _CLOUD_OPTION = typer.Option(None, "--cloud-usd-per-gpu-hour", help="Cloud price per GPU-hour for the run's cloud cost (default: a cluster spec's own price, else the table's price for a catalog GPU under --pricing).")
 _PRICING_OPTION = typer.Option(None, "--pricing", help="Cloud pricing of the run's cloud cost: on-demand (default), reserved-1y or reserved-3y (committed-use list prices, cloud_prices.yaml).")
 _ELECTRICITY_OPTION = typer.Option(None, "--electricity-usd-per-kwh", help="Electricity price (USD/kWh) for the run's OpEx; wins over --region's price (default: the region's price from the shipped table, else the global 0.08).")
@@ -610,7 +610,8 @@ def _print_json(res) -> None:
 def _print_run(run) -> None:
     from wattcast.lifecycle import format_footprint
 
-    Console().print(format_footprint(run))
+    # plain text: the "[power source]" in brackets is not rich markup (it would vanish)
+    Console().print(format_footprint(run), markup=False, highlight=False)
 
 
 def _show_cluster_prediction(res, req, f) -> None:
@@ -1110,13 +1111,13 @@ def footprint(
     gpus: int = typer.Option(..., "--gpus", help="Accelerators in the run."),
     hours: float = typer.Option(..., "--hours", help="Wall-clock hours of the run (as published footprints report)."),
     avg_power_w: Optional[float] = typer.Option(None, "--avg-power-w", help="Measured all-in average power per accelerator (W); default: the power surrogate at --utilisation plus node overhead."),
-    utilisation: float = typer.Option(0.5, "--utilisation", help="Compute utilisation for the power surrogate when --avg-power-w is not given."),
+    utilisation: Optional[float] = typer.Option(None, "--utilisation", help="Compute utilisation (0-1) for the power surrogate (default 0.5); not with --avg-power-w, which gives the power itself."),
     pue: Optional[float] = typer.Option(None, "--pue", help="Data-centre PUE (default 1.2)."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region: country (ISO code or name) or cloud region."),
-    grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region)."),
+    grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region's; the region still gives the electricity price and cloud offer)."),
     lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime (default 5)."),
     market_based: bool = typer.Option(False, "--market-based", help="Market-based grid factor for the region (where the table has one)."),
-    node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, NICs, fans as a share of GPU power (default 0.3)."),
+    node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, NICs, fans as a share of GPU power, added to it (default: 0.3 on the power surrogate's GPU power; 0 with --avg-power-w, which is all-in, so a share given with it treats that power as GPU-only)."),
     cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
     pricing: Optional[str] = _PRICING_OPTION,
     electricity_usd_per_kwh: Optional[float] = _ELECTRICITY_OPTION,
@@ -1127,8 +1128,11 @@ def footprint(
     from wattcast import footprint as _footprint
     from wattcast.data.device_spec import DeviceSpecError
 
-    if region is not None and grid_kgco2e_per_kwh is not None:
-        _fail("give --region or --grid-kgco2e-per-kwh, not both")
+    # (--region with --grid-kgco2e-per-kwh: the explicit figure wins, the region still prices electricity, as predict)
+    if avg_power_w is not None and utilisation is not None:
+        _fail("--utilisation sets the power surrogate's load; --avg-power-w gives the power itself: give one of them")
+    if utilisation is None:
+        utilisation = 0.5
     _check_pricing_flag(pricing)
     from wattcast.lifecycle import check_plausible
 
@@ -1486,12 +1490,17 @@ def profile_import(
     output: Path = typer.Option(..., "--output", "-o", help="Folder to write kernels.csv / collectives.csv / power.csv / profile.json into."),
     device: Optional[str] = typer.Option(None, "--device", "-d", help="GPU of the files when they do not record it (or to override it)."),
     collective: Optional[str] = typer.Option(None, "--collective", help="Collective of an nccl-tests log that does not name it (all_reduce, all_gather, ...)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the tables / profile.json already in --output (stale tables of an earlier import are removed; other files are kept). Without it, an existing one is an error."),
 ) -> None:
     """Import profiling files into wattcast's measurement tables (schema in the README)."""
     from wattcast.data.profiles.importers import import_file
-    from wattcast.data.profiles.tables import Profile, ProfileImportError
+    from wattcast.data.profiles.tables import Profile, ProfileImportError, owned_files
 
     _output_dir(output, "--output")
+    existing = owned_files(output) if output.is_dir() else []
+    if existing and not overwrite:
+        _fail(f"--output {output} already holds {', '.join(p.name for p in existing)}; pass --overwrite to replace "
+              "them (with the tables of this import only), or give another folder")
     for f in files:
         _input_file(f, "input file")
     if device is not None:
@@ -1513,7 +1522,7 @@ def profile_import(
         for frames in prof.frames.values():
             for fr in frames:
                 fr.loc[(fr["Device"].fillna("") == "") & (fr["device_name"] == device), "Device"] = device
-    _write("--output", output, lambda: prof.write(output))
+    _write("--output", output, lambda: prof.write(output, remove_stale=overwrite))
     k = prof.table("kernels")
     mapped = int((k["OPName"].fillna("") != "").sum()) if len(k) else 0
     err.print(f"[green]{mapped:,}[/] kernel rows mapped to wattcast ops"
@@ -1592,7 +1601,7 @@ def validate_trace_cmd(
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpecError
     from wattcast.data.profiles.tables import ProfileImportError
-    from wattcast.validation.trace_validation import validate_trace
+    from wattcast.validation.trace_validation import json_safe, validate_trace
 
     for f in files:
         _input_file(f, "input file")
@@ -1611,7 +1620,7 @@ def validate_trace_cmd(
     if summary["trace_catalog_devices"] and summary["device"] not in summary["trace_catalog_devices"]:
         err.print(f"[yellow]the trace ran on {', '.join(summary['trace_devices'])}; predicting on {summary['device']}[/yellow]")
     if as_json:
-        print(json.dumps(summary, indent=2, default=float))
+        print(json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
         return
     con = Console()
     t = Table(title=f"{summary['rows']:,} kernel rows on {summary['device']}: predicted vs measured (% error; signed + = over-prediction)")

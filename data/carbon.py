@@ -255,8 +255,8 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
         if m is None:
             raise CarbonDataError(
                 f"no market-based grid intensity for region {key!r} in the shipped table (market-based figures "
-                "exist only for cloud regions); pass an explicit market-based factor "
-                "(LifecycleAssumptions.market_kgco2e_per_kwh or grid_kgco2e_per_kwh)"
+                "exist only for cloud regions); give the market-based factor as grid_kgco2e_per_kwh "
+                "(--grid-kgco2e-per-kwh; in Python also LifecycleAssumptions.market_kgco2e_per_kwh)"
             )
         return GridIntensity(key, name, float(m) / 1000.0, "market", f"{src}; {g['sources']['market']}", year)
     return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year)
@@ -377,7 +377,8 @@ def accelerator_price_usd(spec) -> Factor:
     tdp = getattr(spec, "tdp_w", None)
     if not tdp:
         raise CarbonDataError(
-            f"device {name!r} has no launch_price_usd and no tdp_w; pass accelerator_price_usd explicitly"
+            f"device {name!r} has no launch_price_usd and no tdp_w: add launch_price_usd (or tdp_w) to the spec "
+            "file (in Python, LifecycleAssumptions(accelerator_price_usd=...) also works)"
         )
     return Factor(per_w.value * float(tdp), "USD",
                   f"no price for {name}: {per_w.value:g} USD/W x TDP {tdp:g} W ({per_w.source})", assumption=True)
@@ -704,7 +705,8 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
                       per_source=per_source)
     nordic = json.loads((root / _CC / "private_infra_nordic_emissions.json").read_text(encoding="utf-8"))
     zones = {
-        code: {"name": r["description"], "gco2e_per_kwh": float(r["emission_factor"]), "year": int(r["year"])}
+        code: {"name": ZONE_NAMES.get(code, r["description"]), "gco2e_per_kwh": float(r["emission_factor"]),
+               "year": int(r["year"])}
         for code, r in nordic["data"].items()
     }
     world = _world_entry()
@@ -731,6 +733,15 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
         "cloud_regions": dict(sorted(cloud.items())),
         "zones": zones,
     }
+
+
+#: Labels of the Nordic bidding zones that wattcast sets itself instead of CodeCarbon's descriptions, which swap SE3
+#: and SE4 ("SE3 Southern Sweden", "SE4 Stockholm region"). Nord Pool's bidding zones (nordpoolgroup.com, "Bidding
+#: areas"; Svenska kraftnät's elområden): SE1 Luleå, SE2 Sundsvall, SE3 Stockholm, SE4 Malmö (southern Sweden).
+ZONE_NAMES = {
+    "SE3": "Sweden Bidding Zone 3 (Stockholm region)",
+    "SE4": "Sweden Bidding Zone 4 (Southern Sweden, Malmö)",
+}
 
 
 def _relocate(entry: dict[str, Any], location: str, place: str, doc: str, *, countries: Mapping[str, Any],

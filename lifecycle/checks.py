@@ -64,11 +64,16 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "grid_kgco2e_per_kwh": (0.0, 2.0, "-", "grams per kWh (481 means 0.481)", "kgCO2e per kWh"),
     "electricity_usd_per_kwh": (0.0, 2.0, "-", "cents or USD per MWh", "USD per kWh"),
     "cloud_usd_per_gpu_hour": (0.0, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
+    # a synchronous write of even a multi-TB checkpoint takes minutes (Llama 3 405B: seconds to minutes); a day is far
+    # beyond any real one and would make the Young/Daly interval meaningless
+    "checkpoint_write_s": (0.0, 86_400.0, "-", "milliseconds (60000 means 60 s), or not one write (1 day = 86400 s)",
+                           "seconds per checkpoint write"),
 }
 #: the command-line option of each footprint parameter (named in messages)
 _FLAGS = {"avg_power_w": "--avg-power-w", "hours": "--hours", "lifetime_years": "--lifetime-years",
           "node_overhead_share": "--node-overhead-share", "pue": "--pue", "grid_kgco2e_per_kwh": "--grid-kgco2e-per-kwh",
-          "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "cloud_usd_per_gpu_hour": "--cloud-usd-per-gpu-hour"}
+          "electricity_usd_per_kwh": "--electricity-usd-per-kwh", "cloud_usd_per_gpu_hour": "--cloud-usd-per-gpu-hour",
+          "checkpoint_write_s": "--checkpoint-write-s", "mtbf_gpu_hours": "--mtbf-gpu-hours", "tokens": "--tokens"}
 
 
 def check_plausible(name: str, v: float | None) -> None:
@@ -77,7 +82,16 @@ def check_plausible(name: str, v: float | None) -> None:
     if v is None or name not in PLAUSIBLE:
         return
     label = name + (f" ({_FLAGS[name]})" if name in _FLAGS else "")
-    msg = implausible(label, float(v), *PLAUSIBLE[name])
+    lo, hi, low_hint, _, unit = PLAUSIBLE[name]
+    try:
+        x = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{label} must be a finite number of {unit}, got {v!r}") from None
+    if not math.isfinite(x):  # (NaN compares false with both bounds: it must not read as "under" one of them)
+        raise ValueError(f"{label} must be a finite number of {unit}, got {v!r}")
+    if x < lo and low_hint == "-":  # no unit mix-up to suggest: below a hard floor (a negative figure)
+        raise ValueError(f"{label} must not be below {lo:g} ({unit}), got {x:g}")
+    msg = implausible(label, x, *PLAUSIBLE[name])
     if msg:
         raise ValueError(msg)
 

@@ -60,7 +60,8 @@ def _accelerator_price(spec: DeviceSpec, catalog_own: bool, flags: list[str]) ->
     per_w = _c.cost_defaults()["accelerator_usd_per_tdp_w"]
     if not spec.tdp_w:
         raise _c.CarbonDataError(
-            f"device {spec.name!r} has no launch_price_usd and no tdp_w; pass accelerator_price_usd explicitly")
+            f"device {spec.name!r} has no launch_price_usd and no tdp_w: add launch_price_usd (or tdp_w) to the spec "
+            "file (in Python, LifecycleAssumptions(accelerator_price_usd=...) also works)")
     return _c.Factor(per_w.value * float(spec.tdp_w), "USD",
                      f"no price for this {spec.name} spec: {per_w.value:g} USD/W x TDP {spec.tdp_w:g} W ({per_w.source})",
                      assumption=True)

@@ -170,7 +170,12 @@ def accelerator_power_w(spec: DeviceSpec, a: "LifecycleAssumptions", flags: list
     if avg_power_w is not None:
         p = _pos("avg_power_w", avg_power_w)
         share = 0.0 if node_overhead_share is None else node_overhead_share
-        how = "given avg_power_w (all-in per accelerator" + ("; node overhead not added)" if share == 0 else f"; + {share:g} node overhead)")
+        # all-in (the Patterson convention) only when no overhead is added on top; a given share makes it GPU power
+        how = ("given avg_power_w (all-in per accelerator; node overhead not added)" if share == 0 else
+               f"given avg_power_w (per accelerator, taken as GPU-only) + {share:g} node overhead (given)")
+        if utilisation is not None:
+            flags.append(f"utilisation {utilisation:g} not used: avg_power_w is given (utilisation only sets the power "
+                         "model's load)")
     elif power_model is not None:
         if callable(power_model):
             if utilisation is None:
@@ -216,7 +221,10 @@ def grid_kgco2e_per_kwh_of(a: "LifecycleAssumptions", flags: list[str], srcs: di
             gi = _c.grid_intensity(a.region, market_based=a.market_based)
         else:
             if a.market_based:
-                raise _c.CarbonDataError("market_based needs a cloud region or an explicit market_kgco2e_per_kwh")
+                raise _c.CarbonDataError(
+                    "market_based (--market-based) needs a region with a market-based figure (a cloud region, e.g. "
+                    "--region gcp:us-central1), or give the market-based factor itself as grid_kgco2e_per_kwh "
+                    "(--grid-kgco2e-per-kwh; in Python also LifecycleAssumptions.market_kgco2e_per_kwh)")
             gi = _c.world_grid_intensity()
             flags.append(f"no region or grid intensity given: world average {gi.kgco2e_per_kwh:g} kgCO2e/kWh")
         grid, basis, greg = gi.kgco2e_per_kwh, gi.basis, gi.region

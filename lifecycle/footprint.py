@@ -8,12 +8,14 @@ what ``wattcast.footprint`` and a search's ``footprint_kw`` pass); :func:`footpr
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Mapping, Union
 
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.lifecycle.assumptions import LifecycleAssumptions, assumptions_from_options
-from wattcast.lifecycle.checks import _count, _flag, _pos, _resolve, _utilisation, catalog_spec_matches, check_plausible
+from wattcast.data.checks import exotic_allowed
+from wattcast.lifecycle.checks import (PLAUSIBLE, _count, _flag, _pos, _resolve, _utilisation, catalog_spec_matches,
+                                      check_plausible)
 from wattcast.lifecycle.cost import (accelerator_price_usd_of, capex_breakdown_usd, cloud_usd, cloud_usd_per_gpu_hour_of,
                                      cluster_cloud_kw, electricity_usd_per_kwh_of, opex_usd)
 from wattcast.lifecycle.energy import (accelerator_power_w, amortisation_share, cci_kgco2e_per_pflop, embodied_kgco2e,
@@ -151,7 +153,7 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     p_node = node_power_w(p, share)
 
     # ---- goodput
-    g, interval, mtbf_s = run_goodput(a, gpus, apply_goodput, flags)
+    g, interval, mtbf_s = run_goodput(a, gpus, apply_goodput, flags, run_s=ideal_h * 3600.0)
 
     def too_large(what: str, v: float) -> None:
         """Name the caller's hours / gpus / power when a product of them overflows (not an internal field)."""
@@ -252,17 +254,41 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
                          apply_goodput=apply_goodput)
 
 
+def _num(v: float, decimals: int = 1) -> str:
+    """``v`` with ``decimals`` decimals (thousands separated), or 3 significant digits where that would print a
+    small non-zero figure as 0."""
+    if v != 0 and abs(v) < 10 ** -decimals * 10:
+        return f"{v:.3g}"
+    return f"{v:,.{decimals}f}"
+
+
+def _energy(mwh: float) -> str:
+    """Energy in MWh, or in kWh below 1 MWh (a small run does not print as 0.00 MWh)."""
+    return f"{_num(mwh, 2)} MWh" if mwh >= 1.0 else f"{_num(mwh * 1000.0)} kWh"
+
+
+def _mass(t: float) -> str:
+    """CO2e in tonnes, or in kg below 1 t."""
+    return f"{_num(t, 2)} t" if t >= 1.0 else f"{_num(t * 1000.0)} kg"
+
+
+def _usd(v: float) -> str:
+    """Dollars, whole above $100, else with cents (a small run's OpEx is not $0)."""
+    return f"${v:,.0f}" if v >= 100 else f"${_num(v, 2)}"
+
+
 def format_footprint(fp: RunFootprint) -> str:
-    """A short human-readable summary (what ``wattcast footprint`` without ``--json`` can print)."""
+    """A short human-readable summary (what ``wattcast footprint`` without ``--json`` can print). Units scale with
+    the run (kWh below 1 MWh, kg below 1 t, cents below $100) so a small run never prints as zero."""
     lines = [
-        f"{fp.gpus} x {fp.device}: {fp.hours:,.1f} h ({fp.ideal_hours:,.1f} h failure-free, goodput {fp.goodput:.3f}), "
-        f"{fp.gpu_hours:,.0f} GPU-h",
+        f"{fp.gpus} x {fp.device}: {_num(fp.hours)} h ({_num(fp.ideal_hours)} h failure-free, goodput {fp.goodput:.3f}), "
+        f"{_num(fp.gpu_hours, 0) if fp.gpu_hours >= 10 else _num(fp.gpu_hours, 2)} GPU-h",
         f"power {fp.avg_power_w:,.0f} W/GPU -> {fp.node_power_w:,.0f} W incl. node [{fp.power_source}]",
-        f"energy {fp.energy_mwh:,.2f} MWh (IT {fp.it_energy_mwh:,.2f} MWh x PUE {fp.pue:g})",
+        f"energy {_energy(fp.energy_mwh)} (IT {_energy(fp.it_energy_mwh)} x PUE {fp.pue:g})",
         f"grid {fp.grid_kgco2e_per_kwh:.3f} kgCO2e/kWh ({fp.grid_basis}{', ' + fp.grid_region if fp.grid_region else ''})",
-        f"CO2e: operational {fp.operational_tco2e:,.2f} t + embodied {fp.embodied_tco2e:,.2f} t = {fp.total_tco2e:,.2f} t",
-        f"cost: CapEx ${fp.capex_usd:,.0f} + OpEx ${fp.opex_usd:,.0f} = TCO ${fp.tco_usd:,.0f}"
-        + (f"  (cloud {fp.pricing} view: ${fp.cloud_usd:,.0f} at ${fp.cloud_usd_per_gpu_hour:g}/GPU-h)" if fp.cloud_usd is not None else ""),
+        f"CO2e: operational {_mass(fp.operational_tco2e)} + embodied {_mass(fp.embodied_tco2e)} = {_mass(fp.total_tco2e)}",
+        f"cost: CapEx {_usd(fp.capex_usd)} + OpEx {_usd(fp.opex_usd)} = TCO {_usd(fp.tco_usd)}"
+        + (f"  (cloud {fp.pricing} view: {_usd(fp.cloud_usd)} at ${fp.cloud_usd_per_gpu_hour:g}/GPU-h)" if fp.cloud_usd is not None else ""),
         f"electricity {fp.electricity_usd_per_kwh:g} USD/kWh ("
         f"{'site-specific' if fp.electricity_region_specific else 'NOT region-specific'}; "
         f"source: {fp.sources.get('electricity_usd_per_kwh', '')})",
@@ -270,9 +296,9 @@ def format_footprint(fp: RunFootprint) -> str:
     if fp.cloud_usd is not None:
         lines.append(f"cloud price source ({fp.pricing}): {fp.sources.get('cloud_usd_per_gpu_hour', '')}")
     if fp.cci_kgco2e_per_pflop is not None:
-        lines.append(f"CCI {fp.cci_kgco2e_per_pflop:.3g} kgCO2e/PFLOP; tCDP {fp.tcdp_kgco2e_h:,.0f} kgCO2e*h")
+        lines.append(f"CCI {fp.cci_kgco2e_per_pflop:.3g} kgCO2e/PFLOP; tCDP {_num(fp.tcdp_kgco2e_h, 0)} kgCO2e*h")
     else:
-        lines.append(f"tCDP {fp.tcdp_kgco2e_h:,.0f} kgCO2e*h")
+        lines.append(f"tCDP {_num(fp.tcdp_kgco2e_h, 0)} kgCO2e*h")
     lines += [f"note: {f}" for f in fp.flags]
     return "\n".join(lines)
 
@@ -305,8 +331,28 @@ def footprint_from_step(device: str | DeviceSpec, gpus: int, *, step_time_ms: fl
         raise ValueError(f"flops_per_step={flops_per_step!r} x {steps:g} steps overflows the run's FLOPs; "
                          "check tokens and flops_per_step")
     if not kw:
-        return run_footprint(device, gpus, hours, assumptions, power_model=float(gpu_power_w), flops=flops)
-    return footprint(device, gpus, hours, power_model=float(gpu_power_w), flops=flops, assumptions=assumptions, **kw)
+        fp = run_footprint(device, gpus, hours, assumptions, power_model=float(gpu_power_w), flops=flops)
+    else:
+        fp = footprint(device, gpus, hours, power_model=float(gpu_power_w), flops=flops, assumptions=assumptions, **kw)
+    if n < 1:  # ceil above: a run shorter than one step is charged one whole step, and says so
+        fp = replace(fp, flags=fp.flags + (f"tokens={tokens:g} is fewer than one step's {tokens_per_step:,.0f} tokens: "
+                                           "the run is rounded up to one whole step",))
+    return fp
+
+
+def _check_run_hours(tokens: float, tokens_per_step: float, step_time_ms: float) -> None:
+    """The same bound on a run given in tokens as ``wattcast footprint`` puts on ``--hours`` (:data:`PLAUSIBLE`; lifted
+    by --force / allow_exotic): a run of more than 1e6 failure-free hours (114 years) is refused, naming --tokens."""
+    try:
+        hours = math.ceil(float(tokens) / float(tokens_per_step)) * float(step_time_ms) / 3.6e6
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+        return  # footprint_from_step names the bad parameter
+    lo, hi = PLAUSIBLE["hours"][:2]
+    if math.isfinite(hours) and hours > hi and not exotic_allowed():
+        raise ValueError(f"tokens (--tokens) is {tokens:g}: {math.ceil(tokens / tokens_per_step):.3g} steps of "
+                         f"{step_time_ms:.4g} ms make {hours:.3g} failure-free hours, over {hi:g} (114 years); give the "
+                         f"run's tokens (e.g. 1e12, not 1e30), or pass --force (in Python wattcast.allow_exotic()) for "
+                         "a deliberately exotic run")
 
 
 def run_of_prediction(prediction, *, tokens: float, tokens_per_step: float, device: str | DeviceSpec | None = None,
@@ -320,6 +366,7 @@ def run_of_prediction(prediction, *, tokens: float, tokens_per_step: float, devi
     API both compute a run through this function."""
     kw = {k: v for k, v in kw.items() if v is not None}
     kw = cluster_cloud_kw(cluster, kw, assumptions)
+    _check_run_hours(tokens, tokens_per_step, prediction.step_time_ms)
     return footprint_from_step(device if device is not None else prediction.device, int(getattr(prediction, "gpus", 1)),
                                step_time_ms=prediction.step_time_ms, gpu_power_w=prediction.avg_power_w, tokens=tokens,
                                tokens_per_step=tokens_per_step, flops_per_step=prediction.flops, assumptions=assumptions,

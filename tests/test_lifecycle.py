@@ -262,9 +262,9 @@ def test_python_api_run_equals_the_cli_run():
     assert cli.returncode == 0, cli.stderr
     c = _json.loads(cli.stdout)
     # the same function on both sides; equal up to the last digits, which the in-process kernel-prediction cache can
-    # move (kernels predicted earlier in this process in other batches: BLAS sums in another order)
-    assert c["step_time_ms"] == pytest.approx(r.step_time_ms, rel=1e-9)
-    assert c["run"] == pytest.approx(r.to_dict()["run"], rel=1e-9) and r.run.run_dict()["total_tco2e"] > 0
+    # move (kernels predicted earlier in this process in other batches: BLAS sums in another order; 1.2e-9 seen)
+    assert c["step_time_ms"] == pytest.approx(r.step_time_ms, rel=1e-6)
+    assert c["run"] == pytest.approx(r.to_dict()["run"], rel=1e-6) and r.run.run_dict()["total_tco2e"] > 0
     # a step without tokens= carries no run; run options without tokens= are refused, misspelt ones too
     assert wattcast.predict_cluster("gpt2_medium", "DGX-A100", **kw).run is None
     with pytest.raises(ValueError, match="give tokens="):

@@ -72,7 +72,8 @@ def test_cli_flags_reach_the_step():
     base = json.loads(run_cli(*args).stdout)["step_time_ms"]
     r = run_cli(*args, "--moe-load-imbalance", "1.3")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["step_time_ms"] == pytest.approx(_step(moe_load_imbalance=1.3).step_time_ms, rel=1e-9)
+    # a CLI process against this one: memoised collective predictions batched differently may differ in the last bits
+    assert json.loads(r.stdout)["step_time_ms"] == pytest.approx(_step(moe_load_imbalance=1.3).step_time_ms, rel=1e-6)
     assert json.loads(r.stdout)["step_time_ms"] > base
     table = run_cli(*[a for a in args if a != "--json"], "--moe-load-imbalance", "1.3", "--moe-expert-capacity-factor", "1.1")
     assert table.returncode == 0 and "1.10x their balanced share" in table.stdout

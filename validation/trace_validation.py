@@ -74,6 +74,10 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
     for e in out.loc[~ok, "error"]:
         reasons[f"not predictable: {e}"] += 1
     cmp_ = out[ok].copy()
+    if cmp_.empty:
+        why = "; ".join(f"{n} x {r}" for r, n in reasons.most_common(3))
+        raise ProfileImportError(f"{', '.join(map(str, paths))}: none of the {len(k)} kernel rows can be compared on "
+                                 f"{spec.name} ({why})")
     cmp_["op_class"] = cmp_["OPName"].map(REPORT_FAMILY).fillna("other")
     cmp_["error_pct"] = (cmp_["pred_latency_ms"] - cmp_["latency_ms"]) / cmp_["latency_ms"] * 100.0
     meas, prd = cmp_["latency_ms"].to_numpy(float), cmp_["pred_latency_ms"].to_numpy(float)
@@ -104,6 +108,21 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
         "dtypes": {str(d): int(n) for d, n in cmp_["dtype"].value_counts().items()},
     }
     return summary, cmp_
+
+
+def json_safe(obj):
+    """``obj`` with every NaN / infinite float as None (strict JSON: ``null``), numpy scalars as Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    return obj
 
 
 def _predict_with(frame, spec, bundle):

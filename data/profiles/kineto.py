@@ -232,8 +232,20 @@ def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name:
 
 
 def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """(kernel rows, collective rows, notes) of one trace. ``device`` overrides the trace's device name."""
-    p = Path(path)
+    """(kernel rows, collective rows, notes) of one trace. ``device`` overrides the trace's device name.
+
+    A malformed field (``_check_events``; else any field of an unexpected type) is a ProfileImportError naming the
+    file, never a traceback."""
+    try:
+        return _import_kineto(Path(path), device)
+    except ProfileImportError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:
+        raise ProfileImportError(f"{path}: a trace event has a malformed field ({type(e).__name__}: {e}); "
+                                 "damaged trace?") from None
+
+
+def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     doc = load_trace(p)
     events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
     _check_events(events, p)

@@ -75,30 +75,54 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
     hosts = {h for _, h, _ in ranks}
     names = sorted({n for _, _, n in ranks})
     dname = device or (names[0] if names else "")
+    wrong = [i for i, c in enumerate(cols) if c == "#wrong"]
     rows, bad = [], 0
+    skipped: dict[str, int] = {}
     for ln in lines:
         s = ln.strip()
         if not s or s.startswith("#") or not s[0].isdigit():
             continue
         tok = s.split()
-        if len(tok) < first + 3:
+        if len(tok) != len(cols):  # a truncated (or run-together) line: not a result row
+            why = "unreadable line (truncated, or not the header's column count)"
+            skipped[why] = skipped.get(why, 0) + 1
             bad += 1
             continue
         d = dict(zip(cols, tok))
         size, t_us = _num(d.get("size", "")), _num(tok[first])
-        if not (size == size and t_us == t_us):
+        if not (size == size and t_us == t_us) or not (math.isfinite(size) and math.isfinite(t_us)):
+            why = "no out-of-place time / size (N/A)"
+            skipped[why] = skipped.get(why, 0) + 1
+            bad += 1
+            continue
+        if size < 0 or t_us <= 0:
+            why = "invalid time or size (negative or zero)"
+            skipped[why] = skipped.get(why, 0) + 1
             bad += 1
             continue
         ip = _num(tok[groups[1]]) if len(groups) > 1 and len(tok) > groups[1] else math.nan
+        if not (ip > 0 and math.isfinite(ip)):
+            ip = math.nan
+        n_wrong = [_num(tok[i]) for i in wrong if i < len(tok)]
+        # NCCL's own correctness check failed (#wrong > 0): the row is kept, flagged (reason) and never trained on
+        reason = ("nccl-tests #wrong > 0: the collective returned wrong results" if any(w > 0 for w in n_wrong if w == w)
+                  else "")
         rows.append({"op": op, "size_B": size, "dtype": _DTYPES.get(d.get("type", ""), d.get("type", "")),
                      "world_size": len(ranks) or math.nan, "nodes": len(hosts) or math.nan,
                      "gpus_per_node": (len(ranks) // len(hosts)) if hosts else math.nan, "time_us": t_us,
                      "algbw_GBs": _num(tok[first + 1]), "busbw_GBs": _num(tok[first + 2]), "ip_time_us": ip,
-                     "device_name": dname, "Device": catalog_name(dname), "reason": "", "source": f"nccl-tests:{p.name}"})
+                     "device_name": dname, "Device": catalog_name(dname), "reason": reason, "source": f"nccl-tests:{p.name}"})
     if not rows:
         raise ProfileImportError(f"{p}: the nccl-tests table has no result rows (truncated log?)")
     notes = {"file": str(p), "format": "nccl-tests", "collective": op, "device": names or ([device] if device else []),
              "collective_rows": len(rows), "unreadable_lines": bad, "ranks": len(ranks), "hosts": len(hosts)}
+    flagged = sum(1 for r in rows if r["reason"])
+    reasons = dict(skipped)
+    if flagged:
+        reasons["nccl-tests #wrong > 0 (kept, flagged)"] = flagged
+    notes["skipped_rows"] = bad
+    notes["unmapped_rows"] = flagged
+    notes["unmapped_reasons"] = reasons
     if not ranks:
         notes["warning"] = "no '# Rank N ... device' lines: world size and GPU unknown"
     return pd.DataFrame(rows), notes

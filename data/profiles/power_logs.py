@@ -26,6 +26,14 @@ _SMI = {"timestamp": "timestamp", "name": "device_name", "index": "gpu_index", "
         "power.draw.instant": "power_w", "power.draw.average": "power_w", "utilization.gpu": "gpu_util_pct",
         "utilization.memory": "mem_util_pct", "clocks.sm": "sm_clock_mhz", "clocks.current.sm": "sm_clock_mhz",
         "temperature.gpu": "temperature_c", "power.limit": "power_limit_w", "enforced.power.limit": "power_limit_w"}
+#: when a CSV has several source columns of one target, the one used (first in this order; an exact duplicate
+#: header: its first occurrence); the others are ignored and listed in the notes (``ignored_columns``):
+#: ``power.draw`` is what nvidia-smi documents and most logs query (on Ampere+ it is the 1 s average, the same as
+#: ``power.draw.average``), then ``power.draw.average`` (smoothed, like DCGM's field 155), then the instantaneous
+#: ``power.draw.instant``; ``enforced.power.limit`` (the cap the GPU actually runs under) before the software
+#: ``power.limit``; ``clocks.sm`` before its alias ``clocks.current.sm``.
+_SMI_PREFERENCE = ("power.draw", "power.draw.average", "power.draw.instant", "enforced.power.limit", "power.limit",
+                   "clocks.sm", "clocks.current.sm")
 _DCGM = {"POWER": "power_w", "PWR": "power_w", "GPUTL": "gpu_util_pct", "MCUTL": "mem_util_pct", "SMCLK": "sm_clock_mhz",
          "TMPTR": "temperature_c", "TOTEC": "energy_j"}  # TOTEC: field 156, total energy since boot in mJ
 
@@ -46,12 +54,17 @@ def import_nvidia_smi(path: str | Path, device: str | None = None) -> tuple[pd.D
         raw = pd.read_csv(p, skipinitialspace=True, dtype=str)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
         raise ProfileImportError(f"{p}: not a readable nvidia-smi CSV ({e})") from None
-    rename = {}
-    for c in raw.columns:
-        key = re.sub(r"\s*\[.*\]\s*$", "", str(c).strip())
+    chosen: dict[str, tuple[int, int]] = {}  # target -> (preference rank, column position)
+    for pos, c in enumerate(raw.columns):
+        key = re.sub(r"\s*\[.*\]\s*$", "", re.sub(r"\.\d+$", "", str(c).strip()))  # pandas marks duplicates '.1'
         if key in _SMI:
-            rename[c] = _SMI[key]
-    df = raw.rename(columns=rename)
+            rank = (_SMI_PREFERENCE.index(key) if key in _SMI_PREFERENCE else 0, pos)
+            if _SMI[key] not in chosen or rank < chosen[_SMI[key]]:
+                chosen[_SMI[key]] = rank
+    df = pd.DataFrame({t: raw.iloc[:, pos] for t, (_, pos) in chosen.items()}, index=raw.index)
+    used = {pos for _, pos in chosen.values()}
+    ignored = [str(c) for pos, c in enumerate(raw.columns) if pos not in used
+               and re.sub(r"\s*\[.*\]\s*$", "", re.sub(r"\.\d+$", "", str(c).strip())) in _SMI]
     missing = [c for c, m in (("timestamp", "timestamp"), ("power.draw", "power_w")) if m not in df.columns]
     if missing:
         raise ProfileImportError(f"{p}: nvidia-smi CSV lacks column(s) {', '.join(missing)} "
@@ -71,6 +84,8 @@ def import_nvidia_smi(path: str | Path, device: str | None = None) -> tuple[pd.D
         raise ProfileImportError(f"{p}: no sample with a numeric power.draw")
     notes = {"file": str(p), "format": "nvidia-smi", "power_rows": len(out), "rows_without_power": bad,
              "device": sorted(set(out["device_name"]))}
+    if ignored:
+        notes["ignored_columns"] = ignored
     return out, notes
 
 

@@ -69,8 +69,10 @@ class Profile:
         fr = self.frames[kind]
         return pd.concat(fr, ignore_index=True) if fr else empty(kind)
 
-    def write(self, folder: str | Path) -> dict[str, Path]:
-        """Write every non-empty table and ``profile.json``; returns the files written."""
+    def write(self, folder: str | Path, *, remove_stale: bool = False) -> dict[str, Path]:
+        """Write every non-empty table and ``profile.json``; returns the files written. A table this profile has no
+        row of is removed from a folder an earlier profile wrote, or with ``remove_stale`` (``profile import
+        --overwrite``): a stale one would contradict ``profile.json``. No other file is touched."""
         d = Path(folder)
         d.mkdir(parents=True, exist_ok=True)
         written = {}
@@ -81,11 +83,19 @@ class Profile:
                 t.to_csv(tmp, index=False)
                 tmp.replace(d / name)
                 written[kind] = d / name
+            elif (d / name).is_file() and (remove_stale or (d / PROFILE_MARKER).is_file()):
+                (d / name).unlink()  # a folder an earlier profile wrote, or the caller's --overwrite: else it stays
         meta = {"schema_version": SCHEMA_VERSION, "tool": "wattcast", "files": self.files,
                 "rows": {k: int(len(self.table(k))) for k in TABLE_FILES}}
         (d / PROFILE_MARKER).write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
         written["profile"] = d / PROFILE_MARKER
         return written
+
+
+def owned_files(folder: str | Path) -> list[Path]:
+    """The files of ``folder`` a profile write would replace or remove (its tables and ``profile.json``)."""
+    d = Path(folder)
+    return [d / n for n in (*TABLE_FILES.values(), PROFILE_MARKER) if (d / n).exists()]
 
 
 def is_profile_dir(path: str | Path) -> bool:
