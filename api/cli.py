@@ -86,11 +86,16 @@ def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect:
 
 
 def _same_file(a: Path, b: Path) -> bool:
-    """Whether two paths name one existing file (symlinks resolved, hard links too)."""
+    """Whether two paths name one existing file (symlinks and hard links alike: one device and inode)."""
     try:
-        return a.exists() and b.exists() and (a.resolve() == b.resolve() or os.path.samefile(a, b))
-    except OSError:
+        return os.path.samefile(a, b)
+    except OSError:  # either is missing (or unreadable): not one file
         return False
+
+
+def _gb_and_gib(gb: float) -> str:
+    """A capacity in 1e9-byte GB (every memory figure's unit) with the GiB it is (vendors' "80 GB" are 80 GiB)."""
+    return f"{gb:.1f} GB ({gb * 1e9 / 2**30:.0f} GiB)"
 
 
 def _output_dir(path: Path, what: str) -> Path:
@@ -545,7 +550,7 @@ def _show_step_prediction(res, f) -> None:
     if not res.fits and not f.allow_oom:
         m = res.memory
         _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
-              f"{capacity_gb:.1f} GB ({capacity_gb * 1e9 / 2**30:.0f} GiB) (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
+              f"{_gb_and_gib(capacity_gb)} (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB); "
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
 
@@ -590,7 +595,7 @@ def _warn_memory(res) -> None:
 
     gb, cap = res.memory_gb, res.memory_capacity_gb
     if res.memory_flag == "tight":
-        err.print(f"[yellow]memory is tight: predicted {gb:.1f} GB of {cap:.1f} GB ({cap * 1e9 / 2**30:.0f} GiB), within "
+        err.print(f"[yellow]memory is tight: predicted {gb:.1f} GB of {_gb_and_gib(cap)}, within "
                   f"{100 * TIGHT_MEMORY_FRACTION:.0f}% of capacity, where the estimate cannot tell fitting from not "
                   "(allocator fragmentation and framework buffers are not modelled); check on the hardware[/yellow]")
     elif res.memory_flag == "pressure":
@@ -636,7 +641,7 @@ def _show_cluster_prediction(res, req, f) -> None:
     if not res.fits and not f.allow_oom:
         worst = max(res.per_device, key=lambda r: r["memory_gb"])
         _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
-              f"{capacity_gb:.1f} GB ({capacity_gb * 1e9 / 2**30:.0f} GiB) (weights {worst['weights_gb']:.1f}, gradients "
+              f"{_gb_and_gib(capacity_gb)} (weights {worst['weights_gb']:.1f}, gradients "
               f"{worst['gradients_gb']:.1f}, optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f}, "
               f"buffers {worst.get('buffers_gb', 0.0):.1f} GB); use --zero, --recompute, "
               "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)

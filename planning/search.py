@@ -464,8 +464,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     mem = fit["memory_gb"].to_numpy(dtype=float)
     before = np.fmin.accumulate(np.concatenate(([np.inf], mem[:-1]))) if len(mem) else mem
     front = [r._asdict() for r in fit[mem < before].itertuples(index=False)]
+    ranked_clusters = set(df["cluster"])
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
-                        {k: v for k, v in why_none.items() if k not in set(df["cluster"])})
+                        {k: v for k, v in why_none.items() if k not in ranked_clusters})
 
 
 #: candidates from which ``workers`` > 1 splits a search over processes; below, starting them costs more than it saves

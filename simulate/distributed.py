@@ -1080,10 +1080,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     capacity = capacity_gb(spec.memory_gb)
     # expert states are sharded over the expert-data-parallel group (dp x cp / ep: _dp_times' ep_dp), not the DP group
     edp_n = max(dp_n // par.ep, 1)
+    expert_stage = by_stage(chunk_sum("expert_params"))
     # what one device's share of the optimizer step is under ZeRO >= 1, per stage: dense parameters sharded over the DP
     # group, expert ones over the expert-DP group (1 / dp without experts or with ep 1)
     if par.zero >= 1:
-        exp_frac = np.divide(by_stage(chunk_sum("expert_params")), params_stage,
+        exp_frac = np.divide(expert_stage, params_stage,
                              out=np.zeros(P), where=params_stage > 0) if edp_n != dp_n else np.zeros(P)
         opt_share = (1.0 - exp_frac) / dp_n + exp_frac / edp_n
     else:
@@ -1091,7 +1092,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
-                    fp8_param_fraction=fp8_frac, expert_params=by_stage(chunk_sum("expert_params")), expert_dp=edp_n)
+                    fp8_param_fraction=fp8_frac, expert_params=expert_stage, expert_dp=edp_n)
     if summary:  # the total alone (same figures); the model states per (stage split, ZeRO, DP, expert DP) once per search
         mem = None
         state_key = ("states", P, V, par.zero, dp_n, edp_n)

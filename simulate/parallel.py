@@ -355,7 +355,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError("--recompute-method uniform groups --recompute-num-layers layers: give that too")
     if method is None and rn is not None:
         method = "block"  # Megatron's block method unless told otherwise
-    if cluster is not None and cfg.gpus > cluster.gpus_per_node:
+    if cluster is not None:
         check_job_size(cfg.gpus, cluster)
     fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
     defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)

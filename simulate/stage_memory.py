@@ -74,10 +74,13 @@ def _sharded(nbytes, params, expert_params, d: int, de: int):
     return nbytes(params - expert_params) / d + nbytes(expert_params) / de
 
 
-def _groups(dp: int, expert_dp: int | None) -> tuple[int, int]:
-    """(DP group, expert-DP group) sizes, at least 1; the expert-DP group is the DP group unless given."""
+def _zero_groups(zero: int, dp: int, expert_dp: int | None) -> dict[int, tuple[int, int]]:
+    """Per ZeRO level (1: master weights and moments, 2: gradients, 3: weights) the ranks (DP group, expert-DP group)
+    a term of that level is sharded over under ZeRO stage ``zero``: both groups from that stage on (at least 1; the
+    expert-DP group is the DP group unless given), else (1, 1)."""
     dp = max(int(dp), 1)
-    return dp, (dp if expert_dp is None else max(int(expert_dp), 1))
+    edp = dp if expert_dp is None else max(int(expert_dp), 1)
+    return {k: (dp, edp) if zero >= k else (1, 1) for k in (1, 2, 3)}
 
 
 @dataclass(frozen=True)
@@ -130,17 +133,14 @@ def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: 
     of the ``params`` are experts, sharded over their ``expert_dp`` ranks instead (default ``dp``; module docstring)."""
     mixed = dtype_bytes < 4
     opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
-    dp, edp = _groups(dp, expert_dp)
+    g = _zero_groups(zero, dp, expert_dp)
     if grad_bytes is None:
         grad_bytes = 4 if mixed else dtype_bytes
-    d3, e3 = (dp, edp) if zero >= 3 else (1, 1)
-    d2, e2 = (dp, edp) if zero >= 2 else (1, 1)
-    d1, e1 = (dp, edp) if zero >= 1 else (1, 1)
     return dict(
-        weights_bytes=_sharded(lambda x: x * dtype_bytes, params, expert_params, d3, e3),
-        master_weights_bytes=_sharded(lambda x: x * (4 if mixed else 0), params, expert_params, d1, e1),
-        gradients_bytes=_sharded(lambda x: x * grad_bytes, params, expert_params, d2, e2),
-        optimizer_bytes=_sharded(lambda x: x * opt_b, params, expert_params, d1, e1),
+        weights_bytes=_sharded(lambda x: x * dtype_bytes, params, expert_params, *g[3]),
+        master_weights_bytes=_sharded(lambda x: x * (4 if mixed else 0), params, expert_params, *g[1]),
+        gradients_bytes=_sharded(lambda x: x * grad_bytes, params, expert_params, *g[2]),
+        optimizer_bytes=_sharded(lambda x: x * opt_b, params, expert_params, *g[1]),
     )
 
 
@@ -148,9 +148,8 @@ def fp8_copy_bytes(params, *, fp8_param_fraction: float, zero: int, dp: int, exp
                    expert_dp: int | None = None):
     """Bytes of Transformer Engine's cached fp8 weight and transpose (2 B per FP8-GEMM parameter, the share
     ``fp8_param_fraction`` of ``params``), sharded with the weights under ZeRO-3 (experts over ``expert_dp``)."""
-    dp, edp = _groups(dp, expert_dp)
-    d3, e3 = (dp, edp) if zero >= 3 else (1, 1)
-    return _sharded(lambda x: 2.0 * x * fp8_param_fraction, params, expert_params, d3, e3)
+    weights_groups = _zero_groups(zero, dp, expert_dp)[3]
+    return _sharded(lambda x: 2.0 * x * fp8_param_fraction, params, expert_params, *weights_groups)
 
 
 def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, schedule: str) -> int:
@@ -263,19 +262,17 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     ex = np.asarray(expert_params, dtype=float)
     mixed = dtype_bytes < 4
     opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
-    dp, edp = _groups(dp, expert_dp)
+    g = _zero_groups(zero, dp, expert_dp)
     if held_grad_bytes is None:
         held_grad_bytes = 4 if mixed else dtype_bytes
-    d3, e3 = (dp, edp) if zero >= 3 else (1, 1)
-    d2, e2 = (dp, edp) if zero >= 2 else (1, 1)
-    d1, e1 = (dp, edp) if zero >= 1 else (1, 1)
-    w = _sharded(lambda x: x * dtype_bytes, params, ex, d3, e3)
-    w = w + _sharded(lambda x: 2.0 * x * fp8_param_fraction, params, ex, d3, e3)
+    w = _sharded(lambda x: x * dtype_bytes, params, ex, *g[3])
+    w = w + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp, expert_params=ex,
+                           expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
-                                 dp=dp, block_params=block_params)
-    states = (w + _sharded(lambda x: x * (4 if mixed else 0), params, ex, d1, e1)
-              + _sharded(lambda x: x * held_grad_bytes, params, ex, d2, e2)
-              + _sharded(lambda x: x * opt_b, params, ex, d1, e1))
+                                 dp=max(int(dp), 1), block_params=block_params)
+    states = (w + _sharded(lambda x: x * (4 if mixed else 0), params, ex, *g[1])
+              + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])
+              + _sharded(lambda x: x * opt_b, params, ex, *g[1]))
     return states, during, after
 
 

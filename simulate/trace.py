@@ -149,8 +149,7 @@ def distributed_trace_events(res) -> list[dict]:
         busy_w, idle_w = d.get("busy_power_w"), d.get("wait_power_w")
         if busy_w is None:
             continue
-        comp = sorted((_ns(e["start_ms"]), _ns(e["end_ms"])) for e in res.events
-                      if e["stage"] == s and e["stream"] == "compute")
+        comp = sorted((a, b) for a, b, _ in spans.get((s, "compute"), ()))
         t = 0
         for a, b in comp:
             if a > t:

@@ -23,8 +23,11 @@ import zlib
 from collections import defaultdict
 from pathlib import Path
 
+import math
+
 import pandas as pd
 
+from wattcast.data.checks import real_in
 from wattcast.data.collective_ops import canonical_op
 from wattcast.data.profiles.aten_map import ELEM_BYTES, TORCH_DTYPES, map_aten
 from wattcast.data.profiles.devices import catalog_name
@@ -88,17 +91,6 @@ INVALID_DURATION = "invalid duration (a kernel 'dur' that is missing, negative, 
 INVALID_SHAPE = "invalid shape (a negative dimension in 'Input Dims')"
 
 
-def _finite(v) -> float | None:
-    """``v`` as a finite float, else None (bools, strings that are not numbers, NaN, inf)."""
-    if isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if f == f and f not in (float("inf"), float("-inf")) else None
-
-
 def _event_label(i: int, e: dict) -> str:
     return f"event #{i} ({e.get('cat')} {str(e.get('name', ''))[:60]!r})"
 
@@ -119,14 +111,14 @@ def _check_events(events: list[dict], p: Path) -> None:
         if "name" in e and not isinstance(e["name"], str):
             raise ProfileImportError(f"{p}: {_event_label(i, e)}: 'name' is not a string (damaged trace?)")
         if cat == "kernel" or cat == "cpu_op" or "ts" in e:
-            ts = _finite(e.get("ts"))
+            ts = real_in(e.get("ts"), -math.inf, math.inf)
             if ts is None:
                 raise ProfileImportError(f"{p}: {_event_label(i, e)}: 'ts' {e.get('ts')!r} is not a finite number "
                                          "(damaged trace?)")
             e["ts"] = ts
         if cat == "cpu_op" and "dur" in e:
-            d = _finite(e.get("dur"))
-            if d is None or d < 0:
+            d = real_in(e.get("dur"), 0.0, math.inf)
+            if d is None:
                 raise ProfileImportError(f"{p}: {_event_label(i, e)}: 'dur' {e.get('dur')!r} is not a finite "
                                          "number >= 0 (damaged trace?)")
             e["dur"] = d
@@ -134,8 +126,7 @@ def _check_events(events: list[dict], p: Path) -> None:
 
 def _kernel_dur(k: dict) -> float | None:
     """A kernel's ``dur`` (us) when it is a real measurement (finite, >= 0), else None."""
-    d = _finite(k.get("dur"))
-    return d if d is not None and d >= 0 else None
+    return real_in(k.get("dur"), 0.0, math.inf)
 
 
 def _launch_sites(events) -> dict[int, tuple]:
@@ -305,7 +296,7 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
             if name in ("bmm", "linear") and dtype == "fp32" and any(_TF32_KERNEL.search(k.get("name", "")) for k in ks):
                 dtype = "tf32"
             row.update(OPName=name, aten_op=op.get("name", ""), dtype=dtype, reason=why, **shape)
-            if name and not why and any(_finite(v) is None or _finite(v) < 0 for v in shape.values() if v is not None):
+            if name and not why and any(real_in(v, 0.0, math.inf) is None for v in shape.values() if v is not None):
                 row.update(OPName="", reason=INVALID_SHAPE)
         if None in durs:  # an impossible measurement is never a training / validation row
             row.update(OPName="", reason=INVALID_DURATION)

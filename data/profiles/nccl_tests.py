@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -76,29 +77,23 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
     names = sorted({n for _, _, n in ranks})
     dname = device or (names[0] if names else "")
     wrong = [i for i, c in enumerate(cols) if c == "#wrong"]
-    rows, bad = [], 0
-    skipped: dict[str, int] = {}
+    rows = []
+    skipped: Counter = Counter()  # reason -> lines that are not a result row
     for ln in lines:
         s = ln.strip()
         if not s or s.startswith("#") or not s[0].isdigit():
             continue
         tok = s.split()
         if len(tok) != len(cols):  # a truncated (or run-together) line: not a result row
-            why = "unreadable line (truncated, or not the header's column count)"
-            skipped[why] = skipped.get(why, 0) + 1
-            bad += 1
+            skipped["unreadable line (truncated, or not the header's column count)"] += 1
             continue
         d = dict(zip(cols, tok))
         size, t_us = _num(d.get("size", "")), _num(tok[first])
-        if not (size == size and t_us == t_us) or not (math.isfinite(size) and math.isfinite(t_us)):
-            why = "no out-of-place time / size (N/A)"
-            skipped[why] = skipped.get(why, 0) + 1
-            bad += 1
+        if not (math.isfinite(size) and math.isfinite(t_us)):
+            skipped["no out-of-place time / size (N/A)"] += 1
             continue
         if size < 0 or t_us <= 0:
-            why = "invalid time or size (negative or zero)"
-            skipped[why] = skipped.get(why, 0) + 1
-            bad += 1
+            skipped["invalid time or size (negative or zero)"] += 1
             continue
         ip = _num(tok[groups[1]]) if len(groups) > 1 and len(tok) > groups[1] else math.nan
         if not (ip > 0 and math.isfinite(ip)):
@@ -114,6 +109,7 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
                      "device_name": dname, "Device": catalog_name(dname), "reason": reason, "source": f"nccl-tests:{p.name}"})
     if not rows:
         raise ProfileImportError(f"{p}: the nccl-tests table has no result rows (truncated log?)")
+    bad = sum(skipped.values())
     notes = {"file": str(p), "format": "nccl-tests", "collective": op, "device": names or ([device] if device else []),
              "collective_rows": len(rows), "unreadable_lines": bad, "ranks": len(ranks), "hosts": len(hosts)}
     flagged = sum(1 for r in rows if r["reason"])

@@ -54,17 +54,17 @@ def import_nvidia_smi(path: str | Path, device: str | None = None) -> tuple[pd.D
         raw = pd.read_csv(p, skipinitialspace=True, dtype=str)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
         raise ProfileImportError(f"{p}: not a readable nvidia-smi CSV ({e})") from None
+    # the nvidia-smi field of each column that wattcast reads (unit suffix off; pandas marks duplicates '.1')
+    known = {pos: key for pos, c in enumerate(raw.columns)
+             if (key := re.sub(r"\s*\[.*\]\s*$", "", re.sub(r"\.\d+$", "", str(c).strip()))) in _SMI}
     chosen: dict[str, tuple[int, int]] = {}  # target -> (preference rank, column position)
-    for pos, c in enumerate(raw.columns):
-        key = re.sub(r"\s*\[.*\]\s*$", "", re.sub(r"\.\d+$", "", str(c).strip()))  # pandas marks duplicates '.1'
-        if key in _SMI:
-            rank = (_SMI_PREFERENCE.index(key) if key in _SMI_PREFERENCE else 0, pos)
-            if _SMI[key] not in chosen or rank < chosen[_SMI[key]]:
-                chosen[_SMI[key]] = rank
+    for pos, key in known.items():
+        rank = (_SMI_PREFERENCE.index(key) if key in _SMI_PREFERENCE else 0, pos)
+        if _SMI[key] not in chosen or rank < chosen[_SMI[key]]:
+            chosen[_SMI[key]] = rank
     df = pd.DataFrame({t: raw.iloc[:, pos] for t, (_, pos) in chosen.items()}, index=raw.index)
     used = {pos for _, pos in chosen.values()}
-    ignored = [str(c) for pos, c in enumerate(raw.columns) if pos not in used
-               and re.sub(r"\s*\[.*\]\s*$", "", re.sub(r"\.\d+$", "", str(c).strip())) in _SMI]
+    ignored = [str(raw.columns[pos]) for pos in known if pos not in used]
     missing = [c for c, m in (("timestamp", "timestamp"), ("power.draw", "power_w")) if m not in df.columns]
     if missing:
         raise ProfileImportError(f"{p}: nvidia-smi CSV lacks column(s) {', '.join(missing)} "
