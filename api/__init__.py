@@ -29,9 +29,16 @@ def predict_kernels(frame, device):
     return _pk(frame, device)
 
 
+def _recompute(recompute, modules) -> str:
+    """``recompute`` with ``recompute_modules`` as one setting (``featurize/recompute.py``); ValueError when invalid."""
+    from wattcast.featurize.recompute import recompute_setting
+
+    return recompute_setting(recompute, modules)
+
+
 def predict(model, device, *, batch: int | None = None, seq: int | None = None, mode: str = "train",
             dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention, compile: bool = False,
-            optimizer: str = DEFAULTS.optimizer, recompute: str = "none",
+            optimizer: str = DEFAULTS.optimizer, recompute: str = "none", recompute_modules=None,
             grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
             clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None,
             tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None,
@@ -47,6 +54,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     device, meta included; only shapes and dtypes are used), instead of ``batch``/``seq``.
     ``loop_trip_count``: iterations of an ONNX model's Loops whose trip count is known only at run time (a count, or
     ``{node name: count}``); see ``wattcast.featurize.onnx``.
+    ``recompute_modules``: Megatron-Core's selective recomputation modules (a list or a comma-separated string of
+    core_attn, mlp, moe, shared_experts, moe_act, layernorm, mla_up_proj; ``wattcast.featurize.recompute``); given,
+    they imply ``recompute="selective"`` (an error with ``"full"``).
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per step and its worker processes (default 0 ms and 0
     workers, the HF Trainer's: the load in series with the step); the batch's copy to the GPU is in the step too
     (``simulate/data_loading.py``; ``meta["data_loading"]``, ``overheads["data_loading_ms"]``).
@@ -63,7 +73,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
-                       optimizer=optimizer, recompute=recompute, grad_accumulation=grad_accumulation,
+                       optimizer=optimizer, recompute=_recompute(recompute, recompute_modules),
+                       grad_accumulation=grad_accumulation,
                        dims=dims or (), loop_trip_count=loop_trip_count)
     graph = step_graph(model, opts, example_inputs=example_inputs)
     res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
@@ -135,8 +146,8 @@ def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict, cluster=None):
 def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | None = None, seq: int = 1024,
                     tp: int | None = None, pp: int | None = None, dp=None,
                     micro_batch=None, zero: int | None = None, sp: bool | None = None, ep: int | None = None,
-                    recompute: str | None = None, interleave: int | None = None, schedule: str | None = None,
-                    dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
+                    recompute: str | None = None, recompute_modules=None, interleave: int | None = None,
+                    schedule: str | None = None, dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
                     compile: bool = False, optimizer: str = DEFAULTS.optimizer, device=None, trace: bool = False,
                     power_limit_w: float | None = None, clock_cap_mhz: float | None = None,
                     framework: str = DEFAULTS.framework,
@@ -164,6 +175,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     layers of each model chunk are recomputed, the others keep their activations (None: every layer);
     ``recompute_method="uniform"``: Megatron's uniform method instead (every layer, each group of N layers' input kept);
     a method (block or uniform) given without ``recompute="full"`` is an error, as in Megatron.
+    ``recompute_modules``: Megatron-Core's selective recomputation modules, as for ``wattcast.predict``.
     ``moe_load_imbalance`` / ``moe_capacity_factor`` / ``moe_pad_to_capacity``: mixture-of-experts routing as it loads
     the busiest expert-parallel rank (``simulate/moe_routing.py``; default balanced, dropless).
     ``zero3_prefetch``: with ``zero=3`` (FSDP), whether each layer's parameter all-gathers and gradient reduce-scatters
@@ -190,6 +202,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.parallel import ParallelConfig
 
+    if recompute_modules is not None:
+        recompute = _recompute(recompute or "none", recompute_modules)
     opts = dict(gpus=gpus, batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep,
                 recompute=recompute, interleave=interleave, schedule=schedule, cp=cp, pp_first_layers=pp_first_stage_layers,
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,

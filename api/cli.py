@@ -342,6 +342,7 @@ def predict(
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading: the loader's host time to produce one micro-batch (one device: one step), ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
     recompute_method: Optional[str] = typer.Option(None, "--recompute-method", help="With --recompute full and --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed; the default) or uniform (every layer; the input of each group of N layers kept). Without --recompute full it is an error, as in Megatron."),
+    recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules, comma-separated: core_attn (the default), mlp, moe, shared_experts, moe_act, layernorm, mla_up_proj (the last three discard their outputs too and re-make them in backward). Implies --recompute selective; with --recompute full it is an error."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
     force: bool = _FORCE_OPTION,
     strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
@@ -426,7 +427,8 @@ def _predict_outputs(f) -> None:
 def _parallel_flags(ctx, f) -> dict:
     """The parallel flags (and --batch, --recompute, --schedule) by their strategy names, merged with --strategy."""
     values = dict(gpus=f.gpus, batch=f.batch, tp=f.tp, pp=f.pp, dp=f.dp, micro_batch=f.micro_batch, zero=f.zero, sp=f.sp,
-                  ep=f.ep, interleave=f.interleave, recompute=f.recompute, schedule=f.schedule, cp=f.cp,
+                  ep=f.ep, interleave=f.interleave, recompute=_recompute_flag(f.recompute, f.recompute_modules),
+                  schedule=f.schedule, cp=f.cp,
                   pp_first_layers=f.pp_first_stage_layers, pp_last_layers=f.pp_last_stage_layers,
                   overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                   tp_comm_overlap=f.tp_comm_overlap, overlap_moe_expert_parallel_comm=f.overlap_moe_expert_parallel_comm,
@@ -439,6 +441,16 @@ def _parallel_flags(ctx, f) -> dict:
     if values.get("batch") is None:
         _fail("--strategy without ga<N> (micro-batches per step) needs --batch (the global batch)")
     return values
+
+
+def _recompute_flag(recompute: str, modules: str | None) -> str:
+    """--recompute with --recompute-modules as one setting (featurize/recompute.py), or a clear error."""
+    from wattcast.featurize.recompute import RecomputeError, recompute_setting
+
+    try:
+        return recompute_setting(recompute, modules)
+    except RecomputeError as e:
+        _fail(f"--recompute/--recompute-modules: {e}")
 
 
 def _dims(given: list[str]) -> dict[str, int]:
@@ -734,6 +746,7 @@ def search(
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="The data loader's host time per micro-batch, ms (default 0); as `wattcast predict`."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's)."),
     recompute_num_layers: Optional[List[int]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable; adds full recomputation to the choices)."),
+    recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules (as for predict, comma-separated): the selective candidates recompute these (searched besides none and full)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
     force: bool = _FORCE_OPTION,
@@ -802,7 +815,9 @@ def search(
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),
                           **(dict(cp=tuple(cp)) if cp else {}), **(dict(ep=tuple(ep)) if ep else {}),
-                          **(dict(recompute_num_layers=tuple(recompute_num_layers)) if recompute_num_layers else {}))
+                          **(dict(recompute_num_layers=tuple(recompute_num_layers)) if recompute_num_layers else {}),
+                          **(dict(recompute=("none", _recompute_flag("selective", recompute_modules), "full"))
+                             if recompute_modules else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     limits = {"--max-usd": max_usd, "--deadline-days": deadline_days, "--max-tco2e": max_tco2e}

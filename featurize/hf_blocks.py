@@ -104,7 +104,7 @@ def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
     """LlamaRMSNorm / T5LayerNorm as eager PyTorch runs it: pow, mean, add eps, rsqrt, mul, mul weight
     (plus fp32 casts when the model runs in half precision)."""
     h = x.shape[-1]
-    with b.scope(name):
+    with b.scope(name), b.tag("layernorm"):  # Megatron-Core's recompute module of the name (featurize/recompute.py)
         if b.dtype != "fp32":
             x32 = b.copy(x, name=f"{name}.to_fp32")
         else:

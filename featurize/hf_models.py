@@ -83,10 +83,12 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             if fused:
                 b.fused_dropout_mask(x, resid_p)
             y = b.tp_enter(b.layernorm(x, name="ln_2"), name="mlp.enter")
-            y = b.linear(y, cfg.ffn, name="mlp.c_fc", parallel="col")
-            # Megatron: fused bias-GeLU (one kernel)
-            y = b.elementwise("gelu", y, name="mlp.bias_gelu") if fused else activation(b, y, cfg.activation)
-            y = b.tp_exit(b.linear(y, h, name="mlp.c_proj", parallel="row"), name="mlp.exit")
+            with b.tag("mlp"):  # Megatron-Core's recompute module (featurize/recompute.py)
+                y = b.linear(y, cfg.ffn, name="mlp.c_fc", parallel="col")
+                # Megatron: fused bias-GeLU (one kernel)
+                y = b.elementwise("gelu", y, name="mlp.bias_gelu") if fused else activation(b, y, cfg.activation)
+                y = b.linear(y, h, name="mlp.c_proj", parallel="row")
+            y = b.tp_exit(y, name="mlp.exit")
             if not fused:
                 y = b.dropout(y, resid_p, name="mlp.dropout")
             x = b.elementwise("add", x, y, name="residual_2")
@@ -430,9 +432,10 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
 
 
 def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *, tp_region: bool = True,
-            act: str | None = None, fused: bool = False) -> Tensor:
+            act: str | None = None, fused: bool = False, act_tag: str = "") -> Tensor:
     """SwiGLU MLP (GeGLU with ``act``); ``tp_region=False`` when the caller already entered (and will exit) the
-    tensor-parallel region; ``fused``: one gate_up_proj of twice the width, split by views (Phi-3)."""
+    tensor-parallel region; ``fused``: one gate_up_proj of twice the width, split by views (Phi-3); ``act_tag``: the
+    recompute module of the activation and product (``moe_act`` in an expert)."""
     if tp_region:
         x = b.tp_enter(x, name=f"{prefix}.enter")
     if fused:
@@ -442,8 +445,9 @@ def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *,
     else:
         g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj", parallel="col")
         u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj", parallel="col")
-    g = activation(b, g, act or (cfg.activation if cfg.activation != "gelu" else "silu"))
-    y = b.elementwise("mul", g, u, name=f"{prefix}.mul")
+    with b.tag(act_tag):
+        g = activation(b, g, act or (cfg.activation if cfg.activation != "gelu" else "silu"))
+        y = b.elementwise("mul", g, u, name=f"{prefix}.mul")
     y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj", parallel="row")
     return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
 
@@ -489,10 +493,11 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     for e in range(local):
         with b.scope(f"moe.experts.{e}"):
             if megatron:
-                ye = _swiglu_megatron(b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, h, f"experts.{e}")
+                ye = _swiglu_megatron(b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, h, f"experts.{e}",
+                                      act_tag="moe_act")
             else:
                 xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
-                ye = _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False)
+                ye = _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False, act_tag="moe_act")
             outs.append(ye)
     last = outs[-1]
     combined = Tensor((rows, h), last.dtype, last.node, last.tid)
@@ -538,7 +543,8 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
                 a = rms_norm_eager(b, a, "post_attention_layernorm")
             x = b.elementwise("add", x, a, name="residual_1")
             y = rms_norm_eager(b, x, "pre_feedforward_layernorm" if var.sandwich else "post_attention_layernorm")
-            y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up)
+            with b.tag("moe" if moe else "mlp"):  # Megatron-Core's recompute modules (featurize/recompute.py)
+                y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up)
             if var.sandwich:
                 y = rms_norm_eager(b, y, "post_feedforward_layernorm")
             x = b.elementwise("add", x, y, name="residual_2")
@@ -548,14 +554,16 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
                          softcap=var.final_softcap)
 
 
-def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: str) -> Tensor:
+def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: str, act_tag: str = "") -> Tensor:
     """Megatron-Core's SwiGLU MLP (Transformer Engine spec), ``x`` already in the tensor-parallel region:
-    ``linear_fc1`` (gate and up, 2 x ffn outputs, costed as two GEMMs of ffn), the fused SwiGLU kernel
-    (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its input), ``linear_fc2``."""
+    ``linear_fc1`` (gate and up, 2 x ffn outputs, costed as two GEMMs of ffn: under an FP8 recipe one cast of its
+    input, one FP8 copy saved), the fused SwiGLU kernel (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its
+    input), ``linear_fc2``."""
     gate = b.linear(x, ffn, bias=False, name=f"{prefix}.linear_fc1.gate", parallel="col")
-    up = b.linear(x, ffn, bias=False, name=f"{prefix}.linear_fc1.up", parallel="col")
-    return b.linear(b.elementwise("mul", gate, up, name=f"{prefix}.swiglu"), hidden, bias=False,
-                    name=f"{prefix}.linear_fc2", parallel="row")
+    up = b.linear(x, ffn, bias=False, name=f"{prefix}.linear_fc1.up", parallel="col", shared_fp8_input=True)
+    with b.tag(act_tag):  # ``moe_act`` in an expert (featurize/recompute.py)
+        act = b.elementwise("mul", gate, up, name=f"{prefix}.swiglu")
+    return b.linear(act, hidden, bias=False, name=f"{prefix}.linear_fc2", parallel="row")
 
 
 def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -606,11 +614,14 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                           name="self_attention.exit")
             x = b.elementwise("add", x, a, name="residual_1")
             if cfg.n_experts:
-                y = _moe(cfg, b, b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False), batch, seq,
-                         megatron=True)
+                y = b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False)
+                with b.tag("moe"):  # Megatron-Core's recompute modules (featurize/recompute.py)
+                    y = _moe(cfg, b, y, batch, seq, megatron=True)
             else:
                 y = b.tp_enter(b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False), name="mlp.enter")
-                y = b.tp_exit(_swiglu_megatron(b, y, cfg.ffn, h, "mlp"), name="mlp.exit")
+                with b.tag("mlp"):
+                    y = _swiglu_megatron(b, y, cfg.ffn, h, "mlp")
+                y = b.tp_exit(y, name="mlp.exit")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "output_layer"):
         x = b.layernorm(x, name="final_layernorm", rms=True, bias=False)
@@ -632,22 +643,24 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
     q_rank = cfg.count("q_lora_rank")
     qd = nope + rdim
     bs, s_ = x.shape[0], x.shape[1]
-    if q_rank:  # the low-rank query path is replicated across tp ranks; q_b_proj is column-parallel
-        qa = b.linear(x, q_rank, bias=False, name="self_attn.q_a_proj")
-        qa = rms_norm_eager(b, qa, "self_attn.q_a_layernorm")
-        qa = b.tp_enter(qa, name="self_attn.enter")
-        q = b.linear(qa, nh * qd, bias=False, name="self_attn.q_b_proj", parallel="col")
-    else:
-        q = b.linear(b.tp_enter(x, name="self_attn.enter"), nh * qd, bias=False, name="self_attn.q_proj", parallel="col")
+    qa = b.linear(x, q_rank, bias=False, name="self_attn.q_a_proj") if q_rank else None
     ckv = b.linear(x, kv_rank + rdim, bias=False, name="self_attn.kv_a_proj_with_mqa")
-    c = rms_norm_eager(b, Tensor((bs, s_, kv_rank), ckv.dtype, ckv.node, ckv.tid), "self_attn.kv_a_layernorm")
-    c = b.tp_enter(c, name="self_attn.kv_enter")
-    kv = b.linear(c, nh * (nope + vdim), bias=False, name="self_attn.kv_b_proj", parallel="col")
-    q4 = heads(b, q, nhl, qd)
-    q_pe = rope(b, Tensor((bs, nhl, s_, rdim), q4.dtype, q4.node, q4.tid), "rope.q")
-    k_pe = rope(b, Tensor((bs, 1, s_, rdim), ckv.dtype, ckv.node, ckv.tid), "rope.k")
-    qs = b.copy(Tensor((bs, nhl, s_, qd), q_pe.dtype, q_pe.node, q_pe.tid), name="self_attn.q_cat")
-    ks = b.copy(Tensor((bs, nhl, s_, qd), kv.dtype, kv.node, kv.tid), name="self_attn.k_cat")
+    # the up-projections with their latent norms and the rotary parts: Megatron-Core's ``mla_up_proj`` recompute module
+    with b.tag("mla_up_proj"):
+        if q_rank:  # the low-rank query path is replicated across tp ranks; q_b_proj is column-parallel
+            qa = rms_norm_eager(b, qa, "self_attn.q_a_layernorm")
+            qa = b.tp_enter(qa, name="self_attn.enter")
+            q = b.linear(qa, nh * qd, bias=False, name="self_attn.q_b_proj", parallel="col")
+        else:
+            q = b.linear(b.tp_enter(x, name="self_attn.enter"), nh * qd, bias=False, name="self_attn.q_proj", parallel="col")
+        c = rms_norm_eager(b, Tensor((bs, s_, kv_rank), ckv.dtype, ckv.node, ckv.tid), "self_attn.kv_a_layernorm")
+        c = b.tp_enter(c, name="self_attn.kv_enter")
+        kv = b.linear(c, nh * (nope + vdim), bias=False, name="self_attn.kv_b_proj", parallel="col")
+        q4 = heads(b, q, nhl, qd)
+        q_pe = rope(b, Tensor((bs, nhl, s_, rdim), q4.dtype, q4.node, q4.tid), "rope.q")
+        rope(b, Tensor((bs, 1, s_, rdim), ckv.dtype, ckv.node, ckv.tid), "rope.k")
+        qs = b.copy(Tensor((bs, nhl, s_, qd), q_pe.dtype, q_pe.node, q_pe.tid), name="self_attn.q_cat")
+        ks = b.copy(Tensor((bs, nhl, s_, qd), kv.dtype, kv.node, kv.tid), name="self_attn.k_cat")
     v = Tensor((bs, nhl, s_, vdim), kv.dtype, kv.node, kv.tid)
     if impl == "flash":
         a = b.flash_attention(qs, ks, v, causal=True, name="attn.flash")
@@ -668,9 +681,15 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
 
     ``megatron``: as Megatron-Core's GPTModel runs it (``--multi-latent-attention``, the DeepSeek-V3 recipe): the
     block norms as fused RMSNorm kernels, the MoE layers as Megatron-Core's ``MoELayer`` (``_moe`` with ``megatron``),
-    the loss on fp32 logits; the attention keeps the latent projections and norms of :func:`_mla`."""
+    the dense MLPs and the shared experts as its ``MLP`` (one ``linear_fc1``, the fused SwiGLU), the loss on fp32 logits; the attention keeps the latent projections and norms of :func:`_mla`."""
     norm = ((lambda t, name: b.layernorm(t, name=name, rms=True, bias=False)) if megatron
             else (lambda t, name: rms_norm_eager(b, t, name)))
+
+    def mlp(t: Tensor, ffn: int, prefix: str) -> Tensor:  # Megatron-Core's: one linear_fc1 and the fused SwiGLU
+        if not megatron:
+            return _swiglu(cfg, b, t, ffn, prefix)
+        return b.tp_exit(_swiglu_megatron(b, b.tp_enter(t, name=f"{prefix}.enter"), ffn, cfg.hidden, prefix),
+                         name=f"{prefix}.exit")
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -686,13 +705,16 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
             x = b.elementwise("add", x, a, name="residual_1")
             y = norm(x, "post_attention_layernorm")
             if cfg.n_experts and i >= dense and i % every == 0:
-                m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring, megatron=megatron)
-                if shared:
-                    sh = _swiglu(cfg, b, y, shared * moe_ffn, "mlp.shared_experts")
-                    m = b.elementwise("add", m, sh, name="mlp.shared_add")
+                with b.tag("moe"):  # Megatron-Core's recompute modules (featurize/recompute.py)
+                    m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring, megatron=megatron)
+                    if shared:
+                        with b.tag("shared_experts"):
+                            sh = mlp(y, shared * moe_ffn, "mlp.shared_experts")
+                        m = b.elementwise("add", m, sh, name="mlp.shared_add")
                 y = m
             else:
-                y = _swiglu(cfg, b, y, cfg.ffn, "mlp")
+                with b.tag("mlp"):
+                    y = mlp(y, cfg.ffn, "mlp")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = norm(x, "norm")

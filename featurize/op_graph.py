@@ -80,6 +80,21 @@ TF32_CLASSES = ("linear", "bmm", "conv", "flash_attention")
 _ARITH = ("add", "sub", "mul", "div", "pow")
 #: selection ops (no kernel of their own): costed as ``add`` when they stream two tensors, else ``addu``
 _SELECT = ("where", "masked_fill", "maximum", "minimum")
+
+
+def _autograd_saves(op: str, big: list, no_grad: set) -> list:
+    """The operands a product or quotient keeps for backward, as autograd's formulas need them (aten
+    derivatives.yaml): ``a * b`` keeps ``b`` for ``a``'s gradient and ``a`` for ``b``'s, so a factor is kept only when
+    another one needs a gradient (RoPE's ``q * cos`` keeps ``cos``, not ``q``); ``a / b`` keeps ``b`` whenever either
+    needs a gradient and ``a`` only for ``b``'s. Other ops (pow, the fused SiLU-mul) keep every tensor operand."""
+    needs = [t.tid not in no_grad for t in big]
+    if op == "mul":
+        return [t for i, t in enumerate(big) if any(n for j, n in enumerate(needs) if j != i)]
+    if op == "div" and len(big) == 2:
+        return [big[1]] + ([big[0]] if needs[1] else [])
+    return list(big)
+
+
 #: a broadcast operand smaller than 1/_CACHED_BROADCAST of an elementwise op's output bytes is read from
 #: DRAM once and then hit in cache for every repetition, so the op costs like its one-tensor (scalar)
 #: kernel; a larger one (OPT's (B,1,S,S) additive mask, 1/heads of the scores) is re-read every
@@ -190,6 +205,7 @@ class GraphBuilder:
         # (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication; Korthikanti et al. 2022 Sec. 4.2.2: the
         # QKV and FC1 inputs are stored sharded, 2sbh/t each)
         self._sp_shard: dict[int, Tensor] = {}
+        self._fp8_copy: dict[int, Tensor] = {}  # tensor id -> its FP8 copy made for a GEMM (``linear``)
 
     # ------------------------------------------------------------------ context
     @contextmanager
@@ -211,7 +227,8 @@ class GraphBuilder:
         return self._setting(_scope=scope)
 
     def tag(self, tag: str):
-        return self._setting(_tag=tag)
+        """Tag the ops recorded inside the block (a tag inside another adds to it: ``moe,moe_act``)."""
+        return self._setting(_tag=f"{self._tag},{tag}" if self._tag and tag else (tag or self._tag))
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -236,6 +253,12 @@ class GraphBuilder:
         self._tensor_node.append(node)
         self._tensor_shape.append(shape)
         return t
+
+    def _fp8_sources(self) -> np.ndarray:
+        src = np.full(len(self._tensor_bytes), -1, dtype=np.int64)
+        for s, copy in self._fp8_copy.items():
+            src[copy.tid] = s
+        return src
 
     def add_params(self, n: int) -> None:
         self.param_count += int(n)
@@ -274,7 +297,7 @@ class GraphBuilder:
     # ------------------------------------------------------------------ GEMMs
     def linear(self, x: Tensor, out_features: int, *, bias: bool = True, name: str = "linear",
                weight_params: bool = True, needs_input_grad: bool = True, parallel: str | None = None,
-               fp8: bool = True) -> Tensor:
+               fp8: bool = True, shared_fp8_input: bool = False) -> Tensor:
         """``nn.Linear(in, out)`` on ``x`` (..., in). ``weight_params=False`` for a tied weight.
 
         ``parallel``: ``col`` (output features split over tp ranks), ``row`` (input features already
@@ -303,9 +326,14 @@ class GraphBuilder:
         saved = self._sp_shard.get(x.tid, x)
         bw = []
         if fp8:
-            self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=saved.numel,
-                      bytes_=saved.numel * (db + 2 * gb), grad_inputs=[])
-            saved = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP) kept for backward
+            # ``shared_fp8_input``: this GEMM is one part of a fused one (Megatron-Core's linear_fc1, gate and up in
+            # one weight) whose input was cast once; it reads that FP8 copy and saves nothing more
+            copy = self._fp8_copy.get(saved.tid) if shared_fp8_input else None
+            if copy is None:
+                self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=saved.numel,
+                          bytes_=saved.numel * (db + 2 * gb), grad_inputs=[])
+                copy = self._fp8_copy[saved.tid] = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP)
+            saved = copy  # kept for backward
             bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=m * k, bytes_=m * k * (db + 2 * gb)))
         if needs_input_grad:  # dX = dY (M,K) @ W (K,N)
             bw.append(dict(self._bw(f"{name}.dgrad", "linear", "bmm", flops=2.0 * m * n * k,
@@ -439,7 +467,7 @@ class GraphBuilder:
             elif kernel in ("addu", "subu", "copy"):
                 pass
             elif kernel in ("mul", "div", "silu_mul", "pow") or (op in _ARITH and op not in ("add", "sub") and len(big) >= 2):
-                saves = big
+                saves = _autograd_saves(op, big, self._no_grad)
                 for i in range(max(n_grad, 1)):
                     bw.append(self._bw(f"{name}.grad{i}", "elementwise", "mul", flops=n, bytes_=3 * n * db, B=b, H=h))
             elif kernel == "powu":  # grad * p * x^(p-1): pow, scalar mul, mul
@@ -485,8 +513,9 @@ class GraphBuilder:
                        scale=(BACKWARD_RATIO_IN_STREAM if self.dtype in ("fp32", "tf32") else BACKWARD_RATIO)["layernorm"],
                        B=b, H=h)]
         params = h * (1 if rms or not bias else 2)
-        return self._add(name, "layernorm", kernel, "surrogate", [x], x.shape, flops=FLOPS_PER_ELEMENT[kernel] * b * h,
-                         bytes_=(2 * b * h + params) * db, params=params, saves=[x], backward=bw, B=b, H=h)
+        with self.tag("layernorm"):  # Megatron-Core's recompute module of the name (featurize/recompute.py)
+            return self._add(name, "layernorm", kernel, "surrogate", [x], x.shape, flops=FLOPS_PER_ELEMENT[kernel] * b * h,
+                             bytes_=(2 * b * h + params) * db, params=params, saves=[x], backward=bw, B=b, H=h)
 
     def softmax(self, x: Tensor, *, name: str = "softmax") -> Tensor:
         """Softmax over the last dim; backward reads output and gradient (one kernel)."""
@@ -752,5 +781,7 @@ class GraphBuilder:
         m["dtype"] = self.dtype
         saved = dict(tensor_bytes=np.array(self._tensor_bytes, dtype=np.int64), tensor_node=np.array(self._tensor_node, dtype=np.int64),
                      by_node=[n.saves for n in self._nodes], backward=self._backward_with_accumulation(),
-                     inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64))
+                     inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64),
+                     # each FP8 copy a GEMM saved -> the tensor it copies (-1 for every other tensor)
+                     fp8_source=self._fp8_sources())
         return OpGraph(nodes=nodes, edges=edges_arr, meta=m, saved=saved)

@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 
 from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSES, GraphError, OpGraph
+from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, node_tags, parse_recompute, recompute_setting,
+                                         recompute_tags)
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
-RECOMPUTE = ("none", "selective", "full")
 
 #: bytes read + written per parameter by one optimizer step (PyTorch foreach implementations).
 #: fp32 AdamW reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq: 7 x 4 B.
@@ -64,6 +65,21 @@ def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:
     return row
 
 
+def _check_modules(fwd: OpGraph, recompute: str) -> None:
+    """A recompute module named explicitly must have ops in the model's layers (``mla_up_proj`` needs multi-head latent
+    attention, ``moe`` a mixture of experts...). The attention core may have none: a fused attention kernel keeps no
+    scores, and selective recomputation of it re-runs nothing (as before modules were named)."""
+    _, mods = parse_recompute(recompute)
+    n = fwd.nodes
+    n_layers = int(fwd.meta.get("n_layers", 0)) or 1 << 30
+    lay = n["layer"].to_numpy()
+    present = set().union(*(node_tags(t) for t in n.loc[(lay >= 0) & (lay < n_layers), "tag"].unique()))
+    missing = [m for m in mods if m != "core_attn" and MODULE_TAGS[m] not in present]
+    if missing:
+        raise GraphError(f"recompute module(s) {', '.join(missing)}: this model has no such part in its layers "
+                         f"(its graph tags ops of: {', '.join(m for m, t in MODULE_TAGS.items() if t in present) or 'none'})")
+
+
 def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "none",
                    grad_accumulation: bool = False, clip_grad: bool = True) -> OpGraph:
     """Forward + backward (+ recomputation) + optimizer step of a forward graph.
@@ -74,9 +90,12 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     """
     if "backward" not in fwd.saved:
         raise GraphError("graph has no backward rules (was it built by GraphBuilder?)")
-    recompute = str(recompute).lower()
-    if recompute not in RECOMPUTE:
-        raise GraphError(f"unknown recompute mode {recompute!r}; use one of {', '.join(RECOMPUTE)}")
+    try:
+        recompute = recompute_setting(recompute)
+        rerun = set().union(*recompute_tags(recompute))  # the selective modules' tags
+    except RecomputeError as e:
+        raise GraphError(str(e)) from None
+    _check_modules(fwd, recompute)
     opt = optimizer_key(optimizer)
     nodes = fwd.nodes
     dtype = fwd.meta.get("dtype", "fp32")
@@ -96,8 +115,8 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
         if recompute != "none" and lay >= 0 and lay not in seen_layers and lay < fwd.meta.get("n_layers", 1 << 30):
             seen_layers.add(lay)
             sel = np.flatnonzero(layers == lay)
-            if recompute == "selective":
-                sel = sel[tags[sel] == "attn_core"]
+            if recompute != "full":
+                sel = sel[[bool(node_tags(t) & rerun) for t in tags[sel]]]
             for j in sel:
                 r = dict(fwd_rows[j])
                 r.update(phase="backward", fwd_id=int(j), recompute=True, param_count=0, name=f"{r['name']}.recompute")

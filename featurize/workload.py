@@ -19,7 +19,8 @@ from wattcast.data.checks import is_count, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, pinned, position_warning
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
-from wattcast.featurize.training_graph import RECOMPUTE, optimizer_key, training_graph
+from wattcast.featurize.recompute import RecomputeError, recompute_setting
+from wattcast.featurize.training_graph import optimizer_key, training_graph
 
 MODES = ("train", "inference")
 #: "flash" is today's fused attention (FlashAttention-2 / cuDNN / Transformer Engine), "flash1" the 2022-23 class
@@ -94,8 +95,10 @@ class StepOptions:
         for k, v in dims:
             if not _is_count(v):
                 raise GraphError(f"dim {k} must be a positive whole number, got {v!r}")
-        if str(self.recompute).lower() not in RECOMPUTE:
-            raise GraphError(f"unknown recompute {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        try:
+            recompute = recompute_setting(self.recompute)
+        except RecomputeError as e:
+            raise GraphError(str(e)) from None
         opt = optimizer_key(self.optimizer)
         # "flash1" is the fused node with the older kernel class; validated twice, the class stays what it was set to
         fk = _FLASH_KERNEL_OF[att] if att == "flash1" else str(self.flash_kernel)
@@ -105,7 +108,7 @@ class StepOptions:
             att = "flash"
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,
-                           str(self.recompute).lower(), bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
+                           recompute, bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
                            cp=int(self.cp), framework=canonical_framework(self.framework), blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load))

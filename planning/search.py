@@ -20,6 +20,7 @@ from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
 from wattcast.featurize.hf_config import pinned_files
+from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.defaults import DEFAULTS
 from wattcast.simulate.moe_routing import check_routing
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, schedule_step, schedule_context
@@ -181,9 +182,11 @@ def _choices(name: str, value) -> tuple | None:
                                  f"(layers recomputed per model chunk) or None (every layer), got {v!r}")
             v = None if v is None else int(v)
         elif name == "recompute":
-            if not isinstance(v, str) or v.lower() not in ("none", "selective", "full"):
-                raise ValueError(f"search-space option recompute: every choice must be none, selective or full, got {v!r}")
-            v = v.lower()
+            try:
+                v = recompute_setting(v if isinstance(v, str) else repr(v))
+            except RecomputeError as e:
+                raise ValueError(f"search-space option recompute: every choice must be none, selective[:modules] or full: "
+                                 f"{e}") from None
         if v not in out:
             out.append(v)
     return tuple(out)

@@ -22,6 +22,7 @@ import numpy as np
 
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph
+from wattcast.featurize.recompute import node_tags, recompute_tags
 
 GB = 1e9
 
@@ -90,29 +91,14 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
         grads = params * db
         optimizer = meta.get("optimizer", "adamw")
         opt = params * 8 if optimizer in ("adamw", "adam") else 0.0
-        by_node = graph.saved.get("by_node", [])
-        tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
-        tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
-        layers = fwd["layer"].to_numpy()
-        tags = fwd["tag"].to_numpy()
         recompute = meta.get("recompute", "none")
-        saved_ids: dict[int, int] = {}  # saved tensor -> the first node that keeps it
-        for i, ids in enumerate(by_node):
-            if recompute == "selective" and tags[i] == "attn_core":
-                # keep only the attention core's inputs (q, k, v), produced outside it; its dropout mask (made by no
-                # node) is recomputed with it (Korthikanti et al. 2022 Sec. 5: selective drops all 5as^2 terms)
-                ids = [t for t in ids if tnode[t] >= 0 and tags[tnode[t]] != "attn_core"]
-            for t in ids:
-                saved_ids.setdefault(t, i)
+        tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
+        kept = kept_tensors(graph)
         if recompute == "full":
             n_layers = int(meta.get("n_layers", 0)) or 1
             per_layer = {}
             outside = 0.0
-            for t, keeper in saved_ids.items():
-                src = tnode[t]
-                # a tensor made by no node (a dropout mask) belongs to the layer of the node that keeps it: a
-                # checkpointed layer re-makes it, it is not kept outside the layers
-                lay = int(layers[src]) if src >= 0 else int(layers[keeper])
+            for t, lay in kept.items():
                 if 0 <= lay < n_layers:
                     per_layer[lay] = per_layer.get(lay, 0.0) + float(tbytes[t])
                 else:
@@ -121,7 +107,7 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
             block_in = [float(v) for v in block_input_bytes(graph, n_layers)]
             acts = outside + sum(block_in) + (max(per_layer.values()) if per_layer else 0.0)
         else:
-            acts = float(sum(float(tbytes[t]) for t in saved_ids))
+            acts = float(sum(float(tbytes[t]) for t in kept))
     return MemoryEstimate(weights / GB, grads / GB, opt / GB, acts / GB, max(transient, 0.0) / GB)
 
 
@@ -131,6 +117,53 @@ def fp8_weight_copy_bytes(graph: OpGraph) -> float:
     n = graph.nodes
     sel = (n["phase"] == "forward") & (n["dtype"] == "fp8")
     return 2.0 * float(n.loc[sel, "param_count"].sum()) if sel.any() else 0.0
+
+
+def kept_tensors(graph: OpGraph) -> dict[int, int]:
+    """The tensors a training step's forward keeps for backward -> the layer each belongs to (its maker's; a tensor
+    made by no node, a dropout mask or an FP8 copy, the first keeper's), under the graph's recomputation
+    (``featurize/recompute.py``). ``full`` keeps everything here (``estimate_memory`` keeps block inputs). Selective,
+    per module:
+
+    - checkpointed (``core_attn``, ``mlp``, ``moe``, ``shared_experts``): a tensor an op of the module keeps is dropped
+      when the module made it (or no op did: a dropout mask), kept when it is an input of the module (the attention
+      core keeps q, k, v: Korthikanti et al. 2022 Sec. 5 drops exactly the 5as^2 terms); an FP8 copy of an input is
+      kept as the input itself (the checkpoint keeps the module's input in its own dtype);
+    - output-discarding (``moe_act``, ``layernorm``, ``mla_up_proj``): what the module makes is dropped whoever keeps
+      it (re-made before its consumer's backward); an FP8 GEMM's own copy of it stays.
+
+    A tensor any op keeps under these rules is kept."""
+    nodes = graph.nodes
+    fwd = nodes[nodes["phase"] == "forward"]
+    layers = fwd["layer"].to_numpy()
+    tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
+    tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
+    fp8_src = graph.saved.get("fp8_source")
+    ckpt, discard = recompute_tags(graph.meta.get("recompute", "none"))
+    n_layers = int(graph.meta.get("n_layers", 0)) or 1 << 30
+    # the modules' tags of each op of a transformer layer (the final norm, the embedding and the head are not recomputed)
+    tags = [node_tags(t) if 0 <= lay < n_layers else frozenset() for t, lay in zip(fwd["tag"].to_numpy(), layers)] \
+        if ckpt or discard else None
+    kept: dict[int, int] = {}
+    for i, ids in enumerate(graph.saved.get("by_node", [])):
+        inside = tags[i] & ckpt if tags is not None else frozenset()
+        for t in ids:
+            src = int(tnode[t])
+            if tags is not None:
+                made_by = tags[src] if src >= 0 else frozenset()
+                if made_by & discard:
+                    continue
+                if inside:
+                    s = int(fp8_src[t]) if fp8_src is not None and t < len(fp8_src) else -1
+                    if s >= 0 and not (tnode[s] >= 0 and tags[int(tnode[s])] & inside):
+                        t, src = s, int(tnode[s])  # an FP8 copy of the module's input: the input is kept...
+                        if src >= 0 and tags[src] & discard:
+                            continue  # ...unless an output-discarding module made it (re-made in backward)
+                    elif src < 0 or made_by & inside:
+                        continue
+            if t not in kept:
+                kept[t] = int(layers[src]) if src >= 0 else int(layers[i])
+    return kept
 
 
 def block_input_bytes(graph: OpGraph, n_layers: int) -> list[float]:
@@ -151,26 +184,11 @@ def activation_bytes_by_layer(graph: OpGraph) -> tuple[dict[int, float], float]:
 
     Under ``full`` recomputation a layer keeps only its input; the second value is what one layer
     re-materialises during its backward (to be added once per device)."""
-    nodes = graph.nodes
-    fwd = nodes[nodes["phase"] == "forward"]
-    layers = fwd["layer"].to_numpy()
-    tags = fwd["tag"].to_numpy()
     tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
-    tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
     recompute = graph.meta.get("recompute", "none")
     per: dict[int, float] = {}
-    seen: set[int] = set()
-    for i, ids in enumerate(graph.saved.get("by_node", [])):
-        for t in ids:
-            if t in seen:
-                continue
-            seen.add(t)
-            src = tnode[t]
-            # selective recomputation re-makes what the attention core makes (its dropout mask included)
-            if recompute == "selective" and ((src >= 0 and tags[src] == "attn_core") or (src < 0 and tags[i] == "attn_core")):
-                continue
-            lay = int(layers[src]) if src >= 0 else int(layers[i])
-            per[lay] = per.get(lay, 0.0) + float(tbytes[t])
+    for t, lay in kept_tensors(graph).items():
+        per[lay] = per.get(lay, 0.0) + float(tbytes[t])
     full_max = max((v for k, v in per.items() if k >= 0), default=0.0)
     if recompute == "full":
         n_layers = int(graph.meta.get("n_layers", 0))

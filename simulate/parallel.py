@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
+from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.overlap import overlap_defaults
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -331,8 +332,10 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             raise ParallelConfigError(f"experts ({n_experts}) must be divisible by ep ({cfg.ep})")
         if not (dp % cfg.ep == 0):
             raise ParallelConfigError(f"ep ({cfg.ep}) must divide the data-parallel size ({dp})")
-    if not (cfg.recompute in ("none", "selective", "full")):
-        raise ParallelConfigError(f"--recompute must be none, selective or full, got {cfg.recompute!r}")
+    try:
+        recompute = recompute_setting(cfg.recompute)
+    except RecomputeError as e:
+        raise ParallelConfigError(f"--recompute: {e}") from None
     rn = cfg.recompute_num_layers
     if rn is not None:
         if not is_count(rn):
@@ -350,7 +353,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
                 f"--recompute-method {method} says which layers Megatron's full recomputation recomputes: it needs "
                 f"--recompute full (got {cfg.recompute})"
                 + ("; selective recomputation applies to every layer and takes no method (Megatron refuses it too)"
-                   if cfg.recompute == "selective" else ""))
+                   if recompute.startswith("selective") else ""))
     if method == "uniform" and rn is None:
         raise ParallelConfigError("--recompute-method uniform groups --recompute-num-layers layers: give that too")
     if method is None and rn is not None:
@@ -386,7 +389,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
-    return with_fields(cfg, dp=dp, micro_batch=mb, recompute_method=method, **flags)
+    return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags)
 
 
 def check_job_size(gpus: int, cluster: ClusterSpec) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, recompute_layers_suffix
 
 __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
@@ -152,8 +153,11 @@ def parse_strategy(text: str) -> Strategy:
             put(name, n, tok)
         elif t == "sp":
             put("sp", True, tok)
-        elif t.startswith("rc") and t[2:] in RECOMPUTE:
-            put("recompute", t[2:], tok)
+        elif t.startswith("rc") and (t[2:] in RECOMPUTE or t[2:].startswith("selective:")):
+            try:
+                put("recompute", recompute_setting(t[2:]), tok)
+            except RecomputeError as e:
+                raise StrategyError(f"strategy {text!r}: bad token {tok!r}: {e}") from None
         elif m := _RC_BLOCK.match(t):
             uniform, n = m.group(1), int(m.group(2))
             if n < 1:

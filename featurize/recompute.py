@@ -1,0 +1,84 @@
+"""Activation recomputation settings: ``none``, ``selective`` (Megatron-Core's ``--recompute-modules``) and ``full``.
+
+A setting is one string, so every layer that carries ``recompute`` carries the modules with it: ``"none"``,
+``"full"``, ``"selective"`` (the attention core, Korthikanti et al. 2022 Sec. 5 and Megatron-Core's default module
+list) or ``"selective:<module>,<module>..."`` for Megatron-Core's ``--recompute-granularity selective
+--recompute-modules ...`` (TransformerConfig.recompute_modules, Megatron-Core 0.12+):
+
+- ``core_attn``: the attention core (the ops tagged ``attn_core``), checkpointed: its inputs kept, what it makes re-made;
+- ``mlp``: a dense MLP block, checkpointed;
+- ``moe``: a mixture-of-experts block (router, dispatch, experts, combine), checkpointed;
+- ``shared_experts``: a MoE block's shared experts, checkpointed;
+- ``moe_act``, ``layernorm``, ``mla_up_proj``: Megatron-Core runs these with ``CheckpointWithoutOutput``: their
+  output is discarded as well once its consumer has run, and re-made before the consumer's backward -- the MoE experts'
+  activation function, the input and pre-MLP norms, multi-head latent attention's query/key/value up-projections with
+  their norms and rotary embedding. An FP8 GEMM's own FP8 copy of such an output stays (Transformer Engine keeps it).
+
+The graph builders tag each op with the modules it belongs to (a comma-separated ``tag``); memory
+(``simulate/memory.py``) drops what the modules' rules drop and the training graph re-runs their ops in backward.
+"""
+
+from __future__ import annotations
+
+RECOMPUTE = ("none", "selective", "full")
+#: Megatron-Core's recompute module names -> the graph tag on their ops
+MODULE_TAGS = {"core_attn": "attn_core", "mlp": "mlp", "moe": "moe", "shared_experts": "shared_experts",
+               "moe_act": "moe_act", "layernorm": "layernorm", "mla_up_proj": "mla_up_proj"}
+#: modules whose outputs are discarded too (Megatron-Core's CheckpointWithoutOutput)
+OUTPUT_DISCARDING = ("moe_act", "layernorm", "mla_up_proj")
+#: ``selective`` alone: Megatron-Core's default module list
+DEFAULT_MODULES = ("core_attn",)
+
+
+class RecomputeError(ValueError):
+    """A recompute setting that is not one wattcast models."""
+
+
+def parse_recompute(value) -> tuple[str, tuple[str, ...]]:
+    """(mode, modules) of a setting: modules in :data:`MODULE_TAGS` order, empty unless the mode is selective."""
+    text = str(value).strip().lower()
+    mode, _, mods = text.partition(":")
+    if mode not in RECOMPUTE:
+        raise RecomputeError(f"unknown recompute {value!r}; use none, selective, full or selective:<modules>")
+    if mode != "selective":
+        if mods:
+            raise RecomputeError(f"recompute modules ({mods}) need selective recomputation, not {mode!r} "
+                                 "(Megatron-Core: --recompute-modules with --recompute-granularity selective)")
+        return mode, ()
+    names = [m.strip() for m in mods.split(",") if m.strip()] if mods else list(DEFAULT_MODULES)
+    unknown = [m for m in names if m not in MODULE_TAGS]
+    if unknown:
+        raise RecomputeError(f"unknown recompute module(s) {unknown}; Megatron-Core's are {', '.join(MODULE_TAGS)}")
+    if not names:
+        raise RecomputeError("selective recomputation with no module; name at least one of " + ", ".join(MODULE_TAGS))
+    return mode, tuple(m for m in MODULE_TAGS if m in names)
+
+
+def recompute_setting(mode="none", modules=None) -> str:
+    """The canonical string of a mode and a module list (a sequence or a comma-separated string; given, it implies
+    selective recomputation, as ``--recompute-modules`` does, and is an error with ``full``): ``"selective"`` for the
+    default list, so settings without modules read as before."""
+    base, names = parse_recompute(mode)
+    if modules is not None and len(modules):
+        mods = modules if isinstance(modules, str) else ",".join(str(m) for m in modules)
+        if base == "full":
+            raise RecomputeError("recompute modules select what selective recomputation re-runs; with full "
+                                 "recomputation every layer is re-run (drop one of the two)")
+        base, names = parse_recompute(f"selective:{mods}")
+    if base != "selective" or names == DEFAULT_MODULES:
+        return base
+    return f"{base}:{','.join(names)}"
+
+
+def recompute_tags(value) -> tuple[set[str], set[str]]:
+    """(tags of checkpointed modules, tags of output-discarding modules) a setting recomputes (empty sets unless
+    selective)."""
+    mode, mods = parse_recompute(value)
+    keep = {MODULE_TAGS[m] for m in mods if m not in OUTPUT_DISCARDING}
+    discard = {MODULE_TAGS[m] for m in mods if m in OUTPUT_DISCARDING}
+    return keep, discard
+
+
+def node_tags(tag) -> frozenset:
+    """The tags of one op (its ``tag`` column: comma-separated, empty for none)."""
+    return frozenset(t for t in str(tag).split(",") if t) if tag else frozenset()
