@@ -71,6 +71,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     from wattcast.featurize.workload import StepOptions, step_graph
     from wattcast.simulate.single_device import predict_graph
 
+    if recompute_modules is not None and str(mode).lower() in ("inference", "inf", "infer"):
+        raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
                        optimizer=optimizer, recompute=_recompute(recompute, recompute_modules),

@@ -100,11 +100,11 @@ def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:
     raise GraphError(f"unsupported activation function {act!r}")
 
 
-def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
+def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str, module: str = "") -> Tensor:
     """LlamaRMSNorm / T5LayerNorm as eager PyTorch runs it: pow, mean, add eps, rsqrt, mul, mul weight
-    (plus fp32 casts when the model runs in half precision)."""
+    (plus fp32 casts when the model runs in half precision). ``module``: as for ``GraphBuilder.layernorm``."""
     h = x.shape[-1]
-    with b.scope(name), b.tag("layernorm"):  # Megatron-Core's recompute module of the name (featurize/recompute.py)
+    with b.scope(name), b.tag(module):
         if b.dtype != "fp32":
             x32 = b.copy(x, name=f"{name}.to_fp32")
         else:

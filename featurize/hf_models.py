@@ -66,7 +66,7 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
         x = b.dropout(x, embd_p, name="embed.dropout")
     for i in range(cfg.n_layers):
         with b.layer(i, f"transformer.h.{i}"):
-            y = b.layernorm(x, name="ln_1")
+            y = b.layernorm(x, name="ln_1", module="layernorm")
             y = b.tp_enter(y, name="attn.enter")
             qkv = b.linear(y, 3 * h, name="attn.c_attn", parallel="col")
             q = heads(b, Tensor((batch, seq, hl * d), qkv.dtype, qkv.node, qkv.tid), hl, d)
@@ -82,13 +82,12 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             x = b.elementwise("add", a, x, name="residual_1")
             if fused:
                 b.fused_dropout_mask(x, resid_p)
-            y = b.tp_enter(b.layernorm(x, name="ln_2"), name="mlp.enter")
-            with b.tag("mlp"):  # Megatron-Core's recompute module (featurize/recompute.py)
-                y = b.linear(y, cfg.ffn, name="mlp.c_fc", parallel="col")
+            y = b.layernorm(x, name="ln_2", module="layernorm")
+            with b.tag("mlp"):  # Megatron-Core's recompute module (featurize/recompute.py), its TP collectives with it
+                y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="mlp.c_fc", parallel="col")
                 # Megatron: fused bias-GeLU (one kernel)
                 y = b.elementwise("gelu", y, name="mlp.bias_gelu") if fused else activation(b, y, cfg.activation)
-                y = b.linear(y, h, name="mlp.c_proj", parallel="row")
-            y = b.tp_exit(y, name="mlp.exit")
+                y = b.tp_exit(b.linear(y, h, name="mlp.c_proj", parallel="row"), name="mlp.exit")
             if not fused:
                 y = b.dropout(y, resid_p, name="mlp.dropout")
             x = b.elementwise("add", x, y, name="residual_2")
@@ -128,7 +127,7 @@ def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
         x = b.dropout(x, emb_p, name="emb_drop")
     for i in range(cfg.n_layers):
         with b.layer(i, f"transformer.blocks.{i}"):
-            y = b.tp_enter(b.layernorm(x, name="norm_1", bias=bias), name="attn.enter")
+            y = b.tp_enter(b.layernorm(x, name="norm_1", bias=bias, module="layernorm"), name="attn.enter")
             qkv = b.linear(y, (nh + 2 * cfg.n_kv_heads) * d, bias=bias, name="attn.Wqkv", parallel="col")
             q = heads(b, Tensor((batch, seq, hl * d), qkv.dtype, qkv.node, qkv.tid), hl, d)
             kv = heads(b, Tensor((batch, seq, kvl * d), qkv.dtype, qkv.node, qkv.tid), kvl, d)
@@ -140,10 +139,11 @@ def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             a = b.tp_exit(b.linear(a, h, bias=bias, name="attn.out_proj", parallel="row"), name="attn.exit")
             a = b.dropout(a, resid_p, name="resid_attn_dropout")
             x = b.elementwise("add", x, a, name="residual_1")
-            y = b.tp_enter(b.layernorm(x, name="norm_2", bias=bias), name="ffn.enter")
-            y = b.linear(y, cfg.ffn, bias=bias, name="ffn.up_proj", parallel="col")
-            y = activation(b, y, cfg.activation)
-            y = b.tp_exit(b.linear(y, h, bias=bias, name="ffn.down_proj", parallel="row"), name="ffn.exit")
+            y = b.layernorm(x, name="norm_2", bias=bias, module="layernorm")
+            with b.tag("mlp"):  # Megatron-Core's recompute module (featurize/recompute.py), its TP collectives with it
+                y = b.linear(b.tp_enter(y, name="ffn.enter"), cfg.ffn, bias=bias, name="ffn.up_proj", parallel="col")
+                y = activation(b, y, cfg.activation)
+                y = b.tp_exit(b.linear(y, h, bias=bias, name="ffn.down_proj", parallel="row"), name="ffn.exit")
             y = b.dropout(y, resid_p, name="resid_ffn_dropout")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
@@ -183,7 +183,7 @@ def gpt_neox(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str)
         x = b.dropout(x, hid_p, name="emb_dropout")
     for i in range(cfg.n_layers):
         with b.layer(i, f"gpt_neox.layers.{i}"):
-            y = b.tp_enter(b.layernorm(x, name="input_layernorm"), name="attention.enter")
+            y = b.tp_enter(b.layernorm(x, name="input_layernorm", module="layernorm"), name="attention.enter")
             qkv = b.linear(y, 3 * h, bias=bias, name="attention.query_key_value", parallel="col")
             chunk = Tensor((batch, hl, seq, d), qkv.dtype, qkv.node, qkv.tid)  # q/k/v: strided views of qkv
             q = _partial_rope(b, chunk, rot, "rope.q") if rot > 0 else chunk
@@ -195,10 +195,11 @@ def gpt_neox(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str)
             a = b.dropout(a, hid_p, name="post_attention_dropout")
             if not parallel:
                 a = x = b.elementwise("add", a, x, name="residual_1")
-            m = b.tp_enter(b.layernorm(x, name="post_attention_layernorm"), name="mlp.enter")
-            m = b.linear(m, cfg.ffn, name="mlp.dense_h_to_4h", parallel="col")
-            m = activation(b, m, cfg.activation)
-            m = b.tp_exit(b.linear(m, h, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
+            m = b.layernorm(x, name="post_attention_layernorm", module="layernorm")
+            with b.tag("mlp"):
+                m = b.linear(b.tp_enter(m, name="mlp.enter"), cfg.ffn, name="mlp.dense_h_to_4h", parallel="col")
+                m = activation(b, m, cfg.activation)
+                m = b.tp_exit(b.linear(m, h, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
             m = b.dropout(m, hid_p, name="post_mlp_dropout")
             if parallel:
                 x = b.elementwise("add", b.elementwise("add", m, a, name="residual_mlp_attn"), x, name="residual")
@@ -237,7 +238,7 @@ def bloom(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) ->
         x = b.layernorm(x, name="word_embeddings_layernorm")
     for i in range(cfg.n_layers):
         with b.layer(i, f"transformer.h.{i}"):
-            y = b.layernorm(x, name="input_layernorm")
+            y = b.layernorm(x, name="input_layernorm", module="layernorm")
             res = y if post_ln else x
             y = b.tp_enter(y, name="self_attention.enter")
             qkv = b.linear(y, 3 * h, name="self_attention.query_key_value", parallel="col")
@@ -247,11 +248,12 @@ def bloom(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) ->
             a = merge_heads(b, a, name="self_attention.merge_heads")
             a = b.tp_exit(b.linear(a, h, name="self_attention.dense", parallel="row"), name="self_attention.exit")
             x = b.elementwise("add", res, b.dropout(a, hid_p, name="attn.dropout"), name="residual_1")
-            y = b.layernorm(x, name="post_attention_layernorm")
+            y = b.layernorm(x, name="post_attention_layernorm", module="layernorm")
             res = y if post_ln else x
-            y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="mlp.dense_h_to_4h", parallel="col")
-            y = _bloom_gelu(b, y)
-            y = b.tp_exit(b.linear(y, h, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
+            with b.tag("mlp"):
+                y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="mlp.dense_h_to_4h", parallel="col")
+                y = _bloom_gelu(b, y)
+                y = b.tp_exit(b.linear(y, h, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
             x = b.elementwise("add", res, b.dropout(y, hid_p, name="mlp.dropout"), name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="ln_f")
@@ -275,7 +277,7 @@ def falcon(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
         x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
     for i in range(cfg.n_layers):
         with b.layer(i, f"transformer.h.{i}"):
-            ln_a = b.layernorm(x, name="ln_attn" if new_arch else "input_layernorm")
+            ln_a = b.layernorm(x, name="ln_attn" if new_arch else "input_layernorm", module="layernorm")
             y = b.tp_enter(ln_a, name="self_attention.enter")
             qkv = b.linear(y, (nh + 2 * nkv) * d, bias=bias, name="self_attention.query_key_value", parallel="col")
             q = rope(b, Tensor((batch, hl, seq, d), qkv.dtype, qkv.node, qkv.tid), "rope.q")
@@ -288,14 +290,16 @@ def falcon(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
             a = merge_heads(b, a, name="self_attention.merge_heads")
             a = b.tp_exit(b.linear(a, h, bias=bias, name="self_attention.dense", parallel="row"), name="self_attention.exit")
             if parallel:
-                m_in = b.layernorm(x, name="ln_mlp") if new_arch else ln_a
+                m_in = b.layernorm(x, name="ln_mlp", module="layernorm") if new_arch else ln_a
                 res = x
             else:
                 res = x = b.elementwise("add", x, b.dropout(a, attn_p, name="attn.dropout"), name="residual_1")
-                m_in = b.layernorm(x, name="post_attention_layernorm")
-            m = b.linear(b.tp_enter(m_in, name="mlp.enter"), cfg.ffn, bias=bias, name="mlp.dense_h_to_4h", parallel="col")
-            m = b.elementwise("gelu", m, name="mlp.act")
-            m = b.tp_exit(b.linear(m, h, bias=bias, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
+                m_in = b.layernorm(x, name="post_attention_layernorm", module="layernorm")
+            with b.tag("mlp"):
+                m = b.linear(b.tp_enter(m_in, name="mlp.enter"), cfg.ffn, bias=bias, name="mlp.dense_h_to_4h",
+                             parallel="col")
+                m = b.elementwise("gelu", m, name="mlp.act")
+                m = b.tp_exit(b.linear(m, h, bias=bias, name="mlp.dense_4h_to_h", parallel="row"), name="mlp.exit")
             if parallel:
                 m = b.elementwise("add", m, a, name="mlp_plus_attention")
             x = b.elementwise("add", res, b.dropout(m, hid_p, name="mlp.dropout"), name="residual")
@@ -328,7 +332,7 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.decoder.layers.{i}"):
             res = x
-            y = b.layernorm(x, name="self_attn_layer_norm") if pre_ln else x
+            y = b.layernorm(x, name="self_attn_layer_norm", module="layernorm") if pre_ln else x
             y = b.tp_enter(y, name="self_attn.enter")
             q = b.linear(y, h, name="self_attn.q_proj", parallel="col")
             q = b.elementwise("mul", q, 1.0, name="self_attn.q_scale")
@@ -346,11 +350,12 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             if not pre_ln:
                 x = b.layernorm(x, name="self_attn_layer_norm")
             res = x
-            y = b.layernorm(x, name="final_layer_norm") if pre_ln else x
-            y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="fc1", parallel="col")
-            y = activation(b, y, cfg.activation)
-            y = b.dropout(y, _p(cfg, "activation_dropout"), name="activation_dropout")
-            y = b.tp_exit(b.linear(y, h, name="fc2", parallel="row"), name="mlp.exit")
+            y = b.layernorm(x, name="final_layer_norm", module="layernorm") if pre_ln else x
+            with b.tag("mlp"):
+                y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="fc1", parallel="col")
+                y = activation(b, y, cfg.activation)
+                y = b.dropout(y, _p(cfg, "activation_dropout"), name="activation_dropout")
+                y = b.tp_exit(b.linear(y, h, name="fc2", parallel="row"), name="mlp.exit")
             y = b.dropout(y, p, name="dropout_2")
             x = b.elementwise("add", res, y, name="residual_2")
             if not pre_ln:
@@ -537,12 +542,13 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
             raise GraphError(f"{cfg.name}: field 'hidden_activation' must be an activation name, got {act!r}")
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
-            y = rms_norm_eager(b, x, "input_layernorm")
+            y = rms_norm_eager(b, x, "input_layernorm", module="layernorm")
             a = _llama_attention(cfg, b, y, batch, seq, impl, var, i)
             if var.sandwich:  # Gemma 2/3: the attention output is normalised before the residual add
                 a = rms_norm_eager(b, a, "post_attention_layernorm")
             x = b.elementwise("add", x, a, name="residual_1")
-            y = rms_norm_eager(b, x, "pre_feedforward_layernorm" if var.sandwich else "post_attention_layernorm")
+            y = rms_norm_eager(b, x, "pre_feedforward_layernorm" if var.sandwich else "post_attention_layernorm",
+                               module="layernorm")
             with b.tag("moe" if moe else "mlp"):  # Megatron-Core's recompute modules (featurize/recompute.py)
                 y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up)
             if var.sandwich:
@@ -595,7 +601,7 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
         x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
     for i in range(cfg.n_layers):
         with b.layer(i, f"decoder.layers.{i}"):
-            y = b.tp_enter(b.layernorm(x, name="input_layernorm", rms=True, bias=False), name="self_attention.enter")
+            y = b.tp_enter(b.layernorm(x, name="input_layernorm", rms=True, bias=False, module="layernorm"), name="self_attention.enter")
             qkv = b.linear(y, (nh + 2 * nkv) * d, bias=False, name="self_attention.linear_qkv", parallel="col")
             qkv = b.elementwise("mul", qkv, 1.0, name="self_attention.rope")  # fused RoPE over q and k (v passes)
             sq = qkv.shape[1]
@@ -614,14 +620,13 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                           name="self_attention.exit")
             x = b.elementwise("add", x, a, name="residual_1")
             if cfg.n_experts:
-                y = b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False)
+                y = b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False, module="layernorm")
                 with b.tag("moe"):  # Megatron-Core's recompute modules (featurize/recompute.py)
                     y = _moe(cfg, b, y, batch, seq, megatron=True)
             else:
-                y = b.tp_enter(b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False), name="mlp.enter")
-                with b.tag("mlp"):
-                    y = _swiglu_megatron(b, y, cfg.ffn, h, "mlp")
-                y = b.tp_exit(y, name="mlp.exit")
+                y = b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False, module="layernorm")
+                with b.tag("mlp"):  # its sequence-parallel all-gather and reduce-scatter with it (linear_fc1/fc2's)
+                    y = b.tp_exit(_swiglu_megatron(b, b.tp_enter(y, name="mlp.enter"), cfg.ffn, h, "mlp"), name="mlp.exit")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "output_layer"):
         x = b.layernorm(x, name="final_layernorm", rms=True, bias=False)
@@ -682,8 +687,9 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
     ``megatron``: as Megatron-Core's GPTModel runs it (``--multi-latent-attention``, the DeepSeek-V3 recipe): the
     block norms as fused RMSNorm kernels, the MoE layers as Megatron-Core's ``MoELayer`` (``_moe`` with ``megatron``),
     the dense MLPs and the shared experts as its ``MLP`` (one ``linear_fc1``, the fused SwiGLU), the loss on fp32 logits; the attention keeps the latent projections and norms of :func:`_mla`."""
-    norm = ((lambda t, name: b.layernorm(t, name=name, rms=True, bias=False)) if megatron
-            else (lambda t, name: rms_norm_eager(b, t, name)))
+    # a block's two norms (Megatron-Core's ``layernorm`` recompute module) and the final one
+    norm = ((lambda t, name, module="": b.layernorm(t, name=name, rms=True, bias=False, module=module)) if megatron
+            else (lambda t, name, module="": rms_norm_eager(b, t, name, module)))
 
     def mlp(t: Tensor, ffn: int, prefix: str) -> Tensor:  # Megatron-Core's: one linear_fc1 and the fused SwiGLU
         if not megatron:
@@ -700,10 +706,10 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
     scoring = "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax"
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
-            y = norm(x, "input_layernorm")
+            y = norm(x, "input_layernorm", "layernorm")
             a = _mla(cfg, b, y, batch, seq, impl)
             x = b.elementwise("add", x, a, name="residual_1")
-            y = norm(x, "post_attention_layernorm")
+            y = norm(x, "post_attention_layernorm", "layernorm")
             if cfg.n_experts and i >= dense and i % every == 0:
                 with b.tag("moe"):  # Megatron-Core's recompute modules (featurize/recompute.py)
                     m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring, megatron=megatron)
@@ -799,9 +805,10 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             a = b.tp_exit(b.linear(a, h, name="attention.output.dense", parallel="row"), name="attention.exit")
             a = b.dropout(a, p, name="attention.output.dropout")
             x = b.layernorm(b.elementwise("add", a, x, name="attention.output.residual"), name="attention.output.LayerNorm")
-            y = b.linear(b.tp_enter(x, name="mlp.enter"), cfg.ffn, name="intermediate.dense", parallel="col")
-            y = activation(b, y, cfg.activation)
-            y = b.tp_exit(b.linear(y, h, name="output.dense", parallel="row"), name="mlp.exit")
+            with b.tag("mlp"):
+                y = b.linear(b.tp_enter(x, name="mlp.enter"), cfg.ffn, name="intermediate.dense", parallel="col")
+                y = activation(b, y, cfg.activation)
+                y = b.tp_exit(b.linear(y, h, name="output.dense", parallel="row"), name="mlp.exit")
             y = b.dropout(y, p, name="output.dropout")
             x = b.layernorm(b.elementwise("add", y, x, name="output.residual"), name="output.LayerNorm")
     with b.layer(cfg.n_layers, "heads"):

@@ -131,15 +131,17 @@ def _stack(b: GraphBuilder, cfg: HFConfig, x: Tensor, *, decoder: bool, enc: Ten
                 # the relative position bias (its bucket table is a parameter) is computed whatever the attention
                 # kernel: a fused kernel takes it as an additive mask (SDPA's attn_mask), it does not make it away
                 bias = _position_bias(b, cfg, batch, s, s, name=f"{kind}.position_bias")
-            y = rms_norm_eager(b, x, "layer_norm_sa")
+            y = rms_norm_eager(b, x, "layer_norm_sa", module="layernorm")
             a = _attention(b, cfg, y, None, bias, impl=impl, causal=decoder, prefix="SelfAttention")
             x = b.elementwise("add", x, b.dropout(a, p, name="sa.dropout"), name="sa.residual")
             if decoder and enc is not None:
-                y = rms_norm_eager(b, x, "layer_norm_ca")
+                y = rms_norm_eager(b, x, "layer_norm_ca", module="layernorm")
                 a = _attention(b, cfg, y, enc, cross_bias, impl=impl, causal=False, prefix="EncDecAttention")
                 x = b.elementwise("add", x, b.dropout(a, p, name="ca.dropout"), name="ca.residual")
-            y = rms_norm_eager(b, x, "layer_norm_ff")
-            y = _sparse_ff(b, cfg, y, "mlp") if _is_sparse(i, step, n_sparse) else _dense_ff(b, cfg, y, "DenseReluDense")
+            y = rms_norm_eager(b, x, "layer_norm_ff", module="layernorm")
+            sparse = _is_sparse(i, step, n_sparse)
+            with b.tag("moe" if sparse else "mlp"):  # Megatron-Core's recompute modules (featurize/recompute.py)
+                y = _sparse_ff(b, cfg, y, "mlp") if sparse else _dense_ff(b, cfg, y, "DenseReluDense")
             x = b.elementwise("add", x, b.dropout(y, p, name="ff.dropout"), name="ff.residual")
     return x
 

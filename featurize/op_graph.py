@@ -157,6 +157,7 @@ class _Node:
     inputs: list[int]
     saves: list[int]
     backward: list[dict]
+    input_tids: list[int]  # the tensors it reads (a recomputed module keeps those made outside it)
 
 
 class GraphBuilder:
@@ -283,7 +284,8 @@ class GraphBuilder:
         nid = len(self._nodes)
         if params:
             self.add_params(params)
-        self._nodes.append(_Node(values, [t.node for t in inputs if t.node >= 0], [t.tid for t in saves], list(backward)))
+        self._nodes.append(_Node(values, [t.node for t in inputs if t.node >= 0], [t.tid for t in saves], list(backward),
+                                 [t.tid for t in inputs if t.tid >= 0]))
         out = self._tensor(out_shape, out_dtype or self.dtype, nid)
         self._out_bytes.append(out.nbytes)
         return out
@@ -503,8 +505,10 @@ class GraphBuilder:
         mask = self._tensor(out.shape, "fp8", -1)
         self._nodes[out.node].saves.append(mask.tid)
 
-    def layernorm(self, x: Tensor, *, name: str = "layernorm", bias: bool = True, rms: bool = False) -> Tensor:
-        """LayerNorm (or RMSNorm, ``rms=True``) over the last dim, as one fused kernel."""
+    def layernorm(self, x: Tensor, *, name: str = "layernorm", bias: bool = True, rms: bool = False,
+                  module: str = "") -> Tensor:
+        """LayerNorm (or RMSNorm, ``rms=True``) over the last dim, as one fused kernel. ``module``: its recompute module
+        (``layernorm`` for a block's input and pre-MLP norms: featurize/recompute.py)."""
         h = int(x.shape[-1])
         b = _numel(x.shape[:-1])
         db = self.dbytes
@@ -513,7 +517,7 @@ class GraphBuilder:
                        scale=(BACKWARD_RATIO_IN_STREAM if self.dtype in ("fp32", "tf32") else BACKWARD_RATIO)["layernorm"],
                        B=b, H=h)]
         params = h * (1 if rms or not bias else 2)
-        with self.tag("layernorm"):  # Megatron-Core's recompute module of the name (featurize/recompute.py)
+        with self.tag(module):
             return self._add(name, "layernorm", kernel, "surrogate", [x], x.shape, flops=FLOPS_PER_ELEMENT[kernel] * b * h,
                              bytes_=(2 * b * h + params) * db, params=params, saves=[x], backward=bw, B=b, H=h)
 
@@ -671,10 +675,14 @@ class GraphBuilder:
         out_shape = (b, h, s, dv)
         io = (q.numel + (k.numel + v.numel) * kv_reads + _numel(out_shape)) * db
         fk = self.flash_kernel
-        out = self._add(name, "flash_attention", fk, "flash", [q, k, v], out_shape, flops=flops, bytes_=io,
-                        saves=[q, k, v], B=b * h, M=s, N=int(round(d_eff)), K=skv,
-                        backward=[self._bw(f"{name}.grad", "flash_attention", fk, "flash", flops=2.5 * flops,
-                                           bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=int(round(d_eff)), K=skv)])
+        # Megatron-Core checkpoints the core attention whatever its kernel (``core_attn``: the fused kernel's forward
+        # re-run in backward, its output and log-sum-exp not kept by it); legacy Megatron-LM and Hugging Face do not
+        with self.tag("attn_core" if getattr(self, "framework", "hf") == "megatron" else ""):
+            out = self._add(name, "flash_attention", fk, "flash", [q, k, v], out_shape, flops=flops, bytes_=io,
+                            saves=[q, k, v], B=b * h, M=s, N=int(round(d_eff)), K=skv,
+                            backward=[self._bw(f"{name}.grad", "flash_attention", fk, "flash", flops=2.5 * flops,
+                                               bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=int(round(d_eff)),
+                                               K=skv)])
         # FlashAttention-2 saves q, k, v, the output and the fp32 log-sum-exp of every row (B, h, S) for backward
         # (flash_attn_interface.FlashAttnFunc: ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...))
         self._nodes[out.node].saves += [out.tid, self._tensor((b, h, s), "fp32", out.node).tid]
@@ -782,6 +790,7 @@ class GraphBuilder:
         saved = dict(tensor_bytes=np.array(self._tensor_bytes, dtype=np.int64), tensor_node=np.array(self._tensor_node, dtype=np.int64),
                      by_node=[n.saves for n in self._nodes], backward=self._backward_with_accumulation(),
                      inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64),
+                     input_tids=[n.input_tids for n in self._nodes],
                      # each FP8 copy a GEMM saved -> the tensor it copies (-1 for every other tensor)
                      fp8_source=self._fp8_sources())
         return OpGraph(nodes=nodes, edges=edges_arr, meta=m, saved=saved)

@@ -37,20 +37,20 @@ class RecomputeError(ValueError):
 def parse_recompute(value) -> tuple[str, tuple[str, ...]]:
     """(mode, modules) of a setting: modules in :data:`MODULE_TAGS` order, empty unless the mode is selective."""
     text = str(value).strip().lower()
-    mode, _, mods = text.partition(":")
+    mode, sep, mods = text.partition(":")
     if mode not in RECOMPUTE:
         raise RecomputeError(f"unknown recompute {value!r}; use none, selective, full or selective:<modules>")
     if mode != "selective":
-        if mods:
-            raise RecomputeError(f"recompute modules ({mods}) need selective recomputation, not {mode!r} "
+        if sep:
+            raise RecomputeError(f"{value!r}: recompute modules need selective recomputation, not {mode!r} "
                                  "(Megatron-Core: --recompute-modules with --recompute-granularity selective)")
         return mode, ()
-    names = [m.strip() for m in mods.split(",") if m.strip()] if mods else list(DEFAULT_MODULES)
+    if sep and not mods.strip(", "):
+        raise RecomputeError(f"recompute {value!r} names no module; name at least one of " + ", ".join(MODULE_TAGS))
+    names = [m.strip() for m in mods.split(",") if m.strip()] if sep else list(DEFAULT_MODULES)
     unknown = [m for m in names if m not in MODULE_TAGS]
     if unknown:
         raise RecomputeError(f"unknown recompute module(s) {unknown}; Megatron-Core's are {', '.join(MODULE_TAGS)}")
-    if not names:
-        raise RecomputeError("selective recomputation with no module; name at least one of " + ", ".join(MODULE_TAGS))
     return mode, tuple(m for m in MODULE_TAGS if m in names)
 
 
@@ -59,8 +59,17 @@ def recompute_setting(mode="none", modules=None) -> str:
     selective recomputation, as ``--recompute-modules`` does, and is an error with ``full``): ``"selective"`` for the
     default list, so settings without modules read as before."""
     base, names = parse_recompute(mode)
-    if modules is not None and len(modules):
-        mods = modules if isinstance(modules, str) else ",".join(str(m) for m in modules)
+    if modules is not None:
+        if isinstance(modules, str):
+            mods = modules
+        elif isinstance(modules, (list, tuple)) and all(isinstance(m, str) for m in modules):
+            mods = ",".join(modules)
+        else:
+            raise RecomputeError(f"recompute modules must be names (a list, or one comma-separated string), got {modules!r}")
+        if not mods.strip(", "):
+            raise RecomputeError("the recompute module list is empty; name at least one of " + ", ".join(MODULE_TAGS))
+        if ":" in str(mode):
+            raise RecomputeError(f"modules given twice: in the recompute setting {mode!r} and as {mods!r}")
         if base == "full":
             raise RecomputeError("recompute modules select what selective recomputation re-runs; with full "
                                  "recomputation every layer is re-run (drop one of the two)")

@@ -123,14 +123,15 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     """The tensors a training step's forward keeps for backward -> the layer each belongs to (its maker's; a tensor
     made by no node, a dropout mask or an FP8 copy, the first keeper's), under the graph's recomputation
     (``featurize/recompute.py``). ``full`` keeps everything here (``estimate_memory`` keeps block inputs). Selective,
-    per module:
+    per recomputed module (the ops of a transformer layer tagged with it):
 
-    - checkpointed (``core_attn``, ``mlp``, ``moe``, ``shared_experts``): a tensor an op of the module keeps is dropped
-      when the module made it (or no op did: a dropout mask), kept when it is an input of the module (the attention
-      core keeps q, k, v: Korthikanti et al. 2022 Sec. 5 drops exactly the 5as^2 terms); an FP8 copy of an input is
-      kept as the input itself (the checkpoint keeps the module's input in its own dtype);
-    - output-discarding (``moe_act``, ``layernorm``, ``mla_up_proj``): what the module makes is dropped whoever keeps
-      it (re-made before its consumer's backward); an FP8 GEMM's own copy of it stays.
+    - a recomputed module keeps its inputs (the tensors its ops read that were made outside it, in their own dtype)
+      and nothing made inside it or by no op (an FP8 copy, a dropout mask): re-made in the backward. Its outputs stay
+      where an op outside keeps them (the attention core's: Korthikanti et al. 2022 Sec. 5 drops exactly the 5as^2
+      terms and keeps q, k, v);
+    - an output-discarding module (``moe_act``, ``layernorm``, ``mla_up_proj``: Megatron-Core's
+      ``CheckpointWithoutOutput``) also gives up its outputs, whoever keeps them (re-made before the consumer's
+      backward); an FP8 GEMM's own FP8 copy of such an output stays (Transformer Engine keeps it).
 
     A tensor any op keeps under these rules is kept."""
     nodes = graph.nodes
@@ -138,31 +139,34 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     layers = fwd["layer"].to_numpy()
     tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
     tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
-    fp8_src = graph.saved.get("fp8_source")
     ckpt, discard = recompute_tags(graph.meta.get("recompute", "none"))
+    rec = ckpt | discard
     n_layers = int(graph.meta.get("n_layers", 0)) or 1 << 30
     # the modules' tags of each op of a transformer layer (the final norm, the embedding and the head are not recomputed)
     tags = [node_tags(t) if 0 <= lay < n_layers else frozenset() for t, lay in zip(fwd["tag"].to_numpy(), layers)] \
-        if ckpt or discard else None
+        if rec else None
+    input_tids = graph.saved.get("input_tids")
     kept: dict[int, int] = {}
+
+    def keep(t: int, keeper: int) -> None:
+        if t not in kept:
+            src = int(tnode[t])
+            kept[t] = int(layers[src]) if src >= 0 else int(layers[keeper])
+
     for i, ids in enumerate(graph.saved.get("by_node", [])):
-        inside = tags[i] & ckpt if tags is not None else frozenset()
+        inside = tags[i] & rec if tags is not None else frozenset()
         for t in ids:
             src = int(tnode[t])
             if tags is not None:
                 made_by = tags[src] if src >= 0 else frozenset()
-                if made_by & discard:
-                    continue
-                if inside:
-                    s = int(fp8_src[t]) if fp8_src is not None and t < len(fp8_src) else -1
-                    if s >= 0 and not (tnode[s] >= 0 and tags[int(tnode[s])] & inside):
-                        t, src = s, int(tnode[s])  # an FP8 copy of the module's input: the input is kept...
-                        if src >= 0 and tags[src] & discard:
-                            continue  # ...unless an output-discarding module made it (re-made in backward)
-                    elif src < 0 or made_by & inside:
-                        continue
-            if t not in kept:
-                kept[t] = int(layers[src]) if src >= 0 else int(layers[i])
+                if made_by & discard or (inside and (src < 0 or made_by & inside)):
+                    continue  # an output-discarding module's tensor, or one a recomputed module re-makes
+            keep(t, i)
+        if inside and input_tids is not None:
+            for t in input_tids[i]:  # the module's inputs, made outside it (unless an output-discarding module made them)
+                src = int(tnode[t])
+                if src >= 0 and not (tags[src] & inside) and not (tags[src] & discard):
+                    keep(t, i)
     return kept
 
 

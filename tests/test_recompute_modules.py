@@ -161,3 +161,65 @@ def test_search_tries_the_modules_and_its_rows_predict_back():
     row = next(row for row in rows if row["recompute"] == "selective:layernorm")
     again = wattcast.predict_cluster("gpt2", "DGX-A100", strategy=row["strategy"], seq=512)
     assert again.step_time_ms == pytest.approx(row["step_time_ms"], rel=1e-6)
+
+
+# ------------------------------------------------------------------ what a recomputed module keeps and re-runs
+def _made_by(g, kept) -> set[str]:
+    fwd = g.nodes[g.nodes["phase"] == "forward"].reset_index(drop=True)
+    tnode = g.saved["tensor_node"]
+    return {fwd["name"][tnode[t]] for t in kept if tnode[t] >= 0}
+
+
+def test_a_recomputed_module_keeps_its_inputs():
+    """The eager RMSNorm's only saved copy of its input is its own fp32 cast (made inside the norm): under
+    ``layernorm`` the block input (the residual stream) is what is kept. MLA's up-projections keep the latents."""
+    g = _graph("llama3_8b", blocks=2, recompute="selective:layernorm")
+    made = _made_by(g, kept_tensors(g))
+    assert {"residual_1", "residual_2"} <= made
+    assert not {"input_layernorm.to_fp32", "post_attention_layernorm.to_dtype"} & made
+    g = _graph("deepseek_v3", blocks=4, framework="megatron", recompute="selective:mla_up_proj")
+    made = _made_by(g, kept_tensors(g))
+    assert {"self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"} <= made
+    assert not {"self_attn.q_b_proj", "self_attn.kv_b_proj", "self_attn.q_cat", "self_attn.k_cat"} & made
+
+
+def test_layernorm_is_the_blocks_two_norms_only():
+    """Megatron-Core's ``layernorm`` module is a block's input and pre-MLP norms: Qwen3's q/k norms and MLA's latent
+    norms stay."""
+    g = _graph("qwen3_8b", blocks=1, recompute="selective:layernorm")
+    made = _made_by(g, kept_tensors(g))
+    assert any(n.startswith("self_attn.q_norm") for n in made)
+    assert not any(n.startswith("input_layernorm") for n in made)
+
+
+def test_recomputed_mlp_reruns_its_sequence_parallel_collectives():
+    g = _graph("llama3_70b", blocks=1, framework="megatron", tp=8, sp=True, seq=1024, recompute="selective:mlp")
+    rec = g.nodes[g.nodes["recompute"].astype(bool)]
+    assert rec["name"].str.startswith("mlp.enter").any() and rec["name"].str.startswith("mlp.exit").any()
+
+
+@pytest.mark.parametrize("model", ["opt_1.3b", "bloom_560m", "falcon_7b", "mpt_7b", "pythia_160m", "bert_base"])
+def test_every_dense_mlp_is_a_module(model):
+    assert _act_gb(model, "selective:mlp", blocks=1) < _act_gb(model, "none", blocks=1)
+
+
+def test_megatron_core_checkpoints_the_fused_attention():
+    """Megatron-Core's ``core_attn`` re-runs the fused attention's forward in backward; Megatron-LM and Hugging Face
+    skip a fused kernel (their selective recomputation re-runs nothing then)."""
+    mc = _graph("llama3_8b", blocks=1, framework="megatron", recompute="selective")
+    hf = _graph("llama3_8b", blocks=1, recompute="selective")
+    assert mc.nodes.loc[mc.nodes["recompute"].astype(bool), "name"].str.contains("flash").any()
+    assert not hf.nodes["recompute"].astype(bool).any()
+
+
+@pytest.mark.parametrize("mode, modules, match", [
+    ("selective:", None, "names no module"), ("none", "", "empty"), ("none", [], "empty"), ("none", 5, "names"),
+    ("selective:mlp", "layernorm", "twice"), ("full:", None, "selective")])
+def test_bad_settings_are_clear_errors(mode, modules, match):
+    with pytest.raises(RecomputeError, match=match):
+        recompute_setting(mode, modules)
+
+
+def test_python_api_refuses_modules_for_inference():
+    with pytest.raises(ValueError, match="inference"):
+        wattcast.predict("gpt2", "H100-SXM", batch=1, seq=128, mode="inference", recompute_modules="mlp")
