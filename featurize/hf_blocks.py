@@ -105,17 +105,18 @@ def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str, module: str = "") -> T
     (plus fp32 casts when the model runs in half precision). ``module``: as for ``GraphBuilder.layernorm``."""
     h = x.shape[-1]
     with b.scope(name), b.tag(module):
+        # hidden_states.to(torch.float32): the normalisation runs on (and autograd keeps) fp32 tensors, 4 B an element
         if b.dtype != "fp32":
-            x32 = b.copy(x, name=f"{name}.to_fp32")
+            x32 = b.copy(x, name=f"{name}.to_fp32", out_dtype="fp32")
         else:
             x32 = x
-        sq = b.elementwise("pow", x32, 2.0, name=f"{name}.pow")
+        sq = b.elementwise("pow", x32, 2.0, name=f"{name}.pow", out_dtype="fp32")
         var = b.reduction(sq, (*x.shape[:-1], 1), name=f"{name}.mean")
         var = b.elementwise("add", var, 1e-6, name=f"{name}.eps")
         r = b.elementwise("rsqrt", var, name=f"{name}.rsqrt")
-        y = b.elementwise("mul", x32, r, name=f"{name}.normalise")
+        y = b.elementwise("mul", x32, r, name=f"{name}.normalise", out_dtype="fp32")
         if b.dtype != "fp32":
-            y = b.copy(y, name=f"{name}.to_dtype")
+            y = b.copy(y, name=f"{name}.to_dtype", out_dtype=b.dtype)
         w = b.input((h,))
         b.add_params(h)
         return b.elementwise("mul", w, y, name=f"{name}.weight")

@@ -551,18 +551,18 @@ class GraphBuilder:
         return Tensor(shape, x.dtype, x.node, x.tid)
 
     def copy(self, x: Tensor, shape: Sequence[int] | None = None, *, name: str = "copy", grad: bool = True,
-             expand: bool = False) -> Tensor:
+             expand: bool = False, out_dtype: str | None = None) -> Tensor:
         """A materialising copy (``.contiguous()`` after a transpose, cat, cast...): one copy kernel.
 
         ``expand=True`` allows a larger output (``expand(...).reshape`` as in grouped-query attention's
-        repeat_kv); its backward sums the copies back (a reduction)."""
+        repeat_kv); its backward sums the copies back (a reduction). ``out_dtype``: a cast (``x.float()``) writes
+        this dtype (default the model's)."""
         shape = tuple(shape) if shape is not None else x.shape
         n_out = _numel(shape)
         if n_out != x.numel and not (expand and n_out >= x.numel):
             raise GraphError(f"{name}: copy of {x.shape} as {shape} changes the element count")
         b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
-        db = self.dbytes
-        bytes_ = (x.numel + n_out) * db
+        bytes_ = x.nbytes + n_out * DTYPE_BYTES.get(out_dtype or self.dtype, self.dbytes)
         if not grad:
             bw = []
         elif n_out == x.numel:
@@ -570,7 +570,7 @@ class GraphBuilder:
         else:
             bw = [self._bw(f"{name}.grad", "reduction", "", "proxy", flops=n_out, bytes_=bytes_)]
         return self._add(name, "memory", "copy", "surrogate", [x], shape, flops=0, bytes_=bytes_, backward=bw,
-                         grad_inputs=None if grad else [], B=b, H=h)
+                         grad_inputs=None if grad else [], out_dtype=out_dtype, B=b, H=h)
 
     def embedding(self, ids: Tensor, vocab: int, dim: int, *, name: str = "embedding", params: bool = True,
                   parallel: bool = False) -> Tensor:

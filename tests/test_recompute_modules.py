@@ -223,3 +223,11 @@ def test_bad_settings_are_clear_errors(mode, modules, match):
 def test_python_api_refuses_modules_for_inference():
     with pytest.raises(ValueError, match="inference"):
         wattcast.predict("gpt2", "H100-SXM", batch=1, seq=128, mode="inference", recompute_modules="mlp")
+
+
+def test_eager_rmsnorm_keeps_its_fp32_cast_at_four_bytes():
+    """LlamaRMSNorm runs on ``hidden_states.to(torch.float32)``: pow and the normalising product keep that fp32 tensor
+    (it was counted at the model's 2 B an element)."""
+    g = _graph("llama3_8b", blocks=1)
+    assert _kept_by(g, "input_layernorm.pow") == 256 * 4096 * 4
+    assert _kept_by(g, "input_layernorm.weight") == 256 * 4096 * 2 + 4096 * 2  # the bf16 cast back, and the weight
