@@ -490,7 +490,9 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
         routed = Tensor((max(1, round(t * top_k * b.moe_load)), h), routed.dtype, routed.node, routed.tid)
     if b.ep > 1:
         routed = b.all_to_all(routed, name="moe.dispatch")
-    routed = b.tp_enter(routed, name="moe.enter")  # under sequence parallelism: gathers every shard's tokens
+    # under sequence parallelism: gathers every shard's tokens, which the experts keep for backward (the gather is the
+    # dispatcher's, Megatron-Core's gather_from_sequence_parallel_region, not their linear layers')
+    routed = b.tp_enter(routed, name="moe.enter", saved_sharded=False)
     rows = routed.shape[0]
     local = n_exp // b.ep
     per = max(1, round(rows * b.ep / n_exp))  # rows each local expert receives from all ep ranks

@@ -604,9 +604,11 @@ class GraphBuilder:
         """A forward no-op carrying backward kernels (Megatron's f operator): a zero-time node."""
         return self._add(name, "collective", "", "collective", [x], x.shape, flops=0, bytes_=0, backward=bw, group="tp")
 
-    def tp_enter(self, x: Tensor, *, name: str = "tp.enter") -> Tensor:
+    def tp_enter(self, x: Tensor, *, name: str = "tp.enter", saved_sharded: bool = True) -> Tensor:
         """Before a column-parallel linear: identity (backward all-reduce of dX); with sequence parallelism
-        an all-gather of the sequence shards (backward reduce-scatter)."""
+        an all-gather of the sequence shards (backward reduce-scatter). ``saved_sharded``: the GEMMs that read the
+        gathered tensor keep the shard for backward and gather it again (Megatron's sequence-parallel linear layers);
+        False where the gather is not theirs (Megatron-Core's MoE dispatcher: the experts keep the gathered rows)."""
         if self.tp == 1:
             return x
         full = x.nbytes * (self.tp if self.sp else 1)
@@ -614,7 +616,8 @@ class GraphBuilder:
             shape = (x.shape[0], x.shape[1] * self.tp, *x.shape[2:]) if len(x.shape) >= 3 else (x.shape[0] * self.tp, *x.shape[1:])
             out = self.collective("all_gather", x, shape, group="tp", size_bytes=full, name=f"{name}.all_gather",
                                   backward=[("reduce_scatter", full)])
-            self._sp_shard[out.tid] = x
+            if saved_sharded:
+                self._sp_shard[out.tid] = x
             return out
         bw = [dict(self._bw(f"{name}.grad", "collective", "all_reduce", "collective", flops=0, bytes_=full), group="tp")]
         return self._bw_only(name, x, bw)

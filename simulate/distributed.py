@@ -542,6 +542,7 @@ class _RankView:
     coll_by_group: dict  # collective group ("tp", "ep") -> (forward ms, backward ms) per layer
     params: np.ndarray  # parameters held (forward nodes)
     expert_params: np.ndarray
+    fp8_params: np.ndarray  # the parameters of FP8 GEMMs (an FP8 recipe keeps their FP8 weight and transpose)
     e_comp_j: np.ndarray  # energy of one micro-batch's forward + backward
     e_opt_j: np.ndarray
     act_bytes: np.ndarray  # saved activations of one micro-batch
@@ -607,7 +608,8 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
         gemm_f_ms=per_layer(fwd & is_gemm, t), gemm_b_ms=per_layer(bwd & is_gemm, t),
         coll_by_group={str(grp): (per_layer(fwd & is_coll & (group == grp), t), per_layer(bwd & is_coll & (group == grp), t))
                        for grp in pd.unique(group[is_coll])},
-        params=per_layer(fwd, params), expert_params=per_layer(is_exp, params), e_comp_j=per_layer(~opt, e_node),
+        params=per_layer(fwd, params), expert_params=per_layer(is_exp, params),
+        fp8_params=per_layer(fwd & (costed["dtype"].to_numpy() == "fp8"), params), e_comp_j=per_layer(~opt, e_node),
         e_opt_j=per_layer(opt, e_node), act_bytes=act, full_extra_bytes=float(full_extra),
         block_input_bytes=tuple(block_input_bytes(g, n_layers)) if not g.meta.get("hidden") else (),
         phase_ms={ph: float(wt[wphase == ph].sum()) for ph in ("forward", "backward", "optimizer")},
@@ -629,7 +631,7 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 
 #: the per-layer arrays of a _RankView (block recomputation picks each layer's from one of two views)
 _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "gemm_f_ms",
-                     "gemm_b_ms", "params", "expert_params", "e_comp_j", "e_opt_j", "act_bytes")
+                     "gemm_b_ms", "params", "expert_params", "fp8_params", "e_comp_j", "e_opt_j", "act_bytes")
 
 
 def _position_in_chunk(layer_ids: np.ndarray, chunk: np.ndarray, counts, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1052,20 +1054,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if block_params is None:
         in_model = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
         block_params = sums["block_params"] = float(view.params[in_model].max()) if in_model.any() else 0.0
-    fp8_frac = sums.get("fp8_frac")
-    if fp8_frac is None:
-        fp8_frac = 0.0
-        if g.meta.get("precision") == "fp8":
-            from wattcast.simulate.memory import fp8_weight_copy_bytes
-
-            fwd_params = float(g.nodes.loc[g.nodes["phase"] == "forward", "param_count"].sum())
-            fp8_frac = fp8_weight_copy_bytes(g) / 2.0 / fwd_params if fwd_params > 0 else 0.0
-        sums["fp8_frac"] = fp8_frac
     stage_key = ("stage", P, V)  # one chunking (n_chunks) is several (pp, interleave) splits
     hit = sums.get(stage_key)
     if hit is None:
-        hit = sums[stage_key] = (by_stage(params_chunk), act_chunk.reshape(V, P).mean(axis=0), by_stage(chunk_sum("opt_ms")))
-    params_stage, act_stage, opt_by_stage = hit
+        p_stage = by_stage(params_chunk)
+        # each stage's share of FP8-GEMM parameters (its own layers': the embedding's and the head's stages have fewer)
+        fp8_stage = np.divide(by_stage(chunk_sum("fp8_params")), p_stage, out=np.zeros(P), where=p_stage > 0)
+        hit = sums[stage_key] = (p_stage, act_chunk.reshape(V, P).mean(axis=0), by_stage(chunk_sum("opt_ms")), fp8_stage)
+    params_stage, act_stage, opt_by_stage, fp8_frac = hit
     inf_key = ("inflight", P, V, n_micro, par.schedule)
     inflight_s = memo.get(inf_key) if memo is not None else None
     if inflight_s is None:

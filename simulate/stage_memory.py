@@ -155,12 +155,9 @@ def fp8_copy_bytes(params, *, fp8_param_fraction: float, zero: int, dp: int, exp
 def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, schedule: str) -> int:
     """Model chunks' activations of one micro-batch that stage ``stage`` holds at its peak: 1F1B keeps pp - stage
     micro-batches in flight (Narayanan et al. SC21 Sec. 2.2.1), interleaved 1F1B (pp - stage - 1)·2 + (v-1)·pp + 1
-    chunks (Megatron-LM's warm-up count, ``get_forward_backward_func``), GPipe every micro-batch."""
-    if schedule == "gpipe":
-        return n_micro * interleave
-    if interleave == 1:
-        return min(pp - stage, n_micro)
-    return min((pp - stage - 1) * 2 + (interleave - 1) * pp + 1, n_micro * interleave)
+    chunks (Megatron-LM's warm-up count, ``get_forward_backward_func``) and, with exactly pp micro-batches, every chunk
+    (Megatron-LM runs all the forwards first then: ``all_warmup_microbatches``), GPipe every micro-batch."""
+    return int(inflight_chunks_by_stage(pp=pp, interleave=interleave, n_micro=n_micro, schedule=schedule)[stage])
 
 
 def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes: int, zero: int, dp: int,
@@ -201,7 +198,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
 def inflight_chunks_by_stage(*, pp: int, interleave: int, n_micro: int, schedule: str) -> np.ndarray:
     """:func:`inflight_chunks` of every stage at once (int64 array of ``pp``)."""
     s = np.arange(pp, dtype=np.int64)
-    if schedule == "gpipe":
+    if schedule == "gpipe" or (interleave > 1 and n_micro == pp):
         return np.full(pp, n_micro * interleave, dtype=np.int64)
     if interleave == 1:
         return np.minimum(pp - s, n_micro)

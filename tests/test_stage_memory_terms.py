@@ -1,0 +1,48 @@
+"""Per-stage memory terms a helper's audit found wrong against first-principles counts and Megatron-LM's schedules
+(stop 35): FP8 weight copies per stage, the MoE experts' input under sequence parallelism, and interleaved 1F1B with
+exactly pp micro-batches."""
+
+from __future__ import annotations
+
+import pytest
+
+import wattcast
+from wattcast.featurize.workload import StepOptions, step_graph
+from wattcast.simulate.memory import activation_bytes_by_layer
+from wattcast.simulate.stage_memory import inflight_chunks, inflight_chunks_by_stage
+
+L3_70B_LINEAR = 8192 * (8192 + 2 * 1024) + 8192 * 8192 + 3 * 8192 * 28672  # q, k, v, o and the SwiGLU MLP of a layer
+
+
+def test_fp8_weight_copies_are_counted_per_stage_from_its_own_layers():
+    """Transformer Engine keeps an FP8 weight and its transpose (2 B) of every FP8 GEMM parameter: for Llama 3 70B at
+    TP8 a 20-layer stage holds 2 x 20 x (linear parameters / 8) more than in bf16. The share was taken from the short
+    rank graph, whose embedding and head weighed far more than in the model (2.35 GB instead of 4.28)."""
+    kw = dict(gpus=64, batch=16, seq=8192, tp=8, pp=4, dp=2, sp=True, recompute="selective", zero=1, micro_batch=1,
+              framework="megatron")
+    fp8, bf16 = (wattcast.predict_cluster("llama3_70b", "DGX-H100", dtype=d, **kw).per_device for d in ("fp8", "bf16"))
+    expected_gb = 2 * 20 * L3_70B_LINEAR / 8 / 1e9
+    for a, b in zip(fp8, bf16):
+        assert a["weights_gb"] - b["weights_gb"] == pytest.approx(expected_gb, rel=1e-3)
+
+
+@pytest.mark.parametrize("tp, ep, expected_mb", [(1, 8, 990.1), (2, 4, 528.6), (4, 2, 297.9), (8, 8, 182.5)])
+def test_moe_experts_keep_the_gathered_rows_under_sequence_parallelism(tp, ep, expected_mb):
+    """Megatron-Core's all-to-all dispatcher gathers the sequence shards itself (gather_from_sequence_parallel_region);
+    the grouped GEMM keeps the gathered k x s x b x h rows, not the shard (Mixtral, seq 4,096, selective: 2 + 2 + 2.5
+    + 2 + 2 + 2 sbh/t, the router's fp32 probabilities, k x sbh x 2 B of gathered input, k x sb x 3 ffn/t x 2 B)."""
+    g = step_graph("mixtral_8x7b", StepOptions(batch=1, seq=4096, mode="train", dtype="bf16", attention="flash",
+                                               recompute="selective", framework="megatron", tp=tp, sp=tp > 1, ep=ep,
+                                               blocks=3))
+    assert activation_bytes_by_layer(g)[0][1] / 1e6 == pytest.approx(expected_mb, rel=2e-3)
+
+
+def test_interleaved_1f1b_with_pp_micro_batches_runs_every_forward_first():
+    """Megatron-LM's interleaved schedule with num_microbatches == pp warms up with every micro-batch
+    (all_warmup_microbatches): each stage holds n_micro x v chunks, the last one too."""
+    assert list(inflight_chunks_by_stage(pp=4, interleave=2, n_micro=4, schedule="1f1b")) == [8, 8, 8, 8]
+    assert inflight_chunks(3, pp=4, interleave=2, n_micro=4, schedule="1f1b") == 8
+    assert list(inflight_chunks_by_stage(pp=4, interleave=2, n_micro=8, schedule="1f1b")) == [11, 9, 7, 5]
+    r = wattcast.predict_cluster("llama3_70b", "DGX-H100", gpus=32, batch=4, seq=4096, tp=8, pp=4, dp=1, sp=True,
+                                 interleave=2, recompute="selective", micro_batch=1, framework="megatron")
+    assert r.to_dict()["memory"]["stage"] == 3  # the head's stage, holding every chunk, is the fullest
