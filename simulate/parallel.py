@@ -330,8 +330,11 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             raise ParallelConfigError(f"--ep {cfg.ep} needs a mixture-of-experts model (this one has no experts)")
         if not (n_experts % cfg.ep == 0):
             raise ParallelConfigError(f"experts ({n_experts}) must be divisible by ep ({cfg.ep})")
-        if not (dp % cfg.ep == 0):
-            raise ParallelConfigError(f"ep ({cfg.ep}) must divide the data-parallel size ({dp})")
+        # Megatron-Core's MoE parallel folding: the experts' ranks (tp, ep, expert-dp, pp) fold over the attention's
+        # context- and data-parallel ones, so ep divides dp x cp (not dp alone)
+        if not ((dp * cfg.cp) % cfg.ep == 0):
+            raise ParallelConfigError(f"ep ({cfg.ep}) must divide the data-parallel x context-parallel size "
+                                      f"({dp} x {cfg.cp})")
     try:
         recompute = recompute_setting(cfg.recompute)
     except RecomputeError as e:
@@ -468,6 +471,7 @@ def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int) -> tuple[tuple
         # together with the context-parallel ones, which hold the same weights: the "dp" group is dp x cp
         ("cp", group_layout(cp, tp, g)),
         ("dp", group_layout(dp * cp, tp, g)),
-        ("ep", group_layout(ep, tp * cp, g)),
+        # experts (Megatron-Core's MoE parallel folding: tp, ep, expert-dp, pp): ep ranks next after tp, over cp and dp
+        ("ep", group_layout(ep, tp, g)),
         ("pp", group_layout(pp, tp * cp * dp, g)),
     )

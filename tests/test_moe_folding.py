@@ -1,0 +1,24 @@
+"""Megatron-Core's MoE parallel folding: the experts' ranks (tp, ep, expert-dp, pp) fold over the attention's context-
+and data-parallel ranks, so ep divides dp x cp, and the ep group is the ranks next after tp."""
+
+from __future__ import annotations
+
+import pytest
+
+import wattcast
+from wattcast.data.cluster_spec import resolve_cluster
+from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, layouts
+
+KW = dict(gpus=64, batch=64, seq=16384, tp=2, pp=4, dp=4, cp=2, sp=True, zero=1, micro_batch=1, framework="megatron")
+
+
+def test_ep_may_span_context_and_data_parallel_ranks():
+    r = wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", ep=8, **KW)  # 8 divides dp x cp = 8, not dp = 4
+    assert r.step_time_ms > 0 and r.to_dict()["exposed_comm_split_ms"]["ep"] > 0
+    with pytest.raises(ParallelConfigError, match=r"dp x cp|\(2 x 2\)"):  # 8 does not divide dp x cp = 4
+        wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", ep=8, **{**KW, "gpus": 32, "dp": 2, "batch": 32})
+
+def test_the_ep_group_is_the_ranks_after_tp():
+    lay = layouts(ParallelConfig(gpus=64, tp=2, pp=4, dp=4, cp=2, ep=4), resolve_cluster("DGX-H100"))
+    ep = lay["ep"]
+    assert ep.size == 4 and ep.nodes == 1  # 2 x 4 = 8 consecutive ranks: one 8-GPU node
