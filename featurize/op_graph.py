@@ -255,12 +255,6 @@ class GraphBuilder:
         self._tensor_shape.append(shape)
         return t
 
-    def _fp8_sources(self) -> np.ndarray:
-        src = np.full(len(self._tensor_bytes), -1, dtype=np.int64)
-        for s, copy in self._fp8_copy.items():
-            src[copy.tid] = s
-        return src
-
     def add_params(self, n: int) -> None:
         self.param_count += int(n)
         self.param_bytes += int(n) * self.dbytes
@@ -793,7 +787,5 @@ class GraphBuilder:
         saved = dict(tensor_bytes=np.array(self._tensor_bytes, dtype=np.int64), tensor_node=np.array(self._tensor_node, dtype=np.int64),
                      by_node=[n.saves for n in self._nodes], backward=self._backward_with_accumulation(),
                      inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64),
-                     input_tids=[n.input_tids for n in self._nodes],
-                     # each FP8 copy a GEMM saved -> the tensor it copies (-1 for every other tensor)
-                     fp8_source=self._fp8_sources())
+                     input_tids=[n.input_tids for n in self._nodes])
         return OpGraph(nodes=nodes, edges=edges_arr, meta=m, saved=saved)

@@ -67,8 +67,8 @@ def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:
 
 def _check_modules(fwd: OpGraph, recompute: str) -> None:
     """A recompute module named explicitly must have ops in the model's layers (``mla_up_proj`` needs multi-head latent
-    attention, ``moe`` a mixture of experts...). The attention core may have none: a fused attention kernel keeps no
-    scores, and selective recomputation of it re-runs nothing (as before modules were named)."""
+    attention, ``moe`` a mixture of experts...). The attention core may have none: outside Megatron-Core a fused
+    attention kernel is not checkpointed (it keeps no scores), and selective recomputation then re-runs nothing."""
     _, mods = parse_recompute(recompute)
     n = fwd.nodes
     n_layers = int(fwd.meta.get("n_layers", 0)) or 1 << 30

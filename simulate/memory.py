@@ -4,9 +4,9 @@
 - gradients (training): parameters x dtype bytes;
 - optimizer states: AdamW two fp32 moments (8 B/param), SGD none (torch's default, no momentum);
 - activations (training): every tensor a forward op saves for backward, each counted once (the input of
-  q/k/v projections is one tensor); ``selective`` recomputation drops the tensors produced inside the
-  attention core, ``full`` keeps only each block's input plus one block's activations (re-made during its
-  backward);
+  q/k/v projections is one tensor); ``selective`` recomputation drops what its modules make and keeps their inputs
+  (the attention core by default; Megatron-Core's ``--recompute-modules``: :func:`kept_tensors`), ``full`` keeps
+  only each block's input plus one block's activations (re-made during its backward);
 - transient: the largest single kernel's inputs + output beyond the above (logits and their gradient in a
   causal LM), which is what tips a large-vocabulary model over the edge;
 - inference: weights plus the largest kernel's working set (no saved activations).
