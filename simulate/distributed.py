@@ -49,7 +49,8 @@ from wattcast.simulate.step_band import band_keys, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
-                                            stage_memory_gb, stage_state_parts, stage_total_from_parts)
+                                            interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
+                                            stage_total_from_parts)
 
 
 @dataclass(frozen=True)
@@ -1068,6 +1069,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         inflight_s = inflight_chunks_by_stage(pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
         if memo is not None:
             memo[inf_key] = inflight_s
+    if V > 1 and par.schedule != "gpipe":
+        # interleaved: chunks differ (the embedding's, the head's), each in flight as often as Megatron's order has it;
+        # the stage's peak over its in-flight count stands for its mean chunk
+        peak_key = ("interleaved_peak", P, V, n_micro)
+        act_stage = sums.get(peak_key)
+        if act_stage is None:
+            act_stage = sums[peak_key] = interleaved_peak_bytes(act_chunk.reshape(V, P), n_micro=n_micro) / inflight_s
 
     def stage_terms(s: int) -> dict:
         return {k: float(v[s]) for k, v in mem.items()}

@@ -205,6 +205,29 @@ def inflight_chunks_by_stage(*, pp: int, interleave: int, n_micro: int, schedule
     return np.minimum((pp - s - 1) * 2 + (interleave - 1) * pp + 1, n_micro * interleave)
 
 
+def interleaved_peak_bytes(chunk_bytes: np.ndarray, *, n_micro: int) -> np.ndarray:
+    """Peak saved activations of each stage under interleaved 1F1B (``chunk_bytes``: (v, pp), one micro-batch's
+    activations of model chunk c on stage s), replaying Megatron-LM's order: forward j runs chunk
+    ``(j mod pp v) div pp``, backward k chunk ``v - 1 -`` that; stage s warms up with (pp - s - 1) 2 + (v - 1) pp
+    forwards (every one when n_micro = pp), then alternates one forward and one backward. The peak comes after a
+    forward: sum of the forwards so far minus the backwards done. With equal chunks it is :func:`inflight_chunks`
+    times a chunk; a chunk that holds the head's fp32 logits is in flight once on the last stage, not as often as the
+    others."""
+    v, pp = chunk_bytes.shape
+    total = n_micro * v
+    j = np.arange(total)
+    fwd_chunk = (j % (pp * v)) // pp
+    warm = inflight_chunks_by_stage(pp=pp, interleave=v, n_micro=n_micro, schedule="1f1b") - 1
+    out = np.zeros(pp)
+    for s in range(pp):
+        a = chunk_bytes[:, s]
+        cum_f = np.cumsum(a[fwd_chunk])
+        cum_b = np.concatenate([[0.0], np.cumsum(a[v - 1 - fwd_chunk])])
+        w = int(min(warm[s], total - 1))
+        out[s] = float(np.max(cum_f - cum_b[np.maximum(j - w, 0)]))
+    return out
+
+
 def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
                     full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                     optimizer: str, zero: int, dp: int, framework: str, block_params: float,
