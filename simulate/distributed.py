@@ -546,6 +546,8 @@ class _RankView:
     fp8_params: np.ndarray  # the parameters of FP8 GEMMs (an FP8 recipe keeps their FP8 weight and transpose)
     e_comp_j: np.ndarray  # energy of one micro-batch's forward + backward
     e_opt_j: np.ndarray
+    opt_cast_ms: np.ndarray  # the optimizer phase's FP8 weight cast (every DP rank casts its whole weights: not sharded)
+    e_opt_cast_j: np.ndarray
     act_bytes: np.ndarray  # saved activations of one micro-batch
     full_extra_bytes: float
     block_input_bytes: tuple
@@ -611,7 +613,8 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
                        for grp in pd.unique(group[is_coll])},
         params=per_layer(fwd, params), expert_params=per_layer(is_exp, params),
         fp8_params=per_layer(fwd & (costed["dtype"].to_numpy() == "fp8"), params), e_comp_j=per_layer(~opt, e_node),
-        e_opt_j=per_layer(opt, e_node), act_bytes=act, full_extra_bytes=float(full_extra),
+        e_opt_j=per_layer(opt, e_node), opt_cast_ms=per_layer(opt & (op_class == "fp8_cast"), t),
+        e_opt_cast_j=per_layer(opt & (op_class == "fp8_cast"), e_node), act_bytes=act, full_extra_bytes=float(full_extra),
         block_input_bytes=tuple(block_input_bytes(g, n_layers)) if not g.meta.get("hidden") else (),
         phase_ms={ph: float(wt[wphase == ph].sum()) for ph in ("forward", "backward", "optimizer")},
         recompute_flops=float((flops * mult)[rc].sum()),
@@ -632,7 +635,8 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 
 #: the per-layer arrays of a _RankView (block recomputation picks each layer's from one of two views)
 _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "gemm_f_ms",
-                     "gemm_b_ms", "params", "expert_params", "fp8_params", "e_comp_j", "e_opt_j", "act_bytes")
+                     "gemm_b_ms", "params", "expert_params", "fp8_params", "e_comp_j", "e_opt_j", "opt_cast_ms",
+                     "e_opt_cast_j", "act_bytes")
 
 
 def _position_in_chunk(layer_ids: np.ndarray, chunk: np.ndarray, counts, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1061,8 +1065,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         p_stage = by_stage(params_chunk)
         # each stage's share of FP8-GEMM parameters (its own layers': the embedding's and the head's stages have fewer)
         fp8_stage = np.divide(by_stage(chunk_sum("fp8_params")), p_stage, out=np.zeros(P), where=p_stage > 0)
-        hit = sums[stage_key] = (p_stage, act_chunk.reshape(V, P).mean(axis=0), by_stage(chunk_sum("opt_ms")), fp8_stage)
-    params_stage, act_stage, opt_by_stage, fp8_frac = hit
+        hit = sums[stage_key] = (p_stage, act_chunk.reshape(V, P).mean(axis=0), by_stage(chunk_sum("opt_ms")), fp8_stage,
+                                 by_stage(chunk_sum("opt_cast_ms")))
+    params_stage, act_stage, opt_by_stage, fp8_frac, opt_cast_stage = hit
     inf_key = ("inflight", P, V, n_micro, par.schedule)
     inflight_s = memo.get(inf_key) if memo is not None else None
     if inflight_s is None:
@@ -1233,7 +1238,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             else:
                 hidden = np.zeros(P)
             finish = np.where(has, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
-        opt_stage = opt_by_stage * opt_share
+        # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
+        opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage
         gather = np.zeros(P)
         if dp_on and par.zero >= 1 and lay["dp"].size > 1:
             gather = dpt.get("gather_by_stage")
@@ -1295,12 +1301,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     e_opt_key = ("e_opt_stage", P, V)
     e_opt_s = sums.get(e_opt_key)
     if e_opt_s is None:
-        e_opt_s = sums[e_opt_key] = by_stage(chunk_sum("e_opt_j"))
+        e_opt_s = sums[e_opt_key] = (by_stage(chunk_sum("e_opt_j")), by_stage(chunk_sum("e_opt_cast_j")))
     e_chunk_s = by_stage(e_chunk)
     busy_all = busy + opt_stage
     # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls for its
     # peer: communication power, not idle power
-    stage_e = (e_chunk_s + e_opt_s * opt_share
+    stage_e = (e_chunk_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1]
                + p_comm * np.maximum(step - busy_all, 0.0) / 1e3)
     if summary:
         energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
