@@ -29,13 +29,6 @@ def predict_kernels(frame, device):
     return _pk(frame, device)
 
 
-def _recompute(recompute, modules) -> str:
-    """``recompute`` with ``recompute_modules`` as one setting (``featurize/recompute.py``); ValueError when invalid."""
-    from wattcast.featurize.recompute import recompute_setting
-
-    return recompute_setting(recompute, modules)
-
-
 def predict(model, device, *, batch: int | None = None, seq: int | None = None, mode: str = "train",
             dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention, compile: bool = False,
             optimizer: str = DEFAULTS.optimizer, recompute: str = "none", recompute_modules=None,
@@ -68,6 +61,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     """
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpec
+    from wattcast.featurize.recompute import recompute_setting
     from wattcast.featurize.workload import StepOptions, step_graph
     from wattcast.simulate.single_device import predict_graph
 
@@ -75,7 +69,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
         raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
-                       optimizer=optimizer, recompute=_recompute(recompute, recompute_modules),
+                       optimizer=optimizer, recompute=recompute_setting(recompute, recompute_modules),
                        grad_accumulation=grad_accumulation,
                        dims=dims or (), loop_trip_count=loop_trip_count)
     graph = step_graph(model, opts, example_inputs=example_inputs)
@@ -205,7 +199,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     from wattcast.simulate.parallel import ParallelConfig
 
     if recompute_modules is not None:
-        recompute = _recompute(recompute or "none", recompute_modules)
+        from wattcast.featurize.recompute import recompute_setting
+
+        recompute = recompute_setting(recompute or "none", recompute_modules)
     opts = dict(gpus=gpus, batch=batch, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, sp=sp, ep=ep,
                 recompute=recompute, interleave=interleave, schedule=schedule, cp=cp, pp_first_layers=pp_first_stage_layers,
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,

@@ -69,12 +69,14 @@ def _check_modules(fwd: OpGraph, recompute: str) -> None:
     """A recompute module named explicitly must have ops in the model's layers (``mla_up_proj`` needs multi-head latent
     attention, ``moe`` a mixture of experts...). The attention core may have none: outside Megatron-Core a fused
     attention kernel is not checkpointed (it keeps no scores), and selective recomputation then re-runs nothing."""
-    _, mods = parse_recompute(recompute)
+    mods = [m for m in parse_recompute(recompute)[1] if m != "core_attn"]
+    if not mods:
+        return  # every training graph passes here: no walk of its tags without a module to look for
     n = fwd.nodes
     n_layers = int(fwd.meta.get("n_layers", 0)) or 1 << 30
     lay = n["layer"].to_numpy()
     present = set().union(*(node_tags(t) for t in n.loc[(lay >= 0) & (lay < n_layers), "tag"].unique()))
-    missing = [m for m in mods if m != "core_attn" and MODULE_TAGS[m] not in present]
+    missing = [m for m in mods if MODULE_TAGS[m] not in present]
     if missing:
         raise GraphError(f"recompute module(s) {', '.join(missing)}: this model has no such part in its layers "
                          f"(its graph tags ops of: {', '.join(m for m, t in MODULE_TAGS.items() if t in present) or 'none'})")

@@ -30,12 +30,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from wattcast.featurize.recompute import RecomputeError, recompute_setting
+from wattcast.featurize.recompute import RECOMPUTE, RecomputeError, recompute_setting
 from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, recompute_layers_suffix
 
 __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
 
-RECOMPUTE = ("none", "selective", "full")
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl")
 _REQUIRED = ("tp", "pp", "dp", "mb")
 _OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap",
