@@ -564,13 +564,12 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
 
 def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: str, act_tag: str = "") -> Tensor:
     """Megatron-Core's SwiGLU MLP (Transformer Engine spec), ``x`` already in the tensor-parallel region:
-    ``linear_fc1`` (gate and up, 2 x ffn outputs, costed as two GEMMs of ffn: under an FP8 recipe one cast of its
-    input, one FP8 copy saved), the fused SwiGLU kernel (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its
-    input), ``linear_fc2``."""
-    gate = b.linear(x, ffn, bias=False, name=f"{prefix}.linear_fc1.gate", parallel="col")
-    up = b.linear(x, ffn, bias=False, name=f"{prefix}.linear_fc1.up", parallel="col", shared_fp8_input=True)
+    ``linear_fc1`` (gate and up in one weight: one GEMM of 2 x ffn outputs; under an FP8 recipe one cast of its
+    input, one FP8 copy saved; its input gradient comes out of one dgrad GEMM, with no accumulation), the fused SwiGLU
+    kernel (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its input), ``linear_fc2``."""
+    fc1 = b.linear(x, 2 * ffn, bias=False, name=f"{prefix}.linear_fc1", parallel="col")
     with b.tag(act_tag):  # ``moe_act`` in an expert (featurize/recompute.py)
-        act = b.elementwise("mul", gate, up, name=f"{prefix}.swiglu")
+        act = b.glu(fc1, name=f"{prefix}.swiglu")
     return b.linear(act, hidden, bias=False, name=f"{prefix}.linear_fc2", parallel="row")
 
 

@@ -206,7 +206,8 @@ class GraphBuilder:
         # (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication; Korthikanti et al. 2022 Sec. 4.2.2: the
         # QKV and FC1 inputs are stored sharded, 2sbh/t each)
         self._sp_shard: dict[int, Tensor] = {}
-        self._fp8_copy: dict[int, Tensor] = {}  # tensor id -> its FP8 copy made for a GEMM (``linear``)
+        self._sp_regathered: set[int] = set()  # gathered tensors whose shard a linear re-gathers in backward
+        self._sp_wide: set[int] = set()  # gathered tensors a non-FP8 op reads (gathered in the model's dtype)
 
     # ------------------------------------------------------------------ context
     @contextmanager
@@ -268,6 +269,10 @@ class GraphBuilder:
         for t in inputs if grad_inputs is None else grad_inputs:
             if t.node >= 0 and t.tid >= 0 and t.tid not in self._no_grad:
                 self._grad_uses.setdefault(t.tid, []).append(t.numel)
+        for t in inputs:
+            if t.tid in self._sp_shard and op_class != "linear":  # a sequence-parallel gather read in the model's dtype
+                self._sp_wide.add(t.tid)
+                self._nodes[t.node].values["bytes"] = float(self._tensor_bytes[t.tid])
         # TF32 is a tensor-core mode for matrix products; everything else runs on fp32 data as fp32
         dtype = node_dtype or (self.dtype if self.dtype != "tf32" or op_class in TF32_CLASSES else "fp32")
         values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=dtype,
@@ -293,7 +298,7 @@ class GraphBuilder:
     # ------------------------------------------------------------------ GEMMs
     def linear(self, x: Tensor, out_features: int, *, bias: bool = True, name: str = "linear",
                weight_params: bool = True, needs_input_grad: bool = True, parallel: str | None = None,
-               fp8: bool = True, shared_fp8_input: bool = False) -> Tensor:
+               fp8: bool = True) -> Tensor:
         """``nn.Linear(in, out)`` on ``x`` (..., in). ``weight_params=False`` for a tied weight.
 
         ``parallel``: ``col`` (output features split over tp ranks), ``row`` (input features already
@@ -319,17 +324,13 @@ class GraphBuilder:
         fp8 = fp8 and self.gemm_dtype == "fp8"  # ``fp8=False``: a layer the recipe keeps in bf16 (output layer, router)
         gb = DTYPE_BYTES["fp8"] if fp8 else db  # bytes per GEMM operand element
         gdt = "fp8" if fp8 else None
-        saved = self._sp_shard.get(x.tid, x)
-        bw = []
+        shard = self._sp_shard.get(x.tid)  # sequence parallelism: x was all-gathered from this shard
+        saved = x if shard is None else shard
+        bw = [] if shard is None else self._sp_regather(x, shard, name, fp8=fp8)
         if fp8:
-            # ``shared_fp8_input``: this GEMM is one part of a fused one (Megatron-Core's linear_fc1, gate and up in
-            # one weight) whose input was cast once; it reads that FP8 copy and saves nothing more
-            copy = self._fp8_copy.get(saved.tid) if shared_fp8_input else None
-            if copy is None:
-                self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=saved.numel,
-                          bytes_=saved.numel * (db + 2 * gb), grad_inputs=[])
-                copy = self._fp8_copy[saved.tid] = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP)
-            saved = copy  # kept for backward
+            self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=saved.numel,
+                      bytes_=saved.numel * (db + 2 * gb), grad_inputs=[])
+            saved = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP), kept for backward
             bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=m * k, bytes_=m * k * (db + 2 * gb)))
         if needs_input_grad:  # dX = dY (M,K) @ W (K,N)
             bw.append(dict(self._bw(f"{name}.dgrad", "linear", "bmm", flops=2.0 * m * n * k,
@@ -344,6 +345,25 @@ class GraphBuilder:
                          bytes_=(m * n + n * k) * gb + (m * k + (k if bias else 0)) * db,
                          params=params, saves=[saved], backward=bw, node_dtype=gdt,
                          grad_inputs=[x] if needs_input_grad else [], B=1, M=m, N=n, K=k)
+
+    def _sp_regather(self, gathered: Tensor, shard: Tensor, name: str, *, fp8: bool) -> list[dict]:
+        """What a linear layer reading the sequence-parallel all-gather ``gathered`` (of ``shard``) adds to its
+        backward: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication saves the shard and all-gathers it
+        again for the weight gradient (overlapped with the input-gradient GEMM), once per gathered tensor (the
+        fused QKV / FC1 GEMM; here the first linear to read it). Under an FP8 recipe Transformer Engine casts the
+        shard before gathering: the forward gather and this one move the FP8 copy (1 B an element) when every linear
+        reading the tensor is FP8; the input gradient's reduce-scatter stays in the model's dtype."""
+        if not fp8:
+            self._sp_wide.add(gathered.tid)
+        n = _numel(self._tensor_shape[gathered.tid])
+        wide = gathered.tid in self._sp_wide
+        self._nodes[gathered.node].values["bytes"] = float(self._tensor_bytes[gathered.tid] if wide else n * DTYPE_BYTES["fp8"])
+        if gathered.tid in self._sp_regathered:
+            return []
+        self._sp_regathered.add(gathered.tid)
+        size = float(n * (DTYPE_BYTES["fp8"] if fp8 else self.dbytes))
+        return [dict(self._bw(f"{name}.input_all_gather", "collective", "all_gather", "collective", flops=0,
+                              bytes_=size), group="tp")]
 
     def matmul(self, a: Tensor, b: Tensor, *, name: str = "matmul") -> Tensor:
         """``torch.matmul`` of (..., M, N) by (..., N, K), batch dims broadcast."""
@@ -478,6 +498,22 @@ class GraphBuilder:
                                    bytes_=(2 if bwk == "mulu" else 3) * n * db, B=b, H=h))
         return self._add(name, "elementwise", kernel, "surrogate", tensors, shape, flops=flops, bytes_=bytes_,
                          params=params, saves=saves, backward=bw, out_dtype=out_dtype, grad_inputs=need if grad else [], B=b, H=h)
+
+    def glu(self, x: Tensor, *, name: str = "glu") -> Tensor:
+        """A fused gated activation over a fused gate-and-up projection (Megatron-Core's ``bias_swiglu_impl``):
+        ``x`` (..., 2n) -> (..., n), one kernel reading 2n and writing n elements like a binary op. It saves its input;
+        its backward is one kernel reading the gradient and the input and writing the input's gradient (..., 2n)
+        directly (5n elements against the binary op's 3n): no split, cat or accumulation."""
+        if not x.shape or x.shape[-1] % 2:
+            raise GraphError(f"{name}: a gated activation needs an even last dimension, got {x.shape}")
+        shape = (*x.shape[:-1], x.shape[-1] // 2)
+        n = _numel(shape)
+        db = self.dbytes
+        b, h = _numel(shape[:-1]), shape[-1]
+        bw = [self._bw(f"{name}.grad", "elementwise", "mul", flops=FLOPS_PER_ELEMENT.get("mul", 1) * n,
+                       bytes_=5 * n * db, scale=5.0 / 3.0, B=b, H=h)]
+        return self._add(name, "elementwise", "mul", "surrogate", [x], shape, flops=FLOPS_PER_ELEMENT.get("mul", 1) * n,
+                         bytes_=3 * n * db, saves=[x], backward=bw, B=b, H=h)
 
     def dropout(self, x: Tensor, p: float, *, name: str = "dropout") -> Tensor:
         """Dropout: a kernel writing output and a 1-byte mask in training, nothing in inference."""
@@ -629,8 +665,12 @@ class GraphBuilder:
                 shape = (x.shape[0], x.shape[1] // self.tp, *x.shape[2:])
             else:
                 shape = (x.shape[0] // self.tp, *x.shape[1:])
+            # the backward all-gathers the output gradient; Transformer Engine casts it to FP8 first when the
+            # row-parallel GEMM it feeds runs in FP8 (its dgrad and wgrad read the FP8 gradient)
+            src = self._nodes[x.node].values if x.node >= 0 else {}
+            grad_bytes = x.numel * DTYPE_BYTES["fp8"] if src.get("op_class") == "linear" and src.get("dtype") == "fp8" else full
             return self.collective("reduce_scatter", x, shape, group="tp", size_bytes=full, name=f"{name}.reduce_scatter",
-                                   backward=[("all_gather", full)])
+                                   backward=[("all_gather", grad_bytes)])
         return self.collective("all_reduce", x, x.shape, group="tp", size_bytes=full, name=f"{name}.all_reduce")
 
     def all_to_all(self, x: Tensor, *, group: str = "ep", name: str = "all_to_all") -> Tensor:

@@ -132,8 +132,10 @@ def test_megatron_core_moe_layer():
     assert names.str.fullmatch(r"experts\.\d+\.swiglu").sum() == 2 * 8
     gemm = lambda g: g.nodes[(g.nodes["phase"] == "forward") & g.nodes["name"].astype(str).str.contains(r"experts\.")  # noqa: E731
                              & (g.nodes["op_class"] == "linear")]
-    assert len(gemm(mc)) == len(gemm(hf)) == 2 * 8 * 3
+    # Megatron-Core's linear_fc1 is gate and up in one GEMM of twice the width (HF: gate_proj and up_proj)
+    assert len(gemm(mc)) == 2 * 8 * 2 and len(gemm(hf)) == 2 * 8 * 3
     assert set(gemm(mc)["M"]) == set(gemm(hf)["M"]) == {32.0}  # 128 tokens x top-2 / 8 experts
+    assert gemm(mc)["flops"].sum() == pytest.approx(gemm(hf)["flops"].sum())
     assert mc.param_count == pytest.approx(hf.param_count, rel=1e-3)
     ds = step_graph("deepseek_v3", StepOptions(framework="megatron", **dict(kw, blocks=4)))  # 3 dense blocks first
     dn = ds.nodes[ds.nodes["phase"] == "forward"]

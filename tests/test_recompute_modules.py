@@ -63,16 +63,20 @@ def test_rope_keeps_its_frequencies_not_the_queries():
     assert _kept_by(g, "mlp.mul") == pytest.approx(2 * 256 * 14336 * 2)
 
 
-def test_megatron_fc1_casts_its_input_to_fp8_once():
-    """Megatron-Core's linear_fc1 is one GEMM of gate and up: one FP8 cast of its input and one FP8 copy saved (two
-    were saved, for every dense MLP and every expert)."""
+def test_megatron_fc1_is_one_gemm_with_one_fp8_cast_and_no_gradient_accumulation():
+    """Megatron-Core's linear_fc1 is one GEMM of gate and up (2 x ffn outputs): one FP8 cast of its input, one FP8 copy
+    saved, one dgrad (no autograd accumulation of two input gradients), and the fused SwiGLU reads its 2 x ffn output
+    (it was costed as two GEMMs of ffn whose input gradients were summed by an extra add kernel)."""
     g = _graph("llama3_8b", blocks=1, dtype="fp8", framework="megatron")
-    names = set(g.nodes["name"])
-    assert "mlp.linear_fc1.gate.fp8_cast" in names and "mlp.linear_fc1.up.fp8_cast" not in names
-    assert _kept_by(g, "mlp.linear_fc1.up") == _kept_by(g, "mlp.linear_fc1.gate") == 256 * 4096  # 1 B an element
-    fwd = g.nodes[g.nodes["phase"] == "forward"].reset_index(drop=True)
-    gate, up = (int(np.flatnonzero(fwd["name"].to_numpy() == n)[0]) for n in ("mlp.linear_fc1.gate", "mlp.linear_fc1.up"))
-    assert g.saved["by_node"][gate] == g.saved["by_node"][up]  # the same tensor
+    n = g.nodes
+    names = set(n["name"])
+    assert "mlp.linear_fc1.fp8_cast" in names and not any(x.startswith("mlp.linear_fc1.gate") for x in names)
+    assert _kept_by(g, "mlp.linear_fc1") == 256 * 4096  # 1 B an element
+    assert _kept_by(g, "mlp.swiglu") == 256 * 2 * 14336 * 2  # the fused activation keeps its 2 x ffn bf16 input
+    fc1 = n[(n["name"] == "mlp.linear_fc1") & (n["phase"] == "forward")].iloc[0]
+    assert (fc1["M"], fc1["N"], fc1["K"]) == (256, 4096, 2 * 14336)
+    assert (n["name"] == "mlp.linear_fc1.dgrad").sum() == 1
+    assert not n["name"].str.startswith("pre_mlp_layernorm.grad_accumulate").any()
 
 
 # ------------------------------------------------------------------ modules
@@ -107,7 +111,7 @@ def test_checkpointed_module_keeps_its_input_in_its_own_dtype():
     tnode = g.saved["tensor_node"]
     made = {fwd["name"][tnode[t]] for t in kept if tnode[t] >= 0}
     assert "pre_mlp_layernorm" in made  # the module's input, 2 B an element
-    assert not {"mlp.swiglu", "mlp.linear_fc1.gate", "mlp.linear_fc1.up"} & made
+    assert not {"mlp.swiglu", "mlp.linear_fc1"} & made
 
 
 def test_recomputed_modules_run_again_in_backward():
