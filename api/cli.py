@@ -294,7 +294,7 @@ def predict(
     dtype: str = typer.Option(DEFAULTS.dtype, "--dtype", help="bf16 (default), fp16, fp32, tf32 or fp8 (Transformer Engine recipe: linear-layer GEMMs in FP8, the rest bf16)."),
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="flash (fused kernel of today: FlashAttention-2 / cuDNN / Transformer Engine, default), flash1 (FlashAttention-1 / Triton class, 2022-23 runs) or eager (bmm + softmax + bmm)."),
     compile: bool = typer.Option(False, "--compile", help="Approximate torch.compile: fuse elementwise chains."),
-    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), sgd or none; training only."),
+    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), adamw-bf16 (bf16 moments: Megatron-Core's precision-aware optimizer, DeepSeek-V3's AdamW), sgd or none; training only."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective or full."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) of the step (an existing file only with --overwrite; never one of the inputs)."),
@@ -715,6 +715,7 @@ def search(
     seq: int = typer.Option(2048, "--seq", help="Tokens per sequence."),
     dtype: str = typer.Option(DEFAULTS.dtype, "--dtype", help="As for predict (default bf16)."),
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="As for predict (default flash)."),
+    optimizer: str = typer.Option(DEFAULTS.optimizer, "--optimizer", help="As for predict (default adamw; adamw-bf16: bf16 moments)."),
     max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations per cluster."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Tokens of the whole run: adds its days, cloud cost, energy, TCO and CO2e."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens; `wattcast regions` lists them)."),
@@ -801,7 +802,8 @@ def search(
                 prog.update(task, completed=done, total=total)
 
             fkw = {k: v for k, v in run_opts.items() if v is not None}
-            res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, max_configs=max_configs,
+            res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, optimizer=optimizer,
+                          max_configs=max_configs,
                           tokens=tokens, footprint_kw=fkw or None,
                           progress=progress,
                           framework=framework,

@@ -142,7 +142,7 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
     x = b.tp_enter(x, name="lm_head.enter")
     # Transformer Engine's recipes keep the output layer in bf16 (Megatron-Core: not a TE module; --fp8 covers the
     # transformer layers)
-    logits = b.linear(x, padded_vocab(vocab, b.tp), bias=bias, name="lm_head", weight_params=not tied, parallel="col",
+    logits = b.linear(x, padded_vocab(b, vocab), bias=bias, name="lm_head", weight_params=not tied, parallel="col",
                       fp8=False)
     if softcap:
         logits = softcap_logits(b, logits, softcap, "lm_head.softcap")
@@ -151,9 +151,16 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
     return logits
 
 
-def padded_vocab(vocab: int, tp: int) -> int:
-    """Megatron pads the vocabulary to a multiple of the tensor-parallel degree (x128 in practice)."""
-    return vocab if tp == 1 else -(-vocab // tp) * tp
+#: Megatron-LM's --make-vocab-size-divisible-by default (megatron/training/tokenizer: _vocab_size_with_padding)
+MEGATRON_VOCAB_MULTIPLE = 128
+
+
+def padded_vocab(b: GraphBuilder, vocab: int) -> int:
+    """The vocabulary rows the embedding and output layer hold: Megatron-LM and Megatron-DeepSpeed pad it to a
+    multiple of 128 x the tensor-parallel degree (GPT-2's 50,257 -> 50,304 at TP 1, 51,200 at TP 8); a vocabulary-
+    parallel layer elsewhere to a multiple of the TP degree."""
+    multiple = b.tp * (MEGATRON_VOCAB_MULTIPLE if getattr(b, "framework", "hf") in ("megatron", "megatron-deepspeed") else 1)
+    return -(-vocab // multiple) * multiple
 
 
 def local_heads(b: GraphBuilder, n: int, what: str = "attention heads") -> int:
@@ -165,8 +172,8 @@ def local_heads(b: GraphBuilder, n: int, what: str = "attention heads") -> int:
 def vocab_embedding(b: GraphBuilder, ids: Tensor, vocab: int, dim: int, name: str) -> Tensor:
     """Token embedding: vocabulary-parallel under tensor parallelism, partial lookups all-reduced."""
     if b.tp == 1:
-        return b.embedding(ids, vocab, dim, name=name)
-    e = b.embedding(ids, padded_vocab(vocab, b.tp), dim, name=name, parallel=True)
+        return b.embedding(ids, padded_vocab(b, vocab), dim, name=name)
+    e = b.embedding(ids, padded_vocab(b, vocab), dim, name=name, parallel=True)
     return b.tp_exit(e, name=f"{name}.reduce")
 
 

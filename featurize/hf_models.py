@@ -823,7 +823,7 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             y = activation(b, y, cfg.activation)
             y = b.layernorm(y, name="cls.predictions.transform.LayerNorm")
             # (under sequence parallelism the heads already run on the gathered sequence)
-            scores = b.linear(y if b.sp else b.tp_enter(y, name="cls.enter"), padded_vocab(cfg.vocab, b.tp), bias=True,
+            scores = b.linear(y if b.sp else b.tp_enter(y, name="cls.enter"), padded_vocab(b, cfg.vocab), bias=True,
                               name="cls.predictions.decoder", weight_params=False, parallel="col")
             nsp = b.linear(pooled, 2, name="cls.seq_relationship")
             b.cross_entropy(scores, name="loss.mlm", vocab_parallel=True)

@@ -19,18 +19,30 @@ from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSE
 from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, node_tags, parse_recompute, recompute_setting,
                                          recompute_tags)
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+#: ``adamw-bf16``: AdamW with its two moments held in bf16 (Megatron-Core's precision-aware optimizer,
+#: ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``: Transformer Engine's FusedAdam
+#: computing in fp32 and storing the moments in bf16; DeepSeek-V3's AdamW, tech report Sec. 3.3.2); fp32 master weights
+OPTIMIZERS = ("adamw", "adam", "adamw-bf16", "sgd", "none")
 
 #: bytes read + written per parameter by one optimizer step (PyTorch foreach implementations).
 #: fp32 AdamW reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq: 7 x 4 B.
 #: Mixed precision (fp16/bf16 params) keeps fp32 master weights: it also reads the 2-byte grad and
-#: writes the 2-byte param copy: 7 x 4 + 2 + 2 B. SGD without momentum (torch default): p, g -> p.
+#: writes the 2-byte param copy: 7 x 4 + 2 + 2 B. bf16 moments read and write 2 B each instead of 4 (-8 B).
+#: SGD without momentum (torch default): p, g -> p.
 OPTIMIZER_BYTES_PER_PARAM = {
     ("adamw", False): 28, ("adamw", True): 32,
+    ("adamw-bf16", False): 20, ("adamw-bf16", True): 24,
     ("sgd", False): 12, ("sgd", True): 16,
 }
 #: FLOPs per parameter of one step (AdamW: moments, bias correction, sqrt, division, decay, update)
-OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "sgd": 2}
+OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "adamw-bf16": 14, "sgd": 2}
+#: bytes per parameter of the optimizer's states (Adam's two moments; SGD without momentum keeps none)
+OPTIMIZER_STATE_BYTES_PER_PARAM = {"adamw": 8, "adamw-bf16": 4, "sgd": 0, "none": 0}
+
+
+def optimizer_state_bytes(optimizer: str) -> int:
+    """Bytes per parameter of ``optimizer``'s states (0 for an unknown name: no states counted)."""
+    return OPTIMIZER_STATE_BYTES_PER_PARAM.get("adamw" if str(optimizer).lower() == "adam" else str(optimizer).lower(), 0)
 #: Gradient clipping before the step, at norm 1.0: the default of Hugging Face Trainer (max_grad_norm),
 #: Megatron-LM (--clip-grad) and DeepSpeed (gradient_clipping in its examples). torch.nn.utils.clip_grad_norm_
 #: reads every gradient for the norm (_foreach_norm) and multiplies them all by the clamped coefficient

@@ -23,6 +23,7 @@ import numpy as np
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph
 from wattcast.featurize.recompute import node_tags, recompute_tags
+from wattcast.featurize.training_graph import optimizer_state_bytes
 
 GB = 1e9
 
@@ -90,7 +91,7 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
             weights += params * 4  # fp32 master copy
         grads = params * db
         optimizer = meta.get("optimizer", "adamw")
-        opt = params * 8 if optimizer in ("adamw", "adam") else 0.0
+        opt = params * optimizer_state_bytes(optimizer)
         recompute = meta.get("recompute", "none")
         tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
         kept = kept_tensors(graph)

@@ -8,7 +8,9 @@ every term cites the equation or the framework code it follows. Units are in the
   ``main_grad`` buffer, DeepSpeed's fp32 gradient partitions, PyTorch AMP's fp32 ``.grad``), fp32 master weights
   (4 B/param) and Adam's two fp32 moments (8 B/param): 18 B/param without sharding. The distributed optimizer /
   ZeRO-1 shards master weights and moments over the data-parallel group (Megatron: 6 + 12/d B/param), ZeRO-2 also
-  the gradients, ZeRO-3 / FSDP the weights too. Full precision (fp32): 4 + 4 + 8 = 16 B/param.
+  the gradients, ZeRO-3 / FSDP the weights too. Full precision (fp32): 4 + 4 + 8 = 16 B/param. ``--optimizer
+  adamw-bf16`` (Megatron-Core's precision-aware optimizer with bf16 moments, DeepSeek-V3's AdamW) keeps the moments
+  at 2 B each: 6 + 8/d B/param under the distributed optimizer.
 - Expert parameters of a mixture of experts are sharded over the expert-data-parallel group instead, the ranks that
   hold the same experts: world / (etp x ep x pp) ranks (Megatron-Core ``parallel_state``'s expert mesh; its
   ``DistributedDataParallel`` keeps the expert parameters in their own grad/param buffers over
@@ -53,6 +55,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wattcast.featurize.training_graph import optimizer_state_bytes
+
 GB = 1e9
 #: cuBLAS workspace of one stream (PyTorch's default on sm90+, ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB
 CUBLAS_WORKSPACE_BYTES = 32 * 2**20
@@ -61,8 +65,6 @@ CUDA_CONTEXT_BYTES = 0.5e9
 GIB = 2**30
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): its gradient reduce buckets are flattened copies
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
-#: Adam/AdamW: two fp32 moments per parameter
-ADAM_BYTES_PER_PARAM = 8
 
 
 def _sharded(nbytes, params, expert_params, d: int, de: int):
@@ -132,7 +134,7 @@ def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: 
     per parameter of the held gradients (default fp32 under mixed precision, Megatron's formula). ``expert_params``
     of the ``params`` are experts, sharded over their ``expert_dp`` ranks instead (default ``dp``; module docstring)."""
     mixed = dtype_bytes < 4
-    opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
+    opt_b = optimizer_state_bytes(optimizer)
     g = _zero_groups(zero, dp, expert_dp)
     if grad_bytes is None:
         grad_bytes = 4 if mixed else dtype_bytes
@@ -281,7 +283,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     params = np.asarray(params, dtype=float)
     ex = np.asarray(expert_params, dtype=float)
     mixed = dtype_bytes < 4
-    opt_b = ADAM_BYTES_PER_PARAM if optimizer in ("adamw", "adam") else 0
+    opt_b = optimizer_state_bytes(optimizer)
     g = _zero_groups(zero, dp, expert_dp)
     if held_grad_bytes is None:
         held_grad_bytes = 4 if mixed else dtype_bytes

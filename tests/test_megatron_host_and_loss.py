@@ -28,10 +28,22 @@ def test_megatron_fp16_cross_entropy_runs_on_fp32_logits_kernel_by_kernel():
     # megatron/core/tensor_parallel/cross_entropy.py: logits.float(), max, sub_, exp, sum, div_; backward mul_, cast
     for k in ("loss.float", "loss.max", "loss.sub", "loss.exp", "loss.sum_exp", "loss", "loss.grad", "loss.float.grad"):
         assert k in names, names
-    per_logit = loss["bytes"].sum() / (T * V)
+    per_logit = loss["bytes"].sum() / (T * 50304)  # Megatron pads the vocabulary to a multiple of 128
     assert per_logit == pytest.approx(2 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 4 + 2, rel=1e-6)  # 52 B: cast, 5 passes, mul_, cast
     fp32 = loss[loss["name"].isin(["loss.sub", "loss.exp", "loss", "loss.grad"])]
     assert set(fp32["dtype"]) == {"fp32"}
+
+
+def test_megatron_pads_the_vocabulary_to_128_times_tp_and_hf_does_not():
+    """Megatron-LM's _vocab_size_with_padding (--make-vocab-size-divisible-by 128, times the TP degree)."""
+    def head_n(framework, tp):
+        g = step_graph(_gpt(), StepOptions(batch=1, seq=256, dtype="bf16", mode="train", framework=framework, tp=tp))
+        n = g.nodes
+        return int(n.loc[(n["name"] == "lm_head") & (n["phase"] == "forward"), "K"].iloc[0])
+
+    assert head_n("megatron", 1) == 50304 and head_n("megatron-deepspeed", 1) == 50304
+    assert head_n("megatron", 8) == 51200 // 8  # each rank's share of the rows padded to a multiple of 1,024
+    assert head_n("hf", 1) == V and head_n("hf", 8) == -(-V // 8)
 
 
 def test_hf_cross_entropy_stays_one_fused_kernel_each_way():

@@ -31,7 +31,8 @@ def mixtral_rank_params(ep: int, tp: int = 1) -> tuple[float, float]:
     """(expert, dense) parameters one rank holds (first and only stage: embedding, head and final norm with it)."""
     expert = L * (EXPERTS // ep) * EXPERT_PARAMS_PER_LAYER / tp
     # TP splits the projections, the embedding and the head; the norms and the router are whole on every rank
-    dense = L * (2 * H * H + 2 * H * KV) / tp + L * (2 * H + H * EXPERTS) + 2 * VOCAB * H / tp + H
+    vocab = -(-VOCAB // (128 * tp)) * 128 * tp  # Megatron pads the vocabulary to a multiple of 128 x tp
+    dense = L * (2 * H * H + 2 * H * KV) / tp + L * (2 * H + H * EXPERTS) + 2 * vocab * H / tp + H
     return expert, dense
 
 

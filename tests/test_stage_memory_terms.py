@@ -73,3 +73,34 @@ def test_the_fp8_weight_cast_is_not_sharded_by_zero():
     fp8, bf16 = (wattcast.predict_cluster("llama3_8b", "DGX-H100", dtype=d, **kw).to_dict()["optimizer_ms"]
                  for d in ("fp8", "bf16"))
     assert 8.0 < fp8 - bf16 < 10.0  # 32 layers' casts of 0.28 ms each
+
+
+def test_bf16_moments_halve_the_optimizer_states_and_its_traffic():
+    """--optimizer adamw-bf16 (Megatron-Core's precision-aware optimizer with bf16 moments): 4 B of states a parameter
+    (Megatron's 6 + 12/d becomes 6 + 8/d B/param under the distributed optimizer), 24 B moved by the step."""
+    from wattcast.featurize.training_graph import OPTIMIZER_BYTES_PER_PARAM, optimizer_state_bytes
+    from wattcast.simulate.stage_memory import model_state_bytes
+
+    assert optimizer_state_bytes("adamw") == 8 and optimizer_state_bytes("adamw-bf16") == 4
+    assert OPTIMIZER_BYTES_PER_PARAM[("adamw", True)] - OPTIMIZER_BYTES_PER_PARAM[("adamw-bf16", True)] == 8
+    p, d = 1e9, 8
+    for opt, per_param in (("adamw", 6 + 12 / d), ("adamw-bf16", 6 + 8 / d)):
+        st = model_state_bytes(p, dtype_bytes=2, optimizer=opt, zero=1, dp=d)
+        assert sum(st.values()) / p == pytest.approx(per_param)
+    kw = dict(gpus=8, batch=8, seq=1024, tp=1, pp=1, micro_batch=1, zero=1, framework="megatron")
+    a = wattcast.predict_cluster("llama3_8b", "dgx_h100", optimizer="adamw", **kw)
+    b = wattcast.predict_cluster("llama3_8b", "dgx_h100", optimizer="adamw-bf16", **kw)
+    assert b.memory["optimizer_gb"] == pytest.approx(a.memory["optimizer_gb"] / 2)
+    assert b.memory["master_weights_gb"] == pytest.approx(a.memory["master_weights_gb"])
+    assert b.optimizer_ms < a.optimizer_ms
+
+
+def test_search_takes_the_optimizer_and_names_an_unknown_one():
+    from conftest import run_cli
+
+    ok = run_cli("search", "--model", "gpt2", "--cluster", "dgx-h100", "--gpus", "2", "--batch", "4", "--seq", "256",
+                 "--optimizer", "adamw-bf16", "--json", "--top", "1")
+    assert ok.returncode == 0, ok.stderr
+    bad = run_cli("search", "--model", "gpt2", "--cluster", "dgx-h100", "--gpus", "2", "--batch", "4", "--seq", "256",
+                  "--optimizer", "lion")
+    assert bad.returncode != 0 and "unknown optimizer 'lion'" in bad.stdout + bad.stderr
