@@ -155,7 +155,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
-                    loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None, **run_kw):
+                    loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
+                    fp8_param_gather: bool = False, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
@@ -180,6 +181,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``data_load_ms`` / ``data_workers``: the data loader's host time to produce one micro-batch (default 0: a tokenised
     stream) and its worker processes (None: the framework's, hf 0, megatron 2); the step also copies each micro-batch
     to the GPU and, with Megatron and TP > 1, broadcasts it (``simulate/data_loading.py``; ``comm["data_loading"]``).
+    ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, ``zero`` >= 1 and
+    ``framework="megatron"``): FP8 weights without a bf16 copy, cast shard by shard and all-gathered at 1 B.
     ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
     using_gpus_per_node``); the job then fills whole nodes of that many.
     ``strategy``: a strategy string as ``wattcast.search`` gives it per row (``simulate/strategy.py``, e.g.
@@ -241,7 +244,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
-        data_workers=data_workers))
+        data_workers=data_workers, fp8_param_gather=fp8_param_gather))
     from wattcast.featurize.workload import canonical_framework
     from wattcast.simulate.strategy import StrategyError, format_strategy
 
@@ -258,7 +261,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node,
                     moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
                     moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),
-                    data_load_ms=data_load_ms,
+                    fp8_param_gather=bool(fp8_param_gather), data_load_ms=data_load_ms,
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
                     loop_trip_count=loop_trip_count)
     if tokens is None:

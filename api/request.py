@@ -125,6 +125,8 @@ class PredictRequest:
     moe_pad_to_capacity: bool = False
     #: ZeRO-3 / FSDP collectives beside the computation (True) or in series (False); None: the framework's
     zero3_prefetch: bool | None = None
+    #: Megatron-Core's --fp8-param-gather (a cluster step with dtype fp8, ZeRO >= 1, framework megatron)
+    fp8_param_gather: bool = False
     #: use this many of each node's GPUs (None: all of them)
     gpus_per_node: int | None = None
     #: data loading: the loader's host ms per micro-batch (one device: per step) and its workers (None: the framework's)
@@ -153,6 +155,8 @@ class PredictRequest:
 
             if given_routing({k: getattr(self, k) for k in ROUTING_DEFAULTS}):
                 raise ValueError("the MoE routing options describe expert-parallel ranks of a cluster step: give cluster= too")
+            if self.fp8_param_gather:
+                raise ValueError("fp8_param_gather= is the distributed optimizer's FP8 parameter gather: give cluster= too")
             return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
                                     data_load_ms=self.data_load_ms, data_workers=self.data_workers, **common)
         if self.parallel is None:
@@ -168,5 +172,5 @@ class PredictRequest:
                                         moe_capacity_factor=self.moe_capacity_factor,
                                         moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
                                         zero3_prefetch=self.zero3_prefetch, data_load_ms=self.data_load_ms,
-                                        data_workers=self.data_workers,
+                                        data_workers=self.data_workers, fp8_param_gather=self.fp8_param_gather,
                                         **asdict(self.parallel), **common)

@@ -306,7 +306,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
            workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
            zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
-           **space) -> SearchResult:
+           fp8_param_gather: bool = False, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -336,6 +336,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
     ``moe_routing``: mixture-of-experts routing for every candidate (``moe_load_imbalance``, ``moe_capacity_factor``,
     ``moe_pad_to_capacity``: see ``simulate/moe_routing.py``; default balanced and dropless).
+    ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` for every candidate with the distributed optimizer
+    (ZeRO >= 1; needs ``dtype="fp8"`` and ``framework="megatron"``).
     ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
     with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
@@ -372,6 +374,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     from wattcast.simulate.distributed import zero3_prefetch as _z3
 
     _z3(framework, zero3_prefetch)  # a bad value is named before anything is evaluated
+    if fp8_param_gather:  # what it needs beyond the distributed optimizer (candidates with ZeRO >= 1 use it)
+        from wattcast.simulate.distributed import check_fp8_param_gather
+
+        check_fp8_param_gather(fp8_param_gather, graph_dtype=str(dtype).lower(), framework=canonical_framework(framework),
+                               zero=1)
     from wattcast.simulate.data_loading import check_load_ms, resolve_workers
 
     data_load_ms = check_load_ms(data_load_ms)
@@ -433,7 +440,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                        optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
                        exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name], routing=routing,
                        zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms, data_workers=data_workers,
-                       n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
+                       fp8_param_gather=bool(fp8_param_gather), n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
                        n_experts=hf.n_experts)
             if not cands:
                 why_none[cl.name] = why_no_candidates(cl, gpus, batch, seq, space, job.rules())
@@ -509,6 +516,8 @@ class _Job:
     #: DistributedOptions.data_load_ms / data_workers for every candidate
     data_load_ms: float
     data_workers: int | None
+    #: Megatron-Core's --fp8-param-gather for every candidate with the distributed optimizer (ZeRO >= 1)
+    fp8_param_gather: bool
     n_layers: int
     n_heads: int | None
     n_kv_heads: int | None
@@ -569,6 +578,8 @@ class _Evaluator:
                 ctx = ctx.with_parallel(par_r)
             if isinstance(ctx, ParallelConfigError):
                 raise ParallelConfigError(str(ctx))
+            if job.fp8_param_gather:  # the FP8 parameter gather is the distributed optimizer's
+                ctx = replace(ctx, fp8_param_gather=par_r.zero >= 1)
             r = schedule_step(ctx)
         except ParallelConfigError as e:
             return "bad", (cl.name, par.describe(), str(e))

@@ -214,6 +214,22 @@ def zero3_prefetch(framework: str, given: bool | None) -> bool:
     return bool(given)
 
 
+def check_fp8_param_gather(given, *, graph_dtype: str, framework: str, zero: int) -> bool:
+    """``fp8_param_gather`` as a bool, or a ParallelConfigError naming what it needs: Megatron-Core's FP8 parameters
+    (``--fp8-param-gather``) are an FP8 recipe's weights (``--dtype fp8``) gathered by its distributed optimizer
+    (``--zero`` >= 1, ``--framework megatron``)."""
+    if not isinstance(given, (bool, np.bool_)):
+        raise ParallelConfigError(f"fp8_param_gather must be True or False, got {given!r}")
+    if not given:
+        return False
+    missing = [need for need, ok in (("--dtype fp8", graph_dtype == "fp8"), ("--framework megatron", framework == "megatron"),
+                                     ("--zero 1 or more (the distributed optimizer)", int(zero) >= 1)) if not ok]
+    if missing:
+        raise ParallelConfigError(f"--fp8-param-gather keeps Megatron-Core's FP8 weights and gathers them in FP8: it needs "
+                                  f"{', '.join(missing)}")
+    return True
+
+
 def _grad_bytes(framework: str, dtype: str) -> int:
     """Bytes per gradient element the data-parallel reduction moves, by framework default:
     PyTorch AMP keeps fp32 parameters, so fp32 gradients; DeepSpeed's fp16/bf16 engines all-reduce the
@@ -444,6 +460,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
+                           fp8_param_gather=check_fp8_param_gather(dopts.fp8_param_gather, graph_dtype=graph_dtype,
+                                                                   framework=framework, zero=par.zero),
                            coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
                            data_load_ms=check_load_ms(dopts.data_load_ms),
                            data_workers=resolve_workers(framework, dopts.data_workers))
@@ -761,6 +779,8 @@ class ScheduleContext:
     #: ZeRO-3 / FSDP collectives prefetched beside the computation (True) or in series with it (resolved
     #: ``DistributedOptions.zero3_prefetch``)
     zero3_prefetch: bool = True
+    #: ``DistributedOptions.fp8_param_gather`` (checked)
+    fp8_param_gather: bool = False
     #: the framework's per-kernel launch floor (ms) and TP collective host floors (None: the framework's table), for
     #: the data-loading kernels and broadcasts (``simulate/data_loading.py``)
     launch_ms: float = 0.0
@@ -841,10 +861,12 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
 
 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
-              grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None) -> dict:
+              grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
+              gather_b_chunk: np.ndarray | None = None) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
-    ``bucket_n``: each stage's count).
+    ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
+    ``params_chunk`` x ``db``; FP8 parameters gather at 1 B).
 
     ZeRO-3 / FSDP gathers and reduces unit by unit (``units``: the chunk's wrapped modules, one per transformer block
     as FSDP's auto-wrap policies and DeepSpeed's per-module fetch have it), so each chunk pays ``units`` collectives of
@@ -873,12 +895,13 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 continue
             nb = max(1, int(np.ceil(p_count / bucket_params))) if np.isfinite(bucket_params) else 1
             msgs.append((c, "bucket", op, total / nb, group, nb))
+        gather_b = params_chunk[c] * db if gather_b_chunk is None else gather_b_chunk[c]
         if par.zero == 3:
             u = int(units[c])
-            msgs.append((c, "z3_ag", "all_gather", params_chunk[c] * db / u, dp_l, u))
+            msgs.append((c, "z3_ag", "all_gather", gather_b / u, dp_l, u))
             msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b / u, dp_l, u))
         elif par.zero >= 1:
-            msgs.append((c, "gather", "all_gather", params_chunk[c] * db, dp_l, 1))
+            msgs.append((c, "gather", "all_gather", gather_b, dp_l, 1))
     ms_of = np.zeros(len(msgs))
     by_kind: dict[tuple, list[int]] = {}
     for i, m in enumerate(msgs):
@@ -1098,13 +1121,18 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         opt_share = (1.0 - exp_frac) / dp_n + exp_frac / edp_n
     else:
         opt_share = np.ones(P)
+    # the FP8 weight cast after the step: every DP rank casts its whole FP8 weights (read bf16, write FP8 and transpose:
+    # 4 B a parameter); with FP8 parameters (--fp8-param-gather) each casts its shard of the fp32 master weights (read
+    # 4 B, write 1) and, after the FP8 all-gather, makes the whole weights' transposes (read 1, write 1)
+    cast_share = 0.5 + 1.25 * opt_share if ctx.fp8_param_gather else 1.0
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
-                    fp8_param_fraction=fp8_frac, expert_params=expert_stage, expert_dp=edp_n)
+                    fp8_param_fraction=np.zeros(P) if ctx.fp8_param_gather else fp8_frac, expert_params=expert_stage,
+                    expert_dp=edp_n)
     if summary:  # the total alone (same figures); the model states per (stage split, ZeRO, DP, expert DP) once per search
         mem = None
-        state_key = ("states", P, V, par.zero, dp_n, edp_n)
+        state_key = ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather)
         mem_parts = sums.get(state_key)
         if mem_parts is None:
             mem_parts = sums[state_key] = stage_state_parts(params=params_stage, **state_kw)
@@ -1155,11 +1183,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     grad_b = _grad_bytes(opts.framework, dtype)
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
+    # the distributed optimizer's parameter all-gather: bf16 weights, FP8 ones at 1 B with --fp8-param-gather
+    gather_b_chunk = (params_chunk * db - chunk_sum("fp8_params") * (db - DTYPE_BYTES["fp8"]) if ctx.fp8_param_gather
+                      else params_chunk * db)
     dp_key = ("dp", par.zero, lay["dp"], par.ep, par.tp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
-              params_chunk.tobytes(), expert_chunk.tobytes(), tuple(counts))
+              params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts))
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
-        dpt = _dp_times(par, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts), bucket_params)
+        dpt = _dp_times(par, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts), bucket_params,
+                        gather_b_chunk)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
@@ -1239,7 +1271,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 hidden = np.zeros(P)
             finish = np.where(has, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
         # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
-        opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage
+        opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share
         gather = np.zeros(P)
         if dp_on and par.zero >= 1 and lay["dp"].size > 1:
             gather = dpt.get("gather_by_stage")
@@ -1306,7 +1338,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     busy_all = busy + opt_stage
     # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls for its
     # peer: communication power, not idle power
-    stage_e = (e_chunk_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1]
+    stage_e = (e_chunk_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share
                + p_comm * np.maximum(step - busy_all, 0.0) / 1e3)
     if summary:
         energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
@@ -1387,7 +1419,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 rank_overheads_scope=("the whole model at this TP degree, one micro-batch; optimizer and clipping before "
                                       "the pipeline split and ZeRO sharding (optimizer_ms is what one device spends)"),
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
-                dp_sync_ms=float(dpt["sync_ms"].sum()), grad_accumulation_ms_per_micro=float(acc_ms.sum()),
+                dp_sync_ms=float(dpt["sync_ms"].sum()), dp_param_gather_ms=float(dpt["gather_after_ms"].sum()),
+                grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,

@@ -64,6 +64,11 @@ class DistributedOptions:
     #: its neighbours (prefetched; only the SMs NCCL holds slow the computation); False, in series with the computation;
     #: None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``)
     zero3_prefetch: bool | None = None
+    #: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, the distributed optimizer, ``framework="megatron"``):
+    #: the FP8 GEMMs' weights are held as FP8 (Transformer Engine's FP8 primary weights): no bf16 copy beside the FP8
+    #: weight and transpose, the optimizer casts each rank's shard of them and the distributed optimizer all-gathers
+    #: them at 1 B a parameter
+    fp8_param_gather: bool = False
     #: data loading (``simulate/data_loading.py``): host ms the data loader takes to produce one micro-batch (0: free,
     #: a tokenised stream) and its worker processes (None: the framework's default; 0: loaded in series with the step)
     data_load_ms: float = 0.0
