@@ -508,7 +508,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
             outs.append(ye)
     last = outs[-1]
     combined = Tensor((rows, h), last.dtype, last.node, last.tid)
-    combined = b.tp_exit(combined, name="moe.exit")
+    combined = b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
     if b.ep > 1:
         combined = b.all_to_all(combined, name="moe.combine")
     if b.moe_load != 1.0:  # back to this rank's own tokens' top-k rows

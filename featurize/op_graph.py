@@ -652,9 +652,11 @@ class GraphBuilder:
         bw = [dict(self._bw(f"{name}.grad", "collective", "all_reduce", "collective", flops=0, bytes_=full), group="tp")]
         return self._bw_only(name, x, bw)
 
-    def tp_exit(self, x: Tensor, *, name: str = "tp.exit") -> Tensor:
+    def tp_exit(self, x: Tensor, *, name: str = "tp.exit", fp8_grad: bool = True) -> Tensor:
         """After a row-parallel linear: all-reduce of the partial sums (backward identity); with sequence
-        parallelism a reduce-scatter into sequence shards (backward all-gather)."""
+        parallelism a reduce-scatter into sequence shards (backward all-gather). ``fp8_grad=False``: the gradient
+        is gathered in the model's dtype even when ``x`` comes from an FP8 GEMM (Megatron-Core's MoE dispatcher, whose
+        combine gathers in bf16)."""
         if self.tp == 1:
             return x
         full = x.nbytes
@@ -668,7 +670,8 @@ class GraphBuilder:
             # the backward all-gathers the output gradient; Transformer Engine casts it to FP8 first when the
             # row-parallel GEMM it feeds runs in FP8 (its dgrad and wgrad read the FP8 gradient)
             src = self._nodes[x.node].values if x.node >= 0 else {}
-            grad_bytes = x.numel * DTYPE_BYTES["fp8"] if src.get("op_class") == "linear" and src.get("dtype") == "fp8" else full
+            fp8 = fp8_grad and src.get("op_class") == "linear" and src.get("dtype") == "fp8"
+            grad_bytes = x.numel * DTYPE_BYTES["fp8"] if fp8 else full
             return self.collective("reduce_scatter", x, shape, group="tp", size_bytes=full, name=f"{name}.reduce_scatter",
                                    backward=[("all_gather", grad_bytes)])
         return self.collective("all_reduce", x, x.shape, group="tp", size_bytes=full, name=f"{name}.all_reduce")

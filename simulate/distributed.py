@@ -555,7 +555,8 @@ class _RankView:
     b_nc_ms: np.ndarray
     coll_ms: np.ndarray
     attn_f_ms: np.ndarray  # fused attention kernels' time (what ring attention's KV exchange overlaps with)
-    attn_b_ms: np.ndarray
+    attn_b_ms: np.ndarray  # the backward's own (not a recomputed forward)
+    attn_rc_ms: np.ndarray  # the fused attention's forward re-run in the backward (recomputation: its ring runs again)
     gemm_f_ms: np.ndarray  # linear layers' GEMMs (what --tp-comm-overlap pipelines the TP collectives with)
     gemm_b_ms: np.ndarray
     coll_by_group: dict  # collective group ("tp", "ep") -> (forward ms, backward ms) per layer
@@ -625,7 +626,8 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
     return _RankView(
         layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
         f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
-        attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn, t),
+        attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn & ~rc, t),
+        attn_rc_ms=per_layer(bwd & is_attn & rc, t),
         gemm_f_ms=per_layer(fwd & is_gemm, t), gemm_b_ms=per_layer(bwd & is_gemm, t),
         coll_by_group={str(grp): (per_layer(fwd & is_coll & (group == grp), t), per_layer(bwd & is_coll & (group == grp), t))
                        for grp in pd.unique(group[is_coll])},
@@ -652,7 +654,8 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 
 
 #: the per-layer arrays of a _RankView (block recomputation picks each layer's from one of two views)
-_PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "gemm_f_ms",
+_PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "attn_rc_ms",
+                     "gemm_f_ms",
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_comp_j", "e_opt_j", "opt_cast_ms",
                      "e_opt_cast_j", "act_bytes")
 
@@ -957,6 +960,11 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         has = view.attn_f_ms > 0
         cp_f_ms = np.where(has, (par.cp - 1) * np.maximum(xf - view.attn_f_ms / par.cp, 0.0), 0.0)
         cp_b_ms = np.where(view.attn_b_ms > 0, (par.cp - 1) * np.maximum(xb - view.attn_b_ms / par.cp, 0.0), 0.0)
+        # a recomputed attention (selective or full recomputation) re-runs its forward ring in the backward: its KV
+        # steps again, each beside a block of the re-run forward (until stop 36 the re-run's time hid the backward's
+        # transfers instead, and the recomputed ring was free)
+        cp_b_ms = cp_b_ms + np.where(view.attn_rc_ms > 0,
+                                     (par.cp - 1) * np.maximum(xf - view.attn_rc_ms / par.cp, 0.0), 0.0)
     # per communication class, what it adds to each chunk's forward and backward (collectives in the rank graph by
     # group; --tp-comm-overlap pipelines the TP ones with the GEMMs: simulate/overlap.py)
     f_parts = {"cp": per_chunk(cp_f_ms)}
@@ -1363,6 +1371,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # context parallelism: each task's ring KV exchange on the communication stream, from the task's start, for the
         # chunk's layers x (cp - 1) steps (it overlaps the task's attention; what it cannot hide is in the task)
         n_attn = per_chunk((view.attn_f_ms > 0).astype(float))
+        n_attn_rc = per_chunk((view.attn_rc_ms > 0).astype(float))  # a recomputed ring runs again in the backward
         z3_trace = par.zero == 3 and lay["dp"].size > 1
         for tk in pipe.tasks:
             events.append(dict(stage=tk.stage, stream="compute", name=f"{tk.kind}{tk.micro}" + (f".c{tk.chunk}" if V > 1 else ""),
@@ -1380,7 +1389,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     events.append(dict(stage=tk.stage, stream="comm", name=f"zero3.{what}{tk.micro}", start_ms=tk.start,
                                        end_ms=tk.start + float(z3)))
             if par.cp > 1:
-                ring = n_attn[c] * (par.cp - 1) * cp_step_ms[0 if tk.kind == "F" else 1]
+                ring = (n_attn[c] * (par.cp - 1) * cp_step_ms[0] if tk.kind == "F" else
+                        (par.cp - 1) * (n_attn[c] * cp_step_ms[1] + n_attn_rc[c] * cp_step_ms[0]))
                 if ring > 0:
                     events.append(dict(stage=tk.stage, stream="comm", name=f"cp.ring_kv{tk.micro}", start_ms=tk.start,
                                        end_ms=tk.start + ring))

@@ -335,6 +335,9 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         if not ((dp * cfg.cp) % cfg.ep == 0):
             raise ParallelConfigError(f"ep ({cfg.ep}) must divide the data-parallel x context-parallel size "
                                       f"({dp} x {cfg.cp})")
+        if fw == "megatron" and cfg.tp > 1 and not cfg.sp:
+            raise ParallelConfigError(f"expert parallelism (ep {cfg.ep}) with tensor parallelism (tp {cfg.tp}): Megatron-Core "
+                                      f"needs sequence parallelism then (--sp)")
     try:
         recompute = recompute_setting(cfg.recompute)
     except RecomputeError as e:
@@ -384,6 +387,11 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if cfg.overlap_moe_expert_parallel_comm and not cfg.ep > 1:
         raise ParallelConfigError(
             "--overlap-moe-expert-parallel-comm overlaps the expert-parallel all-to-alls: it needs --ep > 1")
+    if cfg.overlap_moe_expert_parallel_comm and cfg.pp > 1 and cfg.interleave < 2:
+        raise ParallelConfigError(
+            f"--overlap-moe-expert-parallel-comm pairs one micro-batch's forward with another's backward chunk by chunk: "
+            f"with pipeline parallelism (pp {cfg.pp}) Megatron-Core needs the interleaved schedule (--interleave 2 or "
+            f"more; its virtual pipeline)")
     if cfg.overlap_moe_expert_parallel_comm and not n_micro >= 2:
         raise ParallelConfigError(
             f"--overlap-moe-expert-parallel-comm runs one micro-batch's all-to-alls beside another micro-batch's "

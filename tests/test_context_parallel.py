@@ -127,3 +127,17 @@ def test_ring_step_host_floor_is_exposed_where_the_host_sets_the_pace():
     for bad in (-1.0, float("nan"), "x"):
         with pytest.raises(ValueError, match="ring-step floor"):
             run(2048, bad)
+
+
+def test_recomputed_attention_runs_its_ring_again():
+    """Selective (core_attn) or full recomputation re-runs the fused attention's forward in the backward, ring and
+    all: its cp - 1 KV steps come back, each beside a block of the re-run forward. Until stop 36 the re-run's time hid
+    the backward's own transfers and the recomputed ring was free (exposed CP time fell when recomputation was on)."""
+    kw = dict(gpus=16, batch=1, seq=32768, tp=2, cp=8, sp=True, zero=1, micro_batch=1, framework="megatron")
+    by = {rc: wattcast.predict_cluster("llama3_8b", "dgx_h100", recompute=rc, **kw) for rc in ("none", "selective")}
+    cp = {rc: r.exposed_comm_split_ms["cp"] for rc, r in by.items()}
+    assert cp["selective"] > cp["none"]
+    step_f, step_b = by["none"].comm["cp_kv_step_ms"]
+    assert step_b == pytest.approx(2 * step_f, rel=0.3)  # K, V and their gradients
+    # at most one more forward ring per layer (the re-run's blocks hide part of it)
+    assert cp["selective"] - cp["none"] <= 32 * 7 * step_f * 1.01

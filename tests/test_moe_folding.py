@@ -22,3 +22,12 @@ def test_the_ep_group_is_the_ranks_after_tp():
     lay = layouts(ParallelConfig(gpus=64, tp=2, pp=4, dp=4, cp=2, ep=4), resolve_cluster("DGX-H100"))
     ep = lay["ep"]
     assert ep.size == 4 and ep.nodes == 1  # 2 x 4 = 8 consecutive ranks: one 8-GPU node
+
+
+def test_megatron_expert_and_tensor_parallelism_need_sequence_parallelism():
+    """Megatron-Core asserts --sequence-parallel when expert and tensor parallelism are combined (its dispatcher
+    sends the sequence shards); other frameworks' MoE layers are not held to it."""
+    kw = dict(gpus=8, batch=8, seq=1024, tp=2, ep=4, micro_batch=1, framework="megatron")
+    with pytest.raises(ParallelConfigError, match=r"needs sequence parallelism then \(--sp\)"):
+        wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", **kw)
+    assert wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", sp=True, **kw).parallel.sp

@@ -141,9 +141,13 @@ def test_moe_all_to_all_overlap_shortens_the_step():
         wattcast.predict_cluster(MOE, "DGX-H100", **dict(kw, batch=32), overlap_moe_expert_parallel_comm=True)
     with pytest.raises(ParallelConfigError, match="Megatron-Core option"):
         wattcast.predict_cluster(MOE, "DGX-H100", **dict(kw, framework="hf"), overlap_moe_expert_parallel_comm=True)
+    # with a pipeline Megatron-Core pairs the micro-batches chunk by chunk: it needs the interleaved schedule
+    with pytest.raises(ParallelConfigError, match="needs the interleaved schedule"):
+        wattcast.predict_cluster("deepseek_v3", "DGX-H100", gpus=256, batch=512, seq=1024, pp=4, ep=64, micro_batch=1,
+                                 zero=1, framework="megatron", overlap_moe_expert_parallel_comm=True)
     r = run_cli("predict", "--model", "deepseek_v3", "--cluster", "DGX-H100", "--gpus", "256", "--batch", "512",
-                "--seq", "1024", "--pp", "4", "--ep", "64", "--micro-batch", "1", "--zero", "1", "--framework", "megatron",
-                "--overlap-moe-expert-parallel-comm", "--allow-oom", "--json")
+                "--seq", "1024", "--pp", "4", "--interleave", "2", "--ep", "64", "--micro-batch", "1", "--zero", "1",
+                "--framework", "megatron", "--overlap-moe-expert-parallel-comm", "--allow-oom", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["parallel"]["overlap_moe_expert_parallel_comm"] is True and d["parallel"]["name"].endswith("+a2a")

@@ -72,3 +72,14 @@ def test_one_regather_per_gathered_tensor_and_fp8_only_when_every_reader_is_fp8(
     mixed = _tiny("fp8", extra_reader=True)
     cm = mixed[mixed["op_class"] == "collective"]
     assert float(cm.loc[cm["name"] == "enter.all_gather", "bytes"].iloc[0]) == gathered * 2
+
+
+def test_moe_dispatcher_gathers_in_bf16_under_fp8():
+    """Megatron-Core's MoE combine (the reduce-scatter after the experts) gathers its gradient in bf16 even though the
+    experts' last GEMMs run in FP8: only a row-parallel linear's own output gradient is gathered as FP8."""
+    g = step_graph("mixtral_8x7b", StepOptions(batch=1, seq=1024, dtype="fp8", attention="flash", tp=4, sp=True,
+                                               framework="megatron", blocks=1))
+    n = g.nodes
+    rs = n[(n["name"] == "moe.exit.reduce_scatter.grad") & (n["layer"] == 0)]
+    fwd = n[(n["name"] == "moe.exit.reduce_scatter") & (n["layer"] == 0)]
+    assert len(rs) == 1 and float(rs["bytes"].iloc[0]) == float(fwd["bytes"].iloc[0])
