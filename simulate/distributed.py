@@ -521,8 +521,15 @@ def _full_layer_ids(ids: np.ndarray, n_rep: int) -> tuple[np.ndarray, np.ndarray
     return np.array(out, dtype=np.int64), np.array(src, dtype=np.int64)
 
 
+#: model FLOPs count a fused attention's backward at 2x its forward (the two matrix products' gradients, the
+#: convention of Megatron-LM's and PaLM's MFU); its kernel does 2.5x (FlashAttention recomputes the scores QK^T), which
+#: is hardware work (HFU), not model work
+FLASH_BACKWARD_MODEL_SHARE = 2.0 / 2.5
+
+
 def _model_totals(g1, n_rep: int, block_params: int) -> dict:
-    """Model FLOPs of one micro-batch (optimizer excluded) and the parameter count, from the unsharded graph."""
+    """Model FLOPs of one micro-batch (optimizer excluded), the fused attention's own recomputation (``flash_rc_flops``:
+    hardware FLOPs beyond the model's) and the parameter count, from the unsharded graph."""
     hit = _TOTALS.get(id(g1))
     if hit is not None and hit[0] is g1:
         return hit[1]
@@ -530,9 +537,12 @@ def _model_totals(g1, n_rep: int, block_params: int) -> dict:
     layers = nodes["layer"].to_numpy()
     mult = _layer_multiplicity(layers, n_rep)
     phase = nodes["phase"].to_numpy()
-    flops = float((nodes["flops"].to_numpy(dtype=float) * mult)[phase != "optimizer"].sum())
+    f = nodes["flops"].to_numpy(dtype=float) * mult
+    flops = float(f[phase != "optimizer"].sum())
+    flash_b = float(f[(phase == "backward") & (nodes["op_class"].to_numpy() == "flash_attention")].sum())
+    flash_rc = flash_b * (1.0 - FLASH_BACKWARD_MODEL_SHARE)
     params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(block_params)
-    out = dict(flops=flops, param_count=params)
+    out = dict(flops=flops - flash_rc, flash_rc_flops=flash_rc, param_count=params)
     if len(_TOTALS) >= 256:
         _TOTALS.pop(next(iter(_TOTALS)))
     _TOTALS[id(g1)] = (g1, out)
@@ -904,7 +914,15 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             msgs.append((c, "z3_ag", "all_gather", gather_b / u, dp_l, u))
             msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b / u, dp_l, u))
         elif par.zero >= 1:
-            msgs.append((c, "gather", "all_gather", gather_b, dp_l, 1))
+            # the distributed optimizer gathers each parameter over the ranks that shard it: dense ones over the DP
+            # group, expert ones over the expert-DP group (their own buffers in Megatron-Core), one after the other
+            ex = expert_chunk[c] / params_chunk[c] if params_chunk[c] > 0 else 0.0
+            if ex <= 0 or ep_dp == dp_l:
+                msgs.append((c, "gather", "all_gather", gather_b, dp_l, 1))
+            else:
+                for share, group in ((1.0 - ex, dp_l), (ex, ep_dp)):
+                    if share > 0 and group.size > 1:
+                        msgs.append((c, "gather", "all_gather", gather_b * share, group, 1))
     ms_of = np.zeros(len(msgs))
     by_kind: dict[tuple, list[int]] = {}
     for i, m in enumerate(msgs):
@@ -916,7 +934,7 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
         if role == "bucket":
             buckets[c].append(np.full(nb, t_ms))
         elif role == "gather":
-            out["gather_after_ms"][c] = t_ms
+            out["gather_after_ms"][c] += t_ms
         else:  # ZeRO-3: nb units' collectives of t_ms each
             if role == "z3_ag":
                 out["z3_f_ms"][c] = nb * t_ms
@@ -1307,7 +1325,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     bubble = float(span - busy.max())
     # model FLOPs: the unsharded training graph of one micro-batch, times micro-batches and replicas
     model_flops = model_totals["flops"] * n_micro * par.dp
-    hw_flops = model_flops
+    hw_flops = model_flops + model_totals["flash_rc_flops"] * n_micro * par.dp
     if par.recompute != "none":
         # the costed graph is one tensor-parallel rank's whole model for one micro-batch
         hw_flops += view.recompute_flops * par.tp * par.cp * n_micro * par.dp

@@ -141,3 +141,22 @@ def test_recomputed_attention_runs_its_ring_again():
     assert step_b == pytest.approx(2 * step_f, rel=0.3)  # K, V and their gradients
     # at most one more forward ring per layer (the re-run's blocks hide part of it)
     assert cp["selective"] - cp["none"] <= 32 * 7 * step_f * 1.01
+
+
+def test_model_flops_count_the_fused_attention_backward_at_twice_its_forward():
+    """MFU's model FLOPs (Megatron-LM's and PaLM's convention): attention's backward is 2x its forward; the fused
+    kernel's 2.5x (FlashAttention recomputes QK^T) is hardware work, in HFU only."""
+    from wattcast.simulate.distributed import _model_totals
+
+    g = step_graph("llama3_8b", StepOptions(batch=1, seq=4096, dtype="bf16", attention="flash", framework="megatron",
+                                            blocks=2))
+    n = g.nodes
+    fa = n["op_class"] == "flash_attention"
+    fwd = float(n.loc[fa & (n["phase"] == "forward"), "flops"].sum())
+    bwd = float(n.loc[fa & (n["phase"] == "backward"), "flops"].sum())
+    assert bwd == pytest.approx(2.5 * fwd)
+    t = _model_totals(g, 1, 0)
+    every = float(n.loc[n["phase"] != "optimizer", "flops"].sum())
+    assert t["flops"] == pytest.approx(every - 0.5 * fwd) and t["flash_rc_flops"] == pytest.approx(0.5 * fwd)
+    r = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=4096, micro_batch=1, framework="megatron")
+    assert r.hfu > r.mfu  # no recomputation asked for: the difference is FlashAttention's own

@@ -31,3 +31,24 @@ def test_megatron_expert_and_tensor_parallelism_need_sequence_parallelism():
     with pytest.raises(ParallelConfigError, match=r"needs sequence parallelism then \(--sp\)"):
         wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", **kw)
     assert wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", sp=True, **kw).parallel.sp
+
+
+def test_distributed_optimizer_gathers_expert_parameters_over_the_expert_dp_group():
+    """ZeRO-1's parameter all-gather after the step: dense parameters over the DP group, expert parameters over the
+    expert-DP group that shards them (Megatron-Core keeps them in their own buffers); it was all over the DP group."""
+    from wattcast.simulate.distributed import collective_ms, collective_model
+    from wattcast.simulate.parallel import group_layout
+
+    r = wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", gpus=32, batch=32, seq=1024, ep=8, micro_batch=1, zero=1,
+                                 framework="megatron", overlap_param_gather=False)
+    cl = resolve_cluster("DGX-H100")
+    assert r.comm["layouts"]["dp"]["size"] == 32
+    # the rank's expert parameters: 32 layers x (8 experts / ep 8) x 3 x 4096 x 14336; the rest is dense
+    ex = 32 * 1 * 3 * 4096 * 14336
+    total = r.per_device[0]["params"]
+    dp_l = group_layout(32, 1, cl.gpus_per_node)
+    edp = group_layout(4, 8, cl.gpus_per_node)
+    cm = collective_model()
+    want = (collective_ms(cm, ["all_gather"], [(total - ex) * 2], dp_l, cl)[0][0]
+            + collective_ms(cm, ["all_gather"], [ex * 2], edp, cl)[0][0])
+    assert r.comm["dp_param_gather_ms"] == pytest.approx(want, rel=1e-6)
