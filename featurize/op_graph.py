@@ -206,6 +206,9 @@ class GraphBuilder:
         # (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication; Korthikanti et al. 2022 Sec. 4.2.2: the
         # QKV and FC1 inputs are stored sharded, 2sbh/t each)
         self._sp_shard: dict[int, Tensor] = {}
+        # tensors whose slices' gradients land in one buffer (a grouped GEMM's dgrad over contiguous rows per expert):
+        # no split-cat to assemble them (``contiguous_grad``)
+        self._contiguous_grads: set[int] = set()
         self._sp_regathered: set[int] = set()  # gathered tensors whose shard a linear re-gathers in backward
         self._sp_wide: set[int] = set()  # gathered tensors a non-FP8 op reads (gathered in the model's dtype)
 
@@ -676,6 +679,11 @@ class GraphBuilder:
                                    backward=[("all_gather", grad_bytes)])
         return self.collective("all_reduce", x, x.shape, group="tp", size_bytes=full, name=f"{name}.all_reduce")
 
+    def contiguous_grad(self, x: Tensor) -> None:
+        """The gradients of ``x``'s slices are written into one buffer by the ops that read them (Transformer Engine's
+        grouped GEMM over the experts' contiguous rows): autograd assembles nothing (no ``grad_split_cat``)."""
+        self._contiguous_grads.add(x.tid)
+
     def all_to_all(self, x: Tensor, *, group: str = "ep", name: str = "all_to_all") -> Tensor:
         """Token dispatch/combine across expert-parallel ranks (backward: the reverse all-to-all)."""
         return self.collective("all_to_all", x, x.shape, group=group, size_bytes=x.nbytes, name=name,
@@ -806,7 +814,8 @@ class GraphBuilder:
             db = self._tensor_bytes[tid] / n
             b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
             name = self._nodes[node].values["name"]
-            acc = [self._bw(f"{name}.grad_split_cat", "memory", "copy", flops=0, bytes_=2 * n * db, B=b, H=h)] if part >= 2 else []
+            split_cat = part >= 2 and tid not in self._contiguous_grads
+            acc = [self._bw(f"{name}.grad_split_cat", "memory", "copy", flops=0, bytes_=2 * n * db, B=b, H=h)] if split_cat else []
             acc += [self._bw(f"{name}.grad_accumulate{i}", "elementwise", "add", flops=n, bytes_=3 * n * db, B=b, H=h)
                     for i in range(adds)]
             rules[node] = acc + rules[node]

@@ -52,3 +52,23 @@ def test_distributed_optimizer_gathers_expert_parameters_over_the_expert_dp_grou
     want = (collective_ms(cm, ["all_gather"], [(total - ex) * 2], dp_l, cl)[0][0]
             + collective_ms(cm, ["all_gather"], [ex * 2], edp, cl)[0][0])
     assert r.comm["dp_param_gather_ms"] == pytest.approx(want, rel=1e-6)
+
+
+def test_megatron_dispatcher_sorts_received_rows_by_local_expert_and_grouped_gemm_needs_no_cat():
+    """Megatron-Core's all-to-all dispatcher re-sorts the rows it receives by local expert before the grouped GEMM
+    and back before the combine (sort_chunks_by_idxs, with more than one local expert and ep > 1); the grouped GEMM
+    writes its input gradient into one buffer (no split-cat of the experts' slices)."""
+    from wattcast.featurize.workload import StepOptions, step_graph
+
+    def names(ep, tp):
+        g = step_graph("mixtral_8x7b", StepOptions(batch=1, seq=1024, dtype="bf16", attention="flash", tp=tp, sp=tp > 1,
+                                                   ep=ep, framework="megatron", blocks=1))
+        n = g.nodes
+        return set(n.loc[n["layer"] == 0, "name"])
+
+    two = names(2, 2)
+    assert {"moe.sort_chunks", "moe.unsort_chunks", "moe.sort_chunks.grad", "moe.unsort_chunks.grad"} <= two
+    assert not any(x.startswith("moe.") and x.endswith("grad_split_cat") for x in two)
+    eight = names(8, 1)  # one local expert: nothing to sort
+    assert not any("sort_chunks" in x for x in eight)
+    assert not any(x.startswith("moe.") and x.endswith("grad_split_cat") for x in names(1, 1))
