@@ -1198,14 +1198,29 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if act_bytes <= 0:  # imported graphs: the tensor crossing a layer boundary, as the graph has it
         act_bytes = float(max(view.block_input_bytes)) if view.block_input_bytes else 0.0
     p2p_ms = 0.0
+    # DeepSpeed's pipeline engine partitions what it sends over the TP group (PartitionedTensor: each TP rank sends
+    # 1/tp, the receiver all-gathers it); Megatron-LM / Megatron-Core send the whole tensor from every TP rank
+    partitioned = opts.framework == "megatron-deepspeed" and par.tp > 1 and not par.sp
     if P > 1 and act_bytes > 0:
         pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
-        p2p_key = ("p2p", act_bytes, pl, id(cl), id(cm))
+        p2p_key = ("p2p", act_bytes, pl, id(cl), id(cm), partitioned and lay["tp"])
         p2p_ms = memo.get(p2p_key) if memo is not None else None
         if p2p_ms is None:
-            p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
+            if partitioned:
+                p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes / par.tp], pl, cl)[0][0]
+                               + collective_ms(cm, ["all_gather"], [act_bytes], lay["tp"], cl)[0][0])
+            else:
+                p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
             if memo is not None:
                 memo[p2p_key] = p2p_ms
+    # how the transfers meet the computation: Megatron-LM / Megatron-Core's 1F1B waits on each batched send/recv before
+    # its next computation (send_forward_recv_backward: both ends blocked) and DeepSpeed's engine sends blocking, so
+    # each chunk that sends spends the transfer (the receiver then waits for nothing more); Megatron-Core's
+    # interleaved schedule overlaps them (--overlap-p2p-communication, its default there) and other frameworks are
+    # charged on the dependency edge only (the receiver waits, the sender runs on)
+    p2p_blocking = opts.framework in ("megatron", "megatron-deepspeed") and V == 1 and P > 1
+    send_f = (np.arange(n_chunks) < n_chunks - 1).astype(float)  # every chunk but the last sends its activations on
+    send_b = (np.arange(n_chunks) > 0).astype(float)  # every chunk but the first sends its input gradient back
 
     grad_b = _grad_bytes(opts.framework, dtype)
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
@@ -1255,6 +1270,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             f = overlapped_ms(f, dpt["z3_f_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_f_ms"])
             b = overlapped_ms(b, dpt["z3_b_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_b_ms"])
         p2p = 0.0 if "pp" in free else p2p_ms
+        if p2p_blocking and p2p > 0:  # the sender is blocked for its transfer; it is done when the task ends
+            f = f + send_f * p2p
+            b = b + send_b * p2p
+            p2p = 0.0
         keep = trace and not free
         pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)
         hit = memo.get(pipe_key) if memo is not None and not keep else None

@@ -387,6 +387,9 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if cfg.overlap_moe_expert_parallel_comm and not cfg.ep > 1:
         raise ParallelConfigError(
             "--overlap-moe-expert-parallel-comm overlaps the expert-parallel all-to-alls: it needs --ep > 1")
+    if fw == "megatron-deepspeed" and cfg.interleave > 1:
+        raise ParallelConfigError(f"--interleave {cfg.interleave}: DeepSpeed's pipeline engine (megatron-deepspeed) runs "
+                                  f"1F1B, it has no interleaved schedule")
     if cfg.overlap_moe_expert_parallel_comm and cfg.pp > 1 and cfg.interleave < 2:
         raise ParallelConfigError(
             f"--overlap-moe-expert-parallel-comm pairs one micro-batch's forward with another's backward chunk by chunk: "
