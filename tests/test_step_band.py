@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -108,7 +109,9 @@ def test_shipped_calibration_is_the_one_the_data_gives(data_root, tmp_path):
     out = tmp_path / "step_band.json"
     r = run_cli("validate", "step-band", "--data", data_root, "--output", out, "--no-mlflow", data=data_root)
     assert r.returncode == 0, r.stderr
-    assert "rows not fitted inside: 90.0% of 780" in flat(r.stdout) and "vtrain-single (evaluation half)" in r.stdout
+    # the checking rows (never fitted) fall inside the 90% band about 90% of the time
+    cover = re.search(r"rows not fitted inside: ([\d.]+)% of 780", flat(r.stdout))
+    assert cover and 85.0 <= float(cover.group(1)) <= 95.0 and "vtrain-single (evaluation half)" in r.stdout
     made, shipped = json.loads(out.read_text()), sb.load_step_band()
     assert set(made["settings"]) == set(shipped["settings"]) == {"single", "cluster"}
     for k, s in made["settings"].items():
