@@ -731,6 +731,21 @@ class GraphBuilder:
                             backward=[self._bw(f"{name}.grad", "flash_attention", fk, "flash", flops=2.5 * flops,
                                                bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=int(round(d_eff)),
                                                K=skv)])
+            if self.cp > 1:
+                # Transformer Engine's ring attention merges each of the cp - 1 further steps into the output (the
+                # softmax-LSE and output correction: reads the step's output and the running one, writes it) and, in
+                # backward, accumulates each step's dQ and the dK/dV passed round the ring: memory-bound kernels,
+                # costed as the binary add over those tensors, (cp - 1) times (one launch counted)
+                steps = float(self.cp - 1)
+                n_out, n_q, n_kv = b * h * s * dv, q.numel, k.numel + v.numel
+                self._add(f"{name}.cp_out_correction", "elementwise", "add", "surrogate", [out], out_shape,
+                          flops=steps * n_out, bytes_=steps * 3 * n_out * db, grad_inputs=[],
+                          backward=[self._bw(f"{name}.cp_dq_accumulate", "elementwise", "add", flops=steps * n_q,
+                                             bytes_=steps * 3 * n_q * db, scale=steps, B=b * h * s, H=d),
+                                    self._bw(f"{name}.cp_dkv_accumulate", "elementwise", "add", flops=steps * n_kv,
+                                             bytes_=steps * 3 * n_kv * db, scale=steps, B=n_kv // max(d, 1), H=d)],
+                          B=b * h * s, H=dv)
+                self._nodes[-1].values["scale"] = steps
         # FlashAttention-2 saves q, k, v, the output and the fp32 log-sum-exp of every row (B, h, S) for backward
         # (flash_attn_interface.FlashAttnFunc: ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...))
         self._nodes[out.node].saves += [out.tid, self._tensor((b, h, s), "fp32", out.node).tid]

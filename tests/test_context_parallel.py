@@ -160,3 +160,22 @@ def test_model_flops_count_the_fused_attention_backward_at_twice_its_forward():
     assert t["flops"] == pytest.approx(every - 0.5 * fwd) and t["flash_rc_flops"] == pytest.approx(0.5 * fwd)
     r = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=4096, micro_batch=1, framework="megatron")
     assert r.hfu > r.mfu  # no recomputation asked for: the difference is FlashAttention's own
+
+
+def test_ring_attention_merges_each_step_and_accumulates_its_gradients():
+    """Transformer Engine's ring attention corrects the running output with each of the cp - 1 further steps (the
+    softmax-LSE merge) and accumulates each step's dQ and passed dK/dV in backward: memory-bound kernels that grow with
+    the rank's tokens and cp (none without context parallelism)."""
+    def nodes(cp):
+        g = step_graph("llama3_8b", StepOptions(batch=1, seq=32768 // cp, cp=cp, dtype="bf16", attention="flash",
+                                                framework="megatron", blocks=1))
+        n = g.nodes
+        return n[n["layer"] == 0]
+
+    n8 = nodes(8)
+    corr = n8[n8["name"].str.contains("cp_out_correction|cp_dq_accumulate|cp_dkv_accumulate")]
+    assert set(corr["phase"]) == {"forward", "backward"} and len(corr) == 3
+    assert (corr["scale"] == 7.0).all()
+    out = corr[corr["name"].str.endswith("cp_out_correction")].iloc[0]
+    assert out["bytes"] == pytest.approx(7 * 3 * (32768 // 8) * 4096 * 2)  # (cp - 1) x 3 x tokens x hidden x 2 B
+    assert not nodes(1)["name"].str.contains("cp_").any()
