@@ -211,7 +211,8 @@ CONFIGS = [
     dict(gpus=8, batch=8192, seq=512, tp=1, pp=4, zero=3, micro_batch=1),
     dict(gpus=8, batch=16384, seq=512, tp=1, pp=2, zero=1, micro_batch=1, framework="megatron"),
     dict(gpus=8, batch=16384, seq=512, tp=1, pp=2, zero=2, micro_batch=1),
-    dict(gpus=16, batch=8192, seq=512, tp=2, pp=4, interleave=3, zero=1, framework="megatron-deepspeed"),
+    dict(gpus=16, batch=8192, seq=512, tp=2, pp=4, interleave=3, zero=1, framework="megatron"),
+    dict(gpus=16, batch=8192, seq=512, tp=2, pp=4, zero=1, framework="megatron-deepspeed"),
 ]
 
 
