@@ -129,6 +129,15 @@ SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False
 #: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
 #: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
 CP_DEFAULT_MIN_SEQ = 16384
+#: and from this length on also cp 16 (Llama 3 405B's 128k-token stage ran CP 16: Dubey et al. 2024 Table 4)
+CP16_DEFAULT_MIN_SEQ = 131072
+
+
+def default_cps(seq: int) -> tuple[int, ...]:
+    """The context-parallel degrees a search tries by default for ``seq`` tokens per sequence."""
+    if seq >= CP16_DEFAULT_MIN_SEQ:
+        return (1, 2, 4, 8, 16)
+    return (1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)
 
 
 def _positive_int(name: str, v) -> int:
@@ -208,7 +217,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                       cp=None, schedule=("1f1b",), recompute_num_layers=(None,)) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16);
-    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on; ``ep`` None: 1 for a dense
+    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on (16 too from
+    :data:`CP16_DEFAULT_MIN_SEQ`); ``ep`` None: 1 for a dense
     model, and for a mixture of experts every power of two that divides its expert count (up to the GPUs).
     ``schedule``: 1f1b and/or gpipe (GPipe only where it differs: pp > 1 without interleaving).
     ``recompute_num_layers``: layers of each model chunk that full recomputation recomputes (Megatron's block method;
@@ -229,7 +239,7 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
         cfg = model_config(model)
         n_layers = int(cfg.total_layers) if cfg is not None else 0
     if cp is None:
-        cp = (1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)
+        cp = default_cps(seq)
     if ep is None:
         n_exp = _expert_count(model)
         ep = tuple(e for e in _pow2_divisors(n_exp, gpus) if e >= 1) if n_exp else (1,)
@@ -278,7 +288,7 @@ def why_no_candidates(cl, gpus: int, batch: int, seq: int, space: dict, rules: d
         return str(e)
     opt = {k: (space.get(k) if space.get(k) is not None else SPACE_DEFAULTS[k]) for k in SPACE_DEFAULTS}
     tps = list(opt["tp"] or _pow2_divisors(gpus, cl.gpus_per_node))
-    cps = list(opt["cp"] or ((1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)))
+    cps = list(opt["cp"] or default_cps(seq))
     eps = list(opt["ep"] or (1,))
     mbs = list(opt["micro_batch"] or (1,))
     rest = list(itertools.product(opt["zero"], opt["sp"], opt["recompute"], opt["interleave"], eps, opt["schedule"]))
