@@ -960,11 +960,14 @@ def _stage_buckets(out: dict, P: int, V: int) -> dict:
 
 
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
-                cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0) -> tuple:
+                cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0,
+                ep_unpaired: np.ndarray | None = None) -> tuple:
     """Per communication class, what it adds to each chunk's forward and backward (ms), the ring attention's KV step
     times and its exposed time per layer: (f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms).
 
-    ``cp_step_floor_ms``: a ring step takes at least this long (the host's work for it: ``FRAMEWORK_CP_STEP_HOST_MS``)."""
+    ``cp_step_floor_ms``: a ring step takes at least this long (the host's work for it: ``FRAMEWORK_CP_STEP_HOST_MS``).
+    ``ep_unpaired``: per chunk, the share of its tasks the MoE all-to-all overlap finds no partner for (a stage's
+    warm-up forwards and cool-down backwards): their all-to-alls are exposed in full."""
     # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
     # gradients), each overlapped with the attention of the block in hand; what a step's transfer takes beyond that
     # block's attention is exposed (Liu et al. 2023, Ring Attention; Megatron-Core / TE's implementation). A step is
@@ -993,7 +996,12 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
             cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms) - view.gemm_f_ms
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:
-            cf, cb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms)
+            pf, pb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms)
+            if ep_unpaired is not None:  # the unpaired tasks keep their all-to-alls in series
+                f_parts[key] = f_parts.get(key, 0.0) + (1.0 - ep_unpaired) * per_chunk(pf) + ep_unpaired * per_chunk(cf)
+                b_parts[key] = b_parts.get(key, 0.0) + (1.0 - ep_unpaired) * per_chunk(pb) + ep_unpaired * per_chunk(cb)
+                continue
+            cf, cb = pf, pb
         f_parts[key] = f_parts.get(key, 0.0) + per_chunk(cf)
         b_parts[key] = b_parts.get(key, 0.0) + per_chunk(cb)
     return f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms
@@ -1181,12 +1189,19 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
                             view, power_limit_w)
 
+    ep_unpaired = None
+    if par.overlap_moe_expert_parallel_comm:
+        # Megatron-Core's batch-level overlap merges one micro-batch's forward with another's backward: a stage's
+        # warm-up forwards and cool-down backwards (its in-flight count of each; one of each without a pipeline) run
+        # alone, their all-to-alls exposed (until stop 36 every task was charged as paired)
+        inflight = inflight_chunks_by_stage(pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
+        ep_unpaired = np.tile(np.minimum(inflight / float(n_micro * V), 1.0), V)  # chunk c is on stage c mod P
     parts_key = ("parts", bool(par.tp_comm_overlap), bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
-                 ctx.cp_step_floor_ms)
+                 ctx.cp_step_floor_ms, None if ep_unpaired is None else ep_unpaired.tobytes())
     parts = sums.get(parts_key)
     if parts is None:
         parts = sums[parts_key] = _comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk,
-                                              cp_step_floor_ms=ctx.cp_step_floor_ms)
+                                              cp_step_floor_ms=ctx.cp_step_floor_ms, ep_unpaired=ep_unpaired)
     f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms = parts
     f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
     tp_coll = chunk_sum("coll_ms")

@@ -198,3 +198,20 @@ def test_megatron_core_buckets_grow_with_the_data_parallel_group():
                              recompute="full", framework="megatron") for n in (64, 2048)]
     assert steps[1].exposed_comm_ms < 0.2 * steps[1].step_time_ms
     assert steps[1].step_time_ms < 1.25 * steps[0].step_time_ms
+
+
+def test_moe_overlap_leaves_the_unpaired_micro_batches_exposed():
+    """Megatron-Core's batch-level overlap merges one micro-batch's forward with another's backward: the first forward
+    and the last backward (a pipeline stage's warm-up and cool-down) have no partner, so their all-to-alls stay exposed:
+    with 2 micro-batches half the tasks, with 8 an eighth."""
+    def ep_per_micro(batch):
+        kw = dict(gpus=32, batch=batch, seq=2048, ep=8, micro_batch=1, zero=1, framework="megatron")
+        on = wattcast.predict_cluster(MOE, "DGX-H100", **kw, overlap_moe_expert_parallel_comm=True)
+        off = wattcast.predict_cluster(MOE, "DGX-H100", **kw)
+        n = on.meta["n_micro"]
+        return on.exposed_comm_split_ms["ep"] / n, off.exposed_comm_split_ms["ep"] / n
+
+    on2, off2 = ep_per_micro(64)
+    on8, off8 = ep_per_micro(256)
+    assert off2 == pytest.approx(off8, rel=0.05)  # without the overlap every micro-batch exposes the same
+    assert on8 < on2 < off2
