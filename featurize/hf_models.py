@@ -495,11 +495,12 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     routed = b.tp_enter(routed, name="moe.enter", saved_sharded=False)
     rows = routed.shape[0]
     local = n_exp // b.ep
+    # the received rows come grouped by source rank: Megatron-Core's dispatcher re-sorts them by local expert
+    # (sort_chunks_by_idxs) before the grouped GEMM, and back before the combine
+    sort_chunks = megatron and b.ep > 1 and local > 1
+    if sort_chunks:
+        routed = b.copy(routed, name="moe.sort_chunks")
     if megatron:
-        if b.ep > 1 and local > 1:
-            # the received rows come grouped by source rank: Megatron-Core's dispatcher re-sorts them by local expert
-            # (sort_chunks_by_idxs) before the grouped GEMM, and back before the combine
-            routed = b.copy(routed, name="moe.sort_chunks")
         b.contiguous_grad(routed)  # the grouped GEMM's input gradient is one buffer
     per = max(1, round(rows * b.ep / n_exp))  # rows each local expert receives from all ep ranks
     outs = []
@@ -514,7 +515,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
             outs.append(ye)
     last = outs[-1]
     combined = Tensor((rows, h), last.dtype, last.node, last.tid)
-    if megatron and b.ep > 1 and local > 1:
+    if sort_chunks:
         combined = b.copy(combined, name="moe.unsort_chunks")
     combined = b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
     if b.ep > 1:

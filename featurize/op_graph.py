@@ -266,7 +266,7 @@ class GraphBuilder:
     def _add(self, name: str, op_class: str, kernel: str, method: str, inputs: Sequence[Tensor], out_shape,
              *, flops: float, bytes_: float, params: int = 0, saves: Sequence[Tensor] = (),
              backward: Sequence[dict] = (), out_dtype: str | None = None, grad_inputs: Sequence[Tensor] | None = None,
-             node_dtype: str | None = None, **shape) -> Tensor:
+             node_dtype: str | None = None, scale: float = 1.0, **shape) -> Tensor:
         """Record one forward kernel. ``grad_inputs``: the inputs the op sends a gradient to in backward (default:
         all); a tensor that receives gradients from several uses gets autograd's accumulation (see ``build``)."""
         for t in inputs if grad_inputs is None else grad_inputs:
@@ -279,7 +279,7 @@ class GraphBuilder:
         # TF32 is a tensor-core mode for matrix products; everything else runs on fp32 data as fp32
         dtype = node_dtype or (self.dtype if self.dtype != "tf32" or op_class in TF32_CLASSES else "fp32")
         values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=dtype,
-                      flops=float(flops), bytes=float(bytes_), scale=1.0, param_count=int(params), layer=self._layer,
+                      flops=float(flops), bytes=float(bytes_), scale=float(scale), param_count=int(params), layer=self._layer,
                       scope=self._scope, tag=self._tag, group=shape.pop("group", ""))
         for c in SHAPE_COLUMNS:
             values[c] = float(shape[c]) if c in shape else np.nan
@@ -744,8 +744,7 @@ class GraphBuilder:
                                              bytes_=steps * 3 * n_q * db, scale=steps, B=b * h * s, H=d),
                                     self._bw(f"{name}.cp_dkv_accumulate", "elementwise", "add", flops=steps * n_kv,
                                              bytes_=steps * 3 * n_kv * db, scale=steps, B=n_kv // max(d, 1), H=d)],
-                          B=b * h * s, H=dv)
-                self._nodes[-1].values["scale"] = steps
+                          scale=steps, B=b * h * s, H=dv)
         # FlashAttention-2 saves q, k, v, the output and the fp32 log-sum-exp of every row (B, h, S) for backward
         # (flash_attn_interface.FlashAttnFunc: ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...))
         self._nodes[out.node].saves += [out.tid, self._tensor((b, h, s), "fp32", out.node).tid]

@@ -38,11 +38,6 @@ OPTIMIZER_BYTES_PER_PARAM = {
 OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "adamw-bf16": 14, "sgd": 2}
 #: bytes per parameter of the optimizer's states (Adam's two moments; SGD without momentum keeps none)
 OPTIMIZER_STATE_BYTES_PER_PARAM = {"adamw": 8, "adamw-bf16": 4, "sgd": 0, "none": 0}
-
-
-def optimizer_state_bytes(optimizer: str) -> int:
-    """Bytes per parameter of ``optimizer``'s states (0 for an unknown name: no states counted)."""
-    return OPTIMIZER_STATE_BYTES_PER_PARAM.get("adamw" if str(optimizer).lower() == "adam" else str(optimizer).lower(), 0)
 #: Gradient clipping before the step, at norm 1.0: the default of Hugging Face Trainer (max_grad_norm),
 #: Megatron-LM (--clip-grad) and DeepSpeed (gradient_clipping in its examples). torch.nn.utils.clip_grad_norm_
 #: reads every gradient for the norm (_foreach_norm) and multiplies them all by the clamped coefficient
@@ -60,6 +55,11 @@ def optimizer_key(optimizer: str) -> str:
     if o not in OPTIMIZERS:
         raise GraphError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     return "adamw" if o == "adam" else o
+
+
+def optimizer_state_bytes(optimizer: str) -> int:
+    """Bytes per parameter of ``optimizer``'s states (:func:`optimizer_key` names it; GraphError when unknown)."""
+    return OPTIMIZER_STATE_BYTES_PER_PARAM[optimizer_key(optimizer)]
 
 
 def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:

@@ -997,11 +997,10 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:
             pf, pb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms)
-            if ep_unpaired is not None:  # the unpaired tasks keep their all-to-alls in series
-                f_parts[key] = f_parts.get(key, 0.0) + (1.0 - ep_unpaired) * per_chunk(pf) + ep_unpaired * per_chunk(cf)
-                b_parts[key] = b_parts.get(key, 0.0) + (1.0 - ep_unpaired) * per_chunk(pb) + ep_unpaired * per_chunk(cb)
-                continue
-            cf, cb = pf, pb
+            u = 0.0 if ep_unpaired is None else ep_unpaired  # the unpaired tasks keep their all-to-alls in series
+            f_parts[key] = f_parts.get(key, 0.0) + (1.0 - u) * per_chunk(pf) + u * per_chunk(cf)
+            b_parts[key] = b_parts.get(key, 0.0) + (1.0 - u) * per_chunk(pb) + u * per_chunk(cb)
+            continue
         f_parts[key] = f_parts.get(key, 0.0) + per_chunk(cf)
         b_parts[key] = b_parts.get(key, 0.0) + per_chunk(cb)
     return f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms
@@ -1194,8 +1193,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # Megatron-Core's batch-level overlap merges one micro-batch's forward with another's backward: a stage's
         # warm-up forwards and cool-down backwards (its in-flight count of each; one of each without a pipeline) run
         # alone, their all-to-alls exposed (until stop 36 every task was charged as paired)
-        inflight = inflight_chunks_by_stage(pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
-        ep_unpaired = np.tile(np.minimum(inflight / float(n_micro * V), 1.0), V)  # chunk c is on stage c mod P
+        ep_unpaired = np.tile(np.minimum(inflight_s / float(n_micro * V), 1.0), V)  # chunk c is on stage c mod P
     parts_key = ("parts", bool(par.tp_comm_overlap), bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
                  ctx.cp_step_floor_ms, None if ep_unpaired is None else ep_unpaired.tobytes())
     parts = sums.get(parts_key)
@@ -1234,8 +1232,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # interleaved schedule overlaps them (--overlap-p2p-communication, its default there) and other frameworks are
     # charged on the dependency edge only (the receiver waits, the sender runs on)
     p2p_blocking = opts.framework in ("megatron", "megatron-deepspeed") and V == 1 and P > 1
-    send_f = (np.arange(n_chunks) < n_chunks - 1).astype(float)  # every chunk but the last sends its activations on
-    send_b = (np.arange(n_chunks) > 0).astype(float)  # every chunk but the first sends its input gradient back
+    if p2p_blocking:
+        # every chunk but the last sends its activations on, every chunk but the first its input gradient back
+        send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
+        send_f[-1] = send_b[0] = 0.0
 
     grad_b = _grad_bytes(opts.framework, dtype)
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
