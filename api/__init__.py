@@ -156,7 +156,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
-                    fp8_param_gather: bool = False, **run_kw):
+                    fp8_param_gather: bool = False, etp: int | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
@@ -181,6 +181,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``data_load_ms`` / ``data_workers``: the data loader's host time to produce one micro-batch (default 0: a tokenised
     stream) and its worker processes (None: the framework's, hf 0, megatron 2); the step also copies each micro-batch
     to the GPU and, with Megatron and TP > 1, broadcasts it (``simulate/data_loading.py``; ``comm["data_loading"]``).
+    ``etp``: Megatron-Core's ``--expert-tensor-parallel-size`` (MoE models, ``framework="megatron"``): the routed
+    experts' tensor-parallel degree, folded with ``ep`` over the attention's tp x cp x dp ranks (None: ``tp``).
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, ``zero`` >= 1 and
     ``framework="megatron"``): FP8 weights without a bf16 copy, cast shard by shard and all-gathered at 1 B.
     ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
@@ -210,7 +212,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
                 overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                 overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
-                recompute_num_layers=recompute_num_layers, recompute_method=recompute_method)
+                recompute_num_layers=recompute_num_layers, recompute_method=recompute_method, etp=etp)
     if strategy is not None:
         from wattcast.simulate.strategy import strategy_values
 

@@ -307,6 +307,7 @@ def predict(
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 over the data-parallel group (3 = FSDP)."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (with --tp)."),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (mixture-of-experts models)."),
+    etp: Optional[int] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degree, folded with --ep over tp x cp x dp (default: --tp)."),
     interleave: int = typer.Option(1, "--interleave", help="Virtual pipeline stages per GPU (interleaved 1F1B)."),
     schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b or gpipe."),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file (own YAML or ASTRA-sim network YAML)."),
@@ -433,7 +434,7 @@ def _parallel_flags(ctx, f) -> dict:
                   pp_first_layers=f.pp_first_stage_layers, pp_last_layers=f.pp_last_stage_layers,
                   overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                   tp_comm_overlap=f.tp_comm_overlap, overlap_moe_expert_parallel_comm=f.overlap_moe_expert_parallel_comm,
-                  recompute_num_layers=f.recompute_num_layers, recompute_method=f.recompute_method)
+                  recompute_num_layers=f.recompute_num_layers, recompute_method=f.recompute_method, etp=f.etp)
     if f.strategy is None:
         return values
     if f.cluster is None:
@@ -496,10 +497,11 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if any(par[k] != d for k, d in (("tp", 1), ("pp", 1), ("zero", 0), ("ep", 1), ("interleave", 1), ("cp", 1))) \
             or par["dp"] or par["micro_batch"] or par["sp"] \
             or par["pp_first_layers"] is not None or par["pp_last_layers"] is not None \
-            or par["recompute_num_layers"] is not None or par["recompute_method"] is not None \
+            or par["recompute_num_layers"] is not None or par["recompute_method"] is not None or par["etp"] is not None \
             or any(par[k] is not None for k in OVERLAP_FLAGS):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
-              "--pp-last-stage-layers/--recompute-num-layers/--recompute-method/--overlap-*/--tp-comm-overlap) need --cluster and --gpus")
+              "--pp-last-stage-layers/--recompute-num-layers/--recompute-method/--expert-tensor-parallel-size/--overlap-*/"
+              "--tp-comm-overlap) need --cluster and --gpus")
     if par["schedule"] != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
     if f.gpus_per_node is not None:
@@ -584,7 +586,8 @@ _STRATEGY_FLAGS = dict(gpus="--gpus", batch="--batch", tp="--tp", pp="--pp", dp=
                        overlap_grad_reduce="--overlap-grad-reduce", overlap_param_gather="--overlap-param-gather",
                        tp_comm_overlap="--tp-comm-overlap",
                        overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm",
-                       recompute_num_layers="--recompute-num-layers", recompute_method="--recompute-method")
+                       recompute_num_layers="--recompute-num-layers", recompute_method="--recompute-method",
+                       etp="--expert-tensor-parallel-size")
 _STRATEGY_PARAMS = dict(pp_first_layers="pp_first_stage_layers", pp_last_layers="pp_last_stage_layers")
 
 
@@ -743,6 +746,7 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     ep: Optional[List[int]] = typer.Option(None, "--ep", help="Expert-parallel degrees to search (repeatable; default 1, and for a mixture-of-experts model every power of two dividing its experts)."),
+    etp: Optional[List[int]] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degrees to search (repeatable; default: each candidate's --tp; a degree equal to the candidate's tp is that candidate)."),
     moe_load_imbalance: float = typer.Option(1.0, "--moe-load-imbalance", help="MoE routing: the busiest expert-parallel rank's tokens over the mean (1 = balanced)."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs on every cluster (e.g. 64 of an NVL72 rack's 72)."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity factor (tokens beyond it dropped)."),
@@ -823,6 +827,7 @@ def search(
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),
                           **(dict(cp=tuple(cp)) if cp else {}), **(dict(ep=tuple(ep)) if ep else {}),
+                          **(dict(etp=tuple(etp)) if etp else {}),
                           **(dict(recompute_num_layers=tuple(recompute_num_layers)) if recompute_num_layers else {}),
                           **(dict(recompute=("none", _recompute_flag("selective", recompute_modules), "full"))
                              if recompute_modules else {}))

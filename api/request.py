@@ -78,6 +78,8 @@ class ParallelOptions:
     #: Megatron's --recompute-method (block or uniform); None: not given (block applies to ``recompute_num_layers``).
     #: Given, it needs ``recompute="full"``
     recompute_method: str | None = None
+    #: Megatron-Core's --expert-tensor-parallel-size (MoE); None: tp
+    etp: int | None = None
 
 
 #: the recomputation method that applies to ``recompute_num_layers`` when none is given (Megatron's block method)

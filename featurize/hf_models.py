@@ -462,7 +462,8 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     """Mixtral sparse MoE block (HF eager: per expert gather, SwiGLU, scale by the routing weight, index_add).
 
     Expert parallelism (``b.ep``) gives each rank num_experts/ep experts; tokens travel by all-to-all to
-    their experts and back. Tensor parallelism splits each expert's FFN like a dense MLP. ``expert_ffn``: each
+    their experts and back. The experts' tensor parallelism (``b.etp`` ranks: the model's tp unless Megatron-Core's
+    ``--expert-tensor-parallel-size`` says otherwise) splits each expert's FFN like a dense MLP. ``expert_ffn``: each
     expert's width (default the config's FFN); ``scoring``: the router's softmax, or DeepSeek-V3's sigmoid.
 
     ``megatron``: Megatron-Core's ``MoELayer`` with the all-to-all token dispatcher and grouped GEMMs
@@ -490,6 +491,25 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
         routed = Tensor((max(1, round(t * top_k * b.moe_load)), h), routed.dtype, routed.node, routed.tid)
     if b.ep > 1:
         routed = b.all_to_all(routed, name="moe.dispatch")
+    with b.expert_tp():  # the experts' tensor parallelism (etp ranks; tp unless --expert-tensor-parallel-size)
+        combined = _moe_experts(cfg, b, routed, n_exp, ffn, megatron)
+    if b.ep > 1:
+        combined = b.all_to_all(combined, name="moe.combine")
+    if b.moe_load != 1.0:  # back to this rank's own tokens' top-k rows
+        combined = Tensor((t * top_k, h), combined.dtype, combined.node, combined.tid)
+    if megatron:
+        out = b.reduction(combined, (t, h), name="moe.unpermute")  # weights and sums each token's top-k rows
+        return Tensor(x.shape, out.dtype, out.node, out.tid)
+    combined = b.elementwise("mul", combined, Tensor((t * top_k, 1), w.dtype, w.node, w.tid), name="moe.weight")
+    out = b.reduction(combined, (t, h), name="moe.index_add")
+    return Tensor(x.shape, out.dtype, out.node, out.tid)
+
+
+def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn: int, megatron: bool) -> Tensor:
+    """The routed experts of one rank on the rows it received (after the expert-parallel dispatch): the dispatcher's
+    gather over the expert-tensor-parallel group, the local experts, its scatter back; inside
+    :meth:`GraphBuilder.expert_tp`, so ``b.tp`` is the experts' degree."""
+    h = cfg.hidden
     # under sequence parallelism: gathers every shard's tokens, which the experts keep for backward (the gather is the
     # dispatcher's, Megatron-Core's gather_from_sequence_parallel_region, not their linear layers')
     routed = b.tp_enter(routed, name="moe.enter", saved_sharded=False)
@@ -517,17 +537,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     combined = Tensor((rows, h), last.dtype, last.node, last.tid)
     if sort_chunks:
         combined = b.copy(combined, name="moe.unsort_chunks")
-    combined = b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
-    if b.ep > 1:
-        combined = b.all_to_all(combined, name="moe.combine")
-    if b.moe_load != 1.0:  # back to this rank's own tokens' top-k rows
-        combined = Tensor((t * top_k, h), combined.dtype, combined.node, combined.tid)
-    if megatron:
-        out = b.reduction(combined, (t, h), name="moe.unpermute")  # weights and sums each token's top-k rows
-        return Tensor(x.shape, out.dtype, out.node, out.tid)
-    combined = b.elementwise("mul", combined, Tensor((t * top_k, 1), w.dtype, w.node, w.tid), name="moe.weight")
-    out = b.reduction(combined, (t, h), name="moe.index_add")
-    return Tensor(x.shape, out.dtype, out.node, out.tid)
+    return b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
 
 
 def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False,

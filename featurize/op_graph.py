@@ -164,7 +164,8 @@ class GraphBuilder:
     """Record forward kernels (and their backward rules) while an importer walks a model."""
 
     def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model", tp: int = 1, sp: bool = False,
-                 ep: int = 1, cp: int = 1, gemm_dtype: str | None = None, flash_kernel: str = "fa2") -> None:
+                 ep: int = 1, cp: int = 1, gemm_dtype: str | None = None, flash_kernel: str = "fa2",
+                 etp: int | None = None) -> None:
         self.dtype = canonical_dtype(dtype)
         if self.dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
@@ -172,6 +173,13 @@ class GraphBuilder:
         if int(tp) < 1 or int(ep) < 1:
             raise GraphError(f"tp and ep must be >= 1, got tp={tp}, ep={ep}")
         self.tp, self.sp, self.ep = int(tp), bool(sp) and int(tp) > 1, int(ep)
+        #: the experts' tensor-parallel degree (Megatron-Core's --expert-tensor-parallel-size; None: tp), used inside
+        #: :meth:`expert_tp`
+        self.etp = self.tp if etp is None else int(etp)
+        if self.etp < 1:
+            raise GraphError(f"etp must be >= 1, got etp={etp}")
+        #: the group name the TP collectives of the current region run over ("tp"; "etp" inside :meth:`expert_tp`)
+        self._tp_group = "tp"
         if int(cp) < 1:
             raise GraphError(f"cp must be >= 1, got cp={cp}")
         self.cp = int(cp)
@@ -230,6 +238,13 @@ class GraphBuilder:
 
     def scope(self, scope: str):
         return self._setting(_scope=scope)
+
+    def expert_tp(self):
+        """The routed experts' region: its linears split over the expert-tensor-parallel group (``etp`` ranks,
+        Megatron-Core's MoE parallel folding) and its TP collectives run over that group ("etp"). The ETP ranks hold
+        different tokens whenever there are several (the sequence shards of sequence parallelism, or other
+        data-parallel ranks' tokens when etp exceeds tp), so the dispatcher gathers them (``sp``)."""
+        return self._setting(tp=self.etp, sp=self.etp > 1 and (self.sp or self.etp != self.tp), _tp_group="etp")
 
     def tag(self, tag: str):
         """Tag the ops recorded inside the block (a tag inside another adds to it: ``moe,moe_act``)."""
@@ -366,7 +381,7 @@ class GraphBuilder:
         self._sp_regathered.add(gathered.tid)
         size = float(n * (DTYPE_BYTES["fp8"] if fp8 else self.dbytes))
         return [dict(self._bw(f"{name}.input_all_gather", "collective", "all_gather", "collective", flops=0,
-                              bytes_=size), group="tp")]
+                              bytes_=size), group=self._tp_group)]
 
     def matmul(self, a: Tensor, b: Tensor, *, name: str = "matmul") -> Tensor:
         """``torch.matmul`` of (..., M, N) by (..., N, K), batch dims broadcast."""
@@ -635,7 +650,8 @@ class GraphBuilder:
 
     def _bw_only(self, name: str, x: Tensor, bw: list[dict]) -> Tensor:
         """A forward no-op carrying backward kernels (Megatron's f operator): a zero-time node."""
-        return self._add(name, "collective", "", "collective", [x], x.shape, flops=0, bytes_=0, backward=bw, group="tp")
+        return self._add(name, "collective", "", "collective", [x], x.shape, flops=0, bytes_=0, backward=bw,
+                         group=self._tp_group)
 
     def tp_enter(self, x: Tensor, *, name: str = "tp.enter", saved_sharded: bool = True) -> Tensor:
         """Before a column-parallel linear: identity (backward all-reduce of dX); with sequence parallelism
@@ -647,12 +663,13 @@ class GraphBuilder:
         full = x.nbytes * (self.tp if self.sp else 1)
         if self.sp:
             shape = (x.shape[0], x.shape[1] * self.tp, *x.shape[2:]) if len(x.shape) >= 3 else (x.shape[0] * self.tp, *x.shape[1:])
-            out = self.collective("all_gather", x, shape, group="tp", size_bytes=full, name=f"{name}.all_gather",
+            out = self.collective("all_gather", x, shape, group=self._tp_group, size_bytes=full, name=f"{name}.all_gather",
                                   backward=[("reduce_scatter", full)])
             if saved_sharded:
                 self._sp_shard[out.tid] = x
             return out
-        bw = [dict(self._bw(f"{name}.grad", "collective", "all_reduce", "collective", flops=0, bytes_=full), group="tp")]
+        bw = [dict(self._bw(f"{name}.grad", "collective", "all_reduce", "collective", flops=0, bytes_=full),
+                   group=self._tp_group)]
         return self._bw_only(name, x, bw)
 
     def tp_exit(self, x: Tensor, *, name: str = "tp.exit", fp8_grad: bool = True) -> Tensor:
@@ -675,9 +692,10 @@ class GraphBuilder:
             src = self._nodes[x.node].values if x.node >= 0 else {}
             fp8 = fp8_grad and src.get("op_class") == "linear" and src.get("dtype") == "fp8"
             grad_bytes = x.numel * DTYPE_BYTES["fp8"] if fp8 else full
-            return self.collective("reduce_scatter", x, shape, group="tp", size_bytes=full, name=f"{name}.reduce_scatter",
+            return self.collective("reduce_scatter", x, shape, group=self._tp_group, size_bytes=full,
+                                   name=f"{name}.reduce_scatter",
                                    backward=[("all_gather", grad_bytes)])
-        return self.collective("all_reduce", x, x.shape, group="tp", size_bytes=full, name=f"{name}.all_reduce")
+        return self.collective("all_reduce", x, x.shape, group=self._tp_group, size_bytes=full, name=f"{name}.all_reduce")
 
     def contiguous_grad(self, x: Tensor) -> None:
         """The gradients of ``x``'s slices are written into one buffer by the ops that read them (Transformer Engine's

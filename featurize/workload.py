@@ -51,6 +51,8 @@ class StepOptions:
     #: context parallelism: ``seq`` is then this rank's share of the sequence (seq / cp tokens), and attention reads
     #: the whole sequence's keys and values through the ring (``GraphBuilder.flash_attention``)
     cp: int = 1
+    #: the routed experts' tensor-parallel degree (Megatron-Core's --expert-tensor-parallel-size); None: ``tp``
+    etp: int | None = None
     #: whose kernels and host costs: "hf" (Hugging Face eager modules), "megatron" (Megatron-LM's fused
     #: kernels; GPT only) or "megatron-deepspeed" (the same kernels driven by DeepSpeed's engine)
     framework: str = "hf"
@@ -111,7 +113,8 @@ class StepOptions:
                            recompute, bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
                            cp=int(self.cp), framework=canonical_framework(self.framework), blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
-                           loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load))
+                           loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
+                           etp=_etp_option(self.etp))
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given."""
@@ -125,6 +128,14 @@ MAX_TOKENS_PER_STEP = 2**32
 
 #: the largest MoE routing load modelled (a busiest rank 1,000x the mean is a typo, not a router)
 MOE_LOAD_MAX = 1e3
+
+
+def _etp_option(v: Any) -> int | None:
+    if v is None:
+        return None
+    if not _is_count(v):
+        raise GraphError(f"etp (the experts' tensor-parallel degree) must be a positive whole number, got {v!r}")
+    return int(v)
 
 
 def _moe_load(v: Any) -> float:
@@ -171,7 +182,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     fp8 = opts.dtype == "fp8"
     b = GraphBuilder("bf16" if fp8 else opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp,
                      ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None,
-                     flash_kernel=opts.flash_kernel)
+                     flash_kernel=opts.flash_kernel, etp=opts.etp)
     b.moe_load = float(opts.moe_load)
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")

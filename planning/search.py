@@ -28,7 +28,7 @@ from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
-from wattcast.simulate.parallel import (SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size, new_config,
+from wattcast.simulate.parallel import (SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size, expert_tp, new_config,
                                         resolve_parallel, with_fields)
 
 
@@ -45,7 +45,7 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
-           "attention", "framework")
+           "attention", "framework", "etp")
 #: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the cloud price per GPU-hour
 #: under ``cloud_pricing`` (on-demand, reserved-1y, reserved-3y; ``cloud_usd_per_gpu_hour``, from ``cloud_price_source``:
 #: a given price, the cluster spec's own, or the table's; NaN when none is known);
@@ -125,7 +125,8 @@ def rule_counts(rules, top: int = 3, what: str = "candidate strategies") -> str:
 
 #: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
 SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
-                      interleave=(1, 2), ep=None, cp=None, schedule=("1f1b",), recompute_num_layers=(None,))
+                      interleave=(1, 2), ep=None, cp=None, schedule=("1f1b",), recompute_num_layers=(None,),
+                      etp=(None,))
 #: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
 #: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
 CP_DEFAULT_MIN_SEQ = 16384
@@ -185,6 +186,11 @@ def _choices(name: str, value) -> tuple | None:
                 raise ValueError(f"search-space option schedule: every choice must be one of {', '.join(SCHEDULES)}, "
                                  f"got {v!r}")
             v = v.lower()
+        elif name == "etp":
+            if v is not None and not is_count(v):
+                raise ValueError(f"search-space option etp: every choice must be a positive integer (the experts' "
+                                 f"tensor-parallel degree) or None (the candidate's tp), got {v!r}")
+            v = None if v is None else int(v)
         elif name == "recompute_num_layers":
             if v is not None and not is_count(v):
                 raise ValueError(f"search-space option recompute_num_layers: every choice must be a positive integer "
@@ -214,7 +220,7 @@ def _expert_count(model) -> int:
 
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=None,
-                      cp=None, schedule=("1f1b",), recompute_num_layers=(None,)) -> list[ParallelConfig]:
+                      cp=None, schedule=("1f1b",), recompute_num_layers=(None,), etp=(None,)) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16);
     ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on (16 too from
@@ -223,11 +229,14 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     ``schedule``: 1f1b and/or gpipe (GPipe only where it differs: pp > 1 without interleaving).
     ``recompute_num_layers``: layers of each model chunk that full recomputation recomputes (Megatron's block method;
     None: every layer); choices other than None add full recomputation to ``recompute`` and are tried besides it, and
-    a count that covers every chunk's layers is the same strategy as None and is not repeated."""
-    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule, rc_layers = (
+    a count that covers every chunk's layers is the same strategy as None and is not repeated.
+    ``etp``: the routed experts' tensor-parallel degrees (Megatron-Core's --expert-tensor-parallel-size; None: the
+    candidate's tp, the default; a choice equal to the candidate's tp is that same strategy and is not repeated)."""
+    tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule, rc_layers, etp = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
                                     ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp),
-                                    ("schedule", schedule), ("recompute_num_layers", recompute_num_layers)))
+                                    ("schedule", schedule), ("recompute_num_layers", recompute_num_layers),
+                                    ("etp", etp)))
     schedule = schedule or ("1f1b",)
     rc_layers = rc_layers or (None,)
     n_layers = 0
@@ -243,6 +252,11 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     if ep is None:
         n_exp = _expert_count(model)
         ep = tuple(e for e in _pow2_divisors(n_exp, gpus) if e >= 1) if n_exp else (1,)
+    etp = etp or (None,)
+
+    def etps(t: int) -> tuple:  # the candidate's tp is None's strategy
+        return tuple(dict.fromkeys(None if x == t else x for x in etp))
+
     cl = resolve_cluster(cluster)
     tps = list(tp) if tp is not None else _pow2_divisors(gpus, cl.gpus_per_node)
     out = []
@@ -264,12 +278,12 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                     if "1f1b" in schedule:
                         continue
                     sch = "1f1b" if p == 1 else sch  # a lone gpipe choice: one stage runs it as 1F1B does
-                for n in (rc_layers if rc == "full" else (None,)):
+                for n, x in itertools.product(rc_layers if rc == "full" else (None,), etps(t)):
                     # a count at least every chunk's layers recomputes them all: the None candidate already
                     if n is not None and n_layers and n >= -(-n_layers // (p * v)):
                         continue
                     out.append(new_config(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                          interleave=v, cp=c, schedule=sch, recompute_num_layers=n))
+                                          interleave=v, cp=c, schedule=sch, recompute_num_layers=n, etp=x))
     return out
 
 
@@ -542,7 +556,7 @@ class _Job:
 
 def _group_key(par: ParallelConfig) -> tuple:
     """What a candidate's rank graph depends on: candidates with the same key share a schedule context."""
-    return (par.tp, par.sp, par.ep, par.cp, par.micro_batch, par.recompute)
+    return (par.tp, par.sp, par.ep, par.cp, par.micro_batch, par.recompute, par.etp)
 
 
 class _Evaluator:
@@ -599,7 +613,7 @@ class _Evaluator:
                r.energy_j, r.avg_power_w, format_strategy(p, job.batch, job.framework), job.batch // (p.dp * p.micro_batch),
                p.schedule, r.memory_capacity_gb, r.memory_flag, r.scheduled,
                # the settings a strategy string does not carry: predict it with the same ones
-               self.dtype, self.attention, job.framework)
+               self.dtype, self.attention, job.framework, expert_tp(p))
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,

@@ -39,8 +39,8 @@ from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
-from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers, group_layout,
-                                        layouts, resolve_parallel, stage_layers)
+from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers, expert_dp,
+                                        expert_tp, group_layout, layouts, resolve_parallel, stage_layers)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.pipeline_fast import time_pipeline
@@ -105,7 +105,8 @@ class DistributedPrediction:
     def to_dict(self) -> dict:
         p = self.parallel
         return dict(model=self.model, device=self.device, cluster=self.cluster, gpus=self.gpus,
-                    parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, ep=p.ep, zero=p.zero, micro_batch=p.micro_batch,
+                    parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, ep=p.ep, etp=expert_tp(p), zero=p.zero,
+                                  micro_batch=p.micro_batch,
                                   overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
                                   tp_comm_overlap=p.tp_comm_overlap,
                                   overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
@@ -409,7 +410,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         except MoERoutingError as e:
             raise ParallelConfigError(str(e)) from None
     opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep, cp=par.cp, seq=seq // par.cp,
-                   moe_load=moe_load)
+                   moe_load=moe_load, etp=par.etp)
     g, n_rep, _ = _rank_graph(model, hf, opts)
 
     def coll_fn(kernel, size, group):
@@ -431,7 +432,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
     def costed_view(graph, reps: int) -> tuple:
         pins = (graph, spec, bundle, cm, cl, power_model)  # reps follows from the graph
-        key = (tuple(map(id, pins)), lay["tp"], lay["ep"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
+        key = (tuple(map(id, pins)), lay["tp"], lay["ep"], lay["etp"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
                None if coll_floor is None else tuple(coll_floor.items()))
         hit = _COSTED.get(key)
         if hit is None:
@@ -898,7 +899,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     if bucket_params is None:  # parameters per gradient bucket (dp_bucket_params): par.bucket_mb of gradients
         bucket_params = par.bucket_mb * 1e6 / grad_b
     op = "reduce_scatter" if par.zero >= 1 else "all_reduce"
-    ep_dp = group_layout(max(dp_l.size // par.ep, 1), par.tp * par.ep, cl.gpus_per_node)
+    # the expert-data-parallel group: the ranks after the experts' etp x ep (Megatron-Core's MoE parallel folding)
+    ep_dp = group_layout(expert_dp(par), expert_tp(par) * par.ep, cl.gpus_per_node)
     # every message of the step first, then one (memoised) prediction per collective and group
     msgs: list[tuple[int, str, str, float, GroupLayout, int]] = []  # (chunk, role, op, bytes, group, count)
     for c in range(n_chunks):
@@ -991,8 +993,10 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     f_parts = {"cp": per_chunk(cp_f_ms)}
     b_parts = {"cp": per_chunk(cp_b_ms)}
     for grp, (cf, cb) in view.coll_by_group.items():
-        key = grp or "tp"
-        if key == "tp" and par.tp_comm_overlap:
+        # the experts' TP collectives (the dispatcher's gather over the etp group) report as TP; Transformer Engine's
+        # --tp-comm-overlap pipelines the TE linear layers' own collectives only, not the MoE dispatcher's
+        key = "tp" if grp in ("", "etp") else grp
+        if grp in ("", "tp") and par.tp_comm_overlap:
             cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms) - view.gemm_f_ms
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:
@@ -1143,8 +1147,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     summary = ctx.summary
     capacity = capacity_gb(spec.memory_gb)
-    # expert states are sharded over the expert-data-parallel group (dp x cp / ep: _dp_times' ep_dp), not the DP group
-    edp_n = max(dp_n // par.ep, 1)
+    # expert states are sharded over the expert-data-parallel group (tp x cp x dp / (etp x ep): _dp_times' ep_dp), not
+    # the DP group
+    edp_n = expert_dp(par)
     expert_stage = by_stage(chunk_sum("expert_params"))
     # what one device's share of the optimizer step is under ZeRO >= 1, per stage: dense parameters sharded over the DP
     # group, expert ones over the expert-DP group (1 / dp without experts or with ep 1)
@@ -1242,7 +1247,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # the distributed optimizer's parameter all-gather: bf16 weights, FP8 ones at 1 B with --fp8-param-gather
     gather_b_chunk = (params_chunk * db - chunk_sum("fp8_params") * (db - DTYPE_BYTES["fp8"]) if ctx.fp8_param_gather
                       else params_chunk * db)
-    dp_key = ("dp", par.zero, lay["dp"], par.ep, par.tp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
+    dp_key = ("dp", par.zero, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts))
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:

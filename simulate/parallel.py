@@ -55,6 +55,10 @@ class ParallelConfig:
     pp_last_layers: int | None = None
     #: context parallelism: the sequence split over ``cp`` ranks (ring attention); world = dp x tp x pp x cp
     cp: int = 1
+    #: the routed experts' tensor-parallel degree (Megatron-Core's ``--expert-tensor-parallel-size``, MoE parallel
+    #: folding: the expert layers' ranks are etp x ep x expert-dp x pp over the same GPUs as the attention's tp x cp x dp
+    #: x pp); None: tp (Megatron-Core's default)
+    etp: int | None = None
     #: Megatron-Core's overlaps (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``); None:
     #: the framework's default (``simulate.overlap.overlap_defaults``), filled in by ``resolve_parallel``
     overlap_grad_reduce: bool | None = None
@@ -89,6 +93,8 @@ class ParallelConfig:
             parts.append("sp")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
         if self.zero:
             parts.append(f"zero{self.zero}")
         if self.interleave > 1:
@@ -218,6 +224,27 @@ def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | No
     return [per[s][v] for v in range(interleave) for s in range(pp)]
 
 
+def _check_etp(cfg: ParallelConfig, *, dp: int, n_experts: int | None, fw: str | None) -> None:
+    """Megatron-Core's rules for ``--expert-tensor-parallel-size`` (MoE parallel folding,
+    ``parallel_state.initialize_model_parallel``: the expert ranks etp x ep x expert-dp fold over tp x cp x dp)."""
+    etp = cfg.etp
+    if not ((type(etp) is int or is_int(etp)) and etp >= 1):
+        raise ParallelConfigError(f"--expert-tensor-parallel-size must be a positive integer, got {etp!r}")
+    if not n_experts:
+        raise ParallelConfigError(f"--expert-tensor-parallel-size {etp} needs a mixture-of-experts model "
+                                  "(this one has no experts)")
+    if fw is not None and fw != "megatron":
+        raise ParallelConfigError(f"--expert-tensor-parallel-size is Megatron-Core's (MoE parallel folding): use "
+                                  f"--framework megatron, not {fw}")
+    if not ((cfg.tp * cfg.cp * dp) % (etp * cfg.ep) == 0):
+        raise ParallelConfigError(
+            f"expert tensor x expert parallelism ({etp} x {cfg.ep}) must divide tp x cp x dp ({cfg.tp} x {cfg.cp} x {dp}): "
+            "Megatron-Core folds the expert ranks over the attention's")
+    if cfg.tp > 1 and not cfg.sp:
+        raise ParallelConfigError(f"mixture of experts with tensor parallelism (tp {cfg.tp}): Megatron-Core needs "
+                                  "sequence parallelism then (--sp)")
+
+
 def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
                      n_kv_heads: int | None = None, ffn: int | None = None, n_experts: int | None = None,
                      seq: int | None = None, cluster: ClusterSpec | None = None,
@@ -330,14 +357,16 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             raise ParallelConfigError(f"--ep {cfg.ep} needs a mixture-of-experts model (this one has no experts)")
         if not (n_experts % cfg.ep == 0):
             raise ParallelConfigError(f"experts ({n_experts}) must be divisible by ep ({cfg.ep})")
-        # Megatron-Core's MoE parallel folding: the experts' ranks (tp, ep, expert-dp, pp) fold over the attention's
-        # context- and data-parallel ones, so ep divides dp x cp (not dp alone)
-        if not ((dp * cfg.cp) % cfg.ep == 0):
+        # Megatron-Core's MoE parallel folding: the experts' ranks (etp, ep, expert-dp, pp) fold over the attention's
+        # (tp, cp, dp, pp), so ep divides dp x cp (not dp alone) when the experts keep the attention's tp
+        if cfg.etp is None and not ((dp * cfg.cp) % cfg.ep == 0):
             raise ParallelConfigError(f"ep ({cfg.ep}) must divide the data-parallel x context-parallel size "
                                       f"({dp} x {cfg.cp})")
         if fw == "megatron" and cfg.tp > 1 and not cfg.sp:
             raise ParallelConfigError(f"expert parallelism (ep {cfg.ep}) with tensor parallelism (tp {cfg.tp}): Megatron-Core "
                                       f"needs sequence parallelism then (--sp)")
+    if cfg.etp is not None:
+        _check_etp(cfg, dp=dp, n_experts=n_experts, fw=fw)
     try:
         recompute = recompute_setting(cfg.recompute)
     except RecomputeError as e:
@@ -471,18 +500,30 @@ def group_layout(size: int, stride: int, gpus_per_node: int) -> GroupLayout:
 
 def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
     """Where each parallel group of ``cfg`` sits on ``cluster`` (a new dict; the layouts are shared, immutable)."""
-    return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node))
+    return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node, expert_tp(cfg)))
+
+
+def expert_tp(cfg: ParallelConfig) -> int:
+    """The routed experts' tensor-parallel degree (``etp``, or ``tp`` when not given)."""
+    return cfg.tp if cfg.etp is None else int(cfg.etp)
+
+
+def expert_dp(cfg: ParallelConfig) -> int:
+    """Ranks holding the same expert shard (Megatron-Core's expert-data-parallel size): tp x cp x dp / (etp x ep)."""
+    return max(cfg.tp * cfg.cp * (cfg.dp or 1) // (expert_tp(cfg) * cfg.ep), 1)
 
 
 @lru_cache(maxsize=4096)
-def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int) -> tuple[tuple[str, GroupLayout], ...]:
+def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int, etp: int) -> tuple[tuple[str, GroupLayout], ...]:
     return (
         ("tp", group_layout(tp, 1, g)),
         # Megatron's order: tp, cp, dp, pp. Gradients are reduced (and ZeRO shards) over the data-parallel ranks
         # together with the context-parallel ones, which hold the same weights: the "dp" group is dp x cp
         ("cp", group_layout(cp, tp, g)),
         ("dp", group_layout(dp * cp, tp, g)),
-        # experts (Megatron-Core's MoE parallel folding: tp, ep, expert-dp, pp): ep ranks next after tp, over cp and dp
-        ("ep", group_layout(ep, tp, g)),
+        # experts (Megatron-Core's MoE parallel folding: etp, ep, expert-dp, pp over the same ranks as tp, cp, dp, pp):
+        # the experts' tensor-parallel ranks innermost, the ep ranks next
+        ("etp", group_layout(etp, 1, g)),
+        ("ep", group_layout(ep, etp, g)),
         ("pp", group_layout(pp, tp * cp * dp, g)),
     )

@@ -17,7 +17,9 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
   ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm), ``a2a`` /
   ``noa2a`` (MoE expert-parallel all-to-alls); absent:
   the framework's default, so a string predicted under the same ``--framework`` resolves the same flags;
-- ``ppf<N>`` / ``ppl<N>``: transformer layers of the first / last pipeline stage (only when set).
+- ``ppf<N>`` / ``ppl<N>``: transformer layers of the first / last pipeline stage (only when set);
+- ``etp<N>``: the routed experts' tensor-parallel degree (Megatron-Core's ``--expert-tensor-parallel-size``; only when
+  set, absent: tp).
 
 ``tp``, ``pp``, ``dp`` and ``mb`` are required; the others default to 1, ZeRO 0, no SP, no recomputation, 1F1B and
 the framework's overlaps. The GPU count is ``tp x pp x dp x cp``. Precision, attention kernel and framework are not
@@ -35,12 +37,12 @@ from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, recompute_laye
 
 __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
 
-_COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl")
+_COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl", "etp")
 _REQUIRED = ("tp", "pp", "dp", "mb")
 _OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap",
              "a2a": "overlap_moe_expert_parallel_comm"}
 _RC_BLOCK = re.compile(r"^rcfull(u?)(\d+)$")
-_NUM = re.compile(r"^(tp|pp|dp|cp|ep|mb|ga|zero|v|ppf|ppl)(\d+)$")
+_NUM = re.compile(r"^(tp|pp|dp|cp|ep|etp|mb|ga|zero|v|ppf|ppl)(\d+)$")
 
 
 class StrategyError(ValueError):
@@ -71,6 +73,7 @@ class Strategy:
     pp_last_layers: int | None = None
     recompute_num_layers: int | None = None
     recompute_method: str = "block"
+    etp: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -90,7 +93,7 @@ class Strategy:
                               overlap_grad_reduce=self.overlap_grad_reduce,
                               overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap,
                               overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm,
-                              recompute_num_layers=self.recompute_num_layers,
+                              recompute_num_layers=self.recompute_num_layers, etp=self.etp,
                               # the method only with a layer count (rcfull<N> / rcfullu<N>): given alone, it needs full
                               recompute_method=self.recompute_method if self.recompute_num_layers is not None else None)
 
@@ -120,6 +123,7 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
                                  pp_last_layers=cfg.pp_last_layers,
                                  recompute_num_layers=cfg.recompute_layers,
                                  recompute_method=cfg.recompute_method,
+                                 etp=None if cfg.etp is None or cfg.etp == cfg.tp else cfg.etp,
                                  **overlaps))
 
 
@@ -172,7 +176,7 @@ def parse_strategy(text: str) -> Strategy:
         else:
             raise StrategyError(
                 f"strategy {text!r}: bad token {tok!r}; tokens are tp<N> pp<N> dp<N> cp<N> ep<N> mb<N> ga<N> zero<0-3> "
-                f"v<N> ppf<N> ppl<N>, sp, rc{{none,selective,full}}, rcfull<N>, rcfullu<N>, {'/'.join(SCHEDULES)}, "
+                f"v<N> ppf<N> ppl<N> etp<N>, sp, rc{{none,selective,full}}, rcfull<N>, rcfullu<N>, {'/'.join(SCHEDULES)}, "
                 f"{'/'.join(_OVERLAPS)} (or no<flag>), joined by '-'")
     missing = [k for k in _REQUIRED if k not in kw]
     if missing:
@@ -188,7 +192,7 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
     """The parallel options a strategy sets, merged with the ones the caller gave explicitly (``given``: option ->
     value, only those actually given). Keys: gpus, batch, tp, pp, dp, micro_batch, cp, ep, zero, sp, interleave,
     recompute, schedule, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm,
-    pp_first_layers, pp_last_layers, recompute_num_layers, recompute_method
+    pp_first_layers, pp_last_layers, recompute_num_layers, recompute_method, etp
     (batch only when the strategy has ``ga`` or it was given). A given value that differs from the strategy's is a
     StrategyError naming the option (``label(key)``: its name as the caller knows it) and both values."""
     st = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
@@ -198,7 +202,7 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                tp_comm_overlap=st.tp_comm_overlap, overlap_moe_expert_parallel_comm=st.overlap_moe_expert_parallel_comm,
                pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers,
                recompute_num_layers=st.recompute_num_layers,
-               recompute_method=st.recompute_method if st.recompute_num_layers is not None else None)
+               recompute_method=st.recompute_method if st.recompute_num_layers is not None else None, etp=st.etp)
     unknown = sorted(set(given) - set(own))
     if unknown:
         raise StrategyError(f"unknown strategy option(s) {unknown}")
@@ -235,4 +239,6 @@ def format_given(st: Strategy) -> str:
         parts.append(f"ppf{st.pp_first_layers}")
     if st.pp_last_layers is not None:
         parts.append(f"ppl{st.pp_last_layers}")
+    if st.etp is not None:
+        parts.append(f"etp{st.etp}")
     return "-".join(parts)
