@@ -571,6 +571,13 @@ class _RankView:
     gemm_f_ms: np.ndarray  # linear layers' GEMMs (what --tp-comm-overlap pipelines the TP collectives with)
     gemm_b_ms: np.ndarray
     coll_by_group: dict  # collective group ("tp", "ep") -> (forward ms, backward ms) per layer
+    # the routed experts' computation (Megatron-Core's MoE "mlp" sub-module: the experts with the dispatcher's re-sort
+    # around them) and the dispatch all-to-all's share of the ep collectives (the rest is the combine's): what
+    # --overlap-moe-expert-parallel-comm pairs each all-to-all with (simulate.overlap.ep_overlap_layer_ms)
+    moe_mlp_f_ms: np.ndarray
+    moe_mlp_b_ms: np.ndarray
+    a2a_dispatch_f_ms: np.ndarray
+    a2a_dispatch_b_ms: np.ndarray
     params: np.ndarray  # parameters held (forward nodes)
     expert_params: np.ndarray
     fp8_params: np.ndarray  # the parameters of FP8 GEMMs (an FP8 recipe keeps their FP8 weight and transpose)
@@ -609,7 +616,11 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
     is_gemm = op_class == "linear"
     group = costed["group"].astype(str).to_numpy()
     params = costed["param_count"].to_numpy(dtype=float)
-    is_exp = fwd & costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
+    in_experts = costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
+    is_exp = fwd & in_experts
+    names = costed["name"].astype(str)
+    is_mlp = ~is_coll & (in_experts | names.str.startswith(("moe.sort_chunks", "moe.unsort_chunks")).to_numpy())
+    is_dispatch = is_coll & names.str.startswith("moe.dispatch").to_numpy()
     w = costed["power_w"].to_numpy(dtype=float)
     gpu_t = costed["gpu_ms"].to_numpy(dtype=float)
     # kernels at their power, host launch gaps at idle
@@ -642,6 +653,8 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
         gemm_f_ms=per_layer(fwd & is_gemm, t), gemm_b_ms=per_layer(bwd & is_gemm, t),
         coll_by_group={str(grp): (per_layer(fwd & is_coll & (group == grp), t), per_layer(bwd & is_coll & (group == grp), t))
                        for grp in pd.unique(group[is_coll])},
+        moe_mlp_f_ms=per_layer(fwd & is_mlp, t), moe_mlp_b_ms=per_layer(bwd & is_mlp, t),
+        a2a_dispatch_f_ms=per_layer(fwd & is_dispatch, t), a2a_dispatch_b_ms=per_layer(bwd & is_dispatch, t),
         params=per_layer(fwd, params), expert_params=per_layer(is_exp, params),
         fp8_params=per_layer(fwd & (costed["dtype"].to_numpy() == "fp8"), params), e_comp_j=per_layer(~opt, e_node),
         e_opt_j=per_layer(opt, e_node), opt_cast_ms=per_layer(opt & (op_class == "fp8_cast"), t),
@@ -666,7 +679,7 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 
 #: the per-layer arrays of a _RankView (block recomputation picks each layer's from one of two views)
 _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "attn_rc_ms",
-                     "gemm_f_ms",
+                     "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_comp_j", "e_opt_j", "opt_cast_ms",
                      "e_opt_cast_j", "act_bytes")
 
@@ -1000,7 +1013,9 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
             cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms) - view.gemm_f_ms
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:
-            pf, pb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms)
+            pf, pb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms,
+                                         mlp_f_ms=view.moe_mlp_f_ms, mlp_b_ms=view.moe_mlp_b_ms,
+                                         dispatch_f_ms=view.a2a_dispatch_f_ms, dispatch_b_ms=view.a2a_dispatch_b_ms)
             u = 0.0 if ep_unpaired is None else ep_unpaired  # the unpaired tasks keep their all-to-alls in series
             f_parts[key] = f_parts.get(key, 0.0) + (1.0 - u) * per_chunk(pf) + u * per_chunk(cf)
             b_parts[key] = b_parts.get(key, 0.0) + (1.0 - u) * per_chunk(pb) + u * per_chunk(cb)

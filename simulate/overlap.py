@@ -69,22 +69,39 @@ def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int):
     return overlapped_ms(gemm_ms, coll, share=sm_share(UB_SMS, num_sms), first_chunk_ms=coll / max(int(tp), 1))
 
 
-def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_sms: int):
+def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_sms: int, mlp_f_ms, mlp_b_ms,
+                        dispatch_f_ms, dispatch_b_ms):
     """What a layer's expert-parallel all-to-alls add to its forward and to its backward under Megatron-Core's
     ``--overlap-moe-expert-parallel-comm`` (arrays per layer, ms).
 
-    Megatron-Core's batch-level overlap (the idea of DeepSeek-V3's DualPipe) merges the forward of one micro-batch and
-    the backward of another into one task, so the dispatch and combine of each run beside the other's computation. Per
-    layer the pair costs ``overlapped_ms(f + b, a2a_f + a2a_b)`` (NCCL's SMs taken from the computation while both run;
-    all-to-alls longer than the computation beside them stay exposed); what that adds to ``f + b`` is split between the
-    forward and the backward in proportion to their all-to-all times. Stated simplification: a pipeline's warm-up and
-    cool-down micro-batches (``pp - 1`` of each, with no partner in reality) are charged like the steady state."""
+    Megatron-Core's batch-level overlap (the idea of DeepSeek-V3's DualPipe) merges the forward of one micro-batch (A)
+    and the backward of another (B) into one task, layer by layer, and pairs each all-to-all with one sub-module of the
+    other micro-batch (``combined_1f1b``: ``schedule_layer_1f1b``), in this order, each pair waiting for the one before:
+
+    1. B's combine backward beside A's attention forward (everything of the layer's forward but the routed experts:
+       norms, attention, router, permute);
+    2. A's dispatch beside B's experts' backward (``mlp_b_ms``: the experts with the dispatcher's re-sort);
+    3. B's dispatch backward beside A's experts' forward (``mlp_f_ms``);
+    4. A's combine beside B's attention backward.
+
+    Each pair costs ``overlapped_ms(compute, all-to-all)`` (NCCL's SMs taken from the computation while both run; an
+    all-to-all longer than its partner is exposed for the rest); what the four add to ``f + b`` is split between the
+    forward and the backward in proportion to their all-to-all times. ``dispatch_f_ms`` / ``dispatch_b_ms``: the
+    dispatch's share of ``a2a_f_ms`` / ``a2a_b_ms`` (the rest is the combine's). Until stop 37 the four all-to-alls
+    were pooled against the whole forward and backward (optimistic: a stop-36 audit measured about 0.8 s on
+    DeepSeek-V3). A pipeline's unpaired tasks are the caller's (``_comm_parts``)."""
     f = np.asarray(f_compute_ms, dtype=float)
     b = np.asarray(b_compute_ms, dtype=float)
     af = np.asarray(a2a_f_ms, dtype=float)
     ab = np.asarray(a2a_b_ms, dtype=float)
     comm = af + ab
-    extra = overlapped_ms(f + b, comm, share=sm_share(NCCL_SMS, num_sms)) - (f + b)
+    share = sm_share(NCCL_SMS, num_sms)
+    mf = np.minimum(np.asarray(mlp_f_ms, dtype=float), f)
+    mb = np.minimum(np.asarray(mlp_b_ms, dtype=float), b)
+    df = np.minimum(np.asarray(dispatch_f_ms, dtype=float), af)
+    db = np.minimum(np.asarray(dispatch_b_ms, dtype=float), ab)
+    pairs = ((f - mf, ab - db), (mb, df), (mf, db), (b - mb, af - df))
+    extra = sum(overlapped_ms(c, a, share=share) for c, a in pairs) - (f + b)
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.where(comm > 0, af / comm, 0.0)
     return extra * frac, extra * (1.0 - frac)

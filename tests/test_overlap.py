@@ -103,18 +103,27 @@ def test_search_cli_takes_the_framework_and_can_turn_the_overlaps_off():
 
 
 def test_moe_all_to_all_overlap_model():
-    """--overlap-moe-expert-parallel-comm: a layer's all-to-alls run beside the paired micro-batch's computation; what
-    stays exposed is split between forward and backward by their all-to-all time."""
-    f, b = np.array([4.0, 4.0, 1.0, 0.0]), np.array([8.0, 8.0, 2.0, 0.0])
-    af, ab = np.array([1.0, 0.0, 6.0, 2.0]), np.array([2.0, 0.0, 6.0, 2.0])
-    ef, eb = ep_overlap_layer_ms(f, b, af, ab, num_sms=132)
+    """--overlap-moe-expert-parallel-comm: each of a layer's all-to-alls runs beside one sub-module of the paired
+    micro-batch (Megatron-Core's schedule_layer_1f1b: B's combine backward | A's attention, A's dispatch | B's experts'
+    backward, B's dispatch backward | A's experts, A's combine | B's attention backward); what stays exposed is split
+    between forward and backward by their all-to-all time."""
+    f, b = np.array([4.0, 4.0, 1.0, 0.0, 4.0]), np.array([8.0, 8.0, 2.0, 0.0, 8.0])
+    af, ab = np.array([1.0, 0.0, 6.0, 2.0, 4.0]), np.array([2.0, 0.0, 6.0, 2.0, 4.0])
+    mf, mb = np.array([2.0, 2.0, 0.5, 0.0, 3.9]), np.array([4.0, 4.0, 1.0, 0.0, 7.8])  # the experts' share
+    df, db = af / 2, ab / 2  # dispatch and combine move the same rows
+    ef, eb = ep_overlap_layer_ms(f, b, af, ab, num_sms=132, mlp_f_ms=mf, mlp_b_ms=mb, dispatch_f_ms=df, dispatch_b_ms=db)
     share = sm_share(16, 132)
-    # hidden behind 12 ms of computation: only the SMs' share of the overlapped 3 ms shows
+    # every all-to-all shorter than its partner: only the SMs' share of the overlapped 3 ms shows
     assert ef[0] + eb[0] == pytest.approx(share * 3.0) and ef[0] == pytest.approx(eb[0] / 2)
     assert ef[1] == eb[1] == 0.0  # no all-to-all, nothing added
-    # 12 ms of all-to-all beside 3 ms of computation: the pair takes the all-to-all's 12 ms, 9 more than the computation
+    # 12 ms of all-to-all beside 3 ms of computation: each pair takes its all-to-all's time, 9 more in all
     assert ef[2] + eb[2] == pytest.approx(9.0)
     assert ef[3] + eb[3] == pytest.approx(4.0)  # nothing to hide behind: all exposed
+    # 8 ms of all-to-all beside 12 ms: pooled it would hide (share x 8), but the combine backward (2 ms) waits beside
+    # A's 0.1 ms of attention and the combine (2 ms) beside B's 0.2 ms of attention backward
+    pooled = share * 8.0
+    paired = (2.0 - 0.1) + (2.0 - 0.2) + 2 * share * 2.0  # the dispatches hide behind the experts' 3.9 and 7.8 ms
+    assert ef[4] + eb[4] == pytest.approx(paired) and paired > pooled + 3.0
     # never more than running them one after the other
     assert np.all(ef + eb <= af + ab + 1e-12)
 
