@@ -584,7 +584,7 @@ class _Evaluator:
         cl = job.cl
         try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
             par_r = resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **self.rules)
-            key = (par_r.tp, par_r.sp, par_r.ep, par_r.cp, par_r.micro_batch, par_r.recompute)  # _group_key
+            key = (par_r.tp, par_r.sp, par_r.ep, par_r.cp, par_r.micro_batch, par_r.recompute, par_r.etp)  # _group_key
             ctx = self.contexts.get(key)
             if ctx is None:
                 try:

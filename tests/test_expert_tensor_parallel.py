@@ -124,3 +124,20 @@ def test_cli_predict_and_search_take_expert_tensor_parallel_size():
     rows = json.loads(res.stdout)["ranked"]
     assert rows and {r["etp"] for r in rows} == {1} and all(r["ep"] == 8 for r in rows)
     assert any(r["tp"] > 1 and r["strategy"].endswith("etp1") for r in rows)
+
+
+def test_search_rows_with_different_etp_are_their_own_predictions():
+    """Candidates that differ only in etp build different rank graphs: each search row is exactly what predict says
+    for its strategy string (they shared one schedule context before the evaluator's key held etp)."""
+    res = wattcast.search("mixtral_8x7b", "DGX-H100", gpus=16, batch=16, seq=2048, dtype="bf16", attention="flash",
+                          framework="megatron", tp=(4,), pp=(1,), ep=(4,), etp=(1, 2, 4), sp=(True,), zero=(1,),
+                          recompute=("full",), micro_batch=(1,), interleave=(1,), workers=1, prune_oom=False)
+    rows = res.ranked
+    assert sorted(rows["etp"]) == [1, 2, 4]
+    times = {}
+    for _, r in rows.iterrows():
+        p = wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", strategy=r["strategy"], seq=2048, dtype="bf16",
+                                     attention="flash", framework="megatron")
+        assert p.step_time_ms == pytest.approx(r["step_time_ms"], rel=1e-9)
+        times[r["etp"]] = r["step_time_ms"]
+    assert len(set(times.values())) == 3
