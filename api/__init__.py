@@ -156,7 +156,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
-                    fp8_param_gather: bool = False, etp: int | None = None, **run_kw):
+                    fp8_param_gather: bool = False, etp: int | None = None, mtp_num_layers: int = 0, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
@@ -183,6 +183,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     to the GPU and, with Megatron and TP > 1, broadcasts it (``simulate/data_loading.py``; ``comm["data_loading"]``).
     ``etp``: Megatron-Core's ``--expert-tensor-parallel-size`` (MoE models, ``framework="megatron"``): the routed
     experts' tensor-parallel degree, folded with ``ep`` over the attention's tp x cp x dp ranks (None: ``tp``).
+    ``mtp_num_layers``: Megatron-Core's ``--mtp-num-layers`` (DeepSeek-V2/V3 configs, ``framework="megatron"``;
+    DeepSeek-V3 trained with 1): multi-token-prediction depths on the last pipeline stage.
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, ``zero`` >= 1 and
     ``framework="megatron"``): FP8 weights without a bf16 copy, cast shard by shard and all-gathered at 1 B.
     ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
@@ -246,7 +248,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
-        data_workers=data_workers, fp8_param_gather=fp8_param_gather))
+        data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers))
     from wattcast.featurize.workload import canonical_framework
     from wattcast.simulate.strategy import StrategyError, format_strategy
 
@@ -263,7 +265,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node,
                     moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
                     moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),
-                    fp8_param_gather=bool(fp8_param_gather), data_load_ms=data_load_ms,
+                    fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=mtp_num_layers, data_load_ms=data_load_ms,
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
                     loop_trip_count=loop_trip_count)
     if tokens is None:

@@ -129,6 +129,8 @@ class PredictRequest:
     zero3_prefetch: bool | None = None
     #: Megatron-Core's --fp8-param-gather (a cluster step with dtype fp8, ZeRO >= 1, framework megatron)
     fp8_param_gather: bool = False
+    #: Megatron-Core's --mtp-num-layers (a cluster step, framework megatron, DeepSeek-V2/V3 configs)
+    mtp_num_layers: int = 0
     #: use this many of each node's GPUs (None: all of them)
     gpus_per_node: int | None = None
     #: data loading: the loader's host ms per micro-batch (one device: per step) and its workers (None: the framework's)
@@ -159,6 +161,9 @@ class PredictRequest:
                 raise ValueError("the MoE routing options describe expert-parallel ranks of a cluster step: give cluster= too")
             if self.fp8_param_gather:
                 raise ValueError("fp8_param_gather= is the distributed optimizer's FP8 parameter gather: give cluster= too")
+            if self.mtp_num_layers:
+                raise ValueError("mtp_num_layers= is Megatron-Core's multi-token prediction: give cluster= and "
+                                 "framework='megatron' too")
             return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
                                     data_load_ms=self.data_load_ms, data_workers=self.data_workers, **common)
         if self.parallel is None:
@@ -175,4 +180,5 @@ class PredictRequest:
                                         moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
                                         zero3_prefetch=self.zero3_prefetch, data_load_ms=self.data_load_ms,
                                         data_workers=self.data_workers, fp8_param_gather=self.fp8_param_gather,
+                                        mtp_num_layers=self.mtp_num_layers,
                                         **asdict(self.parallel), **common)

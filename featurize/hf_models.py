@@ -22,6 +22,7 @@ generators share (attention, activations, RMSNorm, RoPE, LM head) are in :mod:`w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -681,6 +682,9 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
         c = rms_norm_eager(b, Tensor((bs, s_, kv_rank), ckv.dtype, ckv.node, ckv.tid), "self_attn.kv_a_layernorm")
         c = b.tp_enter(c, name="self_attn.kv_enter")
         kv = b.linear(c, nh * (nope + vdim), bias=False, name="self_attn.kv_b_proj", parallel="col")
+        # under sequence parallelism the down-projections ran on this rank's shard and their (small) outputs were
+        # gathered: from here on the whole sequence (Megatron-Core's MLA gathers the latents and the rotary key)
+        s_ = kv.shape[1]
         q4 = heads(b, q, nhl, qd)
         q_pe = rope(b, Tensor((bs, nhl, s_, rdim), q4.dtype, q4.node, q4.tid), "rope.q")
         rope(b, Tensor((bs, 1, s_, rdim), ckv.dtype, ckv.node, ckv.tid), "rope.k")
@@ -696,7 +700,8 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
     return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
 
 
-def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, megatron: bool = False) -> None:
+def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, megatron: bool = False,
+             mtp_layers: int = 0) -> None:
     """DeepSeek-V2 / V3 (``deepseek_v2``, ``deepseek_v3``) as Hugging Face runs them: multi-head latent attention
     (:func:`_mla`) in every block; the first ``first_k_dense_replace`` blocks a dense SwiGLU MLP of
     ``intermediate_size``, the rest DeepSeekMoE: ``n_routed_experts`` experts of ``moe_intermediate_size`` with
@@ -706,7 +711,10 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
 
     ``megatron``: as Megatron-Core's GPTModel runs it (``--multi-latent-attention``, the DeepSeek-V3 recipe): the
     block norms as fused RMSNorm kernels, the MoE layers as Megatron-Core's ``MoELayer`` (``_moe`` with ``megatron``),
-    the dense MLPs and the shared experts as its ``MLP`` (one ``linear_fc1``, the fused SwiGLU), the loss on fp32 logits; the attention keeps the latent projections and norms of :func:`_mla`."""
+    the dense MLPs and the shared experts as its ``MLP`` (one ``linear_fc1``, the fused SwiGLU), the loss on fp32 logits; the attention keeps the latent projections and norms of :func:`_mla`.
+
+    ``mtp_layers`` (Megatron-Core's ``--mtp-num-layers``, with ``megatron``; DeepSeek-V3 trains with 1): multi-token
+    prediction after the head, on the last pipeline stage (:func:`_mtp_layer`)."""
     # a block's two norms (Megatron-Core's ``layernorm`` recompute module) and the final one
     norm = ((lambda t, name, module="": b.layernorm(t, name=name, rms=True, bias=False, module=module)) if megatron
             else (lambda t, name, module="": rms_norm_eager(b, t, name, module)))
@@ -724,27 +732,62 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
     moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
     shared = cfg.count("n_shared_experts", default=0, minimum=0)
     scoring = "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax"
+    def block(x: Tensor, moe: bool) -> Tensor:
+        y = norm(x, "input_layernorm", "layernorm")
+        a = _mla(cfg, b, y, batch, seq, impl)
+        x = b.elementwise("add", x, a, name="residual_1")
+        y = norm(x, "post_attention_layernorm", "layernorm")
+        if moe:
+            with b.tag("moe"):  # Megatron-Core's recompute modules (featurize/recompute.py)
+                m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring, megatron=megatron)
+                if shared:
+                    with b.tag("shared_experts"):
+                        sh = mlp(y, shared * moe_ffn, "mlp.shared_experts")
+                    m = b.elementwise("add", m, sh, name="mlp.shared_add")
+            y = m
+        else:
+            with b.tag("mlp"):
+                y = mlp(y, cfg.ffn, "mlp")
+        return b.elementwise("add", x, y, name="residual_2")
+
+    def is_moe(i: int) -> bool:
+        return bool(cfg.n_experts) and i >= dense and i % every == 0
+
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
-            y = norm(x, "input_layernorm", "layernorm")
-            a = _mla(cfg, b, y, batch, seq, impl)
-            x = b.elementwise("add", x, a, name="residual_1")
-            y = norm(x, "post_attention_layernorm", "layernorm")
-            if cfg.n_experts and i >= dense and i % every == 0:
-                with b.tag("moe"):  # Megatron-Core's recompute modules (featurize/recompute.py)
-                    m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring, megatron=megatron)
-                    if shared:
-                        with b.tag("shared_experts"):
-                            sh = mlp(y, shared * moe_ffn, "mlp.shared_experts")
-                        m = b.elementwise("add", m, sh, name="mlp.shared_add")
-                y = m
-            else:
-                with b.tag("mlp"):
-                    y = mlp(y, cfg.ffn, "mlp")
-            x = b.elementwise("add", x, y, name="residual_2")
+            x = block(x, is_moe(i))
     with b.layer(cfg.n_layers, "lm_head"):
+        h = x
         x = norm(x, "norm")
         lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train, fp32_loss=megatron)
+        for k in range(mtp_layers):
+            h = _mtp_layer(cfg, b, h, ids, k, norm=norm, block=lambda t: block(t, is_moe(cfg.n_layers + k)))
+
+
+def _mtp_layer(cfg: HFConfig, b: GraphBuilder, h: Tensor, ids: Tensor, k: int, *, norm, block) -> Tensor:
+    """One multi-token-prediction depth (DeepSeek-V3 tech report Sec. 2.2, Megatron-Core's
+    ``MultiTokenPredictionLayer``): the embedding of the tokens k + 1 ahead (the last stage's own copy of the word
+    embedding, held and looked up there), RMSNorms of it and of the hidden states ``h``, their concatenation projected
+    from 2 x hidden to hidden (``eh_proj``, column-parallel with its output gathered over TP), one transformer block of
+    the decoder's kind (``block``), a final norm, and the output layer (shared with the main head: no parameters of its
+    own) with its loss. Returns the block's output (the next depth's hidden states)."""
+    p = f"mtp.layers.{k}"
+    with b.scope(p):
+        e = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name=f"{p}.embedding")
+        e = norm(e, f"{p}.enorm")
+        hn = norm(h, f"{p}.hnorm")
+        cat = b.copy(Tensor((*hn.shape[:-1], 2 * cfg.hidden), hn.dtype, hn.node, hn.tid), name=f"{p}.cat")
+        y = b.linear(b.tp_enter(cat, name=f"{p}.eh_proj.enter"), cfg.hidden, bias=False, name=f"{p}.eh_proj",
+                     parallel="col", fp8=False)
+        if b.tp > 1:  # all_gather_last_dim_from_tensor_parallel_region, then back to this rank's sequence shard
+            full = (*y.shape[:-1], cfg.hidden)
+            g = b.collective("all_gather", y, full, group="tp", size_bytes=math.prod(full) * b.dbytes,
+                             name=f"{p}.eh_proj.all_gather", backward=[("reduce_scatter", math.prod(full) * b.dbytes)])
+            y = Tensor(hn.shape, g.dtype, g.node, g.tid) if b.sp else g
+        x = block(y)
+        out = norm(x, f"{p}.final_layernorm")
+        lm_head_and_loss(b, out, cfg.vocab, tied=True, train=b.train, fp32_loss=True)
+    return x
 
 
 def gemma(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:

@@ -53,6 +53,8 @@ class StepOptions:
     cp: int = 1
     #: the routed experts' tensor-parallel degree (Megatron-Core's --expert-tensor-parallel-size); None: ``tp``
     etp: int | None = None
+    #: multi-token-prediction depths (Megatron-Core's --mtp-num-layers; DeepSeek-style models under "megatron")
+    mtp_layers: int = 0
     #: whose kernels and host costs: "hf" (Hugging Face eager modules), "megatron" (Megatron-LM's fused
     #: kernels; GPT only) or "megatron-deepspeed" (the same kernels driven by DeepSpeed's engine)
     framework: str = "hf"
@@ -114,7 +116,7 @@ class StepOptions:
                            cp=int(self.cp), framework=canonical_framework(self.framework), blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
-                           etp=_etp_option(self.etp))
+                           etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers))
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given."""
@@ -135,6 +137,12 @@ def _etp_option(v: Any) -> int | None:
         return None
     if not _is_count(v):
         raise GraphError(f"etp (the experts' tensor-parallel degree) must be a positive whole number, got {v!r}")
+    return int(v)
+
+
+def _mtp_option(v: Any) -> int:
+    if not (_is_count(v) or (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v == 0)):
+        raise GraphError(f"mtp_layers (--mtp-num-layers) must be a whole number >= 0, got {v!r}")
     return int(v)
 
 
@@ -191,6 +199,10 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                          f"configs (Megatron-Core's GPTModel, with its MoE layer and multi-latent attention), not "
                          f"{cfg.model_type}")
     b.framework = opts.framework
+    if opts.mtp_layers and not (opts.framework == "megatron" and cfg.family == "deepseek"):
+        raise GraphError(f"--mtp-num-layers {opts.mtp_layers}: multi-token prediction is built for DeepSeek-V2/V3 configs "
+                         f"under --framework megatron (Megatron-Core's MultiTokenPredictionBlock), not {cfg.model_type} "
+                         f"under {opts.framework}")
     if opts.blocks:
         if cfg.total_layers != cfg.n_layers:
             raise GraphError(f"{cfg.name}: an encoder-decoder model cannot be built with fewer blocks")
@@ -208,7 +220,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     elif opts.framework == "megatron" and cfg.family == "deepseek":
         from wattcast.featurize.hf_models import deepseek
 
-        deepseek(cfg, b, opts.batch, opts.seq, impl=opts.attention, megatron=True)
+        deepseek(cfg, b, opts.batch, opts.seq, impl=opts.attention, megatron=True, mtp_layers=opts.mtp_layers)
     else:
         GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
     if opts.moe_load != 1.0 and not b.routed_moe:

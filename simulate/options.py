@@ -69,6 +69,9 @@ class DistributedOptions:
     #: weight and transpose, the optimizer casts each rank's shard of them and the distributed optimizer all-gathers
     #: them at 1 B a parameter
     fp8_param_gather: bool = False
+    #: Megatron-Core's ``--mtp-num-layers`` (DeepSeek-V2/V3 configs, ``framework="megatron"``): multi-token-prediction
+    #: depths after the head, on the last pipeline stage (``featurize.hf_models._mtp_layer``); 0: none
+    mtp_num_layers: int = 0
     #: data loading (``simulate/data_loading.py``): host ms the data loader takes to produce one micro-batch (0: free,
     #: a tokenised stream) and its worker processes (None: the framework's default; 0: loaded in series with the step)
     data_load_ms: float = 0.0

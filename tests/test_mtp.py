@@ -1,0 +1,108 @@
+"""Megatron-Core's multi-token prediction (--mtp-num-layers; DeepSeek-V3 tech report Sec. 2.2) on the last pipeline
+stage, and DeepSeek's latent attention under sequence parallelism (it did not build: the latents are gathered to the
+whole sequence, the attention ran on the shard's length)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import wattcast
+from wattcast.featurize.op_graph import GraphError
+from wattcast.featurize.workload import StepOptions, step_graph
+from wattcast.simulate.parallel import ParallelConfigError
+
+# a small DeepSeek-V3-shaped model: latent attention, 1 dense block then MoE blocks with a shared expert
+H, VOCAB, HEADS = 1024, 32000, 16
+DSV3 = {"model_type": "deepseek_v3", "hidden_size": H, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
+        "num_hidden_layers": 4, "intermediate_size": 2816, "moe_intermediate_size": 352, "n_routed_experts": 64,
+        "n_shared_experts": 1, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 128,
+        "q_lora_rank": 384, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "vocab_size": VOCAB,
+        "max_position_embeddings": 4096}
+KW = dict(gpus=16, batch=32, seq=2048, tp=2, sp=True, pp=2, ep=4, zero=1, micro_batch=1, dtype="bf16",
+          attention="flash", framework="megatron")
+
+
+def _graph(mtp: int, **kw):
+    opts = dict(batch=1, seq=1024, dtype="bf16", attention="flash", framework="megatron", mtp_layers=mtp)
+    opts.update(kw)
+    return step_graph(DSV3, StepOptions(**opts))
+
+
+def _block_params(g, layer: int) -> float:
+    n = g.nodes
+    return float(n.loc[(n["layer"] == layer) & (n["phase"] == "forward"), "param_count"].sum())
+
+
+def test_mtp_depth_is_embedding_norms_projection_block_and_shared_head():
+    """One depth: the last stage's embedding copy (vocab x h), two RMSNorms, eh_proj (2h -> h), one MoE block like the
+    decoder's last, a final norm, and the output layer shared with the head (no parameters) with a second loss."""
+    g0, g1 = _graph(0), _graph(1)
+    n = g1.nodes
+    mtp = n[(n["phase"] == "forward") & n["scope"].astype(str).str.startswith(("mtp.", "moe.experts"))
+            & (n["layer"] == 4)]
+    eh = mtp[mtp["name"] == "mtp.layers.0.eh_proj"].iloc[0]
+    assert (eh["N"], eh["K"]) == (2 * H, H)
+    assert (n.loc[(n["layer"] == 4) & (n["phase"] == "forward"), "name"] == "lm_head").sum() == 2
+    assert (n.loc[(n["layer"] == 4) & (n["phase"] == "forward"), "name"] == "loss").sum() == 2
+    added = g1.param_count - g0.param_count
+    norms = 3 * H  # enorm, hnorm, final_layernorm
+    # the MTP block's parameters equal a decoder MoE block's (layer 3), whose latent norms' weights (q_lora_rank +
+    # kv_lora_rank) sit on no kernel node
+    block = _block_params(g0, 3) + DSV3["q_lora_rank"] + DSV3["kv_lora_rank"]
+    assert added == pytest.approx(VOCAB * H + norms + 2 * H * H + block, rel=1e-9)
+
+
+def test_mtp_sits_on_the_last_stage():
+    off = wattcast.predict_cluster(DSV3, "DGX-H100", **KW)
+    on = wattcast.predict_cluster(DSV3, "DGX-H100", **KW, mtp_num_layers=1)
+    assert on.per_device[0]["params"] == off.per_device[0]["params"]
+    assert on.per_device[1]["params"] > off.per_device[1]["params"] + VOCAB * H / 2  # its embedding copy, TP-split
+    assert on.step_time_ms > off.step_time_ms and on.flops > off.flops
+    assert on.to_dict()["settings"]["mtp_num_layers"] == 1
+
+
+@pytest.mark.parametrize("model, kw, match", [
+    ("llama3_8b", dict(framework="megatron"), "built for DeepSeek-V2/V3"),
+    (DSV3, dict(framework="hf"), "under --framework megatron"),
+    (DSV3, dict(mtp_num_layers=-1), "whole number >= 0"),
+])
+def test_mtp_rules(model, kw, match):
+    args = dict(KW, mtp_num_layers=1)
+    args.update(kw)
+    if model == "llama3_8b":
+        args.update(ep=1)
+    with pytest.raises((GraphError, ParallelConfigError), match=match):
+        wattcast.predict_cluster(model, "DGX-H100", **args)
+
+
+def test_latent_attention_under_sequence_parallelism_attends_over_the_whole_sequence():
+    g = _graph(0, tp=2, sp=True)
+    n = g.nodes
+    flash = n[(n["name"] == "attn.flash") & (n["phase"] == "forward")].iloc[0]
+    assert flash["M"] == 1024  # the sequence, not the 512-token shard
+    assert g.meta.get("n_layers") == 4
+
+
+def test_cli_mtp_num_layers():
+    from typer.testing import CliRunner
+
+    from wattcast.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["predict", "-m", "deepseek_v3", "--mtp-num-layers", "1"])
+    assert bad.exit_code != 0 and "--mtp-num-layers" in bad.output
+    cfg = json.dumps(DSV3)
+    import tempfile, pathlib
+
+    with tempfile.TemporaryDirectory() as d:
+        p = pathlib.Path(d) / "config.json"
+        p.write_text(cfg)
+        args = ["predict", "-m", str(p), "--cluster", "DGX-H100", "--gpus", "16", "--batch", "32", "--seq", "2048",
+                "--tp", "2", "--sp", "--pp", "2", "--ep", "4", "--zero", "1", "--micro-batch", "1", "--dtype", "bf16",
+                "--attention", "flash", "--framework", "megatron", "--json"]
+        off = runner.invoke(app, args)
+        on = runner.invoke(app, args + ["--mtp-num-layers", "1"])
+    assert off.exit_code == 0 and on.exit_code == 0, on.output
+    assert json.loads(on.stdout)["step_time_ms"] > json.loads(off.stdout)["step_time_ms"]
