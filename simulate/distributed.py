@@ -1179,8 +1179,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # weights, gradients and optimizer states in the stage's memory terms, its gradient in the DP buckets and its share
     # of the distributed optimizer's gather, like any parameter of the stage
     tied_params = float(g.meta.get("tied_output_params") or 0.0) if P > 1 else 0.0
-    if tied_params > 0:
-        params_chunk = params_chunk + tied_copy_params_by_chunk(tied_params, P, n_chunks)
+    if tied_params > 0:  # once per (view, chunking, pp) in a search
+        with_copy = sums.get(("params+tied", P))
+        if with_copy is None:
+            with_copy = sums[("params+tied", P)] = params_chunk + tied_copy_params_by_chunk(tied_params, P, n_chunks)
+        params_chunk = with_copy
     act_chunk = chunk_sum("act_bytes")
     db = DTYPE_BYTES[dtype]
     dp_n = lay["dp"].size
@@ -1321,10 +1324,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     tied_ar_ms = tied_ar_bytes = 0.0
     if tied_params > 0:
         tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype) / (dp_n if par.zero >= 2 else 1)
-        emb_l = embedding_group_layout(par.tp, par.cp, par.dp, P, cl.gpus_per_node)
-        tied_key = ("tied_ar", tied_ar_bytes, emb_l, id(cl), id(cm))
+        one_node = par.tp * par.cp * par.dp * P <= cl.gpus_per_node  # embedding_group_layout's rule
+        tied_key = ("tied_ar", tied_ar_bytes, one_node, id(cl), id(cm))
         tied_ar_ms = memo.get(tied_key) if memo is not None else None
         if tied_ar_ms is None:
+            emb_l = embedding_group_layout(par.tp, par.cp, par.dp, P, cl.gpus_per_node)
             tied_ar_ms = float(collective_ms(cm, ["all_reduce"], [tied_ar_bytes], emb_l, cl)[0][0])
             if memo is not None:
                 memo[tied_key] = tied_ar_ms

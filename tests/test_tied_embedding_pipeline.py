@@ -17,6 +17,7 @@ from wattcast.simulate.distributed import (collective_model, collective_ms, sche
                                            tied_copy_params_by_chunk, tied_grad_bytes, tied_grad_sync_ms)
 from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.parallel import GroupLayout, ParallelConfig, embedding_group_layout
+from wattcast.simulate.trace import TRACKS, distributed_trace_events
 
 H, L, V_PADDED, T = 12288, 96, 51200, 8
 GPT3 = {"model_type": "gpt2", "n_embd": H, "n_head": 96, "n_layer": L, "n_positions": 2048, "vocab_size": 51200,
@@ -156,6 +157,9 @@ def test_trace_draws_the_all_reduce_in_framework_order(framework, before_dp):
     ar = [e for e in r.events if e["name"] == "pp.embedding_grad_all_reduce"]
     assert sorted(e["stage"] for e in ar) == [0, 3]
     assert ar[0]["end_ms"] - ar[0]["start_ms"] == pytest.approx(r.comm["embedding_grad_allreduce_ms"])
+    # the Chrome trace draws it on each stage's pp track
+    chrome = [e for e in distributed_trace_events(r) if e.get("name") == "pp.embedding_grad_all_reduce"]
+    assert sorted(e["pid"] for e in chrome) == [0, 3] and {e["tid"] for e in chrome} == {TRACKS["pp"][0]}
     for s in (0, 3):
         mine = next(e for e in ar if e["stage"] == s)
         dp = [e for e in r.events if e["stage"] == s and e["name"].startswith("dp.")]
