@@ -144,6 +144,10 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
     # transformer layers)
     logits = b.linear(x, padded_vocab(b, vocab), bias=bias, name="lm_head", weight_params=not tied, parallel="col",
                       fp8=False)
+    if tied:
+        # the tied weight's parameters on this rank ((padded vocab / tp) x hidden): the head holds none of its own, but a
+        # pipeline's last stage keeps a copy of them (simulate/distributed.py, tied_copy_params_by_chunk)
+        b.meta["tied_output_params"] = int(x.shape[-1]) * (padded_vocab(b, vocab) // max(int(b.tp), 1))
     if softcap:
         logits = softcap_logits(b, logits, softcap, "lm_head.softcap")
     if train:

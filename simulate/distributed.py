@@ -13,6 +13,11 @@
    start as the stage's last backward pass produces them and overlap with it; ZeRO >= 1 all-gathers the
    updated parameters after the optimizer step; ZeRO-3/FSDP also all-gathers each chunk's parameters
    before its forward and backward (prefetched: a task takes max(compute, gather)).
+   A model whose LM head is tied to the token embedding keeps, with a pipeline, a copy of the word-embedding matrix
+   on the last stage (a parameter there: memory, DP buckets, optimizer), and the first and the last stage all-reduce
+   its gradient once per step (Megatron-Core's ``_allreduce_embedding_grads`` after the DP sync; DeepSpeed's
+   ``_exec_reduce_tied_grads`` before it): ``tied_copy_params_by_chunk``, ``tied_grad_sync_ms``; charged to the "pp"
+   class of the exposed-communication split.
 5. Optimizer step per stage (sharded over DP under ZeRO >= 1).
 
 Outputs: step time, exposed communication (step time minus the same step with free communication),
@@ -39,8 +44,9 @@ from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
-from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers, expert_dp,
-                                        expert_tp, group_layout, layouts, resolve_parallel, stage_layers)
+from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
+                                        embedding_group_layout, expert_dp, expert_tp, group_layout, layouts,
+                                        resolve_parallel, stage_layers)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.pipeline_fast import time_pipeline
@@ -263,6 +269,56 @@ def grad_accumulation_bytes(framework: str, dtype: str) -> tuple[float, bool]:
     if framework == "megatron-deepspeed" and dtype == "bf16":
         return 18.0, True
     return 3.0 * _grad_bytes(framework, dtype), False
+
+
+def tied_copy_params_by_chunk(tied_output_params: float, pp: int, n_chunks: int) -> np.ndarray:
+    """Parameters per model chunk (one TP rank) of the output layer's copy of a tied word embedding: with a pipeline
+    (``pp`` > 1) the last stage holds its own (padded vocab / tp) x hidden weight for the output layer, on its last
+    model chunk (the last chunk overall under interleaving), a real parameter with its gradient and optimizer state;
+    without one the head uses the embedding's weight (zeros).
+
+    Megatron-LM / Megatron-Core: ``LanguageModule.setup_embeddings_and_output_layer`` (megatron/core/models/common/
+    language_module/language_module.py) allocates ``output_layer.weight`` on the last stage, zeroes it and all-reduces
+    it from the first stage's embedding over the embedding group; ``shared_embedding_or_output_weight`` returns it there.
+    Its ``theoretical_memory_usage.py`` counts ``embedding_size`` on the most loaded shard for that reason (a second
+    one only when untied with pp == 1). DeepSpeed's ``PipelineModule`` builds a ``TiedLayerSpec`` on every stage that
+    uses it (Megatron-DeepSpeed's ``GPTModelPipe``: ``EmbeddingPipe`` tied as ``embed`` on the first and last stage)."""
+    out = np.zeros(int(n_chunks))
+    if pp > 1 and tied_output_params > 0:
+        out[-1] = float(tied_output_params)
+    return out
+
+
+def tied_grad_bytes(framework: str, dtype: str) -> int:
+    """Bytes per element of the tied embedding's gradient that the first and last stage all-reduce.
+
+    - Megatron-LM / Megatron-Core: ``_allreduce_word_embedding_grads`` (megatron/core/distributed/finalize_model_grads.py)
+      all-reduces the weight's ``main_grad``: fp32 under bf16 (``--accumulate-allreduce-grads-in-fp32``), else the
+      parameter's dtype (:func:`_grad_bytes`);
+    - DeepSpeed's pipeline engine (``PipelineEngine._exec_reduce_tied_grads``): ``weight._hp_grad`` (fp32) under its
+      ``BF16_Optimizer``, else ``weight.grad`` (fp16 / fp32);
+    - PyTorch (``hf``): AMP's fp32 ``.grad``."""
+    if framework == "megatron-deepspeed":
+        return 4 if dtype == "bf16" else DTYPE_BYTES[dtype]
+    return _grad_bytes(framework, dtype)
+
+
+def tied_grads_before_dp(framework: str) -> bool:
+    """Whether the tied embedding's all-reduce runs before the data-parallel gradient reduction (DeepSpeed's
+    ``TrainSchedule`` issues ``ReduceTiedGrads`` then ``ReduceGrads``) or after it (Megatron-Core's
+    ``finalize_model_grads``: ``finish_grad_sync`` of every chunk, then ``_allreduce_embedding_grads``; PyTorch: after
+    DDP's reduction, in the training loop)."""
+    return framework == "megatron-deepspeed"
+
+
+def tied_grad_sync_ms(end_ms: np.ndarray, allreduce_ms: float) -> tuple[np.ndarray, float]:
+    """(each stage's end, the all-reduce's start) after the tied embedding's gradient all-reduce between the first and
+    the last stage: a 2-rank collective is a barrier, so it starts when the later of the two is there and both end
+    ``allreduce_ms`` later; the other stages are not in the group."""
+    out = np.array(end_ms, dtype=float, copy=True)
+    start = float(max(out[0], out[-1]))
+    out[0] = out[-1] = start + float(allreduce_ms)
+    return out, start
 
 
 def collective_model():
@@ -666,6 +722,18 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
         overheads=step_overheads(costed.iloc[np.repeat(np.arange(len(costed)), mult)] if n_rep > 1 else costed),
         per_op=group_totals(whole["op_class"].to_numpy(), wt, whole["flops"].to_numpy(dtype=float), "op_class"),
         fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
+
+
+def _tied_copy_optimizer(view: _RankView, tied_params: float) -> tuple[float, float]:
+    """(ms, J) of the optimizer step (with its clipping and unscaling) over a tied embedding's copy of ``tied_params``
+    parameters: the embedding layer's own per parameter (the same weight's kernels, memory-bound and linear in the
+    parameters), scaled to the copy."""
+    emb = view.layer_ids < 0
+    p = float(view.params[emb].sum())
+    if p <= 0:
+        return 0.0, 0.0
+    f = tied_params / p
+    return float(view.opt_ms[emb].sum()) * f, float(view.e_opt_j[emb].sum()) * f
 
 
 def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: list[int] | None = None) -> np.ndarray:
@@ -1128,6 +1196,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation); it needs no
     # schedule, so it comes first: a search skips the schedule of a strategy that does not fit (``prune_oom``)
     params_chunk = chunk_sum("params")
+    # a pipeline's last stage holds the output layer's copy of a tied word embedding (tied_copy_params_by_chunk): its
+    # weights, gradients and optimizer states in the stage's memory terms, its gradient in the DP buckets and its share
+    # of the distributed optimizer's gather, like any parameter of the stage
+    tied_params = float(g.meta.get("tied_output_params") or 0.0) if P > 1 else 0.0
+    if tied_params > 0:  # once per (view, chunking, pp) in a search
+        with_copy = sums.get(("params+tied", P))
+        if with_copy is None:
+            with_copy = sums[("params+tied", P)] = params_chunk + tied_copy_params_by_chunk(tied_params, P, n_chunks)
+        params_chunk = with_copy
     act_chunk = chunk_sum("act_bytes")
     db = DTYPE_BYTES[dtype]
     dp_n = lay["dp"].size
@@ -1141,7 +1218,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         p_stage = by_stage(params_chunk)
         # each stage's share of FP8-GEMM parameters (its own layers': the embedding's and the head's stages have fewer)
         fp8_stage = np.divide(by_stage(chunk_sum("fp8_params")), p_stage, out=np.zeros(P), where=p_stage > 0)
-        hit = sums[stage_key] = (p_stage, act_chunk.reshape(V, P).mean(axis=0), by_stage(chunk_sum("opt_ms")), fp8_stage,
+        opt_s = by_stage(chunk_sum("opt_ms"))
+        if tied_params > 0:  # the last stage's optimizer also steps the tied embedding's copy
+            opt_s[-1] += _tied_copy_optimizer(view, tied_params)[0]
+        hit = sums[stage_key] = (p_stage, act_chunk.reshape(V, P).mean(axis=0), opt_s, fp8_stage,
                                  by_stage(chunk_sum("opt_cast_ms")))
     params_stage, act_stage, opt_by_stage, fp8_frac, opt_cast_stage = hit
     inf_key = ("inflight", P, V, n_micro, par.schedule)
@@ -1260,6 +1340,21 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     grad_b = _grad_bytes(opts.framework, dtype)
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
+    # the tied embedding's gradient all-reduce between the first and the last stage (Megatron-Core's
+    # _allreduce_embedding_grads, DeepSpeed's _exec_reduce_tied_grads): once per step, a 2-rank all-reduce of the copy's
+    # gradient (its DP shard under ZeRO-2/3) over the embedding group, usually across nodes; in the "pp" class
+    tied_ar_ms = tied_ar_bytes = 0.0
+    if tied_params > 0:
+        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype) / (dp_n if par.zero >= 2 else 1)
+        one_node = par.tp * par.cp * par.dp * P <= cl.gpus_per_node  # embedding_group_layout's rule
+        tied_key = ("tied_ar", tied_ar_bytes, one_node, id(cl), id(cm))
+        tied_ar_ms = memo.get(tied_key) if memo is not None else None
+        if tied_ar_ms is None:
+            emb_l = embedding_group_layout(par.tp, par.cp, par.dp, P, cl.gpus_per_node)
+            tied_ar_ms = float(collective_ms(cm, ["all_reduce"], [tied_ar_bytes], emb_l, cl)[0][0])
+            if memo is not None:
+                memo[tied_key] = tied_ar_ms
+    tied_first = tied_grads_before_dp(opts.framework)
     # the distributed optimizer's parameter all-gather: bf16 weights, FP8 ones at 1 B with --fp8-param-gather
     gather_b_chunk = (params_chunk * db - chunk_sum("fp8_params") * (db - DTYPE_BYTES["fp8"]) if ctx.fp8_param_gather
                       else params_chunk * db)
@@ -1323,6 +1418,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         pipe, lb = hit
         stage_end = pipe.stage_end.copy()
         comm_events = []
+        tied_on = tied_ar_ms > 0 and "pp" not in free
+        tied_start = 0.0
+        if tied_on and tied_first:  # DeepSpeed: ReduceTiedGrads, then ReduceGrads
+            stage_end, tied_start = tied_grad_sync_ms(stage_end, tied_ar_ms)
         finish = stage_end.copy()
         if dp_on and lay["dp"].size > 1 and par.zero != 3 and dpt["bucket_pad"].shape[1]:
             # every stage's buckets at once: rows padded with empty buckets that are never ready (they change nothing)
@@ -1351,6 +1450,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             else:
                 hidden = np.zeros(P)
             finish = np.where(has, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
+        if tied_on and not tied_first:  # Megatron-Core's finalize_model_grads: the DP sync, then the embedding's
+            finish, tied_start = tied_grad_sync_ms(finish, tied_ar_ms)
+        if tied_on and trace:
+            comm_events += [(s, "pp.embedding_grad_all_reduce", tied_start, tied_start + tied_ar_ms) for s in (0, P - 1)]
         # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
         opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share
         gather = np.zeros(P)
@@ -1414,7 +1517,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     e_opt_key = ("e_opt_stage", P, V)
     e_opt_s = sums.get(e_opt_key)
     if e_opt_s is None:
-        e_opt_s = sums[e_opt_key] = (by_stage(chunk_sum("e_opt_j")), by_stage(chunk_sum("e_opt_cast_j")))
+        e_opt_stage = by_stage(chunk_sum("e_opt_j"))
+        if tied_params > 0:
+            e_opt_stage[-1] += _tied_copy_optimizer(view, tied_params)[1]
+        e_opt_s = sums[e_opt_key] = (e_opt_stage, by_stage(chunk_sum("e_opt_cast_j")))
     e_chunk_s = by_stage(e_chunk)
     busy_all = busy + opt_stage
     # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls for its
@@ -1504,6 +1610,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
                 dp_sync_ms=float(dpt["sync_ms"].sum()), dp_param_gather_ms=float(dpt["gather_after_ms"].sum()),
                 grad_accumulation_ms_per_micro=float(acc_ms.sum()),
+                # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the
+                # first/last stage gradient all-reduce, once per step
+                **(dict(tied_embedding_copy_params=tied_params, embedding_grad_allreduce_bytes=tied_ar_bytes,
+                        embedding_grad_allreduce_ms=tied_ar_ms) if tied_params > 0 else {}),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,

@@ -498,6 +498,22 @@ def group_layout(size: int, stride: int, gpus_per_node: int) -> GroupLayout:
     return GroupLayout(size, per, -(-size // per))
 
 
+def embedding_group_layout(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int) -> GroupLayout:
+    """Where Megatron's embedding groups sit: the first and the last pipeline stage's rank of each (TP, CP, DP) rank,
+    ``tp x cp x dp x (pp - 1)`` ranks apart in Megatron's order (``parallel_state.initialize_model_parallel``:
+    ``embedding_ranks = [ranks[0], ranks[-1]]`` of each pipeline group). Size 2 with a pipeline, else no group.
+
+    Every pair reduces at once and the step waits for the slowest, so one pair across nodes puts the group across
+    nodes. Pair ``(r, r + stride)`` for ``r`` < ``a = tp x cp x dp`` shares a node only if ``r mod g + stride < g``;
+    all of them do exactly when ``a x pp`` (the whole job) fits on one node. (:func:`group_layout`'s count of members
+    per node, ``g // stride``, would put ranks 0 and 6 of one 8-GPU node on two nodes.)"""
+    if pp <= 1:
+        return GroupLayout(1, 1, 1)
+    if tp * cp * dp * pp <= gpus_per_node:
+        return GroupLayout(2, 2, 1)
+    return GroupLayout(2, 1, 2)
+
+
 def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
     """Where each parallel group of ``cfg`` sits on ``cluster`` (a new dict; the layouts are shared, immutable)."""
     return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node, expert_tp(cfg)))

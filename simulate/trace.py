@@ -73,7 +73,7 @@ def write_chrome_trace(res, path: str | Path) -> Path:
 #: of communication that can run at the same time as another (each on its own NCCL stream / group): an event's kind is
 #: its name's prefix (``cp.ring_kv3`` -> cp; ZeRO-3's ``zero3.*`` share the data-parallel track)
 TRACKS = {"compute": (0, "compute"), "dp": (1, "comm: dp (gradient reduce, ZeRO)"), "cp": (2, "comm: cp (ring KV exchange)"),
-          "pp": (3, "comm: pp (send/recv)"), "ep": (4, "comm: ep (all-to-all)"), "tp": (5, "comm: tp"),
+          "pp": (3, "comm: pp (send/recv, tied embedding grads)"), "ep": (4, "comm: ep (all-to-all)"), "tp": (5, "comm: tp"),
           "comm": (6, "comm: other")}
 _TRACK_OF = {"zero3": "dp"}
 #: extra lanes of a track (events of one kind that partly overlap: e.g. a ring exchange outlasting its task) start here

@@ -62,7 +62,10 @@ def test_layer_activations_match_korthikanti(name, sp, recompute):
 
 def megatron_weight_and_optimizer_bytes(h: int, L: int, t: int, p: int, dp: int, vocab: int, *, dist_opt: bool,
                                         ffn: int | None = None, kv_ratio: float = 1.0, gated: float = 1.0) -> float:
-    """Megatron-LM ``theoretical_memory_usage.compute_weight_and_optimizer_memory`` (most loaded shard: first stage)."""
+    """Megatron-LM ``theoretical_memory_usage.compute_weight_and_optimizer_memory``: the most loaded shard, ``(L/p
+    transformer layers + 1 embedding) / t`` parameters (the first stage's word embedding, or with pp > 1 the last
+    stage's output layer: its own weight, or the tied embedding's copy) at 18 B (6 + 12/d with the distributed
+    optimizer). Tied, untied with pp > 1: one embedding a shard; untied with pp == 1 adds a second."""
     ffn = ffn or 4 * h
     layers = 2 * L * h * h * ((1 + kv_ratio) + ffn / h * gated + 2 / h + 1 / (L * h))
     shard = (layers / p + h * vocab) / t
@@ -82,6 +85,25 @@ def test_model_states_match_megatrons_formula(name, zero):
     want = megatron_weight_and_optimizer_bytes(d["h"], d["L"], d["t"], d["p"], dp, 51200, dist_opt=zero == 1)
     states0 = (first["weights_gb"] + first["gradients_gb"] + first["optimizer_gb"]) * 1e9
     assert states0 == pytest.approx(want, rel=0.05)
+
+
+@pytest.mark.parametrize("name", list(TABLE3))
+@pytest.mark.parametrize("zero", [0, 1])
+def test_last_stage_states_match_megatrons_formula(name, zero):
+    """The most loaded shard of Megatron's formula is ``(L/p layers + 1 embedding) / t`` for the last stage too: with
+    pp > 1 and the output layer tied to the word embedding, the last stage holds its own copy of the (padded vocab x h)
+    matrix (``LanguageModule.setup_embeddings_and_output_layer``), a parameter with gradient and optimizer state;
+    ``theoretical_memory_usage.py`` adds a second embedding only when untied with pp == 1. Tighter than the first
+    stage's check: that one also holds the position embedding, which the formula leaves out."""
+    d = TABLE3[name]
+    dp = 2
+    gpus = d["t"] * d["p"] * dp
+    par = ParallelConfig(gpus=gpus, tp=d["t"], pp=d["p"], dp=dp, micro_batch=1, sp=True, recompute="selective", zero=zero)
+    r = predict_distributed(_cfg(name), "DGX-A100", par, DistributedOptions(batch=dp * d["p"], seq=S, dtype="bf16",
+                                                                           attention="eager", framework="megatron"))
+    last = r.per_device[-1]
+    want = megatron_weight_and_optimizer_bytes(d["h"], d["L"], d["t"], d["p"], dp, 51200, dist_opt=zero == 1)
+    assert (last["weights_gb"] + last["gradients_gb"] + last["optimizer_gb"]) * 1e9 == pytest.approx(want, rel=0.002)
 
 
 @pytest.mark.parametrize("name", list(TABLE3))

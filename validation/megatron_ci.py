@@ -12,7 +12,8 @@ remains (``8 / (tp x pp x cp)``). Rows read (everything else is left out, with t
   they time something else).
 
 Each test is read as: bf16 (fp16 where the test sets it), attention ``flash`` where the test's attention backend is
-flash and Megatron's fused softmax (``eager``) otherwise, ``--use-distributed-optimizer`` as ZeRO-1, full
+flash and Megatron's fused softmax (``eager``) otherwise, ``--use-distributed-optimizer`` as ZeRO-1, the output layer
+tied to the word embedding unless the test's name says untied (:func:`ci_tied`), full
 recomputation where set, ``num-layers-per-virtual-pipeline-stage`` as interleaving, vocabulary 50,257 where the table
 has none (the GPT-2 tokenizer the tests use). These are small models (12 layers, hidden 512, 32 sequences of 1,024
 tokens a step): the step is bound by the host, which is what the table measures for Megatron-Core.
@@ -99,10 +100,19 @@ def load_megatron_ci(root=None) -> tuple[pd.DataFrame, dict[str, int]]:
     return out.reset_index(drop=True), dropped
 
 
+def ci_tied(test_case) -> bool:
+    """Whether a CI test ties the output layer to the word embedding: Megatron's GPT does unless
+    ``--untie-embeddings-and-output-weights`` is passed, which the table gives by test name only (``..._untie_...``,
+    ``..._untied``)."""
+    return "untie" not in str(test_case)
+
+
 def ci_config(r) -> dict:
+    tied = ci_tied(getattr(r, "test_case", ""))
     return {"model_type": "gpt2", "n_embd": int(r.hidden), "n_head": int(r.heads), "n_layer": int(r.layers),
             "n_positions": int(r.seq), "vocab_size": int(r.vocab), "activation_function": "gelu",
-            "_name_or_path": f"megatron-ci-gpt-h{int(r.hidden)}-l{int(r.layers)}"}
+            "tie_word_embeddings": tied,
+            "_name_or_path": f"megatron-ci-gpt-h{int(r.hidden)}-l{int(r.layers)}" + ("" if tied else "-untied")}
 
 
 def _switched_on(v) -> bool:
