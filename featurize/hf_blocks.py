@@ -135,16 +135,17 @@ def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
 
 
 def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False,
-                     fp32_loss: bool = False, softcap: float | None = None) -> Tensor:
+                     fp32_loss: bool = False, softcap: float | None = None, shared: bool = False) -> Tensor:
     """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss
     (``fp32_loss``: on ``logits.float()``, as Megatron-LM's GPT computes it, keeping fp32 probabilities;
-    ``softcap``: Gemma 2's final logit soft-capping before the loss)."""
+    ``softcap``: Gemma 2's final logit soft-capping before the loss; ``shared``: the output layer of another head on
+    the same stage, multi-token prediction's: no parameters and no copy of its own)."""
     x = b.tp_enter(x, name="lm_head.enter")
     # Transformer Engine's recipes keep the output layer in bf16 (Megatron-Core: not a TE module; --fp8 covers the
     # transformer layers)
-    logits = b.linear(x, padded_vocab(b, vocab), bias=bias, name="lm_head", weight_params=not tied, parallel="col",
-                      fp8=False)
-    if tied:
+    logits = b.linear(x, padded_vocab(b, vocab), bias=bias, name="lm_head", weight_params=not (tied or shared),
+                      parallel="col", fp8=False)
+    if tied and not shared:
         # the tied weight's parameters on this rank ((padded vocab / tp) x hidden): the head holds none of its own, but a
         # pipeline's last stage keeps a copy of them (simulate/distributed.py, tied_copy_params_by_chunk)
         b.meta["tied_output_params"] = int(x.shape[-1]) * (padded_vocab(b, vocab) // max(int(b.tp), 1))
@@ -173,11 +174,12 @@ def local_heads(b: GraphBuilder, n: int, what: str = "attention heads") -> int:
     return n // b.tp
 
 
-def vocab_embedding(b: GraphBuilder, ids: Tensor, vocab: int, dim: int, name: str) -> Tensor:
-    """Token embedding: vocabulary-parallel under tensor parallelism, partial lookups all-reduced."""
+def vocab_embedding(b: GraphBuilder, ids: Tensor, vocab: int, dim: int, name: str, *, params: bool = True) -> Tensor:
+    """Token embedding: vocabulary-parallel under tensor parallelism, partial lookups all-reduced. ``params=False``:
+    a lookup in a table another op already holds."""
     if b.tp == 1:
-        return b.embedding(ids, padded_vocab(b, vocab), dim, name=name)
-    e = b.embedding(ids, padded_vocab(b, vocab), dim, name=name, parallel=True)
+        return b.embedding(ids, padded_vocab(b, vocab), dim, name=name, params=params)
+    e = b.embedding(ids, padded_vocab(b, vocab), dim, name=name, parallel=True, params=params)
     return b.tp_exit(e, name=f"{name}.reduce")
 
 

@@ -767,13 +767,15 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
 def _mtp_layer(cfg: HFConfig, b: GraphBuilder, h: Tensor, ids: Tensor, k: int, *, norm, block) -> Tensor:
     """One multi-token-prediction depth (DeepSeek-V3 tech report Sec. 2.2, Megatron-Core's
     ``MultiTokenPredictionLayer``): the embedding of the tokens k + 1 ahead (the last stage's own copy of the word
-    embedding, held and looked up there), RMSNorms of it and of the hidden states ``h``, their concatenation projected
+    embedding, one table for every depth, its gradient all-reduced with the first stage's), RMSNorms of it and of the hidden states ``h``, their concatenation projected
     from 2 x hidden to hidden (``eh_proj``, column-parallel with its output gathered over TP), one transformer block of
     the decoder's kind (``block``), a final norm, and the output layer (shared with the main head: no parameters of its
     own) with its loss. Returns the block's output (the next depth's hidden states)."""
     p = f"mtp.layers.{k}"
     with b.scope(p):
-        e = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name=f"{p}.embedding")
+        e = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name=f"{p}.embedding", params=k == 0)  # one table
+        # its gradient is all-reduced with the first stage's embedding (Megatron-Core's embedding group)
+        b.meta["mtp_embedding_params"] = cfg.hidden * (padded_vocab(b, cfg.vocab) // b.tp)
         e = norm(e, f"{p}.enorm")
         hn = norm(h, f"{p}.hnorm")
         cat = b.copy(Tensor((*hn.shape[:-1], 2 * cfg.hidden), hn.dtype, hn.node, hn.tid), name=f"{p}.cat")
@@ -786,7 +788,7 @@ def _mtp_layer(cfg: HFConfig, b: GraphBuilder, h: Tensor, ids: Tensor, k: int, *
             y = Tensor(hn.shape, g.dtype, g.node, g.tid) if b.sp else g
         x = block(y)
         out = norm(x, f"{p}.final_layernorm")
-        lm_head_and_loss(b, out, cfg.vocab, tied=True, train=b.train, fp32_loss=True)
+        lm_head_and_loss(b, out, cfg.vocab, tied=False, shared=True, train=b.train, fp32_loss=True)
     return x
 
 

@@ -1343,9 +1343,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # the tied embedding's gradient all-reduce between the first and the last stage (Megatron-Core's
     # _allreduce_embedding_grads, DeepSpeed's _exec_reduce_tied_grads): once per step, a 2-rank all-reduce of the copy's
     # gradient (its DP shard under ZeRO-2/3) over the embedding group, usually across nodes; in the "pp" class
+    # multi-token prediction's embedding copy on the last stage is in the embedding group too (its parameters are
+    # already the MTP block's, on the last stage)
+    sync_params = tied_params + (float(g.meta.get("mtp_embedding_params") or 0.0) if P > 1 else 0.0)
     tied_ar_ms = tied_ar_bytes = 0.0
-    if tied_params > 0:
-        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype) / (dp_n if par.zero >= 2 else 1)
+    if sync_params > 0:
+        tied_ar_bytes = sync_params * tied_grad_bytes(opts.framework, dtype) / (dp_n if par.zero >= 2 else 1)
         one_node = par.tp * par.cp * par.dp * P <= cl.gpus_per_node  # embedding_group_layout's rule
         tied_key = ("tied_ar", tied_ar_bytes, one_node, id(cl), id(cm))
         tied_ar_ms = memo.get(tied_key) if memo is not None else None
@@ -1613,7 +1616,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the
                 # first/last stage gradient all-reduce, once per step
                 **(dict(tied_embedding_copy_params=tied_params, embedding_grad_allreduce_bytes=tied_ar_bytes,
-                        embedding_grad_allreduce_ms=tied_ar_ms) if tied_params > 0 else {}),
+                        embedding_grad_allreduce_ms=tied_ar_ms) if sync_params > 0 else {}),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,

@@ -57,8 +57,15 @@ def test_mtp_depth_is_embedding_norms_projection_block_and_shared_head():
 def test_mtp_sits_on_the_last_stage():
     off = wattcast.predict_cluster(DSV3, "DGX-H100", **KW)
     on = wattcast.predict_cluster(DSV3, "DGX-H100", **KW, mtp_num_layers=1)
+    two = wattcast.predict_cluster(DSV3, "DGX-H100", **KW, mtp_num_layers=2)
     assert on.per_device[0]["params"] == off.per_device[0]["params"]
     assert on.per_device[1]["params"] > off.per_device[1]["params"] + VOCAB * H / 2  # its embedding copy, TP-split
+    # a second depth adds a block, norms and a projection but no second embedding table
+    depth = on.per_device[1]["params"] - off.per_device[1]["params"]
+    assert two.per_device[1]["params"] - on.per_device[1]["params"] == pytest.approx(depth - VOCAB * H / 2, rel=1e-9)
+    # the embedding copy's gradient is all-reduced with the first stage (fp32 main grads under bf16), in the pp class
+    assert "embedding_grad_allreduce_bytes" not in off.comm
+    assert on.comm["embedding_grad_allreduce_bytes"] == pytest.approx(VOCAB * H / 2 * 4)
     assert on.step_time_ms > off.step_time_ms and on.flops > off.flops
     assert on.to_dict()["settings"]["mtp_num_layers"] == 1
 
