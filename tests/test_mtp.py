@@ -113,3 +113,15 @@ def test_cli_mtp_num_layers():
         on = runner.invoke(app, args + ["--mtp-num-layers", "1"])
     assert off.exit_code == 0 and on.exit_code == 0, on.output
     assert json.loads(on.stdout)["step_time_ms"] > json.loads(off.stdout)["step_time_ms"]
+
+
+def test_search_takes_mtp_num_layers():
+    kw = dict(gpus=16, batch=32, seq=2048, dtype="bf16", attention="flash", framework="megatron", tp=(2,), pp=(2,),
+              ep=(4,), sp=(True,), zero=(1,), recompute=("none",), micro_batch=(1,), interleave=(1,), workers=1,
+              prune_oom=False)
+    off = wattcast.search(DSV3, "DGX-H100", **kw).ranked.iloc[0]
+    on = wattcast.search(DSV3, "DGX-H100", **kw, mtp_num_layers=1).ranked.iloc[0]
+    assert on["step_time_ms"] > off["step_time_ms"]
+    p = wattcast.predict_cluster(DSV3, "DGX-H100", strategy=on["strategy"], seq=2048, dtype="bf16", attention="flash",
+                                 framework="megatron", mtp_num_layers=1)
+    assert p.step_time_ms == pytest.approx(on["step_time_ms"], rel=1e-9)
