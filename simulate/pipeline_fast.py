@@ -18,7 +18,10 @@ chunks of f + b (one micro-batch's work on stage s).
   and every stage alone at t_s; GPipe runs all forwards then all backwards, max f + max b; interleaved 1F1B the
   busiest stage, max t_s, plus the (P - 1)/V bubble at the mean stage.
 - Drain: each stage's last task is the backward of chunk 0, which waits for the next stage's:
-  end_s = end_{s+1} + c + b_s, so end_s = T - sum_{k<s} (b_k + c) with T the step (stage 0 ends last).
+  end_s = end_{s+1} + c + b_s, so end_s = T - sum_{k<s} (b_k + c) with T the step (stage 0 ends last). Likewise
+  per model chunk (interleaved): chunk c's last backward on stage s is the last micro-batch's on virtual stage
+  v = c P + s and ends at T - sum_{u<v} (b_u + c); its first forward is the first micro-batch's and starts at
+  sum_{u<v} (f_u + c) (every first forward is a warm-up forward). Both equal the event loop's on the test grid.
 
 Where it is used (:func:`closed_form_applies`): stages with equal forward and equal backward times (the textbook
 case, within 1% on the test grid), for interleaved 1F1B while the transfer takes no longer than a forward chunk, for
@@ -33,6 +36,8 @@ its round-robin scan dominates); ``exact`` keeps the event loop itself, the refe
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
@@ -89,9 +94,13 @@ def fast_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = 
     fs, bs = f.reshape(V, P).sum(axis=0), b.reshape(V, P).sum(axis=0)
     t = fs + bs  # one micro-batch's work per stage
     busy = M * t
+    v_at = _virtual_stages(P, V)  # (stages, chunks): the virtual stage of chunk c on stage s
+    first_f = _before(f + c)[v_at]
     if P == 1:  # no pipeline: the stage runs its tasks back to back
         end = busy.copy()
-        return PipelineResult([], end, busy, [(float(end[0] - b[0]), float(end[0]))], n_micro=M, simulated_micro=M)
+        last_bc = _last_backward_by_chunk(float(end[0]), b, c, v_at)
+        return PipelineResult([], end, busy, [(float(end[0] - b[0]), float(end[0]))], n_micro=M, simulated_micro=M,
+                              last_backward_by_chunk=last_bc, first_forward_by_chunk=first_f)
     hops = 2.0 * (P * V - 1) * c
     if kind == "gpipe":
         step = float(f.sum() + b.sum()) + hops + (M - 1) * float(fs.max() + bs.max())
@@ -112,4 +121,31 @@ def fast_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = 
     drain = np.concatenate(([0.0], np.cumsum(b[: P - 1] + c)))
     end = step - drain
     last_b = [(float(e - b[s]), float(e)) for s, e in enumerate(end.tolist())]
-    return PipelineResult([], end, busy, last_b, n_micro=M, simulated_micro=M)
+    return PipelineResult([], end, busy, last_b, n_micro=M, simulated_micro=M,
+                          last_backward_by_chunk=_last_backward_by_chunk(step, b, c, v_at), first_forward_by_chunk=first_f)
+
+
+@lru_cache(maxsize=64)
+def _virtual_stages(P: int, V: int) -> np.ndarray:
+    """(stages, chunks): virtual stage c x P + s of chunk c on stage s (read-only)."""
+    v_at = np.arange(P * V).reshape(V, P).T.copy()
+    v_at.setflags(write=False)
+    return v_at
+
+
+def _before(x: np.ndarray) -> np.ndarray:
+    """Sums of ``x`` before each index (0 first), len(x) + 1 of them."""
+    out = np.empty(len(x) + 1)
+    out[0] = 0.0
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+def _last_backward_by_chunk(step_ms: float, b, c: float, v_at: np.ndarray) -> np.ndarray:
+    """(stages, chunks, 2): (start, end) of each chunk's last backward on each stage, the drain of the module
+    docstring over virtual stages: chunk c on stage s ends at ``step - sum_{u < cP+s} (b_u + c)``."""
+    out = np.empty(v_at.shape + (2,))
+    end = out[..., 1]
+    np.subtract(step_ms, _before(b + c)[v_at], out=end)
+    np.subtract(end, b[v_at], out=out[..., 0])
+    return out
