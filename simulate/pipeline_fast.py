@@ -37,8 +37,6 @@ its round-robin scan dominates); ``exact`` keeps the event loop itself, the refe
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from wattcast.simulate.scheduler import PipelineResult, simulate_pipeline
@@ -94,13 +92,15 @@ def fast_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = 
     fs, bs = f.reshape(V, P).sum(axis=0), b.reshape(V, P).sum(axis=0)
     t = fs + bs  # one micro-batch's work per stage
     busy = M * t
-    v_at = _virtual_stages(P, V)  # (stages, chunks): the virtual stage of chunk c on stage s
-    first_f = _before(f + c)[v_at]
+    # chunk c's first forward on stage s: the first micro-batch's chain up to virtual stage v = c P + s; its last
+    # backward: the drain's chain down to v (sums over virtual stages u < v; x.reshape(V, P).T is x at c P + s)
+    first_f = _before(f + c)[:-1].reshape(V, P).T
+    b_before = _before(b + c)
     if P == 1:  # no pipeline: the stage runs its tasks back to back
         end = busy.copy()
-        last_bc = _last_backward_by_chunk(float(end[0]), b, c, v_at)
         return PipelineResult([], end, busy, [(float(end[0] - b[0]), float(end[0]))], n_micro=M, simulated_micro=M,
-                              last_backward_by_chunk=last_bc, first_forward_by_chunk=first_f)
+                              last_backward_by_chunk=_last_backward_by_chunk(float(end[0]), b, b_before, P, V),
+                              first_forward_by_chunk=first_f)
     hops = 2.0 * (P * V - 1) * c
     if kind == "gpipe":
         step = float(f.sum() + b.sum()) + hops + (M - 1) * float(fs.max() + bs.max())
@@ -118,19 +118,11 @@ def fast_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = 
     else:
         step = M * float(t.max()) + (P - 1) * float(t.mean()) / V + hops
     # drain: stage s ends when chunk 0's backward, behind the next stage's, is done
-    drain = np.concatenate(([0.0], np.cumsum(b[: P - 1] + c)))
-    end = step - drain
+    last_bc = _last_backward_by_chunk(step, b, b_before, P, V)
+    end = last_bc[:, 0, 1].copy()  # step - sum_{k<s} (b_k + c)
     last_b = [(float(e - b[s]), float(e)) for s, e in enumerate(end.tolist())]
-    return PipelineResult([], end, busy, last_b, n_micro=M, simulated_micro=M,
-                          last_backward_by_chunk=_last_backward_by_chunk(step, b, c, v_at), first_forward_by_chunk=first_f)
-
-
-@lru_cache(maxsize=64)
-def _virtual_stages(P: int, V: int) -> np.ndarray:
-    """(stages, chunks): virtual stage c x P + s of chunk c on stage s (read-only)."""
-    v_at = np.arange(P * V).reshape(V, P).T.copy()
-    v_at.setflags(write=False)
-    return v_at
+    return PipelineResult([], end, busy, last_b, n_micro=M, simulated_micro=M, last_backward_by_chunk=last_bc,
+                          first_forward_by_chunk=first_f)
 
 
 def _before(x: np.ndarray) -> np.ndarray:
@@ -141,11 +133,11 @@ def _before(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _last_backward_by_chunk(step_ms: float, b, c: float, v_at: np.ndarray) -> np.ndarray:
+def _last_backward_by_chunk(step_ms: float, b: np.ndarray, b_before: np.ndarray, P: int, V: int) -> np.ndarray:
     """(stages, chunks, 2): (start, end) of each chunk's last backward on each stage, the drain of the module
-    docstring over virtual stages: chunk c on stage s ends at ``step - sum_{u < cP+s} (b_u + c)``."""
-    out = np.empty(v_at.shape + (2,))
+    docstring over virtual stages: chunk c on stage s ends at ``step - sum_{u < cP+s} (b_u + c)`` (``b_before``)."""
+    out = np.empty((P, V, 2))
     end = out[..., 1]
-    np.subtract(step_ms, _before(b + c)[v_at], out=end)
-    np.subtract(end, b[v_at], out=out[..., 0])
+    np.subtract(step_ms, b_before[:-1].reshape(V, P).T, out=end)
+    np.subtract(end, b.reshape(V, P).T, out=out[..., 0])
     return out

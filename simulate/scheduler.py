@@ -393,13 +393,14 @@ def _order_kernel_py(order, offsets, n_micro, pv, seq, dep, add_p2p):
     return True
 
 
-def _static_kernel_py(dep, add_p2p, stage, chunk, dur_at, durs, p2p, ends, free, busy, last_b, last_bc, first_fc):
+def _static_kernel_py(dep, add_p2p, stage, mark_at, dur_at, durs, p2p, ends, free, busy, last_b, marks):
     """One pass over the tasks in the event loop's order (task k is the k-th the loop runs): each starts when its stage
     is free and the task it waits for (``dep[k]``, an earlier k; -1 none; plus ``p2p`` where ``add_p2p``) is done, as
     in :func:`_kernel_py`, with the same operations in the same order (the same floating-point figures).
-    ``durs[dur_at[k]]``: the task's time (forwards first, then backwards); ``chunk[k]`` its model chunk. Fills ``ends``
-    per task, ``free``/``busy``/``last_b`` per stage, ``last_bc``/``first_fc`` per stage and chunk (as
-    :func:`_kernel_py`; ``first_fc`` passed filled with -1)."""
+    ``durs[dur_at[k]]``: the task's time (forwards first, then backwards). Fills ``ends`` per task,
+    ``free``/``busy``/``last_b`` per stage, and ``marks[mark_at[k]]``, ``marks[mark_at[k] + 1]`` with the task's start
+    and end where ``mark_at[k] >= 0`` (:func:`_static_plan`: each chunk's last backward and first forward on a
+    stage)."""
     half = durs.shape[0] // 2
     for k in range(dep.shape[0]):
         s = stage[k]
@@ -418,14 +419,13 @@ def _static_kernel_py(dep, add_p2p, stage, chunk, dur_at, durs, p2p, ends, free,
         ends[k] = t_free
         free[s] = t_free
         busy[s] += dur
-        c = chunk[k]
+        m = mark_at[k]
+        if m >= 0:
+            marks[m] = start
+            marks[m + 1] = t_free
         if j >= half:  # a backward pass
             last_b[s, 0] = start
             last_b[s, 1] = t_free
-            last_bc[s, c, 0] = start
-            last_bc[s, c, 1] = t_free
-        elif first_fc[s, c] < 0:
-            first_fc[s, c] = start
     return True
 
 
@@ -440,8 +440,10 @@ else:  # pragma: no cover - depends on the environment
 
 @lru_cache(maxsize=512)
 def _static_plan(n_stages: int, n_micro: int, interleave: int, kind: str) -> tuple:
-    """(dep, add_p2p, stage, chunk, dur_at) of a schedule shape, task k being the k-th the event loop runs
-    (:func:`_order_kernel_py`); read-only arrays."""
+    """(dep, add_p2p, stage, mark_at, dur_at) of a schedule shape, task k being the k-th the event loop runs
+    (:func:`_order_kernel_py`); read-only arrays. ``mark_at[k]``: where :func:`_static_kernel_py` writes the task's
+    start and end, ``2 (s x V + c)`` for chunk c's last backward on stage s, ``2 P V + 2 (s x V + c)`` for its first
+    forward, -1 for every other task: the marks read as (stages, chunks, 2) twice over."""
     order, offsets = _order_arrays(n_stages, n_micro, interleave, kind)
     n = order.shape[0]
     pv = n_stages * interleave
@@ -452,9 +454,21 @@ def _static_plan(n_stages: int, n_micro: int, interleave: int, kind: str) -> tup
     at[seq] = np.arange(n)
     dep_k = dep[seq]
     dep_k = np.where(dep_k >= 0, at[np.maximum(dep_k, 0)], -1).astype(np.int32)
-    stage = np.repeat(np.arange(n_stages, dtype=np.int32), np.diff(offsets))[seq]
+    stage_i = np.repeat(np.arange(n_stages, dtype=np.int64), np.diff(offsets))
+    stage = stage_i.astype(np.int32)[seq]
     dur_at = (order[:, 3] + order[:, 0] * pv).astype(np.int32)[seq]  # forward v: durs[v], backward v: durs[pv + v]
-    out = (dep_k, add[seq], stage, order[:, 2].astype(np.int32)[seq], dur_at)
+    # each (stage, chunk)'s first forward and last backward, in the stage's own order (tasks are stage after stage)
+    key = stage_i * interleave + order[:, 2]
+    fwd, bwd = np.flatnonzero(order[:, 0] == 0), np.flatnonzero(order[:, 0] == 1)
+    keys_f, first = np.unique(key[fwd], return_index=True)  # first occurrences, keys sorted
+    keys_b, last = np.unique(key[bwd][::-1], return_index=True)  # last occurrences
+    if len(keys_f) != pv or len(keys_b) != pv:  # pragma: no cover - every chunk of every stage runs a micro-batch
+        raise RuntimeError("pipeline schedule without a task for some stage and chunk")
+    first_f, last_b = fwd[first], bwd[len(bwd) - 1 - last]
+    mark = np.full(n, -1, dtype=np.int32)
+    mark[last_b] = 2 * np.arange(pv, dtype=np.int32)
+    mark[first_f] = 2 * pv + 2 * np.arange(pv, dtype=np.int32)
+    out = (dep_k, add[seq], stage, mark[seq], dur_at)
     for a in out:
         a.setflags(write=False)
     return out
@@ -466,14 +480,14 @@ def _simulate_static(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str
     bit for bit (tested), several times faster (compiled; no tasks kept)."""
     V = interleave
     P = len(f_ms) // V
-    dep, add, stage, chunk, dur_at = _static_plan(P, int(n_micro), V, kind)
+    dep, add, stage, mark_at, dur_at = _static_plan(P, int(n_micro), V, kind)
     durs = np.concatenate((np.asarray(f_ms, dtype=np.float64), np.asarray(b_ms, dtype=np.float64)))
     ends = np.empty(dep.shape[0])
     free, busy, last_b = np.zeros(P), np.zeros(P), np.zeros((P, 2))
-    last_bc, first_fc = np.zeros((P, V, 2)), np.full((P, V), -1.0)
-    _static_kernel(dep, add, stage, chunk, dur_at, durs, float(p2p_ms), ends, free, busy, last_b, last_bc, first_fc)
-    res = PipelineResult([], free, busy, [tuple(x) for x in last_b.tolist()], last_backward_by_chunk=last_bc,
-                         first_forward_by_chunk=first_fc)
+    marks = np.empty((2, P, V, 2))  # each chunk's last backward, its first forward: (start, end)
+    _static_kernel(dep, add, stage, mark_at, dur_at, durs, float(p2p_ms), ends, free, busy, last_b, marks.reshape(-1))
+    res = PipelineResult([], free, busy, [tuple(x) for x in last_b.tolist()], last_backward_by_chunk=marks[0],
+                         first_forward_by_chunk=marks[1, :, :, 0])
     res.last_backward_array = last_b
     return res
 
