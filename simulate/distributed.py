@@ -10,8 +10,10 @@
    steady state is extrapolated (``meta["schedule_extrapolated"]``; a trace then draws the head and the tail
    of the schedule, ``meta["trace_truncated"]``).
 4. Data-parallel gradient synchronisation per stage: buckets (all-reduce; reduce-scatter under ZeRO >= 1)
-   start as the stage's last backward pass produces them and overlap with it; ZeRO >= 1 all-gathers the
-   updated parameters after the optimizer step; ZeRO-3/FSDP also all-gathers each chunk's parameters
+   start as the stage's last backward pass produces them and overlap with it (interleaved: each model chunk's
+   once that chunk's own last backward is done, as Megatron-Core launches them); ZeRO >= 1 all-gathers the
+   updated parameters after the optimizer step (``--overlap-param-gather``: before the next step's first forward,
+   interleaved chunk by chunk before each chunk's); ZeRO-3/FSDP also all-gathers each chunk's parameters
    before its forward and backward (prefetched: a task takes max(compute, gather)).
 5. Optimizer step per stage (sharded over DP under ZeRO >= 1).
 
@@ -959,6 +961,52 @@ def _stage_buckets(out: dict, P: int, V: int) -> dict:
     return out
 
 
+def _chunk_bucket_layout(bucket_ms: list[np.ndarray], pad: np.ndarray, P: int, V: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each stage's gradient buckets in the order they become ready under interleaved 1F1B, with Megatron-Core's
+    per-chunk gradient buffers: chunk v-1's first, chunk 0's last (the stage's final backward tasks cycle through chunks
+    v-1..0, so a chunk's last backward ends before the next lower chunk's starts). ``bucket_ms``: per chunk its buckets;
+    ``pad``: :func:`_stage_buckets`' ``bucket_pad`` (chunk 0's first). Returns (ms, chunk): the same buckets in the
+    reverse chunk order, stages x most buckets zero-padded, and the model chunk of each bucket (0 in the padding)."""
+    counts = np.array([[len(bucket_ms[c * P + s]) for c in range(V)] for s in range(P)], dtype=np.int64)
+    width = int(counts.sum(axis=1).max()) if P else 0
+    old_end = np.cumsum(counts, axis=1)  # _stage_buckets' order: chunk 0's first
+    old_start = old_end - counts
+    new_start = (np.cumsum(counts[:, ::-1], axis=1) - counts[:, ::-1])[:, ::-1]  # chunk v-1's first
+    j = np.arange(width)
+    chunk_old = (j[None, None, :] >= old_end[:, :, None]).sum(axis=1)  # V in the padding
+    s_idx, j_idx = np.nonzero(chunk_old < V)
+    c_idx = chunk_old[s_idx, j_idx]
+    new_j = new_start[s_idx, c_idx] + j_idx - old_start[s_idx, c_idx]
+    ms, chunk = np.zeros((P, width)), np.zeros((P, width), dtype=np.int64)
+    ms[s_idx, new_j] = pad[s_idx, j_idx]
+    chunk[s_idx, new_j] = c_idx
+    return ms, chunk
+
+
+def interleaved_param_gather_ms(gather_ms: np.ndarray, first_forward_ms: np.ndarray, share: float) -> np.ndarray:
+    """What the distributed optimizer's overlapped parameter all-gather (``--overlap-param-gather``) adds to each stage's
+    step under interleaved 1F1B, ms per stage. ``gather_ms`` (stages, chunks): each chunk's all-gather;
+    ``first_forward_ms`` (stages, chunks): when each chunk's first forward starts in the step without it.
+
+    Megatron-Core with virtual pipeline stages (``align_param_gather``, Megatron-LM's default under interleaving):
+    ``forward_backward_pipelining_with_interleaving`` dispatches the all-gathers of chunks 0 and 1 when the step starts
+    (each chunk's ``DistributedDataParallel.start_param_sync``: all of the chunk's bucket groups) and chunk c >= 2's
+    while chunk c-1 is about to run its first micro-batch, and the forward pre-hooks only wait (``finish_param_sync`` with
+    ``skip_next_bucket_dispatch``). They run one after the other on the data-parallel communicator, and a chunk's bucket
+    groups are dispatched in bucket order, the end of the chunk first (``_ParamAndGradBuffer`` fills buckets walking the
+    parameters backwards): chunk 0's first forward waits for the whole of chunk 0's gather, and chunk c's first forward
+    for the gathers of chunks 0..c. With ``cum_c`` the end of chunk c's gather and ``lead_c`` the time from chunk 0's first
+    forward to chunk c's, the stage starts ``max_c (cum_c - lead_c)`` late (at least chunk 0's gather); the gathers it
+    does not wait for run beside its computation and slow it by ``share`` (NCCL's SMs, simulate/overlap.py). Stated
+    simplification: chunk c >= 2's gather is queued from the step's start (Megatron-Core dispatches it p + rank forward
+    tasks before the chunk's first forward; the same unless a chunk's gather outlasts that lead)."""
+    g = np.asarray(gather_ms, dtype=float)
+    ff = np.asarray(first_forward_ms, dtype=float)
+    cum = np.cumsum(g, axis=1)
+    late = np.max(cum - (ff - ff[:, :1]), axis=1)
+    return late + share * np.maximum(cum[:, -1] - late, 0.0)
+
+
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
                 cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0,
                 ep_unpaired: np.ndarray | None = None) -> tuple:
@@ -1313,7 +1361,25 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 pre = dpt["bucket_pre"] = (k[None, :] <= n[:, None], k[None, :] / np.maximum(n, 1)[:, None], cum,
                                            cum - ms, (np.arange(P), np.maximum(n - 1, 0)), n > 0)
             valid, frac, cum, cum_before, last_idx, has = pre
-            if dp_overlaps:
+            chunk_of = None  # each bucket's model chunk, where the buckets are not in chunk order
+            if dp_overlaps and V > 1:
+                # interleaved: Megatron-Core keeps a grad buffer per model chunk and launches a chunk's reduction when
+                # its last micro-batch's backward is done (forward_backward_pipelining_with_interleaving calls the
+                # chunk's start_grad_sync after it: align_grad_reduce, Megatron-LM's default), so chunk c's buckets
+                # are ready at chunk c's own last backward on the stage, before the stage's final backward (chunk
+                # 0's, whose buckets follow it): they queue on the one data-parallel stream in that order
+                # (_chunk_bucket_layout). Stated simplifications: Megatron-Core aligns the launches over the pipeline
+                # (stage r launches chunk c's r backward tasks after its last one, chunk 0's after the stage's
+                # final backward); the buckets' time before the stage ends is charged as slowing its computation
+                # (below) though part of it may fall in the drain's idle gaps
+                cpre = dpt.get("bucket_pre_chunk")
+                if cpre is None:  # the same as ``pre`` for that order, once per set of buckets
+                    c_ms, c_chunk = _chunk_bucket_layout(dpt["bucket_ms"], dpt["bucket_pad"], P, V)
+                    c_cum = np.cumsum(c_ms, axis=1)
+                    cpre = dpt["bucket_pre_chunk"] = (c_ms, c_chunk, c_cum, c_cum - c_ms, np.arange(P)[:, None])
+                ms, chunk_of, cum, cum_before, rows = cpre
+                ready = pipe.last_backward_by_chunk[rows, chunk_of, 1]
+            elif dp_overlaps:
                 ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * frac
             else:
                 ready = np.repeat(stage_end[:, None], ms.shape[1], axis=1)
@@ -1322,8 +1388,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             starts = ends - ms
             end = np.where(has, ends[last_idx], 0.0)
             if trace:
-                comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{j}]", float(starts[s, j]),
-                                 float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
+                op = "reduce_scatter" if par.zero else "all_reduce"
+                if V > 1 and chunk_of is None:  # the buckets in chunk order (_stage_buckets)
+                    chunk_of = [np.concatenate([np.full(len(dpt["bucket_ms"][c * P + s]), c) for c in range(V)])
+                                for s in range(P)]
+                comm_events += [(s, f"dp.{op}[{j}]" + (f".c{int(chunk_of[s][j])}" if V > 1 else ""),
+                                 float(starts[s, j]), float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
             # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
             if dp_overlaps:
                 hidden = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0), 0.0).sum(axis=1)
@@ -1337,7 +1407,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             gather = dpt.get("gather_by_stage")
             if gather is None:
                 gather = dpt["gather_by_stage"] = by_stage(dpt["gather_after_ms"])
-            if par.overlap_param_gather:
+            if par.overlap_param_gather and V > 1:
+                # interleaved: chunk by chunk, each before that chunk's first forward (interleaved_param_gather_ms)
+                gather = interleaved_param_gather_ms(dpt["gather_after_ms"].reshape(V, P).T, pipe.first_forward_by_chunk,
+                                                     nccl_share)
+            elif par.overlap_param_gather:
                 # gathered bucket by bucket in the next step's forward pre-hooks: the first bucket waits, the rest run
                 # beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
                 f_first = f[:P].copy()
