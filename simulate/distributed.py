@@ -961,26 +961,19 @@ def _stage_buckets(out: dict, P: int, V: int) -> dict:
     return out
 
 
-def _chunk_bucket_layout(bucket_ms: list[np.ndarray], pad: np.ndarray, P: int, V: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each stage's gradient buckets in the order they become ready under interleaved 1F1B, with Megatron-Core's
-    per-chunk gradient buffers: chunk v-1's first, chunk 0's last (the stage's final backward tasks cycle through chunks
-    v-1..0, so a chunk's last backward ends before the next lower chunk's starts). ``bucket_ms``: per chunk its buckets;
-    ``pad``: :func:`_stage_buckets`' ``bucket_pad`` (chunk 0's first). Returns (ms, chunk): the same buckets in the
-    reverse chunk order, stages x most buckets zero-padded, and the model chunk of each bucket (0 in the padding)."""
-    counts = np.array([[len(bucket_ms[c * P + s]) for c in range(V)] for s in range(P)], dtype=np.int64)
-    width = int(counts.sum(axis=1).max()) if P else 0
-    old_end = np.cumsum(counts, axis=1)  # _stage_buckets' order: chunk 0's first
-    old_start = old_end - counts
-    new_start = (np.cumsum(counts[:, ::-1], axis=1) - counts[:, ::-1])[:, ::-1]  # chunk v-1's first
-    j = np.arange(width)
-    chunk_old = (j[None, None, :] >= old_end[:, :, None]).sum(axis=1)  # V in the padding
-    s_idx, j_idx = np.nonzero(chunk_old < V)
-    c_idx = chunk_old[s_idx, j_idx]
-    new_j = new_start[s_idx, c_idx] + j_idx - old_start[s_idx, c_idx]
-    ms, chunk = np.zeros((P, width)), np.zeros((P, width), dtype=np.int64)
-    ms[s_idx, new_j] = pad[s_idx, j_idx]
-    chunk[s_idx, new_j] = c_idx
-    return ms, chunk
+def chunk_reduce_spans_ms(chunk_ms: np.ndarray, ready_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end), each (stages, chunks) in ms, of every model chunk's gradient reduction on its stage's one
+    data-parallel stream under interleaved 1F1B with Megatron-Core's per-chunk grad buffers. ``chunk_ms``: the time of a
+    chunk's buckets together; ``ready_ms``: when the chunk's reduction is launched (the end of its last backward on the
+    stage). The chunks' last backwards come in the order v-1..0 (the stage's final backward tasks cycle through the
+    chunks that way), so the chunks queue in that order: each one's buckets back to back from when it is ready and the
+    stream is free (the FIFO of :func:`~wattcast.simulate.scheduler.bucket_spans`, per chunk; a chunk without buckets
+    takes no time)."""
+    d = np.asarray(chunk_ms, dtype=float)[:, ::-1]
+    r = np.where(d > 0, np.asarray(ready_ms, dtype=float)[:, ::-1], -np.inf)
+    c = np.cumsum(d, axis=1)
+    end = (c + np.maximum(np.maximum.accumulate(r - (c - d), axis=1), 0.0))[:, ::-1]
+    return end - np.asarray(chunk_ms, dtype=float), end
 
 
 def interleaved_param_gather_ms(gather_ms: np.ndarray, first_forward_ms: np.ndarray, share: float) -> np.ndarray:
@@ -1361,44 +1354,52 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 pre = dpt["bucket_pre"] = (k[None, :] <= n[:, None], k[None, :] / np.maximum(n, 1)[:, None], cum,
                                            cum - ms, (np.arange(P), np.maximum(n - 1, 0)), n > 0)
             valid, frac, cum, cum_before, last_idx, has = pre
-            chunk_of = None  # each bucket's model chunk, where the buckets are not in chunk order
+            op = "reduce_scatter" if par.zero else "all_reduce"
             if dp_overlaps and V > 1:
                 # interleaved: Megatron-Core keeps a grad buffer per model chunk and launches a chunk's reduction when
                 # its last micro-batch's backward is done (forward_backward_pipelining_with_interleaving calls the
                 # chunk's start_grad_sync after it: align_grad_reduce, Megatron-LM's default), so chunk c's buckets
-                # are ready at chunk c's own last backward on the stage, before the stage's final backward (chunk
-                # 0's, whose buckets follow it): they queue on the one data-parallel stream in that order
-                # (_chunk_bucket_layout). Stated simplifications: Megatron-Core aligns the launches over the pipeline
-                # (stage r launches chunk c's r backward tasks after its last one, chunk 0's after the stage's
-                # final backward); the buckets' time before the stage ends is charged as slowing its computation
-                # (below) though part of it may fall in the drain's idle gaps
-                cpre = dpt.get("bucket_pre_chunk")
-                if cpre is None:  # the same as ``pre`` for that order, once per set of buckets
-                    c_ms, c_chunk = _chunk_bucket_layout(dpt["bucket_ms"], dpt["bucket_pad"], P, V)
-                    c_cum = np.cumsum(c_ms, axis=1)
-                    cpre = dpt["bucket_pre_chunk"] = (c_ms, c_chunk, c_cum, c_cum - c_ms, np.arange(P)[:, None])
-                ms, chunk_of, cum, cum_before, rows = cpre
-                ready = pipe.last_backward_by_chunk[rows, chunk_of, 1]
-            elif dp_overlaps:
-                ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * frac
+                # go at chunk c's own last backward on the stage, before the stage's final backward (chunk 0's, whose
+                # buckets follow it), and queue on the one data-parallel stream (chunk_reduce_spans_ms). Stated
+                # simplifications: Megatron-Core aligns the launches over the pipeline (stage r launches chunk c's r
+                # backward tasks after its last one, chunk 0's after the stage's final backward); the reductions' time
+                # before the stage ends is charged as slowing its computation (below) though part of it may fall in
+                # the drain's idle gaps
+                chunk_ms = dpt.get("sync_by_stage_chunk")
+                if chunk_ms is None:
+                    chunk_ms = dpt["sync_by_stage_chunk"] = dpt["sync_ms"].reshape(V, P).T
+                c_start, c_end = chunk_reduce_spans_ms(chunk_ms, pipe.last_backward_by_chunk[:, :, 1])
+                end = np.where(has, c_end.max(axis=1), 0.0)
+                if trace:  # each chunk's buckets back to back from its start, numbered in the stage's queue order
+                    for s in range(P):
+                        j = 0
+                        for c in range(V - 1, -1, -1):
+                            t = float(c_start[s, c])
+                            for x in dpt["bucket_ms"][c * P + s].tolist():
+                                comm_events.append((s, f"dp.{op}[{j}].c{c}", t, t + x))
+                                t, j = t + x, j + 1
+                # reductions beside the stage's computation take SMs from it (simulate/overlap.py): it ends later
+                hidden = np.maximum(np.minimum(c_end, stage_end[:, None]) - c_start, 0.0).sum(axis=1)
             else:
-                ready = np.repeat(stage_end[:, None], ms.shape[1], axis=1)
-            ready = np.where(valid, ready, -np.inf)
-            ends = cum + np.maximum(np.maximum.accumulate(ready - cum_before, axis=1), 0.0)
-            starts = ends - ms
-            end = np.where(has, ends[last_idx], 0.0)
-            if trace:
-                op = "reduce_scatter" if par.zero else "all_reduce"
-                if V > 1 and chunk_of is None:  # the buckets in chunk order (_stage_buckets)
+                if dp_overlaps:
+                    ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * frac
+                else:
+                    ready = np.repeat(stage_end[:, None], ms.shape[1], axis=1)
+                ready = np.where(valid, ready, -np.inf)
+                ends = cum + np.maximum(np.maximum.accumulate(ready - cum_before, axis=1), 0.0)
+                starts = ends - ms
+                end = np.where(has, ends[last_idx], 0.0)
+                if trace:
                     chunk_of = [np.concatenate([np.full(len(dpt["bucket_ms"][c * P + s]), c) for c in range(V)])
-                                for s in range(P)]
-                comm_events += [(s, f"dp.{op}[{j}]" + (f".c{int(chunk_of[s][j])}" if V > 1 else ""),
-                                 float(starts[s, j]), float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
-            # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
-            if dp_overlaps:
-                hidden = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0), 0.0).sum(axis=1)
-            else:
-                hidden = np.zeros(P)
+                                for s in range(P)] if V > 1 else None  # the buckets in chunk order (_stage_buckets)
+                    comm_events += [(s, f"dp.{op}[{j}]" + (f".c{int(chunk_of[s][j])}" if V > 1 else ""),
+                                     float(starts[s, j]), float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
+                # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
+                if dp_overlaps:
+                    hidden = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0),
+                                      0.0).sum(axis=1)
+                else:
+                    hidden = np.zeros(P)
             finish = np.where(has, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
         # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
         opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share
