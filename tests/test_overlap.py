@@ -285,3 +285,21 @@ def test_interleaved_param_gather_waits_for_chunk_0_and_hides_the_rest():
     assert step[True].step_time_ms < step[False].step_time_ms
     assert step[True].exposed_comm_split_ms["dp"] > step[False].exposed_comm_split_ms["dp"] - step[False].comm[
         "dp_param_gather_ms"]
+
+
+def test_chunk_reductions_queue_in_the_order_their_chunks_finish():
+    """chunk_reduce_spans_ms: chunk v-1's reduction first, each from its ready time or when the stream frees up; a chunk
+    without buckets takes no time and holds nothing up."""
+    from wattcast.simulate.distributed import chunk_reduce_spans_ms
+
+    ms = np.array([[2.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    ready = np.array([[10.0, 6.0, 5.0], [10.0, 6.0, 5.0]])
+    start, end = chunk_reduce_spans_ms(ms, ready)
+    # stage 0: chunk 2 at 5-6, chunk 1 at 6-9, chunk 0 at 10-12; stage 1: chunk 1 has none
+    np.testing.assert_allclose(start[0], [10.0, 6.0, 5.0])
+    np.testing.assert_allclose(end[0], [12.0, 9.0, 6.0])
+    np.testing.assert_allclose(start[1, [0, 2]], [10.0, 5.0])
+    np.testing.assert_allclose(end[1, [0, 2]], [12.0, 6.0])
+    # a long chunk 2 pushes the others back
+    start, end = chunk_reduce_spans_ms(np.array([[2.0, 3.0, 8.0]]), ready[:1])
+    np.testing.assert_allclose(end[0], [18.0, 16.0, 13.0])
