@@ -10,8 +10,10 @@
    steady state is extrapolated (``meta["schedule_extrapolated"]``; a trace then draws the head and the tail
    of the schedule, ``meta["trace_truncated"]``).
 4. Data-parallel gradient synchronisation per stage: buckets (all-reduce; reduce-scatter under ZeRO >= 1)
-   start as the stage's last backward pass produces them and overlap with it; ZeRO >= 1 all-gathers the
-   updated parameters after the optimizer step; ZeRO-3/FSDP also all-gathers each chunk's parameters
+   start as the stage's last backward pass produces them and overlap with it (interleaved: each model chunk's
+   once that chunk's own last backward is done, as Megatron-Core launches them); ZeRO >= 1 all-gathers the
+   updated parameters after the optimizer step (``--overlap-param-gather``: before the next step's first forward,
+   interleaved chunk by chunk before each chunk's); ZeRO-3/FSDP also all-gathers each chunk's parameters
    before its forward and backward (prefetched: a task takes max(compute, gather)).
    A model whose LM head is tied to the token embedding keeps, with a pipeline, a copy of the word-embedding matrix
    on the last stage (a parameter there: memory, DP buckets, optimizer), and the first and the last stage all-reduce
@@ -1043,6 +1045,45 @@ def _stage_buckets(out: dict, P: int, V: int) -> dict:
     return out
 
 
+def chunk_reduce_spans_ms(chunk_ms: np.ndarray, ready_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end), each (stages, chunks) in ms, of every model chunk's gradient reduction on its stage's one
+    data-parallel stream under interleaved 1F1B with Megatron-Core's per-chunk grad buffers. ``chunk_ms``: the time of a
+    chunk's buckets together; ``ready_ms``: when the chunk's reduction is launched (the end of its last backward on the
+    stage). The chunks' last backwards come in the order v-1..0 (the stage's final backward tasks cycle through the
+    chunks that way), so the chunks queue in that order: each one's buckets back to back from when it is ready and the
+    stream is free (the FIFO of :func:`~wattcast.simulate.scheduler.bucket_spans`, per chunk; a chunk without buckets
+    takes no time)."""
+    d = np.asarray(chunk_ms, dtype=float)[:, ::-1]
+    r = np.where(d > 0, np.asarray(ready_ms, dtype=float)[:, ::-1], -np.inf)
+    c = np.cumsum(d, axis=1)
+    end = (c + np.maximum(np.maximum.accumulate(r - (c - d), axis=1), 0.0))[:, ::-1]
+    return end - np.asarray(chunk_ms, dtype=float), end
+
+
+def interleaved_param_gather_ms(gather_ms: np.ndarray, first_forward_ms: np.ndarray, share: float) -> np.ndarray:
+    """What the distributed optimizer's overlapped parameter all-gather (``--overlap-param-gather``) adds to each stage's
+    step under interleaved 1F1B, ms per stage. ``gather_ms`` (stages, chunks): each chunk's all-gather;
+    ``first_forward_ms`` (stages, chunks): when each chunk's first forward starts in the step without it.
+
+    Megatron-Core with virtual pipeline stages (``align_param_gather``, Megatron-LM's default under interleaving):
+    ``forward_backward_pipelining_with_interleaving`` dispatches the all-gathers of chunks 0 and 1 when the step starts
+    (each chunk's ``DistributedDataParallel.start_param_sync``: all of the chunk's bucket groups) and chunk c >= 2's
+    while chunk c-1 is about to run its first micro-batch, and the forward pre-hooks only wait (``finish_param_sync`` with
+    ``skip_next_bucket_dispatch``). They run one after the other on the data-parallel communicator, and a chunk's bucket
+    groups are dispatched in bucket order, the end of the chunk first (``_ParamAndGradBuffer`` fills buckets walking the
+    parameters backwards): chunk 0's first forward waits for the whole of chunk 0's gather, and chunk c's first forward
+    for the gathers of chunks 0..c. With ``cum_c`` the end of chunk c's gather and ``lead_c`` the time from chunk 0's first
+    forward to chunk c's, the stage starts ``max_c (cum_c - lead_c)`` late (at least chunk 0's gather); the gathers it
+    does not wait for run beside its computation and slow it by ``share`` (NCCL's SMs, simulate/overlap.py). Stated
+    simplification: chunk c >= 2's gather is queued from the step's start (Megatron-Core dispatches it p + rank forward
+    tasks before the chunk's first forward; the same unless a chunk's gather outlasts that lead)."""
+    g = np.asarray(gather_ms, dtype=float)
+    ff = np.asarray(first_forward_ms, dtype=float)
+    cum = np.cumsum(g, axis=1)
+    late = np.max(cum - (ff - ff[:, :1]), axis=1)
+    return late + share * np.maximum(cum[:, -1] - late, 0.0)
+
+
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
                 cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0,
                 ep_unpaired: np.ndarray | None = None) -> tuple:
@@ -1436,22 +1477,52 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 pre = dpt["bucket_pre"] = (k[None, :] <= n[:, None], k[None, :] / np.maximum(n, 1)[:, None], cum,
                                            cum - ms, (np.arange(P), np.maximum(n - 1, 0)), n > 0)
             valid, frac, cum, cum_before, last_idx, has = pre
-            if dp_overlaps:
-                ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * frac
+            op = "reduce_scatter" if par.zero else "all_reduce"
+            if dp_overlaps and V > 1:
+                # interleaved: Megatron-Core keeps a grad buffer per model chunk and launches a chunk's reduction when
+                # its last micro-batch's backward is done (forward_backward_pipelining_with_interleaving calls the
+                # chunk's start_grad_sync after it: align_grad_reduce, Megatron-LM's default), so chunk c's buckets
+                # go at chunk c's own last backward on the stage, before the stage's final backward (chunk 0's, whose
+                # buckets follow it), and queue on the one data-parallel stream (chunk_reduce_spans_ms). Stated
+                # simplifications: Megatron-Core aligns the launches over the pipeline (stage r launches chunk c's r
+                # backward tasks after its last one, chunk 0's after the stage's final backward); the reductions' time
+                # before the stage ends is charged as slowing its computation (below) though part of it may fall in
+                # the drain's idle gaps
+                chunk_ms = dpt.get("sync_by_stage_chunk")
+                if chunk_ms is None:
+                    chunk_ms = dpt["sync_by_stage_chunk"] = dpt["sync_ms"].reshape(V, P).T
+                c_start, c_end = chunk_reduce_spans_ms(chunk_ms, pipe.last_backward_by_chunk[:, :, 1])
+                end = np.where(has, c_end.max(axis=1), 0.0)
+                if trace:  # each chunk's buckets back to back from its start, numbered in the stage's queue order
+                    for s in range(P):
+                        j = 0
+                        for c in range(V - 1, -1, -1):
+                            t = float(c_start[s, c])
+                            for x in dpt["bucket_ms"][c * P + s].tolist():
+                                comm_events.append((s, f"dp.{op}[{j}].c{c}", t, t + x))
+                                t, j = t + x, j + 1
+                # reductions beside the stage's computation take SMs from it (simulate/overlap.py): it ends later
+                hidden = np.maximum(np.minimum(c_end, stage_end[:, None]) - c_start, 0.0).sum(axis=1)
             else:
-                ready = np.repeat(stage_end[:, None], ms.shape[1], axis=1)
-            ready = np.where(valid, ready, -np.inf)
-            ends = cum + np.maximum(np.maximum.accumulate(ready - cum_before, axis=1), 0.0)
-            starts = ends - ms
-            end = np.where(has, ends[last_idx], 0.0)
-            if trace:
-                comm_events += [(s, f"dp.{'reduce_scatter' if par.zero else 'all_reduce'}[{j}]", float(starts[s, j]),
-                                 float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
-            # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
-            if dp_overlaps:
-                hidden = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0), 0.0).sum(axis=1)
-            else:
-                hidden = np.zeros(P)
+                if dp_overlaps:
+                    ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * frac
+                else:
+                    ready = np.repeat(stage_end[:, None], ms.shape[1], axis=1)
+                ready = np.where(valid, ready, -np.inf)
+                ends = cum + np.maximum(np.maximum.accumulate(ready - cum_before, axis=1), 0.0)
+                starts = ends - ms
+                end = np.where(has, ends[last_idx], 0.0)
+                if trace:
+                    chunk_of = [np.concatenate([np.full(len(dpt["bucket_ms"][c * P + s]), c) for c in range(V)])
+                                for s in range(P)] if V > 1 else None  # the buckets in chunk order (_stage_buckets)
+                    comm_events += [(s, f"dp.{op}[{j}]" + (f".c{int(chunk_of[s][j])}" if V > 1 else ""),
+                                     float(starts[s, j]), float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
+                # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
+                if dp_overlaps:
+                    hidden = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0),
+                                      0.0).sum(axis=1)
+                else:
+                    hidden = np.zeros(P)
             finish = np.where(has, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
         if tied_on and not tied_first:  # Megatron-Core's finalize_model_grads: the DP sync, then the embedding's
             finish, tied_start = tied_grad_sync_ms(finish, tied_ar_ms)
@@ -1464,7 +1535,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             gather = dpt.get("gather_by_stage")
             if gather is None:
                 gather = dpt["gather_by_stage"] = by_stage(dpt["gather_after_ms"])
-            if par.overlap_param_gather:
+            if par.overlap_param_gather and V > 1:
+                # interleaved: chunk by chunk, each before that chunk's first forward (interleaved_param_gather_ms)
+                gather = interleaved_param_gather_ms(dpt["gather_after_ms"].reshape(V, P).T, pipe.first_forward_by_chunk,
+                                                     nccl_share)
+            elif par.overlap_param_gather:
                 # gathered bucket by bucket in the next step's forward pre-hooks: the first bucket waits, the rest run
                 # beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
                 f_first = f[:P].copy()

@@ -18,7 +18,10 @@ chunks of f + b (one micro-batch's work on stage s).
   and every stage alone at t_s; GPipe runs all forwards then all backwards, max f + max b; interleaved 1F1B the
   busiest stage, max t_s, plus the (P - 1)/V bubble at the mean stage.
 - Drain: each stage's last task is the backward of chunk 0, which waits for the next stage's:
-  end_s = end_{s+1} + c + b_s, so end_s = T - sum_{k<s} (b_k + c) with T the step (stage 0 ends last).
+  end_s = end_{s+1} + c + b_s, so end_s = T - sum_{k<s} (b_k + c) with T the step (stage 0 ends last). Likewise
+  per model chunk (interleaved): chunk c's last backward on stage s is the last micro-batch's on virtual stage
+  v = c P + s and ends at T - sum_{u<v} (b_u + c); its first forward is the first micro-batch's and starts at
+  sum_{u<v} (f_u + c) (every first forward is a warm-up forward). Both equal the event loop's on the test grid.
 
 Where it is used (:func:`closed_form_applies`): stages with equal forward and equal backward times (the textbook
 case, within 1% on the test grid), for interleaved 1F1B while the transfer takes no longer than a forward chunk, for
@@ -89,9 +92,15 @@ def fast_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = 
     fs, bs = f.reshape(V, P).sum(axis=0), b.reshape(V, P).sum(axis=0)
     t = fs + bs  # one micro-batch's work per stage
     busy = M * t
+    # chunk c's first forward on stage s: the first micro-batch's chain up to virtual stage v = c P + s; its last
+    # backward: the drain's chain down to v (sums over virtual stages u < v; x.reshape(V, P).T is x at c P + s)
+    first_f = _before(f + c)[:-1].reshape(V, P).T
+    b_before = _before(b + c)
     if P == 1:  # no pipeline: the stage runs its tasks back to back
         end = busy.copy()
-        return PipelineResult([], end, busy, [(float(end[0] - b[0]), float(end[0]))], n_micro=M, simulated_micro=M)
+        return PipelineResult([], end, busy, [(float(end[0] - b[0]), float(end[0]))], n_micro=M, simulated_micro=M,
+                              last_backward_by_chunk=_last_backward_by_chunk(float(end[0]), b, b_before, P, V),
+                              first_forward_by_chunk=first_f)
     hops = 2.0 * (P * V - 1) * c
     if kind == "gpipe":
         step = float(f.sum() + b.sum()) + hops + (M - 1) * float(fs.max() + bs.max())
@@ -109,7 +118,26 @@ def fast_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = 
     else:
         step = M * float(t.max()) + (P - 1) * float(t.mean()) / V + hops
     # drain: stage s ends when chunk 0's backward, behind the next stage's, is done
-    drain = np.concatenate(([0.0], np.cumsum(b[: P - 1] + c)))
-    end = step - drain
+    last_bc = _last_backward_by_chunk(step, b, b_before, P, V)
+    end = last_bc[:, 0, 1].copy()  # step - sum_{k<s} (b_k + c)
     last_b = [(float(e - b[s]), float(e)) for s, e in enumerate(end.tolist())]
-    return PipelineResult([], end, busy, last_b, n_micro=M, simulated_micro=M)
+    return PipelineResult([], end, busy, last_b, n_micro=M, simulated_micro=M, last_backward_by_chunk=last_bc,
+                          first_forward_by_chunk=first_f)
+
+
+def _before(x: np.ndarray) -> np.ndarray:
+    """Sums of ``x`` before each index (0 first), len(x) + 1 of them."""
+    out = np.empty(len(x) + 1)
+    out[0] = 0.0
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+def _last_backward_by_chunk(step_ms: float, b: np.ndarray, b_before: np.ndarray, P: int, V: int) -> np.ndarray:
+    """(stages, chunks, 2): (start, end) of each chunk's last backward on each stage, the drain of the module
+    docstring over virtual stages: chunk c on stage s ends at ``step - sum_{u < cP+s} (b_u + c)`` (``b_before``)."""
+    out = np.empty((P, V, 2))
+    end = out[..., 1]
+    np.subtract(step_ms, b_before[:-1].reshape(V, P).T, out=end)
+    np.subtract(end, b.reshape(V, P).T, out=out[..., 0])
+    return out

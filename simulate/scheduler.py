@@ -6,8 +6,9 @@ schedule prescribes (GPipe, 1F1B or Megatron's interleaved 1F1B); a task starts 
 its dependencies are met: a forward needs the previous virtual stage's forward of the same micro-batch
 plus the activation's point-to-point transfer; a backward needs the next virtual stage's backward plus the
 gradient's transfer (the last virtual stage needs its own forward). Data-parallel gradient buckets run on
-the communication stream as the last backward pass of each stage produces them (DDP overlap); what is
-left when compute ends is exposed.
+the communication stream as the last backward pass of each stage produces them (DDP overlap; under interleaving
+each model chunk's buckets once that chunk's last backward is done, Megatron-Core's per-chunk grad buffers: every
+timing reports each chunk's last backward and first forward per stage); what is left when compute ends is exposed.
 
 Cost is bounded: up to :data:`MAX_EXACT_MICRO` micro-batches a step is simulated task by task; beyond, the
 schedule is simulated exactly for that many and its periodic steady state extrapolated linearly (see
@@ -97,6 +98,12 @@ class PipelineResult:
     trace_gaps: list[tuple[int, float, float, int]] = field(default_factory=list)
     #: ``last_backward`` as a (stages, 2) array when the timing made one (else None)
     last_backward_array: np.ndarray | None = field(default=None, repr=False)
+    #: per stage and model chunk (stages, interleave, 2): (start, end) of that chunk's last backward task on the stage
+    #: (chunk 0's is the stage's last backward; under interleaving chunk c's comes earlier, the final backward tasks
+    #: cycling through chunks v-1..0), ms
+    last_backward_by_chunk: np.ndarray | None = field(default=None, repr=False)
+    #: per stage and model chunk (stages, interleave): start of that chunk's first forward task on the stage, ms
+    first_forward_by_chunk: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def extrapolated(self) -> bool:
@@ -156,8 +163,12 @@ def simulate_pipeline(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, inter
     tasks, gaps = [], []
     if keep_tasks:
         tasks, gaps = _extrapolated_tasks(full.tasks, P, N, q, V, kind, n_micro, shift)
+    # every chunk's last backward lies in the drain, moved by the stage's shift like the stage's last backward; the
+    # first forwards are in the head of the schedule, which does not depend on how many micro-batches follow
     return PipelineResult(tasks, full.stage_end + shift, busy, last_b, n_micro=n_micro, simulated_micro=N,
-                          period_ms=period, trace_gaps=gaps)
+                          period_ms=period, trace_gaps=gaps,
+                          last_backward_by_chunk=full.last_backward_by_chunk + shift[:, None, None],
+                          first_forward_by_chunk=full.first_forward_by_chunk)
 
 
 def _extrapolated_tasks(tasks: list[Task], P: int, N: int, q: int, V: int, kind: str, n_micro: int,
@@ -203,10 +214,12 @@ def _order_arrays(n_stages: int, n_micro: int, interleave: int, kind: str) -> tu
     return flat, offsets
 
 
-def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy, last_b):
-    """The event loop over arrays (``_simulate_loop``'s, task for task): fills ``starts``/``ends`` per task and
-    ``free``/``busy``/``last_b`` per stage; returns False if the schedule deadlocks. Compiled with numba when it is
-    installed (the same code, ~100x faster); the plain Python function is the reference the tests compare with."""
+def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy, last_b, last_bc, first_fc):
+    """The event loop over arrays (``_simulate_loop``'s, task for task): fills ``starts``/``ends`` per task,
+    ``free``/``busy``/``last_b`` per stage and, per stage and chunk, ``last_bc`` (stages, chunks, 2: the chunk's last
+    backward's start and end) and ``first_fc`` (stages, chunks: its first forward's start; pass it filled with -1);
+    returns False if the schedule deadlocks. Compiled with numba when it is installed (the same code, ~100x faster);
+    the plain Python function is the reference the tests compare with."""
     n_stages = offsets.shape[0] - 1
     done_f = np.full(n_micro * pv, -1.0)
     done_b = np.full(n_micro * pv, -1.0)
@@ -247,12 +260,17 @@ def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy,
                     dur = b[v]
                 start = t_free if t_free > ready else ready
                 t_free = start + dur
+                c = order[i, 2]
                 if is_b == 1:
                     done_b[idx] = t_free
                     last_b[s, 0] = start
                     last_b[s, 1] = t_free
+                    last_bc[s, c, 0] = start
+                    last_bc[s, c, 1] = t_free
                 else:
                     done_f[idx] = t_free
+                    if first_fc[s, c] < 0:
+                        first_fc[s, c] = start
                 busy[s] += dur
                 starts[i] = start
                 ends[i] = t_free
@@ -289,9 +307,10 @@ def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2
     n = order.shape[0]
     starts, ends = np.zeros(n), np.zeros(n)
     free, busy, last_b = np.zeros(P), np.zeros(P), np.zeros((P, 2))
+    last_bc, first_fc = np.zeros((P, V, 2)), np.full((P, V), -1.0)
     run = kernel or _kernel or _kernel_py
     ok = run(order, offsets, np.asarray(f_ms, dtype=np.float64), np.asarray(b_ms, dtype=np.float64), int(n_micro),
-             int(P * V), float(p2p_ms), starts, ends, free, busy, last_b)
+             int(P * V), float(p2p_ms), starts, ends, free, busy, last_b, last_bc, first_fc)
     if not ok:  # pragma: no cover - the schedules above are deadlock-free
         raise RuntimeError("pipeline schedule deadlocked")
     tasks: list[Task] = []
@@ -299,7 +318,8 @@ def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2
         stage_of = np.repeat(np.arange(P), np.diff(offsets))
         tasks = [Task("B" if o[0] else "F", int(o[1]), int(o[2]), int(st), a, e)
                  for o, st, a, e in zip(order.tolist(), stage_of.tolist(), starts.tolist(), ends.tolist())]
-    return PipelineResult(tasks, free, busy, [tuple(x) for x in last_b.tolist()])
+    return PipelineResult(tasks, free, busy, [tuple(x) for x in last_b.tolist()], last_backward_by_chunk=last_bc,
+                          first_forward_by_chunk=first_fc)
 
 
 def _simulate_loop(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
@@ -373,12 +393,14 @@ def _order_kernel_py(order, offsets, n_micro, pv, seq, dep, add_p2p):
     return True
 
 
-def _static_kernel_py(dep, add_p2p, stage, dur_at, durs, p2p, ends, free, busy, last_b):
+def _static_kernel_py(dep, add_p2p, stage, mark_at, dur_at, durs, p2p, ends, free, busy, last_b, marks):
     """One pass over the tasks in the event loop's order (task k is the k-th the loop runs): each starts when its stage
     is free and the task it waits for (``dep[k]``, an earlier k; -1 none; plus ``p2p`` where ``add_p2p``) is done, as
     in :func:`_kernel_py`, with the same operations in the same order (the same floating-point figures).
     ``durs[dur_at[k]]``: the task's time (forwards first, then backwards). Fills ``ends`` per task,
-    ``free``/``busy``/``last_b`` per stage."""
+    ``free``/``busy``/``last_b`` per stage, and ``marks[mark_at[k]]``, ``marks[mark_at[k] + 1]`` with the task's start
+    and end where ``mark_at[k] >= 0`` (:func:`_static_plan`: each chunk's last backward and first forward on a
+    stage)."""
     half = durs.shape[0] // 2
     for k in range(dep.shape[0]):
         s = stage[k]
@@ -397,6 +419,10 @@ def _static_kernel_py(dep, add_p2p, stage, dur_at, durs, p2p, ends, free, busy, 
         ends[k] = t_free
         free[s] = t_free
         busy[s] += dur
+        m = mark_at[k]
+        if m >= 0:
+            marks[m] = start
+            marks[m + 1] = t_free
         if j >= half:  # a backward pass
             last_b[s, 0] = start
             last_b[s, 1] = t_free
@@ -414,8 +440,10 @@ else:  # pragma: no cover - depends on the environment
 
 @lru_cache(maxsize=512)
 def _static_plan(n_stages: int, n_micro: int, interleave: int, kind: str) -> tuple:
-    """(dep, add_p2p, stage, dur_at) of a schedule shape, task k being the k-th the event loop runs
-    (:func:`_order_kernel_py`); read-only arrays."""
+    """(dep, add_p2p, stage, mark_at, dur_at) of a schedule shape, task k being the k-th the event loop runs
+    (:func:`_order_kernel_py`); read-only arrays. ``mark_at[k]``: where :func:`_static_kernel_py` writes the task's
+    start and end, ``2 (s x V + c)`` for chunk c's last backward on stage s, ``2 P V + 2 (s x V + c)`` for its first
+    forward, -1 for every other task: the marks read as (stages, chunks, 2) twice over."""
     order, offsets = _order_arrays(n_stages, n_micro, interleave, kind)
     n = order.shape[0]
     pv = n_stages * interleave
@@ -426,9 +454,21 @@ def _static_plan(n_stages: int, n_micro: int, interleave: int, kind: str) -> tup
     at[seq] = np.arange(n)
     dep_k = dep[seq]
     dep_k = np.where(dep_k >= 0, at[np.maximum(dep_k, 0)], -1).astype(np.int32)
-    stage = np.repeat(np.arange(n_stages, dtype=np.int32), np.diff(offsets))[seq]
+    stage_i = np.repeat(np.arange(n_stages, dtype=np.int64), np.diff(offsets))
+    stage = stage_i.astype(np.int32)[seq]
     dur_at = (order[:, 3] + order[:, 0] * pv).astype(np.int32)[seq]  # forward v: durs[v], backward v: durs[pv + v]
-    out = (dep_k, add[seq], stage, dur_at)
+    # each (stage, chunk)'s first forward and last backward, in the stage's own order (tasks are stage after stage)
+    key = stage_i * interleave + order[:, 2]
+    fwd, bwd = np.flatnonzero(order[:, 0] == 0), np.flatnonzero(order[:, 0] == 1)
+    keys_f, first = np.unique(key[fwd], return_index=True)  # first occurrences, keys sorted
+    keys_b, last = np.unique(key[bwd][::-1], return_index=True)  # last occurrences
+    if len(keys_f) != pv or len(keys_b) != pv:  # pragma: no cover - every chunk of every stage runs a micro-batch
+        raise RuntimeError("pipeline schedule without a task for some stage and chunk")
+    first_f, last_b = fwd[first], bwd[len(bwd) - 1 - last]
+    mark = np.full(n, -1, dtype=np.int32)
+    mark[last_b] = 2 * np.arange(pv, dtype=np.int32)
+    mark[first_f] = 2 * pv + 2 * np.arange(pv, dtype=np.int32)
+    out = (dep_k, add[seq], stage, mark[seq], dur_at)
     for a in out:
         a.setflags(write=False)
     return out
@@ -440,12 +480,14 @@ def _simulate_static(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str
     bit for bit (tested), several times faster (compiled; no tasks kept)."""
     V = interleave
     P = len(f_ms) // V
-    dep, add, stage, dur_at = _static_plan(P, int(n_micro), V, kind)
+    dep, add, stage, mark_at, dur_at = _static_plan(P, int(n_micro), V, kind)
     durs = np.concatenate((np.asarray(f_ms, dtype=np.float64), np.asarray(b_ms, dtype=np.float64)))
     ends = np.empty(dep.shape[0])
     free, busy, last_b = np.zeros(P), np.zeros(P), np.zeros((P, 2))
-    _static_kernel(dep, add, stage, dur_at, durs, float(p2p_ms), ends, free, busy, last_b)
-    res = PipelineResult([], free, busy, [tuple(x) for x in last_b.tolist()])
+    marks = np.empty((2, P, V, 2))  # each chunk's last backward, its first forward: (start, end)
+    _static_kernel(dep, add, stage, mark_at, dur_at, durs, float(p2p_ms), ends, free, busy, last_b, marks.reshape(-1))
+    res = PipelineResult([], free, busy, [tuple(x) for x in last_b.tolist()], last_backward_by_chunk=marks[0],
+                         first_forward_by_chunk=marks[1, :, :, 0])
     res.last_backward_array = last_b
     return res
 
@@ -468,6 +510,8 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
     tasks: list[Task] = []
     remaining = sum(len(o) for o in orders)
     last_b: list[tuple[float, float]] = [(0.0, 0.0)] * P
+    last_bc = np.zeros((P, V, 2))
+    first_fc = np.full((P, V), -1.0)
     while remaining:
         progressed = False
         for s in range(P):
@@ -502,8 +546,11 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
                 if is_b:
                     done_b[idx] = t_free
                     last_b[s] = (start, t_free)
+                    last_bc[s, c] = (start, t_free)
                 else:
                     done_f[idx] = t_free
+                    if first_fc[s, c] < 0:
+                        first_fc[s, c] = start
                 busy[s] += dur
                 if keep_tasks:
                     tasks.append(Task("B" if is_b else "F", m, c, s, start, t_free))
@@ -515,7 +562,8 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
                 progressed = True
         if not progressed:  # pragma: no cover - schedules above are deadlock-free
             raise RuntimeError("pipeline schedule deadlocked")
-    return PipelineResult(tasks, np.array(free), np.array(busy), last_b)
+    return PipelineResult(tasks, np.array(free), np.array(busy), last_b, last_backward_by_chunk=last_bc,
+                          first_forward_by_chunk=first_fc)
 
 
 def bucket_spans(ready_ms: np.ndarray, dur_ms: np.ndarray, start_ms: float = 0.0) -> tuple[np.ndarray, np.ndarray]:

@@ -272,6 +272,8 @@ def test_scheduler_extrapolation_matches_exact(case):
     np.testing.assert_allclose(approx.stage_end, exact.stage_end, rtol=1e-3)
     np.testing.assert_allclose(approx.stage_busy, exact.stage_busy, rtol=1e-9)
     np.testing.assert_allclose(np.array(approx.last_backward), np.array(exact.last_backward), rtol=1e-3)
+    np.testing.assert_allclose(approx.last_backward_by_chunk, exact.last_backward_by_chunk, rtol=1e-3)
+    np.testing.assert_array_equal(approx.first_forward_by_chunk, exact.first_forward_by_chunk)  # the head is exact
     # the drawn tasks: each a distinct task of the whole step near its exact time, in order on its stage
     at = {(t.kind, t.micro, t.chunk, t.stage): t.start for t in exact.tasks}
     keys = [(t.kind, t.micro, t.chunk, t.stage) for t in approx.tasks]

@@ -448,6 +448,33 @@ def test_compiled_pipeline_loop_matches_the_event_driven_reference():
             got = sc._simulate_arrays(f, b, n_micro=m, interleave=V, kind=kind, p2p_ms=p2p, keep_tasks=True, kernel=k)
             assert np.allclose(got.stage_end, ref.stage_end) and np.allclose(got.stage_busy, ref.stage_busy)
             assert np.allclose(np.array(got.last_backward), np.array(ref.last_backward))
+            np.testing.assert_array_equal(got.last_backward_by_chunk, ref.last_backward_by_chunk)
+            np.testing.assert_array_equal(got.first_forward_by_chunk, ref.first_forward_by_chunk)
             key = lambda t: (t.stage, t.kind, t.micro, t.chunk)  # noqa: E731
             assert [(key(t), round(t.start, 9), round(t.end, 9)) for t in sorted(got.tasks, key=key)] == \
                    [(key(t), round(t.start, 9), round(t.end, 9)) for t in sorted(ref.tasks, key=key)]
+
+
+def test_scheduler_reports_each_chunks_last_backward_and_first_forward():
+    """Per stage and model chunk: the (start, end) of the chunk's last backward task and the start of its first forward,
+    as the tasks have them; chunk 0's last backward is the stage's; under interleaving each chunk's last backward ends
+    before the next lower chunk's starts (the order distributed.py queues the chunks' gradient buckets in)."""
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        P = int(rng.integers(1, 7))
+        V = int(rng.choice([1, 2, 3, 4])) if P > 1 else 1
+        kind = "1f1b" if V > 1 else str(rng.choice(["1f1b", "gpipe"]))
+        m = P * int(rng.integers(1, 5)) if V > 1 else int(rng.integers(1, 20))
+        f, b, p2p = rng.uniform(0.5, 3, P * V), rng.uniform(1, 6, P * V), float(rng.uniform(0, 0.5))
+        r = simulate_pipeline(f, b, n_micro=m, interleave=V, kind=kind, p2p_ms=p2p)
+        lbc, ffc = r.last_backward_by_chunk, r.first_forward_by_chunk
+        assert lbc.shape == (P, V, 2) and ffc.shape == (P, V)
+        for s in range(P):
+            for c in range(V):
+                bw = [t for t in r.tasks if t.stage == s and t.chunk == c and t.kind == "B"]
+                fw = [t for t in r.tasks if t.stage == s and t.chunk == c and t.kind == "F"]
+                last = max(bw, key=lambda t: t.end)
+                assert tuple(lbc[s, c]) == (last.start, last.end)
+                assert ffc[s, c] == min(t.start for t in fw)
+        np.testing.assert_array_equal(lbc[:, 0], np.array(r.last_backward))
+        assert np.all(lbc[:, 1:, 1] <= lbc[:, :-1, 0])

@@ -9,8 +9,9 @@ import pytest
 
 import wattcast
 from conftest import run_cli
+from wattcast.simulate.distributed import predict_distributed
 from wattcast.simulate.overlap import ep_overlap_layer_ms, overlap_defaults, overlapped_ms, sm_share, tp_overlap_layer_ms
-from wattcast.simulate.parallel import ParallelConfigError
+from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError
 
 
 def test_overlapped_time_bounds_and_monotone():
@@ -224,3 +225,90 @@ def test_moe_overlap_leaves_the_unpaired_micro_batches_exposed():
     on8, off8 = ep_per_micro(256)
     assert off2 == pytest.approx(off8, rel=0.05)  # without the overlap every micro-batch exposes the same
     assert on8 < on2 < off2
+
+
+def _toy_interleaved(v: int, **kw):
+    """GPT-2 on 2 stages x 2 data-parallel replicas, 4 micro-batches, Megatron-Core with --overlap-grad-reduce."""
+    par = ParallelConfig(gpus=4, tp=1, pp=2, dp=2, micro_batch=1, interleave=v, overlap_grad_reduce=True,
+                                  overlap_param_gather=False, tp_comm_overlap=False, **kw)
+    return predict_distributed("gpt2", "nvlink-4gpu", gpus=4, batch=8, seq=1024, parallel=par,
+                                        framework="megatron", trace=True, comm_split=True)
+
+
+def test_interleaved_grad_reduce_starts_at_each_chunks_last_backward():
+    """Megatron-Core's interleaved schedule launches a model chunk's gradient reduction when that chunk's last
+    backward is done (per-chunk grad buffers; align_grad_reduce): chunk 1's buckets run while the stage is still busy
+    with chunk 0's backwards and are hidden, chunk 0's follow the stage's final backward and are exposed. Until then
+    every chunk's buckets were spread over the stage's final backward. Without interleaving nothing changes: the buckets
+    are ready as the last backward produces them."""
+    eps = 1e-9
+    p = _toy_interleaved(2, zero=0)
+    ev = p.events
+    critical = {}
+    for s in range(2):
+        bw = [e for e in ev if e["stage"] == s and e["stream"] == "compute" and e["name"].startswith("B")]
+        final = max(bw, key=lambda e: e["end_ms"])
+        c1_last = max(e["end_ms"] for e in bw if e["name"].endswith(".c1"))
+        dp = [e for e in ev if e["stage"] == s and e["stream"] == "comm" and e["name"].startswith("dp.all_reduce")]
+        assert min(e["end_ms"] for e in dp) <= final["start_ms"] + eps  # some reduction is done before the final backward
+        c1 = [e for e in dp if e["name"].endswith(".c1")]
+        c0 = [e for e in dp if e["name"].endswith(".c0")]
+        assert c1 and c0 and len(c1) + len(c0) == len(dp)
+        assert min(e["start_ms"] for e in c1) >= c1_last - eps  # ready at chunk 1's own last backward ...
+        assert max(e["end_ms"] for e in c1) <= final["start_ms"] + eps  # ... and done before the final one: hidden
+        assert min(e["start_ms"] for e in c0) >= final["end_ms"] - eps  # chunk 0's after the final backward
+        critical[s] = sum(e["end_ms"] - e["start_ms"] for e in c0)
+    # what the DP reduction adds to the step: chunk 0's buckets on the stage that ends last (stage 0)
+    assert p.exposed_comm_split_ms["dp"] == pytest.approx(critical[0], rel=1e-6)
+    # no interleaving: the buckets are ready one by one during the stage's last backward, as before
+    p1 = _toy_interleaved(1, zero=0)
+    for s in range(2):
+        bw = [e for e in p1.events if e["stage"] == s and e["stream"] == "compute" and e["name"].startswith("B")]
+        final = max(bw, key=lambda e: e["end_ms"])
+        dp = [e for e in p1.events if e["stage"] == s and e["stream"] == "comm" and e["name"].startswith("dp.")]
+        assert dp and all(e["name"].endswith("]") for e in dp)
+        assert min(e["start_ms"] for e in dp) < final["end_ms"]
+        assert all(e["start_ms"] >= final["start_ms"] - eps for e in dp)
+
+
+def test_interleaved_param_gather_waits_for_chunk_0_and_hides_the_rest():
+    """--overlap-param-gather under interleaving (Megatron-Core's align_param_gather): the chunks' all-gathers queue on
+    the data-parallel stream from the step's start; chunk 0's first forward waits for the whole of chunk 0's, chunk c's
+    for chunks 0..c; the rest runs beside the computation (NCCL's SMs taken from it)."""
+    from wattcast.simulate.distributed import interleaved_param_gather_ms
+
+    share = 0.125
+    ff = np.array([[0.0, 10.0], [2.0, 12.0]])  # stage 1's first forwards come 2 ms later: only the lead counts
+    # chunk 1's gather ends (3 + 2 = 5 ms) before its first forward (3 + 10 ms): chunk 0's 3 ms wait, 2 ms hidden
+    got = interleaved_param_gather_ms(np.array([[3.0, 2.0], [3.0, 2.0]]), ff, share)
+    np.testing.assert_allclose(got, [3.0 + share * 2.0] * 2)
+    # chunk 1's gather outlasts its lead: the stage waits until it is done (3 + 12 - 10 = 5 ms late), 10 ms beside
+    got = interleaved_param_gather_ms(np.array([[3.0, 12.0]]), ff[:1], share)
+    np.testing.assert_allclose(got, [5.0 + share * 10.0])
+    # through the step (ZeRO-1): overlapped, the gather costs less than after the step, and some of it is still exposed
+    par = dict(gpus=4, tp=1, pp=2, dp=2, micro_batch=1, interleave=2, zero=1, overlap_grad_reduce=True,
+               tp_comm_overlap=False)
+    step = {opg: predict_distributed("gpt2", "nvlink-4gpu", gpus=4, batch=8, seq=1024, framework="megatron",
+                                              parallel=ParallelConfig(**par, overlap_param_gather=opg),
+                                              comm_split=True) for opg in (False, True)}
+    assert step[True].step_time_ms < step[False].step_time_ms
+    assert step[True].exposed_comm_split_ms["dp"] > step[False].exposed_comm_split_ms["dp"] - step[False].comm[
+        "dp_param_gather_ms"]
+
+
+def test_chunk_reductions_queue_in_the_order_their_chunks_finish():
+    """chunk_reduce_spans_ms: chunk v-1's reduction first, each from its ready time or when the stream frees up; a chunk
+    without buckets takes no time and holds nothing up."""
+    from wattcast.simulate.distributed import chunk_reduce_spans_ms
+
+    ms = np.array([[2.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    ready = np.array([[10.0, 6.0, 5.0], [10.0, 6.0, 5.0]])
+    start, end = chunk_reduce_spans_ms(ms, ready)
+    # stage 0: chunk 2 at 5-6, chunk 1 at 6-9, chunk 0 at 10-12; stage 1: chunk 1 has none
+    np.testing.assert_allclose(start[0], [10.0, 6.0, 5.0])
+    np.testing.assert_allclose(end[0], [12.0, 9.0, 6.0])
+    np.testing.assert_allclose(start[1, [0, 2]], [10.0, 5.0])
+    np.testing.assert_allclose(end[1, [0, 2]], [12.0, 6.0])
+    # a long chunk 2 pushes the others back
+    start, end = chunk_reduce_spans_ms(np.array([[2.0, 3.0, 8.0]]), ready[:1])
+    np.testing.assert_allclose(end[0], [18.0, 16.0, 13.0])

@@ -33,6 +33,9 @@ def test_closed_form_within_1pct_of_event_loop_where_it_applies():
         assert fa.stage_end.max() == pytest.approx(T, rel=0.01), where
         assert np.abs(fa.stage_end - ex.stage_end).max() <= 0.01 * T, where
         assert np.abs(np.array(fa.last_backward) - np.array(ex.last_backward)).max() <= 0.01 * T, where
+        assert np.abs(fa.last_backward_by_chunk - ex.last_backward_by_chunk).max() <= 0.01 * T, where
+        np.testing.assert_allclose(fa.first_forward_by_chunk, ex.first_forward_by_chunk, rtol=1e-12, atol=1e-12 * T,
+                                   err_msg=str(where))
         np.testing.assert_allclose(fa.stage_busy, ex.stage_busy, rtol=1e-12)
     assert used > 300  # the grid exercises it: 1F1B, interleaved and GPipe
 

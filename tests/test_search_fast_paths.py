@@ -110,6 +110,11 @@ def test_static_pass_equals_the_event_loop_bit_for_bit(monkeypatch, limit):
         np.testing.assert_array_equal(got.stage_end, ref.stage_end, err_msg=str(where))
         np.testing.assert_array_equal(got.stage_busy, ref.stage_busy, err_msg=str(where))
         assert got.last_backward == ref.last_backward, where
+        np.testing.assert_array_equal(got.last_backward_by_chunk, ref.last_backward_by_chunk, err_msg=str(where))
+        np.testing.assert_array_equal(got.first_forward_by_chunk, ref.first_forward_by_chunk, err_msg=str(where))
+        if limit is None or m <= limit:
+            np.testing.assert_array_equal(got.last_backward_by_chunk, py.last_backward_by_chunk, err_msg=str(where))
+            np.testing.assert_array_equal(got.first_forward_by_chunk, py.first_forward_by_chunk, err_msg=str(where))
         if limit is None or m <= limit:
             np.testing.assert_array_equal(got.stage_end, py.stage_end, err_msg=str(where))
         if got.last_backward_array is not None:
