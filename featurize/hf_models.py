@@ -766,15 +766,17 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
 
 def _mtp_layer(cfg: HFConfig, b: GraphBuilder, h: Tensor, ids: Tensor, k: int, *, norm, block) -> Tensor:
     """One multi-token-prediction depth (DeepSeek-V3 tech report Sec. 2.2, Megatron-Core's
-    ``MultiTokenPredictionLayer``): the embedding of the tokens k + 1 ahead (the last stage's own copy of the word
-    embedding, one table for every depth, its gradient all-reduced with the first stage's), RMSNorms of it and of the hidden states ``h``, their concatenation projected
+    ``MultiTokenPredictionLayer``): the embedding of the tokens k + 1 ahead (the word embedding's table; under a pipeline
+    the last stage's copy of it, its gradient all-reduced with the first stage's), RMSNorms of it and of the hidden states ``h``, their concatenation projected
     from 2 x hidden to hidden (``eh_proj``, column-parallel with its output gathered over TP), one transformer block of
     the decoder's kind (``block``), a final norm, and the output layer (shared with the main head: no parameters of its
     own) with its loss. Returns the block's output (the next depth's hidden states)."""
     p = f"mtp.layers.{k}"
     with b.scope(p):
-        e = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name=f"{p}.embedding", params=k == 0)  # one table
-        # its gradient is all-reduced with the first stage's embedding (Megatron-Core's embedding group)
+        # the word embedding's table: the first stage's own (one rank without a pipeline); a pipeline's last stage
+        # holds a copy, one for every depth, whose gradient joins the embedding group's all-reduce
+        # (simulate/distributed.py, as a tied output layer's copy)
+        e = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name=f"{p}.embedding", params=False)
         b.meta["mtp_embedding_params"] = cfg.hidden * (padded_vocab(b, cfg.vocab) // b.tp)
         e = norm(e, f"{p}.enorm")
         hn = norm(h, f"{p}.hnorm")

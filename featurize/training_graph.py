@@ -124,9 +124,13 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     layers = nodes["layer"].to_numpy()
     tags = nodes["tag"].to_numpy()
     seen_layers: set[int] = set()
+    n_layers = fwd.meta.get("n_layers", 1 << 30)
+    # multi-token prediction's block (in the head's layer) is a transformer layer of the same config: its modules are
+    # recomputed like the decoder's (the head's own ops carry no module tags)
+    mtp_layer = n_layers if fwd.meta.get("mtp_embedding_params") and recompute != "full" else -1
     for i in range(n_fwd - 1, -1, -1):
         lay = int(layers[i])
-        if recompute != "none" and lay >= 0 and lay not in seen_layers and lay < fwd.meta.get("n_layers", 1 << 30):
+        if recompute != "none" and lay >= 0 and lay not in seen_layers and (lay < n_layers or lay == mtp_layer):
             seen_layers.add(lay)
             sel = np.flatnonzero(layers == lay)
             if recompute != "full":

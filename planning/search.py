@@ -617,7 +617,7 @@ class _Evaluator:
                r.energy_j, r.avg_power_w, format_strategy(p, job.batch, job.framework), job.batch // (p.dp * p.micro_batch),
                p.schedule, r.memory_capacity_gb, r.memory_flag, r.scheduled,
                # the settings a strategy string does not carry: predict it with the same ones
-               self.dtype, self.attention, job.framework, expert_tp(p))
+               self.dtype, self.attention, job.framework, expert_tp(p) if job.n_experts else None)
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,

@@ -630,8 +630,8 @@ class _RankView:
     gemm_f_ms: np.ndarray  # linear layers' GEMMs (what --tp-comm-overlap pipelines the TP collectives with)
     gemm_b_ms: np.ndarray
     coll_by_group: dict  # collective group ("tp", "ep") -> (forward ms, backward ms) per layer
-    # the routed experts' computation (Megatron-Core's MoE "mlp" sub-module: the experts with the dispatcher's re-sort
-    # around them) and the dispatch all-to-all's share of the ep collectives (the rest is the combine's): what
+    # the experts' computation (Megatron-Core's MoE "mlp" sub-module: the routed experts with the dispatcher's re-sort
+    # around them, and the shared experts) and the dispatch all-to-all's share of the ep collectives (the rest is the combine's): what
     # --overlap-moe-expert-parallel-comm pairs each all-to-all with (simulate.overlap.ep_overlap_layer_ms)
     moe_mlp_f_ms: np.ndarray
     moe_mlp_b_ms: np.ndarray
@@ -678,7 +678,10 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _Ra
     in_experts = costed["scope"].astype(str).str.contains(r"experts\.", regex=True).to_numpy()
     is_exp = fwd & in_experts
     names = costed["name"].astype(str)
-    is_mlp = ~is_coll & (in_experts | names.str.startswith(("moe.sort_chunks", "moe.unsort_chunks")).to_numpy())
+    # Megatron-Core's "mlp" sub-module (fine_grained_callables' submodule_moe_forward): the routed experts with the
+    # dispatcher's re-sort, and the shared experts
+    is_mlp = ~is_coll & (in_experts | names.str.startswith(("moe.sort_chunks", "moe.unsort_chunks")).to_numpy()
+                         | costed["tag"].astype(str).str.contains("shared_experts", regex=False).to_numpy())
     is_dispatch = is_coll & names.str.startswith("moe.dispatch").to_numpy()
     w = costed["power_w"].to_numpy(dtype=float)
     gpu_t = costed["gpu_ms"].to_numpy(dtype=float)
@@ -977,7 +980,7 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
            "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks), "z3_first_f_ms": np.zeros(n_chunks),
            "z3_first_b_ms": np.zeros(n_chunks)}
     units = np.maximum(np.asarray(units, dtype=int), 1)
-    if dp_l.size <= 1:
+    if dp_l.size <= 1 and expert_dp(par) <= 1:  # (expert parameters reduce over expert-DP even when dp x cp is 1)
         out["bucket_ms"] = [np.zeros(0)] * n_chunks
         return _stage_buckets(out, P, V)
     if bucket_params is None:  # parameters per gradient bucket (dp_bucket_params): par.bucket_mb of gradients
@@ -1240,7 +1243,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # a pipeline's last stage holds the output layer's copy of a tied word embedding (tied_copy_params_by_chunk): its
     # weights, gradients and optimizer states in the stage's memory terms, its gradient in the DP buckets and its share
     # of the distributed optimizer's gather, like any parameter of the stage
-    tied_params = float(g.meta.get("tied_output_params") or 0.0) if P > 1 else 0.0
+    # (multi-token prediction's embedding lookup on the last stage needs the same copy: one table for both)
+    tied_params = (max(float(g.meta.get("tied_output_params") or 0.0), float(g.meta.get("mtp_embedding_params") or 0.0))
+                   if P > 1 else 0.0)
     if tied_params > 0:  # once per (view, chunking, pp) in a search
         with_copy = sums.get(("params+tied", P))
         if with_copy is None:
@@ -1384,12 +1389,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # the tied embedding's gradient all-reduce between the first and the last stage (Megatron-Core's
     # _allreduce_embedding_grads, DeepSpeed's _exec_reduce_tied_grads): once per step, a 2-rank all-reduce of the copy's
     # gradient (its DP shard under ZeRO-2/3) over the embedding group, usually across nodes; in the "pp" class
-    # multi-token prediction's embedding copy on the last stage is in the embedding group too (its parameters are
-    # already the MTP block's, on the last stage)
-    sync_params = tied_params + (float(g.meta.get("mtp_embedding_params") or 0.0) if P > 1 else 0.0)
     tied_ar_ms = tied_ar_bytes = 0.0
-    if sync_params > 0:
-        tied_ar_bytes = sync_params * tied_grad_bytes(opts.framework, dtype) / (dp_n if par.zero >= 2 else 1)
+    if tied_params > 0:
+        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype) / (dp_n if par.zero >= 2 else 1)
         one_node = par.tp * par.cp * par.dp * P <= cl.gpus_per_node  # embedding_group_layout's rule
         tied_key = ("tied_ar", tied_ar_bytes, one_node, id(cl), id(cm))
         tied_ar_ms = memo.get(tied_key) if memo is not None else None
@@ -1467,7 +1469,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if tied_on and tied_first:  # DeepSpeed: ReduceTiedGrads, then ReduceGrads
             stage_end, tied_start = tied_grad_sync_ms(stage_end, tied_ar_ms)
         finish = stage_end.copy()
-        if dp_on and lay["dp"].size > 1 and par.zero != 3 and dpt["bucket_pad"].shape[1]:
+        if dp_on and (lay["dp"].size > 1 or edp_n > 1) and par.zero != 3 and dpt["bucket_pad"].shape[1]:
             # every stage's buckets at once: rows padded with empty buckets that are never ready (they change nothing)
             ms, n = dpt["bucket_pad"], dpt["bucket_n"]
             pre = dpt.get("bucket_pre")
@@ -1531,7 +1533,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
         opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share
         gather = np.zeros(P)
-        if dp_on and par.zero >= 1 and lay["dp"].size > 1:
+        if dp_on and par.zero >= 1 and (lay["dp"].size > 1 or edp_n > 1):
             gather = dpt.get("gather_by_stage")
             if gather is None:
                 gather = dpt["gather_by_stage"] = by_stage(dpt["gather_after_ms"])
@@ -1691,7 +1693,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the
                 # first/last stage gradient all-reduce, once per step
                 **(dict(tied_embedding_copy_params=tied_params, embedding_grad_allreduce_bytes=tied_ar_bytes,
-                        embedding_grad_allreduce_ms=tied_ar_ms) if sync_params > 0 else {}),
+                        embedding_grad_allreduce_ms=tied_ar_ms) if tied_params > 0 else {}),
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,

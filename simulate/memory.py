@@ -143,8 +143,10 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     ckpt, discard = recompute_tags(graph.meta.get("recompute", "none"))
     rec = ckpt | discard
     n_layers = int(graph.meta.get("n_layers", 0)) or 1 << 30
-    # the modules' tags of each op of a transformer layer (the final norm, the embedding and the head are not recomputed)
-    tags = [node_tags(t) if 0 <= lay < n_layers else frozenset() for t, lay in zip(fwd["tag"].to_numpy(), layers)] \
+    # the modules' tags of each op of a transformer layer (the final norm, the embedding and the head are not recomputed;
+    # multi-token prediction's block, in the head's layer, is: training_graph)
+    last = n_layers if graph.meta.get("mtp_embedding_params") else n_layers - 1
+    tags = [node_tags(t) if 0 <= lay <= last else frozenset() for t, lay in zip(fwd["tag"].to_numpy(), layers)] \
         if rec else None
     input_tids = graph.saved.get("input_tids")
     kept: dict[int, int] = {}

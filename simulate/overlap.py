@@ -78,9 +78,10 @@ def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_s
     and the backward of another (B) into one task, layer by layer, and pairs each all-to-all with one sub-module of the
     other micro-batch (``combined_1f1b``: ``schedule_layer_1f1b``), in this order, each pair waiting for the one before:
 
-    1. B's combine backward beside A's attention forward (everything of the layer's forward but the routed experts:
-       norms, attention, router, permute);
-    2. A's dispatch beside B's experts' backward (``mlp_b_ms``: the experts with the dispatcher's re-sort);
+    1. B's combine backward beside A's attention forward (everything of the layer's forward but the experts: norms,
+       attention, router, permute);
+    2. A's dispatch beside B's experts' backward (``mlp_b_ms``: the routed experts with the dispatcher's re-sort, and
+       the shared experts: ``submodule_moe_forward`` runs them there);
     3. B's dispatch backward beside A's experts' forward (``mlp_f_ms``);
     4. A's combine beside B's attention backward.
 

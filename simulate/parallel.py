@@ -240,9 +240,6 @@ def _check_etp(cfg: ParallelConfig, *, dp: int, n_experts: int | None, fw: str |
         raise ParallelConfigError(
             f"expert tensor x expert parallelism ({etp} x {cfg.ep}) must divide tp x cp x dp ({cfg.tp} x {cfg.cp} x {dp}): "
             "Megatron-Core folds the expert ranks over the attention's")
-    if cfg.tp > 1 and not cfg.sp:
-        raise ParallelConfigError(f"mixture of experts with tensor parallelism (tp {cfg.tp}): Megatron-Core needs "
-                                  "sequence parallelism then (--sp)")
 
 
 def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
@@ -362,11 +359,12 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         if cfg.etp is None and not ((dp * cfg.cp) % cfg.ep == 0):
             raise ParallelConfigError(f"ep ({cfg.ep}) must divide the data-parallel x context-parallel size "
                                       f"({dp} x {cfg.cp})")
-        if fw == "megatron" and cfg.tp > 1 and not cfg.sp:
-            raise ParallelConfigError(f"expert parallelism (ep {cfg.ep}) with tensor parallelism (tp {cfg.tp}): Megatron-Core "
-                                      f"needs sequence parallelism then (--sp)")
     if cfg.etp is not None:
         _check_etp(cfg, dp=dp, n_experts=n_experts, fw=fw)
+    if fw == "megatron" and n_experts and cfg.tp > 1 and not cfg.sp:
+        # Megatron-LM's validate_args: "When using MoE and tensor parallelism, sequence parallelism must be used"
+        raise ParallelConfigError(f"mixture of experts with tensor parallelism (tp {cfg.tp}): Megatron-Core needs sequence "
+                                  f"parallelism then (--sp)")
     try:
         recompute = recompute_setting(cfg.recompute)
     except RecomputeError as e:

@@ -141,3 +141,17 @@ def test_search_rows_with_different_etp_are_their_own_predictions():
         assert p.step_time_ms == pytest.approx(r["step_time_ms"], rel=1e-9)
         times[r["etp"]] = r["step_time_ms"]
     assert len(set(times.values())) == 3
+
+
+def test_expert_gradients_reduce_over_expert_dp_when_dp_is_one():
+    """tp 8 x dp 1 with ep 2 and etp 1: the attention has no data parallelism, but each expert shard sits on
+    expert-dp = 8 / 2 = 4 ranks: its gradients are reduced (and, under ZeRO-1, its parameters gathered) over them.
+    With ep 8 (expert-dp 1) there is nothing to reduce."""
+    kw = dict(gpus=8, batch=8, seq=2048, tp=8, sp=True, etp=1, zero=1, micro_batch=1, dtype="bf16", attention="flash",
+              framework="megatron", recompute="full")
+    lone = wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", ep=8, **kw)
+    shared = wattcast.predict_cluster("mixtral_8x7b", "DGX-H100", ep=2, **kw)
+    assert expert_dp(shared.parallel) == 4 and expert_dp(lone.parallel) == 1
+    assert lone.comm["dp_sync_ms"] == 0.0 and lone.comm["dp_param_gather_ms"] == 0.0
+    assert shared.comm["dp_sync_ms"] > 0 and shared.comm["dp_param_gather_ms"] > 0
+    assert shared.exposed_comm_split_ms["dp"] > 0

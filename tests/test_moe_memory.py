@@ -37,7 +37,8 @@ def mixtral_rank_params(ep: int, tp: int = 1) -> tuple[float, float]:
 
 
 def _mixtral(zero: int, *, dp: int = 32, ep: int = 8, tp: int = 1, framework: str = "megatron"):
-    par = ParallelConfig(gpus=tp * dp, tp=tp, pp=1, dp=dp, ep=ep, micro_batch=1, zero=zero)
+    # Megatron-Core runs MoE with TP only with sequence parallelism
+    par = ParallelConfig(gpus=tp * dp, tp=tp, pp=1, dp=dp, ep=ep, micro_batch=1, zero=zero, sp=tp > 1)
     return predict_distributed("mixtral_8x7b", "DGX-H100", par,
                                DistributedOptions(batch=2 * dp, seq=4096, dtype="bf16", framework=framework))
 

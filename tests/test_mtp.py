@@ -36,8 +36,9 @@ def _block_params(g, layer: int) -> float:
 
 
 def test_mtp_depth_is_embedding_norms_projection_block_and_shared_head():
-    """One depth: the last stage's embedding copy (vocab x h), two RMSNorms, eh_proj (2h -> h), one MoE block like the
-    decoder's last, a final norm, and the output layer shared with the head (no parameters) with a second loss."""
+    """One depth: a lookup in the word embedding (no table of its own on one rank: the pipeline's last-stage copy is the
+    scheduler's), two RMSNorms, eh_proj (2h -> h), one MoE block like the decoder's last, a final norm, and the output
+    layer shared with the head (no parameters) with a second loss."""
     g0, g1 = _graph(0), _graph(1)
     n = g1.nodes
     mtp = n[(n["phase"] == "forward") & n["scope"].astype(str).str.startswith(("mtp.", "moe.experts"))
@@ -51,7 +52,8 @@ def test_mtp_depth_is_embedding_norms_projection_block_and_shared_head():
     # the MTP block's parameters equal a decoder MoE block's (layer 3), whose latent norms' weights (q_lora_rank +
     # kv_lora_rank) sit on no kernel node
     block = _block_params(g0, 3) + DSV3["q_lora_rank"] + DSV3["kv_lora_rank"]
-    assert added == pytest.approx(VOCAB * H + norms + 2 * H * H + block, rel=1e-9)
+    assert added == pytest.approx(norms + 2 * H * H + block, rel=1e-9)
+    assert g1.meta["mtp_embedding_params"] == VOCAB * H
 
 
 def test_mtp_sits_on_the_last_stage():
@@ -63,6 +65,12 @@ def test_mtp_sits_on_the_last_stage():
     # a second depth adds a block, norms and a projection but no second embedding table
     depth = on.per_device[1]["params"] - off.per_device[1]["params"]
     assert two.per_device[1]["params"] - on.per_device[1]["params"] == pytest.approx(depth - VOCAB * H / 2, rel=1e-9)
+    # one rank (no pipeline): the MTP looks up the embedding the first stage holds anyway, no copy, no all-reduce
+    one = dict(KW, gpus=8, pp=1, batch=16)
+    p0 = wattcast.predict_cluster(DSV3, "DGX-H100", **one)
+    p1 = wattcast.predict_cluster(DSV3, "DGX-H100", **one, mtp_num_layers=1)
+    assert p1.per_device[0]["params"] - p0.per_device[0]["params"] == pytest.approx(depth - VOCAB * H / 2, rel=1e-9)
+    assert "embedding_grad_allreduce_bytes" not in p1.comm
     # the embedding copy's gradient is all-reduced with the first stage (fp32 main grads under bf16), in the pp class
     assert "embedding_grad_allreduce_bytes" not in off.comm
     assert on.comm["embedding_grad_allreduce_bytes"] == pytest.approx(VOCAB * H / 2 * 4)
@@ -125,3 +133,15 @@ def test_search_takes_mtp_num_layers():
     p = wattcast.predict_cluster(DSV3, "DGX-H100", strategy=on["strategy"], seq=2048, dtype="bf16", attention="flash",
                                  framework="megatron", mtp_num_layers=1)
     assert p.step_time_ms == pytest.approx(on["step_time_ms"], rel=1e-9)
+
+
+def test_mtp_block_recomputes_its_modules_like_the_decoders():
+    """Megatron-Core builds the MTP layer from the same config: --recompute-modules re-run its norms, latent
+    up-projections and expert activations in the backward as the decoder's; the head's own ops are not recomputed."""
+    rc = "selective:layernorm,mla_up_proj,moe_act"
+    n0, n1 = _graph(0, recompute=rc).nodes, _graph(1, recompute=rc).nodes
+    assert not n0.loc[n0["layer"] == 4, "recompute"].any()
+    mtp_rc = n1[(n1["layer"] == 4) & n1["recompute"].astype(bool)]
+    moe_block = n1[(n1["layer"] == 3) & n1["recompute"].astype(bool)]
+    assert len(mtp_rc) == len(moe_block) > 0
+    assert not mtp_rc["name"].str.startswith(("lm_head", "loss", "mtp.layers.0.")).any()
