@@ -963,11 +963,13 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
-              gather_b_chunk: np.ndarray | None = None) -> dict:
+              gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
-    ``params_chunk`` x ``db``; FP8 parameters gather at 1 B).
+    ``params_chunk`` x ``db``; FP8 parameters gather at 1 B). ``bucketed_first_chunk_only``: only chunk 0 (the first
+    stage's first model chunk) splits its gradients into buckets, every other chunk reduces them as one message
+    (Megatron-Core's DistributedDataParallel).
 
     ZeRO-3 / FSDP gathers and reduces unit by unit (``units``: the chunk's wrapped modules, one per transformer block
     as FSDP's auto-wrap policies and DeepSpeed's per-module fetch have it), so each chunk pays ``units`` collectives of
@@ -995,7 +997,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             total = p_count * grad_b
             if total <= 0 or group.size <= 1:
                 continue
-            nb = max(1, int(np.ceil(p_count / bucket_params))) if np.isfinite(bucket_params) else 1
+            nb = (max(1, int(np.ceil(p_count / bucket_params)))
+                  if np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c > 0) else 1)
             msgs.append((c, "bucket", op, total / nb, group, nb))
         gather_b = params_chunk[c] * db if gather_b_chunk is None else gather_b_chunk[c]
         if par.zero == 3:
@@ -1404,12 +1407,18 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # the distributed optimizer's parameter all-gather: bf16 weights, FP8 ones at 1 B with --fp8-param-gather
     gather_b_chunk = (params_chunk * db - chunk_sum("fp8_params") * (db - DTYPE_BYTES["fp8"]) if ctx.fp8_param_gather
                       else params_chunk * db)
+    # Megatron-Core buckets the gradients of the first stage's first model chunk only (DistributedDataParallel: "Turn
+    # off bucketing if we are on a pipeline stage that is not the first ..."; Megatron-LM's get_model passes
+    # disable_bucketing for model chunks after the first): the others reduce as one message when their last backward
+    # is done (with align_grad_reduce the later stages launch it after their final backward, "during the pipeline
+    # bubble")
+    first_only = opts.framework == "megatron" and bool(par.overlap_grad_reduce)
     dp_key = ("dp", par.zero, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
-              params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts))
+              params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only)
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
         dpt = _dp_times(par, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts), bucket_params,
-                        gather_b_chunk)
+                        gather_b_chunk, bucketed_first_chunk_only=first_only)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over

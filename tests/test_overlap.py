@@ -188,6 +188,30 @@ def test_zero3_gathers_unit_by_unit_and_not_after_the_step():
     assert times(128, 3, 24)["z3_f_ms"][0] > times(16, 3, 24)["z3_f_ms"][0]
 
 
+def test_megatron_core_buckets_only_the_first_stages_first_chunk():
+    """Megatron-Core's DistributedDataParallel splits the gradients into buckets on the first pipeline stage's first
+    model chunk only ("Turn off bucketing if we are on a pipeline stage that is not the first", and Megatron-LM's
+    disable_bucketing for chunks after the first): every other chunk reduces as one message. Other frameworks bucket
+    every chunk."""
+    from wattcast.data.cluster_spec import resolve_cluster
+    from wattcast.simulate.distributed import _dp_times, collective_model
+    from wattcast.simulate.parallel import ParallelConfig, layouts
+
+    cl, cm = resolve_cluster("DGX-H100"), collective_model()
+    par = ParallelConfig(gpus=64, tp=1, pp=2, dp=32, zero=1, interleave=2, micro_batch=1, overlap_grad_reduce=True)
+    params = np.full(4, 2e8)  # chunks (v, stage): (0, 0), (0, 1), (1, 0), (1, 1)
+
+    def counts(first_only):
+        t = _dp_times(par, layouts(par, cl), cl, cm, params, np.zeros(4), 4.0, 2.0, 2, 2, np.ones(4, dtype=int),
+                      40e6, bucketed_first_chunk_only=first_only)
+        return [len(x) for x in t["bucket_ms"]], t["sync_ms"]
+
+    (mc, mc_ms), (pt, pt_ms) = counts(True), counts(False)
+    assert mc == [5, 1, 1, 1] and pt == [5, 5, 5, 5]
+    # one message of the whole chunk: one ring's latency instead of five
+    assert mc_ms[0] == pytest.approx(pt_ms[0]) and np.all(mc_ms[1:] < pt_ms[1:])
+
+
 def test_megatron_core_buckets_grow_with_the_data_parallel_group():
     """Megatron-Core's DDP buckets: max(40M, 1M x dp) parameters with --overlap-grad-reduce, one bucket without; other
     frameworks keep PyTorch DDP's 25 MB. At a large DP size 25 MB buckets would pay a ring's latency per bucket
@@ -260,14 +284,18 @@ def test_interleaved_grad_reduce_starts_at_each_chunks_last_backward():
         critical[s] = sum(e["end_ms"] - e["start_ms"] for e in c0)
     # what the DP reduction adds to the step: chunk 0's buckets on the stage that ends last (stage 0)
     assert p.exposed_comm_split_ms["dp"] == pytest.approx(critical[0], rel=1e-6)
-    # no interleaving: the buckets are ready one by one during the stage's last backward, as before
+    # no interleaving: the first stage's buckets are ready one by one during its last backward; a later stage's
+    # gradients are one message after it (Megatron-Core buckets the first stage's first chunk only)
     p1 = _toy_interleaved(1, zero=0)
     for s in range(2):
         bw = [e for e in p1.events if e["stage"] == s and e["stream"] == "compute" and e["name"].startswith("B")]
         final = max(bw, key=lambda e: e["end_ms"])
         dp = [e for e in p1.events if e["stage"] == s and e["stream"] == "comm" and e["name"].startswith("dp.")]
         assert dp and all(e["name"].endswith("]") for e in dp)
-        assert min(e["start_ms"] for e in dp) < final["end_ms"]
+        if s == 0:
+            assert len(dp) > 1 and min(e["start_ms"] for e in dp) < final["end_ms"]
+        else:
+            assert len(dp) == 1 and dp[0]["start_ms"] >= final["end_ms"] - eps
         assert all(e["start_ms"] >= final["start_ms"] - eps for e in dp)
 
 
