@@ -361,6 +361,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``moe_routing``: mixture-of-experts routing for every candidate (``moe_load_imbalance``, ``moe_capacity_factor``,
     ``moe_pad_to_capacity``: see ``simulate/moe_routing.py``; default balanced and dropless).
     ``mtp_num_layers``: Megatron-Core's ``--mtp-num-layers`` for every candidate (``predict_cluster``'s).
+    ``etp`` (a space option): the experts' tensor-parallel degrees; by default, for a mixture-of-experts model under
+    ``framework="megatron"``, each candidate's tp and 1 (Megatron-Core's MoE recipes), else the candidate's tp.
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` for every candidate with the distributed optimizer
     (ZeRO >= 1; needs ``dtype="fp8"`` and ``framework="megatron"``).
     ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
@@ -435,6 +437,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         raise ValueError("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face "
                          "config or a built-in name")
     hf = model_config(model)
+    if space.get("etp") is None and framework == "megatron" and hf is not None and hf.n_experts:
+        # Megatron-Core's MoE recipes (Mixtral, DeepSeek-V3, Qwen3-MoE) run the experts without TP: the experts' own
+        # degree 1 is tried beside the attention's (a candidate with tp 1 has only the one)
+        space["etp"] = (None, 1)
     resolved = []
     run_kw: dict[str, dict] = {}  # per cluster: footprint_kw with the cluster spec's own cloud price, if it has one
     for c in clusters:

@@ -155,3 +155,14 @@ def test_expert_gradients_reduce_over_expert_dp_when_dp_is_one():
     assert lone.comm["dp_sync_ms"] == 0.0 and lone.comm["dp_param_gather_ms"] == 0.0
     assert shared.comm["dp_sync_ms"] > 0 and shared.comm["dp_param_gather_ms"] > 0
     assert shared.exposed_comm_split_ms["dp"] > 0
+
+
+def test_search_tries_etp_one_by_default_for_moe_under_megatron():
+    kw = dict(gpus=16, batch=16, seq=2048, dtype="bf16", attention="flash", tp=(4,), pp=(1,), ep=(4,), sp=(True,),
+              zero=(1,), recompute=("full",), micro_batch=(1,), interleave=(1,), workers=1, prune_oom=False)
+    mega = wattcast.search("mixtral_8x7b", "DGX-H100", framework="megatron", **kw).ranked
+    assert sorted(mega["etp"]) == [1, 4]
+    hf = wattcast.search("mixtral_8x7b", "DGX-H100", framework="hf", **{**kw, "sp": (False,)}).ranked
+    assert list(hf["etp"]) == [4]
+    dense = wattcast.search("llama3_8b", "DGX-H100", framework="megatron", **{**kw, "ep": (1,)}).ranked
+    assert dense["etp"].isna().all() and len(dense) == 1
