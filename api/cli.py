@@ -46,6 +46,28 @@ def pd_isna(v) -> bool:
     return v is None or (isinstance(v, float) and v != v)
 
 
+def _dtype_flag(given: str | None, *, device=None, clusters=()) -> str:
+    """--dtype as given, else the default (bf16), or fp16 when a GPU the command runs on has no BF16 (a V100, T4 or
+    P100: today's mixed precision there is fp16 AMP); a note on stderr says so. A device or cluster that cannot be
+    resolved is left to the command's own error."""
+    if given is not None:
+        return given
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.cluster_spec import resolve_cluster
+
+    try:  # a given device is the GPU (of the cluster too); else each cluster's own
+        specs = ([resolve_device(device)] if device is not None
+                 else [resolve_device(resolve_cluster(c).device) for c in clusters])
+    except Exception:  # reported by the command itself, with its own message
+        return DEFAULTS.dtype
+    lacking = sorted({s.name for s in specs if not s.peak_bf16_tflops})
+    if lacking:
+        err.print(f"[yellow]note: {', '.join(lacking)} has no BF16: --dtype fp16 (the default is bf16 where the GPU has "
+                  f"it; give --dtype to choose)[/yellow]")
+        return "fp16"
+    return DEFAULTS.dtype
+
+
 def _fail(msg: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {msg}")
     raise typer.Exit(code)
@@ -291,7 +313,7 @@ def predict(
     batch: Optional[int] = typer.Option(None, "--batch", "-b", help="Sequences per step (the global batch with --cluster; default 1, or an ONNX file's own fixed dims)."),
     seq: Optional[int] = typer.Option(None, "--seq", "-s", help="Tokens per sequence (default 1024, or an ONNX file's own fixed dims)."),
     mode: str = typer.Option("train", "--mode", help="train (forward + backward + optimizer) or inference (forward)."),
-    dtype: str = typer.Option(DEFAULTS.dtype, "--dtype", help="bf16 (default), fp16, fp32, tf32 or fp8 (Transformer Engine recipe: linear-layer GEMMs in FP8, the rest bf16)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 (default; fp16 on a GPU without BF16: V100, T4, P100), fp16, fp32, tf32 or fp8 (Transformer Engine recipe: linear-layer GEMMs in FP8, the rest bf16)."),
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="flash (fused kernel of today: FlashAttention-2 / cuDNN / Transformer Engine, default), flash1 (FlashAttention-1 / Triton class, 2022-23 runs) or eager (bmm + softmax + bmm)."),
     compile: bool = typer.Option(False, "--compile", help="Approximate torch.compile: fuse elementwise chains."),
     optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), adamw-bf16 (bf16 moments: Megatron-Core's precision-aware optimizer, DeepSeek-V3's AdamW), sgd or none; training only."),
@@ -386,7 +408,9 @@ def _predict_request(ctx, f):
             _fail("--optimizer and --recompute describe a training step; --mode inference runs the forward pass only")
     dims = _dims(f.dim)
     _predict_outputs(f)
-    common = dict(model=f.model, device=f.device, mode=f.mode, dtype=f.dtype, attention=f.attention, compile=f.compile,
+    common = dict(model=f.model, device=f.device, mode=f.mode,
+                  dtype=_dtype_flag(f.dtype, device=f.device, clusters=[f.cluster] if f.cluster is not None else []),
+                  attention=f.attention, compile=f.compile,
                   optimizer=f.optimizer or DEFAULTS.optimizer, recompute=par.pop("recompute"),
                   power_limit_w=f.power_limit_w, clock_cap_mhz=f.clock_cap_mhz, run=run)
     if f.cluster is not None or par["gpus"] is not None:
@@ -722,9 +746,9 @@ def search(
     model: str = typer.Option(..., "--model", "-m", help="A Hugging Face config.json, a Hub id (org/name) in the local Hugging Face cache, or a built-in name."),
     cluster: List[str] = typer.Option(..., "--cluster", help="Cluster preset name or file; repeat it to compare hardware."),
     gpus: int = typer.Option(..., "--gpus", help="GPUs of the job."),
-    batch: int = typer.Option(..., "--batch", help="Global batch in sequences."),
-    seq: int = typer.Option(2048, "--seq", help="Tokens per sequence."),
-    dtype: str = typer.Option(DEFAULTS.dtype, "--dtype", help="As for predict (default bf16)."),
+    batch: int = typer.Option(..., "--batch", "-b", help="Global batch in sequences."),
+    seq: int = typer.Option(1024, "--seq", "-s", help="Tokens per sequence (default 1,024, as predict's)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="As for predict (default bf16; fp16 when a cluster's GPU has no BF16)."),
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="As for predict (default flash)."),
     optimizer: str = typer.Option(DEFAULTS.optimizer, "--optimizer", help="As for predict (default adamw; adamw-bf16: bf16 moments)."),
     max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations per cluster."),
@@ -816,7 +840,8 @@ def search(
                 prog.update(task, completed=done, total=total)
 
             fkw = {k: v for k, v in run_opts.items() if v is not None}
-            res = _search(model, list(cluster), gpus, batch, seq, dtype=dtype, attention=attention, optimizer=optimizer,
+            res = _search(model, list(cluster), gpus, batch, seq, dtype=_dtype_flag(dtype, clusters=list(cluster)),
+                          attention=attention, optimizer=optimizer,
                           max_configs=max_configs,
                           tokens=tokens, footprint_kw=fkw or None,
                           progress=progress,

@@ -157,6 +157,21 @@ class DeviceSpec(SpecRecord):
 
 
 
+def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
+    """Why ``spec`` cannot run a training or inference step in ``dtype`` (None when it can): BF16 needs BF16 tensor
+    cores or ALUs (``peak_bf16_tflops``: Ampere, CDNA2 and later; PyTorch runs bf16 on a V100 or T4 without them,
+    far slower than fp16, which nothing here models), an FP8 recipe FP8 tensor cores (``peak_fp8_tflops``)."""
+    d = str(dtype).lower()
+    if d == "bf16" and not spec.peak_bf16_tflops:
+        return (f"--dtype bf16 needs BF16 support, but {spec.name}'s spec has no peak_bf16_tflops (V100, T4, P100 and "
+                "other pre-Ampere GPUs run bf16 without it, far slower than fp16); use --dtype fp16")
+    if d == "fp8" and not spec.peak_fp8_tflops:
+        return (f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops (no FP8 "
+                "support: A100, V100, MI250 and older); use --dtype bf16"
+                + ("" if spec.peak_bf16_tflops else " where the GPU has it, else --dtype fp16"))
+    return None
+
+
 def generation_of(spec: DeviceSpec) -> str:
     """A GPU's generation: the first word of its spec's ``arch`` (``Ampere (GA100)`` -> ``Ampere``), else its name."""
     arch = str(spec.arch or "").strip()

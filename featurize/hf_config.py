@@ -387,6 +387,10 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     mt, hidden, heads = m.model_type, m.hidden, m.n_heads
     family = MODEL_TYPES[mt]
     hd = m.head_dim
+    if hd is None and family == "deepseek":
+        # multi-head latent attention sizes its heads by qk_nope + qk_rope (queries, keys) and v_head_dim (values):
+        # the hidden size need not divide by the heads; the nominal head size is the value head's
+        hd = int(raw.get("v_head_dim") or 128)
     if hd is None:
         if hidden % heads:
             raise GraphError(f"{origin}: hidden size {hidden} is not divisible by {heads} heads")

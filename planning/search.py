@@ -45,7 +45,7 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
-           "attention", "framework", "etp")
+           "attention", "framework", "etp", "seq")
 #: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the cloud price per GPU-hour
 #: under ``cloud_pricing`` (on-demand, reserved-1y, reserved-3y; ``cloud_usd_per_gpu_hour``, from ``cloud_price_source``:
 #: a given price, the cluster spec's own, or the table's; NaN when none is known);
@@ -623,7 +623,7 @@ class _Evaluator:
                r.energy_j, r.avg_power_w, format_strategy(p, job.batch, job.framework), job.batch // (p.dp * p.micro_batch),
                p.schedule, r.memory_capacity_gb, r.memory_flag, r.scheduled,
                # the settings a strategy string does not carry: predict it with the same ones
-               self.dtype, self.attention, job.framework, expert_tp(p) if job.n_experts else None)
+               self.dtype, self.attention, job.framework, expert_tp(p) if job.n_experts else None, job.seq)
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,

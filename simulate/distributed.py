@@ -38,9 +38,10 @@ import pandas as pd
 from wattcast.data.checks import is_count, real_in
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
-from wattcast.data.device_spec import DeviceSpec
-from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
+from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned
+from wattcast.featurize.op_graph import GraphError
 from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.energy import apply_power, stream_power_w
@@ -366,11 +367,11 @@ def model_config(model) -> HFConfig | None:
 MAX_GLOBAL_TOKENS = 2**63 - 1
 
 
-def _require_fp8(spec: DeviceSpec) -> None:
-    """An FP8 recipe needs FP8 tensor cores: a spec without ``peak_fp8_tflops`` is refused, naming the field."""
-    if not spec.peak_fp8_tflops:
-        raise ParallelConfigError(f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no "
-                                  "peak_fp8_tflops (no FP8 support: A100, V100, MI250 and older); use --dtype bf16")
+def _require_dtype(spec: DeviceSpec, dtype: str) -> None:
+    """BF16 needs a BF16 peak, an FP8 recipe FP8 tensor cores: a spec without the field is refused, naming it."""
+    why = unsupported_step_dtype(spec, dtype)
+    if why:
+        raise ParallelConfigError(why)
 
 
 def _count(v, label: str) -> int:
@@ -406,6 +407,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     trace, power_limit_w, power_model = dopts.trace, dopts.power_limit_w, dopts.power_model
     # names and counts first: every table lookup and rule below takes them as given
     framework = canonical_framework(dopts.framework)  # case-insensitive; an unknown one is a GraphError naming it
+    dtype = canonical_dtype(dtype)  # BF16, bfloat16, half ... as the single-device path takes them
+    if dtype not in DTYPE_BYTES:
+        raise GraphError(f"unknown dtype {dopts.dtype!r}; use one of fp32, tf32, bf16, fp16, fp8")
     graph_dtype = dtype
     if str(dtype).lower() == "fp8":
         # Transformer Engine's recipe: the graph holds FP8 GEMMs; weights, activations, gradients and the
@@ -425,8 +429,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     par = parallel
     hf = model_config(model)
     # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
-    if graph_dtype == "fp8":
-        _require_fp8(spec)
+    _require_dtype(spec, graph_dtype)
     opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype,
                         attention=attention, compile=dopts.compile, optimizer=dopts.optimizer, recompute=par.recompute,
                         framework=framework, loop_trip_count=_hashable_trips(dopts.loop_trip_count),
@@ -456,8 +459,11 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         if str(attention).lower() != "flash":
             raise ParallelConfigError("--cp (context parallelism) runs ring attention on fused attention kernels "
                                       "(Transformer Engine / FlashAttention): use --attention flash")
-        # K and V of this rank's share of the sequence, one layer: what each ring step passes on
-        cp_kv_bytes = 2.0 * par.micro_batch * (seq // par.cp) * (hf.n_kv_heads // par.tp) * hf.head_dim * DTYPE_BYTES[dtype]
+        # K and V of this rank's share of the sequence, one layer: what each ring step passes on (multi-head latent
+        # attention passes its up-projected keys, qk_nope + qk_rope wide, and values, v_head_dim wide, per head)
+        kv_width = (hf.count("qk_nope_head_dim", default=128) + hf.count("qk_rope_head_dim", default=64)
+                    + hf.count("v_head_dim", default=128) if hf.family == "deepseek" else 2 * hf.head_dim)
+        cp_kv_bytes = float(par.micro_batch * (seq // par.cp) * (hf.n_kv_heads // par.tp) * kv_width * DTYPE_BYTES[dtype])
     moe_load = 1.0
     if given_routing({k: getattr(dopts, k) for k in ROUTING_DEFAULTS}):
         if hf is None or not hf.n_experts:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import DeviceSpec
+from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
 from wattcast.simulate.step_band import band_keys, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
@@ -368,9 +368,9 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     from wattcast.simulate.energy import apply_power, energy_of
 
     power_limit_w, clock_cap_mhz = check_power_settings(power_limit_w, clock_cap_mhz, spec)
-    if graph.meta.get("precision") == "fp8" and not spec.peak_fp8_tflops:
-        raise ValueError(f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops "
-                         "(no FP8 support: A100, V100, MI250 and older); use --dtype bf16")
+    why = unsupported_step_dtype(spec, "fp8" if graph.meta.get("precision") == "fp8" else graph.meta.get("dtype", ""))
+    if why:
+        raise ValueError(why)
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
     costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     res = summarise_costed(graph, costed, spec)

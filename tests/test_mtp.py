@@ -145,3 +145,21 @@ def test_mtp_block_recomputes_its_modules_like_the_decoders():
     moe_block = n1[(n1["layer"] == 3) & n1["recompute"].astype(bool)]
     assert len(mtp_rc) == len(moe_block) > 0
     assert not mtp_rc["name"].str.startswith(("lm_head", "loss", "mtp.layers.0.")).any()
+
+
+def test_latent_attention_heads_need_not_divide_the_hidden_size():
+    """MLA sizes its heads by qk_nope + qk_rope and v_head_dim: 12 heads over hidden 1024 is a valid DeepSeek config
+    (it was refused: 'hidden size 1024 is not divisible by 12 heads'); under context parallelism each ring step passes
+    the up-projected keys and values (qk_nope + qk_rope + v per head, not 2 x a nominal head size)."""
+    cfg = dict(DSV3, num_attention_heads=12, num_key_value_heads=12)
+    assert step_graph(cfg, StepOptions(batch=1, seq=256, dtype="bf16", attention="flash")).param_count > 0
+    r = wattcast.predict_cluster(DSV3, "DGX-H100", gpus=8, batch=8, seq=8192, tp=2, cp=4, sp=True, micro_batch=1,
+                                 dtype="bf16", attention="flash", framework="megatron")
+    from wattcast.simulate.distributed import schedule_context
+    from wattcast.simulate.options import DistributedOptions
+    from wattcast.simulate.parallel import ParallelConfig
+
+    ctx = schedule_context(DSV3, "DGX-H100", ParallelConfig(gpus=8, tp=2, cp=4, sp=True, micro_batch=1),
+                           DistributedOptions(batch=8, seq=8192, dtype="bf16", attention="flash", framework="megatron"))
+    assert ctx.cp_kv_bytes == 1 * (8192 // 4) * (HEADS // 2) * (64 + 32 + 64) * 2
+    assert r.step_time_ms > 0

@@ -1,0 +1,64 @@
+"""Precision names and defaults across entry points (a fuzzing pass at stop 37): the cluster path takes the dtype
+spellings the single-device path takes (BF16, bfloat16, half: it raised a KeyError), bf16 on a GPU without BF16 is
+refused naming the field (it was costed as a fast fp16), the CLI's default is fp16 on such a GPU (with a note), and a
+search row carries its sequence length, with the same default as predict's (search's CLI used 2,048)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import wattcast
+from wattcast.cli import app
+from wattcast.featurize.op_graph import GraphError
+from wattcast.simulate.parallel import ParallelConfigError
+
+KW = dict(gpus=8, batch=16, seq=512)
+
+
+@pytest.mark.parametrize("alias, canonical", [("BF16", "bf16"), ("bfloat16", "bf16"), ("half", "fp16"),
+                                              ("FP32", "fp32")])
+def test_cluster_predictions_take_dtype_aliases(alias, canonical):
+    a = wattcast.predict_cluster("gpt2", "DGX-H100", dtype=alias, **KW)
+    b = wattcast.predict_cluster("gpt2", "DGX-H100", dtype=canonical, **KW)
+    assert a.step_time_ms == b.step_time_ms
+
+
+def test_unknown_dtype_is_named():
+    with pytest.raises(GraphError, match="unknown dtype 'int8'"):
+        wattcast.predict_cluster("gpt2", "DGX-H100", dtype="int8", **KW)
+
+
+def test_bf16_needs_a_bf16_peak():
+    with pytest.raises(ValueError, match="peak_bf16_tflops.*use --dtype fp16"):
+        wattcast.predict("bert_base", "V100-SXM2-32GB", batch=8, seq=128, dtype="bf16")
+    with pytest.raises(ParallelConfigError, match="peak_bf16_tflops"):
+        wattcast.predict_cluster("gpt2", "DGX-1-V100", dtype="bf16", **KW)
+    with pytest.raises(ParallelConfigError, match="else --dtype fp16"):  # fp8's message no longer points to bf16 alone
+        wattcast.predict_cluster("gpt2", "DGX-1-V100", dtype="fp8", **KW)
+    assert wattcast.predict("bert_base", "V100-SXM2-32GB", batch=8, seq=128, dtype="fp16").step_time_ms > 0
+
+
+def test_cli_default_precision_follows_the_gpu():
+    runner = CliRunner()
+    r = runner.invoke(app, ["predict", "-m", "bert_base", "-d", "T4", "-b", "8", "-s", "128", "--mode", "inference",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["settings"]["dtype"] == "fp16" and "has no BF16" in r.stderr.replace("\n", " ")
+    r = runner.invoke(app, ["predict", "-m", "bert_base", "-d", "H100-SXM5-80GB", "-b", "8", "-s", "128", "--mode",
+                            "inference", "--json"])
+    assert json.loads(r.stdout)["settings"]["dtype"] == "bf16" and "has no BF16" not in r.stderr
+
+
+def test_search_rows_carry_seq_and_default_to_predicts():
+    runner = CliRunner()
+    r = runner.invoke(app, ["search", "-m", "gpt2", "--cluster", "DGX-H100", "--gpus", "8", "-b", "16", "--workers", "1",
+                            "--json", "--top", "3"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)["ranked"][0]
+    assert row["seq"] == 1024
+    p = runner.invoke(app, ["predict", "-m", "gpt2", "--cluster", "DGX-H100", "--strategy", row["strategy"], "--json"])
+    assert p.exit_code == 0, p.output
+    assert json.loads(p.stdout)["step_time_ms"] == pytest.approx(row["step_time_ms"], rel=1e-9)
