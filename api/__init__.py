@@ -67,8 +67,10 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
     if recompute_modules is not None and str(mode).lower() in ("inference", "inf", "infer"):
         raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
+    from wattcast.simulate.defaults import step_dtype
+
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
-    opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=dtype, attention=attention, compile=compile,
+    opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=step_dtype(dtype, spec), attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute_setting(recompute, recompute_modules),
                        grad_accumulation=grad_accumulation,
                        dims=dims or (), loop_trip_count=loop_trip_count)

@@ -891,6 +891,8 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             # (under sequence parallelism the heads already run on the gathered sequence)
             scores = b.linear(y if b.sp else b.tp_enter(y, name="cls.enter"), padded_vocab(b, cfg.vocab), bias=True,
                               name="cls.predictions.decoder", weight_params=False, parallel="col")
+            # tied to the word embedding: a pipeline's last stage holds a copy (simulate/distributed.py)
+            b.meta["tied_output_params"] = h * (padded_vocab(b, cfg.vocab) // b.tp)
             nsp = b.linear(pooled, 2, name="cls.seq_relationship")
             b.cross_entropy(scores, name="loss.mlm", vocab_parallel=True)
             b.cross_entropy(nsp, name="loss.nsp")

@@ -169,5 +169,7 @@ def switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
             y = b.elementwise("mul", y, cfg.hidden ** -0.5, name="lm_head.scale")
         logits = b.linear(b.tp_enter(y, name="lm_head.enter"), -(-cfg.vocab // b.tp) * b.tp, bias=False, name="lm_head",
                           weight_params=not tied, parallel="col")
+        if tied:  # the shared embedding: a pipeline's last stage holds a copy (simulate/distributed.py)
+            b.meta["tied_output_params"] = cfg.hidden * (-(-cfg.vocab // b.tp))
         if b.train:
             b.cross_entropy(logits, name="loss", vocab_parallel=True)

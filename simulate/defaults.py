@@ -11,10 +11,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class DefaultDtype(str):
+    """The default precision, "bf16", told apart from a "bf16" the caller gave (by identity): on a GPU without BF16
+    (V100, T4, P100) it stands for fp16, today's mixed precision there (:func:`step_dtype`); a bf16 given explicitly
+    there is refused (``data.device_spec.unsupported_step_dtype``)."""
+
+    __slots__ = ()
+
+
+def step_dtype(dtype: str, spec) -> str:
+    """``dtype`` for a step on ``spec``: the default bf16 becomes fp16 where the GPU has no BF16 peak (with a Python
+    warning saying so); anything else as given."""
+    if isinstance(dtype, DefaultDtype) and not getattr(spec, "peak_bf16_tflops", None):
+        import warnings
+
+        warnings.warn(f"{spec.name} has no BF16: predicting fp16, the default precision there (give dtype= to choose)",
+                      stacklevel=3)
+        return "fp16"
+    return dtype
+
+
 @dataclass(frozen=True)
 class RunDefaults:
-    #: mixed precision as today's training runs it (fp32 master weights and optimizer states)
-    dtype: str = "bf16"
+    #: mixed precision as today's training runs it (fp32 master weights and optimizer states); fp16 on GPUs without
+    #: BF16 (:class:`DefaultDtype`)
+    dtype: str = DefaultDtype("bf16")
     #: fused attention (FlashAttention / SDPA), what PyTorch and Megatron use by default today
     attention: str = "flash"
     optimizer: str = "adamw"

@@ -44,6 +44,7 @@ from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned
 from wattcast.featurize.op_graph import GraphError
 from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
+from wattcast.simulate.defaults import step_dtype
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
@@ -428,6 +429,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     spec = spec or resolve_device(cl.device)
     par = parallel
     hf = model_config(model)
+    if step_dtype(dopts.dtype, spec) == "fp16" and graph_dtype != "fp16":  # the default bf16 on a GPU without BF16
+        graph_dtype = dtype = "fp16"
     # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
     _require_dtype(spec, graph_dtype)
     opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype,
@@ -1072,6 +1075,24 @@ def chunk_reduce_spans_ms(chunk_ms: np.ndarray, ready_ms: np.ndarray) -> tuple[n
     return end - np.asarray(chunk_ms, dtype=float), end
 
 
+def param_gather_ms(f_first_ms: np.ndarray, gather_ms: np.ndarray, n_buckets: np.ndarray, share: float, *,
+                    first_forward_ms: np.ndarray | None = None) -> np.ndarray:
+    """What the overlapped parameter all-gather (``--overlap-param-gather``, one model chunk a stage) adds to each
+    stage's step, ms: gathered bucket by bucket in the next step's forward pre-hooks, the first bucket waited for, the
+    rest beside the first micro-batch's forward (slowing it by ``share``), what outlasts that forward exposed.
+    ``first_forward_ms`` (per stage, from the step's start): Megatron-Core's bucketing, where a stage after the first
+    gathers its parameters in one piece (no buckets past the first stage), dispatched as the step starts and waited for
+    before its first forward, which the warm-up reaches late anyway: such a stage is late by what outlasts that wait,
+    and by at least the first stage's delay, which its inputs carry."""
+    f = np.asarray(f_first_ms, dtype=float)
+    g = np.asarray(gather_ms, dtype=float)
+    exposed = overlapped_ms(f, g, share=share, first_chunk_ms=g / n_buckets) - f
+    if first_forward_ms is not None and len(g) > 1:
+        later = np.maximum(g[1:] - np.asarray(first_forward_ms, dtype=float)[1:], 0.0)
+        exposed = np.concatenate([exposed[:1], np.maximum(later, exposed[0])])
+    return exposed
+
+
 def interleaved_param_gather_ms(gather_ms: np.ndarray, first_forward_ms: np.ndarray, share: float) -> np.ndarray:
     """What the distributed optimizer's overlapped parameter all-gather (``--overlap-param-gather``) adds to each stage's
     step under interleaved 1F1B, ms per stage. ``gather_ms`` (stages, chunks): each chunk's all-gather;
@@ -1086,13 +1107,17 @@ def interleaved_param_gather_ms(gather_ms: np.ndarray, first_forward_ms: np.ndar
     parameters backwards): chunk 0's first forward waits for the whole of chunk 0's gather, and chunk c's first forward
     for the gathers of chunks 0..c. With ``cum_c`` the end of chunk c's gather and ``lead_c`` the time from chunk 0's first
     forward to chunk c's, the stage starts ``max_c (cum_c - lead_c)`` late (at least chunk 0's gather); the gathers it
-    does not wait for run beside its computation and slow it by ``share`` (NCCL's SMs, simulate/overlap.py). Stated
+    does not wait for run beside its computation and slow it by ``share`` (NCCL's SMs, simulate/overlap.py). Every
+    stage dispatches at the step's start, so a later stage's gathers also run during its warm-up wait: it is late by
+    what outlasts its own first forwards (``first_forward_ms`` from the step's start), and by at least the first
+    stage's delay, which its inputs carry (until stop 37 each stage was charged from its own first forward on). Stated
     simplification: chunk c >= 2's gather is queued from the step's start (Megatron-Core dispatches it p + rank forward
     tasks before the chunk's first forward; the same unless a chunk's gather outlasts that lead)."""
     g = np.asarray(gather_ms, dtype=float)
     ff = np.asarray(first_forward_ms, dtype=float)
     cum = np.cumsum(g, axis=1)
-    late = np.max(cum - (ff - ff[:, :1]), axis=1)
+    own = np.maximum(np.max(cum - (ff - ff[:1, :1]), axis=1), 0.0)
+    late = np.maximum(own, own[0])
     return late + share * np.maximum(cum[:, -1] - late, 0.0)
 
 
@@ -1397,10 +1422,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
     # the tied embedding's gradient all-reduce between the first and the last stage (Megatron-Core's
     # _allreduce_embedding_grads, DeepSpeed's _exec_reduce_tied_grads): once per step, a 2-rank all-reduce of the copy's
-    # gradient (its DP shard under ZeRO-2/3) over the embedding group, usually across nodes; in the "pp" class
+    # gradient over the embedding group, usually across nodes; in the "pp" class. The whole gradient, whatever the ZeRO
+    # stage: ZeRO-2/3 partition each stage's flat parameters, so the two stages' shards of the table do not line up
+    # (DeepSpeed runs the reduction before partitioning; the Megatron frameworks refuse ZeRO-2 with a pipeline)
     tied_ar_ms = tied_ar_bytes = 0.0
     if tied_params > 0:
-        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype) / (dp_n if par.zero >= 2 else 1)
+        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype)
         one_node = par.tp * par.cp * par.dp * P <= cl.gpus_per_node  # embedding_group_layout's rule
         tied_key = ("tied_ar", tied_ar_bytes, one_node, id(cl), id(cm))
         tied_ar_ms = memo.get(tied_key) if memo is not None else None
@@ -1559,10 +1586,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             elif par.overlap_param_gather:
                 # gathered bucket by bucket in the next step's forward pre-hooks: the first bucket waits, the rest run
                 # beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
-                f_first = f[:P].copy()
                 n_b = (np.maximum(np.ceil(params_stage / bucket_params), 1.0) if np.isfinite(bucket_params)
                        else np.ones(P))
-                gather = overlapped_ms(f_first, gather, share=nccl_share, first_chunk_ms=gather / n_b) - f_first
+                gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
+                                         first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None)
         total = finish + opt_stage + gather + iteration_ms
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events
 

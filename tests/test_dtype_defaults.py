@@ -62,3 +62,18 @@ def test_search_rows_carry_seq_and_default_to_predicts():
     p = runner.invoke(app, ["predict", "-m", "gpt2", "--cluster", "DGX-H100", "--strategy", row["strategy"], "--json"])
     assert p.exit_code == 0, p.output
     assert json.loads(p.stdout)["step_time_ms"] == pytest.approx(row["step_time_ms"], rel=1e-9)
+
+
+def test_the_python_defaults_follow_the_gpu_too():
+    """The API's default precision (bf16) is fp16 on a GPU without BF16, with a warning; a bf16 given explicitly is
+    refused; a search's rows name the precision they were predicted in."""
+    with pytest.warns(UserWarning, match="has no BF16"):
+        r = wattcast.predict("gpt2", "T4", batch=1, seq=128, mode="inference")
+    assert r.meta["dtype"] == "fp16"
+    with pytest.warns(UserWarning, match="has no BF16"):
+        c = wattcast.predict_cluster("gpt2", "DGX-1-V100", **KW)
+    assert c.step_time_ms == wattcast.predict_cluster("gpt2", "DGX-1-V100", dtype="fp16", **KW).step_time_ms
+    with pytest.warns(UserWarning):
+        rows = wattcast.search("gpt2", "DGX-1-V100", gpus=8, batch=16, seq=512, workers=1, tp=(1,), pp=(1,)).ranked
+    assert set(rows["dtype"]) == {"fp16"}
+    assert wattcast.predict_cluster("gpt2", "DGX-H100", **KW).meta["dtype"] == "bf16"

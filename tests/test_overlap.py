@@ -313,6 +313,10 @@ def test_interleaved_param_gather_waits_for_chunk_0_and_hides_the_rest():
     # chunk 1's gather outlasts its lead: the stage waits until it is done (3 + 12 - 10 = 5 ms late), 10 ms beside
     got = interleaved_param_gather_ms(np.array([[3.0, 12.0]]), ff[:1], share)
     np.testing.assert_allclose(got, [5.0 + share * 10.0])
+    # every stage dispatches at the step's start: stage 1 gathers during its 2 ms warm-up wait too, so its 3 ms chunk 0
+    # makes it 1 ms late, not 3 (it was charged from its own first forward on); the first stage's 1 ms carries over
+    got = interleaved_param_gather_ms(np.array([[1.0, 1.0], [3.0, 2.0]]), ff, share)
+    np.testing.assert_allclose(got, [1.0 + share * 1.0, 1.0 + share * 4.0])
     # through the step (ZeRO-1): overlapped, the gather costs less than after the step, and some of it is still exposed
     par = dict(gpus=4, tp=1, pp=2, dp=2, micro_batch=1, interleave=2, zero=1, overlap_grad_reduce=True,
                tp_comm_overlap=False)
@@ -322,6 +326,20 @@ def test_interleaved_param_gather_waits_for_chunk_0_and_hides_the_rest():
     assert step[True].step_time_ms < step[False].step_time_ms
     assert step[True].exposed_comm_split_ms["dp"] > step[False].exposed_comm_split_ms["dp"] - step[False].comm[
         "dp_param_gather_ms"]
+
+
+def test_later_stages_gather_their_parameters_in_one_piece_during_the_warm_up():
+    """One model chunk a stage, --overlap-param-gather: the first stage gathers bucket by bucket (the first waited for,
+    the rest beside its first forward); under Megatron-Core's bucketing a later stage gathers in one piece, from the
+    step's start, and waits only for what outlasts its warm-up, but at least the first stage's delay."""
+    from wattcast.simulate.distributed import param_gather_ms
+
+    share, f, g, nb = 0.125, np.array([10.0, 10.0, 10.0]), np.array([8.0, 8.0, 30.0]), np.array([4.0, 4.0, 4.0])
+    bucketed = param_gather_ms(f, g, nb, share)
+    np.testing.assert_allclose(bucketed, [2.0 + share * 6.0] * 2 + [30.0 - 10.0])
+    ff = np.array([0.0, 12.0, 24.0])  # the stages' first forwards in the step
+    one_piece = param_gather_ms(f, g, nb, share, first_forward_ms=ff)
+    np.testing.assert_allclose(one_piece, [bucketed[0], bucketed[0], 30.0 - 24.0])
 
 
 def test_chunk_reductions_queue_in_the_order_their_chunks_finish():

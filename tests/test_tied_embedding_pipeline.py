@@ -175,3 +175,24 @@ def test_hf_pipeline_of_a_tied_model_pays_the_copy_too():
     the copy on the last stage and all-reduce its (fp32, AMP) gradient, or it is the untied model."""
     r = schedule_step(_ctx(_small(), ParallelConfig(gpus=8, tp=2, pp=2, dp=2, micro_batch=1), framework="hf"))
     assert r.comm["embedding_grad_allreduce_bytes"] == r.comm["tied_embedding_copy_params"] * 4
+
+
+@pytest.mark.parametrize("model, vocab, hidden", [("bert_base", 30522, 768), ("switch_base_8", 32128, 768)])
+def test_bert_and_t5_tied_heads_under_a_pipeline_pay_the_copy(model, vocab, hidden):
+    """BERT's MLM decoder and T5/Switch's LM head are tied to the word embedding too (they paid nothing: a helper's
+    review): the last stage holds the copy and all-reduces its gradient with the first."""
+    import wattcast
+
+    r = wattcast.predict_cluster(model, "DGX-H100", gpus=4, batch=16, seq=512, pp=2, micro_batch=1)
+    assert r.comm["tied_embedding_copy_params"] == vocab * hidden
+    assert r.comm["embedding_grad_allreduce_ms"] > 0
+
+
+def test_zero2_all_reduces_the_whole_tied_gradient():
+    """ZeRO-2/3 partition each stage's flat parameters: the two stages' shards of the table do not line up, so the
+    whole gradient is all-reduced (it was divided by the DP size)."""
+    import wattcast
+
+    kw = dict(gpus=16, batch=16, seq=512, pp=2, micro_batch=1, framework="hf")
+    one, two = (wattcast.predict_cluster("gpt2", "DGX-H100", zero=z, **kw) for z in (1, 2))
+    assert two.comm["embedding_grad_allreduce_bytes"] == one.comm["embedding_grad_allreduce_bytes"]
