@@ -196,9 +196,15 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     all_nodes["recompute"] = all_nodes["recompute"].astype(bool)
     all_nodes["fwd_id"] = all_nodes["fwd_id"].astype(np.int64)
     all_nodes["layer"] = all_nodes["layer"].astype(np.int64)
+    warnings = list(fwd.meta.get("warnings") or [])
+    if recompute != "none" and not all_nodes["recompute"].any():
+        # e.g. selective recomputation (the attention core) with a fused attention kernel, which keeps no scores
+        warnings.append(f"--recompute {recompute}: nothing in this model's layers is recomputed (a fused attention "
+                        "kernel keeps no attention scores to drop); Megatron-Core's --recompute-modules choose other "
+                        "parts under --framework megatron")
     meta = dict(fwd.meta, mode="train", optimizer=opt, recompute=recompute, grad_accumulation=bool(grad_accumulation),
                 clip_grad=bool(clip_grad and opt != "none"),
-                optimizer_param_count=int(n_params))
+                optimizer_param_count=int(n_params), **({"warnings": warnings} if warnings else {}))
     return replace(fwd, nodes=all_nodes, edges=np.array(edges, dtype=np.int64).reshape(-1, 2), meta=meta)
 
 

@@ -235,3 +235,18 @@ def test_eager_rmsnorm_keeps_its_fp32_cast_at_four_bytes():
     g = _graph("llama3_8b", blocks=1)
     assert _kept_by(g, "input_layernorm.pow") == 256 * 4096 * 4
     assert _kept_by(g, "input_layernorm.weight") == 256 * 4096 * 2 + 4096 * 2  # the bf16 cast back, and the weight
+
+
+def test_selective_recomputation_with_nothing_to_recompute_says_so():
+    """Selective recomputation re-runs the attention core; a fused attention kernel keeps no scores, so under hf with
+    flash attention nothing is recomputed: the prediction (the same as without) carries a warning instead of silence."""
+    import wattcast
+
+    kw = dict(gpus=8, batch=16, seq=1024, tp=2, sp=True, zero=1, attention="flash")
+    sel = wattcast.predict_cluster("llama3_8b", "DGX-H100", recompute="selective", **kw)
+    none = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
+    assert sel.step_time_ms == none.step_time_ms
+    assert any("nothing in this model's layers is recomputed" in w for w in sel.to_dict()["warnings"])
+    assert not none.to_dict()["warnings"]
+    eager = wattcast.predict_cluster("llama3_8b", "DGX-H100", recompute="selective", **dict(kw, attention="eager"))
+    assert not eager.to_dict()["warnings"]
