@@ -199,6 +199,10 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                          f"configs (Megatron-Core's GPTModel, with its MoE layer and multi-latent attention), not "
                          f"{cfg.model_type}")
     b.framework = opts.framework
+    if (opts.framework == "megatron" and cfg.family in ("llama", "mixtral", "deepseek")
+            and str(cfg.activation).lower() not in ("silu", "swish", "gelu")):  # (gelu: the default when not given)
+        raise GraphError(f"{cfg.name}: hidden_act {cfg.activation!r} under --framework megatron: Megatron-Core's --swiglu "
+                         f"MLPs gate with SiLU (hidden_act silu); this config's activation is not one")
     if opts.mtp_layers and not (opts.framework == "megatron" and cfg.family == "deepseek"):
         raise GraphError(f"--mtp-num-layers {opts.mtp_layers}: multi-token prediction is built for DeepSeek-V2/V3 configs "
                          f"under --framework megatron (Megatron-Core's MultiTokenPredictionBlock), not {cfg.model_type} "

@@ -77,3 +77,21 @@ def test_the_python_defaults_follow_the_gpu_too():
         rows = wattcast.search("gpt2", "DGX-1-V100", gpus=8, batch=16, seq=512, workers=1, tp=(1,), pp=(1,)).ranked
     assert set(rows["dtype"]) == {"fp16"}
     assert wattcast.predict_cluster("gpt2", "DGX-H100", **KW).meta["dtype"] == "bf16"
+
+
+def test_megatron_swiglu_needs_a_silu_config():
+    """Megatron-Core's --swiglu gates with SiLU: a Llama-family config with another hidden_act is refused under
+    --framework megatron (a typo like 'swishy' was accepted silently; the hf path refused it)."""
+    import copy
+
+    from pathlib import Path
+
+    import wattcast.featurize
+
+    cfg = json.loads((Path(wattcast.featurize.__file__).parent / "hf_configs" / "llama3_8b.json").read_text())
+    bad = copy.deepcopy(cfg)
+    bad["hidden_act"] = "swishy"
+    with pytest.raises(GraphError, match="hidden_act 'swishy'"):
+        wattcast.predict_cluster(bad, "DGX-H100", framework="megatron", **KW)
+    cfg.pop("hidden_act", None)  # not given: Llama's SiLU
+    assert wattcast.predict_cluster(cfg, "DGX-H100", framework="megatron", **KW).step_time_ms > 0
