@@ -774,7 +774,7 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     ep: Optional[List[int]] = typer.Option(None, "--ep", help="Expert-parallel degrees to search (repeatable; default 1, and for a mixture-of-experts model every power of two dividing its experts)."),
-    etp: Optional[List[int]] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degrees to search (repeatable; default: each candidate's --tp; a degree equal to the candidate's tp is that candidate)."),
+    etp: Optional[List[int]] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degrees to search (repeatable; default: each candidate's tp, and 1 too for a mixture-of-experts model under --framework megatron; a degree equal to the candidate's tp is that candidate)."),
     moe_load_imbalance: float = typer.Option(1.0, "--moe-load-imbalance", help="MoE routing: the busiest expert-parallel rank's tokens over the mean (1 = balanced)."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs on every cluster (e.g. 64 of an NVL72 rack's 72)."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity factor (tokens beyond it dropped)."),
