@@ -54,13 +54,14 @@ def _dtype_flag(given: str | None, *, device=None, clusters=()) -> str:
         return given
     from wattcast.data.catalog import resolve_device
     from wattcast.data.cluster_spec import resolve_cluster
+    from wattcast.simulate.defaults import resolve_dtype
 
     try:  # a given device is the GPU (of the cluster too); else each cluster's own
         specs = ([resolve_device(device)] if device is not None
                  else [resolve_device(resolve_cluster(c).device) for c in clusters])
     except Exception:  # reported by the command itself, with its own message
         return DEFAULTS.dtype
-    lacking = sorted({s.name for s in specs if not s.peak_bf16_tflops})
+    lacking = sorted({s.name for s in specs if resolve_dtype(DEFAULTS.dtype, s) != DEFAULTS.dtype})
     if lacking:
         err.print(f"[yellow]note: {', '.join(lacking)} has no BF16: --dtype fp16 (the default is bf16 where the GPU has "
                   f"it; give --dtype to choose)[/yellow]")

@@ -88,6 +88,14 @@ def recompute_tags(value) -> tuple[set[str], set[str]]:
     return keep, discard
 
 
+def module_layers_end(meta: dict) -> int:
+    """The layers (0 .. end - 1) whose ops selective recomputation's module tags apply to: the transformer layers,
+    and the head's layer too when it holds multi-token prediction's block (a transformer layer of the same config;
+    the head's own ops carry no module tags). Full recomputation re-runs the transformer layers only."""
+    n_layers = int(meta.get("n_layers", 0) or 0) or 1 << 30
+    return n_layers + 1 if meta.get("mtp_embedding_params") else n_layers
+
+
 def node_tags(tag) -> frozenset:
     """The tags of one op (its ``tag`` column: comma-separated, empty for none)."""
     return frozenset(t for t in str(tag).split(",") if t) if tag else frozenset()

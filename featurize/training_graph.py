@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSES, GraphError, OpGraph
-from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, node_tags, parse_recompute, recompute_setting,
-                                         recompute_tags)
+from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, module_layers_end, node_tags, parse_recompute,
+                                         recompute_setting, recompute_tags)
 
 #: ``adamw-bf16``: AdamW with its two moments held in bf16 (Megatron-Core's precision-aware optimizer,
 #: ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``: Transformer Engine's FusedAdam
@@ -124,13 +124,10 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     layers = nodes["layer"].to_numpy()
     tags = nodes["tag"].to_numpy()
     seen_layers: set[int] = set()
-    n_layers = fwd.meta.get("n_layers", 1 << 30)
-    # multi-token prediction's block (in the head's layer) is a transformer layer of the same config: its modules are
-    # recomputed like the decoder's (the head's own ops carry no module tags)
-    mtp_layer = n_layers if fwd.meta.get("mtp_embedding_params") and recompute != "full" else -1
+    end = fwd.meta.get("n_layers", 1 << 30) if recompute == "full" else module_layers_end(fwd.meta)
     for i in range(n_fwd - 1, -1, -1):
         lay = int(layers[i])
-        if recompute != "none" and lay >= 0 and lay not in seen_layers and (lay < n_layers or lay == mtp_layer):
+        if recompute != "none" and 0 <= lay < end and lay not in seen_layers:
             seen_layers.add(lay)
             sel = np.flatnonzero(layers == lay)
             if recompute != "full":

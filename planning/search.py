@@ -21,7 +21,7 @@ from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
-from wattcast.simulate.defaults import DEFAULTS, DefaultDtype
+from wattcast.simulate.defaults import DEFAULTS, resolve_dtype
 from wattcast.simulate.moe_routing import check_routing
 from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, schedule_step, schedule_context
 from wattcast.simulate.options import DistributedOptions
@@ -585,9 +585,8 @@ class _Evaluator:
         self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
         self.contexts: dict = {}
         self.memo: dict = {}
-        # the precision the rows were predicted in: the default bf16 is fp16 on a GPU without BF16 (defaults.step_dtype)
-        default_fp16 = isinstance(job.dtype, DefaultDtype) and not job.spec.peak_bf16_tflops
-        self.dtype, self.attention = ("fp16" if default_fp16 else str(job.dtype).lower()), str(job.attention).lower()
+        # the precision the rows were predicted in (the default bf16 is fp16 on a GPU without BF16)
+        self.dtype, self.attention = str(resolve_dtype(job.dtype, job.spec)).lower(), str(job.attention).lower()
 
     def __call__(self, par: ParallelConfig) -> tuple[str, tuple]:
         """("row", the search row: values in the order of :data:`COLUMNS`, then :data:`RUN_COLUMNS` but

@@ -19,16 +19,23 @@ class DefaultDtype(str):
     __slots__ = ()
 
 
-def step_dtype(dtype: str, spec) -> str:
-    """``dtype`` for a step on ``spec``: the default bf16 becomes fp16 where the GPU has no BF16 peak (with a Python
-    warning saying so); anything else as given."""
+def resolve_dtype(dtype: str, spec) -> str:
+    """``dtype`` for a step on ``spec``: the default bf16 becomes fp16 where the GPU has no BF16 peak; anything else
+    (a bf16 given too) as given, the same object."""
     if isinstance(dtype, DefaultDtype) and not getattr(spec, "peak_bf16_tflops", None):
+        return "fp16"
+    return dtype
+
+
+def step_dtype(dtype: str, spec) -> str:
+    """:func:`resolve_dtype`, with a Python warning when the default became fp16."""
+    out = resolve_dtype(dtype, spec)
+    if out is not dtype:
         import warnings
 
         warnings.warn(f"{spec.name} has no BF16: predicting fp16, the default precision there (give dtype= to choose)",
                       stacklevel=3)
-        return "fp16"
-    return dtype
+    return out
 
 
 @dataclass(frozen=True)

@@ -429,8 +429,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     spec = spec or resolve_device(cl.device)
     par = parallel
     hf = model_config(model)
-    if step_dtype(dopts.dtype, spec) == "fp16" and graph_dtype != "fp16":  # the default bf16 on a GPU without BF16
-        graph_dtype = dtype = "fp16"
+    resolved = step_dtype(dopts.dtype, spec)
+    if resolved is not dopts.dtype:  # the default bf16 on a GPU without BF16
+        graph_dtype = dtype = resolved
     # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
     _require_dtype(spec, graph_dtype)
     opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype,
@@ -1428,11 +1429,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     tied_ar_ms = tied_ar_bytes = 0.0
     if tied_params > 0:
         tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype)
-        one_node = par.tp * par.cp * par.dp * P <= cl.gpus_per_node  # embedding_group_layout's rule
-        tied_key = ("tied_ar", tied_ar_bytes, one_node, id(cl), id(cm))
+        emb_l = embedding_group_layout(par.tp, par.cp, par.dp, P, cl.gpus_per_node)
+        tied_key = ("tied_ar", tied_ar_bytes, emb_l, id(cl), id(cm))
         tied_ar_ms = memo.get(tied_key) if memo is not None else None
         if tied_ar_ms is None:
-            emb_l = embedding_group_layout(par.tp, par.cp, par.dp, P, cl.gpus_per_node)
             tied_ar_ms = float(collective_ms(cm, ["all_reduce"], [tied_ar_bytes], emb_l, cl)[0][0])
             if memo is not None:
                 memo[tied_key] = tied_ar_ms

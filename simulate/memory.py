@@ -22,7 +22,7 @@ import numpy as np
 
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph
-from wattcast.featurize.recompute import node_tags, recompute_tags
+from wattcast.featurize.recompute import module_layers_end, node_tags, recompute_tags
 from wattcast.featurize.training_graph import optimizer_state_bytes
 
 GB = 1e9
@@ -142,11 +142,10 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
     ckpt, discard = recompute_tags(graph.meta.get("recompute", "none"))
     rec = ckpt | discard
-    n_layers = int(graph.meta.get("n_layers", 0)) or 1 << 30
-    # the modules' tags of each op of a transformer layer (the final norm, the embedding and the head are not recomputed;
-    # multi-token prediction's block, in the head's layer, is: training_graph)
-    last = n_layers if graph.meta.get("mtp_embedding_params") else n_layers - 1
-    tags = [node_tags(t) if 0 <= lay <= last else frozenset() for t, lay in zip(fwd["tag"].to_numpy(), layers)] \
+    # the modules' tags of each op of a transformer layer (the final norm, the embedding and the head are not
+    # recomputed; multi-token prediction's block, in the head's layer, is: recompute.module_layers_end)
+    end = module_layers_end(graph.meta)
+    tags = [node_tags(t) if 0 <= lay < end else frozenset() for t, lay in zip(fwd["tag"].to_numpy(), layers)] \
         if rec else None
     input_tids = graph.saved.get("input_tids")
     kept: dict[int, int] = {}

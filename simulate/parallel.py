@@ -496,6 +496,9 @@ def group_layout(size: int, stride: int, gpus_per_node: int) -> GroupLayout:
     return GroupLayout(size, per, -(-size // per))
 
 
+_NO_GROUP, _PAIR_ONE_NODE, _PAIR_TWO_NODES = GroupLayout(1, 1, 1), GroupLayout(2, 2, 1), GroupLayout(2, 1, 2)
+
+
 def embedding_group_layout(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int) -> GroupLayout:
     """Where Megatron's embedding groups sit: the first and the last pipeline stage's rank of each (TP, CP, DP) rank,
     ``tp x cp x dp x (pp - 1)`` ranks apart in Megatron's order (``parallel_state.initialize_model_parallel``:
@@ -506,10 +509,8 @@ def embedding_group_layout(tp: int, cp: int, dp: int, pp: int, gpus_per_node: in
     all of them do exactly when ``a x pp`` (the whole job) fits on one node. (:func:`group_layout`'s count of members
     per node, ``g // stride``, would put ranks 0 and 6 of one 8-GPU node on two nodes.)"""
     if pp <= 1:
-        return GroupLayout(1, 1, 1)
-    if tp * cp * dp * pp <= gpus_per_node:
-        return GroupLayout(2, 2, 1)
-    return GroupLayout(2, 1, 2)
+        return _NO_GROUP
+    return _PAIR_ONE_NODE if tp * cp * dp * pp <= gpus_per_node else _PAIR_TWO_NODES
 
 
 def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
