@@ -394,6 +394,22 @@ def check_power_settings(power_limit_w, clock_cap_mhz, spec: DeviceSpec) -> tupl
     return limit, cap
 
 
+def power_setting_notes(power_limit_w, clock_cap_mhz, spec: DeviceSpec) -> list[str]:
+    """Notes for settings accepted but without effect (checked values, as :func:`check_power_settings` returns them):
+    a clock cap at or above the boost clock, a power limit above the TDP (the board's own limit: no kernel is
+    predicted above it, so a higher one never binds; raising a board's limit past its TDP is not modelled). The
+    prediction paths put them in ``warnings``: a user who typed a cap expects it to act, or to be told it did not."""
+    notes = []
+    if clock_cap_mhz is not None and spec.boost_clock_mhz and clock_cap_mhz >= float(spec.boost_clock_mhz):
+        notes.append(f"clock_cap_mhz (--clock-cap-mhz) {clock_cap_mhz:g} MHz is at or above the {spec.name}'s "
+                     f"{float(spec.boost_clock_mhz):g} MHz boost clock: it does not bind (time and power as uncapped)")
+    if power_limit_w is not None and spec.tdp_w and power_limit_w > float(spec.tdp_w):
+        notes.append(f"power_limit_w (--power-limit-w) {power_limit_w:g} W is above the {spec.name}'s {float(spec.tdp_w):g} W "
+                     "TDP: it does not bind (kernels are predicted at or under the TDP; a board limit raised past it "
+                     "is not modelled)")
+    return notes
+
+
 def power_at_lowest_clock_w(power_w, spec: DeviceSpec, compute_util=0.0, model: PowerModel | None = None) -> np.ndarray:
     """What kernels drawing ``power_w`` at boost draw at the lowest modelled clock (:func:`lowest_clock_mhz`):
     the least board power any power limit can bring them to. Vectorised."""

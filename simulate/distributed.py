@@ -44,6 +44,7 @@ from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned
 from wattcast.featurize.op_graph import GraphError
 from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, is_onnx_path, step_graph
 from wattcast.models.kernel_bundle import load_bundle
+from wattcast.models.power import check_power_settings, power_setting_notes
 from wattcast.simulate.defaults import step_dtype
 from wattcast.simulate.energy import apply_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
@@ -534,7 +535,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                                                                    framework=framework, zero=par.zero),
                            coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
                            data_load_ms=check_load_ms(dopts.data_load_ms),
-                           data_workers=resolve_workers(framework, dopts.data_workers))
+                           data_workers=resolve_workers(framework, dopts.data_workers),
+                           notes=tuple(power_setting_notes(*check_power_settings(power_limit_w, dopts.clock_cap_mhz, spec),
+                                                           spec)))
 
 
 def _hashable_trips(v):
@@ -838,14 +841,21 @@ def _uniform_recompute_view(full: _RankView, chunk: np.ndarray, counts, n_layers
                    full_extra_bytes=full.full_extra_bytes * group)
 
 
+def _add_warnings(meta: dict, notes) -> None:
+    """Append ``notes`` to ``meta["warnings"]`` (a new list: the graph's meta is shared and stays as it was)."""
+    if notes:
+        meta["warnings"] = [*(meta.get("warnings") or []), *notes]
+
+
 def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_layers: int, n_micro: int, counts,
                  model_totals: dict, worst: float, worst_terms: dict | None, capacity: float, view: "_RankView",
-                 power_limit_w: float | None) -> DistributedPrediction:
+                 power_limit_w: float | None, notes=()) -> DistributedPrediction:
     """A strategy that does not fit, with its memory and without a schedule (``prune_oom``): every time, throughput
     and energy figure is NaN (not simulated), never a made-up number; ``meta["scheduled"]`` is False."""
     nan = float("nan")
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
                 scheduled=False, note="does not fit in memory: the step was not simulated (memory-first pruning)")
+    _add_warnings(meta, notes)
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=nan,
         forward_ms=nan, backward_ms=nan, optimizer_ms=nan, exposed_comm_ms=nan, bubble_ms=nan, mfu=nan, hfu=nan,
@@ -911,6 +921,9 @@ class ScheduleContext:
     #: True: :func:`schedule_step` returns a :class:`StepSummary` (the figures of a search row, the same numbers) instead
     #: of a DistributedPrediction; implies ``detail`` False
     summary: bool = False
+    #: settings accepted without effect (a clock cap at or above boost, a power limit above the TDP:
+    #: ``models.power.power_setting_notes``), added to the prediction's ``warnings``
+    notes: tuple = ()
     #: with full recomputation: a function giving the view of the same rank graph without recomputation (block
     #: recomputation, ``ParallelConfig.recompute_num_layers``, takes its layers from both); None otherwise
     keep_view: object = field(default=None, compare=False, repr=False)
@@ -1368,7 +1381,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             return StepSummary(spec.name, par, nan, nan, nan, model_totals["flops"] * n_micro * par.dp, worst, False,
                                nan, nan, nan, nan, capacity, False)
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
-                            view, power_limit_w)
+                            view, power_limit_w, ctx.notes)
 
     ep_unpaired = None
     if par.overlap_moe_expert_parallel_comm:
@@ -1706,6 +1719,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                    end_ms=float(finish[s] + opt_stage[s])))
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
                 zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None)
+    _add_warnings(meta, ctx.notes)
     if pipe.extrapolated:
         meta["schedule_extrapolated"] = dict(
             simulated_micro=int(pipe.simulated_micro), period_ms=float(np.max(pipe.period_ms)),

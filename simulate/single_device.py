@@ -364,7 +364,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     ``clock_cap_mhz``: an SM clock cap. Both must be finite and above 0 (ValueError naming the parameter, checked
     before any costing); a cap below the lowest modelled clock and a limit no clock can meet for this step are
     refused too (see :mod:`wattcast.simulate.energy`)."""
-    from wattcast.models.power import check_power_settings
+    from wattcast.models.power import check_power_settings, power_setting_notes
     from wattcast.simulate.energy import apply_power, energy_of
 
     power_limit_w, clock_cap_mhz = check_power_settings(power_limit_w, clock_cap_mhz, spec)
@@ -378,8 +378,10 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     step_s = res.step_time_ms / 1e3
     tensor = bool((np.isin(costed["op_class"].to_numpy(), ("linear", "bmm")) & (costed["dtype"].to_numpy() != "fp32")).any())
     band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor)
+    notes = power_setting_notes(power_limit_w, clock_cap_mhz, spec)
+    meta = dict(res.meta, warnings=[*(res.meta.get("warnings") or []), *notes]) if notes else res.meta
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
-                   step_band=band)
+                   step_band=band, meta=meta)
 
 
 def step_overheads(costed: pd.DataFrame) -> dict:

@@ -104,6 +104,22 @@ def test_unattainable_power_limit_is_refused_distributed():
         wattcast.predict_cluster("gpt2", "DGX-H100", gpus=2, batch=8, seq=256, clock_cap_mhz=-5)
 
 
+def test_settings_that_do_not_bind_say_so():
+    """A clock cap at or above the boost clock and a power limit above the TDP are accepted (they change nothing:
+    the same step as without them) with a warning naming each; one that binds gets none."""
+    base = wattcast.predict("gpt2", H100)
+    loose = wattcast.predict("gpt2", H100, clock_cap_mhz=2500, power_limit_w=900)
+    assert loose.step_time_ms == pytest.approx(base.step_time_ms) and loose.energy_j == pytest.approx(base.energy_j)
+    w = loose.meta["warnings"]
+    assert any("2500 MHz is at or above the H100-SXM5-80GB's 1980 MHz boost clock: it does not bind" in x for x in w)
+    assert any("900 W is above the H100-SXM5-80GB's 700 W TDP: it does not bind" in x for x in w)
+    assert not base.meta.get("warnings")
+    assert not wattcast.predict("gpt2", H100, clock_cap_mhz=1500, power_limit_w=500).meta.get("warnings")
+    d = wattcast.predict_cluster("gpt2", "DGX-H100", gpus=2, batch=8, seq=256, clock_cap_mhz=1980).to_dict()
+    assert len(d["warnings"]) == 1 and "1980 MHz is at or above" in d["warnings"][0]
+    assert wattcast.predict_cluster("gpt2", "DGX-H100", gpus=2, batch=8, seq=256).to_dict()["warnings"] == []
+
+
 def test_replayed_measured_limits_still_work(h100):
     """apply_power_limit itself (used to replay measured power-limit runs) keeps its contract."""
     t, p = apply_power_limit(np.array([1.0]), np.array([600.0]), 300.0, h100, np.array([0.8]), model=load_power_model())
