@@ -1,7 +1,9 @@
 """Peak device memory of one step: weights, gradients, optimizer states, activations.
 
 - weights: parameters x dtype bytes; mixed precision (fp16/bf16) training adds fp32 master weights (4 B);
-- gradients (training): parameters x dtype bytes;
+- gradients (training): parameters x dtype bytes; under mixed precision fp32 (4 B: PyTorch AMP's ``.grad`` of its fp32
+  parameters, as the cluster path's ``hf`` framework holds them, ``stage_memory.held_gradient_bytes``), so one device
+  and a one-GPU cluster count the same 18 B/param of model states with AdamW;
 - optimizer states: AdamW two fp32 moments (8 B/param), SGD none (torch's default, no momentum);
 - activations (training): every tensor a forward op saves for backward, each counted once (the input of
   q/k/v projections is one tensor); ``selective`` recomputation drops what its modules make and keeps their inputs
@@ -24,6 +26,7 @@ from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph
 from wattcast.featurize.recompute import module_layers_end, node_tags, recompute_tags
 from wattcast.featurize.training_graph import optimizer_state_bytes
+from wattcast.simulate.stage_memory import held_gradient_bytes
 
 GB = 1e9
 
@@ -89,7 +92,7 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
     if train:
         if db < 4:
             weights += params * 4  # fp32 master copy
-        grads = params * db
+        grads = params * held_gradient_bytes("hf", dtype, db)
         optimizer = meta.get("optimizer", "adamw")
         opt = params * optimizer_state_bytes(optimizer)
         recompute = meta.get("recompute", "none")
