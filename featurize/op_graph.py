@@ -638,15 +638,17 @@ class GraphBuilder:
 
     # ------------------------------------------------------------------ collectives
     def collective(self, op: str, x: Tensor, out_shape: Sequence[int], *, group: str, size_bytes: float, name: str,
-                   backward: Sequence[tuple[str, float]] = ()) -> Tensor:
+                   backward: Sequence[tuple[str, float]] = (), grad: bool = True) -> Tensor:
         """A collective over ``group`` (``tp``, ``ep``, ...); ``size_bytes`` per rank as nccl-tests counts it;
-        ``backward``: (op, size_bytes) collectives of its gradient."""
+        ``backward``: (op, size_bytes) collectives of its gradient. ``grad=False``: no gradient flows back into ``x``
+        through it (a statistic of ``x``, such as the vocabulary-parallel loss's per-token max: not a use of ``x`` that
+        autograd accumulates a gradient for)."""
         if op not in COLLECTIVE_OPS:
             raise GraphError(f"{name}: unknown collective {op!r}; use one of {', '.join(COLLECTIVE_OPS)}")
         bw = [dict(self._bw(f"{name}.grad", "collective", o, "collective", flops=0, bytes_=sz), group=group)
               for o, sz in backward]
         return self._add(name, "collective", op, "collective", [x], out_shape, flops=0, bytes_=size_bytes, backward=bw,
-                         group=group)
+                         group=group, grad_inputs=None if grad else [])
 
     def _bw_only(self, name: str, x: Tensor, bw: list[dict]) -> Tensor:
         """A forward no-op carrying backward kernels (Megatron's f operator): a zero-time node."""
@@ -779,7 +781,10 @@ class GraphBuilder:
         db = self.dbytes
         if vocab_parallel and self.tp > 1:
             for k in ("max", "target", "sum_exp"):
-                self.collective("all_reduce", logits, (t,), group="tp", size_bytes=4.0 * t, name=f"{name}.all_reduce_{k}")
+                # statistics of the logits inside one autograd Function (Megatron's _VocabParallelCrossEntropy; its
+                # backward is softmax - onehot): no gradient reaches the logits through them
+                self.collective("all_reduce", logits, (t,), group="tp", size_bytes=4.0 * t, name=f"{name}.all_reduce_{k}",
+                                grad=False)
         # ``fp32_saved``: the loss runs on ``logits.float()`` and keeps fp32 probabilities for backward (Megatron-LM's
         # vocab_parallel_cross_entropy; Korthikanti et al. 2022 Sec. 4.3: 4sbv/t bytes)
         if fp32_saved and self.dtype != "fp32":

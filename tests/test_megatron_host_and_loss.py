@@ -34,6 +34,17 @@ def test_megatron_fp16_cross_entropy_runs_on_fp32_logits_kernel_by_kernel():
     assert set(fp32["dtype"]) == {"fp32"}
 
 
+@pytest.mark.parametrize("framework", ["megatron-deepspeed", "hf"])
+def test_vocab_parallel_loss_statistics_send_no_gradient_into_the_logits(framework):
+    """The three all-reduces of the vocabulary-parallel loss (max, target logit, sum of exponentials) are statistics
+    inside one autograd Function: the logits get one gradient (softmax - onehot), not three more to accumulate (they
+    added three logits-sized adds to every TP>1 backward)."""
+    g = step_graph(_gpt(), StepOptions(batch=2, seq=256, dtype="fp16", mode="train", framework=framework, tp=2))
+    names = g.nodes["name"].astype(str)
+    assert names.str.match(r"loss\.all_reduce_(max|target|sum_exp)$").sum() == 3
+    assert not names.str.startswith("lm_head.grad_accumulate").any(), list(names[names.str.contains("grad_accumulate")])
+
+
 def test_megatron_pads_the_vocabulary_to_128_times_tp_and_hf_does_not():
     """Megatron-LM's _vocab_size_with_padding (--make-vocab-size-divisible-by 128, times the TP degree)."""
     def head_n(framework, tp):
