@@ -46,6 +46,7 @@ MODEL_TYPES: dict[str, str] = {
     "refinedwebmodel": "falcon",
     "mixtral": "mixtral",
     "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3",
+    "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe",
     "deepseek_v2": "deepseek", "deepseek_v3": "deepseek",
     "bert": "bert",
     "switch_transformers": "switch", "t5": "switch",
@@ -64,7 +65,13 @@ TORCH_DTYPES = ("float32", "float", "float16", "half", "bfloat16", "float64", "d
                 "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8", "auto")
 #: families whose positions are rotary (RoPE): a sequence beyond max_position_embeddings still runs (the step is well
 #: defined) but is outside the trained context unless rope_scaling extends it; a warning, not an error
-ROPE_FAMILIES = ("llama", "gemma", "mixtral", "gpt_neox", "falcon", "qwen3", "phi3", "gemma2", "gemma3", "deepseek")
+ROPE_FAMILIES = ("llama", "gemma", "mixtral", "gpt_neox", "falcon", "qwen3", "phi3", "gemma2", "gemma3", "deepseek",
+                 "qwen2_moe", "qwen3_moe")
+#: Qwen's sparse MoE families (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock): ``decoder_sparse_step`` and
+#: ``mlp_only_layers`` pick the sparse layers, the others are dense
+QWEN_MOE_FAMILIES = ("qwen2_moe", "qwen3_moe")
+#: ``transformers``' defaults of the Qwen MoE configs (Qwen2MoeConfig, Qwen3MoeConfig): experts per layer and top-k
+_QWEN_MOE_DEFAULTS = {"qwen2_moe": (60, 4), "qwen3_moe": (128, 8)}
 
 
 def builtin_models() -> list[str]:
@@ -129,18 +136,80 @@ class HFConfig:
             return self.count("n_routed_experts", default=0, minimum=0) or None
         if self.family == "switch":
             return self.count("num_experts", default=8) if self.model_type != "t5" else None
+        if self.family in QWEN_MOE_FAMILIES:  # 0 experts, or every layer in mlp_only_layers: a dense model
+            n_exp = self.count("num_experts", default=_QWEN_MOE_DEFAULTS[self.family][0], minimum=0)
+            return n_exp if any(self.moe_layer(i) for i in range(self.n_layers)) else None
         # dense families: an expert count is not read by the graph; 0 says "no experts"
         return self.count("num_local_experts", "num_experts", default=0, minimum=0) or None
 
     @property
     def experts_per_token(self) -> int:
-        """Mixtral's top-k (``num_experts_per_tok``, default 2), between 1 and the expert count."""
+        """The router's top-k (``num_experts_per_tok``; default 2, Qwen2-MoE's 4, Qwen3-MoE's 8 as in
+        ``transformers``), between 1 and the expert count."""
         n_exp = self.n_experts or 0
-        top_k = self.count("num_experts_per_tok", default=2)
+        default = _QWEN_MOE_DEFAULTS[self.family][1] if self.family in QWEN_MOE_FAMILIES else 2
+        top_k = self.count("num_experts_per_tok", default=default)
         if top_k > n_exp:
+            key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if self.raw.get(k) is not None),
+                       "num_experts" if self.family in QWEN_MOE_FAMILIES else "num_local_experts")
             raise GraphError(f"{self.name}: field 'num_experts_per_tok' ({top_k}) must be between 1 and the number of "
-                             f"experts (num_local_experts={n_exp})")
+                             f"experts ({key}={n_exp})")
         return top_k
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether block ``layer`` of a decoder is a sparse MoE block (else a dense MLP): every block of Mixtral;
+        Qwen2MoeDecoderLayer's rule (not in ``mlp_only_layers``, ``num_experts`` > 0, (layer + 1) % ``decoder_sparse_step``
+        == 0); DeepSeek's blocks from ``first_k_dense_replace`` on, every ``moe_layer_freq``-th; False for a dense
+        model. (Switch's encoder-decoder blocks are its own: :mod:`wattcast.featurize.hf_switch`.)"""
+        if self.family in QWEN_MOE_FAMILIES:
+            n_exp = self.count("num_experts", default=_QWEN_MOE_DEFAULTS[self.family][0], minimum=0)
+            return (n_exp > 0 and layer not in qwen_mlp_only_layers(self)
+                    and (layer + 1) % self.count("decoder_sparse_step", default=1) == 0)
+        if not self.n_experts:
+            return False
+        if self.family == "deepseek":
+            return (layer >= self.count("first_k_dense_replace", default=0, minimum=0)
+                    and layer % self.count("moe_layer_freq", default=1) == 0)
+        return True
+
+    @property
+    def layers_alike(self) -> bool:
+        """Whether every block of the decoder is of one kind (all sparse or all dense)."""
+        return len({self.moe_layer(i) for i in range(self.n_layers)}) <= 1
+
+
+def qwen_mlp_only_layers(cfg: HFConfig) -> frozenset[int]:
+    """Qwen-MoE's ``mlp_only_layers``: the layer indices that keep a dense MLP (absent or null: none), a JSON list of
+    whole numbers >= 0 (:func:`check_qwen_moe` checks them against the layer count)."""
+    v = cfg.raw.get("mlp_only_layers")
+    if v is None:
+        return frozenset()
+    if not isinstance(v, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in v):
+        raise GraphError(f"{cfg.name}: field 'mlp_only_layers' must be a list of layer indices (whole numbers from 0), "
+                         f"got {v!r}")
+    return frozenset(v)
+
+
+def check_qwen_moe(cfg: HFConfig, origin: str) -> None:
+    """The rules of a Qwen-MoE config over several fields, naming the field: ``mlp_only_layers`` indices within the
+    layers, ``decoder_sparse_step`` >= 1, and where a layer is sparse: ``num_experts_per_tok`` <= ``num_experts``,
+    ``moe_intermediate_size`` given (the experts' width; no default: a wrong one would be a silently wrong
+    size), Qwen2-MoE's ``shared_expert_intermediate_size`` given, a positive integer."""
+    bad = sorted(i for i in qwen_mlp_only_layers(cfg) if i >= cfg.n_layers)
+    if bad:
+        raise GraphError(f"{origin}: field 'mlp_only_layers' names layer {bad[0]}, but the model has {cfg.n_layers} layers "
+                         f"(indices 0 to {cfg.n_layers - 1})")
+    cfg.count("decoder_sparse_step", default=1)  # (read only on layers outside mlp_only_layers: checked here too)
+    if not cfg.n_experts:
+        return
+    cfg.experts_per_token
+    need = ["moe_intermediate_size"] + (["shared_expert_intermediate_size"] if cfg.family == "qwen2_moe" else [])
+    for key in need:
+        if cfg.raw.get(key) is None:
+            what = "each routed expert's" if key.startswith("moe") else "the shared expert's"
+            raise GraphError(f"{origin}: field '{key}' is missing: a {cfg.model_type} config with sparse layers must give "
+                             f"{what} MLP width (wattcast assumes no default)")
+        cfg.count(key)
 
 
 # ------------------------------------------------------------------ validation: pydantic types and the config model
@@ -428,6 +497,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     _check_size(cfg, raw, origin)
     if family in ("mixtral", "deepseek") and cfg.n_experts:
         cfg.experts_per_token
+    if family in QWEN_MOE_FAMILIES:
+        check_qwen_moe(cfg, origin)
     return cfg
 
 

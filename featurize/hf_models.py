@@ -11,6 +11,9 @@ Each generator emits the kernels the matching ``transformers`` class launches in
   attention (repeat_kv copies), SwiGLU MLP, untied LM head unless ``tie_word_embeddings``.
 - ``mixtral`` (MixtralForCausalLM): llama attention plus a top-k router over ``num_local_experts`` experts;
   tokens are assumed balanced over experts (``tokens * top_k / n_experts`` each; stated, not measured).
+- ``qwen2_moe`` / ``qwen3_moe`` (Qwen2MoeForCausalLM / Qwen3MoeForCausalLM): Qwen2's / Qwen3's attention, sparse
+  blocks of ``num_experts`` experts of ``moe_intermediate_size`` (Qwen2-MoE adds a gated shared expert) on the layers
+  ``decoder_sparse_step`` and ``mlp_only_layers`` pick, dense SwiGLU MLPs on the others.
 - ``bert`` (BertForPreTraining for training with MLM + NSP heads and losses;
   BertForSequenceClassification for inference).
 - ``switch`` (SwitchTransformersForConditionalGeneration / T5): see :mod:`wattcast.featurize.hf_switch`.
@@ -28,7 +31,7 @@ from typing import Callable, Mapping
 
 from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
                                           merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding)
-from wattcast.featurize.hf_config import HFConfig, bool_field, fraction_field
+from wattcast.featurize.hf_config import QWEN_MOE_FAMILIES, HFConfig, bool_field, fraction_field
 from wattcast.featurize.hf_switch import switch
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
@@ -406,7 +409,7 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
                      var: LlamaVariant = LlamaVariant(), layer: int = 0) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
-    bias = cfg.flag("attention_bias", cfg.model_type == "qwen2")
+    bias = cfg.flag("attention_bias", cfg.model_type in ("qwen2", "qwen2_moe"))  # Qwen2(Moe)Attention: q/k/v bias
     x = b.tp_enter(x, name="self_attn.enter")
     if var.fused_qkv:  # Phi-3: one qkv_proj, split into q, k, v by views
         qkv = b.linear(x, (nh + 2 * nkv) * d, bias=bias, name="self_attn.qkv_proj", parallel="col")
@@ -459,13 +462,16 @@ def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *,
 
 
 def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, expert_ffn: int | None = None,
-         scoring: str = "softmax", megatron: bool = False) -> Tensor:
+         scoring: str = "softmax", megatron: bool = False, normalise: bool = True) -> Tensor:
     """Mixtral sparse MoE block (HF eager: per expert gather, SwiGLU, scale by the routing weight, index_add).
 
     Expert parallelism (``b.ep``) gives each rank num_experts/ep experts; tokens travel by all-to-all to
     their experts and back. The experts' tensor parallelism (``b.etp`` ranks: the model's tp unless Megatron-Core's
     ``--expert-tensor-parallel-size`` says otherwise) splits each expert's FFN like a dense MLP. ``expert_ffn``: each
     expert's width (default the config's FFN); ``scoring``: the router's softmax, or DeepSeek-V3's sigmoid.
+
+    ``normalise``: the top-k weights renormalised to sum to one (one division; Mixtral always, Qwen-MoE under
+    ``norm_topk_prob``; Megatron-Core's router without ``--moe-router-pre-softmax``).
 
     ``megatron``: Megatron-Core's ``MoELayer`` with the all-to-all token dispatcher and grouped GEMMs
     (``--moe-token-dispatcher-type alltoall --moe-grouped-gemm``, the Mixtral/DeepSeek recipes): the permuted tokens
@@ -483,7 +489,9 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     probs = (b.elementwise("sigmoid", logits, name="moe.router_sigmoid") if scoring == "sigmoid"
              else b.softmax(logits, name="moe.router_softmax"))
     b.opaque("moe.topk", [probs], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False)
-    w = b.elementwise("div", Tensor((t, top_k), probs.dtype, probs.node, probs.tid), b.input((t, 1)), name="moe.normalise")
+    w = Tensor((t, top_k), probs.dtype, probs.node, probs.tid)
+    if normalise:
+        w = b.elementwise("div", w, b.input((t, 1)), name="moe.normalise")
     # routing: every expert gets tokens * top_k / n_experts tokens when balanced; ``b.moe_load`` scales what this rank's
     # experts receive (the busiest expert-parallel rank, or capacity padding: simulate/moe_routing.py)
     routed = b.copy(Tensor((t * top_k, h), flat.dtype, flat.node, flat.tid), name="moe.permute")
@@ -541,10 +549,47 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
     return b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
 
 
+def _dense_mlp(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, megatron: bool) -> Tensor:
+    """A dense SwiGLU MLP of width ``ffn`` in its tensor-parallel region: Hugging Face's gate/up/down projections, or
+    Megatron-Core's ``MLP`` (one ``linear_fc1``, the fused SwiGLU, ``linear_fc2``); DeepSeek's dense blocks and shared
+    experts, Qwen2-MoE's shared expert."""
+    if not megatron:
+        return _swiglu(cfg, b, x, ffn, prefix)
+    return b.tp_exit(_swiglu_megatron(b, b.tp_enter(x, name=f"{prefix}.enter"), ffn, cfg.hidden, prefix),
+                     name=f"{prefix}.exit")
+
+
+def _gated_shared_expert(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, megatron: bool) -> Tensor:
+    """Qwen2-MoE's shared expert: a SwiGLU of ``ffn`` on every token, scaled by sigmoid(``shared_expert_gate``, a
+    Linear(hidden, 1) without bias) (Qwen2MoeSparseMoeBlock; Megatron-Core's ``SharedExpertMLP`` with
+    ``--moe-shared-expert-gate``: its ``gate_weight`` on this rank's tokens, replicated over TP, not an FP8 GEMM)."""
+    prefix = "mlp.shared_experts" if megatron else "mlp.shared_expert"
+    with b.tag("shared_experts"):
+        y = _dense_mlp(cfg, b, x, ffn, prefix, megatron)
+        g = b.linear(x, 1, bias=False, name=f"{prefix}.gate" if megatron else "mlp.shared_expert_gate", fp8=False)
+        g = b.elementwise("sigmoid", g, name=f"{prefix}.gate_sigmoid")
+        return b.elementwise("mul", y, g, name=f"{prefix}.gate_mul")
+
+
+def _moe_block(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, megatron: bool = False) -> Tensor:
+    """The sparse block of a Mixtral or Qwen-MoE layer (``x``: the post-attention norm's output): the routed experts
+    (:func:`_moe`; Qwen's of ``moe_intermediate_size``, renormalised only under ``norm_topk_prob``), plus Qwen2-MoE's
+    gated shared expert of ``shared_expert_intermediate_size`` added to their output."""
+    if cfg.family not in QWEN_MOE_FAMILIES:
+        return _moe(cfg, b, x, batch, seq, megatron=megatron)
+    y = _moe(cfg, b, x, batch, seq, expert_ffn=cfg.count("moe_intermediate_size"), megatron=megatron,
+             normalise=cfg.flag("norm_topk_prob", False))
+    if cfg.family == "qwen2_moe":
+        sh = _gated_shared_expert(cfg, b, x, cfg.count("shared_expert_intermediate_size"), megatron)
+        y = b.elementwise("add", y, sh, name="mlp.shared_add")
+    return y
+
+
 def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, moe: bool = False,
           var: LlamaVariant = LlamaVariant()) -> None:
-    """Llama / Mistral / Qwen2 (and Mixtral with ``moe``; Gemma, Qwen3, Phi-3, Gemma 2 and 3 with
-    ``var``, see :class:`LlamaVariant`) as Hugging Face runs them.
+    """Llama / Mistral / Qwen2 (and Mixtral and Qwen-MoE with ``moe``: :func:`_moe_block` on the layers
+    ``cfg.moe_layer`` names; Gemma, Qwen3, Phi-3, Gemma 2 and 3 with ``var``, see :class:`LlamaVariant`) as Hugging
+    Face runs them.
 
     Gemma differs by: the embedding scaled by sqrt(hidden) (one scalar multiply), a GeGLU MLP with the tanh
     GELU (``hidden_activation``, default ``gelu_pytorch_tanh``, whatever ``hidden_act`` says), RMSNorm weights
@@ -571,8 +616,10 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
             x = b.elementwise("add", x, a, name="residual_1")
             y = rms_norm_eager(b, x, "pre_feedforward_layernorm" if var.sandwich else "post_attention_layernorm",
                                module="layernorm")
-            with b.tag("moe" if moe else "mlp"):  # Megatron-Core's recompute modules (featurize/recompute.py)
-                y = _moe(cfg, b, y, batch, seq) if moe else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up)
+            sparse = moe and cfg.moe_layer(i)  # Qwen-MoE: dense MLPs between the sparse blocks
+            with b.tag("moe" if sparse else "mlp"):  # Megatron-Core's recompute modules (featurize/recompute.py)
+                y = (_moe_block(cfg, b, y, batch, seq) if sparse
+                     else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up))
             if var.sandwich:
                 y = rms_norm_eager(b, y, "post_feedforward_layernorm")
             x = b.elementwise("add", x, y, name="residual_2")
@@ -613,9 +660,15 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     input) + 6 ffn/h (SwiGLU input and FC2 input) — Korthikanti et al. 2022's accounting with the GPT MLP's 4h GeLU
     replaced by SwiGLU's 2 x ffn input and ffn output, and multi-head K/V by grouped ones.
 
-    Mixture-of-experts configs (Mixtral) take Megatron-Core's ``MoELayer`` in place of the MLP (``_moe`` with
-    ``megatron``: all-to-all dispatcher, grouped GEMMs, fused permute/unpermute)."""
+    Mixture-of-experts configs (Mixtral, Qwen-MoE) take Megatron-Core's ``MoELayer`` in place of the MLP on their
+    sparse layers (``_moe`` with ``megatron``: all-to-all dispatcher, grouped GEMMs, fused permute/unpermute; Qwen2-MoE's
+    shared expert as its ``SharedExpertMLP`` with ``--moe-shared-expert-gate``).
+
+    Qwen3 and Qwen3-MoE (``--qk-layernorm``): a fused RMSNorm over each head's query and key after ``linear_qkv``,
+    then RoPE on q and on k (two fused kernels). Qwen2-MoE (``--add-qkv-bias``): ``linear_qkv`` with a bias."""
     nh, nkv, d, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden
+    qk_norm = cfg.family in ("qwen3", "qwen3_moe")
+    qkv_bias = cfg.family == "qwen2_moe" and cfg.flag("attention_bias", True)
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "embedding"):
@@ -623,11 +676,20 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     for i in range(cfg.n_layers):
         with b.layer(i, f"decoder.layers.{i}"):
             y = b.tp_enter(b.layernorm(x, name="input_layernorm", rms=True, bias=False, module="layernorm"), name="self_attention.enter")
-            qkv = b.linear(y, (nh + 2 * nkv) * d, bias=False, name="self_attention.linear_qkv", parallel="col")
-            qkv = b.elementwise("mul", qkv, 1.0, name="self_attention.rope")  # fused RoPE over q and k (v passes)
-            sq = qkv.shape[1]
-            q = Tensor((batch, nhl, sq, d), qkv.dtype, qkv.node, qkv.tid)
-            k = Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid)
+            qkv = b.linear(y, (nh + 2 * nkv) * d, bias=qkv_bias, name="self_attention.linear_qkv", parallel="col")
+            if qk_norm:  # q_layernorm / k_layernorm on the split heads, then RoPE on each
+                sq = qkv.shape[1]
+                q = b.layernorm(Tensor((batch, nhl, sq, d), qkv.dtype, qkv.node, qkv.tid),
+                                name="self_attention.q_layernorm", rms=True, bias=False)
+                k = b.layernorm(Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid),
+                                name="self_attention.k_layernorm", rms=True, bias=False)
+                q = b.elementwise("mul", q, 1.0, name="self_attention.rope.q")
+                k = b.elementwise("mul", k, 1.0, name="self_attention.rope.k")
+            else:
+                qkv = b.elementwise("mul", qkv, 1.0, name="self_attention.rope")  # fused RoPE over q and k (v passes)
+                sq = qkv.shape[1]
+                q = Tensor((batch, nhl, sq, d), qkv.dtype, qkv.node, qkv.tid)
+                k = Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid)
             v = Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid)
             if impl == "flash":
                 a = b.flash_attention(q, k, v, causal=True, name="attn.flash")
@@ -640,10 +702,10 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
             a = b.tp_exit(b.linear(a, h, bias=False, name="self_attention.linear_proj", parallel="row"),
                           name="self_attention.exit")
             x = b.elementwise("add", x, a, name="residual_1")
-            if cfg.n_experts:
+            if cfg.moe_layer(i):
                 y = b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False, module="layernorm")
                 with b.tag("moe"):  # Megatron-Core's recompute modules (featurize/recompute.py)
-                    y = _moe(cfg, b, y, batch, seq, megatron=True)
+                    y = _moe_block(cfg, b, y, batch, seq, megatron=True)
             else:
                 y = b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False, module="layernorm")
                 with b.tag("mlp"):  # its sequence-parallel all-gather and reduce-scatter with it (linear_fc1/fc2's)
@@ -720,15 +782,10 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
             else (lambda t, name, module="": rms_norm_eager(b, t, name, module)))
 
     def mlp(t: Tensor, ffn: int, prefix: str) -> Tensor:  # Megatron-Core's: one linear_fc1 and the fused SwiGLU
-        if not megatron:
-            return _swiglu(cfg, b, t, ffn, prefix)
-        return b.tp_exit(_swiglu_megatron(b, b.tp_enter(t, name=f"{prefix}.enter"), ffn, cfg.hidden, prefix),
-                         name=f"{prefix}.exit")
+        return _dense_mlp(cfg, b, t, ffn, prefix, megatron)
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
-    dense = cfg.count("first_k_dense_replace", default=0, minimum=0)
-    every = cfg.count("moe_layer_freq", default=1)
     moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
     shared = cfg.count("n_shared_experts", default=0, minimum=0)
     scoring = "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax"
@@ -750,8 +807,7 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
                 y = mlp(y, cfg.ffn, "mlp")
         return b.elementwise("add", x, y, name="residual_2")
 
-    def is_moe(i: int) -> bool:
-        return bool(cfg.n_experts) and i >= dense and i % every == 0
+    is_moe = cfg.moe_layer  # from first_k_dense_replace on, every moe_layer_freq-th block
 
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
@@ -841,6 +897,18 @@ def mixtral(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
     llama(cfg, b, batch, seq, impl=impl, moe=True)
 
 
+def qwen2_moe(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """Qwen2-MoE (Qwen1.5-MoE): Qwen2's attention (q/k/v bias), Qwen2MoeSparseMoeBlock on the sparse layers (top-k
+    softmax router, experts of ``moe_intermediate_size``, the gated shared expert), dense MLPs on the others."""
+    llama(cfg, b, batch, seq, impl=impl, moe=True)
+
+
+def qwen3_moe(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """Qwen3-MoE: Qwen3's attention (per-head q/k RMSNorm, no bias), Qwen3MoeSparseMoeBlock on the sparse layers (top-k
+    softmax router, experts of ``moe_intermediate_size``, no shared expert), dense MLPs on the others."""
+    llama(cfg, b, batch, seq, impl=impl, moe=True, var=LlamaVariant(qk_norm=True))
+
+
 # --------------------------------------------------------------------------------------------
 # BERT
 # --------------------------------------------------------------------------------------------
@@ -904,4 +972,5 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
 GENERATORS: dict[str, Callable[..., None]] = {
     "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "falcon": falcon, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral,
     "qwen3": qwen3, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3, "deepseek": deepseek, "bert": bert, "switch": switch,
+    "qwen2_moe": qwen2_moe, "qwen3_moe": qwen3_moe,
 }

@@ -182,6 +182,11 @@ def canonical_framework(f: str) -> str:
     return f
 
 
+#: families Megatron-Core's GPTModel builds as :func:`wattcast.featurize.hf_models.llama_megatron` (RMSNorm, SwiGLU,
+#: RoPE; Qwen3's qk-layernorm; Megatron-Core's MoE layer on the sparse layers)
+_MEGATRON_LLAMA_FAMILIES = ("llama", "mixtral", "qwen3", "qwen2_moe", "qwen3_moe")
+
+
 def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     from wattcast.featurize.hf_models import GENERATORS
 
@@ -194,12 +199,12 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     b.moe_load = float(opts.moe_load)
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
-    if opts.framework == "megatron" and cfg.family not in ("gpt2", "llama", "mixtral", "deepseek"):
-        raise GraphError(f"framework 'megatron' models GPT (gpt2-type), Llama-architecture, Mixtral and DeepSeek-V2/V3 "
-                         f"configs (Megatron-Core's GPTModel, with its MoE layer and multi-latent attention), not "
-                         f"{cfg.model_type}")
+    if opts.framework == "megatron" and cfg.family not in ("gpt2", *_MEGATRON_LLAMA_FAMILIES, "deepseek"):
+        raise GraphError(f"framework 'megatron' models GPT (gpt2-type), Llama-architecture, Mixtral, Qwen3, Qwen2-MoE, "
+                         f"Qwen3-MoE and DeepSeek-V2/V3 configs (Megatron-Core's GPTModel, with its MoE layer, "
+                         f"qk-layernorm and multi-latent attention), not {cfg.model_type}")
     b.framework = opts.framework
-    if (opts.framework == "megatron" and cfg.family in ("llama", "mixtral", "deepseek")
+    if (opts.framework == "megatron" and cfg.family in (*_MEGATRON_LLAMA_FAMILIES, "deepseek")
             and str(cfg.activation).lower() not in ("silu", "swish", "gelu")):  # (gelu: the default when not given)
         raise GraphError(f"{cfg.name}: hidden_act {cfg.activation!r} under --framework megatron: Megatron-Core's --swiglu "
                          f"MLPs gate with SiLU (hidden_act silu); this config's activation is not one")
@@ -217,7 +222,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         raise GraphError(f"{cfg.name}: seq {opts.seq * opts.cp} exceeds the model's {limit}")
     # rotary positions run beyond the table: predicted, with a warning in meta["warnings"] (printed by the CLI)
     pos_warning = position_warning(cfg, opts.seq * opts.cp)
-    if opts.framework == "megatron" and cfg.family in ("llama", "mixtral"):
+    if opts.framework == "megatron" and cfg.family in _MEGATRON_LLAMA_FAMILIES:
         from wattcast.featurize.hf_models import llama_megatron
 
         llama_megatron(cfg, b, opts.batch, opts.seq, impl=opts.attention)
@@ -228,7 +233,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     else:
         GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
     if opts.moe_load != 1.0 and not b.routed_moe:
-        raise GraphError(f"{cfg.name}: the MoE routing load applies to Mixtral/DeepSeek-style MoE layers (routed by "
+        raise GraphError(f"{cfg.name}: the MoE routing load applies to Mixtral/Qwen-MoE/DeepSeek-style MoE layers (routed by "
                          f"top-k with permuted tokens); this model has none")
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,

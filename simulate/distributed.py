@@ -550,8 +550,10 @@ def _hashable_trips(v):
 
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
 #: the middle block stands for blocks 1 .. L-2 (every per-layer and whole-model sum counts it L-2 times): exact,
-#: and L/3 times cheaper to build, which is what makes strategy search fast for 100-layer models.
-_UNIFORM_FAMILIES = ("gpt2", "mpt", "gpt_neox", "bloom", "falcon", "opt", "llama", "gemma", "mixtral", "bert", "qwen3", "phi3")
+#: and L/3 times cheaper to build, which is what makes strategy search fast for 100-layer models. Qwen-MoE configs
+#: are alike only when every layer is sparse (or every one dense): ``HFConfig.layers_alike``, checked per config.
+_UNIFORM_FAMILIES = ("gpt2", "mpt", "gpt_neox", "bloom", "falcon", "opt", "llama", "gemma", "mixtral", "bert", "qwen3", "phi3",
+                     "qwen2_moe", "qwen3_moe")
 _SHORT_LAYERS = 3
 
 
@@ -565,7 +567,8 @@ def _rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
 
 
 def _build_rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
-    if hf is None or hf.family not in _UNIFORM_FAMILIES or hf.n_layers != hf.total_layers or hf.n_layers <= _SHORT_LAYERS + 1:
+    if (hf is None or hf.family not in _UNIFORM_FAMILIES or hf.n_layers != hf.total_layers
+            or hf.n_layers <= _SHORT_LAYERS + 1 or not hf.layers_alike):
         return step_graph(model, opts), 1, 0
     small = replace(opts, batch=1, seq=8, mode="inference", tp=1, sp=False, ep=1, recompute="none", compile=False)
     block_params = (step_graph(model, small, blocks=_SHORT_LAYERS).param_count
