@@ -337,7 +337,7 @@ def predict(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a timeline PNG (distributed prediction; an existing file only with --overwrite)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --trace / --plot replace an existing file (never an input: the model, device or cluster file)."),
     power_limit_w: Optional[float] = typer.Option(None, "--power-limit-w", help="Board power limit per GPU (W): clocks drop, time and power respond."),
-    framework: str = typer.Option("hf", "--framework", help="Whose kernels and host costs: hf, megatron (GPT) or megatron-deepspeed (GPT)."),
+    framework: str = typer.Option("hf", "--framework", help="Whose kernels and host costs: hf, megatron (Megatron-Core: GPT, Llama, Qwen3, Mixtral, Qwen-MoE, DeepSeek) or megatron-deepspeed (GPT)."),
     clock_cap_mhz: Optional[float] = typer.Option(None, "--clock-cap-mhz", help="SM clock cap (MHz): time and power respond."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Train on this many tokens: adds the run's time, energy, CO2e and cost (`run`)."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon: country (ISO code or name) or cloud region (gcp:us-central1)."),

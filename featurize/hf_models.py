@@ -665,10 +665,10 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     shared expert as its ``SharedExpertMLP`` with ``--moe-shared-expert-gate``).
 
     Qwen3 and Qwen3-MoE (``--qk-layernorm``): a fused RMSNorm over each head's query and key after ``linear_qkv``,
-    then RoPE on q and on k (two fused kernels). Qwen2-MoE (``--add-qkv-bias``): ``linear_qkv`` with a bias."""
+    then RoPE on q and on k (two fused kernels). Qwen2 and Qwen2-MoE (``--add-qkv-bias``): ``linear_qkv`` with a bias."""
     nh, nkv, d, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden
     qk_norm = cfg.family in ("qwen3", "qwen3_moe")
-    qkv_bias = cfg.family == "qwen2_moe" and cfg.flag("attention_bias", True)
+    qkv_bias = cfg.model_type in ("qwen2", "qwen2_moe") and cfg.flag("attention_bias", True)  # --add-qkv-bias
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "embedding"):
