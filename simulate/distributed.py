@@ -55,7 +55,8 @@ from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelCon
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.pipeline_fast import time_pipeline
-from wattcast.simulate.single_device import cost_nodes, fallback_summary, group_totals, step_overheads, stream_bandwidth_gbps
+from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, step_overheads,
+                                             stream_bandwidth_gbps)
 from wattcast.simulate.step_band import band_keys, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
@@ -597,11 +598,6 @@ def _full_layer_ids(ids: np.ndarray, n_rep: int) -> tuple[np.ndarray, np.ndarray
     return np.array(out, dtype=np.int64), np.array(src, dtype=np.int64)
 
 
-#: model FLOPs count a fused attention's backward at 2x its forward (the two matrix products' gradients, the
-#: convention of Megatron-LM's and PaLM's MFU); its kernel does 2.5x (FlashAttention recomputes the scores QK^T), which
-#: is hardware work (HFU), not model work
-FLASH_BACKWARD_MODEL_SHARE = 2.0 / 2.5
-
 
 def _model_totals(g1, n_rep: int, block_params: int) -> dict:
     """Model FLOPs of one micro-batch (optimizer excluded), the fused attention's own recomputation (``flash_rc_flops``:
@@ -610,15 +606,9 @@ def _model_totals(g1, n_rep: int, block_params: int) -> dict:
     if hit is not None and hit[0] is g1:
         return hit[1]
     nodes = g1.nodes
-    layers = nodes["layer"].to_numpy()
-    mult = _layer_multiplicity(layers, n_rep)
-    phase = nodes["phase"].to_numpy()
-    f = nodes["flops"].to_numpy(dtype=float) * mult
-    flops = float(f[phase != "optimizer"].sum())
-    flash_b = float(f[(phase == "backward") & (nodes["op_class"].to_numpy() == "flash_attention")].sum())
-    flash_rc = flash_b * (1.0 - FLASH_BACKWARD_MODEL_SHARE)
+    flops, flash_rc = model_flops(nodes, _layer_multiplicity(nodes["layer"].to_numpy(), n_rep))
     params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(block_params)
-    out = dict(flops=flops - flash_rc, flash_rc_flops=flash_rc, param_count=params)
+    out = dict(flops=flops, flash_rc_flops=flash_rc, param_count=params)
     if len(_TOTALS) >= 256:
         _TOTALS.pop(next(iter(_TOTALS)))
     _TOTALS[id(g1)] = (g1, out)

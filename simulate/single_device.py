@@ -407,6 +407,25 @@ def step_overheads(costed: pd.DataFrame) -> dict:
             "launch_gap_ms": float(np.maximum(t - gpu, 0.0).sum())}
 
 
+#: model FLOPs count a fused attention's backward at 2x its forward (the two matrix products' gradients, the
+#: convention of Megatron-LM's and PaLM's MFU); its kernel does 2.5x (FlashAttention recomputes the scores QK^T), which
+#: is hardware work (HFU), not model work
+FLASH_BACKWARD_MODEL_SHARE = 2.0 / 2.5
+
+
+def model_flops(nodes: pd.DataFrame, mult=1.0) -> tuple[float, float]:
+    """(model FLOPs, the fused attention's own recomputation) of a step graph's nodes, each node counted ``mult``
+    times: the forward and backward kernels without the optimizer step and without recomputation (activation
+    checkpointing's re-run forward, FlashAttention's backward recomputing its scores: hardware FLOPs, not the model's).
+    One device and a cluster's ranks count the same way."""
+    phase = nodes["phase"].to_numpy()
+    f = nodes["flops"].to_numpy(dtype=float) * mult
+    work = (phase != "optimizer") & ~nodes["recompute"].to_numpy(dtype=bool)
+    flash_b = float(f[(phase == "backward") & (nodes["op_class"].to_numpy() == "flash_attention")].sum())
+    flash_rc = flash_b * (1.0 - FLASH_BACKWARD_MODEL_SHARE)
+    return float(f[work].sum()) - flash_rc, flash_rc
+
+
 def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> StepPrediction:
     """Sum a costed graph into a StepPrediction (shared by single-device and per-rank predictions)."""
     phase = costed["phase"].to_numpy()
@@ -423,7 +442,7 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
         device=spec.name, mode=str(graph.meta.get("mode", "inference")), forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
         step_time_ms=total, memory_gb=mem.total_gb, memory=mem, fits=bool(mem.total_gb <= capacity_gb(spec.memory_gb)),
         memory_capacity_gb=capacity_gb(spec.memory_gb),
-        flops=float(flops[~costed["recompute"].to_numpy(dtype=bool)].sum()),
+        flops=model_flops(costed)[0],
         per_op=per_op, per_layer=per_layer, fallback_ops=fallback,
         ood_fraction=float(ood.mean()) if len(ood) else 0.0,
         ood_time_fraction=float(t[ood].sum() / total) if total > 0 else 0.0,

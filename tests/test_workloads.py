@@ -125,6 +125,18 @@ def test_mixed_precision_memory_counts_master_weights_and_adam_states():
     assert sgd.memory.optimizer_gb == 0 and sgd.optimizer_ms < r.optimizer_ms
 
 
+@pytest.mark.parametrize("model,kw", [("gpt2", dict(batch=8, seq=1024)),
+                                      ("llama3_8b", dict(batch=1, seq=4096, attention="flash"))])
+def test_one_device_and_a_one_gpu_cluster_count_the_same_model_flops(model, kw):
+    """Model FLOPs: forward and backward without the optimizer step or FlashAttention's recomputed scores, on one
+    device as on a cluster (one device counted both: 1-2% more)."""
+    a = wattcast.predict(model, "H100-SXM5-80GB", **kw)
+    b = wattcast.predict_cluster(model, "DGX-H100", gpus=1, **kw)
+    assert a.flops == pytest.approx(b.flops, rel=1e-12)
+    opt = sum(r["flops"] for r in a.per_op if r["op_class"] == "optimizer")
+    assert opt > 0  # the optimizer does FLOPs, which model FLOPs leave out
+
+
 def test_prediction_fields_add_up_and_repeat_calls_are_cheap():
     import time
 
