@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from wattcast.data.checks import did_you_mean
+from wattcast.data.checks import DuplicateKeyError, did_you_mean, json_loads_unique, yaml_load_unique
 from wattcast.data.device_spec import DeviceSpec, DeviceSpecError, from_dict, normalise_name
 from wattcast.data.neusight_device import AMD_LANES_PER_SIMD, from_neusight_json, is_neusight_json
 
@@ -51,7 +51,7 @@ def _catalog() -> tuple[dict[str, DeviceSpec], dict[str, str]]:
     for entry in entries:
         where = f"catalog file devices/{entry.name}"
         try:
-            raw = yaml.safe_load(entry.read_text(encoding="utf-8"))
+            raw = yaml_load_unique(entry.read_text(encoding="utf-8"))
         except yaml.YAMLError as e:
             raise DeviceSpecError(f"{where}: not valid YAML: {e}") from None
         if not isinstance(raw, Mapping):
@@ -122,10 +122,12 @@ def load_spec_file(path: str | Path) -> DeviceSpec:
         raise DeviceSpecError(f"{p}: device spec files must be {', '.join(SPEC_SUFFIXES)}, got {suffix or 'no suffix'!r}")
     text = p.read_text(encoding="utf-8")
     try:
-        raw: Any = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+        raw: Any = json_loads_unique(text) if suffix == ".json" else yaml_load_unique(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         kind = "JSON" if suffix == ".json" else "YAML"
         raise DeviceSpecError(f"{p}: not valid {kind}: {e}") from None
+    except DuplicateKeyError as e:
+        raise DeviceSpecError(f"{p}: {e}") from None
     if not isinstance(raw, Mapping):
         raise DeviceSpecError(
             f"{p}: a device spec must be a mapping of fields (name, peak_fp32_tflops, ...), "

@@ -1,15 +1,19 @@
 """Type checks shared by every layer's input validation, so "a count" means one thing everywhere, the
 plausibility ranges (figures 1,000x off) with their ``--force`` switch (:func:`allow_exotic`), and the name
-suggestions of "unknown name" messages (:func:`close_names`, :func:`did_you_mean`)."""
+suggestions of "unknown name" messages (:func:`close_names`, :func:`did_you_mean`), and YAML / JSON readers that
+refuse a key given twice (:func:`yaml_load_unique`, :func:`json_loads_unique`)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import difflib
+import json
 import math
 import numbers
 from typing import Iterable, Mapping
+
+import yaml
 
 
 def is_int(v) -> bool:
@@ -137,3 +141,52 @@ def csv_header_problem(text: str, where: str = "input") -> str | None:
     renamed = ", ".join(f"{c!r} -> {c + '.1'!r}" for c in dup[:3])
     return (f"{where}: the header repeats column(s) {', '.join(map(repr, dup))}; pandas would rename the repeat "
             f"({renamed}) and it would be silently ignored: give each column once")
+
+
+# ------------------------------------------------------------------ YAML / JSON keys
+class DuplicateKeyError(ValueError):
+    """A JSON object that gives one key twice (:func:`json_loads_unique`); the message names the key."""
+
+
+def _unique_pairs(pairs: list) -> dict:
+    seen: dict = {}
+    for k, v in pairs:
+        if k in seen:
+            raise DuplicateKeyError(f"key {k!r} is given twice ({str(seen[k])[:40]} then {str(v)[:40]}); a JSON reader "
+                                    "would silently keep the last value: give each key once")
+        seen[k] = v
+    return seen
+
+
+def json_loads_unique(text: str | bytes):
+    """``json.loads`` that refuses an object giving a key twice (plain ``json`` keeps the last value silently):
+    :class:`DuplicateKeyError` naming the key. Other errors are ``json.JSONDecodeError`` as usual."""
+    return json.loads(text, object_pairs_hook=_unique_pairs)
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` whose mappings refuse a key given twice (a ``ConstructorError``, so a ``yaml.YAMLError``,
+    naming the key and both lines); merge keys (``<<``) keep their usual meaning."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the base constructor reports it
+                    continue
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found key {key!r} given twice (first on line {first.line + 1}); a YAML reader would "
+                        "silently keep the last value: give each key once", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_load_unique(text: str):
+    """``yaml.safe_load`` that refuses a mapping giving a key twice (``yaml.YAMLError`` naming the key and lines)."""
+    return yaml.load(text, Loader=UniqueKeyLoader)

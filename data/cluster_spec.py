@@ -31,7 +31,7 @@ from typing import Annotated, Any, Mapping
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
-from wattcast.data.checks import did_you_mean, exotic_allowed, is_count
+from wattcast.data.checks import did_you_mean, exotic_allowed, is_count, yaml_load_unique
 from wattcast.data.device_spec import SpecRecord
 from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
                                       text)
@@ -375,7 +375,7 @@ def _key(name: str) -> str:
 def _presets() -> dict[str, ClusterSpec]:
     out = {}
     for f in sorted(_PRESETS.glob("*.yaml")):
-        c = cluster_from_dict(yaml.safe_load(f.read_text()))
+        c = cluster_from_dict(yaml_load_unique(f.read_text()))
         for n in (c.name, *c.aliases, f.stem):
             out[_key(n)] = c
     return out
@@ -398,7 +398,7 @@ def load_cluster_file(path: str | Path, *, device: str | None = None) -> Cluster
     except OSError as e:
         raise ClusterSpecError(f"{p}: cannot read cluster file: {e}") from None
     try:
-        d = yaml.safe_load(text)
+        d = yaml_load_unique(text)
     except yaml.YAMLError as e:
         raise ClusterSpecError(f"{p}: not valid YAML/JSON: {e}") from None
     try:

@@ -15,6 +15,11 @@ file's numbers win and the fields NeuSight lacks (tensor-core peaks, TDP, clocks
 are filled from the catalog entry, each with a ``sources`` note saying so. A GPU that is not in the
 catalog loads from the JSON alone.
 
+Besides NeuSight's keys, a file may give the own schema's optional fields NeuSight lacks (``OWN_KEYS``: ``tdp_w``,
+``idle_power_w``, tensor peaks, ``base_clock_mhz``, ...), under their own-schema names and units; they win over the
+catalog's. Any other key is refused naming it, and so is a figure given as text (``"Mem_Bw": "3352"``), as in the
+own schema.
+
 One NeuSight file, ``NVIDIA_H100_80GB_HBM3_TP.json``, describes a 2-GPU tensor-parallel pair as one
 device: memory, bandwidth and L2 are doubled, ``Num_Sm`` is not, and ``SingleFLOPs`` (1979 TFLOP/s)
 is the pair's dense FP16 tensor peak, not FP32. Such a file is recognised because its FP32 figure
@@ -29,7 +34,9 @@ import math
 import re
 from typing import Any, Mapping
 
+from wattcast.data.checks import did_you_mean
 from wattcast.data.device_spec import DeviceSpec, DeviceSpecError, validate
+from wattcast.data.spec_model import is_number
 
 #: NeuSight key -> DeviceSpec field (AMD keys included)
 KEY_TO_FIELD = {
@@ -74,6 +81,9 @@ _FILL_FROM_CATALOG = (
     "memory_type",
 )
 
+#: own-schema fields a NeuSight file may give too (NeuSight has no key for them); they win over the catalog's
+OWN_KEYS = tuple(f for f in _FILL_FROM_CATALOG if f not in KEY_TO_FIELD.values())
+
 #: of those, the ones that add up over the GPUs of a multi-GPU group (scaled by k)
 _EXTENSIVE = {
     "peak_fp32_matrix_tflops",
@@ -104,15 +114,19 @@ def _vendor_from_name(name: str, d: Mapping[str, Any]) -> str:
 
 def _number(d: Mapping[str, Any], key: str, where: str) -> float:
     v = d[key]
-    if isinstance(v, bool):
-        v = None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise DeviceSpecError(
-            f"{where}: NeuSight key '{key}' (-> {KEY_TO_FIELD[key]}) must be a number, got {d[key]!r}"
-        ) from None
-    return x
+    if not is_number(v):  # text ("3352"), a bool, a list...: refused as the own schema does, never converted
+        raise DeviceSpecError(f"{where}: NeuSight key '{key}' (-> {KEY_TO_FIELD[key]}) must be a number, got {v!r}")
+    return float(v)
+
+
+def _unknown_keys(d: Mapping[str, Any], where: str) -> None:
+    """Refuse keys that are neither NeuSight's nor an own-schema field a NeuSight file may carry (``OWN_KEYS``)."""
+    known = (*KEY_TO_FIELD, *OWN_KEYS)
+    unknown = [k for k in d if k not in known]
+    if unknown:
+        hints = [f"{k!r}" + did_you_mean(str(k), known, " (did you mean {}?)", quote=True, n=1) for k in unknown]
+        raise DeviceSpecError(f"{where}: unknown key(s) {', '.join(hints)}; NeuSight keys: {', '.join(KEY_TO_FIELD)}; "
+                              f"own-schema fields also accepted: {', '.join(OWN_KEYS)}")
 
 
 def _intish(x: float) -> float | int:
@@ -137,6 +151,7 @@ def from_neusight_json(
         raise DeviceSpecError(f"NeuSight device JSON must be an object, got {type(d).__name__}")
     name = str(d.get("Device", "") or "").strip()
     where = f"NeuSight device JSON {name or origin or '?'!r}" + (f" ({origin})" if origin and name else "")
+    _unknown_keys(d, where)
     for key in _REQUIRED_KEYS:
         if key not in d or d[key] in (None, ""):
             raise DeviceSpecError(f"{where}: missing NeuSight key '{key}' (-> {KEY_TO_FIELD[key]})")
@@ -193,6 +208,11 @@ def from_neusight_json(
             if group > 1:
                 kw["name"] = f"{name} x{group}"
                 sources["num_sms"] = f"{cite}: Num_Sm {d['Num_Sm']} per GPU x {group} GPUs (Dev_Mem / catalog memory)"
+
+    for f in OWN_KEYS:  # given in the file under the own schema's name: as given (validated with the spec)
+        if f in d and d[f] is not None:
+            kw[f] = d[f]
+            sources[f] = f"{cite}: {f} (own-schema field in the file)"
 
     if cat is not None:
         for f in _FILL_FROM_CATALOG:

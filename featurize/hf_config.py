@@ -21,6 +21,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
                       model_validator)
 
+from wattcast.data.checks import DuplicateKeyError, json_loads_unique
 from wattcast.data.spec_model import FIELD, NAME, first_problem, problem
 from wattcast.featurize.op_graph import GraphError
 
@@ -581,7 +582,9 @@ def _locate_config(model: str | Path) -> tuple[str, float, str, str]:
 def _load_config_file(path: str, mtime: float, name: str, origin: str) -> HFConfig:
     """A config file, read once per modification time (predictions in a search loop ask again and again)."""
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = json_loads_unique(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise GraphError(f"{origin}: cannot read as a JSON config: {e}") from None
+    except DuplicateKeyError as e:
+        raise GraphError(f"{origin}: {e}") from None
     return normalise_config(raw, name=name, origin=origin)

@@ -95,6 +95,21 @@ def _event_label(i: int, e: dict) -> str:
     return f"event #{i} ({e.get('cat')} {str(e.get('name', ''))[:60]!r})"
 
 
+def _drop_duplicates(events: list[dict]) -> tuple[list[dict], int]:
+    """``events`` without exact duplicates (every field equal: a trace merged or written twice) of the categories
+    the importer reads; a kept duplicate kernel would add its time to its operator twice. Returns the count dropped."""
+    seen: set[str] = set()
+    out = []
+    for e in events:
+        if e.get("cat") in _CHECKED_CATS:
+            key = json.dumps(e, sort_keys=True, default=str)
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(e)
+    return out, len(events) - len(out)
+
+
 def _check_events(events: list[dict], p: Path) -> None:
     """Malformed fields of the events the importer reads are one clear ProfileImportError naming the event (never a
     traceback): ``args`` that is not an object, a ``ts`` that is not a finite number, a ``name`` that is not a
@@ -238,7 +253,7 @@ def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataF
 
 def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     doc = load_trace(p)
-    events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
+    events, duplicates = _drop_duplicates([e for e in doc["traceEvents"] if isinstance(e, dict)])
     _check_events(events, p)
     kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
     source = f"kineto:{p.name}"
@@ -272,10 +287,15 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
 
     krows, crows = [], []
     reasons: dict[str, int] = defaultdict(int)
+    absent: dict[int, int] = defaultdict(int)  # device index not in deviceProperties -> rows labelled unknown
     for key, ks in groups.items():
         ks.sort(key=lambda k: float(k.get("ts", 0)))
         did = (ks[0].get("args") or {}).get("device")
-        dname = device or devs.get(int(did) if did is not None else 0) or next(iter(devs.values()), "")
+        if device is None and did is not None and int(did) not in devs:
+            dname = ""  # unknown GPU: never another device's name (its rows are not trained on: empty Device)
+            absent[int(did)] += 1
+        else:
+            dname = device or devs.get(int(did) if did is not None else 0) or next(iter(devs.values()), "")
         ops = thread_ops.get(key[0]) if key[0] not in _UNLINKED else None
         idx = key[1] if ops is not None else -1
         if any("nccl" in k.get("name", "").lower() for k in ks):
@@ -309,7 +329,18 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
     notes = {"file": str(p), "format": "kineto", "device": sorted(set(devs.values())) if device is None else [device],
              "kernels": len(kernels), "kernel_rows": len(kdf), "mapped_rows": mapped, "unmapped_rows": len(kdf) - mapped,
              "collective_rows": len(cdf), "has_shapes": has_dims, "unmapped_reasons": dict(reasons)}
+    warnings = []
     if not has_dims:
-        notes["warning"] = ("the trace has no operator shapes ('Input Dims'): profile with record_shapes=True; "
-                            "every kernel row is kept unmapped")
+        warnings.append("the trace has no operator shapes ('Input Dims'): profile with record_shapes=True; "
+                        "every kernel row is kept unmapped")
+    if duplicates:
+        notes["duplicate_events"] = duplicates
+        warnings.append(f"{duplicates:,} exact duplicate event(s) dropped (a trace merged or written twice?)")
+    if absent:
+        notes["unknown_device_rows"] = sum(absent.values())
+        warnings.append(f"kernel(s) on device index {', '.join(map(str, sorted(absent)))} absent from the trace's "
+                        f"deviceProperties (ids {', '.join(map(str, sorted(devs)))}): {sum(absent.values()):,} "
+                        "row(s) labelled with an unknown GPU (empty Device); give --device to name it")
+    if warnings:
+        notes["warning"] = "; ".join(warnings)
     return kdf, cdf, notes

@@ -10,7 +10,8 @@ and without ``redop``/``root`` columns both parse)::
 The first ``time algbw busbw`` group is out-of-place, the second in-place (``N/A`` allowed). The collective comes
 from the ``# Collective test starting: all_reduce_perf`` line, else the file name (``all_gather_perf.log``),
 else ``collective=``; ranks, hosts and GPU name from the ``#  Rank  0 Group  0 Pid ... on HOST device 0 [..]
-NAME`` lines.
+NAME`` lines (de-duplicated by rank number). A log holding several runs (``>> log`` in a loop) is read run by run:
+each run, from its ``# Collective test starting`` / ``# nThread`` header on, has its own collective, ranks and table.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from wattcast.data.profiles.tables import ProfileImportError
 
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$")
 _TEST = re.compile(r"Collective test starting:\s*(\S+)")
+_NTHREAD = re.compile(r"^#\s*nThread\b")
+_HEADER = re.compile(r"^#\s+size\s+count\s+type")
 _DTYPES = {"float": "fp32", "half": "fp16", "bfloat16": "bf16", "double": "fp64", "int8": "int8", "uint8": "uint8",
            "int32": "int32", "uint32": "uint32", "int64": "int64", "uint64": "uint64", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 
@@ -43,24 +46,28 @@ def _num(s: str) -> float:
         return math.nan
 
 
-def import_nccl_tests(path: str | Path, collective: str | None = None, device: str | None = None) -> tuple[pd.DataFrame, dict]:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise ProfileImportError(f"{p}: cannot read ({e.strerror or e})") from None
-    lines = text.splitlines()
-    header = next((ln for ln in lines if re.match(r"^#\s+size\s+count\s+type", ln)), None)
-    if header is None:
-        raise ProfileImportError(f"{p}: no nccl-tests result table (header '# size count type ... time algbw busbw')")
-    cols = header.lstrip("#").split()
-    if "time" not in cols or "busbw" not in cols:
-        raise ProfileImportError(f"{p}: the nccl-tests header lacks 'time' / 'busbw' columns: {' '.join(cols)}")
-    first = cols.index("time")
-    groups = [i for i, c in enumerate(cols) if c == "time"]
+def _runs(lines: list[str]) -> list[list[str]]:
+    """The lines of each run of a log holding several (``... >> log`` in a loop): a run starts at its
+    ``# Collective test starting`` or ``# nThread`` line (either order; one of each per run)."""
+    runs: list[list[str]] = [[]]
+    seen: set[str] = set()  # what the current run already holds: 'test', 'nthread', 'body'
+    for ln in lines:
+        kind = "test" if _TEST.search(ln) else "nthread" if _NTHREAD.match(ln) else None
+        if kind is not None and (kind in seen or "body" in seen):
+            runs.append([])
+            seen = set()
+        if kind is not None:
+            seen.add(kind)
+        elif _RANK.match(ln) or _HEADER.match(ln) or (ln.strip()[:1].isdigit()):
+            seen.add("body")
+        runs[-1].append(ln)
+    return [r for r in runs if r]
+
+
+def _run_op(run_lines: list[str], collective: str | None, p: Path) -> str:
     op = collective
     if op is None:
-        m = _TEST.search(text)
+        m = next((m for m in map(_TEST.search, run_lines) if m), None)
         op = m.group(1) if m else None
     if op is None:
         m = re.search(r"(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|alltoall|broadcast|send_?recv)", p.name, re.I)
@@ -69,49 +76,88 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
         raise ProfileImportError(f"{p}: cannot tell which collective this nccl-tests log measured (no 'Collective test "
                                  "starting' line, no collective in the file name); give collective= / --collective")
     try:
-        op = canonical_op(op)
+        return canonical_op(op)
     except ValueError as e:
         raise ProfileImportError(f"{p}: {e}") from None
-    ranks = [m.groups() for m in map(_RANK.match, lines) if m]
-    hosts = {h for _, h, _ in ranks}
-    names = sorted({n for _, _, n in ranks})
-    dname = device or (names[0] if names else "")
-    wrong = [i for i, c in enumerate(cols) if c == "#wrong"]
+
+
+def import_nccl_tests(path: str | Path, collective: str | None = None, device: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Collective rows of every run in the log. Each run (``_runs``) is read on its own: its collective, its
+    ``# Rank`` lines (de-duplicated by rank number: a repeated line is one rank), hosts and GPU name."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ProfileImportError(f"{p}: cannot read ({e.strerror or e})") from None
+    lines = text.splitlines()
+    if not any(_HEADER.match(ln) for ln in lines):
+        raise ProfileImportError(f"{p}: no nccl-tests result table (header '# size count type ... time algbw busbw')")
     rows = []
     skipped: Counter = Counter()  # reason -> lines that are not a result row
-    for ln in lines:
-        s = ln.strip()
-        if not s or s.startswith("#") or not s[0].isdigit():
+    ops, all_names, all_hosts, world_sizes = [], set(), set(), []
+    empty_runs = 0
+    cols: list[str] | None = None  # a run without its own table header reads its rows with the previous one's
+    for run in _runs(lines):
+        header = next((ln for ln in run if _HEADER.match(ln)), None)
+        if header is not None:
+            cols = header.lstrip("#").split()
+            if "time" not in cols or "busbw" not in cols:
+                raise ProfileImportError(f"{p}: the nccl-tests header lacks 'time' / 'busbw' columns: {' '.join(cols)}")
+        results = [ln for ln in run if ln.strip()[:1].isdigit()]
+        if cols is None or not results:
+            empty_runs += bool(any(_TEST.search(ln) or _NTHREAD.match(ln) for ln in run))
             continue
-        tok = s.split()
-        if len(tok) != len(cols):  # a truncated (or run-together) line: not a result row
-            skipped["unreadable line (truncated, or not the header's column count)"] += 1
-            continue
-        d = dict(zip(cols, tok))
-        size, t_us = _num(d.get("size", "")), _num(tok[first])
-        if not (math.isfinite(size) and math.isfinite(t_us)):
-            skipped["no out-of-place time / size (N/A)"] += 1
-            continue
-        if size < 0 or t_us <= 0:
-            skipped["invalid time or size (negative or zero)"] += 1
-            continue
-        ip = _num(tok[groups[1]]) if len(groups) > 1 and len(tok) > groups[1] else math.nan
-        if not (ip > 0 and math.isfinite(ip)):
-            ip = math.nan
-        n_wrong = [_num(tok[i]) for i in wrong if i < len(tok)]
-        # NCCL's own correctness check failed (#wrong > 0): the row is kept, flagged (reason) and never trained on
-        reason = ("nccl-tests #wrong > 0: the collective returned wrong results" if any(w > 0 for w in n_wrong if w == w)
-                  else "")
-        rows.append({"op": op, "size_B": size, "dtype": _DTYPES.get(d.get("type", ""), d.get("type", "")),
-                     "world_size": len(ranks) or math.nan, "nodes": len(hosts) or math.nan,
-                     "gpus_per_node": (len(ranks) // len(hosts)) if hosts else math.nan, "time_us": t_us,
-                     "algbw_GBs": _num(tok[first + 1]), "busbw_GBs": _num(tok[first + 2]), "ip_time_us": ip,
-                     "device_name": dname, "Device": catalog_name(dname), "reason": reason, "source": f"nccl-tests:{p.name}"})
+        first = cols.index("time")
+        groups = [i for i, c in enumerate(cols) if c == "time"]
+        wrong = [i for i, c in enumerate(cols) if c == "#wrong"]
+        op = _run_op(run, collective, p)
+        ranks = {}  # rank number -> (host, GPU name); a repeated '# Rank N' line is the same rank
+        for m in map(_RANK.match, run):
+            if m:
+                ranks.setdefault(int(m.group(1)), (m.group(2), m.group(3)))
+        hosts = {h for h, _ in ranks.values()}
+        names = sorted({n for _, n in ranks.values()})
+        dname = device or (names[0] if names else "")
+        ops.append(op)
+        all_names.update(names)
+        all_hosts.update(hosts)
+        world_sizes.append(len(ranks))
+        for ln in results:
+            s = ln.strip()
+            tok = s.split()
+            if len(tok) != len(cols):  # a truncated (or run-together) line: not a result row
+                skipped["unreadable line (truncated, or not the header's column count)"] += 1
+                continue
+            d = dict(zip(cols, tok))
+            size, t_us = _num(d.get("size", "")), _num(tok[first])
+            if not (math.isfinite(size) and math.isfinite(t_us)):
+                skipped["no out-of-place time / size (N/A)"] += 1
+                continue
+            if size < 0 or t_us <= 0:
+                skipped["invalid time or size (negative or zero)"] += 1
+                continue
+            ip = _num(tok[groups[1]]) if len(groups) > 1 and len(tok) > groups[1] else math.nan
+            if not (ip > 0 and math.isfinite(ip)):
+                ip = math.nan
+            n_wrong = [_num(tok[i]) for i in wrong if i < len(tok)]
+            # NCCL's own correctness check failed (#wrong > 0): the row is kept, flagged (reason) and never trained on
+            reason = ("nccl-tests #wrong > 0: the collective returned wrong results" if any(w > 0 for w in n_wrong if w == w)
+                      else "")
+            rows.append({"op": op, "size_B": size, "dtype": _DTYPES.get(d.get("type", ""), d.get("type", "")),
+                         "world_size": len(ranks) or math.nan, "nodes": len(hosts) or math.nan,
+                         "gpus_per_node": (len(ranks) // len(hosts)) if hosts else math.nan, "time_us": t_us,
+                         "algbw_GBs": _num(tok[first + 1]), "busbw_GBs": _num(tok[first + 2]), "ip_time_us": ip,
+                         "device_name": dname, "Device": catalog_name(dname), "reason": reason,
+                         "source": f"nccl-tests:{p.name}"})
     if not rows:
         raise ProfileImportError(f"{p}: the nccl-tests table has no result rows (truncated log?)")
     bad = sum(skipped.values())
-    notes = {"file": str(p), "format": "nccl-tests", "collective": op, "device": names or ([device] if device else []),
-             "collective_rows": len(rows), "unreadable_lines": bad, "ranks": len(ranks), "hosts": len(hosts)}
+    names = sorted(all_names)
+    notes = {"file": str(p), "format": "nccl-tests", "collective": ops[0] if len(set(ops)) == 1 else ops,
+             "device": names or ([device] if device else []), "collective_rows": len(rows), "unreadable_lines": bad,
+             "ranks": world_sizes[0] if len(world_sizes) == 1 else world_sizes, "hosts": len(all_hosts)}
+    if len(ops) > 1:
+        notes["runs"] = len(ops)
     flagged = sum(1 for r in rows if r["reason"])
     reasons = dict(skipped)
     if flagged:
@@ -119,6 +165,12 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
     notes["skipped_rows"] = bad
     notes["unmapped_rows"] = flagged
     notes["unmapped_reasons"] = reasons
-    if not ranks:
-        notes["warning"] = "no '# Rank N ... device' lines: world size and GPU unknown"
+    warnings = []
+    if not all(world_sizes):
+        warnings.append("no '# Rank N ... device' lines" + (" in a run" if len(world_sizes) > 1 else "")
+                        + ": world size and GPU unknown")
+    if empty_runs:
+        warnings.append(f"{empty_runs} run(s) without result rows (truncated?) skipped")
+    if warnings:
+        notes["warning"] = "; ".join(warnings)
     return pd.DataFrame(rows), notes

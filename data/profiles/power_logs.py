@@ -8,11 +8,16 @@
   one line per GPU per sample; field ids: 155 power usage W, 203 GPU util %, 204 memory-copy util %, 100 SM clock
   MHz, 150 GPU temperature C; DCGM field reference, ``dcgm_fields.h``). DCGM prints no
   timestamp: samples are numbered per GPU (``timestamp`` = sample index). The device must be given (--device).
+
+A sample with an impossible value (``power_w`` negative, non-finite or above ``TDP_FACTOR`` x the catalog TDP, else
+``MAX_POWER_W``; a utilization outside 0-100 %) is dropped like a sample without power, counted per column in the
+notes' ``unmapped_reasons``, with a ``warning`` naming the first one's row, column and value.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import re
 from pathlib import Path
 
@@ -48,6 +53,68 @@ def _strip_units(col: pd.Series) -> pd.Series:
     return pd.to_numeric(s.where(~s.str.contains(r"N/A|Not Supported", regex=True)), errors="coerce")
 
 
+#: a sample above this power is not a measurement (a unit mix-up, a corrupt cell): 1.5x the device's TDP when the
+#: catalog knows it, else ``MAX_POWER_W``
+TDP_FACTOR = 1.5
+MAX_POWER_W = 5000.0
+#: ``unmapped_reasons`` key of the samples dropped for an impossible value, per column
+IMPOSSIBLE = {"power_w": "power_w negative, non-finite or above the device's limit (dropped)",
+              "gpu_util_pct": "gpu_util_pct outside 0-100 % (dropped)",
+              "mem_util_pct": "mem_util_pct outside 0-100 % (dropped)"}
+
+
+def _power_cap(device: str) -> tuple[float, str]:
+    from wattcast.data.catalog import find_device
+
+    spec = find_device(device) if device else None
+    if spec is not None and spec.tdp_w:
+        return TDP_FACTOR * float(spec.tdp_w), f"{TDP_FACTOR:g}x the {spec.name} TDP {spec.tdp_w:g} W"
+    return MAX_POWER_W, f"{MAX_POWER_W:g} W (device TDP unknown)"
+
+
+def _drop_impossible(out: pd.DataFrame, where: list[str], p: Path, notes: dict) -> pd.DataFrame:
+    """``out`` without the samples holding a physically impossible value (the module drops bad rows, counted): a
+    ``power_w`` below 0, non-finite or above ``_power_cap``, a utilization outside [0, 100] or non-finite. Empty
+    cells (NaN) are not impossible (they are counted as rows without power). The count goes to the notes'
+    ``unmapped_reasons`` and a ``warning`` naming the first offending column, row and value."""
+    caps = {d: _power_cap(d) for d in set(out["Device"])}
+    cap = out["Device"].map(lambda d: caps[d][0]).astype(float)
+    pw = out["power_w"].astype(float)
+    checks = [(pw.notna() & ~(np.isfinite(pw) & (pw >= 0) & (pw <= cap)), "power_w")]
+    for c in ("gpu_util_pct", "mem_util_pct"):
+        if c in out:
+            v = out[c].astype(float)
+            checks.append((v.notna() & ~(np.isfinite(v) & (v >= 0) & (v <= 100)), c))
+    bad = pd.Series(False, index=out.index)
+    for m, _ in checks:
+        bad |= m
+    first = None
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        row = out.iloc[i]
+        c = next(c for m, c in checks if m.iloc[i])
+        v = float(row[c])
+        if c == "power_w":
+            why = "is negative" if v < 0 else "is not finite" if not math.isfinite(v) else \
+                f"is above {caps[row['Device']][1]}"
+            first = f"{where[i]}: column power_w value {v:g} W {why}"
+        else:
+            first = f"{where[i]}: column {c} value {v:g} % is outside 0-100 %"
+    n = int(bad.sum())
+    if n:
+        reasons = notes.setdefault("unmapped_reasons", {})
+        for m, c in checks:
+            if m.any():
+                reasons[IMPOSSIBLE[c]] = int(m.sum())
+        notes["impossible_samples"] = n
+        msg = f"{n:,} sample(s) with an impossible value dropped (first: {first})"
+        notes["warning"] = f"{notes['warning']}; {msg}" if notes.get("warning") else msg
+        out = out[~bad]
+        if out["power_w"].notna().sum() == 0:
+            raise ProfileImportError(f"{p}: no usable power sample: {first}")
+    return out
+
+
 def import_nvidia_smi(path: str | Path, device: str | None = None) -> tuple[pd.DataFrame, dict]:
     p = Path(path)
     try:
@@ -78,12 +145,15 @@ def import_nvidia_smi(path: str | Path, device: str | None = None) -> tuple[pd.D
     out["device_name"] = names.to_numpy()
     out["Device"] = [catalog_name(n) for n in out["device_name"]]
     out["source"] = f"nvidia-smi:{p.name}"
+    notes: dict = {}
+    if out["power_w"].notna().any():
+        out = _drop_impossible(out, [f"data row {i + 1}" for i in range(len(out))], p, notes)
     bad = int(out["power_w"].isna().sum())
     out = out[out["power_w"].notna()].reset_index(drop=True)
     if out.empty:
         raise ProfileImportError(f"{p}: no sample with a numeric power.draw")
     notes = {"file": str(p), "format": "nvidia-smi", "power_rows": len(out), "rows_without_power": bad,
-             "device": sorted(set(out["device_name"]))}
+             "device": sorted(set(out["device_name"])), **notes}
     if ignored:
         notes["ignored_columns"] = ignored
     return out, notes
@@ -97,7 +167,8 @@ def import_dcgm(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise ProfileImportError(f"{p}: cannot read ({e.strerror or e})") from None
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    numbered = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    lines = [ln for _, ln in numbered]
     head = next((ln for ln in lines if re.match(r"^#?\s*Entity", ln)), None)
     if head is None:
         raise ProfileImportError(f"{p}: no DCGM header ('#Entity ID POWER GPUTL ...')")
@@ -107,8 +178,8 @@ def import_dcgm(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
         cols = ["Entity", *cols[2:]]  # '#Entity  ID' is one column holding 'GPU 0'
     if not any(c in _DCGM and _DCGM[c] == "power_w" for c in cols):
         raise ProfileImportError(f"{p}: DCGM log lacks a POWER column (dmon -e 155)")
-    rows, bad = [], 0
-    for ln in lines:
+    rows, bad, where = [], 0, []
+    for n, ln in numbered:
         if ln.lstrip().startswith("#") or ln.strip().startswith("ID"):
             continue
         tok = [t.strip() for t in ln.split(",")] if sep else ln.split()
@@ -118,6 +189,7 @@ def import_dcgm(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
             bad += 1
             continue
         rows.append(dict(zip(cols, tok)))
+        where.append(f"line {n}")
     if not rows:
         raise ProfileImportError(f"{p}: the DCGM log has no sample lines")
     df = pd.DataFrame(rows)
@@ -131,12 +203,15 @@ def import_dcgm(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
     out["device_name"] = device
     out["Device"] = catalog_name(device)
     out["source"] = f"dcgm:{p.name}"
+    notes: dict = {}
+    if out["power_w"].notna().any():
+        out = _drop_impossible(out, where, p, notes)
     n0 = len(out)
     out = out[out["power_w"].notna()].reset_index(drop=True)
     if out.empty:
         raise ProfileImportError(f"{p}: no DCGM sample with a numeric POWER value")
     return out, {"file": str(p), "format": "dcgm", "power_rows": len(out), "rows_without_power": n0 - len(out) + bad,
-                 "device": [device]}
+                 "device": [device], **notes}
 
 
 def sniff(text: str) -> str | None:
