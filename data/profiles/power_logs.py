@@ -16,7 +16,6 @@ notes' ``unmapped_reasons``, with a ``warning`` naming the first one's row, colu
 
 from __future__ import annotations
 
-import io
 import math
 import re
 from pathlib import Path
