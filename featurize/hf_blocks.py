@@ -24,10 +24,20 @@ def merge_heads(b: GraphBuilder, x: Tensor, name: str = "merge_heads") -> Tensor
 def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: str, mask: str, dropout_p: float,
                     mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False,
                     strided: tuple[bool, bool, bool] = (False, False, False),
-                    bias_shape: tuple[int, ...] | None = None, softcap: float | None = None) -> Tensor:
+                    bias_shape: tuple[int, ...] | None = None, softcap: float | None = None,
+                    sinks: bool = False) -> Tensor:
     """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), an additive
     position bias of ``bias_shape`` (ALiBi's (1, h, 1, S); none by default), mask (``where`` causal with a
     bool (1, 1, S, S) mask, ``add`` additive, ``none``), softmax, dropout, PV. Tagged ``attn_core``.
+
+    ``sinks`` (gpt-oss's ``eager_attention_forward``): each head's learned sink logit joins every row of the masked
+    scores as one more column (``torch.cat``: a copy of the (B, h, S, S) scores to (B, h, S, S+1); its backward hands
+    each input a view of the gradient, no kernel), the row max is subtracted (a max reduction to (B, h, S, 1) and a
+    broadcast subtract, both differentiated by autograd), the softmax runs over S+1 columns and the sink column is
+    dropped by ``probs[..., :-1]``: a view, no kernel (``torch.matmul`` folds its batch dims without a copy and the
+    GEMM reads rows of stride S+1); dropout (none at p = 0) and PV read that view. The view's backward (a zero-filled
+    (B, h, S, S+1) gradient with the (B, h, S, S) one copied in) is not a kernel here: the builder has no
+    backward-only op. The sink parameters are the caller's.
 
     ``strided`` (q, k, v): the operand is a head-permuted view ``x.view(B, S, h, d).permute(0, 2, 1, 3)``
     of a projection. ``torch.matmul`` on 4-D operands folds the batch dims with ``reshape``, which cannot
@@ -56,7 +66,14 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
             scores = b.elementwise("where" if mask == "where" else "add", scores, m, name="attn.mask")
         if clamp_min:
             scores = b.elementwise("maximum", scores, 0.0, name="attn.clamp")
+        if sinks:
+            wide = (bs, h, s, skv + 1)
+            cat = b.copy(Tensor(wide, scores.dtype, scores.node, scores.tid), name="attn.sinks_cat", grad=False)
+            row_max = b.reduction(cat, (bs, h, s, 1), name="attn.sinks_max")
+            scores = b.elementwise("sub", cat, row_max, name="attn.sinks_sub_max")
         probs = b.softmax(scores, name="attn.softmax")
+        if sinks:  # probs[..., :-1]: the sink column dropped by a view
+            probs = Tensor((bs, h, s, skv), probs.dtype, probs.node, probs.tid)
         probs = b.dropout(probs, dropout_p, name="attn.dropout")
         if strided[2]:
             v = b.copy(v, name="attn.v_reshape")

@@ -47,7 +47,7 @@ MODEL_TYPES: dict[str, str] = {
     "refinedwebmodel": "falcon",
     "mixtral": "mixtral",
     "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3",
-    "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe",
+    "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "gpt_oss": "gpt_oss",
     "deepseek_v2": "deepseek", "deepseek_v3": "deepseek",
     "bert": "bert",
     "switch_transformers": "switch", "t5": "switch",
@@ -67,12 +67,19 @@ TORCH_DTYPES = ("float32", "float", "float16", "half", "bfloat16", "float64", "d
 #: families whose positions are rotary (RoPE): a sequence beyond max_position_embeddings still runs (the step is well
 #: defined) but is outside the trained context unless rope_scaling extends it; a warning, not an error
 ROPE_FAMILIES = ("llama", "gemma", "mixtral", "gpt_neox", "falcon", "qwen3", "phi3", "gemma2", "gemma3", "deepseek",
-                 "qwen2_moe", "qwen3_moe")
+                 "qwen2_moe", "qwen3_moe", "gpt_oss")
 #: Qwen's sparse MoE families (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock): ``decoder_sparse_step`` and
 #: ``mlp_only_layers`` pick the sparse layers, the others are dense
 QWEN_MOE_FAMILIES = ("qwen2_moe", "qwen3_moe")
 #: ``transformers``' defaults of the Qwen MoE configs (Qwen2MoeConfig, Qwen3MoeConfig): experts per layer and top-k
 _QWEN_MOE_DEFAULTS = {"qwen2_moe": (60, 4), "qwen3_moe": (128, 8)}
+#: ``transformers``' GptOssConfig defaults of the fields a gpt-oss config may leave out (both published models set them
+#: all): experts per layer, top-k, the head size (not hidden / heads: 2,880 / 64 would be 45), each expert's width,
+#: the sliding window of the local layers
+GPT_OSS_DEFAULTS = {"num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64, "intermediate_size": 2880,
+                    "sliding_window": 128}
+#: the attention kinds of gpt-oss's ``layer_types``: a causal window of ``sliding_window`` keys, or the whole prefix
+GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 def builtin_models() -> list[str]:
@@ -133,6 +140,8 @@ class HFConfig:
         ``transformers``, the number their graphs build)."""
         if self.family == "mixtral":
             return self.count("num_local_experts", "num_experts", default=8)
+        if self.family == "gpt_oss":
+            return self.count("num_local_experts", "num_experts", default=GPT_OSS_DEFAULTS["num_local_experts"])
         if self.family == "deepseek":  # routed experts (the shared ones run on every token, outside the router)
             return self.count("n_routed_experts", default=0, minimum=0) or None
         if self.family == "switch":
@@ -145,10 +154,11 @@ class HFConfig:
 
     @property
     def experts_per_token(self) -> int:
-        """The router's top-k (``num_experts_per_tok``; default 2, Qwen2-MoE's 4, Qwen3-MoE's 8 as in
+        """The router's top-k (``num_experts_per_tok``; default 2, Qwen2-MoE's 4, Qwen3-MoE's 8, gpt-oss's 4 as in
         ``transformers``), between 1 and the expert count."""
         n_exp = self.n_experts or 0
-        default = _QWEN_MOE_DEFAULTS[self.family][1] if self.family in QWEN_MOE_FAMILIES else 2
+        default = (_QWEN_MOE_DEFAULTS[self.family][1] if self.family in QWEN_MOE_FAMILIES
+                   else GPT_OSS_DEFAULTS["num_experts_per_tok"] if self.family == "gpt_oss" else 2)
         top_k = self.count("num_experts_per_tok", default=default)
         if top_k > n_exp:
             key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if self.raw.get(k) is not None),
@@ -175,7 +185,10 @@ class HFConfig:
 
     @property
     def layers_alike(self) -> bool:
-        """Whether every block of the decoder is of one kind (all sparse or all dense)."""
+        """Whether every block of the decoder is of one kind (all sparse or all dense; for gpt-oss also all of one
+        attention kind: its default alternates sliding-window and full layers, which are not alike)."""
+        if self.family == "gpt_oss" and len(set(gpt_oss_layer_types(self))) > 1:
+            return False
         return len({self.moe_layer(i) for i in range(self.n_layers)}) <= 1
 
 
@@ -189,6 +202,39 @@ def qwen_mlp_only_layers(cfg: HFConfig) -> frozenset[int]:
         raise GraphError(f"{cfg.name}: field 'mlp_only_layers' must be a list of layer indices (whole numbers from 0), "
                          f"got {v!r}")
     return frozenset(v)
+
+
+def gpt_oss_layer_types(cfg: HFConfig) -> tuple[str, ...]:
+    """The attention kind of each of the decoder's ``cfg.n_layers`` blocks (:data:`GPT_OSS_LAYER_TYPES`): the config's
+    ``layer_types`` list when it gives one, else GptOssConfig's default, even layers (0, 2, ...) ``sliding_attention``
+    and odd ones ``full_attention``. (:func:`check_gpt_oss` checks the list's length against the layers when the config
+    is loaded; a graph built with fewer blocks takes the first ones.)"""
+    v = cfg.raw.get("layer_types")
+    if v is None:
+        return tuple(GPT_OSS_LAYER_TYPES[i % 2] for i in range(cfg.n_layers))
+    if not isinstance(v, (list, tuple)) or any(t not in GPT_OSS_LAYER_TYPES for t in v):
+        bad = v if not isinstance(v, (list, tuple)) else next(t for t in v if t not in GPT_OSS_LAYER_TYPES)
+        raise GraphError(f"{cfg.name}: field 'layer_types' must be a list of {' or '.join(map(repr, GPT_OSS_LAYER_TYPES))}"
+                         f" (one per layer), got {bad!r}")
+    return tuple(v[:cfg.n_layers])
+
+
+def check_gpt_oss(cfg: HFConfig, origin: str) -> None:
+    """The rules of a gpt-oss config, naming the field: ``layer_types`` one known kind per layer, ``sliding_window`` a
+    positive integer, ``num_experts_per_tok`` between 1 and ``num_local_experts``, and the OpenAI key
+    ``experts_per_token`` (the published files carry both) equal to it when given."""
+    gpt_oss_layer_types(cfg)  # a list of known kinds
+    given = cfg.raw.get("layer_types")
+    if given is not None and len(given) != cfg.n_layers:
+        raise GraphError(f"{origin}: field 'layer_types' lists {len(given)} layers, but {_alias(cfg.raw, 'n_layers')} is "
+                         f"{cfg.n_layers}: it needs one entry per layer")
+    cfg.count("sliding_window", default=GPT_OSS_DEFAULTS["sliding_window"])
+    top_k = cfg.experts_per_token
+    other = cfg.count("experts_per_token")
+    if other is not None and other != top_k:
+        raise GraphError(f"{origin}: field 'experts_per_token' ({other}) differs from 'num_experts_per_tok' ({top_k}): "
+                         "transformers routes by num_experts_per_tok; give one value")
+    cfg.flag("attention_bias", True)
 
 
 def check_qwen_moe(cfg: HFConfig, origin: str) -> None:
@@ -457,6 +503,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     mt, hidden, heads = m.model_type, m.hidden, m.n_heads
     family = MODEL_TYPES[mt]
     hd = m.head_dim
+    if hd is None and family == "gpt_oss":  # GptOssConfig's default, not hidden / heads
+        hd = GPT_OSS_DEFAULTS["head_dim"]
     if hd is None and family == "deepseek":
         # multi-head latent attention sizes its heads by qk_nope + qk_rope (queries, keys) and v_head_dim (values):
         # the hidden size need not divide by the heads; the nominal head size is the value head's
@@ -489,6 +537,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         kv = 1  # FalconAttention: num_kv_heads counts only in the new decoder or without multi_query
     if heads % kv:
         raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
+    if ffn is None and family == "gpt_oss":  # each expert's width: GptOssConfig's default
+        ffn = GPT_OSS_DEFAULTS["intermediate_size"]
     ffn = 4 * hidden if ffn is None else ffn
     maxpos = m.max_positions or 0  # 0 = not given (no limit known)
     act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()
@@ -500,6 +550,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         cfg.experts_per_token
     if family in QWEN_MOE_FAMILIES:
         check_qwen_moe(cfg, origin)
+    if family == "gpt_oss":
+        check_gpt_oss(cfg, origin)
     return cfg
 
 

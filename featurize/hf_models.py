@@ -14,6 +14,9 @@ Each generator emits the kernels the matching ``transformers`` class launches in
 - ``qwen2_moe`` / ``qwen3_moe`` (Qwen2MoeForCausalLM / Qwen3MoeForCausalLM): Qwen2's / Qwen3's attention, sparse
   blocks of ``num_experts`` experts of ``moe_intermediate_size`` (Qwen2-MoE adds a gated shared expert) on the layers
   ``decoder_sparse_step`` and ``mlp_only_layers`` pick, dense SwiGLU MLPs on the others.
+- ``gpt_oss`` (GptOssForCausalLM): biased q/k/v/o projections, per-head attention sinks, sliding-window and full
+  layers as ``layer_types`` alternates them, a sparse block on every layer: a biased router, top-k then softmax, experts
+  with biased ``gate_up_proj``/``down_proj`` and the clamped SwiGLU (:func:`gpt_oss`).
 - ``bert`` (BertForPreTraining for training with MLM + NSP heads and losses;
   BertForSequenceClassification for inference).
 - ``switch`` (SwitchTransformersForConditionalGeneration / T5): see :mod:`wattcast.featurize.hf_switch`.
@@ -31,7 +34,8 @@ from typing import Callable, Mapping
 
 from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
                                           merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding)
-from wattcast.featurize.hf_config import QWEN_MOE_FAMILIES, HFConfig, bool_field, fraction_field
+from wattcast.featurize.hf_config import (GPT_OSS_DEFAULTS, QWEN_MOE_FAMILIES, HFConfig, bool_field, fraction_field,
+                                          gpt_oss_layer_types)
 from wattcast.featurize.hf_switch import switch
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
@@ -462,7 +466,8 @@ def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *,
 
 
 def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, expert_ffn: int | None = None,
-         scoring: str = "softmax", megatron: bool = False, normalise: bool = True) -> Tensor:
+         scoring: str = "softmax", megatron: bool = False, normalise: bool = True, router_bias: bool = False,
+         topk_first: bool = False, expert: Callable[..., Tensor] | None = None) -> Tensor:
     """Mixtral sparse MoE block (HF eager: per expert gather, SwiGLU, scale by the routing weight, index_add).
 
     Expert parallelism (``b.ep``) gives each rank num_experts/ep experts; tokens travel by all-to-all to
@@ -477,7 +482,12 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     (``--moe-token-dispatcher-type alltoall --moe-grouped-gemm``, the Mixtral/DeepSeek recipes): the permuted tokens
     are contiguous per expert (no per-expert gather), each local expert's FC1 (gate and up) -> fused SwiGLU -> FC2
     (the grouped GEMM costed as its per-expert GEMMs, one launch each), and one fused unpermute that weights by the
-    routing probabilities and sums each token's top-k rows (``moe_unpermute``)."""
+    routing probabilities and sums each token's top-k rows (``moe_unpermute``).
+
+    gpt-oss (GptOssTopKRouter, GptOssExperts): ``router_bias``: the router ``Linear`` has a bias (named ``moe.router``,
+    HF's ``mlp.router``); ``topk_first``: top-k on the logits, then the softmax over the k chosen values ((tokens, k):
+    the weights sum to one, nothing to renormalise; the top-k values carry the gradient back to the logits);
+    ``expert``: each expert's layers, ``expert(cfg, b, rows, ffn, prefix)`` in place of the SwiGLU (Hugging Face path)."""
     n_exp, top_k = cfg.n_experts, cfg.experts_per_token  # checked: positive integers, top_k <= n_exp
     ffn = expert_ffn or cfg.ffn
     if n_exp % b.ep:
@@ -485,12 +495,17 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     h = cfg.hidden
     t = x.numel // h  # this rank's tokens (a sequence shard under sequence parallelism)
     flat = b.view(x, (t, h))
-    logits = b.linear(flat, n_exp, bias=False, name="moe.gate", fp8=False)  # the router stays in bf16
-    probs = (b.elementwise("sigmoid", logits, name="moe.router_sigmoid") if scoring == "sigmoid"
-             else b.softmax(logits, name="moe.router_softmax"))
-    b.opaque("moe.topk", [probs], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False)
-    w = Tensor((t, top_k), probs.dtype, probs.node, probs.tid)
-    if normalise:
+    # the router stays in bf16
+    logits = b.linear(flat, n_exp, bias=router_bias, name="moe.router" if router_bias else "moe.gate", fp8=False)
+    if topk_first:  # gpt-oss: softmax over the top-k logits
+        top = b.opaque("moe.topk", [logits], (t, top_k), flops=float(t * n_exp), op_class="other")
+        w = b.softmax(top, name="moe.router_softmax")
+    else:
+        probs = (b.elementwise("sigmoid", logits, name="moe.router_sigmoid") if scoring == "sigmoid"
+                 else b.softmax(logits, name="moe.router_softmax"))
+        b.opaque("moe.topk", [probs], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False)
+        w = Tensor((t, top_k), probs.dtype, probs.node, probs.tid)
+    if normalise and not topk_first:
         w = b.elementwise("div", w, b.input((t, 1)), name="moe.normalise")
     # routing: every expert gets tokens * top_k / n_experts tokens when balanced; ``b.moe_load`` scales what this rank's
     # experts receive (the busiest expert-parallel rank, or capacity padding: simulate/moe_routing.py)
@@ -501,7 +516,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     if b.ep > 1:
         routed = b.all_to_all(routed, name="moe.dispatch")
     with b.expert_tp():  # the experts' tensor parallelism (etp ranks; tp unless --expert-tensor-parallel-size)
-        combined = _moe_experts(cfg, b, routed, n_exp, ffn, megatron)
+        combined = _moe_experts(cfg, b, routed, n_exp, ffn, megatron, expert)
     if b.ep > 1:
         combined = b.all_to_all(combined, name="moe.combine")
     if b.moe_load != 1.0:  # back to this rank's own tokens' top-k rows
@@ -514,10 +529,12 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     return Tensor(x.shape, out.dtype, out.node, out.tid)
 
 
-def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn: int, megatron: bool) -> Tensor:
+def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn: int, megatron: bool,
+                 expert: Callable[..., Tensor] | None = None) -> Tensor:
     """The routed experts of one rank on the rows it received (after the expert-parallel dispatch): the dispatcher's
     gather over the expert-tensor-parallel group, the local experts, its scatter back; inside
-    :meth:`GraphBuilder.expert_tp`, so ``b.tp`` is the experts' degree."""
+    :meth:`GraphBuilder.expert_tp`, so ``b.tp`` is the experts' degree. ``expert``: a Hugging Face expert other than
+    the SwiGLU (gpt-oss's, :func:`_gpt_oss_expert`)."""
     h = cfg.hidden
     # under sequence parallelism: gathers every shard's tokens, which the experts keep for backward (the gather is the
     # dispatcher's, Megatron-Core's gather_from_sequence_parallel_region, not their linear layers')
@@ -540,7 +557,8 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
                                       act_tag="moe_act")
             else:
                 xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
-                ye = _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False, act_tag="moe_act")
+                ye = (expert(cfg, b, xe, ffn, f"experts.{e}") if expert is not None
+                      else _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False, act_tag="moe_act"))
             outs.append(ye)
     last = outs[-1]
     combined = Tensor((rows, h), last.dtype, last.node, last.tid)
@@ -910,6 +928,121 @@ def qwen3_moe(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str
 
 
 # --------------------------------------------------------------------------------------------
+# OpenAI gpt-oss
+# --------------------------------------------------------------------------------------------
+
+def _gpt_oss_rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
+    """gpt-oss's ``_apply_rotary_emb`` on one of q/k: the two halves of each head (``torch.chunk``: views) against
+    (B, 1, S, d/2) cos and sin tables, ``x1 * cos - x2 * sin`` and ``x2 * cos + x1 * sin`` (four multiplies, a
+    subtract and an add on half-width tensors), then their ``torch.cat`` (a copy to (B, h, S, d); its backward hands
+    each half a view of the gradient, no kernel)."""
+    bs, h, s, d = x.shape
+    half = (bs, h, s, d // 2)
+    cos = b.input((bs, 1, s, d // 2), requires_grad=False)
+    sin = b.input((bs, 1, s, d // 2), requires_grad=False)
+    x1, x2 = Tensor(half, x.dtype, x.node, x.tid), Tensor(half, x.dtype, x.node, x.tid)
+    first = b.elementwise("sub", b.elementwise("mul", x1, cos, name=f"{name}.x1_cos"),
+                          b.elementwise("mul", x2, sin, name=f"{name}.x2_sin"), name=f"{name}.first")
+    b.elementwise("add", b.elementwise("mul", x2, cos, name=f"{name}.x2_cos"),
+                  b.elementwise("mul", x1, sin, name=f"{name}.x1_sin"), name=f"{name}.second")
+    return b.copy(Tensor((bs, h, s, d), first.dtype, first.node, first.tid), name=f"{name}.cat", grad=False)
+
+
+def _gpt_oss_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
+                       window: int | None) -> Tensor:
+    """GptOssAttention: q/k/v/o projections with biases (``attention_bias``, default true), RoPE (:func:`_gpt_oss_rope`),
+    grouped-query attention with per-head learned sinks (``num_attention_heads`` parameters: one logit per head joined
+    to every row of the scores, :func:`~wattcast.featurize.hf_blocks.eager_attention` with ``sinks``), ``window``: the
+    sliding window of a ``sliding_attention`` layer (None on a ``full_attention`` one).
+
+    Eager (``eager_attention_forward``): the full S x S scores under an additive mask that carries the window (the
+    sliding layers cost what the full ones do), repeat_kv copies of K and V. ``attention="flash"``: one fused kernel
+    (FlashAttention-3 / FlexAttention with the sinks as ``s_aux``) that skips the blocks outside the window on the
+    sliding layers; the sinks cost one extra logit per query row inside it, no kernel of their own."""
+    nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
+    bias = cfg.flag("attention_bias", True)
+    x = b.tp_enter(x, name="self_attn.enter")
+    q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj", parallel="col"), nhl, d)
+    k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj", parallel="col"), nkvl, d)
+    v = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.v_proj", parallel="col"), nkvl, d)
+    q = _gpt_oss_rope(b, q, "rope.q")
+    k = _gpt_oss_rope(b, k, "rope.k")
+    b.add_params(nhl)  # self_attn.sinks: one logit per (local) head
+    if impl == "flash":
+        a = b.flash_attention(q, k, v, causal=True, name="attn.flash", window=window)
+    else:
+        k = repeat_kv(b, k, nhl // nkvl, "repeat_kv.k")
+        v = repeat_kv(b, v, nhl // nkvl, "repeat_kv.v")
+        a = eager_attention(b, q, k, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
+                            mask_shape=(batch, 1, seq, seq), strided=(False, False, nhl == nkvl), sinks=True)
+    a = merge_heads(b, a, name="self_attn.transpose")
+    return b.tp_exit(b.linear(a, cfg.hidden, bias=bias, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
+
+
+def _gpt_oss_expert(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str) -> Tensor:
+    """One expert of GptOssExperts' eager loop on its gathered rows ``x``: ``x @ gate_up_proj[e] + gate_up_proj_bias[e]``
+    (a GEMM to 2 x ffn and a bias add: two kernels), the gate and up halves as strided views (``[..., ::2]``,
+    ``[..., 1::2]``), the clamped SwiGLU (``_apply_gate``: gate.clamp(max=limit), up.clamp(-limit, limit),
+    gate * alpha, sigmoid, gate * sigmoid, up + 1, (up + 1) * glu: seven elementwise kernels, ``swiglu_limit`` 7 and
+    ``swiglu_alpha`` 1.702 changing none of them), then ``@ down_proj[e] + down_proj_bias[e]`` (GEMM and bias add).
+
+    The clamps are costed as scalar selects; their backward is clamp_backward's compares and ``where``: the one-sided
+    clamp as a ``where`` (one masked copy of the gradient), the two-sided one as a ``minimum`` (compare, select and fill
+    kernels, keeping the input as clamp does). Under expert tensor parallelism gate_up is split by columns and
+    down_proj by rows like a dense MLP (Hugging Face's path has none; Megatron-Core's folding is modelled generically)."""
+    limit = 7.0
+    gu = b.linear(x, 2 * ffn, bias=False, name=f"{prefix}.gate_up_proj", parallel="col")
+    width = gu.shape[-1]
+    gu = b.elementwise("add", gu, b.input((width,)), name=f"{prefix}.gate_up_proj_bias", params=width)
+    half = (*gu.shape[:-1], width // 2)
+    gate, up = Tensor(half, gu.dtype, gu.node, gu.tid), Tensor(half, gu.dtype, gu.node, gu.tid)
+    with b.tag("moe_act"):  # the experts' activation (Megatron-Core's recompute module name)
+        gate = b.elementwise("where", gate, limit, name=f"{prefix}.clamp_gate")
+        up = b.elementwise("minimum", up, limit, name=f"{prefix}.clamp_up")
+        z = b.elementwise("mul", gate, 1.702, name=f"{prefix}.alpha")
+        z = b.elementwise("sigmoid", z, name=f"{prefix}.sigmoid")
+        glu = b.elementwise("mul", gate, z, name=f"{prefix}.glu")
+        up = b.elementwise("add", up, 1.0, name=f"{prefix}.up_plus_one")
+        y = b.elementwise("mul", up, glu, name=f"{prefix}.gated")
+    y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj", parallel="row")
+    return b.elementwise("add", y, b.input((cfg.hidden,)), name=f"{prefix}.down_proj_bias", params=cfg.hidden)
+
+
+def gpt_oss(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
+    """OpenAI gpt-oss (``gpt_oss``) as ``transformers``' GptOssForCausalLM runs it: token embedding; per block an
+    RMSNorm, :func:`_gpt_oss_attention` (sliding window of ``sliding_window`` keys, default 128, on the
+    ``sliding_attention`` layers of ``layer_types``, default the even ones; the odd ones attend to the whole prefix),
+    the residual add, an RMSNorm and the sparse block on every layer (GptOssMLP): the router ``Linear(hidden,
+    num_local_experts)`` with a bias, top-k (``num_experts_per_tok``) on its logits and a softmax over the k chosen,
+    each token's rows gathered to its experts (tokens balanced over experts, as for Mixtral), each expert
+    :func:`_gpt_oss_expert` of ``intermediate_size``, the outputs weighted by the routing scores and summed back
+    (``index_add_``); a final RMSNorm and the untied LM head (``tie_word_embeddings`` default false). The RMSNorms are
+    Llama's eager kernels (gpt-oss applies the weight before the cast back, an equal count).
+
+    Hugging Face's path only: :func:`wattcast.featurize.workload` refuses ``--framework megatron`` for it."""
+    types = gpt_oss_layer_types(cfg)
+    window = cfg.count("sliding_window", default=GPT_OSS_DEFAULTS["sliding_window"])
+    ids = b.input((batch, seq), "fp32")
+    with b.layer(-1, "model.embed_tokens"):
+        x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
+    for i in range(cfg.n_layers):
+        with b.layer(i, f"model.layers.{i}"):
+            y = rms_norm_eager(b, x, "input_layernorm", module="layernorm")
+            a = _gpt_oss_attention(cfg, b, y, batch, seq, impl,
+                                   window if types[i] == "sliding_attention" else None)
+            x = b.elementwise("add", x, a, name="residual_1")
+            y = rms_norm_eager(b, x, "post_attention_layernorm", module="layernorm")
+            with b.tag("moe"):  # Megatron-Core's recompute module name (featurize/recompute.py)
+                y = _moe(cfg, b, y, batch, seq, normalise=False, router_bias=True, topk_first=True,
+                         expert=_gpt_oss_expert)
+            x = b.elementwise("add", x, y, name="residual_2")
+    with b.layer(cfg.n_layers, "lm_head"):
+        x = rms_norm_eager(b, x, "norm")
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train)
+
+
+# --------------------------------------------------------------------------------------------
 # BERT
 # --------------------------------------------------------------------------------------------
 
@@ -972,5 +1105,5 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
 GENERATORS: dict[str, Callable[..., None]] = {
     "gpt2": gpt2, "mpt": mpt, "gpt_neox": gpt_neox, "bloom": bloom, "falcon": falcon, "opt": opt, "llama": llama, "gemma": gemma, "mixtral": mixtral,
     "qwen3": qwen3, "phi3": phi3, "gemma2": gemma2, "gemma3": gemma3, "deepseek": deepseek, "bert": bert, "switch": switch,
-    "qwen2_moe": qwen2_moe, "qwen3_moe": qwen3_moe,
+    "qwen2_moe": qwen2_moe, "qwen3_moe": qwen3_moe, "gpt_oss": gpt_oss,
 }

@@ -197,6 +197,10 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                      ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None,
                      flash_kernel=opts.flash_kernel, etp=opts.etp)
     b.moe_load = float(opts.moe_load)
+    if cfg.family == "gpt_oss" and opts.framework in ("megatron", "megatron-deepspeed"):
+        raise GraphError(f"{cfg.name}: gpt-oss (model_type gpt_oss) is built for the Hugging Face path only (--framework "
+                         f"hf), not {opts.framework}: its attention sinks and clamped SwiGLU experts are not modelled in "
+                         "Megatron-Core's layer spec here")
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
     if opts.framework == "megatron" and cfg.family not in ("gpt2", *_MEGATRON_LLAMA_FAMILIES, "deepseek"):

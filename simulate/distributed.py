@@ -552,9 +552,11 @@ def _hashable_trips(v):
 #: families whose transformer blocks are all alike. Their rank graph is built with ``_SHORT_LAYERS`` blocks and
 #: the middle block stands for blocks 1 .. L-2 (every per-layer and whole-model sum counts it L-2 times): exact,
 #: and L/3 times cheaper to build, which is what makes strategy search fast for 100-layer models. Qwen-MoE configs
-#: are alike only when every layer is sparse (or every one dense): ``HFConfig.layers_alike``, checked per config.
+#: are alike only when every layer is sparse (or every one dense), gpt-oss configs only when every layer has one
+#: attention kind (its default alternates sliding-window and full layers: built whole, as Gemma 2/3 always are):
+#: ``HFConfig.layers_alike``, checked per config.
 _UNIFORM_FAMILIES = ("gpt2", "mpt", "gpt_neox", "bloom", "falcon", "opt", "llama", "gemma", "mixtral", "bert", "qwen3", "phi3",
-                     "qwen2_moe", "qwen3_moe")
+                     "qwen2_moe", "qwen3_moe", "gpt_oss")
 _SHORT_LAYERS = 3
 
 

@@ -28,9 +28,11 @@ def test_every_builtin_has_the_same_parameters_and_gemms_under_eager_and_flash(m
     """The attention kernel changes the attention core only: the projections (o_proj among them) and so the parameter
     count and the GEMM FLOPs are the same under eager, flash and flash1. DeepSeek-V3 is built with 5 of its 61 blocks
     (its three dense blocks and two MoE ones: every kind of block it has), the whole of it below; the Qwen3-MoE ones with
-    3 blocks (all their blocks are alike: tests/test_qwen_moe.py counts them whole)."""
+    3 blocks (all their blocks are alike: tests/test_qwen_moe.py counts them whole); gpt-oss-120b with 4 (two sliding-window
+    and two full layers; tests/test_gpt_oss.py counts it whole)."""
     kw = ({"blocks": DSV3_DENSE + 2} if model == "deepseek_v3"
-          else {"blocks": 3} if model in ("qwen3_30b_a3b", "qwen3_235b_a22b") else {})
+          else {"blocks": 3} if model in ("qwen3_30b_a3b", "qwen3_235b_a22b")
+          else {"blocks": 4} if model == "gpt_oss_120b" else {})
     graphs = {a: _graph(model, a, **kw) for a in ("eager", "flash", "flash1")}
     counts = {a: g.param_count for a, g in graphs.items()}
     gemm = {a: float(g.nodes.loc[g.nodes["op_class"] == "linear", "flops"].sum()) for a, g in graphs.items()}
