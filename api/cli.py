@@ -184,6 +184,26 @@ def _table_console() -> Console:
     return con if con.is_terminal else Console(width=1000)
 
 
+def _resolve_device_arg(name: str, what: str):
+    """The DeviceSpec ``name`` gives (a catalog name or alias, or a spec file), or a clear error (exit 2). A catalog
+    name wins over a file of that name; an existing path that is not a spec file (a folder, a .csv) is said to be
+    one, not reported as an unknown device with the catalog's closest names."""
+    from wattcast.data.catalog import SPEC_SUFFIXES, find_device, resolve_device
+    from wattcast.data.device_spec import DeviceSpecError
+
+    p = Path(str(name).strip()).expanduser()
+    if str(name).strip() and p.exists() and find_device(str(name)) is None:
+        if p.is_dir():
+            _fail(f"{what} {p} is a directory, not a device spec file (.yaml/.yml/.json, own schema or NeuSight JSON)")
+        if p.suffix.lower() not in SPEC_SUFFIXES:
+            _fail(f"{what} {p} is not a device spec file: give a .yaml/.yml/.json spec (own schema or NeuSight JSON) "
+                  "or a catalog name (see `wattcast devices`)")
+    try:
+        return resolve_device(name)
+    except (DeviceSpecError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+
+
 def _positive(**values) -> None:
     """Reject counts below 1, naming the option."""
     for name, v in values.items():
@@ -204,14 +224,9 @@ def kernels(
     """Predict the latency of every kernel in a CSV on DEVICE."""
     import pandas as pd
 
-    from wattcast.data.catalog import resolve_device
-    from wattcast.data.device_spec import DeviceSpecError
     from wattcast.models.kernel_predictor import EXTRA_COLUMNS, PRED_COLUMNS, predict_kernels
 
-    try:
-        spec = resolve_device(device)
-    except (DeviceSpecError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+    spec = _resolve_device_arg(device, "--device")
     _input_file(input, "input file")
     if output:
         _output_file(output, "--output", protect=(input,), overwrite=overwrite)
@@ -244,6 +259,8 @@ def kernels(
         out = predict_kernels(frame, spec, bundle=models)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    if not len(out):
+        _fail(f"{input} has a header but no kernel rows: nothing to predict", code=1)
     bad = (out["error"] != "").sum()
     if output:
         _write("--output", output, lambda: out.to_csv(output, index=False))
@@ -257,7 +274,7 @@ def kernels(
         + (f", [red]{bad:,} rows with errors[/] (see the 'error' column)" if bad else "")
         + (f" -> {output}" if output else "")
     )
-    if len(out) and bad == len(out):
+    if bad == len(out):
         raise typer.Exit(1)  # nothing could be predicted: the rows' 'error' column says why
 
 
@@ -269,15 +286,11 @@ def devices(
     force: bool = _FORCE_OPTION,
 ) -> None:
     """List the device catalog, or show one spec with its sources."""
-    from wattcast.data.catalog import list_devices, resolve_device
-    from wattcast.data.device_spec import DeviceSpecError
+    from wattcast.data.catalog import list_devices
 
     con = _table_console()
     if name:
-        try:
-            spec = resolve_device(name)
-        except (DeviceSpecError, FileNotFoundError, ValueError) as e:
-            _fail(str(e))
+        spec = _resolve_device_arg(name, "device")
         if as_json:  # the spec in its own schema (a valid spec file): 'source' and the per-field 'sources'
             print(json.dumps(spec.to_dict(), indent=2))
             return

@@ -73,6 +73,19 @@ FLASH_KERNELS = ("fa2", "fa1")
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
+#: the families whose kernels run on matrix units, where TF32 is a mode of its own; every other family runs a tf32
+#: kernel's fp32 data on the vector units as fp32 (``wattcast kernels`` predicts such a row as fp32, as ``predict``
+#: builds it)
+MATMUL_FAMILIES = frozenset({"gemm", "conv"})
+
+#: the largest shape value (any shape column) a kernel row may carry: 2**40 (1.1e12) is beyond every real dimension
+#: (a 2**32-token step over a 256k vocabulary is 1.1e15 elements in two dims, each far below it); larger is a typo or
+#: a unit slip, and would cost a kernel for longer than the universe is old
+MAX_SHAPE_DIM = 2**40
+#: the largest tensor (an operand or the result, bytes) of a kernel row: 1e15 bytes (1 PB) is thousands of times the
+#: memory of any GPU
+MAX_TENSOR_BYTES = 1e15
+
 DTYPE_ALIASES: dict[str, str] = {
     "float32": "fp32", "float": "fp32", "f32": "fp32", "torch.float32": "fp32",
     "tensorfloat32": "tf32",

@@ -104,6 +104,10 @@ def _autograd_saves(op: str, big: list, no_grad: set) -> list:
 _CACHED_BROADCAST = 64
 
 
+#: the largest tensor (bytes) a graph records: its byte counts are int64 arrays
+_MAX_TENSOR_BYTES = np.iinfo(np.int64).max
+
+
 class GraphError(ValueError):
     """A workload cannot be turned into an operator graph (bad shape, unknown op, ...)."""
 
@@ -269,6 +273,9 @@ class GraphBuilder:
         if any(s < 0 for s in shape):
             raise GraphError(f"negative dimension in shape {shape}")
         t = Tensor(shape, dtype, node, len(self._tensor_bytes))
+        if t.nbytes > _MAX_TENSOR_BYTES:  # the graph keeps byte counts as int64: refuse before they overflow
+            raise GraphError(f"tensor of shape {shape} ({dtype}) holds {t.nbytes:.3g} bytes, beyond the int64 byte counts "
+                             "a graph keeps; a batch, sequence or dimension this large is not a real workload")
         self._tensor_bytes.append(t.nbytes)
         self._tensor_node.append(node)
         self._tensor_shape.append(shape)

@@ -85,10 +85,7 @@ class StepOptions:
             v = getattr(self, name)
             if v is not None and not _is_count(v):
                 raise GraphError(f"{name} must be a positive whole number, got {v!r}")
-        if self.batch is not None and self.seq is not None and int(self.batch) * int(self.seq) > MAX_TOKENS_PER_STEP:
-            raise GraphError(f"batch x seq = {int(self.batch) * int(self.seq):,} tokens in one step is beyond what wattcast "
-                             f"costs ({MAX_TOKENS_PER_STEP:,}); for a distributed run give the global batch to the cluster "
-                             "prediction, which splits it into micro-batches")
+        _check_tokens(self.batch, self.seq)
         for name in ("compile", "grad_accumulation", "sp"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise GraphError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -119,13 +116,32 @@ class StepOptions:
                            etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers))
 
     def with_default_shape(self) -> "StepOptions":
-        """Batch 1 and 1,024 tokens where they were not given."""
-        return replace(self, batch=1 if self.batch is None else self.batch, seq=1024 if self.seq is None else self.seq)
+        """Batch 1 and 1,024 tokens where they were not given (batch x seq then checked against
+        :data:`MAX_TOKENS_PER_STEP`: a batch given alone meets the default length here)."""
+        out = replace(self, batch=1 if self.batch is None else self.batch, seq=1024 if self.seq is None else self.seq)
+        _check_tokens(out.batch, out.seq)
+        return out
 
 
 #: tokens of one step on one device (batch x seq) that the graph builders cost; beyond it, index arithmetic
 #: (tokens x hidden x vocabulary bytes) leaves int64 and no real device holds the activations anyway
 MAX_TOKENS_PER_STEP = 2**32
+
+
+def _check_tokens(batch, seq) -> None:
+    """GraphError when batch x seq, or the one of them given (the other None: not given yet), is beyond
+    :data:`MAX_TOKENS_PER_STEP`."""
+    if batch is not None and seq is not None:
+        if int(batch) * int(seq) > MAX_TOKENS_PER_STEP:
+            raise GraphError(f"batch x seq = {int(batch) * int(seq):,} tokens in one step is beyond what wattcast "
+                             f"costs ({MAX_TOKENS_PER_STEP:,}); for a distributed run give the global batch to the cluster "
+                             "prediction, which splits it into micro-batches")
+        return
+    for name, v in (("batch", batch), ("seq", seq)):
+        if v is not None and int(v) > MAX_TOKENS_PER_STEP:
+            raise GraphError(f"{name} = {int(v):,} alone is beyond the {MAX_TOKENS_PER_STEP:,} tokens in one step "
+                             "(batch x seq) that wattcast costs; for a distributed run give the global batch to the "
+                             "cluster prediction, which splits it into micro-batches")
 
 
 #: the largest MoE routing load modelled (a busiest rank 1,000x the mean is a typo, not a router)

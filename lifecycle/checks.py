@@ -1,6 +1,7 @@
 """Checks shared by the lifecycle calculator: the run's own numbers (gpus, hours, power, utilisation) are validated
 here with a message that names them (and their command-line flag), figures outside a plausible range
-(:data:`PLAUSIBLE`) are refused as probably in another unit, and :func:`catalog_spec_matches` decides when name-keyed
+(:data:`PLAUSIBLE`) are refused as probably in another unit, and :func:`catalog_spec_matches` (from
+:mod:`wattcast.data.catalog_match`, shared with the kernel surrogates) decides when name-keyed
 tables may stand for a device spec. The assumptions (``LifecycleAssumptions``) are validated by a pydantic model
 (``lifecycle/assumptions.py``) with the same ranges."""
 
@@ -8,11 +9,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import fields
 from typing import Any
 
 from numpy import bool_ as np_bool
 
+from wattcast.data.catalog_match import catalog_spec_matches  # noqa: F401  (re-exported: lifecycle's name-keyed tables)
 from wattcast.data.checks import implausible, is_count
 from wattcast.data.device_spec import DeviceSpec
 
@@ -94,24 +95,6 @@ def check_plausible(name: str, v: float | None) -> None:
     msg = implausible(label, x, *PLAUSIBLE[name])
     if msg:
         raise ValueError(msg)
-
-
-#: DeviceSpec fields that only cite or name a figure; two specs that differ only in these are one device
-_CITATION_FIELDS = ("aliases", "source", "sources", "schema_version", "launch_price_usd")
-
-
-def catalog_spec_matches(spec: DeviceSpec) -> bool:
-    """True when ``spec`` is the catalog's own device of its name: the same object, or the same hardware
-    figures (citations, aliases and the launch price aside). Only then may figures kept in tables keyed by
-    the catalog name (cloud price, a sibling's price, a die-area fallback) stand for ``spec``."""
-    from wattcast.data.catalog import load_catalog
-
-    ref = load_catalog().get(spec.name)
-    if ref is None:
-        return False
-    if ref is spec:
-        return True
-    return all(getattr(ref, f.name) == getattr(spec, f.name) for f in fields(ref) if f.name not in _CITATION_FIELDS)
 
 
 def _not_catalog_flag(spec: DeviceSpec, what: str) -> str:

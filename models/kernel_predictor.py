@@ -7,9 +7,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from wattcast.data.catalog_match import catalog_twin
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
-from wattcast.data.kernel_ops import DTYPE_BYTES, MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, canonical_dtype, required_columns
+from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_FAMILIES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES,
+                                     MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, VEC_COLS, canonical_dtype,
+                                     required_columns)
 from wattcast.models.gemm_floor import blend_weight, blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate
@@ -77,8 +80,12 @@ def check_kernel_frame(frame) -> pd.DataFrame:
     return frame
 
 
-def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+def normalise_kernel_frame(frame: pd.DataFrame, plausible_shapes: bool = True) -> tuple[pd.DataFrame, np.ndarray]:
     """Canonical ``op``/``dtype``/shape columns plus a per-row error message ('' = row is fine).
+
+    A tf32 row of a vector family (norms, softmax, elementwise) becomes fp32: TF32 changes only matrix products.
+    With ``plausible_shapes`` a shape value beyond :data:`~wattcast.data.kernel_ops.MAX_SHAPE_DIM` or a tensor beyond
+    :data:`~wattcast.data.kernel_ops.MAX_TENSOR_BYTES` is an error naming the column(s) (see :func:`predict_kernels`).
 
     Raises ValueError for anything but a DataFrame, a frame without ``OPName``/``op``, or one that repeats
     a column wattcast reads (see :func:`check_kernel_frame`)."""
@@ -104,6 +111,15 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
         dt_codes, dt_uniq = dt_codes[raw_codes], list(dt_uniq)
     else:
         dt_codes, dt_uniq = np.zeros(n, dtype=np.intp), ["fp32"]
+    # TF32 is a matrix-unit mode: a tf32 softmax, norm or elementwise kernel runs fp32 data on the vector units as fp32
+    # (as `predict --dtype tf32` builds it), so it is predicted as the fp32 kernel
+    if "tf32" in dt_uniq:
+        vector_op = np.array([OP_FAMILY.get(u) not in MATMUL_FAMILIES for u in op_uniq], dtype=bool)[op_codes]
+        as_fp32 = (dt_codes == dt_uniq.index("tf32")) & vector_op
+        if as_fp32.any():
+            if "fp32" not in dt_uniq:
+                dt_uniq = dt_uniq + ["fp32"]
+            dt_codes = np.where(as_fp32, dt_uniq.index("fp32"), dt_codes)
     dtype_col = _text_column(dt_uniq, dt_codes)
     err = np.full(n, "", dtype=object)
     fine = np.ones(n, dtype=bool)  # err == '' kept as a mask, not recomputed over strings
@@ -131,11 +147,19 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
             v = values[c][rows] if numeric[c] else _numeric(df.loc[rows, c])
             with np.errstate(invalid="ignore"):
                 bad = ~np.isfinite(v) | (v < (0 if c == "Padding" else 1)) | (v != np.round(v))
+                huge = ~bad & (v > MAX_SHAPE_DIM) if plausible_shapes else np.zeros(len(v), dtype=bool)
             if bad.any():
                 idx = np.flatnonzero(rows)[bad]
                 err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r} (need a whole number >= {0 if c == 'Padding' else 1})" for i in idx]
                 fine[idx] = False
-                rows = rows & fine
+            if huge.any():
+                idx = np.flatnonzero(rows)[huge]
+                err[idx] = [f"implausible value {df[c].iloc[i]!r} in column {c!r}: beyond 2**40 = {MAX_SHAPE_DIM:,} "
+                            "(no real tensor dimension is; a typo or another unit?)" for i in idx]
+                fine[idx] = False
+            rows = rows & fine
+    if plausible_shapes:
+        _refuse_huge_tensors(op_uniq, op_codes, dt_uniq, dt_codes, values, fine, err)
     # ops no training source measured are predicted as their measured stand-in (kernel_ops.MEASURED_AS)
     if any(u in MEASURED_AS for u in op_uniq):
         op_col = _text_column([MEASURED_AS.get(u, u) for u in op_uniq], op_codes)
@@ -150,6 +174,43 @@ def normalise_kernel_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
             bad = conv & (size < 0)
             err[bad] = "conv kernel larger than the padded input (Kernel_Size > Input_Size + 2 x Padding): no output"
     return out, err
+
+
+def _refuse_huge_tensors(op_uniq: list, op_codes: np.ndarray, dt_uniq: list, dt_codes: np.ndarray,
+                         values: dict[str, np.ndarray], fine: np.ndarray, err: np.ndarray) -> None:
+    """Mark (in ``err`` and ``fine``, in place) the valid rows one of whose tensors (an operand or the result) holds
+    more than :data:`~wattcast.data.kernel_ops.MAX_TENSOR_BYTES`, naming the tensor's shape columns: every dim may be
+    plausible on its own while their product is not (B = M = K = 2**30)."""
+    fam_codes = np.array([("gemm", "conv").index(OP_FAMILY[u]) if OP_FAMILY.get(u) in ("gemm", "conv") else 2
+                          for u in op_uniq], dtype=np.int8)[op_codes] if len(op_uniq) else np.zeros(0, dtype=np.int8)
+    eb = np.array([float(DTYPE_BYTES.get(d, 4)) for d in dt_uniq])[dt_codes]
+    for code, cols in enumerate((GEMM_COLS, CONV_COLS, VEC_COLS)):
+        idx = np.flatnonzero(fine & (fam_codes == code))
+        if not len(idx):
+            continue
+        g = {c: values[c][idx] for c in cols}  # the family's required columns: present on its valid rows
+        with np.errstate(invalid="ignore", over="ignore"):
+            if code == 0:
+                B, M, N, K = g["B"], g["M"], g["N"], g["K"]
+                tensors = [("B x M x N", B * M * N), ("B x N x K", B * N * K), ("B x M x K", B * M * K)]
+            elif code == 1:
+                B, cin, cout, ks, s_in = (g[c] for c in ("B", "Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size"))
+                out = np.floor((s_in + 2 * g["Padding"] - ks) / np.where(g["Stride"] > 0, g["Stride"], 1)) + 1
+                tensors = [("B x Input_Channel x Input_Size^2", B * cin * s_in ** 2),
+                           ("Output_Channel x Input_Channel x Kernel_Size^2", cout * cin * ks ** 2),
+                           ("B x Output_Channel x output size^2", B * cout * out ** 2)]
+            else:
+                tensors = [("B x H", g["B"] * g["H"])]
+        left = np.ones(len(idx), dtype=bool)
+        for what, elems in tensors:
+            size = elems * eb[idx]
+            over = left & (size > MAX_TENSOR_BYTES)
+            if over.any():
+                err[idx[over]] = [f"implausible shape: the {what} tensor holds {b:.3g} bytes, beyond "
+                                  f"{MAX_TENSOR_BYTES:.0e} (1 PB, thousands of times any GPU's memory); check those columns"
+                                  for b in size[over]]
+                fine[idx[over]] = False
+                left &= ~over
 
 
 #: dedupe rows before featurising/predicting when at most this fraction of them is distinct
@@ -232,6 +293,16 @@ VECTOR_SKIPPED_DESCRIPTORS = frozenset({"dev_log_peak_tflops", "dev_log_peak_vec
 _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
 
+def _ceiling_device(device: DeviceSpec) -> str:
+    """The name the bundle's measured matmul ceilings (MAMF's, keyed by catalog name) are looked up under for
+    ``device``: the catalog device its figures are (:func:`wattcast.data.catalog_match.catalog_twin`: its own name's
+    entry when the figures match, or the entry whose figures it repeats under another name), else '' (no device's
+    own ceiling: its vendor's median). A name alone is not the hardware: a copy of the MI300X entry named "MyMI300X"
+    keeps MI300X's ceiling, another GPU's figures named "MI300X" do not get it."""
+    twin = catalog_twin(device)
+    return "" if twin is None else twin.name
+
+
 def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p: np.ndarray,
                  t_roof_ms: np.ndarray, dtype_names: np.ndarray, device: DeviceSpec | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -255,7 +326,7 @@ def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p:
             else:  # a member reading features of its own (the manifest entry's ``features``), in its order
                 cols = [fm.features.index(f) for f in model.features]
                 pc = model.predict_matrix(np.ascontiguousarray(A[np.ix_(ceil_sel, cols)]))
-            c = row_ceilings(device.name, device.vendor, dtype_names[ceil_sel], cm)
+            c = row_ceilings(_ceiling_device(device), device.vendor, dtype_names[ceil_sel], cm)
             out[ceil_sel] = ceiling_log_ratio(pc, t_roof_ms[ceil_sel], cm["floor_ms"], c)
     sel = np.flatnonzero(tensor & (w < 1.0))
     if not len(sel):
@@ -361,22 +432,44 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
     }
 
 
+def _unpeaked_half_gemms(canon: pd.DataFrame, err: np.ndarray, spec: DeviceSpec) -> np.ndarray:
+    """The valid bf16/fp16 GEMM and conv rows of ``canon`` on ``spec``, a spec with no 16-bit matrix peak, that must
+    not be predicted: ``peak_matrix_tflops`` would cost them at the FP32 peak, an order of magnitude slow on any GPU
+    with tensor cores whose spec merely omits the figure (a NeuSight JSON of an unknown GPU). A catalog device
+    (:func:`~wattcast.data.catalog_match.catalog_twin`: by its figures, whatever the name) states that it has no 16-bit
+    path (the Tesla P4: FP16 at 1/64 rate, run through FP32 by cuBLAS), and keeps the FP32 rate its entry describes.
+    Vector families (norms, softmax, elementwise) read no matrix peak and are predicted either way."""
+    dt = canon["dtype"].to_numpy()
+    half = np.isin(dt, ("bf16", "fp16")) & (err == "")
+    if not half.any():
+        return half
+    half &= np.isin(canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f in MATMUL_FAMILIES])
+    if half.any() and catalog_twin(spec) is not None:
+        half[:] = False
+    return half
+
+
 def predict_kernels(
     frame: pd.DataFrame,
     device: DeviceSpec | str | Path,
     bundle: KernelBundle | str | Path | None = None,
+    *,
+    plausible_shapes: bool = True,
 ) -> pd.DataFrame:
     """Every input row, plus ``pred_latency_ms``, ``pred_low_ms``, ``pred_high_ms``, ``ood`` and extras.
 
-    Rows that cannot be predicted (unknown op, missing/invalid shape) keep NaN predictions and say why
-    in ``error``; the rest of the frame is still predicted. ``frame`` that is not a pandas DataFrame, has no
-    ``OPName``/``op`` column or repeats a column wattcast reads is a ValueError saying so.
+    Rows that cannot be predicted (unknown op, missing/invalid shape; a shape value beyond 2**40 or a tensor beyond
+    1e15 bytes, likely a typo; a dtype the device's spec has no peak for) keep NaN predictions and say why in
+    ``error``; the rest of the frame is still predicted. ``frame`` that is not a pandas DataFrame, has no
+    ``OPName``/``op`` column or repeats a column wattcast reads is a ValueError saying so. ``plausible_shapes=False``
+    skips the size bounds: for rows a step graph generated, which its builders bound themselves (tokens per step,
+    int64 tensor bytes), so that a step they accept is costed as before.
     """
     check_kernel_frame(frame)
     spec = _resolve(device)
     if bundle is None or isinstance(bundle, (str, Path)):
         bundle = load_bundle(str(bundle) if bundle else None)
-    canon, err = normalise_kernel_frame(frame)
+    canon, err = normalise_kernel_frame(frame, plausible_shapes=plausible_shapes)
     n = len(canon)
     if not spec.peak_fp8_tflops:
         fp8 = (canon["dtype"].to_numpy() == "fp8") & (err == "")
@@ -384,6 +477,13 @@ def predict_kernels(
             err = err.copy()
             err[fp8] = (f"dtype fp8 needs FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops "
                         "(A100, V100, MI250 and older); use bf16")
+    if not (spec.peak_bf16_tflops or spec.peak_fp16_tflops):
+        half = _unpeaked_half_gemms(canon, err, spec)
+        if half.any():
+            err = err.copy()
+            err[half] = [f"dtype {d} GEMM/conv needs a 16-bit matrix peak, but {spec.name}'s spec has neither "
+                         "peak_bf16_tflops nor peak_fp16_tflops (a NeuSight JSON carries FP32 figures only): add them to "
+                         "the spec, or give dtype fp32 for a GPU without a 16-bit path" for d in canon["dtype"].to_numpy()[half]]
     ok = err == ""
     n_ok = int(ok.sum())
     cols: dict[str, object] = {

@@ -140,7 +140,8 @@ def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
         if len(cache) > _CACHE_MAX_ROWS:
             cache.clear()
         rows = frame.iloc[first[missing]].reset_index(drop=True)
-        out = predict_kernels(rows, spec, bundle=bundle)
+        # a step graph's rows: sized by its builders' own bounds (featurize.workload.MAX_TOKENS_PER_STEP)
+        out = predict_kernels(rows, spec, bundle=bundle, plausible_shapes=False)
         vals = zip(out["pred_latency_ms"].to_numpy(dtype=float), out["pred_low_ms"].to_numpy(dtype=float),
                    out["pred_high_ms"].to_numpy(dtype=float), out["ood"].to_numpy(dtype=bool), out["error"].astype(str).tolist(),
                    out["roofline_ms"].to_numpy(dtype=float))

@@ -16,7 +16,7 @@ import pytest
 
 from wattcast.data.catalog import resolve_device
 from wattcast.featurize.kernel_features import DEVICE_FEATURES, featurize_kernels
-from wattcast.data.kernel_ops import DTYPE_BYTES, OP_FAMILY, canonical_dtype, required_columns
+from wattcast.data.kernel_ops import DTYPE_BYTES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES, OP_FAMILY, canonical_dtype, required_columns
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, SUPPORT_SLACK, load_bundle
 from wattcast.models import kernel_predictor as kp
 from wattcast.models.kernel_predictor import normalise_kernel_frame, predict_kernels
@@ -59,9 +59,35 @@ def _reference_normalise(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]
                 idx = np.flatnonzero(rows)[bad]
                 err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r} (need a whole number >= {0 if c == 'Padding' else 1})" for i in idx]
                 rows = rows & (err == "")
+            for i in np.flatnonzero(rows):  # a shape value beyond 2**40: a typo, refused
+                if pd.to_numeric(df[c].iloc[i], errors="coerce") > MAX_SHAPE_DIM:
+                    err[i] = (f"implausible value {df[c].iloc[i]!r} in column {c!r}: beyond 2**40 = {MAX_SHAPE_DIM:,} "
+                              "(no real tensor dimension is; a typo or another unit?)")
+            rows = rows & (err == "")
     for c in ("B", "M", "N", "K", "H", "Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size", "Stride", "Padding"):
         if c in df:
             out[c] = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+    for i in np.flatnonzero(err == ""):  # every operand and the result within 1e15 bytes, the first beyond it named
+        r = {c: float(out[c].iloc[i]) if c in out else np.nan for c in ("B", "M", "N", "K", "H", "Input_Channel",
+                                                                         "Output_Channel", "Kernel_Size", "Input_Size",
+                                                                         "Stride", "Padding")}
+        fam = OP_FAMILY[op.iloc[i]]
+        if fam == "gemm":
+            tensors = [("B x M x N", r["B"] * r["M"] * r["N"]), ("B x N x K", r["B"] * r["N"] * r["K"]),
+                       ("B x M x K", r["B"] * r["M"] * r["K"])]
+        elif fam == "conv":
+            o = np.floor((r["Input_Size"] + 2 * r["Padding"] - r["Kernel_Size"]) / (r["Stride"] if r["Stride"] > 0 else 1)) + 1
+            tensors = [("B x Input_Channel x Input_Size^2", r["B"] * r["Input_Channel"] * r["Input_Size"] ** 2),
+                       ("Output_Channel x Input_Channel x Kernel_Size^2", r["Output_Channel"] * r["Input_Channel"] * r["Kernel_Size"] ** 2),
+                       ("B x Output_Channel x output size^2", r["B"] * r["Output_Channel"] * o ** 2)]
+        else:
+            tensors = [("B x H", r["B"] * r["H"])]
+        for what, elems in tensors:
+            b = elems * DTYPE_BYTES[dtype.iloc[i]]
+            if b > MAX_TENSOR_BYTES:
+                err[i] = (f"implausible shape: the {what} tensor holds {b:.3g} bytes, beyond {MAX_TENSOR_BYTES:.0e} "
+                          "(1 PB, thousands of times any GPU's memory); check those columns")
+                break
     conv = (out["op"] == "conv").to_numpy() & (err == "")
     if conv.any():
         size = out["Input_Size"].to_numpy() + 2 * out["Padding"].to_numpy() - out["Kernel_Size"].to_numpy()
@@ -298,7 +324,8 @@ def test_fast_path_matches_the_plain_one(frames, device):
         _assert_equivalent(got, ref)
         if name == "mixed":  # the frame exercises what it should
             assert got["ood"].any() and (~got["ood"]).any()
-            assert (got["error"] != "").sum() == 6
+            implausible = got["error"].str.startswith("implausible")  # its largest GEMMs (B = M = K = 3 x 2**20)
+            assert implausible.any() and (got["error"][~implausible] != "").sum() == 6
             canon, err = normalise_kernel_frame(df)
             assert kp._distinct_rows(canon[err == ""]) is not None
 

@@ -1,0 +1,56 @@
+"""When a device spec *is* a catalog device: the test that lets figures kept in tables keyed by catalog name (cloud
+prices, MAMF's measured matmul ceilings, a die-area fallback) stand for a spec.
+
+A name alone says nothing about the hardware: a spec file may copy a catalog entry under a name of its own, or call
+another GPU by a catalog name. :func:`catalog_spec_matches` (the lifecycle's prices) trusts a name only when the
+spec's hardware figures are the catalog entry's of that name; :func:`catalog_twin` (the kernel surrogates' measured
+ceilings) also finds the catalog entry whose figures a spec repeats under another name, so identical figures get
+identical predictions. Both live here, below ``models`` and ``lifecycle``, so either may import them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from wattcast.data.device_spec import DeviceSpec
+
+#: DeviceSpec fields that only cite or name a figure; two specs that differ only in these are one device
+CITATION_FIELDS = ("aliases", "source", "sources", "schema_version", "launch_price_usd")
+
+
+def _same_hardware(ref: DeviceSpec, spec: DeviceSpec, skip: tuple[str, ...]) -> bool:
+    return all(getattr(ref, f.name) == getattr(spec, f.name) for f in fields(ref) if f.name not in skip)
+
+
+def catalog_spec_matches(spec: DeviceSpec) -> bool:
+    """True when ``spec`` is the catalog's own device of its name: the same object, or the same hardware
+    figures (citations, aliases and the launch price aside). Only then may figures kept in tables keyed by
+    the catalog name (cloud price, a sibling's price, a die-area fallback) stand for ``spec``."""
+    from wattcast.data.catalog import load_catalog
+
+    ref = load_catalog().get(spec.name)
+    if ref is None:
+        return False
+    return ref is spec or _same_hardware(ref, spec, CITATION_FIELDS)
+
+
+def catalog_twin(spec: DeviceSpec) -> DeviceSpec | None:
+    """The catalog device ``spec`` is, judged by its hardware figures (citations, aliases, the launch price and the
+    name aside), else None:
+
+    - the catalog entry of ``spec``'s own name when the figures match it (:func:`catalog_spec_matches`);
+    - else the one catalog entry whose figures ``spec`` repeats under another name (a spec file that copies the
+      MI300X entry as "MyMI300X", a NeuSight JSON named "NVIDIA H100 80GB HBM3" that fills the rest from the
+      catalog): identical figures are one device and get identical predictions;
+    - None for figures no catalog entry has, including a spec that borrows a catalog name for other hardware (a
+      different GPU's figures named "MI300X" is not the MI300X), and figures two entries share (none today).
+    """
+    from wattcast.data.catalog import load_catalog
+
+    cat = load_catalog()
+    ref = cat.get(spec.name)
+    if ref is not None and (ref is spec or _same_hardware(ref, spec, CITATION_FIELDS)):
+        return ref
+    skip = CITATION_FIELDS + ("name",)
+    hits = [r for r in cat.values() if r.vendor == spec.vendor and _same_hardware(r, spec, skip)]
+    return hits[0] if len(hits) == 1 else None
