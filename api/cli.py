@@ -61,11 +61,14 @@ def _dtype_flag(given: str | None, *, device=None, clusters=()) -> str:
                  else [resolve_device(resolve_cluster(c).device) for c in clusters])
     except Exception:  # reported by the command itself, with its own message
         return DEFAULTS.dtype
-    lacking = sorted({s.name for s in specs if resolve_dtype(DEFAULTS.dtype, s) != DEFAULTS.dtype})
+    got = {s.name: resolve_dtype(DEFAULTS.dtype, s) for s in specs}
+    lacking = sorted(n for n, d in got.items() if d != DEFAULTS.dtype)
     if lacking:
-        err.print(f"[yellow]note: {', '.join(lacking)} has no BF16: --dtype fp16 (the default is bf16 where the GPU has "
-                  f"it; give --dtype to choose)[/yellow]")
-        return "fp16"
+        out = "fp32" if "fp32" in got.values() else "fp16"  # one precision every GPU of the command has
+        missing = "BF16" if out == "fp16" else "BF16 or FP16"
+        err.print(f"[yellow]note: {', '.join(lacking)} has no {missing}: --dtype {out} (the default is bf16 where the GPU "
+                  f"has it; give --dtype to choose)[/yellow]")
+        return out
     return DEFAULTS.dtype
 
 

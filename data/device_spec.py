@@ -160,11 +160,15 @@ class DeviceSpec(SpecRecord):
 def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
     """Why ``spec`` cannot run a training or inference step in ``dtype`` (None when it can): BF16 needs BF16 tensor
     cores or ALUs (``peak_bf16_tflops``: Ampere, CDNA2 and later; PyTorch runs bf16 on a V100 or T4 without them,
-    far slower than fp16, which nothing here models), an FP8 recipe FP8 tensor cores (``peak_fp8_tflops``)."""
+    far slower than fp16, which nothing here models), FP16 an FP16 rate (``peak_fp16_tflops``), an FP8 recipe FP8 tensor
+    cores (``peak_fp8_tflops``)."""
     d = str(dtype).lower()
     if d == "bf16" and not spec.peak_bf16_tflops:
         return (f"--dtype bf16 needs BF16 support, but {spec.name}'s spec has no peak_bf16_tflops (V100, T4, P100 and "
                 "other pre-Ampere GPUs run bf16 without it, far slower than fp16); use --dtype fp16")
+    if d == "fp16" and not spec.peak_fp16_tflops:
+        return (f"--dtype fp16 needs FP16 arithmetic, but {spec.name}'s spec has no peak_fp16_tflops (the Tesla P4 and "
+                "other GPUs without a usable FP16 rate; a spec file may just lack the figure: add it); use --dtype fp32")
     if d == "fp8" and not spec.peak_fp8_tflops:
         return (f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops (no FP8 "
                 "support: A100, V100, MI250 and older); use --dtype bf16"

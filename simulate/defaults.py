@@ -20,10 +20,11 @@ class DefaultDtype(str):
 
 
 def resolve_dtype(dtype: str, spec) -> str:
-    """``dtype`` for a step on ``spec``: the default bf16 becomes fp16 where the GPU has no BF16 peak; anything else
-    (a bf16 given too) as given, the same object."""
+    """``dtype`` for a step on ``spec``: the default bf16 becomes fp16 where the GPU has no BF16 peak, fp32 where it has
+    no FP16 peak either (a Tesla P4, a spec file without 16-bit figures); anything else (a bf16 given too) as given, the
+    same object."""
     if isinstance(dtype, DefaultDtype) and not getattr(spec, "peak_bf16_tflops", None):
-        return "fp16"
+        return "fp16" if getattr(spec, "peak_fp16_tflops", None) else "fp32"
     return dtype
 
 
@@ -33,8 +34,9 @@ def step_dtype(dtype: str, spec) -> str:
     if out is not dtype:
         import warnings
 
-        warnings.warn(f"{spec.name} has no BF16: predicting fp16, the default precision there (give dtype= to choose)",
-                      stacklevel=3)
+        missing = "BF16" if out == "fp16" else "BF16 or FP16"
+        warnings.warn(f"{spec.name} has no {missing}: predicting {out}, the default precision there (give dtype= to "
+                      "choose)", stacklevel=3)
     return out
 
 

@@ -79,6 +79,20 @@ def test_the_python_defaults_follow_the_gpu_too():
     assert wattcast.predict_cluster("gpt2", "DGX-H100", **KW).meta["dtype"] == "bf16"
 
 
+def test_a_gpu_without_16_bit_arithmetic_defaults_to_fp32_and_refuses_fp16():
+    """The Tesla P4's spec has no FP16 (or BF16) rate: the default precision there is fp32 (warned; the CLI notes it),
+    an explicit fp16 is refused naming peak_fp16_tflops (its linear layers fell back to a roofline before)."""
+    with pytest.warns(UserWarning, match="has no BF16 or FP16: predicting fp32"):
+        r = wattcast.predict("bert_base", "P4", batch=1, seq=128, mode="inference")
+    assert r.meta["dtype"] == "fp32" and not [f for f in r.fallback_ops if f["op_class"] == "linear"]
+    with pytest.raises(ValueError, match="peak_fp16_tflops.*use --dtype fp32"):
+        wattcast.predict("bert_base", "P4", batch=1, seq=128, mode="inference", dtype="fp16")
+    r = CliRunner().invoke(app, ["predict", "-m", "bert_base", "-d", "P4", "-b", "1", "-s", "128", "--mode", "inference",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["settings"]["dtype"] == "fp32" and "has no BF16 or FP16" in r.stderr.replace("\n", " ")
+
+
 def test_megatron_swiglu_needs_a_silu_config():
     """Megatron-Core's --swiglu gates with SiLU: a Llama-family config with another hidden_act is refused under
     --framework megatron (a typo like 'swishy' was accepted silently; the hf path refused it)."""
