@@ -260,11 +260,71 @@ def _family_columns(fm, X: pd.DataFrame) -> list[str]:
     return list(fm.features) + [c for c in fm.support_columns(X.columns) if c not in feats]
 
 
+#: tensor-core GEMM rows with at most this many rows (``M``) are held to "more rows never take less time" (below)
+MONOTONE_MAX_M = 1024
+#: the smallest row count the guard compares with, and how many powers of two below a row's ``M`` it looks
+MONOTONE_MIN_M = 8
+MONOTONE_OCTAVES = 7
+
+
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
-    """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``."""
-    X = featurize_kernels(canon, spec)
-    return _predict_features(X, bundle, canon["dtype"], power_floor_ms=_power_floor_ms(X, canon["dtype"], spec),
-                             device=spec)
+    """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``.
+
+    A tensor-core linear layer with few rows (``M`` <= :data:`MONOTONE_MAX_M`: decode steps, a few tokens per expert) is
+    bound by reading its weights, and where the floor and ceiling members hand over (0.5-2 GFLOP) or the learned
+    multiple wiggles, a larger ``M`` could come out faster (a DeepSeek-V3 step on an L4 shrank as its batch grew).
+    Such a row is predicted at least as slow as the same GEMM at every power of two below its ``M`` down to
+    :data:`MONOTONE_MIN_M` (:data:`MONOTONE_OCTAVES` of them at most; the band scaled with it), predicted in the same
+    pass with the distinct probes once: along powers of two the time is then non-decreasing in ``M``. FP32 rows (the
+    roofline member, NeuSight's data) are left as predicted."""
+    probes, owner = _smaller_m_probes(canon)
+    if not len(probes):
+        X = featurize_kernels(canon, spec)
+        return _predict_features(X, bundle, canon["dtype"], power_floor_ms=_power_floor_ms(X, canon["dtype"], spec),
+                                 device=spec)
+    n = len(canon)
+    groups = _distinct_rows(probes)  # probes repeat one another (a model's projections share N and K)
+    if groups is not None:
+        probes, owner_probe = probes.iloc[groups[0]], groups[1]
+    else:
+        owner_probe = np.arange(len(probes))
+    rows = pd.concat([canon, probes], ignore_index=True)
+    X = featurize_kernels(rows, spec)
+    res = _predict_features(X, bundle, rows["dtype"], power_floor_ms=_power_floor_ms(X, rows["dtype"], spec),
+                            device=spec)
+    pp = res["pred_latency_ms"][n:][owner_probe]
+    out = {k: ((v[0][:n], v[1]) if isinstance(v, tuple) else v[:n]) for k, v in res.items()}
+    t = out["pred_latency_ms"]
+    floor = t.copy()
+    np.maximum.at(floor, owner, pp)
+    f = np.where(floor > t, floor / np.where(t > 0, t, 1.0), 1.0)
+    for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+        out[k] = out[k] * f
+    return out
+
+
+def _smaller_m_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """(probe rows, the canonical row each probes): for every tensor-core ``linear`` row (weights to read; attention's
+    batched products are left as predicted) with
+    MONOTONE_MIN_M < ``M`` <= MONOTONE_MAX_M, the same row with each of the MONOTONE_OCTAVES powers of two below
+    ``M`` that are at least MONOTONE_MIN_M."""
+    if "M" not in canon:
+        return canon.iloc[:0], np.zeros(0, dtype=np.intp)
+    op = canon["op"].to_numpy()
+    m = canon["M"].to_numpy(dtype=float)
+    sel = np.flatnonzero((m > MONOTONE_MIN_M) & (m <= MONOTONE_MAX_M) & (op == "linear")
+                         & (canon["dtype"].to_numpy() != "fp32"))
+    if not len(sel):
+        return canon.iloc[:0], np.zeros(0, dtype=np.intp)
+    top = np.ceil(np.log2(m[sel])) - 1  # the largest power of two below M
+    lowest = np.maximum(top - MONOTONE_OCTAVES + 1, np.log2(MONOTONE_MIN_M))
+    steps = (top - lowest + 1).astype(int)
+    owner = np.repeat(sel, steps)
+    first = np.repeat(np.cumsum(steps) - steps, steps)
+    exp = np.repeat(top, steps) - (np.arange(len(owner)) - first)
+    probes = canon.iloc[owner].copy()
+    probes["M"] = np.exp2(exp)
+    return probes, owner
 
 
 def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | None:
