@@ -158,11 +158,13 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     else:
         import yaml
 
+        from wattcast.data.checks import yaml_load_unique
+
         path = Path(source)
         if not path.is_file():
             raise SweepSpecError(f"sweep spec {path} is not a file")
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+            raw = yaml_load_unique(path.read_text(encoding="utf-8"))  # a key given twice is refused, naming it
         except yaml.YAMLError as e:
             raise SweepSpecError(f"sweep spec {path} is not valid YAML ({e})") from None
         where = str(path)

@@ -70,6 +70,8 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "checkpoint_write_s": (0.0, 86_400.0, "-", "milliseconds (60000 means 60 s), or not one write (1 day = 86400 s)",
                            "seconds per checkpoint write"),
 }
+#: parameters whose lower bound is exclusive: a run of 0 hours has no footprint (``footprint`` refuses it too)
+_ABOVE_ZERO = frozenset({"hours"})
 #: the command-line option of each footprint parameter (named in messages)
 _FLAGS = {"avg_power_w": "--avg-power-w", "hours": "--hours", "lifetime_years": "--lifetime-years",
           "node_overhead_share": "--node-overhead-share", "pue": "--pue", "grid_kgco2e_per_kwh": "--grid-kgco2e-per-kwh",
@@ -90,6 +92,8 @@ def check_plausible(name: str, v: float | None) -> None:
         raise ValueError(f"{label} must be a finite number of {unit}, got {v!r}") from None
     if not math.isfinite(x):  # (NaN compares false with both bounds: it must not read as "under" one of them)
         raise ValueError(f"{label} must be a finite number of {unit}, got {v!r}")
+    if name in _ABOVE_ZERO and x <= 0:  # a run of no time: one message for 0 and below (the calculator's own)
+        raise ValueError(f"{label} must be above 0 ({unit}), got {x:g}")
     if x < lo and low_hint == "-":  # no unit mix-up to suggest: below a hard floor (a negative figure)
         raise ValueError(f"{label} must not be below {lo:g} ({unit}), got {x:g}")
     msg = implausible(label, x, *PLAUSIBLE[name])

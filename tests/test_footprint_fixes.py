@@ -98,7 +98,8 @@ def test_tokens_fewer_than_one_step_are_said():
 
 
 # ------------------------------------------------------------------ 4. messages
-@pytest.mark.parametrize("hours, says", [("-5", "must not be below 0"), ("nan", "must be a finite number")])
+@pytest.mark.parametrize("hours, says", [("-5", "must be above 0 (hours), got -5"), ("0", "must be above 0 (hours), got 0"),
+                                         ("nan", "must be a finite number")])
 def test_bad_hours_message(hours, says):
     r = run_cli("footprint", "-d", H100, "--gpus", "1", "--hours", hours)
     msg = flat(r.stderr)

@@ -47,6 +47,13 @@ def test_bad_specs_are_refused_before_anything_runs(tmp_path, patch, needle):
     assert not out.exists()
 
 
+def test_a_key_given_twice_in_a_sweep_yaml_is_refused(tmp_path):
+    f = tmp_path / "sweep.yaml"
+    f.write_text("models: [gpt2]\nclusters: [DGX-H100]\ngpus: [8]\nbatch: 16\nseq: 512\nbatch: 64\n")
+    with pytest.raises(SweepSpecError, match="'batch' given twice"):
+        load_spec(f)
+
+
 def test_missing_key_is_named():
     spec = dict(SPEC)
     spec.pop("seq")
