@@ -268,6 +268,17 @@ def test_broken_files_raise_graph_error(tmp_path):
             graph_from_onnx(bad)
 
 
+def test_a_future_opset_and_an_empty_fixed_input_are_refused():
+    m = _small_mlp()
+    m.opset_import[0].version = 99
+    with pytest.raises(GraphError, match="opset 99, newer than"):
+        graph_from_onnx(m, batch=1)
+    zero = model([helper.make_node("MatMul", ["x", "W"], ["y"])], [vi("x", [0, 16, 64])], [vi("y", [0, 16, 64])],
+                 [init("W", 64, 64)])
+    with pytest.raises(GraphError, match="dim 0 is fixed at 0"):
+        graph_from_onnx(zero)
+
+
 def test_views_constants_and_shape_math_cost_nothing_and_copies_do():
     shape_chain = [helper.make_node("Shape", ["x"], ["sh"]),
                    helper.make_node("Gather", ["sh", "zero"], ["b0"], axis=0),

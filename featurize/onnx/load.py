@@ -49,6 +49,11 @@ def _load(path_or_model):
         base = p
     if model.ir_version <= 0 or not model.HasField("graph") or not len(model.opset_import):
         raise GraphError(f"{where} is not an ONNX model (no graph / IR version / opset: corrupt or truncated file?)")
+    known = onnx.defs.onnx_opset_version()
+    newer = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx") and o.version > known]
+    if newer:  # ops of a future opset may mean what this onnx package's do not: refuse rather than guess
+        raise GraphError(f"{where} imports ONNX opset {max(newer)}, newer than the {known} this onnx package "
+                         f"({onnx.__version__}) knows (a corrupt header, or a model from a newer exporter)")
     return model, where, base
 
 
@@ -118,6 +123,9 @@ def _bind_inputs(model, batch: int | None, seq: int | None, dims: dict[str, int]
             continue
         for axis, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value"):
+                if d.dim_value <= 0 and inp.name in used_names:  # an empty tensor: no step to cost
+                    raise GraphError(f"input {inp.name!r} dim {axis} is fixed at {d.dim_value} in the model (an empty "
+                                     f"tensor): nothing to predict; re-export it with a positive or symbolic dim")
                 continue
             p = d.dim_param if d.HasField("dim_param") else ""
             key = f"{inp.name}:{axis}"
