@@ -1022,7 +1022,9 @@ def gpt_oss(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
 
     Hugging Face's path only: :func:`wattcast.featurize.workload` refuses ``--framework megatron`` for it."""
     types = gpt_oss_layer_types(cfg)
-    window = cfg.count("sliding_window", default=GPT_OSS_DEFAULTS["sliding_window"])
+    # absent: GptOssConfig's default (128); an explicit null: GptOssAttention passes no window (full attention)
+    window = (None if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None
+              else cfg.count("sliding_window", default=GPT_OSS_DEFAULTS["sliding_window"]))
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")

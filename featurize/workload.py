@@ -216,7 +216,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     if cfg.family == "gpt_oss" and opts.framework in ("megatron", "megatron-deepspeed"):
         raise GraphError(f"{cfg.name}: gpt-oss (model_type gpt_oss) is built for the Hugging Face path only (--framework "
                          f"hf), not {opts.framework}: its attention sinks and clamped SwiGLU experts are not modelled in "
-                         "Megatron-Core's layer spec here")
+                         f"{'Megatron-Core' if opts.framework == 'megatron' else 'Megatron-DeepSpeed'}'s layer spec here")
     if opts.framework == "megatron-deepspeed" and cfg.family != "gpt2":
         raise GraphError(f"framework 'megatron-deepspeed' models GPT (gpt2-type configs) only, not {cfg.model_type}")
     if opts.framework == "megatron" and cfg.family not in ("gpt2", *_MEGATRON_LLAMA_FAMILIES, "deepseek"):

@@ -422,7 +422,9 @@ def model_flops(nodes: pd.DataFrame, mult=1.0) -> tuple[float, float]:
     phase = nodes["phase"].to_numpy()
     f = nodes["flops"].to_numpy(dtype=float) * mult
     work = (phase != "optimizer") & ~nodes["recompute"].to_numpy(dtype=bool)
-    flash_b = float(f[(phase == "backward") & (nodes["op_class"].to_numpy() == "flash_attention")].sum())
+    # the fused attention's own backward kernels (a recomputed forward under full recomputation sits in the backward
+    # phase too, and is out already)
+    flash_b = float(f[work & (phase == "backward") & (nodes["op_class"].to_numpy() == "flash_attention")].sum())
     flash_rc = flash_b * (1.0 - FLASH_BACKWARD_MODEL_SHARE)
     return float(f[work].sum()) - flash_rc, flash_rc
 

@@ -92,6 +92,17 @@ def test_sliding_window_on_the_even_layers_full_attention_on_the_odd():
     assert qk.loc[0] == qk.loc[1]
 
 
+def test_an_explicit_null_sliding_window_is_full_attention():
+    """GptOssAttention passes ``config.sliding_window`` to its sliding layers: null there is no window (the default 128
+    applies only when the field is absent)."""
+    s = 4096
+    base = json.loads((CONFIGS / "gpt_oss_20b.json").read_text())
+    cfg = dict(base, num_hidden_layers=2, sliding_window=None)
+    fl = step_graph(cfg, StepOptions(batch=1, seq=s, mode="inference", dtype="bf16", attention="flash")).nodes
+    fl = fl[fl["op_class"] == "flash_attention"].set_index("layer")["flops"]
+    assert fl.loc[0] == fl.loc[1]  # the sliding layer attends over every key like the full one
+
+
 def test_router_has_a_bias_and_takes_the_top_k_before_the_softmax():
     s = 64
     f = _forward(_graph("gpt_oss_20b", blocks=1, seq=s), 0)

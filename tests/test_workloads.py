@@ -126,7 +126,8 @@ def test_mixed_precision_memory_counts_master_weights_and_adam_states():
 
 
 @pytest.mark.parametrize("model,kw", [("gpt2", dict(batch=8, seq=1024)),
-                                      ("llama3_8b", dict(batch=1, seq=4096, attention="flash"))])
+                                      ("llama3_8b", dict(batch=1, seq=4096, attention="flash")),
+                                      ("qwen3_8b", dict(batch=1, seq=512, attention="flash", recompute="full"))])
 def test_one_device_and_a_one_gpu_cluster_count_the_same_model_flops(model, kw):
     """Model FLOPs: forward and backward without the optimizer step or FlashAttention's recomputed scores, on one
     device as on a cluster (one device counted both: 1-2% more)."""
