@@ -166,6 +166,9 @@ def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
     if d == "bf16" and not spec.peak_bf16_tflops:
         return (f"--dtype bf16 needs BF16 support, but {spec.name}'s spec has no peak_bf16_tflops (V100, T4, P100 and "
                 "other pre-Ampere GPUs run bf16 without it, far slower than fp16); use --dtype fp16")
+    if d == "tf32" and not spec.peak_tf32_tflops:
+        return (f"--dtype tf32 runs the GEMMs on TF32 tensor cores, but {spec.name}'s spec has no peak_tf32_tflops (TF32 "
+                "is Ampere's and later: on a V100, T4 or P100 PyTorch's TF32 setting does nothing); use --dtype fp32")
     if d == "fp16" and not spec.peak_fp16_tflops:
         return (f"--dtype fp16 needs FP16 arithmetic, but {spec.name}'s spec has no peak_fp16_tflops (the Tesla P4 and "
                 "other GPUs without a usable FP16 rate; a spec file may just lack the figure: add it); use --dtype fp32")

@@ -537,6 +537,12 @@ def predict_kernels(
             err = err.copy()
             err[fp8] = (f"dtype fp8 needs FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops "
                         "(A100, V100, MI250 and older); use bf16")
+    if not spec.peak_tf32_tflops:
+        tf32 = (canon["dtype"].to_numpy() == "tf32") & (err == "")  # (vector rows in tf32 are fp32 by now)
+        if tf32.any():
+            err = err.copy()
+            err[tf32] = (f"dtype tf32 needs TF32 tensor cores, but {spec.name}'s spec has no peak_tf32_tflops (Ampere "
+                         "and later; PyTorch's TF32 setting does nothing on older GPUs); use fp32")
     if not (spec.peak_bf16_tflops or spec.peak_fp16_tflops):
         half = _unpeaked_half_gemms(canon, err, spec)
         if half.any():

@@ -93,6 +93,22 @@ def test_a_gpu_without_16_bit_arithmetic_defaults_to_fp32_and_refuses_fp16():
     assert json.loads(r.stdout)["settings"]["dtype"] == "fp32" and "has no BF16 or FP16" in r.stderr.replace("\n", " ")
 
 
+def test_tf32_needs_tf32_tensor_cores():
+    """On a V100 PyTorch's TF32 setting does nothing: tf32 is refused naming peak_tf32_tflops (it was predicted 19%
+    slower than fp32, the tf32 GEMMs keeping a timing floor fp32 rows drop); a tf32 GEMM row of `kernels` gets a row
+    error, a tf32 softmax row is fp32's."""
+    import pandas as pd
+
+    with pytest.raises(ValueError, match="peak_tf32_tflops.*use --dtype fp32"):
+        wattcast.predict("gpt2", "V100-SXM2-32GB", batch=1, seq=128, dtype="tf32")
+    out = wattcast.predict_kernels(pd.DataFrame([dict(OPName="linear", dtype="tf32", B=1, M=512, N=512, K=512),
+                                                 dict(OPName="softmax", dtype="tf32", B=64, H=512),
+                                                 dict(OPName="softmax", dtype="fp32", B=64, H=512)]), "V100-SXM2-32GB")
+    assert "peak_tf32_tflops" in out["error"][0] and out["pred_latency_ms"].isna()[0]
+    assert out["pred_latency_ms"][1] == out["pred_latency_ms"][2]
+    assert wattcast.predict("gpt2", "A100-SXM4-80GB", batch=1, seq=128, dtype="tf32").step_time_ms > 0
+
+
 def test_megatron_swiglu_needs_a_silu_config():
     """Megatron-Core's --swiglu gates with SiLU: a Llama-family config with another hidden_act is refused under
     --framework megatron (a typo like 'swishy' was accepted silently; the hf path refused it)."""
