@@ -260,71 +260,83 @@ def _family_columns(fm, X: pd.DataFrame) -> list[str]:
     return list(fm.features) + [c for c in fm.support_columns(X.columns) if c not in feats]
 
 
-#: tensor-core GEMM rows with at most this many rows (``M``) are held to "more rows never take less time" (below)
-MONOTONE_MAX_M = 1024
-#: the smallest row count the guard compares with, and how many powers of two below a row's ``M`` it looks
-MONOTONE_MIN_M = 8
-MONOTONE_OCTAVES = 7
+#: tensor-core linear rows with more than MONOTONE_MIN_M and at most MONOTONE_MAX_M rows (``M``) are held to "more
+#: rows never take less time" (:func:`_predict_rows`)
+MONOTONE_MAX_M = 4096
+MONOTONE_MIN_M = 1
 
 
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
     """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``.
 
-    A tensor-core linear layer with few rows (``M`` <= :data:`MONOTONE_MAX_M`: decode steps, a few tokens per expert) is
-    bound by reading its weights, and where the floor and ceiling members hand over (0.5-2 GFLOP) or the learned
-    multiple wiggles, a larger ``M`` could come out faster (a DeepSeek-V3 step on an L4 shrank as its batch grew).
-    Such a row is predicted at least as slow as the same GEMM at every power of two below its ``M`` down to
-    :data:`MONOTONE_MIN_M` (:data:`MONOTONE_OCTAVES` of them at most; the band scaled with it), predicted in the same
-    pass with the distinct probes once: along powers of two the time is then non-decreasing in ``M``. FP32 rows (the
-    roofline member, NeuSight's data) are left as predicted."""
-    probes, owner = _smaller_m_probes(canon)
+    A tensor-core linear layer (a ``linear`` row, or a single matmul: ``bmm`` with B = 1, as a step graph costs its
+    projections) with :data:`MONOTONE_MIN_M` < ``M`` <= :data:`MONOTONE_MAX_M` rows (decode steps, a few tokens per
+    expert, short sequences) is bound by reading its weights, and where the floor and ceiling members hand over
+    (0.5-2 GFLOP) or the learned multiple wiggles, a larger ``M`` could come out faster (a DeepSeek-V3 step on an L4
+    shrank as its batch grew; M = 769 beat 768). Such a row's time is the same GEMM's predicted at the powers of two
+    from MONOTONE_MIN_M to the first at or above its ``M``, made non-decreasing (a running maximum), interpolated
+    log-linearly in ``M`` between the two around it (the band scaled alike): non-decreasing in ``M`` over the range.
+    The grid rows are predicted in the same pass, each distinct one once. FP32 rows (the roofline member, NeuSight's
+    data), attention's batched products (B > 1) and larger ``M`` (compute-bound; tile quantisation can still move
+    them by 1-4%) are as predicted."""
+    probes, owner, lo_i, w = _m_grid_probes(canon)
     if not len(probes):
         X = featurize_kernels(canon, spec)
         return _predict_features(X, bundle, canon["dtype"], power_floor_ms=_power_floor_ms(X, canon["dtype"], spec),
                                  device=spec)
     n = len(canon)
-    groups = _distinct_rows(probes)  # probes repeat one another (a model's projections share N and K)
+    groups = _distinct_rows(probes)  # grid rows repeat one another (a model's projections share N and K)
     if groups is not None:
-        probes, owner_probe = probes.iloc[groups[0]], groups[1]
+        probes, take = probes.iloc[groups[0]], groups[1]
     else:
-        owner_probe = np.arange(len(probes))
+        take = np.arange(len(probes))
     rows = pd.concat([canon, probes], ignore_index=True)
     X = featurize_kernels(rows, spec)
     res = _predict_features(X, bundle, rows["dtype"], power_floor_ms=_power_floor_ms(X, rows["dtype"], spec),
                             device=spec)
-    pp = res["pred_latency_ms"][n:][owner_probe]
     out = {k: ((v[0][:n], v[1]) if isinstance(v, tuple) else v[:n]) for k, v in res.items()}
+    g = np.log(np.maximum(res["pred_latency_ms"][n:][take], 1e-30))
+    # running maximum within each row's grid (segments are contiguous, ascending M): offset each segment above the last
+    seg = np.concatenate([[0], np.cumsum(owner[1:] != owner[:-1])])
+    span = float(np.ptp(g)) + 1.0
+    g = np.maximum.accumulate(g + seg * span) - seg * span
+    rows_sel = owner[np.r_[0, np.flatnonzero(owner[1:] != owner[:-1]) + 1]]
+    t_new = np.exp((1.0 - w) * g[lo_i] + w * g[np.minimum(lo_i + 1, len(g) - 1)])
     t = out["pred_latency_ms"]
-    floor = t.copy()
-    np.maximum.at(floor, owner, pp)
-    f = np.where(floor > t, floor / np.where(t > 0, t, 1.0), 1.0)
+    f = np.ones(n)
+    f[rows_sel] = t_new / np.where(t[rows_sel] > 0, t[rows_sel], 1.0)
     for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
         out[k] = out[k] * f
     return out
 
 
-def _smaller_m_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """(probe rows, the canonical row each probes): for every tensor-core ``linear`` row (weights to read; attention's
-    batched products are left as predicted) with
-    MONOTONE_MIN_M < ``M`` <= MONOTONE_MAX_M, the same row with each of the MONOTONE_OCTAVES powers of two below
-    ``M`` that are at least MONOTONE_MIN_M."""
+def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """(grid rows, the canonical row each belongs to, per guarded row the index of its grid point at or below its
+    ``M``, the log2 weight of the one above): for every tensor-core linear-layer row (see :func:`_predict_rows`) with
+    MONOTONE_MIN_M < ``M`` <= MONOTONE_MAX_M, the same row at each power of two from MONOTONE_MIN_M to the first at or
+    above ``M``, ascending."""
+    none = (canon.iloc[:0], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0))
     if "M" not in canon:
-        return canon.iloc[:0], np.zeros(0, dtype=np.intp)
-    op = canon["op"].to_numpy()
+        return none
     m = canon["M"].to_numpy(dtype=float)
-    sel = np.flatnonzero((m > MONOTONE_MIN_M) & (m <= MONOTONE_MAX_M) & (op == "linear")
+    op = canon["op"].to_numpy()
+    b = canon["B"].to_numpy(dtype=float) if "B" in canon else np.ones(len(canon))
+    # linear layers: ``linear`` rows and the single matmuls (``bmm`` with B = 1) a step graph costs them as
+    sel = np.flatnonzero((m > MONOTONE_MIN_M) & (m <= MONOTONE_MAX_M) & ((op == "linear") | ((op == "bmm") & (b == 1)))
                          & (canon["dtype"].to_numpy() != "fp32"))
     if not len(sel):
-        return canon.iloc[:0], np.zeros(0, dtype=np.intp)
-    top = np.ceil(np.log2(m[sel])) - 1  # the largest power of two below M
-    lowest = np.maximum(top - MONOTONE_OCTAVES + 1, np.log2(MONOTONE_MIN_M))
-    steps = (top - lowest + 1).astype(int)
+        return none
+    e0 = np.log2(MONOTONE_MIN_M)
+    lm = np.log2(m[sel])
+    top = np.ceil(lm - 1e-12)
+    steps = (top - e0 + 1).astype(int)
+    first = np.cumsum(steps) - steps
     owner = np.repeat(sel, steps)
-    first = np.repeat(np.cumsum(steps) - steps, steps)
-    exp = np.repeat(top, steps) - (np.arange(len(owner)) - first)
+    exp = e0 + (np.arange(len(owner)) - np.repeat(first, steps))
     probes = canon.iloc[owner].copy()
     probes["M"] = np.exp2(exp)
-    return probes, owner
+    lo = np.floor(lm + 1e-12)
+    return probes, owner, (first + (lo - e0)).astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
 
 
 def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | None:

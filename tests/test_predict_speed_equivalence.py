@@ -153,35 +153,37 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
 
 
 def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
-    """The plain prediction, then "more rows never take less time" for tensor-core linear rows with 8 < M <= 1024, row by
-    row: each at least as slow as the same row at every power of two below its M down to 8 (band scaled alike)."""
+    """The plain prediction, then "more rows never take less time", row by row, for tensor-core linear layers (linear,
+    or bmm with B = 1) with 1 < M <= 4096: the same row at M = 1, 2, 4, ... up to the first power of two >= M, a running
+    maximum over them, interpolated log-linearly in M between the two around M (band scaled alike)."""
     out = _reference_core(frame, spec, bundle)
     canon, err = _reference_normalise(frame)
     probes, owners = [], []
     for i in range(len(canon)):
         r = canon.iloc[i]
-        if err[i] == "" and r["op"] == "linear" and r["dtype"] != "fp32" and 8 < float(r["M"]) <= 1024:
-            m = 8
-            while m * 2 < float(r["M"]):  # the largest power of two below M
-                m *= 2
-            for _ in range(7):
-                if m < 8:
-                    break
+        lin = r["op"] == "linear" or (r["op"] == "bmm" and float(r["B"]) == 1)
+        if err[i] == "" and lin and r["dtype"] != "fp32" and 1 < float(r["M"]) <= 4096:
+            m = 1
+            while True:
                 probes.append(dict(r, M=float(m)))
                 owners.append(i)
-                m //= 2
+                if m >= float(r["M"]):
+                    break
+                m *= 2
     if probes:
         pp = _reference_core(pd.DataFrame(probes), spec, bundle)["pred_latency_ms"].to_numpy()
         t = out["pred_latency_ms"].to_numpy(dtype=float).copy()
-        best = t.copy()
-        for j, i in enumerate(owners):
-            best[i] = max(best[i], pp[j])
+        scale = np.ones(len(t))
+        for i in sorted(set(owners)):
+            g = [pp[j] for j in range(len(owners)) if owners[j] == i]
+            run = [max(g[: k + 1]) for k in range(len(g))]  # running maximum over M = 1, 2, 4, ...
+            m = float(canon.iloc[i]["M"])
+            lo = int(np.floor(np.log2(m) + 1e-12))
+            w = min(max(np.log2(m) - lo, 0.0), 1.0)
+            hi = min(lo + 1, len(run) - 1)
+            scale[i] = np.exp((1 - w) * np.log(run[lo]) + w * np.log(run[hi])) / t[i]
         for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
-            v = out[c].to_numpy(dtype=float).copy()
-            for i in set(owners):
-                if best[i] > t[i]:
-                    v[i] = v[i] * best[i] / t[i]
-            out[c] = v
+            out[c] = out[c].to_numpy(dtype=float) * scale
     return out
 
 
