@@ -54,7 +54,7 @@ def _dtype_flag(given: str | None, *, device=None, clusters=()) -> str:
         return given
     from wattcast.data.catalog import resolve_device
     from wattcast.data.cluster_spec import resolve_cluster
-    from wattcast.simulate.defaults import resolve_dtype
+    from wattcast.simulate.defaults import lacking_precision, resolve_dtype
 
     try:  # a given device is the GPU (of the cluster too); else each cluster's own
         specs = ([resolve_device(device)] if device is not None
@@ -65,9 +65,8 @@ def _dtype_flag(given: str | None, *, device=None, clusters=()) -> str:
     lacking = sorted(n for n, d in got.items() if d != DEFAULTS.dtype)
     if lacking:
         out = "fp32" if "fp32" in got.values() else "fp16"  # one precision every GPU of the command has
-        missing = "BF16" if out == "fp16" else "BF16 or FP16"
-        err.print(f"[yellow]note: {', '.join(lacking)} has no {missing}: --dtype {out} (the default is bf16 where the GPU "
-                  f"has it; give --dtype to choose)[/yellow]")
+        err.print(f"[yellow]note: {', '.join(lacking)} has no {lacking_precision(out)}: --dtype {out} (the default is "
+                  f"bf16 where the GPU has it; give --dtype to choose)[/yellow]")
         return out
     return DEFAULTS.dtype
 

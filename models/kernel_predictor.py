@@ -279,7 +279,7 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     The grid rows are predicted in the same pass, each distinct one once. FP32 rows (the roofline member, NeuSight's
     data), attention's batched products (B > 1) and larger ``M`` (compute-bound; tile quantisation can still move
     them by 1-4%) are as predicted."""
-    probes, owner, lo_i, w = _m_grid_probes(canon)
+    probes, owner, sel, lo_i, w = _m_grid_probes(canon)
     if not len(probes):
         X = featurize_kernels(canon, spec)
         return _predict_features(X, bundle, canon["dtype"], power_floor_ms=_power_floor_ms(X, canon["dtype"], spec),
@@ -300,22 +300,23 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     seg = np.concatenate([[0], np.cumsum(owner[1:] != owner[:-1])])
     span = float(np.ptp(g)) + 1.0
     g = np.maximum.accumulate(g + seg * span) - seg * span
-    rows_sel = owner[np.r_[0, np.flatnonzero(owner[1:] != owner[:-1]) + 1]]
     t_new = np.exp((1.0 - w) * g[lo_i] + w * g[np.minimum(lo_i + 1, len(g) - 1)])
     t = out["pred_latency_ms"]
     f = np.ones(n)
-    f[rows_sel] = t_new / np.where(t[rows_sel] > 0, t[rows_sel], 1.0)
+    f[sel] = t_new / np.where(t[sel] > 0, t[sel], 1.0)
     for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
         out[k] = out[k] * f
     return out
 
 
-def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
-    """(grid rows, the canonical row each belongs to, per guarded row the index of its grid point at or below its
-    ``M``, the log2 weight of the one above): for every tensor-core linear-layer row (see :func:`_predict_rows`) with
+def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(grid rows, the canonical row each belongs to, the guarded rows, per guarded row the index of its grid point at
+    or below its ``M`` and the log2 weight of the one above): for every tensor-core linear-layer row (see
+    :func:`_predict_rows`) with
     MONOTONE_MIN_M < ``M`` <= MONOTONE_MAX_M, the same row at each power of two from MONOTONE_MIN_M to the first at or
     above ``M``, ascending."""
-    none = (canon.iloc[:0], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0))
+    none = (canon.iloc[:0], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp),
+            np.zeros(0))
     if "M" not in canon:
         return none
     m = canon["M"].to_numpy(dtype=float)
@@ -336,7 +337,7 @@ def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.nd
     probes = canon.iloc[owner].copy()
     probes["M"] = np.exp2(exp)
     lo = np.floor(lm + 1e-12)
-    return probes, owner, (first + (lo - e0)).astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
+    return probes, owner, sel, (first + (lo - e0)).astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
 
 
 def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | None:
@@ -543,18 +544,15 @@ def predict_kernels(
         bundle = load_bundle(str(bundle) if bundle else None)
     canon, err = normalise_kernel_frame(frame, plausible_shapes=plausible_shapes)
     n = len(canon)
-    if not spec.peak_fp8_tflops:
-        fp8 = (canon["dtype"].to_numpy() == "fp8") & (err == "")
-        if fp8.any():
-            err = err.copy()
-            err[fp8] = (f"dtype fp8 needs FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops "
-                        "(A100, V100, MI250 and older); use bf16")
-    if not spec.peak_tf32_tflops:
-        tf32 = (canon["dtype"].to_numpy() == "tf32") & (err == "")  # (vector rows in tf32 are fp32 by now)
-        if tf32.any():
-            err = err.copy()
-            err[tf32] = (f"dtype tf32 needs TF32 tensor cores, but {spec.name}'s spec has no peak_tf32_tflops (Ampere "
-                         "and later; PyTorch's TF32 setting does nothing on older GPUs); use fp32")
+    # dtypes of tensor-core units the spec has no peak for (a tf32 vector row is fp32 by now)
+    for dt, field, why in (("fp8", "peak_fp8_tflops", "(A100, V100, MI250 and older); use bf16"),
+                           ("tf32", "peak_tf32_tflops", "(Ampere and later; PyTorch's TF32 setting does nothing on older "
+                                                        "GPUs); use fp32")):
+        if not getattr(spec, field):
+            rows = (canon["dtype"].to_numpy() == dt) & (err == "")
+            if rows.any():
+                err = err.copy()
+                err[rows] = f"dtype {dt} needs {dt.upper()} tensor cores, but {spec.name}'s spec has no {field} {why}"
     if not (spec.peak_bf16_tflops or spec.peak_fp16_tflops):
         half = _unpeaked_half_gemms(canon, err, spec)
         if half.any():

@@ -28,15 +28,20 @@ def resolve_dtype(dtype: str, spec) -> str:
     return dtype
 
 
+def lacking_precision(resolved: str) -> str:
+    """What a GPU lacks when the default precision resolved to ``resolved`` (:func:`resolve_dtype`): "BF16" (fp16),
+    "BF16 or FP16" (fp32); for the notes the API and the CLI give."""
+    return "BF16" if resolved == "fp16" else "BF16 or FP16"
+
+
 def step_dtype(dtype: str, spec) -> str:
     """:func:`resolve_dtype`, with a Python warning when the default became fp16."""
     out = resolve_dtype(dtype, spec)
     if out is not dtype:
         import warnings
 
-        missing = "BF16" if out == "fp16" else "BF16 or FP16"
-        warnings.warn(f"{spec.name} has no {missing}: predicting {out}, the default precision there (give dtype= to "
-                      "choose)", stacklevel=3)
+        warnings.warn(f"{spec.name} has no {lacking_precision(out)}: predicting {out}, the default precision there "
+                      "(give dtype= to choose)", stacklevel=3)
     return out
 
 

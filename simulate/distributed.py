@@ -56,7 +56,7 @@ from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, step_overheads,
-                                             stream_bandwidth_gbps)
+                                             stream_bandwidth_gbps, with_warnings)
 from wattcast.simulate.step_band import band_keys, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
@@ -836,12 +836,6 @@ def _uniform_recompute_view(full: _RankView, chunk: np.ndarray, counts, n_layers
                    full_extra_bytes=full.full_extra_bytes * group)
 
 
-def _add_warnings(meta: dict, notes) -> None:
-    """Append ``notes`` to ``meta["warnings"]`` (a new list: the graph's meta is shared and stays as it was)."""
-    if notes:
-        meta["warnings"] = [*(meta.get("warnings") or []), *notes]
-
-
 def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_layers: int, n_micro: int, counts,
                  model_totals: dict, worst: float, worst_terms: dict | None, capacity: float, view: "_RankView",
                  power_limit_w: float | None, notes=()) -> DistributedPrediction:
@@ -850,7 +844,7 @@ def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_la
     nan = float("nan")
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
                 scheduled=False, note="does not fit in memory: the step was not simulated (memory-first pruning)")
-    _add_warnings(meta, notes)
+    meta = with_warnings(meta, notes)
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=nan,
         forward_ms=nan, backward_ms=nan, optimizer_ms=nan, exposed_comm_ms=nan, bubble_ms=nan, mfu=nan, hfu=nan,
@@ -1714,7 +1708,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                    end_ms=float(finish[s] + opt_stage[s])))
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
                 zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None)
-    _add_warnings(meta, ctx.notes)
+    meta = with_warnings(meta, ctx.notes)
     if pipe.extrapolated:
         meta["schedule_extrapolated"] = dict(
             simulated_micro=int(pipe.simulated_micro), period_ms=float(np.max(pipe.period_ms)),

@@ -379,8 +379,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     step_s = res.step_time_ms / 1e3
     tensor = bool((np.isin(costed["op_class"].to_numpy(), ("linear", "bmm")) & (costed["dtype"].to_numpy() != "fp32")).any())
     band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor)
-    notes = power_setting_notes(power_limit_w, clock_cap_mhz, spec)
-    meta = dict(res.meta, warnings=[*(res.meta.get("warnings") or []), *notes]) if notes else res.meta
+    meta = with_warnings(res.meta, power_setting_notes(power_limit_w, clock_cap_mhz, spec))
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
                    step_band=band, meta=meta)
 
@@ -406,6 +405,12 @@ def step_overheads(costed: pd.DataFrame) -> dict:
             "fp8_cast_ms": float(t[oc == "fp8_cast"].sum()),
             "memcpy_ms": float(t[oc == "memory"].sum()),
             "launch_gap_ms": float(np.maximum(t - gpu, 0.0).sum())}
+
+
+def with_warnings(meta: dict, notes) -> dict:
+    """``meta`` with ``notes`` appended to its ``warnings`` (a new dict and list: a graph's meta is shared and stays as it
+    was); ``meta`` itself when there are none."""
+    return dict(meta, warnings=[*(meta.get("warnings") or []), *notes]) if notes else meta
 
 
 #: model FLOPs count a fused attention's backward at 2x its forward (the two matrix products' gradients, the
