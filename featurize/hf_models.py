@@ -391,7 +391,12 @@ class LlamaVariant:
       kernels on the S x S scores (eager; fused into the flash kernel) and on the vocabulary logits;
     - ``window`` / ``global_every``: sliding-window attention of ``window`` keys on the local layers; every
       ``global_every``-th layer is global (Gemma 2: 2, alternating; Gemma 3: 6, five local to one global; 1: all
-      layers global; 0: all local, Mistral's ``sliding_window``)."""
+      layers global; 0: all local, Mistral's ``sliding_window``);
+    - ``gpt_oss``: GptOssAttention's q/k/v/o projections with biases (``attention_bias``, default true), its RoPE
+      (:func:`_gpt_oss_rope`) and per-head learned sinks (``num_attention_heads`` parameters: one logit per head
+      joined to every row of the scores, :func:`~wattcast.featurize.hf_blocks.eager_attention` with ``sinks``; in the
+      flash kernel, FlashAttention-3 / FlexAttention with the sinks as ``s_aux``, one extra logit per query row, no
+      kernel of their own)."""
 
     gemma: bool = False
     qk_norm: bool = False
@@ -402,6 +407,7 @@ class LlamaVariant:
     final_softcap: float | None = None
     window: int | None = None
     global_every: int = 1
+    gpt_oss: bool = False
 
     def is_local(self, layer: int) -> bool:
         if not self.window:
@@ -413,7 +419,8 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
                      var: LlamaVariant = LlamaVariant(), layer: int = 0) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
-    bias = cfg.flag("attention_bias", cfg.model_type in ("qwen2", "qwen2_moe"))  # Qwen2(Moe)Attention: q/k/v bias
+    # Qwen2(Moe)Attention: q/k/v bias; GptOssAttention: q/k/v/o bias
+    bias = cfg.flag("attention_bias", cfg.model_type in ("qwen2", "qwen2_moe") or var.gpt_oss)
     x = b.tp_enter(x, name="self_attn.enter")
     if var.fused_qkv:  # Phi-3: one qkv_proj, split into q, k, v by views
         qkv = b.linear(x, (nh + 2 * nkv) * d, bias=bias, name="self_attn.qkv_proj", parallel="col")
@@ -427,8 +434,11 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     if var.qk_norm:  # Qwen3 / Gemma 3: RMSNorm over the head dim of q and k
         q = rms_norm_eager(b, q, "self_attn.q_norm")
         k = rms_norm_eager(b, k, "self_attn.k_norm")
-    q = rope(b, q, "rope.q")
-    k = rope(b, k, "rope.k")
+    rotate = _gpt_oss_rope if var.gpt_oss else rope
+    q = rotate(b, q, "rope.q")
+    k = rotate(b, k, "rope.k")
+    if var.gpt_oss:
+        b.add_params(nhl)  # self_attn.sinks: one logit per (local) head
     if impl != "flash":
         k = repeat_kv(b, k, nhl // nkvl, "repeat_kv.k")
         v = repeat_kv(b, v, nhl // nkvl, "repeat_kv.v")
@@ -439,9 +449,10 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     else:
         a = eager_attention(b, q, k, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
                             mask_shape=(batch, 1, seq, seq), strided=(False, False, nhl == nkvl),
-                            softcap=var.attn_softcap)
+                            softcap=var.attn_softcap, sinks=var.gpt_oss)
     a = merge_heads(b, a, name="self_attn.transpose")
-    return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
+    return b.tp_exit(b.linear(a, cfg.hidden, bias=bias and var.gpt_oss, name="self_attn.o_proj", parallel="row"),
+                     name="self_attn.exit")
 
 
 def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *, tp_region: bool = True,
@@ -948,38 +959,6 @@ def _gpt_oss_rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
     return b.copy(Tensor((bs, h, s, d), first.dtype, first.node, first.tid), name=f"{name}.cat", grad=False)
 
 
-def _gpt_oss_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
-                       window: int | None) -> Tensor:
-    """GptOssAttention: q/k/v/o projections with biases (``attention_bias``, default true), RoPE (:func:`_gpt_oss_rope`),
-    grouped-query attention with per-head learned sinks (``num_attention_heads`` parameters: one logit per head joined
-    to every row of the scores, :func:`~wattcast.featurize.hf_blocks.eager_attention` with ``sinks``), ``window``: the
-    sliding window of a ``sliding_attention`` layer (None on a ``full_attention`` one).
-
-    Eager (``eager_attention_forward``): the full S x S scores under an additive mask that carries the window (the
-    sliding layers cost what the full ones do), repeat_kv copies of K and V. ``attention="flash"``: one fused kernel
-    (FlashAttention-3 / FlexAttention with the sinks as ``s_aux``) that skips the blocks outside the window on the
-    sliding layers; the sinks cost one extra logit per query row inside it, no kernel of their own."""
-    nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
-    bias = cfg.flag("attention_bias", True)
-    x = b.tp_enter(x, name="self_attn.enter")
-    q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj", parallel="col"), nhl, d)
-    k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj", parallel="col"), nkvl, d)
-    v = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.v_proj", parallel="col"), nkvl, d)
-    q = _gpt_oss_rope(b, q, "rope.q")
-    k = _gpt_oss_rope(b, k, "rope.k")
-    b.add_params(nhl)  # self_attn.sinks: one logit per (local) head
-    if impl == "flash":
-        a = b.flash_attention(q, k, v, causal=True, name="attn.flash", window=window)
-    else:
-        k = repeat_kv(b, k, nhl // nkvl, "repeat_kv.k")
-        v = repeat_kv(b, v, nhl // nkvl, "repeat_kv.v")
-        a = eager_attention(b, q, k, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
-                            mask_shape=(batch, 1, seq, seq), strided=(False, False, nhl == nkvl), sinks=True)
-    a = merge_heads(b, a, name="self_attn.transpose")
-    return b.tp_exit(b.linear(a, cfg.hidden, bias=bias, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
-
-
 def _gpt_oss_expert(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str) -> Tensor:
     """One expert of GptOssExperts' eager loop on its gathered rows ``x``: ``x @ gate_up_proj[e] + gate_up_proj_bias[e]``
     (a GEMM to 2 x ffn and a bias add: two kernels), the gate and up halves as strided views (``[..., ::2]``,
@@ -1011,7 +990,9 @@ def _gpt_oss_expert(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix:
 
 def gpt_oss(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """OpenAI gpt-oss (``gpt_oss``) as ``transformers``' GptOssForCausalLM runs it: token embedding; per block an
-    RMSNorm, :func:`_gpt_oss_attention` (sliding window of ``sliding_window`` keys, default 128, on the
+    RMSNorm, :func:`_llama_attention` with the gpt-oss variant (:class:`LlamaVariant`: biases, its RoPE, learned
+    sinks; eager attention computes the full S x S scores under a mask on every layer, the flash kernel skips the
+    blocks outside the window) with a sliding window of ``sliding_window`` keys, default 128, on the
     ``sliding_attention`` layers of ``layer_types``, default the even ones; the odd ones attend to the whole prefix),
     the residual add, an RMSNorm and the sparse block on every layer (GptOssMLP): the router ``Linear(hidden,
     num_local_experts)`` with a bias, top-k (``num_experts_per_tok``) on its logits and a softmax over the k chosen,
@@ -1031,8 +1012,9 @@ def gpt_oss(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
     for i in range(cfg.n_layers):
         with b.layer(i, f"model.layers.{i}"):
             y = rms_norm_eager(b, x, "input_layernorm", module="layernorm")
-            a = _gpt_oss_attention(cfg, b, y, batch, seq, impl,
-                                   window if types[i] == "sliding_attention" else None)
+            # a sliding_attention layer's window (none on a full_attention one), with the sinks and gpt-oss's RoPE
+            var = LlamaVariant(gpt_oss=True, window=window if types[i] == "sliding_attention" else None, global_every=0)
+            a = _llama_attention(cfg, b, y, batch, seq, impl, var, i)
             x = b.elementwise("add", x, a, name="residual_1")
             y = rms_norm_eager(b, x, "post_attention_layernorm", module="layernorm")
             with b.tag("moe"):  # Megatron-Core's recompute module name (featurize/recompute.py)
