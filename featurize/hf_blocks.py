@@ -165,7 +165,7 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
     if tied and not shared:
         # the tied weight's parameters on this rank ((padded vocab / tp) x hidden): the head holds none of its own, but a
         # pipeline's last stage keeps a copy of them (simulate/distributed.py, tied_copy_params_by_chunk)
-        b.meta["tied_output_params"] = int(x.shape[-1]) * (padded_vocab(b, vocab) // max(int(b.tp), 1))
+        b.meta["tied_output_params"] = vocab_shard_params(b, vocab, int(x.shape[-1]))
     if softcap:
         logits = softcap_logits(b, logits, softcap, "lm_head.softcap")
     if train:
@@ -183,6 +183,12 @@ def padded_vocab(b: GraphBuilder, vocab: int) -> int:
     parallel layer elsewhere to a multiple of the TP degree."""
     multiple = b.tp * (MEGATRON_VOCAB_MULTIPLE if getattr(b, "framework", "hf") in ("megatron", "megatron-deepspeed") else 1)
     return -(-vocab // multiple) * multiple
+
+
+def vocab_shard_params(b: GraphBuilder, vocab: int, dim: int) -> int:
+    """Parameters of this rank's shard of a (padded vocabulary x ``dim``) table split over the TP ranks: what a
+    pipeline's last stage holds of a tied embedding (or MTP's copy of it)."""
+    return dim * (padded_vocab(b, vocab) // int(b.tp))
 
 
 def local_heads(b: GraphBuilder, n: int, what: str = "attention heads") -> int:

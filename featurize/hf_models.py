@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
-                                          merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding)
+                                          merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding,
+                                          vocab_shard_params)
 from wattcast.featurize.hf_config import (GPT_OSS_DEFAULTS, QWEN_MOE_FAMILIES, HFConfig, bool_field, fraction_field,
                                           gpt_oss_layer_types)
 from wattcast.featurize.hf_switch import switch
@@ -859,10 +860,10 @@ def _mtp_layer(cfg: HFConfig, b: GraphBuilder, h: Tensor, ids: Tensor, k: int, *
     p = f"mtp.layers.{k}"
     with b.scope(p):
         # the word embedding's table: the first stage's own (one rank without a pipeline); a pipeline's last stage
-        # holds a copy, one for every depth, whose gradient joins the embedding group's all-reduce
+        # holds one copy of it (every depth reads the same table), whose gradient joins the embedding group's all-reduce
         # (simulate/distributed.py, as a tied output layer's copy)
         e = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name=f"{p}.embedding", params=False)
-        b.meta["mtp_embedding_params"] = cfg.hidden * (padded_vocab(b, cfg.vocab) // b.tp)
+        b.meta["mtp_embedding_params"] = vocab_shard_params(b, cfg.vocab, cfg.hidden)
         e = norm(e, f"{p}.enorm")
         hn = norm(h, f"{p}.hnorm")
         cat = b.copy(Tensor((*hn.shape[:-1], 2 * cfg.hidden), hn.dtype, hn.node, hn.tid), name=f"{p}.cat")
@@ -1077,7 +1078,7 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             scores = b.linear(y if b.sp else b.tp_enter(y, name="cls.enter"), padded_vocab(b, cfg.vocab), bias=True,
                               name="cls.predictions.decoder", weight_params=False, parallel="col")
             # tied to the word embedding: a pipeline's last stage holds a copy (simulate/distributed.py)
-            b.meta["tied_output_params"] = h * (padded_vocab(b, cfg.vocab) // b.tp)
+            b.meta["tied_output_params"] = vocab_shard_params(b, cfg.vocab, h)
             nsp = b.linear(pooled, 2, name="cls.seq_relationship")
             b.cross_entropy(scores, name="loss.mlm", vocab_parallel=True)
             b.cross_entropy(nsp, name="loss.nsp")

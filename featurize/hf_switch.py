@@ -16,7 +16,8 @@ as long as the encoder input (``seq``); training adds cross-entropy over the dec
 from __future__ import annotations
 
 from wattcast.featurize.hf_config import HFConfig
-from wattcast.featurize.hf_blocks import activation, local_heads, merge_heads, rms_norm_eager, vocab_embedding
+from wattcast.featurize.hf_blocks import (activation, local_heads, merge_heads, padded_vocab, rms_norm_eager, vocab_embedding,
+                                          vocab_shard_params)
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
 
@@ -167,9 +168,9 @@ def switch(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
         tied = cfg.flag("tie_word_embeddings", True)
         if tied:
             y = b.elementwise("mul", y, cfg.hidden ** -0.5, name="lm_head.scale")
-        logits = b.linear(b.tp_enter(y, name="lm_head.enter"), -(-cfg.vocab // b.tp) * b.tp, bias=False, name="lm_head",
+        logits = b.linear(b.tp_enter(y, name="lm_head.enter"), padded_vocab(b, cfg.vocab), bias=False, name="lm_head",
                           weight_params=not tied, parallel="col")
         if tied:  # the shared embedding: a pipeline's last stage holds a copy (simulate/distributed.py)
-            b.meta["tied_output_params"] = cfg.hidden * (-(-cfg.vocab // b.tp))
+            b.meta["tied_output_params"] = vocab_shard_params(b, cfg.vocab, cfg.hidden)
         if b.train:
             b.cross_entropy(logits, name="loss", vocab_parallel=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from wattcast.data.checks import is_count, real_in
+from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, pinned, position_warning
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
@@ -75,9 +75,7 @@ class StepOptions:
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
         if mode not in MODES:
             raise GraphError(f"unknown mode {self.mode!r}; use train or inference")
-        dtype = canonical_dtype(self.dtype)
-        if dtype not in DTYPE_BYTES:
-            raise GraphError(f"unknown dtype {self.dtype!r}; use one of fp32, tf32, bf16, fp16, fp8")
+        dtype = checked_dtype(self.dtype)
         att = str(self.attention).lower()
         if att not in ATTENTION:
             raise GraphError(f"unknown attention {self.attention!r}; use eager, flash or flash1")
@@ -123,6 +121,14 @@ class StepOptions:
         return out
 
 
+def checked_dtype(v) -> str:
+    """``v`` as a canonical dtype name (BF16, bfloat16, half ... accepted), or a GraphError naming it."""
+    dtype = canonical_dtype(v)
+    if dtype not in DTYPE_BYTES:
+        raise GraphError(f"unknown dtype {v!r}; use one of fp32, tf32, bf16, fp16, fp8")
+    return dtype
+
+
 #: tokens of one step on one device (batch x seq) that the graph builders cost; beyond it, index arithmetic
 #: (tokens x hidden x vocabulary bytes) leaves int64 and no real device holds the activations anyway
 MAX_TOKENS_PER_STEP = 2**32
@@ -157,7 +163,7 @@ def _etp_option(v: Any) -> int | None:
 
 
 def _mtp_option(v: Any) -> int:
-    if not (_is_count(v) or (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v == 0)):
+    if not (_is_count(v) or (is_int(v) and v == 0)):
         raise GraphError(f"mtp_layers (--mtp-num-layers) must be a whole number >= 0, got {v!r}")
     return int(v)
 

@@ -39,10 +39,10 @@ from wattcast.data.checks import is_count, real_in
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
-from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
+from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned
-from wattcast.featurize.op_graph import GraphError
-from wattcast.featurize.workload import MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, is_onnx_path, step_graph
+from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype, is_onnx_path,
+                                        step_graph)
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.models.power import check_power_settings, power_setting_notes
 from wattcast.simulate.defaults import step_dtype
@@ -55,6 +55,7 @@ from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelCon
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.pipeline_fast import time_pipeline
+from wattcast.simulate.scheduler import bucket_spans
 from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, step_overheads,
                                              stream_bandwidth_gbps, with_warnings)
 from wattcast.simulate.step_band import band_keys, step_band
@@ -410,11 +411,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     trace, power_limit_w, power_model = dopts.trace, dopts.power_limit_w, dopts.power_model
     # names and counts first: every table lookup and rule below takes them as given
     framework = canonical_framework(dopts.framework)  # case-insensitive; an unknown one is a GraphError naming it
-    dtype = canonical_dtype(dtype)  # BF16, bfloat16, half ... as the single-device path takes them
-    if dtype not in DTYPE_BYTES:
-        raise GraphError(f"unknown dtype {dopts.dtype!r}; use one of fp32, tf32, bf16, fp16, fp8")
+    dtype = checked_dtype(dtype)  # BF16, bfloat16, half ... as the single-device path takes them
     graph_dtype = dtype
-    if str(dtype).lower() == "fp8":
+    if dtype == "fp8":
         # Transformer Engine's recipe: the graph holds FP8 GEMMs; weights, activations, gradients and the
         # communication they need are bf16 (the casts are kernels in the graph), and MFU is quoted against the bf16
         # dense peak (Megatron-LM / NeMo's convention)
@@ -1072,10 +1071,8 @@ def chunk_reduce_spans_ms(chunk_ms: np.ndarray, ready_ms: np.ndarray) -> tuple[n
     stream is free (the FIFO of :func:`~wattcast.simulate.scheduler.bucket_spans`, per chunk; a chunk without buckets
     takes no time)."""
     d = np.asarray(chunk_ms, dtype=float)[:, ::-1]
-    r = np.where(d > 0, np.asarray(ready_ms, dtype=float)[:, ::-1], -np.inf)
-    c = np.cumsum(d, axis=1)
-    end = (c + np.maximum(np.maximum.accumulate(r - (c - d), axis=1), 0.0))[:, ::-1]
-    return end - np.asarray(chunk_ms, dtype=float), end
+    start, end = bucket_spans(np.where(d > 0, np.asarray(ready_ms, dtype=float)[:, ::-1], -np.inf), d)
+    return start[:, ::-1], end[:, ::-1]
 
 
 def param_gather_ms(f_first_ms: np.ndarray, gather_ms: np.ndarray, n_buckets: np.ndarray, share: float, *,
@@ -1474,6 +1471,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # ZeRO-3's collectives beside the computation (NCCL's SMs taken from it) or, not prefetched, in series with it
     z3_share = nccl_share if ctx.zero3_prefetch else 1.0
 
+    dp_group = lay["dp"].size > 1 or edp_n > 1  # a data-parallel sync to run (the dense or the experts' group)
+
     def run(free: frozenset = frozenset()):
         """The step with the communication classes in ``free`` made free (everything else as costed)."""
         comm_key = (parts_key, "comm", free)
@@ -1513,7 +1512,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if tied_on and tied_first:  # DeepSpeed: ReduceTiedGrads, then ReduceGrads
             stage_end, tied_start = tied_grad_sync_ms(stage_end, tied_ar_ms)
         finish = stage_end.copy()
-        if dp_on and (lay["dp"].size > 1 or edp_n > 1) and par.zero != 3 and dpt["bucket_pad"].shape[1]:
+        if dp_on and dp_group and par.zero != 3 and dpt["bucket_pad"].shape[1]:
             # every stage's buckets at once: rows padded with empty buckets that are never ready (they change nothing)
             ms, n = dpt["bucket_pad"], dpt["bucket_n"]
             pre = dpt.get("bucket_pre")
@@ -1534,10 +1533,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # backward tasks after its last one, chunk 0's after the stage's final backward); the reductions' time
                 # before the stage ends is charged as slowing its computation (below) though part of it may fall in
                 # the drain's idle gaps
-                chunk_ms = dpt.get("sync_by_stage_chunk")
-                if chunk_ms is None:
-                    chunk_ms = dpt["sync_by_stage_chunk"] = dpt["sync_ms"].reshape(V, P).T
-                c_start, c_end = chunk_reduce_spans_ms(chunk_ms, pipe.last_backward_by_chunk[:, :, 1])
+                c_start, c_end = chunk_reduce_spans_ms(dpt["sync_ms"].reshape(V, P).T, pipe.last_backward_by_chunk[:, :, 1])
                 end = np.where(has, c_end.max(axis=1), 0.0)
                 if trace:  # each chunk's buckets back to back from its start, numbered in the stage's queue order
                     for s in range(P):
@@ -1577,21 +1573,22 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
         opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share
         gather = np.zeros(P)
-        if dp_on and par.zero >= 1 and (lay["dp"].size > 1 or edp_n > 1):
-            gather = dpt.get("gather_by_stage")
-            if gather is None:
-                gather = dpt["gather_by_stage"] = by_stage(dpt["gather_after_ms"])
+        if dp_on and par.zero >= 1 and dp_group:
             if par.overlap_param_gather and V > 1:
                 # interleaved: chunk by chunk, each before that chunk's first forward (interleaved_param_gather_ms)
                 gather = interleaved_param_gather_ms(dpt["gather_after_ms"].reshape(V, P).T, pipe.first_forward_by_chunk,
                                                      nccl_share)
-            elif par.overlap_param_gather:
-                # gathered bucket by bucket in the next step's forward pre-hooks: the first bucket waits, the rest run
-                # beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
-                n_b = (np.maximum(np.ceil(params_stage / bucket_params), 1.0) if np.isfinite(bucket_params)
-                       else np.ones(P))
-                gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
-                                         first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None)
+            else:
+                gather = dpt.get("gather_by_stage")
+                if gather is None:
+                    gather = dpt["gather_by_stage"] = by_stage(dpt["gather_after_ms"])
+                if par.overlap_param_gather:
+                    # gathered bucket by bucket in the next step's forward pre-hooks: the first bucket waits, the rest
+                    # run beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
+                    n_b = (np.maximum(np.ceil(params_stage / bucket_params), 1.0) if np.isfinite(bucket_params)
+                           else np.ones(P))
+                    gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
+                                             first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None)
         total = finish + opt_stage + gather + iteration_ms
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events
 

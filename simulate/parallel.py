@@ -228,7 +228,7 @@ def _check_etp(cfg: ParallelConfig, *, dp: int, n_experts: int | None, fw: str |
     """Megatron-Core's rules for ``--expert-tensor-parallel-size`` (MoE parallel folding,
     ``parallel_state.initialize_model_parallel``: the expert ranks etp x ep x expert-dp fold over tp x cp x dp)."""
     etp = cfg.etp
-    if not ((type(etp) is int or is_int(etp)) and etp >= 1):
+    if not is_count(etp):
         raise ParallelConfigError(f"--expert-tensor-parallel-size must be a positive integer, got {etp!r}")
     if not n_experts:
         raise ParallelConfigError(f"--expert-tensor-parallel-size {etp} needs a mixture-of-experts model "

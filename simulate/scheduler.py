@@ -567,11 +567,12 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
 
 
 def bucket_spans(ready_ms: np.ndarray, dur_ms: np.ndarray, start_ms: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) of buckets run FIFO on one communication stream (see :func:`overlap_buckets`), as arrays."""
+    """(starts, ends) of buckets run FIFO on one communication stream (see :func:`overlap_buckets`), as arrays; 2-D
+    arrays are one stream per row."""
     r = np.asarray(ready_ms, dtype=float)
     d = np.asarray(dur_ms, dtype=float)
-    c = np.cumsum(d)
-    end = c + np.maximum(np.maximum.accumulate(r - (c - d)), start_ms) if len(d) else c
+    c = np.cumsum(d, axis=-1)
+    end = c + np.maximum(np.maximum.accumulate(r - (c - d), axis=-1), start_ms) if d.shape[-1] else c
     return end - d, end
 
 
