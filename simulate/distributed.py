@@ -1500,8 +1500,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if hit is None:  # strategies that differ only where the pipeline does not see it (ZeRO 0/1, ...) share it
             pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p, keep_tasks=keep,
                                  exact=ctx.exact_pipeline)
-            lb = pipe.last_backward_array
-            hit = (pipe, lb if lb is not None else np.asarray(pipe.last_backward, dtype=float).reshape(P, 2))
+            hit = (pipe, pipe.last_backward_array)
             if memo is not None and not keep:
                 memo[pipe_key] = hit
         pipe, lb = hit

@@ -98,7 +98,7 @@ def fast_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = 
     b_before = _before(b + c)
     if P == 1:  # no pipeline: the stage runs its tasks back to back
         end = busy.copy()
-        return PipelineResult([], end, busy, [(float(end[0] - b[0]), float(end[0]))], n_micro=M, simulated_micro=M,
+        return PipelineResult([], end, busy, n_micro=M, simulated_micro=M,
                               last_backward_by_chunk=_last_backward_by_chunk(float(end[0]), b, b_before, P, V),
                               first_forward_by_chunk=first_f)
     hops = 2.0 * (P * V - 1) * c
@@ -120,8 +120,7 @@ def fast_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = 
     # drain: stage s ends when chunk 0's backward, behind the next stage's, is done
     last_bc = _last_backward_by_chunk(step, b, b_before, P, V)
     end = last_bc[:, 0, 1].copy()  # step - sum_{k<s} (b_k + c)
-    last_b = [(float(e - b[s]), float(e)) for s, e in enumerate(end.tolist())]
-    return PipelineResult([], end, busy, last_b, n_micro=M, simulated_micro=M, last_backward_by_chunk=last_bc,
+    return PipelineResult([], end, busy, n_micro=M, simulated_micro=M, last_backward_by_chunk=last_bc,
                           first_forward_by_chunk=first_f)
 
 

@@ -86,7 +86,6 @@ class PipelineResult:
     tasks: list[Task]
     stage_end: np.ndarray  # when each stage's last compute task ends
     stage_busy: np.ndarray  # compute time each stage spent
-    last_backward: list[tuple[float, float]]  # per stage: (start, end) of its last backward task
     comm_events: list[tuple[int, str, float, float]] = field(default_factory=list)  # (stage, name, start, end)
     #: micro-batches of the step, and how many were simulated task by task (fewer: the rest was extrapolated)
     n_micro: int = 0
@@ -96,8 +95,6 @@ class PipelineResult:
     #: extrapolated steps with tasks kept: per stage (stage, start, end, tasks not drawn), the stretch of the
     #: steady state between the drawn head and tail of the schedule
     trace_gaps: list[tuple[int, float, float, int]] = field(default_factory=list)
-    #: ``last_backward`` as a (stages, 2) array when the timing made one (else None)
-    last_backward_array: np.ndarray | None = field(default=None, repr=False)
     #: per stage and model chunk (stages, interleave, 2): (start, end) of that chunk's last backward task on the stage
     #: (chunk 0's is the stage's last backward; under interleaving chunk c's comes earlier, the final backward tasks
     #: cycling through chunks v-1..0), ms
@@ -108,6 +105,16 @@ class PipelineResult:
     @property
     def extrapolated(self) -> bool:
         return self.simulated_micro < self.n_micro
+
+    @property
+    def last_backward_array(self) -> np.ndarray:
+        """Per stage (stages, 2): (start, end) of its last backward task, chunk 0's (``last_backward_by_chunk``)."""
+        return self.last_backward_by_chunk[:, 0]
+
+    @property
+    def last_backward(self) -> list[tuple[float, float]]:
+        """:attr:`last_backward_array` as a list of (start, end) per stage."""
+        return [tuple(x) for x in self.last_backward_array.tolist()]
 
 
 @lru_cache(maxsize=256)
@@ -159,13 +166,12 @@ def simulate_pipeline(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, inter
     period = (full.stage_end - less.stage_end) / k
     shift = extra * period
     busy = full.stage_busy + extra * (full.stage_busy - less.stage_busy) / k
-    last_b = [(a + d, e + d) for (a, e), d in zip(full.last_backward, shift.tolist())]
     tasks, gaps = [], []
     if keep_tasks:
         tasks, gaps = _extrapolated_tasks(full.tasks, P, N, q, V, kind, n_micro, shift)
     # every chunk's last backward lies in the drain, moved by the stage's shift like the stage's last backward; the
     # first forwards are in the head of the schedule, which does not depend on how many micro-batches follow
-    return PipelineResult(tasks, full.stage_end + shift, busy, last_b, n_micro=n_micro, simulated_micro=N,
+    return PipelineResult(tasks, full.stage_end + shift, busy, n_micro=n_micro, simulated_micro=N,
                           period_ms=period, trace_gaps=gaps,
                           last_backward_by_chunk=full.last_backward_by_chunk + shift[:, None, None],
                           first_forward_by_chunk=full.first_forward_by_chunk)
@@ -214,9 +220,9 @@ def _order_arrays(n_stages: int, n_micro: int, interleave: int, kind: str) -> tu
     return flat, offsets
 
 
-def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy, last_b, last_bc, first_fc):
+def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy, last_bc, first_fc):
     """The event loop over arrays (``_simulate_loop``'s, task for task): fills ``starts``/``ends`` per task,
-    ``free``/``busy``/``last_b`` per stage and, per stage and chunk, ``last_bc`` (stages, chunks, 2: the chunk's last
+    ``free``/``busy`` per stage and, per stage and chunk, ``last_bc`` (stages, chunks, 2: the chunk's last
     backward's start and end) and ``first_fc`` (stages, chunks: its first forward's start; pass it filled with -1);
     returns False if the schedule deadlocks. Compiled with numba when it is installed (the same code, ~100x faster);
     the plain Python function is the reference the tests compare with."""
@@ -263,8 +269,6 @@ def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy,
                 c = order[i, 2]
                 if is_b == 1:
                     done_b[idx] = t_free
-                    last_b[s, 0] = start
-                    last_b[s, 1] = t_free
                     last_bc[s, c, 0] = start
                     last_bc[s, c, 1] = t_free
                 else:
@@ -306,11 +310,11 @@ def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2
     order, offsets = _order_arrays(P, n_micro, V, kind)
     n = order.shape[0]
     starts, ends = np.zeros(n), np.zeros(n)
-    free, busy, last_b = np.zeros(P), np.zeros(P), np.zeros((P, 2))
+    free, busy = np.zeros(P), np.zeros(P)
     last_bc, first_fc = np.zeros((P, V, 2)), np.full((P, V), -1.0)
     run = kernel or _kernel or _kernel_py
     ok = run(order, offsets, np.asarray(f_ms, dtype=np.float64), np.asarray(b_ms, dtype=np.float64), int(n_micro),
-             int(P * V), float(p2p_ms), starts, ends, free, busy, last_b, last_bc, first_fc)
+             int(P * V), float(p2p_ms), starts, ends, free, busy, last_bc, first_fc)
     if not ok:  # pragma: no cover - the schedules above are deadlock-free
         raise RuntimeError("pipeline schedule deadlocked")
     tasks: list[Task] = []
@@ -318,8 +322,7 @@ def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2
         stage_of = np.repeat(np.arange(P), np.diff(offsets))
         tasks = [Task("B" if o[0] else "F", int(o[1]), int(o[2]), int(st), a, e)
                  for o, st, a, e in zip(order.tolist(), stage_of.tolist(), starts.tolist(), ends.tolist())]
-    return PipelineResult(tasks, free, busy, [tuple(x) for x in last_b.tolist()], last_backward_by_chunk=last_bc,
-                          first_forward_by_chunk=first_fc)
+    return PipelineResult(tasks, free, busy, last_backward_by_chunk=last_bc, first_forward_by_chunk=first_fc)
 
 
 def _simulate_loop(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
@@ -393,15 +396,14 @@ def _order_kernel_py(order, offsets, n_micro, pv, seq, dep, add_p2p):
     return True
 
 
-def _static_kernel_py(dep, add_p2p, stage, mark_at, dur_at, durs, p2p, ends, free, busy, last_b, marks):
+def _static_kernel_py(dep, add_p2p, stage, mark_at, dur_at, durs, p2p, ends, free, busy, marks):
     """One pass over the tasks in the event loop's order (task k is the k-th the loop runs): each starts when its stage
     is free and the task it waits for (``dep[k]``, an earlier k; -1 none; plus ``p2p`` where ``add_p2p``) is done, as
     in :func:`_kernel_py`, with the same operations in the same order (the same floating-point figures).
     ``durs[dur_at[k]]``: the task's time (forwards first, then backwards). Fills ``ends`` per task,
-    ``free``/``busy``/``last_b`` per stage, and ``marks[mark_at[k]]``, ``marks[mark_at[k] + 1]`` with the task's start
+    ``free``/``busy`` per stage, and ``marks[mark_at[k]]``, ``marks[mark_at[k] + 1]`` with the task's start
     and end where ``mark_at[k] >= 0`` (:func:`_static_plan`: each chunk's last backward and first forward on a
     stage)."""
-    half = durs.shape[0] // 2
     for k in range(dep.shape[0]):
         s = stage[k]
         d = dep[k]
@@ -423,9 +425,6 @@ def _static_kernel_py(dep, add_p2p, stage, mark_at, dur_at, durs, p2p, ends, fre
         if m >= 0:
             marks[m] = start
             marks[m + 1] = t_free
-        if j >= half:  # a backward pass
-            last_b[s, 0] = start
-            last_b[s, 1] = t_free
     return True
 
 
@@ -483,13 +482,10 @@ def _simulate_static(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str
     dep, add, stage, mark_at, dur_at = _static_plan(P, int(n_micro), V, kind)
     durs = np.concatenate((np.asarray(f_ms, dtype=np.float64), np.asarray(b_ms, dtype=np.float64)))
     ends = np.empty(dep.shape[0])
-    free, busy, last_b = np.zeros(P), np.zeros(P), np.zeros((P, 2))
+    free, busy = np.zeros(P), np.zeros(P)
     marks = np.empty((2, P, V, 2))  # each chunk's last backward, its first forward: (start, end)
-    _static_kernel(dep, add, stage, mark_at, dur_at, durs, float(p2p_ms), ends, free, busy, last_b, marks.reshape(-1))
-    res = PipelineResult([], free, busy, [tuple(x) for x in last_b.tolist()], last_backward_by_chunk=marks[0],
-                         first_forward_by_chunk=marks[1, :, :, 0])
-    res.last_backward_array = last_b
-    return res
+    _static_kernel(dep, add, stage, mark_at, dur_at, durs, float(p2p_ms), ends, free, busy, marks.reshape(-1))
+    return PipelineResult([], free, busy, last_backward_by_chunk=marks[0], first_forward_by_chunk=marks[1, :, :, 0])
 
 
 def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
@@ -509,7 +505,6 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
     pos = [0] * P
     tasks: list[Task] = []
     remaining = sum(len(o) for o in orders)
-    last_b: list[tuple[float, float]] = [(0.0, 0.0)] * P
     last_bc = np.zeros((P, V, 2))
     first_fc = np.full((P, V), -1.0)
     while remaining:
@@ -545,7 +540,6 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
                 t_free = start + dur
                 if is_b:
                     done_b[idx] = t_free
-                    last_b[s] = (start, t_free)
                     last_bc[s, c] = (start, t_free)
                 else:
                     done_f[idx] = t_free
@@ -562,7 +556,7 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
                 progressed = True
         if not progressed:  # pragma: no cover - schedules above are deadlock-free
             raise RuntimeError("pipeline schedule deadlocked")
-    return PipelineResult(tasks, np.array(free), np.array(busy), last_b, last_backward_by_chunk=last_bc,
+    return PipelineResult(tasks, np.array(free), np.array(busy), last_backward_by_chunk=last_bc,
                           first_forward_by_chunk=first_fc)
 
 
