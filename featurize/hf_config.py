@@ -61,6 +61,16 @@ MAX_LAYERS = 1024
 #: experts per MoE layer (Switch-C 2,048, DeepSeek-V3 256), and experts over all layers (each expert is its own kernels)
 MAX_EXPERTS = 4096
 MAX_LAYER_EXPERTS = 32_768
+#: the widest layer of a config wattcast builds (an MLP's or an expert's width): the widest published are 65,536-73,728
+#: (T5-XXL's, PaLM 540B's and Nemotron-4 340B's MLPs; MoE experts are narrower, DeepSeek-V3's 2,048); 2**20 is 14x
+#: that, so a wider one is a typo (an extra digit, a product pasted in) and is refused naming its field, not costed
+#: as an astronomic step
+MAX_WIDTH = 2**20
+#: optional fields read with :func:`int_field` / :meth:`HFConfig.count` that have a plausibility bound beside the type:
+#: widths (:data:`MAX_WIDTH`) and expert counts (:data:`MAX_EXPERTS`; the routed experts' count is bounded per layer
+#: and over all layers by :func:`_check_size`)
+BOUNDED_FIELDS: dict[str, str] = {"moe_intermediate_size": "width", "shared_expert_intermediate_size": "width",
+                                  "n_shared_experts": "experts"}
 #: ``torch_dtype`` / ``dtype`` values ``transformers`` writes (read for checking only: --dtype sets the step's dtype)
 TORCH_DTYPES = ("float32", "float", "float16", "half", "bfloat16", "float64", "double", "float8_e4m3fn",
                 "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8", "auto")
@@ -259,6 +269,21 @@ def check_qwen_moe(cfg: HFConfig, origin: str) -> None:
         cfg.count(key)
 
 
+def check_deepseek(cfg: HFConfig, origin: str) -> None:
+    """The MoE fields of a DeepSeek-V2/V3 config, read when it is loaded (the graph reads them again), naming the field:
+    ``num_experts_per_tok`` between 1 and ``n_routed_experts``; ``moe_intermediate_size`` (each expert's width) and
+    ``n_shared_experts`` within their bounds (:data:`BOUNDED_FIELDS`), and the shared experts' SwiGLU, ``n_shared_experts``
+    x ``moe_intermediate_size`` wide, within :data:`MAX_WIDTH`."""
+    if cfg.n_experts:
+        cfg.experts_per_token
+    moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
+    shared = cfg.count("n_shared_experts", default=0, minimum=0)
+    if shared * moe_ffn > MAX_WIDTH:
+        raise GraphError(f"{origin}: field 'n_shared_experts' ({shared:,}) x moe_intermediate_size ({moe_ffn:,}) is "
+                         f"{shared * moe_ffn:,}: the shared experts run as one MLP that wide, over {MAX_WIDTH:,}, wider than "
+                         "any published model's layers; wattcast refuses it as a likely typo")
+
+
 # ------------------------------------------------------------------ validation: pydantic types and the config model
 def _whole(minimum: int = 1, ref: str = FIELD):
     """A whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors), returned as an int.
@@ -285,6 +310,20 @@ def _fraction(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
         raise problem("wc_value", f"{FIELD} must be a number between 0 and 1, got {v!r}")
     return float(v)
+
+
+def _at_most(kind: str, ref: str = FIELD):
+    """The plausibility bound of a ``kind`` of field (:data:`BOUNDED_FIELDS`) on a whole number already checked."""
+    limit, what = {"width": (MAX_WIDTH, "wider than any published model's layers (the widest MLPs have 65,536-73,728)"),
+                   "experts": (MAX_EXPERTS, "more experts than any published model (Switch-C has 2,048 per layer)")}[kind]
+
+    def check(v: int) -> int:
+        if v > limit:
+            raise problem("wc_plausible", f"{ref} is {v:,}: over {limit:,}, {what}; wattcast refuses it as a likely "
+                                          "typo rather than cost an astronomic step")
+        return v
+
+    return check
 
 
 def _layers(v: int) -> int:
@@ -418,7 +457,10 @@ def _missing(alias: str) -> str:
 @lru_cache(maxsize=None)
 def _adapter(check: str, minimum: int = 1) -> TypeAdapter:
     """The pydantic type of a field read outside :class:`HFConfigModel`: "count" (a whole number >= ``minimum``,
-    named "field 'x'"), "size" (the same, named "x"), "flag" or "fraction"."""
+    named "field 'x'"), "size" (the same, named "x"), "flag", "fraction", or a bounded count (a kind of
+    :data:`BOUNDED_FIELDS`: "width", "experts")."""
+    if check in ("width", "experts"):
+        return TypeAdapter(Annotated[Any, AfterValidator(_whole(minimum)), AfterValidator(_at_most(check))])
     v = {"count": lambda: _whole(minimum), "size": lambda: _whole(minimum, NAME), "flag": lambda: _flag,
          "fraction": lambda: _fraction}[check]()
     return TypeAdapter(Annotated[Any, AfterValidator(v)])
@@ -434,8 +476,9 @@ def _read(check: str, value: Any, key: str, origin: str, *, minimum: int = 1) ->
 
 
 def int_field(raw: Mapping[str, Any], key: str, origin: str, *, minimum: int = 1) -> int:
-    """``raw[key]`` as a whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors)."""
-    return _read("count", raw.get(key), key, origin, minimum=minimum)
+    """``raw[key]`` as a whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors), within
+    its plausibility bound when it has one (:data:`BOUNDED_FIELDS`)."""
+    return _read(BOUNDED_FIELDS.get(key, "count"), raw.get(key), key, origin, minimum=minimum)
 
 
 def bool_field(raw: Mapping[str, Any], key: str, origin: str, default: bool) -> bool:
@@ -546,8 +589,10 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
                    head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw))
     # the rules over several fields, on the normalised config
     _check_size(cfg, raw, origin)
-    if family in ("mixtral", "deepseek") and cfg.n_experts:
+    if family == "mixtral" and cfg.n_experts:
         cfg.experts_per_token
+    if family == "deepseek":
+        check_deepseek(cfg, origin)
     if family in QWEN_MOE_FAMILIES:
         check_qwen_moe(cfg, origin)
     if family == "gpt_oss":
