@@ -61,6 +61,28 @@ MAX_LAYERS = 1024
 #: experts per MoE layer (Switch-C 2,048, DeepSeek-V3 256), and experts over all layers (each expert is its own kernels)
 MAX_EXPERTS = 4096
 MAX_LAYER_EXPERTS = 32_768
+#: the widest layer of a config wattcast builds (a hidden size, an MLP's or an expert's width, a head's, the attention's
+#: heads x head size, a low-rank projection's): the widest published are 65,536-73,728 (T5-XXL's, PaLM 540B's and
+#: Nemotron-4 340B's MLPs; hidden sizes reach 18,432-20,480, MoE experts are narrower, DeepSeek-V3's 2,048); 2**20 is
+#: 14x that, so a wider one is a typo (an extra digit, a product pasted in) and is refused naming its field, not
+#: costed as an astronomic step
+MAX_WIDTH = 2**20
+#: vocabulary (and token-type table) sizes: the largest published are about 250,000 (BLOOM 250,880, Gemma 3 262,208;
+#: XLM-V 901,629); 2**24 is 16.7 million
+MAX_VOCAB = 2**24
+#: optional fields read with :func:`int_field` / :meth:`HFConfig.count` that have a plausibility bound beside the type:
+#: widths (:data:`MAX_WIDTH`), expert counts (:data:`MAX_EXPERTS`; the routed experts' count is bounded per layer
+#: and over all layers by :func:`_check_size`) and table sizes (:data:`MAX_VOCAB`)
+BOUNDED_FIELDS: dict[str, str] = {"moe_intermediate_size": "width", "shared_expert_intermediate_size": "width",
+                                  "n_shared_experts": "experts",
+                                  # DeepSeek's multi-head latent attention, OPT's embedding projection
+                                  "q_lora_rank": "width", "kv_lora_rank": "width", "qk_nope_head_dim": "width",
+                                  "qk_rope_head_dim": "width", "v_head_dim": "width", "word_embed_proj_dim": "width",
+                                  "type_vocab_size": "vocab"}
+#: families whose attention splits the hidden size evenly over the heads (transformers' GPT2Attention, OPTAttention,
+#: BloomAttention, GPTNeoXAttention, FalconAttention, MptAttention, BertSelfAttention: head size = hidden / heads, an
+#: error when it does not divide, a ``head_dim`` field not read); the others read ``head_dim`` when the config gives it
+EVEN_HEAD_FAMILIES = ("gpt2", "opt", "bloom", "gpt_neox", "falcon", "mpt", "bert")
 #: ``torch_dtype`` / ``dtype`` values ``transformers`` writes (read for checking only: --dtype sets the step's dtype)
 TORCH_DTYPES = ("float32", "float", "float16", "half", "bfloat16", "float64", "double", "float8_e4m3fn",
                 "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "int8", "uint8", "auto")
@@ -259,6 +281,37 @@ def check_qwen_moe(cfg: HFConfig, origin: str) -> None:
         cfg.count(key)
 
 
+def check_deepseek(cfg: HFConfig, origin: str) -> None:
+    """The fields of a DeepSeek-V2/V3 config, read when it is loaded (the graph reads them again), naming the field:
+    the multi-head latent attention's sizes (positive, within :data:`MAX_WIDTH`); ``first_k_dense_replace`` >= 0 and
+    ``moe_layer_freq`` >= 1; ``num_experts_per_tok`` between 1 and ``n_routed_experts``; the expert groups of the
+    router (``n_group`` dividing ``n_routed_experts``, ``topk_group`` between 1 and ``n_group``: DeepseekV3TopkRouter
+    views the scores as n_group groups; not costed, the router's GEMM is the same); ``moe_intermediate_size`` (each
+    expert's width) and ``n_shared_experts`` within their bounds (:data:`BOUNDED_FIELDS`), and the shared experts'
+    SwiGLU, ``n_shared_experts`` x ``moe_intermediate_size`` wide, within :data:`MAX_WIDTH`."""
+    for key, default in (("qk_nope_head_dim", 128), ("qk_rope_head_dim", 64), ("v_head_dim", 128),
+                         ("kv_lora_rank", 512), ("q_lora_rank", None)):  # (the defaults of hf_models._mla)
+        cfg.count(key, default=default)
+    cfg.count("first_k_dense_replace", default=0, minimum=0)
+    cfg.count("moe_layer_freq", default=1)
+    if cfg.n_experts:
+        cfg.experts_per_token
+        groups = cfg.count("n_group")
+        if groups is not None and cfg.n_experts % groups:
+            raise GraphError(f"{origin}: field 'n_group' ({groups}) must divide n_routed_experts ({cfg.n_experts}): the "
+                             "router splits the experts into that many equal groups")
+        top_groups = cfg.count("topk_group")  # (without n_group, transformers' default applies: not checked here)
+        if top_groups is not None and groups is not None and top_groups > groups:
+            raise GraphError(f"{origin}: field 'topk_group' ({top_groups}) must be between 1 and n_group ({groups}): "
+                             "the router keeps that many of the expert groups")
+    moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
+    shared = cfg.count("n_shared_experts", default=0, minimum=0)
+    if shared * moe_ffn > MAX_WIDTH:
+        raise GraphError(f"{origin}: field 'n_shared_experts' ({shared:,}) x moe_intermediate_size ({moe_ffn:,}) is "
+                         f"{shared * moe_ffn:,}: the shared experts run as one MLP that wide, over {MAX_WIDTH:,}, wider "
+                         "than any published model's layers; wattcast refuses it as a likely typo")
+
+
 # ------------------------------------------------------------------ validation: pydantic types and the config model
 def _whole(minimum: int = 1, ref: str = FIELD):
     """A whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors), returned as an int.
@@ -285,6 +338,22 @@ def _fraction(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
         raise problem("wc_value", f"{FIELD} must be a number between 0 and 1, got {v!r}")
     return float(v)
+
+
+def _at_most(kind: str, ref: str = FIELD):
+    """The plausibility bound of a ``kind`` of field (:data:`BOUNDED_FIELDS`) on a whole number already checked."""
+    limit, what = {"width": (MAX_WIDTH, "wider than any published model's layers (the widest MLPs have 65,536-73,728)"),
+                   "experts": (MAX_EXPERTS, "more experts than any published model (Switch-C has 2,048 per layer)"),
+                   "vocab": (MAX_VOCAB, "a larger table than any published model's (the largest vocabularies have "
+                                        "about 250,000 tokens)")}[kind]
+
+    def check(v: int) -> int:
+        if v > limit:
+            raise problem("wc_plausible", f"{ref} is {v:,}: over {limit:,}, {what}; wattcast refuses it as a likely "
+                                          "typo rather than cost an astronomic step")
+        return v
+
+    return check
 
 
 def _layers(v: int) -> int:
@@ -334,6 +403,7 @@ def _activation(v: Any) -> Any:
 
 
 _COUNT = Annotated[Any, AfterValidator(_whole(ref=NAME))]
+_WIDTH = Annotated[Any, AfterValidator(_whole(ref=NAME)), AfterValidator(_at_most("width", NAME))]
 
 
 def _aliases(key: str, *default: None) -> Any:
@@ -389,13 +459,13 @@ class HFConfigModel(BaseModel):
         return {k: v for k, v in raw.items() if v is not None and isinstance(k, str)}
 
     model_type: Annotated[Any, AfterValidator(lambda v: str(v).strip().lower())]
-    hidden: Annotated[_COUNT, _aliases("hidden")]
+    hidden: Annotated[_WIDTH, _aliases("hidden")]
     n_layers: Annotated[Any, AfterValidator(_whole(ref=NAME)), AfterValidator(_layers), _aliases("n_layers")]
     n_heads: Annotated[_COUNT, _aliases("n_heads")]
-    vocab: Annotated[_COUNT, _aliases("vocab")]
-    head_dim: Annotated[_COUNT, _aliases("head_dim", None)]
+    vocab: Annotated[Any, AfterValidator(_whole(ref=NAME)), AfterValidator(_at_most("vocab", NAME)), _aliases("vocab")]
+    head_dim: Annotated[_WIDTH, _aliases("head_dim", None)]
     n_kv_heads: Annotated[_COUNT, _aliases("n_kv_heads", None)]
-    ffn: Annotated[_COUNT, _aliases("ffn", None)]
+    ffn: Annotated[_WIDTH, _aliases("ffn", None)]
     #: the position table's size; absent: no limit known
     max_positions: Annotated[_COUNT, _aliases("max_positions", None)]
     activation: Annotated[Any, AfterValidator(_activation), _aliases("activation", None)]
@@ -418,7 +488,10 @@ def _missing(alias: str) -> str:
 @lru_cache(maxsize=None)
 def _adapter(check: str, minimum: int = 1) -> TypeAdapter:
     """The pydantic type of a field read outside :class:`HFConfigModel`: "count" (a whole number >= ``minimum``,
-    named "field 'x'"), "size" (the same, named "x"), "flag" or "fraction"."""
+    named "field 'x'"), "size" (the same, named "x"), "flag", "fraction", or a bounded count (a kind of
+    :data:`BOUNDED_FIELDS`: "width", "experts", "vocab")."""
+    if check in ("width", "experts", "vocab"):
+        return TypeAdapter(Annotated[Any, AfterValidator(_whole(minimum)), AfterValidator(_at_most(check))])
     v = {"count": lambda: _whole(minimum), "size": lambda: _whole(minimum, NAME), "flag": lambda: _flag,
          "fraction": lambda: _fraction}[check]()
     return TypeAdapter(Annotated[Any, AfterValidator(v)])
@@ -434,8 +507,9 @@ def _read(check: str, value: Any, key: str, origin: str, *, minimum: int = 1) ->
 
 
 def int_field(raw: Mapping[str, Any], key: str, origin: str, *, minimum: int = 1) -> int:
-    """``raw[key]`` as a whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors)."""
-    return _read("count", raw.get(key), key, origin, minimum=minimum)
+    """``raw[key]`` as a whole number >= ``minimum`` (8.0 is 8; True, "8", 2.5 and 0 for a count are errors), within
+    its plausibility bound when it has one (:data:`BOUNDED_FIELDS`)."""
+    return _read(BOUNDED_FIELDS.get(key, "count"), raw.get(key), key, origin, minimum=minimum)
 
 
 def bool_field(raw: Mapping[str, Any], key: str, origin: str, default: bool) -> bool:
@@ -508,12 +582,22 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     if hd is None and family == "deepseek":
         # multi-head latent attention sizes its heads by qk_nope + qk_rope (queries, keys) and v_head_dim (values):
         # the hidden size need not divide by the heads; the nominal head size is the value head's
-        hd = int(raw.get("v_head_dim") or 128)
-    if hd is None:
+        hd = 128 if raw.get("v_head_dim") is None else int_field(raw, "v_head_dim", origin)
+    if hd is None or family in EVEN_HEAD_FAMILIES:
         if hidden % heads:
-            raise GraphError(f"{origin}: hidden size {hidden} is not divisible by {heads} heads")
+            raise GraphError(f"{origin}: hidden size {hidden} ({_alias(raw, 'hidden')}) is not divisible by {heads} heads "
+                             f"({_alias(raw, 'n_heads')})")
+        if hd is not None and hd != hidden // heads:  # a field this family's attention does not read
+            raise GraphError(f"{origin}: field '{_alias(raw, 'head_dim')}' is {hd}, but the attention of model_type {mt} "
+                             f"splits the hidden size {hidden} evenly over its {heads} heads: {hidden // heads} each "
+                             f"(transformers does not read the field); remove it or make it {hidden // heads}")
         hd = hidden // heads
+    if heads * hd > MAX_WIDTH:
+        raise GraphError(f"{origin}: field '{_alias(raw, 'n_heads')}' ({heads:,}) x head size {hd:,} is {heads * hd:,}: "
+                         f"the attention's projections that wide, over {MAX_WIDTH:,}, wider than any published model's; "
+                         "wattcast refuses it as a likely typo")
     kv = heads if m.n_kv_heads is None else m.n_kv_heads
+    kv_key = _alias(raw, "n_kv_heads")  # (for messages: the field kv was read from)
     ffn = m.ffn
     if family == "mpt":  # MosaicML MPT: nested attention options and an MLP expansion ratio
         attn = raw.get("attn_config")
@@ -525,6 +609,7 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
             kv = 1
         elif kind == "grouped_query_attention":
             kv = _read("size", attn.get("kv_n_heads"), "attn_config.kv_n_heads", origin)
+            kv_key = "attn_config.kv_n_heads"
         elif kind != "multihead_attention":
             raise GraphError(f"{origin}: unknown attn_config.attn_type {kind!r}")
         if ffn is None and raw.get("expansion_ratio") is not None:
@@ -532,11 +617,16 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
             if isinstance(er, bool) or not isinstance(er, (int, float)) or not er > 0 or int(er * hidden) < 1:
                 raise GraphError(f"{origin}: expansion_ratio must be a positive number, got {er!r}")
             ffn = int(er * hidden)
+            if ffn > MAX_WIDTH:
+                raise GraphError(f"{origin}: field 'expansion_ratio' ({er:g}) x {_alias(raw, 'hidden')} ({hidden:,}) is "
+                                 f"an MLP {ffn:,} wide, over {MAX_WIDTH:,}, wider than any published model's; wattcast "
+                                 "refuses it as a likely typo")
     if family == "falcon" and not bool_field(raw, "new_decoder_architecture", origin, False) \
             and bool_field(raw, "multi_query", origin, True):
         kv = 1  # FalconAttention: num_kv_heads counts only in the new decoder or without multi_query
     if heads % kv:
-        raise GraphError(f"{origin}: {heads} attention heads are not divisible by {kv} key/value heads")
+        raise GraphError(f"{origin}: {heads} attention heads ({_alias(raw, 'n_heads')}) are not divisible by {kv} "
+                         f"key/value heads ({kv_key}): each key/value head serves an equal group of query heads")
     if ffn is None and family == "gpt_oss":  # each expert's width: GptOssConfig's default
         ffn = GPT_OSS_DEFAULTS["intermediate_size"]
     ffn = 4 * hidden if ffn is None else ffn
@@ -546,8 +636,10 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
                    head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw))
     # the rules over several fields, on the normalised config
     _check_size(cfg, raw, origin)
-    if family in ("mixtral", "deepseek") and cfg.n_experts:
+    if family == "mixtral" and cfg.n_experts:
         cfg.experts_per_token
+    if family == "deepseek":
+        check_deepseek(cfg, origin)
     if family in QWEN_MOE_FAMILIES:
         check_qwen_moe(cfg, origin)
     if family == "gpt_oss":

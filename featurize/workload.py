@@ -286,6 +286,12 @@ def _onnx_forward(path, opts: StepOptions) -> OpGraph:
     fwd = graph_from_onnx(path, batch=d.batch, seq=d.seq, dtype=opts.dtype, train=opts.mode == "train", dims=dict(opts.dims) or None,
                           loop_trip_count=trips)
     ignored = {o.split("=")[0] for o in fwd.meta.get("ignored_options", ())}
+    # a batch / sequence axis with a name not read as one, bound by --dim: the option contradicts that value
+    for o, p in (fwd.meta.get("options_bound_by_dims") or {}).items():
+        if o in ignored and getattr(opts, o) is not None:
+            raise GraphError(f"{fwd.meta.get('name')}: {o} {getattr(opts, o)} contradicts --dim {p}={fwd.meta['dims'][p]}: "
+                             f"the symbolic dim {p!r} is the file's {'batch' if o == 'batch' else 'sequence'} axis; "
+                             f"give its size once, with --dim {p}=...")
     given = [f"{o} {getattr(opts, o)}" for o in ("batch", "seq") if o in ignored and getattr(opts, o) is not None]
     if given:
         own = ", ".join(f"{o} {fwd.meta[o]}" for o in ("batch", "seq") if fwd.meta.get(o) is not None)

@@ -1281,10 +1281,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     tied_params = (max(float(g.meta.get("tied_output_params") or 0.0), float(g.meta.get("mtp_embedding_params") or 0.0))
                    if P > 1 else 0.0)
     if tied_params > 0:  # once per (view, chunking, pp) in a search
-        with_copy = sums.get(("params+tied", P))
-        if with_copy is None:
-            with_copy = sums[("params+tied", P)] = params_chunk + tied_copy_params_by_chunk(tied_params, P, n_chunks)
-        params_chunk = with_copy
+        # with the (ms, J) of the last stage's optimizer step over the copy: the stage memory below adds its ms, the
+        # stage energy (reached only by a strategy that is not pruned, maybe in a later call) its J
+        hit = sums.get(("params+tied", P))
+        if hit is None:
+            hit = sums[("params+tied", P)] = (params_chunk + tied_copy_params_by_chunk(tied_params, P, n_chunks),
+                                              _tied_copy_optimizer(view, tied_params))
+        params_chunk, tied_opt = hit
     act_chunk = chunk_sum("act_bytes")
     db = DTYPE_BYTES[dtype]
     dp_n = lay["dp"].size
@@ -1300,7 +1303,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         fp8_stage = np.divide(by_stage(chunk_sum("fp8_params")), p_stage, out=np.zeros(P), where=p_stage > 0)
         opt_s = by_stage(chunk_sum("opt_ms"))
         if tied_params > 0:  # the last stage's optimizer also steps the tied embedding's copy
-            opt_s[-1] += _tied_copy_optimizer(view, tied_params)[0]
+            opt_s[-1] += tied_opt[0]
         hit = sums[stage_key] = (p_stage, act_chunk.reshape(V, P).mean(axis=0), opt_s, fp8_stage,
                                  by_stage(chunk_sum("opt_cast_ms")))
     params_stage, act_stage, opt_by_stage, fp8_frac, opt_cast_stage = hit
@@ -1639,7 +1642,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if e_opt_s is None:
         e_opt_stage = by_stage(chunk_sum("e_opt_j"))
         if tied_params > 0:
-            e_opt_stage[-1] += _tied_copy_optimizer(view, tied_params)[1]
+            e_opt_stage[-1] += tied_opt[1]
         e_opt_s = sums[e_opt_key] = (e_opt_stage, by_stage(chunk_sum("e_opt_cast_j")))
     e_chunk_s = by_stage(e_chunk)
     busy_all = busy + opt_stage

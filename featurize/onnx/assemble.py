@@ -16,7 +16,7 @@ from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT
                                             _Static, _numel_dims, _sanitize)
 from wattcast.featurize.onnx.control import ControlFlowError, _Control
 from wattcast.featurize.onnx.load import (_bind_inputs, _declare_shape_only_weights, _fixed_batch_seq, _load,
-                                          _refuse_control_flow, _topo_order)
+                                          _refuse_control_flow, _symbolic_batch_seq, _topo_order)
 from wattcast.featurize.onnx.ops import _Ops
 from wattcast.featurize.onnx.params import _Params, _is_buffer, _tied_by_value
 from wattcast.featurize.onnx.patterns import _Patterns
@@ -454,9 +454,10 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     ``graph.meta`` has ``source="onnx"``, ``param_count``, ``n_layers``, ``unmapped_ops`` (op type ->
     count of the ops costed by the roofline because nothing maps them), ``dims`` (the bound symbolic
     dims), ``batch`` / ``seq`` (None when the model's dims are fixed: the option is then listed in
-    ``ignored_options``), ``opset``, ``onnx_nodes`` and, when relevant, ``unknown_shapes`` (outputs whose
-    shape had to be guessed), ``fallback_ops`` (mapped ops whose handler failed: roofline, with
-    ``warnings``) and ``shape_only_weights``.
+    ``ignored_options``; ``options_bound_by_dims`` names the symbolic dim of such an option that ``dims`` bound; the
+    sequence of a 3-D input feeding a Conv is its length, axis 2), ``opset``, ``onnx_nodes`` and, when relevant,
+    ``unknown_shapes`` (outputs whose shape had to be guessed), ``fallback_ops`` (mapped ops whose handler failed:
+    roofline, with ``warnings``) and ``shape_only_weights``.
 
     Control flow (``Loop``, ``Scan``, ``If``) is costed through its subgraphs, unrolled (see ``control.py``):
     ``loop_trip_count`` gives the iterations of the loops whose count is known only at run time (an int for all of
@@ -500,7 +501,12 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     ignored = [f"{o}={v}" for o, v in (("batch", batch), ("seq", seq))
                if v is not None and o not in used and fixed[o] != int(v)]
     if ignored:
-        meta["ignored_options"] = ignored  # the model's input dims are fixed
+        meta["ignored_options"] = ignored  # the model's input dims are fixed, or bound by name (dims=)
+        # an option whose dim is symbolic but was bound by ``dims`` (a name not read as batch / sequence): its name
+        by_name = {o: p for o, p in (_symbolic_batch_seq(unbound) if unbound is not None else {}).items()
+                   if any(i.startswith(f"{o}=") for i in ignored) and p in env}
+        if by_name:
+            meta["options_bound_by_dims"] = by_name
     try:
         graph = imp.run(meta)
     except ControlFlowError as e:

@@ -90,19 +90,43 @@ def _dim_expr(expr: str, env: dict[str, int]) -> int | None:
     return v if v >= 0 else None
 
 
-def _fixed_batch_seq(model) -> dict[str, int | None]:
-    """Batch and sequence length of a graph exported with fixed input dims, where the first input says them:
-    its fixed axis 0 is the batch; axis 1 is the sequence when the input is 2-D integer token ids or 3-D
-    (batch, sequence, hidden) activations."""
+#: ops whose first input is channels-first, (N, C, spatial...): a 3-D input they read is (batch, channels, length)
+CHANNELS_FIRST_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv"})
+
+
+def _batch_seq_dims(model) -> dict:
+    """The dims (``TensorShapeProto.Dimension``, or None) of the batch and the sequence in the first input: axis 0 is
+    the batch; axis 1 is the sequence when the input is 2-D integer token ids or 3-D (batch, sequence, hidden)
+    activations, axis 2 when the 3-D input feeds a 1-D convolution (ONNX's Conv reads (batch, channels, length):
+    axis 1 is its channels)."""
     init_names = {t.name for t in model.graph.initializer}
     for inp in model.graph.input:
         if inp.name in init_names or not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
             continue
         tt = inp.type.tensor_type
-        d = [x.dim_value if x.HasField("dim_value") else None for x in tt.shape.dim]
+        d = list(tt.shape.dim)
         ints = tt.elem_type in (6, 7)  # INT32, INT64 (see _INT_NAMES)
-        return {"batch": d[0] if d else None, "seq": d[1] if (ints and len(d) == 2) or (not ints and len(d) == 3) else None}
+        seq = None
+        if ints and len(d) == 2:
+            seq = d[1]
+        elif not ints and len(d) == 3:
+            conv = any(n.op_type in CHANNELS_FIRST_OPS and n.input and n.input[0] == inp.name for n in model.graph.node)
+            seq = d[2] if conv else d[1]
+        return {"batch": d[0] if d else None, "seq": seq}
     return {"batch": None, "seq": None}
+
+
+def _fixed_batch_seq(model) -> dict[str, int | None]:
+    """Batch and sequence length of a graph exported with fixed input dims (:func:`_batch_seq_dims`; None where
+    that dim is not fixed)."""
+    return {k: d.dim_value if d is not None and d.HasField("dim_value") else None
+            for k, d in _batch_seq_dims(model).items()}
+
+
+def _symbolic_batch_seq(model) -> dict[str, str]:
+    """The symbolic names of the batch and sequence dims (:func:`_batch_seq_dims`) of a model whose inputs are not
+    bound yet, for those that have one."""
+    return {k: d.dim_param for k, d in _batch_seq_dims(model).items() if d is not None and d.HasField("dim_param")}
 
 
 def _bind_inputs(model, batch: int | None, seq: int | None, dims: dict[str, int] | None) -> tuple[dict[str, int], set[str]]:
