@@ -34,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 from wattcast.data.checks import did_you_mean, exotic_allowed, is_count, yaml_load_unique
 from wattcast.data.device_spec import SpecRecord
 from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
-                                      text)
+                                      text, yaml_number_hint)
 
 SCHEMA_VERSION = 1
 INTRA_KINDS = ("nvswitch", "nvlink", "xgmi", "pcie")
@@ -110,16 +110,8 @@ class ClusterSpec(SpecRecord):
         return self.inter.nics_per_node * self.inter.nic_bandwidth_gbit_per_s / 8.0 / self.inter.oversubscription
 
 
-def _yaml_number_hint(v: Any) -> str:
-    """YAML 1.1 (PyYAML) reads 9e11 (no dot) as text: say how to write the number."""
-    if isinstance(v, str):
-        try:
-            x = float(v)
-        except ValueError:
-            return ""
-        if math.isfinite(x):
-            return f" (text: YAML reads an exponent without a dot as a string; write {x:.1e})"
-    return ""
+#: YAML 1.1 (PyYAML) reads 9e11 (no dot) as text: say how to write the number
+_yaml_number_hint = yaml_number_hint
 
 
 def _figure(name: str | None = None, *, zero: bool = False, count: bool = False) -> Any:

@@ -32,7 +32,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Va
 
 from wattcast.data.checks import exotic_allowed
 from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
-                                      text)
+                                      text, yaml_number_hint)
 
 SCHEMA_VERSION = 1
 
@@ -193,12 +193,15 @@ def normalise_name(name: str) -> str:
 #: field -> (lowest, highest plausible value, the unit a too-small figure is likely in, the unit a too-large one is,
 #: the unit to give it in): figures 1,000x off, e.g. TDP in kW, memory in bytes, bandwidth in B/s or TB/s, a peak in
 #: FLOP/s, a clock in Hz. The bounds hold well outside every datasheet of the catalog (P4's 75 W to MI355X's 1,400 W;
-#: 8-288 GB; 192 GB/s-8 TB/s).
+#: 8-288 GB; 192 GB/s-8 TB/s; L2 2-126 MB; 3-16 nm; launch prices 2,800-33,600 USD), and they are tight enough at
+#: the bottom that a figure given in the unit 1,000x larger is caught: a bandwidth of 8 (B200's TB/s) is under 50 GB/s,
+#: an L2 of 0.05 (GB) under 0.25 MB (a 256 KB L2, the smallest of any CUDA GPU), a price of 33.6 (thousands of USD)
+#: under 50 USD. A slower device (an embedded GPU's 25-60 GB/s) needs --force.
 PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "tdp_w": (5.0, 5000.0, "kW", "mW", "watts"),
     "idle_power_w": (0.5, 2000.0, "kW", "mW", "watts"),
     "memory_gb": (0.25, 5000.0, "TB", "bytes or MB", "GB"),
-    "memory_bandwidth_gbps": (5.0, 200000.0, "TB/s", "B/s or MB/s", "GB/s"),
+    "memory_bandwidth_gbps": (50.0, 200000.0, "TB/s", "B/s or MB/s", "GB/s"),
     "peak_fp32_tflops": (0.01, 20000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "peak_fp32_matrix_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "peak_tf32_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
@@ -207,9 +210,13 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "peak_fp8_tflops": (0.01, 200000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "boost_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz", "MHz"),
     "base_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz", "MHz"),
-    "l2_cache_mb": (0.01, 10000.0, "GB", "bytes or KB", "MB"),
+    "l2_cache_mb": (0.25, 10000.0, "GB", "bytes or KB", "MB"),
     "interconnect_bandwidth_gbps": (1.0, 20000.0, "TB/s", "B/s or MB/s", "GB/s"),
     "die_area_mm2": (10.0, 50000.0, "cm^2", "square micrometres", "mm^2"),  # to a wafer-scale chip (46,225 mm^2)
+    # 1.4-1.8 nm class (Intel 18A, TSMC A16) to the 250 nm of the first GPUs; 0.004 is 4 nm in micrometres
+    "process_node_nm": (1.0, 250.0, "micrometres (0.004 means 4 nm)", "picometres or angstroms", "nm"),
+    # the price of one accelerator when launched (CapEx and TCO): 33.6 is an H100's 33,600 USD in thousands
+    "launch_price_usd": (50.0, 1_000_000.0, "thousands of USD (33.6 means 33,600)", "cents", "USD per accelerator"),
 }
 
 #: the FP32 FLOP per SM (CU on AMD) per clock an FP32 peak may imply, (lowest, highest): ``peak_fp32_tflops`` and
@@ -280,9 +287,10 @@ def _sources(v: Any) -> Any:
     return dict(v)
 
 
-_POSITIVE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}")
+_POSITIVE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}",
+                   hint=yaml_number_hint)
 _WHOLE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}",
-                integer=True, whole_msg="must be an integer, got {v!r}")
+                integer=True, whole_msg="must be an integer, got {v!r}", hint=yaml_number_hint)
 
 
 def _figure(name: str, *, needed: bool = False, whole: bool = False) -> Any:

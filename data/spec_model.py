@@ -36,6 +36,23 @@ def problem(kind: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(kind, "{message}", {"message": message})
 
 
+def yaml_number_hint(v: Any) -> str:
+    """The hint for a number that came out of YAML as text: PyYAML (YAML 1.1) reads an exponent number only with a dot
+    in the mantissa and a sign in the exponent (``3.43e+3``), so ``3.43e3`` and ``9e11`` are strings. The hint spells
+    the number both ways YAML takes (" (text: ...; write 3.43e+03 or 3430.0)"); "" for any other value."""
+    if not isinstance(v, str) or "e" not in v.lower():
+        return ""  # (quoted text such as "3430" is not this slip)
+    try:
+        x = float(v)
+    except ValueError:
+        return ""
+    if not math.isfinite(x):
+        return ""
+    digits = next((p for p in range(1, 17) if float(f"{x:.{p}e}") == x), 16)
+    return (f" (text: YAML reads a number with an exponent as a string unless its mantissa has a dot and its exponent "
+            f"a sign; write {x:.{digits}e} or {x!r})")
+
+
 def is_number(v: Any) -> bool:
     """An int, float or numpy scalar number (not a bool, not text)."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
