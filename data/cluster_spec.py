@@ -495,6 +495,21 @@ def resolve_cluster(name_or_path: str | Path | ClusterSpec, *, device: str | Non
     return c
 
 
+def device_link_notes(c: ClusterSpec, spec: Any) -> list[str]:
+    """Warnings (for a prediction's ``warnings``) when cluster ``c``'s in-node tier is faster than the GPU ``spec`` (a
+    DeviceSpec) can drive: its ``interconnect_bandwidth_gbps`` (both directions, so half of it each way) below the
+    tier's ``bandwidth_gb_per_s`` (each way), e.g. an L4 (PCIe, 64 GB/s) put on an NVSwitch preset (450 GB/s each
+    way). The cluster's figure is used as given (no number changes); every preset with its own GPU gets none."""
+    ic = getattr(spec, "interconnect_bandwidth_gbps", None)
+    if not ic or c.gpus_per_node < 2 or c.intra.bandwidth_gb_per_s <= ic / 2 * 1.001:
+        return []
+    port = f" ({spec.interconnect})" if getattr(spec, "interconnect", None) else ""
+    return [f"cluster {c.name}'s in-node bandwidth ({c.intra.bandwidth_gb_per_s:g} GB/s per GPU each way, {c.intra.kind}) "
+            f"exceeds what {spec.name}'s own interconnect{port} carries ({ic:g} GB/s both ways, {ic / 2:g} each): the "
+            f"in-node collectives are costed at the cluster's figure; give a cluster file whose intra tier is this GPU's "
+            f"(e.g. a PCIe preset for a PCIe card)"]
+
+
 def using_gpus_per_node(c: ClusterSpec, n: int | None) -> ClusterSpec:
     """``c`` as a job sees it when it uses ``n`` of every node's GPUs and leaves the rest idle (64 of an NVL72 rack's
     72, the other 8 held as spares, is how such racks are often run). Each node keeps its in-node fabric (NVLink /

@@ -179,6 +179,52 @@ def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
     return None
 
 
+#: the ratio of a dense FP8 tensor peak to the dense 16-bit one on every NVIDIA and AMD generation with FP8 (Hopper, Ada,
+#: Blackwell, CDNA3/4: 2x); outside this band one of the two is probably a sparse (2:4 structured sparsity, 2x) figure
+FP8_OVER_16BIT = (1.5, 2.5)
+#: the ratio of the dense 16-bit tensor peak to the dense TF32 one on every NVIDIA generation with TF32 (2x)
+HALF_OVER_TF32_NVIDIA = (1.5, 2.5)
+#: FP16 over BF16: equal on every NVIDIA generation with BF16 (Ampere on); AMD's CDNA1 (MI100) runs BF16 at half the
+#: FP16 rate, so that direction is checked on NVIDIA only. BF16 above FP16 is on no GPU.
+HALF_OVER_BF16_NVIDIA_MAX = 1.5
+BF16_OVER_FP16_MAX = 1.5
+
+
+def peak_ratio_notes(spec: DeviceSpec) -> list[str]:
+    """Warnings (for a prediction's ``warnings``) when ``spec``'s tensor peaks are not in the ratios datasheets give
+    them, the sign of one sparse figure (2:4 structured sparsity doubles a datasheet peak) among dense ones: FP8 not
+    about 2x the 16-bit peak (NVIDIA and AMD; Intel's Gaudi 3 runs FP8 at the BF16 rate), BF16 above FP16, FP16
+    above BF16 on NVIDIA, the 16-bit peak not about 2x TF32 on NVIDIA. The figures are used as given (no refusal: an
+    exotic device may really be so); every catalog device gets none."""
+    notes: list[str] = []
+    dense = "datasheets list dense and sparse (2:4 structured sparsity, 2x) tensor peaks; give the dense ones"
+    fp8, fp16, bf16, tf32 = spec.peak_fp8_tflops, spec.peak_fp16_tflops, spec.peak_bf16_tflops, spec.peak_tf32_tflops
+    half_name, half = max((("peak_fp16_tflops", fp16), ("peak_bf16_tflops", bf16)), key=lambda kv: kv[1] or 0)
+    if fp8 and half and spec.vendor in ("nvidia", "amd"):
+        lo, hi = FP8_OVER_16BIT
+        r = fp8 / half
+        if not lo <= r <= hi:
+            notes.append(f"{spec.name}: peak_fp8_tflops ({fp8:g}) is {r:.2g}x {half_name} ({half:g}), where every "
+                         f"{'AMD' if spec.vendor == 'amd' else 'NVIDIA'} GPU with FP8 gives 2x: is one of them a sparse "
+                         f"figure? {dense} (used as given)")
+    if fp16 and bf16:
+        if bf16 > fp16 * BF16_OVER_FP16_MAX:
+            notes.append(f"{spec.name}: peak_bf16_tflops ({bf16:g}) is {bf16 / fp16:.2g}x peak_fp16_tflops ({fp16:g}), "
+                         f"where no GPU runs BF16 faster than FP16: is the BF16 figure a sparse one? {dense} (used as "
+                         "given)")
+        elif spec.vendor == "nvidia" and fp16 > bf16 * HALF_OVER_BF16_NVIDIA_MAX:
+            notes.append(f"{spec.name}: peak_fp16_tflops ({fp16:g}) is {fp16 / bf16:.2g}x peak_bf16_tflops ({bf16:g}), "
+                         f"where every NVIDIA GPU with BF16 runs both at one rate: is the FP16 figure a sparse one? "
+                         f"{dense} (used as given)")
+    if tf32 and half and spec.vendor == "nvidia":
+        lo, hi = HALF_OVER_TF32_NVIDIA
+        r = half / tf32
+        if not lo <= r <= hi:
+            notes.append(f"{spec.name}: {half_name} ({half:g}) is {r:.2g}x peak_tf32_tflops ({tf32:g}), where every "
+                         f"NVIDIA GPU with TF32 gives 2x: is one of them a sparse figure? {dense} (used as given)")
+    return notes
+
+
 def generation_of(spec: DeviceSpec) -> str:
     """A GPU's generation: the first word of its spec's ``arch`` (``Ampere (GA100)`` -> ``Ampere``), else its name."""
     arch = str(spec.arch or "").strip()
