@@ -84,13 +84,15 @@ def number(*, zero: bool = False, integer: bool = False, type_msg: str = "must b
     return check
 
 
-def plausible(lo: float, hi: float, low_hint: str, high_hint: str, unit: str) -> Callable[[Any], Any]:
-    """Within [``lo``, ``hi``] unless :func:`wattcast.data.checks.allow_exotic` (``--force``): outside, a figure is
-    almost surely in another unit, and the message names the likely one (:func:`wattcast.data.checks.implausible`)."""
+def plausible(lo: float, hi: float, low_hint: str, high_hint: str, unit: str, *,
+              zero_ok: bool = False) -> Callable[[Any], Any]:
+    """Within [``lo``, ``hi``] (or exactly 0 with ``zero_ok``) unless :func:`wattcast.data.checks.allow_exotic`
+    (``--force``): outside, a figure is almost surely in another unit, and the message names the likely one
+    (:func:`wattcast.data.checks.implausible`)."""
 
     def check(v: Any) -> Any:
         if v is not None:
-            msg = implausible(FIELD, v, lo, hi, low_hint, high_hint, unit)
+            msg = implausible(FIELD, v, lo, hi, low_hint, high_hint, unit, zero_ok=zero_ok)
             if msg:
                 raise problem("wc_plausible", msg)
         return v
