@@ -32,7 +32,9 @@ to a temporary name and renamed, so a part is whole or absent). The folder reads
 sweep resumes; a worker killed mid-task loses only that task, which Dask runs again on another worker (on Ray: the
 actor is restarted and the task retried). Both backends, and the in-process run, go through one loop that writes the
 parts, so their output is the same. Task ids hash the task and the settings that change its result, so a changed spec
-does not reuse stale parts.
+does not reuse stale parts; for a cluster file they hash what it resolves to (its figures, and those of a device spec
+file it names) and for a model file its bytes, so editing a file and rerunning into the same folder reruns its tasks
+(a preset or built-in name keeps the id it always had).
 
 Bad input is refused before anything runs: an unknown key (named), an empty list, a GPU count or batch that is
 not a positive whole number, an unknown model, cluster or region.
@@ -130,11 +132,55 @@ class SweepSpec:
         if self.data_workers is not None:
             settings["data_workers"] = self.data_workers
         out = []
+        figures = {str(c): cluster_fingerprint(c) for c in self.clusters}
+        contents = {str(m): model_fingerprint(m) for m in self.models}
         for m, c, g, r in product(self.models, self.clusters, self.gpus, self.regions):
             t = dict(model=str(m), cluster=str(c), gpus=int(g), region=r, **settings)
+            # a cluster, device or model file: what it says is in the id, so an edited file does not reuse stale parts
+            # (a preset or built-in name is in the id as it always was)
+            if figures[str(c)] is not None:
+                t["cluster_figures"] = figures[str(c)]
+            if contents[str(m)] is not None:
+                t["model_file"] = contents[str(m)]
             t["task_id"] = hashlib.sha256(json.dumps(t, sort_keys=True, default=str).encode()).hexdigest()[:16]
             out.append(t)
         return out
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cluster_fingerprint(cluster: Any) -> str | None:
+    """A digest of what a cluster file resolves to: its figures (the file as read, so a comment does not count) and,
+    when it names its GPU by a spec file (``device: my_gpu.yaml``), that spec's figures; None for a preset name
+    (whose figures are wattcast's own) or a cluster that does not resolve (the spec check refuses it first)."""
+    from wattcast.data.catalog import SPEC_SUFFIXES, load_spec_file
+    from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
+
+    if not isinstance(cluster, ClusterSpec):
+        p = Path(str(cluster))
+        if not (p.suffix.lower() in (".yaml", ".yml", ".json") or p.is_file()):
+            return None  # a preset name
+    try:
+        c = cluster if isinstance(cluster, ClusterSpec) else resolve_cluster(cluster)
+    except (ValueError, OSError):
+        return None
+    d = c.to_dict()
+    dev = Path(str(c.device)).expanduser()
+    if dev.suffix.lower() in SPEC_SUFFIXES and dev.is_file():
+        d["device_spec"] = load_spec_file(dev).to_dict()
+    return _digest(d)
+
+
+def model_fingerprint(model: Any) -> str | None:
+    """A digest of a model file's bytes (an ONNX file, a ``config.json``, or a model folder's ``config.json``); None
+    for a built-in name or Hub id."""
+    p = Path(str(model)).expanduser()
+    f = p / "config.json" if p.is_dir() else p
+    if not f.is_file():
+        return None
+    return hashlib.sha256(f.read_bytes()).hexdigest()[:16]
 
 
 def _as_list(key: str, v: Any) -> tuple:

@@ -66,15 +66,18 @@ def exotic_allowed() -> bool:
     return _EXOTIC.get()
 
 
-def implausible(name: str, v: float, lo: float, hi: float, low_hint: str, high_hint: str, unit: str) -> str | None:
+def implausible(name: str, v: float, lo: float, hi: float, low_hint: str, high_hint: str, unit: str, *,
+                zero_ok: bool = False) -> str | None:
     """A message when ``v`` lies outside [``lo``, ``hi``], naming ``name``, the likely unit mix-up and ``--force``;
     None when it is inside, or when :func:`allow_exotic` is on. ``low_hint`` / ``high_hint`` say what a too-small /
-    too-large figure probably is ("kW", "a percent")."""
-    if exotic_allowed() or lo <= v <= hi:
+    too-large figure probably is ("kW", "a percent"). ``zero_ok``: exactly 0 passes too (a range above 0 whose
+    figure may be none at all, e.g. free electricity)."""
+    if exotic_allowed() or lo <= v <= hi or (zero_ok and v == 0):
         return None
     side, bound, hint = ("over", hi, high_hint) if v > hi else ("under", lo, low_hint)
-    return (f"{name} is {v:g}, {side} {bound:g}: it looks like {hint}; give it in {unit} (plausible: {lo:g} to "
-            f"{hi:g}; or pass --force, in Python wattcast.allow_exotic(), for a deliberately exotic value)")
+    return (f"{name} is {v:g}, {side} {bound:g}: it looks like {hint}; give it in {unit} (plausible: "
+            f"{'0, or ' if zero_ok else ''}{lo:g} to {hi:g}; or pass --force, in Python wattcast.allow_exotic(), for a "
+            "deliberately exotic value)")
 
 
 # ------------------------------------------------------------------ name suggestions

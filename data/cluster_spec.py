@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Annotated, Any, Mapping
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo, model_validator
 
 from wattcast.data.checks import did_you_mean, exotic_allowed, is_count, yaml_load_unique
 from wattcast.data.device_spec import SpecRecord
 from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
-                                      text)
+                                      text, yaml_number_hint)
 
 SCHEMA_VERSION = 1
 INTRA_KINDS = ("nvswitch", "nvlink", "xgmi", "pcie")
@@ -43,18 +43,27 @@ _PRESETS = Path(__file__).resolve().parent / "clusters"
 
 
 #: field -> (lowest, highest plausible value, what a too-small figure probably is, what a too-large one is, the unit).
-#: Wide of every real system: PCIe 3 x4 (4 GB/s) to NVLink 5 (900 GB/s per direction); 1 GbE to 1.6 Tb/s NICs;
-#: 1-72 GPUs per node (NVL72); latencies of a few microseconds. Outside them a figure is almost surely in another unit.
+#: Wide of every real system: PCIe 3 x4 (4 GB/s) to NVLink 5 (900 GB/s per direction); 1 GbE to 1.6 Tb/s NICs (a NIC
+#: under 1 Gbit/s is one given in Tbit/s: 0.4 for 400G); 1-72 GPUs per node (NVL72); latencies of a few microseconds
+#: (the presets: 3-10 us; NCCL over TCP sockets some tens), so a latency over 100 us is one given in nanoseconds.
+#: Outside them a figure is almost surely in another unit.
 PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "gpus_per_node": (1, 1024, "-", "the GPUs of the whole cluster, not of one node", "GPUs per node"),
     "intra.bandwidth_gb_per_s": (0.5, 20_000.0, "TB/s", "B/s, KB/s or MB/s (or Gbit/s x 1,000)", "GB/s per direction"),
-    "intra.latency_us": (0.0, 1_000.0, "-", "nanoseconds", "microseconds"),
+    "intra.latency_us": (0.0, 100.0, "-", "nanoseconds", "microseconds"),
     "inter.nics_per_node": (1, 256, "-", "the NICs of the whole cluster, not of one node", "NICs per node"),
-    "inter.nic_bandwidth_gbit_per_s": (0.1, 20_000.0, "Tbit/s", "bit/s, kbit/s or Mbit/s", "Gbit/s per NIC"),
-    "inter.latency_us": (0.0, 10_000.0, "-", "nanoseconds", "microseconds"),
+    "inter.nic_bandwidth_gbit_per_s": (1.0, 20_000.0, "Tbit/s", "bit/s, kbit/s or Mbit/s", "Gbit/s per NIC"),
+    "inter.latency_us": (0.0, 100.0, "-", "nanoseconds", "microseconds"),
     "inter.oversubscription": (1.0, 128.0, "-", "a percent or a port count, not a ratio", "a ratio >= 1"),
     "cloud_usd_per_gpu_hour": (0.01, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
 }
+
+
+#: the most the in-node bandwidth per GPU may exceed the cross-node one (NICs per node x Gbit/s / 8 / GPUs per node /
+#: oversubscription): the presets' widest gap is 24x (DGX-1, Polaris); a cluster of 8 NVSwitch GPUs on one 10 GbE NIC
+#: is ~2,000x. A NIC given in Tbit/s (0.4 for 400G) is refused by its own range; one above 1 (1.6 for 1.6T) is often
+#: caught here. Lifted by --force.
+INTRA_OVER_INTER_MAX = 10_000.0
 
 
 class ClusterSpecError(ValueError):
@@ -94,6 +103,16 @@ class ClusterSpec(SpecRecord):
     sources: Mapping[str, str] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
+    def __post_init__(self) -> None:
+        # every construction path (files, ASTRA-sim import, presets, dataclasses.replace, user code) is checked on
+        # ClusterSpecModel, as a DeviceSpec is: a NaN NIC bandwidth, gpus_per_node 0 or a negative latency is a
+        # ClusterSpecError naming the field, never a NaN step time. (Citations are the rule of files: validate_cluster.)
+        m = _check(_values(self))
+        object.__setattr__(self, "intra", _tier(IntraNode, m.intra))
+        object.__setattr__(self, "inter", None if m.inter is None else _tier(InterNode, m.inter))
+        for f in ("gpus_per_node", "max_nodes", "aliases", "sources"):  # counts given as 8.0 become ints
+            object.__setattr__(self, f, getattr(m, f))
+
     # ------------------------------------------------------------------ derived
     @property
     def inter_bandwidth_per_gpu_gb_per_s(self) -> float:
@@ -110,22 +129,15 @@ class ClusterSpec(SpecRecord):
         return self.inter.nics_per_node * self.inter.nic_bandwidth_gbit_per_s / 8.0 / self.inter.oversubscription
 
 
-def _yaml_number_hint(v: Any) -> str:
-    """YAML 1.1 (PyYAML) reads 9e11 (no dot) as text: say how to write the number."""
-    if isinstance(v, str):
-        try:
-            x = float(v)
-        except ValueError:
-            return ""
-        if math.isfinite(x):
-            return f" (text: YAML reads an exponent without a dot as a string; write {x:.1e})"
-    return ""
+#: YAML 1.1 (PyYAML) reads 9e11 (no dot) as text: say how to write the number
+_yaml_number_hint = yaml_number_hint
 
 
 def _figure(name: str | None = None, *, zero: bool = False, count: bool = False) -> Any:
     """A number field: finite, positive (>= 0 with ``zero``), whole with ``count`` (kept as an int: GPU and NIC
     counts index and divide), inside :data:`PLAUSIBLE` [``name``] unless --force."""
-    checks = [AfterValidator(number(zero=zero, integer=count, hint=_yaml_number_hint))]
+    checks = [AfterValidator(number(zero=zero, integer=count, hint=_yaml_number_hint,
+                                    finite_msg="must be a finite number, got {v!r}"))]
     if count:
         checks.append(AfterValidator(int))
     if name is not None:
@@ -234,18 +246,28 @@ class ClusterSpecModel(BaseModel):
     schema_version: Annotated[Any, AfterValidator(schema(SCHEMA_VERSION))] = SCHEMA_VERSION
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ClusterSpecModel":
+    def _consistent(self, info: ValidationInfo) -> "ClusterSpecModel":
         c = self
-        if c.inter is not None and c.gpus_per_node > 1 and not exotic_allowed():  # a units check: --force lifts it
+        if c.inter is not None and not exotic_allowed():  # units checks: --force lifts them
             per_gpu = c.inter.nics_per_node * c.inter.nic_bandwidth_gbit_per_s / 8.0 / c.gpus_per_node / c.inter.oversubscription
-            if per_gpu > c.intra.bandwidth_gb_per_s * 1.001:
+            if c.gpus_per_node > 1 and per_gpu > c.intra.bandwidth_gb_per_s * 1.001:
                 raise problem("wc_rule", f"cross-node bandwidth per GPU ({per_gpu:.1f} GB/s) exceeds the in-node bandwidth "
                                          f"({c.intra.bandwidth_gb_per_s} GB/s); check units (NICs are in Gbit/s), or pass "
                                          "--force for a system that is really built so")
+            if per_gpu * INTRA_OVER_INTER_MAX < c.intra.bandwidth_gb_per_s:
+                raise problem("wc_plausible", f"cross-node bandwidth per GPU ({per_gpu:.3g} GB/s: {c.inter.nics_per_node} "
+                              f"x {c.inter.nic_bandwidth_gbit_per_s:g} Gbit/s NICs over {c.gpus_per_node} GPUs) is "
+                              f"{c.intra.bandwidth_gb_per_s / per_gpu:,.0f}x below the in-node bandwidth "
+                              f"({c.intra.bandwidth_gb_per_s:g} GB/s), over the {INTRA_OVER_INTER_MAX:,.0f}x of any "
+                              "cluster: was inter.nic_bandwidth_gbit_per_s given in Tbit/s (a 400G NIC is 400, not "
+                              "0.4)? Give it in Gbit/s per NIC, or pass --force (in Python wattcast.allow_exotic()) for "
+                              "a system that is really built so")
         if c.max_nodes is not None and c.max_nodes > 1 and c.inter is None:
             raise problem("wc_rule", f"max_nodes is {c.max_nodes} but there is no 'inter' (cross-node) tier")
         for f in ("intra.bandwidth_gb_per_s", "intra.latency_us") + (("inter.nic_bandwidth_gbit_per_s", "inter.latency_us")
                                                                      if c.inter else ()):
+            if not (info.context and info.context.get("cite")):
+                break
             if not (c.sources.get(f) or c.source):
                 raise problem("wc_citation", f"field '{f}' has no source; give 'source' or 'sources.{f}'")
         return c
@@ -259,28 +281,44 @@ def _not_mapping(field_name: str, v: Any) -> str:
     return f"field '{field_name}' must be a mapping (kind: ..., {second}: ...), got {v!r} ({type(v).__name__})"
 
 
-def _validated(d: Mapping[str, Any]) -> ClusterSpec:
-    """The :class:`ClusterSpec` of the fields ``d`` (sections as mappings), validated on :class:`ClusterSpecModel`;
-    :class:`ClusterSpecError` naming the first problem's field and value (and the cluster)."""
+def _check(d: Mapping[str, Any], *, cite: bool = False) -> ClusterSpecModel:
+    """The fields ``d`` (sections as mappings) validated on :class:`ClusterSpecModel` (``cite``: with the citation rule
+    of files); :class:`ClusterSpecError` naming the first problem's field and value (and the cluster)."""
     try:
-        m = ClusterSpecModel.model_validate(d)
+        return ClusterSpecModel.model_validate(d, context={"cite": cite})
     except ValidationError as e:
         name = d.get("name")
         where = f"cluster {name!r}" if name not in (None, "") else "cluster spec"
         raise ClusterSpecError(f"{where}: " + first_problem(
             e, known=lambda section: _SECTIONS[section].model_fields, not_mapping=_not_mapping)) from None
-    inter = None if m.inter is None else InterNode(**{f: getattr(m.inter, f) for f in InterNodeModel.model_fields})
-    return ClusterSpec(intra=IntraNode(**{f: getattr(m.intra, f) for f in IntraNodeModel.model_fields}), inter=inter,
+
+
+def _validated(d: Mapping[str, Any]) -> ClusterSpec:
+    """The :class:`ClusterSpec` of the fields ``d`` (sections as mappings), validated on :class:`ClusterSpecModel`
+    with the citation rule; :class:`ClusterSpecError` naming the first problem's field and value (and the cluster)."""
+    m = _check(d, cite=True)
+    return ClusterSpec(intra=_tier(IntraNode, m.intra), inter=None if m.inter is None else _tier(InterNode, m.inter),
                        **{f: getattr(m, f) for f in ClusterSpecModel.model_fields if f not in ("intra", "inter")})
 
 
-def validate_cluster(c: ClusterSpec) -> ClusterSpec:
-    """``c`` checked on :class:`ClusterSpecModel` (whole-number counts given as floats become ints)."""
+def _tier(cls: type, m: BaseModel) -> Any:
+    """The IntraNode / InterNode of a validated tier model."""
+    return cls(**{f: getattr(m, f) for f in type(m).model_fields})
+
+
+def _values(c: ClusterSpec) -> dict[str, Any]:
+    """``c``'s fields as :class:`ClusterSpecModel` reads them (the tiers as mappings)."""
     d = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
     for tier in ("intra", "inter"):
-        if dataclasses.is_dataclass(d[tier]):
+        if dataclasses.is_dataclass(d[tier]) and not isinstance(d[tier], type):
             d[tier] = dataclasses.asdict(d[tier])
-    return _validated(d)
+    return d
+
+
+def validate_cluster(c: ClusterSpec) -> ClusterSpec:
+    """``c`` checked on :class:`ClusterSpecModel` with the citation rule of files (whole-number counts given as floats
+    become ints; the value checks alone run whenever a ClusterSpec is built)."""
+    return _validated(_values(c))
 
 
 def cluster_from_dict(d: Mapping[str, Any], *, device: str | None = None) -> ClusterSpec:
@@ -299,9 +337,17 @@ def _dimensions(v: Any) -> Any:
     return list(v)
 
 
+#: the topologies of ASTRA-sim's analytical network backend (read case-insensitively)
+ASTRA_TOPOLOGIES = ("Ring", "FullyConnected", "Switch")
+
+
 def _topology_name(v: Any) -> Any:
     if not isinstance(v, str) or not v:
         raise problem("wc_type", f"{FIELD} must be a topology name (Ring, Switch, FullyConnected), got {v!r}")
+    if v.lower() not in {t.lower() for t in ASTRA_TOPOLOGIES}:
+        hint = did_you_mean(v, ASTRA_TOPOLOGIES, "; did you mean {}?", n=1, cutoff=0.5)
+        raise problem("wc_value", f"{FIELD}: unknown topology {v!r}{hint} (ASTRA-sim's analytical network has "
+                                  f"{', '.join(ASTRA_TOPOLOGIES)})")
     return v
 
 
@@ -310,10 +356,11 @@ def _per_dimension(item: Any) -> Any:
 
 
 class AstraNetworkModel(BaseModel):
-    """ASTRA-sim's analytical network config: one entry per dimension in each list (other keys, such as ``device``
-    and ``name``, are read by :func:`from_astra_network`)."""
+    """ASTRA-sim's analytical network config: one entry per dimension in each list, and wattcast's own ``device`` and
+    ``name`` (read by :func:`from_astra_network`). Any other key is refused naming it (a misspelt ``bandwith`` would
+    otherwise be ignored)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -326,6 +373,8 @@ class AstraNetworkModel(BaseModel):
                                          AfterValidator(int)])
     bandwidth: _per_dimension(Annotated[Any, AfterValidator(number()), AfterValidator(float)])
     latency: _per_dimension(Annotated[Any, AfterValidator(number(zero=True)), AfterValidator(float)])
+    device: Any = None  # (checked as the cluster's device)
+    name: Any = None
 
     @model_validator(mode="after")
     def _same_length(self) -> "AstraNetworkModel":
@@ -346,7 +395,8 @@ def from_astra_network(d: Mapping[str, Any], *, device: str | None = None, name:
         m = AstraNetworkModel.model_validate(d)
     except ValidationError as e:
         msg = first_problem(e, missing=lambda f: f"required field '{f}' is missing (need topology, npus_count, "
-                                                 "bandwidth, latency lists, one entry per dimension)")
+                                                 "bandwidth, latency lists, one entry per dimension)",
+                            known=lambda section: AstraNetworkModel.model_fields if not section else ())
         raise ClusterSpecError(f"ASTRA-sim network: {msg}") from None
     topo, npus, bw, lat = m.topology, m.npus_count, m.bandwidth, m.latency
     dev = device if device is not None else d.get("device")
@@ -402,9 +452,33 @@ def load_cluster_file(path: str | Path, *, device: str | None = None) -> Cluster
     except yaml.YAMLError as e:
         raise ClusterSpecError(f"{p}: not valid YAML/JSON: {e}") from None
     try:
+        if device is None:
+            d = _device_beside(d, p)
         return cluster_from_dict(d, device=device)
     except ClusterSpecError as e:
         raise ClusterSpecError(f"{p}: {e}") from None
+
+
+#: the suffixes of a device spec file (``wattcast.data.catalog.SPEC_SUFFIXES``)
+_SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _device_beside(d: Any, path: Path) -> Any:
+    """``d`` with a relative device file path (``device: my_gpu.yaml``, ``device: specs/x.json``) made absolute against
+    the folder of the cluster file ``path``, as a file names its neighbours, not against the current directory; a
+    catalog name is left as it is. A relative path with no file beside the cluster file is refused naming both."""
+    dev = d.get("device") if isinstance(d, Mapping) else None
+    if not isinstance(dev, str) or not dev.strip():
+        return d
+    rel = Path(dev.strip()).expanduser()
+    if rel.is_absolute() or not (rel.suffix.lower() in _SPEC_SUFFIXES or len(rel.parts) > 1):
+        return d  # an absolute path, or a catalog name (resolved as before)
+    beside = path.resolve().parent / rel
+    if beside.is_file():
+        return {**d, "device": str(beside)}
+    here = " (a file of that name is in the current directory: give its absolute path)" if rel.is_file() else ""
+    raise ClusterSpecError(f"field 'device' {dev!r}: no device spec file {beside}; a relative path in a cluster file is "
+                           f"read from the cluster file's folder{here}")
 
 
 def resolve_cluster(name_or_path: str | Path | ClusterSpec, *, device: str | None = None) -> ClusterSpec:
@@ -419,6 +493,21 @@ def resolve_cluster(name_or_path: str | Path | ClusterSpec, *, device: str | Non
     if device is not None and c.device != device:
         c = validate_cluster(dataclasses.replace(c, device=device))
     return c
+
+
+def device_link_notes(c: ClusterSpec, spec: Any) -> list[str]:
+    """Warnings (for a prediction's ``warnings``) when cluster ``c``'s in-node tier is faster than the GPU ``spec`` (a
+    DeviceSpec) can drive: its ``interconnect_bandwidth_gbps`` (both directions, so half of it each way) below the
+    tier's ``bandwidth_gb_per_s`` (each way), e.g. an L4 (PCIe, 64 GB/s) put on an NVSwitch preset (450 GB/s each
+    way). The cluster's figure is used as given (no number changes); every preset with its own GPU gets none."""
+    ic = getattr(spec, "interconnect_bandwidth_gbps", None)
+    if not ic or c.gpus_per_node < 2 or c.intra.bandwidth_gb_per_s <= ic / 2 * 1.001:
+        return []
+    port = f" ({spec.interconnect})" if getattr(spec, "interconnect", None) else ""
+    return [f"cluster {c.name}'s in-node bandwidth ({c.intra.bandwidth_gb_per_s:g} GB/s per GPU each way, {c.intra.kind}) "
+            f"exceeds what {spec.name}'s own interconnect{port} carries ({ic:g} GB/s both ways, {ic / 2:g} each): the "
+            f"in-node collectives are costed at the cluster's figure; give a cluster file whose intra tier is this GPU's "
+            f"(e.g. a PCIe preset for a PCIe card)"]
 
 
 def using_gpus_per_node(c: ClusterSpec, n: int | None) -> ClusterSpec:

@@ -32,7 +32,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Va
 
 from wattcast.data.checks import exotic_allowed
 from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, optional, plausible, problem, required, schema,
-                                      text)
+                                      text, yaml_number_hint)
 
 SCHEMA_VERSION = 1
 
@@ -179,6 +179,52 @@ def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
     return None
 
 
+#: the ratio of a dense FP8 tensor peak to the dense 16-bit one on every NVIDIA and AMD generation with FP8 (Hopper, Ada,
+#: Blackwell, CDNA3/4: 2x); outside this band one of the two is probably a sparse (2:4 structured sparsity, 2x) figure
+FP8_OVER_16BIT = (1.5, 2.5)
+#: the ratio of the dense 16-bit tensor peak to the dense TF32 one on every NVIDIA generation with TF32 (2x)
+HALF_OVER_TF32_NVIDIA = (1.5, 2.5)
+#: FP16 over BF16: equal on every NVIDIA generation with BF16 (Ampere on); AMD's CDNA1 (MI100) runs BF16 at half the
+#: FP16 rate, so that direction is checked on NVIDIA only. BF16 above FP16 is on no GPU.
+HALF_OVER_BF16_NVIDIA_MAX = 1.5
+BF16_OVER_FP16_MAX = 1.5
+
+
+def peak_ratio_notes(spec: DeviceSpec) -> list[str]:
+    """Warnings (for a prediction's ``warnings``) when ``spec``'s tensor peaks are not in the ratios datasheets give
+    them, the sign of one sparse figure (2:4 structured sparsity doubles a datasheet peak) among dense ones: FP8 not
+    about 2x the 16-bit peak (NVIDIA and AMD; Intel's Gaudi 3 runs FP8 at the BF16 rate), BF16 above FP16, FP16
+    above BF16 on NVIDIA, the 16-bit peak not about 2x TF32 on NVIDIA. The figures are used as given (no refusal: an
+    exotic device may really be so); every catalog device gets none."""
+    notes: list[str] = []
+    dense = "datasheets list dense and sparse (2:4 structured sparsity, 2x) tensor peaks; give the dense ones"
+    fp8, fp16, bf16, tf32 = spec.peak_fp8_tflops, spec.peak_fp16_tflops, spec.peak_bf16_tflops, spec.peak_tf32_tflops
+    half_name, half = max((("peak_fp16_tflops", fp16), ("peak_bf16_tflops", bf16)), key=lambda kv: kv[1] or 0)
+    if fp8 and half and spec.vendor in ("nvidia", "amd"):
+        lo, hi = FP8_OVER_16BIT
+        r = fp8 / half
+        if not lo <= r <= hi:
+            notes.append(f"{spec.name}: peak_fp8_tflops ({fp8:g}) is {r:.2g}x {half_name} ({half:g}), where every "
+                         f"{'AMD' if spec.vendor == 'amd' else 'NVIDIA'} GPU with FP8 gives 2x: is one of them a sparse "
+                         f"figure? {dense} (used as given)")
+    if fp16 and bf16:
+        if bf16 > fp16 * BF16_OVER_FP16_MAX:
+            notes.append(f"{spec.name}: peak_bf16_tflops ({bf16:g}) is {bf16 / fp16:.2g}x peak_fp16_tflops ({fp16:g}), "
+                         f"where no GPU runs BF16 faster than FP16: is the BF16 figure a sparse one? {dense} (used as "
+                         "given)")
+        elif spec.vendor == "nvidia" and fp16 > bf16 * HALF_OVER_BF16_NVIDIA_MAX:
+            notes.append(f"{spec.name}: peak_fp16_tflops ({fp16:g}) is {fp16 / bf16:.2g}x peak_bf16_tflops ({bf16:g}), "
+                         f"where every NVIDIA GPU with BF16 runs both at one rate: is the FP16 figure a sparse one? "
+                         f"{dense} (used as given)")
+    if tf32 and half and spec.vendor == "nvidia":
+        lo, hi = HALF_OVER_TF32_NVIDIA
+        r = half / tf32
+        if not lo <= r <= hi:
+            notes.append(f"{spec.name}: {half_name} ({half:g}) is {r:.2g}x peak_tf32_tflops ({tf32:g}), where every "
+                         f"NVIDIA GPU with TF32 gives 2x: is one of them a sparse figure? {dense} (used as given)")
+    return notes
+
+
 def generation_of(spec: DeviceSpec) -> str:
     """A GPU's generation: the first word of its spec's ``arch`` (``Ampere (GA100)`` -> ``Ampere``), else its name."""
     arch = str(spec.arch or "").strip()
@@ -193,12 +239,15 @@ def normalise_name(name: str) -> str:
 #: field -> (lowest, highest plausible value, the unit a too-small figure is likely in, the unit a too-large one is,
 #: the unit to give it in): figures 1,000x off, e.g. TDP in kW, memory in bytes, bandwidth in B/s or TB/s, a peak in
 #: FLOP/s, a clock in Hz. The bounds hold well outside every datasheet of the catalog (P4's 75 W to MI355X's 1,400 W;
-#: 8-288 GB; 192 GB/s-8 TB/s).
+#: 8-288 GB; 192 GB/s-8 TB/s; L2 2-126 MB; 3-16 nm; launch prices 2,800-33,600 USD), and they are tight enough at
+#: the bottom that a figure given in the unit 1,000x larger is caught: a bandwidth of 8 (B200's TB/s) is under 50 GB/s,
+#: an L2 of 0.05 (GB) under 0.25 MB (a 256 KB L2, the smallest of any CUDA GPU), a price of 33.6 (thousands of USD)
+#: under 50 USD. A slower device (an embedded GPU's 25-60 GB/s) needs --force.
 PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "tdp_w": (5.0, 5000.0, "kW", "mW", "watts"),
     "idle_power_w": (0.5, 2000.0, "kW", "mW", "watts"),
     "memory_gb": (0.25, 5000.0, "TB", "bytes or MB", "GB"),
-    "memory_bandwidth_gbps": (5.0, 200000.0, "TB/s", "B/s or MB/s", "GB/s"),
+    "memory_bandwidth_gbps": (50.0, 200000.0, "TB/s", "B/s or MB/s", "GB/s"),
     "peak_fp32_tflops": (0.01, 20000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "peak_fp32_matrix_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "peak_tf32_tflops": (0.01, 50000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
@@ -207,9 +256,13 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "peak_fp8_tflops": (0.01, 200000.0, "PFLOP/s", "FLOP/s or GFLOP/s", "TFLOP/s"),
     "boost_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz", "MHz"),
     "base_clock_mhz": (50.0, 10000.0, "GHz", "Hz or kHz", "MHz"),
-    "l2_cache_mb": (0.01, 10000.0, "GB", "bytes or KB", "MB"),
+    "l2_cache_mb": (0.25, 10000.0, "GB", "bytes or KB", "MB"),
     "interconnect_bandwidth_gbps": (1.0, 20000.0, "TB/s", "B/s or MB/s", "GB/s"),
     "die_area_mm2": (10.0, 50000.0, "cm^2", "square micrometres", "mm^2"),  # to a wafer-scale chip (46,225 mm^2)
+    # 1.4-1.8 nm class (Intel 18A, TSMC A16) to the 250 nm of the first GPUs; 0.004 is 4 nm in micrometres
+    "process_node_nm": (1.0, 250.0, "micrometres (0.004 means 4 nm)", "picometres or angstroms", "nm"),
+    # the price of one accelerator when launched (CapEx and TCO): 33.6 is an H100's 33,600 USD in thousands
+    "launch_price_usd": (50.0, 1_000_000.0, "thousands of USD (33.6 means 33,600)", "cents", "USD per accelerator"),
 }
 
 #: the FP32 FLOP per SM (CU on AMD) per clock an FP32 peak may imply, (lowest, highest): ``peak_fp32_tflops`` and
@@ -280,9 +333,10 @@ def _sources(v: Any) -> Any:
     return dict(v)
 
 
-_POSITIVE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}")
+_POSITIVE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}",
+                   hint=yaml_number_hint)
 _WHOLE = number(value_msg="must be a positive finite number, got {v!r}", finite_msg="must be a positive finite number, got {v!r}",
-                integer=True, whole_msg="must be an integer, got {v!r}")
+                integer=True, whole_msg="must be an integer, got {v!r}", hint=yaml_number_hint)
 
 
 def _figure(name: str, *, needed: bool = False, whole: bool = False) -> Any:

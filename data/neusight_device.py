@@ -103,13 +103,43 @@ def is_neusight_json(d: Any) -> bool:
     return isinstance(d, Mapping) and any(k in d for k in _MARKER_KEYS)
 
 
-def _vendor_from_name(name: str, d: Mapping[str, Any]) -> str:
+#: a Device name that says NVIDIA (NeuSight's files write "NVIDIA L4", "Tesla T4", ...)
+_NVIDIA_NAME = re.compile(r"nvidia|tesla|geforce|quadro|\brtx", re.I)
+#: NeuSight's AMD-only keys
+_AMD_KEYS = ("SingleFLOPsVEC", "SingleFLOPsMM")
+
+
+def _vendor_from_name(name: str, d: Mapping[str, Any], where: str = "NeuSight device JSON") -> str:
+    """The vendor a NeuSight file describes: its name first (an NVIDIA name is NVIDIA's whatever keys the file has: a
+    file naming an NVIDIA GPU with AMD's keys is refused), then AMD's keys (``SingleFLOPsVEC`` / ``SingleFLOPsMM``)."""
     low = name.lower()
-    if re.search(r"\bamd\b|instinct|radeon", low) or "SingleFLOPsVEC" in d or "SingleFLOPsMM" in d:
+    amd_keys = [k for k in _AMD_KEYS if k in d]
+    if _NVIDIA_NAME.search(name) and not re.search(r"\bamd\b|instinct|radeon", low):
+        if amd_keys:
+            raise DeviceSpecError(f"{where}: {' and '.join(amd_keys)} {'are' if len(amd_keys) > 1 else 'is'} NeuSight's "
+                                  f"AMD key{'s' if len(amd_keys) > 1 else ''} (vector / matrix-core FP32, Core_Per_SM in "
+                                  f"SIMD units), but the device is named {name!r}: an NVIDIA GPU gives its FP32 rate as "
+                                  "SingleFLOPs")
+        return "nvidia"
+    if re.search(r"\bamd\b|instinct|radeon", low) or amd_keys:
         return "amd"
     if "intel" in low or "gaudi" in low:
         return "intel"
     return "nvidia"
+
+
+def _same_field_keys(d: Mapping[str, Any], where: str) -> None:
+    """Refuse two keys that map to one field (``SingleFLOPs`` and ``SingleFLOPsVEC`` are both the vector FP32 peak):
+    one would be silently dropped."""
+    by_field: dict[str, list[str]] = {}
+    for k in d:
+        if k in KEY_TO_FIELD:
+            by_field.setdefault(KEY_TO_FIELD[k], []).append(k)
+    for f, keys in by_field.items():
+        if len(keys) > 1:
+            vals = ", ".join(f"{k} {d[k]!r}" for k in keys)
+            raise DeviceSpecError(f"{where}: keys {' and '.join(repr(k) for k in keys)} both give {f} ({vals}); give "
+                                  "one (SingleFLOPs on NVIDIA, SingleFLOPsVEC with SingleFLOPsMM on AMD)")
 
 
 def _number(d: Mapping[str, Any], key: str, where: str) -> float:
@@ -152,10 +182,11 @@ def from_neusight_json(
     name = str(d.get("Device", "") or "").strip()
     where = f"NeuSight device JSON {name or origin or '?'!r}" + (f" ({origin})" if origin and name else "")
     _unknown_keys(d, where)
+    _same_field_keys(d, where)
     for key in _REQUIRED_KEYS:
         if key not in d or d[key] in (None, ""):
             raise DeviceSpecError(f"{where}: missing NeuSight key '{key}' (-> {KEY_TO_FIELD[key]})")
-    vendor = _vendor_from_name(name, d)
+    vendor = _vendor_from_name(name, d, where)
     if "SingleFLOPsVEC" in d:
         fp32_key = "SingleFLOPsVEC"
     elif "SingleFLOPs" in d:
@@ -196,6 +227,14 @@ def from_neusight_json(
         if kw["peak_fp32_tflops"] > bound * 1.05:
             # not an FP32 rate these SMs can reach: a multi-GPU group whose figure is the FP16 tensor peak
             group = max(1, round(kw["memory_gb"] / cat.memory_gb)) if cat.memory_gb else 1
+            if group == 1:  # one GPU's memory: not a group, so no reading of the figure is sure; refused
+                raise DeviceSpecError(
+                    f"{where}: {fp32_key} {d[fp32_key]} GFLOP/s exceeds 2 x Num_Sm x Core_Per_SM x Freq = "
+                    f"{bound * 1000:,.0f} GFLOP/s ({kw['num_sms']} x {cores} x {kw['boost_clock_mhz']} MHz x 2), the "
+                    f"most FP32 these SMs can do; Dev_Mem {d['Dev_Mem']} GB is one {cat.name}'s "
+                    f"({cat.memory_gb:g} GB), so it is no multi-GPU group either (whose SingleFLOPs is the group's FP16 "
+                    f"tensor peak). Give the FP32 rate in GFLOP/s (the catalog's {cat.name}: "
+                    f"{cat.peak_fp32_tflops * 1000:,.0f}), or check Num_Sm, Core_Per_SM and Freq")
             fp16 = kw["peak_fp32_tflops"]
             kw["num_sms"] = int(kw["num_sms"]) * group
             kw["peak_fp32_tflops"] = round(cat.peak_fp32_tflops * group, 3)

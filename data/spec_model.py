@@ -36,6 +36,23 @@ def problem(kind: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(kind, "{message}", {"message": message})
 
 
+def yaml_number_hint(v: Any) -> str:
+    """The hint for a number that came out of YAML as text: PyYAML (YAML 1.1) reads an exponent number only with a dot
+    in the mantissa and a sign in the exponent (``3.43e+3``), so ``3.43e3`` and ``9e11`` are strings. The hint spells
+    the number both ways YAML takes (" (text: ...; write 3.43e+03 or 3430.0)"); "" for any other value."""
+    if not isinstance(v, str) or "e" not in v.lower():
+        return ""  # (quoted text such as "3430" is not this slip)
+    try:
+        x = float(v)
+    except ValueError:
+        return ""
+    if not math.isfinite(x):
+        return ""
+    digits = next((p for p in range(1, 17) if float(f"{x:.{p}e}") == x), 16)
+    return (f" (text: YAML reads a number with an exponent as a string unless its mantissa has a dot and its exponent "
+            f"a sign; write {x:.{digits}e} or {x!r})")
+
+
 def is_number(v: Any) -> bool:
     """An int, float or numpy scalar number (not a bool, not text)."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
@@ -67,13 +84,15 @@ def number(*, zero: bool = False, integer: bool = False, type_msg: str = "must b
     return check
 
 
-def plausible(lo: float, hi: float, low_hint: str, high_hint: str, unit: str) -> Callable[[Any], Any]:
-    """Within [``lo``, ``hi``] unless :func:`wattcast.data.checks.allow_exotic` (``--force``): outside, a figure is
-    almost surely in another unit, and the message names the likely one (:func:`wattcast.data.checks.implausible`)."""
+def plausible(lo: float, hi: float, low_hint: str, high_hint: str, unit: str, *,
+              zero_ok: bool = False) -> Callable[[Any], Any]:
+    """Within [``lo``, ``hi``] (or exactly 0 with ``zero_ok``) unless :func:`wattcast.data.checks.allow_exotic`
+    (``--force``): outside, a figure is almost surely in another unit, and the message names the likely one
+    (:func:`wattcast.data.checks.implausible`)."""
 
     def check(v: Any) -> Any:
         if v is not None:
-            msg = implausible(FIELD, v, lo, hi, low_hint, high_hint, unit)
+            msg = implausible(FIELD, v, lo, hi, low_hint, high_hint, unit, zero_ok=zero_ok)
             if msg:
                 raise problem("wc_plausible", msg)
         return v

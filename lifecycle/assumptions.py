@@ -12,7 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from wattcast.data import carbon as _c
 from wattcast.data.spec_model import FIELD, first_location, first_problem, number, optional, plausible, problem, text
-from wattcast.lifecycle.checks import _FLAGS, PLAUSIBLE
+from wattcast.lifecycle.checks import _FLAGS, PLAUSIBLE, ZERO_ALLOWED
 
 
 def _d(name: str) -> Callable[[], float]:
@@ -90,8 +90,11 @@ def _positive(zero: bool = False) -> AfterValidator:
 
 
 def _range(name: str) -> tuple:
-    """The plausible range of ``name`` (``checks.PLAUSIBLE``; units off by 1,000x), lifted by ``--force``."""
-    return (AfterValidator(optional(plausible(*PLAUSIBLE[name]))),) if name in PLAUSIBLE else ()
+    """The plausible range of ``name`` (``checks.PLAUSIBLE``; units off by 1,000x), lifted by ``--force``; 0 passes
+    for the figures of ``checks.ZERO_ALLOWED`` (free or carbon-free power)."""
+    if name not in PLAUSIBLE:
+        return ()
+    return (AfterValidator(optional(plausible(*PLAUSIBLE[name], zero_ok=name in ZERO_ALLOWED))),)
 
 
 def _figure(name: str, *, zero: bool = False, rule: Callable[[Any], Any] | None = None) -> Any:

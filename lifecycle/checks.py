@@ -62,8 +62,12 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "lifetime_years": (0.25, 50.0, "another unit (1e-9 years is 0.03 s)", "months, days or hours", "years"),
     "node_overhead_share": (0.0, 2.0, "-", "a percent (50 means 0.5)", "a share of GPU power (0.3 = 30%)"),
     "pue": (1.0, 4.0, "-", "a percent (120 means 1.2)", "a ratio (facility / IT energy)"),
-    "grid_kgco2e_per_kwh": (0.0, 2.0, "-", "grams per kWh (481 means 0.481)", "kgCO2e per kWh"),
-    "electricity_usd_per_kwh": (0.0, 2.0, "-", "cents or USD per MWh", "USD per kWh"),
+    # 0 is allowed (:data:`ZERO_ALLOWED`: a run on carbon-free or free power); above it, the cleanest grids give ~0.01
+    # kg/kWh and the cheapest power ~0.02 USD/kWh, so a figure under 1e-3 is one in the unit 1,000x larger
+    "grid_kgco2e_per_kwh": (1e-3, 2.0, "tonnes per kWh (0.0004 t means 0.4 kg)", "grams per kWh (481 means 0.481)",
+                            "kgCO2e per kWh"),
+    "electricity_usd_per_kwh": (1e-3, 2.0, "USD per Wh (0.0001 USD/Wh means 0.1 USD/kWh)", "cents or USD per MWh",
+                                "USD per kWh"),
     "cloud_usd_per_gpu_hour": (0.0, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
     # a synchronous write of even a multi-TB checkpoint takes minutes (Llama 3 405B: seconds to minutes); a day is far
     # beyond any real one and would make the Young/Daly interval meaningless
@@ -72,6 +76,8 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
 }
 #: parameters whose lower bound is exclusive: a run of 0 hours has no footprint (``footprint`` refuses it too)
 _ABOVE_ZERO = frozenset({"hours"})
+#: parameters whose plausible range starts above 0 but that may be exactly 0 (carbon-free or free electricity)
+ZERO_ALLOWED = frozenset({"grid_kgco2e_per_kwh", "electricity_usd_per_kwh"})
 #: the command-line option of each footprint parameter (named in messages)
 _FLAGS = {"avg_power_w": "--avg-power-w", "hours": "--hours", "lifetime_years": "--lifetime-years",
           "node_overhead_share": "--node-overhead-share", "pue": "--pue", "grid_kgco2e_per_kwh": "--grid-kgco2e-per-kwh",
@@ -96,7 +102,9 @@ def check_plausible(name: str, v: float | None) -> None:
         raise ValueError(f"{label} must be above 0 ({unit}), got {x:g}")
     if x < lo and low_hint == "-":  # no unit mix-up to suggest: below a hard floor (a negative figure)
         raise ValueError(f"{label} must not be below {lo:g} ({unit}), got {x:g}")
-    msg = implausible(label, x, *PLAUSIBLE[name])
+    if name in ZERO_ALLOWED and x < 0:  # (0 is allowed: free or carbon-free power) below it a hard floor, no unit slip
+        raise ValueError(f"{label} must not be below 0 ({unit}), got {x:g}")
+    msg = implausible(label, x, *PLAUSIBLE[name], zero_ok=name in ZERO_ALLOWED)
     if msg:
         raise ValueError(msg)
 

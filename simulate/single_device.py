@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
+from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.simulate.step_band import band_keys, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
@@ -379,7 +379,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     step_s = res.step_time_ms / 1e3
     tensor = bool((np.isin(costed["op_class"].to_numpy(), ("linear", "bmm")) & (costed["dtype"].to_numpy() != "fp32")).any())
     band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor)
-    meta = with_warnings(res.meta, power_setting_notes(power_limit_w, clock_cap_mhz, spec))
+    meta = with_warnings(res.meta, [*peak_ratio_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec)])
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
                    step_band=band, meta=meta)
 

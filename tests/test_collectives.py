@@ -105,7 +105,7 @@ def test_intra_node_is_faster_than_inter_node():
 
 def test_single_node_group_uses_only_the_intra_tier():
     c = resolve_cluster("DGX-H100")
-    slow_net = dataclasses.replace(c, name="slow-net", inter=dataclasses.replace(c.inter, nic_bandwidth_gbit_per_s=10.0, latency_us=500.0))
+    slow_net = dataclasses.replace(c, name="slow-net", inter=dataclasses.replace(c.inter, nic_bandwidth_gbit_per_s=10.0, latency_us=50.0))
     for op in COLLECTIVES:
         np.testing.assert_allclose(alpha_beta_us(op, SIZES, 8, 8, c), alpha_beta_us(op, SIZES, 8, 8, slow_net))
         assert np.all(alpha_beta_us(op, SIZES, 16, 8, slow_net) > alpha_beta_us(op, SIZES, 16, 8, c))

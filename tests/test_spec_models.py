@@ -44,8 +44,8 @@ def test_every_shipped_spec_validates_on_its_model():
 
 
 def test_device_figures_are_kept_as_given():
-    s = DeviceSpec(**{**USER_SPEC, "l2_cache_mb": np.float32(0.1), "num_sms": np.int64(100), "memory_gb": 80})
-    assert type(s.l2_cache_mb) is np.float32 and s.l2_cache_mb == np.float32(0.1)
+    s = DeviceSpec(**{**USER_SPEC, "l2_cache_mb": np.float32(0.5), "num_sms": np.int64(100), "memory_gb": 80})
+    assert type(s.l2_cache_mb) is np.float32 and s.l2_cache_mb == np.float32(0.5)
     assert type(s.num_sms) is np.int64 and type(s.memory_gb) is int
     # pydantic would coerce "80" to 80.0 in lax mode: a figure given as text is refused, naming it
     with pytest.raises(DeviceSpecError, match=r"field 'memory_gb' must be a number, got '80'"):

@@ -1,0 +1,167 @@
+"""Cluster spec checks found by fuzzing: latencies in nanoseconds, NICs in Tbit/s (and cross-node bandwidth far below
+the in-node one), ClusterSpec objects built in Python (never validated before), a relative device path read from the
+cluster file's folder, ASTRA-sim files with unknown keys or topologies."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+import wattcast
+from conftest import REPO, flat
+from wattcast.data.catalog import resolve_device
+from wattcast.data.checks import allow_exotic
+from wattcast.data.cluster_spec import (ClusterSpec, ClusterSpecError, InterNode, IntraNode, cluster_from_dict,
+                                        from_astra_network, resolve_cluster)
+
+DEVICES = REPO / "data" / "devices"
+CLUSTERS = REPO / "data" / "clusters"
+
+
+def _cluster(name: str = "dgx-h100", **change) -> dict:
+    d = yaml.safe_load((CLUSTERS / f"{name}.yaml").read_text())
+    for k, v in change.items():
+        if "__" in k:
+            sec, f = k.split("__")
+            d[sec][f] = v
+        else:
+            d[k] = v
+    return d
+
+
+def _write_cluster(path: Path, device: str, nic: float = 400) -> Path:
+    d = _cluster(device=device, inter__nic_bandwidth_gbit_per_s=nic)
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+# ------------------------------------------------------------------ 2. cluster latencies in nanoseconds
+@pytest.mark.parametrize("field", ["inter__latency_us", "intra__latency_us"])
+@pytest.mark.parametrize("ns", [5000, 1500, 500])
+def test_latency_in_nanoseconds_is_refused(field, ns):
+    with pytest.raises(ClusterSpecError) as e:
+        cluster_from_dict(_cluster(**{field: ns}))
+    msg = flat(str(e.value))
+    assert f"'{field.replace('__', '.')}'" in msg and "nanoseconds" in msg and "--force" in msg
+    with allow_exotic():
+        cluster_from_dict(_cluster(**{field: ns}))
+
+
+def test_latencies_of_real_fabrics_load():
+    for us in (0, 1.5, 5, 30, 100):
+        cluster_from_dict(_cluster(inter__latency_us=us, intra__latency_us=us))
+
+
+def test_readme_states_the_latency_bound():
+    text = flat((REPO / "README.md").read_text())
+    assert "latencies up to 100 us" in text and "1-10 ms" not in text
+
+
+# ------------------------------------------------------------------ 3. NIC bandwidth in Tbit/s
+@pytest.mark.parametrize("tbit", [0.4, 0.8, 0.2])
+def test_nic_bandwidth_in_tbit_per_s_is_refused(tbit):
+    with pytest.raises(ClusterSpecError) as e:
+        cluster_from_dict(_cluster(inter__nic_bandwidth_gbit_per_s=tbit))
+    msg = flat(str(e.value))
+    assert "'inter.nic_bandwidth_gbit_per_s'" in msg and "Tbit/s" in msg
+
+
+def test_cross_node_bandwidth_far_below_in_node_is_refused():
+    # one 1.6 "Gbit/s" NIC (1.6 Tbit/s meant) for 8 GPUs of 900 GB/s NVSwitch: 45,000x below
+    d = _cluster("dgx-b200", inter__nics_per_node=1, inter__nic_bandwidth_gbit_per_s=1.6)
+    with pytest.raises(ClusterSpecError) as e:
+        cluster_from_dict(d)
+    msg = flat(str(e.value))
+    assert "cross-node bandwidth per GPU" in msg and "below the in-node bandwidth" in msg and "Tbit/s" in msg
+    with allow_exotic():
+        cluster_from_dict(d)
+    # a slow but real network: 8 NVSwitch GPUs on one 10 GbE NIC (~2,000x)
+    cluster_from_dict(_cluster("dgx-a100", inter__nics_per_node=1, inter__nic_bandwidth_gbit_per_s=10))
+
+
+# ------------------------------------------------------------------ 7. clusters built in Python are validated
+@pytest.mark.parametrize("change, field", [
+    (lambda c: dataclasses.replace(c, inter=dataclasses.replace(c.inter, nic_bandwidth_gbit_per_s=float("nan"))),
+     "inter.nic_bandwidth_gbit_per_s"),
+    (lambda c: dataclasses.replace(c, gpus_per_node=0), "gpus_per_node"),
+    (lambda c: dataclasses.replace(c, intra=dataclasses.replace(c.intra, latency_us=-100.0)), "intra.latency_us"),
+    (lambda c: dataclasses.replace(c, inter=dataclasses.replace(c.inter, oversubscription=0.5)), "inter.oversubscription"),
+    (lambda c: dataclasses.replace(c, intra=dataclasses.replace(c.intra, kind="infiniband")), "intra.kind"),
+    (lambda c: dataclasses.replace(c, device=None), "device"),
+])
+def test_a_cluster_built_in_python_is_checked(change, field):
+    c = resolve_cluster("DGX-H100")
+    with pytest.raises(ClusterSpecError) as e:
+        change(c)
+    assert f"'{field}'" in str(e.value)
+
+
+def test_a_valid_cluster_built_in_python_needs_no_citation_and_keeps_its_figures():
+    c = ClusterSpec(name="mine", device="H100-SXM5-80GB", gpus_per_node=8.0,
+                    intra=IntraNode(kind="nvswitch", bandwidth_gb_per_s=450, latency_us=3),
+                    inter=InterNode(kind="infiniband", nics_per_node=8, nic_bandwidth_gbit_per_s=400, latency_us=5))
+    assert c.gpus_per_node == 8 and type(c.gpus_per_node) is int
+    assert c.intra.bandwidth_gb_per_s == 450 and c.inter.nic_bandwidth_gbit_per_s == 400
+    preset = resolve_cluster("DGX-H100")
+    assert dataclasses.replace(preset) == preset
+
+
+def test_a_nan_nic_bandwidth_never_reaches_a_prediction():
+    c = resolve_cluster("DGX-H100")
+    with pytest.raises(ClusterSpecError, match="finite"):
+        wattcast.predict_cluster("gpt2", dataclasses.replace(
+            c, inter=dataclasses.replace(c.inter, nic_bandwidth_gbit_per_s=float("nan"))), gpus=16, batch=16)
+
+
+# ------------------------------------------------------------------ 11. relative device path in a cluster file
+def test_relative_device_path_is_read_from_the_cluster_files_folder(tmp_path, monkeypatch):
+    sub, other = tmp_path / "sub", tmp_path / "other"
+    sub.mkdir()
+    other.mkdir()
+    (sub / "mydev.yaml").write_text((DEVICES / "A100-SXM4-80GB.yaml").read_text())
+    (other / "mydev.yaml").write_text((DEVICES / "H100-SXM5-80GB.yaml").read_text())  # a decoy in the cwd
+    _write_cluster(sub / "cl.yaml", "mydev.yaml")
+    monkeypatch.chdir(other)
+    c = resolve_cluster("../sub/cl.yaml")
+    assert Path(c.device) == (sub / "mydev.yaml").resolve()
+    assert resolve_device(c.device).name == "A100-SXM4-80GB"
+    assert wattcast.predict_cluster("gpt2", "../sub/cl.yaml", gpus=8, batch=8, seq=128).device == "A100-SXM4-80GB"
+
+
+def test_relative_device_path_missing_beside_the_cluster_file_is_refused(tmp_path, monkeypatch):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    _write_cluster(sub / "cl.yaml", "mydev.yaml")
+    (tmp_path / "mydev.yaml").write_text((DEVICES / "H100-SXM5-80GB.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ClusterSpecError) as e:
+        resolve_cluster("sub/cl.yaml")
+    msg = str(e.value)
+    assert "'device'" in msg and "cluster file's folder" in msg and "current directory" in msg
+    _write_cluster(sub / "cl.yaml", "H100-SXM5-80GB")  # a catalog name is still a catalog name
+    assert resolve_cluster("sub/cl.yaml").device == "H100-SXM5-80GB"
+
+
+# ------------------------------------------------------------------ 15. ASTRA-sim keys and topologies
+ASTRA = {"topology": ["Switch", "Switch"], "npus_count": [8, 2], "bandwidth": [450.0, 50.0], "latency": [3000.0, 5000.0],
+         "device": "H100-SXM5-80GB"}
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(bandwith=[1, 1]), "unknown field(s) bandwith"),
+    (dict(nics_per_node=1), "unknown field(s) nics_per_node"),
+    (dict(topology=["Banana", "Switch"]), "unknown topology 'Banana'"),
+    (dict(topology=["Switch", "Rnig"]), "did you mean Ring?"),
+])
+def test_astra_sim_unknown_keys_and_topologies_are_refused(change, needle):
+    with pytest.raises(ClusterSpecError) as e:
+        from_astra_network({**ASTRA, **change})
+    assert needle in str(e.value)
+
+
+def test_astra_sim_files_with_known_keys_load():
+    c = from_astra_network({**ASTRA, "topology": ["fullyconnected", "Ring"], "name": "mine"})
+    assert c.name == "mine" and c.intra.kind == "nvswitch" and c.max_nodes == 2
