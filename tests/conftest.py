@@ -84,6 +84,21 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def preset_cluster(name: str = "dgx-h100", **change) -> dict:
+    """A shipped cluster preset (``data/clusters/<name>.yaml``) as a dict, with ``change`` applied
+    (``inter__nic_bandwidth_gbit_per_s`` sets a nested field)."""
+    import yaml
+
+    d = yaml.safe_load((REPO / "data" / "clusters" / f"{name}.yaml").read_text())
+    for k, v in change.items():
+        if "__" in k:
+            sec, f = k.split("__")
+            d[sec][f] = v
+        else:
+            d[k] = v
+    return d
+
+
 @pytest.fixture(scope="session")
 def cli():
     return run_cli

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import wattcast
-from conftest import REPO, flat
+from conftest import REPO, flat, preset_cluster
 from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import allow_exotic
 from wattcast.data.cluster_spec import (ClusterSpec, ClusterSpecError, InterNode, IntraNode, cluster_from_dict,
@@ -22,14 +22,7 @@ CLUSTERS = REPO / "data" / "clusters"
 
 
 def _cluster(name: str = "dgx-h100", **change) -> dict:
-    d = yaml.safe_load((CLUSTERS / f"{name}.yaml").read_text())
-    for k, v in change.items():
-        if "__" in k:
-            sec, f = k.split("__")
-            d[sec][f] = v
-        else:
-            d[k] = v
-    return d
+    return preset_cluster(name, **change)
 
 
 def _write_cluster(path: Path, device: str, nic: float = 400) -> Path:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, cli_env, flat, run_cli
+from conftest import REPO, cli_env, flat, preset_cluster, run_cli
 
 from wattcast.data.checks import allow_exotic, exotic_allowed
 from wattcast.data.cluster_spec import ClusterSpecError, cluster_from_dict, resolve_cluster
@@ -28,14 +28,7 @@ PRESETS = REPO / "data" / "clusters"
 
 def _cluster(**change) -> dict:
     """The DGX-A100 preset as a dict, with ``change`` applied (``intra__bandwidth_gb_per_s`` sets a nested field)."""
-    d = yaml.safe_load((PRESETS / "dgx-a100.yaml").read_text())
-    for k, v in change.items():
-        if "__" in k:
-            sec, f = k.split("__")
-            d[sec][f] = v
-        else:
-            d[k] = v
-    return d
+    return preset_cluster("dgx-a100", **change)
 
 
 # ------------------------------------------------------------------ 1. units off by 1,000x, and --force

@@ -9,21 +9,14 @@ from pathlib import Path
 
 import yaml
 
-from conftest import REPO
+from conftest import REPO, preset_cluster
 
 DEVICES = REPO / "data" / "devices"
 CLUSTERS = REPO / "data" / "clusters"
 
 
 def _cluster(name: str = "dgx-h100", **change) -> dict:
-    d = yaml.safe_load((CLUSTERS / f"{name}.yaml").read_text())
-    for k, v in change.items():
-        if "__" in k:
-            sec, f = k.split("__")
-            d[sec][f] = v
-        else:
-            d[k] = v
-    return d
+    return preset_cluster(name, **change)
 
 
 def _write_cluster(path: Path, device: str, nic: float = 400) -> Path:
