@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
+from wattcast.featurize.graph_cache import rows_cached
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, pinned, position_warning
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
@@ -270,7 +270,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                       "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights"} if fp8 else {}))
 
 
-@lru_cache(maxsize=256)
+@rows_cached(max_entries=256)
 def cached_path_graph(path: str, mtime: float, opts: StepOptions) -> OpGraph:
     return _build(path, opts)
 
@@ -354,7 +354,7 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
     return fwd
 
 
-@lru_cache(maxsize=64)
+@rows_cached(max_entries=64)
 def _cached_dict_graph(config_json: str, opts: StepOptions) -> OpGraph:
     return _build(json.loads(config_json), opts)
 

@@ -605,7 +605,7 @@ class _Evaluator:
                         coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline,
                         zero3_prefetch=job.zero3_prefetch, data_load_ms=job.data_load_ms,
                         data_workers=job.data_workers, mtp_num_layers=job.mtp_num_layers, **job.routing))
-                    ctx = replace(ctx, detail=False, summary=True, memo=self.memo)
+                    ctx = replace(ctx.without_kernels(), detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e
                 self.contexts[key] = ctx

@@ -40,7 +40,9 @@ from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
 from wattcast.data.kernel_ops import DTYPE_BYTES
-from wattcast.featurize.hf_config import HFConfig, load_hf_config, pinned
+from wattcast.featurize.graph_cache import RowsCache
+from wattcast.featurize.hf_config import HFConfig, gpt_oss_layer_types, load_hf_config, pinned
+from wattcast.featurize.op_graph import NODE_COLUMNS
 from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype, is_onnx_path,
                                         step_graph)
 from wattcast.models.kernel_bundle import load_bundle
@@ -355,9 +357,11 @@ def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSp
 
 
 #: costed rank graphs by (identities of graph, device, models, cluster; group placements; host and power
-#: settings); each entry holds the objects whose ids it uses, so no id is reused while it lives. Oldest out.
-_COSTED: dict = {}
+#: settings); each entry holds the objects whose ids it uses, so no id is reused while it lives. Least recently used
+#: out, once the costed graphs hold more than ``featurize.graph_cache.GRAPH_CACHE_ROWS`` kernel rows (a whole
+#: 36-layer gpt-oss-120b graph has 156,000: ~150 MB with its costed frame) or there are more than ``_COSTED_MAX``
 _COSTED_MAX = 1024  # a GPT-3 search over TP, SP, CP, micro-batch and recomputation has 140 rank graphs
+_COSTED = RowsCache(max_entries=_COSTED_MAX)
 
 
 def model_config(model) -> HFConfig | None:
@@ -481,7 +485,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
             raise ParallelConfigError(str(e)) from None
     opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep, cp=par.cp, seq=seq // par.cp,
                    moe_load=moe_load, etp=par.etp)
-    g, n_rep, _ = _rank_graph(model, hf, opts)
+    g, n_rep, _, period = _rank_graph(model, hf, opts)
 
     def coll_fn(kernel, size, group):
         ms = np.zeros(len(size))
@@ -500,7 +504,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     cp_step_floor_ms = check_cp_step_floor_ms(rest[1] if len(rest) > 1 else FRAMEWORK_CP_STEP_HOST_MS.get(opts.framework, 0.0))
     # the costed rank graph depends on the graph, the device, the models, the TP/EP group placements and the
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
-    def costed_view(graph, reps: int) -> tuple:
+    def costed_view(graph, reps: int, period: int) -> tuple:
         pins = (graph, spec, bundle, cm, cl, power_model)  # reps follows from the graph
         key = (tuple(map(id, pins)), lay["tp"], lay["ep"], lay["etp"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
                None if coll_floor is None else tuple(coll_floor.items()))
@@ -508,26 +512,27 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         if hit is None:
             costed = cost_nodes(graph, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
             costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)
-            if len(_COSTED) >= _COSTED_MAX:
-                _COSTED.pop(next(iter(_COSTED)))
-            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps), stream_bandwidth_gbps(spec, bundle))
+            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps, period),
+                                 stream_bandwidth_gbps(spec, bundle))
         return hit
 
-    hit = costed_view(g, n_rep)
+    hit = costed_view(g, n_rep, period)
     keep_view = None
     if par.recompute == "full":
         # Megatron's block recomputation (--recompute-num-layers) mixes recomputed layers with layers that keep their
         # activations: the latter's view, costed on first use (a search's other members of the group may not need it)
         def keep_view():
-            return costed_view(*_rank_graph(model, hf, replace(opts, recompute="none"))[:2])[2]
+            g_keep, reps, _, per = _rank_graph(model, hf, replace(opts, recompute="none"))
+            return costed_view(g_keep, reps, per)[2]
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
-    # (balanced routing: model FLOPs are the useful ones, whatever a busiest rank or padding adds)
-    g1, n_rep1, block_params = _rank_graph(model, hf, replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none",
-                                                             moe_load=1.0))
+    # (balanced routing: model FLOPs are the useful ones, whatever a busiest rank or padding adds); in a search, once
+    # per micro-batch (the figures are kept, not the graph)
+    opts1 = replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none", moe_load=1.0)
+    model_totals = pinned(("model_totals", id(model), opts1), lambda: _model_totals(*_rank_graph(model, hf, opts1)))
     return ScheduleContext(model=model, g=g, view=hit[2], keep_view=keep_view, spec=spec, cl=cl, par=par, lay=lay, cm=cm,
                            batch=batch, seq=seq,
                            n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,
-                           power_limit_w=power_limit_w, model_totals=_model_totals(g1, n_rep1, block_params),
+                           power_limit_w=power_limit_w, model_totals=model_totals,
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
@@ -552,71 +557,120 @@ def _hashable_trips(v):
 #: the middle block stands for blocks 1 .. L-2 (every per-layer and whole-model sum counts it L-2 times): exact,
 #: and L/3 times cheaper to build, which is what makes strategy search fast for 100-layer models. Qwen-MoE configs
 #: are alike only when every layer is sparse (or every one dense), gpt-oss configs only when every layer has one
-#: attention kind (its default alternates sliding-window and full layers: built whole, as Gemma 2/3 always are):
-#: ``HFConfig.layers_alike``, checked per config.
+#: attention kind: ``HFConfig.layers_alike``, checked per config. Blocks of these families that are not alike but whose
+#: kinds (:func:`_layer_kinds`) repeat with a period P (gpt-oss's default alternates sliding-window and full layers,
+#: P = 2; a Qwen-MoE sparse every ``decoder_sparse_step``) take the same shortcut one period at a time: blocks 1 .. P
+#: stand for the middle blocks of their kinds (:func:`_periodic_plan`). Gemma 2/3 are always built whole.
 _UNIFORM_FAMILIES = ("gpt2", "mpt", "gpt_neox", "bloom", "falcon", "opt", "llama", "gemma", "mixtral", "bert", "qwen3", "phi3",
                      "qwen2_moe", "qwen3_moe", "gpt_oss")
 _SHORT_LAYERS = 3
 
 
 def _rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
-    """(graph, n_rep, block_params): the step graph of ``model``; for uniform configs with more than 4 blocks
+    """(graph, n_rep, block_params, period): the step graph of ``model``; for uniform configs with more than 4 blocks
     a 3-block graph whose block 1 repeats ``n_rep`` = L-2 times, and the parameters of one block as the
-    builder counts them (some, e.g. RMSNorm weights, sit on no kernel node); else the whole graph, 1, 0.
+    builder counts them (some, e.g. RMSNorm weights, sit on no kernel node), period 1; for configs whose block kinds
+    repeat every ``period`` > 1 blocks, a short graph whose blocks 1 .. period repeat ``n_rep`` times and the
+    parameters of those ``period`` blocks (:func:`_periodic_plan`); else the whole graph, 1, 0, 1.
     Inside a :func:`~wattcast.featurize.hf_config.pinned_files` block (a search) each (model, options) is looked up
-    once: the model object is held by the caller for the block, so its id names it."""
-    return pinned(("rank_graph", id(model), opts), lambda: _build_rank_graph(model, hf, opts))
+    once while the block's graphs hold at most ``graph_cache.GRAPH_CACHE_ROWS`` kernel rows (least recently used
+    out): the model object is held by the caller for the block, so its id names it."""
+    graphs = pinned(("rank_graphs",), RowsCache)  # the block's own (outside one, a new empty cache: no look-up kept)
+    return graphs.get_or_build((id(model), opts), lambda: _build_rank_graph(model, hf, opts))
 
 
 def _build_rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
     if (hf is None or hf.family not in _UNIFORM_FAMILIES or hf.n_layers != hf.total_layers
-            or hf.n_layers <= _SHORT_LAYERS + 1 or not hf.layers_alike):
-        return step_graph(model, opts), 1, 0
+            or hf.n_layers <= _SHORT_LAYERS + 1):
+        return step_graph(model, opts), 1, 0, 1
     small = replace(opts, batch=1, seq=8, mode="inference", tp=1, sp=False, ep=1, recompute="none", compile=False)
+    if not hf.layers_alike:
+        plan = _periodic_plan(_layer_kinds(hf))
+        if plan is None:
+            return step_graph(model, opts), 1, 0, 1
+        built, period, n_rep = plan
+        # the parameters of each repeated block j, as block j + period (its kind) of a graph ending with it
+        params = [step_graph(model, small, blocks=b).param_count for b in range(period + 1, 2 * period + 2)]
+        block_params = tuple(int(b - a) for a, b in zip(params, params[1:]))
+        return step_graph(model, opts, blocks=built), n_rep, block_params, period
     block_params = (step_graph(model, small, blocks=_SHORT_LAYERS).param_count
                     - step_graph(model, small, blocks=_SHORT_LAYERS - 1).param_count)
-    return step_graph(model, opts, blocks=_SHORT_LAYERS), hf.n_layers - (_SHORT_LAYERS - 1), block_params
+    return step_graph(model, opts, blocks=_SHORT_LAYERS), hf.n_layers - (_SHORT_LAYERS - 1), block_params, 1
 
 
-def _layer_multiplicity(layers: np.ndarray, n_rep: int) -> np.ndarray:
+def _layer_kinds(hf: HFConfig) -> tuple:
+    """Per decoder block of a :data:`_UNIFORM_FAMILIES` config, what makes its graph differ from another block's (as
+    ``HFConfig.layers_alike`` compares them): a sparse or dense MLP, and gpt-oss's attention kind."""
+    types = gpt_oss_layer_types(hf) if hf.family == "gpt_oss" else (None,) * hf.n_layers
+    return tuple((hf.moe_layer(i), types[i]) for i in range(hf.n_layers))
+
+
+def _periodic_plan(kinds: tuple) -> tuple[int, int, int] | None:
+    """(blocks to build, period P, repeats R) of a short graph for blocks whose ``kinds`` repeat every P blocks
+    (the smallest such P), None when no short graph is smaller than the whole less one block. The short graph is
+    block 0, one period (blocks 1 .. P, each repeated R times: the middle blocks 1 .. R x P of the model) and a tail
+    of T blocks (1 <= T <= P) standing for the model's last T blocks, T such that the tail's kinds are theirs:
+    L = 1 + R x P + T. Exact as the 3-block graph is: a block's kernels depend on its kind, and on being the first
+    or the last block, not on its position otherwise."""
+    n = len(kinds)
+    for p in range(1, n):
+        if all(kinds[i] == kinds[i % p] for i in range(n)):
+            break
+    else:
+        return None
+    tail = (n - 2) % p + 1  # (n - 1 - tail) divisible by p
+    built = 1 + p + tail
+    if n <= built + 1:
+        return None
+    return built, p, (n - 1 - tail) // p
+
+
+def _layer_multiplicity(layers: np.ndarray, n_rep: int, period: int = 1) -> np.ndarray:
     """How many blocks of the full model each node of a (short) graph stands for."""
-    return np.where(layers == 1, n_rep, 1) if n_rep > 1 else np.ones(len(layers), dtype=np.int64)
+    if n_rep <= 1:
+        return np.ones(len(layers), dtype=np.int64)
+    return np.where(layers == 1, n_rep, 1) if period == 1 else np.where((layers >= 1) & (layers <= period), n_rep, 1)
 
 
-def _full_layer_ids(ids: np.ndarray, n_rep: int) -> tuple[np.ndarray, np.ndarray]:
-    """(layer ids of the full model, index into ``ids`` for each): block 1 of a short graph becomes blocks
-    1 .. n_rep, later ids shift by n_rep - 1."""
+def _full_layer_ids(ids: np.ndarray, n_rep: int, period: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(layer ids of the full model in order, index into ``ids`` for each): block 1 of a short graph becomes blocks
+    1 .. n_rep, later ids shift by n_rep - 1; with a ``period`` P, block j (1 <= j <= P) becomes blocks j, j + P, ...,
+    j + (n_rep - 1) x P, later ids shift by (n_rep - 1) x P."""
     if n_rep <= 1:
         return ids, np.arange(len(ids))
     out, src = [], []
     for j, lid in enumerate(ids.tolist()):
-        if lid == 1:
-            out += range(1, 1 + n_rep)
+        if 1 <= lid <= period:
+            out += range(lid, lid + n_rep * period, period)
             src += [j] * n_rep
         else:
-            out.append(lid + (n_rep - 1 if lid > 1 else 0))
+            out.append(lid + ((n_rep - 1) * period if lid > period else 0))
             src.append(j)
-    return np.array(out, dtype=np.int64), np.array(src, dtype=np.int64)
+    out, src = np.array(out, dtype=np.int64), np.array(src, dtype=np.int64)
+    if period > 1:
+        order = np.argsort(out, kind="stable")
+        out, src = out[order], src[order]
+    return out, src
 
 
 
-def _model_totals(g1, n_rep: int, block_params: int) -> dict:
+def _model_totals(g1, n_rep: int, block_params, period: int = 1) -> dict:
     """Model FLOPs of one micro-batch (optimizer excluded), the fused attention's own recomputation (``flash_rc_flops``:
     hardware FLOPs beyond the model's) and the parameter count, from the unsharded graph."""
     hit = _TOTALS.get(id(g1))
     if hit is not None and hit[0] is g1:
         return hit[1]
     nodes = g1.nodes
-    flops, flash_rc = model_flops(nodes, _layer_multiplicity(nodes["layer"].to_numpy(), n_rep))
-    params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(block_params)
+    flops, flash_rc = model_flops(nodes, _layer_multiplicity(nodes["layer"].to_numpy(), n_rep, period))
+    # block_params: one block's (period 1), else each repeated block's
+    params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(sum(block_params) if period > 1 else block_params)
     out = dict(flops=flops, flash_rc_flops=flash_rc, param_count=params)
-    if len(_TOTALS) >= 256:
-        _TOTALS.pop(next(iter(_TOTALS)))
     _TOTALS[id(g1)] = (g1, out)
     return out
 
 
-_TOTALS: dict = {}
+#: model totals by the identity of the graph they were taken from (held by the entry, so its id is not reused)
+_TOTALS = RowsCache(max_entries=256)
 
 
 @dataclass(frozen=True)
@@ -662,17 +716,17 @@ class _RankView:
     ood_fraction: float
 
 
-def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1) -> _RankView:
+def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1) -> _RankView:
     """Per-layer sums of a costed rank graph; with ``n_rep`` > 1 (a short graph, see ``_rank_graph``) block 1
-    is repeated into blocks 1 .. n_rep."""
+    is repeated into blocks 1 .. n_rep (with a ``period`` P, blocks 1 .. P into blocks 1 .. n_rep x P)."""
     from wattcast.models.power import idle_power_w
     from wattcast.simulate.memory import block_input_bytes
 
     layers = costed["layer"].to_numpy()
     ids, li = np.unique(layers, return_inverse=True)
     n = len(ids)
-    mult = _layer_multiplicity(layers, n_rep)
-    full_ids, src = _full_layer_ids(ids, n_rep)
+    mult = _layer_multiplicity(layers, n_rep, period)
+    full_ids, src = _full_layer_ids(ids, n_rep, period)
     phase = costed["phase"].to_numpy()
     t = costed["time_ms"].to_numpy(dtype=float)
     fwd, bwd, opt = phase == "forward", phase == "backward", phase == "optimizer"
@@ -852,6 +906,12 @@ def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_la
         ood_fraction=view.ood_fraction, comm={}, meta=meta, energy_j=nan, avg_power_w=nan, power_limit_w=power_limit_w)
 
 
+#: the kernels of a graph without any (:meth:`ScheduleContext.without_kernels`); read-only
+_NO_NODES = pd.DataFrame({c: [] for c in NODE_COLUMNS})
+_NO_EDGES = np.zeros((0, 2), dtype=np.int64)
+_NO_EDGES.flags.writeable = False
+
+
 @dataclass(frozen=True)
 class ScheduleContext:
     """Everything :func:`schedule_step` needs to time one strategy: the costed rank graph and its per-layer view, the
@@ -915,6 +975,16 @@ class ScheduleContext:
     #: with full recomputation: a function giving the view of the same rank graph without recomputation (block
     #: recomputation, ``ParallelConfig.recompute_num_layers``, takes its layers from both); None otherwise
     keep_view: object = field(default=None, compare=False, repr=False)
+
+    def without_kernels(self) -> "ScheduleContext":
+        """This context with its rank graph's metadata only, no kernel rows: :func:`schedule_step` reads nothing else
+        of the graph (the per-layer view holds its costed sums), so a search keeps one per rank graph without pinning
+        the graphs (a whole gpt-oss-120b rank graph is ~100 MB); they stay in the bounded graph caches."""
+        g = self.g
+        if not len(g.nodes):
+            return self
+        # shared empty ones (an empty slice of the graph's would be a view keeping its whole memory alive)
+        return replace(self, g=replace(g, nodes=_NO_NODES, edges=_NO_EDGES, saved={}))
 
     def with_parallel(self, par: ParallelConfig) -> "ScheduleContext":
         """This context for another resolved strategy with the same rank graph (tp, sp, ep, cp, micro-batch and

@@ -214,30 +214,51 @@ def _cluster(model, **kw):
                                     dtype="bf16", attention="flash", **kw)
 
 
-def test_three_block_shortcut_only_when_every_layer_has_one_attention_kind(monkeypatch):
-    """Alternating sliding and full layers (the default) are built whole; a config whose layers are all full takes the
-    3-block graph and gives the full-depth graph's figures bit for bit. Forcing the shortcut on the alternating config
-    would repeat a full layer for the sliding ones: other figures."""
+def test_short_graph_one_period_at_a_time_when_layers_alternate(monkeypatch):
+    """Alternating sliding and full layers (the default) take the short graph one period (2 blocks) at a time; a config
+    whose layers are all full takes the 3-block graph. Both give the full-depth graph's figures (to 1e-9; the sums over
+    repeated blocks are taken in another order). Forcing the 3-block shortcut on the alternating config would repeat
+    one kind of layer for both: other figures."""
     alternating = _raw("gpt_oss_20b", num_hidden_layers=6, _name_or_path="gpt-oss-6l")
+    odd = _raw("gpt_oss_20b", num_hidden_layers=7, _name_or_path="gpt-oss-7l")  # ends on a sliding layer: 2-block tail
     uniform = _raw("gpt_oss_20b", num_hidden_layers=6, layer_types=["full_attention"] * 6,
                    _name_or_path="gpt-oss-6l-full")
     opts = StepOptions(batch=1, seq=512, dtype="bf16", attention="flash")
     assert not load_hf_config(alternating).layers_alike and load_hf_config(uniform).layers_alike
-    assert dist._build_rank_graph(alternating, load_hf_config(alternating), opts)[1] == 1
-    assert dist._build_rank_graph(uniform, load_hf_config(uniform), opts)[1] == 4  # block 1 stands for blocks 1-4
-    alt, short = _cluster(alternating), _cluster(uniform)
-    assert alt.meta["param_count"] == short.meta["param_count"] == _graph(alternating).param_count
-    dist._COSTED.clear()
-    monkeypatch.setattr(dist, "_UNIFORM_FAMILIES", tuple(f for f in dist._UNIFORM_FAMILIES if f != "gpt_oss"))
-    full = _cluster(uniform)
-    assert (short.step_time_ms, short.memory_gb, short.energy_j, short.flops) == (
-        full.step_time_ms, full.memory_gb, full.energy_j, full.flops)
-    alt_full = _cluster(alternating)
-    assert alt_full.step_time_ms == alt.step_time_ms
-    monkeypatch.undo()
-    dist._COSTED.clear()
+    g, n_rep, _, period = dist._build_rank_graph(alternating, load_hf_config(alternating), opts)
+    assert (g.meta["n_layers"], n_rep, period) == (4, 2, 2)  # blocks 1-2 stand for blocks 1-4
+    g, n_rep, _, period = dist._build_rank_graph(odd, load_hf_config(odd), opts)
+    assert (g.meta["n_layers"], n_rep, period) == (5, 2, 2)  # blocks 1-2 for 1-4, blocks 3-4 are blocks 5-6
+    assert dist._build_rank_graph(uniform, load_hf_config(uniform), opts)[1::2] == (4, 1)  # block 1 for blocks 1-4
+    keys = ("step_time_ms", "memory_gb", "energy_j", "flops", "forward_ms", "backward_ms", "optimizer_ms", "bubble_ms",
+            "exposed_comm_ms", "mfu")
+    short = {}
+    for name, cfg, kw in (("alt", alternating, {}), ("odd", odd, dict(pp=2, recompute="full", recompute_num_layers=2)),
+                          ("uniform", uniform, {})):
+        short[name] = _cluster(cfg, **kw)
+        dist._COSTED.clear()
+        monkeypatch.setattr(dist, "_UNIFORM_FAMILIES", tuple(f for f in dist._UNIFORM_FAMILIES if f != "gpt_oss"))
+        full = _cluster(cfg, **kw)
+        monkeypatch.undo()
+        dist._COSTED.clear()
+        assert short[name].meta["param_count"] == full.meta["param_count"] == _graph(cfg).param_count
+        for k in keys:
+            assert getattr(short[name], k) == pytest.approx(getattr(full, k), rel=1e-9), (name, k)
+        mem = [[s["memory_gb"] for s in r.per_device] for r in (short[name], full)]
+        assert mem[0] == pytest.approx(mem[1], rel=1e-9)
     monkeypatch.setattr(HFConfig, "layers_alike", property(lambda self: True))
     forced = _cluster(alternating)
-    assert forced.flops != alt.flops  # what the shortcut would get wrong
+    assert forced.flops != short["alt"].flops  # what the 3-block shortcut would get wrong
     monkeypatch.undo()
     dist._COSTED.clear()
+
+
+def test_periodic_plan():
+    s, f = "sliding", "full"
+    assert dist._periodic_plan((s, f) * 18) == (4, 2, 17)  # gpt-oss-120b: block 0, blocks 1-2 x 17, block 35
+    assert dist._periodic_plan((s, f) * 12) == (4, 2, 11)  # gpt-oss-20b
+    assert dist._periodic_plan((s, f) * 12 + (s,)) == (5, 2, 11)  # ends on a sliding layer: blocks 3-4 are 23-24
+    assert dist._periodic_plan((s,) * 10) == (3, 1, 8)  # the 3-block graph
+    assert dist._periodic_plan((s, s, f) * 4) == (6, 3, 3)  # 12 = 1 + 3 x 3 + 2
+    assert dist._periodic_plan((s, f) * 2 + (s,)) is None  # 5 blocks: the short graph would have 5
+    assert dist._periodic_plan((s, f, f, s, s, f)) is None  # no period

@@ -1,0 +1,115 @@
+"""Caches of operator graphs bounded by what they hold (kernel rows), not by how many entries they have.
+
+A step graph's size spans four orders of magnitude: a 3-block Llama rank graph has a few hundred rows, a whole
+gpt-oss-120b graph with its 128 experts per layer more than 150,000 (some 100 MB, and 50 MB more once costed). A
+cache bounded by its number of entries holds either too few small graphs or too many big ones (a strategy search of
+gpt-oss-120b on 16 GPUs kept every rank graph it built: 6.9 GB after 800 of its 3,080 candidates, past 15 GB in the
+end). :class:`RowsCache` evicts by the rows its values hold.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+#: kernel rows a graph cache holds at most (measured: ~0.65 KB a row for a graph, its nodes and the builder's per-node
+#: lists; ~0.33 KB for a costed frame): whole graphs of the largest built-in models fit several times over, the 3-block
+#: rank graphs of a dense model's whole strategy search (a few hundred rows each) a thousand times over
+GRAPH_CACHE_ROWS = 1_000_000
+
+
+def graph_rows(value) -> int:
+    """Kernel rows of an operator graph, a frame, or a tuple holding them (the largest: a tuple's members are views
+    of one graph), 0 for anything else."""
+    if isinstance(value, tuple):
+        return max((graph_rows(v) for v in value), default=0)
+    nodes = getattr(value, "nodes", value)
+    try:
+        return int(len(nodes)) if hasattr(nodes, "columns") else 0
+    except TypeError:
+        return 0
+
+
+class RowsCache:
+    """A least-recently-used mapping whose entries each weigh some rows (by default :func:`graph_rows` of the value):
+    the oldest entries go once the total is above ``max_rows`` (None: :data:`GRAPH_CACHE_ROWS`) or the entries are more
+    than ``max_entries`` (the newest entry always stays, however big). ``get`` marks an entry as used."""
+
+    def __init__(self, max_rows: int | None = None, max_entries: int | None = None):
+        self.max_rows = int(GRAPH_CACHE_ROWS if max_rows is None else max_rows)
+        self.max_entries = max_entries
+        self._data: OrderedDict = OrderedDict()  # key -> (value, rows)
+        self.rows = 0
+        self.hits = self.misses = self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key) -> bool:
+        return key in self._data
+
+    def get(self, key, default=None):
+        hit = self._data.get(key)
+        if hit is None:
+            self.misses += 1
+            return default
+        self.hits += 1
+        self._data.move_to_end(key)
+        return hit[0]
+
+    def __setitem__(self, key, value) -> None:
+        self.put(key, value)
+
+    def put(self, key, value, rows: int | None = None):
+        """Store ``value`` under ``key`` (``rows``: its weight; None: :func:`graph_rows`) and evict the oldest
+        entries over the bounds. Returns ``value``."""
+        rows = graph_rows(value) if rows is None else int(rows)
+        old = self._data.pop(key, None)
+        if old is not None:
+            self.rows -= old[1]
+        self._data[key] = (value, rows)
+        self.rows += rows
+        while len(self._data) > 1 and (self.rows > self.max_rows
+                                       or (self.max_entries is not None and len(self._data) > self.max_entries)):
+            _, (_, r) = self._data.popitem(last=False)
+            self.rows -= r
+            self.evictions += 1
+        return value
+
+    def get_or_build(self, key, build):
+        """The value under ``key``, built by ``build()`` and stored when missing (an error is not stored)."""
+        hit = self._data.get(key)
+        if hit is not None:
+            self.hits += 1
+            self._data.move_to_end(key)
+            return hit[0]
+        self.misses += 1
+        return self.put(key, build())
+
+    def clear(self) -> None:
+        self._data.clear()
+        self.rows = 0
+
+    def values(self):
+        return [v for v, _ in self._data.values()]
+
+
+def rows_cached(max_rows: int | None = None, max_entries: int | None = None):
+    """``functools.lru_cache`` for functions returning operator graphs, bounded by :class:`RowsCache`'s rows (and
+    ``max_entries``): positional, hashable arguments; ``cache_clear()`` and ``cache_info()`` as lru_cache's."""
+    from functools import wraps
+
+    def deco(fn):
+        cache = RowsCache(max_rows, max_entries)
+
+        @wraps(fn)
+        def wrapper(*args):
+            return cache.get_or_build(args, lambda: fn(*args))
+
+        def cache_info() -> dict:
+            return dict(hits=cache.hits, misses=cache.misses, currsize=len(cache), rows=cache.rows,
+                        max_rows=cache.max_rows, maxsize=cache.max_entries, evictions=cache.evictions)
+
+        wrapper.cache_clear, wrapper.cache_info, wrapper.cache = cache.clear, cache_info, cache
+        return wrapper
+
+    return deco
