@@ -99,6 +99,14 @@ def preset_cluster(name: str = "dgx-h100", **change) -> dict:
     return d
 
 
+def write_preset_cluster(path: Path, device: str, nic: float = 400) -> Path:
+    """The DGX-H100 preset with ``device`` and a NIC bandwidth (Gbit/s) written to ``path``."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(preset_cluster(device=device, inter__nic_bandwidth_gbit_per_s=nic)))
+    return path
+
+
 @pytest.fixture(scope="session")
 def cli():
     return run_cli

@@ -8,10 +8,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import yaml
 
 import wattcast
-from conftest import REPO, flat, preset_cluster
+from conftest import REPO, flat, preset_cluster, write_preset_cluster
 from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import allow_exotic
 from wattcast.data.cluster_spec import (ClusterSpec, ClusterSpecError, InterNode, IntraNode, cluster_from_dict,
@@ -21,31 +20,21 @@ DEVICES = REPO / "data" / "devices"
 CLUSTERS = REPO / "data" / "clusters"
 
 
-def _cluster(name: str = "dgx-h100", **change) -> dict:
-    return preset_cluster(name, **change)
-
-
-def _write_cluster(path: Path, device: str, nic: float = 400) -> Path:
-    d = _cluster(device=device, inter__nic_bandwidth_gbit_per_s=nic)
-    path.write_text(yaml.safe_dump(d))
-    return path
-
-
 # ------------------------------------------------------------------ 2. cluster latencies in nanoseconds
 @pytest.mark.parametrize("field", ["inter__latency_us", "intra__latency_us"])
 @pytest.mark.parametrize("ns", [5000, 1500, 500])
 def test_latency_in_nanoseconds_is_refused(field, ns):
     with pytest.raises(ClusterSpecError) as e:
-        cluster_from_dict(_cluster(**{field: ns}))
+        cluster_from_dict(preset_cluster(**{field: ns}))
     msg = flat(str(e.value))
     assert f"'{field.replace('__', '.')}'" in msg and "nanoseconds" in msg and "--force" in msg
     with allow_exotic():
-        cluster_from_dict(_cluster(**{field: ns}))
+        cluster_from_dict(preset_cluster(**{field: ns}))
 
 
 def test_latencies_of_real_fabrics_load():
     for us in (0, 1.5, 5, 30, 100):
-        cluster_from_dict(_cluster(inter__latency_us=us, intra__latency_us=us))
+        cluster_from_dict(preset_cluster(inter__latency_us=us, intra__latency_us=us))
 
 
 def test_readme_states_the_latency_bound():
@@ -57,14 +46,14 @@ def test_readme_states_the_latency_bound():
 @pytest.mark.parametrize("tbit", [0.4, 0.8, 0.2])
 def test_nic_bandwidth_in_tbit_per_s_is_refused(tbit):
     with pytest.raises(ClusterSpecError) as e:
-        cluster_from_dict(_cluster(inter__nic_bandwidth_gbit_per_s=tbit))
+        cluster_from_dict(preset_cluster(inter__nic_bandwidth_gbit_per_s=tbit))
     msg = flat(str(e.value))
     assert "'inter.nic_bandwidth_gbit_per_s'" in msg and "Tbit/s" in msg
 
 
 def test_cross_node_bandwidth_far_below_in_node_is_refused():
     # one 1.6 "Gbit/s" NIC (1.6 Tbit/s meant) for 8 GPUs of 900 GB/s NVSwitch: 45,000x below
-    d = _cluster("dgx-b200", inter__nics_per_node=1, inter__nic_bandwidth_gbit_per_s=1.6)
+    d = preset_cluster("dgx-b200", inter__nics_per_node=1, inter__nic_bandwidth_gbit_per_s=1.6)
     with pytest.raises(ClusterSpecError) as e:
         cluster_from_dict(d)
     msg = flat(str(e.value))
@@ -72,7 +61,7 @@ def test_cross_node_bandwidth_far_below_in_node_is_refused():
     with allow_exotic():
         cluster_from_dict(d)
     # a slow but real network: 8 NVSwitch GPUs on one 10 GbE NIC (~2,000x)
-    cluster_from_dict(_cluster("dgx-a100", inter__nics_per_node=1, inter__nic_bandwidth_gbit_per_s=10))
+    cluster_from_dict(preset_cluster("dgx-a100", inter__nics_per_node=1, inter__nic_bandwidth_gbit_per_s=10))
 
 
 # ------------------------------------------------------------------ 7. clusters built in Python are validated
@@ -116,7 +105,7 @@ def test_relative_device_path_is_read_from_the_cluster_files_folder(tmp_path, mo
     other.mkdir()
     (sub / "mydev.yaml").write_text((DEVICES / "A100-SXM4-80GB.yaml").read_text())
     (other / "mydev.yaml").write_text((DEVICES / "H100-SXM5-80GB.yaml").read_text())  # a decoy in the cwd
-    _write_cluster(sub / "cl.yaml", "mydev.yaml")
+    write_preset_cluster(sub / "cl.yaml", "mydev.yaml")
     monkeypatch.chdir(other)
     c = resolve_cluster("../sub/cl.yaml")
     assert Path(c.device) == (sub / "mydev.yaml").resolve()
@@ -127,14 +116,14 @@ def test_relative_device_path_is_read_from_the_cluster_files_folder(tmp_path, mo
 def test_relative_device_path_missing_beside_the_cluster_file_is_refused(tmp_path, monkeypatch):
     sub = tmp_path / "sub"
     sub.mkdir()
-    _write_cluster(sub / "cl.yaml", "mydev.yaml")
+    write_preset_cluster(sub / "cl.yaml", "mydev.yaml")
     (tmp_path / "mydev.yaml").write_text((DEVICES / "H100-SXM5-80GB.yaml").read_text())
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ClusterSpecError) as e:
         resolve_cluster("sub/cl.yaml")
     msg = str(e.value)
     assert "'device'" in msg and "cluster file's folder" in msg and "current directory" in msg
-    _write_cluster(sub / "cl.yaml", "H100-SXM5-80GB")  # a catalog name is still a catalog name
+    write_preset_cluster(sub / "cl.yaml", "H100-SXM5-80GB")  # a catalog name is still a catalog name
     assert resolve_cluster("sub/cl.yaml").device == "H100-SXM5-80GB"
 
 

@@ -5,24 +5,13 @@ presets and built-in names keep the ids they had."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import yaml
 
-from conftest import REPO, preset_cluster
+from conftest import REPO, write_preset_cluster
 
 DEVICES = REPO / "data" / "devices"
 CLUSTERS = REPO / "data" / "clusters"
-
-
-def _cluster(name: str = "dgx-h100", **change) -> dict:
-    return preset_cluster(name, **change)
-
-
-def _write_cluster(path: Path, device: str, nic: float = 400) -> Path:
-    d = _cluster(device=device, inter__nic_bandwidth_gbit_per_s=nic)
-    path.write_text(yaml.safe_dump(d))
-    return path
 
 
 # ------------------------------------------------------------------ 4. sweep task ids follow what a file says
@@ -30,7 +19,7 @@ def test_sweep_task_id_hashes_cluster_and_device_file_contents(tmp_path):
     from wattcast.sweep import load_spec
 
     (tmp_path / "gpu.yaml").write_text((DEVICES / "H100-SXM5-80GB.yaml").read_text())
-    cl = _write_cluster(tmp_path / "cl.yaml", "gpu.yaml")
+    cl = write_preset_cluster(tmp_path / "cl.yaml", "gpu.yaml")
     spec = dict(models=["gpt2"], clusters=[str(cl), "DGX-A100"], gpus=[8], batch=8, seq=128)
 
     def ids():
@@ -41,7 +30,7 @@ def test_sweep_task_id_hashes_cluster_and_device_file_contents(tmp_path):
     assert "cluster_figures" not in preset_task and "model_file" not in preset_task  # a preset's id is as it was
     cl.write_text(cl.read_text() + "# a comment changes nothing\n")
     assert ids() == first
-    _write_cluster(cl, "gpu.yaml", nic=200)
+    write_preset_cluster(cl, "gpu.yaml", nic=200)
     second = ids()
     assert second[0] != first[0] and second[1] == first[1]
     gpu = yaml.safe_load((tmp_path / "gpu.yaml").read_text())
@@ -64,13 +53,13 @@ def test_sweep_model_file_contents_are_in_the_task_id(tmp_path):
 def test_sweep_reruns_a_task_whose_cluster_file_was_edited(tmp_path):
     from wattcast.sweep import read_sweep, run_sweep
 
-    cl = _write_cluster(tmp_path / "cl.yaml", "A100-SXM4-80GB")
+    cl = write_preset_cluster(tmp_path / "cl.yaml", "A100-SXM4-80GB")
     spec = dict(models=["gpt2"], clusters=[str(cl)], gpus=[8], batch=8, seq=128, dtype="fp8", max_configs=4)
     out = tmp_path / "out.parquet"
     first = run_sweep(spec, out, workers=0)
     assert first.ran == 1 and read_sweep(out)["status"].iloc[0] == "no valid strategy"  # A100s have no FP8
     assert run_sweep(spec, out, workers=0).skipped == 1  # unchanged: resumed
-    _write_cluster(cl, "H100-SXM5-80GB")  # the file now names a GPU with FP8
+    write_preset_cluster(cl, "H100-SXM5-80GB")  # the file now names a GPU with FP8
     again = run_sweep(spec, out, workers=0)
     assert again.ran == 1 and again.skipped == 0
     df = read_sweep(out)
