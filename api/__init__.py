@@ -251,7 +251,6 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
         data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers))
-    res = _with_device_notes(res, cluster, spec)
     from wattcast.featurize.workload import canonical_framework
     from wattcast.simulate.strategy import StrategyError, format_strategy
 
@@ -277,23 +276,6 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
 
     return _with_settings(_with_run(res, spec or resolve_device(res.device), tokens, batch * seq, run_kw,
                                     cluster=resolve_cluster(cluster)), settings)
-
-
-def _with_device_notes(res, cluster, spec):
-    """``res`` with the warnings its GPU's spec and the cluster raise (tensor peaks not in their datasheet ratios,
-    ``data.device_spec.peak_ratio_notes``; an in-node tier faster than the GPU's own interconnect,
-    ``data.cluster_spec.device_link_notes``); the figures themselves are not changed."""
-    from dataclasses import replace
-
-    from wattcast.data.catalog import resolve_device
-    from wattcast.data.cluster_spec import device_link_notes, resolve_cluster
-    from wattcast.data.device_spec import peak_ratio_notes
-    from wattcast.simulate.single_device import with_warnings
-
-    cl = resolve_cluster(cluster, device=spec.name if spec is not None else None)
-    dev = spec if spec is not None else resolve_device(cl.device)
-    notes = [*peak_ratio_notes(dev), *device_link_notes(cl, dev)]
-    return replace(res, meta=with_warnings(res.meta, notes)) if notes else res
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):

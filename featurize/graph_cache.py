@@ -15,6 +15,7 @@ from collections import OrderedDict
 #: lists; ~0.33 KB for a costed frame): whole graphs of the largest built-in models fit several times over, the 3-block
 #: rank graphs of a dense model's whole strategy search (a few hundred rows each) a thousand times over
 GRAPH_CACHE_ROWS = 1_000_000
+_MISSING = object()
 
 
 def graph_rows(value) -> int:
@@ -77,13 +78,8 @@ class RowsCache:
 
     def get_or_build(self, key, build):
         """The value under ``key``, built by ``build()`` and stored when missing (an error is not stored)."""
-        hit = self._data.get(key)
-        if hit is not None:
-            self.hits += 1
-            self._data.move_to_end(key)
-            return hit[0]
-        self.misses += 1
-        return self.put(key, build())
+        hit = self.get(key, _MISSING)
+        return self.put(key, build()) if hit is _MISSING else hit
 
     def clear(self) -> None:
         self._data.clear()

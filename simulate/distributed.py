@@ -37,8 +37,8 @@ import pandas as pd
 
 from wattcast.data.checks import is_count, real_in
 from wattcast.data.catalog import resolve_device
-from wattcast.data.cluster_spec import ClusterSpec, resolve_cluster
-from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
+from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_cluster
+from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, gpt_oss_layer_types, load_hf_config, pinned
@@ -541,8 +541,11 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
                            data_load_ms=check_load_ms(dopts.data_load_ms),
                            data_workers=resolve_workers(framework, dopts.data_workers),
-                           notes=tuple(power_setting_notes(*check_power_settings(power_limit_w, dopts.clock_cap_mhz, spec),
-                                                           spec)))
+                           # the spec's own oddities (tensor peaks out of their datasheet ratios, an in-node tier
+                           # faster than the GPU's link), then the power settings': warnings, the figures as given
+                           notes=(*peak_ratio_notes(spec), *device_link_notes(cl, spec),
+                                  *power_setting_notes(*check_power_settings(power_limit_w, dopts.clock_cap_mhz, spec),
+                                                       spec)))
 
 
 def _hashable_trips(v):
@@ -571,7 +574,7 @@ def _rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
     a 3-block graph whose block 1 repeats ``n_rep`` = L-2 times, and the parameters of one block as the
     builder counts them (some, e.g. RMSNorm weights, sit on no kernel node), period 1; for configs whose block kinds
     repeat every ``period`` > 1 blocks, a short graph whose blocks 1 .. period repeat ``n_rep`` times and the
-    parameters of those ``period`` blocks (:func:`_periodic_plan`); else the whole graph, 1, 0, 1.
+    parameters of one such period (:func:`_periodic_plan`); else the whole graph, 1, 0, 1.
     Inside a :func:`~wattcast.featurize.hf_config.pinned_files` block (a search) each (model, options) is looked up
     once while the block's graphs hold at most ``graph_cache.GRAPH_CACHE_ROWS`` kernel rows (least recently used
     out): the model object is held by the caller for the block, so its id names it."""
@@ -589,9 +592,9 @@ def _build_rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
         if plan is None:
             return step_graph(model, opts), 1, 0, 1
         built, period, n_rep = plan
-        # the parameters of each repeated block j, as block j + period (its kind) of a graph ending with it
-        params = [step_graph(model, small, blocks=b).param_count for b in range(period + 1, 2 * period + 2)]
-        block_params = tuple(int(b - a) for a, b in zip(params, params[1:]))
+        # the parameters of one repeated period: blocks 1 + period .. 2 x period of a graph ending with them
+        block_params = (step_graph(model, small, blocks=2 * period + 1).param_count
+                        - step_graph(model, small, blocks=period + 1).param_count)
         return step_graph(model, opts, blocks=built), n_rep, block_params, period
     block_params = (step_graph(model, small, blocks=_SHORT_LAYERS).param_count
                     - step_graph(model, small, blocks=_SHORT_LAYERS - 1).param_count)
@@ -654,7 +657,7 @@ def _full_layer_ids(ids: np.ndarray, n_rep: int, period: int = 1) -> tuple[np.nd
 
 
 
-def _model_totals(g1, n_rep: int, block_params, period: int = 1) -> dict:
+def _model_totals(g1, n_rep: int, block_params: int, period: int = 1) -> dict:
     """Model FLOPs of one micro-batch (optimizer excluded), the fused attention's own recomputation (``flash_rc_flops``:
     hardware FLOPs beyond the model's) and the parameter count, from the unsharded graph."""
     hit = _TOTALS.get(id(g1))
@@ -662,8 +665,8 @@ def _model_totals(g1, n_rep: int, block_params, period: int = 1) -> dict:
         return hit[1]
     nodes = g1.nodes
     flops, flash_rc = model_flops(nodes, _layer_multiplicity(nodes["layer"].to_numpy(), n_rep, period))
-    # block_params: one block's (period 1), else each repeated block's
-    params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(sum(block_params) if period > 1 else block_params)
+    # block_params: the parameters of the repeated block (of one repeated period)
+    params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(block_params)
     out = dict(flops=flops, flash_rc_flops=flash_rc, param_count=params)
     _TOTALS[id(g1)] = (g1, out)
     return out
