@@ -65,7 +65,7 @@ from wattcast.simulate.options import MISSING, DistributedOptions, options_from_
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
-                                            stage_total_from_parts)
+                                            stage_total_from_parts, userbuffer_bytes)
 
 
 @dataclass(frozen=True)
@@ -1420,19 +1420,24 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
                     fp8_param_fraction=np.zeros(P) if ctx.fp8_param_gather else fp8_frac, expert_params=expert_stage,
                     expert_dp=edp_n)
+    # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
+    # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
+    ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
+                                 dtype_bytes=db, fp8=g.meta.get("precision") == "fp8")
+                if par.tp_comm_overlap and g.meta.get("hidden") else 0.0)
     if summary:  # the total alone (same figures); the model states per (stage split, ZeRO, DP, expert DP) once per search
         mem = None
         state_key = ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather)
         mem_parts = sums.get(state_key)
         if mem_parts is None:
             mem_parts = sums[state_key] = stage_state_parts(params=params_stage, **state_kw)
-        total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, view.full_extra_bytes)
+        total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, view.full_extra_bytes, ub_bytes)
         w_stage = int(np.argmax(total_gb))
         worst = float(total_gb[w_stage])
         worst_terms = None
     else:
         mem = stage_memory_gb(params=params_stage, act_bytes_per_chunk=act_stage, inflight=inflight_s,
-                              full_recompute_extra_bytes=view.full_extra_bytes, **state_kw)
+                              full_recompute_extra_bytes=view.full_extra_bytes, userbuffers_bytes=ub_bytes, **state_kw)
         w_stage = int(np.argmax(mem["total_gb"]))  # the first of the fullest stages
         worst = float(mem["total_gb"][w_stage])
         worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))

@@ -41,6 +41,14 @@ every term cites the equation or the framework code it follows. Units are in the
   master gradients are made at the optimizer step, after the activations are freed), half plus fp32 for
   DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch).
 
+- Transformer Engine's userbuffers under ``--tp-comm-overlap`` (TE 2.9 ``transformer_engine/pytorch/module/base.py``
+  ``initialize_ub``): one communication buffer per overlapped GEMM of a transformer layer, shared by every layer --
+  ring-exchange qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline proj_fprop, fc2_fprop; bulk qkv_dgrad,
+  qkv_wgrad, fc1_dgrad, fc1_wgrad; external proj_wgrad, fc2_wgrad: 12 -- each of the shape Megatron-LM passes,
+  (sequence x micro-batch / cp, hidden) (``megatron/training/initialize.py`` ``_initialize_tp_communicators``), in
+  the parameters' dtype; under an FP8 recipe the 8 that feed all-gathers hold uint8 (``fp8_buf``), and TE repeats its
+  cuBLAS workspace for its 3 userbuffer streams (``_NUM_MAX_UB_STREAMS``; 2 more than the compute stream's):
+  :func:`userbuffer_bytes`, held for the whole step with the other buffers.
 - The CUDA context with cuBLAS/NCCL handles: 0.5 GB (an assumption: PyTorch reports 0.3-0.6 GB per process on
   Ampere/Hopper with CUDA's lazy module loading), with the buffers.
 - Capacity: a catalog "80 GB" is binary (HBM stacks of 2^n GiB: nvidia-smi shows 81,920 MiB on an A100 80GB, 32,768
@@ -65,6 +73,23 @@ CUDA_CONTEXT_BYTES = 0.5e9
 GIB = 2**30
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): its gradient reduce buckets are flattened copies
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
+#: Transformer Engine's userbuffers (``initialize_ub``, TE 2.9): the buffers of the 8 overlapped GEMMs whose
+#: communication is an all-gather (FP8 under an FP8 recipe: ``layers_all_gather_overlap``) and of the other 4
+UB_ALL_GATHER_BUFFERS = 8
+UB_OTHER_BUFFERS = 4
+#: the extra cuBLAS workspaces TE allocates for its userbuffer streams (``get_workspace().repeat(3)``: 3 in all, one
+#: of which stands for the compute stream's counted in :data:`CUBLAS_WORKSPACE_BYTES`)
+UB_EXTRA_WORKSPACES = 2
+
+
+def userbuffer_bytes(*, tokens: float, hidden: int, dtype_bytes: int, fp8: bool) -> float:
+    """Bytes of Transformer Engine's userbuffers for TP communication overlap (module docstring): 12 buffers of
+    ``tokens`` (sequence x micro-batch / cp) x ``hidden`` elements, the 8 all-gather ones at 1 B under an FP8 recipe,
+    plus the workspaces of TE's userbuffer streams."""
+    elems = float(tokens) * float(hidden)
+    ag_bytes = 1 if fp8 else dtype_bytes
+    return elems * (UB_ALL_GATHER_BUFFERS * ag_bytes + UB_OTHER_BUFFERS * dtype_bytes) \
+        + UB_EXTRA_WORKSPACES * CUBLAS_WORKSPACE_BYTES
 
 
 def _sharded(nbytes, params, expert_params, d: int, de: int):
@@ -234,7 +259,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                     optimizer: str, zero: int, dp: int, framework: str, block_params: float,
                     fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
-                    expert_dp: int | None = None) -> dict[str, np.ndarray]:
+                    expert_dp: int | None = None, userbuffers_bytes: float = 0.0) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -250,7 +275,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     def arr(v) -> np.ndarray:
         return v if isinstance(v, np.ndarray) else np.full(n, float(v))
 
-    during, after = arr(during), arr(after)
+    during, after = arr(during) + userbuffers_bytes, arr(after)
     act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
     w, m, g, o = (arr(st[k]) for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes", "optimizer_bytes"))
     total = w + m + g + o + np.maximum(act + during, after)
@@ -262,14 +287,14 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                    optimizer: str, zero: int, dp: int, framework: str, block_params: float,
                    fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
-                   expert_dp: int | None = None) -> np.ndarray:
+                   expert_dp: int | None = None, userbuffers_bytes: float = 0.0) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
                               held_grad_bytes=held_grad_bytes, optimizer=optimizer, zero=zero, dp=dp, framework=framework,
                               block_params=block_params, fp8_param_fraction=fp8_param_fraction,
                               expert_params=expert_params, expert_dp=expert_dp)
-    return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes)
+    return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
 def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str,
@@ -299,12 +324,13 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
 
 
 def stage_total_from_parts(parts: tuple, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
-                           full_recompute_extra_bytes: float) -> np.ndarray:
+                           full_recompute_extra_bytes: float, userbuffers_bytes: float = 0.0) -> np.ndarray:
     """Total GB per stage from :func:`stage_state_parts` and the activations: ``inflight`` chunks of
-    ``act_bytes_per_chunk`` plus the layer re-materialised under full recomputation."""
+    ``act_bytes_per_chunk`` plus the layer re-materialised under full recomputation; ``userbuffers_bytes`` (TP
+    overlap's, :func:`userbuffer_bytes`) held with the other buffers."""
     states, during, after = parts
     act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
-    return (states + np.maximum(act + during, after)) / GB
+    return (states + np.maximum(act + (during + userbuffers_bytes), after)) / GB
 
 
 def capacity_gb(memory_gb: float) -> float:
