@@ -493,7 +493,8 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     ``megatron``: Megatron-Core's ``MoELayer`` with the all-to-all token dispatcher and grouped GEMMs
     (``--moe-token-dispatcher-type alltoall --moe-grouped-gemm``, the Mixtral/DeepSeek recipes): the permuted tokens
     are contiguous per expert (no per-expert gather), each local expert's FC1 (gate and up) -> fused SwiGLU -> FC2
-    (the grouped GEMM costed as its per-expert GEMMs, one launch each), and one fused unpermute that weights by the
+    (the grouped GEMM costed as its per-expert GEMMs, one launch each; under FP8, one fused input cast and one
+    gradient cast per grouped FC1 and FC2 for all local experts), and one fused unpermute that weights by the
     routing probabilities and sums each token's top-k rows (``moe_unpermute``).
 
     gpt-oss (GptOssTopKRouter, GptOssExperts): ``router_bias``: the router ``Linear`` has a bias (named ``moe.router``,
@@ -564,9 +565,9 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
     outs = []
     for e in range(local):
         with b.scope(f"moe.experts.{e}"):
-            if megatron:
+            if megatron:  # under FP8: the first expert's FC1 and FC2 carry their grouped linear's one fused cast
                 ye = _swiglu_megatron(b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, h, f"experts.{e}",
-                                      act_tag="moe_act")
+                                      act_tag="moe_act", fp8_cast_gemms=local if e == 0 else 0)
             else:
                 xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
                 ye = (expert(cfg, b, xe, ffn, f"experts.{e}") if expert is not None
@@ -659,15 +660,21 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
                          softcap=var.final_softcap)
 
 
-def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: str, act_tag: str = "") -> Tensor:
+def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: str, act_tag: str = "",
+                     fp8_cast_gemms: int = 1) -> Tensor:
     """Megatron-Core's SwiGLU MLP (Transformer Engine spec), ``x`` already in the tensor-parallel region:
     ``linear_fc1`` (gate and up in one weight: one GEMM of 2 x ffn outputs; under an FP8 recipe one cast of its
     input, one FP8 copy saved; its input gradient comes out of one dgrad GEMM, with no accumulation), the fused SwiGLU
-    kernel (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its input), ``linear_fc2``."""
-    fc1 = b.linear(x, 2 * ffn, bias=False, name=f"{prefix}.linear_fc1", parallel="col")
+    kernel (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its input), ``linear_fc2``.
+
+    ``fp8_cast_gemms``: one expert of ``TEGroupedMLP`` (``--moe-grouped-gemm``), whose FC1 and FC2 are Transformer
+    Engine ``GroupedLinear`` modules over the local experts: their FP8 casts are one multi-tensor kernel per linear
+    and direction for all local experts, carried by the first expert (the number of local experts) and absent from
+    the others (0) (:meth:`GraphBuilder.linear`)."""
+    fc1 = b.linear(x, 2 * ffn, bias=False, name=f"{prefix}.linear_fc1", parallel="col", fp8_cast_gemms=fp8_cast_gemms)
     with b.tag(act_tag):  # ``moe_act`` in an expert (featurize/recompute.py)
         act = b.glu(fc1, name=f"{prefix}.swiglu")
-    return b.linear(act, hidden, bias=False, name=f"{prefix}.linear_fc2", parallel="row")
+    return b.linear(act, hidden, bias=False, name=f"{prefix}.linear_fc2", parallel="row", fp8_cast_gemms=fp8_cast_gemms)
 
 
 def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:

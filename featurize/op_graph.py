@@ -323,11 +323,18 @@ class GraphBuilder:
     # ------------------------------------------------------------------ GEMMs
     def linear(self, x: Tensor, out_features: int, *, bias: bool = True, name: str = "linear",
                weight_params: bool = True, needs_input_grad: bool = True, parallel: str | None = None,
-               fp8: bool = True) -> Tensor:
+               fp8: bool = True, fp8_cast_gemms: int = 1) -> Tensor:
         """``nn.Linear(in, out)`` on ``x`` (..., in). ``weight_params=False`` for a tied weight.
 
         ``parallel``: ``col`` (output features split over tp ranks), ``row`` (input features already
-        split: ``x`` is a column-parallel output; the result is a partial sum for ``tp_exit``)."""
+        split: ``x`` is a column-parallel output; the result is a partial sum for ``tp_exit``).
+
+        ``fp8_cast_gemms`` (under an FP8 recipe): how many GEMMs of this shape the linear's input cast and output
+        gradient cast cover. 1: its own (Transformer Engine's ``Linear``); n > 1: one GEMM of a grouped linear
+        whose n GEMMs' inputs are cast by one multi-tensor kernel per direction (TE's ``GroupedLinear``: one
+        ``tex.split_quantize`` / ``tex.group_quantize`` over all splits of the input, and of the output gradient in
+        backward, in TE 2.20's pytorch/module/grouped_linear.py), carried by this one with n times the bytes; 0: the
+        other GEMMs of such a group (no cast kernel of their own; their FP8 input is still saved)."""
         if not x.shape:
             raise GraphError(f"{name}: linear needs a tensor with at least one dimension")
         n, k = int(x.shape[-1]), int(out_features)
@@ -352,11 +359,16 @@ class GraphBuilder:
         shard = self._sp_shard.get(x.tid)  # sequence parallelism: x was all-gathered from this shard
         saved = x if shard is None else shard
         bw = [] if shard is None else self._sp_regather(x, shard, name, fp8=fp8)
+        if int(fp8_cast_gemms) != fp8_cast_gemms or fp8_cast_gemms < 0:
+            raise GraphError(f"{name}: fp8_cast_gemms must be a non-negative integer, got {fp8_cast_gemms!r}")
+        if fp8 and fp8_cast_gemms:
+            g = int(fp8_cast_gemms)  # GEMM inputs this cast covers (a grouped linear's fused cast: all of them)
+            self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=g * saved.numel,
+                      bytes_=g * saved.numel * (db + 2 * gb), grad_inputs=[])
+            bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=g * m * k,
+                               bytes_=g * m * k * (db + 2 * gb)))
         if fp8:
-            self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=saved.numel,
-                      bytes_=saved.numel * (db + 2 * gb), grad_inputs=[])
             saved = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP), kept for backward
-            bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=m * k, bytes_=m * k * (db + 2 * gb)))
         if needs_input_grad:  # dX = dY (M,K) @ W (K,N)
             bw.append(dict(self._bw(f"{name}.dgrad", "linear", "bmm", flops=2.0 * m * n * k,
                                     bytes_=(m * k + k * n) * gb + m * n * db, B=1, M=m, N=k, K=n), **({"dtype": gdt} if fp8 else {})))
