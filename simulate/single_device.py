@@ -169,14 +169,15 @@ def _flash_mma_scale(dtype: np.ndarray, spec: DeviceSpec, bundle: KernelBundle) 
     """Per row: the device's matmul ceiling over the reference A100's (:func:`attention_mma_scale`), looked up once
     per device, bundle and dtype."""
     names, inv = np.unique(np.asarray(dtype, dtype=str), return_inverse=True)
-    key = (_spec_key(spec), id(bundle), tuple(names.tolist()))
+    key = (id(spec), id(bundle), tuple(names.tolist()))
     hit = _FLASH_SCALE_CACHE.get(key)
-    if hit is None or hit[0] is not bundle:  # the bundle is held, so its id is not reused while cached
+    # both objects are held (a spec is frozen), so their ids are not reused while cached
+    if hit is None or hit[0] is not spec or hit[1] is not bundle:
         if len(_FLASH_SCALE_CACHE) > 256:
             _FLASH_SCALE_CACHE.clear()
-        hit = (bundle, attention_mma_scale(spec, names, bundle, REFERENCE_DEVICE))
+        hit = (spec, bundle, attention_mma_scale(spec, names, bundle, REFERENCE_DEVICE))
         _FLASH_SCALE_CACHE[key] = hit
-    return hit[1][inv.ravel()]
+    return hit[2][inv.ravel()]
 
 
 _FLASH_SCALE_CACHE: dict = {}
