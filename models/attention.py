@@ -9,11 +9,12 @@ before) charges the S x S output to HBM, so the prediction turned memory-bound, 
 
 - **tensor-core time**: the executed matrix FLOPs (4 x B x H x S_q x S_kv x d forward, 2.5x that backward;
   a causal kernel skips the blocks above the diagonal but computes the diagonal ones whole, so it executes
-  (n + 1) / (2n) of the full square with n = S / 128 key blocks) at ``mma_efficiency`` of the dense peak;
+  (n + 1) / (2n) of the full square with n = S / 128 key blocks) at ``mma_efficiency`` of the dense peak, scaled
+  by the device's achievable-matmul ceiling over the reference A100's (``mma_scale``, below);
 - **softmax time**: the score elements' non-matrix work (scale, running max, exp, row sums, conversion forward;
-  recomputing P and dS = P * (dP - D) backward) at the device's FP32 (CUDA-core) peak:
-  ``SOFTMAX_FP32_OPS`` operations per element. This is what makes head dimension 64 slower than 128 (half the
-  matrix work per score element) and it scales with the spec sheet's FP32/tensor ratio;
+  recomputing P and dS = P * (dP - D) backward) at the device's scalar FP32 rate (one FMA per lane per clock,
+  :func:`scalar_fp32_tflops`): ``SOFTMAX_FP32_OPS`` operations per element. This is what makes head dimension 64
+  slower than 128 (half the matrix work per score element) and it scales with the spec sheet's FP32/tensor ratio;
 - **memory time**: Q, K, V, O (and dO, dQ, dK, dV backward) once through HBM;
 - **waves**: the kernel runs one thread block per (batch, head, 128-row query block) forward and per key block
   backward; blocks / (waves x SMs) of the machine does useful work.
@@ -32,6 +33,15 @@ long sequences; FlashAttention-2, Dao 2023, arXiv:2307.08691, abstract and secti
 ``mma_efficiency`` per class is solved so that a head-dimension-128, long-sequence kernel on an A100 (312 dense
 FP16 TFLOP/s, 19.5 FP32 TFLOP/s) reaches exactly the paper's share once its softmax time is added; nothing is
 fitted to wattcast's validation data.
+
+Other devices (``mma_scale``): the attention kernel's inner loops are GEMM tiles, so the share of the dense peak its
+matrix part reaches is bounded by what the device's own best GEMMs reach. ``mma_efficiency`` is the A100's
+(forward 0.846, backward 0.696: 97% and 80% of the A100's achievable-matmul ceiling, MAMF's 271 of 312 TFLOP/s) and
+a device takes ``mma_efficiency x ceiling_device / ceiling_A100``, the ceilings being those the GEMM family's ceiling
+member uses (``models/kernel_predictor.attention_mma_scale``: the MAMF table's best achievable matmul over the peak
+where it lists the device, else the vendor's median). Until stop 40 every device took the A100's share of its own
+peak, so an MI300X (MAMF ceiling 51% of peak) ran fused attention at 74% / 63% of peak, faster per FLOP than its own
+largest GEMMs (971 / 819 TFLOP/s forward / backward against 601-622 for the same step's linear layers).
 """
 
 from __future__ import annotations
@@ -53,6 +63,27 @@ BACKWARD_FLOP_RATIO = 2.5
 #: the A100 reference the paper's shares were measured on (NVIDIA A100 datasheet: 312 dense FP16/BF16 TFLOP/s,
 #: 19.5 FP32 TFLOP/s)
 _REF_PEAK_TFLOPS, _REF_FP32_TFLOPS, _REF_HEAD_DIM = 312.0, 19.5, 128
+#: the catalog device of that reference (FlashAttention-2 section 4.1: "an A100 80GB SXM4 GPU"): its matmul ceiling
+#: is the one ``mma_scale`` divides by
+REFERENCE_DEVICE = "A100-SXM4-80GB"
+
+
+def scalar_fp32_tflops(peak_fp32_tflops: float, num_sms: float, cores_per_sm: float | None,
+                       boost_clock_mhz: float) -> float:
+    """The FP32 rate of one FMA per lane per clock (TFLOP/s): the spec sheet's FP32 peak divided by how many times
+    the lanes' single-issue rate (SMs x lanes x 2 x clock) it counts.
+
+    CDNA3/4 datasheets count packed FP32 (two FP32 operations per lane per clock with ``v_pk_fma_f32``): MI300X's
+    163.4 TFLOP/s is 304 CUs x 256 FLOP/clock x 2.1 GHz (AMD CDNA 3 white paper, peak FLOPs/clock/CU: FP32 vector
+    256), twice its 64 lanes' single-issue 81.7. Softmax's max and exp have no packed form (CDNA3 ISA reference, VOP3P
+    opcodes: packed FP32 only for FMA, MUL, ADD and MOV), and the A100 the op count is calibrated on issues one FP32
+    operation per lane per clock (19.5 = 108 x 64 x 2 x 1.41 GHz), so the softmax work runs at this rate. Every
+    NVIDIA catalog peak and the CDNA1/2 vector peaks are already single-issue (ratio 1; B200's 75 against 74.4 from
+    its boost clock rounds to 1). Without ``cores_per_sm`` the peak as given."""
+    if not cores_per_sm or not num_sms or not boost_clock_mhz:
+        return float(peak_fp32_tflops)
+    lanes_tflops = float(num_sms) * float(cores_per_sm) * 2.0 * float(boost_clock_mhz) / 1e6
+    return float(peak_fp32_tflops) / max(round(float(peak_fp32_tflops) / lanes_tflops), 1)
 
 
 @dataclass(frozen=True)
@@ -84,15 +115,13 @@ if tuple(FLASH_KERNELS) != FLASH_KERNEL_NAMES:  # pragma: no cover - a packaging
     raise RuntimeError("data/kernel_ops.FLASH_KERNELS and models/attention.FLASH_KERNELS must list the same kernels")
 
 
-def flash_attention_ms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray, s_q: np.ndarray, s_kv: np.ndarray,
-                       head_dim: np.ndarray, kept: np.ndarray, io_bytes: np.ndarray, peak_tflops: np.ndarray,
-                       fp32_tflops: float, memory_gbps: float, sms: int) -> np.ndarray:
-    """GPU time (ms) of fused attention kernels, one per row (vectorised).
-
-    ``bh``: batch x heads; ``s_q``/``s_kv``: query / key lengths; ``kept``: the share of the S_q x S_kv scores the
-    mask keeps (0.5 causal, 1 none; a causal square also computes its diagonal blocks whole);
-    ``io_bytes``: the bytes the kernel moves through HBM; ``peak_tflops``: the dense tensor-core peak of each
-    row's dtype; ``phase``: "forward" or "backward"; ``kernel``: a :data:`FLASH_KERNELS` key."""
+def flash_attention_terms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray, s_q: np.ndarray,
+                          s_kv: np.ndarray, head_dim: np.ndarray, kept: np.ndarray, io_bytes: np.ndarray,
+                          peak_tflops: np.ndarray, fp32_tflops: float, memory_gbps: float, sms: int,
+                          mma_scale=1.0) -> dict[str, np.ndarray]:
+    """The per-row terms of :func:`flash_attention_ms` (arguments as there): ``mma_s``, ``softmax_s`` and ``memory_s``
+    (seconds, before wave quantization), ``fill`` (the busy share of the last wave's SMs), ``mma_efficiency`` (the
+    share of the dense peak the matrix part runs at) and ``total_ms``."""
     kernel = np.asarray(kernel, dtype=object)
     unknown = sorted(set(kernel) - set(FLASH_KERNELS))
     if unknown:
@@ -108,6 +137,8 @@ def flash_attention_ms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray,
     pairs, inv = np.unique(np.stack([kernel.astype(str), np.where(bwd, "backward", "forward")]), axis=1,
                            return_inverse=True)
     eff = np.array([FLASH_KERNELS[k].mma_efficiency(ph) for k, ph in pairs.T], dtype=float)[inv.ravel()]
+    # the A100's share, scaled by the device's achievable-matmul ceiling over the A100's (module docstring)
+    eff = eff * np.asarray(mma_scale, dtype=float)
     mma_s = mma_flops / (np.asarray(peak_tflops, dtype=float) * 1e12 * eff)
     softmax_s = elems * np.where(bwd, SOFTMAX_FP32_OPS["backward"], SOFTMAX_FP32_OPS["forward"]) / (fp32_tflops * 1e12)
     mem_s = np.asarray(io_bytes, dtype=float) / (memory_gbps * 1e9)
@@ -115,4 +146,22 @@ def flash_attention_ms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray,
     blocks = bh * np.ceil(np.where(bwd, s_kv, s_q) / BLOCK_ROWS)
     waves = np.ceil(blocks / max(int(sms), 1))
     fill = blocks / np.maximum(waves * max(int(sms), 1), 1.0)
-    return np.maximum((mma_s + softmax_s) / np.maximum(fill, 1e-9), mem_s) * 1e3
+    total_ms = np.maximum((mma_s + softmax_s) / np.maximum(fill, 1e-9), mem_s) * 1e3
+    return {"mma_s": mma_s, "softmax_s": softmax_s, "memory_s": mem_s, "fill": fill,
+            "mma_efficiency": np.broadcast_to(eff, mma_s.shape), "total_ms": total_ms}
+
+
+def flash_attention_ms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray, s_q: np.ndarray, s_kv: np.ndarray,
+                       head_dim: np.ndarray, kept: np.ndarray, io_bytes: np.ndarray, peak_tflops: np.ndarray,
+                       fp32_tflops: float, memory_gbps: float, sms: int, mma_scale=1.0) -> np.ndarray:
+    """GPU time (ms) of fused attention kernels, one per row (vectorised).
+
+    ``bh``: batch x heads; ``s_q``/``s_kv``: query / key lengths; ``kept``: the share of the S_q x S_kv scores the
+    mask keeps (0.5 causal, 1 none; a causal square also computes its diagonal blocks whole);
+    ``io_bytes``: the bytes the kernel moves through HBM; ``peak_tflops``: the dense tensor-core peak of each
+    row's dtype; ``phase``: "forward" or "backward"; ``kernel``: a :data:`FLASH_KERNELS` key; ``fp32_tflops``: the
+    rate the softmax work runs at (:func:`scalar_fp32_tflops`); ``mma_scale`` (scalar or per row): the device's
+    achievable-matmul ceiling in the row's dtype over the reference A100's (1 on the A100)."""
+    return flash_attention_terms(kernel=kernel, phase=phase, bh=bh, s_q=s_q, s_kv=s_kv, head_dim=head_dim, kept=kept,
+                                 io_bytes=io_bytes, peak_tflops=peak_tflops, fp32_tflops=fp32_tflops,
+                                 memory_gbps=memory_gbps, sms=sms, mma_scale=mma_scale)["total_ms"]

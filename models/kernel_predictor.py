@@ -376,6 +376,55 @@ def _ceiling_device(device: DeviceSpec) -> str:
     return "" if twin is None else twin.name
 
 
+#: the figures of a GPU's compute silicon: two devices equal in all of them (an A100 SXM4 with 40 or 80 GB) run the same
+#: tensor cores at the same clock and power and differ in memory only
+COMPUTE_FIELDS = ("vendor", "arch", "num_sms", "cores_per_sm", "boost_clock_mhz", "tdp_w", "peak_fp32_tflops",
+                  "peak_fp32_matrix_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops",
+                  "peak_fp8_tflops")
+#: the relative difference two figures of one chip may show in the catalog (rounding: an A100's FP32 peak is 19.49 in
+#: one entry and 19.492 in another)
+COMPUTE_RTOL = 1e-3
+
+
+def _compute_twin(device: DeviceSpec, listed) -> str:
+    """The catalog device among ``listed`` (names with a measured matmul ceiling) whose compute figures
+    (:data:`COMPUTE_FIELDS`) equal ``device``'s (numbers within :data:`COMPUTE_RTOL`), when exactly one does, else
+    ''."""
+    from wattcast.data.catalog import load_catalog
+
+    def same(a, b) -> bool:
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return abs(a - b) <= COMPUTE_RTOL * max(abs(a), abs(b))
+        return a == b
+
+    cat = load_catalog()
+    hits = [n for n in listed if n in cat and all(same(getattr(cat[n], f), getattr(device, f)) for f in COMPUTE_FIELDS)]
+    return hits[0] if len(hits) == 1 else ""
+
+
+def attention_mma_scale(device: DeviceSpec, dtypes, bundle: KernelBundle, reference: str) -> np.ndarray:
+    """Per row of ``dtypes``: ``device``'s achievable-matmul ceiling over the ``reference`` device's, from the
+    bundle's GEMM ceiling member (:func:`row_ceilings`: the MAMF table's best achievable matmul over the peak where it
+    lists the device, a training device's own, else the vendor's median, else the default), what a fused attention
+    kernel calibrated on ``reference`` scales its tensor-core efficiency by (models/attention.py). The device is looked
+    up as the GEMM family looks it up (:func:`_ceiling_device`); one without a ceiling of its own takes that of the
+    listed device with the same compute silicon (:func:`_compute_twin`: an A100 SXM4 40 GB is the reference's own
+    chip). All ones without a GEMM ceiling member (older bundles)."""
+    names, codes = np.unique(np.asarray(dtypes, dtype=object).astype(str), return_inverse=True)
+    fm = bundle.families.get("gemm")
+    cm = fm.ceiling_member if fm is not None else None
+    if not cm:
+        return np.ones(len(codes))
+    dev = _ceiling_device(device)
+    if dev not in cm["ceilings"]:
+        dev = _compute_twin(device, cm["ceilings"]) or dev
+    from wattcast.data.catalog import load_catalog
+
+    own = row_ceilings(dev, device.vendor, names, cm)
+    base = row_ceilings(reference, load_catalog()[reference].vendor, names, cm)
+    return (own / base)[codes.reshape(-1)]
+
+
 def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p: np.ndarray,
                  t_roof_ms: np.ndarray, dtype_names: np.ndarray, device: DeviceSpec | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

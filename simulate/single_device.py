@@ -28,9 +28,10 @@ from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_
 from wattcast.simulate.step_band import band_keys, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
-from wattcast.models.attention import BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, flash_attention_ms
+from wattcast.models.attention import (BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, REFERENCE_DEVICE, flash_attention_ms,
+                                       scalar_fp32_tflops)
 from wattcast.models.kernel_bundle import KernelBundle, load_bundle
-from wattcast.models.kernel_predictor import predict_kernels
+from wattcast.models.kernel_predictor import attention_mma_scale, predict_kernels
 from wattcast.simulate.memory import MemoryEstimate, estimate_memory, memory_flag
 from wattcast.simulate.stage_memory import capacity_gb
 
@@ -164,19 +165,41 @@ def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec:
     return np.maximum(flops / peak, bytes_ / (spec.memory_bandwidth_gbps * 1e9)) * 1e3
 
 
+def _flash_mma_scale(dtype: np.ndarray, spec: DeviceSpec, bundle: KernelBundle) -> np.ndarray:
+    """Per row: the device's matmul ceiling over the reference A100's (:func:`attention_mma_scale`), looked up once
+    per device, bundle and dtype."""
+    names, inv = np.unique(np.asarray(dtype, dtype=str), return_inverse=True)
+    key = (id(spec), id(bundle), tuple(names.tolist()))
+    hit = _FLASH_SCALE_CACHE.get(key)
+    # both objects are held (a spec is frozen), so their ids are not reused while cached
+    if hit is None or hit[0] is not spec or hit[1] is not bundle:
+        if len(_FLASH_SCALE_CACHE) > 256:
+            _FLASH_SCALE_CACHE.clear()
+        hit = (spec, bundle, attention_mma_scale(spec, names, bundle, REFERENCE_DEVICE))
+        _FLASH_SCALE_CACHE[key] = hit
+    return hit[2][inv.ravel()]
+
+
+_FLASH_SCALE_CACHE: dict = {}
+
+
 def _flash_ms(f: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray,
-              spec: DeviceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              spec: DeviceSpec, bundle: KernelBundle) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fused attention nodes (B = batch x heads, M = queries, N = head dim, K = keys): the spec-sheet model of
-    models/attention.py, with a band of -20% / +25% (the spread of the published shares it is pinned to)."""
+    models/attention.py, with a band of -20% / +25% (the spread of the published shares it is pinned to). Its
+    tensor-core part scales with the device's matmul ceiling as the bundle's GEMM family takes it, its softmax part
+    runs at the device's single-issue FP32 rate."""
     B, M, N, K = (f[c].to_numpy(dtype=float) for c in ("B", "M", "N", "K"))
     bwd = f["phase"].to_numpy() == "backward"
     # the graph's FLOPs are exact (half the square when causal): the share of the scores the mask keeps
     kept = flops / np.maximum(4.0 * B * M * N * K * np.where(bwd, BACKWARD_FLOP_RATIO, 1.0), 1.0)
     kernel = np.where(f["kernel"].astype(str).to_numpy() == "", DEFAULT_FLASH_KERNEL, f["kernel"].astype(str).to_numpy())
     peak = _peak_tflops(dtype, spec, "bf16")
+    fp32 = scalar_fp32_tflops(spec.peak_fp32_tflops, spec.num_sms, spec.cores_per_sm, spec.boost_clock_mhz)
     ms = flash_attention_ms(kernel=kernel, phase=np.where(bwd, "backward", "forward"), bh=B, s_q=M, s_kv=K,
-                            head_dim=N, kept=kept, io_bytes=bytes_, peak_tflops=peak,
-                            fp32_tflops=spec.peak_fp32_tflops, memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms)
+                            head_dim=N, kept=kept, io_bytes=bytes_, peak_tflops=peak, fp32_tflops=fp32,
+                            memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms,
+                            mma_scale=_flash_mma_scale(dtype, spec, bundle))
     return ms, ms * 0.8, ms * 1.25
 
 
@@ -298,7 +321,7 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
             ood[idx] |= r["ood"].to_numpy(dtype=bool) | bad
     fl = np.flatnonzero(method == "flash")
     if len(fl):
-        t[fl], lo[fl], hi[fl] = _flash_ms(nodes.iloc[fl], flops[fl], bytes_[fl], dtype[fl], spec)
+        t[fl], lo[fl], hi[fl] = _flash_ms(nodes.iloc[fl], flops[fl], bytes_[fl], dtype[fl], spec, bundle)
     coll = method == "collective"
     if coll.any():
         real = coll & (nodes["kernel"].to_numpy() != "")
