@@ -1028,7 +1028,8 @@ def clusters(
     for col in ("name", "device", "GPUs/node", "in-node", "GB/s per GPU", "across nodes", "GB/s per GPU"):
         t.add_column(col, no_wrap=col in ("name", "device"))
     for c in presets:
-        t.add_row(c.name, c.device, str(c.gpus_per_node), c.intra.kind, f"{c.intra.bandwidth_gb_per_s:g}",
+        mesh = " (full mesh)" if c.intra.topology == "full_mesh" else ""
+        t.add_row(c.name, c.device, str(c.gpus_per_node), c.intra.kind + mesh, f"{c.intra.bandwidth_gb_per_s:g}",
                   (f"{c.inter.nics_per_node} x {c.inter.nic_bandwidth_gbit_per_s:g} Gb/s {c.inter.kind}" if c.inter else "-"),
                   f"{c.inter_bandwidth_per_gpu_gb_per_s:g}")
     _table_console().print(t)

@@ -5,7 +5,12 @@ Units live in field names: ``_gb_per_s`` is gigabytes (1e9 B) per second in one 
 source (spec-wide ``source`` or per-field ``sources``).
 
 - ``intra`` (within a node): ``kind`` nvswitch | nvlink | xgmi | pcie; ``bandwidth_gb_per_s``: what one
-  GPU can send to its peers at once (NVLink3 on an NVSwitch: 300 GB/s per direction); ``latency_us``.
+  GPU can send to its peers at once (NVLink3 on an NVSwitch: 300 GB/s per direction); ``latency_us``;
+  ``topology`` (optional) switch | full_mesh: how that bandwidth reaches a peer. ``switch``: every GPU has its whole
+  bandwidth to any group of peers (an NVSwitch, a PCIe switch). ``full_mesh``: one direct link to each of the node's
+  n - 1 other GPUs, each 1/(n-1) of the bandwidth, so a group of g GPUs of the node gets (g-1)/(n-1) of it and one
+  point-to-point transfer 1/(n-1) (the links to the group's peers only). Absent: :func:`default_intra_topology`
+  (``full_mesh`` for ``xgmi`` on an 8-GPU MI300X/MI325X platform, else ``switch``, the former behaviour).
 - ``inter`` (across nodes): ``kind`` infiniband | roce | ethernet | slingshot; ``nics_per_node``,
   ``nic_bandwidth_gbit_per_s`` (per NIC), ``latency_us``, ``rail_optimized`` (GPU i of every node on NIC
   rail i: a collective among same-rank GPUs crosses one switch), ``oversubscription`` (>= 1: fabric
@@ -38,6 +43,14 @@ from wattcast.data.spec_model import (FIELD, first_problem, number, one_of, opti
 
 SCHEMA_VERSION = 1
 INTRA_KINDS = ("nvswitch", "nvlink", "xgmi", "pcie")
+#: how the in-node bandwidth reaches a peer (module docstring; models/collectives.py divides by it)
+INTRA_TOPOLOGIES = ("switch", "full_mesh")
+#: MI300X-class GPUs (CDNA 3: MI300X, MI325X) whose 8-GPU platform is a full xGMI mesh: "AMD Instinct MI300X
+#: Platform" data sheet (amd.com): 8 MI300X "fully connected" by Infinity Fabric, 7 links per GPU, 896 GB/s aggregate
+#: bidirectional peer-to-peer bandwidth per GPU (= 7 x 128 GB/s: one 64 GB/s-each-way link to each peer); AMD CDNA 3
+#: architecture white paper (MI300X OAM on the 8-GPU UBB: a fully connected Infinity Fabric mesh); the MI325X
+#: platform is the same UBB board. MI250X nodes (xGMI, not a full mesh) keep the switch default.
+_FULL_MESH_XGMI_DEVICE = re.compile(r"(?i)mi3[02]\dx")
 INTER_KINDS = ("infiniband", "roce", "ethernet", "slingshot")
 _PRESETS = Path(__file__).resolve().parent / "clusters"
 
@@ -75,6 +88,19 @@ class IntraNode:
     kind: str
     bandwidth_gb_per_s: float
     latency_us: float
+    #: switch | full_mesh (module docstring); None: by kind, filled in when the ClusterSpec is built
+    topology: str | None = None
+
+
+def default_intra_topology(kind: str, device: str | None, gpus_per_node: int) -> str:
+    """The in-node topology of a cluster whose ``intra`` gives none: ``full_mesh`` where the kind says it unambiguously
+    (``xgmi`` on an 8-GPU MI300X/MI325X platform, :data:`_FULL_MESH_XGMI_DEVICE`), else ``switch`` (an ``nvswitch`` is
+    one; for ``nvlink``, ``pcie`` and other ``xgmi`` nodes it is the former assumption, every group getting the whole
+    per-GPU bandwidth: a file says ``topology: full_mesh`` for a directly linked node, as the NVLink-4GPU and Polaris
+    presets do)."""
+    if kind == "xgmi" and int(gpus_per_node) == 8 and _FULL_MESH_XGMI_DEVICE.search(str(device or "")):
+        return "full_mesh"
+    return "switch"
 
 
 @dataclass(frozen=True)
@@ -108,7 +134,10 @@ class ClusterSpec(SpecRecord):
         # ClusterSpecModel, as a DeviceSpec is: a NaN NIC bandwidth, gpus_per_node 0 or a negative latency is a
         # ClusterSpecError naming the field, never a NaN step time. (Citations are the rule of files: validate_cluster.)
         m = _check(_values(self))
-        object.__setattr__(self, "intra", _tier(IntraNode, m.intra))
+        intra = _tier(IntraNode, m.intra)
+        if intra.topology is None:
+            intra = dataclasses.replace(intra, topology=default_intra_topology(intra.kind, m.device, m.gpus_per_node))
+        object.__setattr__(self, "intra", intra)
         object.__setattr__(self, "inter", None if m.inter is None else _tier(InterNode, m.inter))
         for f in ("gpus_per_node", "max_nodes", "aliases", "sources"):  # counts given as 8.0 become ints
             object.__setattr__(self, f, getattr(m, f))
@@ -197,6 +226,7 @@ class IntraNodeModel(BaseModel):
     kind: Annotated[Any, AfterValidator(one_of(INTRA_KINDS, "must be one of {choices}, got {v!r}"))]
     bandwidth_gb_per_s: _figure("intra.bandwidth_gb_per_s")
     latency_us: _figure("intra.latency_us", zero=True)
+    topology: Annotated[Any, AfterValidator(optional(one_of(INTRA_TOPOLOGIES, "must be one of {choices}, got {v!r}")))] = None
 
 
 class InterNodeModel(BaseModel):
@@ -385,6 +415,20 @@ class AstraNetworkModel(BaseModel):
         return self
 
 
+def _astra_intra(topology: str, npus: int, bandwidth_gb_per_s: float, latency_ns: float) -> IntraNode:
+    """The in-node tier of ASTRA-sim's dimension 0. ASTRA-sim's ``bandwidth`` is per link (astra-sim analytical network
+    docs, "bandwidth: link bandwidth per dimension, GB/s"): a Switch NPU has one link to the switch (its whole
+    bandwidth, topology ``switch``); a FullyConnected NPU one link to each of the other ``npus`` - 1 (per-GPU bandwidth
+    ``bandwidth`` x (npus - 1), topology ``full_mesh``: a pair shares one link, as in ASTRA-sim); a Ring is kept as the
+    switch approximation it had (per-GPU ``bandwidth``)."""
+    t = topology.lower()
+    if t == "fullyconnected" and npus > 1:
+        return IntraNode(kind="nvlink", bandwidth_gb_per_s=bandwidth_gb_per_s * (npus - 1), latency_us=latency_ns / 1e3,
+                         topology="full_mesh")
+    return IntraNode(kind="nvswitch" if t in ("switch", "fullyconnected") else "nvlink", bandwidth_gb_per_s=bandwidth_gb_per_s,
+                     latency_us=latency_ns / 1e3, topology="switch")
+
+
 def from_astra_network(d: Mapping[str, Any], *, device: str | None = None, name: str = "astra-sim network") -> ClusterSpec:
     """ASTRA-sim analytical network config: ``topology``, ``npus_count``, ``bandwidth`` (GB/s per NPU per
     dimension), ``latency`` (ns). Dimension 0 is the node; the product of the others is the node count.
@@ -404,8 +448,7 @@ def from_astra_network(d: Mapping[str, Any], *, device: str | None = None, name:
         raise ClusterSpecError("ASTRA-sim network: the file names no GPU; add 'device: NAME' or pass --device")
     cname = d.get("name", name)
     src = "ASTRA-sim analytical network config"
-    intra = IntraNode(kind="nvswitch" if topo[0].lower() in ("switch", "fullyconnected") else "nvlink",
-                      bandwidth_gb_per_s=bw[0], latency_us=lat[0] / 1e3)
+    intra = _astra_intra(topo[0], npus[0], bw[0], lat[0])
     inter = None
     nodes = int(math.prod(npus[1:])) if len(npus) > 1 else 1
     if len(npus) > 1:
@@ -513,7 +556,9 @@ def device_link_notes(c: ClusterSpec, spec: Any) -> list[str]:
 def using_gpus_per_node(c: ClusterSpec, n: int | None) -> ClusterSpec:
     """``c`` as a job sees it when it uses ``n`` of every node's GPUs and leaves the rest idle (64 of an NVL72 rack's
     72, the other 8 held as spares, is how such racks are often run). Each node keeps its in-node fabric (NVLink /
-    NVSwitch: the per-GPU bandwidth does not change); its NICs are counted in proportion, ``round(nics x n / gpus)``
+    NVSwitch: the per-GPU bandwidth does not change; a ``full_mesh`` node's used GPUs keep only their links to each
+    other, n - 1 of the node's N - 1, so its per-GPU bandwidth becomes (n-1)/(N-1) of the figure, one link at least
+    for n = 1); its NICs are counted in proportion, ``round(nics x n / gpus)``
     and at least one (a rail-optimised node has one per GPU: one per used GPU), so every used GPU keeps its share of
     the node's network bandwidth. ``n`` None or equal to the node's GPUs: ``c`` itself. Costs stay per GPU used."""
     if n is None:
@@ -528,8 +573,11 @@ def using_gpus_per_node(c: ClusterSpec, n: int | None) -> ClusterSpec:
     inter = c.inter
     if inter is not None:
         inter = dataclasses.replace(inter, nics_per_node=max(1, round(inter.nics_per_node * n / c.gpus_per_node)))
+    intra = c.intra
+    if intra.topology == "full_mesh" and c.gpus_per_node > 1:
+        intra = dataclasses.replace(intra, bandwidth_gb_per_s=intra.bandwidth_gb_per_s * max(n - 1, 1) / (c.gpus_per_node - 1))
     return dataclasses.replace(c, name=f"{c.name} ({n} of {c.gpus_per_node} GPUs per node)", gpus_per_node=n,
-                               inter=inter, aliases=())
+                               intra=intra, inter=inter, aliases=())
 
 
 def _resolve_cluster(name_or_path: str | Path, device: str | None) -> ClusterSpec:

@@ -15,7 +15,10 @@ nodes. Tiers: ``intra`` (per-GPU NVLink/NVSwitch/xGMI/PCIe bandwidth B_i, latenc
 (NICs: per-GPU share B_e = min(g, nics_per_node) x NIC rate / g / oversubscription, one NIC B_1 = NIC rate /
 oversubscription, latency a_e). Every algorithm gives per-GPU bytes on each tier and a latency term;
 time = latency + max(bytes_intra / B_i, bytes_inter / B_e): the tiers run concurrently (NCCL pipelines chunks
-through all of them). With f = bus_factor(op, n), S = size, N nodes:
+through all of them). On a ``full_mesh`` in-node tier (``intra.topology``: one direct link to each of the node's
+G - 1 peers, each B_i / (G - 1)) a GPU reaches only its group's peers: B_i is scaled by (g-1)/(G-1) for every
+collective of a group with g GPUs per node (ring and direct algorithms on a full mesh drive the links to the group's
+peers at once) and by 1/(G-1) for send_recv (one link per transfer); a ``switch`` tier gives any group all of B_i. With f = bus_factor(op, n), S = size, N nodes:
 
 ``ring`` (NCCL's ring; with N > 1 one channel per NIC/rail, each channel leaving the node through its own
 NIC, so a node's cross-node traffic is spread over its g GPUs' NICs)
@@ -141,6 +144,8 @@ class LinkParams:
     rail_optimized: bool
     oversubscription: float
     nvls: bool  # the in-node switch reduces (NVLink SHARP)
+    #: links from a GPU to its in-node peers on a full-mesh tier (G - 1, each intra_bw / mesh_links); 0 on a switch
+    mesh_links: int = 0
 
     def link_vector(self) -> tuple[float, ...]:
         return (self.intra_bw / 1e3, self.nic_bw / 1e3 * min(self.nics_per_node, self.gpus_per_node) / max(self.gpus_per_node, 1)
@@ -176,10 +181,18 @@ def link_params(cluster) -> LinkParams:
             inter_lat=float(inter.latency_us) if inter else 0.0,
             rail_optimized=bool(inter.rail_optimized) if inter else False, oversubscription=float(osub),
             nvls=cluster.intra.kind == "nvswitch" and bool(_NVLS_DEVICE.search(cluster.device or "")),
+            mesh_links=_mesh_links(cluster),
         )
         with _LP_LOCK:
             _LP_CACHE[key] = lp
     return lp
+
+
+def _mesh_links(cluster) -> int:
+    """A GPU's links to its in-node peers when ``cluster``'s in-node tier is a full mesh (``intra.topology``), else 0."""
+    if getattr(cluster.intra, "topology", None) != "full_mesh" or int(cluster.gpus_per_node) < 2:
+        return 0
+    return int(cluster.gpus_per_node) - 1
 
 
 # ------------------------------------------------------------------------------------ alpha-beta
@@ -283,8 +296,17 @@ def _terms(q: CollectiveQuery, alg: str) -> tuple[np.ndarray, np.ndarray, np.nda
     raise ValueError(f"unknown algorithm {alg!r}; valid: {', '.join(ALGORITHMS)}")
 
 
+def intra_share(q: CollectiveQuery) -> np.ndarray | float:
+    """Fraction of the per-GPU in-node bandwidth a query's GPUs can use: 1 on a switch; on a full mesh of G GPUs
+    (G - 1 links per GPU) (g-1)/(G-1) for a collective of g GPUs per node, 1/(G-1) for send_recv (one link)."""
+    links = q.lp.mesh_links
+    if not links:
+        return 1.0
+    return np.where(q.codes == SR, 1.0, np.maximum(q.g - 1.0, 1.0)) / links
+
+
 def _wire_us(q: CollectiveQuery, intra: np.ndarray, inter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    t_intra = intra / q.lp.intra_bw
+    t_intra = intra / (q.lp.intra_bw * intra_share(q))
     bw_e = _inter_bw_gpu(q)
     t_inter = np.divide(inter, bw_e, out=np.zeros_like(inter), where=inter > 0)
     return t_intra, t_inter
@@ -362,6 +384,10 @@ def busbw_gb_per_s(op, size_bytes, n_gpus, time_us) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------- features
+def _topology(lp: LinkParams) -> str:
+    return "full_mesh" if lp.mesh_links else "switch"
+
+
 def correction_features(ab: AlphaBeta) -> np.ndarray:
     """(n, len(FEATURES)) float64 matrix of the learned correction's inputs, columns in ``FEATURES`` order."""
     q = ab.query
@@ -427,6 +453,8 @@ class CollectiveModel:
         self._ranges = {k: tuple(sup[k]) for k in ("size_B", "n_gpus", "nodes", "gpus_per_node") if k in sup}
         self._tiers = np.array(sorted({tuple(t) for t in sup.get("tiers", [])}), dtype=np.float64).reshape(-1, 2)
         self._links = np.array(sup.get("links", []), dtype=np.float64).reshape(-1, 6)
+        #: in-node topologies of the training clusters (a manifest written before the field: switch fabrics only)
+        self._topologies = set(sup.get("topologies", ["switch"]))
         self._op_shift: dict[int, float] = {}
         self._lock = threading.Lock()
         #: id(cluster) -> (cluster, {(op, n_gpus, gpus_per_node, size): (us, ood)}); the cluster is held so
@@ -458,7 +486,7 @@ class CollectiveModel:
         if len(self._links):
             v = np.array(q.lp.link_vector())
             rel = np.abs(self._links - v) / np.maximum(np.abs(self._links), 1e-9)
-            if not (rel <= SUPPORT_SLACK).all(axis=1).any():
+            if not (rel <= SUPPORT_SLACK).all(axis=1).any() or _topology(q.lp) not in self._topologies:
                 m |= OOD_BITS["cluster"]
         m = np.where(q.n <= 1, 0, m)
         return m

@@ -146,4 +146,4 @@ def test_astra_sim_unknown_keys_and_topologies_are_refused(change, needle):
 
 def test_astra_sim_files_with_known_keys_load():
     c = from_astra_network({**ASTRA, "topology": ["fullyconnected", "Ring"], "name": "mine"})
-    assert c.name == "mine" and c.intra.kind == "nvswitch" and c.max_nodes == 2
+    assert c.name == "mine" and c.intra.kind == "nvlink" and c.intra.topology == "full_mesh" and c.max_nodes == 2

@@ -49,7 +49,8 @@ def test_astra_sim_network_import():
     c = from_astra_network({"topology": ["FullyConnected", "Switch"], "npus_count": [8, 4], "bandwidth": [150.0, 25.0],
                             "latency": [500.0, 2000.0]}, device="H100-SXM5-80GB")
     assert (c.gpus_per_node, c.max_nodes) == (8, 4)
-    assert c.intra.bandwidth_gb_per_s == 150.0 and c.intra.latency_us == 0.5
+    # ASTRA-sim's bandwidth is per link: FullyConnected 8 NPUs = 7 links of 150 GB/s per GPU, a full mesh
+    assert c.intra.bandwidth_gb_per_s == 7 * 150.0 and c.intra.topology == "full_mesh" and c.intra.latency_us == 0.5
     assert c.inter_bandwidth_per_gpu_gb_per_s == pytest.approx(25.0)
     with pytest.raises(ClusterSpecError, match="names no GPU"):
         from_astra_network({"topology": ["Ring"], "npus_count": [4], "bandwidth": [50], "latency": [500]})
