@@ -61,9 +61,16 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
 
 #: the most the in-node bandwidth per GPU may exceed the cross-node one (NICs per node x Gbit/s / 8 / GPUs per node /
 #: oversubscription): the presets' widest gap is 24x (DGX-1, Polaris); a cluster of 8 NVSwitch GPUs on one 10 GbE NIC
-#: is ~2,000x. A NIC given in Tbit/s (0.4 for 400G) is refused by its own range; one above 1 (1.6 for 1.6T) is often
-#: caught here. Lifted by --force.
+#: is ~2,000x. A NIC given in Tbit/s (0.4 for 400G) is refused by its own range; one above 1 (1.6 for 1.6T) shared by
+#: a node's GPUs is caught here, one per GPU by :data:`INTRA_OVER_NIC_MAX`. Lifted by --force.
 INTRA_OVER_INTER_MAX = 10_000.0
+#: the most the in-node bandwidth per GPU may exceed ONE NIC's rate (Gbit/s / 8), whatever the NIC count: the per-GPU
+#: gap above is wide because a node may share one slow NIC among its GPUs, a NIC's own rate has no such excuse. The
+#: slowest NICs beside the fastest in-node tiers: 10 GbE (1.25 GB/s) beside NVLink 5's 900 GB/s is 720x, 1 GbE beside
+#: V100's NVLink 2 (150 GB/s) 1,200x; the presets' widest is 18x (DGX-B200, GB200-NVL72: 400G beside 900 GB/s). A NIC
+#: typed in Tbit/s above the range's 1 Gbit/s floor is 2,250x (1.6 beside NVLink 4's 450 GB/s, 3.2 beside NVLink 5's
+#: 900) to 4,500x (1.6 beside 900): refused naming Tbit/s. Lifted by --force.
+INTRA_OVER_NIC_MAX = 2_000.0
 
 
 class ClusterSpecError(ValueError):
@@ -262,6 +269,15 @@ class ClusterSpecModel(BaseModel):
                               "cluster: was inter.nic_bandwidth_gbit_per_s given in Tbit/s (a 400G NIC is 400, not "
                               "0.4)? Give it in Gbit/s per NIC, or pass --force (in Python wattcast.allow_exotic()) for "
                               "a system that is really built so")
+            nic_gb_per_s = c.inter.nic_bandwidth_gbit_per_s / 8.0
+            if nic_gb_per_s * INTRA_OVER_NIC_MAX < c.intra.bandwidth_gb_per_s:
+                raise problem("wc_plausible", f"one NIC's bandwidth ({c.inter.nic_bandwidth_gbit_per_s:g} Gbit/s = "
+                              f"{nic_gb_per_s:.3g} GB/s) is {c.intra.bandwidth_gb_per_s / nic_gb_per_s:,.0f}x below a GPU's "
+                              f"in-node bandwidth ({c.intra.bandwidth_gb_per_s:g} GB/s), over the "
+                              f"{INTRA_OVER_NIC_MAX:,.0f}x of any GPU cluster (10 GbE beside NVLink 5 is 720x): was "
+                              "inter.nic_bandwidth_gbit_per_s given in Tbit/s (a 1.6T NIC is 1600, not 1.6)? Give it in "
+                              "Gbit/s per NIC, or pass --force (in Python wattcast.allow_exotic()) for a system that is "
+                              "really built so")
         if c.max_nodes is not None and c.max_nodes > 1 and c.inter is None:
             raise problem("wc_rule", f"max_nodes is {c.max_nodes} but there is no 'inter' (cross-node) tier")
         for f in ("intra.bandwidth_gb_per_s", "intra.latency_us") + (("inter.nic_bandwidth_gbit_per_s", "inter.latency_us")
