@@ -371,6 +371,16 @@ def _per_dimension(item: Any) -> Any:
     return Annotated[list[item], BeforeValidator(_dimensions)]
 
 
+#: (lowest, highest plausible, what a too-small / too-large figure probably is, the unit) of an ASTRA-sim ``latency``
+#: entry, in nanoseconds per link as ASTRA-sim's analytical network reads it (``bandwidth`` in GB/s). No link is under
+#: 1 ns (light covers 20 cm of cable in it, before any SerDes, FEC or switch hop; NVLink and InfiniBand hops are
+#: hundreds of ns): a figure under 1 is one in microseconds (0.5 for 500 ns). 0 stays allowed (an ideal link, as a
+#: cluster file's latency_us 0). The top is the cluster tiers' 100 us (:data:`PLAUSIBLE`), checked here on the file's
+#: own field. Lifted by --force.
+ASTRA_LATENCY_NS = (1.0, 100_000.0, "microseconds (ASTRA-sim's latency is in nanoseconds per link: 0.5 us is 500)",
+                    "picoseconds, or a latency beyond the 100 us of any cluster tier", "nanoseconds per link")
+
+
 class AstraNetworkModel(BaseModel):
     """ASTRA-sim's analytical network config: one entry per dimension in each list, and wattcast's own ``device`` and
     ``name`` (read by :func:`from_astra_network`). Any other key is refused naming it (a misspelt ``bandwith`` would
@@ -388,7 +398,8 @@ class AstraNetworkModel(BaseModel):
                                                                                             "NPUs, got {v!r}")),
                                          AfterValidator(int)])
     bandwidth: _per_dimension(Annotated[Any, AfterValidator(number()), AfterValidator(float)])
-    latency: _per_dimension(Annotated[Any, AfterValidator(number(zero=True)), AfterValidator(float)])
+    latency: _per_dimension(Annotated[Any, AfterValidator(number(zero=True)), AfterValidator(float),
+                                      AfterValidator(plausible(*ASTRA_LATENCY_NS, zero_ok=True))])
     device: Any = None  # (checked as the cluster's device)
     name: Any = None
 
@@ -403,7 +414,7 @@ class AstraNetworkModel(BaseModel):
 
 def from_astra_network(d: Mapping[str, Any], *, device: str | None = None, name: str = "astra-sim network") -> ClusterSpec:
     """ASTRA-sim analytical network config: ``topology``, ``npus_count``, ``bandwidth`` (GB/s per NPU per
-    dimension), ``latency`` (ns). Dimension 0 is the node; the product of the others is the node count.
+    dimension), ``latency`` (ns per link; 0, or 1 ns to 100 us: :data:`ASTRA_LATENCY_NS`). Dimension 0 is the node; the product of the others is the node count.
     The device is not part of ASTRA-sim's file: pass it (or add a ``device`` key)."""
     if not isinstance(d, Mapping):
         raise ClusterSpecError(f"ASTRA-sim network: the config must be a mapping, got {type(d).__name__}")

@@ -171,3 +171,23 @@ def test_slow_real_nics_still_load():
     cluster_from_dict(preset_cluster("pcie-4gpu", inter__nic_bandwidth_gbit_per_s=1))
     for f in sorted(CLUSTERS.glob("*.yaml")):  # every preset loads as shipped
         resolve_cluster(f)
+
+
+# ------------------------------------------------------------------ ASTRA-sim latencies in microseconds
+@pytest.mark.parametrize("latency, bad", [([0.5, 5000.0], "latency[0]"), ([3000.0, 0.7], "latency[1]"),
+                                          ([0.003, 0.005], "latency[0]")])
+def test_astra_sim_latency_under_a_nanosecond_is_refused_as_microseconds(latency, bad):
+    with pytest.raises(ClusterSpecError) as e:
+        from_astra_network({**ASTRA, "latency": latency})
+    msg = flat(str(e.value))
+    assert f"'{bad}'" in msg and "microseconds" in msg and "nanoseconds" in msg and "--force" in msg
+    with allow_exotic():
+        from_astra_network({**ASTRA, "latency": latency})
+
+
+def test_astra_sim_latencies_of_real_links_load():
+    for ns in ([0.0, 0.0], [1.0, 20.0], [500.0, 5000.0], [100_000.0, 100_000.0]):
+        c = from_astra_network({**ASTRA, "latency": ns})
+        assert c.intra.latency_us == ns[0] / 1e3 and c.inter.latency_us == ns[1] / 1e3
+    with pytest.raises(ClusterSpecError, match=r"'latency\[0\]' is 500000, over 100000"):
+        from_astra_network({**ASTRA, "latency": [500_000.0, 5000.0]})
