@@ -253,6 +253,9 @@ def kernels(
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, index_col=False)
     except Exception as e:  # pandas raises several types for unreadable CSVs
         _fail(f"cannot read {input} as CSV: {e}")
+    from wattcast.data.checks import without_blank_rows
+
+    frame = without_blank_rows(frame).reset_index(drop=True)  # a spreadsheet's empty ',,,' rows are no kernels
     replaced = [c for c in PRED_COLUMNS + EXTRA_COLUMNS if c in frame.columns]
     if replaced:
         err.print(f"[yellow]the input already has column(s) {', '.join(replaced)}; the output replaces them[/yellow]")
@@ -1438,6 +1441,12 @@ def _imported_kernel_csv(profiles: list[Path], csv: Optional[Path]):
     if counts["used"] == 0:
         _fail(f"--data {', '.join(map(str, profiles))}: no kernel row with a wattcast op, a measured time and a catalog GPU")
     if csv is not None:
+        from wattcast.data.kernel_datasets import load_user_kernels
+
+        try:  # checked on its own first: a bad row is named by the line of --csv, not of the merged temporary file
+            load_user_kernels(csv)
+        except ValueError as e:
+            _fail(f"--csv: {e}")
         try:
             own = pd.read_csv(csv, dtype=str, keep_default_na=False)
         except Exception as e:  # pandas raises several types for unreadable CSVs
