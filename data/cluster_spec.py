@@ -271,13 +271,13 @@ class ClusterSpecModel(BaseModel):
                               "a system that is really built so")
             nic_gb_per_s = c.inter.nic_bandwidth_gbit_per_s / 8.0
             if nic_gb_per_s * INTRA_OVER_NIC_MAX < c.intra.bandwidth_gb_per_s:
+                intra = c.intra.bandwidth_gb_per_s
                 raise problem("wc_plausible", f"one NIC's bandwidth ({c.inter.nic_bandwidth_gbit_per_s:g} Gbit/s = "
-                              f"{nic_gb_per_s:.3g} GB/s) is {c.intra.bandwidth_gb_per_s / nic_gb_per_s:,.0f}x below a GPU's "
-                              f"in-node bandwidth ({c.intra.bandwidth_gb_per_s:g} GB/s), over the "
-                              f"{INTRA_OVER_NIC_MAX:,.0f}x of any GPU cluster (10 GbE beside NVLink 5 is 720x): was "
-                              "inter.nic_bandwidth_gbit_per_s given in Tbit/s (a 1.6T NIC is 1600, not 1.6)? Give it in "
-                              "Gbit/s per NIC, or pass --force (in Python wattcast.allow_exotic()) for a system that is "
-                              "really built so")
+                              f"{nic_gb_per_s:.3g} GB/s) is {intra / nic_gb_per_s:,.0f}x below a GPU's in-node "
+                              f"bandwidth ({intra:g} GB/s), over the {INTRA_OVER_NIC_MAX:,.0f}x of any GPU cluster "
+                              "(10 GbE beside NVLink 5 is 720x): was inter.nic_bandwidth_gbit_per_s given in Tbit/s (a "
+                              "1.6T NIC is 1600, not 1.6)? Give it in Gbit/s per NIC, or pass --force (in Python "
+                              "wattcast.allow_exotic()) for a system that is really built so")
         if c.max_nodes is not None and c.max_nodes > 1 and c.inter is None:
             raise problem("wc_rule", f"max_nodes is {c.max_nodes} but there is no 'inter' (cross-node) tier")
         for f in ("intra.bandwidth_gb_per_s", "intra.latency_us") + (("inter.nic_bandwidth_gbit_per_s", "inter.latency_us")
@@ -414,8 +414,8 @@ class AstraNetworkModel(BaseModel):
 
 def from_astra_network(d: Mapping[str, Any], *, device: str | None = None, name: str = "astra-sim network") -> ClusterSpec:
     """ASTRA-sim analytical network config: ``topology``, ``npus_count``, ``bandwidth`` (GB/s per NPU per
-    dimension), ``latency`` (ns per link; 0, or 1 ns to 100 us: :data:`ASTRA_LATENCY_NS`). Dimension 0 is the node; the product of the others is the node count.
-    The device is not part of ASTRA-sim's file: pass it (or add a ``device`` key)."""
+    dimension), ``latency`` (ns per link; 0, or 1 ns to 100 us: :data:`ASTRA_LATENCY_NS`). Dimension 0 is the node;
+    the product of the others is the node count. The device is not part of ASTRA-sim's file: pass it (or add a ``device`` key)."""
     if not isinstance(d, Mapping):
         raise ClusterSpecError(f"ASTRA-sim network: the config must be a mapping, got {type(d).__name__}")
     try:

@@ -383,9 +383,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     integers; these, an unknown option, a bad choice, an unknown ``footprint_kw`` key, an unknown model, cluster or
     region raise ValueError naming it before anything is evaluated. The result's ``warnings`` are those
     ``predict_cluster`` gives for each cluster and its GPU whatever the strategy (a tensor peak out of its datasheet
-    ratio, an in-node fabric faster than the GPU's own link), once per search. When nothing is evaluated (no strategy divides
-    the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames with the usual
-    columns and ``best`` is None."""
+    ratio, an in-node fabric faster than the GPU's own link), once per search. When nothing is evaluated (no
+    strategy divides the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames
+    with the usual columns and ``best`` is None."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
     from wattcast.simulate.distributed import model_config
 
@@ -464,7 +464,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                  + "): give cloud_usd_per_gpu_hour (--cloud-usd-per-gpu-hour)"
                                  + (", or another pricing (--pricing)" if probe.pricing != "on-demand" else ""))
         resolved.append((cl, spec))
-    warnings = list(dict.fromkeys(w for cl, spec in resolved for w in spec_notes(cl, spec)))  # one GPU on two clusters: once
+    # the clusters' and GPUs' own warnings, each once (one GPU on two clusters: its peak-ratio note once)
+    warnings = list(dict.fromkeys(w for cl, spec in resolved for w in spec_notes(cl, spec)))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones

@@ -150,7 +150,8 @@ def test_astra_sim_files_with_known_keys_load():
 
 
 # ------------------------------------------------------------------ a NIC in Tbit/s, one NIC per GPU
-@pytest.mark.parametrize("preset, tbit", [("dgx-b200", 1.6), ("gb200-nvl72", 1.6), ("dgx-h100", 1.6), ("dgx-b300", 3.2)])
+@pytest.mark.parametrize("preset, tbit", [("dgx-b200", 1.6), ("gb200-nvl72", 1.6), ("dgx-h100", 1.6),
+                                         ("dgx-b300", 3.2)])
 def test_one_nic_per_gpu_given_in_tbit_per_s_is_refused(preset, tbit):
     # 1.6 "Gbit/s" per NIC, one per GPU, beside 900 GB/s NVSwitch: 4,500x below, under the per-GPU 10,000x
     d = preset_cluster(preset, inter__nic_bandwidth_gbit_per_s=tbit)
