@@ -253,6 +253,9 @@ def kernels(
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, index_col=False)
     except Exception as e:  # pandas raises several types for unreadable CSVs
         _fail(f"cannot read {input} as CSV: {e}")
+    from wattcast.data.checks import without_blank_rows
+
+    frame = without_blank_rows(frame).reset_index(drop=True)  # a spreadsheet's empty ',,,' rows are no kernels
     replaced = [c for c in PRED_COLUMNS + EXTRA_COLUMNS if c in frame.columns]
     if replaced:
         err.print(f"[yellow]the input already has column(s) {', '.join(replaced)}; the output replaces them[/yellow]")
@@ -596,7 +599,7 @@ def _show_step_prediction(res, f) -> None:
         err.print(f"[yellow]{sum(unmapped.values())} op(s) have no cost model and are costed by the roofline from their "
                   f"inputs and outputs (flagged in fallback_ops): "
                   + ", ".join(f"{k} x{v}" for k, v in list(unmapped.items())[:8]) + "[/yellow]")
-    _print_warnings(res.meta)
+    _print_warnings(res.meta.get("warnings"))
     if f.trace:
         from wattcast.simulate.trace import write_chrome_trace
 
@@ -617,9 +620,10 @@ def _show_step_prediction(res, f) -> None:
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
 
 
-def _print_warnings(meta: dict) -> None:
-    """The graph's warnings (``meta["warnings"]``: a sequence beyond a RoPE model's positions, ...) on stderr."""
-    for w in meta.get("warnings") or ():
+def _print_warnings(warnings) -> None:
+    """Warnings on stderr: a prediction's (``meta["warnings"]``: a sequence beyond a RoPE model's positions, ...) or a
+    search's (``SearchResult.warnings``)."""
+    for w in warnings or ():
         err.print(f"[yellow]warning: {w}[/yellow]")
 
 
@@ -684,7 +688,7 @@ def _print_run(run) -> None:
 
 def _show_cluster_prediction(res, req, f) -> None:
     """A distributed prediction: warnings, --trace, --plot, the JSON or tables, and the out-of-memory exit (code 3)."""
-    _print_warnings(res.meta)
+    _print_warnings(res.meta.get("warnings"))
     if f.trace:
         from wattcast.simulate.trace import write_distributed_trace
 
@@ -879,6 +883,7 @@ def search(
                              if recompute_modules else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    _print_warnings(res.warnings)  # the clusters' and GPUs' own, once (as predict --cluster gives them)
     limits = {"--max-usd": max_usd, "--deadline-days": deadline_days, "--max-tco2e": max_tco2e}
     if res.ranked.empty and res.excluded.empty:
         _fail("no valid configuration: " + (res.invalid_reason() or "none generated"))
@@ -890,7 +895,8 @@ def search(
         _write("--plot", plot, lambda: plot_runs(res.ranked, plot))
     if as_json:
         print(json.dumps({"ranked": _records(res.ranked), "pareto": _records(res.pareto),
-                          "rejected": _records(res.rejected), "excluded": _records(res.excluded)}, indent=2, default=str))
+                          "rejected": _records(res.rejected), "excluded": _records(res.excluded),
+                          "warnings": list(res.warnings)}, indent=2, default=str))
         _fail_if_none_fits(res, limits)
         return
     con = Console()
@@ -1436,6 +1442,12 @@ def _imported_kernel_csv(profiles: list[Path], csv: Optional[Path]):
     if counts["used"] == 0:
         _fail(f"--data {', '.join(map(str, profiles))}: no kernel row with a wattcast op, a measured time and a catalog GPU")
     if csv is not None:
+        from wattcast.data.kernel_datasets import load_user_kernels
+
+        try:  # checked on its own first: a bad row is named by the line of --csv, not of the merged temporary file
+            load_user_kernels(csv)
+        except ValueError as e:
+            _fail(f"--csv: {e}")
         try:
             own = pd.read_csv(csv, dtype=str, keep_default_na=False)
         except Exception as e:  # pandas raises several types for unreadable CSVs

@@ -135,6 +135,22 @@ def duplicate_csv_columns(text: str) -> list[str]:
     return []
 
 
+def without_blank_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` without the rows whose every cell is empty (missing, or blank text): the ``,,,,`` lines a spreadsheet
+    saves for an empty row, which pandas reads as rows (it skips only lines with no character at all). They hold no
+    kernel or sample: kept, they would be counted (and reported) as rows of the file."""
+    import pandas as pd
+
+    if df.empty:
+        return df
+    blank = df.isna().to_numpy()
+    for j, c in enumerate(df.columns):
+        if not pd.api.types.is_numeric_dtype(df[c]):  # text (object, or pandas' str dtype): whitespace is empty too
+            blank[:, j] |= (df[c].astype(str).str.strip() == "").to_numpy()
+    keep = ~blank.all(axis=1)
+    return df if keep.all() else df.loc[keep]
+
+
 def csv_header_problem(text: str, where: str = "input") -> str | None:
     """The error message for CSV ``text`` whose header repeats a column (see :func:`duplicate_csv_columns`),
     naming ``where`` (the file) and the columns; None when every column is named once."""

@@ -74,9 +74,16 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
 
 #: the most the in-node bandwidth per GPU may exceed the cross-node one (NICs per node x Gbit/s / 8 / GPUs per node /
 #: oversubscription): the presets' widest gap is 24x (DGX-1, Polaris); a cluster of 8 NVSwitch GPUs on one 10 GbE NIC
-#: is ~2,000x. A NIC given in Tbit/s (0.4 for 400G) is refused by its own range; one above 1 (1.6 for 1.6T) is often
-#: caught here. Lifted by --force.
+#: is ~2,000x. A NIC given in Tbit/s (0.4 for 400G) is refused by its own range; one above 1 (1.6 for 1.6T) shared by
+#: a node's GPUs is caught here, one per GPU by :data:`INTRA_OVER_NIC_MAX`. Lifted by --force.
 INTRA_OVER_INTER_MAX = 10_000.0
+#: the most the in-node bandwidth per GPU may exceed ONE NIC's rate (Gbit/s / 8), whatever the NIC count: the per-GPU
+#: gap above is wide because a node may share one slow NIC among its GPUs, a NIC's own rate has no such excuse. The
+#: slowest NICs beside the fastest in-node tiers: 10 GbE (1.25 GB/s) beside NVLink 5's 900 GB/s is 720x, 1 GbE beside
+#: V100's NVLink 2 (150 GB/s) 1,200x; the presets' widest is 18x (DGX-B200, GB200-NVL72: 400G beside 900 GB/s). A NIC
+#: typed in Tbit/s above the range's 1 Gbit/s floor is 2,250x (1.6 beside NVLink 4's 450 GB/s, 3.2 beside NVLink 5's
+#: 900) to 4,500x (1.6 beside 900): refused naming Tbit/s. Lifted by --force.
+INTRA_OVER_NIC_MAX = 2_000.0
 
 
 class ClusterSpecError(ValueError):
@@ -292,6 +299,15 @@ class ClusterSpecModel(BaseModel):
                               "cluster: was inter.nic_bandwidth_gbit_per_s given in Tbit/s (a 400G NIC is 400, not "
                               "0.4)? Give it in Gbit/s per NIC, or pass --force (in Python wattcast.allow_exotic()) for "
                               "a system that is really built so")
+            nic_gb_per_s = c.inter.nic_bandwidth_gbit_per_s / 8.0
+            if nic_gb_per_s * INTRA_OVER_NIC_MAX < c.intra.bandwidth_gb_per_s:
+                intra = c.intra.bandwidth_gb_per_s
+                raise problem("wc_plausible", f"one NIC's bandwidth ({c.inter.nic_bandwidth_gbit_per_s:g} Gbit/s = "
+                              f"{nic_gb_per_s:.3g} GB/s) is {intra / nic_gb_per_s:,.0f}x below a GPU's in-node "
+                              f"bandwidth ({intra:g} GB/s), over the {INTRA_OVER_NIC_MAX:,.0f}x of any GPU cluster "
+                              "(10 GbE beside NVLink 5 is 720x): was inter.nic_bandwidth_gbit_per_s given in Tbit/s (a "
+                              "1.6T NIC is 1600, not 1.6)? Give it in Gbit/s per NIC, or pass --force (in Python "
+                              "wattcast.allow_exotic()) for a system that is really built so")
         if c.max_nodes is not None and c.max_nodes > 1 and c.inter is None:
             raise problem("wc_rule", f"max_nodes is {c.max_nodes} but there is no 'inter' (cross-node) tier")
         for f in ("intra.bandwidth_gb_per_s", "intra.latency_us") + (("inter.nic_bandwidth_gbit_per_s", "inter.latency_us")
@@ -385,6 +401,16 @@ def _per_dimension(item: Any) -> Any:
     return Annotated[list[item], BeforeValidator(_dimensions)]
 
 
+#: (lowest, highest plausible, what a too-small / too-large figure probably is, the unit) of an ASTRA-sim ``latency``
+#: entry, in nanoseconds per link as ASTRA-sim's analytical network reads it (``bandwidth`` in GB/s). No link is under
+#: 1 ns (light covers 20 cm of cable in it, before any SerDes, FEC or switch hop; NVLink and InfiniBand hops are
+#: hundreds of ns): a figure under 1 is one in microseconds (0.5 for 500 ns). 0 stays allowed (an ideal link, as a
+#: cluster file's latency_us 0). The top is the cluster tiers' 100 us (:data:`PLAUSIBLE`), checked here on the file's
+#: own field. Lifted by --force.
+ASTRA_LATENCY_NS = (1.0, 100_000.0, "microseconds (ASTRA-sim's latency is in nanoseconds per link: 0.5 us is 500)",
+                    "picoseconds, or a latency beyond the 100 us of any cluster tier", "nanoseconds per link")
+
+
 class AstraNetworkModel(BaseModel):
     """ASTRA-sim's analytical network config: one entry per dimension in each list, and wattcast's own ``device`` and
     ``name`` (read by :func:`from_astra_network`). Any other key is refused naming it (a misspelt ``bandwith`` would
@@ -402,7 +428,8 @@ class AstraNetworkModel(BaseModel):
                                                                                             "NPUs, got {v!r}")),
                                          AfterValidator(int)])
     bandwidth: _per_dimension(Annotated[Any, AfterValidator(number()), AfterValidator(float)])
-    latency: _per_dimension(Annotated[Any, AfterValidator(number(zero=True)), AfterValidator(float)])
+    latency: _per_dimension(Annotated[Any, AfterValidator(number(zero=True)), AfterValidator(float),
+                                      AfterValidator(plausible(*ASTRA_LATENCY_NS, zero_ok=True))])
     device: Any = None  # (checked as the cluster's device)
     name: Any = None
 
@@ -431,8 +458,8 @@ def _astra_intra(topology: str, npus: int, bandwidth_gb_per_s: float, latency_ns
 
 def from_astra_network(d: Mapping[str, Any], *, device: str | None = None, name: str = "astra-sim network") -> ClusterSpec:
     """ASTRA-sim analytical network config: ``topology``, ``npus_count``, ``bandwidth`` (GB/s per NPU per
-    dimension), ``latency`` (ns). Dimension 0 is the node; the product of the others is the node count.
-    The device is not part of ASTRA-sim's file: pass it (or add a ``device`` key)."""
+    dimension), ``latency`` (ns per link; 0, or 1 ns to 100 us: :data:`ASTRA_LATENCY_NS`). Dimension 0 is the node;
+    the product of the others is the node count. The device is not part of ASTRA-sim's file: pass it (or add a ``device`` key)."""
     if not isinstance(d, Mapping):
         raise ClusterSpecError(f"ASTRA-sim network: the config must be a mapping, got {type(d).__name__}")
     try:

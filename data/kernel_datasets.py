@@ -93,6 +93,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from wattcast.data.checks import without_blank_rows
 from wattcast.data.kernel_ops import DTYPE_BYTES, OP_FAMILY, canonical_dtype
 
 log = logging.getLogger(__name__)
@@ -698,8 +699,7 @@ def load_user_kernels(path: str | os.PathLike[str]) -> pd.DataFrame:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise KernelDataError(f"{origin}: not a readable CSV ({e})") from e
     raw.columns = [str(c).strip() for c in raw.columns]
-    stripped = raw.apply(lambda col: col.astype(str).str.strip())
-    raw = raw.loc[~(stripped == "").all(axis=1)]
+    raw = without_blank_rows(raw)  # blank and ',,,' lines; the index keeps each row's line
     header = list(raw.columns)
     missing = []
     found = {}

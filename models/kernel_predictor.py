@@ -278,7 +278,15 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     log-linearly in ``M`` between the two around it (the band scaled alike): non-decreasing in ``M`` over the range.
     The grid rows are predicted in the same pass, each distinct one once. FP32 rows (the roofline member, NeuSight's
     data), attention's batched products (B > 1) and larger ``M`` (compute-bound; tile quantisation can still move
-    them by 1-4%) are as predicted."""
+    them by 1-4%) are as predicted.
+
+    Batched products (B > 1) are not monotone either: in bf16 a smaller ``M`` comes out more than 2% slower in 88-190 of
+    192 (B, N, K) series on A100-SXM4-80GB, H100-SXM5-80GB, MI300X and B200 (decode attention's B = 1024, N = 128,
+    K = 1024 on B200: 129 us at M = 1, 63 us at M = 8), and a smaller ``B`` in 5-144 of 300 (M, N, K) series (B200's
+    M = 256, N = K = 128: 5.4 us at B = 1, 4.6 at B = 2). They are left unguarded for speed, measured: guarding them
+    as linear rows are (every bmm in the selection below) took benchmarks/bench_kernels.py from 0.9-1.2 M to 0.35-0.54
+    M rows/s and --distinct from 183 k to 56 k rows/s (every such row needs its own M = 1, 2, 4, ... grid: about 11
+    more tensor-core rows, each through the floor and ceiling members)."""
     probes, owner, sel, lo_i, w = _m_grid_probes(canon)
     if not len(probes):
         X = featurize_kernels(canon, spec)

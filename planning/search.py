@@ -23,7 +23,7 @@ from wattcast.featurize.hf_config import pinned_files
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.defaults import DEFAULTS, resolve_dtype
 from wattcast.simulate.moe_routing import check_routing
-from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, schedule_step, schedule_context
+from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, schedule_step, schedule_context, spec_notes
 from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
@@ -74,6 +74,10 @@ class SearchResult:
     #: meets (the message ``predict`` gives), or, when the search space generated no candidate at all, the rules its
     #: nearest configurations break. Clusters with valid strategies are not in it.
     why_none: dict = field(default_factory=dict)
+    #: the warnings ``predict_cluster`` gives for each searched cluster and its GPU whatever the strategy (tensor peaks
+    #: out of their datasheet ratios, an in-node fabric faster than the GPU's own link:
+    #: ``simulate.distributed.spec_notes``), once per search, not per row; the figures are as given
+    warnings: list = field(default_factory=list)
 
     def invalid_reason(self, top: int = 3) -> str:
         """Why no configuration is valid, in one line: the job-level reasons of :attr:`why_none`, then the ``top``
@@ -377,9 +381,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     schedule, recompute_num_layers),
     each a list of choices or a single value. ``gpus``, ``batch``, ``seq`` and ``max_configs`` must be positive
     integers; these, an unknown option, a bad choice, an unknown ``footprint_kw`` key, an unknown model, cluster or
-    region raise ValueError naming it before anything is evaluated. When nothing is evaluated (no strategy divides
-    the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames with the usual
-    columns and ``best`` is None."""
+    region raise ValueError naming it before anything is evaluated. The result's ``warnings`` are those
+    ``predict_cluster`` gives for each cluster and its GPU whatever the strategy (a tensor peak out of its datasheet
+    ratio, an in-node fabric faster than the GPU's own link), once per search. When nothing is evaluated (no
+    strategy divides the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames
+    with the usual columns and ``best`` is None."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
     from wattcast.simulate.distributed import model_config
 
@@ -458,6 +464,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                  + "): give cloud_usd_per_gpu_hour (--cloud-usd-per-gpu-hour)"
                                  + (", or another pricing (--pricing)" if probe.pricing != "on-demand" else ""))
         resolved.append((cl, spec))
+    # the clusters' and GPUs' own warnings, each once (one GPU on two clusters: its peak-ratio note once)
+    warnings = list(dict.fromkeys(w for cl, spec in resolved for w in spec_notes(cl, spec)))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
@@ -493,7 +501,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     cols = list(COLUMNS + run_cols)
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
-        return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none)
+        return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings)
     if tokens is not None:  # run_pareto is computed over the whole frame below
         pareto_at = cols.index("run_pareto")
         rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
@@ -508,7 +516,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     front = [r._asdict() for r in fit[mem < before].itertuples(index=False)]
     ranked_clusters = set(df["cluster"])
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
-                        {k: v for k, v in why_none.items() if k not in ranked_clusters})
+                        {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings)
 
 
 #: candidates from which ``workers`` > 1 splits a search over processes; below, starting them costs more than it saves

@@ -541,11 +541,18 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
                            data_load_ms=check_load_ms(dopts.data_load_ms),
                            data_workers=resolve_workers(framework, dopts.data_workers),
-                           # the spec's own oddities (tensor peaks out of their datasheet ratios, an in-node tier
-                           # faster than the GPU's link), then the power settings': warnings, the figures as given
-                           notes=(*peak_ratio_notes(spec), *device_link_notes(cl, spec),
+                           # the spec's own oddities (spec_notes), then the power settings': warnings, the figures
+                           # as given
+                           notes=(*spec_notes(cl, spec),
                                   *power_setting_notes(*check_power_settings(power_limit_w, dopts.clock_cap_mhz, spec),
                                                        spec)))
+
+
+def spec_notes(cl: ClusterSpec, spec: DeviceSpec) -> list[str]:
+    """The warnings cluster ``cl`` with GPU ``spec`` gives whatever the strategy: tensor peaks out of their datasheet
+    ratios (``peak_ratio_notes``), an in-node tier faster than the GPU's own link (``device_link_notes``). A prediction
+    carries them in ``meta["warnings"]``, a search once in ``SearchResult.warnings``."""
+    return [*peak_ratio_notes(spec), *device_link_notes(cl, spec)]
 
 
 def _hashable_trips(v):

@@ -147,3 +147,48 @@ def test_astra_sim_unknown_keys_and_topologies_are_refused(change, needle):
 def test_astra_sim_files_with_known_keys_load():
     c = from_astra_network({**ASTRA, "topology": ["fullyconnected", "Ring"], "name": "mine"})
     assert c.name == "mine" and c.intra.kind == "nvlink" and c.intra.topology == "full_mesh" and c.max_nodes == 2
+
+
+# ------------------------------------------------------------------ a NIC in Tbit/s, one NIC per GPU
+@pytest.mark.parametrize("preset, tbit", [("dgx-b200", 1.6), ("gb200-nvl72", 1.6), ("dgx-h100", 1.6),
+                                         ("dgx-b300", 3.2)])
+def test_one_nic_per_gpu_given_in_tbit_per_s_is_refused(preset, tbit):
+    # 1.6 "Gbit/s" per NIC, one per GPU, beside 900 GB/s NVSwitch: 4,500x below, under the per-GPU 10,000x
+    d = preset_cluster(preset, inter__nic_bandwidth_gbit_per_s=tbit)
+    with pytest.raises(ClusterSpecError) as e:
+        cluster_from_dict(d)
+    msg = flat(str(e.value))
+    assert "inter.nic_bandwidth_gbit_per_s" in msg and "Tbit/s" in msg and "below a GPU's in-node bandwidth" in msg
+    assert "--force" in msg
+    with allow_exotic():
+        assert cluster_from_dict(d).inter.nic_bandwidth_gbit_per_s == tbit
+
+
+def test_slow_real_nics_still_load():
+    # 10 GbE beside NVLink 5 (720x per NIC), one or eight per node; 1 GbE beside V100's NVLink 2 (1,200x); PCIe boxes
+    for nics in (1, 8):
+        cluster_from_dict(preset_cluster("dgx-b200", inter__nics_per_node=nics, inter__nic_bandwidth_gbit_per_s=10))
+    cluster_from_dict(preset_cluster("dgx-1-v100", inter__nic_bandwidth_gbit_per_s=1))
+    cluster_from_dict(preset_cluster("pcie-4gpu", inter__nic_bandwidth_gbit_per_s=1))
+    for f in sorted(CLUSTERS.glob("*.yaml")):  # every preset loads as shipped
+        resolve_cluster(f)
+
+
+# ------------------------------------------------------------------ ASTRA-sim latencies in microseconds
+@pytest.mark.parametrize("latency, bad", [([0.5, 5000.0], "latency[0]"), ([3000.0, 0.7], "latency[1]"),
+                                          ([0.003, 0.005], "latency[0]")])
+def test_astra_sim_latency_under_a_nanosecond_is_refused_as_microseconds(latency, bad):
+    with pytest.raises(ClusterSpecError) as e:
+        from_astra_network({**ASTRA, "latency": latency})
+    msg = flat(str(e.value))
+    assert f"'{bad}'" in msg and "microseconds" in msg and "nanoseconds" in msg and "--force" in msg
+    with allow_exotic():
+        from_astra_network({**ASTRA, "latency": latency})
+
+
+def test_astra_sim_latencies_of_real_links_load():
+    for ns in ([0.0, 0.0], [1.0, 20.0], [500.0, 5000.0], [100_000.0, 100_000.0]):
+        c = from_astra_network({**ASTRA, "latency": ns})
+        assert c.intra.latency_us == ns[0] / 1e3 and c.inter.latency_us == ns[1] / 1e3
+    with pytest.raises(ClusterSpecError, match=r"'latency\[0\]' is 500000, over 100000"):
+        from_astra_network({**ASTRA, "latency": [500_000.0, 5000.0]})

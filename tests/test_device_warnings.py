@@ -82,3 +82,42 @@ def test_device_slower_than_the_in_node_fabric_is_warned_without_changing_number
     assert res.step_time_ms == ref.step_time_ms and res.energy_j == ref.energy_j
     own = wattcast.predict_cluster("gpt2", "DGX-H100", gpus=16, batch=16, seq=128)
     assert not own.meta.get("warnings")
+
+
+# ------------------------------------------------------------------ a search carries them once
+def test_search_carries_the_spec_warnings_once(tmp_path):
+    from conftest import write_preset_cluster
+
+    l4 = write_preset_cluster(tmp_path / "l4.yaml", "L4")
+    res = wattcast.search("gpt2", str(l4), gpus=16, batch=16, seq=128, max_configs=3)
+    ref = wattcast.predict_cluster("gpt2", str(l4), gpus=16, batch=16, seq=128)
+    assert res.warnings == ref.meta["warnings"] and len(res.warnings) == 1
+    assert "exceeds what L4's own interconnect" in res.warnings[0]
+    # a sparse-looking peak on the GPU of two clusters: said once for the GPU, the fabric note once per cluster
+    (tmp_path / "sparse.yaml").write_text(yaml.safe_dump(_device(name="H100-sparse-fp8", aliases=[],
+                                                                 peak_fp8_tflops=3957.8)))
+    one = write_preset_cluster(tmp_path / "a.yaml", str(tmp_path / "sparse.yaml"))
+    two = write_preset_cluster(tmp_path / "b.yaml", str(tmp_path / "sparse.yaml"))
+    both = wattcast.search("gpt2", [str(one), str(two)], gpus=16, batch=16, seq=128, max_configs=2)
+    assert sum("peak_fp8_tflops (3957.8) is 4x" in w for w in both.warnings) == 1, both.warnings
+    assert wattcast.search("gpt2", "DGX-H100", gpus=16, batch=16, seq=128, max_configs=2).warnings == []
+
+
+def test_search_cli_prints_the_spec_warnings_and_puts_them_in_its_json(tmp_path):
+    import json
+
+    from conftest import flat, run_cli, write_preset_cluster
+
+    l4 = write_preset_cluster(tmp_path / "l4.yaml", "L4")
+    args = ("search", "--model", "gpt2", "--cluster", str(l4), "--gpus", "16", "--batch", "16", "--seq", "128",
+            "--max-configs", "3", "--workers", "1")
+    r = run_cli(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["warnings"]) == 1 and "exceeds what L4's own interconnect" in out["warnings"][0]
+    assert flat(r.stderr).count("warning: cluster DGX-H100's in-node bandwidth") == 1
+    t = run_cli(*args)
+    assert t.returncode == 0 and flat(t.stderr).count("exceeds what L4's own interconnect") == 1
+    clean = run_cli("search", "--model", "gpt2", "--cluster", "DGX-H100", "--gpus", "16", "--batch", "16", "--seq",
+                    "128", "--max-configs", "3", "--workers", "1", "--json")
+    assert json.loads(clean.stdout)["warnings"] == [] and "warning:" not in clean.stderr

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from wattcast.data.checks import without_blank_rows
+
 KERNEL_COLUMNS = ("OPName", "B", "M", "N", "K", "H", "dtype", "latency_ms", "Device", "device_name", "aten_op",
                   "kernel", "n_kernels", "reason", "source")
 COLLECTIVE_COLUMNS = ("op", "size_B", "dtype", "world_size", "nodes", "gpus_per_node", "time_us", "algbw_GBs",
@@ -118,4 +120,4 @@ def read_table(folder: str | Path, kind: str) -> pd.DataFrame:
     missing = [c for c in TABLE_COLUMNS[kind] if c not in df.columns]
     if missing:
         raise ProfileImportError(f"{p}: missing column(s) {', '.join(map(repr, missing))}")
-    return df
+    return without_blank_rows(df)
