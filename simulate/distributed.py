@@ -48,7 +48,7 @@ from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canon
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.models.power import check_power_settings, power_setting_notes
 from wattcast.simulate.defaults import step_dtype
-from wattcast.simulate.energy import apply_power, stream_power_w
+from wattcast.simulate.energy import apply_power, overlap_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
@@ -712,6 +712,13 @@ class _RankView:
     expert_params: np.ndarray
     fp8_params: np.ndarray  # the parameters of FP8 GEMMs (an FP8 recipe keeps their FP8 weight and transpose)
     e_comp_j: np.ndarray  # energy of one micro-batch's forward + backward
+    # the same without collectives, forward and backward apart, and their time x compute utilisation at the boost clock
+    # (what a collective hidden beside them adds to their power, and a power limit's clock does to their time:
+    # simulate.energy.overlap_power)
+    e_f_nc_j: np.ndarray
+    e_b_nc_j: np.ndarray
+    cu_f_ms: np.ndarray
+    cu_b_ms: np.ndarray
     e_opt_j: np.ndarray
     opt_cast_ms: np.ndarray  # the optimizer phase's FP8 weight cast (every DP rank casts its whole weights: not sharded)
     e_opt_cast_j: np.ndarray
@@ -758,6 +765,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     gpu_t = costed["gpu_ms"].to_numpy(dtype=float)
     # kernels at their power, host launch gaps at idle
     e_node = (w * gpu_t + idle_power_w(spec) * np.maximum(t - gpu_t, 0.0)) / 1e3
+    cu = costed["compute_util"].to_numpy(dtype=float) if "compute_util" in costed else np.zeros(len(costed))
 
     def per_layer(mask, v):
         return np.bincount(li[mask], weights=v[mask], minlength=n)[src]
@@ -790,6 +798,8 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         a2a_dispatch_f_ms=per_layer(fwd & is_dispatch, t), a2a_dispatch_b_ms=per_layer(bwd & is_dispatch, t),
         params=per_layer(fwd, params), expert_params=per_layer(is_exp, params),
         fp8_params=per_layer(fwd & (costed["dtype"].to_numpy() == "fp8"), params), e_comp_j=per_layer(~opt, e_node),
+        e_f_nc_j=per_layer(fwd & ~is_coll, e_node), e_b_nc_j=per_layer(bwd & ~is_coll, e_node),
+        cu_f_ms=per_layer(fwd & ~is_coll, cu * t), cu_b_ms=per_layer(bwd & ~is_coll, cu * t),
         e_opt_j=per_layer(opt, e_node), opt_cast_ms=per_layer(opt & (op_class == "fp8_cast"), t),
         e_opt_cast_j=per_layer(opt & (op_class == "fp8_cast"), e_node), act_bytes=act, full_extra_bytes=float(full_extra),
         block_input_bytes=tuple(block_input_bytes(g, n_layers)) if not g.meta.get("hidden") else (),
@@ -825,8 +835,8 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 #: the per-layer arrays of a _RankView (block recomputation picks each layer's from one of two views)
 _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "attn_rc_ms",
                      "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
-                     "gemm_b_ms", "params", "expert_params", "fp8_params", "e_comp_j", "e_opt_j", "opt_cast_ms",
-                     "e_opt_cast_j", "act_bytes")
+                     "gemm_b_ms", "params", "expert_params", "fp8_params", "e_comp_j", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
+                     "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes")
 
 
 def _position_in_chunk(layer_ids: np.ndarray, chunk: np.ndarray, counts, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1554,6 +1564,75 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     f_nc = f_nc + data_f
 
     classes = sorted(set(f_parts) | {"pp", "dp"})
+    # device figures that no strategy changes: once per search (held with the spec, whose id keys them)
+    dev_key = ("device", id(spec), dtype, power_limit_w, stream_gbps, id(power_model))
+    dev = memo.get(dev_key) if memo is not None else None
+    if dev is None or dev[0] is not spec:
+        from wattcast.models.power import comm_power_w, idle_power_w
+
+        p_stream = stream_power_w(spec, stream_gbps, power_model)
+        if power_limit_w is not None:  # the streaming pass is memory-bound: under a limit its power drops, its time stays
+            from wattcast.models.power import apply_power_limit
+
+            p_stream = float(apply_power_limit(1.0, p_stream, power_limit_w, spec, 0.0,
+                                               model=power_model if power_model is not None else None)[1])
+        dev = (spec, spec.peak_matrix_tflops(dtype) * 1e12, comm_power_w(spec, power_limit_w), p_stream,
+               idle_power_w(spec))
+        if memo is not None:
+            memo[dev_key] = dev
+    _, peak, p_comm, p_stream, p_idle = dev
+    # what each chunk's computation (no collectives) draws per micro-batch: kernels at their power, launch gaps and
+    # loading the micro-batch at idle, the gradient-accumulation pass (not a graph kernel) at a streaming kernel's; its
+    # mean power and compute utilisation per chunk and per stage (forward, backward: what runs beside hidden transfers)
+    pow_key = ("chunk_power", P, acc_ms.tobytes(), data_f.tobytes(), p_comm, p_stream)  # per stage too: P
+    cpow = sums.get(pow_key)
+    if cpow is None:
+        e_f_nc = chunk_sum("e_f_nc_j") + data_f * p_idle / 1e3
+        e_b_nc = chunk_sum("e_b_nc_j") + acc_ms * p_stream / 1e3
+
+        def mean(num, den, empty):
+            return np.divide(num, den, out=np.full(len(den), float(empty)), where=den > 0)
+
+        w_f, w_b = mean(e_f_nc * 1e3, f_nc, p_idle), mean(e_b_nc * 1e3, b_nc, p_idle)  # W
+        w_fs, w_bs = mean(by_stage(e_f_nc) * 1e3, by_stage(f_nc), p_idle), mean(by_stage(e_b_nc) * 1e3, by_stage(b_nc), p_idle)
+        # the board's cap on computation + a hidden collective: the power limit, else the TDP (simulate.energy)
+        cap_w = float(spec.tdp_w) if power_limit_w is None else min(float(power_limit_w), float(spec.tdp_w))
+        dyn_w = max(p_comm - p_idle, 0.0)
+        cpow = sums[pow_key] = dict(
+            e_f_nc=e_f_nc, e_b_nc=e_b_nc, dyn_w=dyn_w,
+            f=(w_f, mean(chunk_sum("cu_f_ms"), f_nc, 0.0), w_f + dyn_w > cap_w),
+            b=(w_b, mean(chunk_sum("cu_b_ms"), b_nc, 0.0), w_b + dyn_w > cap_w),
+            fs=(w_fs, mean(by_stage(chunk_sum("cu_f_ms")), by_stage(f_nc), 0.0), w_fs + dyn_w > cap_w),
+            bs=(w_bs, mean(by_stage(chunk_sum("cu_b_ms")), by_stage(b_nc), 0.0), w_bs + dyn_w > cap_w))
+    e_f_nc, e_b_nc, dyn_kw = cpow["e_f_nc"], cpow["e_b_nc"], cpow["dyn_w"] / 1e3
+    # the communication each chunk runs per micro-batch, by class, whether exposed or hidden: the rank graph's
+    # collectives by group (as _comm_parts names them) and the ring attention's KV steps (_comm_parts' count)
+    tot_key = ("comm_totals", parts_key)
+    comm_tot = sums.get(tot_key)
+    if comm_tot is None:
+        tf, tb = {}, {}
+        for grp, (cf, cb) in view.coll_by_group.items():
+            key = "tp" if grp in ("", "etp") else grp
+            tf[key] = tf.get(key, 0.0) + per_chunk(cf)
+            tb[key] = tb.get(key, 0.0) + per_chunk(cb)
+        if par.cp > 1 and cp_step_ms[0] > 0:
+            xf, xb = cp_step_ms
+            tf["cp"] = per_chunk(np.where(view.attn_f_ms > 0, (par.cp - 1) * xf, 0.0))
+            tb["cp"] = per_chunk((par.cp - 1) * (np.where(view.attn_b_ms > 0, xb, 0.0)
+                                                 + np.where(view.attn_rc_ms > 0, xf, 0.0)))
+        comm_tot = sums[tot_key] = (tf, tb)
+    # every chunk sends its activations on but the model's last, its input gradient back but the first
+    send_f_all, send_b_all = np.ones(n_chunks), np.ones(n_chunks)
+    send_f_all[-1] = send_b_all[0] = 0.0
+
+    def hidden_power(hidden_ms, where):
+        """(stretch ms, extra J) of communication hidden beside the computation ``where`` ("f", "b" per chunk; "fs", "bs"
+        per stage): simulate.energy.overlap_power, called only where the cap can bind (else: the dynamic power)."""
+        w, u, binds = cpow[where]
+        if (binds & (hidden_ms > 0)).any():
+            return overlap_power(hidden_ms, w, u, p_comm, spec, power_model, power_limit_w=power_limit_w)
+        return 0.0, dyn_kw * hidden_ms
+
     nccl_share = sm_share(NCCL_SMS, spec.num_sms)
     dp_overlaps = bool(FRAMEWORK_DP_OVERLAP.get(opts.framework, True) or par.overlap_grad_reduce)
     # ZeRO-3's collectives beside the computation (NCCL's SMs taken from it) or, not prefetched, in series with it
@@ -1578,10 +1657,29 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             f = overlapped_ms(f, dpt["z3_f_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_f_ms"])
             b = overlapped_ms(b, dpt["z3_b_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_b_ms"])
         p2p = 0.0 if "pp" in free else p2p_ms
+        # every transfer a chunk's task runs, exposed or hidden (the rest of f, b beyond the computation is exposed)
+        tot_free = (tot_key, free)
+        t_fb = sums.get(tot_free)
+        if t_fb is None:
+            t_fb = sums[tot_free] = tuple(sum((v for k, v in d.items() if k not in free), np.zeros(n_chunks))
+                                          for d in comm_tot)
+        t_f, t_b = t_fb
+        if p2p > 0:
+            t_f, t_b = t_f + send_f_all * p2p, t_b + send_b_all * p2p
+        if dp_on and par.zero == 3:
+            t_f = t_f + dpt["z3_f_ms"]
+            t_b = t_b + dpt["z3_b_ms"]
         if p2p_blocking and p2p > 0:  # the sender is blocked for its transfer; it is done when the task ends
             f = f + send_f * p2p
             b = b + send_b * p2p
             p2p = 0.0
+        # communication hidden beside a task's computation: its dynamic power on top of the computation's, and under a
+        # power limit the computation's clock where the sum would exceed it (simulate.energy.overlap_power)
+        # (no more than the computation: transfers beyond it, or side by side, are exposed or share its span)
+        st_f, xj_f = hidden_power(np.clip(t_f - (f - f_nc), 0.0, f_nc), "f")
+        st_b, xj_b = hidden_power(np.clip(t_b - (b - b_nc), 0.0, b_nc), "b")
+        f = f + st_f
+        b = b + st_b
         keep = trace and not free
         pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)
         hit = memo.get(pipe_key) if memo is not None and not keep else None
@@ -1599,6 +1697,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if tied_on and tied_first:  # DeepSpeed: ReduceTiedGrads, then ReduceGrads
             stage_end, tied_start = tied_grad_sync_ms(stage_end, tied_ar_ms)
         finish = stage_end.copy()
+        st_dp = xj_dp = st_g = xj_g = 0.0
         if dp_on and dp_group and par.zero != 3 and dpt["bucket_pad"].shape[1]:
             # every stage's buckets at once: rows padded with empty buckets that are never ready (they change nothing)
             ms, n = dpt["bucket_pad"], dpt["bucket_n"]
@@ -1652,7 +1751,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                       0.0).sum(axis=1)
                 else:
                     hidden = np.zeros(P)
-            finish = np.where(has, np.maximum(stage_end + nccl_share * hidden, end), np.maximum(stage_end, 0.0))
+            st_dp, xj_dp = hidden_power(hidden, "bs")
+            finish = np.where(has, np.maximum(stage_end + nccl_share * hidden + st_dp, end), np.maximum(stage_end, 0.0))
         if tied_on and not tied_first:  # Megatron-Core's finalize_model_grads: the DP sync, then the embedding's
             finish, tied_start = tied_grad_sync_ms(finish, tied_ar_ms)
         if tied_on and trace:
@@ -1665,6 +1765,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # interleaved: chunk by chunk, each before that chunk's first forward (interleaved_param_gather_ms)
                 gather = interleaved_param_gather_ms(dpt["gather_after_ms"].reshape(V, P).T, pipe.first_forward_by_chunk,
                                                      nccl_share)
+                st_g, xj_g = hidden_power(np.maximum(by_stage(dpt["gather_after_ms"]) - gather, 0.0), "fs")
+                gather = gather + st_g
             else:
                 gather = dpt.get("gather_by_stage")
                 if gather is None:
@@ -1674,12 +1776,24 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     # run beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
                     n_b = (np.maximum(np.ceil(params_stage / bucket_params), 1.0) if np.isfinite(bucket_params)
                            else np.ones(P))
+                    total_g = gather
                     gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
                                              first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None)
+                    # beside the first forward what is not exposed; a later stage's one piece (first_only) goes in its
+                    # warm-up wait, charged as waiting
+                    hid = np.maximum(total_g - gather, 0.0)
+                    if first_only:
+                        hid[1:] = 0.0
+                    st_g, xj_g = hidden_power(hid, "fs")
+                    gather = gather + st_g
         total = finish + opt_stage + gather + iteration_ms
-        return float(total.max()), pipe, finish, opt_stage, gather, comm_events
+        # the computation's time per stage (the stretches a power limit puts on the overlapped spans included) and its
+        # energy with what the hidden communication adds: the rest of the step is exposed communication or waiting
+        work = dict(task_cmp_ms=by_stage((f_nc + st_f + b_nc + st_b) * n_micro), task_extra_j=by_stage((xj_f + xj_b) * n_micro),
+                    after_cmp_ms=st_dp + st_g, after_extra_j=xj_dp + xj_g)
+        return float(total.max()), pipe, finish, opt_stage, gather, comm_events, work
 
-    step, pipe, finish, opt_stage, gather, comm_events = run()
+    step, pipe, finish, opt_stage, gather, comm_events, work = run()
     step_free, pipe_free, *_ = run(frozenset(classes))
     # exposed communication per class: what the step would save if that class alone were free
     # every class is named, 0.0 where the strategy has none (tp 1, ep 1, ...); a search leaves the split out
@@ -1695,33 +1809,16 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if par.recompute != "none":
         # the costed graph is one tensor-parallel rank's whole model for one micro-batch
         hw_flops += view.recompute_flops * par.tp * par.cp * n_micro * par.dp
-    # device figures that no strategy changes: once per search (held with the spec, whose id keys them)
-    dev_key = ("device", id(spec), dtype, power_limit_w, stream_gbps, id(power_model))
-    dev = memo.get(dev_key) if memo is not None else None
-    if dev is None or dev[0] is not spec:
-        from wattcast.models.power import comm_power_w, idle_power_w
-
-        dev = (spec, spec.peak_matrix_tflops(dtype) * 1e12, comm_power_w(spec, power_limit_w), None, idle_power_w(spec))
-        if memo is not None:
-            memo[dev_key] = dev
-    _, peak, p_comm, p_stream, p_idle = dev
     step_s = step / 1e3
     mfu = model_flops / (step_s * par.gpus * peak)
     hfu = hw_flops / (step_s * par.gpus * peak)
     phase_t = view.phase_ms
-    # energy per GPU of each stage: kernels at their power, host launch gaps at idle, waits at communication power
-    # (p_comm); the gradient-accumulation passes (not graph kernels) run at the power of a streaming kernel
-    if acc_ms.any():
-        if p_stream is None:
-            p_stream = stream_power_w(spec, stream_gbps, power_model)
-            if memo is not None:
-                memo[dev_key] = (spec, peak, p_comm, p_stream, p_idle)
-        e_acc = acc_ms * n_micro / 1e3 * p_stream
-    else:
-        e_acc = acc_ms * n_micro / 1e3 * 0.0
-    e_chunk = chunk_sum("e_comp_j") * n_micro + e_acc
-    if data_f.any():  # the GPU idles while a micro-batch is loaded, copied and broadcast (launch-bound)
-        e_chunk = e_chunk + data_f * n_micro / 1e3 * p_idle
+    # energy per GPU of each stage: the computation's kernels at their power, host launch gaps and loading the
+    # micro-batches at idle, the gradient-accumulation passes (not graph kernels) at a streaming kernel's power
+    # (e_f_nc, e_b_nc), the optimizer's kernels; the rest of the step is exposed communication or a wait (pipeline
+    # bubble, exposed DP sync), both in an NCCL kernel that polls for its peer: communication power (p_comm);
+    # communication hidden beside the computation adds its dynamic power to the computation's (work["*_extra_j"],
+    # simulate.energy.overlap_power: the idle part is paid once; under a power limit the sum is capped)
     e_opt_key = ("e_opt_stage", P, V)
     e_opt_s = sums.get(e_opt_key)
     if e_opt_s is None:
@@ -1729,12 +1826,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if tied_params > 0:
             e_opt_stage[-1] += tied_opt[1]
         e_opt_s = sums[e_opt_key] = (e_opt_stage, by_stage(chunk_sum("e_opt_cast_j")))
-    e_chunk_s = by_stage(e_chunk)
+    # the tasks (forward and backward of every micro-batch) over their busy time
+    e_task_s = (by_stage((e_f_nc + e_b_nc) * n_micro) + work["task_extra_j"]
+                + p_comm * np.maximum(busy - work["task_cmp_ms"], 0.0) / 1e3)
     busy_all = busy + opt_stage
-    # a stage waiting inside the step (pipeline bubble, exposed DP sync) sits in an NCCL kernel that polls for its
-    # peer: communication power, not idle power
-    stage_e = (e_chunk_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share
-               + p_comm * np.maximum(step - busy_all, 0.0) / 1e3)
+    stage_e = (e_task_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share + work["after_extra_j"]
+               + p_comm * np.maximum(step - busy_all - work["after_cmp_ms"], 0.0) / 1e3)
     if summary:
         energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
         return StepSummary(spec.name, par, step, float(mfu), model_flops / step_s / par.gpus / 1e12, model_flops, worst,
@@ -1750,7 +1847,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
                                post_backward_buffers_gb=terms["post_backward_buffers_gb"], params=float(params_stage[s]),
                                energy_j=float(stage_e[s]), avg_power_w=float(stage_e[s] / step_s),
-                               busy_power_w=float(e_chunk_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm)))
+                               busy_power_w=float(e_task_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm)))
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
     per_op, fallback = view.per_op, view.fallback_ops
     events = []
@@ -1787,9 +1884,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             events.append(dict(stage=s, stream="compute", name=f"[{n_hidden:,} tasks of the steady state not drawn]",
                                start_ms=float(a), end_ms=float(e)))
         for s in range(P):
+            t = float(finish[s])
             if opt_stage[s] > 0:
-                events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=float(finish[s]),
-                                   end_ms=float(finish[s] + opt_stage[s])))
+                events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=t, end_ms=t + float(opt_stage[s])))
+            t += float(opt_stage[s])
+            if gather[s] > 0:  # the distributed optimizer's parameter all-gather: what of it the step waits for
+                events.append(dict(stage=s, stream="comm", name="dp.param_all_gather", start_ms=t, end_ms=t + float(gather[s])))
+            t += float(gather[s])
+            if iteration_ms > 0:  # the framework's per-iteration host time (the GPU waits)
+                events.append(dict(stage=s, stream="compute", name="host.iteration", start_ms=t, end_ms=t + float(iteration_ms)))
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
                 zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None)
     meta = with_warnings(meta, ctx.notes)
@@ -1817,7 +1920,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 rank_overheads_scope=("the whole model at this TP degree, one micro-batch; optimizer and clipping before "
                                       "the pipeline split and ZeRO sharding (optimizer_ms is what one device spends)"),
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
-                dp_sync_ms=float(dpt["sync_ms"].sum()), dp_param_gather_ms=float(dpt["gather_after_ms"].sum()),
+                # the data-parallel gradient sync and parameter all-gather one GPU runs (its stage's chunks), ms: the
+                # busiest stage's (each stage's in *_by_stage; until stop 40 the stages' were summed)
+                dp_sync_ms=float(by_stage(dpt["sync_ms"]).max()),
+                dp_param_gather_ms=float(by_stage(dpt["gather_after_ms"]).max()),
+                dp_sync_ms_by_stage=by_stage(dpt["sync_ms"]).tolist(),
+                dp_param_gather_ms_by_stage=by_stage(dpt["gather_after_ms"]).tolist(),
                 grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the
                 # first/last stage gradient all-reduce, once per step

@@ -3,7 +3,9 @@
 Per kernel: the power model's board power at the kernel's achieved compute and memory utilisation
 (:mod:`wattcast.featurize.power_features`, :mod:`wattcast.models.power`) over its GPU time; the rest of
 the kernel's slot (host launch gaps) draws idle power; collectives draw the model's communication power
-(and so do waits inside a distributed step, see :mod:`wattcast.simulate.distributed`). A power limit (``power_limit_w``) lowers the clock where a kernel
+(and so do waits inside a distributed step, see :mod:`wattcast.simulate.distributed`); a collective hidden under
+computation adds only its dynamic power to the computation's, the sum capped by a power limit
+(:func:`overlap_power`). A power limit (``power_limit_w``) lowers the clock where a kernel
 would exceed it: its time grows (compute-bound kernels most) and its power drops to the limit.
 
 Bad settings are refused with a ValueError naming the parameter (:func:`wattcast.models.power.check_power_settings`):
@@ -34,6 +36,12 @@ def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, po
 
     Raises ValueError for a bad ``power_limit_w`` / ``clock_cap_mhz`` (see the module docstring), including a
     limit below what these kernels draw at the lowest modelled clock."""
+    return _kernel_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)[:3]
+
+
+def _kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None,
+                  clock_cap_mhz: float | None = None):
+    """:func:`kernel_power`'s figures and each row's compute utilisation at the boost clock (0 for collectives)."""
     from wattcast.featurize.power_features import kernel_power_features
     from wattcast.models.power import apply_power_limit, check_power_limit_attainable, check_power_settings, comm_power_w
 
@@ -48,22 +56,25 @@ def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, po
     w, _lo, _hi, ood = pm.predict_w(feats)
     w = np.asarray(w, dtype=float)
     ood = np.asarray(ood, dtype=bool)
+    cu = feats["compute_util"].to_numpy(dtype=float) if "compute_util" in feats else np.zeros(len(gpu))
     if power_limit_w is not None or clock_cap_mhz is not None:
-        cu = feats["compute_util"].to_numpy(dtype=float) if "compute_util" in feats else np.zeros(len(gpu))
         if power_limit_w is not None:
             check_power_limit_attainable(power_limit_w, w[~coll], spec, cu[~coll], model=pm)
         gpu, w = apply_power_limit(gpu, w, power_limit_w, spec, cu, model=pm, clock_cap_mhz=clock_cap_mhz)
         gpu = np.asarray(gpu, dtype=float)
         w = np.asarray(w, dtype=float)
     w = np.where(coll, comm_power_w(spec, power_limit_w), w)
-    return gpu, w, ood
+    return gpu, w, ood, np.where(coll, 0.0, cu)
 
 
 def apply_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None,
                 clock_cap_mhz: float | None = None) -> pd.DataFrame:
     """The costed kernels with ``power_w`` (board power while the kernel runs) and, under a power limit,
-    stretched ``gpu_ms``/``time_ms``; ``power_ood`` flags kernels outside the power model's support."""
-    gpu, w, ood = kernel_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+    stretched ``gpu_ms``/``time_ms``; ``power_ood`` flags kernels outside the power model's support;
+    ``compute_util`` is each kernel's compute utilisation at the boost clock (what sets how its time answers a
+    lower clock: :func:`wattcast.models.power.apply_clock`)."""
+    gpu, w, ood, cu = _kernel_power(costed, spec, power_model, power_limit_w=power_limit_w,
+                                    clock_cap_mhz=clock_cap_mhz)
     out = costed.copy()
     old = out["gpu_ms"].to_numpy(dtype=float)
     slot = out["time_ms"].to_numpy(dtype=float)
@@ -71,7 +82,43 @@ def apply_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, pow
     out["gpu_ms"] = gpu
     out["power_w"] = w
     out["power_ood"] = ood
+    out["compute_util"] = cu
     return out
+
+
+def overlap_power(hidden_ms, compute_w, compute_util, comm_w: float, spec: DeviceSpec, power_model=None, *,
+                  power_limit_w: float | None = None):
+    """(stretch_ms, extra_j) of communication hidden under computation: for spans of ``hidden_ms`` (arrays or scalars)
+    in which a collective runs beside computation drawing ``compute_w`` (W, at its clock after the per-kernel limit)
+    with ``compute_util`` (its compute utilisation at the boost clock).
+
+    While both run the board draws the computation's power plus the collective's *dynamic* power
+    (``comm_w - idle``; ``comm_w`` is :func:`wattcast.models.power.comm_power_w`): the idle (static) part is paid once,
+    by the computation. ``extra_j`` is what the span adds to the computation's own energy (``compute_w x hidden_ms``,
+    counted with the kernels). The board's total is capped by its power limit, ``power_limit_w`` or, without one (or
+    above it), the TDP (a board's default power limit: no kernel is predicted above it, and computation plus a
+    collective cannot be either): where ``compute_w + comm_w - idle`` exceeds it the span is one load for :func:`wattcast.models.power.apply_power_limit` (the clock drops
+    until the sum fits: the computation's compute-bound share slows by the clock ratio, the link-bound collective does
+    not), and ``stretch_ms`` is the time the computation gains. Stated approximation: the clock is applied on top of
+    the per-kernel limit's (power composes exactly, the time of a kernel slowed twice slightly less than at the product
+    of the two ratios). Vectorised."""
+    from wattcast.featurize.power_features import device_tdp_w
+    from wattcast.models.power import apply_power_limit, idle_power_w
+
+    h = np.asarray(hidden_ms, dtype=float)
+    pc = np.broadcast_to(np.asarray(compute_w, dtype=float), h.shape)
+    dyn = max(float(comm_w) - idle_power_w(spec), 0.0)
+    load = pc + dyn
+    stretch = np.zeros(h.shape)
+    extra = dyn * h / 1e3
+    cap_w = device_tdp_w(spec) if power_limit_w is None else min(float(power_limit_w), device_tdp_w(spec))
+    over = (h > 0) & (load > cap_w)
+    if over.any():
+        cu = np.broadcast_to(np.asarray(compute_util, dtype=float), h.shape)
+        t2, p2 = apply_power_limit(h[over], load[over], cap_w, spec, cu[over], model=_power_model(power_model))
+        stretch[over] = t2 - h[over]
+        extra[over] = (p2 * t2 - pc[over] * h[over]) / 1e3
+    return stretch, extra
 
 
 def stream_power_w(spec: DeviceSpec, stream_gbps: float, power_model=None) -> float:

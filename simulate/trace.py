@@ -149,7 +149,8 @@ def distributed_trace_events(res) -> list[dict]:
         busy_w, idle_w = d.get("busy_power_w"), d.get("wait_power_w")
         if busy_w is None:
             continue
-        comp = sorted((a, b) for a, b, _ in spans.get((s, "compute"), ()))
+        # (host time on the compute track: the GPU waits, at the wait power)
+        comp = sorted((a, b) for a, b, i in spans.get((s, "compute"), ()) if not str(res.events[i]["name"]).startswith("host."))
         t = 0
         for a, b in comp:
             if a > t:
@@ -169,7 +170,7 @@ def write_distributed_trace(res, path: str | Path) -> Path:
 
 #: timeline colours: compute tasks by kind, communication by parallel group, and the exposed part of communication
 TIMELINE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "not drawn": "#DDDDDD",
-                    "dp": "#8172B3", "cp": "#64B5CD", "comm": "#999999", "exposed": "#C44E52"}
+                    "host": "#CCB974", "dp": "#8172B3", "cp": "#64B5CD", "comm": "#999999", "exposed": "#C44E52"}
 
 
 def _timeline_kind(e: dict) -> str:
@@ -182,6 +183,8 @@ def _timeline_kind(e: dict) -> str:
             return "backward"
         if name == "optimizer":
             return "optimizer"
+        if name.startswith(("host.", "data_loading")):
+            return "host"
         return "not drawn" if name.startswith("[") else "optimizer"
     group = name.split(".", 1)[0]
     return group if group in ("dp", "cp") else "comm"
