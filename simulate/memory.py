@@ -116,11 +116,18 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
 
 
 def fp8_weight_copy_bytes(graph: OpGraph) -> float:
-    """Bytes of the FP8 weight copies an FP8 recipe caches: Transformer Engine keeps the fp8 weight and its transpose
-    (for the dgrad GEMM) of every FP8 linear layer between steps (``is_first_microbatch`` caching): 2 B per parameter."""
+    """Bytes of the FP8 weight copies an FP8 recipe holds. Training: Transformer Engine keeps the fp8 weight and its
+    transpose (for the dgrad GEMM) of every FP8 linear layer between steps (``is_first_microbatch`` caching): 2 B per
+    parameter. Inference (no backward, ``is_first_microbatch`` None): each linear casts its weight in its own forward
+    (the ``fp8_cast`` kernels) and frees it after the GEMM, with no transpose: the largest FP8 weight at 1 B is the
+    most held at once (until stop 40 inference held the training cache too: Llama 3 8B FP8 on one H100 read 31.1 GB
+    against 17.1 GB in bf16)."""
     n = graph.nodes
     sel = (n["phase"] == "forward") & (n["dtype"] == "fp8")
-    return 2.0 * float(n.loc[sel, "param_count"].sum()) if sel.any() else 0.0
+    if not sel.any():
+        return 0.0
+    p = n.loc[sel, "param_count"].to_numpy(dtype=float)
+    return float(p.max()) if graph.meta.get("mode") != "train" else 2.0 * float(p.sum())
 
 
 def kept_tensors(graph: OpGraph) -> dict[int, int]:
