@@ -14,8 +14,11 @@ only (ZeRO-1), and DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
+
+import numpy as np
 
 from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
@@ -485,15 +488,43 @@ class GroupLayout:
     nodes: int
 
 
-def group_layout(size: int, stride: int, gpus_per_node: int) -> GroupLayout:
-    """Members ``stride`` ranks apart (Megatron order: tp stride 1, dp stride tp, pp stride tp x dp)."""
+def group_layout(size: int, stride: int, gpus_per_node: int, world: int | None = None) -> GroupLayout:
+    """Members ``stride`` ranks apart (Megatron order: tp stride 1, dp stride tp, pp stride tp x dp), on a job of
+    ``world`` ranks (None: as many as the pattern takes to repeat).
+
+    All groups of a kind run their collectives at once and the step waits for the slowest, so the layout is the worst
+    group's: the fewest members any group has on one node (:func:`worst_members_per_node`; a group of 16 on 72-GPU
+    NVL72 racks, ranks 64-79, has 8 on each of two racks; tp 6 on 8-GPU nodes, ranks 6-11, has 2 on one node), and the
+    nodes that many per node take. Where the groups tile the nodes (every power-of-two layout on 8-GPU nodes) that is
+    ``g // stride`` members per node, as before stop 40; until then a group that did not tile was costed as the first
+    group, inside one node (search ranked an ep16 on two NVL72 racks first, its all-to-all over NVLink)."""
     if size <= 1:
         return GroupLayout(1, 1, 1)
-    if stride >= gpus_per_node:
-        per = 1
-    else:
-        per = max(1, min(size, gpus_per_node // stride))
+    per = worst_members_per_node(size, stride, gpus_per_node, world)
     return GroupLayout(size, per, -(-size // per))
+
+
+@lru_cache(maxsize=4096)
+def worst_members_per_node(size: int, stride: int, gpus_per_node: int, world: int | None = None) -> int:
+    """The fewest members of one group on one node, over every group of ``size`` members ``stride`` ranks apart on
+    nodes of ``gpus_per_node`` (Megatron's order: group k of a block of ``size x stride`` ranks starts at offset k,
+    blocks follow one another) in a job of ``world`` ranks. The rank pattern repeats every lcm(size x stride,
+    gpus_per_node) ranks: at most one period is enumerated (64 GPUs of a 72-GPU rack: one block, on one node)."""
+    g = max(int(gpus_per_node), 1)
+    if stride >= g:
+        return 1
+    block = size * stride
+    period = block * g // math.gcd(block, g)
+    if world is not None:
+        period = min(period, max(int(world) // block, 1) * block)
+    starts = (np.arange(period // block)[:, None] * block + np.arange(stride)[None, :]).ravel()
+    nodes = (starts[:, None] + stride * np.arange(size)[None, :]) // g  # (groups, members)
+    # members per node of each group: runs of equal node ids (sorted along a row)
+    first = np.ones(nodes.shape, dtype=bool)
+    first[:, 1:] = nodes[:, 1:] != nodes[:, :-1]
+    idx = np.flatnonzero(first.ravel())
+    counts = np.diff(np.append(idx, nodes.size))
+    return max(1, int(counts.min()))
 
 
 _NO_GROUP, _PAIR_ONE_NODE, _PAIR_TWO_NODES = GroupLayout(1, 1, 1), GroupLayout(2, 2, 1), GroupLayout(2, 1, 2)
@@ -530,15 +561,16 @@ def expert_dp(cfg: ParallelConfig) -> int:
 
 @lru_cache(maxsize=4096)
 def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int, etp: int) -> tuple[tuple[str, GroupLayout], ...]:
+    w = tp * cp * dp * pp
     return (
-        ("tp", group_layout(tp, 1, g)),
+        ("tp", group_layout(tp, 1, g, w)),
         # Megatron's order: tp, cp, dp, pp. Gradients are reduced (and ZeRO shards) over the data-parallel ranks
         # together with the context-parallel ones, which hold the same weights: the "dp" group is dp x cp
-        ("cp", group_layout(cp, tp, g)),
-        ("dp", group_layout(dp * cp, tp, g)),
+        ("cp", group_layout(cp, tp, g, w)),
+        ("dp", group_layout(dp * cp, tp, g, w)),
         # experts (Megatron-Core's MoE parallel folding: etp, ep, expert-dp, pp over the same ranks as tp, cp, dp, pp):
         # the experts' tensor-parallel ranks innermost, the ep ranks next
-        ("etp", group_layout(etp, 1, g)),
-        ("ep", group_layout(ep, etp, g)),
-        ("pp", group_layout(pp, tp * cp * dp, g)),
+        ("etp", group_layout(etp, 1, g, w)),
+        ("ep", group_layout(ep, etp, g, w)),
+        ("pp", group_layout(pp, tp * cp * dp, g, w)),
     )

@@ -140,3 +140,36 @@ def test_tp2_step_on_a_mesh_is_slower_than_on_a_switch_with_the_same_bandwidth()
     t_switch = wattcast.predict_cluster(cfg, _as_switch(mesh), **kw)
     assert t_mesh.exposed_comm_ms > 2.0 * t_switch.exposed_comm_ms
     assert t_mesh.step_time_ms > t_switch.step_time_ms
+
+
+# ------------------------------------------------------------------ groups that do not tile the nodes
+def test_a_group_across_two_racks_is_costed_on_its_worst_members():
+    """All groups of a kind reduce at once and the step waits for the slowest: ep 16 on 144 GPUs of 72-GPU NVL72
+    racks has one group (ranks 64-79) with 8 GPUs on each rack; tp 6 on 8-GPU nodes has groups with 2 on one node.
+    They were costed as the first group, inside one node (search ranked the ep16 first, its all-to-all on NVLink)."""
+    from wattcast.simulate.parallel import ParallelConfig, group_layout, layouts, worst_members_per_node
+    from wattcast.data.cluster_spec import resolve_cluster
+
+    assert worst_members_per_node(16, 1, 72, 144) == 8
+    assert worst_members_per_node(16, 1, 72, 64) == 16  # 64 GPUs of one rack: the group fits
+    assert worst_members_per_node(6, 1, 8, 48) == 2
+    g = group_layout(16, 1, 72, 144)
+    assert (g.size, g.gpus_per_node, g.nodes) == (16, 8, 2)
+    lay = layouts(ParallelConfig(gpus=144, tp=1, dp=144, ep=16), resolve_cluster("gb200-nvl72"))
+    assert (lay["ep"].gpus_per_node, lay["ep"].nodes) == (8, 2)
+    # every power-of-two layout on 8-GPU nodes is as before: members per node g // stride
+    for size in (2, 4, 8, 16, 64):
+        for stride in (1, 2, 4, 8, 16):
+            want = 1 if stride >= 8 else min(size, 8 // stride)
+            assert worst_members_per_node(size, stride, 8, size * stride * 4) == want
+
+
+def test_search_does_not_rank_a_group_split_across_racks_first():
+    import wattcast
+
+    res = wattcast.search("qwen3_30b_a3b", "GB200-NVL72", 144, 288, 4096, framework="megatron", tp=(1,), pp=(1,),
+                          ep=(8, 16), micro_batch=(2,), zero=(1,), recompute=("none",), interleave=(1,))
+    r = res.ranked
+    assert r.iloc[0]["strategy"].split("-")[4] == "ep8"
+    ep16 = r[r["strategy"].str.contains("-ep16-")]
+    assert len(ep16) and (ep16["step_time_ms"] > 1.5 * r.iloc[0]["step_time_ms"]).all()
