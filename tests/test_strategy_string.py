@@ -213,4 +213,7 @@ def test_rows_name_the_settings_a_strategy_string_does_not_carry():
     assert (r["dtype"], r["attention"], r["framework"]) == ("fp8", "flash", "megatron")
     p = wattcast.predict_cluster("gpt3_xl", "DGX-H100", seq=1024, strategy=r["strategy"], dtype=r["dtype"],
                                  attention=r["attention"], framework=r["framework"])
-    assert p.step_time_ms == r["step_time_ms"] and p.memory_gb == r["memory_gb"]
+    # the same figures; after the whole suite's caches the two paths may sum in another order (a 1-ulp difference was
+    # seen at stop 40: 26.125168831552507 vs 26.12516883155251 ms), so equal to 1e-12, not bit for bit
+    assert p.step_time_ms == pytest.approx(r["step_time_ms"], rel=1e-12, abs=0)
+    assert p.memory_gb == pytest.approx(r["memory_gb"], rel=1e-12, abs=0)
