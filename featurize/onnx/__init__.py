@@ -18,13 +18,21 @@ Mapping (ONNX op -> builder call):
 - elementwise ops -> ``elementwise`` with the nearest vocabulary kernel (Add/Sub/Mul/Div/Pow, Relu, Tanh,
   Sigmoid, Exp, Sqrt, Neg, Gelu/FastGelu/BiasGelu; Reciprocal -> ``divu``; Erf, Sin, Cos -> ``tanh``;
   Where/Max/Min -> ``where``/``maximum``/``minimum`` (costed as ``add``); comparisons -> ``sub``, no
-  gradient); an Erf-based GELU subgraph (x/sqrt2 -> Erf -> +1 -> *x -> *0.5) collapses into one ``gelu``;
+  gradient); an Erf-based GELU subgraph (x/sqrt2 -> Erf -> +1 -> *x -> *0.5) and the tanh approximation
+  (0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))), ``x^3`` as Pow or x*(x*x), as ``torch.onnx.export(dynamo=False)``
+  writes ``F.gelu(approximate="tanh")``) collapse into one ``gelu``; bool / 8-bit tensors are 1 B per element
+  (labelled ``fp8`` as the torch.export importer labels them), so a broadcast (S, S) mask stays a cache-resident
+  operand of its Where (``GraphBuilder.elementwise``'s rule) and reads its own S*S bytes;
   Cast -> ``copy`` when it changes the dtype, free otherwise;
 - LayerNormalization / SimplifiedLayerNormalization / RMSNormalization (and the decomposed
   ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div[-Mul-Add] LayerNorm and Pow-ReduceMean-Add-Sqrt-Div|Mul
   RMSNorm patterns) -> ``layernorm``; Softmax / LogSoftmax -> ``softmax``;
 - Gather of an initializer -> ``embedding``; Gather of activations -> ``copy`` of the gathered size;
-- Transpose, Concat, Slice, Split, Expand, Tile, Pad, ... -> ``copy``; Reshape, Squeeze, Unsqueeze,
+- Transpose, Concat, Slice, Split, Expand, Tile, Pad, ... -> ``copy``. A Transpose feeding a MatMul is a copy too:
+  eager ``torch.matmul`` folds 4-D operands' batch dims with ``reshape``, which cannot view a head-permuted tensor,
+  so PyTorch copies q, k^T and v before its bmm (as ``hf_blocks.eager_attention``'s ``strided`` copies). A Split
+  whose parts are read only (through views) by Transposes or linears is a view, as ``torch.split`` is: those
+  kernels read the strided part. A Transpose that moves only size-1 dims is free. Reshape, Squeeze, Unsqueeze,
   Flatten, Identity -> free views; Shape, Constant, ConstantOfShape and anything computed from constants
   only -> no kernel (an inference runtime folds them);
 - ReduceMean / ReduceSum / ReduceMax ..., pooling, ArgMax, TopK, CumSum -> ``reduction``;

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from wattcast.data.kernel_ops import canonical_dtype
-from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT_NAMES, InvalidModelError, _Builder,
+from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT_NAMES, _MASK_DTYPE, InvalidModelError, _Builder,
                                             _Static, _numel_dims, _sanitize)
 from wattcast.featurize.onnx.control import ControlFlowError, _Control
 from wattcast.featurize.onnx.load import (_bind_inputs, _declare_shape_only_weights, _fixed_batch_seq, _load,
@@ -37,7 +37,7 @@ _SOURCE_OPS = {"Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flat
 _CONTROL_OPS = frozenset({"Loop", "If", "Scan"})
 
 #: ONNX element type of a builder tensor's dtype (the body of a loop declares what flows into it)
-_DTYPE_ELEM = {"fp32": 1, "tf32": 1, "fp16": 10, "bf16": 16, **{v: k for k, v in _INT_NAMES.items()}}
+_DTYPE_ELEM = {"fp32": 1, "tf32": 1, "fp16": 10, "bf16": 16, _MASK_DTYPE: 9, **{v: k for k, v in _INT_NAMES.items()}}
 
 
 @dataclass

@@ -16,6 +16,17 @@ _ELEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12:
 
 _INT_NAMES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 12: "uint32", 13: "uint64"}
 
+#: the graph label of a narrow non-float element type. The builder sizes a tensor by its label (``Tensor.nbytes``:
+#: ``DTYPE_BYTES``, 4 B for a label it does not know), so a bool mask labelled "bool" counted 4 B per element and a
+#: GPT-2 (1, 1, S, S) causal mask looked too large to stay cache-resident under ``GraphBuilder.elementwise``'s
+#: broadcast rule (``op_graph._CACHED_BROADCAST``). These are the labels the torch.export importer gives the same
+#: torch dtypes (``torch_import/tables._OTHER_DTYPE_NAMES``: bool/uint8/int8 -> "fp8", int16 -> "fp16"), so one
+#: mask costs the same through either importer.
+_SIZED_NAMES = {2: "fp8", 3: "fp8", 9: "fp8", 4: "fp16", 5: "fp16"}
+
+#: the label of a bool tensor (a mask, a comparison's output)
+_MASK_DTYPE = _SIZED_NAMES[9]
+
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 

@@ -6,7 +6,7 @@ cannot cost raises (see ``assemble._HANDLER_ERRORS``) and the op is then costed 
 
 from __future__ import annotations
 
-from wattcast.featurize.onnx.common import _DEFAULT_DOMAINS, _FLOAT_TYPES, _Static, _attr, _numel_dims
+from wattcast.featurize.onnx.common import _DEFAULT_DOMAINS, _FLOAT_TYPES, _MASK_DTYPE, _Static, _attr, _numel_dims
 from wattcast.featurize.op_graph import GraphError, Tensor
 
 #: elementwise ONNX ops -> builder elementwise op (vocabulary of wattcast.data.kernel_ops, costed there)
@@ -411,6 +411,15 @@ class _Ops:
             y = self.b.copy(src, shape, name=name, grad=rg)
             self._set(outs[0], y, rg)
             return
+        if op == "Split" and all(self._read_in_place(o) for o in outs):
+            # torch.split is a view (aten::split -> narrow): parts read only by copies (a head Transpose) and linears
+            # are never materialised. Each part keeps the source's tensor id, as the torch.export importer's views
+            # do, so their gradients are assembled by one cat (GraphBuilder's grad_split_cat)
+            for i, o in enumerate(n.output):
+                if o:
+                    shape = tuple(self._out_shape(o, src.shape, self._computed_shape(n, i)))
+                    self._set(o, Tensor(shape, src.dtype, src.node, src.tid), rg)
+            return
         if op == "Split":  # one kernel writes every part
             y = self.b.copy(src, name=name, grad=rg)
             for i, o in enumerate(n.output):
@@ -426,6 +435,29 @@ class _Ops:
         self.b.link(y, tensors[1:])
         self._set(outs[0], y, rg)
         self._register_rest(n, y, rg)
+
+
+    def _read_in_place(self, name: str, depth: int = 4) -> bool:
+        """Every use of ``name`` (through free views) reads it where it lies, strided: a Transpose (a copy kernel
+        reading its strided input) or the activation of a MatMul with a 2-D weight (a linear: the GEMM takes the row
+        stride). A graph output, or any other use, needs the value materialised."""
+        if name in self.graph_outputs or depth == 0:
+            return False
+        uses = self.consumers.get(name, [])
+        for c in uses:
+            n = self.nodes[c]
+            if n.domain not in _DEFAULT_DOMAINS:
+                return False
+            if n.op_type in _VIEW_OPS:
+                if not self._read_in_place(n.output[0], depth - 1):
+                    return False
+            elif n.op_type == "MatMul":
+                w = n.input[1] if len(n.input) > 1 else ""
+                if n.input[0] != name or not self._is_static(w) or len(self._shape(w) or ()) != 2:
+                    return False
+            elif n.op_type != "Transpose":
+                return False
+        return bool(uses)
 
 
     def _split_to_sequence(self, k, n, name, ins):
@@ -481,7 +513,7 @@ class _Ops:
         if len(n.output) > 1 and n.output[1]:
             shape = self._out_shape(n.output[1], x.shape, x.shape)
             if y is not x:
-                self._set(n.output[1], self.b.alias(shape, "bool", y.node), False)
+                self._set(n.output[1], self.b.alias(shape, _MASK_DTYPE, y.node), False)
             else:
                 self.vals[n.output[1]] = _Static(shape, frozenset(), 9)
 
@@ -539,7 +571,7 @@ class _Ops:
             params = self._claim(statics, [k], weight=False)
         rg = (self._rg(*acts) or params > 0) and op not in _BOOL_OUT
         out_nm = n.output[0]
-        out_dtype = "bool" if op in _BOOL_OUT else None
+        out_dtype = _MASK_DTYPE if op in _BOOL_OUT else None
         if kernel == "gelu" and len(operands) > 1:
             operands = operands[:2]
         y = self.b.elementwise(kernel, *operands, name=name, grad=rg, out_dtype=out_dtype)

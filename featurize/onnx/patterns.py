@@ -1,4 +1,4 @@
-"""Subgraphs recognised before emitting: decomposed LayerNorm / RMSNorm and Erf-GELU collapse into one kernel,
+"""Subgraphs recognised before emitting: decomposed LayerNorm / RMSNorm and Erf- and tanh-GELU collapse into one kernel,
 the attention core is tagged, a MatMul and its bias Add become one linear kernel."""
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class _Patterns:
                 got = self._match_rms(k)
             if got is None and n.op_type in ("Div", "Mul"):
                 got = self._match_gelu(k)
+            if got is None and n.op_type == "Tanh":
+                got = self._match_gelu_tanh(k)
             if got is not None:
                 group, anchor, payload = got
                 if group & taken:
@@ -199,34 +201,94 @@ class _Patterns:
         a = self._sole(nodes[e].output[0])
         if a is None or nodes[a].op_type != "Add" or not self._is_const_near(self._other(a, nodes[e].output[0]) or "", 1.0, 1e-6):
             return None
-        a_out = nodes[a].output[0]
+        group = {k, e, a}
+        out = self._gelu_tail(x, nodes[a].output[0], group)
+        return None if out is None else (group, min(group), ("gelu", x, out))
+
+
+    def _gelu_tail(self, x: str, a_out: str, group: set[int]) -> str | None:
+        """``0.5 * x * a`` after the ``a = 1 + erf(.)`` / ``1 + tanh(.)`` of a GELU, in any association of the two
+        products: the output name (its nodes added to ``group``), or None."""
+        nodes = self.nodes
         m1 = self._sole(a_out)
         if m1 is None or nodes[m1].op_type != "Mul":
             return None
         other = self._other(m1, a_out)
-        group = {k, e, a, m1}
-        if other == x:  # (x * (1+erf)) * 0.5
+        group.add(m1)
+        if other == x:  # (x * a) * 0.5
             m2 = self._sole(nodes[m1].output[0])
             if m2 is None or nodes[m2].op_type != "Mul" or not self._is_const_near(self._other(m2, nodes[m1].output[0]) or "", 0.5, 1e-6):
                 return None
             group.add(m2)
-            out = nodes[m2].output[0]
-        elif other is not None and self._is_const_near(other, 0.5, 1e-6):  # x * ((1+erf) * 0.5)
+            return nodes[m2].output[0]
+        if other is not None and self._is_const_near(other, 0.5, 1e-6):  # x * (a * 0.5)
             m2 = self._sole(nodes[m1].output[0])
             if m2 is None or nodes[m2].op_type != "Mul" or self._other(m2, nodes[m1].output[0]) != x:
                 return None
             group.add(m2)
-            out = nodes[m2].output[0]
-        elif other is not None and other in self.producer:  # (x * 0.5) * (1+erf)
+            return nodes[m2].output[0]
+        if other is not None and other in self.producer:  # (x * 0.5) * a
             h = self.producer[other]
             if (nodes[h].op_type != "Mul" or self._sole(other) != m1 or self._other(h, x) is None
                     or not self._is_const_near(self._other(h, x), 0.5, 1e-6)):
                 return None
             group.add(h)
-            out = nodes[m1].output[0]
+            return nodes[m1].output[0]
+        return None
+
+
+    def _match_gelu_tanh(self, k: int):
+        """The tanh approximation (``F.gelu(approximate="tanh")`` as the TorchScript exporter decomposes it, HF's
+        ``NewGELUActivation``): ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))``, anchored on the Tanh.
+        ``x^3`` is ``Pow(x, 3)`` or ``x * (x * x)`` in either order; every constant may be either operand of its
+        node; the tail is any association of the two products (as for the Erf form). Each intermediate value must
+        have this pattern as its only consumer (``x`` may have others)."""
+        nodes = self.nodes
+        inner = nodes[k].input[0] if nodes[k].input else ""
+        p = self.producer.get(inner)
+        if p is None or self._sole(inner) != k or nodes[p].op_type != "Mul":
+            return None
+        scaled = [i for i in nodes[p].input if i and not self._is_const_near(i, math.sqrt(2.0 / math.pi), 0.01)]
+        if len(scaled) != 1 or len(nodes[p].input) != 2:
+            return None
+        s = self.producer.get(scaled[0])
+        if s is None or self._sole(scaled[0]) != p or nodes[s].op_type != "Add" or len(nodes[s].input) != 2:
+            return None
+        for x, cubic in (nodes[s].input, nodes[s].input[::-1]):
+            group = self._gelu_cubic(x, cubic, s)
+            if group is not None and not self._is_static(x):
+                break
         else:
             return None
-        return group, min(group), ("gelu", x, out)
+        a = self._sole(nodes[k].output[0])
+        if a is None or nodes[a].op_type != "Add" or not self._is_const_near(self._other(a, nodes[k].output[0]) or "", 1.0, 1e-6):
+            return None
+        group |= {k, p, s, a}
+        out = self._gelu_tail(x, nodes[a].output[0], group)
+        return None if out is None else (group, min(group), ("gelu", x, out))
+
+
+    def _gelu_cubic(self, x: str, cubic: str, user: int) -> set[int] | None:
+        """The nodes of ``cubic = 0.044715 * x^3`` (used only by ``user``), or None."""
+        nodes = self.nodes
+        c = self.producer.get(cubic)
+        if c is None or self._sole(cubic) != user or nodes[c].op_type != "Mul" or len(nodes[c].input) != 2:
+            return None
+        cube = [i for i in nodes[c].input if i and not self._is_const_near(i, 0.044715, 0.01)]
+        if len(cube) != 1:
+            return None
+        q = self.producer.get(cube[0])
+        if q is None or self._sole(cube[0]) != c:
+            return None
+        if nodes[q].op_type == "Pow":
+            return {c, q} if list(nodes[q].input[:1]) == [x] and self._is_const_near(nodes[q].input[1], 3.0, 1e-6) else None
+        if nodes[q].op_type != "Mul" or x not in nodes[q].input:
+            return None
+        sq = self._other(q, x)
+        r = self.producer.get(sq or "")
+        if r is None or self._sole(sq) != q or nodes[r].op_type != "Mul" or list(nodes[r].input) != [x, x]:
+            return None
+        return {c, q, r}
 
 
     def _match_attention(self, s: int) -> None:

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from wattcast.data.kernel_ops import DTYPE_BYTES
-from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _ELEM_BYTES, _FLOAT_TYPES, _INT_NAMES, InvalidModelError,
+from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _ELEM_BYTES, _FLOAT_TYPES, _INT_NAMES, _SIZED_NAMES, InvalidModelError,
                                             _Static, _attr, _numel_dims)
 from wattcast.featurize.onnx.ops import _BINARY, _REDUCE_OPS, _UNARY
 from wattcast.featurize.op_graph import Tensor
@@ -173,7 +173,7 @@ class _Shapes:
     def _tdtype(self, elem: int) -> str:
         if elem in _FLOAT_TYPES or elem == 0:
             return self.dtype
-        return _INT_NAMES.get(elem, "int64")
+        return _SIZED_NAMES.get(elem) or _INT_NAMES.get(elem, "int64")
 
 
     def _ebytes(self, elem: int) -> int:
