@@ -260,6 +260,47 @@ def _family_columns(fm, X: pd.DataFrame) -> list[str]:
     return list(fm.features) + [c for c in fm.support_columns(X.columns) if c not in feats]
 
 
+#: bytes of the contraction one tensor-core MMA k-tile holds: GEMM kernels stage K in shared memory in 128-byte rows
+#: (CUTLASS's SM90 collective builders pick the 128-byte swizzled K-major atom ``GMMA::Layout_K_SW128_Atom<T>`` when the
+#: tile's K is a multiple of 128 B / sizeof(T): include/cutlass/gemm/collective/builders/sm90_common.inl
+#: ``ss_smem_selector``; its Hopper examples use 128 x 128 x 64 tiles in bf16/fp16 (examples/48_hopper_warp_specialized_gemm)
+#: and K = 128 in fp8 (examples/54_hopper_fp8_warp_specialized_gemm); AMD's GPUs are given the same depth, an
+#: assumption not checked against hipBLASLt's kernel tables here): 64 bf16/fp16, 128 fp8, 32 tf32 elements
+K_TILE_BYTES = 128
+
+
+def _k_tile_elems(dtypes: np.ndarray) -> np.ndarray:
+    """Per row of ``dtypes`` (canonical names): the contraction of one MMA k-tile (:data:`K_TILE_BYTES` over the
+    element size) for the tensor-core dtypes, 0 for fp32 (FP32 GEMMs run on the vector units: no k-tile to pad to)."""
+    codes, names = pd.factorize(np.asarray(dtypes, dtype=object))
+    per = np.array([0.0 if d == "fp32" else K_TILE_BYTES / DTYPE_BYTES[d] for d in names])
+    return per[codes] if len(codes) else np.zeros(0)
+
+
+def _pad_contraction(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """(``canon`` with every tensor-core GEMM row's contraction ``N`` raised to one MMA k-tile, the positions of the
+    rows raised). A contraction below the k-tile is padded to it (out-of-bounds loads fill zeros) and the kernel runs
+    one k-iteration of full MMAs, so its time is the k-tile's: neither less nor, as the floor/ceiling members'
+    hand-over predicted it, more (B200 fp8 4096 x 45 x 4096: 23.3 us against 14.2 at 128). ``N`` is the contraction of
+    ``bmm``/``matmul`` and ``linear`` rows alike (``nn.Linear(N, K)``)."""
+    if "N" not in canon or not len(canon):
+        return canon, np.zeros(0, dtype=np.intp)
+    gemm = np.isin(canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f == "gemm"])
+    if not gemm.any():
+        return canon, np.zeros(0, dtype=np.intp)
+    tile = np.where(gemm, _k_tile_elems(canon["dtype"].to_numpy()), 0.0)
+    nv = canon["N"].to_numpy(dtype=float)
+    raised = np.flatnonzero(nv < tile)
+    if not len(raised):
+        return canon, raised
+    out = canon.copy()
+    out["N"] = np.maximum(nv, tile)
+    return out, raised
+
+
+#: tensor-core linear rows with a contraction (``N``) of at most MONOTONE_MAX_N are held to "a longer contraction never
+#: takes less time" (:func:`_predict_rows`): LoRA ranks (16-256) and MLA's latent (DeepSeek-V3's kv_lora_rank 512)
+MONOTONE_MAX_N = 512
 #: tensor-core linear rows with more than MONOTONE_MIN_M and at most MONOTONE_MAX_M rows (``M``) are held to "more
 #: rows never take less time" (:func:`_predict_rows`)
 MONOTONE_MAX_M = 4096
@@ -268,6 +309,17 @@ MONOTONE_MIN_M = 1
 
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
     """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``.
+
+    A tensor-core GEMM's contraction ``N`` below one MMA k-tile is predicted at the k-tile (:func:`_pad_contraction`;
+    ``roofline_ms`` stays the row's own). A tensor-core linear layer (as below) with a contraction of at most
+    :data:`MONOTONE_MAX_N` (LoRA-B's rank, MLA's latent) is held to "a longer contraction never takes less time": its
+    time is the same GEMM's predicted (with the small-M guard below) at k-tile x 2**j from the grid point at or below its
+    ``N`` up to MONOTONE_MAX_N, made non-decreasing by a running minimum from the top (padding a contraction to a longer
+    one is always a valid kernel, so the longer one bounds it), interpolated log-linearly in ``N``. Before, the floor
+    and ceiling members' hand-over (0.5-2 GFLOP) and the ceiling member's multiple, learnt on hardly any small
+    contraction (the training data's tensor-core GEMMs have N >= 128 but for 2 LLMCompass rows), made a longer
+    contraction faster in 473 of 475 (device, dtype, M, K) series over N = 8..512 on H100, B200, GB200, MI300X and
+    MI355X (B200 fp8 4096 x 45 x 4096: 23.3 us, 13.8 at 72; now 14.2 at both).
 
     A tensor-core linear layer (a ``linear`` row, or a single matmul: ``bmm`` with B = 1, as a step graph costs its
     projections) with :data:`MONOTONE_MIN_M` < ``M`` <= :data:`MONOTONE_MAX_M` rows (decode steps, a few tokens per
@@ -287,6 +339,30 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     as linear rows are (every bmm in the selection below) took benchmarks/bench_kernels.py from 0.9-1.2 M to 0.35-0.54
     M rows/s and --distinct from 183 k to 56 k rows/s (every such row needs its own M = 1, 2, 4, ... grid: about 11
     more tensor-core rows, each through the floor and ceiling members)."""
+    padded, raised = _pad_contraction(canon)
+    probes, owner, sel, lo_i, w = _n_grid_probes(padded)
+    if not len(probes):
+        out = _predict_guarded(padded, spec, bundle)
+    else:
+        n = len(padded)
+        rows = pd.concat([padded, probes], ignore_index=True)
+        # grid rows repeat one another (a series' share theirs) and the rows themselves (a contraction on the grid)
+        groups = _distinct_rows(rows)
+        if groups is not None:
+            res = _predict_guarded(rows.iloc[groups[0]], spec, bundle)
+            res = {k: ((v[0][groups[1]], v[1]) if isinstance(v, tuple) else v[groups[1]]) for k, v in res.items()}
+        else:
+            res = _predict_guarded(rows, spec, bundle)
+        out = {k: ((v[0][:n], v[1]) if isinstance(v, tuple) else v[:n]) for k, v in res.items()}
+        _apply_grid(out, sel, res["pred_latency_ms"][n:], owner, lo_i, w, suffix_min=True)
+    if len(raised):  # the row's own roofline, not the padded kernel's
+        out["roofline_ms"] = np.array(out["roofline_ms"], dtype=float)
+        out["roofline_ms"][raised] = featurize_kernels(canon.iloc[raised], spec)["t_roof_ms"].to_numpy()
+    return out
+
+
+def _predict_guarded(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
+    """:func:`_predict_rows` on rows whose contraction is already padded: the small-M guard."""
     probes, owner, sel, lo_i, w = _m_grid_probes(canon)
     if not len(probes):
         X = featurize_kernels(canon, spec)
@@ -303,18 +379,33 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     res = _predict_features(X, bundle, rows["dtype"], power_floor_ms=_power_floor_ms(X, rows["dtype"], spec),
                             device=spec)
     out = {k: ((v[0][:n], v[1]) if isinstance(v, tuple) else v[:n]) for k, v in res.items()}
-    g = np.log(np.maximum(res["pred_latency_ms"][n:][take], 1e-30))
-    # running maximum within each row's grid (segments are contiguous, ascending M): offset each segment above the last
+    _apply_grid(out, sel, res["pred_latency_ms"][n:][take], owner, lo_i, w, suffix_min=False)
+    return out
+
+
+def _apply_grid(out: dict[str, np.ndarray], sel: np.ndarray, grid_ms: np.ndarray, owner: np.ndarray,
+                lo_i: np.ndarray, w: np.ndarray, suffix_min: bool) -> None:
+    """Replace (in ``out``, scaling the band alike) the predicted time of the guarded rows ``sel`` by their grid's:
+    ``grid_ms`` holds each row's grid predictions (contiguous segments per ``owner``, ascending in the guarded
+    dimension), made non-decreasing within each segment -- a running maximum from below, or with ``suffix_min`` a
+    running minimum from above -- then interpolated log-linearly between the grid point ``lo_i`` and the next with
+    weight ``w``."""
+    g = np.log(np.maximum(grid_ms, 1e-30))
     seg = np.concatenate([[0], np.cumsum(owner[1:] != owner[:-1])])
     span = float(np.ptp(g)) + 1.0
-    g = np.maximum.accumulate(g + seg * span) - seg * span
+    if suffix_min:
+        # running minimum from each segment's top: reversed, each later segment offset below the ones before it
+        r = g[::-1] - seg[::-1] * span * -1.0
+        g = (np.minimum.accumulate(r) + seg[::-1] * span * -1.0)[::-1]
+    else:
+        # running maximum within each row's grid: offset each segment above the last
+        g = np.maximum.accumulate(g + seg * span) - seg * span
     t_new = np.exp((1.0 - w) * g[lo_i] + w * g[np.minimum(lo_i + 1, len(g) - 1)])
     t = out["pred_latency_ms"]
-    f = np.ones(n)
+    f = np.ones(len(t))
     f[sel] = t_new / np.where(t[sel] > 0, t[sel], 1.0)
     for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
         out[k] = out[k] * f
-    return out
 
 
 def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -346,6 +437,36 @@ def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.nd
     probes["M"] = np.exp2(exp)
     lo = np.floor(lm + 1e-12)
     return probes, owner, sel, (first + (lo - e0)).astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
+
+
+def _n_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(grid rows, the canonical row each belongs to, the guarded rows, per guarded row the index of its grid point at
+    or below its ``N`` and the log2 weight of the one above): for every tensor-core linear-layer row (as the small-M
+    guard selects them, :func:`_m_grid_probes`) whose contraction ``N`` (already padded to one k-tile,
+    :func:`_pad_contraction`) is at most MONOTONE_MAX_N, the same row at each k-tile x 2**j from the one at or below
+    ``N`` up to MONOTONE_MAX_N, ascending."""
+    none = (canon.iloc[:0], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp),
+            np.zeros(0))
+    if "N" not in canon or "M" not in canon or not len(canon):
+        return none
+    nv = canon["N"].to_numpy(dtype=float)
+    op = canon["op"].to_numpy()
+    b = canon["B"].to_numpy(dtype=float) if "B" in canon else np.ones(len(canon))
+    tile = _k_tile_elems(canon["dtype"].to_numpy())
+    # (a row at MONOTONE_MAX_N is its own grid: nothing to guard)
+    sel = np.flatnonzero((tile > 0) & (nv < MONOTONE_MAX_N) & ((op == "linear") | ((op == "bmm") & (b == 1))))
+    if not len(sel):
+        return none
+    ln = np.log2(nv[sel] / tile[sel])  # >= 0: padded to one k-tile
+    lo = np.floor(ln + 1e-12)
+    top = np.floor(np.log2(MONOTONE_MAX_N / tile[sel]) + 1e-12)
+    steps = (top - lo + 1).astype(int)
+    first = np.cumsum(steps) - steps
+    owner = np.repeat(sel, steps)
+    exp = np.repeat(lo, steps) + (np.arange(len(owner)) - np.repeat(first, steps))
+    probes = canon.iloc[owner].copy()
+    probes["N"] = tile[owner] * np.exp2(exp)
+    return probes, owner, sel, first.astype(np.intp), np.clip(ln - lo, 0.0, 1.0)
 
 
 def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | None:

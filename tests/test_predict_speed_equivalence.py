@@ -153,6 +153,52 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
 
 
 def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
+    """Row by row: a tensor-core GEMM's contraction N below one k-tile (128 bytes: 64 bf16/fp16, 128 fp8, 32 tf32
+    elements) predicted at the k-tile (its own roofline kept); then, for tensor-core linear layers (linear, or bmm with
+    B = 1) with N <= 512, "a longer contraction never takes less time": the same row at N = k-tile x 1, 2, 4, ... from
+    the one at or below N up to 512, each as :func:`_reference_m_guarded` predicts it, a running minimum from the top,
+    interpolated log-linearly in N between the two around N (band scaled alike)."""
+    canon, err = _reference_normalise(frame)
+    padded = frame.copy()
+    tiles = np.zeros(len(canon))
+    raised = []
+    for i in range(len(canon)):
+        r = canon.iloc[i]
+        if err[i] == "" and OP_FAMILY.get(r["op"]) == "gemm" and r["dtype"] != "fp32":
+            tiles[i] = 128 / DTYPE_BYTES[r["dtype"]]
+            if float(r["N"]) < tiles[i]:
+                padded.iloc[i, list(padded.columns).index("N")] = tiles[i]
+                raised.append(i)
+    res = _reference_m_guarded(padded, spec, bundle)
+    out = frame.copy()  # the input's own columns, unpadded
+    for c in res.columns.difference(frame.columns, sort=False):
+        out[c] = res[c].to_numpy()
+    if raised:
+        roof = out["roofline_ms"].to_numpy(dtype=float).copy()
+        roof[raised] = _reference_core(frame.iloc[raised], spec, bundle)["roofline_ms"].to_numpy()
+        out["roofline_ms"] = roof
+    pcanon, _ = _reference_normalise(padded)
+    t = out["pred_latency_ms"].to_numpy(dtype=float)
+    scale = np.ones(len(t))
+    for i in range(len(pcanon)):
+        r = pcanon.iloc[i]
+        lin = r["op"] == "linear" or (r["op"] == "bmm" and float(r["B"]) == 1)
+        if not (err[i] == "" and lin and r["dtype"] != "fp32" and float(r["N"]) <= 512):
+            continue
+        n, tile = float(r["N"]), tiles[i]
+        j0 = int(np.floor(np.log2(n / tile) + 1e-12))
+        grid = [dict(r, N=tile * 2.0 ** j) for j in range(j0, int(np.log2(512 / tile)) + 1)]
+        g = _reference_m_guarded(pd.DataFrame(grid), spec, bundle)["pred_latency_ms"].to_numpy()
+        run = [min(g[k:]) for k in range(len(g))]  # running minimum from the top
+        w = min(max(np.log2(n / tile) - j0, 0.0), 1.0)
+        hi = min(1, len(run) - 1)
+        scale[i] = np.exp((1 - w) * np.log(run[0]) + w * np.log(run[hi])) / t[i]
+    for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+        out[c] = out[c].to_numpy(dtype=float) * scale
+    return out
+
+
+def _reference_m_guarded(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
     """The plain prediction, then "more rows never take less time", row by row, for tensor-core linear layers (linear,
     or bmm with B = 1) with 1 < M <= 4096: the same row at M = 1, 2, 4, ... up to the first power of two >= M, a running
     maximum over them, interpolated log-linearly in M between the two around M (band scaled alike)."""
