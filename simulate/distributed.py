@@ -1104,7 +1104,9 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     for c in range(n_chunks):
         for p_count, group in ((params_chunk[c] - expert_chunk[c], dp_l), (expert_chunk[c], ep_dp)):
             total = p_count * grad_b
-            if total <= 0 or group.size <= 1:
+            # ZeRO-3 reduces each unit's gradients as its backward ends (z3_rs below), no bucketed sync after it (until
+            # stop 40 one was costed here and reported as dp_sync_ms, though the step never ran it)
+            if total <= 0 or group.size <= 1 or par.zero == 3:
                 continue
             nb = (max(1, int(np.ceil(p_count / bucket_params)))
                   if np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c > 0) else 1)
@@ -1934,6 +1936,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 dp_param_gather_ms=float(by_stage(dpt["gather_after_ms"]).max()),
                 dp_sync_ms_by_stage=by_stage(dpt["sync_ms"]).tolist(),
                 dp_param_gather_ms_by_stage=by_stage(dpt["gather_after_ms"]).tolist(),
+                # ZeRO-3 / FSDP: each unit's parameter all-gathers (forward and backward) and gradient reduce-scatters,
+                # per micro-batch, the busiest stage's (how much of it is hidden: exposed_comm_split_ms's dp)
+                **(dict(dp_zero3_ms_per_micro=float(by_stage(dpt["z3_f_ms"] + dpt["z3_b_ms"]).max()))
+                   if par.zero == 3 else {}),
                 grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the
                 # first/last stage gradient all-reduce, once per step

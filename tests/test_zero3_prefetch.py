@@ -104,3 +104,17 @@ def test_sweep_spec_takes_it_and_refuses_a_non_boolean():
     assert on["task_id"] != plain["task_id"]  # a changed setting is a new task, never a stale part
     with pytest.raises(SweepSpecError, match="'zero3_prefetch' must be true or false"):
         load_spec(dict(base, zero3_prefetch="yes"))
+
+
+def test_zero3_reports_its_own_traffic_not_a_bucketed_sync_it_never_runs():
+    """ZeRO-3 reduces each unit's gradients as its backward ends: no bucketed sync after the backward. comm.dp_sync_ms
+    reported one anyway (Llama 3 405B on 512 H100s: 258,696 ms against a 32,762 ms step); it is 0 now and the
+    unit-by-unit traffic has its own key, per micro-batch. The step is unchanged (the schedule never ran the buckets)."""
+    import wattcast
+
+    kw = dict(gpus=64, batch=64, seq=2048, tp=1, pp=1, micro_batch=1, framework="hf", recompute="full")
+    z3 = wattcast.predict_cluster("llama3_8b", "DGX-H100", zero=3, **kw).to_dict()
+    assert z3["comm"]["dp_sync_ms"] == 0.0 and z3["comm"]["dp_sync_ms_by_stage"] == [0.0]
+    assert 0.0 < z3["comm"]["dp_zero3_ms_per_micro"] and z3["exposed_comm_split_ms"]["dp"] > 0.0
+    z1 = wattcast.predict_cluster("llama3_8b", "DGX-H100", zero=1, **kw).to_dict()
+    assert z1["comm"]["dp_sync_ms"] > 0.0 and "dp_zero3_ms_per_micro" not in z1["comm"]
