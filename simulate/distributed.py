@@ -48,7 +48,7 @@ from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canon
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.models.power import check_power_settings, power_setting_notes
 from wattcast.simulate.defaults import step_dtype
-from wattcast.simulate.energy import apply_power, overlap_power, stream_power_w
+from wattcast.simulate.energy import apply_power, overlap_cap_w, overlap_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
@@ -711,10 +711,9 @@ class _RankView:
     params: np.ndarray  # parameters held (forward nodes)
     expert_params: np.ndarray
     fp8_params: np.ndarray  # the parameters of FP8 GEMMs (an FP8 recipe keeps their FP8 weight and transpose)
-    e_comp_j: np.ndarray  # energy of one micro-batch's forward + backward
-    # the same without collectives, forward and backward apart, and their time x compute utilisation at the boost clock
-    # (what a collective hidden beside them adds to their power, and a power limit's clock does to their time:
-    # simulate.energy.overlap_power)
+    # energy of one micro-batch's forward and backward without collectives (the step charges communication apart),
+    # and their time x compute utilisation at the boost clock (what a collective hidden beside them adds to their
+    # power, and a power limit's clock does to their time: simulate.energy.overlap_power)
     e_f_nc_j: np.ndarray
     e_b_nc_j: np.ndarray
     cu_f_ms: np.ndarray
@@ -797,7 +796,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         moe_mlp_f_ms=per_layer(fwd & is_mlp, t), moe_mlp_b_ms=per_layer(bwd & is_mlp, t),
         a2a_dispatch_f_ms=per_layer(fwd & is_dispatch, t), a2a_dispatch_b_ms=per_layer(bwd & is_dispatch, t),
         params=per_layer(fwd, params), expert_params=per_layer(is_exp, params),
-        fp8_params=per_layer(fwd & (costed["dtype"].to_numpy() == "fp8"), params), e_comp_j=per_layer(~opt, e_node),
+        fp8_params=per_layer(fwd & (costed["dtype"].to_numpy() == "fp8"), params),
         e_f_nc_j=per_layer(fwd & ~is_coll, e_node), e_b_nc_j=per_layer(bwd & ~is_coll, e_node),
         cu_f_ms=per_layer(fwd & ~is_coll, cu * t), cu_b_ms=per_layer(bwd & ~is_coll, cu * t),
         e_opt_j=per_layer(opt, e_node), opt_cast_ms=per_layer(opt & (op_class == "fp8_cast"), t),
@@ -835,7 +834,7 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 #: the per-layer arrays of a _RankView (block recomputation picks each layer's from one of two views)
 _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "attn_rc_ms",
                      "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
-                     "gemm_b_ms", "params", "expert_params", "fp8_params", "e_comp_j", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
+                     "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
                      "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes")
 
 
@@ -1521,10 +1520,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # interleaved schedule overlaps them (--overlap-p2p-communication, its default there) and other frameworks are
     # charged on the dependency edge only (the receiver waits, the sender runs on)
     p2p_blocking = opts.framework in ("megatron", "megatron-deepspeed") and V == 1 and P > 1
-    if p2p_blocking:
-        # every chunk but the last sends its activations on, every chunk but the first its input gradient back
-        send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
-        send_f[-1] = send_b[0] = 0.0
+    # every chunk but the last sends its activations on, every chunk but the first its input gradient back
+    send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
+    send_f[-1] = send_b[0] = 0.0
 
     grad_b = _grad_bytes(opts.framework, dtype)
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
@@ -1605,8 +1603,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
         w_f, w_b = mean(e_f_nc * 1e3, f_nc, p_idle), mean(e_b_nc * 1e3, b_nc, p_idle)  # W
         w_fs, w_bs = mean(by_stage(e_f_nc) * 1e3, by_stage(f_nc), p_idle), mean(by_stage(e_b_nc) * 1e3, by_stage(b_nc), p_idle)
-        # the board's cap on computation + a hidden collective: the power limit, else the TDP (simulate.energy)
-        cap_w = float(spec.tdp_w) if power_limit_w is None else min(float(power_limit_w), float(spec.tdp_w))
+        cap_w = overlap_cap_w(spec, power_limit_w)  # the board's cap on computation + a hidden collective
         dyn_w = max(p_comm - p_idle, 0.0)
         cpow = sums[pow_key] = dict(
             e_f_nc=e_f_nc, e_b_nc=e_b_nc, dyn_w=dyn_w,
@@ -1631,9 +1628,6 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             tb["cp"] = per_chunk((par.cp - 1) * (np.where(view.attn_b_ms > 0, xb, 0.0)
                                                  + np.where(view.attn_rc_ms > 0, xf, 0.0)))
         comm_tot = sums[tot_key] = (tf, tb)
-    # every chunk sends its activations on but the model's last, its input gradient back but the first
-    send_f_all, send_b_all = np.ones(n_chunks), np.ones(n_chunks)
-    send_f_all[-1] = send_b_all[0] = 0.0
 
     def hidden_power(hidden_ms, where):
         """(stretch ms, extra J) of communication hidden beside the computation ``where`` ("f", "b" per chunk; "fs", "bs"
@@ -1675,7 +1669,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                           for d in comm_tot)
         t_f, t_b = t_fb
         if p2p > 0:
-            t_f, t_b = t_f + send_f_all * p2p, t_b + send_b_all * p2p
+            t_f, t_b = t_f + send_f * p2p, t_b + send_b * p2p
         if dp_on and par.zero == 3:
             t_f = t_f + dpt["z3_f_ms"]
             t_b = t_b + dpt["z3_b_ms"]

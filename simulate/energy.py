@@ -86,6 +86,15 @@ def apply_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, pow
     return out
 
 
+def overlap_cap_w(spec: DeviceSpec, power_limit_w: float | None = None) -> float:
+    """The board's cap on computation plus a collective beside it (:func:`overlap_power`): the power limit, else (or
+    above it) the TDP, the board's default limit."""
+    from wattcast.featurize.power_features import device_tdp_w
+
+    tdp = device_tdp_w(spec)
+    return tdp if power_limit_w is None else min(float(power_limit_w), tdp)
+
+
 def overlap_power(hidden_ms, compute_w, compute_util, comm_w: float, spec: DeviceSpec, power_model=None, *,
                   power_limit_w: float | None = None):
     """(stretch_ms, extra_j) of communication hidden under computation: for spans of ``hidden_ms`` (arrays or scalars)
@@ -97,12 +106,11 @@ def overlap_power(hidden_ms, compute_w, compute_util, comm_w: float, spec: Devic
     by the computation. ``extra_j`` is what the span adds to the computation's own energy (``compute_w x hidden_ms``,
     counted with the kernels). The board's total is capped by its power limit, ``power_limit_w`` or, without one (or
     above it), the TDP (a board's default power limit: no kernel is predicted above it, and computation plus a
-    collective cannot be either): where ``compute_w + comm_w - idle`` exceeds it the span is one load for :func:`wattcast.models.power.apply_power_limit` (the clock drops
-    until the sum fits: the computation's compute-bound share slows by the clock ratio, the link-bound collective does
-    not), and ``stretch_ms`` is the time the computation gains. Stated approximation: the clock is applied on top of
+    collective cannot be either; :func:`overlap_cap_w`): where ``compute_w + comm_w - idle`` exceeds it the span is one
+    load for :func:`wattcast.models.power.apply_power_limit` (the clock drops until the sum fits: the computation's
+    compute-bound share slows by the clock ratio, the link-bound collective does not), and ``stretch_ms`` is the time the computation gains. Stated approximation: the clock is applied on top of
     the per-kernel limit's (power composes exactly, the time of a kernel slowed twice slightly less than at the product
     of the two ratios). Vectorised."""
-    from wattcast.featurize.power_features import device_tdp_w
     from wattcast.models.power import apply_power_limit, idle_power_w
 
     h = np.asarray(hidden_ms, dtype=float)
@@ -111,7 +119,7 @@ def overlap_power(hidden_ms, compute_w, compute_util, comm_w: float, spec: Devic
     load = pc + dyn
     stretch = np.zeros(h.shape)
     extra = dyn * h / 1e3
-    cap_w = device_tdp_w(spec) if power_limit_w is None else min(float(power_limit_w), device_tdp_w(spec))
+    cap_w = overlap_cap_w(spec, power_limit_w)
     over = (h > 0) & (load > cap_w)
     if over.any():
         cu = np.broadcast_to(np.asarray(compute_util, dtype=float), h.shape)
