@@ -5,7 +5,9 @@ A name alone says nothing about the hardware: a spec file may copy a catalog ent
 another GPU by a catalog name. :func:`catalog_spec_matches` (the lifecycle's prices) trusts a name only when the
 spec's hardware figures are the catalog entry's of that name; :func:`catalog_twin` (the kernel surrogates' measured
 ceilings) also finds the catalog entry whose figures a spec repeats under another name, so identical figures get
-identical predictions. Both live here, below ``models`` and ``lifecycle``, so either may import them.
+identical predictions; :func:`compute_twin` the catalog device with the same compute silicon (an A100 SXM4 40 GB for
+the 80 GB's measured ceiling, in fused attention's scaling). All live here, below ``models`` and ``lifecycle``, so
+either may import them.
 """
 
 from __future__ import annotations
@@ -54,3 +56,29 @@ def catalog_twin(spec: DeviceSpec) -> DeviceSpec | None:
     skip = CITATION_FIELDS + ("name",)
     hits = [r for r in cat.values() if r.vendor == spec.vendor and _same_hardware(r, spec, skip)]
     return hits[0] if len(hits) == 1 else None
+
+
+#: the figures of a GPU's compute silicon: two devices equal in all of them (an A100 SXM4 with 40 or 80 GB) run the same
+#: tensor cores at the same clock and power and differ in memory only
+COMPUTE_FIELDS = ("vendor", "arch", "num_sms", "cores_per_sm", "boost_clock_mhz", "tdp_w", "peak_fp32_tflops",
+                  "peak_fp32_matrix_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops",
+                  "peak_fp8_tflops")
+#: the relative difference two figures of one chip may show in the catalog (rounding: an A100's FP32 peak is 19.49 in
+#: one entry and 19.492 in another)
+COMPUTE_RTOL = 1e-3
+
+
+def _same_figure(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) <= COMPUTE_RTOL * max(abs(a), abs(b))
+    return a == b
+
+
+def compute_twin(spec: DeviceSpec, among) -> str:
+    """The catalog device among the names ``among`` whose compute figures (:data:`COMPUTE_FIELDS`) equal ``spec``'s
+    (numbers within :data:`COMPUTE_RTOL`), when exactly one does, else ''."""
+    from wattcast.data.catalog import load_catalog
+
+    cat = load_catalog()
+    hits = [n for n in among if n in cat and all(_same_figure(getattr(cat[n], f), getattr(spec, f)) for f in COMPUTE_FIELDS)]
+    return hits[0] if len(hits) == 1 else ""

@@ -24,10 +24,7 @@ def graph_rows(value) -> int:
     if isinstance(value, tuple):
         return max((graph_rows(v) for v in value), default=0)
     nodes = getattr(value, "nodes", value)
-    try:
-        return int(len(nodes)) if hasattr(nodes, "columns") else 0
-    except TypeError:
-        return 0
+    return len(nodes) if hasattr(nodes, "columns") else 0
 
 
 class RowsCache:
@@ -85,8 +82,6 @@ class RowsCache:
         self._data.clear()
         self.rows = 0
 
-    def values(self):
-        return [v for v, _ in self._data.values()]
 
 
 def rows_cached(max_rows: int | None = None, max_entries: int | None = None):

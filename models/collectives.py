@@ -147,6 +147,11 @@ class LinkParams:
     #: links from a GPU to its in-node peers on a full-mesh tier (G - 1, each intra_bw / mesh_links); 0 on a switch
     mesh_links: int = 0
 
+    @property
+    def topology(self) -> str:
+        """The in-node tier's topology: ``full_mesh`` (links to each peer) or ``switch``."""
+        return "full_mesh" if self.mesh_links else "switch"
+
     def link_vector(self) -> tuple[float, ...]:
         return (self.intra_bw / 1e3, self.nic_bw / 1e3 * min(self.nics_per_node, self.gpus_per_node) / max(self.gpus_per_node, 1)
                 if self.has_inter else 0.0, self.intra_lat, self.inter_lat, float(self.rail_optimized), self.oversubscription)
@@ -384,10 +389,6 @@ def busbw_gb_per_s(op, size_bytes, n_gpus, time_us) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------- features
-def _topology(lp: LinkParams) -> str:
-    return "full_mesh" if lp.mesh_links else "switch"
-
-
 def correction_features(ab: AlphaBeta) -> np.ndarray:
     """(n, len(FEATURES)) float64 matrix of the learned correction's inputs, columns in ``FEATURES`` order."""
     q = ab.query
@@ -486,7 +487,7 @@ class CollectiveModel:
         if len(self._links):
             v = np.array(q.lp.link_vector())
             rel = np.abs(self._links - v) / np.maximum(np.abs(self._links), 1e-9)
-            if not (rel <= SUPPORT_SLACK).all(axis=1).any() or _topology(q.lp) not in self._topologies:
+            if not (rel <= SUPPORT_SLACK).all(axis=1).any() or q.lp.topology not in self._topologies:
                 m |= OOD_BITS["cluster"]
         m = np.where(q.n <= 1, 0, m)
         return m

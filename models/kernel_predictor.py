@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from wattcast.data.catalog_match import catalog_twin
+from wattcast.data.catalog_match import catalog_twin, compute_twin
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_FAMILIES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES,
@@ -277,6 +277,10 @@ def _k_tile_elems(dtypes: np.ndarray) -> np.ndarray:
     return per[codes] if len(codes) else np.zeros(0)
 
 
+#: the ops of the GEMM family (the k-tile padding's rows)
+_GEMM_OPS = np.array(sorted(o for o, f in OP_FAMILY.items() if f == "gemm"), dtype=object)
+
+
 def _pad_contraction(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """(``canon`` with every tensor-core GEMM row's contraction ``N`` raised to one MMA k-tile, the positions of the
     rows raised). A contraction below the k-tile is padded to it (out-of-bounds loads fill zeros) and the kernel runs
@@ -285,7 +289,7 @@ def _pad_contraction(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     ``bmm``/``matmul`` and ``linear`` rows alike (``nn.Linear(N, K)``)."""
     if "N" not in canon or not len(canon):
         return canon, np.zeros(0, dtype=np.intp)
-    gemm = np.isin(canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f == "gemm"])
+    gemm = np.isin(canon["op"].to_numpy(), _GEMM_OPS)
     if not gemm.any():
         return canon, np.zeros(0, dtype=np.intp)
     tile = np.where(gemm, _k_tile_elems(canon["dtype"].to_numpy()), 0.0)
@@ -350,15 +354,20 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
         groups = _distinct_rows(rows)
         if groups is not None:
             res = _predict_guarded(rows.iloc[groups[0]], spec, bundle)
-            res = {k: ((v[0][groups[1]], v[1]) if isinstance(v, tuple) else v[groups[1]]) for k, v in res.items()}
+            res = _take(res, groups[1])
         else:
             res = _predict_guarded(rows, spec, bundle)
-        out = {k: ((v[0][:n], v[1]) if isinstance(v, tuple) else v[:n]) for k, v in res.items()}
+        out = _take(res, slice(None, n))
         _apply_grid(out, sel, res["pred_latency_ms"][n:], owner, lo_i, w, suffix_min=True)
     if len(raised):  # the row's own roofline, not the padded kernel's
         out["roofline_ms"] = np.array(out["roofline_ms"], dtype=float)
         out["roofline_ms"][raised] = featurize_kernels(canon.iloc[raised], spec)["t_roof_ms"].to_numpy()
     return out
+
+
+def _take(res: dict, idx) -> dict:
+    """``res``'s per-row arrays at ``idx`` (an index array or a slice); a ``(array, meta)`` entry keeps its meta."""
+    return {k: ((v[0][idx], v[1]) if isinstance(v, tuple) else v[idx]) for k, v in res.items()}
 
 
 def _predict_guarded(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
@@ -378,7 +387,7 @@ def _predict_guarded(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
     X = featurize_kernels(rows, spec)
     res = _predict_features(X, bundle, rows["dtype"], power_floor_ms=_power_floor_ms(X, rows["dtype"], spec),
                             device=spec)
-    out = {k: ((v[0][:n], v[1]) if isinstance(v, tuple) else v[:n]) for k, v in res.items()}
+    out = _take(res, slice(None, n))
     _apply_grid(out, sel, res["pred_latency_ms"][n:][take], owner, lo_i, w, suffix_min=False)
     return out
 
@@ -395,8 +404,8 @@ def _apply_grid(out: dict[str, np.ndarray], sel: np.ndarray, grid_ms: np.ndarray
     span = float(np.ptp(g)) + 1.0
     if suffix_min:
         # running minimum from each segment's top: reversed, each later segment offset below the ones before it
-        r = g[::-1] - seg[::-1] * span * -1.0
-        g = (np.minimum.accumulate(r) + seg[::-1] * span * -1.0)[::-1]
+        o = seg[::-1] * span
+        g = (np.minimum.accumulate(g[::-1] + o) - o)[::-1]
     else:
         # running maximum within each row's grid: offset each segment above the last
         g = np.maximum.accumulate(g + seg * span) - seg * span
@@ -447,7 +456,7 @@ def _n_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.nd
     ``N`` up to MONOTONE_MAX_N, ascending."""
     none = (canon.iloc[:0], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp),
             np.zeros(0))
-    if "N" not in canon or "M" not in canon or not len(canon):
+    if "N" not in canon or not len(canon):
         return none
     nv = canon["N"].to_numpy(dtype=float)
     op = canon["op"].to_numpy()
@@ -505,40 +514,14 @@ def _ceiling_device(device: DeviceSpec) -> str:
     return "" if twin is None else twin.name
 
 
-#: the figures of a GPU's compute silicon: two devices equal in all of them (an A100 SXM4 with 40 or 80 GB) run the same
-#: tensor cores at the same clock and power and differ in memory only
-COMPUTE_FIELDS = ("vendor", "arch", "num_sms", "cores_per_sm", "boost_clock_mhz", "tdp_w", "peak_fp32_tflops",
-                  "peak_fp32_matrix_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops",
-                  "peak_fp8_tflops")
-#: the relative difference two figures of one chip may show in the catalog (rounding: an A100's FP32 peak is 19.49 in
-#: one entry and 19.492 in another)
-COMPUTE_RTOL = 1e-3
-
-
-def _compute_twin(device: DeviceSpec, listed) -> str:
-    """The catalog device among ``listed`` (names with a measured matmul ceiling) whose compute figures
-    (:data:`COMPUTE_FIELDS`) equal ``device``'s (numbers within :data:`COMPUTE_RTOL`), when exactly one does, else
-    ''."""
-    from wattcast.data.catalog import load_catalog
-
-    def same(a, b) -> bool:
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            return abs(a - b) <= COMPUTE_RTOL * max(abs(a), abs(b))
-        return a == b
-
-    cat = load_catalog()
-    hits = [n for n in listed if n in cat and all(same(getattr(cat[n], f), getattr(device, f)) for f in COMPUTE_FIELDS)]
-    return hits[0] if len(hits) == 1 else ""
-
-
 def attention_mma_scale(device: DeviceSpec, dtypes, bundle: KernelBundle, reference: str) -> np.ndarray:
     """Per row of ``dtypes``: ``device``'s achievable-matmul ceiling over the ``reference`` device's, from the
     bundle's GEMM ceiling member (:func:`row_ceilings`: the MAMF table's best achievable matmul over the peak where it
     lists the device, a training device's own, else the vendor's median, else the default), what a fused attention
     kernel calibrated on ``reference`` scales its tensor-core efficiency by (models/attention.py). The device is looked
     up as the GEMM family looks it up (:func:`_ceiling_device`); one without a ceiling of its own takes that of the
-    listed device with the same compute silicon (:func:`_compute_twin`: an A100 SXM4 40 GB is the reference's own
-    chip). All ones without a GEMM ceiling member (older bundles)."""
+    listed device with the same compute silicon (:func:`~wattcast.data.catalog_match.compute_twin`: an A100 SXM4 40
+    GB is the reference's own chip). All ones without a GEMM ceiling member (older bundles)."""
     names, codes = np.unique(np.asarray(dtypes, dtype=object).astype(str), return_inverse=True)
     fm = bundle.families.get("gemm")
     cm = fm.ceiling_member if fm is not None else None
@@ -546,7 +529,7 @@ def attention_mma_scale(device: DeviceSpec, dtypes, bundle: KernelBundle, refere
         return np.ones(len(codes))
     dev = _ceiling_device(device)
     if dev not in cm["ceilings"]:
-        dev = _compute_twin(device, cm["ceilings"]) or dev
+        dev = compute_twin(device, cm["ceilings"]) or dev
     from wattcast.data.catalog import load_catalog
 
     own = row_ceilings(dev, device.vendor, names, cm)

@@ -125,7 +125,7 @@ def _support(frame: pd.DataFrame) -> dict:
         "gpus_per_node": [float(frame["gpus_per_node"].min()), float(frame["gpus_per_node"].max())],
         "tiers": [list(t) for t in tiers],
         "links": [list(lp.link_vector()) for lp in lps.values()],
-        "topologies": sorted({"full_mesh" if lp.mesh_links else "switch" for lp in lps.values()}),
+        "topologies": sorted({lp.topology for lp in lps.values()}),
         "clusters": sorted(lps),
         "configs": sorted(frame["config"].unique().tolist()),
     }
