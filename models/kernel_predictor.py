@@ -514,25 +514,34 @@ def _ceiling_device(device: DeviceSpec) -> str:
     return "" if twin is None else twin.name
 
 
+def _ceiling_name(device: DeviceSpec, cm: dict) -> str:
+    """The name ``device``'s matmul ceiling is read under in a bundle's ceiling member ``cm``: the device's own
+    (:func:`_ceiling_device`) where the member lists it, else the listed device with the same compute silicon
+    (:func:`~wattcast.data.catalog_match.compute_twin`: an A100 SXM4 40 GB takes the 80 GB's measured ceiling, a V100
+    SXM2 32 GB the 16 GB's: the same tensor cores at the same clock and power; until stop 41 only fused attention
+    looked the twin up and the GEMMs of an A100 SXM4 40 GB ran at NVIDIA's median ceiling, 0.804 of peak where its
+    chip measures 0.869), else the own name (its vendor's median)."""
+    dev = _ceiling_device(device)
+    if dev not in cm["ceilings"]:
+        dev = compute_twin(device, cm["ceilings"]) or dev
+    return dev
+
+
 def attention_mma_scale(device: DeviceSpec, dtypes, bundle: KernelBundle, reference: str) -> np.ndarray:
     """Per row of ``dtypes``: ``device``'s achievable-matmul ceiling over the ``reference`` device's, from the
     bundle's GEMM ceiling member (:func:`row_ceilings`: the MAMF table's best achievable matmul over the peak where it
     lists the device, a training device's own, else the vendor's median, else the default), what a fused attention
     kernel calibrated on ``reference`` scales its tensor-core efficiency by (models/attention.py). The device is looked
-    up as the GEMM family looks it up (:func:`_ceiling_device`); one without a ceiling of its own takes that of the
-    listed device with the same compute silicon (:func:`~wattcast.data.catalog_match.compute_twin`: an A100 SXM4 40
-    GB is the reference's own chip). All ones without a GEMM ceiling member (older bundles)."""
+    up as the GEMM family looks it up (:func:`_ceiling_name`, its compute-silicon twin included: an A100 SXM4 40 GB
+    is the reference's own chip). All ones without a GEMM ceiling member (older bundles)."""
     names, codes = np.unique(np.asarray(dtypes, dtype=object).astype(str), return_inverse=True)
     fm = bundle.families.get("gemm")
     cm = fm.ceiling_member if fm is not None else None
     if not cm:
         return np.ones(len(codes))
-    dev = _ceiling_device(device)
-    if dev not in cm["ceilings"]:
-        dev = compute_twin(device, cm["ceilings"]) or dev
     from wattcast.data.catalog import load_catalog
 
-    own = row_ceilings(dev, device.vendor, names, cm)
+    own = row_ceilings(_ceiling_name(device, cm), device.vendor, names, cm)
     base = row_ceilings(reference, load_catalog()[reference].vendor, names, cm)
     return (own / base)[codes.reshape(-1)]
 
@@ -560,7 +569,7 @@ def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p:
             else:  # a member reading features of its own (the manifest entry's ``features``), in its order
                 cols = [fm.features.index(f) for f in model.features]
                 pc = model.predict_matrix(np.ascontiguousarray(A[np.ix_(ceil_sel, cols)]))
-            c = row_ceilings(_ceiling_device(device), device.vendor, dtype_names[ceil_sel], cm)
+            c = row_ceilings(_ceiling_name(device, cm), device.vendor, dtype_names[ceil_sel], cm)
             out[ceil_sel] = ceiling_log_ratio(pc, t_roof_ms[ceil_sel], cm["floor_ms"], c)
     sel = np.flatnonzero(tensor & (w < 1.0))
     if not len(sel):
