@@ -1441,11 +1441,21 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # 4 B a parameter); with FP8 parameters (--fp8-param-gather) each casts its shard of the fp32 master weights (read
     # 4 B, write 1) and, after the FP8 all-gather, makes the whole weights' transposes (read 1, write 1)
     cast_share = 0.5 + 1.25 * opt_share if ctx.fp8_param_gather else 1.0
+    # FSDP's root unit (hf, ZeRO-3): each stage's parameters outside the transformer blocks (embeddings, final norm,
+    # untied head, a pipeline's tied copy), unsharded through the passes (simulate/stage_memory.py buffer_bytes)
+    root_stage = None
+    if opts.framework == "hf" and par.zero >= 3:
+        root_key = ("root_params", P, V)
+        root_stage = sums.get(root_key)
+        if root_stage is None:
+            in_block = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
+            root_stage = sums[root_key] = np.maximum(params_stage - by_stage(per_chunk(np.where(in_block, view.params,
+                                                                                               0.0))), 0.0)
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
                     fp8_param_fraction=np.zeros(P) if ctx.fp8_param_gather else fp8_frac, expert_params=expert_stage,
-                    expert_dp=edp_n)
+                    expert_dp=edp_n, root_params=0.0 if root_stage is None else root_stage)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
