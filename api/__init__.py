@@ -158,7 +158,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
-                    fp8_param_gather: bool = False, etp: int | None = None, mtp_num_layers: int = 0, **run_kw):
+                    fp8_param_gather: bool = False, etp: int | None = None, mtp_num_layers: int = 0,
+                    fsdp_reduce_dtype: str | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
@@ -180,6 +181,10 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``zero3_prefetch``: with ``zero=3`` (FSDP), whether each layer's parameter all-gathers and gradient reduce-scatters
     run beside the computation (True) or in series with it (False); None: the framework's (``hf``: in series, as
     measured on MosaicML's PyTorch FSDP runs; ``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
+    ``fsdp_reduce_dtype``: with ``framework="hf"`` and ``zero=3`` under half precision, PyTorch FSDP's
+    ``MixedPrecision.reduce_dtype`` ("fp32", "bf16", "fp16"): the dtype of its gradient reduce-scatters (None: the
+    parameters' half-precision dtype, Accelerate's and torch's default; Composer's ``mixed_precision: DEFAULT`` is
+    "fp32"; ``simulate.distributed.dp_reduce_bytes``).
     ``data_load_ms`` / ``data_workers``: the data loader's host time to produce one micro-batch (default 0: a tokenised
     stream) and its worker processes (None: the framework's, hf 0, megatron 2); the step also copies each micro-batch
     to the GPU and, with Megatron and TP > 1, broadcasts it (``simulate/data_loading.py``; ``comm["data_loading"]``).
@@ -250,7 +255,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
-        data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers))
+        data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
+        fsdp_reduce_dtype=fsdp_reduce_dtype))
     from wattcast.featurize.workload import canonical_framework
     from wattcast.simulate.strategy import StrategyError, format_strategy
 
@@ -267,6 +273,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node,
                     moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
                     moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),
+                    fsdp_reduce_dtype=fsdp_reduce_dtype,
                     fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=mtp_num_layers, data_load_ms=data_load_ms,
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
                     loop_trip_count=loop_trip_count)

@@ -383,6 +383,7 @@ def predict(
     mtp_num_layers: int = typer.Option(0, "--mtp-num-layers", help="Megatron-Core (--framework megatron, DeepSeek-V2/V3 configs): multi-token-prediction depths on the last pipeline stage (DeepSeek-V3 trained with 1)."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="Megatron-Core (--dtype fp8, --zero >= 1, --framework megatron): keep the FP8 GEMMs' weights as FP8 (no bf16 copy), cast each rank's shard after the step and all-gather them at 1 B a parameter."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
+    fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="With --framework hf and --zero 3 (PyTorch FSDP) under bf16/fp16: MixedPrecision.reduce_dtype, the dtype of the gradient reduce-scatters: fp32, bf16 or fp16 (default: the parameters' dtype, as Accelerate and torch's MixedPrecision have it; Composer/llm-foundry's mixed_precision DEFAULT is fp32)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading: the loader's host time to produce one micro-batch (one device: one step), ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
     recompute_method: Optional[str] = typer.Option(None, "--recompute-method", help="With --recompute full and --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed; the default) or uniform (every layer; the input of each group of N layers kept). Without --recompute full it is an error, as in Megatron."),
@@ -529,7 +530,8 @@ def _cluster_request(f, par: dict, common: dict):
                           timeline=bool(f.trace or f.plot), loop_trip_count=f.loop_trip_count,
                           moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
                           moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, gpus_per_node=f.gpus_per_node,
-                          zero3_prefetch=f.zero3_prefetch, data_load_ms=f.data_load_ms, data_workers=f.data_workers,
+                          zero3_prefetch=f.zero3_prefetch, fsdp_reduce_dtype=f.fsdp_reduce_dtype,
+                          data_load_ms=f.data_load_ms, data_workers=f.data_workers,
                           fp8_param_gather=f.fp8_param_gather, mtp_num_layers=f.mtp_num_layers, **common)
 
 
@@ -553,6 +555,9 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if f.zero3_prefetch is not None:
         _fail("--zero3-prefetch/--no-zero3-prefetch say how FSDP's collectives meet the computation: they need --cluster, "
               "--gpus and --zero 3")
+    if f.fsdp_reduce_dtype is not None:
+        _fail("--fsdp-reduce-dtype is PyTorch FSDP's gradient reduce-scatter dtype: it needs --cluster, --gpus, --zero 3 "
+              "and --framework hf")
     if f.mtp_num_layers:
         _fail("--mtp-num-layers is Megatron-Core's multi-token prediction: it needs --cluster, --gpus and --framework "
               "megatron")

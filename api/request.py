@@ -127,6 +127,8 @@ class PredictRequest:
     moe_pad_to_capacity: bool = False
     #: ZeRO-3 / FSDP collectives beside the computation (True) or in series (False); None: the framework's
     zero3_prefetch: bool | None = None
+    #: PyTorch FSDP's MixedPrecision.reduce_dtype (hf, ZeRO-3): "fp32", "bf16", "fp16"; None: the parameters' dtype
+    fsdp_reduce_dtype: str | None = None
     #: Megatron-Core's --fp8-param-gather (a cluster step with dtype fp8, ZeRO >= 1, framework megatron)
     fp8_param_gather: bool = False
     #: Megatron-Core's --mtp-num-layers (a cluster step, framework megatron, DeepSeek-V2/V3 configs)
@@ -178,7 +180,8 @@ class PredictRequest:
                                         framework=self.framework, moe_load_imbalance=self.moe_load_imbalance,
                                         moe_capacity_factor=self.moe_capacity_factor,
                                         moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
-                                        zero3_prefetch=self.zero3_prefetch, data_load_ms=self.data_load_ms,
+                                        zero3_prefetch=self.zero3_prefetch, fsdp_reduce_dtype=self.fsdp_reduce_dtype,
+                                        data_load_ms=self.data_load_ms,
                                         data_workers=self.data_workers, fp8_param_gather=self.fp8_param_gather,
                                         mtp_num_layers=self.mtp_num_layers,
                                         **asdict(self.parallel), **common)

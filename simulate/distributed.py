@@ -261,6 +261,38 @@ def _grad_bytes(framework: str, dtype: str) -> int:
     return 4
 
 
+#: the dtypes FSDP's ``MixedPrecision.reduce_dtype`` may name here (``DistributedOptions.fsdp_reduce_dtype``)
+FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+
+
+def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | None = None) -> int:
+    """Bytes per gradient element the data-parallel reduction moves: :func:`_grad_bytes`, except under PyTorch FSDP
+    (``hf`` with ZeRO-3) with half precision, which reduce-scatters in ``MixedPrecision.reduce_dtype``: ``reduce_dtype``
+    if given, else the parameters' half-precision dtype (2 B; an fp8 recipe's are bf16). That default is what Hugging
+    Face Accelerate 1.15 sets for ``mixed_precision="bf16"``/``"fp16"`` (``accelerate/utils/dataclasses.py``
+    ``FullyShardedDataParallelPlugin.set_mixed_precision``: ``{"param_dtype": dtype, "reduce_dtype": dtype}``), what
+    torch's ``MixedPrecision`` does with ``reduce_dtype=None`` ("takes on the ``param_dtype`` value, still running
+    gradient reduction in low precision", torch 2.13 ``torch/distributed/fsdp/api.py``) and Composer's / llm-foundry's
+    ``mixed_precision: PURE``; Composer's ``DEFAULT`` reduces in fp32 (``composer/distributed/mosaic_parallelism.py``
+    ``get_mixed_precision``: ``reduce_dtype = torch.float32``): ``reduce_dtype="fp32"``."""
+    if reduce_dtype is not None:
+        if reduce_dtype not in FSDP_REDUCE_DTYPES:
+            raise ValueError(f"fsdp_reduce_dtype must be one of {', '.join(FSDP_REDUCE_DTYPES)} or None (the "
+                             f"parameters' dtype), got {reduce_dtype!r}")
+        if framework != "hf":
+            raise ValueError(f"fsdp_reduce_dtype is PyTorch FSDP's MixedPrecision.reduce_dtype: it needs framework hf "
+                             f"(got {framework})")
+    if framework != "hf" or int(zero) < 3 or DTYPE_BYTES[dtype] >= 4:
+        return _grad_bytes(framework, dtype)
+    return DTYPE_BYTES[reduce_dtype] if reduce_dtype is not None else 2
+
+
+def _checked_fsdp_reduce_dtype(framework: str, given: str | None) -> str | None:
+    """``given`` once :func:`dp_reduce_bytes` accepts it (a ValueError naming the rule otherwise)."""
+    dp_reduce_bytes(framework, "bf16", 3, given)
+    return given
+
+
 def grad_accumulation_bytes(framework: str, dtype: str) -> tuple[float, bool]:
     """(bytes per parameter, every micro-batch?) of the pass that accumulates a micro-batch's gradients.
 
@@ -536,6 +568,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
+                           fsdp_reduce_dtype=_checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),
                            fp8_param_gather=check_fp8_param_gather(dopts.fp8_param_gather, graph_dtype=graph_dtype,
                                                                    framework=framework, zero=par.zero),
                            coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
@@ -967,6 +1000,8 @@ class ScheduleContext:
     #: ZeRO-3 / FSDP collectives prefetched beside the computation (True) or in series with it (resolved
     #: ``DistributedOptions.zero3_prefetch``)
     zero3_prefetch: bool = True
+    #: ``DistributedOptions.fsdp_reduce_dtype`` (checked): FSDP's gradient reduce-scatter dtype, None the default
+    fsdp_reduce_dtype: str | None = None
     #: ``DistributedOptions.fp8_param_gather`` (checked)
     fp8_param_gather: bool = False
     #: the framework's per-kernel launch floor (ms) and TP collective host floors (None: the framework's table), for
@@ -1441,11 +1476,21 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # 4 B a parameter); with FP8 parameters (--fp8-param-gather) each casts its shard of the fp32 master weights (read
     # 4 B, write 1) and, after the FP8 all-gather, makes the whole weights' transposes (read 1, write 1)
     cast_share = 0.5 + 1.25 * opt_share if ctx.fp8_param_gather else 1.0
+    # FSDP's root unit (hf, ZeRO-3): each stage's parameters outside the transformer blocks (embeddings, final norm,
+    # untied head, a pipeline's tied copy), unsharded through the passes (simulate/stage_memory.py buffer_bytes)
+    root_stage = None
+    if opts.framework == "hf" and par.zero >= 3:
+        root_key = ("root_params", P, V)
+        root_stage = sums.get(root_key)
+        if root_stage is None:
+            in_block = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
+            root_stage = sums[root_key] = np.maximum(params_stage - by_stage(per_chunk(np.where(in_block, view.params,
+                                                                                               0.0))), 0.0)
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
                     fp8_param_fraction=np.zeros(P) if ctx.fp8_param_gather else fp8_frac, expert_params=expert_stage,
-                    expert_dp=edp_n)
+                    expert_dp=edp_n, root_params=0.0 if root_stage is None else root_stage)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -1524,7 +1569,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
     send_f[-1] = send_b[0] = 0.0
 
-    grad_b = _grad_bytes(opts.framework, dtype)
+    grad_b = dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype)
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
     # the tied embedding's gradient all-reduce between the first and the last stage (Megatron-Core's
     # _allreduce_embedding_grads, DeepSpeed's _exec_reduce_tied_grads): once per step, a 2-rank all-reduce of the copy's

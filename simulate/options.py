@@ -64,6 +64,10 @@ class DistributedOptions:
     #: its neighbours (prefetched; only the SMs NCCL holds slow the computation); False, in series with the computation;
     #: None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``)
     zero3_prefetch: bool | None = None
+    #: PyTorch FSDP (``framework="hf"``, ZeRO-3) under half precision: the dtype its gradient reduce-scatters run in
+    #: (``MixedPrecision.reduce_dtype``: "fp32", "bf16", "fp16"); None: the parameters' half-precision dtype, Accelerate's
+    #: and torch's default (``simulate.distributed.dp_reduce_bytes``)
+    fsdp_reduce_dtype: str | None = None
     #: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, the distributed optimizer, ``framework="megatron"``):
     #: the FP8 GEMMs' weights are held as FP8 (Transformer Engine's FP8 primary weights): no bf16 copy beside the FP8
     #: weight and transpose, the optimizer casts each rank's shard of them and the distributed optimizer all-gathers

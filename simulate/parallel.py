@@ -414,6 +414,16 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if cfg.overlap_param_gather and cfg.zero < 1:
         raise ParallelConfigError(
             "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather: it needs --zero 1 or more")
+    if d["overlap_param_gather"] is None and not flags["overlap_grad_reduce"]:
+        flags["overlap_param_gather"] = False  # its default follows the grad-reduce overlap (the rule below)
+    if flags["overlap_param_gather"] and not flags["overlap_grad_reduce"]:
+        # Megatron-LM megatron/training/arguments.py validate_args: ``assert args.overlap_grad_reduce, 'Must use
+        # --overlap-param-gather with --overlap-grad-reduce'`` (Megatron-Core 0.16.1's DistributedDataParallelConfig
+        # does not check it itself: without overlap_grad_reduce its buffers are one bucket, bucket_size infinite,
+        # distributed_data_parallel.py, so there would be nothing to gather bucket by bucket)
+        raise ParallelConfigError(
+            "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM's validate_args: \"Must use "
+            "--overlap-param-gather with --overlap-grad-reduce\")")
     if cfg.overlap_moe_expert_parallel_comm and not cfg.ep > 1:
         raise ParallelConfigError(
             "--overlap-moe-expert-parallel-comm overlaps the expert-parallel all-to-alls: it needs --ep > 1")

@@ -29,7 +29,12 @@ every term cites the equation or the framework code it follows. Units are in the
   ``gradient_as_bucket_view=True`` (``torch.nn.parallel.DistributedDataParallel`` docs: the saving "will be equal
   to the total gradients size"), allocated with the model, so held during the passes; FSDP holds the unsharded
   parameters of the running and the prefetched unit (one transformer block each: llm-foundry wraps per block,
-  ``forward_prefetch``/``backward_prefetch``); DeepSpeed flattens gradients into reduce buckets of up to
+  ``forward_prefetch``/``backward_prefetch``) and of its root unit, everything outside the blocks (embeddings, final
+  norm, an untied LM head), which it gathers at the start of the forward and does not reshard until the backward
+  ends (PyTorch 2.13 FSDP1 ``torch/distributed/fsdp/_runtime_utils.py`` ``_post_forward_reshard``: "Do not free the
+  root's parameters in the post-forward for ``FULL_SHARD``", ``free_unsharded_flat_param = not state._is_root and
+  ...``; FSDP2 ``_fully_shard/_fsdp_state.py`` ``_lazy_init``: "For the root, do not reshard after forward",
+  ``post_forward_mesh_info = None``): 2.1 GB in bf16 for Llama 3 8B's 128,256 x 4,096 embedding and head; DeepSpeed flattens gradients into reduce buckets of up to
   ``reduce_bucket_size`` = 5e8 elements (DeepSpeed's default config) when it reduces them, after the last
   micro-batch's backward (activations freed by then: a second peak, not added to the first); Megatron-LM's
   distributed optimizer reduces and gathers in place in its contiguous grad and param buffers (no extra copy).
@@ -188,15 +193,17 @@ def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, sched
 
 
 def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes: int, zero: int, dp: int,
-                 block_params: float) -> tuple[float, float]:
+                 block_params: float, root_params: float = 0.0) -> tuple[float, float]:
     """(held during the passes, made after the last backward) bytes of the framework's communication buffers for
     ``params`` parameters of a stage; the first includes the cuBLAS workspace. ``grad_bytes``: bytes per gradient
-    element the reduction moves; ``block_params``: parameters of one transformer block on this rank (FSDP's unit)."""
+    element the reduction moves; ``block_params``: parameters of one transformer block on this rank (FSDP's unit);
+    ``root_params``: the stage's parameters outside the blocks (FSDP's root unit: embeddings, final norm, untied
+    head), unsharded from the start of the forward to the end of the backward (module docstring)."""
     during, after = float(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES), 0.0
     if dp > 1:
         if framework == "hf":
-            if zero >= 3:  # FSDP: the running and the prefetched unit, unsharded
-                during += 2.0 * block_params * dtype_bytes
+            if zero >= 3:  # FSDP: the running and the prefetched unit and the root unit, unsharded
+                during = during + (2.0 * block_params + root_params) * dtype_bytes
             elif zero == 0:  # DDP: bucket buffers are a second copy of the gradients
                 during += params * grad_bytes
         elif framework == "megatron-deepspeed":  # flattened reduce buckets when the gradients are reduced
@@ -207,7 +214,7 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
 def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, full_recompute_extra_bytes: float,
                  dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str, zero: int, dp: int,
                  framework: str, block_params: float, fp8_param_fraction: float = 0.0, expert_params: float = 0.0,
-                 expert_dp: int | None = None) -> StageMemory:
+                 expert_dp: int | None = None, root_params: float = 0.0) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -217,7 +224,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
                                           expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
-                                 block_params=block_params)
+                                 block_params=block_params, root_params=root_params)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
                        buffers_bytes=during, post_backward_buffers_bytes=after)
 
@@ -259,7 +266,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                     optimizer: str, zero: int, dp: int, framework: str, block_params: float,
                     fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
-                    expert_dp: int | None = None, userbuffers_bytes: float = 0.0) -> dict[str, np.ndarray]:
+                    expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
+                    root_params: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -269,7 +277,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
                                                                dp=dp, expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
-                                 dp=dp, block_params=block_params)
+                                 dp=dp, block_params=block_params, root_params=root_params)
     n = len(params)
 
     def arr(v) -> np.ndarray:
@@ -287,20 +295,21 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                    optimizer: str, zero: int, dp: int, framework: str, block_params: float,
                    fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
-                   expert_dp: int | None = None, userbuffers_bytes: float = 0.0) -> np.ndarray:
+                   expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
+                   root_params: np.ndarray | float = 0.0) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
                               held_grad_bytes=held_grad_bytes, optimizer=optimizer, zero=zero, dp=dp, framework=framework,
                               block_params=block_params, fp8_param_fraction=fp8_param_fraction,
-                              expert_params=expert_params, expert_dp=expert_dp)
+                              expert_params=expert_params, expert_dp=expert_dp, root_params=root_params)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
 def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str,
                       zero: int, dp: int, framework: str, block_params: float,
                       fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
-                      expert_dp: int | None = None) -> tuple:
+                      expert_dp: int | None = None, root_params: np.ndarray | float = 0.0) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
@@ -316,7 +325,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     w = w + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp, expert_params=ex,
                            expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
-                                 dp=max(int(dp), 1), block_params=block_params)
+                                 dp=max(int(dp), 1), block_params=block_params, root_params=root_params)
     states = (w + _sharded(lambda x: x * (4 if mixed else 0), params, ex, *g[1])
               + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])
               + _sharded(lambda x: x * opt_b, params, ex, *g[1]))

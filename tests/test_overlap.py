@@ -72,6 +72,8 @@ def test_overlaps_shorten_the_step_and_the_split_says_where():
     (dict(sp=False, tp_comm_overlap=True), "needs --tp > 1 and --sp"),
     (dict(framework="hf", overlap_grad_reduce=True), "Megatron-Core option"),
     (dict(overlap_grad_reduce="yes"), "must be true or false"),
+    # Megatron-LM's validate_args: "Must use --overlap-param-gather with --overlap-grad-reduce"
+    (dict(overlap_grad_reduce=False, overlap_param_gather=True), "--overlap-param-gather needs --overlap-grad-reduce"),
 ])
 def test_overlap_rules(kw, msg):
     with pytest.raises(ParallelConfigError, match=msg):
@@ -375,3 +377,23 @@ def test_megatron_deepspeed_reduces_in_deepspeeds_buckets():
     z0, z1 = (wattcast.predict_cluster("gpt3_2.7b", "DGX-A100", zero=z, **kw) for z in (0, 1))
     assert z1.step_time_ms < 1.2 * z0.step_time_ms
     assert z1.to_dict()["comm"]["dp_sync_ms"] < 200.0
+
+
+def test_param_gather_overlap_needs_the_grad_reduce_overlap_on_predict_and_search():
+    """Megatron-LM refuses --overlap-param-gather without --overlap-grad-reduce (megatron/training/arguments.py
+    validate_args); it was accepted and costed. Turning the grad-reduce overlap off alone takes the param-gather
+    overlap's default with it (the step is unchanged: with one bucket there was nothing to hide)."""
+    base = ["predict", "--model", "gpt3_xl", "--cluster", "DGX-H100", "--gpus", "16", "--batch", "32", "--seq", "2048",
+            "--zero", "1", "--micro-batch", "1", "--framework", "megatron", "--json"]
+    bad = run_cli(*base, "--no-overlap-grad-reduce", "--overlap-param-gather")
+    assert bad.returncode == 2 and "--overlap-param-gather needs --overlap-grad-reduce" in bad.stderr
+    alone = run_cli(*base, "--no-overlap-grad-reduce")
+    assert alone.returncode == 0, alone.stderr
+    p = json.loads(alone.stdout)["parallel"]
+    assert p["overlap_grad_reduce"] is False and p["overlap_param_gather"] is False
+    # a search given the pair skips every candidate as invalid instead of costing it or crashing
+    res = wattcast.search("gpt3_xl", "DGX-H100", 8, 16, 2048, framework="megatron", max_configs=12, zero=[1],
+                          overlaps=dict(overlap_grad_reduce=False, overlap_param_gather=True))
+    assert len(res.ranked) == 0
+    assert len(res.rejected) > 0
+    assert res.rejected["rule"].str.contains("--overlap-param-gather needs --overlap-grad-reduce", regex=False).any()

@@ -10,6 +10,9 @@ its measured tokens per second per GPU. Every row is predicted as:
   sequence, so the benchmarked models carried a position table), no biases, GELU MLP;
 - the strategy: ZeRO-3 (FSDP full sharding) over all GPUs, the table's micro-batch and gradient
   accumulation, full recomputation where activation checkpointing was on, flash attention, AdamW;
+- the gradient reduce-scatter dtype: the row's ``MP Mode`` (Composer's ``mixed_precision``): fp32 for DEFAULT
+  (59 rows, the 80 GB ones but 70B), bf16 for PURE (80 rows) (:data:`MP_MODE_REDUCE_DTYPE`; until stop 41 every
+  row reduced in fp32);
 - the attention kernel: the FlashAttention-1 / Triton class (``attention="flash1"``). The table does not name
   it; MPT's recipes of the time used ``attn_impl: triton`` (MosaicML's Triton FlashAttention, the one that took
   ALiBi). Measured support: with today's FlashAttention-2 class the error grows with the sequence (mean -13%
@@ -41,6 +44,12 @@ _COLUMNS = {"Model": "model", "SeqLen (T)": "seq", "# GPUs": "gpus", "GPU": "gpu
             "MicroBatchSize": "micro_batch", "GradAccum": "grad_accum", "GlobalBatchSize": "batch",
             "Throughput (T/s/GPU)": "tokens_per_s_per_gpu", "Precision": "precision",
             "Activation Checkpointing": "checkpointing", "NumParams": "num_params"}
+#: optional: Composer's ``fsdp_config.mixed_precision`` of the run
+_MP_MODE_COLUMN = "MP Mode"
+#: FSDP's gradient reduce-scatter dtype under each of Composer's mixed-precision modes (``composer/distributed/
+#: mosaic_parallelism.py`` ``get_mixed_precision``, mosaicml 0.32.1): DEFAULT reduces in fp32, PURE in the
+#: parameters' dtype (bf16 here: None, the hf framework's default, ``simulate.distributed.dp_reduce_bytes``)
+MP_MODE_REDUCE_DTYPE = {"DEFAULT": "fp32", "PURE": None}
 _DIM_COLUMNS = ("model", "d_model", "n_heads", "n_layers", "expansion_ratio", "vocab_size")
 
 
@@ -57,7 +66,9 @@ def load_mpt(root=None) -> pd.DataFrame:
         missing = [c for c in need if c not in frame.columns]
         if missing:
             raise ValueError(f"{f}: missing column(s) {missing}")
-    runs = runs.rename(columns=_COLUMNS)[list(_COLUMNS.values())]
+    # Composer's FSDP mixed-precision mode of each run (PURE / DEFAULT), when the table has it
+    runs = runs.rename(columns=dict(_COLUMNS, **{_MP_MODE_COLUMN: "mp_mode"}))
+    runs = runs[list(_COLUMNS.values()) + (["mp_mode"] if "mp_mode" in runs.columns else [])]
     runs["model"] = runs["model"].astype(str)
     df = runs.merge(dims[list(_DIM_COLUMNS)].astype({"model": str}), on="model", how="left", validate="many_to_one")
     unknown = sorted(set(df.loc[df["d_model"].isna(), "model"]))
@@ -101,6 +112,16 @@ def fit_zero3_prefetch(df: pd.DataFrame, *, progress=None) -> tuple[bool, dict[b
     return min(err, key=err.get), err
 
 
+def mpt_reduce_dtype(r) -> str | None:
+    """FSDP's reduce dtype of an MPT row (:data:`MP_MODE_REDUCE_DTYPE`; a row without a mode: the framework's)."""
+    mode = getattr(r, "mp_mode", None)
+    if not isinstance(mode, str):
+        return None
+    if mode.upper() not in MP_MODE_REDUCE_DTYPE:
+        raise ValueError(f"MPT run with an unknown mixed-precision mode {mode!r} (known: {', '.join(MP_MODE_REDUCE_DTYPE)})")
+    return MP_MODE_REDUCE_DTYPE[mode.upper()]
+
+
 def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: str = MPT_ATTENTION,
                 zero3_prefetch: bool | None = None) -> pd.DataFrame:
     """Every row predicted (``zero3_prefetch`` None: the hf framework's default for FSDP's collectives)."""
@@ -110,7 +131,8 @@ def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: 
                              recompute="full" if bool(r.checkpointing) else "none")
         p = predict_distributed(mpt_config(r), MPT_CLUSTER, par, DistributedOptions(
             batch=int(r.batch), seq=int(r.seq), dtype="bf16", attention=attention, optimizer="adamw", framework="hf",
-            device=MPT_DEVICE[r.gpu], coll_model=coll_model, zero3_prefetch=zero3_prefetch))
+            device=MPT_DEVICE[r.gpu], coll_model=coll_model, zero3_prefetch=zero3_prefetch,
+            fsdp_reduce_dtype=mpt_reduce_dtype(r)))
         return p.step_time_ms, dict(predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"),
                                     memory_gb=p.memory_gb, fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms,
                                     **step_terms(p, FRAMEWORK_HOST_MS["hf"][1]))

@@ -1,0 +1,75 @@
+"""PyTorch FSDP's gradient reduce-scatter dtype (framework hf, ZeRO-3): ``MixedPrecision.reduce_dtype``. Hugging Face
+Accelerate 1.15 sets it to the parameters' dtype for ``mixed_precision="bf16"`` (``accelerate/utils/dataclasses.py``
+``set_mixed_precision``: ``{"param_dtype": dtype, "reduce_dtype": dtype}``), torch's ``MixedPrecision`` does the same
+when it is None (torch 2.13 ``torch/distributed/fsdp/api.py``), Composer's ``PURE`` too, its ``DEFAULT`` reduces in
+fp32 (``composer/distributed/mosaic_parallelism.py`` ``get_mixed_precision``). Until stop 41 every hf run reduced fp32
+gradients (4 B), twice the bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wattcast
+from wattcast.simulate.distributed import collective_model
+
+KW = dict(gpus=16, batch=32, seq=1024, micro_batch=2, zero=3, attention="flash", dtype="bf16", framework="hf")
+
+
+class Recording:
+    """The shipped collective model, recording each DP-group (16-rank) call's (op, bytes)."""
+
+    def __init__(self):
+        self.inner, self.calls = collective_model(), []
+
+    def predict_us_memo(self, op, size, n, gpus_per_node, cluster):
+        if n == 16:
+            self.calls.extend((op, float(b)) for b in np.atleast_1d(size))
+        return self.inner.predict_us_memo(op, size, n, gpus_per_node, cluster)
+
+
+def _sizes(**kw):
+    from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
+    from wattcast.simulate.parallel import ParallelConfig
+
+    rec = Recording()
+    par = ParallelConfig(gpus=16, dp=16, micro_batch=2, zero=3)
+    predict_distributed("gpt2-medium", "DGX-A100", par, DistributedOptions(
+        batch=32, seq=1024, dtype="bf16", attention="flash", framework="hf", coll_model=rec, **kw))
+    ag = {b for op, b in rec.calls if op == "all_gather"}
+    rs = {b for op, b in rec.calls if op == "reduce_scatter"}
+    assert len(ag) == 1 and len(rs) == 1  # one unit's gather and one unit's reduce-scatter
+    return ag.pop(), rs.pop()
+
+
+def test_fsdp_reduces_bf16_gradients_by_default_and_fp32_when_told():
+    ag, rs = _sizes()
+    assert rs == pytest.approx(ag, rel=1e-12)  # the unit's bf16 parameters gathered, its bf16 gradients reduced
+    ag32, rs32 = _sizes(fsdp_reduce_dtype="fp32")  # Composer's mixed_precision: DEFAULT
+    assert ag32 == ag and rs32 == pytest.approx(2 * ag, rel=1e-12)
+
+
+def test_the_step_moves_with_it_and_bad_values_are_named():
+    bf16 = wattcast.predict_cluster("gpt2-medium", "DGX-A100", **KW)
+    fp32 = wattcast.predict_cluster("gpt2-medium", "DGX-A100", fsdp_reduce_dtype="fp32", **KW)
+    assert fp32.comm["dp_zero3_ms_per_micro"] > bf16.comm["dp_zero3_ms_per_micro"]
+    assert fp32.step_time_ms > bf16.step_time_ms
+    assert bf16.to_dict()["settings"]["fsdp_reduce_dtype"] is None
+    # DDP (ZeRO-0) all-reduces PyTorch AMP's fp32 .grad: the option does not change it
+    ddp = [wattcast.predict_cluster("gpt2-medium", "DGX-A100", **dict(KW, zero=0), fsdp_reduce_dtype=d).step_time_ms
+           for d in (None, "bf16")]
+    assert ddp[0] == ddp[1]
+    with pytest.raises(ValueError, match="fsdp_reduce_dtype must be one of"):
+        wattcast.predict_cluster("gpt2-medium", "DGX-A100", fsdp_reduce_dtype="int8", **KW)
+    with pytest.raises(ValueError, match="needs framework hf"):
+        wattcast.predict_cluster("gpt2-medium", "DGX-A100", fsdp_reduce_dtype="fp32", **dict(KW, framework="megatron"))
+
+
+def test_mpt_rows_reduce_in_their_mode():
+    from wattcast.validation.mpt_validation import MP_MODE_REDUCE_DTYPE, mpt_reduce_dtype
+
+    class Row:
+        mp_mode = "DEFAULT"
+
+    assert mpt_reduce_dtype(Row()) == "fp32" and MP_MODE_REDUCE_DTYPE["PURE"] is None
