@@ -68,7 +68,11 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
                             "kgCO2e per kWh"),
     "electricity_usd_per_kwh": (1e-3, 2.0, "USD per Wh (0.0001 USD/Wh means 0.1 USD/kWh)", "cents or USD per MWh",
                                 "USD per kWh"),
-    "cloud_usd_per_gpu_hour": (0.0, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
+    # the dearest list price in cloud_prices.yaml is 12.29 USD/GPU-h (Azure ND96isr H100 v5, 98.32 USD/h / 8 GPUs;
+    # AWS p5.48xlarge's pre-June-2025 list was the same 98.32 / 8), the cheapest 0.526 (AWS g4dn.xlarge, one T4): 30
+    # leaves 2.4x room for dearer parts, while a price in cents (350 for 3.50 USD) or of a whole 8-GPU H100 node
+    # (55-98 USD/h) is refused (an 8 x A100 node's 22 USD/h is not: it overlaps real per-GPU prices)
+    "cloud_usd_per_gpu_hour": (0.0, 30.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
     # a synchronous write of even a multi-TB checkpoint takes minutes (Llama 3 405B: seconds to minutes); a day is far
     # beyond any real one and would make the Young/Daly interval meaningless
     "checkpoint_write_s": (0.0, 86_400.0, "-", "milliseconds (60000 means 60 s), or not one write (1 day = 86400 s)",

@@ -1,0 +1,42 @@
+"""Lifecycle inputs in the wrong unit (an audit of the power / cost paths): a cloud price in cents or for a whole
+node, an all-in power per GPU several times the device's TDP, a purchase price in thousands of USD, an embodied
+carbon in grams; each refused naming the figure and the likely unit, and taken as given under --force /
+allow_exotic, like the other ranges of ``lifecycle/checks.py`` PLAUSIBLE."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import flat, preset_cluster, run_cli
+
+from wattcast.data.checks import allow_exotic
+from wattcast.data.cluster_spec import ClusterSpecError, cluster_from_dict
+from wattcast.lifecycle import LifecycleAssumptions, footprint
+
+FP = ("footprint", "-d", "H100-SXM5-80GB", "--gpus", "8", "--hours", "10", "--json")
+
+
+# ------------------------------------------------------------------ cloud price per GPU-hour
+def test_cloud_price_in_cents_or_per_node_is_refused_on_the_cli():
+    """350 USD/GPU-h made a 28,000 USD cloud view of 80 GPU-hours; the dearest list price shipped is 12.29."""
+    r = run_cli(*FP, "--cloud-usd-per-gpu-hour", "350")
+    err = flat(r.stderr)
+    assert r.returncode == 2 and "--cloud-usd-per-gpu-hour" in err and "cents" in err and "--force" in err, r.stderr
+    r = run_cli(*FP, "--cloud-usd-per-gpu-hour", "350", "--force")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cloud_usd"] == pytest.approx(80 * 350)
+    # a real list price passes (Azure ND96isr H100 v5, 98.32 USD/h / 8 GPUs)
+    r = run_cli(*FP, "--cloud-usd-per-gpu-hour", "12.29")
+    assert r.returncode == 0 and json.loads(r.stdout)["cloud_usd"] == pytest.approx(80 * 12.29)
+
+
+def test_cloud_price_of_a_whole_node_is_refused_in_python_and_in_a_cluster_spec():
+    with pytest.raises(ValueError, match=r"cloud_usd_per_gpu_hour \(--cloud-usd-per-gpu-hour\) is 98.32.*whole node"):
+        footprint("H100-SXM5-80GB", 8, 10.0, cloud_usd_per_gpu_hour=98.32)
+    with pytest.raises(ClusterSpecError, match=r"cloud_usd_per_gpu_hour.*98.32.*whole node"):
+        cluster_from_dict(preset_cluster("dgx-h100", cloud_usd_per_gpu_hour=98.32))
+    with allow_exotic():
+        assert cluster_from_dict(preset_cluster("dgx-h100", cloud_usd_per_gpu_hour=98.32)).cloud_usd_per_gpu_hour == 98.32
