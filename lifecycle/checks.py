@@ -113,6 +113,33 @@ def check_plausible(name: str, v: float | None) -> None:
         raise ValueError(msg)
 
 
+#: the most a measured all-in power per accelerator (``--avg-power-w``: the GPU plus its share of the node) may be:
+#: ``AVG_POWER_TDP_MULTIPLE`` x the device's TDP + ``AVG_POWER_HOST_ALLOWANCE_W``. The heaviest node share cited here is
+#: the DGX H100's: 10.2 kW nameplate over 8 x 700 W GPUs (NVIDIA DGX H100 datasheet; costs.yaml node_overhead_share)
+#: = 1,275 W, 1.82 x TDP per GPU; the multiple covers it, the allowance a small card alone in a server (one 70 W T4
+#: under a ~300-500 W host). An H100 at 3,000 W (4.3 x TDP) is the power of several GPUs or of a node, not of one.
+AVG_POWER_TDP_MULTIPLE = 2.0
+AVG_POWER_HOST_ALLOWANCE_W = 500.0
+
+
+def check_avg_power_for_device(avg_power_w: float, spec: DeviceSpec) -> None:
+    """ValueError when a given all-in power per accelerator exceeds what one ``spec`` and its share of a node can draw
+    (:data:`AVG_POWER_TDP_MULTIPLE` x TDP + :data:`AVG_POWER_HOST_ALLOWANCE_W`; unless allow_exotic / --force).
+    A spec without ``tdp_w`` is not checked here (the generic range of :data:`PLAUSIBLE` still applies)."""
+    if not spec.tdp_w:
+        return
+    tdp = float(spec.tdp_w)
+    hi = AVG_POWER_TDP_MULTIPLE * tdp + AVG_POWER_HOST_ALLOWANCE_W
+    msg = implausible(f"avg_power_w ({_FLAGS['avg_power_w']})", float(avg_power_w), PLAUSIBLE["avg_power_w"][0], hi,
+                      PLAUSIBLE["avg_power_w"][2],
+                      f"the power of several GPUs or of a whole node ({float(avg_power_w) / tdp:.1f} x the "
+                      f"{spec.name}'s {tdp:g} W TDP; one GPU with its share of a node draws at most "
+                      f"{AVG_POWER_TDP_MULTIPLE:g} x TDP + {AVG_POWER_HOST_ALLOWANCE_W:g} W)",
+                      "watts per accelerator")
+    if msg:
+        raise ValueError(msg)
+
+
 def _not_catalog_flag(spec: DeviceSpec, what: str) -> str:
     return (f"the spec named {spec.name!r} is not the catalog's {spec.name} (its figures differ): the catalog's "
             f"{what} for that name is not used")

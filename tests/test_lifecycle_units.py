@@ -40,3 +40,20 @@ def test_cloud_price_of_a_whole_node_is_refused_in_python_and_in_a_cluster_spec(
         cluster_from_dict(preset_cluster("dgx-h100", cloud_usd_per_gpu_hour=98.32))
     with allow_exotic():
         assert cluster_from_dict(preset_cluster("dgx-h100", cloud_usd_per_gpu_hour=98.32)).cloud_usd_per_gpu_hour == 98.32
+
+
+# ------------------------------------------------------------------ all-in power per accelerator vs the device's TDP
+def test_avg_power_several_times_the_tdp_is_refused():
+    """3,000 W on a 700 W H100 (4.3 x TDP) passed the generic 1-10,000 W range; one H100 with its share of a DGX
+    H100 (10.2 kW / 8) draws 1,275 W."""
+    r = run_cli(*FP, "--avg-power-w", "3000")
+    err = flat(r.stderr)
+    assert r.returncode == 2 and "--avg-power-w" in err and "4.3 x" in err and "whole node" in err and "--force" in err
+    r = run_cli(*FP, "--avg-power-w", "3000", "--force")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["avg_power_w"] == 3000
+    # the DGX H100 nameplate share per GPU passes; so does a small card alone in a server (T4 + a 300 W host)
+    assert footprint("H100-SXM5-80GB", 8, 10.0, avg_power_w=1275.0).avg_power_w == 1275.0
+    assert footprint("Tesla-T4", 1, 10.0, avg_power_w=370.0).avg_power_w == 370.0
+    with pytest.raises(ValueError, match=r"avg_power_w \(--avg-power-w\) is 1000.*Tesla-T4"):
+        footprint("Tesla-T4", 1, 10.0, avg_power_w=1000.0)
