@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -57,3 +58,27 @@ def test_avg_power_several_times_the_tdp_is_refused():
     assert footprint("Tesla-T4", 1, 10.0, avg_power_w=370.0).avg_power_w == 370.0
     with pytest.raises(ValueError, match=r"avg_power_w \(--avg-power-w\) is 1000.*Tesla-T4"):
         footprint("Tesla-T4", 1, 10.0, avg_power_w=1000.0)
+
+
+# ------------------------------------------------------------------ purchase price and embodied carbon (Python only)
+@pytest.mark.parametrize("field, value, hint", [
+    ("accelerator_price_usd", 33.6, "thousands of USD"),  # an H100's 33,600 USD typed in thousands
+    ("accelerator_price_usd", 33.6e6, "cents"),
+    ("embodied_kgco2e_per_gpu", 150_000, "grams"),  # Luccioni et al. 2022's 150 kg per GPU in g
+    ("embodied_kgco2e_per_gpu", 0.15, "tonnes"),
+])
+def test_price_and_embodied_in_another_unit_are_refused(field, value, hint):
+    with pytest.raises(ValueError, match=rf"LifecycleAssumptions.{field} is {re.escape(f'{value:g}')}.*{hint}.*allow_exotic"):
+        LifecycleAssumptions(**{field: value})
+    with allow_exotic():
+        fp = footprint("H100-SXM5-80GB", 8, 10.0, assumptions=LifecycleAssumptions(**{field: value}))
+    assert math.isfinite(fp.total_tco2e) and fp.sources[field] == "given"
+
+
+def test_price_and_embodied_in_range_or_zero_pass():
+    ok = LifecycleAssumptions(accelerator_price_usd=33_600, embodied_kgco2e_per_gpu=150)
+    fp = footprint("H100-SXM5-80GB", 8, 10.0, avg_power_w=700.0, assumptions=ok)
+    assert fp.embodied_kgco2e_per_gpu == 150
+    free = footprint("H100-SXM5-80GB", 8, 10.0, avg_power_w=700.0,
+                     assumptions=LifecycleAssumptions(accelerator_price_usd=0, embodied_kgco2e_per_gpu=0))
+    assert free.embodied_tco2e == 0 and free.capex_breakdown_usd["accelerators_usd"] == 0
