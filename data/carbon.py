@@ -32,6 +32,7 @@ import functools
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -102,6 +103,8 @@ class GridIntensity:
     basis: str
     source: str
     year: int | None = None
+    #: said in a run's notes when the figure is not the region's own (a zone given its country's figure)
+    note: str | None = None
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -259,7 +262,12 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
                 "(--grid-kgco2e-per-kwh; in Python also LifecycleAssumptions.market_kgco2e_per_kwh)"
             )
         return GridIntensity(key, name, float(m) / 1000.0, "market", f"{src}; {g['sources']['market']}", year)
-    return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year)
+    note = None
+    if table == "zones" and row.get("placeholder"):
+        note = (f"zone {key}: the shipped zone figure ({row['upstream_gco2e_per_kwh']:g} g/kWh, CodeCarbon "
+                f"nordic_emissions.json) is a placeholder shared by several zones; {row['country']}'s country average "
+                f"{row['gco2e_per_kwh']:g} g/kWh ({year}) is used instead (give --grid-kgco2e-per-kwh for the zone's own)")
+    return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year, note)
 
 
 def world_grid_intensity() -> GridIntensity:
@@ -704,11 +712,7 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
             _relocate(cloud[full], *CLOUD_REGION_LOCATIONS[full], countries=countries, canada=canada,
                       per_source=per_source)
     nordic = json.loads((root / _CC / "private_infra_nordic_emissions.json").read_text(encoding="utf-8"))
-    zones = {
-        code: {"name": ZONE_NAMES.get(code, r["description"]), "gco2e_per_kwh": float(r["emission_factor"]),
-               "year": int(r["year"])}
-        for code, r in nordic["data"].items()
-    }
+    zones = zone_rows(nordic["data"], countries)
     world = _world_entry()
     return {
         "_about": "DERIVED table for wattcast: grid carbon intensity in gCO2e/kWh (location-based). "
@@ -733,6 +737,45 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
         "cloud_regions": dict(sorted(cloud.items())),
         "zones": zones,
     }
+
+
+#: the country (ISO 3166-1 alpha-3) of a bidding zone, by the ISO 3166-1 alpha-2 code its name starts with (Nord Pool's
+#: zone codes: SE1-SE4 Sweden, NO1-NO5 Norway, FI Finland, DK1-DK2 Denmark)
+ZONE_COUNTRIES = {"SE": "SWE", "NO": "NOR", "FI": "FIN", "DK": "DNK"}
+#: a figure that this many zones or more share exactly is a placeholder, not a measurement: ENTSO-E averages of
+#: different grids never coincide to the gram (CodeCarbon's nordic_emissions.json gives all nine SE and NO zones
+#: 18.0 g/kWh, "static emission factors", while its own country rows say Sweden 40.7 and Norway 30.1)
+ZONE_PLACEHOLDER_MIN = 3
+
+
+def zone_country(code: str) -> str | None:
+    """The ISO3 country of bidding zone ``code`` (:data:`ZONE_COUNTRIES`), or None."""
+    return ZONE_COUNTRIES.get(re.sub(r"\d+$", "", str(code).upper()))
+
+
+def zone_rows(upstream: Mapping[str, Mapping[str, Any]], countries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``zones`` of the grid table from CodeCarbon's nordic_emissions.json rows (``upstream``). A figure shared by
+    :data:`ZONE_PLACEHOLDER_MIN` zones or more is a placeholder: those zones take their country's row (``countries``,
+    the same table's country figures) and say so (``placeholder``, ``upstream_gco2e_per_kwh``, ``source``); the
+    lookup flags it in a run's notes. A placeholder zone whose country has no row is an error."""
+    shared = Counter(float(r["emission_factor"]) for r in upstream.values())
+    out: dict[str, Any] = {}
+    for code, r in upstream.items():
+        g = float(r["emission_factor"])
+        row: dict[str, Any] = {"name": ZONE_NAMES.get(code, r["description"]), "gco2e_per_kwh": g, "year": int(r["year"])}
+        if shared[g] >= ZONE_PLACEHOLDER_MIN:
+            iso = zone_country(code)
+            if iso not in countries:
+                raise CarbonDataError(f"zone {code}: placeholder figure {g:g} g/kWh and no country row to fall back to "
+                                      f"(ZONE_COUNTRIES in data/carbon.py gives {iso!r})")
+            c = countries[iso]
+            row.update(gco2e_per_kwh=float(c["gco2e_per_kwh"]), year=int(c["year"]), country=iso, placeholder=True,
+                       upstream_gco2e_per_kwh=g,
+                       source=(f"country {iso} ({c['name']}) {c['year']}: CodeCarbon global_energy_mix.json (Our World "
+                               f"in Data / Ember), used for zone {code}: CodeCarbon nordic_emissions.json gives "
+                               f"{g:g} g/kWh to {shared[g]} zones alike (a placeholder, not a zone measurement)"))
+        out[code] = row
+    return out
 
 
 #: Labels of the Nordic bidding zones that wattcast sets itself instead of CodeCarbon's descriptions, which swap SE3

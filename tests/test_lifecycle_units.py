@@ -82,3 +82,33 @@ def test_price_and_embodied_in_range_or_zero_pass():
     free = footprint("H100-SXM5-80GB", 8, 10.0, avg_power_w=700.0,
                      assumptions=LifecycleAssumptions(accelerator_price_usd=0, embodied_kgco2e_per_gpu=0))
     assert free.embodied_tco2e == 0 and free.capex_breakdown_usd["accelerators_usd"] == 0
+
+
+# ------------------------------------------------------------------ grid zones with a placeholder figure
+def test_nordic_zones_do_not_silently_undercut_their_country():
+    """CodeCarbon gives all nine SE and NO zones 18 g/kWh; the country rows say Sweden 40.7, Norway 30.1. A zone with
+    a placeholder figure takes its country's and the run says so."""
+    from wattcast.data import carbon
+
+    for zone, iso in (("SE1", "SWE"), ("SE3", "SWE"), ("SE4", "SWE"), ("NO1", "NOR"), ("NO5", "NOR")):
+        gi, country = carbon.grid_intensity(zone), carbon.grid_intensity(iso)
+        assert gi.kgco2e_per_kwh == country.kgco2e_per_kwh and gi.region == zone
+        assert "placeholder" in gi.note and iso in gi.note and "placeholder" in gi.source
+    fp = footprint("H100-SXM5-80GB", 8, 10.0, avg_power_w=700.0, region="SE3")
+    assert fp.grid_kgco2e_per_kwh == pytest.approx(0.040695)
+    assert any("zone SE3" in f and "placeholder" in f and "SWE" in f for f in fp.flags)
+    # Finland's zone has its own figure (72 g/kWh, not shared): kept, no note
+    fi = carbon.grid_intensity("FI")
+    assert fi.kgco2e_per_kwh == pytest.approx(0.072) and fi.note is None
+
+
+def test_zone_rows_find_placeholders_by_shared_figures():
+    from wattcast.data.carbon import zone_rows
+
+    countries = {"SWE": {"name": "Sweden", "gco2e_per_kwh": 40.0, "year": 2023},
+                 "NOR": {"name": "Norway", "gco2e_per_kwh": 30.0, "year": 2023}}
+    up = {c: {"emission_factor": 18.0, "description": c, "year": 2024} for c in ("SE1", "SE2", "NO1")}
+    up["NO2"] = {"emission_factor": 25.0, "description": "NO2", "year": 2024}
+    rows = zone_rows(up, countries)
+    assert rows["SE2"]["gco2e_per_kwh"] == 40.0 and rows["NO1"]["gco2e_per_kwh"] == 30.0 and rows["NO1"]["placeholder"]
+    assert rows["NO2"] == {"name": "NO2", "gco2e_per_kwh": 25.0, "year": 2024}
