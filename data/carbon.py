@@ -124,6 +124,12 @@ def _grid() -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=1)
+def _iso_alpha2() -> dict[str, str]:
+    """ISO 3166-1 alpha-2 -> alpha-3 for the grid table's countries (``iso3166_alpha2.json``, its source there)."""
+    return json.loads(_pkg_text("iso3166_alpha2.json"))["alpha2"]
+
+
+@functools.lru_cache(maxsize=1)
 def _embodied() -> dict[str, Any]:
     return yaml.safe_load(_pkg_text("embodied_factors.yaml"))
 
@@ -139,7 +145,7 @@ def _key(s: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _region_index() -> dict[str, tuple[str, str]]:
-    """normalised label -> (table, key). Countries by ISO3 and name; cloud regions as 'provider:region'
+    """normalised label -> (table, key). Countries by ISO3, name and ISO 3166-1 alpha-2 code; cloud regions as 'provider:region'
     and bare 'region' when no other provider uses the same name; zones by code; 'world'."""
     g = _grid()
     idx: dict[str, tuple[str, str]] = {"world": ("world", "world")}
@@ -150,6 +156,9 @@ def _region_index() -> dict[str, tuple[str, str]]:
         idx.setdefault(_key(alias), ("countries", iso))
     for code in g["zones"]:
         idx.setdefault(_key(code), ("zones", code))
+    for a2, iso in _iso_alpha2().items():  # FR -> FRA (after the zones: FI stays Finland's zone row)
+        if iso in g["countries"]:
+            idx.setdefault(_key(a2), ("countries", iso))
     bare: dict[str, list[str]] = {}
     for full, row in g["cloud_regions"].items():
         idx[_key(full)] = ("cloud_regions", full)
@@ -224,8 +233,8 @@ def _suggest(region: str) -> str:
 def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
     """Grid intensity of ``region`` in kgCO2e/kWh.
 
-    ``region``: a country ISO 3166-1 alpha-3 code or name (``"FRA"``, ``"France"``; ``"US"``/``"UK"`` are
-    accepted aliases), a cloud region (``"gcp:us-central1"``, ``"aws:eu-west-1"``, ``"azure:westeurope"``,
+    ``region``: a country ISO 3166-1 alpha-3 or alpha-2 code or name (``"FRA"``, ``"FR"``, ``"France"``; ``"UK"``
+    is an accepted alias; ``"FI"`` is Finland's grid zone row), a cloud region (``"gcp:us-central1"``, ``"aws:eu-west-1"``, ``"azure:westeurope"``,
     or the bare region name when only one provider uses it), a Nordic bidding zone (``"SE3"``), or
     ``"world"``. Location-based by default. ``market_based=True`` returns the table's market-based
     figure, which exists only for cloud regions (CodeCarbon's ``offsetRatio``: location x (1 - offsetRatio/100),
@@ -240,7 +249,7 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
         raise UnknownRegionError(
             f"unknown region {region!r}"
             + (f"; close matches: {near}" if near else "")
-            + ". Regions are country ISO3 codes or names (e.g. USA, France), cloud regions as provider:region "
+            + ". Regions are country ISO3 or ISO2 codes or names (e.g. USA, FR, France), cloud regions as provider:region "
             "(e.g. gcp:us-central1, aws:us-east-1, azure:westeurope), Nordic zones (SE1..SE4, NO1..NO5), or 'world'; "
             "or pass an explicit grid intensity (grid_kgco2e_per_kwh / --grid-kgco2e-per-kwh)."
         )

@@ -112,3 +112,21 @@ def test_zone_rows_find_placeholders_by_shared_figures():
     rows = zone_rows(up, countries)
     assert rows["SE2"]["gco2e_per_kwh"] == 40.0 and rows["NO1"]["gco2e_per_kwh"] == 30.0 and rows["NO1"]["placeholder"]
     assert rows["NO2"] == {"name": "NO2", "gco2e_per_kwh": 25.0, "year": 2024}
+
+
+# ------------------------------------------------------------------ ISO 3166-1 alpha-2 region codes
+def test_iso2_country_codes_are_mapped_to_the_iso3_rows():
+    """--region FR was refused (the table is keyed by ISO3 FRA); alpha-2 codes now mean their country."""
+    from wattcast.data import carbon
+
+    for a2, a3 in (("FR", "FRA"), ("de", "DEU"), ("IN", "IND"), ("SE", "SWE"), ("NO", "NOR"), ("GB", "GBR")):
+        gi = carbon.grid_intensity(a2)
+        assert gi.region == a3 and gi.kgco2e_per_kwh == carbon.grid_intensity(a3).kgco2e_per_kwh
+    assert carbon.electricity_price("DE").location == "DEU"
+    assert carbon.grid_intensity("FI").region == "FI"  # Finland's zone row (its own 72 g/kWh) as before
+    r = run_cli(*FP, "--avg-power-w", "700", "--region", "FR")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["grid_region"] == "FRA" and d["grid_kgco2e_per_kwh"] == pytest.approx(0.056039)
+    with pytest.raises(carbon.UnknownRegionError, match=r"ISO3 or ISO2 codes"):
+        carbon.grid_intensity("XQ")
