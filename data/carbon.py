@@ -32,6 +32,7 @@ import functools
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -102,6 +103,8 @@ class GridIntensity:
     basis: str
     source: str
     year: int | None = None
+    #: said in a run's notes when the figure is not the region's own (a zone given its country's figure)
+    note: str | None = None
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -121,6 +124,12 @@ def _grid() -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=1)
+def _iso_alpha2() -> dict[str, str]:
+    """ISO 3166-1 alpha-2 -> alpha-3 for the grid table's countries (``iso3166_alpha2.json``, its source there)."""
+    return json.loads(_pkg_text("iso3166_alpha2.json"))["alpha2"]
+
+
+@functools.lru_cache(maxsize=1)
 def _embodied() -> dict[str, Any]:
     return yaml.safe_load(_pkg_text("embodied_factors.yaml"))
 
@@ -136,7 +145,7 @@ def _key(s: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _region_index() -> dict[str, tuple[str, str]]:
-    """normalised label -> (table, key). Countries by ISO3 and name; cloud regions as 'provider:region'
+    """normalised label -> (table, key). Countries by ISO3, name and ISO 3166-1 alpha-2 code; cloud regions as 'provider:region'
     and bare 'region' when no other provider uses the same name; zones by code; 'world'."""
     g = _grid()
     idx: dict[str, tuple[str, str]] = {"world": ("world", "world")}
@@ -147,6 +156,9 @@ def _region_index() -> dict[str, tuple[str, str]]:
         idx.setdefault(_key(alias), ("countries", iso))
     for code in g["zones"]:
         idx.setdefault(_key(code), ("zones", code))
+    for a2, iso in _iso_alpha2().items():  # FR -> FRA (after the zones: FI stays Finland's zone row)
+        if iso in g["countries"]:
+            idx.setdefault(_key(a2), ("countries", iso))
     bare: dict[str, list[str]] = {}
     for full, row in g["cloud_regions"].items():
         idx[_key(full)] = ("cloud_regions", full)
@@ -221,8 +233,8 @@ def _suggest(region: str) -> str:
 def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
     """Grid intensity of ``region`` in kgCO2e/kWh.
 
-    ``region``: a country ISO 3166-1 alpha-3 code or name (``"FRA"``, ``"France"``; ``"US"``/``"UK"`` are
-    accepted aliases), a cloud region (``"gcp:us-central1"``, ``"aws:eu-west-1"``, ``"azure:westeurope"``,
+    ``region``: a country ISO 3166-1 alpha-3 or alpha-2 code or name (``"FRA"``, ``"FR"``, ``"France"``; ``"UK"``
+    is an accepted alias; ``"FI"`` is Finland's grid zone row), a cloud region (``"gcp:us-central1"``, ``"aws:eu-west-1"``, ``"azure:westeurope"``,
     or the bare region name when only one provider uses it), a Nordic bidding zone (``"SE3"``), or
     ``"world"``. Location-based by default. ``market_based=True`` returns the table's market-based
     figure, which exists only for cloud regions (CodeCarbon's ``offsetRatio``: location x (1 - offsetRatio/100),
@@ -237,7 +249,7 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
         raise UnknownRegionError(
             f"unknown region {region!r}"
             + (f"; close matches: {near}" if near else "")
-            + ". Regions are country ISO3 codes or names (e.g. USA, France), cloud regions as provider:region "
+            + ". Regions are country ISO3 or ISO2 codes or names (e.g. USA, FR, France), cloud regions as provider:region "
             "(e.g. gcp:us-central1, aws:us-east-1, azure:westeurope), Nordic zones (SE1..SE4, NO1..NO5), or 'world'; "
             "or pass an explicit grid intensity (grid_kgco2e_per_kwh / --grid-kgco2e-per-kwh)."
         )
@@ -259,7 +271,12 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
                 "(--grid-kgco2e-per-kwh; in Python also LifecycleAssumptions.market_kgco2e_per_kwh)"
             )
         return GridIntensity(key, name, float(m) / 1000.0, "market", f"{src}; {g['sources']['market']}", year)
-    return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year)
+    note = None
+    if table == "zones" and row.get("placeholder"):
+        note = (f"zone {key}: the shipped zone figure ({row['upstream_gco2e_per_kwh']:g} g/kWh, CodeCarbon "
+                f"nordic_emissions.json) is a placeholder shared by several zones; {row['country']}'s country average "
+                f"{row['gco2e_per_kwh']:g} g/kWh ({year}) is used instead (give --grid-kgco2e-per-kwh for the zone's own)")
+    return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year, note)
 
 
 def world_grid_intensity() -> GridIntensity:
@@ -704,11 +721,7 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
             _relocate(cloud[full], *CLOUD_REGION_LOCATIONS[full], countries=countries, canada=canada,
                       per_source=per_source)
     nordic = json.loads((root / _CC / "private_infra_nordic_emissions.json").read_text(encoding="utf-8"))
-    zones = {
-        code: {"name": ZONE_NAMES.get(code, r["description"]), "gco2e_per_kwh": float(r["emission_factor"]),
-               "year": int(r["year"])}
-        for code, r in nordic["data"].items()
-    }
+    zones = zone_rows(nordic["data"], countries)
     world = _world_entry()
     return {
         "_about": "DERIVED table for wattcast: grid carbon intensity in gCO2e/kWh (location-based). "
@@ -733,6 +746,45 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
         "cloud_regions": dict(sorted(cloud.items())),
         "zones": zones,
     }
+
+
+#: the country (ISO 3166-1 alpha-3) of a bidding zone, by the ISO 3166-1 alpha-2 code its name starts with (Nord Pool's
+#: zone codes: SE1-SE4 Sweden, NO1-NO5 Norway, FI Finland, DK1-DK2 Denmark)
+ZONE_COUNTRIES = {"SE": "SWE", "NO": "NOR", "FI": "FIN", "DK": "DNK"}
+#: a figure that this many zones or more share exactly is a placeholder, not a measurement: ENTSO-E averages of
+#: different grids never coincide to the gram (CodeCarbon's nordic_emissions.json gives all nine SE and NO zones
+#: 18.0 g/kWh, "static emission factors", while its own country rows say Sweden 40.7 and Norway 30.1)
+ZONE_PLACEHOLDER_MIN = 3
+
+
+def zone_country(code: str) -> str | None:
+    """The ISO3 country of bidding zone ``code`` (:data:`ZONE_COUNTRIES`), or None."""
+    return ZONE_COUNTRIES.get(re.sub(r"\d+$", "", str(code).upper()))
+
+
+def zone_rows(upstream: Mapping[str, Mapping[str, Any]], countries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``zones`` of the grid table from CodeCarbon's nordic_emissions.json rows (``upstream``). A figure shared by
+    :data:`ZONE_PLACEHOLDER_MIN` zones or more is a placeholder: those zones take their country's row (``countries``,
+    the same table's country figures) and say so (``placeholder``, ``upstream_gco2e_per_kwh``, ``source``); the
+    lookup flags it in a run's notes. A placeholder zone whose country has no row is an error."""
+    shared = Counter(float(r["emission_factor"]) for r in upstream.values())
+    out: dict[str, Any] = {}
+    for code, r in upstream.items():
+        g = float(r["emission_factor"])
+        row: dict[str, Any] = {"name": ZONE_NAMES.get(code, r["description"]), "gco2e_per_kwh": g, "year": int(r["year"])}
+        if shared[g] >= ZONE_PLACEHOLDER_MIN:
+            iso = zone_country(code)
+            if iso not in countries:
+                raise CarbonDataError(f"zone {code}: placeholder figure {g:g} g/kWh and no country row to fall back to "
+                                      f"(ZONE_COUNTRIES in data/carbon.py gives {iso!r})")
+            c = countries[iso]
+            row.update(gco2e_per_kwh=float(c["gco2e_per_kwh"]), year=int(c["year"]), country=iso, placeholder=True,
+                       upstream_gco2e_per_kwh=g,
+                       source=(f"country {iso} ({c['name']}) {c['year']}: CodeCarbon global_energy_mix.json (Our World "
+                               f"in Data / Ember), used for zone {code}: CodeCarbon nordic_emissions.json gives "
+                               f"{g:g} g/kWh to {shared[g]} zones alike (a placeholder, not a zone measurement)"))
+        out[code] = row
+    return out
 
 
 #: Labels of the Nordic bidding zones that wattcast sets itself instead of CodeCarbon's descriptions, which swap SE3

@@ -68,7 +68,9 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "inter.nic_bandwidth_gbit_per_s": (1.0, 20_000.0, "Tbit/s", "bit/s, kbit/s or Mbit/s", "Gbit/s per NIC"),
     "inter.latency_us": (0.0, 100.0, "-", "nanoseconds", "microseconds"),
     "inter.oversubscription": (1.0, 128.0, "-", "a percent or a port count, not a ratio", "a ratio >= 1"),
-    "cloud_usd_per_gpu_hour": (0.01, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
+    # the same ceiling as the footprint's --cloud-usd-per-gpu-hour (lifecycle/checks.py PLAUSIBLE: the dearest list
+    # price shipped is 12.29 USD/GPU-h; a figure in cents or for a whole node lies above 30)
+    "cloud_usd_per_gpu_hour": (0.01, 30.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
 }
 
 

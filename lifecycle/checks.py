@@ -15,7 +15,7 @@ from numpy import bool_ as np_bool
 
 from wattcast.data.catalog_match import catalog_spec_matches  # noqa: F401  (re-exported: lifecycle's name-keyed tables)
 from wattcast.data.checks import implausible, is_count
-from wattcast.data.device_spec import DeviceSpec
+from wattcast.data.device_spec import PLAUSIBLE as _DEVICE_PLAUSIBLE, DeviceSpec
 
 
 def _pos(name: str, v: float, *, zero_ok: bool = False) -> float:
@@ -68,7 +68,21 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
                             "kgCO2e per kWh"),
     "electricity_usd_per_kwh": (1e-3, 2.0, "USD per Wh (0.0001 USD/Wh means 0.1 USD/kWh)", "cents or USD per MWh",
                                 "USD per kWh"),
-    "cloud_usd_per_gpu_hour": (0.0, 500.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
+    # the dearest list price in cloud_prices.yaml is 12.29 USD/GPU-h (Azure ND96isr H100 v5, 98.32 USD/h / 8 GPUs;
+    # AWS p5.48xlarge's pre-June-2025 list was the same 98.32 / 8), the cheapest 0.526 (AWS g4dn.xlarge, one T4): 30
+    # leaves 2.4x room for dearer parts, while a price in cents (350 for 3.50 USD) or of a whole 8-GPU H100 node
+    # (55-98 USD/h) is refused (an 8 x A100 node's 22 USD/h is not: it overlaps real per-GPU prices)
+    "cloud_usd_per_gpu_hour": (0.0, 30.0, "-", "cents, or the price of a whole node or month", "USD per GPU-hour"),
+    # a purchase price has the range of a device spec's launch_price_usd (data/device_spec.py PLAUSIBLE: 33.6 is
+    # thousands, 33.6e6 cents); 0 allowed (hardware already paid off)
+    "accelerator_price_usd": _DEVICE_PLAUSIBLE["launch_price_usd"],
+    # lifetime embodied carbon of one accelerator with its server share: the shipped ACT-style estimates are
+    # 104-155 kg (device alone 5-56 kg, data/carbon/embodied_factors.yaml); Luccioni et al. 2022 (BLOOM, arXiv
+    # 2211.02001) take 150 kg per GPU and 2,500 kg per 8-GPU node. Under 1 kg is tonnes; over 10,000 kg (4 whole
+    # BLOOM nodes on one GPU) is grams or a whole cluster's. 0 allowed (embodied left out)
+    "embodied_kgco2e_per_gpu": (1.0, 10_000.0, "tonnes (0.15 t means 150 kg)",
+                                "grams (150000 g means 150 kg), or the embodied carbon of a whole server or cluster",
+                                "kgCO2e per accelerator"),
     # a synchronous write of even a multi-TB checkpoint takes minutes (Llama 3 405B: seconds to minutes); a day is far
     # beyond any real one and would make the Young/Daly interval meaningless
     "checkpoint_write_s": (0.0, 86_400.0, "-", "milliseconds (60000 means 60 s), or not one write (1 day = 86400 s)",
@@ -77,7 +91,8 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
 #: parameters whose lower bound is exclusive: a run of 0 hours has no footprint (``footprint`` refuses it too)
 _ABOVE_ZERO = frozenset({"hours"})
 #: parameters whose plausible range starts above 0 but that may be exactly 0 (carbon-free or free electricity)
-ZERO_ALLOWED = frozenset({"grid_kgco2e_per_kwh", "electricity_usd_per_kwh"})
+ZERO_ALLOWED = frozenset({"grid_kgco2e_per_kwh", "electricity_usd_per_kwh", "accelerator_price_usd",
+                          "embodied_kgco2e_per_gpu"})
 #: the command-line option of each footprint parameter (named in messages)
 _FLAGS = {"avg_power_w": "--avg-power-w", "hours": "--hours", "lifetime_years": "--lifetime-years",
           "node_overhead_share": "--node-overhead-share", "pue": "--pue", "grid_kgco2e_per_kwh": "--grid-kgco2e-per-kwh",
@@ -105,6 +120,33 @@ def check_plausible(name: str, v: float | None) -> None:
     if name in ZERO_ALLOWED and x < 0:  # (0 is allowed: free or carbon-free power) below it a hard floor, no unit slip
         raise ValueError(f"{label} must not be below 0 ({unit}), got {x:g}")
     msg = implausible(label, x, *PLAUSIBLE[name], zero_ok=name in ZERO_ALLOWED)
+    if msg:
+        raise ValueError(msg)
+
+
+#: the most a measured all-in power per accelerator (``--avg-power-w``: the GPU plus its share of the node) may be:
+#: ``AVG_POWER_TDP_MULTIPLE`` x the device's TDP + ``AVG_POWER_HOST_ALLOWANCE_W``. The heaviest node share cited here is
+#: the DGX H100's: 10.2 kW nameplate over 8 x 700 W GPUs (NVIDIA DGX H100 datasheet; costs.yaml node_overhead_share)
+#: = 1,275 W, 1.82 x TDP per GPU; the multiple covers it, the allowance a small card alone in a server (one 70 W T4
+#: under a ~300-500 W host). An H100 at 3,000 W (4.3 x TDP) is the power of several GPUs or of a node, not of one.
+AVG_POWER_TDP_MULTIPLE = 2.0
+AVG_POWER_HOST_ALLOWANCE_W = 500.0
+
+
+def check_avg_power_for_device(avg_power_w: float, spec: DeviceSpec) -> None:
+    """ValueError when a given all-in power per accelerator exceeds what one ``spec`` and its share of a node can draw
+    (:data:`AVG_POWER_TDP_MULTIPLE` x TDP + :data:`AVG_POWER_HOST_ALLOWANCE_W`; unless allow_exotic / --force).
+    A spec without ``tdp_w`` is not checked here (the generic range of :data:`PLAUSIBLE` still applies)."""
+    if not spec.tdp_w:
+        return
+    tdp = float(spec.tdp_w)
+    hi = AVG_POWER_TDP_MULTIPLE * tdp + AVG_POWER_HOST_ALLOWANCE_W
+    msg = implausible(f"avg_power_w ({_FLAGS['avg_power_w']})", float(avg_power_w), PLAUSIBLE["avg_power_w"][0], hi,
+                      PLAUSIBLE["avg_power_w"][2],
+                      f"the power of several GPUs or of a whole node ({float(avg_power_w) / tdp:.1f} x the "
+                      f"{spec.name}'s {tdp:g} W TDP; one GPU with its share of a node draws at most "
+                      f"{AVG_POWER_TDP_MULTIPLE:g} x TDP + {AVG_POWER_HOST_ALLOWANCE_W:g} W)",
+                      "watts per accelerator")
     if msg:
         raise ValueError(msg)
 

@@ -229,6 +229,8 @@ def grid_kgco2e_per_kwh_of(a: "LifecycleAssumptions", flags: list[str], srcs: di
             flags.append(f"no region or grid intensity given: world average {gi.kgco2e_per_kwh:g} kgCO2e/kWh")
         grid, basis, greg = gi.kgco2e_per_kwh, gi.basis, gi.region
         srcs["grid_kgco2e_per_kwh"] = gi.source
+        if gi.note:  # a zone given its country's figure: said, not silent
+            flags.append(gi.note)
     return grid, basis, greg
 
 

@@ -15,7 +15,7 @@ from wattcast.data.device_spec import DeviceSpec
 from wattcast.lifecycle.assumptions import LifecycleAssumptions, assumptions_from_options
 from wattcast.data.checks import exotic_allowed
 from wattcast.lifecycle.checks import (PLAUSIBLE, _count, _flag, _pos, _resolve, _utilisation, catalog_spec_matches,
-                                      check_plausible)
+                                      check_avg_power_for_device, check_plausible)
 from wattcast.lifecycle.cost import (accelerator_price_usd_of, capex_breakdown_usd, cloud_usd, cloud_usd_per_gpu_hour_of,
                                      cluster_cloud_kw, electricity_usd_per_kwh_of, opex_usd)
 from wattcast.lifecycle.energy import (accelerator_power_w, amortisation_share, cci_kgco2e_per_pflop, embodied_kgco2e,
@@ -142,6 +142,8 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
         check_plausible(k, v)
     a = assumptions or LifecycleAssumptions()
     spec = _resolve(device)
+    if avg_power_w is not None:
+        check_avg_power_for_device(avg_power_w, spec)
     if utilisation is not None:  # a fraction of the compute peak, in [0, 1]; 0: GPUs held idle (idle power)
         utilisation = _utilisation(utilisation)
     flags: list[str] = []

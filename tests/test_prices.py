@@ -259,7 +259,7 @@ def test_cluster_spec_price_wins_over_the_table_and_is_named(tmp_path):
     assert row["cloud_usd_per_gpu_hour"] == 2.5 and row["cloud_price_source"].startswith("cluster spec priced-h100")
 
 
-@pytest.mark.parametrize("bad, msg", [(-1, "must be positive"), ("2", "must be a number"), (5000, "over 500: it looks like cents")])
+@pytest.mark.parametrize("bad, msg", [(-1, "must be positive"), ("2", "must be a number"), (5000, "over 30: it looks like cents")])
 def test_bad_cluster_price_names_the_field(bad, msg):
     d = yaml.safe_load((files("wattcast.data") / "clusters" / "dgx-h100.yaml").read_text())
     d["cloud_usd_per_gpu_hour"] = bad
