@@ -35,7 +35,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
             grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
             clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None,
             tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None,
-            data_load_ms: float = 0.0, data_workers: int | None = None, **run_kw):
+            data_load_ms: float = 0.0, data_workers: int | None = None, kv_context: int | None = None,
+            logits: str | None = None, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json`` or model folder, a Hub id (``org/name``) whose config is
@@ -53,6 +54,11 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per step and its worker processes (default 0 ms and 0
     workers, the HF Trainer's: the load in series with the step); the batch's copy to the GPU is in the step too
     (``simulate/data_loading.py``; ``meta["data_loading"]``, ``overheads["data_loading_ms"]``).
+    ``kv_context`` (``mode="inference"``, Llama-architecture configs): tokens already in each sequence's KV cache; the
+    step runs ``seq`` new tokens per sequence against context + seq cached keys/values (``seq=1``: one decode step;
+    ``kv_context=0``: a prefill that fills the cache), and the memory holds the cache (``memory["kv_cache_gb"]``).
+    ``logits``: "last" (inference's default: the last position's, as generation computes them) or "all".
+    Inference results carry ``tokens_per_s`` (batch x seq / step time) and ``ms_per_token`` (step time / seq).
     Returns a :class:`wattcast.simulate.single_device.StepPrediction` (``forward_ms``, ``backward_ms``,
     ``optimizer_ms``, ``step_time_ms``, ``memory_gb``, ``flops``, ``per_op``, ``fallback_ops``,
     ``ood_fraction``, ...). Graphs and distinct-kernel predictions are cached, so repeated calls are cheap.
@@ -73,7 +79,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=step_dtype(dtype, spec), attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute_setting(recompute, recompute_modules),
                        grad_accumulation=grad_accumulation,
-                       dims=dims or (), loop_trip_count=loop_trip_count)
+                       dims=dims or (), loop_trip_count=loop_trip_count, kv_context=kv_context, logits=logits)
     graph = step_graph(model, opts, example_inputs=example_inputs)
     res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     from wattcast.models.power import idle_power_w
@@ -89,7 +95,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                     recompute=m.get("recompute", recompute), grad_accumulation=bool(grad_accumulation), framework="hf",
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, data_load_ms=data_load_ms,
                     data_workers=(m.get("data_loading") or {}).get("workers", data_workers), dims=dict(dims) if dims else None,
-                    loop_trip_count=loop_trip_count)
+                    loop_trip_count=loop_trip_count, kv_context=m.get("kv_context", kv_context),
+                    logits=m.get("logits", logits))
     if tokens is None:
         _no_run_options(run_kw)
         return _with_settings(res, settings)

@@ -390,6 +390,8 @@ def predict(
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules, comma-separated: core_attn (the default), mlp, moe, shared_experts, moe_act, layernorm, mla_up_proj (the last three discard their outputs too and re-make them in backward). Implies --recompute selective; with --recompute full it is an error."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
     force: bool = _FORCE_OPTION,
+    kv_context: Optional[int] = typer.Option(None, "--kv-context", help="Inference with a KV cache (one device; Llama-architecture configs): tokens already cached per sequence. The step runs --seq new tokens per sequence against context + seq keys/values (--seq 1: one decode step; --kv-context 0: a prefill); the memory holds the cache."),
+    logits: Optional[str] = typer.Option(None, "--logits", help="Inference: the LM head's positions, last (default: the last position's, as generation computes them) or all (every position, a plain forward)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
@@ -426,6 +428,12 @@ def _predict_request(ctx, f):
     if str(f.mode).lower() in ("inference", "inf", "infer"):
         if (f.optimizer is not None and str(f.optimizer).lower() != "none") or par["recompute"] != "none":
             _fail("--optimizer and --recompute describe a training step; --mode inference runs the forward pass only")
+    elif f.kv_context is not None:
+        _fail("--kv-context describes an inference step with a KV cache (--mode inference); a training step has none")
+    elif f.logits is not None and str(f.logits).lower() != "all":
+        _fail("--logits last applies to --mode inference: a training step's loss reads the logits of every position")
+    if f.kv_context is not None and f.kv_context < 0:
+        _fail(f"--kv-context must be a whole number >= 0 (tokens already in the KV cache), got {f.kv_context}")
     dims = _dims(f.dim)
     _predict_outputs(f)
     common = dict(model=f.model, device=f.device, mode=f.mode,
@@ -436,6 +444,8 @@ def _predict_request(ctx, f):
     if f.cluster is not None or par["gpus"] is not None:
         if dims:
             _fail("--dim applies to single-device predictions of ONNX models")
+        if f.kv_context is not None or f.logits is not None:
+            _fail("--kv-context and --logits describe a single-device inference step: drop --cluster/--gpus")
         return _cluster_request(f, par, common)
     return _step_request(f, par, dims, common)
 
@@ -577,7 +587,8 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if str(f.framework).lower() != "hf":
         _fail("--framework applies to distributed predictions (--cluster); one device uses Hugging Face's eager kernels")
     return PredictRequest(batch=par["batch"], seq=f.seq, dims=tuple(dims.items()), loop_trip_count=f.loop_trip_count,
-                          data_load_ms=f.data_load_ms, data_workers=f.data_workers, **common)
+                          data_load_ms=f.data_load_ms, data_workers=f.data_workers, kv_context=f.kv_context,
+                          logits=f.logits, **common)
 
 
 def _request_prediction(req):
@@ -621,7 +632,8 @@ def _show_step_prediction(res, f) -> None:
         m = res.memory
         _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
               f"{_gb_and_gib(capacity_gb)} (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
-              f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB); "
+              f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB"
+              + (f", KV cache {m.kv_cache_gb:.1f} GB" if m.kv_cache_gb else "") + "); "
               "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
 
 
@@ -1169,6 +1181,12 @@ def _print_prediction(res) -> None:
                  f"{len(res.nodes):,}", f"{100 * res.ood_fraction:.0f}%")
     con.print(head)
     _print_band(con, res.step_band)
+    if res.mode != "train" and res.tokens_per_s is not None:
+        kv = res.meta.get("kv_context")
+        con.print(f"{res.tokens_per_s:,.0f} tokens/s, {res.ms_per_token:.3f} ms per token of a sequence"
+                  + (f" (KV cache: context {kv:,} + {s} new tokens per sequence, {res.memory.kv_cache_gb:.2f} GB)"
+                     if kv is not None else " (no KV cache: a bare forward)")
+                  + f"; logits for {'the last position' if res.meta.get('logits') == 'last' else 'every position'}")
     t = Table(title="per op class")
     for c in ("op class", "kernels", "time ms", "share"):
         t.add_column(c, justify="right" if c != "op class" else "left")

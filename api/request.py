@@ -138,6 +138,10 @@ class PredictRequest:
     #: data loading: the loader's host ms per micro-batch (one device: per step) and its workers (None: the framework's)
     data_load_ms: float = 0.0
     data_workers: int | None = None
+    #: inference with a KV cache (one device): tokens already cached per sequence (``wattcast.predict``'s kv_context)
+    kv_context: int | None = None
+    #: inference LM head positions: "last" (default in inference) or "all" (``wattcast.predict``'s logits)
+    logits: str | None = None
     run: RunOptions = field(default_factory=RunOptions)
 
     @property
@@ -167,7 +171,10 @@ class PredictRequest:
                 raise ValueError("mtp_num_layers= is Megatron-Core's multi-token prediction: give cluster= and "
                                  "framework='megatron' too")
             return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
+                                    kv_context=self.kv_context, logits=self.logits,
                                     data_load_ms=self.data_load_ms, data_workers=self.data_workers, **common)
+        if self.kv_context is not None or self.logits is not None:
+            raise ValueError("kv_context= and logits= describe a single-device inference step: give no cluster=")
         if self.parallel is None:
             raise ValueError("a cluster step needs parallel= (at least ParallelOptions(gpus=N))")
         if str(self.mode).lower() not in ("train", "training"):

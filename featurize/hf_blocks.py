@@ -157,6 +157,12 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
     (``fp32_loss``: on ``logits.float()``, as Megatron-LM's GPT computes it, keeping fp32 probabilities;
     ``softcap``: Gemma 2's final logit soft-capping before the loss; ``shared``: the output layer of another head on
     the same stage, multi-token prediction's: no parameters and no copy of its own)."""
+    if getattr(b, "logits_last", False) and not train and len(x.shape) == 3:
+        # generation needs the last position's logits only: transformers' ``generate`` passes ``logits_to_keep=1``
+        # (LlamaForCausalLM.forward: ``self.lm_head(hidden_states[:, slice_indices, :])``), vLLM gathers the last
+        # token of each sequence before its logits processor (LogitsProcessor._prune_hidden_states); the slice is a
+        # view (no kernel). Without it a 32 x 8,192-token Llama 3 prefill makes 67 GB of bf16 logits
+        x = Tensor((x.shape[0], 1, x.shape[2]), x.dtype, x.node, x.tid)
     x = b.tp_enter(x, name="lm_head.enter")
     # Transformer Engine's recipes keep the output layer in bf16 (Megatron-Core: not a TE module; --fp8 covers the
     # transformer layers)

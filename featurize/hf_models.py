@@ -440,16 +440,25 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     k = rotate(b, k, "rope.k")
     if var.gpt_oss:
         b.add_params(nhl)  # self_attn.sinks: one logit per (local) head
+    window = var.window if var.is_local(layer) else None
+    kv_len = seq
+    if b.kv_context is not None:
+        # a KV-cached step: the new keys/values appended to the cache, attention over context + new tokens. A
+        # sliding-window layer keeps (and reads) at most its window of past tokens plus the new ones (transformers'
+        # SlidingWindowCache / HybridCache hold window tokens per local layer)
+        kv_len = b.kv_context + seq
+        if window:
+            kv_len = min(kv_len, int(window) + seq - 1) if seq > 1 else min(kv_len, int(window))
+        k, v = b.kv_cache(k, v, cache_len=kv_len, name="self_attn.kv_cache")
     if impl != "flash":
         k = repeat_kv(b, k, nhl // nkvl, "repeat_kv.k")
         v = repeat_kv(b, v, nhl // nkvl, "repeat_kv.v")
     # v is a transposed view unless repeat_kv copied it; q and k come out of RoPE contiguous
-    window = var.window if var.is_local(layer) else None
     if impl == "flash":
-        a = b.flash_attention(q, k, v, causal=True, name="attn.flash", window=window)
+        a = b.flash_attention(q, k, v, causal=True, name="attn.flash", window=window if kv_len == seq else None)
     else:
         a = eager_attention(b, q, k, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
-                            mask_shape=(batch, 1, seq, seq), strided=(False, False, nhl == nkvl),
+                            mask_shape=(batch, 1, seq, kv_len), strided=(False, False, nhl == nkvl and b.kv_context is None),
                             softcap=var.attn_softcap, sinks=var.gpt_oss)
     a = merge_heads(b, a, name="self_attn.transpose")
     return b.tp_exit(b.linear(a, cfg.hidden, bias=bias and var.gpt_oss, name="self_attn.o_proj", parallel="row"),

@@ -191,6 +191,13 @@ class GraphBuilder:
         self.moe_load = 1.0
         #: set by a top-k routed MoE layer (the layers ``moe_load`` applies to)
         self.routed_moe = False
+        #: a KV-cached inference step (StepOptions.kv_context): tokens already cached per sequence; None: no cache
+        self.kv_context: int | None = None
+        #: the inference LM head computes the last position's logits only (StepOptions.logits "last")
+        self.logits_last = False
+        #: bytes of the KV cache the step holds (every layer's keys and values, context + new tokens) and its tensors
+        self.kv_cache_bytes = 0
+        self.kv_cache_tids: list[int] = []
         #: an FP8 recipe (Transformer Engine): the linear layers' GEMMs in this dtype with their casts, the rest in
         #: ``dtype`` (see ``linear``)
         self.gemm_dtype = gemm_dtype
@@ -742,6 +749,10 @@ class GraphBuilder:
         if k.shape[3] != d:
             raise GraphError(f"{name}: query and key head dims differ: q {q.shape}, k {k.shape}")
         frac = 0.5 if causal and s == skv else 1.0
+        if causal and s < skv:
+            # queries at the end of a longer key sequence (a KV cache: s new tokens after skv - s cached ones): query i
+            # sees skv - s + i + 1 keys, s x skv - s(s - 1)/2 pairs (a decode step, s = 1: all skv keys)
+            frac = 1.0 - (s - 1) / (2.0 * skv)
         if window and causal and s == skv and s > window and self.cp == 1:
             # pairs (i, j) with 0 <= i - j < window, over the S x S square
             frac = (window * s - window * (window - 1) / 2.0) / float(s * s)
@@ -788,6 +799,26 @@ class GraphBuilder:
         # (flash_attn_interface.FlashAttnFunc: ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...))
         self._nodes[out.node].saves += [out.tid, self._tensor((b, h, s), "fp32", out.node).tid]
         return out
+
+    def kv_cache(self, k: Tensor, v: Tensor, *, cache_len: int, name: str = "kv_cache") -> tuple[Tensor, Tensor]:
+        """Append this step's keys and values ``k``/``v`` (B, h_kv, S_new, d) to a KV cache of ``cache_len`` tokens per
+        sequence (context + the new ones) and return the cache's (B, h_kv, cache_len, d) keys and values for attention
+        to read. The append is one memory-bound kernel reading the new K and V and writing them into the cache (vLLM's
+        ``reshape_and_cache``, one launch for both; transformers' ``DynamicCache.update`` is a ``torch.cat`` that
+        copies the whole cache, not modelled: serving engines preallocate it). Inference only (no backward)."""
+        if self.train:
+            raise GraphError(f"{name}: a KV cache is an inference structure; a training step has none")
+        bs, hkv, s_new, d = k.shape
+        dv = v.shape[3]
+        n_new = bs * hkv * s_new * (d + dv)
+        db = self.dbytes
+        self._add(f"{name}.append", "memory", "copy", "surrogate", [k, v], (bs, hkv, s_new, d + dv), flops=0,
+                  bytes_=2.0 * n_new * db, grad_inputs=[], B=bs * hkv * s_new, H=d + dv)
+        kc = self.input((bs, hkv, int(cache_len), d), requires_grad=False)
+        vc = self.input((bs, hkv, int(cache_len), dv), requires_grad=False)
+        self.kv_cache_bytes += kc.nbytes + vc.nbytes
+        self.kv_cache_tids += [kc.tid, vc.tid]
+        return kc, vc
 
     def cross_entropy(self, logits: Tensor, *, name: str = "loss", vocab_parallel: bool = False,
                       fp32_saved: bool = False) -> Tensor:
@@ -890,6 +921,8 @@ class GraphBuilder:
         m = dict(self.meta)
         m.update(meta)
         m.setdefault("name", self.name)
+        if self.kv_cache_tids:
+            m["kv_cache_tids"] = list(self.kv_cache_tids)
         m["param_count"] = int(self.param_count)
         m["dtype"] = self.dtype
         saved = dict(tensor_bytes=np.array(self._tensor_bytes, dtype=np.int64), tensor_node=np.array(self._tensor_node, dtype=np.int64),

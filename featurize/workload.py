@@ -70,6 +70,14 @@ class StepOptions:
     #: mixture-of-experts routing: tokens this rank's experts process over the balanced share (>= 1; see
     #: ``simulate.moe_routing.moe_load_factor``): the busiest expert-parallel rank, which every layer waits for
     moe_load: float = 1.0
+    #: inference with a KV cache (Llama-architecture Hugging Face configs): tokens already in each sequence's cache.
+    #: The step runs ``seq`` new tokens per sequence against ``kv_context + seq`` keys/values (seq 1: one decode
+    #: step; context 0: a prefill that fills the cache). None: the bare forward, no cache
+    kv_context: int | None = None
+    #: which positions the inference LM head computes logits for: "last" (generation: transformers'
+    #: ``logits_to_keep=1`` in ``generate``, vLLM's last-token gather before its logits processor) or "all" (the
+    #: plain ``model(input_ids)`` forward); None: "last" in inference. Training always computes all of them
+    logits: str | None = None
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -111,7 +119,8 @@ class StepOptions:
                            cp=int(self.cp), framework=canonical_framework(self.framework), blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
-                           etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers))
+                           etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers),
+                           kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode))
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given (batch x seq then checked against
@@ -152,6 +161,32 @@ def _check_tokens(batch, seq) -> None:
 
 #: the largest MoE routing load modelled (a busiest rank 1,000x the mean is a typo, not a router)
 MOE_LOAD_MAX = 1e3
+
+
+def _kv_context_option(v: Any, mode: str) -> int | None:
+    """``kv_context`` checked: None, or a whole number >= 0 of tokens, for an inference step only."""
+    if v is None:
+        return None
+    if isinstance(v, (bool, np.bool_)) or not (is_int(v) or (isinstance(v, float) and float(v).is_integer())) or v < 0:
+        raise GraphError(f"kv_context (tokens already in the KV cache per sequence) must be a whole number >= 0, got {v!r}")
+    if mode != "inference":
+        raise GraphError("kv_context (--kv-context) describes an inference step with a KV cache; a training step "
+                         "(mode train) has no cache: use mode inference")
+    if int(v) > MAX_TOKENS_PER_STEP:
+        raise GraphError(f"kv_context {int(v):,} is beyond the {MAX_TOKENS_PER_STEP:,} tokens wattcast costs")
+    return int(v)
+
+
+def _logits_option(v: Any, mode: str) -> str:
+    """``logits``: "last" or "all" (None: "last" in inference, "all" in training, where the loss needs every one)."""
+    if v is None:
+        return "all" if mode == "train" else "last"
+    s = str(v).lower()
+    if s not in ("last", "all"):
+        raise GraphError(f"logits must be 'last' (the last position's, as generation computes them) or 'all', got {v!r}")
+    if mode == "train" and s != "all":
+        raise GraphError("logits='last' applies to inference: a training step's loss reads the logits of every position")
+    return s
 
 
 def _etp_option(v: Any) -> int | None:
@@ -219,6 +254,11 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                      ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None,
                      flash_kernel=opts.flash_kernel, etp=opts.etp)
     b.moe_load = float(opts.moe_load)
+    _check_kv_cache(cfg, opts)
+    #: the KV-cached step (GraphBuilder.kv_context, read by hf_models._llama_attention) and the inference LM head's
+    #: positions (hf_blocks.lm_head_and_loss)
+    b.kv_context = opts.kv_context
+    b.logits_last = opts.mode != "train" and opts.logits == "last"
     if cfg.family == "gpt_oss" and opts.framework in ("megatron", "megatron-deepspeed"):
         raise GraphError(f"{cfg.name}: gpt-oss (model_type gpt_oss) is built for the Hugging Face path only (--framework "
                          f"hf), not {opts.framework}: its attention sinks and clamped SwiGLU experts are not modelled in "
@@ -247,7 +287,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         limit = f"max_seq_len {cfg.max_positions}" if cfg.family == "mpt" else f"{cfg.max_positions} learned positions"
         raise GraphError(f"{cfg.name}: seq {opts.seq * opts.cp} exceeds the model's {limit}")
     # rotary positions run beyond the table: predicted, with a warning in meta["warnings"] (printed by the CLI)
-    pos_warning = position_warning(cfg, opts.seq * opts.cp)
+    # with a KV cache the new tokens sit at positions kv_context .. kv_context + seq - 1
+    pos_warning = position_warning(cfg, opts.seq * opts.cp + (opts.kv_context or 0))
     if opts.framework == "megatron" and cfg.family in _MEGATRON_LLAMA_FAMILIES:
         from wattcast.featurize.hf_models import llama_megatron
 
@@ -265,9 +306,31 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
                    hidden=cfg.hidden, vocab=cfg.vocab, **({"warnings": [pos_warning]} if pos_warning else {}),
+                   logits=opts.logits,
+                   **({"kv_context": opts.kv_context, "kv_cache_bytes": float(b.kv_cache_bytes),
+                       "kv_bytes_per_token": float(b.kv_cache_bytes) / (opts.batch * (opts.kv_context + opts.seq))}
+                      if opts.kv_context is not None else {}),
                    **({"moe_load": float(opts.moe_load)} if opts.moe_load != 1.0 else {}),
                    **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
                       "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights"} if fp8 else {}))
+
+
+#: the families whose attention takes a KV cache (those built by hf_models._llama_attention: Llama, Mistral, Qwen2/3,
+#: Gemma 1-3, Phi-3, Mixtral, Qwen-MoE, gpt-oss)
+KV_CACHE_FAMILIES = ("llama", "gemma", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+
+
+def _check_kv_cache(cfg: HFConfig, opts: StepOptions) -> None:
+    """GraphError when a KV-cached step (``kv_context``) is asked of a model or framework it is not built for."""
+    if opts.kv_context is None:
+        return
+    if cfg.family not in KV_CACHE_FAMILIES:
+        extra = (" (DeepSeek's multi-latent attention caches a compressed latent and decodes with absorbed "
+                 "projections: not modelled)" if cfg.family == "deepseek" else "")
+        raise GraphError(f"{cfg.name}: kv_context (a KV-cached inference step) is built for Llama-architecture decoders "
+                         f"({', '.join(KV_CACHE_FAMILIES)}), not {cfg.model_type}{extra}")
+    if opts.framework != "hf" or opts.tp != 1 or opts.cp != 1 or opts.blocks:
+        raise GraphError("kv_context (a KV-cached inference step) is built for one device under --framework hf")
 
 
 @rows_cached(max_entries=256)
@@ -318,6 +381,10 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
         raise GraphError("--dtype fp8 is Transformer Engine's recipe over a model's linear layers: it needs a Hugging Face "
                          "config or a built-in name (an ONNX or torch.export graph does not say which ops TE would run in "
                          "FP8); use --dtype bf16")
+    if opts.kv_context is not None and not (isinstance(model, dict) or (isinstance(model, (str, Path)) and not is_onnx)):
+        raise GraphError("kv_context (a KV-cached inference step) needs a Hugging Face config or a built-in name: an ONNX "
+                         "or torch.export graph carries no cache structure (an ONNX decoder with past inputs binds them "
+                         "with --dim)")
     if opts.dims and not is_onnx:
         raise GraphError("named input dims (--dim) apply to ONNX models; a config or module takes --batch and --seq")
     if opts.loop_trip_count is not None and not is_onnx:

@@ -11,7 +11,10 @@
   only each block's input plus one block's activations (re-made during its backward);
 - transient: the largest single kernel's inputs + output beyond the above (logits and their gradient in a
   causal LM), which is what tips a large-vocabulary model over the edge;
-- inference: weights plus the largest kernel's working set (no saved activations).
+- inference: weights plus the largest kernel's working set (no saved activations), plus the KV cache of a KV-cached
+  step (``kv_context``: batch x (context + new tokens) x 2 x layers x KV heads x head dim x dtype bytes, its own term
+  ``kv_cache_gb``; the working set then leaves out the cache it reads). Under an FP8 recipe the linear layers'
+  weights are held in FP8 (1 B; :func:`inference_weight_bytes`).
 
 Not counted (stated): the CUDA context and allocator fragmentation (typically 0.3-1 GB on the device).
 """
@@ -63,10 +66,13 @@ class MemoryEstimate:
     optimizer_gb: float
     activations_gb: float
     transient_gb: float
+    #: the KV cache of a KV-cached inference step (0 otherwise)
+    kv_cache_gb: float = 0.0
 
     @property
     def total_gb(self) -> float:
-        return self.weights_gb + self.gradients_gb + self.optimizer_gb + self.activations_gb + self.transient_gb
+        return (self.weights_gb + self.gradients_gb + self.optimizer_gb + self.activations_gb + self.transient_gb
+                + self.kv_cache_gb)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -86,6 +92,8 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
     fwd = nodes[nodes["phase"] == "forward"]
     # working set of the largest kernel (inputs + output), minus weights it reads
     own_w = fwd["param_count"].to_numpy(dtype=float) * db
+    if not train:
+        return _inference_memory(graph, fwd, own_w, db)
     transient = float(np.max(fwd["bytes"].to_numpy(dtype=float) - own_w)) if len(fwd) else 0.0
     # an FP8 recipe: Transformer Engine keeps each FP8 GEMM's weight cast (and its transpose) between steps, 2 B/param
     weights += fp8_weight_copy_bytes(graph)
@@ -115,13 +123,49 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
     return MemoryEstimate(weights / GB, grads / GB, opt / GB, acts / GB, max(transient, 0.0) / GB)
 
 
+def _inference_memory(graph: OpGraph, fwd, own_w: np.ndarray, db: int) -> MemoryEstimate:
+    """An inference step: the weights as held (:func:`inference_weight_bytes`), the KV cache (its own term) and the
+    largest kernel's working set beyond both (a decode attention kernel reads its layer's cache: not counted twice)."""
+    kv_tids = graph.meta.get("kv_cache_tids") or []
+    kv = 0.0
+    work = fwd["bytes"].to_numpy(dtype=float) - own_w
+    if kv_tids:
+        tbytes = graph.saved["tensor_bytes"]
+        kv = float(tbytes[kv_tids].sum())
+        cached = set(int(t) for t in kv_tids)
+        reads = np.array([float(sum(tbytes[t] for t in tids if t in cached)) for tids in graph.saved["input_tids"]])
+        work = work - reads[: len(work)] if len(reads) == len(graph.nodes) else work
+    transient = float(np.max(work)) if len(work) else 0.0
+    return MemoryEstimate(inference_weight_bytes(graph, db) / GB, 0.0, 0.0, 0.0, max(transient, 0.0) / GB, kv / GB)
+
+
+def inference_weight_bytes(graph: OpGraph, db: int) -> float:
+    """Bytes of the weights an inference step holds: parameters x dtype bytes, except the FP8 linear layers' weights,
+    held in FP8 (1 B a parameter, their biases in the model's dtype) and read by the FP8 GEMMs as they are, with no
+    per-forward cast: serving engines load FP8 checkpoints so (vLLM's Fp8LinearMethod keeps ``layer.weight`` in
+    float8_e4m3fn; TensorRT-LLM's FP8 checkpoints; Transformer Engine's ``fp8_model_init`` builds the modules with FP8
+    parameters and no higher-precision copy). Embedding, norms and output layer stay in the model's dtype, as the
+    training recipe keeps them (hf_blocks.lm_head_and_loss; vLLM does not quantize ``lm_head`` or the embedding).
+    Until stop 41 inference held the weights in bf16 plus the largest FP8 cast (16.1 GB for Llama 3 8B, whose FP8
+    serving checkpoint is 9.1 GB)."""
+    n = graph.nodes
+    params = float(graph.meta.get("param_count", 0))
+    sel = ((n["phase"] == "forward") & (n["dtype"] == "fp8") & (n["op_class"] == "linear")).to_numpy()
+    if not sel.any():
+        return params * db
+    # a linear node's parameters are its N x K weight (unless tied) plus a K bias
+    p = n.loc[sel, "param_count"].to_numpy(dtype=float)
+    w = np.minimum(p, n.loc[sel, "N"].to_numpy(dtype=float) * n.loc[sel, "K"].to_numpy(dtype=float))
+    fp8_w = float(w.sum())
+    return (params - fp8_w) * db + fp8_w * DTYPE_BYTES["fp8"]
+
+
 def fp8_weight_copy_bytes(graph: OpGraph) -> float:
     """Bytes of the FP8 weight copies an FP8 recipe holds. Training: Transformer Engine keeps the fp8 weight and its
     transpose (for the dgrad GEMM) of every FP8 linear layer between steps (``is_first_microbatch`` caching): 2 B per
-    parameter. Inference (no backward, ``is_first_microbatch`` None): each linear casts its weight in its own forward
-    (the ``fp8_cast`` kernels) and frees it after the GEMM, with no transpose: the largest FP8 weight at 1 B is the
-    most held at once (until stop 40 inference held the training cache too: Llama 3 8B FP8 on one H100 read 31.1 GB
-    against 17.1 GB in bf16)."""
+    parameter. (Inference holds its linear weights in FP8 instead of a bf16 copy: :func:`inference_weight_bytes`;
+    this function's inference figure, the largest FP8 weight cast at 1 B, is what stops 40-41 held on top of bf16
+    weights, and is no longer added by :func:`estimate_memory`.)"""
     n = graph.nodes
     sel = (n["phase"] == "forward") & (n["dtype"] == "fp8")
     if not sel.any():

@@ -86,6 +86,24 @@ class StepPrediction:
         """"tight", "pressure" (a training step near capacity) or "" (see simulate.memory.memory_flag)."""
         return memory_flag(self.memory_gb, self.memory_capacity_gb, eager_training=self.mode == "train")
 
+    @property
+    def tokens_per_s(self) -> float | None:
+        """An inference step's new tokens per second: batch x seq / step time (None in training or when the graph's
+        batch and sequence are not known)."""
+        b, s = self.meta.get("batch"), self.meta.get("seq")
+        if self.mode == "train" or not b or not s or self.step_time_ms <= 0:
+            return None
+        return float(b) * float(s) / (self.step_time_ms / 1e3)
+
+    @property
+    def ms_per_token(self) -> float | None:
+        """An inference step's time per new token of one sequence: step time / seq (a decode step, seq 1: the time
+        per output token, TPOT); None in training or when the sequence is not known."""
+        s = self.meta.get("seq")
+        if self.mode == "train" or not s:
+            return None
+        return self.step_time_ms / float(s)
+
     def to_dict(self, *, nodes: bool = False) -> dict:
         d = dict(device=self.device, mode=self.mode, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                  optimizer_ms=self.optimizer_ms, step_time_ms=self.step_time_ms, **band_keys(self.step_band),
@@ -96,6 +114,9 @@ class StepPrediction:
                  energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w,
                  memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag, overheads=self.overheads,
                  data_loading=self.meta.get("data_loading"))
+        if self.mode != "train":  # inference: throughput and per-token latency; the KV cache's context when there is one
+            d.update(tokens_per_s=self.tokens_per_s, ms_per_token=self.ms_per_token, kv_context=self.meta.get("kv_context"),
+                     logits=self.meta.get("logits"))
         # e.g. a sequence beyond a RoPE model's trained positions, an ONNX op's fallback; always there ([] when none)
         d["warnings"] = list(self.meta.get("warnings") or [])
         if self.meta.get("settings"):  # the options the public API ran with (wattcast.predict sets them)

@@ -74,15 +74,16 @@ def test_fp8_refused_for_imported_graphs(tmp_path):
         wattcast.predict(str(tmp_path / "m.onnx"), "H100-SXM5-80GB", dtype="fp8")
 
 
-def test_fp8_inference_holds_no_training_weight_cache():
-    """Inference has no backward: each FP8 linear casts its weight in its own forward (its fp8_cast kernel) and frees
-    it after the GEMM, no transpose, no cache between steps. Llama 3 8B FP8 inference on an H100 read 31.1 GB against
-    17.1 GB in bf16 (the training cache's 2 B per FP8 parameter); now bf16's plus the largest FP8 weight at 1 B (the
-    fused gate/up projection, 4,096 x 2 x 14,336)."""
+def test_fp8_inference_holds_fp8_weights():
+    """Inference holds the FP8 linear layers' weights in FP8 (vLLM's Fp8LinearMethod, TensorRT-LLM FP8 checkpoints,
+    Transformer Engine's fp8_model_init), with no bf16 copy and no per-forward weight cast: Llama 3 8B FP8 inference
+    holds 9.08 GB of weights against 16.06 GB in bf16 (until stop 41: bf16's plus the largest FP8 weight cast; until
+    stop 40 the training cache's 2 B per FP8 parameter on top, 31.1 GB). The weights saved are 1 B per FP8 linear
+    weight parameter."""
     kw = dict(batch=1, seq=4096, mode="inference", attention="flash")
     f8 = wattcast.predict("llama3_8b", "H100-SXM5-80GB", dtype="fp8", **kw)
     bf = wattcast.predict("llama3_8b", "H100-SXM5-80GB", dtype="bf16", **kw)
     n = f8.nodes
-    largest = n.loc[(n["phase"] == "forward") & (n["dtype"] == "fp8"), "param_count"].max()
-    assert f8.memory.weights_gb - bf.memory.weights_gb == pytest.approx(largest / 1e9, rel=1e-9)
-    assert f8.memory.weights_gb < 1.01 * bf.memory.weights_gb
+    fp8_w = n.loc[(n["phase"] == "forward") & (n["dtype"] == "fp8") & (n["op_class"] == "linear"), "param_count"].sum()
+    assert bf.memory.weights_gb - f8.memory.weights_gb == pytest.approx(fp8_w / 1e9, rel=1e-9)
+    assert f8.memory.weights_gb == pytest.approx(9.08, abs=0.01)

@@ -86,7 +86,9 @@ def predict_label(label: Label, root: Path, bundle, launch_overhead_ms: float = 
     if not cfg.is_file():
         return dict(row, status=f"no config {cfg.name} in neusight/models")
     opts = StepOptions(batch=label.batch, seq=label.seq, mode=label.mode, dtype="fp32", attention="eager",
-                       compile=label.option == "fusion", optimizer="none")
+                       compile=label.option == "fusion", optimizer="none",
+                       # NeuSight's inference runs are a plain forward: the logits of every position
+                       logits="all" if label.mode == "inference" else None)
     try:
         g = step_graph(cfg, opts)
     except GraphError as e:
