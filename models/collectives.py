@@ -24,7 +24,11 @@ peers at once) and by 1/(G-1) for send_recv (one link per transfer); a ``switch`
 NIC, so a node's cross-node traffic is spread over its g GPUs' NICs)
     all_reduce / all_gather / reduce_scatter / broadcast: intra f S (g-1)/g, inter f S / g
     (N = 1: intra f S); latency steps x a, steps 2(n-1) for all_reduce and n-1 otherwise, a = a_e if the
-    group spans nodes else a_i.
+    group spans nodes else a_i. Every step of an inter-node ring at a_e, not only its ~N node crossings: NCCL's
+    tuning model (src/graph/tuning.cc) charges the intra steps of an inter-node ring at least its network proxy
+    overhead (netOverhead, x3 for Simple), and the DGX H100 10-node all-gather / reduce-scatter rings measure ~5 us
+    a step (latency intercepts 158-200 us at 4 GPUs per node, 413-519 us at 8; the crossings-only form gives
+    135 / 255 us and fits the nccl-tests rows worse: README "Collectives").
     all_to_all (direct, every pair): intra S (g-1)/n, inter S (n-g)/n; latency (g-1) a_i + (n-g) a_e.
     send_recv: within a node S / B_i; across nodes one NIC per pair, S / B_1 (the intra pairs of the same
     group in parallel); latency a (one hop).
