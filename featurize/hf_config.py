@@ -230,23 +230,20 @@ def qwen_mlp_only_layers(cfg: HFConfig) -> frozenset[int]:
 def gpt_oss_layer_types(cfg: HFConfig) -> tuple[str, ...]:
     """The attention kind of each of the decoder's ``cfg.n_layers`` blocks (:data:`GPT_OSS_LAYER_TYPES`): the config's
     ``layer_types`` list when it gives one, else GptOssConfig's default, even layers (0, 2, ...) ``sliding_attention``
-    and odd ones ``full_attention``. (:func:`check_gpt_oss` checks the list's length against the layers when the config
-    is loaded; a graph built with fewer blocks takes the first ones.)"""
-    v = cfg.raw.get("layer_types")
-    if v is None:
-        return tuple(GPT_OSS_LAYER_TYPES[i % 2] for i in range(cfg.n_layers))
-    if not isinstance(v, (list, tuple)) or any(t not in GPT_OSS_LAYER_TYPES for t in v):
-        bad = v if not isinstance(v, (list, tuple)) else next(t for t in v if t not in GPT_OSS_LAYER_TYPES)
-        raise GraphError(f"{cfg.name}: field 'layer_types' must be a list of {' or '.join(map(repr, GPT_OSS_LAYER_TYPES))}"
-                         f" (one per layer), got {bad!r}")
-    return tuple(v[:cfg.n_layers])
+    and odd ones ``full_attention``. (:func:`check_layer_types` checks the list's length against the layers when the
+    config is loaded; a graph built with fewer blocks takes the first ones.)"""
+    return layer_types(cfg) or _default_layer_types(cfg)
 
 
 #: ``transformers``' default ``sliding_window`` of the families whose attention passes one to the kernel when the
 #: config leaves the field out (an explicit null is no window): MistralConfig 4096 (configuration_mistral.py;
-#: MistralAttention passes ``sliding_window=config.sliding_window`` to flash/SDPA on every layer), GptOssConfig 128;
-#: MixtralConfig and Phi3Config default to None (no window)
-SLIDING_WINDOW_DEFAULTS = {"mistral": 4096, "gpt_oss": GPT_OSS_DEFAULTS["sliding_window"]}
+#: MistralAttention passes ``sliding_window=config.sliding_window`` to flash/SDPA on every layer), Gemma2Config and
+#: Gemma3TextConfig 4096, GptOssConfig 128; MixtralConfig and Phi3Config default to None (no window)
+SLIDING_WINDOW_DEFAULTS = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "gpt_oss": GPT_OSS_DEFAULTS["sliding_window"]}
+#: Gemma's default local/global pattern where the config gives no ``layer_types``: Gemma2Config alternates (even
+#: layers "sliding_attention"), Gemma3TextConfig's ``sliding_window_pattern`` (default 6) makes layer i local unless
+#: (i + 1) % pattern == 0 (configuration_gemma2.py, configuration_gemma3.py)
+GEMMA_WINDOW_PATTERN = {"gemma2": 2, "gemma3_text": 6}
 #: families whose window applies to every layer when the config sets one (MistralAttention, MixtralAttention,
 #: Phi3Attention: ``sliding_window=getattr(config, "sliding_window", None)``, no per-layer choice)
 ALL_LAYER_WINDOW_TYPES = ("mistral", "mixtral", "phi3")
@@ -266,33 +263,92 @@ def _sliding_window(cfg: HFConfig) -> int | None:
     return cfg.count("sliding_window", default=SLIDING_WINDOW_DEFAULTS.get(cfg.model_type))
 
 
+def layer_types(cfg: HFConfig) -> tuple[str, ...] | None:
+    """The config's ``layer_types`` (one :data:`GPT_OSS_LAYER_TYPES` kind per layer, the first ``cfg.n_layers``), None
+    when it gives none. Current ``transformers`` configs (Gemma 2/3, Qwen2/3, gpt-oss) write it, and the attention
+    reads it in place of the older fields (``sliding_window_pattern``, ``max_window_layers``), which only build its
+    default; :func:`check_layer_types` checks its length when the config is loaded."""
+    v = cfg.raw.get("layer_types")
+    if v is None:
+        return None
+    if not isinstance(v, (list, tuple)) or any(t not in GPT_OSS_LAYER_TYPES for t in v):
+        bad = v if not isinstance(v, (list, tuple)) else next(t for t in v if t not in GPT_OSS_LAYER_TYPES)
+        raise GraphError(f"{cfg.name}: field 'layer_types' must be a list of {' or '.join(map(repr, GPT_OSS_LAYER_TYPES))}"
+                         f" (one per layer), got {bad!r}")
+    return tuple(v[:cfg.n_layers])
+
+
+def _gemma_pattern(cfg: HFConfig) -> int:
+    """Gemma 3's ``sliding_window_pattern`` (saved by transformers as ``_sliding_window_pattern``; default 6), Gemma
+    2's 2 (alternating)."""
+    if cfg.model_type == "gemma3_text":
+        return cfg.count("sliding_window_pattern", "_sliding_window_pattern", default=GEMMA_WINDOW_PATTERN["gemma3_text"])
+    return GEMMA_WINDOW_PATTERN[cfg.model_type]
+
+
+def _default_layer_types(cfg: HFConfig) -> tuple[str, ...]:
+    """The kinds a window family's config builds when it gives no ``layer_types``."""
+    n = cfg.n_layers
+    if cfg.family == "gpt_oss":  # GptOssConfig: even layers sliding
+        return tuple(GPT_OSS_LAYER_TYPES[i % 2] for i in range(n))
+    if cfg.model_type in GEMMA_WINDOW_PATTERN:
+        p = _gemma_pattern(cfg)
+        return tuple(GPT_OSS_LAYER_TYPES[0 if (i + 1) % p else 1] for i in range(n))
+    if cfg.model_type in QWEN_WINDOW_TYPES:
+        first = cfg.count("max_window_layers", default=QWEN_MAX_WINDOW_LAYERS, minimum=0)
+        return tuple(GPT_OSS_LAYER_TYPES[0 if i >= first else 1] for i in range(n))
+    return (GPT_OSS_LAYER_TYPES[0],) * n  # Mistral, Mixtral, Phi-3: the window (if any) on every layer
+
+
+#: model types whose attention takes a sliding window (:func:`attention_windows`)
+WINDOW_TYPES = ("gpt_oss", *ALL_LAYER_WINDOW_TYPES, *QWEN_WINDOW_TYPES, *GEMMA_WINDOW_PATTERN)
+
+
+def check_layer_types(cfg: HFConfig, origin: str) -> None:
+    """``layer_types`` of a window family (:data:`WINDOW_TYPES`): one known kind per layer, and ``sliding_window`` a
+    positive integer or null."""
+    if cfg.model_type not in WINDOW_TYPES:
+        return
+    given = layer_types(cfg)
+    if given is not None and len(cfg.raw["layer_types"]) != cfg.n_layers:
+        raise GraphError(f"{origin}: field 'layer_types' lists {len(cfg.raw['layer_types'])} layers, but "
+                         f"{_alias(cfg.raw, 'n_layers')} is {cfg.n_layers}: it needs one entry per layer")
+    attention_windows(cfg)
+
+
 def attention_windows(cfg: HFConfig) -> tuple[int | None, ...]:
     """Per decoder block, the sliding window (keys per query) its attention kernel is given, None for full causal
     attention. gpt-oss: :func:`gpt_oss_layer_types`; Mistral, Mixtral, Phi-3: ``sliding_window`` on every layer
     (:data:`ALL_LAYER_WINDOW_TYPES`); Qwen2 / Qwen3: the layers from ``max_window_layers`` on under
-    ``use_sliding_window`` (:data:`QWEN_WINDOW_TYPES`); other families none (Gemma 2 / 3: their builders' pattern).
+    ``use_sliding_window`` (:data:`QWEN_WINDOW_TYPES`); Gemma 2 alternating, Gemma 3 by ``sliding_window_pattern``
+    (:data:`GEMMA_WINDOW_PATTERN`); other families none. A ``layer_types`` list, where the config gives one, decides
+    which layers are "sliding_attention" (:func:`layer_types`), as the transformers attention reads it.
     (Eager attention still computes the whole S x S scores under a mask; the flash kernel skips the blocks outside
     the window.)"""
-    n = cfg.n_layers
-    if cfg.family == "gpt_oss":
-        w = _sliding_window(cfg)
-        return tuple(w if t == "sliding_attention" else None for t in gpt_oss_layer_types(cfg))
-    if cfg.model_type in ALL_LAYER_WINDOW_TYPES:
-        return (_sliding_window(cfg),) * n
-    if cfg.model_type in QWEN_WINDOW_TYPES:
-        if not cfg.flag("use_sliding_window", False):
-            return (None,) * n
-        w = _sliding_window(cfg)
-        first = cfg.count("max_window_layers", default=QWEN_MAX_WINDOW_LAYERS, minimum=0)
-        return tuple(w if i >= first else None for i in range(n))
-    return (None,) * n
+    if cfg.model_type not in WINDOW_TYPES:
+        return (None,) * cfg.n_layers
+    # Qwen2Config: sliding_window = sliding_window if use_sliding_window else None, whatever the layer kinds
+    w = (None if cfg.model_type in QWEN_WINDOW_TYPES and not cfg.flag("use_sliding_window", False)
+         else _sliding_window(cfg))
+    types = layer_types(cfg) or _default_layer_types(cfg)
+    return tuple(w if t == "sliding_attention" else None for t in types)
 
 
 def config_warnings(cfg: HFConfig) -> list[str]:
     """What the config asks for that the graph does not model as asked (predicted anyway; ``meta["warnings"]``,
     printed by the CLI): a Qwen-MoE config with ``use_sliding_window`` (costed without a window: which of its layers
-    Qwen2MoeAttention / Qwen3MoeAttention window is not modelled)."""
+    Qwen2MoeAttention / Qwen3MoeAttention window is not modelled); a Gemma 3 ``layer_types`` that contradicts its
+    ``sliding_window_pattern`` (the list is used)."""
     out = []
+    given = layer_types(cfg)
+    if given is not None and cfg.model_type == "gemma3_text" and any(
+            cfg.raw.get(k) is not None for k in ("sliding_window_pattern", "_sliding_window_pattern")):
+        implied = _default_layer_types(cfg)
+        if given != implied:
+            out.append(f"{cfg.name}: layer_types and sliding_window_pattern ({_gemma_pattern(cfg)}) disagree "
+                       f"({sum(t == 'full_attention' for t in given)} vs {sum(t == 'full_attention' for t in implied)} "
+                       "full-attention layers): layer_types is used, as Gemma3TextConfig does (the pattern only builds "
+                       "the default layer_types)")
     if cfg.family in QWEN_MOE_FAMILIES and cfg.flag("use_sliding_window", False):
         out.append(f"{cfg.name}: use_sliding_window is true, but the sliding window of a {cfg.model_type} config is not "
                    "modelled: every layer is costed with full causal attention (an upper bound on the flash kernel's "
@@ -303,12 +359,7 @@ def check_gpt_oss(cfg: HFConfig, origin: str) -> None:
     """The rules of a gpt-oss config, naming the field: ``layer_types`` one known kind per layer, ``sliding_window`` a
     positive integer, ``num_experts_per_tok`` between 1 and ``num_local_experts``, and the OpenAI key
     ``experts_per_token`` (the published files carry both) equal to it when given."""
-    gpt_oss_layer_types(cfg)  # a list of known kinds
-    given = cfg.raw.get("layer_types")
-    if given is not None and len(given) != cfg.n_layers:
-        raise GraphError(f"{origin}: field 'layer_types' lists {len(given)} layers, but {_alias(cfg.raw, 'n_layers')} is "
-                         f"{cfg.n_layers}: it needs one entry per layer")
-    cfg.count("sliding_window", default=GPT_OSS_DEFAULTS["sliding_window"])
+    check_layer_types(cfg, origin)
     top_k = cfg.experts_per_token
     other = cfg.count("experts_per_token")
     if other is not None and other != top_k:
@@ -702,6 +753,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         check_qwen_moe(cfg, origin)
     if family == "gpt_oss":
         check_gpt_oss(cfg, origin)
+    else:
+        check_layer_types(cfg, origin)
     return cfg
 
 

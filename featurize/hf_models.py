@@ -389,9 +389,9 @@ class LlamaVariant:
     - ``sandwich``: a norm after attention and around the MLP too, four per block (Gemma 2 and 3);
     - ``attn_softcap`` / ``final_softcap``: logits soft-capped as cap * tanh(x / cap) (Gemma 2): three elementwise
       kernels on the S x S scores (eager; fused into the flash kernel) and on the vocabulary logits;
-    - ``window`` / ``global_every``: sliding-window attention of ``window`` keys on the local layers; every
-      ``global_every``-th layer is global (Gemma 2: 2, alternating; Gemma 3: 6, five local to one global; 1: all
-      layers global; 0: all local, Mistral's ``sliding_window``);
+    - ``windows``: per block, the sliding window its attention kernel gets (None: full causal attention), from
+      :func:`~wattcast.featurize.hf_config.attention_windows` (Gemma 2's alternating layers, Gemma 3's five local to
+      one global, Mistral's every layer, ``layer_types`` where the config gives it), filled in by :func:`llama`;
     - ``gpt_oss``: GptOssAttention's q/k/v/o projections with biases (``attention_bias``, default true), its RoPE
       (:func:`_gpt_oss_rope`) and per-head learned sinks (``num_attention_heads`` parameters: one logit per head
       joined to every row of the scores, :func:`~wattcast.featurize.hf_blocks.eager_attention` with ``sinks``; in the
@@ -405,23 +405,12 @@ class LlamaVariant:
     sandwich: bool = False
     attn_softcap: float | None = None
     final_softcap: float | None = None
-    window: int | None = None
-    global_every: int = 1
     gpt_oss: bool = False
-    #: per block, the window its attention kernel gets (None: full), from :func:`attention_windows`; set by
-    #: :func:`llama` and :func:`gpt_oss` (empty: ``window`` / ``global_every`` decide)
     windows: tuple[int | None, ...] = ()
-
-    def is_local(self, layer: int) -> bool:
-        if not self.window:
-            return False
-        return True if self.global_every == 0 else (layer + 1) % self.global_every != 0
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of block ``layer``'s attention, None for full causal attention."""
-        if self.windows:
-            return self.windows[layer]
-        return self.window if self.is_local(layer) else None
+        return self.windows[layer] if self.windows else None
 
 
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
@@ -634,8 +623,9 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
     GELU (``hidden_activation``, default ``gelu_pytorch_tanh``, whatever ``hidden_act`` says), RMSNorm weights
     applied as (1 + w) (a hidden-sized add, costed with the norm) and the LM head tied to the embedding."""
     gemma = var.gemma
-    if not var.window and any(attention_windows(cfg)):  # Mistral's, Mixtral's, Phi-3's, Qwen2's sliding window
-        var = replace(var, windows=attention_windows(cfg))
+    windows = attention_windows(cfg)  # Gemma 2/3's local layers, Mistral's, Mixtral's, Phi-3's, Qwen2's windows
+    if any(windows):
+        var = replace(var, windows=windows)
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -924,19 +914,21 @@ def phi3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
 def gemma2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """Gemma 2: Gemma with sandwich norms (four RMSNorms per block), attention and final logit soft-capping
     (``attn_logit_softcapping``, ``final_logit_softcapping``) and sliding-window attention
-    (``sliding_window``) on every other layer (even layers local, as Gemma2DecoderLayer)."""
+    (``sliding_window``) on every other layer (even layers local, as Gemma2DecoderLayer), or on the
+    "sliding_attention" layers of ``layer_types`` when the config gives it."""
     llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(
         gemma=True, sandwich=True, attn_softcap=_opt_float(cfg, "attn_logit_softcapping"),
-        final_softcap=_opt_float(cfg, "final_logit_softcapping"), window=cfg.count("sliding_window"), global_every=2))
+        final_softcap=_opt_float(cfg, "final_logit_softcapping")))
 
 
 def gemma3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """Gemma 3 (text): Gemma 2's sandwich norms plus query/key RMSNorm, no soft-capping by default, and
-    ``sliding_window_pattern`` (default 6): five local layers to one global."""
+    ``sliding_window_pattern`` (default 6): five local layers to one global, or the "sliding_attention" layers of
+    ``layer_types`` when the config gives it (authoritative, as in Gemma3TextConfig; a warning if the pattern says
+    otherwise)."""
     llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(
         gemma=True, sandwich=True, qk_norm=True, attn_softcap=_opt_float(cfg, "attn_logit_softcapping"),
-        final_softcap=_opt_float(cfg, "final_logit_softcapping"), window=cfg.count("sliding_window"),
-        global_every=cfg.count("sliding_window_pattern", default=6)))
+        final_softcap=_opt_float(cfg, "final_logit_softcapping")))
 
 
 def mixtral(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:

@@ -73,3 +73,40 @@ def test_qwen_moe_window_is_a_warning():
     qmoe = {**MISTRAL_7B, "model_type": "qwen2_moe", "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 2,
             "moe_intermediate_size": 256, "shared_expert_intermediate_size": 512, "use_sliding_window": True}
     assert any("use_sliding_window" in w for w in _graph(qmoe).meta["warnings"])
+
+
+#: google/gemma-3-270m config.json (sizes; layer_types: five sliding_attention layers to one full_attention)
+GEMMA3_270M = {"model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048, "num_attention_heads": 4,
+               "num_hidden_layers": 18, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+               "max_position_embeddings": 32768, "sliding_window": 512, "_sliding_window_pattern": 6,
+               "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)],
+               "_name_or_path": "gemma3"}
+
+
+def test_gemma3_layer_types_decide_the_windows_over_the_pattern():
+    """Gemma3TextConfig builds ``layer_types`` from ``sliding_window_pattern`` only when the config gives none; the
+    attention reads ``layer_types``. A config listing every layer full_attention gets no window on any layer (the old
+    reading kept five local layers in six), and the contradiction with the pattern is a warning."""
+    seq = 8192
+    allfull = {**GEMMA3_270M, "layer_types": ["full_attention"] * 18}
+    assert attention_windows(load_hf_config(allfull)) == (None,) * 18
+    fl = _flash_flops(allfull, seq, blocks=6)
+    assert len(set(fl)) == 1  # every layer full
+    mixed = _flash_flops(GEMMA3_270M, seq, blocks=6)
+    assert mixed[5] == fl[0]
+    assert mixed[5] / mixed[0] == pytest.approx(_causal_pairs(seq, None) / _causal_pairs(seq, 512), rel=1e-3)
+    assert any("layer_types is used" in w for w in _graph(allfull).meta["warnings"])
+    assert not _graph(GEMMA3_270M).meta.get("warnings")  # the published file: list and pattern agree
+
+
+def test_gemma2_layer_types_and_its_default():
+    """Gemma2Config alternates when ``layer_types`` is absent (even layers sliding); a given list is used."""
+    g2 = {**GEMMA3_270M, "model_type": "gemma2", "num_hidden_layers": 4, "sliding_window": 4096}
+    g2.pop("layer_types"), g2.pop("_sliding_window_pattern")
+    assert attention_windows(load_hf_config(g2)) == (4096, None, 4096, None)
+    types = ["full_attention", "full_attention", "sliding_attention", "full_attention"]
+    assert attention_windows(load_hf_config({**g2, "layer_types": types})) == (None, None, 4096, None)
+    with pytest.raises(GraphError, match="'layer_types' lists 3 layers, but num_hidden_layers is 4"):
+        load_hf_config({**g2, "layer_types": types[:3]})
+    with pytest.raises(GraphError, match="'layer_types' must be a list of"):
+        load_hf_config({**g2, "layer_types": ["chunked_attention"] * 4})
