@@ -100,6 +100,25 @@ _QWEN_MOE_DEFAULTS = {"qwen2_moe": (60, 4), "qwen3_moe": (128, 8)}
 #: the sliding window of the local layers
 GPT_OSS_DEFAULTS = {"num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64, "intermediate_size": 2880,
                     "sliding_window": 128}
+#: ``transformers``' DeepseekV3Config defaults (configuration_deepseek_v3.py) of the fields a ``deepseek_v3`` config may
+#: leave out: what DeepseekV3ForCausalLM builds from such a config, so what the model is (the published file sets
+#: them all; ``q_lora_rank`` set to null is a full-rank ``q_proj``)
+DEEPSEEK_V3_DEFAULTS = {"intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+                        "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+                        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                        "v_head_dim": 128}
+#: DeepSeek-V2's (``deepseek_v2``): the latent attention's sizes, dense first blocks and layer frequency as DeepSeek's
+#: configuration_deepseek.py (trust_remote_code) and transformers' DeepseekV2Config both default them, no routed
+#: experts unless ``n_routed_experts`` says so. The rest (``q_lora_rank``, the experts' width, shared experts and
+#: top-k, the dense MLP's width) are refused when absent (:data:`DEEPSEEK_V2_REQUIRED`): a guess would be a silently
+#: different model (V2 has q_lora_rank 1536, V2-Lite null; 2 shared experts of 1,536 / 1,408)
+DEEPSEEK_V2_DEFAULTS = {"n_routed_experts": 0, "first_k_dense_replace": 0, "moe_layer_freq": 1, "kv_lora_rank": 512,
+                        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+DEEPSEEK_V2_REQUIRED = ("q_lora_rank", "moe_intermediate_size", "n_shared_experts", "num_experts_per_tok",
+                        "intermediate_size")
+DEEPSEEK_DEFAULTS = {"deepseek_v3": DEEPSEEK_V3_DEFAULTS, "deepseek_v2": DEEPSEEK_V2_DEFAULTS}
+#: DeepSeek fields that may be 0 (no shared experts, no routed experts, no dense first blocks)
+_DEEPSEEK_ZERO_OK = ("n_shared_experts", "n_routed_experts", "first_k_dense_replace")
 #: the attention kinds of gpt-oss's ``layer_types``: a causal window of ``sliding_window`` keys, or the whole prefix
 GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -165,7 +184,7 @@ class HFConfig:
         if self.family == "gpt_oss":
             return self.count("num_local_experts", "num_experts", default=GPT_OSS_DEFAULTS["num_local_experts"])
         if self.family == "deepseek":  # routed experts (the shared ones run on every token, outside the router)
-            return self.count("n_routed_experts", default=0, minimum=0) or None
+            return deepseek_field(self, "n_routed_experts") or None
         if self.family == "switch":
             return self.count("num_experts", default=8) if self.model_type != "t5" else None
         if self.family in QWEN_MOE_FAMILIES:  # 0 experts, or every layer in mlp_only_layers: a dense model
@@ -176,12 +195,13 @@ class HFConfig:
 
     @property
     def experts_per_token(self) -> int:
-        """The router's top-k (``num_experts_per_tok``; default 2, Qwen2-MoE's 4, Qwen3-MoE's 8, gpt-oss's 4 as in
-        ``transformers``), between 1 and the expert count."""
+        """The router's top-k (``num_experts_per_tok``; default 2, Qwen2-MoE's 4, Qwen3-MoE's 8, gpt-oss's 4,
+        DeepSeek-V3's 8 as in ``transformers``; DeepSeek-V2 must give it), between 1 and the expert count."""
         n_exp = self.n_experts or 0
         default = (_QWEN_MOE_DEFAULTS[self.family][1] if self.family in QWEN_MOE_FAMILIES
                    else GPT_OSS_DEFAULTS["num_experts_per_tok"] if self.family == "gpt_oss" else 2)
-        top_k = self.count("num_experts_per_tok", default=default)
+        top_k = (deepseek_field(self, "num_experts_per_tok") if self.family == "deepseek"
+                 else self.count("num_experts_per_tok", default=default))
         if top_k > n_exp:
             key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if self.raw.get(k) is not None),
                        "num_experts" if self.family in QWEN_MOE_FAMILIES else "num_local_experts")
@@ -201,8 +221,8 @@ class HFConfig:
         if not self.n_experts:
             return False
         if self.family == "deepseek":
-            return (layer >= self.count("first_k_dense_replace", default=0, minimum=0)
-                    and layer % self.count("moe_layer_freq", default=1) == 0)
+            return (layer >= deepseek_field(self, "first_k_dense_replace")
+                    and layer % deepseek_field(self, "moe_layer_freq") == 0)
         return True
 
     @property
@@ -390,6 +410,23 @@ def check_qwen_moe(cfg: HFConfig, origin: str) -> None:
         cfg.count(key)
 
 
+def deepseek_field(cfg: HFConfig, key: str) -> int | None:
+    """A DeepSeek-V2/V3 size as the model is built from the config: the config's value, else the model type's default
+    (:data:`DEEPSEEK_DEFAULTS`); ``q_lora_rank`` set to null is None (a full-rank ``q_proj``); a field without a
+    default (:data:`DEEPSEEK_V2_REQUIRED`) missing is a :class:`GraphError` naming it. The one place the defaults are
+    read (the config check, the graph, the context-parallel ring's key/value width)."""
+    if key == "q_lora_rank" and key in cfg.raw and cfg.raw[key] is None:
+        return None
+    value = cfg.count(key, default=DEEPSEEK_DEFAULTS[cfg.model_type].get(key),
+                      minimum=0 if key in _DEEPSEEK_ZERO_OK else 1)
+    if value is None:
+        hint = " (null for a full-rank q_proj, as DeepSeek-V2-Lite; DeepSeek-V2 has 1536)" if key == "q_lora_rank" else ""
+        raise GraphError(f"{cfg.name}: field '{key}' is missing: a {cfg.model_type} config must give it{hint}; its "
+                         "default differs between DeepSeek's remote code and transformers' DeepseekV2Config, and "
+                         "wattcast does not guess a model's size")
+    return value
+
+
 def check_deepseek(cfg: HFConfig, origin: str) -> None:
     """The fields of a DeepSeek-V2/V3 config, read when it is loaded (the graph reads them again), naming the field:
     the multi-head latent attention's sizes (positive, within :data:`MAX_WIDTH`); ``first_k_dense_replace`` >= 0 and
@@ -397,12 +434,13 @@ def check_deepseek(cfg: HFConfig, origin: str) -> None:
     router (``n_group`` dividing ``n_routed_experts``, ``topk_group`` between 1 and ``n_group``: DeepseekV3TopkRouter
     views the scores as n_group groups; not costed, the router's GEMM is the same); ``moe_intermediate_size`` (each
     expert's width) and ``n_shared_experts`` within their bounds (:data:`BOUNDED_FIELDS`), and the shared experts'
-    SwiGLU, ``n_shared_experts`` x ``moe_intermediate_size`` wide, within :data:`MAX_WIDTH`."""
-    for key, default in (("qk_nope_head_dim", 128), ("qk_rope_head_dim", 64), ("v_head_dim", 128),
-                         ("kv_lora_rank", 512), ("q_lora_rank", None)):  # (the defaults of hf_models._mla)
-        cfg.count(key, default=default)
-    cfg.count("first_k_dense_replace", default=0, minimum=0)
-    cfg.count("moe_layer_freq", default=1)
+    SwiGLU, ``n_shared_experts`` x ``moe_intermediate_size`` wide, within :data:`MAX_WIDTH`. Absent fields take the
+    model type's default or are refused (:func:`deepseek_field`)."""
+    for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank",
+                "first_k_dense_replace", "moe_layer_freq"):
+        deepseek_field(cfg, key)
+    if not all(cfg.moe_layer(i) for i in range(cfg.n_layers)):  # a dense MLP somewhere: its width is read
+        deepseek_field(cfg, "intermediate_size")
     if cfg.n_experts:
         cfg.experts_per_token
         groups = cfg.count("n_group")
@@ -413,8 +451,9 @@ def check_deepseek(cfg: HFConfig, origin: str) -> None:
         if top_groups is not None and groups is not None and top_groups > groups:
             raise GraphError(f"{origin}: field 'topk_group' ({top_groups}) must be between 1 and n_group ({groups}): "
                              "the router keeps that many of the expert groups")
-    moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
-    shared = cfg.count("n_shared_experts", default=0, minimum=0)
+    if not cfg.n_experts:
+        return
+    moe_ffn, shared = deepseek_field(cfg, "moe_intermediate_size"), deepseek_field(cfg, "n_shared_experts")
     if shared * moe_ffn > MAX_WIDTH:
         raise GraphError(f"{origin}: field 'n_shared_experts' ({shared:,}) x moe_intermediate_size ({moe_ffn:,}) is "
                          f"{shared * moe_ffn:,}: the shared experts run as one MLP that wide, over {MAX_WIDTH:,}, wider "
@@ -691,7 +730,7 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     if hd is None and family == "deepseek":
         # multi-head latent attention sizes its heads by qk_nope + qk_rope (queries, keys) and v_head_dim (values):
         # the hidden size need not divide by the heads; the nominal head size is the value head's
-        hd = 128 if raw.get("v_head_dim") is None else int_field(raw, "v_head_dim", origin)
+        hd = int_field(raw, "v_head_dim", origin) if raw.get("v_head_dim") is not None else DEEPSEEK_DEFAULTS[mt]["v_head_dim"]
     if hd is None or family in EVEN_HEAD_FAMILIES:
         if hidden % heads:
             raise GraphError(f"{origin}: hidden size {hidden} ({_alias(raw, 'hidden')}) is not divisible by {heads} heads "
@@ -738,6 +777,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
                          f"key/value heads ({kv_key}): each key/value head serves an equal group of query heads")
     if ffn is None and family == "gpt_oss":  # each expert's width: GptOssConfig's default
         ffn = GPT_OSS_DEFAULTS["intermediate_size"]
+    if ffn is None and mt == "deepseek_v3":  # the dense blocks' MLP: DeepseekV3Config's default
+        ffn = DEEPSEEK_V3_DEFAULTS["intermediate_size"]
     ffn = 4 * hidden if ffn is None else ffn
     maxpos = m.max_positions or 0  # 0 = not given (no limit known)
     act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()

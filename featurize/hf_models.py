@@ -35,7 +35,8 @@ from typing import Callable, Mapping
 from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
                                           merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding,
                                           vocab_shard_params)
-from wattcast.featurize.hf_config import (QWEN_MOE_FAMILIES, HFConfig, attention_windows, bool_field, fraction_field)
+from wattcast.featurize.hf_config import (QWEN_MOE_FAMILIES, HFConfig, attention_windows, bool_field, deepseek_field,
+                                          fraction_field)
 from wattcast.featurize.hf_switch import switch
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
@@ -761,11 +762,8 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
     attention with query/key head dim ``qk_nope + qk_rope`` and value head dim ``v_head_dim``; ``o_proj``."""
     nh = cfg.n_heads
     nhl = local_heads(b, nh)
-    nope = cfg.count("qk_nope_head_dim", default=128)
-    rdim = cfg.count("qk_rope_head_dim", default=64)
-    vdim = cfg.count("v_head_dim", default=128)
-    kv_rank = cfg.count("kv_lora_rank", default=512)
-    q_rank = cfg.count("q_lora_rank")
+    nope, rdim, vdim, kv_rank, q_rank = (deepseek_field(cfg, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim",
+                                                                          "v_head_dim", "kv_lora_rank", "q_lora_rank"))
     qd = nope + rdim
     bs, s_ = x.shape[0], x.shape[1]
     qa = b.linear(x, q_rank, bias=False, name="self_attn.q_a_proj") if q_rank else None
@@ -823,8 +821,8 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
-    moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
-    shared = cfg.count("n_shared_experts", default=0, minimum=0)
+    moe_ffn = deepseek_field(cfg, "moe_intermediate_size") if cfg.n_experts else None
+    shared = deepseek_field(cfg, "n_shared_experts") if cfg.n_experts else 0
     scoring = "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax"
     def block(x: Tensor, moe: bool) -> Tensor:
         y = norm(x, "input_layernorm", "layernorm")

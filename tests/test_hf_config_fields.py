@@ -110,3 +110,47 @@ def test_gemma2_layer_types_and_its_default():
         load_hf_config({**g2, "layer_types": types[:3]})
     with pytest.raises(GraphError, match="'layer_types' must be a list of"):
         load_hf_config({**g2, "layer_types": ["chunked_attention"] * 4})
+
+
+#: deepseek-ai/DeepSeek-V3 config.json: every field the graph reads
+DSV3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+        "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "n_group": 8, "topk_group": 4, "vocab_size": 129280, "max_position_embeddings": 163840, "hidden_act": "silu",
+        "tie_word_embeddings": False, "_name_or_path": "dsv3"}
+DSV3_PARAMS = 671_026_404_352  # DeepSeek-V3's 671B (tech report; the checkpoint's count without the MTP module)
+
+
+@pytest.mark.parametrize("missing", [("moe_intermediate_size",), ("q_lora_rank", "n_shared_experts",
+                                                                  "first_k_dense_replace"),
+                                     ("intermediate_size", "n_routed_experts", "num_experts_per_tok")])
+def test_deepseek_v3_fields_left_out_take_deepseekv3config_defaults(missing):
+    """A deepseek_v3 config without these fields is DeepseekV3Config's defaults (moe_intermediate_size 2048,
+    q_lora_rank 1536, n_shared_experts 1, first_k_dense_replace 3, ...): the 671B model transformers builds. The old
+    reading made the experts ``intermediate_size`` wide (5,922.7B) or dropped the query LoRA, the shared expert and
+    the dense first blocks (708.9B)."""
+    cfg = {k: v for k, v in DSV3.items() if k not in missing}
+    assert _graph(cfg, blocks=5).param_count == _graph(DSV3, blocks=5).param_count
+    assert load_hf_config(cfg).n_experts == 256
+
+
+def test_deepseek_v3_full_model_parameter_count_without_the_defaulted_fields():
+    cfg = {k: v for k, v in DSV3.items() if k not in ("q_lora_rank", "n_shared_experts", "first_k_dense_replace",
+                                                       "moe_intermediate_size")}
+    assert _graph(cfg).param_count == DSV3_PARAMS
+
+
+def test_deepseek_explicit_null_q_lora_rank_is_a_full_rank_query():
+    """``q_lora_rank: null`` (DeepSeek-V2-Lite) is one q_proj, not the default rank."""
+    n = _graph({**DSV3, "q_lora_rank": None}, blocks=1).nodes
+    assert n["name"].str.contains("q_proj").any() and not n["name"].str.contains("q_a_proj").any()
+
+
+@pytest.mark.parametrize("key", ["moe_intermediate_size", "n_shared_experts", "q_lora_rank", "num_experts_per_tok"])
+def test_deepseek_v2_refuses_fields_without_an_agreed_default(key):
+    """DeepSeek-V2's defaults for these differ between DeepSeek's remote code and transformers: refused, named."""
+    v2 = {**DSV3, "model_type": "deepseek_v2", "first_k_dense_replace": 1}
+    load_hf_config(v2)
+    with pytest.raises(GraphError, match=f"field '{key}' is missing: a deepseek_v2 config must give it"):
+        load_hf_config({k: v for k, v in v2.items() if k != key})
