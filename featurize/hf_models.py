@@ -414,12 +414,22 @@ class LlamaVariant:
         return self.windows[layer] if self.windows else None
 
 
+#: model types whose attention output projection has no bias whatever ``attention_bias`` says: Qwen2Attention and
+#: Qwen2MoeAttention (q/k/v biased, ``o_proj`` ``bias=False``), MistralAttention, MixtralAttention, Phi3Attention
+#: (``bias=False`` throughout); LlamaAttention, Gemma's, Qwen3's and gpt-oss's give ``o_proj`` ``bias=config.attention_bias``
+NO_O_PROJ_BIAS_TYPES = ("qwen2", "qwen2_moe", "mistral", "mixtral", "phi3")
+#: model types whose dense MLP reads ``mlp_bias`` (LlamaMLP: gate/up/down ``bias=config.mlp_bias``, default false)
+MLP_BIAS_TYPES = ("llama",)
+
+
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
                      var: LlamaVariant = LlamaVariant(), layer: int = 0) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
-    # Qwen2(Moe)Attention: q/k/v bias; GptOssAttention: q/k/v/o bias
+    # Qwen2(Moe)Attention: q/k/v bias; GptOssAttention: q/k/v/o bias; LlamaAttention (and Gemma's, Qwen3's): q/k/v/o
+    # under attention_bias
     bias = cfg.flag("attention_bias", cfg.model_type in ("qwen2", "qwen2_moe") or var.gpt_oss)
+    o_bias = bias and cfg.model_type not in NO_O_PROJ_BIAS_TYPES
     x = b.tp_enter(x, name="self_attn.enter")
     if var.fused_qkv:  # Phi-3: one qkv_proj, split into q, k, v by views
         qkv = b.linear(x, (nh + 2 * nkv) * d, bias=bias, name="self_attn.qkv_proj", parallel="col")
@@ -450,28 +460,29 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
                             mask_shape=(batch, 1, seq, seq), strided=(False, False, nhl == nkvl),
                             softcap=var.attn_softcap, sinks=var.gpt_oss)
     a = merge_heads(b, a, name="self_attn.transpose")
-    return b.tp_exit(b.linear(a, cfg.hidden, bias=bias and var.gpt_oss, name="self_attn.o_proj", parallel="row"),
+    return b.tp_exit(b.linear(a, cfg.hidden, bias=o_bias, name="self_attn.o_proj", parallel="row"),
                      name="self_attn.exit")
 
 
 def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *, tp_region: bool = True,
-            act: str | None = None, fused: bool = False, act_tag: str = "") -> Tensor:
+            act: str | None = None, fused: bool = False, act_tag: str = "", bias: bool = False) -> Tensor:
     """SwiGLU MLP (GeGLU with ``act``); ``tp_region=False`` when the caller already entered (and will exit) the
     tensor-parallel region; ``fused``: one gate_up_proj of twice the width, split by views (Phi-3); ``act_tag``: the
-    recompute module of the activation and product (``moe_act`` in an expert)."""
+    recompute module of the activation and product (``moe_act`` in an expert); ``bias``: biased gate/up/down
+    projections (Llama's ``mlp_bias``)."""
     if tp_region:
         x = b.tp_enter(x, name=f"{prefix}.enter")
     if fused:
-        gu = b.linear(x, 2 * ffn, bias=False, name=f"{prefix}.gate_up_proj", parallel="col")
+        gu = b.linear(x, 2 * ffn, bias=bias, name=f"{prefix}.gate_up_proj", parallel="col")
         half = (*gu.shape[:-1], gu.shape[-1] // 2)
         g, u = Tensor(half, gu.dtype, gu.node, gu.tid), Tensor(half, gu.dtype, gu.node, gu.tid)
     else:
-        g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj", parallel="col")
-        u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj", parallel="col")
+        g = b.linear(x, ffn, bias=bias, name=f"{prefix}.gate_proj", parallel="col")
+        u = b.linear(x, ffn, bias=bias, name=f"{prefix}.up_proj", parallel="col")
     with b.tag(act_tag):
         g = activation(b, g, act or (cfg.activation if cfg.activation != "gelu" else "silu"))
         y = b.elementwise("mul", g, u, name=f"{prefix}.mul")
-    y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj", parallel="row")
+    y = b.linear(y, cfg.hidden, bias=bias, name=f"{prefix}.down_proj", parallel="row")
     return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
 
 
@@ -651,7 +662,8 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
             sparse = moe and cfg.moe_layer(i)  # Qwen-MoE: dense MLPs between the sparse blocks
             with b.tag("moe" if sparse else "mlp"):  # Megatron-Core's recompute modules (featurize/recompute.py)
                 y = (_moe_block(cfg, b, y, batch, seq) if sparse
-                     else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up))
+                     else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up,
+                                  bias=cfg.model_type in MLP_BIAS_TYPES and cfg.flag("mlp_bias", False)))
             if var.sandwich:
                 y = rms_norm_eager(b, y, "post_feedforward_layernorm")
             x = b.elementwise("add", x, y, name="residual_2")

@@ -154,3 +154,22 @@ def test_deepseek_v2_refuses_fields_without_an_agreed_default(key):
     load_hf_config(v2)
     with pytest.raises(GraphError, match=f"field '{key}' is missing: a deepseek_v2 config must give it"):
         load_hf_config({k: v for k, v in v2.items() if k != key})
+
+
+def test_llama_attention_and_mlp_biases_are_read_as_llama_reads_them():
+    """LlamaAttention gives q/k/v/o ``bias=config.attention_bias``, LlamaMLP gate/up/down ``bias=config.mlp_bias``:
+    Llama 3.1 8B with both set has 32 x (4,096 o_proj + 2 x 14,336 gate/up + 4,096 down) = 1,179,648 more parameters
+    than with only q/k/v biased (8,031,637,504 against the 8,030,457,856 read before)."""
+    llama = {**MISTRAL_7B, "model_type": "llama", "vocab_size": 128256, "max_position_embeddings": 131072}
+    llama.pop("sliding_window")
+    plain = _graph(llama).param_count
+    both = _graph({**llama, "attention_bias": True, "mlp_bias": True}).param_count
+    qkv = 32 * (4096 + 2 * 1024)  # q (32 x 128) and k, v (8 x 128) biases
+    assert both - plain == qkv + 32 * (4096 + 2 * 14336 + 4096)
+    assert plain == 8_030_261_248 and both == 8_031_637_504
+    mlp_only = _graph({**llama, "mlp_bias": True}).param_count
+    assert mlp_only - plain == 32 * (2 * 14336 + 4096)
+    # Qwen2Attention: q/k/v biased, o_proj never; MistralMLP never reads mlp_bias
+    qwen = {**llama, "model_type": "qwen2"}
+    assert _graph(qwen).param_count - plain == qkv
+    assert _graph({**MISTRAL_7B, "mlp_bias": True}).param_count == _graph(MISTRAL_7B).param_count
