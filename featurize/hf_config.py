@@ -354,11 +354,27 @@ def attention_windows(cfg: HFConfig) -> tuple[int | None, ...]:
     return tuple(w if t == "sliding_attention" else None for t in types)
 
 
+def quantization_note(cfg: HFConfig) -> str | None:
+    """A warning when the config describes a quantized checkpoint (``quantization_config``, as transformers'
+    quantizers read it: ``quant_method`` "mxfp4" for gpt-oss's experts, "fp8" for DeepSeek-V3's block-wise FP8
+    weights, ...): wattcast does not model the stored format; weights, their memory and the kernels are costed at
+    --dtype (gpt-oss-20b's MXFP4 experts at 4.25 bits a parameter are costed at 16)."""
+    q = cfg.raw.get("quantization_config")
+    if q is None:
+        return None
+    method = q.get("quant_method") if isinstance(q, Mapping) else None
+    kept = q.get("modules_to_not_convert") if isinstance(q, Mapping) else None
+    return (f"{cfg.name}: the checkpoint is quantized (quantization_config.quant_method {method!r}"
+            + (f", modules_to_not_convert {list(kept)!r}" if isinstance(kept, (list, tuple)) and kept else "")
+            + "): not modelled; the weights (and their memory) and the kernels are costed at --dtype, as the "
+            "dequantized model would run")
+
+
 def config_warnings(cfg: HFConfig) -> list[str]:
     """What the config asks for that the graph does not model as asked (predicted anyway; ``meta["warnings"]``,
     printed by the CLI): a Qwen-MoE config with ``use_sliding_window`` (costed without a window: which of its layers
     Qwen2MoeAttention / Qwen3MoeAttention window is not modelled); a Gemma 3 ``layer_types`` that contradicts its
-    ``sliding_window_pattern`` (the list is used)."""
+    ``sliding_window_pattern`` (the list is used); a quantized checkpoint (:func:`quantization_note`)."""
     out = []
     given = layer_types(cfg)
     if given is not None and cfg.model_type == "gemma3_text" and any(
@@ -369,6 +385,9 @@ def config_warnings(cfg: HFConfig) -> list[str]:
                        f"({sum(t == 'full_attention' for t in given)} vs {sum(t == 'full_attention' for t in implied)} "
                        "full-attention layers): layer_types is used, as Gemma3TextConfig does (the pattern only builds "
                        "the default layer_types)")
+    quant = quantization_note(cfg)
+    if quant:
+        out.append(quant)
     if cfg.family in QWEN_MOE_FAMILIES and cfg.flag("use_sliding_window", False):
         out.append(f"{cfg.name}: use_sliding_window is true, but the sliding window of a {cfg.model_type} config is not "
                    "modelled: every layer is costed with full causal attention (an upper bound on the flash kernel's "

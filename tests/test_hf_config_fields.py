@@ -173,3 +173,13 @@ def test_llama_attention_and_mlp_biases_are_read_as_llama_reads_them():
     qwen = {**llama, "model_type": "qwen2"}
     assert _graph(qwen).param_count - plain == qkv
     assert _graph({**MISTRAL_7B, "mlp_bias": True}).param_count == _graph(MISTRAL_7B).param_count
+
+
+def test_quantized_checkpoint_is_a_warning_not_silence():
+    """gpt-oss-20b's published config carries ``quantization_config`` (MXFP4 experts); wattcast costs the weights at
+    --dtype and says so in the prediction's warnings (the CLI prints them; the JSON keeps them)."""
+    q = {**MISTRAL_7B, "quantization_config": {"quant_method": "mxfp4",
+                                               "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}}
+    warnings = _graph(q, blocks=1).meta.get("warnings") or []
+    assert any("quant_method 'mxfp4'" in w and "costed at --dtype" in w for w in warnings)
+    assert not _graph(MISTRAL_7B, blocks=1).meta.get("warnings")
