@@ -144,6 +144,8 @@ class HFConfig:
     activation: str
     name: str = "model"
     raw: Mapping[str, Any] = field(default_factory=dict)
+    #: the multimodal wrapper's model_type when the config was its ``text_config`` (:func:`unwrap_text_config`)
+    wrapper: str | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)
@@ -385,6 +387,10 @@ def config_warnings(cfg: HFConfig) -> list[str]:
                        f"({sum(t == 'full_attention' for t in given)} vs {sum(t == 'full_attention' for t in implied)} "
                        "full-attention layers): layer_types is used, as Gemma3TextConfig does (the pattern only builds "
                        "the default layer_types)")
+    if cfg.wrapper:
+        out.append(f"{cfg.name}: a multimodal {cfg.wrapper} config: its language model (text_config, model_type "
+                   f"{cfg.model_type}) is costed; the vision tower (vision_config) and the projector are not modelled, "
+                   "nor the image tokens a prompt would add")
     quant = quantization_note(cfg)
     if quant:
         out.append(quant)
@@ -734,9 +740,43 @@ def position_warning(cfg: HFConfig, seq: int) -> str | None:
             "not an error; set rope_scaling in the config for a context-extended model)")
 
 
+#: multimodal wrappers whose language model is their ``text_config`` (transformers' Gemma3Config, Mistral3Config,
+#: Llama4Config: ``text_config`` a Gemma3TextConfig / MistralConfig / Llama4TextConfig, ``vision_config`` the vision
+#: tower's), and the text model_type their config class assumes when ``text_config`` names none
+MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text"}
+
+
+def unwrap_text_config(raw: Mapping[str, Any], origin: str) -> tuple[Mapping[str, Any], str | None]:
+    """(the language model's config, the wrapper's model_type or None): a multimodal wrapper's ``text_config``
+    (:data:`MULTIMODAL_WRAPPERS`, or any config of an unknown model_type that carries one) is the model wattcast
+    builds; the vision tower is not modelled (:func:`config_warnings` says so). A wrapper without a ``text_config``,
+    or whose text model_type is not one wattcast builds, is refused naming the fix."""
+    if not isinstance(raw, Mapping):
+        return raw, None
+    mt = str(raw.get("model_type", "")).strip().lower()
+    if mt in MODEL_TYPES or (mt not in MULTIMODAL_WRAPPERS and not isinstance(raw.get("text_config"), Mapping)):
+        return raw, None
+    sub = raw.get("text_config")
+    if not isinstance(sub, Mapping):
+        raise GraphError(f"{origin}: model_type {mt!r} is a multimodal wrapper (its language model is in 'text_config', "
+                         f"a {MULTIMODAL_WRAPPERS[mt]} config), but this config has no text_config object; pass the "
+                         f"language model's own config (model_type {MULTIMODAL_WRAPPERS[mt]!r})")
+    text_mt = str(sub.get("model_type") or MULTIMODAL_WRAPPERS.get(mt, "")).strip().lower()
+    if text_mt not in MODEL_TYPES:
+        raise GraphError(f"{origin}: model_type {mt!r} is a multimodal wrapper; its text_config is model_type "
+                         f"{text_mt!r}, which wattcast does not build (known types: {', '.join(sorted(MODEL_TYPES))})")
+    # the wrapper's quantization_config describes the whole checkpoint: kept for its warning
+    quant = {"quantization_config": raw["quantization_config"]} if raw.get("quantization_config") is not None else {}
+    return {**quant, **sub, "model_type": text_mt}, mt
+
+
 def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str = "config") -> HFConfig:
     """Validate ``raw`` on :class:`HFConfigModel`, normalise field aliases and derive what the config leaves out
-    (head size, key/value heads, MLP width); :class:`GraphError` naming the field on bad input."""
+    (head size, key/value heads, MLP width); :class:`GraphError` naming the field on bad input. A multimodal
+    wrapper's ``text_config`` is read in its place (:func:`unwrap_text_config`)."""
+    raw, wrapper = unwrap_text_config(raw, origin)
+    if wrapper:
+        origin = f"{origin} (text_config)"
     try:
         m = HFConfigModel.model_validate(raw)
     except ValidationError as e:
@@ -802,7 +842,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     maxpos = m.max_positions or 0  # 0 = not given (no limit known)
     act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()
     cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=m.n_layers, n_heads=heads, n_kv_heads=kv,
-                   head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw))
+                   head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw),
+                   wrapper=wrapper)
     # the rules over several fields, on the normalised config
     _check_size(cfg, raw, origin)
     if family == "mixtral" and cfg.n_experts:

@@ -183,3 +183,18 @@ def test_quantized_checkpoint_is_a_warning_not_silence():
     warnings = _graph(q, blocks=1).meta.get("warnings") or []
     assert any("quant_method 'mxfp4'" in w and "costed at --dtype" in w for w in warnings)
     assert not _graph(MISTRAL_7B, blocks=1).meta.get("warnings")
+
+
+def test_multimodal_wrapper_builds_its_text_config_and_says_the_vision_tower_is_not_modelled():
+    """Gemma3Config (model_type gemma3) keeps the language model in ``text_config`` (a Gemma3TextConfig): built as
+    that config is, with a warning; a wrapper without one, or with a text model wattcast does not build, is refused
+    naming the fix (was: "unknown model_type 'gemma3'")."""
+    wrapped = {"model_type": "gemma3", "text_config": {k: v for k, v in GEMMA3_270M.items() if k != "model_type"},
+               "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}, "_name_or_path": "g3mm"}
+    g = _graph(wrapped, blocks=2)
+    assert g.param_count == _graph(GEMMA3_270M, blocks=2).param_count
+    assert any("vision tower" in w for w in g.meta["warnings"])
+    with pytest.raises(GraphError, match="model_type 'mistral3' is a multimodal wrapper .* no text_config"):
+        load_hf_config({**MISTRAL_7B, "model_type": "mistral3"})
+    with pytest.raises(GraphError, match="its text_config is model_type 'llama4_text', which wattcast does not build"):
+        load_hf_config({"model_type": "llama4", "text_config": {**MISTRAL_7B, "model_type": "llama4_text"}})
