@@ -100,6 +100,25 @@ _QWEN_MOE_DEFAULTS = {"qwen2_moe": (60, 4), "qwen3_moe": (128, 8)}
 #: the sliding window of the local layers
 GPT_OSS_DEFAULTS = {"num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64, "intermediate_size": 2880,
                     "sliding_window": 128}
+#: ``transformers``' DeepseekV3Config defaults (configuration_deepseek_v3.py) of the fields a ``deepseek_v3`` config may
+#: leave out: what DeepseekV3ForCausalLM builds from such a config, so what the model is (the published file sets
+#: them all; ``q_lora_rank`` set to null is a full-rank ``q_proj``)
+DEEPSEEK_V3_DEFAULTS = {"intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+                        "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+                        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                        "v_head_dim": 128}
+#: DeepSeek-V2's (``deepseek_v2``): the latent attention's sizes, dense first blocks and layer frequency as DeepSeek's
+#: configuration_deepseek.py (trust_remote_code) and transformers' DeepseekV2Config both default them, no routed
+#: experts unless ``n_routed_experts`` says so. The rest (``q_lora_rank``, the experts' width, shared experts and
+#: top-k, the dense MLP's width) are refused when absent (:data:`DEEPSEEK_V2_REQUIRED`): a guess would be a silently
+#: different model (V2 has q_lora_rank 1536, V2-Lite null; 2 shared experts of 1,536 / 1,408)
+DEEPSEEK_V2_DEFAULTS = {"n_routed_experts": 0, "first_k_dense_replace": 0, "moe_layer_freq": 1, "kv_lora_rank": 512,
+                        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+DEEPSEEK_V2_REQUIRED = ("q_lora_rank", "moe_intermediate_size", "n_shared_experts", "num_experts_per_tok",
+                        "intermediate_size")
+DEEPSEEK_DEFAULTS = {"deepseek_v3": DEEPSEEK_V3_DEFAULTS, "deepseek_v2": DEEPSEEK_V2_DEFAULTS}
+#: DeepSeek fields that may be 0 (no shared experts, no routed experts, no dense first blocks)
+_DEEPSEEK_ZERO_OK = ("n_shared_experts", "n_routed_experts", "first_k_dense_replace")
 #: the attention kinds of gpt-oss's ``layer_types``: a causal window of ``sliding_window`` keys, or the whole prefix
 GPT_OSS_LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -125,6 +144,8 @@ class HFConfig:
     activation: str
     name: str = "model"
     raw: Mapping[str, Any] = field(default_factory=dict)
+    #: the multimodal wrapper's model_type when the config was its ``text_config`` (:func:`unwrap_text_config`)
+    wrapper: str | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)
@@ -165,7 +186,7 @@ class HFConfig:
         if self.family == "gpt_oss":
             return self.count("num_local_experts", "num_experts", default=GPT_OSS_DEFAULTS["num_local_experts"])
         if self.family == "deepseek":  # routed experts (the shared ones run on every token, outside the router)
-            return self.count("n_routed_experts", default=0, minimum=0) or None
+            return deepseek_field(self, "n_routed_experts") or None
         if self.family == "switch":
             return self.count("num_experts", default=8) if self.model_type != "t5" else None
         if self.family in QWEN_MOE_FAMILIES:  # 0 experts, or every layer in mlp_only_layers: a dense model
@@ -176,12 +197,13 @@ class HFConfig:
 
     @property
     def experts_per_token(self) -> int:
-        """The router's top-k (``num_experts_per_tok``; default 2, Qwen2-MoE's 4, Qwen3-MoE's 8, gpt-oss's 4 as in
-        ``transformers``), between 1 and the expert count."""
+        """The router's top-k (``num_experts_per_tok``; default 2, Qwen2-MoE's 4, Qwen3-MoE's 8, gpt-oss's 4,
+        DeepSeek-V3's 8 as in ``transformers``; DeepSeek-V2 must give it), between 1 and the expert count."""
         n_exp = self.n_experts or 0
         default = (_QWEN_MOE_DEFAULTS[self.family][1] if self.family in QWEN_MOE_FAMILIES
                    else GPT_OSS_DEFAULTS["num_experts_per_tok"] if self.family == "gpt_oss" else 2)
-        top_k = self.count("num_experts_per_tok", default=default)
+        top_k = (deepseek_field(self, "num_experts_per_tok") if self.family == "deepseek"
+                 else self.count("num_experts_per_tok", default=default))
         if top_k > n_exp:
             key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if self.raw.get(k) is not None),
                        "num_experts" if self.family in QWEN_MOE_FAMILIES else "num_local_experts")
@@ -201,15 +223,16 @@ class HFConfig:
         if not self.n_experts:
             return False
         if self.family == "deepseek":
-            return (layer >= self.count("first_k_dense_replace", default=0, minimum=0)
-                    and layer % self.count("moe_layer_freq", default=1) == 0)
+            return (layer >= deepseek_field(self, "first_k_dense_replace")
+                    and layer % deepseek_field(self, "moe_layer_freq") == 0)
         return True
 
     @property
     def layers_alike(self) -> bool:
         """Whether every block of the decoder is of one kind (all sparse or all dense; for gpt-oss also all of one
-        attention kind: its default alternates sliding-window and full layers, which are not alike)."""
-        if self.family == "gpt_oss" and len(set(gpt_oss_layer_types(self))) > 1:
+        attention kind: gpt-oss's default alternates sliding-window and full layers, which are not alike; Qwen2's
+        window starts at ``max_window_layers``: :func:`attention_windows`)."""
+        if len(set(attention_windows(self))) > 1:
             return False
         return len({self.moe_layer(i) for i in range(self.n_layers)}) <= 1
 
@@ -229,11 +252,47 @@ def qwen_mlp_only_layers(cfg: HFConfig) -> frozenset[int]:
 def gpt_oss_layer_types(cfg: HFConfig) -> tuple[str, ...]:
     """The attention kind of each of the decoder's ``cfg.n_layers`` blocks (:data:`GPT_OSS_LAYER_TYPES`): the config's
     ``layer_types`` list when it gives one, else GptOssConfig's default, even layers (0, 2, ...) ``sliding_attention``
-    and odd ones ``full_attention``. (:func:`check_gpt_oss` checks the list's length against the layers when the config
-    is loaded; a graph built with fewer blocks takes the first ones.)"""
+    and odd ones ``full_attention``. (:func:`check_layer_types` checks the list's length against the layers when the
+    config is loaded; a graph built with fewer blocks takes the first ones.)"""
+    return layer_types(cfg) or _default_layer_types(cfg)
+
+
+#: ``transformers``' default ``sliding_window`` of the families whose attention passes one to the kernel when the
+#: config leaves the field out (an explicit null is no window): MistralConfig 4096 (configuration_mistral.py;
+#: MistralAttention passes ``sliding_window=config.sliding_window`` to flash/SDPA on every layer), Gemma2Config and
+#: Gemma3TextConfig 4096, GptOssConfig 128; MixtralConfig and Phi3Config default to None (no window)
+SLIDING_WINDOW_DEFAULTS = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "gpt_oss": GPT_OSS_DEFAULTS["sliding_window"]}
+#: Gemma's default local/global pattern where the config gives no ``layer_types``: Gemma2Config alternates (even
+#: layers "sliding_attention"), Gemma3TextConfig's ``sliding_window_pattern`` (default 6) makes layer i local unless
+#: (i + 1) % pattern == 0 (configuration_gemma2.py, configuration_gemma3.py)
+GEMMA_WINDOW_PATTERN = {"gemma2": 2, "gemma3_text": 6}
+#: families whose window applies to every layer when the config sets one (MistralAttention, MixtralAttention,
+#: Phi3Attention: ``sliding_window=getattr(config, "sliding_window", None)``, no per-layer choice)
+ALL_LAYER_WINDOW_TYPES = ("mistral", "mixtral", "phi3")
+#: dense Qwen configs (Qwen2Config, Qwen3Config, transformers >= 4.53): ``sliding_window`` counts only under
+#: ``use_sliding_window`` (default false), and then only on the layers from ``max_window_layers`` (default 28) on:
+#: ``layer_types[i] = "sliding_attention" if sliding_window is not None and i >= max_window_layers``, and
+#: Qwen2Attention takes ``config.sliding_window`` on its "sliding_attention" layers only
+QWEN_WINDOW_TYPES = ("qwen2", "qwen3")
+QWEN_MAX_WINDOW_LAYERS = 28
+
+
+def _sliding_window(cfg: HFConfig) -> int | None:
+    """The config's ``sliding_window`` (keys per query) as the model's attention reads it: None for an explicit null,
+    the family's ``transformers`` default when absent (:data:`SLIDING_WINDOW_DEFAULTS`)."""
+    if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None:
+        return None
+    return cfg.count("sliding_window", default=SLIDING_WINDOW_DEFAULTS.get(cfg.model_type))
+
+
+def layer_types(cfg: HFConfig) -> tuple[str, ...] | None:
+    """The config's ``layer_types`` (one :data:`GPT_OSS_LAYER_TYPES` kind per layer, the first ``cfg.n_layers``), None
+    when it gives none. Current ``transformers`` configs (Gemma 2/3, Qwen2/3, gpt-oss) write it, and the attention
+    reads it in place of the older fields (``sliding_window_pattern``, ``max_window_layers``), which only build its
+    default; :func:`check_layer_types` checks its length when the config is loaded."""
     v = cfg.raw.get("layer_types")
     if v is None:
-        return tuple(GPT_OSS_LAYER_TYPES[i % 2] for i in range(cfg.n_layers))
+        return None
     if not isinstance(v, (list, tuple)) or any(t not in GPT_OSS_LAYER_TYPES for t in v):
         bad = v if not isinstance(v, (list, tuple)) else next(t for t in v if t not in GPT_OSS_LAYER_TYPES)
         raise GraphError(f"{cfg.name}: field 'layer_types' must be a list of {' or '.join(map(repr, GPT_OSS_LAYER_TYPES))}"
@@ -241,16 +300,111 @@ def gpt_oss_layer_types(cfg: HFConfig) -> tuple[str, ...]:
     return tuple(v[:cfg.n_layers])
 
 
+def _gemma_pattern(cfg: HFConfig) -> int:
+    """Gemma 3's ``sliding_window_pattern`` (saved by transformers as ``_sliding_window_pattern``; default 6), Gemma
+    2's 2 (alternating)."""
+    if cfg.model_type == "gemma3_text":
+        return cfg.count("sliding_window_pattern", "_sliding_window_pattern", default=GEMMA_WINDOW_PATTERN["gemma3_text"])
+    return GEMMA_WINDOW_PATTERN[cfg.model_type]
+
+
+def _default_layer_types(cfg: HFConfig) -> tuple[str, ...]:
+    """The kinds a window family's config builds when it gives no ``layer_types``."""
+    n = cfg.n_layers
+    if cfg.family == "gpt_oss":  # GptOssConfig: even layers sliding
+        return tuple(GPT_OSS_LAYER_TYPES[i % 2] for i in range(n))
+    if cfg.model_type in GEMMA_WINDOW_PATTERN:
+        p = _gemma_pattern(cfg)
+        return tuple(GPT_OSS_LAYER_TYPES[0 if (i + 1) % p else 1] for i in range(n))
+    if cfg.model_type in QWEN_WINDOW_TYPES:
+        first = cfg.count("max_window_layers", default=QWEN_MAX_WINDOW_LAYERS, minimum=0)
+        return tuple(GPT_OSS_LAYER_TYPES[0 if i >= first else 1] for i in range(n))
+    return (GPT_OSS_LAYER_TYPES[0],) * n  # Mistral, Mixtral, Phi-3: the window (if any) on every layer
+
+
+#: model types whose attention takes a sliding window (:func:`attention_windows`)
+WINDOW_TYPES = ("gpt_oss", *ALL_LAYER_WINDOW_TYPES, *QWEN_WINDOW_TYPES, *GEMMA_WINDOW_PATTERN)
+
+
+def check_layer_types(cfg: HFConfig, origin: str) -> None:
+    """``layer_types`` of a window family (:data:`WINDOW_TYPES`): one known kind per layer, and ``sliding_window`` a
+    positive integer or null."""
+    if cfg.model_type not in WINDOW_TYPES:
+        return
+    given = layer_types(cfg)
+    if given is not None and len(cfg.raw["layer_types"]) != cfg.n_layers:
+        raise GraphError(f"{origin}: field 'layer_types' lists {len(cfg.raw['layer_types'])} layers, but "
+                         f"{_alias(cfg.raw, 'n_layers')} is {cfg.n_layers}: it needs one entry per layer")
+    attention_windows(cfg)
+
+
+def attention_windows(cfg: HFConfig) -> tuple[int | None, ...]:
+    """Per decoder block, the sliding window (keys per query) its attention kernel is given, None for full causal
+    attention. gpt-oss: :func:`gpt_oss_layer_types`; Mistral, Mixtral, Phi-3: ``sliding_window`` on every layer
+    (:data:`ALL_LAYER_WINDOW_TYPES`); Qwen2 / Qwen3: the layers from ``max_window_layers`` on under
+    ``use_sliding_window`` (:data:`QWEN_WINDOW_TYPES`); Gemma 2 alternating, Gemma 3 by ``sliding_window_pattern``
+    (:data:`GEMMA_WINDOW_PATTERN`); other families none. A ``layer_types`` list, where the config gives one, decides
+    which layers are "sliding_attention" (:func:`layer_types`), as the transformers attention reads it.
+    (Eager attention still computes the whole S x S scores under a mask; the flash kernel skips the blocks outside
+    the window.)"""
+    if cfg.model_type not in WINDOW_TYPES:
+        return (None,) * cfg.n_layers
+    # Qwen2Config: sliding_window = sliding_window if use_sliding_window else None, whatever the layer kinds
+    w = (None if cfg.model_type in QWEN_WINDOW_TYPES and not cfg.flag("use_sliding_window", False)
+         else _sliding_window(cfg))
+    types = layer_types(cfg) or _default_layer_types(cfg)
+    return tuple(w if t == "sliding_attention" else None for t in types)
+
+
+def quantization_note(cfg: HFConfig) -> str | None:
+    """A warning when the config describes a quantized checkpoint (``quantization_config``, as transformers'
+    quantizers read it: ``quant_method`` "mxfp4" for gpt-oss's experts, "fp8" for DeepSeek-V3's block-wise FP8
+    weights, ...): wattcast does not model the stored format; weights, their memory and the kernels are costed at
+    --dtype (gpt-oss-20b's MXFP4 experts at 4.25 bits a parameter are costed at 16)."""
+    q = cfg.raw.get("quantization_config")
+    if q is None:
+        return None
+    method = q.get("quant_method") if isinstance(q, Mapping) else None
+    kept = q.get("modules_to_not_convert") if isinstance(q, Mapping) else None
+    return (f"{cfg.name}: the checkpoint is quantized (quantization_config.quant_method {method!r}"
+            + (f", modules_to_not_convert {list(kept)!r}" if isinstance(kept, (list, tuple)) and kept else "")
+            + "): not modelled; the weights (and their memory) and the kernels are costed at --dtype, as the "
+            "dequantized model would run")
+
+
+def config_warnings(cfg: HFConfig) -> list[str]:
+    """What the config asks for that the graph does not model as asked (predicted anyway; ``meta["warnings"]``,
+    printed by the CLI): a Qwen-MoE config with ``use_sliding_window`` (costed without a window: which of its layers
+    Qwen2MoeAttention / Qwen3MoeAttention window is not modelled); a Gemma 3 ``layer_types`` that contradicts its
+    ``sliding_window_pattern`` (the list is used); a quantized checkpoint (:func:`quantization_note`)."""
+    out = []
+    given = layer_types(cfg)
+    if given is not None and cfg.model_type == "gemma3_text" and any(
+            cfg.raw.get(k) is not None for k in ("sliding_window_pattern", "_sliding_window_pattern")):
+        implied = _default_layer_types(cfg)
+        if given != implied:
+            out.append(f"{cfg.name}: layer_types and sliding_window_pattern ({_gemma_pattern(cfg)}) disagree "
+                       f"({sum(t == 'full_attention' for t in given)} vs {sum(t == 'full_attention' for t in implied)} "
+                       "full-attention layers): layer_types is used, as Gemma3TextConfig does (the pattern only builds "
+                       "the default layer_types)")
+    if cfg.wrapper:
+        out.append(f"{cfg.name}: a multimodal {cfg.wrapper} config: its language model (text_config, model_type "
+                   f"{cfg.model_type}) is costed; the vision tower (vision_config) and the projector are not modelled, "
+                   "nor the image tokens a prompt would add")
+    quant = quantization_note(cfg)
+    if quant:
+        out.append(quant)
+    if cfg.family in QWEN_MOE_FAMILIES and cfg.flag("use_sliding_window", False):
+        out.append(f"{cfg.name}: use_sliding_window is true, but the sliding window of a {cfg.model_type} config is not "
+                   "modelled: every layer is costed with full causal attention (an upper bound on the flash kernel's "
+                   "work)")
+    return out
+
 def check_gpt_oss(cfg: HFConfig, origin: str) -> None:
     """The rules of a gpt-oss config, naming the field: ``layer_types`` one known kind per layer, ``sliding_window`` a
     positive integer, ``num_experts_per_tok`` between 1 and ``num_local_experts``, and the OpenAI key
     ``experts_per_token`` (the published files carry both) equal to it when given."""
-    gpt_oss_layer_types(cfg)  # a list of known kinds
-    given = cfg.raw.get("layer_types")
-    if given is not None and len(given) != cfg.n_layers:
-        raise GraphError(f"{origin}: field 'layer_types' lists {len(given)} layers, but {_alias(cfg.raw, 'n_layers')} is "
-                         f"{cfg.n_layers}: it needs one entry per layer")
-    cfg.count("sliding_window", default=GPT_OSS_DEFAULTS["sliding_window"])
+    check_layer_types(cfg, origin)
     top_k = cfg.experts_per_token
     other = cfg.count("experts_per_token")
     if other is not None and other != top_k:
@@ -281,6 +435,23 @@ def check_qwen_moe(cfg: HFConfig, origin: str) -> None:
         cfg.count(key)
 
 
+def deepseek_field(cfg: HFConfig, key: str) -> int | None:
+    """A DeepSeek-V2/V3 size as the model is built from the config: the config's value, else the model type's default
+    (:data:`DEEPSEEK_DEFAULTS`); ``q_lora_rank`` set to null is None (a full-rank ``q_proj``); a field without a
+    default (:data:`DEEPSEEK_V2_REQUIRED`) missing is a :class:`GraphError` naming it. The one place the defaults are
+    read (the config check, the graph, the context-parallel ring's key/value width)."""
+    if key == "q_lora_rank" and key in cfg.raw and cfg.raw[key] is None:
+        return None
+    value = cfg.count(key, default=DEEPSEEK_DEFAULTS[cfg.model_type].get(key),
+                      minimum=0 if key in _DEEPSEEK_ZERO_OK else 1)
+    if value is None:
+        hint = " (null for a full-rank q_proj, as DeepSeek-V2-Lite; DeepSeek-V2 has 1536)" if key == "q_lora_rank" else ""
+        raise GraphError(f"{cfg.name}: field '{key}' is missing: a {cfg.model_type} config must give it{hint}; its "
+                         "default differs between DeepSeek's remote code and transformers' DeepseekV2Config, and "
+                         "wattcast does not guess a model's size")
+    return value
+
+
 def check_deepseek(cfg: HFConfig, origin: str) -> None:
     """The fields of a DeepSeek-V2/V3 config, read when it is loaded (the graph reads them again), naming the field:
     the multi-head latent attention's sizes (positive, within :data:`MAX_WIDTH`); ``first_k_dense_replace`` >= 0 and
@@ -288,12 +459,13 @@ def check_deepseek(cfg: HFConfig, origin: str) -> None:
     router (``n_group`` dividing ``n_routed_experts``, ``topk_group`` between 1 and ``n_group``: DeepseekV3TopkRouter
     views the scores as n_group groups; not costed, the router's GEMM is the same); ``moe_intermediate_size`` (each
     expert's width) and ``n_shared_experts`` within their bounds (:data:`BOUNDED_FIELDS`), and the shared experts'
-    SwiGLU, ``n_shared_experts`` x ``moe_intermediate_size`` wide, within :data:`MAX_WIDTH`."""
-    for key, default in (("qk_nope_head_dim", 128), ("qk_rope_head_dim", 64), ("v_head_dim", 128),
-                         ("kv_lora_rank", 512), ("q_lora_rank", None)):  # (the defaults of hf_models._mla)
-        cfg.count(key, default=default)
-    cfg.count("first_k_dense_replace", default=0, minimum=0)
-    cfg.count("moe_layer_freq", default=1)
+    SwiGLU, ``n_shared_experts`` x ``moe_intermediate_size`` wide, within :data:`MAX_WIDTH`. Absent fields take the
+    model type's default or are refused (:func:`deepseek_field`)."""
+    for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank",
+                "first_k_dense_replace", "moe_layer_freq"):
+        deepseek_field(cfg, key)
+    if not all(cfg.moe_layer(i) for i in range(cfg.n_layers)):  # a dense MLP somewhere: its width is read
+        deepseek_field(cfg, "intermediate_size")
     if cfg.n_experts:
         cfg.experts_per_token
         groups = cfg.count("n_group")
@@ -304,8 +476,9 @@ def check_deepseek(cfg: HFConfig, origin: str) -> None:
         if top_groups is not None and groups is not None and top_groups > groups:
             raise GraphError(f"{origin}: field 'topk_group' ({top_groups}) must be between 1 and n_group ({groups}): "
                              "the router keeps that many of the expert groups")
-    moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
-    shared = cfg.count("n_shared_experts", default=0, minimum=0)
+    if not cfg.n_experts:
+        return
+    moe_ffn, shared = deepseek_field(cfg, "moe_intermediate_size"), deepseek_field(cfg, "n_shared_experts")
     if shared * moe_ffn > MAX_WIDTH:
         raise GraphError(f"{origin}: field 'n_shared_experts' ({shared:,}) x moe_intermediate_size ({moe_ffn:,}) is "
                          f"{shared * moe_ffn:,}: the shared experts run as one MLP that wide, over {MAX_WIDTH:,}, wider "
@@ -567,9 +740,43 @@ def position_warning(cfg: HFConfig, seq: int) -> str | None:
             "not an error; set rope_scaling in the config for a context-extended model)")
 
 
+#: multimodal wrappers whose language model is their ``text_config`` (transformers' Gemma3Config, Mistral3Config,
+#: Llama4Config: ``text_config`` a Gemma3TextConfig / MistralConfig / Llama4TextConfig, ``vision_config`` the vision
+#: tower's), and the text model_type their config class assumes when ``text_config`` names none
+MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text"}
+
+
+def unwrap_text_config(raw: Mapping[str, Any], origin: str) -> tuple[Mapping[str, Any], str | None]:
+    """(the language model's config, the wrapper's model_type or None): a multimodal wrapper's ``text_config``
+    (:data:`MULTIMODAL_WRAPPERS`, or any config of an unknown model_type that carries one) is the model wattcast
+    builds; the vision tower is not modelled (:func:`config_warnings` says so). A wrapper without a ``text_config``,
+    or whose text model_type is not one wattcast builds, is refused naming the fix."""
+    if not isinstance(raw, Mapping):
+        return raw, None
+    mt = str(raw.get("model_type", "")).strip().lower()
+    if mt in MODEL_TYPES or (mt not in MULTIMODAL_WRAPPERS and not isinstance(raw.get("text_config"), Mapping)):
+        return raw, None
+    sub = raw.get("text_config")
+    if not isinstance(sub, Mapping):
+        raise GraphError(f"{origin}: model_type {mt!r} is a multimodal wrapper (its language model is in 'text_config', "
+                         f"a {MULTIMODAL_WRAPPERS[mt]} config), but this config has no text_config object; pass the "
+                         f"language model's own config (model_type {MULTIMODAL_WRAPPERS[mt]!r})")
+    text_mt = str(sub.get("model_type") or MULTIMODAL_WRAPPERS.get(mt, "")).strip().lower()
+    if text_mt not in MODEL_TYPES:
+        raise GraphError(f"{origin}: model_type {mt!r} is a multimodal wrapper; its text_config is model_type "
+                         f"{text_mt!r}, which wattcast does not build (known types: {', '.join(sorted(MODEL_TYPES))})")
+    # the wrapper's quantization_config describes the whole checkpoint: kept for its warning
+    quant = {"quantization_config": raw["quantization_config"]} if raw.get("quantization_config") is not None else {}
+    return {**quant, **sub, "model_type": text_mt}, mt
+
+
 def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str = "config") -> HFConfig:
     """Validate ``raw`` on :class:`HFConfigModel`, normalise field aliases and derive what the config leaves out
-    (head size, key/value heads, MLP width); :class:`GraphError` naming the field on bad input."""
+    (head size, key/value heads, MLP width); :class:`GraphError` naming the field on bad input. A multimodal
+    wrapper's ``text_config`` is read in its place (:func:`unwrap_text_config`)."""
+    raw, wrapper = unwrap_text_config(raw, origin)
+    if wrapper:
+        origin = f"{origin} (text_config)"
     try:
         m = HFConfigModel.model_validate(raw)
     except ValidationError as e:
@@ -582,7 +789,7 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     if hd is None and family == "deepseek":
         # multi-head latent attention sizes its heads by qk_nope + qk_rope (queries, keys) and v_head_dim (values):
         # the hidden size need not divide by the heads; the nominal head size is the value head's
-        hd = 128 if raw.get("v_head_dim") is None else int_field(raw, "v_head_dim", origin)
+        hd = int_field(raw, "v_head_dim", origin) if raw.get("v_head_dim") is not None else DEEPSEEK_DEFAULTS[mt]["v_head_dim"]
     if hd is None or family in EVEN_HEAD_FAMILIES:
         if hidden % heads:
             raise GraphError(f"{origin}: hidden size {hidden} ({_alias(raw, 'hidden')}) is not divisible by {heads} heads "
@@ -629,11 +836,14 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
                          f"key/value heads ({kv_key}): each key/value head serves an equal group of query heads")
     if ffn is None and family == "gpt_oss":  # each expert's width: GptOssConfig's default
         ffn = GPT_OSS_DEFAULTS["intermediate_size"]
+    if ffn is None and mt == "deepseek_v3":  # the dense blocks' MLP: DeepseekV3Config's default
+        ffn = DEEPSEEK_V3_DEFAULTS["intermediate_size"]
     ffn = 4 * hidden if ffn is None else ffn
     maxpos = m.max_positions or 0  # 0 = not given (no limit known)
     act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()
     cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=m.n_layers, n_heads=heads, n_kv_heads=kv,
-                   head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw))
+                   head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw),
+                   wrapper=wrapper)
     # the rules over several fields, on the normalised config
     _check_size(cfg, raw, origin)
     if family == "mixtral" and cfg.n_experts:
@@ -644,6 +854,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         check_qwen_moe(cfg, origin)
     if family == "gpt_oss":
         check_gpt_oss(cfg, origin)
+    else:
+        check_layer_types(cfg, origin)
     return cfg
 
 

@@ -29,14 +29,14 @@ generators share (attention, activations, RMSNorm, RoPE, LM head) are in :mod:`w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
                                           merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding,
                                           vocab_shard_params)
-from wattcast.featurize.hf_config import (GPT_OSS_DEFAULTS, QWEN_MOE_FAMILIES, HFConfig, bool_field, fraction_field,
-                                          gpt_oss_layer_types)
+from wattcast.featurize.hf_config import (QWEN_MOE_FAMILIES, HFConfig, attention_windows, bool_field, deepseek_field,
+                                          fraction_field)
 from wattcast.featurize.hf_switch import switch
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
@@ -390,9 +390,9 @@ class LlamaVariant:
     - ``sandwich``: a norm after attention and around the MLP too, four per block (Gemma 2 and 3);
     - ``attn_softcap`` / ``final_softcap``: logits soft-capped as cap * tanh(x / cap) (Gemma 2): three elementwise
       kernels on the S x S scores (eager; fused into the flash kernel) and on the vocabulary logits;
-    - ``window`` / ``global_every``: sliding-window attention of ``window`` keys on the local layers; every
-      ``global_every``-th layer is global (Gemma 2: 2, alternating; Gemma 3: 6, five local to one global; 1: all
-      layers global; 0: all local, Mistral's ``sliding_window``);
+    - ``windows``: per block, the sliding window its attention kernel gets (None: full causal attention), from
+      :func:`~wattcast.featurize.hf_config.attention_windows` (Gemma 2's alternating layers, Gemma 3's five local to
+      one global, Mistral's every layer, ``layer_types`` where the config gives it), filled in by :func:`llama`;
     - ``gpt_oss``: GptOssAttention's q/k/v/o projections with biases (``attention_bias``, default true), its RoPE
       (:func:`_gpt_oss_rope`) and per-head learned sinks (``num_attention_heads`` parameters: one logit per head
       joined to every row of the scores, :func:`~wattcast.featurize.hf_blocks.eager_attention` with ``sinks``; in the
@@ -406,22 +406,30 @@ class LlamaVariant:
     sandwich: bool = False
     attn_softcap: float | None = None
     final_softcap: float | None = None
-    window: int | None = None
-    global_every: int = 1
     gpt_oss: bool = False
+    windows: tuple[int | None, ...] = ()
 
-    def is_local(self, layer: int) -> bool:
-        if not self.window:
-            return False
-        return True if self.global_every == 0 else (layer + 1) % self.global_every != 0
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of block ``layer``'s attention, None for full causal attention."""
+        return self.windows[layer] if self.windows else None
+
+
+#: model types whose attention output projection has no bias whatever ``attention_bias`` says: Qwen2Attention and
+#: Qwen2MoeAttention (q/k/v biased, ``o_proj`` ``bias=False``), MistralAttention, MixtralAttention, Phi3Attention
+#: (``bias=False`` throughout); LlamaAttention, Gemma's, Qwen3's and gpt-oss's give ``o_proj`` ``bias=config.attention_bias``
+NO_O_PROJ_BIAS_TYPES = ("qwen2", "qwen2_moe", "mistral", "mixtral", "phi3")
+#: model types whose dense MLP reads ``mlp_bias`` (LlamaMLP: gate/up/down ``bias=config.mlp_bias``, default false)
+MLP_BIAS_TYPES = ("llama",)
 
 
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
                      var: LlamaVariant = LlamaVariant(), layer: int = 0) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
-    # Qwen2(Moe)Attention: q/k/v bias; GptOssAttention: q/k/v/o bias
+    # Qwen2(Moe)Attention: q/k/v bias; GptOssAttention: q/k/v/o bias; LlamaAttention (and Gemma's, Qwen3's): q/k/v/o
+    # under attention_bias
     bias = cfg.flag("attention_bias", cfg.model_type in ("qwen2", "qwen2_moe") or var.gpt_oss)
+    o_bias = bias and cfg.model_type not in NO_O_PROJ_BIAS_TYPES
     x = b.tp_enter(x, name="self_attn.enter")
     if var.fused_qkv:  # Phi-3: one qkv_proj, split into q, k, v by views
         qkv = b.linear(x, (nh + 2 * nkv) * d, bias=bias, name="self_attn.qkv_proj", parallel="col")
@@ -440,7 +448,7 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     k = rotate(b, k, "rope.k")
     if var.gpt_oss:
         b.add_params(nhl)  # self_attn.sinks: one logit per (local) head
-    window = var.window if var.is_local(layer) else None
+    window = var.layer_window(layer)
     kv_len = seq
     if b.kv_context is not None:
         # a KV-cached step: the new keys/values appended to the cache, attention over context + new tokens. A
@@ -461,28 +469,29 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
                             mask_shape=(batch, 1, seq, kv_len), strided=(False, False, nhl == nkvl and b.kv_context is None),
                             softcap=var.attn_softcap, sinks=var.gpt_oss)
     a = merge_heads(b, a, name="self_attn.transpose")
-    return b.tp_exit(b.linear(a, cfg.hidden, bias=bias and var.gpt_oss, name="self_attn.o_proj", parallel="row"),
+    return b.tp_exit(b.linear(a, cfg.hidden, bias=o_bias, name="self_attn.o_proj", parallel="row"),
                      name="self_attn.exit")
 
 
 def _swiglu(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, *, tp_region: bool = True,
-            act: str | None = None, fused: bool = False, act_tag: str = "") -> Tensor:
+            act: str | None = None, fused: bool = False, act_tag: str = "", bias: bool = False) -> Tensor:
     """SwiGLU MLP (GeGLU with ``act``); ``tp_region=False`` when the caller already entered (and will exit) the
     tensor-parallel region; ``fused``: one gate_up_proj of twice the width, split by views (Phi-3); ``act_tag``: the
-    recompute module of the activation and product (``moe_act`` in an expert)."""
+    recompute module of the activation and product (``moe_act`` in an expert); ``bias``: biased gate/up/down
+    projections (Llama's ``mlp_bias``)."""
     if tp_region:
         x = b.tp_enter(x, name=f"{prefix}.enter")
     if fused:
-        gu = b.linear(x, 2 * ffn, bias=False, name=f"{prefix}.gate_up_proj", parallel="col")
+        gu = b.linear(x, 2 * ffn, bias=bias, name=f"{prefix}.gate_up_proj", parallel="col")
         half = (*gu.shape[:-1], gu.shape[-1] // 2)
         g, u = Tensor(half, gu.dtype, gu.node, gu.tid), Tensor(half, gu.dtype, gu.node, gu.tid)
     else:
-        g = b.linear(x, ffn, bias=False, name=f"{prefix}.gate_proj", parallel="col")
-        u = b.linear(x, ffn, bias=False, name=f"{prefix}.up_proj", parallel="col")
+        g = b.linear(x, ffn, bias=bias, name=f"{prefix}.gate_proj", parallel="col")
+        u = b.linear(x, ffn, bias=bias, name=f"{prefix}.up_proj", parallel="col")
     with b.tag(act_tag):
         g = activation(b, g, act or (cfg.activation if cfg.activation != "gelu" else "silu"))
         y = b.elementwise("mul", g, u, name=f"{prefix}.mul")
-    y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.down_proj", parallel="row")
+    y = b.linear(y, cfg.hidden, bias=bias, name=f"{prefix}.down_proj", parallel="row")
     return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
 
 
@@ -635,6 +644,9 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
     GELU (``hidden_activation``, default ``gelu_pytorch_tanh``, whatever ``hidden_act`` says), RMSNorm weights
     applied as (1 + w) (a hidden-sized add, costed with the norm) and the LM head tied to the embedding."""
     gemma = var.gemma
+    windows = attention_windows(cfg)  # Gemma 2/3's local layers, Mistral's, Mixtral's, Phi-3's, Qwen2's windows
+    if any(windows):
+        var = replace(var, windows=windows)
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -659,7 +671,8 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
             sparse = moe and cfg.moe_layer(i)  # Qwen-MoE: dense MLPs between the sparse blocks
             with b.tag("moe" if sparse else "mlp"):  # Megatron-Core's recompute modules (featurize/recompute.py)
                 y = (_moe_block(cfg, b, y, batch, seq) if sparse
-                     else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up))
+                     else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up,
+                                  bias=cfg.model_type in MLP_BIAS_TYPES and cfg.flag("mlp_bias", False)))
             if var.sandwich:
                 y = rms_norm_eager(b, y, "post_feedforward_layernorm")
             x = b.elementwise("add", x, y, name="residual_2")
@@ -770,11 +783,8 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
     attention with query/key head dim ``qk_nope + qk_rope`` and value head dim ``v_head_dim``; ``o_proj``."""
     nh = cfg.n_heads
     nhl = local_heads(b, nh)
-    nope = cfg.count("qk_nope_head_dim", default=128)
-    rdim = cfg.count("qk_rope_head_dim", default=64)
-    vdim = cfg.count("v_head_dim", default=128)
-    kv_rank = cfg.count("kv_lora_rank", default=512)
-    q_rank = cfg.count("q_lora_rank")
+    nope, rdim, vdim, kv_rank, q_rank = (deepseek_field(cfg, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim",
+                                                                          "v_head_dim", "kv_lora_rank", "q_lora_rank"))
     qd = nope + rdim
     bs, s_ = x.shape[0], x.shape[1]
     qa = b.linear(x, q_rank, bias=False, name="self_attn.q_a_proj") if q_rank else None
@@ -832,8 +842,8 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
-    moe_ffn = cfg.count("moe_intermediate_size", default=cfg.ffn)
-    shared = cfg.count("n_shared_experts", default=0, minimum=0)
+    moe_ffn = deepseek_field(cfg, "moe_intermediate_size") if cfg.n_experts else None
+    shared = deepseek_field(cfg, "n_shared_experts") if cfg.n_experts else 0
     scoring = "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax"
     def block(x: Tensor, moe: bool) -> Tensor:
         y = norm(x, "input_layernorm", "layernorm")
@@ -917,26 +927,27 @@ def qwen3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) ->
 def phi3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """Phi-3: Llama with one fused ``qkv_proj`` and one fused ``gate_up_proj`` (sliding window when the config
     sets ``sliding_window``, as Phi3Attention passes it to the kernel)."""
-    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(fused_qkv=True, fused_gate_up=True,
-                                                          window=cfg.count("sliding_window"), global_every=0))
+    llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(fused_qkv=True, fused_gate_up=True))
 
 
 def gemma2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """Gemma 2: Gemma with sandwich norms (four RMSNorms per block), attention and final logit soft-capping
     (``attn_logit_softcapping``, ``final_logit_softcapping``) and sliding-window attention
-    (``sliding_window``) on every other layer (even layers local, as Gemma2DecoderLayer)."""
+    (``sliding_window``) on every other layer (even layers local, as Gemma2DecoderLayer), or on the
+    "sliding_attention" layers of ``layer_types`` when the config gives it."""
     llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(
         gemma=True, sandwich=True, attn_softcap=_opt_float(cfg, "attn_logit_softcapping"),
-        final_softcap=_opt_float(cfg, "final_logit_softcapping"), window=cfg.count("sliding_window"), global_every=2))
+        final_softcap=_opt_float(cfg, "final_logit_softcapping")))
 
 
 def gemma3(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """Gemma 3 (text): Gemma 2's sandwich norms plus query/key RMSNorm, no soft-capping by default, and
-    ``sliding_window_pattern`` (default 6): five local layers to one global."""
+    ``sliding_window_pattern`` (default 6): five local layers to one global, or the "sliding_attention" layers of
+    ``layer_types`` when the config gives it (authoritative, as in Gemma3TextConfig; a warning if the pattern says
+    otherwise)."""
     llama(cfg, b, batch, seq, impl=impl, var=LlamaVariant(
         gemma=True, sandwich=True, qk_norm=True, attn_softcap=_opt_float(cfg, "attn_logit_softcapping"),
-        final_softcap=_opt_float(cfg, "final_logit_softcapping"), window=cfg.count("sliding_window"),
-        global_every=cfg.count("sliding_window_pattern", default=6)))
+        final_softcap=_opt_float(cfg, "final_logit_softcapping")))
 
 
 def mixtral(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -1019,10 +1030,8 @@ def gpt_oss(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
     Llama's eager kernels (gpt-oss applies the weight before the cast back, an equal count).
 
     Hugging Face's path only: :func:`wattcast.featurize.workload` refuses ``--framework megatron`` for it."""
-    types = gpt_oss_layer_types(cfg)
-    # absent: GptOssConfig's default (128); an explicit null: GptOssAttention passes no window (full attention)
-    window = (None if "sliding_window" in cfg.raw and cfg.raw["sliding_window"] is None
-              else cfg.count("sliding_window", default=GPT_OSS_DEFAULTS["sliding_window"]))
+    # per layer: sliding_window (absent: GptOssConfig's 128; an explicit null: none) on the sliding_attention layers
+    windows = attention_windows(cfg)
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -1030,7 +1039,7 @@ def gpt_oss(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) 
         with b.layer(i, f"model.layers.{i}"):
             y = rms_norm_eager(b, x, "input_layernorm", module="layernorm")
             # a sliding_attention layer's window (none on a full_attention one), with the sinks and gpt-oss's RoPE
-            var = LlamaVariant(gpt_oss=True, window=window if types[i] == "sliding_attention" else None, global_every=0)
+            var = LlamaVariant(gpt_oss=True, windows=windows)
             a = _llama_attention(cfg, b, y, batch, seq, impl, var, i)
             x = b.elementwise("add", x, a, name="residual_1")
             y = rms_norm_eager(b, x, "post_attention_layernorm", module="layernorm")

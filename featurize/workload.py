@@ -17,7 +17,8 @@ import numpy as np
 from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.graph_cache import rows_cached
-from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, pinned, position_warning
+from wattcast.featurize.hf_config import (HFConfig, config_warnings, load_hf_config, locate_model_config, pinned,
+                                          position_warning)
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.featurize.training_graph import optimizer_key, training_graph
@@ -289,6 +290,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     # rotary positions run beyond the table: predicted, with a warning in meta["warnings"] (printed by the CLI)
     # with a KV cache the new tokens sit at positions kv_context .. kv_context + seq - 1
     pos_warning = position_warning(cfg, opts.seq * opts.cp + (opts.kv_context or 0))
+    # what the config asks for that the graph does not model (a Qwen-MoE window, ...): predicted, with a warning
+    warnings = [w for w in (pos_warning, *config_warnings(cfg)) if w]
     if opts.framework == "megatron" and cfg.family in _MEGATRON_LLAMA_FAMILIES:
         from wattcast.featurize.hf_models import llama_megatron
 
@@ -305,7 +308,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     n_layers = cfg.total_layers
     return b.build(name=cfg.name, model_type=cfg.model_type, family=cfg.family, n_layers=n_layers, batch=opts.batch,
                    seq=opts.seq, tokens=opts.batch * opts.seq, attention=opts.attention, source="hf_config",
-                   hidden=cfg.hidden, vocab=cfg.vocab, **({"warnings": [pos_warning]} if pos_warning else {}),
+                   hidden=cfg.hidden, vocab=cfg.vocab, **({"warnings": warnings} if warnings else {}),
                    logits=opts.logits,
                    **({"kv_context": opts.kv_context, "kv_cache_bytes": float(b.kv_cache_bytes),
                        "kv_bytes_per_token": float(b.kv_cache_bytes) / (opts.batch * (opts.kv_context + opts.seq))}

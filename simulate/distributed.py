@@ -41,7 +41,7 @@ from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_c
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import RowsCache
-from wattcast.featurize.hf_config import HFConfig, gpt_oss_layer_types, load_hf_config, pinned
+from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS
 from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype, is_onnx_path,
                                         step_graph)
@@ -502,8 +502,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                                       "(Transformer Engine / FlashAttention): use --attention flash")
         # K and V of this rank's share of the sequence, one layer: what each ring step passes on (multi-head latent
         # attention passes its up-projected keys, qk_nope + qk_rope wide, and values, v_head_dim wide, per head)
-        kv_width = (hf.count("qk_nope_head_dim", default=128) + hf.count("qk_rope_head_dim", default=64)
-                    + hf.count("v_head_dim", default=128) if hf.family == "deepseek" else 2 * hf.head_dim)
+        kv_width = (sum(deepseek_field(hf, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+                    if hf.family == "deepseek" else 2 * hf.head_dim)
         cp_kv_bytes = float(par.micro_batch * (seq // par.cp) * (hf.n_kv_heads // par.tp) * kv_width * DTYPE_BYTES[dtype])
     moe_load = 1.0
     if given_routing({k: getattr(dopts, k) for k in ROUTING_DEFAULTS}):
@@ -643,9 +643,10 @@ def _build_rank_graph(model, hf: HFConfig | None, opts: StepOptions) -> tuple:
 
 def _layer_kinds(hf: HFConfig) -> tuple:
     """Per decoder block of a :data:`_UNIFORM_FAMILIES` config, what makes its graph differ from another block's (as
-    ``HFConfig.layers_alike`` compares them): a sparse or dense MLP, and gpt-oss's attention kind."""
-    types = gpt_oss_layer_types(hf) if hf.family == "gpt_oss" else (None,) * hf.n_layers
-    return tuple((hf.moe_layer(i), types[i]) for i in range(hf.n_layers))
+    ``HFConfig.layers_alike`` compares them): a sparse or dense MLP, and the attention's sliding window (gpt-oss's
+    sliding_attention layers, Qwen2's from max_window_layers on: :func:`attention_windows`)."""
+    windows = attention_windows(hf)
+    return tuple((hf.moe_layer(i), windows[i]) for i in range(hf.n_layers))
 
 
 def _periodic_plan(kinds: tuple) -> tuple[int, int, int] | None:

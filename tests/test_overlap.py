@@ -135,7 +135,7 @@ MOE = {  # a small DeepSeek-V2-Lite-shaped MoE model (64 experts, top-6, 2 share
     "model_type": "deepseek_v2", "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 16,
     "num_hidden_layers": 4, "intermediate_size": 2816, "moe_intermediate_size": 352, "n_routed_experts": 64,
     "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 128,
-    "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "vocab_size": 32000,
+    "q_lora_rank": None, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "vocab_size": 32000,
     "max_position_embeddings": 4096}
 
 
