@@ -1439,9 +1439,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         opt_s = by_stage(chunk_sum("opt_ms"))
         if tied_params > 0:  # the last stage's optimizer also steps the tied embedding's copy
             opt_s[-1] += tied_opt[0]
+        ex_stage = by_stage(chunk_sum("expert_params"))
         hit = sums[stage_key] = (p_stage, act_chunk.reshape(V, P).mean(axis=0), opt_s, fp8_stage,
-                                 by_stage(chunk_sum("opt_cast_ms")))
-    params_stage, act_stage, opt_by_stage, fp8_frac, opt_cast_stage = hit
+                                 by_stage(chunk_sum("opt_cast_ms")), ex_stage,
+                                 # what the model states are computed from, as a key (below)
+                                 p_stage.tobytes() + ex_stage.tobytes() + fp8_stage.tobytes())
+    params_stage, act_stage, opt_by_stage, fp8_frac, opt_cast_stage, expert_stage, stage_bytes = hit
     inf_key = ("inflight", P, V, n_micro, par.schedule)
     inflight_s = memo.get(inf_key) if memo is not None else None
     if inflight_s is None:
@@ -1464,15 +1467,18 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # expert states are sharded over the expert-data-parallel group (tp x cp x dp / (etp x ep): _dp_times' ep_dp), not
     # the DP group
     edp_n = expert_dp(par)
-    expert_stage = by_stage(chunk_sum("expert_params"))
     # what one device's share of the optimizer step is under ZeRO >= 1, per stage: dense parameters sharded over the DP
     # group, expert ones over the expert-DP group (1 / dp without experts or with ep 1)
-    if par.zero >= 1:
-        exp_frac = np.divide(expert_stage, params_stage,
-                             out=np.zeros(P), where=params_stage > 0) if edp_n != dp_n else np.zeros(P)
-        opt_share = (1.0 - exp_frac) / dp_n + exp_frac / edp_n
-    else:
-        opt_share = np.ones(P)
+    share_key = ("opt_share", P, V, par.zero >= 1, dp_n, edp_n)
+    opt_share = sums.get(share_key)
+    if opt_share is None:
+        if par.zero >= 1:
+            exp_frac = np.divide(expert_stage, params_stage,
+                                 out=np.zeros(P), where=params_stage > 0) if edp_n != dp_n else np.zeros(P)
+            opt_share = (1.0 - exp_frac) / dp_n + exp_frac / edp_n
+        else:
+            opt_share = np.ones(P)
+        sums[share_key] = opt_share
     # the FP8 weight cast after the step: every DP rank casts its whole FP8 weights (read bf16, write FP8 and transpose:
     # 4 B a parameter); with FP8 parameters (--fp8-param-gather) each casts its shard of the fp32 master weights (read
     # 4 B, write 1) and, after the FP8 all-gather, makes the whole weights' transposes (read 1, write 1)
@@ -1499,10 +1505,16 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 if par.tp_comm_overlap and g.meta.get("hidden") else 0.0)
     if summary:  # the total alone (same figures); the model states per (stage split, ZeRO, DP, expert DP) once per search
         mem = None
-        state_key = ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather)
-        mem_parts = sums.get(state_key)
+        # keyed by what they are computed from (the search's memo: the rank graphs of one tp, pp and interleave
+        # share their parameters whatever the micro-batch, SP, CP or recomputation), else per view and chunking
+        state_key = (("states", stage_bytes, ctx.fp8_param_gather,
+                      *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
+                                              "framework", "block_params", "expert_dp")))
+                     if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather))
+        cache = memo if memo is not None else sums
+        mem_parts = cache.get(state_key)
         if mem_parts is None:
-            mem_parts = sums[state_key] = stage_state_parts(params=params_stage, **state_kw)
+            mem_parts = cache[state_key] = stage_state_parts(params=params_stage, **state_kw)
         total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, view.full_extra_bytes, ub_bytes)
         w_stage = int(np.argmax(total_gb))
         worst = float(total_gb[w_stage])
@@ -1638,26 +1650,32 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # what each chunk's computation (no collectives) draws per micro-batch: kernels at their power, launch gaps and
     # loading the micro-batch at idle, the gradient-accumulation pass (not a graph kernel) at a streaming kernel's; its
     # mean power and compute utilisation per chunk and per stage (forward, backward: what runs beside hidden transfers)
-    pow_key = ("chunk_power", P, acc_ms.tobytes(), data_f.tobytes(), p_comm, p_stream)  # per stage too: P
-    cpow = sums.get(pow_key)
-    if cpow is None:
-        e_f_nc = chunk_sum("e_f_nc_j") + data_f * p_idle / 1e3
-        e_b_nc = chunk_sum("e_b_nc_j") + acc_ms * p_stream / 1e3
+    # the forward's figures depend on the micro-batch's loading (data_f), the backward's on the accumulation pass
+    # (acc_ms, which ZeRO-2/3 and the micro-batch count change): each kept apart, per stage split (P)
+    cap_w = overlap_cap_w(spec, power_limit_w)  # the board's cap on computation + a hidden collective
+    dyn_w = max(p_comm - p_idle, 0.0)
 
-        def mean(num, den, empty):
-            return np.divide(num, den, out=np.full(len(den), float(empty)), where=den > 0)
+    def mean(num, den, empty):
+        return np.divide(num, den, out=np.full(len(den), float(empty)), where=den > 0)
 
-        w_f, w_b = mean(e_f_nc * 1e3, f_nc, p_idle), mean(e_b_nc * 1e3, b_nc, p_idle)  # W
-        w_fs, w_bs = mean(by_stage(e_f_nc) * 1e3, by_stage(f_nc), p_idle), mean(by_stage(e_b_nc) * 1e3, by_stage(b_nc), p_idle)
-        cap_w = overlap_cap_w(spec, power_limit_w)  # the board's cap on computation + a hidden collective
-        dyn_w = max(p_comm - p_idle, 0.0)
-        cpow = sums[pow_key] = dict(
-            e_f_nc=e_f_nc, e_b_nc=e_b_nc, dyn_w=dyn_w,
-            f=(w_f, mean(chunk_sum("cu_f_ms"), f_nc, 0.0), w_f + dyn_w > cap_w),
-            b=(w_b, mean(chunk_sum("cu_b_ms"), b_nc, 0.0), w_b + dyn_w > cap_w),
-            fs=(w_fs, mean(by_stage(chunk_sum("cu_f_ms")), by_stage(f_nc), 0.0), w_fs + dyn_w > cap_w),
-            bs=(w_bs, mean(by_stage(chunk_sum("cu_b_ms")), by_stage(b_nc), 0.0), w_bs + dyn_w > cap_w))
-    e_f_nc, e_b_nc, dyn_kw = cpow["e_f_nc"], cpow["e_b_nc"], cpow["dyn_w"] / 1e3
+    def pass_power(kind: str, extra_ms: np.ndarray, extra_w: float) -> tuple:
+        """(J per chunk, per-chunk (W, utilisation, cap binds), per-stage ones) of the forward ("f") or backward ("b")
+        computation with ``extra_ms`` per chunk at ``extra_w`` added."""
+        key = ("pass_power", kind, P, extra_ms.tobytes(), p_comm, extra_w, cap_w)
+        hit = sums.get(key)
+        if hit is None:
+            t_nc = f_nc if kind == "f" else b_nc
+            e_nc = chunk_sum(f"e_{kind}_nc_j") + extra_ms * extra_w / 1e3
+            w, w_s = mean(e_nc * 1e3, t_nc, p_idle), mean(by_stage(e_nc) * 1e3, by_stage(t_nc), p_idle)  # W
+            cu = chunk_sum(f"cu_{kind}_ms")
+            hit = sums[key] = (e_nc, (w, mean(cu, t_nc, 0.0), w + dyn_w > cap_w),
+                               (w_s, mean(by_stage(cu), by_stage(t_nc), 0.0), w_s + dyn_w > cap_w))
+        return hit
+
+    e_f_nc, pow_f, pow_fs = pass_power("f", data_f, p_idle)
+    e_b_nc, pow_b, pow_bs = pass_power("b", acc_ms, p_stream)
+    cpow = dict(f=pow_f, b=pow_b, fs=pow_fs, bs=pow_bs)
+    dyn_kw = dyn_w / 1e3
     # the communication each chunk runs per micro-batch, by class, whether exposed or hidden: the rank graph's
     # collectives by group (as _comm_parts names them) and the ring attention's KV steps (_comm_parts' count)
     tot_key = ("comm_totals", parts_key)
@@ -1690,8 +1708,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     dp_group = lay["dp"].size > 1 or edp_n > 1  # a data-parallel sync to run (the dense or the experts' group)
 
-    def run(free: frozenset = frozenset()):
-        """The step with the communication classes in ``free`` made free (everything else as costed)."""
+    every_class = frozenset(classes)
+
+    def run(free: frozenset = frozenset(), energy: bool = True):
+        """The step with the communication classes in ``free`` made free (everything else as costed); ``energy``
+        False: the step's time alone (``work`` None), what the runs for the exposed communication need."""
+        # every class free: no transfer is left to hide (the task's communication, p2p and ZeRO-3 are all free), so no
+        # stretch and no extra energy (hidden_power of zeros: 0.0); a time-only run skips computing them
+        quiet = not energy and free >= every_class
         comm_key = (parts_key, "comm", free)
         comm = sums.get(comm_key)
         if comm is None:  # what the classes not made free add, per chunk (forward, backward)
@@ -1707,29 +1731,31 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             f = overlapped_ms(f, dpt["z3_f_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_f_ms"])
             b = overlapped_ms(b, dpt["z3_b_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_b_ms"])
         p2p = 0.0 if "pp" in free else p2p_ms
-        # every transfer a chunk's task runs, exposed or hidden (the rest of f, b beyond the computation is exposed)
-        tot_free = (tot_key, free)
-        t_fb = sums.get(tot_free)
-        if t_fb is None:
-            t_fb = sums[tot_free] = tuple(sum((v for k, v in d.items() if k not in free), np.zeros(n_chunks))
-                                          for d in comm_tot)
-        t_f, t_b = t_fb
-        if p2p > 0:
-            t_f, t_b = t_f + send_f * p2p, t_b + send_b * p2p
-        if dp_on and par.zero == 3:
-            t_f = t_f + dpt["z3_f_ms"]
-            t_b = t_b + dpt["z3_b_ms"]
+        if not quiet:
+            # every transfer a chunk's task runs, exposed or hidden (the rest of f, b beyond the computation is exposed)
+            tot_free = (tot_key, free)
+            t_fb = sums.get(tot_free)
+            if t_fb is None:
+                t_fb = sums[tot_free] = tuple(sum((v for k, v in d.items() if k not in free), np.zeros(n_chunks))
+                                              for d in comm_tot)
+            t_f, t_b = t_fb
+            if p2p > 0:
+                t_f, t_b = t_f + send_f * p2p, t_b + send_b * p2p
+            if dp_on and par.zero == 3:
+                t_f = t_f + dpt["z3_f_ms"]
+                t_b = t_b + dpt["z3_b_ms"]
         if p2p_blocking and p2p > 0:  # the sender is blocked for its transfer; it is done when the task ends
             f = f + send_f * p2p
             b = b + send_b * p2p
             p2p = 0.0
-        # communication hidden beside a task's computation: its dynamic power on top of the computation's, and under a
-        # power limit the computation's clock where the sum would exceed it (simulate.energy.overlap_power)
-        # (no more than the computation: transfers beyond it, or side by side, are exposed or share its span)
-        st_f, xj_f = hidden_power(np.clip(t_f - (f - f_nc), 0.0, f_nc), "f")
-        st_b, xj_b = hidden_power(np.clip(t_b - (b - b_nc), 0.0, b_nc), "b")
-        f = f + st_f
-        b = b + st_b
+        if not quiet:
+            # communication hidden beside a task's computation: its dynamic power on top of the computation's, and
+            # under a power limit the computation's clock where the sum would exceed it (simulate.energy.overlap_power)
+            # (no more than the computation: transfers beyond it, or side by side, are exposed or share its span)
+            st_f, xj_f = hidden_power(np.clip(t_f - (f - f_nc), 0.0, f_nc), "f")
+            st_b, xj_b = hidden_power(np.clip(t_b - (b - b_nc), 0.0, b_nc), "b")
+            f = f + st_f
+            b = b + st_b
         keep = trace and not free
         pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)
         hit = memo.get(pipe_key) if memo is not None and not keep else None
@@ -1837,6 +1863,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     st_g, xj_g = hidden_power(hid, "fs")
                     gather = gather + st_g
         total = finish + opt_stage + gather + iteration_ms
+        if not energy:
+            return float(total.max()), pipe, finish, opt_stage, gather, comm_events, None
         # the computation's time per stage (the stretches a power limit puts on the overlapped spans included) and its
         # energy with what the hidden communication adds: the rest of the step is exposed communication or waiting
         work = dict(task_cmp_ms=by_stage((f_nc + st_f + b_nc + st_b) * n_micro), task_extra_j=by_stage((xj_f + xj_b) * n_micro),
@@ -1844,10 +1872,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events, work
 
     step, pipe, finish, opt_stage, gather, comm_events, work = run()
-    step_free, pipe_free, *_ = run(frozenset(classes))
+    step_free = run(every_class, energy=False)[0]
     # exposed communication per class: what the step would save if that class alone were free
     # every class is named, 0.0 where the strategy has none (tp 1, ep 1, ...); a search leaves the split out
-    exposed_split = ({k: max(step - run(frozenset([k]))[0], 0.0) if k in classes else 0.0
+    exposed_split = ({k: max(step - run(frozenset([k]), energy=False)[0], 0.0) if k in classes else 0.0
                       for k in sorted({"tp", "dp", "pp", "cp", "ep"} | set(classes))} if comm_split else {})
     # bubble: idle time of the busiest stage inside the pipeline span (no communication counted)
     span = float(pipe.stage_end.max())

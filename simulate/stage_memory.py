@@ -252,14 +252,14 @@ def interleaved_peak_bytes(chunk_bytes: np.ndarray, *, n_micro: int) -> np.ndarr
     j = np.arange(total)
     fwd_chunk = (j % (pp * v)) // pp
     warm = inflight_chunks_by_stage(pp=pp, interleave=v, n_micro=n_micro, schedule="1f1b") - 1
-    out = np.zeros(pp)
-    for s in range(pp):
-        a = chunk_bytes[:, s]
-        cum_f = np.cumsum(a[fwd_chunk])
-        cum_b = np.concatenate([[0.0], np.cumsum(a[v - 1 - fwd_chunk])])
-        w = int(min(warm[s], total - 1))
-        out[s] = float(np.max(cum_f - cum_b[np.maximum(j - w, 0)]))
-    return out
+    # every stage at once (row s): a cumulative sum along each row adds in the same order as the stage's own
+    a = np.ascontiguousarray(np.asarray(chunk_bytes, dtype=float).T)
+    cum_f = np.cumsum(a[:, fwd_chunk], axis=1)
+    cum_b = np.zeros((pp, total + 1))
+    np.cumsum(a[:, v - 1 - fwd_chunk], axis=1, out=cum_b[:, 1:])
+    w = np.minimum(warm, total - 1)
+    back = np.maximum(j[None, :] - w[:, None], 0) + (np.arange(pp) * (total + 1))[:, None]
+    return np.max(cum_f - cum_b.ravel()[back], axis=1)
 
 
 def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,

@@ -141,3 +141,34 @@ def test_search_memory_counts_the_userbuffers_as_predict_does():
                                  recompute="selective", zero=1, micro_batch=1, framework="megatron", dtype="bf16",
                                  tp_comm_overlap=True)
     assert best["memory_gb"] == pytest.approx(p.to_dict()["memory"]["total_gb"], rel=1e-9)
+
+
+def _peak_one_stage_at_a_time(chunk_bytes, n_micro):
+    """interleaved_peak_bytes as it was written until stop 41: Megatron-LM's order replayed stage by stage."""
+    import numpy as np
+
+    v, pp = chunk_bytes.shape
+    total = n_micro * v
+    j = np.arange(total)
+    fwd_chunk = (j % (pp * v)) // pp
+    warm = inflight_chunks_by_stage(pp=pp, interleave=v, n_micro=n_micro, schedule="1f1b") - 1
+    out = np.zeros(pp)
+    for s in range(pp):
+        a = chunk_bytes[:, s]
+        cum_f = np.cumsum(a[fwd_chunk])
+        cum_b = np.concatenate([[0.0], np.cumsum(a[v - 1 - fwd_chunk])])
+        out[s] = float(np.max(cum_f - cum_b[np.maximum(j - int(min(warm[s], total - 1)), 0)]))
+    return out
+
+
+@pytest.mark.parametrize("v,pp,n_micro", [(2, 2, 2), (2, 4, 8), (3, 8, 24), (4, 16, 96), (5, 4, 1536), (4, 64, 64)])
+def test_interleaved_peak_all_stages_at_once_is_bit_identical(v, pp, n_micro):
+    # every stage's cumulative sums in one array (stop 41, search speed): the same additions in the same order, so the
+    # same floats as the stage-by-stage replay, unequal chunks included
+    import numpy as np
+
+    from wattcast.simulate.stage_memory import interleaved_peak_bytes
+
+    chunk_bytes = np.random.default_rng(v * 1000 + pp).random((v, pp)) * 3.7e9
+    got = interleaved_peak_bytes(chunk_bytes, n_micro=n_micro)
+    assert got.shape == (pp,) and got.tobytes() == _peak_one_stage_at_a_time(chunk_bytes, n_micro).tobytes()
