@@ -1507,7 +1507,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         mem = None
         # keyed by what they are computed from (the search's memo: the rank graphs of one tp, pp and interleave
         # share their parameters whatever the micro-batch, SP, CP or recomputation), else per view and chunking
-        state_key = (("states", stage_bytes, ctx.fp8_param_gather,
+        state_key = (("states", stage_bytes, np.asarray(state_kw["root_params"], dtype=float).tobytes(), ctx.fp8_param_gather,
                       *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
                                               "framework", "block_params", "expert_dp")))
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather))
