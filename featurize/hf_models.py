@@ -729,6 +729,10 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     qk_norm = cfg.family in ("qwen3", "qwen3_moe")
     qkv_bias = cfg.model_type in ("qwen2", "qwen2_moe") and cfg.flag("attention_bias", True)  # --add-qkv-bias
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
+    # per-layer sliding windows (Mistral's sliding_window, Qwen's use_sliding_window, a layer_types list): Megatron-Core
+    # gives them to the fused kernel as TransformerConfig.window_size (Transformer Engine's DotProductAttention
+    # window_size); the unfused core attention computes the whole scores under its mask, as HF's eager path
+    windows = attention_windows(cfg)
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "embedding"):
         x = vocab_embedding(b, ids, cfg.vocab, h, name="word_embeddings")
@@ -751,7 +755,7 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                 k = Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid)
             v = Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid)
             if impl == "flash":
-                a = b.flash_attention(q, k, v, causal=True, name="attn.flash")
+                a = b.flash_attention(q, k, v, causal=True, name="attn.flash", window=windows[i])
             else:
                 with b.tag("attn_core"):
                     k = repeat_kv(b, k, nhl // nkvl, "core_attention.expand_k")

@@ -48,6 +48,17 @@ def test_mistral_sliding_window_limits_the_flash_kernel_on_every_layer():
     assert attention_windows(load_hf_config(absent)) == (4096,) * 32
 
 
+def test_mistral_window_reaches_the_megatron_core_graph_too():
+    """``--framework megatron`` builds Llama-family models with Megatron-Core's modules (hf_models.llama_megatron);
+    the window goes to the fused kernel there as TransformerConfig.window_size does (it was dropped until stop 41: the
+    megatron graph scored the whole causal square)."""
+    seq = 32768
+    windowed = _flash_flops(MISTRAL_7B, seq, blocks=2, mode="train", framework="megatron")
+    full = _flash_flops({**MISTRAL_7B, "sliding_window": None}, seq, blocks=2, mode="train", framework="megatron")
+    assert len(windowed) == 2
+    assert full[0] / windowed[0] == pytest.approx(_causal_pairs(seq, None) / _causal_pairs(seq, 4096), rel=1e-3)
+
+
 def test_mixtral_null_window_is_full_attention():
     """MixtralConfig's sliding_window defaults to None; the published Mixtral 8x7B config sets null: no window."""
     mixtral = {**MISTRAL_7B, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
