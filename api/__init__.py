@@ -22,6 +22,31 @@ from wattcast.data.checks import allow_exotic  # noqa: E402  (``with wattcast.al
 from wattcast.request import ParallelOptions, PredictRequest, RunOptions  # noqa: E402  (one request: the CLI's too)
 
 
+def _model_folder_options(fn):
+    """``fn`` taking the keywords ``models=``, ``collectives=`` and ``power_model=``: the folders of a retrained kernel
+    bundle, collective model and power model (what ``wattcast train kernels|collectives|power --out FOLDER`` wrote),
+    each defaulting to ``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` / ``$WATTCAST_POWER_MODEL``, then the shipped
+    model. They are checked first (``wattcast.models.selection.ModelFolderError``, a ValueError naming the folder and
+    what is missing) and ``fn`` runs with them (``models/selection.py``)."""
+    import functools
+    import inspect
+
+    @functools.wraps(fn)
+    def run(*args, models=None, collectives=None, power_model=None, **kw):
+        from wattcast.models.selection import resolve_folders, using_folders
+
+        with using_folders(resolve_folders(models, collectives, power_model)):
+            return fn(*args, **kw)
+
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    extra = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None)
+             for k in ("models", "collectives", "power_model")]
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+    run.__signature__ = sig.replace(parameters=params[:at] + extra + params[at:])
+    return run
+
+
 def predict_kernels(frame, device):
     """Predict per-kernel latency for every row of ``frame`` on ``device`` (see wattcast.models.kernel_predictor)."""
     from wattcast.models.kernel_predictor import predict_kernels as _pk
@@ -29,6 +54,7 @@ def predict_kernels(frame, device):
     return _pk(frame, device)
 
 
+@_model_folder_options
 def predict(model, device, *, batch: int | None = None, seq: int | None = None, mode: str = "train",
             dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention, compile: bool = False,
             optimizer: str = DEFAULTS.optimizer, recompute: str = "none", recompute_modules=None,
@@ -64,6 +90,11 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     ``ood_fraction``, ...). Graphs and distinct-kernel predictions are cached, so repeated calls are cheap.
     ``tokens``: a training run's length in tokens; the result's ``run`` then holds the whole run's hours, energy,
     TCO and CO2e (``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ... as ``wattcast predict --tokens``).
+    ``models`` / ``collectives`` / ``power_model``: folders of retrained models (what ``wattcast train kernels|
+    collectives|power --out FOLDER`` writes: a versioned folder or a flat one); default ``$WATTCAST_MODELS`` /
+    ``$WATTCAST_COLLECTIVES`` / ``$WATTCAST_POWER_MODEL``, else the shipped models. A folder without such a model is a
+    ValueError (``wattcast.models.selection.ModelFolderError``) naming it and what is missing. ``bundle``: a loaded
+    ``KernelBundle`` object, used as given.
     """
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpec
@@ -148,6 +179,7 @@ def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict, cluster=None):
                                               cluster=cluster, **run_kw))
 
 
+@_model_folder_options
 def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | None = None, seq: int = 1024,
                     tp: int | None = None, pp: int | None = None, dp=None,
                     micro_batch=None, zero: int | None = None, sp: bool | None = None, ep: int | None = None,
@@ -212,7 +244,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``{node name: count}``), as for ``wattcast.predict``.
     ``tokens`` (and
     ``run_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, ...): the whole run in ``.run``, the same
-    figures as ``wattcast predict --cluster ... --tokens``."""
+    figures as ``wattcast predict --cluster ... --tokens``.
+    ``models`` / ``collectives`` / ``power_model``: folders of retrained models, as for :func:`predict`."""
     from wattcast.data.catalog import resolve_device
     from wattcast.data.device_spec import DeviceSpec
     from wattcast.simulate.distributed import predict_distributed
@@ -298,7 +331,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
     With ``tokens`` (and ``footprint_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour,
     ...): each fitting row's run days, cloud cost, TCO, energy and CO2e with their sources; ``objective`` (time, cost,
     tco, co2e, energy), ``max_usd``, ``deadline_days``, ``max_tco2e`` and ``pareto`` (time x cloud cost x CO2e) rank and
-    filter them. See :func:`wattcast.planning.search.search` for the search space options."""
+    filter them. ``models`` / ``collectives`` / ``power_model``: retrained model folders, as for :func:`predict`
+    (every worker process loads the same ones). See :func:`wattcast.planning.search.search` for the search space
+    options."""
     from wattcast.planning.search import search as _search
 
     return _search(model, cluster, gpus, batch, seq, **kw)

@@ -36,6 +36,10 @@ _CHECKPOINT_OPTION = typer.Option(None, "--checkpoint-write-s", help="Seconds to
 _CLOUD_OPTION = typer.Option(None, "--cloud-usd-per-gpu-hour", help="Cloud price per GPU-hour for the run's cloud cost (default: a cluster spec's own price, else the table's price for a catalog GPU under --pricing).")
 _PRICING_OPTION = typer.Option(None, "--pricing", help="Cloud pricing of the run's cloud cost: on-demand (default), reserved-1y or reserved-3y (committed-use list prices, cloud_prices.yaml).")
 _ELECTRICITY_OPTION = typer.Option(None, "--electricity-usd-per-kwh", help="Electricity price (USD/kWh) for the run's OpEx; wins over --region's price (default: the region's price from the shipped table, else the global 0.08).")
+# the retrained models a prediction uses (models/selection.py): flag > environment variable > shipped
+_MODELS_OPTION = typer.Option(None, "--models", help="A retrained kernel surrogate bundle folder (what `wattcast train kernels --out FOLDER` writes; default: $WATTCAST_MODELS, else the shipped one).")
+_COLLECTIVES_MODEL_OPTION = typer.Option(None, "--collectives", help="A retrained collective model folder (`wattcast train collectives --out FOLDER`; default: $WATTCAST_COLLECTIVES, else the shipped one).")
+_POWER_MODEL_OPTION = typer.Option(None, "--power-model", help="A retrained power model folder (`wattcast train power --out FOLDER`; default: $WATTCAST_POWER_MODEL, else the shipped one).")
 profile_app = typer.Typer(no_args_is_help=True, help="Import profiling files (or measure this machine's GPU) into measurement tables.")
 app.add_typer(profile_app, name="profile")
 err = Console(stderr=True)
@@ -74,6 +78,19 @@ def _dtype_flag(given: str | None, *, device=None, clusters=()) -> str:
 def _fail(msg: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {msg}")
     raise typer.Exit(code)
+
+
+def _model_folders(models=None, collectives=None, power_model=None, kinds=("models", "collectives", "power_model")):
+    """The model folders a command predicts with (flag > $WATTCAST_MODELS / $WATTCAST_COLLECTIVES /
+    $WATTCAST_POWER_MODEL > shipped; only ``kinds``, the ones the command uses), checked: a folder without such a model
+    is a one-line error naming the flag (or variable), the folder and what is missing (exit 2)."""
+    from wattcast.models.selection import ModelFolderError, resolve_folders
+
+    try:
+        return resolve_folders(models, collectives, power_model, kinds=kinds, labels=dict(
+            models="--models", collectives="--collectives", power_model="--power-model"))
+    except ModelFolderError as e:
+        _fail(str(e))
 
 
 def _input_file(path: Path, what: str) -> Path:
@@ -220,7 +237,7 @@ def kernels(
     input: Path = typer.Option(..., "--input", "-i", help="CSV with OPName + NeuSight shape columns (+ optional dtype)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the predictions here (default: CSV on stdout)."),
     overwrite: bool = _OVERWRITE_OPTION,
-    models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
+    models: Optional[Path] = _MODELS_OPTION,
     force: bool = _FORCE_OPTION,
 ) -> None:
     """Predict the latency of every kernel in a CSV on DEVICE."""
@@ -232,6 +249,7 @@ def kernels(
     _input_file(input, "input file")
     if output:
         _output_file(output, "--output", protect=(input,), overwrite=overwrite)
+    models = _model_folders(models, kinds=("models",)).models
     try:
         text = input.read_text(encoding="utf-8-sig")  # read once: checked below, then parsed
     except (OSError, UnicodeDecodeError) as e:
@@ -393,6 +411,9 @@ def predict(
     kv_context: Optional[int] = typer.Option(None, "--kv-context", help="Inference with a KV cache (one device; Llama-architecture configs): tokens already cached per sequence. The step runs --seq new tokens per sequence against context + seq keys/values (--seq 1: one decode step; --kv-context 0: a prefill); the memory holds the cache."),
     logits: Optional[str] = typer.Option(None, "--logits", help="Inference: the LM head's positions, last (default: the last position's, as generation computes them) or all (every position, a plain forward)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
+    models: Optional[Path] = _MODELS_OPTION,
+    collectives: Optional[Path] = _COLLECTIVES_MODEL_OPTION,
+    power_model: Optional[Path] = _POWER_MODEL_OPTION,
 ) -> None:
     """Predict one training step (or inference pass) of a model on one device or a cluster.
 
@@ -436,7 +457,9 @@ def _predict_request(ctx, f):
         _fail(f"--kv-context must be a whole number >= 0 (tokens already in the KV cache), got {f.kv_context}")
     dims = _dims(f.dim)
     _predict_outputs(f)
-    common = dict(model=f.model, device=f.device, mode=f.mode,
+    folders = _model_folders(f.models, f.collectives, f.power_model)
+    common = dict(model=f.model, device=f.device, mode=f.mode, models=folders.models, collectives=folders.collectives,
+                  power_model=folders.power_model,
                   dtype=_dtype_flag(f.dtype, device=f.device, clusters=[f.cluster] if f.cluster is not None else []),
                   attention=f.attention, compile=f.compile,
                   optimizer=f.optimizer or DEFAULTS.optimizer, recompute=par.pop("recompute"),
@@ -829,6 +852,9 @@ def search(
     simulate_oom: bool = typer.Option(False, "--simulate-oom", help="Also simulate the steps of configurations that do not fit (slower; by default memory comes first and their times are left empty)."),
     workers: int = typer.Option(min(2, os.cpu_count() or 1), "--workers", help="Processes to evaluate on (default: the CPUs, at most 2); from 400 candidates on they split the search, with the same results as one."),
     exact_pipeline: bool = typer.Option(False, "--exact-pipeline", help="Time every pipeline with the event-driven scheduler (the reference) instead of the closed form where it applies."),
+    models: Optional[Path] = _MODELS_OPTION,
+    collectives: Optional[Path] = _COLLECTIVES_MODEL_OPTION,
+    power_model: Optional[Path] = _POWER_MODEL_OPTION,
 ) -> None:
     """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
     on one cluster or across several; with --tokens, rank and filter whole runs by time, cost and CO2e."""
@@ -869,6 +895,7 @@ def search(
                 _fail("--output .parquet needs pyarrow (pip install pyarrow), or use .csv or .json")
     if plot is not None:
         _output_file(plot, "--plot", (".png",))
+    folders = _model_folders(models, collectives, power_model)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("evaluating strategies", total=None)
@@ -887,6 +914,7 @@ def search(
                           if no_overlap else None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
                           pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,
+                          models=folders.models, collectives=folders.collectives, power_model=folders.power_model,
                           gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
                           fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
                           data_workers=data_workers,
@@ -1067,6 +1095,9 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="Print the best row of every task as JSON."),
     backend: str = typer.Option("dask", "--backend", help="dask or ray (optional extra: pip install \"wattcast\\[ray]\"; local Ray with --workers CPUs, or --ray-address)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Address of a running Ray cluster (with --backend ray; e.g. ray://host:10001 or auto)."),
+    models: Optional[Path] = typer.Option(None, "--models", help="A retrained kernel surrogate bundle folder (`wattcast train kernels --out FOLDER`) for every task, over the spec's model_folders (default: $WATTCAST_MODELS, else the shipped one)."),
+    collectives: Optional[Path] = typer.Option(None, "--collectives", help="A retrained collective model folder for every task, over the spec's model_folders (default: $WATTCAST_COLLECTIVES, else the shipped one)."),
+    power_model: Optional[Path] = typer.Option(None, "--power-model", help="A retrained power model folder for every task, over the spec's model_folders (default: $WATTCAST_POWER_MODEL, else the shipped one)."),
 ) -> None:
     """Sweep models x clusters x GPU counts x regions (a strategy search per task) on Dask or Ray; results to Parquet as tasks finish."""
     from rich.markup import escape
@@ -1090,6 +1121,10 @@ def sweep(
             _fail(escape(str(e)))  # messages quote [ray], not markup
     elif ray_address is not None:
         _fail("--ray-address needs --backend ray")
+    given = {k: v for k, v in (("models", models), ("collectives", collectives), ("power_model", power_model))
+             if v is not None}
+    if given:  # checked here, naming the flag
+        _model_folders(**given, kinds=tuple(given))
     try:
         sp = load_spec(spec)
     except SweepSpecError as e:
@@ -1099,7 +1134,8 @@ def sweep(
                       TimeRemainingColumn(), console=err) as prog:
             task = prog.add_task("sweep tasks", total=None)
             res = run_sweep(sp, output, scheduler=scheduler, workers=workers, backend=backend, ray_address=ray_address,
-                            progress=lambda d, t: prog.update(task, completed=d, total=t))
+                            progress=lambda d, t: prog.update(task, completed=d, total=t),
+                            **{k: str(v) for k, v in given.items()})
     except (SweepSpecError, SweepBackendError, OSError) as e:
         _fail(escape(str(e)))  # messages quote [ray], not markup
     best = summary(read_sweep(res.output))
@@ -1291,14 +1327,20 @@ def validate_labels(
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every label's prediction to this CSV."),
     overwrite: bool = _OVERWRITE_OPTION,
+    models: Optional[Path] = _MODELS_OPTION,
+    collectives: Optional[Path] = _COLLECTIVES_MODEL_OPTION,
+    power_model: Optional[Path] = _POWER_MODEL_OPTION,
 ) -> None:
     """Predict every single-GPU NeuSight label end to end; per-GPU errors; log to MLflow."""
     from wattcast.validation.e2e_labels import FW_OVER_BW_CONSISTENT_MAX
     from wattcast.validation.e2e_run import run_validate_labels
 
     _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
+    from wattcast.models.selection import using_folders
+
     try:
-        outcome = run_validate_labels(data=data, tracking_dir=mlruns, use_mlflow=not no_mlflow, output=output)
+        with using_folders(_model_folders(models, collectives, power_model)):
+            outcome = run_validate_labels(data=data, tracking_dir=mlruns, use_mlflow=not no_mlflow, output=output)
     except FileNotFoundError as e:
         _fail(str(e))
     con = Console()
@@ -1334,14 +1376,18 @@ def validate_step_band(
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write the calibration (JSON, the shipped file's format) here."),
     overwrite: bool = _OVERWRITE_OPTION,
+    models: Optional[Path] = _MODELS_OPTION,
+    collectives: Optional[Path] = _COLLECTIVES_MODEL_OPTION,
+    power_model: Optional[Path] = _POWER_MODEL_OPTION,
 ) -> None:
     """Calibrate the step's 90% band on measured steps (NeuSight labels; vTrain, MPT) and check it on the rows it was
     not fitted on; the shipped band is python -m wattcast.validation.step_band's."""
+    from wattcast.models.selection import using_folders
     from wattcast.validation.step_band import run_step_band, setting_line, source_table
 
     _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
     try:
-        with err.status("predicting every measured step ..."):
+        with err.status("predicting every measured step ..."), using_folders(_model_folders(models, collectives, power_model)):
             res = run_step_band(data, output=output, tracking_dir=mlruns, use_mlflow=not no_mlflow)
     except FileNotFoundError as e:
         _fail(str(e))
@@ -1552,6 +1598,9 @@ def validate_distributed(
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every vTrain and MPT row's prediction to this CSV."),
     overwrite: bool = _OVERWRITE_OPTION,
+    models: Optional[Path] = _MODELS_OPTION,
+    collectives: Optional[Path] = _COLLECTIVES_MODEL_OPTION,
+    power_model: Optional[Path] = _POWER_MODEL_OPTION,
 ) -> None:
     """NeuSight's 4-GPU labels, vTrain's iteration times and MosaicML's MPT FSDP throughput: predicted vs measured."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1560,8 +1609,12 @@ def validate_distributed(
 
     _positive(sample=sample)
     _job_paths(None if no_mlflow else mlruns, output=output, overwrite=overwrite)
+    from wattcast.models.selection import using_folders
+
+    folders = _model_folders(models, collectives, power_model)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err) as prog, using_folders(folders):
             task = prog.add_task("predicting vTrain and MPT configurations", total=None)
             res = run_validate_distributed(data, tracking_dir=mlruns, use_mlflow=not no_mlflow, sample=sample, output=output,
                                            progress=lambda i, n: prog.update(task, completed=i, total=n))
@@ -1707,7 +1760,7 @@ def validate_trace_cmd(
     device: str = typer.Option(..., "--device", "-d", help="Device to predict on (catalog name, alias or spec file)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (rows, mape_pct, bias_pct, by_op, measured_busy_ms, predicted_busy_ms, ...)."),
     trace_device: Optional[str] = typer.Option(None, "--trace-device", help="GPU of a trace that does not record it."),
-    models: Optional[Path] = typer.Option(None, "--models", help="A surrogate bundle folder (default: the shipped one)."),
+    models: Optional[Path] = _MODELS_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every compared row (measured, predicted, error %) to this CSV."),
     overwrite: bool = _OVERWRITE_OPTION,
     in_step: bool = typer.Option(False, "--in-step", help="Compare the kernel times a predicted step uses (FP32 without the isolated-timing floor of NeuSight's one-op-at-a-time measurements)."),
@@ -1726,6 +1779,7 @@ def validate_trace_cmd(
         resolve_device(device)
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(f"--device: {e}")
+    models = _model_folders(models, kinds=("models",)).models
     try:
         summary, rows = validate_trace(files, device, bundle=models, trace_device=trace_device, in_step=in_step)
     except (ProfileImportError, ValueError, FileNotFoundError) as e:

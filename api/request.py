@@ -143,6 +143,12 @@ class PredictRequest:
     #: inference LM head positions: "last" (default in inference) or "all" (``wattcast.predict``'s logits)
     logits: str | None = None
     run: RunOptions = field(default_factory=RunOptions)
+    #: folders of retrained models (``wattcast train kernels|collectives|power --out``): the kernel bundle, the
+    #: collective model, the power model; None: ``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` /
+    #: ``$WATTCAST_POWER_MODEL``, else the shipped ones (``wattcast.predict``'s models= / collectives= / power_model=)
+    models: Any = None
+    collectives: Any = None
+    power_model: Any = None
 
     @property
     def distributed(self) -> bool:
@@ -157,6 +163,7 @@ class PredictRequest:
         common = dict(batch=self.batch, seq=self.seq, dtype=self.dtype, attention=self.attention, compile=self.compile,
                       optimizer=self.optimizer, recompute=self.recompute, power_limit_w=self.power_limit_w,
                       clock_cap_mhz=self.clock_cap_mhz, loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops,
+                      models=self.models, collectives=self.collectives, power_model=self.power_model,
                       **self.run.kwargs())
         if not self.distributed:
             if self.parallel is not None or self.timeline or self.framework != DEFAULTS.framework:

@@ -22,6 +22,8 @@
     zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`)
     data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
     data_workers: 4                       # optional: data-loader worker processes (as `--data-workers`)
+    model_folders: {models: retrained/}   # optional: retrained models (models, collectives, power_model), as the
+                                          # --models / --collectives / --power-model flags (which override them)
 
 Every (model, cluster, gpus, region) is one task: a :func:`wattcast.search` whose ``top`` best fitting rows (or one
 row saying why there are none: ``status`` "none fits" when strategies were evaluated and none fits in memory, "no valid
@@ -34,7 +36,10 @@ actor is restarted and the task retried). Both backends, and the in-process run,
 parts, so their output is the same. Task ids hash the task and the settings that change its result, so a changed spec
 does not reuse stale parts; for a cluster file they hash what it resolves to (its figures, and those of a device spec
 file it names) and for a model file its bytes, so editing a file and rerunning into the same folder reruns its tasks
-(a preset or built-in name keeps the id it always had).
+(a preset or built-in name keeps the id it always had). Retrained model folders (``model_folders``, the flags, else
+``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` / ``$WATTCAST_POWER_MODEL``) are resolved to their live versions before
+any task runs; every task gets those paths (a worker on another machine needs them at the same place) and its id hashes
+their manifests, so a sweep rerun with another bundle does not reuse the parts of the first.
 
 Bad input is refused before anything runs: an unknown key (named), an empty list, a GPU count or batch that is
 not a positive whole number, an unknown model, cluster or region.
@@ -78,7 +83,11 @@ SPEC_KEYS = {
     "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
     "data_workers": "data-loader worker processes (default: the framework's)",
     "output": "output folder (.parquet); the --output flag overrides it",
+    "model_folders": "retrained model folders: a mapping of models (kernel bundle), collectives and power_model "
+                     "(what `wattcast train ... --out` wrote); the --models/--collectives/--power-model flags override them",
 }
+#: the keys of ``model_folders`` (wattcast.models.selection.KINDS)
+MODEL_FOLDER_KEYS = ("models", "collectives", "power_model")
 #: a task's ``status``: "ok" (its best rows), "none fits" (strategies were evaluated, none fits in memory),
 #: "no valid strategy" (every candidate broke a rule, e.g. an FP8 run on A100s, or GPUs that do not fill whole nodes:
 #: ``error`` names the rules) or "error" (the task could not run; ``error`` says why)
@@ -114,6 +123,8 @@ class SweepSpec:
     zero3_prefetch: bool | None = None
     data_load_ms: float = 0.0
     data_workers: int | None = None
+    #: model folders by kind (models, collectives, power_model) as given; resolved (with the environment's) by tasks()
+    model_folders: dict = field(default_factory=dict)
 
     def tasks(self) -> list[dict]:
         """One dict per (model, cluster, gpus, region), with its id."""
@@ -131,6 +142,15 @@ class SweepSpec:
             settings["data_load_ms"] = self.data_load_ms
         if self.data_workers is not None:
             settings["data_workers"] = self.data_workers
+        from wattcast.models.selection import resolve_folders
+
+        try:  # given > environment > shipped, each checked; the live versions' paths
+            folders = resolve_folders(**{k: self.model_folders.get(k) for k in MODEL_FOLDER_KEYS}).given()
+        except ValueError as e:
+            raise SweepSpecError(f"sweep spec: model_folders: {e}") from None
+        if folders:  # only when given: the ids of sweeps without them stay what they were
+            settings["model_folders"] = folders
+            settings["model_manifests"] = _manifest_digests(folders)
         out = []
         figures = {str(c): cluster_fingerprint(c) for c in self.clusters}
         contents = {str(m): model_fingerprint(m) for m in self.models}
@@ -145,6 +165,13 @@ class SweepSpec:
             t["task_id"] = hashlib.sha256(json.dumps(t, sort_keys=True, default=str).encode()).hexdigest()[:16]
             out.append(t)
         return out
+
+
+def _manifest_digests(folders: dict) -> dict:
+    """Per model folder (live version), the sha256 of its manifest (which holds every model file's hash)."""
+    from wattcast.models.selection import manifest_path
+
+    return {k: hashlib.sha256(manifest_path(k, v).read_bytes()).hexdigest()[:16] for k, v in sorted(folders.items())}
 
 
 def _digest(obj: Any) -> str:
@@ -255,6 +282,10 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
             resolve_workers("hf", data_workers)
     except ValueError as e:
         raise SweepSpecError(f"{where}: {e}") from None
+    folders = raw.get("model_folders") or {}
+    if not isinstance(folders, dict) or set(folders) - set(MODEL_FOLDER_KEYS):
+        raise SweepSpecError(f"{where}: 'model_folders' must be a mapping of {', '.join(MODEL_FOLDER_KEYS)} to folders, "
+                             f"got {folders!r}")
     spec = SweepSpec(models=models, clusters=clusters, gpus=gpus, batch=_count("batch", raw["batch"]),
                      seq=_count("seq", raw["seq"]), regions=regions, tokens=tokens,
                      dtype=str(raw.get("dtype", "bf16")), attention=str(raw.get("attention", "flash")),
@@ -262,7 +293,8 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
-                     zero3_prefetch=z3, data_load_ms=load_ms, data_workers=data_workers)
+                     zero3_prefetch=z3, data_load_ms=load_ms, data_workers=data_workers,
+                     model_folders={k: v for k, v in folders.items() if v is not None})
     _resolve_names(spec, where)
     return spec
 
@@ -305,6 +337,13 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
                 raise ValueError(f"no such ONNX file {m}")
         except Exception as e:  # noqa: BLE001
             raise SweepSpecError(f"{where}: model {m!r}: {e}") from None
+    from wattcast.models.selection import check_folder
+
+    for k, v in spec.model_folders.items():
+        try:
+            check_folder(k, v, f"model_folders.{k}")
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: {e}") from None
     if spec.regions != (None,):
         from wattcast.data.carbon import grid_intensity
 
@@ -327,7 +366,7 @@ def run_task(task: dict) -> pd.DataFrame:
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
                   zero3_prefetch=task.get("zero3_prefetch"), data_load_ms=task.get("data_load_ms", 0.0),
-                  data_workers=task.get("data_workers"))
+                  data_workers=task.get("data_workers"), **(task.get("model_folders") or {}))
         if task["tokens"] is not None:
             kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)
         res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)
@@ -606,7 +645,7 @@ def _ray_results(todo: list[dict], address: str | None, workers: int, client_hoo
 def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = None, *, scheduler: str | None = None,
               workers: int = 2, progress: Callable[[int, int], None] | None = None,
               client_hook: Callable[[Any], None] | None = None, backend: str = "dask",
-              ray_address: str | None = None) -> SweepOutcome:
+              ray_address: str | None = None, models=None, collectives=None, power_model=None) -> SweepOutcome:
     """Run every task of ``spec`` not already in ``output``; each finished task's rows are written at once.
 
     ``backend="dask"``: ``scheduler`` is a Dask scheduler address (``tcp://host:8786``); None starts a LocalCluster of
@@ -615,7 +654,9 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     cluster at ``ray_address``, else on a local Ray with ``workers`` CPUs. ``workers=0`` runs the tasks in this process,
     one by one (no Dask; not with Ray). Every backend goes through the same loop: parts written as tasks finish, the
     same resume and the same rows. ``progress(done, total)`` after every task. ``client_hook`` is called once the
-    backend is up, with the Dask client or the list of Ray actor handles (tests use it to kill a worker)."""
+    backend is up, with the Dask client or the list of Ray actor handles (tests use it to kill a worker).
+    ``models`` / ``collectives`` / ``power_model``: retrained model folders, over the spec's ``model_folders`` (then
+    ``$WATTCAST_MODELS`` ...); every task gets their live versions' paths."""
     t0 = time.time()
     if backend not in BACKENDS:
         raise SweepBackendError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -632,6 +673,12 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     elif ray_address is not None:
         raise SweepBackendError("ray_address (--ray-address) needs backend 'ray' (--backend ray)")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
+    given = {k: v for k, v in (("models", models), ("collectives", collectives), ("power_model", power_model))
+             if v is not None}
+    if given:
+        from dataclasses import replace
+
+        spec = replace(spec, model_folders={**spec.model_folders, **given})
     out = Path(output or spec.output or "sweep.parquet")
     if out.exists() and not out.is_dir():
         raise SweepSpecError(f"output {out} exists and is not a sweep folder")

@@ -645,9 +645,14 @@ def shipped_folder() -> Path:
 
 
 def load_collective_model(folder: str | None = None) -> CollectiveModel:
-    """The shipped model (``models/artifacts/collective_*``) or the one in ``folder`` (its live version when it holds
+    """The shipped model (``models/artifacts/collective_*``) or the one in ``folder`` (without one: the running entry
+    point's ``collectives=`` / ``--collectives``, else ``$WATTCAST_COLLECTIVES``; models/selection.py) (its live version when it holds
     retrained versions, else its flat files); cached per live version, so a model switched in by a retraining is
     picked up. Without a loadable artifact: pure alpha-beta, every prediction flagged ``ood`` (reason ``fallback``)."""
+    if not folder:
+        from wattcast.models.selection import active_folder
+
+        folder = active_folder("collectives")  # a user's folder, checked: never the alpha-beta fallback
     where = Path(folder) if folder else shipped_folder()
     try:
         live = resolve_collective_folder(where)

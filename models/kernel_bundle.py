@@ -355,8 +355,13 @@ def shipped_folder() -> Path:
 
 
 def load_bundle(folder: str | None = None) -> KernelBundle:
-    """The shipped bundle (default) or one from ``folder`` (its live version); cached per live version, so a bundle
+    """The bundle in ``folder`` (its live version); without one, the running entry point's ``models=`` / ``--models``,
+    else ``$WATTCAST_MODELS``, else the shipped bundle (models/selection.py). Cached per live version, so a bundle
     switched in by a retraining is picked up."""
+    if not folder:
+        from wattcast.models.selection import active_folder
+
+        folder = active_folder("models")
     return _load_live(str(resolve_bundle_folder(Path(folder) if folder else shipped_folder())))
 
 

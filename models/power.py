@@ -279,8 +279,13 @@ def install_power_model(model: "PowerModel", target: str | Path) -> Path:
 
 
 def load_power_model(folder: str | None = None) -> PowerModel:
-    """The shipped power model (default) or one from ``folder`` (its live version when it holds retrained versions,
+    """The shipped power model (default; or the running entry point's ``power_model=`` / ``--power-model``, else
+    ``$WATTCAST_POWER_MODEL``: models/selection.py) or one from ``folder`` (its live version when it holds retrained versions,
     else its flat files); cached per live version. The flagged analytical prior when absent."""
+    if not folder:
+        from wattcast.models.selection import active_folder
+
+        folder = active_folder("power_model")
     target = resolve_power_folder(Path(folder) if folder else shipped_folder())
     return _load_power_live(str(target))
 

@@ -334,7 +334,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
            workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
            zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
-           fp8_param_gather: bool = False, mtp_num_layers: int = 0, **space) -> SearchResult:
+           fp8_param_gather: bool = False, mtp_num_layers: int = 0, models=None, collectives=None, power_model=None,
+           **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -374,6 +375,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
     candidate (``simulate/data_loading.py``; default 0 ms and the framework's workers).
 
+    ``models`` / ``collectives`` / ``power_model``: folders of retrained models (``wattcast.predict``'s; default: the
+    caller's, else ``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` / ``$WATTCAST_POWER_MODEL``, else the shipped ones),
+    checked before anything is evaluated; worker processes get their resolved paths and load the same versions.
+
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default).
 
@@ -386,6 +391,28 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ratio, an in-node fabric faster than the GPU's own link), once per search. When nothing is evaluated (no
     strategy divides the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames
     with the usual columns and ``best`` is None."""
+    from wattcast.models.selection import current_folders, resolve_folders, using_folders
+
+    # the models first (a bad folder is named before anything else runs); the live versions' paths, so that every
+    # worker loads what this process loads even if a retraining switches a folder mid-search
+    folders = (resolve_folders(models, collectives, power_model) if any(v is not None for v in
+               (models, collectives, power_model)) else current_folders())
+    with using_folders(folders):
+        return _search(model, cluster, gpus, batch, seq, folders, dtype=dtype, attention=attention, optimizer=optimizer,
+                       max_configs=max_configs, progress=progress, framework=framework, tokens=tokens,
+                       footprint_kw=footprint_kw, overlaps=overlaps, objective=objective, max_usd=max_usd,
+                       deadline_days=deadline_days, max_tco2e=max_tco2e, pareto=pareto, prune_oom=prune_oom,
+                       exact_pipeline=exact_pipeline, workers=workers, moe_routing=moe_routing,
+                       gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
+                       data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
+                       **space)
+
+
+def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, attention, optimizer, max_configs,
+            progress, framework, tokens, footprint_kw, overlaps, objective, max_usd, deadline_days, max_tco2e, pareto,
+            prune_oom, exact_pipeline, workers, moe_routing, gpus_per_node, zero3_prefetch, data_load_ms, data_workers,
+            fp8_param_gather, mtp_num_layers, **space) -> SearchResult:
+    """:func:`search` with its model folders resolved (``folders``, a ModelFolders) and active."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
     from wattcast.simulate.distributed import model_config
 
@@ -481,7 +508,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                        zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms, data_workers=data_workers,
                        fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=int(mtp_num_layers),
                        n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
-                       n_experts=hf.n_experts)
+                       n_experts=hf.n_experts, folders=folders)
             if not cands:
                 why_none[cl.name] = why_no_candidates(cl, gpus, batch, seq, space, job.rules())
             else:
@@ -565,6 +592,9 @@ class _Job:
     n_kv_heads: int | None
     ffn: int | None
     n_experts: int | None
+    #: the model folders' live versions (wattcast.models.selection.ModelFolders; None fields: the shipped models):
+    #: paths, not loaded models, so every worker loads the same versions and its caches key on them
+    folders: object = None
 
     def rules(self) -> dict:
         return dict(batch=self.batch, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
@@ -590,7 +620,15 @@ class _Evaluator:
         self.job = job
         self.rules = job.rules()
         # the kernel bundle, the collective and the power model once: no filesystem look-up per candidate
-        self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
+        from wattcast.models.collectives import load_collective_model
+
+        f = job.folders
+        if f is None:
+            self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
+        else:  # the job's own folders, whatever the calling process (a worker) has active
+            self.bundle = load_bundle(f.models) if f.models else _shipped(load_bundle)
+            self.coll_model = load_collective_model(f.collectives) if f.collectives else _shipped(load_collective_model)
+            self.power_model = load_power_model(f.power_model) if f.power_model else _shipped(load_power_model)
         self.contexts: dict = {}
         self.memo: dict = {}
         # the precision the rows were predicted in (the default bf16 is fp16 on a GPU without BF16)
@@ -643,6 +681,14 @@ class _Evaluator:
             else:  # no run figures for a configuration that does not fit (NaN, as a missing key of a row dict gives)
                 row += _NO_RUN
         return "row", row
+
+
+def _shipped(load):
+    """The shipped model ``load`` gives (whatever ``$WATTCAST_*`` or an entry point's folders say)."""
+    from wattcast.models.selection import ModelFolders, using_folders
+
+    with using_folders(ModelFolders()):
+        return load()
 
 
 def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> list[tuple[str, dict]]:
@@ -701,8 +747,11 @@ def _evaluate_part(job_bytes: bytes, search_id: str, part: list[tuple[int, Paral
     if ev is None:
         _WORKER_EVAL.clear()  # one search at a time: the previous one's contexts go
         ev = _WORKER_EVAL[(search_id, job_bytes)] = _Evaluator(job)
+    from wattcast.models.selection import using_folders
+
     out, cpu_s = [], {}
-    with pinned_files(), _no_gc():
+    # the search's model folders for every default load in this worker too (its environment may differ)
+    with pinned_files(), _no_gc(), using_folders(job.folders):
         key, t0 = None, time.process_time()
         for i, par in part:
             k = _group_key(par)

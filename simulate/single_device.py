@@ -136,9 +136,9 @@ def _hash_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return first, inverse
 
 
-#: per (device spec, bundle): kernel-row hash -> (latency, low, high, ood, error); a search over
+#: per (device spec, bundle id): (the bundle, kernel-row hash -> (latency, low, high, ood, error)); a search over
 #: batch sizes, strategies or devices re-uses every kernel it has already predicted
-_PREDICTION_CACHE: dict[tuple[str, int], dict[int, tuple]] = {}
+_PREDICTION_CACHE: dict[tuple[str, int], tuple] = {}
 _CACHE_MAX_ROWS = 500_000
 
 
@@ -156,7 +156,15 @@ def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
         return pd.DataFrame({c: [] for c in cols})
     h = pd.util.hash_pandas_object(frame, index=False).to_numpy()
     uh, first, inverse = np.unique(h, return_index=True, return_inverse=True)
-    cache = _PREDICTION_CACHE.setdefault((_spec_key(spec), id(bundle)), {})
+    key = (_spec_key(spec), id(bundle))
+    held = _PREDICTION_CACHE.get(key)
+    # the bundle is held by its entry, so its id is not reused while cached (two bundles of one process, e.g. a
+    # retrained one beside the shipped one, never share predictions)
+    if held is None or held[0] is not bundle:
+        if len(_PREDICTION_CACHE) >= 64:  # devices x bundles seen: drop the lot rather than grow without bound
+            _PREDICTION_CACHE.clear()
+        held = _PREDICTION_CACHE[key] = (bundle, {})
+    cache = held[1]
     missing = [i for i, k in enumerate(uh.tolist()) if k not in cache]
     if missing:
         if len(cache) > _CACHE_MAX_ROWS:
