@@ -30,6 +30,39 @@ from wattcast.training.tracking import log_run
 PART_TOLERANCE = 0.05
 #: shared rows used as a reference a user's CSV cannot corrupt, when training on the CSV alone
 REFERENCE_ROWS = 20_000
+#: the share of a user CSV's measurement points (not rows: see ``split_user_rows``) held out as its validation split
+USER_VAL_FRACTION = 0.2
+#: two measurements of one point further apart than this factor contradict each other (``duplicate_counts``)
+CONFLICT_RATIO = 2.0
+
+
+def _point_key(rows: pd.DataFrame) -> list[str]:
+    """The columns that name one measurement point: op, shape, dtype and GPU."""
+    from wattcast.data.kernel_datasets import SHAPE_COLUMNS
+
+    return ["op", "dtype", "device", *[c for c in SHAPE_COLUMNS if c in rows.columns]]
+
+
+def split_user_rows(user: pd.DataFrame, fraction: float = USER_VAL_FRACTION, seed: int = 1) -> np.ndarray:
+    """Validation mask of a user's rows drawn per measurement point (same op + shape + dtype + device): every
+    repeat of a shape lands on the same side, so a shape measured twice cannot be trained on and validated on
+    (a per-row draw did: duplicating the same 200 rows took the in-distribution error from 17.35% to 11.74%)."""
+    if not len(user):
+        return np.zeros(0, bool)
+    gid = user.groupby(_point_key(user), dropna=False, sort=True).ngroup().to_numpy()
+    return (np.random.default_rng(seed).random(int(gid.max()) + 1) < fraction)[gid]
+
+
+def duplicate_counts(user: pd.DataFrame, ratio: float = CONFLICT_RATIO) -> dict:
+    """Rows repeating another row exactly (same point and latency), and points measured more than once whose
+    latencies are more than ``ratio`` apart (groups, rows)."""
+    key = _point_key(user)
+    exact = int(user.duplicated(key + ["latency_ms"]).sum())
+    g = user.groupby(key, dropna=False, sort=False)["latency_ms"]
+    lo, hi, n = g.transform("min"), g.transform("max"), g.transform("size")
+    bad = (n > 1) & (hi > lo * ratio)
+    groups = int(user.loc[bad, key].drop_duplicates().shape[0]) if bad.any() else 0
+    return {"exact_rows": exact, "conflict_groups": groups, "conflict_rows": int(bad.sum())}
 
 
 @dataclass
@@ -174,10 +207,19 @@ def run_train_kernels(
         if len(held_user):
             log(f"{len(held_user)} rows of the user CSV are on held-out GPUs {sorted(set(held_user['device']))}: used for evaluation only")
             heldout_parts.append(held_user)
-        rng = np.random.default_rng(1)
-        vmask = rng.random(len(user)) < 0.2
+        dup = duplicate_counts(user)
+        if dup["exact_rows"]:
+            log(f"warning: {dup['exact_rows']:,} row(s) of the CSV repeat another row exactly (same op, shape, dtype, "
+                "GPU and latency): kept, they weigh their shapes more in the fit")
+        if dup["conflict_groups"]:
+            log(f"warning: {dup['conflict_groups']:,} shape(s) of the CSV ({dup['conflict_rows']:,} rows) were measured "
+                f"more than once with latencies over {CONFLICT_RATIO:g}x apart: check those measurements")
+        vmask = split_user_rows(user)
         user_val = user[vmask]
         frames.append(user[~vmask])
+        log(f"your CSV: {len(user) - int(vmask.sum()):,} rows trained on, {int(vmask.sum()):,} held out for validation "
+            f"({USER_VAL_FRACTION:.0%} of its {user.groupby(_point_key(user), dropna=False).ngroups:,} distinct shapes; "
+            "every repeat of a shape on one side)")
     train = pd.concat(frames, ignore_index=True)
     if len(train) == 0:
         raise ValueError("no training rows")
