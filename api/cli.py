@@ -1694,11 +1694,14 @@ def _print_import_notes(notes: dict) -> None:
     for key in ("kernel_rows", "mapped_rows", "unmapped_rows", "collective_rows", "power_rows"):
         if key in notes:
             parts.append(f"{key.replace('_', ' ')} {notes[key]:,}")
+    skipped = notes.get("skipped_reasons") or {}  # lines not imported at all (nccl-tests), apart from kept rows
+    if notes.get("skipped_rows"):
+        parts.append(f"skipped lines {notes['skipped_rows']:,} (not imported)")
     err.print(", ".join(parts))
     if notes.get("warning"):
         err.print(f"[yellow]{notes['warning']}[/yellow]")
     for why, n in sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])[:6]:
-        err.print(f"  unmapped: {n:,} x {why}")
+        err.print(f"  {'skipped' if why in skipped else 'unmapped'}: {n:,} x {why}")
 
 
 @validate_app.command("trace")
