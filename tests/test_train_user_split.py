@@ -1,5 +1,6 @@
 """`train kernels --csv`: the user's validation split is drawn per shape (op + shape + dtype + device), exactly 20%
-of the shapes, no second draw over the user's training rows, and duplicated / contradictory rows are warned about."""
+of the shapes, no second draw over the user's training rows, and duplicated / contradictory rows are warned about;
+a bundle trained without some op families says so (their kernels fall back to the roofline)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,20 @@ def test_user_rows_held_out_are_the_in_distribution_rows(data_root, tmp_path):
         ["op", "dtype", "device", "B", "M", "N", "K", "H", "latency_ms"]])
     assert n_val == int(vmask.sum()) and f"{n_val:,} held out for validation" in text
     assert f"training rows: {len(d) - n_val:,} " in text
+    # item 5: a CSV of GEMMs only makes a bundle without the other families: said at train time, and recorded
+    assert "no surrogate for conv, elementwise, ln, softmax" in text and "--family gemm" in text
+    import json
+
+    from wattcast.models.kernel_bundle import resolve_bundle_folder
+
+    manifest = json.loads((resolve_bundle_folder(tmp_path / "b") / "kernel_manifest.json").read_text())
+    assert manifest["roofline_families"] == ["conv", "elementwise", "ln", "softmax"]
+
+
+def test_missing_families():
+    from types import SimpleNamespace
+
+    from wattcast.training.kernel_run import missing_families
+
+    assert missing_families(SimpleNamespace(families={"gemm": 1, "ln": 1})) == ["conv", "elementwise", "softmax"]
+    assert missing_families(SimpleNamespace(families=dict.fromkeys(["gemm", "conv", "elementwise", "ln", "softmax"]))) == []

@@ -16,6 +16,7 @@ from wattcast.data.kernel_ops import OP_FAMILY
 from wattcast.models.kernel_bundle import KernelBundle, shipped_folder
 from wattcast.training.generation_calibration import attach_calibration, calibrate_generations, calibration_table
 from wattcast.training.kernels import (
+    MIN_FAMILY_ROWS,
     NEUSIGHT_OOD_MAPE,
     TrainConfig,
     dataset_fingerprint,
@@ -241,6 +242,13 @@ def run_train_kernels(
         # this run's validation split is drawn over every row; the kept families were fitted on their own run's split,
         # so some of these "validation" rows trained them: validate (and gate) on the retrained families' rows only
         val = _of_families(val, cfg.families)
+    missing = missing_families(bundle)
+    if missing:
+        bundle.meta["roofline_families"] = missing
+        log(f"warning: the new bundle has no surrogate for {', '.join(missing)} (no training rows, or fewer than "
+            f"{MIN_FAMILY_ROWS}): with it, those kernels are costed by the roofline alone (model 'roofline-fallback', "
+            f"flagged ood), not by a fitted model. To keep the working bundle's fits for them, retrain only yours: "
+            f"--family {' --family '.join(sorted(bundle.families)) or 'NAME'}")
     bundle.meta["dataset_fingerprint"] = fp
     # provenance of rows that are not in the shared datasets (file names; the data is not shipped). XLA rows are GEMMs:
     # a partial retraining that keeps the GEMM family keeps its record
@@ -331,6 +339,11 @@ def run_train_kernels(
                          figures=[lambda d: _plot_heldout(held_pred, d)] if held_pred is not None else [],
                          documents={"manifest_meta.json": bundle.meta})
     return RunOutcome(replaced, reason, target, metrics, tables, run_id)
+
+
+def missing_families(bundle: KernelBundle) -> list[str]:
+    """The op families (``TrainConfig.families``) ``bundle`` has no surrogate for: predicted by the roofline alone."""
+    return [f for f in TrainConfig().families if f not in bundle.families]
 
 
 def _of_families(rows: pd.DataFrame, families) -> pd.DataFrame:
