@@ -1747,11 +1747,14 @@ def _print_import_notes(notes: dict) -> None:
     for key in ("kernel_rows", "mapped_rows", "unmapped_rows", "collective_rows", "power_rows"):
         if key in notes:
             parts.append(f"{key.replace('_', ' ')} {notes[key]:,}")
+    skipped = notes.get("skipped_reasons") or {}  # lines not imported at all (nccl-tests), apart from kept rows
+    if notes.get("skipped_rows"):
+        parts.append(f"skipped lines {notes['skipped_rows']:,} (not imported)")
     err.print(", ".join(parts))
     if notes.get("warning"):
         err.print(f"[yellow]{notes['warning']}[/yellow]")
     for why, n in sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])[:6]:
-        err.print(f"  unmapped: {n:,} x {why}")
+        err.print(f"  {'skipped' if why in skipped else 'unmapped'}: {n:,} x {why}")
 
 
 @validate_app.command("trace")
@@ -1801,8 +1804,12 @@ def validate_trace_cmd(
     t.add_row("all", f"{summary['rows']:,}", f"{summary['mape_pct']:.1f}", f"{summary['median_ape_pct']:.1f}",
               f"{summary['bias_pct']:+.1f}", f"{summary['measured_busy_ms']:.3f}", f"{summary['predicted_busy_ms']:.3f}")
     con.print(t)
-    con.print(f"trace GPU busy {summary['trace_busy_ms']:.3f} ms; {summary['unmapped_rows']:,} rows "
-              f"({summary['unmapped_busy_ms']:.3f} ms) not compared:")
+    union = f", union of busy intervals {summary['union_busy_ms']:.3f} ms" if summary.get("union_busy_ms") is not None else ""
+    steps = (f"; {summary['steps']} ProfilerStep# spans {summary['step_ms_min']:.1f}-{summary['step_ms_max']:.1f} ms"
+             if summary.get("steps") else "")
+    con.print(f"trace GPU busy {summary['trace_busy_ms']:.3f} ms summed over {summary['kernels']:,} kernels (compute "
+              f"{summary['compute_busy_ms']:.3f}, NCCL {summary['comm_busy_ms']:.3f}{union}){steps}")
+    con.print(f"{summary['unmapped_rows']:,} compute rows ({summary['unmapped_busy_ms']:.3f} ms) not compared:")
     for why, n in list(summary["unmapped_reasons"].items())[:8]:
         con.print(f"  {n:,} x {why}")
 

@@ -95,6 +95,58 @@ STATUSES = ("ok", "none fits", "no valid strategy", "error")
 NO_VALID_STRATEGY = "no valid strategy"
 #: columns every written row has besides the search's own
 TASK_COLUMNS = ("task_id", "model", "cluster", "gpus", "region", "status", "error", "rank", "task_seconds")
+#: the type of each column of a part (every part has them all, a task without a result too: pyarrow's dataset read,
+#: ``pandas.read_parquet(OUT)``, takes one part's schema for the folder, so a 9-column part of a failed task read
+#: first hid the other 32). Whole numbers are nullable int64, flags nullable bool, text '' when absent, the rest
+#: float64 (``planning.search.COLUMNS`` / ``RUN_COLUMNS``; ``test_sweep_parts`` checks these against a search)
+INT_COLUMNS = frozenset(("gpus", "rank", "tp", "pp", "dp", "cp", "micro_batch", "zero", "ep", "interleave",
+                         "grad_accum", "seq"))
+BOOL_COLUMNS = frozenset(("sp", "fits", "scheduled", "electricity_region_specific", "grid_region_specific", "run_pareto"))
+TEXT_COLUMNS = frozenset(("task_id", "model", "cluster", "region", "status", "error", "device", "config", "recompute",
+                          "strategy", "schedule", "memory_flag", "dtype", "attention", "framework", "etp",
+                          "cloud_price_source", "electricity_source", "grid_region", "grid_basis", "grid_source",
+                          "cloud_pricing"))
+
+
+def part_columns(tokens: bool) -> list[str]:
+    """Every column of a task's part, in order (the run columns when the sweep gives ``tokens``)."""
+    from wattcast.planning.search import COLUMNS, RUN_COLUMNS
+
+    return ["task_id", "model", "cluster", "gpus", "region", "rank", *[c for c in COLUMNS if c != "cluster"],
+            *(RUN_COLUMNS if tokens else ()), "status", "error", "task_seconds"]
+
+
+def _text(v: Any) -> str:
+    """A text cell: '' for a missing value (None, NaN, pd.NA), else the value as text."""
+    if isinstance(v, str):
+        return v
+    try:
+        missing = v is None or bool(pd.isna(v))
+    except (TypeError, ValueError):  # a list-like value
+        missing = False
+    return "" if missing else str(v)
+
+
+def _part_frame(frame: pd.DataFrame) -> tuple[pd.DataFrame, Any]:
+    """``frame`` with each known column in its part type, and the pyarrow schema to write it with."""
+    import pyarrow as pa
+
+    out = frame.copy()
+    fields = []
+    for c in out.columns:
+        if c in INT_COLUMNS:
+            out[c] = pd.to_numeric(out[c], errors="coerce").astype("Int64")
+            fields.append(pa.field(c, pa.int64()))
+        elif c in BOOL_COLUMNS:
+            out[c] = out[c].astype("boolean")
+            fields.append(pa.field(c, pa.bool_()))
+        elif c in TEXT_COLUMNS or out[c].dtype == object:  # mixed-type object columns (a NaN among strings) as text
+            out[c] = out[c].map(_text).astype(object)
+            fields.append(pa.field(c, pa.string()))
+        else:
+            out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+            fields.append(pa.field(c, pa.float64()))
+    return out, pa.schema(fields)
 
 
 class SweepSpecError(ValueError):
@@ -391,7 +443,8 @@ def run_task(task: dict) -> pd.DataFrame:
         out.insert(0, k, v)
     out["status"], out["error"] = status, error
     out["task_seconds"] = time.time() - t0
-    return out
+    full = part_columns(task.get("tokens") is not None)  # a task without a result has every column too (empty)
+    return out.reindex(columns=full + [c for c in out.columns if c not in full])
 
 
 def task_homes(tasks: list[dict], workers: list[str]) -> dict[str, list[str]]:
@@ -425,11 +478,8 @@ def write_part(folder: Path, task_id: str, frame: pd.DataFrame) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final = _part_path(folder, task_id)
     tmp = folder / f".tmp-{task_id}-{os.getpid()}.parquet"
-    frame = frame.copy()
-    for c in frame.columns:  # mixed-type object columns (e.g. a NaN among strings) as text
-        if frame[c].dtype == object:
-            frame[c] = frame[c].map(lambda v: v if isinstance(v, str) else ("" if v is None else str(v)))
-    frame.to_parquet(tmp, index=False)
+    frame, schema = _part_frame(frame)
+    frame.to_parquet(tmp, index=False, schema=schema)
     os.replace(tmp, final)
     return final
 

@@ -27,3 +27,15 @@ def canonical_op(name: str) -> str:
         raise ValueError(f"unknown collective {name!r}; valid: {', '.join(COLLECTIVES)} "
                          "(aliases such as allreduce, alltoall, sendrecv are accepted)")
     return c
+
+
+def busbw_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw x factor, algbw = size / time (nccl-tests doc/PERFORMANCE.md,
+    ``src/*.cu`` ``*GetBw``): all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast and
+    send_recv 1."""
+    n = int(ranks)
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0

@@ -118,7 +118,7 @@ def test_nccl_tests_flags_and_counts_bad_rows(tmp_path):
     log = tmp_path / "all_reduce_perf.log"
     log.write_text(NCCL_TESTS_NCCL_HEAD + """\
            8             2     float     sum      -1    25.10    0.00    0.00     12    24.80    0.00    0.00      3
-        1024           256     float     sum      -1    26.30    0.04    0.06      0    26.00    0.04    0.06      0
+        1024           256     float     sum      -1    26.30    0.04    0.04      0    26.00    0.04    0.04      0
         2048           512     float     sum      -1   -26.30    0.04    0.06      0    26.00    0.04    0.06      0
         4096          1024     float     sum      -1      N/A     N/A     N/A      0    26.00    0.04    0.06      0
      1048576        262144     float     sum      -1    60.50   17.33

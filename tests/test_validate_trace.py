@@ -86,6 +86,8 @@ def test_validate_real_trace(traces, name, device, trace_gpu):
     assert sum(v["rows"] for v in out["by_op"].values()) == out["rows"]
     assert out["rows"] + out["unmapped_rows"] == out["kernel_rows"]
     assert out["measured_busy_ms"] < out["trace_busy_ms"]
+    assert out["trace_busy_ms"] == pytest.approx(out["compute_busy_ms"] + out["comm_busy_ms"])
+    assert out["union_busy_ms"] <= out["trace_busy_ms"] + 1e-9
     assert all(np.isfinite(v["mape_pct"]) and np.isfinite(v["bias_pct"]) for v in out["by_op"].values())
 
 
@@ -125,3 +127,38 @@ def test_in_step_comparison_takes_the_isolated_timing_floor_off(traces):
     step = json.loads(r.stdout)
     assert step["rows"] == iso["rows"]
     assert step["predicted_busy_ms"] < iso["predicted_busy_ms"] and step["mape_pct"] < iso["mape_pct"] / 2
+
+
+def test_validate_trace_busy_counts_nccl_kernels_overlap_and_steps(tmp_path):
+    """trace_busy_ms is every kernel (the README's 'all kernels'), NCCL included; the split, the union of busy
+    intervals (an NCCL kernel overlapping a GEMM on another stream counts once) and the ProfilerStep# spans."""
+    b = TraceBuilder(world_size=2)
+    b.op("aten::mm", [[32, 64], [64, 16]], ["float", "float"], kernels=(("gemm", 50.0),))
+    b.op("c10d::allreduce_", None, None, kernels=(("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*)", 100.0),),
+         parent=("record_param_comms", {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 1000,
+                                        "Out msg nelems": 1000, "Group size": 2}))
+    ks = [e for e in b.events if e.get("cat") == "kernel"]
+    gemm, nccl = ks[0], ks[1]
+    nccl.update(ts=gemm["ts"] + 10, tid=21)  # another stream: [g+10, g+110) overlaps the GEMM [g, g+50)
+    b.events += [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 900, "dur": 700},
+                 {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 1600, "dur": 900},
+                 {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#3", "pid": 0, "tid": 7, "ts": 1100, "dur": 123}]
+    trace = b.write(tmp_path / "o.json.gz")
+    r = run_cli("validate", "trace", str(trace), "--device", "a100", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["kernels"] == 2 and out["comm_kernels"] == 1
+    assert out["compute_busy_ms"] == pytest.approx(0.050) and out["comm_busy_ms"] == pytest.approx(0.100)
+    assert out["trace_busy_ms"] == pytest.approx(0.150)
+    assert out["union_busy_ms"] == pytest.approx(0.110) and out["overlap_ms"] == pytest.approx(0.040)
+    assert out["steps"] == 2 and out["step_ms_min"] == pytest.approx(0.7) and out["step_ms_max"] == pytest.approx(0.9)
+    assert out["unmapped_busy_ms"] == pytest.approx(out["compute_busy_ms"] - out["measured_busy_ms"])
+    r = run_cli("validate", "trace", str(trace), "--device", "a100")
+    assert r.returncode == 0 and "NCCL 0.100" in flat(r.stdout) and "union of busy intervals 0.110" in flat(r.stdout)
+
+
+def test_union_of_intervals():
+    from wattcast.data.profiles.busy import union_us
+
+    assert union_us([0, 10, 5, 30], [10, 20, 8, 31]) == 21.0  # [0,20) + [30,31)
+    assert union_us([], []) == 0.0

@@ -6,7 +6,7 @@ Protocol (held-out discipline):
 - Per op family, leave-one-device-out (LODO) over the training GPUs picks the model (LightGBM, MLP
   or their mean) and calibrates the uncertainty band: it is the honest "unseen GPU" estimate that
   training is allowed to look at.
-- A random 10% of the training GPUs' rows (plus 20% of a user's CSV) is the validation split: the
+- A random 10% of the shared training GPUs' rows (plus 20% of a user's CSV, drawn per shape) is the validation split: the
   shipped bundle is fitted without it, reports in-distribution error on it, and must be no worse on
   it than the bundle it would replace.
 """
@@ -171,6 +171,10 @@ def _fit_ceiling(train: pd.DataFrame, X_all: pd.DataFrame, m: np.ndarray, specs:
     return models, entry
 
 
+#: a family with fewer training rows (validation split out) gets no surrogate in the bundle
+MIN_FAMILY_ROWS = 50
+
+
 def train_bundle(
     train: pd.DataFrame,
     specs: dict[str, DeviceSpec],
@@ -189,6 +193,10 @@ def train_bundle(
     X_all = featurize_kernels(train, specs)
     y_all = np.log(train["latency_ms"].to_numpy(dtype=float) / X_all["t_roof_ms"].to_numpy())
     is_val = rng.random(len(train)) < cfg.val_fraction
+    # a user's CSV rows were split already, per shape, in ``kernel_run.split_user_rows`` (its ``extra_val``): none of
+    # its training rows is drawn again (the draw itself is unchanged, so the shared rows' split is the same)
+    if "source" in train:
+        is_val &= train["source"].to_numpy() != "user"
     val_parts = [train[is_val]]
     if extra_val is not None and len(extra_val):
         val_parts.append(extra_val)
@@ -199,7 +207,7 @@ def train_bundle(
     tick = (lambda: progress("fit", 1)) if progress else (lambda: None)
     for fam in cfg.families:
         m = (X_all["family"] == fam).to_numpy() & ~is_val
-        if m.sum() < 50:
+        if m.sum() < MIN_FAMILY_ROWS:  # no surrogate: its kernels are costed by the roofline (kernel_run warns)
             continue
         feats = family_features(fam)
         X, y = X_all[m], y_all[m]

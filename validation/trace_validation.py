@@ -4,8 +4,10 @@ measured GPU time.
 Errors are per row: APE = |pred - meas| / meas, signed = (pred - meas) / meas (positive = over-prediction), both
 in %; ``mape_pct`` / ``bias_pct`` are their means over the compared rows, per op class (``REPORT_FAMILY``:
 bmm, linear, elementwise, softmax, layernorm, conv) in ``by_op``. ``measured_busy_ms`` / ``predicted_busy_ms`` are
-sums of GPU kernel time over the compared rows (the rows both sides cover); the trace's total kernel time and the
-part that could not be compared (``unmapped_busy_ms``) are reported next to them.
+sums of GPU kernel time over the compared rows (the rows both sides cover); the trace's total kernel time
+(``trace_busy_ms``: every kernel, compute and NCCL, summed), its split (``compute_busy_ms``, ``comm_busy_ms``), the union
+of busy intervals (``union_busy_ms``), the ProfilerStep# wall spans and the compute part that could not be compared
+(``unmapped_busy_ms``) are reported next to them.
 """
 
 from __future__ import annotations
@@ -99,8 +101,7 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
         "device": spec.name, "trace_devices": trace_devs,
         "trace_catalog_devices": sorted({str(d) for d in k["Device"].fillna("") if str(d)}),
         "files": [str(p) for p in paths], "kernel_rows": int(len(k)),
-        "kernels": int(pd.to_numeric(k["n_kernels"], errors="coerce").fillna(1).sum()),
-        "trace_busy_ms": float(lat.fillna(0).sum()),
+        **_busy_keys(prof, lat),
         "unmapped_rows": int(len(k) - total["rows"]),
         "unmapped_busy_ms": float(lat.fillna(0).sum() - total["measured_ms"]),
         "unmapped_reasons": dict(reasons.most_common()),
@@ -108,6 +109,31 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
         "dtypes": {str(d): int(n) for d, n in cmp_["dtype"].value_counts().items()},
     }
     return summary, cmp_
+
+
+def _busy_keys(prof, lat: pd.Series) -> dict:
+    """``kernels`` / ``trace_busy_ms``: every GPU kernel of the trace, compute and NCCL (summed durations), with the
+    split: ``compute_busy_ms`` (the kernel rows), ``comm_busy_ms`` (NCCL kernels), ``union_busy_ms`` (time a GPU had
+    at least one kernel running: streams overlap, so it is below the sum), and the ``ProfilerStep#`` wall spans."""
+    from wattcast.data.profiles.busy import merge_busy
+
+    b = merge_busy([f.get("busy") for f in prof.files])
+    c = prof.table("collectives")
+    compute_ms = float(lat.fillna(0).sum())
+    out = {"kernels": int(pd.to_numeric(prof.table("kernels")["n_kernels"], errors="coerce").fillna(1).sum()),
+           "compute_busy_ms": compute_ms, "comm_busy_ms": float(pd.to_numeric(c["time_us"], errors="coerce").fillna(0).sum()) / 1e3,
+           "comm_kernels": int(len(c)), "union_busy_ms": None, "overlap_ms": None, "steps": 0, "step_ms_mean": None,
+           "step_ms_min": None, "step_ms_max": None}
+    if b:
+        out.update(kernels=b["compute_kernels"] + b["comm_kernels"], compute_busy_ms=b["compute_busy_ms"],
+                   comm_busy_ms=b["comm_busy_ms"], comm_kernels=b["comm_kernels"], union_busy_ms=b["union_busy_ms"],
+                   overlap_ms=b["compute_busy_ms"] + b["comm_busy_ms"] - b["union_busy_ms"])
+        if b["steps_ms"]:
+            st = np.asarray(b["steps_ms"], float)
+            out.update(steps=int(len(st)), step_ms_mean=float(st.mean()), step_ms_min=float(st.min()),
+                       step_ms_max=float(st.max()))
+    out["trace_busy_ms"] = out["compute_busy_ms"] + out["comm_busy_ms"]
+    return out
 
 
 def json_safe(obj):

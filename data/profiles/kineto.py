@@ -237,6 +237,22 @@ def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name:
     return row
 
 
+def _busy(kernels: list[dict], events: list[dict]) -> dict:
+    """Compute / NCCL / union GPU busy time of the kernel events and the ProfilerStep# spans (``profiles.busy``)."""
+    from wattcast.data.profiles.busy import busy_summary
+
+    dur = [_kernel_dur(k) for k in kernels]
+    steps = {e.get("name"): real_in(e.get("dur"), 0.0, math.inf) for e in events
+             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+             and not str(e.get("cat", "")).startswith("gpu_")}  # the CPU-side span (gpu_user_annotation is a copy)
+    ts = [real_in(k.get("ts"), -math.inf, math.inf) for k in kernels]
+    return busy_summary([t if t is not None else float("nan") for t in ts],
+                        [d if d is not None else float("nan") for d in dur],
+                        [(k.get("args") or {}).get("device", 0) for k in kernels],
+                        ["nccl" in k.get("name", "").lower() for k in kernels],
+                        [d / 1e3 for _, d in sorted(steps.items()) if d is not None])
+
+
 def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(kernel rows, collective rows, notes) of one trace. ``device`` overrides the trace's device name.
 
@@ -328,7 +344,8 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
     mapped = int((kdf["OPName"] != "").sum()) if len(kdf) else 0
     notes = {"file": str(p), "format": "kineto", "device": sorted(set(devs.values())) if device is None else [device],
              "kernels": len(kernels), "kernel_rows": len(kdf), "mapped_rows": mapped, "unmapped_rows": len(kdf) - mapped,
-             "collective_rows": len(cdf), "has_shapes": has_dims, "unmapped_reasons": dict(reasons)}
+             "collective_rows": len(cdf), "has_shapes": has_dims, "unmapped_reasons": dict(reasons),
+             "busy": _busy(kernels, events)}
     warnings = []
     if not has_dims:
         warnings.append("the trace has no operator shapes ('Input Dims'): profile with record_shapes=True; "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from wattcast.data.collective_ops import canonical_op
+from wattcast.data.collective_ops import busbw_factor, canonical_op
 from wattcast.data.profiles.devices import catalog_name
 from wattcast.data.profiles.tables import ProfileImportError
 
@@ -33,6 +33,30 @@ _NTHREAD = re.compile(r"^#\s*nThread\b")
 _HEADER = re.compile(r"^#\s+size\s+count\s+type")
 _DTYPES = {"float": "fp32", "half": "fp16", "bfloat16": "bf16", "double": "fp64", "int8": "int8", "uint8": "uint8",
            "int32": "int32", "uint32": "uint32", "int64": "int64", "uint64": "uint64", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+
+
+_FOOTER = re.compile(r"^#\s*Avg bus bandwidth")
+#: a row whose printed bandwidths disagree with its size / time beyond this fraction (or the print resolution,
+#: 0.01 GB/s, x 1.5) is flagged: nccl-tests computes algbw = size / time and busbw = algbw x factor(op, n)
+BW_TOLERANCE = 0.10
+_BW_RESOLUTION_GBS = 0.015
+
+
+def bandwidth_mismatch(op: str, size_B: float, time_us: float, algbw_GBs: float, busbw_GBs: float, ranks) -> str:
+    """'' when the row's algbw = size / time and busbw = algbw x ``busbw_factor(op, ranks)`` (within
+    ``BW_TOLERANCE``), else the reason naming the figures. A missing bandwidth (N/A) or rank count skips its check."""
+    alg = size_B / time_us / 1e3  # B/us -> GB/s
+    why = []
+    if math.isfinite(algbw_GBs) and abs(algbw_GBs - alg) > max(BW_TOLERANCE * alg, _BW_RESOLUTION_GBS):
+        why.append(f"algbw {algbw_GBs:g} GB/s but size / time = {alg:.4g}")
+    if math.isfinite(busbw_GBs) and ranks == ranks and ranks and ranks > 0:
+        bus = (algbw_GBs if math.isfinite(algbw_GBs) else alg) * busbw_factor(op, int(ranks))
+        if abs(busbw_GBs - bus) > max(BW_TOLERANCE * bus, _BW_RESOLUTION_GBS):
+            why.append(f"busbw {busbw_GBs:g} GB/s but algbw x {busbw_factor(op, int(ranks)):.3g} ({op}, {int(ranks)} ranks) = {bus:.4g}")
+    if not why:
+        return ""
+    return (f"time, size and bandwidth disagree ({size_B:.0f} B in {time_us:g} us: {'; '.join(why)}): "
+            "a corrupted or hand-edited row")
 
 
 def looks_like_nccl_tests(text: str) -> bool:
@@ -96,6 +120,7 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
     skipped: Counter = Counter()  # reason -> lines that are not a result row
     ops, all_names, all_hosts, world_sizes = [], set(), set(), []
     empty_runs = 0
+    cut_runs: list[bool] = []  # runs without nccl-tests' closing '# Avg bus bandwidth' line (partial last row?)
     cols: list[str] | None = None  # a run without its own table header reads its rows with the previous one's
     for run in _runs(lines):
         header = next((ln for ln in run if _HEADER.match(ln)), None)
@@ -111,6 +136,9 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
         groups = [i for i, c in enumerate(cols) if c == "time"]
         wrong = [i for i, c in enumerate(cols) if c == "#wrong"]
         op = _run_op(run, collective, p)
+        if not any(_FOOTER.match(ln) for ln in run):  # nccl-tests ends every run with '# Avg bus bandwidth'
+            last = results[-1].strip().split()
+            cut_runs.append(len(last) != len(cols))  # True: its last row is partial (and skipped below)
         ranks = {}  # rank number -> (host, GPU name); a repeated '# Rank N' line is the same rank
         for m in map(_RANK.match, run):
             if m:
@@ -143,10 +171,13 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
             # NCCL's own correctness check failed (#wrong > 0): the row is kept, flagged (reason) and never trained on
             reason = ("nccl-tests #wrong > 0: the collective returned wrong results" if any(w > 0 for w in n_wrong if w == w)
                       else "")
+            algbw, busbw = _num(tok[first + 1]), _num(tok[first + 2])
+            # kept, flagged (reason), never trained on: a row whose own figures contradict each other
+            reason = reason or bandwidth_mismatch(op, size, t_us, algbw, busbw, len(ranks) or math.nan)
             rows.append({"op": op, "size_B": size, "dtype": _DTYPES.get(d.get("type", ""), d.get("type", "")),
                          "world_size": len(ranks) or math.nan, "nodes": len(hosts) or math.nan,
                          "gpus_per_node": (len(ranks) // len(hosts)) if hosts else math.nan, "time_us": t_us,
-                         "algbw_GBs": _num(tok[first + 1]), "busbw_GBs": _num(tok[first + 2]), "ip_time_us": ip,
+                         "algbw_GBs": algbw, "busbw_GBs": busbw, "ip_time_us": ip,
                          "device_name": dname, "Device": catalog_name(dname), "reason": reason,
                          "source": f"nccl-tests:{p.name}"})
     if not rows:
@@ -160,12 +191,24 @@ def import_nccl_tests(path: str | Path, collective: str | None = None, device: s
         notes["runs"] = len(ops)
     flagged = sum(1 for r in rows if r["reason"])
     reasons = dict(skipped)
-    if flagged:
-        reasons["nccl-tests #wrong > 0 (kept, flagged)"] = flagged
+    n_wrong_rows = sum(1 for r in rows if r["reason"].startswith("nccl-tests #wrong"))
+    if n_wrong_rows:
+        reasons["nccl-tests #wrong > 0 (kept, flagged)"] = n_wrong_rows
+    n_bw = flagged - n_wrong_rows
+    if n_bw:
+        reasons["time, size and bandwidth disagree (kept, flagged)"] = n_bw
     notes["skipped_rows"] = bad
+    notes["skipped_reasons"] = dict(skipped)
     notes["unmapped_rows"] = flagged
     notes["unmapped_reasons"] = reasons
     warnings = []
+    if cut_runs:
+        partial = sum(cut_runs)
+        notes["truncated_runs"] = len(cut_runs)
+        warnings.append(f"{len(cut_runs)} run(s) end without nccl-tests' '# Avg bus bandwidth' line: the log was cut "
+                        "(truncated?)" + (f"; {partial} partial last row(s) skipped" if partial else ""))
+    if n_bw:
+        warnings.append(f"{n_bw} row(s) whose time, size and bandwidth disagree kept, flagged (reason), not trained on")
     if not all(world_sizes):
         warnings.append("no '# Rank N ... device' lines" + (" in a run" if len(world_sizes) > 1 else "")
                         + ": world size and GPU unknown")

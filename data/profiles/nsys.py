@@ -24,6 +24,7 @@ import pandas as pd
 
 from wattcast.data.collective_ops import canonical_op
 from wattcast.data.kernel_ops import OP_FAMILY, SHAPE_COLS, canonical_dtype
+from wattcast.data.profiles.busy import busy_summary
 from wattcast.data.profiles.devices import catalog_name
 from wattcast.data.profiles.tables import ProfileImportError
 
@@ -176,5 +177,7 @@ def import_nsys(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
     mapped = int((kdf["OPName"] != "").sum()) if len(kdf) else 0
     notes = {"file": str(p), "format": "nsys-sqlite", "device": sorted(set(gpu_names.values())) if device is None else [device],
              "kernels": len(ks), "kernel_rows": len(kdf), "mapped_rows": mapped, "unmapped_rows": len(kdf) - mapped,
-             "collective_rows": len(cdf), "unmapped_reasons": dict(unmapped)}
+             "collective_rows": len(cdf), "unmapped_reasons": dict(unmapped),
+             "busy": busy_summary(ks["start"] / 1e3, (ks["end"] - ks["start"]) / 1e3, ks["deviceId"],
+                                  ks["name"].str.lower().str.contains("nccl"))}
     return kdf, cdf, notes
