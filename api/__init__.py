@@ -198,7 +198,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
                     fp8_param_gather: bool = False, etp: int | None = None, mtp_num_layers: int = 0,
-                    fsdp_reduce_dtype: str | None = None, **run_kw):
+                    fsdp_reduce_dtype: str | None = None, cross_entropy_loss_fusion: bool | None = None,
+                    cross_entropy_fusion_impl: str = "native", **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
 
     ``batch`` is the global batch in sequences. Returns a
@@ -231,6 +232,11 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     experts' tensor-parallel degree, folded with ``ep`` over the attention's tp x cp x dp ranks (None: ``tp``).
     ``mtp_num_layers``: Megatron-Core's ``--mtp-num-layers`` (DeepSeek-V2/V3 configs, ``framework="megatron"``;
     DeepSeek-V3 trained with 1): multi-token-prediction depths on the last pipeline stage.
+    ``cross_entropy_loss_fusion``: Megatron-Core's ``--cross-entropy-loss-fusion`` (``framework="megatron"``; None:
+    the framework's default, on for megatron as Megatron-Bridge's recipes run it, off elsewhere) and
+    ``cross_entropy_fusion_impl`` its ``--cross-entropy-fusion-impl``: "native" (Megatron-Core's jit-fused loss: 32
+    bytes a logit in bf16 where the unfused loss moves 52, the same fp32 probabilities saved) or "te" (Transformer
+    Engine's Triton kernels: 8 bytes a logit, a bf16 copy of the logits saved); see ``GraphBuilder.cross_entropy``.
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, ``zero`` >= 1 and
     ``framework="megatron"``): FP8 weights without a bf16 copy, cast shard by shard and all-gathered at 1 B.
     ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
@@ -296,8 +302,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
         data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
-        fsdp_reduce_dtype=fsdp_reduce_dtype))
-    from wattcast.featurize.workload import canonical_framework
+        fsdp_reduce_dtype=fsdp_reduce_dtype, cross_entropy_loss_fusion=cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl=cross_entropy_fusion_impl))
+    from wattcast.featurize.workload import canonical_framework, ce_fusion_options
     from wattcast.simulate.strategy import StrategyError, format_strategy
 
     m, fw = res.meta, canonical_framework(framework)
@@ -315,6 +322,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),
                     fsdp_reduce_dtype=fsdp_reduce_dtype,
                     fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=mtp_num_layers, data_load_ms=data_load_ms,
+                    **ce_fusion_options(cross_entropy_loss_fusion, cross_entropy_fusion_impl, fw),
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
                     loop_trip_count=loop_trip_count)
     if tokens is None:

@@ -407,6 +407,8 @@ def predict(
     recompute_method: Optional[str] = typer.Option(None, "--recompute-method", help="With --recompute full and --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed; the default) or uniform (every layer; the input of each group of N layers kept). Without --recompute full it is an error, as in Megatron."),
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules, comma-separated: core_attn (the default), mlp, moe, shared_experts, moe_act, layernorm, mla_up_proj (the last three discard their outputs too and re-make them in backward). Implies --recompute selective; with --recompute full it is an error."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
+    cross_entropy_loss_fusion: Optional[bool] = typer.Option(None, "--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion", help="Megatron-Core (--framework megatron): the fused cross-entropy loss (default on with --framework megatron, as Megatron-Bridge's GPT/Llama recipes run it; off elsewhere; Megatron-LM's own flag defaults to off)."),
+    cross_entropy_fusion_impl: str = typer.Option("native", "--cross-entropy-fusion-impl", help="With --cross-entropy-loss-fusion: native (Megatron-Core's jit-fused loss, 32 B a bf16 logit; the default) or te (Transformer Engine's Triton kernels, 8 B a logit, a bf16 copy of the logits saved; Megatron-Bridge's Llama 3 pretraining recipes)."),
     force: bool = _FORCE_OPTION,
     kv_context: Optional[int] = typer.Option(None, "--kv-context", help="Inference with a KV cache (one device; Llama-architecture configs): tokens already cached per sequence. The step runs --seq new tokens per sequence against context + seq keys/values (--seq 1: one decode step; --kv-context 0: a prefill); the memory holds the cache."),
     logits: Optional[str] = typer.Option(None, "--logits", help="Inference: the LM head's positions, last (default: the last position's, as generation computes them) or all (every position, a plain forward)."),
@@ -565,7 +567,9 @@ def _cluster_request(f, par: dict, common: dict):
                           moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, gpus_per_node=f.gpus_per_node,
                           zero3_prefetch=f.zero3_prefetch, fsdp_reduce_dtype=f.fsdp_reduce_dtype,
                           data_load_ms=f.data_load_ms, data_workers=f.data_workers,
-                          fp8_param_gather=f.fp8_param_gather, mtp_num_layers=f.mtp_num_layers, **common)
+                          fp8_param_gather=f.fp8_param_gather, mtp_num_layers=f.mtp_num_layers,
+                          cross_entropy_loss_fusion=f.cross_entropy_loss_fusion,
+                          cross_entropy_fusion_impl=f.cross_entropy_fusion_impl, **common)
 
 
 def _step_request(f, par: dict, dims: dict, common: dict):
@@ -597,6 +601,9 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if f.fp8_param_gather:
         _fail("--fp8-param-gather is the distributed optimizer's FP8 parameter gather: it needs --cluster, --gpus, "
               "--zero 1 or more, --dtype fp8 and --framework megatron")
+    if f.cross_entropy_loss_fusion is not None or str(f.cross_entropy_fusion_impl).lower() != "native":
+        _fail("--cross-entropy-loss-fusion/--cross-entropy-fusion-impl are Megatron-Core's fused loss: they need "
+              "--cluster, --gpus and --framework megatron")
     from wattcast.simulate.moe_routing import given_routing
 
     if given_routing(dict(moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
@@ -840,6 +847,8 @@ def search(
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity factor (tokens beyond it dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity."),
     mtp_num_layers: int = typer.Option(0, "--mtp-num-layers", help="As for predict: multi-token-prediction depths (Megatron-Core; DeepSeek-V2/V3 configs)."),
+    cross_entropy_loss_fusion: Optional[bool] = typer.Option(None, "--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion", help="As for predict: Megatron-Core's fused cross-entropy loss for every candidate (default on with --framework megatron)."),
+    cross_entropy_fusion_impl: str = typer.Option("native", "--cross-entropy-fusion-impl", help="As for predict: native or te."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="As for predict: candidates with --zero >= 1 keep FP8 weights and gather them at 1 B (needs --dtype fp8 --framework megatron)."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="The data loader's host time per micro-batch, ms (default 0); as `wattcast predict`."),
@@ -917,6 +926,8 @@ def search(
                           models=folders.models, collectives=folders.collectives, power_model=folders.power_model,
                           gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
                           fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
+                          cross_entropy_loss_fusion=cross_entropy_loss_fusion,
+                          cross_entropy_fusion_impl=cross_entropy_fusion_impl,
                           data_workers=data_workers,
                           moe_routing=dict(moe_load_imbalance=moe_load_imbalance,
                                            moe_capacity_factor=moe_expert_capacity_factor,

@@ -133,6 +133,10 @@ class PredictRequest:
     fp8_param_gather: bool = False
     #: Megatron-Core's --mtp-num-layers (a cluster step, framework megatron, DeepSeek-V2/V3 configs)
     mtp_num_layers: int = 0
+    #: Megatron-Core's --cross-entropy-loss-fusion (a cluster step, framework megatron; None: the framework's default,
+    #: on for megatron) and --cross-entropy-fusion-impl ("native" or "te")
+    cross_entropy_loss_fusion: bool | None = None
+    cross_entropy_fusion_impl: str = "native"
     #: use this many of each node's GPUs (None: all of them)
     gpus_per_node: int | None = None
     #: data loading: the loader's host ms per micro-batch (one device: per step) and its workers (None: the framework's)
@@ -177,6 +181,9 @@ class PredictRequest:
             if self.mtp_num_layers:
                 raise ValueError("mtp_num_layers= is Megatron-Core's multi-token prediction: give cluster= and "
                                  "framework='megatron' too")
+            if self.cross_entropy_loss_fusion is not None or str(self.cross_entropy_fusion_impl).lower() != "native":
+                raise ValueError("cross_entropy_loss_fusion= / cross_entropy_fusion_impl= are Megatron-Core's fused loss: "
+                                 "give cluster= and framework='megatron' too")
             return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
                                     kv_context=self.kv_context, logits=self.logits,
                                     data_load_ms=self.data_load_ms, data_workers=self.data_workers, **common)
@@ -198,4 +205,6 @@ class PredictRequest:
                                         data_load_ms=self.data_load_ms,
                                         data_workers=self.data_workers, fp8_param_gather=self.fp8_param_gather,
                                         mtp_num_layers=self.mtp_num_layers,
+                                        cross_entropy_loss_fusion=self.cross_entropy_loss_fusion,
+                                        cross_entropy_fusion_impl=self.cross_entropy_fusion_impl,
                                         **asdict(self.parallel), **common)

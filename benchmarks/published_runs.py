@@ -35,6 +35,9 @@ from wattcast.planning.search import search
 #: Megatron-LM in 2021 (SC21, the GPT-3 example) had none of Megatron-Core's overlaps: gradients were all-reduced after
 #: the backward pass, and there was no distributed optimizer or userbuffers TP overlap
 NO_OVERLAP = dict.fromkeys(OVERLAP_FLAGS, False)
+#: these runs (Megatron-LM 2020-2021) computed the loss with the unfused vocab_parallel_cross_entropy: Megatron-Core's
+#: --cross-entropy-loss-fusion (megatron/core/fusions/fused_cross_entropy.py, 2024) did not exist yet
+UNFUSED_LOSS = dict(cross_entropy_loss_fusion=False)
 
 
 def megatron_weak_scaling(root, rows: int | None = None) -> pd.DataFrame:
@@ -52,11 +55,12 @@ def megatron_weak_scaling(root, rows: int | None = None) -> pd.DataFrame:
                              **NO_OVERLAP)
         t0 = time.time()
         p = predict_distributed(cfg, "DGX-A100", gpus=int(r.n_gpus), batch=int(r.global_batch), seq=int(r.seq_len), parallel=par,
-                                dtype="fp16", attention="eager", framework="megatron")
+                                dtype="fp16", attention="eager", framework="megatron",
+                            **UNFUSED_LOSS)
         hw_tflops = p.hfu * 312.0  # A100 dense FP16 peak (the catalog's figure)
         res = search(cfg, "DGX-A100", int(r.n_gpus), int(r.global_batch), int(r.seq_len), dtype="fp16", attention="eager",
                      framework="megatron", tp=(int(r.tp),), pp=(int(r.pp),), micro_batch=(1, 2, 4, 8), zero=(0,),
-                     sp=(False,), recompute=("full",), interleave=(1, 2, 3, 4), overlaps=NO_OVERLAP)
+                     sp=(False,), recompute=("full",), interleave=(1, 2, 3, 4), overlaps=NO_OVERLAP, **UNFUSED_LOSS)
         best = res.best
         tuned = best["mfu"] * 312.0 * (p.hfu / p.mfu) if best else np.nan  # recomputation adds the same share
         out.append(dict(model=r.model, gpus=int(r.n_gpus), tp=int(r.tp), pp=int(r.pp), dp=int(r.dp),
@@ -75,7 +79,8 @@ def gpt3_megatron_a100() -> dict:
     DGX nodes (Selene) assumed."""
     par = ParallelConfig(gpus=1024, tp=8, pp=16, dp=8, micro_batch=1, recompute="full", **NO_OVERLAP)
     p = predict_distributed("gpt3_175b", "DGX-A100", gpus=1024, batch=1536, seq=2048, parallel=par, dtype="fp16",
-                            attention="eager", framework="megatron")
+                            attention="eager", framework="megatron",
+                            **UNFUSED_LOSS)
     return dict(run="GPT-3 175B, Megatron-LM, 1,024 A100", metric="step_time_s", measured=32.0,
                 predicted=p.step_time_ms / 1e3, fits=p.fits, also=f"{p.hfu * 312:.0f} TFLOP/s per GPU counting recomputation "
                                                    "(published 138)")
@@ -110,7 +115,8 @@ def gpt3_v100() -> dict:
     gpus, batch, seq = 9984, 1560, 2048
     par = ParallelConfig(gpus=gpus, tp=8, pp=16, dp=78, micro_batch=1, recompute="full", **NO_OVERLAP)
     p = predict_distributed(cfg, "DGX-1-V100", gpus=gpus, batch=batch, seq=seq, parallel=par, dtype="fp16",
-                            attention="eager", framework="megatron")
+                            attention="eager", framework="megatron",
+                            **UNFUSED_LOSS)
     fp = footprint_from_step(p.device, gpus, step_time_ms=p.step_time_ms, gpu_power_w=p.avg_power_w, tokens=300e9,
                              tokens_per_step=batch * seq, flops_per_step=p.flops, pue=1.1, grid_kgco2e_per_kwh=0.429)
     return dict(step_s=p.step_time_ms / 1e3, mfu=p.mfu, avg_gpu_power_w=p.avg_power_w, hours=fp.hours,

@@ -175,7 +175,10 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
     if softcap:
         logits = softcap_logits(b, logits, softcap, "lm_head.softcap")
     if train:
-        b.cross_entropy(logits, name="loss", vocab_parallel=True, fp32_saved=fp32_loss)
+        # Megatron-Core's --cross-entropy-loss-fusion (featurize.workload.StepOptions.cross_entropy_loss_fusion): its
+        # implementation, "native" or "te", or None (unfused); it replaces the fp32 loss only
+        b.cross_entropy(logits, name="loss", vocab_parallel=True, fp32_saved=fp32_loss,
+                        fusion=getattr(b, "ce_fusion", None) if fp32_loss else None)
     return logits
 
 

@@ -164,6 +164,24 @@ class _Node:
     input_tids: list[int]  # the tensors it reads (a recomputed module keeps those made outside it)
 
 
+#: Megatron-Core's cross-entropy implementations (``cross_entropy_loss_fusion`` off: None; on: its
+#: ``cross_entropy_fusion_impl``, "native" or "te")
+CE_FUSIONS = (None, "native", "te")
+
+
+def ce_collectives(fusion: str | None, tokens: int, tp: int) -> tuple[tuple[str, str, float], ...]:
+    """(collective, what, bytes per rank as nccl-tests counts them) of a vocabulary-parallel loss over ``tp`` ranks:
+    unfused, three all-reduces of one fp32 a token (max, target logit, sum of exponentials;
+    megatron/core/tensor_parallel/cross_entropy.py); Megatron-Core's fused path batches the last two into one
+    (``torch.cat((predicted_logits, sum_exp_logits))``, fusions/fused_cross_entropy.py); Transformer Engine's gathers
+    four fp32 a token from every rank in one ``all_gather_into_tensor`` (pytorch/triton/cross_entropy.py)."""
+    if fusion == "te":
+        return (("all_gather", "stats", 16.0 * tokens * tp),)
+    if fusion == "native":
+        return (("all_reduce", "max", 4.0 * tokens), ("all_reduce", "target_sum_exp", 8.0 * tokens))
+    return tuple(("all_reduce", k, 4.0 * tokens) for k in ("max", "target", "sum_exp"))
+
+
 class GraphBuilder:
     """Record forward kernels (and their backward rules) while an importer walks a model."""
 
@@ -821,20 +839,29 @@ class GraphBuilder:
         return kc, vc
 
     def cross_entropy(self, logits: Tensor, *, name: str = "loss", vocab_parallel: bool = False,
-                      fp32_saved: bool = False) -> Tensor:
+                      fp32_saved: bool = False, fusion: str | None = None) -> Tensor:
         """Cross-entropy over the last dim of ``logits`` (log_softmax + nll); backward = softmax - onehot.
 
         ``vocab_parallel``: the logits are a tp rank's vocabulary shard (Megatron's parallel cross-entropy:
-        three all-reduces of one float per token: max, target logit, sum of exponentials)."""
+        three all-reduces of one float per token: max, target logit, sum of exponentials).
+        ``fusion`` (with ``fp32_saved``, Megatron-Core's ``--cross-entropy-loss-fusion``): "native" (Megatron-Core's
+        ``fused_vocab_parallel_cross_entropy``, :meth:`_cross_entropy_fused_native`) or "te" (Transformer Engine's
+        ``parallel_cross_entropy`` Triton kernels, :meth:`_cross_entropy_te`); None: unfused."""
+        if fusion not in CE_FUSIONS:
+            raise GraphError(f"{name}: unknown cross-entropy fusion {fusion!r}; use one of {', '.join(map(str, CE_FUSIONS))}")
         v = int(logits.shape[-1])
         t = _numel(logits.shape[:-1])
         db = self.dbytes
+        fused = fusion if fp32_saved else None
         if vocab_parallel and self.tp > 1:
-            for k in ("max", "target", "sum_exp"):
+            for op, k, size in ce_collectives(fused, t, self.tp):
                 # statistics of the logits inside one autograd Function (Megatron's _VocabParallelCrossEntropy; its
                 # backward is softmax - onehot): no gradient reaches the logits through them
-                self.collective("all_reduce", logits, (t,), group="tp", size_bytes=4.0 * t, name=f"{name}.all_reduce_{k}",
-                                grad=False)
+                self.collective(op, logits, (t,), group="tp", size_bytes=size, name=f"{name}.{op}_{k}", grad=False)
+        if fused == "native":
+            return self._cross_entropy_fused_native(logits, name, t, v)
+        if fused == "te":
+            return self._cross_entropy_te(logits, name, t, v)
         # ``fp32_saved``: the loss runs on ``logits.float()`` and keeps fp32 probabilities for backward (Megatron-LM's
         # vocab_parallel_cross_entropy; Korthikanti et al. 2022 Sec. 4.3: 4sbv/t bytes)
         if fp32_saved and self.dtype != "fp32":
@@ -843,6 +870,53 @@ class GraphBuilder:
                         saves=[logits], B=t, H=v,
                         backward=[self._bw(f"{name}.grad", "loss", "softmax", flops=4 * t * v, bytes_=4 * t * v * db, scale=2.0, B=t, H=v)])
         return out
+
+    def _cross_entropy_fused_native(self, logits: Tensor, name: str, t: int, v: int) -> Tensor:
+        """Megatron-Core's ``fused_vocab_parallel_cross_entropy`` (megatron/core/fusions/fused_cross_entropy.py, the
+        "native" ``cross_entropy_fusion_impl``): four functions under ``jit_fuser`` (megatron/core/jit.py:
+        ``torch.compile`` from PyTorch 2.2), each one generated kernel over the logits (the per-token gather, mask
+        and one-hot scatter kernels, t elements each, are left out as in the unfused path):
+
+        - ``calculate_logits_max``: ``logits.float()`` and the row max in one reduction that also writes the fp32 copy
+          (read db, write 4 bytes a logit; fp32 logits: no copy, ``float()`` returns them);
+        - ``calculate_predicted_logits``: the in-place subtraction of the max, ``exp`` into the same buffer and the row
+          sum in one reduction (read 4, write 4);
+        - ``calculate_cross_entropy_loss``: the in-place divide by the sum (read 4, write 4); the fp32 probabilities
+          are what it saves for backward, as the unfused path (4 bytes a logit);
+        - backward ``calculate_gradients``: the in-place multiply by the loss gradient, written back into the saved
+          buffer (a mutated input of the compiled function), and the cast to bf16 it returns (read 4, write 4 + db).
+
+        32 bytes a logit in bf16 over 4 kernels, where the unfused path moves 52 over 8 (:meth:`_cross_entropy_fp32`)."""
+        db, n = self.dbytes, t * v
+        probs = self._tensor(logits.shape, "fp32", len(self._nodes))
+        bw = [dict(self._bw(f"{name}.calculate_gradients", "loss", "", "proxy", flops=2 * n, bytes_=(8.0 + db) * n),
+                   dtype="fp32")]
+        x = self._add(f"{name}.calculate_logits_max", "loss", "", "proxy", [logits], logits.shape, flops=n,
+                      bytes_=(db + (0.0 if db == 4 else 4.0)) * n + 4.0 * t, backward=bw, out_dtype="fp32",
+                      node_dtype="fp32")
+        x = self._add(f"{name}.calculate_predicted_logits", "loss", "", "proxy", [x], logits.shape,
+                      flops=(1 + FLOPS_PER_ELEMENT.get("exp", 1) + 1) * n, bytes_=8.0 * n + 4.0 * t, grad_inputs=[],
+                      node_dtype="fp32")
+        return self._add(name, "loss", "", "proxy", [x], (), flops=n, bytes_=8.0 * n + 4.0 * t, grad_inputs=[],
+                         saves=[probs], node_dtype="fp32")
+
+    def _cross_entropy_te(self, logits: Tensor, name: str, t: int, v: int) -> Tensor:
+        """Transformer Engine's ``parallel_cross_entropy`` (the "te" ``cross_entropy_fusion_impl``; TE 2.20
+        transformer_engine/pytorch/triton/cross_entropy.py and common/triton/cross_entropy.py): forward one Triton
+        kernel per row (``cross_entropy_forward_kernel``, or ``cross_entropy_tp_pre_kernel`` under TP) reads the logits
+        once for an online softmax (max and sum together) and copies them into the buffer it saves (Megatron-Core
+        passes ``overwrite_input`` False: read db, write db bytes a logit), plus, under TP, a per-row kernel over the
+        gathered statistics (t x tp x 16 bytes, left out with the target gathers); backward
+        ``cross_entropy_backward_kernel`` rebuilds softmax - onehot from the saved copy and the per-row statistics and
+        writes the gradient over the copy (read db, write db). 4 x db bytes a logit (8 in bf16) over 2 kernels; it
+        saves the logits' copy in their own dtype (db bytes a logit, half the fp32 probabilities of the other two
+        paths in bf16) and two fp32 statistics a row."""
+        db, n = self.dbytes, t * v
+        copy = self._tensor(logits.shape, self.dtype, len(self._nodes))
+        stats = self._tensor((t, 2), "fp32", len(self._nodes))
+        bw = [self._bw(f"{name}.cross_entropy_backward_kernel", "loss", "", "proxy", flops=4 * n, bytes_=2.0 * db * n)]
+        return self._add(name, "loss", "", "proxy", [logits], (), flops=(2 + FLOPS_PER_ELEMENT.get("exp", 1)) * n,
+                         bytes_=2.0 * db * n + 12.0 * t, backward=bw, saves=[copy, stats])
 
     def _cross_entropy_fp32(self, logits: Tensor, name: str, t: int, v: int) -> Tensor:
         """Megatron-LM's ``vocab_parallel_cross_entropy(output.float(), labels)`` kernel by kernel

@@ -79,6 +79,11 @@ class StepOptions:
     #: ``logits_to_keep=1`` in ``generate``, vLLM's last-token gather before its logits processor) or "all" (the
     #: plain ``model(input_ids)`` forward); None: "last" in inference. Training always computes all of them
     logits: str | None = None
+    #: Megatron-Core's ``--cross-entropy-loss-fusion`` (``TransformerConfig.cross_entropy_loss_fusion``) and its
+    #: ``cross_entropy_fusion_impl`` ("native": megatron/core/fusions/fused_cross_entropy.py; "te": Transformer
+    #: Engine's ``parallel_cross_entropy``); None: the framework's default (:func:`ce_fusion_default`)
+    cross_entropy_loss_fusion: bool | None = None
+    cross_entropy_fusion_impl: str = "native"
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -121,7 +126,9 @@ class StepOptions:
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
                            etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers),
-                           kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode))
+                           kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
+                           **ce_fusion_options(self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl,
+                                               canonical_framework(self.framework)))
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given (batch x seq then checked against
@@ -129,6 +136,35 @@ class StepOptions:
         out = replace(self, batch=1 if self.batch is None else self.batch, seq=1024 if self.seq is None else self.seq)
         _check_tokens(out.batch, out.seq)
         return out
+
+
+#: Megatron-Core's cross-entropy fusion implementations (``--cross-entropy-fusion-impl``)
+CE_FUSION_IMPLS = ("native", "te")
+
+
+def ce_fusion_default(framework: str) -> bool:
+    """Whether a framework fuses the cross-entropy loss when not told. "megatron": yes, as the published recipes
+    run it (the same rule as the overlaps, ``simulate.overlap.overlap_defaults``): Megatron-Bridge 0.6.2's
+    ``GPTModelProvider`` defaults ``cross_entropy_loss_fusion = True`` (megatron/bridge/models/gpt_provider.py) and
+    its Llama 3 / 3.1 pretraining recipes (recipes/llama/h100/llama3.py) and GPT-3 175B recipe
+    (recipes/gpt/h100/gpt3_175b.py) set it (Megatron-Core's own ``TransformerConfig`` and Megatron-LM's
+    ``--cross-entropy-loss-fusion`` default to off: pass ``cross_entropy_loss_fusion=False`` for a plain Megatron-LM
+    run). Megatron-DeepSpeed and Hugging Face have no such option: no."""
+    return framework == "megatron"
+
+
+def ce_fusion_options(fusion: Any, impl: Any, framework: str) -> dict:
+    """``cross_entropy_loss_fusion`` resolved (None: :func:`ce_fusion_default`) and checked with its implementation
+    (a GraphError names a bad one, or the fusion asked of a framework without it)."""
+    if fusion is not None and not isinstance(fusion, (bool, np.bool_)):
+        raise GraphError(f"cross_entropy_loss_fusion must be True, False or None (the framework's default), got {fusion!r}")
+    s = str(impl).lower()
+    if s not in CE_FUSION_IMPLS:
+        raise GraphError(f"cross_entropy_fusion_impl must be one of {', '.join(CE_FUSION_IMPLS)}, got {impl!r}")
+    on = ce_fusion_default(framework) if fusion is None else bool(fusion)
+    if on and framework != "megatron":
+        raise GraphError(f"--cross-entropy-loss-fusion is Megatron-Core's (--framework megatron), not {framework}'s")
+    return dict(cross_entropy_loss_fusion=on, cross_entropy_fusion_impl=s)
 
 
 def checked_dtype(v) -> str:
@@ -271,6 +307,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                          f"Qwen3-MoE and DeepSeek-V2/V3 configs (Megatron-Core's GPTModel, with its MoE layer, "
                          f"qk-layernorm and multi-latent attention), not {cfg.model_type}")
     b.framework = opts.framework
+    # Megatron-Core's fused cross-entropy, read by hf_blocks.lm_head_and_loss (the fp32 loss of the megatron graphs)
+    b.ce_fusion = opts.cross_entropy_fusion_impl if opts.cross_entropy_loss_fusion else None
     if (opts.framework == "megatron" and cfg.family in (*_MEGATRON_LLAMA_FAMILIES, "deepseek")
             and str(cfg.activation).lower() not in ("silu", "swish", "gelu")):  # (gelu: the default when not given)
         raise GraphError(f"{cfg.name}: hidden_act {cfg.activation!r} under --framework megatron: Megatron-Core's --swiglu "

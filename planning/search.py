@@ -334,7 +334,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
            workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
            zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
-           fp8_param_gather: bool = False, mtp_num_layers: int = 0, models=None, collectives=None, power_model=None,
+           fp8_param_gather: bool = False, mtp_num_layers: int = 0, cross_entropy_loss_fusion: bool | None = None,
+           cross_entropy_fusion_impl: str = "native", models=None, collectives=None, power_model=None,
            **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
@@ -366,6 +367,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``moe_routing``: mixture-of-experts routing for every candidate (``moe_load_imbalance``, ``moe_capacity_factor``,
     ``moe_pad_to_capacity``: see ``simulate/moe_routing.py``; default balanced and dropless).
     ``mtp_num_layers``: Megatron-Core's ``--mtp-num-layers`` for every candidate (``predict_cluster``'s).
+    ``cross_entropy_loss_fusion`` / ``cross_entropy_fusion_impl``: Megatron-Core's fused cross-entropy loss for every
+    candidate (``predict_cluster``'s; None: the framework's default, on for ``framework="megatron"``).
     ``etp`` (a space option): the experts' tensor-parallel degrees; by default, for a mixture-of-experts model under
     ``framework="megatron"``, each candidate's tp and 1 (Megatron-Core's MoE recipes), else the candidate's tp.
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` for every candidate with the distributed optimizer
@@ -405,13 +408,15 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                        exact_pipeline=exact_pipeline, workers=workers, moe_routing=moe_routing,
                        gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
                        data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
-                       **space)
+                       cross_entropy_loss_fusion=cross_entropy_loss_fusion,
+                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, **space)
 
 
 def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, attention, optimizer, max_configs,
             progress, framework, tokens, footprint_kw, overlaps, objective, max_usd, deadline_days, max_tco2e, pareto,
             prune_oom, exact_pipeline, workers, moe_routing, gpus_per_node, zero3_prefetch, data_load_ms, data_workers,
-            fp8_param_gather, mtp_num_layers, **space) -> SearchResult:
+            fp8_param_gather, mtp_num_layers, cross_entropy_loss_fusion, cross_entropy_fusion_impl,
+            **space) -> SearchResult:
     """:func:`search` with its model folders resolved (``folders``, a ModelFolders) and active."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
     from wattcast.simulate.distributed import model_config
@@ -507,8 +512,9 @@ def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, 
                        exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name], routing=routing,
                        zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms, data_workers=data_workers,
                        fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=int(mtp_num_layers),
-                       n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
-                       n_experts=hf.n_experts, folders=folders)
+                       cross_entropy_loss_fusion=cross_entropy_loss_fusion,
+                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, n_layers=hf.total_layers, n_heads=hf.n_heads,
+                       n_kv_heads=hf.n_kv_heads, ffn=hf.ffn, n_experts=hf.n_experts, folders=folders)
             if not cands:
                 why_none[cl.name] = why_no_candidates(cl, gpus, batch, seq, space, job.rules())
             else:
@@ -587,6 +593,9 @@ class _Job:
     fp8_param_gather: bool
     #: Megatron-Core's --mtp-num-layers for every candidate
     mtp_num_layers: int
+    #: Megatron-Core's --cross-entropy-loss-fusion (None: the framework's default) and --cross-entropy-fusion-impl
+    cross_entropy_loss_fusion: bool | None
+    cross_entropy_fusion_impl: str
     n_layers: int
     n_heads: int | None
     n_kv_heads: int | None
@@ -650,7 +659,9 @@ class _Evaluator:
                         framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
                         coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline,
                         zero3_prefetch=job.zero3_prefetch, data_load_ms=job.data_load_ms,
-                        data_workers=job.data_workers, mtp_num_layers=job.mtp_num_layers, **job.routing))
+                        data_workers=job.data_workers, mtp_num_layers=job.mtp_num_layers,
+                        cross_entropy_loss_fusion=job.cross_entropy_loss_fusion,
+                        cross_entropy_fusion_impl=job.cross_entropy_fusion_impl, **job.routing))
                     ctx = replace(ctx.without_kernels(), detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e

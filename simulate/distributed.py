@@ -474,7 +474,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype,
                         attention=attention, compile=dopts.compile, optimizer=dopts.optimizer, recompute=par.recompute,
                         framework=framework, loop_trip_count=_hashable_trips(dopts.loop_trip_count),
-                        mtp_layers=dopts.mtp_num_layers)
+                        mtp_layers=dopts.mtp_num_layers, cross_entropy_loss_fusion=dopts.cross_entropy_loss_fusion,
+                        cross_entropy_fusion_impl=dopts.cross_entropy_fusion_impl)
     # layers: from the config, else from a single-device graph
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,

@@ -76,6 +76,11 @@ class DistributedOptions:
     #: Megatron-Core's ``--mtp-num-layers`` (DeepSeek-V2/V3 configs, ``framework="megatron"``): multi-token-prediction
     #: depths after the head, on the last pipeline stage (``featurize.hf_models._mtp_layer``); 0: none
     mtp_num_layers: int = 0
+    #: Megatron-Core's ``--cross-entropy-loss-fusion`` (``framework="megatron"``; None: the framework's default, on for
+    #: megatron as its published recipes run it: ``featurize.workload.ce_fusion_default``) and its
+    #: ``--cross-entropy-fusion-impl`` ("native" or "te"; ``featurize.op_graph.GraphBuilder.cross_entropy``)
+    cross_entropy_loss_fusion: bool | None = None
+    cross_entropy_fusion_impl: str = "native"
     #: data loading (``simulate/data_loading.py``): host ms the data loader takes to produce one micro-batch (0: free,
     #: a tokenised stream) and its worker processes (None: the framework's default; 0: loaded in series with the step)
     data_load_ms: float = 0.0
