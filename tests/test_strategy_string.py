@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import wattcast
 from conftest import flat
 from wattcast.cli import app
-from wattcast.simulate.parallel import ParallelConfig, resolve_parallel
+from wattcast.simulate.parallel import ParallelConfig, ParallelConfigError, resolve_parallel
 from wattcast.simulate.strategy import Strategy, StrategyError, format_strategy, parse_strategy, strategy_values
 
 runner = CliRunner()
@@ -56,6 +56,10 @@ def test_format_then_parse_gives_the_same_configuration(kw, framework):
 def test_overlap_flags_round_trip_under_megatron(flags):
     ogr, opg, tpo = flags
     kw = dict(gpus=8, tp=2, pp=1, micro_batch=1, zero=1, sp=True)  # every overlap allowed; megatron's defaults: all on
+    if opg and not ogr:  # Megatron-LM's validate_args: 'Must use --overlap-param-gather with --overlap-grad-reduce'
+        with pytest.raises(ParallelConfigError, match="overlap-grad-reduce"):
+            _resolved("megatron", overlap_grad_reduce=ogr, overlap_param_gather=opg, tp_comm_overlap=tpo, **kw)
+        return
     cfg = _resolved("megatron", overlap_grad_reduce=ogr, overlap_param_gather=opg, tp_comm_overlap=tpo, **kw)
     text = format_strategy(cfg, 64, "megatron")
     back = resolve_parallel(parse_strategy(text).parallel_config(), batch=64, n_layers=24, n_heads=16, ffn=4096, seq=2048,
