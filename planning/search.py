@@ -334,7 +334,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
            workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
            zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
-           fp8_param_gather: bool = False, mtp_num_layers: int = 0, **space) -> SearchResult:
+           fp8_param_gather: bool = False, mtp_num_layers: int = 0, fsdp_reduce_dtype: str | None = None,
+           **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -371,6 +372,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     (ZeRO >= 1; needs ``dtype="fp8"`` and ``framework="megatron"``).
     ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
     with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
+    ``fsdp_reduce_dtype``: PyTorch FSDP's ``MixedPrecision.reduce_dtype`` for every ZeRO-3 candidate under
+    ``framework="hf"`` ("fp32", "bf16", "fp16"; None: the parameters' half-precision dtype; ``predict_cluster``'s).
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
     candidate (``simulate/data_loading.py``; default 0 ms and the framework's workers).
 
@@ -407,6 +410,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     from wattcast.simulate.distributed import zero3_prefetch as _z3
 
     _z3(framework, zero3_prefetch)  # a bad value is named before anything is evaluated
+    from wattcast.simulate.distributed import _checked_fsdp_reduce_dtype
+
+    _checked_fsdp_reduce_dtype(canonical_framework(framework), fsdp_reduce_dtype)
     if fp8_param_gather:  # what it needs beyond the distributed optimizer (candidates with ZeRO >= 1 use it)
         from wattcast.simulate.distributed import check_fp8_param_gather
 
@@ -478,8 +484,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, batch=batch, seq=seq, dtype=dtype, attention=attention,
                        optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
                        exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name], routing=routing,
-                       zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms, data_workers=data_workers,
-                       fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=int(mtp_num_layers),
+                       zero3_prefetch=zero3_prefetch, fsdp_reduce_dtype=fsdp_reduce_dtype,
+                       data_load_ms=data_load_ms, data_workers=data_workers, fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=int(mtp_num_layers),
                        n_layers=hf.total_layers, n_heads=hf.n_heads, n_kv_heads=hf.n_kv_heads, ffn=hf.ffn,
                        n_experts=hf.n_experts)
             if not cands:
@@ -553,6 +559,8 @@ class _Job:
     routing: dict
     #: DistributedOptions.zero3_prefetch for every candidate (None: the framework's)
     zero3_prefetch: bool | None
+    #: DistributedOptions.fsdp_reduce_dtype for every candidate (None: the parameters' half-precision dtype)
+    fsdp_reduce_dtype: str | None
     #: DistributedOptions.data_load_ms / data_workers for every candidate
     data_load_ms: float
     data_workers: int | None
@@ -611,7 +619,8 @@ class _Evaluator:
                         batch=job.batch, seq=job.seq, dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
                         framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
                         coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline,
-                        zero3_prefetch=job.zero3_prefetch, data_load_ms=job.data_load_ms,
+                        zero3_prefetch=job.zero3_prefetch, fsdp_reduce_dtype=job.fsdp_reduce_dtype,
+                        data_load_ms=job.data_load_ms,
                         data_workers=job.data_workers, mtp_num_layers=job.mtp_num_layers, **job.routing))
                     ctx = replace(ctx.without_kernels(), detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
