@@ -20,6 +20,7 @@
     moe_routing: {moe_load_imbalance: 1.2}  # optional: MoE routing for every strategy (as `search(moe_routing=)`)
     gpus_per_node: 64                     # optional: use this many of each node's GPUs (as `--gpus-per-node`)
     zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`)
+    fsdp_reduce_dtype: fp32               # optional: FSDP's gradient reduce dtype, framework hf (as `--fsdp-reduce-dtype`)
     data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
     data_workers: 4                       # optional: data-loader worker processes (as `--data-workers`)
     model_folders: {models: retrained/}   # optional: retrained models (models, collectives, power_model), as the
@@ -80,6 +81,8 @@ SPEC_KEYS = {
     "moe_routing": "MoE routing for every strategy: moe_load_imbalance, moe_capacity_factor, moe_pad_to_capacity",
     "gpus_per_node": "use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72)",
     "zero3_prefetch": "true or false: ZeRO-3 / FSDP collectives beside the computation or in series (default: the framework's)",
+    "fsdp_reduce_dtype": "fp32, bf16 or fp16: PyTorch FSDP's MixedPrecision.reduce_dtype (framework hf, ZeRO-3; default: "
+                         "the parameters' dtype)",
     "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
     "data_workers": "data-loader worker processes (default: the framework's)",
     "output": "output folder (.parquet); the --output flag overrides it",
@@ -173,6 +176,7 @@ class SweepSpec:
     moe_routing: dict = field(default_factory=dict)
     gpus_per_node: int | None = None
     zero3_prefetch: bool | None = None
+    fsdp_reduce_dtype: str | None = None
     data_load_ms: float = 0.0
     data_workers: int | None = None
     #: model folders by kind (models, collectives, power_model) as given; resolved (with the environment's) by tasks()
@@ -190,6 +194,8 @@ class SweepSpec:
             settings["gpus_per_node"] = self.gpus_per_node
         if self.zero3_prefetch is not None:
             settings["zero3_prefetch"] = self.zero3_prefetch
+        if self.fsdp_reduce_dtype is not None:
+            settings["fsdp_reduce_dtype"] = self.fsdp_reduce_dtype
         if self.data_load_ms:
             settings["data_load_ms"] = self.data_load_ms
         if self.data_workers is not None:
@@ -325,6 +331,15 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     z3 = raw.get("zero3_prefetch")
     if z3 is not None and not isinstance(z3, bool):
         raise SweepSpecError(f"{where}: 'zero3_prefetch' must be true or false, got {z3!r}")
+    reduce_dtype = raw.get("fsdp_reduce_dtype")
+    if reduce_dtype is not None:
+        from wattcast.featurize.workload import canonical_framework
+        from wattcast.simulate.distributed import _checked_fsdp_reduce_dtype
+
+        try:
+            _checked_fsdp_reduce_dtype(canonical_framework(str(raw.get("framework", "hf"))), reduce_dtype)
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: 'fsdp_reduce_dtype': {e}") from None
     from wattcast.simulate.data_loading import check_load_ms, resolve_workers
 
     try:
@@ -345,7 +360,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
-                     zero3_prefetch=z3, data_load_ms=load_ms, data_workers=data_workers,
+                     zero3_prefetch=z3, fsdp_reduce_dtype=reduce_dtype, data_load_ms=load_ms, data_workers=data_workers,
                      model_folders={k: v for k, v in folders.items() if v is not None})
     _resolve_names(spec, where)
     return spec
@@ -417,7 +432,8 @@ def run_task(task: dict) -> pd.DataFrame:
         kw = dict(dtype=task["dtype"], attention=task["attention"], framework=task["framework"],
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
-                  zero3_prefetch=task.get("zero3_prefetch"), data_load_ms=task.get("data_load_ms", 0.0),
+                  zero3_prefetch=task.get("zero3_prefetch"), fsdp_reduce_dtype=task.get("fsdp_reduce_dtype"),
+                  data_load_ms=task.get("data_load_ms", 0.0),
                   data_workers=task.get("data_workers"), **(task.get("model_folders") or {}))
         if task["tokens"] is not None:
             kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)

@@ -335,7 +335,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
            zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
            fp8_param_gather: bool = False, mtp_num_layers: int = 0, cross_entropy_loss_fusion: bool | None = None,
-           cross_entropy_fusion_impl: str = "native", models=None, collectives=None, power_model=None,
+           cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
+           power_model=None,
            **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
@@ -375,6 +376,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     (ZeRO >= 1; needs ``dtype="fp8"`` and ``framework="megatron"``).
     ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
     with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
+    ``fsdp_reduce_dtype``: PyTorch FSDP's ``MixedPrecision.reduce_dtype`` for every ZeRO-3 candidate under
+    ``framework="hf"`` ("fp32", "bf16", "fp16"; None: the parameters' half-precision dtype; ``predict_cluster``'s).
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
     candidate (``simulate/data_loading.py``; default 0 ms and the framework's workers).
 
@@ -409,13 +412,13 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                        gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
                        data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
                        cross_entropy_loss_fusion=cross_entropy_loss_fusion,
-                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, **space)
+                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype, **space)
 
 
 def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, attention, optimizer, max_configs,
             progress, framework, tokens, footprint_kw, overlaps, objective, max_usd, deadline_days, max_tco2e, pareto,
             prune_oom, exact_pipeline, workers, moe_routing, gpus_per_node, zero3_prefetch, data_load_ms, data_workers,
-            fp8_param_gather, mtp_num_layers, cross_entropy_loss_fusion, cross_entropy_fusion_impl,
+            fp8_param_gather, mtp_num_layers, cross_entropy_loss_fusion, cross_entropy_fusion_impl, fsdp_reduce_dtype,
             **space) -> SearchResult:
     """:func:`search` with its model folders resolved (``folders``, a ModelFolders) and active."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
@@ -439,6 +442,9 @@ def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, 
     from wattcast.simulate.distributed import zero3_prefetch as _z3
 
     _z3(framework, zero3_prefetch)  # a bad value is named before anything is evaluated
+    from wattcast.simulate.distributed import _checked_fsdp_reduce_dtype
+
+    _checked_fsdp_reduce_dtype(canonical_framework(framework), fsdp_reduce_dtype)
     if fp8_param_gather:  # what it needs beyond the distributed optimizer (candidates with ZeRO >= 1 use it)
         from wattcast.simulate.distributed import check_fp8_param_gather
 
@@ -510,8 +516,8 @@ def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, 
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, batch=batch, seq=seq, dtype=dtype, attention=attention,
                        optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
                        exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name], routing=routing,
-                       zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms, data_workers=data_workers,
-                       fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=int(mtp_num_layers),
+                       zero3_prefetch=zero3_prefetch, fsdp_reduce_dtype=fsdp_reduce_dtype, data_load_ms=data_load_ms,
+                       data_workers=data_workers, fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=int(mtp_num_layers),
                        cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                        cross_entropy_fusion_impl=cross_entropy_fusion_impl, n_layers=hf.total_layers, n_heads=hf.n_heads,
                        n_kv_heads=hf.n_kv_heads, ffn=hf.ffn, n_experts=hf.n_experts, folders=folders)
@@ -586,6 +592,8 @@ class _Job:
     routing: dict
     #: DistributedOptions.zero3_prefetch for every candidate (None: the framework's)
     zero3_prefetch: bool | None
+    #: DistributedOptions.fsdp_reduce_dtype for every candidate (None: the parameters' half-precision dtype)
+    fsdp_reduce_dtype: str | None
     #: DistributedOptions.data_load_ms / data_workers for every candidate
     data_load_ms: float
     data_workers: int | None
@@ -658,7 +666,8 @@ class _Evaluator:
                         batch=job.batch, seq=job.seq, dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
                         framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
                         coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline,
-                        zero3_prefetch=job.zero3_prefetch, data_load_ms=job.data_load_ms,
+                        zero3_prefetch=job.zero3_prefetch, fsdp_reduce_dtype=job.fsdp_reduce_dtype,
+                        data_load_ms=job.data_load_ms,
                         data_workers=job.data_workers, mtp_num_layers=job.mtp_num_layers,
                         cross_entropy_loss_fusion=job.cross_entropy_loss_fusion,
                         cross_entropy_fusion_impl=job.cross_entropy_fusion_impl, **job.routing))

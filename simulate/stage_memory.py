@@ -10,7 +10,11 @@ every term cites the equation or the framework code it follows. Units are in the
   ZeRO-1 shards master weights and moments over the data-parallel group (Megatron: 6 + 12/d B/param), ZeRO-2 also
   the gradients, ZeRO-3 / FSDP the weights too. Full precision (fp32): 4 + 4 + 8 = 16 B/param. ``--optimizer
   adamw-bf16`` (Megatron-Core's precision-aware optimizer with bf16 moments, DeepSeek-V3's AdamW) keeps the moments
-  at 2 B each: 6 + 8/d B/param under the distributed optimizer.
+  at 2 B each: 6 + 8/d B/param under the distributed optimizer. PyTorch FSDP (``hf``, ZeRO-3) under mixed precision
+  holds no half-precision shard and no separate master copy: its one persistent parameter is the fp32 sharded flat
+  parameter the optimizer steps, so 4 + 4 + 8 = 16/d B/param (:func:`weight_and_master_bytes`, torch 2.13 source
+  cited there); DeepSpeed ZeRO-3 keeps both (``stage3.py`` ``_create_fp32_partitions``: an fp32 clone of each
+  half-precision partition).
 - Expert parameters of a mixture of experts are sharded over the expert-data-parallel group instead, the ranks that
   hold the same experts: world / (etp x ep x pp) ranks (Megatron-Core ``parallel_state``'s expert mesh; its
   ``DistributedDataParallel`` keeps the expert parameters in their own grad/param buffers over
@@ -157,20 +161,41 @@ def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int) -> int:
     return 4  # PyTorch AMP: fp32 parameters, fp32 gradients
 
 
+def weight_and_master_bytes(framework: str | None, zero: int, dtype_bytes: int) -> tuple[int, int]:
+    """(held weights, fp32 master weights) bytes per parameter, before sharding (module docstring). PyTorch FSDP
+    (``hf`` with ZeRO-3) under mixed precision holds one persistent parameter, its sharded flat parameter in the
+    model's own dtype, fp32 (Accelerate upcasts a model loaded in half precision: ``accelerator.py`` ``prepare_model``,
+    "Upcasted low precision parameters ... because mixed precision turned on in FSDP"; llm-foundry builds in
+    ``_MASTER_WEIGHTS_PRECISION = 'float32'``), which the optimizer steps: no separate master copy, and no
+    persistent half-precision shard -- FSDP1's ``_mp_shard`` is allocated in ``FlatParamHandle._use_low_precision_shard``
+    before the all-gather and freed in ``_free_low_precision_sharded_param`` after it (torch 2.13
+    ``torch/distributed/fsdp/_flat_param.py``), FSDP2 casts the fp32 shard into the all-gather buffer
+    (``_fully_shard/_fsdp_param.py`` ``all_gather_inputs``: ``_to_dtype_if_needed(sharded_param_data, param_dtype)``).
+    So (4, 0), as in full precision; everything else (dtype, 4 fp32 master under mixed precision, else 0)."""
+    mixed = dtype_bytes < 4
+    if mixed and framework == "hf" and zero >= 3:
+        return 4, 0
+    return dtype_bytes, (4 if mixed else 0)
+
+
 def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: int, dp: int,
-                      grad_bytes: float | None = None, expert_params: float = 0.0, expert_dp: int | None = None) -> dict:
+                      grad_bytes: float | None = None, expert_params: float = 0.0, expert_dp: int | None = None,
+                      framework: str | None = None) -> dict:
     """Weights, fp32 master weights, gradients and optimizer states of ``params`` parameters (bytes), sharded over
     ``dp`` ranks as ZeRO stage ``zero`` shards them. Mixed precision when ``dtype_bytes`` < 4; ``grad_bytes``: bytes
     per parameter of the held gradients (default fp32 under mixed precision, Megatron's formula). ``expert_params``
-    of the ``params`` are experts, sharded over their ``expert_dp`` ranks instead (default ``dp``; module docstring)."""
+    of the ``params`` are experts, sharded over their ``expert_dp`` ranks instead (default ``dp``; module docstring).
+    ``framework``: ``hf`` with ZeRO-3 (PyTorch FSDP) holds fp32 weights and no master copy
+    (:func:`weight_and_master_bytes`); None: the Megatron formula."""
     mixed = dtype_bytes < 4
     opt_b = optimizer_state_bytes(optimizer)
     g = _zero_groups(zero, dp, expert_dp)
+    w_b, m_b = weight_and_master_bytes(framework, zero, dtype_bytes)
     if grad_bytes is None:
         grad_bytes = 4 if mixed else dtype_bytes
     return dict(
-        weights_bytes=_sharded(lambda x: x * dtype_bytes, params, expert_params, *g[3]),
-        master_weights_bytes=_sharded(lambda x: x * (4 if mixed else 0), params, expert_params, *g[1]),
+        weights_bytes=_sharded(lambda x: x * w_b, params, expert_params, *g[3]),
+        master_weights_bytes=_sharded(lambda x: x * m_b, params, expert_params, *g[1]),
         gradients_bytes=_sharded(lambda x: x * grad_bytes, params, expert_params, *g[2]),
         optimizer_bytes=_sharded(lambda x: x * opt_b, params, expert_params, *g[1]),
     )
@@ -220,7 +245,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
     ``expert_params`` of the stage's ``params`` are sharded over ``expert_dp`` ranks (default ``dp``)."""
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp, grad_bytes=held_grad_bytes,
-                           expert_params=expert_params, expert_dp=expert_dp)
+                           expert_params=expert_params, expert_dp=expert_dp, framework=framework)
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
                                           expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
@@ -273,7 +298,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     params = np.asarray(params, dtype=float)
     expert_params = np.asarray(expert_params, dtype=float)
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp,
-                           grad_bytes=held_grad_bytes, expert_params=expert_params, expert_dp=expert_dp)
+                           grad_bytes=held_grad_bytes, expert_params=expert_params, expert_dp=expert_dp,
+                           framework=framework)
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
                                                                dp=dp, expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
@@ -319,14 +345,15 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     mixed = dtype_bytes < 4
     opt_b = optimizer_state_bytes(optimizer)
     g = _zero_groups(zero, dp, expert_dp)
+    w_b, m_b = weight_and_master_bytes(framework, zero, dtype_bytes)
     if held_grad_bytes is None:
         held_grad_bytes = 4 if mixed else dtype_bytes
-    w = _sharded(lambda x: x * dtype_bytes, params, ex, *g[3])
+    w = _sharded(lambda x: x * w_b, params, ex, *g[3])
     w = w + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp, expert_params=ex,
                            expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=max(int(dp), 1), block_params=block_params, root_params=root_params)
-    states = (w + _sharded(lambda x: x * (4 if mixed else 0), params, ex, *g[1])
+    states = (w + _sharded(lambda x: x * m_b, params, ex, *g[1])
               + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])
               + _sharded(lambda x: x * opt_b, params, ex, *g[1]))
     return states, during, after

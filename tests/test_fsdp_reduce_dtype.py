@@ -73,3 +73,55 @@ def test_mpt_rows_reduce_in_their_mode():
         mp_mode = "DEFAULT"
 
     assert mpt_reduce_dtype(Row()) == "fp32" and MP_MODE_REDUCE_DTYPE["PURE"] is None
+
+
+def test_search_takes_it_for_every_fsdp_candidate_as_predict_does():
+    kw = dict(max_configs=40, zero=(3,), tp=(1,), pp=(1,))
+    plain = wattcast.search("gpt2-medium", "DGX-A100", 16, 32, 1024, **kw).ranked
+    fp32 = wattcast.search("gpt2-medium", "DGX-A100", 16, 32, 1024, fsdp_reduce_dtype="fp32", **kw).ranked
+    assert len(plain) and len(plain) == len(fp32)
+    m = plain.merge(fp32, on="strategy", suffixes=("_bf16", "_fp32"))
+    assert len(m) == len(plain) and (m["step_time_ms_fp32"] > m["step_time_ms_bf16"]).all()
+    # a row is the step predict_cluster gives that strategy with the same option
+    row = fp32.iloc[0]
+    one = wattcast.predict_cluster("gpt2-medium", "DGX-A100", gpus=16, batch=32, seq=1024, strategy=row["strategy"],
+                                   framework="hf", fsdp_reduce_dtype="fp32")
+    assert one.step_time_ms == pytest.approx(row["step_time_ms"], rel=1e-9)
+    with pytest.raises(ValueError, match="fsdp_reduce_dtype must be one of"):
+        wattcast.search("gpt2-medium", "DGX-A100", 16, 32, 1024, fsdp_reduce_dtype="int8", **kw)
+    with pytest.raises(ValueError, match="needs framework hf"):
+        wattcast.search("gpt2-medium", "DGX-A100", 16, 32, 1024, fsdp_reduce_dtype="fp32", framework="megatron", **kw)
+
+
+def test_search_cli_and_sweep_spec_take_it(monkeypatch):
+    """The search command passes it on (its space has no ZeRO-3 candidates unless asked through the API, so the flag
+    is checked by what reaches wattcast.search) and names a bad value; a sweep spec carries it into its tasks."""
+    from typer.testing import CliRunner
+
+    import wattcast.cli as cli
+    from wattcast.sweep import SweepSpecError, load_spec
+
+    args = ["search", "--model", "gpt2-medium", "--cluster", "DGX-A100", "--gpus", "16", "--batch", "32", "--seq",
+            "1024", "--max-configs", "1", "--workers", "1", "--json"]
+    seen = {}
+    real = wattcast.search
+
+    def spy(*a, **kw):
+        seen.update(kw)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(wattcast, "search", spy)
+    ok = CliRunner().invoke(cli.app, [*args, "--fsdp-reduce-dtype", "fp32"])
+    assert ok.exit_code == 0, ok.output
+    assert seen["fsdp_reduce_dtype"] == "fp32"
+    bad = CliRunner().invoke(cli.app, [*args, "--fsdp-reduce-dtype", "int8"])
+    assert bad.exit_code != 0 and "fsdp_reduce_dtype must be one of" in " ".join(bad.output.split())
+
+    spec = dict(models=["gpt2-medium"], clusters=["DGX-A100"], gpus=[16], batch=32, seq=1024)
+    plain, fp32 = load_spec(spec).tasks()[0], load_spec(dict(spec, fsdp_reduce_dtype="fp32")).tasks()[0]
+    assert "fsdp_reduce_dtype" not in plain and fp32["fsdp_reduce_dtype"] == "fp32"
+    assert fp32["task_id"] != plain["task_id"]
+    with pytest.raises(SweepSpecError, match="fsdp_reduce_dtype must be one of"):
+        load_spec(dict(spec, fsdp_reduce_dtype="int8"))
+    with pytest.raises(SweepSpecError, match="needs framework hf"):
+        load_spec(dict(spec, fsdp_reduce_dtype="fp32", framework="megatron"))
