@@ -70,9 +70,17 @@ def test_the_matmul_ceiling_follows_the_hardware_figures_not_the_name():
     impostor = dataclasses.replace(cat[H100], name="MI300X", aliases=())
     h = predict_kernels(_gemms(), cat[H100])
     assert predict_kernels(_gemms(), impostor)["pred_latency_ms"].tolist() == h["pred_latency_ms"].tolist()
-    # figures of no catalog device named MI300X: not the MI300X's ceiling (the vendor's median)
-    other = dataclasses.replace(cat["MI300X"], memory_gb=96.0, aliases=())
+    # compute figures of no catalog device, named MI300X (another TDP): not the MI300X's ceiling (the vendor's median)
+    other = dataclasses.replace(cat["MI300X"], tdp_w=600.0, aliases=())
     assert predict_kernels(_gemms(), other)["pred_latency_ms"].iloc[0] != pytest.approx(mi["pred_latency_ms"].iloc[0])
+    # the MI300X's compute silicon with other memory (its compute twin, as an A100 SXM4 40 GB is the 80 GB's): its
+    # measured ceiling
+    from wattcast.models.kernel_bundle import load_bundle
+    from wattcast.models.kernel_predictor import _ceiling_name
+
+    cm = load_bundle().families["gemm"].ceiling_member
+    assert _ceiling_name(dataclasses.replace(cat["MI300X"], memory_gb=96.0, aliases=()), cm) == "MI300X"
+    assert _ceiling_name(other, cm) not in cm["ceilings"]
 
 
 def test_catalog_twin_matches_by_figures_and_catalog_spec_matches_by_name():
