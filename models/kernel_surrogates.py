@@ -80,6 +80,18 @@ def _single_thread_blas() -> Iterator[None]:
                 limiter.restore_original_limits()
 
 
+#: LightGBM's OpenMP threads for predictions (0: OpenMP's default, every core). A forked search worker sets 1
+#: (:func:`single_threaded_predictions`): GNU OpenMP's thread pool does not survive fork, and a child that enters a
+#: parallel region the parent's pool had served waits forever (a search with workers=2 after a prediction in the same
+#: process hung in ``booster.predict``).
+PREDICT_THREADS = [0]
+
+
+def single_threaded_predictions() -> None:
+    """Run every LightGBM prediction of this process on one thread (a forked worker's initializer)."""
+    PREDICT_THREADS[0] = 1
+
+
 @runtime_checkable
 class Surrogate(Protocol):
     """What every kernel latency surrogate offers (vidur's execution-time predictors share one base the same way).
@@ -175,7 +187,7 @@ class LGBMSurrogate:
                     return forest.predict(A, order_by=key)
             _lgbm_large_rows[0] += len(A)
         # a C-contiguous float64 matrix goes to LightGBM without another copy
-        return self.booster.predict(A, num_threads=0)
+        return self.booster.predict(A, num_threads=PREDICT_THREADS[0])
 
     def compiled_forest(self):
         """The booster as a numba-compiled forest (:mod:`wattcast.models.lgbm_forest`), built once; None when numba

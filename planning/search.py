@@ -802,7 +802,11 @@ def _pool(n: int) -> list:
 
         atexit.unregister(shutdown_workers)
         atexit.register(shutdown_workers)
-        _POOLS.extend(ProcessPoolExecutor(max_workers=1) for _ in range(n))
+        from wattcast.models.kernel_surrogates import single_threaded_predictions
+
+        # forked: a worker predicts LightGBM on one thread (the parent's OpenMP pool does not survive fork; each worker
+        # is one of the n processes anyway)
+        _POOLS.extend(ProcessPoolExecutor(max_workers=1, initializer=single_threaded_predictions) for _ in range(n))
     return list(_POOLS)
 
 
