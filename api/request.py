@@ -178,6 +178,9 @@ class PredictRequest:
                 raise ValueError("the MoE routing options describe expert-parallel ranks of a cluster step: give cluster= too")
             if self.fp8_param_gather:
                 raise ValueError("fp8_param_gather= is the distributed optimizer's FP8 parameter gather: give cluster= too")
+            if self.fsdp_reduce_dtype is not None or self.zero3_prefetch is not None:
+                raise ValueError("fsdp_reduce_dtype= and zero3_prefetch= describe ZeRO-3 (FSDP) data parallelism: give "
+                                 "cluster= too")
             if self.mtp_num_layers:
                 raise ValueError("mtp_num_layers= is Megatron-Core's multi-token prediction: give cluster= and "
                                  "framework='megatron' too")

@@ -442,9 +442,9 @@ def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, 
     from wattcast.simulate.distributed import zero3_prefetch as _z3
 
     _z3(framework, zero3_prefetch)  # a bad value is named before anything is evaluated
-    from wattcast.simulate.distributed import _checked_fsdp_reduce_dtype
+    from wattcast.simulate.distributed import checked_fsdp_reduce_dtype
 
-    _checked_fsdp_reduce_dtype(canonical_framework(framework), fsdp_reduce_dtype)
+    fsdp_reduce_dtype = checked_fsdp_reduce_dtype(canonical_framework(framework), fsdp_reduce_dtype)
     if fp8_param_gather:  # what it needs beyond the distributed optimizer (candidates with ZeRO >= 1 use it)
         from wattcast.simulate.distributed import check_fp8_param_gather
 

@@ -287,10 +287,32 @@ def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | N
     return DTYPE_BYTES[reduce_dtype] if reduce_dtype is not None else 2
 
 
-def _checked_fsdp_reduce_dtype(framework: str, given: str | None) -> str | None:
-    """``given`` once :func:`dp_reduce_bytes` accepts it (a ValueError naming the rule otherwise)."""
+def checked_fsdp_reduce_dtype(framework: str, given: str | None) -> str | None:
+    """``given`` in its canonical name (``FP32`` / ``float32`` -> ``fp32``, as ``--dtype`` reads it) once
+    :func:`dp_reduce_bytes` accepts it (a ValueError naming the rule otherwise)."""
+    if given is not None:
+        from wattcast.data.kernel_ops import canonical_dtype
+
+        given = canonical_dtype(given)
     dp_reduce_bytes(framework, "bf16", 3, given)
     return given
+
+
+#: the name api/sweep.py imported before it was public
+_checked_fsdp_reduce_dtype = checked_fsdp_reduce_dtype
+
+
+def fsdp_reduce_dtype_notes(given: str | None, framework: str, zero: int, dtype: str) -> list[str]:
+    """A warning when ``fsdp_reduce_dtype`` was given where it changes nothing: no ZeRO-3 (FSDP's sharded reduce) or
+    full precision (the gradients reduce in fp32 whatever it says)."""
+    if given is None or framework != "hf":
+        return []
+    if int(zero) < 3:
+        return [f"fsdp_reduce_dtype={given} has no effect at ZeRO-{int(zero)}: it is PyTorch FSDP's (ZeRO-3) "
+                "MixedPrecision.reduce_dtype"]
+    if DTYPE_BYTES.get(dtype, 2) >= 4:
+        return [f"fsdp_reduce_dtype={given} has no effect under {dtype}: full-precision gradients reduce in fp32"]
+    return []
 
 
 def grad_accumulation_bytes(framework: str, dtype: str) -> tuple[float, bool]:
@@ -569,7 +591,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
-                           fsdp_reduce_dtype=_checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),
+                           fsdp_reduce_dtype=checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),
                            fp8_param_gather=check_fp8_param_gather(dopts.fp8_param_gather, graph_dtype=graph_dtype,
                                                                    framework=framework, zero=par.zero),
                            coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
@@ -579,7 +601,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            # as given
                            notes=(*spec_notes(cl, spec),
                                   *power_setting_notes(*check_power_settings(power_limit_w, dopts.clock_cap_mhz, spec),
-                                                       spec)))
+                                                       spec),
+                                  *fsdp_reduce_dtype_notes(dopts.fsdp_reduce_dtype, framework, par.zero, dtype)))
 
 
 def spec_notes(cl: ClusterSpec, spec: DeviceSpec) -> list[str]:

@@ -125,3 +125,22 @@ def test_search_cli_and_sweep_spec_take_it(monkeypatch):
         load_spec(dict(spec, fsdp_reduce_dtype="int8"))
     with pytest.raises(SweepSpecError, match="needs framework hf"):
         load_spec(dict(spec, fsdp_reduce_dtype="fp32", framework="megatron"))
+
+
+def test_fsdp_reduce_dtype_is_read_as_dtype_is_and_named_where_it_does_nothing():
+    """Review mends (stop 41): 'FP32' / 'float32' are fp32 as --dtype reads them; a value given where it changes
+    nothing (ZeRO below 3, fp32 training) is a warning, not silence; a single-device request refuses it as it refuses
+    the other cluster-only options."""
+    import wattcast
+    from wattcast.request import PredictRequest
+    from wattcast.simulate.distributed import checked_fsdp_reduce_dtype
+
+    assert checked_fsdp_reduce_dtype("hf", "FP32") == "fp32" and checked_fsdp_reduce_dtype("hf", "float32") == "fp32"
+    kw = dict(model="gpt2", cluster="DGX-A100", batch=16, seq=512, dtype="bf16")
+    a = wattcast.predict_cluster(**kw, gpus=8, zero=3, fsdp_reduce_dtype="FP32")
+    b = wattcast.predict_cluster(**kw, gpus=8, zero=3, fsdp_reduce_dtype="fp32")
+    assert a.step_time_ms == b.step_time_ms
+    z1 = wattcast.predict_cluster(**kw, gpus=8, zero=1, fsdp_reduce_dtype="fp32")
+    assert any("no effect at ZeRO-1" in w for w in z1.meta["warnings"])
+    with pytest.raises(ValueError, match="cluster="):
+        PredictRequest(model="gpt2", device="A100-SXM4-80GB", batch=1, seq=128, fsdp_reduce_dtype="fp32").predict()
