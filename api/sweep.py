@@ -21,6 +21,8 @@
     gpus_per_node: 64                     # optional: use this many of each node's GPUs (as `--gpus-per-node`)
     zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`)
     fsdp_reduce_dtype: fp32               # optional: FSDP's gradient reduce dtype, framework hf (as `--fsdp-reduce-dtype`)
+    cross_entropy_loss_fusion: false      # optional: Megatron-Core's fused cross-entropy loss (framework megatron;
+    cross_entropy_fusion_impl: native     # default on there, as the recipes run it): false for a plain Megatron-LM run
     data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
     data_workers: 4                       # optional: data-loader worker processes (as `--data-workers`)
     model_folders: {models: retrained/}   # optional: retrained models (models, collectives, power_model), as the
@@ -40,7 +42,10 @@ file it names) and for a model file its bytes, so editing a file and rerunning i
 (a preset or built-in name keeps the id it always had). Retrained model folders (``model_folders``, the flags, else
 ``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` / ``$WATTCAST_POWER_MODEL``) are resolved to their live versions before
 any task runs; every task gets those paths (a worker on another machine needs them at the same place) and its id hashes
-their manifests, so a sweep rerun with another bundle does not reuse the parts of the first.
+their manifests, so a sweep rerun with another bundle does not reuse the parts of the first. Every task id also hashes
+the manifests of the shipped models it reads (those no folder replaces) and wattcast's version, so a sweep resumed
+after an upgrade that changed the models (or the version) recomputes its tasks instead of keeping rows costed by the
+old ones (this made every id change once, from the version that added it).
 
 Bad input is refused before anything runs: an unknown key (named), an empty list, a GPU count or batch that is
 not a positive whole number, an unknown model, cluster or region.
@@ -83,6 +88,10 @@ SPEC_KEYS = {
     "zero3_prefetch": "true or false: ZeRO-3 / FSDP collectives beside the computation or in series (default: the framework's)",
     "fsdp_reduce_dtype": "fp32, bf16 or fp16: PyTorch FSDP's MixedPrecision.reduce_dtype (framework hf, ZeRO-3; default: "
                          "the parameters' dtype)",
+    "cross_entropy_loss_fusion": "true or false: Megatron-Core's fused cross-entropy loss (framework megatron; default: "
+                                 "on there, as Megatron-Bridge's recipes run it; false for a plain Megatron-LM run)",
+    "cross_entropy_fusion_impl": "native or te: the fused loss's implementation (Megatron-Core's "
+                                 "--cross-entropy-fusion-impl; default native)",
     "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
     "data_workers": "data-loader worker processes (default: the framework's)",
     "output": "output folder (.parquet); the --output flag overrides it",
@@ -177,6 +186,8 @@ class SweepSpec:
     gpus_per_node: int | None = None
     zero3_prefetch: bool | None = None
     fsdp_reduce_dtype: str | None = None
+    cross_entropy_loss_fusion: bool | None = None
+    cross_entropy_fusion_impl: str | None = None
     data_load_ms: float = 0.0
     data_workers: int | None = None
     #: model folders by kind (models, collectives, power_model) as given; resolved (with the environment's) by tasks()
@@ -196,6 +207,10 @@ class SweepSpec:
             settings["zero3_prefetch"] = self.zero3_prefetch
         if self.fsdp_reduce_dtype is not None:
             settings["fsdp_reduce_dtype"] = self.fsdp_reduce_dtype
+        if self.cross_entropy_loss_fusion is not None:
+            settings["cross_entropy_loss_fusion"] = self.cross_entropy_loss_fusion
+        if self.cross_entropy_fusion_impl is not None:
+            settings["cross_entropy_fusion_impl"] = self.cross_entropy_fusion_impl
         if self.data_load_ms:
             settings["data_load_ms"] = self.data_load_ms
         if self.data_workers is not None:
@@ -206,9 +221,13 @@ class SweepSpec:
             folders = resolve_folders(**{k: self.model_folders.get(k) for k in MODEL_FOLDER_KEYS}).given()
         except ValueError as e:
             raise SweepSpecError(f"sweep spec: model_folders: {e}") from None
-        if folders:  # only when given: the ids of sweeps without them stay what they were
+        if folders:  # only when given: the paths every task's search gets
             settings["model_folders"] = folders
-            settings["model_manifests"] = _manifest_digests(folders)
+        # the manifests of the models the tasks read (the given folders' live versions, else the shipped ones) and
+        # wattcast's version: a sweep resumed after an upgrade that changed them recomputes, not keeps stale parts
+        settings["model_manifests"] = _manifest_digests({k: folders.get(k) or _shipped_folder(k)
+                                                         for k in MODEL_FOLDER_KEYS})
+        settings["wattcast_version"] = _package_version()
         out = []
         figures = {str(c): cluster_fingerprint(c) for c in self.clusters}
         contents = {str(m): model_fingerprint(m) for m in self.models}
@@ -226,10 +245,29 @@ class SweepSpec:
 
 
 def _manifest_digests(folders: dict) -> dict:
-    """Per model folder (live version), the sha256 of its manifest (which holds every model file's hash)."""
+    """Per model folder (live version), the sha256 of its manifest (which holds every model file's hash, or the
+    model itself); "absent" for a folder without one (the power model's analytical fallback)."""
     from wattcast.models.selection import manifest_path
 
-    return {k: hashlib.sha256(manifest_path(k, v).read_bytes()).hexdigest()[:16] for k, v in sorted(folders.items())}
+    def digest(k: str, v: Any) -> str:
+        f = manifest_path(k, v)
+        return hashlib.sha256(f.read_bytes()).hexdigest()[:16] if f.is_file() else "absent"
+
+    return {k: digest(k, v) for k, v in sorted(folders.items())}
+
+
+def _shipped_folder(kind: str) -> str:
+    """The shipped ``kind`` model's folder (``models/artifacts/``, itself the live version)."""
+    from wattcast.models import collectives, kernel_bundle, power
+
+    return str({"models": kernel_bundle, "collectives": collectives, "power_model": power}[kind].shipped_folder())
+
+
+def _package_version() -> str:
+    """The running wattcast's version (``wattcast.__version__``, as pyproject.toml's)."""
+    import wattcast
+
+    return str(wattcast.__version__)
 
 
 def _digest(obj: Any) -> str:
@@ -340,6 +378,22 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
             _checked_fsdp_reduce_dtype(canonical_framework(str(raw.get("framework", "hf"))), reduce_dtype)
         except ValueError as e:
             raise SweepSpecError(f"{where}: 'fsdp_reduce_dtype': {e}") from None
+    ce_fusion, ce_impl = raw.get("cross_entropy_loss_fusion"), raw.get("cross_entropy_fusion_impl")
+    if ce_fusion is not None or ce_impl is not None:  # the checks search makes (featurize.workload.ce_fusion_options)
+        from wattcast.featurize.workload import canonical_framework, ce_fusion_options
+
+        fw = canonical_framework(str(raw.get("framework", "hf")))
+        if ce_fusion is not None and not isinstance(ce_fusion, bool):
+            raise SweepSpecError(f"{where}: 'cross_entropy_loss_fusion' must be true or false, got {ce_fusion!r}")
+        try:
+            ce_fusion_options(ce_fusion, "native", fw)
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: 'cross_entropy_loss_fusion': {e}") from None
+        if ce_impl is not None:
+            try:
+                ce_impl = ce_fusion_options(ce_fusion, ce_impl, fw)["cross_entropy_fusion_impl"]
+            except ValueError as e:
+                raise SweepSpecError(f"{where}: 'cross_entropy_fusion_impl': {e}") from None
     from wattcast.simulate.data_loading import check_load_ms, resolve_workers
 
     try:
@@ -360,7 +414,8 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
-                     zero3_prefetch=z3, fsdp_reduce_dtype=reduce_dtype, data_load_ms=load_ms, data_workers=data_workers,
+                     zero3_prefetch=z3, fsdp_reduce_dtype=reduce_dtype,
+                     cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      model_folders={k: v for k, v in folders.items() if v is not None})
     _resolve_names(spec, where)
     return spec
@@ -433,6 +488,8 @@ def run_task(task: dict) -> pd.DataFrame:
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
                   zero3_prefetch=task.get("zero3_prefetch"), fsdp_reduce_dtype=task.get("fsdp_reduce_dtype"),
+                  cross_entropy_loss_fusion=task.get("cross_entropy_loss_fusion"),
+                  cross_entropy_fusion_impl=task.get("cross_entropy_fusion_impl") or "native",
                   data_load_ms=task.get("data_load_ms", 0.0),
                   data_workers=task.get("data_workers"), **(task.get("model_folders") or {}))
         if task["tokens"] is not None:

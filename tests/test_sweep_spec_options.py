@@ -1,0 +1,99 @@
+"""Sweep spec keys for Megatron-Core's fused cross-entropy loss (``cross_entropy_loss_fusion``,
+``cross_entropy_fusion_impl``) reach each task's search and its id; task ids hash the manifests of the shipped models
+and wattcast's version, so a sweep resumed after an upgrade recomputes instead of keeping rows under the same ids."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import wattcast
+from wattcast.sweep import SweepSpecError, load_spec, read_sweep, run_sweep
+
+SPACE = dict(tp=[2], pp=[1], zero=[1], sp=[True], micro_batch=[1], recompute=["none"], interleave=[1])
+SPEC = dict(models=["llama3_8b"], clusters=["DGX-H100"], gpus=[8], batch=16, seq=2048, framework="megatron",
+            max_configs=5, top=1, space=SPACE)
+
+
+def test_cross_entropy_fusion_reaches_the_rows_as_search_gives_them(tmp_path):
+    """A plain Megatron-LM (unfused) sweep is costed unfused: another step time than the fused default, the one
+    wattcast.search gives with the same setting; both keys are in the task and its id only when given."""
+    rows = {}
+    for fusion in (False, True):
+        df = read_sweep(run_sweep(dict(SPEC, cross_entropy_loss_fusion=fusion), tmp_path / f"o{fusion}",
+                                  workers=0).output)
+        assert df["status"].iloc[0] == "ok", df["error"].iloc[0]
+        rows[fusion] = df["step_time_ms"].iloc[0]
+        ref = wattcast.search("llama3_8b", "DGX-H100", 8, 16, 2048, framework="megatron", max_configs=5,
+                              cross_entropy_loss_fusion=fusion, **SPACE)
+        assert rows[fusion] == pytest.approx(ref.ranked["step_time_ms"].iloc[0], rel=1e-12)
+    assert rows[False] != pytest.approx(rows[True], rel=1e-6)
+
+    te = read_sweep(run_sweep(dict(SPEC, cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te"),
+                              tmp_path / "te", workers=0).output)
+    ref = wattcast.search("llama3_8b", "DGX-H100", 8, 16, 2048, framework="megatron", max_configs=5,
+                          cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te", **SPACE)
+    assert te["step_time_ms"].iloc[0] == pytest.approx(ref.ranked["step_time_ms"].iloc[0], rel=1e-12)
+
+    plain = load_spec(SPEC).tasks()[0]
+    off = load_spec(dict(SPEC, cross_entropy_loss_fusion=False)).tasks()[0]
+    impl = load_spec(dict(SPEC, cross_entropy_fusion_impl="TE")).tasks()[0]
+    assert "cross_entropy_loss_fusion" not in plain and "cross_entropy_fusion_impl" not in plain
+    assert off["cross_entropy_loss_fusion"] is False and impl["cross_entropy_fusion_impl"] == "te"
+    assert len({plain["task_id"], off["task_id"], impl["task_id"]}) == 3
+
+
+@pytest.mark.parametrize("patch, needle", [
+    (dict(cross_entropy_loss_fusion="yes"), "'cross_entropy_loss_fusion' must be true or false"),
+    (dict(cross_entropy_fusion_impl="apex"), "'cross_entropy_fusion_impl': cross_entropy_fusion_impl must be one of"),
+    (dict(cross_entropy_loss_fusion=True, framework="hf"), "'cross_entropy_loss_fusion': --cross-entropy-loss-fusion "
+                                                            "is Megatron-Core's"),
+    (dict(cross_entropy_loss_fusion=True, framework="megatron-deepspeed"),
+     "'cross_entropy_loss_fusion': --cross-entropy-loss-fusion is Megatron-Core's"),
+])
+def test_bad_cross_entropy_fusion_values_are_refused(patch, needle):
+    with pytest.raises(SweepSpecError, match=needle):
+        load_spec(dict(SPEC, **patch))
+
+
+def test_task_id_changes_with_the_shipped_manifests(tmp_path, monkeypatch):
+    """A shipped model whose manifest changed (a retrained kernel bundle, shipped by an upgrade) changes every id."""
+    import wattcast.sweep as sweep
+
+    before = load_spec(SPEC).tasks()[0]
+    shipped = sweep._shipped_folder("models")
+    copy = tmp_path / "artifacts"
+    shutil.copytree(shipped, copy, ignore=shutil.ignore_patterns("*.lgbm.txt", "*.safetensors"))
+    real = sweep._shipped_folder
+    monkeypatch.setattr(sweep, "_shipped_folder", lambda k: str(copy) if k == "models" else real(k))
+    assert load_spec(SPEC).tasks()[0]["task_id"] == before["task_id"]  # the same bytes: the same id
+    manifest = copy / "kernel_manifest.json"
+    manifest.write_text(manifest.read_text().replace('"schema"', '"schema" ', 1))
+    after = load_spec(SPEC).tasks()[0]
+    assert after["task_id"] != before["task_id"]
+    assert after["model_manifests"]["models"] != before["model_manifests"]["models"]
+    assert after["model_manifests"]["collectives"] == before["model_manifests"]["collectives"]
+
+
+def test_task_id_changes_with_the_version(monkeypatch):
+    before = load_spec(SPEC).tasks()[0]
+    assert before["wattcast_version"] == wattcast.__version__
+    monkeypatch.setattr(wattcast, "__version__", wattcast.__version__ + ".post1")
+    assert load_spec(SPEC).tasks()[0]["task_id"] != before["task_id"]
+
+
+def test_a_rerun_after_a_model_change_recomputes(tmp_path, monkeypatch):
+    """Resuming into the same folder after the shipped models changed runs the task again (a new part), while an
+    unchanged rerun resumes."""
+    import wattcast.sweep as sweep
+
+    out = tmp_path / "o"
+    assert run_sweep(SPEC, out, workers=0).skipped == 0
+    assert run_sweep(SPEC, out, workers=0).skipped == 1
+    parts = set(out.glob("part-*.parquet"))
+    assert len(parts) == 1
+    real = sweep._manifest_digests
+    monkeypatch.setattr(sweep, "_manifest_digests", lambda f: {**real(f), "models": "retrained0000000"})
+    assert run_sweep(SPEC, out, workers=0).skipped == 0
+    assert len(set(out.glob("part-*.parquet"))) == 2
