@@ -228,6 +228,8 @@ class SweepSpec:
         settings["model_manifests"] = _manifest_digests({k: folders.get(k) or _shipped_folder(k)
                                                          for k in MODEL_FOLDER_KEYS})
         settings["wattcast_version"] = _package_version()
+        # and the code's own digest: a change of a formula (not of a model file) also moves the figures
+        settings["wattcast_code"] = _code_digest()
         out = []
         figures = {str(c): cluster_fingerprint(c) for c in self.clusters}
         contents = {str(m): model_fingerprint(m) for m in self.models}
@@ -261,6 +263,30 @@ def _shipped_folder(kind: str) -> str:
     from wattcast.models import collectives, kernel_bundle, power
 
     return str({"models": kernel_bundle, "collectives": collectives, "power_model": power}[kind].shipped_folder())
+
+
+_CODE_DIGEST: list = []
+
+
+def _code_digest() -> str:
+    """sha256 (16 hex digits) of the wattcast package's Python sources, read once per process: a sweep resumed after a
+    code change that moves predictions recomputes (the version alone stays 0.1.0 across stops)."""
+    if not _CODE_DIGEST:
+        import hashlib
+
+        import wattcast
+
+        h = hashlib.sha256()
+        roots = {Path(wattcast.__file__).resolve().parent}
+        for sub in ("data", "featurize", "models", "simulate", "lifecycle", "planning"):
+            mod = __import__(f"wattcast.{sub}", fromlist=["__file__"])
+            roots.add(Path(mod.__file__).resolve().parent)
+        for root in sorted(roots):
+            for f in sorted(root.rglob("*.py")):
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+        _CODE_DIGEST.append(h.hexdigest()[:16])
+    return _CODE_DIGEST[0]
 
 
 def _package_version() -> str:
@@ -372,10 +398,10 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     reduce_dtype = raw.get("fsdp_reduce_dtype")
     if reduce_dtype is not None:
         from wattcast.featurize.workload import canonical_framework
-        from wattcast.simulate.distributed import _checked_fsdp_reduce_dtype
+        from wattcast.simulate.distributed import checked_fsdp_reduce_dtype
 
         try:
-            _checked_fsdp_reduce_dtype(canonical_framework(str(raw.get("framework", "hf"))), reduce_dtype)
+            checked_fsdp_reduce_dtype(canonical_framework(str(raw.get("framework", "hf"))), reduce_dtype)
         except ValueError as e:
             raise SweepSpecError(f"{where}: 'fsdp_reduce_dtype': {e}") from None
     ce_fusion, ce_impl = raw.get("cross_entropy_loss_fusion"), raw.get("cross_entropy_fusion_impl")

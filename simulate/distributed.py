@@ -298,10 +298,6 @@ def checked_fsdp_reduce_dtype(framework: str, given: str | None) -> str | None:
     return given
 
 
-#: the name api/sweep.py imported before it was public
-_checked_fsdp_reduce_dtype = checked_fsdp_reduce_dtype
-
-
 def fsdp_reduce_dtype_notes(given: str | None, framework: str, zero: int, dtype: str) -> list[str]:
     """A warning when ``fsdp_reduce_dtype`` was given where it changes nothing: no ZeRO-3 (FSDP's sharded reduce) or
     full precision (the gradients reduce in fp32 whatever it says)."""

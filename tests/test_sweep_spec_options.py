@@ -83,6 +83,16 @@ def test_task_id_changes_with_the_version(monkeypatch):
     assert load_spec(SPEC).tasks()[0]["task_id"] != before["task_id"]
 
 
+def test_task_id_changes_with_the_code(monkeypatch):
+    """A formula changed in code (no model file, the version unchanged: it stays 0.1.0) also changes the ids."""
+    import wattcast.sweep as sw
+
+    before = load_spec(SPEC).tasks()[0]
+    assert len(before["wattcast_code"]) == 16
+    monkeypatch.setattr(sw, "_CODE_DIGEST", ["0" * 16])
+    assert load_spec(SPEC).tasks()[0]["task_id"] != before["task_id"]
+
+
 def test_a_rerun_after_a_model_change_recomputes(tmp_path, monkeypatch):
     """Resuming into the same folder after the shipped models changed runs the task again (a new part), while an
     unchanged rerun resumes."""
