@@ -1133,8 +1133,9 @@ def sweep(
             _fail(escape(str(e)))  # messages quote [ray], not markup
     elif ray_address is not None:
         _fail("--ray-address needs --backend ray")
-    given = {k: v for k, v in (("models", models), ("collectives", collectives), ("power_model", power_model))
-             if v is not None}
+    from wattcast.models.selection import ModelFolders
+
+    given = ModelFolders(models, collectives, power_model).given()
     if given:  # checked here, naming the flag
         _model_folders(**given, kinds=tuple(given))
     try:

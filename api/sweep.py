@@ -58,6 +58,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import product
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -65,6 +66,7 @@ from typing import Any, Callable, Iterable
 import pandas as pd
 
 from wattcast.data.checks import did_you_mean
+from wattcast.models.selection import KINDS, ModelFolders
 
 #: spec keys and what they hold
 SPEC_KEYS = {
@@ -98,8 +100,8 @@ SPEC_KEYS = {
     "model_folders": "retrained model folders: a mapping of models (kernel bundle), collectives and power_model "
                      "(what `wattcast train ... --out` wrote); the --models/--collectives/--power-model flags override them",
 }
-#: the keys of ``model_folders`` (wattcast.models.selection.KINDS)
-MODEL_FOLDER_KEYS = ("models", "collectives", "power_model")
+#: the keys of ``model_folders``
+MODEL_FOLDER_KEYS = tuple(KINDS)
 #: a task's ``status``: "ok" (its best rows), "none fits" (strategies were evaluated, none fits in memory),
 #: "no valid strategy" (every candidate broke a rule, e.g. an FP8 run on A100s, or GPUs that do not fill whole nodes:
 #: ``error`` names the rules) or "error" (the task could not run; ``error`` says why)
@@ -265,28 +267,22 @@ def _shipped_folder(kind: str) -> str:
     return str({"models": kernel_bundle, "collectives": collectives, "power_model": power}[kind].shipped_folder())
 
 
-_CODE_DIGEST: list = []
-
-
+@lru_cache(maxsize=1)
 def _code_digest() -> str:
     """sha256 (16 hex digits) of the wattcast package's Python sources, read once per process: a sweep resumed after a
     code change that moves predictions recomputes (the version alone stays 0.1.0 across stops)."""
-    if not _CODE_DIGEST:
-        import hashlib
+    import wattcast
 
-        import wattcast
-
-        h = hashlib.sha256()
-        roots = {Path(wattcast.__file__).resolve().parent}
-        for sub in ("data", "featurize", "models", "simulate", "lifecycle", "planning"):
-            mod = __import__(f"wattcast.{sub}", fromlist=["__file__"])
-            roots.add(Path(mod.__file__).resolve().parent)
-        for root in sorted(roots):
-            for f in sorted(root.rglob("*.py")):
-                h.update(str(f.relative_to(root)).encode())
-                h.update(f.read_bytes())
-        _CODE_DIGEST.append(h.hexdigest()[:16])
-    return _CODE_DIGEST[0]
+    h = hashlib.sha256()
+    roots = {Path(wattcast.__file__).resolve().parent}
+    for sub in ("data", "featurize", "models", "simulate", "lifecycle", "planning"):
+        mod = __import__(f"wattcast.{sub}", fromlist=["__file__"])
+        roots.add(Path(mod.__file__).resolve().parent)
+    for root in sorted(roots):
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _package_version() -> str:
@@ -822,8 +818,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     elif ray_address is not None:
         raise SweepBackendError("ray_address (--ray-address) needs backend 'ray' (--backend ray)")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
-    given = {k: v for k, v in (("models", models), ("collectives", collectives), ("power_model", power_model))
-             if v is not None}
+    given = ModelFolders(models, collectives, power_model).given()
     if given:
         from dataclasses import replace
 

@@ -157,7 +157,7 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
     (``fp32_loss``: on ``logits.float()``, as Megatron-LM's GPT computes it, keeping fp32 probabilities;
     ``softcap``: Gemma 2's final logit soft-capping before the loss; ``shared``: the output layer of another head on
     the same stage, multi-token prediction's: no parameters and no copy of its own)."""
-    if getattr(b, "logits_last", False) and not train and len(x.shape) == 3:
+    if b.logits_last and not train and len(x.shape) == 3:
         # generation needs the last position's logits only: transformers' ``generate`` passes ``logits_to_keep=1``
         # (LlamaForCausalLM.forward: ``self.lm_head(hidden_states[:, slice_indices, :])``), vLLM gathers the last
         # token of each sequence before its logits processor (LogitsProcessor._prune_hidden_states); the slice is a
@@ -178,7 +178,7 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
         # Megatron-Core's --cross-entropy-loss-fusion (featurize.workload.StepOptions.cross_entropy_loss_fusion): its
         # implementation, "native" or "te", or None (unfused); it replaces the fp32 loss only
         b.cross_entropy(logits, name="loss", vocab_parallel=True, fp32_saved=fp32_loss,
-                        fusion=getattr(b, "ce_fusion", None) if fp32_loss else None)
+                        fusion=b.ce_fusion if fp32_loss else None)
     return logits
 
 

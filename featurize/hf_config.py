@@ -249,14 +249,6 @@ def qwen_mlp_only_layers(cfg: HFConfig) -> frozenset[int]:
     return frozenset(v)
 
 
-def gpt_oss_layer_types(cfg: HFConfig) -> tuple[str, ...]:
-    """The attention kind of each of the decoder's ``cfg.n_layers`` blocks (:data:`GPT_OSS_LAYER_TYPES`): the config's
-    ``layer_types`` list when it gives one, else GptOssConfig's default, even layers (0, 2, ...) ``sliding_attention``
-    and odd ones ``full_attention``. (:func:`check_layer_types` checks the list's length against the layers when the
-    config is loaded; a graph built with fewer blocks takes the first ones.)"""
-    return layer_types(cfg) or _default_layer_types(cfg)
-
-
 #: ``transformers``' default ``sliding_window`` of the families whose attention passes one to the kernel when the
 #: config leaves the field out (an explicit null is no window): MistralConfig 4096 (configuration_mistral.py;
 #: MistralAttention passes ``sliding_window=config.sliding_window`` to flash/SDPA on every layer), Gemma2Config and
@@ -340,7 +332,7 @@ def check_layer_types(cfg: HFConfig, origin: str) -> None:
 
 def attention_windows(cfg: HFConfig) -> tuple[int | None, ...]:
     """Per decoder block, the sliding window (keys per query) its attention kernel is given, None for full causal
-    attention. gpt-oss: :func:`gpt_oss_layer_types`; Mistral, Mixtral, Phi-3: ``sliding_window`` on every layer
+    attention. gpt-oss: its ``layer_types`` (:func:`layer_types`, else GptOssConfig's even-sliding default); Mistral, Mixtral, Phi-3: ``sliding_window`` on every layer
     (:data:`ALL_LAYER_WINDOW_TYPES`); Qwen2 / Qwen3: the layers from ``max_window_layers`` on under
     ``use_sliding_window`` (:data:`QWEN_WINDOW_TYPES`); Gemma 2 alternating, Gemma 3 by ``sliding_window_pattern``
     (:data:`GEMMA_WINDOW_PATTERN`); other families none. A ``layer_types`` list, where the config gives one, decides

@@ -213,6 +213,9 @@ class GraphBuilder:
         self.kv_context: int | None = None
         #: the inference LM head computes the last position's logits only (StepOptions.logits "last")
         self.logits_last = False
+        #: Megatron-Core's fused cross-entropy implementation ("native" / "te"; StepOptions.cross_entropy_loss_fusion),
+        #: None: the unfused vocab-parallel loss
+        self.ce_fusion: str | None = None
         #: bytes of the KV cache the step holds (every layer's keys and values, context + new tokens) and its tensors
         self.kv_cache_bytes = 0
         self.kv_cache_tids: list[int] = []

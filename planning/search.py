@@ -636,16 +636,12 @@ class _Evaluator:
 
         self.job = job
         self.rules = job.rules()
-        # the kernel bundle, the collective and the power model once: no filesystem look-up per candidate
-        from wattcast.models.collectives import load_collective_model
+        # the kernel bundle, the collective and the power model once: no filesystem look-up per candidate; the job's
+        # own folders (None: the shipped model), whatever the calling process (a worker) has active
+        from wattcast.models.selection import using_folders
 
-        f = job.folders
-        if f is None:
+        with using_folders(job.folders):
             self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
-        else:  # the job's own folders, whatever the calling process (a worker) has active
-            self.bundle = load_bundle(f.models) if f.models else _shipped(load_bundle)
-            self.coll_model = load_collective_model(f.collectives) if f.collectives else _shipped(load_collective_model)
-            self.power_model = load_power_model(f.power_model) if f.power_model else _shipped(load_power_model)
         self.contexts: dict = {}
         self.memo: dict = {}
         # the precision the rows were predicted in (the default bf16 is fp16 on a GPU without BF16)
@@ -701,14 +697,6 @@ class _Evaluator:
             else:  # no run figures for a configuration that does not fit (NaN, as a missing key of a row dict gives)
                 row += _NO_RUN
         return "row", row
-
-
-def _shipped(load):
-    """The shipped model ``load`` gives (whatever ``$WATTCAST_*`` or an entry point's folders say)."""
-    from wattcast.models.selection import ModelFolders, using_folders
-
-    with using_folders(ModelFolders()):
-        return load()
 
 
 def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> list[tuple[str, dict]]:

@@ -1152,8 +1152,7 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
         bucket_params = par.bucket_mb * 1e6 / grad_b
     op = "reduce_scatter" if par.zero >= 1 else "all_reduce"
     # the expert-data-parallel group: the ranks after the experts' etp x ep (Megatron-Core's MoE parallel folding)
-    ep_dp = group_layout(expert_dp(par), expert_tp(par) * par.ep, cl.gpus_per_node,
-                          par.tp * par.cp * (par.dp or 1) * par.pp)
+    ep_dp = group_layout(expert_dp(par), expert_tp(par) * par.ep, cl.gpus_per_node, par.gpus)
     # every message of the step first, then one (memoised) prediction per collective and group
     msgs: list[tuple[int, str, str, float, GroupLayout, int]] = []  # (chunk, role, op, bytes, group, count)
     for c in range(n_chunks):

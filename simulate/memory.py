@@ -163,15 +163,12 @@ def inference_weight_bytes(graph: OpGraph, db: int) -> float:
 def fp8_weight_copy_bytes(graph: OpGraph) -> float:
     """Bytes of the FP8 weight copies an FP8 recipe holds. Training: Transformer Engine keeps the fp8 weight and its
     transpose (for the dgrad GEMM) of every FP8 linear layer between steps (``is_first_microbatch`` caching): 2 B per
-    parameter. (Inference holds its linear weights in FP8 instead of a bf16 copy: :func:`inference_weight_bytes`;
-    this function's inference figure, the largest FP8 weight cast at 1 B, is what stops 40-41 held on top of bf16
-    weights, and is no longer added by :func:`estimate_memory`.)"""
+    parameter. (Inference holds its linear weights in FP8 instead of a bf16 copy: :func:`inference_weight_bytes`.)"""
     n = graph.nodes
     sel = (n["phase"] == "forward") & (n["dtype"] == "fp8")
     if not sel.any():
         return 0.0
-    p = n.loc[sel, "param_count"].to_numpy(dtype=float)
-    return float(p.max()) if graph.meta.get("mode") != "train" else 2.0 * float(p.sum())
+    return 2.0 * float(n.loc[sel, "param_count"].to_numpy(dtype=float).sum())
 
 
 def kept_tensors(graph: OpGraph) -> dict[int, int]:

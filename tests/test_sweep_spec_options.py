@@ -89,7 +89,7 @@ def test_task_id_changes_with_the_code(monkeypatch):
 
     before = load_spec(SPEC).tasks()[0]
     assert len(before["wattcast_code"]) == 16
-    monkeypatch.setattr(sw, "_CODE_DIGEST", ["0" * 16])
+    monkeypatch.setattr(sw, "_code_digest", lambda: "0" * 16)
     assert load_spec(SPEC).tasks()[0]["task_id"] != before["task_id"]
 
 

@@ -101,7 +101,7 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
         "device": spec.name, "trace_devices": trace_devs,
         "trace_catalog_devices": sorted({str(d) for d in k["Device"].fillna("") if str(d)}),
         "files": [str(p) for p in paths], "kernel_rows": int(len(k)),
-        **_busy_keys(prof, lat),
+        **_busy_keys(prof, k, lat),
         "unmapped_rows": int(len(k) - total["rows"]),
         "unmapped_busy_ms": float(lat.fillna(0).sum() - total["measured_ms"]),
         "unmapped_reasons": dict(reasons.most_common()),
@@ -111,7 +111,7 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
     return summary, cmp_
 
 
-def _busy_keys(prof, lat: pd.Series) -> dict:
+def _busy_keys(prof, k: pd.DataFrame, lat: pd.Series) -> dict:
     """``kernels`` / ``trace_busy_ms``: every GPU kernel of the trace, compute and NCCL (summed durations), with the
     split: ``compute_busy_ms`` (the kernel rows), ``comm_busy_ms`` (NCCL kernels), ``union_busy_ms`` (time a GPU had
     at least one kernel running: streams overlap, so it is below the sum), and the ``ProfilerStep#`` wall spans."""
@@ -120,7 +120,7 @@ def _busy_keys(prof, lat: pd.Series) -> dict:
     b = merge_busy([f.get("busy") for f in prof.files])
     c = prof.table("collectives")
     compute_ms = float(lat.fillna(0).sum())
-    out = {"kernels": int(pd.to_numeric(prof.table("kernels")["n_kernels"], errors="coerce").fillna(1).sum()),
+    out = {"kernels": int(pd.to_numeric(k["n_kernels"], errors="coerce").fillna(1).sum()),
            "compute_busy_ms": compute_ms, "comm_busy_ms": float(pd.to_numeric(c["time_us"], errors="coerce").fillna(0).sum()) / 1e3,
            "comm_kernels": int(len(c)), "union_busy_ms": None, "overlap_ms": None, "steps": 0, "step_ms_mean": None,
            "step_ms_min": None, "step_ms_max": None}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from wattcast.data.collective_ops import busbw_factor
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.data.profiles.devices import catalog_name
 from wattcast.data.profiles.tables import Profile, ProfileImportError
@@ -271,8 +272,7 @@ def _collective_rows(backend, opts: SweepOptions, device_name: str) -> list[dict
                     rows.append({"op": op, "size_B": n * eb, "reason": f"not run: {str(e).splitlines()[0][:120]}"})
                     continue
                 algbw = n * eb / (ms * 1e-3) / 1e9  # GB/s
-                # nccl-tests' bus-bandwidth factors (nccl-tests doc/PERFORMANCE.md): 2(n-1)/n all_reduce, (n-1)/n gathers
-                factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+                factor = busbw_factor(op, world)  # nccl-tests' (all_reduce, all_gather, reduce_scatter here)
                 rows.append({"op": op, "size_B": n * eb, "dtype": dt, "world_size": world, "time_us": ms * 1000.0,
                              "algbw_GBs": algbw, "busbw_GBs": algbw * factor,
                              "device_name": device_name, "Device": catalog_name(device_name), "reason": "",
