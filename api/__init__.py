@@ -191,6 +191,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int | None = None,
                     overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
                     tp_comm_overlap: bool | None = None, overlap_moe_expert_parallel_comm: bool | None = None,
+                    overlap_p2p_comm: bool | None = None,
                     recompute_num_layers: int | None = None, recompute_method: str | None = None,
                     strategy: str | None = None,
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
@@ -211,6 +212,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``overlap_grad_reduce``/``overlap_param_gather``/``tp_comm_overlap``: Megatron-Core's overlaps (None: the
     framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``);
     ``overlap_moe_expert_parallel_comm``: Megatron-Core's MoE all-to-all overlap (off by default; needs ``ep`` > 1).
+    ``overlap_p2p_comm``: the interleaved schedule's point-to-point transfers beside the computation (Megatron-Core's
+    default; False: each transfer blocks, as Megatron-LM 2021 ran them).
     ``recompute_num_layers``: with ``recompute="full"``, Megatron's block recomputation: only the first N transformer
     layers of each model chunk are recomputed, the others keep their activations (None: every layer);
     ``recompute_method="uniform"``: Megatron's uniform method instead (every layer, each group of N layers' input kept);
@@ -266,7 +269,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                 recompute=recompute, interleave=interleave, schedule=schedule, cp=cp, pp_first_layers=pp_first_stage_layers,
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
                 overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
-                overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
+                overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, overlap_p2p_comm=overlap_p2p_comm,
                 recompute_num_layers=recompute_num_layers, recompute_method=recompute_method, etp=etp)
     if strategy is not None:
         from wattcast.simulate.strategy import strategy_values

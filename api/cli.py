@@ -394,6 +394,7 @@ def predict(
     overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="Megatron-Core: all-gather the distributed optimizer's parameters during the next forward (default on with --framework megatron and --zero >= 1)."),
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
     overlap_moe_expert_parallel_comm: Optional[bool] = typer.Option(None, "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm", help="Megatron-Core: run each micro-batch's MoE all-to-alls beside another micro-batch's computation (batch-level overlap, as DeepSeek-V3's DualPipe; off by default; needs --ep > 1 and --framework megatron)."),
+    overlap_p2p_comm: Optional[bool] = typer.Option(None, "--overlap-p2p-communication/--no-overlap-p2p-communication", help="Megatron-Core: the interleaved schedule's pipeline transfers run beside the computation (default on with --framework megatron; off: each blocks, as Megatron-LM 2021 ran them)."),
     moe_load_imbalance: float = typer.Option(1.0, "--moe-load-imbalance", help="MoE routing: the busiest expert-parallel rank's tokens over the mean (1 = balanced); every MoE layer waits for it."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72, the rest spares); NICs in proportion."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity: each expert keeps at most this many times its balanced share of tokens (the rest are dropped)."),
@@ -514,6 +515,7 @@ def _parallel_flags(ctx, f) -> dict:
                   pp_first_layers=f.pp_first_stage_layers, pp_last_layers=f.pp_last_stage_layers,
                   overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                   tp_comm_overlap=f.tp_comm_overlap, overlap_moe_expert_parallel_comm=f.overlap_moe_expert_parallel_comm,
+                  overlap_p2p_comm=f.overlap_p2p_comm,
                   recompute_num_layers=f.recompute_num_layers, recompute_method=f.recompute_method, etp=f.etp)
     if f.strategy is None:
         return values
@@ -681,6 +683,7 @@ _STRATEGY_FLAGS = dict(gpus="--gpus", batch="--batch", tp="--tp", pp="--pp", dp=
                        overlap_grad_reduce="--overlap-grad-reduce", overlap_param_gather="--overlap-param-gather",
                        tp_comm_overlap="--tp-comm-overlap",
                        overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm",
+                       overlap_p2p_comm="--overlap-p2p-communication",
                        recompute_num_layers="--recompute-num-layers", recompute_method="--recompute-method",
                        etp="--expert-tensor-parallel-size")
 _STRATEGY_PARAMS = dict(pp_first_layers="pp_first_stage_layers", pp_last_layers="pp_last_stage_layers")
@@ -780,7 +783,8 @@ def _print_cluster_tables(res, batch: int, seq: int) -> None:
     split = {k: v for k, v in res.exposed_comm_split_ms.items() if v > 0}
     p = res.parallel
     over = [n for n, on in (("grad reduce", p.overlap_grad_reduce), ("param gather", p.overlap_param_gather),
-                            ("TP comm", p.tp_comm_overlap), ("MoE all-to-all", p.overlap_moe_expert_parallel_comm)) if on]
+                            ("TP comm", p.tp_comm_overlap), ("MoE all-to-all", p.overlap_moe_expert_parallel_comm),
+                            ("pipeline transfers", p.overlap_p2p_comm and p.interleave > 1)) if on]
     con.print("exposed communication by class: " + (", ".join(f"{k} {v:.1f} ms" for k, v in split.items()) or "none")
               + ("; overlapped: " + ", ".join(over) if over else ""))
     dl = res.comm.get("data_loading") or {}

@@ -74,6 +74,7 @@ class ParallelOptions:
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
+    overlap_p2p_comm: bool | None = None
     recompute_num_layers: int | None = None
     #: Megatron's --recompute-method (block or uniform); None: not given (block applies to ``recompute_num_layers``).
     #: Given, it needs ``recompute="full"``

@@ -33,7 +33,9 @@ from wattcast.simulate.parallel import ParallelConfig
 from wattcast.planning.search import search
 
 #: Megatron-LM in 2021 (SC21, the GPT-3 example) had none of Megatron-Core's overlaps: gradients were all-reduced after
-#: the backward pass, and there was no distributed optimizer or userbuffers TP overlap
+#: the backward pass, there was no distributed optimizer or userbuffers TP overlap, and the interleaved schedule's
+#: transfers blocked (megatron/p2p_communication.py _communicate: batch_isend_irecv, wait, torch.cuda.synchronize;
+#: overlap_p2p_comm off)
 NO_OVERLAP = dict.fromkeys(OVERLAP_FLAGS, False)
 #: these runs (Megatron-LM 2020-2021) computed the loss with the unfused vocab_parallel_cross_entropy: Megatron-Core's
 #: --cross-entropy-loss-fusion (megatron/core/fusions/fused_cross_entropy.py, 2024) did not exist yet

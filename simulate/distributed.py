@@ -1594,9 +1594,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # how the transfers meet the computation: Megatron-LM / Megatron-Core's 1F1B waits on each batched send/recv before
     # its next computation (send_forward_recv_backward: both ends blocked) and DeepSpeed's engine sends blocking, so
     # each chunk that sends spends the transfer (the receiver then waits for nothing more); Megatron-Core's
-    # interleaved schedule overlaps them (--overlap-p2p-communication, its default there) and other frameworks are
-    # charged on the dependency edge only (the receiver waits, the sender runs on)
-    p2p_blocking = opts.framework in ("megatron", "megatron-deepspeed") and V == 1 and P > 1
+    # interleaved schedule overlaps them (overlap_p2p_comm, its default there; Megatron-LM 2021's did not: its
+    # _communicate waited on every request and synchronised the device, so with it off each chunk's transfer blocks)
+    # and other frameworks are charged on the dependency edge only (the receiver waits, the sender runs on)
+    p2p_blocking = opts.framework in ("megatron", "megatron-deepspeed") and P > 1 and (V == 1 or not par.overlap_p2p_comm)
     # every chunk but the last sends its activations on, every chunk but the first its input gradient back
     send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
     send_f[-1] = send_b[0] = 0.0

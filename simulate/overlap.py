@@ -1,8 +1,13 @@
 """Communication that Megatron-Core overlaps with computation, and what the overlap costs: pure functions.
 
-Four overlaps, each a flag (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``,
-``--overlap-moe-expert-parallel-comm``) and a ``ParallelConfig`` field; ``None`` takes the framework's default
-(:func:`overlap_defaults`).
+Five overlaps, each a flag (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``,
+``--overlap-moe-expert-parallel-comm``, ``--overlap-p2p-communication``) and a ``ParallelConfig`` field; ``None`` takes
+the framework's default (:func:`overlap_defaults`). The last one is the interleaved schedule's point-to-point
+transfers running beside the next chunk's computation (Megatron-Core's ``overlap_p2p_comm``); off, every transfer
+blocks both ends, as Megatron-LM's 2021 schedules did (``p2p_communication._communicate``: ``batch_isend_irecv``, a
+``wait()`` on every request, then ``torch.cuda.synchronize()``), and interleaving ``v`` chunks then costs ``v`` times
+the transfers of 1F1B on the critical path (Narayanan et al. SC21 Sec. 2.2.2: "the amount of communication also
+increases by v").
 
 Partial, not total: a collective that runs beside a compute kernel takes streaming multiprocessors from it (NCCL runs
 its collectives as CUDA kernels on ``channels`` CTAs, one SM each), so the overlapped computation slows down by the
@@ -22,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 #: the overlap flags, as ``ParallelConfig`` fields and API keywords (the CLI flags are these with dashes)
-OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm")
+OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm",
+                 "overlap_p2p_comm")
 #: SMs an NCCL collective occupies while it runs (NCCL's default minimum channel count on NVSwitch systems)
 NCCL_SMS = 16
 #: SMs Transformer Engine's userbuffers ring exchange holds (copy engines move the data)
@@ -37,7 +43,10 @@ def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int) -> dict[st
     backward (``overlap_comm`` off in its default config): none of the three for them."""
     off = dict.fromkeys(OVERLAP_FLAGS, False)
     if framework == "megatron":
-        return dict(off, overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp)
+        # overlap_p2p_comm: Megatron-LM megatron/training/arguments.py ``--no-overlap-p2p-communication``
+        # (action store_false, dest overlap_p2p_comm: on unless turned off); only the interleaved schedule uses it
+        return dict(off, overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp,
+                    overlap_p2p_comm=True)
     return off
 
 

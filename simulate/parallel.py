@@ -70,6 +70,10 @@ class ParallelConfig:
     #: Megatron-Core's ``--overlap-moe-expert-parallel-comm``: each micro-batch's expert-parallel all-to-alls run beside
     #: another micro-batch's computation (``simulate.overlap.ep_overlap_layer_ms``); None: the framework's default (off)
     overlap_moe_expert_parallel_comm: bool | None = None
+    #: Megatron-Core's ``overlap_p2p_comm`` (Megatron-LM ``--no-overlap-p2p-communication`` turns it off): the interleaved
+    #: schedule's point-to-point transfers run beside the computation; off, each transfer blocks both ends (as in
+    #: Megatron-LM 2021, SC21). No effect without interleaving (1F1B's transfers block either way). None: the default
+    overlap_p2p_comm: bool | None = None
     #: Megatron's block recomputation (``--recompute-method block --recompute-num-layers N``) with ``recompute="full"``:
     #: only the first N transformer layers of each model chunk are recomputed, the others keep their activations;
     #: None: every layer (``--recompute-method uniform`` with one layer per group)

@@ -15,7 +15,8 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
 - ``1f1b`` / ``gpipe`` (pipeline schedule);
 - Megatron-Core's overlaps as deviations from the framework's default (``simulate.overlap.overlap_defaults``):
   ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm), ``a2a`` /
-  ``noa2a`` (MoE expert-parallel all-to-alls); absent:
+  ``noa2a`` (MoE expert-parallel all-to-alls), ``p2po`` / ``nop2po`` (the interleaved schedule's point-to-point
+  transfers); absent:
   the framework's default, so a string predicted under the same ``--framework`` resolves the same flags;
 - ``ppf<N>`` / ``ppl<N>``: transformer layers of the first / last pipeline stage (only when set);
 - ``etp<N>``: the routed experts' tensor-parallel degree (Megatron-Core's ``--expert-tensor-parallel-size``; only when
@@ -40,7 +41,7 @@ __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl", "etp")
 _REQUIRED = ("tp", "pp", "dp", "mb")
 _OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap",
-             "a2a": "overlap_moe_expert_parallel_comm"}
+             "a2a": "overlap_moe_expert_parallel_comm", "p2po": "overlap_p2p_comm"}
 _RC_BLOCK = re.compile(r"^rcfull(u?)(\d+)$")
 _NUM = re.compile(r"^(tp|pp|dp|cp|ep|etp|mb|ga|zero|v|ppf|ppl)(\d+)$")
 
@@ -69,6 +70,7 @@ class Strategy:
     overlap_param_gather: bool | None = None
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
+    overlap_p2p_comm: bool | None = None
     pp_first_layers: int | None = None
     pp_last_layers: int | None = None
     recompute_num_layers: int | None = None
@@ -93,6 +95,7 @@ class Strategy:
                               overlap_grad_reduce=self.overlap_grad_reduce,
                               overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap,
                               overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm,
+                              overlap_p2p_comm=self.overlap_p2p_comm,
                               recompute_num_layers=self.recompute_num_layers, etp=self.etp,
                               # the method only with a layer count (rcfull<N> / rcfullu<N>): given alone, it needs full
                               recompute_method=self.recompute_method if self.recompute_num_layers is not None else None)
@@ -192,7 +195,7 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
     """The parallel options a strategy sets, merged with the ones the caller gave explicitly (``given``: option ->
     value, only those actually given). Keys: gpus, batch, tp, pp, dp, micro_batch, cp, ep, zero, sp, interleave,
     recompute, schedule, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm,
-    pp_first_layers, pp_last_layers, recompute_num_layers, recompute_method, etp
+    overlap_p2p_comm, pp_first_layers, pp_last_layers, recompute_num_layers, recompute_method, etp
     (batch only when the strategy has ``ga`` or it was given). A given value that differs from the strategy's is a
     StrategyError naming the option (``label(key)``: its name as the caller knows it) and both values."""
     st = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
@@ -200,6 +203,7 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                ep=st.ep, zero=st.zero, sp=st.sp, interleave=st.interleave, recompute=st.recompute, schedule=st.schedule,
                overlap_grad_reduce=st.overlap_grad_reduce, overlap_param_gather=st.overlap_param_gather,
                tp_comm_overlap=st.tp_comm_overlap, overlap_moe_expert_parallel_comm=st.overlap_moe_expert_parallel_comm,
+               overlap_p2p_comm=st.overlap_p2p_comm,
                pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers,
                recompute_num_layers=st.recompute_num_layers,
                recompute_method=st.recompute_method if st.recompute_num_layers is not None else None, etp=st.etp)

@@ -37,10 +37,12 @@ def test_overlapped_time_bounds_and_monotone():
 def test_defaults_follow_the_framework():
     assert overlap_defaults("megatron", tp=8, sp=True, zero=1) == dict(overlap_grad_reduce=True, overlap_param_gather=True,
                                                                       tp_comm_overlap=True,
-                                                                      overlap_moe_expert_parallel_comm=False)
+                                                                      overlap_moe_expert_parallel_comm=False,
+                                                                      overlap_p2p_comm=True)
     assert overlap_defaults("megatron", tp=1, sp=False, zero=0) == dict(overlap_grad_reduce=True, overlap_param_gather=False,
                                                                        tp_comm_overlap=False,
-                                                                       overlap_moe_expert_parallel_comm=False)
+                                                                       overlap_moe_expert_parallel_comm=False,
+                                                                       overlap_p2p_comm=True)
     for fw in ("hf", "megatron-deepspeed"):
         assert not any(overlap_defaults(fw, tp=8, sp=True, zero=1).values())
 
@@ -397,3 +399,29 @@ def test_param_gather_overlap_needs_the_grad_reduce_overlap_on_predict_and_searc
     assert len(res.ranked) == 0
     assert len(res.rejected) > 0
     assert res.rejected["rule"].str.contains("--overlap-param-gather needs --overlap-grad-reduce", regex=False).any()
+
+
+GPT_PP = {"model_type": "gpt2", "n_embd": 4096, "n_head": 32, "n_layer": 8, "n_positions": 2048, "vocab_size": 51200,
+          "activation_function": "gelu"}
+
+
+def test_blocking_interleaved_transfers_cost_v_times_the_1f1b_ones():
+    """Megatron-LM 2021's interleaved schedule (SC21's runs) waited on every transfer (overlap_p2p_comm off): with v
+    chunks a micro-batch crosses v times as many stage boundaries, so the exposed pipeline transfers grow with v
+    (SC21 Sec. 2.2.2); Megatron-Core's default overlaps them. Until stop 42 interleaving always overlapped them, so
+    SC21's interleaved runs came out with fewer exposed transfers than their 1F1B ones (the 1T model: 0.95 s vs 2.69 s)."""
+    kw = dict(gpus=16, tp=8, pp=2, batch=32, seq=2048, micro_batch=1, recompute="full", framework="megatron",
+              overlap_grad_reduce=False, overlap_param_gather=False)
+    one = wattcast.predict_cluster(GPT_PP, "DGX-A100", **kw, interleave=1, overlap_p2p_comm=False)
+    blocking = wattcast.predict_cluster(GPT_PP, "DGX-A100", **kw, interleave=2, overlap_p2p_comm=False)
+    overlapped = wattcast.predict_cluster(GPT_PP, "DGX-A100", **kw, interleave=2)
+    assert overlapped.parallel.overlap_p2p_comm is True and blocking.parallel.overlap_p2p_comm is False  # the default: on
+    pp = {k: r.exposed_comm_split_ms["pp"] for k, r in (("one", one), ("blocking", blocking), ("overlapped", overlapped))}
+    assert pp["one"] > 0
+    assert pp["blocking"] > 1.5 * pp["one"]  # ~2x the transfers on the critical path
+    assert pp["overlapped"] < pp["blocking"] and overlapped.step_time_ms < blocking.step_time_ms
+    # 1F1B's transfers block whatever the flag (Megatron-LM's send_forward_recv_backward)
+    assert wattcast.predict_cluster(GPT_PP, "DGX-A100", **kw, interleave=1).step_time_ms == pytest.approx(one.step_time_ms)
+    with pytest.raises(ParallelConfigError, match="Megatron-Core option"):
+        wattcast.predict_cluster(GPT_PP, "DGX-A100", **dict(kw, framework="hf", overlap_grad_reduce=None,
+                                                             overlap_param_gather=None), overlap_p2p_comm=True)

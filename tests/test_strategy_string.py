@@ -221,3 +221,15 @@ def test_rows_name_the_settings_a_strategy_string_does_not_carry():
     # seen at stop 40: 26.125168831552507 vs 26.12516883155251 ms), so equal to 1e-12, not bit for bit
     assert p.step_time_ms == pytest.approx(r["step_time_ms"], rel=1e-12, abs=0)
     assert p.memory_gb == pytest.approx(r["memory_gb"], rel=1e-12, abs=0)
+
+
+def test_blocking_pipeline_transfers_round_trip_as_nop2po():
+    cfg = _resolved("megatron", gpus=16, tp=2, pp=4, micro_batch=1, interleave=2, overlap_p2p_comm=False)
+    text = format_strategy(cfg, 64, "megatron")
+    assert "nop2po" in text.split("-")
+    back = resolve_parallel(parse_strategy(text).parallel_config(), batch=64, n_layers=24, n_heads=16, ffn=4096, seq=2048,
+                            framework="megatron")
+    assert back.overlap_p2p_comm is False and back == cfg
+    # megatron's default (on) is written as nothing
+    assert "p2po" not in format_strategy(_resolved("megatron", gpus=16, tp=2, pp=4, micro_batch=1, interleave=2), 64,
+                                         "megatron")
