@@ -125,6 +125,7 @@ class DistributedPrediction:
                                   overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
                                   tp_comm_overlap=p.tp_comm_overlap,
                                   overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
+                                  overlap_p2p_comm=p.overlap_p2p_comm,
                                   interleave=p.interleave, recompute=p.recompute,
                                   recompute_num_layers=p.recompute_layers,
                                   recompute_method=p.recompute_method if p.recompute_num_layers is not None else None,

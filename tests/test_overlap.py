@@ -416,6 +416,7 @@ def test_blocking_interleaved_transfers_cost_v_times_the_1f1b_ones():
     blocking = wattcast.predict_cluster(GPT_PP, "DGX-A100", **kw, interleave=2, overlap_p2p_comm=False)
     overlapped = wattcast.predict_cluster(GPT_PP, "DGX-A100", **kw, interleave=2)
     assert overlapped.parallel.overlap_p2p_comm is True and blocking.parallel.overlap_p2p_comm is False  # the default: on
+    assert blocking.to_dict()["parallel"]["overlap_p2p_comm"] is False  # reported in --json beside the other overlaps
     pp = {k: r.exposed_comm_split_ms["pp"] for k, r in (("one", one), ("blocking", blocking), ("overlapped", overlapped))}
     assert pp["one"] > 0
     assert pp["blocking"] > 1.5 * pp["one"]  # ~2x the transfers on the critical path
