@@ -1382,8 +1382,42 @@ def validate_labels(
         con.print(f"A training label whose measured forward is over {FW_OVER_BW_CONSISTENT_MAX} of its measured backward "
                   "carries time its kernels do not (a dense forward is about half the backward); the labels table's "
                   "'all-fw-consistent' rows leave those out, 'all' keeps every label.")
+    _print_source_anomalies(con, summ, outcome.get("source_consistency"), outcome.get("source_anomalies"))
     if outcome.get("run_id"):
         con.print(f"MLflow run {outcome['run_id']} in {mlruns}/")
+
+
+def _print_source_anomalies(con, summ, consistency, flagged) -> None:
+    """Per device: every label (the headline) beside the labels the per-kernel source check leaves in, and the
+    flagged labels with their statistic (``validation/label_consistency.py``)."""
+    if consistency is None or not len(consistency):
+        return
+    thr = float(consistency["threshold"].iloc[0])
+    s = summ.set_index(["device", "kind"])
+    t = Table(title="NeuSight labels: all (headline) and without source anomalies (% error: mean |e| / signed mean)")
+    for c in ("device", "held out", "labels", "MAPE", "signed", "w/o anomalies: labels", "MAPE", "signed", "flagged"):
+        t.add_column(c)
+    n_flag = consistency.groupby("device")["flagged"].sum()
+    for dev in summ.loc[summ["kind"] == "all", "device"]:
+        a = s.loc[(dev, "all")]
+        w = s.loc[(dev, "all-without-source-anomalies")] if (dev, "all-without-source-anomalies") in s.index else None
+        t.add_row(str(dev), "yes" if a["heldout"] else "", str(int(a["labels"])), f"{a['mean_abs_error_pct']:.1f}",
+                  f"{a['mean_signed_error_pct']:+.1f}", str(int(w["labels"])) if w is not None else "0",
+                  f"{w['mean_abs_error_pct']:.1f}" if w is not None else "-",
+                  f"{w['mean_signed_error_pct']:+.1f}" if w is not None else "-", str(int(n_flag.get(dev, 0))))
+    con.print(t)
+    con.print(f"A label is a source anomaly when a measured phase exceeds the sum of its own per-kernel timings "
+              f"(NeuSight's CSV, one layer x num_layer, host-only rows out) by more than {100 * thr:.1f}% "
+              "(Tukey's far-out fence of the training GPUs' labels; one-sided: a kernel sum above the measurement is the "
+              "isolated-timing floor). Labels without a per-kernel CSV cannot be checked and stay in.")
+    if flagged is not None and len(flagged):
+        t = Table(title="Source anomalies: measured phase / own kernel sum - 1 (%)")
+        for c in ("device", "label", "forward excess %", "backward excess %"):
+            t.add_column(c)
+        for r in flagged.itertuples(index=False):
+            t.add_row(str(r.device), str(r.label), f"{100 * r.fw_excess:+.1f}",
+                      "-" if r.bw_excess != r.bw_excess else f"{100 * r.bw_excess:+.1f}")
+        con.print(t)
 
 
 @validate_app.command("step-band")

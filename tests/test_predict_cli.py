@@ -109,6 +109,11 @@ def test_validate_labels_cli_and_heldout_regression(data_root, tmp_path):
     for dev, bound in E2E_HELDOUT_BOUND_PCT.items():
         assert s.loc[(dev, "all"), "mean_abs_error_pct"] <= bound, (dev, s.loc[(dev, "all")])
     assert "forward and backward apart" in r.stdout
+    # the per-kernel source check: every label with a CSV carries its statistic, the reading beside the headline
+    assert "without source anomalies" in r.stdout and "Source anomalies" in r.stdout
+    assert int(df["source_anomaly"].sum()) == int((df["kernel_fw_excess"].notna() & df["source_anomaly"]).sum()) > 0
+    assert (s.loc[("A100-PCIe-80GB", "all-without-source-anomalies"), "labels"]
+            < s.loc[("A100-PCIe-80GB", "all"), "labels"])
 
 
 def test_train_split_separates_forward_and_backward_errors():

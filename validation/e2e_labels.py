@@ -25,6 +25,7 @@ from wattcast.featurize.op_graph import GraphError
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.single_device import DEFAULT_LAUNCH_OVERHEAD_MS, cost_nodes, group_totals
+from wattcast.validation.label_consistency import label_source_consistency
 from wattcast.training.tracking import scatter_pred_vs_measured
 
 LABEL = re.compile(r"^(?P<model>.+?)-(?P<mode>train|inf)-(?P<seq>\d+)-(?P<batch>\d+)(?:-(?P<opt>.+))?$")
@@ -134,17 +135,49 @@ def forward_consistent(df: pd.DataFrame) -> pd.Series:
     return ~(train & (fw / bw.where(bw > 0) > FW_OVER_BW_CONSISTENT_MAX))
 
 
+def label_device(folder: str) -> str | None:
+    """The catalog name of a NeuSight label folder (``NVIDIA_A100_80GB_PCIe`` -> ``A100-PCIe-80GB``), None if unknown."""
+    return DEVICE_MAP["neusight"].get(folder.replace("_", " "))
+
+
+def source_consistency(root: str | Path | None = None) -> pd.DataFrame:
+    """Every label with a per-kernel CSV checked against its own kernel sums (``validation/label_consistency.py``);
+    the threshold comes from the training GPUs' labels, held-out ones (``HELDOUT_DEVICES``) never set it."""
+    base = resolve_data_root(root) / "neusight" / "labels"
+    t = label_source_consistency(base, heldout=lambda folder: label_device(folder) in HELDOUT_DEVICES)
+    if len(t):
+        t.insert(1, "device", [label_device(f) for f in t["folder"]])
+    return t
+
+
+def attach_source_consistency(df: pd.DataFrame, consistency: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (``evaluate_labels``) with each label's ``kernel_fw_excess`` / ``kernel_bw_excess`` (measured phase over
+    its own kernel sum, minus 1; NaN without a CSV) and ``source_anomaly`` (flagged by the check; False where the label
+    has no per-kernel CSV to check it against)."""
+    c = consistency[["folder", "stem", "fw_excess", "bw_excess", "flagged"]].rename(columns={
+        "stem": "label", "fw_excess": "kernel_fw_excess", "bw_excess": "kernel_bw_excess", "flagged": "source_anomaly"})
+    out = df.drop(columns=["kernel_fw_excess", "kernel_bw_excess", "source_anomaly"], errors="ignore").merge(
+        c[["folder", "label", "kernel_fw_excess", "kernel_bw_excess", "source_anomaly"]], on=["folder", "label"], how="left")
+    out["source_anomaly"] = out["source_anomaly"].fillna(False).astype(bool)
+    return out
+
+
 def summarise_labels(df: pd.DataFrame) -> pd.DataFrame:
     """Mean and max absolute error per device and mode (fusion runs apart), and per device over all labels
     (``all``) and over the labels whose forward is consistent with their backward (``all-fw-consistent``, see
-    :data:`FW_OVER_BW_CONSISTENT_MAX`; the same as ``all`` where no label is inconsistent)."""
+    :data:`FW_OVER_BW_CONSISTENT_MAX`; the same as ``all`` where no label is inconsistent). With a ``source_anomaly``
+    column (:func:`attach_source_consistency`) also over the labels not flagged by the per-kernel source check
+    (``all-without-source-anomalies``)."""
     ok = df[df["status"] == "ok"].copy()
     ok["kind"] = np.where(ok["fusion"], "inference-compile", ok["mode"])
     agg = dict(labels=("abs_error_pct", "size"), mean_abs_error_pct=("abs_error_pct", "mean"),
                max_abs_error_pct=("abs_error_pct", "max"), mean_signed_error_pct=("error_pct", "mean"))
     g = ok.groupby(["device", "kind"]).agg(**agg)
     parts = [g]
-    for kind, rows in (("all", ok), ("all-fw-consistent", ok[forward_consistent(ok).to_numpy()])):
+    kinds = [("all", ok), ("all-fw-consistent", ok[forward_consistent(ok).to_numpy()])]
+    if "source_anomaly" in ok:
+        kinds.append(("all-without-source-anomalies", ok[~ok["source_anomaly"].to_numpy(dtype=bool)]))
+    for kind, rows in kinds:
         a = rows.groupby("device").agg(**agg)
         a["kind"] = kind
         parts.append(a.reset_index().set_index(["device", "kind"]))

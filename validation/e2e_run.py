@@ -13,7 +13,8 @@ from wattcast.featurize.op_graph import GraphBuilder
 from wattcast.featurize.training_graph import training_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.single_device import cost_nodes
-from wattcast.validation.e2e_labels import GOAL_E2E_MEAN_PCT, NEUSIGHT_E2E_MEAN_PCT, evaluate_labels, plot_labels, summarise_labels, summarise_train_split
+from wattcast.validation.e2e_labels import (GOAL_E2E_MEAN_PCT, NEUSIGHT_E2E_MEAN_PCT, attach_source_consistency, evaluate_labels,
+                                           plot_labels, source_consistency, summarise_labels, summarise_train_split)
 
 _CLASS = {"linear": "linear", "bmm": "bmm", "ln": "layernorm", "softmax": "softmax"}
 
@@ -85,7 +86,12 @@ def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | P
     root = resolve_data_root(data)
     bundle = load_bundle()
     labels = evaluate_labels(root, bundle=bundle)
+    consistency = source_consistency(root)
+    if len(consistency):
+        labels = attach_source_consistency(labels, consistency)
     summary = summarise_labels(labels)
+    flagged = (consistency[consistency["flagged"]][["device", "folder", "stem", "fw_excess", "bw_excess", "threshold"]]
+               .rename(columns={"stem": "label"}).reset_index(drop=True) if len(consistency) else consistency)
     split = summarise_train_split(labels)
     nodes = label_node_errors(root, bundle)
     node_summary = summarise_node_errors(nodes)
@@ -96,6 +102,11 @@ def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | P
         key = f"{r.device}.{r.kind}".replace(" ", "_")
         metrics[f"e2e_mean_abs_pct.{key}"] = float(r.mean_abs_error_pct)
         metrics[f"e2e_max_abs_pct.{key}"] = float(r.max_abs_error_pct)
+        metrics[f"e2e_mean_signed_pct.{key}"] = float(r.mean_signed_error_pct)
+    if len(consistency):
+        metrics["source_anomaly_excess_threshold"] = float(consistency["threshold"].iloc[0])
+        for device, g in consistency.groupby("device"):
+            metrics[f"source_anomalies.{device}".replace(" ", "_")] = float(g["flagged"].sum())
     for r in split.itertuples(index=False):
         metrics[f"train_fw_mean_abs_pct.{r.device}"] = float(r.fw_mean_abs_error_pct)
         metrics[f"train_bw_mean_abs_pct.{r.device}"] = float(r.bw_mean_abs_error_pct)
@@ -113,7 +124,8 @@ def run_validate_labels(data: str | Path | None = None, *, tracking_dir: str | P
                   "neusight_e2e_mean_pct": str(NEUSIGHT_E2E_MEAN_PCT), "goal_e2e_mean_pct": str(GOAL_E2E_MEAN_PCT)}
         # summaries only: per-label measurements belong to the dataset (use --output for a local CSV)
         run_id = log_run(tracking_dir, experiment="e2e-labels", params=params, metrics=metrics, tags={"kind": "e2e-labels"},
-                         tables={"labels_summary": summary, "train_forward_backward": split,
+                         tables={"labels_summary": summary, "train_forward_backward": split, "label_source_anomalies": flagged,
                                  "label_nodes_by_op_class": node_summary},
                          figures=[lambda d: plot_labels(labels, d / "labels_predicted_vs_measured.png")])
-    return dict(labels=labels, summary=summary, train_split=split, nodes=nodes, node_summary=node_summary, metrics=metrics, run_id=run_id)
+    return dict(labels=labels, summary=summary, train_split=split, nodes=nodes, node_summary=node_summary, metrics=metrics,
+                source_consistency=consistency, source_anomalies=flagged, run_id=run_id)
