@@ -364,11 +364,64 @@ def quantization_note(cfg: HFConfig) -> str | None:
             "dequantized model would run")
 
 
+@dataclass(frozen=True)
+class ProjectionBiases:
+    """Which projections of a Llama-architecture block carry a bias: ``qkv`` (q/k/v, or Phi-3's fused ``qkv_proj``;
+    Megatron-Core's ``linear_qkv``), ``o`` (``o_proj``; ``linear_proj``) and ``mlp`` (the dense MLP's gate/up/down;
+    ``linear_fc1``/``linear_fc2``). MoE experts, routers and shared experts are not covered (their builders say)."""
+
+    qkv: bool = False
+    o: bool = False
+    mlp: bool = False
+
+
+#: per model_type, where its transformers modelling file takes each projection's bias from (transformers 5.24.0,
+#: models/<type>/modeling_<type>.py): a config field and its default (the configuration file's), True/False where the
+#: file hard-codes ``bias=`` whatever the config says, in the order (qkv, o, mlp)
+#: - llama: LlamaAttention q/k/v/o ``bias=config.attention_bias``, LlamaMLP gate/up/down ``bias=config.mlp_bias``
+#:   (configuration_llama.py: both default False);
+#: - mistral, mixtral, phi3: MistralAttention/MistralMLP, MixtralAttention (MixtralExperts: bias-free 3-D weights),
+#:   Phi3Attention/Phi3MLP: ``bias=False`` on every projection (no attention_bias field in their configs);
+#: - qwen2: Qwen2Attention q/k/v ``bias=True``, o_proj ``bias=False``, Qwen2MLP ``bias=False`` (no field);
+#: - qwen2_moe: Qwen2MoeAttention q/k/v ``bias=config.qkv_bias`` (configuration_qwen2_moe.py: default True; earlier
+#:   transformers hard-coded True), o_proj and the MLPs ``bias=False``;
+#: - qwen3, qwen3_moe, gemma, gemma2, gemma3_text: q/k/v/o ``bias=config.attention_bias`` (default False), MLP
+#:   ``bias=False``;
+#: - gpt_oss: GptOssAttention q/k/v/o ``bias=config.attention_bias`` (configuration_gpt_oss.py: default True)
+_BIAS_SOURCES: dict[str, tuple[Any, Any, Any]] = {
+    "llama": (("attention_bias", False), ("attention_bias", False), ("mlp_bias", False)),
+    "mistral": (False, False, False), "mixtral": (False, False, False), "phi3": (False, False, False),
+    "qwen2": (True, False, False),
+    "qwen2_moe": (("qkv_bias", True), False, False),
+    **{t: (("attention_bias", False), ("attention_bias", False), False)
+       for t in ("qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text")},
+    "gpt_oss": (("attention_bias", True), ("attention_bias", True), False),
+}
+
+
+def projection_biases(cfg: HFConfig) -> ProjectionBiases:
+    """The projection biases of a Llama-architecture config as its transformers modelling file builds them
+    (:data:`_BIAS_SOURCES`); both graph builders (``--framework hf`` and ``megatron``) read them from here."""
+    if cfg.model_type not in _BIAS_SOURCES:
+        raise GraphError(f"{cfg.name}: no projection-bias rule for model_type {cfg.model_type!r}")
+    return ProjectionBiases(*(cfg.flag(*src) if isinstance(src, tuple) else src
+                              for src in _BIAS_SOURCES[cfg.model_type]))
+
+
+def ignored_bias_fields(cfg: HFConfig) -> list[str]:
+    """The bias fields (``attention_bias``, ``mlp_bias``, ``qkv_bias``) a config sets true that its model_type's
+    transformers modelling file does not read (:data:`_BIAS_SOURCES`): e.g. ``attention_bias`` on a Mistral config."""
+    read = {src[0] for src in _BIAS_SOURCES.get(cfg.model_type, ()) if isinstance(src, tuple)}
+    return [k for k in ("attention_bias", "mlp_bias", "qkv_bias")
+            if k not in read and cfg.raw.get(k) is True]
+
+
 def config_warnings(cfg: HFConfig) -> list[str]:
     """What the config asks for that the graph does not model as asked (predicted anyway; ``meta["warnings"]``,
     printed by the CLI): a Qwen-MoE config with ``use_sliding_window`` (costed without a window: which of its layers
     Qwen2MoeAttention / Qwen3MoeAttention window is not modelled); a Gemma 3 ``layer_types`` that contradicts its
-    ``sliding_window_pattern`` (the list is used); a quantized checkpoint (:func:`quantization_note`)."""
+    ``sliding_window_pattern`` (the list is used); a quantized checkpoint (:func:`quantization_note`); a bias field
+    set true that the family's transformers modelling file does not read (:func:`ignored_bias_fields`)."""
     out = []
     given = layer_types(cfg)
     if given is not None and cfg.model_type == "gemma3_text" and any(
@@ -386,6 +439,10 @@ def config_warnings(cfg: HFConfig) -> list[str]:
     quant = quantization_note(cfg)
     if quant:
         out.append(quant)
+    if cfg.model_type in _BIAS_SOURCES and ignored_bias_fields(cfg):
+        out.append(f"{cfg.name}: {', '.join(ignored_bias_fields(cfg))} set true, but transformers' {cfg.model_type} "
+                   "modelling file does not read it (its projections' biases are fixed): ignored, as transformers "
+                   "ignores it")
     if cfg.family in QWEN_MOE_FAMILIES and cfg.flag("use_sliding_window", False):
         out.append(f"{cfg.name}: use_sliding_window is true, but the sliding window of a {cfg.model_type} config is not "
                    "modelled: every layer is costed with full causal attention (an upper bound on the flash kernel's "

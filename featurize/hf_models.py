@@ -36,7 +36,7 @@ from wattcast.featurize.hf_blocks import (activation, attention, eager_attention
                                           merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding,
                                           vocab_shard_params)
 from wattcast.featurize.hf_config import (QWEN_MOE_FAMILIES, HFConfig, attention_windows, bool_field, deepseek_field,
-                                          fraction_field)
+                                          fraction_field, projection_biases)
 from wattcast.featurize.hf_switch import switch
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 
@@ -414,22 +414,13 @@ class LlamaVariant:
         return self.windows[layer] if self.windows else None
 
 
-#: model types whose attention output projection has no bias whatever ``attention_bias`` says: Qwen2Attention and
-#: Qwen2MoeAttention (q/k/v biased, ``o_proj`` ``bias=False``), MistralAttention, MixtralAttention, Phi3Attention
-#: (``bias=False`` throughout); LlamaAttention, Gemma's, Qwen3's and gpt-oss's give ``o_proj`` ``bias=config.attention_bias``
-NO_O_PROJ_BIAS_TYPES = ("qwen2", "qwen2_moe", "mistral", "mixtral", "phi3")
-#: model types whose dense MLP reads ``mlp_bias`` (LlamaMLP: gate/up/down ``bias=config.mlp_bias``, default false)
-MLP_BIAS_TYPES = ("llama",)
-
-
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
                      var: LlamaVariant = LlamaVariant(), layer: int = 0) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
-    # Qwen2(Moe)Attention: q/k/v bias; GptOssAttention: q/k/v/o bias; LlamaAttention (and Gemma's, Qwen3's): q/k/v/o
-    # under attention_bias
-    bias = cfg.flag("attention_bias", cfg.model_type in ("qwen2", "qwen2_moe") or var.gpt_oss)
-    o_bias = bias and cfg.model_type not in NO_O_PROJ_BIAS_TYPES
+    # q/k/v and o_proj biases as the family's transformers modelling file builds them (hf_config.projection_biases)
+    biases = projection_biases(cfg)
+    bias, o_bias = biases.qkv, biases.o
     x = b.tp_enter(x, name="self_attn.enter")
     if var.fused_qkv:  # Phi-3: one qkv_proj, split into q, k, v by views
         qkv = b.linear(x, (nh + 2 * nkv) * d, bias=bias, name="self_attn.qkv_proj", parallel="col")
@@ -672,7 +663,7 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
             with b.tag("moe" if sparse else "mlp"):  # Megatron-Core's recompute modules (featurize/recompute.py)
                 y = (_moe_block(cfg, b, y, batch, seq) if sparse
                      else _swiglu(cfg, b, y, cfg.ffn, "mlp", act=act, fused=var.fused_gate_up,
-                                  bias=cfg.model_type in MLP_BIAS_TYPES and cfg.flag("mlp_bias", False)))
+                                  bias=projection_biases(cfg).mlp))
             if var.sandwich:
                 y = rms_norm_eager(b, y, "post_feedforward_layernorm")
             x = b.elementwise("add", x, y, name="residual_2")
@@ -683,7 +674,7 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
 
 
 def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: str, act_tag: str = "",
-                     fp8_cast_gemms: int = 1) -> Tensor:
+                     fp8_cast_gemms: int = 1, bias: bool = False) -> Tensor:
     """Megatron-Core's SwiGLU MLP (Transformer Engine spec), ``x`` already in the tensor-parallel region:
     ``linear_fc1`` (gate and up in one weight: one GEMM of 2 x ffn outputs; under an FP8 recipe one cast of its
     input, one FP8 copy saved; its input gradient comes out of one dgrad GEMM, with no accumulation), the fused SwiGLU
@@ -692,11 +683,14 @@ def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: 
     ``fp8_cast_gemms``: one expert of ``TEGroupedMLP`` (``--moe-grouped-gemm``), whose FC1 and FC2 are Transformer
     Engine ``GroupedLinear`` modules over the local experts: their FP8 casts are one multi-tensor kernel per linear
     and direction for all local experts, carried by the first expert (the number of local experts) and absent from
-    the others (0) (:meth:`GraphBuilder.linear`)."""
-    fc1 = b.linear(x, 2 * ffn, bias=False, name=f"{prefix}.linear_fc1", parallel="col", fp8_cast_gemms=fp8_cast_gemms)
+    the others (0) (:meth:`GraphBuilder.linear`).
+
+    ``bias``: biased ``linear_fc1``/``linear_fc2`` (``--add-bias-linear``; a Llama config's ``mlp_bias``), costed in the
+    GEMMs and their bias-gradient reductions as the Hugging Face path costs LlamaMLP's."""
+    fc1 = b.linear(x, 2 * ffn, bias=bias, name=f"{prefix}.linear_fc1", parallel="col", fp8_cast_gemms=fp8_cast_gemms)
     with b.tag(act_tag):  # ``moe_act`` in an expert (featurize/recompute.py)
         act = b.glu(fc1, name=f"{prefix}.swiglu")
-    return b.linear(act, hidden, bias=False, name=f"{prefix}.linear_fc2", parallel="row", fp8_cast_gemms=fp8_cast_gemms)
+    return b.linear(act, hidden, bias=bias, name=f"{prefix}.linear_fc2", parallel="row", fp8_cast_gemms=fp8_cast_gemms)
 
 
 def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
@@ -724,10 +718,17 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     shared expert as its ``SharedExpertMLP`` with ``--moe-shared-expert-gate``).
 
     Qwen3 and Qwen3-MoE (``--qk-layernorm``): a fused RMSNorm over each head's query and key after ``linear_qkv``,
-    then RoPE on q and on k (two fused kernels). Qwen2 and Qwen2-MoE (``--add-qkv-bias``): ``linear_qkv`` with a bias."""
+    then RoPE on q and on k (two fused kernels).
+
+    Projection biases as the config's transformers modelling file builds them (:func:`projection_biases`, the same
+    rule as the Hugging Face path, so both count the same parameters, bias FLOPs and bias-gradient kernels): Qwen2 and
+    Qwen2-MoE (``--add-qkv-bias``): ``linear_qkv`` biased; a Llama config's ``attention_bias``: ``linear_qkv`` and
+    ``linear_proj``, its ``mlp_bias``: ``linear_fc1``/``linear_fc2`` (both: ``--add-bias-linear``; Megatron-Core has no
+    flag for one without the other: a custom layer spec); Qwen3's ``attention_bias``: ``linear_qkv`` and
+    ``linear_proj``; Mistral and Mixtral: none. The experts of a MoE layer are bias-free here as in transformers."""
     nh, nkv, d, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden
     qk_norm = cfg.family in ("qwen3", "qwen3_moe")
-    qkv_bias = cfg.model_type in ("qwen2", "qwen2_moe") and cfg.flag("attention_bias", True)  # --add-qkv-bias
+    biases = projection_biases(cfg)
     nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
     # per-layer sliding windows (Mistral's sliding_window, Qwen's use_sliding_window, a layer_types list): Megatron-Core
     # gives them to the fused kernel as TransformerConfig.window_size (Transformer Engine's DotProductAttention
@@ -739,7 +740,7 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     for i in range(cfg.n_layers):
         with b.layer(i, f"decoder.layers.{i}"):
             y = b.tp_enter(b.layernorm(x, name="input_layernorm", rms=True, bias=False, module="layernorm"), name="self_attention.enter")
-            qkv = b.linear(y, (nh + 2 * nkv) * d, bias=qkv_bias, name="self_attention.linear_qkv", parallel="col")
+            qkv = b.linear(y, (nh + 2 * nkv) * d, bias=biases.qkv, name="self_attention.linear_qkv", parallel="col")
             if qk_norm:  # q_layernorm / k_layernorm on the split heads, then RoPE on each
                 sq = qkv.shape[1]
                 q = b.layernorm(Tensor((batch, nhl, sq, d), qkv.dtype, qkv.node, qkv.tid),
@@ -762,7 +763,7 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                     v = repeat_kv(b, v, nhl // nkvl, "core_attention.expand_v")
                 a = eager_attention(b, q, k, v, scale="none", mask="none", dropout_p=0.0)
             a = merge_heads(b, a, name="self_attention.merge_heads")
-            a = b.tp_exit(b.linear(a, h, bias=False, name="self_attention.linear_proj", parallel="row"),
+            a = b.tp_exit(b.linear(a, h, bias=biases.o, name="self_attention.linear_proj", parallel="row"),
                           name="self_attention.exit")
             x = b.elementwise("add", x, a, name="residual_1")
             if cfg.moe_layer(i):
@@ -772,7 +773,8 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
             else:
                 y = b.layernorm(x, name="pre_mlp_layernorm", rms=True, bias=False, module="layernorm")
                 with b.tag("mlp"):  # its sequence-parallel all-gather and reduce-scatter with it (linear_fc1/fc2's)
-                    y = b.tp_exit(_swiglu_megatron(b, b.tp_enter(y, name="mlp.enter"), cfg.ffn, h, "mlp"), name="mlp.exit")
+                    y = b.tp_exit(_swiglu_megatron(b, b.tp_enter(y, name="mlp.enter"), cfg.ffn, h, "mlp",
+                                                   bias=biases.mlp), name="mlp.exit")
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "output_layer"):
         x = b.layernorm(x, name="final_layernorm", rms=True, bias=False)
