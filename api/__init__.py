@@ -197,6 +197,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
+                    scatter_gather_p2p: bool | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
                     fp8_param_gather: bool = False, etp: int | None = None, mtp_num_layers: int = 0,
                     fsdp_reduce_dtype: str | None = None, cross_entropy_loss_fusion: bool | None = None,
@@ -224,6 +225,10 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``zero3_prefetch``: with ``zero=3`` (FSDP), whether each layer's parameter all-gathers and gradient reduce-scatters
     run beside the computation (True) or in series with it (False); None: the framework's (``hf``: in series, as
     measured on MosaicML's PyTorch FSDP runs; ``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
+    ``scatter_gather_p2p``: pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM
+    2021's ``--scatter-gather-tensors-in-pipeline``, DeepSpeed's PartitionedTensor); None: the framework's
+    (``simulate.distributed.FRAMEWORK_SCATTER_GATHER_P2P``: on for megatron-deepspeed, off for megatron as
+    Megatron-Core); nothing to scatter under sequence parallelism.
     ``fsdp_reduce_dtype``: with ``framework="hf"`` and ``zero=3`` under half precision, PyTorch FSDP's
     ``MixedPrecision.reduce_dtype`` ("fp32", "bf16", "fp16"): the dtype of its gradient reduce-scatters (None: the
     parameters' half-precision dtype, Accelerate's and torch's default; Composer's ``mixed_precision: DEFAULT`` is
@@ -306,7 +311,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
         data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
         fsdp_reduce_dtype=fsdp_reduce_dtype, cross_entropy_loss_fusion=cross_entropy_loss_fusion,
-        cross_entropy_fusion_impl=cross_entropy_fusion_impl))
+        cross_entropy_fusion_impl=cross_entropy_fusion_impl, scatter_gather_p2p=scatter_gather_p2p))
     from wattcast.featurize.workload import canonical_framework, ce_fusion_options
     from wattcast.simulate.strategy import StrategyError, format_strategy
 

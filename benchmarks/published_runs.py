@@ -40,6 +40,10 @@ NO_OVERLAP = dict.fromkeys(OVERLAP_FLAGS, False)
 #: these runs (Megatron-LM 2020-2021) computed the loss with the unfused vocab_parallel_cross_entropy: Megatron-Core's
 #: --cross-entropy-loss-fusion (megatron/core/fusions/fused_cross_entropy.py, 2024) did not exist yet
 UNFUSED_LOSS = dict(cross_entropy_loss_fusion=False)
+#: not set here: ``scatter_gather_p2p`` (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, which SC21 Sec. 4.1
+#: says these runs used). With it on the weak-scaling readings get worse (micro-batch 1 median 2.92 -> 3.48%, fastest
+#: fitting 2.83 -> 5.90%: the 76B-1T runs come out 3-8% fast once interleaving's transfers are cheap), so a term
+#: that the whole-tensor transfers offset is still too small; none was found with a sourced size (stop 42)
 
 
 def megatron_weak_scaling(root, rows: int | None = None) -> pd.DataFrame:

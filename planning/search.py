@@ -336,7 +336,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
            fp8_param_gather: bool = False, mtp_num_layers: int = 0, cross_entropy_loss_fusion: bool | None = None,
            cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
-           power_model=None,
+           power_model=None, scatter_gather_p2p: bool | None = None,
            **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
@@ -378,6 +378,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
     ``fsdp_reduce_dtype``: PyTorch FSDP's ``MixedPrecision.reduce_dtype`` for every ZeRO-3 candidate under
     ``framework="hf"`` ("fp32", "bf16", "fp16"; None: the parameters' half-precision dtype; ``predict_cluster``'s).
+    ``scatter_gather_p2p``: pipeline transfers scattered over the TP group and all-gathered on arrival for every
+    candidate (Megatron-LM 2021's ``--scatter-gather-tensors-in-pipeline``; None: the framework's,
+    ``simulate.distributed.FRAMEWORK_SCATTER_GATHER_P2P``).
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
     candidate (``simulate/data_loading.py``; default 0 ms and the framework's workers).
 
@@ -412,14 +415,15 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                        gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
                        data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
                        cross_entropy_loss_fusion=cross_entropy_loss_fusion,
-                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype, **space)
+                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype,
+                       scatter_gather_p2p=scatter_gather_p2p, **space)
 
 
 def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, attention, optimizer, max_configs,
             progress, framework, tokens, footprint_kw, overlaps, objective, max_usd, deadline_days, max_tco2e, pareto,
             prune_oom, exact_pipeline, workers, moe_routing, gpus_per_node, zero3_prefetch, data_load_ms, data_workers,
             fp8_param_gather, mtp_num_layers, cross_entropy_loss_fusion, cross_entropy_fusion_impl, fsdp_reduce_dtype,
-            **space) -> SearchResult:
+            scatter_gather_p2p=None, **space) -> SearchResult:
     """:func:`search` with its model folders resolved (``folders``, a ModelFolders) and active."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
     from wattcast.simulate.distributed import model_config
@@ -519,7 +523,8 @@ def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, 
                        zero3_prefetch=zero3_prefetch, fsdp_reduce_dtype=fsdp_reduce_dtype, data_load_ms=data_load_ms,
                        data_workers=data_workers, fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=int(mtp_num_layers),
                        cross_entropy_loss_fusion=cross_entropy_loss_fusion,
-                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, n_layers=hf.total_layers, n_heads=hf.n_heads,
+                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, scatter_gather_p2p=scatter_gather_p2p,
+                       n_layers=hf.total_layers, n_heads=hf.n_heads,
                        n_kv_heads=hf.n_kv_heads, ffn=hf.ffn, n_experts=hf.n_experts, folders=folders)
             if not cands:
                 why_none[cl.name] = why_no_candidates(cl, gpus, batch, seq, space, job.rules())
@@ -604,6 +609,8 @@ class _Job:
     #: Megatron-Core's --cross-entropy-loss-fusion (None: the framework's default) and --cross-entropy-fusion-impl
     cross_entropy_loss_fusion: bool | None
     cross_entropy_fusion_impl: str
+    #: DistributedOptions.scatter_gather_p2p for every candidate (None: the framework's)
+    scatter_gather_p2p: bool | None
     n_layers: int
     n_heads: int | None
     n_kv_heads: int | None
@@ -666,7 +673,8 @@ class _Evaluator:
                         data_load_ms=job.data_load_ms,
                         data_workers=job.data_workers, mtp_num_layers=job.mtp_num_layers,
                         cross_entropy_loss_fusion=job.cross_entropy_loss_fusion,
-                        cross_entropy_fusion_impl=job.cross_entropy_fusion_impl, **job.routing))
+                        cross_entropy_fusion_impl=job.cross_entropy_fusion_impl,
+                        scatter_gather_p2p=job.scatter_gather_p2p, **job.routing))
                     ctx = replace(ctx.without_kernels(), detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e

@@ -131,7 +131,8 @@ class DistributedPrediction:
                                   recompute_method=p.recompute_method if p.recompute_num_layers is not None else None,
                                   schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers"),
-                                  zero3_prefetch=self.meta.get("zero3_prefetch")),
+                                  zero3_prefetch=self.meta.get("zero3_prefetch"),
+                                  scatter_gather_p2p=self.meta.get("scatter_gather_p2p")),
                     step_time_ms=self.step_time_ms, **band_keys(self.step_band),
                     forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms,
@@ -228,6 +229,29 @@ def zero3_prefetch(framework: str, given: bool | None) -> bool:
         return FRAMEWORK_ZERO3_PREFETCH.get(framework, True)
     if not isinstance(given, (bool, np.bool_)):
         raise ValueError(f"zero3_prefetch must be True, False or None (the framework's default), got {given!r}")
+    return bool(given)
+
+#: whether a framework's pipeline transfers are scattered over the TP group and gathered on arrival
+#: (``DistributedOptions.scatter_gather_p2p``): each TP rank sends 1/tp of the activation (or its gradient) to its peer
+#: on the next stage, the receiving stage all-gathers the pieces over its TP group (NVLink). megatron-deepspeed: True
+#: (DeepSpeed's pipeline engine sends a PartitionedTensor over the TP group, deepspeed/runtime/pipe/engine.py
+#: ``_exec_send_activations``). megatron: False, Megatron-Core's (megatron/core/pipeline_parallel/p2p_communication.py
+#: sends the whole tensor from every TP rank; Megatron-LM 2021's ``--scatter-gather-tensors-in-pipeline``, default on,
+#: megatron/p2p_communication.py ``_communicate`` with mpu.split_tensor_into_1d_equal_chunks / gather_split_1d_tensor,
+#: was dropped with it; turn it on to cost 2021 Megatron-LM runs, e.g. SC21's). hf: False (no pipeline engine).
+#: Under sequence parallelism the tensor crossing stages is already 1/tp of the sequence: nothing is left to scatter
+#: (Megatron-LM v3.0 _communicate skips scatter/gather when args.sequence_parallel).
+FRAMEWORK_SCATTER_GATHER_P2P = {"hf": False, "megatron": False, "megatron-deepspeed": True}
+
+
+def scatter_gather_p2p(framework: str, given: bool | None) -> bool:
+    """Whether pipeline transfers are scattered over the TP group and all-gathered on arrival: ``given``, else the
+    framework's (``FRAMEWORK_SCATTER_GATHER_P2P``). Sequence parallelism and TP 1 leave nothing to scatter (the step
+    checks those)."""
+    if given is None:
+        return FRAMEWORK_SCATTER_GATHER_P2P.get(framework, False)
+    if not isinstance(given, (bool, np.bool_)):
+        raise ValueError(f"scatter_gather_p2p must be True, False or None (the framework's default), got {given!r}")
     return bool(given)
 
 
@@ -588,6 +612,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
+                           scatter_gather_p2p=scatter_gather_p2p(framework, dopts.scatter_gather_p2p),
                            fsdp_reduce_dtype=checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),
                            fp8_param_gather=check_fp8_param_gather(dopts.fp8_param_gather, graph_dtype=graph_dtype,
                                                                    framework=framework, zero=par.zero),
@@ -1022,6 +1047,9 @@ class ScheduleContext:
     #: ZeRO-3 / FSDP collectives prefetched beside the computation (True) or in series with it (resolved
     #: ``DistributedOptions.zero3_prefetch``)
     zero3_prefetch: bool = True
+    #: pipeline transfers scattered over the TP group and all-gathered on arrival (resolved
+    #: ``DistributedOptions.scatter_gather_p2p``)
+    scatter_gather_p2p: bool = False
     #: ``DistributedOptions.fsdp_reduce_dtype`` (checked): FSDP's gradient reduce-scatter dtype, None the default
     fsdp_reduce_dtype: str | None = None
     #: ``DistributedOptions.fp8_param_gather`` (checked)
@@ -1577,9 +1605,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if act_bytes <= 0:  # imported graphs: the tensor crossing a layer boundary, as the graph has it
         act_bytes = float(max(view.block_input_bytes)) if view.block_input_bytes else 0.0
     p2p_ms = 0.0
-    # DeepSpeed's pipeline engine partitions what it sends over the TP group (PartitionedTensor: each TP rank sends
-    # 1/tp, the receiver all-gathers it); Megatron-LM / Megatron-Core send the whole tensor from every TP rank
-    partitioned = opts.framework == "megatron-deepspeed" and par.tp > 1 and not par.sp
+    # scatter/gather (FRAMEWORK_SCATTER_GATHER_P2P: DeepSpeed's PartitionedTensor, Megatron-LM 2021's
+    # --scatter-gather-tensors-in-pipeline): each TP rank sends 1/tp, the receiver all-gathers it over its TP group;
+    # otherwise (Megatron-Core) every TP rank sends the whole tensor. With SP the tensor is already 1/tp
+    partitioned = ctx.scatter_gather_p2p and par.tp > 1 and not par.sp
     if P > 1 and act_bytes > 0:
         pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
         p2p_key = ("p2p", act_bytes, pl, id(cl), id(cm), partitioned and lay["tp"])
@@ -1993,7 +2022,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             if iteration_ms > 0:  # the framework's per-iteration host time (the GPU waits)
                 events.append(dict(stage=s, stream="compute", name="host.iteration", start_ms=t, end_ms=t + float(iteration_ms)))
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
-                zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None)
+                zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None,
+                # whether pipeline transfers were scattered over TP and all-gathered (None: no pipeline transfers)
+                scatter_gather_p2p=bool(partitioned) if P > 1 else None)
     meta = with_warnings(meta, ctx.notes)
     if pipe.extrapolated:
         meta["schedule_extrapolated"] = dict(

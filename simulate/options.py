@@ -81,6 +81,11 @@ class DistributedOptions:
     #: ``--cross-entropy-fusion-impl`` ("native" or "te"; ``featurize.op_graph.GraphBuilder.cross_entropy``)
     cross_entropy_loss_fusion: bool | None = None
     cross_entropy_fusion_impl: str = "native"
+    #: pipeline transfers scattered over the TP group, each TP rank sending 1/tp and the receiver all-gathering them
+    #: (Megatron-LM 2021's ``--scatter-gather-tensors-in-pipeline``, DeepSpeed's PartitionedTensor); None: the
+    #: framework's (``simulate.distributed.FRAMEWORK_SCATTER_GATHER_P2P``: megatron-deepspeed on, megatron off as
+    #: Megatron-Core); nothing to scatter under sequence parallelism
+    scatter_gather_p2p: bool | None = None
     #: data loading (``simulate/data_loading.py``): host ms the data loader takes to produce one micro-batch (0: free,
     #: a tokenised stream) and its worker processes (None: the framework's default; 0: loaded in series with the step)
     data_load_ms: float = 0.0

@@ -41,3 +41,54 @@ def test_deepspeed_partitions_its_transfers_over_tp_and_has_no_interleaving():
     assert p2p_ds < p2p_mg  # 1/tp over the link, then an all-gather on NVLink
     with pytest.raises(ParallelConfigError, match="no interleaved schedule"):
         _pp("megatron-deepspeed", interleave=2, dtype="fp16", attention="eager")
+
+
+def test_megatron_2021_scatter_gather_sends_one_tp_share_and_all_gathers_it():
+    """Megatron-LM 2021's --scatter-gather-tensors-in-pipeline (on by default then; SC21 Sec. 4.1): each TP rank sends
+    1/tp of the activation across nodes and the receiver all-gathers it over NVLink. Megatron-Core dropped it (the
+    megatron default: the whole tensor from every TP rank); DeepSpeed's PartitionedTensor does it by default."""
+    from wattcast.simulate.distributed import collective_ms, collective_model
+    from wattcast.data.cluster_spec import resolve_cluster
+
+    kw = dict(tp=8, gpus=64, dtype="fp16", attention="eager")
+    whole, _, p2p_whole, lay = _pp("megatron", **kw)
+    sg, _, p2p_sg, _ = _pp("megatron", scatter_gather_p2p=True, **kw)
+    assert whole.meta["scatter_gather_p2p"] is False and sg.meta["scatter_gather_p2p"] is True
+    assert sg.to_dict()["parallel"]["scatter_gather_p2p"] is True
+    # the send of 1/8 of a (2048 x 2560) fp16 activation across nodes, then its all-gather over the TP group
+    act = 1 * 2048 * 2560 * 2
+    cl, cm = resolve_cluster("DGX-A100"), collective_model()
+    from wattcast.simulate.parallel import GroupLayout
+
+    send = collective_ms(cm, ["send_recv"], [act / 8], GroupLayout(2, 1, 2), cl)[0][0]
+    gather = collective_ms(cm, ["all_gather"], [act], GroupLayout(8, 8, 1), cl)[0][0]
+    assert p2p_sg == pytest.approx(send + gather, rel=1e-6)
+    assert p2p_sg < 0.5 * p2p_whole and sg.step_time_ms < whole.step_time_ms
+    # DeepSpeed's default is scatter/gather; turning it off sends the whole tensor like Megatron-Core
+    _, _, p2p_ds, _ = _pp("megatron-deepspeed", **kw)
+    _, _, p2p_ds_off, _ = _pp("megatron-deepspeed", scatter_gather_p2p=False, **kw)
+    assert p2p_ds == pytest.approx(p2p_sg) and p2p_ds_off == pytest.approx(p2p_whole)
+
+
+def test_scatter_gather_has_nothing_to_scatter_under_sequence_parallelism_or_tp1():
+    """With SP the tensor crossing stages is already 1/tp of the sequence (Megatron-LM v3.0 _communicate skips
+    scatter/gather under --sequence-parallel); with TP 1 there is nothing to split."""
+    kw = dict(tp=8, gpus=64, dtype="bf16", attention="flash", sp=True)
+    on, _, p2p_on, _ = _pp("megatron", scatter_gather_p2p=True, **kw)
+    off, _, p2p_off, _ = _pp("megatron", **kw)
+    assert p2p_on == pytest.approx(p2p_off) and on.meta["scatter_gather_p2p"] is False
+    one, _, p2p_one, _ = _pp("megatron", scatter_gather_p2p=True)
+    _, _, p2p_one_off, _ = _pp("megatron")
+    assert p2p_one == pytest.approx(p2p_one_off) and one.meta["scatter_gather_p2p"] is False
+    with pytest.raises(ValueError, match="scatter_gather_p2p"):
+        _pp("megatron", scatter_gather_p2p="yes")
+
+
+def test_search_passes_scatter_gather_to_every_candidate():
+    from wattcast.planning.search import search
+
+    kw = dict(dtype="fp16", attention="eager", framework="megatron", tp=(8,), pp=(4,), micro_batch=(1,), zero=(0,),
+              sp=(False,), recompute=("full",), interleave=(1,))
+    off = search("gpt3_2.7b", "DGX-A100", 64, 64, 2048, **kw).best
+    on = search("gpt3_2.7b", "DGX-A100", 64, 64, 2048, scatter_gather_p2p=True, **kw).best
+    assert on["step_time_ms"] < off["step_time_ms"]
