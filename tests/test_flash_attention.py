@@ -175,3 +175,23 @@ def test_softmax_work_runs_at_single_issue_fp32_on_cdna3():
     softmax_s = 2.0 * t[64] - t[128]
     implied_tflops = b * h * s * s * SOFTMAX_FP32_OPS["forward"] / softmax_s / 1e12
     assert implied_tflops == pytest.approx(304 * 64 * 2 * 2.1e9 / 1e12, rel=0.01)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "flash1"])
+def test_a_recomputed_forward_costs_the_forward_kernel(kernel):
+    """Full recomputation re-runs each layer's forward in the backward (torch.utils.checkpoint calls the module's
+    forward again): its fused attention is the forward kernel with the forward's FLOPs, so it takes the forward's
+    time. Until this stop it was costed as a backward kernel (its forward FLOPs read as 2.5x fewer scores at the
+    backward's efficiency): 1.33x the forward on an A100 for the FlashAttention-1 class (MPT's long-sequence rows)."""
+    p = wattcast.predict("llama3_8b", "A100-SXM4-80GB", batch=1, seq=8192, dtype="bf16", attention=kernel,
+                         recompute="full")
+    n = p.nodes
+    fa = n[n.op_class == "flash_attention"]
+    fwd = fa[(fa.phase == "forward") & ~fa.recompute.astype(bool)]
+    rc = fa[fa.recompute.astype(bool)]
+    assert len(rc) == len(fwd) > 0
+    assert rc["flops"].sum() == pytest.approx(fwd["flops"].sum())
+    assert rc["time_ms"].sum() == pytest.approx(fwd["time_ms"].sum(), rel=1e-9)
+    # the backward kernel (2.5x the forward's FLOPs) stays slower than the forward
+    bwd = fa[(fa.phase == "backward") & ~fa.recompute.astype(bool)]
+    assert bwd["time_ms"].sum() > 2.0 * fwd["time_ms"].sum()
