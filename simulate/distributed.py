@@ -1533,19 +1533,29 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     cast_share = 0.5 + 1.25 * opt_share if ctx.fp8_param_gather else 1.0
     # FSDP's root unit (hf, ZeRO-3): each stage's parameters outside the transformer blocks (embeddings, final norm,
     # untied head, a pipeline's tied copy), unsharded through the passes (simulate/stage_memory.py buffer_bytes)
-    root_stage = None
-    if opts.framework == "hf" and par.zero >= 3:
+    # and of them the LM head's (the layers after the blocks, or a tied embedding's use as the head, on the last
+    # stage), whose gradient is the backward's first and waits for the root's reduce-scatter at its end
+    # (stage_memory.fsdp_inflight_gradient_bytes)
+    root_stage = head_stage = None
+    fsdp = opts.framework == "hf" and par.zero >= 3
+    if fsdp:
         root_key = ("root_params", P, V)
-        root_stage = sums.get(root_key)
-        if root_stage is None:
+        hit = sums.get(root_key)
+        if hit is None:
             in_block = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
-            root_stage = sums[root_key] = np.maximum(params_stage - by_stage(per_chunk(np.where(in_block, view.params,
-                                                                                               0.0))), 0.0)
+            root = np.maximum(params_stage - by_stage(per_chunk(np.where(in_block, view.params, 0.0))), 0.0)
+            head = by_stage(per_chunk(np.where(view.layer_ids >= n_layers, view.params, 0.0)))
+            head[-1] += float(g.meta.get("tied_output_params") or 0.0)
+            hit = sums[root_key] = (root, np.minimum(head, root))
+        root_stage, head_stage = hit
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
-                    held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db), optimizer=opts.optimizer,
+                    held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero), optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
                     fp8_param_fraction=np.zeros(P) if ctx.fp8_param_gather else fp8_frac, expert_params=expert_stage,
-                    expert_dp=edp_n, root_params=0.0 if root_stage is None else root_stage)
+                    expert_dp=edp_n, root_params=0.0 if root_stage is None else root_stage,
+                    head_params=0.0 if head_stage is None else head_stage,
+                    reduce_bytes=dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype) if fsdp else None,
+                    zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -1555,10 +1565,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         mem = None
         # keyed by what they are computed from (the search's memo: the rank graphs of one tp, pp and interleave
         # share their parameters whatever the micro-batch, SP, CP or recomputation), else per view and chunking
-        state_key = (("states", stage_bytes, np.asarray(state_kw["root_params"], dtype=float).tobytes(), ctx.fp8_param_gather,
+        state_key = (("states", stage_bytes, np.asarray(state_kw["root_params"], dtype=float).tobytes(),
+                      np.asarray(state_kw["head_params"], dtype=float).tobytes(), ctx.fp8_param_gather,
                       *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
-                                              "framework", "block_params", "expert_dp")))
-                     if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather))
+                                              "framework", "block_params", "expert_dp", "reduce_bytes",
+                                              "zero3_prefetch")))
+                     if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
+                                               state_kw["reduce_bytes"], state_kw["zero3_prefetch"]))
         cache = memo if memo is not None else sums
         mem_parts = cache.get(state_key)
         if mem_parts is None:

@@ -38,15 +38,20 @@ every term cites the equation or the framework code it follows. Units are in the
   ends (PyTorch 2.13 FSDP1 ``torch/distributed/fsdp/_runtime_utils.py`` ``_post_forward_reshard``: "Do not free the
   root's parameters in the post-forward for ``FULL_SHARD``", ``free_unsharded_flat_param = not state._is_root and
   ...``; FSDP2 ``_fully_shard/_fsdp_state.py`` ``_lazy_init``: "For the root, do not reshard after forward",
-  ``post_forward_mesh_info = None``): 2.1 GB in bf16 for Llama 3 8B's 128,256 x 4,096 embedding and head; DeepSpeed flattens gradients into reduce buckets of up to
+  ``post_forward_mesh_info = None``): 2.1 GB in bf16 for Llama 3 8B's 128,256 x 4,096 embedding and head. FSDP's
+  unsharded gradients are their own line (:func:`fsdp_inflight_gradient_bytes` during the backward,
+  :func:`fsdp_root_gradient_bytes` at its end). DeepSpeed below ZeRO-2 flattens gradients into reduce buckets of up to
   ``reduce_bucket_size`` = 5e8 elements (DeepSpeed's default config) when it reduces them, after the last
-  micro-batch's backward (activations freed by then: a second peak, not added to the first); Megatron-LM's
+  micro-batch's backward (activations freed by then: a second peak, not added to the first); at ZeRO-2/3 it holds
+  that bucket (and ZeRO-3 its prefetch bucket) through the passes and makes fp32 gradients at the step
+  (:func:`deepspeed_buffer_bytes`); Megatron-LM's
   distributed optimizer reduces and gathers in place in its contiguous grad and param buffers (no extra copy).
   Plus the cuBLAS workspace of the compute stream (PyTorch: 32 MiB on sm90 and later, ``CUBLAS_WORKSPACE_CONFIG``
   default): taken as 32 MiB.
 - Gradients are held in the dtype the framework keeps them in: fp32 for PyTorch AMP (fp32 parameters) and for
   Megatron-LM with bf16 (``--accumulate-allreduce-grads-in-fp32``, which Megatron sets for bf16; its theoretical
-  memory formula assumes it), the half-precision dtype for Megatron-LM fp16 and DeepSpeed's fp16 engine (its fp32
+  memory formula assumes it), the half-precision dtype for Megatron-LM fp16, DeepSpeed ZeRO-2/3's gradient
+  partitions (:func:`held_gradient_bytes`) and DeepSpeed's fp16 engine (its fp32
   master gradients are made at the optimizer step, after the activations are freed), half plus fp32 for
   DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch).
 
@@ -82,6 +87,12 @@ CUDA_CONTEXT_BYTES = 0.5e9
 GIB = 2**30
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): its gradient reduce buckets are flattened copies
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
+#: DeepSpeed's default ``stage3_prefetch_bucket_size`` (elements; DeepSpeed 0.19.8 ``runtime/zero/config.py``
+#: ``prefetch_bucket_size: int = Field(pp_int(5e7))``): ZeRO-3 parameters gathered ahead of the running module
+DEEPSPEED_PREFETCH_BUCKET_ELEMENTS = 5e7
+#: DeepSpeed's default ``sub_group_size`` (elements; ``runtime/zero/config.py`` ``Field(pp_int(1e9))``): ZeRO-3 steps
+#: its partition sub-group by sub-group, making each one's fp32 gradient as it goes
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1e9
 #: Transformer Engine's userbuffers (``initialize_ub``, TE 2.9): the buffers of the 8 overlapped GEMMs whose
 #: communication is an all-gather (FP8 under an FP8 recipe: ``layers_all_gather_overlap``) and of the other 4
 UB_ALL_GATHER_BUFFERS = 8
@@ -132,6 +143,8 @@ class StageMemory:
     activations_bytes: float
     buffers_bytes: float
     post_backward_buffers_bytes: float = 0.0
+    #: FSDP's unsharded gradients held beside the activations in the backward (:func:`fsdp_inflight_gradient_bytes`)
+    unsharded_gradients_bytes: float = 0.0
 
     @property
     def states_bytes(self) -> float:
@@ -139,7 +152,8 @@ class StageMemory:
 
     @property
     def total_bytes(self) -> float:
-        return self.states_bytes + max(self.activations_bytes + self.buffers_bytes, self.post_backward_buffers_bytes)
+        return self.states_bytes + max(self.activations_bytes + (self.buffers_bytes + self.unsharded_gradients_bytes),
+                                       self.post_backward_buffers_bytes)
 
     def to_gb_dict(self) -> dict:
         # by hand rather than dataclasses.asdict (a deep copy): this runs per stage of every configuration a search
@@ -147,16 +161,25 @@ class StageMemory:
         return dict(weights_gb=self.weights_bytes / GB, master_weights_gb=self.master_weights_bytes / GB,
                     gradients_gb=self.gradients_bytes / GB, optimizer_gb=self.optimizer_bytes / GB,
                     activations_gb=self.activations_bytes / GB, buffers_gb=self.buffers_bytes / GB,
-                    post_backward_buffers_gb=self.post_backward_buffers_bytes / GB, total_gb=self.total_bytes / GB)
+                    post_backward_buffers_gb=self.post_backward_buffers_bytes / GB,
+                    unsharded_gradients_gb=self.unsharded_gradients_bytes / GB, total_gb=self.total_bytes / GB)
 
 
-def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int) -> int:
-    """Bytes per parameter of the gradients a framework holds through the backward passes (module docstring)."""
+def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int = 0) -> int:
+    """Bytes per parameter of the gradients a framework holds through the backward passes (module docstring).
+    DeepSpeed at ZeRO-2/3 (``megatron-deepspeed``, ``zero`` >= 2) keeps its gradient partitions in the model's dtype:
+    ZeRO-2 ``grads_in_partition`` (``dtype=self.dtype``, DeepSpeed 0.19.8 ``runtime/zero/stage_1_and_2.py``
+    ``copy_grads_in_partition``), ZeRO-3 ``grad_partitions_flat_buffer`` in ``gradient_accumulation_dtype``, which the
+    engine sets to the model's dtype unless the config's ``data_types.grad_accum_dtype`` says otherwise
+    (``runtime/engine.py`` ``get_data_types``); its fp32 gradients are made at the optimizer step
+    (:func:`deepspeed_buffer_bytes`). Below ZeRO-2 bf16 runs the ``BF16_Optimizer`` (half plus fp32)."""
     if dtype_bytes >= 4:
         return dtype_bytes
     if framework == "megatron":
         return 4 if dtype == "bf16" else dtype_bytes
     if framework == "megatron-deepspeed":
+        if int(zero) >= 2:
+            return dtype_bytes
         return dtype_bytes + (4 if dtype == "bf16" else 0)
     return 4  # PyTorch AMP: fp32 parameters, fp32 gradients
 
@@ -218,40 +241,132 @@ def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, sched
 
 
 def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes: int, zero: int, dp: int,
-                 block_params: float, root_params: float = 0.0) -> tuple[float, float]:
+                 block_params: float, root_params: float = 0.0, reduce_bytes: int | None = None) -> tuple[float, float]:
     """(held during the passes, made after the last backward) bytes of the framework's communication buffers for
     ``params`` parameters of a stage; the first includes the cuBLAS workspace. ``grad_bytes``: bytes per gradient
     element the reduction moves; ``block_params``: parameters of one transformer block on this rank (FSDP's unit);
     ``root_params``: the stage's parameters outside the blocks (FSDP's root unit: embeddings, final norm, untied
-    head), unsharded from the start of the forward to the end of the backward (module docstring)."""
+    head), unsharded from the start of the forward to the end of the backward (module docstring). ``reduce_bytes``:
+    FSDP's reduce-scatter dtype bytes (``MixedPrecision.reduce_dtype``; default the parameters' dtype).
+
+    After the last backward under FSDP: the root unit's gradient (:func:`fsdp_root_gradient_bytes`) beside the
+    other buffers. DeepSpeed at ZeRO-2/3 holds its reduce bucket through the passes and, ZeRO-3, its prefetched
+    parameters; it makes fp32 gradient partitions at the step (:func:`deepspeed_buffer_bytes`)."""
     during, after = float(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES), 0.0
     if dp > 1:
         if framework == "hf":
             if zero >= 3:  # FSDP: the running and the prefetched unit and the root unit, unsharded
                 during = during + (2.0 * block_params + root_params) * dtype_bytes
+                rb = dtype_bytes if reduce_bytes is None else reduce_bytes
+                after = during + fsdp_root_gradient_bytes(root_params=root_params, dtype_bytes=dtype_bytes,
+                                                          reduce_bytes=rb, dp=dp)
             elif zero == 0:  # DDP: bucket buffers are a second copy of the gradients
                 during += params * grad_bytes
-        elif framework == "megatron-deepspeed":  # flattened reduce buckets when the gradients are reduced
-            after = np.minimum(params, DEEPSPEED_BUCKET_ELEMENTS) * grad_bytes / (dp if zero >= 2 else 1)
+        elif framework == "megatron-deepspeed":
+            if zero >= 2:
+                held, step = deepspeed_buffer_bytes(params=params, dtype_bytes=dtype_bytes, zero=zero, dp=dp)
+                during = during + held
+                after = during + step
+            else:  # flattened reduce buckets when the gradients are reduced
+                after = np.minimum(params, DEEPSPEED_BUCKET_ELEMENTS) * grad_bytes
     return during, after
+
+
+def deepspeed_buffer_bytes(*, params, dtype_bytes: int, zero: int, dp: int) -> tuple:
+    """(held through the passes, made at the optimizer step) bytes of DeepSpeed's ZeRO-2/3 buffers (DeepSpeed 0.19.8):
+
+    - the reduce bucket, ``reduce_bucket_size`` (5e8) elements in the gradients' dtype (the model's by default):
+      ZeRO-3 allocates it with the optimizer (``runtime/zero/stage3.py`` ``__init__``: ``bucket.buffer =
+      torch.empty(self.reduce_bucket_size, dtype=dtype)``, one per dtype), ZeRO-2 at the first backward hook
+      (``stage_1_and_2.py`` ``setup_buckets``: one, a second only with ``overlap_comm``, off by default below
+      ZeRO-3, ``zero/config.py`` ``overlap_comm_valid``); the full size whatever the model's, not sharded: it holds
+      whole gradients before their reduce-scatter;
+    - ZeRO-3's prefetched parameters, ``stage3_prefetch_bucket_size`` (5e7) elements in the model's dtype, gathered
+      ahead of the running module (``partitioned_param_coordinator.py`` ``fetch_sub_module``; under
+      ``stage3_max_live_parameters``, 1e9). The running module's own gathered parameters are not counted;
+    - at the step, fp32 gradients of the rank's partition: ZeRO-2 the whole partition
+      (``stage_1_and_2.py`` ``step``: ``single_grad_partition = flat_grad_partition.to(fp32)``), ZeRO-3 one
+      ``sub_group_size`` (1e9) sub-group at a time (``stage3.py`` ``_prepare_fp32_grad_for_sub_group``)."""
+    held = DEEPSPEED_BUCKET_ELEMENTS * dtype_bytes
+    part = np.asarray(params, dtype=float) / max(int(dp), 1)
+    if zero >= 3:
+        held = held + DEEPSPEED_PREFETCH_BUCKET_ELEMENTS * dtype_bytes
+        part = np.minimum(part, DEEPSPEED_SUB_GROUP_ELEMENTS)
+    return held, part * 4.0
+
+
+def fsdp_root_gradient_bytes(*, root_params, dtype_bytes: int, reduce_bytes: int, dp: int):
+    """Bytes PyTorch FSDP makes for its root unit's gradient at the end of the backward, beyond the buffers held
+    through the passes (torch 2.13 ``torch/distributed/fsdp``): the root's flat parameter is one leaf whose unsharded
+    views (``_flat_param.py`` ``_get_unflat_views_unaligned``: ``torch.split`` then ``view``) its modules use, so
+    autograd's ``SplitWithSizesBackward`` waits for every view's gradient (the head's from the start of the backward,
+    the embedding's at its end) and concatenates them into a new flat gradient: the views' gradients and the flat
+    one, 2 x root in the parameters' dtype, while the root's parameters are still unsharded (counted in the held
+    buffers). Then ``_post_backward_hook`` reshards them (``_post_backward_reshard``), casts the gradient to
+    ``reduce_dtype`` if it differs (``flat_param.grad.to(handle._reduce_dtype)``, the uncast one kept alive by
+    ``_no_dispatch_record_stream`` until the reduce-scatter ends) and reduce-scatters into a new shard
+    (``_get_reduce_scatter_tensors``: ``torch.empty_like(chunks[0])``): root x (dtype + reduce dtype if it differs
+    + reduce / dp) - root x dtype of freed parameters. The larger of the two moments."""
+    root = np.asarray(root_params, dtype=float)
+    cast = reduce_bytes if reduce_bytes != dtype_bytes else 0
+    split = 2.0 * root * dtype_bytes
+    reduce = root * (dtype_bytes + cast) + root / max(int(dp), 1) * reduce_bytes - root * dtype_bytes
+    return np.maximum(split, reduce)
+
+
+def fsdp_inflight_gradient_bytes(*, block_params: float, head_params, dtype_bytes: int, reduce_bytes: int, dp: int,
+                                 prefetch: bool):
+    """Bytes of unsharded gradients PyTorch FSDP (``hf``, ZeRO-3) holds during the backward beside the activations
+    (torch 2.13 ``torch/distributed/fsdp/_runtime_utils.py``):
+
+    - the root unit's head-side gradient: the LM head's (an untied head's weight, or a tied embedding's use as the
+      head) is the backward's first, made in the parameters' dtype (the unsharded flat parameter is in
+      ``param_dtype``), and waits in ``SplitWithSizesBackward``'s input until the embedding's, the backward's last,
+      before the root's ``_post_backward_hook`` reduces it (:func:`fsdp_root_gradient_bytes`): ``head_params`` x dtype;
+    - the gradient of the unit being reduce-scattered: ``_post_backward_hook`` runs ``_reduce_grad`` on the
+      post-backward stream: the unsharded gradient (``autograd_computed_grad``, parameters' dtype, kept by
+      ``_no_dispatch_record_stream`` until the reduce-scatter ends), its ``reduce_dtype`` cast when that differs
+      (``flat_param.grad.to(handle._reduce_dtype)``) and the new shard (``_get_reduce_scatter_tensors``:
+      ``torch.empty_like(chunks[0])``, 1/dp of the unit in the reduce dtype);
+    - with the collectives prefetched beside the computation (``prefetch``) the next unit's gradient is made on the
+      compute stream meanwhile: a second block's unsharded gradient in the parameters' dtype."""
+    cast = reduce_bytes if reduce_bytes != dtype_bytes else 0
+    units = 2.0 if prefetch else 1.0
+    return (np.asarray(head_params, dtype=float) * dtype_bytes
+            + block_params * (units * dtype_bytes + cast) + block_params / max(int(dp), 1) * reduce_bytes)
+
+
+def _fsdp_grads(framework: str, zero: int, dp: int, **kw):
+    """:func:`fsdp_inflight_gradient_bytes` under FSDP (``hf``, ZeRO-3, dp > 1), else 0."""
+    if framework != "hf" or zero < 3 or dp <= 1:
+        return 0.0
+    if kw["reduce_bytes"] is None:
+        kw["reduce_bytes"] = kw["dtype_bytes"]
+    return fsdp_inflight_gradient_bytes(dp=dp, **kw)
 
 
 def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, full_recompute_extra_bytes: float,
                  dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str, zero: int, dp: int,
                  framework: str, block_params: float, fp8_param_fraction: float = 0.0, expert_params: float = 0.0,
-                 expert_dp: int | None = None, root_params: float = 0.0) -> StageMemory:
+                 expert_dp: int | None = None, root_params: float = 0.0, head_params: float = 0.0,
+                 reduce_bytes: int | None = None, zero3_prefetch: bool = False) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
-    ``expert_params`` of the stage's ``params`` are sharded over ``expert_dp`` ranks (default ``dp``)."""
+    ``expert_params`` of the stage's ``params`` are sharded over ``expert_dp`` ranks (default ``dp``). FSDP
+    (``hf``, ZeRO-3): ``root_params`` outside the blocks, ``head_params`` of them the LM head's (or a tied
+    embedding's), ``reduce_bytes`` its reduce-scatter dtype's (default the parameters'), ``zero3_prefetch`` its
+    collectives beside the computation (:func:`fsdp_inflight_gradient_bytes`)."""
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp, grad_bytes=held_grad_bytes,
                            expert_params=expert_params, expert_dp=expert_dp, framework=framework)
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
                                           expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
-                                 block_params=block_params, root_params=root_params)
+                                 block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes)
+    grads = _fsdp_grads(framework, zero, dp, block_params=block_params, head_params=head_params,
+                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
-                       buffers_bytes=during, post_backward_buffers_bytes=after)
+                       buffers_bytes=during, post_backward_buffers_bytes=after, unsharded_gradients_bytes=float(grads))
 
 
 def inflight_chunks_by_stage(*, pp: int, interleave: int, n_micro: int, schedule: str) -> np.ndarray:
@@ -292,7 +407,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     optimizer: str, zero: int, dp: int, framework: str, block_params: float,
                     fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
                     expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
-                    root_params: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
+                    root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
+                    reduce_bytes: int | None = None, zero3_prefetch: bool = False) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -303,18 +419,23 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
                                                                dp=dp, expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
-                                 dp=dp, block_params=block_params, root_params=root_params)
+                                 dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes)
+    grads = _fsdp_grads(framework, zero, dp, block_params=block_params, head_params=head_params,
+                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
     n = len(params)
 
     def arr(v) -> np.ndarray:
         return v if isinstance(v, np.ndarray) else np.full(n, float(v))
 
-    during, after = arr(during) + userbuffers_bytes, arr(after)
+    during, after, grads = arr(during), arr(after), arr(grads)
     act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
     w, m, g, o = (arr(st[k]) for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes", "optimizer_bytes"))
-    total = w + m + g + o + np.maximum(act + during, after)
+    # the same order of additions as stage_state_parts + stage_total_from_parts
+    total = w + m + g + o + np.maximum(act + ((during + grads) + userbuffers_bytes), after)
+    during = during + userbuffers_bytes
     return dict(weights_gb=w / GB, master_weights_gb=m / GB, gradients_gb=g / GB, optimizer_gb=o / GB,
-                activations_gb=act / GB, buffers_gb=during / GB, post_backward_buffers_gb=after / GB, total_gb=total / GB)
+                activations_gb=act / GB, buffers_gb=during / GB, post_backward_buffers_gb=after / GB,
+                unsharded_gradients_gb=grads / GB, total_gb=total / GB)
 
 
 def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
@@ -322,24 +443,29 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    optimizer: str, zero: int, dp: int, framework: str, block_params: float,
                    fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
                    expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
-                   root_params: np.ndarray | float = 0.0) -> np.ndarray:
+                   root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
+                   reduce_bytes: int | None = None, zero3_prefetch: bool = False) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
                               held_grad_bytes=held_grad_bytes, optimizer=optimizer, zero=zero, dp=dp, framework=framework,
                               block_params=block_params, fp8_param_fraction=fp8_param_fraction,
-                              expert_params=expert_params, expert_dp=expert_dp, root_params=root_params)
+                              expert_params=expert_params, expert_dp=expert_dp, root_params=root_params,
+                              head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
 def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str,
                       zero: int, dp: int, framework: str, block_params: float,
                       fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
-                      expert_dp: int | None = None, root_params: np.ndarray | float = 0.0) -> tuple:
+                      expert_dp: int | None = None, root_params: np.ndarray | float = 0.0,
+                      head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
+                      zero3_prefetch: bool = False) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
-    stage. ``expert_params`` of ``params`` are sharded over ``expert_dp`` ranks (default ``dp``)."""
+    stage (the buffers held during the passes with FSDP's unsharded gradients). ``expert_params`` of ``params``
+    are sharded over ``expert_dp`` ranks (default ``dp``)."""
     params = np.asarray(params, dtype=float)
     ex = np.asarray(expert_params, dtype=float)
     mixed = dtype_bytes < 4
@@ -352,7 +478,11 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     w = w + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp, expert_params=ex,
                            expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
-                                 dp=max(int(dp), 1), block_params=block_params, root_params=root_params)
+                                 dp=max(int(dp), 1), block_params=block_params, root_params=root_params,
+                                 reduce_bytes=reduce_bytes)
+    grads = _fsdp_grads(framework, zero, max(int(dp), 1), block_params=block_params, head_params=head_params,
+                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
+    during = during + grads
     states = (w + _sharded(lambda x: x * m_b, params, ex, *g[1])
               + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])
               + _sharded(lambda x: x * opt_b, params, ex, *g[1]))
