@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
-from wattcast.simulate.step_band import band_keys, step_band
+from wattcast.simulate.step_band import band_keys, ood_band_log, ood_warning, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
 from wattcast.models.attention import (BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, REFERENCE_DEVICE, flash_attention_ms,
@@ -430,13 +430,18 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     if why:
         raise ValueError(why)
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
+    ood = ood_band_log(costed, bundle or load_bundle())  # before a power limit stretches time_ms (the kernels' bands are about their own time)
     costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     res = summarise_costed(graph, costed, spec)
     e = sum(energy_of(costed, spec))
     step_s = res.step_time_ms / 1e3
     tensor = bool((np.isin(costed["op_class"].to_numpy(), ("linear", "bmm")) & (costed["dtype"].to_numpy() != "fp32")).any())
-    band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor)
-    meta = with_warnings(res.meta, [*peak_ratio_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec)])
+    if ood:
+        ood = dict(ood, share=res.ood_time_fraction)
+    band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor, ood=ood)
+    warn = ood_warning(res.ood_time_fraction)
+    meta = with_warnings(res.meta, [*peak_ratio_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec),
+                                    *([warn] if warn else [])])
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
                    step_band=band, meta=meta)
 

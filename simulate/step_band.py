@@ -7,6 +7,16 @@ generation outside those also carries the kernels' generation error, which no me
 :func:`generation_log_width`, each op family's largest signed bias over its leave-one-generation-out folds (the kernel
 bundle's ``logo.folds``; the dtype class's where the folds give one), weighted by the family's share of the step.
 Signed, not absolute per-kernel error: over a step the per-kernel scatter averages out, a generation's bias does not.
+
+Both of those describe kernels the leave-one-generation-out test covers. A kernel flagged ``ood`` is outside it (a
+device descriptor beyond the training range widened by the farthest any fold extrapolated it, or a shape beyond
+training: ``models/kernel_bundle.py``), and no measurement says how far off it is. Its time carries its own band
+instead (:func:`ood_band_log`): its family's leave-one-generation-out kernel band (the 5-95% range of the held-out
+generations' rows, so 90% of those rows by construction; the per-kernel output widens it further by the bundle's
+``OOD_BAND_FACTOR``, a stated assumption no fold measures), summed over the OOD kernels without averaging (beyond
+coverage the error is the generation's, shared by its kernels, not scatter).
+The two are mixed by time share (:func:`mix_band_log`): the band equals the measured-step band with no OOD time, the
+OOD kernels' band with all of it, and widens monotonically in between; past :data:`OOD_WARN_SHARE` a prediction warns.
 """
 
 from __future__ import annotations
@@ -17,6 +27,9 @@ from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from wattcast.data.device_spec import DeviceSpec, generation_of
 
 #: the shipped calibration
@@ -26,6 +39,8 @@ OP_CLASS_FAMILY = {"linear": "gemm", "bmm": "gemm", "flash_attention": "gemm", "
                    "layernorm": "ln", "softmax": "softmax", "loss": "softmax", "conv": "conv"}
 #: a dtype class needs this many of its rows in a fold for the fold's class bias to count (as the kernel band's)
 MIN_CLASS_ROWS = 100
+#: a prediction warns when more than this share of its kernel time is out of distribution (issue 14: "say, 50%")
+OOD_WARN_SHARE = 0.5
 
 
 def check_step_band(entry: dict, where: str) -> dict:
@@ -86,9 +101,70 @@ def generation_log_width(per_op: list[dict], bundle, tensor: bool) -> float:
     return sum(t / total * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items())
 
 
-def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict], bundle, *, tensor: bool) -> dict:
-    """``{"low_ms", "high_ms", "basis", "generation"}`` for a predicted step of ``step_ms`` (empty without a
-    calibration for ``setting`` or a finite step). ``tensor``: the step's GEMMs run on tensor cores (not FP32)."""
+def ood_band_log(costed, bundle=None) -> dict:
+    """``{"share", "low_log", "high_log"}`` of a costed graph's out-of-distribution kernels (``ood``; ``op_class``,
+    ``dtype``, ``time_ms``, ``low_ms``, ``high_ms`` as :func:`wattcast.simulate.single_device.cost_nodes` gives them):
+    their share of the kernel time and the log of their time-weighted band, each kernel with its family's
+    leave-one-generation-out band (the dtype class's: ``FamilyModel.band_log_rows``; 90% of the held-out generations'
+    rows inside it) where ``bundle`` has one, else its own ``low_ms`` / ``high_ms``. Empty without OOD time."""
+
+    t = costed["time_ms"].to_numpy(dtype=float)
+    ok = np.isfinite(t) & (t > 0)
+    ood = costed["ood"].to_numpy(dtype=bool) & ok
+    total = float(t[ok].sum())
+    if not ood.any() or total <= 0:
+        return {}
+    idx = np.flatnonzero(ood)
+    tt = t[idx]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo = np.log(costed["low_ms"].to_numpy(dtype=float)[idx] / tt)
+        hi = np.log(costed["high_ms"].to_numpy(dtype=float)[idx] / tt)
+    # a proxy kernel (optimizer step, reductions, gathers, fused chains) and a layout copy are costed as the
+    # elementwise family's copy of their bytes (simulate/single_device.py): they carry that family's band
+    fam = np.array([OP_CLASS_FAMILY.get(str(c), "") for c in costed["op_class"].to_numpy()[idx]], dtype=object)
+    copy_like = (costed["method"].astype(str).to_numpy()[idx] == "proxy") | (costed["op_class"].astype(str).to_numpy()[idx]
+                                                                           == "memory")
+    fam[copy_like] = "elementwise"
+    tensor = costed["dtype"].astype(str).to_numpy()[idx] != "fp32" if "dtype" in costed else np.ones(len(idx), bool)
+    for f in pd.unique(fam):
+        fm = bundle.families.get(f) if (bundle is not None and f) else None
+        if fm is None or not getattr(fm, "logo", None):
+            continue
+        sel = fam == f
+        lo[sel], hi[sel] = fm.band_log_rows(tensor[sel])
+    lo, hi = np.where(np.isfinite(lo), np.minimum(lo, 0.0), 0.0), np.where(np.isfinite(hi), np.maximum(hi, 0.0), 0.0)
+    t_ood = float(tt.sum())
+    return {"share": t_ood / total, "low_log": float(np.log((tt * np.exp(lo)).sum() / t_ood)),
+            "high_log": float(np.log((tt * np.exp(hi)).sum() / t_ood))}
+
+
+def mix_band_log(lo: float, hi: float, ood: dict | None) -> tuple[float, float]:
+    """The (low, high) log band of a step whose in-distribution time carries [``lo``, ``hi``] and whose OOD share
+    ``ood["share"]`` carries the OOD kernels' band (at least as wide: never narrower than ``lo``/``hi``), mixed in
+    time ratio: (1 - s) exp(lo) + s exp(lo_ood). Non-increasing low and non-decreasing high in the share."""
+    if not ood or ood.get("share", 0.0) <= 0:
+        return lo, hi
+    s = min(max(float(ood["share"]), 0.0), 1.0)
+    lo_o, hi_o = min(float(ood["low_log"]), lo), max(float(ood["high_log"]), hi)
+    return (math.log((1 - s) * math.exp(lo) + s * math.exp(lo_o)), math.log((1 - s) * math.exp(hi) + s * math.exp(hi_o)))
+
+
+def ood_warning(share: float) -> str | None:
+    """The warning of a prediction whose OOD share of kernel time is above :data:`OOD_WARN_SHARE`, else None."""
+    if not math.isfinite(share) or share <= OOD_WARN_SHARE:
+        return None
+    return (f"{100 * share:.0f}% of the predicted kernel time is out of distribution: those kernels' GPU descriptors or "
+            "shapes lie beyond what the leave-one-generation-out test covered (no held-out generation was predicted "
+            "that far from its training GPUs), so their times are extrapolations; the step band is widened for them "
+            "(step_time_band.ood_time_share)")
+
+
+def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict], bundle, *, tensor: bool,
+              ood: dict | None = None) -> dict:
+    """``{"low_ms", "high_ms", "basis", "generation", "ood_time_share"}`` for a predicted step of ``step_ms`` (empty
+    without a calibration for ``setting`` or a finite step). ``tensor``: the step's GEMMs run on tensor cores (not
+    FP32). ``ood``: :func:`ood_band_log` of the step's kernels (their share of the time carries their own band,
+    :func:`mix_band_log`); None: no OOD term."""
     cal = load_step_band()
     s = (cal or {}).get("settings", {}).get(setting)
     if s is None or not math.isfinite(step_ms) or step_ms <= 0:
@@ -100,7 +176,13 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
         extra = generation_log_width(per_op, bundle, tensor)
         lo, hi = lo - extra, hi + extra
         basis += f" + the kernels' generation error ({gen} is not among them: +/-{100 * (math.exp(extra) - 1):.1f}%)"
-    return {"low_ms": step_ms * math.exp(lo), "high_ms": step_ms * math.exp(hi), "basis": basis, "generation": gen}
+    share = float(ood["share"]) if ood else 0.0
+    if share > 0:
+        lo, hi = mix_band_log(lo, hi, ood)
+        basis += (f"; {100 * share:.0f}% of the kernel time is out of distribution and carries those kernels' own band "
+                  f"({100 * (math.exp(ood['low_log']) - 1):+.0f} .. {100 * (math.exp(ood['high_log']) - 1):+.0f}%)")
+    return {"low_ms": step_ms * math.exp(lo), "high_ms": step_ms * math.exp(hi), "basis": basis, "generation": gen,
+            "ood_time_share": share}
 
 
 def band_keys(band: dict) -> dict:

@@ -119,3 +119,61 @@ def test_shipped_calibration_is_the_one_the_data_gives(data_root, tmp_path):
         assert s["generations"] == shipped["settings"][k]["generations"]
         assert s["check_coverage"] == pytest.approx(shipped["settings"][k]["check_coverage"], abs=1e-9)
     assert made["settings"]["cluster"]["generations"] == ["Ampere"]
+
+
+def test_the_band_widens_monotonically_with_the_ood_share():
+    lo, hi = -0.1, 0.2
+    ood = {"low_log": -0.4, "high_log": 0.5}
+    assert sb.mix_band_log(lo, hi, None) == (lo, hi) and sb.mix_band_log(lo, hi, dict(ood, share=0.0)) == (lo, hi)
+    assert sb.mix_band_log(lo, hi, dict(ood, share=1.0)) == pytest.approx((-0.4, 0.5))
+    edges = [sb.mix_band_log(lo, hi, dict(ood, share=s)) for s in np.linspace(0, 1, 11)]
+    assert all(b[0] >= a[0] - 1e-12 for a, b in zip(edges[1:], edges)) and all(b[1] >= a[1] for a, b in zip(edges, edges[1:]))
+    assert edges[5][1] == pytest.approx(math.log(0.5 * math.exp(0.2) + 0.5 * math.exp(0.5)))
+    # an OOD band narrower than the in-distribution one never narrows the step's
+    assert sb.mix_band_log(lo, hi, {"share": 0.7, "low_log": -0.01, "high_log": 0.01}) == pytest.approx((lo, hi))
+
+
+def test_ood_kernels_carry_their_familys_generation_band():
+    band = {"elementwise": (-0.3, 0.4)}
+
+    def rows(tensor):
+        return np.tile(band["elementwise"][0], len(tensor)), np.tile(band["elementwise"][1], len(tensor))
+    bundle = SimpleNamespace(families={"elementwise": SimpleNamespace(logo={"folds": {}}, band_log_rows=rows)})
+    costed = pd.DataFrame({"op_class": ["elementwise", "optimizer", "linear", "collective"],
+                           "method": ["surrogate", "proxy", "surrogate", "collective"], "dtype": "bf16",
+                           "time_ms": [10.0, 30.0, 60.0, 0.0], "low_ms": [1.0, 3.0, 30.0, 0.0],
+                           "high_ms": [100.0, 300.0, 120.0, 0.0], "ood": [True, True, False, True]})
+    got = sb.ood_band_log(costed, bundle)
+    assert got["share"] == pytest.approx(0.4)  # the optimizer's proxy copy is the elementwise family's
+    assert got["low_log"] == pytest.approx(-0.3) and got["high_log"] == pytest.approx(0.4)
+    assert sb.ood_band_log(costed.assign(ood=False), bundle) == {}
+    own = sb.ood_band_log(costed, None)  # no bundle band: the kernels' own edges
+    assert own["high_log"] == pytest.approx(math.log(10.0))
+    assert sb.ood_warning(0.5) is None and "51%" in sb.ood_warning(0.51)
+
+
+def _scaled(spec, k: float, name: str):
+    """``spec`` with every rate (peaks, bandwidth, SMs, L2, TDP) ``k`` times higher: a made-up GPU."""
+    from dataclasses import replace
+
+    rates = ("peak_fp32_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "peak_fp8_tflops",
+             "memory_bandwidth_gbps", "l2_cache_mb")
+    kw = {f: getattr(spec, f) * k for f in rates if getattr(spec, f) is not None}
+    return replace(spec, name=name, arch="Futura (FX1)", aliases=(), num_sms=int(spec.num_sms * k),
+                   tdp_w=spec.tdp_w * k, **kw)
+
+
+def test_a_gpu_far_beyond_every_fold_is_ood_with_a_wider_band_and_a_warning():
+    h100 = wattcast.predict("llama3_8b", "H100-SXM5-80GB", batch=1, seq=2048).to_dict()
+    x6 = wattcast.predict("llama3_8b", _scaled(resolve_device("H100-SXM5-80GB"), 6.0, "FutureX6"),
+                          batch=1, seq=2048).to_dict()
+    assert h100["ood_fraction"] < 0.2 and x6["ood_fraction"] > 0.9
+
+    def width(d):
+        lo, hi = d["step_time_band_ms"]
+        return hi / lo
+
+    assert width(x6) > 1.2 * width(h100)
+    assert x6["step_time_band"]["ood_time_share"] > 0.9 and "out of distribution" in x6["step_time_band"]["basis"]
+    assert any("out of distribution" in w for w in x6["warnings"])
+    assert not any("out of distribution" in w for w in h100["warnings"])
