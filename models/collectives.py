@@ -92,6 +92,17 @@ FEATURES = (
 CATEGORICAL = ("op",)
 #: link-spec features: a query whose cluster differs from every training cluster's is out of support
 LINK_FEATURES = FEATURES[11:]
+#: which entries of :meth:`LinkParams.link_vector` describe the in-node tier and which the inter-node tier: a query
+#: is compared with the training clusters only on the tiers it crosses (in-node when g > 1, across nodes when N > 1),
+#: so a single-node collective's support never depends on the NICs, nor a 1-GPU-per-node one's on NVLink
+INTRA_LINK_COLUMNS = np.array([True, False, True, False, False, False])
+INTER_LINK_COLUMNS = ~INTRA_LINK_COLUMNS
+#: feature columns describing each tier (zeroed on rows that do not cross it; oversubscription set to 1.0, the
+#: value of a cluster without that tier)
+_INTRA_FEATURES = [FEATURES.index(f) for f in ("intra_bw_gb_per_s", "intra_latency_us", "nvls")]
+_INTER_FEATURES = [FEATURES.index(f) for f in ("inter_bw_per_gpu_gb_per_s", "inter_latency_us", "nics_per_gpu",
+                                                "rail_optimized")]
+_OVERSUB_FEATURE = FEATURES.index("oversubscription")
 #: the tree reaches this fraction of the link bandwidth (NCCL's own tuning model derates tree all-reduce by 0.92)
 TREE_BW_EFFICIENCY = 0.92
 #: bits of the out-of-support mask, and their names (``CollectivePrediction.ood_reason``)
@@ -157,6 +168,9 @@ class LinkParams:
         return "full_mesh" if self.mesh_links else "switch"
 
     def link_vector(self) -> tuple[float, ...]:
+        """(intra GB/s, inter GB/s per GPU, intra latency us, inter latency us, rail-optimised, oversubscription): the
+        cluster's support coordinates; :data:`INTRA_LINK_COLUMNS` / :data:`INTER_LINK_COLUMNS` say which tier each
+        describes."""
         return (self.intra_bw / 1e3, self.nic_bw / 1e3 * min(self.nics_per_node, self.gpus_per_node) / max(self.gpus_per_node, 1)
                 if self.has_inter else 0.0, self.intra_lat, self.inter_lat, float(self.rail_optimized), self.oversubscription)
 
@@ -421,6 +435,11 @@ def correction_features(ab: AlphaBeta) -> np.ndarray:
     X[:, 16] = float(lp.rail_optimized)
     X[:, 17] = lp.oversubscription
     X[:, 18] = float(lp.nvls)
+    # only the links a row crosses: a single-node collective sees no NIC feature, a 1-GPU-per-node one no NVLink one
+    intra_used, inter_used = q.g > 1, multi
+    X[np.ix_(~intra_used, _INTRA_FEATURES)] = 0.0
+    X[np.ix_(~inter_used, _INTER_FEATURES)] = 0.0
+    X[~inter_used, _OVERSUB_FEATURE] = 1.0
     return X
 
 
@@ -489,12 +508,20 @@ class CollectiveModel:
             seen = (t[:, None, :] == self._tiers[None, :, :]).all(axis=2).any(axis=1)
             m |= np.where(seen, 0, OOD_BITS["tiers"])
         if len(self._links):
-            v = np.array(q.lp.link_vector())
-            rel = np.abs(self._links - v) / np.maximum(np.abs(self._links), 1e-9)
-            if not (rel <= SUPPORT_SLACK).all(axis=1).any() or q.lp.topology not in self._topologies:
-                m |= OOD_BITS["cluster"]
+            m |= np.where(self._cluster_seen(q), 0, OOD_BITS["cluster"])
         m = np.where(q.n <= 1, 0, m)
         return m
+
+    def _cluster_seen(self, q: CollectiveQuery) -> np.ndarray:
+        """Per query: some training cluster matches this one (within ``SUPPORT_SLACK``) on every link the query
+        crosses (the in-node tier when g > 1, with its topology; the inter-node tier when N > 1)."""
+        v = np.array(q.lp.link_vector())
+        close = np.abs(self._links - v) / np.maximum(np.abs(self._links), 1e-9) <= SUPPORT_SLACK  # (clusters, 6)
+        intra_used, inter_used = q.g > 1, q.N > 1
+        intra_ok = close[:, INTRA_LINK_COLUMNS].all(axis=1)  # (clusters,)
+        inter_ok = close[:, INTER_LINK_COLUMNS].all(axis=1)
+        ok = ((~intra_used[:, None] | intra_ok[None, :]) & (~inter_used[:, None] | inter_ok[None, :])).any(axis=1)
+        return ok & (~intra_used | (q.lp.topology in self._topologies))
 
     def predict(self, op, size_bytes, n_gpus, gpus_per_node, cluster) -> CollectivePrediction:
         q = collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster)

@@ -42,6 +42,13 @@ _lgbm_large_rows = [0]  # rows of matrices >= COMPILED_MIN_ROWS LightGBM predict
 
 #: rows per block of the MLP forward pass (2048 x 128 float32 activations = 1 MiB)
 _MLP_BLOCK = 2048
+#: every GEMM of the MLP forward pass gets a multiple of this many rows (a block's last rows zero-padded): BLAS
+#: kernels take a matrix's rows in micro-tiles of up to 16 (OpenBLAS: kernel/x86_64/KERNEL.HASWELL / SKYLAKEX,
+#: SGEMM_UNROLL_M/N 4..16; sgemv_t 4 columns at a time) and handle a ragged remainder with other code (and a
+#: one-row product with gemv), whose float32 sums round differently. With whole micro-tiles only, a row's result no
+#: longer depends on how many rows it was predicted with (tests/test_kernel_surrogates.py checks it bit for bit),
+#: so a kernel cached from one batch equals the same kernel predicted in another.
+_MLP_ROW_QUANTUM = 64
 
 _blas_lock = threading.Lock()
 _blas = {"controller": None, "limiter": None, "depth": 0}
@@ -257,7 +264,9 @@ class MLPSurrogate:
 
         The arithmetic of the plain forward pass (impute, clip, standardise in float64, then float32 layers
         with SiLU(z) = z x 1 / (1 + exp(-z))), done in place, in row blocks, with BLAS on one thread. A row's
-        result does not depend on the other rows except through BLAS rounding (~1 float32 ulp of the logit).
+        result does not depend on the other rows: every GEMM gets a whole number of :data:`_MLP_ROW_QUANTUM` rows
+        (before, a ragged block could round a row ~1 float32 ulp of the logit differently, so a kernel's cached
+        prediction depended on what else was predicted with it first).
         """
         z = np.array(A, dtype=np.float64, order="C", copy=True)  # worked on in place below
         if len(z) == 0:
@@ -276,6 +285,9 @@ class MLPSurrogate:
             # row blocks: each layer's activations stay in cache through the SiLU passes
             for s in range(0, len(x), _MLP_BLOCK):
                 h = x[s : s + _MLP_BLOCK]
+                rows = len(h)
+                if rows % _MLP_ROW_QUANTUM:
+                    h = np.concatenate([h, np.zeros((-rows % _MLP_ROW_QUANTUM, h.shape[1]), dtype=h.dtype)])
                 t = None
                 for i, (wt, b) in enumerate(self.layers):
                     h = h @ wt
@@ -289,7 +301,7 @@ class MLPSurrogate:
                         t += 1.0
                         np.reciprocal(t, out=t)
                         h *= t
-                out[s : s + _MLP_BLOCK] = h[:, 0]
+                out[s : s + rows] = h[:rows, 0]
         # eff = EFF_MAX * sigmoid(out); log ratio = -log(eff)
         log_sig = -np.logaddexp(0.0, -out)
         return -(np.log(EFF_MAX) + log_sig)

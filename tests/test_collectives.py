@@ -211,6 +211,63 @@ def test_out_of_support_flags():
     assert m.predict("all_reduce", 2**30, 8, 4, "Polaris").ood_reason == "cluster"
 
 
+def _with_nic(cluster: str, gbit_per_s: float):
+    c = resolve_cluster(cluster)
+    return dataclasses.replace(c, inter=dataclasses.replace(c.inter, nic_bandwidth_gbit_per_s=gbit_per_s),
+                               name=f"{c.name}-nic{gbit_per_s:g}")
+
+
+def _with_intra_bw(cluster: str, gb_per_s: float):
+    c = resolve_cluster(cluster)
+    return dataclasses.replace(c, intra=dataclasses.replace(c.intra, bandwidth_gb_per_s=gb_per_s),
+                               name=f"{c.name}-nvl{gb_per_s:g}")
+
+
+def test_support_and_features_only_involve_the_links_a_collective_crosses():
+    """A single-node collective's support and features never look at the NICs, nor a 1-GPU-per-node one's at the
+    in-node tier (audit 42: a DGX-H100 file with 200 Gb/s NICs switched the correction off for in-node TP/DP)."""
+    support = {"ops": list(COLLECTIVES), "size_B": [1, 2**40], "n_gpus": [1, 1e6], "nodes": [1, 1e5],
+               "gpus_per_node": [1, 8], "tiers": [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]],
+               "links": [[450.0, 50.0, 3.0, 5.0, 1.0, 1.0]]}
+    m = CollectiveModel(_ConstBooster(np.log(2.0)), {"support": support})
+    ops, sizes = ["all_reduce", "all_gather", "send_recv"], [2**26, 2**28, 2**27]
+    slow_nic, slow_nvl = _with_nic("DGX-H100", 200), _with_intra_bw("DGX-H100", 300)
+    for n, g in ((2, 2), (8, 8)):  # in-node: same as the training fabric whatever the NIC
+        p = m.predict(ops, sizes, n, g, slow_nic)
+        assert not p.ood.any() and set(p.ood_reason) == {""}
+        np.testing.assert_allclose(p.us, 2 * p.alpha_beta_us)
+        assert (m.predict(ops, sizes, n, g, slow_nvl).ood_reason == "cluster").all()
+    # across nodes at 1 GPU per node only the NICs are crossed; at 8 per node both tiers
+    assert set(m.predict(ops, sizes, 4, 1, slow_nvl).ood_reason) == {""}
+    assert set(m.predict(ops, sizes, 4, 1, slow_nic).ood_reason) == {"cluster"}
+    assert set(m.predict(ops, sizes, 16, 8, slow_nvl).ood_reason) == {"cluster"}
+    from wattcast.models.collectives import alpha_beta, collective_query, correction_features
+
+    def feats(n, g, cl):
+        return correction_features(alpha_beta(collective_query(ops, sizes, n, g, cl), "auto"))
+
+    np.testing.assert_array_equal(feats(8, 8, slow_nic), feats(8, 8, "DGX-H100"))
+    np.testing.assert_array_equal(feats(4, 1, slow_nvl), feats(4, 1, "DGX-H100"))
+    assert not np.array_equal(feats(16, 8, slow_nic), feats(16, 8, "DGX-H100"))
+
+
+def test_single_node_prediction_ignores_the_nic_with_the_shipped_model():
+    """Two DGX-H100 clusters differing only in NIC speed: identical single-node collectives (the shipped
+    correction on both), different 2-node ones."""
+    m = load_collective_model()
+    if m.is_fallback:
+        pytest.skip("no shipped collective model")
+    sizes = 2.0 ** np.arange(20, 32)
+    for nic in (200, 100, 50):
+        slow = _with_nic("DGX-H100", nic)
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
+            for n in (2, 4, 8):
+                np.testing.assert_array_equal(m.predict_us(op, sizes, n, n, slow), m.predict_us(op, sizes, n, n, "DGX-H100"))
+            # across nodes the NICs are crossed: a different NIC is another fabric (alpha-beta alone there)
+            assert not np.array_equal(m.predict_us(op, sizes, 16, 8, slow), m.predict_us(op, sizes, 16, 8, "DGX-H100"))
+            assert m.predict(op, 2**30, 16, 8, slow).ood_reason == "cluster"
+
+
 def test_shipped_artifact_is_small_fast_and_in_support():
     folder = shipped_folder()
     if not (folder / "collective_manifest.json").is_file():

@@ -292,6 +292,28 @@ def test_short_graph_equals_full_graph(monkeypatch):
         assert [d["memory_gb"] for d in short["per_device"]] == pytest.approx([d["memory_gb"] for d in full["per_device"]])
 
 
+def test_prediction_does_not_depend_on_what_ran_before(monkeypatch):
+    """Audit 42: Llama 3 8B on DGX-H100 with cp=4 right after an fp8 run in the same process gave 1e-10 another step
+    time than in a fresh process (the kernel prediction cache held MLP predictions made in another batch)."""
+    from wattcast.simulate import distributed as D
+    from wattcast.simulate import single_device as S
+
+    def fresh():
+        S._PREDICTION_CACHE.clear()
+        S._ADDU_CACHE.clear()
+        D._COSTED.clear()
+
+    cp = dict(gpus=8, batch=8, seq=16384, tp=2, cp=4, sp=True, framework="megatron")
+    fresh()
+    alone = wattcast.predict_cluster("llama3_8b", "DGX-H100", **cp).step_time_ms
+    fresh()
+    wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=8, batch=16, seq=2048, tp=2, sp=True, framework="megatron",
+                             dtype="fp8")
+    after = wattcast.predict_cluster("llama3_8b", "DGX-H100", **cp).step_time_ms
+    fresh()
+    assert after == alone
+
+
 def test_overlap_buckets_is_a_fifo_queue():
     from wattcast.simulate.scheduler import overlap_buckets
 
