@@ -104,7 +104,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
     if recompute_modules is not None and str(mode).lower() in ("inference", "inf", "infer"):
         raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
-    from wattcast.simulate.defaults import step_dtype
+    from wattcast.simulate.defaults import shown_dtype, step_dtype
 
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=step_dtype(dtype, spec), attention=attention, compile=compile,
@@ -119,7 +119,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     res = one_device(res, load_ms=data_load_ms, workers=data_workers, idle_power_w=idle_power_w(spec))
     b, s_ = res.meta.get("batch"), res.meta.get("seq")
     m = res.meta
-    settings = dict(_model_settings(model, m), device=res.device, mode=m.get("mode", mode), dtype=m.get("dtype", dtype),
+    settings = dict(_model_settings(model, m), device=res.device, mode=m.get("mode", mode), dtype=shown_dtype(m, dtype),
                     batch=b, seq=s_, attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
                     compile=bool(m.get("compile", compile)),
                     optimizer=m.get("optimizer", optimizer) if m.get("mode", mode) == "train" else None,
@@ -313,6 +313,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         fsdp_reduce_dtype=fsdp_reduce_dtype, cross_entropy_loss_fusion=cross_entropy_loss_fusion,
         cross_entropy_fusion_impl=cross_entropy_fusion_impl, scatter_gather_p2p=scatter_gather_p2p))
     from wattcast.featurize.workload import canonical_framework, ce_fusion_options
+    from wattcast.simulate.defaults import shown_dtype
     from wattcast.simulate.strategy import StrategyError, format_strategy
 
     m, fw = res.meta, canonical_framework(framework)
@@ -321,7 +322,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     except StrategyError:
         strategy_text = None
     settings = dict(_model_settings(model, m), device=res.device, cluster=res.cluster, gpus=res.gpus, mode="train",
-                    dtype=m.get("dtype", dtype), batch=batch, seq=seq, micro_batch=res.parallel.micro_batch,
+                    dtype=shown_dtype(m, dtype), batch=batch, seq=seq, micro_batch=res.parallel.micro_batch,
                     attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
                     compile=bool(m.get("compile", compile)), optimizer=m.get("optimizer", optimizer),
                     recompute=res.parallel.recompute, framework=fw, strategy=strategy_text,

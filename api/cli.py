@@ -230,12 +230,28 @@ def _positive(**values) -> None:
             _fail(f"--{name.replace('_', '-')} must be at least 1, got {v}")
 
 
+def _with_default_dtype(frame, dtype: str):
+    """(``frame`` with ``dtype`` in its ``dtype`` column wherever a row has none: no column, or an empty cell; the
+    (0-based data row, dtype) of each row whose own dtype is another one). ``dtype`` is canonical."""
+    from wattcast.data.kernel_ops import canonical_dtype
+
+    if "dtype" not in frame.columns:
+        return frame.assign(dtype=dtype), []
+    own = frame["dtype"].astype(str)
+    empty = own.str.strip() == ""
+    canon = own.map(canonical_dtype)
+    clash = ~empty & (canon != dtype)
+    conflicts = list(zip(frame.index[clash].tolist(), own[clash].tolist()))
+    return frame.assign(dtype=own.where(~empty, dtype)), conflicts
+
+
 @app.command()
 @_forceable
 def kernels(
     device: str = typer.Option(..., "--device", "-d", help="Catalog name (case-insensitive) or a spec file (own YAML/JSON or NeuSight JSON)."),
     input: Path = typer.Option(..., "--input", "-i", help="CSV with OPName + NeuSight shape columns (+ optional dtype)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the predictions here (default: CSV on stdout)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="The dtype of rows that give none (a CSV without a dtype column, or an empty cell): fp32, tf32, fp16, bf16 or fp8. A row whose own dtype differs is an error (the CSV's dtype is never overridden). Default: such rows are fp32."),
     overwrite: bool = _OVERWRITE_OPTION,
     models: Optional[Path] = _MODELS_OPTION,
     force: bool = _FORCE_OPTION,
@@ -243,9 +259,17 @@ def kernels(
     """Predict the latency of every kernel in a CSV on DEVICE."""
     import pandas as pd
 
-    from wattcast.models.kernel_predictor import EXTRA_COLUMNS, PRED_COLUMNS, predict_kernels
+    from wattcast.models.kernel_predictor import EXTRA_COLUMNS, PRED_COLUMNS, predict_kernels, unpeaked_dtype_error
 
     spec = _resolve_device_arg(device, "--device")
+    if dtype is not None:
+        from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
+
+        dtype = canonical_dtype(dtype)
+        if dtype not in DTYPE_BYTES:
+            _fail(f"--dtype: unknown dtype {dtype!r}; use {', '.join(DTYPE_BYTES)}")
+        if (why := unpeaked_dtype_error(spec, dtype)) is not None:
+            _fail(f"--dtype {dtype}: {why}")
     _input_file(input, "input file")
     if output:
         _output_file(output, "--output", protect=(input,), overwrite=overwrite)
@@ -274,6 +298,12 @@ def kernels(
     from wattcast.data.checks import without_blank_rows
 
     frame = without_blank_rows(frame).reset_index(drop=True)  # a spreadsheet's empty ',,,' rows are no kernels
+    if dtype is not None:
+        frame, conflicts = _with_default_dtype(frame, dtype)
+        if conflicts:
+            _fail(f"--dtype {dtype} conflicts with the dtype of {len(conflicts)} row(s) of {input} ("
+                  + ", ".join(f"data row {i + 1}: {d}" for i, d in conflicts[:5]) + (", ..." if len(conflicts) > 5 else "")
+                  + "); --dtype only fills rows without one: drop it or fix those rows")
     replaced = [c for c in PRED_COLUMNS + EXTRA_COLUMNS if c in frame.columns]
     if replaced:
         err.print(f"[yellow]the input already has column(s) {', '.join(replaced)}; the output replaces them[/yellow]")
@@ -642,11 +672,7 @@ def _request_prediction(req):
 
 def _show_step_prediction(res, f) -> None:
     """A single-device prediction: warnings, --trace, the JSON or tables, and the out-of-memory exit (code 3)."""
-    unmapped = res.meta.get("unmapped_ops") or {}
-    if unmapped:
-        err.print(f"[yellow]{sum(unmapped.values())} op(s) have no cost model and are costed by the roofline from their "
-                  f"inputs and outputs (flagged in fallback_ops): "
-                  + ", ".join(f"{k} x{v}" for k, v in list(unmapped.items())[:8]) + "[/yellow]")
+    # (ops without a cost model are one of the graph's warnings: featurize.op_graph.unmapped_ops_warning)
     _print_warnings(res.meta.get("warnings"))
     if f.trace:
         from wattcast.simulate.trace import write_chrome_trace
@@ -773,7 +799,9 @@ def _print_band(con: Console, band: dict) -> None:
 def _print_cluster_tables(res, batch: int, seq: int) -> None:
     """The tables of a distributed prediction: totals, exposed communication, per pipeline stage, energy."""
     con = Console()
-    t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch} x seq {seq}")
+    from wattcast.simulate.defaults import shown_dtype
+
+    t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch} x seq {seq}, {shown_dtype(res.meta)}")
     for c in ("step ms", "MFU", "TFLOP/s/GPU", "HFU", "exposed comm ms", "bubble ms", "memory GB (worst)", "fits"):
         t.add_column(c, justify="right")
     t.add_row(f"{res.step_time_ms:.1f}", f"{100 * res.mfu:.1f}%", f"{res.tflops_per_gpu:.1f}", f"{100 * res.hfu:.1f}%",
@@ -954,10 +982,11 @@ def search(
         from wattcast.planning.search import plot_runs
 
         _write("--plot", plot, lambda: plot_runs(res.ranked, plot))
+    unranked = _unranked_clusters(res)
     if as_json:
         print(json.dumps({"ranked": _records(res.ranked), "pareto": _records(res.pareto),
                           "rejected": _records(res.rejected), "excluded": _records(res.excluded),
-                          "warnings": list(res.warnings)}, indent=2, default=str))
+                          "warnings": list(res.warnings), "unranked_clusters": unranked}, indent=2, default=str))
         _fail_if_none_fits(res, limits)
         return
     con = Console()
@@ -1002,7 +1031,23 @@ def search(
     if len(res.excluded):
         counts = res.excluded["excluded_by"].value_counts()
         con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))
+    for name, why in unranked.items():  # a searched cluster absent from the tables: say why
+        con.print(f"[yellow]note: cluster {name} has no valid strategy: {why}[/yellow]", soft_wrap=True)
+    for w in res.warnings:  # the model's and the clusters' warnings (also on stderr), beside the tables
+        con.print(f"[yellow]note: {w}[/yellow]", soft_wrap=True)
     _fail_if_none_fits(res, limits)
+
+
+def _unranked_clusters(res) -> dict[str, str]:
+    """Per searched cluster with no evaluated strategy (not in ``ranked`` nor ``excluded``), why: its job-level rule
+    (``why_none``), else the rules its candidates broke (``rejected``), most common first."""
+    from wattcast.planning.search import rule_counts
+
+    shown = set(res.ranked.get("cluster", ())) | set(res.excluded.get("cluster", ()))
+    rej = res.rejected
+    names = list(dict.fromkeys([*res.why_none, *(rej["cluster"] if "cluster" in rej else ())]))
+    return {n: res.why_none.get(n) or rule_counts(rej.loc[rej["cluster"] == n, "rule"].astype(str))
+            for n in names if n not in shown}
 
 
 def _records(frame) -> list[dict]:
@@ -1221,12 +1266,20 @@ def regions(
               f"{cost_defaults()['electricity_usd_per_kwh'].value:g} USD/kWh, flagged in a run's output.")
 
 
+#: how the per-op table names a row's parts (single_device.OP_PARTS)
+_PART_LABELS = {"optimizer_step": "of which optimizer step", "clip_grad_norm": "of which clip_grad_norm",
+                "loss_scaling": "of which loss scaling", "grad_accumulation": "of which grad accumulation",
+                "memcpy": "of which memcpy"}
+
+
 def _print_prediction(res) -> None:
     con = Console()
     b, s = res.meta.get("batch"), res.meta.get("seq")
     shape = (f"batch {b} x seq {s}" if b is not None and s is not None else
              "input dims as exported in the file" + (f", batch {b}" if b is not None else "") + (f", seq {s}" if s is not None else ""))
-    head = Table(title=f"{res.meta.get('name')} on {res.device} ({res.mode}, {res.meta.get('dtype')}, {shape})")
+    from wattcast.simulate.defaults import shown_dtype
+
+    head = Table(title=f"{res.meta.get('name')} on {res.device} ({res.mode}, {shown_dtype(res.meta)}, {shape})")
     for c in ("forward ms", "backward ms", "optimizer ms", "step ms", "memory GB", "TFLOP/step", "kernels", "OOD kernels"):
         head.add_column(c, justify="right")
     head.add_row(f"{res.forward_ms:.2f}", f"{res.backward_ms:.2f}", f"{res.optimizer_ms:.2f}", f"{res.step_time_ms:.2f}",
@@ -1243,8 +1296,15 @@ def _print_prediction(res) -> None:
     t = Table(title="per op class")
     for c in ("op class", "kernels", "time ms", "share"):
         t.add_column(c, justify="right" if c != "op class" else "left")
+    share = lambda ms: f"{100 * ms / max(res.step_time_ms, 1e-12):.1f}%"  # noqa: E731
     for r in res.per_op:
-        t.add_row(r["op_class"], f"{r['count']:,}", f"{r['time_ms']:.2f}", f"{100 * r['time_ms'] / max(res.step_time_ms, 1e-12):.1f}%")
+        t.add_row(r["op_class"], f"{r['count']:,}", f"{r['time_ms']:.2f}", share(r["time_ms"]))
+        for p in r.get("parts") or []:  # the step's named overheads inside the row (optimizer step, clipping, ...)
+            t.add_row(f"  {_PART_LABELS.get(p['name'], p['name'])}", f"{p['count']:,}", f"{p['time_ms']:.2f}",
+                      share(p["time_ms"]), style="dim")
+    gap_ms = sum(float(r.get("launch_gap_ms") or 0.0) for r in res.per_op)
+    if "launch_gap_ms" in (res.per_op[0] if res.per_op else {}):
+        t.add_row("launch gaps (inside the rows above)", "", f"{gap_ms:.2f}", share(gap_ms), style="dim")
     con.print(t)
     layers = res.per_layer
     if layers:
@@ -1262,8 +1322,9 @@ def _print_prediction(res) -> None:
               + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
     if res.fallback_ops:
         con.print("[yellow]ops without their own learned model[/] (proxy = costed as a copy moving the same bytes; "
-                  "roofline = analytical): " + ", ".join(f"{f['op_class']} ({f['method']}, {f['count']}, {f['time_ms']:.2f} ms)"
-                                                         for f in res.fallback_ops))
+                  "roofline = analytical): "
+                  + ", ".join(f"{f['op_class']}" + (f" {f['op_type']}" if f.get("op_type") else "")
+                              + f" ({f['method']}, {f['count']}, {f['time_ms']:.2f} ms)" for f in res.fallback_ops))
 
 
 @app.command()

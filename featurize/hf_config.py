@@ -772,6 +772,13 @@ def _alias(raw: Mapping[str, Any], key: str) -> str:
     return next((a for a in ALIASES[key] if raw.get(a) is not None), ALIASES[key][0])
 
 
+def model_warnings(cfg: HFConfig, seq: int) -> list[str]:
+    """The warnings a step of ``cfg`` over ``seq`` tokens gets whatever its parallel split or batch (its graph's
+    ``meta["warnings"]``): a sequence beyond a rotary model's positions (:func:`position_warning`), then what the config
+    asks for that the graph does not model (:func:`config_warnings`). ``search`` reports them once per search."""
+    return [w for w in (position_warning(cfg, seq), *config_warnings(cfg)) if w]
+
+
 def position_warning(cfg: HFConfig, seq: int) -> str | None:
     """A warning when ``seq`` tokens exceed a rotary-position model's ``max_position_embeddings`` (and any
     ``rope_scaling`` factor): the step is predicted (RoPE runs any length), but the model was not trained there.

@@ -108,6 +108,27 @@ _CACHED_BROADCAST = 64
 _MAX_TENSOR_BYTES = np.iinfo(np.int64).max
 
 
+#: the tag prefix naming the imported op an opaque (roofline) kernel stands for (GraphBuilder.opaque)
+OP_TYPE_TAG = "op_type:"
+
+
+def op_type_of_tag(tag) -> str:
+    """The imported op type in a kernel's ``tag`` (``"attn_core,op_type:FrobnicateXYZ"`` -> ``"FrobnicateXYZ"``), else
+    ""."""
+    return next((t[len(OP_TYPE_TAG):] for t in str(tag or "").split(",") if t.startswith(OP_TYPE_TAG)), "")
+
+
+def unmapped_ops_warning(unmapped: dict) -> str | None:
+    """The warning of a graph with imported ops no cost model knows (op type -> count; None when there are none):
+    they are costed by the roofline from their inputs and outputs, flagged in ``fallback_ops`` with their op type."""
+    if not unmapped:
+        return None
+    items = list(unmapped.items())
+    return (f"{sum(unmapped.values())} op(s) have no cost model and are costed by the roofline from their inputs and "
+            f"outputs (flagged in fallback_ops): " + ", ".join(f"{k} x{v}" for k, v in items[:8])
+            + (f", ... ({len(items) - 8} more op types)" if len(items) > 8 else ""))
+
+
 class GraphError(ValueError):
     """A workload cannot be turned into an operator graph (bad shape, unknown op, ...)."""
 
@@ -947,12 +968,16 @@ class GraphBuilder:
 
     # ------------------------------------------------------------------ other
     def opaque(self, name: str, inputs: Sequence[Tensor], out_shape: Sequence[int], *, flops: float = 0.0,
-               bytes_: float | None = None, op_class: str = "other", grad: bool = True) -> Tensor:
-        """An op with no surrogate: costed by the roofline of its FLOPs and bytes, and flagged."""
+               bytes_: float | None = None, op_class: str = "other", grad: bool = True,
+               op_type: str | None = None) -> Tensor:
+        """An op with no surrogate: costed by the roofline of its FLOPs and bytes, and flagged. ``op_type``: the
+        imported op it stands for (an ONNX op type, an aten op), tagged ``op_type:<type>`` on its kernels (forward and
+        backward) so that ``fallback_ops`` can name it (:func:`op_type_of_tag`)."""
         out_n = _numel(out_shape)
         b = bytes_ if bytes_ is not None else (sum(t.nbytes for t in inputs) + out_n * self.dbytes)
         bw = [self._bw(f"{name}.grad", op_class, "", "roofline", flops=2 * flops, bytes_=2 * b)] if grad else []
-        return self._add(name, op_class, "", "roofline", list(inputs), out_shape, flops=flops, bytes_=b, backward=bw)
+        with self.tag(f"{OP_TYPE_TAG}{op_type}" if op_type else ""):
+            return self._add(name, op_class, "", "roofline", list(inputs), out_shape, flops=flops, bytes_=b, backward=bw)
 
     # ------------------------------------------------------------------ result
     def _backward_with_accumulation(self) -> list[list[dict]]:

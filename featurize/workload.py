@@ -17,8 +17,7 @@ import numpy as np
 from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.graph_cache import rows_cached
-from wattcast.featurize.hf_config import (HFConfig, config_warnings, load_hf_config, locate_model_config, pinned,
-                                          position_warning)
+from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, model_warnings, pinned
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.featurize.training_graph import optimizer_key, training_graph
@@ -327,9 +326,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         raise GraphError(f"{cfg.name}: seq {opts.seq * opts.cp} exceeds the model's {limit}")
     # rotary positions run beyond the table: predicted, with a warning in meta["warnings"] (printed by the CLI)
     # with a KV cache the new tokens sit at positions kv_context .. kv_context + seq - 1
-    pos_warning = position_warning(cfg, opts.seq * opts.cp + (opts.kv_context or 0))
     # what the config asks for that the graph does not model (a Qwen-MoE window, ...): predicted, with a warning
-    warnings = [w for w in (pos_warning, *config_warnings(cfg)) if w]
+    warnings = model_warnings(cfg, opts.seq * opts.cp + (opts.kv_context or 0))
     if opts.framework == "megatron" and cfg.family in _MEGATRON_LLAMA_FAMILIES:
         from wattcast.featurize.hf_models import llama_megatron
 

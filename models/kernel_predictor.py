@@ -62,6 +62,21 @@ _USED_COLUMNS = frozenset(("op", "dtype", *_COLUMN_ALIASES, *_COLUMN_ALIASES.val
                            *PRED_COLUMNS, *EXTRA_COLUMNS))
 
 
+#: the dtypes whose kernels need tensor-core units of their own: (the spec's peak field, which GPUs have it)
+_TENSOR_CORE_PEAKS = {"fp8": ("peak_fp8_tflops", "(A100, V100, MI250 and older); use bf16"),
+                      "tf32": ("peak_tf32_tflops", "(Ampere and later; PyTorch's TF32 setting does nothing on older "
+                                                   "GPUs); use fp32")}
+
+
+def unpeaked_dtype_error(spec, dtype: str) -> str | None:
+    """Why ``spec`` cannot run ``dtype``'s (canonical) tensor-core kernels: the spec has no peak for them (None when it
+    has, or the dtype needs no unit of its own)."""
+    if dtype not in _TENSOR_CORE_PEAKS or getattr(spec, _TENSOR_CORE_PEAKS[dtype][0]):
+        return None
+    field, why = _TENSOR_CORE_PEAKS[dtype]
+    return f"dtype {dtype} needs {dtype.upper()} tensor cores, but {spec.name}'s spec has no {field} {why}"
+
+
 def check_kernel_frame(frame) -> pd.DataFrame:
     """``frame`` if it is a table of kernels wattcast can read, else a ValueError saying what is wrong:
     not a pandas DataFrame, or a column it reads/writes (``OPName``/``op``, ``dtype``, shape columns,
@@ -715,14 +730,12 @@ def predict_kernels(
     canon, err = normalise_kernel_frame(frame, plausible_shapes=plausible_shapes)
     n = len(canon)
     # dtypes of tensor-core units the spec has no peak for (a tf32 vector row is fp32 by now)
-    for dt, field, why in (("fp8", "peak_fp8_tflops", "(A100, V100, MI250 and older); use bf16"),
-                           ("tf32", "peak_tf32_tflops", "(Ampere and later; PyTorch's TF32 setting does nothing on older "
-                                                        "GPUs); use fp32")):
-        if not getattr(spec, field):
+    for dt in _TENSOR_CORE_PEAKS:
+        if (msg := unpeaked_dtype_error(spec, dt)) is not None:
             rows = (canon["dtype"].to_numpy() == dt) & (err == "")
             if rows.any():
                 err = err.copy()
-                err[rows] = f"dtype {dt} needs {dt.upper()} tensor cores, but {spec.name}'s spec has no {field} {why}"
+                err[rows] = msg
     if not (spec.peak_bf16_tflops or spec.peak_fp16_tflops):
         half = _unpeaked_half_gemms(canon, err, spec)
         if half.any():

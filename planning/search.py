@@ -506,8 +506,11 @@ def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, 
                                  + "): give cloud_usd_per_gpu_hour (--cloud-usd-per-gpu-hour)"
                                  + (", or another pricing (--pricing)" if probe.pricing != "on-demand" else ""))
         resolved.append((cl, spec))
-    # the clusters' and GPUs' own warnings, each once (one GPU on two clusters: its peak-ratio note once)
-    warnings = list(dict.fromkeys(w for cl, spec in resolved for w in spec_notes(cl, spec)))
+    # the model's own warnings (a sequence beyond a RoPE model's positions, ...: every candidate's graph has them), then
+    # the clusters' and GPUs', each once (one GPU on two clusters: its peak-ratio note once)
+    from wattcast.featurize.hf_config import model_warnings
+
+    warnings = list(dict.fromkeys([*model_warnings(hf, seq), *(w for cl, spec in resolved for w in spec_notes(cl, spec))]))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones

@@ -165,7 +165,8 @@ def one_device(res, *, load_ms: float = 0.0, workers: int | None = None, idle_po
                 **({} if tokens else {"note": NOT_A_TOKEN_BATCH}))
     if total <= 0:
         return replace(res, meta=dict(res.meta, data_loading=info), overheads=dict(res.overheads, data_loading_ms=0.0))
-    per_op = sorted([*res.per_op, dict(op_class="data_loading", count=copies, time_ms=total, flops=0.0)],
+    per_op = sorted([*res.per_op, dict(op_class="data_loading", count=copies, time_ms=total, flops=0.0,
+                                             launch_gap_ms=0.0)],
                     key=lambda o: -o["time_ms"])
     step = res.step_time_ms + total
     energy = res.energy_j + idle_power_w * total / 1e3

@@ -57,3 +57,12 @@ class RunDefaults:
 
 
 DEFAULTS = RunDefaults()
+
+
+def shown_dtype(meta: dict, given: str | None = None) -> str | None:
+    """The precision a step ran with, as the user names it: "fp8" for the FP8 recipe (whose graph keeps
+    ``meta["dtype"] == "bf16"``, the dtype of everything but its FP8 GEMMs, with ``meta["precision"] == "fp8"``:
+    ``featurize.workload``), else ``meta["dtype"]``, else ``given``. For the settings, titles and trace metadata."""
+    if meta.get("precision") == "fp8":
+        return "fp8"
+    return meta.get("dtype", given)

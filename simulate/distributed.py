@@ -941,7 +941,8 @@ def _blend_rows(keep: list[dict], full: list[dict], keys: tuple[str, ...], w: fl
     out: dict = {}
     for rows, f in ((keep, 1.0 - w), (full, w)):
         for r in rows:
-            o = out.setdefault(tuple(r[k] for k in keys), {c: (v if isinstance(v, str) else 0.0) for c, v in r.items()})
+            # (a row's labels: its keys' strings, e.g. a fallback row's op_type; the numbers are blended)
+            o = out.setdefault(tuple(r.get(k) for k in keys), {c: (v if isinstance(v, str) else 0.0) for c, v in r.items()})
             for c, v in r.items():
                 if not isinstance(v, str):
                     o[c] += f * v
@@ -973,7 +974,7 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
                    full_extra_bytes=full.full_extra_bytes if rc.any() else 0.0,
                    recompute_flops=w * full.recompute_flops,
                    per_op=_blend_rows(keep.per_op, full.per_op, ("op_class",), w),
-                   fallback_ops=_blend_rows(keep.fallback_ops, full.fallback_ops, ("op_class", "method"), w),
+                   fallback_ops=_blend_rows(keep.fallback_ops, full.fallback_ops, ("op_class", "method", "op_type"), w),
                    ood_fraction=(1.0 - w) * keep.ood_fraction + w * full.ood_fraction)
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.simulate.step_band import band_keys, ood_band_log, ood_warning, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
-from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS
+from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS, op_type_of_tag
 from wattcast.models.attention import (BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, REFERENCE_DEVICE, flash_attention_ms,
                                        scalar_fp32_tflops)
 from wattcast.models.kernel_bundle import KernelBundle, load_bundle
@@ -402,15 +402,22 @@ def group_totals(keys: np.ndarray, time_ms: np.ndarray, flops: np.ndarray, name:
 
 
 def fallback_summary(costed: pd.DataFrame) -> list[dict]:
-    """Kernels costed without their own learned model, by op class and method (count, time)."""
+    """Kernels costed without their own learned model, by op class and method (count, time); the kernels of an imported
+    op no cost model knows (an ONNX op type, an aten op: tagged by ``GraphBuilder.opaque``) in rows of their own that
+    name it in ``op_type``."""
     method = costed["method"].to_numpy()
     fb = np.isin(method, ["roofline", "proxy", "flash"])
     if not fb.any():
         return []
-    key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + method[fb].astype(object)
+    codes, tags = pd.factorize(costed["tag"].to_numpy()[fb], use_na_sentinel=False) if "tag" in costed else (np.zeros(int(fb.sum()), int), [""])
+    op_type = np.array([op_type_of_tag(t) for t in tags], dtype=object)[codes]
+    key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + method[fb].astype(object) + "|" + op_type
     t = costed["time_ms"].to_numpy()[fb]
-    return [dict(op_class=r["key"].split("|")[0], method=r["key"].split("|")[1], count=r["count"], time_ms=r["time_ms"])
-            for r in group_totals(key, t, np.zeros(len(t)), "key")]
+    rows = []
+    for r in group_totals(key, t, np.zeros(len(t)), "key"):
+        cls, how, op = r["key"].split("|", 2)
+        rows.append(dict(op_class=cls, method=how, count=r["count"], time_ms=r["time_ms"], **({"op_type": op} if op else {})))
+    return rows
 
 
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
@@ -469,6 +476,46 @@ def step_overheads(costed: pd.DataFrame) -> dict:
             "launch_gap_ms": float(np.maximum(t - gpu, 0.0).sum())}
 
 
+#: the named step overheads a ``per_op`` row's ``parts`` can hold (as in :func:`step_overheads`; the first that applies)
+OP_PARTS = ("clip_grad_norm", "loss_scaling", "grad_accumulation", "memcpy", "optimizer_step")
+
+
+def op_part_labels(costed: pd.DataFrame) -> np.ndarray:
+    """Per costed kernel: the named overhead of :data:`OP_PARTS` it belongs to, "" for the model's own kernels (the
+    same masks as :func:`step_overheads`; each kernel in one part only)."""
+    name = costed["name"].astype(str)
+    oc = costed["op_class"].astype(str).to_numpy()
+    phase = costed["phase"].astype(str).to_numpy()
+    masks = (name.str.startswith("clip_grad_norm").to_numpy(), name.str.startswith("loss_scale.").to_numpy(),
+             name.str.startswith("accumulate_grad").to_numpy(), oc == "memory",
+             (phase == "optimizer") & (oc != "fp8_cast"))
+    return np.select(masks, OP_PARTS, default="").astype(object)
+
+
+def with_op_parts(per_op: list[dict], costed: pd.DataFrame) -> list[dict]:
+    """``per_op`` (one row per op class) with each row's named overheads: ``launch_gap_ms`` (host time in which the GPU
+    waited for the row's next small kernel, inside its ``time_ms``) and, where the row holds any, ``parts``: the
+    :data:`OP_PARTS` among its kernels (name, count, time_ms; inside its ``time_ms``, not on top of it: the optimizer
+    row splits into optimizer_step + clip_grad_norm + loss_scaling). Rows, keys and totals are kept."""
+    oc = costed["op_class"].astype(str).to_numpy()
+    t = costed["time_ms"].to_numpy(dtype=float)
+    gap = np.maximum(t - (costed["gpu_ms"].to_numpy(dtype=float) if "gpu_ms" in costed else t), 0.0)
+    part = op_part_labels(costed)
+    named = part != ""
+    parts: dict[str, list[dict]] = {}
+    if named.any():
+        key = oc[named].astype(object) + "|" + part[named]
+        for r in group_totals(key, t[named], np.zeros(int(named.sum())), "key", by_time=False):
+            cls, nm = r["key"].split("|")
+            parts.setdefault(cls, []).append(dict(name=nm, count=r["count"], time_ms=r["time_ms"]))
+    codes, uniq = pd.factorize(oc)
+    gaps = dict(zip(uniq, np.bincount(codes, weights=gap, minlength=len(uniq))))
+    order = {n: i for i, n in enumerate(("optimizer_step", "clip_grad_norm", "loss_scaling", "grad_accumulation", "memcpy"))}
+    return [dict(r, launch_gap_ms=float(gaps.get(r["op_class"], 0.0)),
+                 **({"parts": sorted(parts[r["op_class"]], key=lambda q: order[q["name"]])}
+                    if r["op_class"] in parts else {})) for r in per_op]
+
+
 def with_warnings(meta: dict, notes) -> dict:
     """``meta`` with ``notes`` appended to its ``warnings`` (a new dict and list: a graph's meta is shared and stays as it
     was); ``meta`` itself when there are none."""
@@ -502,7 +549,7 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
     t = costed["time_ms"].to_numpy()
     fwd, bwd, opt = (float(t[phase == p].sum()) for p in ("forward", "backward", "optimizer"))
     flops = costed["flops"].to_numpy(dtype=float)
-    per_op = group_totals(costed["op_class"].to_numpy(), t, flops, "op_class")
+    per_op = with_op_parts(group_totals(costed["op_class"].to_numpy(), t, flops, "op_class"), costed)
     per_layer = group_totals(costed["layer"].to_numpy(), t, flops, "layer", by_time=False)
     fallback = fallback_summary(costed)
     total = fwd + bwd + opt

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from wattcast.simulate.defaults import shown_dtype
+
 
 def _ns(ms: float) -> int:
     """A time in ms as whole nanoseconds: every event's start and end are rounded once, so that consecutive events of
@@ -66,7 +68,8 @@ def _write_trace(path: str | Path, events: list[dict], other: dict) -> Path:
 
 def write_chrome_trace(res, path: str | Path) -> Path:
     return _write_trace(path, chrome_trace_events(res), {"model": res.meta.get("name"), "device": res.device,
-                                                         "mode": res.mode, "step_time_ms": res.step_time_ms})
+                                                         "mode": res.mode, "dtype": shown_dtype(res.meta),
+                                                         "step_time_ms": res.step_time_ms})
 
 
 #: the tracks (thread ids) of a distributed trace, per pipeline stage (process): the computation, then one per kind
@@ -163,7 +166,8 @@ def distributed_trace_events(res) -> list[dict]:
 
 def write_distributed_trace(res, path: str | Path) -> Path:
     return _write_trace(path, distributed_trace_events(res), {"model": res.model, "cluster": res.cluster,
-                                                              "parallel": res.parallel.describe(), "step_time_ms": res.step_time_ms,
+                                                              "parallel": res.parallel.describe(), "dtype": shown_dtype(res.meta),
+                                                              "step_time_ms": res.step_time_ms,
                                                               "truncated": res.meta.get("trace_truncated"),
                                                               "moe_load": res.meta.get("moe_load", 1.0)})
 

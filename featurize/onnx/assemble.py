@@ -21,7 +21,7 @@ from wattcast.featurize.onnx.ops import _Ops
 from wattcast.featurize.onnx.params import _Params, _is_buffer, _tied_by_value
 from wattcast.featurize.onnx.patterns import _Patterns
 from wattcast.featurize.onnx.shapes import _file_shapes, _infer, _Shapes, _small_constants, _strip_weights
-from wattcast.featurize.op_graph import GraphError, OpGraph, Tensor
+from wattcast.featurize.op_graph import GraphError, OpGraph, Tensor, unmapped_ops_warning
 
 _LAYER_RE = re.compile(r"(?:^|[./_])(?:h|layers|layer|blocks|block)[._](\d+)(?=$|[./_])")
 
@@ -291,8 +291,10 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             meta["fallback_ops"] = dict(sorted(self.fallback.items()))
         if self.unknown_shapes:
             meta["unknown_shapes"] = int(self.unknown_shapes)
-        if self.warnings:
-            meta["warnings"] = self.warnings[:20]
+        # the unknown ops' warning first: it is what the JSON's ``warnings`` must name even past the first 20
+        unmapped = [w for w in (unmapped_ops_warning(self.unmapped),) if w]
+        if self.warnings or unmapped:
+            meta["warnings"] = unmapped + self.warnings[:20]
         return self.b.build(**meta)
 
 

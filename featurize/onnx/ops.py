@@ -632,7 +632,7 @@ class _Ops:
         out_shapes = [self._out_shape(o, default) for o in outs] or [(1,)]
         out_bytes = sum(_numel_dims(s) * self._ebytes(self._elem(o)) for s, o in zip(out_shapes, outs))
         rg = self._rg(*present)
-        y = self.b.opaque(name, tensors, out_shapes[0], flops=0.0, bytes_=float(in_bytes + out_bytes), grad=rg)
+        y = self.b.opaque(name, tensors, out_shapes[0], flops=0.0, bytes_=float(in_bytes + out_bytes), grad=rg, op_type=op)
         p = self._claim([i for i in present if self._is_static(i)], [k], weight=False)
         if p:
             self.b.own_params(y, p)

@@ -15,7 +15,7 @@ import torch
 import torch.fx
 
 from wattcast.data.kernel_ops import canonical_dtype
-from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
+from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph, unmapped_ops_warning
 from wattcast.featurize.torch_import.ops import _attach_params, _Ops
 from wattcast.featurize.torch_import.shapes import _bind, _is_tensor, _shape, _tensors_in, _Values
 from wattcast.featurize.torch_import.tables import _ATTN_PROPAGATE, _CONV, _SDPA, _TORCH_DTYPE_NAMES, _op_label, _packet
@@ -265,7 +265,7 @@ class _Importer(_Values, _Ops):
         grad = self.needs_grad(node.all_input_nodes)
         op_class = "conv" if _packet(node.target) in _CONV else "other"
         first = self.b.opaque(node.name, ins, _shape(outs[0]), flops=float(sum(o.numel() for o in outs)),
-                              bytes_=float(total), op_class=op_class, grad=grad)
+                              bytes_=float(total), op_class=op_class, grad=grad, op_type=label)
         res = self._like(val, first)
         for a in node.all_input_nodes:  # parameters of an unmapped op are its own
             if a in self.root:
@@ -360,6 +360,9 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
     unattributed = int(param_count) - builder.param_count
     if unattributed:
         builder.add_params(unattributed)  # parameters no op owns (unused in forward, or a shared bias)
+    warn = [w for w in (unmapped_ops_warning(dict(imp.unmapped)),) if w]
+    if warn:
+        meta = dict(meta, warnings=[*warn, *(meta.get("warnings") or [])])
     g = builder.build(source="torch.export", n_layers=imp.n_layers, unmapped_ops=dict(imp.unmapped),
                       approximated_ops=dict(imp.approximated), unmapped_reasons=dict(imp.fallback_reasons),
                       unattributed_params=unattributed, fx_nodes=len(ep.graph_module.graph.nodes), **meta)

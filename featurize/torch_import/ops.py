@@ -380,7 +380,8 @@ class _Ops:
             out_n = math.prod(out_shape)
             flops = 2.0 * (math.prod(_shape(xv)) * int(wv.shape[1]) if transposed else out_n * c_in) * math.prod(ks)
             ins = [t for t in (x, self.value(w_node), self.value(bias)) if isinstance(t, Tensor)]
-            out = self.b.opaque(name, ins, out_shape, flops=flops, op_class="conv", grad=self.grad[node])
+            out = self.b.opaque(name, ins, out_shape, flops=flops, op_class="conv", grad=self.grad[node],
+                                op_type=_op_label(node.target))
             _attach_params(self.b, out, self.claim(w_node) + self.claim(bias))
             return out
         out = self.b.conv2d(x, int(wv.shape[0]), ks[0], stride=stride[0], padding=padding[0], bias=bias is not None, name=name)
