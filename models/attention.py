@@ -115,13 +115,17 @@ if tuple(FLASH_KERNELS) != FLASH_KERNEL_NAMES:  # pragma: no cover - a packaging
     raise RuntimeError("data/kernel_ops.FLASH_KERNELS and models/attention.FLASH_KERNELS must list the same kernels")
 
 
-def flash_attention_terms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray, s_q: np.ndarray,
-                          s_kv: np.ndarray, head_dim: np.ndarray, kept: np.ndarray, io_bytes: np.ndarray,
-                          peak_tflops: np.ndarray, fp32_tflops: float, memory_gbps: float, sms: int,
-                          mma_scale=1.0) -> dict[str, np.ndarray]:
-    """The per-row terms of :func:`flash_attention_ms` (arguments as there): ``mma_s``, ``softmax_s`` and ``memory_s``
-    (seconds, before wave quantization), ``fill`` (the busy share of the last wave's SMs), ``mma_efficiency`` (the
-    share of the dense peak the matrix part runs at) and ``total_ms``."""
+def flash_attention_ms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray, s_q: np.ndarray, s_kv: np.ndarray,
+                       head_dim: np.ndarray, kept: np.ndarray, io_bytes: np.ndarray, peak_tflops: np.ndarray,
+                       fp32_tflops: float, memory_gbps: float, sms: int, mma_scale=1.0) -> np.ndarray:
+    """GPU time (ms) of fused attention kernels, one per row (vectorised).
+
+    ``bh``: batch x heads; ``s_q``/``s_kv``: query / key lengths; ``kept``: the share of the S_q x S_kv scores the
+    mask keeps (0.5 causal, 1 none; a causal square also computes its diagonal blocks whole);
+    ``io_bytes``: the bytes the kernel moves through HBM; ``peak_tflops``: the dense tensor-core peak of each
+    row's dtype; ``phase``: "forward" or "backward"; ``kernel``: a :data:`FLASH_KERNELS` key; ``fp32_tflops``: the
+    rate the softmax work runs at (:func:`scalar_fp32_tflops`); ``mma_scale`` (scalar or per row): the device's
+    achievable-matmul ceiling in the row's dtype over the reference A100's (1 on the A100)."""
     kernel = np.asarray(kernel, dtype=object)
     unknown = sorted(set(kernel) - set(FLASH_KERNELS))
     if unknown:
@@ -146,22 +150,4 @@ def flash_attention_terms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarr
     blocks = bh * np.ceil(np.where(bwd, s_kv, s_q) / BLOCK_ROWS)
     waves = np.ceil(blocks / max(int(sms), 1))
     fill = blocks / np.maximum(waves * max(int(sms), 1), 1.0)
-    total_ms = np.maximum((mma_s + softmax_s) / np.maximum(fill, 1e-9), mem_s) * 1e3
-    return {"mma_s": mma_s, "softmax_s": softmax_s, "memory_s": mem_s, "fill": fill,
-            "mma_efficiency": np.broadcast_to(eff, mma_s.shape), "total_ms": total_ms}
-
-
-def flash_attention_ms(*, kernel: np.ndarray, phase: np.ndarray, bh: np.ndarray, s_q: np.ndarray, s_kv: np.ndarray,
-                       head_dim: np.ndarray, kept: np.ndarray, io_bytes: np.ndarray, peak_tflops: np.ndarray,
-                       fp32_tflops: float, memory_gbps: float, sms: int, mma_scale=1.0) -> np.ndarray:
-    """GPU time (ms) of fused attention kernels, one per row (vectorised).
-
-    ``bh``: batch x heads; ``s_q``/``s_kv``: query / key lengths; ``kept``: the share of the S_q x S_kv scores the
-    mask keeps (0.5 causal, 1 none; a causal square also computes its diagonal blocks whole);
-    ``io_bytes``: the bytes the kernel moves through HBM; ``peak_tflops``: the dense tensor-core peak of each
-    row's dtype; ``phase``: "forward" or "backward"; ``kernel``: a :data:`FLASH_KERNELS` key; ``fp32_tflops``: the
-    rate the softmax work runs at (:func:`scalar_fp32_tflops`); ``mma_scale`` (scalar or per row): the device's
-    achievable-matmul ceiling in the row's dtype over the reference A100's (1 on the A100)."""
-    return flash_attention_terms(kernel=kernel, phase=phase, bh=bh, s_q=s_q, s_kv=s_kv, head_dim=head_dim, kept=kept,
-                                 io_bytes=io_bytes, peak_tflops=peak_tflops, fp32_tflops=fp32_tflops,
-                                 memory_gbps=memory_gbps, sms=sms, mma_scale=mma_scale)["total_ms"]
+    return np.maximum((mma_s + softmax_s) / np.maximum(fill, 1e-9), mem_s) * 1e3

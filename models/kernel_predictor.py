@@ -432,32 +432,48 @@ def _apply_grid(out: dict[str, np.ndarray], sel: np.ndarray, grid_ms: np.ndarray
         out[k] = out[k] * f
 
 
+def _no_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What :func:`_m_grid_probes` / :func:`_n_grid_probes` return when no row is guarded."""
+    return (canon.iloc[:0], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp),
+            np.zeros(0))
+
+
+def _linear_layer_rows(canon: pd.DataFrame) -> np.ndarray:
+    """Per row: a linear layer, i.e. a ``linear`` row or a single matmul (``bmm`` with B = 1) a step graph costs it as."""
+    op = canon["op"].to_numpy()
+    b = canon["B"].to_numpy(dtype=float) if "B" in canon else np.ones(len(canon))
+    return (op == "linear") | ((op == "bmm") & (b == 1))
+
+
+def _log2_grid(canon: pd.DataFrame, sel: np.ndarray, start, steps: np.ndarray
+               ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """Each row ``sel[i]`` of ``canon`` repeated ``steps[i]`` times, contiguously and in order: (the repeated rows, the
+    canonical row each is, the index of each row's first repeat, the log2 exponent of each repeat: ``start[i]``
+    (scalar or per selected row), ``start[i] + 1``, ...). The caller sets the guarded column from the exponents."""
+    first = np.cumsum(steps) - steps
+    owner = np.repeat(sel, steps)
+    k = np.arange(len(owner)) - np.repeat(first, steps)
+    exp = (start if np.ndim(start) == 0 else np.repeat(start, steps)) + k
+    return canon.iloc[owner].copy(), owner, first, exp
+
+
 def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(grid rows, the canonical row each belongs to, the guarded rows, per guarded row the index of its grid point at
     or below its ``M`` and the log2 weight of the one above): for every tensor-core linear-layer row (see
     :func:`_predict_rows`) with
     MONOTONE_MIN_M < ``M`` <= MONOTONE_MAX_M, the same row at each power of two from MONOTONE_MIN_M to the first at or
     above ``M``, ascending."""
-    none = (canon.iloc[:0], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp),
-            np.zeros(0))
     if "M" not in canon:
-        return none
+        return _no_probes(canon)
     m = canon["M"].to_numpy(dtype=float)
-    op = canon["op"].to_numpy()
-    b = canon["B"].to_numpy(dtype=float) if "B" in canon else np.ones(len(canon))
-    # linear layers: ``linear`` rows and the single matmuls (``bmm`` with B = 1) a step graph costs them as
-    sel = np.flatnonzero((m > MONOTONE_MIN_M) & (m <= MONOTONE_MAX_M) & ((op == "linear") | ((op == "bmm") & (b == 1)))
+    sel = np.flatnonzero((m > MONOTONE_MIN_M) & (m <= MONOTONE_MAX_M) & _linear_layer_rows(canon)
                          & (canon["dtype"].to_numpy() != "fp32"))
     if not len(sel):
-        return none
+        return _no_probes(canon)
     e0 = np.log2(MONOTONE_MIN_M)
     lm = np.log2(m[sel])
     top = np.ceil(lm - 1e-12)
-    steps = (top - e0 + 1).astype(int)
-    first = np.cumsum(steps) - steps
-    owner = np.repeat(sel, steps)
-    exp = e0 + (np.arange(len(owner)) - np.repeat(first, steps))
-    probes = canon.iloc[owner].copy()
+    probes, owner, first, exp = _log2_grid(canon, sel, e0, (top - e0 + 1).astype(int))
     probes["M"] = np.exp2(exp)
     lo = np.floor(lm + 1e-12)
     return probes, owner, sel, (first + (lo - e0)).astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
@@ -469,26 +485,18 @@ def _n_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.nd
     guard selects them, :func:`_m_grid_probes`) whose contraction ``N`` (already padded to one k-tile,
     :func:`_pad_contraction`) is at most MONOTONE_MAX_N, the same row at each k-tile x 2**j from the one at or below
     ``N`` up to MONOTONE_MAX_N, ascending."""
-    none = (canon.iloc[:0], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp),
-            np.zeros(0))
     if "N" not in canon or not len(canon):
-        return none
+        return _no_probes(canon)
     nv = canon["N"].to_numpy(dtype=float)
-    op = canon["op"].to_numpy()
-    b = canon["B"].to_numpy(dtype=float) if "B" in canon else np.ones(len(canon))
     tile = _k_tile_elems(canon["dtype"].to_numpy())
     # (a row at MONOTONE_MAX_N is its own grid: nothing to guard)
-    sel = np.flatnonzero((tile > 0) & (nv < MONOTONE_MAX_N) & ((op == "linear") | ((op == "bmm") & (b == 1))))
+    sel = np.flatnonzero((tile > 0) & (nv < MONOTONE_MAX_N) & _linear_layer_rows(canon))
     if not len(sel):
-        return none
+        return _no_probes(canon)
     ln = np.log2(nv[sel] / tile[sel])  # >= 0: padded to one k-tile
     lo = np.floor(ln + 1e-12)
     top = np.floor(np.log2(MONOTONE_MAX_N / tile[sel]) + 1e-12)
-    steps = (top - lo + 1).astype(int)
-    first = np.cumsum(steps) - steps
-    owner = np.repeat(sel, steps)
-    exp = np.repeat(lo, steps) + (np.arange(len(owner)) - np.repeat(first, steps))
-    probes = canon.iloc[owner].copy()
+    probes, owner, first, exp = _log2_grid(canon, sel, lo, (top - lo + 1).astype(int))
     probes["N"] = tile[owner] * np.exp2(exp)
     return probes, owner, sel, first.astype(np.intp), np.clip(ln - lo, 0.0, 1.0)
 

@@ -327,6 +327,26 @@ def why_no_candidates(cl, gpus: int, batch: int, seq: int, space: dict, rules: d
             "widen the space (tp, pp, micro_batch, zero, ...)")
 
 
+def _in_model_folders(fn):
+    """``fn`` (:func:`search`) run with the model folders its ``models`` / ``collectives`` / ``power_model`` keywords
+    name resolved and checked first (a bad folder is named before anything else runs) and active; none given: the
+    caller's (``current_folders``). The live versions' paths, so that every worker loads what this process loads even
+    if a retraining switches a folder mid-search; ``fn`` reads them back with ``current_folders()``."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kw):
+        from wattcast.models.selection import current_folders, resolve_folders, using_folders
+
+        given = [kw.get(k) for k in ("models", "collectives", "power_model")]  # keyword-only in search
+        folders = resolve_folders(*given) if any(v is not None for v in given) else current_folders()
+        with using_folders(folders):
+            return fn(*args, **kw)
+
+    return run
+
+
+@_in_model_folders
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
            optimizer: str = DEFAULTS.optimizer, max_configs: int = 5000, progress=None, framework: str = DEFAULTS.framework,
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
@@ -400,32 +420,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ratio, an in-node fabric faster than the GPU's own link), once per search. When nothing is evaluated (no
     strategy divides the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames
     with the usual columns and ``best`` is None."""
-    from wattcast.models.selection import current_folders, resolve_folders, using_folders
-
-    # the models first (a bad folder is named before anything else runs); the live versions' paths, so that every
-    # worker loads what this process loads even if a retraining switches a folder mid-search
-    folders = (resolve_folders(models, collectives, power_model) if any(v is not None for v in
-               (models, collectives, power_model)) else current_folders())
-    with using_folders(folders):
-        return _search(model, cluster, gpus, batch, seq, folders, dtype=dtype, attention=attention, optimizer=optimizer,
-                       max_configs=max_configs, progress=progress, framework=framework, tokens=tokens,
-                       footprint_kw=footprint_kw, overlaps=overlaps, objective=objective, max_usd=max_usd,
-                       deadline_days=deadline_days, max_tco2e=max_tco2e, pareto=pareto, prune_oom=prune_oom,
-                       exact_pipeline=exact_pipeline, workers=workers, moe_routing=moe_routing,
-                       gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
-                       data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
-                       cross_entropy_loss_fusion=cross_entropy_loss_fusion,
-                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype,
-                       scatter_gather_p2p=scatter_gather_p2p, **space)
-
-
-def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, attention, optimizer, max_configs,
-            progress, framework, tokens, footprint_kw, overlaps, objective, max_usd, deadline_days, max_tco2e, pareto,
-            prune_oom, exact_pipeline, workers, moe_routing, gpus_per_node, zero3_prefetch, data_load_ms, data_workers,
-            fp8_param_gather, mtp_num_layers, cross_entropy_loss_fusion, cross_entropy_fusion_impl, fsdp_reduce_dtype,
-            scatter_gather_p2p=None, **space) -> SearchResult:
-    """:func:`search` with its model folders resolved (``folders``, a ModelFolders) and active."""
     from wattcast.featurize.workload import canonical_framework, is_onnx_path
+    from wattcast.models.selection import current_folders
     from wattcast.simulate.distributed import model_config
 
     clusters = list(cluster) if isinstance(cluster, (list, tuple)) else [cluster]
@@ -513,6 +509,15 @@ def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, 
     warnings = list(dict.fromkeys([*model_warnings(hf, seq), *(w for cl, spec in resolved for w in spec_notes(cl, spec))]))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
+    folders = current_folders()  # resolved and active (_in_model_folders)
+    # every candidate's step settings, once (each evaluator adds the models it loaded)
+    step = DistributedOptions(batch=batch, seq=seq, dtype=dtype, attention=attention, optimizer=optimizer,
+                              framework=framework, comm_split=False, prune_oom=bool(prune_oom),
+                              exact_pipeline=bool(exact_pipeline), zero3_prefetch=zero3_prefetch,
+                              fsdp_reduce_dtype=fsdp_reduce_dtype, data_load_ms=data_load_ms, data_workers=data_workers,
+                              mtp_num_layers=int(mtp_num_layers), cross_entropy_loss_fusion=cross_entropy_loss_fusion,
+                              cross_entropy_fusion_impl=cross_entropy_fusion_impl,
+                              scatter_gather_p2p=scatter_gather_p2p, **routing)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate
@@ -520,14 +525,8 @@ def _search(model, cluster, gpus: int, batch: int, seq: int, folders, *, dtype, 
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
             if overlaps:
                 cands = [replace(c, **overlaps) for c in cands]
-            job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, batch=batch, seq=seq, dtype=dtype, attention=attention,
-                       optimizer=optimizer, framework=framework, prune_oom=bool(prune_oom),
-                       exact_pipeline=bool(exact_pipeline), tokens=tokens, footprint_kw=run_kw[cl.name], routing=routing,
-                       zero3_prefetch=zero3_prefetch, fsdp_reduce_dtype=fsdp_reduce_dtype, data_load_ms=data_load_ms,
-                       data_workers=data_workers, fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=int(mtp_num_layers),
-                       cross_entropy_loss_fusion=cross_entropy_loss_fusion,
-                       cross_entropy_fusion_impl=cross_entropy_fusion_impl, scatter_gather_p2p=scatter_gather_p2p,
-                       n_layers=hf.total_layers, n_heads=hf.n_heads,
+            job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, step=step, tokens=tokens, footprint_kw=run_kw[cl.name],
+                       fp8_param_gather=bool(fp8_param_gather), n_layers=hf.total_layers, n_heads=hf.n_heads,
                        n_kv_heads=hf.n_kv_heads, ffn=hf.ffn, n_experts=hf.n_experts, folders=folders)
             if not cands:
                 why_none[cl.name] = why_no_candidates(cl, gpus, batch, seq, space, job.rules())
@@ -585,35 +584,13 @@ class _Job:
     cl: object  # ClusterSpec
     spec: object  # DeviceSpec
     gpus: int
-    batch: int
-    seq: int
-    dtype: str
-    attention: str
-    optimizer: str
-    framework: str
-    prune_oom: bool
-    exact_pipeline: bool
+    #: every candidate's step settings (batch, seq, dtype, attention, optimizer, canonical framework, prune_oom,
+    #: exact_pipeline, MoE routing, ...; comm_split off), without the loaded models (each evaluator adds its own)
+    step: DistributedOptions
     tokens: float | None
     footprint_kw: dict | None
-    #: MoE routing options for every candidate (DistributedOptions' moe_load_imbalance, moe_capacity_factor,
-    #: moe_pad_to_capacity); empty: balanced, dropless
-    routing: dict
-    #: DistributedOptions.zero3_prefetch for every candidate (None: the framework's)
-    zero3_prefetch: bool | None
-    #: DistributedOptions.fsdp_reduce_dtype for every candidate (None: the parameters' half-precision dtype)
-    fsdp_reduce_dtype: str | None
-    #: DistributedOptions.data_load_ms / data_workers for every candidate
-    data_load_ms: float
-    data_workers: int | None
     #: Megatron-Core's --fp8-param-gather for every candidate with the distributed optimizer (ZeRO >= 1)
     fp8_param_gather: bool
-    #: Megatron-Core's --mtp-num-layers for every candidate
-    mtp_num_layers: int
-    #: Megatron-Core's --cross-entropy-loss-fusion (None: the framework's default) and --cross-entropy-fusion-impl
-    cross_entropy_loss_fusion: bool | None
-    cross_entropy_fusion_impl: str
-    #: DistributedOptions.scatter_gather_p2p for every candidate (None: the framework's)
-    scatter_gather_p2p: bool | None
     n_layers: int
     n_heads: int | None
     n_kv_heads: int | None
@@ -624,9 +601,10 @@ class _Job:
     folders: object = None
 
     def rules(self) -> dict:
-        return dict(batch=self.batch, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
-                    ffn=self.ffn, n_experts=self.n_experts, seq=self.seq, cluster=self.cl,
-                    uneven_stages=self.framework == "megatron-deepspeed", framework=self.framework)
+        st = self.step
+        return dict(batch=st.batch, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                    ffn=self.ffn, n_experts=self.n_experts, seq=st.seq, cluster=self.cl,
+                    uneven_stages=st.framework == "megatron-deepspeed", framework=st.framework)
 
 
 def _group_key(par: ParallelConfig) -> tuple:
@@ -651,33 +629,26 @@ class _Evaluator:
         from wattcast.models.selection import using_folders
 
         with using_folders(job.folders):
-            self.bundle, self.coll_model, self.power_model = load_bundle(), collective_model(), load_power_model()
+            self.options = replace(job.step, bundle=load_bundle(), coll_model=collective_model(),
+                                   power_model=load_power_model())
         self.contexts: dict = {}
         self.memo: dict = {}
         # the precision the rows were predicted in (the default bf16 is fp16 on a GPU without BF16)
-        self.dtype, self.attention = str(resolve_dtype(job.dtype, job.spec)).lower(), str(job.attention).lower()
+        self.dtype = str(resolve_dtype(job.step.dtype, job.spec)).lower()
+        self.attention = str(job.step.attention).lower()
 
     def __call__(self, par: ParallelConfig) -> tuple[str, tuple]:
         """("row", the search row: values in the order of :data:`COLUMNS`, then :data:`RUN_COLUMNS` but
         ``run_pareto`` with ``tokens``) or ("bad", (cluster, config, the rule it breaks)) for one candidate."""
         job = self.job
-        cl = job.cl
+        cl, batch, framework = job.cl, job.step.batch, job.step.framework
         try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
             par_r = resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **self.rules)
             key = (par_r.tp, par_r.sp, par_r.ep, par_r.cp, par_r.micro_batch, par_r.recompute, par_r.etp)  # _group_key
             ctx = self.contexts.get(key)
             if ctx is None:
                 try:
-                    ctx = schedule_context(job.model, cl, replace(par, gpus=job.gpus), DistributedOptions(
-                        batch=job.batch, seq=job.seq, dtype=job.dtype, attention=job.attention, optimizer=job.optimizer,
-                        framework=job.framework, comm_split=False, prune_oom=job.prune_oom, bundle=self.bundle,
-                        coll_model=self.coll_model, power_model=self.power_model, exact_pipeline=job.exact_pipeline,
-                        zero3_prefetch=job.zero3_prefetch, fsdp_reduce_dtype=job.fsdp_reduce_dtype,
-                        data_load_ms=job.data_load_ms,
-                        data_workers=job.data_workers, mtp_num_layers=job.mtp_num_layers,
-                        cross_entropy_loss_fusion=job.cross_entropy_loss_fusion,
-                        cross_entropy_fusion_impl=job.cross_entropy_fusion_impl,
-                        scatter_gather_p2p=job.scatter_gather_p2p, **job.routing))
+                    ctx = schedule_context(job.model, cl, replace(par, gpus=job.gpus), self.options)
                     ctx = replace(ctx.without_kernels(), detail=False, summary=True, memo=self.memo)
                 except ParallelConfigError as e:  # a rule of the whole group: every member breaks it
                     ctx = e
@@ -694,14 +665,14 @@ class _Evaluator:
         p = r.parallel
         row = (cl.name, r.device, p.describe(), p.tp, p.pp, p.dp, p.cp, p.micro_batch, p.zero, p.sp, p.ep, p.recompute,
                p.interleave, r.step_time_ms, r.mfu, r.tflops_per_gpu, r.memory_gb, r.fits, r.exposed_comm_ms, r.bubble_ms,
-               r.energy_j, r.avg_power_w, format_strategy(p, job.batch, job.framework), job.batch // (p.dp * p.micro_batch),
+               r.energy_j, r.avg_power_w, format_strategy(p, batch, framework), batch // (p.dp * p.micro_batch),
                p.schedule, r.memory_capacity_gb, r.memory_flag, r.scheduled,
                # the settings a strategy string does not carry: predict it with the same ones
-               self.dtype, self.attention, job.framework, expert_tp(p) if job.n_experts else None, job.seq)
+               self.dtype, self.attention, framework, expert_tp(p) if job.n_experts else None, job.step.seq)
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
-                                         tokens=float(job.tokens), tokens_per_step=job.batch * job.seq,
+                                         tokens=float(job.tokens), tokens_per_step=batch * job.step.seq,
                                          flops_per_step=r.flops, **(job.footprint_kw or {}))
                 run = _run_row(fp)
                 row += tuple(run[k] for k in _RUN_ROW_KEYS)
