@@ -432,6 +432,7 @@ def predict(
     mtp_num_layers: int = typer.Option(0, "--mtp-num-layers", help="Megatron-Core (--framework megatron, DeepSeek-V2/V3 configs): multi-token-prediction depths on the last pipeline stage (DeepSeek-V3 trained with 1)."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="Megatron-Core (--dtype fp8, --zero >= 1, --framework megatron): keep the FP8 GEMMs' weights as FP8 (no bf16 copy), cast each rank's shard after the step and all-gather them at 1 B a parameter."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
+    scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="With --framework hf and --zero 3 (PyTorch FSDP) under bf16/fp16: MixedPrecision.reduce_dtype, the dtype of the gradient reduce-scatters: fp32, bf16 or fp16 (default: the parameters' dtype, as Accelerate and torch's MixedPrecision have it; Composer/llm-foundry's mixed_precision DEFAULT is fp32)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading: the loader's host time to produce one micro-batch (one device: one step), ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
@@ -598,6 +599,7 @@ def _cluster_request(f, par: dict, common: dict):
                           moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
                           moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, gpus_per_node=f.gpus_per_node,
                           zero3_prefetch=f.zero3_prefetch, fsdp_reduce_dtype=f.fsdp_reduce_dtype,
+                          scatter_gather_p2p=f.scatter_gather_p2p,
                           data_load_ms=f.data_load_ms, data_workers=f.data_workers,
                           fp8_param_gather=f.fp8_param_gather, mtp_num_layers=f.mtp_num_layers,
                           cross_entropy_loss_fusion=f.cross_entropy_loss_fusion,
@@ -624,6 +626,9 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if f.zero3_prefetch is not None:
         _fail("--zero3-prefetch/--no-zero3-prefetch say how FSDP's collectives meet the computation: they need --cluster, "
               "--gpus and --zero 3")
+    if f.scatter_gather_p2p is not None:
+        _fail("--scatter-gather-p2p/--no-scatter-gather-p2p say how pipeline transfers cross nodes: they need --cluster, "
+              "--gpus and --pp")
     if f.fsdp_reduce_dtype is not None:
         _fail("--fsdp-reduce-dtype is PyTorch FSDP's gradient reduce-scatter dtype: it needs --cluster, --gpus, --zero 3 "
               "and --framework hf")
@@ -883,13 +888,14 @@ def search(
     cross_entropy_fusion_impl: str = typer.Option("native", "--cross-entropy-fusion-impl", help="As for predict: native or te."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="As for predict: candidates with --zero >= 1 keep FP8 weights and gather them at 1 B (needs --dtype fp8 --framework megatron)."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf)."),
+    scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="As for predict, for every candidate: Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="As for predict: PyTorch FSDP's MixedPrecision.reduce_dtype for the ZeRO-3 candidates under --framework hf (fp32, bf16 or fp16; default: the parameters' dtype)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="The data loader's host time per micro-batch, ms (default 0); as `wattcast predict`."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's)."),
     recompute_num_layers: Optional[List[int]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable; adds full recomputation to the choices)."),
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules (as for predict, comma-separated): the selective candidates recompute these (searched besides none and full)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
-    no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm)."),
+    no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm, MoE all-to-all, and the interleaved schedule's pipeline transfers, which then block as in Megatron-LM 2021)."),
     force: bool = _FORCE_OPTION,
     simulate_oom: bool = typer.Option(False, "--simulate-oom", help="Also simulate the steps of configurations that do not fit (slower; by default memory comes first and their times are left empty)."),
     workers: int = typer.Option(min(2, os.cpu_count() or 1), "--workers", help="Processes to evaluate on (default: the CPUs, at most 2); from 400 candidates on they split the search, with the same results as one."),
@@ -958,6 +964,7 @@ def search(
                           pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,
                           models=folders.models, collectives=folders.collectives, power_model=folders.power_model,
                           gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
+                          scatter_gather_p2p=scatter_gather_p2p,
                           fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
                           cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                           cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype,
@@ -1149,7 +1156,7 @@ def clusters(
 
 @app.command()
 def sweep(
-    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output, moe_routing, gpus_per_node, zero3_prefetch, fsdp_reduce_dtype, cross_entropy_loss_fusion, cross_entropy_fusion_impl, data_load_ms, data_workers, model_folders (the README's sweep section)."),
+    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output, moe_routing, gpus_per_node, zero3_prefetch, fsdp_reduce_dtype, scatter_gather_p2p, cross_entropy_loss_fusion, cross_entropy_fusion_impl, data_load_ms, data_workers, model_folders (the README's sweep section)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output folder of Parquet parts (default: the spec's 'output', else sweep.parquet); a rerun resumes it."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Address of a running Dask scheduler (tcp://host:8786); default: a LocalCluster on this machine."),
     workers: int = typer.Option(2, "--workers", help="LocalCluster worker processes (0: run the tasks in this process, one by one, without Dask)."),

@@ -128,6 +128,8 @@ class PredictRequest:
     moe_pad_to_capacity: bool = False
     #: ZeRO-3 / FSDP collectives beside the computation (True) or in series (False); None: the framework's
     zero3_prefetch: bool | None = None
+    #: pipeline transfers scattered over the TP group (Megatron-LM 2021 / DeepSpeed); None: the framework's
+    scatter_gather_p2p: bool | None = None
     #: PyTorch FSDP's MixedPrecision.reduce_dtype (hf, ZeRO-3): "fp32", "bf16", "fp16"; None: the parameters' dtype
     fsdp_reduce_dtype: str | None = None
     #: Megatron-Core's --fp8-param-gather (a cluster step with dtype fp8, ZeRO >= 1, framework megatron)
@@ -206,7 +208,7 @@ class PredictRequest:
                                         moe_capacity_factor=self.moe_capacity_factor,
                                         moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
                                         zero3_prefetch=self.zero3_prefetch, fsdp_reduce_dtype=self.fsdp_reduce_dtype,
-                                        data_load_ms=self.data_load_ms,
+                                        scatter_gather_p2p=self.scatter_gather_p2p, data_load_ms=self.data_load_ms,
                                         data_workers=self.data_workers, fp8_param_gather=self.fp8_param_gather,
                                         mtp_num_layers=self.mtp_num_layers,
                                         cross_entropy_loss_fusion=self.cross_entropy_loss_fusion,

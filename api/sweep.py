@@ -20,6 +20,7 @@
     moe_routing: {moe_load_imbalance: 1.2}  # optional: MoE routing for every strategy (as `search(moe_routing=)`)
     gpus_per_node: 64                     # optional: use this many of each node's GPUs (as `--gpus-per-node`)
     zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`)
+    scatter_gather_p2p: false             # optional: pipeline transfers scattered over TP (as `--scatter-gather-p2p`)
     fsdp_reduce_dtype: fp32               # optional: FSDP's gradient reduce dtype, framework hf (as `--fsdp-reduce-dtype`)
     cross_entropy_loss_fusion: false      # optional: Megatron-Core's fused cross-entropy loss (framework megatron;
     cross_entropy_fusion_impl: native     # default on there, as the recipes run it): false for a plain Megatron-LM run
@@ -88,6 +89,8 @@ SPEC_KEYS = {
     "moe_routing": "MoE routing for every strategy: moe_load_imbalance, moe_capacity_factor, moe_pad_to_capacity",
     "gpus_per_node": "use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72)",
     "zero3_prefetch": "true or false: ZeRO-3 / FSDP collectives beside the computation or in series (default: the framework's)",
+    "scatter_gather_p2p": "true or false: pipeline transfers scattered over the TP group and all-gathered on arrival "
+                          "(default: the framework's)",
     "fsdp_reduce_dtype": "fp32, bf16 or fp16: PyTorch FSDP's MixedPrecision.reduce_dtype (framework hf, ZeRO-3; default: "
                          "the parameters' dtype)",
     "cross_entropy_loss_fusion": "true or false: Megatron-Core's fused cross-entropy loss (framework megatron; default: "
@@ -187,6 +190,7 @@ class SweepSpec:
     moe_routing: dict = field(default_factory=dict)
     gpus_per_node: int | None = None
     zero3_prefetch: bool | None = None
+    scatter_gather_p2p: bool | None = None
     fsdp_reduce_dtype: str | None = None
     cross_entropy_loss_fusion: bool | None = None
     cross_entropy_fusion_impl: str | None = None
@@ -207,6 +211,8 @@ class SweepSpec:
             settings["gpus_per_node"] = self.gpus_per_node
         if self.zero3_prefetch is not None:
             settings["zero3_prefetch"] = self.zero3_prefetch
+        if self.scatter_gather_p2p is not None:
+            settings["scatter_gather_p2p"] = self.scatter_gather_p2p
         if self.fsdp_reduce_dtype is not None:
             settings["fsdp_reduce_dtype"] = self.fsdp_reduce_dtype
         if self.cross_entropy_loss_fusion is not None:
@@ -391,6 +397,9 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     z3 = raw.get("zero3_prefetch")
     if z3 is not None and not isinstance(z3, bool):
         raise SweepSpecError(f"{where}: 'zero3_prefetch' must be true or false, got {z3!r}")
+    sg = raw.get("scatter_gather_p2p")
+    if sg is not None and not isinstance(sg, bool):
+        raise SweepSpecError(f"{where}: 'scatter_gather_p2p' must be true or false, got {sg!r}")
     reduce_dtype = raw.get("fsdp_reduce_dtype")
     if reduce_dtype is not None:
         from wattcast.featurize.workload import canonical_framework
@@ -436,7 +445,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
-                     zero3_prefetch=z3, fsdp_reduce_dtype=reduce_dtype,
+                     zero3_prefetch=z3, scatter_gather_p2p=sg, fsdp_reduce_dtype=reduce_dtype,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      model_folders={k: v for k, v in folders.items() if v is not None})
     _resolve_names(spec, where)
@@ -510,6 +519,7 @@ def run_task(task: dict) -> pd.DataFrame:
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
                   zero3_prefetch=task.get("zero3_prefetch"), fsdp_reduce_dtype=task.get("fsdp_reduce_dtype"),
+                  scatter_gather_p2p=task.get("scatter_gather_p2p"),
                   cross_entropy_loss_fusion=task.get("cross_entropy_loss_fusion"),
                   cross_entropy_fusion_impl=task.get("cross_entropy_fusion_impl") or "native",
                   data_load_ms=task.get("data_load_ms", 0.0),

@@ -110,6 +110,14 @@ def flag_excess(excess: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return excess.assign(max_excess=np.where(np.isfinite(mx), mx, np.nan), flagged=mx > threshold, threshold=threshold)
 
 
+def _forward_ms(label: dict, path: Path) -> float:
+    """A label's measured forward (``fw_latency``; an inference label may give only ``e2e_latency``)."""
+    for k in ("fw_latency", "e2e_latency"):
+        if label.get(k) is not None:
+            return float(label[k])
+    raise ValueError(f"{path}: label without fw_latency or e2e_latency")
+
+
 def read_label_tables(labels_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every ``<folder>/<label>.json`` with a ``.csv`` twin under ``labels_dir``: the label table (``label`` =
     ``folder/stem``, ``folder``, ``stem``, ``num_layer``, measured ms) and all their CSV rows keyed by ``label``."""
@@ -123,7 +131,7 @@ def read_label_tables(labels_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFram
         key = f"{j.parent.name}/{j.stem}"
         bw = float(d.get("bwall_latency") or 0.0)
         labs.append(dict(label=key, folder=j.parent.name, stem=j.stem, num_layer=int(d.get("num_layer") or 0),
-                         measured_fw_ms=float(d.get("fw_latency", d["e2e_latency"])), measured_bw_ms=bw if bw > 0 else np.nan))
+                         measured_fw_ms=_forward_ms(d, j), measured_bw_ms=bw if bw > 0 else np.nan))
         n = pd.read_csv(c, usecols=lambda col: col in need)
         missing = set(need) - set(n.columns)
         if missing:
