@@ -114,3 +114,13 @@ def test_real_labels_flag_the_forward_anomalies(data_root):
     assert (t["fw_excess"] < -0.3).any()
     # every flag is on the forward: the backward of each label stays within the threshold
     assert (t.loc[t["flagged"], "bw_excess"] < t["threshold"].iloc[0]).all()
+
+
+def test_a_label_needs_only_one_of_its_forward_fields(tmp_path):
+    """``fw_latency`` alone (no ``e2e_latency``) is read; neither is a clear error naming the file."""
+    from wattcast.validation.label_consistency import _forward_ms
+
+    assert _forward_ms({"fw_latency": 3.0}, tmp_path / "a.json") == 3.0
+    assert _forward_ms({"e2e_latency": 4.0}, tmp_path / "a.json") == 4.0
+    with pytest.raises(ValueError, match="a.json"):
+        _forward_ms({"bwall_latency": 1.0}, tmp_path / "a.json")
