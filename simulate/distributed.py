@@ -60,7 +60,7 @@ from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.scheduler import bucket_spans
 from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, step_overheads,
                                              stream_bandwidth_gbps, with_warnings)
-from wattcast.simulate.step_band import band_keys, step_band
+from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
@@ -587,8 +587,10 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         hit = _COSTED.get(key)
         if hit is None:
             costed = cost_nodes(graph, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
+            # the OOD kernels' bands before a power limit stretches time_ms (as predict_graph: about their own time)
+            ood_log = ood_kernel_band_log(costed, bundle)
             costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)
-            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps, period),
+            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps, period, ood_log=ood_log),
                                  stream_bandwidth_gbps(spec, bundle))
         return hit
 
@@ -810,11 +812,24 @@ class _RankView:
     per_op: list
     fallback_ops: list
     ood_fraction: float
+    # out-of-distribution time per layer (simulate/step_band.py: the step band's OOD term, read for the critical rank):
+    # the non-collective OOD kernels' ms in the forward and backward of one micro-batch and in the optimizer step,
+    # each also at its band's low and high edge (ms x exp(low_log), ms x exp(high_log)); collectives outside the
+    # collective model's support (forward and backward), reported apart
+    ood_fb_ms: np.ndarray = None
+    ood_fb_low_ms: np.ndarray = None
+    ood_fb_high_ms: np.ndarray = None
+    ood_opt_ms: np.ndarray = None
+    ood_opt_low_ms: np.ndarray = None
+    ood_opt_high_ms: np.ndarray = None
+    ood_coll_ms: np.ndarray = None
 
 
-def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1) -> _RankView:
+def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1,
+               ood_log: tuple | None = None) -> _RankView:
     """Per-layer sums of a costed rank graph; with ``n_rep`` > 1 (a short graph, see ``_rank_graph``) block 1
-    is repeated into blocks 1 .. n_rep (with a ``period`` P, blocks 1 .. P into blocks 1 .. n_rep x P)."""
+    is repeated into blocks 1 .. n_rep (with a ``period`` P, blocks 1 .. P into blocks 1 .. n_rep x P). ``ood_log``:
+    :func:`~wattcast.simulate.step_band.ood_kernel_band_log` of the graph before a power limit (None: read here)."""
     from wattcast.models.power import idle_power_w
     from wattcast.simulate.memory import block_input_bytes
 
@@ -865,7 +880,15 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         whole = costed[["op_class", "method", "time_ms", "flops", "ood"]].iloc[np.repeat(np.arange(len(costed)), mult)]
     wt = whole["time_ms"].to_numpy(dtype=float)
     wphase = np.repeat(phase, mult)
+    ood_k, ood_lo, ood_hi = ood_log if ood_log is not None else ood_kernel_band_log(costed)
+    k_ood = ood_k & ~is_coll
+    c_ood = costed["ood"].to_numpy(dtype=bool) & is_coll & (fwd | bwd)
+    t_lo, t_hi = t * np.exp(ood_lo), t * np.exp(ood_hi)
     return _RankView(
+        ood_fb_ms=per_layer(k_ood & (fwd | bwd), t), ood_fb_low_ms=per_layer(k_ood & (fwd | bwd), t_lo),
+        ood_fb_high_ms=per_layer(k_ood & (fwd | bwd), t_hi), ood_opt_ms=per_layer(k_ood & opt, t),
+        ood_opt_low_ms=per_layer(k_ood & opt, t_lo), ood_opt_high_ms=per_layer(k_ood & opt, t_hi),
+        ood_coll_ms=per_layer(c_ood, t),
         layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
         f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
         attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn & ~rc, t),
@@ -887,6 +910,20 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         overheads=step_overheads(costed.iloc[np.repeat(np.arange(len(costed)), mult)] if n_rep > 1 else costed),
         per_op=group_totals(whole["op_class"].to_numpy(), wt, whole["flops"].to_numpy(dtype=float), "op_class"),
         fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
+
+
+def critical_rank_ood(stage: dict, n_micro: int, opt_ms: float, opt_raw_ms: float) -> dict:
+    """The step band's OOD term (:func:`~wattcast.simulate.step_band.ood_from_sums`, with ``collective_share``) of one
+    pipeline stage's rank: ``stage`` holds its per-micro-batch sums of the :class:`_RankView` fields ``f_ms``, ``b_ms``
+    and ``ood_*`` (its chunks' layers), run ``n_micro`` times, and its optimizer ``ood_opt_*`` (before ZeRO sharding,
+    ``opt_raw_ms`` in all) scaled to the step's ``opt_ms`` (after it). The kernel time is the stage's whole costed
+    graph time, its collectives included (as costed: what the overlap models hide of them is not taken out)."""
+    f = opt_ms / opt_raw_ms if opt_raw_ms > 0 else 0.0
+    total = n_micro * (stage["f_ms"] + stage["b_ms"]) + opt_ms
+    out = ood_from_sums(total, *(n_micro * stage[f"ood_fb{e}_ms"] + f * stage[f"ood_opt{e}_ms"]
+                                 for e in ("", "_low", "_high")))
+    coll = n_micro * stage["ood_coll_ms"] / total if total > 0 else 0.0
+    return dict(out, collective_share=coll) if coll > 0 else out
 
 
 def _tied_copy_optimizer(view: _RankView, tied_params: float) -> tuple[float, float]:
@@ -915,7 +952,13 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "attn_rc_ms",
                      "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
-                     "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes")
+                     "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "ood_fb_ms", "ood_fb_low_ms",
+                     "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms")
+
+
+#: the per-layer sums :func:`critical_rank_ood` reads
+_OOD_STAGE_FIELDS = ("f_ms", "b_ms", "ood_fb_ms", "ood_fb_low_ms", "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms",
+                     "ood_opt_high_ms", "ood_coll_ms")
 
 
 def _position_in_chunk(layer_ids: np.ndarray, chunk: np.ndarray, counts, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
@@ -2039,7 +2082,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None,
                 # whether pipeline transfers were scattered over TP and all-gathered (None: no pipeline transfers)
                 scatter_gather_p2p=bool(partitioned) if P > 1 else None)
-    meta = with_warnings(meta, ctx.notes)
+    # the step band's OOD term: the critical rank's (the stage that ends the step), its OOD kernels' share of its time
+    crit = int(np.argmax(finish + opt_stage + gather))
+    ood = critical_rank_ood({k: float(by_stage(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
+                            float(opt_stage[crit]), float(opt_by_stage[crit]))
+    warn = ood_warning(float(ood.get("share", 0.0)))
+    meta = with_warnings(meta, [*ctx.notes, *([warn] if warn else [])])
     if pipe.extrapolated:
         meta["schedule_extrapolated"] = dict(
             simulated_micro=int(pipe.simulated_micro), period_ms=float(np.max(pipe.period_ms)),
@@ -2091,4 +2139,4 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         ood_fraction=view.ood_fraction, comm=comm, events=events,
         meta=meta,
         energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w,
-        step_band=step_band(step, "cluster", spec, per_op, ctx.bundle, tensor=dtype != "fp32"))
+        step_band=step_band(step, "cluster", spec, per_op, ctx.bundle, tensor=dtype != "fp32", ood=ood))

@@ -17,6 +17,13 @@ generations' rows, so 90% of those rows by construction; the per-kernel output w
 coverage the error is the generation's, shared by its kernels, not scatter).
 The two are mixed by time share (:func:`mix_band_log`): the band equals the measured-step band with no OOD time, the
 OOD kernels' band with all of it, and widens monotonically in between; past :data:`OOD_WARN_SHARE` a prediction warns.
+
+A cluster step (``simulate/distributed.py`` ``critical_rank_ood``) takes the same term from its critical rank, the
+pipeline stage that ends the step: that rank's OOD kernels (the forward and backward of every micro-batch, its share
+of the optimizer step) over its whole costed graph time, collectives in the graph (TP, SP, EP, CP) included at their
+costed time. Collectives flagged outside the collective model's training support (``models/collectives.py``) are not
+kernels the leave-one-generation-out test covers, and no held-out calibration of any kind covers the collective model:
+their share is reported (``ood_collective_time_share``), they keep the measured band, and no band is made up for them.
 """
 
 from __future__ import annotations
@@ -101,19 +108,17 @@ def generation_log_width(per_op: list[dict], bundle, tensor: bool) -> float:
     return sum(t / total * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items())
 
 
-def ood_band_log(costed, bundle=None) -> dict:
-    """``{"share", "low_log", "high_log"}`` of a costed graph's out-of-distribution kernels (``ood``; ``op_class``,
-    ``dtype``, ``time_ms``, ``low_ms``, ``high_ms`` as :func:`wattcast.simulate.single_device.cost_nodes` gives them):
-    their share of the kernel time and the log of their time-weighted band, each kernel with its family's
-    leave-one-generation-out band (the dtype class's: ``FamilyModel.band_log_rows``; 90% of the held-out generations'
-    rows inside it) where ``bundle`` has one, else its own ``low_ms`` / ``high_ms``. Empty without OOD time."""
-
+def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ood, low_log, high_log) per row of a costed graph (columns as :func:`ood_band_log` reads them): ``ood`` the rows
+    flagged out of distribution with a finite positive time, and each such row's log band (0 on the other rows): its
+    family's leave-one-generation-out band (the dtype class's: ``FamilyModel.band_log_rows``) where ``bundle`` has one,
+    else its own ``low_ms`` / ``high_ms`` over ``time_ms``. Read it before a power limit stretches ``time_ms``."""
     t = costed["time_ms"].to_numpy(dtype=float)
-    ok = np.isfinite(t) & (t > 0)
-    ood = costed["ood"].to_numpy(dtype=bool) & ok
-    total = float(t[ok].sum())
-    if not ood.any() or total <= 0:
-        return {}
+    n = len(t)
+    ood = costed["ood"].to_numpy(dtype=bool) & np.isfinite(t) & (t > 0)
+    lo_all, hi_all = np.zeros(n), np.zeros(n)
+    if not ood.any():
+        return ood, lo_all, hi_all
     idx = np.flatnonzero(ood)
     tt = t[idx]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -121,9 +126,9 @@ def ood_band_log(costed, bundle=None) -> dict:
         hi = np.log(costed["high_ms"].to_numpy(dtype=float)[idx] / tt)
     # a proxy kernel (optimizer step, reductions, gathers, fused chains) and a layout copy are costed as the
     # elementwise family's copy of their bytes (simulate/single_device.py): they carry that family's band
-    fam = np.array([OP_CLASS_FAMILY.get(str(c), "") for c in costed["op_class"].to_numpy()[idx]], dtype=object)
-    copy_like = (costed["method"].astype(str).to_numpy()[idx] == "proxy") | (costed["op_class"].astype(str).to_numpy()[idx]
-                                                                           == "memory")
+    op_class = costed["op_class"].astype(str).to_numpy()[idx]
+    fam = pd.Series(op_class).map(OP_CLASS_FAMILY).fillna("").to_numpy(dtype=object)
+    copy_like = (costed["method"].astype(str).to_numpy()[idx] == "proxy") | (op_class == "memory")
     fam[copy_like] = "elementwise"
     tensor = costed["dtype"].astype(str).to_numpy()[idx] != "fp32" if "dtype" in costed else np.ones(len(idx), bool)
     for f in pd.unique(fam):
@@ -132,10 +137,34 @@ def ood_band_log(costed, bundle=None) -> dict:
             continue
         sel = fam == f
         lo[sel], hi[sel] = fm.band_log_rows(tensor[sel])
-    lo, hi = np.where(np.isfinite(lo), np.minimum(lo, 0.0), 0.0), np.where(np.isfinite(hi), np.maximum(hi, 0.0), 0.0)
-    t_ood = float(tt.sum())
-    return {"share": t_ood / total, "low_log": float(np.log((tt * np.exp(lo)).sum() / t_ood)),
-            "high_log": float(np.log((tt * np.exp(hi)).sum() / t_ood))}
+    lo_all[idx] = np.where(np.isfinite(lo), np.minimum(lo, 0.0), 0.0)
+    hi_all[idx] = np.where(np.isfinite(hi), np.maximum(hi, 0.0), 0.0)
+    return ood, lo_all, hi_all
+
+
+def ood_from_sums(total_ms: float, ood_ms: float, ood_low_ms: float, ood_high_ms: float) -> dict:
+    """``{"share", "low_log", "high_log"}`` from summed times: all the kernel time ``total_ms``, the OOD kernels'
+    ``ood_ms`` and the same kernels' times at their band's edges (sum of time x exp(low_log), time x exp(high_log));
+    empty without OOD time."""
+    if not (math.isfinite(total_ms) and total_ms > 0 and math.isfinite(ood_ms) and ood_ms > 0):
+        return {}
+    return {"share": ood_ms / total_ms, "low_log": math.log(ood_low_ms / ood_ms),
+            "high_log": math.log(ood_high_ms / ood_ms)}
+
+
+def ood_band_log(costed, bundle=None) -> dict:
+    """``{"share", "low_log", "high_log"}`` of a costed graph's out-of-distribution kernels (``ood``; ``op_class``,
+    ``dtype``, ``time_ms``, ``low_ms``, ``high_ms`` as :func:`wattcast.simulate.single_device.cost_nodes` gives them):
+    their share of the kernel time and the log of their time-weighted band, each kernel with its family's
+    leave-one-generation-out band (the dtype class's: ``FamilyModel.band_log_rows``; 90% of the held-out generations'
+    rows inside it) where ``bundle`` has one, else its own ``low_ms`` / ``high_ms`` (:func:`ood_kernel_band_log`).
+    Empty without OOD time."""
+    t = costed["time_ms"].to_numpy(dtype=float)
+    ok = np.isfinite(t) & (t > 0)
+    ood, lo, hi = ood_kernel_band_log(costed, bundle)
+    tt = t[ood]
+    return ood_from_sums(float(t[ok].sum()), float(tt.sum()), float((tt * np.exp(lo[ood])).sum()),
+                         float((tt * np.exp(hi[ood])).sum()))
 
 
 def mix_band_log(lo: float, hi: float, ood: dict | None) -> tuple[float, float]:
@@ -161,10 +190,13 @@ def ood_warning(share: float) -> str | None:
 
 def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict], bundle, *, tensor: bool,
               ood: dict | None = None) -> dict:
-    """``{"low_ms", "high_ms", "basis", "generation", "ood_time_share"}`` for a predicted step of ``step_ms`` (empty
-    without a calibration for ``setting`` or a finite step). ``tensor``: the step's GEMMs run on tensor cores (not
-    FP32). ``ood``: :func:`ood_band_log` of the step's kernels (their share of the time carries their own band,
-    :func:`mix_band_log`); None: no OOD term."""
+    """``{"low_ms", "high_ms", "basis", "generation", "ood_time_share", "ood_collective_time_share"}`` for a predicted
+    step of ``step_ms`` (empty without a calibration for ``setting`` or a finite step). ``tensor``: the step's GEMMs
+    run on tensor cores (not FP32). ``ood``: :func:`ood_band_log` of the step's kernels (a cluster step's: its critical
+    rank's, ``simulate/distributed.py``; their share of the time carries their own band, :func:`mix_band_log`); None:
+    no OOD term. ``ood["collective_share"]``: the share of that time in collectives outside the collective model's
+    training support, reported only: no leave-one-generation-out test (or any held-out calibration) covers the
+    collective model, so no band is made up for them; they keep the measured step band, like any collective."""
     cal = load_step_band()
     s = (cal or {}).get("settings", {}).get(setting)
     if s is None or not math.isfinite(step_ms) or step_ms <= 0:
@@ -176,13 +208,15 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
         extra = generation_log_width(per_op, bundle, tensor)
         lo, hi = lo - extra, hi + extra
         basis += f" + the kernels' generation error ({gen} is not among them: +/-{100 * (math.exp(extra) - 1):.1f}%)"
-    share = float(ood["share"]) if ood else 0.0
+    share = float(ood.get("share", 0.0)) if ood else 0.0
     if share > 0:
         lo, hi = mix_band_log(lo, hi, ood)
         basis += (f"; {100 * share:.0f}% of the kernel time is out of distribution and carries those kernels' own band "
                   f"({100 * (math.exp(ood['low_log']) - 1):+.0f} .. {100 * (math.exp(ood['high_log']) - 1):+.0f}%)")
+    # reported, not in the basis: the band is not built from it (no held-out calibration covers collectives)
+    coll = float(ood.get("collective_share", 0.0)) if ood else 0.0
     return {"low_ms": step_ms * math.exp(lo), "high_ms": step_ms * math.exp(hi), "basis": basis, "generation": gen,
-            "ood_time_share": share}
+            "ood_time_share": share, "ood_collective_time_share": coll}
 
 
 def band_keys(band: dict) -> dict:

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import wattcast
-from conftest import flat, run_cli
+from conftest import REPO, flat, run_cli, write_preset_cluster
 from wattcast.data.catalog import resolve_device
 from wattcast.simulate import step_band as sb
 from wattcast.validation.step_band import calibrate, weighted_quantiles
@@ -177,3 +177,68 @@ def test_a_gpu_far_beyond_every_fold_is_ood_with_a_wider_band_and_a_warning():
     assert x6["step_time_band"]["ood_time_share"] > 0.9 and "out of distribution" in x6["step_time_band"]["basis"]
     assert any("out of distribution" in w for w in x6["warnings"])
     assert not any("out of distribution" in w for w in h100["warnings"])
+
+
+def _made_up_cluster(tmp_path):
+    """A cluster file (the DGX-H100 preset's network) pointing at a device file at 6x an H100's rates."""
+    import yaml
+
+    spec = yaml.safe_load((REPO / "data" / "devices" / "H100-SXM5-80GB.yaml").read_text())
+    for f in ("peak_fp32_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "peak_fp8_tflops",
+              "memory_bandwidth_gbps", "l2_cache_mb"):
+        spec[f] *= 6.0
+    spec.update(name="FutureX6", arch="Futura (FX1)", aliases=[], num_sms=spec["num_sms"] * 6, tdp_w=spec["tdp_w"] * 6)
+    (tmp_path / "fx6.yaml").write_text(yaml.safe_dump(spec))
+    return str(write_preset_cluster(tmp_path / "fx6-cluster.yaml", "fx6.yaml"))
+
+
+CLUSTER_STEP = dict(gpus=8, batch=16, seq=2048, tp=1, pp=2, micro_batch=1)
+
+
+def test_a_made_up_gpu_cluster_gets_the_ood_band_and_the_warning(tmp_path):
+    h100 = wattcast.predict_cluster("llama3_8b", "DGX-H100", **CLUSTER_STEP).to_dict()
+    x6 = wattcast.predict_cluster("llama3_8b", _made_up_cluster(tmp_path), **CLUSTER_STEP).to_dict()
+    assert x6["device"] == "FutureX6" and x6["ood_fraction"] > 0.9
+
+    def width(d):
+        lo, hi = d["step_time_band_ms"]
+        return hi / lo
+
+    assert width(x6) > 1.2 * width(h100)
+    assert x6["step_time_band"]["ood_time_share"] > 0.9 and "out of distribution" in x6["step_time_band"]["basis"]
+    assert any("out of distribution" in w for w in x6["warnings"])
+    assert not any("out of distribution" in w for w in h100["warnings"])
+
+
+def test_the_dgx_h100_band_barely_moves_with_the_ood_term():
+    """H100 kernels are nearly all inside the generation folds' coverage: the critical rank's OOD term leaves the
+    preset's band where the measured-step band and the generation term put it, within a rounding of its percent."""
+    from wattcast.models.kernel_bundle import load_bundle
+
+    for kw in (CLUSTER_STEP, dict(gpus=16, batch=64, seq=2048, tp=2, pp=2, micro_batch=2)):
+        res = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
+        plain = sb.step_band(res.step_time_ms, "cluster", resolve_device("H100-SXM5-80GB"), res.per_op, load_bundle(),
+                             tensor=True)
+        assert res.step_band["ood_time_share"] < 0.05
+        assert not any("out of distribution" in w for w in res.to_dict()["warnings"])
+        for k in ("low_ms", "high_ms"):
+            assert res.step_band[k] / res.step_time_ms == pytest.approx(plain[k] / res.step_time_ms, abs=0.005)
+
+
+def test_the_critical_ranks_ood_term_counts_micro_batches_the_sharded_optimizer_and_not_collectives():
+    from wattcast.simulate.distributed import critical_rank_ood
+
+    stage = dict(f_ms=3.0, b_ms=7.0, ood_fb_ms=2.0, ood_fb_low_ms=1.0, ood_fb_high_ms=4.0, ood_opt_ms=4.0,
+                 ood_opt_low_ms=2.0, ood_opt_high_ms=8.0, ood_coll_ms=1.0)
+    got = critical_rank_ood(stage, 4, opt_ms=5.0, opt_raw_ms=20.0)  # ZeRO: a quarter of the optimizer step
+    # 4 x 10 ms of micro-batches + 5 ms of optimizer; OOD: 4 x 2 + 4 / 4
+    assert got["share"] == pytest.approx(9.0 / 45.0) and got["collective_share"] == pytest.approx(4.0 / 45.0)
+    assert got["low_log"] == pytest.approx(math.log(0.5)) and got["high_log"] == pytest.approx(math.log(2.0))
+    no_kernels = dict(stage, ood_fb_ms=0.0, ood_opt_ms=0.0)
+    assert critical_rank_ood(no_kernels, 4, 5.0, 20.0) == {"collective_share": pytest.approx(4.0 / 45.0)}
+    # OOD collectives alone never widen the band (no calibration covers them): the measured band, the share reported
+    band = sb.step_band(100.0, "cluster", resolve_device("A100-SXM4-80GB"), [], None, tensor=True,
+                        ood={"collective_share": 0.3})
+    lo, hi = sb.load_step_band()["settings"]["cluster"]["band_log"]
+    assert band["low_ms"] == pytest.approx(100 * math.exp(lo)) and band["high_ms"] == pytest.approx(100 * math.exp(hi))
+    assert band["ood_collective_time_share"] == 0.3 and band["ood_time_share"] == 0.0
