@@ -91,7 +91,9 @@ def test_search_carries_the_spec_warnings_once(tmp_path):
     l4 = write_preset_cluster(tmp_path / "l4.yaml", "L4")
     res = wattcast.search("gpt2", str(l4), gpus=16, batch=16, seq=128, max_configs=3)
     ref = wattcast.predict_cluster("gpt2", str(l4), gpus=16, batch=16, seq=128)
-    assert res.warnings == ref.meta["warnings"] and len(res.warnings) == 1
+    # the prediction's own OOD-time note depends on the strategy (its kernels' time share); search's are per cluster
+    per_cluster = [w for w in ref.meta["warnings"] if "out of distribution" not in w]
+    assert res.warnings == per_cluster and len(res.warnings) == 1
     assert "exceeds what L4's own interconnect" in res.warnings[0]
     # a sparse-looking peak on the GPU of two clusters: said once for the GPU, the fabric note once per cluster
     (tmp_path / "sparse.yaml").write_text(yaml.safe_dump(_device(name="H100-sparse-fp8", aliases=[],
