@@ -62,7 +62,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
             clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None,
             tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None,
             data_load_ms: float = 0.0, data_workers: int | None = None, kv_context: int | None = None,
-            logits: str | None = None, **run_kw):
+            logits: str | None = None, serving: str | None = None, prompt_tokens: int | None = None,
+            output_tokens: int | None = None, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json`` or model folder, a Hub id (``org/name``) whose config is
@@ -85,6 +86,11 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     ``kv_context=0``: a prefill that fills the cache), and the memory holds the cache (``memory["kv_cache_gb"]``).
     ``logits``: "last" (inference's default: the last position's, as generation computes them) or "all".
     Inference results carry ``tokens_per_s`` (batch x seq / step time) and ``ms_per_token`` (step time / seq).
+    ``serving`` ("vllm"; default None: off, the bare GPU step), with ``kv_context``, ``seq=1``, ``prompt_tokens`` and
+    ``output_tokens`` (the requests' mean prompt and output lengths): the decode step as one iteration of a
+    continuously-batched serving engine, its fitted host time per iteration (a + b x batch, in series with the GPU
+    step) and each request's prefill amortised over its output tokens added (``simulate/serving.py``;
+    ``overheads["serving_host_ms"]`` / ``["serving_prefill_ms"]``, ``meta["serving"]``, ``to_dict()["serving"]``).
     Returns a :class:`wattcast.simulate.single_device.StepPrediction` (``forward_ms``, ``backward_ms``,
     ``optimizer_ms``, ``step_time_ms``, ``memory_gb``, ``flops``, ``per_op``, ``fallback_ops``,
     ``ood_fraction``, ...). Graphs and distinct-kernel predictions are cached, so repeated calls are cheap.
@@ -106,6 +112,10 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
         raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
     from wattcast.simulate.defaults import shown_dtype, step_dtype
 
+    from wattcast.simulate.serving import check_serving
+
+    engine = check_serving(serving, kv_context=kv_context, seq=seq, mode=mode, prompt_tokens=prompt_tokens,
+                           output_tokens=output_tokens)
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=step_dtype(dtype, spec), attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute_setting(recompute, recompute_modules),
@@ -117,6 +127,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     from wattcast.simulate.data_loading import one_device
 
     res = one_device(res, load_ms=data_load_ms, workers=data_workers, idle_power_w=idle_power_w(spec))
+    if engine is not None:
+        res = _served(res, model, spec, opts, engine, int(prompt_tokens), int(output_tokens), bundle=bundle,
+                      power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, idle_power_w=idle_power_w(spec))
     b, s_ = res.meta.get("batch"), res.meta.get("seq")
     m = res.meta
     settings = dict(_model_settings(model, m), device=res.device, mode=m.get("mode", mode), dtype=shown_dtype(m, dtype),
@@ -127,7 +140,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, data_load_ms=data_load_ms,
                     data_workers=(m.get("data_loading") or {}).get("workers", data_workers), dims=dict(dims) if dims else None,
                     loop_trip_count=loop_trip_count, kv_context=m.get("kv_context", kv_context),
-                    logits=m.get("logits", logits))
+                    logits=m.get("logits", logits),
+                    **({"serving": engine, "prompt_tokens": int(prompt_tokens), "output_tokens": int(output_tokens)}
+                       if engine is not None else {}))
     if tokens is None:
         _no_run_options(run_kw)
         return _with_settings(res, settings)
@@ -136,6 +151,24 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
         raise StepTokensUnknownError("tokens= needs the step's tokens: this graph's batch and sequence dims are not known")
     return _with_settings(_with_run(res, spec, tokens, b * s_, run_kw), settings)
+
+
+def _served(res, model, spec, opts, engine: str, prompt_tokens: int, output_tokens: int, *, bundle, power_limit_w,
+            clock_cap_mhz, idle_power_w: float):
+    """The decode step ``res`` as a serving engine's iteration (``simulate/serving.py``): its prefill is the same
+    model's ``kv_context=0`` step of ``prompt_tokens`` for the requests that arrive together."""
+    from dataclasses import replace
+
+    from wattcast.featurize.workload import step_graph
+    from wattcast.simulate.serving import check_batch, prefill_batch, with_serving
+    from wattcast.simulate.single_device import predict_graph
+
+    k = int(prefill_batch(check_batch(res.meta.get("batch")), output_tokens))
+    pre_opts = replace(opts, batch=k, seq=prompt_tokens, kv_context=0)
+    prefill = predict_graph(step_graph(model, pre_opts), spec, bundle, power_limit_w=power_limit_w,
+                            clock_cap_mhz=clock_cap_mhz)
+    return with_serving(res, prefill, engine=engine, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                        prefill_requests=k, idle_power_w=idle_power_w)
 
 
 def _model_settings(model, meta: dict) -> dict:

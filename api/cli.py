@@ -443,6 +443,9 @@ def predict(
     cross_entropy_fusion_impl: str = typer.Option("native", "--cross-entropy-fusion-impl", help="With --cross-entropy-loss-fusion: native (Megatron-Core's jit-fused loss, 32 B a bf16 logit; the default) or te (Transformer Engine's Triton kernels, 8 B a logit, a bf16 copy of the logits saved; Megatron-Bridge's Llama 3 pretraining recipes)."),
     force: bool = _FORCE_OPTION,
     kv_context: Optional[int] = typer.Option(None, "--kv-context", help="Inference with a KV cache (one device; Llama-architecture configs): tokens already cached per sequence. The step runs --seq new tokens per sequence against context + seq keys/values (--seq 1: one decode step; --kv-context 0: a prefill); the memory holds the cache."),
+    serving: Optional[str] = typer.Option(None, "--serving", help="With --kv-context and --seq 1: the decode step as one iteration of a serving engine: vllm (v0.x, continuous batching: host time a + b x batch in series with the GPU step, fitted on ML.ENERGY v2 A100 rows, plus each request's prefill amortised over its output; needs --prompt-tokens and --output-tokens). Default: off, the bare GPU step."),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="With --serving: the requests' mean prompt length (tokens), prefilled once per request."),
+    output_tokens: Optional[int] = typer.Option(None, "--output-tokens", help="With --serving: the requests' mean output length (tokens), over which each prefill is amortised."),
     logits: Optional[str] = typer.Option(None, "--logits", help="Inference: the LM head's positions, last (default: the last position's, as generation computes them) or all (every position, a plain forward)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
     models: Optional[Path] = _MODELS_OPTION,
@@ -503,6 +506,9 @@ def _predict_request(ctx, f):
             _fail("--dim applies to single-device predictions of ONNX models")
         if f.kv_context is not None or f.logits is not None:
             _fail("--kv-context and --logits describe a single-device inference step: drop --cluster/--gpus")
+        if f.serving is not None or f.prompt_tokens is not None or f.output_tokens is not None:
+            _fail("--serving/--prompt-tokens/--output-tokens describe a single-device decode iteration: drop "
+                  "--cluster/--gpus")
         return _cluster_request(f, par, common)
     return _step_request(f, par, dims, common)
 
@@ -655,7 +661,8 @@ def _step_request(f, par: dict, dims: dict, common: dict):
         _fail("--framework applies to distributed predictions (--cluster); one device uses Hugging Face's eager kernels")
     return PredictRequest(batch=par["batch"], seq=f.seq, dims=tuple(dims.items()), loop_trip_count=f.loop_trip_count,
                           data_load_ms=f.data_load_ms, data_workers=f.data_workers, kv_context=f.kv_context,
-                          logits=f.logits, **common)
+                          logits=f.logits, serving=f.serving, prompt_tokens=f.prompt_tokens,
+                          output_tokens=f.output_tokens, **common)
 
 
 def _request_prediction(req):
@@ -1300,6 +1307,13 @@ def _print_prediction(res) -> None:
                   + (f" (KV cache: context {kv:,} + {s} new tokens per sequence, {res.memory.kv_cache_gb:.2f} GB)"
                      if kv is not None else " (no KV cache: a bare forward)")
                   + f"; logits for {'the last position' if res.meta.get('logits') == 'last' else 'every position'}")
+        sv = res.meta.get("serving")
+        if sv:
+            con.print(f"serving ({sv['engine']}): GPU step {sv['gpu_step_ms']:.2f} ms + host {sv['exposed_host_ms']:.2f} ms "
+                      f"({sv['host_fixed_ms']:.3f} ms + {1e3 * sv['host_per_seq_ms']:.1f} us x {res.meta.get('batch')} "
+                      f"sequences, {'overlapped' if sv['host_overlaps_gpu'] else 'in series'}) + prefill "
+                      f"{sv['prefill_ms']:.2f} ms ({sv['requests_per_iteration']:.3f} requests of {sv['prompt_tokens']} "
+                      f"prompt tokens per iteration, {sv['output_tokens']} output tokens each)")
     t = Table(title="per op class")
     for c in ("op class", "kernels", "time ms", "share"):
         t.add_column(c, justify="right" if c != "op class" else "left")

@@ -149,6 +149,11 @@ class PredictRequest:
     kv_context: int | None = None
     #: inference LM head positions: "last" (default in inference) or "all" (``wattcast.predict``'s logits)
     logits: str | None = None
+    #: a serving engine's decode iteration (one device): "vllm" or None (off), with the requests' mean prompt and
+    #: output tokens (``wattcast.predict``'s serving / prompt_tokens / output_tokens)
+    serving: str | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
     run: RunOptions = field(default_factory=RunOptions)
     #: folders of retrained models (``wattcast train kernels|collectives|power --out``): the kernel bundle, the
     #: collective model, the power model; None: ``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` /
@@ -191,10 +196,14 @@ class PredictRequest:
                 raise ValueError("cross_entropy_loss_fusion= / cross_entropy_fusion_impl= are Megatron-Core's fused loss: "
                                  "give cluster= and framework='megatron' too")
             return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
-                                    kv_context=self.kv_context, logits=self.logits,
+                                    kv_context=self.kv_context, logits=self.logits, serving=self.serving,
+                                    prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
                                     data_load_ms=self.data_load_ms, data_workers=self.data_workers, **common)
         if self.kv_context is not None or self.logits is not None:
             raise ValueError("kv_context= and logits= describe a single-device inference step: give no cluster=")
+        if self.serving is not None or self.prompt_tokens is not None or self.output_tokens is not None:
+            raise ValueError("serving= / prompt_tokens= / output_tokens= describe a single-device decode iteration: "
+                             "give no cluster=")
         if self.parallel is None:
             raise ValueError("a cluster step needs parallel= (at least ParallelOptions(gpus=N))")
         if str(self.mode).lower() not in ("train", "training"):

@@ -1,64 +1,34 @@
-"""Validation (not a fit): predicted time per output token of a KV-cached decode step against ML.ENERGY v2's measured
-'Avg TPOT (s)' (vLLM on A100-SXM4-40GB; the v2 table has no H100 rows), single-GPU rows (TP 1, PP 1) of the models
-whose architecture wattcast builds exactly.
+"""Validation of time per output token (TPOT) against ML.ENERGY v2's measured 'Avg TPOT (s)' (vLLM on
+A100-SXM4-40GB; the v2 table has no H100 rows), single-GPU rows (TP 1, PP 1) of the models whose architecture wattcast
+builds exactly.
 
 Source: $WATTCAST_DATA/power/mlenergy/v2_a100_h100_configs.csv (SOURCE-mlenergy-inference-power.md: a flattening of
-github.com/ml-energy/leaderboard-v2 at c3af7f31, Apache-2.0).
+github.com/ml-energy/leaderboard-v2 at c3af7f31, Apache-2.0). Rows, models and the split by model:
+training/serving_fit.py.
 
 Per row: batch = round('Avg BS (reqs)'), context = the task's prompt tokens (training/power.py PROMPT_TOKENS: chat 256,
 code 128) + half of 'Avg Output Tokens'; one decode step (seq 1) with ``kv_context`` = that context, bf16, flash
-attention. "before" is the bare forward the tool ran until now (no KV cache, all-position logits as it was). Prints
-MAPE and signed bias (mean of predicted / measured - 1) per setting: eager (Hugging Face's kernels, the default) and
-``compile=True`` (fused elementwise chains: the nearest the tool has to vLLM's fused kernels and CUDA graphs).
+attention. Columns: "before" is the bare forward (no KV cache, all-position logits); "after" the KV-cached GPU step
+(nothing fitted); ``_compile`` the same with ``compile=True``; "serving" the step as a vLLM iteration
+(``serving="vllm"``: the shipped host constants, fitted on half A's models only, + the amortised prefill of
+'Avg Output Tokens'). Then both splits of the host fit (fit on one half of the models, evaluate on the other), with
+MAPE and signed bias (mean of predicted / measured - 1) per model of the evaluation half. Logged to MLflow
+(experiment ``mlenergy-decode``) unless ``--no-mlflow``.
 
-    PYTHONPATH=... WATTCAST_DATA=... python benchmarks/bench_mlenergy_decode.py
+    PYTHONPATH=... WATTCAST_DATA=... python benchmarks/bench_mlenergy_decode.py [--no-mlflow]
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
+import argparse
 
 import numpy as np
 import pandas as pd
 
 import wattcast
-from wattcast.training.power import PROMPT_TOKENS
-
-_CONFIGS = Path(wattcast.__file__).resolve().parent.parent / "featurize" / "hf_configs"
-
-
-def _cfg(name: str, **changes) -> dict:
-    cfg = json.loads((_CONFIGS / f"{name}.json").read_text())
-    cfg.update(changes)
-    return cfg
-
-
-#: the v2 models wattcast builds exactly: a built-in name, or a built-in config with the public config.json's
-#: differences (Hugging Face Hub config.json of each model)
-MODELS = {
-    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama3_8b",  # same shapes as Llama 3 8B
-    "mistralai/Mistral-7B-Instruct-v0.3": _cfg("llama2_7b", num_key_value_heads=8, intermediate_size=14336,
-                                               vocab_size=32768, max_position_embeddings=32768, rope_theta=1e6),
-    "codellama/CodeLlama-7b-hf": _cfg("llama2_7b", vocab_size=32016, max_position_embeddings=16384, rope_theta=1e6),
-    "microsoft/Phi-3-mini-4k-instruct": "phi3_mini",
-    "google/gemma-2-9b-it": "gemma2_9b",
-    "google/codegemma-1.1-2b": "gemma_2b",  # CodeGemma 2B is Gemma 2B's architecture
-}
-
-
-def rows() -> pd.DataFrame:
-    root = Path(os.environ.get("WATTCAST_DATA", "/work/shared/datasets"))
-    m = pd.read_csv(root / "power" / "mlenergy" / "v2_a100_h100_configs.csv")
-    m = m[m["_task"].isin(list(PROMPT_TOKENS)) & m["Model"].isin(list(MODELS)) & (m["TP"] == 1) & (m["PP"] == 1)]
-    m = m[m["Avg TPOT (s)"].notna()].copy()
-    m["device"] = m["GPU"].map({"NVIDIA A100-SXM4-40GB": "A100-SXM4-40GB", "NVIDIA H100 80GB HBM3": "H100-SXM5-80GB"})
-    m["batch"] = np.maximum(np.rint(m["Avg BS (reqs)"].to_numpy(dtype=float)), 1).astype(int)
-    m["context"] = np.rint(m["_task"].map(PROMPT_TOKENS).to_numpy(dtype=float)
-                           + m["Avg Output Tokens"].to_numpy(dtype=float) / 2).astype(int)
-    return m.sort_values(["Model", "batch"]).reset_index(drop=True)
-
+from wattcast.simulate.serving import serving_constants
+from wattcast.training.serving_fit import HALVES, MODELS, errors, rows, split_fit  # noqa: F401
+from wattcast.validation.serving_terms import gpu_terms
 
 def predict_ms(model, device, batch, context, *, kv: bool, compile: bool) -> tuple[float, bool]:
     kw = dict(batch=int(batch), seq=1, mode="inference", dtype="bf16", attention="flash", compile=compile)
@@ -70,27 +40,70 @@ def predict_ms(model, device, batch, context, *, kv: bool, compile: bool) -> tup
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mlruns", default="mlruns")
+    ap.add_argument("--no-mlflow", action="store_true")
+    a = ap.parse_args()
     m = rows()
+    terms = gpu_terms(m)
+    c = serving_constants("vllm")
     out = []
-    for _, r in m.iterrows():
-        model = MODELS[r["Model"]]
-        row = dict(model=r["Model"].split("/")[-1], task=r["_task"].split("/")[-1], batch=r["batch"],
-                   context=r["context"], measured_ms=1e3 * float(r["Avg TPOT (s)"]))
+    for r in terms.itertuples():
+        model = MODELS[r.Model]
+        row = dict(model=r.Model.split("/")[-1], half=r.half, prompt=r.prompt_tokens, output=r.output_tokens, batch=r.batch,
+                   context=r.context, measured_ms=r.measured_ms)
         for label, kv, comp in (("before", False, False), ("after", True, False),
                                 ("before_compile", False, True), ("after_compile", True, True)):
-            ms, fits = predict_ms(model, r["device"], r["batch"], r["context"], kv=kv, compile=comp)
+            ms, fits = predict_ms(model, r.device, r.batch, r.context, kv=kv, compile=comp)
             row[label + "_ms"] = ms
             if kv and not comp:
                 row["fits"] = fits
+        res = wattcast.predict(model, r.device, batch=int(r.batch), seq=1, mode="inference", dtype="bf16",
+                               attention="flash", kv_context=int(r.context), serving="vllm",
+                               prompt_tokens=int(r.prompt_tokens), output_tokens=int(r.output_tokens))
+        row.update(prefill_ms=res.overheads["serving_prefill_ms"], host_ms=res.overheads["serving_host_ms"],
+                   serving_ms=res.ms_per_token)
         out.append(row)
     t = pd.DataFrame(out)
-    pd.set_option("display.width", 200)
+    pd.set_option("display.width", 250)
     print(t.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print()
-    for label in ("before", "after", "before_compile", "after_compile"):
+    summary = []
+    for label in ("before", "after", "before_compile", "after_compile", "serving"):
         ratio = t[label + "_ms"] / t["measured_ms"]
-        print(f"{label:15s} rows {len(t):3d}  MAPE {100 * float(np.mean(np.abs(ratio - 1))):5.1f}%  "
-              f"signed bias {100 * float(np.mean(ratio - 1)):+6.1f}%")
+        summary.append(dict(setting=label, rows=len(t), mape_pct=100 * float(np.mean(np.abs(ratio - 1))),
+                            signed_pct=100 * float(np.mean(ratio - 1))))
+        print(f"{label:15s} rows {len(t):3d}  MAPE {summary[-1]['mape_pct']:5.1f}%  "
+              f"signed bias {summary[-1]['signed_pct']:+6.1f}%")
+    print(f"(serving: shipped constants host = {c['host_fixed_ms']:.3f} ms + {1e3 * c['host_per_seq_ms']:.1f} us x "
+          f"batch, fitted on {', '.join(x.split('/')[-1] for x in c['provenance']['fit_models'])}; "
+          f"models/artifacts/serving_vllm.json; its fitting half's rows are in the line above)")
+    print()
+    metrics = {f"{s['setting']}_{k}": s[k] for s in summary for k in ("mape_pct", "signed_pct")}
+    tables = {"rows": t, "summary": pd.DataFrame(summary)}
+    for h in sorted(HALVES):
+        sp = split_fit(terms, h)
+        other = [x for x in HALVES if x != h][0]
+        print(f"split: fit on half {h} ({', '.join(x.split('/')[-1] for x in sp['fit_models'])}): host = "
+              f"{sp['host_fixed_ms']:.3f} ms + {1e3 * sp['host_per_seq_ms']:.1f} us per sequence x batch "
+              f"(training/serving_fit.py fit_host); evaluation half {other}, after -> serving:")
+        ev_rows = terms[terms["half"] == other]
+        before = errors(ev_rows, t.loc[terms["half"] == other, "after_ms"]).rename(
+            columns={"mape_pct": "after_mape_pct", "signed_pct": "after_signed_pct"})
+        ev = before.merge(sp["evaluation"], on=["group", "rows"])
+        print(ev.round(2).to_string(index=False))
+        print()
+        all_ = ev.set_index("group").loc["all"]
+        metrics.update({f"fit_{h}_host_fixed_ms": sp["host_fixed_ms"], f"fit_{h}_host_per_seq_us": 1e3 * sp["host_per_seq_ms"],
+                        f"fit_{h}_eval_mape_pct": float(all_["mape_pct"]), f"fit_{h}_eval_signed_pct": float(all_["signed_pct"])})
+        tables[f"fit_{h}_evaluation"] = ev
+    if not a.no_mlflow:
+        from wattcast.training.tracking import log_run
+
+        run_id = log_run(a.mlruns, experiment="mlenergy-decode", params={"engine": "vllm", "device": "A100-SXM4-40GB"},
+                         metrics=metrics, tags={"kind": "validation"}, tables=tables,
+                         documents={"serving_vllm.json": c})
+        print(f"MLflow run {run_id} (experiment mlenergy-decode)")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,8 @@ class StepPrediction:
         if self.mode != "train":  # inference: throughput and per-token latency; the KV cache's context when there is one
             d.update(tokens_per_s=self.tokens_per_s, ms_per_token=self.ms_per_token, kv_context=self.meta.get("kv_context"),
                      logits=self.meta.get("logits"))
+            if self.meta.get("serving"):  # a serving engine's decode iteration (simulate/serving.py)
+                d["serving"] = dict(self.meta["serving"])
         # e.g. a sequence beyond a RoPE model's trained positions, an ONNX op's fallback; always there ([] when none)
         d["warnings"] = list(self.meta.get("warnings") or [])
         if self.meta.get("settings"):  # the options the public API ran with (wattcast.predict sets them)
