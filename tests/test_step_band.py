@@ -163,20 +163,25 @@ def _scaled(spec, k: float, name: str):
                    tdp_w=spec.tdp_w * k, **kw)
 
 
+def _assert_ood_widened(far: dict, h100: dict) -> None:
+    """``far`` (a prediction's to_dict on a made-up GPU far beyond every fold) has a band over 1.2x as wide as the
+    H100's, mostly OOD time named in its basis, and the OOD warning the H100 has not."""
+    def width(d):
+        lo, hi = d["step_time_band_ms"]
+        return hi / lo
+
+    assert width(far) > 1.2 * width(h100)
+    assert far["step_time_band"]["ood_time_share"] > 0.9 and "out of distribution" in far["step_time_band"]["basis"]
+    assert any("out of distribution" in w for w in far["warnings"])
+    assert not any("out of distribution" in w for w in h100["warnings"])
+
+
 def test_a_gpu_far_beyond_every_fold_is_ood_with_a_wider_band_and_a_warning():
     h100 = wattcast.predict("llama3_8b", "H100-SXM5-80GB", batch=1, seq=2048).to_dict()
     x6 = wattcast.predict("llama3_8b", _scaled(resolve_device("H100-SXM5-80GB"), 6.0, "FutureX6"),
                           batch=1, seq=2048).to_dict()
     assert h100["ood_fraction"] < 0.2 and x6["ood_fraction"] > 0.9
-
-    def width(d):
-        lo, hi = d["step_time_band_ms"]
-        return hi / lo
-
-    assert width(x6) > 1.2 * width(h100)
-    assert x6["step_time_band"]["ood_time_share"] > 0.9 and "out of distribution" in x6["step_time_band"]["basis"]
-    assert any("out of distribution" in w for w in x6["warnings"])
-    assert not any("out of distribution" in w for w in h100["warnings"])
+    _assert_ood_widened(x6, h100)
 
 
 def _made_up_cluster(tmp_path):
@@ -199,15 +204,7 @@ def test_a_made_up_gpu_cluster_gets_the_ood_band_and_the_warning(tmp_path):
     h100 = wattcast.predict_cluster("llama3_8b", "DGX-H100", **CLUSTER_STEP).to_dict()
     x6 = wattcast.predict_cluster("llama3_8b", _made_up_cluster(tmp_path), **CLUSTER_STEP).to_dict()
     assert x6["device"] == "FutureX6" and x6["ood_fraction"] > 0.9
-
-    def width(d):
-        lo, hi = d["step_time_band_ms"]
-        return hi / lo
-
-    assert width(x6) > 1.2 * width(h100)
-    assert x6["step_time_band"]["ood_time_share"] > 0.9 and "out of distribution" in x6["step_time_band"]["basis"]
-    assert any("out of distribution" in w for w in x6["warnings"])
-    assert not any("out of distribution" in w for w in h100["warnings"])
+    _assert_ood_widened(x6, h100)
 
 
 def test_the_dgx_h100_band_barely_moves_with_the_ood_term():
