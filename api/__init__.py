@@ -116,6 +116,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
     engine = check_serving(serving, kv_context=kv_context, seq=seq, mode=mode, prompt_tokens=prompt_tokens,
                            output_tokens=output_tokens)
+    if engine is not None and seq is None:
+        seq = 1  # a decode iteration: one new token per running sequence (not the default 1,024-token step)
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=step_dtype(dtype, spec), attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute_setting(recompute, recompute_modules),
@@ -167,8 +169,20 @@ def _served(res, model, spec, opts, engine: str, prompt_tokens: int, output_toke
     pre_opts = replace(opts, batch=k, seq=prompt_tokens, kv_context=0)
     prefill = predict_graph(step_graph(model, pre_opts), spec, bundle, power_limit_w=power_limit_w,
                             clock_cap_mhz=clock_cap_mhz)
-    return with_serving(res, prefill, engine=engine, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                        prefill_requests=k, idle_power_w=idle_power_w)
+    served = with_serving(res, prefill, engine=engine, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                          prefill_requests=k, idle_power_w=idle_power_w)
+    # the prefill runs on the same GPU between decode iterations: its warnings (a prompt beyond the model's positions,
+    # ...) and its memory (k prompts' activations beside the weights and cache) belong to the served iteration too
+    from wattcast.simulate.single_device import with_warnings
+
+    notes = [f"serving prefill ({k} x {prompt_tokens} tokens): {w}" for w in prefill.meta.get("warnings") or []
+             if w not in (res.meta.get("warnings") or [])]
+    # peak: the weights and the running sequences' cache stay; the prefill's activations and working set replace the
+    # decode step's while it runs (its prompts' cache takes the place of the finished requests')
+    m, p = served.memory, prefill.memory
+    mem = replace(m, activations_gb=max(m.activations_gb, p.activations_gb), transient_gb=max(m.transient_gb, p.transient_gb))
+    return replace(served, memory=mem, memory_gb=served.memory_gb + mem.total_gb - m.total_gb,
+                   meta=with_warnings(served.meta, notes))
 
 
 def _model_settings(model, meta: dict) -> dict:

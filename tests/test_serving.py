@@ -147,3 +147,26 @@ def test_refit_on_half_a_gives_the_shipped_constants():
     a, b = serving_fit.fit_host(a_rows["batch"], a_rows["gpu_step_ms"], a_rows["prefill_ms"], a_rows["measured_ms"])
     c = sv.serving_constants("vllm")
     assert a == pytest.approx(c["host_fixed_ms"], abs=1e-5) and b == pytest.approx(c["host_per_seq_ms"], abs=1e-6)
+
+
+def test_a_served_step_without_seq_is_a_decode_iteration():
+    """serving without seq= is one new token per sequence, not the default 1,024-token step (it priced a 4.8 s
+    'decode iteration' before)."""
+    implicit = wattcast.predict(MODEL, A100, batch=64, mode="inference", dtype="bf16", attention="flash", kv_context=300,
+                                serving="vllm", prompt_tokens=128, output_tokens=240)
+    assert implicit.meta["settings"]["seq"] == 1
+    assert implicit.step_time_ms == _served().step_time_ms
+
+
+def test_the_prefill_brings_its_warnings_and_working_set():
+    """A prompt beyond the model's positions warns as a plain prefill does; the prefill's activations and working
+    set replace the decode step's while it runs (weights and the running sequences' cache stay)."""
+    long = _served(prompt=20_000)
+    plain = wattcast.predict(MODEL, A100, batch=1, seq=20_000, mode="inference", dtype="bf16", attention="flash",
+                             kv_context=0)
+    beyond = [w for w in plain.meta["warnings"] if "max_position_embeddings" in w]
+    assert beyond and any(beyond[0] in w and w.startswith("serving prefill") for w in long.meta["warnings"])
+    decode = _decode()
+    assert long.memory.kv_cache_gb == decode.memory.kv_cache_gb and long.memory.weights_gb == decode.memory.weights_gb
+    assert long.memory.transient_gb == max(decode.memory.transient_gb, plain.memory.transient_gb)
+    assert long.memory_gb > decode.memory_gb
