@@ -155,8 +155,61 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     return _with_settings(_with_run(res, spec, tokens, b * s_, run_kw), settings)
 
 
+def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, logits, serving, prompt_tokens,
+                          output_tokens, dtype, attention, compile, device, power_limit_w, clock_cap_mhz, framework,
+                          gpus_per_node, given: dict):
+    """:func:`predict_cluster`'s KV-cached inference: one node's tensor-parallel group (``simulate/tp_inference.py``),
+    each rank's graph costed with its collectives over the node's link, then (``serving``) as a serving iteration."""
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
+    from wattcast.data.device_spec import DeviceSpec
+    from wattcast.featurize.workload import StepOptions, step_graph
+    from wattcast.models.power import idle_power_w
+    from wattcast.simulate.defaults import shown_dtype, step_dtype
+    from wattcast.simulate.distributed import collective_model
+    from wattcast.simulate.serving import check_serving
+    from wattcast.simulate.single_device import predict_graph
+    from wattcast.simulate.tp_inference import check_tp_serving, tp_collective_fn, tp_summary
+
+    spec = device if isinstance(device, DeviceSpec) or device is None else resolve_device(device)
+    cl = resolve_cluster(cluster, device=spec.name if spec is not None else None)
+    if gpus_per_node is not None:
+        cl = using_gpus_per_node(cl, gpus_per_node)
+    spec = spec or resolve_device(cl.device)
+    tp = check_tp_serving(gpus=gpus, tp=tp, gpus_per_node=cl.gpus_per_node, framework=framework, given=given)
+    engine = check_serving(serving, kv_context=kv_context, seq=seq, mode="inference", prompt_tokens=prompt_tokens,
+                           output_tokens=output_tokens)
+    if engine is not None and seq is None:
+        seq = 1  # a decode iteration (as predict's)
+    opts = StepOptions(batch=batch, seq=seq, mode="inference", dtype=step_dtype(dtype, spec), attention=attention,
+                       compile=compile, tp=tp, kv_context=kv_context, logits=logits)
+    graph = step_graph(model, opts)
+    coll = tp_collective_fn(collective_model(), cl, tp)
+    res = predict_graph(graph, spec, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, collective_ms=coll)
+    from wattcast.simulate.data_loading import one_device
+
+    res = one_device(res, load_ms=0.0, workers=None, idle_power_w=idle_power_w(spec))  # the batch's copy, as predict's
+    info = tp_summary(graph, res, tp=tp, cluster_name=cl.name)
+    if engine is not None:
+        res = _served(res, model, spec, opts, engine, int(prompt_tokens), int(output_tokens), bundle=None,
+                      power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, idle_power_w=idle_power_w(spec),
+                      collective_ms=coll)
+        info.update(energy_all_gpus_j=float(res.energy_j) * tp, avg_power_all_gpus_w=float(res.avg_power_w) * tp)
+    res.meta["tensor_parallel"] = info
+    m = res.meta
+    settings = dict(_model_settings(model, m), device=res.device, cluster=cl.name, gpus=tp, tp=tp, mode="inference",
+                    dtype=shown_dtype(m, dtype), batch=m.get("batch"), seq=m.get("seq"),
+                    attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
+                    compile=bool(m.get("compile", compile)), framework="hf", power_limit_w=power_limit_w,
+                    clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node, kv_context=m.get("kv_context", kv_context),
+                    logits=m.get("logits", logits),
+                    **({"serving": engine, "prompt_tokens": int(prompt_tokens), "output_tokens": int(output_tokens)}
+                       if engine is not None else {}))
+    return _with_settings(res, settings)
+
+
 def _served(res, model, spec, opts, engine: str, prompt_tokens: int, output_tokens: int, *, bundle, power_limit_w,
-            clock_cap_mhz, idle_power_w: float):
+            clock_cap_mhz, idle_power_w: float, collective_ms=None):
     """The decode step ``res`` as a serving engine's iteration (``simulate/serving.py``): its prefill is the same
     model's ``kv_context=0`` step of ``prompt_tokens`` for the requests that arrive together."""
     from dataclasses import replace
@@ -168,7 +221,7 @@ def _served(res, model, spec, opts, engine: str, prompt_tokens: int, output_toke
     k = int(prefill_batch(check_batch(res.meta.get("batch")), output_tokens))
     pre_opts = replace(opts, batch=k, seq=prompt_tokens, kv_context=0)
     prefill = predict_graph(step_graph(model, pre_opts), spec, bundle, power_limit_w=power_limit_w,
-                            clock_cap_mhz=clock_cap_mhz)
+                            clock_cap_mhz=clock_cap_mhz, collective_ms=collective_ms)
     served = with_serving(res, prefill, engine=engine, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                           prefill_requests=k, idle_power_w=idle_power_w)
     # the prefill runs on the same GPU between decode iterations: its warnings (a prompt beyond the model's positions,
@@ -248,8 +301,18 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
                     fp8_param_gather: bool = False, etp: int | None = None, mtp_num_layers: int = 0,
                     fsdp_reduce_dtype: str | None = None, cross_entropy_loss_fusion: bool | None = None,
-                    cross_entropy_fusion_impl: str = "native", **run_kw):
+                    cross_entropy_fusion_impl: str = "native", kv_context: int | None = None,
+                    logits: str | None = None, serving: str | None = None, prompt_tokens: int | None = None,
+                    output_tokens: int | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
+
+    ``kv_context`` (with ``logits``, ``serving``, ``prompt_tokens``, ``output_tokens`` as for :func:`predict`): instead,
+    a KV-cached inference step (``seq=1``: a decode step; ``kv_context=0``: a prefill) of one tensor-parallel group of
+    ``gpus == tp`` GPUs on one node, as vLLM serves it (``simulate/tp_inference.py``): a
+    :class:`~wattcast.simulate.single_device.StepPrediction` of one GPU (memory, energy and power per GPU; ``tp=1``
+    is :func:`predict`'s step on the cluster's device) with ``meta["tensor_parallel"]`` (its all-reduces, logits
+    gather and the group's energy). Pipeline or data parallelism, groups across nodes and training options are
+    refused (ValueError).
 
     ``batch`` is the global batch in sequences. Returns a
     :class:`wattcast.simulate.distributed.DistributedPrediction` (step time, MFU, HFU, TFLOP/s per GPU,
@@ -313,6 +376,27 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.parallel import ParallelConfig
 
+    if any(v is not None for v in (kv_context, logits, serving, prompt_tokens, output_tokens)):
+        given = dict(pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, sp=sp, interleave=interleave, micro_batch=micro_batch,
+                     recompute=recompute, recompute_modules=recompute_modules, strategy=strategy, etp=etp,
+                     schedule=schedule, pp_first_stage_layers=pp_first_stage_layers,
+                     pp_last_stage_layers=pp_last_stage_layers, recompute_num_layers=recompute_num_layers,
+                     recompute_method=recompute_method, overlap_grad_reduce=overlap_grad_reduce,
+                     overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
+                     overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
+                     overlap_p2p_comm=overlap_p2p_comm, zero3_prefetch=zero3_prefetch,
+                     fsdp_reduce_dtype=fsdp_reduce_dtype, scatter_gather_p2p=scatter_gather_p2p,
+                     fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
+                     cross_entropy_loss_fusion=cross_entropy_loss_fusion, tokens=tokens)
+        if kv_context is None:
+            raise ValueError("logits= / serving= / prompt_tokens= / output_tokens= on a cluster describe KV-cached "
+                             "inference: give kv_context= too")
+        _no_run_options(run_kw)
+        return _predict_tp_inference(model, cluster, gpus=gpus, tp=tp, batch=batch, seq=seq, kv_context=kv_context,
+                                     logits=logits, serving=serving, prompt_tokens=prompt_tokens,
+                                     output_tokens=output_tokens, dtype=dtype, attention=attention, compile=compile,
+                                     device=device, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
+                                     framework=framework, gpus_per_node=gpus_per_node, given=given)
     if recompute_modules is not None:
         from wattcast.featurize.recompute import recompute_setting
 

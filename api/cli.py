@@ -459,7 +459,7 @@ def predict(
     flags = SimpleNamespace(**locals())  # the parsed flags by name (the first statement: nothing else is defined yet)
     req = _predict_request(ctx, flags)
     res = _request_prediction(req)
-    if req.distributed:
+    if req.distributed and req.kv_context is None:
         _show_cluster_prediction(res, req, flags)
     else:
         _show_step_prediction(res, flags)
@@ -504,11 +504,10 @@ def _predict_request(ctx, f):
     if f.cluster is not None or par["gpus"] is not None:
         if dims:
             _fail("--dim applies to single-device predictions of ONNX models")
-        if f.kv_context is not None or f.logits is not None:
-            _fail("--kv-context and --logits describe a single-device inference step: drop --cluster/--gpus")
-        if f.serving is not None or f.prompt_tokens is not None or f.output_tokens is not None:
-            _fail("--serving/--prompt-tokens/--output-tokens describe a single-device decode iteration: drop "
-                  "--cluster/--gpus")
+        if f.kv_context is None and (f.logits is not None or f.serving is not None or f.prompt_tokens is not None
+                                     or f.output_tokens is not None):
+            _fail("--logits/--serving/--prompt-tokens/--output-tokens on a cluster describe KV-cached inference on one "
+                  "node's tensor-parallel group: give --kv-context (and --mode inference) too")
         return _cluster_request(f, par, common)
     return _step_request(f, par, dims, common)
 
@@ -591,8 +590,9 @@ def _cluster_request(f, par: dict, common: dict):
 
     if f.cluster is None:
         _fail("--gpus needs --cluster NAME|FILE (presets: wattcast clusters)")
-    if str(f.mode).lower() not in ("train", "training"):
-        _fail("distributed prediction is for training steps (--mode train)")
+    if str(f.mode).lower() not in ("train", "training") and f.kv_context is None:
+        _fail("distributed prediction is for training steps (--mode train), or KV-cached inference on one node's "
+              "tensor-parallel group (--mode inference --kv-context N --tp TP --gpus TP)")
     batch = par.pop("batch")
     batch, seq = (1 if batch is None else batch), (1024 if f.seq is None else f.seq)
     _positive(gpus=par["gpus"], batch=batch, seq=seq)
@@ -609,7 +609,9 @@ def _cluster_request(f, par: dict, common: dict):
                           data_load_ms=f.data_load_ms, data_workers=f.data_workers,
                           fp8_param_gather=f.fp8_param_gather, mtp_num_layers=f.mtp_num_layers,
                           cross_entropy_loss_fusion=f.cross_entropy_loss_fusion,
-                          cross_entropy_fusion_impl=f.cross_entropy_fusion_impl, **common)
+                          cross_entropy_fusion_impl=f.cross_entropy_fusion_impl, kv_context=f.kv_context,
+                          logits=f.logits, serving=f.serving, prompt_tokens=f.prompt_tokens,
+                          output_tokens=f.output_tokens, **common)
 
 
 def _step_request(f, par: dict, dims: dict, common: dict):
@@ -1314,6 +1316,13 @@ def _print_prediction(res) -> None:
                       f"sequences, {'overlapped' if sv['host_overlaps_gpu'] else 'in series'}) + prefill "
                       f"{sv['prefill_ms']:.2f} ms ({sv['requests_per_iteration']:.3f} requests of {sv['prompt_tokens']} "
                       f"prompt tokens per iteration, {sv['output_tokens']} output tokens each)")
+    tpi = res.meta.get("tensor_parallel")
+    if tpi:
+        ar = tpi["collectives"].get("all_reduce", {})
+        con.print(f"tensor parallel: {tpi['tp']} GPUs of {tpi['cluster']} (figures per GPU); "
+                  f"{ar.get('count', 0)} all-reduces ({', '.join(f'{b / 1e6:.2f}' for b in ar.get('bytes', []))} MB) and "
+                  f"the logits gather: {tpi['collective_ms']:.2f} ms; the group's energy {tpi['energy_all_gpus_j']:.1f} J "
+                  f"per step, {tpi['avg_power_all_gpus_w']:.0f} W")
     t = Table(title="per op class")
     for c in ("op class", "kernels", "time ms", "share"):
         t.add_column(c, justify="right" if c != "op class" else "left")

@@ -145,11 +145,12 @@ class PredictRequest:
     #: data loading: the loader's host ms per micro-batch (one device: per step) and its workers (None: the framework's)
     data_load_ms: float = 0.0
     data_workers: int | None = None
-    #: inference with a KV cache (one device): tokens already cached per sequence (``wattcast.predict``'s kv_context)
+    #: inference with a KV cache (one device, or with ``cluster`` one node's tensor-parallel group): tokens already
+    #: cached per sequence (``wattcast.predict``'s / ``wattcast.predict_cluster``'s kv_context)
     kv_context: int | None = None
     #: inference LM head positions: "last" (default in inference) or "all" (``wattcast.predict``'s logits)
     logits: str | None = None
-    #: a serving engine's decode iteration (one device): "vllm" or None (off), with the requests' mean prompt and
+    #: a serving engine's decode iteration (one device or TP group): "vllm" or None (off), with the requests' mean prompt and
     #: output tokens (``wattcast.predict``'s serving / prompt_tokens / output_tokens)
     serving: str | None = None
     prompt_tokens: int | None = None
@@ -199,13 +200,22 @@ class PredictRequest:
                                     kv_context=self.kv_context, logits=self.logits, serving=self.serving,
                                     prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
                                     data_load_ms=self.data_load_ms, data_workers=self.data_workers, **common)
-        if self.kv_context is not None or self.logits is not None:
-            raise ValueError("kv_context= and logits= describe a single-device inference step: give no cluster=")
-        if self.serving is not None or self.prompt_tokens is not None or self.output_tokens is not None:
-            raise ValueError("serving= / prompt_tokens= / output_tokens= describe a single-device decode iteration: "
-                             "give no cluster=")
+        served = dict(kv_context=self.kv_context, logits=self.logits, serving=self.serving,
+                      prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens)
+        if self.kv_context is None and any(v is not None for v in served.values()):
+            raise ValueError("logits= / serving= / prompt_tokens= / output_tokens= on a cluster describe KV-cached "
+                             "inference on one node's tensor-parallel group: give kv_context= too")
         if self.parallel is None:
             raise ValueError("a cluster step needs parallel= (at least ParallelOptions(gpus=N))")
+        if self.kv_context is not None:
+            if str(self.mode).lower() not in ("inference", "inf", "infer"):
+                raise ValueError("kv_context= describes an inference step with a KV cache (mode='inference')")
+            if self.dims:
+                raise ValueError("dims= applies to single-device predictions of ONNX models")
+            common.pop("optimizer")
+            return wattcast.predict_cluster(self.model, self.cluster, device=self.device, framework=self.framework,
+                                            gpus_per_node=self.gpus_per_node, **served, **asdict(self.parallel),
+                                            **common)
         if str(self.mode).lower() not in ("train", "training"):
             raise ValueError("distributed prediction is for training steps (mode='train')")
         if self.dims:

@@ -15,7 +15,14 @@ attention. Columns: "before" is the bare forward (no KV cache, all-position logi
 MAPE and signed bias (mean of predicted / measured - 1) per model of the evaluation half. Logged to MLflow
 (experiment ``mlenergy-decode``) unless ``--no-mlflow``.
 
-    PYTHONPATH=... WATTCAST_DATA=... python benchmarks/bench_mlenergy_decode.py [--no-mlflow]
+Then the tensor-parallel rows (TP 2 and 8, PP 1; training/serving_fit.py ``tp_rows``: the TP rows of the models above
+and of ``TP_ONLY_MODELS``), evaluation only with the SHIPPED host constants (no refit): "before" is what wattcast did
+with them before tensor-parallel serving: nothing (``predict_cluster`` took no ``kv_context``, ``predict --cluster``
+refused ``--kv-context``; ``tp1`` shows the one-GPU step, TP ignored, for reference), "after" one node's TP group (``predict_cluster(..., cluster=TP_CLUSTER, device=the row's GPU,
+gpus=tp, tp=tp, kv_context=, serving="vllm")``, simulate/tp_inference.py). MAPE and signed bias per model and TP.
+``--tp-only`` runs that part alone.
+
+    PYTHONPATH=... WATTCAST_DATA=... python benchmarks/bench_mlenergy_decode.py [--no-mlflow] [--tp-only]
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import pandas as pd
 
 import wattcast
 from wattcast.simulate.serving import serving_constants
-from wattcast.training.serving_fit import HALVES, MODELS, errors, rows, split_fit  # noqa: F401
+from wattcast.training.serving_fit import HALVES, MODELS, TP_ONLY_MODELS, errors, rows, split_fit, tp_rows  # noqa: F401
 from wattcast.validation.serving_terms import gpu_terms
 
 def predict_ms(model, device, batch, context, *, kv: bool, compile: bool) -> tuple[float, bool]:
@@ -39,11 +46,63 @@ def predict_ms(model, device, batch, context, *, kv: bool, compile: bool) -> tup
     return r.step_time_ms, r.fits
 
 
+#: the node of ML.ENERGY v2's A100 rows: an 8-GPU NVSwitch server ASSUMED (the data does not name it;
+#: SOURCE-mlenergy-inference-power.md), the DGX A100 preset with the rows' A100-SXM4-40GB
+TP_CLUSTER = "dgx-a100"
+
+
+def tp_table() -> pd.DataFrame:
+    """Per TP row: measured, the one-GPU serving step (tp1_ms, for reference: the rows' TP ignored), the served TP
+    group's iteration (after_ms) with its terms."""
+    out = []
+    for r in tp_rows().itertuples():
+        model = {**MODELS, **TP_ONLY_MODELS}[r.Model]
+        kw = dict(batch=int(r.batch), seq=1, dtype="bf16", attention="flash", kv_context=int(r.context),
+                  serving="vllm", prompt_tokens=int(r.prompt_tokens), output_tokens=int(r.output_tokens))
+        one = wattcast.predict(model, r.device, mode="inference", **kw)
+        res = wattcast.predict_cluster(model, TP_CLUSTER, device=r.device, gpus=int(r.tp), tp=int(r.tp), **kw)
+        tpi, sv = res.meta["tensor_parallel"], res.meta["serving"]
+        out.append(dict(model=r.Model.split("/")[-1], tp=int(r.tp), batch=int(r.batch), context=int(r.context),
+                        output=int(r.output_tokens), measured_ms=r.measured_ms, tp1_ms=one.ms_per_token,
+                        gpu_ms=sv["gpu_step_ms"], coll_ms=tpi["collective_ms"], host_ms=sv["exposed_host_ms"],
+                        prefill_ms=sv["prefill_ms"], after_ms=res.ms_per_token, mem_gb=res.memory_gb, fits=res.fits))
+    return pd.DataFrame(out)
+
+
+def tp_summary(t: pd.DataFrame) -> pd.DataFrame:
+    """MAPE and signed bias (%) of tp1_ms and after_ms per model and TP, and over all TP rows."""
+    rows_ = []
+    for key, g in [*t.groupby(["model", "tp"]), (("all", "-"), t)]:
+        d = dict(model=key[0], tp=key[1], rows=len(g))
+        for label in ("tp1", "after"):
+            ratio = g[label + "_ms"] / g["measured_ms"] - 1
+            d[f"{label}_mape_pct"] = 100 * float(np.mean(np.abs(ratio)))
+            d[f"{label}_signed_pct"] = 100 * float(np.mean(ratio))
+        rows_.append(d)
+    return pd.DataFrame(rows_)
+
+
+def print_tp(c: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    t = tp_table()
+    pd.set_option("display.width", 250)
+    print(f"tensor-parallel rows (before: refused, no figure; evaluation only; shipped host constants {c['host_fixed_ms']:.3f} ms + "
+          f"{1e3 * c['host_per_seq_ms']:.1f} us x batch, no refit; cluster {TP_CLUSTER} with the rows' GPU):")
+    print(t.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    s = tp_summary(t)
+    print(s.round(2).to_string(index=False))
+    print()
+    return t, s
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mlruns", default="mlruns")
     ap.add_argument("--no-mlflow", action="store_true")
+    ap.add_argument("--tp-only", action="store_true", help="the tensor-parallel rows only (no MLflow run)")
     a = ap.parse_args()
+    if a.tp_only:
+        print_tp(serving_constants("vllm"))
+        return
     m = rows()
     terms = gpu_terms(m)
     c = serving_constants("vllm")
@@ -97,6 +156,10 @@ def main() -> None:
         metrics.update({f"fit_{h}_host_fixed_ms": sp["host_fixed_ms"], f"fit_{h}_host_per_seq_us": 1e3 * sp["host_per_seq_ms"],
                         f"fit_{h}_eval_mape_pct": float(all_["mape_pct"]), f"fit_{h}_eval_signed_pct": float(all_["signed_pct"])})
         tables[f"fit_{h}_evaluation"] = ev
+    tp_t, tp_s = print_tp(c)
+    tables.update(tp_rows=tp_t, tp_summary=tp_s)
+    tp_all = tp_s.set_index("model").loc["all"]
+    metrics.update(tp_after_mape_pct=float(tp_all["after_mape_pct"]), tp_after_signed_pct=float(tp_all["after_signed_pct"]))
     if not a.no_mlflow:
         from wattcast.training.tracking import log_run
 

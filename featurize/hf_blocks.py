@@ -179,6 +179,13 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
         # implementation, "native" or "te", or None (unfused); it replaces the fp32 loss only
         b.cross_entropy(logits, name="loss", vocab_parallel=True, fp32_saved=fp32_loss,
                         fusion=b.ce_fusion if fp32_loss else None)
+    elif b.kv_context is not None and b.tp > 1:
+        # a served model's vocabulary-parallel head: each rank's logits shard gathered for sampling (vLLM's
+        # LogitsProcessor._gather_logits, tensor_model_parallel_gather to rank 0 in the v0.x engine, cited from memory),
+        # costed as an all-gather of the whole (tokens x padded vocabulary) logits in the model's dtype
+        full = (*logits.shape[:-1], logits.shape[-1] * b.tp)
+        logits = b.collective("all_gather", logits, full, group=b._tp_group, size_bytes=logits.nbytes * b.tp,
+                              name="lm_head.gather_logits")
     return logits
 
 
@@ -204,6 +211,20 @@ def local_heads(b: GraphBuilder, n: int, what: str = "attention heads") -> int:
     if n % b.tp:
         raise GraphError(f"{n} {what} are not divisible by tensor parallelism {b.tp}")
     return n // b.tp
+
+
+def served_kv_heads(b: GraphBuilder, n_kv: int) -> int:
+    """Key/value heads per tensor-parallel rank of a served (KV-cached) model, as vLLM's QKVParallelLinear splits
+    them (vllm/model_executor/layers/linear.py and models/llama.py ``LlamaAttention``, cited from memory): ``n_kv //
+    tp`` when ``tp`` divides them; with fewer KV heads than ranks each rank holds one, replicated ``tp // n_kv`` times
+    (its k/v projection and its cache too), which needs ``n_kv`` to divide ``tp``. A training graph (Megatron) splits
+    them only (:func:`local_heads`)."""
+    if b.kv_context is None or n_kv >= b.tp:
+        return local_heads(b, n_kv, "key/value heads")
+    if b.tp % n_kv:
+        raise GraphError(f"{n_kv} key/value heads and tensor parallelism {b.tp}: vLLM replicates KV heads over the ranks "
+                         f"only when their count divides the TP degree")
+    return 1
 
 
 def vocab_embedding(b: GraphBuilder, ids: Tensor, vocab: int, dim: int, name: str, *, params: bool = True) -> Tensor:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
+                                          served_kv_heads,
                                           merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding,
                                           vocab_shard_params)
 from wattcast.featurize.hf_config import (QWEN_MOE_FAMILIES, HFConfig, attention_windows, bool_field, deepseek_field,
@@ -417,20 +418,21 @@ class LlamaVariant:
 def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str,
                      var: LlamaVariant = LlamaVariant(), layer: int = 0) -> Tensor:
     nh, nkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
+    nhl, nkvl = local_heads(b, nh), served_kv_heads(b, nkv)
     # q/k/v and o_proj biases as the family's transformers modelling file builds them (hf_config.projection_biases)
     biases = projection_biases(cfg)
     bias, o_bias = biases.qkv, biases.o
     x = b.tp_enter(x, name="self_attn.enter")
     if var.fused_qkv:  # Phi-3: one qkv_proj, split into q, k, v by views
-        qkv = b.linear(x, (nh + 2 * nkv) * d, bias=bias, name="self_attn.qkv_proj", parallel="col")
+        # (the widths per rank times tp: equal to the config's unless vLLM replicates KV heads, hf_blocks.served_kv_heads)
+        qkv = b.linear(x, (nhl + 2 * nkvl) * d * b.tp, bias=bias, name="self_attn.qkv_proj", parallel="col")
         bs_, s_ = qkv.shape[0], qkv.shape[1]
         q, k, v = (heads(b, Tensor((bs_, s_, n * d), qkv.dtype, qkv.node, qkv.tid), n, d)
                    for n in (nhl, nkvl, nkvl))
     else:
         q = heads(b, b.linear(x, nh * d, bias=bias, name="self_attn.q_proj", parallel="col"), nhl, d)
-        k = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.k_proj", parallel="col"), nkvl, d)
-        v = heads(b, b.linear(x, nkv * d, bias=bias, name="self_attn.v_proj", parallel="col"), nkvl, d)
+        k = heads(b, b.linear(x, nkvl * d * b.tp, bias=bias, name="self_attn.k_proj", parallel="col"), nkvl, d)
+        v = heads(b, b.linear(x, nkvl * d * b.tp, bias=bias, name="self_attn.v_proj", parallel="col"), nkvl, d)
     if var.qk_norm:  # Qwen3 / Gemma 3: RMSNorm over the head dim of q and k
         q = rms_norm_eager(b, q, "self_attn.q_norm")
         k = rms_norm_eager(b, k, "self_attn.k_norm")

@@ -368,8 +368,9 @@ def _check_kv_cache(cfg: HFConfig, opts: StepOptions) -> None:
                  "projections: not modelled)" if cfg.family == "deepseek" else "")
         raise GraphError(f"{cfg.name}: kv_context (a KV-cached inference step) is built for Llama-architecture decoders "
                          f"({', '.join(KV_CACHE_FAMILIES)}), not {cfg.model_type}{extra}")
-    if opts.framework != "hf" or opts.tp != 1 or opts.cp != 1 or opts.blocks:
-        raise GraphError("kv_context (a KV-cached inference step) is built for one device under --framework hf")
+    if opts.framework != "hf" or opts.cp != 1 or opts.ep != 1 or opts.sp or opts.blocks:
+        raise GraphError("kv_context (a KV-cached inference step) is built for one device, or one node's tensor-parallel "
+                         "group (tp), under --framework hf")
 
 
 @rows_cached(max_entries=256)

@@ -424,8 +424,11 @@ def fallback_summary(costed: pd.DataFrame) -> list[dict]:
 
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
                   launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, power_limit_w: float | None = None,
-                  power_model=None, clock_cap_mhz: float | None = None) -> StepPrediction:
+                  power_model=None, clock_cap_mhz: float | None = None, collective_ms=None) -> StepPrediction:
     """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory, energy and flags.
+
+    ``collective_ms``: costs the graph's collectives (:func:`cost_nodes`; a tensor-parallel rank's graph of one node's
+    group, ``simulate/tp_inference.py``), each in series with the kernels around it.
 
     ``power_limit_w``: a board power cap; kernels that would exceed it run at a lower clock (slower).
     ``clock_cap_mhz``: an SM clock cap. Both must be finite and above 0 (ValueError naming the parameter, checked
@@ -438,7 +441,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     why = unsupported_step_dtype(spec, "fp8" if graph.meta.get("precision") == "fp8" else graph.meta.get("dtype", ""))
     if why:
         raise ValueError(why)
-    costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms)
+    costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms, collective_ms=collective_ms)
     ood = ood_band_log(costed, bundle or load_bundle())  # before a power limit stretches time_ms (the kernels' bands are about their own time)
     costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     res = summarise_costed(graph, costed, spec)

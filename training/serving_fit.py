@@ -55,6 +55,12 @@ MODELS = {
     "google/gemma-2-9b-it": "gemma2_9b",
     "google/codegemma-1.1-2b": "gemma_2b",  # CodeGemma 2B is Gemma 2B's architecture
 }
+#: v2 models wattcast builds exactly that have tensor-parallel rows only (TP 8 on A100-SXM4-40GB): evaluation only,
+#: never fitted on (``benchmarks/bench_mlenergy_decode.py --tp``). Hugging Face Hub config.json of each model
+TP_ONLY_MODELS = {
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama3_70b",  # same shapes as Llama 3 70B (RoPE scaling aside)
+    "codellama/CodeLlama-70b-hf": _cfg("llama2_70b", vocab_size=32016, max_position_embeddings=16384, rope_theta=1e6),
+}
 #: the split by model, fixed before any fit: each half has a chat and a code model and a small and a large one.
 #: A (20 rows) is the fitting half of the shipped constants; B (12 rows) the evaluation half, and the swap.
 HALVES = {
@@ -73,6 +79,13 @@ def rows(root: str | Path | None = None) -> pd.DataFrame:
     m = pd.read_csv(data_root(root) / DATA_FILE)
     m = m[m["_task"].isin(list(PROMPT_TOKENS)) & m["Model"].isin(list(MODELS)) & (m["TP"] == 1) & (m["PP"] == 1)]
     m = m[m["Avg TPOT (s)"].notna()].copy()
+    return _row_terms(m).sort_values(["Model", "batch"]).reset_index(drop=True)
+
+
+def _row_terms(m: pd.DataFrame) -> pd.DataFrame:
+    """``device``, ``batch``, ``prompt_tokens``, ``output_tokens``, ``context``, ``measured_ms`` and ``half`` of the v2
+    rows ``m`` (see :func:`rows`)."""
+    m = m.copy()
     m["device"] = m["GPU"].map({"NVIDIA A100-SXM4-40GB": "A100-SXM4-40GB", "NVIDIA H100 80GB HBM3": "H100-SXM5-80GB"})
     m["batch"] = np.maximum(np.rint(m["Avg BS (reqs)"].to_numpy(dtype=float)), 1).astype(int)
     m["prompt_tokens"] = m["_task"].map(PROMPT_TOKENS).astype(int)
@@ -81,7 +94,16 @@ def rows(root: str | Path | None = None) -> pd.DataFrame:
     m["context"] = np.rint(m["prompt_tokens"].to_numpy(dtype=float) + out_tok / 2).astype(int)
     m["measured_ms"] = 1e3 * m["Avg TPOT (s)"].to_numpy(dtype=float)
     m["half"] = m["Model"].map({name: h for h, names in HALVES.items() for name in names})
-    return m.sort_values(["Model", "batch"]).reset_index(drop=True)
+    return m
+
+
+def tp_rows(root: str | Path | None = None) -> pd.DataFrame:
+    """The tensor-parallel TPOT rows (TP > 1, PP 1) of :data:`MODELS` and :data:`TP_ONLY_MODELS`: evaluation only
+    (the host constants are fitted on single-GPU rows), with the columns of :func:`rows` and ``tp``."""
+    m = pd.read_csv(data_root(root) / DATA_FILE)
+    m = m[m["_task"].isin(list(PROMPT_TOKENS)) & m["Model"].isin([*MODELS, *TP_ONLY_MODELS]) & (m["TP"] > 1)
+          & (m["PP"] == 1) & m["Avg TPOT (s)"].notna()].copy()
+    return _row_terms(m).assign(tp=lambda d: d["TP"].astype(int)).sort_values(["Model", "tp", "batch"]).reset_index(drop=True)
 
 
 def fit_host(batch, gpu_step_ms, prefill_ms, measured_ms) -> tuple[float, float]:
