@@ -179,8 +179,6 @@ def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, l
     tp = check_tp_serving(gpus=gpus, tp=tp, gpus_per_node=cl.gpus_per_node, framework=framework, given=given)
     engine = check_serving(serving, kv_context=kv_context, seq=seq, mode="inference", prompt_tokens=prompt_tokens,
                            output_tokens=output_tokens)
-    if engine is not None and seq is None:
-        seq = 1  # a decode iteration (as predict's)
     opts = StepOptions(batch=batch, seq=seq, mode="inference", dtype=step_dtype(dtype, spec), attention=attention,
                        compile=compile, tp=tp, kv_context=kv_context, logits=logits)
     graph = step_graph(model, opts)

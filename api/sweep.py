@@ -207,18 +207,10 @@ class SweepSpec:
         # only when given: the ids of sweeps that set neither stay what they were
         if self.moe_routing:
             settings["moe_routing"] = dict(sorted(self.moe_routing.items()))
-        if self.gpus_per_node is not None:
-            settings["gpus_per_node"] = self.gpus_per_node
-        if self.zero3_prefetch is not None:
-            settings["zero3_prefetch"] = self.zero3_prefetch
-        if self.scatter_gather_p2p is not None:
-            settings["scatter_gather_p2p"] = self.scatter_gather_p2p
-        if self.fsdp_reduce_dtype is not None:
-            settings["fsdp_reduce_dtype"] = self.fsdp_reduce_dtype
-        if self.cross_entropy_loss_fusion is not None:
-            settings["cross_entropy_loss_fusion"] = self.cross_entropy_loss_fusion
-        if self.cross_entropy_fusion_impl is not None:
-            settings["cross_entropy_fusion_impl"] = self.cross_entropy_fusion_impl
+        for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype",
+                  "cross_entropy_loss_fusion", "cross_entropy_fusion_impl"):
+            if getattr(self, k) is not None:
+                settings[k] = getattr(self, k)
         if self.data_load_ms:
             settings["data_load_ms"] = self.data_load_ms
         if self.data_workers is not None:

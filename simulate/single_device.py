@@ -464,15 +464,11 @@ def step_overheads(costed: pd.DataFrame) -> dict:
     the inf/NaN check of the gradients), gradient accumulation, FP8 casts,
     memory copies (layout copies), and the launch gaps: host time in which the GPU waited for the next small kernel
     (a kernel's time beyond its GPU time, where the CPU could not keep up)."""
-    name = costed["name"].astype(str)
     oc = costed["op_class"].astype(str).to_numpy()
     t = costed["time_ms"].to_numpy(dtype=float)
     gpu = costed["gpu_ms"].to_numpy(dtype=float) if "gpu_ms" in costed else t
-    phase = costed["phase"].astype(str).to_numpy()
-    clip = name.str.startswith("clip_grad_norm").to_numpy()
-    acc = name.str.startswith("accumulate_grad").to_numpy()
-    scale = name.str.startswith("loss_scale.").to_numpy()
-    return {"optimizer_step_ms": float(t[(phase == "optimizer") & ~clip & ~scale & (oc != "fp8_cast")].sum()),
+    clip, scale, acc, optimizer = _overhead_masks(costed)
+    return {"optimizer_step_ms": float(t[optimizer & ~clip & ~scale].sum()),
             "clip_grad_norm_ms": float(t[clip].sum()),
             "loss_scaling_ms": float(t[scale].sum()),
             "grad_accumulation_ms": float(t[acc].sum()),
@@ -488,13 +484,18 @@ OP_PARTS = ("clip_grad_norm", "loss_scaling", "grad_accumulation", "memcpy", "op
 def op_part_labels(costed: pd.DataFrame) -> np.ndarray:
     """Per costed kernel: the named overhead of :data:`OP_PARTS` it belongs to, "" for the model's own kernels (the
     same masks as :func:`step_overheads`; each kernel in one part only)."""
+    clip, scale, acc, optimizer = _overhead_masks(costed)
+    memory = costed["op_class"].astype(str).to_numpy() == "memory"
+    return np.select((clip, scale, acc, memory, optimizer), OP_PARTS, default="").astype(object)
+
+
+def _overhead_masks(costed: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per costed kernel: (gradient-norm clipping, FP16 loss scaling, gradient accumulation, the optimizer phase
+    without its FP8 casts), the masks :func:`step_overheads` and :func:`op_part_labels` name overheads by."""
     name = costed["name"].astype(str)
-    oc = costed["op_class"].astype(str).to_numpy()
-    phase = costed["phase"].astype(str).to_numpy()
-    masks = (name.str.startswith("clip_grad_norm").to_numpy(), name.str.startswith("loss_scale.").to_numpy(),
-             name.str.startswith("accumulate_grad").to_numpy(), oc == "memory",
-             (phase == "optimizer") & (oc != "fp8_cast"))
-    return np.select(masks, OP_PARTS, default="").astype(object)
+    opt = (costed["phase"].astype(str).to_numpy() == "optimizer") & (costed["op_class"].astype(str).to_numpy() != "fp8_cast")
+    return (name.str.startswith("clip_grad_norm").to_numpy(), name.str.startswith("loss_scale.").to_numpy(),
+            name.str.startswith("accumulate_grad").to_numpy(), opt)
 
 
 def with_op_parts(per_op: list[dict], costed: pd.DataFrame) -> list[dict]:
