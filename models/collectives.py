@@ -699,3 +699,25 @@ def _load_collective_live(live: str) -> CollectiveModel:
 
 
 load_collective_model.cache_clear = _load_collective_live.cache_clear  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------ band
+#: the per-kernel 90% band of a predicted collective (``training/collective_band.py`` builds it from held-out
+#: nccl-tests rows; the shipped model's recipe, whichever collective model a run selects)
+COLLECTIVE_BAND_FILE = shipped_folder() / "collective_band.json"
+
+
+@lru_cache(maxsize=4)
+def collective_band_log(path: str = str(COLLECTIVE_BAND_FILE)) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((low, high) in support, (low, high) out of support): log(measured / predicted) bands of one collective as the
+    model flags it (``ood``), from ``path`` (checked: finite, low <= 0 <= high); a ValueError names a bad file."""
+    try:
+        art = json.loads(Path(path).read_text(encoding="utf-8"))
+        bands = tuple(tuple(float(v) for v in art[part]["band_log"]) for part in ("in_support", "out_of_support"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: no readable collective band ({e}); rebuild it with "
+                         "python -m wattcast.training.collective_band") from None
+    for lo_hi in bands:
+        if len(lo_hi) != 2 or not all(np.isfinite(lo_hi)) or not lo_hi[0] <= 0.0 <= lo_hi[1]:
+            raise ValueError(f"{path}: a band_log must be [low <= 0 <= high], finite; got {list(lo_hi)}")
+    return bands  # type: ignore[return-value]

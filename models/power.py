@@ -103,6 +103,9 @@ COMM_DYNAMIC_FRACTION = 0.2
 DEFAULT_NODE_OVERHEAD_SHARE = 0.3
 #: band (log of measured / predicted power) used when a model has none: +/- ~15%
 DEFAULT_BAND_LOG = (-0.15, 0.15)
+#: widen the band (log space) of a row outside the power model's training support: a stated ASSUMPTION, as the kernel
+#: bundle's (models/kernel_bundle.py ``OOD_BAND_FACTOR``, issue 14): no held-out power measurement beyond the support
+#: exists to calibrate it
 OOD_BAND_FACTOR = 2.0
 
 

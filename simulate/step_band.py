@@ -22,8 +22,9 @@ A cluster step (``simulate/distributed.py`` ``critical_rank_ood``) takes the sam
 pipeline stage that ends the step: that rank's OOD kernels (the forward and backward of every micro-batch, its share
 of the optimizer step) over its whole costed graph time, collectives in the graph (TP, SP, EP, CP) included at their
 costed time. Collectives flagged outside the collective model's training support (``models/collectives.py``) are not
-kernels the leave-one-generation-out test covers, and no held-out calibration of any kind covers the collective model:
-their share is reported (``ood_collective_time_share``), they keep the measured band, and no band is made up for them.
+kernels the leave-one-generation-out test covers: their share is reported (``ood_collective_time_share``) and they keep
+the measured band. Their per-kernel band (``models/artifacts/collective_band.json``, ``training/collective_band.py``)
+comes from one unseen system (ALCF Polaris, alpha-beta alone) and is not mixed into the step band.
 """
 
 from __future__ import annotations
@@ -195,8 +196,9 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
     run on tensor cores (not FP32). ``ood``: :func:`ood_band_log` of the step's kernels (a cluster step's: its critical
     rank's, ``simulate/distributed.py``; their share of the time carries their own band, :func:`mix_band_log`); None:
     no OOD term. ``ood["collective_share"]``: the share of that time in collectives outside the collective model's
-    training support, reported only: no leave-one-generation-out test (or any held-out calibration) covers the
-    collective model, so no band is made up for them; they keep the measured step band, like any collective."""
+    training support, reported only: no leave-one-generation-out test covers the collective model (its per-kernel
+    band, ``collective_band.json``, rests on one unseen system), so they keep the measured step band, like any
+    collective."""
     cal = load_step_band()
     s = (cal or {}).get("settings", {}).get(setting)
     if s is None or not math.isfinite(step_ms) or step_ms <= 0:
@@ -213,7 +215,7 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
         lo, hi = mix_band_log(lo, hi, ood)
         basis += (f"; {100 * share:.0f}% of the kernel time is out of distribution and carries those kernels' own band "
                   f"({100 * (math.exp(ood['low_log']) - 1):+.0f} .. {100 * (math.exp(ood['high_log']) - 1):+.0f}%)")
-    # reported, not in the basis: the band is not built from it (no held-out calibration covers collectives)
+    # reported, not in the basis: the band is not built from it (the collectives' own band rests on one unseen system)
     coll = float(ood.get("collective_share", 0.0)) if ood else 0.0
     return {"low_ms": step_ms * math.exp(lo), "high_ms": step_ms * math.exp(hi), "basis": basis, "generation": gen,
             "ood_time_share": share, "ood_collective_time_share": coll}
