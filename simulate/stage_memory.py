@@ -39,8 +39,9 @@ every term cites the equation or the framework code it follows. Units are in the
   root's parameters in the post-forward for ``FULL_SHARD``", ``free_unsharded_flat_param = not state._is_root and
   ...``; FSDP2 ``_fully_shard/_fsdp_state.py`` ``_lazy_init``: "For the root, do not reshard after forward",
   ``post_forward_mesh_info = None``): 2.1 GB in bf16 for Llama 3 8B's 128,256 x 4,096 embedding and head. FSDP's
-  unsharded gradients are their own line (:func:`fsdp_inflight_gradient_bytes` during the backward,
-  :func:`fsdp_root_gradient_bytes` at its end). DeepSpeed below ZeRO-2 flattens gradients into reduce buckets of up to
+  unsharded gradients are their own line (:func:`fsdp_inflight_gradient_bytes` during the backward); at its end no
+  block is unsharded, and the root unit's gradient is made beside the first block's in reduction
+  (:func:`fsdp_end_of_backward_bytes`). DeepSpeed below ZeRO-2 flattens gradients into reduce buckets of up to
   ``reduce_bucket_size`` = 5e8 elements (DeepSpeed's default config) when it reduces them, after the last
   micro-batch's backward (activations freed by then: a second peak, not added to the first); at ZeRO-2/3 it holds
   that bucket (and ZeRO-3 its prefetch bucket) through the passes and makes fp32 gradients at the step
@@ -53,7 +54,8 @@ every term cites the equation or the framework code it follows. Units are in the
   memory formula assumes it), the half-precision dtype for Megatron-LM fp16, DeepSpeed ZeRO-2/3's gradient
   partitions (:func:`held_gradient_bytes`) and DeepSpeed's fp16 engine (its fp32
   master gradients are made at the optimizer step, after the activations are freed), half plus fp32 for
-  DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch).
+  DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch), which
+  ``megatron-deepspeed`` with bf16 below ZeRO-2 is taken to run (:func:`held_gradient_bytes`).
 
 - Transformer Engine's userbuffers under ``--tp-comm-overlap`` (TE 2.9 ``transformer_engine/pytorch/module/base.py``
   ``initialize_ub``): one communication buffer per overlapped GEMM of a transformer layer, shared by every layer --
@@ -172,7 +174,18 @@ def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int 
     ``copy_grads_in_partition``), ZeRO-3 ``grad_partitions_flat_buffer`` in ``gradient_accumulation_dtype``, which the
     engine sets to the model's dtype unless the config's ``data_types.grad_accum_dtype`` says otherwise
     (``runtime/engine.py`` ``get_data_types``); its fp32 gradients are made at the optimizer step
-    (:func:`deepspeed_buffer_bytes`). Below ZeRO-2 bf16 runs the ``BF16_Optimizer`` (half plus fp32)."""
+    (:func:`deepspeed_buffer_bytes`).
+
+    Below ZeRO-2 bf16 is taken to run DeepSpeed's ``BF16_Optimizer``, as BLOOM-176B did (DeepSpeed stage 0 with bf16
+    and a pipeline: ``engine.py`` ``_do_optimizer_sanity_check`` returns ``BFLOAT16``; it shards the fp32 master
+    weights and moments itself, ``fp32_groups_flat_partition``, so ZeRO-1 here): 6 B/param, not sharded -- the bf16
+    ``param.grad`` (kept: ``clear_lp_grads`` zeroes it in place) and the fp32 accumulation buffer of the whole model
+    (``bf16_optimizer.py``: ``fp32_flat_buffer = torch.zeros_like(self.bf16_groups_flat[i],
+    dtype=self.grad_acc_dtype)``).
+    DeepSpeed 0.19.8 gives ``zero_optimization.stage: 1`` with bf16 that optimizer only under
+    ``data_types.grad_accum_dtype: fp32`` (``_do_optimizer_sanity_check``: ``model_dtype == torch.bfloat16 and
+    grad_accum_dtype == torch.float32 and ... stage() == 1``); by default ``get_data_types`` takes the model's dtype and
+    the ZeRO optimizer (``stage_1_and_2.py``) holds 2 B/param of bf16 ``param.grad``: not modelled (stated)."""
     if dtype_bytes >= 4:
         return dtype_bytes
     if framework == "megatron":
@@ -249,17 +262,21 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
     head), unsharded from the start of the forward to the end of the backward (module docstring). ``reduce_bytes``:
     FSDP's reduce-scatter dtype bytes (``MixedPrecision.reduce_dtype``; default the parameters' dtype).
 
-    After the last backward under FSDP: the root unit's gradient (:func:`fsdp_root_gradient_bytes`) beside the
-    other buffers. DeepSpeed at ZeRO-2/3 holds its reduce bucket through the passes and, ZeRO-3, its prefetched
-    parameters; it makes fp32 gradient partitions at the step (:func:`deepspeed_buffer_bytes`)."""
+    After the last backward under FSDP (:func:`fsdp_end_of_backward_bytes`): the root unit's parameters and gradient
+    (:func:`fsdp_root_gradient_bytes`) beside the first block's gradient in reduction, no block's parameters.
+    DeepSpeed at ZeRO-2/3 holds its reduce bucket through the passes and, ZeRO-3, its prefetched parameters; it
+    makes fp32 gradient partitions at the step (:func:`deepspeed_buffer_bytes`)."""
     during, after = float(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES), 0.0
     if dp > 1:
         if framework == "hf":
             if zero >= 3:  # FSDP: the running and the prefetched unit and the root unit, unsharded
-                during = during + (2.0 * block_params + root_params) * dtype_bytes
+                held = during
+                during = held + (2.0 * block_params + root_params) * dtype_bytes
                 rb = dtype_bytes if reduce_bytes is None else reduce_bytes
-                after = during + fsdp_root_gradient_bytes(root_params=root_params, dtype_bytes=dtype_bytes,
-                                                          reduce_bytes=rb, dp=dp)
+                # at the backward's end no block is unsharded: the root unit's parameters, the first block's
+                # gradient still being reduce-scattered and the root's gradient (fsdp_end_of_backward_bytes)
+                after = held + fsdp_end_of_backward_bytes(block_params=block_params, root_params=root_params,
+                                                          dtype_bytes=dtype_bytes, reduce_bytes=rb, dp=dp)
             elif zero == 0:  # DDP: bucket buffers are a second copy of the gradients
                 during += params * grad_bytes
         elif framework == "megatron-deepspeed":
@@ -314,6 +331,45 @@ def fsdp_root_gradient_bytes(*, root_params, dtype_bytes: int, reduce_bytes: int
     return np.maximum(split, reduce)
 
 
+def fsdp_reducing_unit_bytes(*, block_params, dtype_bytes: int, reduce_bytes: int, dp: int):
+    """Bytes of one FSDP unit's gradient while ``_post_backward_hook`` reduce-scatters it (torch 2.13
+    ``torch/distributed/fsdp/_runtime_utils.py`` ``_post_backward_hook`` / ``_reduce_grad``): the unsharded gradient in
+    the parameters' dtype (``autograd_computed_grad``, kept by ``_no_dispatch_record_stream(autograd_computed_grad,
+    state._post_backward_stream)`` until the reduce-scatter on that stream ends), its ``reduce_dtype`` cast when that
+    differs (``flat_param.grad.to(handle._reduce_dtype)``) and the new shard (``_get_reduce_scatter_tensors``:
+    ``torch.empty_like(chunks[0])``, 1/dp of the unit in the reduce dtype)."""
+    cast = reduce_bytes if reduce_bytes != dtype_bytes else 0
+    return block_params * (dtype_bytes + cast) + block_params / max(int(dp), 1) * reduce_bytes
+
+
+def fsdp_end_of_backward_bytes(*, block_params, root_params, dtype_bytes: int, reduce_bytes: int, dp: int):
+    """Bytes PyTorch FSDP1 (``hf``, ZeRO-3) holds beyond the cuBLAS workspace and CUDA context when the root unit's
+    gradient is made and reduced at the end of the backward (torch 2.13 ``torch/distributed/fsdp``):
+
+    - no block's unsharded parameters. The last block of the backward (the first of the model) frees its own in its
+      ``_post_backward_hook`` (``_post_backward_reshard`` -> ``_reshard(free_unsharded_flat_param=True)``,
+      ``_runtime_utils.py``), which runs on its flat parameter's ``AccumulateGrad`` before the embedding's backward
+      that completes the root's gradient; and nothing is prefetched for it: ``_get_handle_to_prefetch`` ->
+      ``get_handle_to_backward_prefetch`` (``_exec_order_utils.py``) takes the handle before it in post-forward order,
+      and the first block's is the first (index 0 -> none; the root's, last in that order, ran its pre-backward hook
+      at the start of the backward, ``_needs_pre_backward_unshard = False``, and is still unsharded anyway);
+    - the root unit's parameters, unsharded until its own ``_post_backward_hook`` (``root_params`` x dtype);
+    - that first block's gradient, still in its reduce-scatter on the post-backward stream
+      (:func:`fsdp_reducing_unit_bytes`): the root's gradient is made right after it on the compute stream;
+    - the root's gradient (:func:`fsdp_root_gradient_bytes`).
+
+    Stop 42 had the running and the prefetched block's unsharded parameters (2 x block x dtype, the during-the-passes
+    buffers) here instead of the reduced block's gradient. FSDP2 (``_fully_shard``) differs, stated not modelled: it
+    waits for the previous group's reduce-scatter (``_fsdp_param_group.py`` ``post_backward``:
+    ``reduce_scatter_states`` capped at ``reduce_scatter_max_input_buffers`` = 1) and has no flat parameter to
+    concatenate."""
+    root = np.asarray(root_params, dtype=float)
+    return (root * dtype_bytes
+            + fsdp_reducing_unit_bytes(block_params=block_params, dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes,
+                                       dp=dp)
+            + fsdp_root_gradient_bytes(root_params=root, dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, dp=dp))
+
+
 def fsdp_inflight_gradient_bytes(*, block_params: float, head_params, dtype_bytes: int, reduce_bytes: int, dp: int,
                                  prefetch: bool):
     """Bytes of unsharded gradients PyTorch FSDP (``hf``, ZeRO-3) holds during the backward beside the activations
@@ -327,9 +383,10 @@ def fsdp_inflight_gradient_bytes(*, block_params: float, head_params, dtype_byte
       post-backward stream: the unsharded gradient (``autograd_computed_grad``, parameters' dtype, kept by
       ``_no_dispatch_record_stream`` until the reduce-scatter ends), its ``reduce_dtype`` cast when that differs
       (``flat_param.grad.to(handle._reduce_dtype)``) and the new shard (``_get_reduce_scatter_tensors``:
-      ``torch.empty_like(chunks[0])``, 1/dp of the unit in the reduce dtype);
+      ``torch.empty_like(chunks[0])``, 1/dp of the unit in the reduce dtype): :func:`fsdp_reducing_unit_bytes`;
     - with the collectives prefetched beside the computation (``prefetch``) the next unit's gradient is made on the
       compute stream meanwhile: a second block's unsharded gradient in the parameters' dtype."""
+    # (head + units x block) x dtype + cast + shard: fsdp_reducing_unit_bytes's terms, in stop 42's order of addition
     cast = reduce_bytes if reduce_bytes != dtype_bytes else 0
     units = 2.0 if prefetch else 1.0
     return (np.asarray(head_params, dtype=float) * dtype_bytes
