@@ -1021,7 +1021,8 @@ def search(
         run = "run_hours" in frame
         # (header, key, format); run figures replace the communication columns to keep the table narrow
         cols = ([("cluster", "cluster", "{}")] if many else []) + [
-            ("strategy", "strategy", "{}"), ("step ms", "step_time_ms", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
+            ("strategy", "strategy", "{}"), ("step ms", "step_time_ms", "{:.1f}"),
+            ("90% band ms", "step_time_band_low_ms", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
             ("GB", "memory_gb", "{:.1f}"), ("fits", "fits", "{}"), ("W/GPU", "avg_power_w", "{:.0f}")] + (
             [("days", "run_days", "{:,.1f}"), ("cloud $", "run_cloud_usd", "{:,.0f}"), ("TCO $", "run_tco_usd", "{:,.0f}"),
              ("MWh", "run_energy_mwh", "{:,.2f}"), ("tCO2e", "run_tco2e", "{:,.2f}")] if run else
@@ -1034,6 +1035,8 @@ def search(
             for _, k, fmt in cols:
                 v = r.get(k)
                 cell = "" if pd_isna(v) else ("yes" if v else "NO") if k == "fits" else fmt.format(v)
+                if k == "step_time_band_low_ms" and cell:  # the step's 90% band (simulate/step_band.py), low-high
+                    cell += "-" + fmt.format(r.get("step_time_band_high_ms"))
                 if k == "memory_gb" and r.get("memory_flag") == "tight":
                     cell += " tight"
                 cells.append(cell)
@@ -1055,15 +1058,8 @@ def search(
 
 
 def _unranked_clusters(res) -> dict[str, str]:
-    """Per searched cluster with no evaluated strategy (not in ``ranked`` nor ``excluded``), why: its job-level rule
-    (``why_none``), else the rules its candidates broke (``rejected``), most common first."""
-    from wattcast.planning.search import rule_counts
-
-    shown = set(res.ranked.get("cluster", ())) | set(res.excluded.get("cluster", ()))
-    rej = res.rejected
-    names = list(dict.fromkeys([*res.why_none, *(rej["cluster"] if "cluster" in rej else ())]))
-    return {n: res.why_none.get(n) or rule_counts(rej.loc[rej["cluster"] == n, "rule"].astype(str))
-            for n in names if n not in shown}
+    """Per searched cluster with no evaluated strategy, why (``SearchResult.unranked_clusters``)."""
+    return res.unranked_clusters()
 
 
 def _records(frame) -> list[dict]:
@@ -1180,7 +1176,8 @@ def sweep(
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from wattcast.sweep import BACKENDS, SweepBackendError, SweepSpecError, import_ray, load_spec, read_sweep, run_sweep, summary
+    from wattcast.sweep import (BACKENDS, SEARCH_KEYS, SweepBackendError, SweepSpecError, import_ray, load_spec, read_sweep,
+                                run_sweep, search_keys, summary)
 
     _input_file(spec, "sweep spec")
     if workers < 0:
@@ -1218,16 +1215,27 @@ def sweep(
         _fail(escape(str(e)))  # messages quote [ray], not markup
     best = summary(read_sweep(res.output))
     if as_json:
+        rows = json.loads(best.to_json(orient="records"))
+        for r in rows:  # the search's warnings and unranked clusters as search --json gives them (not JSON text)
+            r.update({k: search_keys(r[k]) for k in SEARCH_KEYS if k in r})
         print(json.dumps(dict(output=str(res.output), tasks=res.total, skipped=res.skipped, ran=res.ran,
-                              failed=[dict(task_id=t, error=e) for t, e in res.failed_tasks],
-                              best=json.loads(best.to_json(orient="records"))), indent=2))
+                              failed=[dict(task_id=t, error=e) for t, e in res.failed_tasks], best=rows), indent=2))
     else:
         t = Table(title=f"sweep: best strategy per task ({res.total} tasks; {res.skipped} already done, {res.ran} run)")
-        for c in best.columns:
+        shown = [c for c in best.columns if c not in SEARCH_KEYS]  # said below the table, as search says them
+        for c in shown:
             t.add_column(str(c))
-        for _, r in best.iterrows():
+        for _, r in best[shown].iterrows():
             t.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r])
-        _table_console().print(t)
+        con = _table_console()
+        con.print(t)
+        for _, r in best.iterrows():
+            task = f"{r['model']} on {r['gpus']} x {r['cluster']}" + (f" ({r['region']})" if r.get("region") else "")
+            for name, why in (search_keys(r.get("unranked_clusters")) or {}).items():
+                con.print(escape(f"note: {task}: cluster {name} has no valid strategy: {why}"), style="yellow",
+                          soft_wrap=True)
+            for w in search_keys(r.get("warnings")) or ():
+                con.print(escape(f"note: {task}: {w}"), style="yellow", soft_wrap=True)
         err.print(f"results: {res.output} (pandas.read_parquet or wattcast.sweep.read_sweep)")
     if res.failed_tasks:
         for tid, e in res.failed_tasks:

@@ -33,7 +33,9 @@ Every (model, cluster, gpus, region) is one task: a :func:`wattcast.search` whos
 row saying why there are none: ``status`` "none fits" when strategies were evaluated and none fits in memory, "no valid
 strategy" when every candidate broke a rule, with the rules in ``error``; see :data:`STATUSES`) are written, as soon
 as the task finishes, to its own Parquet part in the output folder (``OUT.parquet/part-<task id>.parquet``, written
-to a temporary name and renamed, so a part is whole or absent). The folder reads as one table
+to a temporary name and renamed, so a part is whole or absent). Every row also carries its search's ``warnings``
+and ``unranked_clusters`` (:data:`SEARCH_KEYS`: JSON text of what ``wattcast search --json`` gives under those keys).
+The folder reads as one table
 (``pandas.read_parquet(OUT)``). A rerun with the same output skips the tasks whose parts are there, so an interrupted
 sweep resumes; a worker killed mid-task loses only that task, which Dask runs again on another worker (on Ray: the
 actor is restarted and the task retried). Both backends, and the in-process run, go through one loop that writes the
@@ -122,7 +124,12 @@ BOOL_COLUMNS = frozenset(("sp", "fits", "scheduled", "electricity_region_specifi
 TEXT_COLUMNS = frozenset(("task_id", "model", "cluster", "region", "status", "error", "device", "config", "recompute",
                           "strategy", "schedule", "memory_flag", "dtype", "attention", "framework", "etp",
                           "cloud_price_source", "electricity_source", "grid_region", "grid_basis", "grid_source",
-                          "cloud_pricing"))
+                          "cloud_pricing", "warnings", "unranked_clusters"))
+#: a search's own findings, on every row of its task as JSON text (the keys and values of ``wattcast search --json``):
+#: ``warnings`` (a list: the model's, e.g. a sequence beyond its positions, and the cluster's and GPU's,
+#: ``SearchResult.warnings``) and ``unranked_clusters`` (an object: the searched cluster, when it has no valid strategy,
+#: and why: ``SearchResult.unranked_clusters``); '' on a task that could not run
+SEARCH_KEYS = ("warnings", "unranked_clusters")
 
 
 def part_columns(tokens: bool) -> list[str]:
@@ -130,7 +137,7 @@ def part_columns(tokens: bool) -> list[str]:
     from wattcast.planning.search import COLUMNS, RUN_COLUMNS
 
     return ["task_id", "model", "cluster", "gpus", "region", "rank", *[c for c in COLUMNS if c != "cluster"],
-            *(RUN_COLUMNS if tokens else ()), "status", "error", "task_seconds"]
+            *(RUN_COLUMNS if tokens else ()), "status", "error", *SEARCH_KEYS, "task_seconds"]
 
 
 def _text(v: Any) -> str:
@@ -506,6 +513,7 @@ def run_task(task: dict) -> pd.DataFrame:
     t0 = time.time()
     base = {k: task[k] for k in ("task_id", "model", "cluster", "gpus")}
     base["region"] = task["region"] or ""
+    found = dict.fromkeys(SEARCH_KEYS, "")  # the search's warnings and unranked clusters (none without a search)
     try:
         kw = dict(dtype=task["dtype"], attention=task["attention"], framework=task["framework"],
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
@@ -519,6 +527,7 @@ def run_task(task: dict) -> pd.DataFrame:
         if task["tokens"] is not None:
             kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)
         res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)
+        found = dict(warnings=json.dumps(list(res.warnings)), unranked_clusters=json.dumps(res.unranked_clusters()))
         fit = res.ranked[res.ranked["fits"].astype(bool)] if len(res.ranked) else res.ranked
         if len(fit):
             out = fit.head(task["top"]).reset_index(drop=True)
@@ -539,6 +548,8 @@ def run_task(task: dict) -> pd.DataFrame:
     for k, v in reversed(list(base.items())):
         out.insert(0, k, v)
     out["status"], out["error"] = status, error
+    for k, v in found.items():
+        out[k] = v
     out["task_seconds"] = time.time() - t0
     full = part_columns(task.get("tokens") is not None)  # a task without a result has every column too (empty)
     return out.reindex(columns=full + [c for c in out.columns if c not in full])
@@ -858,9 +869,19 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     return SweepOutcome(out, len(tasks), skipped, len(todo) - len(failed), failed, time.time() - t0)
 
 
+def search_keys(value: Any) -> Any:
+    """A :data:`SEARCH_KEYS` cell back as what ``wattcast search --json`` gives (a list, an object); None where the
+    task's search did not run (or a part written before the keys were)."""
+    if not isinstance(value, str) or not value:
+        return None
+    return json.loads(value)
+
+
 def summary(frame: pd.DataFrame, columns: Iterable[str] = ("model", "cluster", "gpus", "region", "status", "strategy",
-                                                            "step_time_ms", "mfu", "memory_gb", "run_days", "run_cloud_usd",
-                                                            "run_tco2e", "error")) -> pd.DataFrame:
+                                                            "step_time_ms", "step_time_band_low_ms",
+                                                            "step_time_band_high_ms", "mfu", "memory_gb", "run_days",
+                                                            "run_cloud_usd", "run_tco2e", "error", *SEARCH_KEYS)
+            ) -> pd.DataFrame:
     """The best row of each task (rank 1, or the row saying why there is none, with its ``error`` text)."""
     if frame.empty:
         return frame

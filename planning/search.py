@@ -45,7 +45,19 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
-           "attention", "framework", "etp", "seq")
+           "attention", "framework", "etp", "seq", "step_time_band_low_ms", "step_time_band_high_ms", "ood_time_share",
+           "ood_collective_time_share")
+#: the step's 90% band and its out-of-distribution shares (the last of :data:`COLUMNS`): what ``predict_cluster`` gives
+#: the same strategy as ``step_time_band_ms`` and ``step_time_band.ood_time_share`` /
+#: ``ood_collective_time_share`` (``simulate/step_band.py``: the measured cluster-step band, widened by the kernels'
+#: generation error off the calibrated generations and by the critical rank's OOD time share); NaN for a strategy
+#: that was not scheduled
+BAND_COLUMNS = COLUMNS[-4:]
+#: the columns an evaluator's row holds before the band (COLUMNS but :data:`BAND_COLUMNS`), and after its run figures
+#: the band's terms, which the search turns into :data:`BAND_COLUMNS` over all rows at once
+#: (``step_band.cluster_band_columns``: generation term, the critical rank's kernel, OOD and OOD-collective ms)
+_ROW_COLUMNS = COLUMNS[:-4]
+_BAND_TERMS = ("_generation_log", "_rank_ms", "_ood_ms", "_ood_low_ms", "_ood_high_ms", "_ood_coll_ms")
 #: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the cloud price per GPU-hour
 #: under ``cloud_pricing`` (on-demand, reserved-1y, reserved-3y; ``cloud_usd_per_gpu_hour``, from ``cloud_price_source``:
 #: a given price, the cluster spec's own, or the table's; NaN when none is known);
@@ -97,6 +109,16 @@ class SearchResult:
             else:
                 parts.append(rule_counts(rules, top=top))
         return "; ".join(parts)
+
+    def unranked_clusters(self) -> dict[str, str]:
+        """Per searched cluster with no evaluated strategy (not in ``ranked`` nor ``excluded``), why: its job-level
+        rule (:attr:`why_none`), else the rules its candidates broke (``rejected``), most common first. What
+        ``wattcast search --json`` and a sweep's rows give as ``unranked_clusters``."""
+        shown = set(self.ranked.get("cluster", ())) | set(self.excluded.get("cluster", ()))
+        rej = self.rejected
+        names = list(dict.fromkeys([*self.why_none, *(rej["cluster"] if "cluster" in rej else ())]))
+        return {n: self.why_none.get(n) or rule_counts(rej.loc[rej["cluster"] == n, "rule"].astype(str))
+                for n in names if n not in shown}
 
     @property
     def best(self) -> dict | None:
@@ -548,10 +570,12 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
         return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings)
+    row_cols = list(_ROW_COLUMNS + run_cols)
     if tokens is not None:  # run_pareto is computed over the whole frame below
-        pareto_at = cols.index("run_pareto")
+        pareto_at = row_cols.index("run_pareto")
         rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
-    df = pd.DataFrame(rows, columns=cols)
+    df = pd.DataFrame(rows, columns=row_cols + list(_BAND_TERMS))
+    df = _with_band(df)[cols]
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
     df, excluded = _apply_goals(df, goals)
@@ -563,6 +587,15 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ranked_clusters = set(df["cluster"])
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings)
+
+
+def _with_band(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (rows with their :data:`_BAND_TERMS`) with :data:`BAND_COLUMNS`, made over all rows at once."""
+    from wattcast.simulate.step_band import cluster_band_columns
+
+    band = cluster_band_columns(df["step_time_ms"].to_numpy(dtype=float),
+                                *(df[c].to_numpy(dtype=float) for c in _BAND_TERMS))
+    return df.assign(**band)
 
 
 #: candidates from which ``workers`` > 1 splits a search over processes; below, starting them costs more than it saves
@@ -636,10 +669,30 @@ class _Evaluator:
         # the precision the rows were predicted in (the default bf16 is fp16 on a GPU without BF16)
         self.dtype = str(resolve_dtype(job.step.dtype, job.spec)).lower()
         self.attention = str(job.step.attention).lower()
+        from wattcast.simulate.step_band import outside_calibration
+
+        # the band's generation term: only off the measured cluster steps' generations; per rank graph's op totals
+        self.generation_term = outside_calibration("cluster", job.spec)
+        self.generation_sums: dict = {}
+
+    def _band_terms(self, r, ctx) -> tuple:
+        """A scheduled step's :data:`_BAND_TERMS` (``predict_cluster``'s ``step_band`` inputs, as numbers)."""
+        gen = 0.0
+        if self.generation_term:
+            per_op = r.rank_per_op
+            hit = self.generation_sums.get(id(per_op))
+            if hit is None:  # the op totals are kept (with the search's views): their id is not reused
+                from wattcast.simulate.step_band import generation_terms
+
+                hit = self.generation_sums[id(per_op)] = (per_op, *generation_terms(per_op, ctx.bundle,
+                                                                                     ctx.dtype != "fp32"))
+            total = hit[2] + r.data_loading_ms
+            gen = hit[1] / total if np.isfinite(total) and total > 0 else 0.0
+        return (gen, *(r.ood_sums or _NO_OOD))
 
     def __call__(self, par: ParallelConfig) -> tuple[str, tuple]:
-        """("row", the search row: values in the order of :data:`COLUMNS`, then :data:`RUN_COLUMNS` but
-        ``run_pareto`` with ``tokens``) or ("bad", (cluster, config, the rule it breaks)) for one candidate."""
+        """("row", the search row: values in the order of :data:`_ROW_COLUMNS`, then :data:`RUN_COLUMNS` but
+        ``run_pareto`` with ``tokens``, then :data:`_BAND_TERMS`) or ("bad", (cluster, config, the rule it breaks)) for one candidate."""
         job = self.job
         cl, batch, framework = job.cl, job.step.batch, job.step.framework
         try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
@@ -678,7 +731,12 @@ class _Evaluator:
                 row += tuple(run[k] for k in _RUN_ROW_KEYS)
             else:  # no run figures for a configuration that does not fit (NaN, as a missing key of a row dict gives)
                 row += _NO_RUN
-        return "row", row
+        return "row", row + (self._band_terms(r, ctx) if r.scheduled else _NO_BAND)
+
+
+#: the band terms of a step with no OOD time; of a step that was not scheduled
+_NO_OOD = (0.0,) * 5
+_NO_BAND = (np.nan,) * len(_BAND_TERMS)
 
 
 def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> list[tuple[str, dict]]:

@@ -912,17 +912,24 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
 
 
-def critical_rank_ood(stage: dict, n_micro: int, opt_ms: float, opt_raw_ms: float) -> dict:
-    """The step band's OOD term (:func:`~wattcast.simulate.step_band.ood_from_sums`, with ``collective_share``) of one
-    pipeline stage's rank: ``stage`` holds its per-micro-batch sums of the :class:`_RankView` fields ``f_ms``, ``b_ms``
+def critical_rank_ood_sums(stage: dict, n_micro: int, opt_ms: float, opt_raw_ms: float) -> tuple:
+    """(kernel ms, OOD kernel ms, the same at their band's low and high edge, OOD collective ms) of one pipeline stage's
+    rank over the step: ``stage`` holds its per-micro-batch sums of the :class:`_RankView` fields ``f_ms``, ``b_ms``
     and ``ood_*`` (its chunks' layers), run ``n_micro`` times, and its optimizer ``ood_opt_*`` (before ZeRO sharding,
     ``opt_raw_ms`` in all) scaled to the step's ``opt_ms`` (after it). The kernel time is the stage's whole costed
     graph time, its collectives included (as costed: what the overlap models hide of them is not taken out)."""
     f = opt_ms / opt_raw_ms if opt_raw_ms > 0 else 0.0
     total = n_micro * (stage["f_ms"] + stage["b_ms"]) + opt_ms
-    out = ood_from_sums(total, *(n_micro * stage[f"ood_fb{e}_ms"] + f * stage[f"ood_opt{e}_ms"]
-                                 for e in ("", "_low", "_high")))
-    coll = n_micro * stage["ood_coll_ms"] / total if total > 0 else 0.0
+    return (total, *(n_micro * stage[f"ood_fb{e}_ms"] + f * stage[f"ood_opt{e}_ms"] for e in ("", "_low", "_high")),
+            n_micro * stage["ood_coll_ms"])
+
+
+def critical_rank_ood(stage: dict, n_micro: int, opt_ms: float, opt_raw_ms: float) -> dict:
+    """The step band's OOD term (:func:`~wattcast.simulate.step_band.ood_from_sums`, with ``collective_share``) of one
+    pipeline stage's rank, from :func:`critical_rank_ood_sums`."""
+    total, ood_ms, low_ms, high_ms, coll_ms = critical_rank_ood_sums(stage, n_micro, opt_ms, opt_raw_ms)
+    out = ood_from_sums(total, ood_ms, low_ms, high_ms)
+    coll = coll_ms / total if total > 0 else 0.0
     return dict(out, collective_share=coll) if coll > 0 else out
 
 
@@ -1164,6 +1171,13 @@ class StepSummary(NamedTuple):
     avg_power_w: float
     memory_capacity_gb: float
     scheduled: bool
+    #: the step band's terms (``simulate/step_band.py``; a search makes its rows' bands from them, over the rows at once):
+    #: the critical rank's :func:`critical_rank_ood_sums` (None: no OOD time on any rank), the rank graph's per-op
+    #: totals (the generation term's weights) and the data loading's ms per micro-batch (which the prediction's
+    #: ``per_op`` adds to them)
+    ood_sums: tuple | None = None
+    rank_per_op: list | None = None
+    data_loading_ms: float = 0.0
 
     @property
     def memory_flag(self) -> str:
@@ -2019,9 +2033,20 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                + p_comm * np.maximum(step - busy_all - work["after_cmp_ms"], 0.0) / 1e3)
     if summary:
         energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
+        # the band's OOD term as the prediction reads it below (its critical rank's sums), once per chunking; nothing
+        # per strategy where no rank has OOD time (the usual case)
+        ood_stage = sums.get(("ood_stage", P, V), False)
+        if ood_stage is False:
+            a = np.array([by_stage(chunk_sum(k)) for k in _OOD_STAGE_FIELDS])
+            ood_stage = sums[("ood_stage", P, V)] = a if a[2:].any() else None
+        ood_sums = None
+        if ood_stage is not None:
+            crit = int(np.argmax(finish + opt_stage + gather))
+            ood_sums = critical_rank_ood_sums(dict(zip(_OOD_STAGE_FIELDS, ood_stage[:, crit].tolist())), n_micro,
+                                              float(opt_stage[crit]), float(opt_by_stage[crit]))
         return StepSummary(spec.name, par, step, float(mfu), model_flops / step_s / par.gpus / 1e12, model_flops, worst,
                            fits, max(step - step_free, 0.0), max(bubble, 0.0), energy_total,
-                           energy_total / step_s / par.gpus, capacity, True)
+                           energy_total / step_s / par.gpus, capacity, True, ood_sums, view.per_op, float(data_f.sum()))
     # per stage: busy time, memory (computed before the schedule, above) and energy; a search reads none of it
     per_device = []
     for s in range(P if ctx.detail else 0):

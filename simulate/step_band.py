@@ -94,19 +94,40 @@ def _family_bias_log(bundle, family: str, tensor: bool) -> float:
     return math.log1p(worst / 100.0)
 
 
-def generation_log_width(per_op: list[dict], bundle, tensor: bool) -> float:
-    """The kernels' generation error of a step (log units): each family's :func:`_family_bias_log` times its share of
-    ``per_op``'s time (op_class, time_ms: a single-GPU step's, or a cluster rank's whole model for one micro-batch;
-    classes outside :data:`OP_CLASS_FAMILY`, such as collectives, add nothing but count in the total)."""
+def _family_times(per_op: list[dict]) -> tuple[float, dict[str, float]]:
+    """(all of ``per_op``'s time, its time by kernel family of :data:`OP_CLASS_FAMILY`)."""
     total = sum(float(o.get("time_ms", 0.0)) for o in per_op or [])
-    if not math.isfinite(total) or total <= 0:
-        return 0.0
     by_family: dict[str, float] = {}
     for o in per_op or []:
         fam = OP_CLASS_FAMILY.get(str(o.get("op_class")))
         if fam is not None:
             by_family[fam] = by_family.get(fam, 0.0) + float(o.get("time_ms", 0.0))
+    return total, by_family
+
+
+def generation_log_width(per_op: list[dict], bundle, tensor: bool) -> float:
+    """The kernels' generation error of a step (log units): each family's :func:`_family_bias_log` times its share of
+    ``per_op``'s time (op_class, time_ms: a single-GPU step's, or a cluster rank's whole model for one micro-batch;
+    classes outside :data:`OP_CLASS_FAMILY`, such as collectives, add nothing but count in the total)."""
+    total, by_family = _family_times(per_op)
+    if not math.isfinite(total) or total <= 0:
+        return 0.0
     return sum(t / total * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items())
+
+
+def generation_terms(per_op: list[dict], bundle, tensor: bool) -> tuple[float, float]:
+    """(sum over kernel families of their time x :func:`_family_bias_log`, all of ``per_op``'s time): the
+    :func:`generation_log_width` of ``per_op`` with ``extra_ms`` more time outside the families (a cluster step's data
+    loading) is the first over (the second + extra_ms), for many ``extra_ms`` at once (:func:`cluster_band_columns`)."""
+    total, by_family = _family_times(per_op)
+    return sum(t * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items()), total
+
+
+def outside_calibration(setting: str, spec: DeviceSpec) -> bool:
+    """Whether a step of ``setting`` on ``spec`` carries the kernels' generation error (:func:`generation_log_width`):
+    its GPU generation is not among the measured steps' (False without a calibration for ``setting``)."""
+    s = (load_step_band() or {}).get("settings", {}).get(setting)
+    return s is not None and generation_of(spec) not in s["generations"]
 
 
 def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -219,6 +240,41 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
     coll = float(ood.get("collective_share", 0.0)) if ood else 0.0
     return {"low_ms": step_ms * math.exp(lo), "high_ms": step_ms * math.exp(hi), "basis": basis, "generation": gen,
             "ood_time_share": share, "ood_collective_time_share": coll}
+
+
+def cluster_band_columns(step_ms, generation_log, total_ms, ood_ms, ood_low_ms, ood_high_ms,
+                         ood_collective_ms, setting: str = "cluster") -> dict[str, np.ndarray]:
+    """:func:`step_band` over many steps at once (a search's rows), arrays in, arrays out: ``step_time_band_low_ms``,
+    ``step_time_band_high_ms``, ``ood_time_share`` and ``ood_collective_time_share``, the figures :func:`step_band`
+    gives each step. Per step: ``generation_log`` the generation term (:func:`generation_log_width`; 0 where
+    :func:`outside_calibration` is False), and its critical rank's sums as
+    ``simulate.distributed.critical_rank_ood_sums`` gives them (kernel, OOD kernel, OOD at the band's low and high
+    edge, OOD collective ms; all 0 without OOD time). A step that is not finite and positive (an unscheduled one, NaN)
+    has a NaN band and NaN shares; no calibration for ``setting``: NaN bands."""
+    step = np.asarray(step_ms, dtype=float)
+    total, ood, ood_lo, ood_hi, coll = (np.asarray(v, dtype=float) for v in (total_ms, ood_ms, ood_low_ms, ood_high_ms,
+                                                                            ood_collective_ms))
+    ok = np.isfinite(step) & (step > 0)
+    has_total = np.isfinite(total) & (total > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        has_ood = has_total & np.isfinite(ood) & (ood > 0)  # ood_from_sums: empty without OOD time
+        share = np.where(has_ood, ood / total, 0.0)
+        coll_share = np.where(has_total, coll / total, 0.0)
+        lo_o, hi_o = np.log(ood_lo / ood), np.log(ood_hi / ood)
+    s = (load_step_band() or {}).get("settings", {}).get(setting)
+    low = high = np.full(step.shape, np.nan)
+    if s is not None:
+        extra = np.asarray(generation_log, dtype=float)
+        lo, hi = s["band_log"][0] - extra, s["band_log"][1] + extra
+        # mix_band_log where the step has OOD time
+        sc = np.clip(share, 0.0, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            lo_m = np.log((1 - sc) * np.exp(lo) + sc * np.exp(np.minimum(lo_o, lo)))
+            hi_m = np.log((1 - sc) * np.exp(hi) + sc * np.exp(np.maximum(hi_o, hi)))
+            lo, hi = np.where(share > 0, lo_m, lo), np.where(share > 0, hi_m, hi)
+            low, high = np.where(ok, step * np.exp(lo), np.nan), np.where(ok, step * np.exp(hi), np.nan)
+    return {"step_time_band_low_ms": low, "step_time_band_high_ms": high,
+            "ood_time_share": np.where(ok, share, np.nan), "ood_collective_time_share": np.where(ok, coll_share, np.nan)}
 
 
 def band_keys(band: dict) -> dict:
