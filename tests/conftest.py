@@ -178,6 +178,8 @@ class BackgroundTraining:
 def pytest_collection_finish(session):
     """Start the shared-data training early when test_train_cli.py is selected and the data is there."""
     cfg = session.config
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under pytest-xdist every worker collects every test: the fixture starts it in the one that runs them
     if cfg.option.collectonly or not any(Path(str(i.fspath)).name == "test_train_cli.py" for i in session.items):
         return
     try:
