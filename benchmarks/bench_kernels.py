@@ -13,10 +13,10 @@ Shapes come from a few common sizes, so like a real model trace the table repeat
 of the rows are distinct); --distinct draws shapes from wide ranges instead, so nearly every row is a
 different kernel: `predict_kernels` featurises and predicts each distinct kernel once, so this is its
 worst case. Each figure is the median of --repeats runs after one warm-up run. The prediction time is
-split into its stages, timed alone on the same rows: normalising the input frame, finding the distinct
-kernels, featurize_kernels and the model part (per-family surrogate prediction + the
-out-of-distribution check) on the rows that are predicted, and the rest (copying predictions to
-repeated rows, assembling the output frame). The CPU time of the whole call (all threads) and the load
+split into its stages, timed alone on the same rows: finding the distinct input rows (identical in every
+column read), normalising those, finding the distinct kernels among them, featurize_kernels and the model
+part (per-family surrogate prediction, each distinct feature row once, + the out-of-distribution check) on
+the rows that are predicted, and the rest (copying predictions to repeated rows, assembling the output frame). The CPU time of the whole call (all threads) and the load
 average are printed too: on a shared machine the wall times move with other work, CPU seconds much less.
 LightGBM families predict through the compiled forest (models/lgbm_forest.py, bit-identical to LightGBM)
 from models.kernel_surrogates.COMPILED_MIN_ROWS rows; the per-family lines time both it and LightGBM's own
@@ -102,6 +102,7 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
     from wattcast.models import kernel_predictor as kp
     from wattcast.models.kernel_bundle import load_bundle
     from wattcast.models.kernel_predictor import normalise_kernel_frame, predict_kernels
+    from wattcast.models.kernel_surrogates import distinct_matrix_rows
 
     spec = resolve_device(device)
     bundle = load_bundle()
@@ -115,13 +116,17 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
     # CPU seconds of the process (all its threads): less sensitive than wall time to other work on the machine
     cpu_total, _ = timed(lambda: predict_kernels(frame, spec, bundle=bundle), repeats, clock=time.process_time)
     assert len(out) == rows and (out["error"] == "").all(), out.loc[out["error"] != "", "error"].head().tolist()
-    t_norm, (canon, _) = timed(lambda: normalise_kernel_frame(frame), repeats)
-    t_group, groups = timed(lambda: kp._distinct_rows(canon), repeats)
+    # the rows predict_kernels normalises: one per distinct input row (or all when nearly all differ)
+    t_input, in_groups = timed(lambda: kp._distinct_input_rows(frame), repeats)
+    inputs = frame if in_groups is None else frame.iloc[in_groups[0]]
+    t_norm, (canon, _) = timed(lambda: normalise_kernel_frame(inputs), repeats)
+    t_group, groups = timed(lambda: kp._distinct_rows(canon, 1.0 if in_groups is not None else kp._DEDUP_MAX_DISTINCT),
+                            repeats)
     # the rows predict_kernels featurises and predicts: one per distinct kernel (or all when nearly all differ)
     pred_rows = canon if groups is None else canon.iloc[groups[0]]
-    n_distinct = len(canon) if groups is None else len(groups[0])
+    n_distinct = len(pred_rows)
     print(f"  distinct kernels: {n_distinct:,} of {rows:,} rows ({n_distinct / rows:.1%})"
-          + ("" if groups is not None else "; predicted row by row (too few repeats to dedupe)"))
+          + ("" if in_groups is not None or groups is not None else "; predicted row by row (too few repeats to dedupe)"))
     t_feat, X = timed(lambda: featurize_kernels(pred_rows, spec), repeats)
     t_model, _ = timed(lambda: kp._predict_features(X, bundle, pred_rows["dtype"], device=spec), repeats)
 
@@ -146,17 +151,18 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
     t_pred, _ = timed(surrogates, repeats)
     t_ood, _ = timed(ood, repeats)
     rate = rows / t_total
-    rest = max(t_total - t_norm - t_group - t_feat - t_model, 0.0)
+    rest = max(t_total - t_input - t_norm - t_group - t_feat - t_model, 0.0)
     print(f"\n  predict_kernels total   {t_total * 1e3:9.1f} ms   {rate:12,.0f} rows/s   "
           f"(target {TARGET_ROWS_PER_S:,} rows/s on 2 cores: {'met' if rate >= TARGET_ROWS_PER_S else 'NOT met'}, "
           f"{rate / TARGET_ROWS_PER_S:.2f}x)")
     print(f"  predict_kernels CPU time {cpu_total * 1e3:9.1f} ms   {rows / cpu_total:12,.0f} rows per CPU second (all threads)")
     print(f"  split (each stage timed alone; rows/s counts all {rows:,} input rows):")
-    for name, t in (("normalise input frame", t_norm), ("find distinct kernels", t_group),
+    for name, t in (("find distinct input rows", t_input), ("normalise those rows", t_norm),
+                    ("find distinct kernels", t_group),
                     ("featurize_kernels", t_feat), ("model: surrogates + OOD", t_model),
                     ("  surrogates alone", t_pred), ("  OOD check alone", t_ood), ("assemble output (rest)", rest)):
         print(f"    {name:26s} {t * 1e3:9.1f} ms  {t / t_total:6.1%}   {rows / t if t > 0 else float('inf'):12,.0f} rows/s")
-    print("  surrogates per family on the predicted rows (chosen model; LightGBM and MLP timed alone; lgbm = the path\n"
+    print("  surrogates per family on the predicted rows' distinct feature rows (chosen model; LightGBM and MLP timed alone; lgbm = the path\n"
           "  predict_kernels takes, the compiled forest from models.kernel_surrogates.COMPILED_MIN_ROWS rows, booster =\n"
           "  LightGBM's own Booster.predict on all cores):")
     for f in pd.unique(fam):
@@ -164,6 +170,9 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
             print(f"    {f:12s} roofline fallback  {int((fam == f).sum()):9,d} rows")
             continue
         fm, A, _, _ = mats[f]
+        n_rows = len(A)
+        same = distinct_matrix_rows(np.ascontiguousarray(A))  # the members predict each distinct feature row once
+        A = np.ascontiguousarray(A if same is None else A[same[0]])
         parts = []
         for name, m in (("lgbm", fm.lgbm), ("mlp", fm.mlp)):
             if m is not None and (fm.choice == name or fm.choice == "ens"):
@@ -172,7 +181,7 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
                 if name == "lgbm":
                     t_b, _ = timed(lambda: m.booster.predict(A, num_threads=0), repeats)
                     parts.append(f"(booster {t_b * 1e3:7.1f} ms)")
-        print(f"    {f:12s} {fm.choice:5s} {len(A):9,d} rows   " + "   ".join(parts))
+        print(f"    {f:12s} {fm.choice:5s} {n_rows:9,d} rows ({len(A):,d} distinct feature rows)   " + "   ".join(parts))
     print(f"  rows flagged out of distribution: {out['ood'].mean():.1%}")
     print(f"  load average (1/5 min) at the end: {load_avg()}")
 

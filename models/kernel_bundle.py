@@ -22,7 +22,8 @@ import pandas as pd
 
 from wattcast.featurize.kernel_features import DEVICE_FEATURES
 from wattcast.models.gemm_floor import check_ceiling_member, check_floor_blend
-from wattcast.models.kernel_surrogates import LGBMSurrogate, MLPSurrogate, RooflineSurrogate, Surrogate, choice_members
+from wattcast.models.kernel_surrogates import (LGBMSurrogate, MLPSurrogate, RooflineSurrogate, Surrogate, choice_members,
+                                               distinct_matrix_rows)
 from wattcast.models.manifest import check_model_file, read_manifest, sha256_file
 from wattcast.models.versioned import Layout, install_version, resolve_live
 
@@ -148,7 +149,14 @@ class FamilyModel:
         if not members:
             return RooflineSurrogate(self.fallback_offset).predict_matrix(A), np.zeros(n)
         A = np.ascontiguousarray(A, dtype=np.float64)  # one copy for both models (LightGBM wants C order)
-        preds = [m.predict_matrix(A) for m in members]
+        # identical feature rows (kernels that differ only where no feature looks) are predicted once, for both members
+        groups = distinct_matrix_rows(A)
+        if groups is None:
+            preds = [m.predict_matrix(A) for m in members]
+        else:
+            rep, inverse = groups
+            A = np.ascontiguousarray(A[rep])
+            preds = [np.asarray(m.predict_matrix(A))[inverse] for m in members]
         if len(preds) == 1:
             return np.asarray(preds[0], dtype=np.float64), np.zeros(n)
         # the mean and half-difference of the two, as np.vstack(...).mean(axis=0) computed them

@@ -15,7 +15,7 @@ from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_
                                      required_columns)
 from wattcast.models.gemm_floor import blend_weight, blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
-from wattcast.models.kernel_surrogates import RooflineSurrogate
+from wattcast.models.kernel_surrogates import RooflineSurrogate, predict_distinct
 from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras
@@ -232,28 +232,106 @@ def _refuse_huge_tensors(op_uniq: list, op_codes: np.ndarray, dt_uniq: list, dt_
 _DEDUP_MAX_DISTINCT = 0.8
 
 
-def _distinct_rows(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
-    """(representative row of each distinct row, distinct-row number of every row), or None when nearly all
-    rows are distinct. Rows are equal when every column is (NaN equals NaN): predictions are row-wise, so
-    equal rows get equal predictions and each distinct row needs predicting once."""
-    n = len(df)
-    if n < 2:
-        return None
+def _group_codes(columns: list[tuple[np.ndarray, int]], n: int) -> tuple[np.ndarray, int]:
+    """(group number of every row, number of groups) of ``n`` rows given per column (codes in ``0 .. k-1``, ``k``):
+    rows are in one group when all their codes are; groups are numbered in order of their first row."""
     key = np.zeros(n, dtype=np.int64)
     size = 1
-    for c in df.columns:
-        codes, uniq = pd.factorize(df[c], use_na_sentinel=True)  # NaN -> -1
-        k = len(uniq) + 1
+    for codes, k in columns:
         if size * k >= 2**62:  # keep the combined key in int64: renumber it first
             key, u = pd.factorize(key)
             size = len(u)
-        key = key * k + (codes + 1)
+        key = key * k + codes
         size *= k
     inverse, uniq = pd.factorize(key)
-    if len(uniq) > _DEDUP_MAX_DISTINCT * n:
+    return inverse, len(uniq)
+
+
+def _groups(inverse: np.ndarray, n_groups: int, max_distinct: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(representative row of each group, ``inverse``), or None when there are more than ``max_distinct`` x rows
+    groups, or no two rows share one."""
+    n = len(inverse)
+    if n_groups == n or n_groups > max_distinct * n:
         return None
-    rep = np.empty(len(uniq), dtype=np.intp)
+    rep = np.empty(n_groups, dtype=np.intp)
     rep[inverse] = np.arange(n)  # any row of each group represents it
+    return rep, inverse
+
+
+def _distinct_rows(df: pd.DataFrame, max_distinct: float = _DEDUP_MAX_DISTINCT
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(representative row of each distinct row, distinct-row number of every row), or None when more than
+    ``max_distinct`` of the rows are distinct (or all are). Rows are equal when every column is (NaN equals NaN):
+    predictions are row-wise, so equal rows get equal predictions and each distinct row needs predicting once."""
+    n = len(df)
+    if n < 2:
+        return None
+    columns = []
+    for c in df.columns:
+        codes, uniq = pd.factorize(df[c], use_na_sentinel=True)  # NaN -> -1
+        columns.append((codes + 1, len(uniq) + 1))
+    return _groups(*_group_codes(columns, n), max_distinct)
+
+
+#: the input columns the predictions read (any spelling): rows equal in these get equal outputs
+_READ_COLUMNS = frozenset(("op", "dtype", *_COLUMN_ALIASES, *_COLUMN_ALIASES.values(), *SHAPE_COLS))
+
+
+def _exact_key(col: pd.Series) -> np.ndarray | None:
+    """Per row, an integer equal for two cells only when they hold the same value in every bit: a float's bit
+    pattern (-0.0 is not 0.0), an integer itself, a text cell's code among the column's strings, for a missing text
+    cell a code per kind of missing value (None and NaN print differently). None for any other column (mixed Python
+    objects: 1, 1.0 and True are equal keys but print differently in an error message)."""
+    dt = col.dtype
+    if isinstance(dt, np.dtype) and dt.kind in "biuf":
+        v = col.to_numpy()
+        return v.view(f"i{dt.itemsize}") if dt.kind == "f" else v
+    if not (isinstance(dt, pd.StringDtype)
+            or (dt == object and pd.api.types.infer_dtype(col, skipna=True) in ("string", "empty"))):
+        return None
+    codes, uniq = pd.factorize(col, use_na_sentinel=True)
+    missing = np.flatnonzero(codes < 0)
+    if len(missing):
+        codes = codes.copy()
+        if dt == object:  # None, NaN, pd.NA: one code per kind (and printed form) of missing cell
+            kinds = [f"{type(v).__qualname__}:{v!r}" for v in col.to_numpy()[missing]]
+            codes[missing] = len(uniq) + pd.factorize(np.array(kinds, dtype=object))[0]
+        else:  # a text dtype has one missing value
+            codes[missing] = len(uniq)
+    return codes
+
+
+def _distinct_input_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_distinct_rows` on the raw input, before any normalising: (representative row of each group of rows
+    identical in every column the predictions read (:func:`_exact_key`: bit for bit), group of every row), or None
+    when more than :data:`_DEDUP_MAX_DISTINCT` of the rows differ or a read column is not plain numbers or text. Every
+    step from :func:`normalise_kernel_frame` on is row-wise, so a group's rows get its representative's outputs (its
+    error message too), and a table that repeats its kernels is normalised and predicted once per kernel."""
+    n = len(frame)
+    if n < 2 or not any(c in frame for c in ("op", "OPName")):
+        return None
+    keys = []
+    for c in frame.columns:
+        if c in _READ_COLUMNS:
+            k = _exact_key(frame[c])
+            if k is None:
+                return None
+            keys.append(k)
+    # one FNV-1a hash of the row's keys (http://www.isthe.com/chongo/tech/comp/fnv/: offset basis and 64-bit prime),
+    # then every group checked column by column; a collision (two different rows, one hash) takes the exact codes
+    h = np.full(n, 0xCBF29CE484222325, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in keys:
+            h ^= k.astype(np.uint64, copy=False)
+            h *= np.uint64(0x100000001B3)
+    inverse, uniq = pd.factorize(h)
+    n_groups = len(uniq)
+    if n_groups == n or n_groups > _DEDUP_MAX_DISTINCT * n:
+        return None
+    rep = np.empty(n_groups, dtype=np.intp)
+    rep[inverse] = np.arange(n)
+    if not all(np.array_equal(k[rep][inverse], k) for k in keys):
+        return _groups(*_group_codes([(c, len(u)) for c, u in map(pd.factorize, keys)], n), _DEDUP_MAX_DISTINCT)
     return rep, inverse
 
 
@@ -588,16 +666,16 @@ def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p:
         ceil_sel = np.flatnonzero(tensor & (w > 0.0))
         if len(ceil_sel):
             if model.features == fm.features:
-                pc = model.predict_matrix(np.ascontiguousarray(A[ceil_sel, : len(fm.features)]))
+                pc = predict_distinct(model.predict_matrix, np.ascontiguousarray(A[ceil_sel, : len(fm.features)]))
             else:  # a member reading features of its own (the manifest entry's ``features``), in its order
                 cols = [fm.features.index(f) for f in model.features]
-                pc = model.predict_matrix(np.ascontiguousarray(A[np.ix_(ceil_sel, cols)]))
+                pc = predict_distinct(model.predict_matrix, np.ascontiguousarray(A[np.ix_(ceil_sel, cols)]))
             c = row_ceilings(_ceiling_name(device, cm), device.vendor, dtype_names[ceil_sel], cm)
             out[ceil_sel] = ceiling_log_ratio(pc, t_roof_ms[ceil_sel], cm["floor_ms"], c)
     sel = np.flatnonzero(tensor & (w < 1.0))
     if not len(sel):
         return out, sel, ceil_sel
-    p_floor = fm.floor_lgbm.predict_matrix(np.ascontiguousarray(A[sel, : len(fm.features)]))
+    p_floor = predict_distinct(fm.floor_lgbm.predict_matrix, np.ascontiguousarray(A[sel, : len(fm.features)]))
     out[sel] = blended_log_ratio(out[sel], p_floor, t_roof_ms[sel], fm.floor_blend["floors_ms"][fm.floor_blend["source"]],
                                  w[sel])
     return out, sel, ceil_sel
@@ -735,6 +813,34 @@ def predict_kernels(
     spec = _resolve(device)
     if bundle is None or isinstance(bundle, (str, Path)):
         bundle = load_bundle(str(bundle) if bundle else None)
+    # a table of kernels repeats itself (every layer of a model runs the same shapes): normalise and predict each
+    # distinct input row once and copy its outputs to its repeats
+    groups = _distinct_input_rows(frame)
+    cols = None
+    if groups is not None:
+        rep, inverse = groups
+        cols = _kernel_columns(frame.iloc[rep], spec, bundle, plausible_shapes, counts=np.bincount(inverse))
+        if cols is not None:
+            cols = {k: (v[0][inverse], v[1]) if isinstance(v, tuple) else v[inverse] for k, v in cols.items()}
+    if cols is None:
+        cols = _kernel_columns(frame, spec, bundle, plausible_shapes)
+    out = frame.copy()
+    for c in PRED_COLUMNS + EXTRA_COLUMNS:
+        v = cols[c]
+        out[c] = _text_column(v[1], v[0]) if isinstance(v, tuple) else v
+    return out
+
+
+def _kernel_columns(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle, plausible_shapes: bool,
+                    counts: np.ndarray | None = None) -> dict[str, object] | None:
+    """The output columns of :func:`predict_kernels` for ``frame``'s rows: arrays, and for the text columns
+    (``model``, ``ood_reason``, ``error``) (per-row codes, distinct strings). The valid canonical rows are deduped
+    (:func:`_distinct_rows`) when at most :data:`_DEDUP_MAX_DISTINCT` of them differ.
+
+    With ``counts``, ``frame`` holds the distinct rows of a table, each standing for ``counts`` of its rows: the rows
+    predicted are then those the whole table's would be (the valid rows' distinct canonical kernels, in the order of
+    their first row), so every output is the table's bit for bit; None when the table's would be its valid rows with
+    their repeats (fewer repeats than the rule above dedupes), which only the whole table gives."""
     canon, err = normalise_kernel_frame(frame, plausible_shapes=plausible_shapes)
     n = len(canon)
     # dtypes of tensor-core units the spec has no peak for (a tf32 vector row is fp32 by now)
@@ -761,9 +867,12 @@ def predict_kernels(
     text = {"model": (np.zeros(n, dtype=np.intp), [""]), "ood_reason": (np.zeros(n, dtype=np.intp), [""])}
     if n_ok:
         sub = canon if n_ok == n else canon[ok]
-        # a table of kernels repeats itself (every layer of a model runs the same shapes): predict each
-        # distinct kernel once and copy the results to its repeats
-        groups = _distinct_rows(sub)
+        # predict each distinct kernel once and copy the results to its repeats
+        groups = _distinct_rows(sub, _DEDUP_MAX_DISTINCT if counts is None else 1.0)
+        if counts is not None:  # the distinct rows may still repeat a kernel (another spelling of an op)
+            n_table, n_kernels = int(counts[ok].sum()), len(sub) if groups is None else len(groups[0])
+            if not (n_table >= 2 and n_kernels <= _DEDUP_MAX_DISTINCT * n_table) and n_kernels != n_table:
+                return None
         rep, inverse = (None, None) if groups is None else groups
         res = _predict_rows(sub if rep is None else sub.iloc[rep], spec, bundle)
         for k, v in res.items():
@@ -783,14 +892,6 @@ def predict_kernels(
                 cols[k] = v
             else:
                 cols[k][ok] = v
-    for k, (codes, uniq) in text.items():
-        cols[k] = _text_column(uniq, codes)
-    if n_ok == n:
-        cols["error"] = _text_column([""], np.zeros(n, dtype=np.intp))
-    else:
-        codes, uniq = _text_codes(err)
-        cols["error"] = _text_column(uniq, codes)
-    out = frame.copy()
-    for c in PRED_COLUMNS + EXTRA_COLUMNS:
-        out[c] = cols[c]
-    return out
+    cols.update(text)
+    cols["error"] = (np.zeros(n, dtype=np.intp), [""]) if n_ok == n else _text_codes(err)
+    return cols

@@ -99,6 +99,44 @@ def single_threaded_predictions() -> None:
     PREDICT_THREADS[0] = 1
 
 
+#: FNV-1a's 64-bit prime (Fowler, Noll, Vo: http://www.isthe.com/chongo/tech/comp/fnv/): the row hash's multiplier
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+def distinct_matrix_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a representative of each group of identical rows of the float64 matrix ``A``, the group of every row), rows
+    identical when every value is, bit for bit; None when no two rows are (or a hash collision would merge two that
+    differ: every group is checked). A row's surrogate prediction depends on that row alone (LightGBM walks each row
+    through the trees; the MLP's GEMMs are padded to whole micro-tiles, :data:`_MLP_ROW_QUANTUM`), so identical rows --
+    two kernels that differ only where no feature looks, ``add`` and ``mul`` of one shape -- need predicting once."""
+    n = len(A)
+    if n < 2 or A.ndim != 2 or A.dtype != np.float64:
+        return None
+    bits = np.ascontiguousarray(A).view(np.uint64)
+    h = np.full(n, 0xCBF29CE484222325, dtype=np.uint64)  # FNV-1a's offset basis, over 64-bit words
+    for j in range(bits.shape[1]):
+        h ^= bits[:, j]
+        h *= _FNV_PRIME
+    inverse, uniq = pd.factorize(h)
+    if len(uniq) == n:
+        return None
+    rep = np.empty(len(uniq), dtype=np.intp)
+    rep[inverse] = np.arange(n)
+    if not np.array_equal(bits[rep][inverse], bits):  # a collision: predict every row
+        return None
+    return rep, inverse
+
+
+def predict_distinct(predict, A: np.ndarray) -> np.ndarray:
+    """``predict(A)`` (one value per row of ``A``), computed once per group of identical rows
+    (:func:`distinct_matrix_rows`): the same numbers, bit for bit."""
+    groups = distinct_matrix_rows(A)
+    if groups is None:
+        return predict(A)
+    rep, inverse = groups
+    return np.asarray(predict(np.ascontiguousarray(A[rep])))[inverse]
+
+
 @runtime_checkable
 class Surrogate(Protocol):
     """What every kernel latency surrogate offers (vidur's execution-time predictors share one base the same way).
