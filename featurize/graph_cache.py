@@ -104,3 +104,122 @@ def rows_cached(max_rows: int | None = None, max_entries: int | None = None):
         return wrapper
 
     return deco
+
+
+#: per-column values and masks derived from a frame's immutable string columns (:func:`column_derived`), by column
+#: identity: a costed frame shares its graph's string columns (pyarrow arrays are immutable; a copy, a column added
+#: or a row order kept share them), so a mask of kernel names is made once per graph, not on every predict
+_COLUMNS = RowsCache(max_entries=512)
+
+
+def _arrow_column(series):
+    """The immutable pyarrow array behind a pandas column (its ``str`` dtype's storage), else None."""
+    arr = series.array
+    return arr.__arrow_array__() if hasattr(arr, "_pa_array") else None
+
+
+def _freeze(value):
+    if isinstance(value, tuple):
+        for v in value:
+            _freeze(v)
+    elif hasattr(value, "flags"):
+        value.flags.writeable = False
+    return value
+
+
+def columns_derived(frame, cols: tuple[str, ...], what, fn):
+    """``fn(*(frame[c].to_numpy() for c in cols))``, made once per set of immutable (pyarrow-backed) columns and
+    ``what`` (a hashable label naming ``fn``: two functions never share one), else made every call. Array results are
+    read-only (a caller writing to a shared mask would change every later frame's). The entry holds the columns, so
+    their ids are not reused while cached; a column replaced or changed is another pyarrow array, another entry."""
+    series = [frame[c] for c in cols]
+    pa_cols = tuple(_arrow_column(s) for s in series)
+    if any(p is None for p in pa_cols):
+        return fn(*(s.to_numpy() for s in series))
+    key = (tuple(map(id, pa_cols)), what)
+    hit = _COLUMNS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], pa_cols)):
+        return hit[1]
+    value = _freeze(fn(*(s.to_numpy() for s in series)))
+    _COLUMNS.put(key, (pa_cols, value), rows=len(frame))
+    return value
+
+
+def column_derived(frame, col: str, what, fn):
+    """``fn(frame[col].to_numpy())``, made once per immutable string column (:func:`columns_derived`)."""
+    return columns_derived(frame, (col,), what, fn)
+
+
+def _identity(values):
+    return values
+
+
+def column_values(frame, col: str):
+    """``frame[col].to_numpy()`` (read-only), made once per immutable string column (:func:`column_derived`)."""
+    return column_derived(frame, col, "values", _identity)
+
+
+def column_is(frame, col: str, value: str):
+    """``frame[col].astype(str) == value`` as a numpy mask (read-only; a missing value is no value), made once per
+    immutable string column."""
+    def mask(v):
+        import numpy as np
+        import pandas as pd
+
+        # a handful of distinct values over thousands of rows: each compared once, then a gather
+        codes, uniq = pd.factorize(v, use_na_sentinel=False)
+        return np.array([(u if isinstance(u, str) else "" if pd.isna(u) else str(u)) == value for u in uniq],
+                        dtype=bool)[codes]
+
+    return column_derived(frame, col, ("is", value), mask)
+
+
+def column_codes(frame, col: str, sort: bool = False):
+    """``pd.factorize(frame[col].to_numpy(), sort=sort)`` (read-only), made once per immutable string column."""
+    import pandas as pd
+
+    return column_derived(frame, col, ("factorize", sort), lambda v: pd.factorize(v, sort=sort))
+
+
+class GraphMemo:
+    """Values derived from an operator graph, by the graph's identity, for as long as the graph lives: an entry holds
+    the graph by a weak reference (it goes when the graph does, so an id is never reused while cached) and its
+    ``pins`` (the graph's parts the value was made from, e.g. its nodes frame) strongly: a graph given another part is
+    another entry. A graph is not changed in place once built (the step-graph caches here hold them so too). At most
+    ``max_entries`` entries, least recently used out."""
+
+    def __init__(self, max_entries: int = 64):
+        self.max_entries = int(max_entries)
+        self._data: OrderedDict = OrderedDict()  # id(graph) -> (weakref, pins, value)
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get_or_build(self, graph, pins: tuple, build):
+        """The value for ``graph`` made from ``pins``, built by ``build()`` (and stored) when missing."""
+        import weakref
+
+        key = id(graph)
+        hit = self._data.get(key)
+        if hit is not None and hit[0]() is graph and len(hit[1]) == len(pins) and all(a is b for a, b in zip(hit[1], pins)):
+            self.hits += 1
+            self._data.move_to_end(key)
+            return hit[2]
+        self.misses += 1
+        value = build()
+        data = self._data
+
+        def gone(ref, key=key, data=data):  # the graph is collected: its entry goes (unless another took its id)
+            entry = data.get(key)
+            if entry is not None and entry[0] is ref:
+                del data[key]
+
+        data[key] = (weakref.ref(graph, gone), tuple(pins), value)
+        data.move_to_end(key)
+        while len(data) > self.max_entries:
+            data.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self._data.clear()

@@ -76,7 +76,11 @@ def _dtype_array(dtype, n: int) -> np.ndarray:
         return np.full(n, str(arr[0]).lower(), dtype=object)
     if arr.size != n:
         raise ValueError(f"dtype has {arr.size} entries for {n} kernels")
-    return np.array([str(d).lower() for d in arr], dtype=object)
+    codes, uniq = pd.factorize(arr, use_na_sentinel=False)
+    if not all(isinstance(u, str) for u in uniq):  # a missing or non-string dtype: each row's own str()
+        return np.array([str(d).lower() for d in arr], dtype=object)
+    # a handful of distinct dtypes over thousands of kernels: lower-cased once each, then a gather
+    return np.array([u.lower() for u in uniq], dtype=object)[codes]
 
 
 def kernel_power_features(flops, bytes_, time_ms, dtype, spec: DeviceSpec) -> pd.DataFrame:
@@ -86,7 +90,8 @@ def kernel_power_features(flops, bytes_, time_ms, dtype, spec: DeviceSpec) -> pd
     bytes_ = np.broadcast_to(np.asarray(bytes_, dtype=float).reshape(-1) if np.ndim(bytes_) else float(bytes_), (n,))
     time_ms = np.broadcast_to(np.asarray(time_ms, dtype=float).reshape(-1) if np.ndim(time_ms) else float(time_ms), (n,))
     dt = _dtype_array(dtype, n)
-    known = np.array([d in DTYPE_BYTES for d in dt], dtype=bool) if n else np.zeros(0, bool)
+    codes, uniq_dt = pd.factorize(dt) if n else (np.zeros(0, np.intp), [])
+    known = np.array([d in DTYPE_BYTES for d in uniq_dt], dtype=bool)[codes] if n else np.zeros(0, bool)
     canon = np.where(known, dt, "fp32")
 
     # one peak per distinct dtype (a handful), then a gather: no Python loop over kernels

@@ -42,6 +42,7 @@ def kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, po
 def _kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, power_limit_w: float | None = None,
                   clock_cap_mhz: float | None = None):
     """:func:`kernel_power`'s figures and each row's compute utilisation at the boost clock (0 for collectives)."""
+    from wattcast.featurize.graph_cache import column_is, column_values
     from wattcast.featurize.power_features import kernel_power_features
     from wattcast.models.power import apply_power_limit, check_power_limit_attainable, check_power_settings, comm_power_w
 
@@ -50,8 +51,8 @@ def _kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, p
     gpu = costed["gpu_ms"].to_numpy(dtype=float)
     flops = costed["flops"].to_numpy(dtype=float)
     bytes_ = costed["bytes"].to_numpy(dtype=float)
-    dtype = costed["dtype"].to_numpy()
-    coll = costed["op_class"].to_numpy() == "collective"
+    dtype = column_values(costed, "dtype")
+    coll = column_is(costed, "op_class", "collective")
     feats = kernel_power_features(flops, bytes_, np.maximum(gpu, 1e-6), dtype, spec)
     w, _lo, _hi, ood = pm.predict_w(feats)
     w = np.asarray(w, dtype=float)
@@ -73,9 +74,11 @@ def apply_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, pow
     stretched ``gpu_ms``/``time_ms``; ``power_ood`` flags kernels outside the power model's support;
     ``compute_util`` is each kernel's compute utilisation at the boost clock (what sets how its time answers a
     lower clock: :func:`wattcast.models.power.apply_clock`)."""
+    from wattcast.simulate.single_device import frame_copy
+
     gpu, w, ood, cu = _kernel_power(costed, spec, power_model, power_limit_w=power_limit_w,
                                     clock_cap_mhz=clock_cap_mhz)
-    out = costed.copy()
+    out = frame_copy(costed)
     old = out["gpu_ms"].to_numpy(dtype=float)
     slot = out["time_ms"].to_numpy(dtype=float)
     out["time_ms"] = np.where(slot > 0, slot + np.maximum(gpu - old, 0.0), 0.0)

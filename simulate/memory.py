@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.featurize.graph_cache import GraphMemo
 from wattcast.featurize.op_graph import OpGraph
 from wattcast.featurize.recompute import module_layers_end, node_tags, recompute_tags
 from wattcast.featurize.training_graph import optimizer_state_bytes
@@ -78,6 +79,16 @@ class MemoryEstimate:
         d = asdict(self)
         d["total_gb"] = self.total_gb
         return d
+
+
+#: per graph (by identity, while it lives; made again for a graph given other nodes, saved tensors or meta): its
+#: :func:`estimate_memory`
+_MEMORY = GraphMemo(max_entries=256)
+
+
+def graph_memory(graph: OpGraph) -> MemoryEstimate:
+    """:func:`estimate_memory` of ``graph``, made once per graph (a MemoryEstimate is frozen: shared safely)."""
+    return _MEMORY.get_or_build(graph, (graph.nodes, graph.saved, graph.meta), lambda: estimate_memory(graph))
 
 
 def estimate_memory(graph: OpGraph) -> MemoryEstimate:

@@ -27,13 +27,15 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.simulate.step_band import band_keys, ood_band_log, ood_warning, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.featurize.graph_cache import (GraphMemo, column_codes, column_derived, column_is, column_values,
+                                            columns_derived)
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS, op_type_of_tag
 from wattcast.models.attention import (BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, REFERENCE_DEVICE, flash_attention_ms,
                                        scalar_fp32_tflops)
 from wattcast.models.collectives import collective_band_log
 from wattcast.models.kernel_bundle import KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import attention_mma_scale, predict_kernels
-from wattcast.simulate.memory import MemoryEstimate, estimate_memory, memory_flag
+from wattcast.simulate.memory import MemoryEstimate, estimate_memory, graph_memory, memory_flag
 from wattcast.simulate.stage_memory import capacity_gb
 
 #: Host-side cost of launching one kernel from eager PyTorch (ms). Chosen on the NeuSight labels of the
@@ -149,16 +151,12 @@ def _spec_key(spec: DeviceSpec) -> str:
     return json.dumps(spec.to_dict(), sort_keys=True, default=str)
 
 
-def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> pd.DataFrame:
-    """pred_latency_ms / low / high / ood / error / roofline_ms for kernel rows (op, dtype, shape columns).
-
-    Distinct rows are predicted once, and only those this process has not predicted before on this
-    device with this bundle."""
-    cols = ["pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "error", "roofline_ms"]
-    if frame.empty:
-        return pd.DataFrame({c: [] for c in cols})
-    h = pd.util.hash_pandas_object(frame, index=False).to_numpy()
-    uh, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+def _surrogate_rows(frame: pd.DataFrame, hashed: tuple[np.ndarray, np.ndarray], spec: DeviceSpec,
+                    bundle: KernelBundle) -> list[tuple]:
+    """(latency, low, high, ood, error, roofline_ms) per distinct kernel row of ``frame`` (``hashed``: its distinct row
+    hashes and the first row of each, :func:`_kernel_hashes`), predicting only those this process has not predicted
+    before on this device with this bundle."""
+    uh, first = hashed
     key = (_spec_key(spec), id(bundle))
     held = _PREDICTION_CACHE.get(key)
     # the bundle is held by its entry, so its id is not reused while cached (two bundles of one process, e.g. a
@@ -168,7 +166,8 @@ def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
             _PREDICTION_CACHE.clear()
         held = _PREDICTION_CACHE[key] = (bundle, {})
     cache = held[1]
-    missing = [i for i, k in enumerate(uh.tolist()) if k not in cache]
+    keys = uh.tolist()
+    missing = [i for i, k in enumerate(keys) if k not in cache]
     if missing:
         if len(cache) > _CACHE_MAX_ROWS:
             cache.clear()
@@ -180,8 +179,25 @@ def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
                    out["roofline_ms"].to_numpy(dtype=float))
         for i, v in zip(missing, vals):
             cache[int(uh[i])] = v
-    got = [cache[k] for k in uh.tolist()]
-    table = pd.DataFrame(got, columns=cols)
+    return [cache[k] for k in keys]
+
+
+def _kernel_hashes(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct row hashes, first row of each, inverse) of kernel rows (op, dtype, shape columns)."""
+    h = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    return np.unique(h, return_index=True, return_inverse=True)
+
+
+def _surrogate_times(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> pd.DataFrame:
+    """pred_latency_ms / low / high / ood / error / roofline_ms for kernel rows (op, dtype, shape columns).
+
+    Distinct rows are predicted once, and only those this process has not predicted before on this
+    device with this bundle."""
+    cols = ["pred_latency_ms", "pred_low_ms", "pred_high_ms", "ood", "error", "roofline_ms"]
+    if frame.empty:
+        return pd.DataFrame({c: [] for c in cols})
+    uh, first, inverse = _kernel_hashes(frame)
+    table = pd.DataFrame(_surrogate_rows(frame, (uh, first), spec, bundle), columns=cols)
     return table.iloc[inverse].reset_index(drop=True)
 
 
@@ -302,27 +318,41 @@ def stream_bandwidth_gbps(spec: DeviceSpec, bundle: KernelBundle | None = None) 
     return 2.0 * b * h * 4 / (ms / 1e3) / 1e9
 
 
-def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
-               launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None) -> pd.DataFrame:
-    """The graph's nodes plus ``time_ms``, ``low_ms``, ``high_ms``, ``ood`` and ``gpu_ms`` columns.
+@dataclass(frozen=True)
+class _CostPlan:
+    """What :func:`cost_nodes` reads of a graph that no device, bundle or setting changes (arrays read-only)."""
 
-    ``collective_ms(kernel, bytes, group) -> (ms, ood)`` (numpy arrays) costs collective nodes; without it a
-    graph must hold none (a single-device graph has only the zero-time markers of tensor parallelism)."""
-    bundle = bundle or load_bundle()
-    nodes = graph.nodes.reset_index(drop=True)
+    nodes: pd.DataFrame  # the graph's nodes, index reset
+    method: np.ndarray
+    dtype: np.ndarray
+    flops: np.ndarray
+    bytes_: np.ndarray
+    #: (node idx, FP32 rows, multiplier) per part of the kernel table (surrogate nodes, then proxy nodes)
+    parts: tuple
+    covered: np.ndarray  # nodes costed from the kernel table
+    kernels: pd.DataFrame | None  # the kernel table (op, dtype, shape columns), None without one
+    hashes: tuple | None  # _kernel_hashes of it
+    any_fp32: bool
+    flash: np.ndarray  # node idx of fused attention
+    flash_nodes: pd.DataFrame
+    coll: np.ndarray
+    real: np.ndarray  # collectives that move data (a kernel name: not a zero-time marker)
+
+
+def _read_only(*arrays) -> None:
+    for a in arrays:
+        a.flags.writeable = False
+
+
+def _cost_plan_of(nodes: pd.DataFrame) -> _CostPlan:
     n = len(nodes)
-    t = np.full(n, np.nan)
-    lo = np.full(n, np.nan)
-    hi = np.full(n, np.nan)
-    ood = np.zeros(n, dtype=bool)
     method = nodes["method"].to_numpy()
     dtype = nodes["dtype"].to_numpy()
     db = np.array([DTYPE_BYTES.get(d, 4) for d in dtype], dtype=float)
     scale = nodes["scale"].to_numpy(dtype=float)
-    flops = nodes["flops"].to_numpy(dtype=float)
-    bytes_ = nodes["bytes"].to_numpy(dtype=float)
-
-    # build one kernel table for every node that needs the learned models
+    flops = nodes["flops"].to_numpy(dtype=float).copy()
+    bytes_ = nodes["bytes"].to_numpy(dtype=float).copy()
+    # one kernel table for every node that needs the learned models
     parts: list[tuple[np.ndarray, pd.DataFrame, np.ndarray]] = []  # (node idx, kernel rows, multiplier)
     sur = np.flatnonzero(method == "surrogate")
     if len(sur):
@@ -336,42 +366,101 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
         rows = np.maximum(np.round(elems / width), 1.0)
         k = pd.DataFrame({"op": "addu", "dtype": dtype[prx], "B": rows, "H": width})
         parts.append((prx, k, scale[prx] * elems / (rows * width)))
+    kernels = hashes = None
+    covered = np.zeros(n, dtype=bool)
+    any_fp32 = False
     if parts:
         frame = pd.concat([p[1] for p in parts], ignore_index=True)
         for c in SHAPE_COLUMNS:
             if c not in frame:
                 frame[c] = np.nan
-        res = _surrogate_times(frame[["op", "dtype", *SHAPE_COLUMNS]], spec, bundle)
-        floor = _timing_floor_ms(spec, bundle) if (frame["dtype"].to_numpy() == "fp32").any() else 0.0
-        pos = 0
-        covered = np.zeros(n, dtype=bool)
+        kernels = frame[["op", "dtype", *SHAPE_COLUMNS]]
+        hashes = _kernel_hashes(kernels)
+        _read_only(*hashes)
+        any_fp32 = bool((frame["dtype"].to_numpy() == "fp32").any())
         for idx, _, _ in parts:
             covered[idx] = True
+    parts_out = tuple((idx, rows["dtype"].to_numpy() == "fp32", mult) for idx, rows, mult in parts)
+    for p in parts_out:
+        _read_only(*p)
+    fl = np.flatnonzero(method == "flash")
+    coll = method == "collective"
+    real = coll & (nodes["kernel"].to_numpy() != "")
+    method = method.copy()
+    dtype = dtype.copy()
+    _read_only(method, dtype, flops, bytes_, covered, fl, coll, real)
+    return _CostPlan(nodes=nodes, method=method, dtype=dtype, flops=flops, bytes_=bytes_, parts=parts_out,
+                     covered=covered, kernels=kernels, hashes=hashes, any_fp32=any_fp32, flash=fl,
+                     flash_nodes=nodes.iloc[fl], coll=coll, real=real)
+
+
+#: per graph (by identity, while it lives; made again for a graph given another nodes frame): its :class:`_CostPlan`
+_PLANS = GraphMemo(max_entries=64)
+
+
+def _cost_plan(graph: OpGraph) -> _CostPlan:
+    return _PLANS.get_or_build(graph, (graph.nodes,), lambda: _cost_plan_of(graph.nodes.reset_index(drop=True)))
+
+
+#: pandas copies on write (pandas 3; pandas 2 with the option on): a frame shallow-copied and then given new columns
+#: leaves the frame it came from as it was
+_COPY_ON_WRITE = int(pd.__version__.split(".")[0]) >= 3 or bool(pd.get_option("mode.copy_on_write") is True)
+
+
+def frame_copy(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``frame`` to add or replace columns in (shallow under copy-on-write: the same values, no data copied)."""
+    return frame.copy(deep=not _COPY_ON_WRITE)
+
+
+def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
+               launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None) -> pd.DataFrame:
+    """The graph's nodes plus ``time_ms``, ``low_ms``, ``high_ms``, ``ood`` and ``gpu_ms`` columns.
+
+    ``collective_ms(kernel, bytes, group) -> (ms, ood)`` (numpy arrays) costs collective nodes; without it a
+    graph must hold none (a single-device graph has only the zero-time markers of tensor parallelism).
+    What depends on the graph alone (its kernel table and the table's row hashes) is made once per graph
+    (:func:`_cost_plan`)."""
+    bundle = bundle or load_bundle()
+    plan = _cost_plan(graph)
+    nodes = plan.nodes
+    n = len(nodes)
+    t = np.full(n, np.nan)
+    lo = np.full(n, np.nan)
+    hi = np.full(n, np.nan)
+    ood = np.zeros(n, dtype=bool)
+    method, dtype, flops, bytes_ = plan.method, plan.dtype, plan.flops, plan.bytes_
+    if plan.parts:
+        res = _surrogate_rows(plan.kernels, plan.hashes[:2], spec, bundle)
+        inverse = plan.hashes[2]
+        lat, low, high, r_ood, err, roofline = (np.asarray(c)[inverse] for c in zip(*res))
+        lat, low, high, roofline = (np.asarray(c, dtype=float) for c in (lat, low, high, roofline))
+        floor = _timing_floor_ms(spec, bundle) if plan.any_fp32 else 0.0
+        pos = 0
+        covered = plan.covered
         t[covered] = lo[covered] = hi[covered] = 0.0
-        for idx, rows, mult in parts:
-            r = res.iloc[pos:pos + len(rows)]
-            pos += len(rows)
-            bad = r["error"].to_numpy() != ""
+        for idx, fp32, mult in plan.parts:
+            r = slice(pos, pos + len(idx))
+            pos += len(idx)
+            bad = err[r] != ""
             # the floor is a property of NeuSight's one-op-at-a-time FP32 timings; the tensor-core sources
             # behind fp16/bf16/tf32/fp8 kernels were timed otherwise (and vTrain's FP16 fitting half is
             # predicted worse with it: 9.7% vs 8.3% mean, host costs refitted either way)
             # Taking the floor off never makes a kernel beat its roofline time (a 1-5 MB add measured at
             # about the floor still moves its bytes).
-            f_ms = np.where(rows["dtype"].to_numpy() == "fp32", floor, 0.0)
-            roof = np.where(f_ms > 0, np.nan_to_num(r["roofline_ms"].to_numpy(dtype=float), nan=0.0), 0.0)
-            p = np.maximum(r["pred_latency_ms"].to_numpy(dtype=float) - f_ms, roof) * mult
-            pl = np.maximum(r["pred_low_ms"].to_numpy(dtype=float) - f_ms, roof) * mult
-            ph = np.maximum(r["pred_high_ms"].to_numpy(dtype=float) - f_ms, roof) * mult
+            f_ms = np.where(fp32, floor, 0.0)
+            roof = np.where(f_ms > 0, np.nan_to_num(roofline[r], nan=0.0), 0.0)
+            p = np.maximum(lat[r] - f_ms, roof) * mult
+            pl = np.maximum(low[r] - f_ms, roof) * mult
+            ph = np.maximum(high[r] - f_ms, roof) * mult
             np.add.at(t, idx, np.where(bad, np.nan, p))
             np.add.at(lo, idx, np.where(bad, np.nan, pl))
             np.add.at(hi, idx, np.where(bad, np.nan, ph))
-            ood[idx] |= r["ood"].to_numpy(dtype=bool) | bad
-    fl = np.flatnonzero(method == "flash")
+            ood[idx] |= r_ood[r].astype(bool) | bad
+    fl = plan.flash
     if len(fl):
-        t[fl], lo[fl], hi[fl] = _flash_ms(nodes.iloc[fl], flops[fl], bytes_[fl], dtype[fl], spec, bundle)
-    coll = method == "collective"
+        t[fl], lo[fl], hi[fl] = _flash_ms(plan.flash_nodes, flops[fl], bytes_[fl], dtype[fl], spec, bundle)
+    coll, real = plan.coll, plan.real
     if coll.any():
-        real = coll & (nodes["kernel"].to_numpy() != "")
         t[coll] = 0.0
         lo[coll] = 0.0
         hi[coll] = 0.0
@@ -397,8 +486,9 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
         method[need] = "roofline"
     gpu = t.copy()
     t = np.where(coll & (gpu == 0), 0.0, np.maximum(t, launch_overhead_ms))
-    out = nodes.copy()
-    out["method"] = method
+    out = frame_copy(nodes)
+    if method is not plan.method:  # else the graph's own column, as it is (and its cached masks with it)
+        out["method"] = method
     out["gpu_ms"] = gpu
     out["time_ms"] = t
     out["low_ms"] = np.where(t == 0, 0.0, np.maximum(lo, launch_overhead_ms))
@@ -407,9 +497,11 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
     return out
 
 
-def group_totals(keys: np.ndarray, time_ms: np.ndarray, flops: np.ndarray, name: str, *, by_time: bool = True) -> list[dict]:
-    """count / time_ms / flops per distinct key (numpy; a pandas groupby costs more than the costing)."""
-    codes, uniq = pd.factorize(keys, sort=not by_time)
+def group_totals(keys: np.ndarray, time_ms: np.ndarray, flops: np.ndarray, name: str, *, by_time: bool = True,
+                 codes: tuple[np.ndarray, np.ndarray] | None = None) -> list[dict]:
+    """count / time_ms / flops per distinct key (numpy; a pandas groupby costs more than the costing). ``codes``:
+    ``pd.factorize(keys, sort=not by_time)`` where the caller has it (:func:`column_codes`)."""
+    codes, uniq = pd.factorize(keys, sort=not by_time) if codes is None else codes
     k = len(uniq)
     cnt = np.bincount(codes, minlength=k)
     t = np.bincount(codes, weights=time_ms, minlength=k)
@@ -423,19 +515,29 @@ def fallback_summary(costed: pd.DataFrame) -> list[dict]:
     """Kernels costed without their own learned model, by op class and method (count, time); the kernels of an imported
     op no cost model knows (an ONNX op type, an aten op: tagged by ``GraphBuilder.opaque``) in rows of their own that
     name it in ``op_type``."""
-    method = costed["method"].to_numpy()
-    fb = np.isin(method, ["roofline", "proxy", "flash"])
+    fb, codes, keys = columns_derived(costed, ("op_class", "method", "tag") if "tag" in costed else ("op_class", "method"),
+                                      "fallback_keys", _fallback_keys)
     if not fb.any():
         return []
-    codes, tags = pd.factorize(costed["tag"].to_numpy()[fb], use_na_sentinel=False) if "tag" in costed else (np.zeros(int(fb.sum()), int), [""])
-    op_type = np.array([op_type_of_tag(t) for t in tags], dtype=object)[codes]
-    key = costed["op_class"].to_numpy()[fb].astype(object) + "|" + method[fb].astype(object) + "|" + op_type
     t = costed["time_ms"].to_numpy()[fb]
     rows = []
-    for r in group_totals(key, t, np.zeros(len(t)), "key"):
+    for r in group_totals(None, t, np.zeros(len(t)), "key", codes=(codes, keys)):
         cls, how, op = r["key"].split("|", 2)
         rows.append(dict(op_class=cls, method=how, count=r["count"], time_ms=r["time_ms"], **({"op_type": op} if op else {})))
     return rows
+
+
+def _fallback_keys(op_class: np.ndarray, method: np.ndarray, tag: np.ndarray | None = None):
+    """(the kernels costed without their own model, the first-seen codes of their "op_class|method|op_type" keys,
+    the keys) of a costed graph's columns (:func:`fallback_summary`)."""
+    fb = np.isin(method, ["roofline", "proxy", "flash"])
+    if not fb.any():
+        return fb, np.zeros(0, dtype=np.intp), np.zeros(0, dtype=object)
+    codes, tags = pd.factorize(tag[fb], use_na_sentinel=False) if tag is not None else (np.zeros(int(fb.sum()), int), [""])
+    op_type = np.array([op_type_of_tag(t) for t in tags], dtype=object)[codes]
+    key = op_class[fb].astype(object) + "|" + method[fb].astype(object) + "|" + op_type
+    codes, keys = pd.factorize(key, sort=False)
+    return fb, codes, keys
 
 
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
@@ -463,7 +565,8 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     res = summarise_costed(graph, costed, spec)
     e = sum(energy_of(costed, spec))
     step_s = res.step_time_ms / 1e3
-    tensor = bool((np.isin(costed["op_class"].to_numpy(), ("linear", "bmm")) & (costed["dtype"].to_numpy() != "fp32")).any())
+    tensor = bool(((column_is(costed, "op_class", "linear") | column_is(costed, "op_class", "bmm"))
+                   & ~column_is(costed, "dtype", "fp32")).any())
     if ood:
         ood = dict(ood, share=res.ood_time_fraction)
     band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor, ood=ood)
@@ -480,7 +583,6 @@ def step_overheads(costed: pd.DataFrame) -> dict:
     the inf/NaN check of the gradients), gradient accumulation, FP8 casts,
     memory copies (layout copies), and the launch gaps: host time in which the GPU waited for the next small kernel
     (a kernel's time beyond its GPU time, where the CPU could not keep up)."""
-    oc = costed["op_class"].astype(str).to_numpy()
     t = costed["time_ms"].to_numpy(dtype=float)
     gpu = costed["gpu_ms"].to_numpy(dtype=float) if "gpu_ms" in costed else t
     clip, scale, acc, optimizer = _overhead_masks(costed)
@@ -488,8 +590,8 @@ def step_overheads(costed: pd.DataFrame) -> dict:
             "clip_grad_norm_ms": float(t[clip].sum()),
             "loss_scaling_ms": float(t[scale].sum()),
             "grad_accumulation_ms": float(t[acc].sum()),
-            "fp8_cast_ms": float(t[oc == "fp8_cast"].sum()),
-            "memcpy_ms": float(t[oc == "memory"].sum()),
+            "fp8_cast_ms": float(t[column_is(costed, "op_class", "fp8_cast")].sum()),
+            "memcpy_ms": float(t[column_is(costed, "op_class", "memory")].sum()),
             "launch_gap_ms": float(np.maximum(t - gpu, 0.0).sum())}
 
 
@@ -501,17 +603,23 @@ def op_part_labels(costed: pd.DataFrame) -> np.ndarray:
     """Per costed kernel: the named overhead of :data:`OP_PARTS` it belongs to, "" for the model's own kernels (the
     same masks as :func:`step_overheads`; each kernel in one part only)."""
     clip, scale, acc, optimizer = _overhead_masks(costed)
-    memory = costed["op_class"].astype(str).to_numpy() == "memory"
+    memory = column_is(costed, "op_class", "memory")
     return np.select((clip, scale, acc, memory, optimizer), OP_PARTS, default="").astype(object)
 
 
 def _overhead_masks(costed: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per costed kernel: (gradient-norm clipping, FP16 loss scaling, gradient accumulation, the optimizer phase
     without its FP8 casts), the masks :func:`step_overheads` and :func:`op_part_labels` name overheads by."""
-    name = costed["name"].astype(str)
-    opt = (costed["phase"].astype(str).to_numpy() == "optimizer") & (costed["op_class"].astype(str).to_numpy() != "fp8_cast")
-    return (name.str.startswith("clip_grad_norm").to_numpy(), name.str.startswith("loss_scale.").to_numpy(),
-            name.str.startswith("accumulate_grad").to_numpy(), opt)
+    clip, scale, acc = column_derived(costed, "name", "overhead_name_masks", _name_masks)
+    opt = column_is(costed, "phase", "optimizer") & ~column_is(costed, "op_class", "fp8_cast")
+    return clip, scale, acc, opt
+
+
+def _name_masks(name: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gradient-norm clipping, FP16 loss scaling, gradient accumulation) by kernel name, as ``str.startswith`` (a
+    missing name is none of them)."""
+    s = pd.Series(name, dtype=object).astype(str)
+    return tuple(s.str.startswith(prefix, na=False).to_numpy(dtype=bool) for prefix in ("clip_grad_norm", "loss_scale.", "accumulate_grad"))
 
 
 def with_op_parts(per_op: list[dict], costed: pd.DataFrame) -> list[dict]:
@@ -519,7 +627,7 @@ def with_op_parts(per_op: list[dict], costed: pd.DataFrame) -> list[dict]:
     waited for the row's next small kernel, inside its ``time_ms``) and, where the row holds any, ``parts``: the
     :data:`OP_PARTS` among its kernels (name, count, time_ms; inside its ``time_ms``, not on top of it: the optimizer
     row splits into optimizer_step + clip_grad_norm + loss_scaling). Rows, keys and totals are kept."""
-    oc = costed["op_class"].astype(str).to_numpy()
+    oc = column_values(costed, "op_class")
     t = costed["time_ms"].to_numpy(dtype=float)
     gap = np.maximum(t - (costed["gpu_ms"].to_numpy(dtype=float) if "gpu_ms" in costed else t), 0.0)
     part = op_part_labels(costed)
@@ -530,7 +638,7 @@ def with_op_parts(per_op: list[dict], costed: pd.DataFrame) -> list[dict]:
         for r in group_totals(key, t[named], np.zeros(int(named.sum())), "key", by_time=False):
             cls, nm = r["key"].split("|")
             parts.setdefault(cls, []).append(dict(name=nm, count=r["count"], time_ms=r["time_ms"]))
-    codes, uniq = pd.factorize(oc)
+    codes, uniq = column_codes(costed, "op_class")
     gaps = dict(zip(uniq, np.bincount(codes, weights=gap, minlength=len(uniq))))
     order = {n: i for i, n in enumerate(("optimizer_step", "clip_grad_norm", "loss_scaling", "grad_accumulation", "memcpy"))}
     return [dict(r, launch_gap_ms=float(gaps.get(r["op_class"], 0.0)),
@@ -555,28 +663,26 @@ def model_flops(nodes: pd.DataFrame, mult=1.0) -> tuple[float, float]:
     times: the forward and backward kernels without the optimizer step and without recomputation (activation
     checkpointing's re-run forward, FlashAttention's backward recomputing its scores: hardware FLOPs, not the model's).
     One device and a cluster's ranks count the same way."""
-    phase = nodes["phase"].to_numpy()
     f = nodes["flops"].to_numpy(dtype=float) * mult
-    work = (phase != "optimizer") & ~nodes["recompute"].to_numpy(dtype=bool)
+    work = ~column_is(nodes, "phase", "optimizer") & ~nodes["recompute"].to_numpy(dtype=bool)
     # the fused attention's own backward kernels (a recomputed forward under full recomputation sits in the backward
     # phase too, and is out already)
-    flash_b = float(f[work & (phase == "backward") & (nodes["op_class"].to_numpy() == "flash_attention")].sum())
+    flash_b = float(f[work & column_is(nodes, "phase", "backward") & column_is(nodes, "op_class", "flash_attention")].sum())
     flash_rc = flash_b * (1.0 - FLASH_BACKWARD_MODEL_SHARE)
     return float(f[work].sum()) - flash_rc, flash_rc
 
 
 def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> StepPrediction:
     """Sum a costed graph into a StepPrediction (shared by single-device and per-rank predictions)."""
-    phase = costed["phase"].to_numpy()
     t = costed["time_ms"].to_numpy()
-    fwd, bwd, opt = (float(t[phase == p].sum()) for p in ("forward", "backward", "optimizer"))
+    fwd, bwd, opt = (float(t[column_is(costed, "phase", p)].sum()) for p in ("forward", "backward", "optimizer"))
     flops = costed["flops"].to_numpy(dtype=float)
-    per_op = with_op_parts(group_totals(costed["op_class"].to_numpy(), t, flops, "op_class"), costed)
+    per_op = with_op_parts(group_totals(None, t, flops, "op_class", codes=column_codes(costed, "op_class")), costed)
     per_layer = group_totals(costed["layer"].to_numpy(), t, flops, "layer", by_time=False)
     fallback = fallback_summary(costed)
     total = fwd + bwd + opt
     ood = costed["ood"].to_numpy(dtype=bool)
-    mem = estimate_memory(graph)
+    mem = graph_memory(graph)
     return StepPrediction(overheads=step_overheads(costed),
         device=spec.name, mode=str(graph.meta.get("mode", "inference")), forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
         step_time_ms=total, memory_gb=mem.total_gb, memory=mem, fits=bool(mem.total_gb <= capacity_gb(spec.memory_gb)),

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec, generation_of
+from wattcast.featurize.graph_cache import column_derived, column_is
 
 #: the shipped calibration
 STEP_BAND_FILE = Path(str(files("wattcast.models") / "artifacts" / "step_band.json"))
@@ -148,11 +149,10 @@ def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np
         hi = np.log(costed["high_ms"].to_numpy(dtype=float)[idx] / tt)
     # a proxy kernel (optimizer step, reductions, gathers, fused chains) and a layout copy are costed as the
     # elementwise family's copy of their bytes (simulate/single_device.py): they carry that family's band
-    op_class = costed["op_class"].astype(str).to_numpy()[idx]
-    fam = pd.Series(op_class).map(OP_CLASS_FAMILY).fillna("").to_numpy(dtype=object)
-    copy_like = (costed["method"].astype(str).to_numpy()[idx] == "proxy") | (op_class == "memory")
+    fam = column_derived(costed, "op_class", "ood_family", _family_of)[idx]
+    copy_like = column_is(costed, "method", "proxy")[idx] | column_is(costed, "op_class", "memory")[idx]
     fam[copy_like] = "elementwise"
-    tensor = costed["dtype"].astype(str).to_numpy()[idx] != "fp32" if "dtype" in costed else np.ones(len(idx), bool)
+    tensor = ~column_is(costed, "dtype", "fp32")[idx] if "dtype" in costed else np.ones(len(idx), bool)
     for f in pd.unique(fam):
         fm = bundle.families.get(f) if (bundle is not None and f) else None
         if fm is None or not getattr(fm, "logo", None):
@@ -162,6 +162,11 @@ def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np
     lo_all[idx] = np.where(np.isfinite(lo), np.minimum(lo, 0.0), 0.0)
     hi_all[idx] = np.where(np.isfinite(hi), np.maximum(hi, 0.0), 0.0)
     return ood, lo_all, hi_all
+
+
+def _family_of(op_class: np.ndarray) -> np.ndarray:
+    """The kernel family (:data:`OP_CLASS_FAMILY`; "" for none) of each op class."""
+    return pd.Series(pd.Series(op_class, dtype=object).astype(str)).map(OP_CLASS_FAMILY).fillna("").to_numpy(dtype=object)
 
 
 def ood_from_sums(total_ms: float, ood_ms: float, ood_low_ms: float, ood_high_ms: float) -> dict:
