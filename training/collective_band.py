@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from wattcast.training.collectives import POLARIS_SETUP, ROUNDS, TRAIN_CLUSTERS, aggregate, baseline, evaluate_polaris, loco
+from wattcast.training.tracking import git_commit
 
 #: the quantiles of the band (``training/generation_calibration.py`` BAND_QUANTILES: a 90% band)
 BAND_QUANTILES = (0.05, 0.95)
@@ -120,14 +120,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def build(data=None, model=None, rounds: int = ROUNDS) -> dict:
     """The artifact's content (see the module docstring); ``model``: the collective model Polaris is predicted with
     (default: the shipped one)."""
@@ -160,7 +152,7 @@ def build(data=None, model=None, rounds: int = ROUNDS) -> dict:
                        "SOURCE-nccl-polaris-a100-slingshot.md (no licence: evaluation only, aggregates here)",
             "collective_model_fingerprint": (model.manifest or {}).get("dataset_fingerprint", ""),
             "rounds": int(rounds),
-            "wattcast_commit": _git_commit(),
+            "wattcast_commit": git_commit(short=True),
         },
     }
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from wattcast.training.power import PROMPT_TOKENS
+from wattcast.training.tracking import git_commit
 
 _CONFIGS = Path(__file__).resolve().parent.parent / "featurize" / "hf_configs"
 DATA_FILE = Path("power") / "mlenergy" / "v2_a100_h100_configs.csv"
@@ -142,14 +142,6 @@ def split_fit(t: pd.DataFrame, fit_half: str) -> dict:
                 fit=errors(f, predicted_ms(f, a, b)), evaluation=errors(e, predicted_ms(e, a, b)))
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def artifact(res: dict, t: pd.DataFrame, root: Path) -> dict:
     """The shipped JSON (``simulate/serving.py`` reads it) with the fit's provenance."""
     ev = res["evaluation"].set_index("group")
@@ -165,4 +157,4 @@ def artifact(res: dict, t: pd.DataFrame, root: Path) -> dict:
                     evaluation_mape_pct=round(float(ev.loc["all", "mape_pct"]), 2),
                     evaluation_signed_pct=round(float(ev.loc["all", "signed_pct"]), 2),
                     prompt_tokens="training/power.py PROMPT_TOKENS (assumed: chat 256, code 128)",
-                    wattcast_commit=_git_commit()))
+                    wattcast_commit=git_commit(short=True)))

@@ -71,12 +71,13 @@ def log_run(tracking_dir: str | Path, *, experiment: str, params: Mapping[str, A
     return run_id
 
 
-def git_commit() -> str:
-    """The checked-out commit of the repository this code runs from (``unknown`` outside a git checkout)."""
+def git_commit(short: bool = False) -> str:
+    """The checked-out commit of the repository this code runs from (``unknown`` outside a git checkout);
+    ``short``: git's abbreviated hash."""
     import subprocess
 
     try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+        r = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
                            text=True, timeout=10)
         return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "unknown"
     except (OSError, subprocess.SubprocessError):
