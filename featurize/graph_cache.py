@@ -9,6 +9,7 @@ end). :class:`RowsCache` evicts by the rows its values hold.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 #: kernel rows a graph cache holds at most (measured: ~0.65 KB a row for a graph, its nodes and the builder's per-node
@@ -38,6 +39,7 @@ class RowsCache:
         self._data: OrderedDict = OrderedDict()  # key -> (value, rows)
         self.rows = 0
         self.hits = self.misses = self.evictions = 0
+        self._lock = threading.RLock()  # a library user may predict from several threads
 
     def __len__(self) -> int:
         return len(self._data)
@@ -46,13 +48,14 @@ class RowsCache:
         return key in self._data
 
     def get(self, key, default=None):
-        hit = self._data.get(key)
-        if hit is None:
-            self.misses += 1
-            return default
-        self.hits += 1
-        self._data.move_to_end(key)
-        return hit[0]
+        with self._lock:  # a thread evicting between the lookup and move_to_end raised KeyError
+            hit = self._data.get(key)
+            if hit is None:
+                self.misses += 1
+                return default
+            self.hits += 1
+            self._data.move_to_end(key)
+            return hit[0]
 
     def __setitem__(self, key, value) -> None:
         self.put(key, value)
@@ -61,16 +64,17 @@ class RowsCache:
         """Store ``value`` under ``key`` (``rows``: its weight; None: :func:`graph_rows`) and evict the oldest
         entries over the bounds. Returns ``value``."""
         rows = graph_rows(value) if rows is None else int(rows)
-        old = self._data.pop(key, None)
-        if old is not None:
-            self.rows -= old[1]
-        self._data[key] = (value, rows)
-        self.rows += rows
-        while len(self._data) > 1 and (self.rows > self.max_rows
-                                       or (self.max_entries is not None and len(self._data) > self.max_entries)):
-            _, (_, r) = self._data.popitem(last=False)
-            self.rows -= r
-            self.evictions += 1
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self.rows -= old[1]
+            self._data[key] = (value, rows)
+            self.rows += rows
+            while len(self._data) > 1 and (self.rows > self.max_rows
+                                           or (self.max_entries is not None and len(self._data) > self.max_entries)):
+                _, (_, r) = self._data.popitem(last=False)
+                self.rows -= r
+                self.evictions += 1
         return value
 
     def get_or_build(self, key, build):
@@ -79,8 +83,9 @@ class RowsCache:
         return self.put(key, build()) if hit is _MISSING else hit
 
     def clear(self) -> None:
-        self._data.clear()
-        self.rows = 0
+        with self._lock:
+            self._data.clear()
+            self.rows = 0
 
 
 
@@ -109,7 +114,7 @@ def rows_cached(max_rows: int | None = None, max_entries: int | None = None):
 #: per-column values and masks derived from a frame's immutable string columns (:func:`column_derived`), by column
 #: identity: a costed frame shares its graph's string columns (pyarrow arrays are immutable; a copy, a column added
 #: or a row order kept share them), so a mask of kernel names is made once per graph, not on every predict
-_COLUMNS = RowsCache(max_entries=512)
+_COLUMNS = RowsCache(max_rows=256 * 2**20, max_entries=512)  # weighed in bytes here (:func:`_nbytes`): 256 MiB
 
 
 def _arrow_column(series):
@@ -141,8 +146,20 @@ def columns_derived(frame, cols: tuple[str, ...], what, fn):
     if hit is not None and all(a is b for a, b in zip(hit[0], pa_cols)):
         return hit[1]
     value = _freeze(fn(*(s.to_numpy() for s in series)))
-    _COLUMNS.put(key, (pa_cols, value), rows=len(frame))
+    # weighed by what it holds (a mask is a byte a row): by the frame's rows, a predict's ~17 entries of one graph
+    # over ~59k rows evicted each other on every call
+    _COLUMNS.put(key, (pa_cols, value), rows=max(_nbytes(value), 1))
     return value
+
+
+def _nbytes(value) -> int:
+    """Bytes of the numpy arrays in ``value`` (nested tuples; a pandas Index's values), 8 a row for anything else."""
+    if isinstance(value, tuple):
+        return sum(_nbytes(v) for v in value)
+    n = getattr(value, "nbytes", None)
+    if n is not None:
+        return int(n)
+    return 8 * len(value) if hasattr(value, "__len__") else 8
 
 
 def column_derived(frame, col: str, what, fn):
@@ -192,6 +209,7 @@ class GraphMemo:
         self.max_entries = int(max_entries)
         self._data: OrderedDict = OrderedDict()  # id(graph) -> (weakref, pins, value)
         self.hits = self.misses = 0
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
         return len(self._data)
@@ -201,25 +219,29 @@ class GraphMemo:
         import weakref
 
         key = id(graph)
-        hit = self._data.get(key)
-        if hit is not None and hit[0]() is graph and len(hit[1]) == len(pins) and all(a is b for a, b in zip(hit[1], pins)):
-            self.hits += 1
-            self._data.move_to_end(key)
-            return hit[2]
-        self.misses += 1
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is not None and hit[0]() is graph and len(hit[1]) == len(pins) and all(a is b for a, b in zip(hit[1], pins)):
+                self.hits += 1
+                self._data.move_to_end(key)
+                return hit[2]
+            self.misses += 1
         value = build()
-        data = self._data
+        data, lock = self._data, self._lock
 
-        def gone(ref, key=key, data=data):  # the graph is collected: its entry goes (unless another took its id)
-            entry = data.get(key)
-            if entry is not None and entry[0] is ref:
-                del data[key]
+        def gone(ref, key=key, data=data, lock=lock):  # the graph is collected: its entry goes (unless another took its id)
+            with lock:
+                entry = data.get(key)
+                if entry is not None and entry[0] is ref:
+                    del data[key]
 
-        data[key] = (weakref.ref(graph, gone), tuple(pins), value)
-        data.move_to_end(key)
-        while len(data) > self.max_entries:
-            data.popitem(last=False)
+        with lock:
+            data[key] = (weakref.ref(graph, gone), tuple(pins), value)
+            data.move_to_end(key)
+            while len(data) > self.max_entries:
+                data.popitem(last=False)
         return value
 
     def clear(self) -> None:
-        self._data.clear()
+        with self._lock:
+            self._data.clear()

@@ -157,7 +157,11 @@ class Tensor:
 
 @dataclass(frozen=True)
 class OpGraph:
-    """Nodes (one row per kernel), edges (src, dst node ids) and metadata about the workload."""
+    """Nodes (one row per kernel), edges (src, dst node ids) and metadata about the workload.
+
+    Not changed in place once built: the step-graph caches share graphs, and the predict caches
+    (``featurize/graph_cache.py`` ``GraphMemo``) keep what they derived from a graph for as long as it lives; to change
+    a graph, build another (``dataclasses.replace`` with a new nodes frame or meta dict)."""
 
     nodes: pd.DataFrame
     edges: np.ndarray

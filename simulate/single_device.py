@@ -166,11 +166,11 @@ def _surrogate_rows(frame: pd.DataFrame, hashed: tuple[np.ndarray, np.ndarray], 
             _PREDICTION_CACHE.clear()
         held = _PREDICTION_CACHE[key] = (bundle, {})
     cache = held[1]
+    if len(cache) > _CACHE_MAX_ROWS:  # before the lookup: clearing after it lost the rows it had found cached
+        cache.clear()
     keys = uh.tolist()
     missing = [i for i, k in enumerate(keys) if k not in cache]
     if missing:
-        if len(cache) > _CACHE_MAX_ROWS:
-            cache.clear()
         rows = frame.iloc[first[missing]].reset_index(drop=True)
         # a step graph's rows: sized by its builders' own bounds (featurize.workload.MAX_TOKENS_PER_STEP)
         out = predict_kernels(rows, spec, bundle=bundle, plausible_shapes=False)
