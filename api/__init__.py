@@ -295,7 +295,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
                     moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
-                    scatter_gather_p2p: bool | None = None,
+                    scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
                     fp8_param_gather: bool = False, etp: int | None = None, mtp_num_layers: int = 0,
                     fsdp_reduce_dtype: str | None = None, cross_entropy_loss_fusion: bool | None = None,
@@ -341,6 +341,12 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``MixedPrecision.reduce_dtype`` ("fp32", "bf16", "fp16"): the dtype of its gradient reduce-scatters (None: the
     parameters' half-precision dtype, Accelerate's and torch's default; Composer's ``mixed_precision: DEFAULT`` is
     "fp32"; ``simulate.distributed.dp_reduce_bytes``).
+    ``grad_accum_dtype``: with ``framework="megatron-deepspeed"``, DeepSpeed's ``data_types.grad_accum_dtype``
+    ("fp32" or "bf16"; None: the framework's, "fp32"). Under bf16 at ZeRO-1, "fp32" runs ``BF16_Optimizer`` (bf16
+    gradients plus a whole-model fp32 accumulation buffer, 6 B/param, and an fp32 accumulation pass every micro-batch:
+    BLOOM-176B's), "bf16" DeepSpeed's ZeRO optimizer (2 B/param of bf16 gradients, flat bf16 and fp32 copies of the
+    rank's partition at the step, autograd's accumulation into bf16 gradients); a warning where it changes nothing,
+    a ValueError under another framework (Megatron-Core's ``--accumulate-allreduce-grads-in-fp32`` is another knob).
     ``data_load_ms`` / ``data_workers``: the data loader's host time to produce one micro-batch (default 0: a tokenised
     stream) and its worker processes (None: the framework's, hf 0, megatron 2); the step also copies each micro-batch
     to the GPU and, with Megatron and TP > 1, broadcasts it (``simulate/data_loading.py``; ``comm["data_loading"]``).
@@ -384,7 +390,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                      overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
                      overlap_p2p_comm=overlap_p2p_comm, zero3_prefetch=zero3_prefetch,
                      fsdp_reduce_dtype=fsdp_reduce_dtype, scatter_gather_p2p=scatter_gather_p2p,
-                     fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
+                     grad_accum_dtype=grad_accum_dtype, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
                      cross_entropy_loss_fusion=cross_entropy_loss_fusion, tokens=tokens)
         if kv_context is None:
             raise ValueError("logits= / serving= / prompt_tokens= / output_tokens= on a cluster describe KV-cached "
@@ -440,7 +446,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
         data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
         fsdp_reduce_dtype=fsdp_reduce_dtype, cross_entropy_loss_fusion=cross_entropy_loss_fusion,
-        cross_entropy_fusion_impl=cross_entropy_fusion_impl, scatter_gather_p2p=scatter_gather_p2p))
+        cross_entropy_fusion_impl=cross_entropy_fusion_impl, scatter_gather_p2p=scatter_gather_p2p,
+        grad_accum_dtype=grad_accum_dtype))
     from wattcast.featurize.workload import canonical_framework, ce_fusion_options
     from wattcast.simulate.defaults import shown_dtype
     from wattcast.simulate.strategy import StrategyError, format_strategy
@@ -458,7 +465,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node,
                     moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
                     moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),
-                    fsdp_reduce_dtype=fsdp_reduce_dtype,
+                    fsdp_reduce_dtype=fsdp_reduce_dtype, grad_accum_dtype=m.get("grad_accum_dtype"),
                     fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=mtp_num_layers, data_load_ms=data_load_ms,
                     **ce_fusion_options(cross_entropy_loss_fusion, cross_entropy_fusion_impl, fw),
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),

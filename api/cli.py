@@ -434,6 +434,7 @@ def predict(
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="With --framework hf and --zero 3 (PyTorch FSDP) under bf16/fp16: MixedPrecision.reduce_dtype, the dtype of the gradient reduce-scatters: fp32, bf16 or fp16 (default: the parameters' dtype, as Accelerate and torch's MixedPrecision have it; Composer/llm-foundry's mixed_precision DEFAULT is fp32)."),
+    grad_accum_dtype: Optional[str] = typer.Option(None, "--grad-accum-dtype", help="DeepSpeed's data_types.grad_accum_dtype (--framework megatron-deepspeed only): fp32 or bf16. Under bf16 at --zero 1, fp32 runs BF16_Optimizer (bf16 gradients + a whole-model fp32 accumulation buffer, 6 B/param, an fp32 accumulation pass every micro-batch; BLOOM-176B's, the default) and bf16 DeepSpeed's ZeRO optimizer (2 B/param of bf16 gradients, flat bf16 + fp32 copies of the rank's partition at the step). No effect at --zero 0 or 2/3 (a warning). Megatron-Core's --accumulate-allreduce-grads-in-fp32 is a different knob (always on for --framework megatron with bf16)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading: the loader's host time to produce one micro-batch (one device: one step), ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
     recompute_method: Optional[str] = typer.Option(None, "--recompute-method", help="With --recompute full and --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed; the default) or uniform (every layer; the input of each group of N layers kept). Without --recompute full it is an error, as in Megatron."),
@@ -605,7 +606,7 @@ def _cluster_request(f, par: dict, common: dict):
                           moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
                           moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, gpus_per_node=f.gpus_per_node,
                           zero3_prefetch=f.zero3_prefetch, fsdp_reduce_dtype=f.fsdp_reduce_dtype,
-                          scatter_gather_p2p=f.scatter_gather_p2p,
+                          scatter_gather_p2p=f.scatter_gather_p2p, grad_accum_dtype=f.grad_accum_dtype,
                           data_load_ms=f.data_load_ms, data_workers=f.data_workers,
                           fp8_param_gather=f.fp8_param_gather, mtp_num_layers=f.mtp_num_layers,
                           cross_entropy_loss_fusion=f.cross_entropy_loss_fusion,
@@ -640,6 +641,9 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if f.fsdp_reduce_dtype is not None:
         _fail("--fsdp-reduce-dtype is PyTorch FSDP's gradient reduce-scatter dtype: it needs --cluster, --gpus, --zero 3 "
               "and --framework hf")
+    if f.grad_accum_dtype is not None:
+        _fail("--grad-accum-dtype is DeepSpeed's gradient-accumulation dtype: it needs --cluster, --gpus and --framework "
+              "megatron-deepspeed")
     if f.mtp_num_layers:
         _fail("--mtp-num-layers is Megatron-Core's multi-token prediction: it needs --cluster, --gpus and --framework "
               "megatron")
@@ -899,6 +903,7 @@ def search(
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="As for predict, for every candidate: Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="As for predict: PyTorch FSDP's MixedPrecision.reduce_dtype for the ZeRO-3 candidates under --framework hf (fp32, bf16 or fp16; default: the parameters' dtype)."),
+    grad_accum_dtype: Optional[str] = typer.Option(None, "--grad-accum-dtype", help="As for predict, for every candidate under --framework megatron-deepspeed: DeepSpeed's data_types.grad_accum_dtype, fp32 (BF16_Optimizer, the default) or bf16 (at ZeRO-1 the ZeRO optimizer on bf16 gradients)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="The data loader's host time per micro-batch, ms (default 0); as `wattcast predict`."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's)."),
     recompute_num_layers: Optional[List[int]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable; adds full recomputation to the choices)."),
@@ -977,6 +982,7 @@ def search(
                           fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
                           cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                           cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype,
+                          grad_accum_dtype=grad_accum_dtype,
                           data_workers=data_workers,
                           moe_routing=dict(moe_load_imbalance=moe_load_imbalance,
                                            moe_capacity_factor=moe_expert_capacity_factor,
@@ -1161,7 +1167,7 @@ def clusters(
 
 @app.command()
 def sweep(
-    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output, moe_routing, gpus_per_node, zero3_prefetch, fsdp_reduce_dtype, scatter_gather_p2p, cross_entropy_loss_fusion, cross_entropy_fusion_impl, data_load_ms, data_workers, model_folders (the README's sweep section)."),
+    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output, moe_routing, gpus_per_node, zero3_prefetch, fsdp_reduce_dtype, grad_accum_dtype, scatter_gather_p2p, cross_entropy_loss_fusion, cross_entropy_fusion_impl, data_load_ms, data_workers, model_folders (the README's sweep section)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output folder of Parquet parts (default: the spec's 'output', else sweep.parquet); a rerun resumes it."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Address of a running Dask scheduler (tcp://host:8786); default: a LocalCluster on this machine."),
     workers: int = typer.Option(2, "--workers", help="LocalCluster worker processes (0: run the tasks in this process, one by one, without Dask)."),

@@ -132,6 +132,9 @@ class PredictRequest:
     scatter_gather_p2p: bool | None = None
     #: PyTorch FSDP's MixedPrecision.reduce_dtype (hf, ZeRO-3): "fp32", "bf16", "fp16"; None: the parameters' dtype
     fsdp_reduce_dtype: str | None = None
+    #: DeepSpeed's data_types.grad_accum_dtype (megatron-deepspeed): "fp32" (BF16_Optimizer) or "bf16" (at ZeRO-1 its
+    #: ZeRO optimizer on bf16 gradients); None: the framework's ("fp32")
+    grad_accum_dtype: str | None = None
     #: Megatron-Core's --fp8-param-gather (a cluster step with dtype fp8, ZeRO >= 1, framework megatron)
     fp8_param_gather: bool = False
     #: Megatron-Core's --mtp-num-layers (a cluster step, framework megatron, DeepSeek-V2/V3 configs)
@@ -190,6 +193,9 @@ class PredictRequest:
             if self.fsdp_reduce_dtype is not None or self.zero3_prefetch is not None:
                 raise ValueError("fsdp_reduce_dtype= and zero3_prefetch= describe ZeRO-3 (FSDP) data parallelism: give "
                                  "cluster= too")
+            if self.grad_accum_dtype is not None:
+                raise ValueError("grad_accum_dtype= is DeepSpeed's gradient-accumulation dtype: give cluster= and "
+                                 "framework='megatron-deepspeed' too")
             if self.mtp_num_layers:
                 raise ValueError("mtp_num_layers= is Megatron-Core's multi-token prediction: give cluster= and "
                                  "framework='megatron' too")
@@ -228,6 +234,7 @@ class PredictRequest:
                                         moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
                                         zero3_prefetch=self.zero3_prefetch, fsdp_reduce_dtype=self.fsdp_reduce_dtype,
                                         scatter_gather_p2p=self.scatter_gather_p2p, data_load_ms=self.data_load_ms,
+                                        grad_accum_dtype=self.grad_accum_dtype,
                                         data_workers=self.data_workers, fp8_param_gather=self.fp8_param_gather,
                                         mtp_num_layers=self.mtp_num_layers,
                                         cross_entropy_loss_fusion=self.cross_entropy_loss_fusion,

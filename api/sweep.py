@@ -22,6 +22,8 @@
     zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`)
     scatter_gather_p2p: false             # optional: pipeline transfers scattered over TP (as `--scatter-gather-p2p`)
     fsdp_reduce_dtype: fp32               # optional: FSDP's gradient reduce dtype, framework hf (as `--fsdp-reduce-dtype`)
+    grad_accum_dtype: bf16                # optional: DeepSpeed's grad accumulation dtype, framework megatron-deepspeed
+                                          # (as `--grad-accum-dtype`; default fp32, BF16_Optimizer)
     cross_entropy_loss_fusion: false      # optional: Megatron-Core's fused cross-entropy loss (framework megatron;
     cross_entropy_fusion_impl: native     # default on there, as the recipes run it): false for a plain Megatron-LM run
     data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
@@ -95,6 +97,8 @@ SPEC_KEYS = {
                           "(default: the framework's)",
     "fsdp_reduce_dtype": "fp32, bf16 or fp16: PyTorch FSDP's MixedPrecision.reduce_dtype (framework hf, ZeRO-3; default: "
                          "the parameters' dtype)",
+    "grad_accum_dtype": "fp32 or bf16: DeepSpeed's data_types.grad_accum_dtype (framework megatron-deepspeed; default "
+                        "fp32, BF16_Optimizer; bf16 at ZeRO-1: the ZeRO optimizer on bf16 gradients)",
     "cross_entropy_loss_fusion": "true or false: Megatron-Core's fused cross-entropy loss (framework megatron; default: "
                                  "on there, as Megatron-Bridge's recipes run it; false for a plain Megatron-LM run)",
     "cross_entropy_fusion_impl": "native or te: the fused loss's implementation (Megatron-Core's "
@@ -199,6 +203,7 @@ class SweepSpec:
     zero3_prefetch: bool | None = None
     scatter_gather_p2p: bool | None = None
     fsdp_reduce_dtype: str | None = None
+    grad_accum_dtype: str | None = None
     cross_entropy_loss_fusion: bool | None = None
     cross_entropy_fusion_impl: str | None = None
     data_load_ms: float = 0.0
@@ -214,7 +219,7 @@ class SweepSpec:
         # only when given: the ids of sweeps that set neither stay what they were
         if self.moe_routing:
             settings["moe_routing"] = dict(sorted(self.moe_routing.items()))
-        for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype",
+        for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype",
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl"):
             if getattr(self, k) is not None:
                 settings[k] = getattr(self, k)
@@ -408,6 +413,15 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
             checked_fsdp_reduce_dtype(canonical_framework(str(raw.get("framework", "hf"))), reduce_dtype)
         except ValueError as e:
             raise SweepSpecError(f"{where}: 'fsdp_reduce_dtype': {e}") from None
+    accum_dtype = raw.get("grad_accum_dtype")
+    if accum_dtype is not None:
+        from wattcast.featurize.workload import canonical_framework
+        from wattcast.simulate.distributed import checked_grad_accum_dtype
+
+        try:
+            accum_dtype = checked_grad_accum_dtype(canonical_framework(str(raw.get("framework", "hf"))), accum_dtype)
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: 'grad_accum_dtype': {e}") from None
     ce_fusion, ce_impl = raw.get("cross_entropy_loss_fusion"), raw.get("cross_entropy_fusion_impl")
     if ce_fusion is not None or ce_impl is not None:  # the checks search makes (featurize.workload.ce_fusion_options)
         from wattcast.featurize.workload import canonical_framework, ce_fusion_options
@@ -445,6 +459,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
                      zero3_prefetch=z3, scatter_gather_p2p=sg, fsdp_reduce_dtype=reduce_dtype,
+                     grad_accum_dtype=accum_dtype,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      model_folders={k: v for k, v in folders.items() if v is not None})
     _resolve_names(spec, where)
@@ -519,7 +534,7 @@ def run_task(task: dict) -> pd.DataFrame:
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
                   zero3_prefetch=task.get("zero3_prefetch"), fsdp_reduce_dtype=task.get("fsdp_reduce_dtype"),
-                  scatter_gather_p2p=task.get("scatter_gather_p2p"),
+                  scatter_gather_p2p=task.get("scatter_gather_p2p"), grad_accum_dtype=task.get("grad_accum_dtype"),
                   cross_entropy_loss_fusion=task.get("cross_entropy_loss_fusion"),
                   cross_entropy_fusion_impl=task.get("cross_entropy_fusion_impl") or "native",
                   data_load_ms=task.get("data_load_ms", 0.0),

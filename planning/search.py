@@ -378,7 +378,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
            fp8_param_gather: bool = False, mtp_num_layers: int = 0, cross_entropy_loss_fusion: bool | None = None,
            cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
-           power_model=None, scatter_gather_p2p: bool | None = None,
+           power_model=None, scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
            **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
@@ -423,6 +423,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``scatter_gather_p2p``: pipeline transfers scattered over the TP group and all-gathered on arrival for every
     candidate (Megatron-LM 2021's ``--scatter-gather-tensors-in-pipeline``; None: the framework's,
     ``simulate.distributed.FRAMEWORK_SCATTER_GATHER_P2P``).
+    ``grad_accum_dtype``: DeepSpeed's ``data_types.grad_accum_dtype`` for every candidate under
+    ``framework="megatron-deepspeed"`` ("fp32": ``BF16_Optimizer``; "bf16": at ZeRO-1 the ZeRO optimizer on bf16
+    gradients; None: the framework's, "fp32"; ``predict_cluster``'s); a ValueError under another framework.
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
     candidate (``simulate/data_loading.py``; default 0 ms and the framework's workers).
 
@@ -467,6 +470,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     from wattcast.simulate.distributed import checked_fsdp_reduce_dtype
 
     fsdp_reduce_dtype = checked_fsdp_reduce_dtype(canonical_framework(framework), fsdp_reduce_dtype)
+    from wattcast.simulate.distributed import checked_grad_accum_dtype
+
+    grad_accum_dtype = checked_grad_accum_dtype(canonical_framework(framework), grad_accum_dtype)
     if fp8_param_gather:  # what it needs beyond the distributed optimizer (candidates with ZeRO >= 1 use it)
         from wattcast.simulate.distributed import check_fp8_param_gather
 
@@ -539,7 +545,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                               fsdp_reduce_dtype=fsdp_reduce_dtype, data_load_ms=data_load_ms, data_workers=data_workers,
                               mtp_num_layers=int(mtp_num_layers), cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                               cross_entropy_fusion_impl=cross_entropy_fusion_impl,
-                              scatter_gather_p2p=scatter_gather_p2p, **routing)
+                              scatter_gather_p2p=scatter_gather_p2p, grad_accum_dtype=grad_accum_dtype, **routing)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate

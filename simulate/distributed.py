@@ -63,7 +63,8 @@ from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group
 from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
-from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, capacity_gb, held_gradient_bytes, inflight_chunks_by_stage,
+from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, capacity_gb,
+                                            deepspeed_zero_optimizer_bf16, held_gradient_bytes, inflight_chunks_by_stage,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
                                             stage_total_from_parts, userbuffer_bytes)
 
@@ -132,7 +133,8 @@ class DistributedPrediction:
                                   schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers"),
                                   zero3_prefetch=self.meta.get("zero3_prefetch"),
-                                  scatter_gather_p2p=self.meta.get("scatter_gather_p2p")),
+                                  scatter_gather_p2p=self.meta.get("scatter_gather_p2p"),
+                                  grad_accum_dtype=self.meta.get("grad_accum_dtype")),
                     step_time_ms=self.step_time_ms, **band_keys(self.step_band),
                     forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms,
@@ -336,7 +338,64 @@ def fsdp_reduce_dtype_notes(given: str | None, framework: str, zero: int, dtype:
     return []
 
 
-def grad_accumulation_bytes(framework: str, dtype: str) -> tuple[float, bool]:
+#: each framework's DeepSpeed ``data_types.grad_accum_dtype`` when none is given (``DistributedOptions.grad_accum_dtype``):
+#: megatron-deepspeed "fp32", ``BF16_Optimizer`` with its fp32 gradient accumulation, as BLOOM-176B ran (DeepSpeed
+#: stage 0 with bf16 and a pipeline; benchmarks/published_runs.py: "ZeRO-1 (DeepSpeed BF16_Optimizer)"); the other
+#: frameworks do not run DeepSpeed
+FRAMEWORK_GRAD_ACCUM_DTYPE = {"megatron-deepspeed": "fp32"}
+
+
+def checked_grad_accum_dtype(framework: str, given: str | None) -> str | None:
+    """``given`` in its canonical name ("float32" -> "fp32", "bfloat16" -> "bf16", as ``--dtype`` reads them), or None;
+    a ValueError unless it is one of :data:`GRAD_ACCUM_DTYPES` under ``framework`` megatron-deepspeed (DeepSpeed's
+    ``data_types.grad_accum_dtype``). Megatron-Core's ``--accumulate-allreduce-grads-in-fp32`` is another knob (main
+    gradients in fp32, which Megatron-LM sets for bf16 and wattcast always costs so under ``framework`` megatron: not
+    an option here); PyTorch AMP (hf) keeps fp32 gradients of fp32 parameters."""
+    if given is None:
+        return None
+    from wattcast.data.kernel_ops import canonical_dtype
+
+    name = canonical_dtype(given)
+    if name not in GRAD_ACCUM_DTYPES:
+        raise ValueError(f"grad_accum_dtype must be one of {', '.join(GRAD_ACCUM_DTYPES)} or None (the framework's "
+                         f"default), got {given!r}")
+    if framework != "megatron-deepspeed":
+        raise ValueError(f"grad_accum_dtype (--grad-accum-dtype) is DeepSpeed's data_types.grad_accum_dtype: it needs "
+                         f"framework megatron-deepspeed (got {framework}). Megatron-Core's "
+                         f"--accumulate-allreduce-grads-in-fp32 is a different knob and not an option here: framework "
+                         f"megatron is costed with fp32 main gradients under bf16 (Megatron-LM sets it for bf16), and "
+                         f"hf (PyTorch AMP) with the fp32 gradients of its fp32 parameters")
+    return name
+
+
+def resolved_grad_accum_dtype(framework: str, given: str | None, dtype: str) -> str | None:
+    """The grad_accum_dtype a step reports (``parallel.grad_accum_dtype`` of its JSON): ``given`` (checked), else the
+    framework's (:data:`FRAMEWORK_GRAD_ACCUM_DTYPE`), for megatron-deepspeed with bf16 parameters; None elsewhere
+    (DeepSpeed's fp16 engine and full precision are costed without it)."""
+    if framework != "megatron-deepspeed" or dtype != "bf16":
+        return None
+    return given if given is not None else FRAMEWORK_GRAD_ACCUM_DTYPE[framework]
+
+
+def grad_accum_dtype_notes(given: str | None, framework: str, zero: int, dtype: str) -> list[str]:
+    """A warning when ``grad_accum_dtype`` was given where it changes nothing (framework megatron-deepspeed: it
+    selects DeepSpeed's optimizer at ZeRO-1 with bf16 alone, :func:`stage_memory.deepspeed_zero_optimizer_bf16`)."""
+    if given is None or framework != "megatron-deepspeed":
+        return []
+    if dtype != "bf16":
+        return [f"grad_accum_dtype={given} has no effect under {dtype}: it chooses between DeepSpeed's BF16_Optimizer "
+                "and its ZeRO optimizer on bf16 parameters (fp16 and fp32 gradient accumulation in the ZeRO optimizer "
+                "under fp16 is not modelled)"]
+    if int(zero) == 0:
+        return [f"grad_accum_dtype={given} has no effect at ZeRO-0: megatron-deepspeed with bf16 there is costed as "
+                "BF16_Optimizer with fp32 accumulation, as BLOOM-176B ran it (DeepSpeed stage 0, bf16, a pipeline)"]
+    if int(zero) >= 2:
+        return [f"grad_accum_dtype={given} has no effect at ZeRO-{int(zero)}: DeepSpeed's ZeRO-2/3 gradient partitions "
+                "are costed in the model's dtype (fp32 partitions under grad_accum_dtype fp32 are not modelled)"]
+    return []
+
+
+def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None) -> tuple[float, bool]:
     """(bytes per parameter, every micro-batch?) of the pass that accumulates a micro-batch's gradients.
 
     - PyTorch (``hf``; AMP keeps fp32 parameters) and DeepSpeed's fp16/fp32 engines: autograd's AccumulateGrad
@@ -345,12 +404,17 @@ def grad_accumulation_bytes(framework: str, dtype: str) -> tuple[float, bool]:
     - DeepSpeed's ``BF16_Optimizer`` (``megatron-deepspeed`` with bf16): ``backward`` copies/accumulates the
       bf16 gradients into fp32 ones after every micro-batch (``update_hp_grads``: ``hp.add_(lp.to(fp32))``,
       a cast writing an fp32 temporary, then the add: 2 + 4 + 4 + 4 + 4 bytes), the first one included.
+      DeepSpeed's ZeRO-1 optimizer on bf16 gradients instead (``grad_accum_dtype`` "bf16", the effective value:
+      ``stage_memory.deepspeed_zero_optimizer_bf16``) has no such pass: autograd accumulates into the bf16
+      ``param.grad`` (DeepSpeed 0.19.8 ``stage_1_and_2.py``: no separate accumulation buffer when the accumulation
+      dtype is the model's, l. 394-404; stage 1 reduces only at the accumulation boundary, ``engine.py``
+      ``allreduce_gradients`` l. 3088-3092), as the fp16 engine.
     - Megatron-LM: gradient-accumulation fusion, the default, accumulates into the fp32 main gradients inside
       the weight-gradient GEMMs: no separate pass.
     """
     if framework == "megatron":
         return 0.0, False
-    if framework == "megatron-deepspeed" and dtype == "bf16":
+    if framework == "megatron-deepspeed" and dtype == "bf16" and grad_accum_dtype != "bf16":
         return 18.0, True
     return 3.0 * _grad_bytes(framework, dtype), False
 
@@ -373,17 +437,18 @@ def tied_copy_params_by_chunk(tied_output_params: float, pp: int, n_chunks: int)
     return out
 
 
-def tied_grad_bytes(framework: str, dtype: str) -> int:
+def tied_grad_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None) -> int:
     """Bytes per element of the tied embedding's gradient that the first and last stage all-reduce.
 
     - Megatron-LM / Megatron-Core: ``_allreduce_word_embedding_grads`` (megatron/core/distributed/finalize_model_grads.py)
       all-reduces the weight's ``main_grad``: fp32 under bf16 (``--accumulate-allreduce-grads-in-fp32``), else the
       parameter's dtype (:func:`_grad_bytes`);
     - DeepSpeed's pipeline engine (``PipelineEngine._exec_reduce_tied_grads``): ``weight._hp_grad`` (fp32) under its
-      ``BF16_Optimizer``, else ``weight.grad`` (fp16 / fp32);
+      ``BF16_Optimizer``, else ``weight.grad`` (fp16 / fp32; bf16 under its ZeRO-1 optimizer, ``grad_accum_dtype``
+      "bf16": DeepSpeed 0.19.8 ``runtime/pipe/engine.py`` l. 283);
     - PyTorch (``hf``): AMP's fp32 ``.grad``."""
     if framework == "megatron-deepspeed":
-        return 4 if dtype == "bf16" else DTYPE_BYTES[dtype]
+        return 4 if dtype == "bf16" and grad_accum_dtype != "bf16" else DTYPE_BYTES[dtype]
     return _grad_bytes(framework, dtype)
 
 
@@ -616,6 +681,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
                            scatter_gather_p2p=scatter_gather_p2p(framework, dopts.scatter_gather_p2p),
                            fsdp_reduce_dtype=checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),
+                           grad_accum_dtype=checked_grad_accum_dtype(framework, dopts.grad_accum_dtype),
                            fp8_param_gather=check_fp8_param_gather(dopts.fp8_param_gather, graph_dtype=graph_dtype,
                                                                    framework=framework, zero=par.zero),
                            coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
@@ -626,7 +692,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            notes=(*spec_notes(cl, spec),
                                   *power_setting_notes(*check_power_settings(power_limit_w, dopts.clock_cap_mhz, spec),
                                                        spec),
-                                  *fsdp_reduce_dtype_notes(dopts.fsdp_reduce_dtype, framework, par.zero, dtype)))
+                                  *fsdp_reduce_dtype_notes(dopts.fsdp_reduce_dtype, framework, par.zero, dtype),
+                                  *grad_accum_dtype_notes(checked_grad_accum_dtype(framework, dopts.grad_accum_dtype),
+                                                          framework, par.zero, dtype)))
 
 
 def spec_notes(cl: ClusterSpec, spec: DeviceSpec) -> list[str]:
@@ -1103,6 +1171,8 @@ class ScheduleContext:
     scatter_gather_p2p: bool = False
     #: ``DistributedOptions.fsdp_reduce_dtype`` (checked): FSDP's gradient reduce-scatter dtype, None the default
     fsdp_reduce_dtype: str | None = None
+    #: ``DistributedOptions.grad_accum_dtype`` (checked): DeepSpeed's gradient-accumulation dtype, None the default
+    grad_accum_dtype: str | None = None
     #: ``DistributedOptions.fp8_param_gather`` (checked)
     fp8_param_gather: bool = False
     #: the framework's per-kernel launch floor (ms) and TP collective host floors (None: the framework's table), for
@@ -1606,14 +1676,18 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             head[-1] += float(g.meta.get("tied_output_params") or 0.0)
             hit = sums[root_key] = (root, np.minimum(head, root))
         root_stage, head_stage = hit
+    # DeepSpeed's ZeRO-1 optimizer on bf16 gradients instead of BF16_Optimizer (grad_accum_dtype "bf16"): its
+    # gradients, step-time copies, accumulation pass and tied-embedding gradient (None: BF16_Optimizer, as before)
+    zero_bf16 = "bf16" if deepspeed_zero_optimizer_bf16(opts.framework, dtype, par.zero, ctx.grad_accum_dtype) else None
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
-                    held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero), optimizer=opts.optimizer,
+                    held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero, zero_bf16),
+                    optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
                     fp8_param_fraction=np.zeros(P) if ctx.fp8_param_gather else fp8_frac, expert_params=expert_stage,
                     expert_dp=edp_n, root_params=0.0 if root_stage is None else root_stage,
                     head_params=0.0 if head_stage is None else head_stage,
                     reduce_bytes=dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype) if fsdp else None,
-                    zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False)
+                    zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False, grad_accum_dtype=zero_bf16)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -1627,9 +1701,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                       np.asarray(state_kw["head_params"], dtype=float).tobytes(), ctx.fp8_param_gather,
                       *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
                                               "framework", "block_params", "expert_dp", "reduce_bytes",
-                                              "zero3_prefetch")))
+                                              "zero3_prefetch", "grad_accum_dtype")))
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
-                                               state_kw["reduce_bytes"], state_kw["zero3_prefetch"]))
+                                               state_kw["reduce_bytes"], state_kw["zero3_prefetch"], zero_bf16))
         cache = memo if memo is not None else sums
         mem_parts = cache.get(state_key)
         if mem_parts is None:
@@ -1712,7 +1786,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # (DeepSpeed runs the reduction before partitioning; the Megatron frameworks refuse ZeRO-2 with a pipeline)
     tied_ar_ms = tied_ar_bytes = 0.0
     if tied_params > 0:
-        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype)
+        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype, zero_bf16)
         emb_l = embedding_group_layout(par.tp, par.cp, par.dp, P, cl.gpus_per_node)
         tied_key = ("tied_ar", tied_ar_bytes, emb_l, id(cl), id(cm))
         tied_ar_ms = memo.get(tied_key) if memo is not None else None
@@ -1740,7 +1814,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
     # the data-parallel ranks with ZeRO-2/3, which reduce every micro-batch), added to every backward task
-    acc_b, every = grad_accumulation_bytes(opts.framework, dtype)
+    acc_b, every = grad_accumulation_bytes(opts.framework, dtype, zero_bf16)
     share = 1.0 if every else (n_micro - 1) / n_micro
     shard = lay["dp"].size if par.zero >= 2 else 1
     acc_ms = params_chunk / shard * acc_b * share / (stream_gbps * 1e9) * 1e3
@@ -2105,6 +2179,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 events.append(dict(stage=s, stream="compute", name="host.iteration", start_ms=t, end_ms=t + float(iteration_ms)))
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
                 zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None,
+                # DeepSpeed's gradient-accumulation dtype (None: not a DeepSpeed bf16 step)
+                grad_accum_dtype=resolved_grad_accum_dtype(opts.framework, ctx.grad_accum_dtype, dtype),
                 # whether pipeline transfers were scattered over TP and all-gathered (None: no pipeline transfers)
                 scatter_gather_p2p=bool(partitioned) if P > 1 else None)
     # the step band's OOD term: the critical rank's (the stage that ends the step), its OOD kernels' share of its time

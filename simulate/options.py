@@ -68,6 +68,11 @@ class DistributedOptions:
     #: (``MixedPrecision.reduce_dtype``: "fp32", "bf16", "fp16"); None: the parameters' half-precision dtype, Accelerate's
     #: and torch's default (``simulate.distributed.dp_reduce_bytes``)
     fsdp_reduce_dtype: str | None = None
+    #: DeepSpeed's ``data_types.grad_accum_dtype`` (``framework="megatron-deepspeed"`` only): "fp32" runs
+    #: ``BF16_Optimizer`` (bf16 ``param.grad`` + a whole-model fp32 accumulation buffer, an fp32 accumulation pass
+    #: every micro-batch), "bf16" at ZeRO-1 the ZeRO optimizer on bf16 gradients (2 B/param, partition copies at the
+    #: step); None: the framework's, "fp32" as BLOOM-176B ran (``simulate.distributed.FRAMEWORK_GRAD_ACCUM_DTYPE``)
+    grad_accum_dtype: str | None = None
     #: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, the distributed optimizer, ``framework="megatron"``):
     #: the FP8 GEMMs' weights are held as FP8 (Transformer Engine's FP8 primary weights): no bf16 copy beside the FP8
     #: weight and transpose, the optimizer casts each rank's shard of them and the distributed optimizer all-gathers

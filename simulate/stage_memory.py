@@ -55,7 +55,10 @@ every term cites the equation or the framework code it follows. Units are in the
   partitions (:func:`held_gradient_bytes`) and DeepSpeed's fp16 engine (its fp32
   master gradients are made at the optimizer step, after the activations are freed), half plus fp32 for
   DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch), which
-  ``megatron-deepspeed`` with bf16 below ZeRO-2 is taken to run (:func:`held_gradient_bytes`).
+  ``megatron-deepspeed`` with bf16 below ZeRO-2 is taken to run by default (:func:`held_gradient_bytes`); at ZeRO-1
+  with ``grad_accum_dtype="bf16"`` (DeepSpeed's ``data_types.grad_accum_dtype``, whose absence means the model's
+  dtype in DeepSpeed 0.19.8) its ZeRO optimizer instead: bf16 gradients, and at the step a flat bf16 copy and an
+  fp32 copy of the rank's partition (:func:`deepspeed_zero1_step_bytes`).
 
 - Transformer Engine's userbuffers under ``--tp-comm-overlap`` (TE 2.9 ``transformer_engine/pytorch/module/base.py``
   ``initialize_ub``): one communication buffer per overlapped GEMM of a transformer layer, shared by every layer --
@@ -167,7 +170,24 @@ class StageMemory:
                     unsharded_gradients_gb=self.unsharded_gradients_bytes / GB, total_gb=self.total_bytes / GB)
 
 
-def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int = 0) -> int:
+#: the values of DeepSpeed's ``data_types.grad_accum_dtype`` wattcast models (``DistributedOptions.grad_accum_dtype``)
+GRAD_ACCUM_DTYPES = ("fp32", "bf16")
+
+
+def deepspeed_zero_optimizer_bf16(framework: str, dtype: str, zero: int, grad_accum_dtype: str | None) -> bool:
+    """Whether DeepSpeed runs its ZeRO stage-1 optimizer on bf16 gradients rather than ``BF16_Optimizer``:
+    ``megatron-deepspeed`` with bf16 parameters at ZeRO-1 and ``grad_accum_dtype`` "bf16". DeepSpeed 0.19.8
+    ``runtime/engine.py`` ``_do_optimizer_sanity_check`` (l. 2294-2323) picks ``BFLOAT16`` (``BF16_Optimizer``) at
+    stage 1 only for ``model_dtype == torch.bfloat16 and grad_accum_dtype == torch.float32`` (l. 2305-2310), else
+    ``ZERO_OPTIMIZATION`` (``stage_1_and_2.py``); ``get_data_types`` (l. 1799-1810) takes the model's dtype when the
+    config has no ``data_types.grad_accum_dtype``. At ZeRO-0 and ZeRO-2/3 the option changes nothing here (the
+    option's notes say why)."""
+    return (framework == "megatron-deepspeed" and dtype == "bf16" and int(zero) == 1
+            and grad_accum_dtype == "bf16")
+
+
+def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int = 0,
+                        grad_accum_dtype: str | None = None) -> int:
     """Bytes per parameter of the gradients a framework holds through the backward passes (module docstring).
     DeepSpeed at ZeRO-2/3 (``megatron-deepspeed``, ``zero`` >= 2) keeps its gradient partitions in the model's dtype:
     ZeRO-2 ``grads_in_partition`` (``dtype=self.dtype``, DeepSpeed 0.19.8 ``runtime/zero/stage_1_and_2.py``
@@ -185,13 +205,16 @@ def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int 
     DeepSpeed 0.19.8 gives ``zero_optimization.stage: 1`` with bf16 that optimizer only under
     ``data_types.grad_accum_dtype: fp32`` (``_do_optimizer_sanity_check``: ``model_dtype == torch.bfloat16 and
     grad_accum_dtype == torch.float32 and ... stage() == 1``); by default ``get_data_types`` takes the model's dtype and
-    the ZeRO optimizer (``stage_1_and_2.py``) holds 2 B/param of bf16 ``param.grad``: not modelled (stated)."""
+    the ZeRO optimizer (``stage_1_and_2.py``: ``self.dtype != self.gradient_accumulation_dtype`` is False, so no
+    separate accumulation buffer, l. 394-404) holds 2 B/param of bf16 ``param.grad``: ``grad_accum_dtype="bf16"``
+    at ZeRO-1 (:func:`deepspeed_zero_optimizer_bf16`; its step-time copies: :func:`deepspeed_zero1_step_bytes`).
+    The default (None or "fp32") is ``BF16_Optimizer``, BLOOM's."""
     if dtype_bytes >= 4:
         return dtype_bytes
     if framework == "megatron":
         return 4 if dtype == "bf16" else dtype_bytes
     if framework == "megatron-deepspeed":
-        if int(zero) >= 2:
+        if int(zero) >= 2 or deepspeed_zero_optimizer_bf16(framework, dtype, zero, grad_accum_dtype):
             return dtype_bytes
         return dtype_bytes + (4 if dtype == "bf16" else 0)
     return 4  # PyTorch AMP: fp32 parameters, fp32 gradients
@@ -254,7 +277,8 @@ def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, sched
 
 
 def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes: int, zero: int, dp: int,
-                 block_params: float, root_params: float = 0.0, reduce_bytes: int | None = None) -> tuple[float, float]:
+                 block_params: float, root_params: float = 0.0, reduce_bytes: int | None = None,
+                 grad_accum_dtype: str | None = None) -> tuple[float, float]:
     """(held during the passes, made after the last backward) bytes of the framework's communication buffers for
     ``params`` parameters of a stage; the first includes the cuBLAS workspace. ``grad_bytes``: bytes per gradient
     element the reduction moves; ``block_params``: parameters of one transformer block on this rank (FSDP's unit);
@@ -265,7 +289,10 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
     After the last backward under FSDP (:func:`fsdp_end_of_backward_bytes`): the root unit's parameters and gradient
     (:func:`fsdp_root_gradient_bytes`) beside the first block's gradient in reduction, no block's parameters.
     DeepSpeed at ZeRO-2/3 holds its reduce bucket through the passes and, ZeRO-3, its prefetched parameters; it
-    makes fp32 gradient partitions at the step (:func:`deepspeed_buffer_bytes`)."""
+    makes fp32 gradient partitions at the step (:func:`deepspeed_buffer_bytes`). DeepSpeed's ZeRO-1 optimizer on bf16
+    gradients (``grad_accum_dtype="bf16"``, the effective value: :func:`deepspeed_zero_optimizer_bf16`) makes its
+    partition's flat and fp32 copies at the step (:func:`deepspeed_zero1_step_bytes`), after the reduce bucket is
+    released: the larger of the two."""
     during, after = float(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES), 0.0
     if dp > 1:
         if framework == "hf":
@@ -286,7 +313,22 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
                 after = during + step
             else:  # flattened reduce buckets when the gradients are reduced
                 after = np.minimum(params, DEEPSPEED_BUCKET_ELEMENTS) * grad_bytes
+    if framework == "megatron-deepspeed" and int(zero) == 1 and grad_accum_dtype == "bf16":
+        after = np.maximum(after, deepspeed_zero1_step_bytes(params=params, dtype_bytes=dtype_bytes, dp=dp))
     return during, after
+
+
+def deepspeed_zero1_step_bytes(*, params, dtype_bytes: int, dp: int):
+    """Bytes DeepSpeed's ZeRO stage-1 optimizer makes at the step when it runs on half-precision gradients
+    (``grad_accum_dtype`` the model's; DeepSpeed 0.19.8 ``runtime/zero/stage_1_and_2.py`` ``step``, l. 3111-3119):
+    the rank's partition of the gradients flattened into a new tensor in the model's dtype
+    (``flat_grad_partition = self.flatten(self.averaged_gradients[i])``; ``averaged_gradients`` are views of
+    ``param.grad``, ``get_flat_partition(..., return_tensor_list=True)`` l. 1046-1053) and its fp32 copy
+    (``single_grad_partition = flat_grad_partition.to(self.single_partition_of_fp32_groups[i].dtype)``), the flat one
+    deleted after the cast: params / dp x (dtype + 4). Not subtracted: the other ranks' gradients it frees just
+    before (``free_grad_in_param_list(self.params_not_in_partition[i])``, l. 3103), one parameter group at a time (an
+    upper bound when dp > 1)."""
+    return np.asarray(params, dtype=float) / max(int(dp), 1) * (dtype_bytes + 4.0)
 
 
 def deepspeed_buffer_bytes(*, params, dtype_bytes: int, zero: int, dp: int) -> tuple:
@@ -406,7 +448,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                  dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str, zero: int, dp: int,
                  framework: str, block_params: float, fp8_param_fraction: float = 0.0, expert_params: float = 0.0,
                  expert_dp: int | None = None, root_params: float = 0.0, head_params: float = 0.0,
-                 reduce_bytes: int | None = None, zero3_prefetch: bool = False) -> StageMemory:
+                 reduce_bytes: int | None = None, zero3_prefetch: bool = False,
+                 grad_accum_dtype: str | None = None) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -419,7 +462,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
                                           expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
-                                 block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes)
+                                 block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
+                                 grad_accum_dtype=grad_accum_dtype)
     grads = _fsdp_grads(framework, zero, dp, block_params=block_params, head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
@@ -465,7 +509,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
                     expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
                     root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
-                    reduce_bytes: int | None = None, zero3_prefetch: bool = False) -> dict[str, np.ndarray]:
+                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
+                    grad_accum_dtype: str | None = None) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -476,7 +521,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
                                                                dp=dp, expert_params=expert_params, expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
-                                 dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes)
+                                 dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
+                                 grad_accum_dtype=grad_accum_dtype)
     grads = _fsdp_grads(framework, zero, dp, block_params=block_params, head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
     n = len(params)
@@ -501,14 +547,16 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
                    expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
                    root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
-                   reduce_bytes: int | None = None, zero3_prefetch: bool = False) -> np.ndarray:
+                   reduce_bytes: int | None = None, zero3_prefetch: bool = False,
+                   grad_accum_dtype: str | None = None) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
                               held_grad_bytes=held_grad_bytes, optimizer=optimizer, zero=zero, dp=dp, framework=framework,
                               block_params=block_params, fp8_param_fraction=fp8_param_fraction,
                               expert_params=expert_params, expert_dp=expert_dp, root_params=root_params,
-                              head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch)
+                              head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch,
+                              grad_accum_dtype=grad_accum_dtype)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
@@ -517,7 +565,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                       fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
                       expert_dp: int | None = None, root_params: np.ndarray | float = 0.0,
                       head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
-                      zero3_prefetch: bool = False) -> tuple:
+                      zero3_prefetch: bool = False, grad_accum_dtype: str | None = None) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
@@ -536,7 +584,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                            expert_dp=expert_dp)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=max(int(dp), 1), block_params=block_params, root_params=root_params,
-                                 reduce_bytes=reduce_bytes)
+                                 reduce_bytes=reduce_bytes, grad_accum_dtype=grad_accum_dtype)
     grads = _fsdp_grads(framework, zero, max(int(dp), 1), block_params=block_params, head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
     during = during + grads
