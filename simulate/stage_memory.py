@@ -427,7 +427,14 @@ def fsdp_inflight_gradient_bytes(*, block_params: float, head_params, dtype_byte
       (``flat_param.grad.to(handle._reduce_dtype)``) and the new shard (``_get_reduce_scatter_tensors``:
       ``torch.empty_like(chunks[0])``, 1/dp of the unit in the reduce dtype): :func:`fsdp_reducing_unit_bytes`;
     - with the collectives prefetched beside the computation (``prefetch``) the next unit's gradient is made on the
-      compute stream meanwhile: a second block's unsharded gradient in the parameters' dtype."""
+      compute stream meanwhile: a second block's unsharded gradient in the parameters' dtype.
+
+    Never more units, however slow the network: nothing on the host caps FSDP1's reduce-scatters in flight, but the
+    all-gathers and reduce-scatters of one process group run in issue order on one NCCL stream (``api.py`` 96-100),
+    unit k+2's all-gather is issued after unit k's reduce-scatter (BACKWARD_PRE: ``_runtime_utils.py`` 693, 1264-1271;
+    BACKWARD_POST: 807) and a unit's backward waits for its all-gather (685), so a slow reduce-scatter stalls the
+    compute rather than letting gradients pile up; FSDP2 caps it at one reduce-scatter in flight
+    (``_fully_shard/_fsdp_param_group.py`` ``reduce_scatter_max_input_buffers``, 647-657)."""
     # (head + units x block) x dtype + cast + shard: fsdp_reducing_unit_bytes's terms, in stop 42's order of addition
     cast = reduce_bytes if reduce_bytes != dtype_bytes else 0
     units = 2.0 if prefetch else 1.0
