@@ -62,6 +62,12 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     (fused scale-mask-softmax, fused bias-GeLU, fused bias-dropout-add; Megatron's GPT *is* GPT-2's
     architecture)."""
     fused = getattr(b, "framework", "hf") in ("megatron", "megatron-deepspeed")
+    # Megatron-Core's TransformerConfig options a GPT config may set (megatron-core 0.19.2, transformer_config.py):
+    # ``qk_layernorm`` (``--qk-layernorm``, default False: the ``normalization`` type, LayerNorm here, over each head's
+    # query and key) and ``add_bias_linear`` (``--disable-bias-linear`` sets it False, default True: no bias in any
+    # linear layer; the fused bias-GeLU and bias-dropout-add then run without the bias, one kernel each still)
+    qk_norm = cfg.flag("qk_layernorm", False)
+    lin_bias = cfg.flag("add_bias_linear", True)
     # Megatron's fused scale-mask-softmax kernel takes fp16/bf16 input only (FusedScaleMaskSoftmax.
     # is_kernel_available); in fp32/tf32 it runs torch's path: masked_fill of the causal mask, then softmax
     unfused_mask = fused and b.dtype not in ("fp16", "bf16")
@@ -78,14 +84,18 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
         with b.layer(i, f"transformer.h.{i}"):
             y = b.layernorm(x, name="ln_1", module="layernorm")
             y = b.tp_enter(y, name="attn.enter")
-            qkv = b.linear(y, 3 * h, name="attn.c_attn", parallel="col")
+            qkv = b.linear(y, 3 * h, name="attn.c_attn", parallel="col", bias=lin_bias)
             q = heads(b, Tensor((batch, seq, hl * d), qkv.dtype, qkv.node, qkv.tid), hl, d)
+            k = v = q
+            if qk_norm:  # Megatron-Core: q_layernorm / k_layernorm on the split heads (SelfAttention.get_query_key_value_tensors)
+                q = b.layernorm(q, name="attn.q_layernorm")
+                k = b.layernorm(k, name="attn.k_layernorm")
             # Megatron: the scale is folded into baddbmm and mask + softmax are one fused kernel
-            a = attention(b, q, q, q, impl=impl, causal=True, scale="none" if fused else "scores_div",
+            a = attention(b, q, k, v, impl=impl, causal=True, scale="none" if fused else "scores_div",
                           mask="none" if fused and not unfused_mask else "where", dropout_p=attn_p,
                           strided=(not fused,) * 3)
             a = merge_heads(b, a)
-            a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row"), name="attn.exit")
+            a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row", bias=lin_bias), name="attn.exit")
             if not fused:
                 a = b.dropout(a, resid_p, name="attn.resid_dropout")
             # Megatron: one fused bias-dropout-add kernel (its dropout mask saved with it)
@@ -94,10 +104,10 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
                 b.fused_dropout_mask(x, resid_p)
             y = b.layernorm(x, name="ln_2", module="layernorm")
             with b.tag("mlp"):  # Megatron-Core's recompute module (featurize/recompute.py), its TP collectives with it
-                y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="mlp.c_fc", parallel="col")
+                y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="mlp.c_fc", parallel="col", bias=lin_bias)
                 # Megatron: fused bias-GeLU (one kernel)
                 y = b.elementwise("gelu", y, name="mlp.bias_gelu") if fused else activation(b, y, cfg.activation)
-                y = b.tp_exit(b.linear(y, h, name="mlp.c_proj", parallel="row"), name="mlp.exit")
+                y = b.tp_exit(b.linear(y, h, name="mlp.c_proj", parallel="row", bias=lin_bias), name="mlp.exit")
             if not fused:
                 y = b.dropout(y, resid_p, name="mlp.dropout")
             x = b.elementwise("add", x, y, name="residual_2")

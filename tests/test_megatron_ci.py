@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from wattcast.validation.megatron_ci import (CI_GPUS, CI_HOST_FIT, ci_fit_rows, ci_fsdp, ci_model_key, ci_parallel, ci_split,
+from wattcast.validation.megatron_ci import (CI_GPUS, CI_HOST_FIT, ci_config, ci_fit_rows, ci_fsdp, ci_model_key, ci_parallel, ci_split,
                                              ci_unmodelled, fit_ci_host, load_megatron_ci, predict_megatron_ci)
 
 
@@ -99,3 +99,86 @@ def test_deterministic_flash_attention_rows_are_marked_and_not_fitted(data_root)
     assert twins["gpt/gpt3_mcore_te_tp2_pp2_cp2"] > 1.2 * twins["gpt/gpt3_mcore_te_tp2_pp2_cp2_nondeterministic"]
     assert set(ci_fit_rows(group)["test_case"]) == {"gpt/gpt3_mcore_te_tp2_pp2_cp2_nondeterministic",
                                                     "gpt/gpt3_mcore_te_tp2_pp2"}
+
+
+def _row(df, name):
+    return next(_test(df, name).itertuples(index=False))
+
+
+def test_data_parallel_overlaps_are_read_from_the_name_and_off_otherwise(data_root):
+    """--overlap-grad-reduce / --overlap-param-gather are Megatron-LM ``store_true`` flags (default off, megatron-core
+    0.19.2 arguments.py): on where the test's name says so, off elsewhere; --tp-comm-overlap, named by no test, off.
+    Until stop 43 every row took the pretraining recipes' defaults (grad reduce on, param gather on with ZeRO-1, TP
+    overlap on with TP + SP)."""
+    df, _ = load_megatron_ci(data_root)
+    par = {t: ci_parallel(_row(df, t))[0] for t in ("te_tp2_pp2", "te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce",
+                                                     "te_tp4_pp1_dist_optimizer_overlap_grad_reduce_param_gather",
+                                                     "te_tp2_pp2_cp2_nondeterministic")}
+    assert par["te_tp2_pp2"].overlap_grad_reduce is False and par["te_tp2_pp2"].overlap_param_gather is False
+    ogr = par["te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce"]
+    assert ogr.overlap_grad_reduce is True and ogr.overlap_param_gather is False
+    opg = par["te_tp4_pp1_dist_optimizer_overlap_grad_reduce_param_gather"]
+    assert opg.overlap_grad_reduce is True and opg.overlap_param_gather is True
+    cp = par["te_tp2_pp2_cp2_nondeterministic"]
+    assert cp.sp and cp.tp == 2 and cp.tp_comm_overlap is False
+    # TP + SP without the TP overlap exposes the TP collectives the recipes' default hid
+    r = _test(df, "te_tp2_pp2_cp2_nondeterministic").head(1)
+    p = predict_megatron_ci(r, host_ms=CI_HOST_FIT).iloc[0]
+    assert p["status"] == "ok" and p["exposed_tp_ms"] > 0
+
+
+def _renamed(rows, name):
+    return rows.assign(test_case=f"gpt/gpt3_mcore_{name}")
+
+
+def test_qk_layernorm_and_disabled_linear_biases_change_the_graph(data_root):
+    """--qk-layernorm (TransformerConfig.qk_layernorm, default False) adds a LayerNorm over each head's query and key;
+    --disable-bias-linear (add_bias_linear, default True) drops the linear layers' biases. Until stop 43 both tests
+    were costed as the base model."""
+    df, _ = load_megatron_ci(data_root)
+    qk = _test(df, "te_tp4_pp1_qk_layernorm_test_mode").head(1)
+    assert ci_config(next(qk.itertuples(index=False)))["qk_layernorm"] is True
+    base = _renamed(qk, "te_tp4_pp1")
+    p_qk, p_base = (predict_megatron_ci(x, host_ms=CI_HOST_FIT).iloc[0] for x in (qk, base))
+    assert p_qk["predicted_ms"] > p_base["predicted_ms"]
+    nb = _test(df, "te_tp1_pp4_disable_bias_linear").head(1)
+    assert ci_config(next(nb.itertuples(index=False)))["add_bias_linear"] is False
+    p_nb, p_b = (predict_megatron_ci(x, host_ms=CI_HOST_FIT).iloc[0] for x in (nb, _renamed(nb, "te_tp1_pp4")))
+    assert p_nb["predicted_ms"] < p_b["predicted_ms"]
+
+
+def test_gpt2_graph_qk_layernorm_and_bias_options():
+    """The GPT graph adds a LayerNorm over each head's query and key per layer under ``qk_layernorm`` and loses the
+    linear layers' biases without ``add_bias_linear``."""
+    from wattcast.featurize.workload import StepOptions, step_graph
+
+    def graph(**extra):
+        return step_graph({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 32,
+                           "vocab_size": 128, **extra}, StepOptions(batch=2, seq=32, dtype="bf16", framework="megatron"))
+
+    base, qk, nb = graph(), graph(qk_layernorm=True), graph(add_bias_linear=False)
+    names = lambda g: list(g.nodes["name"])  # noqa: E731
+    assert names(qk).count("attn.q_layernorm") >= 2 and names(qk).count("attn.k_layernorm") >= 2
+    assert "attn.q_layernorm" not in names(base)
+    qn = qk.nodes[qk.nodes["name"] == "attn.q_layernorm"].iloc[0]
+    assert qn["op_class"] == "layernorm" and qn["param_count"] == 2 * 16  # weight and bias over each head's 16 dims
+    assert qk.param_count == base.param_count + 2 * 2 * 2 * 16  # 2 layers x (q, k) x (weight, bias) x head dim
+    assert nb.param_count == base.param_count - 2 * (3 * 64 + 64 + 256 + 64)  # qkv, proj, fc1 (ffn 4h), fc2 biases
+
+
+def test_settings_the_prediction_cannot_represent_are_marked_and_not_fitted(data_root):
+    """Each name token (or column) the simulator cannot represent is marked, not costed silently as the base model,
+    and the host fit leaves it out; settings that only change checkpointing, data loading or learning rates are not."""
+    df, _ = load_megatron_ci(data_root)
+    marked = ["te_tp1_pp2_rope_embeddings", "te_tp4_pp1_qk_layernorm_test_mode", "te_tp1_pp4_vp1_uneven_pipeline",
+              "te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce_param_gather_overlap_optimizer",
+              "te_tp1_pp2_cp4_a2a_p2p_nondeterministic", "te_tp2_pp1_multi_dist_optimizer_instances",
+              "te_tp2_pp2_defer_embedding_wgrad_compute", "te_tp1_pp4_vp1_tunable_overlap",
+              "te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split"]
+    read = ["te_tp2_pp2", "te_tp1_pp4_vp1_resume_torch_dist", "te_tp1_pp4_vp1_decoupled_lr", "te_tp2_pp2_no_mmap_bin_files",
+            "te_tp1_pp4_disable_bias_linear", "te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce_param_gather"]
+    assert all(ci_unmodelled(_row(df, t)) for t in marked)
+    assert not any(ci_unmodelled(_row(df, t)) for t in read)
+    assert "rotary" in ci_unmodelled(_row(df, "te_tp1_pp2_rope_embeddings"))
+    rows = pd.concat([_test(df, t) for t in marked + read])
+    assert set(ci_fit_rows(rows)["test_case"]) == {f"gpt/gpt3_mcore_{t}" for t in read}
