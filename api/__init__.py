@@ -191,7 +191,7 @@ def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, l
     if engine is not None:
         res = _served(res, model, spec, opts, engine, int(prompt_tokens), int(output_tokens), bundle=None,
                       power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, idle_power_w=idle_power_w(spec),
-                      collective_ms=coll)
+                      collective_ms=coll, tp=tp)
         info.update(energy_all_gpus_j=float(res.energy_j) * tp, avg_power_all_gpus_w=float(res.avg_power_w) * tp)
     res.meta["tensor_parallel"] = info
     m = res.meta
@@ -207,7 +207,7 @@ def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, l
 
 
 def _served(res, model, spec, opts, engine: str, prompt_tokens: int, output_tokens: int, *, bundle, power_limit_w,
-            clock_cap_mhz, idle_power_w: float, collective_ms=None):
+            clock_cap_mhz, idle_power_w: float, collective_ms=None, tp: int = 1):
     """The decode step ``res`` as a serving engine's iteration (``simulate/serving.py``): its prefill is the same
     model's ``kv_context=0`` step of ``prompt_tokens`` for the requests that arrive together."""
     from dataclasses import replace
@@ -221,7 +221,7 @@ def _served(res, model, spec, opts, engine: str, prompt_tokens: int, output_toke
     prefill = predict_graph(step_graph(model, pre_opts), spec, bundle, power_limit_w=power_limit_w,
                             clock_cap_mhz=clock_cap_mhz, collective_ms=collective_ms)
     served = with_serving(res, prefill, engine=engine, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                          prefill_requests=k, idle_power_w=idle_power_w)
+                          prefill_requests=k, idle_power_w=idle_power_w, tp=tp)
     # the prefill runs on the same GPU between decode iterations: its warnings (a prompt beyond the model's positions,
     # ...) and its memory (k prompts' activations beside the weights and cache) belong to the served iteration too
     from wattcast.simulate.single_device import with_warnings

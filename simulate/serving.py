@@ -23,6 +23,18 @@ The two host constants are FITTED (``training/serving_fit.py`` on ML.ENERGY v2's
 models) and shipped as ``models/artifacts/serving_vllm.json`` with their provenance; nothing here imports
 ``wattcast.training``. They are a vLLM v0.x engine's host on ML.ENERGY's server: another CPU, another vLLM version
 or another engine has its own.
+
+A tensor-parallel group (``predict_cluster(..., tp=T, kv_context=, serving="vllm")``, T > 1) adds, in series,
+
+    tp_sync_ms = tp_sync_ms_per_layer_log2_tp x n_layers x log2(T)
+
+an EMPIRICAL per-layer cost of vLLM's TP workers that the GPU terms do not have: ML.ENERGY v2's TP2 decode
+iterations are no faster than TP1 ones at the same batch (CodeLlama 7B batch 32: 37.7 ms at TP1, 42.2 ms at TP2)
+while the predicted kernels halve and the two all-reduces per layer cost 7 us each (45 us at TP8: the collective
+model is not what is missing). What it is (the driver's per-step broadcast and the workers' host-bound kernel
+launches in vLLM v0.x, ranks waiting on the slowest one at each all-reduce) is not separable in these data. Its
+constant is FITTED (``training/serving_fit.py`` ``fit_tp_sync``) on the TP rows of half of the TP models
+(``TP_HALVES``); TP 1 adds nothing (the single-GPU iteration is unchanged bit for bit).
 """
 
 from __future__ import annotations
@@ -60,7 +72,16 @@ def serving_constants(engine: str) -> dict:
             raise ValueError(f"{path}: {k} must be a finite number >= 0, got {doc.get(k)!r}")
     if not isinstance(doc.get("host_overlaps_gpu"), bool):
         raise ValueError(f"{path}: host_overlaps_gpu must be true or false")
+    if "tp_sync_ms_per_layer_log2_tp" in doc and real_in(doc["tp_sync_ms_per_layer_log2_tp"], 0.0, math.inf) is None:
+        raise ValueError(f"{path}: tp_sync_ms_per_layer_log2_tp must be a finite number >= 0, got "
+                         f"{doc['tp_sync_ms_per_layer_log2_tp']!r}")
     return doc
+
+
+def tp_sync_ms(n_layers, tp, ms_per_layer_log2_tp: float):
+    """The tensor-parallel engine's per-iteration cost (ms): ``ms_per_layer_log2_tp x n_layers x log2(tp)``, 0 at
+    tp 1 (array or scalar)."""
+    return ms_per_layer_log2_tp * np.asarray(n_layers, dtype=float) * np.log2(np.asarray(tp, dtype=float))
 
 
 def check_serving(serving, *, kv_context, seq, mode: str, prompt_tokens, output_tokens) -> str | None:
@@ -126,14 +147,20 @@ def iteration_ms(gpu_step_ms, host_ms_, prefill_ms_, *, host_overlaps_gpu: bool)
 
 
 def with_serving(res, prefill, *, engine: str, prompt_tokens: int, output_tokens: int, prefill_requests: int,
-                 idle_power_w: float):
+                 idle_power_w: float, tp: int = 1):
     """``res`` (a decode step's StepPrediction) as one serving iteration: ``step_time_ms`` (and so ``ms_per_token``,
     ``tokens_per_s``) with the engine's host time and the amortised prefill of ``prefill`` (the StepPrediction of a
     ``prefill_requests`` x ``prompt_tokens`` prefill); ``overheads`` gains ``serving_host_ms`` and
     ``serving_prefill_ms``, ``meta["serving"]`` the figures and the constants' provenance; the energy adds the GPU's
-    idle power over the exposed host time and the prefill's energy in the same share."""
+    idle power over the exposed host time and the prefill's energy in the same share. ``tp`` > 1 (one rank of a
+    tensor-parallel group) adds the engine's TP cost (:func:`tp_sync_ms`) in series, as host time: ``overheads``
+    ``serving_tp_sync_ms``, ``meta["serving"]["tp_sync_ms"]``, per-op class ``serving_tp_sync``."""
     c = serving_constants(engine)
     batch = check_batch(res.meta.get("batch"))
+    if tp > 1:
+        return _with_tp_sync(with_serving(res, prefill, engine=engine, prompt_tokens=prompt_tokens,
+                                          output_tokens=output_tokens, prefill_requests=prefill_requests,
+                                          idle_power_w=idle_power_w), c, tp=int(tp), idle_power_w=idle_power_w)
     host = float(host_ms(batch, c["host_fixed_ms"], c["host_per_seq_ms"]))
     pre = float(amortised_prefill_ms(prefill.step_time_ms, batch, output_tokens, prefill_requests))
     step = float(iteration_ms(res.step_time_ms, host, pre, host_overlaps_gpu=c["host_overlaps_gpu"]))
@@ -161,3 +188,28 @@ def with_serving(res, prefill, *, engine: str, prompt_tokens: int, output_tokens
                    flops=res.flops + prefill.flops * share,
                    overheads=dict(res.overheads, serving_host_ms=exposed_host, serving_prefill_ms=pre),
                    energy_j=energy, avg_power_w=energy / (step / 1e3), meta=dict(res.meta, serving=info))
+
+
+def _with_tp_sync(res, c: dict, *, tp: int, idle_power_w: float):
+    """``res`` (a served iteration of one rank) with the TP engine's cost of ``c`` added in series (idle power over it)."""
+    if "tp_sync_ms_per_layer_log2_tp" not in c:
+        raise ValueError(f"the {c.get('engine')} serving artifact has no tensor-parallel constant "
+                         "(tp_sync_ms_per_layer_log2_tp): tensor-parallel serving cannot be predicted with it")
+    n_layers = res.meta.get("n_layers")
+    if real_in(n_layers, 1.0, math.inf) is None:
+        raise ValueError(f"serving on a tensor-parallel group needs the model's layer count, got {n_layers!r}")
+    k = c["tp_sync_ms_per_layer_log2_tp"]
+    sync = float(tp_sync_ms(n_layers, tp, k))
+    step = res.step_time_ms + sync
+    energy = res.energy_j + idle_power_w * sync / 1e3
+    info = dict(res.meta["serving"], tp_sync_ms=sync, tp_sync_ms_per_layer_log2_tp=k,
+                tp_provenance=c.get("tp_provenance"))
+    per_op = sorted([*res.per_op, dict(op_class="serving_tp_sync", count=1, time_ms=sync, flops=0.0, launch_gap_ms=0.0)],
+                    key=lambda o: -o["time_ms"])
+    band = dict(res.step_band)
+    if band:
+        band.update(low_ms=band["low_ms"] + sync, high_ms=band["high_ms"] + sync,
+                    basis=band["basis"] + f"; + the TP engine cost ({sync:.2f} ms) as predicted")
+    return replace(res, step_time_ms=step, step_band=band, forward_ms=res.forward_ms + sync, per_op=per_op,
+                   overheads=dict(res.overheads, serving_tp_sync_ms=sync), energy_j=energy,
+                   avg_power_w=energy / (step / 1e3), meta=dict(res.meta, serving=info))

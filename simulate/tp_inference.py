@@ -16,7 +16,9 @@ Sec. 3; vLLM's ``ColumnParallelLinear`` / ``RowParallelLinear`` / ``QKVParallelL
 
 All ranks run the same graph, so the group's step time is one rank's; the result is a
 :class:`~wattcast.simulate.single_device.StepPrediction` of one GPU (memory, energy and power per GPU) with
-``meta["tensor_parallel"]`` holding the group's figures. Groups across nodes, pipeline or data parallelism, and
+``meta["tensor_parallel"]`` holding the group's figures. Served (``serving="vllm"``), the iteration adds the engine's
+fitted TP cost (``simulate/serving.py`` ``tp_sync_ms``: the all-reduces as costed here are not what TP2/TP8 decode
+iterations measure slow by). Groups across nodes, pipeline or data parallelism, and
 anything a training step takes (ZeRO, sequence/context/expert parallelism, recomputation, ...) are refused.
 """
 

@@ -6,6 +6,7 @@ clear error."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -109,3 +110,90 @@ def test_cli_tp_serving_and_oom():
     bad = run_cli("predict", "--model", MODEL, "--cluster", "dgx-a100", "--gpus", "2", "--tp", "2", "--mode",
                   "inference", "--batch", "16", "--seq", "1", "--serving", "vllm")
     assert bad.returncode != 0 and "give --kv-context" in flat(bad.stdout + bad.stderr)
+
+
+# ------------------------------------------------------------------ the TP engine cost of a served group (tp_sync)
+def test_served_tp_group_adds_the_fitted_tp_cost_per_layer_and_log2_tp():
+    """TP > 1 served: the iteration is GPU step + host + prefill + k x layers x log2(TP) (ML.ENERGY v2's TP2 rows are
+    no faster than TP1; before, nothing was added and TP2 came out 8-16 ms short), shown in the JSON and per op."""
+    from wattcast.simulate.serving import serving_constants
+
+    k = serving_constants("vllm")["tp_sync_ms_per_layer_log2_tp"]
+    assert k > 0
+    for tp in (2, 8):
+        res = _tp(tp, **SERVE)
+        s = res.meta["serving"]
+        want = k * 32 * math.log2(tp)  # llama2_7b: 32 layers
+        assert s["tp_sync_ms"] == pytest.approx(want, rel=1e-12)
+        assert res.step_time_ms == pytest.approx(s["gpu_step_ms"] + s["host_ms"] + s["prefill_ms"] + want, rel=1e-12)
+        assert res.overheads["serving_tp_sync_ms"] == s["tp_sync_ms"]
+        assert [o["time_ms"] for o in res.per_op if o["op_class"] == "serving_tp_sync"] == [s["tp_sync_ms"]]
+        assert res.to_dict()["serving"]["tp_provenance"]["fit_models"]
+    # the bare TP decode step (no serving) has no engine and so no TP engine cost
+    assert "serving_tp_sync_ms" not in _tp(2).overheads
+
+
+@pytest.mark.parametrize("serve", [{}, SERVE])
+def test_tp1_served_iteration_has_no_tp_cost(serve):
+    one = _tp(1, **serve)
+    assert not any(o["op_class"] == "serving_tp_sync" for o in one.per_op)
+    assert "serving_tp_sync_ms" not in one.overheads and "tp_sync_ms" not in (one.meta.get("serving") or {})
+    if serve:
+        s = one.meta["serving"]
+        assert one.step_time_ms == s["gpu_step_ms"] + s["host_ms"] + s["prefill_ms"]
+
+
+def test_tp_cost_artifact_checks(monkeypatch):
+    from wattcast.simulate import serving as sv
+
+    good = sv.serving_constants("vllm")
+    monkeypatch.setattr(sv, "serving_constants", lambda e: {k: v for k, v in good.items()
+                                                             if k != "tp_sync_ms_per_layer_log2_tp"})
+    with pytest.raises(ValueError, match="no tensor-parallel constant"):
+        _tp(2, **SERVE)
+    assert _tp(1, **SERVE).step_time_ms > 0  # the single-GPU iteration does not need it
+
+
+def test_tp_cost_must_be_a_finite_non_negative_number(tmp_path, monkeypatch):
+    from wattcast.simulate import serving as sv
+
+    doc = json.loads(sv.serving_artifact_path("vllm").read_text())
+    doc["tp_sync_ms_per_layer_log2_tp"] = -0.1
+    p = tmp_path / "serving_vllm.json"
+    p.write_text(json.dumps(doc))
+    monkeypatch.setattr(sv, "serving_artifact_path", lambda e: p)
+    sv.serving_constants.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="tp_sync_ms_per_layer_log2_tp must be a finite number >= 0"):
+            sv.serving_constants("vllm")
+    finally:
+        sv.serving_constants.cache_clear()
+
+
+def test_tp_fit_recovers_a_known_constant_from_the_fitting_half_only():
+    """fit_tp_sync on synthetic rows made with k = 0.2 ms gives it back; the other half's rows (made with another k)
+    do not move it."""
+    import numpy as np
+    import pandas as pd
+
+    from wattcast.training import serving_fit as sf
+
+    A, B = sf.TP_HALVES["A"], sf.TP_HALVES["B"]
+    t = pd.DataFrame(dict(Model=[A[0], A[0], A[1], A[1], B[0], B[1]], tp=[2, 2, 8, 8, 2, 8],
+                          n_layers=[32, 32, 80, 80, 42, 80], pred_ms=[30.0, 60.0, 60.0, 200.0, 40.0, 70.0]))
+    t["half"] = ["A"] * 4 + ["B"] * 2
+    t["measured_ms"] = t["pred_ms"] + np.where(t["half"] == "A", 0.2, 0.9) * t["n_layers"] * np.log2(t["tp"])
+    r = sf.fit_tp_sync(t, "A")
+    assert r["tp_sync_ms_per_layer_log2_tp"] == pytest.approx(0.2, rel=1e-12)
+    fit_all = r["fit"].set_index("group").loc["all"]
+    assert fit_all["mape_pct"] == pytest.approx(0.0, abs=1e-9) and fit_all["before_signed_pct"] < 0
+    assert r["evaluation"].set_index("group").loc["all", "signed_pct"] < 0  # B's larger cost is under-predicted
+
+
+def test_shipped_tp_constant_provenance_splits_by_model():
+    from wattcast.simulate.serving import serving_constants
+    from wattcast.training import serving_fit as sf
+
+    p = serving_constants("vllm")["tp_provenance"]
+    assert p["fit_models"] == list(sf.TP_HALVES["A"]) and p["evaluation_models"] == list(sf.TP_HALVES["B"])
+    assert not set(p["fit_models"]) & (set(p["evaluation_models"]) | set(p["never_fitted_models"]))

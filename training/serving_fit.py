@@ -61,6 +61,22 @@ TP_ONLY_MODELS = {
     "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama3_70b",  # same shapes as Llama 3 70B (RoPE scaling aside)
     "codellama/CodeLlama-70b-hf": _cfg("llama2_70b", vocab_size=32016, max_position_embeddings=16384, rope_theta=1e6),
 }
+#: v2 models with tensor-parallel rows whose configs are typed here FROM MEMORY of their Hugging Face Hub config.json
+#: (not checked against the files: no internet): evaluation only in both splits of the TP fit, never fitted on
+TP_EVAL_MODELS = {
+    "codellama/CodeLlama-13b-hf": _cfg("llama2_7b", hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
+                                       num_key_value_heads=40, intermediate_size=13824, vocab_size=32016,
+                                       max_position_embeddings=16384, rope_theta=1e6),  # TP 2
+    "codellama/CodeLlama-34b-hf": _cfg("llama2_70b", num_hidden_layers=48, intermediate_size=22016,
+                                       max_position_embeddings=16384, rope_theta=1e6),  # TP 4
+}
+#: the split of the TP fit (``fit_tp_sync``) by model, fixed before any fit: each half has a TP2 and a TP8 model, a
+#: chat and a code one. A is the fitting half of the shipped constant; B the evaluation half, and the swap;
+#: TP_EVAL_MODELS are in neither
+TP_HALVES = {
+    "A": ("codellama/CodeLlama-7b-hf", "meta-llama/Meta-Llama-3.1-70B-Instruct"),
+    "B": ("google/gemma-2-9b-it", "codellama/CodeLlama-70b-hf"),
+}
 #: the split by model, fixed before any fit: each half has a chat and a code model and a small and a large one.
 #: A (20 rows) is the fitting half of the shipped constants; B (12 rows) the evaluation half, and the swap.
 HALVES = {
@@ -101,9 +117,11 @@ def tp_rows(root: str | Path | None = None) -> pd.DataFrame:
     """The tensor-parallel TPOT rows (TP > 1, PP 1) of :data:`MODELS` and :data:`TP_ONLY_MODELS`: evaluation only
     (the host constants are fitted on single-GPU rows), with the columns of :func:`rows` and ``tp``."""
     m = pd.read_csv(data_root(root) / DATA_FILE)
-    m = m[m["_task"].isin(list(PROMPT_TOKENS)) & m["Model"].isin([*MODELS, *TP_ONLY_MODELS]) & (m["TP"] > 1)
-          & (m["PP"] == 1) & m["Avg TPOT (s)"].notna()].copy()
-    return _row_terms(m).assign(tp=lambda d: d["TP"].astype(int)).sort_values(["Model", "tp", "batch"]).reset_index(drop=True)
+    m = m[m["_task"].isin(list(PROMPT_TOKENS)) & m["Model"].isin([*MODELS, *TP_ONLY_MODELS, *TP_EVAL_MODELS])
+          & (m["TP"] > 1) & (m["PP"] == 1) & m["Avg TPOT (s)"].notna()].copy()
+    t = _row_terms(m).assign(tp=lambda d: d["TP"].astype(int))
+    t["half"] = t["Model"].map({name: h for h, names in TP_HALVES.items() for name in names}).fillna("eval")
+    return t.sort_values(["Model", "tp", "batch"]).reset_index(drop=True)
 
 
 def fit_host(batch, gpu_step_ms, prefill_ms, measured_ms) -> tuple[float, float]:
@@ -142,7 +160,33 @@ def split_fit(t: pd.DataFrame, fit_half: str) -> dict:
                 fit=errors(f, predicted_ms(f, a, b)), evaluation=errors(e, predicted_ms(e, a, b)))
 
 
-def artifact(res: dict, t: pd.DataFrame, root: Path) -> dict:
+def tp_sync_x(t: pd.DataFrame) -> np.ndarray:
+    """The TP cost's regressor per row: n_layers x log2(tp) (``simulate/serving.py`` ``tp_sync_ms``)."""
+    return t["n_layers"].to_numpy(dtype=float) * np.log2(t["tp"].to_numpy(dtype=float))
+
+
+def fit_tp_sync(t: pd.DataFrame, fit_half: str) -> dict:
+    """The TP engine cost ``k`` (ms per layer per log2 TP) >= 0 minimising sum(((pred + k x L x log2 TP) / measured
+    - 1)^2) on ``fit_half``'s TP models (``TP_HALVES``); ``t`` has :func:`tp_rows`' columns, ``n_layers`` and
+    ``pred_ms`` (the served iteration without the TP cost, ``validation/serving_terms.py tp_terms``). MAPE and signed
+    bias on the fitting half, the other half and ``TP_EVAL_MODELS``, before (``pred_ms``) and after."""
+    meas = t["measured_ms"].to_numpy(dtype=float)
+    x, y = tp_sync_x(t) / meas, (meas - t["pred_ms"].to_numpy(dtype=float)) / meas
+    f = (t["half"] == fit_half).to_numpy()
+    k = max(float(np.sum(x[f] * y[f]) / np.sum(x[f] ** 2)), 0.0)
+    after = t["pred_ms"].to_numpy(dtype=float) + k * tp_sync_x(t)
+    out = dict(fit_half=fit_half, fit_models=list(TP_HALVES[fit_half]), tp_sync_ms_per_layer_log2_tp=k)
+    for name, sel in (("fit", f), ("evaluation", ((t["half"] != fit_half) & (t["half"] != "eval")).to_numpy()),
+                      ("never_fitted", (t["half"] == "eval").to_numpy())):
+        if not sel.any():
+            continue
+        b = errors(t[sel], t.loc[sel, "pred_ms"]).rename(columns={"mape_pct": "before_mape_pct",
+                                                                     "signed_pct": "before_signed_pct"})
+        out[name] = b.merge(errors(t[sel], after[sel]), on=["group", "rows"])
+    return out
+
+
+def artifact(res: dict, t: pd.DataFrame, root: Path, tp_res: dict | None = None) -> dict:
     """The shipped JSON (``simulate/serving.py`` reads it) with the fit's provenance."""
     ev = res["evaluation"].set_index("group")
     return dict(schema=1, engine="vllm", host_fixed_ms=round(res["host_fixed_ms"], 6),
@@ -157,4 +201,17 @@ def artifact(res: dict, t: pd.DataFrame, root: Path) -> dict:
                     evaluation_mape_pct=round(float(ev.loc["all", "mape_pct"]), 2),
                     evaluation_signed_pct=round(float(ev.loc["all", "signed_pct"]), 2),
                     prompt_tokens="training/power.py PROMPT_TOKENS (assumed: chat 256, code 128)",
-                    wattcast_commit=git_commit(short=True)))
+                    wattcast_commit=git_commit(short=True)),
+                **({} if tp_res is None else _tp_artifact(tp_res)))
+
+
+def _tp_artifact(r: dict) -> dict:
+    ev = r["evaluation"].set_index("group").loc["all"]
+    return dict(tp_sync_ms_per_layer_log2_tp=round(r["tp_sync_ms_per_layer_log2_tp"], 6), tp_provenance=dict(
+        fitted_by="training/serving_fit.py fit_tp_sync (least squares >= 0 on relative TPOT error of the TP rows)",
+        form="tp_sync_ms = k x n_layers x log2(tp), in series with the iteration, tp > 1 only (simulate/serving.py)",
+        fit_models=r["fit_models"], evaluation_models=[m for h, ms in TP_HALVES.items() if h != r["fit_half"] for m in ms],
+        never_fitted_models=list(TP_EVAL_MODELS), cluster="dgx-a100 ASSUMED (ML.ENERGY v2 does not name its servers)",
+        evaluation_mape_pct=round(float(ev["mape_pct"]), 2), evaluation_signed_pct=round(float(ev["signed_pct"]), 2),
+        evaluation_before_mape_pct=round(float(ev["before_mape_pct"]), 2),
+        evaluation_before_signed_pct=round(float(ev["before_signed_pct"]), 2)))
