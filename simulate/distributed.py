@@ -63,8 +63,9 @@ from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group
 from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
-from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, capacity_gb,
-                                            deepspeed_zero_optimizer_bf16, held_gradient_bytes, inflight_chunks_by_stage,
+from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, bf16_optimizer_runs,
+                                            capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
+                                            held_gradient_bytes, inflight_chunks_by_stage,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
                                             stage_total_from_parts, userbuffer_bytes)
 
@@ -368,13 +369,17 @@ def checked_grad_accum_dtype(framework: str, given: str | None) -> str | None:
     return name
 
 
-def resolved_grad_accum_dtype(framework: str, given: str | None, dtype: str) -> str | None:
+def resolved_grad_accum_dtype(framework: str, given: str | None, dtype: str, zero: int = 1) -> str | None:
     """The grad_accum_dtype a step reports (``parallel.grad_accum_dtype`` of its JSON): ``given`` (checked), else the
-    framework's (:data:`FRAMEWORK_GRAD_ACCUM_DTYPE`), for megatron-deepspeed with bf16 parameters; None elsewhere
-    (DeepSpeed's fp16 engine and full precision are costed without it)."""
+    framework's (:data:`FRAMEWORK_GRAD_ACCUM_DTYPE`) at ZeRO-1 and, at ZeRO-0/2/3, DeepSpeed 0.19.8's default, the
+    model's bf16 (``get_data_types``, engine.py l. 1799-1810: ``BF16_Optimizer`` with a bf16 buffer at ZeRO-0, bf16
+    gradient partitions at ZeRO-2/3), for megatron-deepspeed with bf16 parameters; None elsewhere (DeepSpeed's fp16
+    engine and full precision are costed without it)."""
     if framework != "megatron-deepspeed" or dtype != "bf16":
         return None
-    return given if given is not None else FRAMEWORK_GRAD_ACCUM_DTYPE[framework]
+    if given is not None:
+        return given
+    return FRAMEWORK_GRAD_ACCUM_DTYPE[framework] if int(zero) == 1 else "bf16"
 
 
 def grad_accum_dtype_notes(given: str | None, framework: str, zero: int, dtype: str) -> list[str]:
@@ -386,16 +391,19 @@ def grad_accum_dtype_notes(given: str | None, framework: str, zero: int, dtype: 
         return [f"grad_accum_dtype={given} has no effect under {dtype}: it chooses between DeepSpeed's BF16_Optimizer "
                 "and its ZeRO optimizer on bf16 parameters (fp16 and fp32 gradient accumulation in the ZeRO optimizer "
                 "under fp16 is not modelled)"]
-    if int(zero) == 0:
-        return [f"grad_accum_dtype={given} has no effect at ZeRO-0: megatron-deepspeed with bf16 there is costed as "
-                "BF16_Optimizer with fp32 accumulation, as BLOOM-176B ran it (DeepSpeed stage 0, bf16, a pipeline)"]
+    if int(zero) == 0 and given == "fp32":
+        return ["grad_accum_dtype=fp32 at ZeRO-0: DeepSpeed 0.19.8 refuses bf16 parameters with fp32 accumulation "
+                "without ZeRO (engine.py _do_optimizer_sanity_check: NotImplementedError); costed as the older "
+                "DeepSpeed BLOOM-176B ran it, BF16_Optimizer with an fp32 accumulation buffer (ZeRO-0's default, "
+                "grad_accum_dtype bf16, is BF16_Optimizer with a bf16 one)"]
     if int(zero) >= 2:
         return [f"grad_accum_dtype={given} has no effect at ZeRO-{int(zero)}: DeepSpeed's ZeRO-2/3 gradient partitions "
                 "are costed in the model's dtype (fp32 partitions under grad_accum_dtype fp32 are not modelled)"]
     return []
 
 
-def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None) -> tuple[float, bool]:
+def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None,
+                            zero: int = 1) -> tuple[float, bool]:
     """(bytes per parameter, every micro-batch?) of the pass that accumulates a micro-batch's gradients.
 
     - PyTorch (``hf``; AMP keeps fp32 parameters) and DeepSpeed's fp16/fp32 engines: autograd's AccumulateGrad
@@ -403,7 +411,11 @@ def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | 
       micro-batch after the first.
     - DeepSpeed's ``BF16_Optimizer`` (``megatron-deepspeed`` with bf16): ``backward`` copies/accumulates the
       bf16 gradients into fp32 ones after every micro-batch (``update_hp_grads``: ``hp.add_(lp.to(fp32))``,
-      a cast writing an fp32 temporary, then the add: 2 + 4 + 4 + 4 + 4 bytes), the first one included.
+      a cast writing an fp32 temporary, then the add: 2 + 4 + 4 + 4 + 4 bytes), the first one included; with a
+      bf16 accumulation buffer (its ZeRO-0 default in DeepSpeed 0.19.8, ``stage_memory.deepspeed_bf16_optimizer_accum``)
+      the cast returns the gradient itself and the add reads 2 + 2 and writes 2 bytes (``bf16_optimizer.py``
+      ``_update_hp_grad`` l. 508-525). It runs at ZeRO-0/1 only: at ZeRO-2/3 DeepSpeed runs its ZeRO optimizer
+      (``engine.py`` l. 2305-2311), autograd's accumulation as below (over the rank's gradient partition).
       DeepSpeed's ZeRO-1 optimizer on bf16 gradients instead (``grad_accum_dtype`` "bf16", the effective value:
       ``stage_memory.deepspeed_zero_optimizer_bf16``) has no such pass: autograd accumulates into the bf16
       ``param.grad`` (DeepSpeed 0.19.8 ``stage_1_and_2.py``: no separate accumulation buffer when the accumulation
@@ -414,8 +426,9 @@ def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | 
     """
     if framework == "megatron":
         return 0.0, False
-    if framework == "megatron-deepspeed" and dtype == "bf16" and grad_accum_dtype != "bf16":
-        return 18.0, True
+    acc = deepspeed_bf16_optimizer_accum(framework, dtype, zero, grad_accum_dtype)
+    if acc is not None:
+        return (18.0 if acc == "fp32" else 6.0), True
     return 3.0 * _grad_bytes(framework, dtype), False
 
 
@@ -437,7 +450,7 @@ def tied_copy_params_by_chunk(tied_output_params: float, pp: int, n_chunks: int)
     return out
 
 
-def tied_grad_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None) -> int:
+def tied_grad_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None, zero: int = 1) -> int:
     """Bytes per element of the tied embedding's gradient that the first and last stage all-reduce.
 
     - Megatron-LM / Megatron-Core: ``_allreduce_word_embedding_grads`` (megatron/core/distributed/finalize_model_grads.py)
@@ -445,10 +458,13 @@ def tied_grad_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = N
       parameter's dtype (:func:`_grad_bytes`);
     - DeepSpeed's pipeline engine (``PipelineEngine._exec_reduce_tied_grads``): ``weight._hp_grad`` (fp32) under its
       ``BF16_Optimizer``, else ``weight.grad`` (fp16 / fp32; bf16 under its ZeRO-1 optimizer, ``grad_accum_dtype``
-      "bf16": DeepSpeed 0.19.8 ``runtime/pipe/engine.py`` l. 283);
+      "bf16": DeepSpeed 0.19.8 ``runtime/pipe/engine.py`` l. 283); ``_hp_grad`` is in ``BF16_Optimizer``'s
+      accumulation dtype (``stage_memory.deepspeed_bf16_optimizer_accum``: bf16 at ZeRO-0 by default in 0.19.8), and
+      no ``BF16_Optimizer`` runs at ZeRO-2/3;
     - PyTorch (``hf``): AMP's fp32 ``.grad``."""
     if framework == "megatron-deepspeed":
-        return 4 if dtype == "bf16" and grad_accum_dtype != "bf16" else DTYPE_BYTES[dtype]
+        acc = deepspeed_bf16_optimizer_accum(framework, dtype, zero, grad_accum_dtype)
+        return DTYPE_BYTES[dtype] if acc is None else DTYPE_BYTES[acc]
     return _grad_bytes(framework, dtype)
 
 
@@ -1283,7 +1299,8 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
-              gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False) -> dict:
+              gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False,
+              reduce_op: str | None = None) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
@@ -1307,7 +1324,7 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
         return _stage_buckets(out, P, V)
     if bucket_params is None:  # parameters per gradient bucket (dp_bucket_params): par.bucket_mb of gradients
         bucket_params = par.bucket_mb * 1e6 / grad_b
-    op = "reduce_scatter" if par.zero >= 1 else "all_reduce"
+    op = reduce_op or ("reduce_scatter" if par.zero >= 1 else "all_reduce")
     # the expert-data-parallel group: the ranks after the experts' etp x ep (Megatron-Core's MoE parallel folding)
     ep_dp = group_layout(expert_dp(par), expert_tp(par) * par.ep, cl.gpus_per_node, par.gpus)
     # every message of the step first, then one (memoised) prediction per collective and group
@@ -1638,6 +1655,17 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     def stage_terms(s: int) -> dict:
         return {k: float(v[s]) for k, v in mem.items()}
 
+    # DeepSpeed's bf16 optimizer (megatron-deepspeed, bf16, ZeRO-0/1): BF16_Optimizer's accumulation dtype, or "bf16"
+    # for the ZeRO-1 optimizer (stage_memory.effective_grad_accum; None elsewhere): its gradients, reduce and
+    # step-time buffers, state sharding, accumulation pass and tied-embedding gradient
+    ds_acc = effective_grad_accum(opts.framework, dtype, par.zero, ctx.grad_accum_dtype)
+    # BF16_Optimizer shards its step over the DP group and all-gathers the bf16 weights after it at ZeRO-0 too
+    # (DeepSpeed 0.19.8 bf16_optimizer.py l. 152-183 and update_lp_params -> all_gather_dp_groups, l. 593-603), and
+    # all-reduces the whole gradient buffer (allreduce_bucket: dist.all_reduce, engine.py l. 3808-3816), not the
+    # reduce-scatter a distributed optimizer runs
+    bf16_opt = bf16_optimizer_runs(opts.framework, par.zero, ds_acc)
+    par_dp = replace(par, zero=max(int(par.zero), 1)) if bf16_opt else par
+    dp_op = "all_reduce" if bf16_opt else ("reduce_scatter" if par.zero >= 1 else "all_reduce")
     summary = ctx.summary
     capacity = capacity_gb(spec.memory_gb)
     # expert states are sharded over the expert-data-parallel group (tp x cp x dp / (etp x ep): _dp_times' ep_dp), not
@@ -1645,10 +1673,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     edp_n = expert_dp(par)
     # what one device's share of the optimizer step is under ZeRO >= 1, per stage: dense parameters sharded over the DP
     # group, expert ones over the expert-DP group (1 / dp without experts or with ep 1)
-    share_key = ("opt_share", P, V, par.zero >= 1, dp_n, edp_n)
+    share_key = ("opt_share", P, V, par_dp.zero >= 1, dp_n, edp_n)
     opt_share = sums.get(share_key)
     if opt_share is None:
-        if par.zero >= 1:
+        if par_dp.zero >= 1:
             exp_frac = np.divide(expert_stage, params_stage,
                                  out=np.zeros(P), where=params_stage > 0) if edp_n != dp_n else np.zeros(P)
             opt_share = (1.0 - exp_frac) / dp_n + exp_frac / edp_n
@@ -1676,18 +1704,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             head[-1] += float(g.meta.get("tied_output_params") or 0.0)
             hit = sums[root_key] = (root, np.minimum(head, root))
         root_stage, head_stage = hit
-    # DeepSpeed's ZeRO-1 optimizer on bf16 gradients instead of BF16_Optimizer (grad_accum_dtype "bf16"): its
-    # gradients, step-time copies, accumulation pass and tied-embedding gradient (None: BF16_Optimizer, as before)
-    zero_bf16 = "bf16" if deepspeed_zero_optimizer_bf16(opts.framework, dtype, par.zero, ctx.grad_accum_dtype) else None
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
-                    held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero, zero_bf16),
+                    held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero, ctx.grad_accum_dtype),
                     optimizer=opts.optimizer,
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
                     fp8_param_fraction=np.zeros(P) if ctx.fp8_param_gather else fp8_frac, expert_params=expert_stage,
                     expert_dp=edp_n, root_params=0.0 if root_stage is None else root_stage,
                     head_params=0.0 if head_stage is None else head_stage,
                     reduce_bytes=dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype) if fsdp else None,
-                    zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False, grad_accum_dtype=zero_bf16)
+                    zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False, grad_accum_dtype=ds_acc)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -1703,7 +1728,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                               "framework", "block_params", "expert_dp", "reduce_bytes",
                                               "zero3_prefetch", "grad_accum_dtype")))
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
-                                               state_kw["reduce_bytes"], state_kw["zero3_prefetch"], zero_bf16))
+                                               state_kw["reduce_bytes"], state_kw["zero3_prefetch"], ds_acc))
         cache = memo if memo is not None else sums
         mem_parts = cache.get(state_key)
         if mem_parts is None:
@@ -1777,6 +1802,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
     send_f[-1] = send_b[0] = 0.0
 
+    # the bf16 bytes BF16_Optimizer's all-reduce sends (DeepSpeed 0.19.8 casts its fp32 buffer to the default
+    # communication_data_type, the model's bf16: stage_memory.bf16_optimizer_reduce_bytes), as the ZeRO optimizer's
     grad_b = dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype)
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
     # the tied embedding's gradient all-reduce between the first and the last stage (Megatron-Core's
@@ -1786,7 +1813,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # (DeepSpeed runs the reduction before partitioning; the Megatron frameworks refuse ZeRO-2 with a pipeline)
     tied_ar_ms = tied_ar_bytes = 0.0
     if tied_params > 0:
-        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype, zero_bf16)
+        tied_ar_bytes = tied_params * tied_grad_bytes(opts.framework, dtype, ctx.grad_accum_dtype, par.zero)
         emb_l = embedding_group_layout(par.tp, par.cp, par.dp, P, cl.gpus_per_node)
         tied_key = ("tied_ar", tied_ar_bytes, emb_l, id(cl), id(cm))
         tied_ar_ms = memo.get(tied_key) if memo is not None else None
@@ -1804,17 +1831,17 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # is done (with align_grad_reduce the later stages launch it after their final backward, "during the pipeline
     # bubble")
     first_only = opts.framework == "megatron" and bool(par.overlap_grad_reduce)
-    dp_key = ("dp", par.zero, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
+    dp_key = ("dp", par_dp.zero, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only)
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
-        dpt = _dp_times(par, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts), bucket_params,
-                        gather_b_chunk, bucketed_first_chunk_only=first_only)
+        dpt = _dp_times(par_dp, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts),
+                        bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
     # the data-parallel ranks with ZeRO-2/3, which reduce every micro-batch), added to every backward task
-    acc_b, every = grad_accumulation_bytes(opts.framework, dtype, zero_bf16)
+    acc_b, every = grad_accumulation_bytes(opts.framework, dtype, ctx.grad_accum_dtype, par.zero)
     share = 1.0 if every else (n_micro - 1) / n_micro
     shard = lay["dp"].size if par.zero >= 2 else 1
     acc_ms = params_chunk / shard * acc_b * share / (stream_gbps * 1e9) * 1e3
@@ -1979,7 +2006,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 pre = dpt["bucket_pre"] = (k[None, :] <= n[:, None], k[None, :] / np.maximum(n, 1)[:, None], cum,
                                            cum - ms, (np.arange(P), np.maximum(n - 1, 0)), n > 0)
             valid, frac, cum, cum_before, last_idx, has = pre
-            op = "reduce_scatter" if par.zero else "all_reduce"
+            op = dp_op
             if dp_overlaps and V > 1:
                 # interleaved: Megatron-Core keeps a grad buffer per model chunk and launches a chunk's reduction when
                 # its last micro-batch's backward is done (forward_backward_pipelining_with_interleaving calls the
@@ -2031,7 +2058,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
         opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share
         gather = np.zeros(P)
-        if dp_on and par.zero >= 1 and dp_group:
+        if dp_on and par_dp.zero >= 1 and dp_group:
             if par.overlap_param_gather and V > 1:
                 # interleaved: chunk by chunk, each before that chunk's first forward (interleaved_param_gather_ms)
                 gather = interleaved_param_gather_ms(dpt["gather_after_ms"].reshape(V, P).T, pipe.first_forward_by_chunk,
@@ -2180,7 +2207,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
                 zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None,
                 # DeepSpeed's gradient-accumulation dtype (None: not a DeepSpeed bf16 step)
-                grad_accum_dtype=resolved_grad_accum_dtype(opts.framework, ctx.grad_accum_dtype, dtype),
+                grad_accum_dtype=resolved_grad_accum_dtype(opts.framework, ctx.grad_accum_dtype, dtype, par.zero),
                 # whether pipeline transfers were scattered over TP and all-gathered (None: no pipeline transfers)
                 scatter_gather_p2p=bool(partitioned) if P > 1 else None)
     # the step band's OOD term: the critical rank's (the stage that ends the step), its OOD kernels' share of its time

@@ -186,6 +186,49 @@ def deepspeed_zero_optimizer_bf16(framework: str, dtype: str, zero: int, grad_ac
             and grad_accum_dtype == "bf16")
 
 
+def deepspeed_bf16_optimizer_accum(framework: str, dtype: str, zero: int, grad_accum_dtype: str | None) -> str | None:
+    """The gradient-accumulation dtype ("fp32" / "bf16") of DeepSpeed's ``BF16_Optimizer`` when DeepSpeed 0.19.8 runs
+    it for ``megatron-deepspeed`` (whose model is a ``PipelineModule``, ``GPTModelPipe``, at ZeRO-0/1), else None.
+    ``runtime/engine.py`` ``_do_optimizer_sanity_check`` (l. 2294-2323): ZeRO-1 with bf16 runs it only under
+    ``grad_accum_dtype`` fp32 (l. 2305-2310; "bf16" there is the ZeRO optimizer, :func:`deepspeed_zero_optimizer_bf16`;
+    None, wattcast's default here, is fp32: BLOOM-176B's); ZeRO-2/3 never (l. 2311: ``ZERO_OPTIMIZATION``); ZeRO-0
+    with bf16 and a pipeline runs it with the model's dtype as accumulation dtype (l. 2313-2320, ``get_data_types``
+    l. 1799-1810 takes the model's dtype without ``data_types.grad_accum_dtype``: "bf16", the value for None). ZeRO-0
+    with ``grad_accum_dtype`` fp32 raises ``NotImplementedError`` in 0.19.8 (l. 2323); the older DeepSpeed BLOOM ran
+    (stage 0, bf16, fp32 accumulation) did it: costed so, with a warning (``distributed.grad_accum_dtype_notes``)."""
+    if framework != "megatron-deepspeed" or dtype != "bf16" or int(zero) >= 2:
+        return None
+    if int(zero) == 1:
+        return None if grad_accum_dtype == "bf16" else "fp32"
+    return "fp32" if grad_accum_dtype == "fp32" else "bf16"
+
+
+def effective_grad_accum(framework: str, dtype: str, zero: int, grad_accum_dtype: str | None) -> str | None:
+    """What the stage-memory functions take as ``grad_accum_dtype`` (:func:`stage_memory`): the accumulation dtype of
+    DeepSpeed's bf16 optimizer for megatron-deepspeed with bf16 at ZeRO-0/1 -- ``BF16_Optimizer``'s
+    (:func:`deepspeed_bf16_optimizer_accum`) or, ZeRO-1 with "bf16", the ZeRO optimizer's -- else None."""
+    acc = deepspeed_bf16_optimizer_accum(framework, dtype, zero, grad_accum_dtype)
+    if acc is None and deepspeed_zero_optimizer_bf16(framework, dtype, zero, grad_accum_dtype):
+        return "bf16"
+    return acc
+
+
+def bf16_optimizer_runs(framework: str, zero: int, grad_accum_dtype: str | None) -> bool:
+    """Whether the effective ``grad_accum_dtype`` (:func:`effective_grad_accum`) is ``BF16_Optimizer``'s: ZeRO-0 with
+    either dtype, ZeRO-1 with fp32 (ZeRO-1 with bf16 is the ZeRO optimizer)."""
+    return (framework == "megatron-deepspeed" and grad_accum_dtype in GRAD_ACCUM_DTYPES
+            and (int(zero) == 0 or (int(zero) == 1 and grad_accum_dtype == "fp32")))
+
+
+def bf16_optimizer_state_zero(framework: str, zero: int, grad_accum_dtype: str | None) -> int:
+    """The ZeRO level the model states are sharded at: 1 under ``BF16_Optimizer`` at ZeRO-0 (it shards its fp32
+    master weights and moments over the data-parallel group whatever the stage: DeepSpeed 0.19.8
+    ``runtime/bf16_optimizer.py`` ``_setup_for_real_optimizer`` l. 152-183, ``partition_count`` the DP world size,
+    ``fp32_groups_flat_partition`` the rank's partition of the flat bf16 weights cast to fp32, the optimizer's only
+    parameter, l. 225; its gradients stay whole, l. 191), else ``zero``."""
+    return 1 if int(zero) == 0 and bf16_optimizer_runs(framework, zero, grad_accum_dtype) else int(zero)
+
+
 def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int = 0,
                         grad_accum_dtype: str | None = None) -> int:
     """Bytes per parameter of the gradients a framework holds through the backward passes (module docstring).
@@ -196,27 +239,29 @@ def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int 
     (``runtime/engine.py`` ``get_data_types``); its fp32 gradients are made at the optimizer step
     (:func:`deepspeed_buffer_bytes`).
 
-    Below ZeRO-2 bf16 is taken to run DeepSpeed's ``BF16_Optimizer``, as BLOOM-176B did (DeepSpeed stage 0 with bf16
-    and a pipeline: ``engine.py`` ``_do_optimizer_sanity_check`` returns ``BFLOAT16``; it shards the fp32 master
-    weights and moments itself, ``fp32_groups_flat_partition``, so ZeRO-1 here): 6 B/param, not sharded -- the bf16
-    ``param.grad`` (kept: ``clear_lp_grads`` zeroes it in place) and the fp32 accumulation buffer of the whole model
-    (``bf16_optimizer.py``: ``fp32_flat_buffer = torch.zeros_like(self.bf16_groups_flat[i],
-    dtype=self.grad_acc_dtype)``).
+    Below ZeRO-2 bf16 is taken to run DeepSpeed's ``BF16_Optimizer`` (:func:`deepspeed_bf16_optimizer_accum`; it
+    shards the fp32 master weights and moments itself, ``fp32_groups_flat_partition``, at ZeRO-0 too:
+    :func:`bf16_optimizer_state_zero`): the bf16 ``param.grad`` (kept: ``clear_lp_grads`` zeroes it in place) and the
+    accumulation buffer of the whole model (``bf16_optimizer.py``: ``fp32_flat_buffer = torch.zeros_like(
+    self.bf16_groups_flat[i], dtype=self.grad_acc_dtype)``), not sharded: 6 B/param with fp32 accumulation (ZeRO-1's
+    default here, BLOOM-176B's), 4 B/param with bf16 (ZeRO-0's in DeepSpeed 0.19.8, engine.py l. 2313-2320). Until
+    stop 43 ZeRO-0 was costed as fp32 accumulation with unsharded master weights and moments.
     DeepSpeed 0.19.8 gives ``zero_optimization.stage: 1`` with bf16 that optimizer only under
     ``data_types.grad_accum_dtype: fp32`` (``_do_optimizer_sanity_check``: ``model_dtype == torch.bfloat16 and
     grad_accum_dtype == torch.float32 and ... stage() == 1``); by default ``get_data_types`` takes the model's dtype and
     the ZeRO optimizer (``stage_1_and_2.py``: ``self.dtype != self.gradient_accumulation_dtype`` is False, so no
     separate accumulation buffer, l. 394-404) holds 2 B/param of bf16 ``param.grad``: ``grad_accum_dtype="bf16"``
     at ZeRO-1 (:func:`deepspeed_zero_optimizer_bf16`; its step-time copies: :func:`deepspeed_zero1_step_bytes`).
-    The default (None or "fp32") is ``BF16_Optimizer``, BLOOM's."""
+    The default at ZeRO-1 (None or "fp32") is ``BF16_Optimizer``, BLOOM's. ``grad_accum_dtype`` here is the value
+    given (None: the default), resolved with ``zero``."""
     if dtype_bytes >= 4:
         return dtype_bytes
     if framework == "megatron":
         return 4 if dtype == "bf16" else dtype_bytes
     if framework == "megatron-deepspeed":
-        if int(zero) >= 2 or deepspeed_zero_optimizer_bf16(framework, dtype, zero, grad_accum_dtype):
-            return dtype_bytes
-        return dtype_bytes + (4 if dtype == "bf16" else 0)
+        acc = deepspeed_bf16_optimizer_accum(framework, dtype, zero, grad_accum_dtype)
+        # BF16_Optimizer: the bf16 param.grad + its whole flat accumulation buffer in grad_acc_dtype (l. 191)
+        return dtype_bytes + (0 if acc is None else (4 if acc == "fp32" else 2))
     return 4  # PyTorch AMP: fp32 parameters, fp32 gradients
 
 
@@ -311,11 +356,27 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
                 held, step = deepspeed_buffer_bytes(params=params, dtype_bytes=dtype_bytes, zero=zero, dp=dp)
                 during = during + held
                 after = during + step
+            elif bf16_optimizer_runs(framework, zero, grad_accum_dtype):
+                after = bf16_optimizer_reduce_bytes(params, grad_accum_dtype)
             else:  # flattened reduce buckets when the gradients are reduced
                 after = np.minimum(params, DEEPSPEED_BUCKET_ELEMENTS) * grad_bytes
     if framework == "megatron-deepspeed" and int(zero) == 1 and grad_accum_dtype == "bf16":
         after = np.maximum(after, deepspeed_zero1_step_bytes(params=params, dtype_bytes=dtype_bytes, dp=dp))
     return during, after
+
+
+def bf16_optimizer_reduce_bytes(params, grad_accum_dtype: str):
+    """Bytes ``BF16_Optimizer``'s data-parallel all-reduce makes (DeepSpeed 0.19.8, the pipeline engine's
+    ``_exec_reduce_grads`` -> ``_bf16_reduce_grads`` -> ``buffered_allreduce_fallback``, ``runtime/pipe/engine.py``
+    l. 286-297): the reduced tensors are the optimizer's flat accumulation buffers, one per parameter group
+    (``get_grads_for_reduction``, ``bf16_optimizer.py`` l. 541-544, ``engine.py`` l. 3923-3925); ``allreduce_no_retain``
+    (l. 3828-3839) sends a buffer alone once it passes the 5e8-element bucket, so ``allreduce_bucket`` (l. 3795-3821)
+    flattens a single tensor -- a view, no copy (torch ``_flatten_dense_tensors`` of one tensor) -- and casts it to
+    ``communication_data_type``, by default the model's bf16 (``communication_data_type`` l. 1719-1730, config default
+    None: ``constants.py`` l. 216). fp32 accumulation: a bf16 copy of the whole group, 2 B/param (the weight-decay group
+    holds all but the biases and norms: the stage's parameters, an upper bound); bf16 accumulation: no cast, nothing
+    made."""
+    return np.asarray(params, dtype=float) * (2.0 if grad_accum_dtype == "fp32" else 0.0)
 
 
 def deepspeed_zero1_step_bytes(*, params, dtype_bytes: int, dp: int):
@@ -463,8 +524,10 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     ``expert_params`` of the stage's ``params`` are sharded over ``expert_dp`` ranks (default ``dp``). FSDP
     (``hf``, ZeRO-3): ``root_params`` outside the blocks, ``head_params`` of them the LM head's (or a tied
     embedding's), ``reduce_bytes`` its reduce-scatter dtype's (default the parameters'), ``zero3_prefetch`` its
-    collectives beside the computation (:func:`fsdp_inflight_gradient_bytes`)."""
-    st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp, grad_bytes=held_grad_bytes,
+    collectives beside the computation (:func:`fsdp_inflight_gradient_bytes`). ``grad_accum_dtype``: the effective
+    value (:func:`effective_grad_accum`: DeepSpeed's bf16 optimizer at ZeRO-0/1, its buffers and state sharding)."""
+    st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer,
+                           zero=bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp=dp, grad_bytes=held_grad_bytes,
                            expert_params=expert_params, expert_dp=expert_dp, framework=framework)
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
                                           expert_params=expert_params, expert_dp=expert_dp)
@@ -522,7 +585,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
     expert_params = np.asarray(expert_params, dtype=float)
-    st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer, zero=zero, dp=dp,
+    st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer,
+                           zero=bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp=dp,
                            grad_bytes=held_grad_bytes, expert_params=expert_params, expert_dp=expert_dp,
                            framework=framework)
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
@@ -582,7 +646,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     ex = np.asarray(expert_params, dtype=float)
     mixed = dtype_bytes < 4
     opt_b = optimizer_state_bytes(optimizer)
-    g = _zero_groups(zero, dp, expert_dp)
+    g = _zero_groups(bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp, expert_dp)
     w_b, m_b = weight_and_master_bytes(framework, zero, dtype_bytes)
     if held_grad_bytes is None:
         held_grad_bytes = 4 if mixed else dtype_bytes
