@@ -115,11 +115,46 @@ def test_outputs_follow_their_rows_in_any_order(monkeypatch, bundle):
     ref = got.iloc[perm]
     times = ["pred_latency_ms", "pred_low_ms", "pred_high_ms"]
     _assert_bitwise_equal(shuffled.drop(columns=times), ref.drop(columns=times))
-    # the small-M and contraction guards' running max/min (``_apply_grid``) offsets each row's grid segment by its
-    # position in the batch and back, which rounds: a guarded row's time moves by ~1e-14 with the rows' order, with or
-    # without these dedupes (measured 3e-14 on the code before them)
-    for c in times:
-        np.testing.assert_allclose(shuffled[c].to_numpy(), ref[c].to_numpy(), rtol=1e-12, atol=0, equal_nan=True)
+    # the small-M and contraction guards' running max/min (``_apply_grid``) take each row's grid on its own: a guarded
+    # row's time is the same bits in any order (it moved by ~3e-14 when each grid was offset by its batch position)
+    _assert_bitwise_equal(shuffled[times], ref[times])
+
+
+def _guarded_gemms(n: int, seed: int) -> pd.DataFrame:
+    """Tensor-core linear-layer rows (``linear`` and single ``bmm``) that the small-M guard (1 < M <= 4096) and the
+    contraction guard (N < 512) probe, most of them both, with some unguarded GEMMs and other kernels between them."""
+    rng = np.random.default_rng(seed)
+    kind = rng.choice(["both", "small_m", "short_k", "other"], size=n, p=[0.4, 0.2, 0.2, 0.2])
+    small_m = rng.integers(2, 4097, size=n).astype(float)
+    short_k = rng.integers(1, 512, size=n).astype(float)
+    return pd.DataFrame({
+        "OPName": np.where(kind == "other", rng.choice(["linear", "add", "softmax"], size=n),
+                           rng.choice(["linear", "bmm"], size=n)),
+        "dtype": rng.choice(["bf16", "fp16", "fp8"], size=n),
+        "B": 1.0,
+        "M": np.where(np.isin(kind, ["both", "small_m"]), small_m, rng.integers(4097, 65537, size=n)),
+        "N": np.where(np.isin(kind, ["both", "short_k"]), short_k, rng.integers(512, 16385, size=n)),
+        "K": rng.integers(64, 16385, size=n).astype(float),
+        "H": rng.choice([1024.0, 4096.0], size=n),
+    })
+
+
+@pytest.mark.parametrize("device", ["H100-SXM5-80GB", "MI300X"])
+def test_guarded_gemm_time_is_the_same_bits_in_any_batch(bundle, device):
+    """A guarded GEMM's time (its grid's running max/min, interpolated) depends on its own row only: the same bits
+    in a shuffled table, and predicted alone, as in the table."""
+    spec = resolve_device(device)
+    table = _guarded_gemms(3000, seed=11)
+    canon, _ = kp.normalise_kernel_frame(table)
+    m_probes, n_probes = kp._m_grid_probes(canon)[2], kp._n_grid_probes(kp._pad_contraction(canon)[0])[2]
+    assert len(m_probes) > 1500 and len(n_probes) > 1500  # the guards probe most rows
+    got = predict_kernels(table, spec, bundle=bundle)
+    assert (got["error"] == "").all()
+    perm = np.random.default_rng(12).permutation(len(table))
+    shuffled = predict_kernels(table.iloc[perm], spec, bundle=bundle)
+    _assert_bitwise_equal(shuffled, got.iloc[perm])
+    for i in np.intersect1d(m_probes, n_probes)[:25]:
+        _assert_bitwise_equal(predict_kernels(table.iloc[[i]], spec, bundle=bundle), got.iloc[[i]])
 
 
 def test_missing_and_signed_zero_cells_keep_their_own_messages(monkeypatch, bundle):
