@@ -480,7 +480,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
     """Enumerate valid parallel strategies, evaluate them (shared caches), rank them; Pareto front over step
-    time and memory. Every row has a ``strategy`` string that ``predict_cluster(..., strategy=)`` predicts exactly.
+    time and memory. Every row has a ``strategy`` string that ``predict_cluster(..., strategy=)`` predicts exactly,
+    given the same step options (``dtype``, ``framework``, and the ones no token records: ``grad_accum_dtype``,
+    ``fsdp_reduce_dtype``).
     With ``tokens`` (and ``footprint_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour,
     ...): each fitting row's run days, cloud cost, TCO, energy and CO2e with their sources; ``objective`` (time, cost,
     tco, co2e, energy), ``max_usd``, ``deadline_days``, ``max_tco2e`` and ``pareto`` (time x cloud cost x CO2e) rank and
