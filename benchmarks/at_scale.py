@@ -16,7 +16,7 @@ rows, see ``fit_framework_overhead.py``):
   8 GPUs assumed, ``validation/megatron_ci.py``), as shipped and with Megatron-Core host costs fitted on the other
   half of its tests (the second reading is the one source here with a fitted term of its own; the halves are split by
   model configuration, and a third line leaves out the rows running a setting the prediction does not represent,
-  ``ci_unmodelled``: deterministic mode on Transformer Engine's flash attention, rotary embeddings, --test-mode, ...).
+  ``ci_unmodelled``: deterministic mode on Transformer Engine's flash attention, position embeddings other than learned or rotary, --test-mode, ...).
 
 Per source: rows, median and max |error| %, signed mean %, and how many configurations that ran were predicted
 not to fit (refused as out of memory by the CLI). Each vTrain/MPT source is reported twice: all rows, and without

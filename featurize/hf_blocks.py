@@ -151,6 +151,34 @@ def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:
     return b.elementwise("add", a, c, name=f"{name}.add")
 
 
+def megatron_rope(b: GraphBuilder, q: Tensor, k: Tensor, *, fused: bool, prefix: str = "self_attention"
+                  ) -> tuple[Tensor, Tensor]:
+    """Megatron-Core's ``apply_rotary_pos_emb`` on one layer's query and key: ``SelfAttention.forward`` calls it once
+    on each (``fused_single_qkv_rope`` off, its default; megatron-core 0.19.2 transformer/attention.py,
+    transformer_config.py).
+
+    ``fused`` (``TransformerConfig.apply_rope_fusion``): Transformer Engine's ``fused_apply_rotary_pos_emb``, one
+    memory-bound kernel on q and one on k (each reads and writes its tensor and saves only the frequencies), one kernel
+    each on their gradients. Unfused: ``_apply_rotary_pos_emb_bshd`` (models/common/embeddings/rope_utils.py), which
+    on every call makes its cos/sin tables from the fp32 frequencies (``(torch.cos(freqs) * mscale).to(t.dtype)`` and
+    the same for sin: six kernels on the (S, 1, 1, d) table, off the gradient path; cos/sin costed as ``exp``, the
+    kernel vocabulary's transcendental unary, data/kernel_ops.py), then ``t * cos + rotate_half(t) * sin``
+    (:func:`rope`'s kernels) and ``torch.cat((t, t_pass))`` (one copy; ``t_pass`` is empty at ``rotary_percent`` 1)."""
+    if fused:
+        return (b.elementwise("mul", q, 1.0, name=f"{prefix}.rope.q"),
+                b.elementwise("mul", k, 1.0, name=f"{prefix}.rope.k"))
+    out = []
+    for t, which in ((q, "q"), (k, "k")):
+        name = f"{prefix}.rope.{which}"
+        freqs = b.input((t.shape[2], 1, 1, t.shape[3]), "fp32", requires_grad=False)
+        for fn in ("cos", "sin"):
+            table = b.elementwise("exp", freqs, name=f"{name}.{fn}", out_dtype="fp32", grad=False)
+            table = b.elementwise("mul", table, 1.0, name=f"{name}.{fn}.mscale", out_dtype="fp32", grad=False)
+            b.copy(table, name=f"{name}.{fn}.cast", grad=False)
+        out.append(b.copy(rope(b, t, name), name=f"{name}.cat_pass"))
+    return out[0], out[1]
+
+
 def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False,
                      fp32_loss: bool = False, softcap: float | None = None, shared: bool = False) -> Tensor:
     """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss

@@ -3,7 +3,7 @@
 Each generator emits the kernels the matching ``transformers`` class launches in eager PyTorch
 (``attn_implementation="eager"``), in order, for a batch of ``batch`` sequences of ``seq`` tokens:
 
-- ``gpt2`` (GPT2LMHeadModel; also GPT-3 / Megatron-style GPT configs): learned positions, Conv1D (addmm)
+- ``gpt2`` (GPT2LMHeadModel; also GPT-3 / Megatron-style GPT configs): learned positions (rotary ones with ``position_embedding_type: rope``), Conv1D (addmm)
   projections, ``gelu_new`` as its 8 elementwise kernels, causal ``where`` mask, tied LM head.
 - ``opt`` (OPTForCausalLM): learned positions (offset 2), q scaled after q_proj, q/k/v made contiguous,
   bmm attention, additive causal mask then ``max`` with the dtype minimum, ReLU MLP, tied LM head.
@@ -34,7 +34,7 @@ from typing import Callable, Mapping
 
 from wattcast.featurize.hf_blocks import (activation, attention, eager_attention, heads, lm_head_and_loss, local_heads,
                                           served_kv_heads,
-                                          merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding,
+                                          megatron_rope, merge_heads, padded_vocab, repeat_kv, rms_norm_eager, rope, vocab_embedding,
                                           vocab_shard_params)
 from wattcast.featurize.hf_config import (QWEN_MOE_FAMILIES, HFConfig, attention_windows, bool_field, deepseek_field,
                                           fraction_field, projection_biases)
@@ -57,6 +57,22 @@ def _nested(cfg: HFConfig, section: str, key: str) -> dict:
 # GPT-2 / GPT-3 style
 # --------------------------------------------------------------------------------------------
 
+#: Megatron-LM's ``--position-embedding-type`` values the GPT graph represents (default ``learned_absolute``;
+#: megatron-core 0.19.2, megatron/training/arguments.py)
+GPT_POSITION_EMBEDDINGS = ("learned_absolute", "rope")
+
+
+def gpt_position_embedding(cfg: HFConfig) -> str:
+    """A GPT config's ``position_embedding_type`` (Megatron-Core's ``--position-embedding-type``): ``learned_absolute``
+    (GPT-2's learned table, the default) or ``rope``."""
+    v = cfg.get("position_embedding_type")
+    if v is None:
+        return "learned_absolute"
+    if v not in GPT_POSITION_EMBEDDINGS:
+        raise GraphError(f"{cfg.name}: position_embedding_type {v!r} is not one of {list(GPT_POSITION_EMBEDDINGS)}")
+    return v
+
+
 def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """GPT-2 as Hugging Face runs it; with ``b.framework`` "megatron"/"megatron-deepspeed" as Megatron-LM runs a GPT
     (fused scale-mask-softmax, fused bias-GeLU, fused bias-dropout-add; Megatron's GPT *is* GPT-2's
@@ -68,6 +84,14 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     # linear layer; the fused bias-GeLU and bias-dropout-add then run without the bias, one kernel each still)
     qk_norm = cfg.flag("qk_layernorm", False)
     lin_bias = cfg.flag("add_bias_linear", True)
+    # ``position_embedding_type`` "rope" (``--position-embedding-type rope``): no learned position table (its parameters,
+    # gradient and optimizer state go, and the add of it to the word embeddings), rotary embeddings on q and k in every
+    # layer instead (hf_blocks.megatron_rope). ``apply_rope_fusion``: Megatron-LM's ``--no-rope-fusion`` is
+    # ``store_false`` into ``apply_rope_fusion``, so a rope run is fused unless told (validate_args turns it off only for
+    # other position types; megatron-core 0.19.2 megatron/training/arguments.py; TransformerConfig's own default, False,
+    # is for direct users of Megatron-Core). Hugging Face's path applies transformers' eager rotary kernels (hf_blocks.rope)
+    rotary = gpt_position_embedding(cfg) == "rope"
+    rope_fused = cfg.flag("apply_rope_fusion", True)
     # Megatron's fused scale-mask-softmax kernel takes fp16/bf16 input only (FusedScaleMaskSoftmax.
     # is_kernel_available); in fp32/tf32 it runs torch's path: masked_fill of the causal mask, then softmax
     unfused_mask = fused and b.dtype not in ("fp16", "bf16")
@@ -76,9 +100,10 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     ids = b.input((batch, seq), "fp32")
     hl = local_heads(b, nh)
     with b.layer(-1, "transformer.embeddings"):
-        tok = vocab_embedding(b, ids, cfg.vocab, h, name="wte")
-        pos = b.embedding(b.input((1, tok.shape[1]), "fp32"), max(cfg.max_positions, seq), h, name="wpe")
-        x = b.elementwise("add", tok, pos, name="embed.add")
+        x = tok = vocab_embedding(b, ids, cfg.vocab, h, name="wte")
+        if not rotary:
+            pos = b.embedding(b.input((1, tok.shape[1]), "fp32"), max(cfg.max_positions, seq), h, name="wpe")
+            x = b.elementwise("add", tok, pos, name="embed.add")
         x = b.dropout(x, embd_p, name="embed.dropout")
     for i in range(cfg.n_layers):
         with b.layer(i, f"transformer.h.{i}"):
@@ -90,10 +115,14 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             if qk_norm:  # Megatron-Core: q_layernorm / k_layernorm on the split heads (SelfAttention.get_query_key_value_tensors)
                 q = b.layernorm(q, name="attn.q_layernorm")
                 k = b.layernorm(k, name="attn.k_layernorm")
+            if rotary and fused:  # Megatron-Core: after the q/k layer norms (SelfAttention.forward)
+                q, k = megatron_rope(b, q, k, fused=rope_fused, prefix="attn")
+            elif rotary:
+                q, k = rope(b, q, "attn.rope.q"), rope(b, k, "attn.rope.k")
             # Megatron: the scale is folded into baddbmm and mask + softmax are one fused kernel
             a = attention(b, q, k, v, impl=impl, causal=True, scale="none" if fused else "scores_div",
                           mask="none" if fused and not unfused_mask else "where", dropout_p=attn_p,
-                          strided=(not fused,) * 3)
+                          strided=(not fused and not rotary,) * 2 + (not fused,))  # rotary q/k: fresh tensors
             a = merge_heads(b, a)
             a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row", bias=lin_bias), name="attn.exit")
             if not fused:
@@ -759,8 +788,7 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                                 name="self_attention.q_layernorm", rms=True, bias=False)
                 k = b.layernorm(Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid),
                                 name="self_attention.k_layernorm", rms=True, bias=False)
-                q = b.elementwise("mul", q, 1.0, name="self_attention.rope.q")
-                k = b.elementwise("mul", k, 1.0, name="self_attention.rope.k")
+                q, k = megatron_rope(b, q, k, fused=True)
             else:
                 qkv = b.elementwise("mul", qkv, 1.0, name="self_attention.rope")  # fused RoPE over q and k (v passes)
                 sq = qkv.shape[1]

@@ -170,15 +170,74 @@ def test_settings_the_prediction_cannot_represent_are_marked_and_not_fitted(data
     """Each name token (or column) the simulator cannot represent is marked, not costed silently as the base model,
     and the host fit leaves it out; settings that only change checkpointing, data loading or learning rates are not."""
     df, _ = load_megatron_ci(data_root)
-    marked = ["te_tp1_pp2_rope_embeddings", "te_tp4_pp1_qk_layernorm_test_mode", "te_tp1_pp4_vp1_uneven_pipeline",
+    marked = ["te_tp4_pp1_qk_layernorm_test_mode", "te_tp1_pp4_vp1_uneven_pipeline",
               "te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce_param_gather_overlap_optimizer",
               "te_tp1_pp2_cp4_a2a_p2p_nondeterministic", "te_tp2_pp1_multi_dist_optimizer_instances",
               "te_tp2_pp2_defer_embedding_wgrad_compute", "te_tp1_pp4_vp1_tunable_overlap",
               "te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split"]
     read = ["te_tp2_pp2", "te_tp1_pp4_vp1_resume_torch_dist", "te_tp1_pp4_vp1_decoupled_lr", "te_tp2_pp2_no_mmap_bin_files",
-            "te_tp1_pp4_disable_bias_linear", "te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce_param_gather"]
+            "te_tp1_pp4_disable_bias_linear", "te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce_param_gather",
+            "te_tp1_pp2_rope_embeddings", "te_tp1_pp2_rope_embeddings_interleaved_no_fusion"]
     assert all(ci_unmodelled(_row(df, t)) for t in marked)
     assert not any(ci_unmodelled(_row(df, t)) for t in read)
-    assert "rotary" in ci_unmodelled(_row(df, "te_tp1_pp2_rope_embeddings"))
     rows = pd.concat([_test(df, t) for t in marked + read])
     assert set(ci_fit_rows(rows)["test_case"]) == {f"gpt/gpt3_mcore_{t}" for t in read}
+
+
+def _gpt_graph(**extra):
+    from wattcast.featurize.workload import StepOptions, step_graph
+    framework = extra.pop("framework", "megatron")
+    return step_graph({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 32,
+                       "vocab_size": 128, **extra}, StepOptions(batch=2, seq=32, dtype="bf16", framework=framework))
+
+
+def test_gpt2_graph_rotary_position_embeddings():
+    """``position_embedding_type: rope`` (Megatron's --position-embedding-type rope): no learned position table (its
+    n_positions x hidden parameters go, with their gradient and optimizer state), RoPE on q and k in every layer,
+    forward and backward; fused (apply_rope_fusion, Megatron-LM's default) one kernel on each of q and k and one on
+    each gradient, unfused Megatron-Core's elementwise chain."""
+    from wattcast.featurize.op_graph import GraphError
+
+    base, fused = _gpt_graph(), _gpt_graph(position_embedding_type="rope")
+    unfused = _gpt_graph(position_embedding_type="rope", apply_rope_fusion=False)
+    assert fused.param_count == base.param_count - 32 * 64 == unfused.param_count
+    assert not fused.nodes["name"].str.startswith("wpe").any() and base.nodes["name"].str.startswith("wpe").any()
+    assert _gpt_graph(position_embedding_type="learned_absolute").param_count == base.param_count
+
+    def rope_kernels(g, phase):
+        n = g.nodes
+        return n[(n["phase"] == phase) & n["name"].str.contains(r"\.rope\.")]
+
+    assert rope_kernels(base, "forward").empty
+    f_fw, f_bw = rope_kernels(fused, "forward"), rope_kernels(fused, "backward")
+    assert len(f_fw) == len(f_bw) == 2 * 2  # 2 layers x (q, k)
+    assert set(f_fw["layer"]) == {0, 1} and set(f_bw["layer"]) == {0, 1}
+    u_fw, u_bw = rope_kernels(unfused, "forward"), rope_kernels(unfused, "backward")
+    assert len(u_fw) > len(f_fw) and len(u_bw) > len(f_bw)
+    assert u_fw["name"].str.endswith(".neg").sum() == 4 and u_fw["name"].str.endswith(".cat_pass").sum() == 4
+    # the step's optimizer state follows the parameters: the optimizer rows move fewer bytes
+    opt = lambda g: g.nodes.loc[g.nodes["phase"] == "optimizer", "bytes"].sum()  # noqa: E731
+    assert opt(fused) < opt(base)
+    # Hugging Face's path: transformers' eager rotary kernels
+    assert len(rope_kernels(_gpt_graph(position_embedding_type="rope", framework="hf"), "forward")) == 2 * 2 * 5
+    with pytest.raises(GraphError, match="position_embedding_type"):
+        _gpt_graph(position_embedding_type="alibi")
+
+
+def test_ci_loader_reads_the_position_embedding_column(data_root):
+    """The rope tests (``position-embedding-type`` rope) are costed with rotary embeddings, fused unless the name says
+    ``no_fusion``, and no longer marked; rows without the column keep their config. Until stop 43c they were costed as
+    learned positions and marked."""
+    df, _ = load_megatron_ci(data_root)
+    rope, nofuse = (_test(df, t).head(1) for t in ("te_tp1_pp2_rope_embeddings",
+                                                   "te_tp1_pp2_rope_embeddings_interleaved_no_fusion"))
+    cfg_r, cfg_n = (ci_config(next(x.itertuples(index=False))) for x in (rope, nofuse))
+    assert cfg_r["position_embedding_type"] == cfg_n["position_embedding_type"] == "rope"
+    assert cfg_r["apply_rope_fusion"] is True and cfg_n["apply_rope_fusion"] is False
+    assert "position_embedding_type" not in ci_config(_row(df, "te_tp2_pp2"))
+    assert not ci_unmodelled(next(rope.itertuples(index=False)))
+    assert "position-embedding-type none" in ci_unmodelled(next(rope.assign(position_embedding="none").itertuples(index=False)))
+    learned = rope.assign(position_embedding=float("nan"))
+    assert "position_embedding_type" not in ci_config(next(learned.itertuples(index=False)))
+    p_r, p_n, p_l = (predict_megatron_ci(x, host_ms=CI_HOST_FIT).iloc[0]["predicted_ms"] for x in (rope, nofuse, learned))
+    assert p_n > p_r and p_r != p_l

@@ -6,8 +6,9 @@ node with ``torchrun --nproc-per-node 8`` on the DGX A100 platforms, so 8 GPUs a
 remains (``8 / (tp x pp x cp)``). Rows read (everything else is left out, with the reason counted):
 
 - GPT tests (``gpt/...``) of type ``regular`` or ``release`` on a DGX A100 platform (``*dgx_a100*``, ``*dgxa100*``);
-- dense standard GPTs: no experts, no grouped-query attention, no SwiGLU (the graph is Megatron's GPT, learned
-  positions; the rotary-embedding tests are read but marked, :func:`ci_unmodelled`), a global batch given;
+- dense standard GPTs: no experts, no grouped-query attention, no SwiGLU (the graph is Megatron's GPT: learned
+  positions, or rotary ones where the ``position-embedding-type`` column says ``rope``, fused unless the name says
+  ``no_fusion``, :func:`ci_rope_fusion`; other position types are marked, :func:`ci_unmodelled`), a global batch given;
 - not the ``*_1node`` variants (their golden iteration times are 5-25x those of the same test without the suffix:
   they time something else).
 
@@ -31,7 +32,7 @@ chunk, so it is read non-interleaved); both are marked (:func:`ci_unmodelled`). 
 name: ``--overlap-grad-reduce`` / ``--overlap-param-gather``, off where the name does not say so (:func:`ci_overlaps`),
 ``--qk-layernorm`` (:func:`ci_qk_layernorm`) and ``--disable-bias-linear`` (:func:`ci_bias_linear`). Settings the
 prediction cannot represent are marked, not costed as the base model (:func:`ci_unmodelled`: deterministic mode on TE's
-flash attention, rotary embeddings, ``--test-mode`` and the name tokens of :data:`_UNMODELLED_TOKENS`). Name tokens
+flash attention, position embeddings other than learned or rotary, ``--test-mode`` and the name tokens of :data:`_UNMODELLED_TOKENS`). Name tokens
 read as the base model because they do not change the step's kernels: ``resume_*`` / ``persistent_ckpt`` (checkpoint
 format and saving), ``decoupled_lr`` (a learning rate), ``no_mmap_bin_files`` / ``no_create_attention_mask_in_dataloader``
 (data loading on the host), ``calculate_per_token_loss`` (the loss divided by a token count), ``ddp_average_in_collective``
@@ -54,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.kernel_datasets import resolve_data_root
+from wattcast.featurize.hf_models import GPT_POSITION_EMBEDDINGS
 from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.validation.step_breakdown import step_terms
@@ -65,7 +67,11 @@ CI_CLUSTER = "DGX-A100"
 #: GPT-2 BPE vocabulary, the tests' tokenizer where the table gives no vocabulary size
 CI_VOCAB = 50257
 #: Megatron-Core host costs fitted on the fitting half (fit_ci_host, each test's median over its platforms). Since stop
-#: 43b (the names' overlaps, QK layer norm and linear biases read, unrepresented settings marked; the model keys and so
+#: 43c the rope tests are costed with rotary embeddings (two new model keys: fitting half 28 tests / 78 rows, 17 tests
+#: fitted, the fused rope test and te_tp4_pp1_dist_optimizer_overlap_grad_reduce now evaluated, mcore_tp4_pp1 now
+#: fitted); the best cell is unchanged (0.1, 40, {2: 0.25}, 0.0): mean |error| 4.4% there, median 2.9%, signed +0.5%
+#: (the unfused rope test +24/+28% in it); the evaluation half (51 rows) reads 7.5 / 38.7 / -2.6, 7.0 / 38.7 / -1.9
+#: without its 6 marked rows. Since stop 43b (the names' overlaps, QK layer norm and linear biases read, unrepresented settings marked; the model keys and so
 #: the halves changed: fitting 29 tests / 80 rows, 16 tests fitted) the best cell is (0.1, 40, {2: 0.25}, 0.0): mean
 #: |error| 3.1% there, median 2.7%, signed -1.1%; the evaluation half (49 rows) reads 8.0 / 38.7 / -2.9, 7.5 / 38.7 /
 #: -2.2 without its 6 marked rows. Until then it was (0.1, 40, {2: 0.25}, 0.5) (each test's median over the
@@ -200,6 +206,22 @@ def ci_fsdp(test_case) -> bool:
     return "fsdp_dtensor" in str(test_case)
 
 
+def ci_position_embedding(r) -> str:
+    """A CI row's ``--position-embedding-type`` (its ``position-embedding-type`` column; ``learned_absolute``,
+    Megatron-LM's default, where the cell is empty)."""
+    v = getattr(r, "position_embedding", None)
+    return "learned_absolute" if v is None or (isinstance(v, float) and np.isnan(v)) or v == "" else str(v)
+
+
+def ci_rope_fusion(test_case) -> bool:
+    """Whether a rotary CI test runs Megatron-Core's fused RoPE (``apply_rope_fusion``): Megatron-LM's default for
+    ``--position-embedding-type rope`` (``--no-rope-fusion`` is ``store_false`` into ``apply_rope_fusion``,
+    megatron-core 0.19.2 megatron/training/arguments.py), off where the name says ``no_fusion``
+    (``..._rope_embeddings_interleaved_no_fusion``: ``--rotary-interleaved --no-rope-fusion``; the interleaved
+    rotation costs the same kernels as the half rotation here: a negation and a stack/cat copy)."""
+    return "no_fusion" not in str(test_case)
+
+
 def ci_unmodelled(r) -> str:
     """A setting a CI row runs that the prediction does not represent ("" where none): Megatron-LM's deterministic
     mode on Transformer Engine's flash/fused attention. The tests without ``nondeterministic`` in their name run
@@ -216,8 +238,8 @@ def ci_unmodelled(r) -> str:
     why = []
     if ci_parallel(r)[2] == "flash" and "nondeterministic" not in name:
         why.append("deterministic mode on TE flash/fused attention")
-    if str(getattr(r, "position_embedding", "") or "").startswith("rope"):
-        why.append("rotary position embeddings (--position-embedding-type rope; the GPT graph has learned positions)")
+    if ci_position_embedding(r) not in GPT_POSITION_EMBEDDINGS:
+        why.append(f"--position-embedding-type {ci_position_embedding(r)} (the GPT graph has learned or rotary positions)")
     why += [what for token, what in _UNMODELLED_TOKENS.items() if token in name]
     return "; ".join(why)
 
@@ -225,11 +247,16 @@ def ci_unmodelled(r) -> str:
 def ci_config(r) -> dict:
     name = getattr(r, "test_case", "")
     tied, qk_norm, bias = ci_tied(name), ci_qk_layernorm(name), ci_bias_linear(name)
-    return {"model_type": "gpt2", "n_embd": int(r.hidden), "n_head": int(r.heads), "n_layer": int(r.layers),
-            "n_positions": int(r.seq), "vocab_size": int(r.vocab), "activation_function": "gelu",
-            "tie_word_embeddings": tied, "qk_layernorm": qk_norm, "add_bias_linear": bias,
-            "_name_or_path": f"megatron-ci-gpt-h{int(r.hidden)}-l{int(r.layers)}" + ("" if tied else "-untied")
-                             + ("-qkln" if qk_norm else "") + ("" if bias else "-nobias")}
+    cfg = {"model_type": "gpt2", "n_embd": int(r.hidden), "n_head": int(r.heads), "n_layer": int(r.layers),
+           "n_positions": int(r.seq), "vocab_size": int(r.vocab), "activation_function": "gelu",
+           "tie_word_embeddings": tied, "qk_layernorm": qk_norm, "add_bias_linear": bias,
+           "_name_or_path": f"megatron-ci-gpt-h{int(r.hidden)}-l{int(r.layers)}" + ("" if tied else "-untied")
+                            + ("-qkln" if qk_norm else "") + ("" if bias else "-nobias")}
+    if ci_position_embedding(r) == "rope":  # the learned-position rows keep their config (and model key) as before
+        fused = ci_rope_fusion(name)
+        cfg.update(position_embedding_type="rope", apply_rope_fusion=fused,
+                   _name_or_path=cfg["_name_or_path"] + ("-rope" if fused else "-rope-unfused"))
+    return cfg
 
 
 def _switched_on(v) -> bool:
