@@ -41,7 +41,7 @@ format and saving), ``decoupled_lr`` (a learning rate), ``no_mmap_bin_files`` / 
 
 Two readings (``benchmarks/at_scale.py``): as shipped (``--framework megatron`` takes eager PyTorch's host costs, as no
 Megatron-Core measurement was visible before: about 3x too fast here), and with Megatron-Core host costs fitted on a
-seeded half of these rows (:func:`fit_ci_host`, each test's median over its platforms; :data:`CI_HOST_FIT` holds
+half of these rows (:func:`fit_ci_host`, each test's median over its platforms; :data:`CI_HOST_FIT` holds
 the result) and reported on the other half's every row. The fitted costs are not the ``megatron`` preset: the tests run Megatron-LM's
 deterministic test mode on 12-layer, hidden-512 models, where every kernel waits for the host; a large model's host
 runs ahead of its GPUs, and a per-kernel floor of this size would tax its short kernels (see the README).
@@ -69,7 +69,9 @@ CI_CLUSTER = "DGX-A100"
 #: GPT-2 BPE vocabulary, the tests' tokenizer where the table gives no vocabulary size
 CI_VOCAB = 50257
 #: Megatron-Core host costs fitted on the fitting half (fit_ci_host, each test's median over its platforms). Since stop
-#: 43c the rope tests are costed with rotary embeddings (two new model keys: fitting half 28 tests / 78 rows, 17 tests
+#: 43d each configuration's side is its own key's SHA-256 (ci_split; 79 rows / 29 tests fitting, 22 tests fitted):
+#: the best cell is unchanged, mean |error| 7.6% there, median 5.2%, signed -2.9%; the evaluation half (50 rows) reads
+#: 4.2 / 44.1 / -4.5, 3.2 / 27.6 / -0.4 without its 10 marked rows. Since stop 43c the rope tests are costed with rotary embeddings (two new model keys: fitting half 28 tests / 78 rows, 17 tests
 #: fitted, the fused rope test and te_tp4_pp1_dist_optimizer_overlap_grad_reduce now evaluated, mcore_tp4_pp1 now
 #: fitted); the best cell is unchanged (0.1, 40, {2: 0.25}, 0.0): mean |error| 4.4% there, median 2.9%, signed +0.5%
 #: (the unfused rope test +24/+28% in it); the evaluation half (51 rows) reads 7.5 / 38.7 / -2.6, 7.0 / 38.7 / -1.9
@@ -306,7 +308,7 @@ def ci_model_key(r) -> str:
 
 
 def ci_split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(fitting half, evaluation half) of the CI rows, split by model configuration (:func:`ci_model_key`; seeded):
+    """(fitting half, evaluation half) of the CI rows, split by model configuration (:func:`ci_model_key`; each key's side from its SHA-256):
     tests whose names differ only in settings the prediction does not read (``resume``, ``decoupled_lr``,
     ``ddp_average_in_collective``, ...) predict the same and land on the same side, with every platform of each. Until
     stop 43 the split was by test name, and 40 of the evaluation half's 60 rows shared a prediction with a fitting-half
