@@ -50,3 +50,25 @@ def test_tensor_sizes_cached_without_changing_the_dataclass():
     assert [f.name for f in dataclasses.fields(Tensor)] == ["shape", "dtype", "node", "tid"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.numel = 1
+
+
+def test_column_is_factorises_a_column_once_for_all_values(graph):
+    """Each value asked of a column (phase forward/backward/optimizer, ...) reuses one factorisation of it; the masks
+    are those of comparing every row."""
+    from wattcast.featurize import graph_cache
+
+    frame = graph.nodes
+    calls = []
+    real = graph_cache._derived
+
+    def spy(series, what, make):
+        return real(series, what, (lambda: (calls.append(what), make())[1]))
+
+    graph_cache._derived = spy
+    try:
+        for value in ("forward", "backward", "optimizer"):
+            got = graph_cache.column_is(frame, "phase", value)
+            assert np.array_equal(got, (frame["phase"].astype(str) == value).to_numpy())
+    finally:
+        graph_cache._derived = real
+    assert calls.count("factorize_keep_na") <= 1
