@@ -138,14 +138,19 @@ def columns_derived(frame, cols: tuple[str, ...], what, fn):
     read-only (a caller writing to a shared mask would change every later frame's). The entry holds the columns, so
     their ids are not reused while cached; a column replaced or changed is another pyarrow array, another entry."""
     series = [frame[c] for c in cols]
+    return _derived(series, what, lambda: fn(*(s.to_numpy() for s in series)))
+
+
+def _derived(series, what, make):
+    """``make()``, cached as :func:`columns_derived` caches (by the identity of the columns ``series`` and ``what``)."""
     pa_cols = tuple(_arrow_column(s) for s in series)
     if any(p is None for p in pa_cols):
-        return fn(*(s.to_numpy() for s in series))
+        return make()
     key = (tuple(map(id, pa_cols)), what)
     hit = _COLUMNS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], pa_cols)):
         return hit[1]
-    value = _freeze(fn(*(s.to_numpy() for s in series)))
+    value = _freeze(make())
     # weighed by what it holds (a mask is a byte a row): by the frame's rows, a predict's ~17 entries of one graph
     # over ~59k rows evicted each other on every call
     _COLUMNS.put(key, (pa_cols, value), rows=max(_nbytes(value), 1))
@@ -179,16 +184,19 @@ def column_values(frame, col: str):
 def column_is(frame, col: str, value: str):
     """``frame[col].astype(str) == value`` as a numpy mask (read-only; a missing value is no value), made once per
     immutable string column."""
-    def mask(v):
+    def mask():
         import numpy as np
         import pandas as pd
 
-        # a handful of distinct values over thousands of rows: each compared once, then a gather
-        codes, uniq = pd.factorize(v, use_na_sentinel=False)
+        # a handful of distinct values over thousands of rows: each compared once, then a gather (the column's
+        # factorisation made once for all the values asked of it)
+        codes, uniq = _derived(series, "factorize_keep_na", lambda: pd.factorize(series[0].to_numpy(),
+                                                                                   use_na_sentinel=False))
         return np.array([(u if isinstance(u, str) else "" if pd.isna(u) else str(u)) == value for u in uniq],
                         dtype=bool)[codes]
 
-    return column_derived(frame, col, ("is", value), mask)
+    series = [frame[col]]
+    return _derived(series, ("is", value), mask)
 
 
 def column_codes(frame, col: str, sort: bool = False):

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSES, GraphError, OpGraph
+from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSES, GraphError, OpGraph, _frame_of_rows
 from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, module_layers_end, node_tags, parse_recompute,
                                          recompute_setting, recompute_tags)
 
@@ -62,19 +62,32 @@ def optimizer_state_bytes(optimizer: str) -> int:
     return OPTIMIZER_STATE_BYTES_PER_PARAM[optimizer_key(optimizer)]
 
 
-def _bw_row(spec: dict, fwd_row: dict, fwd_id: int, dtype: str) -> dict:
-    row = {c: np.nan for c in SHAPE_COLUMNS}
-    row["scale"] = 1.0
-    row["group"] = ""
+def _column_values(nodes: pd.DataFrame) -> dict[str, list]:
+    """Each column's values as ``nodes.to_dict("records")`` holds them (Python scalars), one list per column: the
+    records' values without building a dict per row (``Series.tolist`` gives the Python scalars ``itertuples`` does, NaN
+    for a missing string; a frame with an object column, which ``to_dict`` would box, takes the records path)."""
+    if any(dt == object for dt in nodes.dtypes):
+        recs = nodes.to_dict("records")
+        return {c: [r[c] for r in recs] for c in nodes.columns}
+    return {c: nodes[c].tolist() for c in nodes.columns}
+
+
+def _bw_row(spec: dict, layer: int, scope: str, tag: str, fwd_id: int, dtype: str) -> dict:
+    row = dict(_BW_DEFAULTS)
     row.update(spec)
     dtype = spec.get("dtype") or dtype  # an FP8 recipe's GEMMs name their own dtype
     if dtype == "tf32" and spec.get("op_class") not in TF32_CLASSES:
         dtype = "fp32"  # TF32 is a matrix-product mode
-    row.update(dtype=dtype, param_count=0, layer=fwd_row["layer"], scope=fwd_row["scope"], phase="backward",
-               fwd_id=fwd_id, recompute=False, tag=fwd_row["tag"])
-    for c in SHAPE_COLUMNS:
+    row.update(dtype=dtype, param_count=0, layer=layer, scope=scope, phase="backward",
+               fwd_id=fwd_id, recompute=False, tag=tag)
+    for c in _SHAPE_SET.intersection(spec):  # the defaults are NaN already
         row[c] = float(row[c]) if row[c] is not None else np.nan
     return row
+
+
+#: a backward row before its rule's values: no shape, scale 1, no group
+_BW_DEFAULTS = {**{c: np.nan for c in SHAPE_COLUMNS}, "scale": 1.0, "group": ""}
+_SHAPE_SET = frozenset(SHAPE_COLUMNS)
 
 
 def _check_modules(fwd: OpGraph, recompute: str) -> None:
@@ -113,9 +126,10 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     opt = optimizer_key(optimizer)
     nodes = fwd.nodes
     dtype = fwd.meta.get("dtype", "fp32")
-    fwd_rows = nodes.to_dict("records")
+    fwd_cols = _column_values(nodes)
     rules = fwd.saved["backward"]
-    n_fwd = len(fwd_rows)
+    n_fwd = len(nodes)
+    fwd_layer, fwd_scope, fwd_tag = fwd_cols["layer"], fwd_cols["scope"], fwd_cols["tag"]
     out_rows: list[dict] = []
     edges: list[tuple[int, int]] = [tuple(e) for e in fwd.edges.tolist()]
     first_bw: dict[int, int] = {}  # forward id -> its first backward node id
@@ -133,7 +147,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
             if recompute != "full":
                 sel = sel[[bool(node_tags(t) & rerun) for t in tags[sel]]]
             for j in sel:
-                r = dict(fwd_rows[j])
+                r = {c: v[j] for c, v in fwd_cols.items()}
                 r.update(phase="backward", fwd_id=int(j), recompute=True, param_count=0, name=f"{r['name']}.recompute")
                 nid = n_fwd + len(out_rows)
                 out_rows.append(r)
@@ -144,7 +158,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
             continue
         for k, spec in enumerate(specs):
             nid = n_fwd + len(out_rows)
-            out_rows.append(_bw_row(spec, fwd_rows[i], i, dtype))
+            out_rows.append(_bw_row(spec, fwd_layer[i], fwd_scope[i], fwd_tag[i], i, dtype))
             edges.append((i, nid))
             edges.append((prev, nid))
             if k == 0:
@@ -188,7 +202,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
                 out_rows.append(_opt_row(f"fp8_weight_cast[{lay}]", "fp8_cast", lay, scope, fp8_p, 4.0 * fp8_p, dtype,
                                          "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
-    extra = pd.DataFrame(out_rows, columns=list(NODE_COLUMNS))
+    extra = _frame_of_rows(out_rows, list(NODE_COLUMNS))
     all_nodes = pd.concat([nodes, extra], ignore_index=True) if len(extra) else nodes.copy()
     all_nodes["recompute"] = all_nodes["recompute"].astype(bool)
     all_nodes["fwd_id"] = all_nodes["fwd_id"].astype(np.int64)
