@@ -15,7 +15,7 @@ from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_
                                      required_columns)
 from wattcast.models.gemm_floor import blend_weight, blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
-from wattcast.models.kernel_surrogates import RooflineSurrogate, predict_distinct
+from wattcast.models.kernel_surrogates import RooflineSurrogate, fnv1a_rows, predict_distinct
 from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
 
 #: columns the output adds (the contract of `wattcast kernels`), then wattcast's extras
@@ -317,14 +317,9 @@ def _distinct_input_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] |
             if k is None:
                 return None
             keys.append(k)
-    # one FNV-1a hash of the row's keys (http://www.isthe.com/chongo/tech/comp/fnv/: offset basis and 64-bit prime),
+    # one FNV-1a hash of the row's keys (kernel_surrogates.fnv1a_rows),
     # then every group checked column by column; a collision (two different rows, one hash) takes the exact codes
-    h = np.full(n, 0xCBF29CE484222325, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for k in keys:
-            h ^= k.astype(np.uint64, copy=False)
-            h *= np.uint64(0x100000001B3)
-    inverse, uniq = pd.factorize(h)
+    inverse, uniq = pd.factorize(fnv1a_rows(keys, n))
     n_groups = len(uniq)
     if n_groups == n or n_groups > _DEDUP_MAX_DISTINCT * n:
         return None

@@ -99,8 +99,19 @@ def single_threaded_predictions() -> None:
     PREDICT_THREADS[0] = 1
 
 
-#: FNV-1a's 64-bit prime (Fowler, Noll, Vo: http://www.isthe.com/chongo/tech/comp/fnv/): the row hash's multiplier
-_FNV_PRIME = np.uint64(0x100000001B3)
+#: FNV-1a's 64-bit offset basis and prime (Fowler, Noll, Vo: http://www.isthe.com/chongo/tech/comp/fnv/)
+_FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, np.uint64(0x100000001B3)
+
+
+def fnv1a_rows(columns, n: int) -> np.ndarray:
+    """One FNV-1a hash per row over ``columns`` (each ``n`` integers, taken as 64-bit words): equal rows hash
+    equal; two different rows can collide, so a caller checks its groups."""
+    h = np.full(n, _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in columns:
+            h ^= k.astype(np.uint64, copy=False)
+            h *= _FNV_PRIME
+    return h
 
 
 def distinct_matrix_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -113,11 +124,7 @@ def distinct_matrix_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     if n < 2 or A.ndim != 2 or A.dtype != np.float64:
         return None
     bits = np.ascontiguousarray(A).view(np.uint64)
-    h = np.full(n, 0xCBF29CE484222325, dtype=np.uint64)  # FNV-1a's offset basis, over 64-bit words
-    for j in range(bits.shape[1]):
-        h ^= bits[:, j]
-        h *= _FNV_PRIME
-    inverse, uniq = pd.factorize(h)
+    inverse, uniq = pd.factorize(fnv1a_rows(bits.T, n))
     if len(uniq) == n:
         return None
     rep = np.empty(len(uniq), dtype=np.intp)

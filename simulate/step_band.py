@@ -200,9 +200,16 @@ def mix_band_log(lo: float, hi: float, ood: dict | None) -> tuple[float, float]:
     time ratio: (1 - s) exp(lo) + s exp(lo_ood). Non-increasing low and non-decreasing high in the share."""
     if not ood or ood.get("share", 0.0) <= 0:
         return lo, hi
-    s = min(max(float(ood["share"]), 0.0), 1.0)
-    lo_o, hi_o = min(float(ood["low_log"]), lo), max(float(ood["high_log"]), hi)
-    return (math.log((1 - s) * math.exp(lo) + s * math.exp(lo_o)), math.log((1 - s) * math.exp(hi) + s * math.exp(hi_o)))
+    low, high = _mixed_log(lo, hi, float(ood["share"]), float(ood["low_log"]), float(ood["high_log"]))
+    return float(low), float(high)
+
+
+def _mixed_log(lo, hi, share, lo_ood, hi_ood):
+    """:func:`mix_band_log`'s mixture for a positive ``share`` (scalars or arrays): the OOD band never narrower than
+    [``lo``, ``hi``], mixed in time ratio."""
+    s = np.clip(share, 0.0, 1.0)
+    lo_o, hi_o = np.minimum(lo_ood, lo), np.maximum(hi_ood, hi)
+    return np.log((1 - s) * np.exp(lo) + s * np.exp(lo_o)), np.log((1 - s) * np.exp(hi) + s * np.exp(hi_o))
 
 
 def ood_warning(share: float) -> str | None:
@@ -272,10 +279,8 @@ def cluster_band_columns(step_ms, generation_log, total_ms, ood_ms, ood_low_ms, 
         extra = np.asarray(generation_log, dtype=float)
         lo, hi = s["band_log"][0] - extra, s["band_log"][1] + extra
         # mix_band_log where the step has OOD time
-        sc = np.clip(share, 0.0, 1.0)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            lo_m = np.log((1 - sc) * np.exp(lo) + sc * np.exp(np.minimum(lo_o, lo)))
-            hi_m = np.log((1 - sc) * np.exp(hi) + sc * np.exp(np.maximum(hi_o, hi)))
+            lo_m, hi_m = _mixed_log(lo, hi, share, lo_o, hi_o)
             lo, hi = np.where(share > 0, lo_m, lo), np.where(share > 0, hi_m, hi)
             low, high = np.where(ok, step * np.exp(lo), np.nan), np.where(ok, step * np.exp(hi), np.nan)
     return {"step_time_band_low_ms": low, "step_time_band_high_ms": high,
