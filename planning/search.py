@@ -584,6 +584,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     df = _with_band(df)[cols]
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
+    warnings = warnings + _ood_warnings(df)
     df, excluded = _apply_goals(df, goals)
     fit = df[df["fits"]].sort_values(["step_time_ms", "memory_gb"])
     # the front: each row that needs less memory than every faster one (NaN memory is never below; fmin skips it)
@@ -593,6 +594,21 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ranked_clusters = set(df["cluster"])
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings)
+
+
+def _ood_warnings(df: pd.DataFrame) -> list[str]:
+    """One warning per cluster whose ranked strategies put more than ``step_band.OOD_WARN_SHARE`` of their predicted
+    kernel time out of distribution (``predict_cluster``'s warning for one strategy, said once for the search):
+    the strategies that pass it, and the largest share."""
+    from wattcast.simulate.step_band import OOD_WARN_SHARE, ood_warning
+    out = []
+    share = df["ood_time_share"].to_numpy(dtype=float)
+    for cluster in dict.fromkeys(df["cluster"]):
+        on = (df["cluster"] == cluster).to_numpy()
+        over = on & (share > OOD_WARN_SHARE)
+        if over.any():
+            out.append(f"{cluster}: {int(over.sum())} of {int(on.sum())} strategies: " + ood_warning(float(share[over].max())))
+    return out
 
 
 def _with_band(df: pd.DataFrame) -> pd.DataFrame:

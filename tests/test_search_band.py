@@ -95,3 +95,18 @@ def test_search_json_rows_carry_the_band():
     row = json.loads(r.stdout)["ranked"][0]
     assert set(BAND_COLUMNS) <= set(row)
     assert row["step_time_band_low_ms"] < row["step_time_ms"] < row["step_time_band_high_ms"]
+
+
+def test_a_search_whose_strategies_are_mostly_out_of_distribution_says_so_once_per_cluster():
+    """``predict_cluster`` warns past ``OOD_WARN_SHARE``; a search over those strategies said nothing (the share was
+    only a column). Now one warning per cluster, with the count of strategies past it and the largest share."""
+    res = wattcast.search("gpt2_medium", ["DGX-B200", "DGX-H100"], gpus=8, batch=16, seq=1024, max_configs=6, workers=1)
+    shares = res.ranked.groupby("cluster")["ood_time_share"].max()
+    assert shares["DGX-B200"] > sb.OOD_WARN_SHARE >= shares["DGX-H100"]
+    ood = [w for w in res.warnings if "out of distribution" in w]
+    n = int((res.ranked[res.ranked["cluster"] == "DGX-B200"]["ood_time_share"] > sb.OOD_WARN_SHARE).sum())
+    assert ood == [f"DGX-B200: {n} of {int((res.ranked['cluster'] == 'DGX-B200').sum())} strategies: "
+                   + sb.ood_warning(shares["DGX-B200"])]
+    top = res.ranked[res.ranked["cluster"] == "DGX-B200"].iloc[0]
+    p = wattcast.predict_cluster("gpt2_medium", "DGX-B200", seq=1024, strategy=top["strategy"])
+    assert any("out of distribution" in w for w in p.meta["warnings"])
