@@ -23,7 +23,8 @@ from wattcast.featurize.hf_config import pinned_files
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.defaults import DEFAULTS, resolve_dtype
 from wattcast.simulate.moe_routing import check_routing
-from wattcast.simulate.distributed import MAX_GLOBAL_TOKENS, schedule_step, schedule_context, spec_notes
+from wattcast.simulate.distributed import (MAX_GLOBAL_TOKENS, deepspeed_zero_search_notes, schedule_step,
+                                           schedule_context, spec_notes)
 from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
@@ -534,7 +535,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     # the clusters' and GPUs', each once (one GPU on two clusters: its peak-ratio note once)
     from wattcast.featurize.hf_config import model_warnings
 
-    warnings = list(dict.fromkeys([*model_warnings(hf, seq), *(w for cl, spec in resolved for w in spec_notes(cl, spec))]))
+    warnings = list(dict.fromkeys([*model_warnings(hf, seq), *(w for cl, spec in resolved for w in spec_notes(cl, spec)),
+                                   *deepspeed_zero_search_notes(canonical_framework(framework), dtype,
+                                                                grad_accum_dtype)]))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
     folders = current_folders()  # resolved and active (_in_model_folders)

@@ -43,6 +43,7 @@ from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS
+from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM
 from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype, is_onnx_path,
                                         step_graph)
 from wattcast.models.kernel_bundle import load_bundle
@@ -402,6 +403,25 @@ def grad_accum_dtype_notes(given: str | None, framework: str, zero: int, dtype: 
     return []
 
 
+def deepspeed_zero_search_notes(framework: str, dtype: str, grad_accum_dtype: str | None) -> list[str]:
+    """A search's note on why ZeRO-0 can rank ahead of ZeRO-1 for megatron-deepspeed with bf16 and the default
+    ``grad_accum_dtype``: DeepSpeed 0.19.8 runs ``BF16_Optimizer`` at both (``engine.py``
+    ``_do_optimizer_sanity_check`` l. 2294-2323), which at ZeRO-0 too shards its step over the DP group, all-reduces
+    the gradients and all-gathers the weights (``bf16_optimizer.py`` l. 152-183, 593-603): the same communication
+    and states. ZeRO-0's accumulation buffer is bf16 (the model's dtype, ``get_data_types`` l. 1799-1810), ZeRO-1's
+    here fp32 (BLOOM-176B's, :data:`FRAMEWORK_GRAD_ACCUM_DTYPE`), so ZeRO-0 streams fewer bytes per micro-batch and
+    holds 2 B/param less."""
+    from wattcast.data.kernel_ops import canonical_dtype
+
+    if framework != "megatron-deepspeed" or canonical_dtype(str(dtype)) != "bf16" or grad_accum_dtype is not None:
+        return []
+    return ["megatron-deepspeed with bf16: ZeRO-0 and ZeRO-1 both run DeepSpeed 0.19.8's BF16_Optimizer, which shards "
+            "the optimizer step, all-reduces the gradients and all-gathers the weights at ZeRO-0 too; ZeRO-0 "
+            "accumulates in bf16 (DeepSpeed's default there) and ZeRO-1 in fp32 (wattcast's default there, as "
+            "BLOOM-176B ran), so ZeRO-0 can rank ahead (fewer bytes per micro-batch, 2 B/param less memory). "
+            "--grad-accum-dtype bf16 makes ZeRO-1 DeepSpeed's ZeRO optimizer instead"]
+
+
 def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None,
                             zero: int = 1) -> tuple[float, bool]:
     """(bytes per parameter, every micro-batch?) of the pass that accumulates a micro-batch's gradients.
@@ -430,6 +450,79 @@ def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | 
     if acc is not None:
         return (18.0 if acc == "fp32" else 6.0), True
     return 3.0 * _grad_bytes(framework, dtype), False
+
+
+def dp_reduce_op(framework: str, zero: int, bf16_optimizer: bool = False) -> str:
+    """The collective of the data-parallel gradient reduction below ZeRO-3: "reduce_scatter" for a distributed
+    optimizer (ZeRO-1/2) except DeepSpeed's, else "all_reduce".
+
+    DeepSpeed 0.19.8 (``megatron-deepspeed``) all-reduces at every stage below 3. ``BF16_Optimizer``:
+    ``allreduce_bucket`` (``runtime/engine.py`` l. 3795-3821, ``dist.all_reduce``). The ZeRO-1/2 optimizer
+    (``runtime/zero/stage_1_and_2.py``): ``average_tensor`` (l. 1590-1720) with its ``reduce_scatter`` config on
+    (``zero/config.py`` l. 108, default True) puts every partition's slice of a bucket under the key
+    ``("allreduce", process_group)`` when ``use_multi_rank_bucket_allreduce`` is on (l. 119, default True; l. 1693-1697),
+    and ``allreduce_and_scatter`` -> ``allreduce_and_copy_with_multiple_ranks`` -> ``allreduce_bucket`` (l. 1516-1588,
+    2359-2392, ``rank=None``) all-reduces the whole bucket (up to ``reduce_bucket_size``, 5e8 elements, l. 113;
+    ``reduce_ipg_grads`` l. 2205-2231), each rank then keeping its partition's slice; ``reduce_scatter: false``
+    all-reduces too (``gradient_reduction_w_predivide``, l. 1485-1514) and ``use_multi_rank_bucket_allreduce: false``
+    issues one ``dist.reduce`` per destination rank (l. 2385-2387), neither a reduce-scatter. Until stop 44 the ZeRO-1/2
+    optimizer was costed with a reduce-scatter (half the all-reduce's bytes on a ring)."""
+    if framework == "megatron-deepspeed" or bf16_optimizer:
+        return "all_reduce"
+    return "reduce_scatter" if int(zero) >= 1 else "all_reduce"
+
+
+#: bytes per parameter of the bf16 ``param.grad`` passes ``BF16_Optimizer`` runs each micro-batch after a step's first
+#: (DeepSpeed 0.19.8): ``clear_lp_grads`` zeroes the bf16 gradients before every backward (``torch._foreach_zero_``,
+#: ``bf16_optimizer.py`` l. 612-623; called by the pipeline engine, ``runtime/pipe/engine.py`` l. 838-840, and by
+#: ``backward_prologue``, l. 500-501), writing 2 B, rather than freeing them, so autograd's AccumulateGrad adds each
+#: new weight gradient into the zeroed one in place (read 2 + 2, write 2) instead of taking the GEMM's output. The
+#: step's ``zero_grad`` (``engine.py`` l. 3521-3526 -> ``bf16_optimizer.py`` l. 625-627, ``set_to_none=True``) frees
+#: them, so the first micro-batch of a step has neither pass (``clear_lp_grads`` skips ``None`` gradients).
+BF16_OPTIMIZER_LP_GRAD_BYTES_PER_PARAM = 2.0 + 3 * 2.0
+
+
+def bf16_optimizer_lp_grad_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None,
+                                 zero: int = 1) -> float:
+    """Bytes per parameter, per micro-batch after a step's first, of ``BF16_Optimizer``'s bf16 ``param.grad`` zeroing
+    and autograd's in-place accumulation into it (:data:`BF16_OPTIMIZER_LP_GRAD_BYTES_PER_PARAM`), on top of
+    :func:`grad_accumulation_bytes`' copy into its accumulation buffer; 0 where it does not run (until stop 44 these
+    passes were not costed)."""
+    if deepspeed_bf16_optimizer_accum(framework, dtype, zero, grad_accum_dtype) is None:
+        return 0.0
+    return BF16_OPTIMIZER_LP_GRAD_BYTES_PER_PARAM
+
+
+def bf16_optimizer_step_bytes(accum: str, dp: int, clip_grad: bool = True) -> tuple[float, float]:
+    """(bytes per parameter of the stage's whole gradient, bytes per parameter of the rank's 1/dp partition) that
+    DeepSpeed 0.19.8's ``BF16_Optimizer`` moves once per step beyond the graph's optimizer rows (gradient clipping,
+    12 B, and the mixed-precision AdamW step, 32 B, both sharded over the DP group, ``featurize/training_graph.py``),
+    with an accumulation buffer in ``accum`` ("fp32" / "bf16"):
+
+    - the DP reduction (pipeline engine ``_bf16_reduce_grads`` -> ``buffered_allreduce_fallback`` ->
+      ``allreduce_bucket``, ``engine.py`` l. 3795-3821, on the flat accumulation buffer): with fp32 it casts the buffer
+      to the bf16 ``communication_data_type`` (read 4, write 2), post-scales the reduced bf16 tensor by 1 / dp
+      (``mul_``, read 2, write 2, only when dp != ``gradient_predivide_factor`` 1.0) and copies it back into the fp32
+      buffer (read 2, write 4): 16 B (12 at dp 1, where the casts still run); with bf16 only the scale, 4 B (0 at dp 1);
+    - ``step`` (``bf16_optimizer.py`` l. 384-433): the gradient norm over every gradient of the stage, not the
+      partition (``get_grads_for_norm``, l. 547-591; ``get_global_norm_of_tensors``, ``utils.py`` l. 946-953,
+      ``tensor.float().norm()``: read 4 B, or a bf16 buffer's fp32 copy and its read, 2 + 4 + 4 B), always computed;
+      with clipping the whole gradient scaled in place (``clip_tensors_by_global_norm``, ``utils.py`` l. 974-991:
+      8 B fp32, 4 B bf16), replacing the graph's clipping row, which the scheduler shards over dp (-12 B on the
+      partition); a bf16 buffer's partition cast to fp32 for the optimizer (l. 414-418: read 2, write 4 on the
+      partition); the step itself on the fp32 partition (28 B) and ``update_lp_params``' copy of it into the bf16
+      weights (l. 593-597: read 4, write 2), 34 B against the graph row's 32;
+    - the accumulation buffer zeroed twice, by ``clear_hp_grads`` at the end of ``step`` (l. 433, 605-610) and again by
+      the engine's ``zero_grad`` (``engine.py`` l. 3521-3526 -> l. 625-627): 2 x 4 B fp32, 2 x 2 B bf16."""
+    acc4 = accum == "fp32"
+    multi = int(dp) > 1
+    reduce_b = (12.0 + (4.0 if multi else 0.0)) if acc4 else (4.0 if multi else 0.0)
+    norm_b = 4.0 if acc4 else 10.0
+    clip_b = (8.0 if acc4 else 4.0) if clip_grad else 0.0
+    zero_b = 2 * (4.0 if acc4 else 2.0)
+    whole = reduce_b + norm_b + clip_b + zero_b
+    part = (34.0 - 32.0) + (0.0 if acc4 else 6.0) - (CLIP_BYTES_PER_PARAM if clip_grad else 0.0)
+    return whole, part
 
 
 def tied_copy_params_by_chunk(tied_output_params: float, pp: int, n_chunks: int) -> np.ndarray:
@@ -1665,7 +1758,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # reduce-scatter a distributed optimizer runs
     bf16_opt = bf16_optimizer_runs(opts.framework, par.zero, ds_acc)
     par_dp = replace(par, zero=max(int(par.zero), 1)) if bf16_opt else par
-    dp_op = "all_reduce" if bf16_opt else ("reduce_scatter" if par.zero >= 1 else "all_reduce")
+    dp_op = dp_reduce_op(opts.framework, par.zero, bf16_opt)
     summary = ctx.summary
     capacity = capacity_gb(spec.memory_gb)
     # expert states are sharded over the expert-data-parallel group (tp x cp x dp / (etp x ep): _dp_times' ep_dp), not
@@ -1844,7 +1937,18 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     acc_b, every = grad_accumulation_bytes(opts.framework, dtype, ctx.grad_accum_dtype, par.zero)
     share = 1.0 if every else (n_micro - 1) / n_micro
     shard = lay["dp"].size if par.zero >= 2 else 1
-    acc_ms = params_chunk / shard * acc_b * share / (stream_gbps * 1e9) * 1e3
+    # BF16_Optimizer also zeroes the bf16 param.grad before each backward and autograd adds into it in place, every
+    # micro-batch after a step's first (bf16_optimizer_lp_grad_bytes)
+    acc_b = acc_b * share + bf16_optimizer_lp_grad_bytes(opts.framework, dtype, ctx.grad_accum_dtype,
+                                                         par.zero) * (n_micro - 1) / n_micro
+    acc_ms = params_chunk / shard * acc_b / (stream_gbps * 1e9) * 1e3
+    # BF16_Optimizer's once-per-step passes beyond the graph's (sharded) clipping and step rows: the casts and scale
+    # around its DP all-reduce, the norm and clipping over the whole gradient, the buffer zeroed twice
+    # (bf16_optimizer_step_bytes), streamed on each stage's parameters, in the optimizer phase
+    bf16_step_ms = np.zeros(P)
+    if bf16_opt and g.meta.get("optimizer", "none") != "none":
+        whole_b, part_b = bf16_optimizer_step_bytes(ds_acc, dp_n, bool(g.meta.get("clip_grad", True)))
+        bf16_step_ms = np.maximum(params_stage * (whole_b + part_b * opt_share), 0.0) / (stream_gbps * 1e9) * 1e3
     b_nc = b_nc + acc_ms
     # getting each micro-batch onto the GPU (simulate/data_loading.py): the loader's exposed host time, the copy, the
     # TP broadcast and the derived kernels, in the forward of the chunks that read the batch (first and last)
@@ -2056,7 +2160,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if tied_on and trace:
             comm_events += [(s, "pp.embedding_grad_all_reduce", tied_start, tied_start + tied_ar_ms) for s in (0, P - 1)]
         # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
-        opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share
+        opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share + bf16_step_ms
         gather = np.zeros(P)
         if dp_on and par_dp.zero >= 1 and dp_group:
             if par.overlap_param_gather and V > 1:
@@ -2131,6 +2235,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 + p_comm * np.maximum(busy - work["task_cmp_ms"], 0.0) / 1e3)
     busy_all = busy + opt_stage
     stage_e = (e_task_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share + work["after_extra_j"]
+               + bf16_step_ms * p_stream / 1e3
                + p_comm * np.maximum(step - busy_all - work["after_cmp_ms"], 0.0) / 1e3)
     if summary:
         energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
@@ -2144,7 +2249,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if ood_stage is not None:
             crit = int(np.argmax(finish + opt_stage + gather))
             ood_sums = critical_rank_ood_sums(dict(zip(_OOD_STAGE_FIELDS, ood_stage[:, crit].tolist())), n_micro,
-                                              float(opt_stage[crit]), float(opt_by_stage[crit]))
+                                              float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
         return StepSummary(spec.name, par, step, float(mfu), model_flops / step_s / par.gpus / 1e12, model_flops, worst,
                            fits, max(step - step_free, 0.0), max(bubble, 0.0), energy_total,
                            energy_total / step_s / par.gpus, capacity, True, ood_sums, view.per_op, float(data_f.sum()))
@@ -2213,7 +2318,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # the step band's OOD term: the critical rank's (the stage that ends the step), its OOD kernels' share of its time
     crit = int(np.argmax(finish + opt_stage + gather))
     ood = critical_rank_ood({k: float(by_stage(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
-                            float(opt_stage[crit]), float(opt_by_stage[crit]))
+                            float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
     warn = ood_warning(float(ood.get("share", 0.0)))
     meta = with_warnings(meta, [*ctx.notes, *([warn] if warn else [])])
     if pipe.extrapolated:
