@@ -81,3 +81,13 @@ def test_knob_effects_ratio_and_miss():
     assert r["miss"] == pytest.approx((0.5 / 0.6 + 1.0) / 2)
     with pytest.raises(ValueError, match=r"no column\(s\) \['seq'\]"):
         knob_effects(rows, "tp", ["seq"])
+
+
+def test_repeat_floor_is_the_least_max_error_of_one_prediction_per_configuration():
+    from wattcast.validation.step_breakdown import repeat_floor_pct
+
+    f = repeat_floor_pct([100.0, 150.0, 120.0, 80.0], ["a", "a", "a", "b"])
+    assert f.tolist() == pytest.approx([20.0, 20.0, 20.0, 0.0])  # (150 - 100) / (150 + 100); b measured once
+    p = 2 * 100 * 150 / 250  # the prediction that reaches it: 120 misses 100 and 150 by 20% each
+    assert max(abs(p / 100 - 1), abs(p / 150 - 1)) * 100 == pytest.approx(f[0])
+    assert all(max(abs(q / 100 - 1), abs(q / 150 - 1)) * 100 >= f[0] - 1e-9 for q in (110, 119, 121, 130))
