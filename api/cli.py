@@ -843,7 +843,7 @@ def _print_cluster_tables(res, batch: int, seq: int) -> None:
         con.print(f"MoE routing: the busiest expert-parallel rank's experts process {res.meta['moe_load']:.2f}x their "
                   "balanced share of tokens (every MoE layer waits for it; energy counts every rank so)")
     d = Table(title="per pipeline stage (one GPU of each)")
-    for c in ("stage", "busy ms", "weights GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
+    for c in ("stage", "busy ms", "weights+master GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
         d.add_column(c, justify="right")
     for r in res.per_device:
         d.add_row(str(r["stage"]), f"{r['busy_ms']:.1f}", f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
@@ -1333,7 +1333,7 @@ def _print_prediction(res) -> None:
     tpi = res.meta.get("tensor_parallel")
     if tpi:
         ar = tpi["collectives"].get("all_reduce", {})
-        con.print(f"tensor parallel: {tpi['tp']} GPUs of {tpi['cluster']} (figures per GPU); "
+        con.print(f"tensor parallel: {tpi['tp']} GPUs of {tpi['cluster']} (figures above per GPU; JSON tensor_parallel); "
                   f"{ar.get('count', 0)} all-reduces ({', '.join(f'{b / 1e6:.2f}' for b in ar.get('bytes', []))} MB) and "
                   f"the logits gather: {tpi['collective_ms']:.2f} ms; the group's energy {tpi['energy_all_gpus_j']:.1f} J "
                   f"per step, {tpi['avg_power_all_gpus_w']:.0f} W")
@@ -1361,6 +1361,8 @@ def _print_prediction(res) -> None:
                 t.add_row("...", "", "")
                 continue
             t.add_row(str(r["layer"]), f"{r['count']:,}", f"{r['time_ms']:.2f}")
+        for o in res.outside_layers:  # loading the batch, a serving engine's costs: in the step, in no layer
+            t.add_row(f"({o['op_class']}, no layer)", f"{o['count']:,}", f"{o['time_ms']:.2f}", style="dim")
         con.print(t)
     con.print(f"energy per step {res.energy_j:.1f} J, average board power {res.avg_power_w:.0f} W"
               + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))

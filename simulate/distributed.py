@@ -79,6 +79,8 @@ class DistributedPrediction:
     gpus: int
     parallel: ParallelConfig
     step_time_ms: float
+    #: the whole model's forward / backward tasks as scheduled, over all micro-batches, summed over the stages and
+    #: chunks (the trace's F / B events; since stop 44, before it the serial sums now in forward_serial_ms)
     forward_ms: float
     backward_ms: float
     optimizer_ms: float
@@ -113,6 +115,11 @@ class DistributedPrediction:
     #: the step's 90% band from measured steps (simulate/step_band.py: low_ms, high_ms, basis, generation; empty
     #: without a calibration or a simulated step)
     step_band: dict = field(default_factory=dict)
+    #: the whole model's forward and backward over all micro-batches as the rank graph costs them, its kernels and
+    #: collectives added in series, before the schedule (no overlap, loading, accumulation or pipeline sends):
+    #: ``forward_ms`` / ``backward_ms`` until stop 44; NaN when not simulated
+    forward_serial_ms: float = float("nan")
+    backward_serial_ms: float = float("nan")
 
     @property
     def memory_flag(self) -> str:
@@ -139,6 +146,7 @@ class DistributedPrediction:
                                   grad_accum_dtype=self.meta.get("grad_accum_dtype")),
                     step_time_ms=self.step_time_ms, **band_keys(self.step_band),
                     forward_ms=self.forward_ms, backward_ms=self.backward_ms,
+                    forward_serial_ms=self.forward_serial_ms, backward_serial_ms=self.backward_serial_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms,
                     exposed_comm_split_ms=self.exposed_comm_split_ms, bubble_ms=self.bubble_ms,
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
@@ -2193,8 +2201,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             return float(total.max()), pipe, finish, opt_stage, gather, comm_events, None
         # the computation's time per stage (the stretches a power limit puts on the overlapped spans included) and its
         # energy with what the hidden communication adds: the rest of the step is exposed communication or waiting
+        # (task_f_ms, task_b_ms: each chunk's forward and backward task as scheduled, per micro-batch: what the trace's
+        # F / B events last)
         work = dict(task_cmp_ms=by_stage((f_nc + st_f + b_nc + st_b) * n_micro), task_extra_j=by_stage((xj_f + xj_b) * n_micro),
-                    after_cmp_ms=st_dp + st_g, after_extra_j=xj_dp + xj_g)
+                    after_cmp_ms=st_dp + st_g, after_extra_j=xj_dp + xj_g, task_f_ms=f, task_b_ms=b)
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events, work
 
     step, pipe, finish, opt_stage, gather, comm_events, work = run()
@@ -2258,10 +2268,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     for s in range(P if ctx.detail else 0):
         terms = stage_terms(s)
         per_device.append(dict(stage=s, busy_ms=float(busy_all[s]), finish_ms=float(finish[s]),
+                               # weights_gb: the weights with the fp32 master weights (``memory``'s weights_gb +
+                               # master_weights_gb); master_weights_gb and unsharded_gradients_gb as in ``memory``
                                memory_gb=terms["total_gb"], weights_gb=terms["weights_gb"] + terms["master_weights_gb"],
+                               master_weights_gb=terms["master_weights_gb"],
                                gradients_gb=terms["gradients_gb"], optimizer_gb=terms["optimizer_gb"],
                                activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
-                               post_backward_buffers_gb=terms["post_backward_buffers_gb"], params=float(params_stage[s]),
+                               post_backward_buffers_gb=terms["post_backward_buffers_gb"],
+                               unsharded_gradients_gb=terms["unsharded_gradients_gb"], params=float(params_stage[s]),
                                energy_j=float(stage_e[s]), avg_power_w=float(stage_e[s] / step_s),
                                busy_power_w=float(e_task_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm)))
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
@@ -2363,7 +2377,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,
-        forward_ms=phase_t["forward"] * n_micro, backward_ms=phase_t["backward"] * n_micro,
+        # the scheduled tasks (overlap, exposed communication, loading, accumulation: the trace's F / B events), summed
+        forward_ms=float(work["task_f_ms"].sum()) * n_micro, backward_ms=float(work["task_b_ms"].sum()) * n_micro,
+        forward_serial_ms=phase_t["forward"] * n_micro, backward_serial_ms=phase_t["backward"] * n_micro,
         optimizer_ms=float(opt_stage.max()), exposed_comm_ms=max(step - step_free, 0.0), bubble_ms=max(bubble, 0.0),
         exposed_comm_split_ms=exposed_split,
         mfu=float(mfu), hfu=float(hfu), tflops_per_gpu=model_flops / step_s / par.gpus / 1e12, flops=model_flops,

@@ -107,6 +107,15 @@ class StepPrediction:
             return None
         return self.step_time_ms / float(s)
 
+    @property
+    def outside_layers(self) -> list[dict]:
+        """The step's time in no layer of the graph (op class, count, time_ms): the ``per_op`` rows added after the
+        graph was costed (loading the batch, a serving engine's host, prefill and TP costs), so that ``per_layer``'s
+        times and these add up to ``step_time_ms``; [] when there are none."""
+        graph_classes = set(self.nodes["op_class"].astype(str)) if "op_class" in self.nodes else set()
+        return [dict(op_class=o["op_class"], count=o["count"], time_ms=o["time_ms"]) for o in self.per_op
+                if o["op_class"] not in graph_classes]
+
     def to_dict(self, *, nodes: bool = False) -> dict:
         d = dict(device=self.device, mode=self.mode, forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                  optimizer_ms=self.optimizer_ms, step_time_ms=self.step_time_ms, **band_keys(self.step_band),
@@ -116,7 +125,9 @@ class StepPrediction:
                  model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)),
                  energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w,
                  memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag, overheads=self.overheads,
-                 data_loading=self.meta.get("data_loading"))
+                 data_loading=self.meta.get("data_loading"), outside_layers=self.outside_layers)
+        if self.meta.get("tensor_parallel"):  # a served TP group (simulate/tp_inference.py): the group's figures
+            d["tensor_parallel"] = dict(self.meta["tensor_parallel"])
         if self.mode != "train":  # inference: throughput and per-token latency; the KV cache's context when there is one
             d.update(tokens_per_s=self.tokens_per_s, ms_per_token=self.ms_per_token, kv_context=self.meta.get("kv_context"),
                      logits=self.meta.get("logits"))
