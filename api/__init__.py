@@ -63,7 +63,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
             tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None,
             data_load_ms: float = 0.0, data_workers: int | None = None, kv_context: int | None = None,
             logits: str | None = None, serving: str | None = None, prompt_tokens: int | None = None,
-            output_tokens: int | None = None, **run_kw):
+            output_tokens: int | None = None, fp8_recipe: str | None = None, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json`` or model folder, a Hub id (``org/name``) whose config is
@@ -85,6 +85,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     step runs ``seq`` new tokens per sequence against context + seq cached keys/values (``seq=1``: one decode step;
     ``kv_context=0``: a prefill that fills the cache), and the memory holds the cache (``memory["kv_cache_gb"]``).
     ``logits``: "last" (inference's default: the last position's, as generation computes them) or "all".
+    ``fp8_recipe`` (with ``dtype="fp8"``): Megatron-Core's ``--fp8-recipe``, "delayed" (None: the default),
+    "tensorwise", "mxfp8" (data-centre Blackwell) or "blockwise" (Hopper, Blackwell); featurize/fp8_recipes.py.
     Inference results carry ``tokens_per_s`` (batch x seq / step time) and ``ms_per_token`` (step time / seq).
     ``serving`` ("vllm"; default None: off, the bare GPU step), with ``kv_context``, ``seq=1``, ``prompt_tokens`` and
     ``output_tokens`` (the requests' mean prompt and output lengths): the decode step as one iteration of a
@@ -122,7 +124,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=step_dtype(dtype, spec), attention=attention, compile=compile,
                        optimizer=optimizer, recompute=recompute_setting(recompute, recompute_modules),
                        grad_accumulation=grad_accumulation,
-                       dims=dims or (), loop_trip_count=loop_trip_count, kv_context=kv_context, logits=logits)
+                       dims=dims or (), loop_trip_count=loop_trip_count, kv_context=kv_context, logits=logits,
+                       fp8_recipe=fp8_recipe)
     graph = step_graph(model, opts, example_inputs=example_inputs)
     res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     from wattcast.models.power import idle_power_w
@@ -143,6 +146,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                     data_workers=(m.get("data_loading") or {}).get("workers", data_workers), dims=dict(dims) if dims else None,
                     loop_trip_count=loop_trip_count, kv_context=m.get("kv_context", kv_context),
                     logits=m.get("logits", logits),
+                    **({"fp8_recipe": m["fp8_scaling"]} if m.get("fp8_scaling") else {}),
                     **({"serving": engine, "prompt_tokens": int(prompt_tokens), "output_tokens": int(output_tokens)}
                        if engine is not None else {}))
     if tokens is None:
@@ -297,7 +301,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
                     scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
-                    fp8_param_gather: bool = False, etp: int | None = None, mtp_num_layers: int = 0,
+                    fp8_param_gather: bool = False, fp8_recipe: str | None = None, etp: int | None = None,
+                    mtp_num_layers: int = 0,
                     fsdp_reduce_dtype: str | None = None, cross_entropy_loss_fusion: bool | None = None,
                     cross_entropy_fusion_impl: str = "native", kv_context: int | None = None,
                     logits: str | None = None, serving: str | None = None, prompt_tokens: int | None = None,
@@ -359,6 +364,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``cross_entropy_fusion_impl`` its ``--cross-entropy-fusion-impl``: "native" (Megatron-Core's jit-fused loss: 32
     bytes a logit in bf16 where the unfused loss moves 52, the same fp32 probabilities saved) or "te" (Transformer
     Engine's Triton kernels: 8 bytes a logit, a bf16 copy of the logits saved); see ``GraphBuilder.cross_entropy``.
+    ``fp8_recipe`` (with ``dtype="fp8"``): Megatron-Core's ``--fp8-recipe`` (as ``wattcast.predict``'s).
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, ``zero`` >= 1 and
     ``framework="megatron"``): FP8 weights without a bf16 copy, cast shard by shard and all-gathered at 1 B.
     ``gpus_per_node``: use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72; ``data.cluster_spec.
@@ -391,7 +397,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                      overlap_p2p_comm=overlap_p2p_comm, zero3_prefetch=zero3_prefetch,
                      fsdp_reduce_dtype=fsdp_reduce_dtype, scatter_gather_p2p=scatter_gather_p2p,
                      grad_accum_dtype=grad_accum_dtype, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
-                     cross_entropy_loss_fusion=cross_entropy_loss_fusion, tokens=tokens)
+                     cross_entropy_loss_fusion=cross_entropy_loss_fusion, tokens=tokens, fp8_recipe=fp8_recipe)
         if kv_context is None:
             raise ValueError("logits= / serving= / prompt_tokens= / output_tokens= on a cluster describe KV-cached "
                              "inference: give kv_context= too")
@@ -444,8 +450,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
-        data_workers=data_workers, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
-        fsdp_reduce_dtype=fsdp_reduce_dtype, cross_entropy_loss_fusion=cross_entropy_loss_fusion,
+        data_workers=data_workers, fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe,
+        mtp_num_layers=mtp_num_layers, fsdp_reduce_dtype=fsdp_reduce_dtype,
+        cross_entropy_loss_fusion=cross_entropy_loss_fusion,
         cross_entropy_fusion_impl=cross_entropy_fusion_impl, scatter_gather_p2p=scatter_gather_p2p,
         grad_accum_dtype=grad_accum_dtype))
     from wattcast.featurize.workload import canonical_framework, ce_fusion_options
@@ -467,6 +474,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),
                     fsdp_reduce_dtype=fsdp_reduce_dtype, grad_accum_dtype=m.get("grad_accum_dtype"),
                     fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=mtp_num_layers, data_load_ms=data_load_ms,
+                    **({"fp8_recipe": m["fp8_scaling"]} if m.get("fp8_scaling") else {}),
                     **ce_fusion_options(cross_entropy_loss_fusion, cross_entropy_fusion_impl, fw),
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
                     loop_trip_count=loop_trip_count)

@@ -431,6 +431,7 @@ def predict(
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)."),
     mtp_num_layers: int = typer.Option(0, "--mtp-num-layers", help="Megatron-Core (--framework megatron, DeepSeek-V2/V3 configs): multi-token-prediction depths on the last pipeline stage (DeepSeek-V3 trained with 1)."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="Megatron-Core (--dtype fp8, --zero >= 1, --framework megatron): keep the FP8 GEMMs' weights as FP8 (no bf16 copy), cast each rank's shard after the step and all-gather them at 1 B a parameter."),
+    fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="With --dtype fp8: Megatron-Core's --fp8-recipe, Transformer Engine's scaling: delayed (the default: per-tensor scale from an amax history), tensorwise (current scaling: an amax pass before each cast), mxfp8 (data-centre Blackwell only: 1x32 E8M0 block scales) or blockwise (Hopper/Blackwell: 1x128 activation, 128x128 weight fp32 scales). Changes the cast kernels and the FP8 copies' bytes, not the GEMMs' speed."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="With --framework hf and --zero 3 (PyTorch FSDP) under bf16/fp16: MixedPrecision.reduce_dtype, the dtype of the gradient reduce-scatters: fp32, bf16 or fp16 (default: the parameters' dtype, as Accelerate and torch's MixedPrecision have it; Composer/llm-foundry's mixed_precision DEFAULT is fp32)."),
@@ -501,7 +502,7 @@ def _predict_request(ctx, f):
                   dtype=_dtype_flag(f.dtype, device=f.device, clusters=[f.cluster] if f.cluster is not None else []),
                   attention=f.attention, compile=f.compile,
                   optimizer=f.optimizer or DEFAULTS.optimizer, recompute=par.pop("recompute"),
-                  power_limit_w=f.power_limit_w, clock_cap_mhz=f.clock_cap_mhz, run=run)
+                  power_limit_w=f.power_limit_w, clock_cap_mhz=f.clock_cap_mhz, run=run, fp8_recipe=f.fp8_recipe)
     if f.cluster is not None or par["gpus"] is not None:
         if dims:
             _fail("--dim applies to single-device predictions of ONNX models")
@@ -900,6 +901,7 @@ def search(
     cross_entropy_loss_fusion: Optional[bool] = typer.Option(None, "--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion", help="As for predict: Megatron-Core's fused cross-entropy loss for every candidate (default on with --framework megatron)."),
     cross_entropy_fusion_impl: str = typer.Option("native", "--cross-entropy-fusion-impl", help="As for predict: native or te."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="As for predict: candidates with --zero >= 1 keep FP8 weights and gather them at 1 B (needs --dtype fp8 --framework megatron)."),
+    fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="As for predict (with --dtype fp8): delayed (default), tensorwise, mxfp8 or blockwise for every candidate; a cluster whose GPU cannot run the recipe gets none."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="As for predict, for every candidate: Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="As for predict: PyTorch FSDP's MixedPrecision.reduce_dtype for the ZeRO-3 candidates under --framework hf (fp32, bf16 or fp16; default: the parameters' dtype)."),
@@ -979,7 +981,7 @@ def search(
                           models=folders.models, collectives=folders.collectives, power_model=folders.power_model,
                           gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
                           scatter_gather_p2p=scatter_gather_p2p,
-                          fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
+                          fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe, mtp_num_layers=mtp_num_layers,
                           cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                           cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype,
                           grad_accum_dtype=grad_accum_dtype,

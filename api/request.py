@@ -137,6 +137,9 @@ class PredictRequest:
     grad_accum_dtype: str | None = None
     #: Megatron-Core's --fp8-param-gather (a cluster step with dtype fp8, ZeRO >= 1, framework megatron)
     fp8_param_gather: bool = False
+    #: Megatron-Core's --fp8-recipe (with dtype fp8, one device or a cluster): delayed (None: the default), tensorwise,
+    #: mxfp8 or blockwise
+    fp8_recipe: str | None = None
     #: Megatron-Core's --mtp-num-layers (a cluster step, framework megatron, DeepSeek-V2/V3 configs)
     mtp_num_layers: int = 0
     #: Megatron-Core's --cross-entropy-loss-fusion (a cluster step, framework megatron; None: the framework's default,
@@ -179,6 +182,7 @@ class PredictRequest:
         common = dict(batch=self.batch, seq=self.seq, dtype=self.dtype, attention=self.attention, compile=self.compile,
                       optimizer=self.optimizer, recompute=self.recompute, power_limit_w=self.power_limit_w,
                       clock_cap_mhz=self.clock_cap_mhz, loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops,
+                      **({"fp8_recipe": self.fp8_recipe} if self.fp8_recipe is not None else {}),
                       models=self.models, collectives=self.collectives, power_model=self.power_model,
                       **self.run.kwargs())
         if not self.distributed:

@@ -45,6 +45,7 @@ import pandas as pd
 from wattcast.data.collective_ops import COLLECTIVES
 from wattcast.data.kernel_ops import (BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLASH_KERNELS, FLOPS_PER_ELEMENT, UNARY_OPS,
                                       canonical_dtype)
+from wattcast.featurize.fp8_recipes import CURRENT_SCALE_KERNEL_BYTES, checked_fp8_recipe, scale_bytes
 
 OP_CLASSES = (
     "linear", "bmm", "conv", "elementwise", "layernorm", "softmax", "reduction", "embedding", "memory",
@@ -131,6 +132,12 @@ def unmapped_ops_warning(unmapped: dict) -> str | None:
 
 class GraphError(ValueError):
     """A workload cannot be turned into an operator graph (bad shape, unknown op, ...)."""
+
+
+def _fp8_both_scales(recipe: str, m: int, k: int) -> int:
+    """Scale bytes a cast writes for an (m, k) tensor's row-wise and column-wise FP8 copies
+    (featurize/fp8_recipes.py)."""
+    return scale_bytes(recipe, m, k, columnwise=False) + scale_bytes(recipe, m, k, columnwise=True)
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -243,7 +250,7 @@ class GraphBuilder:
 
     def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model", tp: int = 1, sp: bool = False,
                  ep: int = 1, cp: int = 1, gemm_dtype: str | None = None, flash_kernel: str = "fa2",
-                 etp: int | None = None) -> None:
+                 etp: int | None = None, fp8_recipe: str = "delayed") -> None:
         self.dtype = canonical_dtype(dtype)
         if self.dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
@@ -278,6 +285,9 @@ class GraphBuilder:
         #: an FP8 recipe (Transformer Engine): the linear layers' GEMMs in this dtype with their casts, the rest in
         #: ``dtype`` (see ``linear``)
         self.gemm_dtype = gemm_dtype
+        #: the FP8 scaling recipe (Megatron-Core's --fp8-recipe; featurize/fp8_recipes.py): the casts' extra passes and
+        #: the block scales of the FP8 copies
+        self.fp8_recipe = checked_fp8_recipe(fp8_recipe)
         #: which fused-attention implementation class the flash nodes run (models/attention.py FLASH_KERNELS)
         if flash_kernel not in FLASH_KERNELS:
             raise GraphError(f"unknown flash attention kernel {flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
@@ -445,14 +455,23 @@ class GraphBuilder:
         bw = [] if shard is None else self._sp_regather(x, shard, name, fp8=fp8)
         if int(fp8_cast_gemms) != fp8_cast_gemms or fp8_cast_gemms < 0:
             raise GraphError(f"{name}: fp8_cast_gemms must be a non-negative integer, got {fp8_cast_gemms!r}")
+        rec = self.fp8_recipe
+        sm = _numel(saved.shape[:-1]) if saved.shape else 1  # rows of the (sharded) input the cast quantises
         if fp8 and fp8_cast_gemms:
             g = int(fp8_cast_gemms)  # GEMM inputs this cast covers (a grouped linear's fused cast: all of them)
+            if rec == "tensorwise":  # current scaling: an amax pass over the input, then its scale, before the cast
+                self._fp8_amax(f"{name}.fp8_amax", saved, g * saved.numel * db)
+                bw.extend(self._fp8_amax_bw(f"{name}.grad_fp8_amax", g * m * k * db))
+            # the cast writes the row-wise data and its transpose / column-wise copy (1 B each) and their block scales
             self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=g * saved.numel,
-                      bytes_=g * saved.numel * (db + 2 * gb), grad_inputs=[])
+                      bytes_=g * (saved.numel * (db + 2 * gb) + _fp8_both_scales(rec, sm, n)), grad_inputs=[])
             bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=g * m * k,
-                               bytes_=g * m * k * (db + 2 * gb)))
+                               bytes_=g * (m * k * (db + 2 * gb) + _fp8_both_scales(rec, m, k))))
         if fp8:
             saved = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP), kept for backward
+            col_scales = scale_bytes(rec, sm, n, columnwise=True)  # its column-wise block scales (mxfp8, blockwise)
+            if col_scales:
+                saved = [saved, self._tensor((col_scales,), "fp8", -1)]
         if needs_input_grad:  # dX = dY (M,K) @ W (K,N)
             bw.append(dict(self._bw(f"{name}.dgrad", "linear", "bmm", flops=2.0 * m * n * k,
                                     bytes_=(m * k + k * n) * gb + m * n * db, B=1, M=m, N=k, K=n), **({"dtype": gdt} if fp8 else {})))
@@ -464,8 +483,23 @@ class GraphBuilder:
         return self._add(name, "linear", "linear" if bias else "bmm", "surrogate", [x], (*x.shape[:-1], k),
                          flops=2.0 * m * n * k + (m * k if bias else 0),
                          bytes_=(m * n + n * k) * gb + (m * k + (k if bias else 0)) * db,
-                         params=params, saves=[saved], backward=bw, node_dtype=gdt,
+                         params=params, saves=saved if isinstance(saved, list) else [saved], backward=bw,
+                         node_dtype=gdt,
                          grad_inputs=[x] if needs_input_grad else [], B=1, M=m, N=n, K=k)
+
+    def _fp8_amax(self, name: str, x: Tensor, read_bytes: float) -> None:
+        """Current scaling's (``--fp8-recipe tensorwise``) passes before a forward cast: ``nvte_compute_amax`` reads
+        the input (``read_bytes``), ``nvte_compute_scale_from_amax`` turns the amax into the scale (TE 2.20
+        csrc/quantizer.cpp ``Float8CurrentScalingQuantizer::quantize_impl``), two memory-bound kernels."""
+        self._add(name, "fp8_cast", "", "proxy", [x], (1,), flops=read_bytes, bytes_=read_bytes, grad_inputs=[],
+                  out_dtype="fp32")
+        self._add(f"{name}.scale", "fp8_cast", "", "proxy", [x], (1,), flops=1.0, bytes_=CURRENT_SCALE_KERNEL_BYTES,
+                  grad_inputs=[], out_dtype="fp32")
+
+    def _fp8_amax_bw(self, name: str, read_bytes: float) -> list[dict]:
+        """The backward's amax and scale kernels before an output gradient's cast (as :meth:`_fp8_amax`)."""
+        return [self._bw(name, "fp8_cast", "", "proxy", flops=read_bytes, bytes_=read_bytes),
+                self._bw(f"{name}.scale", "fp8_cast", "", "proxy", flops=1.0, bytes_=CURRENT_SCALE_KERNEL_BYTES)]
 
     def _sp_regather(self, gathered: Tensor, shard: Tensor, name: str, *, fp8: bool) -> list[dict]:
         """What a linear layer reading the sequence-parallel all-gather ``gathered`` (of ``shard``) adds to its

@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from wattcast.featurize.fp8_recipes import DEFAULT_FP8_RECIPE, weight_copy_bytes_per_param
 from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSES, GraphError, OpGraph, _frame_of_rows
 from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, module_layers_end, node_tags, parse_recompute,
                                          recompute_setting, recompute_tags)
@@ -174,6 +175,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
         by_layer = nodes.groupby("layer", sort=True)["param_count"].sum()
         fp8_rows = nodes["dtype"].to_numpy() == "fp8"
         fp8_params_by_layer = nodes[fp8_rows].groupby("layer")["param_count"].sum().to_dict() if fp8_rows.any() else {}
+        recipe = fwd.meta.get("fp8_scaling") or DEFAULT_FP8_RECIPE
         mixed = dtype in ("fp16", "bf16")
         db = 2 if mixed else 4
         for lay, p in by_layer.items():
@@ -197,10 +199,15 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
                 edges.append((prev, n_fwd + len(out_rows) - 1))
             fp8_p = float(fp8_params_by_layer.get(lay, 0.0))
             if fp8_p > 0:
+                if recipe == "tensorwise":  # current scaling: an amax pass over the bf16 weights before their cast
+                    out_rows.append(_opt_row(f"fp8_weight_amax[{lay}]", "fp8_cast", lay, scope, fp8_p, 2.0 * fp8_p,
+                                             dtype, "optimizer"))
+                    edges.append((prev, n_fwd + len(out_rows) - 1))
                 # Transformer Engine casts the updated bf16 weights of its FP8 GEMMs once per step (cached over the
                 # micro-batches, Megatron's is_first_microbatch): read 2 B, write the fp8 copy and its transpose
-                out_rows.append(_opt_row(f"fp8_weight_cast[{lay}]", "fp8_cast", lay, scope, fp8_p, 4.0 * fp8_p, dtype,
-                                         "optimizer"))
+                # (mxfp8 / blockwise: row-wise and column-wise copies with their block scales)
+                out_rows.append(_opt_row(f"fp8_weight_cast[{lay}]", "fp8_cast", lay, scope, fp8_p,
+                                         (2.0 + weight_copy_bytes_per_param(recipe)) * fp8_p, dtype, "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
     extra = _frame_of_rows(out_rows, list(NODE_COLUMNS))
     all_nodes = pd.concat([nodes, extra], ignore_index=True) if len(extra) else nodes.copy()

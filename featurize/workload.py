@@ -83,6 +83,9 @@ class StepOptions:
     #: Engine's ``parallel_cross_entropy``); None: the framework's default (:func:`ce_fusion_default`)
     cross_entropy_loss_fusion: bool | None = None
     cross_entropy_fusion_impl: str = "native"
+    #: under ``dtype="fp8"``: Megatron-Core's ``--fp8-recipe`` (delayed, tensorwise, mxfp8, blockwise;
+    #: featurize/fp8_recipes.py); None: its default, delayed. Given with another dtype: a GraphError
+    fp8_recipe: str | None = None
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -126,6 +129,7 @@ class StepOptions:
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
                            etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers),
                            kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
+                           fp8_recipe=fp8_recipe_option(self.fp8_recipe, dtype),
                            **ce_fusion_options(self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl,
                                                canonical_framework(self.framework)))
 
@@ -135,6 +139,22 @@ class StepOptions:
         out = replace(self, batch=1 if self.batch is None else self.batch, seq=1024 if self.seq is None else self.seq)
         _check_tokens(out.batch, out.seq)
         return out
+
+
+def fp8_recipe_option(recipe: Any, dtype: str) -> str | None:
+    """The FP8 recipe of a step in ``dtype``: under fp8 the checked name (None: Megatron-Core's default, delayed);
+    under any other dtype None, and a recipe given there is a GraphError (it would change nothing)."""
+    from wattcast.featurize.fp8_recipes import DEFAULT_FP8_RECIPE, FP8RecipeError, checked_fp8_recipe
+
+    if dtype != "fp8":
+        if recipe is not None:
+            raise GraphError(f"--fp8-recipe {recipe} is the scaling recipe of an FP8 step: it needs --dtype fp8 "
+                             f"(got {dtype})")
+        return None
+    try:
+        return DEFAULT_FP8_RECIPE if recipe is None else checked_fp8_recipe(recipe)
+    except FP8RecipeError as e:
+        raise GraphError(str(e)) from None
 
 
 #: Megatron-Core's cross-entropy fusion implementations (``--cross-entropy-fusion-impl``)
@@ -288,7 +308,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     fp8 = opts.dtype == "fp8"
     b = GraphBuilder("bf16" if fp8 else opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp,
                      ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None,
-                     flash_kernel=opts.flash_kernel, etp=opts.etp)
+                     flash_kernel=opts.flash_kernel, etp=opts.etp,
+                     fp8_recipe=fp8_recipe_option(opts.fp8_recipe, opts.dtype) or "delayed")
     b.moe_load = float(opts.moe_load)
     _check_kv_cache(cfg, opts)
     #: the KV-cached step (GraphBuilder.kv_context, read by hf_models._llama_attention) and the inference LM head's
@@ -351,7 +372,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                       if opts.kv_context is not None else {}),
                    **({"moe_load": float(opts.moe_load)} if opts.moe_load != 1.0 else {}),
                    **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
-                      "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights"} if fp8 else {}))
+                      "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights",
+                      "fp8_scaling": b.fp8_recipe} if fp8 else {}))
 
 
 #: the families whose attention takes a KV cache (those built by hf_models._llama_attention: Llama, Mistral, Qwen2/3,

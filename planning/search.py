@@ -380,7 +380,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            fp8_param_gather: bool = False, mtp_num_layers: int = 0, cross_entropy_loss_fusion: bool | None = None,
            cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
            power_model=None, scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
-           **space) -> SearchResult:
+           fp8_recipe: str | None = None, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -415,6 +415,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     candidate (``predict_cluster``'s; None: the framework's default, on for ``framework="megatron"``).
     ``etp`` (a space option): the experts' tensor-parallel degrees; by default, for a mixture-of-experts model under
     ``framework="megatron"``, each candidate's tp and 1 (Megatron-Core's MoE recipes), else the candidate's tp.
+    ``fp8_recipe`` (with ``dtype="fp8"``): Megatron-Core's ``--fp8-recipe`` for every candidate
+    (featurize/fp8_recipes.py; None: delayed).
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` for every candidate with the distributed optimizer
     (ZeRO >= 1; needs ``dtype="fp8"`` and ``framework="megatron"``).
     ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
@@ -474,6 +476,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     from wattcast.simulate.distributed import checked_grad_accum_dtype
 
     grad_accum_dtype = checked_grad_accum_dtype(canonical_framework(framework), grad_accum_dtype)
+    from wattcast.featurize.workload import checked_dtype, fp8_recipe_option
+
+    fp8_recipe = fp8_recipe_option(fp8_recipe, checked_dtype(dtype))  # a bad name, or one without fp8, named first
     if fp8_param_gather:  # what it needs beyond the distributed optimizer (candidates with ZeRO >= 1 use it)
         from wattcast.simulate.distributed import check_fp8_param_gather
 
@@ -548,7 +553,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                               fsdp_reduce_dtype=fsdp_reduce_dtype, data_load_ms=data_load_ms, data_workers=data_workers,
                               mtp_num_layers=int(mtp_num_layers), cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                               cross_entropy_fusion_impl=cross_entropy_fusion_impl,
-                              scatter_gather_p2p=scatter_gather_p2p, grad_accum_dtype=grad_accum_dtype, **routing)
+                              scatter_gather_p2p=scatter_gather_p2p, grad_accum_dtype=grad_accum_dtype,
+                              fp8_recipe=fp8_recipe, **routing)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate

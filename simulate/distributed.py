@@ -40,12 +40,13 @@ from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe, weight_copy_bytes_per_param
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
-from wattcast.featurize.op_graph import NODE_COLUMNS
+from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
 from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM
-from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype, is_onnx_path,
-                                        step_graph)
+from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype,
+                                        fp8_recipe_option, is_onnx_path, step_graph)
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.models.power import check_power_settings, power_setting_notes
 from wattcast.simulate.defaults import step_dtype
@@ -639,6 +640,19 @@ def _require_dtype(spec: DeviceSpec, dtype: str) -> None:
         raise ParallelConfigError(why)
 
 
+def _require_fp8_recipe(spec: DeviceSpec, recipe, graph_dtype: str) -> str | None:
+    """The step's FP8 recipe (featurize/workload.py fp8_recipe_option), or a ParallelConfigError: a recipe under
+    another dtype, an unknown one, or one ``spec`` cannot run (featurize/fp8_recipes.py unsupported_fp8_recipe)."""
+    try:
+        recipe = fp8_recipe_option(recipe, graph_dtype)
+    except GraphError as e:
+        raise ParallelConfigError(str(e)) from None
+    why = recipe and unsupported_fp8_recipe(spec, recipe)
+    if why:
+        raise ParallelConfigError(why)
+    return recipe
+
+
 def _count(v, label: str) -> int:
     """``v`` as an int if it is a positive whole number (Python or numpy integer, not a bool), else a
     ParallelConfigError naming ``label``."""
@@ -696,11 +710,12 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         graph_dtype = dtype = resolved
     # the layer-count probe runs one sequence; an ONNX file with fixed dims keeps its own batch instead
     _require_dtype(spec, graph_dtype)
+    fp8_recipe = _require_fp8_recipe(spec, dopts.fp8_recipe, graph_dtype)
     opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype,
                         attention=attention, compile=dopts.compile, optimizer=dopts.optimizer, recompute=par.recompute,
                         framework=framework, loop_trip_count=_hashable_trips(dopts.loop_trip_count),
                         mtp_layers=dopts.mtp_num_layers, cross_entropy_loss_fusion=dopts.cross_entropy_loss_fusion,
-                        cross_entropy_fusion_impl=dopts.cross_entropy_fusion_impl)
+                        cross_entropy_fusion_impl=dopts.cross_entropy_fusion_impl, fp8_recipe=fp8_recipe)
     # layers: from the config, else from a single-device graph
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,
@@ -1813,7 +1828,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     expert_dp=edp_n, root_params=0.0 if root_stage is None else root_stage,
                     head_params=0.0 if head_stage is None else head_stage,
                     reduce_bytes=dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype) if fsdp else None,
-                    zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False, grad_accum_dtype=ds_acc)
+                    zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False, grad_accum_dtype=ds_acc,
+                    fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed"))
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -1827,9 +1843,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                       np.asarray(state_kw["head_params"], dtype=float).tobytes(), ctx.fp8_param_gather,
                       *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
                                               "framework", "block_params", "expert_dp", "reduce_bytes",
-                                              "zero3_prefetch", "grad_accum_dtype")))
+                                              "zero3_prefetch", "grad_accum_dtype", "fp8_copy_bytes_per_param")))
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
-                                               state_kw["reduce_bytes"], state_kw["zero3_prefetch"], ds_acc))
+                                               state_kw["reduce_bytes"], state_kw["zero3_prefetch"], ds_acc,
+                                               state_kw["fp8_copy_bytes_per_param"]))
         cache = memo if memo is not None else sums
         mem_parts = cache.get(state_key)
         if mem_parts is None:

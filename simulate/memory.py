@@ -27,6 +27,7 @@ import numpy as np
 
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import GraphMemo
+from wattcast.featurize.fp8_recipes import DEFAULT_FP8_RECIPE, weight_copy_bytes_per_param
 from wattcast.featurize.op_graph import OpGraph
 from wattcast.featurize.recompute import module_layers_end, node_tags, recompute_tags
 from wattcast.featurize.training_graph import optimizer_state_bytes
@@ -179,7 +180,9 @@ def fp8_weight_copy_bytes(graph: OpGraph) -> float:
     sel = (n["phase"] == "forward") & (n["dtype"] == "fp8")
     if not sel.any():
         return 0.0
-    return 2.0 * float(n.loc[sel, "param_count"].to_numpy(dtype=float).sum())
+    # mxfp8 / blockwise: the copies' block scales on top (featurize/fp8_recipes.py)
+    per_param = weight_copy_bytes_per_param(graph.meta.get("fp8_scaling") or DEFAULT_FP8_RECIPE)
+    return per_param * float(n.loc[sel, "param_count"].to_numpy(dtype=float).sum())
 
 
 def kept_tensors(graph: OpGraph) -> dict[int, int]:

@@ -78,6 +78,9 @@ class DistributedOptions:
     #: weight and transpose, the optimizer casts each rank's shard of them and the distributed optimizer all-gathers
     #: them at 1 B a parameter
     fp8_param_gather: bool = False
+    #: with ``dtype="fp8"``: Megatron-Core's ``--fp8-recipe`` (delayed, tensorwise, mxfp8, blockwise;
+    #: featurize/fp8_recipes.py); None: its default, delayed
+    fp8_recipe: str | None = None
     #: Megatron-Core's ``--mtp-num-layers`` (DeepSeek-V2/V3 configs, ``framework="megatron"``): multi-token-prediction
     #: depths after the head, on the last pipeline stage (``featurize.hf_models._mtp_layer``); 0: none
     mtp_num_layers: int = 0

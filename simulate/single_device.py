@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
+from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe
 from wattcast.simulate.step_band import band_keys, ood_band_log, ood_warning, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import (GraphMemo, column_codes, column_derived, column_is, column_values,
@@ -568,6 +569,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
 
     power_limit_w, clock_cap_mhz = check_power_settings(power_limit_w, clock_cap_mhz, spec)
     why = unsupported_step_dtype(spec, "fp8" if graph.meta.get("precision") == "fp8" else graph.meta.get("dtype", ""))
+    why = why or unsupported_fp8_recipe(spec, graph.meta.get("fp8_scaling"))  # mxfp8: Blackwell; blockwise: Hopper+
     if why:
         raise ValueError(why)
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms, collective_ms=collective_ms)

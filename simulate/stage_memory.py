@@ -306,11 +306,13 @@ def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: 
 
 
 def fp8_copy_bytes(params, *, fp8_param_fraction: float, zero: int, dp: int, expert_params=0.0,
-                   expert_dp: int | None = None):
-    """Bytes of Transformer Engine's cached fp8 weight and transpose (2 B per FP8-GEMM parameter, the share
-    ``fp8_param_fraction`` of ``params``), sharded with the weights under ZeRO-3 (experts over ``expert_dp``)."""
+                   expert_dp: int | None = None, bytes_per_param: float = 2.0):
+    """Bytes of Transformer Engine's cached fp8 weight and transpose (``bytes_per_param`` per FP8-GEMM parameter, the
+    share ``fp8_param_fraction`` of ``params``: 2 B, plus the block scales under --fp8-recipe mxfp8 or blockwise,
+    ``featurize.fp8_recipes.weight_copy_bytes_per_param``), sharded with the weights under ZeRO-3 (experts over
+    ``expert_dp``)."""
     weights_groups = _zero_groups(zero, dp, expert_dp)[3]
-    return _sharded(lambda x: 2.0 * x * fp8_param_fraction, params, expert_params, *weights_groups)
+    return _sharded(lambda x: bytes_per_param * x * fp8_param_fraction, params, expert_params, *weights_groups)
 
 
 def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, schedule: str) -> int:
@@ -514,7 +516,8 @@ def _fsdp_grads(framework: str, zero: int, dp: int, **kw):
 
 def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, full_recompute_extra_bytes: float,
                  dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str, zero: int, dp: int,
-                 framework: str, block_params: float, fp8_param_fraction: float = 0.0, expert_params: float = 0.0,
+                 framework: str, block_params: float, fp8_param_fraction: float = 0.0,
+                 fp8_copy_bytes_per_param: float = 2.0, expert_params: float = 0.0,
                  expert_dp: int | None = None, root_params: float = 0.0, head_params: float = 0.0,
                  reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                  grad_accum_dtype: str | None = None) -> StageMemory:
@@ -530,7 +533,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                            zero=bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp=dp, grad_bytes=held_grad_bytes,
                            expert_params=expert_params, expert_dp=expert_dp, framework=framework)
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
-                                          expert_params=expert_params, expert_dp=expert_dp)
+                                          expert_params=expert_params, expert_dp=expert_dp,
+        bytes_per_param=fp8_copy_bytes_per_param)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
                                  block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
@@ -576,7 +580,8 @@ def interleaved_peak_bytes(chunk_bytes: np.ndarray, *, n_micro: int) -> np.ndarr
 def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
                     full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                     optimizer: str, zero: int, dp: int, framework: str, block_params: float,
-                    fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
+                    fp8_param_fraction: float = 0.0,
+                    fp8_copy_bytes_per_param: float = 2.0, expert_params: np.ndarray | float = 0.0,
                     expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
                     root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                     reduce_bytes: int | None = None, zero3_prefetch: bool = False,
@@ -590,7 +595,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                            grad_bytes=held_grad_bytes, expert_params=expert_params, expert_dp=expert_dp,
                            framework=framework)
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
-                                                               dp=dp, expert_params=expert_params, expert_dp=expert_dp)
+                                                               dp=dp, expert_params=expert_params, expert_dp=expert_dp,
+        bytes_per_param=fp8_copy_bytes_per_param)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
@@ -615,7 +621,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
 def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
                    full_recompute_extra_bytes: float, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float,
                    optimizer: str, zero: int, dp: int, framework: str, block_params: float,
-                   fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
+                   fp8_param_fraction: float = 0.0,
+                   fp8_copy_bytes_per_param: float = 2.0, expert_params: np.ndarray | float = 0.0,
                    expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
                    root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
@@ -625,7 +632,8 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
                               held_grad_bytes=held_grad_bytes, optimizer=optimizer, zero=zero, dp=dp, framework=framework,
                               block_params=block_params, fp8_param_fraction=fp8_param_fraction,
-                              expert_params=expert_params, expert_dp=expert_dp, root_params=root_params,
+                              fp8_copy_bytes_per_param=fp8_copy_bytes_per_param, expert_params=expert_params,
+                              expert_dp=expert_dp, root_params=root_params,
                               head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch,
                               grad_accum_dtype=grad_accum_dtype)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
@@ -633,7 +641,8 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
 
 def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str,
                       zero: int, dp: int, framework: str, block_params: float,
-                      fp8_param_fraction: float = 0.0, expert_params: np.ndarray | float = 0.0,
+                      fp8_param_fraction: float = 0.0,
+                      fp8_copy_bytes_per_param: float = 2.0, expert_params: np.ndarray | float = 0.0,
                       expert_dp: int | None = None, root_params: np.ndarray | float = 0.0,
                       head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
                       zero3_prefetch: bool = False, grad_accum_dtype: str | None = None) -> tuple:
@@ -652,7 +661,8 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
         held_grad_bytes = 4 if mixed else dtype_bytes
     w = _sharded(lambda x: x * w_b, params, ex, *g[3])
     w = w + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp, expert_params=ex,
-                           expert_dp=expert_dp)
+                           expert_dp=expert_dp,
+        bytes_per_param=fp8_copy_bytes_per_param)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=max(int(dp), 1), block_params=block_params, root_params=root_params,
                                  reduce_bytes=reduce_bytes, grad_accum_dtype=grad_accum_dtype)

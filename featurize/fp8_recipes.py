@@ -1,0 +1,142 @@
+"""The FP8 training recipes of Megatron-Core's ``--fp8-recipe`` (Transformer Engine's scaling recipes): the bytes each
+adds to the cast kernels, the saved FP8 copies and the cached FP8 weights, and the GPUs each runs on.
+
+Sources (read for this module): Megatron-Core 0.16.1 ``megatron/core/transformer/transformer_config.py``
+(``fp8_recipe: Literal['tensorwise', 'delayed', 'mxfp8', 'blockwise', 'custom'] = "delayed"``) and
+``megatron/core/fp8_utils.py`` ``get_fp8_recipe`` (delayed -> TE ``DelayedScaling``, tensorwise ->
+``Float8CurrentScaling``, blockwise -> ``Float8BlockScaling``, mxfp8 -> ``MXFP8BlockScaling``); Transformer Engine
+2.20.2: ``transformer_engine/common/recipe/__init__.py`` (the recipes), ``transformer_engine/pytorch/quantization.py``
+(``check_recipe_support``: delayed/current scaling need compute capability 8.9+, MXFP8 10.x (not 12.0+), FP8 block
+scaling 9.0+ with CUDA 12.9), ``transformer_engine/pytorch/module/linear.py`` (the input kept for the weight gradient
+holds its column-wise data only: ``update_usage(rowwise_usage=False, columnwise_usage=True)``) and
+``transformer_engine/pytorch/csrc/quantizer.cpp`` (the data and scale-inverse tensors each quantizer allocates:
+``Float8CurrentScalingQuantizer::quantize_impl`` runs ``nvte_compute_amax`` over the input, then
+``nvte_compute_scale_from_amax``, then the cast; ``MXFP8Quantizer::get_scale_shape``;
+``Float8BlockQuantizer::get_scale_shape``).
+
+- delayed: one per-tensor scale from an amax history; the cast-transpose writes the FP8 data and its transpose and
+  computes the amax in the same pass (wattcast's FP8 model until now, unchanged).
+- tensorwise (current scaling): the same cast, after a separate amax kernel over the whole input (one more read of
+  it) and a one-element scale kernel.
+- mxfp8: one E8M0 scale (1 B) per 32 consecutive elements, row-wise and column-wise copies each with its own scales
+  (a block's scale runs along the GEMM's contraction dimension, so the column-wise copy is quantised anew, not the
+  row-wise bytes re-laid); scale tensors padded as ``MXFP8Quantizer::get_scale_shape``.
+- blockwise: DeepSeek-V3-style blocks, fp32 scales: activations and gradients 1x128 (``x_block_scaling_dim=1``,
+  ``grad_block_scaling_dim=1``), weights 128x128 (``w_block_scaling_dim=2``); row-wise and column-wise copies, scale
+  tensors shaped as ``Float8BlockQuantizer::get_scale_shape``.
+
+The GEMMs' own time is the FP8 GEMM surrogate's for every recipe: no measured per-recipe GEMM speed is in the data.
+"""
+
+from __future__ import annotations
+
+#: Megatron-Core 0.16.1's --fp8-recipe choices wattcast models ("custom", a user's quantizer factory, is not)
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+#: Megatron-Core's default (transformer_config.py: ``fp8_recipe = "delayed"``)
+DEFAULT_FP8_RECIPE = "delayed"
+
+#: MXFP8: elements per scale block and bytes per scale (E8M0): csrc/quantizer.cpp ``MXFP8_BLOCK_SIZE = 32``, scale
+#: tensors allocated as uint8
+MXFP8_BLOCK = 32
+MXFP8_SCALE_BYTES = 1
+#: FP8 block scaling: block length and bytes per scale (fp32): csrc/quantizer.cpp Float8BlockQuantizer ``kBlockLen =
+#: 128``, scale tensors allocated as torch::kFloat32
+BLOCKWISE_BLOCK = 128
+BLOCKWISE_SCALE_BYTES = 4
+#: Float8CurrentScaling's scale kernel (``nvte_compute_scale_from_amax``): reads the fp32 amax, writes the fp32 scale
+#: and its inverse (csrc/quantizer.cpp quantize_impl sets fp32 amax and scale buffers of shape {1})
+CURRENT_SCALE_KERNEL_BYTES = 12
+
+
+class FP8RecipeError(ValueError):
+    """An FP8 recipe wattcast does not know, or one the GPU cannot run."""
+
+
+def checked_fp8_recipe(recipe) -> str:
+    """``recipe`` lower-cased if it is one of :data:`FP8_RECIPES`, else an FP8RecipeError listing them."""
+    r = str(recipe).strip().lower()
+    if r not in FP8_RECIPES:
+        raise FP8RecipeError(f"unknown --fp8-recipe {recipe!r}; use one of {', '.join(FP8_RECIPES)} (Megatron-Core's "
+                             "names; 'custom' quantizer factories are not modelled)")
+    return r
+
+
+def _ceildiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def _roundup(a: int, b: int) -> int:
+    return _ceildiv(a, b) * int(b)
+
+
+def mxfp8_scale_bytes(m: int, k: int, *, columnwise: bool) -> int:
+    """Bytes of the E8M0 scales of an (m, k) MXFP8 tensor's row-wise or column-wise copy: TE 2.20
+    ``MXFP8Quantizer::get_scale_shape`` (row-wise roundup(m, 128) x roundup(k / 32, 4); column-wise
+    roundup(m / 32, 4) x roundup(k, 128)). TE requires m and k divisible by 32 (Megatron pads a grouped GEMM's
+    tokens); a dimension that is not is rounded up here."""
+    if columnwise:
+        return _roundup(_ceildiv(m, MXFP8_BLOCK), 4) * _roundup(k, 128) * MXFP8_SCALE_BYTES
+    return _roundup(m, 128) * _roundup(_ceildiv(k, MXFP8_BLOCK), 4) * MXFP8_SCALE_BYTES
+
+
+def blockwise_scale_bytes(m: int, k: int, *, columnwise: bool, block_dim: int = 1) -> int:
+    """Bytes of the fp32 scales of an (m, k) FP8-block-scaled tensor's row-wise or column-wise copy: TE 2.20
+    ``Float8BlockQuantizer::get_scale_shape`` with 128-element blocks, ``block_dim`` 1 (1x128: activations and
+    gradients) or 2 (128x128: weights)."""
+    b = BLOCKWISE_BLOCK
+    if block_dim == 2:
+        rows, cols = (_ceildiv(k, b), _roundup(_ceildiv(m, b), 4)) if columnwise else (_ceildiv(m, b), _roundup(_ceildiv(k, b), 4))
+    elif block_dim == 1:
+        rows, cols = (_ceildiv(m, b), _roundup(k, 4)) if columnwise else (_ceildiv(k, b), _roundup(m, 4))
+    else:
+        raise FP8RecipeError(f"block_dim must be 1 or 2, got {block_dim!r}")
+    return rows * cols * BLOCKWISE_SCALE_BYTES
+
+
+def scale_bytes(recipe: str, m: int, k: int, *, columnwise: bool, weight: bool = False) -> int:
+    """Scale bytes of one copy (row-wise or column-wise) of an (m, k) tensor quantised under ``recipe``: the block
+    scales of mxfp8 and blockwise; 0 for the per-tensor recipes (one fp32 scale per tensor, not counted)."""
+    if recipe == "mxfp8":
+        return mxfp8_scale_bytes(m, k, columnwise=columnwise)
+    if recipe == "blockwise":
+        return blockwise_scale_bytes(m, k, columnwise=columnwise, block_dim=2 if weight else 1)
+    return 0
+
+
+def weight_scale_bytes_per_param(recipe: str) -> float:
+    """Scale bytes per weight element of the row-wise and column-wise FP8 weight copies together, unpadded (exact
+    for weights whose dims are multiples of 128): mxfp8 2 x 1 B / 32; blockwise (128x128 blocks) 2 x 4 B / 128^2."""
+    if recipe == "mxfp8":
+        return 2.0 * MXFP8_SCALE_BYTES / MXFP8_BLOCK
+    if recipe == "blockwise":
+        return 2.0 * BLOCKWISE_SCALE_BYTES / (BLOCKWISE_BLOCK * BLOCKWISE_BLOCK)
+    return 0.0
+
+
+def weight_copy_bytes_per_param(recipe: str) -> float:
+    """Bytes per parameter of the FP8 weight copies Transformer Engine caches between steps: the FP8 data and its
+    transpose / column-wise copy (2 B) plus their block scales."""
+    return 2.0 + weight_scale_bytes_per_param(recipe)
+
+
+def unsupported_fp8_recipe(spec, recipe: str) -> str | None:
+    """Why ``spec`` cannot run ``recipe`` (None when it can), after the FP8 check of
+    ``data.device_spec.unsupported_step_dtype``. TE 2.20 ``pytorch/quantization.py``: MXFP8 needs compute capability
+    10.x (data-centre Blackwell; "not supported on 12.0+ architectures yet": GB20x), FP8 block scaling 9.0 or higher
+    (Hopper, Blackwell; not Ada). Both are NVIDIA Transformer Engine recipes: an AMD GPU is refused for them."""
+    if recipe not in ("mxfp8", "blockwise"):
+        return None
+    arch = str(getattr(spec, "arch", "") or "")
+    vendor = str(getattr(spec, "vendor", "nvidia") or "").lower()
+    name = getattr(spec, "name", "this GPU")
+    blackwell_dc = vendor == "nvidia" and arch.lower().startswith("blackwell") and "gb20" not in arch.lower()
+    hopper = vendor == "nvidia" and arch.lower().startswith("hopper")
+    if recipe == "mxfp8" and not blackwell_dc:
+        return (f"--fp8-recipe mxfp8 needs MXFP8 tensor cores (Transformer Engine: compute capability 10.x, data-centre "
+                f"Blackwell: B200, GB200, B300), but {name} is {vendor or 'unknown vendor'} {arch or '(arch unknown)'}; "
+                "use --fp8-recipe delayed or tensorwise" + ("" if vendor != "nvidia" or not hopper else " (or blockwise)"))
+    if recipe == "blockwise" and not (blackwell_dc or hopper):
+        return (f"--fp8-recipe blockwise needs FP8 block-scaled GEMMs (Transformer Engine: compute capability 9.0 or "
+                f"higher, Hopper or Blackwell, CUDA 12.9+), but {name} is {vendor or 'unknown vendor'} "
+                f"{arch or '(arch unknown)'}; use --fp8-recipe delayed or tensorwise")
+    return None

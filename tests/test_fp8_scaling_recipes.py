@@ -1,0 +1,129 @@
+"""--fp8-recipe (Megatron-Core 0.16's delayed / tensorwise / mxfp8 / blockwise; Transformer Engine 2.20's recipes):
+the casts' extra passes, the FP8 copies' block scales, the cached weights' scales, and the GPUs each recipe runs on."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import wattcast
+from conftest import flat, run_cli
+from wattcast.featurize.fp8_recipes import (blockwise_scale_bytes, mxfp8_scale_bytes, weight_copy_bytes_per_param,
+                                            weight_scale_bytes_per_param)
+from wattcast.featurize.workload import StepOptions, step_graph
+from wattcast.simulate.parallel import ParallelConfigError
+
+KW = dict(batch=1, seq=2048, dtype="fp8", attention="flash")
+
+
+def _graph(recipe):
+    return step_graph("llama3_8b", StepOptions(batch=1, seq=1024, mode="train", dtype="fp8", attention="flash",
+                                               fp8_recipe=recipe), blocks=2)
+
+
+def test_scale_bytes_follow_te_quantizer_shapes():
+    # TE 2.20 csrc/quantizer.cpp MXFP8Quantizer::get_scale_shape: row-wise {roundup(M,128), roundup(K/32,4)},
+    # column-wise {roundup(M/32,4), roundup(K,128)}, 1 B (E8M0) each
+    assert mxfp8_scale_bytes(2048, 4096, columnwise=False) == 2048 * 128
+    assert mxfp8_scale_bytes(2048, 4096, columnwise=True) == 64 * 4096
+    assert mxfp8_scale_bytes(96, 32, columnwise=False) == 128 * 4  # padded rows and scale columns
+    assert mxfp8_scale_bytes(96, 32, columnwise=True) == 4 * 128
+    # Float8BlockQuantizer::get_scale_shape, fp32 (4 B): 1x128 row-wise {ceil(K/128), roundup(M,4)}, column-wise
+    # {ceil(M/128), roundup(K,4)}; 128x128 row-wise {ceil(M/128), roundup(ceil(K/128),4)}
+    assert blockwise_scale_bytes(2048, 4096, columnwise=False) == 32 * 2048 * 4
+    assert blockwise_scale_bytes(2048, 4096, columnwise=True) == 16 * 4096 * 4
+    assert blockwise_scale_bytes(4096, 14336, columnwise=False, block_dim=2) == 32 * 112 * 4
+    assert blockwise_scale_bytes(4096, 14336, columnwise=True, block_dim=2) == 112 * 32 * 4
+    assert weight_copy_bytes_per_param("delayed") == weight_copy_bytes_per_param("tensorwise") == 2.0
+    assert weight_scale_bytes_per_param("mxfp8") == 2 / 32 and weight_scale_bytes_per_param("blockwise") == 8 / 128**2
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "mxfp8", "blockwise"])
+def test_cast_kernels_bytes_per_recipe(recipe):
+    n = _graph(recipe).nodes
+    lin = n[(n["phase"] == "forward") & (n["dtype"] == "fp8") & (n["op_class"] == "linear")]
+    casts = n[(n["phase"] == "forward") & (n["op_class"] == "fp8_cast")].set_index(["layer", "name"])["bytes"]
+    scales = {"mxfp8": mxfp8_scale_bytes, "blockwise": blockwise_scale_bytes}.get(recipe)
+    for layer, name, m, k in lin[["layer", "name", "M", "N"]].itertuples(index=False):
+        m, k = int(m), int(k)
+        extra = 0 if scales is None else scales(m, k, columnwise=False) + scales(m, k, columnwise=True)
+        # read bf16, write the row-wise data and its transpose / column-wise copy, and their block scales
+        assert casts[(layer, f"{name}.fp8_cast")] == m * k * (2 + 2) + extra
+        if recipe == "tensorwise":  # current scaling's amax pass reads the input once more
+            assert casts[(layer, f"{name}.fp8_amax")] == m * k * 2
+        else:
+            assert (layer, f"{name}.fp8_amax") not in casts.index
+    opt = n[(n["phase"] == "optimizer") & (n["op_class"] == "fp8_cast")]
+    fp8_p = lin["param_count"].sum()
+    per_param = 2 + weight_copy_bytes_per_param(recipe) + (2 if recipe == "tensorwise" else 0)
+    assert opt["bytes"].sum() == pytest.approx(per_param * fp8_p, rel=1e-12)
+
+
+def test_default_is_delayed_bit_for_bit():
+    base = wattcast.predict("llama3_8b", "H100-SXM5-80GB", **KW)
+    delayed = wattcast.predict("llama3_8b", "H100-SXM5-80GB", fp8_recipe="delayed", **KW)
+    assert base.step_time_ms == delayed.step_time_ms and base.memory_gb == delayed.memory_gb
+    assert base.energy_j == delayed.energy_j
+    assert base.to_dict()["settings"]["fp8_recipe"] == "delayed"
+    n = base.nodes  # delayed scaling: no amax pass, 4 B a parameter for the weight cast, 1 B a saved element
+    assert not n["name"].str.contains("amax").any()
+    kw = dict(gpus=8, batch=8, seq=2048, tp=8, sp=True, dtype="fp8", attention="flash", framework="megatron")
+    a = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
+    b = wattcast.predict_cluster("llama3_8b", "DGX-H100", fp8_recipe="delayed", **kw)
+    assert a.step_time_ms == b.step_time_ms and a.to_dict()["memory"] == b.to_dict()["memory"]
+
+
+def test_block_scales_in_saved_copies_and_cached_weights():
+    res = {r: wattcast.predict("llama3_8b", "B200", fp8_recipe=r, **KW) for r in ("delayed", "mxfp8", "blockwise")}
+    n = res["delayed"].nodes
+    lin = n[(n["phase"] == "forward") & (n["dtype"] == "fp8") & (n["op_class"] == "linear")]
+    fp8_p = float(lin["param_count"].sum())
+    for r, scales in (("mxfp8", mxfp8_scale_bytes), ("blockwise", blockwise_scale_bytes)):
+        # each FP8 linear keeps its input's column-wise copy for the weight gradient, with its scales
+        col = sum(scales(int(m), int(k), columnwise=True) for m, k in lin[["M", "N"]].itertuples(index=False))
+        assert res[r].memory.activations_gb - res["delayed"].memory.activations_gb == pytest.approx(col / 1e9, rel=1e-6)
+        assert res[r].memory.weights_gb - res["delayed"].memory.weights_gb == pytest.approx(
+            weight_scale_bytes_per_param(r) * fp8_p / 1e9, rel=1e-6)
+    # the GEMMs are the same FP8 GEMMs (no measured per-recipe GEMM speed): their time is unchanged
+    gemm = lambda p: p.nodes.loc[p.nodes["op_class"] == "linear", "time_ms"].sum()  # noqa: E731
+    assert gemm(res["mxfp8"]) == gemm(res["delayed"]) == gemm(res["blockwise"])
+
+
+def test_tensorwise_amax_pass_costs_time():
+    d = wattcast.predict("llama3_8b", "H100-SXM5-80GB", **KW)
+    t = wattcast.predict("llama3_8b", "H100-SXM5-80GB", fp8_recipe="tensorwise", **KW)
+    cast = lambda p: p.nodes.loc[p.nodes["op_class"] == "fp8_cast", "time_ms"].sum()  # noqa: E731
+    amax = t.nodes[t.nodes["name"].str.contains("amax")]
+    assert len(amax) and np.isclose(t.step_time_ms - d.step_time_ms, cast(t) - cast(d), rtol=0.05)
+    assert cast(t) > cast(d) * 1.3 and t.memory_gb == pytest.approx(d.memory_gb, rel=1e-9)
+    assert t.to_dict()["settings"]["fp8_recipe"] == "tensorwise"
+
+
+@pytest.mark.parametrize("device, recipe", [("H100-SXM5-80GB", "mxfp8"), ("MI300X", "mxfp8"), ("L40S", "mxfp8"),
+                                            ("L40S", "blockwise"), ("MI300X", "blockwise")])
+def test_recipe_refused_where_te_does_not_run_it(device, recipe):
+    with pytest.raises(ValueError, match=rf"--fp8-recipe {recipe} needs .*{device}"):
+        wattcast.predict("gpt2", device, dtype="fp8", fp8_recipe=recipe)
+
+
+def test_recipe_errors_cluster_cli_and_search():
+    with pytest.raises(ParallelConfigError, match="mxfp8 needs MXFP8.*H100"):
+        wattcast.predict_cluster("gpt2", "DGX-H100", gpus=8, batch=8, tp=8, dtype="fp8", fp8_recipe="mxfp8")
+    with pytest.raises(ValueError, match="needs --dtype fp8"):
+        wattcast.predict("gpt2", "H100-SXM5-80GB", dtype="bf16", fp8_recipe="tensorwise")
+    with pytest.raises(ValueError, match="unknown --fp8-recipe 'nvfp4'"):
+        wattcast.predict("gpt2", "H100-SXM5-80GB", dtype="fp8", fp8_recipe="nvfp4")
+    r = run_cli("predict", "--model", "gpt2", "--device", "H100-SXM5-80GB", "--dtype", "fp8", "--fp8-recipe", "mxfp8")
+    assert r.returncode == 2 and "mxfp8 needs MXFP8" in flat(r.stderr) and "Traceback" not in r.stderr
+    r = run_cli("predict", "--model", "gpt2", "--cluster", "DGX-B200", "--gpus", "4", "--tp", "4", "--dtype", "fp8",
+                "--framework", "megatron", "--fp8-recipe", "mxfp8", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["settings"]["fp8_recipe"] == "mxfp8"
+    s = run_cli("search", "--model", "gpt2", "--cluster", "DGX-H100", "--cluster", "DGX-B200", "--gpus", "8", "--batch",
+                "8", "--dtype", "fp8", "--fp8-recipe", "mxfp8", "--max-configs", "5", "--json")
+    assert s.returncode == 0, s.stderr
+    out = json.loads(s.stdout)
+    assert {r["cluster"] for r in out["ranked"]} == {"DGX-B200"}
+    assert "mxfp8 needs MXFP8" in out["unranked_clusters"]["DGX-H100"]
