@@ -398,7 +398,7 @@ def predict(
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (mixture-of-experts models)."),
     etp: Optional[int] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degree, folded with --ep over tp x cp x dp (default: --tp)."),
     interleave: int = typer.Option(1, "--interleave", help="Virtual pipeline stages per GPU (interleaved 1F1B)."),
-    schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b or gpipe."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b, gpipe or dualpipe (DeepSeek-V3's: even --pp, an even micro-batch count of at least 2 x pp)."),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file (own YAML or ASTRA-sim network YAML)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a timeline PNG (distributed prediction; an existing file only with --overwrite)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --trace / --plot replace an existing file (never an input: the model, device or cluster file)."),

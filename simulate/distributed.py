@@ -58,6 +58,7 @@ from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelCon
                                         resolve_parallel, stage_layers)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
+from wattcast.simulate.dualpipe import dualpipe_summary, mirrored, paired_share as dualpipe_paired_share
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.scheduler import bucket_spans
 from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, step_overheads,
@@ -159,6 +160,8 @@ class DistributedPrediction:
                     memory_flag=self.memory_flag,
                     # set when the pipeline schedule of a huge micro-batch count was extrapolated past its exact part
                     schedule_extrapolated=self.meta.get("schedule_extrapolated"),
+                    # --schedule dualpipe: per-rank busy time and bubble, and Table 2's bubble (simulate/dualpipe.py)
+                    **({"dualpipe": self.meta["dualpipe"]} if self.meta.get("dualpipe") else {}),
                     warnings=list(self.meta.get("warnings") or []),  # always there: [] when there are none
                     # the options the public API ran with (wattcast.predict_cluster sets them; None for the simulator's own)
                     **({"settings": dict(self.meta["settings"])} if self.meta.get("settings") else {}),
@@ -1023,6 +1026,9 @@ class _RankView:
     ood_opt_low_ms: np.ndarray = None
     ood_opt_high_ms: np.ndarray = None
     ood_coll_ms: np.ndarray = None
+    # the backward's weight-gradient kernels (each linear layer's ``.wgrad`` GEMM and ``.bgrad`` bias reduction,
+    # featurize/op_graph.py): DualPipe's W, what its zero-bubble steps run apart from the input gradient
+    wgrad_ms: np.ndarray = None
 
 
 def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1,
@@ -1089,6 +1095,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         ood_fb_high_ms=per_layer(k_ood & (fwd | bwd), t_hi), ood_opt_ms=per_layer(k_ood & opt, t),
         ood_opt_low_ms=per_layer(k_ood & opt, t_lo), ood_opt_high_ms=per_layer(k_ood & opt, t_hi),
         ood_coll_ms=per_layer(c_ood, t),
+        wgrad_ms=per_layer(bwd & ~is_coll & names.str.endswith((".wgrad", ".bgrad")).to_numpy(), t),
         layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
         f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
         attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn & ~rc, t),
@@ -1160,7 +1167,7 @@ _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", 
                      "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
                      "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "ood_fb_ms", "ood_fb_low_ms",
-                     "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms")
+                     "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms", "wgrad_ms")
 
 
 #: the per-layer sums :func:`critical_rank_ood` reads
@@ -1676,7 +1683,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     n_chunks = P * V
     deepspeed = opts.framework == "megatron-deepspeed"
     memo = ctx.memo
-    chunk_key = ("chunks", id(view), n_layers, n_chunks, par.pp_first_layers, par.pp_last_layers, deepspeed)
+    # DualPipe (simulate/dualpipe.py): rank s holds stage s and stage P-1-s, its figures are the two chunks' (rank_sum)
+    dual = par.schedule == "dualpipe"
+    chunk_key = ("chunks", id(view), n_layers, n_chunks, par.pp_first_layers, par.pp_last_layers, deepspeed, dual)
     hit = memo.get(chunk_key) if memo is not None else None
     if hit is None:
         counts = chunk_layers(n_layers, P, V, first=par.pp_first_layers, last=par.pp_last_layers, deepspeed=deepspeed)
@@ -1715,6 +1724,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         """Per stage, the sum over its chunks (chunk c of stage s is v[c x P + s])."""
         return v.reshape(V, P).sum(axis=0)
 
+    def rank_sum(v: np.ndarray) -> np.ndarray:
+        """What each rank holds: ``by_stage``, or under DualPipe its two chunks' sum (stage s and stage P-1-s)."""
+        return mirrored(v) if dual else by_stage(v)
+
+    def rank_tasks(v: np.ndarray) -> np.ndarray:
+        """A per-micro-batch figure of each rank's tasks: ``by_stage``, or under DualPipe the mean of its two chunks'
+        (half the step's micro-batches run on each)."""
+        return mirrored(v) / 2 if dual else by_stage(v)
+
     # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation); it needs no
     # schedule, so it comes first: a search skips the schedule of a strategy that does not fit (``prune_oom``)
     params_chunk = chunk_sum("params")
@@ -1742,15 +1760,16 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     stage_key = ("stage", P, V)  # one chunking (n_chunks) is several (pp, interleave) splits
     hit = sums.get(stage_key)
     if hit is None:
-        p_stage = by_stage(params_chunk)
+        p_stage = rank_sum(params_chunk)
         # each stage's share of FP8-GEMM parameters (its own layers': the embedding's and the head's stages have fewer)
-        fp8_stage = np.divide(by_stage(chunk_sum("fp8_params")), p_stage, out=np.zeros(P), where=p_stage > 0)
-        opt_s = by_stage(chunk_sum("opt_ms"))
+        fp8_stage = np.divide(rank_sum(chunk_sum("fp8_params")), p_stage, out=np.zeros(P), where=p_stage > 0)
+        opt_c = chunk_sum("opt_ms").copy()
         if tied_params > 0:  # the last stage's optimizer also steps the tied embedding's copy
-            opt_s[-1] += tied_opt[0]
-        ex_stage = by_stage(chunk_sum("expert_params"))
-        hit = sums[stage_key] = (p_stage, act_chunk.reshape(V, P).mean(axis=0), opt_s, fp8_stage,
-                                 by_stage(chunk_sum("opt_cast_ms")), ex_stage,
+            opt_c[-1] += tied_opt[0]
+        opt_s = rank_sum(opt_c)
+        ex_stage = rank_sum(chunk_sum("expert_params"))
+        hit = sums[stage_key] = (p_stage, rank_tasks(act_chunk) if dual else act_chunk.reshape(V, P).mean(axis=0),
+                                 opt_s, fp8_stage, rank_sum(chunk_sum("opt_cast_ms")), ex_stage,
                                  # what the model states are computed from, as a key (below)
                                  p_stage.tobytes() + ex_stage.tobytes() + fp8_stage.tobytes())
     params_stage, act_stage, opt_by_stage, fp8_frac, opt_cast_stage, expert_stage, stage_bytes = hit
@@ -1871,7 +1890,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                             view, power_limit_w, ctx.notes)
 
     ep_unpaired = None
-    if par.overlap_moe_expert_parallel_comm:
+    if par.overlap_moe_expert_parallel_comm and dual:  # the tasks outside DualPipe's F&B pairs (its reference order)
+        ep_unpaired = 1.0 - dualpipe_paired_share(P, n_micro)
+    elif par.overlap_moe_expert_parallel_comm:
         # Megatron-Core's batch-level overlap merges one micro-batch's forward with another's backward: a stage's
         # warm-up forwards and cool-down backwards (its in-flight count of each; one of each without a pipeline) run
         # alone, their all-to-alls exposed (until stop 36 every task was charged as paired)
@@ -1915,7 +1936,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # interleaved schedule overlaps them (overlap_p2p_comm, its default there; Megatron-LM 2021's did not: its
     # _communicate waited on every request and synchronised the device, so with it off each chunk's transfer blocks)
     # and other frameworks are charged on the dependency edge only (the receiver waits, the sender runs on)
-    p2p_blocking = opts.framework in ("megatron", "megatron-deepspeed") and P > 1 and (V == 1 or not par.overlap_p2p_comm)
+    p2p_blocking = (opts.framework in ("megatron", "megatron-deepspeed") and P > 1 and (V == 1 or not par.overlap_p2p_comm)
+                    and not dual)  # DualPipe sends asynchronously (its comm.py: isend/irecv), the transfer on the edge
     # every chunk but the last sends its activations on, every chunk but the first its input gradient back
     send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
     send_f[-1] = send_b[0] = 0.0
@@ -1949,6 +1971,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # is done (with align_grad_reduce the later stages launch it after their final backward, "during the pipeline
     # bubble")
     first_only = opts.framework == "megatron" and bool(par.overlap_grad_reduce)
+    if dual:  # each DualPipe rank reduces both its chunks' gradients (the two copies' sum approximated as inside it)
+        params_chunk, expert_chunk, gather_b_chunk = mirrored(params_chunk), mirrored(expert_chunk), mirrored(gather_b_chunk)
     dp_key = ("dp", par_dp.zero, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only)
     dpt = memo.get(dp_key) if memo is not None else None
@@ -2112,7 +2136,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         hit = memo.get(pipe_key) if memo is not None and not keep else None
         if hit is None:  # strategies that differ only where the pipeline does not see it (ZeRO 0/1, ...) share it
             pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p, keep_tasks=keep,
-                                 exact=ctx.exact_pipeline)
+                                 exact=ctx.exact_pipeline, w_ms=chunk_sum("wgrad_ms") if dual else None)
             hit = (pipe, pipe.last_backward_array)
             if memo is not None and not keep:
                 memo[pipe_key] = hit
@@ -2220,7 +2244,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # energy with what the hidden communication adds: the rest of the step is exposed communication or waiting
         # (task_f_ms, task_b_ms: each chunk's forward and backward task as scheduled, per micro-batch: what the trace's
         # F / B events last)
-        work = dict(task_cmp_ms=by_stage((f_nc + st_f + b_nc + st_b) * n_micro), task_extra_j=by_stage((xj_f + xj_b) * n_micro),
+        work = dict(task_cmp_ms=rank_tasks((f_nc + st_f + b_nc + st_b) * n_micro),
+                    task_extra_j=rank_tasks((xj_f + xj_b) * n_micro),
                     after_cmp_ms=st_dp + st_g, after_extra_j=xj_dp + xj_g, task_f_ms=f, task_b_ms=b)
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events, work
 
@@ -2253,12 +2278,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     e_opt_key = ("e_opt_stage", P, V)
     e_opt_s = sums.get(e_opt_key)
     if e_opt_s is None:
-        e_opt_stage = by_stage(chunk_sum("e_opt_j"))
+        e_opt_c = chunk_sum("e_opt_j").copy()
         if tied_params > 0:
-            e_opt_stage[-1] += tied_opt[1]
-        e_opt_s = sums[e_opt_key] = (e_opt_stage, by_stage(chunk_sum("e_opt_cast_j")))
+            e_opt_c[-1] += tied_opt[1]
+        e_opt_s = sums[e_opt_key] = (rank_sum(e_opt_c), rank_sum(chunk_sum("e_opt_cast_j")))
     # the tasks (forward and backward of every micro-batch) over their busy time
-    e_task_s = (by_stage((e_f_nc + e_b_nc) * n_micro) + work["task_extra_j"]
+    e_task_s = (rank_tasks((e_f_nc + e_b_nc) * n_micro) + work["task_extra_j"]
                 + p_comm * np.maximum(busy - work["task_cmp_ms"], 0.0) / 1e3)
     busy_all = busy + opt_stage
     stage_e = (e_task_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share + work["after_extra_j"]
@@ -2270,7 +2295,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # per strategy where no rank has OOD time (the usual case)
         ood_stage = sums.get(("ood_stage", P, V), False)
         if ood_stage is False:
-            a = np.array([by_stage(chunk_sum(k)) for k in _OOD_STAGE_FIELDS])
+            a = np.array([rank_tasks(chunk_sum(k)) for k in _OOD_STAGE_FIELDS])
             ood_stage = sums[("ood_stage", P, V)] = a if a[2:].any() else None
         ood_sums = None
         if ood_stage is not None:
@@ -2348,10 +2373,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 scatter_gather_p2p=bool(partitioned) if P > 1 else None)
     # the step band's OOD term: the critical rank's (the stage that ends the step), its OOD kernels' share of its time
     crit = int(np.argmax(finish + opt_stage + gather))
-    ood = critical_rank_ood({k: float(by_stage(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
+    ood = critical_rank_ood({k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
                             float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
     warn = ood_warning(float(ood.get("share", 0.0)))
     meta = with_warnings(meta, [*ctx.notes, *([warn] if warn else [])])
+    if dual:
+        meta["dualpipe"] = dualpipe_summary(pipe)
     if pipe.extrapolated:
         meta["schedule_extrapolated"] = dict(
             simulated_micro=int(pipe.simulated_micro), period_ms=float(np.max(pipe.period_ms)),

@@ -5,7 +5,8 @@ parallel ranks adjacent, then data parallel, then pipeline stages), optionally w
 (``sp``, within the TP group), expert parallelism (``ep`` ranks of the DP group share the experts), ZeRO
 stage 0-3 (FSDP = ZeRO-3) over the DP group, micro-batching (``micro_batch`` sequences per micro-batch,
 ``batch / (dp x micro_batch)`` micro-batches per step = gradient accumulation), activation recomputation,
-and pipeline schedules GPipe, 1F1B and interleaved 1F1B (``interleave`` virtual stages per GPU).
+and pipeline schedules GPipe, 1F1B, interleaved 1F1B (``interleave`` virtual stages per GPU) and DeepSeek-V3's
+DualPipe (:mod:`wattcast.simulate.dualpipe`).
 
 Framework rules (:data:`PIPELINE_ZERO_MAX`): Megatron-LM's distributed optimizer shards optimizer state
 only (ZeRO-1), and DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only, so ``megatron`` and
@@ -25,7 +26,7 @@ from wattcast.data.cluster_spec import ClusterSpec
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.overlap import overlap_defaults
 
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "dualpipe")
 #: highest ZeRO stage a framework runs together with pipeline parallelism (pp > 1); frameworks not listed
 #: have no such limit here. DeepSpeed: ``PipelineEngine`` asserts ZeRO stage < 2 (gradient partitioning
 #: needs the whole backward pass of a stage, which a pipeline interleaves); Megatron-LM: its distributed
@@ -336,6 +337,8 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             f"--interleave {cfg.interleave} (virtual pipeline stages) is interleaved 1F1B: it cannot run with --schedule "
             f"{cfg.schedule}; use --schedule 1f1b or --interleave 1")
+    if cfg.schedule == "dualpipe":
+        _check_dualpipe(cfg, n_micro, framework if framework is not None else ("megatron-deepspeed" if uneven_stages else None))
     if cfg.interleave > 1:
         if not (n_micro % cfg.pp == 0):
             raise ParallelConfigError(
@@ -434,7 +437,12 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if fw == "megatron-deepspeed" and cfg.interleave > 1:
         raise ParallelConfigError(f"--interleave {cfg.interleave}: DeepSpeed's pipeline engine (megatron-deepspeed) runs "
                                   f"1F1B, it has no interleaved schedule")
-    if cfg.overlap_moe_expert_parallel_comm and cfg.pp > 1 and cfg.interleave < 2:
+    if cfg.schedule == "dualpipe" and cfg.ep > 1 and d["overlap_moe_expert_parallel_comm"] is None:
+        # DualPipe's F&B pairs run each chunk's all-to-alls beside the other chunk's computation by construction
+        # (DeepSeek-V3 report Sec. 3.2.1, Fig. 4): the pairing is on unless turned off
+        flags["overlap_moe_expert_parallel_comm"] = True
+        cfg = with_fields(cfg, overlap_moe_expert_parallel_comm=True)
+    if cfg.overlap_moe_expert_parallel_comm and cfg.pp > 1 and cfg.interleave < 2 and cfg.schedule != "dualpipe":
         raise ParallelConfigError(
             f"--overlap-moe-expert-parallel-comm pairs one micro-batch's forward with another's backward chunk by chunk: "
             f"with pipeline parallelism (pp {cfg.pp}) Megatron-Core needs the interleaved schedule (--interleave 2 or "
@@ -448,6 +456,23 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
     return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags)
+
+
+def _check_dualpipe(cfg: ParallelConfig, n_micro: int, framework: str | None) -> None:
+    """DualPipe's rules (:func:`wattcast.simulate.dualpipe.check_dualpipe`: even pp, an even micro-batch count of at
+    least 2 pp, no virtual stages) and this model's: DeepSpeed's pipeline engine has no DualPipe, and ZeRO-2/3 with it
+    is not modelled (DeepSeek-V3 ran ZeRO-1)."""
+    from wattcast.simulate.dualpipe import DualPipeError, check_dualpipe
+
+    if framework == "megatron-deepspeed":
+        raise ParallelConfigError("--schedule dualpipe: DeepSpeed's pipeline engine (megatron-deepspeed) runs 1F1B only")
+    if cfg.zero >= 2:
+        raise ParallelConfigError(f"--schedule dualpipe with --zero {cfg.zero} is not modelled (DeepSeek-V3 ran ZeRO-1): "
+                                  f"use --zero 0 or 1")
+    try:
+        check_dualpipe(cfg.pp, n_micro, cfg.interleave)
+    except DualPipeError as e:
+        raise ParallelConfigError(str(e)) from None
 
 
 def check_job_size(gpus: int, cluster: ClusterSpec) -> None:

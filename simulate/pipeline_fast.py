@@ -65,10 +65,16 @@ def closed_form_applies(f_ms, b_ms, interleave: int, p2p_ms: float, kind: str = 
 
 
 def time_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = "1f1b", p2p_ms: float = 0.0,
-                  keep_tasks: bool = False, exact: bool = True) -> PipelineResult:
+                  keep_tasks: bool = False, exact: bool = True, w_ms=None) -> PipelineResult:
     """The pipeline's timing: the event-driven scheduler (``exact``, or tasks kept for a trace), else the closed form
     :func:`fast_pipeline` where it applies, else the scheduler's one pass over the tasks in the event loop's order
-    (``static``: the event loop's figures, bit for bit, several times faster)."""
+    (``static``: the event loop's figures, bit for bit, several times faster). ``kind="dualpipe"``: DeepSeek-V3's
+    DualPipe replayed task by task (:func:`wattcast.simulate.dualpipe.simulate_dualpipe`; ``w_ms`` the
+    weight-gradient part of each stage's backward)."""
+    if kind == "dualpipe":
+        from wattcast.simulate.dualpipe import simulate_dualpipe
+
+        return simulate_dualpipe(f_ms, b_ms, w_ms, n_micro=n_micro, p2p_ms=p2p_ms, keep_tasks=keep_tasks)
     if exact or keep_tasks:
         return simulate_pipeline(f_ms, b_ms, n_micro=n_micro, interleave=interleave, kind=kind, p2p_ms=p2p_ms,
                                  keep_tasks=keep_tasks)

@@ -101,6 +101,8 @@ class PipelineResult:
     last_backward_by_chunk: np.ndarray | None = field(default=None, repr=False)
     #: per stage and model chunk (stages, interleave): start of that chunk's first forward task on the stage, ms
     first_forward_by_chunk: np.ndarray | None = field(default=None, repr=False)
+    #: schedule-specific figures (DualPipe: the report's Table 2 terms, simulate/dualpipe.py)
+    extra: dict | None = field(default=None, repr=False)
 
     @property
     def extrapolated(self) -> bool:

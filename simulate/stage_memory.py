@@ -319,7 +319,8 @@ def inflight_chunks(stage: int, *, pp: int, interleave: int, n_micro: int, sched
     """Model chunks' activations of one micro-batch that stage ``stage`` holds at its peak: 1F1B keeps pp - stage
     micro-batches in flight (Narayanan et al. SC21 Sec. 2.2.1), interleaved 1F1B (pp - stage - 1)·2 + (v-1)·pp + 1
     chunks (Megatron-LM's warm-up count, ``get_forward_backward_func``) and, with exactly pp micro-batches, every chunk
-    (Megatron-LM runs all the forwards first then: ``all_warmup_microbatches``), GPipe every micro-batch."""
+    (Megatron-LM runs all the forwards first then: ``all_warmup_microbatches``), GPipe every micro-batch, DualPipe
+    pp + 1 (DeepSeek-V3 report Table 2)."""
     return int(inflight_chunks_by_stage(pp=pp, interleave=interleave, n_micro=n_micro, schedule=schedule)[stage])
 
 
@@ -547,6 +548,10 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
 def inflight_chunks_by_stage(*, pp: int, interleave: int, n_micro: int, schedule: str) -> np.ndarray:
     """:func:`inflight_chunks` of every stage at once (int64 array of ``pp``)."""
     s = np.arange(pp, dtype=np.int64)
+    if schedule == "dualpipe":
+        # DeepSeek-V3 report Table 2: PP + 1 micro-batches' activations on every rank (of its two chunks, stage s and
+        # stage pp-1-s; the caller averages their per-micro-batch activations)
+        return np.full(pp, min(pp + 1, n_micro), dtype=np.int64)
     if schedule == "gpipe" or (interleave > 1 and n_micro == pp):
         return np.full(pp, n_micro * interleave, dtype=np.int64)
     if interleave == 1:

@@ -12,7 +12,7 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
 - ``rcnone`` / ``rcselective`` / ``rcfull`` (activation recomputation); ``rcfull<N>``: Megatron's block recomputation
   of the first N layers of each model chunk (``--recompute-num-layers N``), ``rcfullu<N>``: its uniform method (every
   layer, the input of each group of N kept);
-- ``1f1b`` / ``gpipe`` (pipeline schedule);
+- ``1f1b`` / ``gpipe`` / ``dualpipe`` (pipeline schedule);
 - Megatron-Core's overlaps as deviations from the framework's default (``simulate.overlap.overlap_defaults``):
   ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm), ``a2a`` /
   ``noa2a`` (MoE expert-parallel all-to-alls), ``p2po`` / ``nop2po`` (the interleaved schedule's point-to-point
