@@ -24,6 +24,14 @@ holds its column-wise data only: ``update_usage(rowwise_usage=False, columnwise_
 - blockwise: DeepSeek-V3-style blocks, fp32 scales: activations and gradients 1x128 (``x_block_scaling_dim=1``,
   ``grad_block_scaling_dim=1``), weights 128x128 (``w_block_scaling_dim=2``); row-wise and column-wise copies, scale
   tensors shaped as ``Float8BlockQuantizer::get_scale_shape``.
+- deepseek (wattcast's name, not Megatron-Core's): DeepSeek-V3's own FP8 framework (tech report arXiv 2412.19437):
+  the fine-grained quantisation of Sec. 3.3.2 (1x128 activation tiles, 128x128 weight blocks: blockwise's scales and
+  casts) plus its low-precision storage and communication of Sec. 3.3.3, as stated there: the input of the linear after
+  the attention operator kept once, in E5M6 (:data:`E5M6_BYTES`), for both the attention's backward and that linear's
+  weight gradient; the MoE SwiGLU inputs cached in FP8 and their outputs recomputed in the backward; the activation
+  before the MoE up-projections quantised to FP8 before the dispatch; and, with the RMSNorm / MLA up-projection
+  recomputation of Sec. 3.2.3 ("eliminating the need to persistently store their output activations"), no FP8 copy of
+  a recomputed output kept either (re-made with it). The graph side: featurize/op_graph.py ``deepseek_storage``.
 
 The GEMMs' own time is the FP8 GEMM surrogate's for every recipe: no measured per-recipe GEMM speed is in the data.
 """
@@ -31,7 +39,10 @@ The GEMMs' own time is the FP8 GEMM surrogate's for every recipe: no measured pe
 from __future__ import annotations
 
 #: Megatron-Core 0.16.1's --fp8-recipe choices wattcast models ("custom", a user's quantizer factory, is not)
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "deepseek")
+#: bytes per element of DeepSeek-V3's customised E5M6 format (1 sign + 5 exponent + 6 mantissa bits = 12 bits), in
+#: which it keeps the inputs of the linear after the attention operator (tech report arXiv 2412.19437 Sec. 3.3.3 (1))
+E5M6_BYTES = 1.5
 #: Megatron-Core's default (transformer_config.py: ``fp8_recipe = "delayed"``)
 DEFAULT_FP8_RECIPE = "delayed"
 
@@ -57,8 +68,14 @@ def checked_fp8_recipe(recipe) -> str:
     r = str(recipe).strip().lower()
     if r not in FP8_RECIPES:
         raise FP8RecipeError(f"unknown --fp8-recipe {recipe!r}; use one of {', '.join(FP8_RECIPES)} (Megatron-Core's "
-                             "names; 'custom' quantizer factories are not modelled)")
+                             "names, and deepseek: DeepSeek-V3's framework; 'custom' quantizer factories are not modelled)")
     return r
+
+
+def quantizer_of(recipe: str) -> str:
+    """The scaling a recipe's casts and copies use: DeepSeek-V3's (``deepseek``) is blockwise's 1x128 / 128x128 fp32
+    scales (tech report Sec. 3.3.2, which Megatron-Core's blockwise recipe follows); the others their own."""
+    return "blockwise" if recipe == "deepseek" else recipe
 
 
 def _ceildiv(a: int, b: int) -> int:
@@ -95,7 +112,9 @@ def blockwise_scale_bytes(m: int, k: int, *, columnwise: bool, block_dim: int = 
 
 def scale_bytes(recipe: str, m: int, k: int, *, columnwise: bool, weight: bool = False) -> int:
     """Scale bytes of one copy (row-wise or column-wise) of an (m, k) tensor quantised under ``recipe``: the block
-    scales of mxfp8 and blockwise; 0 for the per-tensor recipes (one fp32 scale per tensor, not counted)."""
+    scales of mxfp8 and blockwise (and deepseek's); 0 for the per-tensor recipes (one fp32 scale per tensor, not
+    counted)."""
+    recipe = quantizer_of(recipe)
     if recipe == "mxfp8":
         return mxfp8_scale_bytes(m, k, columnwise=columnwise)
     if recipe == "blockwise":
@@ -106,6 +125,7 @@ def scale_bytes(recipe: str, m: int, k: int, *, columnwise: bool, weight: bool =
 def weight_scale_bytes_per_param(recipe: str) -> float:
     """Scale bytes per weight element of the row-wise and column-wise FP8 weight copies together, unpadded (exact
     for weights whose dims are multiples of 128): mxfp8 2 x 1 B / 32; blockwise (128x128 blocks) 2 x 4 B / 128^2."""
+    recipe = quantizer_of(recipe)
     if recipe == "mxfp8":
         return 2.0 * MXFP8_SCALE_BYTES / MXFP8_BLOCK
     if recipe == "blockwise":
@@ -124,6 +144,8 @@ def unsupported_fp8_recipe(spec, recipe: str) -> str | None:
     ``data.device_spec.unsupported_step_dtype``. TE 2.20 ``pytorch/quantization.py``: MXFP8 needs compute capability
     10.x (data-centre Blackwell; "not supported on 12.0+ architectures yet": GB20x), FP8 block scaling 9.0 or higher
     (Hopper, Blackwell; not Ada). Both are NVIDIA Transformer Engine recipes: an AMD GPU is refused for them."""
+    shown = recipe
+    recipe = quantizer_of(recipe)
     if recipe not in ("mxfp8", "blockwise"):
         return None
     arch = str(getattr(spec, "arch", "") or "")
@@ -136,7 +158,7 @@ def unsupported_fp8_recipe(spec, recipe: str) -> str | None:
                 f"Blackwell: B200, GB200, B300), but {name} is {vendor or 'unknown vendor'} {arch or '(arch unknown)'}; "
                 "use --fp8-recipe delayed or tensorwise" + ("" if vendor != "nvidia" or not hopper else " (or blockwise)"))
     if recipe == "blockwise" and not (blackwell_dc or hopper):
-        return (f"--fp8-recipe blockwise needs FP8 block-scaled GEMMs (Transformer Engine: compute capability 9.0 or "
+        return (f"--fp8-recipe {shown} needs FP8 block-scaled GEMMs (Transformer Engine: compute capability 9.0 or "
                 f"higher, Hopper or Blackwell, CUDA 12.9+), but {name} is {vendor or 'unknown vendor'} "
                 f"{arch or '(arch unknown)'}; use --fp8-recipe delayed or tensorwise")
     return None

@@ -576,8 +576,8 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     b.routed_moe = True
     if b.moe_load != 1.0:
         routed = Tensor((max(1, round(t * top_k * b.moe_load)), h), routed.dtype, routed.node, routed.tid)
-    if b.ep > 1:
-        routed = b.all_to_all(routed, name="moe.dispatch")
+    if b.ep > 1:  # in FP8 under DeepSeek-V3's storage (GraphBuilder.all_to_all)
+        routed = b.all_to_all(routed, name="moe.dispatch", fp8=True)
     with b.expert_tp():  # the experts' tensor parallelism (etp ranks; tp unless --expert-tensor-parallel-size)
         combined = _moe_experts(cfg, b, routed, n_exp, ffn, megatron, expert)
     if b.ep > 1:
@@ -617,7 +617,7 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
         with b.scope(f"moe.experts.{e}"):
             if megatron:  # under FP8: the first expert's FC1 and FC2 carry their grouped linear's one fused cast
                 ye = _swiglu_megatron(b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, h, f"experts.{e}",
-                                      act_tag="moe_act", fp8_cast_gemms=local if e == 0 else 0)
+                                      act_tag="moe_act", fp8_cast_gemms=local if e == 0 else 0, moe_swiglu=True)
             else:
                 xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
                 ye = (expert(cfg, b, xe, ffn, f"experts.{e}") if expert is not None
@@ -630,14 +630,15 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
     return b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
 
 
-def _dense_mlp(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, megatron: bool) -> Tensor:
+def _dense_mlp(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, megatron: bool,
+               moe_swiglu: bool = False) -> Tensor:
     """A dense SwiGLU MLP of width ``ffn`` in its tensor-parallel region: Hugging Face's gate/up/down projections, or
     Megatron-Core's ``MLP`` (one ``linear_fc1``, the fused SwiGLU, ``linear_fc2``); DeepSeek's dense blocks and shared
     experts, Qwen2-MoE's shared expert."""
     if not megatron:
         return _swiglu(cfg, b, x, ffn, prefix)
-    return b.tp_exit(_swiglu_megatron(b, b.tp_enter(x, name=f"{prefix}.enter"), ffn, cfg.hidden, prefix),
-                     name=f"{prefix}.exit")
+    return b.tp_exit(_swiglu_megatron(b, b.tp_enter(x, name=f"{prefix}.enter"), ffn, cfg.hidden, prefix,
+                                      moe_swiglu=moe_swiglu), name=f"{prefix}.exit")
 
 
 def _gated_shared_expert(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, megatron: bool) -> Tensor:
@@ -715,7 +716,7 @@ def llama(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, mo
 
 
 def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: str, act_tag: str = "",
-                     fp8_cast_gemms: int = 1, bias: bool = False) -> Tensor:
+                     fp8_cast_gemms: int = 1, bias: bool = False, moe_swiglu: bool = False) -> Tensor:
     """Megatron-Core's SwiGLU MLP (Transformer Engine spec), ``x`` already in the tensor-parallel region:
     ``linear_fc1`` (gate and up in one weight: one GEMM of 2 x ffn outputs; under an FP8 recipe one cast of its
     input, one FP8 copy saved; its input gradient comes out of one dgrad GEMM, with no accumulation), the fused SwiGLU
@@ -727,10 +728,16 @@ def _swiglu_megatron(b: GraphBuilder, x: Tensor, ffn: int, hidden: int, prefix: 
     the others (0) (:meth:`GraphBuilder.linear`).
 
     ``bias``: biased ``linear_fc1``/``linear_fc2`` (``--add-bias-linear``; a Llama config's ``mlp_bias``), costed in the
-    GEMMs and their bias-gradient reductions as the Hugging Face path costs LlamaMLP's."""
+    GEMMs and their bias-gradient reductions as the Hugging Face path costs LlamaMLP's.
+
+    ``moe_swiglu``: the SwiGLU of a MoE layer's expert (routed or shared: DeepSeekMoE's FFNs, tech report Sec. 2.1.2,
+    Eq. 12), which DeepSeek-V3's storage caches in FP8 (:meth:`GraphBuilder.glu`)."""
     fc1 = b.linear(x, 2 * ffn, bias=bias, name=f"{prefix}.linear_fc1", parallel="col", fp8_cast_gemms=fp8_cast_gemms)
-    with b.tag(act_tag):  # ``moe_act`` in an expert (featurize/recompute.py)
-        act = b.glu(fc1, name=f"{prefix}.swiglu")
+    # DeepSeek-V3's MoE SwiGLU (--fp8-recipe deepseek; tech report Sec. 3.3.3 (2)): its input cached in FP8, its output
+    # re-made in the backward (tag ``fp8_swiglu``: featurize/recompute.py)
+    cache = moe_swiglu and b.deepseek_storage
+    with b.tag(",".join(t for t in (act_tag, "fp8_swiglu" if cache else "") if t)):
+        act = b.glu(fc1, name=f"{prefix}.swiglu", fp8_input_cache=cache)
     return b.linear(act, hidden, bias=bias, name=f"{prefix}.linear_fc2", parallel="row", fp8_cast_gemms=fp8_cast_gemms)
 
 
@@ -860,8 +867,12 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
     else:
         a = eager_attention(b, qs, ks, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
                             mask_shape=(batch, 1, seq, seq), strided=(False, False, True))
+    att = a
     a = merge_heads(b, a, name="self_attn.transpose")
-    return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row"), name="self_attn.exit")
+    o = b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row")
+    if impl == "flash":  # DeepSeek-V3's E5M6 copy of o_proj's input under --fp8-recipe deepseek (Sec. 3.3.3 (1))
+        b.e5m6_attention_output(att, o)
+    return b.tp_exit(o, name="self_attn.exit")
 
 
 def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str, megatron: bool = False,
@@ -883,8 +894,8 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
     norm = ((lambda t, name, module="": b.layernorm(t, name=name, rms=True, bias=False, module=module)) if megatron
             else (lambda t, name, module="": rms_norm_eager(b, t, name, module)))
 
-    def mlp(t: Tensor, ffn: int, prefix: str) -> Tensor:  # Megatron-Core's: one linear_fc1 and the fused SwiGLU
-        return _dense_mlp(cfg, b, t, ffn, prefix, megatron)
+    def mlp(t: Tensor, ffn: int, prefix: str, moe_swiglu: bool = False) -> Tensor:  # Megatron-Core's: one linear_fc1
+        return _dense_mlp(cfg, b, t, ffn, prefix, megatron, moe_swiglu)  # and the fused SwiGLU
     ids = b.input((batch, seq), "fp32")
     with b.layer(-1, "model.embed_tokens"):
         x = vocab_embedding(b, ids, cfg.vocab, cfg.hidden, name="embed_tokens")
@@ -901,7 +912,7 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
                 m = _moe(cfg, b, y, batch, seq, expert_ffn=moe_ffn, scoring=scoring, megatron=megatron)
                 if shared:
                     with b.tag("shared_experts"):
-                        sh = mlp(y, shared * moe_ffn, "mlp.shared_experts")
+                        sh = mlp(y, shared * moe_ffn, "mlp.shared_experts", moe_swiglu=True)
                     m = b.elementwise("add", m, sh, name="mlp.shared_add")
             y = m
         else:

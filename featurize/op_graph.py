@@ -45,7 +45,7 @@ import pandas as pd
 from wattcast.data.collective_ops import COLLECTIVES
 from wattcast.data.kernel_ops import (BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLASH_KERNELS, FLOPS_PER_ELEMENT, UNARY_OPS,
                                       canonical_dtype)
-from wattcast.featurize.fp8_recipes import CURRENT_SCALE_KERNEL_BYTES, checked_fp8_recipe, scale_bytes
+from wattcast.featurize.fp8_recipes import CURRENT_SCALE_KERNEL_BYTES, E5M6_BYTES, checked_fp8_recipe, scale_bytes
 
 OP_CLASSES = (
     "linear", "bmm", "conv", "elementwise", "layernorm", "softmax", "reduction", "embedding", "memory",
@@ -288,6 +288,9 @@ class GraphBuilder:
         #: the FP8 scaling recipe (Megatron-Core's --fp8-recipe; featurize/fp8_recipes.py): the casts' extra passes and
         #: the block scales of the FP8 copies
         self.fp8_recipe = checked_fp8_recipe(fp8_recipe)
+        #: FP8 copy tensor id -> the tensor it quantises (``linear``'s saved input copies, ``glu``'s cached input): under
+        #: DeepSeek-V3's storage a copy of a recomputed output is re-made with it (simulate/memory.py kept_tensors)
+        self._fp8_source: dict[int, int] = {}
         #: which fused-attention implementation class the flash nodes run (models/attention.py FLASH_KERNELS)
         if flash_kernel not in FLASH_KERNELS:
             raise GraphError(f"unknown flash attention kernel {flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
@@ -468,10 +471,13 @@ class GraphBuilder:
             bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=g * m * k,
                                bytes_=g * (m * k * (db + 2 * gb) + _fp8_both_scales(rec, m, k))))
         if fp8:
+            src_tid = saved.tid
             saved = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP), kept for backward
+            self._fp8_source[saved.tid] = src_tid
             col_scales = scale_bytes(rec, sm, n, columnwise=True)  # its column-wise block scales (mxfp8, blockwise)
             if col_scales:
                 saved = [saved, self._tensor((col_scales,), "fp8", -1)]
+                self._fp8_source[saved[1].tid] = src_tid
         if needs_input_grad:  # dX = dY (M,K) @ W (K,N)
             bw.append(dict(self._bw(f"{name}.dgrad", "linear", "bmm", flops=2.0 * m * n * k,
                                     bytes_=(m * k + k * n) * gb + m * n * db, B=1, M=m, N=k, K=n), **({"dtype": gdt} if fp8 else {})))
@@ -656,11 +662,17 @@ class GraphBuilder:
         return self._add(name, "elementwise", kernel, "surrogate", tensors, shape, flops=flops, bytes_=bytes_,
                          params=params, saves=saves, backward=bw, out_dtype=out_dtype, grad_inputs=need if grad else [], B=b, H=h)
 
-    def glu(self, x: Tensor, *, name: str = "glu") -> Tensor:
+    def glu(self, x: Tensor, *, name: str = "glu", fp8_input_cache: bool = False) -> Tensor:
         """A fused gated activation over a fused gate-and-up projection (Megatron-Core's ``bias_swiglu_impl``):
         ``x`` (..., 2n) -> (..., n), one kernel reading 2n and writing n elements like a binary op. It saves its input;
         its backward is one kernel reading the gradient and the input and writing the input's gradient (..., 2n)
-        directly (5n elements against the binary op's 3n): no split, cat or accumulation."""
+        directly (5n elements against the binary op's 3n): no split, cat or accumulation.
+
+        ``fp8_input_cache`` (under :attr:`deepseek_storage`): DeepSeek-V3's MoE SwiGLU (tech report Sec. 3.3.3 (2):
+        "we cache the inputs of the SwiGLU operator and recompute its output in the backward pass ... stored in FP8
+        with our fine-grained quantization method"): it keeps an FP8 copy of its input (1 B an element and its 1x128
+        fp32 tile scales) instead of the input; the caller tags it ``fp8_swiglu`` (re-run in the backward, its output's
+        FP8 copy re-made: featurize/training_graph.py, simulate/memory.py)."""
         if not x.shape or x.shape[-1] % 2:
             raise GraphError(f"{name}: a gated activation needs an even last dimension, got {x.shape}")
         shape = (*x.shape[:-1], x.shape[-1] // 2)
@@ -669,8 +681,40 @@ class GraphBuilder:
         b, h = _numel(shape[:-1]), shape[-1]
         bw = [self._bw(f"{name}.grad", "elementwise", "mul", flops=FLOPS_PER_ELEMENT.get("mul", 1) * n,
                        bytes_=5 * n * db, scale=5.0 / 3.0, B=b, H=h)]
+        saves = [x]
+        if fp8_input_cache and self.deepseek_storage:
+            rows = _numel(x.shape[:-1])
+            copy = self._tensor(x.shape, "fp8", -1)
+            self._fp8_source[copy.tid] = x.tid
+            saves = [copy, self._tensor((scale_bytes(self.fp8_recipe, rows, x.shape[-1], columnwise=False),), "fp8", -1)]
+            self._fp8_source[saves[1].tid] = x.tid
         return self._add(name, "elementwise", "mul", "surrogate", [x], shape, flops=FLOPS_PER_ELEMENT.get("mul", 1) * n,
-                         bytes_=3 * n * db, saves=[x], backward=bw, B=b, H=h)
+                         bytes_=3 * n * db, saves=saves, backward=bw, B=b, H=h)
+
+    @property
+    def deepseek_storage(self) -> bool:
+        """DeepSeek-V3's low-precision storage and communication (``--fp8-recipe deepseek`` with FP8 GEMMs;
+        featurize/fp8_recipes.py)."""
+        return self.gemm_dtype == "fp8" and self.fp8_recipe == "deepseek"
+
+    def e5m6_attention_output(self, att: Tensor, proj: Tensor) -> None:
+        """DeepSeek-V3's storage of the input of the linear after the attention operator (tech report Sec. 3.3.3 (1):
+        "These activations are also used in the backward pass of the attention operator ... We adopt a customized
+        E5M6 data format exclusively for these activations", 1x128 tiles with power-of-2 scales): one copy of the
+        attention output ``att`` (1.5 B an element, its 1x128 fp32 tile scales) kept for both the fused attention's
+        backward and the weight gradient of the projection ``proj`` (whose own FP8 copy of its input it replaces)."""
+        if not self.deepseek_storage or att.node < 0 or proj.node < 0:
+            return
+        rows, k = _numel(att.shape[:-1]), int(att.shape[-1])
+        e = self._tensor(att.shape, "fp8", -1)
+        self._tensor_bytes[e.tid] = int(math.ceil(att.numel * E5M6_BYTES)) + scale_bytes(self.fp8_recipe, rows, k,
+                                                                                        columnwise=False)
+        self._fp8_source[e.tid] = att.tid
+        a_saves = self._nodes[att.node].saves
+        self._nodes[att.node].saves = [e.tid if t == att.tid else t for t in a_saves]
+        # the projection's saved FP8 input (and its scales): made by no op, the first of what it saves
+        self._nodes[proj.node].saves = [e.tid] + [t for t in self._nodes[proj.node].saves
+                                                  if self._tensor_node[t] >= 0]
 
     def dropout(self, x: Tensor, p: float, *, name: str = "dropout") -> Tensor:
         """Dropout: a kernel writing output and a 1-byte mask in training, nothing in inference."""
@@ -843,9 +887,17 @@ class GraphBuilder:
         grouped GEMM over the experts' contiguous rows): autograd assembles nothing (no ``grad_split_cat``)."""
         self._contiguous_grads.add(x.tid)
 
-    def all_to_all(self, x: Tensor, *, group: str = "ep", name: str = "all_to_all") -> Tensor:
-        """Token dispatch/combine across expert-parallel ranks (backward: the reverse all-to-all)."""
-        return self.collective("all_to_all", x, x.shape, group=group, size_bytes=x.nbytes, name=name,
+    def all_to_all(self, x: Tensor, *, group: str = "ep", name: str = "all_to_all", fp8: bool = False) -> Tensor:
+        """Token dispatch/combine across expert-parallel ranks (backward: the reverse all-to-all). ``fp8`` (under
+        :attr:`deepseek_storage`): DeepSeek-V3's dispatch (tech report Sec. 3.3.3, Low-Precision Communication: "we
+        quantize the activation before MoE up-projections into FP8 and then apply dispatch components"): the forward
+        sends 1 B an element and the 1x128 tile scales; the backward stays in the model's dtype (the report states FP8
+        for the forward dispatch only, BF16 for both combines)."""
+        size = x.nbytes
+        if fp8 and self.deepseek_storage and x.shape:
+            size = x.numel * DTYPE_BYTES["fp8"] + scale_bytes(self.fp8_recipe, _numel(x.shape[:-1]), int(x.shape[-1]),
+                                                              columnwise=False)
+        return self.collective("all_to_all", x, x.shape, group=group, size_bytes=size, name=name,
                                backward=[("all_to_all", x.nbytes)])
 
     # ------------------------------------------------------------------ attention and loss
@@ -1101,5 +1153,6 @@ class GraphBuilder:
         saved = dict(tensor_bytes=np.array(self._tensor_bytes, dtype=np.int64), tensor_node=np.array(self._tensor_node, dtype=np.int64),
                      by_node=[n.saves for n in self._nodes], backward=self._backward_with_accumulation(),
                      inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64),
-                     input_tids=[n.input_tids for n in self._nodes])
+                     input_tids=[n.input_tids for n in self._nodes],
+                     fp8_source=dict(self._fp8_source))
         return OpGraph(nodes=nodes, edges=edges_arr, meta=m, saved=saved)

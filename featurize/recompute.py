@@ -88,6 +88,22 @@ def recompute_tags(value) -> tuple[set[str], set[str]]:
     return keep, discard
 
 
+#: the tag of the MoE SwiGLUs DeepSeek-V3's storage re-runs in the backward from their FP8-cached input (tech report
+#: arXiv 2412.19437 Sec. 3.3.3 (2); ``--fp8-recipe deepseek``: featurize/op_graph.py ``GraphBuilder.glu``)
+FP8_SWIGLU_TAG = "fp8_swiglu"
+
+
+def deepseek_storage(meta: dict) -> bool:
+    """Whether a graph was built under DeepSeek-V3's low-precision storage (``--fp8-recipe deepseek``)."""
+    return meta.get("fp8_scaling") == "deepseek"
+
+
+def storage_rerun_tags(meta: dict) -> set[str]:
+    """Tags of ops the backward re-runs because of how activations are stored, whatever the recompute setting:
+    DeepSeek-V3's MoE SwiGLU (:data:`FP8_SWIGLU_TAG`) under its storage; none otherwise."""
+    return {FP8_SWIGLU_TAG} if deepseek_storage(meta) else set()
+
+
 def module_layers_end(meta: dict) -> int:
     """The layers (0 .. end - 1) whose ops selective recomputation's module tags apply to: the transformer layers,
     and the head's layer too when it holds multi-token prediction's block (a transformer layer of the same config;

@@ -18,7 +18,7 @@ import pandas as pd
 from wattcast.featurize.fp8_recipes import DEFAULT_FP8_RECIPE, weight_copy_bytes_per_param
 from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSES, GraphError, OpGraph, _frame_of_rows
 from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, module_layers_end, node_tags, parse_recompute,
-                                         recompute_setting, recompute_tags)
+                                         recompute_setting, recompute_tags, storage_rerun_tags)
 
 #: ``adamw-bf16``: AdamW with its two moments held in bf16 (Megatron-Core's precision-aware optimizer,
 #: ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``: Transformer Engine's FusedAdam
@@ -125,6 +125,10 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
         raise GraphError(str(e)) from None
     _check_modules(fwd, recompute)
     opt = optimizer_key(optimizer)
+    # DeepSeek-V3's MoE SwiGLU outputs, re-made from their FP8-cached inputs (--fp8-recipe deepseek), with or without
+    # a recompute setting; under full recomputation the whole layer re-runs anyway
+    stored = storage_rerun_tags(fwd.meta) if recompute != "full" else set()
+    rerun |= stored
     nodes = fwd.nodes
     dtype = fwd.meta.get("dtype", "fp32")
     fwd_cols = _column_values(nodes)
@@ -142,7 +146,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     end = fwd.meta.get("n_layers", 1 << 30) if recompute == "full" else module_layers_end(fwd.meta)
     for i in range(n_fwd - 1, -1, -1):
         lay = int(layers[i])
-        if recompute != "none" and 0 <= lay < end and lay not in seen_layers:
+        if (recompute != "none" or stored) and 0 <= lay < end and lay not in seen_layers:
             seen_layers.add(lay)
             sel = np.flatnonzero(layers == lay)
             if recompute != "full":

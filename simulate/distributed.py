@@ -58,7 +58,8 @@ from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelCon
                                         resolve_parallel, stage_layers)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
-from wattcast.simulate.dualpipe import dualpipe_summary, mirrored, paired_share as dualpipe_paired_share
+from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share as dualpipe_paired_share,
+                                        peak_activation_bytes as dualpipe_peak_bytes)
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.scheduler import bucket_spans
 from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, step_overheads,
@@ -1740,8 +1741,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # weights, gradients and optimizer states in the stage's memory terms, its gradient in the DP buckets and its share
     # of the distributed optimizer's gather, like any parameter of the stage
     # (multi-token prediction's embedding lookup on the last stage needs the same copy: one table for both)
+    # Under DualPipe rank 0 holds the first stage (the embedding) and the last (the head, multi-token prediction's
+    # embedding lookup): one physical table and gradient, no copy and no embedding-group all-reduce (DeepSeek-V3 tech
+    # report arXiv 2412.19437 Sec. 3.2.3, "Shared Embedding and Output Head for Multi-Token Prediction": "we deploy the
+    # shallowest layers (including the embedding layer) and deepest layers (including the output head) of the model on
+    # the same PP rank. This arrangement enables the physical sharing of parameters and gradients"); a tied output
+    # layer's copy likewise
     tied_params = (max(float(g.meta.get("tied_output_params") or 0.0), float(g.meta.get("mtp_embedding_params") or 0.0))
-                   if P > 1 else 0.0)
+                   if P > 1 and not dual else 0.0)
     if tied_params > 0:  # once per (view, chunking, pp) in a search
         # with the (ms, J) of the last stage's optimizer step over the copy: the stage memory below adds its ms, the
         # stage energy (reached only by a strategy that is not pruned, maybe in a later call) its J
@@ -1779,6 +1786,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         inflight_s = inflight_chunks_by_stage(pp=P, interleave=V, n_micro=n_micro, schedule=par.schedule)
         if memo is not None:
             memo[inf_key] = inflight_s
+    if dual:
+        # each rank's peak over the reference order with its two chunks at their own sizes (rank 0 holds mostly the
+        # first stage's, not the mean of the first and the last): dualpipe.peak_activation_bytes
+        peak_key = ("dualpipe_peak", P, n_micro)
+        act_stage = sums.get(peak_key)
+        if act_stage is None:
+            act_stage = sums[peak_key] = dualpipe_peak_bytes(act_chunk, n_micro) / inflight_s
     if V > 1 and par.schedule != "gpipe":
         # interleaved: chunks differ (the embedding's, the head's), each in flight as often as Megatron's order has it;
         # the stage's peak over its in-flight count stands for its mean chunk

@@ -93,6 +93,41 @@ def rank_order(rank: int, pp: int, n_micro: int) -> tuple[tuple, ...]:
     return tuple(out)
 
 
+def peak_activation_bytes(act_by_stage, n_micro: int) -> np.ndarray:
+    """Per rank, the peak of its saved activations over the reference order (:func:`rank_order`), each chunk at its
+    own size: a forward of phase 0 adds one micro-batch of the shallower of its stages' activations (min(r, P-1-r):
+    the reference flips the phases on the second half's ranks, ``phase ^= is_in_second_half``), of phase 1 the
+    deeper's; a full
+    backward frees its own; an input-gradient backward keeps them until its W (the FIFO ``WeightGradStore``); an F&B
+    pair's forward allocates before its backward frees. The count at the peak is P + 1 on every rank (Table 2), but
+    its mix differs: ranks 0 and P-1 hold mostly the first stage's (the micro-batches entering there wait longest), few
+    of the last stage's (whose backward starts at once). With equal chunks this is (P + 1) x a chunk."""
+    a_s = np.asarray(act_by_stage, dtype=float)
+    P = len(a_s)
+    out = np.zeros(P)
+    for r in range(P):
+        a = (float(a_s[min(r, P - 1 - r)]), float(a_s[max(r, P - 1 - r)]))
+        cur = peak = 0.0
+        queued: list[int] = []
+        for t in rank_order(r, P, n_micro):
+            op = t[0]
+            if op == "F":
+                cur += a[t[1]]
+            elif op == "B":
+                cur -= a[t[1]]
+            elif op == "Bi":
+                queued.append(t[1])
+            elif op == "W":
+                cur -= a[queued.pop(0)]
+            else:  # "FB" / "F|B": the forward's activations exist before the backward's are freed
+                cur += a[t[1]]
+                peak = max(peak, cur)
+                cur -= a[t[2]]
+            peak = max(peak, cur)
+        out[r] = peak
+    return out
+
+
 def paired_share(pp: int, n_micro: int) -> np.ndarray:
     """Per rank, the share of its forward (and of its backward) tasks that run in an overlapped F&B pair."""
     pairs = np.array([sum(t[0] == "FB" for t in rank_order(r, pp, n_micro)) for r in range(pp)], dtype=float)

@@ -29,7 +29,7 @@ from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import GraphMemo
 from wattcast.featurize.fp8_recipes import DEFAULT_FP8_RECIPE, weight_copy_bytes_per_param
 from wattcast.featurize.op_graph import OpGraph
-from wattcast.featurize.recompute import module_layers_end, node_tags, recompute_tags
+from wattcast.featurize.recompute import FP8_SWIGLU_TAG, deepseek_storage, module_layers_end, node_tags, recompute_tags
 from wattcast.featurize.training_graph import optimizer_state_bytes
 from wattcast.simulate.stage_memory import held_gradient_bytes
 
@@ -199,6 +199,12 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
       ``CheckpointWithoutOutput``) also gives up its outputs, whoever keeps them (re-made before the consumer's
       backward); an FP8 GEMM's own FP8 copy of such an output stays (Transformer Engine keeps it).
 
+    Under DeepSeek-V3's storage (``--fp8-recipe deepseek``, tech report arXiv 2412.19437): an FP8 copy of a tensor
+    that an output-discarding module or a MoE SwiGLU (tag ``fp8_swiglu``) makes is not kept either -- re-made with
+    the output it quantises (Sec. 3.2.3: recomputing RMSNorm and the MLA up-projections "eliminat[es] the need to
+    persistently store their output activations"; Sec. 3.3.3 (2): the SwiGLU output is recomputed in the backward);
+    and ``moe_act`` is the recipe's own SwiGLU recomputation (its FP8-cached input kept, not the bf16 one).
+
     A tensor any op keeps under these rules is kept."""
     nodes = graph.nodes
     fwd = nodes[nodes["phase"] == "forward"]
@@ -206,12 +212,18 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
     tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
     ckpt, discard = recompute_tags(graph.meta.get("recompute", "none"))
+    deepseek = deepseek_storage(graph.meta) and graph.meta.get("recompute", "none") != "full"
+    fp8_source = graph.saved.get("fp8_source") or {}
+    remade: set = set()  # tags whose outputs' FP8 copies are re-made with them (DeepSeek-V3's storage)
+    if deepseek:
+        discard = discard - {"moe_act"}
+        remade = discard | {FP8_SWIGLU_TAG}
     rec = ckpt | discard
     # the modules' tags of each op of a transformer layer (the final norm, the embedding and the head are not
     # recomputed; multi-token prediction's block, in the head's layer, is: recompute.module_layers_end)
     end = module_layers_end(graph.meta)
     tags = [node_tags(t) if 0 <= lay < end else frozenset() for t, lay in zip(fwd["tag"].to_numpy(), layers)] \
-        if rec else None
+        if rec or deepseek else None
     input_tids = graph.saved.get("input_tids")
     kept: dict[int, int] = {}
 
@@ -220,10 +232,16 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
             src = int(tnode[t])
             kept[t] = int(layers[src]) if src >= 0 else int(layers[keeper])
 
+    def remade_copy(t: int) -> bool:  # an FP8 copy of an output DeepSeek-V3's storage re-makes
+        of = fp8_source.get(t)
+        return of is not None and int(tnode[of]) >= 0 and bool(tags[int(tnode[of])] & remade)
+
     for i, ids in enumerate(graph.saved.get("by_node", [])):
         inside = tags[i] & rec if tags is not None else frozenset()
         for t in ids:
             src = int(tnode[t])
+            if deepseek and remade_copy(t):
+                continue
             if tags is not None:
                 made_by = tags[src] if src >= 0 else frozenset()
                 if made_by & discard or (inside and (src < 0 or made_by & inside)):
