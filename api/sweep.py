@@ -24,6 +24,7 @@
     fsdp_reduce_dtype: fp32               # optional: FSDP's gradient reduce dtype, framework hf (as `--fsdp-reduce-dtype`)
     grad_accum_dtype: bf16                # optional: DeepSpeed's grad accumulation dtype, framework megatron-deepspeed
                                           # (as `--grad-accum-dtype`; default fp32, BF16_Optimizer)
+    fp8_recipe: mxfp8                     # optional, with dtype fp8: Megatron-Core's --fp8-recipe (as `--fp8-recipe`)
     cross_entropy_loss_fusion: false      # optional: Megatron-Core's fused cross-entropy loss (framework megatron;
     cross_entropy_fusion_impl: native     # default on there, as the recipes run it): false for a plain Megatron-LM run
     data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
@@ -99,6 +100,8 @@ SPEC_KEYS = {
                          "the parameters' dtype)",
     "grad_accum_dtype": "fp32 or bf16: DeepSpeed's data_types.grad_accum_dtype (framework megatron-deepspeed; default "
                         "fp32, BF16_Optimizer; bf16 at ZeRO-1: the ZeRO optimizer on bf16 gradients)",
+    "fp8_recipe": "with dtype fp8: delayed (default), tensorwise, mxfp8 or blockwise: Megatron-Core's --fp8-recipe for "
+                  "every strategy (a cluster whose GPU cannot run it gets none)",
     "cross_entropy_loss_fusion": "true or false: Megatron-Core's fused cross-entropy loss (framework megatron; default: "
                                  "on there, as Megatron-Bridge's recipes run it; false for a plain Megatron-LM run)",
     "cross_entropy_fusion_impl": "native or te: the fused loss's implementation (Megatron-Core's "
@@ -204,6 +207,7 @@ class SweepSpec:
     scatter_gather_p2p: bool | None = None
     fsdp_reduce_dtype: str | None = None
     grad_accum_dtype: str | None = None
+    fp8_recipe: str | None = None
     cross_entropy_loss_fusion: bool | None = None
     cross_entropy_fusion_impl: str | None = None
     data_load_ms: float = 0.0
@@ -219,7 +223,7 @@ class SweepSpec:
         # only when given: the ids of sweeps that set neither stay what they were
         if self.moe_routing:
             settings["moe_routing"] = dict(sorted(self.moe_routing.items()))
-        for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype",
+        for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype", "fp8_recipe",
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl"):
             if getattr(self, k) is not None:
                 settings[k] = getattr(self, k)
@@ -422,6 +426,14 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
             accum_dtype = checked_grad_accum_dtype(canonical_framework(str(raw.get("framework", "hf"))), accum_dtype)
         except ValueError as e:
             raise SweepSpecError(f"{where}: 'grad_accum_dtype': {e}") from None
+    fp8_recipe = raw.get("fp8_recipe")
+    if fp8_recipe is not None:  # search's check: a known name, with dtype fp8 (featurize.workload.fp8_recipe_option)
+        from wattcast.featurize.workload import checked_dtype, fp8_recipe_option
+
+        try:
+            fp8_recipe = fp8_recipe_option(fp8_recipe, checked_dtype(str(raw.get("dtype", "bf16"))))
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: 'fp8_recipe': {e}") from None
     ce_fusion, ce_impl = raw.get("cross_entropy_loss_fusion"), raw.get("cross_entropy_fusion_impl")
     if ce_fusion is not None or ce_impl is not None:  # the checks search makes (featurize.workload.ce_fusion_options)
         from wattcast.featurize.workload import canonical_framework, ce_fusion_options
@@ -459,7 +471,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
                      zero3_prefetch=z3, scatter_gather_p2p=sg, fsdp_reduce_dtype=reduce_dtype,
-                     grad_accum_dtype=accum_dtype,
+                     grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      model_folders={k: v for k, v in folders.items() if v is not None})
     _resolve_names(spec, where)
@@ -535,6 +547,7 @@ def run_task(task: dict) -> pd.DataFrame:
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
                   zero3_prefetch=task.get("zero3_prefetch"), fsdp_reduce_dtype=task.get("fsdp_reduce_dtype"),
                   scatter_gather_p2p=task.get("scatter_gather_p2p"), grad_accum_dtype=task.get("grad_accum_dtype"),
+                  fp8_recipe=task.get("fp8_recipe"),
                   cross_entropy_loss_fusion=task.get("cross_entropy_loss_fusion"),
                   cross_entropy_fusion_impl=task.get("cross_entropy_fusion_impl") or "native",
                   data_load_ms=task.get("data_load_ms", 0.0),

@@ -97,7 +97,9 @@ def bloom_176b() -> dict:
     PP12 DP8, micro-batch 2, global batch 2,048 x 2,048, bf16, ZeRO-1, full activation checkpointing,
     Megatron-DeepSpeed; 104.7 s per iteration. The model is costed as a GPT with BLOOM's sizes (70 layers, hidden
     14,336, 112 heads, vocabulary 250,680; ALiBi and the embedding LayerNorm are not modelled). Jean Zay's fabric
-    is Omni-Path (BLOOM model card: non-blocking fat tree); 4 x 100 Gb/s per node is an assumption."""
+    is Omni-Path (BLOOM model card: non-blocking fat tree); 4 x 100 Gb/s per node is an assumption. DeepSpeed as BLOOM
+    ran it (0.6.5, 2022): ``BF16_Optimizer.clear_lp_grads`` sets ``param.grad = None`` (DeepSpeed 0.6.5
+    ``runtime/bf16_optimizer.py`` l. 445-448), not 0.19.8's per-micro-batch zeroing and in-place add."""
     from wattcast.data.cluster_spec import cluster_from_dict
 
     cl = cluster_from_dict(dict(
@@ -110,7 +112,7 @@ def bloom_176b() -> dict:
            "vocab_size": 250680, "activation_function": "gelu", "_name_or_path": "bloom-176b"}
     par = ParallelConfig(gpus=384, tp=4, pp=12, dp=8, micro_batch=2, zero=1, recompute="full")
     p = predict_distributed(cfg, cl, gpus=384, batch=2048, seq=2048, parallel=par, dtype="bf16", attention="eager",
-                            framework="megatron-deepspeed")
+                            framework="megatron-deepspeed", deepspeed_clear_lp_grads="set_to_none")
     return dict(run="BLOOM-176B, Megatron-DeepSpeed, 384 A100", metric="step_time_s", measured=104.7,
                 predicted=p.step_time_ms / 1e3, fits=p.fits, also=f"{p.hfu * 312:.0f} TFLOP/s per GPU counting recomputation "
                                                     "(published 149.8)")

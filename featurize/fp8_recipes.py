@@ -133,17 +133,78 @@ def weight_scale_bytes_per_param(recipe: str) -> float:
     return 0.0
 
 
-def weight_copy_bytes_per_param(recipe: str) -> float:
+def weight_copy_bytes_per_param(recipe: str, transpose: bool = True) -> float:
     """Bytes per parameter of the FP8 weight copies Transformer Engine caches between steps: the FP8 data and its
-    transpose / column-wise copy (2 B) plus their block scales."""
+    transpose / column-wise copy (2 B) plus their block scales. ``transpose`` False (a GPU where
+    :func:`fp8_writes_transpose` is False): the per-tensor recipes (delayed, tensorwise) keep the data alone, 1 B
+    (TE 2.20.2 csrc/quantizer.cpp l. 361-375: ``with_transpose = columnwise_usage && !is_non_tn_fp8_gemm_supported``,
+    the data kept for column-wise use instead); mxfp8 / blockwise always keep both copies."""
+    if recipe in PER_TENSOR_RECIPES and not transpose:
+        return 1.0
     return 2.0 + weight_scale_bytes_per_param(recipe)
+
+
+#: the recipes with one scale per tensor (TE's Float8Quantizer / Float8CurrentScalingQuantizer), whose column-wise
+#: copy is a transpose of the row-wise data, written only where the GEMM needs it (:func:`fp8_writes_transpose`)
+PER_TENSOR_RECIPES = ("delayed", "tensorwise")
+
+#: an NVIDIA architecture's first word (``DeviceSpec.arch``) -> CUDA compute capability (CUDA C++ Programming Guide,
+#: "Compute Capabilities" table: Volta 7.0, Turing 7.5, Ampere GA100 8.0 / GA10x 8.6, Ada 8.9, Hopper 9.0); Blackwell
+#: is split by its die code in :func:`compute_capability` (GB100/GB110: 10.0/10.3, data-centre; GB20x: 12.0; GB10,
+#: DGX Spark: 12.1)
+_ARCH_CC = {"volta": (7, 0), "turing": (7, 5), "ampere": (8, 6), "ada": (8, 9), "hopper": (9, 0)}
+
+
+def compute_capability(spec) -> tuple[int, int] | None:
+    """The CUDA compute capability Transformer Engine would see on ``spec`` (it reads
+    ``torch.cuda.get_device_capability()``; wattcast has the spec's ``vendor``, ``arch`` and ``name`` only). None: not
+    an NVIDIA GPU, or an architecture this rule does not know. The rule, on ``arch`` (``"Blackwell (GB100)"``) and then
+    ``name``:
+
+    - Volta 7.0, Turing 7.5, Ampere 8.0 for the GA100 die else 8.6, Ada 8.9, Hopper 9.0;
+    - Blackwell by its die code: GB1xx (B200, GB200: GB100; B300, GB300: GB110) 10.x, data-centre; GB2xx (RTX 50,
+      RTX PRO Blackwell) 12.0; GB10 (DGX Spark) 12.1. Without a die code, a name with "RTX" or "GeForce" is a
+      consumer / workstation part (12.0), anything else is taken as data-centre Blackwell (10.0): every Blackwell a
+      training cluster runs (B200, GB200, B300, GB300) is one.
+    """
+    import re
+
+    if str(getattr(spec, "vendor", "nvidia") or "").lower() != "nvidia":
+        return None
+    arch = str(getattr(spec, "arch", "") or "").strip().lower()
+    name = str(getattr(spec, "name", "") or "").lower()
+    family = arch.split()[0] if arch else ""
+    if family == "blackwell":
+        die = re.search(r"\bgb(\d+)", arch)
+        if die:
+            digits = die.group(1)
+            if len(digits) == 3:
+                return (10, 3 if digits.startswith("11") else 0) if digits[0] == "1" else (12, 0)
+            return (12, 1)  # GB10
+        return (12, 0) if ("rtx" in name or "geforce" in name) else (10, 0)
+    if family == "ampere":
+        return (8, 0) if "ga100" in arch else (8, 6)
+    return _ARCH_CC.get(family)
+
+
+def fp8_writes_transpose(spec) -> bool:
+    """Whether Transformer Engine writes the transpose of a per-tensor-scaled FP8 tensor (delayed, tensorwise) on
+    ``spec``: not where its FP8 GEMMs take non-TN layouts, ``is_non_tn_fp8_gemm_supported`` (TE 2.20.2
+    ``pytorch/utils.py`` l. 770-775: compute capability 10.0 <= cc < 12.0, or cc >= 13.0: data-centre Blackwell),
+    where the cast writes the data alone (``csrc/quantizer.cpp`` l. 361-375 and l. 678-690). A GPU of unknown
+    capability (:func:`compute_capability` None) is given the transpose, as Hopper."""
+    cc = compute_capability(spec)
+    return not (cc is not None and ((10, 0) <= cc < (12, 0) or cc >= (13, 0)))
 
 
 def unsupported_fp8_recipe(spec, recipe: str) -> str | None:
     """Why ``spec`` cannot run ``recipe`` (None when it can), after the FP8 check of
-    ``data.device_spec.unsupported_step_dtype``. TE 2.20 ``pytorch/quantization.py``: MXFP8 needs compute capability
-    10.x (data-centre Blackwell; "not supported on 12.0+ architectures yet": GB20x), FP8 block scaling 9.0 or higher
-    (Hopper, Blackwell; not Ada). Both are NVIDIA Transformer Engine recipes: an AMD GPU is refused for them."""
+    ``data.device_spec.unsupported_step_dtype``. TE 2.20.2 ``pytorch/quantization.py``: MXFP8 needs compute capability
+    10.0 or higher and is refused from 12.0 ("not supported on 12.0+ architectures yet", l. 162-168: data-centre
+    Blackwell only, not GB20x), FP8 block scaling 9.0 or higher (l. 178-185: Hopper and every Blackwell, GB20x too;
+    not Ada; its CUDA >= 12.9 condition is assumed met). Both are NVIDIA Transformer Engine recipes: an AMD GPU is
+    refused for them. The compute capability is :func:`compute_capability`'s (from the spec's arch and name; until
+    stop 44 GB20x was refused for blockwise)."""
     shown = recipe
     recipe = quantizer_of(recipe)
     if recipe not in ("mxfp8", "blockwise"):
@@ -151,14 +212,16 @@ def unsupported_fp8_recipe(spec, recipe: str) -> str | None:
     arch = str(getattr(spec, "arch", "") or "")
     vendor = str(getattr(spec, "vendor", "nvidia") or "").lower()
     name = getattr(spec, "name", "this GPU")
-    blackwell_dc = vendor == "nvidia" and arch.lower().startswith("blackwell") and "gb20" not in arch.lower()
-    hopper = vendor == "nvidia" and arch.lower().startswith("hopper")
-    if recipe == "mxfp8" and not blackwell_dc:
+    cc = compute_capability(spec)
+    mxfp8_ok = cc is not None and (10, 0) <= cc < (12, 0)
+    block_ok = cc is not None and cc >= (9, 0)
+    cc_txt = f"compute capability {cc[0]}.{cc[1]}" if cc else "compute capability unknown"
+    if recipe == "mxfp8" and not mxfp8_ok:
         return (f"--fp8-recipe mxfp8 needs MXFP8 tensor cores (Transformer Engine: compute capability 10.x, data-centre "
-                f"Blackwell: B200, GB200, B300), but {name} is {vendor or 'unknown vendor'} {arch or '(arch unknown)'}; "
-                "use --fp8-recipe delayed or tensorwise" + ("" if vendor != "nvidia" or not hopper else " (or blockwise)"))
-    if recipe == "blockwise" and not (blackwell_dc or hopper):
+                f"Blackwell: B200, GB200, B300), but {name} is {vendor or 'unknown vendor'} {arch or '(arch unknown)'} "
+                f"({cc_txt}); use --fp8-recipe delayed or tensorwise" + (" (or blockwise)" if block_ok else ""))
+    if recipe == "blockwise" and not block_ok:
         return (f"--fp8-recipe {shown} needs FP8 block-scaled GEMMs (Transformer Engine: compute capability 9.0 or "
                 f"higher, Hopper or Blackwell, CUDA 12.9+), but {name} is {vendor or 'unknown vendor'} "
-                f"{arch or '(arch unknown)'}; use --fp8-recipe delayed or tensorwise")
+                f"{arch or '(arch unknown)'} ({cc_txt}); use --fp8-recipe delayed or tensorwise")
     return None

@@ -45,7 +45,8 @@ import pandas as pd
 from wattcast.data.collective_ops import COLLECTIVES
 from wattcast.data.kernel_ops import (BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLASH_KERNELS, FLOPS_PER_ELEMENT, UNARY_OPS,
                                       canonical_dtype)
-from wattcast.featurize.fp8_recipes import CURRENT_SCALE_KERNEL_BYTES, E5M6_BYTES, checked_fp8_recipe, scale_bytes
+from wattcast.featurize.fp8_recipes import (CURRENT_SCALE_KERNEL_BYTES, E5M6_BYTES, PER_TENSOR_RECIPES,
+                                            checked_fp8_recipe, scale_bytes)
 
 OP_CLASSES = (
     "linear", "bmm", "conv", "elementwise", "layernorm", "softmax", "reduction", "embedding", "memory",
@@ -250,7 +251,7 @@ class GraphBuilder:
 
     def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model", tp: int = 1, sp: bool = False,
                  ep: int = 1, cp: int = 1, gemm_dtype: str | None = None, flash_kernel: str = "fa2",
-                 etp: int | None = None, fp8_recipe: str = "delayed") -> None:
+                 etp: int | None = None, fp8_recipe: str = "delayed", fp8_transpose: bool = True) -> None:
         self.dtype = canonical_dtype(dtype)
         if self.dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
@@ -291,6 +292,9 @@ class GraphBuilder:
         #: FP8 copy tensor id -> the tensor it quantises (``linear``'s saved input copies, ``glu``'s cached input): under
         #: DeepSeek-V3's storage a copy of a recomputed output is re-made with it (simulate/memory.py kept_tensors)
         self._fp8_source: dict[int, int] = {}
+        #: per-tensor recipes: the casts write the transpose too (False on data-centre Blackwell, where TE's FP8
+        #: GEMMs take non-TN layouts: featurize/fp8_recipes.py fp8_writes_transpose)
+        self.fp8_transpose = bool(fp8_transpose)
         #: which fused-attention implementation class the flash nodes run (models/attention.py FLASH_KERNELS)
         if flash_kernel not in FLASH_KERNELS:
             raise GraphError(f"unknown flash attention kernel {flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
@@ -465,11 +469,14 @@ class GraphBuilder:
             if rec == "tensorwise":  # current scaling: an amax pass over the input, then its scale, before the cast
                 self._fp8_amax(f"{name}.fp8_amax", saved, g * saved.numel * db)
                 bw.extend(self._fp8_amax_bw(f"{name}.grad_fp8_amax", g * m * k * db))
-            # the cast writes the row-wise data and its transpose / column-wise copy (1 B each) and their block scales
+            # the cast writes the row-wise data and its transpose / column-wise copy (1 B each) and their block scales;
+            # per-tensor recipes on a GPU whose FP8 GEMMs take non-TN layouts (data-centre Blackwell) the data alone
+            # (TE 2.20.2 csrc/quantizer.cpp l. 361-375: no transpose when is_non_tn_fp8_gemm_supported)
+            copies = 1 if (rec in PER_TENSOR_RECIPES and not self.fp8_transpose) else 2
             self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=g * saved.numel,
-                      bytes_=g * (saved.numel * (db + 2 * gb) + _fp8_both_scales(rec, sm, n)), grad_inputs=[])
+                      bytes_=g * (saved.numel * (db + copies * gb) + _fp8_both_scales(rec, sm, n)), grad_inputs=[])
             bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=g * m * k,
-                               bytes_=g * (m * k * (db + 2 * gb) + _fp8_both_scales(rec, m, k))))
+                               bytes_=g * (m * k * (db + copies * gb) + _fp8_both_scales(rec, m, k))))
         if fp8:
             src_tid = saved.tid
             saved = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP), kept for backward

@@ -180,6 +180,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
         fp8_rows = nodes["dtype"].to_numpy() == "fp8"
         fp8_params_by_layer = nodes[fp8_rows].groupby("layer")["param_count"].sum().to_dict() if fp8_rows.any() else {}
         recipe = fwd.meta.get("fp8_scaling") or DEFAULT_FP8_RECIPE
+        fp8_transpose = bool(fwd.meta.get("fp8_transpose", True))
         mixed = dtype in ("fp16", "bf16")
         db = 2 if mixed else 4
         for lay, p in by_layer.items():
@@ -209,9 +210,11 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
                     edges.append((prev, n_fwd + len(out_rows) - 1))
                 # Transformer Engine casts the updated bf16 weights of its FP8 GEMMs once per step (cached over the
                 # micro-batches, Megatron's is_first_microbatch): read 2 B, write the fp8 copy and its transpose
-                # (mxfp8 / blockwise: row-wise and column-wise copies with their block scales)
+                # (mxfp8 / blockwise: row-wise and column-wise copies with their block scales; per-tensor recipes on
+                # data-centre Blackwell: the data alone, fp8_recipes.weight_copy_bytes_per_param)
                 out_rows.append(_opt_row(f"fp8_weight_cast[{lay}]", "fp8_cast", lay, scope, fp8_p,
-                                         (2.0 + weight_copy_bytes_per_param(recipe)) * fp8_p, dtype, "optimizer"))
+                                         (2.0 + weight_copy_bytes_per_param(recipe, fp8_transpose)) * fp8_p, dtype,
+                                         "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
     extra = _frame_of_rows(out_rows, list(NODE_COLUMNS))
     all_nodes = pd.concat([nodes, extra], ignore_index=True) if len(extra) else nodes.copy()

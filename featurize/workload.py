@@ -86,6 +86,10 @@ class StepOptions:
     #: under ``dtype="fp8"``: Megatron-Core's ``--fp8-recipe`` (delayed, tensorwise, mxfp8, blockwise;
     #: featurize/fp8_recipes.py); None: its default, delayed. Given with another dtype: a GraphError
     fp8_recipe: str | None = None
+    #: under ``dtype="fp8"`` with a per-tensor recipe (delayed, tensorwise): whether Transformer Engine writes the FP8
+    #: transpose of each cast tensor and cached weight, as on Hopper (True), or not, as on data-centre Blackwell
+    #: (``featurize.fp8_recipes.fp8_writes_transpose``; the callers that know the GPU set it from its spec)
+    fp8_transpose: bool = True
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -100,7 +104,7 @@ class StepOptions:
             if v is not None and not _is_count(v):
                 raise GraphError(f"{name} must be a positive whole number, got {v!r}")
         _check_tokens(self.batch, self.seq)
-        for name in ("compile", "grad_accumulation", "sp"):
+        for name in ("compile", "grad_accumulation", "sp", "fp8_transpose"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise GraphError(f"{name} must be True or False, got {getattr(self, name)!r}")
         try:
@@ -130,6 +134,7 @@ class StepOptions:
                            etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers),
                            kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
                            fp8_recipe=fp8_recipe_option(self.fp8_recipe, dtype),
+                           fp8_transpose=bool(self.fp8_transpose) or dtype != "fp8",
                            **ce_fusion_options(self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl,
                                                canonical_framework(self.framework)))
 
@@ -309,7 +314,8 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     b = GraphBuilder("bf16" if fp8 else opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp,
                      ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None,
                      flash_kernel=opts.flash_kernel, etp=opts.etp,
-                     fp8_recipe=fp8_recipe_option(opts.fp8_recipe, opts.dtype) or "delayed")
+                     fp8_recipe=fp8_recipe_option(opts.fp8_recipe, opts.dtype) or "delayed",
+                     fp8_transpose=opts.fp8_transpose)
     b.moe_load = float(opts.moe_load)
     _check_kv_cache(cfg, opts)
     #: the KV-cached step (GraphBuilder.kv_context, read by hf_models._llama_attention) and the inference LM head's
@@ -373,7 +379,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                    **({"moe_load": float(opts.moe_load)} if opts.moe_load != 1.0 else {}),
                    **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
                       "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights",
-                      "fp8_scaling": b.fp8_recipe} if fp8 else {}))
+                      "fp8_scaling": b.fp8_recipe, "fp8_transpose": bool(b.fp8_transpose)} if fp8 else {}))
 
 
 #: the families whose attention takes a KV cache (those built by hf_models._llama_attention: Llama, Mistral, Qwen2/3,

@@ -542,7 +542,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
     warnings = list(dict.fromkeys([*model_warnings(hf, seq), *(w for cl, spec in resolved for w in spec_notes(cl, spec)),
                                    *deepspeed_zero_search_notes(canonical_framework(framework), dtype,
-                                                                grad_accum_dtype)]))
+                                                                grad_accum_dtype,
+                                                                space.get("zero") or _choices("zero", None))]))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
     folders = current_folders()  # resolved and active (_in_model_folders)

@@ -40,7 +40,7 @@ from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.data.kernel_ops import DTYPE_BYTES
-from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe, weight_copy_bytes_per_param
+from wattcast.featurize.fp8_recipes import fp8_writes_transpose, unsupported_fp8_recipe, weight_copy_bytes_per_param
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
@@ -416,17 +416,21 @@ def grad_accum_dtype_notes(given: str | None, framework: str, zero: int, dtype: 
     return []
 
 
-def deepspeed_zero_search_notes(framework: str, dtype: str, grad_accum_dtype: str | None) -> list[str]:
+def deepspeed_zero_search_notes(framework: str, dtype: str, grad_accum_dtype: str | None,
+                                zero_stages=(0, 1)) -> list[str]:
     """A search's note on why ZeRO-0 can rank ahead of ZeRO-1 for megatron-deepspeed with bf16 and the default
     ``grad_accum_dtype``: DeepSpeed 0.19.8 runs ``BF16_Optimizer`` at both (``engine.py``
     ``_do_optimizer_sanity_check`` l. 2294-2323), which at ZeRO-0 too shards its step over the DP group, all-reduces
     the gradients and all-gathers the weights (``bf16_optimizer.py`` l. 152-183, 593-603): the same communication
     and states. ZeRO-0's accumulation buffer is bf16 (the model's dtype, ``get_data_types`` l. 1799-1810), ZeRO-1's
     here fp32 (BLOOM-176B's, :data:`FRAMEWORK_GRAD_ACCUM_DTYPE`), so ZeRO-0 streams fewer bytes per micro-batch and
-    holds 2 B/param less."""
+    holds 2 B/param less. Only when the searched ZeRO stages (``zero_stages``) include both 0 and 1 (until stop 44 it
+    showed whatever the stages)."""
     from wattcast.data.kernel_ops import canonical_dtype
 
     if framework != "megatron-deepspeed" or canonical_dtype(str(dtype)) != "bf16" or grad_accum_dtype is not None:
+        return []
+    if not {0, 1} <= {int(z) for z in zero_stages}:
         return []
     return ["megatron-deepspeed with bf16: ZeRO-0 and ZeRO-1 both run DeepSpeed 0.19.8's BF16_Optimizer, which shards "
             "the optimizer step, all-reduces the gradients and all-gathers the weights at ZeRO-0 too; ZeRO-0 "
@@ -485,6 +489,19 @@ def dp_reduce_op(framework: str, zero: int, bf16_optimizer: bool = False) -> str
     return "reduce_scatter" if int(zero) >= 1 else "all_reduce"
 
 
+#: ``DistributedOptions.deepspeed_clear_lp_grads``: what ``BF16_Optimizer.clear_lp_grads`` does before each backward,
+#: "zero" (DeepSpeed 0.19.8, ``bf16_optimizer.py`` l. 612-623) or "set_to_none" (DeepSpeed 0.6.5, l. 445-448)
+DEEPSPEED_CLEAR_LP_GRADS = ("zero", "set_to_none")
+
+
+def checked_clear_lp_grads(value: str) -> str:
+    """``DistributedOptions.deepspeed_clear_lp_grads`` checked (ValueError naming the choices)."""
+    if value not in DEEPSPEED_CLEAR_LP_GRADS:
+        raise ValueError(f"deepspeed_clear_lp_grads must be one of {', '.join(DEEPSPEED_CLEAR_LP_GRADS)} "
+                         f"(DeepSpeed 0.19.8's zeroing / 0.6.5's param.grad = None), got {value!r}")
+    return value
+
+
 #: bytes per parameter of the bf16 ``param.grad`` passes ``BF16_Optimizer`` runs each micro-batch after a step's first
 #: (DeepSpeed 0.19.8): ``clear_lp_grads`` zeroes the bf16 gradients before every backward (``torch._foreach_zero_``,
 #: ``bf16_optimizer.py`` l. 612-623; called by the pipeline engine, ``runtime/pipe/engine.py`` l. 838-840, and by
@@ -496,12 +513,16 @@ BF16_OPTIMIZER_LP_GRAD_BYTES_PER_PARAM = 2.0 + 3 * 2.0
 
 
 def bf16_optimizer_lp_grad_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None,
-                                 zero: int = 1) -> float:
+                                 zero: int = 1, clear_lp_grads: str = "zero") -> float:
     """Bytes per parameter, per micro-batch after a step's first, of ``BF16_Optimizer``'s bf16 ``param.grad`` zeroing
     and autograd's in-place accumulation into it (:data:`BF16_OPTIMIZER_LP_GRAD_BYTES_PER_PARAM`), on top of
     :func:`grad_accumulation_bytes`' copy into its accumulation buffer; 0 where it does not run (until stop 44 these
-    passes were not costed)."""
+    passes were not costed), and 0 with ``clear_lp_grads`` "set_to_none": DeepSpeed 0.6.5's ``clear_lp_grads``
+    (``bf16_optimizer.py`` l. 445-448) sets ``param.grad = None`` before each backward (``pipe/engine.py`` l. 768),
+    so every micro-batch's weight gradient is the GEMM's output, neither zeroed nor added into."""
     if deepspeed_bf16_optimizer_accum(framework, dtype, zero, grad_accum_dtype) is None:
+        return 0.0
+    if checked_clear_lp_grads(clear_lp_grads) == "set_to_none":
         return 0.0
     return BF16_OPTIMIZER_LP_GRAD_BYTES_PER_PARAM
 
@@ -526,7 +547,19 @@ def bf16_optimizer_step_bytes(accum: str, dp: int, clip_grad: bool = True) -> tu
       partition); the step itself on the fp32 partition (28 B) and ``update_lp_params``' copy of it into the bf16
       weights (l. 593-597: read 4, write 2), 34 B against the graph row's 32;
     - the accumulation buffer zeroed twice, by ``clear_hp_grads`` at the end of ``step`` (l. 433, 605-610) and again by
-      the engine's ``zero_grad`` (``engine.py`` l. 3521-3526 -> l. 625-627): 2 x 4 B fp32, 2 x 2 B bf16."""
+      the engine's ``zero_grad`` (``engine.py`` l. 3521-3526 -> l. 625-627): 2 x 4 B fp32, 2 x 2 B bf16.
+
+    The clipping scale is an upper bound: DeepSpeed multiplies only when the norm is above ``max_norm``
+    (``clip_coef < 1``, ``utils.py`` l. 987-990); it is charged every step (clipping active).
+
+    Not modelled: ``allreduce_no_retain`` (``engine.py`` l. 3828-3839) gathers the flat buffers (one per optimizer
+    parameter group, ``bf16_optimizer.py`` l. 190-196) into buckets until one passes 5e8 elements; a bucket of several
+    buffers is flattened into a new tensor (``allreduce_bucket`` l. 3796, a cat) and copied back
+    (``allreduce_and_copy`` l. 3823-3826): +2 x (4 + 4) B/param fp32, 2 x (2 + 2) bf16 over those buffers, once per
+    step. A bucket of one buffer costs nothing (torch ``_flatten_dense_tensors`` of one tensor is a view, and
+    ``copy_`` of a tensor onto its own data returns at once). With Megatron-DeepSpeed's weight-decay and no-decay
+    groups (its ``megatron/optimizer`` source is not at hand to confirm their number and order) it applies to a stage
+    whose weight-decay buffer holds at most 5e8 elements; BLOOM-176B's stages (~3.7e9) do not."""
     acc4 = accum == "fp32"
     multi = int(dp) > 1
     reduce_b = (12.0 + (4.0 if multi else 0.0)) if acc4 else (4.0 if multi else 0.0)
@@ -719,7 +752,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                         attention=attention, compile=dopts.compile, optimizer=dopts.optimizer, recompute=par.recompute,
                         framework=framework, loop_trip_count=_hashable_trips(dopts.loop_trip_count),
                         mtp_layers=dopts.mtp_num_layers, cross_entropy_loss_fusion=dopts.cross_entropy_loss_fusion,
-                        cross_entropy_fusion_impl=dopts.cross_entropy_fusion_impl, fp8_recipe=fp8_recipe)
+                        cross_entropy_fusion_impl=dopts.cross_entropy_fusion_impl, fp8_recipe=fp8_recipe,
+                        fp8_transpose=fp8_writes_transpose(spec))
     # layers: from the config, else from a single-device graph
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,
@@ -818,6 +852,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            scatter_gather_p2p=scatter_gather_p2p(framework, dopts.scatter_gather_p2p),
                            fsdp_reduce_dtype=checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),
                            grad_accum_dtype=checked_grad_accum_dtype(framework, dopts.grad_accum_dtype),
+                           deepspeed_clear_lp_grads=checked_clear_lp_grads(dopts.deepspeed_clear_lp_grads),
                            fp8_param_gather=check_fp8_param_gather(dopts.fp8_param_gather, graph_dtype=graph_dtype,
                                                                    framework=framework, zero=par.zero),
                            coll_floor=coll_floor, cp_step_floor_ms=cp_step_floor_ms, bundle=bundle,
@@ -1313,6 +1348,8 @@ class ScheduleContext:
     fsdp_reduce_dtype: str | None = None
     #: ``DistributedOptions.grad_accum_dtype`` (checked): DeepSpeed's gradient-accumulation dtype, None the default
     grad_accum_dtype: str | None = None
+    #: ``DistributedOptions.deepspeed_clear_lp_grads`` (checked)
+    deepspeed_clear_lp_grads: str = "zero"
     #: ``DistributedOptions.fp8_param_gather`` (checked)
     fp8_param_gather: bool = False
     #: the framework's per-kernel launch floor (ms) and TP collective host floors (None: the framework's table), for
@@ -1862,7 +1899,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     head_params=0.0 if head_stage is None else head_stage,
                     reduce_bytes=dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype) if fsdp else None,
                     zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False, grad_accum_dtype=ds_acc,
-                    fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed"))
+                    fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed",
+                                                                         bool(g.meta.get("fp8_transpose", True))))
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -2002,8 +2040,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     shard = lay["dp"].size if par.zero >= 2 else 1
     # BF16_Optimizer also zeroes the bf16 param.grad before each backward and autograd adds into it in place, every
     # micro-batch after a step's first (bf16_optimizer_lp_grad_bytes)
-    acc_b = acc_b * share + bf16_optimizer_lp_grad_bytes(opts.framework, dtype, ctx.grad_accum_dtype,
-                                                         par.zero) * (n_micro - 1) / n_micro
+    acc_b = acc_b * share + bf16_optimizer_lp_grad_bytes(opts.framework, dtype, ctx.grad_accum_dtype, par.zero,
+                                                         ctx.deepspeed_clear_lp_grads) * (n_micro - 1) / n_micro
     acc_ms = params_chunk / shard * acc_b / (stream_gbps * 1e9) * 1e3
     # BF16_Optimizer's once-per-step passes beyond the graph's (sharded) clipping and step rows: the casts and scale
     # around its DP all-reduce, the norm and clipping over the whole gradient, the buffer zeroed twice

@@ -174,14 +174,16 @@ def inference_weight_bytes(graph: OpGraph, db: int) -> float:
 
 def fp8_weight_copy_bytes(graph: OpGraph) -> float:
     """Bytes of the FP8 weight copies an FP8 recipe holds. Training: Transformer Engine keeps the fp8 weight and its
-    transpose (for the dgrad GEMM) of every FP8 linear layer between steps (``is_first_microbatch`` caching): 2 B per
+    transpose (for the dgrad GEMM; the data alone on data-centre Blackwell under a per-tensor recipe: the graph's
+    ``fp8_transpose``) of every FP8 linear layer between steps (``is_first_microbatch`` caching): 2 B per
     parameter. (Inference holds its linear weights in FP8 instead of a bf16 copy: :func:`inference_weight_bytes`.)"""
     n = graph.nodes
     sel = (n["phase"] == "forward") & (n["dtype"] == "fp8")
     if not sel.any():
         return 0.0
     # mxfp8 / blockwise: the copies' block scales on top (featurize/fp8_recipes.py)
-    per_param = weight_copy_bytes_per_param(graph.meta.get("fp8_scaling") or DEFAULT_FP8_RECIPE)
+    per_param = weight_copy_bytes_per_param(graph.meta.get("fp8_scaling") or DEFAULT_FP8_RECIPE,
+                                            bool(graph.meta.get("fp8_transpose", True)))
     return per_param * float(n.loc[sel, "param_count"].to_numpy(dtype=float).sum())
 
 

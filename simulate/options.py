@@ -73,6 +73,13 @@ class DistributedOptions:
     #: every micro-batch), "bf16" at ZeRO-1 the ZeRO optimizer on bf16 gradients (2 B/param, partition copies at the
     #: step); None: the framework's, "fp32" as BLOOM-176B ran (``simulate.distributed.FRAMEWORK_GRAD_ACCUM_DTYPE``)
     grad_accum_dtype: str | None = None
+    #: DeepSpeed's ``BF16_Optimizer.clear_lp_grads`` before each backward (``framework="megatron-deepspeed"``, where
+    #: BF16_Optimizer runs): "zero", DeepSpeed 0.19.8's (``torch._foreach_zero_`` on the bf16 ``param.grad``,
+    #: ``bf16_optimizer.py`` l. 612-623: autograd then adds each gradient into it in place, 2 + 6 B/param per
+    #: micro-batch after a step's first), or "set_to_none", DeepSpeed 0.6.5's (``param.grad = None``,
+    #: ``bf16_optimizer.py`` l. 445-448, called by ``pipe/engine.py`` l. 768: no such pass; BLOOM-176B's era)
+    #: (``simulate.distributed.bf16_optimizer_lp_grad_bytes``)
+    deepspeed_clear_lp_grads: str = "zero"
     #: Megatron-Core's ``--fp8-param-gather`` (with ``dtype="fp8"``, the distributed optimizer, ``framework="megatron"``):
     #: the FP8 GEMMs' weights are held as FP8 (Transformer Engine's FP8 primary weights): no bf16 copy beside the FP8
     #: weight and transpose, the optimizer casts each rank's shard of them and the distributed optimizer all-gathers

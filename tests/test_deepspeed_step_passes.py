@@ -113,3 +113,60 @@ def test_search_says_why_zero0_can_beat_zero1():
     res = wattcast.search("gpt2", "DGX-A100", 8, 32, 1024, framework="megatron-deepspeed", dtype="bf16",
                           max_configs=4, workers=1, **space)
     assert any("ZeRO-0 can rank ahead" in w for w in res.warnings)
+
+
+def test_clear_lp_grads_set_to_none_drops_the_zero_and_add(monkeypatch):
+    """DeepSpeed 0.6.5's ``clear_lp_grads`` (``bf16_optimizer.py`` l. 445-448) sets ``param.grad = None``: no zeroing,
+    no in-place add. The option removes exactly the per-micro-batch pass; 0.19.8's zeroing stays the default."""
+    assert bf16_optimizer_lp_grad_bytes("megatron-deepspeed", "bf16", None, 1, "set_to_none") == 0.0
+    assert bf16_optimizer_lp_grad_bytes("megatron-deepspeed", "bf16", None, 1, "zero") == 8.0
+    assert DistributedOptions(batch=1, seq=1).deepspeed_clear_lp_grads == "zero"
+    with pytest.raises(ValueError, match="deepspeed_clear_lp_grads"):
+        bf16_optimizer_lp_grad_bytes("megatron-deepspeed", "bf16", None, 1, "free")
+    ctx, r = _step(1)
+    par = ParallelConfig(gpus=8, tp=2, pp=1, dp=4, micro_batch=1, zero=1)
+    ctx0 = schedule_context(SMALL, "DGX-A100", par, DistributedOptions(
+        batch=16, seq=2048, dtype="bf16", attention="eager", framework="megatron-deepspeed",
+        deepspeed_clear_lp_grads="set_to_none", trace=True))
+    r0 = schedule_step(ctx0)
+    n_micro = 4
+    lp_ms = n_micro * _stage_params(r) * 8.0 * (n_micro - 1) / n_micro / (ctx.stream_gbps * 1e9) * 1e3
+    assert r.step_time_ms - r0.step_time_ms == pytest.approx(lp_ms, rel=1e-6) and lp_ms > 0
+    assert r.optimizer_ms == pytest.approx(r0.optimizer_ms, rel=1e-12)
+
+
+def test_bloom_is_predicted_with_the_deepspeed_it_ran(monkeypatch):
+    """benchmarks/published_runs.py predicts BLOOM-176B with DeepSpeed 0.6.5's param.grad = None."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import published_runs
+    finally:
+        sys.path.pop(0)
+    seen = {}
+
+    class _Stop(Exception):
+        pass
+
+    def fake(*a, **kw):
+        seen.update(kw)
+        raise _Stop
+
+    monkeypatch.setattr(published_runs, "predict_distributed", fake)
+    with pytest.raises(_Stop):
+        published_runs.bloom_176b()
+    assert seen["framework"] == "megatron-deepspeed" and seen["deepspeed_clear_lp_grads"] == "set_to_none"
+
+
+def test_zero0_note_only_when_both_stages_are_searched():
+    import wattcast
+
+    assert deepspeed_zero_search_notes("megatron-deepspeed", "bf16", None, (0, 1, 2))
+    assert not deepspeed_zero_search_notes("megatron-deepspeed", "bf16", None, (1,))
+    assert not deepspeed_zero_search_notes("megatron-deepspeed", "bf16", None, (0, 2))
+    space = dict(tp=[2], pp=[2], zero=[1], micro_batch=[2], recompute=["none"], interleave=[1])
+    res = wattcast.search("gpt2", "DGX-A100", 8, 32, 1024, framework="megatron-deepspeed", dtype="bf16",
+                          max_configs=4, workers=1, **space)
+    assert not any("ZeRO-0 can rank ahead" in w for w in res.warnings)

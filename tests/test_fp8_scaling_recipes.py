@@ -10,7 +10,9 @@ import pytest
 
 import wattcast
 from conftest import flat, run_cli
-from wattcast.featurize.fp8_recipes import (blockwise_scale_bytes, mxfp8_scale_bytes, weight_copy_bytes_per_param,
+from wattcast.data.catalog import resolve_device
+from wattcast.featurize.fp8_recipes import (blockwise_scale_bytes, compute_capability, fp8_writes_transpose,
+                                            mxfp8_scale_bytes, unsupported_fp8_recipe, weight_copy_bytes_per_param,
                                             weight_scale_bytes_per_param)
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.simulate.parallel import ParallelConfigError
@@ -75,6 +77,74 @@ def test_default_is_delayed_bit_for_bit():
     assert a.step_time_ms == b.step_time_ms and a.to_dict()["memory"] == b.to_dict()["memory"]
 
 
+def test_delayed_on_hopper_matches_the_figures_before_fp8_recipe():
+    """Pinned to the code before --fp8-recipe (d5e73e4^, computed there with the same shipped models): delayed scaling on
+    H100, where the no-transpose rule of data-centre Blackwell does not apply, is what it was."""
+    p = wattcast.predict("llama3_8b", "H100-SXM5-80GB", **KW)
+    assert p.step_time_ms == pytest.approx(253.8355307525473, rel=1e-9)
+    assert p.memory_gb == pytest.approx(172.94015692800002, rel=1e-9)
+    assert p.energy_j == pytest.approx(148.07928143058945, rel=1e-9)
+    c = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=2048, tp=8, sp=True, dtype="fp8",
+                                 attention="flash", framework="megatron")
+    assert c.step_time_ms == pytest.approx(159.17351249893227, rel=1e-9)
+    assert c.memory_gb == pytest.approx(30.523426048, rel=1e-9)
+    assert c.energy_j == pytest.approx(713.9114920707688, rel=1e-9)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_per_tensor_recipes_write_no_transpose_on_datacentre_blackwell(recipe):
+    """TE 2.20.2 (pytorch/utils.py is_non_tn_fp8_gemm_supported: compute capability 10.x; csrc/quantizer.cpp l. 361-375):
+    on B200 a per-tensor cast writes the FP8 data alone and the cached weight copy is 1 B a parameter."""
+    def graph(transpose):
+        return step_graph("llama3_8b", StepOptions(batch=1, seq=1024, mode="train", dtype="fp8", attention="flash",
+                                                   fp8_recipe=recipe, fp8_transpose=transpose), blocks=2)
+
+    hop, bw = graph(True), graph(False)
+    casts = lambda g: g.nodes[g.nodes["name"].str.endswith("fp8_cast")].set_index("name")  # noqa: E731
+    ch, cb = casts(hop), casts(bw)
+    assert len(ch) and (ch.index == cb.index).all()
+    # 2 + 1 + 1 B an element (bf16 read, data, transpose) -> 2 + 1
+    assert np.allclose(cb["bytes"].to_numpy() / ch["bytes"].to_numpy(), 3.0 / 4.0)
+    wc = lambda g: g.nodes.loc[g.nodes["name"].str.startswith("fp8_weight_cast"), "bytes"].sum()  # noqa: E731
+    assert wc(bw) / wc(hop) == pytest.approx(3.0 / 4.0)  # read 2 B, write 2 -> 1
+    assert weight_copy_bytes_per_param(recipe, transpose=False) == 1.0
+    # the device decides it: the same model on B200 holds 1 B a FP8 parameter less than on H100
+    h = wattcast.predict("llama3_8b", "H100-SXM5-80GB", fp8_recipe=recipe, **KW)
+    b = wattcast.predict("llama3_8b", "B200", fp8_recipe=recipe, **KW)
+    n = h.nodes
+    fp8_p = float(n.loc[(n["phase"] == "forward") & (n["dtype"] == "fp8"), "param_count"].sum())
+    assert h.memory_gb - b.memory_gb == pytest.approx(fp8_p / 1e9, rel=1e-9)
+    assert fp8_writes_transpose(resolve_device("H100-SXM5-80GB")) and not fp8_writes_transpose(resolve_device("B200"))
+
+
+def _gpu(arch, name="x", vendor="nvidia"):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(arch=arch, name=name, vendor=vendor)
+
+
+@pytest.mark.parametrize("arch, name, cc", [
+    ("Blackwell (GB100)", "B200", (10, 0)), ("Blackwell (GB110)", "B300", (10, 3)), ("Blackwell (GB202)", "x", (12, 0)),
+    ("Blackwell (GB10)", "DGX Spark", (12, 1)), ("Blackwell", "My Blackwell", (10, 0)),
+    ("Blackwell", "GeForce RTX 5090", (12, 0)), ("Hopper (GH100)", "H100", (9, 0)), ("Ada Lovelace (AD102)", "L40S", (8, 9)),
+    ("Ampere (GA100)", "A100", (8, 0)), ("Ampere (GA102)", "A10", (8, 6)), ("Rubin", "R100", None)])
+def test_compute_capability_rule(arch, name, cc):
+    assert compute_capability(_gpu(arch, name)) == cc
+    assert compute_capability(_gpu("CDNA3 (gfx942)", "MI300X", "amd")) is None
+
+
+def test_recipe_support_follows_te_compute_capability():
+    """TE 2.20.2 quantization.py: MXFP8 10.0 <= cc < 12.0; block scaling cc >= 9.0 (GB20x included)."""
+    assert unsupported_fp8_recipe(_gpu("Blackwell (GB202)", "RTX 5090"), "blockwise") is None
+    assert "mxfp8 needs" in unsupported_fp8_recipe(_gpu("Blackwell (GB202)", "RTX 5090"), "mxfp8")
+    assert "mxfp8 needs" in unsupported_fp8_recipe(_gpu("Blackwell", "GeForce RTX 5080"), "mxfp8")
+    assert unsupported_fp8_recipe(_gpu("Blackwell", "custom B200"), "mxfp8") is None
+    assert unsupported_fp8_recipe(_gpu("Hopper (GH100)"), "blockwise") is None
+    assert "blockwise needs" in unsupported_fp8_recipe(_gpu("Ada Lovelace (AD102)"), "blockwise")
+    # consumer Blackwell keeps the transposes (12.x is outside is_non_tn_fp8_gemm_supported)
+    assert fp8_writes_transpose(_gpu("Blackwell (GB202)")) and not fp8_writes_transpose(_gpu("Blackwell (GB110)"))
+
+
 def test_block_scales_in_saved_copies_and_cached_weights():
     res = {r: wattcast.predict("llama3_8b", "B200", fp8_recipe=r, **KW) for r in ("delayed", "mxfp8", "blockwise")}
     n = res["delayed"].nodes
@@ -84,8 +154,9 @@ def test_block_scales_in_saved_copies_and_cached_weights():
         # each FP8 linear keeps its input's column-wise copy for the weight gradient, with its scales
         col = sum(scales(int(m), int(k), columnwise=True) for m, k in lin[["M", "N"]].itertuples(index=False))
         assert res[r].memory.activations_gb - res["delayed"].memory.activations_gb == pytest.approx(col / 1e9, rel=1e-6)
+        # B200: delayed keeps the FP8 data alone (no transpose, 1 B), the block-scaled recipes both copies and scales
         assert res[r].memory.weights_gb - res["delayed"].memory.weights_gb == pytest.approx(
-            weight_scale_bytes_per_param(r) * fp8_p / 1e9, rel=1e-6)
+            (1.0 + weight_scale_bytes_per_param(r)) * fp8_p / 1e9, rel=1e-6)
     # the GEMMs are the same FP8 GEMMs (no measured per-recipe GEMM speed): their time is unchanged
     gemm = lambda p: p.nodes.loc[p.nodes["op_class"] == "linear", "time_ms"].sum()  # noqa: E731
     assert gemm(res["mxfp8"]) == gemm(res["delayed"]) == gemm(res["blockwise"])

@@ -107,3 +107,21 @@ def test_a_rerun_after_a_model_change_recomputes(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "_manifest_digests", lambda f: {**real(f), "models": "retrained0000000"})
     assert run_sweep(SPEC, out, workers=0).skipped == 0
     assert len(set(out.glob("part-*.parquet"))) == 2
+
+
+def test_fp8_recipe_is_a_sweep_key_that_reaches_the_search(tmp_path):
+    """``fp8_recipe`` (as --fp8-recipe) is accepted, checked as search checks it and passed to each task's search."""
+    spec = dict(models=["gpt2"], clusters=["DGX-H100"], gpus=[8], batch=8, seq=1024, framework="megatron",
+                dtype="fp8", max_configs=2, top=1, space=dict(SPACE, zero=[1]))
+    task = load_spec(dict(spec, fp8_recipe="tensorwise")).tasks()[0]
+    assert task["fp8_recipe"] == "tensorwise"
+    assert "fp8_recipe" not in load_spec(spec).tasks()[0]
+    with pytest.raises(SweepSpecError, match="fp8_recipe.*needs --dtype fp8"):
+        load_spec(dict(spec, dtype="bf16", fp8_recipe="tensorwise"))
+    with pytest.raises(SweepSpecError, match="fp8_recipe.*unknown --fp8-recipe"):
+        load_spec(dict(spec, fp8_recipe="nvfp4"))
+    df = read_sweep(run_sweep(dict(spec, fp8_recipe="tensorwise"), tmp_path / "o", workers=0).output)
+    assert df["status"].iloc[0] == "ok", df["error"].iloc[0]
+    ref = wattcast.search("gpt2", "DGX-H100", 8, 8, 1024, framework="megatron", dtype="fp8", max_configs=2,
+                          fp8_recipe="tensorwise", **dict(SPACE, zero=[1]))
+    assert df["step_time_ms"].iloc[0] == pytest.approx(ref.ranked["step_time_ms"].iloc[0], rel=1e-12)
