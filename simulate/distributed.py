@@ -1460,13 +1460,14 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
-              gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False,
+              gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
               reduce_op: str | None = None) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
     ``params_chunk`` x ``db``; FP8 parameters gather at 1 B). ``bucketed_first_chunk_only``: only chunk 0 (the first
-    stage's first model chunk) splits its gradients into buckets, every other chunk reduces them as one message
+    stage's first model chunk; ``first_chunks`` the chunks that hold it: under DualPipe rank 0 and rank P-1) splits its
+    gradients into buckets, every other chunk reduces them as one message
     (Megatron-Core's DistributedDataParallel).
 
     ZeRO-3 / FSDP gathers and reduces unit by unit (``units``: the chunk's wrapped modules, one per transformer block
@@ -1498,7 +1499,7 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             if total <= 0 or group.size <= 1 or par.zero == 3:
                 continue
             nb = (max(1, int(np.ceil(p_count / bucket_params)))
-                  if np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c > 0) else 1)
+                  if np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c not in first_chunks) else 1)
             msgs.append((c, "bucket", op, total / nb, group, nb))
         gather_b = params_chunk[c] * db if gather_b_chunk is None else gather_b_chunk[c]
         if par.zero == 3:
@@ -1565,20 +1566,22 @@ def chunk_reduce_spans_ms(chunk_ms: np.ndarray, ready_ms: np.ndarray) -> tuple[n
 
 
 def param_gather_ms(f_first_ms: np.ndarray, gather_ms: np.ndarray, n_buckets: np.ndarray, share: float, *,
-                    first_forward_ms: np.ndarray | None = None) -> np.ndarray:
+                    first_forward_ms: np.ndarray | None = None, first_stages=(0,)) -> np.ndarray:
     """What the overlapped parameter all-gather (``--overlap-param-gather``, one model chunk a stage) adds to each
     stage's step, ms: gathered bucket by bucket in the next step's forward pre-hooks, the first bucket waited for, the
     rest beside the first micro-batch's forward (slowing it by ``share``), what outlasts that forward exposed.
     ``first_forward_ms`` (per stage, from the step's start): Megatron-Core's bucketing, where a stage after the first
     gathers its parameters in one piece (no buckets past the first stage), dispatched as the step starts and waited for
     before its first forward, which the warm-up reaches late anyway: such a stage is late by what outlasts that wait,
-    and by at least the first stage's delay, which its inputs carry."""
+    and by at least the first stage's delay, which its inputs carry. ``first_stages``: the stages (ranks) holding the
+    first stage's chunk (DualPipe: rank 0 and rank P-1), bucketed as it."""
     f = np.asarray(f_first_ms, dtype=float)
     g = np.asarray(gather_ms, dtype=float)
     exposed = overlapped_ms(f, g, share=share, first_chunk_ms=g / n_buckets) - f
     if first_forward_ms is not None and len(g) > 1:
-        later = np.maximum(g[1:] - np.asarray(first_forward_ms, dtype=float)[1:], 0.0)
-        exposed = np.concatenate([exposed[:1], np.maximum(later, exposed[0])])
+        first = np.isin(np.arange(len(g)), first_stages)
+        later = np.maximum(g - np.asarray(first_forward_ms, dtype=float), 0.0)
+        exposed = np.where(first, exposed, np.maximum(later, exposed[first].max()))
     return exposed
 
 
@@ -2023,14 +2026,18 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # is done (with align_grad_reduce the later stages launch it after their final backward, "during the pipeline
     # bubble")
     first_only = opts.framework == "megatron" and bool(par.overlap_grad_reduce)
+    # the ranks holding the first stage: under DualPipe rank P-1 holds it too (its reverse direction's stage 0)
+    first_ranks = (0, P - 1) if dual else (0,)
     if dual:  # each DualPipe rank reduces both its chunks' gradients (the two copies' sum approximated as inside it)
         params_chunk, expert_chunk, gather_b_chunk = mirrored(params_chunk), mirrored(expert_chunk), mirrored(gather_b_chunk)
     dp_key = ("dp", par_dp.zero, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
-              params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only)
+              params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only,
+              first_ranks)
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
         dpt = _dp_times(par_dp, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts),
-                        bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op)
+                        bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op,
+                        first_chunks=first_ranks)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
@@ -2281,12 +2288,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                            else np.ones(P))
                     total_g = gather
                     gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
-                                             first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None)
+                                             first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None,
+                                             first_stages=first_ranks)
                     # beside the first forward what is not exposed; a later stage's one piece (first_only) goes in its
                     # warm-up wait, charged as waiting
                     hid = np.maximum(total_g - gather, 0.0)
                     if first_only:
-                        hid[1:] = 0.0
+                        hid[np.isin(np.arange(P), first_ranks, invert=True)] = 0.0
                     st_g, xj_g = hidden_power(hid, "fs")
                     gather = gather + st_g
         total = finish + opt_stage + gather + iteration_ms
@@ -2382,10 +2390,19 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         n_attn_rc = per_chunk((view.attn_rc_ms > 0).astype(float))  # a recomputed ring runs again in the backward
         z3_trace = par.zero == 3 and lay["dp"].size > 1
         for tk in pipe.tasks:
-            events.append(dict(stage=tk.stage, stream="compute", name=f"{tk.kind}{tk.micro}" + (f".c{tk.chunk}" if V > 1 else ""),
-                               start_ms=tk.start, end_ms=tk.end))
-            c = tk.chunk * P + tk.stage
-            if tk.kind == "F" and data_f[c] > 0:  # loading the micro-batch: the start of the forward that reads it
+            # a DualPipe task (simulate/dualpipe.DualTask) runs the chunk of its model_stage on rank tk.stage; an F&B
+            # pair is named FB<forward micro-batch>+<backward micro-batch>, its two parts in forward_part_ms /
+            # backward_part_ms (forward_ms / backward_ms count them)
+            c = tk.model_stage if dual else tk.chunk * P + tk.stage
+            pair = dual and tk.kind == "FB"
+            ev = dict(stage=tk.stage, stream="compute", name=(f"FB{tk.micro}+{tk.micro_b}" if pair else f"{tk.kind}{tk.micro}")
+                      + (f".c{tk.chunk}" if V > 1 else ""), start_ms=tk.start, end_ms=tk.end)
+            if pair:
+                ev.update(forward_part_ms=float(work["task_f_ms"][tk.model_stage]),
+                          backward_part_ms=float(work["task_b_ms"][tk.stage_b]))
+            events.append(ev)
+            fwd = tk.kind in ("F", "FB")
+            if fwd and data_f[c] > 0:  # loading the micro-batch: the start of the forward that reads it
                 events.append(dict(stage=tk.stage, stream="compute", name=f"data_loading{tk.micro}", start_ms=tk.start,
                                    end_ms=tk.start + float(data_f[c])))
             if z3_trace:
@@ -2396,12 +2413,20 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     what = "all_gather" if tk.kind == "F" else "all_gather+reduce_scatter"
                     events.append(dict(stage=tk.stage, stream="comm", name=f"zero3.{what}{tk.micro}", start_ms=tk.start,
                                        end_ms=tk.start + float(z3)))
-            if par.cp > 1:
-                ring = (n_attn[c] * (par.cp - 1) * cp_step_ms[0] if tk.kind == "F" else
-                        (par.cp - 1) * (n_attn[c] * cp_step_ms[1] + n_attn_rc[c] * cp_step_ms[0]))
-                if ring > 0:
-                    events.append(dict(stage=tk.stage, stream="comm", name=f"cp.ring_kv{tk.micro}", start_ms=tk.start,
-                                       end_ms=tk.start + ring))
+            if par.cp > 1 and tk.kind != "W":  # a W (DualPipe's weight-gradient part) runs no attention
+                # (forward ring, backward ring) of the task: an F&B pair runs its forward's, then its backward's
+                rings = []
+                if fwd:
+                    rings.append((tk.micro, n_attn[c] * (par.cp - 1) * cp_step_ms[0]))
+                if tk.kind != "F":
+                    cb, mb = (tk.stage_b, tk.micro_b) if pair else (c, tk.micro)
+                    rings.append((mb, (par.cp - 1) * (n_attn[cb] * cp_step_ms[1] + n_attn_rc[cb] * cp_step_ms[0])))
+                t0 = tk.start
+                for m, ring in rings:
+                    if ring > 0:
+                        events.append(dict(stage=tk.stage, stream="comm", name=f"cp.ring_kv{m}", start_ms=t0,
+                                           end_ms=t0 + ring))
+                        t0 += ring
         for s, name, a, e in comm_events:
             events.append(dict(stage=s, stream="comm", name=name, start_ms=a, end_ms=e))
         for s, a, e, n_hidden in pipe.trace_gaps:  # an extrapolated step: its steady state is not drawn

@@ -173,7 +173,8 @@ def write_distributed_trace(res, path: str | Path) -> Path:
 
 
 #: timeline colours: compute tasks by kind, communication by parallel group, and the exposed part of communication
-TIMELINE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "not drawn": "#DDDDDD",
+TIMELINE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "pair": "#937860", "optimizer": "#55A868",
+                    "not drawn": "#DDDDDD",
                     "host": "#CCB974", "dp": "#8172B3", "cp": "#64B5CD", "comm": "#999999", "exposed": "#C44E52"}
 
 
@@ -181,6 +182,10 @@ def _timeline_kind(e: dict) -> str:
     """The legend entry of one event."""
     name = str(e["name"])
     if e["stream"] == "compute":
+        if name.startswith("FB"):  # DualPipe's overlapped forward + backward pair
+            return "pair"
+        if name.startswith("W"):  # DualPipe's weight-gradient part of a backward
+            return "backward"
         if name.startswith("F"):
             return "forward"
         if name.startswith("B"):
@@ -255,7 +260,8 @@ def timeline_figure(res):
     ax.set_yticks([s * 2 + k for s in stages for k in (0, 1)], [f"stage {s} {n}" for s in stages for n in ("compute", "comm")])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
-    labels = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "not drawn": "steady state (not drawn)",
+    labels = {"forward": "forward", "backward": "backward", "pair": "forward + backward pair (DualPipe)",
+              "optimizer": "optimizer", "not drawn": "steady state (not drawn)",
               "dp": "data-parallel comm (gradient reduce / param gather)", "cp": "context-parallel ring KV exchange",
               "comm": "other comm"}
     handles = [Patch(facecolor=TIMELINE_COLOURS[k], label=v) for k, v in labels.items() if k in used]
