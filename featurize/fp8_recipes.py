@@ -38,6 +38,8 @@ The GEMMs' own time is the FP8 GEMM surrogate's for every recipe: no measured pe
 
 from __future__ import annotations
 
+import re
+
 #: Megatron-Core 0.16.1's --fp8-recipe choices wattcast models ("custom", a user's quantizer factory, is not)
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "deepseek")
 #: bytes per element of DeepSeek-V3's customised E5M6 format (1 sign + 5 exponent + 6 mantissa bits = 12 bits), in
@@ -167,8 +169,6 @@ def compute_capability(spec) -> tuple[int, int] | None:
       consumer / workstation part (12.0), anything else is taken as data-centre Blackwell (10.0): every Blackwell a
       training cluster runs (B200, GB200, B300, GB300) is one.
     """
-    import re
-
     if str(getattr(spec, "vendor", "nvidia") or "").lower() != "nvidia":
         return None
     arch = str(getattr(spec, "arch", "") or "").strip().lower()

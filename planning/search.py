@@ -448,7 +448,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ratio, an in-node fabric faster than the GPU's own link), once per search. When nothing is evaluated (no
     strategy divides the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames
     with the usual columns and ``best`` is None."""
-    from wattcast.featurize.workload import canonical_framework, is_onnx_path
+    from wattcast.featurize.workload import canonical_framework, checked_dtype, fp8_recipe_option, is_onnx_path
     from wattcast.models.selection import current_folders
     from wattcast.simulate.distributed import model_config
 
@@ -476,8 +476,6 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     from wattcast.simulate.distributed import checked_grad_accum_dtype
 
     grad_accum_dtype = checked_grad_accum_dtype(canonical_framework(framework), grad_accum_dtype)
-    from wattcast.featurize.workload import checked_dtype, fp8_recipe_option
-
     fp8_recipe = fp8_recipe_option(fp8_recipe, checked_dtype(dtype))  # a bad name, or one without fp8, named first
     if fp8_param_gather:  # what it needs beyond the distributed optimizer (candidates with ZeRO >= 1 use it)
         from wattcast.simulate.distributed import check_fp8_param_gather

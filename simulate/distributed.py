@@ -39,7 +39,7 @@ from wattcast.data.checks import is_count, real_in
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
-from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
 from wattcast.featurize.fp8_recipes import fp8_writes_transpose, unsupported_fp8_recipe, weight_copy_bytes_per_param
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
@@ -333,8 +333,6 @@ def checked_fsdp_reduce_dtype(framework: str, given: str | None) -> str | None:
     """``given`` in its canonical name (``FP32`` / ``float32`` -> ``fp32``, as ``--dtype`` reads it) once
     :func:`dp_reduce_bytes` accepts it (a ValueError naming the rule otherwise)."""
     if given is not None:
-        from wattcast.data.kernel_ops import canonical_dtype
-
         given = canonical_dtype(given)
     dp_reduce_bytes(framework, "bf16", 3, given)
     return given
@@ -368,8 +366,6 @@ def checked_grad_accum_dtype(framework: str, given: str | None) -> str | None:
     an option here); PyTorch AMP (hf) keeps fp32 gradients of fp32 parameters."""
     if given is None:
         return None
-    from wattcast.data.kernel_ops import canonical_dtype
-
     name = canonical_dtype(given)
     if name not in GRAD_ACCUM_DTYPES:
         raise ValueError(f"grad_accum_dtype must be one of {', '.join(GRAD_ACCUM_DTYPES)} or None (the framework's "
@@ -426,8 +422,6 @@ def deepspeed_zero_search_notes(framework: str, dtype: str, grad_accum_dtype: st
     here fp32 (BLOOM-176B's, :data:`FRAMEWORK_GRAD_ACCUM_DTYPE`), so ZeRO-0 streams fewer bytes per micro-batch and
     holds 2 B/param less. Only when the searched ZeRO stages (``zero_stages``) include both 0 and 1 (until stop 44 it
     showed whatever the stages)."""
-    from wattcast.data.kernel_ops import canonical_dtype
-
     if framework != "megatron-deepspeed" or canonical_dtype(str(dtype)) != "bf16" or grad_accum_dtype is not None:
         return []
     if not {0, 1} <= {int(z) for z in zero_stages}:
