@@ -298,7 +298,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     recompute_num_layers: int | None = None, recompute_method: str | None = None,
                     strategy: str | None = None,
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
-                    moe_pad_to_capacity: bool = False, gpus_per_node: int | None = None,
+                    moe_pad_to_capacity: bool = False, moe_token_dispatcher: str = "alltoall",
+                    gpus_per_node: int | None = None,
                     zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
                     scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
                     loop_trip_count: int | dict[str, int] | None = None, tokens: float | None = None,
@@ -336,6 +337,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``recompute_modules``: Megatron-Core's selective recomputation modules, as for ``wattcast.predict``.
     ``moe_load_imbalance`` / ``moe_capacity_factor`` / ``moe_pad_to_capacity``: mixture-of-experts routing as it loads
     the busiest expert-parallel rank (``simulate/moe_routing.py``; default balanced, dropless).
+    ``moe_token_dispatcher``: Megatron-Core's ``--moe-token-dispatcher-type`` for a mixture-of-experts model under
+    ``framework="megatron"``: "alltoall" (default) or "allgather" (all-gathers over the expert-TP x EP ranks, a
+    reduce-scatter back; ``featurize.hf_models._moe_allgather``).
     ``zero3_prefetch``: with ``zero=3`` (FSDP), whether each layer's parameter all-gathers and gradient reduce-scatters
     run beside the computation (True) or in series with it (False); None: the framework's (``hf``: in series, as
     measured on MosaicML's PyTorch FSDP runs; ``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
@@ -450,7 +454,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer, device=spec,
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
-        moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
+        moe_pad_to_capacity=moe_pad_to_capacity, moe_token_dispatcher=moe_token_dispatcher,
+        zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
         data_workers=data_workers, fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe,
         mtp_num_layers=mtp_num_layers, fsdp_reduce_dtype=fsdp_reduce_dtype,
         cross_entropy_loss_fusion=cross_entropy_loss_fusion,
@@ -473,6 +478,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node,
                     moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
                     moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),
+                    **({"moe_token_dispatcher": moe_token_dispatcher} if moe_token_dispatcher != "alltoall" else {}),
                     fsdp_reduce_dtype=fsdp_reduce_dtype, grad_accum_dtype=m.get("grad_accum_dtype"),
                     fp8_param_gather=bool(fp8_param_gather), mtp_num_layers=mtp_num_layers, data_load_ms=data_load_ms,
                     **({"fp8_recipe": m["fp8_scaling"]} if m.get("fp8_scaling") else {}),

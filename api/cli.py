@@ -429,6 +429,7 @@ def predict(
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72, the rest spares); NICs in proportion."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity: each expert keeps at most this many times its balanced share of tokens (the rest are dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity (needs --moe-expert-capacity-factor)."),
+    moe_token_dispatcher_type: str = typer.Option("alltoall", "--moe-token-dispatcher-type", help="Megatron-Core's MoE token dispatcher: alltoall (default here) or allgather (Megatron-Core's own default: all-gathers over the expert-TP x EP ranks, a reduce-scatter back). Needs --cluster, --gpus and --framework megatron."),
     mtp_num_layers: int = typer.Option(0, "--mtp-num-layers", help="Megatron-Core (--framework megatron, DeepSeek-V2/V3 configs): multi-token-prediction depths on the last pipeline stage (DeepSeek-V3 trained with 1)."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="Megatron-Core (--dtype fp8, --zero >= 1, --framework megatron): keep the FP8 GEMMs' weights as FP8 (no bf16 copy), cast each rank's shard after the step and all-gather them at 1 B a parameter."),
     fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="With --dtype fp8: Megatron-Core's --fp8-recipe, Transformer Engine's scaling: delayed (the default: per-tensor scale from an amax history), tensorwise (current scaling: an amax pass before each cast), mxfp8 (data-centre Blackwell only: 1x32 E8M0 block scales) or blockwise (Hopper/Blackwell: 1x128 activation, 128x128 weight fp32 scales); deepseek: blockwise's scales plus DeepSeek-V3's low-precision storage and FP8 dispatch (tech report Sec. 3.3.3: E5M6 attention output, FP8-cached MoE SwiGLU inputs with the output recomputed, no FP8 copy of a recomputed norm output). Changes the cast kernels and the FP8 copies' bytes, not the GEMMs' speed."),
@@ -605,7 +606,8 @@ def _cluster_request(f, par: dict, common: dict):
     return PredictRequest(cluster=f.cluster, parallel=parallel, batch=batch, seq=seq, framework=f.framework,
                           timeline=bool(f.trace or f.plot), loop_trip_count=f.loop_trip_count,
                           moe_load_imbalance=f.moe_load_imbalance, moe_capacity_factor=f.moe_expert_capacity_factor,
-                          moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity, gpus_per_node=f.gpus_per_node,
+                          moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity,
+                          moe_token_dispatcher=f.moe_token_dispatcher_type, gpus_per_node=f.gpus_per_node,
                           zero3_prefetch=f.zero3_prefetch, fsdp_reduce_dtype=f.fsdp_reduce_dtype,
                           scatter_gather_p2p=f.scatter_gather_p2p, grad_accum_dtype=f.grad_accum_dtype,
                           data_load_ms=f.data_load_ms, data_workers=f.data_workers,
@@ -660,6 +662,9 @@ def _step_request(f, par: dict, dims: dict, common: dict):
                           moe_pad_to_capacity=f.moe_pad_expert_input_to_capacity)):
         _fail("--moe-load-imbalance/--moe-expert-capacity-factor/--moe-pad-expert-input-to-capacity describe the "
               "expert-parallel ranks of a cluster step: they need --cluster and --gpus")
+    if str(f.moe_token_dispatcher_type).lower() != "alltoall":
+        _fail("--moe-token-dispatcher-type is Megatron-Core's MoE layer on a cluster: it needs --cluster, --gpus and "
+              "--framework megatron")
     if f.plot:
         _fail("--plot draws the distributed timeline (--cluster); for one device use --trace (Chrome trace)")
     if f.device is None:
@@ -897,6 +902,7 @@ def search(
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs on every cluster (e.g. 64 of an NVL72 rack's 72)."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity factor (tokens beyond it dropped)."),
     moe_pad_expert_input_to_capacity: bool = typer.Option(False, "--moe-pad-expert-input-to-capacity", help="Megatron-Core: pad every expert's input to its capacity."),
+    moe_token_dispatcher_type: str = typer.Option("alltoall", "--moe-token-dispatcher-type", help="As for predict: Megatron-Core's MoE token dispatcher for every candidate (alltoall or allgather)."),
     mtp_num_layers: int = typer.Option(0, "--mtp-num-layers", help="As for predict: multi-token-prediction depths (Megatron-Core; DeepSeek-V2/V3 configs)."),
     cross_entropy_loss_fusion: Optional[bool] = typer.Option(None, "--cross-entropy-loss-fusion/--no-cross-entropy-loss-fusion", help="As for predict: Megatron-Core's fused cross-entropy loss for every candidate (default on with --framework megatron)."),
     cross_entropy_fusion_impl: str = typer.Option("native", "--cross-entropy-fusion-impl", help="As for predict: native or te."),
@@ -989,6 +995,7 @@ def search(
                           moe_routing=dict(moe_load_imbalance=moe_load_imbalance,
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),
+                          moe_token_dispatcher=moe_token_dispatcher_type,
                           **(dict(cp=tuple(cp)) if cp else {}), **(dict(ep=tuple(ep)) if ep else {}),
                           **(dict(etp=tuple(etp)) if etp else {}),
                           **(dict(recompute_num_layers=tuple(recompute_num_layers)) if recompute_num_layers else {}),

@@ -126,6 +126,8 @@ class PredictRequest:
     moe_load_imbalance: float = 1.0
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
+    #: Megatron-Core's --moe-token-dispatcher-type on a cluster ("alltoall" or "allgather")
+    moe_token_dispatcher: str = "alltoall"
     #: ZeRO-3 / FSDP collectives beside the computation (True) or in series (False); None: the framework's
     zero3_prefetch: bool | None = None
     #: pipeline transfers scattered over the TP group (Megatron-LM 2021 / DeepSpeed); None: the framework's
@@ -235,7 +237,8 @@ class PredictRequest:
         return wattcast.predict_cluster(self.model, self.cluster, device=self.device, trace=self.timeline,
                                         framework=self.framework, moe_load_imbalance=self.moe_load_imbalance,
                                         moe_capacity_factor=self.moe_capacity_factor,
-                                        moe_pad_to_capacity=self.moe_pad_to_capacity, gpus_per_node=self.gpus_per_node,
+                                        moe_pad_to_capacity=self.moe_pad_to_capacity,
+                                        moe_token_dispatcher=self.moe_token_dispatcher, gpus_per_node=self.gpus_per_node,
                                         zero3_prefetch=self.zero3_prefetch, fsdp_reduce_dtype=self.fsdp_reduce_dtype,
                                         scatter_gather_p2p=self.scatter_gather_p2p, data_load_ms=self.data_load_ms,
                                         grad_accum_dtype=self.grad_accum_dtype,

@@ -25,6 +25,7 @@
     grad_accum_dtype: bf16                # optional: DeepSpeed's grad accumulation dtype, framework megatron-deepspeed
                                           # (as `--grad-accum-dtype`; default fp32, BF16_Optimizer)
     fp8_recipe: mxfp8                     # optional, with dtype fp8: Megatron-Core's --fp8-recipe (as `--fp8-recipe`)
+    moe_token_dispatcher: allgather       # optional: Megatron-Core's MoE token dispatcher (as `--moe-token-dispatcher-type`)
     cross_entropy_loss_fusion: false      # optional: Megatron-Core's fused cross-entropy loss (framework megatron;
     cross_entropy_fusion_impl: native     # default on there, as the recipes run it): false for a plain Megatron-LM run
     data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
@@ -102,6 +103,8 @@ SPEC_KEYS = {
                         "fp32, BF16_Optimizer; bf16 at ZeRO-1: the ZeRO optimizer on bf16 gradients)",
     "fp8_recipe": "with dtype fp8: delayed (default), tensorwise, mxfp8 or blockwise: Megatron-Core's --fp8-recipe for "
                   "every strategy (a cluster whose GPU cannot run it gets none)",
+    "moe_token_dispatcher": "alltoall (default) or allgather: Megatron-Core's --moe-token-dispatcher-type for every "
+                            "strategy (framework megatron, a mixture-of-experts model)",
     "cross_entropy_loss_fusion": "true or false: Megatron-Core's fused cross-entropy loss (framework megatron; default: "
                                  "on there, as Megatron-Bridge's recipes run it; false for a plain Megatron-LM run)",
     "cross_entropy_fusion_impl": "native or te: the fused loss's implementation (Megatron-Core's "
@@ -208,6 +211,7 @@ class SweepSpec:
     fsdp_reduce_dtype: str | None = None
     grad_accum_dtype: str | None = None
     fp8_recipe: str | None = None
+    moe_token_dispatcher: str | None = None
     cross_entropy_loss_fusion: bool | None = None
     cross_entropy_fusion_impl: str | None = None
     data_load_ms: float = 0.0
@@ -224,7 +228,7 @@ class SweepSpec:
         if self.moe_routing:
             settings["moe_routing"] = dict(sorted(self.moe_routing.items()))
         for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype", "fp8_recipe",
-                  "cross_entropy_loss_fusion", "cross_entropy_fusion_impl"):
+                  "moe_token_dispatcher", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl"):
             if getattr(self, k) is not None:
                 settings[k] = getattr(self, k)
         if self.data_load_ms:
@@ -434,6 +438,14 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
             fp8_recipe = fp8_recipe_option(fp8_recipe, checked_dtype(str(raw.get("dtype", "bf16"))))
         except ValueError as e:
             raise SweepSpecError(f"{where}: 'fp8_recipe': {e}") from None
+    dispatcher = raw.get("moe_token_dispatcher")
+    if dispatcher is not None:  # search's check (featurize.workload.moe_dispatcher_option)
+        from wattcast.featurize.workload import moe_dispatcher_option
+
+        try:
+            dispatcher = moe_dispatcher_option(dispatcher)
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: 'moe_token_dispatcher': {e}") from None
     ce_fusion, ce_impl = raw.get("cross_entropy_loss_fusion"), raw.get("cross_entropy_fusion_impl")
     if ce_fusion is not None or ce_impl is not None:  # the checks search makes (featurize.workload.ce_fusion_options)
         from wattcast.featurize.workload import canonical_framework, ce_fusion_options
@@ -471,7 +483,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
                      zero3_prefetch=z3, scatter_gather_p2p=sg, fsdp_reduce_dtype=reduce_dtype,
-                     grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe,
+                     grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe, moe_token_dispatcher=dispatcher,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      model_folders={k: v for k, v in folders.items() if v is not None})
     _resolve_names(spec, where)
@@ -547,7 +559,7 @@ def run_task(task: dict) -> pd.DataFrame:
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
                   zero3_prefetch=task.get("zero3_prefetch"), fsdp_reduce_dtype=task.get("fsdp_reduce_dtype"),
                   scatter_gather_p2p=task.get("scatter_gather_p2p"), grad_accum_dtype=task.get("grad_accum_dtype"),
-                  fp8_recipe=task.get("fp8_recipe"),
+                  fp8_recipe=task.get("fp8_recipe"), moe_token_dispatcher=task.get("moe_token_dispatcher") or "alltoall",
                   cross_entropy_loss_fusion=task.get("cross_entropy_loss_fusion"),
                   cross_entropy_fusion_impl=task.get("cross_entropy_fusion_impl") or "native",
                   data_load_ms=task.get("data_load_ms", 0.0),

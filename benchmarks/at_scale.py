@@ -39,7 +39,7 @@ import pandas as pd
 from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
 from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
 from wattcast.validation.megatron_ci import (CI_HOST_FIT, ci_model_key, ci_split, ci_unmodelled, load_megatron_ci,
-                                           predict_megatron_ci)
+                                           load_megatron_ci_moe, predict_megatron_ci)
 from wattcast.simulate.distributed import FRAMEWORK_ZERO3_PREFETCH
 from wattcast.validation.mpt_validation import fit_zero3_prefetch, load_mpt, predict_mpt, split_mpt
 from wattcast.validation.source_anomalies import anomaly_evidence, anomaly_mask
@@ -97,8 +97,12 @@ def at_scale_table(data=None, sample: int | None = None, *, rows: bool = False):
     ci = load_megatron_ci(data)[0].assign(source_anomaly=False)
     # a setting the rows run that the prediction does not represent (not a source anomaly: the table is consistent)
     ci["unmodelled_setting"] = [ci_unmodelled(r) for r in ci.itertuples(index=False)]
+    # the MoE GPT tests: every row an evaluation row (nothing is fitted on them), read with the dense half's host fit
+    ci_moe = load_megatron_ci_moe(data)[0].assign(source_anomaly=False)
+    ci_moe["unmodelled_setting"] = [ci_unmodelled(r) for r in ci_moe.itertuples(index=False)]
     if sample:
-        single, multi, mpt, ci = (d.sample(n=min(sample, len(d)), random_state=0) for d in (single, multi, mpt, ci))
+        single, multi, mpt, ci, ci_moe = (d.sample(n=min(sample, len(d)), random_state=0)
+                                          for d in (single, multi, mpt, ci, ci_moe))
     all_rows = []
     mpt_pred = predict_mpt(mpt)
     for name, pred in (("vtrain-single (evaluation half)", predict_vtrain(single, recompute=VTRAIN_RECOMPUTE["single"])),
@@ -112,7 +116,11 @@ def at_scale_table(data=None, sample: int | None = None, *, rows: bool = False):
                        # Megatron-Core host costs fitted on the other half of its tests (validation/megatron_ci.py)
                        ("megatron-ci (DGX A100)", predict_megatron_ci(ci)),
                        ("megatron-ci, fitted host costs (evaluation half)",
-                        predict_megatron_ci(ci_split(ci)[1], host_ms=CI_HOST_FIT))):
+                        predict_megatron_ci(ci_split(ci)[1], host_ms=CI_HOST_FIT)),
+                       # the MoE tests with Megatron-Core's default all-gather dispatcher (the table has no dispatcher
+                       # column), on the dense tests' fitted host costs: no MoE row is fitted
+                       ("megatron-ci MoE, fitted host costs (DGX A100)",
+                        predict_megatron_ci(ci_moe, host_ms=CI_HOST_FIT, moe_token_dispatcher="allgather"))):
         ok = pred[pred["status"] == "ok"]
         refused = int((~ok["fits"].astype(bool)).sum()) if "fits" in ok else 0
         out.append(_stats(name, ok["error_pct"], refused) | {"max_floor_pct": float(_floor(ok, name).max())})
@@ -238,7 +246,7 @@ def main() -> None:
         from wattcast.training.tracking import log_run
 
         key = {r.source: re.sub(r"\W+", "_", r.source.split(" ")[0]).strip("_") + ("_tuned" if "fastest" in r.source else "")
-               + ("_fitted_host" if "fitted host" in r.source else "")
+               + ("_moe" if " MoE" in r.source else "") + ("_fitted_host" if "fitted host" in r.source else "")
                + ("_fa2" if "FlashAttention-2" in r.source else "")
                + ("_evaluation_half" if r.source.startswith("mpt (evaluation half") else "") + ("_clean" if "without source" in r.source else "")
                for r in t.itertuples()}

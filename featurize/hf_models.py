@@ -95,6 +95,11 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     # Megatron's fused scale-mask-softmax kernel takes fp16/bf16 input only (FusedScaleMaskSoftmax.
     # is_kernel_available); in fp32/tf32 it runs torch's path: masked_fill of the causal mask, then softmax
     unfused_mask = fused and b.dtype not in ("fp16", "bf16")
+    # ``num_experts`` under --framework megatron: Megatron-Core's MoELayer on every layer (--num-experts,
+    # --moe-router-topk as ``num_experts_per_tok``), each expert Megatron-Core's SequentialMLP GeLU MLP of the FFN width
+    # (``moe_ffn_hidden_size`` defaults to ``ffn_hidden_size``, megatron/training/arguments.py); other frameworks read no
+    # expert count for a GPT, as before
+    moe = getattr(b, "framework", "hf") == "megatron" and bool(cfg.n_experts)
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
     embd_p, attn_p, resid_p = _p(cfg, "embd_pdrop", default=0.1), _p(cfg, "attn_pdrop", default=0.1), _p(cfg, "resid_pdrop", default=0.1)
     ids = b.input((batch, seq), "fp32")
@@ -132,11 +137,16 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             if fused:
                 b.fused_dropout_mask(x, resid_p)
             y = b.layernorm(x, name="ln_2", module="layernorm")
-            with b.tag("mlp"):  # Megatron-Core's recompute module (featurize/recompute.py), its TP collectives with it
-                y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="mlp.c_fc", parallel="col", bias=lin_bias)
-                # Megatron: fused bias-GeLU (one kernel)
-                y = b.elementwise("gelu", y, name="mlp.bias_gelu") if fused else activation(b, y, cfg.activation)
-                y = b.tp_exit(b.linear(y, h, name="mlp.c_proj", parallel="row", bias=lin_bias), name="mlp.exit")
+            if moe:  # Megatron-Core's MoELayer in place of the MLP (its own recompute module)
+                with b.tag("moe"):
+                    y = _moe(cfg, b, y, batch, seq, megatron=True, expert=_gpt_megatron_expert(lin_bias))
+            else:
+                with b.tag("mlp"):  # Megatron-Core's recompute module (featurize/recompute.py), its TP collectives
+                    y = b.linear(b.tp_enter(y, name="mlp.enter"), cfg.ffn, name="mlp.c_fc", parallel="col",
+                                 bias=lin_bias)
+                    # Megatron: fused bias-GeLU (one kernel)
+                    y = b.elementwise("gelu", y, name="mlp.bias_gelu") if fused else activation(b, y, cfg.activation)
+                    y = b.tp_exit(b.linear(y, h, name="mlp.c_proj", parallel="row", bias=lin_bias), name="mlp.exit")
             if not fused:
                 y = b.dropout(y, resid_p, name="mlp.dropout")
             x = b.elementwise("add", x, y, name="residual_2")
@@ -570,6 +580,10 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
         w = Tensor((t, top_k), probs.dtype, probs.node, probs.tid)
     if normalise and not topk_first:
         w = b.elementwise("div", w, b.input((t, 1)), name="moe.normalise")
+    if megatron and b.moe_dispatcher == "allgather":
+        b.routed_moe = True
+        out = _moe_allgather(cfg, b, flat, w, n_exp, top_k, ffn, expert)
+        return Tensor(x.shape, out.dtype, out.node, out.tid)
     # routing: every expert gets tokens * top_k / n_experts tokens when balanced; ``b.moe_load`` scales what this rank's
     # experts receive (the busiest expert-parallel rank, or capacity padding: simulate/moe_routing.py)
     routed = b.copy(Tensor((t * top_k, h), flat.dtype, flat.node, flat.tid), name="moe.permute")
@@ -609,13 +623,15 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
     sort_chunks = megatron and b.ep > 1 and local > 1
     if sort_chunks:
         routed = b.copy(routed, name="moe.sort_chunks")
-    if megatron:
+    if megatron and expert is None:
         b.contiguous_grad(routed)  # the grouped GEMM's input gradient is one buffer
     per = max(1, round(rows * b.ep / n_exp))  # rows each local expert receives from all ep ranks
     outs = []
     for e in range(local):
         with b.scope(f"moe.experts.{e}"):
-            if megatron:  # under FP8: the first expert's FC1 and FC2 carry their grouped linear's one fused cast
+            if megatron and expert is not None:  # Megatron-Core's SequentialMLP: each local expert on its contiguous rows
+                ye = expert(cfg, b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, f"experts.{e}")
+            elif megatron:  # under FP8: the first expert's FC1 and FC2 carry their grouped linear's one fused cast
                 ye = _swiglu_megatron(b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, h, f"experts.{e}",
                                       act_tag="moe_act", fp8_cast_gemms=local if e == 0 else 0, moe_swiglu=True)
             else:
@@ -623,11 +639,113 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
                 ye = (expert(cfg, b, xe, ffn, f"experts.{e}") if expert is not None
                       else _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False, act_tag="moe_act"))
             outs.append(ye)
-    last = outs[-1]
-    combined = Tensor((rows, h), last.dtype, last.node, last.tid)
+    combined = _sequential_cat(b, outs, rows, h, megatron and expert is not None)
     if sort_chunks:
         combined = b.copy(combined, name="moe.unsort_chunks")
     return b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
+
+
+def _sequential_cat(b: GraphBuilder, outs: list[Tensor], rows: int, h: int, sequential: bool) -> Tensor:
+    """The local experts' outputs as one (rows, h) tensor: Megatron-Core's ``SequentialMLP`` cats them
+    (``torch.cat(output_local_list)``, megatron-core 0.16.1 experts.py l. 911-925: one copy kernel, its backward the
+    split's views); the grouped GEMM and the Hugging Face loop write them in place."""
+    last = outs[-1]
+    combined = Tensor((rows, h), last.dtype, last.node, last.tid)
+    if sequential and len(outs) > 1:
+        combined = b.copy(combined, name="moe.experts_cat")
+    return combined
+
+
+def _moe_allgather(cfg: HFConfig, b: GraphBuilder, flat: Tensor, w: Tensor, n_exp: int, top_k: int, ffn: int,
+                   expert: Callable[..., Tensor] | None) -> Tensor:
+    """Megatron-Core's ``MoEAllGatherTokenDispatcher`` (``--moe-token-dispatcher-type allgather``, TransformerConfig's
+    default; megatron-core 0.16.1 megatron/core/transformer/moe/token_dispatcher.py l. 208-345) around the local experts,
+    on this rank's ``flat`` (t, h) tokens (a sequence shard under sequence parallelism) and router weights ``w``.
+
+    Over the ``tp_ep`` group (the expert-TP x expert-parallel ranks, g = etp x ep; l. 72, 256-278), when g > 1: three
+    all-gathers, of the routing map ((t, E) bools, 1 B each; under ``no_grad``), of the probabilities ((t, E) in the
+    router's dtype, ``type_as(logits)``: moe_utils.py l. 711-721; backward a reduce-scatter) and of the hidden states
+    ((t, h); backward a reduce-scatter): every rank then holds the group's t x g tokens. ``dispatch_postprocess``
+    (l. 280-308): the local experts' columns of the map and of the probabilities made contiguous (two copies), the
+    tokens per expert summed (a reduction; its ``.cpu()`` is a host sync, not costed), and ``permute`` unfused
+    (``moe_permute_fusion`` False by default, transformer_config.py l. 708; moe_utils.permute: the map transposed
+    (a copy), the token indices ``masked_select``-ed, the rows ``index_select``-ed: t x g x top_k / ep rows when
+    balanced, scaled by ``b.moe_load``), and the probabilities ``.T.contiguous().masked_select`` (a copy and a
+    select). The local experts (:func:`_moe_experts`' loop, without its TP gather and scatter: the gather above
+    already spans the expert-TP ranks, each expert's FC1/FC2 split over etp) take the permuted rows.
+    ``combine_preprocess`` (l. 310-326): ``unpermute`` unfused, without probabilities (the experts applied them):
+    a zeroed (t x g, h) output and an ``index_add`` of the rows into it; ``token_combine`` (l. 328-341): a
+    reduce-scatter of that (t x g, h) tensor over ``tp_ep`` in the probabilities' dtype, back to (t, h) (backward an
+    all-gather): it sums the expert-TP partial sums and returns each rank its own tokens."""
+    h, db = cfg.hidden, b.dbytes
+    t = flat.shape[0]
+    g = b.etp * b.ep  # the tp_ep group (token_dispatcher.py l. 72: pg_collection.tp_ep)
+    local = n_exp // b.ep
+    probs = Tensor((t, n_exp), w.dtype, w.node, w.tid)  # the router's (t, E) probabilities (zeros off the top-k)
+    hidden = flat
+    if g > 1:  # token_dispatch, l. 259-278
+        gathered = t * g
+        b.collective("all_gather", probs, (gathered, n_exp), group="tp_ep", size_bytes=float(gathered * n_exp),
+                     name="moe.dispatch.routing_map.all_gather", grad=False)  # torch.bool: 1 B an element
+        probs = b.collective("all_gather", probs, (gathered, n_exp), group="tp_ep",
+                             size_bytes=float(gathered * n_exp * db), name="moe.dispatch.probs.all_gather",
+                             backward=[("reduce_scatter", float(gathered * n_exp * db))])
+        hidden = b.collective("all_gather", flat, (gathered, h), group="tp_ep", size_bytes=float(gathered * h * db),
+                              name="moe.dispatch.all_gather", backward=[("reduce_scatter", float(gathered * h * db))])
+    tg = hidden.shape[0]
+    # dispatch_postprocess, l. 287-308
+    local_map = b.copy(Tensor((tg, local), probs.dtype, probs.node, probs.tid), name="moe.local_map", grad=False)
+    local_probs = b.copy(Tensor((tg, local), probs.dtype, probs.node, probs.tid), name="moe.local_probs")
+    b.reduction(local_map, (local,), name="moe.tokens_per_expert", grad=False)
+    map_t = b.copy(local_map, (local, tg), name="moe.permute.map_transpose", grad=False)  # moe_utils.permute
+    b.opaque("moe.permute.masked_select", [map_t], (tg * top_k * local // n_exp,), flops=float(tg * local),
+             op_class="other", grad=False)
+    rows = max(1, round(tg * top_k * b.moe_load / b.ep))  # rows routed to this rank's experts
+    routed = b.copy(Tensor((rows, h), hidden.dtype, hidden.node, hidden.tid), name="moe.permute")  # index_select
+    probs_t = b.copy(local_probs, (local, tg), name="moe.local_probs_transpose")
+    b.opaque("moe.local_probs.masked_select", [probs_t, map_t], (rows,), flops=float(tg * local), op_class="other")
+    with b.expert_tp():  # each expert's linears split over etp; no gather of their own
+        per = max(1, round(rows / local))
+        outs = []
+        for e in range(local):
+            with b.scope(f"moe.experts.{e}"):
+                xe = Tensor((per, h), routed.dtype, routed.node, routed.tid)
+                outs.append(expert(cfg, b, xe, ffn, f"experts.{e}") if expert is not None
+                            else _swiglu_megatron(b, xe, ffn, h, f"experts.{e}", act_tag="moe_act",
+                                                  fp8_cast_gemms=local if e == 0 else 0, moe_swiglu=True))
+        if expert is None:
+            b.contiguous_grad(routed)  # the grouped GEMM's input gradient is one buffer
+        combined = _sequential_cat(b, outs, rows, h, expert is not None)
+    # combine_preprocess, l. 310-326: unpermute into a zeroed (t x g, h) tensor
+    # torch.zeros: one fill kernel, costed as a copy of its (t x g, h) bytes
+    b.copy(Tensor((tg, h), combined.dtype, combined.node, combined.tid), name="moe.unpermute.zeros", grad=False)
+    out = b.reduction(combined, (tg, h), name="moe.unpermute.index_add")
+    if g > 1:  # token_combine, l. 328-341
+        out = b.collective("reduce_scatter", out, (t, h), group="tp_ep", size_bytes=float(tg * h * db),
+                           name="moe.combine.reduce_scatter", backward=[("all_gather", float(tg * h * db))])
+    return out
+
+
+def _gpt_megatron_expert(lin_bias: bool) -> Callable[..., Tensor]:
+    """One expert of Megatron-Core's ``SequentialMLP`` in a GPT (``MLP`` with GeLU, megatron-core 0.16.1
+    megatron/core/transformer/mlp.py ``MLP.forward``): ``linear_fc1`` (column-parallel over the expert-TP ranks,
+    ``skip_bias_add``), the bias add and GeLU, the routing probabilities multiplied in (``per_token_scale``; the fused
+    bias-GeLU takes no ``per_token_scale``: "Only support fusion of swiglu and quick_gelu with per_token_scale"),
+    ``linear_fc2`` (row-parallel), and its bias scaled by the probabilities and added (``output += output_bias *
+    per_token_scale``: a multiply and an add)."""
+    def expert(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str) -> Tensor:
+        y = b.linear(x, ffn, name=f"{prefix}.linear_fc1", parallel="col", bias=False)
+        if lin_bias:
+            y = b.elementwise("add", y, b.input((y.shape[-1],)), name=f"{prefix}.fc1_bias")
+        with b.tag("moe_act"):
+            y = b.elementwise("gelu", y, name=f"{prefix}.gelu")
+            y = b.elementwise("mul", y, b.input((x.shape[0], 1)), name=f"{prefix}.probs_mul")
+        y = b.linear(y, cfg.hidden, name=f"{prefix}.linear_fc2", parallel="row", bias=False)
+        if lin_bias:
+            sb = b.elementwise("mul", b.input((x.shape[0], 1)), b.input((cfg.hidden,)), name=f"{prefix}.fc2_bias_scale")
+            y = b.elementwise("add", y, sb, name=f"{prefix}.fc2_bias_add")
+        return y
+    return expert
 
 
 def _dense_mlp(cfg: HFConfig, b: GraphBuilder, x: Tensor, ffn: int, prefix: str, megatron: bool,

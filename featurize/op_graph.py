@@ -273,6 +273,8 @@ class GraphBuilder:
         self.moe_load = 1.0
         #: set by a top-k routed MoE layer (the layers ``moe_load`` applies to)
         self.routed_moe = False
+        #: Megatron-Core's MoE token dispatcher ("alltoall" / "allgather"; StepOptions.moe_token_dispatcher)
+        self.moe_dispatcher = "alltoall"
         #: a KV-cached inference step (StepOptions.kv_context): tokens already cached per sequence; None: no cache
         self.kv_context: int | None = None
         #: the inference LM head computes the last position's logits only (StepOptions.logits "last")

@@ -70,6 +70,10 @@ class StepOptions:
     #: mixture-of-experts routing: tokens this rank's experts process over the balanced share (>= 1; see
     #: ``simulate.moe_routing.moe_load_factor``): the busiest expert-parallel rank, which every layer waits for
     moe_load: float = 1.0
+    #: Megatron-Core's ``--moe-token-dispatcher-type`` (``framework="megatron"`` MoE layers): "alltoall" (the recipes'
+    #: and wattcast's default) or "allgather" (``TransformerConfig.moe_token_dispatcher_type``'s own default,
+    #: megatron-core 0.16.1 transformer_config.py l. 675; ``featurize.hf_models._moe_allgather``)
+    moe_token_dispatcher: str = "alltoall"
     #: inference with a KV cache (Llama-architecture Hugging Face configs): tokens already in each sequence's cache.
     #: The step runs ``seq`` new tokens per sequence against ``kv_context + seq`` keys/values (seq 1: one decode
     #: step; context 0: a prefill that fills the cache). None: the bare forward, no cache
@@ -132,6 +136,7 @@ class StepOptions:
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
                            etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers),
+                           moe_token_dispatcher=moe_dispatcher_option(self.moe_token_dispatcher),
                            kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
                            fp8_recipe=fp8_recipe_option(self.fp8_recipe, dtype),
                            fp8_transpose=bool(self.fp8_transpose) or dtype != "fp8",
@@ -264,6 +269,20 @@ def _mtp_option(v: Any) -> int:
     return int(v)
 
 
+#: Megatron-Core's token dispatchers wattcast builds (``--moe-token-dispatcher-type``; its "flex" (DeepEP / HybridEP)
+#: is not modelled)
+MOE_DISPATCHERS = ("alltoall", "allgather")
+
+
+def moe_dispatcher_option(v: Any) -> str:
+    """A ``--moe-token-dispatcher-type`` value, lower-cased; anything but :data:`MOE_DISPATCHERS` is a GraphError."""
+    name = str(v).strip().lower()
+    if name not in MOE_DISPATCHERS:
+        raise GraphError(f"unknown MoE token dispatcher {v!r}; use one of {', '.join(MOE_DISPATCHERS)} (Megatron-Core's "
+                         f"--moe-token-dispatcher-type; flex is not modelled)")
+    return name
+
+
 def _moe_load(v: Any) -> float:
     f = real_in(v, 1.0, MOE_LOAD_MAX)
     if f is None:
@@ -317,6 +336,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                      fp8_recipe=fp8_recipe_option(opts.fp8_recipe, opts.dtype) or "delayed",
                      fp8_transpose=opts.fp8_transpose)
     b.moe_load = float(opts.moe_load)
+    b.moe_dispatcher = opts.moe_token_dispatcher
     _check_kv_cache(cfg, opts)
     #: the KV-cached step (GraphBuilder.kv_context, read by hf_models._llama_attention) and the inference LM head's
     #: positions (hf_blocks.lm_head_and_loss)

@@ -375,7 +375,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
-           workers: int = 1, moe_routing: dict | None = None, gpus_per_node: int | None = None,
+           workers: int = 1, moe_routing: dict | None = None, moe_token_dispatcher: str = "alltoall",
+           gpus_per_node: int | None = None,
            zero3_prefetch: bool | None = None, data_load_ms: float = 0.0, data_workers: int | None = None,
            fp8_param_gather: bool = False, mtp_num_layers: int = 0, cross_entropy_loss_fusion: bool | None = None,
            cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
@@ -410,6 +411,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
     ``moe_routing``: mixture-of-experts routing for every candidate (``moe_load_imbalance``, ``moe_capacity_factor``,
     ``moe_pad_to_capacity``: see ``simulate/moe_routing.py``; default balanced and dropless).
+    ``moe_token_dispatcher``: Megatron-Core's ``--moe-token-dispatcher-type`` for every candidate ("alltoall" or
+    "allgather"; ``featurize.hf_models._moe_allgather``).
     ``mtp_num_layers``: Megatron-Core's ``--mtp-num-layers`` for every candidate (``predict_cluster``'s).
     ``cross_entropy_loss_fusion`` / ``cross_entropy_fusion_impl``: Megatron-Core's fused cross-entropy loss for every
     candidate (``predict_cluster``'s; None: the framework's default, on for ``framework="megatron"``).
@@ -553,7 +556,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                               mtp_num_layers=int(mtp_num_layers), cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                               cross_entropy_fusion_impl=cross_entropy_fusion_impl,
                               scatter_gather_p2p=scatter_gather_p2p, grad_accum_dtype=grad_accum_dtype,
-                              fp8_recipe=fp8_recipe, **routing)
+                              fp8_recipe=fp8_recipe, moe_token_dispatcher=moe_token_dispatcher, **routing)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate

@@ -45,7 +45,7 @@ from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
 from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM
-from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype,
+from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, moe_dispatcher_option, canonical_framework, checked_dtype,
                                         fp8_recipe_option, is_onnx_path, step_graph)
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.models.power import check_power_settings, power_setting_notes
@@ -790,6 +790,12 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
             raise ParallelConfigError(str(e)) from None
     opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep, cp=par.cp, seq=seq // par.cp,
                    moe_load=moe_load, etp=par.etp)
+    dispatcher = moe_dispatcher_option(dopts.moe_token_dispatcher)  # an unknown one: a GraphError naming the choices
+    if dispatcher != "alltoall":  # the default leaves the options (and so every cache key) as before
+        if hf is None or not hf.n_experts or framework != "megatron":
+            raise ParallelConfigError("--moe-token-dispatcher-type is Megatron-Core's MoE layer's: it needs a "
+                                      "mixture-of-experts model and --framework megatron")
+        opts = replace(opts, moe_token_dispatcher=dispatcher)
     g, n_rep, _, period = _rank_graph(model, hf, opts)
 
     def coll_fn(kernel, size, group):
@@ -811,7 +817,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
     def costed_view(graph, reps: int, period: int) -> tuple:
         pins = (graph, spec, bundle, cm, cl, power_model)  # reps follows from the graph
-        key = (tuple(map(id, pins)), lay["tp"], lay["ep"], lay["etp"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
+        key = (tuple(map(id, pins)), lay["tp"], lay["ep"], lay["etp"], lay["tp_ep"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
                None if coll_floor is None else tuple(coll_floor.items()))
         hit = _COSTED.get(key)
         if hit is None:

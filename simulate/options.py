@@ -60,6 +60,9 @@ class DistributedOptions:
     moe_load_imbalance: float = 1.0
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
+    #: Megatron-Core's ``--moe-token-dispatcher-type`` ("alltoall", the default here, or "allgather": Megatron-Core's
+    #: own default, megatron-core 0.16.1 transformer_config.py l. 675); ``featurize.hf_models._moe`` / ``_moe_allgather``
+    moe_token_dispatcher: str = "alltoall"
     #: ZeRO-3 / FSDP: True, each layer's parameter all-gathers and gradient reduce-scatters run beside the computation of
     #: its neighbours (prefetched; only the SMs NCCL holds slow the computation); False, in series with the computation;
     #: None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``)

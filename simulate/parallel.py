@@ -612,4 +612,7 @@ def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int, etp: int) -> t
         ("etp", group_layout(etp, 1, g, w)),
         ("ep", group_layout(ep, etp, g, w)),
         ("pp", group_layout(pp, tp * cp * dp, g, w)),
+        # the all-gather dispatcher's group (Megatron-Core's ``tp_ep``: the expert-TP and expert-parallel ranks
+        # together, etp innermost; megatron-core 0.16.1 token_dispatcher.py l. 72, 256-278)
+        ("tp_ep", group_layout(etp * ep, 1, g, w)),
     )

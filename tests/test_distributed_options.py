@@ -47,7 +47,7 @@ def test_options_name_every_old_keyword():
     assert set(OPTION_NAMES) == {"batch", "seq", "dtype", "attention", "compile", "optimizer", "framework", "device",
                                  "trace", "host_ms", "power_limit_w", "clock_cap_mhz", "comm_split", "prune_oom",
                                  "exact_pipeline", "loop_trip_count", "moe_load_imbalance", "moe_capacity_factor",
-                                 "moe_pad_to_capacity", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype",
+                                 "moe_pad_to_capacity", "moe_token_dispatcher", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype",
                                  "deepspeed_clear_lp_grads",
                                  "fp8_param_gather", "fp8_recipe", "mtp_num_layers",
                                  "cross_entropy_loss_fusion",

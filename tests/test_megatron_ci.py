@@ -265,3 +265,44 @@ def test_ci_loader_reads_the_position_embedding_column(data_root):
     assert "position_embedding_type" not in ci_config(next(learned.itertuples(index=False)))
     p_r, p_n, p_l = (predict_megatron_ci(x, host_ms=CI_HOST_FIT).iloc[0]["predicted_ms"] for x in (rope, nofuse, learned))
     assert p_n > p_r and p_r != p_l
+
+
+def test_moe_tests_are_read_with_the_dense_conventions(data_root):
+    """The 50 DGX A100 rows of the 12 regular ``moe/gpt3_mcore_*`` tests: 8 GPUs, dp = 8 / (tp x pp x cp), EP and the
+    expert TP (the name's ``etpN``, else tp) folded over tp x cp x dp, top-k from its column, FFN 4h where empty; the
+    table's ``tp2_pp2_ep2_etp2`` test runs tensor-model-parallel-size 4 (its column; see the README)."""
+    from wattcast.simulate.parallel import expert_dp
+    from wattcast.validation.megatron_ci import ci_etp, load_megatron_ci_moe
+
+    moe, dropped = load_megatron_ci_moe(data_root)
+    assert len(moe) == 50 and moe["test_case"].nunique() == 12
+    assert moe["test_case"].str.startswith("moe/gpt3_mcore_").all() and not moe["test_case"].str.contains("_1node").any()
+    assert dropped["not a regular or release run"] == 29 and dropped["not a DGX A100 platform"] == 20
+    assert (moe["ffn"] == 4 * 512).all()
+    first = lambda name: moe[moe["test_case"] == name].iloc[0]  # noqa: E731
+    r = first("moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_dist_optimizer")
+    par = ci_parallel(r)[0]
+    assert (par.gpus, par.tp, par.pp, par.cp, par.dp, par.ep, ci_etp(r), r.n_experts, r.topk) == (8, 2, 1, 1, 4, 2, 2, 8, 1)
+    assert expert_dp(par) == 2  # tp 2 x dp 4 / (etp 2 x ep 2)
+    assert first("moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_top2router").topk == 2
+    r = first("moe/gpt3_mcore_tp2_pp2_ep2_etp2_te_4experts2parallel")
+    par = ci_parallel(r)[0]
+    assert (par.tp, par.pp, par.dp, par.ep, par.etp) == (4, 2, 1, 2, 2)
+    r = first("moe/gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic")
+    par = ci_parallel(r)[0]
+    assert (par.tp, par.cp, par.pp, par.dp, par.ep, ci_etp(r)) == (1, 2, 2, 2, 2, 1)
+    assert ci_config(r)["num_experts"] == 4 and ci_config(r)["num_experts_per_tok"] == 1
+    # the dense reading is unchanged: no MoE row there
+    assert not load_megatron_ci(data_root)[0]["test_case"].str.startswith("moe/").any()
+
+
+def test_moe_settings_the_table_cannot_settle_are_marked(data_root):
+    """Grouped GEMMs (TEGroupedMLP) are marked, as is deterministic mode on TE flash attention; the rest are not."""
+    from wattcast.validation.megatron_ci import load_megatron_ci_moe
+
+    moe = load_megatron_ci_moe(data_root)[0]
+    why = {r.test_case: ci_unmodelled(r) for r in moe.itertuples(index=False)}
+    assert "--moe-grouped-gemm" in why["moe/gpt3_mcore_te_tp2_pp1_te_8experts2parallel_overlap_grad_reduce_param_gather_groupedGEMM"]
+    assert "deterministic mode" in why["moe/gpt3_mcore_tp2_cp2_pp2_ep2_te_4experts2parallel"]
+    assert why["moe/gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic"] == ""
+    assert sum(bool(w) for w in why.values()) == 3

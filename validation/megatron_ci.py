@@ -12,6 +12,9 @@ remains (``8 / (tp x pp x cp)``). Rows read (everything else is left out, with t
 - not the ``*_1node`` variants (their golden iteration times are 5-25x those of the same test without the suffix:
   they time something else).
 
+The MoE GPT tests (``moe/gpt3_mcore_*``) are read apart, by :func:`load_megatron_ci_moe`, with the same conventions
+(EP and the expert TP folded over tp x cp x dp; every row an evaluation row, predicted with :data:`CI_HOST_FIT`).
+
 Each test is read as: bf16 (fp16 where the test sets it), attention ``flash`` where the test's attention backend is
 flash and Megatron's fused softmax (``eager``) otherwise, ``--use-distributed-optimizer`` as ZeRO-1, the output layer
 tied to the word embedding unless the test's name says untied (:func:`ci_tied`), the loss unfused unless the name
@@ -52,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import re
 
 import numpy as np
 import pandas as pd
@@ -117,11 +121,37 @@ _UNMODELLED_TOKENS = {
     "uneven_pipeline": "uneven pipeline stages whose layer counts the table does not give",
     "account_for_embedding_loss_in_pipeline_split": "--account-for-embedding/loss-in-pipeline-split with a virtual "
                                                     "stage holding no transformer layer",
+    "groupedGEMM": "--moe-grouped-gemm (TEGroupedMLP; a GPT's experts are built as SequentialMLP, Megatron-LM's "
+                   "default)",
+    "a2a_ovlp": "--overlap-moe-expert-parallel-comm with the all-to-all dispatcher (a flag the table does not give)",
 }
+
+
+#: the MoE tests' columns (read by :func:`load_megatron_ci_moe`)
+_MOE_COLUMNS = {"expert-model-parallel-size": "ep", "num-experts": "n_experts", "moe-router-topk": "topk",
+                "ffn-hidden-size": "ffn"}
+#: Megatron-Core MoE GPT tests (Megatron-LM's ``tests/functional_tests/test_cases/moe/gpt3_mcore_*``)
+CI_MOE_PREFIX = "moe/gpt3_mcore_"
 
 
 def load_megatron_ci(root=None) -> tuple[pd.DataFrame, dict[str, int]]:
     """(the rows read, as described in the module docstring, with ``measured_ms``; rows left out per reason)."""
+    return _load(root, moe=False)
+
+
+def load_megatron_ci_moe(root=None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The Megatron-Core MoE GPT tests (``moe/gpt3_mcore_*``: 12-layer hidden-512 GPTs with ``num-experts`` experts,
+    ``moe-router-topk``, ``expert-model-parallel-size``), read with the dense tests' conventions (module docstring:
+    8 GPUs, dp = 8 / (tp x pp x cp), type regular or release, DGX A100, not ``_1node``), plus ``ep``, ``n_experts``,
+    ``topk`` and ``etp`` (:func:`ci_etp`); the FFN width 4h where the column is empty (Megatron-LM's default
+    ``ffn_hidden_size = 4 * hidden_size``, and ``moe_ffn_hidden_size`` defaults to it: megatron-core 0.19.2,
+    megatron/training/arguments.py ``if args.num_experts is not None and args.moe_ffn_hidden_size is None``). The
+    expert-parallel ranks are carved from the data- x context-parallel ranks with the expert-TP ranks (Megatron-Core's
+    MoE parallel folding: etp x ep x expert-dp = tp x cp x dp), which :class:`ParallelConfig` checks."""
+    return _load(root, moe=True)
+
+
+def _load(root, *, moe: bool) -> tuple[pd.DataFrame, dict[str, int]]:
     f = resolve_data_root(root) / "endtoend" / "megatron_ci" / "megatron_ci_iteration_times.csv"
     if not f.is_file():
         raise FileNotFoundError(f"Megatron CI iteration times not found: {f}")
@@ -132,12 +162,14 @@ def load_megatron_ci(root=None) -> tuple[pd.DataFrame, dict[str, int]]:
     def given(col: str):  # rows that set an optional column (False where the table has no such column)
         return df[col].notna() if col in df.columns else False
 
+    kind = ({"not a Megatron-Core MoE GPT test (moe/gpt3_mcore_*)": ~df["test_case"].str.startswith(CI_MOE_PREFIX)}
+            if moe else {"not a GPT test": ~df["test_case"].str.startswith("gpt/")})
     reasons = {
-        "not a GPT test": ~df["test_case"].str.startswith("gpt/"),
+        **kind,
         "not a regular or release run": ~df["test_type"].isin(["regular", "release"]),
         "not a DGX A100 platform": ~df["platform_env"].str.contains("dgx_a100|dgxa100", regex=True),
         "a _1node variant": df["test_case"].str.contains("_1node"),
-        "mixture of experts": given("num-experts"),
+        **({"no experts": ~given("num-experts")} if moe else {"mixture of experts": given("num-experts")}),
         "grouped-query attention or SwiGLU": given("num-query-groups") | given("swiglu"),
         "no global batch": df["global-batch-size"].isna(),
     }
@@ -147,14 +179,30 @@ def load_megatron_ci(root=None) -> tuple[pd.DataFrame, dict[str, int]]:
         mask = pd.Series(mask, index=df.index).fillna(False).astype(bool)
         dropped[why] = int((keep & mask).sum())
         keep &= ~mask
-    out = df[keep].rename(columns={**_COLUMNS, **_OPTIONAL_COLUMNS}).copy()
+    out = df[keep].rename(columns={**_COLUMNS, **_OPTIONAL_COLUMNS, **(_MOE_COLUMNS if moe else {})}).copy()
     out["measured_ms"] = 1e3 * out["iter_time_median_s"].astype(float)
     for c, default in (("tp", 1), ("pp", 1), ("cp", 1)):
         out[c] = out[c].fillna(default).astype(int)
     out["vocab"] = out["vocab"].fillna(CI_VOCAB).astype(int)
     for c in ("layers", "hidden", "heads", "seq", "micro_batch", "batch"):
         out[c] = out[c].astype(int)
+    if moe:
+        out["ep"] = out["ep"].fillna(1).astype(int)
+        out["n_experts"] = out["n_experts"].astype(int)
+        # Megatron-LM's --moe-router-topk default is TransformerConfig.moe_router_topk = 2 (megatron-core 0.16.1
+        # transformer_config.py l. 578)
+        out["topk"] = out["topk"].fillna(2).astype(int)
+        out["ffn"] = out["ffn"].fillna(4 * out["hidden"]).astype(int)
+        out["etp"] = [ci_etp(r) for r in out.itertuples(index=False)]
     return out.reset_index(drop=True), dropped
+
+
+def ci_etp(r) -> int:
+    """A MoE CI row's ``--expert-tensor-parallel-size``: the name's ``etpN`` token, else the test's TP (Megatron-LM:
+    ``if args.expert_tensor_parallel_size is None: args.expert_tensor_parallel_size = args.tensor_model_parallel_size``,
+    megatron-core 0.19.2 megatron/training/arguments.py)."""
+    m = re.search(r"_etp(\d+)(?:_|$)", str(getattr(r, "test_case", "")))
+    return int(m.group(1)) if m else int(r.tp)
 
 
 def ci_tied(test_case) -> bool:
@@ -256,6 +304,10 @@ def ci_config(r) -> dict:
            "tie_word_embeddings": tied, "qk_layernorm": qk_norm, "add_bias_linear": bias,
            "_name_or_path": f"megatron-ci-gpt-h{int(r.hidden)}-l{int(r.layers)}" + ("" if tied else "-untied")
                             + ("-qkln" if qk_norm else "") + ("" if bias else "-nobias")}
+    n_exp = getattr(r, "n_experts", None)
+    if n_exp is not None and pd.notna(n_exp):  # a MoE test (load_megatron_ci_moe): Megatron-Core's MoELayer on every layer
+        cfg.update(num_experts=int(n_exp), num_experts_per_tok=int(r.topk), n_inner=int(r.ffn),
+                   _name_or_path=cfg["_name_or_path"] + f"-moe{int(n_exp)}top{int(r.topk)}")
     if ci_position_embedding(r) == "rope":  # the learned-position rows keep their config (and model key) as before
         fused = ci_rope_fusion(name)
         cfg.update(position_embedding_type="rope", apply_rope_fusion=fused,
@@ -286,7 +338,10 @@ def ci_parallel(r):
     interleave = 1
     if pd.notna(vpls) and r.pp > 1:
         interleave = max(1, int(r.layers) // (int(r.pp) * int(vpls)))
-    par = ParallelConfig(gpus=CI_GPUS, tp=int(r.tp), pp=int(r.pp), cp=int(r.cp), dp=CI_GPUS // mp,
+    moe = {}
+    if pd.notna(getattr(r, "n_experts", np.nan)):  # a MoE test: EP and expert TP (load_megatron_ci_moe)
+        moe = dict(ep=int(r.ep), **({"etp": int(r.etp)} if int(r.etp) != int(r.tp) else {}))
+    par = ParallelConfig(gpus=CI_GPUS, tp=int(r.tp), pp=int(r.pp), cp=int(r.cp), dp=CI_GPUS // mp, **moe,
                          micro_batch=int(r.micro_batch), sp=_switched_on(r.sp) and int(r.tp) > 1, zero=ci_zero(r),
                          recompute="full" if r.recompute == "full" else "none", interleave=interleave,
                          **ci_overlaps(getattr(r, "test_case", "")))
@@ -345,12 +400,17 @@ def fit_ci_host(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(res).sort_values(["mean_abs_pct", "median_abs_pct"]).reset_index(drop=True)
 
 
-def predict_megatron_ci(df: pd.DataFrame, *, progress=None, host_ms: tuple | None = None) -> pd.DataFrame:
+def predict_megatron_ci(df: pd.DataFrame, *, progress=None, host_ms: tuple | None = None,
+                        moe_token_dispatcher: str = "alltoall") -> pd.DataFrame:
+    """Each CI row's predicted step; ``moe_token_dispatcher``: the MoE tests' dispatcher (Megatron-Core's own default,
+    ``TransformerConfig.moe_token_dispatcher_type = "allgather"``, megatron-core 0.16.1 transformer_config.py l. 675, is
+    what a test runs unless its arguments say otherwise; the table has no such column)."""
     def one(r):
         par, dtype, attention = ci_parallel(r)
+        moe = {"moe_token_dispatcher": moe_token_dispatcher} if par.ep > 1 or pd.notna(getattr(r, "n_experts", np.nan)) else {}
         p = predict_distributed(ci_config(r), CI_CLUSTER, gpus=CI_GPUS, batch=int(r.batch), seq=int(r.seq), parallel=par,
                                 dtype=dtype, attention=attention, optimizer="adamw", framework="megatron", host_ms=host_ms,
-                                cross_entropy_loss_fusion=ci_ce_fusion(getattr(r, "test_case", "")))
+                                cross_entropy_loss_fusion=ci_ce_fusion(getattr(r, "test_case", "")), **moe)
         iteration_ms = (host_ms or FRAMEWORK_HOST_MS["megatron"])[1]
         return p.step_time_ms, dict(fits=bool(p.fits), **step_terms(p, iteration_ms))
 
