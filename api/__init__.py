@@ -296,7 +296,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     tp_comm_overlap: bool | None = None, overlap_moe_expert_parallel_comm: bool | None = None,
                     overlap_p2p_comm: bool | None = None,
                     recompute_num_layers: int | None = None, recompute_method: str | None = None,
-                    strategy: str | None = None,
+                    strategy: str | None = None, cp_comm_type: str | None = None, hierarchical_cp_sizes=None,
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
                     moe_pad_to_capacity: bool = False, moe_token_dispatcher: str = "alltoall",
                     gpus_per_node: int | None = None,
@@ -325,6 +325,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``pp_first_stage_layers``/``pp_last_stage_layers``: transformer layers of the first/last pipeline stage (the rest
     split evenly); without them layers that do not divide are split automatically (``parallel.stage_layers``).
     ``cp``: context parallelism (ring attention over ``cp`` ranks; needs ``attention="flash"``).
+    ``cp_comm_type``: how it communicates (Megatron-Core's ``--cp-comm-type``: "p2p", the ring, by default; "a2a",
+    "allgather", "a2a+p2p" with ``hierarchical_cp_sizes=(A, B)``, A x B = cp; see the README's CP section).
     ``overlap_grad_reduce``/``overlap_param_gather``/``tp_comm_overlap``: Megatron-Core's overlaps (None: the
     framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``);
     ``overlap_moe_expert_parallel_comm``: Megatron-Core's MoE all-to-all overlap (off by default; needs ``ep`` > 1).
@@ -421,7 +423,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
                 overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                 overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, overlap_p2p_comm=overlap_p2p_comm,
-                recompute_num_layers=recompute_num_layers, recompute_method=recompute_method, etp=etp)
+                recompute_num_layers=recompute_num_layers, recompute_method=recompute_method, etp=etp,
+                cp_comm_type=cp_comm_type,
+                hierarchical_cp_sizes=None if hierarchical_cp_sizes is None else tuple(hierarchical_cp_sizes))
     if strategy is not None:
         from wattcast.simulate.strategy import strategy_values
 
@@ -435,6 +439,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     # not filled in: a method given without full recomputation is refused (resolve_parallel), the default applies alone
     defaults.pop("recompute_method", None)
     opts = {k: (defaults[k] if v is None and k in defaults else v) for k, v in opts.items()}
+    if opts.get("cp_comm_type") is None:  # not given (nor by a strategy): the ring, Megatron-Core's default
+        opts["cp_comm_type"] = "p2p"
     for k in ("gpus", "batch"):
         if opts[k] is None:
             raise TypeError(f"predict_cluster() needs {k}= (or a strategy= that sets it"

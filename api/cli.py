@@ -420,6 +420,8 @@ def predict(
     pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
     pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="Transformer layers of the last pipeline stage (decoder_last_pipeline_num_layers)."),
     cp: int = typer.Option(1, "--cp", help="Context-parallel degree: the sequence split over this many ranks (ring attention; needs --attention flash)."),
+    cp_comm_type: Optional[str] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE: how context parallelism communicates: p2p (the KV ring, default), a2a (all-to-all of Q/K/V and output, heads scattered), allgather (K/V all-gathered) or a2a+p2p (a2a inside, ring across; needs --hierarchical-cp-sizes)."),
+    hierarchical_cp_sizes: Optional[str] = typer.Option(None, "--hierarchical-cp-sizes", help="With --cp-comm-type a2a+p2p: A,B = the inner all-to-all and outer ring sizes, A x B = --cp (Megatron-LM --hierarchical-context-parallel-sizes)."),
     overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Megatron-Core: reduce gradient buckets during the last backward (default on with --framework megatron)."),
     overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="Megatron-Core: all-gather the distributed optimizer's parameters during the next forward (default on with --framework megatron and --zero >= 1)."),
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
@@ -546,6 +548,16 @@ def _predict_outputs(f) -> None:
         _output_file(path, flag, suf, overwrite=bool(f.overwrite))
 
 
+def _cp_sizes_flag(text):
+    """--hierarchical-cp-sizes A,B as (A, B); None when not given (a malformed value: a CLI error naming it)."""
+    if text is None:
+        return None
+    parts = [x.strip() for x in str(text).split(",")]
+    if len(parts) != 2 or not all(x.isdigit() and int(x) >= 1 for x in parts):
+        _fail(f"--hierarchical-cp-sizes must be two positive integers A,B (inner a2a size, outer ring size), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def _parallel_flags(ctx, f) -> dict:
     """The parallel flags (and --batch, --recompute, --schedule) by their strategy names, merged with --strategy."""
     values = dict(gpus=f.gpus, batch=f.batch, tp=f.tp, pp=f.pp, dp=f.dp, micro_batch=f.micro_batch, zero=f.zero, sp=f.sp,
@@ -555,7 +567,8 @@ def _parallel_flags(ctx, f) -> dict:
                   overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                   tp_comm_overlap=f.tp_comm_overlap, overlap_moe_expert_parallel_comm=f.overlap_moe_expert_parallel_comm,
                   overlap_p2p_comm=f.overlap_p2p_comm,
-                  recompute_num_layers=f.recompute_num_layers, recompute_method=f.recompute_method, etp=f.etp)
+                  recompute_num_layers=f.recompute_num_layers, recompute_method=f.recompute_method, etp=f.etp,
+                  cp_comm_type=f.cp_comm_type, hierarchical_cp_sizes=_cp_sizes_flag(f.hierarchical_cp_sizes))
     if f.strategy is None:
         return values
     if f.cluster is None:
@@ -735,7 +748,8 @@ _STRATEGY_FLAGS = dict(gpus="--gpus", batch="--batch", tp="--tp", pp="--pp", dp=
                        overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm",
                        overlap_p2p_comm="--overlap-p2p-communication",
                        recompute_num_layers="--recompute-num-layers", recompute_method="--recompute-method",
-                       etp="--expert-tensor-parallel-size")
+                       etp="--expert-tensor-parallel-size", cp_comm_type="--cp-comm-type",
+                       hierarchical_cp_sizes="--hierarchical-cp-sizes")
 _STRATEGY_PARAMS = dict(pp_first_layers="pp_first_stage_layers", pp_last_layers="pp_last_stage_layers")
 
 
@@ -896,6 +910,8 @@ def search(
     top: int = typer.Option(10, "--top", help="Rows to show."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
+    cp_comm_type: Optional[List[str]] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE context-parallel communication types to search for cp > 1 candidates (repeatable: p2p, a2a, allgather, a2a+p2p; default p2p)."),
+    hierarchical_cp_sizes: Optional[str] = typer.Option(None, "--hierarchical-cp-sizes", help="With --cp-comm-type a2a+p2p: A,B = inner all-to-all and outer ring sizes; a2a+p2p is tried on the candidates with cp = A x B."),
     ep: Optional[List[int]] = typer.Option(None, "--ep", help="Expert-parallel degrees to search (repeatable; default 1, and for a mixture-of-experts model every power of two dividing its experts)."),
     etp: Optional[List[int]] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degrees to search (repeatable; default: each candidate's tp, and 1 too for a mixture-of-experts model under --framework megatron; a degree equal to the candidate's tp is that candidate)."),
     moe_load_imbalance: float = typer.Option(1.0, "--moe-load-imbalance", help="MoE routing: the busiest expert-parallel rank's tokens over the mean (1 = balanced)."),
@@ -997,6 +1013,9 @@ def search(
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),
                           moe_token_dispatcher=moe_token_dispatcher_type,
                           **(dict(cp=tuple(cp)) if cp else {}), **(dict(ep=tuple(ep)) if ep else {}),
+                          **(dict(cp_comm_type=tuple(cp_comm_type)) if cp_comm_type else {}),
+                          **(dict(hierarchical_cp_sizes=_cp_sizes_flag(hierarchical_cp_sizes))
+                             if hierarchical_cp_sizes else {}),
                           **(dict(etp=tuple(etp)) if etp else {}),
                           **(dict(recompute_num_layers=tuple(recompute_num_layers)) if recompute_num_layers else {}),
                           **(dict(recompute=("none", _recompute_flag("selective", recompute_modules), "full"))

@@ -81,6 +81,10 @@ class ParallelOptions:
     recompute_method: str | None = None
     #: Megatron-Core's --expert-tensor-parallel-size (MoE); None: tp
     etp: int | None = None
+    #: Megatron-Core's --cp-comm-type (p2p, a2a, allgather, a2a+p2p) and --hierarchical-context-parallel-sizes
+    #: (None: p2p, the ring)
+    cp_comm_type: str | None = None
+    hierarchical_cp_sizes: tuple | None = None
 
 
 #: the recomputation method that applies to ``recompute_num_layers`` when none is given (Megatron's block method)

@@ -251,7 +251,8 @@ class GraphBuilder:
 
     def __init__(self, dtype: str = "fp32", *, train: bool = False, name: str = "model", tp: int = 1, sp: bool = False,
                  ep: int = 1, cp: int = 1, gemm_dtype: str | None = None, flash_kernel: str = "fa2",
-                 etp: int | None = None, fp8_recipe: str = "delayed", fp8_transpose: bool = True) -> None:
+                 etp: int | None = None, fp8_recipe: str = "delayed", fp8_transpose: bool = True,
+                 cp_comm: str = "p2p", cp_a2a: int = 1) -> None:
         self.dtype = canonical_dtype(dtype)
         if self.dtype not in DTYPE_BYTES:
             raise GraphError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}")
@@ -269,6 +270,10 @@ class GraphBuilder:
         if int(cp) < 1:
             raise GraphError(f"cp must be >= 1, got cp={cp}")
         self.cp = int(cp)
+        #: context parallelism's communication (StepOptions.cp_comm) and its all-to-all group size (StepOptions.cp_a2a)
+        self.cp_comm, self.cp_a2a = str(cp_comm), max(int(cp_a2a), 1)
+        if self.cp % self.cp_a2a:
+            raise GraphError(f"the context-parallel all-to-all size ({cp_a2a}) must divide cp ({cp})")
         #: mixture-of-experts routing: tokens this rank's experts process over the balanced share (StepOptions.moe_load)
         self.moe_load = 1.0
         #: set by a top-k routed MoE layer (the layers ``moe_load`` applies to)
@@ -931,13 +936,22 @@ class GraphBuilder:
             # pairs (i, j) with 0 <= i - j < window, over the S x S square
             frac = (window * s - window * (window - 1) / 2.0) / float(s * s)
         kv_reads = 1
+        kb, km = b * h, s  # the kernel's batch x heads and query rows
+        ring = 1  # KV-ring steps whose outputs are merged (the cp_out_correction below): the ring's size
         if self.cp > 1:
             # context parallelism (ring attention, Megatron-Core / Transformer Engine): this rank's queries (s = seq/cp
             # tokens, two load-balanced chunks) meet every rank's keys and values as they pass round the ring; with the
             # causal mask balanced over the ranks the work is half of s x (s x cp): 1/cp of the full causal attention
             # (costed as one kernel of that size; the cp-1 KV exchanges are the scheduler's, overlapped with it)
-            skv, kv_reads = skv * self.cp, self.cp
+            a2a = self.cp_a2a
+            ring = self.cp // a2a if self.cp_comm in ("p2p", "a2a+p2p") else 1
+            skv, kv_reads = skv * self.cp, (self.cp // a2a if self.cp_comm != "allgather" else self.cp)
             frac = 0.5 if causal else 1.0
+            if a2a > 1:
+                # a2a / a2a+p2p (TE AttnFuncWithCPAndQKVOA2A.forward, the a2a part of AttnFuncWithCPAndKVP2P): the
+                # all-to-all gathers the a2a group's sequence and scatters the heads, so the kernel runs h / a2a heads
+                # over s x a2a queries (same FLOPs: the a2a group's queries over the same keys)
+                kb, km = b * (h // a2a), s * a2a
         # QK^T over the query/key head dim, PV over the value head dim (they differ under DeepSeek's MLA: 192 and 128);
         # the output has the value head dim: (B, h, S, dv)
         dv = v.shape[3] if len(v.shape) == 4 else d
@@ -951,16 +965,16 @@ class GraphBuilder:
         # re-run in backward, its output and log-sum-exp not kept by it); legacy Megatron-LM and Hugging Face do not
         with self.tag("attn_core" if getattr(self, "framework", "hf") == "megatron" else ""):
             out = self._add(name, "flash_attention", fk, "flash", [q, k, v], out_shape, flops=flops, bytes_=io,
-                            saves=[q, k, v], B=b * h, M=s, N=int(round(d_eff)), K=skv,
+                            saves=[q, k, v], B=kb, M=km, N=int(round(d_eff)), K=skv,
                             backward=[self._bw(f"{name}.grad", "flash_attention", fk, "flash", flops=2.5 * flops,
-                                               bytes_=2 * io + b * h * s * 4, B=b * h, M=s, N=int(round(d_eff)),
+                                               bytes_=2 * io + b * h * s * 4, B=kb, M=km, N=int(round(d_eff)),
                                                K=skv)])
-            if self.cp > 1:
+            if self.cp > 1 and ring > 1:
                 # Transformer Engine's ring attention merges each of the cp - 1 further steps into the output (the
                 # softmax-LSE and output correction: reads the step's output and the running one, writes it) and, in
                 # backward, accumulates each step's dQ and the dK/dV passed round the ring: memory-bound kernels,
                 # costed as the binary add over those tensors, (cp - 1) times (one launch counted)
-                steps = float(self.cp - 1)
+                steps = float(ring - 1)
                 n_out, n_q, n_kv = b * h * s * dv, q.numel, k.numel + v.numel
                 self._add(f"{name}.cp_out_correction", "elementwise", "add", "surrogate", [out], out_shape,
                           flops=steps * n_out, bytes_=steps * 3 * n_out * db, grad_inputs=[],
@@ -969,6 +983,30 @@ class GraphBuilder:
                                     self._bw(f"{name}.cp_dkv_accumulate", "elementwise", "add", flops=steps * n_kv,
                                              bytes_=steps * 3 * n_kv * db, scale=steps, B=n_kv // max(d, 1), H=d)],
                           scale=steps, B=b * h * s, H=dv)
+            if self.cp > 1 and self.cp_a2a > 1:
+                # flash_attn_a2a_communicate (TE context_parallel.py): each all-to-all'd tensor is copied twice on the
+                # GPU, the movedim(...).contiguous() that lays the heads out for all_to_all_single and the
+                # index_select reorder of the 2 x a2a sequence chunks (forward: q, k, v before the attention, the
+                # output after; backward: dout before, dq, dk, dv after), one kernel each; the all-to-alls themselves
+                # are the scheduler's (simulate/distributed.py cp_comm_ms)
+                for t_name, n_el in (("q", q.numel), ("k", k.numel), ("v", v.numel), ("out", b * h * s * dv)):
+                    for step in ("layout", "reorder"):
+                        self._add(f"{name}.cp_a2a_{t_name}_{step}", "memory", "copy", "surrogate", [out], out_shape,
+                                  flops=0, bytes_=2.0 * n_el * db, grad_inputs=[], B=max(n_el // max(d, 1), 1), H=d,
+                                  backward=[self._bw(f"{name}.cp_a2a_d{t_name}_{step}", "memory", "copy", flops=0,
+                                                     bytes_=2.0 * n_el * db, B=max(n_el // max(d, 1), 1), H=d)])
+            if self.cp > 1 and self.cp_comm == "allgather":
+                # AttnFuncWithCPAndKVAllGather (TE context_parallel.py): forward, the index_select reorder of the
+                # gathered K and of V (cp x this rank's); backward, the same for the K/V gathered again, the dK/dV
+                # accumulation of its two query chunks into the gathered-size buffers and their reorder before the
+                # reduce-scatter: memory-bound passes over cp x K and cp x V, one kernel each
+                for t_name, n_el in (("k", self.cp * k.numel), ("v", self.cp * v.numel)):
+                    rows = max(n_el // max(d, 1), 1)
+                    self._add(f"{name}.cp_allgather_{t_name}_reorder", "memory", "copy", "surrogate", [out], out_shape,
+                              flops=0, bytes_=2.0 * n_el * db, grad_inputs=[], B=rows, H=d,
+                              backward=[self._bw(f"{name}.cp_allgather_d{t_name}_{step}", "memory", "copy", flops=0,
+                                                 bytes_=2.0 * n_el * db, B=rows, H=d)
+                                        for step in ("regather_reorder", "accumulate", "reorder")])
         # FlashAttention-2 saves q, k, v, the output and the fp32 log-sum-exp of every row (B, h, S) for backward
         # (flash_attn_interface.FlashAttnFunc: ctx.save_for_backward(q, k, v, out_padded, softmax_lse, ...))
         self._nodes[out.node].saves += [out.tid, self._tensor((b, h, s), "fp32", out.node).tid]

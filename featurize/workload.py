@@ -51,6 +51,10 @@ class StepOptions:
     #: context parallelism: ``seq`` is then this rank's share of the sequence (seq / cp tokens), and attention reads
     #: the whole sequence's keys and values through the ring (``GraphBuilder.flash_attention``)
     cp: int = 1
+    #: how context parallelism communicates (ParallelConfig.cp_comm_type: p2p, a2a, allgather, a2a+p2p) and the size of
+    #: its all-to-all group (a2a: cp; a2a+p2p: the inner size; else 1): the attention kernel's shape follows them
+    cp_comm: str = "p2p"
+    cp_a2a: int = 1
     #: the routed experts' tensor-parallel degree (Megatron-Core's --expert-tensor-parallel-size); None: ``tp``
     etp: int | None = None
     #: multi-token-prediction depths (Megatron-Core's --mtp-num-layers; DeepSeek-style models under "megatron")
@@ -132,7 +136,7 @@ class StepOptions:
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,
                            recompute, bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
-                           cp=int(self.cp), framework=canonical_framework(self.framework), blocks=int(self.blocks),
+                           cp=int(self.cp), cp_comm=str(self.cp_comm), cp_a2a=int(self.cp_a2a), framework=canonical_framework(self.framework), blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
                            etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers),
@@ -331,7 +335,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     # fp8: Transformer Engine's recipe, the linear layers' GEMMs in FP8 (with their casts), everything else in bf16
     fp8 = opts.dtype == "fp8"
     b = GraphBuilder("bf16" if fp8 else opts.dtype, train=opts.mode == "train", name=cfg.name, tp=opts.tp, sp=opts.sp,
-                     ep=opts.ep, cp=opts.cp, gemm_dtype="fp8" if fp8 else None,
+                     ep=opts.ep, cp=opts.cp, cp_comm=opts.cp_comm, cp_a2a=opts.cp_a2a, gemm_dtype="fp8" if fp8 else None,
                      flash_kernel=opts.flash_kernel, etp=opts.etp,
                      fp8_recipe=fp8_recipe_option(opts.fp8_recipe, opts.dtype) or "delayed",
                      fp8_transpose=opts.fp8_transpose)

@@ -29,7 +29,7 @@ from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
-from wattcast.simulate.parallel import (SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size, expert_tp, new_config,
+from wattcast.simulate.parallel import (CP_COMM_TYPES, SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size, expert_tp, new_config,
                                         resolve_parallel, with_fields)
 
 
@@ -153,7 +153,7 @@ def rule_counts(rules, top: int = 3, what: str = "candidate strategies") -> str:
 #: the search space: option -> default (None: chosen from the job, see :func:`candidate_configs`)
 SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
                       interleave=(1, 2), ep=None, cp=None, schedule=("1f1b",), recompute_num_layers=(None,),
-                      etp=(None,))
+                      etp=(None,), cp_comm_type=("p2p",), hierarchical_cp_sizes=(None,))
 #: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
 #: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
 CP_DEFAULT_MIN_SEQ = 16384
@@ -186,6 +186,9 @@ def _choices(name: str, value) -> tuple | None:
         value = SPACE_DEFAULTS[name]
         if value is None:
             return None
+    if name == "hierarchical_cp_sizes" and (isinstance(value, str) or (
+            isinstance(value, (tuple, list)) and len(value) == 2 and all(is_int(x) for x in value))):
+        value = [value]  # one pair (or "A,B"), not two choices
     if isinstance(value, np.ndarray):
         vals = value.ravel().tolist()
     elif isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
@@ -218,6 +221,26 @@ def _choices(name: str, value) -> tuple | None:
                 raise ValueError(f"search-space option etp: every choice must be a positive integer (the experts' "
                                  f"tensor-parallel degree) or None (the candidate's tp), got {v!r}")
             v = None if v is None else int(v)
+        elif name == "cp_comm_type":
+            t = str(v).lower().replace("all_gather", "allgather") if isinstance(v, str) else v
+            if t not in CP_COMM_TYPES:
+                raise ValueError(f"search-space option cp_comm_type: every choice must be one of "
+                                 f"{', '.join(CP_COMM_TYPES)}, got {v!r}")
+            v = t
+        elif name == "hierarchical_cp_sizes":
+            if v is not None:
+                if isinstance(v, str):
+                    v = tuple(x.strip() for x in v.split(","))
+                try:
+                    v = tuple(int(x) for x in v) if all(str(x).isdigit() for x in v) else None
+                except TypeError:
+                    v = None
+                if v is None or len(v) != 2 or min(v) < 1:
+                    raise ValueError("search-space option hierarchical_cp_sizes: a pair of positive integers A,B (the "
+                                     "a2a+p2p inner all-to-all and outer ring sizes)")
+            if v is not None and v not in out:
+                out.append(v)
+            continue
         elif name == "recompute_num_layers":
             if v is not None and not is_count(v):
                 raise ValueError(f"search-space option recompute_num_layers: every choice must be a positive integer "
@@ -247,7 +270,8 @@ def _expert_count(model) -> int:
 
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=None,
-                      cp=None, schedule=("1f1b",), recompute_num_layers=(None,), etp=(None,)) -> list[ParallelConfig]:
+                      cp=None, schedule=("1f1b",), recompute_num_layers=(None,), etp=(None,), cp_comm_type=("p2p",),
+                      hierarchical_cp_sizes=(None,)) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``pp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16);
     ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on (16 too from
@@ -258,12 +282,26 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     None: every layer); choices other than None add full recomputation to ``recompute`` and are tried besides it, and
     a count that covers every chunk's layers is the same strategy as None and is not repeated.
     ``etp``: the routed experts' tensor-parallel degrees (Megatron-Core's --expert-tensor-parallel-size; None: the
-    candidate's tp, the default; a choice equal to the candidate's tp is that same strategy and is not repeated)."""
+    candidate's tp, the default; a choice equal to the candidate's tp is that same strategy and is not repeated).
+    ``cp_comm_type``: Megatron-Core's --cp-comm-type choices (p2p, a2a, allgather, a2a+p2p) for the candidates with
+    cp > 1; a2a+p2p with the ``hierarchical_cp_sizes`` pair (inner a2a, outer ring) whose product is the candidate's
+    cp (other cp degrees skip it); a2a where the heads per TP rank divide by cp (else the candidate is rejected)."""
     tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule, rc_layers, etp = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
                                     ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp),
                                     ("schedule", schedule), ("recompute_num_layers", recompute_num_layers),
                                     ("etp", etp)))
+    cp_types = _choices("cp_comm_type", cp_comm_type) or ("p2p",)
+    h_sizes = [x for x in (_choices("hierarchical_cp_sizes", hierarchical_cp_sizes) or ()) if x is not None]
+    if "a2a+p2p" in cp_types and not h_sizes:
+        raise ValueError("search-space option cp_comm_type a2a+p2p needs hierarchical_cp_sizes (A,B: the inner "
+                         "all-to-all and outer ring sizes)")
+
+    def cp_comms(c: int) -> list:  # (type, sizes) choices of a candidate with cp c; cp 1 runs no CP communication
+        if c == 1:
+            return [("p2p", None)]
+        return [(t, hs) for t in cp_types for hs in ((None,) if t != "a2a+p2p" else
+                                                     [h for h in h_sizes if h[0] * h[1] == c])]
     schedule = schedule or ("1f1b",)
     rc_layers = rc_layers or (None,)
     n_layers = 0
@@ -305,12 +343,13 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                     if "1f1b" in schedule:
                         continue
                     sch = "1f1b" if p == 1 else sch  # a lone gpipe choice: one stage runs it as 1F1B does
-                for n, x in itertools.product(rc_layers if rc == "full" else (None,), etps(t)):
+                for n, x, (ct, hs) in itertools.product(rc_layers if rc == "full" else (None,), etps(t), cp_comms(c)):
                     # a count at least every chunk's layers recomputes them all: the None candidate already
                     if n is not None and n_layers and n >= -(-n_layers // (p * v)):
                         continue
+                    extra = {} if ct == "p2p" else dict(cp_comm_type=ct, hierarchical_cp_sizes=hs)
                     out.append(new_config(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                          interleave=v, cp=c, schedule=sch, recompute_num_layers=n, etp=x))
+                                          interleave=v, cp=c, schedule=sch, recompute_num_layers=n, etp=x, **extra))
     return out
 
 
@@ -675,7 +714,8 @@ class _Job:
 
 def _group_key(par: ParallelConfig) -> tuple:
     """What a candidate's rank graph depends on: candidates with the same key share a schedule context."""
-    return (par.tp, par.sp, par.ep, par.cp, par.micro_batch, par.recompute, par.etp)
+    return (par.tp, par.sp, par.ep, par.cp, par.micro_batch, par.recompute, par.etp, par.cp_comm_type,
+            par.hierarchical_cp_sizes)
 
 
 class _Evaluator:
@@ -730,7 +770,7 @@ class _Evaluator:
         cl, batch, framework = job.cl, job.step.batch, job.step.framework
         try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
             par_r = resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **self.rules)
-            key = (par_r.tp, par_r.sp, par_r.ep, par_r.cp, par_r.micro_batch, par_r.recompute, par_r.etp)  # _group_key
+            key = _group_key(par_r)
             ctx = self.contexts.get(key)
             if ctx is None:
                 try:

@@ -54,8 +54,8 @@ from wattcast.simulate.energy import apply_power, overlap_cap_w, overlap_power, 
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
-                                        embedding_group_layout, expert_dp, expert_tp, group_layout, layouts,
-                                        resolve_parallel, stage_layers)
+                                        cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
+                                        layouts, resolve_parallel, stage_layers)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share as dualpipe_paired_share,
@@ -135,6 +135,10 @@ class DistributedPrediction:
         return dict(model=self.model, device=self.device, cluster=self.cluster, gpus=self.gpus,
                     parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, ep=p.ep, etp=expert_tp(p), zero=p.zero,
                                   micro_batch=p.micro_batch,
+                                  # --cp-comm-type where not the ring (a p2p step's JSON keeps its keys as before)
+                                  **(dict(cp_comm_type=p.cp_comm_type,
+                                          hierarchical_cp_sizes=list(p.hierarchical_cp_sizes or ()) or None)
+                                     if p.cp_comm_type != "p2p" else {}),
                                   overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
                                   tp_comm_overlap=p.tp_comm_overlap,
                                   overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
@@ -766,6 +770,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     cm = dopts.coll_model or collective_model()
     n_micro = par.n_micro(batch)
     cp_kv_bytes = 0.0
+    cp_qkvo_bytes = (0.0, 0.0, 0.0, 0.0)
     if par.cp > 1:
         if hf is None or hf.family in ("bert", "switch"):
             raise ParallelConfigError("--cp (context parallelism) splits the sequence of a causal decoder language model "
@@ -778,6 +783,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         kv_width = (sum(deepseek_field(hf, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
                     if hf.family == "deepseek" else 2 * hf.head_dim)
         cp_kv_bytes = float(par.micro_batch * (seq // par.cp) * (hf.n_kv_heads // par.tp) * kv_width * DTYPE_BYTES[dtype])
+        cp_qkvo_bytes = cp_tensor_bytes(hf, micro_batch=par.micro_batch, seq_rank=seq // par.cp, tp=par.tp,
+                                        dtype_bytes=DTYPE_BYTES[dtype])
     moe_load = 1.0
     if given_routing({k: getattr(dopts, k) for k in ROUTING_DEFAULTS}):
         if hf is None or not hf.n_experts:
@@ -789,7 +796,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         except MoERoutingError as e:
             raise ParallelConfigError(str(e)) from None
     opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep, cp=par.cp, seq=seq // par.cp,
-                   moe_load=moe_load, etp=par.etp)
+                   moe_load=moe_load, etp=par.etp,
+                   **(dict(cp_comm=par.cp_comm_type, cp_a2a=cp_group_sizes(par)[0])
+                      if par.cp > 1 and par.cp_comm_type != "p2p" else {}))
     dispatcher = moe_dispatcher_option(dopts.moe_token_dispatcher)  # an unknown one: a GraphError naming the choices
     if dispatcher != "alltoall":  # the default leaves the options (and so every cache key) as before
         if hf is None or not hf.n_experts or framework != "megatron":
@@ -840,13 +849,14 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
     # (balanced routing: model FLOPs are the useful ones, whatever a busiest rank or padding adds); in a search, once
     # per micro-batch (the figures are kept, not the graph)
-    opts1 = replace(opts, tp=1, sp=False, ep=1, cp=1, seq=seq, recompute="none", moe_load=1.0)
+    opts1 = replace(opts, tp=1, sp=False, ep=1, cp=1, cp_comm="p2p", cp_a2a=1, seq=seq, recompute="none", moe_load=1.0)
     model_totals = pinned(("model_totals", id(model), opts1), lambda: _model_totals(*_rank_graph(model, hf, opts1)))
     return ScheduleContext(model=model, g=g, view=hit[2], keep_view=keep_view, spec=spec, cl=cl, par=par, lay=lay, cm=cm,
                            batch=batch, seq=seq,
                            n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,
                            power_limit_w=power_limit_w, model_totals=model_totals,
-                           stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes, comm_split=dopts.comm_split,
+                           stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes,
+                           cp_qkvo_bytes=cp_qkvo_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
                            scatter_gather_p2p=scatter_gather_p2p(framework, dopts.scatter_gather_p2p),
@@ -1333,6 +1343,8 @@ class ScheduleContext:
     stream_gbps: float = 1e3
     power_model: object = None
     cp_kv_bytes: float = 0.0
+    #: context parallelism's per-rank Q, K, V and output bytes of one layer (cp_tensor_bytes): what a2a / allgather move
+    cp_qkvo_bytes: tuple = (0.0, 0.0, 0.0, 0.0)
     comm_split: bool = True
     prune_oom: bool = False
     #: True: the pipeline is timed by the event-driven scheduler (the reference); False: by the closed form
@@ -1613,13 +1625,74 @@ def interleaved_param_gather_ms(gather_ms: np.ndarray, first_forward_ms: np.ndar
     return late + share * np.maximum(cum[:, -1] - late, 0.0)
 
 
+def cp_tensor_bytes(hf, *, micro_batch: int, seq_rank: int, tp: int, dtype_bytes: float) -> tuple:
+    """(Q, K, V, output) bytes of one layer on one context-parallel rank: ``seq_rank`` tokens (seq / cp), the heads of
+    one TP rank (multi-head latent attention: queries and keys qk_nope + qk_rope wide, values and output v_head_dim)."""
+    if hf.family == "deepseek":
+        qk = sum(deepseek_field(hf, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim"))
+        vw = deepseek_field(hf, "v_head_dim")
+    else:
+        qk = vw = hf.head_dim
+    tok = float(micro_batch * seq_rank) * dtype_bytes
+    h, hkv = hf.n_heads // tp, hf.n_kv_heads // tp
+    return (tok * h * qk, tok * hkv * qk, tok * hkv * vw, tok * h * vw)
+
+
+def cp_collectives(comm_type: str, cp: int, qkvo_bytes) -> tuple[list, list]:
+    """The collectives context parallelism runs besides any KV ring, per layer: (forward, backward) lists of (kernel,
+    bytes), bytes as the rank graph's collectives give them (an all-to-all: the tensor; an all-gather / reduce-scatter:
+    the gathered tensor). From Transformer Engine 2.x transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py:
+
+    - a2a and the a2a part of a2a+p2p (``AttnFuncWithCPAndQKVOA2A``, ``AttnFuncWithCPAndKVP2P`` with cp_size_a2a > 1,
+      both through ``flash_attn_a2a_communicate``): forward, one ``all_to_all_single`` each of Q, K, V before the
+      attention and of the output after it; backward, of dout before and dQ, dK, dV after. Each waits before the
+      attention (the next tensor's all-to-all overlaps only the previous one's reorder copy): exposed.
+    - allgather (``AttnFuncWithCPAndKVAllGather``, "KV all-gather between CP ranks is exposed"): forward,
+      ``gather_along_first_dim`` of K and of V (cp x this rank's); backward, the same two all-gathers again (the
+      gathered K/V are not kept: ``save_for_backward`` holds this rank's q, k, v, out) and ``reduce_scatter_along_first_dim``
+      of dK and dV (gathered size in, this rank's out)."""
+    q, k, v, o = (float(x) for x in qkvo_bytes)
+    if comm_type in ("a2a", "a2a+p2p"):
+        return ([("all_to_all", q), ("all_to_all", k), ("all_to_all", v), ("all_to_all", o)],
+                [("all_to_all", o), ("all_to_all", q), ("all_to_all", k), ("all_to_all", v)])
+    if comm_type == "allgather":
+        ag = [("all_gather", cp * k), ("all_gather", cp * v)]
+        return ag, ag + [("reduce_scatter", cp * k), ("reduce_scatter", cp * v)]
+    return [], []
+
+
+def cp_collective_ms(cm, cl: ClusterSpec, par: ParallelConfig, qkvo_bytes, *, host_floor_ms=None) -> tuple:
+    """(forward, backward) ms per layer of :func:`cp_collectives` (0, 0 for the ring alone), each collective at least the
+    framework's host floor for its group (``host_floor_ms(group size)``; None: none). The all-to-all group of a2a+p2p
+    is the inner one (consecutive CP ranks, tp apart: ``cp_group_sizes``); a2a's and allgather's the CP group."""
+    if par.cp <= 1 or par.cp_comm_type == "p2p":
+        return 0.0, 0.0
+    a2a, _ = cp_group_sizes(par)
+    size = a2a if par.cp_comm_type != "allgather" else par.cp
+    world = par.tp * par.cp * (par.dp or 1) * par.pp
+    gl = group_layout(size, par.tp, cl.gpus_per_node, world)
+    floor = 0.0 if host_floor_ms is None else float(host_floor_ms(gl.size))
+    out = []
+    for coll in cp_collectives(par.cp_comm_type, par.cp, qkvo_bytes):
+        if not coll:
+            out.append(0.0)
+            continue
+        ms = collective_ms(cm, [c[0] for c in coll], [c[1] for c in coll], gl, cl)[0]
+        out.append(float(np.maximum(ms, floor).sum()))
+    return tuple(out)
+
+
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
                 cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0,
-                ep_unpaired: np.ndarray | None = None) -> tuple:
+                ep_unpaired: np.ndarray | None = None, cp_coll_ms: tuple = (0.0, 0.0)) -> tuple:
     """Per communication class, what it adds to each chunk's forward and backward (ms), the ring attention's KV step
     times and its exposed time per layer: (f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms).
 
     ``cp_step_floor_ms``: a ring step takes at least this long (the host's work for it: ``FRAMEWORK_CP_STEP_HOST_MS``).
+    ``cp_coll_ms``: (forward, backward) ms per attention layer of the CP all-to-alls / all-gathers (cp_collective_ms),
+    exposed in full (a recomputed attention runs its forward ones again in the backward); the ring, where
+    ``--cp-comm-type`` has one (p2p; a2a+p2p's outer group), has ``cp_group_sizes(par)[1]`` ranks.
     ``ep_unpaired``: per chunk, the share of its tasks the MoE all-to-all overlap finds no partner for (a stage's
     warm-up forwards and cool-down backwards): their all-to-alls are exposed in full."""
     # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
@@ -1628,18 +1701,29 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     # never shorter than its host work where the host sets the pace (``cp_step_floor_ms``).
     cp_f_ms = cp_b_ms = np.zeros(len(view.layer_ids))
     cp_step_ms = (0.0, 0.0)
-    if par.cp > 1 and cp_kv_bytes > 0:
-        xf, xb = collective_ms(cm, ["send_recv", "send_recv"], [cp_kv_bytes, 2.0 * cp_kv_bytes], lay["cp"], cl)[0]
+    a2a, ring = cp_group_sizes(par)
+    if par.cp > 1 and cp_kv_bytes > 0 and ring > 1:
+        # the ring's KV block is the same size under a2a+p2p (after the inner all-to-all a rank holds a2a x its tokens
+        # of 1/a2a of the heads: AttnFuncWithCPAndKVP2P); its ranks are a2a x tp apart
+        ring_lay = lay["cp"] if a2a == 1 else group_layout(ring, par.tp * a2a, cl.gpus_per_node,
+                                                           par.tp * par.cp * (par.dp or 1) * par.pp)
+        xf, xb = collective_ms(cm, ["send_recv", "send_recv"], [cp_kv_bytes, 2.0 * cp_kv_bytes], ring_lay, cl)[0]
         xf, xb = max(float(xf), cp_step_floor_ms), max(float(xb), cp_step_floor_ms)
         cp_step_ms = (float(xf), float(xb))
         has = view.attn_f_ms > 0
-        cp_f_ms = np.where(has, (par.cp - 1) * np.maximum(xf - view.attn_f_ms / par.cp, 0.0), 0.0)
-        cp_b_ms = np.where(view.attn_b_ms > 0, (par.cp - 1) * np.maximum(xb - view.attn_b_ms / par.cp, 0.0), 0.0)
+        cp_f_ms = np.where(has, (ring - 1) * np.maximum(xf - view.attn_f_ms / ring, 0.0), 0.0)
+        cp_b_ms = np.where(view.attn_b_ms > 0, (ring - 1) * np.maximum(xb - view.attn_b_ms / ring, 0.0), 0.0)
         # a recomputed attention (selective or full recomputation) re-runs its forward ring in the backward: its KV
         # steps again, each beside a block of the re-run forward (until stop 36 the re-run's time hid the backward's
         # transfers instead, and the recomputed ring was free)
         cp_b_ms = cp_b_ms + np.where(view.attn_rc_ms > 0,
-                                     (par.cp - 1) * np.maximum(xf - view.attn_rc_ms / par.cp, 0.0), 0.0)
+                                     (ring - 1) * np.maximum(xf - view.attn_rc_ms / ring, 0.0), 0.0)
+    if par.cp > 1 and (cp_coll_ms[0] > 0 or cp_coll_ms[1] > 0):
+        # a2a / allgather collectives: exposed (cp_collectives), on every attention layer; a recomputed attention
+        # runs its forward's again (Megatron-Core checkpoints the whole core attention, collectives included)
+        cf, cb = cp_coll_ms
+        cp_f_ms = cp_f_ms + np.where(view.attn_f_ms > 0, cf, 0.0)
+        cp_b_ms = cp_b_ms + np.where(view.attn_b_ms > 0, cb, 0.0) + np.where(view.attn_rc_ms > 0, cf, 0.0)
     # per communication class, what it adds to each chunk's forward and backward (collectives in the rank graph by
     # group; --tp-comm-overlap pipelines the TP ones with the GEMMs: simulate/overlap.py)
     f_parts = {"cp": per_chunk(cp_f_ms)}
@@ -1953,11 +2037,17 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # alone, their all-to-alls exposed (until stop 36 every task was charged as paired)
         ep_unpaired = np.tile(np.minimum(inflight_s / float(n_micro * V), 1.0), V)  # chunk c is on stage c mod P
     parts_key = ("parts", bool(par.tp_comm_overlap), bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
-                 ctx.cp_step_floor_ms, None if ep_unpaired is None else ep_unpaired.tobytes())
+                 ctx.cp_step_floor_ms, None if ep_unpaired is None else ep_unpaired.tobytes(), par.cp_comm_type,
+                 par.hierarchical_cp_sizes)
     parts = sums.get(parts_key)
+    # the CP all-to-alls / all-gathers of one attention layer (none for the ring), each at least the framework's
+    # host floor for a collective over its group (as the rank graph's TP / EP collectives: coll_fn)
+    cp_coll = cp_collective_ms(cm, cl, par, ctx.cp_qkvo_bytes,
+                               host_floor_ms=lambda n: collective_host_floor_ms(opts.framework, n, ctx.coll_floor))
     if parts is None:
         parts = sums[parts_key] = _comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk,
-                                              cp_step_floor_ms=ctx.cp_step_floor_ms, ep_unpaired=ep_unpaired)
+                                              cp_step_floor_ms=ctx.cp_step_floor_ms, ep_unpaired=ep_unpaired,
+                                              cp_coll_ms=cp_coll)
     f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms = parts
     f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
     tp_coll = chunk_sum("coll_ms")
@@ -2120,11 +2210,16 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             key = "tp" if grp in ("", "etp") else grp
             tf[key] = tf.get(key, 0.0) + per_chunk(cf)
             tb[key] = tb.get(key, 0.0) + per_chunk(cb)
+        n_ring = cp_group_sizes(par)[1]
         if par.cp > 1 and cp_step_ms[0] > 0:
             xf, xb = cp_step_ms
-            tf["cp"] = per_chunk(np.where(view.attn_f_ms > 0, (par.cp - 1) * xf, 0.0))
-            tb["cp"] = per_chunk((par.cp - 1) * (np.where(view.attn_b_ms > 0, xb, 0.0)
+            tf["cp"] = per_chunk(np.where(view.attn_f_ms > 0, (n_ring - 1) * xf, 0.0))
+            tb["cp"] = per_chunk((n_ring - 1) * (np.where(view.attn_b_ms > 0, xb, 0.0)
                                                  + np.where(view.attn_rc_ms > 0, xf, 0.0)))
+        if par.cp > 1 and (cp_coll[0] > 0 or cp_coll[1] > 0):  # the exposed a2a / allgather collectives
+            tf["cp"] = tf.get("cp", 0.0) + per_chunk(np.where(view.attn_f_ms > 0, cp_coll[0], 0.0))
+            tb["cp"] = tb.get("cp", 0.0) + per_chunk(np.where(view.attn_b_ms > 0, cp_coll[1], 0.0)
+                                                     + np.where(view.attn_rc_ms > 0, cp_coll[0], 0.0))
         comm_tot = sums[tot_key] = (tf, tb)
 
     def hidden_power(hidden_ms, where):
@@ -2388,6 +2483,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # chunk's layers x (cp - 1) steps (it overlaps the task's attention; what it cannot hide is in the task)
         n_attn = per_chunk((view.attn_f_ms > 0).astype(float))
         n_attn_rc = per_chunk((view.attn_rc_ms > 0).astype(float))  # a recomputed ring runs again in the backward
+        n_ring = cp_group_sizes(par)[1]
+        cp_coll_name = "allgather_kv" if par.cp_comm_type == "allgather" else "a2a_qkvo"
         z3_trace = par.zero == 3 and lay["dp"].size > 1
         for tk in pipe.tasks:
             # a DualPipe task (simulate/dualpipe.DualTask) runs the chunk of its model_stage on rank tk.stage; an F&B
@@ -2414,17 +2511,20 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     events.append(dict(stage=tk.stage, stream="comm", name=f"zero3.{what}{tk.micro}", start_ms=tk.start,
                                        end_ms=tk.start + float(z3)))
             if par.cp > 1 and tk.kind != "W":  # a W (DualPipe's weight-gradient part) runs no attention
-                # (forward ring, backward ring) of the task: an F&B pair runs its forward's, then its backward's
+                # (forward ring, backward ring) of the task: an F&B pair runs its forward's, then its backward's; the
+                # a2a / allgather collectives (cp_collectives) as their own events, named by their kind
                 rings = []
                 if fwd:
-                    rings.append((tk.micro, n_attn[c] * (par.cp - 1) * cp_step_ms[0]))
+                    rings.append((tk.micro, "ring_kv", n_attn[c] * (n_ring - 1) * cp_step_ms[0]))
+                    rings.append((tk.micro, cp_coll_name, n_attn[c] * cp_coll[0]))
                 if tk.kind != "F":
                     cb, mb = (tk.stage_b, tk.micro_b) if pair else (c, tk.micro)
-                    rings.append((mb, (par.cp - 1) * (n_attn[cb] * cp_step_ms[1] + n_attn_rc[cb] * cp_step_ms[0])))
+                    rings.append((mb, "ring_kv", (n_ring - 1) * (n_attn[cb] * cp_step_ms[1] + n_attn_rc[cb] * cp_step_ms[0])))
+                    rings.append((mb, cp_coll_name, n_attn[cb] * cp_coll[1] + n_attn_rc[cb] * cp_coll[0]))
                 t0 = tk.start
-                for m, ring in rings:
+                for m, what, ring in rings:
                     if ring > 0:
-                        events.append(dict(stage=tk.stage, stream="comm", name=f"cp.ring_kv{m}", start_ms=t0,
+                        events.append(dict(stage=tk.stage, stream="comm", name=f"cp.{what}{m}", start_ms=t0,
                                            end_ms=t0 + ring))
                         t0 += ring
         for s, name, a, e in comm_events:
@@ -2480,6 +2580,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 rank_overheads_scope=("the whole model at this TP degree, one micro-batch; optimizer and clipping before "
                                       "the pipeline split and ZeRO sharding (optimizer_ms is what one device spends)"),
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
+                **(dict(cp_comm_type=par.cp_comm_type, cp_collective_ms=list(cp_coll),
+                        hierarchical_cp_sizes=list(par.hierarchical_cp_sizes or ()) or None)
+                   if par.cp > 1 and par.cp_comm_type != "p2p" else {}),
                 # the data-parallel gradient sync and parameter all-gather one GPU runs (its stage's chunks), ms: the
                 # busiest stage's (each stage's in *_by_stage; until stop 40 the stages' were summed)
                 dp_sync_ms=float(by_stage(dpt["sync_ms"]).max()),

@@ -59,6 +59,14 @@ class ParallelConfig:
     pp_last_layers: int | None = None
     #: context parallelism: the sequence split over ``cp`` ranks (ring attention); world = dp x tp x pp x cp
     cp: int = 1
+    #: how context parallelism communicates (Megatron-Core's ``--cp-comm-type``, Transformer Engine's
+    #: ``attn_forward_func_with_cp``): "p2p" (the KV ring, ``AttnFuncWithCPAndKVP2P``), "a2a" (DeepSpeed-Ulysses
+    #: all-to-alls of Q/K/V and the output, ``AttnFuncWithCPAndQKVOA2A``), "allgather" (K/V all-gathered,
+    #: ``AttnFuncWithCPAndKVAllGather``; TE's "all_gather") or "a2a+p2p" (a2a in an inner group, the ring across the
+    #: outer one; sizes in ``hierarchical_cp_sizes``)
+    cp_comm_type: str = "p2p"
+    #: a2a+p2p: (inner a2a size, outer ring size), product cp (Megatron-LM ``--hierarchical-context-parallel-sizes``)
+    hierarchical_cp_sizes: tuple[int, int] | None = None
     #: the routed experts' tensor-parallel degree (Megatron-Core's ``--expert-tensor-parallel-size``, MoE parallel
     #: folding: the expert layers' ranks are etp x ep x expert-dp x pp over the same GPUs as the attention's tp x cp x dp
     #: x pp); None: tp (Megatron-Core's default)
@@ -96,7 +104,7 @@ class ParallelConfig:
     def describe(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
         if self.cp > 1:
-            parts.append(f"cp{self.cp}")
+            parts.append(f"cp{self.cp}" + cp_comm_suffix(self.cp_comm_type, self.hierarchical_cp_sizes))
         if self.sp:
             parts.append("sp")
         if self.ep > 1:
@@ -120,6 +128,56 @@ class ParallelConfig:
             parts.append(f"ppl{'' if self.pp_first_layers is None else self.pp_first_layers},"
                          f"{'' if self.pp_last_layers is None else self.pp_last_layers}")
         return "-".join(parts)
+
+
+#: Megatron-Core's ``--cp-comm-type`` choices (TE's "all_gather" is written "allgather", as the task's CLI names it)
+CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+
+
+def cp_comm_suffix(comm_type: str, sizes) -> str:
+    """How a strategy name writes the CP communication: "" (the ring), ``a2a``, ``ag``, ``a2a+p2p<A>x<B>``."""
+    if comm_type == "p2p":
+        return ""
+    if comm_type == "a2a+p2p":
+        return f"a2a+p2p{sizes[0]}x{sizes[1]}" if sizes else "a2a+p2p"
+    return {"a2a": "a2a", "allgather": "ag"}[comm_type]
+
+
+def cp_group_sizes(cfg: ParallelConfig) -> tuple[int, int]:
+    """(all-to-all group size, KV-ring size) of a checked config: p2p (1, cp), a2a (cp, 1), a2a+p2p its hierarchical
+    sizes, allgather (1, 1) (no ring, no all-to-all). Inner group innermost (consecutive CP ranks), as Megatron-Core's
+    ``parallel_state.create_hierarchical_groups`` builds ``--hierarchical-context-parallel-sizes``."""
+    t = cfg.cp_comm_type
+    if cfg.cp <= 1 or t == "p2p":
+        return 1, cfg.cp
+    if t == "a2a":
+        return cfg.cp, 1
+    if t == "a2a+p2p":
+        return int(cfg.hierarchical_cp_sizes[0]), int(cfg.hierarchical_cp_sizes[1])
+    return 1, 1
+
+
+def check_cp_comm(comm_type, sizes, cp: int) -> tuple[str, tuple[int, int] | None]:
+    """(comm type, sizes) checked: a known ``--cp-comm-type``; ``--hierarchical-cp-sizes`` given with a2a+p2p only, two
+    positive integers whose product is cp (Megatron-LM's arguments.py asserts the product; TE's
+    ``attn_forward_func_with_cp`` needs ``cp_group = [a2a_cp_group, p2p_cp_group]``). ParallelConfigError otherwise."""
+    t = str(comm_type).lower().replace("all_gather", "allgather")
+    if t not in CP_COMM_TYPES:
+        raise ParallelConfigError(f"--cp-comm-type must be one of {', '.join(CP_COMM_TYPES)}, got {comm_type!r}")
+    if sizes is None:
+        if t == "a2a+p2p":
+            raise ParallelConfigError("--cp-comm-type a2a+p2p needs --hierarchical-cp-sizes A,B (the inner all-to-all "
+                                      "group and the outer ring, A x B = cp)")
+        return t, None
+    if t != "a2a+p2p":
+        raise ParallelConfigError(f"--hierarchical-cp-sizes applies to --cp-comm-type a2a+p2p only, not {t}")
+    vals = tuple(sizes)
+    if len(vals) != 2 or not all(is_count(v) for v in vals):
+        raise ParallelConfigError(f"--hierarchical-cp-sizes must be two positive integers A,B, got {sizes!r}")
+    a, b = int(vals[0]), int(vals[1])
+    if a * b != cp:
+        raise ParallelConfigError(f"--hierarchical-cp-sizes {a},{b}: their product ({a * b}) must equal cp ({cp})")
+    return t, (a, b)
 
 
 def recompute_layers_suffix(num_layers: int | None, method: str) -> str:
@@ -287,11 +345,24 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             f"dp x tp x pp{' x cp' if cfg.cp > 1 else ''} must equal gpus: {dp} x {cfg.tp} x {cfg.pp}"
             f"{f' x {cfg.cp}' if cfg.cp > 1 else ''} = {dp * mp} != {cfg.gpus}")
+    cp_fields = {}
+    if cfg.cp_comm_type != "p2p" or cfg.hierarchical_cp_sizes is not None:
+        t, sizes = check_cp_comm(cfg.cp_comm_type, cfg.hierarchical_cp_sizes, cfg.cp)
+        cp_fields = dict(cp_comm_type=t, hierarchical_cp_sizes=sizes)
     if cfg.cp > 1:
         if not (seq is None or seq % (2 * cfg.cp) == 0):
             raise ParallelConfigError(
                 f"sequence length ({seq}) must be divisible by 2 x cp ({2 * cfg.cp}): context parallelism splits each sequence "
                 f"into 2 x cp chunks, two per rank, to balance the causal mask")
+        a2a = cp_group_sizes(with_fields(cfg, **cp_fields))[0]
+        t = cp_fields.get("cp_comm_type", "p2p")
+        # TE AttnFuncWithCPAndQKVOA2A.forward (and the a2a part of AttnFuncWithCPAndKVP2P): "requires num_heads %
+        # cp_size == 0 for Q, K, V" (the heads of one TP rank, scattered over the a2a group)
+        for what, h in (("attention heads", n_heads), ("key/value heads", n_kv_heads if n_kv_heads else n_heads)):
+            if a2a > 1 and h is not None and (h % cfg.tp or (h // cfg.tp) % a2a):
+                raise ParallelConfigError(
+                    f"--cp-comm-type {t}: {what} per tensor-parallel rank ({h} / tp {cfg.tp}) must be divisible by the "
+                    f"all-to-all size ({a2a}): the all-to-all scatters the heads")
         if cfg.sp and seq is not None and (seq // cfg.cp) % cfg.tp:
             raise ParallelConfigError(
                 f"each context-parallel rank's {seq // cfg.cp if seq else '?'} tokens must be divisible by tp ({cfg.tp}) for "
@@ -455,7 +526,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
-    return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags)
+    return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags, **cp_fields)
 
 
 def _check_dualpipe(cfg: ParallelConfig, n_micro: int, framework: str | None) -> None:

@@ -20,7 +20,9 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
   the framework's default, so a string predicted under the same ``--framework`` resolves the same flags;
 - ``ppf<N>`` / ``ppl<N>``: transformer layers of the first / last pipeline stage (only when set);
 - ``etp<N>``: the routed experts' tensor-parallel degree (Megatron-Core's ``--expert-tensor-parallel-size``; only when
-  set, absent: tp).
+  set, absent: tp);
+- ``cpca2a`` / ``cpcag`` / ``cpca2a+p2p<A>x<B>``: context parallelism's ``--cp-comm-type`` a2a / allgather / a2a+p2p
+  with ``--hierarchical-cp-sizes A,B`` (only when not the ring, p2p).
 
 ``tp``, ``pp``, ``dp`` and ``mb`` are required; the others default to 1, ZeRO 0, no SP, no recomputation, 1F1B and
 the framework's overlaps. The GPU count is ``tp x pp x dp x cp``. Precision, attention kernel and framework are not
@@ -34,7 +36,7 @@ import re
 from dataclasses import dataclass, replace
 
 from wattcast.featurize.recompute import RECOMPUTE, RecomputeError, recompute_setting
-from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, recompute_layers_suffix
+from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, cp_comm_suffix, recompute_layers_suffix
 
 __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
 
@@ -43,6 +45,8 @@ _REQUIRED = ("tp", "pp", "dp", "mb")
 _OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap",
              "a2a": "overlap_moe_expert_parallel_comm", "p2po": "overlap_p2p_comm"}
 _RC_BLOCK = re.compile(r"^rcfull(u?)(\d+)$")
+#: context parallelism's communication type (module docstring): cpca2a, cpcag, cpca2a+p2p<A>x<B>
+_CP_COMM = re.compile(r"^cpc(a2a\+p2p(\d+)x(\d+)|a2a|ag)$")
 _NUM = re.compile(r"^(tp|pp|dp|cp|ep|etp|mb|ga|zero|v|ppf|ppl)(\d+)$")
 
 
@@ -76,6 +80,8 @@ class Strategy:
     recompute_num_layers: int | None = None
     recompute_method: str = "block"
     etp: int | None = None
+    cp_comm_type: str = "p2p"
+    hierarchical_cp_sizes: tuple | None = None
 
     @property
     def gpus(self) -> int:
@@ -97,6 +103,7 @@ class Strategy:
                               overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm,
                               overlap_p2p_comm=self.overlap_p2p_comm,
                               recompute_num_layers=self.recompute_num_layers, etp=self.etp,
+                              cp_comm_type=self.cp_comm_type, hierarchical_cp_sizes=self.hierarchical_cp_sizes,
                               # the method only with a layer count (rcfull<N> / rcfullu<N>): given alone, it needs full
                               recompute_method=self.recompute_method if self.recompute_num_layers is not None else None)
 
@@ -127,6 +134,8 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
                                  recompute_num_layers=cfg.recompute_layers,
                                  recompute_method=cfg.recompute_method,
                                  etp=None if cfg.etp is None or cfg.etp == cfg.tp else cfg.etp,
+                                 cp_comm_type=cfg.cp_comm_type if cfg.cp > 1 else "p2p",
+                                 hierarchical_cp_sizes=cfg.hierarchical_cp_sizes if cfg.cp > 1 else None,
                                  **overlaps))
 
 
@@ -171,6 +180,10 @@ def parse_strategy(text: str) -> Strategy:
             put("recompute", "full", tok)
             kw["recompute_num_layers"] = n
             kw["recompute_method"] = "uniform" if uniform else "block"
+        elif m := _CP_COMM.match(t):
+            put("cp_comm_type", {"a2a": "a2a", "ag": "allgather"}.get(m.group(1), "a2a+p2p"), tok)
+            if m.group(1).startswith("a2a+p2p"):
+                kw["hierarchical_cp_sizes"] = (int(m.group(2)), int(m.group(3)))
         elif t in SCHEDULES:
             put("schedule", t, tok)
         elif t in _OVERLAPS or (t.startswith("no") and t[2:] in _OVERLAPS):
@@ -186,7 +199,7 @@ def parse_strategy(text: str) -> Strategy:
         raise StrategyError(f"strategy {text!r} lacks {', '.join(f'{k}<N>' for k in missing)} (required: tp, pp, dp, mb)")
     s = Strategy(tp=kw["tp"], pp=kw["pp"], dp=kw["dp"], micro_batch=kw["mb"])
     rename = dict(cp="cp", ep="ep", ga="grad_accum", zero="zero", v="interleave", ppf="pp_first_layers",
-                  ppl="pp_last_layers")
+                  ppl="pp_last_layers", cp_comm_type="cp_comm_type")
     extra = {rename.get(k, k): v for k, v in kw.items() if k not in _REQUIRED}
     return replace(s, **extra)
 
@@ -206,7 +219,10 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                overlap_p2p_comm=st.overlap_p2p_comm,
                pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers,
                recompute_num_layers=st.recompute_num_layers,
-               recompute_method=st.recompute_method if st.recompute_num_layers is not None else None, etp=st.etp)
+               recompute_method=st.recompute_method if st.recompute_num_layers is not None else None, etp=st.etp,
+               # the ring (no cpc token) leaves --cp-comm-type open, as the other defaults a string does not write
+               cp_comm_type=None if st.cp_comm_type == "p2p" else st.cp_comm_type,
+               hierarchical_cp_sizes=st.hierarchical_cp_sizes)
     unknown = sorted(set(given) - set(own))
     if unknown:
         raise StrategyError(f"unknown strategy option(s) {unknown}")
@@ -245,4 +261,6 @@ def format_given(st: Strategy) -> str:
         parts.append(f"ppl{st.pp_last_layers}")
     if st.etp is not None:
         parts.append(f"etp{st.etp}")
+    if st.cp_comm_type != "p2p":
+        parts.append("cpc" + cp_comm_suffix(st.cp_comm_type, st.hierarchical_cp_sizes))
     return "-".join(parts)
