@@ -2233,7 +2233,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     nccl_share = sm_share(NCCL_SMS, spec.num_sms)
     dp_overlaps = bool(FRAMEWORK_DP_OVERLAP.get(opts.framework, True) or par.overlap_grad_reduce)
     # ZeRO-3's collectives beside the computation (NCCL's SMs taken from it) or, not prefetched, in series with it
-    z3_share = nccl_share if ctx.zero3_prefetch else 1.0
+    z3_share = nccl_share
 
     dp_group = lay["dp"].size > 1 or edp_n > 1  # a data-parallel sync to run (the dense or the experts' group)
 
@@ -2256,9 +2256,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if dp_on and par.zero == 3:
             # prefetched: each unit's collectives run beside the computation of its neighbours, taking NCCL's SMs from
             # it while they run (simulate/overlap.py), one unit's worth per pass with nothing to hide behind; not
-            # prefetched (z3_share 1): in series with the computation
-            f = overlapped_ms(f, dpt["z3_f_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_f_ms"])
-            b = overlapped_ms(b, dpt["z3_b_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_b_ms"])
+            # prefetched: in series with the computation (their sum: overlapped_ms with share 1 would still hide the
+            # computation behind collectives longer than it)
+            if ctx.zero3_prefetch:
+                f = overlapped_ms(f, dpt["z3_f_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_f_ms"])
+                b = overlapped_ms(b, dpt["z3_b_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_b_ms"])
+            else:
+                f = f + dpt["z3_f_ms"]
+                b = b + dpt["z3_b_ms"]
         p2p = 0.0 if "pp" in free else p2p_ms
         if not quiet:
             # every transfer a chunk's task runs, exposed or hidden (the rest of f, b beyond the computation is exposed)

@@ -31,6 +31,18 @@ def test_in_series_adds_the_collectives_prefetched_hides_them():
     assert FRAMEWORK_ZERO3_PREFETCH["hf"] is False
 
 
+def test_in_series_exposes_all_of_collectives_longer_than_the_computation():
+    """Not prefetched, the step pays computation + collectives even where the collectives are the longer (a small
+    per-GPU share: 32 GPUs, 4 nodes); until stop 45 they hid the computation there (max(2 x compute, comm))."""
+    kw = dict(gpus=32, batch=32, seq=1024, micro_batch=1, zero=3, framework="hf")
+    d = wattcast.predict_cluster("llama3_8b", "dgx-h100", **kw).to_dict()
+    z3 = d["comm"]["dp_zero3_ms_per_micro"]
+    serial = d["forward_serial_ms"] + d["backward_serial_ms"]
+    assert z3 > serial  # the regime the bug hid
+    assert d["forward_ms"] + d["backward_ms"] == pytest.approx(serial + z3, rel=1e-3)  # + the batch's loading
+    assert d["exposed_comm_split_ms"]["dp"] == pytest.approx(z3, rel=1e-9)
+
+
 def test_only_zero3_is_affected_and_deepspeed_prefetches():
     kw = dict(KW, zero=1)
     a = wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch=True, **kw)
