@@ -97,8 +97,8 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     unfused_mask = fused and b.dtype not in ("fp16", "bf16")
     # ``num_experts`` under --framework megatron: Megatron-Core's MoELayer on every layer (--num-experts,
     # --moe-router-topk as ``num_experts_per_tok``), each expert Megatron-Core's SequentialMLP GeLU MLP of the FFN width
-    # (``moe_ffn_hidden_size`` defaults to ``ffn_hidden_size``, megatron/training/arguments.py); other frameworks read no
-    # expert count for a GPT, as before
+    # (``moe_ffn_hidden_size`` defaults to ``ffn_hidden_size``, megatron/training/arguments.py); under other frameworks
+    # an expert count on a GPT is refused (featurize/workload.py), not built dense
     moe = getattr(b, "framework", "hf") == "megatron" and bool(cfg.n_experts)
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
     embd_p, attn_p, resid_p = _p(cfg, "embd_pdrop", default=0.1), _p(cfg, "attn_pdrop", default=0.1), _p(cfg, "resid_pdrop", default=0.1)

@@ -356,6 +356,13 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         raise GraphError(f"framework 'megatron' models GPT (gpt2-type), Llama-architecture, Mixtral, Qwen3, Qwen2-MoE, "
                          f"Qwen3-MoE and DeepSeek-V2/V3 configs (Megatron-Core's GPTModel, with its MoE layer, "
                          f"qk-layernorm and multi-latent attention), not {cfg.model_type}")
+    if cfg.family == "gpt2" and cfg.n_experts and opts.framework != "megatron":
+        # the GPT graph builds experts only as Megatron-Core's MoELayer (hf_models.gpt2); elsewhere it would build the
+        # dense MLP and predict a dense model without a word
+        key = next(k for k in ("num_local_experts", "num_experts") if cfg.get(k))
+        raise GraphError(f"{cfg.name}: field '{key}' ({cfg.n_experts}) on a GPT (model_type {cfg.model_type}) under "
+                         f"--framework {opts.framework}: only --framework megatron builds a GPT's experts (Megatron-Core's "
+                         f"MoE layer); drop the field for the dense GPT, or use --framework megatron")
     b.framework = opts.framework
     # Megatron-Core's fused cross-entropy, read by hf_blocks.lm_head_and_loss (the fp32 loss of the megatron graphs)
     b.ce_fusion = opts.cross_entropy_fusion_impl if opts.cross_entropy_loss_fusion else None

@@ -59,11 +59,28 @@ def test_alltoall_stays_the_default_and_differs():
 
 def test_gpt_reads_num_experts_under_megatron_only():
     """A GPT config with experts builds Megatron-Core's MoE layer under --framework megatron (SequentialMLP GeLU
-    experts, no dense MLP), and stays dense on the Hugging Face path as before."""
+    experts, no dense MLP); the same config without experts stays the dense GPT on the Hugging Face path."""
     meg = step_graph(CFG, StepOptions(batch=B, seq=S, dtype="bf16", framework="megatron")).nodes
     assert meg["name"].str.contains("experts.3.linear_fc1").any() and not meg["name"].eq("mlp.c_fc").any()
-    hf = step_graph(CFG, StepOptions(batch=B, seq=S, dtype="bf16")).nodes
-    assert not hf["name"].str.contains("experts").any()
+    dense = {k: v for k, v in CFG.items() if k not in ("num_experts", "num_experts_per_tok")}
+    hf = step_graph(dense, StepOptions(batch=B, seq=S, dtype="bf16")).nodes
+    assert hf["name"].eq("mlp.c_fc").any() and not hf["name"].str.contains("experts").any()
+
+
+@pytest.mark.parametrize("framework", ["hf", "megatron-deepspeed"])
+@pytest.mark.parametrize("key", ["num_experts", "num_local_experts"])
+def test_gpt_with_experts_outside_megatron_is_refused(framework, key):
+    """Until stop 45b a GPT config's expert count under any framework but megatron was dropped without a word: the
+    graph built the dense MLP and the prediction was the dense model's. Now a GraphError names the field and says only
+    --framework megatron builds a GPT's experts (predict_distributed raises it too)."""
+    cfg = {**{k: v for k, v in CFG.items() if k != "num_experts"}, key: E}
+    with pytest.raises(GraphError, match=rf"field '{key}' \({E}\).*only --framework megatron builds a GPT's experts"):
+        step_graph(cfg, StepOptions(batch=B, seq=S, dtype="bf16", framework=framework))
+    if framework == "hf":
+        par = ParallelConfig(gpus=2, tp=2, dp=1, sp=True, micro_batch=1)
+        with pytest.raises(GraphError, match="only --framework megatron builds a GPT's experts"):
+            predict_distributed(cfg, "DGX-A100", gpus=2, batch=2, seq=S, parallel=par, dtype="bf16", attention="eager",
+                                framework=framework)
 
 
 def test_predict_distributed_and_cli_take_the_dispatcher():
