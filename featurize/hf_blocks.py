@@ -135,8 +135,9 @@ def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str, module: str = "") -> T
         if b.dtype != "fp32":
             y = b.copy(y, name=f"{name}.to_dtype", out_dtype=b.dtype)
         w = b.input((h,))
-        b.add_params(h)
-        return b.elementwise("mul", w, y, name=f"{name}.weight")
+        # the weight's h parameters belong to the kernel that reads them, so a stage that holds the norm counts them
+        # (simulate/distributed.py sums the forward nodes' param_count per pipeline stage)
+        return b.elementwise("mul", w, y, name=f"{name}.weight", params=h)
 
 
 def rope(b: GraphBuilder, x: Tensor, name: str) -> Tensor:

@@ -488,8 +488,6 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     rotate = _gpt_oss_rope if var.gpt_oss else rope
     q = rotate(b, q, "rope.q")
     k = rotate(b, k, "rope.k")
-    if var.gpt_oss:
-        b.add_params(nhl)  # self_attn.sinks: one logit per (local) head
     window = var.layer_window(layer)
     kv_len = seq
     if b.kv_context is not None:
@@ -510,6 +508,8 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
         a = eager_attention(b, q, k, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
                             mask_shape=(batch, 1, seq, kv_len), strided=(False, False, nhl == nkvl and b.kv_context is None),
                             softcap=var.attn_softcap, sinks=var.gpt_oss)
+    if var.gpt_oss:
+        b.own_params(a, nhl)  # self_attn.sinks: one logit per (local) head, owned by the attention that reads them
     a = merge_heads(b, a, name="self_attn.transpose")
     return b.tp_exit(b.linear(a, cfg.hidden, bias=o_bias, name="self_attn.o_proj", parallel="row"),
                      name="self_attn.exit")

@@ -393,6 +393,16 @@ class GraphBuilder:
         self.param_count += int(n)
         self.param_bytes += int(n) * self.dbytes
 
+    def own_params(self, t: Tensor, n: int) -> None:
+        """Attribute ``n`` (possibly negative) more parameters to the node that produced ``t`` (a pipeline stage
+        counts the parameters of the forward nodes it holds, simulate/distributed.py)."""
+        if n == 0:
+            return
+        if t.node < 0:
+            raise GraphError("parameters must belong to a kernel")
+        self._nodes[t.node].values["param_count"] += int(n)
+        self.add_params(n)
+
     def _add(self, name: str, op_class: str, kernel: str, method: str, inputs: Sequence[Tensor], out_shape,
              *, flops: float, bytes_: float, params: int = 0, saves: Sequence[Tensor] = (),
              backward: Sequence[dict] = (), out_dtype: str | None = None, grad_inputs: Sequence[Tensor] | None = None,

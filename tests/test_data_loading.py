@@ -165,3 +165,24 @@ def test_cli_flags():
     assert json.loads(r.stdout)["data_loading"]["per_micro"]["single"]["loader_ms"] == 3.0
     r = run_cli("predict", "-m", "gpt2", "--device", "A100", "--data-workers", "-1")
     assert r.returncode != 0 and "data_workers" in (r.stdout + r.stderr)
+
+
+def test_cluster_forward_ms_includes_loading_drawn_inside_the_f_events():
+    """On a cluster the loading of a micro-batch is part of the forward task that reads it: ``forward_ms`` is the sum
+    of the trace's F events, and each ``data_loadingN`` event is drawn inside its F event (nested, not beside it), so
+    a slower loader (no workers: in series) grows ``forward_ms`` and the F events by the data_loading events' time.
+    (User audit: the 70B trace's F events summed to forward_ms with data_loadingN as separate events; they overlap.)"""
+    kw = dict(gpus=2, pp=2, batch=8, seq=512, micro_batch=2, framework="hf", data_workers=0, trace=True)
+    base = wattcast.predict_cluster("gpt2", "DGX-A100", **kw)
+    slow = wattcast.predict_cluster("gpt2", "DGX-A100", data_load_ms=3.0, **kw)
+    for r in (base, slow):
+        f = [e for e in r.events if e["name"].startswith("F")]
+        dl = [e for e in r.events if e["name"].startswith("data_loading")]
+        assert sum(e["end_ms"] - e["start_ms"] for e in f) == pytest.approx(r.forward_ms, rel=1e-9)
+        assert len(dl) == 2 * 4 and all(
+            any(x["stage"] == d["stage"] and x["start_ms"] <= d["start_ms"] and d["end_ms"] <= x["end_ms"] for x in f)
+            for d in dl)
+    load = [sum(e["end_ms"] - e["start_ms"] for e in r.events if e["name"].startswith("data_loading"))
+            for r in (base, slow)]
+    assert load[1] - load[0] == pytest.approx(3.0 * 2 * 4)  # 3 ms on each of 4 micro-batches' 2 reading forwards
+    assert slow.forward_ms - base.forward_ms == pytest.approx(load[1] - load[0], rel=1e-9)

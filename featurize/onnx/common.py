@@ -45,16 +45,8 @@ class _Static:
 
 
 class _Builder(GraphBuilder):
-    """GraphBuilder plus the three hooks an importer of arbitrary graphs needs (see the report)."""
-
-    def own_params(self, t: Tensor, n: int) -> None:
-        """Attribute ``n`` (possibly negative) more parameters to the node that produced ``t``."""
-        if n == 0:
-            return
-        if t.node < 0:
-            raise GraphError("parameters must belong to a kernel")
-        self._nodes[t.node].values["param_count"] += int(n)
-        self.add_params(n)
+    """GraphBuilder plus the hooks an importer of arbitrary graphs needs (see the report; ``own_params`` is
+    GraphBuilder's)."""
 
     def link(self, t: Tensor, inputs: Iterable[Tensor]) -> None:
         """Add data-dependency edges from ``inputs`` to the node that produced ``t``."""
