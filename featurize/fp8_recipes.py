@@ -146,6 +146,40 @@ def weight_copy_bytes_per_param(recipe: str, transpose: bool = True) -> float:
     return 2.0 + weight_scale_bytes_per_param(recipe)
 
 
+def activation_cast_copies(recipe: str, *, transpose: bool = True, train: bool = True) -> int:
+    """FP8 copies (1 B an element each) a linear layer's input cast writes: the row-wise data for the forward GEMM and,
+    in training, the transpose / column-wise copy the weight-gradient GEMM reads. Inference writes the row-wise data
+    alone, every recipe: TE 2.20.2 ``pytorch/module/linear.py`` l. 399 ``backward_needs_input = is_grad_enabled and
+    weight_requires_grad`` and l. 524-531 ``input_quantizer.set_usage(rowwise=True, columnwise=backward_needs_input
+    ...)`` (``layernorm_linear.py`` l. 200 and l. 226-229 alike; ``grouped_linear.py`` l. 461-463), and under
+    ``torch.no_grad`` ``is_grad_enabled`` is False; ``csrc/quantizer.cpp`` then allocates and writes no column-wise
+    data or scales (Float8 l. 375 ``with_transpose = columnwise_usage && ...``, MXFP8 l. 1525-1536, FP8 block
+    l. 1080-1090: ``if (columnwise_usage)``). Training: 2, or 1 for a per-tensor recipe on a GPU without the
+    transpose (:func:`fp8_writes_transpose`)."""
+    if not train or (recipe in PER_TENSOR_RECIPES and not transpose):
+        return 1
+    return 2
+
+
+def cast_scale_bytes(recipe: str, m: int, k: int, *, train: bool = True) -> int:
+    """Scale bytes an (m, k) activation cast writes: the row-wise copy's block scales and, in training, the
+    column-wise copy's (inference writes no column-wise copy: :func:`activation_cast_copies`); 0 for the per-tensor
+    recipes."""
+    return scale_bytes(recipe, m, k, columnwise=False) + (scale_bytes(recipe, m, k, columnwise=True) if train else 0)
+
+
+def inference_weight_bytes_per_param(recipe: str) -> float:
+    """Bytes per parameter of an FP8 linear weight held for inference: the row-wise FP8 data (1 B) and its row-wise
+    block scales (mxfp8 1 B / 32, blockwise 4 B / 128^2; none for the per-tensor recipes), no column-wise copy or
+    transpose. TE 2.20.2: FP8 parameters made under ``torch.no_grad`` are quantized row-wise only
+    (``pytorch/module/base.py`` l. 1847 ``quantizer.set_usage(rowwise=True, columnwise=torch.is_grad_enabled())``)
+    and used as they are (l. 836-845 ``quantize_weight``: an already-quantized weight only updates the usages its
+    quantizer asks for); a bf16 weight cast in the forward asks for no column-wise usage without grad
+    (``linear.py`` l. 563-571 ``columnwise_usage = is_grad_enabled and ...``; ``layernorm_linear.py`` l. 346-348;
+    ``layernorm_mlp.py`` l. 511-521)."""
+    return 1.0 + weight_scale_bytes_per_param(recipe) / 2.0
+
+
 #: the recipes with one scale per tensor (TE's Float8Quantizer / Float8CurrentScalingQuantizer), whose column-wise
 #: copy is a transpose of the row-wise data, written only where the GEMM needs it (:func:`fp8_writes_transpose`)
 PER_TENSOR_RECIPES = ("delayed", "tensorwise")

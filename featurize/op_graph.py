@@ -45,8 +45,8 @@ import pandas as pd
 from wattcast.data.collective_ops import COLLECTIVES
 from wattcast.data.kernel_ops import (BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLASH_KERNELS, FLOPS_PER_ELEMENT, UNARY_OPS,
                                       canonical_dtype)
-from wattcast.featurize.fp8_recipes import (CURRENT_SCALE_KERNEL_BYTES, E5M6_BYTES, PER_TENSOR_RECIPES,
-                                            checked_fp8_recipe, scale_bytes)
+from wattcast.featurize.fp8_recipes import (CURRENT_SCALE_KERNEL_BYTES, E5M6_BYTES, activation_cast_copies,
+                                            cast_scale_bytes, checked_fp8_recipe, scale_bytes)
 
 OP_CLASSES = (
     "linear", "bmm", "conv", "elementwise", "layernorm", "softmax", "reduction", "embedding", "memory",
@@ -133,12 +133,6 @@ def unmapped_ops_warning(unmapped: dict) -> str | None:
 
 class GraphError(ValueError):
     """A workload cannot be turned into an operator graph (bad shape, unknown op, ...)."""
-
-
-def _fp8_both_scales(recipe: str, m: int, k: int) -> int:
-    """Scale bytes a cast writes for an (m, k) tensor's row-wise and column-wise FP8 copies
-    (featurize/fp8_recipes.py)."""
-    return scale_bytes(recipe, m, k, columnwise=False) + scale_bytes(recipe, m, k, columnwise=True)
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -488,17 +482,20 @@ class GraphBuilder:
                 bw.extend(self._fp8_amax_bw(f"{name}.grad_fp8_amax", g * m * k * db))
             # the cast writes the row-wise data and its transpose / column-wise copy (1 B each) and their block scales;
             # per-tensor recipes on a GPU whose FP8 GEMMs take non-TN layouts (data-centre Blackwell) the data alone
-            # (TE 2.20.2 csrc/quantizer.cpp l. 361-375: no transpose when is_non_tn_fp8_gemm_supported)
-            copies = 1 if (rec in PER_TENSOR_RECIPES and not self.fp8_transpose) else 2
+            # (TE 2.20.2 csrc/quantizer.cpp l. 361-375: no transpose when is_non_tn_fp8_gemm_supported); inference
+            # (no grad) the row-wise data and scales alone, every recipe (fp8_recipes.activation_cast_copies)
+            copies = activation_cast_copies(rec, transpose=self.fp8_transpose, train=self.train)
             self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [saved], saved.shape, flops=g * saved.numel,
-                      bytes_=g * (saved.numel * (db + copies * gb) + _fp8_both_scales(rec, sm, n)), grad_inputs=[])
+                      bytes_=g * (saved.numel * (db + copies * gb) + cast_scale_bytes(rec, sm, n, train=self.train)),
+                      grad_inputs=[])
             bw.append(self._bw(f"{name}.grad_fp8_cast", "fp8_cast", "", "proxy", flops=g * m * k,
-                               bytes_=g * (m * k * (db + copies * gb) + _fp8_both_scales(rec, m, k))))
+                               bytes_=g * (m * k * (db + copies * gb) + cast_scale_bytes(rec, m, k))))
         if fp8:
             src_tid = saved.tid
             saved = self._tensor(saved.shape, "fp8", -1)  # the FP8 copy (sharded under SP), kept for backward
             self._fp8_source[saved.tid] = src_tid
-            col_scales = scale_bytes(rec, sm, n, columnwise=True)  # its column-wise block scales (mxfp8, blockwise)
+            # its column-wise block scales (mxfp8, blockwise), kept for the weight gradient: none without a backward
+            col_scales = scale_bytes(rec, sm, n, columnwise=True) if self.train else 0
             if col_scales:
                 saved = [saved, self._tensor((col_scales,), "fp8", -1)]
                 self._fp8_source[saved[1].tid] = src_tid

@@ -14,7 +14,8 @@
 - inference: weights plus the largest kernel's working set (no saved activations), plus the KV cache of a KV-cached
   step (``kv_context``: batch x (context + new tokens) x 2 x layers x KV heads x head dim x dtype bytes, its own term
   ``kv_cache_gb``; the working set then leaves out the cache it reads). Under an FP8 recipe the linear layers'
-  weights are held in FP8 (1 B; :func:`inference_weight_bytes`).
+  weights are held in FP8, the row-wise copy alone (1 B, plus its block scales under mxfp8 / blockwise;
+  :func:`inference_weight_bytes`).
 
 Not counted (stated): the CUDA context and allocator fragmentation (typically 0.3-1 GB on the device).
 """
@@ -27,7 +28,8 @@ import numpy as np
 
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import GraphMemo
-from wattcast.featurize.fp8_recipes import DEFAULT_FP8_RECIPE, weight_copy_bytes_per_param
+from wattcast.featurize.fp8_recipes import (DEFAULT_FP8_RECIPE, inference_weight_bytes_per_param,
+                                            weight_copy_bytes_per_param)
 from wattcast.featurize.op_graph import OpGraph
 from wattcast.featurize.recompute import FP8_SWIGLU_TAG, deepseek_storage, module_layers_end, node_tags, recompute_tags
 from wattcast.featurize.training_graph import optimizer_state_bytes
@@ -159,7 +161,9 @@ def inference_weight_bytes(graph: OpGraph, db: int) -> float:
     parameters and no higher-precision copy). Embedding, norms and output layer stay in the model's dtype, as the
     training recipe keeps them (hf_blocks.lm_head_and_loss; vLLM does not quantize ``lm_head`` or the embedding).
     Until stop 41 inference held the weights in bf16 plus the largest FP8 cast (16.1 GB for Llama 3 8B, whose FP8
-    serving checkpoint is 9.1 GB)."""
+    serving checkpoint is 9.1 GB). The FP8 weight is the row-wise copy alone, with its row-wise block scales under
+    mxfp8 / blockwise (:func:`~wattcast.featurize.fp8_recipes.inference_weight_bytes_per_param`: no transpose or
+    column-wise copy without a backward; until stop 45 the block scales were not counted)."""
     n = graph.nodes
     params = float(graph.meta.get("param_count", 0))
     sel = ((n["phase"] == "forward") & (n["dtype"] == "fp8") & (n["op_class"] == "linear")).to_numpy()
@@ -169,7 +173,8 @@ def inference_weight_bytes(graph: OpGraph, db: int) -> float:
     p = n.loc[sel, "param_count"].to_numpy(dtype=float)
     w = np.minimum(p, n.loc[sel, "N"].to_numpy(dtype=float) * n.loc[sel, "K"].to_numpy(dtype=float))
     fp8_w = float(w.sum())
-    return (params - fp8_w) * db + fp8_w * DTYPE_BYTES["fp8"]
+    recipe = graph.meta.get("fp8_scaling") or DEFAULT_FP8_RECIPE
+    return (params - fp8_w) * db + fp8_w * inference_weight_bytes_per_param(recipe)
 
 
 def fp8_weight_copy_bytes(graph: OpGraph) -> float:
