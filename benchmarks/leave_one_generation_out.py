@@ -57,6 +57,19 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
 Per held-out device and dtype: rows, MAPE and signed mean error for GEMMs >= 1 GFLOP and smaller ones. Goal (kernels
 issue): >= 1 GFLOP within 10% MAPE and |bias| <= 5% on every held-out generation; small GEMMs within 20%.
 NeuSight's FP32 rows are subsampled (``--fp32-sample``) to keep the six fits to minutes; said in the output.
+
+fp8 format combinations (a diagnostic, shipped recipe only): a device's fp8 cells are one XLA (lhs, rhs, out)
+combination (``data.kernel_datasets.XLA_DTYPES``: e4m3 x e4m3 -> bf16, the fnuz variants on gfx942), i.e. on ROCm
+XLA's same-format kernel path. The fold's model (trained exactly as above, never on these rows) also predicts every
+other fp8 combination of a held-out device the tables carry (``load_xla_fp8_combinations``); the script prints MAPE
+and signed bias >= 1 GFLOP per combination, its best measured TFLOPS over the dense FP8 peak, and how many of its rows
+measure above that peak (physically impossible; nothing is dropped). Measured (wheel table, shipped recipe): MI355X
+same-format e4m3 x e4m3 -> bf16 best 1,938 TFLOPS = 0.39 of 5,033 (31.3 / -26.6); the mixed e4m3 x e5m2 and e5m2 x
+e4m3 -> bf16 reach 0.90 and 1.04 (one reading above peak) but only at the few largest shapes (median 0.09 of peak,
+as same-format), and read 31.6 / -17.9 and 31.8 / -17.2: the same-format cap explains the >= 64 GFLOP bucket (-45%
+vs -30 / -16%), not the cell's bias (16-64 GFLOP is -46% in every combination). MI300X's combinations all peak at
+0.69-0.73 (mixed fnuz -> fp8 e4m3 out 0.47-0.52) and read -14 to -20% (those two -48%); B200's three are equal
+(0.73; 14.7 / -8.1 to -8.3).
 """
 
 from __future__ import annotations
@@ -68,7 +81,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.catalog import resolve_device
-from wattcast.data.kernel_datasets import load_kernels
+from wattcast.data.kernel_datasets import COLUMNS, load_kernels, load_xla_fp8_combinations
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, PREDICT_SOURCE, blend_weight, blended_log_ratio
 from wattcast.training.gemm_floor import (ceiling_from_ratio, fit_ceiling_member, fit_physical, floor_reference_ms,
@@ -105,6 +118,12 @@ def metric_key(r, k: str) -> str:
     """The MLflow metric key of one error-table row's ``k`` (``mape_pct`` / ``bias_pct``)."""
     return (f"{model_key(r.model)}_{r.device}_{r.dtype}_{r.source.replace('/', '_')}_"
             f"{'big' if r.size.startswith('>=') else 'small'}_{k}")
+
+
+def fp8_metric_key(r, k: str) -> str:
+    """The MLflow metric key of one :func:`fp8_combination_table` row's ``k``: :func:`metric_key`'s naming with the
+    (lhs, rhs, out) combination after ``fp8`` (``..._MI355X_fp8_f8e4m3fn_f8e5m2_bf16_xla_big_mape_pct``)."""
+    return f"{model_key(r.model)}_{r.device}_fp8_{r.lhs}_{r.rhs}_{r.out}_xla_big_{k}"
 
 
 def gemm_rows(root, fp32_sample: float, seed: int = 0, xla_tables=None) -> pd.DataFrame:
@@ -224,12 +243,51 @@ def size_table(df: pd.DataFrame, pred_ms: np.ndarray, fold: str, model: str) -> 
     return out.assign(gflop=out["gflop"].astype(str))
 
 
+def fp8_combination_table(rows: pd.DataFrame, pred_ms: np.ndarray, peak_tflops: np.ndarray, fold: str,
+                          model: str, min_gflop: float = 1.0) -> pd.DataFrame:
+    """Per device and XLA fp8 (lhs, rhs, out) combination: rows >= ``min_gflop`` GFLOP, their MAPE and signed mean
+    error of ``pred_ms``, the combination's best measured TFLOPS (every size) over the device's dense FP8 peak
+    (``peak_tflops``, per row) and how many of its rows measure above that peak (physically impossible readings).
+    ``rows``: ``device``, ``lhs_dtype``, ``rhs_dtype``, ``out_dtype``, ``kept`` (the combination the fold's fp8 cell
+    is made of), ``tflops``, ``latency_ms`` and the shape (``B``, ``M``, ``N``, ``K``)."""
+    big = gemm_gflop(rows) >= min_gflop
+    lat = rows["latency_ms"].to_numpy(dtype=float)
+    err = 100 * (np.asarray(pred_ms, dtype=float) - lat) / lat
+    tflops = rows["tflops"].to_numpy(dtype=float)
+    peak = np.asarray(peak_tflops, dtype=float)
+    t = pd.DataFrame({"device": rows["device"].to_numpy(), "lhs": rows["lhs_dtype"].to_numpy(),
+                      "rhs": rows["rhs_dtype"].to_numpy(), "out": rows["out_dtype"].to_numpy(),
+                      "kept": rows["kept"].to_numpy(dtype=bool), "big": big, "abs_err": np.where(big, np.abs(err), np.nan),
+                      "err": np.where(big, err, np.nan), "tflops": tflops, "over_peak": tflops > peak,
+                      "frac": tflops / peak})
+    g = t.groupby(["device", "lhs", "rhs", "out"], sort=True)
+    out = pd.DataFrame({"kept": g["kept"].any(), "rows": g["big"].sum().astype(int), "mape_pct": g["abs_err"].mean(),
+                        "bias_pct": g["err"].mean(), "best_tflops": g["tflops"].max(),
+                        "best_over_peak": g["frac"].max(), "rows_over_peak": g["over_peak"].sum().astype(int)})
+    return out.reset_index().assign(fold=fold, model=model)[
+        ["fold", "model", "device", "lhs", "rhs", "out", "kept", "rows", "mape_pct", "bias_pct", "best_tflops",
+         "best_over_peak", "rows_over_peak"]]
+
+
+def fp8_combination_rows(root, xla_tables, devices) -> pd.DataFrame:
+    """:func:`load_xla_fp8_combinations` on ``devices`` that carry more than one fp8 (lhs, rhs, out) combination."""
+    c = load_xla_fp8_combinations(root, xla_tables)
+    c = c[c["device"].isin(devices)]
+    n = c.groupby("device")[["lhs_dtype", "rhs_dtype", "out_dtype"]].apply(lambda d: len(d.drop_duplicates()))
+    return c[c["device"].isin(n[n > 1].index)].reset_index(drop=True)
+
+
 def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes: list | None = None,
-        xla_tables=None) -> pd.DataFrame:
+        xla_tables=None, fp8_combos: list | None = None) -> pd.DataFrame:
     """Every fold's error table; ``sizes`` (a list), when given, receives the shipped recipe's (``bundle``)
-    :func:`size_table` per fold. A fold with no tensor-dtype rows to predict is skipped."""
+    :func:`size_table` per fold; ``fp8_combos`` (a list), when given, the shipped recipe's
+    :func:`fp8_combination_table` per fold (every XLA fp8 format combination of a held-out device predicted by the
+    fold's model, which never trains on them). A fold with no tensor-dtype rows to predict is skipped."""
     df = gemm_rows(root, fp32_sample, xla_tables=xla_tables)
     X, y, specs = features(df, root)
+    combos = fp8_combination_rows(root, xla_tables, set(df["device"])) if fp8_combos is not None else None
+    if combos is not None and len(combos):
+        Xc = features(combos[list(COLUMNS)], root)[0]
     cfg = TrainConfig()
     bundle_feats = family_features("gemm")
     norm_feats = list(NORMALISED) + ["mamf_ratio"] + [f"src_{s}" for s in SOURCES]
@@ -347,7 +405,7 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         # ".../no-op-name": the ceiling member without ``is_linear`` (an NVIDIA part's tensor-core training rows are all
         # ``linear``, XLA's all ``bmm``: the flag tells the trees the source). Stop 32, not adopted: the retrained
         # family validated 7.58% vs 7.56% in distribution (MLflow af45449a; README "Leave one generation out")
-        p_roof = None
+        p_roof, roof_fit = None, None
         for model, c_feats in (("bundle+floor-blend/ceiling-member", bundle_feats),
                                ("bundle+floor-blend/ceiling-member/no-op-name",
                                 [f for f in bundle_feats if f != "is_linear"])):
@@ -357,7 +415,8 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             cm, entry = fit_ceiling_member(df[train].reset_index(drop=True), X[train].reset_index(drop=True), specs,
                                            c_feats, floors_ms, X["mamf_ratio"].to_numpy()[train], rounds=cfg.lgbm_rounds)
             floor_model = floor_model or Fitted(X[train], np.log(lat / ref_ms)[train], bundle_feats, cfg)
-            p_roof = Fitted(X[train], y[train], bundle_feats, cfg).predict(X[test]) if p_roof is None else p_roof
+            roof_fit = roof_fit or Fitted(X[train], y[train], bundle_feats, cfg)
+            p_roof = roof_fit.predict(X[test]) if p_roof is None else p_roof
             blend = {"floors_ms": floors_ms, "source": PREDICT_SOURCE, "gflop": list(FLOOR_BLEND_GFLOP)}
             pred = np.full(len(df), np.nan)
             pred[test] = np.exp(members_log_ratio(p_roof, X[test], df[test], specs, floor_model, blend, cm, entry,
@@ -368,6 +427,18 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
                 sizes.append(size_table(df[test], pred[test], fold, model))
             tab["fit_s"] = time.time() - t0
             out.append(tab)
+            # every XLA fp8 format combination of the fold's held-out devices, predicted (never trained on) by the
+            # same members: which fp8 kernel path the fold's fp8 cells measure
+            sel = combos["device"].isin(devices).to_numpy() if combos is not None and len(combos) else None
+            if model == SHIPPED_MODEL and sel is not None and sel.any():
+                rc, xc = combos[sel], Xc[sel]
+                roof_c = xc["t_roof_ms"].to_numpy()
+                floor_c = floor_reference_ms(roof_c, rc["source"].to_numpy(), floors_ms) - roof_c
+                pc = np.exp(members_log_ratio(roof_fit.predict(xc), xc, rc, specs, floor_model, blend, cm, entry,
+                                              xc["mamf_ratio"].to_numpy(), ceiling_floor_ms=entry["floor_ms"],
+                                              blend_floor_ms=floor_c)) * roof_c
+                peak = np.array([specs[d].peak_fp8_tflops for d in rc["device"]], dtype=float)
+                fp8_combos.append(fp8_combination_table(rc, pc, peak, fold, model))
         for model in ("bundle/vendor-split/additive/ceiling", "bundle/vendor-split/additive/observed-ceiling",
                       "bundle+floor-blend/vendor-split"):
             if models and model not in models:
@@ -418,13 +489,23 @@ def main() -> None:
     a = ap.parse_args()
     t0 = time.time()
     sizes: list = []
-    t = run(a.data, a.fp32_sample, tuple(a.models.split(",")) if a.models else None, sizes=sizes, xla_tables=a.xla_table)
+    fp8_combos: list = []
+    t = run(a.data, a.fp32_sample, tuple(a.models.split(",")) if a.models else None, sizes=sizes, xla_tables=a.xla_table,
+            fp8_combos=fp8_combos)
     pd.set_option("display.width", 220)
     print(t.drop(columns=["fit_s"]).round(1).to_string(index=False))
     by_size = pd.concat(sizes, ignore_index=True) if sizes else pd.DataFrame()
     if len(by_size):
         print("\nthe shipped recipe (bundle) by GEMM size, GFLOP (signed bias per bucket):")
         print(by_size.round(1).to_string(index=False))
+    by_fp8 = pd.concat(fp8_combos, ignore_index=True) if fp8_combos else pd.DataFrame()
+    if len(by_fp8):
+        print("\nthe shipped recipe on every XLA fp8 (lhs, rhs, out) combination of a held-out device (the fold's model;"
+              " kept = the\ncombination the fp8 cells above are made of, the others predicted only; MAPE / bias on"
+              " rows >= 1 GFLOP;\nbest measured TFLOPS at any size over the dense FP8 peak; rows_over_peak: readings"
+              " above the peak, physically impossible):")
+        print(by_fp8.drop(columns=["model"]).round({"mape_pct": 1, "bias_pct": 1, "best_tflops": 0,
+                                                     "best_over_peak": 2}).to_string(index=False))
     big = t[t["size"] == ">= 1 GFLOP"]
     goal = big.assign(met=(big.mape_pct <= 10) & (big.bias_pct.abs() <= 5)).groupby("model")["met"].agg(["sum", "count"])
     print(f"\nrows >= 1 GFLOP meeting 10% MAPE and |bias| <= 5% (per device x dtype x source):\n{goal.to_string()}")
@@ -437,8 +518,12 @@ def main() -> None:
         shipped = t[t["model"] == SHIPPED_MODEL]
         metrics = {metric_key(r, k): float(getattr(r, k)) for r in shipped.itertuples() for k in ("mape_pct", "bias_pct")}
         metrics.update({f"goal_cells_met_{model_key(m)}": float(g["sum"]) for m, g in goal.iterrows()})
+        metrics.update({fp8_metric_key(r, k): float(getattr(r, k)) for r in by_fp8.itertuples()
+                        for k in ("mape_pct", "bias_pct", "best_over_peak", "rows_over_peak")
+                        if np.isfinite(getattr(r, k))})
         run_id = log_run(a.mlruns, experiment="kernel-logo", params={"fp32_sample": a.fp32_sample}, metrics=metrics,
-                         tags={"kind": "leave-one-generation-out"}, tables={"logo": t, "logo_bundle_by_size": by_size})
+                         tags={"kind": "leave-one-generation-out"},
+                         tables={"logo": t, "logo_bundle_by_size": by_size, "logo_fp8_combinations": by_fp8})
         print(f"MLflow run {run_id} (experiment kernel-logo)")
 
 

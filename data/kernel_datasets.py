@@ -115,6 +115,7 @@ __all__ = [
     "KernelDataError",
     "resolve_data_root",
     "load_kernels",
+    "load_xla_fp8_combinations",
     "load_label_nodes",
     "load_user_kernels",
     "split_heldout",
@@ -442,8 +443,9 @@ def _load_neusight(root: Path, sub: str, source_key: str, dropped: Counter, excl
 _XLA_KEY = ["device", "b", "m", "n", "k", "lhs_dtype", "rhs_dtype", "out_dtype"]
 
 
-def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[Path] = (),
-              withheld: Counter | None = None) -> list[pd.DataFrame]:
+def _xla_raw_tables(root: Path, extra: Sequence[Path] = ()) -> list[tuple[pd.DataFrame, str]]:
+    """The shared XLA table and each extra one as raw ``(device, b, m, n, k, lhs/rhs/out dtype, flops_per_s)``
+    frames with their origin; an extra table's row whose key an earlier table has is left out (the shared row wins)."""
     f = _need_file(root / "tensorcore" / "xla_matmul_perf_table.csv", "XLA matmul table")
     origin = _rel(f, root)
     header = _header(f)
@@ -451,7 +453,7 @@ def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[P
     for c in need:
         _pick(header, c, origin)
     shared = pd.read_csv(f, usecols=need)
-    frames = [_xla_rows(shared, origin, excluded, withheld)]
+    tables = [(shared, origin)]
     seen = shared[_XLA_KEY].astype(str)
     if extra:
         from wattcast.data.xla_perf_table import read_xla_gemm_table
@@ -460,8 +462,46 @@ def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[P
         key = more[_XLA_KEY].astype(str)
         dup = pd.MultiIndex.from_frame(key).isin(pd.MultiIndex.from_frame(seen))
         seen = pd.concat([seen, key[~dup]], ignore_index=True)
-        frames.append(_xla_rows(more.loc[~dup].reset_index(drop=True), str(path), excluded, withheld))
-    return frames
+        tables.append((more.loc[~dup].reset_index(drop=True), str(path)))
+    return tables
+
+
+def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[Path] = (),
+              withheld: Counter | None = None) -> list[pd.DataFrame]:
+    return [_xla_rows(raw, origin, excluded, withheld) for raw, origin in _xla_raw_tables(root, extra)]
+
+
+def load_xla_fp8_combinations(root: str | os.PathLike[str] | None = None,
+                              xla_tables: Sequence[str | os.PathLike[str]] | None = None) -> pd.DataFrame:
+    """Every XLA GEMM row with an fp8 input (``f8*`` lhs or rhs, any output) on a catalog device the shared datasets
+    do not withhold, as unified ``bmm`` rows labelled ``fp8`` (shape mapping as :func:`load_kernels`), plus the
+    table's ``lhs_dtype``, ``rhs_dtype``, ``out_dtype``, measured ``tflops`` and ``kept`` (the combination
+    :data:`XLA_DTYPES` keeps as the device's ``fp8`` rows, i.e. the rows :func:`load_kernels` returns). A
+    diagnostic of which fp8 kernel path the kept rows measure; :func:`load_kernels` is unchanged."""
+    data_root = resolve_data_root(root)
+    if xla_tables is None:
+        from wattcast.data.xla_perf_table import tables_from_env
+
+        xla_tables = tables_from_env()
+    frames = []
+    for raw, origin in _xla_raw_tables(data_root, [Path(p) for p in xla_tables]):
+        raw = raw[raw["lhs_dtype"].astype(str).str.startswith("f8") | raw["rhs_dtype"].astype(str).str.startswith("f8")]
+        dev, keep = _map_devices(raw["device"], "xla", origin, Counter())
+        raw = raw.loc[keep]
+        combo = zip(raw["lhs_dtype"].astype(str), raw["rhs_dtype"].astype(str), raw["out_dtype"].astype(str))
+        kept = [XLA_DTYPES.get(d, {}).get(c) == "fp8" for d, c in zip(raw["device"].astype(str), combo)]
+        b, m, n, k = (_num(raw[c]) for c in ("b", "m", "n", "k"))
+        flops = _num(raw["flops_per_s"])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lat = 2.0 * b * m * n * k / flops * 1e3
+        fr = _frame(len(raw), op="bmm", dtype="fp8", B=b, M=m, N=k, K=n, device=dev[keep], latency_ms=lat,
+                    source="xla", origin=origin)
+        frames.append(fr.assign(lhs_dtype=raw["lhs_dtype"].astype(str).to_numpy(),
+                                rhs_dtype=raw["rhs_dtype"].astype(str).to_numpy(),
+                                out_dtype=raw["out_dtype"].astype(str).to_numpy(), tflops=flops / 1e12,
+                                kept=np.array(kept, dtype=bool)))
+    out = pd.concat(frames, ignore_index=True)
+    return out[np.isfinite(out["latency_ms"]) & (out["latency_ms"] > 0)].reset_index(drop=True)
 
 
 def _xla_rows(raw: pd.DataFrame, origin: str, excluded: Counter, withheld: Counter | None = None) -> pd.DataFrame:

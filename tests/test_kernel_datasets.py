@@ -355,3 +355,28 @@ def test_user_kernels_lists_at_most_ten(tmp_path):
     msg = str(e.value)
     assert "15 bad row(s)" in msg and "... and 5 more" in msg
     assert msg.count("  line ") == 10
+
+
+def test_load_xla_fp8_combinations_keeps_every_fp8_pair_and_flags_the_kept_one(tmp_path):
+    root = tmp_path / "datasets"
+    (root / "tensorcore").mkdir(parents=True)
+    head = "device,b,m,n,k,lhs_dtype,rhs_dtype,out_dtype,flops_per_s,tflops,derived_time_us\n"
+    rows = ["gfx950,1,256,512,1024,f8e4m3fn,f8e4m3fn,bf16,2e14,200,0",
+            "gfx950,1,256,512,1024,f8e4m3fn,f8e5m2,bf16,4e14,400,0",
+            "gfx950,1,256,512,1024,f8e5m2,f8e4m3fn,f32,5e14,500,0",
+            "gfx950,1,256,512,1024,bf16,bf16,bf16,1e14,100,0",  # not fp8: left out
+            "sm_90,1,256,512,1024,f8e4m3fn,f8e4m3fn,bf16,3e14,300,0",  # withheld Hopper: left out
+            "gfx999,1,256,512,1024,f8e4m3fn,f8e4m3fn,bf16,3e14,300,0"]  # no catalog device: left out
+    (root / "tensorcore" / "xla_matmul_perf_table.csv").write_text(head + "\n".join(rows) + "\n")
+    df = kd.load_xla_fp8_combinations(root, xla_tables=[])
+    assert list(df["device"]) == ["MI355X"] * 3 and set(df["dtype"]) == {"fp8"} and set(df["source"]) == {"xla"}
+    assert list(zip(df["lhs_dtype"], df["rhs_dtype"], df["out_dtype"])) == [
+        ("f8e4m3fn", "f8e4m3fn", "bf16"), ("f8e4m3fn", "f8e5m2", "bf16"), ("f8e5m2", "f8e4m3fn", "f32")]
+    assert list(df["kept"]) == [True, False, False]
+    assert list(df["tflops"]) == pytest.approx([200.0, 400.0, 500.0])
+    # the same shape mapping and latency as load_kernels (k the contraction -> N)
+    assert list(df[["M", "N", "K"]].iloc[0]) == [256.0, 1024.0, 512.0]
+    assert df["latency_ms"].iloc[0] == pytest.approx(2 * 256 * 512 * 1024 / 2e14 * 1e3)
+    kept = load_kernels(root, sources=["xla"], xla_tables=[])
+    kept = kept[kept["dtype"] == "fp8"]
+    assert len(kept) == 1 and kept["latency_ms"].iloc[0] == pytest.approx(df["latency_ms"].iloc[0])

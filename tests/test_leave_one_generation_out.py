@@ -1,0 +1,70 @@
+"""benchmarks/leave_one_generation_out.py: the per-(lhs, rhs, out) fp8 combination summary (pure function, synthetic
+frame; the benchmark itself takes minutes and is not run here)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "leave_one_generation_out.py"
+
+
+@pytest.fixture(scope="module")
+def logo():
+    spec = importlib.util.spec_from_file_location("leave_one_generation_out", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows() -> pd.DataFrame:
+    # device X: a kept same-format combination (two rows >= 1 GFLOP, one below) and a mixed one; device Y: one
+    # combination with a reading above its peak. 2*1*1024*1024*1024 = 2.15 GFLOP, 2*1*256*256*256 = 0.03 GFLOP.
+    return pd.DataFrame({
+        "device": ["X", "X", "X", "X", "X", "Y"],
+        "lhs_dtype": ["e4", "e4", "e4", "e4", "e5", "e4"],
+        "rhs_dtype": ["e4", "e4", "e4", "e5", "e4", "e4"],
+        "out_dtype": ["bf16"] * 6,
+        "kept": [True, True, True, False, False, True],
+        "B": [1.0] * 6,
+        "M": [1024.0, 1024.0, 256.0, 1024.0, 1024.0, 1024.0],
+        "N": [1024.0, 1024.0, 256.0, 1024.0, 1024.0, 1024.0],
+        "K": [1024.0, 1024.0, 256.0, 1024.0, 1024.0, 1024.0],
+        "latency_ms": [1.0, 2.0, 1.0, 1.0, 1.0, 1.0],
+        "tflops": [400.0, 200.0, 450.0, 900.0, 800.0, 1200.0],
+    })
+
+
+def test_fp8_combination_table_groups_and_summarises(logo):
+    rows = _rows()
+    pred_ms = np.array([0.5, 1.0, 100.0, 1.2, 0.9, 1.0])  # the 0.03 GFLOP row's error must not count
+    peak = np.array([1000.0] * 5 + [1100.0])
+    t = logo.fp8_combination_table(rows, pred_ms, peak, "fold", "m")
+    assert list(t[["device", "lhs", "rhs"]].itertuples(index=False, name=None)) == [
+        ("X", "e4", "e4"), ("X", "e4", "e5"), ("X", "e5", "e4"), ("Y", "e4", "e4")]
+    same = t.iloc[0]
+    assert bool(same.kept) and same.rows == 2
+    assert same.mape_pct == pytest.approx(50.0) and same.bias_pct == pytest.approx(-50.0)
+    assert same.best_tflops == pytest.approx(450.0)  # best at any size
+    assert same.best_over_peak == pytest.approx(0.45) and same.rows_over_peak == 0
+    mixed = t.iloc[1]
+    assert not bool(mixed.kept) and mixed.mape_pct == pytest.approx(20.0) and mixed.bias_pct == pytest.approx(20.0)
+    assert t.iloc[2].bias_pct == pytest.approx(-10.0) and t.iloc[2].best_over_peak == pytest.approx(0.8)
+    y = t.iloc[3]
+    assert y.rows_over_peak == 1 and y.best_over_peak == pytest.approx(1200.0 / 1100.0)
+    assert set(t["fold"]) == {"fold"} and set(t["model"]) == {"m"}
+
+
+def test_fp8_metric_key_follows_the_cell_naming(logo):
+    # rows as DataFrame.itertuples yields them (main() builds the keys that way)
+    r = next(pd.DataFrame({"model": ["bundle+floor-blend/ceiling-member"], "device": ["MI355X"], "lhs": ["f8e4m3fn"],
+                           "rhs": ["f8e5m2"], "out": ["bf16"]}).itertuples())
+    cell = next(pd.DataFrame({"model": [r.model], "device": ["MI355X"], "dtype": ["fp8"], "source": ["xla"],
+                              "size": [">= 1 GFLOP"]}).itertuples())
+    assert logo.metric_key(cell, "mape_pct") == "bundle_plus_floor-blend_over_ceiling-member_MI355X_fp8_xla_big_mape_pct"
+    assert (logo.fp8_metric_key(r, "mape_pct")
+            == "bundle_plus_floor-blend_over_ceiling-member_MI355X_fp8_f8e4m3fn_f8e5m2_bf16_xla_big_mape_pct")
