@@ -644,6 +644,9 @@ def _step_request(f, par: dict, dims: dict, common: dict):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
               "--pp-last-stage-layers/--recompute-num-layers/--recompute-method/--expert-tensor-parallel-size/--overlap-*/"
               "--tp-comm-overlap) need --cluster and --gpus")
+    if str(par.get("cp_comm_type") or "p2p").lower() != "p2p" or par.get("hierarchical_cp_sizes") is not None:
+        _fail("--cp-comm-type/--hierarchical-cp-sizes say how context parallelism communicates: they need --cluster, "
+              "--gpus and --cp > 1")
     if par["schedule"] != "1f1b":
         _fail("--schedule is a pipeline schedule: it needs --cluster and --pp")
     if f.gpus_per_node is not None:

@@ -954,6 +954,17 @@ class GraphBuilder:
             ring = self.cp // a2a if self.cp_comm in ("p2p", "a2a+p2p") else 1
             skv, kv_reads = skv * self.cp, (self.cp // a2a if self.cp_comm != "allgather" else self.cp)
             frac = 0.5 if causal else 1.0
+            if window and causal:
+                # Transformer Engine 2.20.2 attn_forward_func_with_cp (context_parallel.py l. 5688-5694): "Context
+                # parallelism does not support sliding window attention" except with cp_comm_type a2a / all_gather
+                # (a2a+p2p with a ring of 1 runs as a2a, l. 5631-5636); those restrict each rank's keys to the window
+                # (a2a: the whole sequence's kernel with the window; all-gather: get_kv_seq_info_after_all_gather)
+                if ring > 1:
+                    raise GraphError(f"{name}: sliding-window attention (window {window}) under context parallelism "
+                                     f"with cp_comm_type {self.cp_comm}: Transformer Engine refuses it (a2a and "
+                                     f"allgather only)")
+                if skv > window:  # this rank's 1/cp of the windowed pairs (the load-balanced chunks)
+                    frac = (window * skv - window * (window - 1) / 2.0) / float(skv * skv)
             if a2a > 1:
                 # a2a / a2a+p2p (TE AttnFuncWithCPAndQKVOA2A.forward, the a2a part of AttnFuncWithCPAndKVP2P): the
                 # all-to-all gathers the a2a group's sequence and scatters the heads, so the kernel runs h / a2a heads

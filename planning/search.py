@@ -546,6 +546,12 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     unknown = set(overlaps or {}) - set(OVERLAP_FLAGS)
     if unknown:
         raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: {', '.join(OVERLAP_FLAGS)}")
+    if (overlaps or {}).get("overlap_moe_expert_parallel_comm") and str(moe_token_dispatcher).lower() != "alltoall":
+        # every candidate would break it (resolve_parallel's rule, megatron-core 0.16.1 transformer_config.py
+        # l. 1866-1869); where only some candidates turn it on (DualPipe's default) those are rejected one by one
+        raise ValueError(f"overlap_moe_expert_parallel_comm with moe_token_dispatcher {moe_token_dispatcher!r}: "
+                         "Megatron-Core refuses it (\"overlap_moe_expert_parallel_comm is supported with alltoall/flex "
+                         "token dispatcher\")")
     if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
         raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
     framework = canonical_framework(framework)
@@ -709,7 +715,8 @@ class _Job:
         st = self.step
         return dict(batch=st.batch, n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
                     ffn=self.ffn, n_experts=self.n_experts, seq=st.seq, cluster=self.cl,
-                    uneven_stages=st.framework == "megatron-deepspeed", framework=st.framework)
+                    uneven_stages=st.framework == "megatron-deepspeed", framework=st.framework,
+                    moe_token_dispatcher=st.moe_token_dispatcher)
 
 
 def _group_key(par: ParallelConfig) -> tuple:

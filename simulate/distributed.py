@@ -757,7 +757,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,
                            n_kv_heads=hf.n_kv_heads if hf else None, ffn=hf.ffn if hf else None,
                            n_experts=hf.n_experts if hf else None, seq=seq, cluster=cl,
-                           uneven_stages=framework == "megatron-deepspeed", framework=framework)
+                           uneven_stages=framework == "megatron-deepspeed", framework=framework,
+                           moe_token_dispatcher=dopts.moe_token_dispatcher)
     mb = int(par.micro_batch)
     if mb * seq > MAX_TOKENS_PER_STEP:
         whole = par.pp == 1 and parallel.micro_batch is None
@@ -778,6 +779,15 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         if str(attention).lower() != "flash":
             raise ParallelConfigError("--cp (context parallelism) runs ring attention on fused attention kernels "
                                       "(Transformer Engine / FlashAttention): use --attention flash")
+        if any(attention_windows(hf)) and cp_group_sizes(par)[1] > 1:
+            # Transformer Engine 2.20.2 attn_forward_func_with_cp (context_parallel.py l. 5688-5694): "Context
+            # parallelism does not support sliding window attention with cp_comm_type=..." but a2a and all_gather (an
+            # a2a+p2p whose ring is 1 runs as a2a, l. 5631-5636)
+            raise ParallelConfigError(
+                f"this model's attention has a sliding window (window {max(w for w in attention_windows(hf) if w)}): "
+                f"under context parallelism Transformer Engine supports it with --cp-comm-type a2a or allgather only, "
+                f"not {par.cp_comm_type} (context_parallel.py: \"Context parallelism does not support sliding window "
+                f"attention with cp_comm_type\")")
         # K and V of this rank's share of the sequence, one layer: what each ring step passes on (multi-head latent
         # attention passes its up-projected keys, qk_nope + qk_rope wide, and values, v_head_dim wide, per head)
         kv_width = (sum(deepseek_field(hf, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))

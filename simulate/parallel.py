@@ -104,7 +104,9 @@ class ParallelConfig:
     def describe(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
         if self.cp > 1:
-            parts.append(f"cp{self.cp}" + cp_comm_suffix(self.cp_comm_type, self.hierarchical_cp_sizes))
+            parts.append(f"cp{self.cp}")
+            if self.cp_comm_type != "p2p":  # the strategy string's token (simulate/strategy.py): cpca2a, cpcag, ...
+                parts.append("cpc" + cp_comm_suffix(self.cp_comm_type, self.hierarchical_cp_sizes))
         if self.sp:
             parts.append("sp")
         if self.ep > 1:
@@ -311,13 +313,15 @@ def _check_etp(cfg: ParallelConfig, *, dp: int, n_experts: int | None, fw: str |
 def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
                      n_kv_heads: int | None = None, ffn: int | None = None, n_experts: int | None = None,
                      seq: int | None = None, cluster: ClusterSpec | None = None,
-                     uneven_stages: bool = False, framework: str | None = None) -> ParallelConfig:
+                     uneven_stages: bool = False, framework: str | None = None,
+                     moe_token_dispatcher: str = "alltoall") -> ParallelConfig:
     """Fill in ``dp`` and ``micro_batch`` and check every rule; raise ParallelConfigError naming the rule.
     ``uneven_stages``: the framework may give pipeline stages different numbers of layers (DeepSpeed's
     pipeline partitioner does; Megatron-LM needs layers divisible by stages); at least one layer each.
     ``framework`` (hf, megatron, megatron-deepspeed): checks the framework's own limits
     (:data:`PIPELINE_ZERO_MAX`); when it is not given, ``uneven_stages`` stands for DeepSpeed's pipeline
-    engine (the only one that partitions unevenly) and its limit applies.
+    engine (the only one that partitions unevenly) and its limit applies. ``moe_token_dispatcher``: Megatron-Core's
+    ``--moe-token-dispatcher-type`` (the EP all-to-all overlap needs alltoall).
 
     Counts (tp, pp, dp and micro_batch when given, ep, interleave, then gpus) must be positive integers:
     a 0 or negative degree is named as given, before the job size that was computed from it."""
@@ -348,6 +352,9 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     cp_fields = {}
     if cfg.cp_comm_type != "p2p" or cfg.hierarchical_cp_sizes is not None:
         t, sizes = check_cp_comm(cfg.cp_comm_type, cfg.hierarchical_cp_sizes, cfg.cp)
+        if t != "p2p" and not cfg.cp > 1:  # as --interleave without --pp, --sp without --tp: refused, not ignored
+            raise ParallelConfigError(f"--cp-comm-type {t} says how context parallelism communicates: it needs --cp > 1 "
+                                      f"(cp {cfg.cp} runs no context-parallel communication)")
         cp_fields = dict(cp_comm_type=t, hierarchical_cp_sizes=sizes)
     if cfg.cp > 1:
         if not (seq is None or seq % (2 * cfg.cp) == 0):
@@ -513,6 +520,14 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         # (DeepSeek-V3 report Sec. 3.2.1, Fig. 4): the pairing is on unless turned off
         flags["overlap_moe_expert_parallel_comm"] = True
         cfg = with_fields(cfg, overlap_moe_expert_parallel_comm=True)
+    if cfg.overlap_moe_expert_parallel_comm and str(moe_token_dispatcher).lower() not in ("alltoall", "flex"):
+        # megatron-core 0.16.1 transformer_config.py l. 1866-1869: ``assert self.moe_token_dispatcher_type in
+        # ['alltoall', 'flex'], 'overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher'``
+        raise ParallelConfigError(
+            f"--overlap-moe-expert-parallel-comm with --moe-token-dispatcher-type {moe_token_dispatcher}: Megatron-Core "
+            f"refuses it (transformer_config.py: \"overlap_moe_expert_parallel_comm is supported with alltoall/flex token "
+            f"dispatcher\")" + ("; --schedule dualpipe turns it on by default, give --no-overlap-moe-expert-parallel-comm"
+                                 if d["overlap_moe_expert_parallel_comm"] is None else ""))
     if cfg.overlap_moe_expert_parallel_comm and cfg.pp > 1 and cfg.interleave < 2 and cfg.schedule != "dualpipe":
         raise ParallelConfigError(
             f"--overlap-moe-expert-parallel-comm pairs one micro-batch's forward with another's backward chunk by chunk: "

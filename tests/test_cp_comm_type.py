@@ -118,6 +118,9 @@ def test_search_and_predict_cli_round_trip(tmp_path):
     rows = json.loads(res.stdout[res.stdout.index("{"):])["ranked"]
     strategies = {r["strategy"].rsplit("-", 1)[-1] for r in rows}
     assert strategies == {"cpca2a+p2p2x2", "cpcag"}
+    # the config column (ParallelConfig.describe) carries the strategy's own cpc token (it wrote cp4a2a+p2p2x2 / cp4ag)
+    for r in rows:
+        assert [t for t in r["config"].split("-") if t.startswith("cp")] == ["cp4", r["strategy"].rsplit("-", 1)[-1]]
     row = next(r for r in rows if r["strategy"].endswith("cpca2a+p2p2x2"))
     res = run.invoke(app, ["predict", "-m", LLAMA, "--cluster", "dgx-h100", "--seq", "32768", "--attention", "flash",
                            "--framework", "megatron", "--strategy", row["strategy"], "--allow-oom", "--json"])
@@ -147,3 +150,70 @@ def test_megatron_ci_reads_a2a_p2p(data_root):
     par = ci_parallel(r)[0]
     assert (par.cp_comm_type, par.hierarchical_cp_sizes) == ("a2a+p2p", (2, 2))
     assert ci_unmodelled(r) == ""
+
+
+@pytest.mark.parametrize("flags", [["--cp-comm-type", "a2a"], ["--hierarchical-cp-sizes", "2,2"]])
+def test_single_device_predict_refuses_the_cp_flags(flags):
+    """Until stop 45c a single-device predict (no --cluster) took --cp-comm-type / --hierarchical-cp-sizes and ignored
+    them; they are refused as the other cluster-only flags are."""
+    from typer.testing import CliRunner
+
+    from wattcast.cli import app
+
+    res = CliRunner().invoke(app, ["predict", "-m", "gpt2", "--device", "H100-SXM", "--batch", "1", "--seq", "128",
+                                   *flags])
+    assert res.exit_code != 0 and "need --cluster" in " ".join(res.output.split()), res.output
+
+
+@pytest.mark.parametrize("kw", [dict(cp_comm_type="a2a"), dict(cp_comm_type="allgather"),
+                                dict(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(1, 1))])
+def test_comm_type_at_cp_one_is_refused(kw):
+    """A cp 1 job kept the comm type (JSON parallel.cp_comm_type "a2a", nothing costed); resolve_parallel refuses it,
+    as --interleave without --pp and --sp without --tp; the ring (p2p) stays accepted."""
+    with pytest.raises(ParallelConfigError, match=r"needs --cp > 1"):
+        resolve_parallel(ParallelConfig(gpus=8, tp=2, **kw), batch=8, n_layers=2, n_heads=32, n_kv_heads=8, seq=4096)
+    r = resolve_parallel(ParallelConfig(gpus=8, tp=2, cp_comm_type="p2p"), batch=8, n_layers=2, seq=4096)
+    assert r.cp_comm_type == "p2p"
+
+
+def test_config_column_parses_for_each_cp_type():
+    """ParallelConfig.describe() (the search table's ``config`` column, the JSON's parallel name) wrote cp4a2a / cp4ag /
+    cp4a2a+p2p2x2, which parse_strategy refused (and "a2a" read as the EP-overlap token); it now writes the strategy
+    string's cpc tokens, so the column parses back to the same CP communication."""
+    for kw in (dict(), dict(cp_comm_type="a2a"), dict(cp_comm_type="allgather"),
+               dict(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(2, 2))):
+        cfg = ParallelConfig(gpus=16, tp=2, cp=4, dp=2, micro_batch=1, sp=True, zero=1, **kw)
+        back = parse_strategy(cfg.describe()).parallel_config()
+        assert (back.tp, back.dp, back.cp, back.sp, back.zero) == (2, 2, 4, True, 1)
+        assert (back.cp_comm_type, back.hierarchical_cp_sizes) == (kw.get("cp_comm_type", "p2p"),
+                                                                   kw.get("hierarchical_cp_sizes"))
+        assert back.overlap_moe_expert_parallel_comm is None
+
+
+#: a small Mistral-style config whose every layer has a 512-key sliding window
+WINDOWED = {"model_type": "mistral", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 8,
+            "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 8192,
+            "sliding_window": 512}
+
+
+def _windowed(cfg, **kw):
+    par = ParallelConfig(gpus=4, tp=1, cp=4, micro_batch=1, **kw)
+    return predict_distributed(cfg, "dgx-h100", par, DistributedOptions(batch=1, seq=4096, attention="flash",
+                                                                        framework="megatron"))
+
+
+def test_sliding_window_under_cp_follows_transformer_engine():
+    """Transformer Engine 2.20.2 (context_parallel.py l. 5688-5694) runs a sliding window under CP with a2a and
+    all_gather only (a2a+p2p with a ring of 1 is a2a). Before, every comm type took the window and ignored it (the
+    attention costed as full causal); now p2p / a2a+p2p with a ring are refused, and a2a / allgather cost the window."""
+    for kw in (dict(), dict(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(2, 2))):
+        with pytest.raises(ParallelConfigError, match="sliding window.*a2a or allgather only"):
+            _windowed(WINDOWED, **kw)
+    full = {**WINDOWED, "sliding_window": None}
+    assert _windowed(full).step_time_ms > 0  # no window: the ring stays accepted
+    for kw in (dict(cp_comm_type="a2a"), dict(cp_comm_type="allgather"),
+               dict(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(4, 1))):
+        w, f = _windowed(WINDOWED, **kw), _windowed(full, **kw)
+        att = [{o["op_class"]: o["flops"] for o in p.per_op}["flash_attention"] for p in (w, f)]
+        # 512 of 4096 keys: the windowed pairs (512 x 4096 - 512 x 511 / 2) over the causal half of 4096^2
+        assert att[0] / att[1] == pytest.approx((512 * 4096 - 512 * 511 / 2) / (0.5 * 4096**2))

@@ -97,3 +97,64 @@ def test_predict_distributed_and_cli_take_the_dispatcher():
                                    "--moe-token-dispatcher-type", "allgather", "--allow-oom", "--json"])
     assert run.exit_code == 0, run.output
     assert '"moe_token_dispatcher": "allgather"' in run.output
+
+
+def test_step_terms_count_the_tp_ep_class_with_tp():
+    """Under the all-gather dispatcher exposed_comm_split_ms has a ``tp_ep`` class (its all-gathers and reduce-scatters
+    over the expert-TP x EP ranks); step_terms read only "tp" + "ep" and left it in other_ms (the MoE CI row: split
+    tp_ep 52.5 ms, exposed_tp_ms 0.0, other_ms 50.3). It now counts in exposed_tp_ms, and a class no term counts is
+    refused instead of vanishing."""
+    from types import SimpleNamespace
+
+    from wattcast.validation.step_breakdown import step_terms
+
+    par = ParallelConfig(gpus=8, tp=2, dp=4, ep=2, sp=True, micro_batch=1)
+    p = predict_distributed(CFG, "DGX-A100", gpus=8, batch=8, seq=S, parallel=par, dtype="bf16", attention="eager",
+                            framework="megatron", moe_token_dispatcher="allgather")
+    split = p.exposed_comm_split_ms
+    assert split["tp_ep"] > 0
+    t = step_terms(p)
+    assert t["exposed_tp_ms"] == pytest.approx(split["tp"] + split["ep"] + split["tp_ep"])
+    listed = sum(v for k, v in t.items() if k not in ("n_micro", "launch_gap_ms", "other_ms"))
+    assert listed + t["other_ms"] == pytest.approx(p.step_time_ms)
+    fake = SimpleNamespace(**{k: getattr(p, k) for k in ("meta", "parallel", "per_op", "comm", "bubble_ms",
+                                                         "optimizer_ms", "step_time_ms")},
+                           exposed_comm_split_ms={**split, "xyz": 1.0})
+    with pytest.raises(ValueError, match="xyz"):
+        step_terms(fake)
+
+
+# megatron-core 0.16.1 transformer_config.py l. 1866-1869: the EP overlap is "supported with alltoall/flex token
+# dispatcher"; before, the all-gather dispatcher took --overlap-moe-expert-parallel-comm and did nothing with it
+# (Mixtral 8x7B on 16 H100s: 1774.99 ms either way, the JSON saying the overlap was on)
+CFG4 = {**CFG, "n_layer": 4}
+
+
+def test_ep_overlap_with_the_allgather_dispatcher_is_refused():
+    from wattcast.simulate.parallel import ParallelConfigError
+
+    par = ParallelConfig(gpus=8, tp=2, dp=4, ep=2, sp=True, micro_batch=1, overlap_moe_expert_parallel_comm=True)
+    kw = dict(gpus=8, batch=8, seq=S, parallel=par, dtype="bf16", attention="eager", framework="megatron")
+    assert predict_distributed(CFG, "DGX-A100", **kw).parallel.overlap_moe_expert_parallel_comm  # alltoall: taken
+    with pytest.raises(ParallelConfigError, match="alltoall/flex token dispatcher"):
+        predict_distributed(CFG, "DGX-A100", moe_token_dispatcher="allgather", **kw)
+    run = CliRunner().invoke(app, ["predict", "-m", "mixtral_8x7b", "--cluster", "dgx-h100", "--gpus", "16", "--batch",
+                                   "32", "--seq", "1024", "--tp", "2", "--sp", "--ep", "4", "--micro-batch", "1",
+                                   "--framework", "megatron", "--moe-token-dispatcher-type", "allgather",
+                                   "--overlap-moe-expert-parallel-comm", "--allow-oom", "--json"])
+    assert run.exit_code != 0 and "alltoall/flex token dispatcher" in " ".join(run.output.split()), run.output
+
+
+def test_search_skips_the_ep_overlap_under_the_allgather_dispatcher():
+    """DualPipe turns the EP overlap on by default: under the all-gather dispatcher those candidates are rejected (the
+    1F1B ones still ranked); the overlap asked of every candidate is refused before the search runs."""
+    import wattcast
+
+    kw = dict(framework="megatron", attention="eager", tp=2, sp=True, pp=2, ep=2, micro_batch=1, zero=0,
+              recompute="none", interleave=1, schedule=("1f1b", "dualpipe"), moe_token_dispatcher="allgather")
+    res = wattcast.search(CFG4, "DGX-A100", 8, 8, S, **kw)
+    assert len(res.ranked) and set(res.ranked["schedule"]) == {"1f1b"}
+    assert res.rejected["rule"].str.contains("alltoall/flex token dispatcher").any()
+    with pytest.raises(ValueError, match="alltoall/flex token dispatcher"):
+        wattcast.search(CFG4, "DGX-A100", 8, 8, S, **{**kw, "schedule": "1f1b"},
+                        overlaps={"overlap_moe_expert_parallel_comm": True})

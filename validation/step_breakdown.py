@@ -1,7 +1,7 @@
 """One predicted training step split into the terms an at-scale error is traced to (the house rule of issue 15).
 
 For a row whose error is large, the question is *which term* is wrong: the GEMMs, attention, the other kernels,
-the exposed communication of one class (TP, DP/ZeRO, PP, CP), the pipeline bubble, the optimizer or the host
+the exposed communication of one class (TP with the expert-parallel classes, DP/ZeRO, PP, CP), the pipeline bubble, the optimizer or the host
 overheads. :func:`step_terms` flattens a :class:`~wattcast.simulate.distributed.DistributedPrediction` into those
 columns (``*_ms``), so a validation table carries them next to the measurement and neighbouring rows that differ
 in one knob can be compared term by term.
@@ -22,6 +22,11 @@ import pandas as pd
 ATTENTION_CLASSES = ("bmm", "softmax", "flash_attention")
 #: op classes left out of the kernel terms: collectives, the optimizer and data loading are terms of their own
 _NOT_COMPUTE = ("collective", "optimizer", "data_loading")
+#: the exposed-communication classes of ``exposed_comm_split_ms`` (simulate/distributed.py) -> the step_terms column that
+#: counts them: the tensor-parallel ring, the expert-parallel all-to-alls and the all-gather dispatcher's expert-TP x EP
+#: group (``tp_ep``, --moe-token-dispatcher-type allgather) are the layer's own collectives, read together as "TP"
+SPLIT_COLUMNS = {"tp": "exposed_tp_ms", "ep": "exposed_tp_ms", "tp_ep": "exposed_tp_ms", "dp": "exposed_dp_ms",
+                 "pp": "exposed_pp_ms", "cp": "exposed_cp_ms"}
 #: the columns step_terms returns, in print order
 TERM_COLUMNS = ("n_micro", "gemm_ms", "attention_ms", "other_kernels_ms", "exposed_tp_ms", "exposed_dp_ms",
                 "exposed_pp_ms", "exposed_cp_ms", "bubble_ms", "optimizer_ms", "launch_gap_ms", "data_loading_ms",
@@ -38,11 +43,17 @@ def step_terms(p, iteration_ms: float = 0.0) -> dict:
     attn = sum(by_class.get(c, 0.0) for c in ATTENTION_CLASSES) * per_stage
     other = sum(v for k, v in by_class.items() if k not in ("linear", *ATTENTION_CLASSES, *_NOT_COMPUTE)) * per_stage
     split = p.exposed_comm_split_ms or {}
+    unknown = sorted(set(split) - set(SPLIT_COLUMNS))
+    if unknown:  # a class no column counts would land in other_ms unnoticed
+        raise ValueError(f"step_terms: exposed_comm_split_ms has class(es) {unknown} that no term counts; add them to "
+                         f"SPLIT_COLUMNS")
+    exposed = {c: 0.0 for c in SPLIT_COLUMNS.values()}
+    for k, v in split.items():
+        exposed[SPLIT_COLUMNS[k]] += float(v)
     launch = float((p.comm.get("rank_overheads_ms") or {}).get("launch_gap_ms", 0.0)) * per_stage
     out = dict(n_micro=n_micro, gemm_ms=gemm, attention_ms=attn, other_kernels_ms=other,
-               exposed_tp_ms=float(split.get("tp", 0.0)) + float(split.get("ep", 0.0)),
-               exposed_dp_ms=float(split.get("dp", 0.0)), exposed_pp_ms=float(split.get("pp", 0.0)),
-               exposed_cp_ms=float(split.get("cp", 0.0)), bubble_ms=float(p.bubble_ms), optimizer_ms=float(p.optimizer_ms),
+               exposed_tp_ms=exposed["exposed_tp_ms"], exposed_dp_ms=exposed["exposed_dp_ms"],
+               exposed_pp_ms=exposed["exposed_pp_ms"], exposed_cp_ms=exposed["exposed_cp_ms"], bubble_ms=float(p.bubble_ms), optimizer_ms=float(p.optimizer_ms),
                launch_gap_ms=launch, data_loading_ms=float((p.comm.get("data_loading") or {}).get("step_ms", 0.0)),
                iteration_ms=float(iteration_ms))
     listed = sum(v for k, v in out.items() if k not in ("n_micro", "launch_gap_ms"))  # launch gaps sit inside the kernels
