@@ -393,7 +393,7 @@ def predict(
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel degree (default gpus / (tp x pp))."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per micro-batch."),
-    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 over the data-parallel group (3 = FSDP). With --framework megatron: 1 = the distributed optimizer (--use-distributed-optimizer), 2 / 3 = Megatron-FSDP's --data-parallel-sharding-strategy optim_grads / optim_grads_params (2 is costed with ZeRO-1's once-a-step gradient reduce-scatter, not Megatron-FSDP's one per micro-batch: see README)."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 over the data-parallel group (3 = FSDP). With --framework megatron: 1 = the distributed optimizer (--use-distributed-optimizer), 2 / 3 = Megatron-FSDP's --data-parallel-sharding-strategy optim_grads / optim_grads_params (2 reduce-scatters the gradients in every micro-batch's backward, as Megatron-FSDP does: see README)."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (with --tp)."),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (mixture-of-experts models)."),
     etp: Optional[int] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degree, folded with --ep over tp x cp x dp (default: --tp)."),

@@ -467,6 +467,35 @@ def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | 
     return 3.0 * _grad_bytes(framework, dtype), False
 
 
+def grad_reduce_every_micro(framework: str, zero: int) -> str | None:
+    """How a framework's ZeRO-2 reduces the gradients when a step has several micro-batches: "overlapped" or "series"
+    (every micro-batch's backward reduces them), None (once a step, after the last backward: ZeRO-0/1 and the ``hf``
+    framework's ZeRO-2, costed as ZeRO-1; ZeRO-3 has its own per-unit path in :func:`_dp_times`).
+
+    - ``megatron`` (Megatron-FSDP ``optim_grads``, megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp``):
+      every parameter's post-accumulate-grad hook (``megatron_fsdp.py`` l. 1007-1011) calls
+      ``_process_post_backward_gradients``, which reduce-scatters on every backward under a gradient-sharding strategy
+      (``grad_reduce_every_bprop``, l. 654-662); ``GradReducePipeline.reduce_gradients`` (``param_and_grad_buffer.py``
+      l. 3048-3090) launches a bucket's ``reduce_scatter_tensor`` (l. 3244) on its side stream once all its parameters'
+      gradients are in, beside the rest of the backward, in the main-grad buffer's dtype (fp32 with
+      ``grad_reduce_in_fp32``, Megatron-LM's for bf16: l. 2030), and the root post-backward callback (l. 764-795,
+      queued by ``_root_pre_backward``, l. 868) reduces what is left and ``reset()``s the pipeline
+      (``wait_for_previous_grad_reduce(0)``, l. 3029-3031): the compute stream waits for every reduce-scatter at the
+      end of each backward. So "overlapped": all buckets but the last beside the backward, the last exposed; the
+      reduced shard is added into the sharded main-grad buffer (l. 3254-3257), nothing is left for the step's end.
+    - ``megatron-deepspeed`` (DeepSpeed 0.19.8 ZeRO-2, ``partition_gradients``): the gradient hooks
+      (``stage_1_and_2.py`` ``create_gradient_handling_hooks`` l. 1354-1380 -> ``process_gradients`` l. 2284-2291)
+      reduce in every backward at stage 2 (``reduce_ready_partitions_and_remove_grads``, l. 2293-2295:
+      ``partition_gradients or is_gradient_accumulation_boundary()``; stage 1 only at the boundary) in
+      ``reduce_bucket_size`` buckets (l. 1414-1425), the rest at the backward's end (``engine.py``
+      ``allreduce_gradients`` l. 3084-3086: "ZeRO stage >= 2 communicates during non gradient accumulation
+      boundaries as well"), on the compute stream since ``overlap_comm`` is off below ZeRO-3 (``zero/config.py``
+      l. 384-386; ``reduce_ipg_grads`` l. 2239-2248, ``average_tensor`` l. 1594): "series"."""
+    if int(zero) != 2:
+        return None
+    return {"megatron": "overlapped", "megatron-deepspeed": "series"}.get(framework)
+
+
 def dp_reduce_op(framework: str, zero: int, bf16_optimizer: bool = False) -> str:
     """The collective of the data-parallel gradient reduction below ZeRO-3: "reduce_scatter" for a distributed
     optimizer (ZeRO-1/2) except DeepSpeed's, else "all_reduce".
@@ -1468,7 +1497,12 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
     cost the step their latency hundreds of times (Llama 3 8B, ZeRO-1, 2,048 H100s: 19.8 s exposed); Megatron-Core
     grows its buckets with the group instead (2,048M parameters there: 4 buckets)."""
     if framework == "megatron":
-        if not par.overlap_grad_reduce:
+        # Megatron-FSDP (--zero 2, optim_grads) buckets by DistributedDataParallelConfig.bucket_size, None unless
+        # --ddp-bucket-size is given (megatron-core 0.16.1 distributed_data_parallel_config.py l. 41;
+        # mcore_fsdp_adapter.py l. 88 and megatron_fsdp.py l. 255, 345 pass it on, without DistributedDataParallel's
+        # max(40M, 1M x dp), distributed_data_parallel.py l. 64-65): _get_parameter_groups then splits no group
+        # (param_and_grad_buffer.py l. 1399-1406), one bucket per (dtype, expert) group
+        if not par.overlap_grad_reduce or int(par.zero) == 2:
             return float("inf")
         return max(MCORE_BUCKET_PARAMS_MIN, MCORE_BUCKET_PARAMS_PER_DP_RANK * dp_size)
     if framework == "megatron-deepspeed":
@@ -1483,7 +1517,7 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
               gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
-              reduce_op: str | None = None) -> dict:
+              reduce_op: str | None = None, reduce_every_micro: bool = False) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
@@ -1496,12 +1530,18 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     as FSDP's auto-wrap policies and DeepSpeed's per-module fetch have it), so each chunk pays ``units`` collectives of
     a unit's bytes (their latency grows with the group: a ring takes ``dp - 1`` steps each): ``z3_f_ms`` the forward's
     gathers, ``z3_b_ms`` the backward's gathers and reduce-scatters, ``z3_first_*`` the one unit's worth that waits
-    for nothing to hide behind (the first gather of a pass, and the backward's last reduce-scatter)."""
+    for nothing to hide behind (the first gather of a pass, and the backward's last reduce-scatter).
+
+    ``reduce_every_micro`` (ZeRO-2 of a framework that reduces every micro-batch's gradients,
+    :func:`grad_reduce_every_micro`): each chunk's buckets are reduced in every backward, not once after the last:
+    ``z2_b_ms`` their time per backward, ``z2_last_b_ms`` the last bucket's (launched as the backward ends); no
+    bucketed sync after the step (``sync_ms`` 0), the parameter all-gather after it as ZeRO-1's."""
     n_chunks = P * V
     dp_l = lay["dp"]
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
            "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks), "z3_first_f_ms": np.zeros(n_chunks),
-           "z3_first_b_ms": np.zeros(n_chunks)}
+           "z3_first_b_ms": np.zeros(n_chunks), "z2_b_ms": np.zeros(n_chunks), "z2_last_b_ms": np.zeros(n_chunks),
+           "z2_bytes": np.zeros(n_chunks), "z2_n": np.zeros(n_chunks, dtype=np.int64)}
     units = np.maximum(np.asarray(units, dtype=int), 1)
     if dp_l.size <= 1 and expert_dp(par) <= 1:  # (expert parameters reduce over expert-DP even when dp x cp is 1)
         out["bucket_ms"] = [np.zeros(0)] * n_chunks
@@ -1522,7 +1562,7 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 continue
             nb = (max(1, int(np.ceil(p_count / bucket_params)))
                   if np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c not in first_chunks) else 1)
-            msgs.append((c, "bucket", op, total / nb, group, nb))
+            msgs.append((c, "z2_rs" if reduce_every_micro else "bucket", op, total / nb, group, nb))
         gather_b = params_chunk[c] * db if gather_b_chunk is None else gather_b_chunk[c]
         if par.zero == 3:
             u = int(units[c])
@@ -1545,11 +1585,16 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     for (o, grp), idx in by_kind.items():
         ms_of[idx] = collective_ms(cm, [o] * len(idx), [msgs[i][3] for i in idx], grp, cl)[0]
     buckets: list[list[np.ndarray]] = [[] for _ in range(n_chunks)]
-    for (c, role, _o, _b, _g, nb), t_ms in zip(msgs, ms_of):
+    for (c, role, _o, msg_b, _g, nb), t_ms in zip(msgs, ms_of):
         if role == "bucket":
             buckets[c].append(np.full(nb, t_ms))
         elif role == "gather":
             out["gather_after_ms"][c] += t_ms
+        elif role == "z2_rs":  # ZeRO-2 every micro-batch: nb buckets of t_ms each per backward, the last at its end
+            out["z2_b_ms"][c] += nb * t_ms
+            out["z2_last_b_ms"][c] += t_ms
+            out["z2_bytes"][c] += nb * msg_b
+            out["z2_n"][c] += nb
         else:  # ZeRO-3: nb units' collectives of t_ms each
             if role == "z3_ag":
                 out["z3_f_ms"][c] = nb * t_ms
@@ -2130,14 +2175,16 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     first_ranks = (0, P - 1) if dual else (0,)
     if dual:  # each DualPipe rank reduces both its chunks' gradients (the two copies' sum approximated as inside it)
         params_chunk, expert_chunk, gather_b_chunk = mirrored(params_chunk), mirrored(expert_chunk), mirrored(gather_b_chunk)
-    dp_key = ("dp", par_dp.zero, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
+    # ZeRO-2 reducing every micro-batch's gradients (grad_reduce_every_micro): "overlapped", "series" or None
+    z2_mode = grad_reduce_every_micro(opts.framework, par_dp.zero)
+    dp_key = ("dp", par_dp.zero, z2_mode, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only,
               first_ranks)
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
         dpt = _dp_times(par_dp, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts),
                         bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op,
-                        first_chunks=first_ranks)
+                        first_chunks=first_ranks, reduce_every_micro=z2_mode is not None)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
@@ -2274,6 +2321,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             else:
                 f = f + dpt["z3_f_ms"]
                 b = b + dpt["z3_b_ms"]
+        if dp_on and z2_mode is not None:
+            # ZeRO-2 reducing every micro-batch (grad_reduce_every_micro): Megatron-FSDP's buckets beside the rest of
+            # the backward on its side stream (NCCL's SMs taken from it), the last one, launched as the backward ends,
+            # waited for (GradReducePipeline.reset); DeepSpeed's on the compute stream, in series with it
+            if z2_mode == "overlapped":
+                b = overlapped_ms(b, dpt["z2_b_ms"], share=nccl_share, first_chunk_ms=dpt["z2_last_b_ms"])
+            else:
+                b = b + dpt["z2_b_ms"]
         p2p = 0.0 if "pp" in free else p2p_ms
         if not quiet:
             # every transfer a chunk's task runs, exposed or hidden (the rest of f, b beyond the computation is exposed)
@@ -2288,6 +2343,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             if dp_on and par.zero == 3:
                 t_f = t_f + dpt["z3_f_ms"]
                 t_b = t_b + dpt["z3_b_ms"]
+            if dp_on and z2_mode is not None:
+                t_b = t_b + dpt["z2_b_ms"]
         if p2p_blocking and p2p > 0:  # the sender is blocked for its transfer; it is done when the task ends
             f = f + send_f * p2p
             b = b + send_b * p2p
@@ -2501,6 +2558,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         n_ring = cp_group_sizes(par)[1]
         cp_coll_name = "allgather_kv" if par.cp_comm_type == "allgather" else "a2a_qkvo"
         z3_trace = par.zero == 3 and lay["dp"].size > 1
+        z2_name = f"zero2.{dp_op}" if z2_mode is not None else None
         for tk in pipe.tasks:
             # a DualPipe task (simulate/dualpipe.DualTask) runs the chunk of its model_stage on rank tk.stage; an F&B
             # pair is named FB<forward micro-batch>+<backward micro-batch>, its two parts in forward_part_ms /
@@ -2525,6 +2583,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     what = "all_gather" if tk.kind == "F" else "all_gather+reduce_scatter"
                     events.append(dict(stage=tk.stage, stream="comm", name=f"zero3.{what}{tk.micro}", start_ms=tk.start,
                                        end_ms=tk.start + float(z3)))
+            if z2_name and tk.kind == "B" and dpt["z2_b_ms"][c] > 0:
+                # ZeRO-2 every micro-batch: the backward's gradient reductions on the communication stream, ending
+                # with the task (the last bucket, launched as its backward ends, is waited for inside it)
+                z2 = float(dpt["z2_b_ms"][c])
+                events.append(dict(stage=tk.stage, stream="comm", name=f"{z2_name}{tk.micro}",
+                                   start_ms=max(tk.end - z2, tk.start), end_ms=tk.end))
             if par.cp > 1 and tk.kind != "W":  # a W (DualPipe's weight-gradient part) runs no attention
                 # (forward ring, backward ring) of the task: an F&B pair runs its forward's, then its backward's; the
                 # a2a / allgather collectives (cp_collectives) as their own events, named by their kind
@@ -2608,6 +2672,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # per micro-batch, the busiest stage's (how much of it is hidden: exposed_comm_split_ms's dp)
                 **(dict(dp_zero3_ms_per_micro=float(by_stage(dpt["z3_f_ms"] + dpt["z3_b_ms"]).max()))
                    if par.zero == 3 else {}),
+                # ZeRO-2 reducing every micro-batch (Megatron-FSDP optim_grads, DeepSpeed stage 2): the gradient
+                # reductions of one backward, the busiest stage's (dp_sync_ms is then 0: nothing left after the step)
+                # (and their bytes and count: a rank's collectives of one backward, the dense and the expert groups')
+                **(dict(dp_zero2_ms_per_micro=float(by_stage(dpt["z2_b_ms"]).max()),
+                        dp_zero2_bytes_per_micro=float(by_stage(dpt["z2_bytes"]).max()),
+                        dp_zero2_collectives_per_micro=int(by_stage(dpt["z2_n"]).max()))
+                   if z2_mode is not None else {}),
                 grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the
                 # first/last stage gradient all-reduce, once per step

@@ -506,8 +506,27 @@ def fsdp_inflight_gradient_bytes(*, block_params: float, head_params, dtype_byte
             + block_params * (units * dtype_bytes + cast) + block_params / max(int(dp), 1) * reduce_bytes)
 
 
-def _fsdp_grads(framework: str, zero: int, dp: int, **kw):
-    """:func:`fsdp_inflight_gradient_bytes` under FSDP (``hf``, ZeRO-3, dp > 1), else 0."""
+def megatron_fsdp_grad_bucket_bytes(*, params, grad_bytes: int):
+    """Bytes of the unsharded gradient buckets Megatron-FSDP's ``optim_grads`` (``--framework megatron --zero 2``) holds
+    during each backward beside the activations (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp``): a
+    parameter's first gradient of the backward makes its group's main-grad bucket (``megatron_fsdp.py`` ``_grad_acc``
+    l. 546-575: ``param.get_main_grad()`` -> ``DataParallelBuffer.fetch_bucket``, ``param_and_grad_buffer.py``
+    l. 917-957, a whole unsharded bucket from the temporary allocator when the buffer is sharded), in the main-grad
+    buffer's dtype (fp32 under ``grad_reduce_in_fp32``, l. 2030: ``grad_bytes``), freed once its reduce-scatter into
+    the rank's shard is done (``wait_for_previous_grad_reduce`` -> ``free_up_grad_bucket``, l. 3092-3127), at the
+    latest at the backward's end (``reset``, l. 3029-3046). Without ``--ddp-bucket-size`` a group is one bucket
+    (:func:`wattcast.simulate.distributed.dp_bucket_params`) and its first gradient comes as the backward starts (the
+    activations still held): the stage's parameters x ``grad_bytes``. Between micro-batches only the sharded buffer
+    is held (the gradients line, 1/dp)."""
+    return np.asarray(params, dtype=float) * grad_bytes
+
+
+def _fsdp_grads(framework: str, zero: int, dp: int, *, params=0.0, grad_bytes: int = 4, **kw):
+    """Unsharded gradients held during the backward beside the activations: :func:`fsdp_inflight_gradient_bytes`
+    under FSDP (``hf``, ZeRO-3, dp > 1), :func:`megatron_fsdp_grad_bucket_bytes` under Megatron-FSDP ``optim_grads``
+    (``megatron``, ZeRO-2, dp > 1), else 0."""
+    if framework == "megatron" and zero == 2 and dp > 1:
+        return megatron_fsdp_grad_bucket_bytes(params=params, grad_bytes=grad_bytes)
     if framework != "hf" or zero < 3 or dp <= 1:
         return 0.0
     if kw["reduce_bytes"] is None:
@@ -539,7 +558,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
                                  block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
-    grads = _fsdp_grads(framework, zero, dp, block_params=block_params, head_params=head_params,
+    grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
+                        head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
                        buffers_bytes=during, post_backward_buffers_bytes=after, unsharded_gradients_bytes=float(grads))
@@ -605,7 +625,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
-    grads = _fsdp_grads(framework, zero, dp, block_params=block_params, head_params=head_params,
+    grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
+                        head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
     n = len(params)
 
@@ -671,7 +692,8 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=max(int(dp), 1), block_params=block_params, root_params=root_params,
                                  reduce_bytes=reduce_bytes, grad_accum_dtype=grad_accum_dtype)
-    grads = _fsdp_grads(framework, zero, max(int(dp), 1), block_params=block_params, head_params=head_params,
+    grads = _fsdp_grads(framework, zero, max(int(dp), 1), params=params, grad_bytes=grad_bytes,
+                        block_params=block_params, head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
     during = during + grads
     states = (w + _sharded(lambda x: x * m_b, params, ex, *g[1])

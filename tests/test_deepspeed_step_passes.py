@@ -85,15 +85,24 @@ def test_bf16_optimizer_step_and_backward_carry_the_passes(zero, monkeypatch):
 
 @pytest.mark.parametrize("zero,accum", [(1, "bf16"), (2, None)])
 def test_zero_optimizer_all_reduces_its_buckets(zero, accum):
+    """Stage 1 all-reduces its bucket once, after the last backward (``dp.all_reduce``); stage 2 in every micro-batch's
+    backward (``reduce_ready_partitions_and_remove_grads``, ``stage_1_and_2.py`` l. 2293-2295: ``zero2.all_reduce<m>``
+    events, one per micro-batch, nothing after the step; until this stop stage 2 had stage 1's once-a-step sync)."""
     ctx, r = _step(zero, accum)
-    names = {e["name"] for e in r.events if e["name"].startswith("dp.")}
-    assert any(n.startswith("dp.all_reduce") for n in names)
-    assert not any("reduce_scatter" in n for n in names)
+    names = [e["name"] for e in r.events if e["name"].startswith(("dp.", "zero2."))]
     s = int(r.memory["stage"])
     params = _stage_params(r)
     assert params < DEEPSPEED_BUCKET_ELEMENTS  # one bucket
     wire = collective_ms(ctx.cm, ["all_reduce"], [params * 2.0], ctx.lay["dp"], ctx.cl)[0][0]
-    assert r.comm["dp_sync_ms_by_stage"][s] == pytest.approx(wire, rel=1e-9)
+    assert not any("reduce_scatter" in n for n in names)
+    if zero == 1:
+        assert any(n.startswith("dp.all_reduce") for n in names)
+        assert r.comm["dp_sync_ms_by_stage"][s] == pytest.approx(wire, rel=1e-9)
+    else:
+        assert sorted(n for n in names if n != "dp.param_all_gather") == [f"zero2.all_reduce{m}" for m in range(16 // 4)]
+        assert r.comm["dp_sync_ms_by_stage"][s] == 0.0
+        assert r.comm["dp_zero2_ms_per_micro"] == pytest.approx(wire, rel=1e-9)
+        assert r.comm["dp_zero2_bytes_per_micro"] == pytest.approx(params * 2.0, rel=1e-12)
 
 
 def test_dp_reduce_op_per_framework():

@@ -13,7 +13,7 @@ import pytest
 
 from wattcast.featurize.hf_config import load_hf_config
 from wattcast.featurize.workload import StepOptions, step_graph
-from wattcast.simulate.distributed import predict_distributed
+from wattcast.simulate.distributed import collective_ms, predict_distributed, schedule_context
 from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.memory import activation_bytes_by_layer
 from wattcast.simulate.parallel import ParallelConfig
@@ -212,18 +212,60 @@ def test_megatron_llama_states_match_megatrons_formula(name):
     assert r.fits
 
 
-def test_megatron_zero2_shards_the_gradients_with_zero1s_timing():
-    """``--framework megatron --zero 2`` stands for Megatron-FSDP's ``optim_grads`` (README, --zero help): the held
-    gradients are sharded over DP (fp32 main grads, 4 B/param / d), the step is costed with the distributed
-    optimizer's once-a-step reduce-scatter, so it equals ZeRO-1's (Megatron-FSDP's per-micro-batch reduce-scatter,
-    ``grad_reduce_every_bprop`` in megatron-core 0.16.1 ``megatron_fsdp.py``, is not modelled: this pins the gap the
-    README states; a change that models it must update both)."""
+def _zero2_pair(framework, **extra):
     import wattcast
 
-    kw = dict(gpus=4, batch=16, seq=512, micro_batch=2, framework="megatron")
-    z1 = wattcast.predict_cluster("gpt2", "DGX-A100", zero=1, **kw)
-    z2 = wattcast.predict_cluster("gpt2", "DGX-A100", zero=2, **kw)
+    # gpt2 on 4 A100s, batch 16 of micro-batches of 1: 4 micro-batches per step
+    kw = dict(gpus=4, batch=16, seq=512, micro_batch=1, framework=framework, trace=True, **extra)
+    return (wattcast.predict_cluster("gpt2", "DGX-A100", zero=1, **kw),
+            wattcast.predict_cluster("gpt2", "DGX-A100", zero=2, **kw))
+
+
+def _backward_ms(r):
+    return [e["end_ms"] - e["start_ms"] for e in r.events if e["stream"] == "compute" and e["name"].startswith("B")]
+
+
+def test_megatron_zero2_reduce_scatters_every_micro_batch():
+    """``--framework megatron --zero 2`` = Megatron-FSDP ``optim_grads`` (megatron-core 0.16.1 ``megatron_fsdp.py``
+    ``grad_reduce_every_bprop``, l. 654-662, 773-782): every micro-batch's backward reduce-scatters the gradients (one
+    bucket of the whole fp32 main grads without --ddp-bucket-size, waited for as the backward ends), nothing after the
+    step; the held gradients are the 1/dp shard, the unsharded bucket is held during the backward. Hand count for
+    gpt2, dp 4, 4 micro-batches: 4 reduce-scatters of params x 4 B. Until this stop zero 2 had ZeRO-1's once-a-step
+    sync and step (the old test pinned ``z2.step_time_ms == z1.step_time_ms``)."""
+    z1, z2 = _zero2_pair("megatron")
     p = z1.per_device[0]["params"]
-    assert z1.to_dict()["memory"]["gradients_gb"] == pytest.approx(p * 4 / 1e9, rel=1e-12)
-    assert z2.to_dict()["memory"]["gradients_gb"] == pytest.approx(p * 4 / 4 / 1e9, rel=1e-12)
-    assert z2.step_time_ms == z1.step_time_ms and z2.comm["dp_sync_ms"] == z1.comm["dp_sync_ms"]
+    assert z2.comm["dp_zero2_bytes_per_micro"] == pytest.approx(p * 4, rel=1e-12)  # fp32 main grads, one bucket
+    assert z2.comm["dp_zero2_collectives_per_micro"] == 1
+    rs = z2.comm["dp_zero2_ms_per_micro"]
+    ev = [e for e in z2.events if e["name"].startswith("zero2.reduce_scatter")]
+    assert len(ev) == 4 and all(e["end_ms"] - e["start_ms"] == pytest.approx(rs) for e in ev)
+    # the collective's time: one reduce-scatter of those bytes over the 4-rank data-parallel group
+    par = ParallelConfig(gpus=4, dp=4, micro_batch=1, zero=2)
+    ctx = schedule_context("gpt2", "DGX-A100", par, DistributedOptions(batch=16, seq=512, dtype="bf16",
+                                                                       framework="megatron"))
+    assert rs == pytest.approx(collective_ms(ctx.cm, ["reduce_scatter"], [p * 4.0], ctx.lay["dp"], ctx.cl)[0][0],
+                               rel=1e-9)
+    # one bucket, launched as the backward ends and waited for: each backward task is ZeRO-1's plus the collective
+    assert _backward_ms(z2) == pytest.approx([b + rs for b in _backward_ms(z1)], rel=1e-9)
+    assert z2.comm["dp_sync_ms"] == 0.0 and z1.comm["dp_sync_ms"] > 0.0
+    assert z2.exposed_comm_split_ms["dp"] >= 4 * rs > z1.exposed_comm_split_ms["dp"]
+    assert not any(e["name"].startswith("zero2") for e in z1.events) and "dp_zero2_ms_per_micro" not in z1.comm
+    m1, m2 = z1.to_dict()["memory"], z2.to_dict()["memory"]
+    assert m1["gradients_gb"] == pytest.approx(p * 4 / 1e9, rel=1e-12)
+    assert m2["gradients_gb"] == pytest.approx(p * 4 / 4 / 1e9, rel=1e-12)
+    assert m2["unsharded_gradients_gb"] == pytest.approx(p * 4 / 1e9, rel=1e-12) and m1["unsharded_gradients_gb"] == 0.0
+
+
+def test_deepspeed_zero2_reduces_every_micro_batch_in_series():
+    """DeepSpeed 0.19.8 stage 2 (``partition_gradients``) reduces in every backward (``stage_1_and_2.py``
+    ``reduce_ready_partitions_and_remove_grads`` l. 2293-2295), all-reducing bf16 buckets of 5e8 elements on the compute
+    stream (``overlap_comm`` off below ZeRO-3): gpt2 is one bucket, so 4 all-reduces of params x 2 B, each in series
+    with its backward; stage 1 keeps its one reduction after the last backward."""
+    z1, z2 = _zero2_pair("megatron-deepspeed", grad_accum_dtype="bf16")
+    p = z1.per_device[0]["params"]
+    assert z2.comm["dp_zero2_bytes_per_micro"] == pytest.approx(p * 2, rel=1e-12)
+    assert z2.comm["dp_zero2_collectives_per_micro"] == 1
+    ar = z2.comm["dp_zero2_ms_per_micro"]
+    assert len([e for e in z2.events if e["name"].startswith("zero2.all_reduce")]) == 4
+    assert z2.comm["dp_sync_ms"] == 0.0 and z1.comm["dp_sync_ms"] == pytest.approx(ar)  # the same bucket, once
+    assert z2.exposed_comm_split_ms["dp"] >= 4 * ar > z1.exposed_comm_split_ms["dp"]
