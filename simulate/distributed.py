@@ -45,8 +45,8 @@ from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
 from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM
-from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, moe_dispatcher_option, canonical_framework, checked_dtype,
-                                        fp8_recipe_option, is_onnx_path, step_graph)
+from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype,
+                                        fp8_recipe_option, is_onnx_path, moe_dispatcher_option, step_graph)
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.models.power import check_power_settings, power_setting_notes
 from wattcast.simulate.defaults import step_dtype
@@ -865,7 +865,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
     def costed_view(graph, reps: int, period: int) -> tuple:
         pins = (graph, spec, bundle, cm, cl, power_model)  # reps follows from the graph
-        key = (tuple(map(id, pins)), lay["tp"], lay["ep"], lay["etp"], lay["tp_ep"], launch_ms, power_limit_w, dopts.clock_cap_mhz,
+        key = (tuple(map(id, pins)), lay["tp"], lay["ep"], lay["etp"], lay["tp_ep"], launch_ms, power_limit_w,
+               dopts.clock_cap_mhz,
                None if coll_floor is None else tuple(coll_floor.items()))
         hit = _COSTED.get(key)
         if hit is None:
