@@ -313,7 +313,7 @@ FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 
 def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | None = None) -> int:
     """Bytes per gradient element the data-parallel reduction moves: :func:`_grad_bytes`, except under PyTorch FSDP
-    (``hf`` with ZeRO-3) with half precision, which reduce-scatters in ``MixedPrecision.reduce_dtype``: ``reduce_dtype``
+    (``hf`` with ZeRO-2/3: ``SHARD_GRAD_OP`` / ``FULL_SHARD``) with half precision, which reduce-scatters in ``MixedPrecision.reduce_dtype``: ``reduce_dtype``
     if given, else the parameters' half-precision dtype (2 B; an fp8 recipe's are bf16). That default is what Hugging
     Face Accelerate 1.15 sets for ``mixed_precision="bf16"``/``"fp16"`` (``accelerate/utils/dataclasses.py``
     ``FullyShardedDataParallelPlugin.set_mixed_precision``: ``{"param_dtype": dtype, "reduce_dtype": dtype}``), what
@@ -328,7 +328,7 @@ def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | N
         if framework != "hf":
             raise ValueError(f"fsdp_reduce_dtype is PyTorch FSDP's MixedPrecision.reduce_dtype: it needs framework hf "
                              f"(got {framework})")
-    if framework != "hf" or int(zero) < 3 or DTYPE_BYTES[dtype] >= 4:
+    if framework != "hf" or int(zero) < 2 or DTYPE_BYTES[dtype] >= 4:
         return _grad_bytes(framework, dtype)
     return DTYPE_BYTES[reduce_dtype] if reduce_dtype is not None else 2
 
@@ -343,12 +343,12 @@ def checked_fsdp_reduce_dtype(framework: str, given: str | None) -> str | None:
 
 
 def fsdp_reduce_dtype_notes(given: str | None, framework: str, zero: int, dtype: str) -> list[str]:
-    """A warning when ``fsdp_reduce_dtype`` was given where it changes nothing: no ZeRO-3 (FSDP's sharded reduce) or
+    """A warning when ``fsdp_reduce_dtype`` was given where it changes nothing: no ZeRO-2/3 (FSDP's sharded reduce) or
     full precision (the gradients reduce in fp32 whatever it says)."""
     if given is None or framework != "hf":
         return []
-    if int(zero) < 3:
-        return [f"fsdp_reduce_dtype={given} has no effect at ZeRO-{int(zero)}: it is PyTorch FSDP's (ZeRO-3) "
+    if int(zero) < 2:
+        return [f"fsdp_reduce_dtype={given} has no effect at ZeRO-{int(zero)}: it is PyTorch FSDP's (ZeRO-2/3) "
                 "MixedPrecision.reduce_dtype"]
     if DTYPE_BYTES.get(dtype, 2) >= 4:
         return [f"fsdp_reduce_dtype={given} has no effect under {dtype}: full-precision gradients reduce in fp32"]
@@ -469,8 +469,9 @@ def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | 
 
 def grad_reduce_every_micro(framework: str, zero: int) -> str | None:
     """How a framework's ZeRO-2 reduces the gradients when a step has several micro-batches: "overlapped" or "series"
-    (every micro-batch's backward reduces them), None (once a step, after the last backward: ZeRO-0/1 and the ``hf``
-    framework's ZeRO-2, costed as ZeRO-1; ZeRO-3 has its own per-unit path in :func:`_dp_times`).
+    (every micro-batch's backward reduces them), None (once a step, after the last backward: ZeRO-0/1; ZeRO-3 and the
+    ``hf`` framework's ZeRO-2, PyTorch FSDP ``SHARD_GRAD_OP`` (:func:`fsdp_shard_grad_op`), have their own per-unit
+    path in :func:`_dp_times`).
 
     - ``megatron`` (Megatron-FSDP ``optim_grads``, megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp``):
       every parameter's post-accumulate-grad hook (``megatron_fsdp.py`` l. 1007-1011) calls
@@ -494,6 +495,35 @@ def grad_reduce_every_micro(framework: str, zero: int) -> str | None:
     if int(zero) != 2:
         return None
     return {"megatron": "overlapped", "megatron-deepspeed": "series"}.get(framework)
+
+
+def fsdp_shard_grad_op(framework: str, zero: int) -> bool:
+    """Whether ZeRO-2 is PyTorch FSDP's ``ShardingStrategy.SHARD_GRAD_OP`` (``hf``, ``zero`` 2): unit by unit, as ZeRO-3
+    (:func:`_dp_times`' per-unit collectives, in series or prefetched as :func:`zero3_prefetch` says), but the forward's
+    gathers are kept for the backward (torch 2.13 ``torch/distributed/fsdp``):
+
+    - ``_init_utils.py`` l. 72 maps it to ``HandleShardingStrategy.SHARD_GRAD_OP``, which ``_flat_param.py`` l. 112-119
+      puts in ``NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``, not ``RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``;
+    - every micro-batch's forward all-gathers each unit (``_pre_forward_unshard`` -> ``_unshard``,
+      ``_runtime_utils.py`` l. 411): the post-backward of the previous one freed it (``_post_backward_reshard``
+      l. 793-799 with ``_should_free_in_backward`` l. 811-827: True while ``_sync_gradients``, i.e. outside
+      ``no_sync()``);
+    - ``_post_forward_reshard`` (l. 486-500) does not free it (``free_unsharded_flat_param`` needs a
+      reshard-after-forward strategy), so the backward's ``_pre_backward_hook`` ``_unshard`` (l. 673-684) finds it
+      unsharded: ``FlatParamHandle.needs_unshard`` (``_flat_param.py`` l. 1385-1393) is False and ``unshard``
+      returns before ``_all_gather_flat_param`` (l. 1371-1382): no backward re-gather;
+    - each unit's gradient is reduce-scattered as its backward ends (``_post_backward_hook`` l. 701 ->
+      ``_reduce_grad`` l. 831), every micro-batch, the shard accumulated in ``_saved_grad_shard`` (l. 918-926).
+
+    ``no_sync()`` (which skips the reduce-scatters and keeps the unsharded parameters between micro-batches,
+    l. 743 and 825) is not modelled: every micro-batch reduces."""
+    return framework == "hf" and int(zero) == 2
+
+
+def per_unit_collectives(framework: str, zero: int) -> bool:
+    """Whether the data-parallel collectives run unit by unit, every micro-batch (:func:`_dp_times`' ``z3_*`` terms):
+    ZeRO-3 in every framework, and PyTorch FSDP's ZeRO-2 (:func:`fsdp_shard_grad_op`)."""
+    return int(zero) == 3 or fsdp_shard_grad_op(framework, zero)
 
 
 def dp_reduce_op(framework: str, zero: int, bf16_optimizer: bool = False) -> str:
@@ -1518,7 +1548,7 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
               gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
-              reduce_op: str | None = None, reduce_every_micro: bool = False) -> dict:
+              reduce_op: str | None = None, reduce_every_micro: bool = False, shard_grad_op: bool = False) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
@@ -1531,7 +1561,10 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     as FSDP's auto-wrap policies and DeepSpeed's per-module fetch have it), so each chunk pays ``units`` collectives of
     a unit's bytes (their latency grows with the group: a ring takes ``dp - 1`` steps each): ``z3_f_ms`` the forward's
     gathers, ``z3_b_ms`` the backward's gathers and reduce-scatters, ``z3_first_*`` the one unit's worth that waits
-    for nothing to hide behind (the first gather of a pass, and the backward's last reduce-scatter).
+    for nothing to hide behind (the first gather of a pass, and the backward's last reduce-scatter); ``z3_f_bytes``,
+    ``z3_f_n``, ``z3_b_bytes``, ``z3_b_n`` the bytes and count of a micro-batch's forward and backward collectives.
+    ``shard_grad_op`` (PyTorch FSDP's ZeRO-2, :func:`fsdp_shard_grad_op`): the same per-unit collectives, but the
+    forward's gathered parameters are kept for the backward: ``z3_b_ms`` the reduce-scatters alone.
 
     ``reduce_every_micro`` (ZeRO-2 of a framework that reduces every micro-batch's gradients,
     :func:`grad_reduce_every_micro`): each chunk's buckets are reduced in every backward, not once after the last:
@@ -1542,7 +1575,10 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
            "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks), "z3_first_f_ms": np.zeros(n_chunks),
            "z3_first_b_ms": np.zeros(n_chunks), "z2_b_ms": np.zeros(n_chunks), "z2_last_b_ms": np.zeros(n_chunks),
-           "z2_bytes": np.zeros(n_chunks), "z2_n": np.zeros(n_chunks, dtype=np.int64)}
+           "z2_bytes": np.zeros(n_chunks), "z2_n": np.zeros(n_chunks, dtype=np.int64),
+           "z3_f_bytes": np.zeros(n_chunks), "z3_f_n": np.zeros(n_chunks, dtype=np.int64),
+           "z3_b_bytes": np.zeros(n_chunks), "z3_b_n": np.zeros(n_chunks, dtype=np.int64)}
+    per_unit = par.zero == 3 or shard_grad_op
     units = np.maximum(np.asarray(units, dtype=int), 1)
     if dp_l.size <= 1 and expert_dp(par) <= 1:  # (expert parameters reduce over expert-DP even when dp x cp is 1)
         out["bucket_ms"] = [np.zeros(0)] * n_chunks
@@ -1559,13 +1595,13 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             total = p_count * grad_b
             # ZeRO-3 reduces each unit's gradients as its backward ends (z3_rs below), no bucketed sync after it (until
             # stop 40 one was costed here and reported as dp_sync_ms, though the step never ran it)
-            if total <= 0 or group.size <= 1 or par.zero == 3:
+            if total <= 0 or group.size <= 1 or per_unit:
                 continue
             nb = (max(1, int(np.ceil(p_count / bucket_params)))
                   if np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c not in first_chunks) else 1)
             msgs.append((c, "z2_rs" if reduce_every_micro else "bucket", op, total / nb, group, nb))
         gather_b = params_chunk[c] * db if gather_b_chunk is None else gather_b_chunk[c]
-        if par.zero == 3:
+        if per_unit:
             u = int(units[c])
             msgs.append((c, "z3_ag", "all_gather", gather_b / u, dp_l, u))
             msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b / u, dp_l, u))
@@ -1596,12 +1632,18 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             out["z2_last_b_ms"][c] += t_ms
             out["z2_bytes"][c] += nb * msg_b
             out["z2_n"][c] += nb
-        else:  # ZeRO-3: nb units' collectives of t_ms each
+        else:  # ZeRO-3 (and FSDP's ZeRO-2): nb units' collectives of t_ms each
             if role == "z3_ag":
                 out["z3_f_ms"][c] = nb * t_ms
                 out["z3_first_f_ms"][c] = t_ms
+                out["z3_f_bytes"][c] += nb * msg_b
+                out["z3_f_n"][c] += nb
+                if shard_grad_op:  # the forward's gathers are kept through the backward: no re-gather
+                    continue
             out["z3_b_ms"][c] += nb * t_ms
             out["z3_first_b_ms"][c] += t_ms
+            out["z3_b_bytes"][c] += nb * msg_b
+            out["z3_b_n"][c] += nb
     for c in range(n_chunks):
         ms = np.concatenate(buckets[c]) if buckets[c] else np.zeros(0)
         out["bucket_ms"].append(ms)
@@ -2022,7 +2064,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # stage), whose gradient is the backward's first and waits for the root's reduce-scatter at its end
     # (stage_memory.fsdp_inflight_gradient_bytes)
     root_stage = head_stage = None
-    fsdp = opts.framework == "hf" and par.zero >= 3
+    fsdp = opts.framework == "hf" and par.zero >= 2  # FULL_SHARD and SHARD_GRAD_OP (fsdp_shard_grad_op)
     if fsdp:
         root_key = ("root_params", P, V)
         hit = sums.get(root_key)
@@ -2178,14 +2220,17 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         params_chunk, expert_chunk, gather_b_chunk = mirrored(params_chunk), mirrored(expert_chunk), mirrored(gather_b_chunk)
     # ZeRO-2 reducing every micro-batch's gradients (grad_reduce_every_micro): "overlapped", "series" or None
     z2_mode = grad_reduce_every_micro(opts.framework, par_dp.zero)
-    dp_key = ("dp", par_dp.zero, z2_mode, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
+    # PyTorch FSDP's ZeRO-2 (SHARD_GRAD_OP): ZeRO-3's per-unit collectives without the backward's re-gathers
+    sgo = fsdp_shard_grad_op(opts.framework, par_dp.zero)
+    per_unit = per_unit_collectives(opts.framework, par_dp.zero)
+    dp_key = ("dp", par_dp.zero, z2_mode, sgo, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only,
               first_ranks)
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
         dpt = _dp_times(par_dp, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts),
                         bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op,
-                        first_chunks=first_ranks, reduce_every_micro=z2_mode is not None)
+                        first_chunks=first_ranks, reduce_every_micro=z2_mode is not None, shard_grad_op=sgo)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
@@ -2311,7 +2356,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         f = f_nc + comm[0]
         b = b_nc + comm[1]
         dp_on = "dp" not in free
-        if dp_on and par.zero == 3:
+        if dp_on and per_unit:
             # prefetched: each unit's collectives run beside the computation of its neighbours, taking NCCL's SMs from
             # it while they run (simulate/overlap.py), one unit's worth per pass with nothing to hide behind; not
             # prefetched: in series with the computation (their sum: overlapped_ms with share 1 would still hide the
@@ -2341,7 +2386,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             t_f, t_b = t_fb
             if p2p > 0:
                 t_f, t_b = t_f + send_f * p2p, t_b + send_b * p2p
-            if dp_on and par.zero == 3:
+            if dp_on and per_unit:
                 t_f = t_f + dpt["z3_f_ms"]
                 t_b = t_b + dpt["z3_b_ms"]
             if dp_on and z2_mode is not None:
@@ -2558,7 +2603,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         n_attn_rc = per_chunk((view.attn_rc_ms > 0).astype(float))  # a recomputed ring runs again in the backward
         n_ring = cp_group_sizes(par)[1]
         cp_coll_name = "allgather_kv" if par.cp_comm_type == "allgather" else "a2a_qkvo"
-        z3_trace = par.zero == 3 and lay["dp"].size > 1
+        z3_trace = per_unit and lay["dp"].size > 1
         z2_name = f"zero2.{dp_op}" if z2_mode is not None else None
         for tk in pipe.tasks:
             # a DualPipe task (simulate/dualpipe.DualTask) runs the chunk of its model_stage on rank tk.stage; an F&B
@@ -2580,9 +2625,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # ZeRO-3 / FSDP: the task's blocks' gathers (backward: gathers and reduce-scatters) on the communication
                 # stream from the task's start; in series with the computation they are inside the task's time
                 z3 = dpt["z3_f_ms" if tk.kind == "F" else "z3_b_ms"][c]
-                if z3 > 0:
-                    what = "all_gather" if tk.kind == "F" else "all_gather+reduce_scatter"
-                    events.append(dict(stage=tk.stage, stream="comm", name=f"zero3.{what}{tk.micro}", start_ms=tk.start,
+                if z3 > 0:  # (FSDP's ZeRO-2, SHARD_GRAD_OP: the backward's reduce-scatters alone)
+                    what = ("all_gather" if tk.kind == "F" else "reduce_scatter" if sgo
+                            else "all_gather+reduce_scatter")
+                    events.append(dict(stage=tk.stage, stream="comm", name=f"zero{2 if sgo else 3}.{what}{tk.micro}",
+                                       start_ms=tk.start,
                                        end_ms=tk.start + float(z3)))
             if z2_name and tk.kind == "B" and dpt["z2_b_ms"][c] > 0:
                 # ZeRO-2 every micro-batch: the backward's gradient reductions on the communication stream, ending
@@ -2623,7 +2670,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             if iteration_ms > 0:  # the framework's per-iteration host time (the GPU waits)
                 events.append(dict(stage=s, stream="compute", name="host.iteration", start_ms=t, end_ms=t + float(iteration_ms)))
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
-                zero3_prefetch=ctx.zero3_prefetch if par.zero == 3 else None,
+                zero3_prefetch=ctx.zero3_prefetch if per_unit else None,
                 # DeepSpeed's gradient-accumulation dtype (None: not a DeepSpeed bf16 step)
                 grad_accum_dtype=resolved_grad_accum_dtype(opts.framework, ctx.grad_accum_dtype, dtype, par.zero),
                 # whether pipeline transfers were scattered over TP and all-gathered (None: no pipeline transfers)
@@ -2680,6 +2727,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                         dp_zero2_bytes_per_micro=float(by_stage(dpt["z2_bytes"]).max()),
                         dp_zero2_collectives_per_micro=int(by_stage(dpt["z2_n"]).max()))
                    if z2_mode is not None else {}),
+                # PyTorch FSDP's ZeRO-2 (SHARD_GRAD_OP): the units' reduce-scatters of one backward as above, and the
+                # forward's parameter all-gathers (kept for the backward: none in it), the busiest stage's
+                **(dict(dp_zero2_ms_per_micro=float(by_stage(dpt["z3_b_ms"]).max()),
+                        dp_zero2_bytes_per_micro=float(by_stage(dpt["z3_b_bytes"]).max()),
+                        dp_zero2_collectives_per_micro=int(by_stage(dpt["z3_b_n"]).max()),
+                        dp_zero2_gather_ms_per_micro=float(by_stage(dpt["z3_f_ms"]).max()),
+                        dp_zero2_gather_bytes_per_micro=float(by_stage(dpt["z3_f_bytes"]).max()),
+                        dp_zero2_gathers_per_micro=int(by_stage(dpt["z3_f_n"]).max()))
+                   if sgo else {}),
                 grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the
                 # first/last stage gradient all-reduce, once per step

@@ -126,13 +126,16 @@ def _sharded(nbytes, params, expert_params, d: int, de: int):
     return nbytes(params - expert_params) / d + nbytes(expert_params) / de
 
 
-def _zero_groups(zero: int, dp: int, expert_dp: int | None) -> dict[int, tuple[int, int]]:
+def _zero_groups(zero: int, dp: int, expert_dp: int | None, framework: str | None = None) -> dict[int, tuple[int, int]]:
     """Per ZeRO level (1: master weights and moments, 2: gradients, 3: weights) the ranks (DP group, expert-DP group)
     a term of that level is sharded over under ZeRO stage ``zero``: both groups from that stage on (at least 1; the
-    expert-DP group is the DP group unless given), else (1, 1)."""
+    expert-DP group is the DP group unless given), else (1, 1). PyTorch FSDP's ZeRO-2 (``framework`` ``hf``, ``zero``
+    2: ``SHARD_GRAD_OP``) shards the weights too: its persistent parameter is the flat parameter's shard, the unsharded
+    one lives from a unit's forward to the end of its backward (:func:`buffer_bytes`)."""
     dp = max(int(dp), 1)
     edp = dp if expert_dp is None else max(int(expert_dp), 1)
-    return {k: (dp, edp) if zero >= k else (1, 1) for k in (1, 2, 3)}
+    sgo = framework == "hf" and int(zero) == 2
+    return {k: (dp, edp) if zero >= k or (k == 3 and sgo) else (1, 1) for k in (1, 2, 3)}
 
 
 @dataclass(frozen=True)
@@ -267,7 +270,8 @@ def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int 
 
 def weight_and_master_bytes(framework: str | None, zero: int, dtype_bytes: int) -> tuple[int, int]:
     """(held weights, fp32 master weights) bytes per parameter, before sharding (module docstring). PyTorch FSDP
-    (``hf`` with ZeRO-3) under mixed precision holds one persistent parameter, its sharded flat parameter in the
+    (``hf`` with ZeRO-2/3, ``SHARD_GRAD_OP`` / ``FULL_SHARD``: both shard the flat parameter the same way) under mixed
+    precision holds one persistent parameter, its sharded flat parameter in the
     model's own dtype, fp32 (Accelerate upcasts a model loaded in half precision: ``accelerator.py`` ``prepare_model``,
     "Upcasted low precision parameters ... because mixed precision turned on in FSDP"; llm-foundry builds in
     ``_MASTER_WEIGHTS_PRECISION = 'float32'``), which the optimizer steps: no separate master copy, and no
@@ -277,7 +281,7 @@ def weight_and_master_bytes(framework: str | None, zero: int, dtype_bytes: int) 
     (``_fully_shard/_fsdp_param.py`` ``all_gather_inputs``: ``_to_dtype_if_needed(sharded_param_data, param_dtype)``).
     So (4, 0), as in full precision; everything else (dtype, 4 fp32 master under mixed precision, else 0)."""
     mixed = dtype_bytes < 4
-    if mixed and framework == "hf" and zero >= 3:
+    if mixed and framework == "hf" and zero >= 2:
         return 4, 0
     return dtype_bytes, (4 if mixed else 0)
 
@@ -293,7 +297,7 @@ def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: 
     (:func:`weight_and_master_bytes`); None: the Megatron formula."""
     mixed = dtype_bytes < 4
     opt_b = optimizer_state_bytes(optimizer)
-    g = _zero_groups(zero, dp, expert_dp)
+    g = _zero_groups(zero, dp, expert_dp, framework)
     w_b, m_b = weight_and_master_bytes(framework, zero, dtype_bytes)
     if grad_bytes is None:
         grad_bytes = 4 if mixed else dtype_bytes
@@ -334,6 +338,9 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
     head), unsharded from the start of the forward to the end of the backward (module docstring). ``reduce_bytes``:
     FSDP's reduce-scatter dtype bytes (``MixedPrecision.reduce_dtype``; default the parameters' dtype).
 
+    PyTorch FSDP's ZeRO-2 (``SHARD_GRAD_OP``) holds every unit unsharded instead (``params`` x the parameters' dtype:
+    all of them are gathered by the end of a forward and each is freed only as its backward ends; the additive total
+    counts them beside the activations, an upper bound as the backward frees both).
     After the last backward under FSDP (:func:`fsdp_end_of_backward_bytes`): the root unit's parameters and gradient
     (:func:`fsdp_root_gradient_bytes`) beside the first block's gradient in reduction, no block's parameters.
     DeepSpeed at ZeRO-2/3 holds its reduce bucket through the passes and, ZeRO-3, its prefetched parameters; it
@@ -344,9 +351,12 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
     during, after = float(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES), 0.0
     if dp > 1:
         if framework == "hf":
-            if zero >= 3:  # FSDP: the running and the prefetched unit and the root unit, unsharded
+            if zero >= 2:
+                # FSDP FULL_SHARD: the running and the prefetched unit and the root unit, unsharded; SHARD_GRAD_OP
+                # (ZeRO-2): every unit's, gathered in the forward and not resharded until its backward ends
+                # (distributed.fsdp_shard_grad_op: torch 2.13 _runtime_utils.py _post_forward_reshard l. 486-500)
                 held = during
-                during = held + (2.0 * block_params + root_params) * dtype_bytes
+                during = held + ((2.0 * block_params + root_params) if zero >= 3 else params) * dtype_bytes
                 rb = dtype_bytes if reduce_bytes is None else reduce_bytes
                 # at the backward's end no block is unsharded: the root unit's parameters, the first block's
                 # gradient still being reduce-scattered and the root's gradient (fsdp_end_of_backward_bytes)
@@ -523,11 +533,12 @@ def megatron_fsdp_grad_bucket_bytes(*, params, grad_bytes: int):
 
 def _fsdp_grads(framework: str, zero: int, dp: int, *, params=0.0, grad_bytes: int = 4, **kw):
     """Unsharded gradients held during the backward beside the activations: :func:`fsdp_inflight_gradient_bytes`
-    under FSDP (``hf``, ZeRO-3, dp > 1), :func:`megatron_fsdp_grad_bucket_bytes` under Megatron-FSDP ``optim_grads``
+    under FSDP (``hf``, ZeRO-2/3, dp > 1: each unit's reduce-scatter as its backward ends either way),
+    :func:`megatron_fsdp_grad_bucket_bytes` under Megatron-FSDP ``optim_grads``
     (``megatron``, ZeRO-2, dp > 1), else 0."""
     if framework == "megatron" and zero == 2 and dp > 1:
         return megatron_fsdp_grad_bucket_bytes(params=params, grad_bytes=grad_bytes)
-    if framework != "hf" or zero < 3 or dp <= 1:
+    if framework != "hf" or zero < 2 or dp <= 1:
         return 0.0
     if kw["reduce_bytes"] is None:
         kw["reduce_bytes"] = kw["dtype_bytes"]
@@ -681,7 +692,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     ex = np.asarray(expert_params, dtype=float)
     mixed = dtype_bytes < 4
     opt_b = optimizer_state_bytes(optimizer)
-    g = _zero_groups(bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp, expert_dp)
+    g = _zero_groups(bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp, expert_dp, framework)
     w_b, m_b = weight_and_master_bytes(framework, zero, dtype_bytes)
     if held_grad_bytes is None:
         held_grad_bytes = 4 if mixed else dtype_bytes

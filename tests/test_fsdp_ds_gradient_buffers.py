@@ -100,10 +100,16 @@ def test_fsdp_lines_only_under_fsdp():
     kw = dict(params=np.array([1e9]), act_bytes_per_chunk=np.array([1e9]), inflight=np.array([1]),
               full_recompute_extra_bytes=0.0, dtype_bytes=2, grad_bytes=4, held_grad_bytes=4, optimizer="adamw", dp=8,
               block_params=1e7, root_params=np.array([5e8]), head_params=np.array([2e8]), reduce_bytes=2)
-    for fw, zero in (("hf", 0), ("hf", 2), ("megatron", 3), ("megatron-deepspeed", 3)):
+    for fw, zero in (("hf", 0), ("hf", 1), ("megatron", 3), ("megatron-deepspeed", 3)):
         assert stage_memory_gb(framework=fw, zero=zero, **kw)["unsharded_gradients_gb"][0] == 0.0
     got = stage_memory_gb(framework="hf", zero=3, **kw)
     assert got["unsharded_gradients_gb"][0] * 1e9 == pytest.approx(_fsdp_inflight(1e7, 2e8, 2, 2, 8, 1))
+    # FSDP's ZeRO-2 (SHARD_GRAD_OP) reduce-scatters each unit as its backward ends as FULL_SHARD does (until stop 46
+    # hf zero 2 had no FSDP lines); it holds every unit's parameters unsharded instead of two blocks and the root
+    z2 = stage_memory_gb(framework="hf", zero=2, **kw)
+    assert z2["unsharded_gradients_gb"][0] == got["unsharded_gradients_gb"][0]
+    assert (z2["buffers_gb"][0] - got["buffers_gb"][0]) * 1e9 == pytest.approx((1e9 - 2 * 1e7 - 5e8) * 2, rel=1e-9)
+    np.testing.assert_array_equal(stage_total_gb(framework="hf", zero=2, **kw), z2["total_gb"])
     # the search's total alone and the scalar StageMemory agree with the per-term arrays
     np.testing.assert_array_equal(stage_total_gb(framework="hf", zero=3, **kw), got["total_gb"])
     one = stage_memory(params=1e9, act_bytes_per_chunk=1e9, inflight=1, full_recompute_extra_bytes=0.0, dtype_bytes=2,
