@@ -104,7 +104,7 @@ def test_fsdp_lines_only_under_fsdp():
         assert stage_memory_gb(framework=fw, zero=zero, **kw)["unsharded_gradients_gb"][0] == 0.0
     got = stage_memory_gb(framework="hf", zero=3, **kw)
     assert got["unsharded_gradients_gb"][0] * 1e9 == pytest.approx(_fsdp_inflight(1e7, 2e8, 2, 2, 8, 1))
-    # FSDP's ZeRO-2 (SHARD_GRAD_OP) reduce-scatters each unit as its backward ends as FULL_SHARD does (until stop 46
+    # FSDP's ZeRO-2 (SHARD_GRAD_OP) reduce-scatters each unit as its backward ends as FULL_SHARD does (until stop 45
     # hf zero 2 had no FSDP lines); it holds every unit's parameters unsharded instead of two blocks and the root
     z2 = stage_memory_gb(framework="hf", zero=2, **kw)
     assert z2["unsharded_gradients_gb"][0] == got["unsharded_gradients_gb"][0]

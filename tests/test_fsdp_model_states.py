@@ -36,7 +36,7 @@ def test_fsdp_holds_the_fp32_shard_and_no_separate_master_copy():
     # the search's total alone gives the same figure, bit for bit
     np.testing.assert_array_equal(stage_total_gb(zero=3, framework="hf", **KW), mem["total_gb"])
     # FSDP's ZeRO-2 (SHARD_GRAD_OP) shards the flat parameter as FULL_SHARD does: the same persistent states (until
-    # stop 46 hf zero 2 held unsharded bf16 weights beside a sharded fp32 master copy); its unsharded bf16 parameters
+    # stop 45 hf zero 2 held unsharded bf16 weights beside a sharded fp32 master copy); its unsharded bf16 parameters
     # live from the forward to the backward, in the buffers (tests/test_fsdp_shard_grad_op.py)
     assert _states_per_param("hf", 2) == _states_per_param("hf", 3)
 
