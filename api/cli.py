@@ -1039,7 +1039,8 @@ def search(
     if as_json:
         print(json.dumps({"ranked": _records(res.ranked), "pareto": _records(res.pareto),
                           "rejected": _records(res.rejected), "excluded": _records(res.excluded),
-                          "warnings": list(res.warnings), "unranked_clusters": unranked}, indent=2, default=str))
+                          "warnings": list(res.warnings), "unranked_clusters": unranked,
+                          "dropped_values": list(res.dropped_values)}, indent=2, default=str))
         _fail_if_none_fits(res, limits)
         return
     con = Console()
@@ -1087,6 +1088,8 @@ def search(
     if len(res.excluded):
         counts = res.excluded["excluded_by"].value_counts()
         con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))
+    for d in res.dropped_values:  # a value asked for (--cp 2, --ep 8, ...) absent from the tables: say why
+        con.print(f"[yellow]note: {d['note']}[/yellow]", soft_wrap=True)
     for name, why in unranked.items():  # a searched cluster absent from the tables: say why
         con.print(f"[yellow]note: cluster {name} has no valid strategy: {why}[/yellow]", soft_wrap=True)
     for w in res.warnings:  # the model's and the clusters' warnings (also on stderr), beside the tables
@@ -1271,6 +1274,8 @@ def sweep(
             for name, why in (search_keys(r.get("unranked_clusters")) or {}).items():
                 con.print(escape(f"note: {task}: cluster {name} has no valid strategy: {why}"), style="yellow",
                           soft_wrap=True)
+            for d in search_keys(r.get("dropped_values")) or ():
+                con.print(escape(f"note: {task}: {d['note']}"), style="yellow", soft_wrap=True)
             for w in search_keys(r.get("warnings")) or ():
                 con.print(escape(f"note: {task}: {w}"), style="yellow", soft_wrap=True)
         err.print(f"results: {res.output} (pandas.read_parquet or wattcast.sweep.read_sweep)")

@@ -38,7 +38,8 @@ row saying why there are none: ``status`` "none fits" when strategies were evalu
 strategy" when every candidate broke a rule, with the rules in ``error``; see :data:`STATUSES`) are written, as soon
 as the task finishes, to its own Parquet part in the output folder (``OUT.parquet/part-<task id>.parquet``, written
 to a temporary name and renamed, so a part is whole or absent). Every row also carries its search's ``warnings``
-and ``unranked_clusters`` (:data:`SEARCH_KEYS`: JSON text of what ``wattcast search --json`` gives under those keys).
+, ``unranked_clusters`` and ``dropped_values`` (:data:`SEARCH_KEYS`: JSON text of what ``wattcast search --json``
+gives under those keys).
 The folder reads as one table
 (``pandas.read_parquet(OUT)``). A rerun with the same output skips the tasks whose parts are there, so an interrupted
 sweep resumes; a worker killed mid-task loses only that task, which Dask runs again on another worker (on Ray: the
@@ -134,12 +135,13 @@ BOOL_COLUMNS = frozenset(("sp", "fits", "scheduled", "electricity_region_specifi
 TEXT_COLUMNS = frozenset(("task_id", "model", "cluster", "region", "status", "error", "device", "config", "recompute",
                           "strategy", "schedule", "memory_flag", "dtype", "attention", "framework", "etp",
                           "cloud_price_source", "electricity_source", "grid_region", "grid_basis", "grid_source",
-                          "cloud_pricing", "warnings", "unranked_clusters"))
+                          "cloud_pricing", "warnings", "unranked_clusters", "dropped_values"))
 #: a search's own findings, on every row of its task as JSON text (the keys and values of ``wattcast search --json``):
 #: ``warnings`` (a list: the model's, e.g. a sequence beyond its positions, and the cluster's and GPU's,
 #: ``SearchResult.warnings``) and ``unranked_clusters`` (an object: the searched cluster, when it has no valid strategy,
-#: and why: ``SearchResult.unranked_clusters``); '' on a task that could not run
-SEARCH_KEYS = ("warnings", "unranked_clusters")
+#: and why: ``SearchResult.unranked_clusters``) and ``dropped_values`` (a list: each value the task's space asked for
+#: that every candidate with it broke a rule, ``SearchResult.dropped_values``); '' on a task that could not run
+SEARCH_KEYS = ("warnings", "unranked_clusters", "dropped_values")
 
 
 def part_columns(tokens: bool) -> list[str]:
@@ -567,7 +569,8 @@ def run_task(task: dict) -> pd.DataFrame:
         if task["tokens"] is not None:
             kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)
         res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)
-        found = dict(warnings=json.dumps(list(res.warnings)), unranked_clusters=json.dumps(res.unranked_clusters()))
+        found = dict(warnings=json.dumps(list(res.warnings)), unranked_clusters=json.dumps(res.unranked_clusters()),
+                     dropped_values=json.dumps(list(res.dropped_values), default=str))
         fit = res.ranked[res.ranked["fits"].astype(bool)] if len(res.ranked) else res.ranked
         if len(fit):
             out = fit.head(task["top"]).reset_index(drop=True)

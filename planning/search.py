@@ -91,6 +91,10 @@ class SearchResult:
     #: out of their datasheet ratios, an in-node fabric faster than the GPU's own link:
     #: ``simulate.distributed.spec_notes``), once per search, not per row; the figures are as given
     warnings: list = field(default_factory=list)
+    #: per value the caller asked for in a searched option (``space``: cp, ep, etp, tp, ...) that no evaluated
+    #: strategy has but rejected ones do, what ``wattcast search`` notes under its table and ``--json`` gives as
+    #: ``dropped_values`` (:func:`dropped_values`): option, value, rejected, rule (the most common), note
+    dropped_values: list = field(default_factory=list)
 
     def invalid_reason(self, top: int = 3) -> str:
         """Why no configuration is valid, in one line: the job-level reasons of :attr:`why_none`, then the ``top``
@@ -129,6 +133,47 @@ class SearchResult:
             return None
         fit = self.ranked[self.ranked["fits"]]
         return None if fit.empty else fit.iloc[0].to_dict()
+
+
+#: the search-space options whose asked-for values :func:`dropped_values` checks, and the value a candidate has for
+#: each: its field, the experts' TP its own (None: the candidate's tp) and the CP communication only with cp > 1
+_DROP_OPTIONS = ("tp", "pp", "cp", "ep", "etp", "micro_batch", "zero", "sp", "recompute", "interleave", "schedule",
+                 "recompute_num_layers", "cp_comm_type", "hierarchical_cp_sizes")
+
+
+def _option_value(par, option: str):
+    """The value ``par`` (a candidate ParallelConfig) has for the search-space ``option``; None: not applicable."""
+    if option == "etp":
+        return par.tp if par.etp is None else par.etp
+    if option in ("cp_comm_type", "hierarchical_cp_sizes") and par.cp == 1:  # cp 1 runs no CP communication
+        return None
+    v = getattr(par, option)
+    return tuple(v) if isinstance(v, list) else v
+
+
+def dropped_values(asked: dict, outcomes: list) -> list[dict]:
+    """Per value of ``asked`` (search-space option -> the choices the caller gave) that no evaluated candidate has but
+    rejected ones do: {option, value, rejected (how many candidates with it), rule (the most common), note}.
+    ``outcomes``: (candidate ParallelConfig, evaluated?, rule or None) per candidate the search went through."""
+    out = []
+    for option, values in asked.items():
+        if option not in _DROP_OPTIONS or not values:
+            continue
+        have = [_option_value(par, option) for par, _, _ in outcomes]
+        for value in values:
+            if value is None:
+                continue
+            mine = [(ok, rule) for v, (_, ok, rule) in zip(have, outcomes) if v == value]
+            if not mine or any(ok for ok, _ in mine):
+                continue
+            rules = [str(rule) for _, rule in mine]
+            n = len(rules)
+            out.append(dict(option=option, value=list(value) if isinstance(value, tuple) else value, rejected=n,
+                            rule=pd.Series(rules, dtype=object).value_counts().index[0],
+                            note=f"{option} {','.join(map(str, value)) if isinstance(value, tuple) else value}: "
+                                 f"{'all ' if n > 1 else ''}{n:,} candidate{'s' if n > 1 else ''} rejected: "
+                                 + _top_rules(rules, 1)))
+    return out
 
 
 def _top_rules(rules, top: int) -> str:
@@ -505,8 +550,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if str(attention).lower().startswith("flash") and space.get("recompute") is None:
         # fused attention keeps no S x S activations: selective recomputation would change nothing
         space = dict(space, recompute=("none", "full"))
+    asked_options = [k for k, v in space.items() if v is not None]  # the caller's own choices (not the defaults)
     # an unknown option or a bad choice is named before anything is evaluated
     space = {k: _choices(k, v) for k, v in space.items()}
+    asked = {k: space[k] for k in asked_options if space.get(k) is not None}
     _check_footprint_kw(footprint_kw)
     routing = check_routing(moe_routing)
     from wattcast.simulate.distributed import zero3_prefetch as _z3
@@ -603,6 +650,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                               scatter_gather_p2p=scatter_gather_p2p, grad_accum_dtype=grad_accum_dtype,
                               fp8_recipe=fp8_recipe, moe_token_dispatcher=moe_token_dispatcher, **routing)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
+    outcomes = []  # per candidate gone through: (config, evaluated?, its rule), for dropped_values
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
@@ -625,13 +673,16 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                 got = _evaluate_serial(job, cands, max_configs, progress)
             for kind, rec in got:
                 (rows if kind == "row" else bad).append(rec)
+            # both evaluators give the candidates' outcomes in candidate order, cut at max_configs
+            outcomes.extend((par, kind == "row", None if kind == "row" else rec[-1]) for par, (kind, rec) in zip(cands, got))
             if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
                 progress(len(cands), len(cands))
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
     cols = list(COLUMNS + run_cols)
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
-        return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings)
+        return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings,
+                            dropped_values(asked, outcomes))
     row_cols = list(_ROW_COLUMNS + run_cols)
     if tokens is not None:  # run_pareto is computed over the whole frame below
         pareto_at = row_cols.index("run_pareto")
@@ -649,7 +700,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     front = [r._asdict() for r in fit[mem < before].itertuples(index=False)]
     ranked_clusters = set(df["cluster"])
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
-                        {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings)
+                        {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
+                        dropped_values(asked, outcomes))
 
 
 def _ood_warnings(df: pd.DataFrame) -> list[str]:

@@ -272,3 +272,24 @@ def test_op_table_names_a_handler_for_every_packet_and_keeps_the_priorities():
     assert all(RULES[p] == "_view" for p in _VIEWS) and all(RULES[p] == "_gemm" for p in _GEMMS)
     assert all(RULES[p] == "_elementwise" for p in _ELEMENTWISE) and set(_COPIES) <= set(RULES)
     assert RULES["max"] == "_max_min" and RULES["tril"] == "_triangular" and "sort" not in RULES
+
+
+def test_token_ids_only_for_a_module_that_starts_with_an_embedding():
+    """Without example_inputs a module is fed token ids (batch, seq) only when its first layer is an embedding: a
+    Linear MLP was traced on integer ids (and "predicted") before; now it is refused, asking for example_inputs."""
+    import wattcast
+
+    mlp = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 10))
+    for call in (lambda: wattcast.predict(mlp, "A100-SXM4-80GB"),
+                 lambda: graph_from_module(mlp, batch=1, seq=1024)):
+        with pytest.raises(GraphError, match=r"Sequential starts with 0 \(Linear\), not an embedding.*example_inputs"):
+            call()
+    with pytest.raises(GraphError, match="has no parameters.*example_inputs"):
+        graph_from_module(nn.ReLU(), batch=1, seq=8)
+    # with its inputs given it is traced on them
+    r = wattcast.predict(mlp, "A100-SXM4-80GB", example_inputs=(torch.randn(8, 1024, device="meta"),))
+    assert r.step_time_ms > 0 and r.meta["batch"] == 8
+    # a module whose first layer is an embedding still takes token ids by default (nanoGPT: wte)
+    tiny = nn.Sequential(nn.Embedding(100, 32), nn.Linear(32, 100))
+    assert graph_from_module(tiny, batch=2, seq=16).meta["seq"] == 16
+    assert wattcast.predict(_meta_gpt("eager"), "A100-SXM4-80GB", batch=1, seq=64).step_time_ms > 0

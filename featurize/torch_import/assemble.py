@@ -369,13 +369,35 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
     return g
 
 
+def _first_layer(module: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
+    """(name, module) of ``module``'s first layer: the first submodule, in registration order, with parameters of its
+    own (a language model's token embedding: nanoGPT's ``wte``, Hugging Face's ``embed_tokens``); None without any."""
+    return next(((n, m) for n, m in module.named_modules() if next(m.parameters(recurse=False), None) is not None),
+                None)
+
+
+def _check_takes_token_ids(module: torch.nn.Module) -> None:
+    """Raise :class:`GraphError` unless ``module``'s first layer is an embedding (``nn.Embedding`` /
+    ``nn.EmbeddingBag``, subclasses included): only then are token ids its input. Any other module (an MLP starting
+    with ``nn.Linear``, a CNN) would be traced on integer ids it never takes: its inputs must be given."""
+    first = _first_layer(module)
+    if first is not None and isinstance(first[1], (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return
+    what = ("has no parameters" if first is None else
+            f"starts with {first[0] or 'itself'} ({type(first[1]).__name__}), not an embedding")
+    raise GraphError(f"{type(module).__name__} {what}: token ids of shape (batch, seq) are the default input only of a "
+                     "module whose first layer is an nn.Embedding; give example_inputs (its forward's inputs, tensors of "
+                     "the right shapes and dtypes, e.g. example_inputs=(torch.randn(batch, features),))")
+
+
 def graph_from_module(module: torch.nn.Module, example_inputs: tuple | None = None, *, batch: int | None = None,
                       seq: int | None = None, dtype: str | None = None, train: bool = False,
                       kwargs: dict | None = None) -> OpGraph:
     """The forward operator graph of ``module``, traced by ``torch.export`` on the meta device.
 
     ``example_inputs``: the positional inputs of ``forward`` (any device: only shapes and dtypes are used);
-    when omitted, token ids ``(batch, seq)`` of dtype long. ``kwargs``: keyword inputs. ``dtype``: the
+    when omitted, token ids ``(batch, seq)`` of dtype long, for a module whose first layer is an embedding (else
+    :class:`GraphError` asks for them: :func:`_check_takes_token_ids`). ``kwargs``: keyword inputs. ``dtype``: the
     precision to cost (``fp32``/``tf32``/``fp16``/``bf16``/``fp8``; default: the parameters' dtype).
     ``train``: export in training mode (dropout active) for a training step. The module is not modified:
     a module with real weights is copied onto meta structure-only (no weight memory). Raises
@@ -388,6 +410,7 @@ def graph_from_module(module: torch.nn.Module, example_inputs: tuple | None = No
             raise GraphError("give example_inputs, or batch and seq for token-id inputs of shape (batch, seq)")
         if int(batch) <= 0 or int(seq) <= 0:
             raise GraphError(f"batch and seq must be positive, got batch={batch} seq={seq}")
+        _check_takes_token_ids(module)
         example_inputs = (torch.zeros(int(batch), int(seq), dtype=torch.long, device="meta"),)
     elif not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,) if not isinstance(example_inputs, list) else tuple(example_inputs)
