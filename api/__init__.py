@@ -47,11 +47,28 @@ def _model_folder_options(fn):
     return run
 
 
-def predict_kernels(frame, device):
-    """Predict per-kernel latency for every row of ``frame`` on ``device`` (see wattcast.models.kernel_predictor)."""
-    from wattcast.models.kernel_predictor import predict_kernels as _pk
+def predict_kernels(frame, device, *, dtype: str | None = None, models=None):
+    """Predict per-kernel latency for every row of ``frame`` on ``device`` (see wattcast.models.kernel_predictor).
 
-    return _pk(frame, device)
+    As ``wattcast kernels``: ``dtype`` is the dtype of rows that give none (no ``dtype`` column, or an empty cell;
+    default fp32), and a row whose own dtype differs is a ValueError (the frame's dtype is never overridden);
+    ``models`` is a retrained kernel bundle's folder (``wattcast train kernels --out``; default
+    ``$WATTCAST_MODELS``, then the shipped model), checked first (``ModelFolderError``, a ValueError)."""
+    from wattcast.models.kernel_predictor import (_resolve, check_kernel_frame, default_dtype_conflict_error,
+                                                  resolve_default_dtype, with_default_dtype)
+    from wattcast.models.kernel_predictor import predict_kernels as _pk
+    from wattcast.models.selection import resolve_folders
+
+    bundle = resolve_folders(models, kinds=("models",)).models  # as predict(models=) checks it
+    if dtype is not None:
+        check_kernel_frame(frame)
+        spec = _resolve(device)
+        dtype = resolve_default_dtype(dtype, spec, "dtype=")
+        frame, conflicts = with_default_dtype(frame, dtype)
+        if conflicts:
+            raise ValueError(default_dtype_conflict_error(dtype, conflicts, "the frame", "dtype="))
+        device = spec
+    return _pk(frame, device, bundle=bundle)
 
 
 @_model_folder_options
@@ -536,6 +553,11 @@ def builtin_models() -> list[str]:
     from wattcast.featurize.hf_config import builtin_models as _b
 
     return _b()
+
+
+def __dir__() -> list[str]:
+    """``dir(wattcast)``: the module's names without what its own code imports (``os``, the ``annotations`` future)."""
+    return sorted(set(globals()) - {"os", "annotations"})
 
 
 __all__ = ["predict_kernels", "predict", "predict_cluster", "search", "footprint", "builtin_models", "allow_exotic",

@@ -230,21 +230,6 @@ def _positive(**values) -> None:
             _fail(f"--{name.replace('_', '-')} must be at least 1, got {v}")
 
 
-def _with_default_dtype(frame, dtype: str):
-    """(``frame`` with ``dtype`` in its ``dtype`` column wherever a row has none: no column, or an empty cell; the
-    (0-based data row, dtype) of each row whose own dtype is another one). ``dtype`` is canonical."""
-    from wattcast.data.kernel_ops import canonical_dtype
-
-    if "dtype" not in frame.columns:
-        return frame.assign(dtype=dtype), []
-    own = frame["dtype"].astype(str)
-    empty = own.str.strip() == ""
-    canon = own.map(canonical_dtype)
-    clash = ~empty & (canon != dtype)
-    conflicts = list(zip(frame.index[clash].tolist(), own[clash].tolist()))
-    return frame.assign(dtype=own.where(~empty, dtype)), conflicts
-
-
 @app.command()
 @_forceable
 def kernels(
@@ -259,17 +244,15 @@ def kernels(
     """Predict the latency of every kernel in a CSV on DEVICE."""
     import pandas as pd
 
-    from wattcast.models.kernel_predictor import EXTRA_COLUMNS, PRED_COLUMNS, predict_kernels, unpeaked_dtype_error
+    from wattcast.models.kernel_predictor import (EXTRA_COLUMNS, PRED_COLUMNS, default_dtype_conflict_error,
+                                                  predict_kernels, resolve_default_dtype, with_default_dtype)
 
     spec = _resolve_device_arg(device, "--device")
     if dtype is not None:
-        from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
-
-        dtype = canonical_dtype(dtype)
-        if dtype not in DTYPE_BYTES:
-            _fail(f"--dtype: unknown dtype {dtype!r}; use {', '.join(DTYPE_BYTES)}")
-        if (why := unpeaked_dtype_error(spec, dtype)) is not None:
-            _fail(f"--dtype {dtype}: {why}")
+        try:
+            dtype = resolve_default_dtype(dtype, spec, "--dtype")
+        except ValueError as e:
+            _fail(str(e))
     _input_file(input, "input file")
     if output:
         _output_file(output, "--output", protect=(input,), overwrite=overwrite)
@@ -299,11 +282,9 @@ def kernels(
 
     frame = without_blank_rows(frame).reset_index(drop=True)  # a spreadsheet's empty ',,,' rows are no kernels
     if dtype is not None:
-        frame, conflicts = _with_default_dtype(frame, dtype)
+        frame, conflicts = with_default_dtype(frame, dtype)
         if conflicts:
-            _fail(f"--dtype {dtype} conflicts with the dtype of {len(conflicts)} row(s) of {input} ("
-                  + ", ".join(f"data row {i + 1}: {d}" for i, d in conflicts[:5]) + (", ..." if len(conflicts) > 5 else "")
-                  + "); --dtype only fills rows without one: drop it or fix those rows")
+            _fail(default_dtype_conflict_error(dtype, conflicts, str(input), "--dtype"))
     replaced = [c for c in PRED_COLUMNS + EXTRA_COLUMNS if c in frame.columns]
     if replaced:
         err.print(f"[yellow]the input already has column(s) {', '.join(replaced)}; the output replaces them[/yellow]")

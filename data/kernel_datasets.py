@@ -94,7 +94,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.checks import without_blank_rows
-from wattcast.data.kernel_ops import DTYPE_BYTES, OP_FAMILY, canonical_dtype
+from wattcast.data.kernel_ops import DTYPE_BYTES, MAX_SHAPE_DIM, OP_FAMILY, canonical_dtype
 
 log = logging.getLogger(__name__)
 
@@ -783,7 +783,9 @@ def load_user_kernels(path: str | os.PathLike[str]) -> pd.DataFrame:
     for c in SHAPE_COLUMNS:
         uses = is_known & np.array([c in _shape_columns_for(o) for o in op_arr], dtype=bool)
         v = shapes[c]
-        ok = np.isfinite(v) & ((v >= 0) if c == "Padding" else (v > 0))
+        with np.errstate(invalid="ignore"):  # as `wattcast kernels` reads a row (models/kernel_predictor.py)
+            ok = (np.isfinite(v) & ((v >= 0) if c == "Padding" else (v > 0)) & (v == np.round(v))
+                  & (v <= MAX_SHAPE_DIM))
         bad |= uses & ~ok
     problems: list[tuple[int, str]] = []
     for i in np.flatnonzero(bad):
@@ -797,6 +799,11 @@ def load_user_kernels(path: str | os.PathLike[str]) -> pd.DataFrame:
                     reasons.append(f"{c}={t!r} is not a number" if t else f"{c} is empty")
                 elif (v < 0) if c == "Padding" else (v <= 0):
                     reasons.append(f"{c}={t} must be {'>= 0' if c == 'Padding' else '> 0'}")
+                elif v != np.round(v):
+                    reasons.append(f"{c}={t} must be a whole number")
+                elif v > MAX_SHAPE_DIM:
+                    reasons.append(f"{c}={t} is beyond 2**40 = {MAX_SHAPE_DIM:,} (no real tensor dimension is; a typo "
+                                   "or another unit?)")
         lt = str(lat_txt[i])
         if not np.isfinite(lat[i]):
             reasons.append(f"latency {lt!r} is not a number" if lt else "latency is empty")

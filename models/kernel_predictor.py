@@ -77,6 +77,41 @@ def unpeaked_dtype_error(spec, dtype: str) -> str | None:
     return f"dtype {dtype} needs {dtype.upper()} tensor cores, but {spec.name}'s spec has no {field} {why}"
 
 
+def resolve_default_dtype(dtype: str, spec, label: str = "--dtype") -> str:
+    """``dtype`` (the dtype of rows that give none: ``wattcast kernels --dtype``, ``predict_kernels(dtype=)``) in its
+    canonical spelling; a ValueError naming ``label`` when it is unknown or ``spec`` has no peak for it."""
+    from wattcast.data.kernel_ops import canonical_dtype
+
+    dtype = canonical_dtype(dtype)
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"{label}: unknown dtype {dtype!r}; use {', '.join(DTYPE_BYTES)}")
+    if (why := unpeaked_dtype_error(spec, dtype)) is not None:
+        raise ValueError(f"{label} {dtype}: {why}")
+    return dtype
+
+
+def with_default_dtype(frame: pd.DataFrame, dtype: str):
+    """(``frame`` with ``dtype`` in its ``dtype`` column wherever a row has none: no column, or an empty cell; the
+    (0-based data row, dtype) of each row whose own dtype is another one). ``dtype`` is canonical."""
+    from wattcast.data.kernel_ops import canonical_dtype
+
+    if "dtype" not in frame.columns:
+        return frame.assign(dtype=dtype), []
+    own = frame["dtype"].astype(str).where(frame["dtype"].notna(), "")  # a frame's missing cell (NaN, None): none
+    empty = own.str.strip() == ""
+    canon = own.map(canonical_dtype)
+    clash = ~empty & (canon != dtype)
+    conflicts = list(zip(frame.index[clash].tolist(), own[clash].tolist()))
+    return frame.assign(dtype=own.where(~empty, dtype)), conflicts
+
+
+def default_dtype_conflict_error(dtype: str, conflicts: list, source: str, label: str = "--dtype") -> str:
+    """The error for rows of ``source`` whose own dtype is not the default ``dtype`` (:func:`with_default_dtype`)."""
+    return (f"{label} {dtype} conflicts with the dtype of {len(conflicts)} row(s) of {source} ("
+            + ", ".join(f"data row {i + 1}: {d}" for i, d in conflicts[:5]) + (", ..." if len(conflicts) > 5 else "")
+            + f"); {label} only fills rows without one: drop it or fix those rows")
+
+
 def check_kernel_frame(frame) -> pd.DataFrame:
     """``frame`` if it is a table of kernels wattcast can read, else a ValueError saying what is wrong:
     not a pandas DataFrame, or a column it reads/writes (``OPName``/``op``, ``dtype``, shape columns,

@@ -584,7 +584,9 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
         ood = dict(ood, share=res.ood_time_fraction)
     band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor, ood=ood)
     warn = ood_warning(res.ood_time_fraction)
-    meta = with_warnings(res.meta, [*peak_ratio_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec),
+    from wattcast.models.power import idle_power_w
+
+    meta = with_warnings(dict(res.meta, idle_power_w=idle_power_w(spec)), [*peak_ratio_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec),
                                     *([warn] if warn else [])])
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
                    step_band=band, meta=meta)

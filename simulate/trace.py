@@ -21,7 +21,12 @@ def _us(ns: int) -> float:
 
 def chrome_trace_events(res) -> list[dict]:
     """Complete ('X') events, microseconds, kernels back to back on the compute stream in graph order. Each kernel's
-    start and end are the running sums rounded once to the nanosecond, so slices meet without overlapping."""
+    start and end are the running sums rounded once to the nanosecond, so slices meet without overlapping.
+
+    The power counter charges what ``energy_j`` charges (:func:`wattcast.simulate.energy.energy_of`,
+    :func:`wattcast.simulate.data_loading.one_device`): a kernel's ``power_w`` over its GPU time (``gpu_ms``), the idle
+    power (``meta["idle_power_w"]``) over its launch gap (``time_ms - gpu_ms``) and over the batch's loading, so that
+    the counter's integral over the step is the step's energy."""
     nodes = res.nodes
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{res.device}"}},
               {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "compute"}}]
@@ -32,22 +37,35 @@ def chrome_trace_events(res) -> list[dict]:
                        "dur": _us(_ns(data_ms)), "args": res.meta["data_loading"]["per_micro"]["single"]})
         t_ms = data_ms
     has_power = "power_w" in nodes
+    idle_w = res.meta.get("idle_power_w")
     cols = ["name", "op_class", "phase", "layer", "kernel", "method", "time_ms", "gpu_ms", "flops", "bytes", "ood"]
     power = nodes["power_w"].to_numpy(dtype=float) if has_power else None
     last_w = None
+
+    def counter(ts_ns: int, w: float) -> None:
+        nonlocal last_w
+        w = round(float(w), 3)
+        if w != last_w:  # a counter track: board power, a sample where it changes
+            events.append({"name": "power", "ph": "C", "pid": 0, "ts": _us(ts_ns), "args": {"board_w": w}})
+            last_w = w
+
+    if has_power and idle_w is not None and data_ms > 0:
+        counter(0, idle_w)  # the GPU idles while the batch loads
     start = _ns(t_ms)
     for i, r in enumerate(nodes[cols].itertuples(index=False)):
+        t0_ms = t_ms
         t_ms += float(r.time_ms)
         end = max(_ns(t_ms), start)
         events.append({"name": r.name, "cat": f"{r.phase},{r.op_class}", "ph": "X", "pid": 0, "tid": 0, "ts": _us(start),
                        "dur": _us(end - start), "args": {"layer": int(r.layer), "kernel": r.kernel, "method": r.method,
                                                          "gpu_ms": float(r.gpu_ms), "flops": float(r.flops),
                                                          "bytes": float(r.bytes), "ood": bool(r.ood)}})
-        if has_power and float(r.time_ms) > 0:
-            w = round(float(power[i]), 1)
-            if w != last_w:  # a counter track: board power while each kernel runs
-                events.append({"name": "power", "ph": "C", "pid": 0, "ts": _us(start), "args": {"board_w": w}})
-                last_w = w
+        if has_power and end > start:
+            busy_end = min(max(_ns(t0_ms + max(float(r.gpu_ms), 0.0)), start), end) if idle_w is not None else end
+            if busy_end > start:
+                counter(start, power[i])
+            if busy_end < end:  # the launch gap: the GPU idles
+                counter(busy_end, idle_w)
         start = end
     return events
 

@@ -78,6 +78,46 @@ def test_kernels_dtype_conflict_and_missing_fp8_peak_are_errors(tmp_path):
     assert r.returncode == 2 and "unknown dtype 'int4'" in flat(r.stderr)
 
 
+def test_predict_kernels_takes_the_cli_dtype_and_models(tmp_path):
+    # wattcast.predict_kernels(dtype=, models=) as `wattcast kernels --dtype --models`
+    import pandas as pd
+
+    from wattcast.models.selection import ModelFolderError
+
+    bare = _csv(tmp_path, "OPName,B,M,N,K\nlinear,1,2048,4096,4096\n")
+    cli = _rows(run_cli("kernels", "-d", "H100-SXM5-80GB", "-i", bare, "--dtype", "fp8").stdout)
+    api = wattcast.predict_kernels(pd.DataFrame({"OPName": ["linear"], "B": [1], "M": [2048], "N": [4096], "K": [4096]}),
+                                   "H100-SXM5-80GB", dtype="fp8")
+    assert list(api["dtype"]) == ["fp8"] and api["pred_latency_ms"].iloc[0] == float(cli["pred_latency_ms"].iloc[0])
+    # a missing cell (None, NaN, "") takes the dtype; an alias agrees; another dtype is an error naming the row
+    frame = pd.DataFrame({"OPName": ["linear"] * 3, "B": [1] * 3, "M": [2048] * 3, "N": [4096] * 3, "K": [4096] * 3,
+                          "dtype": [None, "", "float8_e4m3fn"]})
+    got = wattcast.predict_kernels(frame, "H100-SXM5-80GB", dtype="fp8")
+    assert list(got["dtype"]) == ["fp8", "fp8", "float8_e4m3fn"] and (got["error"] == "").all()
+    assert got["pred_latency_ms"].nunique() == 1
+    with pytest.raises(ValueError, match=r"dtype= fp8 conflicts .*data row 1: bf16"):
+        wattcast.predict_kernels(frame.assign(dtype="bf16"), "H100-SXM5-80GB", dtype="fp8")
+    with pytest.raises(ValueError, match="peak_fp8_tflops"):
+        wattcast.predict_kernels(frame, "A100-SXM4-80GB", dtype="fp8")
+    with pytest.raises(ValueError, match="dtype=: unknown dtype 'int4'"):
+        wattcast.predict_kernels(frame, "H100-SXM5-80GB", dtype="int4")
+    # models=: a kernel bundle folder, checked first as predict(models=) checks it
+    with pytest.raises(ModelFolderError, match="models= .*no such folder"):
+        wattcast.predict_kernels(frame, "H100-SXM5-80GB", models=tmp_path / "nope")
+    from wattcast.models import kernel_predictor
+
+    shipped = wattcast.predict_kernels(frame, "H100-SXM5-80GB", dtype="fp8",
+                                       models=kernel_predictor.__file__.rsplit("/", 1)[0] + "/artifacts")
+    pd.testing.assert_frame_equal(shipped, got)
+
+
+def test_dir_lists_no_imported_helpers():
+    names = set(dir(wattcast))
+    assert not names & {"os", "annotations"}
+    assert {"predict", "predict_kernels", "__version__", "DEFAULTS"} <= names
+    from wattcast import predict, predict_kernels  # noqa: F401  (imports unchanged)
+
+
 # ------------------------------------------------------------------ 3. the step's overheads by name in per_op
 def test_per_op_names_the_step_overheads_and_still_sums_to_the_step():
     res = wattcast.predict("gpt2", "A100-SXM4-80GB", batch=8, dtype="fp16", grad_accumulation=True)

@@ -347,6 +347,33 @@ def test_user_kernels_bad_rows(tmp_path):
     assert "line 2:" not in msg
 
 
+def test_user_kernels_shapes_follow_the_kernels_input_rules(tmp_path):
+    # `wattcast train kernels --csv` refuses what `wattcast kernels` refuses: a fractional shape, one beyond 2**40
+    p = tmp_path / "frac.csv"
+    p.write_text(
+        "OPName,Latency,Device,B,M,N,K,dtype\n"
+        "linear,0.1,x,1,40.5,4096,4096,bf16\n"        # line 2: fractional M
+        "linear,0.1,x,1,40,4096,4096,bf16\n"          # line 3: fine
+        "linear,0.1,x,1,1e3,4096,4096,bf16\n"         # line 4: fine (a whole number written 1e3)
+        "linear,0.1,x,1,40,4096,2e12,bf16\n"          # line 5: K beyond 2**40
+        "linear,0.1,x,1,40,1,1099511627776,bf16\n"     # line 6: K = 2**40, the bound itself: fine
+    )
+    with pytest.raises(KernelDataError) as e:
+        load_user_kernels(p)
+    msg = str(e.value)
+    assert "2 bad row(s)" in msg
+    assert "line 2: M=40.5 must be a whole number" in msg
+    assert "line 5: K=2e12 is beyond 2**40 = 1,099,511,627,776" in msg
+    assert "line 3" not in msg and "line 4" not in msg and "line 6" not in msg
+    # the same rows as `wattcast kernels` refuses them (models/kernel_predictor.py)
+    import pandas as pd
+
+    from wattcast.models.kernel_predictor import normalise_kernel_frame
+
+    frame = pd.read_csv(p).rename(columns={"OPName": "op"})
+    assert [bool(e) for e in normalise_kernel_frame(frame)[1]] == [True, False, False, True, False]
+
+
 def test_user_kernels_lists_at_most_ten(tmp_path):
     p = tmp_path / "many.csv"
     p.write_text("OPName,Latency,Device,B,H\n" + "".join("add,0,x,1,1\n" for _ in range(15)))

@@ -467,3 +467,57 @@ def test_builder_rollback_forgets_every_trace_of_the_kernels():
     assert a.saved["backward"] == b.saved["backward"] and a.saved["by_node"] == b.saved["by_node"]
     ta, tb = training_graph(a), training_graph(b)
     assert ta.nodes.equals(tb.nodes)
+
+
+def _einsum_vs_matmul(tmp_path, eq, x_shape, w_shape, y_shape, w_init):
+    """(Einsum model, MatMul model) files for ``x @ W`` with ``W`` an initializer (w_init) or a second input."""
+    inits = [init("W", *w_shape)] if w_init else []
+    ins = [vi("x", x_shape)] + ([] if w_init else [vi("W", w_shape)])
+    paths = []
+    for op, kw in (("Einsum", {"equation": eq}), ("MatMul", {})):
+        p = tmp_path / f"{op}.onnx"
+        onnx.save(model([helper.make_node(op, ["x", "W"], ["y"], name=f"/p/{op}", **kw)], ins, [vi("y", y_shape)],
+                        inits), p)
+        paths.append(str(p))
+    return paths
+
+
+def test_einsum_that_is_a_gemm_costs_what_the_matmul_and_the_torch_einsum_cost(tmp_path):
+    torch = pytest.importorskip("torch")
+    import wattcast
+
+    # activation x weight without batch indices: the bias-free linear of torch.export's einsum (README, ONNX)
+    ein, mm = _einsum_vs_matmul(tmp_path, "bsk,kn->bsn", [4, 64, 256], (256, 512), [4, 64, 512], True)
+    ge, gm = fwd(graph_from_onnx(ein)), fwd(graph_from_onnx(mm))
+    assert list(ge["op_class"]) == list(gm["op_class"]) == ["linear"]
+    assert list(ge[["M", "N", "K", "flops", "param_count"]].iloc[0]) == list(gm[["M", "N", "K", "flops", "param_count"]].iloc[0])
+    p_ein = wattcast.predict(ein, "H100", mode="inference")
+    p_mm = wattcast.predict(mm, "H100", mode="inference")
+
+    class E(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W = torch.nn.Parameter(torch.zeros(256, 512))
+
+        def forward(self, x):
+            return torch.einsum("bsk,kn->bsn", x, self.W)
+
+    p_torch = wattcast.predict(E(), "H100", example_inputs=(torch.zeros(4, 64, 256),), mode="inference")
+    assert p_ein.step_time_ms == p_mm.step_time_ms == p_torch.step_time_ms
+    assert p_ein.to_dict()["fallback_ops"] == []
+
+    # two activations with a batch index: a batched matmul, as MatMul
+    ein, mm = _einsum_vs_matmul(tmp_path, "bij,bjk->bik", [8, 32, 64], [8, 64, 16], [8, 32, 16], False)
+    ge, gm = fwd(graph_from_onnx(ein)), fwd(graph_from_onnx(mm))
+    assert list(ge["op_class"]) == list(gm["op_class"]) == ["bmm"] and list(ge["kernel"]) == list(gm["kernel"]) != [""]
+    assert list(ge[["B", "M", "N", "K", "flops"]].iloc[0]) == list(gm[["B", "M", "N", "K", "flops"]].iloc[0])
+
+
+@pytest.mark.parametrize("eq,shapes,out", [("ii->i", [[16, 16]], [16]), ("ij,jk,kl->il", [[4, 8], [8, 8], [8, 4]], [4, 4]),
+                                           ("ij,ik->i", [[4, 8], [4, 6]], [4])])
+def test_einsum_that_is_not_a_gemm_stays_roofline(eq, shapes, out):
+    names = [f"a{i}" for i in range(len(shapes))]
+    m = model([helper.make_node("Einsum", names, ["y"], name="/e/Einsum", equation=eq)],
+              [vi(nm, s) for nm, s in zip(names, shapes)], [vi("y", out)])
+    n = fwd(graph_from_onnx(m))
+    assert list(n["op_class"]) == ["bmm"] and list(n["kernel"]) == [""]

@@ -235,6 +235,26 @@ def test_chrome_trace(tmp_path):
     assert power and all(0 < e["args"]["board_w"] <= 70 for e in power)  # T4: 70 W TDP
 
 
+def _counter_integral_j(ev, pid=0):
+    """The integral (J) of a trace's power counter of process ``pid`` up to the end of its last compute slice."""
+    c = [(e["ts"], e["args"]["board_w"]) for e in ev if e["ph"] == "C" and e["name"] == "power" and e["pid"] == pid]
+    end = max(e["ts"] + e["dur"] for e in ev if e["ph"] == "X" and e["pid"] == pid)
+    return sum(w * ((c[i + 1][0] if i + 1 < len(c) else end) - t) for i, (t, w) in enumerate(c)) / 1e6
+
+
+@pytest.mark.parametrize("mode", ["train", "inference"])
+def test_chrome_trace_power_counter_integrates_to_the_step_energy(mode):
+    # the counter charges what energy_j charges: kernels at their power over their GPU time, launch gaps and the
+    # batch's loading at idle power (it held a kernel's power over its whole slot: +7.2% on gpt2 H100 training)
+    from wattcast.simulate.trace import chrome_trace_events
+
+    r = wattcast.predict("gpt2", "H100", batch=2, seq=128, mode=mode)
+    assert (r.nodes["time_ms"] > r.nodes["gpu_ms"]).any() and r.meta["data_loading"]["step_ms"] > 0
+    ev = chrome_trace_events(r)
+    assert next(e for e in ev if e["ph"] == "C")["ts"] == 0.0  # a sample from the start: the loading's idle power
+    assert _counter_integral_j(ev) == pytest.approx(r.energy_j, rel=1e-5)
+
+
 def test_tf32_is_a_matrix_product_mode():
     g = step_graph("gpt2", StepOptions(batch=1, seq=128, mode="train", dtype="tf32"))
     n = g.nodes

@@ -7,6 +7,7 @@ cannot cost raises (see ``assemble._HANDLER_ERRORS``) and the op is then costed 
 from __future__ import annotations
 
 from wattcast.featurize.onnx.common import _DEFAULT_DOMAINS, _FLOAT_TYPES, _MASK_DTYPE, _Static, _attr, _numel_dims
+from wattcast.featurize.einsum_gemm import einsum_gemm
 from wattcast.featurize.op_graph import GraphError, Tensor
 
 #: elementwise ONNX ops -> builder elementwise op (vocabulary of wattcast.data.kernel_ops, costed there)
@@ -602,7 +603,13 @@ class _Ops:
 
 
     def _einsum(self, k, n, name, ins):
+        """A two-operand einsum that is a (batched) GEMM is costed as the torch.export importer costs it
+        (:func:`einsum_gemm`: a bias-free linear for activation x float initializer without batch indices, else a
+        matmul); any other einsum by the roofline, flagged."""
         eq = str(_attr(n, "equation", "")).replace(" ", "")
+        present = [i for i in ins if i]
+        if len(present) == 2 and self._einsum_gemm(k, n, name, eq, *present):
+            return
         tensors = [self._tensor(i) for i in ins if i]
         lhs = eq.split("->")[0].split(",")
         sizes: dict[str, int] = {}
@@ -618,6 +625,31 @@ class _Ops:
         if p:
             self.b.own_params(y, p)
         self._set(out_nm, y, self._rg(*ins) or p > 0)
+
+
+    def _einsum_gemm(self, k, n, name, eq, a_nm, b_nm) -> bool:
+        """Record the einsum ``a_nm, b_nm -> n.output[0]`` as its GEMM; False (nothing recorded) when it is not one."""
+        sa, sb = self._shape(a_nm), self._shape(b_nm)
+        g = einsum_gemm(eq, sa, sb) if sa is not None and sb is not None else None
+        if g is None:
+            return False
+        x, w = self._tensor(a_nm), self._tensor(b_nm)
+        out_nm = n.output[0]
+        if self._is_static(b_nm) and not self._is_static(a_nm) and self._is_float(b_nm) and not g.batched:
+            params = self._claim([b_nm], [k])  # activation x weight: a bias-free linear
+            y = self.b.linear(Tensor((g.m, g.n), x.dtype, x.node, x.tid), g.k, bias=False, name=name,
+                              weight_params=params == g.n * g.k, needs_input_grad=self._rg(a_nm))
+            self.b.own_params(y, params - (g.n * g.k if params == g.n * g.k else 0))
+            rg = True
+        else:
+            y = self.b.matmul(Tensor((g.batch, g.m, g.n), x.dtype, x.node, x.tid),
+                              Tensor((g.batch, g.n, g.k), w.dtype, w.node, w.tid), name=name)
+            p = self._claim([nm for nm in (a_nm, b_nm) if self._is_static(nm)], [k])
+            if p:
+                self.b.own_params(y, p)
+            rg = self._rg(a_nm, b_nm) or p > 0
+        self._set(out_nm, self._view(y, self._out_shape(out_nm, y.shape, y.shape)), rg)
+        return True
 
 
     def _emit_unknown(self, k, n, name, ins, *, unmapped: bool) -> None:

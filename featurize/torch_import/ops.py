@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from wattcast.featurize.einsum_gemm import einsum_gemm
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
 from wattcast.featurize.torch_import.shapes import _bind, _is_tensor, _shape, _tensors_in
 from wattcast.featurize.torch_import.tables import (_APPROX_CHEAP_UNARY, _APPROX_TRANSCENDENTAL, _COMPARISONS,
@@ -301,26 +302,15 @@ class _Ops:
     def _einsum(self, node: torch.fx.Node, a: dict, val: Any, name: str) -> Any:
         """A two-operand einsum as the GEMM it is: batch (in both inputs and the output), M (first input
         and output), N (contracted), K (second input and output) index groups."""
-        eq = str(a["equation"]).replace(" ", "")
         ops = list(a["tensors"])
-        if len(ops) != 2 or "..." in eq or "->" not in eq:
+        if len(ops) != 2:
             return NotImplemented
-        lhs, out_idx = eq.split("->")
-        ia, ib = lhs.split(",")
-        sa, sb = _shape(ops[0].meta["val"]), _shape(ops[1].meta["val"])
-        if len(ia) != len(sa) or len(ib) != len(sb) or len(set(ia)) != len(ia) or len(set(ib)) != len(ib):
-            return NotImplemented  # repeated indices (diagonals, traces): not a GEMM
-        size = {**dict(zip(ia, sa)), **dict(zip(ib, sb))}
-        if any(i not in ib and i not in out_idx for i in ia) or any(i not in ia and i not in out_idx for i in ib):
-            return NotImplemented  # an index summed within one operand
-        prod = lambda idx: math.prod(size[i] for i in idx)  # noqa: E731
-        batch = [i for i in ia if i in ib and i in out_idx]
-        m_idx = [i for i in ia if i not in ib]
-        n_idx = [i for i in ia if i in ib and i not in out_idx]
-        k_idx = [i for i in ib if i not in ia]
-        bsz, m, n, k = prod(batch), prod(m_idx), prod(n_idx), prod(k_idx)
+        g = einsum_gemm(str(a["equation"]), _shape(ops[0].meta["val"]), _shape(ops[1].meta["val"]))
+        if g is None:
+            return NotImplemented  # not a GEMM (diagonals, traces, in-operand sums, ellipses)
+        bsz, m, n, k = g.batch, g.m, g.n, g.k
         x, w = self.value(ops[0]), self.value(ops[1])
-        if self.is_param(ops[1]) and not batch:  # activation x weight: a bias-free linear
+        if self.is_param(ops[1]) and not g.batched:  # activation x weight: a bias-free linear
             n_w = self.claim(ops[1])
             out = self.b.linear(Tensor((m, n), x.dtype, x.node, x.tid), k, bias=False, name=name,
                                 weight_params=n_w > 0, needs_input_grad=self.grad.get(ops[0], False))
