@@ -88,8 +88,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     ``torch.nn.Module``. ``device``: a catalog name, a spec file or a DeviceSpec.
     ``batch`` / ``seq`` default to 1 and 1,024; an ONNX file with fixed input dims keeps its own, and giving
     values it cannot take raises ``GraphError``. ``dims`` binds other symbolic ONNX input dims by name.
-    ``example_inputs``: the forward inputs of a ``torch.nn.Module`` that does not take token ids (tensors on any
-    device, meta included; only shapes and dtypes are used), instead of ``batch``/``seq``.
+    ``example_inputs``: the forward inputs of a ``torch.nn.Module`` (tensors on any device, meta included; only shapes
+    and dtypes are used), instead of ``batch``/``seq``; without them a module gets (batch, seq) token ids only when its
+    first layer with parameters is an ``nn.Embedding`` / ``nn.EmbeddingBag``, any other module is a ``GraphError``.
     ``loop_trip_count``: iterations of an ONNX model's Loops whose trip count is known only at run time (a count, or
     ``{node name: count}``); see ``wattcast.featurize.onnx``.
     ``recompute_modules``: Megatron-Core's selective recomputation modules (a list or a comma-separated string of
