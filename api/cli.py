@@ -633,14 +633,15 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     if f.gpus_per_node is not None:
         _fail("--gpus-per-node says how much of each node of a cluster a job uses: it needs --cluster and --gpus")
     if f.zero3_prefetch is not None:
-        _fail("--zero3-prefetch/--no-zero3-prefetch say how FSDP's collectives meet the computation: they need --cluster, "
-              "--gpus and --zero 3")
+        _fail("--zero3-prefetch/--no-zero3-prefetch say how FSDP's collectives (ZeRO-3, or ZeRO-2 as SHARD_GRAD_OP under "
+              "--framework hf) meet the computation: they need --cluster, --gpus and --zero 3 (or --zero 2 with "
+              "--framework hf)")
     if f.scatter_gather_p2p is not None:
         _fail("--scatter-gather-p2p/--no-scatter-gather-p2p say how pipeline transfers cross nodes: they need --cluster, "
               "--gpus and --pp")
     if f.fsdp_reduce_dtype is not None:
         _fail("--fsdp-reduce-dtype is PyTorch FSDP's gradient reduce-scatter dtype: it needs --cluster, --gpus, --zero 3 "
-              "and --framework hf")
+              "or 2 (FSDP's FULL_SHARD or SHARD_GRAD_OP) and --framework hf")
     if f.grad_accum_dtype is not None:
         _fail("--grad-accum-dtype is DeepSpeed's gradient-accumulation dtype: it needs --cluster, --gpus and --framework "
               "megatron-deepspeed")

@@ -201,8 +201,8 @@ class PredictRequest:
             if self.fp8_param_gather:
                 raise ValueError("fp8_param_gather= is the distributed optimizer's FP8 parameter gather: give cluster= too")
             if self.fsdp_reduce_dtype is not None or self.zero3_prefetch is not None:
-                raise ValueError("fsdp_reduce_dtype= and zero3_prefetch= describe ZeRO-3 (FSDP) data parallelism: give "
-                                 "cluster= too")
+                raise ValueError("fsdp_reduce_dtype= and zero3_prefetch= describe FSDP's ZeRO-2/3 data parallelism "
+                                 "(ZeRO-3; ZeRO-2 as SHARD_GRAD_OP under framework='hf'): give cluster= too")
             if self.grad_accum_dtype is not None:
                 raise ValueError("grad_accum_dtype= is DeepSpeed's gradient-accumulation dtype: give cluster= and "
                                  "framework='megatron-deepspeed' too")

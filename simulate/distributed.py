@@ -2559,6 +2559,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     e_task_s = (rank_tasks((e_f_nc + e_b_nc) * n_micro) + work["task_extra_j"]
                 + p_comm * np.maximum(busy - work["task_cmp_ms"], 0.0) / 1e3)
     busy_all = busy + opt_stage
+    e_opt_stage = (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share + bf16_step_ms * p_stream / 1e3
     stage_e = (e_task_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share + work["after_extra_j"]
                + bf16_step_ms * p_stream / 1e3
                + p_comm * np.maximum(step - busy_all - work["after_cmp_ms"], 0.0) / 1e3)
@@ -2580,6 +2581,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                            energy_total / step_s / par.gpus, capacity, True, ood_sums, view.per_op, float(data_f.sum()))
     # per stage: busy time, memory (computed before the schedule, above) and energy; a search reads none of it
     per_device = []
+    after_j, after_ms = (np.broadcast_to(np.asarray(work[k], dtype=float), (P,)) for k in ("after_extra_j", "after_cmp_ms"))
     for s in range(P if ctx.detail else 0):
         terms = stage_terms(s)
         per_device.append(dict(stage=s, busy_ms=float(busy_all[s]), finish_ms=float(finish[s]),
@@ -2592,7 +2594,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                post_backward_buffers_gb=terms["post_backward_buffers_gb"],
                                unsharded_gradients_gb=terms["unsharded_gradients_gb"], params=float(params_stage[s]),
                                energy_j=float(stage_e[s]), avg_power_w=float(stage_e[s] / step_s),
-                               busy_power_w=float(e_task_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm)))
+                               busy_power_w=float(e_task_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm),
+                               # what the trace's power counter draws beyond busy_power_w over the tasks and
+                               # wait_power_w elsewhere (simulate/trace.py): the optimizer phase's power over its span,
+                               # and the communication hidden after the tasks (the DP sync beside the last backward, the
+                               # parameter all-gather beside the first forward): its extra J and the ms it stretches
+                               optimizer_power_w=float(e_opt_stage[s] / (opt_stage[s] / 1e3)) if opt_stage[s] > 0 else None,
+                               hidden_comm_extra_j=float(after_j[s]), hidden_comm_stretch_ms=float(after_ms[s])))
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
     per_op, fallback = view.per_op, view.fallback_ops
     events = []

@@ -164,22 +164,68 @@ def distributed_trace_events(res) -> list[dict]:
             e = res.events[i]
             ev.append({"name": e["name"], "ph": "X", "pid": s, "tid": tids[i], "ts": _us(a), "dur": _us(b - a),
                        "cat": e["stream"]})
-    # power counter per stage: compute tasks at the stage's busy power, waits at communication power
+    # power counter per stage: what the stage's energy_j charges (simulate/distributed.py)
     for d in res.per_device:
         s = d["stage"]
-        busy_w, idle_w = d.get("busy_power_w"), d.get("wait_power_w")
-        if busy_w is None:
+        if d.get("busy_power_w") is None:
             continue
-        # (host time on the compute track: the GPU waits, at the wait power)
-        comp = sorted((a, b) for a, b, i in spans.get((s, "compute"), ()) if not str(res.events[i]["name"]).startswith("host."))
-        t = 0
-        for a, b in comp:
-            if a > t:
-                ev.append({"name": "power", "ph": "C", "pid": s, "ts": _us(t), "args": {"board_w": round(idle_w, 1)}})
-            ev.append({"name": "power", "ph": "C", "pid": s, "ts": _us(a), "args": {"board_w": round(busy_w, 1)}})
-            t = max(t, b)
-        ev.append({"name": "power", "ph": "C", "pid": s, "ts": _us(t), "args": {"board_w": round(idle_w, 1)}})
+        for ts, w in _stage_power_samples(d, spans.get((s, "compute"), ()), spans.get((s, "dp"), ()), res.events):
+            ev.append({"name": "power", "ph": "C", "pid": s, "ts": _us(ts), "args": {"board_w": w}})
     return ev
+
+
+def _union(spans) -> list[tuple[int, int]]:
+    """Sorted, merged (start ns, end ns) intervals of ``spans``."""
+    out: list[list[int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        elif b > a:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _stage_power_samples(d: dict, compute, dp, events) -> list[tuple[int, float]]:
+    """(ns, W) samples of one stage's power counter, charging what its ``energy_j`` charges: the tasks (F / B, the
+    steady state not drawn) at ``busy_power_w``, the optimizer at ``optimizer_power_w``, the rest of the step (pipeline
+    bubble, exposed communication, host time: the GPU waits) at ``wait_power_w``, and the communication hidden after
+    the tasks (``hidden_comm_extra_j`` less the wait power over ``hidden_comm_stretch_ms``, which the wait already
+    charges) on top, over the data-parallel events' overlap with the tasks (the DP sync beside the last backward) or,
+    where there is none (the parameter all-gather hidden beside the first forward, drawn only as its exposed part), over
+    the stage's first task."""
+    busy_w, wait_w = d["busy_power_w"], d["wait_power_w"]
+    opt_w = d.get("optimizer_power_w")
+    name = lambda i: str(events[i]["name"])  # noqa: E731
+    tasks = _union((a, b) for a, b, i in compute if not name(i).startswith(("host.", "data_loading", "optimizer")))
+    deltas: dict[int, float] = {0: 0.0}
+
+    def add(a: int, b: int, w: float) -> None:
+        if b > a and w != 0.0:
+            deltas[a] = deltas.get(a, 0.0) + w
+            deltas[b] = deltas.get(b, 0.0) - w
+
+    for a, b in tasks:
+        add(a, b, busy_w - wait_w)
+    if opt_w is not None:
+        for a, b, i in compute:
+            if name(i) == "optimizer":
+                add(a, b, opt_w - wait_w)
+    extra_j = d.get("hidden_comm_extra_j", 0.0) - wait_w * d.get("hidden_comm_stretch_ms", 0.0) / 1e3
+    if extra_j != 0.0:
+        hidden = [(max(a, x), min(b, y)) for a, b in _union((a, b) for a, b, _ in dp) for x, y in tasks
+                  if min(b, y) > max(a, x)]
+        hidden = hidden or tasks[:1]
+        hidden_ns = sum(b - a for a, b in hidden)
+        for a, b in hidden:
+            add(a, b, extra_j * 1e9 / hidden_ns)  # J over ns -> W
+    out, w, last = [], wait_w, None
+    for t in sorted(deltas):
+        w += deltas[t]
+        shown = round(w, 3)
+        if shown != last:
+            out.append((t, shown))
+            last = shown
+    return out
 
 
 def write_distributed_trace(res, path: str | Path) -> Path:
