@@ -151,19 +151,32 @@ def _option_value(par, option: str):
     return tuple(v) if isinstance(v, list) else v
 
 
-def dropped_values(asked: dict, outcomes: list) -> list[dict]:
+#: what :func:`dropped_values` says of an asked-for value that no generated candidate has
+NO_CANDIDATE_RULE = ("no candidate strategy has it: it fits none of the job's layouts (GPUs = tp x pp x cp x dp, the "
+                     "batch split into micro-batches, the heads by tp and cp, the layers by pp)")
+
+
+def dropped_values(asked: dict, outcomes: list, generated: list | None = None) -> list[dict]:
     """Per value of ``asked`` (search-space option -> the choices the caller gave) that no evaluated candidate has but
     rejected ones do: {option, value, rejected (how many candidates with it), rule (the most common), note}.
-    ``outcomes``: (candidate ParallelConfig, evaluated?, rule or None) per candidate the search went through."""
+    ``outcomes``: (candidate ParallelConfig, evaluated?, rule or None) per candidate the search went through.
+    ``generated``: every candidate generated (None: not known); a value none of them has is listed with 0 rejected
+    and :data:`NO_CANDIDATE_RULE` (e.g. ``--cp 3`` on 16 GPUs), when some candidate was generated at all."""
     out = []
     for option, values in asked.items():
         if option not in _DROP_OPTIONS or not values:
             continue
         have = [_option_value(par, option) for par, _, _ in outcomes]
+        made = None if not generated else {_option_value(par, option) for par in generated}
         for value in values:
             if value is None:
                 continue
             mine = [(ok, rule) for v, (_, ok, rule) in zip(have, outcomes) if v == value]
+            if made is not None and value not in made and not (option in ("cp_comm_type", "hierarchical_cp_sizes")):
+                shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+                out.append(dict(option=option, value=list(value) if isinstance(value, tuple) else value, rejected=0,
+                                rule=NO_CANDIDATE_RULE, note=f"{option} {shown}: {NO_CANDIDATE_RULE}"))
+                continue
             if not mine or any(ok for ok, _ in mine):
                 continue
             rules = [str(rule) for _, rule in mine]
@@ -651,12 +664,14 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                               fp8_recipe=fp8_recipe, moe_token_dispatcher=moe_token_dispatcher, **routing)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     outcomes = []  # per candidate gone through: (config, evaluated?, its rule), for dropped_values
+    generated = []  # every candidate generated (on every cluster), for dropped_values
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
             if overlaps:
                 cands = [replace(c, **overlaps) for c in cands]
+            generated.extend(cands)
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, step=step, tokens=tokens, footprint_kw=run_kw[cl.name],
                        fp8_param_gather=bool(fp8_param_gather), n_layers=hf.total_layers, n_heads=hf.n_heads,
                        n_kv_heads=hf.n_kv_heads, ffn=hf.ffn, n_experts=hf.n_experts, folders=folders)
@@ -682,7 +697,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
         return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings,
-                            dropped_values(asked, outcomes))
+                            dropped_values(asked, outcomes, generated))
     row_cols = list(_ROW_COLUMNS + run_cols)
     if tokens is not None:  # run_pareto is computed over the whole frame below
         pareto_at = row_cols.index("run_pareto")
@@ -701,7 +716,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ranked_clusters = set(df["cluster"])
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
-                        dropped_values(asked, outcomes))
+                        dropped_values(asked, outcomes, generated))
 
 
 def _ood_warnings(df: pd.DataFrame) -> list[str]:

@@ -41,6 +41,22 @@ def test_api_names_the_dropped_cp_value_and_its_rule(tmp_path):
                            workers=1, **SPACE).dropped_values == []
 
 
+def test_a_value_no_candidate_has_is_named_too(tmp_path):
+    """cp 3 on 4 GPUs fits no layout: no candidate is generated with it, and it is named (rejected 0) rather than
+    vanishing; the values that do run are not listed."""
+    from wattcast.planning.search import NO_CANDIDATE_RULE
+
+    res = wattcast.search(_model(tmp_path), "dgx-h100", 4, 8, 4096, attention="flash", framework="megatron",
+                          workers=1, cp=(1, 3), cp_comm_type=("a2a",), micro_batch=(1, 3), **SPACE)
+    got = {(d["option"], d["value"]): d for d in res.dropped_values}
+    assert set(got) == {("cp", 3), ("micro_batch", 3)}
+    assert got[("cp", 3)]["rejected"] == 0 and got[("cp", 3)]["rule"] == NO_CANDIDATE_RULE
+    assert got[("cp", 3)]["note"] == f"cp 3: {NO_CANDIDATE_RULE}"
+    # micro-batch 3 is generated and every candidate with it rejected (8 sequences do not split into 4 x 3)
+    assert got[("micro_batch", 3)]["rejected"] >= 1 and "divisible" in got[("micro_batch", 3)]["rule"]
+    assert set(res.ranked["cp"]) == {1}
+
+
 def test_cli_prints_and_json_gives_the_dropped_value(tmp_path):
     args = ["search", "-m", _model(tmp_path), "--cluster", "dgx-h100", "--gpus", "4", "--batch", "8", "--seq", "4096",
             "--attention", "flash", "--framework", "megatron", "--cp", "1", "--cp", "2", "--workers", "1"]
