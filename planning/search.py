@@ -171,21 +171,20 @@ def dropped_values(asked: dict, outcomes: list, generated: list | None = None) -
         for value in values:
             if value is None:
                 continue
-            mine = [(ok, rule) for v, (_, ok, rule) in zip(have, outcomes) if v == value]
-            if made is not None and value not in made and not (option in ("cp_comm_type", "hierarchical_cp_sizes")):
-                shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-                out.append(dict(option=option, value=list(value) if isinstance(value, tuple) else value, rejected=0,
-                                rule=NO_CANDIDATE_RULE, note=f"{option} {shown}: {NO_CANDIDATE_RULE}"))
+            as_json = list(value) if isinstance(value, tuple) else value
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            if made is not None and value not in made and option not in ("cp_comm_type", "hierarchical_cp_sizes"):
+                out.append(dict(option=option, value=as_json, rejected=0, rule=NO_CANDIDATE_RULE,
+                                note=f"{option} {shown}: {NO_CANDIDATE_RULE}"))
                 continue
-            if not mine or any(ok for ok, _ in mine):
+            rules = [str(rule) for v, (_, ok, rule) in zip(have, outcomes) if v == value and not ok]
+            if not rules or any(ok for v, (_, ok, _) in zip(have, outcomes) if v == value):
                 continue
-            rules = [str(rule) for _, rule in mine]
             n = len(rules)
-            out.append(dict(option=option, value=list(value) if isinstance(value, tuple) else value, rejected=n,
+            out.append(dict(option=option, value=as_json, rejected=n,
                             rule=pd.Series(rules, dtype=object).value_counts().index[0],
-                            note=f"{option} {','.join(map(str, value)) if isinstance(value, tuple) else value}: "
-                                 f"{'all ' if n > 1 else ''}{n:,} candidate{'s' if n > 1 else ''} rejected: "
-                                 + _top_rules(rules, 1)))
+                            note=f"{option} {shown}: {'all ' if n > 1 else ''}{n:,} candidate{'s' if n > 1 else ''} "
+                                 f"rejected: " + _top_rules(rules, 1)))
     return out
 
 

@@ -68,6 +68,7 @@ from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_ban
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, bf16_optimizer_runs,
+                                            fsdp_shard_grad_op,
                                             capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
                                             held_gradient_bytes, inflight_chunks_by_stage,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
@@ -495,29 +496,6 @@ def grad_reduce_every_micro(framework: str, zero: int) -> str | None:
     if int(zero) != 2:
         return None
     return {"megatron": "overlapped", "megatron-deepspeed": "series"}.get(framework)
-
-
-def fsdp_shard_grad_op(framework: str, zero: int) -> bool:
-    """Whether ZeRO-2 is PyTorch FSDP's ``ShardingStrategy.SHARD_GRAD_OP`` (``hf``, ``zero`` 2): unit by unit, as ZeRO-3
-    (:func:`_dp_times`' per-unit collectives, in series or prefetched as :func:`zero3_prefetch` says), but the forward's
-    gathers are kept for the backward (torch 2.13 ``torch/distributed/fsdp``):
-
-    - ``_init_utils.py`` l. 72 maps it to ``HandleShardingStrategy.SHARD_GRAD_OP``, which ``_flat_param.py`` l. 112-119
-      puts in ``NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``, not ``RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``;
-    - every micro-batch's forward all-gathers each unit (``_pre_forward_unshard`` -> ``_unshard``,
-      ``_runtime_utils.py`` l. 411): the post-backward of the previous one freed it (``_post_backward_reshard``
-      l. 793-799 with ``_should_free_in_backward`` l. 811-827: True while ``_sync_gradients``, i.e. outside
-      ``no_sync()``);
-    - ``_post_forward_reshard`` (l. 486-500) does not free it (``free_unsharded_flat_param`` needs a
-      reshard-after-forward strategy), so the backward's ``_pre_backward_hook`` ``_unshard`` (l. 673-684) finds it
-      unsharded: ``FlatParamHandle.needs_unshard`` (``_flat_param.py`` l. 1385-1393) is False and ``unshard``
-      returns before ``_all_gather_flat_param`` (l. 1371-1382): no backward re-gather;
-    - each unit's gradient is reduce-scattered as its backward ends (``_post_backward_hook`` l. 701 ->
-      ``_reduce_grad`` l. 831), every micro-batch, the shard accumulated in ``_saved_grad_shard`` (l. 918-926).
-
-    ``no_sync()`` (which skips the reduce-scatters and keeps the unsharded parameters between micro-batches,
-    l. 743 and 825) is not modelled: every micro-batch reduces."""
-    return framework == "hf" and int(zero) == 2
 
 
 def per_unit_collectives(framework: str, zero: int) -> bool:
@@ -2335,8 +2313,6 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     nccl_share = sm_share(NCCL_SMS, spec.num_sms)
     dp_overlaps = bool(FRAMEWORK_DP_OVERLAP.get(opts.framework, True) or par.overlap_grad_reduce)
-    # ZeRO-3's collectives beside the computation (NCCL's SMs taken from it) or, not prefetched, in series with it
-    z3_share = nccl_share
 
     dp_group = lay["dp"].size > 1 or edp_n > 1  # a data-parallel sync to run (the dense or the experts' group)
 
@@ -2362,8 +2338,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             # prefetched: in series with the computation (their sum: overlapped_ms with share 1 would still hide the
             # computation behind collectives longer than it)
             if ctx.zero3_prefetch:
-                f = overlapped_ms(f, dpt["z3_f_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_f_ms"])
-                b = overlapped_ms(b, dpt["z3_b_ms"], share=z3_share, first_chunk_ms=dpt["z3_first_b_ms"])
+                f = overlapped_ms(f, dpt["z3_f_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_f_ms"])
+                b = overlapped_ms(b, dpt["z3_b_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_b_ms"])
             else:
                 f = f + dpt["z3_f_ms"]
                 b = b + dpt["z3_b_ms"]

@@ -134,6 +134,8 @@ class ParallelConfig:
 
 #: Megatron-Core's ``--cp-comm-type`` choices (TE's "all_gather" is written "allgather", as the task's CLI names it)
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
+#: the strategy-name token of the CP communication types that have a one-word token (simulate/strategy.py reads it back)
+CP_COMM_TOKENS = {"a2a": "a2a", "allgather": "ag"}
 
 
 def cp_comm_suffix(comm_type: str, sizes) -> str:
@@ -142,7 +144,7 @@ def cp_comm_suffix(comm_type: str, sizes) -> str:
         return ""
     if comm_type == "a2a+p2p":
         return f"a2a+p2p{sizes[0]}x{sizes[1]}" if sizes else "a2a+p2p"
-    return {"a2a": "a2a", "allgather": "ag"}[comm_type]
+    return CP_COMM_TOKENS[comm_type]
 
 
 def cp_group_sizes(cfg: ParallelConfig) -> tuple[int, int]:

@@ -126,6 +126,30 @@ def _sharded(nbytes, params, expert_params, d: int, de: int):
     return nbytes(params - expert_params) / d + nbytes(expert_params) / de
 
 
+def fsdp_shard_grad_op(framework: str, zero: int) -> bool:
+    """Whether ZeRO-2 is PyTorch FSDP's ``ShardingStrategy.SHARD_GRAD_OP`` (``hf``, ``zero`` 2): unit by unit, as ZeRO-3
+    (simulate/distributed.py ``_dp_times``' per-unit collectives, in series or prefetched as its
+    ``zero3_prefetch`` says), but the forward's
+    gathers are kept for the backward (torch 2.13 ``torch/distributed/fsdp``):
+
+    - ``_init_utils.py`` l. 72 maps it to ``HandleShardingStrategy.SHARD_GRAD_OP``, which ``_flat_param.py`` l. 112-119
+      puts in ``NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``, not ``RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``;
+    - every micro-batch's forward all-gathers each unit (``_pre_forward_unshard`` -> ``_unshard``,
+      ``_runtime_utils.py`` l. 411): the post-backward of the previous one freed it (``_post_backward_reshard``
+      l. 793-799 with ``_should_free_in_backward`` l. 811-827: True while ``_sync_gradients``, i.e. outside
+      ``no_sync()``);
+    - ``_post_forward_reshard`` (l. 486-500) does not free it (``free_unsharded_flat_param`` needs a
+      reshard-after-forward strategy), so the backward's ``_pre_backward_hook`` ``_unshard`` (l. 673-684) finds it
+      unsharded: ``FlatParamHandle.needs_unshard`` (``_flat_param.py`` l. 1385-1393) is False and ``unshard``
+      returns before ``_all_gather_flat_param`` (l. 1371-1382): no backward re-gather;
+    - each unit's gradient is reduce-scattered as its backward ends (``_post_backward_hook`` l. 701 ->
+      ``_reduce_grad`` l. 831), every micro-batch, the shard accumulated in ``_saved_grad_shard`` (l. 918-926).
+
+    ``no_sync()`` (which skips the reduce-scatters and keeps the unsharded parameters between micro-batches,
+    l. 743 and 825) is not modelled: every micro-batch reduces."""
+    return framework == "hf" and int(zero) == 2
+
+
 def _zero_groups(zero: int, dp: int, expert_dp: int | None, framework: str | None = None) -> dict[int, tuple[int, int]]:
     """Per ZeRO level (1: master weights and moments, 2: gradients, 3: weights) the ranks (DP group, expert-DP group)
     a term of that level is sharded over under ZeRO stage ``zero``: both groups from that stage on (at least 1; the
@@ -134,7 +158,7 @@ def _zero_groups(zero: int, dp: int, expert_dp: int | None, framework: str | Non
     one lives from a unit's forward to the end of its backward (:func:`buffer_bytes`)."""
     dp = max(int(dp), 1)
     edp = dp if expert_dp is None else max(int(expert_dp), 1)
-    sgo = framework == "hf" and int(zero) == 2
+    sgo = fsdp_shard_grad_op(framework, zero)
     return {k: (dp, edp) if zero >= k or (k == 3 and sgo) else (1, 1) for k in (1, 2, 3)}
 
 

@@ -36,7 +36,8 @@ import re
 from dataclasses import dataclass, replace
 
 from wattcast.featurize.recompute import RECOMPUTE, RecomputeError, recompute_setting
-from wattcast.simulate.parallel import SCHEDULES, ParallelConfig, cp_comm_suffix, recompute_layers_suffix
+from wattcast.simulate.parallel import (CP_COMM_TOKENS, SCHEDULES, ParallelConfig, cp_comm_suffix,
+                                       recompute_layers_suffix)
 
 __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
 
@@ -181,7 +182,7 @@ def parse_strategy(text: str) -> Strategy:
             kw["recompute_num_layers"] = n
             kw["recompute_method"] = "uniform" if uniform else "block"
         elif m := _CP_COMM.match(t):
-            put("cp_comm_type", {"a2a": "a2a", "ag": "allgather"}.get(m.group(1), "a2a+p2p"), tok)
+            put("cp_comm_type", {v: k for k, v in CP_COMM_TOKENS.items()}.get(m.group(1), "a2a+p2p"), tok)
             if m.group(1).startswith("a2a+p2p"):
                 kw["hierarchical_cp_sizes"] = (int(m.group(2)), int(m.group(3)))
         elif t in SCHEDULES:
@@ -199,7 +200,7 @@ def parse_strategy(text: str) -> Strategy:
         raise StrategyError(f"strategy {text!r} lacks {', '.join(f'{k}<N>' for k in missing)} (required: tp, pp, dp, mb)")
     s = Strategy(tp=kw["tp"], pp=kw["pp"], dp=kw["dp"], micro_batch=kw["mb"])
     rename = dict(cp="cp", ep="ep", ga="grad_accum", zero="zero", v="interleave", ppf="pp_first_layers",
-                  ppl="pp_last_layers", cp_comm_type="cp_comm_type")
+                  ppl="pp_last_layers")
     extra = {rename.get(k, k): v for k, v in kw.items() if k not in _REQUIRED}
     return replace(s, **extra)
 
