@@ -16,7 +16,9 @@ rows, see ``fit_framework_overhead.py``):
   8 GPUs assumed, ``validation/megatron_ci.py``), as shipped and with Megatron-Core host costs fitted on the other
   half of its tests (the second reading is the one source here with a fitted term of its own; the halves are split by
   model configuration, and a third line leaves out the rows running a setting the prediction does not represent,
-  ``ci_unmodelled``: deterministic mode on Transformer Engine's flash attention, position embeddings other than learned or rotary, --test-mode, ...).
+  ``ci_unmodelled``: deterministic mode on Transformer Engine's flash attention, position embeddings other than learned or rotary, --test-mode, ...);
+  its MoE GPT tests (``moe/gpt3_mcore_*``) with those host costs plus a host cost per bare MoE-layer op fitted on the
+  other half of the MoE tests (``CI_MOE_OP_HOST_MS``), reported on their evaluation half.
 
 Per source: rows, median and max |error| %, signed mean %, and how many configurations that ran were predicted
 not to fit (refused as out of memory by the CLI). Each vTrain/MPT source is reported twice: all rows, and without
@@ -38,8 +40,8 @@ import pandas as pd
 
 from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
 from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
-from wattcast.validation.megatron_ci import (CI_HOST_FIT, ci_model_key, ci_split, ci_unmodelled, load_megatron_ci,
-                                           load_megatron_ci_moe, predict_megatron_ci)
+from wattcast.validation.megatron_ci import (CI_HOST_FIT, ci_model_key, ci_moe_host_ms, ci_split, ci_unmodelled,
+                                           load_megatron_ci, load_megatron_ci_moe, predict_megatron_ci)
 from wattcast.simulate.distributed import FRAMEWORK_ZERO3_PREFETCH
 from wattcast.validation.mpt_validation import fit_zero3_prefetch, load_mpt, predict_mpt, split_mpt
 from wattcast.validation.source_anomalies import anomaly_evidence, anomaly_mask
@@ -97,7 +99,7 @@ def at_scale_table(data=None, sample: int | None = None, *, rows: bool = False):
     ci = load_megatron_ci(data)[0].assign(source_anomaly=False)
     # a setting the rows run that the prediction does not represent (not a source anomaly: the table is consistent)
     ci["unmodelled_setting"] = [ci_unmodelled(r) for r in ci.itertuples(index=False)]
-    # the MoE GPT tests: every row an evaluation row (nothing is fitted on them), read with the dense half's host fit
+    # the MoE GPT tests: the dense half's host fit plus the MoE bare-op cost fitted on the MoE tests' other half
     ci_moe = load_megatron_ci_moe(data)[0].assign(source_anomaly=False)
     ci_moe["unmodelled_setting"] = [ci_unmodelled(r) for r in ci_moe.itertuples(index=False)]
     if sample:
@@ -118,9 +120,10 @@ def at_scale_table(data=None, sample: int | None = None, *, rows: bool = False):
                        ("megatron-ci, fitted host costs (evaluation half)",
                         predict_megatron_ci(ci_split(ci)[1], host_ms=CI_HOST_FIT)),
                        # the MoE tests with Megatron-Core's default all-gather dispatcher (the table has no dispatcher
-                       # column), on the dense tests' fitted host costs: no MoE row is fitted
-                       ("megatron-ci MoE, fitted host costs (DGX A100)",
-                        predict_megatron_ci(ci_moe, host_ms=CI_HOST_FIT, moe_token_dispatcher="allgather"))):
+                       # column), on the dense tests' fitted host costs and the MoE layer's bare-op cost fitted on the
+                       # other half of the MoE tests (CI_MOE_OP_HOST_MS, fit_ci_moe_host)
+                       ("megatron-ci MoE, fitted host costs (evaluation half)",
+                        predict_megatron_ci(ci_split(ci_moe)[1], host_ms=ci_moe_host_ms(), moe_token_dispatcher="allgather"))):
         ok = pred[pred["status"] == "ok"]
         refused = int((~ok["fits"].astype(bool)).sum()) if "fits" in ok else 0
         out.append(_stats(name, ok["error_pct"], refused) | {"max_floor_pct": float(_floor(ok, name).max())})

@@ -44,6 +44,7 @@ from wattcast.featurize.fp8_recipes import fp8_writes_transpose, unsupported_fp8
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
+from wattcast.featurize.recompute import node_tags
 from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM
 from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype,
                                         fp8_recipe_option, is_onnx_path, moe_dispatcher_option, step_graph)
@@ -221,6 +222,37 @@ def check_cp_step_floor_ms(v) -> float:
     f = real_in(v, 0.0, np.inf)
     if f is None:
         raise ValueError(f"host_ms's ring-step floor must be a finite number of ms >= 0, got {v!r}")
+    return f
+
+
+def moe_bare_op_mask(nodes: pd.DataFrame) -> np.ndarray:
+    """Per node, whether it is one of Megatron-Core's MoE layer's bare torch ops (tag ``moe``): the router (its
+    ``router_gating_linear``, softmax, top-k), the dispatcher's permute / unpermute index ops and collectives, and
+    SequentialMLP's per-expert loop ops (bias, activation, probability scaling), but not the experts' linears, which are
+    Transformer Engine modules (``TEColumnParallelLinear`` / ``TERowParallelLinear``: megatron-core 0.16.1
+    extensions/transformer_engine_spec_provider.py ``grouped_mlp_modules`` without grouped GEMM) and keep the
+    per-kernel host cost of TE's per-module Python."""
+    tags = nodes["tag"].fillna("").astype(str)
+    moe = tags.map({t: "moe" in node_tags(t) for t in tags.unique()}).to_numpy(dtype=bool)
+    te_linear = (nodes["op_class"].to_numpy() == "linear") & nodes["scope"].astype(str).str.startswith("moe.experts.").to_numpy()
+    return moe & ~te_linear
+
+
+def node_launch_ms(nodes: pd.DataFrame, launch_ms: float, moe_op_ms: float | None):
+    """The per-kernel host floor of each node (ms): ``launch_ms``, as a scalar, where no MoE per-op cost is given; else
+    ``moe_op_ms`` on the MoE layer's bare ops (:func:`moe_bare_op_mask`) and ``launch_ms`` on every other node."""
+    if moe_op_ms is None:
+        return launch_ms
+    return np.where(moe_bare_op_mask(nodes), float(moe_op_ms), float(launch_ms))
+
+
+def check_moe_op_host_ms(v) -> float | None:
+    """A MoE bare-op host cost (ms): None (not given) or finite and >= 0 (ValueError naming it otherwise)."""
+    if v is None:
+        return None
+    f = real_in(v, 0.0, np.inf)
+    if f is None:
+        raise ValueError(f"host_ms's MoE per-op host cost must be a finite number of ms >= 0, got {v!r}")
     return f
 
 
@@ -864,21 +896,23 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
             ms[sel], ood[sel] = np.maximum(m, collective_host_floor_ms(opts.framework, gl.size, coll_floor)), o
         return ms, ood
 
-    # host_ms: (per-kernel launch, per-iteration[, {TP group size: collective floor}[, ring-step floor]]) overriding
-    # the framework's
+    # host_ms: (per-kernel launch, per-iteration[, {TP group size: collective floor}[, ring-step floor[, MoE bare-op
+    # cost]]]) overriding the framework's
     launch_ms, iter_ms, *rest = dopts.host_ms or FRAMEWORK_HOST_MS[opts.framework]
     coll_floor = dict(rest[0]) if rest else None  # None: the framework's (collective_host_floor_ms)
     cp_step_floor_ms = check_cp_step_floor_ms(rest[1] if len(rest) > 1 else FRAMEWORK_CP_STEP_HOST_MS.get(opts.framework, 0.0))
+    moe_op_ms = check_moe_op_host_ms(rest[2] if len(rest) > 2 else None)  # None: every node at launch_ms
     # the costed rank graph depends on the graph, the device, the models, the TP/EP group placements and the
     # host and power settings, not on DP, PP or ZeRO: strategies that share those share it (search loops)
     def costed_view(graph, reps: int, period: int) -> tuple:
         pins = (graph, spec, bundle, cm, cl, power_model)  # reps follows from the graph
         key = (tuple(map(id, pins)), lay["tp"], lay["ep"], lay["etp"], lay["tp_ep"], launch_ms, power_limit_w,
                dopts.clock_cap_mhz,
-               None if coll_floor is None else tuple(coll_floor.items()))
+               None if coll_floor is None else tuple(coll_floor.items()), moe_op_ms)
         hit = _COSTED.get(key)
         if hit is None:
-            costed = cost_nodes(graph, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=launch_ms)
+            costed = cost_nodes(graph, spec, bundle, collective_ms=coll_fn,
+                                launch_overhead_ms=node_launch_ms(graph.nodes, launch_ms, moe_op_ms))
             # the OOD kernels' bands before a power limit stretches time_ms (as predict_graph: about their own time)
             ood_log = ood_kernel_band_log(costed, bundle)
             costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)

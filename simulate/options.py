@@ -41,8 +41,8 @@ class DistributedOptions:
     #: keep the step's event timeline (``DistributedPrediction.events``)
     trace: bool = False
     #: (per-kernel launch floor ms, fixed per-iteration ms[, {TP group size: collective host floor ms}[, ring-attention
-    #: step host floor ms]]); None: the framework's (``FRAMEWORK_HOST_MS``, ``FRAMEWORK_COLLECTIVE_HOST_MS``,
-    #: ``FRAMEWORK_CP_STEP_HOST_MS``)
+    #: step host floor ms[, MoE bare-op host floor ms (``distributed.moe_bare_op_mask``; None: the per-kernel one)]]]);
+    #: None: the framework's (``FRAMEWORK_HOST_MS``, ``FRAMEWORK_COLLECTIVE_HOST_MS``, ``FRAMEWORK_CP_STEP_HOST_MS``)
     host_ms: tuple | None = None
     power_limit_w: float | None = None
     clock_cap_mhz: float | None = None

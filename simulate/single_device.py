@@ -427,6 +427,7 @@ def frame_copy(frame: pd.DataFrame) -> pd.DataFrame:
 def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
                launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None) -> pd.DataFrame:
     """The graph's nodes plus ``time_ms``, ``low_ms``, ``high_ms``, ``ood`` and ``gpu_ms`` columns.
+    ``launch_overhead_ms``: each node's host floor, one number or one per graph node (``distributed.node_launch_ms``).
 
     ``collective_ms(kernel, bytes, group) -> (ms, ood)`` (numpy arrays) costs collective nodes; without it a
     graph must hold none (a single-device graph has only the zero-time markers of tensor parallelism).

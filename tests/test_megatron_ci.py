@@ -307,3 +307,47 @@ def test_moe_settings_the_table_cannot_settle_are_marked(data_root):
     assert "deterministic mode" in why["moe/gpt3_mcore_tp2_cp2_pp2_ep2_te_4experts2parallel"]
     assert why["moe/gpt3_mcore_cp2_pp2_ep2_te_4experts2parallel_nondeterministic"] == ""
     assert sum(bool(w) for w in why.values()) == 3
+
+
+def test_moe_bare_op_cost_lands_on_the_moe_layers_bare_ops_only():
+    """The MoE per-op host cost applies to the MoE layer's bare torch ops (tag ``moe``: router, permute, the expert
+    loop's elementwise ops and collectives), not to its experts' TE linears nor to any op outside the layer; without
+    it every node keeps the per-kernel cost as a scalar (the dense graphs' costing unchanged)."""
+    import numpy as np
+
+    from wattcast.simulate.distributed import moe_bare_op_mask, node_launch_ms
+
+    nodes = pd.DataFrame({
+        "name": ["moe.gate", "moe.permute", "experts.0.linear_fc1", "experts.0.linear_fc1.dgrad", "experts.0.gelu",
+                 "moe.dispatch.all_gather", "mlp.c_fc", "attn.c_attn", "ln_2"],
+        "scope": ["transformer.h.1", "transformer.h.1", "moe.experts.0", "moe.experts.0", "moe.experts.0",
+                  "transformer.h.1", "transformer.h.0", "transformer.h.1", "transformer.h.1"],
+        "op_class": ["linear", "memory", "linear", "linear", "elementwise", "collective", "linear", "linear", "norm"],
+        "tag": ["moe", "moe", "moe", "moe", "moe,moe_act", "moe", "mlp", "", None]})
+    assert moe_bare_op_mask(nodes).tolist() == [True, True, False, False, True, True, False, False, False]
+    assert np.array_equal(node_launch_ms(nodes, 0.1, 0.05), [0.05, 0.05, 0.1, 0.1, 0.05, 0.05, 0.1, 0.1, 0.1])
+    assert node_launch_ms(nodes, 0.1, None) == 0.1
+
+
+def test_moe_op_host_cost_moves_moe_rows_only_and_was_fitted_on_the_moe_fitting_half(data_root):
+    """A dense row predicts bit-identically with or without the MoE bare-op cost; a MoE row predicts as before at the
+    per-kernel cost and faster at the fitted one. CI_MOE_OP_HOST_MS is the grid's best on the MoE tests' fitting half,
+    inside the grid, and no MoE test is on both sides."""
+    from wattcast.validation.megatron_ci import (_MOE_OP_GRID, CI_MOE_OP_HOST_MS, ci_moe_host_ms, fit_ci_moe_host,
+                                                 load_megatron_ci_moe)
+
+    dense = load_megatron_ci(data_root)[0].drop_duplicates("test_case").head(2)
+    base, with_moe = (predict_megatron_ci(dense, host_ms=h) for h in (CI_HOST_FIT, ci_moe_host_ms()))
+    assert base["predicted_ms"].tolist() == with_moe["predicted_ms"].tolist()
+    moe = load_megatron_ci_moe(data_root)[0]
+    row = moe[moe["test_case"].str.endswith("tp2_pp2_ep2_te_4experts2parallel")].head(1)
+    kw = dict(moe_token_dispatcher="allgather")
+    old, same, fitted = (predict_megatron_ci(row, host_ms=h, **kw).iloc[0]
+                         for h in (CI_HOST_FIT, ci_moe_host_ms(CI_HOST_FIT[0]), ci_moe_host_ms()))
+    assert old["predicted_ms"] == same["predicted_ms"]
+    assert fitted["predicted_ms"] < old["predicted_ms"] and fitted["launch_gap_ms"] < old["launch_gap_ms"]
+    assert "MoE per-op host cost" in predict_megatron_ci(row, host_ms=ci_moe_host_ms(-1.0), **kw)["status"].iloc[0]
+    fit, ev = ci_split(moe)
+    assert not set(fit["test_case"]) & set(ev["test_case"])
+    best = fit_ci_moe_host(moe).iloc[0]
+    assert best.moe_op_ms == CI_MOE_OP_HOST_MS and min(_MOE_OP_GRID) < CI_MOE_OP_HOST_MS < max(_MOE_OP_GRID)
