@@ -54,20 +54,15 @@ def predict_kernels(frame, device, *, dtype: str | None = None, models=None):
     default fp32), and a row whose own dtype differs is a ValueError (the frame's dtype is never overridden);
     ``models`` is a retrained kernel bundle's folder (``wattcast train kernels --out``; default
     ``$WATTCAST_MODELS``, then the shipped model), checked first (``ModelFolderError``, a ValueError)."""
-    from wattcast.models.kernel_predictor import (_resolve, check_kernel_frame, default_dtype_conflict_error,
-                                                  resolve_default_dtype, with_default_dtype)
+    from wattcast.models.kernel_predictor import _resolve, check_kernel_frame, frame_with_default_dtype
     from wattcast.models.kernel_predictor import predict_kernels as _pk
     from wattcast.models.selection import resolve_folders
 
     bundle = resolve_folders(models, kinds=("models",)).models  # as predict(models=) checks it
     if dtype is not None:
         check_kernel_frame(frame)
-        spec = _resolve(device)
-        dtype = resolve_default_dtype(dtype, spec, "dtype=")
-        frame, conflicts = with_default_dtype(frame, dtype)
-        if conflicts:
-            raise ValueError(default_dtype_conflict_error(dtype, conflicts, "the frame", "dtype="))
-        device = spec
+        device = _resolve(device)
+        frame = frame_with_default_dtype(frame, dtype, device, "the frame", "dtype=")
     return _pk(frame, device, bundle=bundle)
 
 

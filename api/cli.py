@@ -244,13 +244,13 @@ def kernels(
     """Predict the latency of every kernel in a CSV on DEVICE."""
     import pandas as pd
 
-    from wattcast.models.kernel_predictor import (EXTRA_COLUMNS, PRED_COLUMNS, default_dtype_conflict_error,
-                                                  predict_kernels, resolve_default_dtype, with_default_dtype)
+    from wattcast.models.kernel_predictor import (EXTRA_COLUMNS, PRED_COLUMNS, frame_with_default_dtype,
+                                                  predict_kernels, resolve_default_dtype)
 
     spec = _resolve_device_arg(device, "--device")
     if dtype is not None:
-        try:
-            dtype = resolve_default_dtype(dtype, spec, "--dtype")
+        try:  # an unknown --dtype, or one the device lacks, fails before the input is read
+            resolve_default_dtype(dtype, spec, "--dtype")
         except ValueError as e:
             _fail(str(e))
     _input_file(input, "input file")
@@ -282,9 +282,10 @@ def kernels(
 
     frame = without_blank_rows(frame).reset_index(drop=True)  # a spreadsheet's empty ',,,' rows are no kernels
     if dtype is not None:
-        frame, conflicts = with_default_dtype(frame, dtype)
-        if conflicts:
-            _fail(default_dtype_conflict_error(dtype, conflicts, str(input), "--dtype"))
+        try:
+            frame = frame_with_default_dtype(frame, dtype, spec, str(input), "--dtype")
+        except ValueError as e:
+            _fail(str(e))
     replaced = [c for c in PRED_COLUMNS + EXTRA_COLUMNS if c in frame.columns]
     if replaced:
         err.print(f"[yellow]the input already has column(s) {', '.join(replaced)}; the output replaces them[/yellow]")

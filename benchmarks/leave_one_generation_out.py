@@ -81,7 +81,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.catalog import resolve_device
-from wattcast.data.kernel_datasets import COLUMNS, load_kernels, load_xla_fp8_combinations
+from wattcast.data.kernel_datasets import COLUMNS, load_kernels, load_xla_fp8_combinations, read_xla_tables
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.models.gemm_floor import FLOOR_BLEND_GFLOP, PREDICT_SOURCE, blend_weight, blended_log_ratio
 from wattcast.training.gemm_floor import (ceiling_from_ratio, fit_ceiling_member, fit_physical, floor_reference_ms,
@@ -126,8 +126,10 @@ def fp8_metric_key(r, k: str) -> str:
     return f"{model_key(r.model)}_{r.device}_fp8_{r.lhs}_{r.rhs}_{r.out}_xla_big_{k}"
 
 
-def gemm_rows(root, fp32_sample: float, seed: int = 0, xla_tables=None) -> pd.DataFrame:
-    df = load_kernels(root, xla_tables=xla_tables)
+def gemm_rows(root, fp32_sample: float, seed: int = 0, xla_read=None) -> pd.DataFrame:
+    """The GEMM rows (``bmm``, ``linear``) of every source but the held-out GPUs', fp32 ones sampled at
+    ``fp32_sample``; ``xla_read``: the XLA tables as ``read_xla_tables`` read them (default: read now)."""
+    df = load_kernels(root, xla_read=xla_read)
     if df.attrs.get("xla_tables"):
         print("extra XLA tables:", ", ".join(df.attrs["xla_tables"]))
     df = df[df["op"].isin(["bmm", "linear"]) & ~df["device"].isin(HELD_OUT)]
@@ -269,9 +271,10 @@ def fp8_combination_table(rows: pd.DataFrame, pred_ms: np.ndarray, peak_tflops: 
          "best_over_peak", "rows_over_peak"]]
 
 
-def fp8_combination_rows(root, xla_tables, devices) -> pd.DataFrame:
-    """:func:`load_xla_fp8_combinations` on ``devices`` that carry more than one fp8 (lhs, rhs, out) combination."""
-    c = load_xla_fp8_combinations(root, xla_tables)
+def fp8_combination_rows(root, xla_read, devices) -> pd.DataFrame:
+    """:func:`load_xla_fp8_combinations` of the XLA tables ``xla_read`` (``read_xla_tables``) on ``devices`` that
+    carry more than one fp8 (lhs, rhs, out) combination."""
+    c = load_xla_fp8_combinations(root, xla_read=xla_read)
     c = c[c["device"].isin(devices)]
     n = c.groupby("device")[["lhs_dtype", "rhs_dtype", "out_dtype"]].apply(lambda d: len(d.drop_duplicates()))
     return c[c["device"].isin(n[n > 1].index)].reset_index(drop=True)
@@ -283,9 +286,10 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
     :func:`size_table` per fold; ``fp8_combos`` (a list), when given, the shipped recipe's
     :func:`fp8_combination_table` per fold (every XLA fp8 format combination of a held-out device predicted by the
     fold's model, which never trains on them). A fold with no tensor-dtype rows to predict is skipped."""
-    df = gemm_rows(root, fp32_sample, xla_tables=xla_tables)
+    xla_read = read_xla_tables(root, xla_tables)  # once: the GEMM rows and the fp8 combinations both read them
+    df = gemm_rows(root, fp32_sample, xla_read=xla_read)
     X, y, specs = features(df, root)
-    combos = fp8_combination_rows(root, xla_tables, set(df["device"])) if fp8_combos is not None else None
+    combos = fp8_combination_rows(root, xla_read, set(df["device"])) if fp8_combos is not None else None
     if combos is not None and len(combos):
         Xc = features(combos[list(COLUMNS)], root)[0]
     cfg = TrainConfig()

@@ -116,6 +116,7 @@ __all__ = [
     "resolve_data_root",
     "load_kernels",
     "load_xla_fp8_combinations",
+    "read_xla_tables",
     "load_label_nodes",
     "load_user_kernels",
     "split_heldout",
@@ -466,25 +467,50 @@ def _xla_raw_tables(root: Path, extra: Sequence[Path] = ()) -> list[tuple[pd.Dat
     return tables
 
 
-def _load_xla(root: Path, dropped: Counter, excluded: Counter, extra: Sequence[Path] = (),
-              withheld: Counter | None = None) -> list[pd.DataFrame]:
-    return [_xla_rows(raw, origin, excluded, withheld) for raw, origin in _xla_raw_tables(root, extra)]
-
-
-def load_xla_fp8_combinations(root: str | os.PathLike[str] | None = None,
-                              xla_tables: Sequence[str | os.PathLike[str]] | None = None) -> pd.DataFrame:
-    """Every XLA GEMM row with an fp8 input (``f8*`` lhs or rhs, any output) on a catalog device the shared datasets
-    do not withhold, as unified ``bmm`` rows labelled ``fp8`` (shape mapping as :func:`load_kernels`), plus the
-    table's ``lhs_dtype``, ``rhs_dtype``, ``out_dtype``, measured ``tflops`` and ``kept`` (the combination
-    :data:`XLA_DTYPES` keeps as the device's ``fp8`` rows, i.e. the rows :func:`load_kernels` returns). A
-    diagnostic of which fp8 kernel path the kept rows measure; :func:`load_kernels` is unchanged."""
-    data_root = resolve_data_root(root)
+def _extra_xla_tables(xla_tables: Sequence[str | os.PathLike[str]] | None) -> list[Path]:
+    """The extra XLA tables' paths: ``xla_tables``, or (None) the ones ``WATTCAST_XLA_TABLE`` names."""
     if xla_tables is None:
         from wattcast.data.xla_perf_table import tables_from_env
 
         xla_tables = tables_from_env()
+    return [Path(p) for p in xla_tables]
+
+
+def read_xla_tables(root: str | os.PathLike[str] | None = None,
+                    xla_tables: Sequence[str | os.PathLike[str]] | None = None) -> list[tuple[pd.DataFrame, str]]:
+    """The shared XLA GEMM table and the extra ones (``xla_tables``; default: ``WATTCAST_XLA_TABLE``'s), read once as
+    raw ``(frame, origin)`` pairs (an extra table's origin is its path): pass them as ``xla_read=`` to
+    :func:`load_kernels` and :func:`load_xla_fp8_combinations`, and neither reads the files again."""
+    return _xla_raw_tables(resolve_data_root(root), _extra_xla_tables(xla_tables))
+
+
+def _load_xla(read: list[tuple[pd.DataFrame, str]], excluded: Counter,
+              withheld: Counter | None = None) -> list[pd.DataFrame]:
+    """The XLA tables ``read`` (:func:`read_xla_tables`) as unified rows (:func:`_xla_rows`)."""
+    return [_xla_rows(raw, origin, excluded, withheld) for raw, origin in read]
+
+
+def _xla_read(root: Path, xla_tables, xla_read) -> list[tuple[pd.DataFrame, str]]:
+    """``xla_read`` (tables :func:`read_xla_tables` already read) if given, else ``xla_tables`` read now; both given
+    is a ValueError."""
+    if xla_read is None:
+        return _xla_raw_tables(root, _extra_xla_tables(xla_tables))
+    if xla_tables is not None:
+        raise ValueError("give xla_tables (paths to read) or xla_read (tables read_xla_tables read), not both")
+    return xla_read
+
+
+def load_xla_fp8_combinations(root: str | os.PathLike[str] | None = None,
+                              xla_tables: Sequence[str | os.PathLike[str]] | None = None, *,
+                              xla_read: list[tuple[pd.DataFrame, str]] | None = None) -> pd.DataFrame:
+    """Every XLA GEMM row with an fp8 input (``f8*`` lhs or rhs, any output) on a catalog device the shared datasets
+    do not withhold, as unified ``bmm`` rows labelled ``fp8`` (shape mapping as :func:`load_kernels`), plus the
+    table's ``lhs_dtype``, ``rhs_dtype``, ``out_dtype``, measured ``tflops`` and ``kept`` (the combination
+    :data:`XLA_DTYPES` keeps as the device's ``fp8`` rows, i.e. the rows :func:`load_kernels` returns). A
+    diagnostic of which fp8 kernel path the kept rows measure; :func:`load_kernels` is unchanged. ``xla_read``: the
+    tables as :func:`read_xla_tables` read them (instead of ``xla_tables``)."""
     frames = []
-    for raw, origin in _xla_raw_tables(data_root, [Path(p) for p in xla_tables]):
+    for raw, origin in _xla_read(resolve_data_root(root), xla_tables, xla_read):
         raw = raw[raw["lhs_dtype"].astype(str).str.startswith("f8") | raw["rhs_dtype"].astype(str).str.startswith("f8")]
         dev, keep = _map_devices(raw["device"], "xla", origin, Counter())
         raw = raw.loc[keep]
@@ -666,11 +692,13 @@ _LOADERS = {
 
 
 def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[str] = ALL_SOURCES, *,
-                 xla_tables: Sequence[str | os.PathLike[str]] | None = None) -> pd.DataFrame:
+                 xla_tables: Sequence[str | os.PathLike[str]] | None = None,
+                 xla_read: list[tuple[pd.DataFrame, str]] | None = None) -> pd.DataFrame:
     """All requested kernel-latency sources as one table with exactly ``COLUMNS``.
 
     ``xla_tables``: extra XLA GEMM tables (textproto, JAX plugin wheel or binary, or a CSV written by
     ``data/xla_perf_table.py``) added to the ``xla`` source; default: the paths ``WATTCAST_XLA_TABLE`` names.
+    ``xla_read``: the shared and extra XLA tables as :func:`read_xla_tables` read them (instead of ``xla_tables``).
     ``df.attrs["dropped"]``: {origin: rows removed for NaN/non-positive latency or shape};
     ``df.attrs["excluded"]``: {origin: rows left out by design (device outside the catalog, ...)};
     ``df.attrs["withheld"]``: {origin: the part of those on :data:`WITHHELD_DEVICES`};
@@ -684,19 +712,17 @@ def load_kernels(root: str | os.PathLike[str] | None = None, sources: Iterable[s
     dropped: Counter = Counter()
     excluded: Counter = Counter()
     withheld: Counter = Counter()
-    if xla_tables is None:
-        from wattcast.data.xla_perf_table import tables_from_env
-
-        xla_tables = tables_from_env()
-    extra = [Path(p) for p in xla_tables]
     frames: list[pd.DataFrame] = []
+    extra: list[str] = []
     for s in dict.fromkeys(sources):
         if s == "xla":
-            frames += _load_xla(data_root, dropped, excluded, extra, withheld)
+            read = _xla_read(data_root, xla_tables, xla_read)
+            extra = [origin for _, origin in read[1:]]  # the extra tables' paths (the shared table first)
+            frames += _load_xla(read, excluded, withheld)
         else:
             frames += _LOADERS[s](data_root, dropped, excluded)
     out = _finish(frames, dropped, excluded)
-    out.attrs["xla_tables"] = [str(p) for p in extra] if "xla" in sources else []
+    out.attrs["xla_tables"] = extra
     out.attrs["withheld"] = dict(withheld)
     return out
 

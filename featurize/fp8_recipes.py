@@ -191,6 +191,19 @@ PER_TENSOR_RECIPES = ("delayed", "tensorwise")
 _ARCH_CC = {"volta": (7, 0), "turing": (7, 5), "ampere": (8, 6), "ada": (8, 9), "hopper": (9, 0)}
 
 
+#: data-centre Blackwell's compute capabilities, [low, high): 10.x (GB100 10.0, GB110 10.3); Transformer Engine 2.20.2
+#: tests this range for its non-TN FP8 GEMMs (``pytorch/utils.py`` l. 770-775) and MXFP8 (``pytorch/quantization.py``
+#: l. 162-168: 10.0 or higher, refused from 12.0)
+DATACENTRE_BLACKWELL_CC = ((10, 0), (12, 0))
+
+
+def datacentre_blackwell(cc: tuple[int, int] | None) -> bool:
+    """Whether compute capability ``cc`` (:func:`compute_capability`; None: unknown) is data-centre Blackwell's
+    (:data:`DATACENTRE_BLACKWELL_CC`)."""
+    low, high = DATACENTRE_BLACKWELL_CC
+    return cc is not None and low <= cc < high
+
+
 def compute_capability(spec) -> tuple[int, int] | None:
     """The CUDA compute capability Transformer Engine would see on ``spec`` (it reads
     ``torch.cuda.get_device_capability()``; wattcast has the spec's ``vendor``, ``arch`` and ``name`` only). None: not
@@ -228,7 +241,7 @@ def fp8_writes_transpose(spec) -> bool:
     where the cast writes the data alone (``csrc/quantizer.cpp`` l. 361-375 and l. 678-690). A GPU of unknown
     capability (:func:`compute_capability` None) is given the transpose, as Hopper."""
     cc = compute_capability(spec)
-    return not (cc is not None and ((10, 0) <= cc < (12, 0) or cc >= (13, 0)))
+    return not (datacentre_blackwell(cc) or (cc is not None and cc >= (13, 0)))
 
 
 def unsupported_fp8_recipe(spec, recipe: str) -> str | None:
@@ -247,7 +260,7 @@ def unsupported_fp8_recipe(spec, recipe: str) -> str | None:
     vendor = str(getattr(spec, "vendor", "nvidia") or "").lower()
     name = getattr(spec, "name", "this GPU")
     cc = compute_capability(spec)
-    mxfp8_ok = cc is not None and (10, 0) <= cc < (12, 0)
+    mxfp8_ok = datacentre_blackwell(cc)
     block_ok = cc is not None and cc >= (9, 0)
     cc_txt = f"compute capability {cc[0]}.{cc[1]}" if cc else "compute capability unknown"
     if recipe == "mxfp8" and not mxfp8_ok:

@@ -98,10 +98,11 @@ def deepseek_storage(meta: dict) -> bool:
     return meta.get("fp8_scaling") == "deepseek"
 
 
-def storage_rerun_tags(meta: dict) -> set[str]:
-    """Tags of ops the backward re-runs because of how activations are stored, whatever the recompute setting:
-    DeepSeek-V3's MoE SwiGLU (:data:`FP8_SWIGLU_TAG`) under its storage; none otherwise."""
-    return {FP8_SWIGLU_TAG} if deepseek_storage(meta) else set()
+def storage_rerun_tags(meta: dict, recompute: str = "none") -> set[str]:
+    """Tags of ops the backward re-runs because of how activations are stored, under the recompute setting
+    ``recompute``: DeepSeek-V3's MoE SwiGLU (:data:`FP8_SWIGLU_TAG`) under its storage; none otherwise, and none under
+    full recomputation (the whole layer re-runs anyway)."""
+    return {FP8_SWIGLU_TAG} if deepseek_storage(meta) and recompute != "full" else set()
 
 
 def module_layers_end(meta: dict) -> int:

@@ -127,7 +127,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     opt = optimizer_key(optimizer)
     # DeepSeek-V3's MoE SwiGLU outputs, re-made from their FP8-cached inputs (--fp8-recipe deepseek), with or without
     # a recompute setting; under full recomputation the whole layer re-runs anyway
-    stored = storage_rerun_tags(fwd.meta) if recompute != "full" else set()
+    stored = storage_rerun_tags(fwd.meta, recompute)
     rerun |= stored
     nodes = fwd.nodes
     dtype = fwd.meta.get("dtype", "fp32")

@@ -112,6 +112,18 @@ def default_dtype_conflict_error(dtype: str, conflicts: list, source: str, label
             + f"); {label} only fills rows without one: drop it or fix those rows")
 
 
+def frame_with_default_dtype(frame: pd.DataFrame, dtype: str, spec, source: str, label: str = "--dtype") -> pd.DataFrame:
+    """``frame`` with ``dtype`` filled in where a row gives none (``wattcast kernels --dtype``,
+    ``predict_kernels(dtype=)``): ``dtype`` in its canonical spelling (:func:`resolve_default_dtype`, a ValueError
+    naming ``label`` when it is unknown or ``spec`` has no peak for it) set on those rows (:func:`with_default_dtype`),
+    and a ValueError (:func:`default_dtype_conflict_error`, naming ``source``) when a row's own dtype is another one."""
+    dtype = resolve_default_dtype(dtype, spec, label)
+    frame, conflicts = with_default_dtype(frame, dtype)
+    if conflicts:
+        raise ValueError(default_dtype_conflict_error(dtype, conflicts, source, label))
+    return frame
+
+
 def check_kernel_frame(frame) -> pd.DataFrame:
     """``frame`` if it is a table of kernels wattcast can read, else a ValueError saying what is wrong:
     not a pandas DataFrame, or a column it reads/writes (``OPName``/``op``, ``dtype``, shape columns,

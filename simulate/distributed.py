@@ -69,7 +69,7 @@ from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_ban
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, bf16_optimizer_runs,
-                                            fsdp_shard_grad_op,
+                                            fsdp_shard_grad_op, pytorch_fsdp,
                                             capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
                                             held_gradient_bytes, inflight_chunks_by_stage,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
@@ -361,7 +361,7 @@ def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | N
         if framework != "hf":
             raise ValueError(f"fsdp_reduce_dtype is PyTorch FSDP's MixedPrecision.reduce_dtype: it needs framework hf "
                              f"(got {framework})")
-    if framework != "hf" or int(zero) < 2 or DTYPE_BYTES[dtype] >= 4:
+    if not pytorch_fsdp(framework, zero) or DTYPE_BYTES[dtype] >= 4:
         return _grad_bytes(framework, dtype)
     return DTYPE_BYTES[reduce_dtype] if reduce_dtype is not None else 2
 
@@ -1560,7 +1560,7 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
               gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
-              reduce_op: str | None = None, reduce_every_micro: bool = False, shard_grad_op: bool = False) -> dict:
+              reduce_op: str | None = None, reduce_every_micro: bool = False, framework: str | None = None) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
@@ -1575,8 +1575,9 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     gathers, ``z3_b_ms`` the backward's gathers and reduce-scatters, ``z3_first_*`` the one unit's worth that waits
     for nothing to hide behind (the first gather of a pass, and the backward's last reduce-scatter); ``z3_f_bytes``,
     ``z3_f_n``, ``z3_b_bytes``, ``z3_b_n`` the bytes and count of a micro-batch's forward and backward collectives.
-    ``shard_grad_op`` (PyTorch FSDP's ZeRO-2, :func:`fsdp_shard_grad_op`): the same per-unit collectives, but the
-    forward's gathered parameters are kept for the backward: ``z3_b_ms`` the reduce-scatters alone.
+    ``framework``'s PyTorch FSDP ZeRO-2 (``hf``, :func:`fsdp_shard_grad_op`): the same per-unit collectives
+    (:func:`per_unit_collectives`), but the forward's gathered parameters are kept for the backward: ``z3_b_ms`` the
+    reduce-scatters alone (None: no framework's ZeRO-2 is FSDP's).
 
     ``reduce_every_micro`` (ZeRO-2 of a framework that reduces every micro-batch's gradients,
     :func:`grad_reduce_every_micro`): each chunk's buckets are reduced in every backward, not once after the last:
@@ -1590,7 +1591,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
            "z2_bytes": np.zeros(n_chunks), "z2_n": np.zeros(n_chunks, dtype=np.int64),
            "z3_f_bytes": np.zeros(n_chunks), "z3_f_n": np.zeros(n_chunks, dtype=np.int64),
            "z3_b_bytes": np.zeros(n_chunks), "z3_b_n": np.zeros(n_chunks, dtype=np.int64)}
-    per_unit = par.zero == 3 or shard_grad_op
+    shard_grad_op = fsdp_shard_grad_op(framework, par.zero)
+    per_unit = per_unit_collectives(framework, par.zero)
     units = np.maximum(np.asarray(units, dtype=int), 1)
     if dp_l.size <= 1 and expert_dp(par) <= 1:  # (expert parameters reduce over expert-DP even when dp x cp is 1)
         out["bucket_ms"] = [np.zeros(0)] * n_chunks
@@ -1661,6 +1663,29 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
         out["bucket_ms"].append(ms)
         out["sync_ms"][c] = ms.sum()
     return _stage_buckets(out, P, V)
+
+
+def dp_zero2_meta(dpt: dict, by_stage, *, every_micro: bool, shard_grad_op: bool) -> dict:
+    """The ``dp_zero2_*`` entries of a prediction's ``comm`` from :func:`_dp_times`' terms ``dpt`` (``by_stage``: a
+    chunk array's per-stage sums), the busiest stage's figures of one micro-batch's backward, or {} for any other ZeRO:
+
+    - ZeRO-2 reducing every micro-batch (``every_micro``, :func:`grad_reduce_every_micro`: Megatron-FSDP
+      optim_grads, DeepSpeed stage 2): the gradient reductions of one backward (``dp_sync_ms`` is then 0: nothing
+      left after the step), their bytes and count (a rank's collectives, the dense and the expert groups');
+    - PyTorch FSDP's ZeRO-2 (``shard_grad_op``, SHARD_GRAD_OP: :func:`fsdp_shard_grad_op`): the units'
+      reduce-scatters of one backward as above, and the forward's parameter all-gathers (kept for the backward: none
+      in it), ``dp_zero2_gather_*``."""
+    if not (every_micro or shard_grad_op):
+        return {}
+    ms, nbytes, count = ("z3_b_ms", "z3_b_bytes", "z3_b_n") if shard_grad_op else ("z2_b_ms", "z2_bytes", "z2_n")
+    out = dict(dp_zero2_ms_per_micro=float(by_stage(dpt[ms]).max()),
+               dp_zero2_bytes_per_micro=float(by_stage(dpt[nbytes]).max()),
+               dp_zero2_collectives_per_micro=int(by_stage(dpt[count]).max()))
+    if shard_grad_op:
+        out.update(dp_zero2_gather_ms_per_micro=float(by_stage(dpt["z3_f_ms"]).max()),
+                   dp_zero2_gather_bytes_per_micro=float(by_stage(dpt["z3_f_bytes"]).max()),
+                   dp_zero2_gathers_per_micro=int(by_stage(dpt["z3_f_n"]).max()))
+    return out
 
 
 def _stage_buckets(out: dict, P: int, V: int) -> dict:
@@ -2076,7 +2101,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # stage), whose gradient is the backward's first and waits for the root's reduce-scatter at its end
     # (stage_memory.fsdp_inflight_gradient_bytes)
     root_stage = head_stage = None
-    fsdp = opts.framework == "hf" and par.zero >= 2  # FULL_SHARD and SHARD_GRAD_OP (fsdp_shard_grad_op)
+    fsdp = pytorch_fsdp(opts.framework, par.zero)  # FULL_SHARD and SHARD_GRAD_OP (fsdp_shard_grad_op)
     if fsdp:
         root_key = ("root_params", P, V)
         hit = sums.get(root_key)
@@ -2242,7 +2267,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if dpt is None:
         dpt = _dp_times(par_dp, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts),
                         bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op,
-                        first_chunks=first_ranks, reduce_every_micro=z2_mode is not None, shard_grad_op=sgo)
+                        first_chunks=first_ranks, reduce_every_micro=z2_mode is not None, framework=opts.framework)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
@@ -2569,9 +2594,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     e_task_s = (rank_tasks((e_f_nc + e_b_nc) * n_micro) + work["task_extra_j"]
                 + p_comm * np.maximum(busy - work["task_cmp_ms"], 0.0) / 1e3)
     busy_all = busy + opt_stage
-    e_opt_stage = (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share + bf16_step_ms * p_stream / 1e3
-    stage_e = (e_task_s + (e_opt_s[0] - e_opt_s[1]) * opt_share + e_opt_s[1] * cast_share + work["after_extra_j"]
-               + bf16_step_ms * p_stream / 1e3
+    # the optimizer phase's energy per stage, term by term: its kernels sharded as its time (opt_stage), the FP8 weight
+    # cast after it (cast_share), BF16_Optimizer's extra passes at a streaming kernel's power
+    e_opt_j, e_opt_cast_j, e_bf16_step_j = ((e_opt_s[0] - e_opt_s[1]) * opt_share, e_opt_s[1] * cast_share,
+                                            bf16_step_ms * p_stream / 1e3)
+    e_opt_stage = e_opt_j + e_opt_cast_j + e_bf16_step_j
+    # its terms added in their own places, not as e_opt_stage: the sum keeps the floating-point order the energy figures
+    # were always computed in (adding e_opt_stage moves their last bits)
+    stage_e = (e_task_s + e_opt_j + e_opt_cast_j + work["after_extra_j"] + e_bf16_step_j
                + p_comm * np.maximum(step - busy_all - work["after_cmp_ms"], 0.0) / 1e3)
     if summary:
         energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
@@ -2738,22 +2768,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # per micro-batch, the busiest stage's (how much of it is hidden: exposed_comm_split_ms's dp)
                 **(dict(dp_zero3_ms_per_micro=float(by_stage(dpt["z3_f_ms"] + dpt["z3_b_ms"]).max()))
                    if par.zero == 3 else {}),
-                # ZeRO-2 reducing every micro-batch (Megatron-FSDP optim_grads, DeepSpeed stage 2): the gradient
-                # reductions of one backward, the busiest stage's (dp_sync_ms is then 0: nothing left after the step)
-                # (and their bytes and count: a rank's collectives of one backward, the dense and the expert groups')
-                **(dict(dp_zero2_ms_per_micro=float(by_stage(dpt["z2_b_ms"]).max()),
-                        dp_zero2_bytes_per_micro=float(by_stage(dpt["z2_bytes"]).max()),
-                        dp_zero2_collectives_per_micro=int(by_stage(dpt["z2_n"]).max()))
-                   if z2_mode is not None else {}),
-                # PyTorch FSDP's ZeRO-2 (SHARD_GRAD_OP): the units' reduce-scatters of one backward as above, and the
-                # forward's parameter all-gathers (kept for the backward: none in it), the busiest stage's
-                **(dict(dp_zero2_ms_per_micro=float(by_stage(dpt["z3_b_ms"]).max()),
-                        dp_zero2_bytes_per_micro=float(by_stage(dpt["z3_b_bytes"]).max()),
-                        dp_zero2_collectives_per_micro=int(by_stage(dpt["z3_b_n"]).max()),
-                        dp_zero2_gather_ms_per_micro=float(by_stage(dpt["z3_f_ms"]).max()),
-                        dp_zero2_gather_bytes_per_micro=float(by_stage(dpt["z3_f_bytes"]).max()),
-                        dp_zero2_gathers_per_micro=int(by_stage(dpt["z3_f_n"]).max()))
-                   if sgo else {}),
+                **dp_zero2_meta(dpt, by_stage, every_micro=z2_mode is not None, shard_grad_op=sgo),
                 grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the
                 # first/last stage gradient all-reduce, once per step

@@ -31,7 +31,7 @@ from wattcast.featurize.graph_cache import GraphMemo
 from wattcast.featurize.fp8_recipes import (DEFAULT_FP8_RECIPE, inference_weight_bytes_per_param,
                                             weight_copy_bytes_per_param)
 from wattcast.featurize.op_graph import OpGraph
-from wattcast.featurize.recompute import FP8_SWIGLU_TAG, deepseek_storage, module_layers_end, node_tags, recompute_tags
+from wattcast.featurize.recompute import module_layers_end, node_tags, recompute_tags, storage_rerun_tags
 from wattcast.featurize.training_graph import optimizer_state_bytes
 from wattcast.simulate.stage_memory import held_gradient_bytes
 
@@ -219,12 +219,13 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
     tnode = graph.saved.get("tensor_node", np.full(len(tbytes), -1))
     ckpt, discard = recompute_tags(graph.meta.get("recompute", "none"))
-    deepseek = deepseek_storage(graph.meta) and graph.meta.get("recompute", "none") != "full"
+    stored = storage_rerun_tags(graph.meta, graph.meta.get("recompute", "none"))  # DeepSeek-V3's storage's re-runs
+    deepseek = bool(stored)
     fp8_source = graph.saved.get("fp8_source") or {}
     remade: set = set()  # tags whose outputs' FP8 copies are re-made with them (DeepSeek-V3's storage)
     if deepseek:
         discard = discard - {"moe_act"}
-        remade = discard | {FP8_SWIGLU_TAG}
+        remade = discard | stored
     rec = ckpt | discard
     # the modules' tags of each op of a transformer layer (the final norm, the embedding and the head are not
     # recomputed; multi-token prediction's block, in the head's layer, is: recompute.module_layers_end)

@@ -126,6 +126,13 @@ def _sharded(nbytes, params, expert_params, d: int, de: int):
     return nbytes(params - expert_params) / d + nbytes(expert_params) / de
 
 
+def pytorch_fsdp(framework: str, zero: int) -> bool:
+    """Whether ZeRO stage ``zero`` is PyTorch FSDP (``hf`` with ZeRO-2 or 3: ``ShardingStrategy.SHARD_GRAD_OP``,
+    :func:`fsdp_shard_grad_op`, or ``FULL_SHARD``): both shard the flat parameter and reduce-scatter each unit's
+    gradients as its backward ends."""
+    return framework == "hf" and int(zero) >= 2
+
+
 def fsdp_shard_grad_op(framework: str, zero: int) -> bool:
     """Whether ZeRO-2 is PyTorch FSDP's ``ShardingStrategy.SHARD_GRAD_OP`` (``hf``, ``zero`` 2): unit by unit, as ZeRO-3
     (simulate/distributed.py ``_dp_times``' per-unit collectives, in series or prefetched as its
@@ -305,7 +312,7 @@ def weight_and_master_bytes(framework: str | None, zero: int, dtype_bytes: int) 
     (``_fully_shard/_fsdp_param.py`` ``all_gather_inputs``: ``_to_dtype_if_needed(sharded_param_data, param_dtype)``).
     So (4, 0), as in full precision; everything else (dtype, 4 fp32 master under mixed precision, else 0)."""
     mixed = dtype_bytes < 4
-    if mixed and framework == "hf" and zero >= 2:
+    if mixed and pytorch_fsdp(framework, zero):
         return 4, 0
     return dtype_bytes, (4 if mixed else 0)
 
@@ -374,20 +381,19 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
     released: the larger of the two."""
     during, after = float(CUBLAS_WORKSPACE_BYTES + CUDA_CONTEXT_BYTES), 0.0
     if dp > 1:
-        if framework == "hf":
-            if zero >= 2:
-                # FSDP FULL_SHARD: the running and the prefetched unit and the root unit, unsharded; SHARD_GRAD_OP
-                # (ZeRO-2): every unit's, gathered in the forward and not resharded until its backward ends
-                # (distributed.fsdp_shard_grad_op: torch 2.13 _runtime_utils.py _post_forward_reshard l. 486-500)
-                held = during
-                during = held + ((2.0 * block_params + root_params) if zero >= 3 else params) * dtype_bytes
-                rb = dtype_bytes if reduce_bytes is None else reduce_bytes
-                # at the backward's end no block is unsharded: the root unit's parameters, the first block's
-                # gradient still being reduce-scattered and the root's gradient (fsdp_end_of_backward_bytes)
-                after = held + fsdp_end_of_backward_bytes(block_params=block_params, root_params=root_params,
-                                                          dtype_bytes=dtype_bytes, reduce_bytes=rb, dp=dp)
-            elif zero == 0:  # DDP: bucket buffers are a second copy of the gradients
-                during += params * grad_bytes
+        if pytorch_fsdp(framework, zero):
+            # FSDP FULL_SHARD: the running and the prefetched unit and the root unit, unsharded; SHARD_GRAD_OP
+            # (ZeRO-2): every unit's, gathered in the forward and not resharded until its backward ends
+            # (distributed.fsdp_shard_grad_op: torch 2.13 _runtime_utils.py _post_forward_reshard l. 486-500)
+            held = during
+            during = held + ((2.0 * block_params + root_params) if zero >= 3 else params) * dtype_bytes
+            rb = dtype_bytes if reduce_bytes is None else reduce_bytes
+            # at the backward's end no block is unsharded: the root unit's parameters, the first block's
+            # gradient still being reduce-scattered and the root's gradient (fsdp_end_of_backward_bytes)
+            after = held + fsdp_end_of_backward_bytes(block_params=block_params, root_params=root_params,
+                                                      dtype_bytes=dtype_bytes, reduce_bytes=rb, dp=dp)
+        elif framework == "hf" and zero == 0:  # DDP: bucket buffers are a second copy of the gradients
+            during += params * grad_bytes
         elif framework == "megatron-deepspeed":
             if zero >= 2:
                 held, step = deepspeed_buffer_bytes(params=params, dtype_bytes=dtype_bytes, zero=zero, dp=dp)
@@ -562,7 +568,7 @@ def _fsdp_grads(framework: str, zero: int, dp: int, *, params=0.0, grad_bytes: i
     (``megatron``, ZeRO-2, dp > 1), else 0."""
     if framework == "megatron" and zero == 2 and dp > 1:
         return megatron_fsdp_grad_bucket_bytes(params=params, grad_bytes=grad_bytes)
-    if framework != "hf" or zero < 2 or dp <= 1:
+    if not pytorch_fsdp(framework, zero) or dp <= 1:
         return 0.0
     if kw["reduce_bytes"] is None:
         kw["reduce_bytes"] = kw["dtype_bytes"]

@@ -145,6 +145,10 @@ def test_recipe_support_follows_te_compute_capability():
     assert "blockwise needs" in unsupported_fp8_recipe(_gpu("Ada Lovelace (AD102)"), "blockwise")
     # consumer Blackwell keeps the transposes (12.x is outside is_non_tn_fp8_gemm_supported)
     assert fp8_writes_transpose(_gpu("Blackwell (GB202)")) and not fp8_writes_transpose(_gpu("Blackwell (GB110)"))
+    # one data-centre Blackwell range (10.x) for both rules
+    from wattcast.featurize.fp8_recipes import datacentre_blackwell
+    assert datacentre_blackwell((10, 0)) and datacentre_blackwell((10, 3))
+    assert not any(datacentre_blackwell(cc) for cc in (None, (9, 0), (12, 0), (12, 1), (13, 0)))
 
 
 def test_block_scales_in_saved_copies_and_cached_weights():

@@ -36,6 +36,11 @@ def test_only_hf_zero2_is_shard_grad_op():
                                                           ("megatron-deepspeed", 2)))
     assert per_unit_collectives("hf", 2) and per_unit_collectives("megatron", 3)
     assert not per_unit_collectives("megatron", 2) and not per_unit_collectives("hf", 1)
+    # PyTorch FSDP: hf's ZeRO-2 (SHARD_GRAD_OP) and ZeRO-3 (FULL_SHARD), no other framework's
+    from wattcast.simulate.stage_memory import pytorch_fsdp
+    assert pytorch_fsdp("hf", 2) and pytorch_fsdp("hf", 3)
+    assert not any(pytorch_fsdp(f, z) for f, z in (("hf", 0), ("hf", 1), ("megatron", 2), ("megatron", 3),
+                                                    ("megatron-deepspeed", 3)))
 
 
 def test_hf_zero2_gathers_in_forward_reduce_scatters_in_backward_every_micro_batch():

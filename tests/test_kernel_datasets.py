@@ -407,3 +407,25 @@ def test_load_xla_fp8_combinations_keeps_every_fp8_pair_and_flags_the_kept_one(t
     kept = load_kernels(root, sources=["xla"], xla_tables=[])
     kept = kept[kept["dtype"] == "fp8"]
     assert len(kept) == 1 and kept["latency_ms"].iloc[0] == pytest.approx(df["latency_ms"].iloc[0])
+
+
+def test_xla_tables_read_once_give_what_reading_them_gives(tmp_path, monkeypatch):
+    """read_xla_tables' tables (what benchmarks/leave_one_generation_out.py reads once for its GEMM rows and fp8
+    combinations) load as the files do, and the files are not read again; paths and read tables both is an error."""
+    root = tmp_path / "datasets"
+    (root / "tensorcore").mkdir(parents=True)
+    head = "device,b,m,n,k,lhs_dtype,rhs_dtype,out_dtype,flops_per_s,tflops,derived_time_us\n"
+    rows = ["gfx950,1,256,512,1024,f8e4m3fn,f8e4m3fn,bf16,2e14,200,0",
+            "gfx950,1,256,512,1024,f8e4m3fn,f8e5m2,bf16,4e14,400,0",
+            "gfx950,1,256,512,1024,bf16,bf16,bf16,1e14,100,0"]
+    (root / "tensorcore" / "xla_matmul_perf_table.csv").write_text(head + "\n".join(rows) + "\n")
+    read = kd.read_xla_tables(root, xla_tables=[])
+    monkeypatch.setattr(kd.pd, "read_csv", lambda *a, **k: pytest.fail("an XLA table was read again"))
+    once = load_kernels(root, sources=["xla"], xla_read=read)
+    combos = kd.load_xla_fp8_combinations(root, xla_read=read)
+    monkeypatch.undo()
+    pd.testing.assert_frame_equal(once, load_kernels(root, sources=["xla"], xla_tables=[]))
+    assert once.attrs["xla_tables"] == []
+    pd.testing.assert_frame_equal(combos, kd.load_xla_fp8_combinations(root, xla_tables=[]))
+    with pytest.raises(ValueError, match="not both"):
+        load_kernels(root, sources=["xla"], xla_tables=[], xla_read=read)
