@@ -532,12 +532,14 @@ def _predict_outputs(f) -> None:
 
 def _cp_sizes_flag(text):
     """--hierarchical-cp-sizes A,B as (A, B); None when not given (a malformed value: a CLI error naming it)."""
+    from wattcast.simulate.parallel import cp_sizes_pair
+
     if text is None:
         return None
-    parts = [x.strip() for x in str(text).split(",")]
-    if len(parts) != 2 or not all(x.isdigit() and int(x) >= 1 for x in parts):
+    pair = cp_sizes_pair(str(text))
+    if pair is None:
         _fail(f"--hierarchical-cp-sizes must be two positive integers A,B (inner a2a size, outer ring size), got {text!r}")
-    return int(parts[0]), int(parts[1])
+    return pair
 
 
 def _parallel_flags(ctx, f) -> dict:

@@ -45,6 +45,7 @@ import pandas as pd
 from wattcast.data.collective_ops import COLLECTIVES
 from wattcast.data.kernel_ops import (BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLASH_KERNELS, FLOPS_PER_ELEMENT, UNARY_OPS,
                                       canonical_dtype)
+from wattcast.featurize.context_parallel import cp_refuses_window, cp_ring_size
 from wattcast.featurize.fp8_recipes import (CURRENT_SCALE_KERNEL_BYTES, E5M6_BYTES, activation_cast_copies,
                                             cast_scale_bytes, checked_fp8_recipe, scale_bytes)
 
@@ -951,15 +952,14 @@ class GraphBuilder:
             # causal mask balanced over the ranks the work is half of s x (s x cp): 1/cp of the full causal attention
             # (costed as one kernel of that size; the cp-1 KV exchanges are the scheduler's, overlapped with it)
             a2a = self.cp_a2a
-            ring = self.cp // a2a if self.cp_comm in ("p2p", "a2a+p2p") else 1
+            ring = cp_ring_size(self.cp_comm, self.cp, a2a)
             skv, kv_reads = skv * self.cp, (self.cp // a2a if self.cp_comm != "allgather" else self.cp)
             frac = 0.5 if causal else 1.0
             if window and causal:
-                # Transformer Engine 2.20.2 attn_forward_func_with_cp (context_parallel.py l. 5688-5694): "Context
-                # parallelism does not support sliding window attention" except with cp_comm_type a2a / all_gather
-                # (a2a+p2p with a ring of 1 runs as a2a, l. 5631-5636); those restrict each rank's keys to the window
-                # (a2a: the whole sequence's kernel with the window; all-gather: get_kv_seq_info_after_all_gather)
-                if ring > 1:
+                # Transformer Engine runs a sliding window under CP without a KV ring only (cp_refuses_window); a2a
+                # and all-gather restrict each rank's keys to the window (a2a: the whole sequence's kernel with the
+                # window; all-gather: get_kv_seq_info_after_all_gather)
+                if cp_refuses_window(self.cp_comm, self.cp, a2a):
                     raise GraphError(f"{name}: sliding-window attention (window {window}) under context parallelism "
                                      f"with cp_comm_type {self.cp_comm}: Transformer Engine refuses it (a2a and "
                                      f"allgather only)")

@@ -29,8 +29,8 @@ from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
-from wattcast.simulate.parallel import (CP_COMM_TYPES, SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size, expert_tp, new_config,
-                                        resolve_parallel, with_fields)
+from wattcast.simulate.parallel import (CP_COMM_TYPES, SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size, cp_sizes_pair,
+                                        expert_tp, new_config, resolve_parallel, with_fields)
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -286,13 +286,8 @@ def _choices(name: str, value) -> tuple | None:
             v = t
         elif name == "hierarchical_cp_sizes":
             if v is not None:
-                if isinstance(v, str):
-                    v = tuple(x.strip() for x in v.split(","))
-                try:
-                    v = tuple(int(x) for x in v) if all(str(x).isdigit() for x in v) else None
-                except TypeError:
-                    v = None
-                if v is None or len(v) != 2 or min(v) < 1:
+                v = cp_sizes_pair(v)
+                if v is None:
                     raise ValueError("search-space option hierarchical_cp_sizes: a pair of positive integers A,B (the "
                                      "a2a+p2p inner all-to-all and outer ring sizes)")
             if v is not None and v not in out:

@@ -40,6 +40,7 @@ from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
 from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
+from wattcast.featurize.context_parallel import cp_refuses_window
 from wattcast.featurize.fp8_recipes import fp8_writes_transpose, unsupported_fp8_recipe, weight_copy_bytes_per_param
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
@@ -54,7 +55,7 @@ from wattcast.simulate.defaults import step_dtype
 from wattcast.simulate.energy import apply_power, overlap_cap_w, overlap_power, stream_power_w
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
-from wattcast.simulate.parallel import (GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
+from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
                                         layouts, resolve_parallel, stage_layers)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
@@ -848,22 +849,17 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         if str(attention).lower() != "flash":
             raise ParallelConfigError("--cp (context parallelism) runs ring attention on fused attention kernels "
                                       "(Transformer Engine / FlashAttention): use --attention flash")
-        if any(attention_windows(hf)) and cp_group_sizes(par)[1] > 1:
-            # Transformer Engine 2.20.2 attn_forward_func_with_cp (context_parallel.py l. 5688-5694): "Context
-            # parallelism does not support sliding window attention with cp_comm_type=..." but a2a and all_gather (an
-            # a2a+p2p whose ring is 1 runs as a2a, l. 5631-5636)
+        if any(attention_windows(hf)) and cp_refuses_window(par.cp_comm_type, par.cp, cp_group_sizes(par)[0]):
             raise ParallelConfigError(
                 f"this model's attention has a sliding window (window {max(w for w in attention_windows(hf) if w)}): "
                 f"under context parallelism Transformer Engine supports it with --cp-comm-type a2a or allgather only, "
                 f"not {par.cp_comm_type} (context_parallel.py: \"Context parallelism does not support sliding window "
                 f"attention with cp_comm_type\")")
-        # K and V of this rank's share of the sequence, one layer: what each ring step passes on (multi-head latent
-        # attention passes its up-projected keys, qk_nope + qk_rope wide, and values, v_head_dim wide, per head)
-        kv_width = (sum(deepseek_field(hf, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
-                    if hf.family == "deepseek" else 2 * hf.head_dim)
-        cp_kv_bytes = float(par.micro_batch * (seq // par.cp) * (hf.n_kv_heads // par.tp) * kv_width * DTYPE_BYTES[dtype])
         cp_qkvo_bytes = cp_tensor_bytes(hf, micro_batch=par.micro_batch, seq_rank=seq // par.cp, tp=par.tp,
                                         dtype_bytes=DTYPE_BYTES[dtype])
+        # K and V of this rank's share of the sequence, one layer: what each ring step passes on (multi-head latent
+        # attention passes its up-projected keys, qk_nope + qk_rope wide, and values, v_head_dim wide, per head)
+        cp_kv_bytes = cp_qkvo_bytes[1] + cp_qkvo_bytes[2]
     moe_load = 1.0
     if given_routing({k: getattr(dopts, k) for k in ROUTING_DEFAULTS}):
         if hf is None or not hf.n_experts:
@@ -1797,16 +1793,14 @@ def cp_collectives(comm_type: str, cp: int, qkvo_bytes) -> tuple[list, list]:
     return [], []
 
 
-def cp_collective_ms(cm, cl: ClusterSpec, par: ParallelConfig, qkvo_bytes, *, host_floor_ms=None) -> tuple:
+def cp_collective_ms(cm, cl: ClusterSpec, par: ParallelConfig, qkvo_bytes, lay: dict, *, host_floor_ms=None) -> tuple:
     """(forward, backward) ms per layer of :func:`cp_collectives` (0, 0 for the ring alone), each collective at least the
     framework's host floor for its group (``host_floor_ms(group size)``; None: none). The all-to-all group of a2a+p2p
-    is the inner one (consecutive CP ranks, tp apart: ``cp_group_sizes``); a2a's and allgather's the CP group."""
+    is the inner one (``lay["cp_a2a"]``: consecutive CP ranks, tp apart); a2a's and allgather's the CP group
+    (``lay``: :func:`~wattcast.simulate.parallel.layouts` of ``par``)."""
     if par.cp <= 1 or par.cp_comm_type == "p2p":
         return 0.0, 0.0
-    a2a, _ = cp_group_sizes(par)
-    size = a2a if par.cp_comm_type != "allgather" else par.cp
-    world = par.tp * par.cp * (par.dp or 1) * par.pp
-    gl = group_layout(size, par.tp, cl.gpus_per_node, world)
+    gl = lay["cp_a2a" if par.cp_comm_type != "allgather" else "cp"]
     floor = 0.0 if host_floor_ms is None else float(host_floor_ms(gl.size))
     out = []
     for coll in cp_collectives(par.cp_comm_type, par.cp, qkvo_bytes):
@@ -1816,6 +1810,22 @@ def cp_collective_ms(cm, cl: ClusterSpec, par: ParallelConfig, qkvo_bytes, *, ho
         ms = collective_ms(cm, [c[0] for c in coll], [c[1] for c in coll], gl, cl)[0]
         out.append(float(np.maximum(ms, floor).sum()))
     return tuple(out)
+
+
+def _cp_collective_layers(view: _RankView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per layer, whether it runs the CP all-to-alls / all-gathers (:func:`cp_collectives`, exposed) of one attention
+    layer: (in its forward, in its backward the backward's, in its backward the forward's again). Every attention layer
+    runs them; a recomputed attention runs its forward's again (Megatron-Core checkpoints the whole core attention,
+    collectives included)."""
+    return view.attn_f_ms > 0, view.attn_b_ms > 0, view.attn_rc_ms > 0
+
+
+def _plus_cp_collectives(view: _RankView, cp_coll_ms: tuple, f_ms=0.0, b_ms=0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, ``f_ms`` and ``b_ms`` (forward, backward) plus the CP all-to-alls / all-gathers where
+    :func:`_cp_collective_layers` runs them (``cp_coll_ms``: their (forward, backward) ms, :func:`cp_collective_ms`)."""
+    cf, cb = cp_coll_ms
+    on_f, on_b, on_rc = _cp_collective_layers(view)
+    return f_ms + np.where(on_f, cf, 0.0), b_ms + np.where(on_b, cb, 0.0) + np.where(on_rc, cf, 0.0)
 
 
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
@@ -1836,13 +1846,11 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     # never shorter than its host work where the host sets the pace (``cp_step_floor_ms``).
     cp_f_ms = cp_b_ms = np.zeros(len(view.layer_ids))
     cp_step_ms = (0.0, 0.0)
-    a2a, ring = cp_group_sizes(par)
+    ring = cp_group_sizes(par)[1]
     if par.cp > 1 and cp_kv_bytes > 0 and ring > 1:
         # the ring's KV block is the same size under a2a+p2p (after the inner all-to-all a rank holds a2a x its tokens
-        # of 1/a2a of the heads: AttnFuncWithCPAndKVP2P); its ranks are a2a x tp apart
-        ring_lay = lay["cp"] if a2a == 1 else group_layout(ring, par.tp * a2a, cl.gpus_per_node,
-                                                           par.tp * par.cp * (par.dp or 1) * par.pp)
-        xf, xb = collective_ms(cm, ["send_recv", "send_recv"], [cp_kv_bytes, 2.0 * cp_kv_bytes], ring_lay, cl)[0]
+        # of 1/a2a of the heads: AttnFuncWithCPAndKVP2P); its ranks are a2a x tp apart (``lay["cp_ring"]``)
+        xf, xb = collective_ms(cm, ["send_recv", "send_recv"], [cp_kv_bytes, 2.0 * cp_kv_bytes], lay["cp_ring"], cl)[0]
         xf, xb = max(float(xf), cp_step_floor_ms), max(float(xb), cp_step_floor_ms)
         cp_step_ms = (float(xf), float(xb))
         has = view.attn_f_ms > 0
@@ -1854,11 +1862,7 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         cp_b_ms = cp_b_ms + np.where(view.attn_rc_ms > 0,
                                      (ring - 1) * np.maximum(xf - view.attn_rc_ms / ring, 0.0), 0.0)
     if par.cp > 1 and (cp_coll_ms[0] > 0 or cp_coll_ms[1] > 0):
-        # a2a / allgather collectives: exposed (cp_collectives), on every attention layer; a recomputed attention
-        # runs its forward's again (Megatron-Core checkpoints the whole core attention, collectives included)
-        cf, cb = cp_coll_ms
-        cp_f_ms = cp_f_ms + np.where(view.attn_f_ms > 0, cf, 0.0)
-        cp_b_ms = cp_b_ms + np.where(view.attn_b_ms > 0, cb, 0.0) + np.where(view.attn_rc_ms > 0, cf, 0.0)
+        cp_f_ms, cp_b_ms = _plus_cp_collectives(view, cp_coll_ms, cp_f_ms, cp_b_ms)
     # per communication class, what it adds to each chunk's forward and backward (collectives in the rank graph by
     # group; --tp-comm-overlap pipelines the TP ones with the GEMMs: simulate/overlap.py)
     f_parts = {"cp": per_chunk(cp_f_ms)}
@@ -2175,15 +2179,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                  ctx.cp_step_floor_ms, None if ep_unpaired is None else ep_unpaired.tobytes(), par.cp_comm_type,
                  par.hierarchical_cp_sizes)
     parts = sums.get(parts_key)
-    # the CP all-to-alls / all-gathers of one attention layer (none for the ring), each at least the framework's
-    # host floor for a collective over its group (as the rank graph's TP / EP collectives: coll_fn)
-    cp_coll = cp_collective_ms(cm, cl, par, ctx.cp_qkvo_bytes,
-                               host_floor_ms=lambda n: collective_host_floor_ms(opts.framework, n, ctx.coll_floor))
     if parts is None:
-        parts = sums[parts_key] = _comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk,
-                                              cp_step_floor_ms=ctx.cp_step_floor_ms, ep_unpaired=ep_unpaired,
-                                              cp_coll_ms=cp_coll)
-    f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms = parts
+        # the CP all-to-alls / all-gathers of one attention layer (none for the ring), each at least the framework's
+        # host floor for a collective over its group (as the rank graph's TP / EP collectives: coll_fn)
+        cp_coll = cp_collective_ms(cm, cl, par, ctx.cp_qkvo_bytes, lay,
+                                   host_floor_ms=lambda n: collective_host_floor_ms(opts.framework, n, ctx.coll_floor))
+        parts = sums[parts_key] = (*_comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk,
+                                                cp_step_floor_ms=ctx.cp_step_floor_ms, ep_unpaired=ep_unpaired,
+                                                cp_coll_ms=cp_coll), cp_coll)
+    f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms, cp_coll = parts
     f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
     tp_coll = chunk_sum("coll_ms")
     # expert weights are replicated only over dp / ep ranks (each EP rank holds different experts)
@@ -2357,9 +2361,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             tb["cp"] = per_chunk((n_ring - 1) * (np.where(view.attn_b_ms > 0, xb, 0.0)
                                                  + np.where(view.attn_rc_ms > 0, xf, 0.0)))
         if par.cp > 1 and (cp_coll[0] > 0 or cp_coll[1] > 0):  # the exposed a2a / allgather collectives
-            tf["cp"] = tf.get("cp", 0.0) + per_chunk(np.where(view.attn_f_ms > 0, cp_coll[0], 0.0))
-            tb["cp"] = tb.get("cp", 0.0) + per_chunk(np.where(view.attn_b_ms > 0, cp_coll[1], 0.0)
-                                                     + np.where(view.attn_rc_ms > 0, cp_coll[0], 0.0))
+            coll_f, coll_b = _plus_cp_collectives(view, cp_coll)
+            tf["cp"] = tf.get("cp", 0.0) + per_chunk(coll_f)
+            tb["cp"] = tb.get("cp", 0.0) + per_chunk(coll_b)
         comm_tot = sums[tot_key] = (tf, tb)
 
     def hidden_power(hidden_ms, where):
@@ -2647,8 +2651,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if trace:
         # context parallelism: each task's ring KV exchange on the communication stream, from the task's start, for the
         # chunk's layers x (cp - 1) steps (it overlaps the task's attention; what it cannot hide is in the task)
-        n_attn = per_chunk((view.attn_f_ms > 0).astype(float))
-        n_attn_rc = per_chunk((view.attn_rc_ms > 0).astype(float))  # a recomputed ring runs again in the backward
+        # per chunk, its attention layers, those of its backward and its recomputed ones (a recomputed ring and its
+        # collectives run again in the backward): the layers _cp_collective_layers runs the CP collectives on
+        n_attn, n_attn_b, n_attn_rc = (per_chunk(on.astype(float)) for on in _cp_collective_layers(view))
         n_ring = cp_group_sizes(par)[1]
         cp_coll_name = "allgather_kv" if par.cp_comm_type == "allgather" else "a2a_qkvo"
         z3_trace = per_unit and lay["dp"].size > 1
@@ -2695,7 +2700,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 if tk.kind != "F":
                     cb, mb = (tk.stage_b, tk.micro_b) if pair else (c, tk.micro)
                     rings.append((mb, "ring_kv", (n_ring - 1) * (n_attn[cb] * cp_step_ms[1] + n_attn_rc[cb] * cp_step_ms[0])))
-                    rings.append((mb, cp_coll_name, n_attn[cb] * cp_coll[1] + n_attn_rc[cb] * cp_coll[0]))
+                    rings.append((mb, cp_coll_name, n_attn_b[cb] * cp_coll[1] + n_attn_rc[cb] * cp_coll[0]))
                 t0 = tk.start
                 for m, what, ring in rings:
                     if ring > 0:
@@ -2774,7 +2779,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # first/last stage gradient all-reduce, once per step
                 **(dict(tied_embedding_copy_params=tied_params, embedding_grad_allreduce_bytes=tied_ar_bytes,
                         embedding_grad_allreduce_ms=tied_ar_ms) if tied_params > 0 else {}),
-                layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()})
+                layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()
+                         if k not in CP_SUBGROUPS})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,
         # the scheduled tasks (overlap, exposed communication, loading, accumulation: the trace's F / B events), summed

@@ -23,6 +23,7 @@ import numpy as np
 
 from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
+from wattcast.featurize.context_parallel import cp_ring_size
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.overlap import overlap_defaults
 
@@ -154,11 +155,23 @@ def cp_group_sizes(cfg: ParallelConfig) -> tuple[int, int]:
     t = cfg.cp_comm_type
     if cfg.cp <= 1 or t == "p2p":
         return 1, cfg.cp
-    if t == "a2a":
-        return cfg.cp, 1
-    if t == "a2a+p2p":
-        return int(cfg.hierarchical_cp_sizes[0]), int(cfg.hierarchical_cp_sizes[1])
-    return 1, 1
+    a2a = cfg.cp if t == "a2a" else int(cfg.hierarchical_cp_sizes[0]) if t == "a2a+p2p" else 1
+    return a2a, cp_ring_size(t, cfg.cp, a2a)
+
+
+def cp_sizes_pair(value) -> tuple[int, int] | None:
+    """``--hierarchical-cp-sizes`` read as (A, B): the text "A,B" (blanks around each number allowed) or a pair of
+    positive integers (or of digit strings); None when it is not one (each caller raises its own message)."""
+    if isinstance(value, str):
+        parts = [x.strip() for x in value.split(",")]
+    else:
+        try:
+            parts = list(value)
+        except TypeError:  # not a pair: one number, None, ...
+            return None
+    if len(parts) != 2 or not all(is_count(x) or (isinstance(x, str) and x.isdecimal() and int(x) >= 1) for x in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def check_cp_comm(comm_type, sizes, cp: int) -> tuple[str, tuple[int, int] | None]:
@@ -175,10 +188,10 @@ def check_cp_comm(comm_type, sizes, cp: int) -> tuple[str, tuple[int, int] | Non
         return t, None
     if t != "a2a+p2p":
         raise ParallelConfigError(f"--hierarchical-cp-sizes applies to --cp-comm-type a2a+p2p only, not {t}")
-    vals = tuple(sizes)
-    if len(vals) != 2 or not all(is_count(v) for v in vals):
+    pair = cp_sizes_pair(sizes)
+    if pair is None:
         raise ParallelConfigError(f"--hierarchical-cp-sizes must be two positive integers A,B, got {sizes!r}")
-    a, b = int(vals[0]), int(vals[1])
+    a, b = pair
     if a * b != cp:
         raise ParallelConfigError(f"--hierarchical-cp-sizes {a},{b}: their product ({a * b}) must equal cp ({cp})")
     return t, (a, b)
@@ -671,9 +684,15 @@ def embedding_group_layout(tp: int, cp: int, dp: int, pp: int, gpus_per_node: in
     return _PAIR_ONE_NODE if tp * cp * dp * pp <= gpus_per_node else _PAIR_TWO_NODES
 
 
+#: the :func:`layouts` entries of context parallelism's sub-groups (its all-to-all group and its KV ring, inside the
+#: "cp" group): what the CP communication runs over, not listed with the job's groups (a prediction's ``layouts``)
+CP_SUBGROUPS = ("cp_a2a", "cp_ring")
+
+
 def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
     """Where each parallel group of ``cfg`` sits on ``cluster`` (a new dict; the layouts are shared, immutable)."""
-    return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node, expert_tp(cfg)))
+    return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node, expert_tp(cfg),
+                         *cp_group_sizes(cfg)))
 
 
 def expert_tp(cfg: ParallelConfig) -> int:
@@ -687,13 +706,18 @@ def expert_dp(cfg: ParallelConfig) -> int:
 
 
 @lru_cache(maxsize=4096)
-def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int, etp: int) -> tuple[tuple[str, GroupLayout], ...]:
+def _layouts(tp: int, cp: int, dp: int, ep: int, pp: int, g: int, etp: int, cp_a2a: int,
+             cp_ring: int) -> tuple[tuple[str, GroupLayout], ...]:
     w = tp * cp * dp * pp
     return (
         ("tp", group_layout(tp, 1, g, w)),
         # Megatron's order: tp, cp, dp, pp. Gradients are reduced (and ZeRO shards) over the data-parallel ranks
         # together with the context-parallel ones, which hold the same weights: the "dp" group is dp x cp
         ("cp", group_layout(cp, tp, g, w)),
+        # the CP all-to-all group (``cp_group_sizes``: a2a's whole CP group, a2a+p2p's inner one, consecutive CP ranks)
+        # and the KV ring outside it (p2p's whole CP group; a2a+p2p's outer one, its ranks a2a x tp apart)
+        ("cp_a2a", group_layout(cp_a2a, tp, g, w)),
+        ("cp_ring", group_layout(cp_ring, tp * cp_a2a, g, w)),
         ("dp", group_layout(dp * cp, tp, g, w)),
         # experts (Megatron-Core's MoE parallel folding: etp, ep, expert-dp, pp over the same ranks as tp, cp, dp, pp):
         # the experts' tensor-parallel ranks innermost, the ep ranks next
