@@ -1536,12 +1536,16 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
     cost the step their latency hundreds of times (Llama 3 8B, ZeRO-1, 2,048 H100s: 19.8 s exposed); Megatron-Core
     grows its buckets with the group instead (2,048M parameters there: 4 buckets)."""
     if framework == "megatron":
-        # Megatron-FSDP (--zero 2, optim_grads) buckets by DistributedDataParallelConfig.bucket_size, None unless
-        # --ddp-bucket-size is given (megatron-core 0.16.1 distributed_data_parallel_config.py l. 41;
-        # mcore_fsdp_adapter.py l. 88 and megatron_fsdp.py l. 255, 345 pass it on, without DistributedDataParallel's
-        # max(40M, 1M x dp), distributed_data_parallel.py l. 64-65): _get_parameter_groups then splits no group
-        # (param_and_grad_buffer.py l. 1399-1406), one bucket per (dtype, expert) group
-        if not par.overlap_grad_reduce or int(par.zero) == 2:
+        # Megatron-FSDP (--zero 2, optim_grads) buckets by DistributedDataParallelConfig.bucket_size too
+        # (mcore_fsdp_adapter.py l. 88 and megatron_fsdp.py l. 255, 345 pass it to _get_parameter_groups, which splits
+        # the groups outside FSDP units at it, param_and_grad_buffer.py l. 1399-1406; optim_grads has no units,
+        # mcore_fsdp_adapter.py l. 96-99), and Megatron-LM's get_model sets it before wrapping the model, for
+        # Megatron-FSDP as for DDP: "In the Megatron FSDP and DDP use path, we need to initialize the bucket size",
+        # max(40M, 1M x dp x cp) unless --ddp-bucket-size, None without --overlap-grad-reduce (megatron/training/
+        # training.py l. 1848-1855 and resolve_ddp_bucket_size l. 1552-1567, as shipped in the megatron-core 0.19.2
+        # wheel; 0.16.1 ships no megatron/training). Until stop 46 --zero 2 was costed with one bucket of the whole
+        # model (DistributedDataParallelConfig.bucket_size's None default taken as what Megatron-LM passes)
+        if not par.overlap_grad_reduce:
             return float("inf")
         return max(MCORE_BUCKET_PARAMS_MIN, MCORE_BUCKET_PARAMS_PER_DP_RANK * dp_size)
     if framework == "megatron-deepspeed":
@@ -2106,7 +2110,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # (stage_memory.fsdp_inflight_gradient_bytes)
     root_stage = head_stage = None
     fsdp = pytorch_fsdp(opts.framework, par.zero)  # FULL_SHARD and SHARD_GRAD_OP (fsdp_shard_grad_op)
-    if fsdp:
+    # Megatron-FSDP's optim_grads_params (megatron, ZeRO-3) holds the parameters outside its units (TransformerLayers)
+    # gathered through the step too (stage_memory.megatron_fsdp_gathered_bytes)
+    mfsdp3 = opts.framework == "megatron" and par.zero >= 3
+    if fsdp or mfsdp3:
         root_key = ("root_params", P, V)
         hit = sums.get(root_key)
         if hit is None:
@@ -2125,6 +2132,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     head_params=0.0 if head_stage is None else head_stage,
                     reduce_bytes=dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype) if fsdp else None,
                     zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False, grad_accum_dtype=ds_acc,
+                    # Megatron-FSDP optim_grads' gradient buckets (stage_memory.megatron_fsdp_grad_bucket_bytes)
+                    grad_bucket_params=(dp_bucket_params(opts.framework, par, dp_n, 4.0)
+                                        if opts.framework == "megatron" and par.zero == 2 else float("inf")),
                     fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed",
                                                                          bool(g.meta.get("fp8_transpose", True))))
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
@@ -2140,10 +2150,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                       np.asarray(state_kw["head_params"], dtype=float).tobytes(), ctx.fp8_param_gather,
                       *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
                                               "framework", "block_params", "expert_dp", "reduce_bytes",
-                                              "zero3_prefetch", "grad_accum_dtype", "fp8_copy_bytes_per_param")))
+                                              "zero3_prefetch", "grad_accum_dtype", "fp8_copy_bytes_per_param",
+                                              "grad_bucket_params")))
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
                                                state_kw["reduce_bytes"], state_kw["zero3_prefetch"], ds_acc,
-                                               state_kw["fp8_copy_bytes_per_param"]))
+                                               state_kw["fp8_copy_bytes_per_param"], state_kw["grad_bucket_params"]))
         cache = memo if memo is not None else sums
         mem_parts = cache.get(state_key)
         if mem_parts is None:

@@ -374,6 +374,8 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
     counts them beside the activations, an upper bound as the backward frees both).
     After the last backward under FSDP (:func:`fsdp_end_of_backward_bytes`): the root unit's parameters and gradient
     (:func:`fsdp_root_gradient_bytes`) beside the first block's gradient in reduction, no block's parameters.
+    Megatron-FSDP's ZeRO-3 (``megatron``, ``optim_grads_params``) holds its running and prefetched units and the
+    parameters outside them (:func:`megatron_fsdp_gathered_bytes`; ``root_params`` those).
     DeepSpeed at ZeRO-2/3 holds its reduce bucket through the passes and, ZeRO-3, its prefetched parameters; it
     makes fp32 gradient partitions at the step (:func:`deepspeed_buffer_bytes`). DeepSpeed's ZeRO-1 optimizer on bf16
     gradients (``grad_accum_dtype="bf16"``, the effective value: :func:`deepspeed_zero_optimizer_bf16`) makes its
@@ -392,6 +394,11 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
             # gradient still being reduce-scattered and the root's gradient (fsdp_end_of_backward_bytes)
             after = held + fsdp_end_of_backward_bytes(block_params=block_params, root_params=root_params,
                                                       dtype_bytes=dtype_bytes, reduce_bytes=rb, dp=dp)
+        elif framework == "megatron" and zero >= 3:
+            # Megatron-FSDP optim_grads_params: the running and prefetched TransformerLayers and the parameters outside
+            # them, unsharded (megatron_fsdp_gathered_bytes); until stop 46 none were counted
+            during = during + megatron_fsdp_gathered_bytes(params=params, block_params=block_params,
+                                                           root_params=root_params, dtype_bytes=dtype_bytes)
         elif framework == "hf" and zero == 0:  # DDP: bucket buffers are a second copy of the gradients
             during += params * grad_bytes
         elif framework == "megatron-deepspeed":
@@ -546,28 +553,105 @@ def fsdp_inflight_gradient_bytes(*, block_params: float, head_params, dtype_byte
             + block_params * (units * dtype_bytes + cast) + block_params / max(int(dp), 1) * reduce_bytes)
 
 
-def megatron_fsdp_grad_bucket_bytes(*, params, grad_bytes: int):
-    """Bytes of the unsharded gradient buckets Megatron-FSDP's ``optim_grads`` (``--framework megatron --zero 2``) holds
-    during each backward beside the activations (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp``): a
-    parameter's first gradient of the backward makes its group's main-grad bucket (``megatron_fsdp.py`` ``_grad_acc``
-    l. 546-575: ``param.get_main_grad()`` -> ``DataParallelBuffer.fetch_bucket``, ``param_and_grad_buffer.py``
-    l. 917-957, a whole unsharded bucket from the temporary allocator when the buffer is sharded), in the main-grad
-    buffer's dtype (fp32 under ``grad_reduce_in_fp32``, l. 2030: ``grad_bytes``), freed once its reduce-scatter into
-    the rank's shard is done (``wait_for_previous_grad_reduce`` -> ``free_up_grad_bucket``, l. 3092-3127), at the
-    latest at the backward's end (``reset``, l. 3029-3046). Without ``--ddp-bucket-size`` a group is one bucket
-    (:func:`wattcast.simulate.distributed.dp_bucket_params`) and its first gradient comes as the backward starts (the
-    activations still held): the stage's parameters x ``grad_bytes``. Between micro-batches only the sharded buffer
-    is held (the gradients line, 1/dp)."""
-    return np.asarray(params, dtype=float) * grad_bytes
+#: Megatron-FSDP's floor on its communication unit, in elements: ``_init_fsdp_param_and_grad_buffer`` takes
+#: ``max(1_000_000_000, suggested_communication_unit_size)`` ("Cap to 1B elements", a floor in fact: megatron-core
+#: 0.16.1 ``distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py`` l. 392-396) when
+#: ``--suggested-communication-unit-size`` is not given; the reduce-scatter queue's capacity is that unit, the
+#: all-gather prefetch half of it (l. 398-399)
+MFSDP_MIN_COMM_UNIT_ELEMENTS = 1e9
 
 
-def _fsdp_grads(framework: str, zero: int, dp: int, *, params=0.0, grad_bytes: int = 4, **kw):
+def megatron_fsdp_comm_unit_elements(zero: int, *, block_params: float, bucket_params: float) -> float:
+    """Megatron-FSDP's ``suggested_communication_unit_size`` (elements) when Megatron-LM leaves it unset (megatron-core
+    0.16.1 ``megatron_fsdp.py`` l. 375-396): ``optim_grads_params`` (``--zero 3``) twice the mean FSDP unit (a
+    TransformerLayer's parameters on this rank, ``block_params``: "process the current FSDP module and attempt to
+    prefetch the next"), ``optim_grads`` (``--zero 2``) the gradient bucket size when there is one (``bucket_params``
+    finite), else 1e9; then at least :data:`MFSDP_MIN_COMM_UNIT_ELEMENTS`."""
+    if int(zero) >= 3:
+        unit = 2.0 * float(block_params)
+    else:
+        unit = float(bucket_params) if np.isfinite(bucket_params) else MFSDP_MIN_COMM_UNIT_ELEMENTS
+    return max(MFSDP_MIN_COMM_UNIT_ELEMENTS, unit)
+
+
+def megatron_fsdp_inflight_grad_elements(*, params, bucket_params: float, queue_elements: float):
+    """Elements of unsharded main-grad buckets Megatron-FSDP holds at once in a backward (``--framework megatron
+    --zero 2/3``, megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp``), buckets of ``bucket_params`` each
+    (``--zero 2``: Megatron-LM's ``--ddp-bucket-size``; ``--zero 3``: one TransformerLayer) out of the stage's
+    ``params``:
+
+    - a parameter's first gradient allocates its whole bucket (``megatron_fsdp.py`` ``_grad_acc`` l. 546-575:
+      ``param.get_main_grad()`` -> ``DataParallelBuffer.fetch_bucket``, ``param_and_grad_buffer.py`` l. 917-957,
+      the temporary allocator's ``torch.empty`` when the buffer is sharded): one bucket filling;
+    - a full bucket's reduce-scatter is queued (``GradReducePipeline.reduce_gradients``, l. 3048-3090) after
+      ``wait_for_previous_grad_reduce(suggested_queue_capacity=...)`` (l. 3092-3125) pops the oldest entries, waiting
+      for their reduce-scatters and freeing their buckets (``free_up_grad_bucket`` -> ``free_bucket_storage``,
+      l. 3313-3327, 968-984), only while the queue holds more than ``queue_elements``
+      (:func:`megatron_fsdp_comm_unit_elements`): a bucket stays allocated after its reduce-scatter ends until
+      then, at the latest the backward's end (``reset``, l. 3029-3046);
+    - so in steady state floor(queue / bucket) buckets queued after the pops, the one just launched, and the one
+      filling: (floor(queue / bucket) + 2) buckets, at most the stage's ``params`` (one bucket of the whole stage
+      without bucketing: ``bucket_params`` inf). Equal buckets taken: ``--zero 2`` buckets close at the first
+      parameter that takes them past the size (``_get_parameter_groups`` l. 1399-1413), and the embedding's and
+      head's bucket is larger than a layer's under ``--zero 3``."""
+    params = np.asarray(params, dtype=float)
+    if not np.isfinite(bucket_params) or bucket_params <= 0:
+        return params
+    n = np.floor(queue_elements / bucket_params) + 2.0
+    return np.minimum(params, n * bucket_params)
+
+
+def megatron_fsdp_grad_bucket_bytes(*, params, grad_bytes: int, zero: int = 2, bucket_params: float = float("inf"),
+                                    block_params: float = 0.0):
+    """Bytes of the unsharded gradient buckets Megatron-FSDP (``--framework megatron --zero 2`` = ``optim_grads``,
+    ``--zero 3`` = ``optim_grads_params``) holds during each backward beside the activations, in the main-grad
+    buffer's dtype (fp32 under ``grad_reduce_in_fp32``, ``param_and_grad_buffer.py`` l. 2030: ``grad_bytes``):
+    :func:`megatron_fsdp_inflight_grad_elements` of buckets of ``bucket_params`` (``--zero 2``: Megatron-LM's
+    ``--ddp-bucket-size``, :func:`wattcast.simulate.distributed.dp_bucket_params`; inf: one bucket per group, the
+    whole stage's) or, ``--zero 3``, of one TransformerLayer (``block_params``: Megatron-LM's adapter makes
+    ``TransformerLayer`` the FSDP unit under ``optim_grads_params``, ``mcore_fsdp_adapter.py`` l. 93-99, and
+    ``_get_parameter_groups`` one group per unit, ``param_and_grad_buffer.py`` l. 1300-1366, 1399-1406: a unit's group is not split by the bucket size). Between micro-batches
+    only the sharded buffer is held (the gradients line, 1/dp). Until stop 46 ``--zero 2`` held one bucket of the
+    whole stage (Megatron-LM's ``get_model`` sets the bucket size before wrapping the model: see ``dp_bucket_params``)
+    and ``--zero 3`` none."""
+    bucket = float(block_params) if int(zero) >= 3 else float(bucket_params)
+    queue = megatron_fsdp_comm_unit_elements(zero, block_params=block_params, bucket_params=bucket_params)
+    return megatron_fsdp_inflight_grad_elements(params=params, bucket_params=bucket, queue_elements=queue) * grad_bytes
+
+
+def megatron_fsdp_gathered_bytes(*, params, block_params: float, root_params, dtype_bytes: int):
+    """Bytes of the unsharded parameters Megatron-FSDP ``optim_grads_params`` (``--framework megatron --zero 3``)
+    holds through the passes beside the activations (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp``),
+    in the parameters' dtype:
+
+    - the running TransformerLayer (the FSDP unit, ``mcore_fsdp_adapter.py`` l. 93-99) and the ones prefetched
+      after it: ``AllGatherPipeline.all_gather_params`` (``param_and_grad_buffer.py`` l. 3447-3627) adds the next
+      units in pass order while fewer than ``suggested_AG_prefetch_size`` elements are prefetched, half the
+      communication unit (``megatron_fsdp.py`` l. 398-399; :func:`megatron_fsdp_comm_unit_elements`), so
+      ceil(prefetch / unit) units beyond the running one; each unit is freed after its forward (``_post_forward`` ->
+      ``release_module_parameters``, l. 871-893) and its backward (``_post_backward_release_module``, l. 594-614),
+      the backward gathering again in reverse order (``_pre_backward_param_unshard``, l. 808-829);
+    - the parameters outside the units (``root_params``: embedding, final norm, output layer), gathered by their
+      modules' pre-forward hooks (``module.parameters(recurse=False)``, l. 680-710) and released only by
+      ``synchronize_param_gather`` at the step's end (``finish_grad_sync`` l. 1205-1206 -> ``AllGatherPipeline.reset``,
+      l. 1155-1161): ``_root_pre_backward`` marks only the units' buckets releasable (l. 844-858).
+
+    At most the stage's ``params``."""
+    root = np.asarray(root_params, dtype=float)
+    prefetch = megatron_fsdp_comm_unit_elements(3, block_params=block_params, bucket_params=float("inf")) // 2
+    ahead = np.ceil(prefetch / block_params) if block_params > 0 else 0.0
+    return np.minimum(np.asarray(params, dtype=float), root + (1.0 + ahead) * block_params) * dtype_bytes
+
+
+def _fsdp_grads(framework: str, zero: int, dp: int, *, params=0.0, grad_bytes: int = 4,
+                grad_bucket_params: float = float("inf"), **kw):
     """Unsharded gradients held during the backward beside the activations: :func:`fsdp_inflight_gradient_bytes`
     under FSDP (``hf``, ZeRO-2/3, dp > 1: each unit's reduce-scatter as its backward ends either way),
-    :func:`megatron_fsdp_grad_bucket_bytes` under Megatron-FSDP ``optim_grads``
-    (``megatron``, ZeRO-2, dp > 1), else 0."""
-    if framework == "megatron" and zero == 2 and dp > 1:
-        return megatron_fsdp_grad_bucket_bytes(params=params, grad_bytes=grad_bytes)
+    :func:`megatron_fsdp_grad_bucket_bytes` under Megatron-FSDP (``megatron``, ZeRO-2 ``optim_grads`` with
+    ``grad_bucket_params`` per bucket, ZeRO-3 ``optim_grads_params`` a TransformerLayer's; dp > 1), else 0."""
+    if framework == "megatron" and zero >= 2 and dp > 1:
+        return megatron_fsdp_grad_bucket_bytes(params=params, grad_bytes=grad_bytes, zero=zero,
+                                               bucket_params=grad_bucket_params, block_params=kw["block_params"])
     if not pytorch_fsdp(framework, zero) or dp <= 1:
         return 0.0
     if kw["reduce_bytes"] is None:
@@ -581,7 +665,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                  fp8_copy_bytes_per_param: float = 2.0, expert_params: float = 0.0,
                  expert_dp: int | None = None, root_params: float = 0.0, head_params: float = 0.0,
                  reduce_bytes: int | None = None, zero3_prefetch: bool = False,
-                 grad_accum_dtype: str | None = None) -> StageMemory:
+                 grad_accum_dtype: str | None = None,
+        grad_bucket_params: float = float("inf")) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -589,7 +674,9 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     (``hf``, ZeRO-3): ``root_params`` outside the blocks, ``head_params`` of them the LM head's (or a tied
     embedding's), ``reduce_bytes`` its reduce-scatter dtype's (default the parameters'), ``zero3_prefetch`` its
     collectives beside the computation (:func:`fsdp_inflight_gradient_bytes`). ``grad_accum_dtype``: the effective
-    value (:func:`effective_grad_accum`: DeepSpeed's bf16 optimizer at ZeRO-0/1, its buffers and state sharding)."""
+    value (:func:`effective_grad_accum`: DeepSpeed's bf16 optimizer at ZeRO-0/1, its buffers and state sharding).
+    ``grad_bucket_params``: Megatron-FSDP ``optim_grads``' gradient bucket (``megatron``, ZeRO-2:
+    :func:`megatron_fsdp_grad_bucket_bytes`; inf: one bucket of the stage)."""
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer,
                            zero=bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp=dp, grad_bytes=held_grad_bytes,
                            expert_params=expert_params, expert_dp=expert_dp, framework=framework)
@@ -601,7 +688,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                                  grad_accum_dtype=grad_accum_dtype)
     grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
                         head_params=head_params,
-                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
+                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
+                        grad_bucket_params=grad_bucket_params)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
                        buffers_bytes=during, post_backward_buffers_bytes=after, unsharded_gradients_bytes=float(grads))
 
@@ -651,7 +739,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
                     root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                     reduce_bytes: int | None = None, zero3_prefetch: bool = False,
-                    grad_accum_dtype: str | None = None) -> dict[str, np.ndarray]:
+                    grad_accum_dtype: str | None = None,
+        grad_bucket_params: float = float("inf")) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -668,7 +757,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                                  grad_accum_dtype=grad_accum_dtype)
     grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
                         head_params=head_params,
-                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
+                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
+                        grad_bucket_params=grad_bucket_params)
     n = len(params)
 
     def arr(v) -> np.ndarray:
@@ -693,7 +783,8 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    expert_dp: int | None = None, userbuffers_bytes: float = 0.0,
                    root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
-                   grad_accum_dtype: str | None = None) -> np.ndarray:
+                   grad_accum_dtype: str | None = None,
+        grad_bucket_params: float = float("inf")) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
@@ -702,7 +793,7 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                               fp8_copy_bytes_per_param=fp8_copy_bytes_per_param, expert_params=expert_params,
                               expert_dp=expert_dp, root_params=root_params,
                               head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch,
-                              grad_accum_dtype=grad_accum_dtype)
+                              grad_accum_dtype=grad_accum_dtype, grad_bucket_params=grad_bucket_params)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
@@ -712,7 +803,8 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                       fp8_copy_bytes_per_param: float = 2.0, expert_params: np.ndarray | float = 0.0,
                       expert_dp: int | None = None, root_params: np.ndarray | float = 0.0,
                       head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
-                      zero3_prefetch: bool = False, grad_accum_dtype: str | None = None) -> tuple:
+                      zero3_prefetch: bool = False, grad_accum_dtype: str | None = None,
+        grad_bucket_params: float = float("inf")) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
@@ -735,7 +827,8 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                                  reduce_bytes=reduce_bytes, grad_accum_dtype=grad_accum_dtype)
     grads = _fsdp_grads(framework, zero, max(int(dp), 1), params=params, grad_bytes=grad_bytes,
                         block_params=block_params, head_params=head_params,
-                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch)
+                        dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
+                        grad_bucket_params=grad_bucket_params)
     during = during + grads
     states = (w + _sharded(lambda x: x * m_b, params, ex, *g[1])
               + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])

@@ -227,12 +227,13 @@ def _backward_ms(r):
 
 def test_megatron_zero2_reduce_scatters_every_micro_batch():
     """``--framework megatron --zero 2`` = Megatron-FSDP ``optim_grads`` (megatron-core 0.16.1 ``megatron_fsdp.py``
-    ``grad_reduce_every_bprop``, l. 654-662, 773-782): every micro-batch's backward reduce-scatters the gradients (one
-    bucket of the whole fp32 main grads without --ddp-bucket-size, waited for as the backward ends), nothing after the
-    step; the held gradients are the 1/dp shard, the unsharded bucket is held during the backward. Hand count for
-    gpt2, dp 4, 4 micro-batches: 4 reduce-scatters of params x 4 B. Until this stop zero 2 had ZeRO-1's once-a-step
+    ``grad_reduce_every_bprop``, l. 654-662, 773-782): every micro-batch's backward reduce-scatters the gradients,
+    nothing after the step; the held gradients are the 1/dp shard, the unsharded bucket is held during the backward.
+    Without --overlap-grad-reduce Megatron-LM's get_model leaves no bucket size (one bucket of the whole fp32 main
+    grads, waited for as the backward ends; with it, the default: tests/test_megatron_fsdp_source.py). Hand count for
+    gpt2, dp 4, 4 micro-batches: 4 reduce-scatters of params x 4 B. Until stop 45 zero 2 had ZeRO-1's once-a-step
     sync and step (the old test pinned ``z2.step_time_ms == z1.step_time_ms``)."""
-    z1, z2 = _zero2_pair("megatron")
+    z1, z2 = _zero2_pair("megatron", overlap_grad_reduce=False)
     p = z1.per_device[0]["params"]
     assert z2.comm["dp_zero2_bytes_per_micro"] == pytest.approx(p * 4, rel=1e-12)  # fp32 main grads, one bucket
     assert z2.comm["dp_zero2_collectives_per_micro"] == 1

@@ -26,7 +26,9 @@ def test_stage_total_equals_the_term_by_term_total():
                   inflight=rng.integers(1, 9, P), full_recompute_extra_bytes=float(rng.uniform(0, 1e9)), dtype_bytes=db,
                   grad_bytes=4, held_grad_bytes=float(rng.choice([2.0, 4.0, 6.0])), optimizer=opt, zero=zero, dp=dp,
                   framework=fw, block_params=float(rng.uniform(1e6, 1e9)), fp8_param_fraction=fp8,
-                  root_params=rng.uniform(0, 1e9, P))
+                  root_params=rng.uniform(0, 1e9, P),
+                  # Megatron-FSDP optim_grads' gradient buckets (one per stage, or Megatron-LM's bucket size)
+                  grad_bucket_params=float(rng.choice([np.inf, 4e7, 2.048e9])))
         np.testing.assert_array_equal(stage_total_gb(**kw), stage_memory_gb(**kw)["total_gb"])
         n += 1
     assert n == 3 * 2 * 4 * 3 * 2 * 2
