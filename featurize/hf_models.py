@@ -593,7 +593,7 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     if b.ep > 1:  # in FP8 under DeepSeek-V3's storage (GraphBuilder.all_to_all)
         routed = b.all_to_all(routed, name="moe.dispatch", fp8=True)
     with b.expert_tp():  # the experts' tensor parallelism (etp ranks; tp unless --expert-tensor-parallel-size)
-        combined = _moe_experts(cfg, b, routed, n_exp, ffn, megatron, expert)
+        combined = _moe_experts(cfg, b, routed, n_exp, ffn, megatron, expert, top_k=top_k, tokens=t)
     if b.ep > 1:
         combined = b.all_to_all(combined, name="moe.combine")
     if b.moe_load != 1.0:  # back to this rank's own tokens' top-k rows
@@ -606,18 +606,45 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     return Tensor(x.shape, out.dtype, out.node, out.tid)
 
 
+def expected_experts_hit(n_experts: int, top_k: int, tokens: int) -> float:
+    """Expected number of distinct experts that ``tokens`` tokens, each routed to ``top_k`` of ``n_experts`` experts,
+    reach under uniform routing: ``n (1 - (1 - k/n)^T)``. Derivation: a token picks k distinct experts of n uniformly,
+    so it misses a given expert with probability 1 - k/n; the T tokens route independently, so the expert receives
+    none with probability (1 - k/n)^T, and by linearity of expectation n (1 - (1 - k/n)^T) experts receive some.
+    T = 1: exactly k; T k >> n: n (Qwen3-30B-A3B, 128 experts top-8: 8.0 at T 1, 51.6 at T 8, 128 - 8e-6 at T 256)."""
+    return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
+
+
+def active_local_experts(n_experts: int, top_k: int, tokens: int, ep: int) -> int:
+    """How many of one expert-parallel rank's ``n_experts / ep`` local experts run a kernel when ``tokens`` tokens (the
+    whole expert-parallel group's, each rank's experts seeing every token's choice) route ``top_k`` of ``n_experts``:
+    its share of :func:`expected_experts_hit`, rounded to the nearest whole expert (halves up), at least one (the
+    rank's dispatch and combine still run) and at most all of them. Real frameworks touch only those: transformers'
+    Qwen3-MoE / Mixtral loop over ``expert_hit`` (experts with a token; modeling_qwen3_moe.py, modeling_mixtral.py),
+    vLLM's fused MoE reads only the routed experts' weights; Megatron-Core's ``SequentialMLP`` runs a zero-token expert
+    on empty tensors (megatron-core 0.16.1 experts.py l. 910-923) and its grouped GEMM gets an m_split of 0 (taken to
+    read no weights; Transformer Engine's grouped GEMM not checked here). Training-size T (T k >> n) gives every local
+    expert: the graph as before."""
+    local = n_experts // ep
+    return min(local, max(1, math.floor(local * expected_experts_hit(n_experts, top_k, tokens) / n_experts + 0.5)))
+
+
 def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn: int, megatron: bool,
-                 expert: Callable[..., Tensor] | None = None) -> Tensor:
+                 expert: Callable[..., Tensor] | None = None, *, top_k: int, tokens: int) -> Tensor:
     """The routed experts of one rank on the rows it received (after the expert-parallel dispatch): the dispatcher's
     gather over the expert-tensor-parallel group, the local experts, its scatter back; inside
     :meth:`GraphBuilder.expert_tp`, so ``b.tp`` is the experts' degree. ``expert``: a Hugging Face expert other than
-    the SwiGLU (gpt-oss's, :func:`_gpt_oss_expert`)."""
+    the SwiGLU (gpt-oss's, :func:`_gpt_oss_expert`). ``tokens``: this rank's tokens before the gather (``top_k`` routed
+    rows each): only the local experts they are expected to reach run (:func:`active_local_experts`)."""
     h = cfg.hidden
     # under sequence parallelism: gathers every shard's tokens, which the experts keep for backward (the gather is the
     # dispatcher's, Megatron-Core's gather_from_sequence_parallel_region, not their linear layers')
+    received = routed.shape[0]
     routed = b.tp_enter(routed, name="moe.enter", saved_sharded=False)
     rows = routed.shape[0]
     local = n_exp // b.ep
+    # the tokens whose choices reach this rank's experts: every expert-parallel rank's, after the expert-TP gather
+    active = active_local_experts(n_exp, top_k, tokens * (rows // received) * b.ep, b.ep)
     # the received rows come grouped by source rank: Megatron-Core's dispatcher re-sorts them by local expert
     # (sort_chunks_by_idxs) before the grouped GEMM, and back before the combine
     sort_chunks = megatron and b.ep > 1 and local > 1
@@ -625,24 +652,34 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
         routed = b.copy(routed, name="moe.sort_chunks")
     if megatron and expert is None:
         b.contiguous_grad(routed)  # the grouped GEMM's input gradient is one buffer
-    per = max(1, round(rows * b.ep / n_exp))  # rows each local expert receives from all ep ranks
+    per = _rows_per_active_expert(rows, active, local, b.ep, n_exp)
     outs = []
-    for e in range(local):
+    for e in range(active):
+        mark = b.node_mark
         with b.scope(f"moe.experts.{e}"):
             if megatron and expert is not None:  # Megatron-Core's SequentialMLP: each local expert on its contiguous rows
                 ye = expert(cfg, b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, f"experts.{e}")
             elif megatron:  # under FP8: the first expert's FC1 and FC2 carry their grouped linear's one fused cast
                 ye = _swiglu_megatron(b, Tensor((per, h), routed.dtype, routed.node, routed.tid), ffn, h, f"experts.{e}",
-                                      act_tag="moe_act", fp8_cast_gemms=local if e == 0 else 0, moe_swiglu=True)
+                                      act_tag="moe_act", fp8_cast_gemms=active if e == 0 else 0, moe_swiglu=True)
             else:
                 xe = b.copy(Tensor((per, h), routed.dtype, routed.node, routed.tid), name=f"experts.{e}.index")
                 ye = (expert(cfg, b, xe, ffn, f"experts.{e}") if expert is not None
                       else _swiglu(cfg, b, xe, ffn, f"experts.{e}", tp_region=False, act_tag="moe_act"))
             outs.append(ye)
+    b.hold_params(mark, local - active)  # the idle experts' weights: resident, not read
     combined = _sequential_cat(b, outs, rows, h, megatron and expert is not None)
     if sort_chunks:
         combined = b.copy(combined, name="moe.unsort_chunks")
     return b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
+
+
+def _rows_per_active_expert(rows: int, active: int, local: int, ep: int, n_exp: int) -> int:
+    """Rows each running local expert receives: the balanced share ``rows x ep / n_experts`` when every local expert
+    runs (the formula as before, so training graphs are unchanged), else the rank's ``rows`` over the ``active``
+    experts (the expected rows of an expert given it was hit, T k / (n P(hit))); rounded to nearest, at least one.
+    ``active x per`` may differ from ``rows`` by the rounding, as the balanced share always could."""
+    return max(1, round(rows * ep / n_exp)) if active == local else max(1, round(rows / active))
 
 
 def _sequential_cat(b: GraphBuilder, outs: list[Tensor], rows: int, h: int, sequential: bool) -> Tensor:
@@ -705,14 +742,17 @@ def _moe_allgather(cfg: HFConfig, b: GraphBuilder, flat: Tensor, w: Tensor, n_ex
     probs_t = b.copy(local_probs, (local, tg), name="moe.local_probs_transpose")
     b.opaque("moe.local_probs.masked_select", [probs_t, map_t], (rows,), flops=float(tg * local), op_class="other")
     with b.expert_tp():  # each expert's linears split over etp; no gather of their own
-        per = max(1, round(rows / local))
+        active = active_local_experts(n_exp, top_k, tg, b.ep)  # the gathered tokens reach this rank's experts
+        per = max(1, round(rows / local)) if active == local else max(1, round(rows / active))
         outs = []
-        for e in range(local):
+        for e in range(active):
+            mark = b.node_mark
             with b.scope(f"moe.experts.{e}"):
                 xe = Tensor((per, h), routed.dtype, routed.node, routed.tid)
                 outs.append(expert(cfg, b, xe, ffn, f"experts.{e}") if expert is not None
                             else _swiglu_megatron(b, xe, ffn, h, f"experts.{e}", act_tag="moe_act",
-                                                  fp8_cast_gemms=local if e == 0 else 0, moe_swiglu=True))
+                                                  fp8_cast_gemms=active if e == 0 else 0, moe_swiglu=True))
+        b.hold_params(mark, local - active)  # the idle experts' weights: resident, not read
         if expert is None:
             b.contiguous_grad(routed)  # the grouped GEMM's input gradient is one buffer
         combined = _sequential_cat(b, outs, rows, h, expert is not None)

@@ -398,6 +398,23 @@ class GraphBuilder:
         self._nodes[t.node].values["param_count"] += int(n)
         self.add_params(n)
 
+    @property
+    def node_mark(self) -> int:
+        """How many forward nodes the graph holds so far (a start for :meth:`hold_params`)."""
+        return len(self._nodes)
+
+    def hold_params(self, first: int, copies: int) -> None:
+        """``copies`` more of the parameters that the forward nodes from index ``first`` on own, held on the rank but
+        not run: a mixture of experts' idle experts (``featurize.hf_models._moe_experts``), resident like the ones that
+        run. Each node keeps its share (its scope, dtype and layer count them as before); no kernel, no bytes read."""
+        if copies < 0:
+            raise GraphError(f"hold_params: copies must be >= 0, got {copies}")
+        for node in self._nodes[first:]:
+            n = node.values["param_count"] * int(copies)
+            if n:
+                node.values["param_count"] += n
+                self.add_params(n)
+
     def _add(self, name: str, op_class: str, kernel: str, method: str, inputs: Sequence[Tensor], out_shape,
              *, flops: float, bytes_: float, params: int = 0, saves: Sequence[Tensor] = (),
              backward: Sequence[dict] = (), out_dtype: str | None = None, grad_inputs: Sequence[Tensor] | None = None,

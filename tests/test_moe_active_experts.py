@@ -1,0 +1,87 @@
+"""MoE layers build only the experts their tokens reach (``featurize.hf_models.active_local_experts``).
+
+T tokens, each routed to k of n experts, reach n (1 - (1 - k/n)^T) distinct experts on average under uniform routing
+(each token misses a given expert with probability 1 - k/n). Frameworks run only those: transformers' Qwen3-MoE /
+Mixtral loop over ``expert_hit``, vLLM's fused MoE reads only the routed experts' weights. A decode step at batch 1
+therefore reads k experts' weights per layer, not n; a training micro-batch (T k >> n) still runs all of them, as
+before. The idle experts' weights stay resident (parameter counts and weights memory unchanged).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wattcast
+from wattcast.featurize.hf_config import load_hf_config
+from wattcast.featurize.hf_models import active_local_experts, expected_experts_hit
+from wattcast.featurize.workload import StepOptions, step_graph
+
+H200 = "H200-SXM-141GB"
+
+
+def _decode(model: str, batch: int, **kw):
+    return step_graph(model, StepOptions(batch=batch, seq=1, mode="inference", dtype="bf16", kv_context=1024, **kw))
+
+
+def _expert_gemms(g, layer: int = 1):
+    n = g.nodes
+    return n[(n["layer"] == layer) & (n["phase"] == "forward") & (n["op_class"] == "linear")
+             & n["scope"].astype(str).str.contains(r"experts\.")]
+
+
+def test_expected_experts_hit_matches_a_simulated_router():
+    # k distinct experts of n per token, uniformly, T tokens: the mean count of distinct experts hit over many draws
+    rng = np.random.default_rng(0)
+    for n, k, t in [(128, 8, 1), (128, 8, 8), (8, 2, 3), (60, 4, 16)]:
+        hits = [len(set(np.concatenate([rng.choice(n, k, replace=False) for _ in range(t)]))) for _ in range(3000)]
+        assert expected_experts_hit(n, k, t) == pytest.approx(np.mean(hits), rel=0.02), (n, k, t)
+    assert expected_experts_hit(128, 8, 1) == 8.0 and expected_experts_hit(8, 2, 1) == 2.0
+    assert active_local_experts(128, 8, 8, 1) == 52  # 128 (1 - (15/16)^8) = 51.6, to nearest
+    assert active_local_experts(128, 8, 256, 1) == 128 and active_local_experts(128, 8, 1024 * 8, 8) == 16
+    assert active_local_experts(128, 8, 1, 8) == 1  # one token on 8 ranks: 1 expert expected here, at least one
+
+
+@pytest.mark.parametrize("model,k", [("qwen3_30b_a3b", 8), ("mixtral_8x7b", 2)])
+def test_batch_1_decode_reads_only_the_routed_experts(model, k):
+    cfg = load_hf_config(model)
+    ffn = cfg.count("moe_intermediate_size") if model.startswith("qwen") else cfg.ffn
+    one, big = _decode(model, 1), _decode(model, 256)
+    e1, e256 = _expert_gemms(one), _expert_gemms(big)
+    # k experts x (gate, up, down) at batch 1; all n at batch 256 (n (1 - (1 - k/n)^256) rounds to n for both)
+    assert len(e1) == 3 * k and len(e256) == 3 * cfg.n_experts
+    weight_bytes = 3 * cfg.hidden * ffn * 2  # one expert's three bf16 matrices
+    assert e1["bytes"].sum() == pytest.approx(k * weight_bytes, rel=0.01)
+    assert e256["bytes"].sum() >= cfg.n_experts * weight_bytes
+    # every token's k rows: one row per running expert at batch 1
+    assert set(e1["M"]) == {1.0}
+    # the idle experts' weights are still held: the same parameters at batch 1 as at 256, counted as experts
+    assert one.param_count == big.param_count
+    assert _expert_gemms(one)["param_count"].sum() == _expert_gemms(big)["param_count"].sum()
+
+
+def test_decode_step_time_follows_the_routed_experts():
+    kw = dict(mode="inference", seq=1, kv_context=1024)
+    b1 = wattcast.predict("qwen3_30b_a3b", H200, batch=1, **kw)
+    b256 = wattcast.predict("qwen3_30b_a3b", H200, batch=256, **kw)
+    assert b1.step_time_ms < 0.3 * b256.step_time_ms  # was 255 ms vs 265 ms: all 128 experts at batch 1
+    assert b1.memory.weights_gb == b256.memory.weights_gb  # every expert resident
+
+
+def test_training_micro_batch_runs_every_expert_with_the_balanced_rows():
+    # 1,024 tokens x top-8 over 128 experts: 64 rows each, all 128 experts (T k >> n): the graph as before
+    g = step_graph("qwen3_30b_a3b", StepOptions(batch=1, seq=1024, mode="train", dtype="bf16", blocks=2))
+    e = _expert_gemms(g)
+    assert len(e) == 3 * 128 and set(e["M"]) == {64.0}
+    assert e["param_count"].sum() == 128 * 3 * 2048 * 768
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_expert_parallel_ranks_count_every_ranks_tokens(dispatcher):
+    # Megatron-Core, ep 4, one token per rank: 4 tokens reach a rank's 32 of 128 experts;
+    # 32 (1 - (15/16)^4) = 7.3 -> 7 experts run (FC1 and FC2 each), their rows 4 x 8 / 4 ranks / 7 = 1.14 -> 1
+    g = step_graph("qwen3_30b_a3b", StepOptions(batch=1, seq=1, mode="train", dtype="bf16", blocks=2, ep=4,
+                                                framework="megatron", moe_token_dispatcher=dispatcher))
+    e = _expert_gemms(g)
+    assert len(e) == 2 * 7 and set(e["M"]) == {1.0}
+    assert e["param_count"].sum() == 32 * 3 * 2048 * 768  # the rank's 32 experts' weights, resident
