@@ -121,6 +121,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     from wattcast.data.device_spec import DeviceSpec
     from wattcast.featurize.recompute import recompute_setting
     from wattcast.featurize.fp8_recipes import fp8_writes_transpose
+    from wattcast.featurize.te_attention import te_attention_backend
     from wattcast.featurize.workload import StepOptions, step_graph
     from wattcast.simulate.single_device import predict_graph
 
@@ -139,7 +140,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                        optimizer=optimizer, recompute=recompute_setting(recompute, recompute_modules),
                        grad_accumulation=grad_accumulation,
                        dims=dims or (), loop_trip_count=loop_trip_count, kv_context=kv_context, logits=logits,
-                       fp8_recipe=fp8_recipe, fp8_transpose=fp8_writes_transpose(spec))
+                       fp8_recipe=fp8_recipe, fp8_transpose=fp8_writes_transpose(spec),
+                       te_attention_backend=te_attention_backend(spec))
     graph = step_graph(model, opts, example_inputs=example_inputs)
     res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     from wattcast.models.power import idle_power_w

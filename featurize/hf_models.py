@@ -128,7 +128,10 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             a = attention(b, q, k, v, impl=impl, causal=True, scale="none" if fused else "scores_div",
                           mask="none" if fused and not unfused_mask else "where", dropout_p=attn_p,
                           strided=(not fused and not rotary,) * 2 + (not fused,))  # rotary q/k: fresh tensors
+            core = a
             a = merge_heads(b, a)
+            if impl == "flash":  # Megatron-Core: TE's backend may hand linear_proj a view of the output it saves
+                b.te_attention_output(q, core, a)
             a = b.tp_exit(b.linear(a, h, name="attn.c_proj", parallel="row", bias=lin_bias), name="attn.exit")
             if not fused:
                 a = b.dropout(a, resid_p, name="attn.resid_dropout")
@@ -967,7 +970,10 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                     k = repeat_kv(b, k, nhl // nkvl, "core_attention.expand_k")
                     v = repeat_kv(b, v, nhl // nkvl, "core_attention.expand_v")
                 a = eager_attention(b, q, k, v, scale="none", mask="none", dropout_p=0.0)
+            core = a
             a = merge_heads(b, a, name="self_attention.merge_heads")
+            if impl == "flash":  # TE's backend may hand linear_proj a view of the output it saves (te_attention.py)
+                b.te_attention_output(q, core, a)
             a = b.tp_exit(b.linear(a, h, bias=biases.o, name="self_attention.linear_proj", parallel="row"),
                           name="self_attention.exit")
             x = b.elementwise("add", x, a, name="residual_1")
@@ -1027,6 +1033,8 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
                             mask_shape=(batch, 1, seq, seq), strided=(False, False, True))
     att = a
     a = merge_heads(b, a, name="self_attn.transpose")
+    if impl == "flash":  # under Megatron-Core, TE's backend may hand linear_proj a view of its output (te_attention.py)
+        b.te_attention_output(qs, att, a)
     o = b.linear(a, cfg.hidden, bias=False, name="self_attn.o_proj", parallel="row")
     if impl == "flash":  # DeepSeek-V3's E5M6 copy of o_proj's input under --fp8-recipe deepseek (Sec. 3.3.3 (1))
         b.e5m6_attention_output(att, o)

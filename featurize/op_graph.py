@@ -297,6 +297,12 @@ class GraphBuilder:
         #: per-tensor recipes: the casts write the transpose too (False on data-centre Blackwell, where TE's FP8
         #: GEMMs take non-TN layouts: featurize/fp8_recipes.py fp8_writes_transpose)
         self.fp8_transpose = bool(fp8_transpose)
+        #: Transformer Engine's attention backend under Megatron-Core, "flash" or "fused" (StepOptions.te_attention_backend;
+        #: featurize/te_attention.py): whether the attention output it saves is linear_proj's saved input
+        self.te_attention_backend = "flash"
+        #: tensor id -> the tensor whose storage it is (a view or a no-op ``contiguous()`` the graph draws as its own
+        #: tensor): a saved tensor counts once, under the storage's id (simulate/memory.py kept_tensors)
+        self._storage_of: dict[int, int] = {}
         #: which fused-attention implementation class the flash nodes run (models/attention.py FLASH_KERNELS)
         if flash_kernel not in FLASH_KERNELS:
             raise GraphError(f"unknown flash attention kernel {flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
@@ -1047,6 +1053,21 @@ class GraphBuilder:
         self._nodes[out.node].saves += [out.tid, self._tensor((b, h, s), "fp32", out.node).tid]
         return out
 
+    def te_attention_output(self, q: Tensor, out: Tensor, merged: Tensor) -> None:
+        """Megatron-Core (``framework`` "megatron", training): ``merged``, the (B, S, h*dv) tensor ``linear_proj`` reads
+        (and saves), is the storage of ``out``, the fused-attention output the kernel saves, when Transformer Engine's
+        backend returns a view of it (featurize/te_attention.py ``attention_output_shared``: cuDNN's FusedAttention
+        always, FlashAttention at micro-batch 1); then the two count once. ``q``: the attention's query (its head dim).
+        The merge's copy node stays as it was (its time unchanged)."""
+        from wattcast.featurize.te_attention import attention_output_shared
+
+        if getattr(self, "framework", "hf") != "megatron" or not self.train:
+            return
+        bs, dv = int(out.shape[0]), int(out.shape[-1])
+        if merged.nbytes == out.nbytes and attention_output_shared(self.te_attention_backend, bs, self.cp,
+                                                                   int(q.shape[-1]), dv):
+            self._storage_of[merged.tid] = out.tid
+
     def kv_cache(self, k: Tensor, v: Tensor, *, cache_len: int, name: str = "kv_cache") -> tuple[Tensor, Tensor]:
         """Append this step's keys and values ``k``/``v`` (B, h_kv, S_new, d) to a KV cache of ``cache_len`` tokens per
         sequence (context + the new ones) and return the cache's (B, h_kv, cache_len, d) keys and values for attention
@@ -1236,5 +1257,5 @@ class GraphBuilder:
                      by_node=[n.saves for n in self._nodes], backward=self._backward_with_accumulation(),
                      inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64),
                      input_tids=[n.input_tids for n in self._nodes],
-                     fp8_source=dict(self._fp8_source))
+                     fp8_source=dict(self._fp8_source), storage_of=dict(self._storage_of))
         return OpGraph(nodes=nodes, edges=edges_arr, meta=m, saved=saved)

@@ -16,6 +16,7 @@ import numpy as np
 
 from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
+from wattcast.featurize.te_attention import TE_ATTENTION_BACKENDS
 from wattcast.featurize.graph_cache import rows_cached
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, model_warnings, pinned
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
@@ -98,6 +99,11 @@ class StepOptions:
     #: transpose of each cast tensor and cached weight, as on Hopper (True), or not, as on data-centre Blackwell
     #: (``featurize.fp8_recipes.fp8_writes_transpose``; the callers that know the GPU set it from its spec)
     fp8_transpose: bool = True
+    #: Transformer Engine's attention backend under Megatron-Core (``framework="megatron"``, ``attention="flash"``):
+    #: "flash" (FlashAttention 2/3) or "fused" (cuDNN's FusedAttention), which decides whether the attention output is
+    #: kept once or twice (featurize/te_attention.py; the callers that know the GPU set it from its spec:
+    #: ``te_attention_backend``). Elsewhere it is read as "flash" (no effect)
+    te_attention_backend: str = "flash"
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -133,6 +139,13 @@ class StepOptions:
             raise GraphError(f"unknown flash attention kernel {self.flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
         if att in _FLASH_KERNEL_OF:
             att = "flash"
+        te_backend = str(self.te_attention_backend).lower()
+        if te_backend not in TE_ATTENTION_BACKENDS:
+            raise GraphError(f"unknown Transformer Engine attention backend {self.te_attention_backend!r}; use one of "
+                             f"{', '.join(TE_ATTENTION_BACKENDS)}")
+        framework = canonical_framework(self.framework)
+        if not (framework == "megatron" and att == "flash" and mode == "train"):
+            te_backend = "flash"  # no effect there: one cache key
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,
                            recompute, bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
@@ -143,7 +156,7 @@ class StepOptions:
                            moe_token_dispatcher=moe_dispatcher_option(self.moe_token_dispatcher),
                            kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
                            fp8_recipe=fp8_recipe_option(self.fp8_recipe, dtype),
-                           fp8_transpose=bool(self.fp8_transpose) or dtype != "fp8",
+                           fp8_transpose=bool(self.fp8_transpose) or dtype != "fp8", te_attention_backend=te_backend,
                            **ce_fusion_options(self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl,
                                                canonical_framework(self.framework)))
 
@@ -364,6 +377,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                          f"--framework {opts.framework}: only --framework megatron builds a GPT's experts (Megatron-Core's "
                          f"MoE layer); drop the field for the dense GPT, or use --framework megatron")
     b.framework = opts.framework
+    b.te_attention_backend = opts.te_attention_backend  # read by GraphBuilder.te_attention_output (megatron)
     # Megatron-Core's fused cross-entropy, read by hf_blocks.lm_head_and_loss (the fp32 loss of the megatron graphs)
     b.ce_fusion = opts.cross_entropy_fusion_impl if opts.cross_entropy_loss_fusion else None
     if (opts.framework == "megatron" and cfg.family in (*_MEGATRON_LLAMA_FAMILIES, "deepseek")

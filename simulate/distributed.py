@@ -42,6 +42,7 @@ from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_
 from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
 from wattcast.featurize.context_parallel import cp_refuses_window
 from wattcast.featurize.fp8_recipes import fp8_writes_transpose, unsupported_fp8_recipe, weight_copy_bytes_per_param
+from wattcast.featurize.te_attention import te_attention_backend
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
@@ -821,7 +822,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                         framework=framework, loop_trip_count=_hashable_trips(dopts.loop_trip_count),
                         mtp_layers=dopts.mtp_num_layers, cross_entropy_loss_fusion=dopts.cross_entropy_loss_fusion,
                         cross_entropy_fusion_impl=dopts.cross_entropy_fusion_impl, fp8_recipe=fp8_recipe,
-                        fp8_transpose=fp8_writes_transpose(spec))
+                        fp8_transpose=fp8_writes_transpose(spec), te_attention_backend=te_attention_backend(spec))
     # layers: from the config, else from a single-device graph
     n_layers = hf.total_layers if hf is not None else int(step_graph(model, opts0).meta.get("n_layers", 1))
     par = resolve_parallel(par, batch=batch, n_layers=n_layers, n_heads=hf.n_heads if hf else None,

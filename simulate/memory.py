@@ -212,7 +212,9 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     persistently store their output activations"; Sec. 3.3.3 (2): the SwiGLU output is recomputed in the backward);
     and ``moe_act`` is the recipe's own SwiGLU recomputation (its FP8-cached input kept, not the bf16 one).
 
-    A tensor any op keeps under these rules is kept."""
+    A tensor any op keeps under these rules is kept; one that is another's storage (``saved["storage_of"]``: Transformer
+    Engine's attention output and the view of it ``linear_proj`` saves, featurize/te_attention.py) is kept once, as
+    that one."""
     nodes = graph.nodes
     fwd = nodes[nodes["phase"] == "forward"]
     layers = fwd["layer"].to_numpy()
@@ -233,9 +235,13 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     tags = [node_tags(t) if 0 <= lay < end else frozenset() for t, lay in zip(fwd["tag"].to_numpy(), layers)] \
         if rec or deepseek else None
     input_tids = graph.saved.get("input_tids")
+    # a tensor that is another's storage (Transformer Engine's attention output handed to linear_proj as a view:
+    # GraphBuilder.te_attention_output) is kept, once, as that one
+    storage_of = graph.saved.get("storage_of") or {}
     kept: dict[int, int] = {}
 
     def keep(t: int, keeper: int) -> None:
+        t = storage_of.get(t, t)
         if t not in kept:
             src = int(tnode[t])
             kept[t] = int(layers[src]) if src >= 0 else int(layers[keeper])
