@@ -346,7 +346,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     framework's default, on for ``framework="megatron"`` as its recipes run; see ``simulate/overlap.py``);
     ``overlap_moe_expert_parallel_comm``: Megatron-Core's MoE all-to-all overlap (off by default; needs ``ep`` > 1).
     ``overlap_p2p_comm``: the interleaved schedule's point-to-point transfers beside the computation (Megatron-Core's
-    default; False: each transfer blocks, as Megatron-LM 2021 ran them).
+    default; False: each transfer blocks, as Megatron-LM 2021 ran them); given without ``interleave`` >= 2 it would
+    change nothing and is refused (ValueError), as is ``zero3_prefetch`` given where no per-unit ZeRO-3 / FSDP
+    collectives run.
     ``recompute_num_layers``: with ``recompute="full"``, Megatron's block recomputation: only the first N transformer
     layers of each model chunk are recomputed, the others keep their activations (None: every layer);
     ``recompute_method="uniform"``: Megatron's uniform method instead (every layer, each group of N layers' input kept);
@@ -456,6 +458,14 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     opts = {k: (defaults[k] if v is None and k in defaults else v) for k, v in opts.items()}
     if opts.get("cp_comm_type") is None:  # not given (nor by a strategy): the ring, Megatron-Core's default
         opts["cp_comm_type"] = "p2p"
+    # flags given (or a strategy's tokens) that would change nothing are refused, not ignored (the defaults never are)
+    from wattcast.featurize.workload import canonical_framework as _fw_name
+    from wattcast.simulate.distributed import check_zero3_prefetch_flag
+    from wattcast.simulate.parallel import check_overlap_p2p_flag
+
+    check_overlap_p2p_flag(opts.get("overlap_p2p_comm"), opts.get("interleave"))
+    if zero3_prefetch is not None:
+        check_zero3_prefetch_flag(zero3_prefetch, _fw_name(framework), opts.get("zero"))
     for k in ("gpus", "batch"):
         if opts[k] is None:
             raise TypeError(f"predict_cluster() needs {k}= (or a strategy= that sets it"

@@ -912,7 +912,8 @@ def search(
     cross_entropy_fusion_impl: str = typer.Option("native", "--cross-entropy-fusion-impl", help="As for predict: native or te."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="As for predict: candidates with --zero >= 1 keep FP8 weights and gather them at 1 B (needs --dtype fp8 --framework megatron)."),
     fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="As for predict (with --dtype fp8): delayed (default), tensorwise, mxfp8, blockwise or deepseek for every candidate; a cluster whose GPU cannot run the recipe gets none."),
-    zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf)."),
+    zero: Optional[List[int]] = typer.Option(None, "--zero", help="ZeRO stages to search (repeatable: 0, 1, 2, 3; default 0 and 1)."),
+    zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf). Needs ZeRO-3 candidates (--zero 3; or --zero 2 with --framework hf)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="As for predict, for every candidate: Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="As for predict: PyTorch FSDP's MixedPrecision.reduce_dtype for the ZeRO-3 candidates under --framework hf (fp32, bf16 or fp16; default: the parameters' dtype)."),
     grad_accum_dtype: Optional[str] = typer.Option(None, "--grad-accum-dtype", help="As for predict, for every candidate under --framework megatron-deepspeed: DeepSpeed's data_types.grad_accum_dtype, fp32 (BF16_Optimizer, the default) or bf16 (at ZeRO-1 the ZeRO optimizer on bf16 gradients)."),
@@ -1001,6 +1002,7 @@ def search(
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),
                           moe_token_dispatcher=moe_token_dispatcher_type,
                           **(dict(cp=tuple(cp)) if cp else {}), **(dict(ep=tuple(ep)) if ep else {}),
+                          **(dict(zero=tuple(zero)) if zero else {}),
                           **(dict(cp_comm_type=tuple(cp_comm_type)) if cp_comm_type else {}),
                           **(dict(hierarchical_cp_sizes=_cp_sizes_flag(hierarchical_cp_sizes))
                              if hierarchical_cp_sizes else {}),

@@ -29,8 +29,9 @@ from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
-from wattcast.simulate.parallel import (CP_COMM_TYPES, SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size, cp_sizes_pair,
-                                        expert_tp, new_config, resolve_parallel, with_fields)
+from wattcast.simulate.parallel import (CP_COMM_TYPES, SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size,
+                                        check_overlap_p2p_flag, cp_sizes_pair, expert_tp, new_config, resolve_parallel,
+                                        with_fields)
 
 
 def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
@@ -46,8 +47,8 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
-           "attention", "framework", "etp", "seq", "step_time_band_low_ms", "step_time_band_high_ms", "ood_time_share",
-           "ood_collective_time_share")
+           "attention", "framework", "etp", "seq", "cp_comm_type", "hierarchical_cp_sizes", "step_time_band_low_ms",
+           "step_time_band_high_ms", "ood_time_share", "ood_collective_time_share")
 #: the step's 90% band and its out-of-distribution shares (the last of :data:`COLUMNS`): what ``predict_cluster`` gives
 #: the same strategy as ``step_time_band_ms`` and ``step_time_band.ood_time_share`` /
 #: ``ood_collective_time_share`` (``simulate/step_band.py``: the measured cluster-step band, widened by the kernels'
@@ -514,7 +515,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` for every candidate with the distributed optimizer
     (ZeRO >= 1; needs ``dtype="fp8"`` and ``framework="megatron"``).
     ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
-    with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
+    with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``); given when no ``zero``
+    choice has such candidates (3; 2 under ``framework="hf"``) it is a ValueError (it would change nothing).
     ``fsdp_reduce_dtype``: PyTorch FSDP's ``MixedPrecision.reduce_dtype`` for every ZeRO-3 candidate under
     ``framework="hf"`` ("fp32", "bf16", "fp16"; None: the parameters' half-precision dtype; ``predict_cluster``'s).
     ``scatter_gather_p2p``: pipeline transfers scattered over the TP group and all-gathered on arrival for every
@@ -531,7 +533,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     checked before anything is evaluated; worker processes get their resolved paths and load the same versions.
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
-    ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default).
+    ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default);
+    ``overlap_p2p_comm`` for the interleaved candidates only (a ValueError when no ``interleave`` choice is 2 or more).
 
     ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp,
     schedule, recompute_num_layers),
@@ -600,6 +603,20 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     unknown = set(overlaps or {}) - set(OVERLAP_FLAGS)
     if unknown:
         raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: {', '.join(OVERLAP_FLAGS)}")
+    interleaves = space.get("interleave") or _choices("interleave", None)
+    if (overlaps or {}).get("overlap_p2p_comm") is not None and not any(v > 1 for v in interleaves):
+        # no interleaved candidate to apply it to (the others drop it: 1F1B's transfers block either way)
+        check_overlap_p2p_flag(overlaps["overlap_p2p_comm"], max(interleaves))
+    if zero3_prefetch is not None:  # needs a candidate with per-unit collectives (ZeRO-3; hf's ZeRO-2 too)
+        from wattcast.simulate.distributed import check_zero3_prefetch_flag, per_unit_collectives
+
+        zeros = space.get("zero") or _choices("zero", None)
+        if not any(per_unit_collectives(canonical_framework(framework), z) for z in zeros):
+            try:
+                check_zero3_prefetch_flag(zero3_prefetch, canonical_framework(framework), max(zeros))
+            except ValueError as e:
+                raise ValueError(f"{e}; the search space's zero choices ({', '.join(map(str, zeros))}) have no such "
+                                 f"candidate: add 3 to them (--zero 3, or zero=(..., 3))") from None
     if (overlaps or {}).get("overlap_moe_expert_parallel_comm") and str(moe_token_dispatcher).lower() != "alltoall":
         # every candidate would break it (resolve_parallel's rule, megatron-core 0.16.1 transformer_config.py
         # l. 1866-1869); where only some candidates turn it on (DualPipe's default) those are rejected one by one
@@ -664,7 +681,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
             if overlaps:
-                cands = [replace(c, **overlaps) for c in cands]
+                # the interleaved schedule's transfer overlap on the interleaved candidates only (1F1B's block either
+                # way: an explicit overlap_p2p_comm there is refused, parallel.check_overlap_p2p_flag)
+                cands = [replace(c, **(overlaps if c.interleave > 1 else dict(overlaps, overlap_p2p_comm=None)))
+                         for c in cands]
             generated.extend(cands)
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, step=step, tokens=tokens, footprint_kw=run_kw[cl.name],
                        fp8_param_gather=bool(fp8_param_gather), n_layers=hf.total_layers, n_heads=hf.n_heads,
@@ -862,7 +882,10 @@ class _Evaluator:
                r.energy_j, r.avg_power_w, format_strategy(p, batch, framework), batch // (p.dp * p.micro_batch),
                p.schedule, r.memory_capacity_gb, r.memory_flag, r.scheduled,
                # the settings a strategy string does not carry: predict it with the same ones
-               self.dtype, self.attention, framework, expert_tp(p) if job.n_experts else None, job.step.seq)
+               self.dtype, self.attention, framework, expert_tp(p) if job.n_experts else None, job.step.seq,
+               # --cp-comm-type (p2p, the ring, where cp is 1) and --hierarchical-cp-sizes as the flag takes it ("A,B";
+               # None unless a2a+p2p): the strategy string's cpc token, as columns
+               p.cp_comm_type, _cp_sizes_text(p.hierarchical_cp_sizes))
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,
@@ -873,6 +896,11 @@ class _Evaluator:
             else:  # no run figures for a configuration that does not fit (NaN, as a missing key of a row dict gives)
                 row += _NO_RUN
         return "row", row + (self._band_terms(r, ctx) if r.scheduled else _NO_BAND)
+
+
+def _cp_sizes_text(sizes) -> str | None:
+    """``--hierarchical-cp-sizes`` of a row as the flag takes it ("A,B"), None when not set."""
+    return None if sizes is None else ",".join(str(int(x)) for x in sizes)
 
 
 #: the band terms of a step with no OOD time; of a step that was not scheduled

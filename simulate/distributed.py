@@ -35,7 +35,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import pandas as pd
 
-from wattcast.data.checks import is_count, real_in
+from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
@@ -129,6 +129,16 @@ class DistributedPrediction:
     backward_serial_ms: float = float("nan")
 
     @property
+    def exposed_comm_unattributed_ms(self) -> float | None:
+        """``exposed_comm_ms`` less the sum of ``exposed_comm_split_ms`` (ms; may be negative): each class's figure is
+        a what-if (the step with that class alone free), and classes that hide behind one another or share a wait do
+        not add up to the exposed total (freeing two saves more, or less, than the two savings); with it the parts
+        sum to ``exposed_comm_ms``. None without a split (a search leaves it out)."""
+        if not self.exposed_comm_split_ms:
+            return None
+        return float(self.exposed_comm_ms - sum(self.exposed_comm_split_ms.values()))
+
+    @property
     def memory_flag(self) -> str:
         """"tight" or "" (see simulate.memory.memory_flag; "pressure" was measured on eager single-GPU
         training only, not under these frameworks: a vTrain run predicted at 81.2 GB of 80 ran 5.7% faster)."""
@@ -139,9 +149,10 @@ class DistributedPrediction:
         return dict(model=self.model, device=self.device, cluster=self.cluster, gpus=self.gpus,
                     parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, ep=p.ep, etp=expert_tp(p), zero=p.zero,
                                   micro_batch=p.micro_batch,
-                                  # --cp-comm-type where not the ring (a p2p step's JSON keeps its keys as before)
-                                  **(dict(cp_comm_type=p.cp_comm_type,
-                                          hierarchical_cp_sizes=list(p.hierarchical_cp_sizes or ()) or None)
+                                  # --cp-comm-type always (p2p, the ring, by default and where cp is 1);
+                                  # --hierarchical-cp-sizes where not the ring (a p2p step's JSON has no such key)
+                                  cp_comm_type=p.cp_comm_type,
+                                  **(dict(hierarchical_cp_sizes=list(p.hierarchical_cp_sizes or ()) or None)
                                      if p.cp_comm_type != "p2p" else {}),
                                   overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
                                   tp_comm_overlap=p.tp_comm_overlap,
@@ -159,7 +170,8 @@ class DistributedPrediction:
                     forward_ms=self.forward_ms, backward_ms=self.backward_ms,
                     forward_serial_ms=self.forward_serial_ms, backward_serial_ms=self.backward_serial_ms,
                     optimizer_ms=self.optimizer_ms, exposed_comm_ms=self.exposed_comm_ms,
-                    exposed_comm_split_ms=self.exposed_comm_split_ms, bubble_ms=self.bubble_ms,
+                    exposed_comm_split_ms=self.exposed_comm_split_ms,
+                    exposed_comm_unattributed_ms=self.exposed_comm_unattributed_ms, bubble_ms=self.bubble_ms,
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
                     memory_gb=self.memory_gb, memory=self.memory, fits=self.fits, per_device=self.per_device, per_op=self.per_op,
                     fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, comm=self.comm,
@@ -286,6 +298,22 @@ def zero3_prefetch(framework: str, given: bool | None) -> bool:
     if not isinstance(given, (bool, np.bool_)):
         raise ValueError(f"zero3_prefetch must be True, False or None (the framework's default), got {given!r}")
     return bool(given)
+
+def check_zero3_prefetch_flag(given, framework: str, zero) -> None:
+    """An explicit ``zero3_prefetch`` (``--zero3-prefetch`` / ``--no-zero3-prefetch``; None, the framework's default, is
+    never refused) needs per-unit data-parallel collectives (:func:`per_unit_collectives`: ZeRO-3, or FSDP's ZeRO-2
+    under ``hf``), the only ones it times: anywhere else it would change nothing, so it is refused (ValueError), as
+    ``--cp-comm-type`` at cp 1. A ``zero`` that is not a stage (0-3) is left to the parallel rules' own message."""
+    if given is None or not (is_int(zero) and int(zero) in (0, 1, 2, 3)):
+        return
+    if per_unit_collectives(framework, int(zero)):
+        return
+    flag = "--zero3-prefetch" if given else "--no-zero3-prefetch"
+    raise ValueError(f"{flag} says how ZeRO-3 / FSDP's per-unit parameter gathers and gradient reduce-scatters meet the "
+                     f"computation: it needs --zero 3 (or --zero 2 with --framework hf, FSDP's SHARD_GRAD_OP); --zero "
+                     f"{int(zero)} under --framework {framework} runs no such collectives, so the flag would change "
+                     f"nothing")
+
 
 #: whether a framework's pipeline transfers are scattered over the TP group and gathered on arrival
 #: (``DistributedOptions.scatter_gather_p2p``): each TP rank sends 1/tp of the activation (or its gradient) to its peer
@@ -1892,6 +1920,28 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     return f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms
 
 
+#: the trace's TP / EP collective events: class of ``_comm_parts`` -> event name (the collectives it runs)
+_TASK_COMM_EVENTS = {"tp": ("tp.all_reduce", "tp.all_gather+reduce_scatter"), "ep": "ep.all_to_all",
+                     "tp_ep": "tp_ep.all_gather+reduce_scatter"}
+
+
+def _task_comm_names(par: ParallelConfig, dispatcher: str, f_parts: dict) -> list[tuple[str, str]]:
+    """(class, event name) of the TP and EP collectives a trace draws per task: ``tp`` (Megatron's all-reduces, or
+    under sequence parallelism its all-gathers and reduce-scatters; the experts' TP gather too), ``ep`` (the MoE
+    all-to-alls; the all-gather dispatcher's ep group: all-gathers and reduce-scatters) and ``tp_ep`` (the all-gather
+    dispatcher's expert-TP x EP group), where the step has them."""
+    out = []
+    for key, name in _TASK_COMM_EVENTS.items():
+        if key not in f_parts:
+            continue
+        if key == "tp":
+            name = name[1] if par.sp else name[0]
+        elif key == "ep" and str(dispatcher).lower() == "allgather":
+            name = "ep.all_gather+reduce_scatter"
+        out.append((key, name))
+    return out
+
+
 def _data_loading(ctx: ScheduleContext, f_nc: np.ndarray, b_nc: np.ndarray, P: int, V: int) -> tuple[np.ndarray, dict | None]:
     """(ms per micro-batch added to each chunk's forward, the figures by stage; None for a search's summary) of loading
     the batch: the first chunk reads the tokens, the last the labels (one chunk: both). The loader's exposed time
@@ -2670,6 +2720,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         cp_coll_name = "allgather_kv" if par.cp_comm_type == "allgather" else "a2a_qkvo"
         z3_trace = per_unit and lay["dp"].size > 1
         z2_name = f"zero2.{dp_op}" if z2_mode is not None else None
+        # the TP and EP collectives: what each class adds to the task (_comm_parts: exposed, or what the overlap leaves
+        # of it with the slowdown it causes), one event per task and class on the class's track from the task's start
+        task_comm = _task_comm_names(par, opts.moe_token_dispatcher, f_parts)
         for tk in pipe.tasks:
             # a DualPipe task (simulate/dualpipe.DualTask) runs the chunk of its model_stage on rank tk.stage; an F&B
             # pair is named FB<forward micro-batch>+<backward micro-batch>, its two parts in forward_part_ms /
@@ -2702,6 +2755,17 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 z2 = float(dpt["z2_b_ms"][c])
                 events.append(dict(stage=tk.stage, stream="comm", name=f"{z2_name}{tk.micro}",
                                    start_ms=max(tk.end - z2, tk.start), end_ms=tk.end))
+            if task_comm and tk.kind != "W":  # a W (DualPipe's weight-gradient part): its collectives are in its B
+                parts = ([(f_parts, c, tk.micro)] if fwd else []) + (
+                    [(b_parts, tk.stage_b if pair else c, tk.micro_b if pair else tk.micro)] if tk.kind != "F" else [])
+                for key, name in task_comm:
+                    t0 = tk.start
+                    for d, cc, m in parts:
+                        x = float(np.asarray(d[key])[cc])
+                        if x > 0:
+                            events.append(dict(stage=tk.stage, stream="comm", name=f"{name}{m}", start_ms=t0,
+                                               end_ms=t0 + x))
+                            t0 += x
             if par.cp > 1 and tk.kind != "W":  # a W (DualPipe's weight-gradient part) runs no attention
                 # (forward ring, backward ring) of the task: an F&B pair runs its forward's, then its backward's; the
                 # a2a / allgather collectives (cp_collectives) as their own events, named by their kind
@@ -2772,6 +2836,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 rank_overheads_scope=("the whole model at this TP degree, one micro-batch; optimizer and clipping before "
                                       "the pipeline split and ZeRO sharding (optimizer_ms is what one device spends)"),
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
+                # per class (tp, ep; tp_ep under the all-gather dispatcher), per stage: what its collectives add to one
+                # micro-batch's tasks (forward + backward of the stage's chunks; exposed, or what an overlap leaves
+                # with the slowdown it causes): the trace's tp.* / ep.* events per micro-batch
+                task_comm_ms_per_micro_by_stage={
+                    k: np.asarray(rank_tasks(np.asarray(f_parts[k]) + np.asarray(b_parts[k])), dtype=float).tolist()
+                    for k, _ in _task_comm_names(par, opts.moe_token_dispatcher, f_parts)},
                 **(dict(cp_comm_type=par.cp_comm_type, cp_collective_ms=list(cp_coll),
                         hierarchical_cp_sizes=list(par.hierarchical_cp_sizes or ()) or None)
                    if par.cp > 1 and par.cp_comm_type != "p2p" else {}),

@@ -127,9 +127,8 @@ class ParallelConfig:
                                 ("tpo", self.tp_comm_overlap), ("a2a", self.overlap_moe_expert_parallel_comm)) if v]
         if over:
             parts.append("+".join(over))
-        if self.pp_first_layers is not None or self.pp_last_layers is not None:
-            parts.append(f"ppl{'' if self.pp_first_layers is None else self.pp_first_layers},"
-                         f"{'' if self.pp_last_layers is None else self.pp_last_layers}")
+        # the first / last stage's layers as the strategy string writes them (simulate/strategy.py): ppf<N>, ppl<N>
+        parts += pp_stage_tokens(self.pp_first_layers, self.pp_last_layers)
         return "-".join(parts)
 
 
@@ -137,6 +136,30 @@ class ParallelConfig:
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 #: the strategy-name token of the CP communication types that have a one-word token (simulate/strategy.py reads it back)
 CP_COMM_TOKENS = {"a2a": "a2a", "allgather": "ag"}
+
+
+def pp_stage_tokens(first: int | None, last: int | None) -> list[str]:
+    """The tokens of the first / last pipeline stage's transformer layers, only those set: ``ppf<N>`` (first),
+    ``ppl<N>`` (last). The strategy string (simulate/strategy.py) and ``ParallelConfig.describe`` both write them so
+    (until stop 46 ``describe`` wrote ``ppl<first>,<last>``, its ``ppl`` the strategy's ``ppf``)."""
+    return ([] if first is None else [f"ppf{first}"]) + ([] if last is None else [f"ppl{last}"])
+
+
+def check_overlap_p2p_flag(given, interleave) -> None:
+    """An explicit ``--overlap-p2p-communication`` / ``--no-overlap-p2p-communication`` (``overlap_p2p_comm`` True /
+    False; None, the framework's default, is never refused) needs the interleaved schedule (``interleave`` >= 2): only
+    it overlaps its point-to-point transfers, 1F1B's block either way. Megatron-Core 0.16.1
+    ``pipeline_parallel/schedules.py`` ``forward_backward_pipelining_without_interleaving``: ``if
+    config.overlap_p2p_comm: raise ValueError("Non-interleaved pipeline parallelism does not support overlapping p2p
+    communication")``; refused here as ``--interleave`` without ``--pp``, not ignored (ParallelConfigError)."""
+    if given is None or not is_int(interleave) or int(interleave) > 1:  # a bad interleave: the parallel rules name it
+        return
+    flag = "--overlap-p2p-communication" if given else "--no-overlap-p2p-communication"
+    raise ParallelConfigError(
+        f"{flag} says whether the interleaved schedule's pipeline transfers run beside the computation: it needs "
+        f"--interleave 2 or more (and --pp > 1); with interleave {interleave} the 1F1B schedule's transfers block either "
+        f"way (Megatron-Core's non-interleaved schedule: \"Non-interleaved pipeline parallelism does not support "
+        f"overlapping p2p communication\"), so the flag would change nothing")
 
 
 def cp_comm_suffix(comm_type: str, sizes) -> str:

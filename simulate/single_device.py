@@ -84,6 +84,17 @@ class StepPrediction:
     overheads: dict = field(default_factory=dict)
     #: the step's 90% band from measured steps (simulate/step_band.py: low_ms, high_ms, basis, generation)
     step_band: dict = field(default_factory=dict)
+    #: the dense matrix peak MFU is quoted against (FLOP/s; :func:`mfu_peak_flops`), 0 where not known
+    peak_matrix_flops: float = 0.0
+
+    @property
+    def mfu(self) -> float | None:
+        """A training step's model FLOPs utilisation: ``flops`` (the model's, no recomputation: :func:`model_flops`)
+        over step time x the dense matrix peak (:func:`mfu_peak_flops`), as a cluster step's ``mfu`` with one GPU;
+        None for inference or where the peak or the step time is not known."""
+        if self.mode != "train" or self.peak_matrix_flops <= 0 or self.step_time_ms <= 0:
+            return None
+        return float(self.flops / (self.step_time_ms / 1e3 * self.peak_matrix_flops))
 
     @property
     def memory_flag(self) -> str:
@@ -129,6 +140,8 @@ class StepPrediction:
                  data_loading=self.meta.get("data_loading"), outside_layers=self.outside_layers)
         if self.meta.get("tensor_parallel"):  # a served TP group (simulate/tp_inference.py): the group's figures
             d["tensor_parallel"] = dict(self.meta["tensor_parallel"])
+        if self.mode == "train":  # model FLOPs utilisation, as a cluster step's (the same FLOPs, the same peak)
+            d["mfu"] = self.mfu
         if self.mode != "train":  # inference: throughput and per-token latency; the KV cache's context when there is one
             d.update(tokens_per_s=self.tokens_per_s, ms_per_token=self.ms_per_token, kv_context=self.meta.get("kv_context"),
                      logits=self.meta.get("logits"))
@@ -590,7 +603,17 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     meta = with_warnings(dict(res.meta, idle_power_w=idle_power_w(spec)), [*peak_ratio_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec),
                                     *([warn] if warn else [])])
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
-                   step_band=band, meta=meta)
+                   step_band=band, meta=meta, peak_matrix_flops=mfu_peak_flops(spec, graph.meta))
+
+
+def mfu_peak_flops(spec: DeviceSpec, meta: dict) -> float:
+    """The dense matrix peak (FLOP/s) a step's MFU is quoted against: the step dtype's, an FP8 recipe's the BF16 peak
+    (Megatron-LM / NeMo's convention, as ``simulate.distributed`` quotes a cluster step's); 0 when not known."""
+    dtype = "bf16" if meta.get("precision") == "fp8" else str(meta.get("dtype") or "")
+    try:
+        return spec.peak_matrix_tflops(dtype) * 1e12
+    except (ValueError, StopIteration):  # an unknown dtype (DeviceSpecError is a ValueError) or no matrix peak
+        return 0.0
 
 
 def step_overheads(costed: pd.DataFrame) -> dict:

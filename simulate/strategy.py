@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, replace
 
 from wattcast.featurize.recompute import RECOMPUTE, RecomputeError, recompute_setting
-from wattcast.simulate.parallel import (CP_COMM_TOKENS, SCHEDULES, ParallelConfig, cp_comm_suffix,
+from wattcast.simulate.parallel import (CP_COMM_TOKENS, SCHEDULES, ParallelConfig, cp_comm_suffix, pp_stage_tokens,
                                        recompute_layers_suffix)
 
 __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
@@ -128,6 +128,8 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
     defaults = overlap_defaults(canonical_framework(framework), tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
     overlaps = {name: (None if getattr(cfg, name) is None or bool(getattr(cfg, name)) == defaults[name]
                        else bool(getattr(cfg, name))) for name in _OVERLAPS.values()}
+    if cfg.interleave == 1:  # no virtual pipeline: p2po / nop2po would change nothing (predict refuses them there)
+        overlaps["overlap_p2p_comm"] = None
     return format_given(Strategy(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, micro_batch=cfg.micro_batch, cp=cfg.cp, ep=cfg.ep,
                                  grad_accum=ga, zero=cfg.zero, interleave=cfg.interleave, sp=bool(cfg.sp),
                                  recompute=cfg.recompute, schedule=cfg.schedule, pp_first_layers=cfg.pp_first_layers,
@@ -256,10 +258,7 @@ def format_given(st: Strategy) -> str:
         v = getattr(st, name)
         if v is not None:
             parts.append(tok if v else f"no{tok}")
-    if st.pp_first_layers is not None:
-        parts.append(f"ppf{st.pp_first_layers}")
-    if st.pp_last_layers is not None:
-        parts.append(f"ppl{st.pp_last_layers}")
+    parts += pp_stage_tokens(st.pp_first_layers, st.pp_last_layers)
     if st.etp is not None:
         parts.append(f"etp{st.etp}")
     if st.cp_comm_type != "p2p":

@@ -96,7 +96,7 @@ def write_chrome_trace(res, path: str | Path) -> Path:
 TRACKS = {"compute": (0, "compute"), "dp": (1, "comm: dp (gradient reduce, ZeRO)"), "cp": (2, "comm: cp (ring KV exchange)"),
           "pp": (3, "comm: pp (send/recv, tied embedding grads)"), "ep": (4, "comm: ep (all-to-all)"), "tp": (5, "comm: tp"),
           "comm": (6, "comm: other")}
-_TRACK_OF = {"zero3": "dp"}
+_TRACK_OF = {"zero3": "dp", "tp_ep": "ep"}
 #: extra lanes of a track (events of one kind that partly overlap: e.g. a ring exchange outlasting its task) start here
 _LANE_TID = 100
 

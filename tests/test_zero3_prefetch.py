@@ -45,9 +45,11 @@ def test_in_series_exposes_all_of_collectives_longer_than_the_computation():
 
 def test_only_zero3_is_affected_and_deepspeed_prefetches():
     kw = dict(KW, zero=1)
-    a = wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch=True, **kw)
-    b = wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch=False, **kw)
-    assert a.step_time_ms == b.step_time_ms
+    # not a ZeRO-3 step: the flag would change nothing, so it is refused (until stop 46 it was ignored)
+    for given in (True, False):
+        with pytest.raises(ValueError, match="zero3-prefetch .*needs --zero 3"):
+            wattcast.predict_cluster("gpt2-medium", "DGX-A100", zero3_prefetch=given, **kw)
+    a = wattcast.predict_cluster("gpt2-medium", "DGX-A100", **kw)
     assert a.to_dict()["parallel"]["zero3_prefetch"] is None  # not a ZeRO-3 step: nothing to say
     ds = wattcast.predict_cluster("gpt2-medium", "DGX-A100", framework="megatron-deepspeed", **KW)
     ds_pre = wattcast.predict_cluster("gpt2-medium", "DGX-A100", framework="megatron-deepspeed", zero3_prefetch=True, **KW)
