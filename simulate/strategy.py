@@ -219,7 +219,10 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                ep=st.ep, zero=st.zero, sp=st.sp, interleave=st.interleave, recompute=st.recompute, schedule=st.schedule,
                overlap_grad_reduce=st.overlap_grad_reduce, overlap_param_gather=st.overlap_param_gather,
                tp_comm_overlap=st.tp_comm_overlap, overlap_moe_expert_parallel_comm=st.overlap_moe_expert_parallel_comm,
-               overlap_p2p_comm=st.overlap_p2p_comm,
+               # a nop2po at v1 (no virtual pipeline) says what 1F1B does anyway: read as the default, not as the
+               # explicit flag predict refuses there (search --no-overlap wrote it into v1 strings until stop 46)
+               overlap_p2p_comm=(None if st.overlap_p2p_comm is False and (st.interleave or 1) <= 1
+                                 else st.overlap_p2p_comm),
                pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers,
                recompute_num_layers=st.recompute_num_layers,
                recompute_method=st.recompute_method if st.recompute_num_layers is not None else None, etp=st.etp,

@@ -31,9 +31,14 @@ def test_overlap_p2p_flag_without_interleave_is_refused_naming_it(value, flag):
 
 
 def test_overlap_p2p_flag_in_a_v1_strategy_is_refused_and_a_v1_string_never_writes_it():
-    with pytest.raises(ValueError, match="--no-overlap-p2p-communication .*--interleave"):
+    with pytest.raises(ValueError, match="--overlap-p2p-communication .*--interleave"):
         wattcast.predict_cluster("gpt2", "DGX-H100", seq=512, framework="megatron",
-                                 strategy="tp2-pp2-dp2-cp1-ep1-mb1-ga4-zero0-v1-rcnone-1f1b-nop2po")
+                                 strategy="tp2-pp2-dp2-cp1-ep1-mb1-ga4-zero0-v1-rcnone-1f1b-p2po")
+    # a nop2po at v1 (what search --no-overlap wrote before stop 46) reads as the default: old strings stay readable
+    kw = dict(seq=512, framework="megatron")
+    old = wattcast.predict_cluster("gpt2", "DGX-H100", strategy="tp2-pp2-dp2-cp1-ep1-mb1-ga4-zero0-v1-rcnone-1f1b-nop2po", **kw)
+    plain = wattcast.predict_cluster("gpt2", "DGX-H100", strategy="tp2-pp2-dp2-cp1-ep1-mb1-ga4-zero0-v1-rcnone-1f1b", **kw)
+    assert old.step_time_ms == plain.step_time_ms
     cfg = ParallelConfig(gpus=8, tp=2, pp=2, dp=2, micro_batch=1, overlap_p2p_comm=False)
     assert "p2po" not in format_strategy(cfg, 8, "megatron")
     v2 = ParallelConfig(gpus=8, tp=2, pp=2, dp=2, micro_batch=1, interleave=2, overlap_p2p_comm=False)
