@@ -287,6 +287,19 @@ def _no_run_options(run_kw: dict) -> None:
         raise ValueError(f"{', '.join(given)} describe a run: give tokens= too")
 
 
+def _no_served_run(tokens, run_kw: dict) -> None:
+    """KV-cached inference on a cluster (predict_cluster's kv_context=) costs one served step, not a run: tokens= and
+    the run options are refused saying so (not "give tokens= too" when tokens was given)."""
+    unknown = sorted(set(run_kw) - set(RUN_OPTIONS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}")
+    given = (["tokens"] if tokens is not None else []) + sorted(k for k, v in run_kw.items() if v is not None)
+    if given:
+        raise ValueError(f"{', '.join(f'{k}=' for k in given)}: a whole run (tokens, energy, cost, CO2e) is not modelled "
+                         "for KV-cached inference on a cluster (kv_context=): it costs one served step; leave "
+                         f"{'it' if len(given) == 1 else 'them'} out")
+
+
 def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict, cluster=None):
     from dataclasses import replace
 
@@ -425,7 +438,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         if kv_context is None:
             raise ValueError("logits= / serving= / prompt_tokens= / output_tokens= on a cluster describe KV-cached "
                              "inference: give kv_context= too")
-        _no_run_options(run_kw)
+        _no_served_run(tokens, run_kw)
         return _predict_tp_inference(model, cluster, gpus=gpus, tp=tp, batch=batch, seq=seq, kv_context=kv_context,
                                      logits=logits, serving=serving, prompt_tokens=prompt_tokens,
                                      output_tokens=output_tokens, dtype=dtype, attention=attention, compile=compile,

@@ -721,7 +721,16 @@ def _show_step_prediction(res, f) -> None:
               f"{_gb_and_gib(capacity_gb)} (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB"
               + (f", KV cache {m.kv_cache_gb:.1f} GB" if m.kv_cache_gb else "") + "); "
-              "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
+              + _oom_hint(f.mode, getattr(f, "kv_context", None)), code=3)
+
+
+def _oom_hint(mode, kv_context) -> str:
+    """What to change when one device's step does not fit: an inference step has no recomputation (refused there) and
+    its KV cache grows with --kv-context."""
+    if str(mode).lower() in ("inference", "inf", "infer"):
+        return ("lower --batch" + (", --kv-context or --seq" if kv_context is not None else " or --seq")
+                + ", use a smaller --dtype or more GPUs (--cluster with --tp), or pass --allow-oom")
+    return "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom"
 
 
 def _print_warnings(warnings) -> None:
