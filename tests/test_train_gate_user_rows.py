@@ -96,3 +96,21 @@ def test_cli_train_kernels_has_force_and_exits_1_when_it_keeps_the_old(t4_linear
     assert "kept the existing bundle" in flat(r.stdout) and "--force" in flat(r.stdout)
     r = run_cli("train", "kernels", "--help")
     assert "--force" in r.stdout
+
+
+def test_a_bundle_dropping_fitted_families_does_not_replace_the_working_one(data_root, t4_linear, tmp_path):
+    """A GEMM-only CSV into a folder whose bundle also fits elementwise and ln: judged on its GEMM rows alone, it
+    would turn those families into the roofline unjudged; refused, naming --family."""
+    base = data_root / "neusight" / "kernels"
+    parts = []
+    for op, cols in (("bmm", ["B", "M", "N", "K"]), ("add", ["B", "H"]), ("ln", ["B", "H"])):
+        d = pd.read_csv(base / op / "Tesla_T4.csv").drop_duplicates(cols)
+        parts.append(d.sample(130, random_state=0)[["OPName", "Latency", "Device", *cols]])
+    mixed = tmp_path / "mixed.csv"
+    pd.concat(parts, ignore_index=True).to_csv(mixed, index=False)
+    out = tmp_path / "kb"
+    first, _ = _train(mixed, out)
+    assert first.replaced and {"elementwise", "ln"} <= set(KernelBundle.load(resolve_bundle_folder(out)).families)
+    second, _ = _train(t4_linear[0], out)
+    assert not second.replaced
+    assert "no surrogate for elementwise, ln" in second.reason and "--family gemm" in second.reason

@@ -420,7 +420,7 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
 
     ``user_only`` (an --only-csv run): judged on the user's held-out rows alone; fewer than :data:`MIN_GATE_ROWS` of
     them cannot validate it, so it is not made live. A bundle with no fitted family never replaces one with fitted
-    families. ``reference``: shared measurements of the new bundle's own GPUs and families; a new bundle that more than
+    families, nor one that drops a family the working one has fitted. ``reference``: shared measurements of the new bundle's own GPUs and families; a new bundle that more than
     :data:`REFERENCE_VETO_RATIO` x the working one's MAPE on them is refused (a corrupted CSV validates on itself).
     ``force`` makes the new bundle live whatever the gate says (the reason says what it overrode)."""
     from wattcast.models.kernel_bundle import resolve_bundle_folder
@@ -473,10 +473,15 @@ def _judge(bundle, old, val, old_pred, new_pred, specs, user_only: bool):
     else:
         used = f"{len(val):,} validation rows of the shared datasets"
     refused = []
+    dropped = sorted(set(old.families) - set(bundle.families))
     if not bundle.families and old.families:
         refused.append(f"the new one has no fitted model (every family below {MIN_FAMILY_ROWS} training rows: all its "
                        f"kernels would be costed by the roofline alone) and the working one has "
                        f"{', '.join(sorted(old.families))}")
+    elif dropped:  # a CSV of GEMMs alone would turn the working bundle's other fits into the roofline, unjudged
+        refused.append(f"the new one has no surrogate for {', '.join(dropped)}, which the working one has fitted "
+                       f"(those kernels would fall back to the roofline); to keep them, retrain only yours: "
+                       f"--family {' --family '.join(sorted(bundle.families))}")
     if user_only and n_user < MIN_GATE_ROWS:
         refused.append(f"only {n_user} row(s) of your CSV were held out for validation, too few (< {MIN_GATE_ROWS}) to "
                        f"show the new bundle is no worse on your data (an --only-csv run is judged on your rows alone; "
