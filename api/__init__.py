@@ -125,8 +125,12 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     from wattcast.featurize.workload import StepOptions, step_graph
     from wattcast.simulate.single_device import predict_graph
 
+    from wattcast.featurize.workload import check_training_only_options
+
     if recompute_modules is not None and str(mode).lower() in ("inference", "inf", "infer"):
         raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
+    # the CLI's check (an optimizer or a recomputation in an inference step); the default optimizer is "not given"
+    check_training_only_options(mode, optimizer, recompute, default_optimizer=DEFAULTS.optimizer)
     from wattcast.simulate.defaults import shown_dtype, step_dtype
 
     from wattcast.simulate.serving import check_serving
@@ -285,6 +289,19 @@ def _no_run_options(run_kw: dict) -> None:
         raise ValueError(f"{', '.join(given)} describe a run: give tokens= too")
 
 
+def _no_served_run(tokens, run_kw: dict) -> None:
+    """KV-cached inference on a cluster (predict_cluster's kv_context=) costs one served step, not a run: tokens= and
+    the run options are refused saying so (not "give tokens= too" when tokens was given)."""
+    unknown = sorted(set(run_kw) - set(RUN_OPTIONS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}")
+    given = (["tokens"] if tokens is not None else []) + sorted(k for k, v in run_kw.items() if v is not None)
+    if given:
+        raise ValueError(f"{', '.join(f'{k}=' for k in given)}: a whole run (tokens, energy, cost, CO2e) is not modelled "
+                         "for KV-cached inference on a cluster (kv_context=): it costs one served step; leave "
+                         f"{'it' if len(given) == 1 else 'them'} out")
+
+
 def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict, cluster=None):
     from dataclasses import replace
 
@@ -425,7 +442,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         if kv_context is None:
             raise ValueError("logits= / serving= / prompt_tokens= / output_tokens= on a cluster describe KV-cached "
                              "inference: give kv_context= too")
-        _no_run_options(run_kw)
+        _no_served_run(tokens, run_kw)
         return _predict_tp_inference(model, cluster, gpus=gpus, tp=tp, batch=batch, seq=seq, kv_context=kv_context,
                                      logits=logits, serving=serving, prompt_tokens=prompt_tokens,
                                      output_tokens=output_tokens, dtype=dtype, attention=attention, compile=compile,

@@ -470,9 +470,13 @@ def _predict_request(ctx, f):
         _fail(_RUN_FLAGS_MESSAGE)
     _check_pricing_flag(f.pricing)
     par = _parallel_flags(ctx, f)
-    if str(f.mode).lower() in ("inference", "inf", "infer"):
-        if (f.optimizer is not None and str(f.optimizer).lower() != "none") or par["recompute"] != "none":
-            _fail("--optimizer and --recompute describe a training step; --mode inference runs the forward pass only")
+    from wattcast.featurize.workload import INFERENCE_MODES, check_training_only_options
+
+    if str(f.mode).lower() in INFERENCE_MODES:
+        try:  # the check wattcast.predict makes (there with the API's default optimizer allowed)
+            check_training_only_options(f.mode, f.optimizer, par["recompute"], names="--optimizer and --recompute")
+        except ValueError as e:
+            _fail(str(e))
     elif f.kv_context is not None:
         _fail("--kv-context describes an inference step with a KV cache (--mode inference); a training step has none")
     elif f.logits is not None and str(f.logits).lower() != "all":
@@ -717,7 +721,16 @@ def _show_step_prediction(res, f) -> None:
               f"{_gb_and_gib(capacity_gb)} (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB"
               + (f", KV cache {m.kv_cache_gb:.1f} GB" if m.kv_cache_gb else "") + "); "
-              "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom", code=3)
+              + _oom_hint(f.mode, getattr(f, "kv_context", None)), code=3)
+
+
+def _oom_hint(mode, kv_context) -> str:
+    """What to change when one device's step does not fit: an inference step has no recomputation (refused there) and
+    its KV cache grows with --kv-context."""
+    if str(mode).lower() in ("inference", "inf", "infer"):
+        return ("lower --batch" + (", --kv-context or --seq" if kv_context is not None else " or --seq")
+                + ", use a smaller --dtype or more GPUs (--cluster with --tp), or pass --allow-oom")
+    return "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom"
 
 
 def _print_warnings(warnings) -> None:
@@ -1188,7 +1201,7 @@ def clusters(
 
 @app.command()
 def sweep(
-    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output, moe_routing, gpus_per_node, zero3_prefetch, fsdp_reduce_dtype, grad_accum_dtype, fp8_recipe, scatter_gather_p2p, cross_entropy_loss_fusion, cross_entropy_fusion_impl, data_load_ms, data_workers, model_folders (the README's sweep section)."),
+    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output, moe_routing, gpus_per_node, zero3_prefetch, fsdp_reduce_dtype, grad_accum_dtype, fp8_recipe, scatter_gather_p2p, cross_entropy_loss_fusion, cross_entropy_fusion_impl, data_load_ms, data_workers, model_folders, cloud_usd_per_gpu_hour, footprint (the README's sweep section)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output folder of Parquet parts (default: the spec's 'output', else sweep.parquet); a rerun resumes it."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Address of a running Dask scheduler (tcp://host:8786); default: a LocalCluster on this machine."),
     workers: int = typer.Option(2, "--workers", help="LocalCluster worker processes (0: run the tasks in this process, one by one, without Dask)."),
@@ -1198,8 +1211,12 @@ def sweep(
     models: Optional[Path] = typer.Option(None, "--models", help="A retrained kernel surrogate bundle folder (`wattcast train kernels --out FOLDER`) for every task, over the spec's model_folders (default: $WATTCAST_MODELS, else the shipped one)."),
     collectives: Optional[Path] = typer.Option(None, "--collectives", help="A retrained collective model folder for every task, over the spec's model_folders (default: $WATTCAST_COLLECTIVES, else the shipped one)."),
     power_model: Optional[Path] = typer.Option(None, "--power-model", help="A retrained power model folder for every task, over the spec's model_folders (default: $WATTCAST_POWER_MODEL, else the shipped one)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Remove the output folder's parts first: needed to write a spec into a folder holding another spec's parts (refused otherwise)."),
 ) -> None:
-    """Sweep models x clusters x GPU counts x regions (a strategy search per task) on Dask or Ray; results to Parquet as tasks finish."""
+    """Sweep models x clusters x GPU counts x regions (a strategy search per task) on Dask or Ray; results to Parquet as tasks finish.
+
+    Exit 0 when every task has a result (ok, none fits or no valid strategy); 1 when a task failed to run or ended
+    with status error (listed: on stderr, and under "failed" with --json); 2 for bad input."""
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -1236,17 +1253,23 @@ def sweep(
                       TimeRemainingColumn(), console=err) as prog:
             task = prog.add_task("sweep tasks", total=None)
             res = run_sweep(sp, output, scheduler=scheduler, workers=workers, backend=backend, ray_address=ray_address,
-                            progress=lambda d, t: prog.update(task, completed=d, total=t),
+                            progress=lambda d, t: prog.update(task, completed=d, total=t), overwrite=overwrite,
                             **{k: str(v) for k, v in given.items()})
     except (SweepSpecError, SweepBackendError, OSError) as e:
         _fail(escape(str(e)))  # messages quote [ray], not markup
     best = summary(read_sweep(res.output))
+    # tasks whose row says status error (a task that could not run): failed as much as one whose worker was lost
+    errored = [dict(task_id=r["task_id"], status="error", error=r["error"],
+                    **{k: (r[k] if k != "gpus" else int(r[k])) for k in ("model", "cluster", "gpus", "region")})
+               for _, r in summary(read_sweep(res.output), ("task_id", "model", "cluster", "gpus", "region", "status",
+                                                            "error")).iterrows() if r["status"] == "error"]
     if as_json:
         rows = json.loads(best.to_json(orient="records"))
         for r in rows:  # the search's warnings and unranked clusters as search --json gives them (not JSON text)
             r.update({k: search_keys(r[k]) for k in SEARCH_KEYS if k in r})
         print(json.dumps(dict(output=str(res.output), tasks=res.total, skipped=res.skipped, ran=res.ran,
-                              failed=[dict(task_id=t, error=e) for t, e in res.failed_tasks], best=rows), indent=2))
+                              failed=[dict(task_id=t, error=e) for t, e in res.failed_tasks] + errored, best=rows),
+                         indent=2))
     else:
         t = Table(title=f"sweep: best strategy per task ({res.total} tasks; {res.skipped} already done, {res.ran} run)")
         shown = [c for c in best.columns if c not in SEARCH_KEYS]  # said below the table, as search says them
@@ -1266,9 +1289,14 @@ def sweep(
             for w in search_keys(r.get("warnings")) or ():
                 con.print(escape(f"note: {task}: {w}"), style="yellow", soft_wrap=True)
         err.print(f"results: {res.output} (pandas.read_parquet or wattcast.sweep.read_sweep)")
+    for r in errored:
+        err.print(escape(f"task {r['task_id']} ({r['model']} on {r['gpus']} x {r['cluster']}"
+                         + (f", {r['region']}" if r["region"] else "") + f") ended with status error: {r['error']}"),
+                  style="red", soft_wrap=True)
     if res.failed_tasks:
         for tid, e in res.failed_tasks:
             err.print(f"[red]task {tid} failed: {e}[/red]")
+    if res.failed_tasks or errored:
         raise typer.Exit(1)
 
 
@@ -1599,6 +1627,7 @@ def train_kernels(
     xla_table: List[Path] = typer.Option([], "--xla-table", help="An extra XLA GEMM table (a JAX CUDA plugin wheel, its .so, the .txtpb or a CSV from python -m wattcast.data.xla_perf_table; repeatable; default: $WATTCAST_XLA_TABLE)."),
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
+    force: bool = typer.Option(False, "--force", help="Make the new bundle current even when the gate refuses it (it validates worse, an --only-csv run holds out fewer than 20 of your rows to judge it on, or it has no fitted model and the working one has); without it such a bundle is kept beside the working one under OUT/versions/, not current, and the command exits 1."),
 ) -> None:
     """Train, evaluate (held-out GPUs), log to MLflow and ship the kernel latency surrogates."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1632,7 +1661,7 @@ def train_kernels(
                 data=data, csv=csv, only_csv=only_csv, holdout=tuple(holdout_names), out_dir=out,
                 spec_files=tuple(str(s) for s in spec), quick=quick, tracking_dir=mlruns, use_mlflow=not no_mlflow,
                 progress=lambda what, n: prog.advance(task, n), log=lambda m: prog.console.print(m),
-                xla_tables=tuple(str(x) for x in xla_table) or None, families=tuple(family) or None,
+                xla_tables=tuple(str(x) for x in xla_table) or None, families=tuple(family) or None, force=force,
             )
     except (FileNotFoundError, ValueError, DeviceSpecError) as e:
         _fail(str(e))

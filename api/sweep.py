@@ -112,6 +112,10 @@ SPEC_KEYS = {
                                  "--cross-entropy-fusion-impl; default native)",
     "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
     "data_workers": "data-loader worker processes (default: the framework's)",
+    "cloud_usd_per_gpu_hour": "cloud price per GPU-hour (USD) for every task's run (as --cloud-usd-per-gpu-hour); needs "
+                              "tokens: what objective cost/tco needs where the shipped table has no price",
+    "footprint": "other run options of every task (wattcast.search's footprint_kw: pue, pricing, lifetime_years, "
+                 "electricity_usd_per_kwh, ...; the region comes from 'regions'); needs tokens",
     "output": "output folder (.parquet); the --output flag overrides it",
     "model_folders": "retrained model folders: a mapping of models (kernel bundle), collectives and power_model "
                      "(what `wattcast train ... --out` wrote); the --models/--collectives/--power-model flags override them",
@@ -221,6 +225,8 @@ class SweepSpec:
     data_workers: int | None = None
     #: model folders by kind (models, collectives, power_model) as given; resolved (with the environment's) by tasks()
     model_folders: dict = field(default_factory=dict)
+    #: run options of every task's footprint (search's footprint_kw, without region), cloud_usd_per_gpu_hour included
+    footprint: dict = field(default_factory=dict)
 
     def tasks(self) -> list[dict]:
         """One dict per (model, cluster, gpus, region), with its id."""
@@ -238,6 +244,8 @@ class SweepSpec:
             settings["data_load_ms"] = self.data_load_ms
         if self.data_workers is not None:
             settings["data_workers"] = self.data_workers
+        if self.footprint:
+            settings["footprint"] = dict(sorted(self.footprint.items()))
         from wattcast.models.selection import resolve_folders
 
         try:  # given > environment > shipped, each checked; the live versions' paths
@@ -474,6 +482,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
             resolve_workers("hf", data_workers)
     except ValueError as e:
         raise SweepSpecError(f"{where}: {e}") from None
+    run_opts = _run_options(raw, tokens, where)
     folders = raw.get("model_folders") or {}
     if not isinstance(folders, dict) or set(folders) - set(MODEL_FOLDER_KEYS):
         raise SweepSpecError(f"{where}: 'model_folders' must be a mapping of {', '.join(MODEL_FOLDER_KEYS)} to folders, "
@@ -488,9 +497,44 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      zero3_prefetch=z3, scatter_gather_p2p=sg, fsdp_reduce_dtype=reduce_dtype,
                      grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe, moe_token_dispatcher=dispatcher,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
-                     model_folders={k: v for k, v in folders.items() if v is not None})
+                     model_folders={k: v for k, v in folders.items() if v is not None}, footprint=run_opts)
     _resolve_names(spec, where)
     return spec
+
+
+def _run_options(raw: dict, tokens, where: str) -> dict:
+    """The spec's ``footprint`` mapping and ``cloud_usd_per_gpu_hour`` as one footprint_kw (checked as search checks
+    it), refused without tokens and for a region (the spec's ``regions`` give those)."""
+    opts = raw.get("footprint") or {}
+    if not isinstance(opts, dict):
+        raise SweepSpecError(f"{where}: 'footprint' must be a mapping of run options ({SPEC_KEYS['footprint']}), got {opts!r}")
+    opts = dict(opts)
+    if "region" in opts:
+        raise SweepSpecError(f"{where}: 'footprint': give the region(s) in 'regions', not in 'footprint'")
+    price = raw.get("cloud_usd_per_gpu_hour")
+    if price is not None:
+        if "cloud_usd_per_gpu_hour" in opts and opts["cloud_usd_per_gpu_hour"] != price:
+            raise SweepSpecError(f"{where}: 'cloud_usd_per_gpu_hour' given twice with different values (top level "
+                                 f"{price!r}, footprint {opts['cloud_usd_per_gpu_hour']!r})")
+        opts["cloud_usd_per_gpu_hour"] = price
+    if "cloud_usd_per_gpu_hour" in opts:
+        v = opts["cloud_usd_per_gpu_hour"]
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            raise SweepSpecError(f"{where}: 'cloud_usd_per_gpu_hour' must be a number (USD per GPU-hour), got {v!r}") from None
+        if not v > 0 or v != v or v == float("inf"):
+            raise SweepSpecError(f"{where}: 'cloud_usd_per_gpu_hour' must be above 0 and finite, got {v!r}")
+        opts["cloud_usd_per_gpu_hour"] = v
+    if opts and tokens is None:
+        raise SweepSpecError(f"{where}: {', '.join(sorted(opts))} describe a whole run: give 'tokens' (the run length) too")
+    from wattcast.planning.search import _check_footprint_kw
+
+    try:
+        _check_footprint_kw(opts or None)
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: 'footprint': {e}") from None
+    return opts
 
 
 def _resolve_names(spec: SweepSpec, where: str) -> None:
@@ -568,7 +612,8 @@ def run_task(task: dict) -> pd.DataFrame:
                   data_load_ms=task.get("data_load_ms", 0.0),
                   data_workers=task.get("data_workers"), **(task.get("model_folders") or {}))
         if task["tokens"] is not None:
-            kw.update(tokens=task["tokens"], footprint_kw={"region": task["region"]} if task["region"] else None)
+            run = {**(task.get("footprint") or {}), **({"region": task["region"]} if task["region"] else {})}
+            kw.update(tokens=task["tokens"], footprint_kw=run or None)
         res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)
         found = dict(warnings=json.dumps(list(res.warnings)), unranked_clusters=json.dumps(res.unranked_clusters()),
                      dropped_values=json.dumps(list(res.dropped_values), default=str))
@@ -587,7 +632,7 @@ def run_task(task: dict) -> pd.DataFrame:
             why = res.invalid_reason()
             error = f"no valid strategy ({len(res.rejected)} broke a rule)" + (f": {why}" if why else "")
     except (ValueError, RuntimeError) as e:  # a task that cannot run is a row saying why, not a lost sweep
-        out, status, error = pd.DataFrame({"rank": [0]}), "error", str(e)
+        out, status, error = pd.DataFrame({"rank": [0]}), "error", _in_sweep_terms(str(e))
     out = out.drop(columns=[k for k in base if k in out.columns])  # the search's own cluster name: the task's is kept
     for k, v in reversed(list(base.items())):
         out.insert(0, k, v)
@@ -597,6 +642,14 @@ def run_task(task: dict) -> pd.DataFrame:
     out["task_seconds"] = time.time() - t0
     full = part_columns(task.get("tokens") is not None)  # a task without a result has every column too (empty)
     return out.reindex(columns=full + [c for c in out.columns if c not in full])
+
+
+def _in_sweep_terms(message: str) -> str:
+    """A search's error with, where it names a run option to give, how a sweep spec gives it."""
+    if "cloud_usd_per_gpu_hour" in message:
+        return message + ("; in a sweep spec: the key cloud_usd_per_gpu_hour: USD (every task), or leave out the "
+                          "regions with no price")
+    return message
 
 
 def task_homes(tasks: list[dict], workers: list[str]) -> dict[str, list[str]]:
@@ -623,6 +676,88 @@ def task_homes(tasks: list[dict], workers: list[str]) -> dict[str, list[str]]:
 
 def _part_path(folder: Path, task_id: str) -> Path:
     return folder / f"part-{task_id}.parquet"
+
+
+#: the file in a sweep's output folder recording the spec its parts are of and the code/model versions that wrote them
+#: (a leading "_": pyarrow's dataset read, ``pandas.read_parquet(OUT)``, skips it)
+FOLDER_RECORD = "_wattcast_sweep.json"
+#: the columns naming a task's place in the sweep (one task per key)
+TASK_KEY = ("model", "cluster", "gpus", "region")
+
+
+def spec_digest(spec: SweepSpec) -> str:
+    """A digest of what a spec asks for (every key but ``output``; model folders as the absolute paths given, by the
+    spec or the environment), not of the code or model versions that answer it (those are in the task ids)."""
+    from wattcast.models.selection import KINDS as _KINDS
+
+    d = {k: getattr(spec, k) for k in spec.__dataclass_fields__ if k not in ("output", "model_folders")}
+    folders = {k: spec.model_folders.get(k) or os.environ.get(_KINDS[k][0], "").strip() or None for k in MODEL_FOLDER_KEYS}
+    d["model_folders"] = {k: str(Path(v).expanduser().resolve()) for k, v in sorted(folders.items()) if v}
+    return _digest(d)
+
+
+def _task_key(task: dict) -> tuple:
+    return (str(task["model"]), str(task["cluster"]), int(task["gpus"]), str(task["region"] or ""))
+
+
+def _part_keys(folder: Path, ids) -> dict[str, tuple]:
+    """The task key of each part ``ids`` in ``folder`` (read from the part's own columns)."""
+    out = {}
+    for i in ids:
+        row = pd.read_parquet(_part_path(folder, i), columns=list(TASK_KEY)).head(1)
+        out[i] = _task_key(row.iloc[0].to_dict()) if len(row) else None
+    return out
+
+
+def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bool = False) -> dict[str, list[str]]:
+    """Check ``out`` against ``spec`` before anything runs and record the spec in it (:data:`FOLDER_RECORD`).
+
+    A folder holding parts of another spec (its record's spec digest differs, or it has no record and parts this spec
+    does not produce) is refused (:class:`SweepSpecError`) unless ``overwrite``, which removes its parts first. Parts of
+    this same spec written by other code or model versions (their task ids differ) are stale: returned per current
+    task id, to be removed once that task's new part is written (at once when it is there already), so every task key
+    has one part. Never removes a part of another spec without ``overwrite``."""
+    ids = {t["task_id"] for t in tasks}
+    have = done_tasks(out)
+    record_path = out / FOLDER_RECORD
+    digest = spec_digest(spec)
+    record = None
+    if record_path.is_file():
+        try:
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = None
+    foreign = sorted(have - ids)
+    if overwrite:
+        for i in have:
+            _part_path(out, i).unlink(missing_ok=True)
+        have, foreign = set(), []
+    elif have and record is not None and record.get("spec_digest") != digest:
+        raise SweepSpecError(f"output {out} holds {len(have)} part(s) of another sweep spec (recorded in "
+                             f"{record_path.name}): give a new output folder (--output), or --overwrite "
+                             "(run_sweep(overwrite=True)) to remove them and write this spec's")
+    elif foreign and record is None:
+        raise SweepSpecError(f"output {out} holds {len(foreign)} part(s) this spec does not produce, with no record of "
+                             "the spec that wrote them (another spec, or a wattcast before the folder recorded it): give "
+                             "a new output folder (--output), or --overwrite (run_sweep(overwrite=True)) to remove them")
+    out.mkdir(parents=True, exist_ok=True)
+    first = tasks[0] if tasks else {}
+    record = {"spec_digest": digest, "wattcast_version": first.get("wattcast_version"),
+              "wattcast_code": first.get("wattcast_code"), "model_manifests": first.get("model_manifests")}
+    tmp = out / f".{FOLDER_RECORD}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, record_path)
+    by_key = {_task_key(t): t["task_id"] for t in tasks}
+    stale: dict[str, list[str]] = {}
+    for old, key in _part_keys(out, foreign).items():
+        new = by_key.get(key)
+        if new is None:
+            continue  # not a place of this spec (cannot be, with the same digest): left alone
+        if new in have:
+            _part_path(out, old).unlink(missing_ok=True)
+        else:
+            stale.setdefault(new, []).append(old)
+    return stale
 
 
 def write_part(folder: Path, task_id: str, frame: pd.DataFrame) -> Path:
@@ -847,7 +982,8 @@ def _ray_results(todo: list[dict], address: str | None, workers: int, client_hoo
 def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = None, *, scheduler: str | None = None,
               workers: int = 2, progress: Callable[[int, int], None] | None = None,
               client_hook: Callable[[Any], None] | None = None, backend: str = "dask",
-              ray_address: str | None = None, models=None, collectives=None, power_model=None) -> SweepOutcome:
+              ray_address: str | None = None, models=None, collectives=None, power_model=None,
+              overwrite: bool = False) -> SweepOutcome:
     """Run every task of ``spec`` not already in ``output``; each finished task's rows are written at once.
 
     ``backend="dask"``: ``scheduler`` is a Dask scheduler address (``tcp://host:8786``); None starts a LocalCluster of
@@ -858,7 +994,9 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     same resume and the same rows. ``progress(done, total)`` after every task. ``client_hook`` is called once the
     backend is up, with the Dask client or the list of Ray actor handles (tests use it to kill a worker).
     ``models`` / ``collectives`` / ``power_model``: retrained model folders, over the spec's ``model_folders`` (then
-    ``$WATTCAST_MODELS`` ...); every task gets their live versions' paths."""
+    ``$WATTCAST_MODELS`` ...); every task gets their live versions' paths. ``output`` records the spec
+    (:func:`prepare_folder`): another spec's folder is refused unless ``overwrite`` (which removes its parts), and a
+    rerun whose tasks recompute (other code or models) replaces each stale part as its new one is written."""
     t0 = time.time()
     if backend not in BACKENDS:
         raise SweepBackendError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -884,6 +1022,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     if out.exists() and not out.is_dir():
         raise SweepSpecError(f"output {out} exists and is not a sweep folder")
     tasks = spec.tasks()
+    stale = prepare_folder(out, spec, tasks, overwrite)
     have = done_tasks(out)
     todo = [t for t in tasks if t["task_id"] not in have]
     skipped = len(tasks) - len(todo)
@@ -905,6 +1044,8 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
                 failed.append((t["task_id"], repr(frame)))
                 continue
             write_part(out, t["task_id"], frame)
+            for old in stale.get(t["task_id"], ()):  # the same task's part from other code or models: replaced
+                _part_path(out, old).unlink(missing_ok=True)
             done += 1
             if progress:
                 progress(done, len(tasks))

@@ -260,6 +260,24 @@ def _kv_context_option(v: Any, mode: str) -> int | None:
     return int(v)
 
 
+#: the names ``mode`` takes for an inference step (the CLI's --mode and the API's mode=)
+INFERENCE_MODES = ("inference", "inf", "infer")
+
+
+def check_training_only_options(mode: Any, optimizer: Any, recompute: Any, names: str = "optimizer= and recompute=",
+                                default_optimizer: str | None = None) -> None:
+    """An inference step runs the forward pass only: an optimizer (other than None/"none", or ``default_optimizer``,
+    the default an API keyword carries when not given) or a recomputation (other than None/"none") describes a training
+    step, a ValueError naming ``names`` (the CLI's --optimizer and --recompute, the API's keywords)."""
+    if str(mode).lower() not in INFERENCE_MODES:
+        return
+    opt = None if optimizer is None else str(optimizer).lower()
+    rec = None if recompute is None else str(recompute).lower()
+    if opt not in (None, "none", default_optimizer) or rec not in (None, "none"):
+        mode_name = "--mode inference" if names.startswith("--") else "mode='inference'"
+        raise ValueError(f"{names} describe a training step; {mode_name} runs the forward pass only")
+
+
 def _logits_option(v: Any, mode: str) -> str:
     """``logits``: "last" or "all" (None: "last" in inference, "all" in training, where the loss needs every one)."""
     if v is None:

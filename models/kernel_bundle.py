@@ -390,13 +390,14 @@ load_bundle.cache_clear = _load_live.cache_clear  # type: ignore[attr-defined]  
 KEEP_OLD_VERSIONS = 3
 
 
-def install_bundle(bundle: "KernelBundle", target: str | Path) -> Path:
+def install_bundle(bundle: "KernelBundle", target: str | Path, activate: bool = True) -> Path:
     """Write ``bundle`` as a new version under ``target/versions/``, check it loads (every file against its hash), and
     make it live by writing ``target/CURRENT`` with one atomic rename, under a lock (concurrent trainings serialise
     their switches). A crash before the rename leaves the previous bundle live and at most a ``.tmp-*`` folder;
     one after it, the new one. A flat bundle already in ``target`` (the shipped layout) stays where it is and is
-    simply no longer read. Returns the new version's folder (models/versioned.py ``install_version``)."""
-    final = install_version(target, LAYOUT, bundle.save, KernelBundle.load, keep=KEEP_OLD_VERSIONS)
+    simply no longer read. Returns the new version's folder (models/versioned.py ``install_version``). ``activate=False``:
+    written and checked beside the live bundle, ``CURRENT`` unchanged (a bundle the gate did not accept)."""
+    final = install_version(target, LAYOUT, bundle.save, KernelBundle.load, keep=KEEP_OLD_VERSIONS, activate=activate)
     load_bundle.cache_clear()
     return final
 

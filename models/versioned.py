@@ -69,14 +69,17 @@ def new_version_name() -> str:
 
 
 def install_version(target: str | Path, layout: Layout, write: Callable[[Path], object], check: Callable[[Path], object],
-                    keep: int | None = None) -> Path:
+                    keep: int | None = None, activate: bool = True) -> Path:
     """Write a new version of a model under ``target/<versions>/`` with ``write(folder)``, run ``check(folder)`` on it
     (load it back, compare; raise to refuse it), then make it live with one atomic rename of the pointer, under a lock
     on ``target/.lock`` (concurrent trainings serialise their switches). Versions other than the new one, the one it
     replaces and the ``keep`` (default :data:`KEEP_OLD_VERSIONS`) newest others are pruned. Returns the new version's folder.
 
     A failure (or a kill) before the pointer's rename leaves the previous model live; the half-written or unreferenced
-    version is removed here when the failure is an exception, and pruned by a later switch when it was a kill."""
+    version is removed here when the failure is an exception, and pruned by a later switch when it was a kill.
+
+    ``activate=False`` writes and checks the version the same way but leaves the pointer (and the other versions)
+    alone: a model the gate did not accept is kept beside the live one, usable by its folder, never made live."""
     import fcntl
 
     target = Path(target)
@@ -92,6 +95,8 @@ def install_version(target: str | Path, layout: Layout, write: Callable[[Path], 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if not activate:
+        return final
     with open(target / ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

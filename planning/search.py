@@ -239,7 +239,10 @@ def _choices(name: str, value) -> tuple | None:
     (duplicates dropped), a single value (a string too) as a one-element choice; None keeps the default.
     Each choice is checked (ValueError naming the option and the value)."""
     if name not in SPACE_DEFAULTS:
-        raise ValueError(f"unknown search-space option {name!r}; valid: {', '.join(SPACE_DEFAULTS)}")
+        run = name in _footprint_options() or name == "tokens"
+        raise ValueError(f"unknown search-space option {name!r}; valid: {', '.join(SPACE_DEFAULTS)}"
+                         + (f" ({name} describes the run: give it in footprint_kw={{{name!r}: ...}}, with tokens=)"
+                            if run and name != "tokens" else ""))
     if value is None:
         value = SPACE_DEFAULTS[name]
         if value is None:
@@ -1240,10 +1243,21 @@ def _check_footprint_kw(kw) -> None:
         return
     if not isinstance(kw, dict):
         raise ValueError(f"footprint_kw must be a dict of footprint options (region, pue, ...), got {kw!r}")
-    valid = [p for p in inspect.signature(footprint).parameters if p not in _FOOTPRINT_SET]
+    valid = _footprint_options()
     unknown = [k for k in kw if k not in valid]
     if unknown:
-        raise ValueError(f"unknown footprint_kw option {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+        raise ValueError(f"unknown footprint_kw option {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
+                         + (f" ({_NOT_IN_A_SEARCH['utilisation']})" if "utilisation" in unknown else ""))
+
+
+#: footprint options a search does not take, and why (footprint_kw refuses them naming this)
+_NOT_IN_A_SEARCH = {"utilisation": "utilisation is the power surrogate's input when a footprint has no step; a search "
+                                   "predicts each strategy's own GPU power from its step, which the run uses"}
+
+
+def _footprint_options() -> list[str]:
+    """The options ``footprint_kw`` takes: :func:`wattcast.lifecycle.footprint`'s, but what a search sets itself."""
+    return [p for p in inspect.signature(footprint).parameters if p not in _FOOTPRINT_SET and p not in _NOT_IN_A_SEARCH]
 
 
 def plot_runs(df: pd.DataFrame, path) -> None:

@@ -79,9 +79,14 @@ def test_tasks_write_parts_and_a_rerun_resumes(tmp_path):
     r3 = run_sweep(SPEC, out, workers=0)
     assert (r3.skipped, r3.ran) == (3, 1)
     pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(df))
-    # a changed setting is a different task: nothing stale is reused
-    r4 = run_sweep({**SPEC, "seq": 256}, out, workers=0)
-    assert r4.skipped == 0 and r4.ran == 4
+    # a changed setting is another spec: refused in this folder (its rows would mix with these) unless overwritten,
+    # which removes the old parts; nothing stale is reused
+    with pytest.raises(SweepSpecError, match="another sweep spec.*--overwrite"):
+        run_sweep({**SPEC, "seq": 256}, out, workers=0)
+    assert len(done_tasks(out)) == 4
+    r4 = run_sweep({**SPEC, "seq": 256}, out, workers=0, overwrite=True)
+    assert r4.skipped == 0 and r4.ran == 4 and len(done_tasks(out)) == 4
+    assert set(read_sweep(out)["task_id"]).isdisjoint(df["task_id"])
 
 
 def test_a_task_that_fits_nowhere_is_a_row_saying_so(tmp_path):

@@ -29,8 +29,16 @@ from wattcast.training.tracking import log_run
 #: the gate: the new bundle must be no worse than the old on all validation rows together, and may not
 #: regress any one part (shared reference rows, the user's rows) by more than this fraction
 PART_TOLERANCE = 0.05
-#: shared rows used as a reference a user's CSV cannot corrupt, when training on the CSV alone
+#: fewest validation rows a part (shared, the user's) needs to be judged on its own; an --only-csv run with fewer of
+#: the user's held-out rows is not validated, so not made live (a 60-row CSV holds out ~11: a 0-fit bundle at 87.6%
+#: MAPE on them replaced one at 16.1%, judged on 20,000 shared rows the flag leaves out)
+MIN_GATE_ROWS = 20
+#: shared rows drawn as the reference an --only-csv run's own rows cannot vouch for (of the GPUs and families it fitted)
 REFERENCE_ROWS = 20_000
+#: an --only-csv bundle that more than doubles the working one's MAPE on the shared measurements of its own GPUs and
+#: families is refused whatever its own rows say: a unit or scale error (latencies x50 in the CSV) moves it ~40x, while
+#: retraining on a few hundred rows moves it by tens of percent (duplicates alone: 17.35 -> 11.74%, split_user_rows)
+REFERENCE_VETO_RATIO = 2.0
 #: the share of a user CSV's measurement points (not rows: see ``split_user_rows``) held out as its validation split
 USER_VAL_FRACTION = 0.2
 #: two measurements of one point further apart than this factor contradict each other (``duplicate_counts``)
@@ -150,12 +158,13 @@ def run_train_kernels(
     log: Callable[[str], None] = print,
     xla_tables: tuple[str, ...] | None = None,
     families: tuple[str, ...] | None = None,
+    force: bool = False,
 ) -> RunOutcome:
     """Train, evaluate and (if it validates) install a kernel bundle. ``xla_tables``: extra XLA GEMM tables for the
     shared ``xla`` source (``data/xla_perf_table.py``; default: ``$WATTCAST_XLA_TABLE``), recorded in the manifest.
     ``families``: retrain only these op families and take every other one, unchanged, from the working bundle at
     the target (new data that touches one family does not redraw the others' fits); the gate then compares the
-    merged bundle with the working one as usual."""
+    merged bundle with the working one as usual. ``force``: make the new bundle live even when the gate refuses it."""
     from wattcast.data.kernel_datasets import (
         WITHHELD_DEVICES,
         DataNotFoundError,
@@ -302,23 +311,22 @@ def run_train_kernels(
             metrics[f"heldout_{dev}_{fam}_roofline_mape_pct"] = r["roofline_mape_pct"]
         metrics["heldout_mape_pct"] = float(held_pred["ape"].mean() * 100)
 
-    # the gate: replace only if the new bundle validates no worse on the same validation rows
-    if only_csv:
-        ref = _reference_rows(data, holdout, xla_tables)
-        if ref is not None:
-            if base_bundle is not None:  # as above: the kept families' rows do not judge this run
-                ref = _of_families(ref, cfg.families)
-            specs.update(_specs_for(ref["device"], extra_specs))
-            val = pd.concat([val, ref], ignore_index=True)
-    replaced, reason, gate = gate_decision(bundle, target, val, specs, val_pred if not only_csv else None)
+    # the gate: replace only if the new bundle validates no worse on the same validation rows (an --only-csv run:
+    # the user's own held-out rows, the flag leaves the shared datasets out)
+    reference = None
+    if only_csv:  # the shared rows of the GPUs and families this CSV fitted: they can veto it, never pass it
+        reference = _own_reference(_reference_rows(data, holdout, xla_tables), bundle, cfg.families)
+    replaced, reason, gate = gate_decision(bundle, target, val, specs, val_pred, user_only=only_csv, force=force,
+                                           reference=reference)
     metrics.update(gate)
     bundle.meta["metrics"] = {k: round(float(v), 3) for k, v in metrics.items()}
-    if replaced:
-        # a new version beside the old one, checked, then one atomic pointer switch (models.kernel_bundle.install_bundle):
-        # a kill at any moment leaves a working bundle live
-        from wattcast.models.kernel_bundle import install_bundle
+    # a new version beside the old one, checked, then one atomic pointer switch (models.kernel_bundle.install_bundle):
+    # a kill at any moment leaves a working bundle live. One the gate refused is kept beside it, not made live.
+    from wattcast.models.kernel_bundle import install_bundle
 
-        install_bundle(bundle, target)
+    version = install_bundle(bundle, target, activate=replaced)
+    if not replaced:
+        reason += f". The new bundle is kept, not current, in {version} (predict with it: --models {version})"
     seconds = time.time() - t0
     metrics["train_seconds"] = seconds
 
@@ -396,8 +404,25 @@ def _reference_rows(data, holdout, xla_tables=None) -> pd.DataFrame | None:
     return train.sample(n=n, random_state=2) if n else None
 
 
-def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, new_pred: pd.DataFrame | None = None):
-    """(replace?, why, metrics). Parts: 'user' rows (source == 'user') and 'shared' rows (the rest)."""
+def _own_reference(ref: pd.DataFrame | None, bundle: KernelBundle, families) -> pd.DataFrame | None:
+    """The reference rows on the GPUs ``bundle`` was trained on, of the ``families`` it fitted (what its CSV claims to
+    describe), or None."""
+    if ref is None or not bundle.families:
+        return None
+    fams = [f for f in families if f in bundle.families]
+    ref = _of_families(ref[ref["device"].isin(bundle.train_devices)], fams)
+    return ref if len(ref) else None
+
+
+def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, new_pred: pd.DataFrame | None = None,
+                  user_only: bool = False, force: bool = False, reference: pd.DataFrame | None = None):
+    """(replace?, why, metrics). Parts: 'user' rows (source == 'user') and 'shared' rows (the rest).
+
+    ``user_only`` (an --only-csv run): judged on the user's held-out rows alone; fewer than :data:`MIN_GATE_ROWS` of
+    them cannot validate it, so it is not made live. A bundle with no fitted family never replaces one with fitted
+    families, nor one that drops a family the working one has fitted. ``reference``: shared measurements of the new bundle's own GPUs and families; a new bundle that more than
+    :data:`REFERENCE_VETO_RATIO` x the working one's MAPE on them is refused (a corrupted CSV validates on itself).
+    ``force`` makes the new bundle live whatever the gate says (the reason says what it overrode)."""
     from wattcast.models.kernel_bundle import resolve_bundle_folder
 
     try:
@@ -408,24 +433,83 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
         return True, "no working bundle at the target: writing the new one", {}
     try:
         old = KernelBundle.load(target)
-        old_pred = evaluate(old, val, specs)
+        old_pred = evaluate(old, val, specs) if len(val) else None
     except Exception as e:  # an unreadable or incompatible old bundle is not a working model
         return True, f"the existing bundle does not load or predict ({e}): replacing it", {}
-    new_pred = new_pred if new_pred is not None and len(new_pred) == len(val) else evaluate(bundle, val, specs)
+    ok, why, m = _judge(bundle, old, val, old_pred, new_pred, specs, user_only)
+    if ok and reference is not None and len(reference) >= MIN_GATE_ROWS:
+        try:
+            o_, n_ = (float(evaluate(b, reference, specs)["ape"].mean()) for b in (old, bundle))
+        except Exception:  # a reference GPU without a spec here: no veto
+            o_ = n_ = None
+        if o_ is not None:
+            m["gate_reference_new_mape_pct"], m["gate_reference_old_mape_pct"] = n_ * 100, o_ * 100
+            m["gate_reference_rows"] = float(len(reference))
+            note = (f"{n_*100:.2f}% vs {o_*100:.2f}% MAPE on {len(reference):,} shared-dataset rows of the same GPUs "
+                    "and families")
+            if n_ > o_ * REFERENCE_VETO_RATIO:
+                ok, why = False, (f"kept the existing bundle: it validates no worse on your own rows "
+                                  f"({m['gate_new_mape_pct']:.2f}% vs {m['gate_old_mape_pct']:.2f}% MAPE on "
+                                  f"{int(m['gate_user_rows']):,} held-out rows of your CSV), but it is over "
+                                  f"{REFERENCE_VETO_RATIO:g}x worse on the shared measurements of the same GPUs and "
+                                  f"families ({note}): check the CSV's latency units and devices, or rerun with "
+                                  "--force to make it current anyway")
+            else:
+                why += f"; no veto from the shared data: {note}"
+    if ok or not force:
+        return ok, why, m
+    return True, f"made current by --force although the gate would have {why[0].lower()}{why[1:]}", m
+
+
+def _judge(bundle, old, val, old_pred, new_pred, specs, user_only: bool):
+    """The gate proper (``gate_decision``), with the working bundle ``old`` loaded and predicted on ``val``."""
+    force_hint = "rerun with --force to make it current anyway"
     part = np.where(val["source"].to_numpy() == "user", "user", "shared")
+    n_user, n_shared = int((part == "user").sum()), int((part == "shared").sum())
+    if user_only:
+        used = f"{n_user:,} held-out rows of your CSV (an --only-csv run is judged on your rows alone)"
+    elif n_user:
+        used = f"{len(val):,} validation rows: {n_shared:,} shared-dataset rows and {n_user:,} held-out rows of your CSV"
+    else:
+        used = f"{len(val):,} validation rows of the shared datasets"
+    refused = []
+    dropped = sorted(set(old.families) - set(bundle.families))
+    if not bundle.families and old.families:
+        refused.append(f"the new one has no fitted model (every family below {MIN_FAMILY_ROWS} training rows: all its "
+                       f"kernels would be costed by the roofline alone) and the working one has "
+                       f"{', '.join(sorted(old.families))}")
+    elif dropped:  # a CSV of GEMMs alone would turn the working bundle's other fits into the roofline, unjudged
+        refused.append(f"the new one has no surrogate for {', '.join(dropped)}, which the working one has fitted "
+                       f"(those kernels would fall back to the roofline); to keep them, retrain only yours: "
+                       f"--family {' --family '.join(sorted(bundle.families))}")
+    if user_only and n_user < MIN_GATE_ROWS:
+        refused.append(f"only {n_user} row(s) of your CSV were held out for validation, too few (< {MIN_GATE_ROWS}) to "
+                       f"show the new bundle is no worse on your data (an --only-csv run is judged on your rows alone; "
+                       f"about {MIN_GATE_ROWS / USER_VAL_FRACTION:.0f} distinct shapes are needed)")
+    if refused:
+        return False, f"kept the existing bundle: {'; '.join(refused)}; {force_hint}", {
+            "gate_rows": float(len(val)), "gate_user_rows": float(n_user), "gate_shared_rows": float(n_shared)}
+    new_pred = new_pred if new_pred is not None and len(new_pred) == len(val) else evaluate(bundle, val, specs)
     new_ape = new_pred["ape"].to_numpy()
     old_ape = old_pred["ape"].to_numpy()
-    m = {"gate_new_mape_pct": float(np.mean(new_ape) * 100), "gate_old_mape_pct": float(np.mean(old_ape) * 100)}
-    worse = []
+    m = {"gate_new_mape_pct": float(np.mean(new_ape) * 100), "gate_old_mape_pct": float(np.mean(old_ape) * 100),
+         "gate_rows": float(len(val)), "gate_user_rows": float(n_user), "gate_shared_rows": float(n_shared)}
+    worse, skipped = [], []
     for p in ("shared", "user"):
         sel = part == p
-        if sel.sum() < 20:
+        if sel.sum() < MIN_GATE_ROWS:
+            if sel.any():
+                skipped.append(f"your {int(sel.sum())} held-out row(s) are too few (< {MIN_GATE_ROWS}) to be judged "
+                               "on their own: counted in the total only" if p == "user" else
+                               f"the {int(sel.sum())} shared row(s) are too few to be judged on their own")
             continue
         n_, o_ = float(np.mean(new_ape[sel])), float(np.mean(old_ape[sel]))
         m[f"gate_{p}_new_mape_pct"], m[f"gate_{p}_old_mape_pct"] = n_ * 100, o_ * 100
         if n_ > o_ * (1 + PART_TOLERANCE):
             worse.append(f"{p} rows {n_*100:.2f}% vs {o_*100:.2f}%")
-    summary = f"{m['gate_new_mape_pct']:.2f}% vs {m['gate_old_mape_pct']:.2f}% MAPE on {len(val):,} validation rows"
+    summary = f"{m['gate_new_mape_pct']:.2f}% vs {m['gate_old_mape_pct']:.2f}% MAPE on {used}"
+    if skipped:
+        summary += "; " + "; ".join(skipped)
     if m["gate_new_mape_pct"] > m["gate_old_mape_pct"]:
         return False, f"kept the existing bundle: the new one validates worse ({summary})", m
     if worse:

@@ -1,0 +1,116 @@
+"""The kernel gate of an --only-csv run judges the user's own held-out rows; too few of them, or a bundle with no
+fitted model, never replaces a working bundle without --force (the user audit: a 60-row GEMM CSV made a 0-fit bundle
+current, 87.6% vs 16.1% MAPE on the user's rows, judged on 20,000 shared rows the flag leaves out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from wattcast.models.kernel_bundle import KernelBundle, resolve_bundle_folder
+from wattcast.training.kernel_run import MIN_GATE_ROWS, gate_decision, run_train_kernels
+
+from conftest import flat, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def t4_linear(data_root, tmp_path_factory) -> tuple[Path, Path]:
+    """231 T4 linear rows (the audit's gemmA size) and 60 of them (gemmB)."""
+    f = data_root / "neusight" / "kernels" / "linear" / "Tesla_T4.csv"
+    if not f.is_file():
+        pytest.skip(f"{f} not present")
+    d = pd.read_csv(f).drop_duplicates(["B", "M", "N", "K"]).sample(231, random_state=0)[
+        ["OPName", "Latency", "Device", "B", "M", "N", "K"]]
+    folder = tmp_path_factory.mktemp("gate_csv")
+    a, b = folder / "gemmA.csv", folder / "gemmB.csv"
+    d.to_csv(a, index=False)
+    d.iloc[:60].to_csv(b, index=False)
+    return a, b
+
+
+def _train(csv: Path, out: Path, **kw):
+    said: list[str] = []
+    o = run_train_kernels(csv=csv, only_csv=True, quick=True, out_dir=out, use_mlflow=False, log=said.append, **kw)
+    return o, " ".join(said)
+
+
+def test_a_zero_fit_only_csv_bundle_is_kept_beside_not_made_current(t4_linear, tmp_path):
+    a, b = t4_linear
+    out = tmp_path / "kb"
+    first, _ = _train(a, out)
+    assert first.replaced
+    live = (out / "CURRENT").read_text()
+    second, said = _train(b, out)
+    assert "held out for validation" in said
+    assert not second.replaced
+    why = flat(second.reason)
+    assert "no fitted model" in why and "too few" in why and "--force" in why
+    assert "judged on your rows alone" in why
+    assert (out / "CURRENT").read_text() == live  # the working bundle stays live
+    kept = [p for p in (out / "versions").iterdir() if p.name != live.strip()]
+    assert len(kept) == 1 and str(kept[0]) in second.reason  # the refused one is beside it, named
+    assert not KernelBundle.load(kept[0]).families
+    # --force makes it current, and says what it overrode
+    forced, _ = _train(b, out, force=True)
+    assert forced.replaced and "--force" in forced.reason and "no fitted model" in forced.reason
+    assert (out / "CURRENT").read_text() != live
+
+
+def test_only_csv_gate_uses_the_users_rows_and_refuses_too_few(t4_linear, tmp_path):
+    a, _ = t4_linear
+    out = tmp_path / "kb"
+    first, _ = _train(a, out)
+    assert first.replaced
+    bundle = KernelBundle.load(resolve_bundle_folder(out))
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.kernel_datasets import load_user_kernels
+
+    from wattcast.training.kernel_run import _canonical_devices
+
+    user = _canonical_devices(load_user_kernels(a), {})
+    specs = {"Tesla-T4": resolve_device("Tesla-T4")}
+    # enough of the user's rows: judged on them alone, and said so
+    ok, why, m = gate_decision(bundle, out, user.iloc[:50], specs, user_only=True)
+    assert ok and "50 held-out rows of your CSV" in why and m["gate_user_rows"] == 50 and m["gate_shared_rows"] == 0
+    # a fitted bundle, but too few rows to validate it: not made current
+    ok, why, _ = gate_decision(bundle, out, user.iloc[:MIN_GATE_ROWS - 9], specs, user_only=True)
+    assert not ok and f"only {MIN_GATE_ROWS - 9} row(s) of your CSV" in why and "no fitted model" not in why
+    assert gate_decision(bundle, out, user.iloc[:MIN_GATE_ROWS - 9], specs, user_only=True, force=True)[0]
+    # a run with the shared data: the too-few user part is said, not silently skipped
+    mixed = pd.concat([user.iloc[20:80].assign(source="neusight"), user.iloc[:11]], ignore_index=True)
+    ok, why, m = gate_decision(bundle, out, mixed, specs)
+    assert "60 shared-dataset rows and 11 held-out rows of your CSV" in why
+    assert "your 11 held-out row(s) are too few" in why and "gate_user_new_mape_pct" not in m
+
+
+def test_cli_train_kernels_has_force_and_exits_1_when_it_keeps_the_old(t4_linear, tmp_path):
+    a, b = t4_linear
+    out = tmp_path / "kb"
+    assert _train(a, out)[0].replaced
+    r = run_cli("train", "kernels", "--csv", b, "--only-csv", "--quick", "--out", out, "--no-mlflow", cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "kept the existing bundle" in flat(r.stdout) and "--force" in flat(r.stdout)
+    r = run_cli("train", "kernels", "--help")
+    assert "--force" in r.stdout
+
+
+def test_a_bundle_dropping_fitted_families_does_not_replace_the_working_one(data_root, t4_linear, tmp_path):
+    """A GEMM-only CSV into a folder whose bundle also fits elementwise and ln: judged on its GEMM rows alone, it
+    would turn those families into the roofline unjudged; refused, naming --family."""
+    base = data_root / "neusight" / "kernels"
+    parts = []
+    for op, cols in (("bmm", ["B", "M", "N", "K"]), ("add", ["B", "H"]), ("ln", ["B", "H"])):
+        d = pd.read_csv(base / op / "Tesla_T4.csv").drop_duplicates(cols)
+        parts.append(d.sample(130, random_state=0)[["OPName", "Latency", "Device", *cols]])
+    mixed = tmp_path / "mixed.csv"
+    pd.concat(parts, ignore_index=True).to_csv(mixed, index=False)
+    out = tmp_path / "kb"
+    first, _ = _train(mixed, out)
+    assert first.replaced and {"elementwise", "ln"} <= set(KernelBundle.load(resolve_bundle_folder(out)).families)
+    second, _ = _train(t4_linear[0], out)
+    assert not second.replaced
+    assert "no surrogate for elementwise, ln" in second.reason and "--family gemm" in second.reason
