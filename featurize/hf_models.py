@@ -591,7 +591,10 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     # experts receive (the busiest expert-parallel rank, or capacity padding: simulate/moe_routing.py)
     routed = b.copy(Tensor((t * top_k, h), flat.dtype, flat.node, flat.tid), name="moe.permute")
     b.routed_moe = True
-    if b.moe_load != 1.0:
+    if b.moe_pad:  # every expert's capacity, reached or not: capacity x experts rows (token_dispatcher.py l. 493)
+        routed = Tensor((padded_expert_capacity(t, top_k, n_exp, b.moe_load) * n_exp, h), routed.dtype, routed.node,
+                        routed.tid)
+    elif b.moe_load != 1.0:
         routed = Tensor((max(1, round(t * top_k * b.moe_load)), h), routed.dtype, routed.node, routed.tid)
     if b.ep > 1:  # in FP8 under DeepSeek-V3's storage (GraphBuilder.all_to_all)
         routed = b.all_to_all(routed, name="moe.dispatch", fp8=True)
@@ -616,6 +619,19 @@ def expected_experts_hit(n_experts: int, top_k: int, tokens: int) -> float:
     none with probability (1 - k/n)^T, and by linearity of expectation n (1 - (1 - k/n)^T) experts receive some.
     T = 1: exactly k; T k >> n: n (Qwen3-30B-A3B, 128 experts top-8: 8.0 at T 1, 51.6 at T 8, 128 - 8e-6 at T 256)."""
     return n_experts * (1.0 - (1.0 - top_k / n_experts) ** tokens)
+
+
+def padded_expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
+    """Rows each expert takes from one rank's ``tokens`` under Megatron-Core's ``--moe-pad-expert-input-to-capacity``:
+    its capacity, ``ceil(tokens x top_k / n_experts x capacity_factor)`` (megatron-core 0.16.1
+    ``transformer/moe/moe_utils.py`` ``get_capacity`` l. 193-211, called on the rank's ``num_tokens x topk`` by the
+    router's ``apply_router_token_dropping`` l. 832-836 and the all-to-all dispatcher's ``preprocess`` under
+    ``drop_and_pad``, ``token_dispatcher.py`` l. 485-505: each local expert then gets ``capacity x tp x ep`` rows,
+    ``num_out_tokens = capacity x num_experts``). Padded, every expert runs on that many rows whether or not a token
+    chose it (the router's ``final_map`` is the capacity mask itself, ``moe_utils.py`` l. 854-856), so at small token
+    counts (decode) every expert runs: Qwen3-30B-A3B (128 experts, top 8) at one token, capacity factor 1: 1 row each
+    of all 128, where unpadded ~8 experts run (:func:`active_local_experts`)."""
+    return max(1, math.ceil(tokens * top_k / n_experts * capacity_factor))
 
 
 def active_local_experts(n_experts: int, top_k: int, tokens: int, ep: int) -> int:
@@ -647,7 +663,8 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
     rows = routed.shape[0]
     local = n_exp // b.ep
     # the tokens whose choices reach this rank's experts: every expert-parallel rank's, after the expert-TP gather
-    active = active_local_experts(n_exp, top_k, tokens * (rows // received) * b.ep, b.ep)
+    # (padded to capacity: every local expert, on its capacity's rows)
+    active = local if b.moe_pad else active_local_experts(n_exp, top_k, tokens * (rows // received) * b.ep, b.ep)
     # the received rows come grouped by source rank: Megatron-Core's dispatcher re-sorts them by local expert
     # (sort_chunks_by_idxs) before the grouped GEMM, and back before the combine
     sort_chunks = megatron and b.ep > 1 and local > 1
@@ -741,11 +758,16 @@ def _moe_allgather(cfg: HFConfig, b: GraphBuilder, flat: Tensor, w: Tensor, n_ex
     b.opaque("moe.permute.masked_select", [map_t], (tg * top_k * local // n_exp,), flops=float(tg * local),
              op_class="other", grad=False)
     rows = max(1, round(tg * top_k * b.moe_load / b.ep))  # rows routed to this rank's experts
+    if b.moe_pad:
+        # padded to capacity: the router's map is the capacity mask (moe_utils.py l. 838-856): each expert takes
+        # min(capacity, t) of every source rank's t tokens (all of them when the capacity exceeds them), reached or not
+        rows = local * g * min(padded_expert_capacity(t, top_k, n_exp, b.moe_load), t)
     routed = b.copy(Tensor((rows, h), hidden.dtype, hidden.node, hidden.tid), name="moe.permute")  # index_select
     probs_t = b.copy(local_probs, (local, tg), name="moe.local_probs_transpose")
     b.opaque("moe.local_probs.masked_select", [probs_t, map_t], (rows,), flops=float(tg * local), op_class="other")
     with b.expert_tp():  # each expert's linears split over etp; no gather of their own
-        active = active_local_experts(n_exp, top_k, tg, b.ep)  # the gathered tokens reach this rank's experts
+        # the gathered tokens reach this rank's experts (padded to capacity: all of them)
+        active = local if b.moe_pad else active_local_experts(n_exp, top_k, tg, b.ep)
         per = max(1, round(rows / local)) if active == local else max(1, round(rows / active))
         outs = []
         for e in range(active):

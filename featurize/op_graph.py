@@ -271,6 +271,8 @@ class GraphBuilder:
             raise GraphError(f"the context-parallel all-to-all size ({cp_a2a}) must divide cp ({cp})")
         #: mixture-of-experts routing: tokens this rank's experts process over the balanced share (StepOptions.moe_load)
         self.moe_load = 1.0
+        #: every expert padded to its capacity (StepOptions.moe_pad_to_capacity; ``moe_load`` the capacity factor)
+        self.moe_pad = False
         #: set by a top-k routed MoE layer (the layers ``moe_load`` applies to)
         self.routed_moe = False
         #: Megatron-Core's MoE token dispatcher ("alltoall" / "allgather"; StepOptions.moe_token_dispatcher)

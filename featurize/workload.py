@@ -75,6 +75,10 @@ class StepOptions:
     #: mixture-of-experts routing: tokens this rank's experts process over the balanced share (>= 1; see
     #: ``simulate.moe_routing.moe_load_factor``): the busiest expert-parallel rank, which every layer waits for
     moe_load: float = 1.0
+    #: Megatron-Core's ``--moe-pad-expert-input-to-capacity`` (``simulate.moe_routing``; ``moe_load`` is then the
+    #: capacity factor): every expert, reached by a token or not, runs on its capacity's rows
+    #: (``featurize.hf_models.padded_expert_capacity``)
+    moe_pad_to_capacity: bool = False
     #: Megatron-Core's ``--moe-token-dispatcher-type`` (``framework="megatron"`` MoE layers): "alltoall" (the recipes'
     #: and wattcast's default) or "allgather" (``TransformerConfig.moe_token_dispatcher_type``'s own default,
     #: megatron-core 0.16.1 transformer_config.py l. 675; ``featurize.hf_models._moe_allgather``)
@@ -118,7 +122,7 @@ class StepOptions:
             if v is not None and not _is_count(v):
                 raise GraphError(f"{name} must be a positive whole number, got {v!r}")
         _check_tokens(self.batch, self.seq)
-        for name in ("compile", "grad_accumulation", "sp", "fp8_transpose"):
+        for name in ("compile", "grad_accumulation", "sp", "fp8_transpose", "moe_pad_to_capacity"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise GraphError(f"{name} must be True or False, got {getattr(self, name)!r}")
         try:
@@ -152,6 +156,7 @@ class StepOptions:
                            cp=int(self.cp), cp_comm=str(self.cp_comm), cp_a2a=int(self.cp_a2a), framework=canonical_framework(self.framework), blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
+                           moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
                            etp=_etp_option(self.etp), mtp_layers=_mtp_option(self.mtp_layers),
                            moe_token_dispatcher=moe_dispatcher_option(self.moe_token_dispatcher),
                            kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
@@ -371,6 +376,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                      fp8_recipe=fp8_recipe_option(opts.fp8_recipe, opts.dtype) or "delayed",
                      fp8_transpose=opts.fp8_transpose)
     b.moe_load = float(opts.moe_load)
+    b.moe_pad = bool(opts.moe_pad_to_capacity)
     b.moe_dispatcher = opts.moe_token_dispatcher
     _check_kv_cache(cfg, opts)
     #: the KV-cached step (GraphBuilder.kv_context, read by hf_models._llama_attention) and the inference LM head's
@@ -428,7 +434,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
         deepseek(cfg, b, opts.batch, opts.seq, impl=opts.attention, megatron=True, mtp_layers=opts.mtp_layers)
     else:
         GENERATORS[cfg.family](cfg, b, opts.batch, opts.seq, impl=opts.attention)
-    if opts.moe_load != 1.0 and not b.routed_moe:
+    if (opts.moe_load != 1.0 or opts.moe_pad_to_capacity) and not b.routed_moe:
         raise GraphError(f"{cfg.name}: the MoE routing load applies to Mixtral/Qwen-MoE/DeepSeek-style MoE layers (routed by "
                          f"top-k with permuted tokens); this model has none")
     n_layers = cfg.total_layers
@@ -440,6 +446,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                        "kv_bytes_per_token": float(b.kv_cache_bytes) / (opts.batch * (opts.kv_context + opts.seq))}
                       if opts.kv_context is not None else {}),
                    **({"moe_load": float(opts.moe_load)} if opts.moe_load != 1.0 else {}),
+                   **({"moe_pad_to_capacity": True} if opts.moe_pad_to_capacity else {}),
                    **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
                       "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights",
                       "fp8_scaling": b.fp8_recipe, "fp8_transpose": bool(b.fp8_transpose)} if fp8 else {}))

@@ -901,6 +901,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
             raise ParallelConfigError(str(e)) from None
     opts = replace(opts0, batch=par.micro_batch, tp=par.tp, sp=par.sp, ep=par.ep, cp=par.cp, seq=seq // par.cp,
                    moe_load=moe_load, etp=par.etp,
+                   # padding to capacity: every expert runs on its capacity's rows (hf_models.padded_expert_capacity)
+                   **(dict(moe_pad_to_capacity=True) if dopts.moe_pad_to_capacity else {}),
                    **(dict(cp_comm=par.cp_comm_type, cp_a2a=cp_group_sizes(par)[0])
                       if par.cp > 1 and par.cp_comm_type != "p2p" else {}))
     dispatcher = moe_dispatcher_option(dopts.moe_token_dispatcher)  # an unknown one: a GraphError naming the choices
@@ -956,7 +958,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
     # (balanced routing: model FLOPs are the useful ones, whatever a busiest rank or padding adds); in a search, once
     # per micro-batch (the figures are kept, not the graph)
-    opts1 = replace(opts, tp=1, sp=False, ep=1, cp=1, cp_comm="p2p", cp_a2a=1, seq=seq, recompute="none", moe_load=1.0)
+    opts1 = replace(opts, tp=1, sp=False, ep=1, cp=1, cp_comm="p2p", cp_a2a=1, seq=seq, recompute="none", moe_load=1.0,
+                   moe_pad_to_capacity=False)
     model_totals = pinned(("model_totals", id(model), opts1), lambda: _model_totals(*_rank_graph(model, hf, opts1)))
     return ScheduleContext(model=model, g=g, view=hit[2], keep_view=keep_view, spec=spec, cl=cl, par=par, lay=lay, cm=cm,
                            batch=batch, seq=seq,
@@ -1586,10 +1589,30 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
     return par.bucket_mb * 1e6 / grad_b
 
 
+def mfsdp_first_bucket_params(embedding_params, group_params, bucket_params: float):
+    """Parameters in Megatron-FSDP's bucket that holds the embedding (``--framework megatron --zero 2/3``), of a
+    group of ``group_params`` it opens (the rank's dense parameters under ``optim_grads``, which has no FSDP units;
+    under ``optim_grads_params`` the parameters outside the TransformerLayer units): ``_get_parameter_groups``
+    (megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py`` l. 1399-1423) fills the
+    buckets in ``module.named_parameters()`` order, the embedding first, and closes one as soon as its parameters
+    reach ``suggested_bucket_size`` (Megatron-LM's ``--ddp-bucket-size``, :func:`dp_bucket_params`; a shared
+    embedding gets a bucket of its own, l. 1316-1327): the embedding alone when it is at least ``bucket_params``
+    (Llama 3 8B: 525.3M against 40M), else it and the parameters after it up to about ``bucket_params``; the whole
+    group without a bucket size (``bucket_params`` inf). 0 where there is no embedding. Its gradient is the
+    backward's last (the embedding's backward is the last op), so its reduce-scatter is the one each backward waits
+    for at its end (``_root_post_backward`` -> ``GradReducePipeline.reset``, ``megatron_fsdp.py`` l. 763-785)."""
+    emb = np.asarray(embedding_params, dtype=float)
+    group = np.asarray(group_params, dtype=float)
+    first = np.maximum(emb, bucket_params) if np.isfinite(bucket_params) else group
+    return np.where(emb > 0, np.minimum(first, group), 0.0)
+
+
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
               gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
-              reduce_op: str | None = None, reduce_every_micro: bool = False, framework: str | None = None) -> dict:
+              reduce_op: str | None = None, reduce_every_micro: bool = False, framework: str | None = None,
+              root_chunk: np.ndarray | None = None, first_root_chunk: np.ndarray | None = None,
+              last_bucket_chunk: np.ndarray | None = None) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
@@ -1611,7 +1634,18 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     ``reduce_every_micro`` (ZeRO-2 of a framework that reduces every micro-batch's gradients,
     :func:`grad_reduce_every_micro`): each chunk's buckets are reduced in every backward, not once after the last:
     ``z2_b_ms`` their time per backward, ``z2_last_b_ms`` the last bucket's (launched as the backward ends); no
-    bucketed sync after the step (``sync_ms`` 0), the parameter all-gather after it as ZeRO-1's."""
+    bucketed sync after the step (``sync_ms`` 0), the parameter all-gather after it as ZeRO-1's.
+
+    ``root_chunk`` (Megatron-FSDP ``optim_grads_params``, ``--framework megatron --zero 3``: :func:`mfsdp_root_params`)
+    each chunk's parameters outside its units (embedding, final norm, output layer), ``first_root_chunk`` of them the
+    embedding's bucket (the forward's first parameters and the backward's last gradient). They are gathered once a
+    step, not with each micro-batch's units: ``z3_root_f_ms`` their all-gathers per step (one per bucket, the
+    embedding's and the rest's), ``z3_root_first_f_ms`` the embedding's, waited for by the step's first forward; their
+    gradients are reduce-scattered in every backward as their own buckets (in ``z3_b_ms``), the embedding's last, as
+    the backward ends (``z3_first_b_ms`` holds it instead of a unit's reduce-scatter). ``last_bucket_chunk``
+    (Megatron-FSDP ``optim_grads``, ``--zero 2``: :func:`mfsdp_zero2_last_bucket_params`): the parameters of each
+    chunk's last gradient bucket of a backward (the embedding's), ``z2_last_b_ms`` its reduce-scatter; the rest in
+    ``bucket_params`` buckets."""
     n_chunks = P * V
     dp_l = lay["dp"]
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
@@ -1619,7 +1653,12 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
            "z3_first_b_ms": np.zeros(n_chunks), "z2_b_ms": np.zeros(n_chunks), "z2_last_b_ms": np.zeros(n_chunks),
            "z2_bytes": np.zeros(n_chunks), "z2_n": np.zeros(n_chunks, dtype=np.int64),
            "z3_f_bytes": np.zeros(n_chunks), "z3_f_n": np.zeros(n_chunks, dtype=np.int64),
-           "z3_b_bytes": np.zeros(n_chunks), "z3_b_n": np.zeros(n_chunks, dtype=np.int64)}
+           "z3_b_bytes": np.zeros(n_chunks), "z3_b_n": np.zeros(n_chunks, dtype=np.int64),
+           "z3_root_f_ms": np.zeros(n_chunks), "z3_root_first_f_ms": np.zeros(n_chunks),
+           "z3_root_f_bytes": np.zeros(n_chunks), "z3_root_f_n": np.zeros(n_chunks, dtype=np.int64)}
+    root_chunk = np.zeros(n_chunks) if root_chunk is None else np.asarray(root_chunk, dtype=float)
+    first_root_chunk = (np.zeros(n_chunks) if first_root_chunk is None
+                        else np.minimum(np.asarray(first_root_chunk, dtype=float), root_chunk))
     shard_grad_op = fsdp_shard_grad_op(framework, par.zero)
     per_unit = per_unit_collectives(framework, par.zero)
     units = np.maximum(np.asarray(units, dtype=int), 1)
@@ -1634,11 +1673,21 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     # every message of the step first, then one (memoised) prediction per collective and group
     msgs: list[tuple[int, str, str, float, GroupLayout, int]] = []  # (chunk, role, op, bytes, group, count)
     for c in range(n_chunks):
-        for p_count, group in ((params_chunk[c] - expert_chunk[c], dp_l), (expert_chunk[c], ep_dp)):
+        for gi, (p_count, group) in enumerate(((params_chunk[c] - expert_chunk[c], dp_l), (expert_chunk[c], ep_dp))):
             total = p_count * grad_b
             # ZeRO-3 reduces each unit's gradients as its backward ends (z3_rs below), no bucketed sync after it (until
             # stop 40 one was costed here and reported as dp_sync_ms, though the step never ran it)
             if total <= 0 or group.size <= 1 or per_unit:
+                continue
+            last = (min(float(last_bucket_chunk[c]), p_count)
+                    if last_bucket_chunk is not None and reduce_every_micro and gi == 0 else 0.0)
+            if last > 0:
+                # the last bucket of the backward as the source builds it (the embedding's), then the rest's buckets
+                msgs.append((c, "z2_rs_last", op, last * grad_b, group, 1))
+                rest = p_count - last
+                if rest > 0:
+                    nb = max(1, int(np.ceil(rest / bucket_params))) if np.isfinite(bucket_params) else 1
+                    msgs.append((c, "z2_rs_rest", op, rest * grad_b / nb, group, nb))
                 continue
             nb = (max(1, int(np.ceil(p_count / bucket_params)))
                   if np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c not in first_chunks) else 1)
@@ -1646,8 +1695,16 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
         gather_b = params_chunk[c] * db if gather_b_chunk is None else gather_b_chunk[c]
         if per_unit:
             u = int(units[c])
-            msgs.append((c, "z3_ag", "all_gather", gather_b / u, dp_l, u))
-            msgs.append((c, "z3_rs", "reduce_scatter", params_chunk[c] * grad_b / u, dp_l, u))
+            root, first = float(root_chunk[c]), float(first_root_chunk[c])
+            # Megatron-FSDP ZeRO-3: the units' gathers and reduce-scatters without the parameters outside them, which
+            # are gathered once a step in their own buckets (the embedding's, the rest's) and reduce-scattered in
+            # every backward (the embedding's last)
+            msgs.append((c, "z3_ag", "all_gather", max(gather_b - root * db, 0.0) / u, dp_l, u))
+            msgs.append((c, "z3_rs", "reduce_scatter", max(params_chunk[c] - root, 0.0) * grad_b / u, dp_l, u))
+            for role, n_params in (("z3_root_first", first), ("z3_root", root - first)):
+                if n_params > 0:
+                    msgs.append((c, role + "_ag", "all_gather", n_params * db, dp_l, 1))
+                    msgs.append((c, role + "_rs", "reduce_scatter", n_params * grad_b, dp_l, 1))
         elif par.zero >= 1:
             # the distributed optimizer gathers each parameter over the ranks that shard it: dense ones over the DP
             # group, expert ones over the expert-DP group (their own buffers in Megatron-Core), one after the other
@@ -1670,11 +1727,26 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             buckets[c].append(np.full(nb, t_ms))
         elif role == "gather":
             out["gather_after_ms"][c] += t_ms
-        elif role == "z2_rs":  # ZeRO-2 every micro-batch: nb buckets of t_ms each per backward, the last at its end
+        elif role in ("z2_rs", "z2_rs_last", "z2_rs_rest"):
+            # ZeRO-2 every micro-batch: nb buckets of t_ms each per backward, the last at its end (z2_rs: equal buckets,
+            # the last one of them; z2_rs_last: Megatron-FSDP's last bucket, the embedding's, and z2_rs_rest the others)
             out["z2_b_ms"][c] += nb * t_ms
-            out["z2_last_b_ms"][c] += t_ms
+            if role != "z2_rs_rest":
+                out["z2_last_b_ms"][c] += t_ms
             out["z2_bytes"][c] += nb * msg_b
             out["z2_n"][c] += nb
+        elif role in ("z3_root_first_ag", "z3_root_ag"):  # once a step: the parameters outside the units' gathers
+            out["z3_root_f_ms"][c] += t_ms
+            out["z3_root_f_bytes"][c] += msg_b
+            out["z3_root_f_n"][c] += 1
+            if role == "z3_root_first_ag":
+                out["z3_root_first_f_ms"][c] += t_ms
+        elif role in ("z3_root_first_rs", "z3_root_rs"):  # every backward: their buckets' reduce-scatters
+            out["z3_b_ms"][c] += t_ms
+            out["z3_b_bytes"][c] += msg_b
+            out["z3_b_n"][c] += 1
+            if role == "z3_root_first_rs":  # the embedding's, the backward's last (instead of a unit's)
+                out["z3_first_b_ms"][c] += t_ms
         else:  # ZeRO-3 (and FSDP's ZeRO-2): nb units' collectives of t_ms each
             if role == "z3_ag":
                 out["z3_f_ms"][c] = nb * t_ms
@@ -1684,7 +1756,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 if shard_grad_op:  # the forward's gathers are kept through the backward: no re-gather
                     continue
             out["z3_b_ms"][c] += nb * t_ms
-            out["z3_first_b_ms"][c] += t_ms
+            if not (role == "z3_rs" and first_root_chunk[c] > 0):  # else the embedding's reduce-scatter is the last
+                out["z3_first_b_ms"][c] += t_ms
             out["z3_b_bytes"][c] += nb * msg_b
             out["z3_b_n"][c] += nb
     for c in range(n_chunks):
@@ -2326,14 +2399,27 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # PyTorch FSDP's ZeRO-2 (SHARD_GRAD_OP): ZeRO-3's per-unit collectives without the backward's re-gathers
     sgo = fsdp_shard_grad_op(opts.framework, par_dp.zero)
     per_unit = per_unit_collectives(opts.framework, par_dp.zero)
+    # Megatron-FSDP (megatron, ZeRO-2/3): the bucket holding the embedding, the backward's last gradient, and under
+    # ZeRO-3 the parameters outside the units, gathered once a step (_dp_times' root_chunk); until stop 46's follow-up
+    # ZeRO-3 gathered them with every micro-batch's units and ZeRO-2's last bucket was a bucket_params one
+    root_c = first_root_c = last_c = None
+    if opts.framework == "megatron" and par_dp.zero in (2, 3) and not dual:
+        in_block = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
+        emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))
+        if par_dp.zero == 3:
+            root_c = np.maximum(params_chunk - per_chunk(np.where(in_block, view.params, 0.0)), 0.0)
+            first_root_c = mfsdp_first_bucket_params(emb_c, root_c, bucket_params)
+        else:
+            last_c = mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params)
     dp_key = ("dp", par_dp.zero, z2_mode, sgo, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only,
-              first_ranks)
+              first_ranks, *(None if x is None else x.tobytes() for x in (root_c, first_root_c, last_c)))
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
         dpt = _dp_times(par_dp, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts),
                         bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op,
-                        first_chunks=first_ranks, reduce_every_micro=z2_mode is not None, framework=opts.framework)
+                        first_chunks=first_ranks, reduce_every_micro=z2_mode is not None, framework=opts.framework,
+                        root_chunk=root_c, first_root_chunk=first_root_c, last_bucket_chunk=last_c)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
@@ -2442,6 +2528,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     dp_group = lay["dp"].size > 1 or edp_n > 1  # a data-parallel sync to run (the dense or the experts' group)
 
     every_class = frozenset(classes)
+    # a forward's ZeRO-3 gathers: its units' and, Megatron-FSDP's, the parameters outside them gathered once a step
+    # (the embedding's bucket waited for by the step's first forward), spread over the step's micro-batches
+    z3_f_ms = dpt["z3_f_ms"] + dpt["z3_root_f_ms"] / n_micro
+    z3_first_f_ms = dpt["z3_first_f_ms"] + dpt["z3_root_first_f_ms"] / n_micro
 
     def run(free: frozenset = frozenset(), energy: bool = True):
         """The step with the communication classes in ``free`` made free (everything else as costed); ``energy``
@@ -2463,10 +2553,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             # prefetched: in series with the computation (their sum: overlapped_ms with share 1 would still hide the
             # computation behind collectives longer than it)
             if ctx.zero3_prefetch:
-                f = overlapped_ms(f, dpt["z3_f_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_f_ms"])
+                f = overlapped_ms(f, z3_f_ms, share=nccl_share, first_chunk_ms=z3_first_f_ms)
                 b = overlapped_ms(b, dpt["z3_b_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_b_ms"])
             else:
-                f = f + dpt["z3_f_ms"]
+                f = f + z3_f_ms
                 b = b + dpt["z3_b_ms"]
         if dp_on and z2_mode is not None:
             # ZeRO-2 reducing every micro-batch (grad_reduce_every_micro): Megatron-FSDP's buckets beside the rest of
@@ -2488,7 +2578,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             if p2p > 0:
                 t_f, t_b = t_f + send_f * p2p, t_b + send_b * p2p
             if dp_on and per_unit:
-                t_f = t_f + dpt["z3_f_ms"]
+                t_f = t_f + z3_f_ms
                 t_b = t_b + dpt["z3_b_ms"]
             if dp_on and z2_mode is not None:
                 t_b = t_b + dpt["z2_b_ms"]
@@ -2742,7 +2832,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             if z3_trace:
                 # ZeRO-3 / FSDP: the task's blocks' gathers (backward: gathers and reduce-scatters) on the communication
                 # stream from the task's start; in series with the computation they are inside the task's time
-                z3 = dpt["z3_f_ms" if tk.kind == "F" else "z3_b_ms"][c]
+                z3 = (z3_f_ms if tk.kind == "F" else dpt["z3_b_ms"])[c]
                 if z3 > 0:  # (FSDP's ZeRO-2, SHARD_GRAD_OP: the backward's reduce-scatters alone)
                     what = ("all_gather" if tk.kind == "F" else "reduce_scatter" if sgo
                             else "all_gather+reduce_scatter")
@@ -2855,6 +2945,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # per micro-batch, the busiest stage's (how much of it is hidden: exposed_comm_split_ms's dp)
                 **(dict(dp_zero3_ms_per_micro=float(by_stage(dpt["z3_f_ms"] + dpt["z3_b_ms"]).max()))
                    if par.zero == 3 else {}),
+                # Megatron-FSDP's ZeRO-3: the parameters outside its units gathered once a step (not in the above)
+                **(dict(dp_zero3_root_gather_ms_per_step=float(by_stage(dpt["z3_root_f_ms"]).max()),
+                        dp_zero3_root_gather_bytes_per_step=float(by_stage(dpt["z3_root_f_bytes"]).max()))
+                   if par.zero == 3 and root_c is not None else {}),
                 **dp_zero2_meta(dpt, by_stage, every_micro=z2_mode is not None, shard_grad_op=sgo),
                 grad_accumulation_ms_per_micro=float(acc_ms.sum()),
                 # a tied word embedding under a pipeline: the last stage's copy (parameters per TP rank) and the

@@ -35,6 +35,7 @@ from wattcast.simulate.stage_memory import (
 L8B_BLOCK = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
 L8B_ROOT = 2 * 128256 * 4096 + 4096
 L8B_PARAMS = 32 * L8B_BLOCK + L8B_ROOT
+L8B_EMB = 128256 * 4096
 CUBLAS_AND_CONTEXT = 32 * 2**20 + 0.5e9
 
 
@@ -43,8 +44,8 @@ def _audit(zero: int, **extra):
 
     # the user audit's case: wattcast predict -m llama3_8b --cluster DGX-H100 --gpus 16 --tp 1 --pp 1 --batch 64
     # --micro-batch 1 --seq 8192 --framework megatron --recompute selective --zero {1,2,3}
-    return wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=16, tp=1, pp=1, batch=64, micro_batch=1, seq=8192,
-                                    framework="megatron", recompute="selective", zero=zero, **extra)
+    kw = dict(gpus=16, tp=1, pp=1, batch=64, micro_batch=1, seq=8192, framework="megatron", recompute="selective")
+    return wattcast.predict_cluster("llama3_8b", "DGX-H100", zero=zero, **{**kw, **extra})
 
 
 def test_comm_unit_and_queue_hand_counts():
@@ -100,7 +101,8 @@ def test_audit_zero2_buckets_overlap_the_backward():
     """Fails on stop 45's code: one 32 GB reduce-scatter per backward, exposed whole (391.7 ms of exposed DP, a step
     3,354 ms against ZeRO-3's 3,072)."""
     z1, z2, z3 = (_audit(z) for z in (1, 2, 3))
-    n_buckets = math.ceil(L8B_PARAMS / 40e6)
+    # the embedding's bucket (the backward's last) and the rest in 40M buckets (test_zero2_last_bucket_is_the_embeddings)
+    n_buckets = 1 + math.ceil((L8B_PARAMS - L8B_EMB) / 40e6)
     assert z2.comm["dp_zero2_collectives_per_micro"] == n_buckets
     assert z2.comm["dp_zero2_bytes_per_micro"] == pytest.approx(L8B_PARAMS * 4, rel=1e-12)
     # beside the backward but the last bucket: far less exposed than one backward's reduce-scatters
@@ -111,3 +113,85 @@ def test_audit_zero2_buckets_overlap_the_backward():
     one = _audit(2, overlap_grad_reduce=False)
     assert one.comm["dp_zero2_collectives_per_micro"] == 1
     assert one.to_dict()["memory"]["unsharded_gradients_gb"] == pytest.approx(L8B_PARAMS * 4 / 1e9, rel=1e-12)
+
+
+def _dp_terms(zero: int, **kw):
+    """_dp_times' terms of the audit's case (Llama 3 8B, 16 H100s, one stage of 32 TransformerLayers), megatron."""
+    from wattcast.data.cluster_spec import resolve_cluster
+    from wattcast.simulate.distributed import _dp_times, collective_model, collective_ms, grad_reduce_every_micro
+    from wattcast.simulate.parallel import ParallelConfig, layouts
+
+    cl, cm = resolve_cluster("DGX-H100"), collective_model()
+    par = ParallelConfig(gpus=16, tp=1, pp=1, dp=16, zero=zero, micro_batch=1, overlap_grad_reduce=True)
+    lay = layouts(par, cl)
+    t = _dp_times(par, lay, cl, cm, np.array([float(L8B_PARAMS)]), np.zeros(1), 4.0, 2.0, 1, 1, np.array([32]), 40e6,
+                  reduce_op="reduce_scatter", reduce_every_micro=grad_reduce_every_micro("megatron", zero) is not None,
+                  framework="megatron", **kw)
+    return t, (lambda op, nbytes: float(collective_ms(cm, [op], [nbytes], lay["dp"], cl)[0][0]))
+
+
+def test_first_bucket_hand_counts():
+    """_get_parameter_groups (param_and_grad_buffer.py l. 1399-1423) closes a bucket once it reaches the bucket size,
+    in named_parameters order, the embedding first: the embedding alone when it is larger."""
+    from wattcast.simulate.distributed import mfsdp_first_bucket_params
+
+    got = mfsdp_first_bucket_params(np.array([L8B_EMB, 2e7, 0.0]), np.array([8e9, 8e9, 8e9]), 40e6)
+    np.testing.assert_array_equal(got, [L8B_EMB, 40e6, 0.0])
+    assert float(mfsdp_first_bucket_params(L8B_EMB, 8e9, np.inf)) == 8e9  # no bucket size: one bucket of the group
+    assert float(mfsdp_first_bucket_params(2e7, 3e7, 40e6)) == 3e7  # never more than the group
+
+
+def test_zero3_gathers_the_parameters_outside_the_layers_once_a_step():
+    """Fails on the code before stop 46's follow-up (no root_chunk: the embedding, final norm and head gathered with every micro-batch's
+    units, 1/32 of them in each unit's all-gather, forward and backward). Megatron-FSDP gathers them once a step and
+    keeps them until finish_grad_sync (megatron_fsdp.py l. 844-858, 1155-1161, 1205-1206; all_gather_params gathers
+    only EMPTY buckets, param_and_grad_buffer.py l. 3549-3555), and reduce-scatters their gradients in every backward,
+    the embedding's last."""
+    head = L8B_ROOT - L8B_EMB
+    t, ms = _dp_terms(3, root_chunk=np.array([float(L8B_ROOT)]), first_root_chunk=np.array([float(L8B_EMB)]))
+    unit_ag = ms("all_gather", L8B_BLOCK * 2.0)
+    # each micro-batch: the 32 layers' gathers, forward and backward, none of the parameters outside them
+    assert t["z3_f_bytes"][0] == pytest.approx(32 * L8B_BLOCK * 2.0, rel=1e-12) and t["z3_f_n"][0] == 32
+    assert t["z3_f_ms"][0] == pytest.approx(32 * unit_ag, rel=1e-12)
+    # once a step: the embedding's bucket (waited for by the first forward) and the final norm + head's
+    assert t["z3_root_f_bytes"][0] == pytest.approx(L8B_ROOT * 2.0, rel=1e-12) and t["z3_root_f_n"][0] == 2
+    assert t["z3_root_first_f_ms"][0] == pytest.approx(ms("all_gather", L8B_EMB * 2.0), rel=1e-12)
+    assert t["z3_root_f_ms"][0] == pytest.approx(ms("all_gather", L8B_EMB * 2.0) + ms("all_gather", head * 2.0),
+                                                 rel=1e-12)
+    # every backward: the layers' re-gathers and every gradient's fp32 reduce-scatter (32 units + the two buckets)
+    assert t["z3_b_bytes"][0] == pytest.approx(32 * L8B_BLOCK * 2.0 + L8B_PARAMS * 4.0, rel=1e-12)
+    assert t["z3_b_n"][0] == 32 + 32 + 2
+    # the backward's last reduce-scatter, waited for at its end, is the embedding's 2.1 GB, not a unit's
+    assert t["z3_first_b_ms"][0] == pytest.approx(unit_ag + ms("reduce_scatter", L8B_EMB * 4.0), rel=1e-12)
+    # without root_chunk (PyTorch FSDP, DeepSpeed): the old spread, every micro-batch
+    old, _ = _dp_terms(3)
+    assert old["z3_f_bytes"][0] == pytest.approx(L8B_PARAMS * 2.0, rel=1e-12) and old["z3_root_f_n"][0] == 0
+
+
+def test_audit_zero3_root_gathered_once_per_step():
+    """Fails on the code before stop 46's follow-up (no dp_zero3_root_gather_* entries: gathered with every micro-batch's units)."""
+    z3 = _audit(3)
+    assert z3.comm["dp_zero3_root_gather_bytes_per_step"] == pytest.approx(L8B_ROOT * 2.0, rel=1e-12)
+    one, _ = _dp_terms(3, root_chunk=np.array([float(L8B_ROOT)]), first_root_chunk=np.array([float(L8B_EMB)]))
+    assert z3.comm["dp_zero3_ms_per_micro"] == pytest.approx(one["z3_f_ms"][0] + one["z3_b_ms"][0], rel=1e-9)
+    # twice the micro-batches: the per-step gather is paid once either way
+    z3_8 = _audit(3, batch=128)
+    assert z3_8.comm["dp_zero3_root_gather_ms_per_step"] == z3.comm["dp_zero3_root_gather_ms_per_step"]
+
+
+def test_zero2_last_bucket_is_the_embeddings():
+    """Fails on the code before stop 46's follow-up (a 40M bucket last: 0.55 ms exposed per backward). Under optim_grads every dense
+    parameter is in one group, bucketed in named_parameters order from the embedding (its 525.3M parameters alone in
+    the first bucket), whose gradient is the backward's last: its 2.1 GB fp32 reduce-scatter is the one each backward
+    waits for at its end."""
+    t, ms = _dp_terms(2, last_bucket_chunk=np.array([float(L8B_EMB)]))
+    assert t["z2_last_b_ms"][0] == pytest.approx(ms("reduce_scatter", L8B_EMB * 4.0), rel=1e-12)
+    rest = math.ceil((L8B_PARAMS - L8B_EMB) / 40e6)
+    assert t["z2_n"][0] == 1 + rest and t["z2_bytes"][0] == pytest.approx(L8B_PARAMS * 4.0, rel=1e-12)
+    assert t["z2_b_ms"][0] == pytest.approx(t["z2_last_b_ms"][0]
+                                            + rest * ms("reduce_scatter", (L8B_PARAMS - L8B_EMB) * 4.0 / rest), rel=1e-12)
+    old, _ = _dp_terms(2)
+    assert old["z2_last_b_ms"][0] < 0.2 * t["z2_last_b_ms"][0]
+    # the audit: the step waits for it in each of its 4 backwards
+    z2 = _audit(2)
+    assert z2.exposed_comm_split_ms["dp"] > 4 * t["z2_last_b_ms"][0]

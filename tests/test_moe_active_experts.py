@@ -85,3 +85,39 @@ def test_expert_parallel_ranks_count_every_ranks_tokens(dispatcher):
     e = _expert_gemms(g)
     assert len(e) == 2 * 7 and set(e["M"]) == {1.0}
     assert e["param_count"].sum() == 32 * 3 * 2048 * 768  # the rank's 32 experts' weights, resident
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_padding_to_capacity_runs_every_local_expert_on_its_capacity(dispatcher):
+    """Fails on the code before stop 46's follow-up (no ``moe_pad_to_capacity``: 7 of the rank's 32 experts ran, as unpadded). Megatron-Core's
+    --moe-pad-expert-input-to-capacity makes the router's map the capacity mask (moe_utils.py l. 838-856) and the
+    all-to-all dispatcher gives each local expert capacity x tp x ep rows (token_dispatcher.py l. 485-505): every
+    expert runs, reached by a token or not. One token per rank, top-8 of 128, ep 4: capacity ceil(1 x 8 / 128 x C)."""
+    from wattcast.featurize.hf_models import padded_expert_capacity
+
+    assert padded_expert_capacity(1, 8, 128, 1.0) == 1 and padded_expert_capacity(16, 8, 128, 2.0) == 2
+    assert padded_expert_capacity(4096, 8, 128, 1.25) == 320
+    for c, rows in ((1.0, 4), (2.0, 4)):  # capacity 1 either way: 1 row from each of the 4 ranks
+        g = step_graph("qwen3_30b_a3b", StepOptions(batch=1, seq=1, mode="train", dtype="bf16", blocks=2, ep=4,
+                                                    framework="megatron", moe_token_dispatcher=dispatcher,
+                                                    moe_load=c, moe_pad_to_capacity=True))
+        e = _expert_gemms(g)
+        assert len(e) == 2 * 32 and set(e["M"]) == {float(rows)}
+        assert g.meta["moe_pad_to_capacity"] is True
+    # 16 tokens per rank at capacity factor 2: capacity 2, 8 rows per expert (unpadded: 4 rows, 31 experts)
+    g = step_graph("qwen3_30b_a3b", StepOptions(batch=1, seq=16, mode="train", dtype="bf16", blocks=2, ep=4,
+                                                framework="megatron", moe_token_dispatcher=dispatcher, moe_load=2.0,
+                                                moe_pad_to_capacity=True))
+    assert set(_expert_gemms(g)["M"]) == {8.0} and len(_expert_gemms(g)) == 2 * 32
+
+
+def test_padding_flag_reaches_the_builder_from_predict_cluster():
+    """Fails on the code before stop 46's follow-up: --moe-pad-expert-input-to-capacity at capacity factor 1 left the graph unpadded (the
+    step identical to no padding). Qwen3-30B-A3B, ep 4, one token a rank: 7 experts of 32 ran; padded, all 32."""
+    kw = dict(gpus=4, ep=4, tp=1, pp=1, batch=4, micro_batch=1, seq=1, framework="megatron", moe_capacity_factor=1.0)
+    plain = wattcast.predict_cluster("qwen3_30b_a3b", "DGX-H100", **kw)
+    padded = wattcast.predict_cluster("qwen3_30b_a3b", "DGX-H100", moe_pad_to_capacity=True, **kw)
+    # the forward's computation: 32 experts' GEMMs a layer, not 7 (15.4 -> 39.3 ms; the step adds the optimizer's)
+    assert padded.forward_serial_ms > 2 * plain.forward_serial_ms and padded.step_time_ms > plain.step_time_ms
+    # model FLOPs stay the balanced routing's (padding is not useful work)
+    assert padded.flops == plain.flops
