@@ -53,7 +53,9 @@ def predict_kernels(frame, device, *, dtype: str | None = None, models=None):
     As ``wattcast kernels``: ``dtype`` is the dtype of rows that give none (no ``dtype`` column, or an empty cell;
     default fp32), and a row whose own dtype differs is a ValueError (the frame's dtype is never overridden);
     ``models`` is a retrained kernel bundle's folder (``wattcast train kernels --out``; default
-    ``$WATTCAST_MODELS``, then the shipped model), checked first (``ModelFolderError``, a ValueError)."""
+    ``$WATTCAST_MODELS``, then the shipped model), checked first (``ModelFolderError``, a ValueError). The spec's
+    warnings (a tensor peak that looks sparse on an unknown architecture, no ``tdp_w``: ``spec_notes``) are in the
+    result's ``attrs["warnings"]``."""
     from wattcast.models.kernel_predictor import _resolve, check_kernel_frame, frame_with_default_dtype
     from wattcast.models.kernel_predictor import predict_kernels as _pk
     from wattcast.models.selection import resolve_folders
@@ -63,7 +65,12 @@ def predict_kernels(frame, device, *, dtype: str | None = None, models=None):
         check_kernel_frame(frame)
         device = _resolve(device)
         frame = frame_with_default_dtype(frame, dtype, device, "the frame", "dtype=")
-    return _pk(frame, device, bundle=bundle)
+    from wattcast.data.device_spec import spec_notes
+
+    device = _resolve(device)
+    out = _pk(frame, device, bundle=bundle)
+    out.attrs["warnings"] = spec_notes(device, power=False)  # as `wattcast kernels` prints them (no tdp_w, ...)
+    return out
 
 
 @_model_folder_options

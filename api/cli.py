@@ -302,6 +302,8 @@ def kernels(
     else:
         out.to_csv(sys.stdout, index=False)
     ok = out[out["error"] == ""]
+    from wattcast.data.device_spec import spec_notes
+    _print_warnings(spec_notes(spec, power=False))  # the spec's (sparse-looking peaks, no tdp_w)
     err.print(
         f"[green]{len(ok):,}[/] kernels predicted on [bold]{spec.name}[/]"
         + (f", total {ok['pred_latency_ms'].sum():.3f} ms" if len(ok) else "")
@@ -326,6 +328,8 @@ def devices(
     con = _table_console()
     if name:
         spec = _resolve_device_arg(name, "device")
+        from wattcast.data.device_spec import spec_notes
+        _print_warnings(spec_notes(spec))  # what predictions with it will warn about (stderr)
         if as_json:  # the spec in its own schema (a valid spec file): 'source' and the per-field 'sources'
             print(json.dumps(spec.to_dict(), indent=2))
             return

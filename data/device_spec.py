@@ -313,6 +313,214 @@ def _fp32_per_sm_problem(f: str, v: float, sms: float, mhz: float) -> str | None
             f"TFLOP/s and check num_sms and boost_clock_mhz, {_FORCE}")
 
 
+#: Dense (no sparsity) 16-bit (FP16/BF16) tensor/matrix FLOP per SM (CU on AMD) per clock of each architecture, from
+#: the vendor whitepapers, in the order the ``arch`` field is matched (case-insensitive regex; chip codes before the
+#: generation name). Each agrees with the catalog's own cited dense peak / (num_sms x boost_clock_mhz): within 0.92-1.0x
+#: of it (the catalog's boost clocks are a little above the clocks NVIDIA rates its tensor peaks at, e.g. H100's 1,830
+#: MHz); ``tests/test_spec_dense_rate.py`` checks every catalog device against its row. TF32 runs at half this rate, FP8
+#: at twice it (every generation with them).
+TENSOR_16BIT_FLOP_PER_SM_CLOCK: tuple[tuple[str, str, float, str], ...] = (
+    # (regex on arch, architecture, dense 16-bit FLOP/SM/clock, source)
+    (r"\bgp100\b", "Pascal GP100", 256.0, "NVIDIA Tesla P100 whitepaper: FP16 at 2x the FP32 rate (64 FP32 cores/SM x 2 FLOP x 2); catalog P100 247"),
+    (r"\bpascal\b", "Pascal (GP100's, the fastest FP16 of the generation)", 256.0, "NVIDIA Tesla P100 whitepaper (GP104, the Tesla P4's chip, has no usable FP16 rate: the catalog P4 gives none)"),
+    (r"\bgv100\b|\bvolta\b", "Volta GV100", 1024.0, "NVIDIA Tesla V100 GPU architecture whitepaper: 8 tensor cores/SM x 64 FP16 FMA/clock = 1,024 FLOP; catalog V100 1,021-1,022"),
+    (r"\btu10\d\b|\bturing\b", "Turing TU10x", 1024.0, "NVIDIA Turing GPU architecture whitepaper: 8 tensor cores/SM x 64 FP16 FMA/clock; catalog T4 1,022, Quadro RTX 6000 1,024"),
+    (r"\bga100\b", "Ampere GA100", 2048.0, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 1,024 dense FP16 FMA/clock/SM = 2,048 FLOP; catalog A100 2,049"),
+    (r"\bga10[2-7]\b", "Ampere GA10x", 1024.0, "NVIDIA Ampere GA102 GPU architecture whitepaper: 4 tensor cores/SM x 128 dense FP16 FMA/clock; catalog A10, A40 1,024"),
+    (r"\bampere\b", "Ampere (chip not given: GA100's)", 2048.0, "NVIDIA A100 Tensor Core GPU architecture whitepaper (the larger of GA100 and GA10x)"),
+    (r"\bad10\d\b|\bada\b", "Ada Lovelace AD10x", 1024.0, "NVIDIA Ada GPU architecture whitepaper: 4 tensor cores/SM x 128 dense FP16 FMA/clock; catalog L4 989, L40S 1,012"),
+    (r"\bgh100\b|\bhopper\b", "Hopper GH100", 4096.0, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 2x A100's dense MMA rate per SM clock-for-clock = 4,096 FLOP (989.4 TFLOP/s = 132 SMs x 1,830 MHz x 4,096); catalog H100/H200 3,779-3,786"),
+    (r"\bgb1\d\d\b|\bgb20\d\b|\bblackwell\b", "Blackwell GB100/GB110", 8192.0, "NVIDIA Blackwell architecture technical brief: 2x Hopper's dense 16-bit tensor rate per SM (B200 2,250 TFLOP/s dense = 148 SMs x 8,192 x 1,856 MHz); catalog B200/B300/GB200/GB300 7,735-7,738"),
+    (r"cdna\s*4|\bgfx950\b", "CDNA4 (gfx950)", 4096.0, "AMD CDNA 4 architecture whitepaper: 2x CDNA3's dense FP16/BF16 matrix rate per CU; catalog MI355X 4,096"),
+    (r"cdna\s*3|\bgfx94[012]\b", "CDNA3 (gfx942)", 2048.0, "AMD CDNA 3 architecture whitepaper: 2,048 dense FP16/BF16 matrix FLOP/clock/CU; catalog MI300X 2,048"),
+    (r"cdna\s*2|\bgfx90a\b", "CDNA2 (gfx90a)", 1024.0, "AMD CDNA 2 architecture whitepaper: 1,024 FP16/BF16 matrix FLOP/clock/CU; catalog MI210/MI250/MI250X 1,024"),
+    (r"cdna\s*1\b|\bgfx908\b", "CDNA1 (gfx908)", 1024.0, "AMD CDNA architecture whitepaper (MI100): 1,024 FP16 matrix FLOP/clock/CU (BF16 512); catalog MI100 1,024"),
+)
+
+#: a tensor peak whose implied dense rate per SM per clock is more than this over its architecture's
+#: (:data:`TENSOR_16BIT_FLOP_PER_SM_CLOCK`) is refused: every catalog device is within 1.0x of its row, a datasheet's
+#: sparse (2:4 structured sparsity) column is 2x
+DENSE_RATE_MARGIN = 1.5
+
+#: the tensor peak fields and the multiple of the dense 16-bit rate each runs at (TF32 half, FP8 twice: every
+#: generation with them, see :data:`HALF_OVER_TF32_NVIDIA`, :data:`FP8_OVER_16BIT`)
+_TENSOR_RATE_FACTOR = {"peak_fp16_tflops": 1.0, "peak_bf16_tflops": 1.0, "peak_tf32_tflops": 0.5, "peak_fp8_tflops": 2.0}
+
+_SPARSE = "this looks like the sparse (2:4 structured sparsity) figure: use the dense one"
+
+
+def architecture_of(arch: str) -> tuple[str, float, str] | None:
+    """(architecture, dense 16-bit tensor FLOP per SM per clock, source) for a spec's ``arch`` text, from
+    :data:`TENSOR_16BIT_FLOP_PER_SM_CLOCK`; None when no row matches (an unknown or invented architecture)."""
+    a = str(arch or "").strip().lower()
+    for pattern, name, rate, cite in TENSOR_16BIT_FLOP_PER_SM_CLOCK:
+        if re.search(pattern, a):
+            return name, rate, cite
+    return None
+
+
+def _dense_rates(values: Any) -> list[tuple[str, float, float]]:
+    """(field, peak, implied dense 16-bit-equivalent FLOP per SM per clock) of each tensor peak given."""
+    sms, mhz = values.num_sms, values.boost_clock_mhz
+    out = []
+    for f, k in _TENSOR_RATE_FACTOR.items():
+        v = getattr(values, f)
+        if v:
+            out.append((f, float(v), float(v) * 1e12 / (float(sms) * float(mhz) * 1e6) / k))
+    return out
+
+
+def _catalog_twin_note(values: Any) -> str:
+    """" (its SMs, clock and bandwidth are ... every tensor peak is exactly 2x <catalog device>'s ...)" when a catalog device has the spec's SMs, boost clock
+    and memory bandwidth (within 1%) and every tensor peak the spec gives is 2x (within 2%) that device's; else ""."""
+    try:
+        from wattcast.data.catalog import load_catalog
+        catalog = load_catalog()
+    except Exception:  # noqa: BLE001 - the catalog is loading (its own devices never get here) or unreadable
+        return ""
+    given = [(f, getattr(values, f)) for f in _TENSOR_RATE_FACTOR if getattr(values, f)]
+    if not given:
+        return ""
+    close = lambda a, b, tol: bool(a) and bool(b) and abs(float(a) / float(b) - 1.0) <= tol  # noqa: E731
+    for c in catalog.values():
+        if not (int(c.num_sms) == int(values.num_sms) and close(values.boost_clock_mhz, c.boost_clock_mhz, 0.01)
+                and close(values.memory_bandwidth_gbps, c.memory_bandwidth_gbps, 0.01)):
+            continue
+        if all(close(v, 2.0 * (getattr(c, f) or 0.0), 0.02) for f, v in given):
+            return (f" (its SMs, clock and bandwidth are catalog device {c.name}'s, and every tensor peak given is "
+                    f"exactly 2x {c.name}'s dense figure: the datasheet's sparse column)")
+    return ""
+
+
+def _dense_rate_problem(values: Any) -> str | None:
+    """A message when a tensor peak implies more dense FLOP per SM per clock than the spec's architecture
+    (:func:`architecture_of`) can do, by over :data:`DENSE_RATE_MARGIN`; None otherwise, for an unknown architecture
+    (see :func:`dense_rate_notes`) or under ``--force``."""
+    arch = architecture_of(values.arch)
+    if arch is None or exotic_allowed():
+        return None
+    name, rate, cite = arch
+    for f, v, per in _dense_rates(values):
+        if per > rate * DENSE_RATE_MARGIN:
+            k = _TENSOR_RATE_FACTOR[f]
+            return (f"field '{f}' ({v:g}) is {per / rate:.2g}x what {name} can do densely: {v:g} TFLOP/s on "
+                    f"{values.num_sms:g} SMs (CUs) at {values.boost_clock_mhz:g} MHz is {per * k:,.0f} FLOP per SM per "
+                    f"clock, where {name} does {rate * k:,.0f} dense ({cite}); {_SPARSE}{_catalog_twin_note(values)}. "
+                    f"Check num_sms and boost_clock_mhz too, {_FORCE}")
+    return None
+
+
+def dense_rate_notes(spec: "DeviceSpec") -> list[str]:
+    """Warnings (for a prediction's ``warnings``) when ``spec``'s ``arch`` names no known architecture (so no dense
+    rate check ran) and a tensor peak implies more dense FLOP per SM per clock than any known architecture does (the
+    largest row of :data:`TENSOR_16BIT_FLOP_PER_SM_CLOCK`) by over :data:`DENSE_RATE_MARGIN`, or when the spec is a
+    catalog device's twin (SMs, clock, bandwidth) with every tensor peak exactly 2x its (:func:`_catalog_twin_note`);
+    none otherwise."""
+    twin = _catalog_twin_note(spec)
+    if architecture_of(spec.arch) is not None:
+        return [f"{spec.name}: {_SPARSE}{twin}; used as given"] if twin else []
+    top_name, top = max(((n, r) for _, n, r, _ in TENSOR_16BIT_FLOP_PER_SM_CLOCK), key=lambda nr: nr[1])
+    for f, v, per in _dense_rates(spec):
+        if per > top * DENSE_RATE_MARGIN:
+            k = _TENSOR_RATE_FACTOR[f]
+            return [f"{spec.name}: {f} ({v:g}) implies {per * k:,.0f} FLOP per SM per clock on {spec.num_sms:g} SMs at "
+                    f"{spec.boost_clock_mhz:g} MHz, {per / top:.2g}x the most any known architecture does densely "
+                    f"({top_name}: {top * k:,.0f}); {_SPARSE}, or check num_sms and boost_clock_mhz "
+                    f"(arch {spec.arch!r} names no known architecture, so it is used as given){twin}"]
+    return [f"{spec.name}: {_SPARSE}{twin}; used as given"] if twin else []
+
+
+#: bytes of DRAM bandwidth per dense FLOP (GB/s over TFLOP/s, i.e. bytes per 1,000 FLOP) of the catalog, (lowest,
+#: highest): against the dense 16-bit tensor peak on devices with tensor/matrix units (a 16-bit peak at least
+#: :data:`_TENSOR_OVER_FP32_MIN` x the vector FP32 one; 2.39 L40S to 9.06 MI210/MI250), against the vector FP32 peak
+#: on every device (9.4 L40S to 104.6 A100 SXM4 80GB). ``tests/test_spec_dense_rate.py`` recomputes both from the
+#: catalog. A bandwidth given in Gb/s is 8x the GB/s figure.
+BYTES_PER_KFLOP_16BIT = (2.39, 9.06)
+BYTES_PER_KFLOP_FP32 = (9.4, 104.6)
+#: how far outside the catalog's range a ratio may go before the spec is refused (lifted by ``--force``): 2x over the
+#: 16-bit range (9.06 -> 18.1; every catalog tensor device's Gb/s figure, 8x, is 19.1 or more) and 3x over the FP32
+#: one (104.6 -> 314, room for HBM4 parts whose FP32 lags); 3x below both (no catalog figure is a bandwidth too low
+#: by a unit factor the PLAUSIBLE range lets through). A cut-down-compute inference part (NVIDIA H20: about 4,000 GB/s
+#: over 148 TFLOP/s BF16, 27) needs --force.
+BANDWIDTH_RATIO_MARGIN_16BIT = 2.0
+BANDWIDTH_RATIO_MARGIN_FP32 = 3.0
+#: a 16-bit peak this many times the vector FP32 one is a tensor/matrix-unit figure (catalog: 3.9x L4 upward; P100's
+#: vector FP16 is 2x)
+_TENSOR_OVER_FP32_MIN = 3.0
+
+
+def _bandwidth_ratio_problem(values: Any) -> str | None:
+    """A message when ``memory_bandwidth_gbps`` per dense FLOP lies outside the catalog's range by more than the
+    margins (:data:`BYTES_PER_KFLOP_16BIT`, :data:`BYTES_PER_KFLOP_FP32`); None inside it or under ``--force``."""
+    if exotic_allowed():
+        return None
+    bw, fp32 = float(values.memory_bandwidth_gbps), float(values.peak_fp32_tflops)
+    half = max(float(values.peak_fp16_tflops or 0), float(values.peak_bf16_tflops or 0))
+    checks = [("peak_fp32_tflops", fp32, BYTES_PER_KFLOP_FP32, BANDWIDTH_RATIO_MARGIN_FP32)]
+    if half >= _TENSOR_OVER_FP32_MIN * fp32:
+        checks.insert(0, ("the dense 16-bit tensor peak", half, BYTES_PER_KFLOP_16BIT, BANDWIDTH_RATIO_MARGIN_16BIT))
+    for what, peak, (lo, hi), margin in checks:
+        r = bw / peak
+        if r > hi * margin:
+            return (f"field 'memory_bandwidth_gbps' ({bw:g}) is {r:.3g} bytes per 1,000 FLOP of {what} ({peak:g} "
+                    f"TFLOP/s), {r / hi:.2g}x the most of any catalog device ({lo:g} to {hi:g}; refused beyond "
+                    f"{margin:g}x): was it given in Gb/s? divide by 8 (memory_bandwidth_gbps is GB/s, bytes), {_FORCE}")
+        if r < lo / margin:
+            return (f"field 'memory_bandwidth_gbps' ({bw:g}) is {r:.3g} bytes per 1,000 FLOP of {what} ({peak:g} "
+                    f"TFLOP/s), {lo / r:.2g}x below the least of any catalog device ({lo:g} to {hi:g}; refused beyond "
+                    f"{margin:g}x): is it a per-stack or per-channel figure, or {what} a sparse one? Give the board's "
+                    f"total in GB/s, {_FORCE}")
+    return None
+
+
+#: AMD stream processors (lanes) per CU on every CDNA (and GCN/RDNA) GPU: 4 SIMD units x 16 lanes (AMD CDNA 3
+#: architecture whitepaper: "each CU ... four SIMD units", 16-wide; the CDNA 1/2 whitepapers the same; MI300X's 19,456
+#: stream processors over 304 CUs = 64)
+AMD_STREAM_PROCESSORS_PER_CU = 64
+
+#: idle board power over TDP, (lowest, highest) accepted: the shipped specs list no idle power; the measured floors
+#: behind :data:`wattcast.featurize.power_features.IDLE_FRACTION_OF_TDP` (Zeus NSDI'23 traces: V100 PCIe, P100 PCIe,
+#: Quadro RTX 6000) run 0.13-0.27 x TDP; the range leaves 4x below (deep power-gated idle of large boards) and 2.5x
+#: above. Lifted by ``--force``.
+IDLE_OVER_TDP = (0.13 / 4, 0.27 * 2.5)
+
+
+def fallback_notes(spec: "DeviceSpec", *, power: bool = True) -> list[str]:
+    """Notes (for a prediction's ``warnings``) on the figures a spec leaves out that the models replace: no
+    ``tdp_w`` (the kernel-time surrogate's watts-per-TFLOP input is then missing, which changes kernel times, and power
+    cannot be predicted), no ``idle_power_w`` (0.15 x TDP is used: ``IDLE_FRACTION_OF_TDP``; only with ``power``, the
+    predictions that have a power figure). Catalog devices (none of which lists an idle power) get none: their
+    defaults are documented in README."""
+    if _is_catalog_device(spec):
+        return []
+    from wattcast.featurize.power_features import IDLE_FRACTION_OF_TDP
+
+    if not spec.tdp_w:
+        return [f"{spec.name}: the spec gives no tdp_w; the kernel-time surrogate takes TDP as an input (watts per "
+                "TFLOP), so kernel times are predicted with it missing and may differ from the same GPU's with it; "
+                "power and energy need it: give tdp_w"]
+    if power and not spec.idle_power_w:
+        return [f"{spec.name}: the spec gives no idle_power_w; {IDLE_FRACTION_OF_TDP:g} x tdp_w = "
+                f"{IDLE_FRACTION_OF_TDP * float(spec.tdp_w):g} W is assumed (idle and communication power, energy): "
+                "give idle_power_w if the datasheet or nvidia-smi has it"]
+    return []
+
+
+def _is_catalog_device(spec: "DeviceSpec") -> bool:
+    try:
+        from wattcast.data.catalog import find_device
+        c = find_device(spec.name)
+    except Exception:  # noqa: BLE001 - catalog loading or unreadable
+        return False
+    return c is not None and c.to_dict() == spec.to_dict()
+
+
+def spec_notes(spec: "DeviceSpec", *, power: bool = True) -> list[str]:
+    """Every spec warning a prediction carries: :func:`peak_ratio_notes`, :func:`dense_rate_notes`,
+    :func:`fallback_notes` (``power``: the idle-power default too; kernel latency has no power figure)."""
+    return [*peak_ratio_notes(spec), *dense_rate_notes(spec), *fallback_notes(spec, power=power)]
+
+
 def _aliases(v: Any) -> Any:
     v = () if v is None or v == "" else tuple(v) if isinstance(v, list) else v  # tuple('abc'): three aliases
     if not isinstance(v, tuple):
@@ -434,6 +642,25 @@ class DeviceSpecModel(BaseModel):
                               "dense figures for both)")
         if s.idle_power_w and s.tdp_w and s.idle_power_w >= s.tdp_w:
             raise problem("wc_rule", f"field 'idle_power_w' ({s.idle_power_w}) must be below tdp_w ({s.tdp_w})")
+        if s.idle_power_w and s.tdp_w and not exotic_allowed():
+            lo, hi = IDLE_OVER_TDP
+            frac = s.idle_power_w / s.tdp_w
+            if not lo <= frac <= hi:
+                raise problem("wc_plausible", f"field 'idle_power_w' ({s.idle_power_w:g}) is {frac:.3g} x tdp_w "
+                              f"({s.tdp_w:g}), outside the {lo:.3g}-{hi:.3g} a GPU board idles at (measured 0.13-0.27 "
+                              f"x TDP, with a margin): give the board's power with nothing running, in watts, {_FORCE}")
+        # tensor peaks above what the architecture does densely: a datasheet's sparse column
+        msg = _dense_rate_problem(s)
+        if msg:
+            raise problem("wc_plausible", msg)
+        msg = _bandwidth_ratio_problem(s)
+        if msg:
+            raise problem("wc_plausible", msg)
+        if s.cores_per_sm and s.vendor == "amd" and s.cores_per_sm != AMD_STREAM_PROCESSORS_PER_CU and not exotic_allowed():
+            raise problem("wc_plausible", f"field 'cores_per_sm' ({s.cores_per_sm}) must be "
+                          f"{AMD_STREAM_PROCESSORS_PER_CU} on AMD: stream processors per CU (4 SIMD units x 16 lanes, "
+                          "AMD CDNA 3 architecture whitepaper), not SIMD units or wavefront slots; num_sms counts the "
+                          f"CUs. {_FORCE[0].upper()}{_FORCE[1:]}")
         # FP32 peak must be reachable by the cores: peak <= 2 * sms * cores * clock (+5% slack).
         if s.cores_per_sm and s.vendor == "nvidia":
             bound = 2 * s.num_sms * s.cores_per_sm * s.boost_clock_mhz * 1e6 / 1e12

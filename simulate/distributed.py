@@ -38,7 +38,8 @@ import pandas as pd
 from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_cluster
-from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
+from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
+from wattcast.data.device_spec import spec_notes as device_spec_notes
 from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
 from wattcast.featurize.context_parallel import cp_refuses_window
 from wattcast.featurize.fp8_recipes import fp8_writes_transpose, unsupported_fp8_recipe, weight_copy_bytes_per_param
@@ -990,9 +991,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
 
 def spec_notes(cl: ClusterSpec, spec: DeviceSpec) -> list[str]:
     """The warnings cluster ``cl`` with GPU ``spec`` gives whatever the strategy: tensor peaks out of their datasheet
-    ratios (``peak_ratio_notes``), an in-node tier faster than the GPU's own link (``device_link_notes``). A prediction
+    ratios, dense rates and defaulted figures (``spec_notes``), an in-node tier faster than the GPU's own link (``device_link_notes``). A prediction
     carries them in ``meta["warnings"]``, a search once in ``SearchResult.warnings``."""
-    return [*peak_ratio_notes(spec), *device_link_notes(cl, spec)]
+    return [*device_spec_notes(spec), *device_link_notes(cl, spec)]
 
 
 def _hashable_trips(v):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import DeviceSpec, peak_ratio_notes, unsupported_step_dtype
+from wattcast.data.device_spec import DeviceSpec, spec_notes, unsupported_step_dtype
 from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe
 from wattcast.simulate.step_band import band_keys, ood_band_log, ood_warning, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
@@ -600,7 +600,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     warn = ood_warning(res.ood_time_fraction)
     from wattcast.models.power import idle_power_w
 
-    meta = with_warnings(dict(res.meta, idle_power_w=idle_power_w(spec)), [*peak_ratio_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec),
+    meta = with_warnings(dict(res.meta, idle_power_w=idle_power_w(spec)), [*spec_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec),
                                     *([warn] if warn else [])])
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
                    step_band=band, meta=meta, peak_matrix_flops=mfu_peak_flops(spec, graph.meta))

@@ -53,7 +53,8 @@ def test_no_shipped_device_or_preset_is_warned():
     (dict(peak_tf32_tflops=989.4), "is 1x peak_tf32_tflops"),
 ])
 def test_tensor_peaks_out_of_their_datasheet_ratios_are_warned_in_the_prediction(change, needle):
-    spec = from_dict(_device(**change))
+    # an architecture the dense-rate table does not know (Hopper's refuses a doubled peak: test_spec_dense_rate.py)
+    spec = from_dict(_device(arch="Imaginary", **change))
     notes = peak_ratio_notes(spec)
     assert any(needle in n and "sparse" in n for n in notes), notes
     res = wattcast.predict("gpt2", spec, batch=1, seq=128)
@@ -98,7 +99,7 @@ def test_search_carries_the_spec_warnings_once(tmp_path):
     assert spec_notes == per_cluster and len(spec_notes) == 1 and len(res.warnings) == 2
     assert "exceeds what L4's own interconnect" in spec_notes[0]
     # a sparse-looking peak on the GPU of two clusters: said once for the GPU, the fabric note once per cluster
-    (tmp_path / "sparse.yaml").write_text(yaml.safe_dump(_device(name="H100-sparse-fp8", aliases=[],
+    (tmp_path / "sparse.yaml").write_text(yaml.safe_dump(_device(name="H100-sparse-fp8", aliases=[], arch="Imaginary",
                                                                  peak_fp8_tflops=3957.8)))
     one = write_preset_cluster(tmp_path / "a.yaml", str(tmp_path / "sparse.yaml"))
     two = write_preset_cluster(tmp_path / "b.yaml", str(tmp_path / "sparse.yaml"))
