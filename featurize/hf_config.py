@@ -79,6 +79,51 @@ BOUNDED_FIELDS: dict[str, str] = {"moe_intermediate_size": "width", "shared_expe
                                   "q_lora_rank": "width", "kv_lora_rank": "width", "qk_nope_head_dim": "width",
                                   "qk_rope_head_dim": "width", "v_head_dim": "width", "word_embed_proj_dim": "width",
                                   "type_vocab_size": "vocab"}
+#: model_type -> the MLP width transformers builds from a config without its width field: a number is the config
+#: class's default (transformers 5.24.0, ``models/<type>/configuration_<type>.py``: LlamaConfig l.65 11,008,
+#: MistralConfig l.64 14,336, Qwen2Config l.62 22,016, GemmaConfig l.68 24,576, GPTNeoXConfig l.65 24,576,
+#: MixtralConfig l.68 14,336, Qwen3Config l.63 22,016, Phi3Config l.62 8,192, Gemma2Config l.69 9,216,
+#: Gemma3TextConfig l.75 9,216, Qwen2MoeConfig l.80 5,632, Qwen3MoeConfig l.82 6,144, DeepseekV2Config l.77 11,008,
+#: DeepseekV3Config and GptOssConfig as their defaults above, BertConfig l.48 3,072, OPTConfig ``ffn_dim`` l.56 3,072,
+#: T5Config / SwitchTransformersConfig ``d_ff`` l.46 / l.60 2,048). None is "4 x hidden", the model's own rule, not a
+#: default: GPT2MLP (modeling_gpt2.py l.252, ``n_inner`` None), FalconConfig (l.95-96, ``ffn_hidden_size`` None),
+#: BloomMLP (modeling_bloom.py l.321, no field), MptConfig (``expansion_ratio`` 4, l.122), and Megatron-LM's GPT
+#: (``--ffn-hidden-size`` defaults to 4 x ``--hidden-size``, megatron/training/arguments.py) for the non-transformers
+#: GPT types. Before, every missing width was 4 x hidden: a Llama-2-7B config without it was 8.85 B parameters, not 6.74.
+FFN_DEFAULTS: dict[str, int | None] = {
+    "llama": 11008, "mistral": 14336, "qwen2": 22016, "gemma": 24576, "gpt_neox": 24576, "mixtral": 14336,
+    "qwen3": 22016, "phi3": 8192, "gemma2": 9216, "gemma3_text": 9216, "qwen2_moe": 5632, "qwen3_moe": 6144,
+    "deepseek_v2": 11008, "deepseek_v3": 18432, "gpt_oss": 2880, "bert": 3072, "opt": 3072,
+    "t5": 2048, "switch_transformers": 2048,
+    "gpt2": None, "gpt": None, "megatron-gpt": None, "gpt3": None, "falcon": None, "refinedweb": None,
+    "refinedwebmodel": None, "bloom": None, "mpt": None,
+}
+
+
+def default_ffn_width(model_type: str, hidden: int, origin: str) -> int:
+    """The MLP width of a ``model_type`` config that gives none (:data:`FFN_DEFAULTS`); a GraphError naming the field
+    for a type without a known default."""
+    if model_type not in FFN_DEFAULTS:
+        raise GraphError(f"{origin}: no MLP width: give field 'intermediate_size' (model_type {model_type!r} has no "
+                         "known default for it)")
+    width = FFN_DEFAULTS[model_type]
+    return 4 * hidden if width is None else width
+
+
+def ffn_default_note(cfg) -> str | None:
+    """The warning of a config whose MLP width was not given and took its config class's default (None where the
+    config gave it, or where the model's own rule is 4 x hidden: :data:`FFN_DEFAULTS`)."""
+    if FFN_DEFAULTS.get(cfg.model_type, 0) is None or any(cfg.raw.get(a) is not None for a in ALIASES["ffn"]):
+        return None
+    return (f"{cfg.name}: no field '{_FFN_FIELD.get(cfg.model_type, 'intermediate_size')}' (the MLP width) in the "
+            f"config: defaulted to {cfg.ffn:,}, the default of transformers' {cfg.model_type} config class (what it "
+            "would build); give the field if the model's differs")
+
+
+#: the MLP width's field in the config classes that do not call it ``intermediate_size``
+_FFN_FIELD = {"opt": "ffn_dim", "t5": "d_ff", "switch_transformers": "d_ff"}
+
+
 #: families whose attention splits the hidden size evenly over the heads (transformers' GPT2Attention, OPTAttention,
 #: BloomAttention, GPTNeoXAttention, FalconAttention, MptAttention, BertSelfAttention: head size = hidden / heads, an
 #: error when it does not divide, a ``head_dim`` field not read); the others read ``head_dim`` when the config gives it
@@ -423,6 +468,9 @@ def config_warnings(cfg: HFConfig) -> list[str]:
     ``sliding_window_pattern`` (the list is used); a quantized checkpoint (:func:`quantization_note`); a bias field
     set true that the family's transformers modelling file does not read (:func:`ignored_bias_fields`)."""
     out = []
+    ffn_note = ffn_default_note(cfg)
+    if ffn_note:
+        out.append(ffn_note)
     given = layer_types(cfg)
     if given is not None and cfg.model_type == "gemma3_text" and any(
             cfg.raw.get(k) is not None for k in ("sliding_window_pattern", "_sliding_window_pattern")):
@@ -890,11 +938,8 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     if heads % kv:
         raise GraphError(f"{origin}: {heads} attention heads ({_alias(raw, 'n_heads')}) are not divisible by {kv} "
                          f"key/value heads ({kv_key}): each key/value head serves an equal group of query heads")
-    if ffn is None and family == "gpt_oss":  # each expert's width: GptOssConfig's default
-        ffn = GPT_OSS_DEFAULTS["intermediate_size"]
-    if ffn is None and mt == "deepseek_v3":  # the dense blocks' MLP: DeepseekV3Config's default
-        ffn = DEEPSEEK_V3_DEFAULTS["intermediate_size"]
-    ffn = 4 * hidden if ffn is None else ffn
+    if ffn is None:  # what transformers' config class of the model_type gives (FFN_DEFAULTS), or refused
+        ffn = default_ffn_width(mt, hidden, origin)
     maxpos = m.max_positions or 0  # 0 = not given (no limit known)
     act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()
     cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=m.n_layers, n_heads=heads, n_kv_heads=kv,
@@ -990,13 +1035,38 @@ def _locate_config(model: str | Path) -> tuple[str, float, str, str]:
     return str(p.resolve()), p.stat().st_mtime, name, str(p)
 
 
+#: the first bytes of a zip archive (torch.save since PyTorch 1.6 and torch.export.save write one) and of a pickle
+#: (protocol 2+ starts with PROTO, 0x80: the pickle module's opcode table)
+_ZIP_MAGIC, _PICKLE_PROTO = b"PK\x03\x04", b"\x80"
+
+
+def saved_torch_model_hint(path: str | Path) -> str | None:
+    """What to do with a saved PyTorch model (a torch.export.save ``.pt2``, a torch.save ``.pt``/``.pth``) given where
+    a config or ONNX file goes; None for any other file. wattcast does not load it: torch.load unpickles (running
+    whatever code the file names) and torch.export.load reads its weights back through torch.load too, so an untrusted
+    file is not safe to open; the user loads their own in Python instead."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    suffix = Path(path).suffix.lower()
+    if not (head == _ZIP_MAGIC or head[:1] == _PICKLE_PROTO or suffix in (".pt2", ".pt", ".pth")):
+        return None
+    return ("a saved PyTorch model (torch.export.save / torch.save), not a JSON config or ONNX file; wattcast does not "
+            "unpickle model files (loading one runs code it names). Load it yourself in Python and pass the program: "
+            "ep = torch.export.load(path); wattcast.predict(ep, device) (or ep.module(), with example_inputs=); or "
+            "export ONNX for the CLI: torch.onnx.export(model, args, 'model.onnx', dynamo=True)")
+
+
 @lru_cache(maxsize=256)
 def _load_config_file(path: str, mtime: float, name: str, origin: str) -> HFConfig:
     """A config file, read once per modification time (predictions in a search loop ask again and again)."""
     try:
         raw = json_loads_unique(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GraphError(f"{origin}: cannot read as a JSON config: {e}") from None
+        hint = saved_torch_model_hint(path)
+        raise GraphError(f"{origin}: {hint}" if hint else f"{origin}: cannot read as a JSON config: {e}") from None
     except DuplicateKeyError as e:
         raise GraphError(f"{origin}: {e}") from None
     return normalise_config(raw, name=name, origin=origin)

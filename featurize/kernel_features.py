@@ -27,6 +27,13 @@ TILES = ((32, 32), (64, 64), (128, 64), (128, 128), (256, 128))
 #: bytes moved per SM per clock between L2 and the SMs; a proxy for L2 bandwidth, which datasheets omit
 _L2_BYTES_PER_SM_CLOCK = 64.0
 
+#: AMD CDNA 3 and 4 GPUs put a 256 MB Infinity Cache (memory-attached last-level cache) between their L2 and HBM
+#: (AMD CDNA 3 architecture white paper: "256 MB AMD Infinity Cache" on MI300X; CDNA 4 white paper: 256 MB on
+#: MI350X/MI355X), which a spec's ``l2_cache_mb`` does not count (data/devices/MI300X.yaml says so). The physical floor
+#: (:func:`physical_floor_ms`) lets every AMD GPU keep that much of a working set out of DRAM: an MI250X (no Infinity
+#: Cache) gets a lower floor than it could, never a higher one.
+AMD_LAST_LEVEL_CACHE_MB = 256.0
+
 DEVICE_FEATURES = (
     "dev_log_sms",
     "dev_log_bw_gbps",
@@ -96,6 +103,8 @@ def device_table(specs: Mapping[str, DeviceSpec]) -> pd.DataFrame:
             "l2_mb": float(s.l2_cache_mb),
             "clock_mhz": float(s.boost_clock_mhz),
             "is_amd": float(s.vendor == "amd"),
+            # the cache a working set can stay in instead of DRAM (physical_floor_ms)
+            "llc_mb": max(float(s.l2_cache_mb), AMD_LAST_LEVEL_CACHE_MB if s.vendor == "amd" else 0.0),
             # NaN when the sheet lacks them: LightGBM routes NaN, the MLP imputes
             "base_clock_mhz": float(s.base_clock_mhz) if s.base_clock_mhz else np.nan,
             "tdp_w": float(s.tdp_w) if s.tdp_w else np.nan,
@@ -275,4 +284,32 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
     out["t_compute_ms"] = t_compute_ms
     out["t_mem_ms"] = t_mem_ms
     out["t_roof_ms"] = t_roof_ms
+    dense_flops = np.where(is_gemm, 2.0 * gB * gM * gN * gK, 0.0)
+    # the least a kernel reads and writes: a GEMM its operands (and bias) and its output; a conv its weights and its
+    # output (a stride beyond the kernel skips input pixels, and Winograd/FFT need not do the GEMM view's FLOPs); a
+    # vector op its output alone: its inputs may be broadcast views (NeuSight's label graphs run an add at 349 GB/s on
+    # the 300 GB/s L4 counted with two full inputs, and OPT-13B's mask `sub` (a scalar op on an expanded mask) 4-14%
+    # faster than reading and writing a full tensor on T4 and V100 allows)
+    read_bytes = np.where(is_gemm, gemm_bytes - B * M * K * ebytes, np.where(is_conv, cout * cin * ks**2 * ebytes, 0.0))
+    write_bytes = np.where(is_conv, B * cout * out_size**2, np.where(is_gemm, B * M * K, numel)) * ebytes
+    out["t_floor_ms"] = physical_floor_ms(dense_flops, peak_mat * 1e12, read_bytes, write_bytes, D["llc_mb"] * 1e6,
+                                          bw * 1e9)
     return out
+
+
+def physical_floor_ms(dense_flops, peak_flops_s, read_bytes, write_bytes, cache_bytes, dram_bytes_s) -> np.ndarray:
+    """The time no kernel can beat (ms): its matrix work at the dtype's dense peak, or the bytes that cannot have
+    stayed in the last-level cache crossing DRAM at the datasheet bandwidth, whichever is longer.
+
+    ``dense_flops`` is a GEMM's 2 x B x M x N x K (0 for other kernels: a conv may run Winograd/FFT with fewer
+    multiplications, and a vector op's FLOPs per element are a convention, not a count of instructions).
+    ``read_bytes`` / ``write_bytes`` are the least the kernel reads and writes. However warm the cache, at most
+    ``cache_bytes`` of what it reads can be resident when it starts, and at most ``cache_bytes`` of what it writes can
+    still be held dirty when it ends, so at least ``read - cache`` and ``write - cache`` bytes cross DRAM. That is
+    conservative against the usual "a working set beyond the cache streams all of it" (a kernel timed back to back
+    finds operands resident: L4's label nodes run elementwise kernels faster than their DRAM roofline, README), and
+    the bound has no step at the cache size."""
+    compute_ms = np.asarray(dense_flops, dtype=float) / peak_flops_s * 1e3
+    dram_bytes = (np.maximum(np.asarray(read_bytes, dtype=float) - cache_bytes, 0.0)
+                  + np.maximum(np.asarray(write_bytes, dtype=float) - cache_bytes, 0.0))
+    return np.maximum(compute_ms, dram_bytes / dram_bytes_s * 1e3)

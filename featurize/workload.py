@@ -540,9 +540,18 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
             import torch
         except ImportError:  # pragma: no cover - torch is an optional extra
             raise GraphError("a PyTorch module needs torch installed (pip install 'wattcast[train]')") from None
+        if isinstance(model, torch.export.ExportedProgram):
+            # a torch.export program runs as the module it unlifts to, on the inputs it was exported with unless given
+            if example_inputs is None:
+                args, kwargs = model.example_inputs or ((), {})
+                if kwargs:
+                    raise GraphError("this ExportedProgram was exported with keyword inputs: pass "
+                                     "wattcast.predict(ep.module(), ..., example_inputs=(...)) with positional ones")
+                example_inputs = tuple(args) or None
+            model = model.module()
         if not isinstance(model, torch.nn.Module):
             raise GraphError(f"cannot build a graph from a {type(model).__name__}; pass an ONNX file, a config.json, "
-                             "a built-in model name, a config dict or a torch.nn.Module")
+                             "a built-in model name, a config dict, a torch.nn.Module or a torch.export.ExportedProgram")
         from wattcast.featurize.torch_import import graph_from_module
 
         fwd = graph_from_module(model, example_inputs, batch=opts.batch, seq=opts.seq, dtype=opts.dtype,

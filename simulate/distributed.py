@@ -148,6 +148,8 @@ class DistributedPrediction:
     def to_dict(self) -> dict:
         p = self.parallel
         return dict(model=self.model, device=self.device, cluster=self.cluster, gpus=self.gpus,
+                    # as a single device's JSON: a pipelined step is always a training step (build_stage_graphs)
+                    mode=self.meta.get("mode", "train"),
                     parallel=dict(dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, ep=p.ep, etp=expert_tp(p), zero=p.zero,
                                   micro_batch=p.micro_batch,
                                   # --cp-comm-type always (p2p, the ring, by default and where cp is 1);

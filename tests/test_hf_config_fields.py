@@ -209,3 +209,45 @@ def test_multimodal_wrapper_builds_its_text_config_and_says_the_vision_tower_is_
         load_hf_config({**MISTRAL_7B, "model_type": "mistral3"})
     with pytest.raises(GraphError, match="its text_config is model_type 'llama4_text', which wattcast does not build"):
         load_hf_config({"model_type": "llama4", "text_config": {**MISTRAL_7B, "model_type": "llama4_text"}})
+
+
+#: meta-llama/Llama-2-7b-hf config.json without its intermediate_size (11,008)
+LLAMA2_7B_NO_FFN = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
+                    "num_hidden_layers": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+                    "tie_word_embeddings": False, "_name_or_path": "llama-no-ffn"}
+
+
+@pytest.mark.parametrize("model_type, width", [("llama", 11008), ("mistral", 14336), ("qwen2", 22016)])
+def test_missing_mlp_width_takes_the_config_class_default_and_says_so(model_type, width):
+    """A config without ``intermediate_size`` was built 4 x hidden wide (16,384: Llama-2-7B at 8.85 B parameters);
+    transformers' LlamaConfig / MistralConfig / Qwen2Config default it to 11,008 / 14,336 / 22,016 (transformers
+    5.24.0), and the prediction's warnings name the field and the width taken."""
+    from wattcast.featurize.hf_config import config_warnings
+
+    cfg = load_hf_config({**LLAMA2_7B_NO_FFN, "model_type": model_type})
+    assert cfg.ffn == width
+    notes = [w for w in config_warnings(cfg) if "intermediate_size" in w]
+    assert len(notes) == 1 and f"{width:,}" in notes[0]
+    given = load_hf_config({**LLAMA2_7B_NO_FFN, "intermediate_size": 11008})
+    assert not [w for w in config_warnings(given) if "intermediate_size" in w]
+
+
+def test_llama2_7b_without_its_mlp_width_has_llama2_7bs_parameters():
+    import wattcast
+
+    d = wattcast.predict(dict(LLAMA2_7B_NO_FFN), "H100-SXM5-80GB", batch=1, seq=128, mode="inference").to_dict()
+    assert d["param_count"] == 6_738_415_616  # Llama-2-7B (its config gives intermediate_size 11008)
+    assert any("intermediate_size" in w and "11,008" in w for w in d["warnings"])
+
+
+def test_every_model_type_has_a_known_mlp_width_and_an_unknown_one_is_refused_naming_the_field():
+    from wattcast.featurize.hf_config import FFN_DEFAULTS, MODEL_TYPES, default_ffn_width
+
+    from wattcast.featurize.hf_config import DEEPSEEK_V3_DEFAULTS, GPT_OSS_DEFAULTS
+
+    assert set(MODEL_TYPES) <= set(FFN_DEFAULTS)
+    assert FFN_DEFAULTS["deepseek_v3"] == DEEPSEEK_V3_DEFAULTS["intermediate_size"]
+    assert FFN_DEFAULTS["gpt_oss"] == GPT_OSS_DEFAULTS["intermediate_size"]
+    assert default_ffn_width("gpt2", 768, "x") == 3072  # GPT2MLP: n_inner None is 4 x n_embd
+    with pytest.raises(GraphError, match="intermediate_size"):
+        default_ffn_width("new_model_type", 4096, "cfg.json")

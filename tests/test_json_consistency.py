@@ -73,3 +73,15 @@ def test_per_layer_with_outside_layers_adds_up_to_the_step():
     layers = sum(x["time_ms"] for x in d["per_layer"])
     assert layers + sum(o["time_ms"] for o in outside) == pytest.approx(d["step_time_ms"], rel=1e-12)
     assert all(isinstance(x["layer"], int) for x in d["per_layer"])  # per_layer keeps the graph's layers alone
+
+
+def test_cluster_json_carries_the_step_mode_as_single_device_json_does():
+    """`wattcast predict --cluster ... --json` had no top-level `mode` (a single device's has it): a pipelined cluster
+    step is a training step, a served TP group's an inference one, and `mode` says so in both."""
+    train = wattcast.predict_cluster("gpt2", "DGX-H100", gpus=2, tp=1, pp=2, batch=4, seq=256).to_dict()
+    assert train["mode"] == "train" == train["settings"]["mode"]
+    served = wattcast.predict_cluster("llama2_7b", "dgx-a100", device="A100-SXM4-40GB", gpus=2, tp=2, batch=4, seq=1,
+                                      dtype="bf16", attention="flash", kv_context=64).to_dict()
+    assert served["mode"] == "inference" == served["settings"]["mode"]
+    single = wattcast.predict("gpt2", "H100", batch=1, seq=128).to_dict()
+    assert single["mode"] == "train"

@@ -347,3 +347,76 @@ def test_small_tensor_core_gemms_never_get_faster_with_more_rows(device):
     finally:
         kp.MONOTONE_MAX_M = kp_max
     np.testing.assert_array_equal(both, plain)
+
+
+def _floor_ms(rows: pd.DataFrame, device: str) -> np.ndarray:
+    """The physical floor written out from the spec sheet (not from featurize): a GEMM's 2BMNK at the dtype's dense
+    peak, or what it reads beyond the last-level cache plus what it writes beyond it at DRAM bandwidth (a vector op:
+    its output alone, its inputs may be broadcast)."""
+    spec = resolve_device(device)
+    ebytes = rows["dtype"].map({"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}).to_numpy()
+    gemm = rows["OPName"].isin(["linear", "bmm"]).to_numpy()
+    B, M, N, K, H = (rows[c].to_numpy(dtype=float) for c in ("B", "M", "N", "K", "H"))
+    flops = np.where(gemm, 2 * B * M * N * K, 0.0)
+    peak = np.array([spec.peak_matrix_tflops(d) for d in rows["dtype"]]) * 1e12
+    reads = np.where(gemm, (B * M * N + N * K + K) * ebytes, 0.0)
+    writes = np.where(gemm, B * M * K, B * H) * ebytes
+    cache = max(spec.l2_cache_mb, 256.0 if spec.vendor == "amd" else 0.0) * 1e6
+    dram = np.maximum(reads - cache, 0.0) + np.maximum(writes - cache, 0.0)
+    return np.maximum(flops / peak * 1e3, dram / (spec.memory_bandwidth_gbps * 1e9) * 1e3)
+
+
+@pytest.mark.parametrize("device", ["A100-SXM4-80GB", "H100-SXM5-80GB", "MI300X", "L4"])
+def test_band_and_prediction_never_below_the_physical_floor(device):
+    """No kernel beats its GEMM work at the dense peak nor streams more than the cache holds faster than DRAM: the
+    band's low end sat below that on up to half of a user's grid (A100-SXM4-80GB fp32 16384 x 1024 x 4096 linear:
+    2.74 ms against 7.06 ms of FP32 work; H100 fp32 add of 262144 x 16384, 16 GB: 11.97 against 15.0 ms)."""
+    rows = pd.DataFrame([
+        dict(OPName="linear", dtype="fp32", B=1, M=16384, N=1024, K=4096, H=np.nan),
+        dict(OPName="linear", dtype="bf16", B=1, M=16384, N=8192, K=8192, H=np.nan),
+        dict(OPName="bmm", dtype="fp32", B=64, M=2048, N=128, K=2048, H=np.nan),
+        dict(OPName="linear", dtype="bf16", B=1, M=4, N=8192, K=28672, H=np.nan),
+        dict(OPName="add", dtype="fp32", B=262144, M=np.nan, N=np.nan, K=np.nan, H=16384),
+        dict(OPName="add", dtype="bf16", B=65536, M=np.nan, N=np.nan, K=np.nan, H=8192),
+    ])
+    out = predict_kernels(rows, device)
+    assert (out["error"] == "").all()
+    floor = _floor_ms(rows, device)
+    assert (floor > 0).all()
+    assert (out["pred_low_ms"].to_numpy() >= floor * (1 - 1e-9)).all(), (out["pred_low_ms"].tolist(), floor.tolist())
+    assert (out["pred_latency_ms"].to_numpy() >= floor * (1 - 1e-9)).all()
+    assert (out["pred_high_ms"] >= out["pred_latency_ms"]).all() and (out["pred_low_ms"] <= out["pred_latency_ms"]).all()
+
+
+def test_offcatalog_prediction_never_below_the_physical_floor(tmp_path):
+    """An imaginary spec off the catalog (48 TB/s, 80 MB of L2) got fp32 elementwise band low ends below the time its
+    output alone (what an elementwise kernel writes whatever it reads) takes to cross DRAM."""
+    path = tmp_path / "h300.yaml"
+    path.write_text("""schema_version: 1
+name: H300
+vendor: nvidia
+arch: Imaginary
+peak_fp32_tflops: 90.0
+peak_tf32_tflops: 700.0
+peak_fp16_tflops: 1400.0
+peak_bf16_tflops: 1400.0
+peak_fp8_tflops: 2800.0
+memory_gb: 192
+memory_bandwidth_gbps: 48000
+num_sms: 160
+cores_per_sm: 128
+base_clock_mhz: 1500
+boost_clock_mhz: 2200
+l2_cache_mb: 80
+tdp_w: 900
+idle_power_w: 90
+source: "a test device, figures invented"
+""")
+    rows = pd.DataFrame([dict(OPName=op, dtype="fp32", B=b, H=h) for op in ("add", "mul", "div", "addu", "relu")
+                         for b, h in ((65536, 8192), (262144, 16384))])
+    out = predict_kernels(rows, str(path))
+    assert (out["error"] == "").all(), out["error"].tolist()
+    written = rows["B"].to_numpy(float) * rows["H"].to_numpy(float) * 4.0
+    floor = np.maximum(written - 80e6, 0) / 48000e9 * 1e3
+    assert (out["pred_latency_ms"].to_numpy() >= floor * (1 - 1e-9)).all(), (out["pred_latency_ms"].tolist(), floor)
+    assert (out["pred_low_ms"].to_numpy() >= floor * (1 - 1e-9)).all()

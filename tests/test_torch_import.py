@@ -293,3 +293,44 @@ def test_token_ids_only_for_a_module_that_starts_with_an_embedding():
     tiny = nn.Sequential(nn.Embedding(100, 32), nn.Linear(32, 100))
     assert graph_from_module(tiny, batch=2, seq=16).meta["seq"] == 16
     assert wattcast.predict(_meta_gpt("eager"), "A100-SXM4-80GB", batch=1, seq=64).step_time_ms > 0
+
+
+class _TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(256, 1024), nn.Linear(1024, 256)
+
+    def forward(self, x):
+        return self.b(F.gelu(self.a(x)))
+
+
+def test_an_exported_program_is_predicted_as_the_module_it_unlifts_to():
+    """wattcast.predict(ExportedProgram) said "cannot build a graph from a ExportedProgram"; it now runs ep.module() on
+    the inputs it was exported with: the same step as the eager module on those inputs."""
+    import wattcast
+
+    x = torch.randn(4, 64, 256)
+    ep = torch.export.export(_TwoLinears(), (x,))
+    got = wattcast.predict(ep, "H100-SXM5-80GB").to_dict()
+    want = wattcast.predict(_TwoLinears(), "H100-SXM5-80GB", example_inputs=(x,)).to_dict()
+    assert got["step_time_ms"] == pytest.approx(want["step_time_ms"], rel=1e-12)
+    assert got["param_count"] == want["param_count"] == 256 * 1024 * 2 + 1024 + 256
+
+
+def test_a_saved_torch_model_file_is_refused_saying_how_to_load_it_without_unpickling(tmp_path, monkeypatch):
+    """`wattcast predict -m m.pt2` said "cannot read as a JSON config: 'utf-8' codec can't decode byte 0xac"; now it
+    names the file kind and what to do, without ever loading it (torch.load / torch.export.load are not called)."""
+    import wattcast
+
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(_TwoLinears(), (torch.randn(2, 8, 256),)), str(path))
+
+    def refuse(*a, **k):
+        raise AssertionError("a model file given by path must not be unpickled")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(torch.export, "load", refuse)
+    with pytest.raises(GraphError) as e:
+        wattcast.predict(str(path), "H100-SXM5-80GB")
+    msg = str(e.value)
+    assert "saved PyTorch model" in msg and "torch.export.load" in msg and "utf-8" not in msg
