@@ -45,6 +45,15 @@ def real_in(v, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
     return f
 
 
+def nonneg_finite(v, what: str, unit: str = "ms") -> float:
+    """``v`` as a float when it is finite and >= 0 (:func:`real_in` over [0, inf]); ValueError otherwise, saying
+    "``what`` must be a finite number of ``unit`` >= 0, got ``v``" (host costs and load times in ms)."""
+    f = real_in(v, 0.0, math.inf)
+    if f is None:
+        raise ValueError(f"{what} must be a finite number of {unit} >= 0, got {v!r}")
+    return f
+
+
 # ------------------------------------------------------------------ plausibility (units off by 1,000x)
 _EXOTIC = contextvars.ContextVar("wattcast_allow_exotic", default=False)
 

@@ -592,8 +592,8 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     routed = b.copy(Tensor((t * top_k, h), flat.dtype, flat.node, flat.tid), name="moe.permute")
     b.routed_moe = True
     if b.moe_pad:  # every expert's capacity, reached or not: capacity x experts rows (token_dispatcher.py l. 493)
-        routed = Tensor((padded_expert_capacity(t, top_k, n_exp, b.moe_load) * n_exp, h), routed.dtype, routed.node,
-                        routed.tid)
+        routed = Tensor((padded_expert_rows(t, top_k, n_exp, b.moe_load, "alltoall") * n_exp, h), routed.dtype,
+                        routed.node, routed.tid)
     elif b.moe_load != 1.0:
         routed = Tensor((max(1, round(t * top_k * b.moe_load)), h), routed.dtype, routed.node, routed.tid)
     if b.ep > 1:  # in FP8 under DeepSeek-V3's storage (GraphBuilder.all_to_all)
@@ -602,7 +602,9 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
         combined = _moe_experts(cfg, b, routed, n_exp, ffn, megatron, expert, top_k=top_k, tokens=t)
     if b.ep > 1:
         combined = b.all_to_all(combined, name="moe.combine")
-    if b.moe_load != 1.0:  # back to this rank's own tokens' top-k rows
+    # back to this rank's own tokens' top-k rows; padded, the unpermute scatter-adds every padded row (megatron-core
+    # 0.16.1 moe_utils.py ``unpermute`` l. 425-466 under drop_and_pad: capacity x experts rows, whatever the factor)
+    if b.moe_load != 1.0 and not b.moe_pad:
         combined = Tensor((t * top_k, h), combined.dtype, combined.node, combined.tid)
     if megatron:
         out = b.reduction(combined, (t, h), name="moe.unpermute")  # weights and sums each token's top-k rows
@@ -632,6 +634,33 @@ def padded_expert_capacity(tokens: int, top_k: int, n_experts: int, capacity_fac
     counts (decode) every expert runs: Qwen3-30B-A3B (128 experts, top 8) at one token, capacity factor 1: 1 row each
     of all 128, where unpadded ~8 experts run (:func:`active_local_experts`)."""
     return max(1, math.ceil(tokens * top_k / n_experts * capacity_factor))
+
+
+def padded_expert_rows(tokens: int, top_k: int, n_experts: int, capacity_factor: float, dispatcher: str) -> int:
+    """Rows one expert takes from each source rank's ``tokens`` under ``--moe-pad-expert-input-to-capacity``, per
+    Megatron-Core's token dispatcher (megatron-core 0.16.1). Both start from the same router: the capacity
+    (:func:`padded_expert_capacity`) and a routing map that is the capacity mask (``moe_utils.py``
+    ``apply_router_token_dropping`` l. 832-856: all ``tokens`` rows of every expert's column when the capacity exceeds
+    them, l. 838-840, else the capacity's top rows). The dispatchers then size the expert input differently:
+
+    - ``"alltoall"``: the capacity itself, uncapped. ``token_dispatcher.py`` ``preprocess`` l. 485-505 sets
+      ``num_out_tokens = capacity x num_experts`` and every split to the capacity, and ``dispatch_postprocess`` views
+      the received tokens as ``(tp x ep, local experts, capacity, h)`` (l. 708-715): the permuted buffer has capacity
+      rows per expert even where the rank has fewer tokens (TE's fused permute allocates ``num_out_tokens`` rows; the
+      unfused ``permute``, ``moe_utils.py`` l. 339-360, keeps ``min(capacity, tokens)`` indices and its
+      ``view(num_experts, capacity)`` then fails, so a capacity above the tokens runs only fused).
+    - ``"allgather"``: the capacity mask's count, ``min(capacity, tokens)``: ``MoEAllGatherTokenDispatcher``
+      ``dispatch_postprocess`` l. 289-301 takes ``tokens_per_expert = local_map.sum(dim=0)`` and permutes without
+      ``drop_and_pad`` (no capacity-sized buffer).
+
+    Mixtral 8x7B (8 experts, top 2), one token a rank, factor 5: capacity ceil(1 x 2 / 8 x 5) = 2; all-to-all 2 rows,
+    all-gather 1."""
+    capacity = padded_expert_capacity(tokens, top_k, n_experts, capacity_factor)
+    if dispatcher == "alltoall":
+        return capacity
+    if dispatcher == "allgather":
+        return min(capacity, tokens)
+    raise GraphError(f"unknown MoE token dispatcher {dispatcher!r} (alltoall or allgather)")
 
 
 def active_local_experts(n_experts: int, top_k: int, tokens: int, ep: int) -> int:
@@ -759,9 +788,8 @@ def _moe_allgather(cfg: HFConfig, b: GraphBuilder, flat: Tensor, w: Tensor, n_ex
              op_class="other", grad=False)
     rows = max(1, round(tg * top_k * b.moe_load / b.ep))  # rows routed to this rank's experts
     if b.moe_pad:
-        # padded to capacity: the router's map is the capacity mask (moe_utils.py l. 838-856): each expert takes
-        # min(capacity, t) of every source rank's t tokens (all of them when the capacity exceeds them), reached or not
-        rows = local * g * min(padded_expert_capacity(t, top_k, n_exp, b.moe_load), t)
+        # padded to capacity: each expert takes the capacity mask's rows of every source rank (padded_expert_rows)
+        rows = local * g * padded_expert_rows(t, top_k, n_exp, b.moe_load, "allgather")
     routed = b.copy(Tensor((rows, h), hidden.dtype, hidden.node, hidden.tid), name="moe.permute")  # index_select
     probs_t = b.copy(local_probs, (local, tg), name="moe.local_probs_transpose")
     b.opaque("moe.local_probs.masked_select", [probs_t, map_t], (rows,), flops=float(tg * local), op_class="other")

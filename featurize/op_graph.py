@@ -48,6 +48,7 @@ from wattcast.data.kernel_ops import (BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLASH_
 from wattcast.featurize.context_parallel import cp_refuses_window, cp_ring_size
 from wattcast.featurize.fp8_recipes import (CURRENT_SCALE_KERNEL_BYTES, E5M6_BYTES, activation_cast_copies,
                                             cast_scale_bytes, checked_fp8_recipe, scale_bytes)
+from wattcast.featurize.te_attention import attention_output_shared
 
 OP_CLASSES = (
     "linear", "bmm", "conv", "elementwise", "layernorm", "softmax", "reduction", "embedding", "memory",
@@ -1061,8 +1062,6 @@ class GraphBuilder:
         backend returns a view of it (featurize/te_attention.py ``attention_output_shared``: cuDNN's FusedAttention
         always, FlashAttention at micro-batch 1); then the two count once. ``q``: the attention's query (its head dim).
         The merge's copy node stays as it was (its time unchanged)."""
-        from wattcast.featurize.te_attention import attention_output_shared
-
         if getattr(self, "framework", "hf") != "megatron" or not self.train:
             return
         bs, dv = int(out.shape[0]), int(out.shape[-1])

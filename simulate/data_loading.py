@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from wattcast.data.checks import real_in
+from wattcast.data.checks import nonneg_finite, real_in
 
 #: fixed cost of one pinned host-to-device copy (ms) and its bandwidth (GB/s): least squares on the A100 profile's
 #: 150 copies (module docstring)
@@ -108,10 +108,7 @@ def resolve_workers(framework: str, workers: int | None) -> int:
 
 def check_load_ms(load_ms: float) -> float:
     """``data_load_ms`` checked: a finite number >= 0 (host ms to produce one micro-batch)."""
-    v = real_in(load_ms, 0.0, math.inf)
-    if v is None:
-        raise ValueError(f"data_load_ms (--data-load-ms) must be a finite number of milliseconds >= 0, got {load_ms!r}")
-    return v
+    return nonneg_finite(load_ms, "data_load_ms (--data-load-ms)", "milliseconds")
 
 
 def stage_copy(framework: str, micro_batch: int, seq: int, where: str) -> tuple[float, int, list[float], int]:

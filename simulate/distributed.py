@@ -35,7 +35,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import pandas as pd
 
-from wattcast.data.checks import is_count, is_int, real_in
+from wattcast.data.checks import is_count, is_int, nonneg_finite
 from wattcast.data.catalog import resolve_device
 from wattcast.data.cluster_spec import ClusterSpec, device_link_notes, resolve_cluster
 from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
@@ -236,23 +236,26 @@ FRAMEWORK_CP_STEP_HOST_MS: dict[str, float] = {}
 
 def check_cp_step_floor_ms(v) -> float:
     """A ring-step host floor (ms): finite and >= 0 (ValueError naming it otherwise)."""
-    f = real_in(v, 0.0, np.inf)
-    if f is None:
-        raise ValueError(f"host_ms's ring-step floor must be a finite number of ms >= 0, got {v!r}")
-    return f
+    return nonneg_finite(v, "host_ms's ring-step floor")
 
 
 def moe_bare_op_mask(nodes: pd.DataFrame) -> np.ndarray:
     """Per node, whether it is one of Megatron-Core's MoE layer's bare torch ops (tag ``moe``): the router (its
     ``router_gating_linear``, softmax, top-k), the dispatcher's permute / unpermute index ops and collectives, and
-    SequentialMLP's per-expert loop ops (bias, activation, probability scaling), but not the experts' linears, which are
-    Transformer Engine modules (``TEColumnParallelLinear`` / ``TERowParallelLinear``: megatron-core 0.16.1
-    extensions/transformer_engine_spec_provider.py ``grouped_mlp_modules`` without grouped GEMM) and keep the
-    per-kernel host cost of TE's per-module Python."""
+    SequentialMLP's per-expert loop ops (bias, activation, probability scaling), the shared experts' activation and
+    their sigmoid gate (``SharedExpertMLP.forward``: ``torch.nn.functional.linear`` on a bare ``gate_weight``
+    parameter, then a sigmoid and a multiply, megatron-core 0.16.1 transformer/moe/shared_experts.py l. 57, 125-131),
+    but not the Transformer Engine modules' linears, which keep the per-kernel host cost of TE's per-module Python:
+    the routed experts' (``TEColumnParallelLinear`` / ``TERowParallelLinear``: megatron-core 0.16.1
+    extensions/transformer_engine_spec_provider.py ``grouped_mlp_modules`` without grouped GEMM) and the shared
+    experts' ``linear_fc1`` / ``linear_fc2`` (models/gpt/moe_module_specs.py l. 42-60: ``SharedExpertMLP`` built on
+    the backend's ``column_parallel_linear`` / ``row_parallel_linear``, TE's under the TE spec)."""
     tags = nodes["tag"].fillna("").astype(str)
     moe = tags.map({t: "moe" in node_tags(t) for t in tags.unique()}).to_numpy(dtype=bool)
-    te_linear = (nodes["op_class"].to_numpy() == "linear") & nodes["scope"].astype(str).str.startswith("moe.experts.").to_numpy()
-    return moe & ~te_linear
+    linear = nodes["op_class"].to_numpy() == "linear"
+    routed = nodes["scope"].astype(str).str.startswith("moe.experts.").to_numpy()
+    shared = nodes["name"].astype(str).str.startswith("mlp.shared_experts.linear_fc").to_numpy()
+    return moe & ~(linear & (routed | shared))
 
 
 def node_launch_ms(nodes: pd.DataFrame, launch_ms: float, moe_op_ms: float | None):
@@ -265,12 +268,7 @@ def node_launch_ms(nodes: pd.DataFrame, launch_ms: float, moe_op_ms: float | Non
 
 def check_moe_op_host_ms(v) -> float | None:
     """A MoE bare-op host cost (ms): None (not given) or finite and >= 0 (ValueError naming it otherwise)."""
-    if v is None:
-        return None
-    f = real_in(v, 0.0, np.inf)
-    if f is None:
-        raise ValueError(f"host_ms's MoE per-op host cost must be a finite number of ms >= 0, got {v!r}")
-    return f
+    return None if v is None else nonneg_finite(v, "host_ms's MoE per-op host cost")
 
 
 def collective_host_floor_ms(framework: str, group_size: int, table: dict[int, float] | None = None) -> float:
@@ -1592,6 +1590,15 @@ def dp_bucket_params(framework: str, par: ParallelConfig, dp_size: int, grad_b: 
     return par.bucket_mb * 1e6 / grad_b
 
 
+def root_params_by_chunk(params_chunk: np.ndarray, block_params_chunk: np.ndarray) -> np.ndarray:
+    """Per model chunk, its parameters outside the transformer blocks (embeddings, final norm, untied head, a
+    pipeline's tied copy): the chunk's parameters less its blocks', at least 0. What FSDP's root unit (hf, ZeRO-3) and
+    Megatron-FSDP's ``optim_grads_params`` (megatron, ZeRO-3) keep outside their per-block units: the stage memory's
+    root parameters are its chunks' sum, the ZeRO-3 time's once-a-step gathers (:func:`_dp_times` ``root_chunk``) the
+    per-chunk values."""
+    return np.maximum(np.asarray(params_chunk, dtype=float) - np.asarray(block_params_chunk, dtype=float), 0.0)
+
+
 def mfsdp_first_bucket_params(embedding_params, group_params, bucket_params: float):
     """Parameters in Megatron-FSDP's bucket that holds the embedding (``--framework megatron --zero 2/3``), of a
     group of ``group_params`` it opens (the rank's dense parameters under ``optim_grads``, which has no FSDP units;
@@ -1639,16 +1646,17 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     ``z2_b_ms`` their time per backward, ``z2_last_b_ms`` the last bucket's (launched as the backward ends); no
     bucketed sync after the step (``sync_ms`` 0), the parameter all-gather after it as ZeRO-1's.
 
-    ``root_chunk`` (Megatron-FSDP ``optim_grads_params``, ``--framework megatron --zero 3``: :func:`mfsdp_root_params`)
-    each chunk's parameters outside its units (embedding, final norm, output layer), ``first_root_chunk`` of them the
-    embedding's bucket (the forward's first parameters and the backward's last gradient). They are gathered once a
-    step, not with each micro-batch's units: ``z3_root_f_ms`` their all-gathers per step (one per bucket, the
-    embedding's and the rest's), ``z3_root_first_f_ms`` the embedding's, waited for by the step's first forward; their
-    gradients are reduce-scattered in every backward as their own buckets (in ``z3_b_ms``), the embedding's last, as
-    the backward ends (``z3_first_b_ms`` holds it instead of a unit's reduce-scatter). ``last_bucket_chunk``
-    (Megatron-FSDP ``optim_grads``, ``--zero 2``: :func:`mfsdp_zero2_last_bucket_params`): the parameters of each
-    chunk's last gradient bucket of a backward (the embedding's), ``z2_last_b_ms`` its reduce-scatter; the rest in
-    ``bucket_params`` buckets."""
+    ``root_chunk`` (Megatron-FSDP ``optim_grads_params``, ``--framework megatron --zero 3``:
+    :func:`root_params_by_chunk`) each chunk's parameters outside its units (embedding, final norm, output layer),
+    ``first_root_chunk`` of them the embedding's bucket (:func:`mfsdp_first_bucket_params`: the forward's first
+    parameters and the backward's last gradient). They are gathered once a step, not with each micro-batch's units:
+    ``z3_root_f_ms`` their all-gathers per step (one per bucket, the embedding's and the rest's),
+    ``z3_root_first_f_ms`` the embedding's, waited for by the step's first forward; their gradients are
+    reduce-scattered in every backward as their own buckets (in ``z3_b_ms``), the embedding's last, as the backward
+    ends (``z3_first_b_ms`` holds it instead of a unit's reduce-scatter). ``last_bucket_chunk`` (Megatron-FSDP
+    ``optim_grads``, ``--zero 2``: :func:`mfsdp_first_bucket_params`): the parameters of each chunk's last gradient
+    bucket of a backward (the embedding's), ``z2_last_b_ms`` its reduce-scatter; the rest in ``bucket_params``
+    buckets."""
     n_chunks = P * V
     dp_l = lay["dp"]
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
@@ -2128,6 +2136,16 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         (half the step's micro-batches run on each)."""
         return mirrored(v) / 2 if dual else by_stage(v)
 
+    def root_chunk(params_c: np.ndarray) -> np.ndarray:
+        """:func:`root_params_by_chunk` of ``params_c`` (the chunks' parameters with a pipeline's tied copy), once
+        per (view, chunking) in a search: the stage memory's root parameters and ZeRO-3's per-chunk gathers share it."""
+        key = ("root_params_chunk", P, V)
+        out = sums.get(key)
+        if out is None:
+            in_block = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
+            out = sums[key] = root_params_by_chunk(params_c, per_chunk(np.where(in_block, view.params, 0.0)))
+        return out
+
     # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation); it needs no
     # schedule, so it comes first: a search skips the schedule of a strategy that does not fit (``prune_oom``)
     params_chunk = chunk_sum("params")
@@ -2244,8 +2262,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         root_key = ("root_params", P, V)
         hit = sums.get(root_key)
         if hit is None:
-            in_block = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
-            root = np.maximum(params_stage - by_stage(per_chunk(np.where(in_block, view.params, 0.0))), 0.0)
+            root = by_stage(root_chunk(params_chunk))  # DualPipe (rank_sum's mirror) runs ZeRO <= 1 only
             head = by_stage(per_chunk(np.where(view.layer_ids >= n_layers, view.params, 0.0)))
             head[-1] += float(g.meta.get("tied_output_params") or 0.0)
             hit = sums[root_key] = (root, np.minimum(head, root))
@@ -2407,10 +2424,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # ZeRO-3 gathered them with every micro-batch's units and ZeRO-2's last bucket was a bucket_params one
     root_c = first_root_c = last_c = None
     if opts.framework == "megatron" and par_dp.zero in (2, 3) and not dual:
-        in_block = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
         emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))
         if par_dp.zero == 3:
-            root_c = np.maximum(params_chunk - per_chunk(np.where(in_block, view.params, 0.0)), 0.0)
+            root_c = root_chunk(params_chunk)
             first_root_c = mfsdp_first_bucket_params(emb_c, root_c, bucket_params)
         else:
             last_c = mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params)

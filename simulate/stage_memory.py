@@ -666,7 +666,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                  expert_dp: int | None = None, root_params: float = 0.0, head_params: float = 0.0,
                  reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                  grad_accum_dtype: str | None = None,
-        grad_bucket_params: float = float("inf")) -> StageMemory:
+                 grad_bucket_params: float = float("inf")) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -740,7 +740,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                     reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                     grad_accum_dtype: str | None = None,
-        grad_bucket_params: float = float("inf")) -> dict[str, np.ndarray]:
+                    grad_bucket_params: float = float("inf")) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -784,7 +784,7 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                    grad_accum_dtype: str | None = None,
-        grad_bucket_params: float = float("inf")) -> np.ndarray:
+                   grad_bucket_params: float = float("inf")) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
@@ -804,7 +804,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                       expert_dp: int | None = None, root_params: np.ndarray | float = 0.0,
                       head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
                       zero3_prefetch: bool = False, grad_accum_dtype: str | None = None,
-        grad_bucket_params: float = float("inf")) -> tuple:
+                      grad_bucket_params: float = float("inf")) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per

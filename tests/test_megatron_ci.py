@@ -329,6 +329,26 @@ def test_moe_bare_op_cost_lands_on_the_moe_layers_bare_ops_only():
     assert node_launch_ms(nodes, 0.1, None) == 0.1
 
 
+def test_moe_bare_op_mask_leaves_the_shared_experts_te_linears_out():
+    """Fails on the code before stop 46's review fix (the shared experts' linear_fc1 / linear_fc2, forward and
+    backward, took the MoE bare-op cost). Megatron-Core builds SharedExpertMLP on the backend's column/row-parallel
+    linears (megatron-core 0.16.1 models/gpt/moe_module_specs.py l. 42-60: TE modules under the TE spec); only its
+    gate is a bare ``torch.nn.functional.linear`` on a parameter (transformer/moe/shared_experts.py l. 57, 129)."""
+    from wattcast.featurize.workload import StepOptions, step_graph
+    from wattcast.simulate.distributed import moe_bare_op_mask
+
+    g = step_graph("qwen1.5_moe_a2.7b", StepOptions(batch=1, seq=256, mode="train", dtype="bf16", blocks=2,
+                                                     framework="megatron"))
+    n = g.nodes
+    mask = pd.Series(moe_bare_op_mask(n), index=n.index)
+    names = n["name"].astype(str)
+    fc = names.str.match(r"mlp\.shared_experts\.linear_fc[12](\.dgrad|\.wgrad)?$")
+    gate = names.str.match(r"mlp\.shared_experts\.gate(\.dgrad|\.wgrad)?$")
+    assert fc.sum() == 2 * 2 * 3 and gate.sum() == 2 * 3  # two layers, forward + dgrad + wgrad
+    assert not mask[fc].any() and mask[gate].all()
+    assert mask[names == "moe.gate"].all()  # the router's gating linear stays a bare op
+
+
 def test_moe_op_host_cost_moves_moe_rows_only_and_was_fitted_on_the_moe_fitting_half(data_root):
     """A dense row predicts bit-identically with or without the MoE bare-op cost; a MoE row predicts as before at the
     per-kernel cost and faster at the fitted one. CI_MOE_OP_HOST_MS is the grid's best on the MoE tests' fitting half,

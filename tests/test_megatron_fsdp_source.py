@@ -195,3 +195,32 @@ def test_zero2_last_bucket_is_the_embeddings():
     # the audit: the step waits for it in each of its 4 backwards
     z2 = _audit(2)
     assert z2.exposed_comm_split_ms["dp"] > 4 * t["z2_last_b_ms"][0]
+
+
+def test_root_parameters_are_computed_once_per_chunk_for_memory_and_time(monkeypatch):
+    """Fails on the code before stop 46's review fix (the rule written twice: per stage for the memory, per chunk for
+    ZeRO-3's once-a-step gathers). One per-chunk computation (``root_params_by_chunk``) feeds both: a prediction calls
+    it once, and what it returns moves the stage memory's root parameters and the gathers' bytes alike."""
+    import wattcast.simulate.distributed as dist
+    from wattcast.simulate.distributed import root_params_by_chunk
+
+    # the chunk's parameters less its blocks', at least 0
+    assert root_params_by_chunk(np.array([10.0, 4.0, 7.0]), np.array([3.0, 4.0, 9.0])).tolist() == [7.0, 0.0, 0.0]
+    base = _audit(3)
+    calls = []
+    real = dist.root_params_by_chunk
+
+    def spy(params_c, block_c):
+        calls.append(len(params_c))
+        return real(params_c, block_c) * 0.5
+
+    monkeypatch.setattr(dist, "root_params_by_chunk", spy)
+    half = _audit(3)
+    assert calls == [1]  # once (Megatron-FSDP runs pp 1: one chunk)
+    monkeypatch.setattr(dist, "root_params_by_chunk", real)
+    full = _audit(3)
+    # the gathers carry the halved root parameters, and the memory holds fewer of them unsharded
+    assert half.comm["dp_zero3_root_gather_bytes_per_step"] == pytest.approx(
+        0.5 * full.comm["dp_zero3_root_gather_bytes_per_step"], rel=1e-12)
+    assert half.memory_gb < full.memory_gb
+    assert base.comm["dp_zero3_root_gather_bytes_per_step"] == pytest.approx(L8B_ROOT * 2.0, rel=1e-12)

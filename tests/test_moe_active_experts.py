@@ -121,3 +121,46 @@ def test_padding_flag_reaches_the_builder_from_predict_cluster():
     assert padded.forward_serial_ms > 2 * plain.forward_serial_ms and padded.step_time_ms > plain.step_time_ms
     # model FLOPs stay the balanced routing's (padding is not useful work)
     assert padded.flops == plain.flops
+
+
+def _fwd_bytes(g, name: str, layer: int = 1) -> float:
+    n = g.nodes
+    return float(n[(n["layer"] == layer) & (n["phase"] == "forward") & (n["name"] == name)]["bytes"].sum())
+
+
+def test_padded_unpermute_reads_every_padded_row_at_any_capacity_factor():
+    """Fails on the code before stop 46's review fix: at any capacity factor but exactly 1.0 the combined tensor shrank
+    back to the rank's t x top_k rows before the unpermute (Qwen3-30B-A3B, ep 4, one token: 36,864 B read at factor
+    1.0001 or 2.0 against 528,384 B at 1.0, with the same capacity 1). Megatron-Core's unpermute under drop_and_pad
+    (megatron-core 0.16.1 moe_utils.py l. 425-466) scatter-adds all capacity x experts rows whatever the factor."""
+    got = {}
+    for c in (1.0, 1.0001, 2.0):  # capacity ceil(1 x 8 / 128 x c) = 1 for all three
+        g = step_graph("qwen3_30b_a3b", StepOptions(batch=1, seq=1, mode="train", dtype="bf16", blocks=2, ep=4,
+                                                    framework="megatron", moe_load=c, moe_pad_to_capacity=True))
+        got[c] = _fwd_bytes(g, "moe.unpermute")
+    h = 2048
+    # reads 128 padded rows x h bf16 (524,288 B) and writes the token's (1, h) row (4,096 B)
+    assert got[1.0] == got[1.0001] == got[2.0] == 128 * h * 2 + h * 2
+    # unpadded, a capacity factor above 1 still reads back only the rank's own t x top_k rows
+    g = step_graph("qwen3_30b_a3b", StepOptions(batch=1, seq=1, mode="train", dtype="bf16", blocks=2, ep=4,
+                                                framework="megatron", moe_load=2.0))
+    assert _fwd_bytes(g, "moe.unpermute") == 8 * h * 2 + h * 2
+
+
+def test_padded_rows_follow_each_dispatchers_source():
+    """Fails on the code before stop 46's review fix (no shared ``padded_expert_rows``: each dispatcher computed its rows
+    inline). Megatron-Core 0.16.1 sizes a padded expert's input per dispatcher: the all-to-all at the capacity,
+    uncapped (token_dispatcher.py l. 485-505, l. 708-715), the all-gather at the capacity mask's count,
+    min(capacity, tokens) (l. 289-301 over moe_utils.py l. 838-856). Mixtral 8x7B, ep 2, one token a rank, factor 5:
+    capacity ceil(1 x 2 / 8 x 5) = 2: all-to-all 2 rows x 2 ranks = 4 per expert, all-gather 1 x 2 = 2."""
+    from wattcast.featurize.hf_models import padded_expert_rows
+
+    assert padded_expert_rows(1, 2, 8, 5.0, "alltoall") == 2 and padded_expert_rows(1, 2, 8, 5.0, "allgather") == 1
+    assert padded_expert_rows(64, 2, 8, 1.0, "alltoall") == padded_expert_rows(64, 2, 8, 1.0, "allgather") == 16
+    with pytest.raises(Exception, match="dispatcher"):
+        padded_expert_rows(1, 2, 8, 1.0, "flex")
+    for dispatcher, m in (("alltoall", 4.0), ("allgather", 2.0)):
+        g = step_graph("mixtral_8x7b", StepOptions(batch=1, seq=1, mode="train", dtype="bf16", blocks=2, ep=2,
+                                                   framework="megatron", moe_token_dispatcher=dispatcher, moe_load=5.0,
+                                                   moe_pad_to_capacity=True))
+        assert set(_expert_gemms(g)["M"]) == {m}
