@@ -695,7 +695,10 @@ TASK_KEY = ("model", "cluster", "gpus", "region")
 
 #: task dict keys that are not settings of the task: its place (:data:`TASK_KEY`), its id, and the code and model
 #: versions that answer it (those are in the id, not in :func:`task_settings_digest`)
-_NOT_SETTINGS = (*TASK_KEY, "task_id", "model_manifests", "wattcast_version", "wattcast_code")
+# (nor what a cluster or model file says: an edited file recomputes its tasks, as a code or model change does; the
+# settings digest tells a changed spec, whose old results prepare_folder keeps unless --overwrite)
+_NOT_SETTINGS = (*TASK_KEY, "task_id", "model_manifests", "wattcast_version", "wattcast_code", "cluster_figures",
+                 "model_file")
 
 
 def _field_defaults() -> dict:
@@ -772,7 +775,8 @@ def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: boo
     Judged per task, by its place (model, cluster, GPU count, region): a part whose id is a task's is reused (same
     settings, code and models); a part of one of the spec's places under another id (other settings, or other code or
     model versions) is stale: returned per current task id, to be replaced once that task's new part is written (at once
-    when it is there already), so every place has one part. A part of a place the spec does not have is refused
+    when it is there already), so every place has one part; a place whose recorded settings differ (the spec changed,
+    not only the code or models) is refused unless ``overwrite``, as is a part of a place the spec does not have
     (:class:`SweepSpecError`) unless ``overwrite``, which removes every part first: a spec extended with more tasks
     reuses the parts it shares, one that leaves tasks out does not delete theirs unasked."""
     ids = {t["task_id"] for t in tasks}
@@ -797,10 +801,21 @@ def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: boo
                              + ("" if record is not None else ", with no record of the spec that wrote them")
                              + ": give a new output folder (--output), put those tasks back in the spec, or "
                              "--overwrite (run_sweep(overwrite=True)) to remove every part and write this spec's")
+    # a place whose recorded settings differ from the spec's (not only the code or model versions): the user changed
+    # the spec, so its old results are kept unless --overwrite (a code or model change alone recomputes them)
+    settings = {t["task_id"]: task_settings_digest(t) for t in tasks}
+    changed = [i for i in foreign if isinstance(recorded.get(i), dict) and recorded[i].get("settings") is not None
+               and recorded[i]["settings"] != settings[by_key[keys[i]]]]
+    if changed:
+        eg = keys[changed[0]]
+        eg = f"{eg[0]} on {eg[2]} x {eg[1]}" + (f", region {eg[3]}" if eg[3] else "")
+        raise SweepSpecError(f"output {out} holds {len(changed)} part(s) of this spec's tasks run with other settings "
+                             f"(e.g. {eg}): give a new output folder (--output) to keep both, or --overwrite "
+                             "(run_sweep(overwrite=True)) to remove every part and write this spec's")
     out.mkdir(parents=True, exist_ok=True)
     first = tasks[0] if tasks else {}
     entries = {i: e for i, e in recorded.items() if i in have and i not in ids}  # stale parts, until replaced
-    entries.update({t["task_id"]: {"key": list(_task_key(t)), "settings": task_settings_digest(t)} for t in tasks})
+    entries.update({t["task_id"]: {"key": list(_task_key(t)), "settings": settings[t["task_id"]]} for t in tasks})
     record = {"spec_digest": spec_digest(spec), "wattcast_version": first.get("wattcast_version"),
               "wattcast_code": first.get("wattcast_code"), "model_manifests": first.get("model_manifests"),
               "tasks": entries}

@@ -1,5 +1,5 @@
 """A sweep's output folder records its tasks: a spec without a task done there is refused (or overwritten on request),
-a rerun that recomputes (other code or settings) replaces its stale parts; a price a task needs can be given in the spec; a task that ended
+a rerun that recomputes (other code or models) replaces its stale parts, other settings are refused; a price a task needs can be given in the spec; a task that ended
 with status error fails the CLI run and is listed under "failed"."""
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ def test_a_spec_without_a_done_task_is_refused_and_overwrite_replaces(tmp_path):
     run_sweep(dict(SPEC, batch=32), out, workers=0, overwrite=True)
     df = read_sweep(out)
     assert len(done_tasks(out)) == 1 and _rank1_per_key(df) == 1
-    # the same tasks with another setting: recomputed, each stale part replaced (one rank-1 row per task)
-    r = run_sweep(SPEC, out, workers=0)
+    # the same tasks with another setting: refused (the spec changed; its results are kept), --overwrite replaces
+    with pytest.raises(SweepSpecError, match="other settings"):
+        run_sweep(SPEC, out, workers=0)
+    assert len(done_tasks(out)) == 1
+    r = run_sweep(SPEC, out, workers=0, overwrite=True)
     assert r.ran == 1 and len(done_tasks(out)) == 1 and _rank1_per_key(read_sweep(out)) == 1
 
 

@@ -61,11 +61,14 @@ def test_an_extended_spec_reuses_the_shared_tasks_parts(tmp_path):
     assert {e["key"][2] for e in record["tasks"].values()} == {8, 16}
 
 
-def test_a_changed_setting_recomputes_its_tasks_and_replaces_their_parts(tmp_path):
+def test_a_changed_setting_is_refused_and_overwrite_recomputes_its_tasks(tmp_path):
     out = tmp_path / "o"
     run_sweep(SPEC, out, workers=0)
     before = done_tasks(out)
-    r = run_sweep(dict(SPEC, batch=32), out, workers=0)
+    with pytest.raises(SweepSpecError, match="other settings"):
+        run_sweep(dict(SPEC, batch=32), out, workers=0)
+    assert done_tasks(out) == before  # the old results kept
+    r = run_sweep(dict(SPEC, batch=32), out, workers=0, overwrite=True)
     assert r.ran == 1 and done_tasks(out).isdisjoint(before) and len(done_tasks(out)) == 1
     df = read_sweep(out)
     assert len(df[df["rank"] <= 1]) == 1 and df["task_id"].iloc[0] not in before
