@@ -731,7 +731,9 @@ def _show_step_prediction(res, f) -> None:
 def _oom_hint(mode, kv_context) -> str:
     """What to change when one device's step does not fit: an inference step has no recomputation (refused there) and
     its KV cache grows with --kv-context."""
-    if str(mode).lower() in ("inference", "inf", "infer"):
+    from wattcast.featurize.workload import INFERENCE_MODES
+
+    if str(mode).lower() in INFERENCE_MODES:
         return ("lower --batch" + (", --kv-context or --seq" if kv_context is not None else " or --seq")
                 + ", use a smaller --dtype or more GPUs (--cluster with --tp), or pass --allow-oom")
     return "lower --batch/--seq, use --recompute, a smaller --dtype, or pass --allow-oom"
@@ -1262,17 +1264,15 @@ def sweep(
     except (SweepSpecError, SweepBackendError, OSError) as e:
         _fail(escape(str(e)))  # messages quote [ray], not markup
     best = summary(read_sweep(res.output))
-    # tasks whose row says status error (a task that could not run): failed as much as one whose worker was lost
-    errored = [dict(task_id=r["task_id"], status="error", error=r["error"],
-                    **{k: (r[k] if k != "gpus" else int(r[k])) for k in ("model", "cluster", "gpus", "region")})
-               for _, r in summary(read_sweep(res.output), ("task_id", "model", "cluster", "gpus", "region", "status",
-                                                            "error")).iterrows() if r["status"] == "error"]
+    # tasks whose part says status error (a task that could not run) and tasks whose run raised or whose worker was
+    # lost: SweepOutcome.failed_tasks, one dict per task (task_id, model, cluster, gpus, region, status, error)
+    errored = [f for f in res.failed_tasks if f["status"] == "error"]
     if as_json:
         rows = json.loads(best.to_json(orient="records"))
         for r in rows:  # the search's warnings and unranked clusters as search --json gives them (not JSON text)
             r.update({k: search_keys(r[k]) for k in SEARCH_KEYS if k in r})
         print(json.dumps(dict(output=str(res.output), tasks=res.total, skipped=res.skipped, ran=res.ran,
-                              failed=[dict(task_id=t, error=e) for t, e in res.failed_tasks] + errored, best=rows),
+                              failed=res.failed_tasks, best=rows),
                          indent=2))
     else:
         t = Table(title=f"sweep: best strategy per task ({res.total} tasks; {res.skipped} already done, {res.ran} run)")
@@ -1297,10 +1297,10 @@ def sweep(
         err.print(escape(f"task {r['task_id']} ({r['model']} on {r['gpus']} x {r['cluster']}"
                          + (f", {r['region']}" if r["region"] else "") + f") ended with status error: {r['error']}"),
                   style="red", soft_wrap=True)
+    for f in res.failed_tasks:
+        if f["status"] != "error":
+            err.print(escape(f"task {f['task_id']} failed: {f['error']}"), style="red", soft_wrap=True)
     if res.failed_tasks:
-        for tid, e in res.failed_tasks:
-            err.print(f"[red]task {tid} failed: {e}[/red]")
-    if res.failed_tasks or errored:
         raise typer.Exit(1)
 
 
@@ -1631,7 +1631,7 @@ def train_kernels(
     xla_table: List[Path] = typer.Option([], "--xla-table", help="An extra XLA GEMM table (a JAX CUDA plugin wheel, its .so, the .txtpb or a CSV from python -m wattcast.data.xla_perf_table; repeatable; default: $WATTCAST_XLA_TABLE)."),
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
-    force: bool = typer.Option(False, "--force", help="Make the new bundle current even when the gate refuses it (it validates worse, an --only-csv run holds out fewer than 20 of your rows to judge it on, or it has no fitted model and the working one has); without it such a bundle is kept beside the working one under OUT/versions/, not current, and the command exits 1."),
+    force: bool = typer.Option(False, "--force", help="Make the new bundle current even when the gate refuses it: it validates worse on all validation rows, or over 5% worse on one part of them (the shared rows, your CSV's held-out rows); an --only-csv run holds out fewer than 20 of your rows to judge it on; it has no fitted model and the working one has; it lacks a family the working one has fitted (retrain only yours with --family); an --only-csv bundle is over 2x the working one's MAPE on the shared measurements of its GPUs and families (the shared-data veto); or there are no validation rows for the retrained families. Without it such a bundle is kept apart under OUT/refused/ (the newest few), not current, and the command exits 1."),
 ) -> None:
     """Train, evaluate (held-out GPUs), log to MLflow and ship the kernel latency surrogates."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

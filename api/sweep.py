@@ -16,10 +16,11 @@
     objective: time                       # time | cost | tco | co2e | energy
     top: 3                                # rows kept per task (the best fitting ones)
     max_configs: 500                      # per task
-    space: {tp: [1, 2, 4, 8], zero: [1]}  # optional search-space options of `wattcast.search`
+    space: {tp: [1, 2, 4, 8], zero: [1, 3]}  # optional search-space options of `wattcast.search`
     moe_routing: {moe_load_imbalance: 1.2}  # optional: MoE routing for every strategy (as `search(moe_routing=)`)
     gpus_per_node: 64                     # optional: use this many of each node's GPUs (as `--gpus-per-node`)
-    zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`)
+    zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`;
+                                          # needs a zero choice with them: 3, or 2 under framework hf)
     scatter_gather_p2p: false             # optional: pipeline transfers scattered over TP (as `--scatter-gather-p2p`)
     fsdp_reduce_dtype: fp32               # optional: FSDP's gradient reduce dtype, framework hf (as `--fsdp-reduce-dtype`)
     grad_accum_dtype: bf16                # optional: DeepSpeed's grad accumulation dtype, framework megatron-deepspeed
@@ -45,7 +46,7 @@ The folder reads as one table
 sweep resumes; a worker killed mid-task loses only that task, which Dask runs again on another worker (on Ray: the
 actor is restarted and the task retried). Both backends, and the in-process run, go through one loop that writes the
 parts, so their output is the same. Task ids hash the task and the settings that change its result, so a changed spec
-does not reuse stale parts; for a cluster file they hash what it resolves to (its figures, and those of a device spec
+does not reuse stale parts (it replaces them: :func:`prepare_folder`); for a cluster file they hash what it resolves to (its figures, and those of a device spec
 file it names) and for a model file its bytes, so editing a file and rerunning into the same folder reruns its tasks
 (a preset or built-in name keeps the id it always had). Retrained model folders (``model_folders``, the flags, else
 ``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` / ``$WATTCAST_POWER_MODEL``) are resolved to their live versions before
@@ -528,10 +529,10 @@ def _run_options(raw: dict, tokens, where: str) -> dict:
         opts["cloud_usd_per_gpu_hour"] = v
     if opts and tokens is None:
         raise SweepSpecError(f"{where}: {', '.join(sorted(opts))} describe a whole run: give 'tokens' (the run length) too")
-    from wattcast.planning.search import _check_footprint_kw
+    from wattcast.planning.search import check_footprint_kw
 
     try:
-        _check_footprint_kw(opts or None)
+        check_footprint_kw(opts or None)
     except ValueError as e:
         raise SweepSpecError(f"{where}: 'footprint': {e}") from None
     return opts
@@ -552,6 +553,13 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
         StepOptions(dtype=spec.dtype, attention=spec.attention, framework=spec.framework).validated()
     except ValueError as e:
         raise SweepSpecError(f"{where}: {e}") from None
+    from wattcast.planning.search import check_zero3_prefetch_space
+
+    try:  # search's own rule, said in the spec's keys: else every task would end with status error
+        check_zero3_prefetch_space(spec.zero3_prefetch, spec.framework, spec.space.get("zero"))
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: 'zero3_prefetch': {e}: add 3 to the zeros of 'space' (space: {{zero: [..., 3]}}) "
+                             "or leave 'zero3_prefetch' out") from None
     from wattcast.data.cluster_spec import using_gpus_per_node
     from wattcast.simulate.moe_routing import check_routing
 
@@ -685,15 +693,56 @@ FOLDER_RECORD = "_wattcast_sweep.json"
 TASK_KEY = ("model", "cluster", "gpus", "region")
 
 
+#: task dict keys that are not settings of the task: its place (:data:`TASK_KEY`), its id, and the code and model
+#: versions that answer it (those are in the id, not in :func:`task_settings_digest`)
+# (nor what a cluster or model file says: an edited file recomputes its tasks, as a code or model change does; the
+# settings digest tells a changed spec, whose old results prepare_folder keeps unless --overwrite)
+_NOT_SETTINGS = (*TASK_KEY, "task_id", "model_manifests", "wattcast_version", "wattcast_code", "cluster_figures",
+                 "model_file")
+
+
+def _field_defaults() -> dict:
+    """Each :class:`SweepSpec` field's default (the required ones left out)."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(SweepSpec):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as a spec reads them (a list and a tuple of the same items are the same)."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
 def spec_digest(spec: SweepSpec) -> str:
-    """A digest of what a spec asks for (every key but ``output``; model folders as the absolute paths given, by the
-    spec or the environment), not of the code or model versions that answer it (those are in the task ids)."""
+    """A digest of what a spec asks for: the fields that differ from their defaults (so a field a later version adds,
+    with a default, leaves every older spec's digest as it was), but ``output``; model folders as the absolute paths
+    given, by the spec or the environment. Recorded in the folder for information: parts are judged per task
+    (:func:`task_settings_digest`, :func:`prepare_folder`)."""
     from wattcast.models.selection import KINDS as _KINDS
 
-    d = {k: getattr(spec, k) for k in spec.__dataclass_fields__ if k not in ("output", "model_folders")}
+    defaults = _field_defaults()
+    d = {k: getattr(spec, k) for k in spec.__dataclass_fields__ if k not in ("output", "model_folders")
+         and not (k in defaults and _same(getattr(spec, k), defaults[k]))}
     folders = {k: spec.model_folders.get(k) or os.environ.get(_KINDS[k][0], "").strip() or None for k in MODEL_FOLDER_KEYS}
-    d["model_folders"] = {k: str(Path(v).expanduser().resolve()) for k, v in sorted(folders.items()) if v}
+    folders = {k: str(Path(v).expanduser().resolve()) for k, v in sorted(folders.items()) if v}
+    if folders:
+        d["model_folders"] = folders
     return _digest(d)
+
+
+def task_settings_digest(task: dict) -> str:
+    """A digest of what one task asks for besides its place: the spec's settings it runs with (those at their
+    defaults left out), the model folders and what a cluster/model file says; not the code or model versions. Its id
+    hashes all of these and those versions, so a part whose id is the task's has the task's settings."""
+    defaults = _field_defaults()
+    return _digest({k: v for k, v in task.items() if k not in _NOT_SETTINGS
+                    and not (k in defaults and _same(v, defaults[k]))})
 
 
 def _task_key(task: dict) -> tuple:
@@ -709,50 +758,73 @@ def _part_keys(folder: Path, ids) -> dict[str, tuple]:
     return out
 
 
-def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bool = False) -> dict[str, list[str]]:
-    """Check ``out`` against ``spec`` before anything runs and record the spec in it (:data:`FOLDER_RECORD`).
+def _read_record(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
-    A folder holding parts of another spec (its record's spec digest differs, or it has no record and parts this spec
-    does not produce) is refused (:class:`SweepSpecError`) unless ``overwrite``, which removes its parts first. Parts of
-    this same spec written by other code or model versions (their task ids differ) are stale: returned per current
-    task id, to be removed once that task's new part is written (at once when it is there already), so every task key
-    has one part. Never removes a part of another spec without ``overwrite``."""
+
+def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bool = False) -> dict[str, list[str]]:
+    """Check ``out`` against ``spec``'s tasks before anything runs and record them in it (:data:`FOLDER_RECORD`: per
+    task id its place and :func:`task_settings_digest`, and the code and model versions).
+
+    Judged per task, by its place (model, cluster, GPU count, region): a part whose id is a task's is reused (same
+    settings, code and models); a part of one of the spec's places under another id (other settings, or other code or
+    model versions) is stale: returned per current task id, to be replaced once that task's new part is written (at once
+    when it is there already), so every place has one part; a place whose recorded settings differ (the spec changed,
+    not only the code or models) is refused unless ``overwrite``, as is a part of a place the spec does not have
+    (:class:`SweepSpecError`) unless ``overwrite``, which removes every part first: a spec extended with more tasks
+    reuses the parts it shares, one that leaves tasks out does not delete theirs unasked."""
     ids = {t["task_id"] for t in tasks}
     have = done_tasks(out)
     record_path = out / FOLDER_RECORD
-    digest = spec_digest(spec)
-    record = None
-    if record_path.is_file():
-        try:
-            record = json.loads(record_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            record = None
-    foreign = sorted(have - ids)
+    record = _read_record(record_path)
     if overwrite:
         for i in have:
             _part_path(out, i).unlink(missing_ok=True)
-        have, foreign = set(), []
-    elif have and record is not None and record.get("spec_digest") != digest:
-        raise SweepSpecError(f"output {out} holds {len(have)} part(s) of another sweep spec (recorded in "
-                             f"{record_path.name}): give a new output folder (--output), or --overwrite "
-                             "(run_sweep(overwrite=True)) to remove them and write this spec's")
-    elif foreign and record is None:
-        raise SweepSpecError(f"output {out} holds {len(foreign)} part(s) this spec does not produce, with no record of "
-                             "the spec that wrote them (another spec, or a wattcast before the folder recorded it): give "
-                             "a new output folder (--output), or --overwrite (run_sweep(overwrite=True)) to remove them")
+        have = set()
+    foreign = sorted(have - ids)
+    recorded = (record or {}).get("tasks") or {}
+    keys = {i: tuple(recorded[i]["key"]) for i in foreign
+            if isinstance(recorded.get(i), dict) and isinstance(recorded[i].get("key"), list)}
+    keys.update(_part_keys(out, [i for i in foreign if i not in keys]))
+    by_key = {_task_key(t): t["task_id"] for t in tasks}
+    outside = [i for i in foreign if keys[i] not in by_key]
+    if outside:
+        eg = keys[outside[0]]
+        eg = "unreadable part" if eg is None else (f"{eg[0]} on {eg[2]} x {eg[1]}" + (f", region {eg[3]}" if eg[3] else ""))
+        raise SweepSpecError(f"output {out} holds {len(outside)} part(s) of tasks this spec does not have (e.g. {eg})"
+                             + ("" if record is not None else ", with no record of the spec that wrote them")
+                             + ": give a new output folder (--output), put those tasks back in the spec, or "
+                             "--overwrite (run_sweep(overwrite=True)) to remove every part and write this spec's")
+    # a place whose recorded settings differ from the spec's (not only the code or model versions): the user changed
+    # the spec, so its old results are kept unless --overwrite (a code or model change alone recomputes them)
+    settings = {t["task_id"]: task_settings_digest(t) for t in tasks}
+    changed = [i for i in foreign if isinstance(recorded.get(i), dict) and recorded[i].get("settings") is not None
+               and recorded[i]["settings"] != settings[by_key[keys[i]]]]
+    if changed:
+        eg = keys[changed[0]]
+        eg = f"{eg[0]} on {eg[2]} x {eg[1]}" + (f", region {eg[3]}" if eg[3] else "")
+        raise SweepSpecError(f"output {out} holds {len(changed)} part(s) of this spec's tasks run with other settings "
+                             f"(e.g. {eg}): give a new output folder (--output) to keep both, or --overwrite "
+                             "(run_sweep(overwrite=True)) to remove every part and write this spec's")
     out.mkdir(parents=True, exist_ok=True)
     first = tasks[0] if tasks else {}
-    record = {"spec_digest": digest, "wattcast_version": first.get("wattcast_version"),
-              "wattcast_code": first.get("wattcast_code"), "model_manifests": first.get("model_manifests")}
+    entries = {i: e for i, e in recorded.items() if i in have and i not in ids}  # stale parts, until replaced
+    entries.update({t["task_id"]: {"key": list(_task_key(t)), "settings": settings[t["task_id"]]} for t in tasks})
+    record = {"spec_digest": spec_digest(spec), "wattcast_version": first.get("wattcast_version"),
+              "wattcast_code": first.get("wattcast_code"), "model_manifests": first.get("model_manifests"),
+              "tasks": entries}
     tmp = out / f".{FOLDER_RECORD}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
     os.replace(tmp, record_path)
-    by_key = {_task_key(t): t["task_id"] for t in tasks}
     stale: dict[str, list[str]] = {}
-    for old, key in _part_keys(out, foreign).items():
-        new = by_key.get(key)
-        if new is None:
-            continue  # not a place of this spec (cannot be, with the same digest): left alone
+    for old in foreign:
+        new = by_key[keys[old]]
         if new in have:
             _part_path(out, old).unlink(missing_ok=True)
         else:
@@ -794,8 +866,28 @@ class SweepOutcome:
     total: int
     skipped: int
     ran: int
+    #: every task without a result, one dict each (task_id, model, cluster, gpus, region, status, error): status
+    #: "error" for a task whose part says it could not run (this run's or an earlier one's), "failed" for one whose
+    #: run raised or whose workers were lost (no part: a rerun retries it). ``wattcast sweep --json`` lists these as
+    #: ``failed``
     failed_tasks: list = field(default_factory=list)
     seconds: float = 0.0
+
+
+def _failure(task: dict, status: str, error: str) -> dict:
+    """A :attr:`SweepOutcome.failed_tasks` entry, from the task's own dict."""
+    return dict(task_id=task["task_id"], model=str(task["model"]), cluster=str(task["cluster"]), gpus=int(task["gpus"]),
+                region=str(task["region"] or ""), status=status, error=str(error))
+
+
+def _part_error(folder: Path, task_id: str) -> str | None:
+    """The ``error`` of a part whose task ended with status error, else None."""
+    try:
+        df = pd.read_parquet(_part_path(folder, task_id), columns=["status", "error"])
+    except Exception:  # noqa: BLE001 - an unreadable part is read_sweep's to report
+        return None
+    bad = df[df["status"] == "error"]
+    return str(bad["error"].iloc[0]) if len(bad) else None
 
 
 #: where :func:`run_sweep` runs the tasks
@@ -994,9 +1086,11 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     same resume and the same rows. ``progress(done, total)`` after every task. ``client_hook`` is called once the
     backend is up, with the Dask client or the list of Ray actor handles (tests use it to kill a worker).
     ``models`` / ``collectives`` / ``power_model``: retrained model folders, over the spec's ``model_folders`` (then
-    ``$WATTCAST_MODELS`` ...); every task gets their live versions' paths. ``output`` records the spec
-    (:func:`prepare_folder`): another spec's folder is refused unless ``overwrite`` (which removes its parts), and a
-    rerun whose tasks recompute (other code or models) replaces each stale part as its new one is written."""
+    ``$WATTCAST_MODELS`` ...); every task gets their live versions' paths. ``output`` records the tasks
+    (:func:`prepare_folder`): a folder holding parts of tasks the spec does not have is refused unless ``overwrite``
+    (which removes its parts), a task whose part is there is skipped, and one whose part is stale (other settings, code
+    or models) replaces it as its new part is written, unless the new one says status error (the old part is kept, the
+    task listed in ``failed_tasks``)."""
     t0 = time.time()
     if backend not in BACKENDS:
         raise SweepBackendError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -1029,7 +1123,9 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     done = skipped
     if progress:
         progress(done, len(tasks))
-    failed: list = []
+    # the tasks already done whose part says they could not run: failed as much as this run's
+    failed: list = [_failure(t, "error", e) for t in tasks if t["task_id"] in have
+                    for e in [_part_error(out, t["task_id"])] if e is not None]
     if not todo:
         return SweepOutcome(out, len(tasks), skipped, 0, failed, time.time() - t0)
     if backend == "ray":
@@ -1038,20 +1134,32 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
         results = _in_process_results(todo)
     else:
         results = _dask_results(todo, scheduler, workers, client_hook)
+    ran = 0  # tasks whose part this run wrote
     try:  # the one loop every backend shares: write each finished task's part at once
         for t, frame in results:
             if isinstance(frame, BaseException):
-                failed.append((t["task_id"], repr(frame)))
+                failed.append(_failure(t, "failed", repr(frame)))
                 continue
+            olds = [o for o in stale.get(t["task_id"], ()) if _part_path(out, o).is_file()]
+            bad = frame[frame["status"] == "error"] if "status" in frame.columns else frame.iloc[:0]
+            if len(bad):
+                failed.append(_failure(t, "error", bad["error"].iloc[0]))
+                if any(_part_error(out, o) is None for o in olds):
+                    # a stale result is not swapped for no result: kept, and the task retried by a rerun (a stale
+                    # part that is itself an error is replaced as usual)
+                    failed[-1]["error"] += (f" (the earlier part of this task, {', '.join(_part_path(out, o).name for o in olds)}"
+                                            ", from other settings, code or models, is kept; a rerun retries the task)")
+                    continue
             write_part(out, t["task_id"], frame)
-            for old in stale.get(t["task_id"], ()):  # the same task's part from other code or models: replaced
+            ran += 1
+            for old in olds:  # the same task's part from other settings, code or models: replaced
                 _part_path(out, old).unlink(missing_ok=True)
             done += 1
             if progress:
                 progress(done, len(tasks))
     finally:
         results.close()
-    return SweepOutcome(out, len(tasks), skipped, len(todo) - len(failed), failed, time.time() - t0)
+    return SweepOutcome(out, len(tasks), skipped, ran, failed, time.time() - t0)
 
 
 def search_keys(value: Any) -> Any:

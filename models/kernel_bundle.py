@@ -34,6 +34,8 @@ MLP_FILE = "kernel_mlp.safetensors"
 #: (the shipped ``models/artifacts/``, older bundles) is itself the bundle
 POINTER = "CURRENT"
 VERSIONS = "versions"
+#: bundles the gate refused: ``refused/<name>/``, apart from ``versions`` (whose pruning they never count against)
+REFUSED = "refused"
 
 
 class BundleError(ValueError):
@@ -43,7 +45,7 @@ class BundleError(ValueError):
 
 
 #: where retrained bundles keep their versions (models/versioned.py)
-LAYOUT = Layout(pointer=POINTER, versions=VERSIONS, what="bundle")
+LAYOUT = Layout(pointer=POINTER, versions=VERSIONS, what="bundle", refused=REFUSED)
 
 
 def resolve_bundle_folder(folder: str | Path) -> Path:
@@ -396,7 +398,8 @@ def install_bundle(bundle: "KernelBundle", target: str | Path, activate: bool = 
     their switches). A crash before the rename leaves the previous bundle live and at most a ``.tmp-*`` folder;
     one after it, the new one. A flat bundle already in ``target`` (the shipped layout) stays where it is and is
     simply no longer read. Returns the new version's folder (models/versioned.py ``install_version``). ``activate=False``:
-    written and checked beside the live bundle, ``CURRENT`` unchanged (a bundle the gate did not accept)."""
+    written and checked in ``target/refused/<name>/`` (the newest three kept), ``CURRENT`` and ``versions/`` unchanged (a
+    bundle the gate did not accept)."""
     final = install_version(target, LAYOUT, bundle.save, KernelBundle.load, keep=KEEP_OLD_VERSIONS, activate=activate)
     load_bundle.cache_clear()
     return final

@@ -24,6 +24,9 @@ from typing import Callable
 
 #: versions a folder keeps besides the live one and the one before it
 KEEP_OLD_VERSIONS = 3
+#: models the gate refused kept in ``target/<refused>/`` (the newest ones; pruned on their own, never counted against
+#: the rollback versions: until stop 46b three refused bundles in ``versions/`` pruned four real rollback versions)
+KEEP_REFUSED = 3
 #: a ``.tmp-*`` version folder older than this (s) is a crashed write: removed at the next switch
 STALE_TMP_SECONDS = 3600.0
 
@@ -35,6 +38,9 @@ class Layout:
     pointer: str
     versions: str
     what: str  # named in errors: "bundle", "collective model", "power model"
+    #: the folder (under the target) a model the gate refused is kept in, apart from ``versions``; "" when this kind
+    #: of model has no gate that keeps refused ones
+    refused: str = ""
 
 
 def read_pointer(folder: str | Path, layout: Layout, error: type[Exception] = ValueError) -> str | None:
@@ -78,11 +84,16 @@ def install_version(target: str | Path, layout: Layout, write: Callable[[Path], 
     A failure (or a kill) before the pointer's rename leaves the previous model live; the half-written or unreferenced
     version is removed here when the failure is an exception, and pruned by a later switch when it was a kill.
 
-    ``activate=False`` writes and checks the version the same way but leaves the pointer (and the other versions)
-    alone: a model the gate did not accept is kept beside the live one, usable by its folder, never made live."""
+    ``activate=False`` writes and checks the model the same way into ``target/<layout.refused>/<name>/`` instead and
+    leaves the pointer and ``versions`` alone: a model the gate did not accept is kept apart from the rollback versions
+    (usable by its folder, never made live); that folder keeps its :data:`KEEP_REFUSED` newest, pruned on their own."""
     import fcntl
 
     target = Path(target)
+    if not activate:
+        if not layout.refused:
+            raise ValueError(f"a {layout.what} has no folder for refused models (Layout.refused)")
+        return _keep_refused(target / layout.refused, write, check)
     versions = target / layout.versions
     versions.mkdir(parents=True, exist_ok=True)
     name = new_version_name()
@@ -95,8 +106,6 @@ def install_version(target: str | Path, layout: Layout, write: Callable[[Path], 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if not activate:
-        return final
     with open(target / ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -116,6 +125,23 @@ def install_version(target: str | Path, layout: Layout, write: Callable[[Path], 
             prune(versions, {name, previous}, KEEP_OLD_VERSIONS if keep is None else keep)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+    return final
+
+
+def _keep_refused(folder: Path, write: Callable[[Path], object], check: Callable[[Path], object]) -> Path:
+    """Write and check a refused model as ``folder/<name>/`` (temporary name, then a rename) and prune ``folder`` to
+    its :data:`KEEP_REFUSED` newest. OSError (e.g. a read-only install) is the caller's to report."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name = new_version_name()
+    tmp, final = folder / f".tmp-{name}", folder / name
+    try:
+        write(tmp)
+        check(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(folder, {name}, KEEP_REFUSED - 1)
     return final
 
 

@@ -239,10 +239,9 @@ def _choices(name: str, value) -> tuple | None:
     (duplicates dropped), a single value (a string too) as a one-element choice; None keeps the default.
     Each choice is checked (ValueError naming the option and the value)."""
     if name not in SPACE_DEFAULTS:
-        run = name in _footprint_options() or name == "tokens"
         raise ValueError(f"unknown search-space option {name!r}; valid: {', '.join(SPACE_DEFAULTS)}"
                          + (f" ({name} describes the run: give it in footprint_kw={{{name!r}: ...}}, with tokens=)"
-                            if run and name != "tokens" else ""))
+                            if name in _footprint_options() else ""))
     if value is None:
         value = SPACE_DEFAULTS[name]
         if value is None:
@@ -567,7 +566,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     # an unknown option or a bad choice is named before anything is evaluated
     space = {k: _choices(k, v) for k, v in space.items()}
     asked = {k: space[k] for k in asked_options if space.get(k) is not None}
-    _check_footprint_kw(footprint_kw)
+    check_footprint_kw(footprint_kw)
     routing = check_routing(moe_routing)
     from wattcast.simulate.distributed import zero3_prefetch as _z3
 
@@ -610,16 +609,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if (overlaps or {}).get("overlap_p2p_comm") is not None and not any(v > 1 for v in interleaves):
         # no interleaved candidate to apply it to (the others drop it: 1F1B's transfers block either way)
         check_overlap_p2p_flag(overlaps["overlap_p2p_comm"], max(interleaves))
-    if zero3_prefetch is not None:  # needs a candidate with per-unit collectives (ZeRO-3; hf's ZeRO-2 too)
-        from wattcast.simulate.distributed import check_zero3_prefetch_flag, per_unit_collectives
-
-        zeros = space.get("zero") or _choices("zero", None)
-        if not any(per_unit_collectives(canonical_framework(framework), z) for z in zeros):
-            try:
-                check_zero3_prefetch_flag(zero3_prefetch, canonical_framework(framework), max(zeros))
-            except ValueError as e:
-                raise ValueError(f"{e}; the search space's zero choices ({', '.join(map(str, zeros))}) have no such "
-                                 f"candidate: add 3 to them (--zero 3, or zero=(..., 3))") from None
+    try:
+        check_zero3_prefetch_space(zero3_prefetch, framework, space.get("zero"))
+    except ValueError as e:
+        raise ValueError(f"{e} (--zero3-prefetch / --no-zero3-prefetch): the search space's zero choices have no such "
+                         f"candidate: add 3 to them (--zero 3, or zero=(..., 3))") from None
     if (overlaps or {}).get("overlap_moe_expert_parallel_comm") and str(moe_token_dispatcher).lower() != "alltoall":
         # every candidate would break it (resolve_parallel's rule, megatron-core 0.16.1 transformer_config.py
         # l. 1866-1869); where only some candidates turn it on (DualPipe's default) those are rejected one by one
@@ -1236,7 +1230,30 @@ def pareto_mask(df: pd.DataFrame, cols=("run_days", "run_cloud_usd", "run_tco2e"
 _FOOTPRINT_SET = ("device", "gpus", "hours", "power_model", "flops")
 
 
-def _check_footprint_kw(kw) -> None:
+def check_zero3_prefetch_space(zero3_prefetch, framework: str, zeros=None) -> None:
+    """An explicit ``zero3_prefetch`` needs a candidate with per-unit data-parallel collectives among the ``zeros``
+    choices (default: the search's; :func:`wattcast.simulate.distributed.per_unit_collectives`: ZeRO-3, and FSDP's
+    ZeRO-2 under ``hf``). ValueError (in terms of the options, not of a CLI flag or spec key: the caller names those)."""
+    from wattcast.featurize.workload import canonical_framework
+    from wattcast.simulate.distributed import per_unit_collectives
+
+    if zero3_prefetch is None:
+        return
+    fw = canonical_framework(framework)
+    try:
+        zeros = _choices("zero", zeros)
+    except ValueError:
+        return  # a bad zero choice: the search's own check names it
+    stages = [int(z) for z in zeros if is_int(z) and int(z) in (0, 1, 2, 3)]
+    if not stages or any(per_unit_collectives(fw, z) for z in stages):
+        return  # no stage to judge (the parallel rules name a bad one), or one with per-unit collectives
+    raise ValueError(f"zero3_prefetch={zero3_prefetch} says how ZeRO-3 / FSDP's per-unit parameter gathers and gradient "
+                     f"reduce-scatters meet the computation; the zero choices ({', '.join(map(str, zeros))}) under "
+                     f"framework {fw} run no such collectives (ZeRO-3 does, and ZeRO-2 under framework hf, FSDP's "
+                     "SHARD_GRAD_OP), so it would change nothing")
+
+
+def check_footprint_kw(kw) -> None:
     """``footprint_kw`` must map options of :func:`wattcast.lifecycle.footprint` (ValueError naming an
     unknown one and listing the valid ones)."""
     if kw is None:
@@ -1249,6 +1266,8 @@ def _check_footprint_kw(kw) -> None:
         raise ValueError(f"unknown footprint_kw option {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
                          + (f" ({_NOT_IN_A_SEARCH['utilisation']})" if "utilisation" in unknown else ""))
 
+
+_check_footprint_kw = check_footprint_kw  # the name before stop 46b
 
 #: footprint options a search does not take, and why (footprint_kw refuses them naming this)
 _NOT_IN_A_SEARCH = {"utilisation": "utilisation is the power surrogate's input when a footprint has no step; a search "

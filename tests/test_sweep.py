@@ -79,14 +79,20 @@ def test_tasks_write_parts_and_a_rerun_resumes(tmp_path):
     r3 = run_sweep(SPEC, out, workers=0)
     assert (r3.skipped, r3.ran) == (3, 1)
     pd.testing.assert_frame_equal(_strip(read_sweep(out)), _strip(df))
-    # a changed setting is another spec: refused in this folder (its rows would mix with these) unless overwritten,
-    # which removes the old parts; nothing stale is reused
-    with pytest.raises(SweepSpecError, match="another sweep spec.*--overwrite"):
+    # a changed setting is refused (the old results are kept; rows never mix: one part per task) unless overwritten,
+    # which removes the old parts and recomputes every task; so is a spec that leaves out a done task
+    with pytest.raises(SweepSpecError, match="other settings.*--overwrite"):
         run_sweep({**SPEC, "seq": 256}, out, workers=0)
     assert len(done_tasks(out)) == 4
     r4 = run_sweep({**SPEC, "seq": 256}, out, workers=0, overwrite=True)
     assert r4.skipped == 0 and r4.ran == 4 and len(done_tasks(out)) == 4
     assert set(read_sweep(out)["task_id"]).isdisjoint(df["task_id"])
+    fewer = {**SPEC, "seq": 256, "gpus": SPEC["gpus"][:1]}
+    with pytest.raises(SweepSpecError, match="tasks this spec does not have.*--overwrite"):
+        run_sweep(fewer, out, workers=0)
+    assert len(done_tasks(out)) == 4
+    r5 = run_sweep(fewer, out, workers=0, overwrite=True)
+    assert r5.skipped == 0 and len(done_tasks(out)) == r5.total
 
 
 def test_a_task_that_fits_nowhere_is_a_row_saying_so(tmp_path):

@@ -1,5 +1,5 @@
-"""A sweep's output folder records its spec: another spec is refused there (or overwritten on request), a rerun that
-recomputes (other code) replaces its stale parts; a price a task needs can be given in the spec; a task that ended
+"""A sweep's output folder records its tasks: a spec without a task done there is refused (or overwritten on request),
+a rerun that recomputes (other code or models) replaces its stale parts, other settings are refused; a price a task needs can be given in the spec; a task that ended
 with status error fails the CLI run and is listed under "failed"."""
 
 from __future__ import annotations
@@ -23,26 +23,33 @@ def _rank1_per_key(df: pd.DataFrame) -> int:
     return int(df[df["rank"] <= 1].groupby(["model", "cluster", "gpus", "region"]).size().max())
 
 
-def test_another_spec_into_a_used_folder_is_refused_and_overwrite_replaces(tmp_path):
+def test_a_spec_without_a_done_task_is_refused_and_overwrite_replaces(tmp_path):
     out = tmp_path / "o"
-    run_sweep(SPEC, out, workers=0)
-    assert (out / FOLDER_RECORD).is_file() and len(done_tasks(out)) == 1
-    with pytest.raises(SweepSpecError, match="another sweep spec"):
+    run_sweep(dict(SPEC, gpus=[8, 16]), out, workers=0)
+    assert (out / FOLDER_RECORD).is_file() and len(done_tasks(out)) == 2
+    # judged per task (stop 46b): a spec that leaves out a task done here is refused, naming it
+    with pytest.raises(SweepSpecError, match="tasks this spec does not have"):
         run_sweep(dict(SPEC, batch=32), out, workers=0)
-    assert len(done_tasks(out)) == 1  # nothing removed without the flag
+    assert len(done_tasks(out)) == 2  # nothing removed without the flag
     run_sweep(dict(SPEC, batch=32), out, workers=0, overwrite=True)
     df = read_sweep(out)
     assert len(done_tasks(out)) == 1 and _rank1_per_key(df) == 1
+    # the same tasks with another setting: refused (the spec changed; its results are kept), --overwrite replaces
+    with pytest.raises(SweepSpecError, match="other settings"):
+        run_sweep(SPEC, out, workers=0)
+    assert len(done_tasks(out)) == 1
+    r = run_sweep(SPEC, out, workers=0, overwrite=True)
+    assert r.ran == 1 and len(done_tasks(out)) == 1 and _rank1_per_key(read_sweep(out)) == 1
 
 
 def test_a_folder_without_a_record_holding_other_parts_is_refused(tmp_path):
     out = tmp_path / "o"
-    run_sweep(SPEC, out, workers=0)
+    run_sweep(dict(SPEC, gpus=[8, 16]), out, workers=0)
     (out / FOLDER_RECORD).unlink()  # as written by a wattcast before the record
-    assert run_sweep(SPEC, out, workers=0).skipped == 1  # its own parts: resumed (and recorded)
+    assert run_sweep(dict(SPEC, gpus=[8, 16]), out, workers=0).skipped == 2  # its own parts: resumed (and recorded)
     (out / FOLDER_RECORD).unlink()
     with pytest.raises(SweepSpecError, match="no record of the spec"):
-        run_sweep(dict(SPEC, batch=32), out, workers=0)
+        run_sweep(SPEC, out, workers=0)
 
 
 def test_a_rerun_after_a_code_change_replaces_the_stale_parts(tmp_path, monkeypatch):

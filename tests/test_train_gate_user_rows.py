@@ -51,8 +51,10 @@ def test_a_zero_fit_only_csv_bundle_is_kept_beside_not_made_current(t4_linear, t
     assert "no fitted model" in why and "too few" in why and "--force" in why
     assert "judged on your rows alone" in why
     assert (out / "CURRENT").read_text() == live  # the working bundle stays live
-    kept = [p for p in (out / "versions").iterdir() if p.name != live.strip()]
-    assert len(kept) == 1 and str(kept[0]) in second.reason  # the refused one is beside it, named
+    # the refused one is kept apart from the rollback versions (never pruning them), named as a --models path
+    assert [p.name for p in (out / "versions").iterdir()] == [live.strip()]
+    kept = list((out / "refused").iterdir())
+    assert len(kept) == 1 and f"--models {kept[0]}" in second.reason
     assert not KernelBundle.load(kept[0]).families
     # --force makes it current, and says what it overrode
     forced, _ = _train(b, out, force=True)
@@ -85,6 +87,25 @@ def test_only_csv_gate_uses_the_users_rows_and_refuses_too_few(t4_linear, tmp_pa
     ok, why, m = gate_decision(bundle, out, mixed, specs)
     assert "60 shared-dataset rows and 11 held-out rows of your CSV" in why
     assert "your 11 held-out row(s) are too few" in why and "gate_user_new_mape_pct" not in m
+    # the shared-data veto with too few reference rows (or none): said not applied, not silently skipped
+    for ref in (None, user.iloc[:5]):
+        ok, why, m = gate_decision(bundle, out, user.iloc[:50], specs, user_only=True, reference=ref)
+        assert ok and "veto was not applied" in flat(why) and "gate_reference_rows" not in m
+    # no validation rows outside --only-csv (a --family whose rows are all gone): refused, not a TypeError
+    ok, why, _ = gate_decision(bundle, out, user.iloc[:0], specs)
+    assert not ok and "no validation rows for family gemm" in why and "--force" in why
+    assert gate_decision(bundle, out, user.iloc[:0], specs, force=True)[0]
+
+
+def test_reference_rows_are_filtered_by_gpu_and_family_before_sampling(data_root):
+    """A draw over every GPU first left 6 of a V100-SXM2's 154 rows (the veto needs 20)."""
+    from wattcast.training.kernel_run import REFERENCE_ROWS, _reference_rows
+
+    ref = _reference_rows(data_root, ("L4", "A100-PCIe-80GB"), devices=["V100-SXM2-16GB"])
+    if ref is None:
+        pytest.skip("no V100-SXM2 rows in the shared data")
+    assert set(ref["device"]) == {"V100-SXM2-16GB"} and MIN_GATE_ROWS <= len(ref) <= REFERENCE_ROWS
+    assert _reference_rows(data_root, ("L4", "A100-PCIe-80GB"), devices=["H100-SXM5-80GB"]) is None
 
 
 def test_cli_train_kernels_has_force_and_exits_1_when_it_keeps_the_old(t4_linear, tmp_path):
@@ -96,6 +117,10 @@ def test_cli_train_kernels_has_force_and_exits_1_when_it_keeps_the_old(t4_linear
     assert "kept the existing bundle" in flat(r.stdout) and "--force" in flat(r.stdout)
     r = run_cli("train", "kernels", "--help")
     assert "--force" in r.stdout
+    help_text = flat(r.stdout.replace("\u2502", " "))  # every refusal --force lifts is listed, and where a refused bundle goes
+    for reason in ("validates worse", "5%", "fewer than 20", "no fitted model", "--family", "shared-data veto",
+                   "no validation rows", "OUT/refused/"):
+        assert reason in help_text, reason
 
 
 def test_a_bundle_dropping_fitted_families_does_not_replace_the_working_one(data_root, t4_linear, tmp_path):
@@ -114,3 +139,25 @@ def test_a_bundle_dropping_fitted_families_does_not_replace_the_working_one(data
     second, _ = _train(t4_linear[0], out)
     assert not second.replaced
     assert "no surrogate for elementwise, ln" in second.reason and "--family gemm" in second.reason
+
+
+def test_a_refused_bundle_that_cannot_be_kept_still_ends_with_the_refusal(t4_linear, tmp_path, monkeypatch):
+    """A read-only install: keeping the refused bundle fails; the run still says it kept the existing bundle."""
+    import wattcast.models.kernel_bundle as kb
+
+    a, b = t4_linear
+    out = tmp_path / "kb"
+    assert _train(a, out)[0].replaced
+    live = (out / "CURRENT").read_text()
+    real = kb.install_bundle
+
+    def read_only(bundle, target, activate=True):
+        if not activate:
+            raise PermissionError(13, "Permission denied", str(Path(target) / "refused"))
+        return real(bundle, target, activate)
+
+    monkeypatch.setattr(kb, "install_bundle", read_only)
+    second, _ = _train(b, out)
+    assert not second.replaced and (out / "CURRENT").read_text() == live
+    why = flat(second.reason)
+    assert why.startswith("kept the existing bundle") and "could not be kept" in why and "PermissionError" in why

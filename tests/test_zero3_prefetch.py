@@ -111,13 +111,16 @@ def test_the_trace_draws_the_zero3_collectives_on_the_communication_stream():
 def test_sweep_spec_takes_it_and_refuses_a_non_boolean():
     from wattcast.sweep import SweepSpecError, load_spec
 
-    base = dict(models=["gpt2-medium"], clusters=["DGX-A100"], gpus=[16], batch=32, seq=1024)
+    base = dict(models=["gpt2-medium"], clusters=["DGX-A100"], gpus=[16], batch=32, seq=1024, space={"zero": [1, 3]})
     plain = load_spec(base).tasks()[0]
     on = load_spec(dict(base, zero3_prefetch=True)).tasks()[0]
     assert "zero3_prefetch" not in plain and on["zero3_prefetch"] is True
     assert on["task_id"] != plain["task_id"]  # a changed setting is a new task, never a stale part
     with pytest.raises(SweepSpecError, match="'zero3_prefetch' must be true or false"):
         load_spec(dict(base, zero3_prefetch="yes"))
+    # without a ZeRO-3 choice every task would end with status error: refused at load, naming the spec's keys
+    with pytest.raises(SweepSpecError, match="'zero3_prefetch'.*'space'"):
+        load_spec(dict(base, space={}, zero3_prefetch=True))
 
 
 def test_zero3_reports_its_own_traffic_not_a_bucketed_sync_it_never_runs():

@@ -315,18 +315,20 @@ def run_train_kernels(
     # the user's own held-out rows, the flag leaves the shared datasets out)
     reference = None
     if only_csv:  # the shared rows of the GPUs and families this CSV fitted: they can veto it, never pass it
-        reference = _own_reference(_reference_rows(data, holdout, xla_tables), bundle, cfg.families)
+        reference = _own_reference(data, holdout, xla_tables, bundle, cfg.families)
     replaced, reason, gate = gate_decision(bundle, target, val, specs, val_pred, user_only=only_csv, force=force,
                                            reference=reference)
     metrics.update(gate)
     bundle.meta["metrics"] = {k: round(float(v), 3) for k, v in metrics.items()}
     # a new version beside the old one, checked, then one atomic pointer switch (models.kernel_bundle.install_bundle):
-    # a kill at any moment leaves a working bundle live. One the gate refused is kept beside it, not made live.
+    # a kill at any moment leaves a working bundle live. One the gate refused is kept apart, in <target>/refused/
+    # (never among the rollback versions), not made live
     from wattcast.models.kernel_bundle import install_bundle
 
-    version = install_bundle(bundle, target, activate=replaced)
-    if not replaced:
-        reason += f". The new bundle is kept, not current, in {version} (predict with it: --models {version})"
+    if replaced:
+        install_bundle(bundle, target, activate=True)
+    else:
+        reason += _keep_refused(bundle, target)
     seconds = time.time() - t0
     metrics["train_seconds"] = seconds
 
@@ -347,6 +349,22 @@ def run_train_kernels(
                          figures=[lambda d: _plot_heldout(held_pred, d)] if held_pred is not None else [],
                          documents={"manifest_meta.json": bundle.meta})
     return RunOutcome(replaced, reason, target, metrics, tables, run_id)
+
+
+def _keep_refused(bundle: KernelBundle, target: Path) -> str:
+    """Keep a bundle the gate refused in ``target/refused/<name>/`` and say where (a ``--models`` path); when that
+    folder cannot be written (a read-only install) say so: the working bundle stays live either way."""
+    import shlex
+
+    from wattcast.models.kernel_bundle import REFUSED, install_bundle
+
+    try:
+        kept = install_bundle(bundle, target, activate=False)
+    except OSError as e:  # PermissionError included: the refusal stands, only the copy is lost
+        return (f". The new bundle could not be kept in {target / REFUSED} ({type(e).__name__}: {e}); "
+                "rerun with --out DIR to a writable folder to keep it")
+    return (f". The new bundle is kept, not current, in {kept} (the {REFUSED}/ folder keeps the newest few; predict "
+            f"with it: --models {shlex.quote(str(kept))})")
 
 
 def missing_families(bundle: KernelBundle) -> list[str]:
@@ -391,8 +409,10 @@ def _merge_families(base: KernelBundle, new: KernelBundle) -> KernelBundle:
     return KernelBundle({**base.families, **new.families}, meta)
 
 
-def _reference_rows(data, holdout, xla_tables=None) -> pd.DataFrame | None:
-    """A sample of the shared training GPUs' rows (never held-out GPUs), or None without the data."""
+def _reference_rows(data, holdout, xla_tables=None, devices=None, families=None) -> pd.DataFrame | None:
+    """Up to :data:`REFERENCE_ROWS` shared training-GPU rows (never held-out GPUs) of ``devices`` and ``families``
+    (None: all), drawn after that filter (a draw over every GPU first left 6 rows of a V100-SXM2's 154), or None
+    without the data or any such row."""
     from wattcast.data.kernel_datasets import DataNotFoundError, load_kernels, split_heldout
 
     try:
@@ -400,18 +420,26 @@ def _reference_rows(data, holdout, xla_tables=None) -> pd.DataFrame | None:
     except DataNotFoundError:
         return None
     train, _ = split_heldout(shared, holdout=holdout)
+    if devices is not None:
+        train = train[train["device"].isin(list(devices))]
+    if families is not None:
+        train = _of_families(train, families)
     n = min(REFERENCE_ROWS, len(train))
     return train.sample(n=n, random_state=2) if n else None
 
 
-def _own_reference(ref: pd.DataFrame | None, bundle: KernelBundle, families) -> pd.DataFrame | None:
-    """The reference rows on the GPUs ``bundle`` was trained on, of the ``families`` it fitted (what its CSV claims to
-    describe), or None."""
-    if ref is None or not bundle.families:
+def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families) -> pd.DataFrame | None:
+    """The shared reference rows of the GPUs ``bundle`` was trained on (an --only-csv run: the CSV's GPUs), of the
+    ``families`` it fitted (what its CSV claims to describe), or None.
+
+    Both bundles are scored on these rows; the working bundle's validation split is not recorded in its manifest, so
+    they are not restricted to it. When the working bundle was trained on the shared data it fitted about 90% of these
+    rows (``TrainConfig.val_fraction`` 0.10 held out), so its MAPE here is optimistic and the ratio new / working is
+    biased upward: the veto errs towards refusing (a sound bundle within 2x of an in-sample fit still passes)."""
+    if not bundle.families:
         return None
     fams = [f for f in families if f in bundle.families]
-    ref = _of_families(ref[ref["device"].isin(bundle.train_devices)], fams)
-    return ref if len(ref) else None
+    return _reference_rows(data, holdout, xla_tables, devices=bundle.train_devices, families=fams)
 
 
 def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, new_pred: pd.DataFrame | None = None,
@@ -437,11 +465,16 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
     except Exception as e:  # an unreadable or incompatible old bundle is not a working model
         return True, f"the existing bundle does not load or predict ({e}): replacing it", {}
     ok, why, m = _judge(bundle, old, val, old_pred, new_pred, specs, user_only)
-    if ok and reference is not None and len(reference) >= MIN_GATE_ROWS:
+    n_ref = 0 if reference is None else len(reference)
+    if ok and user_only and n_ref < MIN_GATE_ROWS:
+        why += (f"; the shared-data veto was not applied: {n_ref} shared-dataset row(s) of the same GPUs and families "
+                f"(fewer than {MIN_GATE_ROWS})")
+    if ok and n_ref >= MIN_GATE_ROWS:
         try:
             o_, n_ = (float(evaluate(b, reference, specs)["ape"].mean()) for b in (old, bundle))
-        except Exception:  # a reference GPU without a spec here: no veto
+        except Exception as e:  # a reference GPU without a spec here: no veto, said
             o_ = n_ = None
+            why += f"; the shared-data veto was not applied: its rows could not be predicted ({e})"
         if o_ is not None:
             m["gate_reference_new_mape_pct"], m["gate_reference_old_mape_pct"] = n_ * 100, o_ * 100
             m["gate_reference_rows"] = float(len(reference))
@@ -486,6 +519,10 @@ def _judge(bundle, old, val, old_pred, new_pred, specs, user_only: bool):
         refused.append(f"only {n_user} row(s) of your CSV were held out for validation, too few (< {MIN_GATE_ROWS}) to "
                        f"show the new bundle is no worse on your data (an --only-csv run is judged on your rows alone; "
                        f"about {MIN_GATE_ROWS / USER_VAL_FRACTION:.0f} distinct shapes are needed)")
+    if not len(val) and not user_only:  # nothing to compare the two bundles on (a --family whose rows are all gone)
+        fams = bundle.meta.get("retrained_families") or sorted(bundle.families) or ["any"]
+        refused.append(f"no validation rows for famil{'ies' if len(fams) > 1 else 'y'} {', '.join(fams)}, so the new "
+                       "bundle cannot be shown no worse")
     if refused:
         return False, f"kept the existing bundle: {'; '.join(refused)}; {force_hint}", {
             "gate_rows": float(len(val)), "gate_user_rows": float(n_user), "gate_shared_rows": float(n_shared)}
