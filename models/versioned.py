@@ -95,17 +95,8 @@ def install_version(target: str | Path, layout: Layout, write: Callable[[Path], 
             raise ValueError(f"a {layout.what} has no folder for refused models (Layout.refused)")
         return _keep_refused(target / layout.refused, write, check)
     versions = target / layout.versions
-    versions.mkdir(parents=True, exist_ok=True)
-    name = new_version_name()
-    tmp = versions / f".tmp-{name}"
-    final = versions / name
-    try:
-        write(tmp)
-        check(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    final = _write_checked(versions, write, check)
+    name = final.name
     with open(target / ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -131,6 +122,13 @@ def install_version(target: str | Path, layout: Layout, write: Callable[[Path], 
 def _keep_refused(folder: Path, write: Callable[[Path], object], check: Callable[[Path], object]) -> Path:
     """Write and check a refused model as ``folder/<name>/`` (temporary name, then a rename) and prune ``folder`` to
     its :data:`KEEP_REFUSED` newest. OSError (e.g. a read-only install) is the caller's to report."""
+    final = _write_checked(folder, write, check)
+    prune(folder, {final.name}, KEEP_REFUSED - 1)
+    return final
+
+
+def _write_checked(folder: Path, write: Callable[[Path], object], check: Callable[[Path], object]) -> Path:
+    """A new version in ``folder``: written and checked under a temporary name, then renamed (whole or absent)."""
     folder.mkdir(parents=True, exist_ok=True)
     name = new_version_name()
     tmp, final = folder / f".tmp-{name}", folder / name
@@ -141,7 +139,6 @@ def _keep_refused(folder: Path, write: Callable[[Path], object], check: Callable
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    prune(folder, {name}, KEEP_REFUSED - 1)
     return final
 
 
