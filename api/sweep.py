@@ -804,12 +804,15 @@ def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: boo
     # a place whose recorded settings differ from the spec's (not only the code or model versions): the user changed
     # the spec, so its old results are kept unless --overwrite (a code or model change alone recomputes them)
     settings = {t["task_id"]: task_settings_digest(t) for t in tasks}
-    changed = [i for i in foreign if isinstance(recorded.get(i), dict) and recorded[i].get("settings") is not None
-               and recorded[i]["settings"] != settings[by_key[keys[i]]]]
+    # (a part with no recorded settings, from a folder written before the record or the per-task one, cannot be told
+    # apart from a changed spec: refused too, once; --overwrite or a new folder)
+    changed = [i for i in foreign if not isinstance(recorded.get(i), dict) or recorded[i].get("settings") is None
+               or recorded[i]["settings"] != settings[by_key[keys[i]]]]
     if changed:
         eg = keys[changed[0]]
         eg = f"{eg[0]} on {eg[2]} x {eg[1]}" + (f", region {eg[3]}" if eg[3] else "")
         raise SweepSpecError(f"output {out} holds {len(changed)} part(s) of this spec's tasks run with other settings "
+                             f"{'' if all(isinstance(recorded.get(i), dict) for i in changed) else '(or unrecorded ones) '}"
                              f"(e.g. {eg}): give a new output folder (--output) to keep both, or --overwrite "
                              "(run_sweep(overwrite=True)) to remove every part and write this spec's")
     out.mkdir(parents=True, exist_ok=True)

@@ -21,16 +21,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import DeviceSpec, DeviceSpecError
+from wattcast.data.device_spec import IDLE_FRACTION_OF_TDP, DeviceSpec, DeviceSpecError  # noqa: F401 (re-exported)
 from wattcast.data.kernel_ops import DTYPE_BYTES
 
-#: Idle board power as a fraction of TDP, used when a spec has no ``idle_power_w``. None of the shipped
-#: specs lists one. Measured floor in the shared power data (Zeus NSDI'23 traces, NCF/MovieLens-1M
-#: training, whose tiny model leaves the GPU waiting on the host nearly all the time, at the top power
-#: limit): V100 PCIe 36-40 W of 250 W, P100 PCIe 34-35 W of 250 W, Quadro RTX 6000 55-69 W of 260 W,
-#: i.e. 0.13-0.27 x TDP with a median of about 0.15. These are upper bounds on true idle (a training
-#: loop is running); a datacenter board with nothing running sits a little lower.
-IDLE_FRACTION_OF_TDP = 0.15
+#: Idle board power as a fraction of TDP (defined upstream beside the spec checks that bound it)
 #: clip for utilisations: > 1 is possible only through cache reuse or an understated peak
 UTIL_CLIP = 1.2
 #: dtypes that run on matrix (tensor) units when the device lists a native peak for them

@@ -48,7 +48,10 @@ def test_tensor_core_gemms_of_a_new_generation_are_covered_by_the_folds():
         # the calibrated band plus the ensemble's spread, never the doubled OOD band
         up, down = np.log(big["high_ms"] / big["time_ms"]), np.log(big["low_ms"] / big["time_ms"])
         assert (up >= hi - 0.01).all() and (up < 1.5 * hi).all()
-        assert (down <= lo + 0.01).all() and (down > 1.5 * lo).all()
+        # the low end at the calibrated band, or (since stop 46) at the physical floor, the GEMM's work at the dense
+        # peak, where the band would reach below it
+        at_floor = np.isclose(big["low_ms"], big["flops"] / (resolve_device(dev).peak_bf16_tflops * 1e9), rtol=1e-3)
+        assert ((down <= lo + 0.01) | at_floor).all() and (down > 1.5 * lo).all()
 
 
 def test_fp32_gemms_on_a_gpu_with_less_power_per_flop_than_any_fp32_fold_are_flagged():

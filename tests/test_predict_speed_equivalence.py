@@ -195,6 +195,14 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
         scale[i] = np.exp((1 - w) * np.log(run[0]) + w * np.log(run[hi])) / t[i]
     for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
         out[c] = out[c].to_numpy(dtype=float) * scale
+    ok = err == ""
+    if ok.any():  # an interpolated time at or above the (padded) kernel's physical floor (stop 46)
+        fl = featurize_kernels(pcanon[ok], spec)["t_floor_ms"].to_numpy()
+        for c in ("pred_latency_ms", "pred_low_ms"):
+            v = out[c].to_numpy(dtype=float).copy()
+            v[ok] = np.maximum(v[ok], fl)
+            out[c] = v
+        out["pred_high_ms"] = np.maximum(out["pred_high_ms"].to_numpy(dtype=float), out["pred_latency_ms"].to_numpy())
     return out
 
 
@@ -322,6 +330,10 @@ def _reference_core(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                 ceiling_rows, "ceiling", np.where(floor_rows, f"{fm.choice}+floor",
                                                   fm.choice if fm.choice != "roofline" else "roofline-fallback")))
             why[m] = np.where(shape_ood & dev_ood, "shape+device", np.where(shape_ood, "shape", np.where(dev_ood, "device", "")))
+        # neither the prediction nor the band's low end below the kernel's physical floor (stop 46)
+        with np.errstate(divide="ignore"):
+            fl = np.log(np.where(X["t_floor_ms"].to_numpy() > 0, X["t_floor_ms"].to_numpy(), 0.0) / t_roof)
+        lr, lo = np.maximum(lr, fl), np.maximum(lo, fl)
         pred[ok] = t_roof * np.exp(lr)
         low[ok] = t_roof * np.exp(np.minimum(lo, lr))
         high[ok] = t_roof * np.exp(np.maximum(hi, lr))

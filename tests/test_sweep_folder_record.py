@@ -95,3 +95,13 @@ def test_cli_json_lists_error_tasks_and_exits_1(tmp_path):
     assert "cloud_usd_per_gpu_hour" in failed[0]["error"]
     assert "ended with status error" in flat(r.stderr)
     assert "exit 0 when every task has a result" in flat(run_cli("sweep", "--help").stdout).lower().replace("\u2502", "")
+
+
+def test_a_folder_without_per_task_records_is_not_replaced_unasked(tmp_path):
+    out = tmp_path / "o"
+    run_sweep(dict(SPEC, batch=16), out, workers=0)
+    before = done_tasks(out)
+    (out / FOLDER_RECORD).unlink()  # as written before the record: its settings cannot be told from a changed spec
+    with pytest.raises(SweepSpecError, match="other settings"):
+        run_sweep(dict(SPEC, batch=32), out, workers=0)
+    assert done_tasks(out) == before  # the old results kept
