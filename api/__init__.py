@@ -63,11 +63,11 @@ def predict_kernels(frame, device, *, dtype: str | None = None, models=None):
     bundle = resolve_folders(models, kinds=("models",)).models  # as predict(models=) checks it
     if dtype is not None:
         check_kernel_frame(frame)
-        device = _resolve(device)
+    device = _resolve(device)
+    if dtype is not None:
         frame = frame_with_default_dtype(frame, dtype, device, "the frame", "dtype=")
     from wattcast.data.device_spec import spec_notes
 
-    device = _resolve(device)
     out = _pk(frame, device, bundle=bundle)
     out.attrs["warnings"] = spec_notes(device, power=False)  # as `wattcast kernels` prints them (no tdp_w, ...)
     return out

@@ -62,6 +62,7 @@ not a positive whole number, an unknown model, cluster or region.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -701,6 +702,7 @@ _NOT_SETTINGS = (*TASK_KEY, "task_id", "model_manifests", "wattcast_version", "w
                  "model_file")
 
 
+@functools.cache
 def _field_defaults() -> dict:
     """Each :class:`SweepSpec` field's default (the required ones left out)."""
     import dataclasses
@@ -1144,7 +1146,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
                 failed.append(_failure(t, "failed", repr(frame)))
                 continue
             olds = [o for o in stale.get(t["task_id"], ()) if _part_path(out, o).is_file()]
-            bad = frame[frame["status"] == "error"] if "status" in frame.columns else frame.iloc[:0]
+            bad = frame[frame["status"] == "error"]  # run_task's frames always carry part_columns()
             if len(bad):
                 failed.append(_failure(t, "error", bad["error"].iloc[0]))
                 if any(_part_error(out, o) is None for o in olds):

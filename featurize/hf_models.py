@@ -796,7 +796,7 @@ def _moe_allgather(cfg: HFConfig, b: GraphBuilder, flat: Tensor, w: Tensor, n_ex
     with b.expert_tp():  # each expert's linears split over etp; no gather of their own
         # the gathered tokens reach this rank's experts (padded to capacity: all of them)
         active = local if b.moe_pad else active_local_experts(n_exp, top_k, tg, b.ep)
-        per = max(1, round(rows / local)) if active == local else max(1, round(rows / active))
+        per = max(1, round(rows / active))  # rows / local when every local expert runs
         outs = []
         for e in range(active):
             mark = b.node_mark

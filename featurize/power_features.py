@@ -21,10 +21,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import IDLE_FRACTION_OF_TDP, DeviceSpec, DeviceSpecError  # noqa: F401 (re-exported)
+from wattcast.data.device_spec import IDLE_FRACTION_OF_TDP, DeviceSpec, DeviceSpecError
 from wattcast.data.kernel_ops import DTYPE_BYTES
 
-#: Idle board power as a fraction of TDP (defined upstream beside the spec checks that bound it)
 #: clip for utilisations: > 1 is possible only through cache reuse or an understated peak
 UTIL_CLIP = 1.2
 #: dtypes that run on matrix (tensor) units when the device lists a native peak for them

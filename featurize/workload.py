@@ -153,7 +153,7 @@ class StepOptions:
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,
                            recompute, bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
-                           cp=int(self.cp), cp_comm=str(self.cp_comm), cp_a2a=int(self.cp_a2a), framework=canonical_framework(self.framework), blocks=int(self.blocks),
+                           cp=int(self.cp), cp_comm=str(self.cp_comm), cp_a2a=int(self.cp_a2a), framework=framework, blocks=int(self.blocks),
                            dims=tuple((str(k), int(v)) for k, v in dims), flash_kernel=fk,
                            loop_trip_count=_trip_count_option(self.loop_trip_count), moe_load=_moe_load(self.moe_load),
                            moe_pad_to_capacity=bool(self.moe_pad_to_capacity),
@@ -163,7 +163,7 @@ class StepOptions:
                            fp8_recipe=fp8_recipe_option(self.fp8_recipe, dtype),
                            fp8_transpose=bool(self.fp8_transpose) or dtype != "fp8", te_attention_backend=te_backend,
                            **ce_fusion_options(self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl,
-                                               canonical_framework(self.framework)))
+                                               framework))
 
     def with_default_shape(self) -> "StepOptions":
         """Batch 1 and 1,024 tokens where they were not given (batch x seq then checked against

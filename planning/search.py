@@ -1267,7 +1267,6 @@ def check_footprint_kw(kw) -> None:
                          + (f" ({_NOT_IN_A_SEARCH['utilisation']})" if "utilisation" in unknown else ""))
 
 
-_check_footprint_kw = check_footprint_kw  # the name before stop 46b
 
 #: footprint options a search does not take, and why (footprint_kw refuses them naming this)
 _NOT_IN_A_SEARCH = {"utilisation": "utilisation is the power surrogate's input when a footprint has no step; a search "

@@ -2136,14 +2136,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         (half the step's micro-batches run on each)."""
         return mirrored(v) / 2 if dual else by_stage(v)
 
-    def root_chunk(params_c: np.ndarray) -> np.ndarray:
-        """:func:`root_params_by_chunk` of ``params_c`` (the chunks' parameters with a pipeline's tied copy), once
+    def root_chunk() -> np.ndarray:
+        """:func:`root_params_by_chunk` of ``params_chunk`` (the chunks' parameters with a pipeline's tied copy), once
         per (view, chunking) in a search: the stage memory's root parameters and ZeRO-3's per-chunk gathers share it."""
         key = ("root_params_chunk", P, V)
         out = sums.get(key)
         if out is None:
             in_block = (view.layer_ids >= 0) & (view.layer_ids < n_layers)
-            out = sums[key] = root_params_by_chunk(params_c, per_chunk(np.where(in_block, view.params, 0.0)))
+            out = sums[key] = root_params_by_chunk(params_chunk, per_chunk(np.where(in_block, view.params, 0.0)))
         return out
 
     # memory per stage (one TP rank), term by term (simulate/stage_memory.py cites each equation); it needs no
@@ -2262,7 +2262,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         root_key = ("root_params", P, V)
         hit = sums.get(root_key)
         if hit is None:
-            root = by_stage(root_chunk(params_chunk))  # DualPipe (rank_sum's mirror) runs ZeRO <= 1 only
+            root = by_stage(root_chunk())  # DualPipe (rank_sum's mirror) runs ZeRO <= 1 only
             head = by_stage(per_chunk(np.where(view.layer_ids >= n_layers, view.params, 0.0)))
             head[-1] += float(g.meta.get("tied_output_params") or 0.0)
             hit = sums[root_key] = (root, np.minimum(head, root))
@@ -2426,7 +2426,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if opts.framework == "megatron" and par_dp.zero in (2, 3) and not dual:
         emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))
         if par_dp.zero == 3:
-            root_c = root_chunk(params_chunk)
+            root_c = root_chunk()
             first_root_c = mfsdp_first_bucket_params(emb_c, root_c, bucket_params)
         else:
             last_c = mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params)
@@ -2819,6 +2819,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
     per_op, fallback = view.per_op, view.fallback_ops
     events = []
+    # the TP and EP collective classes a task carries (the trace's tp.* / ep.* events, comm's per-stage figures)
+    task_comm = _task_comm_names(par, opts.moe_token_dispatcher, f_parts)
     if trace:
         # context parallelism: each task's ring KV exchange on the communication stream, from the task's start, for the
         # chunk's layers x (cp - 1) steps (it overlaps the task's attention; what it cannot hide is in the task)
@@ -2831,7 +2833,6 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         z2_name = f"zero2.{dp_op}" if z2_mode is not None else None
         # the TP and EP collectives: what each class adds to the task (_comm_parts: exposed, or what the overlap leaves
         # of it with the slowdown it causes), one event per task and class on the class's track from the task's start
-        task_comm = _task_comm_names(par, opts.moe_token_dispatcher, f_parts)
         for tk in pipe.tasks:
             # a DualPipe task (simulate/dualpipe.DualTask) runs the chunk of its model_stage on rank tk.stage; an F&B
             # pair is named FB<forward micro-batch>+<backward micro-batch>, its two parts in forward_part_ms /
@@ -2950,7 +2951,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # with the slowdown it causes): the trace's tp.* / ep.* events per micro-batch
                 task_comm_ms_per_micro_by_stage={
                     k: np.asarray(rank_tasks(np.asarray(f_parts[k]) + np.asarray(b_parts[k])), dtype=float).tolist()
-                    for k, _ in _task_comm_names(par, opts.moe_token_dispatcher, f_parts)},
+                    for k, _ in task_comm},
                 **(dict(cp_comm_type=par.cp_comm_type, cp_collective_ms=list(cp_coll),
                         hierarchical_cp_sizes=list(par.hierarchical_cp_sizes or ()) or None)
                    if par.cp > 1 and par.cp_comm_type != "p2p" else {}),

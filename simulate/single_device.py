@@ -578,7 +578,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     ``clock_cap_mhz``: an SM clock cap. Both must be finite and above 0 (ValueError naming the parameter, checked
     before any costing); a cap below the lowest modelled clock and a limit no clock can meet for this step are
     refused too (see :mod:`wattcast.simulate.energy`)."""
-    from wattcast.models.power import check_power_settings, power_setting_notes
+    from wattcast.models.power import check_power_settings, idle_power_w, power_setting_notes
     from wattcast.simulate.energy import apply_power, energy_of
 
     power_limit_w, clock_cap_mhz = check_power_settings(power_limit_w, clock_cap_mhz, spec)
@@ -598,10 +598,8 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
         ood = dict(ood, share=res.ood_time_fraction)
     band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor, ood=ood)
     warn = ood_warning(res.ood_time_fraction)
-    from wattcast.models.power import idle_power_w
-
-    meta = with_warnings(dict(res.meta, idle_power_w=idle_power_w(spec)), [*spec_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec),
-                                    *([warn] if warn else [])])
+    meta = with_warnings(dict(res.meta, idle_power_w=idle_power_w(spec)),
+                         [*spec_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec), *([warn] if warn else [])])
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
                    step_band=band, meta=meta, peak_matrix_flops=mfu_peak_flops(spec, graph.meta))
 
