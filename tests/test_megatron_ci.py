@@ -371,3 +371,36 @@ def test_moe_op_host_cost_moves_moe_rows_only_and_was_fitted_on_the_moe_fitting_
     assert not set(fit["test_case"]) & set(ev["test_case"])
     best = fit_ci_moe_host(moe).iloc[0]
     assert best.moe_op_ms == CI_MOE_OP_HOST_MS and min(_MOE_OP_GRID) < CI_MOE_OP_HOST_MS < max(_MOE_OP_GRID)
+
+
+def test_moe_tests_at_expert_tp_above_one_run_without_linear_biases(data_root):
+    """Megatron-Core refuses linear biases in a MoE model unless the expert TP is 1 ("Bias in Moe is only supported
+    when ETP==1", megatron-core 0.16.1 transformer_config.py l. 1588-1591), and the expert TP defaults to the TP: the
+    MoE tests at expert TP 2 ran with --disable-bias-linear whatever their names say, the expert-TP-1 ones as named.
+    Until stop 47 every MoE test was costed with biases (each local expert's bias add, bias scale and add and their
+    gradients: the expert-TP-2 tests +12% on the fitting half, +13% on the evaluation half). The split's sides stay
+    as they were drawn (the side key reads the biases from the name alone)."""
+    from wattcast.validation.megatron_ci import _SIDE_KEY_OMITS, ci_bias_linear, ci_moe_host_ms, load_megatron_ci_moe
+
+    moe = load_megatron_ci_moe(data_root)[0]
+    first = lambda name: next(moe[moe["test_case"] == f"moe/gpt3_mcore_{name}"].itertuples(index=False))  # noqa: E731
+    etp2 = first("te_tp2_pp1_te_8experts2parallel_top2router")
+    etp1 = first("te_tp2_pp1_te_8experts_etp1_ep4")
+    assert (etp2.etp, etp1.etp) == (2, 1)
+    assert ci_config(etp2)["add_bias_linear"] is False and ci_config(etp1)["add_bias_linear"] is True
+    assert ci_config(first("cp2_pp2_ep2_te_4experts2parallel_nondeterministic"))["add_bias_linear"] is True
+    # a dense test's biases as its name says; an explicit --disable-bias-linear stays off at expert TP 1
+    assert ci_bias_linear("gpt/x") is True and ci_bias_linear("gpt/x_disable_bias_linear", 1) is False
+    # the side key is the pre-stop-47 reading: the halves are the ones CI_MOE_OP_HOST_MS was fitted and reported on
+    assert ci_config(etp2, moe_bias_rule=False)["add_bias_linear"] is True
+    assert "'add_bias_linear', True" in ci_model_key(etp2, omit=_SIDE_KEY_OMITS)
+    fit = set(ci_split(moe)[0]["test_case"].str.replace("moe/gpt3_mcore_", ""))
+    assert fit == {"cp2_pp2_ep2_te_4experts2parallel_nondeterministic",
+                   "cp2_pp2_ep2_te_4experts2parallel_nondeterministic_dp_last",
+                   "te_tp2_pp1_te_8experts2parallel_top2router", "te_tp2_pp1_te_8experts_etp1_ep4",
+                   "tp2_cp2_pp2_ep2_te_4experts2parallel", "tp2_cp2_pp2_ep2_te_4experts2parallel_dp_last"}
+    # the expert-TP-2 row loses its bias ops (fewer bare MoE ops: a shorter launch gap), the expert-TP-1 row is as was
+    kw = dict(host_ms=ci_moe_host_ms(), moe_token_dispatcher="allgather")
+    p = predict_megatron_ci(pd.DataFrame([etp2._asdict()]), **kw).iloc[0]
+    assert p["launch_gap_ms"] < 190.0  # 200.0 with the biases (CI_MOE_OP_HOST_MS 0.0625)
+    assert predict_megatron_ci(pd.DataFrame([etp1._asdict()]), **kw)["launch_gap_ms"].iloc[0] == pytest.approx(143.4, abs=0.1)
