@@ -132,9 +132,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     from wattcast.featurize.workload import StepOptions, step_graph
     from wattcast.simulate.single_device import predict_graph
 
-    from wattcast.featurize.workload import check_training_only_options
+    from wattcast.featurize.workload import INFERENCE_MODES, check_training_only_options
 
-    if recompute_modules is not None and str(mode).lower() in ("inference", "inf", "infer"):
+    if recompute_modules is not None and str(mode).lower() in INFERENCE_MODES:
         raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
     # the CLI's check (an optimizer or a recomputation in an inference step); the default optimizer is "not given"
     check_training_only_options(mode, optimizer, recompute, default_optimizer=DEFAULTS.optimizer)

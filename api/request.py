@@ -224,7 +224,9 @@ class PredictRequest:
         if self.parallel is None:
             raise ValueError("a cluster step needs parallel= (at least ParallelOptions(gpus=N))")
         if self.kv_context is not None:
-            if str(self.mode).lower() not in ("inference", "inf", "infer"):
+            from wattcast.featurize.workload import INFERENCE_MODES
+
+            if str(self.mode).lower() not in INFERENCE_MODES:
                 raise ValueError("kv_context= describes an inference step with a KV cache (mode='inference')")
             if self.dims:
                 raise ValueError("dims= applies to single-device predictions of ONNX models")

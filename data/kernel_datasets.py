@@ -94,7 +94,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.checks import without_blank_rows
-from wattcast.data.kernel_ops import DTYPE_BYTES, MAX_SHAPE_DIM, OP_FAMILY, canonical_dtype
+from wattcast.data.kernel_ops import DTYPE_BYTES, MAX_SHAPE_DIM, OP_FAMILY, bad_shape_values, canonical_dtype
 
 log = logging.getLogger(__name__)
 
@@ -514,18 +514,12 @@ def load_xla_fp8_combinations(root: str | os.PathLike[str] | None = None,
         raw = raw[raw["lhs_dtype"].astype(str).str.startswith("f8") | raw["rhs_dtype"].astype(str).str.startswith("f8")]
         dev, keep = _map_devices(raw["device"], "xla", origin, Counter())
         raw = raw.loc[keep]
-        combo = zip(raw["lhs_dtype"].astype(str), raw["rhs_dtype"].astype(str), raw["out_dtype"].astype(str))
-        kept = [XLA_DTYPES.get(d, {}).get(c) == "fp8" for d, c in zip(raw["device"].astype(str), combo)]
-        b, m, n, k = (_num(raw[c]) for c in ("b", "m", "n", "k"))
-        flops = _num(raw["flops_per_s"])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lat = 2.0 * b * m * n * k / flops * 1e3
-        fr = _frame(len(raw), op="bmm", dtype="fp8", B=b, M=m, N=k, K=n, device=dev[keep], latency_ms=lat,
-                    source="xla", origin=origin)
+        kept = [label == "fp8" for label in _xla_dtype_labels(raw)]
+        fr = _xla_bmm_frame(raw, "fp8", dev[keep], origin)
         frames.append(fr.assign(lhs_dtype=raw["lhs_dtype"].astype(str).to_numpy(),
                                 rhs_dtype=raw["rhs_dtype"].astype(str).to_numpy(),
-                                out_dtype=raw["out_dtype"].astype(str).to_numpy(), tflops=flops / 1e12,
-                                kept=np.array(kept, dtype=bool)))
+                                out_dtype=raw["out_dtype"].astype(str).to_numpy(),
+                                tflops=_num(raw["flops_per_s"]) / 1e12, kept=np.array(kept, dtype=bool)))
     out = pd.concat(frames, ignore_index=True)
     return out[np.isfinite(out["latency_ms"]) & (out["latency_ms"] > 0)].reset_index(drop=True)
 
@@ -535,15 +529,25 @@ def _xla_rows(raw: pd.DataFrame, origin: str, excluded: Counter, withheld: Count
     dev, keep = _map_devices(raw["device"], "xla", origin, excluded, withheld)
     raw = raw.loc[keep].copy()
     raw["_dev"] = dev[keep]
-    combo = list(zip(raw["lhs_dtype"].astype(str), raw["rhs_dtype"].astype(str), raw["out_dtype"].astype(str)))
-    label = [XLA_DTYPES.get(d, {}).get(c) for d, c in zip(raw["device"].astype(str), combo)]
-    raw["_dtype"] = label
+    raw["_dtype"] = _xla_dtype_labels(raw)
     raw = raw[raw["_dtype"].notna()]
+    return _xla_bmm_frame(raw, raw["_dtype"].to_numpy(dtype=object), raw["_dev"].to_numpy(dtype=object), origin)
+
+
+def _xla_dtype_labels(raw: pd.DataFrame) -> list[str | None]:
+    """Each XLA row's label in :data:`XLA_DTYPES` (its device's ``(lhs, rhs, out)`` dtype combination kept as that
+    dtype's rows), None where the combination is not kept."""
+    combo = zip(raw["lhs_dtype"].astype(str), raw["rhs_dtype"].astype(str), raw["out_dtype"].astype(str))
+    return [XLA_DTYPES.get(d, {}).get(c) for d, c in zip(raw["device"].astype(str), combo)]
+
+
+def _xla_bmm_frame(raw: pd.DataFrame, dtype, device, origin: str) -> pd.DataFrame:
+    """XLA rows as unified ``bmm`` rows: (b, m, n, k) as (B, M, K, N), the latency ``2 b m n k / flops_per_s`` in ms."""
     b, m, n, k = (_num(raw[c]) for c in ("b", "m", "n", "k"))
     with np.errstate(divide="ignore", invalid="ignore"):
         lat = 2.0 * b * m * n * k / _num(raw["flops_per_s"]) * 1e3
-    return _frame(len(raw), op="bmm", dtype=raw["_dtype"].to_numpy(dtype=object), B=b, M=m, N=k, K=n,
-                  device=raw["_dev"].to_numpy(dtype=object), latency_ms=lat, source="xla", origin=origin)
+    return _frame(len(raw), op="bmm", dtype=dtype, B=b, M=m, N=k, K=n, device=device, latency_ms=lat, source="xla",
+                  origin=origin)
 
 
 def _load_deepbench(root: Path, dropped: Counter, excluded: Counter) -> list[pd.DataFrame]:
@@ -809,9 +813,9 @@ def load_user_kernels(path: str | os.PathLike[str]) -> pd.DataFrame:
     for c in SHAPE_COLUMNS:
         uses = is_known & np.array([c in _shape_columns_for(o) for o in op_arr], dtype=bool)
         v = shapes[c]
-        with np.errstate(invalid="ignore"):  # as `wattcast kernels` reads a row (models/kernel_predictor.py)
-            ok = (np.isfinite(v) & ((v >= 0) if c == "Padding" else (v > 0)) & (v == np.round(v))
-                  & (v <= MAX_SHAPE_DIM))
+        # as `wattcast kernels` reads a row (models/kernel_predictor.py normalise_kernel_frame)
+        with np.errstate(invalid="ignore"):
+            ok = ~bad_shape_values(v, c) & (v <= MAX_SHAPE_DIM)
         bad |= uses & ~ok
     problems: list[tuple[int, str]] = []
     for i in np.flatnonzero(bad):

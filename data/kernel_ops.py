@@ -10,6 +10,8 @@ Shape convention (NeuSight's, used everywhere in wattcast):
 
 from __future__ import annotations
 
+import numpy as np
+
 GEMM_COLS = ("B", "M", "N", "K")
 VEC_COLS = ("B", "H")
 CONV_COLS = ("B", "Input_Channel", "Output_Channel", "Kernel_Size", "Input_Size", "Stride", "Padding")
@@ -103,6 +105,19 @@ def required_columns(op: str) -> tuple[str, ...]:
     if fam == "conv":
         return CONV_COLS
     return VEC_COLS
+
+
+def min_shape_value(column: str) -> int:
+    """The smallest value a shape column may hold: 0 for ``Padding`` (an unpadded convolution), 1 for every other
+    (a dimension, a count, a stride)."""
+    return 0 if column == "Padding" else 1
+
+
+def bad_shape_values(v: np.ndarray, column: str) -> np.ndarray:
+    """Where shape column ``column``'s values ``v`` (floats) are not a whole number >= :func:`min_shape_value`: NaN,
+    infinite, too small or fractional (the implausibly large, beyond :data:`MAX_SHAPE_DIM`, are checked apart)."""
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(v) | (v < min_shape_value(column)) | (v != np.round(v))
 
 
 def canonical_dtype(d: str) -> str:

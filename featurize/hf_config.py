@@ -79,25 +79,6 @@ BOUNDED_FIELDS: dict[str, str] = {"moe_intermediate_size": "width", "shared_expe
                                   "q_lora_rank": "width", "kv_lora_rank": "width", "qk_nope_head_dim": "width",
                                   "qk_rope_head_dim": "width", "v_head_dim": "width", "word_embed_proj_dim": "width",
                                   "type_vocab_size": "vocab"}
-#: model_type -> the MLP width transformers builds from a config without its width field: a number is the config
-#: class's default (transformers 5.24.0, ``models/<type>/configuration_<type>.py``: LlamaConfig l.65 11,008,
-#: MistralConfig l.64 14,336, Qwen2Config l.62 22,016, GemmaConfig l.68 24,576, GPTNeoXConfig l.65 24,576,
-#: MixtralConfig l.68 14,336, Qwen3Config l.63 22,016, Phi3Config l.62 8,192, Gemma2Config l.69 9,216,
-#: Gemma3TextConfig l.75 9,216, Qwen2MoeConfig l.80 5,632, Qwen3MoeConfig l.82 6,144, DeepseekV2Config l.77 11,008,
-#: DeepseekV3Config and GptOssConfig as their defaults above, BertConfig l.48 3,072, OPTConfig ``ffn_dim`` l.56 3,072,
-#: T5Config / SwitchTransformersConfig ``d_ff`` l.46 / l.60 2,048). None is "4 x hidden", the model's own rule, not a
-#: default: GPT2MLP (modeling_gpt2.py l.252, ``n_inner`` None), FalconConfig (l.95-96, ``ffn_hidden_size`` None),
-#: BloomMLP (modeling_bloom.py l.321, no field), MptConfig (``expansion_ratio`` 4, l.122), and Megatron-LM's GPT
-#: (``--ffn-hidden-size`` defaults to 4 x ``--hidden-size``, megatron/training/arguments.py) for the non-transformers
-#: GPT types. Before, every missing width was 4 x hidden: a Llama-2-7B config without it was 8.85 B parameters, not 6.74.
-FFN_DEFAULTS: dict[str, int | None] = {
-    "llama": 11008, "mistral": 14336, "qwen2": 22016, "gemma": 24576, "gpt_neox": 24576, "mixtral": 14336,
-    "qwen3": 22016, "phi3": 8192, "gemma2": 9216, "gemma3_text": 9216, "qwen2_moe": 5632, "qwen3_moe": 6144,
-    "deepseek_v2": 11008, "deepseek_v3": 18432, "gpt_oss": 2880, "bert": 3072, "opt": 3072,
-    "t5": 2048, "switch_transformers": 2048,
-    "gpt2": None, "gpt": None, "megatron-gpt": None, "gpt3": None, "falcon": None, "refinedweb": None,
-    "refinedwebmodel": None, "bloom": None, "mpt": None,
-}
 
 
 def default_ffn_width(model_type: str, hidden: int, origin: str) -> int:
@@ -162,6 +143,27 @@ DEEPSEEK_V2_DEFAULTS = {"n_routed_experts": 0, "first_k_dense_replace": 0, "moe_
 DEEPSEEK_V2_REQUIRED = ("q_lora_rank", "moe_intermediate_size", "n_shared_experts", "num_experts_per_tok",
                         "intermediate_size")
 DEEPSEEK_DEFAULTS = {"deepseek_v3": DEEPSEEK_V3_DEFAULTS, "deepseek_v2": DEEPSEEK_V2_DEFAULTS}
+#: model_type -> the MLP width transformers builds from a config without its width field: a number is the config
+#: class's default (transformers 5.24.0, ``models/<type>/configuration_<type>.py``: LlamaConfig l.65 11,008,
+#: MistralConfig l.64 14,336, Qwen2Config l.62 22,016, GemmaConfig l.68 24,576, GPTNeoXConfig l.65 24,576,
+#: MixtralConfig l.68 14,336, Qwen3Config l.63 22,016, Phi3Config l.62 8,192, Gemma2Config l.69 9,216,
+#: Gemma3TextConfig l.75 9,216, Qwen2MoeConfig l.80 5,632, Qwen3MoeConfig l.82 6,144, DeepseekV2Config l.77 11,008,
+#: DeepseekV3Config and GptOssConfig as their defaults above, BertConfig l.48 3,072, OPTConfig ``ffn_dim`` l.56 3,072,
+#: T5Config / SwitchTransformersConfig ``d_ff`` l.46 / l.60 2,048). None is "4 x hidden", the model's own rule, not a
+#: default: GPT2MLP (modeling_gpt2.py l.252, ``n_inner`` None), FalconConfig (l.95-96, ``ffn_hidden_size`` None),
+#: BloomMLP (modeling_bloom.py l.321, no field), MptConfig (``expansion_ratio`` 4, l.122), and Megatron-LM's GPT
+#: (``--ffn-hidden-size`` defaults to 4 x ``--hidden-size``, megatron/training/arguments.py) for the non-transformers
+#: GPT types. Before, every missing width was 4 x hidden: a Llama-2-7B config without it was 8.85 B parameters, not 6.74.
+FFN_DEFAULTS: dict[str, int | None] = {
+    "llama": 11008, "mistral": 14336, "qwen2": 22016, "gemma": 24576, "gpt_neox": 24576, "mixtral": 14336,
+    "qwen3": 22016, "phi3": 8192, "gemma2": 9216, "gemma3_text": 9216, "qwen2_moe": 5632, "qwen3_moe": 6144,
+    "deepseek_v2": 11008,
+    "deepseek_v3": DEEPSEEK_V3_DEFAULTS["intermediate_size"], "gpt_oss": GPT_OSS_DEFAULTS["intermediate_size"],
+    "bert": 3072, "opt": 3072,
+    "t5": 2048, "switch_transformers": 2048,
+    "gpt2": None, "gpt": None, "megatron-gpt": None, "gpt3": None, "falcon": None, "refinedweb": None,
+    "refinedwebmodel": None, "bloom": None, "mpt": None,
+}
 #: DeepSeek fields that may be 0 (no shared experts, no routed experts, no dense first blocks)
 _DEEPSEEK_ZERO_OK = ("n_shared_experts", "n_routed_experts", "first_k_dense_replace")
 #: the attention kinds of gpt-oss's ``layer_types``: a causal window of ``sliding_window`` keys, or the whole prefix

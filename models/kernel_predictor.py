@@ -11,8 +11,8 @@ from wattcast.data.catalog_match import catalog_twin, compute_twin
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_FAMILIES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES,
-                                     MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, VEC_COLS, canonical_dtype,
-                                     required_columns)
+                                     MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, VEC_COLS, bad_shape_values,
+                                     canonical_dtype, min_shape_value, required_columns)
 from wattcast.models.gemm_floor import blend_weight, blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate, fnv1a_rows, predict_distinct
@@ -207,12 +207,12 @@ def normalise_kernel_frame(frame: pd.DataFrame, plausible_shapes: bool = True) -
                 fine &= ~rows
                 break
             v = values[c][rows] if numeric[c] else _numeric(df.loc[rows, c])
+            bad = bad_shape_values(v, c)
             with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(v) | (v < (0 if c == "Padding" else 1)) | (v != np.round(v))
                 huge = ~bad & (v > MAX_SHAPE_DIM) if plausible_shapes else np.zeros(len(v), dtype=bool)
             if bad.any():
                 idx = np.flatnonzero(rows)[bad]
-                err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r} (need a whole number >= {0 if c == 'Padding' else 1})" for i in idx]
+                err[idx] = [f"bad value {df[c].iloc[i]!r} in column {c!r} (need a whole number >= {min_shape_value(c)})" for i in idx]
                 fine[idx] = False
             if huge.any():
                 idx = np.flatnonzero(rows)[huge]

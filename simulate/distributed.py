@@ -72,7 +72,7 @@ from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_ban
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
 from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
 from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, bf16_optimizer_runs,
-                                            fsdp_shard_grad_op, pytorch_fsdp,
+                                            fsdp_shard_grad_op, megatron_fsdp, pytorch_fsdp,
                                             capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
                                             held_gradient_bytes, inflight_chunks_by_stage,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
@@ -2257,7 +2257,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     fsdp = pytorch_fsdp(opts.framework, par.zero)  # FULL_SHARD and SHARD_GRAD_OP (fsdp_shard_grad_op)
     # Megatron-FSDP's optim_grads_params (megatron, ZeRO-3) holds the parameters outside its units (TransformerLayers)
     # gathered through the step too (stage_memory.megatron_fsdp_gathered_bytes)
-    mfsdp3 = opts.framework == "megatron" and par.zero >= 3
+    mfsdp3 = megatron_fsdp(opts.framework, par.zero) and par.zero >= 3
     if fsdp or mfsdp3:
         root_key = ("root_params", P, V)
         hit = sums.get(root_key)
@@ -2278,7 +2278,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     zero3_prefetch=bool(ctx.zero3_prefetch) if fsdp else False, grad_accum_dtype=ds_acc,
                     # Megatron-FSDP optim_grads' gradient buckets (stage_memory.megatron_fsdp_grad_bucket_bytes)
                     grad_bucket_params=(dp_bucket_params(opts.framework, par, dp_n, 4.0)
-                                        if opts.framework == "megatron" and par.zero == 2 else float("inf")),
+                                        if megatron_fsdp(opts.framework, par.zero) and par.zero == 2 else float("inf")),
                     fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed",
                                                                          bool(g.meta.get("fp8_transpose", True))))
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
@@ -2423,7 +2423,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # ZeRO-3 the parameters outside the units, gathered once a step (_dp_times' root_chunk); until stop 46's follow-up
     # ZeRO-3 gathered them with every micro-batch's units and ZeRO-2's last bucket was a bucket_params one
     root_c = first_root_c = last_c = None
-    if opts.framework == "megatron" and par_dp.zero in (2, 3) and not dual:
+    if megatron_fsdp(opts.framework, par_dp.zero) and not dual:
         emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))
         if par_dp.zero == 3:
             root_c = root_chunk()

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from wattcast.data.checks import real_in
+from wattcast.featurize.workload import INFERENCE_MODES
 
 #: the serving engines wattcast models, by name: the artifact holding each one's fitted constants
 SERVING_ENGINES = {"vllm": "serving_vllm.json"}
@@ -96,7 +97,7 @@ def check_serving(serving, *, kv_context, seq, mode: str, prompt_tokens, output_
     engine = str(serving).lower()
     if engine not in SERVING_ENGINES:
         raise ValueError(f"serving (--serving) must be one of {', '.join(SERVING_ENGINES)}, got {serving!r}")
-    if str(mode).lower() not in ("inference", "inf", "infer") or kv_context is None:
+    if str(mode).lower() not in INFERENCE_MODES or kv_context is None:
         raise ValueError("serving (--serving) models a serving engine's decode iteration: it needs mode='inference' "
                          "(--mode inference) and kv_context= (--kv-context, the tokens cached per sequence)")
     if seq is not None and seq != 1:

@@ -133,6 +133,13 @@ def pytorch_fsdp(framework: str, zero: int) -> bool:
     return framework == "hf" and int(zero) >= 2
 
 
+def megatron_fsdp(framework: str, zero: int) -> bool:
+    """Whether ZeRO stage ``zero`` is Megatron-FSDP (``megatron`` with ZeRO-2, ``optim_grads``, or ZeRO-3,
+    ``optim_grads_params``; megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp``): :func:`pytorch_fsdp`'s
+    counterpart for Megatron-LM."""
+    return framework == "megatron" and int(zero) >= 2
+
+
 def fsdp_shard_grad_op(framework: str, zero: int) -> bool:
     """Whether ZeRO-2 is PyTorch FSDP's ``ShardingStrategy.SHARD_GRAD_OP`` (``hf``, ``zero`` 2): unit by unit, as ZeRO-3
     (simulate/distributed.py ``_dp_times``' per-unit collectives, in series or prefetched as its
@@ -394,7 +401,7 @@ def buffer_bytes(framework: str, *, params: float, grad_bytes: int, dtype_bytes:
             # gradient still being reduce-scattered and the root's gradient (fsdp_end_of_backward_bytes)
             after = held + fsdp_end_of_backward_bytes(block_params=block_params, root_params=root_params,
                                                       dtype_bytes=dtype_bytes, reduce_bytes=rb, dp=dp)
-        elif framework == "megatron" and zero >= 3:
+        elif megatron_fsdp(framework, zero) and zero >= 3:
             # Megatron-FSDP optim_grads_params: the running and prefetched TransformerLayers and the parameters outside
             # them, unsharded (megatron_fsdp_gathered_bytes); until stop 46 none were counted
             during = during + megatron_fsdp_gathered_bytes(params=params, block_params=block_params,
@@ -649,7 +656,7 @@ def _fsdp_grads(framework: str, zero: int, dp: int, *, params=0.0, grad_bytes: i
     under FSDP (``hf``, ZeRO-2/3, dp > 1: each unit's reduce-scatter as its backward ends either way),
     :func:`megatron_fsdp_grad_bucket_bytes` under Megatron-FSDP (``megatron``, ZeRO-2 ``optim_grads`` with
     ``grad_bucket_params`` per bucket, ZeRO-3 ``optim_grads_params`` a TransformerLayer's; dp > 1), else 0."""
-    if framework == "megatron" and zero >= 2 and dp > 1:
+    if megatron_fsdp(framework, zero) and dp > 1:
         return megatron_fsdp_grad_bucket_bytes(params=params, grad_bytes=grad_bytes, zero=zero,
                                                bucket_params=grad_bucket_params, block_params=kw["block_params"])
     if not pytorch_fsdp(framework, zero) or dp <= 1:
