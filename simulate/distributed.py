@@ -1164,7 +1164,9 @@ class _RankView:
     opt_cast_ms: np.ndarray  # the optimizer phase's FP8 weight cast (every DP rank casts its whole weights: not sharded)
     e_opt_cast_j: np.ndarray
     act_bytes: np.ndarray  # saved activations of one micro-batch
-    full_extra_bytes: float
+    # under full recomputation, each transformer layer's full activations (what its backward re-makes; 0 for the
+    # embedding, the head and every layer without recomputation): a stage adds its largest (recompute_extra_by_stage)
+    full_extra_bytes: np.ndarray
     block_input_bytes: tuple
     phase_ms: dict
     recompute_flops: float
@@ -1227,14 +1229,18 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     def per_layer(mask, v):
         return np.bincount(li[mask], weights=v[mask], minlength=n)[src]
 
-    acts, full_extra = activation_bytes_by_layer(g)
-    act = np.zeros(n)
-    if acts:
-        keys = np.fromiter(acts.keys(), dtype=np.int64, count=len(acts))
-        pos = np.searchsorted(ids, keys)
-        ok = (pos < n) & (ids[np.minimum(pos, n - 1)] == keys)
-        np.add.at(act, pos[ok], np.fromiter(acts.values(), dtype=float, count=len(acts))[ok])
-    act = act[src]
+    acts, full_layers = activation_bytes_by_layer(g)
+
+    def layer_array(by_layer: dict) -> np.ndarray:
+        out = np.zeros(n)
+        if by_layer:
+            keys = np.fromiter(by_layer.keys(), dtype=np.int64, count=len(by_layer))
+            pos = np.searchsorted(ids, keys)
+            ok = (pos < n) & (ids[np.minimum(pos, n - 1)] == keys)
+            np.add.at(out, pos[ok], np.fromiter(by_layer.values(), dtype=float, count=len(by_layer))[ok])
+        return out[src]
+
+    act, full_extra = layer_array(acts), layer_array(full_layers)
     n_layers = int(g.meta.get("n_layers", 0) or 0)
     rc = costed["recompute"].to_numpy(dtype=bool)
     flops = costed["flops"].to_numpy(dtype=float)
@@ -1267,7 +1273,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         e_f_nc_j=per_layer(fwd & ~is_coll, e_node), e_b_nc_j=per_layer(bwd & ~is_coll, e_node),
         cu_f_ms=per_layer(fwd & ~is_coll, cu * t), cu_b_ms=per_layer(bwd & ~is_coll, cu * t),
         e_opt_j=per_layer(opt, e_node), opt_cast_ms=per_layer(opt & (op_class == "fp8_cast"), t),
-        e_opt_cast_j=per_layer(opt & (op_class == "fp8_cast"), e_node), act_bytes=act, full_extra_bytes=float(full_extra),
+        e_opt_cast_j=per_layer(opt & (op_class == "fp8_cast"), e_node), act_bytes=act, full_extra_bytes=full_extra,
         block_input_bytes=tuple(block_input_bytes(g, n_layers)) if not g.meta.get("hidden") else (),
         phase_ms={ph: float(wt[wphase == ph].sum()) for ph in ("forward", "backward", "optimizer")},
         recompute_flops=float((flops * mult)[rc].sum()),
@@ -1370,7 +1376,7 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
     """The view of a step under block recomputation: each layer's time, energy and saved activations from ``full``
     (recomputed: only its input kept, its forward re-run in the backward) or ``keep`` (activations kept), per
     :func:`recomputed_layers`; whole-model summaries blended by the share of blocks recomputed; the transient of
-    re-running one layer (``full_extra_bytes``) is there when any layer is recomputed."""
+    re-running one layer (``full_extra_bytes``) is the recomputed layers' alone."""
     if not np.array_equal(full.layer_ids, keep.layer_ids):  # both from one model: never expected, never silent
         raise ValueError("block recomputation: the recomputed and the plain rank graphs have different layers")
     rc = recomputed_layers(full.layer_ids, chunk, counts, n_layers, num_layers)
@@ -1385,7 +1391,7 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
     blend = {k: (1.0 - w) * keep.phase_ms.get(k, 0.0) + w * v for k, v in full.phase_ms.items()}
     over = {k: (1.0 - w) * keep.overheads.get(k, 0.0) + w * v for k, v in full.overheads.items()}
     return replace(full, **fields, phase_ms=blend, overheads=over,
-                   full_extra_bytes=full.full_extra_bytes if rc.any() else 0.0,
+                   full_extra_bytes=np.where(rc, full.full_extra_bytes, 0.0),
                    recompute_flops=w * full.recompute_flops,
                    per_op=_blend_rows(keep.per_op, full.per_op, ("op_class",), w),
                    fallback_ops=_blend_rows(keep.fallback_ops, full.fallback_ops, ("op_class", "method", "op_type"), w),
@@ -1395,12 +1401,29 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
 def _uniform_recompute_view(full: _RankView, chunk: np.ndarray, counts, n_layers: int, num_layers: int) -> _RankView:
     """The view of a step under Megatron's uniform recomputation (``--recompute-method uniform --recompute-num-layers
     N``): every layer is recomputed (times as ``full``), but each model chunk keeps only the input of every group of N
-    layers, and the backward re-makes a whole group at once (N layers' working set instead of one)."""
+    layers, and the backward re-makes a whole group at once (its N layers' full activations, held on its first layer;
+    Megatron-Core's ``_checkpointed_forward`` uniform branch checkpoints ``custom(l, l + recompute_num_layers)``,
+    transformer_block.py l. 495-509, megatron-core 0.16.1). Until stop 47 N times the largest layer of all (the head's
+    included) was added on every stage."""
     block, pos = _position_in_chunk(full.layer_ids, chunk, counts, n_layers)
     keeps_input = ~block | (pos % int(num_layers) == 0)
-    group = min(int(num_layers), int(max(counts)) if len(counts) else 1)
-    return replace(full, act_bytes=np.where(keeps_input, full.act_bytes, 0.0),
-                   full_extra_bytes=full.full_extra_bytes * group)
+    # each group's full activations on its first layer (a group: the chunk's blocks pos // N, in layer order)
+    grp = np.cumsum(keeps_input & block) - 1
+    group_bytes = np.bincount(np.where(block, grp, 0), weights=np.where(block, full.full_extra_bytes, 0.0),
+                              minlength=int(grp.max()) + 1 if len(grp) else 1)
+    extra = np.where(keeps_input & block, group_bytes[np.maximum(grp, 0)], 0.0)
+    return replace(full, act_bytes=np.where(keeps_input, full.act_bytes, 0.0), full_extra_bytes=extra)
+
+
+def recompute_extra_by_stage(full_extra_bytes: np.ndarray, chunk: np.ndarray, n_chunks: int, pp: int,
+                             dual: bool = False) -> np.ndarray:
+    """Bytes each pipeline rank re-makes at once under full recomputation: the largest of its chunks' recomputed
+    layers' (groups', under uniform recomputation) full activations (``_RankView.full_extra_bytes``; chunk c of stage s
+    is chunk c x P + s, DualPipe's rank s holds stages s and P-1-s). A stage with no recomputed layer adds nothing."""
+    by_chunk = np.zeros(n_chunks)
+    np.maximum.at(by_chunk, chunk, np.asarray(full_extra_bytes, dtype=float))
+    by_stage = by_chunk.reshape(-1, pp).max(axis=0)
+    return np.maximum(by_stage, by_stage[::-1]) if dual else by_stage
 
 
 def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_layers: int, n_micro: int, counts,
@@ -2213,6 +2236,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if act_stage is None:
             act_stage = sums[peak_key] = interleaved_peak_bytes(act_chunk.reshape(V, P), n_micro=n_micro) / inflight_s
 
+    # full recomputation's re-made layer: each rank's largest (its chunks' transformer layers', recomputed ones)
+    extra_key = ("recompute_extra", P, V)
+    extra_stage = sums.get(extra_key)
+    if extra_stage is None:
+        extra_stage = sums[extra_key] = recompute_extra_by_stage(view.full_extra_bytes, chunk, n_chunks, P, dual)
+
     def stage_terms(s: int) -> dict:
         return {k: float(v[s]) for k, v in mem.items()}
 
@@ -2303,13 +2332,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         mem_parts = cache.get(state_key)
         if mem_parts is None:
             mem_parts = cache[state_key] = stage_state_parts(params=params_stage, **state_kw)
-        total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, view.full_extra_bytes, ub_bytes)
+        total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, extra_stage, ub_bytes)
         w_stage = int(np.argmax(total_gb))
         worst = float(total_gb[w_stage])
         worst_terms = None
     else:
         mem = stage_memory_gb(params=params_stage, act_bytes_per_chunk=act_stage, inflight=inflight_s,
-                              full_recompute_extra_bytes=view.full_extra_bytes, userbuffers_bytes=ub_bytes, **state_kw)
+                              full_recompute_extra_bytes=extra_stage, userbuffers_bytes=ub_bytes, **state_kw)
         w_stage = int(np.argmax(mem["total_gb"]))  # the first of the fullest stages
         worst = float(mem["total_gb"][w_stage])
         worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))

@@ -282,22 +282,29 @@ def block_input_bytes(graph: OpGraph, n_layers: int) -> list[float]:
     return res
 
 
-def activation_bytes_by_layer(graph: OpGraph) -> tuple[dict[int, float], float]:
-    """(saved activation bytes per layer for one micro-batch, bytes of the largest layer's full activations).
+def activation_bytes_by_layer(graph: OpGraph) -> tuple[dict[int, float], dict[int, float]]:
+    """(saved activation bytes per layer for one micro-batch, full activations of each transformer layer under
+    ``full`` recomputation).
 
-    Under ``full`` recomputation a layer keeps only its input; the second value is what one layer
-    re-materialises during its backward (to be added once per device)."""
+    Under ``full`` recomputation a transformer layer keeps only its input; the second value holds, per transformer
+    layer, what it re-materialises during its backward (a stage adds its largest one, once: its layers' backwards run
+    one after another). Only transformer layers are checkpointed: Megatron-Core's ``TransformerBlock._checkpointed_forward``
+    wraps its layers alone (megatron-core 0.16.1 transformer/transformer_block.py l. 446-560), and the output layer and
+    the loss run outside the block (models/gpt/gpt_model.py l. 685, 714), their activations saved as usual (counted on
+    the last stage by the first value). Until stop 47 the largest layer of all was taken, the head's fp32 logits
+    included (2.1 GB for Llama 3 8B at TP 2, seq 8192), and added on every stage. Empty without full recomputation."""
     tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
     recompute = graph.meta.get("recompute", "none")
     per: dict[int, float] = {}
     for t, lay in kept_tensors(graph).items():
         per[lay] = per.get(lay, 0.0) + float(tbytes[t])
-    full_max = max((v for k, v in per.items() if k >= 0), default=0.0)
-    if recompute == "full":
-        n_layers = int(graph.meta.get("n_layers", 0))
-        block_in = block_input_bytes(graph, n_layers)
-        for lay in range(n_layers):
-            if lay in per:
-                per[lay] = block_in[lay] if lay < len(block_in) else 0.0
-        return per, full_max
-    return per, 0.0
+    if recompute != "full":
+        return per, {}
+    n_layers = int(graph.meta.get("n_layers", 0))
+    # (a graph that does not say how many transformer layers it has: every layer is taken for one)
+    full = {k: v for k, v in per.items() if 0 <= k < (n_layers if n_layers > 0 else np.inf)}
+    block_in = block_input_bytes(graph, n_layers)
+    for lay in range(n_layers):
+        if lay in per:
+            per[lay] = block_in[lay] if lay < len(block_in) else 0.0
+    return per, full
