@@ -968,9 +968,11 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
       (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its input), ``linear_fc2``.
 
     Saved per layer under sequence parallelism with selective recomputation (sbh/t units, 2-byte activations):
-    2 + 2 (the norms' inputs) + 2 + 2 (QKV and FC1 inputs, sharded) + 2(1 + 2 kv/heads) (q, k, v) + 2 (projection
-    input) + 6 ffn/h (SwiGLU input and FC2 input) — Korthikanti et al. 2022's accounting with the GPT MLP's 4h GeLU
-    replaced by SwiGLU's 2 x ffn input and ffn output, and multi-head K/V by grouped ones.
+    2 + 2 (the norms' inputs) + 2 + 2 (QKV and FC1 inputs, sharded) + 2(1 + 2 kv/heads) + 2 + 2 kv/heads (the fused
+    QKV output, v's storage, and the rotated q and k the checkpointed core attention holds:
+    GraphBuilder.rotary_checkpoint_inputs) + 2 (projection input) + 6 ffn/h (SwiGLU input and FC2 input) — Korthikanti
+    et al. 2022's accounting with the GPT MLP's 4h GeLU replaced by SwiGLU's 2 x ffn input and ffn output, multi-head
+    K/V by grouped ones, and RoPE's new q and k beside the QKV views.
 
     Mixture-of-experts configs (Mixtral, Qwen-MoE) take Megatron-Core's ``MoELayer`` in place of the MLP on their
     sparse layers (``_moe`` with ``megatron``: all-to-all dispatcher, grouped GEMMs, fused permute/unpermute; Qwen2-MoE's
@@ -988,7 +990,13 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     nh, nkv, d, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden
     qk_norm = cfg.family in ("qwen3", "qwen3_moe")
     biases = projection_biases(cfg)
-    nhl, nkvl = local_heads(b, nh), local_heads(b, nkv, "key/value heads")
+    nhl = local_heads(b, nh)
+    # fewer key/value groups than TP ranks (Megatron-Core accepts TP a multiple of num_query_groups,
+    # transformer_config.py l. 939-945, megatron-core 0.16.1): linear_qkv stays split over the ranks, its output is
+    # all-gathered along the features and each rank takes one group's q/k/v (attention.py l. 289-296, 1398-1415), of
+    # whose query heads it keeps its nh / tp (l. 1466-1476): one key/value head per rank
+    kv_gather = b.tp > nkv and b.tp % nkv == 0
+    nkvl = 1 if kv_gather else local_heads(b, nkv, "key/value heads")
     # per-layer sliding windows (Mistral's sliding_window, Qwen's use_sliding_window, a layer_types list): Megatron-Core
     # gives them to the fused kernel as TransformerConfig.window_size (Transformer Engine's DotProductAttention
     # window_size); the unfused core attention computes the whole scores under its mask, as HF's eager path
@@ -1000,6 +1008,13 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
         with b.layer(i, f"decoder.layers.{i}"):
             y = b.tp_enter(b.layernorm(x, name="input_layernorm", rms=True, bias=False, module="layernorm"), name="self_attention.enter")
             qkv = b.linear(y, (nh + 2 * nkv) * d, bias=biases.qkv, name="self_attention.linear_qkv", parallel="col")
+            if kv_gather:  # all_gather_last_dim_from_tensor_parallel_region (backward: reduce-scatter of the gradient)
+                full = (*qkv.shape[:-1], qkv.shape[-1] * b.tp)
+                qkv = b.collective("all_gather", qkv, full, group="tp", size_bytes=qkv.nbytes * b.tp,
+                                   name="self_attention.qkv_all_gather", backward=[("reduce_scatter", qkv.nbytes * b.tp)])
+                gathered = qkv
+                # this rank's query heads and its group's key and value: views of the gathered output
+                qkv = Tensor((*qkv.shape[:-1], (nhl + 2) * d), qkv.dtype, qkv.node, qkv.tid)
             if qk_norm:  # q_layernorm / k_layernorm on the split heads, then RoPE on each
                 sq = qkv.shape[1]
                 q = b.layernorm(Tensor((batch, nhl, sq, d), qkv.dtype, qkv.node, qkv.tid),
@@ -1008,7 +1023,10 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                                 name="self_attention.k_layernorm", rms=True, bias=False)
                 q, k = megatron_rope(b, q, k, fused=True)
             else:
+                fused_qkv = gathered if kv_gather else qkv
                 qkv = b.elementwise("mul", qkv, 1.0, name="self_attention.rope")  # fused RoPE over q and k (v passes)
+                # a checkpointed core attention keeps the new q and k and the fused QKV (v is its view)
+                b.rotary_checkpoint_inputs(qkv, fused_qkv, nhl, nkvl, d)
                 sq = qkv.shape[1]
                 q = Tensor((batch, nhl, sq, d), qkv.dtype, qkv.node, qkv.tid)
                 k = Tensor((batch, nkvl, sq, d), qkv.dtype, qkv.node, qkv.tid)

@@ -306,6 +306,9 @@ class GraphBuilder:
         #: tensor id -> the tensor whose storage it is (a view or a no-op ``contiguous()`` the graph draws as its own
         #: tensor): a saved tensor counts once, under the storage's id (simulate/memory.py kept_tensors)
         self._storage_of: dict[int, int] = {}
+        #: tensor id -> the tensors a checkpointed module (Megatron-Core's ``tensor_parallel.checkpoint``) holds in its
+        #: place when it keeps it as an input (``rotary_checkpoint_inputs``; simulate/memory.py kept_tensors)
+        self._checkpoint_saves: dict[int, tuple[int, ...]] = {}
         #: which fused-attention implementation class the flash nodes run (models/attention.py FLASH_KERNELS)
         if flash_kernel not in FLASH_KERNELS:
             raise GraphError(f"unknown flash attention kernel {flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
@@ -1069,6 +1072,25 @@ class GraphBuilder:
                                                                    int(q.shape[-1]), dv):
             self._storage_of[merged.tid] = out.tid
 
+    def rotary_checkpoint_inputs(self, roped: Tensor, fused_qkv: Tensor, q_heads: int, kv_heads: int,
+                                 head_dim: int) -> None:
+        """Megatron-Core (``framework`` "megatron", training): ``roped`` is one tensor standing for the rotated query
+        and key and the value (one fused RoPE node over the QKV output, its time as costed), ``fused_qkv`` the
+        ``linear_qkv`` output it was made from. What a checkpointed core attention keeps of them is its arguments as they
+        sit in memory (``CheckpointFunction.forward``: ``ctx.save_for_backward(*args)``, megatron-core 0.16.1
+        tensor_parallel/random.py l. 528; ``_checkpointed_attention_forward`` passes query, key, value, attention.py
+        l. 381-415): ``get_query_key_value_tensors`` splits the fused output into views (attention.py l. 1457-1462),
+        ``apply_rotary_pos_emb`` writes a new query and key (l. 1097-1116), the value stays a view, so the whole fused
+        QKV storage stays alive beside the new query (``q_heads``) and key (``kv_heads``); with fewer key/value groups
+        than TP ranks that storage is the all-gathered output of every rank (l. 1398-1415). Recorded here as a new tensor
+        of the rotated query and key (made by the RoPE node) and the fused output, kept in place of ``roped`` by a
+        checkpointed module (simulate/memory.py kept_tensors); nothing else reads it."""
+        if getattr(self, "framework", "hf") != "megatron" or not self.train:
+            return
+        bs, sq = int(roped.shape[0]), int(roped.shape[1])  # (batch, seq, heads x head dim)
+        qk = self._tensor((bs, int(q_heads + kv_heads), sq, int(head_dim)), roped.dtype, roped.node)
+        self._checkpoint_saves[roped.tid] = (qk.tid, fused_qkv.tid)
+
     def kv_cache(self, k: Tensor, v: Tensor, *, cache_len: int, name: str = "kv_cache") -> tuple[Tensor, Tensor]:
         """Append this step's keys and values ``k``/``v`` (B, h_kv, S_new, d) to a KV cache of ``cache_len`` tokens per
         sequence (context + the new ones) and return the cache's (B, h_kv, cache_len, d) keys and values for attention
@@ -1258,5 +1280,6 @@ class GraphBuilder:
                      by_node=[n.saves for n in self._nodes], backward=self._backward_with_accumulation(),
                      inputs=[n.inputs for n in self._nodes], out_bytes=np.array(self._out_bytes, dtype=np.int64),
                      input_tids=[n.input_tids for n in self._nodes],
-                     fp8_source=dict(self._fp8_source), storage_of=dict(self._storage_of))
+                     fp8_source=dict(self._fp8_source), storage_of=dict(self._storage_of),
+                     checkpoint_saves=dict(self._checkpoint_saves))
         return OpGraph(nodes=nodes, edges=edges_arr, meta=m, saved=saved)

@@ -1905,7 +1905,8 @@ def cp_tensor_bytes(hf, *, micro_batch: int, seq_rank: int, tp: int, dtype_bytes
     else:
         qk = vw = hf.head_dim
     tok = float(micro_batch * seq_rank) * dtype_bytes
-    h, hkv = hf.n_heads // tp, hf.n_kv_heads // tp
+    # one key/value head a rank when there are fewer than TP ranks (Megatron-Core's gathered group: parallel.py)
+    h, hkv = hf.n_heads // tp, max(hf.n_kv_heads // tp, 1)
     return (tok * h * qk, tok * hkv * qk, tok * hkv * vw, tok * h * vw)
 
 

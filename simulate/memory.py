@@ -238,9 +238,16 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     # a tensor that is another's storage (Transformer Engine's attention output handed to linear_proj as a view:
     # GraphBuilder.te_attention_output) is kept, once, as that one
     storage_of = graph.saved.get("storage_of") or {}
+    # a tensor a checkpointed module keeps as its input -> what it holds in memory instead (Megatron-Core's rotated
+    # q and k beside the fused QKV output, v's storage: GraphBuilder.rotary_checkpoint_inputs)
+    ckpt_saves = graph.saved.get("checkpoint_saves") or {}
     kept: dict[int, int] = {}
 
-    def keep(t: int, keeper: int) -> None:
+    def keep(t: int, keeper: int, checkpointed: bool = False) -> None:
+        if checkpointed and t in ckpt_saves:
+            for u in ckpt_saves[t]:
+                keep(u, keeper)
+            return
         t = storage_of.get(t, t)
         if t not in kept:
             src = int(tnode[t])
@@ -252,6 +259,7 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
 
     for i, ids in enumerate(graph.saved.get("by_node", [])):
         inside = tags[i] & rec if tags is not None else frozenset()
+        checkpointed = bool(tags[i] & ckpt) if tags is not None else False
         for t in ids:
             src = int(tnode[t])
             if deepseek and remade_copy(t):
@@ -260,12 +268,12 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
                 made_by = tags[src] if src >= 0 else frozenset()
                 if made_by & discard or (inside and (src < 0 or made_by & inside)):
                     continue  # an output-discarding module's tensor, or one a recomputed module re-makes
-            keep(t, i)
+            keep(t, i, checkpointed)
         if inside and input_tids is not None:
             for t in input_tids[i]:  # the module's inputs, made outside it (unless an output-discarding module made them)
                 src = int(tnode[t])
                 if src >= 0 and not (tags[src] & inside) and not (tags[src] & discard):
-                    keep(t, i)
+                    keep(t, i, checkpointed)
     return kept
 
 

@@ -422,9 +422,16 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if n_heads is not None:
         if not (n_heads % cfg.tp == 0):
             raise ParallelConfigError(f"attention heads ({n_heads}) must be divisible by tp ({cfg.tp})")
-    if n_kv_heads is not None and cfg.tp > 1:
-        if not (n_kv_heads % cfg.tp == 0):
+    if n_kv_heads is not None and cfg.tp > 1 and n_kv_heads % cfg.tp:
+        # Megatron-Core takes TP a multiple of the key/value groups too: each rank all-gathers linear_qkv's output and
+        # takes one group (megatron-core 0.16.1 transformer_config.py l. 939-945, attention.py l. 289-296, 1398-1415;
+        # featurize/hf_models.py llama_megatron); the other frameworks' paths split the heads
+        if framework != "megatron":
             raise ParallelConfigError(f"key/value heads ({n_kv_heads}) must be divisible by tp ({cfg.tp})")
+        if cfg.tp % n_kv_heads:
+            raise ParallelConfigError(
+                f"key/value heads ({n_kv_heads}) must be a multiple or a divisor of tp ({cfg.tp}): Megatron-Core's "
+                f"num_query_groups rule (transformer_config.py l. 939-945)")
     if ffn is not None:
         if not (ffn % cfg.tp == 0):
             raise ParallelConfigError(f"FFN size ({ffn}) must be divisible by tp ({cfg.tp})")

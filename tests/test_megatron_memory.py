@@ -168,11 +168,50 @@ def test_hf_gelu_new_saves_what_pytorch_autograd_saves():
         assert gelu_saved == pytest.approx(4 * torch_saved_elements(fn), abs=0.1)
 
 
+def rope_checkpoint_qkv_units(a: int, kv: int) -> float:
+    """What Megatron-Core's checkpointed core attention keeps of q, k and v under RoPE (sbh/t units, 2-byte
+    activations): its arguments as they sit in memory (``CheckpointFunction.forward`` ``ctx.save_for_backward(*args)``,
+    megatron-core 0.16.1 tensor_parallel/random.py l. 528). q, k, v are views of the fused QKV output
+    (attention.py l. 1457-1462); RoPE writes a new q and k (l. 1097-1116) and v stays a view, so the whole fused output
+    2(1 + 2 kv/a) stays alive beside the rotated q (2) and k (2 kv/a). Until stop 47 2(1 + 2 kv/a) alone."""
+    return 2 * (1 + 2 * kv / a) + 2 + 2 * kv / a
+
+
 def llama_layer_bytes(h: int, a: int, kv: int, ffn: int, t: int, *, s: int = S, b: int = B) -> float:
     """Korthikanti's accounting for a Megatron-Core Llama layer under SP + selective recomputation (2-byte
-    activations): the norms' inputs 2 + 2, QKV and FC1 inputs 2 + 2 (sharded), q/k/v 2(1 + 2 kv/a), projection input 2,
-    SwiGLU input 4 ffn/h and FC2 input 2 ffn/h (sbh/t units)."""
-    return s * b * h / t * (10 + 2 * (1 + 2 * kv / a) + 6 * ffn / h)
+    activations): the norms' inputs 2 + 2, QKV and FC1 inputs 2 + 2 (sharded), q/k/v as the checkpoint keeps them under
+    RoPE (:func:`rope_checkpoint_qkv_units`), projection input 2, SwiGLU input 4 ffn/h and FC2 input 2 ffn/h (sbh/t
+    units)."""
+    return s * b * h / t * (10 + rope_checkpoint_qkv_units(a, kv) + 6 * ffn / h)
+
+
+def test_rope_checkpoint_units_match_a_torch_replay_of_megatron_core():
+    """A replay of get_query_key_value_tensors (split of the fused QKV into views, attention.py l. 1418-1462), an
+    out-of-place RoPE on q and k (l. 1097-1116) and the checkpoint's ``save_for_backward(*args)`` (random.py l. 528) on
+    Llama 3 8B's heads at TP 2 (16 query heads, 4 groups): the storages it holds, in sbh/t units."""
+    torch = pytest.importorskip("torch")
+    s, hn, n_q, n_g = 32, 128, 16, 4
+    x = torch.randn(s, 1, 256, requires_grad=True)
+    w = torch.randn((n_q + 2 * n_g) * hn, 256, requires_grad=True)
+    mixed = (x @ w.t()).view(s, 1, n_g, (n_q // n_g + 2) * hn)
+    q, k, v = torch.split(mixed, [n_q // n_g * hn, hn, hn], dim=3)
+    q = q.reshape(s, 1, -1, hn)
+    q, k = q * 0.5 + torch.roll(q, 1, -1), k * 0.5 + torch.roll(k, 1, -1)
+
+    class Checkpoint(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            ctx.save_for_backward(*args)
+            return args[0].sum(-1)
+
+        @staticmethod
+        def backward(ctx, g):
+            return None, None, None
+
+    out = Checkpoint.apply(q, k, v)
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in out.grad_fn.saved_tensors}
+    sbh_t_bytes = s * n_q * hn * 4  # fp32 here: 4 B an element, the units' 2 B
+    assert sum(held.values()) / sbh_t_bytes * 2 == pytest.approx(rope_checkpoint_qkv_units(32, 8), rel=1e-12)
 
 
 def megatron_activation_formula(h: int, ffn: int, t: int, *, s: int = S, b: int = B) -> float:
@@ -192,8 +231,10 @@ def test_megatron_llama_layer_activations(name):
                        framework="megatron", tp=t, sp=True)
     per_layer, _ = activation_bytes_by_layer(step_graph(name, opts, blocks=3))
     assert per_layer[1] == pytest.approx(llama_layer_bytes(cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.ffn, t), rel=1e-6)
-    # Megatron's own formula assumes a 4h GeLU MLP; SwiGLU with ffn = 3.5h keeps 4.7% more
-    assert per_layer[1] == pytest.approx(megatron_activation_formula(cfg.hidden, cfg.ffn, t), rel=0.05)
+    # Megatron's own formula assumes a 4h GeLU MLP and q, k, v kept as the fused QKV's views; SwiGLU with ffn = 3.5h
+    # keeps 4.7% more, and RoPE's new q and k another 2 + 2 kv/a (rope_checkpoint_qkv_units)
+    rope_extra = S * B * cfg.hidden / t * (2 + 2 * cfg.n_kv_heads / cfg.n_heads)
+    assert per_layer[1] - rope_extra == pytest.approx(megatron_activation_formula(cfg.hidden, cfg.ffn, t), rel=0.05)
 
 
 @pytest.mark.parametrize("name", list(LLAMAS))
