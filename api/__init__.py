@@ -152,7 +152,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                        grad_accumulation=grad_accumulation,
                        dims=dims or (), loop_trip_count=loop_trip_count, kv_context=kv_context, logits=logits,
                        fp8_recipe=fp8_recipe, fp8_transpose=fp8_writes_transpose(spec),
-                       te_attention_backend=te_attention_backend(spec))
+                       te_attention_backend=te_attention_backend(spec),
+                       fused_moe=engine is not None)  # served by vLLM: its fused MoE kernels, else transformers' loop
     graph = step_graph(model, opts, example_inputs=example_inputs)
     res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
     from wattcast.models.power import idle_power_w
@@ -211,7 +212,8 @@ def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, l
     engine = check_serving(serving, kv_context=kv_context, seq=seq, mode="inference", prompt_tokens=prompt_tokens,
                            output_tokens=output_tokens)
     opts = StepOptions(batch=batch, seq=seq, mode="inference", dtype=step_dtype(dtype, spec), attention=attention,
-                       compile=compile, tp=tp, kv_context=kv_context, logits=logits)
+                       compile=compile, tp=tp, kv_context=kv_context, logits=logits,
+                       fused_moe=True)  # the group as vLLM runs it: its fused MoE kernels (hf_models._moe_vllm_fused)
     graph = step_graph(model, opts)
     coll = tp_collective_fn(collective_model(), cl, tp)
     res = predict_graph(graph, spec, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, collective_ms=coll)

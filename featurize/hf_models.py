@@ -573,6 +573,9 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     flat = b.view(x, (t, h))
     # the router stays in bf16
     logits = b.linear(flat, n_exp, bias=router_bias, name="moe.router" if router_bias else "moe.gate", fp8=False)
+    if fused_moe_layer(b, megatron=megatron, expert=expert):
+        out = _moe_vllm_fused(cfg, b, flat, logits, n_exp, top_k, ffn, normalise=normalise)
+        return Tensor(x.shape, out.dtype, out.node, out.tid)
     if topk_first:  # gpt-oss: softmax over the top-k logits
         top = b.opaque("moe.topk", [logits], (t, top_k), flops=float(t * n_exp), op_class="other")
         w = b.softmax(top, name="moe.router_softmax")
@@ -612,6 +615,66 @@ def _moe(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, *, exp
     combined = b.elementwise("mul", combined, Tensor((t * top_k, 1), w.dtype, w.node, w.tid), name="moe.weight")
     out = b.reduction(combined, (t, h), name="moe.index_add")
     return Tensor(x.shape, out.dtype, out.node, out.tid)
+
+
+def fused_moe_layer(b: GraphBuilder, *, megatron: bool, expert: Callable[..., Tensor] | None) -> bool:
+    """Whether a MoE layer is built as vLLM's fused MoE (:func:`_moe_vllm_fused`): the graph is a vLLM serving step
+    (``b.fused_moe``: ``StepOptions.fused_moe``, set by the serving and TP-inference paths), the layer is Hugging
+    Face's (not Megatron-Core's), its experts are the SwiGLU ones (Mixtral, Qwen2-MoE, Qwen3-MoE; gpt-oss's clamped,
+    biased experts run vLLM's other MoE back-ends over MXFP4 weights: not modelled, its Hugging Face loop kept) and not
+    padded to capacity (a Megatron-Core option)."""
+    return b.fused_moe and not megatron and expert is None and not b.moe_pad
+
+
+def _moe_vllm_fused(cfg: HFConfig, b: GraphBuilder, flat: Tensor, logits: Tensor, n_exp: int, top_k: int, ffn: int,
+                    *, normalise: bool) -> Tensor:
+    """A MoE layer as vLLM's ``FusedMoE`` runs it (vllm/model_executor/layers/fused_moe: ``fused_topk`` then
+    ``fused_experts``), on this rank's ``flat`` (t, h) tokens and the router's ``logits`` (t, n) (the replicated gate
+    GEMM, built by the caller): kernels, in order,
+
+    - ``topk_softmax``: softmax over the experts and top-k in one CUDA kernel (``fused_topk``), writing the (t, k)
+      weights (fp32) and expert ids (int32); the renormalisation of the k weights (``renormalize``: Mixtral, Qwen-MoE
+      under ``norm_topk_prob``) one division kernel;
+    - ``moe_align_block_size``: sorts the t x k (token, expert) pairs by expert (padded per expert to the kernel's
+      block of rows; the padding is not costed: masked rows of a weight-bound kernel read no extra weights);
+    - ``invoke_fused_moe_kernel`` for w13 (gate and up fused, 2 x ffn / tp columns): ONE launch over every routed
+      pair, each active expert's weights read once (:meth:`GraphBuilder.grouped_linear`: one batched GEMM of
+      B = active experts, M = their routed rows each; :func:`active_local_experts` of n (1 - (1 - k/n)^t) hit);
+    - ``silu_and_mul``: one kernel, (t k, 2 ffn / tp) -> (t k, ffn / tp);
+    - ``invoke_fused_moe_kernel`` for w2 (ffn / tp -> hidden, the routing weights multiplied in its epilogue,
+      ``mul_routed_weight``): one launch;
+    - ``moe_sum``: each token's k rows summed, one kernel;
+    - the tensor-parallel all-reduce of the partial sums (``FusedMoE``'s ``reduce_results``), as a row-parallel layer.
+
+    Experts are split by tensor parallelism on their intermediate dim (w13 by columns, w2 by rows), as vLLM shards
+    them without expert parallelism. Nothing is copied to permute the tokens: the kernel reads them through the sorted
+    ids. The idle experts' weights stay resident, not read."""
+    h = cfg.hidden
+    t = flat.shape[0]
+    b.routed_moe = b.fused_moe_built = True
+    b.opaque("moe.topk_softmax", [logits], (t, top_k), flops=float(t * n_exp), op_class="other", grad=False,
+             bytes_=float(logits.nbytes + t * top_k * (4 + 4)))  # fp32 weights and int32 ids out
+    w = b.input((t, top_k), "fp32")
+    if normalise:
+        w = b.elementwise("div", w, b.input((t, 1), "fp32"), name="moe.normalise")
+    # sorted token ids, expert ids per block, padded count: int32 reads and writes of the t x k pairs
+    b.opaque("moe.align_block_size", [w], (t * top_k,), flops=float(t * top_k), op_class="other", grad=False,
+             bytes_=float(3 * t * top_k * 4))
+    rows = max(1, round(t * top_k * b.moe_load))  # the routed (token, expert) pairs
+    active = active_local_experts(n_exp, top_k, t, 1)
+    per = max(1, round(rows / active))
+    with b.expert_tp():
+        x = b.tp_enter(flat, name="moe.enter")
+        gu = b.grouped_linear(x, active, per, 2 * ffn, name="moe.experts.w13", parallel="col")
+        with b.tag("moe_act"):
+            y = b.glu(gu, name="moe.silu_and_mul")
+        y = b.grouped_linear(y, active, per, h, name="moe.experts.w2", parallel="row")
+        ffn_local = gu.shape[-1] // 2  # this rank's share of each expert's intermediate dim
+        # the idle experts' w13 (h x 2 ffn_local) and w2 (ffn_local x h): resident on this rank, not read
+        b.own_params(gu, (n_exp - active) * h * 2 * ffn_local)
+        b.own_params(y, (n_exp - active) * ffn_local * h)
+        out = b.reduction(y, (t, h), name="moe.sum", grad=False)
+        return b.tp_exit(out, name="moe.exit")
 
 
 def expected_experts_hit(n_experts: int, top_k: int, tokens: int) -> float:

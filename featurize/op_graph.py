@@ -276,6 +276,10 @@ class GraphBuilder:
         self.moe_pad = False
         #: set by a top-k routed MoE layer (the layers ``moe_load`` applies to)
         self.routed_moe = False
+        #: MoE layers as vLLM's fused MoE kernels (StepOptions.fused_moe; hf_models.fused_moe_layer), and whether
+        #: one was built so
+        self.fused_moe = False
+        self.fused_moe_built = False
         #: Megatron-Core's MoE token dispatcher ("alltoall" / "allgather"; StepOptions.moe_token_dispatcher)
         self.moe_dispatcher = "alltoall"
         #: a KV-cached inference step (StepOptions.kv_context): tokens already cached per sequence; None: no cache
@@ -543,6 +547,34 @@ class GraphBuilder:
                          params=params, saves=saved if isinstance(saved, list) else [saved], backward=bw,
                          node_dtype=gdt,
                          grad_inputs=[x] if needs_input_grad else [], B=1, M=m, N=n, K=k)
+
+    def grouped_linear(self, x: Tensor, groups: int, rows: int, out_features: int, *, name: str,
+                       parallel: str | None = None) -> Tensor:
+        """One fused grouped-GEMM launch over ``groups`` weight matrices (in_features = ``x.shape[-1]``, out_features,
+        split like :meth:`linear` by ``parallel``), each multiplying its own ``rows`` rows of ``x``: vLLM's fused MoE
+        kernel over the active experts (``featurize.hf_models._moe_vllm_fused``). Costed as one batched GEMM of B =
+        ``groups`` (each batch reads its own weights once: B x in x out weight elements, B x rows input and output
+        rows), by the same GEMM surrogate as every linear layer; one node, so one launch and one host cost. Its
+        parameters are the groups' weights (the caller adds the idle ones with :meth:`own_params`). Inference only:
+        no backward. Under an FP8 recipe the GEMM runs in FP8 (operands at 1 B) after one cast kernel of its input."""
+        if self.train:
+            raise GraphError(f"{name}: the fused grouped GEMM is built for inference (no backward)")
+        n, k = int(x.shape[-1]), int(out_features)
+        if parallel == "col" and self.tp > 1:
+            if k % self.tp:
+                raise GraphError(f"{name}: {k} output features are not divisible by tensor parallelism {self.tp}")
+            k //= self.tp
+        elif parallel not in (None, "col", "row"):
+            raise GraphError(f"{name}: parallel must be 'col', 'row' or None, got {parallel!r}")
+        g, m, db = int(groups), int(rows), self.dbytes
+        fp8 = self.gemm_dtype == "fp8"
+        gb = DTYPE_BYTES["fp8"] if fp8 else db
+        if fp8:  # the input's quantisation: one kernel reading the rows in the model's dtype, writing 1 B each
+            self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [x], x.shape, flops=x.numel,
+                      bytes_=x.numel * (db + gb), grad_inputs=[])
+        return self._add(name, "linear", "bmm", "surrogate", [x], (g * m, k), flops=2.0 * g * m * n * k,
+                         bytes_=g * ((m * n + n * k) * gb + m * k * db), params=g * n * k,
+                         node_dtype="fp8" if fp8 else None, grad_inputs=[], B=g, M=m, N=n, K=k)
 
     def _fp8_amax(self, name: str, x: Tensor, read_bytes: float) -> None:
         """Current scaling's (``--fp8-recipe tensorwise``) passes before a forward cast: ``nvte_compute_amax`` reads

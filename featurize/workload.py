@@ -108,6 +108,11 @@ class StepOptions:
     #: kept once or twice (featurize/te_attention.py; the callers that know the GPU set it from its spec:
     #: ``te_attention_backend``). Elsewhere it is read as "flash" (no effect)
     te_attention_backend: str = "flash"
+    #: mixture-of-experts layers as vLLM's fused MoE runs them (``featurize.hf_models._moe_vllm_fused``: top-k softmax,
+    #: align, ONE grouped-GEMM launch for gate_up and one for down over the active experts, silu_and_mul, moe_sum) in
+    #: place of transformers' per-expert loop; set by the paths that cost a vLLM serving step (``predict(serving=
+    #: "vllm")``, ``predict_cluster(kv_context=...)``). Inference under framework "hf" only
+    fused_moe: bool = False
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -122,7 +127,7 @@ class StepOptions:
             if v is not None and not _is_count(v):
                 raise GraphError(f"{name} must be a positive whole number, got {v!r}")
         _check_tokens(self.batch, self.seq)
-        for name in ("compile", "grad_accumulation", "sp", "fp8_transpose", "moe_pad_to_capacity"):
+        for name in ("compile", "grad_accumulation", "sp", "fp8_transpose", "moe_pad_to_capacity", "fused_moe"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise GraphError(f"{name} must be True or False, got {getattr(self, name)!r}")
         try:
@@ -148,6 +153,9 @@ class StepOptions:
             raise GraphError(f"unknown Transformer Engine attention backend {self.te_attention_backend!r}; use one of "
                              f"{', '.join(TE_ATTENTION_BACKENDS)}")
         framework = canonical_framework(self.framework)
+        if self.fused_moe and (mode != "inference" or framework != "hf"):
+            raise GraphError(f"fused_moe (vLLM's fused MoE kernels) describes an inference step under framework 'hf', "
+                             f"not a {mode} step under {framework!r}")
         if not (framework == "megatron" and att == "flash" and mode == "train"):
             te_backend = "flash"  # no effect there: one cache key
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
@@ -162,6 +170,7 @@ class StepOptions:
                            kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
                            fp8_recipe=fp8_recipe_option(self.fp8_recipe, dtype),
                            fp8_transpose=bool(self.fp8_transpose) or dtype != "fp8", te_attention_backend=te_backend,
+                           fused_moe=bool(self.fused_moe),
                            **ce_fusion_options(self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl,
                                                framework))
 
@@ -378,6 +387,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
     b.moe_load = float(opts.moe_load)
     b.moe_pad = bool(opts.moe_pad_to_capacity)
     b.moe_dispatcher = opts.moe_token_dispatcher
+    b.fused_moe = bool(opts.fused_moe)  # read by hf_models.fused_moe_layer
     _check_kv_cache(cfg, opts)
     #: the KV-cached step (GraphBuilder.kv_context, read by hf_models._llama_attention) and the inference LM head's
     #: positions (hf_blocks.lm_head_and_loss)
@@ -447,6 +457,7 @@ def _hf_forward(cfg: HFConfig, opts: StepOptions) -> OpGraph:
                       if opts.kv_context is not None else {}),
                    **({"moe_load": float(opts.moe_load)} if opts.moe_load != 1.0 else {}),
                    **({"moe_pad_to_capacity": True} if opts.moe_pad_to_capacity else {}),
+                   **({"moe_kernels": "vllm_fused"} if opts.fused_moe and b.fused_moe_built else {}),
                    **({"precision": "fp8", "fp8_recipe": "Transformer Engine: linear-layer GEMMs in FP8 (E4M3/E5M2) with "
                       "cast kernels, attention, norms, embedding and output layer in bf16, fp32 master weights",
                       "fp8_scaling": b.fp8_recipe, "fp8_transpose": bool(b.fp8_transpose)} if fp8 else {}))
