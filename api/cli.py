@@ -1956,6 +1956,14 @@ def profile_run(
         err.print("[yellow]CPU timer backend: these rows time the CPU, not a GPU (for checking the sweep only)[/yellow]")
 
 
+def _copies_text(busy: dict) -> str:
+    """'882 memcpy/memset events, 54.75 ms (HtoD 150 x 50.66 ms, ...; not in the kernel rows or union_busy_ms)'."""
+    kinds = sorted((busy.get("copies") or {}).items(), key=lambda x: -x[1]["ms"])
+    return (f"{busy['copy_events']:,} memcpy/memset events, {busy['copy_ms']:.2f} ms ("
+            + ", ".join(f"{k} {v['events']:,} x {v['ms']:.2f} ms" for k, v in kinds)
+            + "; not in the kernel rows or union_busy_ms)")
+
+
 def _print_import_notes(notes: dict) -> None:
     parts = [f"{notes.get('format')}: {notes.get('file')}"]
     for key in ("kernel_rows", "mapped_rows", "unmapped_rows", "collective_rows", "power_rows"):
@@ -1965,6 +1973,15 @@ def _print_import_notes(notes: dict) -> None:
     if notes.get("skipped_rows"):
         parts.append(f"skipped lines {notes['skipped_rows']:,} (not imported)")
     err.print(", ".join(parts))
+    busy = notes.get("busy") or {}
+    if busy.get("steps_ms"):
+        st = busy["steps_ms"]
+        err.print(f"  measured step time: {len(st)} ProfilerStep# GPU span(s) {min(st):.2f}-{max(st):.2f} ms (first to "
+                  "last GPU event each step launched)"
+                  + (f"; CPU-side spans {min(busy['steps_cpu_ms']):.2f}-{max(busy['steps_cpu_ms']):.2f} ms"
+                     if busy.get("steps_cpu_ms") else ""))
+    if busy.get("copy_events"):
+        err.print(f"  {_copies_text(busy)}")
     if notes.get("warning"):
         err.print(f"[yellow]{notes['warning']}[/yellow]")
     for why, n in sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])[:6]:
@@ -2019,8 +2036,12 @@ def validate_trace_cmd(
               f"{summary['bias_pct']:+.1f}", f"{summary['measured_busy_ms']:.3f}", f"{summary['predicted_busy_ms']:.3f}")
     con.print(t)
     union = f", union of busy intervals {summary['union_busy_ms']:.3f} ms" if summary.get("union_busy_ms") is not None else ""
-    steps = (f"; {summary['steps']} ProfilerStep# spans {summary['step_ms_min']:.1f}-{summary['step_ms_max']:.1f} ms"
+    steps = (f"; {summary['steps']} ProfilerStep# GPU spans {summary['step_ms_min']:.1f}-{summary['step_ms_max']:.1f} ms"
+             + (f" (CPU spans {summary['step_cpu_ms_min']:.1f}-{summary['step_cpu_ms_max']:.1f} ms)"
+                if summary.get("step_cpu_ms_min") is not None else "")
              if summary.get("steps") else "")
+    if summary.get("copy_events"):
+        steps += f"; {_copies_text(summary)}"
     con.print(f"trace GPU busy {summary['trace_busy_ms']:.3f} ms summed over {summary['kernels']:,} kernels (compute "
               f"{summary['compute_busy_ms']:.3f}, NCCL {summary['comm_busy_ms']:.3f}{union}){steps}")
     con.print(f"{summary['unmapped_rows']:,} compute rows ({summary['unmapped_busy_ms']:.3f} ms) not compared:")

@@ -237,20 +237,39 @@ def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name:
     return row
 
 
-def _busy(kernels: list[dict], events: list[dict]) -> dict:
-    """Compute / NCCL / union GPU busy time of the kernel events and the ProfilerStep# spans (``profiles.busy``)."""
-    from wattcast.data.profiles.busy import busy_summary
+def _busy(kernels: list[dict], events: list[dict], sites: dict[int, tuple]) -> dict:
+    """Compute / NCCL / union GPU busy time of the kernel events, the GPU memory operations by kind, and per
+    ``ProfilerStep#`` its CPU span and its GPU span (the GPU events launched inside it; ``profiles.busy``)."""
+    import numpy as np
+
+    from wattcast.data.profiles.busy import busy_summary, copy_summary, step_gpu_spans_ms
 
     dur = [_kernel_dur(k) for k in kernels]
-    steps = {e.get("name"): real_in(e.get("dur"), 0.0, math.inf) for e in events
-             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-             and not str(e.get("cat", "")).startswith("gpu_")}  # the CPU-side span (gpu_user_annotation is a copy)
+    steps = sorted((e for e in events
+                    if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+                    and not str(e.get("cat", "")).startswith("gpu_")  # the CPU-side span (gpu_user_annotation is a copy)
+                    and real_in(e.get("dur"), 0.0, math.inf) is not None and real_in(e.get("ts"), -math.inf, math.inf) is not None),
+                   key=lambda e: float(e["ts"]))
+    copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset") and e.get("ph") == "X"]
+    gpu = [*kernels, *copies]
+    g0 = np.array([real_in(e.get("ts"), -math.inf, math.inf) for e in gpu], float)
+    gd = np.array([real_in(e.get("dur"), 0.0, math.inf) for e in gpu], float)
+    site = [sites.get(int(c)) if (c := (e.get("args") or {}).get("correlation")) is not None else None for e in gpu]
+    s0 = np.array([float(e["ts"]) for e in steps], float)
+    gpu_ms = step_gpu_spans_ms(s0, s0 + np.array([float(e["dur"]) for e in steps], float), [e.get("pid") for e in steps],
+                               [x[2] if x else np.nan for x in site], [x[0] if x else None for x in site], g0, g0 + gd)
     ts = [real_in(k.get("ts"), -math.inf, math.inf) for k in kernels]
-    return busy_summary([t if t is not None else float("nan") for t in ts],
-                        [d if d is not None else float("nan") for d in dur],
-                        [(k.get("args") or {}).get("device", 0) for k in kernels],
-                        ["nccl" in k.get("name", "").lower() for k in kernels],
-                        [d / 1e3 for _, d in sorted(steps.items()) if d is not None])
+    out = busy_summary([t if t is not None else float("nan") for t in ts],
+                       [d if d is not None else float("nan") for d in dur],
+                       [(k.get("args") or {}).get("device", 0) for k in kernels],
+                       ["nccl" in k.get("name", "").lower() for k in kernels],
+                       [float(x) for x in gpu_ms[np.isfinite(gpu_ms)]],
+                       steps_cpu_ms=[float(e["dur"]) / 1e3 for e in steps],
+                       copies=copy_summary([e.get("name", "") for e in copies], [e.get("cat") for e in copies],
+                                           [real_in(e.get("dur"), 0.0, math.inf) for e in copies]))
+    out["steps_without_gpu"] = int((~np.isfinite(gpu_ms)).sum())
+    out["steps_without_gpu_names"] = [e.get("name") for e, m in zip(steps, gpu_ms) if not np.isfinite(m)]
+    return out
 
 
 def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -345,7 +364,7 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
     notes = {"file": str(p), "format": "kineto", "device": sorted(set(devs.values())) if device is None else [device],
              "kernels": len(kernels), "kernel_rows": len(kdf), "mapped_rows": mapped, "unmapped_rows": len(kdf) - mapped,
              "collective_rows": len(cdf), "has_shapes": has_dims, "unmapped_reasons": dict(reasons),
-             "busy": _busy(kernels, events)}
+             "busy": _busy(kernels, events, sites)}
     warnings = []
     if not has_dims:
         warnings.append("the trace has no operator shapes ('Input Dims'): profile with record_shapes=True; "
@@ -358,6 +377,10 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
         warnings.append(f"kernel(s) on device index {', '.join(map(str, sorted(absent)))} absent from the trace's "
                         f"deviceProperties (ids {', '.join(map(str, sorted(devs)))}): {sum(absent.values()):,} "
                         "row(s) labelled with an unknown GPU (empty Device); give --device to name it")
+    idle = notes["busy"].pop("steps_without_gpu_names")
+    if idle:
+        warnings.append(f"{len(idle)} ProfilerStep# span(s) launched no GPU work ({', '.join(map(str, idle[:4]))}"
+                        f"{', ...' if len(idle) > 4 else ''}): left out of the measured step times")
     if warnings:
         notes["warning"] = "; ".join(warnings)
     return kdf, cdf, notes
