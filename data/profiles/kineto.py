@@ -30,7 +30,7 @@ import pandas as pd
 from wattcast.data.checks import real_in
 from wattcast.data.collective_ops import canonical_op
 from wattcast.data.profiles.aten_map import ELEM_BYTES, TORCH_DTYPES, map_aten
-from wattcast.data.profiles.devices import catalog_name
+from wattcast.data.profiles.devices import catalog_name, device_labels, override_warning
 from wattcast.data.profiles.tables import ProfileImportError
 
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime")
@@ -194,12 +194,14 @@ class _ThreadOps:
             i = self.parent[i]
 
 
-def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name: str, source: str) -> dict:
+def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name: str, source: str,
+              device: str | None = None) -> dict:
     k0 = kernels[0]
     durs = [_kernel_dur(k) for k in kernels]
     time_us = sum(durs) if None not in durs else float("nan")
     m = _NCCL_OP.search(k0.get("name", ""))
-    row = {"time_us": time_us, "device_name": device_name, "Device": catalog_name(device_name), "source": source,
+    row = {"time_us": time_us, "device_name": device_name,
+           "Device": catalog_name(device_name) if device is None else device, "source": source,
            "op": "", "size_B": float("nan"), "dtype": "", "world_size": float("nan"), "reason": ""}
     if m:
         try:
@@ -326,21 +328,23 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
     for key, ks in groups.items():
         ks.sort(key=lambda k: float(k.get("ts", 0)))
         did = (ks[0].get("args") or {}).get("device")
-        if device is None and did is not None and int(did) not in devs:
-            dname = ""  # unknown GPU: never another device's name (its rows are not trained on: empty Device)
-            absent[int(did)] += 1
+        if did is not None and int(did) not in devs:
+            recorded = ""  # unknown GPU: never another device's name (its rows are not trained on: empty Device)
+            if device is None:
+                absent[int(did)] += 1
         else:
-            dname = device or devs.get(int(did) if did is not None else 0) or next(iter(devs.values()), "")
+            recorded = devs.get(int(did) if did is not None else 0) or next(iter(devs.values()), "")
+        dname, dcat = device_labels(recorded, device)
         ops = thread_ops.get(key[0]) if key[0] not in _UNLINKED else None
         idx = key[1] if ops is not None else -1
         if any("nccl" in k.get("name", "").lower() for k in ks):
-            crows.append(_nccl_row(ks, ops, idx, doc, dname, source))
+            crows.append(_nccl_row(ks, ops, idx, doc, dname, source, dcat))
             continue
         durs = [_kernel_dur(k) for k in ks]
         lat_ms = sum(durs) / 1000.0 if None not in durs else float("nan")
         longest = max(ks, key=lambda k: _kernel_dur(k) or 0.0)
         row = {"latency_ms": lat_ms, "n_kernels": len(ks), "kernel": longest.get("name", "")[:200],
-               "device_name": dname, "Device": catalog_name(dname), "source": source}
+               "device_name": dname, "Device": dcat, "source": source}
         if ops is None:
             row.update(OPName="", aten_op="", reason=_UNLINKED[key[0]])
         else:
@@ -377,6 +381,10 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
         warnings.append(f"kernel(s) on device index {', '.join(map(str, sorted(absent)))} absent from the trace's "
                         f"deviceProperties (ids {', '.join(map(str, sorted(devs)))}): {sum(absent.values()):,} "
                         "row(s) labelled with an unknown GPU (empty Device); give --device to name it")
+    relabel = override_warning(devs.values(), device)
+    if relabel:
+        notes["device_override"] = {"device": device, "recorded": sorted(set(devs.values()))}
+        warnings.append(relabel)
     idle = notes["busy"].pop("steps_without_gpu_names")
     if idle:
         warnings.append(f"{len(idle)} ProfilerStep# span(s) launched no GPU work ({', '.join(map(str, idle[:4]))}"

@@ -1,0 +1,27 @@
+"""The import audit (stop 47): --device that disagrees with the trace's GPU is warned about and the recorded name is
+kept in device_name; the same input given twice is imported once; every unmapped reason is accounted for."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from conftest import flat, run_cli
+from test_profile_import import TraceBuilder
+
+
+def _small_trace(path):
+    b = TraceBuilder()
+    b.op("aten::mm", [[32, 64], [64, 16]], ["float", "float"], kernels=(("gemm", 50.0),))
+    return b.write(path)
+
+
+def test_device_override_that_disagrees_is_warned_and_recorded_name_kept(tmp_path):
+    trace = _small_trace(tmp_path / "a100.json.gz")
+    r = run_cli("profile", "import", trace, "--device", "L4", "--output", tmp_path / "o", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "--device L4 disagrees with the GPU the file records" in flat(r.stderr)
+    k = pd.read_csv(tmp_path / "o" / "kernels.csv")
+    assert set(k["Device"]) == {"L4"} and "L4" not in set(k["device_name"]) and k["device_name"].str.contains("A100").all()
+    # the same GPU named by an alias: no warning
+    r = run_cli("profile", "import", trace, "--device", "A100-SXM4-40GB", "--output", tmp_path / "o2", cwd=tmp_path)
+    assert r.returncode == 0 and "disagrees" not in r.stderr
