@@ -1885,6 +1885,7 @@ def profile_import(
               "them (with the tables of this import only), or give another folder")
     for f in files:
         _input_file(f, "input file")
+    files = _distinct_inputs(files)
     if device is not None:
         from wattcast.data.catalog import resolve_device
         from wattcast.data.device_spec import DeviceSpecError
@@ -1915,6 +1916,28 @@ def profile_import(
     if unknown:
         err.print(f"[yellow]GPU(s) not in the catalog: {', '.join(unknown)}; their rows have an empty 'Device' "
                   "(give --device NAME or a spec file to train on them)[/yellow]")
+
+
+def _distinct_inputs(files: list[Path]) -> list[Path]:
+    """``files`` without repeats: a path given twice (same resolved path) or a copy (same sha256 of the content) is
+    imported once, said on stderr (importing it twice duplicated every row)."""
+    import hashlib
+
+    seen: dict[str, Path] = {}
+    out = []
+    for f in files:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        key = h.hexdigest()
+        if key in seen:
+            same = "the same file as" if f.resolve() == seen[key].resolve() else "the same content as"
+            err.print(f"[yellow]{f}: {same} {seen[key]}, already imported: skipped (its rows would be counted twice)[/yellow]")
+            continue
+        seen[key] = f
+        out.append(f)
+    return out
 
 
 @profile_app.command("run")

@@ -25,3 +25,16 @@ def test_device_override_that_disagrees_is_warned_and_recorded_name_kept(tmp_pat
     # the same GPU named by an alias: no warning
     r = run_cli("profile", "import", trace, "--device", "A100-SXM4-40GB", "--output", tmp_path / "o2", cwd=tmp_path)
     assert r.returncode == 0 and "disagrees" not in r.stderr
+
+
+def test_the_same_input_twice_is_imported_once(tmp_path):
+    trace = _small_trace(tmp_path / "t.json.gz")
+    copy = tmp_path / "copy.json.gz"
+    copy.write_bytes(trace.read_bytes())
+    r = run_cli("profile", "import", trace, trace, copy, "--output", tmp_path / "o", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    said = flat(r.stderr)
+    assert "the same file as" in said and "the same content as" in said and "skipped" in said
+    once = run_cli("profile", "import", trace, "--output", tmp_path / "o1", cwd=tmp_path)
+    assert once.returncode == 0
+    assert len(pd.read_csv(tmp_path / "o" / "kernels.csv")) == len(pd.read_csv(tmp_path / "o1" / "kernels.csv"))
