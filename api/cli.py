@@ -2007,8 +2007,12 @@ def _print_import_notes(notes: dict) -> None:
         err.print(f"  {_copies_text(busy)}")
     if notes.get("warning"):
         err.print(f"[yellow]{notes['warning']}[/yellow]")
-    for why, n in sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])[:6]:
+    reasons = sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])
+    for why, n in reasons[:6]:
         err.print(f"  {'skipped' if why in skipped else 'unmapped'}: {n:,} x {why}")
+    if len(reasons) > 6:  # the rest counted, not dropped unsaid (profile.json lists every reason)
+        err.print(f"  ... and {len(reasons) - 6} more reason(s) ({sum(n for _, n in reasons[6:]):,} rows; every reason "
+                  "in profile.json 'unmapped_reasons')")
 
 
 @validate_app.command("trace")

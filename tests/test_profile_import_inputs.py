@@ -38,3 +38,24 @@ def test_the_same_input_twice_is_imported_once(tmp_path):
     once = run_cli("profile", "import", trace, "--output", tmp_path / "o1", cwd=tmp_path)
     assert once.returncode == 0
     assert len(pd.read_csv(tmp_path / "o" / "kernels.csv")) == len(pd.read_csv(tmp_path / "o1" / "kernels.csv"))
+
+
+def test_import_summary_accounts_for_every_unmapped_reason(tmp_path):
+    b = TraceBuilder()
+    types = ["int", "long int", "double", "bool", "unsigned char", "signed char", "short int", "c10::complex<float>"]
+    for t in types:  # eight input dtypes with no surrogate: eight distinct reasons
+        b.op("aten::add", [[4, 4], [4, 4]], [t, t], kernels=(("k", 5.0),))
+    b.op("aten::add", [[4, 4], [4, 4]], ["int", "int"], kernels=(("k", 5.0),))
+    r = run_cli("profile", "import", b.write(tmp_path / "t.json.gz"), "--output", tmp_path / "o", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    said = flat(r.stderr)
+    listed = said.count("unmapped: ")
+    assert listed == 6 and "... and " in said
+    import json
+    import re
+
+    reasons = json.loads((tmp_path / "o" / "profile.json").read_text())["files"][0]["unmapped_reasons"]
+    m = re.search(r"\.\.\. and (\d+) more reason\(s\) \((\d+) rows", said)
+    assert m, said
+    shown = sorted(reasons.values(), reverse=True)
+    assert int(m.group(1)) == len(reasons) - 6 and int(m.group(2)) == sum(shown[6:])
