@@ -1631,7 +1631,7 @@ def train_kernels(
     xla_table: List[Path] = typer.Option([], "--xla-table", help="An extra XLA GEMM table (a JAX CUDA plugin wheel, its .so, the .txtpb or a CSV from python -m wattcast.data.xla_perf_table; repeatable; default: $WATTCAST_XLA_TABLE)."),
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
-    force: bool = typer.Option(False, "--force", help="Make the new bundle current even when the gate refuses it: it validates worse on all validation rows, or over 5% worse on one part of them (the shared rows, your CSV's held-out rows); an --only-csv run holds out fewer than 20 of your rows to judge it on; it has no fitted model and the working one has; it lacks a family the working one has fitted (retrain only yours with --family); an --only-csv bundle is over 2x the working one's MAPE on the shared measurements of its GPUs and families (the shared-data veto); or there are no validation rows for the retrained families. Without it such a bundle is kept apart under OUT/refused/ (the newest few), not current, and the command exits 1."),
+    force: bool = typer.Option(False, "--force", help="Make the new bundle current even when the gate refuses it: it validates worse on all validation rows, or over 5% worse on one part of them (the shared rows, your CSV's held-out rows); an --only-csv run holds out fewer than 20 of your rows to judge it on; it has no fitted model and the working one has; it lacks a family the working one has fitted (retrain only yours with --family); an --only-csv bundle is over 2x the working one's MAPE on the shared measurements of its GPUs and families (the shared-data veto), or that veto cannot be run (its rows cannot be predicted); or there are no validation rows for the retrained families. Without it such a bundle is kept apart under OUT/refused/ (the newest few), not current, and the command exits 1."),
 ) -> None:
     """Train, evaluate (held-out GPUs), log to MLflow and ship the kernel latency surrogates."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1885,6 +1885,7 @@ def profile_import(
               "them (with the tables of this import only), or give another folder")
     for f in files:
         _input_file(f, "input file")
+    files = _distinct_inputs(files)
     if device is not None:
         from wattcast.data.catalog import resolve_device
         from wattcast.data.device_spec import DeviceSpecError
@@ -1915,6 +1916,28 @@ def profile_import(
     if unknown:
         err.print(f"[yellow]GPU(s) not in the catalog: {', '.join(unknown)}; their rows have an empty 'Device' "
                   "(give --device NAME or a spec file to train on them)[/yellow]")
+
+
+def _distinct_inputs(files: list[Path]) -> list[Path]:
+    """``files`` without repeats: a path given twice (same resolved path) or a copy (same sha256 of the content) is
+    imported once, said on stderr (importing it twice duplicated every row)."""
+    import hashlib
+
+    seen: dict[str, Path] = {}
+    out = []
+    for f in files:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        key = h.hexdigest()
+        if key in seen:
+            same = "the same file as" if f.resolve() == seen[key].resolve() else "the same content as"
+            err.print(f"[yellow]{f}: {same} {seen[key]}, already imported: skipped (its rows would be counted twice)[/yellow]")
+            continue
+        seen[key] = f
+        out.append(f)
+    return out
 
 
 @profile_app.command("run")
@@ -1956,6 +1979,14 @@ def profile_run(
         err.print("[yellow]CPU timer backend: these rows time the CPU, not a GPU (for checking the sweep only)[/yellow]")
 
 
+def _copies_text(busy: dict) -> str:
+    """'882 memcpy/memset events, 54.75 ms (HtoD 150 x 50.66 ms, ...; not in the kernel rows or union_busy_ms)'."""
+    kinds = sorted((busy.get("copies") or {}).items(), key=lambda x: -x[1]["ms"])
+    return (f"{busy['copy_events']:,} memcpy/memset events, {busy['copy_ms']:.2f} ms ("
+            + ", ".join(f"{k} {v['events']:,} x {v['ms']:.2f} ms" for k, v in kinds)
+            + "; not in the kernel rows or union_busy_ms)")
+
+
 def _print_import_notes(notes: dict) -> None:
     parts = [f"{notes.get('format')}: {notes.get('file')}"]
     for key in ("kernel_rows", "mapped_rows", "unmapped_rows", "collective_rows", "power_rows"):
@@ -1965,10 +1996,23 @@ def _print_import_notes(notes: dict) -> None:
     if notes.get("skipped_rows"):
         parts.append(f"skipped lines {notes['skipped_rows']:,} (not imported)")
     err.print(", ".join(parts))
+    busy = notes.get("busy") or {}
+    if busy.get("steps_ms"):
+        st = busy["steps_ms"]
+        err.print(f"  measured step time: {len(st)} ProfilerStep# GPU span(s) {min(st):.2f}-{max(st):.2f} ms (first to "
+                  "last GPU event each step launched)"
+                  + (f"; CPU-side spans {min(busy['steps_cpu_ms']):.2f}-{max(busy['steps_cpu_ms']):.2f} ms"
+                     if busy.get("steps_cpu_ms") else ""))
+    if busy.get("copy_events"):
+        err.print(f"  {_copies_text(busy)}")
     if notes.get("warning"):
         err.print(f"[yellow]{notes['warning']}[/yellow]")
-    for why, n in sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])[:6]:
+    reasons = sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])
+    for why, n in reasons[:6]:
         err.print(f"  {'skipped' if why in skipped else 'unmapped'}: {n:,} x {why}")
+    if len(reasons) > 6:  # the rest counted, not dropped unsaid (profile.json lists every reason)
+        err.print(f"  ... and {len(reasons) - 6} more reason(s) ({sum(n for _, n in reasons[6:]):,} rows; every reason "
+                  "in profile.json 'unmapped_reasons')")
 
 
 @validate_app.command("trace")
@@ -2019,8 +2063,12 @@ def validate_trace_cmd(
               f"{summary['bias_pct']:+.1f}", f"{summary['measured_busy_ms']:.3f}", f"{summary['predicted_busy_ms']:.3f}")
     con.print(t)
     union = f", union of busy intervals {summary['union_busy_ms']:.3f} ms" if summary.get("union_busy_ms") is not None else ""
-    steps = (f"; {summary['steps']} ProfilerStep# spans {summary['step_ms_min']:.1f}-{summary['step_ms_max']:.1f} ms"
+    steps = (f"; {summary['steps']} ProfilerStep# GPU spans {summary['step_ms_min']:.1f}-{summary['step_ms_max']:.1f} ms"
+             + (f" (CPU spans {summary['step_cpu_ms_min']:.1f}-{summary['step_cpu_ms_max']:.1f} ms)"
+                if summary.get("step_cpu_ms_min") is not None else "")
              if summary.get("steps") else "")
+    if summary.get("copy_events"):
+        steps += f"; {_copies_text(summary)}"
     con.print(f"trace GPU busy {summary['trace_busy_ms']:.3f} ms summed over {summary['kernels']:,} kernels (compute "
               f"{summary['compute_busy_ms']:.3f}, NCCL {summary['comm_busy_ms']:.3f}{union}){steps}")
     con.print(f"{summary['unmapped_rows']:,} compute rows ({summary['unmapped_busy_ms']:.3f} ms) not compared:")

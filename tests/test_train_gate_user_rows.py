@@ -161,3 +161,66 @@ def test_a_refused_bundle_that_cannot_be_kept_still_ends_with_the_refusal(t4_lin
     assert not second.replaced and (out / "CURRENT").read_text() == live
     why = flat(second.reason)
     assert why.startswith("kept the existing bundle") and "could not be kept" in why and "PermissionError" in why
+
+
+def _shipped_kernel_copy(folder: Path) -> Path:
+    """A fresh copy of the shipped kernel bundle's files (a working bundle of 13 GPUs)."""
+    import shutil
+
+    from wattcast.models.kernel_bundle import shipped_folder
+
+    folder.mkdir(parents=True)
+    for f in Path(shipped_folder()).glob("kernel_*"):
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def test_family_only_csv_veto_runs_on_the_runs_own_gpus_and_refuses_microseconds(data_root, tmp_path):
+    """The audit: T4 `add` rows with Latency x1000, --family elementwise --only-csv into a copy of the shipped bundle.
+    The merged bundle lists 13 GPUs; the veto drew reference rows of all of them, could not predict 'A40' (no spec
+    in the run), skipped the veto and switched CURRENT (T4 add 67.56 ms predicted vs 0.063 ms measured)."""
+    f = data_root / "neusight" / "kernels" / "add" / "Tesla_T4.csv"
+    if not f.is_file():
+        pytest.skip(f"{f} not present")
+    d = pd.read_csv(f).drop_duplicates(["B", "H"]).sample(300, random_state=0)
+    d = d[["OPName", "B", "H", "Device", "Latency"]].assign(Latency=lambda x: x["Latency"] * 1000)
+    csv = tmp_path / "t4_us.csv"
+    d.to_csv(csv, index=False)
+    out = _shipped_kernel_copy(tmp_path / "kb")
+    runs = tmp_path / "mlruns"
+    o = run_train_kernels(csv=csv, only_csv=True, quick=True, out_dir=out, tracking_dir=runs, log=lambda _: None,
+                          families=("elementwise",))
+    why = flat(o.reason)
+    import mlflow
+
+    run = mlflow.MlflowClient(f"sqlite:///{runs.resolve() / 'mlflow.db'}").get_run(o.run_id)
+    assert run.data.params["train_devices"] == "Tesla-T4"  # this run's GPUs, not the merged bundle's 13
+    assert not o.replaced, why
+    assert "could not be predicted" not in why and "over 2x worse on the shared measurements" in why
+    assert o.metrics["gate_reference_rows"] >= MIN_GATE_ROWS
+    assert not (out / "CURRENT").exists() or "refused" not in (out / "CURRENT").read_text()
+
+
+def test_a_veto_that_cannot_run_refuses_unless_forced(t4_linear, data_root, tmp_path):
+    """Reference rows of a catalog GPU the run has no spec for are predicted with the catalog's spec; rows that
+    cannot be predicted at all refuse the bundle (until stop 47 the veto was skipped and the bundle made current)."""
+    a, _ = t4_linear
+    out = tmp_path / "kb"
+    assert _train(a, out)[0].replaced
+    bundle = KernelBundle.load(resolve_bundle_folder(out))
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.kernel_datasets import load_user_kernels
+    from wattcast.training.kernel_run import _canonical_devices, _reference_rows
+
+    user = _canonical_devices(load_user_kernels(a), {})
+    specs = {"Tesla-T4": resolve_device("Tesla-T4")}
+    ref = _reference_rows(data_root, ("L4", "A100-PCIe-80GB"), devices=["A40"], families=["gemm"])
+    if ref is None:
+        pytest.skip("no A40 GEMM rows in the shared data")
+    ok, why, m = gate_decision(bundle, out, user.iloc[:50], specs, user_only=True, reference=ref)
+    assert m["gate_reference_rows"] == len(ref) and "could not be predicted" not in why
+    bad = ref.assign(device="No-Such-GPU")
+    ok, why, m = gate_decision(bundle, out, user.iloc[:50], specs, user_only=True, reference=bad)
+    assert not ok and "veto could not be run" in flat(why) and "--force" in why
+    ok, why, _ = gate_decision(bundle, out, user.iloc[:50], specs, user_only=True, reference=bad, force=True)
+    assert ok and "--force" in why

@@ -151,7 +151,10 @@ def test_validate_trace_busy_counts_nccl_kernels_overlap_and_steps(tmp_path):
     assert out["compute_busy_ms"] == pytest.approx(0.050) and out["comm_busy_ms"] == pytest.approx(0.100)
     assert out["trace_busy_ms"] == pytest.approx(0.150)
     assert out["union_busy_ms"] == pytest.approx(0.110) and out["overlap_ms"] == pytest.approx(0.040)
-    assert out["steps"] == 2 and out["step_ms_min"] == pytest.approx(0.7) and out["step_ms_max"] == pytest.approx(0.9)
+    # the steps' GPU spans: #3 launched both kernels ([1110, 1220) us on the GPU), #4 nothing (dropped, counted);
+    # the CPU-side spans 0.7 / 0.9 ms kept apart (until stop 47 they were the step times)
+    assert out["steps"] == 1 and out["step_ms_min"] == pytest.approx(0.110) and out["steps_without_gpu"] == 1
+    assert out["step_cpu_ms_min"] == pytest.approx(0.7) and out["step_cpu_ms_max"] == pytest.approx(0.9)
     assert out["unmapped_busy_ms"] == pytest.approx(out["compute_busy_ms"] - out["measured_busy_ms"])
     r = run_cli("validate", "trace", str(trace), "--device", "a100")
     assert r.returncode == 0 and "NCCL 0.100" in flat(r.stdout) and "union of busy intervals 0.110" in flat(r.stdout)

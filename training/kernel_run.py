@@ -244,6 +244,7 @@ def run_train_kernels(
                                 max_rows=max(cfg.max_rows_per_fit // 2, 4000), seed=cfg.seed,
                                 root=None if only_csv else data, tick=(lambda: progress("calibrate", 1)) if progress else None)
     bundle = attach_calibration(bundle, cal)
+    run_devices = list(bundle.meta["train_devices"])  # the GPUs this run trained (not the kept families' GPUs)
     if base_bundle is not None:
         bundle = _merge_families(base_bundle, bundle)
         log(f"retrained {', '.join(cfg.families)}; kept {', '.join(f for f in bundle.families if f not in cfg.families) or 'nothing'}"
@@ -315,7 +316,7 @@ def run_train_kernels(
     # the user's own held-out rows, the flag leaves the shared datasets out)
     reference = None
     if only_csv:  # the shared rows of the GPUs and families this CSV fitted: they can veto it, never pass it
-        reference = _own_reference(data, holdout, xla_tables, bundle, cfg.families)
+        reference = _own_reference(data, holdout, xla_tables, bundle, cfg.families, devices=run_devices)
     replaced, reason, gate = gate_decision(bundle, target, val, specs, val_pred, user_only=only_csv, force=force,
                                            reference=reference)
     metrics.update(gate)
@@ -337,7 +338,7 @@ def run_train_kernels(
         params = {
             "holdout": ",".join(holdout),
             "train_rows": len(train),
-            "train_devices": ",".join(bundle.meta["train_devices"]),
+            "train_devices": ",".join(run_devices),  # this run's GPUs: a --family run's kept families are not its own
             "dataset_fingerprint": fp,
             "user_csv": str(csv) if csv else "",
             "xla_tables": ",".join(Path(p).name for p in extra_xla),
@@ -428,9 +429,10 @@ def _reference_rows(data, holdout, xla_tables=None, devices=None, families=None)
     return train.sample(n=n, random_state=2) if n else None
 
 
-def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families) -> pd.DataFrame | None:
-    """The shared reference rows of the GPUs ``bundle`` was trained on (an --only-csv run: the CSV's GPUs), of the
-    ``families`` it fitted (what its CSV claims to describe), or None.
+def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families, devices=None) -> pd.DataFrame | None:
+    """The shared reference rows of the GPUs this run trained on (``devices``; default ``bundle.train_devices``; an
+    --only-csv run: the CSV's GPUs), of the ``families`` it fitted (what its CSV claims to describe), or None. After a
+    --family merge ``bundle.train_devices`` also lists the kept families' GPUs, so the caller passes the run's own.
 
     Both bundles are scored on these rows; the working bundle's validation split is not recorded in its manifest, so
     they are not restricted to it. When the working bundle was trained on the shared data it fitted about 90% of these
@@ -439,7 +441,8 @@ def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families) ->
     if not bundle.families:
         return None
     fams = [f for f in families if f in bundle.families]
-    return _reference_rows(data, holdout, xla_tables, devices=bundle.train_devices, families=fams)
+    devices = bundle.train_devices if devices is None else devices
+    return _reference_rows(data, holdout, xla_tables, devices=devices, families=fams)
 
 
 def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, new_pred: pd.DataFrame | None = None,
@@ -471,10 +474,16 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
                 f"(fewer than {MIN_GATE_ROWS})")
     if ok and n_ref >= MIN_GATE_ROWS:
         try:
-            o_, n_ = (float(evaluate(b, reference, specs)["ape"].mean()) for b in (old, bundle))
-        except Exception as e:  # a reference GPU without a spec here: no veto, said
+            # the reference rows are shared-dataset rows: catalog GPUs, their specs loaded here (the run's specs
+            # cover only its own rows' GPUs)
+            ref_specs = {**_specs_for(set(reference["device"]) - set(specs), {}), **specs}
+            o_, n_ = (float(evaluate(b, reference, ref_specs)["ape"].mean()) for b in (old, bundle))
+        except Exception as e:  # a veto that cannot run cannot pass the bundle: refused (--force overrides)
             o_ = n_ = None
-            why += f"; the shared-data veto was not applied: its rows could not be predicted ({e})"
+            ok, why = False, (f"kept the existing bundle: it validates no worse on your own rows "
+                              f"({m['gate_new_mape_pct']:.2f}% vs {m['gate_old_mape_pct']:.2f}% MAPE), but the "
+                              f"shared-data veto could not be run: its {n_ref:,} reference rows could not be predicted "
+                              f"({type(e).__name__}: {e}); rerun with --force to make it current anyway")
         if o_ is not None:
             m["gate_reference_new_mape_pct"], m["gate_reference_old_mape_pct"] = n_ * 100, o_ * 100
             m["gate_reference_rows"] = float(len(reference))

@@ -114,7 +114,9 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
 def _busy_keys(prof, k: pd.DataFrame, lat: pd.Series) -> dict:
     """``kernels`` / ``trace_busy_ms``: every GPU kernel of the trace, compute and NCCL (summed durations), with the
     split: ``compute_busy_ms`` (the kernel rows), ``comm_busy_ms`` (NCCL kernels), ``union_busy_ms`` (time a GPU had
-    at least one kernel running: streams overlap, so it is below the sum), and the ``ProfilerStep#`` wall spans."""
+    at least one kernel running: streams overlap, so it is below the sum; kernels only), the ``ProfilerStep#`` GPU
+    spans (``step_ms_*``: the GPU events each step launched; ``step_cpu_ms_*``: the CPU-side spans) and the GPU memory
+    operations (``copy_events`` / ``copy_ms``, by kind in ``copies``)."""
     from wattcast.data.profiles.busy import merge_busy
 
     b = merge_busy([f.get("busy") for f in prof.files])
@@ -132,6 +134,12 @@ def _busy_keys(prof, k: pd.DataFrame, lat: pd.Series) -> dict:
             st = np.asarray(b["steps_ms"], float)
             out.update(steps=int(len(st)), step_ms_mean=float(st.mean()), step_ms_min=float(st.min()),
                        step_ms_max=float(st.max()))
+        if b.get("steps_cpu_ms"):
+            sc = np.asarray(b["steps_cpu_ms"], float)
+            out.update(step_cpu_ms_min=float(sc.min()), step_cpu_ms_max=float(sc.max()))
+        out["steps_without_gpu"] = int(b.get("steps_without_gpu", 0))
+        if "copies" in b:
+            out.update(copy_events=int(b["copy_events"]), copy_ms=float(b["copy_ms"]), copies=b["copies"])
     out["trace_busy_ms"] = out["compute_busy_ms"] + out["comm_busy_ms"]
     return out
 

@@ -30,7 +30,7 @@ import pandas as pd
 from wattcast.data.checks import real_in
 from wattcast.data.collective_ops import canonical_op
 from wattcast.data.profiles.aten_map import ELEM_BYTES, TORCH_DTYPES, map_aten
-from wattcast.data.profiles.devices import catalog_name
+from wattcast.data.profiles.devices import catalog_name, device_labels, override_warning
 from wattcast.data.profiles.tables import ProfileImportError
 
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime")
@@ -194,12 +194,14 @@ class _ThreadOps:
             i = self.parent[i]
 
 
-def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name: str, source: str) -> dict:
+def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name: str, source: str,
+              device: str | None = None) -> dict:
     k0 = kernels[0]
     durs = [_kernel_dur(k) for k in kernels]
     time_us = sum(durs) if None not in durs else float("nan")
     m = _NCCL_OP.search(k0.get("name", ""))
-    row = {"time_us": time_us, "device_name": device_name, "Device": catalog_name(device_name), "source": source,
+    row = {"time_us": time_us, "device_name": device_name,
+           "Device": catalog_name(device_name) if device is None else device, "source": source,
            "op": "", "size_B": float("nan"), "dtype": "", "world_size": float("nan"), "reason": ""}
     if m:
         try:
@@ -237,20 +239,39 @@ def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name:
     return row
 
 
-def _busy(kernels: list[dict], events: list[dict]) -> dict:
-    """Compute / NCCL / union GPU busy time of the kernel events and the ProfilerStep# spans (``profiles.busy``)."""
-    from wattcast.data.profiles.busy import busy_summary
+def _busy(kernels: list[dict], events: list[dict], sites: dict[int, tuple]) -> dict:
+    """Compute / NCCL / union GPU busy time of the kernel events, the GPU memory operations by kind, and per
+    ``ProfilerStep#`` its CPU span and its GPU span (the GPU events launched inside it; ``profiles.busy``)."""
+    import numpy as np
+
+    from wattcast.data.profiles.busy import busy_summary, copy_summary, step_gpu_spans_ms
 
     dur = [_kernel_dur(k) for k in kernels]
-    steps = {e.get("name"): real_in(e.get("dur"), 0.0, math.inf) for e in events
-             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-             and not str(e.get("cat", "")).startswith("gpu_")}  # the CPU-side span (gpu_user_annotation is a copy)
+    steps = sorted((e for e in events
+                    if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+                    and not str(e.get("cat", "")).startswith("gpu_")  # the CPU-side span (gpu_user_annotation is a copy)
+                    and real_in(e.get("dur"), 0.0, math.inf) is not None and real_in(e.get("ts"), -math.inf, math.inf) is not None),
+                   key=lambda e: float(e["ts"]))
+    copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset") and e.get("ph") == "X"]
+    gpu = [*kernels, *copies]
+    g0 = np.array([real_in(e.get("ts"), -math.inf, math.inf) for e in gpu], float)
+    gd = np.array([real_in(e.get("dur"), 0.0, math.inf) for e in gpu], float)
+    site = [sites.get(int(c)) if (c := (e.get("args") or {}).get("correlation")) is not None else None for e in gpu]
+    s0 = np.array([float(e["ts"]) for e in steps], float)
+    gpu_ms = step_gpu_spans_ms(s0, s0 + np.array([float(e["dur"]) for e in steps], float), [e.get("pid") for e in steps],
+                               [x[2] if x else np.nan for x in site], [x[0] if x else None for x in site], g0, g0 + gd)
     ts = [real_in(k.get("ts"), -math.inf, math.inf) for k in kernels]
-    return busy_summary([t if t is not None else float("nan") for t in ts],
-                        [d if d is not None else float("nan") for d in dur],
-                        [(k.get("args") or {}).get("device", 0) for k in kernels],
-                        ["nccl" in k.get("name", "").lower() for k in kernels],
-                        [d / 1e3 for _, d in sorted(steps.items()) if d is not None])
+    out = busy_summary([t if t is not None else float("nan") for t in ts],
+                       [d if d is not None else float("nan") for d in dur],
+                       [(k.get("args") or {}).get("device", 0) for k in kernels],
+                       ["nccl" in k.get("name", "").lower() for k in kernels],
+                       [float(x) for x in gpu_ms[np.isfinite(gpu_ms)]],
+                       steps_cpu_ms=[float(e["dur"]) / 1e3 for e in steps],
+                       copies=copy_summary([e.get("name", "") for e in copies], [e.get("cat") for e in copies],
+                                           [real_in(e.get("dur"), 0.0, math.inf) for e in copies]))
+    out["steps_without_gpu"] = int((~np.isfinite(gpu_ms)).sum())
+    out["steps_without_gpu_names"] = [e.get("name") for e, m in zip(steps, gpu_ms) if not np.isfinite(m)]
+    return out
 
 
 def import_kineto(path: str | Path, device: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -307,21 +328,23 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
     for key, ks in groups.items():
         ks.sort(key=lambda k: float(k.get("ts", 0)))
         did = (ks[0].get("args") or {}).get("device")
-        if device is None and did is not None and int(did) not in devs:
-            dname = ""  # unknown GPU: never another device's name (its rows are not trained on: empty Device)
-            absent[int(did)] += 1
+        if did is not None and int(did) not in devs:
+            recorded = ""  # unknown GPU: never another device's name (its rows are not trained on: empty Device)
+            if device is None:
+                absent[int(did)] += 1
         else:
-            dname = device or devs.get(int(did) if did is not None else 0) or next(iter(devs.values()), "")
+            recorded = devs.get(int(did) if did is not None else 0) or next(iter(devs.values()), "")
+        dname, dcat = device_labels(recorded, device)
         ops = thread_ops.get(key[0]) if key[0] not in _UNLINKED else None
         idx = key[1] if ops is not None else -1
         if any("nccl" in k.get("name", "").lower() for k in ks):
-            crows.append(_nccl_row(ks, ops, idx, doc, dname, source))
+            crows.append(_nccl_row(ks, ops, idx, doc, dname, source, dcat))
             continue
         durs = [_kernel_dur(k) for k in ks]
         lat_ms = sum(durs) / 1000.0 if None not in durs else float("nan")
         longest = max(ks, key=lambda k: _kernel_dur(k) or 0.0)
         row = {"latency_ms": lat_ms, "n_kernels": len(ks), "kernel": longest.get("name", "")[:200],
-               "device_name": dname, "Device": catalog_name(dname), "source": source}
+               "device_name": dname, "Device": dcat, "source": source}
         if ops is None:
             row.update(OPName="", aten_op="", reason=_UNLINKED[key[0]])
         else:
@@ -345,7 +368,7 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
     notes = {"file": str(p), "format": "kineto", "device": sorted(set(devs.values())) if device is None else [device],
              "kernels": len(kernels), "kernel_rows": len(kdf), "mapped_rows": mapped, "unmapped_rows": len(kdf) - mapped,
              "collective_rows": len(cdf), "has_shapes": has_dims, "unmapped_reasons": dict(reasons),
-             "busy": _busy(kernels, events)}
+             "busy": _busy(kernels, events, sites)}
     warnings = []
     if not has_dims:
         warnings.append("the trace has no operator shapes ('Input Dims'): profile with record_shapes=True; "
@@ -358,6 +381,14 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
         warnings.append(f"kernel(s) on device index {', '.join(map(str, sorted(absent)))} absent from the trace's "
                         f"deviceProperties (ids {', '.join(map(str, sorted(devs)))}): {sum(absent.values()):,} "
                         "row(s) labelled with an unknown GPU (empty Device); give --device to name it")
+    relabel = override_warning(devs.values(), device)
+    if relabel:
+        notes["device_override"] = {"device": device, "recorded": sorted(set(devs.values()))}
+        warnings.append(relabel)
+    idle = notes["busy"].pop("steps_without_gpu_names")
+    if idle:
+        warnings.append(f"{len(idle)} ProfilerStep# span(s) launched no GPU work ({', '.join(map(str, idle[:4]))}"
+                        f"{', ...' if len(idle) > 4 else ''}): left out of the measured step times")
     if warnings:
         notes["warning"] = "; ".join(warnings)
     return kdf, cdf, notes

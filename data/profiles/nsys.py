@@ -25,7 +25,7 @@ import pandas as pd
 from wattcast.data.collective_ops import canonical_op
 from wattcast.data.kernel_ops import OP_FAMILY, SHAPE_COLS, canonical_dtype
 from wattcast.data.profiles.busy import busy_summary
-from wattcast.data.profiles.devices import catalog_name
+from wattcast.data.profiles.devices import device_labels, override_warning
 from wattcast.data.profiles.tables import ProfileImportError
 
 _RANGE = re.compile(r"^\s*([A-Za-z_0-9]+)(?:\[([A-Za-z0-9_]+)\])?((?:\s+[A-Za-z_]+=\d+)*)\s*$")
@@ -133,8 +133,8 @@ def import_nsys(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
     unmapped: dict[str, int] = defaultdict(int)
     source = f"nsys:{p.name}"
     for k in ks.itertuples(index=False):
-        dname = device or gpu_names.get(int(k.deviceId), "")
-        base = {"device_name": dname, "Device": catalog_name(dname), "source": source}
+        dname, dcat = device_labels(gpu_names.get(int(k.deviceId), ""), device)
+        base = {"device_name": dname, "Device": dcat, "source": source}
         hit = innermost(k.globalTid, k.launch)
         text = hit[1] if hit else None
         if "nccl" in k.name.lower():
@@ -180,4 +180,8 @@ def import_nsys(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
              "collective_rows": len(cdf), "unmapped_reasons": dict(unmapped),
              "busy": busy_summary(ks["start"] / 1e3, (ks["end"] - ks["start"]) / 1e3, ks["deviceId"],
                                   ks["name"].str.lower().str.contains("nccl"))}
+    relabel = override_warning(gpu_names.values(), device)
+    if relabel:
+        notes["device_override"] = {"device": device, "recorded": sorted(set(gpu_names.values()))}
+        notes["warning"] = "; ".join(filter(None, [notes.get("warning"), relabel]))
     return kdf, cdf, notes
