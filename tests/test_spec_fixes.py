@@ -34,6 +34,8 @@ def test_neusight_singleflops_in_tflops_is_refused_naming_the_key(device, tmp_pa
     msg = flat(str(e.value))
     assert "'peak_fp32_tflops' (0.031334) is about 1,000x below what 60 SMs at 2040 MHz give" in msg
     assert "SingleFLOPs in TFLOP/s instead of GFLOP/s" in msg and "[NeuSight key 'SingleFLOPs']" in msg
+    # the fix is the file's unit, GFLOP/s (it said "Give it in TFLOP/s", the unit the value was wrongly in)
+    assert "Give SingleFLOPs in GFLOP/s (NeuSight's unit)" in msg and "Give it in TFLOP/s" not in msg
     p = tmp_path / "l4.json"
     p.write_text(json.dumps(d))
     with pytest.raises(DeviceSpecError, match=r"l4\.json.*peak_fp32_tflops.*1,000x below"):
