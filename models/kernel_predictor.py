@@ -74,6 +74,9 @@ def unpeaked_dtype_error(spec, dtype: str) -> str | None:
     if dtype not in _TENSOR_CORE_PEAKS or getattr(spec, _TENSOR_CORE_PEAKS[dtype][0]):
         return None
     field, why = _TENSOR_CORE_PEAKS[dtype]
+    if dtype == "fp8":
+        from wattcast.data.device_spec import fp8_missing_why
+        why = f"({fp8_missing_why(spec)}); use bf16"
     return f"dtype {dtype} needs {dtype.upper()} tensor cores, but {spec.name}'s spec has no {field} {why}"
 
 
