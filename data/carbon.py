@@ -461,6 +461,8 @@ def cloud_price(device_name: str | None, pricing: str = "on-demand", region: str
     notes = notes if notes is not None else []
     row = _cloud_prices()["devices"].get(device_name or "")
     if row is None:
+        notes.append(f"no cloud price for {device_name or 'this device'} in the shipped table: cloud cost unknown; give "
+                     "cloud_usd_per_gpu_hour (--cloud-usd-per-gpu-hour)")
         return None
     offers = row.get("offers", {})
     hit = _lookup(region) if region else None

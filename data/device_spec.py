@@ -157,6 +157,21 @@ class DeviceSpec(SpecRecord):
 
 
 
+#: architectures without FP8 tensor cores (FP8 came with Hopper and Ada on NVIDIA, CDNA3 on AMD: the NVIDIA Hopper and Ada
+#: architecture whitepapers, AMD's CDNA3 white paper), matched in a spec's ``arch`` (the catalog's "Ampere (GA100)",
+#: "CDNA2 (gfx90a)"...; a tensor-parallel group's arch starts with its GPU's)
+_NO_FP8_ARCH = re.compile(r"\b(ampere|volta|turing|pascal|cdna2?)\b", re.IGNORECASE)
+
+
+def fp8_missing_why(spec: "DeviceSpec") -> str:
+    """Why ``spec`` has no ``peak_fp8_tflops``, for a refusal: its architecture has no FP8 (the catalog's A100, V100,
+    MI250 and older), or the spec file simply lacks the field (an Ada or Hopper GPU's own spec may: it has FP8)."""
+    if _NO_FP8_ARCH.search(spec.arch or ""):
+        return f"{spec.arch} has no FP8 tensor cores: A100, V100, MI250 and older"
+    return ("the spec lacks the field peak_fp8_tflops: add the datasheet's dense FP8 tensor peak if the GPU has FP8 "
+            "(Hopper, Ada, Blackwell, CDNA3 and later)")
+
+
 def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
     """Why ``spec`` cannot run a training or inference step in ``dtype`` (None when it can): BF16 needs BF16 tensor
     cores or ALUs (``peak_bf16_tflops``: Ampere, CDNA2 and later; PyTorch runs bf16 on a V100 or T4 without them,
@@ -173,8 +188,8 @@ def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
         return (f"--dtype fp16 needs FP16 arithmetic, but {spec.name}'s spec has no peak_fp16_tflops (the Tesla P4 and "
                 "other GPUs without a usable FP16 rate; a spec file may just lack the figure: add it); use --dtype fp32")
     if d == "fp8" and not spec.peak_fp8_tflops:
-        return (f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops (no FP8 "
-                "support: A100, V100, MI250 and older); use --dtype bf16"
+        return (f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops "
+                f"({fp8_missing_why(spec)}); use --dtype bf16"
                 + ("" if spec.peak_bf16_tflops else " where the GPU has it, else --dtype fp16"))
     return None
 

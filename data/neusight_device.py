@@ -278,6 +278,8 @@ def from_neusight_json(
         msg = str(e)
         for key, field_name in KEY_TO_FIELD.items():
             if f"'{field_name}'" in msg and key in d:
+                if key.startswith("SingleFLOPs"):  # NeuSight's FLOP/s keys are GFLOP/s: the fix is in the file's unit
+                    msg = msg.replace("Give it in TFLOP/s", f"Give {key} in GFLOP/s (NeuSight's unit)")
                 msg += f" [NeuSight key '{key}']"
                 break
         raise DeviceSpecError(f"{msg} (from {where})") from None

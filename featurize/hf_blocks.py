@@ -119,20 +119,28 @@ def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:
 
 def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str, module: str = "") -> Tensor:
     """LlamaRMSNorm / T5LayerNorm as eager PyTorch runs it: pow, mean, add eps, rsqrt, mul, mul weight
-    (plus fp32 casts when the model runs in half precision). ``module``: as for ``GraphBuilder.layernorm``."""
+    (plus fp32 casts when the model runs in half precision). ``module``: as for ``GraphBuilder.layernorm``.
+
+    transformers 5.24.0 models/llama/modeling_llama.py l. 62-67 (``LlamaRMSNorm.forward``): ``hidden_states.to(
+    torch.float32)``, ``pow(2).mean(-1, keepdim=True)``, ``* torch.rsqrt(variance + eps)``, then ``self.weight *
+    hidden_states.to(input_dtype)``: every kernel between the two casts runs on (and autograd differentiates) fp32
+    tensors, so those nodes are fp32 kernels at 4 B an element (their gradients too); the weight product is the
+    model's dtype."""
     h = x.shape[-1]
+    half = b.dbytes < 4  # a tf32 model's tensors are fp32 already: no cast
     with b.scope(name), b.tag(module):
         # hidden_states.to(torch.float32): the normalisation runs on (and autograd keeps) fp32 tensors, 4 B an element
-        if b.dtype != "fp32":
+        if half:
             x32 = b.copy(x, name=f"{name}.to_fp32", out_dtype="fp32")
         else:
             x32 = x
-        sq = b.elementwise("pow", x32, 2.0, name=f"{name}.pow", out_dtype="fp32")
-        var = b.reduction(sq, (*x.shape[:-1], 1), name=f"{name}.mean")
-        var = b.elementwise("add", var, 1e-6, name=f"{name}.eps")
-        r = b.elementwise("rsqrt", var, name=f"{name}.rsqrt")
-        y = b.elementwise("mul", x32, r, name=f"{name}.normalise", out_dtype="fp32")
-        if b.dtype != "fp32":
+        f32 = "fp32" if half else None
+        sq = b.elementwise("pow", x32, 2.0, name=f"{name}.pow", out_dtype=f32)
+        var = b.reduction(sq, (*x.shape[:-1], 1), name=f"{name}.mean", out_dtype=f32)
+        var = b.elementwise("add", var, 1e-6, name=f"{name}.eps", out_dtype=f32)
+        r = b.elementwise("rsqrt", var, name=f"{name}.rsqrt", out_dtype=f32)
+        y = b.elementwise("mul", x32, r, name=f"{name}.normalise", out_dtype=f32)
+        if half:
             y = b.copy(y, name=f"{name}.to_dtype", out_dtype=b.dtype)
         w = b.input((h,))
         # the weight's h parameters belong to the kernel that reads them, so a stage that holds the norm counts them

@@ -84,6 +84,8 @@ TF32_CLASSES = ("linear", "bmm", "conv", "flash_attention")
 _ARITH = ("add", "sub", "mul", "div", "pow")
 #: selection ops (no kernel of their own): costed as ``add`` when they stream two tensors, else ``addu``
 _SELECT = ("where", "masked_fill", "maximum", "minimum")
+#: the float dtypes a cast (:meth:`GraphBuilder.copy` with ``out_dtype``) converts between ("fp8" also marks bool masks)
+_FLOAT_DTYPES = ("fp32", "bf16", "fp16")
 
 
 def _autograd_saves(op: str, big: list, no_grad: set) -> list:
@@ -320,6 +322,7 @@ class GraphBuilder:
         self.name = name
         self._nodes: list[_Node] = []
         self._tensor_bytes: list[int] = []
+        self._tensor_dtype: list[str] = []  # each tensor's dtype (its gradient's, for autograd's accumulation)
         self._out_bytes: list[int] = []
         self._tensor_node: list[int] = []
         self._layer = -1
@@ -396,6 +399,7 @@ class GraphBuilder:
             raise GraphError(f"tensor of shape {shape} ({dtype}) holds {t.nbytes:.3g} bytes, beyond the int64 byte counts "
                              "a graph keeps; a batch, sequence or dimension this large is not a real workload")
         self._tensor_bytes.append(t.nbytes)
+        self._tensor_dtype.append(dtype)
         self._tensor_node.append(node)
         self._tensor_shape.append(shape)
         return t
@@ -679,7 +683,10 @@ class GraphBuilder:
             raise GraphError(f"{name}: shapes do not broadcast: {[t.shape for t in tensors]}") from e
         big = [t for t in tensors if t.numel > 1]
         n = _numel(shape)
-        db = self.dbytes
+        # an op told to write another float dtype (``out_dtype``: HF RMSNorm's fp32 region) computes in it, and autograd
+        # sends its gradients in it too: its kernels (forward and backward) are that dtype's, at its bytes an element
+        node_dtype = out_dtype if out_dtype not in (None, self.dtype) else None
+        db = DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes
         out_b = n * DTYPE_BYTES.get(out_dtype or self.dtype, db)
         # operands the kernel streams from memory: full-size ones, and broadcast ones too large to stay
         # cache-resident between repetitions (see _CACHED_BROADCAST); a small broadcast operand (BERT's
@@ -742,8 +749,11 @@ class GraphBuilder:
                 bwk = "mulu" if kernel in ("mulu", "divu", "neg") else "mul"
                 bw.append(self._bw(f"{name}.grad", "elementwise", bwk, flops=FLOPS_PER_ELEMENT.get(kernel, 1) * n,
                                    bytes_=(2 if bwk == "mulu" else 3) * n * db, B=b, H=h))
+        if node_dtype:
+            bw = [dict(spec, dtype=node_dtype) for spec in bw]
         return self._add(name, "elementwise", kernel, "surrogate", tensors, shape, flops=flops, bytes_=bytes_,
-                         params=params, saves=saves, backward=bw, out_dtype=out_dtype, grad_inputs=need if grad else [], B=b, H=h)
+                         params=params, saves=saves, backward=bw, out_dtype=out_dtype, grad_inputs=need if grad else [],
+                         node_dtype=node_dtype, B=b, H=h)
 
     def glu(self, x: Tensor, *, name: str = "glu", fp8_input_cache: bool = False) -> Tensor:
         """A fused gated activation over a fused gate-and-up projection (Megatron-Core's ``bias_swiglu_impl``):
@@ -848,13 +858,17 @@ class GraphBuilder:
         self._nodes[out.node].saves.append(out.tid)
         return out
 
-    def reduction(self, x: Tensor, out_shape: Sequence[int], *, name: str = "reduce", grad: bool = True) -> Tensor:
-        """A reduction (mean, sum, max...) of ``x`` to ``out_shape``: memory-bound, costed by proxy."""
+    def reduction(self, x: Tensor, out_shape: Sequence[int], *, name: str = "reduce", grad: bool = True,
+                  out_dtype: str | None = None) -> Tensor:
+        """A reduction (mean, sum, max...) of ``x`` to ``out_shape``: memory-bound, costed by proxy. ``out_dtype``: as
+        for :meth:`elementwise` (a reduction in another float dtype, its kernels that dtype's at its bytes)."""
         n_out = _numel(out_shape)
-        db = self.dbytes
-        bw = [self._bw(f"{name}.grad", "elementwise", "", "proxy", flops=x.numel, bytes_=(n_out + x.numel) * db)] if grad else []
+        node_dtype = out_dtype if out_dtype not in (None, self.dtype) else None
+        db = DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes
+        bw = [self._bw(f"{name}.grad", "elementwise", "", "proxy", flops=x.numel, bytes_=(n_out + x.numel) * db,
+                       **({"dtype": node_dtype} if node_dtype else {}))] if grad else []
         return self._add(name, "reduction", "", "proxy", [x], out_shape, flops=x.numel, bytes_=(x.numel + n_out) * db, backward=bw,
-                         grad_inputs=None if grad else [])
+                         grad_inputs=None if grad else [], out_dtype=out_dtype, node_dtype=node_dtype)
 
     # ------------------------------------------------------------------ memory ops
     def view(self, x: Tensor, shape: Sequence[int]) -> Tensor:
@@ -877,14 +891,27 @@ class GraphBuilder:
             raise GraphError(f"{name}: copy of {x.shape} as {shape} changes the element count")
         b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
         bytes_ = x.nbytes + n_out * DTYPE_BYTES.get(out_dtype or self.dtype, self.dbytes)
+        # a cast (``x.float()``, ``.to(bf16)``) reads one float dtype and writes another: costed as the wider dtype's
+        # copy kernel (the NeuSight copy reads and writes its dtype) scaled to the bytes it moves (a bf16 <-> fp32
+        # cast moves 6 of the fp32 copy's 8 bytes an element); its gradient is the cast the other way, as many bytes
+        wide = max((x.dtype, out_dtype or self.dtype), key=lambda d: DTYPE_BYTES.get(d, 0))
+        node_dtype = wide if (x.dtype != (out_dtype or self.dtype) and wide != self.dtype
+                              and x.dtype in _FLOAT_DTYPES and (out_dtype or self.dtype) in _FLOAT_DTYPES) else None
+        kw = {}
+        if node_dtype and n_out == x.numel and n_out:
+            kw = dict(dtype=node_dtype, scale=bytes_ / (2.0 * n_out * DTYPE_BYTES[node_dtype]))
+        elif node_dtype:
+            kw = dict(dtype=node_dtype)
         if not grad:
             bw = []
         elif n_out == x.numel:
-            bw = [self._bw(f"{name}.grad", "memory", "copy", flops=0, bytes_=bytes_, B=b, H=h)]
+            bw = [self._bw(f"{name}.grad", "memory", "copy", flops=0, bytes_=bytes_, B=b, H=h, **kw)]
         else:
-            bw = [self._bw(f"{name}.grad", "reduction", "", "proxy", flops=n_out, bytes_=bytes_)]
+            bw = [self._bw(f"{name}.grad", "reduction", "", "proxy", flops=n_out, bytes_=bytes_,
+                           **({"dtype": node_dtype} if node_dtype else {}))]
         return self._add(name, "memory", "copy", "surrogate", [x], shape, flops=0, bytes_=bytes_, backward=bw,
-                         grad_inputs=None if grad else [], out_dtype=out_dtype, B=b, H=h)
+                         grad_inputs=None if grad else [], out_dtype=out_dtype, node_dtype=node_dtype,
+                         scale=kw.get("scale", 1.0), B=b, H=h)
 
     def embedding(self, ids: Tensor, vocab: int, dim: int, *, name: str = "embedding", params: bool = True,
                   parallel: bool = False) -> Tensor:
@@ -1286,8 +1313,11 @@ class GraphBuilder:
             name = self._nodes[node].values["name"]
             split_cat = part >= 2 and tid not in self._contiguous_grads
             acc = [self._bw(f"{name}.grad_split_cat", "memory", "copy", flops=0, bytes_=2 * n * db, B=b, H=h)] if split_cat else []
-            acc += [self._bw(f"{name}.grad_accumulate{i}", "elementwise", "add", flops=n, bytes_=3 * n * db, B=b, H=h)
-                    for i in range(adds)]
+            # a tensor of another float dtype (HF RMSNorm's fp32 input copy) gets its gradients in that dtype
+            own = self._tensor_dtype[tid]
+            kw = {"dtype": own} if own != self.dtype and own in _FLOAT_DTYPES else {}
+            acc += [self._bw(f"{name}.grad_accumulate{i}", "elementwise", "add", flops=n, bytes_=3 * n * db, B=b, H=h,
+                             **kw) for i in range(adds)]
             rules[node] = acc + rules[node]
         return rules
 

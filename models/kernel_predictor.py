@@ -74,6 +74,9 @@ def unpeaked_dtype_error(spec, dtype: str) -> str | None:
     if dtype not in _TENSOR_CORE_PEAKS or getattr(spec, _TENSOR_CORE_PEAKS[dtype][0]):
         return None
     field, why = _TENSOR_CORE_PEAKS[dtype]
+    if dtype == "fp8":
+        from wattcast.data.device_spec import fp8_missing_why
+        why = f"({fp8_missing_why(spec)}); use bf16"
     return f"dtype {dtype} needs {dtype.upper()} tensor cores, but {spec.name}'s spec has no {field} {why}"
 
 
@@ -437,6 +440,38 @@ def _pad_contraction(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     return out, raised
 
 
+#: the ops of the elementwise family (the rows :func:`_fold_wide_rows` refolds)
+_ELEMENTWISE_OPS = np.array(sorted(o for o, f in OP_FAMILY.items() if f == "elementwise"), dtype=object)
+#: the widest row (``H``) of an elementwise kernel the training data measures at more than one row: Vidur's profiles
+#: reach H = 28,672 (B up to 32,768), NeuSight's 16,384 (neusight/kernels_test, B 16,384 to 4,194,304); wider rows
+#: there are LLMCompass's twelve B = 1 GELUs alone ($WATTCAST_DATA/tensorcore, data/kernel_datasets.py load_kernels)
+WIDE_ROW_MAX_H = 28672
+#: the row width a wider elementwise row is refolded to: NeuSight's widest (neusight/kernels_test)
+FOLD_ROW_H = 16384
+
+
+def _fold_wide_rows(canon: pd.DataFrame) -> pd.DataFrame:
+    """``canon`` with every elementwise row wider than :data:`WIDE_ROW_MAX_H` refolded to rows of :data:`FOLD_ROW_H`
+    (``B x H`` elements kept: ``B' = B x H / FOLD_ROW_H``). An elementwise kernel's time is its element count's: over
+    NeuSight's measurements, the same (device, op, dtype, element count) at two or more (B, H) splits differ by 0.1%
+    at the median and 3.4% at most from 4 M elements up (1,399 groups; 24% at most over all 1,531, small kernels), so
+    the split carries no information the count does not. Rows wider than the data measure it at (a flattened 1-D
+    tensor: B = 1, H = 268 M) came out 3-7x slower than the same count in a measured shape (H100 bf16 add: 1.76 ms at
+    1 x 268,435,456 against 0.51 ms at 16,384 x 16,384), unflagged: each feature alone is inside the training range
+    (LLMCompass's B = 1 GELUs), their combination is not."""
+    if "H" not in canon or not len(canon):
+        return canon
+    h = canon["H"].to_numpy(dtype=float)
+    wide = (h > WIDE_ROW_MAX_H) & np.isin(canon["op"].to_numpy(), _ELEMENTWISE_OPS)
+    if not wide.any():
+        return canon
+    out = canon.copy()
+    b = out["B"].to_numpy(dtype=float)
+    out["B"] = np.where(wide, b * h / FOLD_ROW_H, b)
+    out["H"] = np.where(wide, float(FOLD_ROW_H), h)
+    return out
+
+
 #: tensor-core linear rows with a contraction (``N``) of at most MONOTONE_MAX_N are held to "a longer contraction never
 #: takes less time" (:func:`_predict_rows`): LoRA ranks (16-256) and MLA's latent (DeepSeek-V3's kv_lora_rank 512)
 MONOTONE_MAX_N = 512
@@ -482,7 +517,7 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     as linear rows are (every bmm in the selection below) took benchmarks/bench_kernels.py from 0.9-1.2 M to 0.35-0.54
     M rows/s and --distinct from 183 k to 56 k rows/s (every such row needs its own M = 1, 2, 4, ... grid: about 11
     more tensor-core rows, each through the floor and ceiling members)."""
-    padded, raised = _pad_contraction(canon)
+    padded, raised = _pad_contraction(_fold_wide_rows(canon))
     probes, owner, sel, lo_i, w = _n_grid_probes(padded)
     if not len(probes):
         out = _predict_guarded(padded, spec, bundle)

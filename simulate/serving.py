@@ -110,6 +110,16 @@ def check_serving(serving, *, kv_context, seq, mode: str, prompt_tokens, output_
         f = real_in(v, 1.0, math.inf)
         if f is None or not f.is_integer():
             raise ValueError(f"{name} (--{name.replace('_', '-')}) must be a whole number of tokens >= 1, got {v!r}")
+    # the decode step's cache holds each running sequence's prompt and what it has generated: kv_context + the new
+    # token is at least the prompt (a shorter context costs a cache the requests never had)
+    ctx = real_in(kv_context, 0.0, math.inf)
+    new = 1 if seq is None else seq
+    if ctx is not None and ctx + new < float(prompt_tokens):
+        raise ValueError(f"serving (--serving): kv_context (--kv-context) {kv_context!r} + {new} new token is shorter than "
+                         f"prompt_tokens (--prompt-tokens) {prompt_tokens!r}: a running sequence's cache holds its whole "
+                         f"prompt and the tokens it has generated, so the decode step reads at least the prompt; give "
+                         f"kv_context >= {int(float(prompt_tokens)) - new} (a typical running sequence: prompt + half "
+                         f"the output, {int(float(prompt_tokens)) + int(float(output_tokens)) // 2})")
     return engine
 
 

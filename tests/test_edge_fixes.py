@@ -67,7 +67,7 @@ def test_sweep_status_tells_broken_rules_from_memory_and_carries_the_reason(tmp_
     for key in [("DGX-A100", 8), ("DGX-A100", 12), ("DGX-H100", 12)]:
         assert best.loc[key, "status"] == "no valid strategy", key
         assert best.loc[key, "error"].startswith("no valid strategy (")
-    assert "no FP8 support" in best.loc[("DGX-A100", 8), "error"]
+    assert "has no FP8 tensor cores: A100, V100, MI250 and older" in best.loc[("DGX-A100", 8), "error"]
     assert NODE_RULE in best.loc[("DGX-H100", 12), "error"]
 
 
@@ -77,7 +77,7 @@ def test_sweep_json_best_rows_carry_the_error_text(tmp_path):
     r = run("sweep", spec, "--output", tmp_path / "o", "--workers", "0", "--json")
     assert r.exit_code == 0, r.stderr
     best = json.loads(r.stdout)["best"][0]
-    assert best["status"] == "no valid strategy" and "no FP8 support" in best["error"]
+    assert best["status"] == "no valid strategy" and "has no FP8 tensor cores" in best["error"]
 
 
 # ------------------------------------------------------------------ 3. exposed_comm_split_ms: every class

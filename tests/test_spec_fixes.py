@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -34,6 +35,8 @@ def test_neusight_singleflops_in_tflops_is_refused_naming_the_key(device, tmp_pa
     msg = flat(str(e.value))
     assert "'peak_fp32_tflops' (0.031334) is about 1,000x below what 60 SMs at 2040 MHz give" in msg
     assert "SingleFLOPs in TFLOP/s instead of GFLOP/s" in msg and "[NeuSight key 'SingleFLOPs']" in msg
+    # the fix is the file's unit, GFLOP/s (it said "Give it in TFLOP/s", the unit the value was wrongly in)
+    assert "Give SingleFLOPs in GFLOP/s (NeuSight's unit)" in msg and "Give it in TFLOP/s" not in msg
     p = tmp_path / "l4.json"
     p.write_text(json.dumps(d))
     with pytest.raises(DeviceSpecError, match=r"l4\.json.*peak_fp32_tflops.*1,000x below"):
@@ -191,3 +194,24 @@ def test_kernels_cli_refuses_a_repeated_column(tmp_path):
     f.write_text("OPName,B,M,N,K,B\nbmm,1,1024,1024,1024,8\n")
     r = CliRunner().invoke(app, ["kernels", "-d", "A10", "-i", str(f)])
     assert r.exit_code != 0 and "repeats column(s) 'B'" in flat(r.stderr)
+
+
+def test_fp8_refusal_of_a_spec_without_the_field_names_the_field_not_an_old_architecture():
+    """The example RTX 4090 spec (Ada: FP8 tensor cores) has no peak_fp8_tflops: the refusal says the spec lacks the
+    field (it said "no FP8 support: A100, V100, MI250 and older"); a catalog A100 is still told it has no FP8."""
+    import pandas as pd
+
+    import wattcast
+    from wattcast.data.catalog import load_spec_file
+    from wattcast.models.kernel_predictor import predict_kernels
+
+    ada = load_spec_file(Path(__file__).resolve().parents[1] / "examples" / "my_gpu.yaml")
+    with pytest.raises(Exception) as e:
+        wattcast.predict("gpt2", ada, dtype="fp8")
+    msg = flat(str(e.value))
+    assert "the spec lacks the field peak_fp8_tflops" in msg and "MI250 and older" not in msg
+    err = predict_kernels(pd.DataFrame({"OPName": ["add"], "B": [4], "H": [4], "dtype": ["fp8"]}), ada)["error"].iloc[0]
+    assert "the spec lacks the field peak_fp8_tflops" in err and "MI250 and older" not in err
+    with pytest.raises(Exception) as e:
+        wattcast.predict("gpt2", "A100", dtype="fp8")
+    assert "Ampere (GA100) has no FP8 tensor cores: A100, V100, MI250 and older" in flat(str(e.value))
