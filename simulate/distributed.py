@@ -70,7 +70,8 @@ from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group
                                              stream_bandwidth_gbps, with_warnings)
 from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
-from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
+from wattcast.simulate.overlap import (NCCL_SMS, async_tp_backward_save_ms, ep_overlap_layer_ms, overlapped_ms, sm_share,
+                                      tp_overlap_layer_ms)
 from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, bf16_optimizer_runs,
                                             fsdp_shard_grad_op, megatron_fsdp, pytorch_fsdp,
                                             capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
@@ -944,7 +945,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
             # the OOD kernels' bands before a power limit stretches time_ms (as predict_graph: about their own time)
             ood_log = ood_kernel_band_log(costed, bundle)
             costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)
-            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps, period, ood_log=ood_log),
+            tp_floor = collective_host_floor_ms(opts.framework, lay["tp"].size, coll_floor)
+            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps, period, ood_log=ood_log,
+                                                           tp_host_floor_ms=tp_floor),
                                  stream_bandwidth_gbps(spec, bundle))
         return hit
 
@@ -1188,13 +1191,17 @@ class _RankView:
     # the backward's weight-gradient kernels (each linear layer's ``.wgrad`` GEMM and ``.bgrad`` bias reduction,
     # featurize/op_graph.py): DualPipe's W, what its zero-bubble steps run apart from the input gradient
     wgrad_ms: np.ndarray = None
+    # the backward TP ms the column-parallel linears' asynchronous collectives hide without --tp-comm-overlap
+    # (overlap.async_tp_backward_save_ms: dgrad collective beside the wgrad GEMM, SP input all-gather beside dgrad)
+    tp_b_async_save_ms: np.ndarray = None
 
 
 def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1,
-               ood_log: tuple | None = None) -> _RankView:
+               ood_log: tuple | None = None, tp_host_floor_ms: float = 0.0) -> _RankView:
     """Per-layer sums of a costed rank graph; with ``n_rep`` > 1 (a short graph, see ``_rank_graph``) block 1
     is repeated into blocks 1 .. n_rep (with a ``period`` P, blocks 1 .. P into blocks 1 .. n_rep x P). ``ood_log``:
-    :func:`~wattcast.simulate.step_band.ood_kernel_band_log` of the graph before a power limit (None: read here)."""
+    :func:`~wattcast.simulate.step_band.ood_kernel_band_log` of the graph before a power limit (None: read here).
+    ``tp_host_floor_ms``: a TP collective's host-bound floor (what asynchronous launch cannot hide of it)."""
     from wattcast.models.power import idle_power_w
     from wattcast.simulate.memory import block_input_bytes
 
@@ -1259,6 +1266,9 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         ood_opt_low_ms=per_layer(k_ood & opt, t_lo), ood_opt_high_ms=per_layer(k_ood & opt, t_hi),
         ood_coll_ms=per_layer(c_ood, t),
         wgrad_ms=per_layer(bwd & ~is_coll & names.str.endswith((".wgrad", ".bgrad")).to_numpy(), t),
+        tp_b_async_save_ms=per_layer(bwd, async_tp_backward_save_ms(names.to_numpy(), phase, op_class, group, layers, t,
+                                                                     num_sms=spec.num_sms,
+                                                                     host_floor_ms=tp_host_floor_ms)),
         layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
         f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
         attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn & ~rc, t),
@@ -1330,7 +1340,8 @@ _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", 
                      "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
                      "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "ood_fb_ms", "ood_fb_low_ms",
-                     "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms", "wgrad_ms")
+                     "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms", "wgrad_ms",
+                     "tp_b_async_save_ms")
 
 
 #: the per-layer sums :func:`critical_rank_ood` reads
@@ -1971,7 +1982,7 @@ def _plus_cp_collectives(view: _RankView, cp_coll_ms: tuple, f_ms=0.0, b_ms=0.0)
 
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
                 cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0,
-                ep_unpaired: np.ndarray | None = None, cp_coll_ms: tuple = (0.0, 0.0)) -> tuple:
+                ep_unpaired: np.ndarray | None = None, cp_coll_ms: tuple = (0.0, 0.0), async_tp_b: bool = False) -> tuple:
     """Per communication class, what it adds to each chunk's forward and backward (ms), the ring attention's KV step
     times and its exposed time per layer: (f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms).
 
@@ -1980,7 +1991,9 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     exposed in full (a recomputed attention runs its forward ones again in the backward); the ring, where
     ``--cp-comm-type`` has one (p2p; a2a+p2p's outer group), has ``cp_group_sizes(par)[1]`` ranks.
     ``ep_unpaired``: per chunk, the share of its tasks the MoE all-to-all overlap finds no partner for (a stage's
-    warm-up forwards and cool-down backwards): their all-to-alls are exposed in full."""
+    warm-up forwards and cool-down backwards): their all-to-alls are exposed in full.
+    ``async_tp_b``: the column-parallel linears start their backward TP collectives asynchronously (Megatron-Core, TE
+    or local layers): without ``--tp-comm-overlap`` the backward's TP time is lowered by ``view.tp_b_async_save_ms``."""
     # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
     # gradients), each overlapped with the attention of the block in hand; what a step's transfer takes beyond that
     # block's attention is exposed (Liu et al. 2023, Ring Attention; Megatron-Core / TE's implementation). A step is
@@ -2015,6 +2028,8 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         if grp in ("", "tp") and par.tp_comm_overlap:
             cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms) - view.gemm_f_ms
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
+        elif grp == "tp" and async_tp_b and view.tp_b_async_save_ms is not None:
+            cb = np.maximum(cb - view.tp_b_async_save_ms, 0.0)
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:
             pf, pb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms,
                                          mlp_f_ms=view.moe_mlp_f_ms, mlp_b_ms=view.moe_mlp_b_ms,
@@ -2360,7 +2375,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # warm-up forwards and cool-down backwards (its in-flight count of each; one of each without a pipeline) run
         # alone, their all-to-alls exposed (until stop 36 every task was charged as paired)
         ep_unpaired = np.tile(np.minimum(inflight_s / float(n_micro * V), 1.0), V)  # chunk c is on stage c mod P
-    parts_key = ("parts", bool(par.tp_comm_overlap), bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
+    async_tp_b = opts.framework == "megatron"  # Megatron-Core's linear layers: overlap.async_tp_backward_save_ms
+    parts_key = ("parts", bool(par.tp_comm_overlap), async_tp_b, bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
                  ctx.cp_step_floor_ms, None if ep_unpaired is None else ep_unpaired.tobytes(), par.cp_comm_type,
                  par.hierarchical_cp_sizes)
     parts = sums.get(parts_key)
@@ -2371,7 +2387,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                    host_floor_ms=lambda n: collective_host_floor_ms(opts.framework, n, ctx.coll_floor))
         parts = sums[parts_key] = (*_comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk,
                                                 cp_step_floor_ms=ctx.cp_step_floor_ms, ep_unpaired=ep_unpaired,
-                                                cp_coll_ms=cp_coll), cp_coll)
+                                                cp_coll_ms=cp_coll, async_tp_b=async_tp_b), cp_coll)
     f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms, cp_coll = parts
     f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
     tp_coll = chunk_sum("coll_ms")

@@ -430,3 +430,54 @@ def test_blocking_interleaved_transfers_cost_v_times_the_1f1b_ones():
         wattcast.predict_cluster(GPT_PP, "DGX-A100", **dict(kw, framework="hf", overlap_grad_reduce=None,
                                                              overlap_param_gather=None), interleave=2,
                                  overlap_p2p_comm=True)
+
+
+def test_column_parallel_backward_collectives_run_beside_the_wgrad_and_dgrad_gemms():
+    """TE 2.20.2 layernorm_linear.py l. 787-790 / 904-910 / 1125-1130 (and Megatron-Core's local layers): the dgrad
+    collective beside the module's wgrad GEMM, the SP input all-gather beside its dgrad GEMM; the row-parallel
+    layer's output-gradient all-gather is waited for before its dgrad, so it stays exposed."""
+    from wattcast.simulate.overlap import NCCL_SMS, async_tp_backward_save_ms
+    rows = [  # name, phase, op_class, group, layer, ms
+        ("mlp.exit.reduce_scatter.grad", "backward", "collective", "tp", 1, 0.2),
+        ("mlp.fc2.dgrad", "backward", "linear", "", 1, 1.0),
+        ("mlp.fc2.wgrad", "backward", "linear", "", 1, 1.0),
+        ("mlp.act.grad", "backward", "elementwise", "", 1, 0.1),
+        ("mlp.fc1.input_all_gather", "backward", "collective", "tp", 1, 0.3),
+        ("mlp.fc1.dgrad", "backward", "linear", "", 1, 2.0),
+        ("mlp.fc1.wgrad", "backward", "linear", "", 1, 0.5),
+        ("mlp.enter.all_gather.grad", "backward", "collective", "tp", 1, 0.8),  # longer than its wgrad
+        ("norm.grad", "backward", "layernorm", "", 1, 0.1),
+        ("mlp.fc1.dgrad", "backward", "linear", "", 2, 0.1),  # another layer's same-named GEMM: not the partner
+        ("attn.enter.grad", "forward", "collective", "tp", 1, 0.4),  # forward: never hidden here
+    ]
+    n, ph, oc, grp, lay, t = map(np.array, zip(*rows))
+    save = async_tp_backward_save_ms(n, ph, oc, grp, lay, t.astype(float), num_sms=132)
+    share = NCCL_SMS / 132
+    assert save[0] == 0.0 and save[-1] == 0.0  # row-parallel gradient all-gather; forward collective
+    assert save[4] == pytest.approx(0.3 - share * 0.3)  # all of it beside fc1's 2 ms dgrad, less the SMs it takes
+    # 0.8 ms beside a 0.5 ms wgrad (slowed by the SMs taken, still done first): 0.3 ms exposed
+    assert save[7] == pytest.approx(0.5)
+    assert save[[1, 2, 3, 5, 6, 8, 9]].sum() == 0.0
+    # no wgrad before it (nothing to hide behind): fully exposed
+    assert async_tp_backward_save_ms(n[7:8], ph[7:8], oc[7:8], grp[7:8], lay[7:8], t[7:8].astype(float),
+                                     num_sms=132)[0] == 0.0
+    # a host-bound collective (its floor): the GEMM is issued once the call returns; only what lies above is hidden
+    floored = async_tp_backward_save_ms(n, ph, oc, grp, lay, t.astype(float), num_sms=132, host_floor_ms=0.25)
+    assert floored[4] == pytest.approx(0.05 - share * 0.05)
+    assert floored[7] == pytest.approx(0.5 + 0.55 - max(0.5 * (1 + share), 0.55))
+    assert async_tp_backward_save_ms(n, ph, oc, grp, lay, t.astype(float), num_sms=132, host_floor_ms=1.0).sum() == 0.0
+
+
+def test_megatron_hides_backward_tp_collectives_without_tp_comm_overlap(monkeypatch):
+    """Without --tp-comm-overlap Megatron-Core still starts the dgrad collectives asynchronously: the exposed TP time
+    and the step are below what the graph's backward TP collectives cost in series."""
+    import wattcast.simulate.distributed as dist
+    kw = dict(gpus=2, batch=8, seq=1024, framework="megatron",
+              parallel=ParallelConfig(gpus=2, tp=2, micro_batch=1, tp_comm_overlap=False))
+    on = predict_distributed("gpt2", "DGX-H100", **kw)
+    monkeypatch.setattr(dist, "async_tp_backward_save_ms", lambda names, *a, **k: np.zeros(len(names)))
+    dist._COSTED.clear()
+    series = predict_distributed("gpt2", "DGX-H100", **kw)
+    dist._COSTED.clear()
+    assert on.exposed_comm_split_ms["tp"] < series.exposed_comm_split_ms["tp"] - 0.05
+    assert on.step_time_ms < series.step_time_ms
