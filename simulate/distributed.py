@@ -59,7 +59,7 @@ from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
-                                        layouts, resolve_parallel, stage_layers)
+                                        layouts, pp_hop_crosses_nodes, resolve_parallel, stage_layers)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share as dualpipe_paired_share,
@@ -2403,18 +2403,26 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # --scatter-gather-tensors-in-pipeline): each TP rank sends 1/tp, the receiver all-gathers it over its TP group;
     # otherwise (Megatron-Core) every TP rank sends the whole tensor. With SP the tensor is already 1/tp
     partitioned = ctx.scatter_gather_p2p and par.tp > 1 and not par.sp
+    # per hop: a transfer between two stages on one node runs over NVLink, across nodes over the network (stop 47:
+    # until then every hop was charged as inter-node once the pipeline spanned nodes); p2p_ms, the scheduler's
+    # dependency-edge transfer and the reported figure, stays the pp group's worst hop
+    hop_ms = None
     if P > 1 and act_bytes > 0:
-        pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
-        p2p_key = ("p2p", act_bytes, pl, id(cl), id(cm), partitioned and lay["tp"])
-        p2p_ms = memo.get(p2p_key) if memo is not None else None
-        if p2p_ms is None:
-            if partitioned:
-                p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes / par.tp], pl, cl)[0][0]
-                               + collective_ms(cm, ["all_gather"], [act_bytes], lay["tp"], cl)[0][0])
-            else:
-                p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
+        p2p_key = ("p2p", act_bytes, id(cl), id(cm), partitioned and lay["tp"])
+        in_out = memo.get(p2p_key) if memo is not None else None
+        if in_out is None:
+            in_out = []
+            for pl in (GroupLayout(2, 2, 1), GroupLayout(2, 1, 2)):  # a pair on one node, on two
+                if partitioned:
+                    in_out.append(float(collective_ms(cm, ["send_recv"], [act_bytes / par.tp], pl, cl)[0][0]
+                                        + collective_ms(cm, ["all_gather"], [act_bytes], lay["tp"], cl)[0][0]))
+                else:
+                    in_out.append(float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0]))
             if memo is not None:
-                memo[p2p_key] = p2p_ms
+                memo[p2p_key] = in_out
+        p2p_ms = in_out[1] if lay["pp"].nodes > 1 else in_out[0]
+        cross = pp_hop_crosses_nodes(par.tp, par.cp, par.dp or 1, P, cl.gpus_per_node)
+        hop_ms = np.where(cross, in_out[1], in_out[0])  # hop_ms[s]: stage s to stage s + 1 (mod P)
     # how the transfers meet the computation: Megatron-LM / Megatron-Core's 1F1B waits on each batched send/recv before
     # its next computation (send_forward_recv_backward: both ends blocked) and DeepSpeed's engine sends blocking, so
     # each chunk that sends spends the transfer (the receiver then waits for nothing more); Megatron-Core's
@@ -2426,6 +2434,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # every chunk but the last sends its activations on, every chunk but the first its input gradient back
     send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
     send_f[-1] = send_b[0] = 0.0
+    if p2p_blocking and hop_ms is not None and p2p_ms > 0:
+        # a blocked sender spends its own hop's transfer: chunk c (on stage c mod P) sends forward to stage
+        # c + 1 mod P and its gradient back to stage c - 1 mod P; send_* scale the p2p_ms they multiply
+        stage = np.arange(n_chunks) % P
+        send_f = send_f * hop_ms[stage] / p2p_ms
+        send_b = send_b * hop_ms[(stage - 1) % P] / p2p_ms
 
     # the bf16 bytes BF16_Optimizer's all-reduce sends (DeepSpeed 0.19.8 casts its fp32 buffer to the default
     # communication_data_type, the model's bf16: stage_memory.bf16_optimizer_reduce_bytes), as the ZeRO optimizer's

@@ -714,6 +714,19 @@ def embedding_group_layout(tp: int, cp: int, dp: int, pp: int, gpus_per_node: in
     return _PAIR_ONE_NODE if tp * cp * dp * pp <= gpus_per_node else _PAIR_TWO_NODES
 
 
+
+def pp_hop_crosses_nodes(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int) -> np.ndarray:
+    """Whether each pipeline hop joins ranks on two nodes: entry ``s`` is the hop from stage ``s`` to stage
+    ``s + 1`` (the last, stage ``pp - 1`` back to stage 0, the interleaved schedule's wrap to the next model chunk).
+    Megatron's order puts stage ``s``'s ranks at ``s x a`` .. ``(s + 1) x a - 1`` (``a = tp x cp x dp``; pp outermost,
+    ``parallel_state.initialize_model_parallel``) and each rank exchanges with the one ``a`` ranks on; every pair
+    sends at once and the step waits for the slowest, so a hop crosses when any of its ``a`` pairs does."""
+    a = max(int(tp) * int(cp) * int(dp), 1)
+    g = max(int(gpus_per_node), 1)
+    s = np.arange(max(int(pp), 1))[:, None]
+    i = np.arange(a)[None, :]
+    return ((s * a + i) // g != (((s + 1) % max(int(pp), 1)) * a + i) // g).any(axis=1)
+
 #: the :func:`layouts` entries of context parallelism's sub-groups (its all-to-all group and its KV ring, inside the
 #: "cp" group): what the CP communication runs over, not listed with the job's groups (a prediction's ``layouts``)
 CP_SUBGROUPS = ("cp_a2a", "cp_ring")
