@@ -1690,7 +1690,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     ends (``z3_first_b_ms`` holds it instead of a unit's reduce-scatter). ``last_bucket_chunk`` (Megatron-FSDP
     ``optim_grads``, ``--zero 2``: :func:`mfsdp_first_bucket_params`): the parameters of each chunk's last gradient
     bucket of a backward (the embedding's), ``z2_last_b_ms`` its reduce-scatter; the rest in ``bucket_params``
-    buckets."""
+    buckets. Without ``reduce_every_micro`` (Megatron-Core's DDP / distributed optimizer) ``last_bucket_chunk`` is the
+    bucketed chunk's last bucket (the embedding's) after the rest's equal ones."""
     n_chunks = P * V
     dp_l = lay["dp"]
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
@@ -1726,6 +1727,20 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 continue
             last = (min(float(last_bucket_chunk[c]), p_count)
                     if last_bucket_chunk is not None and reduce_every_micro and gi == 0 else 0.0)
+            bucketed = np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c not in first_chunks)
+            if (last_bucket_chunk is not None and not reduce_every_micro and gi == 0 and bucketed
+                    and 0 < float(last_bucket_chunk[c]) < p_count):
+                # Megatron-Core's DDP / distributed optimizer: _ParamAndGradBuffer fills buckets walking the parameters
+                # backwards and closes one at >= bucket_size (megatron-core 0.16.1 distributed/param_and_grad_buffer.py
+                # l. 711-739), so the embedding, the first parameter, lands in the last bucket (with what the bucket
+                # before it left): the rest's equal buckets, then that one, the backward's last (until stop 47 the
+                # chunk was cut into equal buckets, the embedding spread over them)
+                last = float(last_bucket_chunk[c])
+                rest = p_count - last
+                nb = max(1, int(np.ceil(rest / bucket_params)))
+                msgs.append((c, "bucket", op, rest * grad_b / nb, group, nb))
+                msgs.append((c, "bucket", op, last * grad_b, group, 1))
+                continue
             if last > 0:
                 # the last bucket of the backward as the source builds it (the embedding's), then the rest's buckets
                 msgs.append((c, "z2_rs_last", op, last * grad_b, group, 1))
@@ -2490,6 +2505,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             first_root_c = mfsdp_first_bucket_params(emb_c, root_c, bucket_params)
         else:
             last_c = mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params)
+    elif first_only and not dual and np.isfinite(bucket_params):
+        # Megatron-Core's DDP / distributed optimizer (ZeRO 0/1): the bucketed first chunk's last gradient bucket and
+        # the first parameter all-gather bucket its forward waits for are the embedding's (as Megatron-FSDP's:
+        # mfsdp_first_bucket_params; param_and_grad_buffer.py l. 711-739 fills buckets walking the parameters
+        # backwards, the embedding last)
+        emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))
+        last_c = np.where(np.isin(np.arange(n_chunks), first_ranks), 
+                          mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params), 0.0)
     dp_key = ("dp", par_dp.zero, z2_mode, sgo, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only,
               first_ranks, *(None if x is None else x.tobytes() for x in (root_c, first_root_c, last_c)))
@@ -2769,6 +2792,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     # run beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
                     n_b = (np.maximum(np.ceil(params_stage / bucket_params), 1.0) if np.isfinite(bucket_params)
                            else np.ones(P))
+                    if last_c is not None and not megatron_fsdp(opts.framework, par_dp.zero):
+                        # the first forward waits for the embedding's bucket (the buffer's last): its share of the
+                        # stage's gather, not 1 / n_b (Megatron-Core gathers the bucket groups in forward order)
+                        emb_first = by_stage(last_c)
+                        n_b = np.where(emb_first > 0, params_stage / np.maximum(emb_first, 1.0), n_b)
                     total_g = gather
                     gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
                                              first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None,

@@ -481,3 +481,25 @@ def test_megatron_hides_backward_tp_collectives_without_tp_comm_overlap(monkeypa
     dist._COSTED.clear()
     assert on.exposed_comm_split_ms["tp"] < series.exposed_comm_split_ms["tp"] - 0.05
     assert on.step_time_ms < series.step_time_ms
+
+
+def test_megatron_core_ddp_last_bucket_is_the_embeddings():
+    """Megatron-Core's _ParamAndGradBuffer fills buckets walking the parameters backwards and closes one at >= the
+    bucket size (megatron-core 0.16.1 param_and_grad_buffer.py l. 711-739): the embedding, the first parameter, is the
+    bucketed chunk's last bucket, reduced as the backward ends; the rest in equal buckets before it."""
+    from wattcast.data.cluster_spec import resolve_cluster
+    from wattcast.simulate.distributed import _dp_times, collective_model, mfsdp_first_bucket_params
+    from wattcast.simulate.parallel import ParallelConfig, layouts
+
+    cl, cm = resolve_cluster("DGX-H100"), collective_model()
+    par = ParallelConfig(gpus=64, tp=1, pp=2, dp=32, zero=1, micro_batch=1, overlap_grad_reduce=True)
+    params = np.array([4e8, 3e8])  # stage 0 with a 100M-parameter embedding
+    last = np.where([True, False], mfsdp_first_bucket_params(np.array([1e8, 0.0]), params, 40e6), 0.0)
+    t = _dp_times(par, layouts(par, cl), cl, cm, params, np.zeros(2), 4.0, 2.0, 2, 1, np.ones(2, dtype=int), 40e6,
+                  bucketed_first_chunk_only=True, last_bucket_chunk=last)
+    b0 = t["bucket_ms"][0]
+    assert len(b0) == 9  # 300M in 8 buckets of 37.5M, then the embedding's 100M
+    assert b0[-1] > 2 * b0[0] and np.allclose(b0[:-1], b0[0])
+    assert len(t["bucket_ms"][1]) == 1  # later stages: one message, as before
+    # an embedding below the bucket size opens a bucket it fills with what follows it: about a bucket's worth
+    assert mfsdp_first_bucket_params(np.array([1e7]), np.array([4e8]), 40e6)[0] == 40e6
