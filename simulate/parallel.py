@@ -586,6 +586,11 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
+    if cfg.interleave == 1 and flags.get("overlap_p2p_comm"):
+        # Megatron-LM forces it off without the interleaved schedule (megatron/training/arguments.py l. 976-978, 0.19.2
+        # wheel: "Overlap P2P communication is disabled if not using the interleaved schedule", args.overlap_p2p_comm
+        # = False): report what runs (until stop 47 the JSON said true at --interleave 1; the step never used it)
+        flags["overlap_p2p_comm"] = False
     return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags, **cp_fields)
 
 

@@ -117,3 +117,12 @@ def test_each_hop_costs_its_own_link():
     assert per_hop.comm["p2p_ms"] == all_inter.comm["p2p_ms"]  # the reported (worst) hop
     assert per_hop.exposed_comm_split_ms["pp"] < 0.75 * all_inter.exposed_comm_split_ms["pp"]
     assert per_hop.step_time_ms < all_inter.step_time_ms
+
+
+def test_overlap_p2p_comm_reported_off_without_interleaving():
+    """Megatron-LM forces overlap_p2p_comm off without the interleaved schedule (arguments.py l. 976-978): the
+    JSON says what runs, false at --interleave 1 and the default (true) with interleaving."""
+    one, _, _, _ = _pp("megatron")
+    assert one.parallel.overlap_p2p_comm is False and one.to_dict()["parallel"]["overlap_p2p_comm"] is False
+    two, _, _, _ = _pp("megatron", interleave=2)
+    assert two.parallel.overlap_p2p_comm is True
