@@ -59,7 +59,7 @@ from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
-                                        layouts, resolve_parallel, stage_layers)
+                                        layouts, pp_hop_crosses_nodes, resolve_parallel, stage_layers)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share as dualpipe_paired_share,
@@ -70,7 +70,8 @@ from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group
                                              stream_bandwidth_gbps, with_warnings)
 from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
-from wattcast.simulate.overlap import NCCL_SMS, ep_overlap_layer_ms, overlapped_ms, sm_share, tp_overlap_layer_ms
+from wattcast.simulate.overlap import (NCCL_SMS, async_tp_backward_save_ms, ep_overlap_layer_ms, overlapped_ms, sm_share,
+                                      tp_overlap_layer_ms)
 from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, bf16_optimizer_runs,
                                             fsdp_shard_grad_op, megatron_fsdp, pytorch_fsdp,
                                             capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
@@ -944,7 +945,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
             # the OOD kernels' bands before a power limit stretches time_ms (as predict_graph: about their own time)
             ood_log = ood_kernel_band_log(costed, bundle)
             costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)
-            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps, period, ood_log=ood_log),
+            tp_floor = collective_host_floor_ms(opts.framework, lay["tp"].size, coll_floor)
+            _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps, period, ood_log=ood_log,
+                                                           tp_host_floor_ms=tp_floor),
                                  stream_bandwidth_gbps(spec, bundle))
         return hit
 
@@ -1188,13 +1191,17 @@ class _RankView:
     # the backward's weight-gradient kernels (each linear layer's ``.wgrad`` GEMM and ``.bgrad`` bias reduction,
     # featurize/op_graph.py): DualPipe's W, what its zero-bubble steps run apart from the input gradient
     wgrad_ms: np.ndarray = None
+    # the backward TP ms the column-parallel linears' asynchronous collectives hide without --tp-comm-overlap
+    # (overlap.async_tp_backward_save_ms: dgrad collective beside the wgrad GEMM, SP input all-gather beside dgrad)
+    tp_b_async_save_ms: np.ndarray = None
 
 
 def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1,
-               ood_log: tuple | None = None) -> _RankView:
+               ood_log: tuple | None = None, tp_host_floor_ms: float = 0.0) -> _RankView:
     """Per-layer sums of a costed rank graph; with ``n_rep`` > 1 (a short graph, see ``_rank_graph``) block 1
     is repeated into blocks 1 .. n_rep (with a ``period`` P, blocks 1 .. P into blocks 1 .. n_rep x P). ``ood_log``:
-    :func:`~wattcast.simulate.step_band.ood_kernel_band_log` of the graph before a power limit (None: read here)."""
+    :func:`~wattcast.simulate.step_band.ood_kernel_band_log` of the graph before a power limit (None: read here).
+    ``tp_host_floor_ms``: a TP collective's host-bound floor (what asynchronous launch cannot hide of it)."""
     from wattcast.models.power import idle_power_w
     from wattcast.simulate.memory import block_input_bytes
 
@@ -1259,6 +1266,9 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         ood_opt_low_ms=per_layer(k_ood & opt, t_lo), ood_opt_high_ms=per_layer(k_ood & opt, t_hi),
         ood_coll_ms=per_layer(c_ood, t),
         wgrad_ms=per_layer(bwd & ~is_coll & names.str.endswith((".wgrad", ".bgrad")).to_numpy(), t),
+        tp_b_async_save_ms=per_layer(bwd, async_tp_backward_save_ms(names.to_numpy(), phase, op_class, group, layers, t,
+                                                                     num_sms=spec.num_sms,
+                                                                     host_floor_ms=tp_host_floor_ms)),
         layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
         f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
         attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn & ~rc, t),
@@ -1330,7 +1340,8 @@ _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", 
                      "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
                      "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "ood_fb_ms", "ood_fb_low_ms",
-                     "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms", "wgrad_ms")
+                     "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms", "wgrad_ms",
+                     "tp_b_async_save_ms")
 
 
 #: the per-layer sums :func:`critical_rank_ood` reads
@@ -1679,7 +1690,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     ends (``z3_first_b_ms`` holds it instead of a unit's reduce-scatter). ``last_bucket_chunk`` (Megatron-FSDP
     ``optim_grads``, ``--zero 2``: :func:`mfsdp_first_bucket_params`): the parameters of each chunk's last gradient
     bucket of a backward (the embedding's), ``z2_last_b_ms`` its reduce-scatter; the rest in ``bucket_params``
-    buckets."""
+    buckets. Without ``reduce_every_micro`` (Megatron-Core's DDP / distributed optimizer) ``last_bucket_chunk`` is the
+    bucketed chunk's last bucket (the embedding's) after the rest's equal ones."""
     n_chunks = P * V
     dp_l = lay["dp"]
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
@@ -1715,6 +1727,20 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 continue
             last = (min(float(last_bucket_chunk[c]), p_count)
                     if last_bucket_chunk is not None and reduce_every_micro and gi == 0 else 0.0)
+            bucketed = np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c not in first_chunks)
+            if (last_bucket_chunk is not None and not reduce_every_micro and gi == 0 and bucketed
+                    and 0 < float(last_bucket_chunk[c]) < p_count):
+                # Megatron-Core's DDP / distributed optimizer: _ParamAndGradBuffer fills buckets walking the parameters
+                # backwards and closes one at >= bucket_size (megatron-core 0.16.1 distributed/param_and_grad_buffer.py
+                # l. 711-739), so the embedding, the first parameter, lands in the last bucket (with what the bucket
+                # before it left): the rest's equal buckets, then that one, the backward's last (until stop 47 the
+                # chunk was cut into equal buckets, the embedding spread over them)
+                last = float(last_bucket_chunk[c])
+                rest = p_count - last
+                nb = max(1, int(np.ceil(rest / bucket_params)))
+                msgs.append((c, "bucket", op, rest * grad_b / nb, group, nb))
+                msgs.append((c, "bucket", op, last * grad_b, group, 1))
+                continue
             if last > 0:
                 # the last bucket of the backward as the source builds it (the embedding's), then the rest's buckets
                 msgs.append((c, "z2_rs_last", op, last * grad_b, group, 1))
@@ -1971,7 +1997,7 @@ def _plus_cp_collectives(view: _RankView, cp_coll_ms: tuple, f_ms=0.0, b_ms=0.0)
 
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
                 cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0,
-                ep_unpaired: np.ndarray | None = None, cp_coll_ms: tuple = (0.0, 0.0)) -> tuple:
+                ep_unpaired: np.ndarray | None = None, cp_coll_ms: tuple = (0.0, 0.0), async_tp_b: bool = False) -> tuple:
     """Per communication class, what it adds to each chunk's forward and backward (ms), the ring attention's KV step
     times and its exposed time per layer: (f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms).
 
@@ -1980,7 +2006,9 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     exposed in full (a recomputed attention runs its forward ones again in the backward); the ring, where
     ``--cp-comm-type`` has one (p2p; a2a+p2p's outer group), has ``cp_group_sizes(par)[1]`` ranks.
     ``ep_unpaired``: per chunk, the share of its tasks the MoE all-to-all overlap finds no partner for (a stage's
-    warm-up forwards and cool-down backwards): their all-to-alls are exposed in full."""
+    warm-up forwards and cool-down backwards): their all-to-alls are exposed in full.
+    ``async_tp_b``: the column-parallel linears start their backward TP collectives asynchronously (Megatron-Core, TE
+    or local layers): without ``--tp-comm-overlap`` the backward's TP time is lowered by ``view.tp_b_async_save_ms``."""
     # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
     # gradients), each overlapped with the attention of the block in hand; what a step's transfer takes beyond that
     # block's attention is exposed (Liu et al. 2023, Ring Attention; Megatron-Core / TE's implementation). A step is
@@ -2015,6 +2043,8 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         if grp in ("", "tp") and par.tp_comm_overlap:
             cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms) - view.gemm_f_ms
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
+        elif grp == "tp" and async_tp_b and view.tp_b_async_save_ms is not None:
+            cb = np.maximum(cb - view.tp_b_async_save_ms, 0.0)
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:
             pf, pb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms,
                                          mlp_f_ms=view.moe_mlp_f_ms, mlp_b_ms=view.moe_mlp_b_ms,
@@ -2360,7 +2390,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # warm-up forwards and cool-down backwards (its in-flight count of each; one of each without a pipeline) run
         # alone, their all-to-alls exposed (until stop 36 every task was charged as paired)
         ep_unpaired = np.tile(np.minimum(inflight_s / float(n_micro * V), 1.0), V)  # chunk c is on stage c mod P
-    parts_key = ("parts", bool(par.tp_comm_overlap), bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
+    # Megatron-Core's linear layers: overlap.async_tp_backward_save_ms; not under DualPipe, whose W runs apart (TE's
+    # delay_wgrad_compute puts the wgrad GEMM in its WeightGradStore, layernorm_linear.py l. 1068-1079, and the dgrad
+    # collective is waited for at the end of the same backward, l. 1128-1130: nothing of the module's left beside it)
+    async_tp_b = opts.framework == "megatron" and not dual
+    parts_key = ("parts", bool(par.tp_comm_overlap), async_tp_b, bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
                  ctx.cp_step_floor_ms, None if ep_unpaired is None else ep_unpaired.tobytes(), par.cp_comm_type,
                  par.hierarchical_cp_sizes)
     parts = sums.get(parts_key)
@@ -2371,7 +2405,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                    host_floor_ms=lambda n: collective_host_floor_ms(opts.framework, n, ctx.coll_floor))
         parts = sums[parts_key] = (*_comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk,
                                                 cp_step_floor_ms=ctx.cp_step_floor_ms, ep_unpaired=ep_unpaired,
-                                                cp_coll_ms=cp_coll), cp_coll)
+                                                cp_coll_ms=cp_coll, async_tp_b=async_tp_b), cp_coll)
     f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms, cp_coll = parts
     f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
     tp_coll = chunk_sum("coll_ms")
@@ -2387,18 +2421,26 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # --scatter-gather-tensors-in-pipeline): each TP rank sends 1/tp, the receiver all-gathers it over its TP group;
     # otherwise (Megatron-Core) every TP rank sends the whole tensor. With SP the tensor is already 1/tp
     partitioned = ctx.scatter_gather_p2p and par.tp > 1 and not par.sp
+    # per hop: a transfer between two stages on one node runs over NVLink, across nodes over the network (stop 47:
+    # until then every hop was charged as inter-node once the pipeline spanned nodes); p2p_ms, the scheduler's
+    # dependency-edge transfer and the reported figure, stays the pp group's worst hop
+    hop_ms = None
     if P > 1 and act_bytes > 0:
-        pl = GroupLayout(2, 1 if lay["pp"].nodes > 1 else 2, 2 if lay["pp"].nodes > 1 else 1)
-        p2p_key = ("p2p", act_bytes, pl, id(cl), id(cm), partitioned and lay["tp"])
-        p2p_ms = memo.get(p2p_key) if memo is not None else None
-        if p2p_ms is None:
-            if partitioned:
-                p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes / par.tp], pl, cl)[0][0]
-                               + collective_ms(cm, ["all_gather"], [act_bytes], lay["tp"], cl)[0][0])
-            else:
-                p2p_ms = float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0])
+        p2p_key = ("p2p", act_bytes, id(cl), id(cm), partitioned and lay["tp"])
+        in_out = memo.get(p2p_key) if memo is not None else None
+        if in_out is None:
+            in_out = []
+            for pl in (GroupLayout(2, 2, 1), GroupLayout(2, 1, 2)):  # a pair on one node, on two
+                if partitioned:
+                    in_out.append(float(collective_ms(cm, ["send_recv"], [act_bytes / par.tp], pl, cl)[0][0]
+                                        + collective_ms(cm, ["all_gather"], [act_bytes], lay["tp"], cl)[0][0]))
+                else:
+                    in_out.append(float(collective_ms(cm, ["send_recv"], [act_bytes], pl, cl)[0][0]))
             if memo is not None:
-                memo[p2p_key] = p2p_ms
+                memo[p2p_key] = in_out
+        p2p_ms = in_out[1] if lay["pp"].nodes > 1 else in_out[0]
+        cross = pp_hop_crosses_nodes(par.tp, par.cp, par.dp or 1, P, cl.gpus_per_node)
+        hop_ms = np.where(cross, in_out[1], in_out[0])  # hop_ms[s]: stage s to stage s + 1 (mod P)
     # how the transfers meet the computation: Megatron-LM / Megatron-Core's 1F1B waits on each batched send/recv before
     # its next computation (send_forward_recv_backward: both ends blocked) and DeepSpeed's engine sends blocking, so
     # each chunk that sends spends the transfer (the receiver then waits for nothing more); Megatron-Core's
@@ -2410,6 +2452,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # every chunk but the last sends its activations on, every chunk but the first its input gradient back
     send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
     send_f[-1] = send_b[0] = 0.0
+    if p2p_blocking and hop_ms is not None and p2p_ms > 0:
+        # a blocked sender spends its own hop's transfer: chunk c (on stage c mod P) sends forward to stage
+        # c + 1 mod P and its gradient back to stage c - 1 mod P; send_* scale the p2p_ms they multiply
+        stage = np.arange(n_chunks) % P
+        send_f = send_f * hop_ms[stage] / p2p_ms
+        send_b = send_b * hop_ms[(stage - 1) % P] / p2p_ms
 
     # the bf16 bytes BF16_Optimizer's all-reduce sends (DeepSpeed 0.19.8 casts its fp32 buffer to the default
     # communication_data_type, the model's bf16: stage_memory.bf16_optimizer_reduce_bytes), as the ZeRO optimizer's
@@ -2460,6 +2508,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             first_root_c = mfsdp_first_bucket_params(emb_c, root_c, bucket_params)
         else:
             last_c = mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params)
+    elif first_only and not dual and np.isfinite(bucket_params):
+        # Megatron-Core's DDP / distributed optimizer (ZeRO 0/1): the bucketed first chunk's last gradient bucket and
+        # the first parameter all-gather bucket its forward waits for are the embedding's (as Megatron-FSDP's:
+        # mfsdp_first_bucket_params; param_and_grad_buffer.py l. 711-739 fills buckets walking the parameters
+        # backwards, the embedding last)
+        emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))
+        last_c = np.where(np.isin(np.arange(n_chunks), first_ranks), 
+                          mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params), 0.0)
     dp_key = ("dp", par_dp.zero, z2_mode, sgo, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only,
               first_ranks, *(None if x is None else x.tobytes() for x in (root_c, first_root_c, last_c)))
@@ -2739,6 +2795,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     # run beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
                     n_b = (np.maximum(np.ceil(params_stage / bucket_params), 1.0) if np.isfinite(bucket_params)
                            else np.ones(P))
+                    if last_c is not None and not megatron_fsdp(opts.framework, par_dp.zero):
+                        # the first forward waits for the embedding's bucket (the buffer's last): its share of the
+                        # stage's gather, not 1 / n_b (Megatron-Core gathers the bucket groups in forward order)
+                        emb_first = by_stage(last_c)
+                        n_b = np.where(emb_first > 0, params_stage / np.maximum(emb_first, 1.0), n_b)
                     total_g = gather
                     gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
                                              first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None,

@@ -25,6 +25,7 @@ method; the copy-engine ring exchange is the recommended one on NVSwitch machine
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 #: the overlap flags, as ``ParallelConfig`` fields and API keywords (the CLI flags are these with dashes)
 OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm",
@@ -115,3 +116,56 @@ def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_s
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.where(comm > 0, af / comm, 0.0)
     return extra * frac, extra * (1.0 - frac)
+
+
+def async_tp_backward_save_ms(names, phase, op_class, group, layer, time_ms, *, num_sms: int,
+                              host_floor_ms: float = 0.0) -> np.ndarray:
+    """Per row of a costed rank graph (in its order), the ms of backward TP communication that Megatron-Core's
+    column-parallel linear layers hide without ``--tp-comm-overlap`` (0 elsewhere): what a row's time is to be
+    lowered by.
+
+    Transformer Engine's ``LayerNormLinear`` / ``Linear`` backward (TE 2.20.2 ``module/layernorm_linear.py``) starts
+    the sequence-parallel all-gather of its saved input asynchronously (l. 787-790) before the input-gradient (dgrad)
+    GEMM (l. 862) and waits for it before the weight-gradient GEMM (l. 985-987); it starts the dgrad's reduce-scatter
+    (or, without sequence parallelism, all-reduce) asynchronously (l. 904-910) before the wgrad GEMM (l. 1063) and
+    waits at the end (l. 1125-1130); ``module/layernorm_mlp.py`` l. 1600-1606 the same. Megatron-Core's local layers
+    do the same (megatron-core 0.16.1 ``tensor_parallel/layers.py`` l. 520-535 and 544-624). So in the graph: a TP
+    module's entry gradient (``<m>.enter.grad`` / ``<m>.enter.all_gather.grad``, the dgrad collective) runs beside the
+    ``.wgrad`` GEMMs of the linear layers just before it (the run of linear / TP-collective rows it closes), and a
+    linear's ``.input_all_gather`` beside its ``.dgrad``; each pair costs :func:`overlapped_ms` with NCCL's SMs
+    taken from the GEMM (:data:`NCCL_SMS`). The row-parallel layers' output-gradient all-gather is needed before
+    their dgrad: not hidden. ``host_floor_ms``: a TP collective's host-bound floor (``collective_host_floor_ms``):
+    the host issues the GEMM only once the collective's call returns, so that much of it is never hidden (a
+    host-bound step, such as Megatron-LM's CI tests, hides nothing)."""
+    names = pd.Series(np.asarray(names, dtype=object)).astype(str).reset_index(drop=True)
+    t = np.asarray(time_ms, dtype=float)
+    hideable = np.maximum(t - max(float(host_floor_ms), 0.0), 0.0)
+    bwd = np.asarray(phase) == "backward"
+    is_coll = np.asarray(op_class) == "collective"
+    tp = is_coll & (np.asarray(group, dtype=object).astype(str) == "tp")
+    is_lin = np.asarray(op_class) == "linear"
+    share = sm_share(NCCL_SMS, num_sms)
+    save = np.zeros(len(t))
+    # dgrad collective beside the module's wgrad GEMMs: runs of backward linear / TP-collective rows
+    enter = bwd & tp & names.str.contains(r"\.enter(?:\.all_gather)?\.grad$", regex=True).to_numpy()
+    if enter.any():
+        seg = np.cumsum(~(bwd & (is_lin | tp)))
+        wgrad = bwd & is_lin & names.str.endswith(".wgrad").to_numpy()
+        w_seg = np.bincount(seg, weights=np.where(wgrad, t, 0.0))
+        c_seg = np.bincount(seg, weights=np.where(enter, hideable, 0.0))
+        w, c = w_seg[seg[enter]], c_seg[seg[enter]]
+        hidden = w + c - overlapped_ms(w, c, share=share)  # of the segment's collectives, shared in proportion
+        with np.errstate(invalid="ignore", divide="ignore"):
+            save[enter] = np.where(c > 0, hidden * hideable[enter] / c, 0.0)
+    # sequence-parallel input all-gather beside the same linear's dgrad GEMM
+    ag = bwd & tp & names.str.endswith(".input_all_gather").to_numpy()
+    if ag.any():
+        lay = np.asarray(layer)
+        lin = bwd & is_lin
+        dgrad_ms = pd.Series(t[lin], index=pd.MultiIndex.from_arrays([lay[lin], names[lin].to_numpy()]))
+        dgrad_ms = dgrad_ms[~dgrad_ms.index.duplicated()]
+        want = pd.MultiIndex.from_arrays([lay[ag], names[ag].str.replace(r"\.input_all_gather$", ".dgrad",
+                                                                          regex=True).to_numpy()])
+        d = np.nan_to_num(dgrad_ms.reindex(want).to_numpy(dtype=float))
+        save[ag] = d + hideable[ag] - overlapped_ms(d, hideable[ag], share=share)
+    return save

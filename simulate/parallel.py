@@ -586,6 +586,11 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
+    if cfg.interleave == 1 and flags.get("overlap_p2p_comm"):
+        # Megatron-LM forces it off without the interleaved schedule (megatron/training/arguments.py l. 976-978, 0.19.2
+        # wheel: "Overlap P2P communication is disabled if not using the interleaved schedule", args.overlap_p2p_comm
+        # = False): report what runs (until stop 47 the JSON said true at --interleave 1; the step never used it)
+        flags["overlap_p2p_comm"] = False
     return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags, **cp_fields)
 
 
@@ -713,6 +718,19 @@ def embedding_group_layout(tp: int, cp: int, dp: int, pp: int, gpus_per_node: in
         return _NO_GROUP
     return _PAIR_ONE_NODE if tp * cp * dp * pp <= gpus_per_node else _PAIR_TWO_NODES
 
+
+
+def pp_hop_crosses_nodes(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int) -> np.ndarray:
+    """Whether each pipeline hop joins ranks on two nodes: entry ``s`` is the hop from stage ``s`` to stage
+    ``s + 1`` (the last, stage ``pp - 1`` back to stage 0, the interleaved schedule's wrap to the next model chunk).
+    Megatron's order puts stage ``s``'s ranks at ``s x a`` .. ``(s + 1) x a - 1`` (``a = tp x cp x dp``; pp outermost,
+    ``parallel_state.initialize_model_parallel``) and each rank exchanges with the one ``a`` ranks on; every pair
+    sends at once and the step waits for the slowest, so a hop crosses when any of its ``a`` pairs does."""
+    a = max(int(tp) * int(cp) * int(dp), 1)
+    g = max(int(gpus_per_node), 1)
+    s = np.arange(max(int(pp), 1))[:, None]
+    i = np.arange(a)[None, :]
+    return ((s * a + i) // g != (((s + 1) % max(int(pp), 1)) * a + i) // g).any(axis=1)
 
 #: the :func:`layouts` entries of context parallelism's sub-groups (its all-to-all group and its KV ring, inside the
 #: "cp" group): what the CP communication runs over, not listed with the job's groups (a prediction's ``layouts``)

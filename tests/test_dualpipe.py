@@ -230,3 +230,27 @@ def test_data_loading_follows_the_chunk_not_the_rank():
     names = [e["name"] for e in r.events if e["stage"] == 0 and e["stream"] == "compute"]
     after_pair = [names[i + 1] for i, n in enumerate(names[:-1]) if n.startswith("FB")]
     assert any(n.startswith("data_loading") for n in after_pair)
+
+
+def test_dualpipe_leaves_the_backward_tp_collectives_exposed():
+    """DualPipe runs the weight gradients apart (TE's delay_wgrad_compute: layernorm_linear.py l. 1068-1079), so the
+    dgrad collective has no wgrad GEMM beside it in the backward: the asynchronous-TP saving is not taken there,
+    while 1F1B takes it."""
+    import numpy as np
+
+    import wattcast.simulate.distributed as dist
+
+    kw = dict(KW, gpus=16, tp=2)
+    runs = {}
+    orig = dist.async_tp_backward_save_ms
+    for name, fn in (("save", orig), ("none", lambda names, *a, **k: np.zeros(len(names)))):
+        dist.async_tp_backward_save_ms = fn
+        dist._COSTED.clear()
+        try:
+            runs[name] = [wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw, **s).step_time_ms
+                          for s in ({"schedule": "dualpipe"}, {})]
+        finally:
+            dist.async_tp_backward_save_ms = orig
+            dist._COSTED.clear()
+    assert runs["save"][0] == pytest.approx(runs["none"][0], rel=1e-12)  # DualPipe: nothing hidden
+    assert runs["save"][1] < runs["none"][1]  # 1F1B: the dgrad collectives beside the wgrad GEMMs

@@ -430,3 +430,76 @@ def test_blocking_interleaved_transfers_cost_v_times_the_1f1b_ones():
         wattcast.predict_cluster(GPT_PP, "DGX-A100", **dict(kw, framework="hf", overlap_grad_reduce=None,
                                                              overlap_param_gather=None), interleave=2,
                                  overlap_p2p_comm=True)
+
+
+def test_column_parallel_backward_collectives_run_beside_the_wgrad_and_dgrad_gemms():
+    """TE 2.20.2 layernorm_linear.py l. 787-790 / 904-910 / 1125-1130 (and Megatron-Core's local layers): the dgrad
+    collective beside the module's wgrad GEMM, the SP input all-gather beside its dgrad GEMM; the row-parallel
+    layer's output-gradient all-gather is waited for before its dgrad, so it stays exposed."""
+    from wattcast.simulate.overlap import NCCL_SMS, async_tp_backward_save_ms
+    rows = [  # name, phase, op_class, group, layer, ms
+        ("mlp.exit.reduce_scatter.grad", "backward", "collective", "tp", 1, 0.2),
+        ("mlp.fc2.dgrad", "backward", "linear", "", 1, 1.0),
+        ("mlp.fc2.wgrad", "backward", "linear", "", 1, 1.0),
+        ("mlp.act.grad", "backward", "elementwise", "", 1, 0.1),
+        ("mlp.fc1.input_all_gather", "backward", "collective", "tp", 1, 0.3),
+        ("mlp.fc1.dgrad", "backward", "linear", "", 1, 2.0),
+        ("mlp.fc1.wgrad", "backward", "linear", "", 1, 0.5),
+        ("mlp.enter.all_gather.grad", "backward", "collective", "tp", 1, 0.8),  # longer than its wgrad
+        ("norm.grad", "backward", "layernorm", "", 1, 0.1),
+        ("mlp.fc1.dgrad", "backward", "linear", "", 2, 0.1),  # another layer's same-named GEMM: not the partner
+        ("attn.enter.grad", "forward", "collective", "tp", 1, 0.4),  # forward: never hidden here
+    ]
+    n, ph, oc, grp, lay, t = map(np.array, zip(*rows))
+    save = async_tp_backward_save_ms(n, ph, oc, grp, lay, t.astype(float), num_sms=132)
+    share = NCCL_SMS / 132
+    assert save[0] == 0.0 and save[-1] == 0.0  # row-parallel gradient all-gather; forward collective
+    assert save[4] == pytest.approx(0.3 - share * 0.3)  # all of it beside fc1's 2 ms dgrad, less the SMs it takes
+    # 0.8 ms beside a 0.5 ms wgrad (slowed by the SMs taken, still done first): 0.3 ms exposed
+    assert save[7] == pytest.approx(0.5)
+    assert save[[1, 2, 3, 5, 6, 8, 9]].sum() == 0.0
+    # no wgrad before it (nothing to hide behind): fully exposed
+    assert async_tp_backward_save_ms(n[7:8], ph[7:8], oc[7:8], grp[7:8], lay[7:8], t[7:8].astype(float),
+                                     num_sms=132)[0] == 0.0
+    # a host-bound collective (its floor): the GEMM is issued once the call returns; only what lies above is hidden
+    floored = async_tp_backward_save_ms(n, ph, oc, grp, lay, t.astype(float), num_sms=132, host_floor_ms=0.25)
+    assert floored[4] == pytest.approx(0.05 - share * 0.05)
+    assert floored[7] == pytest.approx(0.5 + 0.55 - max(0.5 * (1 + share), 0.55))
+    assert async_tp_backward_save_ms(n, ph, oc, grp, lay, t.astype(float), num_sms=132, host_floor_ms=1.0).sum() == 0.0
+
+
+def test_megatron_hides_backward_tp_collectives_without_tp_comm_overlap(monkeypatch):
+    """Without --tp-comm-overlap Megatron-Core still starts the dgrad collectives asynchronously: the exposed TP time
+    and the step are below what the graph's backward TP collectives cost in series."""
+    import wattcast.simulate.distributed as dist
+    kw = dict(gpus=2, batch=8, seq=1024, framework="megatron",
+              parallel=ParallelConfig(gpus=2, tp=2, micro_batch=1, tp_comm_overlap=False))
+    on = predict_distributed("gpt2", "DGX-H100", **kw)
+    monkeypatch.setattr(dist, "async_tp_backward_save_ms", lambda names, *a, **k: np.zeros(len(names)))
+    dist._COSTED.clear()
+    series = predict_distributed("gpt2", "DGX-H100", **kw)
+    dist._COSTED.clear()
+    assert on.exposed_comm_split_ms["tp"] < series.exposed_comm_split_ms["tp"] - 0.05
+    assert on.step_time_ms < series.step_time_ms
+
+
+def test_megatron_core_ddp_last_bucket_is_the_embeddings():
+    """Megatron-Core's _ParamAndGradBuffer fills buckets walking the parameters backwards and closes one at >= the
+    bucket size (megatron-core 0.16.1 param_and_grad_buffer.py l. 711-739): the embedding, the first parameter, is the
+    bucketed chunk's last bucket, reduced as the backward ends; the rest in equal buckets before it."""
+    from wattcast.data.cluster_spec import resolve_cluster
+    from wattcast.simulate.distributed import _dp_times, collective_model, mfsdp_first_bucket_params
+    from wattcast.simulate.parallel import ParallelConfig, layouts
+
+    cl, cm = resolve_cluster("DGX-H100"), collective_model()
+    par = ParallelConfig(gpus=64, tp=1, pp=2, dp=32, zero=1, micro_batch=1, overlap_grad_reduce=True)
+    params = np.array([4e8, 3e8])  # stage 0 with a 100M-parameter embedding
+    last = np.where([True, False], mfsdp_first_bucket_params(np.array([1e8, 0.0]), params, 40e6), 0.0)
+    t = _dp_times(par, layouts(par, cl), cl, cm, params, np.zeros(2), 4.0, 2.0, 2, 1, np.ones(2, dtype=int), 40e6,
+                  bucketed_first_chunk_only=True, last_bucket_chunk=last)
+    b0 = t["bucket_ms"][0]
+    assert len(b0) == 9  # 300M in 8 buckets of 37.5M, then the embedding's 100M
+    assert b0[-1] > 2 * b0[0] and np.allclose(b0[:-1], b0[0])
+    assert len(t["bucket_ms"][1]) == 1  # later stages: one message, as before
+    # an embedding below the bucket size opens a bucket it fills with what follows it: about a bucket's worth
+    assert mfsdp_first_bucket_params(np.array([1e7]), np.array([4e8]), 40e6)[0] == 40e6

@@ -92,3 +92,37 @@ def test_search_passes_scatter_gather_to_every_candidate():
     off = search("gpt3_2.7b", "DGX-A100", 64, 64, 2048, **kw).best
     on = search("gpt3_2.7b", "DGX-A100", 64, 64, 2048, scatter_gather_p2p=True, **kw).best
     assert on["step_time_ms"] < off["step_time_ms"]
+
+
+def test_each_hop_costs_its_own_link():
+    """Megatron's order puts stage s on ranks s x (tp cp dp) ..: with 4 ranks a stage on 8-GPU nodes, stages 0-1 share
+    node 0 and 2-3 node 1, so only hop 1 -> 2 (and the interleaved wrap 3 -> 0) crosses nodes; the blocked sender
+    pays NVLink for the others, not the network."""
+    import numpy as np
+
+    import wattcast.simulate.distributed as dist
+    from wattcast.simulate.parallel import pp_hop_crosses_nodes
+
+    assert pp_hop_crosses_nodes(2, 1, 2, 4, 8).tolist() == [False, True, False, True]
+    assert pp_hop_crosses_nodes(8, 1, 1, 4, 8).all() and not pp_hop_crosses_nodes(1, 1, 1, 4, 8).any()
+    assert pp_hop_crosses_nodes(2, 1, 3, 4, 8).all()  # 6 ranks a stage: every stage straddles a node boundary
+    kw = dict(gpus=16, tp=2, pp=4, dp=2, batch=32, seq=2048, micro_batch=1, dtype="bf16", attention="flash")
+    per_hop = wattcast.predict_cluster("gpt3_2.7b", "DGX-H100", framework="megatron", **kw)
+    orig = dist.pp_hop_crosses_nodes
+    try:
+        dist.pp_hop_crosses_nodes = lambda tp, cp, dp, pp, g: np.ones(pp, dtype=bool)  # every hop across nodes
+        all_inter = wattcast.predict_cluster("gpt3_2.7b", "DGX-H100", framework="megatron", **kw)
+    finally:
+        dist.pp_hop_crosses_nodes = orig
+    assert per_hop.comm["p2p_ms"] == all_inter.comm["p2p_ms"]  # the reported (worst) hop
+    assert per_hop.exposed_comm_split_ms["pp"] < 0.75 * all_inter.exposed_comm_split_ms["pp"]
+    assert per_hop.step_time_ms < all_inter.step_time_ms
+
+
+def test_overlap_p2p_comm_reported_off_without_interleaving():
+    """Megatron-LM forces overlap_p2p_comm off without the interleaved schedule (arguments.py l. 976-978): the
+    JSON says what runs, false at --interleave 1 and the default (true) with interleaving."""
+    one, _, _, _ = _pp("megatron")
+    assert one.parallel.overlap_p2p_comm is False and one.to_dict()["parallel"]["overlap_p2p_comm"] is False
+    two, _, _, _ = _pp("megatron", interleave=2)
+    assert two.parallel.overlap_p2p_comm is True
