@@ -685,7 +685,9 @@ class GraphBuilder:
         n = _numel(shape)
         # an op told to write another float dtype (``out_dtype``: HF RMSNorm's fp32 region) computes in it, and autograd
         # sends its gradients in it too: its kernels (forward and backward) are that dtype's, at its bytes an element
-        node_dtype = out_dtype if out_dtype not in (None, self.dtype) else None
+        # (a float dtype only: a comparison's bool output is labelled fp8 by the importers, and its kernel reads its
+        # float inputs at the model's width)
+        node_dtype = out_dtype if out_dtype in _FLOAT_DTYPES and out_dtype != self.dtype else None
         db = DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes
         out_b = n * DTYPE_BYTES.get(out_dtype or self.dtype, db)
         # operands the kernel streams from memory: full-size ones, and broadcast ones too large to stay
@@ -863,7 +865,9 @@ class GraphBuilder:
         """A reduction (mean, sum, max...) of ``x`` to ``out_shape``: memory-bound, costed by proxy. ``out_dtype``: as
         for :meth:`elementwise` (a reduction in another float dtype, its kernels that dtype's at its bytes)."""
         n_out = _numel(out_shape)
-        node_dtype = out_dtype if out_dtype not in (None, self.dtype) else None
+        # (a float dtype only: a comparison's bool output is labelled fp8 by the importers, and its kernel reads its
+        # float inputs at the model's width)
+        node_dtype = out_dtype if out_dtype in _FLOAT_DTYPES and out_dtype != self.dtype else None
         db = DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes
         bw = [self._bw(f"{name}.grad", "elementwise", "", "proxy", flops=x.numel, bytes_=(n_out + x.numel) * db,
                        **({"dtype": node_dtype} if node_dtype else {}))] if grad else []

@@ -149,7 +149,9 @@ def async_tp_backward_save_ms(names, phase, op_class, group, layer, time_ms, *, 
     # dgrad collective beside the module's wgrad GEMMs: runs of backward linear / TP-collective rows
     enter = bwd & tp & names.str.contains(r"\.enter(?:\.all_gather)?\.grad$", regex=True).to_numpy()
     if enter.any():
-        seg = np.cumsum(~(bwd & (is_lin | tp)))
+        # a linear's bias gradient (``.bgrad``, a reduction row between its wgrad and the collective) stays in the run:
+        # Transformer Engine fuses it into the wgrad / dgrad work
+        seg = np.cumsum(~(bwd & (is_lin | tp | names.str.endswith(".bgrad").to_numpy())))
         wgrad = bwd & is_lin & names.str.endswith(".wgrad").to_numpy()
         w_seg = np.bincount(seg, weights=np.where(wgrad, t, 0.0))
         c_seg = np.bincount(seg, weights=np.where(enter, hideable, 0.0))

@@ -503,3 +503,19 @@ def test_megatron_core_ddp_last_bucket_is_the_embeddings():
     assert len(t["bucket_ms"][1]) == 1  # later stages: one message, as before
     # an embedding below the bucket size opens a bucket it fills with what follows it: about a bucket's worth
     assert mfsdp_first_bucket_params(np.array([1e7]), np.array([4e8]), 40e6)[0] == 40e6
+
+
+def test_a_bias_gradient_does_not_cut_the_dgrad_collective_from_its_wgrad():
+    """Stop 47 review: a biased linear's ``.bgrad`` row (a reduction between its wgrad and the module's entry
+    gradient) stays in the run: the collective is hidden behind the wgrad as in an unbiased model."""
+    from wattcast.simulate.overlap import async_tp_backward_save_ms
+    rows = [("mlp.fc1.dgrad", "backward", "linear", "", 1, 2.0),
+            ("mlp.fc1.wgrad", "backward", "linear", "", 1, 0.5),
+            ("mlp.fc1.bgrad", "backward", "reduction", "", 1, 0.05),
+            ("mlp.enter.all_gather.grad", "backward", "collective", "tp", 1, 0.8)]
+    n, ph, oc, grp, lay, t = map(np.array, zip(*rows))
+    save = async_tp_backward_save_ms(n, ph, oc, grp, lay, t.astype(float), num_sms=132)
+    no_bias = [0, 1, 3]
+    save_nb = async_tp_backward_save_ms(n[no_bias], ph[no_bias], oc[no_bias], grp[no_bias], lay[no_bias],
+                                        t[no_bias].astype(float), num_sms=132)
+    assert save[3] == pytest.approx(0.5) and save[3] == pytest.approx(save_nb[2])
