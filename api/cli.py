@@ -895,7 +895,7 @@ def search(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="As for predict (default bf16; fp16 when a cluster's GPU has no BF16)."),
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="As for predict (default flash)."),
     optimizer: str = typer.Option(DEFAULTS.optimizer, "--optimizer", help="As for predict (default adamw; adamw-bf16: bf16 moments)."),
-    max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations per cluster."),
+    max_configs: int = typer.Option(20000, "--max-configs", help="Evaluate at most this many valid configurations per cluster (spread over the whole space; the rows it leaves out are counted in the warnings)."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Tokens of the whole run: adds its days, cloud cost, energy, TCO and CO2e."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens; `wattcast regions` lists them)."),
     pue: Optional[float] = _PUE_OPTION,
