@@ -1076,7 +1076,9 @@ def search(
             ("GB", "memory_gb", "{:.1f}"), ("fits", "fits", "{}"), ("W/GPU", "avg_power_w", "{:.0f}")] + (
             [("days", "run_days", "{:,.1f}"), ("cloud $", "run_cloud_usd", "{:,.0f}"), ("TCO $", "run_tco_usd", "{:,.0f}"),
              ("MWh", "run_energy_mwh", "{:,.2f}"), ("tCO2e", "run_tco2e", "{:,.2f}")] if run else
-            [("exposed comm ms", "exposed_comm_ms", "{:.1f}"), ("bubble ms", "bubble_ms", "{:.1f}")])
+            [("exposed comm ms", "exposed_comm_ms", "{:.1f}"), ("bubble ms", "bubble_ms", "{:.1f}")]) + (
+            # the column the ranking uses: without --tokens, --objective energy ranks by the step's energy
+            [("step J", "energy_j", "{:,.0f}")] if str(objective).lower() == "energy" and not run else [])
         for head, key, _ in cols:
             t.add_column(head, justify="left" if key in ("cluster", "strategy") else "right",
                          no_wrap=key in ("cluster", "strategy"))
