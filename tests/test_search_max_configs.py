@@ -86,3 +86,24 @@ def test_the_default_cap_covers_the_search_speed_benchmark_space():
     assert inspect.signature(search).parameters["max_configs"].default == 20000
     out = CliRunner().invoke(app, ["search", "--help"])
     assert "20000" in out.output
+
+
+def test_a_sweep_record_carries_the_cap_warning(tmp_path):
+    from wattcast.sweep import read_sweep, run_sweep, search_keys
+
+    spec = dict(models=["gpt2"], clusters=["DGX-A100"], gpus=[8], batch=32, seq=1024, max_configs=40,
+                space=dict(tp=[1, 2, 4]))
+    df = read_sweep(run_sweep(spec, tmp_path / "s.parquet", workers=0).output)
+    notes = search_keys(df["warnings"].iloc[0])
+    assert any("valid candidates not evaluated (max_configs=40)" in w for w in notes)
+
+
+def test_workers_cut_a_capped_search_as_one_process_does(monkeypatch):
+    import wattcast.planning.search as search_mod
+
+    monkeypatch.setattr(search_mod, "PARALLEL_MIN_CANDIDATES", 1)
+    one = wattcast.search(*JOB, max_configs=40, **SPACE)
+    two = wattcast.search(*JOB, max_configs=40, tp=(1, 2, 4), workers=2)
+    search_mod.shutdown_workers()
+    pd.testing.assert_frame_equal(one.ranked, two.ranked)
+    assert one.warnings == two.warnings and one.dropped_values == two.dropped_values
