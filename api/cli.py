@@ -882,6 +882,8 @@ def _print_cluster_tables(res, batch: int, seq: int) -> None:
 
 
 _SEARCH_OUTPUT_SUFFIXES = (".json", ".csv", ".parquet")
+#: rows the search table shows without --top
+SEARCH_TABLE_TOP = 10
 
 
 @app.command()
@@ -895,7 +897,7 @@ def search(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="As for predict (default bf16; fp16 when a cluster's GPU has no BF16)."),
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="As for predict (default flash)."),
     optimizer: str = typer.Option(DEFAULTS.optimizer, "--optimizer", help="As for predict (default adamw; adamw-bf16: bf16 moments)."),
-    max_configs: int = typer.Option(5000, "--max-configs", help="Evaluate at most this many configurations per cluster."),
+    max_configs: int = typer.Option(20000, "--max-configs", help="Evaluate at most this many valid configurations per cluster (spread over the whole space; the rows it leaves out are counted in the warnings)."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Tokens of the whole run: adds its days, cloud cost, energy, TCO and CO2e."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens; `wattcast regions` lists them)."),
     pue: Optional[float] = _PUE_OPTION,
@@ -914,7 +916,7 @@ def search(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write every kept row to FILE (.json, .csv or .parquet, told by the suffix)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --output replace an existing file."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: run time vs cloud cost, coloured by CO2e, the Pareto front highlighted (needs --tokens)."),
-    top: int = typer.Option(10, "--top", help="Rows to show."),
+    top: Optional[int] = typer.Option(None, "--top", help="Rows to show: the table's (default 10) and, when given, --json's ranked (default every ranked row; --output writes every row)."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
     cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     cp_comm_type: Optional[List[str]] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE context-parallel communication types to search for cp > 1 candidates (repeatable: p2p, a2a, allgather, a2a+p2p; default p2p)."),
@@ -1043,7 +1045,10 @@ def search(
         _write("--plot", plot, lambda: plot_runs(res.ranked, plot))
     unranked = _unranked_clusters(res)
     if as_json:
-        print(json.dumps({"ranked": _records(res.ranked), "pareto": _records(res.pareto),
+        # a given --top keeps that many rows of the ranking, as the table shows them; ranked_total counts them all
+        print(json.dumps({"ranked": _records(res.ranked if top is None else res.ranked.head(top)),
+                          "ranked_total": len(res.ranked),
+                          "pareto": _records(res.pareto),
                           "rejected": _records(res.rejected), "excluded": _records(res.excluded),
                           "warnings": list(res.warnings), "unranked_clusters": unranked,
                           "dropped_values": list(res.dropped_values)}, indent=2, default=str))
@@ -1053,6 +1058,7 @@ def search(
     if not con.is_terminal:  # piped or captured: room for every column
         con = Console(width=200)
     many = len(cluster) > 1
+    top = SEARCH_TABLE_TOP if top is None else top
     shown = res.ranked.head(top)
     by = {"time": "step time", "cost": f"cloud cost ({pricing or 'on-demand'})", "tco": "TCO", "co2e": "CO2e",
           "energy": "energy"}.get(str(objective).lower(), objective)
@@ -1070,7 +1076,9 @@ def search(
             ("GB", "memory_gb", "{:.1f}"), ("fits", "fits", "{}"), ("W/GPU", "avg_power_w", "{:.0f}")] + (
             [("days", "run_days", "{:,.1f}"), ("cloud $", "run_cloud_usd", "{:,.0f}"), ("TCO $", "run_tco_usd", "{:,.0f}"),
              ("MWh", "run_energy_mwh", "{:,.2f}"), ("tCO2e", "run_tco2e", "{:,.2f}")] if run else
-            [("exposed comm ms", "exposed_comm_ms", "{:.1f}"), ("bubble ms", "bubble_ms", "{:.1f}")])
+            [("exposed comm ms", "exposed_comm_ms", "{:.1f}"), ("bubble ms", "bubble_ms", "{:.1f}")]) + (
+            # the column the ranking uses: without --tokens, --objective energy ranks by the step's energy
+            [("step J", "energy_j", "{:,.0f}")] if str(objective).lower() == "energy" and not run else [])
         for head, key, _ in cols:
             t.add_column(head, justify="left" if key in ("cluster", "strategy") else "right",
                          no_wrap=key in ("cluster", "strategy"))

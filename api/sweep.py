@@ -1177,10 +1177,13 @@ def search_keys(value: Any) -> Any:
 
 def summary(frame: pd.DataFrame, columns: Iterable[str] = ("model", "cluster", "gpus", "region", "status", "strategy",
                                                             "step_time_ms", "step_time_band_low_ms",
-                                                            "step_time_band_high_ms", "mfu", "memory_gb", "run_days",
-                                                            "run_cloud_usd", "run_tco2e", "error", *SEARCH_KEYS)
+                                                            "step_time_band_high_ms", "mfu", "memory_gb", "energy_j",
+                                                            "run_days", "run_cloud_usd", "run_tco2e", "run_energy_mwh",
+                                                            "error", *SEARCH_KEYS)
             ) -> pd.DataFrame:
-    """The best row of each task (rank 1, or the row saying why there is none, with its ``error`` text)."""
+    """The best row of each task (rank 1, or the row saying why there is none, with its ``error`` text): its step time,
+    band, MFU, memory and step energy (``energy_j``, J over all GPUs: what ``objective: energy`` ranks by without
+    ``tokens``), with ``tokens`` the run's days, cloud cost, tCO2e and MWh."""
     if frame.empty:
         return frame
     best = frame[frame["rank"] <= 1]

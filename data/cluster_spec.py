@@ -561,10 +561,36 @@ def resolve_cluster(name_or_path: str | Path | ClusterSpec, *, device: str | Non
     if isinstance(name_or_path, ClusterSpec):
         c = name_or_path
     else:
-        c = _resolve_cluster(name_or_path, device)
+        part = _partial_node(name_or_path)
+        c = (_resolve_cluster(name_or_path, device) if part is None
+             else _partial_node_cluster(*part, device))
     if device is not None and c.device != device:
         c = validate_cluster(dataclasses.replace(c, device=device))
     return c
+
+
+#: the name :func:`using_gpus_per_node` gives a cluster run on n of its nodes' N GPUs ("DGX-H100 (4 of 8 GPUs per node)")
+_PARTIAL_NODE_NAME = re.compile(r"^(?P<base>.+) \((?P<n>\d+) of (?P<of>\d+) GPUs per node\)$")
+
+
+def _partial_node(name_or_path) -> tuple[str, int, int] | None:
+    """(base cluster, n, N) of a name :func:`using_gpus_per_node` gave (a search row's ``cluster``), None otherwise (an
+    existing file of that name too)."""
+    s = str(name_or_path)
+    m = _PARTIAL_NODE_NAME.match(s.strip())
+    if m is None or Path(s).is_file():
+        return None
+    return m["base"], int(m["n"]), int(m["of"])
+
+
+def _partial_node_cluster(base: str, n: int, of: int, device: str | None) -> ClusterSpec:
+    """The cluster a partial-node name stands for: ``base`` resolved, then :func:`using_gpus_per_node` with ``n`` (its
+    nodes must have ``of`` GPUs: the name says so)."""
+    c = _resolve_cluster(base, device)
+    if c.gpus_per_node != of:
+        raise ClusterSpecError(f"cluster {base!r} ({n} of {of} GPUs per node): {c.name}'s nodes have {c.gpus_per_node} "
+                               f"GPUs, not {of}")
+    return using_gpus_per_node(c, n)
 
 
 def device_link_notes(c: ClusterSpec, spec: Any) -> list[str]:

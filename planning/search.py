@@ -157,17 +157,21 @@ NO_CANDIDATE_RULE = ("no candidate strategy has it: it fits none of the job's la
                      "batch split into micro-batches, the heads by tp and cp, the layers by pp)")
 
 
-def dropped_values(asked: dict, outcomes: list, generated: list | None = None) -> list[dict]:
+def dropped_values(asked: dict, outcomes: list, generated: list | None = None, skipped: list | None = None,
+                   max_configs: int | None = None) -> list[dict]:
     """Per value of ``asked`` (search-space option -> the choices the caller gave) that no evaluated candidate has but
     rejected ones do: {option, value, rejected (how many candidates with it), rule (the most common), note}.
     ``outcomes``: (candidate ParallelConfig, evaluated?, rule or None) per candidate the search went through.
     ``generated``: every candidate generated (None: not known); a value none of them has is listed with 0 rejected
-    and :data:`NO_CANDIDATE_RULE` (e.g. ``--cp 3`` on 16 GPUs), when some candidate was generated at all."""
+    and :data:`NO_CANDIDATE_RULE` (e.g. ``--cp 3`` on 16 GPUs), when some candidate was generated at all.
+    ``skipped``: the candidates ``max_configs`` left out; a value with no evaluated row whose candidates (some of them)
+    were skipped is listed with the rule :func:`not_evaluated_rule` and ``not_evaluated`` (how many were skipped)."""
     out = []
     for option, values in asked.items():
         if option not in _DROP_OPTIONS or not values:
             continue
         have = [_option_value(par, option) for par, _, _ in outcomes]
+        left = [_option_value(par, option) for par in skipped or ()]
         made = None if not generated else {_option_value(par, option) for par in generated}
         for value in values:
             if value is None:
@@ -179,7 +183,16 @@ def dropped_values(asked: dict, outcomes: list, generated: list | None = None) -
                                 note=f"{option} {shown}: {NO_CANDIDATE_RULE}"))
                 continue
             rules = [str(rule) for v, (_, ok, rule) in zip(have, outcomes) if v == value and not ok]
-            if not rules or any(ok for v, (_, ok, _) in zip(have, outcomes) if v == value):
+            if any(ok for v, (_, ok, _) in zip(have, outcomes) if v == value):
+                continue
+            n_left = sum(v == value for v in left)
+            if n_left:  # its candidates not all gone through: the cap, not a rule, kept it out of the ranking
+                rule = not_evaluated_rule(max_configs)
+                out.append(dict(option=option, value=as_json, rejected=len(rules), rule=rule, not_evaluated=n_left,
+                                note=f"{option} {shown}: {n_left:,} candidate{'s' if n_left > 1 else ''} {rule}"
+                                     + (f"; {len(rules):,} rejected: " + _top_rules(rules, 1) if rules else "")))
+                continue
+            if not rules:
                 continue
             n = len(rules)
             out.append(dict(option=option, value=as_json, rejected=n,
@@ -187,6 +200,12 @@ def dropped_values(asked: dict, outcomes: list, generated: list | None = None) -
                             note=f"{option} {shown}: {'all ' if n > 1 else ''}{n:,} candidate{'s' if n > 1 else ''} "
                                  f"rejected: " + _top_rules(rules, 1)))
     return out
+
+
+def not_evaluated_rule(max_configs: int | None) -> str:
+    """What :func:`dropped_values` says of a value whose candidates the search's cap left out."""
+    cap = f"max_configs={max_configs:,}" if max_configs else "max_configs"
+    return f"not evaluated: the search stopped at {cap} (raise --max-configs)"
 
 
 def _top_rules(rules, top: int) -> str:
@@ -465,7 +484,7 @@ def _in_model_folders(fn):
 
 @_in_model_folders
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
-           optimizer: str = DEFAULTS.optimizer, max_configs: int = 5000, progress=None, framework: str = DEFAULTS.framework,
+           optimizer: str = DEFAULTS.optimizer, max_configs: int = 20000, progress=None, framework: str = DEFAULTS.framework,
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
@@ -673,6 +692,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     outcomes = []  # per candidate gone through: (config, evaluated?, its rule), for dropped_values
     generated = []  # every candidate generated (on every cluster), for dropped_values
+    skipped = []  # candidates not gone through (max_configs reached), for dropped_values
+    cap_notes = []  # per cluster where max_configs left valid candidates out: how many
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
@@ -697,18 +718,31 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                 got = _evaluate_parallel(job, cands, n_workers, max_configs, progress)
             else:
                 got = _evaluate_serial(job, cands, max_configs, progress)
+            got, skipped_i = got
             for kind, rec in got:
                 (rows if kind == "row" else bad).append(rec)
-            # both evaluators give the candidates' outcomes in candidate order, cut at max_configs
-            outcomes.extend((par, kind == "row", None if kind == "row" else rec[-1]) for par, (kind, rec) in zip(cands, got))
+            # both evaluators give the outcomes of the candidates gone through in candidate order, and those skipped
+            left_i = set(skipped_i)
+            gone = [c for i, c in enumerate(cands) if i not in left_i] if left_i else cands
+            outcomes.extend((par, kind == "row", None if kind == "row" else rec[-1]) for par, (kind, rec) in zip(gone, got))
+            if skipped_i:  # those left out that break a rule are rejected as usual; the others are named
+                left = [cands[i] for i in skipped_i]
+                broken = _rule_broken(job, left)
+                bad.extend((cl.name, c.describe(), rule) for c, rule in zip(left, broken) if rule is not None)
+                outcomes.extend((c, False, rule) for c, rule in zip(left, broken) if rule is not None)
+                valid = [c for c, rule in zip(left, broken) if rule is None]
+                skipped.extend(valid)
+                if valid:  # never a silent cut: the ranking may miss the best strategy
+                    n_rows = sum(kind == "row" for kind, _ in got)
+                    cap_notes.append(capped_note(cl.name, len(valid), n_rows + len(valid), max_configs))
             if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
                 progress(len(cands), len(cands))
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
     cols = list(COLUMNS + run_cols)
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
-        return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings,
-                            dropped_values(asked, outcomes, generated))
+        return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings + cap_notes,
+                            dropped_values(asked, outcomes, generated, skipped, max_configs))
     row_cols = list(_ROW_COLUMNS + run_cols)
     if tokens is not None:  # run_pareto is computed over the whole frame below
         pareto_at = row_cols.index("run_pareto")
@@ -717,7 +751,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     df = _with_band(df)[cols]
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
-    warnings = warnings + _ood_warnings(df)
+    warnings = warnings + cap_notes + _ood_warnings(df)
     df, excluded = _apply_goals(df, goals)
     fit = df[df["fits"]].sort_values(["step_time_ms", "memory_gb"])
     # the front: each row that needs less memory than every faster one (NaN memory is never below; fmin skips it)
@@ -727,7 +761,28 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ranked_clusters = set(df["cluster"])
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
-                        dropped_values(asked, outcomes, generated))
+                        dropped_values(asked, outcomes, generated, skipped, max_configs))
+
+
+def capped_note(cluster: str, n_skipped: int, n_valid: int, max_configs: int) -> str:
+    """The warning of a search that ``max_configs`` cut: how many of the cluster's valid candidates were not evaluated."""
+    return (f"{cluster}: {n_skipped:,} of {n_valid:,} valid candidates not evaluated (max_configs={max_configs:,}): the "
+            f"best strategy may be among them; raise --max-configs (max_configs=) to at least {n_valid:,}")
+
+
+def _rule_broken(job: _Job, cands: list) -> list[str | None]:
+    """Per candidate of ``cands`` (not evaluated), the per-strategy rule it breaks (``resolve_parallel``'s checks,
+    without building a graph), None when it passes them."""
+    rules = job.rules()
+    out: list[str | None] = []
+    for par in cands:
+        try:
+            resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **rules)
+        except ParallelConfigError as e:
+            out.append(str(e))
+            continue
+        out.append(None)
+    return out
 
 
 def _ood_warnings(df: pd.DataFrame) -> list[str]:
@@ -905,20 +960,52 @@ _NO_OOD = (0.0,) * 5
 _NO_BAND = (np.nan,) * len(_BAND_TERMS)
 
 
-def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> list[tuple[str, dict]]:
-    """Every candidate in order until ``max_configs`` were evaluated (rejected ones do not count)."""
+#: the golden ratio's fractional part: the order :func:`evaluation_order` spreads a capped search over
+_GOLDEN = (5 ** 0.5 - 1) / 2
+
+
+def evaluation_order(n: int, max_configs: int) -> np.ndarray:
+    """The order ``n`` candidates are evaluated in under a cap of ``max_configs`` evaluated rows: the candidate order
+    when they all fit under it; else a deterministic low-discrepancy order (candidate i ranked by the fractional part of
+    i x golden ratio, Weyl's sequence): every prefix of it is spread evenly over the whole enumeration, so the cap keeps
+    a share of every value of every option (the enumeration nests tp, cp, pp outermost: cut in candidate order, a
+    capped search dropped whole tp degrees, e.g. every tp 8 strategy of GPT-3 175B on 1,024 A100s)."""
+    idx = np.arange(n)
+    if n <= max_configs:
+        return idx
+    return np.argsort(np.mod(idx * _GOLDEN, 1.0), kind="stable")
+
+
+def _cut(order, kinds, max_configs: int) -> tuple[list[int], list[int]]:
+    """(gone through, skipped) candidate indices: ``order`` taken until ``max_configs`` were evaluated (``kinds``:
+    index -> "row"/"bad"; rejected ones do not count), both in candidate order."""
+    done, evaluated, stop = [], 0, len(order)
+    for j, i in enumerate(order):
+        if evaluated >= max_configs:
+            stop = j
+            break
+        done.append(int(i))
+        evaluated += kinds(int(i)) == "row"
+    return sorted(done), sorted(int(i) for i in order[stop:])
+
+
+def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> tuple[list[tuple[str, dict]], list[int]]:
+    """Candidates in :func:`evaluation_order` until ``max_configs`` were evaluated (rejected ones do not count): the
+    outcomes of those gone through, in candidate order, and the indices of those skipped."""
     ev = _Evaluator(job)
-    out, evaluated = [], 0
-    with _no_gc():
-        for done, par in enumerate(cands, start=1):
-            if evaluated >= max_configs:
-                break
-            kind, rec = ev(par)
-            out.append((kind, rec))
-            evaluated += kind == "row"
+    results: dict[int, tuple[str, dict]] = {}
+    order = evaluation_order(len(cands), max_configs)
+
+    def kind(i: int) -> str:
+        if i not in results:
+            results[i] = ev(cands[i])
             if progress:  # a rejected candidate is done too: the bar reaches its total
-                progress(done, len(cands))
-    return out
+                progress(len(results), len(cands))
+        return results[i][0]
+
+    with _no_gc():
+        done, skipped = _cut(order, kind, max_configs)
+    return [results[i] for i in done], skipped
 
 
 @contextmanager
@@ -1052,10 +1139,11 @@ def _assign_groups(job_key: str, groups: dict, n_workers: int) -> list[list]:
     return out
 
 
-def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int, progress) -> list[tuple[str, dict]]:
+def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int,
+                       progress) -> tuple[list[tuple[str, dict]], list[int]]:
     """The candidates split over ``n_workers`` processes by group (each rank graph built in one process, the same one
     search after search: :func:`_assign_groups`), merged back in candidate order and cut at ``max_configs`` evaluated as
-    the serial loop cuts: the same rows, in the same order."""
+    the serial loop cuts (:func:`evaluation_order`): the same rows, in the same order, and the same skipped indices."""
     import pickle
     import uuid
     from concurrent.futures import as_completed
@@ -1100,14 +1188,8 @@ def _evaluate_parallel(job: _Job, cands: list, n_workers: int, max_configs: int,
     st = _HOMES.get(job_key)
     if st is not None:
         st["cost"].update(measured)
-    out, evaluated = [], 0
-    for i in range(len(cands)):
-        if evaluated >= max_configs:
-            break
-        kind, rec = results[i]
-        out.append((kind, rec))
-        evaluated += kind == "row"
-    return out
+    done, skipped = _cut(evaluation_order(len(cands), max_configs), lambda i: results[i][0], max_configs)
+    return [results[i] for i in done], skipped
 
 
 #: the run figures of a fitting row (:func:`_run_row`), in the order a row tuple holds them: RUN_COLUMNS but

@@ -2142,7 +2142,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     memo = ctx.memo
     # DualPipe (simulate/dualpipe.py): rank s holds stage s and stage P-1-s, its figures are the two chunks' (rank_sum)
     dual = par.schedule == "dualpipe"
-    chunk_key = ("chunks", id(view), n_layers, n_chunks, par.pp_first_layers, par.pp_last_layers, deepspeed, dual)
+    # (P, V), not their product: chunk_layers splits the layers by both (pp 8 x v 1 and pp 4 x v 2 differ), and a
+    # search's memo met them in either order (an order-dependent step time until stop 47)
+    chunk_key = ("chunks", id(view), n_layers, P, V, par.pp_first_layers, par.pp_last_layers, deepspeed, dual)
     hit = memo.get(chunk_key) if memo is not None else None
     if hit is None:
         counts = chunk_layers(n_layers, P, V, first=par.pp_first_layers, last=par.pp_last_layers, deepspeed=deepspeed)
