@@ -487,13 +487,7 @@ class GraphBuilder:
         other GEMMs of such a group (no cast kernel of their own; their FP8 input is still saved)."""
         if not x.shape:
             raise GraphError(f"{name}: linear needs a tensor with at least one dimension")
-        n, k = int(x.shape[-1]), int(out_features)
-        if parallel == "col" and self.tp > 1:
-            if k % self.tp:
-                raise GraphError(f"{name}: {k} output features are not divisible by tensor parallelism {self.tp}")
-            k //= self.tp
-        elif parallel not in (None, "col", "row"):
-            raise GraphError(f"{name}: parallel must be 'col', 'row' or None, got {parallel!r}")
+        n, k = int(x.shape[-1]), self._local_out_features(name, out_features, parallel)
         m = _numel(x.shape[:-1])
         db = self.dbytes
         # a row-parallel bias is added once, after the reduction: it is owned by every rank in full
@@ -552,6 +546,17 @@ class GraphBuilder:
                          node_dtype=gdt,
                          grad_inputs=[x] if needs_input_grad else [], B=1, M=m, N=n, K=k)
 
+    def _local_out_features(self, name: str, out_features: int, parallel: str | None) -> int:
+        """A linear layer's output features on one rank: divided by the tensor parallelism when column-parallel."""
+        k = int(out_features)
+        if parallel == "col" and self.tp > 1:
+            if k % self.tp:
+                raise GraphError(f"{name}: {k} output features are not divisible by tensor parallelism {self.tp}")
+            k //= self.tp
+        elif parallel not in (None, "col", "row"):
+            raise GraphError(f"{name}: parallel must be 'col', 'row' or None, got {parallel!r}")
+        return k
+
     def grouped_linear(self, x: Tensor, groups: int, rows: int, out_features: int, *, name: str,
                        parallel: str | None = None) -> Tensor:
         """One fused grouped-GEMM launch over ``groups`` weight matrices (in_features = ``x.shape[-1]``, out_features,
@@ -563,13 +568,7 @@ class GraphBuilder:
         no backward. Under an FP8 recipe the GEMM runs in FP8 (operands at 1 B) after one cast kernel of its input."""
         if self.train:
             raise GraphError(f"{name}: the fused grouped GEMM is built for inference (no backward)")
-        n, k = int(x.shape[-1]), int(out_features)
-        if parallel == "col" and self.tp > 1:
-            if k % self.tp:
-                raise GraphError(f"{name}: {k} output features are not divisible by tensor parallelism {self.tp}")
-            k //= self.tp
-        elif parallel not in (None, "col", "row"):
-            raise GraphError(f"{name}: parallel must be 'col', 'row' or None, got {parallel!r}")
+        n, k = int(x.shape[-1]), self._local_out_features(name, out_features, parallel)
         g, m, db = int(groups), int(rows), self.dbytes
         fp8 = self.gemm_dtype == "fp8"
         gb = DTYPE_BYTES["fp8"] if fp8 else db
