@@ -175,7 +175,9 @@ def test_predict_cluster_bad_rule_and_oom():
 # machine is not one): -6.0% -> -8.7% (README "Collectives" gives every figure the change moved); 9.0 until the GEMM
 # family was retrained with extra XLA rows: -8.7% -> -9.2% (FP32 GEMMs on A100-SXM4-40GB moved); -9.1% since the
 # withheld H100 rows were taken back out of its training (stop 29)
-NEUSIGHT_4GPU_BOUND_PCT = {"dp4": 2.0, "tp4": 9.5, "pp4_1": 3.5}
+# tp4 9.5 -> 11.5 at stop 47: the backward dgrad all-reduces now run beside the wgrad GEMMs (Megatron-LM's
+# LinearWithGradAccumulationAndAsyncCommunication, which accelerate's integration runs): -9.5 -> -11.0%
+NEUSIGHT_4GPU_BOUND_PCT = {"dp4": 2.0, "tp4": 11.5, "pp4_1": 3.5}
 
 
 @pytest.mark.e2e

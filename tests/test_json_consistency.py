@@ -46,8 +46,9 @@ def test_cluster_forward_and_backward_are_the_scheduled_tasks_of_the_trace(overl
     assert d["forward_serial_ms"] > 0 and d["backward_serial_ms"] > 0
     if overlap:  # the TP collectives hidden beside their GEMMs: the scheduled tasks are shorter than the serial sums
         assert r.forward_ms < d["forward_serial_ms"] and r.backward_ms < d["backward_serial_ms"]
-    else:  # in series: the tasks add loading, the blocking pipeline sends and the accumulation pass to the sums
-        assert r.forward_ms > d["forward_serial_ms"] and r.backward_ms > d["backward_serial_ms"]
+    else:  # in series: the tasks add loading, the blocking pipeline sends and the accumulation pass to the sums (the
+        # backward's dgrad collectives run beside the wgrad GEMMs even so since stop 47: its tasks may be shorter)
+        assert r.forward_ms > d["forward_serial_ms"]
 
 
 @pytest.mark.parametrize("kw", [dict(framework="megatron", zero=1, tp=2, pp=2),
