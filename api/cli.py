@@ -1929,16 +1929,12 @@ def profile_import(
 def _distinct_inputs(files: list[Path]) -> list[Path]:
     """``files`` without repeats: a path given twice (same resolved path) or a copy (same sha256 of the content) is
     imported once, said on stderr (importing it twice duplicated every row)."""
-    import hashlib
+    from wattcast.models.manifest import sha256_file
 
     seen: dict[str, Path] = {}
     out = []
     for f in files:
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        key = h.hexdigest()
+        key = sha256_file(f)
         if key in seen:
             same = "the same file as" if f.resolve() == seen[key].resolve() else "the same content as"
             err.print(f"[yellow]{f}: {same} {seen[key]}, already imported: skipped (its rows would be counted twice)[/yellow]")

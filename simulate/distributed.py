@@ -59,7 +59,8 @@ from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
-                                        layouts, pp_hop_crosses_nodes, resolve_parallel, stage_layers)
+                                        layouts, pp_hop_crosses_nodes, resolve_parallel, stage_layers,
+                                        _PAIR_ONE_NODE, _PAIR_TWO_NODES)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share as dualpipe_paired_share,
@@ -1749,8 +1750,7 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                     nb = max(1, int(np.ceil(rest / bucket_params))) if np.isfinite(bucket_params) else 1
                     msgs.append((c, "z2_rs_rest", op, rest * grad_b / nb, group, nb))
                 continue
-            nb = (max(1, int(np.ceil(p_count / bucket_params)))
-                  if np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c not in first_chunks) else 1)
+            nb = max(1, int(np.ceil(p_count / bucket_params))) if bucketed else 1
             msgs.append((c, "z2_rs" if reduce_every_micro else "bucket", op, total / nb, group, nb))
         gather_b = params_chunk[c] * db if gather_b_chunk is None else gather_b_chunk[c]
         if per_unit:
@@ -2432,7 +2432,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         in_out = memo.get(p2p_key) if memo is not None else None
         if in_out is None:
             in_out = []
-            for pl in (GroupLayout(2, 2, 1), GroupLayout(2, 1, 2)):  # a pair on one node, on two
+            for pl in (_PAIR_ONE_NODE, _PAIR_TWO_NODES):  # a pair on one node, on two
                 if partitioned:
                     in_out.append(float(collective_ms(cm, ["send_recv"], [act_bytes / par.tp], pl, cl)[0][0]
                                         + collective_ms(cm, ["all_gather"], [act_bytes], lay["tp"], cl)[0][0]))
@@ -2503,8 +2503,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # ZeRO-3 the parameters outside the units, gathered once a step (_dp_times' root_chunk); until stop 46's follow-up
     # ZeRO-3 gathered them with every micro-batch's units and ZeRO-2's last bucket was a bucket_params one
     root_c = first_root_c = last_c = None
-    if megatron_fsdp(opts.framework, par_dp.zero) and not dual:
-        emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))
+    mfsdp = megatron_fsdp(opts.framework, par_dp.zero)
+    if (mfsdp or (first_only and np.isfinite(bucket_params))) and not dual:
+        emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))  # the embedding's parameters a chunk
+    if mfsdp and not dual:
         if par_dp.zero == 3:
             root_c = root_chunk()
             first_root_c = mfsdp_first_bucket_params(emb_c, root_c, bucket_params)
@@ -2515,7 +2517,6 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # the first parameter all-gather bucket its forward waits for are the embedding's (as Megatron-FSDP's:
         # mfsdp_first_bucket_params; param_and_grad_buffer.py l. 711-739 fills buckets walking the parameters
         # backwards, the embedding last)
-        emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))
         last_c = np.where(np.isin(np.arange(n_chunks), first_ranks), 
                           mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params), 0.0)
     dp_key = ("dp", par_dp.zero, z2_mode, sgo, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
@@ -2797,7 +2798,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     # run beside the first micro-batch's forward (slowing it), what outlasts that forward is exposed
                     n_b = (np.maximum(np.ceil(params_stage / bucket_params), 1.0) if np.isfinite(bucket_params)
                            else np.ones(P))
-                    if last_c is not None and not megatron_fsdp(opts.framework, par_dp.zero):
+                    if last_c is not None and not mfsdp:
                         # the first forward waits for the embedding's bucket (the buffer's last): its share of the
                         # stage's gather, not 1 / n_b (Megatron-Core gathers the bucket groups in forward order)
                         emb_first = by_stage(last_c)

@@ -429,9 +429,8 @@ def _reference_rows(data, holdout, xla_tables=None, devices=None, families=None)
     return train.sample(n=n, random_state=2) if n else None
 
 
-def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families, devices=None) -> pd.DataFrame | None:
-    """The shared reference rows of the GPUs this run trained on (``devices``; default ``bundle.train_devices``; an
-    --only-csv run: the CSV's GPUs), of the ``families`` it fitted (what its CSV claims to describe), or None. After a
+def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families, devices) -> pd.DataFrame | None:
+    """The shared reference rows of the GPUs this run trained on (``devices``; an --only-csv run: the CSV's GPUs), of the ``families`` it fitted (what its CSV claims to describe), or None. After a
     --family merge ``bundle.train_devices`` also lists the kept families' GPUs, so the caller passes the run's own.
 
     Both bundles are scored on these rows; the working bundle's validation split is not recorded in its manifest, so
@@ -441,7 +440,6 @@ def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families, de
     if not bundle.families:
         return None
     fams = [f for f in families if f in bundle.families]
-    devices = bundle.train_devices if devices is None else devices
     return _reference_rows(data, holdout, xla_tables, devices=devices, families=fams)
 
 

@@ -80,11 +80,21 @@ def copy_summary(names, cats, dur_us) -> dict:
     """{kind: {"events": n, "ms": total}} of the GPU memory operations (kinds in :data:`COPY_KINDS`, present ones)."""
     out: dict[str, dict] = {}
     for n, c, d in zip(names, cats, dur_us):
-        k = copy_kind(n, c)
-        o = out.setdefault(k, {"events": 0, "ms": 0.0})
-        o["events"] += 1
-        o["ms"] += float(d) / 1e3 if d is not None and np.isfinite(d) else 0.0
+        _add_copies(out, copy_kind(n, c), 1, float(d) / 1e3 if d is not None and np.isfinite(d) else 0.0)
     return out
+
+
+def _add_copies(into: dict, kind: str, events: int, ms: float) -> None:
+    """Add ``events`` operations of ``ms`` to ``into[kind]`` (a :func:`copy_summary` dict)."""
+    o = into.setdefault(kind, {"events": 0, "ms": 0.0})
+    o["events"] += events
+    o["ms"] += ms
+
+
+def _copy_totals(copies: dict) -> dict:
+    """The busy keys of a :func:`copy_summary` dict: itself, its event count and its ms."""
+    return {"copies": copies, "copy_events": int(sum(v["events"] for v in copies.values())),
+            "copy_ms": float(sum(v["ms"] for v in copies.values()))}
 
 
 def busy_summary(start_us, dur_us, device, is_comm, steps_ms=(), steps_cpu_ms=None, copies=None) -> dict:
@@ -105,9 +115,7 @@ def busy_summary(start_us, dur_us, device, is_comm, steps_ms=(), steps_cpu_ms=No
     if steps_cpu_ms is not None:
         out["steps_cpu_ms"] = [float(x) for x in steps_cpu_ms]
     if copies is not None:
-        out["copies"] = copies
-        out["copy_events"] = int(sum(v["events"] for v in copies.values()))
-        out["copy_ms"] = float(sum(v["ms"] for v in copies.values()))
+        out.update(_copy_totals(copies))
     return out
 
 
@@ -126,9 +134,6 @@ def merge_busy(parts: list[dict]) -> dict | None:
         copies: dict[str, dict] = {}
         for p in parts:
             for k, v in (p.get("copies") or {}).items():
-                o = copies.setdefault(k, {"events": 0, "ms": 0.0})
-                o["events"] += v["events"]
-                o["ms"] += v["ms"]
-        out.update(copies=copies, copy_events=sum(v["events"] for v in copies.values()),
-                   copy_ms=sum(v["ms"] for v in copies.values()))
+                _add_copies(copies, k, v["events"], v["ms"])
+        out.update(_copy_totals(copies))
     return out

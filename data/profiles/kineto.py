@@ -254,13 +254,14 @@ def _busy(kernels: list[dict], events: list[dict], sites: dict[int, tuple]) -> d
                    key=lambda e: float(e["ts"]))
     copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset") and e.get("ph") == "X"]
     gpu = [*kernels, *copies]
-    g0 = np.array([real_in(e.get("ts"), -math.inf, math.inf) for e in gpu], float)
-    gd = np.array([real_in(e.get("dur"), 0.0, math.inf) for e in gpu], float)
+    ts = [real_in(k.get("ts"), -math.inf, math.inf) for k in kernels]
+    copy_dur = [real_in(e.get("dur"), 0.0, math.inf) for e in copies]
+    g0 = np.array([*ts, *(real_in(e.get("ts"), -math.inf, math.inf) for e in copies)], float)
+    gd = np.array([*dur, *copy_dur], float)
     site = [sites.get(int(c)) if (c := (e.get("args") or {}).get("correlation")) is not None else None for e in gpu]
     s0 = np.array([float(e["ts"]) for e in steps], float)
     gpu_ms = step_gpu_spans_ms(s0, s0 + np.array([float(e["dur"]) for e in steps], float), [e.get("pid") for e in steps],
                                [x[2] if x else np.nan for x in site], [x[0] if x else None for x in site], g0, g0 + gd)
-    ts = [real_in(k.get("ts"), -math.inf, math.inf) for k in kernels]
     out = busy_summary([t if t is not None else float("nan") for t in ts],
                        [d if d is not None else float("nan") for d in dur],
                        [(k.get("args") or {}).get("device", 0) for k in kernels],
@@ -268,7 +269,7 @@ def _busy(kernels: list[dict], events: list[dict], sites: dict[int, tuple]) -> d
                        [float(x) for x in gpu_ms[np.isfinite(gpu_ms)]],
                        steps_cpu_ms=[float(e["dur"]) / 1e3 for e in steps],
                        copies=copy_summary([e.get("name", "") for e in copies], [e.get("cat") for e in copies],
-                                           [real_in(e.get("dur"), 0.0, math.inf) for e in copies]))
+                                           copy_dur))
     out["steps_without_gpu"] = int((~np.isfinite(gpu_ms)).sum())
     out["steps_without_gpu_names"] = [e.get("name") for e, m in zip(steps, gpu_ms) if not np.isfinite(m)]
     return out
