@@ -75,6 +75,12 @@ FLASH_KERNELS = ("fa2", "fa1")
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
+#: bytes per element a matmul (GEMM, conv) WRITES: an fp8 matmul reads fp8 operands and writes bf16. The fp8 rows the
+#: GEMM family learns from are XLA's e4m3 x e4m3 -> bf16 (``data.kernel_datasets.XLA_DTYPES``; ROCm/xla
+#: xla/service/gpu/model/default_matmul_perf_table.txtpb), and an fp8 training step's GEMMs write bf16 activations
+#: (NVIDIA Transformer Engine docs, "Using FP8 with Transformer Engine": FP8 GEMM inputs, higher-precision outputs)
+MATMUL_OUT_BYTES: dict[str, int] = {**DTYPE_BYTES, "fp8": 2}
+
 #: the families whose kernels run on matrix units, where TF32 is a mode of its own; every other family runs a tf32
 #: kernel's fp32 data on the vector units as fp32 (``wattcast kernels`` predicts such a row as fp32, as ``predict``
 #: builds it)

@@ -17,6 +17,7 @@ from wattcast.data.kernel_ops import (
     BINARY_OPS,
     DTYPE_BYTES,
     FLOPS_PER_ELEMENT,
+    MATMUL_OUT_BYTES,
     OP_FAMILY,
     SHAPE_COLS,
 )
@@ -173,6 +174,7 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
 
     g = {c: (frame[c].to_numpy(dtype=float) if c in frame else np.full(n, np.nan)) for c in SHAPE_COLS}
     ebytes = np.array([float(DTYPE_BYTES[d]) for d in dt_names])[dt_codes] if n else np.zeros(0)
+    obytes = np.array([float(MATMUL_OUT_BYTES[d]) for d in dt_names])[dt_codes] if n else np.zeros(0)  # matmul output
 
     peak_mat = np.zeros(n)
     native = np.zeros(n)
@@ -200,8 +202,8 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
     bytes_ = np.zeros(n)
     mm = is_gemm | is_conv
     flops[mm] = 2.0 * (gB * gM * gN * gK)[mm] + np.where(is_linear, B * M * K, 0.0)[mm]
-    gemm_bytes = (B * M * N + np.where(is_linear, N * K + K, B * N * K) + B * M * K) * ebytes
-    conv_bytes = (B * cin * s_in**2 + cout * cin * ks**2 + B * cout * out_size**2) * ebytes
+    gemm_bytes = (B * M * N + np.where(is_linear, N * K + K, B * N * K)) * ebytes + B * M * K * obytes
+    conv_bytes = (B * cin * s_in**2 + cout * cin * ks**2) * ebytes + B * cout * out_size**2 * obytes
     bytes_[is_gemm] = gemm_bytes[is_gemm]
     bytes_[is_conv] = conv_bytes[is_conv]
     numel = B * H
@@ -290,8 +292,8 @@ def featurize_kernels(frame: pd.DataFrame, device: DeviceSpec | Mapping[str, Dev
     # vector op its output alone: its inputs may be broadcast views (NeuSight's label graphs run an add at 349 GB/s on
     # the 300 GB/s L4 counted with two full inputs, and OPT-13B's mask `sub` (a scalar op on an expanded mask) 4-14%
     # faster than reading and writing a full tensor on T4 and V100 allows)
-    read_bytes = np.where(is_gemm, gemm_bytes - B * M * K * ebytes, np.where(is_conv, cout * cin * ks**2 * ebytes, 0.0))
-    write_bytes = np.where(is_conv, B * cout * out_size**2, np.where(is_gemm, B * M * K, numel)) * ebytes
+    read_bytes = np.where(is_gemm, gemm_bytes - B * M * K * obytes, np.where(is_conv, cout * cin * ks**2 * ebytes, 0.0))
+    write_bytes = np.where(is_conv, B * cout * out_size**2 * obytes, np.where(is_gemm, B * M * K * obytes, numel * ebytes))
     out["t_floor_ms"] = physical_floor_ms(dense_flops, peak_mat * 1e12, read_bytes, write_bytes, D["llc_mb"] * 1e6,
                                           bw * 1e9)
     return out

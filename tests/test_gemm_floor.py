@@ -140,3 +140,16 @@ def test_source_floors_are_fitted_from_the_data(data_root):
     assert set(floors) == {"xla", "vidur", "neusight/kernels"}
     assert 0.001 < floors["xla"] < 0.01 and 0.001 < floors["vidur"] < 0.01
     assert floors["neusight/kernels"] > 2 * floors["xla"]
+
+
+def test_the_tile_wave_model_counts_an_fp8_gemm_output_in_bf16():
+    """physical_inputs' memory traffic: fp8 operands (1 byte) and a bf16 output (2 bytes; N is the contraction,
+    the output B x M x K)."""
+    from wattcast.data.catalog import resolve_device
+    from wattcast.training.gemm_floor import physical_inputs
+
+    df = pd.DataFrame({"device": ["B200", "B200"], "dtype": ["fp8", "bf16"], "B": [2.0, 2.0], "M": [64.0, 64.0],
+                       "N": [256.0, 256.0], "K": [1024.0, 1024.0], "source": ["xla", "xla"]})
+    inp = physical_inputs(df, {"B200": resolve_device("B200")}, np.array([0.76, 0.78]))
+    reads, out = 2 * (64 * 256 + 256 * 1024), 2 * 64 * 1024
+    assert inp["mem_bytes"].tolist() == [reads * 1 + out * 2, (reads + out) * 2]

@@ -62,6 +62,20 @@ def test_linear_half_precision_halves_bytes_not_flops(a100):
     assert f16["dtype_bytes"] == 2 and f32["dtype_bytes"] == 4
 
 
+def test_fp8_gemm_reads_fp8_and_writes_bf16():
+    # an fp8 GEMM reads 1-byte operands and writes a bf16 output (XLA's e4m3 x e4m3 -> bf16 rows, Transformer
+    # Engine's FP8 GEMMs): the output is counted at 2 bytes, so a short contraction is not taken for half its traffic
+    b200 = resolve_device("B200")
+    B, M, N, K = 1, 4096, 256, 4096
+    f8 = _one(dict(op="bmm", B=B, M=M, N=N, K=K, dtype="fp8"), b200)
+    f16 = _one(dict(op="bmm", B=B, M=M, N=N, K=K, dtype="bf16"), b200)
+    assert f8["bytes"] == (B * M * N + B * N * K) * 1 + B * M * K * 2
+    assert f8["t_mem_ms"] == pytest.approx(f8["bytes"] / (b200.memory_bandwidth_gbps * 1e9) * 1e3)
+    assert f8["t_roof_ms"] > f16["t_roof_ms"] / 2  # memory-bound here: the bf16 output does not halve
+    lin = _one(dict(op="linear", B=1, M=8, N=16, K=32, dtype="fp8"), b200)
+    assert lin["bytes"] == (8 * 16 + 16 * 32 + 32) * 1 + 8 * 32 * 2
+
+
 def test_conv_output_size_flops_and_bytes(a100):
     # nn.Conv2d(3, 8, 3, stride=2, padding=1) without bias on a (2, 3, 32, 32) input
     B, cin, cout, k, s, stride, pad = 2, 3, 8, 3, 32, 2, 1

@@ -14,7 +14,7 @@ import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_datasets import resolve_data_root
-from wattcast.data.kernel_ops import DTYPE_BYTES
+from wattcast.data.kernel_ops import DTYPE_BYTES, MATMUL_OUT_BYTES
 from wattcast.models.gemm_floor import (FLOOR_BLEND_GFLOP, POOLED_MEMBER, PREDICT_SOURCE, blend_weight,
                                        blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings)
 from wattcast.models.kernel_surrogates import LGBMSurrogate
@@ -91,10 +91,11 @@ def physical_inputs(df: pd.DataFrame, specs: dict, ceil: np.ndarray) -> dict:
     spec = [specs[d] for d in dev]
     peak = np.array([s.peak_matrix_tflops(t) for s, t in zip(spec, dt)])
     nbytes = np.array([DTYPE_BYTES[t] for t in dt], dtype=float)
+    out_bytes = np.array([MATMUL_OUT_BYTES[t] for t in dt], dtype=float)  # an fp8 GEMM writes bf16
     b, m, n, k = (df[c].fillna(1).to_numpy(dtype=float) for c in ("B", "M", "N", "K"))
     return dict(b=b, m=m, n=n, k=k, sms=np.array([s.num_sms for s in spec], dtype=float), peak_tflops=peak,
                 ceiling=ceil, clock_mhz=np.array([s.boost_clock_mhz for s in spec], dtype=float),
-                mem_bytes=b * (m * k + k * n + m * n) * nbytes,
+                mem_bytes=b * (m * n + n * k) * nbytes + b * m * k * out_bytes,  # N is the contraction: output M x K
                 bandwidth_gbps=np.array([s.memory_bandwidth_gbps for s in spec], dtype=float),
                 tensor=(dt != "fp32"), source=df["source"].to_numpy())
 
