@@ -28,6 +28,7 @@ pipeline bubble, per-device busy time and memory, MFU / HFU / model TFLOP/s per 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, NamedTuple
@@ -1195,6 +1196,23 @@ class _RankView:
     # the backward TP ms the column-parallel linears' asynchronous collectives hide without --tp-comm-overlap
     # (overlap.async_tp_backward_save_ms: dgrad collective beside the wgrad GEMM, SP input all-gather beside dgrad)
     tp_b_async_save_ms: np.ndarray = None
+    # per layer (aligned with layer_ids), its dense parameters' sizes (no routed experts: Megatron-Core keeps those in
+    # a buffer of their own) in Megatron-Core's registration order (dense_param_sequence): what
+    # mcore_ddp_bucket_numels walks to cut the distributed-data-parallel gradient buckets
+    dense_param_seq: tuple = None
+
+
+def dense_param_sequence(names: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """One layer's parameter sizes (its forward nodes' ``param_count`` > 0, in graph order) reordered as Megatron-Core
+    registers them, which is the order ``module.named_parameters()`` (and so _ParamAndGradBuffer) sees: the graph
+    runs the input norm and the attention's input projection before its output projection, but ``Attention.__init__``
+    builds ``linear_proj`` (megatron-core 0.16.1 transformer/attention.py l. 349) before ``SelfAttention`` builds
+    ``linear_qkv`` (l. 1267), and with Transformer Engine (Megatron-LM's default ``--transformer-impl``) the input norm
+    is ``linear_qkv``'s own ``layer_norm_weight`` (``TELayerNormColumnParallelLinear``; ``input_layernorm`` an
+    IdentityOp): so a ``linear_proj`` moves to the front of its layer (proj, norm, qkv, norm, fc1, fc2)."""
+    names = np.asarray(names, dtype=str)
+    key = np.where(np.char.endswith(names, "linear_proj"), -1, np.arange(len(names)))
+    return np.asarray(counts, dtype=float)[np.argsort(key, kind="stable")]
 
 
 def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1,
@@ -1261,7 +1279,15 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     k_ood = ood_k & ~is_coll
     c_ood = costed["ood"].to_numpy(dtype=bool) & is_coll & (fwd | bwd)
     t_lo, t_hi = t * np.exp(ood_lo), t * np.exp(ood_hi)
+    # each distinct layer's dense parameters in registration order (repeated layers share the array)
+    held = fwd & (params > 0) & ~is_exp
+    name_arr = names.to_numpy()
+    rows = np.flatnonzero(held)
+    rows = rows[np.argsort(li[rows], kind="stable")]  # graph order within each layer
+    cuts = np.searchsorted(li[rows], np.arange(n + 1))
+    seq_by_id = [dense_param_sequence(name_arr[rows[a:z]], params[rows[a:z]]) for a, z in zip(cuts[:-1], cuts[1:])]
     return _RankView(
+        dense_param_seq=tuple(seq_by_id[j] for j in src),
         ood_fb_ms=per_layer(k_ood & (fwd | bwd), t), ood_fb_low_ms=per_layer(k_ood & (fwd | bwd), t_lo),
         ood_fb_high_ms=per_layer(k_ood & (fwd | bwd), t_hi), ood_opt_ms=per_layer(k_ood & opt, t),
         ood_opt_low_ms=per_layer(k_ood & opt, t_lo), ood_opt_high_ms=per_layer(k_ood & opt, t_hi),
@@ -1652,12 +1678,64 @@ def mfsdp_first_bucket_params(embedding_params, group_params, bucket_params: flo
     return np.where(emb > 0, np.minimum(first, group), 0.0)
 
 
+#: the distributed optimizer's alignment of a parameter's start in the grad buffer (elements: 128 bytes at >= 16-bit,
+#: megatron-core 0.16.1 distributed/param_and_grad_buffer.py l. 658-665) and of a bucket's end (a multiple of
+#: lcm(dp, 128), l. 638-656; lcm(dp, 128, 2^16) with --ddp-pad-buckets-for-high-nccl-busbw, off by default:
+#: distributed_data_parallel_config.py l. 46)
+MCORE_PARAM_ALIGN_ELEMENTS, MCORE_BUCKET_ALIGN_ELEMENTS = 64, 128
+
+
+def mcore_ddp_bucket_numels(numels, bucket_params: float, *, own_bucket=None, dist_opt: bool = False,
+                            dp: int = 1) -> np.ndarray:
+    """Megatron-Core's gradient buckets of one ``_ParamAndGradBuffer`` (``--framework megatron`` DDP / distributed
+    optimizer), elements each in buffer order (bucket 0 first: the end of the model chunk; the last holds its first
+    parameters). ``numels``: the parameters' sizes in registration order (the embedding first); ``bucket_params``:
+    the bucket size (inf: one bucket); ``own_bucket``: per parameter, whether it is a shared embedding. The walk of
+    megatron-core 0.16.1 distributed/param_and_grad_buffer.py l. 711-743: the parameters in reverse order ("to
+    roughly follow backprop order"), each start padded to 64 elements under the distributed optimizer; under it a
+    shared embedding closes the open bucket before it and gets one of its own
+    (``_does_param_require_new_bucket``, l. 698-709: tied embeddings / MTP on the first stage of a pipeline,
+    language_module.py l. 203-210); else a bucket closes at the first parameter that takes it to >= the bucket size
+    (l. 729-736), what is left at the end is the last bucket; under the distributed optimizer every bucket's end is
+    padded to lcm(dp, 128) (l. 638-656). So the last bucket, reduced as the backward ends, is the embedding and what
+    the bucket before it left open (Llama 3 8B TP2, 40M buckets: 262.7M + the first layer's 21.0M attention
+    projections), or the embedding alone when shared."""
+    n = np.asarray(numels, dtype=float)
+    # l. 698-709: a shared embedding's own bucket only under the distributed optimizer
+    own = (np.zeros(len(n), dtype=bool) if own_bucket is None else np.asarray(own_bucket, dtype=bool)) & bool(dist_opt)
+    div = math.lcm(int(dp), MCORE_BUCKET_ALIGN_ELEMENTS)
+
+    def pad(i: float, d: int) -> float:
+        return math.ceil(i / d) * d if dist_opt else i
+
+    out: list[float] = []
+    start = b_start = end = 0.0
+    open_params = 0
+    for k in range(len(n) - 1, -1, -1):
+        start = pad(start, MCORE_PARAM_ALIGN_ELEMENTS)
+        if own[k] and open_params:  # l. 718-721: close the open bucket first
+            start = pad(start, div)
+            out.append(start - b_start)
+            b_start, open_params = start, 0
+        end = start + n[k]
+        open_params += 1
+        if (np.isfinite(bucket_params) and end - b_start >= bucket_params) or own[k]:  # l. 729-736
+            start = pad(end, div)
+            out.append(start - b_start)
+            b_start, open_params = start, 0
+        else:
+            start = end
+    if open_params:  # l. 740-742: the remaining parameters
+        out.append(pad(end, div) - b_start)
+    return np.array(out)
+
+
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
               gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
               reduce_op: str | None = None, reduce_every_micro: bool = False, framework: str | None = None,
               root_chunk: np.ndarray | None = None, first_root_chunk: np.ndarray | None = None,
-              last_bucket_chunk: np.ndarray | None = None) -> dict:
+              last_bucket_chunk: np.ndarray | None = None, ddp_buckets_chunk: dict | None = None) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
@@ -1691,11 +1769,13 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     ends (``z3_first_b_ms`` holds it instead of a unit's reduce-scatter). ``last_bucket_chunk`` (Megatron-FSDP
     ``optim_grads``, ``--zero 2``: :func:`mfsdp_first_bucket_params`): the parameters of each chunk's last gradient
     bucket of a backward (the embedding's), ``z2_last_b_ms`` its reduce-scatter; the rest in ``bucket_params``
-    buckets. Without ``reduce_every_micro`` (Megatron-Core's DDP / distributed optimizer) ``last_bucket_chunk`` is the
-    bucketed chunk's last bucket (the embedding's) after the rest's equal ones."""
+    buckets. Without ``reduce_every_micro`` (Megatron-Core's DDP / distributed optimizer) ``ddp_buckets_chunk``
+    (chunk -> :func:`mcore_ddp_bucket_numels`) gives the bucketed chunk's buckets as the source cuts them: the last
+    one (the embedding's) as it is, the others at their mean size."""
     n_chunks = P * V
     dp_l = lay["dp"]
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
+           "gather_last_ms": np.zeros(n_chunks),
            "z3_f_ms": np.zeros(n_chunks), "z3_b_ms": np.zeros(n_chunks), "z3_first_f_ms": np.zeros(n_chunks),
            "z3_first_b_ms": np.zeros(n_chunks), "z2_b_ms": np.zeros(n_chunks), "z2_last_b_ms": np.zeros(n_chunks),
            "z2_bytes": np.zeros(n_chunks), "z2_n": np.zeros(n_chunks, dtype=np.int64),
@@ -1729,18 +1809,17 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             last = (min(float(last_bucket_chunk[c]), p_count)
                     if last_bucket_chunk is not None and reduce_every_micro and gi == 0 else 0.0)
             bucketed = np.isfinite(bucket_params) and not (bucketed_first_chunk_only and c not in first_chunks)
-            if (last_bucket_chunk is not None and not reduce_every_micro and gi == 0 and bucketed
-                    and 0 < float(last_bucket_chunk[c]) < p_count):
-                # Megatron-Core's DDP / distributed optimizer: _ParamAndGradBuffer fills buckets walking the parameters
-                # backwards and closes one at >= bucket_size (megatron-core 0.16.1 distributed/param_and_grad_buffer.py
-                # l. 711-739), so the embedding, the first parameter, lands in the last bucket (with what the bucket
-                # before it left): the rest's equal buckets, then that one, the backward's last (until stop 47 the
-                # chunk was cut into equal buckets, the embedding spread over them)
-                last = float(last_bucket_chunk[c])
-                rest = p_count - last
-                nb = max(1, int(np.ceil(rest / bucket_params)))
-                msgs.append((c, "bucket", op, rest * grad_b / nb, group, nb))
-                msgs.append((c, "bucket", op, last * grad_b, group, 1))
+            if ddp_buckets_chunk is not None and not reduce_every_micro and gi == 0 and bucketed \
+                    and len(ddp_buckets_chunk.get(c, ())) > 0:
+                # Megatron-Core's DDP / distributed optimizer: _ParamAndGradBuffer's buckets (mcore_ddp_bucket_numels:
+                # megatron-core 0.16.1 distributed/param_and_grad_buffer.py l. 711-743), the embedding in the last,
+                # the backward's last (until stop 47 the chunk was cut into equal buckets, the embedding spread over
+                # them; until stop 48 the last bucket was max(embedding, bucket size), the others ceil(rest / size))
+                bk = np.asarray(ddp_buckets_chunk[c], dtype=float)
+                nb = len(bk) - 1
+                if nb:
+                    msgs.append((c, "bucket", op, float(bk[:-1].sum()) * grad_b / nb, group, nb))
+                msgs.append((c, "bucket", op, float(bk[-1]) * grad_b, group, 1))
                 continue
             if last > 0:
                 # the last bucket of the backward as the source builds it (the embedding's), then the rest's buckets
@@ -1769,7 +1848,19 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             # the distributed optimizer gathers each parameter over the ranks that shard it: dense ones over the DP
             # group, expert ones over the expert-DP group (their own buffers in Megatron-Core), one after the other
             ex = expert_chunk[c] / params_chunk[c] if params_chunk[c] > 0 else 0.0
-            if ex <= 0 or ep_dp == dp_l:
+            bk = None if ddp_buckets_chunk is None else ddp_buckets_chunk.get(c)
+            if bk is not None and len(bk) and ex <= 0 and params_chunk[c] > 0:
+                # Megatron-Core gathers bucket group by bucket group (_ParamAndGradBucketGroup.start_param_sync, one
+                # coalesced all-gather each: param_and_grad_buffer.py l. 250-290; DistributedDataParallel.
+                # start_param_sync loops over them, distributed_data_parallel.py l. 482-483), the bucketed chunk's
+                # buckets as its gradient's: the last (the embedding's, the first forward's) apart, at the chunk's
+                # bytes per parameter (FP8 ones at 1 B); until stop 48 one all-gather of the whole chunk
+                per_param_b = gather_b / params_chunk[c]
+                bk = np.asarray(bk, dtype=float)
+                if len(bk) > 1:
+                    msgs.append((c, "gather", "all_gather", float(bk[:-1].mean()) * per_param_b, dp_l, len(bk) - 1))
+                msgs.append((c, "gather_last", "all_gather", float(bk[-1]) * per_param_b, dp_l, 1))
+            elif ex <= 0 or ep_dp == dp_l:
                 msgs.append((c, "gather", "all_gather", gather_b, dp_l, 1))
             else:
                 for share, group in ((1.0 - ex, dp_l), (ex, ep_dp)):
@@ -1786,7 +1877,10 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
         if role == "bucket":
             buckets[c].append(np.full(nb, t_ms))
         elif role == "gather":
+            out["gather_after_ms"][c] += nb * t_ms
+        elif role == "gather_last":  # the bucketed chunk's last bucket's gather (what its first forward waits for)
             out["gather_after_ms"][c] += t_ms
+            out["gather_last_ms"][c] = t_ms
         elif role in ("z2_rs", "z2_rs_last", "z2_rs_rest"):
             # ZeRO-2 every micro-batch: nb buckets of t_ms each per backward, the last at its end (z2_rs: equal buckets,
             # the last one of them; z2_rs_last: Megatron-FSDP's last bucket, the embedding's, and z2_rs_rest the others)
@@ -2424,8 +2518,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # otherwise (Megatron-Core) every TP rank sends the whole tensor. With SP the tensor is already 1/tp
     partitioned = ctx.scatter_gather_p2p and par.tp > 1 and not par.sp
     # per hop: a transfer between two stages on one node runs over NVLink, across nodes over the network (stop 47:
-    # until then every hop was charged as inter-node once the pipeline spanned nodes); p2p_ms, the scheduler's
-    # dependency-edge transfer and the reported figure, stays the pp group's worst hop
+    # until then every hop was charged as inter-node once the pipeline spanned nodes; stop 48: the scheduler's
+    # non-blocking dependency edges too, scheduler.edge_p2p_ms); p2p_ms, the reported figure, stays the pp group's
+    # worst hop
     hop_ms = None
     if P > 1 and act_bytes > 0:
         p2p_key = ("p2p", act_bytes, id(cl), id(cm), partitioned and lay["tp"])
@@ -2454,9 +2549,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # every chunk but the last sends its activations on, every chunk but the first its input gradient back
     send_f, send_b = np.ones(n_chunks), np.ones(n_chunks)
     send_f[-1] = send_b[0] = 0.0
-    if p2p_blocking and hop_ms is not None and p2p_ms > 0:
-        # a blocked sender spends its own hop's transfer: chunk c (on stage c mod P) sends forward to stage
-        # c + 1 mod P and its gradient back to stage c - 1 mod P; send_* scale the p2p_ms they multiply
+    if hop_ms is not None and p2p_ms > 0 and not dual:
+        # each transfer over its own hop: a blocked sender spends it, a non-blocking edge waits for it (the scheduler's
+        # per-hop edges, scheduler.edge_p2p_ms; until stop 48 every non-blocking edge paid the worst hop): chunk c (on
+        # stage c mod P) sends forward to stage c + 1 mod P and its gradient back to stage c - 1 mod P; send_* scale
+        # the p2p_ms they multiply (the transfers each task runs, as the blocking path)
         stage = np.arange(n_chunks) % P
         send_f = send_f * hop_ms[stage] / p2p_ms
         send_b = send_b * hop_ms[(stage - 1) % P] / p2p_ms
@@ -2504,30 +2601,51 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # ZeRO-3 gathered them with every micro-batch's units and ZeRO-2's last bucket was a bucket_params one
     root_c = first_root_c = last_c = None
     mfsdp = megatron_fsdp(opts.framework, par_dp.zero)
-    if (mfsdp or (first_only and np.isfinite(bucket_params))) and not dual:
-        emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))  # the embedding's parameters a chunk
     if mfsdp and not dual:
+        emb_c = per_chunk(np.where(view.layer_ids < 0, view.params, 0.0))  # the embedding's parameters a chunk
         if par_dp.zero == 3:
             root_c = root_chunk()
             first_root_c = mfsdp_first_bucket_params(emb_c, root_c, bucket_params)
         else:
             last_c = mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params)
-    elif first_only and not dual and np.isfinite(bucket_params):
-        # Megatron-Core's DDP / distributed optimizer (ZeRO 0/1): the bucketed first chunk's last gradient bucket and
-        # the first parameter all-gather bucket its forward waits for are the embedding's (as Megatron-FSDP's:
-        # mfsdp_first_bucket_params; param_and_grad_buffer.py l. 711-739 fills buckets walking the parameters
-        # backwards, the embedding last)
-        last_c = np.where(np.isin(np.arange(n_chunks), first_ranks), 
-                          mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params), 0.0)
+    ddp_buckets = None
+    if not mfsdp and first_only and not dual and np.isfinite(bucket_params) and view.dense_param_seq is not None:
+        # Megatron-Core's DDP / distributed optimizer (ZeRO 0/1): the bucketed first chunk's gradient buckets as
+        # _ParamAndGradBuffer cuts them (mcore_ddp_bucket_numels); its last, the embedding's, is the backward's last
+        # reduction and the first parameter all-gather bucket its forward waits for. The embedding is a shared one
+        # (its own bucket under the distributed optimizer) with a tied output layer's or MTP's copy on the last
+        # stage (tied_params; language_module.py l. 203-210)
+        bk_key = ("ddp_buckets", P, V, bucket_params, tied_params > 0, par_dp.zero >= 1, lay["dp"].size)
+        ddp_buckets = sums.get(bk_key)
+        if ddp_buckets is None:
+            ddp_buckets = {}
+            for c in first_ranks:
+                sel = np.flatnonzero(chunk == c)  # the chunk's layers in model order (the embedding first)
+                seqs = [view.dense_param_seq[i] for i in sel]
+                # the shared one is the word embeddings' weight, the embedding's first parameter
+                # (LanguageModelEmbedding builds word_embeddings before position_embeddings: models/common/embeddings/
+                # language_model_embedding.py l. 56, 67)
+                shared = tied_params > 0
+                own = [(np.arange(len(q)) == 0) & bool(shared and view.layer_ids[i] < 0) for i, q in zip(sel, seqs)]
+                if seqs:
+                    ddp_buckets[c] = mcore_ddp_bucket_numels(np.concatenate(seqs), bucket_params,
+                                                             own_bucket=np.concatenate(own),
+                                                             dist_opt=par_dp.zero >= 1, dp=lay["dp"].size)
+            sums[bk_key] = ddp_buckets
+        last_c = np.zeros(n_chunks)
+        for c, bk in ddp_buckets.items():
+            last_c[c] = bk[-1] if len(bk) else 0.0
     dp_key = ("dp", par_dp.zero, z2_mode, sgo, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only,
-              first_ranks, *(None if x is None else x.tobytes() for x in (root_c, first_root_c, last_c)))
+              first_ranks, *(None if x is None else x.tobytes() for x in (root_c, first_root_c, last_c)),
+              None if ddp_buckets is None else tuple((c, bk.tobytes()) for c, bk in sorted(ddp_buckets.items())))
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
         dpt = _dp_times(par_dp, lay, cl, cm, params_chunk, expert_chunk, grad_b, db, P, V, np.asarray(counts),
                         bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op,
                         first_chunks=first_ranks, reduce_every_micro=z2_mode is not None, framework=opts.framework,
-                        root_chunk=root_c, first_root_chunk=first_root_c, last_bucket_chunk=last_c)
+                        root_chunk=root_c, first_root_chunk=first_root_c, last_bucket_chunk=last_c,
+                        ddp_buckets_chunk=ddp_buckets)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over
@@ -2675,6 +2793,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             else:
                 b = b + dpt["z2_b_ms"]
         p2p = 0.0 if "pp" in free else p2p_ms
+        # the scheduler's dependency edges, each over its own hop (DualPipe: the worst, its mirrored stages)
+        p2p_edges = p2p if p2p <= 0 or hop_ms is None or dual else hop_ms
         if not quiet:
             # every transfer a chunk's task runs, exposed or hidden (the rest of f, b beyond the computation is exposed)
             tot_free = (tot_key, free)
@@ -2693,7 +2813,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if p2p_blocking and p2p > 0:  # the sender is blocked for its transfer; it is done when the task ends
             f = f + send_f * p2p
             b = b + send_b * p2p
-            p2p = 0.0
+            p2p = p2p_edges = 0.0
         if not quiet:
             # communication hidden beside a task's computation: its dynamic power on top of the computation's, and
             # under a power limit the computation's clock where the sum would exceed it (simulate.energy.overlap_power)
@@ -2703,11 +2823,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             f = f + st_f
             b = b + st_b
         keep = trace and not free
-        pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, p2p, ctx.exact_pipeline)
+        pipe_key = ("pipe", f.tobytes(), b.tobytes(), n_micro, V, par.schedule, np.asarray(p2p_edges).tobytes(),
+                    ctx.exact_pipeline)
         hit = memo.get(pipe_key) if memo is not None and not keep else None
         if hit is None:  # strategies that differ only where the pipeline does not see it (ZeRO 0/1, ...) share it
-            pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p, keep_tasks=keep,
-                                 exact=ctx.exact_pipeline, w_ms=chunk_sum("wgrad_ms") if dual else None)
+            pipe = time_pipeline(f, b, n_micro=n_micro, interleave=V, kind=par.schedule, p2p_ms=p2p_edges,
+                                 keep_tasks=keep, exact=ctx.exact_pipeline, w_ms=chunk_sum("wgrad_ms") if dual else None)
             hit = (pipe, pipe.last_backward_array)
             if memo is not None and not keep:
                 memo[pipe_key] = hit
@@ -2803,6 +2924,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                         # stage's gather, not 1 / n_b (Megatron-Core gathers the bucket groups in forward order)
                         emb_first = by_stage(last_c)
                         n_b = np.where(emb_first > 0, params_stage / np.maximum(emb_first, 1.0), n_b)
+                        # with the bucketed chunk gathered bucket by bucket (_dp_times' gather_last_ms), that bucket's
+                        # own all-gather (its latency included), not its share of the stage's
+                        g_last = by_stage(dpt["gather_last_ms"])
+                        n_b = np.where(g_last > 0, gather / np.maximum(g_last, 1e-12), n_b)
                     total_g = gather
                     gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
                                              first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None,

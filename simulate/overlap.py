@@ -36,18 +36,22 @@ NCCL_SMS = 16
 UB_SMS = 2
 
 
-def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int) -> dict[str, bool]:
+def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int, interleave: int | None = None) -> dict[str, bool]:
     """What a framework overlaps when not told: Megatron-Core's GPT/Llama recipes (Megatron-LM ``examples/llama``,
     NeMo's ``llama3_*`` pretraining recipes) run the distributed optimizer with ``--overlap-grad-reduce
     --overlap-param-gather`` and, with TP and sequence parallelism, ``--tp-comm-overlap``; PyTorch DDP/FSDP overlap
     gradient buckets with backward by construction (handled by the scheduler), and DeepSpeed's engine reduces after
-    backward (``overlap_comm`` off in its default config): none of the three for them."""
+    backward (``overlap_comm`` off in its default config): none of the three for them. ``interleave``: the virtual
+    pipeline size (None: not known, the interleaved schedule's default), which decides ``overlap_p2p_comm``."""
     off = dict.fromkeys(OVERLAP_FLAGS, False)
     if framework == "megatron":
         # overlap_p2p_comm: Megatron-LM megatron/training/arguments.py ``--no-overlap-p2p-communication``
-        # (action store_false, dest overlap_p2p_comm: on unless turned off); only the interleaved schedule uses it
+        # (action store_false, dest overlap_p2p_comm: on unless turned off), forced off without the interleaved
+        # schedule (arguments.py l. 976-979, megatron-core 0.19.2 wheel: "Overlap P2P communication is disabled if not
+        # using the interleaved schedule"): on with interleave >= 2 only (until stop 48 True here, undone at
+        # interleave 1 by resolve_parallel and the strategy string's writer)
         return dict(off, overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp,
-                    overlap_p2p_comm=True)
+                    overlap_p2p_comm=interleave is None or int(interleave) > 1)
     return off
 
 

@@ -527,7 +527,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if cluster is not None:
         check_job_size(cfg.gpus, cluster)
     fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
-    defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
+    defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero, interleave=cfg.interleave)
     flags = {}
     for name, default in defaults.items():
         v = d[name]
@@ -587,9 +587,10 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
     if cfg.interleave == 1 and flags.get("overlap_p2p_comm"):
-        # Megatron-LM forces it off without the interleaved schedule (megatron/training/arguments.py l. 976-978, 0.19.2
-        # wheel: "Overlap P2P communication is disabled if not using the interleaved schedule", args.overlap_p2p_comm
-        # = False): report what runs (until stop 47 the JSON said true at --interleave 1; the step never used it)
+        # an explicit True at interleave 1 (the default is off there: overlap_defaults): Megatron-LM forces it off
+        # without the interleaved schedule (megatron/training/arguments.py l. 976-979, 0.19.2 wheel), so report what
+        # runs (until stop 47 the JSON said true at --interleave 1; the step never used it). The API and CLI refuse
+        # the explicit flag there first (check_overlap_p2p_flag); a ParallelConfig given directly reaches this
         flags["overlap_p2p_comm"] = False
     return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags, **cp_fields)
 

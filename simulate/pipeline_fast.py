@@ -64,13 +64,21 @@ def closed_form_applies(f_ms, b_ms, interleave: int, p2p_ms: float, kind: str = 
     return float(p2p_ms) <= 0.025 * float(f[0] + b[0])
 
 
-def time_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = "1f1b", p2p_ms: float = 0.0,
+def time_pipeline(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = "1f1b", p2p_ms=0.0,
                   keep_tasks: bool = False, exact: bool = True, w_ms=None) -> PipelineResult:
     """The pipeline's timing: the event-driven scheduler (``exact``, or tasks kept for a trace), else the closed form
     :func:`fast_pipeline` where it applies, else the scheduler's one pass over the tasks in the event loop's order
     (``static``: the event loop's figures, bit for bit, several times faster). ``kind="dualpipe"``: DeepSeek-V3's
     DualPipe replayed task by task (:func:`wattcast.simulate.dualpipe.simulate_dualpipe`; ``w_ms`` the
-    weight-gradient part of each stage's backward)."""
+    weight-gradient part of each stage's backward). ``p2p_ms``: one transfer for every edge, or one per hop
+    (:func:`~wattcast.simulate.scheduler.edge_p2p_ms`): hops that differ take the scheduler (the closed form and
+    DualPipe's replay take one figure: DualPipe its worst hop)."""
+    hop = np.asarray(p2p_ms, dtype=float)
+    if hop.ndim and (kind == "dualpipe" or np.all(hop == hop.flat[0])):
+        p2p_ms = float(hop.max()) if hop.size else 0.0
+    elif hop.ndim:  # hops that differ: the scheduler's exact or static pass
+        return simulate_pipeline(f_ms, b_ms, n_micro=n_micro, interleave=interleave, kind=kind, p2p_ms=hop,
+                                 keep_tasks=keep_tasks, static=not (exact or keep_tasks))
     if kind == "dualpipe":
         from wattcast.simulate.dualpipe import simulate_dualpipe
 

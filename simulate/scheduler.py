@@ -127,10 +127,28 @@ def _orders(n_stages: int, n_micro: int, interleave: int, kind: str) -> tuple[tu
                  for s in range(P))
 
 
+def edge_p2p_ms(p2p_ms, n_stages: int, interleave: int) -> tuple[np.ndarray, np.ndarray]:
+    """(into_f, into_b), each per virtual stage v = chunk x P + stage: the transfer a forward on v waits for after
+    v - 1's (into_f[v]) and a backward on v after v + 1's (into_b[v]). ``p2p_ms``: one figure for every edge, or per
+    hop (``hop[s]``: between stage s and stage s + 1 mod P, both ways), so that each edge pays its own link (a hop
+    inside a node over NVLink, one across nodes over the network; until stop 48 the non-blocking edges all paid the
+    pipeline group's worst hop): the forward edge into v crosses hop (v - 1) mod P, the backward edge into v hop v mod
+    P (interleaving's chunk boundary, stage P-1 to stage 0, is hop P - 1)."""
+    P, V = int(n_stages), int(interleave)
+    hop = np.asarray(p2p_ms, dtype=np.float64)
+    v = np.arange(P * V)
+    if hop.ndim == 0:
+        return np.full(P * V, float(hop)), np.full(P * V, float(hop))
+    if hop.shape != (P,):
+        raise ValueError(f"p2p_ms: one figure or one per hop ({P}), got shape {hop.shape}")
+    return hop[(v - 1) % P].copy(), hop[v % P].copy()
+
+
 def simulate_pipeline(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
-                      p2p_ms: float = 0.0, keep_tasks: bool = True, max_exact_micro: int | None = None,
+                      p2p_ms=0.0, keep_tasks: bool = True, max_exact_micro: int | None = None,
                       static: bool = False) -> PipelineResult:
     """``f_ms[v]``, ``b_ms[v]``: forward/backward time of one micro-batch on virtual stage v (v = chunk x P + stage).
+    ``p2p_ms``: the transfer on every dependency edge between stages, one figure or one per hop (:func:`edge_p2p_ms`).
     ``keep_tasks=False`` skips the per-task records (only a trace needs them). ``static`` (without ``keep_tasks``):
     each exact part is timed by one pass over the tasks in the event loop's own order (:func:`_simulate_static`: the
     same figures, bit for bit; the event loop stays the reference).
@@ -222,12 +240,13 @@ def _order_arrays(n_stages: int, n_micro: int, interleave: int, kind: str) -> tu
     return flat, offsets
 
 
-def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy, last_bc, first_fc):
+def _kernel_py(order, offsets, f, b, n_micro, pv, p2p_f, p2p_b, starts, ends, free, busy, last_bc, first_fc):
     """The event loop over arrays (``_simulate_loop``'s, task for task): fills ``starts``/``ends`` per task,
     ``free``/``busy`` per stage and, per stage and chunk, ``last_bc`` (stages, chunks, 2: the chunk's last
     backward's start and end) and ``first_fc`` (stages, chunks: its first forward's start; pass it filled with -1);
-    returns False if the schedule deadlocks. Compiled with numba when it is installed (the same code, ~100x faster);
-    the plain Python function is the reference the tests compare with."""
+    ``p2p_f``/``p2p_b``: per virtual stage, the transfer into its forward / backward (:func:`edge_p2p_ms`); returns
+    False if the schedule deadlocks. Compiled with numba when it is installed (the same code, ~100x faster); the plain
+    Python function is the reference the tests compare with."""
     n_stages = offsets.shape[0] - 1
     done_f = np.full(n_micro * pv, -1.0)
     done_b = np.full(n_micro * pv, -1.0)
@@ -250,7 +269,7 @@ def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy,
                         d = done_f[idx - 1]
                         if d < 0:
                             break
-                        ready = d + p2p
+                        ready = d + p2p_f[v]
                     else:
                         ready = 0.0
                     dur = f[v]
@@ -262,7 +281,7 @@ def _kernel_py(order, offsets, f, b, n_micro, pv, p2p, starts, ends, free, busy,
                         d = done_b[idx + 1]
                         if d < 0:
                             break
-                        ready = d + p2p
+                        ready = d + p2p_b[v]
                     else:
                         ready = own
                     dur = b[v]
@@ -304,7 +323,7 @@ except Exception:  # pragma: no cover - depends on the environment
     _kernel = None
 
 
-def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2p_ms: float, keep_tasks: bool,
+def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2p_ms, keep_tasks: bool,
                      kernel=None) -> PipelineResult:
     """Every task of the schedule, event by event, over arrays (numba-compiled when available)."""
     V = interleave
@@ -315,8 +334,9 @@ def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2
     free, busy = np.zeros(P), np.zeros(P)
     last_bc, first_fc = np.zeros((P, V, 2)), np.full((P, V), -1.0)
     run = kernel or _kernel or _kernel_py
+    p2p_f, p2p_b = edge_p2p_ms(p2p_ms, P, V)
     ok = run(order, offsets, np.asarray(f_ms, dtype=np.float64), np.asarray(b_ms, dtype=np.float64), int(n_micro),
-             int(P * V), float(p2p_ms), starts, ends, free, busy, last_bc, first_fc)
+             int(P * V), p2p_f, p2p_b, starts, ends, free, busy, last_bc, first_fc)
     if not ok:  # pragma: no cover - the schedules above are deadlock-free
         raise RuntimeError("pipeline schedule deadlocked")
     tasks: list[Task] = []
@@ -328,7 +348,7 @@ def _simulate_arrays(f_ms, b_ms, *, n_micro: int, interleave: int, kind: str, p2
 
 
 def _simulate_loop(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
-                   p2p_ms: float = 0.0, keep_tasks: bool = True) -> PipelineResult:
+                   p2p_ms=0.0, keep_tasks: bool = True) -> PipelineResult:
     """Every task of the schedule: the compiled array loop when numba is there, else the Python event loop."""
     if _kernel is not None:
         return _simulate_arrays(f_ms, b_ms, n_micro=n_micro, interleave=interleave, kind=kind, p2p_ms=p2p_ms,
@@ -400,7 +420,8 @@ def _order_kernel_py(order, offsets, n_micro, pv, seq, dep, add_p2p):
 
 def _static_kernel_py(dep, add_p2p, stage, mark_at, dur_at, durs, p2p, ends, free, busy, marks):
     """One pass over the tasks in the event loop's order (task k is the k-th the loop runs): each starts when its stage
-    is free and the task it waits for (``dep[k]``, an earlier k; -1 none; plus ``p2p`` where ``add_p2p``) is done, as
+    is free and the task it waits for (``dep[k]``, an earlier k; -1 none; plus ``p2p[dur_at[k]]`` where ``add_p2p``:
+    per virtual stage the transfer into its forward, then into its backward, as ``durs``) is done, as
     in :func:`_kernel_py`, with the same operations in the same order (the same floating-point figures).
     ``durs[dur_at[k]]``: the task's time (forwards first, then backwards). Fills ``ends`` per task,
     ``free``/``busy`` per stage, and ``marks[mark_at[k]]``, ``marks[mark_at[k] + 1]`` with the task's start
@@ -412,7 +433,7 @@ def _static_kernel_py(dep, add_p2p, stage, mark_at, dur_at, durs, p2p, ends, fre
         if d < 0:
             ready = 0.0
         elif add_p2p[k] != 0:
-            ready = ends[d] + p2p
+            ready = ends[d] + p2p[dur_at[k]]
         else:
             ready = ends[d]
         t_free = free[s]
@@ -475,7 +496,7 @@ def _static_plan(n_stages: int, n_micro: int, interleave: int, kind: str) -> tup
     return out
 
 
-def _simulate_static(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = "1f1b", p2p_ms: float = 0.0,
+def _simulate_static(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str = "1f1b", p2p_ms=0.0,
                      keep_tasks: bool = False) -> PipelineResult:
     """Every task of the schedule in one pass in the event loop's order (:func:`_static_plan`): the event loop's figures,
     bit for bit (tested), several times faster (compiled; no tasks kept)."""
@@ -486,19 +507,20 @@ def _simulate_static(f_ms, b_ms, *, n_micro: int, interleave: int = 1, kind: str
     ends = np.empty(dep.shape[0])
     free, busy = np.zeros(P), np.zeros(P)
     marks = np.empty((2, P, V, 2))  # each chunk's last backward, its first forward: (start, end)
-    _static_kernel(dep, add, stage, mark_at, dur_at, durs, float(p2p_ms), ends, free, busy, marks.reshape(-1))
+    p2p = np.concatenate(edge_p2p_ms(p2p_ms, P, V))  # indexed as durs: into forwards, then into backwards
+    _static_kernel(dep, add, stage, mark_at, dur_at, durs, p2p, ends, free, busy, marks.reshape(-1))
     return PipelineResult([], free, busy, last_backward_by_chunk=marks[0], first_forward_by_chunk=marks[1, :, :, 0])
 
 
 def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",
-                     p2p_ms: float = 0.0, keep_tasks: bool = True) -> PipelineResult:
+                     p2p_ms=0.0, keep_tasks: bool = True) -> PipelineResult:
     """Every task of the schedule, event by event (the reference implementation)."""
     V = interleave
     P = len(f_ms) // V
     PV = P * V
     orders = _orders(P, n_micro, V, kind)
     f, b = [float(x) for x in f_ms], [float(x) for x in b_ms]
-    p2p = float(p2p_ms)
+    p2p_f, p2p_b = (x.tolist() for x in edge_p2p_ms(p2p_ms, P, V))
     # end time of (micro m, virtual stage v) at index m * PV + v; -1 = not done yet
     done_f = [-1.0] * (n_micro * PV)
     done_b = [-1.0] * (n_micro * PV)
@@ -522,7 +544,7 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
                         d = done_f[idx - 1]
                         if d < 0:
                             break
-                        ready = d + p2p
+                        ready = d + p2p_f[v]
                     else:
                         ready = 0.0
                     dur = f[v]
@@ -534,7 +556,7 @@ def _simulate_events(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interl
                         d = done_b[idx + 1]
                         if d < 0:
                             break
-                        ready = d + p2p
+                        ready = d + p2p_b[v]
                     else:
                         ready = own
                     dur = b[v]

@@ -125,11 +125,12 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
             raise StrategyError(f"global batch {batch} is not a multiple of dp x micro-batch ({cfg.dp} x {cfg.micro_batch})")
         ga = batch // per
     # overlaps are written only where they differ from the framework's default
-    defaults = overlap_defaults(canonical_framework(framework), tp=cfg.tp, sp=cfg.sp, zero=cfg.zero)
+    # (at interleave 1 the p2p overlap's default is off, what resolve_parallel leaves there: no p2po / nop2po token,
+    # which predict would refuse)
+    defaults = overlap_defaults(canonical_framework(framework), tp=cfg.tp, sp=cfg.sp, zero=cfg.zero,
+                                interleave=cfg.interleave)
     overlaps = {name: (None if getattr(cfg, name) is None or bool(getattr(cfg, name)) == defaults[name]
                        else bool(getattr(cfg, name))) for name in _OVERLAPS.values()}
-    if cfg.interleave == 1:  # no virtual pipeline: p2po / nop2po would change nothing (predict refuses them there)
-        overlaps["overlap_p2p_comm"] = None
     return format_given(Strategy(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, micro_batch=cfg.micro_batch, cp=cfg.cp, ep=cfg.ep,
                                  grad_accum=ga, zero=cfg.zero, interleave=cfg.interleave, sp=bool(cfg.sp),
                                  recompute=cfg.recompute, schedule=cfg.schedule, pp_first_layers=cfg.pp_first_layers,

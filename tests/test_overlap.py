@@ -485,24 +485,85 @@ def test_megatron_hides_backward_tp_collectives_without_tp_comm_overlap(monkeypa
 
 def test_megatron_core_ddp_last_bucket_is_the_embeddings():
     """Megatron-Core's _ParamAndGradBuffer fills buckets walking the parameters backwards and closes one at >= the
-    bucket size (megatron-core 0.16.1 param_and_grad_buffer.py l. 711-739): the embedding, the first parameter, is the
-    bucketed chunk's last bucket, reduced as the backward ends; the rest in equal buckets before it."""
+    bucket size (megatron-core 0.16.1 param_and_grad_buffer.py l. 711-743): the embedding, the first parameter, is in
+    the bucketed chunk's last bucket, reduced as the backward ends; the others before it."""
     from wattcast.data.cluster_spec import resolve_cluster
-    from wattcast.simulate.distributed import _dp_times, collective_model, mfsdp_first_bucket_params
+    from wattcast.simulate.distributed import _dp_times, collective_model, mcore_ddp_bucket_numels
     from wattcast.simulate.parallel import ParallelConfig, layouts
 
     cl, cm = resolve_cluster("DGX-H100"), collective_model()
     par = ParallelConfig(gpus=64, tp=1, pp=2, dp=32, zero=1, micro_batch=1, overlap_grad_reduce=True)
-    params = np.array([4e8, 3e8])  # stage 0 with a 100M-parameter embedding
-    last = np.where([True, False], mfsdp_first_bucket_params(np.array([1e8, 0.0]), params, 40e6), 0.0)
+    params = np.array([4e8, 3e8])  # stage 0 with a 100M-parameter embedding and 300M in 30M parameters
+    bk = mcore_ddp_bucket_numels([1e8] + [3e7] * 10, 40e6)
+    assert list(bk) == [6e7] * 5 + [1e8]  # pairs of 30M close at 60M; the embedding alone after the last pair
     t = _dp_times(par, layouts(par, cl), cl, cm, params, np.zeros(2), 4.0, 2.0, 2, 1, np.ones(2, dtype=int), 40e6,
-                  bucketed_first_chunk_only=True, last_bucket_chunk=last)
+                  bucketed_first_chunk_only=True, last_bucket_chunk=np.array([bk[-1], 0.0]), ddp_buckets_chunk={0: bk})
     b0 = t["bucket_ms"][0]
-    assert len(b0) == 9  # 300M in 8 buckets of 37.5M, then the embedding's 100M
-    assert b0[-1] > 2 * b0[0] and np.allclose(b0[:-1], b0[0])
+    assert len(b0) == 6 and np.allclose(b0[:-1], b0[0]) and b0[-1] > 1.2 * b0[0]  # 100M against 60M
     assert len(t["bucket_ms"][1]) == 1  # later stages: one message, as before
-    # an embedding below the bucket size opens a bucket it fills with what follows it: about a bucket's worth
-    assert mfsdp_first_bucket_params(np.array([1e7]), np.array([4e8]), 40e6)[0] == 40e6
+    # stop 48: the distributed optimizer gathers the parameters bucket by bucket (param_and_grad_buffer.py
+    # l. 250-290): the first forward waits for the last bucket's own all-gather; the chunk's gather pays each
+    # bucket's latency
+    one = _dp_times(par, layouts(par, cl), cl, cm, params, np.zeros(2), 4.0, 2.0, 2, 1, np.ones(2, dtype=int), 40e6,
+                    bucketed_first_chunk_only=True)
+    assert t["gather_last_ms"][0] > 0 and t["gather_last_ms"][1] == 0
+    assert t["gather_after_ms"][0] > one["gather_after_ms"][0] > t["gather_last_ms"][0]
+    assert t["gather_after_ms"][1] == one["gather_after_ms"][1]
+
+
+def test_megatron_core_ddp_buckets_walk_as_the_source():
+    """Stop 48: the last bucket is the embedding plus what the bucket before it left open (not max(embedding, bucket
+    size)); a shared embedding under the distributed optimizer closes that bucket and gets one of its own
+    (param_and_grad_buffer.py l. 698-736); the distributed optimizer pads parameter starts to 64 elements and bucket
+    ends to lcm(dp, 128) (l. 638-665)."""
+    from wattcast.simulate.distributed import mcore_ddp_bucket_numels
+    seq = [12800.0, 3840.0, 3840.0, 3840.0]  # embedding, then three parameters (multiples of 128)
+    assert list(mcore_ddp_bucket_numels(seq, 6400)) == [7680.0, 16640.0]  # the embedding + the 3840 left open
+    shared = [True, False, False, False]
+    assert list(mcore_ddp_bucket_numels(seq, 6400, own_bucket=shared, dist_opt=True)) == [7680.0, 3840.0, 12800.0]
+    # without the distributed optimizer a shared embedding is bucketed like any parameter (l. 707-708)
+    assert list(mcore_ddp_bucket_numels(seq, 6400, own_bucket=shared)) == [7680.0, 16640.0]
+    assert list(mcore_ddp_bucket_numels(seq, np.inf)) == [sum(seq)]  # no bucket size: one bucket
+    # padding: a 100-element parameter starts at 64 after a 10-element one; the bucket ends at lcm(3, 128) = 384
+    assert list(mcore_ddp_bucket_numels([100.0, 10.0], np.inf, dist_opt=True, dp=3)) == [384.0]
+
+
+def test_dense_param_sequence_registers_the_output_projection_first():
+    """Megatron-Core registers an attention's linear_proj before linear_qkv (attention.py l. 349, 1267), the input norm
+    inside linear_qkv with Transformer Engine: a layer's parameters in named_parameters order."""
+    from wattcast.simulate.distributed import dense_param_sequence
+    names = ["input_layernorm", "self_attention.linear_qkv", "self_attention.linear_proj", "pre_mlp_layernorm",
+             "mlp.linear_fc1", "mlp.linear_fc2"]
+    got = dense_param_sequence(np.array(names), np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    assert list(got) == [3.0, 1.0, 2.0, 4.0, 5.0, 6.0]
+
+
+def test_llama3_8b_last_ddp_bucket_holds_the_first_layers_attention(monkeypatch):
+    """Llama 3 8B, 16 H100, TP2 PP4 DP2, distributed optimizer, 40M buckets: the first stage's last gradient bucket
+    is the 262.7M embedding and the first layer's attention projections and norms left open by the bucket before it
+    (21.0M; padded: 283.648M), not the embedding alone (until stop 48: max(embedding, bucket size) = 262.668M). GPT-3
+    175B (tied embedding) on 1,024 A100s, TP8 PP16 v2: the word embedding's own 78.6M bucket, its learned position
+    embedding the bucket before (until stop 48 both, 103.8M)."""
+    import wattcast.simulate.distributed as dist
+    seen = {}
+    orig = dist._dp_times
+
+    def spy(*a, **k):
+        seen.update(k)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(dist, "_dp_times", spy)
+    wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=16, batch=32, seq=8192, tp=2, pp=4, sp=True,
+                             micro_batch=1, framework="megatron", zero=1, overlap_grad_reduce=True,
+                             overlap_param_gather=True)
+    last = float(seen["last_bucket_chunk"][0])
+    assert last == 283648000.0  # 262,668,288 + 20,979,712 (qkv, proj, norm), padded to 128
+    assert len(seen["ddp_buckets_chunk"][0]) == 16
+    wattcast.predict_cluster("gpt3_175b", "DGX-A100", gpus=1024, batch=1536, seq=2048, tp=8, pp=16, interleave=2,
+                             sp=True, micro_batch=1, framework="megatron", zero=1, overlap_grad_reduce=True,
+                             overlap_param_gather=True)
+    bk = seen["ddp_buckets_chunk"][0]
+    assert list(bk[-2:]) == [25190400.0, 78643200.0]
 
 
 def test_a_bias_gradient_does_not_cut_the_dgrad_collective_from_its_wgrad():

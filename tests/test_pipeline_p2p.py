@@ -126,3 +126,66 @@ def test_overlap_p2p_comm_reported_off_without_interleaving():
     assert one.parallel.overlap_p2p_comm is False and one.to_dict()["parallel"]["overlap_p2p_comm"] is False
     two, _, _, _ = _pp("megatron", interleave=2)
     assert two.parallel.overlap_p2p_comm is True
+
+
+def test_non_blocking_edges_cost_their_own_hop():
+    """Stop 48: the scheduler's dependency edges (Megatron-Core's interleaved schedule with overlap_p2p_comm, hf's
+    1F1B) wait for their own hop's transfer, as the blocking path's senders since stop 47, not the pipeline's worst
+    hop: Llama 3 8B, 16 H100, TP2 PP4 DP2 v2 (stages 0-1 on node 0, 2-3 on node 1: hops 0->1 and 2->3 NVLink)."""
+    import numpy as np
+
+    import wattcast.simulate.distributed as dist
+    from wattcast.simulate import scheduler as sc
+    from wattcast.simulate.pipeline_fast import time_pipeline
+
+    f_in, b_in = sc.edge_p2p_ms(np.array([1.0, 2.0, 3.0]), 3, 2)
+    assert f_in.tolist() == [3.0, 1.0, 2.0, 3.0, 1.0, 2.0]  # into v from v - 1: hop (v - 1) mod P
+    assert b_in.tolist() == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]  # into v from v + 1: hop v mod P
+    rng = np.random.default_rng(48)
+    f, b = rng.uniform(1, 2, 8), rng.uniform(2, 4, 8)
+    hops = np.array([0.05, 0.9, 0.05, 0.9])
+    ref = sc._simulate_events(f, b, n_micro=8, interleave=2, p2p_ms=hops, keep_tasks=False)
+    for got in (sc.simulate_pipeline(f, b, n_micro=8, interleave=2, p2p_ms=hops, keep_tasks=False),
+                sc.simulate_pipeline(f, b, n_micro=8, interleave=2, p2p_ms=hops, keep_tasks=False, static=True),
+                time_pipeline(f, b, n_micro=8, interleave=2, p2p_ms=hops, exact=False)):
+        assert np.array_equal(got.stage_end, ref.stage_end)  # the event loop's figures, bit for bit
+    lo, hi = (sc.simulate_pipeline(f, b, n_micro=8, interleave=2, p2p_ms=x, keep_tasks=False).stage_end.max()
+              for x in (0.05, 0.9))
+    assert lo < ref.stage_end.max() < hi
+    # a uniform hop array is the scalar
+    same = sc.simulate_pipeline(f, b, n_micro=8, interleave=2, p2p_ms=np.full(4, 0.9), keep_tasks=False)
+    assert np.array_equal(same.stage_end, sc.simulate_pipeline(f, b, n_micro=8, interleave=2, p2p_ms=0.9,
+                                                               keep_tasks=False).stage_end)
+    kw = dict(gpus=16, tp=2, pp=4, dp=2, batch=32, seq=8192, micro_batch=1, sp=True)
+    for fw, extra in (("megatron", dict(interleave=2, zero=1)), ("hf", {})):
+        per_hop = wattcast.predict_cluster("llama3_8b", "DGX-H100", framework=fw, **kw, **extra)
+        orig = dist.pp_hop_crosses_nodes
+        try:
+            dist.pp_hop_crosses_nodes = lambda tp, cp, dp, pp, g: np.ones(pp, dtype=bool)  # every hop across nodes
+            dist._COSTED.clear()
+            all_inter = wattcast.predict_cluster("llama3_8b", "DGX-H100", framework=fw, **kw, **extra)
+        finally:
+            dist.pp_hop_crosses_nodes = orig
+            dist._COSTED.clear()
+        assert per_hop.comm["p2p_ms"] == all_inter.comm["p2p_ms"]  # the reported (worst) hop
+        assert per_hop.exposed_comm_split_ms["pp"] < 0.6 * all_inter.exposed_comm_split_ms["pp"], fw
+        assert per_hop.step_time_ms < all_inter.step_time_ms
+
+
+def test_overlap_p2p_default_follows_the_interleave_in_one_place():
+    """Stop 48 refactor: overlap_defaults says the p2p overlap is off at interleave 1 (Megatron-LM's arguments.py
+    l. 976-979 forces it off there) and on with interleaving, so resolve_parallel and the strategy string's writer
+    need no undo of their own; what they give is unchanged."""
+    from wattcast.simulate.overlap import overlap_defaults
+    from wattcast.simulate.parallel import ParallelConfig, resolve_parallel
+    from wattcast.simulate.strategy import format_strategy
+
+    assert overlap_defaults("megatron", tp=1, sp=False, zero=0, interleave=1)["overlap_p2p_comm"] is False
+    assert overlap_defaults("megatron", tp=1, sp=False, zero=0, interleave=2)["overlap_p2p_comm"] is True
+    assert overlap_defaults("megatron", tp=1, sp=False, zero=0)["overlap_p2p_comm"] is True  # interleave not known
+    assert not overlap_defaults("hf", tp=1, sp=False, zero=0, interleave=2)["overlap_p2p_comm"]
+    for v in (1, 2):
+        cfg = resolve_parallel(ParallelConfig(gpus=8, pp=4, interleave=v), framework="megatron", batch=16,
+                               n_layers=8)
+        assert cfg.overlap_p2p_comm is (v > 1)
+        assert "p2po" not in format_strategy(cfg, framework="megatron")

@@ -93,9 +93,14 @@ def test_embedding_gradient_all_reduce_size_placement_and_step():
     want = float(collective_ms(collective_model(), ["all_reduce"], [nbytes], GroupLayout(2, 1, 2), cl)[0][0])
     assert r.comm["embedding_grad_allreduce_ms"] == pytest.approx(want, rel=1e-12)
     assert 5.0 < want < 30.0  # ~315 MB over one 200 Gb/s NIC per GPU: about 12 ms
-    assert r.step_time_ms - before.step_time_ms == pytest.approx(want, abs=1e-6)
+    # the tie also makes the first stage's word embedding a shared one, in a gradient bucket of its own under the
+    # distributed optimizer (param_and_grad_buffer.py l. 698-721; stop 48): the last bucket, exposed after the
+    # backward, is the 78.6M table alone (the position embedding and the first layer's input norm in the bucket
+    # before it): slightly less DP
+    dp_delta = r.exposed_comm_split_ms["dp"] - before.exposed_comm_split_ms["dp"]
+    assert -0.5 < dp_delta < 0.0
+    assert r.step_time_ms - before.step_time_ms == pytest.approx(want + dp_delta, abs=0.01)
     assert r.exposed_comm_split_ms["pp"] - before.exposed_comm_split_ms["pp"] == pytest.approx(want, abs=1e-6)
-    assert r.exposed_comm_split_ms["dp"] == pytest.approx(before.exposed_comm_split_ms["dp"], abs=1e-6)
 
 
 def test_pp1_is_unchanged_to_the_bit():
