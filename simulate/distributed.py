@@ -1652,6 +1652,17 @@ def mfsdp_first_bucket_params(embedding_params, group_params, bucket_params: flo
     return np.where(emb > 0, np.minimum(first, group), 0.0)
 
 
+def _last_bucket_msgs(c: int, op: str, group, last: float, p_count: float, grad_b: float, bucket_params: float,
+                      last_role: str, rest_role: str) -> tuple[list[tuple], tuple]:
+    """A chunk's gradient messages when the backward's last bucket (the embedding's, ``last`` of its ``p_count``
+    parameters) stands apart: (the rest's equal buckets of at most ``bucket_params`` each, one message for all nb of
+    them; none when nothing is left), the last bucket's message; :func:`_dp_times`' (chunk, role, op, bytes, group,
+    count) tuples (Megatron-Core's DDP / distributed optimizer and Megatron-FSDP's ZeRO-2 both build them so)."""
+    rest = p_count - last
+    nb = max(1, int(np.ceil(rest / bucket_params))) if np.isfinite(bucket_params) else 1
+    return ([(c, rest_role, op, rest * grad_b / nb, group, nb)] if rest > 0 else []), (c, last_role, op, last * grad_b, group, 1)
+
+
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
               gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
@@ -1736,19 +1747,15 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 # l. 711-739), so the embedding, the first parameter, lands in the last bucket (with what the bucket
                 # before it left): the rest's equal buckets, then that one, the backward's last (until stop 47 the
                 # chunk was cut into equal buckets, the embedding spread over them)
-                last = float(last_bucket_chunk[c])
-                rest = p_count - last
-                nb = max(1, int(np.ceil(rest / bucket_params)))
-                msgs.append((c, "bucket", op, rest * grad_b / nb, group, nb))
-                msgs.append((c, "bucket", op, last * grad_b, group, 1))
+                rest_m, last_m = _last_bucket_msgs(c, op, group, float(last_bucket_chunk[c]), p_count, grad_b,
+                                                   bucket_params, "bucket", "bucket")
+                msgs.extend([*rest_m, last_m])
                 continue
             if last > 0:
                 # the last bucket of the backward as the source builds it (the embedding's), then the rest's buckets
-                msgs.append((c, "z2_rs_last", op, last * grad_b, group, 1))
-                rest = p_count - last
-                if rest > 0:
-                    nb = max(1, int(np.ceil(rest / bucket_params))) if np.isfinite(bucket_params) else 1
-                    msgs.append((c, "z2_rs_rest", op, rest * grad_b / nb, group, nb))
+                rest_m, last_m = _last_bucket_msgs(c, op, group, last, p_count, grad_b, bucket_params, "z2_rs_last",
+                                                   "z2_rs_rest")
+                msgs.extend([last_m, *rest_m])
                 continue
             nb = max(1, int(np.ceil(p_count / bucket_params))) if bucketed else 1
             msgs.append((c, "z2_rs" if reduce_every_micro else "bucket", op, total / nb, group, nb))
