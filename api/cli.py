@@ -1274,7 +1274,6 @@ def sweep(
     best = summary(read_sweep(res.output))
     # tasks whose part says status error (a task that could not run) and tasks whose run raised or whose worker was
     # lost: SweepOutcome.failed_tasks, one dict per task (task_id, model, cluster, gpus, region, status, error)
-    errored = [f for f in res.failed_tasks if f["status"] == "error"]
     if as_json:
         rows = json.loads(best.to_json(orient="records"))
         for r in rows:  # the search's warnings and unranked clusters as search --json gives them (not JSON text)
@@ -1301,13 +1300,10 @@ def sweep(
             for w in search_keys(r.get("warnings")) or ():
                 con.print(escape(f"note: {task}: {w}"), style="yellow", soft_wrap=True)
         err.print(f"results: {res.output} (pandas.read_parquet or wattcast.sweep.read_sweep)")
-    for r in errored:
-        err.print(escape(f"task {r['task_id']} ({r['model']} on {r['gpus']} x {r['cluster']}"
-                         + (f", {r['region']}" if r["region"] else "") + f") ended with status error: {r['error']}"),
-                  style="red", soft_wrap=True)
-    for f in res.failed_tasks:
-        if f["status"] != "error":
-            err.print(escape(f"task {f['task_id']} failed: {f['error']}"), style="red", soft_wrap=True)
+    for f in sorted(res.failed_tasks, key=lambda f: f["status"] != "error"):  # those with status error first
+        said = (f" ({f['model']} on {f['gpus']} x {f['cluster']}" + (f", {f['region']}" if f["region"] else "")
+                + ") ended with status error") if f["status"] == "error" else " failed"
+        err.print(escape(f"task {f['task_id']}{said}: {f['error']}"), style="red", soft_wrap=True)
     if res.failed_tasks:
         raise typer.Exit(1)
 

@@ -770,6 +770,35 @@ def _read_record(path: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def _write_record(out: Path, record: dict) -> None:
+    """``record`` as ``out``'s :data:`FOLDER_RECORD`: written under a temporary name, then renamed (whole or absent)."""
+    tmp = out / f".{FOLDER_RECORD}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, out / FOLDER_RECORD)
+
+
+def part_status(frame: pd.DataFrame) -> dict:
+    """What the folder record keeps of a written part (under its task's ``"part"``): how many of its rows say status
+    error and their distinct messages, in row order (a resume lists the first, as reading the part would)."""
+    bad = frame.loc[frame["status"] == "error", "error"].map(str)
+    return {"error_rows": int(len(bad)), "errors": list(dict.fromkeys(bad))}
+
+
+def _part_error(folder: Path, task_id: str, entries: dict | None = None) -> str | None:
+    """The ``error`` of a part whose task ended with status error, else None: from the folder record's ``entries``
+    when it holds the part's status (:func:`part_status`), else read from the part (a folder written before the
+    record kept it, or a run stopped before it flushed)."""
+    status = (entries or {}).get(task_id, {}).get("part") if isinstance((entries or {}).get(task_id), dict) else None
+    if isinstance(status, dict) and isinstance(status.get("errors"), list):
+        return str(status["errors"][0]) if status["errors"] else None
+    try:
+        df = pd.read_parquet(_part_path(folder, task_id), columns=["status", "error"])
+    except Exception:  # noqa: BLE001 - an unreadable part is read_sweep's to report
+        return None
+    bad = df[df["status"] == "error"]
+    return str(bad["error"].iloc[0]) if len(bad) else None
+
+
 def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bool = False) -> dict[str, list[str]]:
     """Check ``out`` against ``spec``'s tasks before anything runs and record them in it (:data:`FOLDER_RECORD`: per
     task id its place and :func:`task_settings_digest`, and the code and model versions).
@@ -781,6 +810,12 @@ def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: boo
     not only the code or models) is refused unless ``overwrite``, as is a part of a place the spec does not have
     (:class:`SweepSpecError`) unless ``overwrite``, which removes every part first: a spec extended with more tasks
     reuses the parts it shares, one that leaves tasks out does not delete theirs unasked."""
+    return _prepare_folder(out, spec, tasks, overwrite)[0]
+
+
+def _prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bool) -> tuple[dict, set, dict]:
+    """:func:`prepare_folder`'s work: the stale parts per task id, the task ids whose part is in ``out`` once it is
+    done, and the record it wrote (so :func:`run_sweep` lists the folder once and reads the parts' statuses from it)."""
     ids = {t["task_id"] for t in tasks}
     have = done_tasks(out)
     record_path = out / FOLDER_RECORD
@@ -821,20 +856,22 @@ def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: boo
     first = tasks[0] if tasks else {}
     entries = {i: e for i, e in recorded.items() if i in have and i not in ids}  # stale parts, until replaced
     entries.update({t["task_id"]: {"key": list(_task_key(t)), "settings": settings[t["task_id"]]} for t in tasks})
+    for i in have & ids:  # a part already there keeps the status recorded when it was written (its id fixes its rows)
+        if isinstance(recorded.get(i), dict) and "part" in recorded[i]:
+            entries[i]["part"] = recorded[i]["part"]
     record = {"spec_digest": spec_digest(spec), "wattcast_version": first.get("wattcast_version"),
               "wattcast_code": first.get("wattcast_code"), "model_manifests": first.get("model_manifests"),
               "tasks": entries}
-    tmp = out / f".{FOLDER_RECORD}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, record_path)
+    _write_record(out, record)
     stale: dict[str, list[str]] = {}
     for old in foreign:
         new = by_key[keys[old]]
         if new in have:
             _part_path(out, old).unlink(missing_ok=True)
+            have.discard(old)
         else:
             stale.setdefault(new, []).append(old)
-    return stale
+    return stale, have, record
 
 
 def write_part(folder: Path, task_id: str, frame: pd.DataFrame) -> Path:
@@ -885,15 +922,10 @@ def _failure(task: dict, status: str, error: str) -> dict:
                 region=str(task["region"] or ""), status=status, error=str(error))
 
 
-def _part_error(folder: Path, task_id: str) -> str | None:
-    """The ``error`` of a part whose task ended with status error, else None."""
-    try:
-        df = pd.read_parquet(_part_path(folder, task_id), columns=["status", "error"])
-    except Exception:  # noqa: BLE001 - an unreadable part is read_sweep's to report
-        return None
-    bad = df[df["status"] == "error"]
-    return str(bad["error"].iloc[0]) if len(bad) else None
-
+#: seconds at least between two writes of the folder record while parts are written (each write is the whole record,
+#: so one per part would cost O(tasks^2) on a large sweep; it is written once more when the run ends, and a part whose
+#: status a killed run did not record is read on resume)
+RECORD_FLUSH_S = 2.0
 
 #: where :func:`run_sweep` runs the tasks
 BACKENDS = ("dask", "ray")
@@ -1121,8 +1153,8 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     if out.exists() and not out.is_dir():
         raise SweepSpecError(f"output {out} exists and is not a sweep folder")
     tasks = spec.tasks()
-    stale = prepare_folder(out, spec, tasks, overwrite)
-    have = done_tasks(out)
+    stale, have, record = _prepare_folder(out, spec, tasks, overwrite)
+    entries = record["tasks"]
     todo = [t for t in tasks if t["task_id"] not in have]
     skipped = len(tasks) - len(todo)
     done = skipped
@@ -1130,7 +1162,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
         progress(done, len(tasks))
     # the tasks already done whose part says they could not run: failed as much as this run's
     failed: list = [_failure(t, "error", e) for t in tasks if t["task_id"] in have
-                    for e in [_part_error(out, t["task_id"])] if e is not None]
+                    for e in [_part_error(out, t["task_id"], entries)] if e is not None]
     if not todo:
         return SweepOutcome(out, len(tasks), skipped, 0, failed, time.time() - t0)
     if backend == "ray":
@@ -1140,6 +1172,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     else:
         results = _dask_results(todo, scheduler, workers, client_hook)
     ran = 0  # tasks whose part this run wrote
+    flushed_s = time.monotonic()
     try:  # the one loop every backend shares: write each finished task's part at once
         for t, frame in results:
             if isinstance(frame, BaseException):
@@ -1149,21 +1182,26 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
             bad = frame[frame["status"] == "error"]  # run_task's frames always carry part_columns()
             if len(bad):
                 failed.append(_failure(t, "error", bad["error"].iloc[0]))
-                if any(_part_error(out, o) is None for o in olds):
+                if any(_part_error(out, o, entries) is None for o in olds):
                     # a stale result is not swapped for no result: kept, and the task retried by a rerun (a stale
                     # part that is itself an error is replaced as usual)
                     failed[-1]["error"] += (f" (the earlier part of this task, {', '.join(_part_path(out, o).name for o in olds)}"
                                             ", from other settings, code or models, is kept; a rerun retries the task)")
                     continue
             write_part(out, t["task_id"], frame)
+            entries[t["task_id"]]["part"] = part_status(frame)
             ran += 1
             for old in olds:  # the same task's part from other settings, code or models: replaced
                 _part_path(out, old).unlink(missing_ok=True)
+            if time.monotonic() - flushed_s >= RECORD_FLUSH_S:
+                _write_record(out, record)
+                flushed_s = time.monotonic()
             done += 1
             if progress:
                 progress(done, len(tasks))
     finally:
         results.close()
+        _write_record(out, record)  # a part written since the last flush and not in it is read on resume instead
     return SweepOutcome(out, len(tasks), skipped, ran, failed, time.time() - t0)
 
 

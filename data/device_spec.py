@@ -385,6 +385,15 @@ def _dense_rates(values: Any) -> list[tuple[str, float, float]]:
     return out
 
 
+def _over_rate(values: Any, rate: float) -> tuple[str, float, float, float] | None:
+    """(field, peak, implied dense FLOP per SM per clock, the field's rate factor) of the first tensor peak of
+    ``values`` implying more than ``rate`` x :data:`DENSE_RATE_MARGIN` (:func:`_dense_rates`), else None."""
+    for f, v, per in _dense_rates(values):
+        if per > rate * DENSE_RATE_MARGIN:
+            return f, v, per, _TENSOR_RATE_FACTOR[f]
+    return None
+
+
 def _catalog_twin_note(values: Any) -> str:
     """" (its SMs, clock and bandwidth are ... every tensor peak is exactly 2x <catalog device>'s ...)" when a catalog device has the spec's SMs, boost clock
     and memory bandwidth (within 1%) and every tensor peak the spec gives is 2x (within 2%) that device's; else ""."""
@@ -415,14 +424,14 @@ def _dense_rate_problem(values: Any) -> str | None:
     if arch is None or exotic_allowed():
         return None
     name, rate, cite = arch
-    for f, v, per in _dense_rates(values):
-        if per > rate * DENSE_RATE_MARGIN:
-            k = _TENSOR_RATE_FACTOR[f]
-            return (f"field '{f}' ({v:g}) is {per / rate:.2g}x what {name} can do densely: {v:g} TFLOP/s on "
-                    f"{values.num_sms:g} SMs (CUs) at {values.boost_clock_mhz:g} MHz is {per * k:,.0f} FLOP per SM per "
-                    f"clock, where {name} does {rate * k:,.0f} dense ({cite}); {_SPARSE}{_catalog_twin_note(values)}. "
-                    f"Check num_sms and boost_clock_mhz too, {_FORCE}")
-    return None
+    over = _over_rate(values, rate)
+    if over is None:
+        return None
+    f, v, per, k = over
+    return (f"field '{f}' ({v:g}) is {per / rate:.2g}x what {name} can do densely: {v:g} TFLOP/s on "
+            f"{values.num_sms:g} SMs (CUs) at {values.boost_clock_mhz:g} MHz is {per * k:,.0f} FLOP per SM per "
+            f"clock, where {name} does {rate * k:,.0f} dense ({cite}); {_SPARSE}{_catalog_twin_note(values)}. "
+            f"Check num_sms and boost_clock_mhz too, {_FORCE}")
 
 
 def dense_rate_notes(spec: "DeviceSpec") -> list[str]:
@@ -435,13 +444,13 @@ def dense_rate_notes(spec: "DeviceSpec") -> list[str]:
     if architecture_of(spec.arch) is not None:
         return [f"{spec.name}: {_SPARSE}{twin}; used as given"] if twin else []
     top_name, top = max(((n, r) for _, n, r, _ in TENSOR_16BIT_FLOP_PER_SM_CLOCK), key=lambda nr: nr[1])
-    for f, v, per in _dense_rates(spec):
-        if per > top * DENSE_RATE_MARGIN:
-            k = _TENSOR_RATE_FACTOR[f]
-            return [f"{spec.name}: {f} ({v:g}) implies {per * k:,.0f} FLOP per SM per clock on {spec.num_sms:g} SMs at "
-                    f"{spec.boost_clock_mhz:g} MHz, {per / top:.2g}x the most any known architecture does densely "
-                    f"({top_name}: {top * k:,.0f}); {_SPARSE}, or check num_sms and boost_clock_mhz "
-                    f"(arch {spec.arch!r} names no known architecture, so it is used as given){twin}"]
+    over = _over_rate(spec, top)
+    if over is not None:
+        f, v, per, k = over
+        return [f"{spec.name}: {f} ({v:g}) implies {per * k:,.0f} FLOP per SM per clock on {spec.num_sms:g} SMs at "
+                f"{spec.boost_clock_mhz:g} MHz, {per / top:.2g}x the most any known architecture does densely "
+                f"({top_name}: {top * k:,.0f}); {_SPARSE}, or check num_sms and boost_clock_mhz "
+                f"(arch {spec.arch!r} names no known architecture, so it is used as given){twin}"]
     return [f"{spec.name}: {_SPARSE}{twin}; used as given"] if twin else []
 
 
@@ -465,6 +474,14 @@ BANDWIDTH_RATIO_MARGIN_FP32 = 3.0
 _TENSOR_OVER_FP32_MIN = 3.0
 
 
+def _cut_down_tensor(bw: float, half: float, fp32: float) -> bool:
+    """A part with tensor/matrix units (16-bit peak at least :data:`_TENSOR_OVER_FP32_MIN` x the FP32 one) whose
+    bandwidth per dense 16-bit FLOP is beyond the catalog's most by more than the margin while per FP32 FLOP it is
+    inside the catalog: cut-down tensor compute (NVIDIA's H20) or a Gb/s figure; noted, not refused."""
+    return (fp32 > 0 and half >= _TENSOR_OVER_FP32_MIN * fp32
+            and bw / half > BYTES_PER_KFLOP_16BIT[1] * BANDWIDTH_RATIO_MARGIN_16BIT and bw / fp32 <= BYTES_PER_KFLOP_FP32[1])
+
+
 def _bandwidth_ratio_problem(values: Any) -> str | None:
     """A message when ``memory_bandwidth_gbps`` per dense FLOP lies outside the catalog's range by more than the
     margins (:data:`BYTES_PER_KFLOP_16BIT`, :data:`BYTES_PER_KFLOP_FP32`); None inside it or under ``--force``."""
@@ -477,7 +494,7 @@ def _bandwidth_ratio_problem(values: Any) -> str | None:
         checks.insert(0, ("the dense 16-bit tensor peak", half, BYTES_PER_KFLOP_16BIT, BANDWIDTH_RATIO_MARGIN_16BIT))
     for what, peak, (lo, hi), margin in checks:
         r = bw / peak
-        if r > hi * margin and what != "peak_fp32_tflops" and bw / fp32 <= BYTES_PER_KFLOP_FP32[1]:
+        if what != "peak_fp32_tflops" and _cut_down_tensor(bw, half, fp32):
             continue  # per FP32 FLOP inside the catalog: a cut-down tensor part (H20) is plausible, a note says so
         if r > hi * margin:
             return (f"field 'memory_bandwidth_gbps' ({bw:g}) is {r:.3g} bytes per 1,000 FLOP of {what} ({peak:g} "
@@ -517,8 +534,11 @@ def fallback_notes(spec: "DeviceSpec", *, power: bool = True) -> list[str]:
     cannot be predicted), no ``idle_power_w`` (0.15 x TDP is used: ``IDLE_FRACTION_OF_TDP``; only with ``power``, the
     predictions that have a power figure). Catalog devices (none of which lists an idle power) get none: their
     defaults are documented in README."""
-    if _is_catalog_device(spec):
-        return []
+    return [] if _is_catalog_device(spec) else _fallback_notes(spec, power)
+
+
+def _fallback_notes(spec: "DeviceSpec", power: bool) -> list[str]:
+    """:func:`fallback_notes` of a spec already known not to be a catalog device's."""
     if not spec.tdp_w:
         return [f"{spec.name}: the spec gives no tdp_w; the kernel-time surrogate takes TDP as an input (watts per "
                 "TFLOP), so kernel times are predicted with it missing and may differ from the same GPU's with it; "
@@ -545,11 +565,9 @@ def bandwidth_ratio_notes(spec: "DeviceSpec") -> list[str]:
     such a part; a Gb/s figure of a part with tensor cores usually lands there too, so the note names both)."""
     bw, fp32 = float(spec.memory_bandwidth_gbps), float(spec.peak_fp32_tflops or 0)
     half = max(float(spec.peak_fp16_tflops or 0), float(spec.peak_bf16_tflops or 0))
-    if fp32 <= 0 or half < _TENSOR_OVER_FP32_MIN * fp32:
+    if not _cut_down_tensor(bw, half, fp32):
         return []
     r, hi = bw / half, BYTES_PER_KFLOP_16BIT[1]
-    if r <= hi * BANDWIDTH_RATIO_MARGIN_16BIT or bw / fp32 > BYTES_PER_KFLOP_FP32[1]:
-        return []
     return [f"{spec.name}: memory_bandwidth_gbps ({bw:g}) is {r:.3g} bytes per 1,000 FLOP of the dense 16-bit tensor "
             f"peak ({half:g} TFLOP/s), {r / hi:.2g}x the most of any catalog device: a part with cut-down tensor "
             f"compute (as NVIDIA's H20), or a bandwidth given in Gb/s (divide by 8; the field is GB/s)"]
@@ -561,7 +579,7 @@ def spec_notes(spec: "DeviceSpec", *, power: bool = True) -> list[str]:
     if _is_catalog_device(spec):  # every catalog entry passes the figure checks (tests): only its peak ratios
         return peak_ratio_notes(spec)
     return [*peak_ratio_notes(spec), *dense_rate_notes(spec), *bandwidth_ratio_notes(spec),
-            *fallback_notes(spec, power=power)]
+            *_fallback_notes(spec, power)]  # the catalog looked up once
 
 
 def _aliases(v: Any) -> Any:

@@ -660,6 +660,15 @@ class GraphBuilder:
         return out
 
     # ------------------------------------------------------------------ vector ops
+    def _compute_dtype(self, out_dtype: str | None) -> tuple[str | None, int]:
+        """(the dtype a node's kernels are labelled with, None for the model's; bytes an element they move) of an
+        elementwise op or reduction told to write ``out_dtype``: an op told to write another float dtype (HF
+        RMSNorm's fp32 region) computes in it, and autograd sends its gradients in it too, so its kernels (forward and
+        backward) are that dtype's, at its bytes an element (a float dtype only: a comparison's bool output is
+        labelled fp8 by the importers, and its kernel reads its float inputs at the model's width)."""
+        node_dtype = out_dtype if out_dtype in _FLOAT_DTYPES and out_dtype != self.dtype else None
+        return node_dtype, (DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes)
+
     def elementwise(self, op: str, *inputs: Tensor | float, name: str | None = None, out_dtype: str | None = None,
                     grad: bool = True, params: int = 0) -> Tensor:
         """An elementwise op on tensors (and Python scalars), broadcasting.
@@ -682,12 +691,7 @@ class GraphBuilder:
             raise GraphError(f"{name}: shapes do not broadcast: {[t.shape for t in tensors]}") from e
         big = [t for t in tensors if t.numel > 1]
         n = _numel(shape)
-        # an op told to write another float dtype (``out_dtype``: HF RMSNorm's fp32 region) computes in it, and autograd
-        # sends its gradients in it too: its kernels (forward and backward) are that dtype's, at its bytes an element
-        # (a float dtype only: a comparison's bool output is labelled fp8 by the importers, and its kernel reads its
-        # float inputs at the model's width)
-        node_dtype = out_dtype if out_dtype in _FLOAT_DTYPES and out_dtype != self.dtype else None
-        db = DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes
+        node_dtype, db = self._compute_dtype(out_dtype)
         out_b = n * DTYPE_BYTES.get(out_dtype or self.dtype, db)
         # operands the kernel streams from memory: full-size ones, and broadcast ones too large to stay
         # cache-resident between repetitions (see _CACHED_BROADCAST); a small broadcast operand (BERT's
@@ -864,10 +868,7 @@ class GraphBuilder:
         """A reduction (mean, sum, max...) of ``x`` to ``out_shape``: memory-bound, costed by proxy. ``out_dtype``: as
         for :meth:`elementwise` (a reduction in another float dtype, its kernels that dtype's at its bytes)."""
         n_out = _numel(out_shape)
-        # (a float dtype only: a comparison's bool output is labelled fp8 by the importers, and its kernel reads its
-        # float inputs at the model's width)
-        node_dtype = out_dtype if out_dtype in _FLOAT_DTYPES and out_dtype != self.dtype else None
-        db = DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes
+        node_dtype, db = self._compute_dtype(out_dtype)
         bw = [self._bw(f"{name}.grad", "elementwise", "", "proxy", flops=x.numel, bytes_=(n_out + x.numel) * db,
                        **({"dtype": node_dtype} if node_dtype else {}))] if grad else []
         return self._add(name, "reduction", "", "proxy", [x], out_shape, flops=x.numel, bytes_=(x.numel + n_out) * db, backward=bw,

@@ -770,14 +770,21 @@ def capped_note(cluster: str, n_skipped: int, n_valid: int, max_configs: int) ->
             f"best strategy may be among them; raise --max-configs (max_configs=) to at least {n_valid:,}")
 
 
+def _resolved(job: _Job, par: ParallelConfig, rules: dict) -> ParallelConfig:
+    """``par`` at the job's GPU count through ``resolve_parallel``'s per-strategy checks (``rules``: ``job.rules()``),
+    without building a graph: the evaluator's first step and the rule check of a candidate ``max_configs`` skipped.
+    Raises ParallelConfigError naming the rule it breaks."""
+    return resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **rules)
+
+
 def _rule_broken(job: _Job, cands: list) -> list[str | None]:
-    """Per candidate of ``cands`` (not evaluated), the per-strategy rule it breaks (``resolve_parallel``'s checks,
-    without building a graph), None when it passes them."""
+    """Per candidate of ``cands`` (not evaluated), the per-strategy rule it breaks (:func:`_resolved`), None when it
+    passes them."""
     rules = job.rules()
     out: list[str | None] = []
     for par in cands:
         try:
-            resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **rules)
+            _resolved(job, par, rules)
         except ParallelConfigError as e:
             out.append(str(e))
             continue
@@ -909,7 +916,7 @@ class _Evaluator:
         job = self.job
         cl, batch, framework = job.cl, job.step.batch, job.step.framework
         try:  # an invalid strategy is rejected by its rules (predict_distributed's own check) before anything else
-            par_r = resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **self.rules)
+            par_r = _resolved(job, par, self.rules)
             key = _group_key(par_r)
             ctx = self.contexts.get(key)
             if ctx is None:

@@ -1730,6 +1730,18 @@ def mcore_ddp_bucket_numels(numels, bucket_params: float, *, own_bucket=None, di
     return np.array(out)
 
 
+def _last_bucket_msgs(c: int, op: str, group, last: float, p_count: float, grad_b: float, bucket_params: float,
+                      last_role: str, rest_role: str) -> tuple[list[tuple], tuple]:
+    """A chunk's gradient messages when the backward's last bucket (the embedding's, ``last`` of its ``p_count``
+    parameters) stands apart: (the rest's equal buckets of at most ``bucket_params`` each, one message for all nb of
+    them; none when nothing is left), the last bucket's message; :func:`_dp_times`' (chunk, role, op, bytes, group,
+    count) tuples (Megatron-FSDP's ZeRO-2; Megatron-Core's DDP / distributed optimizer walks its buckets exactly,
+    :func:`mcore_ddp_bucket_numels`)."""
+    rest = p_count - last
+    nb = max(1, int(np.ceil(rest / bucket_params))) if np.isfinite(bucket_params) else 1
+    return ([(c, rest_role, op, rest * grad_b / nb, group, nb)] if rest > 0 else []), (c, last_role, op, last * grad_b, group, 1)
+
+
 def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk: np.ndarray, expert_chunk: np.ndarray,
               grad_b: float, db: float, P: int, V: int, units: np.ndarray, bucket_params: float | None = None,
               gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
@@ -1823,11 +1835,9 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 continue
             if last > 0:
                 # the last bucket of the backward as the source builds it (the embedding's), then the rest's buckets
-                msgs.append((c, "z2_rs_last", op, last * grad_b, group, 1))
-                rest = p_count - last
-                if rest > 0:
-                    nb = max(1, int(np.ceil(rest / bucket_params))) if np.isfinite(bucket_params) else 1
-                    msgs.append((c, "z2_rs_rest", op, rest * grad_b / nb, group, nb))
+                rest_m, last_m = _last_bucket_msgs(c, op, group, last, p_count, grad_b, bucket_params, "z2_rs_last",
+                                                   "z2_rs_rest")
+                msgs.extend([last_m, *rest_m])
                 continue
             nb = max(1, int(np.ceil(p_count / bucket_params))) if bucketed else 1
             msgs.append((c, "z2_rs" if reduce_every_micro else "bucket", op, total / nb, group, nb))

@@ -105,3 +105,34 @@ def test_a_folder_without_per_task_records_is_not_replaced_unasked(tmp_path):
     with pytest.raises(SweepSpecError, match="other settings"):
         run_sweep(dict(SPEC, batch=32), out, workers=0)
     assert done_tasks(out) == before  # the old results kept
+
+
+def test_a_resume_reads_the_earlier_errors_from_the_record_not_the_parts(tmp_path, monkeypatch):
+    out = tmp_path / "o"
+    spec = dict(SPEC, gpus=[8, 16])
+
+    def half_broken(task):  # the 16-GPU task ends with status error, in two rows
+        rows = 2 if int(task["gpus"]) == 16 else 1
+        return pd.DataFrame({"task_id": [task["task_id"]] * rows, "model": [task["model"]] * rows,
+                             "cluster": [task["cluster"]] * rows, "gpus": [task["gpus"]] * rows, "region": [""] * rows,
+                             "rank": list(range(rows)), "status": ["error" if rows == 2 else "ok"] * rows,
+                             "error": ["boom", "bang"] if rows == 2 else [""]})
+
+    monkeypatch.setattr(sweep, "run_task", half_broken)
+    first = run_sweep(spec, out, workers=0)
+    entries = json.loads((out / FOLDER_RECORD).read_text())["tasks"]
+    assert sorted((e["key"][2], e["part"]["error_rows"], tuple(e["part"]["errors"])) for e in entries.values()) == [
+        (8, 0, ()), (16, 2, ("boom", "bang"))]
+    opened = []
+    real = pd.read_parquet
+    monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: opened.append(a) or real(*a, **k))
+    again = run_sweep(spec, out, workers=0)
+    assert again.skipped == 2 and not opened  # the parts are not opened on resume
+    assert again.failed_tasks == first.failed_tasks and [f["error"] for f in again.failed_tasks] == ["boom"]
+    # a folder written before the record kept the parts' statuses: read from the parts, the same errors
+    record = json.loads((out / FOLDER_RECORD).read_text())
+    for e in record["tasks"].values():
+        e.pop("part")
+    (out / FOLDER_RECORD).write_text(json.dumps(record))
+    old = run_sweep(spec, out, workers=0)
+    assert len(opened) == 2 and old.failed_tasks == first.failed_tasks
