@@ -25,7 +25,7 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
                     mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False,
                     strided: tuple[bool, bool, bool] = (False, False, False),
                     bias_shape: tuple[int, ...] | None = None, softcap: float | None = None,
-                    sinks: bool = False) -> Tensor:
+                    sinks: bool = False, softmax_dtype: str | None = None) -> Tensor:
     """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), an additive
     position bias of ``bias_shape`` (ALiBi's (1, h, 1, S); none by default), mask (``where`` causal with a
     bool (1, 1, S, S) mask, ``add`` additive, ``none``), softmax, dropout, PV. Tagged ``attn_core``.
@@ -43,7 +43,12 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
     of a projection. ``torch.matmul`` on 4-D operands folds the batch dims with ``reshape``, which cannot
     view such a tensor (its batch and head strides do not merge), so it copies the operand to a contiguous
     (B*h, ., .) buffer before the bmm: GPT-2 and BERT attention pay these copies (two before QK^T, one
-    before PV); OPT makes q/k/v contiguous itself, and RoPE outputs are contiguous already."""
+    before PV); OPT makes q/k/v contiguous itself, and RoPE outputs are contiguous already.
+
+    ``softmax_dtype`` "fp32" (Megatron's ``forward_torch_softmax`` with ``softmax_in_fp32``, megatron-core 0.16.1
+    megatron/core/fusions/fused_softmax.py l. 313-341): the scores cast to fp32 (``input.float()``) before the
+    scaling and the mask, the softmax in fp32 and its probabilities cast back (``probs.half()``); each cast's
+    backward is the cast the other way."""
     bs, h, s, d = q.shape
     skv = k.shape[2]
     with b.tag("attn_core"):
@@ -53,17 +58,20 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
         if strided[1]:
             k_t = b.copy(k_t, name="attn.k_reshape")
         scores = b.matmul(q, k_t, name="attn.qk")
+        wide = softmax_dtype if softmax_dtype and softmax_dtype != scores.dtype else None
+        if wide:
+            scores = b.copy(scores, name="attn.softmax_float", out_dtype=wide)
         if scale == "scores_div":
-            scores = b.elementwise("div", scores, 1.0, name="attn.scale")
+            scores = b.elementwise("div", scores, 1.0, name="attn.scale", out_dtype=wide)
         elif scale == "scores_mul":
-            scores = b.elementwise("mul", scores, 1.0, name="attn.scale")
+            scores = b.elementwise("mul", scores, 1.0, name="attn.scale", out_dtype=wide)
         if softcap:  # Gemma 2: cap * tanh(scores / cap)
             scores = softcap_logits(b, scores, softcap, "attn.softcap")
         if bias_shape is not None:
             scores = b.elementwise("add", scores, b.input(bias_shape, requires_grad=False), name="attn.position_bias")
         if mask != "none":
             m = b.input(mask_shape or (1, 1, s, skv), "fp8" if mask == "where" else None, requires_grad=False)
-            scores = b.elementwise("where" if mask == "where" else "add", scores, m, name="attn.mask")
+            scores = b.elementwise("where" if mask == "where" else "add", scores, m, name="attn.mask", out_dtype=wide)
         if clamp_min:
             scores = b.elementwise("maximum", scores, 0.0, name="attn.clamp")
         if sinks:
@@ -71,7 +79,9 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
             cat = b.copy(Tensor(wide, scores.dtype, scores.node, scores.tid), name="attn.sinks_cat", grad=False)
             row_max = b.reduction(cat, (bs, h, s, 1), name="attn.sinks_max")
             scores = b.elementwise("sub", cat, row_max, name="attn.sinks_sub_max")
-        probs = b.softmax(scores, name="attn.softmax")
+        probs = b.softmax(scores, name="attn.softmax", out_dtype=wide)
+        if wide:
+            probs = b.copy(probs, name="attn.softmax_half", out_dtype=b.dtype)
         if sinks:  # probs[..., :-1]: the sink column dropped by a view
             probs = Tensor((bs, h, s, skv), probs.dtype, probs.node, probs.tid)
         probs = b.dropout(probs, dropout_p, name="attn.dropout")

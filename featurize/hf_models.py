@@ -73,6 +73,55 @@ def gpt_position_embedding(cfg: HFConfig) -> str:
     return v
 
 
+#: Threads per block of Megatron's fused softmax kernels (megatron/fused_kernels/scaled_masked_softmax.h,
+#: ``get_batch_per_block``; cited from memory: the header is not in the megatron-core wheel, which imports the built
+#: ``scaled_masked_softmax_cuda`` extension) and the key-length bound of ``is_kernel_available`` (megatron-core 0.16.1
+#: megatron/core/fusions/fused_softmax.py l. 253-258: ``16 < sk <= 4096``; Megatron-LM before 2022 allowed 2048)
+FUSED_SOFTMAX_THREADS_PER_BLOCK = 128
+FUSED_SOFTMAX_MAX_SK = 4096
+
+
+def fused_softmax_batch_per_block(sk: int) -> int:
+    """Rows of attention batches one block of Megatron's fused softmax handles (``get_batch_per_block``): the key length
+    rounded up to a power of two, a warp of min(that, 32) threads, 128 threads a block, two batches a warp up to 128
+    keys, else one (4 for the usual sk > 128)."""
+    pow2 = 1 << max(int(sk) - 1, 0).bit_length()
+    warp = min(pow2, 32)
+    return (FUSED_SOFTMAX_THREADS_PER_BLOCK // warp) * (2 if pow2 <= 128 else 1)
+
+
+def megatron_fused_softmax_available(dtype: str, batch: int, heads_per_rank: int, sq: int, sk: int,
+                                     causal: bool = True) -> bool:
+    """Megatron's ``FusedScaleMaskSoftmax.is_kernel_available`` (megatron-core 0.16.1 fused_softmax.py l. 238-270, the
+    same rule as Megatron-DeepSpeed's copy up to the sk bound): fp16/bf16 input, 16 < sk <= 4096, sq and sk multiples of
+    4, micro-batch x heads per TP rank a multiple of 4 and of the block's batches (causal; a padding mask: sq a multiple
+    of them). Else ``forward_torch_softmax`` runs: GPT's 16 heads at TP 8 and micro-batch 1 (2 x 1 batches) do."""
+    attn_batches = int(batch) * int(heads_per_rank)
+    if dtype not in ("fp16", "bf16") or not 16 < sk <= FUSED_SOFTMAX_MAX_SK:
+        return False
+    if sq % 4 or sk % 4 or attn_batches % 4:
+        return False
+    per_block = fused_softmax_batch_per_block(sk)
+    return (attn_batches if causal else sq) % per_block == 0
+
+
+#: Megatron's ``apply_query_key_layer_scaling`` default per framework, where the config does not set it: Megatron-DeepSpeed
+#: keeps Megatron-LM 2021's ``--no-query-key-layer-scaling`` (store_false: layer scaling on by default, which forces
+#: ``attention_softmax_in_fp32`` True and hands FusedScaleMaskSoftmax the layer number as ``scale``; megatron/arguments.py
+#: and megatron/model/transformer.py, cited from memory); Megatron-LM 0.19.2 defaults it off (megatron/training/
+#: arguments.py l. 1659-1660) and ``--attention-softmax-in-fp32`` is store_true (off; TransformerConfig's own True is
+#: among the "incompatible defaults" the arguments override, l. 2279)
+MEGATRON_QK_LAYER_SCALING = {"megatron": False, "megatron-deepspeed": True}
+
+
+def megatron_torch_softmax(cfg: HFConfig, framework: str) -> tuple[bool, bool]:
+    """Megatron's ``forward_torch_softmax`` settings: (``softmax_in_fp32``: the scores cast to fp32 and the probabilities
+    back, ``scale`` not None: the scores multiplied by the layer number), from the config's
+    ``apply_query_key_layer_scaling`` / ``attention_softmax_in_fp32`` or the framework's defaults."""
+    scaling = cfg.flag("apply_query_key_layer_scaling", MEGATRON_QK_LAYER_SCALING.get(framework, False))
+    return bool(scaling or cfg.flag("attention_softmax_in_fp32", False)), bool(scaling)
+
+
 def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """GPT-2 as Hugging Face runs it; with ``b.framework`` "megatron"/"megatron-deepspeed" as Megatron-LM runs a GPT
     (fused scale-mask-softmax, fused bias-GeLU, fused bias-dropout-add; Megatron's GPT *is* GPT-2's
@@ -92,9 +141,14 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     # is for direct users of Megatron-Core). Hugging Face's path applies transformers' eager rotary kernels (hf_blocks.rope)
     rotary = gpt_position_embedding(cfg) == "rope"
     rope_fused = cfg.flag("apply_rope_fusion", True)
-    # Megatron's fused scale-mask-softmax kernel takes fp16/bf16 input only (FusedScaleMaskSoftmax.
-    # is_kernel_available); in fp32/tf32 it runs torch's path: masked_fill of the causal mask, then softmax
-    unfused_mask = fused and b.dtype not in ("fp16", "bf16")
+    # Megatron's fused scale-mask-softmax kernel runs only where FusedScaleMaskSoftmax.is_kernel_available says so
+    # (fp16/bf16 input and the shape rules of megatron_fused_softmax_available); elsewhere forward_torch_softmax runs:
+    # masked_fill of the causal mask, then torch's softmax (in fp32 between two casts where softmax_in_fp32)
+    hl = local_heads(b, cfg.n_heads)
+    unfused_mask = fused and not megatron_fused_softmax_available(b.dtype, batch, hl, seq, seq)
+    softmax_fp32, layer_scale = megatron_torch_softmax(cfg, getattr(b, "framework", "hf"))
+    softmax_fp32 = unfused_mask and softmax_fp32 and b.dtype in ("fp16", "bf16")
+    layer_scale = unfused_mask and layer_scale
     # ``num_experts`` under --framework megatron: Megatron-Core's MoELayer on every layer (--num-experts,
     # --moe-router-topk as ``num_experts_per_tok``), each expert Megatron-Core's SequentialMLP GeLU MLP of the FFN width
     # (``moe_ffn_hidden_size`` defaults to ``ffn_hidden_size``, megatron/training/arguments.py); under other frameworks
@@ -103,7 +157,6 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     h, nh, d = cfg.hidden, cfg.n_heads, cfg.head_dim
     embd_p, attn_p, resid_p = _p(cfg, "embd_pdrop", default=0.1), _p(cfg, "attn_pdrop", default=0.1), _p(cfg, "resid_pdrop", default=0.1)
     ids = b.input((batch, seq), "fp32")
-    hl = local_heads(b, nh)
     with b.layer(-1, "transformer.embeddings"):
         x = tok = vocab_embedding(b, ids, cfg.vocab, h, name="wte")
         if not rotary:
@@ -125,8 +178,10 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             elif rotary:
                 q, k = rope(b, q, "attn.rope.q"), rope(b, k, "attn.rope.k")
             # Megatron: the scale is folded into baddbmm and mask + softmax are one fused kernel
-            a = attention(b, q, k, v, impl=impl, causal=True, scale="none" if fused else "scores_div",
+            a = attention(b, q, k, v, impl=impl, causal=True,
+                          scale=("scores_mul" if layer_scale else "none") if fused else "scores_div",
                           mask="none" if fused and not unfused_mask else "where", dropout_p=attn_p,
+                          softmax_dtype="fp32" if softmax_fp32 else None,
                           strided=(not fused and not rotary,) * 2 + (not fused,))  # rotary q/k: fresh tensors
             core = a
             a = merge_heads(b, a)

@@ -850,15 +850,18 @@ class GraphBuilder:
             return self._add(name, "layernorm", kernel, "surrogate", [x], x.shape, flops=FLOPS_PER_ELEMENT[kernel] * b * h,
                              bytes_=(2 * b * h + params) * db, params=params, saves=[x], backward=bw, B=b, H=h)
 
-    def softmax(self, x: Tensor, *, name: str = "softmax") -> Tensor:
-        """Softmax over the last dim; backward reads output and gradient (one kernel)."""
+    def softmax(self, x: Tensor, *, name: str = "softmax", out_dtype: str | None = None) -> Tensor:
+        """Softmax over the last dim; backward reads output and gradient (one kernel). ``out_dtype``: as for
+        :meth:`elementwise` (a softmax in another float dtype, Megatron's ``softmax_in_fp32``: its kernels that dtype's)."""
         h = int(x.shape[-1])
         b = _numel(x.shape[:-1])
-        db = self.dbytes
+        node_dtype = out_dtype if out_dtype in _FLOAT_DTYPES and out_dtype != self.dtype else None
+        db = DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes
+        bw = self._bw(f"{name}.grad", "softmax", "mul", flops=4 * b * h, bytes_=3 * b * h * db,
+                      scale=SOFTMAX_BACKWARD_MUL, B=b, H=h)
         out = self._add(name, "softmax", "softmax", "surrogate", [x], x.shape, flops=5 * b * h, bytes_=2 * b * h * db,
-                        backward=[self._bw(f"{name}.grad", "softmax", "mul", flops=4 * b * h, bytes_=3 * b * h * db,
-                                                     scale=SOFTMAX_BACKWARD_MUL, B=b, H=h)],
-                        B=b, H=h)
+                        backward=[dict(bw, dtype=node_dtype) if node_dtype else bw], out_dtype=out_dtype,
+                        node_dtype=node_dtype, B=b, H=h)
         # softmax saves its output
         self._nodes[out.node].saves.append(out.tid)
         return out

@@ -271,10 +271,11 @@ def test_gradient_clipping_rows_and_megatron_fp32_mask():
     assert (clip["phase"] == "optimizer").all() and g.meta["clip_grad"]
     g0 = step_graph("gpt2", StepOptions(batch=1, seq=128, mode="train", optimizer="none"))
     assert not g0.nodes["name"].str.startswith("clip_grad_norm").any()
-    # Megatron's fused softmax takes half precision only: fp32 keeps the masked fill, fp16 folds it in
-    masks = {dt: step_graph("gpt2", StepOptions(batch=1, seq=128, dtype=dt, framework="megatron")).nodes["name"]
-             .eq("attn.mask").sum() for dt in ("fp32", "fp16")}
-    assert masks["fp32"] == 12 and masks["fp16"] == 0
+    # Megatron's fused softmax takes half precision only: fp32 keeps the masked fill, fp16 folds it in (at seq 256: at
+    # 128 keys a block of the kernel takes 8 attention batches, more than GPT-2's 12 heads x 1 divide into)
+    masks = {(dt, s): step_graph("gpt2", StepOptions(batch=1, seq=s, dtype=dt, framework="megatron")).nodes["name"]
+             .eq("attn.mask").sum() for dt in ("fp32", "fp16") for s in (128, 256)}
+    assert masks["fp32", 256] == 12 and masks["fp16", 256] == 0 and masks["fp16", 128] == 12
 
 
 def _mpt(**kw):
