@@ -25,7 +25,7 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
                     mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False,
                     strided: tuple[bool, bool, bool] = (False, False, False),
                     bias_shape: tuple[int, ...] | None = None, softcap: float | None = None,
-                    sinks: bool = False, softmax_dtype: str | None = None) -> Tensor:
+                    sinks: bool = False, softmax_dtype: str | None = None, softmax_fp32: bool = False) -> Tensor:
     """QK^T, scaling (``scores_div``/``scores_mul``/``none``; ``q`` scaling is the caller's), an additive
     position bias of ``bias_shape`` (ALiBi's (1, h, 1, S); none by default), mask (``where`` causal with a
     bool (1, 1, S, S) mask, ``add`` additive, ``none``), softmax, dropout, PV. Tagged ``attn_core``.
@@ -48,7 +48,10 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
     ``softmax_dtype`` "fp32" (Megatron's ``forward_torch_softmax`` with ``softmax_in_fp32``, megatron-core 0.16.1
     megatron/core/fusions/fused_softmax.py l. 313-341): the scores cast to fp32 (``input.float()``) before the
     scaling and the mask, the softmax in fp32 and its probabilities cast back (``probs.half()``); each cast's
-    backward is the cast the other way."""
+    backward is the cast the other way.
+
+    ``softmax_fp32`` (Hugging Face eager attention): the softmax as ``softmax(scores, dim=-1,
+    dtype=torch.float32).to(query.dtype)`` (:func:`softmax_upcast`)."""
     bs, h, s, d = q.shape
     skv = k.shape[2]
     with b.tag("attn_core"):
@@ -75,19 +78,49 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
         if clamp_min:
             scores = b.elementwise("maximum", scores, 0.0, name="attn.clamp")
         if sinks:
-            wide = (bs, h, s, skv + 1)
-            cat = b.copy(Tensor(wide, scores.dtype, scores.node, scores.tid), name="attn.sinks_cat", grad=False)
+            sink_shape = (bs, h, s, skv + 1)
+            cat = b.copy(Tensor(sink_shape, scores.dtype, scores.node, scores.tid), name="attn.sinks_cat", grad=False)
             row_max = b.reduction(cat, (bs, h, s, 1), name="attn.sinks_max")
             scores = b.elementwise("sub", cat, row_max, name="attn.sinks_sub_max")
-        probs = b.softmax(scores, name="attn.softmax", out_dtype=wide)
-        if wide:
-            probs = b.copy(probs, name="attn.softmax_half", out_dtype=b.dtype)
+        if softmax_fp32:
+            probs = softmax_upcast(b, scores)
+        else:
+            probs = b.softmax(scores, name="attn.softmax", out_dtype=wide)
+            if wide:
+                probs = b.copy(probs, name="attn.softmax_half", out_dtype=b.dtype)
         if sinks:  # probs[..., :-1]: the sink column dropped by a view
             probs = Tensor((bs, h, s, skv), probs.dtype, probs.node, probs.tid)
         probs = b.dropout(probs, dropout_p, name="attn.dropout")
         if strided[2]:
             v = b.copy(v, name="attn.v_reshape")
         return b.matmul(probs, v, name="attn.pv")
+
+
+def softmax_upcast(b: GraphBuilder, scores: Tensor) -> Tensor:
+    """Hugging Face's eager softmax in fp32: ``nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32)
+    .to(query.dtype)`` (transformers 5.24.0 ``eager_attention_forward`` of Llama l. 197, Mistral, Qwen2/3, Qwen2/3-MoE,
+    Mixtral, Phi-3, Gemma 1-3, DeepSeek-V2/V3, GPT-NeoX l. 158, OPT l. 89 (every dtype, not fp16 alone); BLOOM l. 284
+    ``F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_layer.dtype)``).
+
+    What PyTorch runs for it (aten/src/ATen/native/SoftMax.cpp ``softmax(input, dim, dtype)``; checked against the
+    torch 2.13 wheel by logging the dispatched aten ops, a FakeTensor on a CUDA device for the forward, meta tensors
+    for the backward, the CPU for the bf16 path's backward):
+
+    - bf16 (and any half dtype but CUDA fp16): ``input.toType(Float)`` (``aten._to_copy``: a cast kernel) then
+      ``_softmax(x32, dim, half_to_float=False)`` in fp32; in backward ``_softmax_backward_data`` on the fp32
+      gradient and saved fp32 output, and the cast's ``ToCopyBackward0`` casting the gradient back;
+    - CUDA fp16: ``_softmax(input, dim, half_to_float=True)``, one kernel reading fp16 and writing fp32; its backward
+      ``_softmax_backward_data(grad32, out32, dim, input_dtype=Half)`` writes the fp16 gradient directly (no cast);
+    - both: ``.to(query.dtype)`` a cast back (``_to_copy``) whose backward casts the gradient to fp32.
+
+    The softmax saves its fp32 output for backward (4 B an element, twice the half-precision one); the casts save
+    nothing. In fp32 / tf32 the dtype is the tensor's own and ``.to`` a no-op: the one softmax kernel as before."""
+    if b.dbytes >= 4:
+        return b.softmax(scores, name="attn.softmax")
+    if b.dtype != "fp16":
+        scores = b.copy(scores, name="attn.softmax.to_fp32", out_dtype="fp32")
+    probs = b.softmax(scores, name="attn.softmax", out_dtype="fp32")
+    return b.copy(probs, name="attn.softmax.to_dtype", out_dtype=b.dtype)
 
 
 def attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, impl: str, causal: bool, **eager_kw) -> Tensor:

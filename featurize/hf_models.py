@@ -250,6 +250,8 @@ def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             kv = heads(b, Tensor((batch, seq, kvl * d), qkv.dtype, qkv.node, qkv.tid), kvl, d)
             if impl != "flash" and kvl != hl:
                 kv = repeat_kv(b, kv, hl // kvl, "attn.repeat_kv")
+            # llm-foundry 0.22.0 layers/attention.py l. 240: ``torch.softmax(attn_weight, dim=-1)``, in the model's
+            # dtype (transformers' own MptAttention upcasts with ``.float()``; this is llm-foundry's)
             a = attention(b, q, kv, kv, impl=impl, causal=True, scale="scores_mul", mask="where", dropout_p=attn_p,
                           strided=(True, True, True), bias_shape=(1, hl, 1, seq) if alibi else None)
             a = merge_heads(b, a)
@@ -306,7 +308,8 @@ def gpt_neox(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str)
             q = _partial_rope(b, chunk, rot, "rope.q") if rot > 0 else chunk
             k = _partial_rope(b, chunk, rot, "rope.k") if rot > 0 else chunk
             a = attention(b, q, k, chunk, impl=impl, causal=True, scale="scores_mul", mask="add", dropout_p=attn_p,
-                          mask_shape=(batch, 1, seq, seq), strided=(rot == 0, rot == 0, True))
+                          mask_shape=(batch, 1, seq, seq), strided=(rot == 0, rot == 0, True),
+                          softmax_fp32=True)  # transformers 5.24.0 gpt_neox l. 158
             a = merge_heads(b, a, name="attention.reshape")
             a = b.tp_exit(b.linear(a, h, bias=bias, name="attention.dense", parallel="row"), name="attention.exit")
             a = b.dropout(a, hid_p, name="post_attention_dropout")
@@ -361,7 +364,8 @@ def bloom(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) ->
             qkv = b.linear(y, 3 * h, name="self_attention.query_key_value", parallel="col")
             q = heads(b, Tensor((batch, seq, hl * cfg.head_dim), qkv.dtype, qkv.node, qkv.tid), hl, cfg.head_dim)
             a = attention(b, q, q, q, impl=impl, causal=True, scale="none", mask="add", dropout_p=attn_p,
-                          mask_shape=(batch, 1, seq, seq), strided=(True, True, True), bias_shape=(batch, hl, 1, seq))
+                          mask_shape=(batch, 1, seq, seq), strided=(True, True, True), bias_shape=(batch, hl, 1, seq),
+                          softmax_fp32=True)  # transformers 5.24.0 bloom l. 284
             a = merge_heads(b, a, name="self_attention.merge_heads")
             a = b.tp_exit(b.linear(a, h, name="self_attention.dense", parallel="row"), name="self_attention.exit")
             x = b.elementwise("add", res, b.dropout(a, hid_p, name="attn.dropout"), name="residual_1")
@@ -402,6 +406,7 @@ def falcon(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -
             v = Tensor((batch, kvl, seq, d), qkv.dtype, qkv.node, qkv.tid)
             if impl != "flash" and kvl != hl:
                 k, v = repeat_kv(b, k, hl // kvl, "repeat_kv.k"), repeat_kv(b, v, hl // kvl, "repeat_kv.v")
+            # transformers 5.24.0 falcon l. 352 (rotary): ``F.softmax(..., dtype=hidden_states.dtype)``, no upcast
             a = attention(b, q, k, v, impl=impl, causal=True, scale="scores_div", mask="add", dropout_p=attn_p,
                           mask_shape=(batch, 1, seq, seq), strided=(False, False, kvl == hl))
             a = merge_heads(b, a, name="self_attention.merge_heads")
@@ -459,7 +464,8 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             v = b.copy(v, (batch, hl, seq, d), name="self_attn.v_contiguous")
             q = b.copy(q, (batch, hl, seq, d), name="self_attn.q_contiguous")
             a = attention(b, q, k, v, impl=impl, causal=True, scale="none", mask="add", dropout_p=attn_p,
-                          mask_shape=(batch, 1, seq, seq), clamp_min=True)
+                          mask_shape=(batch, 1, seq, seq), clamp_min=True,
+                          softmax_fp32=True)  # transformers 5.24.0 opt l. 89: in every dtype
             a = merge_heads(b, a, name="self_attn.reshape")
             a = b.tp_exit(b.linear(a, h, name="self_attn.out_proj", parallel="row"), name="self_attn.exit")
             a = b.dropout(a, p, name="dropout_1")
@@ -565,7 +571,10 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     else:
         a = eager_attention(b, q, k, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
                             mask_shape=(batch, 1, seq, kv_len), strided=(False, False, nhl == nkvl and b.kv_context is None),
-                            softcap=var.attn_softcap, sinks=var.gpt_oss)
+                            softcap=var.attn_softcap, sinks=var.gpt_oss,
+                            # transformers 5.24.0: softmax(dtype=torch.float32).to(query.dtype) in every Llama-family
+                            # eager_attention_forward but gpt-oss's (l. 250: ``dtype=combined_logits.dtype``)
+                            softmax_fp32=not var.gpt_oss)
     if var.gpt_oss:
         b.own_params(a, nhl)  # self_attn.sinks: one logit per (local) head, owned by the attention that reads them
     a = merge_heads(b, a, name="self_attn.transpose")
@@ -1178,12 +1187,13 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
         lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", False), train=b.train, fp32_loss=True)
 
 
-def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str) -> Tensor:
+def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: str, hf_softmax: bool = True) -> Tensor:
     """DeepSeek-V2/V3 multi-head latent attention as DeepseekV3Attention runs it: queries through a low-rank
     ``q_a_proj`` -> RMSNorm -> ``q_b_proj`` (or one ``q_proj`` without ``q_lora_rank``); keys and values from one
     compressed ``kv_a_proj_with_mqa`` (``kv_lora_rank`` + a shared rotary key of ``qk_rope_head_dim``) -> RMSNorm ->
     ``kv_b_proj``; RoPE on the rotary parts; queries and keys concatenated (copies) from their no-rope and rope parts;
-    attention with query/key head dim ``qk_nope + qk_rope`` and value head dim ``v_head_dim``; ``o_proj``."""
+    attention with query/key head dim ``qk_nope + qk_rope`` and value head dim ``v_head_dim``; ``o_proj``.
+    ``hf_softmax``: the eager softmax as transformers' (in fp32, hf_blocks.softmax_upcast); off under Megatron-Core."""
     nh = cfg.n_heads
     nhl = local_heads(b, nh)
     nope, rdim, vdim, kv_rank, q_rank = (deepseek_field(cfg, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim",
@@ -1216,7 +1226,7 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
         a = b.flash_attention(qs, ks, v, causal=True, name="attn.flash")
     else:
         a = eager_attention(b, qs, ks, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
-                            mask_shape=(batch, 1, seq, seq), strided=(False, False, True))
+                            mask_shape=(batch, 1, seq, seq), strided=(False, False, True), softmax_fp32=hf_softmax)
     att = a
     a = merge_heads(b, a, name="self_attn.transpose")
     if impl == "flash":  # under Megatron-Core, TE's backend may hand linear_proj a view of its output (te_attention.py)
@@ -1256,7 +1266,7 @@ def deepseek(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str,
     scoring = "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax"
     def block(x: Tensor, moe: bool) -> Tensor:
         y = norm(x, "input_layernorm", "layernorm")
-        a = _mla(cfg, b, y, batch, seq, impl)
+        a = _mla(cfg, b, y, batch, seq, impl, hf_softmax=not megatron)
         x = b.elementwise("add", x, a, name="residual_1")
         y = norm(x, "post_attention_layernorm", "layernorm")
         if moe:

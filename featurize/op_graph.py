@@ -851,17 +851,29 @@ class GraphBuilder:
                              bytes_=(2 * b * h + params) * db, params=params, saves=[x], backward=bw, B=b, H=h)
 
     def softmax(self, x: Tensor, *, name: str = "softmax", out_dtype: str | None = None) -> Tensor:
-        """Softmax over the last dim; backward reads output and gradient (one kernel). ``out_dtype``: as for
-        :meth:`elementwise` (a softmax in another float dtype, Megatron's ``softmax_in_fp32``: its kernels that dtype's)."""
+        """Softmax over the last dim; backward reads output and gradient (one kernel).
+
+        ``out_dtype`` (another float dtype than the model's, ``torch.softmax(x, dim, dtype=torch.float32)``): the
+        kernel computes and writes that dtype, reading ``x`` at its own width, and its backward reads the gradient and
+        the saved output in that dtype and writes ``x``'s gradient at ``x``'s width (aten ``_softmax`` /
+        ``_softmax_backward_data(grad, output, dim, input_dtype)``). Both are labelled with ``out_dtype``'s kernel,
+        scaled to the bytes they move (an fp16 input read by an fp32 softmax, CUDA's ``half_to_float``: 6 of the fp32
+        kernel's 8 bytes an element; its backward 10 of 12), as :meth:`copy` costs a cast."""
         h = int(x.shape[-1])
         b = _numel(x.shape[:-1])
-        node_dtype = out_dtype if out_dtype in _FLOAT_DTYPES and out_dtype != self.dtype else None
-        db = DTYPE_BYTES[node_dtype] if node_dtype else self.dbytes
-        bw = self._bw(f"{name}.grad", "softmax", "mul", flops=4 * b * h, bytes_=3 * b * h * db,
-                      scale=SOFTMAX_BACKWARD_MUL, B=b, H=h)
-        out = self._add(name, "softmax", "softmax", "surrogate", [x], x.shape, flops=5 * b * h, bytes_=2 * b * h * db,
-                        backward=[dict(bw, dtype=node_dtype) if node_dtype else bw], out_dtype=out_dtype,
-                        node_dtype=node_dtype, B=b, H=h)
+        n = b * h
+        node_dtype, db = self._compute_dtype(out_dtype)
+        if node_dtype:
+            in_b = DTYPE_BYTES[x.dtype]
+            fw_bytes, bw_bytes = n * (in_b + db), n * (2 * db + in_b)
+            fw_scale, bw_scale = fw_bytes / (2.0 * n * db), SOFTMAX_BACKWARD_MUL * bw_bytes / (3.0 * n * db)
+            bw_dtype = {"dtype": node_dtype}
+        else:
+            fw_bytes, bw_bytes, fw_scale, bw_scale, bw_dtype = 2 * n * db, 3 * n * db, 1.0, SOFTMAX_BACKWARD_MUL, {}
+        out = self._add(name, "softmax", "softmax", "surrogate", [x], x.shape, flops=5 * n, bytes_=fw_bytes,
+                        backward=[self._bw(f"{name}.grad", "softmax", "mul", flops=4 * n, bytes_=bw_bytes,
+                                           scale=bw_scale, B=b, H=h, **bw_dtype)],
+                        out_dtype=out_dtype, node_dtype=node_dtype, scale=fw_scale, B=b, H=h)
         # softmax saves its output
         self._nodes[out.node].saves.append(out.tid)
         return out

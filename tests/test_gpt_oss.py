@@ -61,6 +61,9 @@ def test_sinks_in_eager_attention_and_none_in_flash():
     assert names.index("attn.mask") < names.index("attn.sinks_cat") < names.index("attn.softmax") < names.index("attn.pv")
     sm = eager[eager["name"] == "attn.softmax"].iloc[0]
     assert (sm["B"], sm["H"]) == (64 * s, s + 1)  # the softmax over the scores and the sink column
+    # gpt-oss's softmax runs in the logits' dtype (transformers 5.24.0 gpt_oss l. 250): no cast before or after it
+    # (stop 48's merge briefly reused the sink shape as the softmax's dtype and cast the probabilities back)
+    assert not {"attn.softmax_half", "attn.softmax_float", "attn.softmax.to_fp32", "attn.softmax.to_dtype"} & set(names)
     pv = eager[eager["name"] == "attn.pv"].iloc[0]
     assert pv["N"] == s  # the sink column dropped (a view) before PV
     flash_g = _graph("gpt_oss_20b", blocks=2, seq=s, attention="flash")
