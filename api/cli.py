@@ -944,6 +944,9 @@ def search(
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules (as for predict, comma-separated): the selective candidates recompute these (searched besides none and full)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm, MoE all-to-all, and the interleaved schedule's pipeline transfers, which then block as in Megatron-LM 2021)."),
+    overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="As for predict, for every candidate: Megatron-Core reduces gradient buckets during the last backward (default on with --framework megatron)."),
+    overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="As for predict, for every candidate: Megatron-Core all-gathers the distributed optimizer's parameters during the next forward (default on with --framework megatron and ZeRO >= 1)."),
+    tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="As for predict, for every candidate: Megatron-Core/TE pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, tp > 1 and SP)."),
     force: bool = _FORCE_OPTION,
     simulate_oom: bool = typer.Option(False, "--simulate-oom", help="Also simulate the steps of configurations that do not fit (slower; by default memory comes first and their times are left empty)."),
     workers: int = typer.Option(min(2, os.cpu_count() or 1), "--workers", help="Processes to evaluate on (default: the CPUs, at most 2); from 400 candidates on they split the search, with the same results as one."),
@@ -991,6 +994,17 @@ def search(
                 _fail("--output .parquet needs pyarrow (pip install pyarrow), or use .csv or .json")
     if plot is not None:
         _output_file(plot, "--plot", (".png",))
+    # Megatron-Core's overlaps for every candidate: --no-overlap turns them all off; each flag sets its own (as
+    # predict's flags; not given: the framework's default)
+    overlaps = dict.fromkeys(OVERLAP_FLAGS, False) if no_overlap else {}
+    for name, flag, v in (("overlap_grad_reduce", "--overlap-grad-reduce", overlap_grad_reduce),
+                          ("overlap_param_gather", "--overlap-param-gather", overlap_param_gather),
+                          ("tp_comm_overlap", "--tp-comm-overlap", tp_comm_overlap)):
+        if v is None:
+            continue
+        if no_overlap and v:
+            _fail(f"--no-overlap turns every overlap off: it cannot be given with {flag}")
+        overlaps[name] = v
     folders = _model_folders(models, collectives, power_model)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
@@ -1006,8 +1020,7 @@ def search(
                           tokens=tokens, footprint_kw=fkw or None,
                           progress=progress,
                           framework=framework,
-                          overlaps=dict.fromkeys(OVERLAP_FLAGS, False)
-                          if no_overlap else None,
+                          overlaps=overlaps or None,
                           objective=objective, max_usd=max_usd, deadline_days=deadline_days, max_tco2e=max_tco2e,
                           pareto=pareto, prune_oom=not simulate_oom, workers=workers, exact_pipeline=exact_pipeline,
                           models=folders.models, collectives=folders.collectives, power_model=folders.power_model,

@@ -2099,6 +2099,24 @@ def _plus_cp_collectives(view: _RankView, cp_coll_ms: tuple, f_ms=0.0, b_ms=0.0)
     return f_ms + np.where(on_f, cf, 0.0), b_ms + np.where(on_b, cb, 0.0) + np.where(on_rc, cf, 0.0)
 
 
+def ring_backward_steps(ring: int) -> tuple[int, int]:
+    """The ring attention backward's steps by what they send: (steps sending one K/V-sized block, steps sending two).
+    Transformer Engine 2.20.2 ``AttnFuncWithCPAndKVP2P.backward`` (transformer_engine/pytorch/attention/
+    dot_product_attention/context_parallel.py l. 2694-2730, waits l. 2952-2954) runs ``cp_size`` steps over the ring
+    (``ring`` ranks); step 0 sends K/V only (``send_tensor[0]``), the last dK/dV only (``send_tensor[1]``), the steps
+    between both, and each step's transfer is waited for after that step's attention block: 2 one-block steps and
+    ring - 2 two-block steps, 2 x (ring - 1) blocks in all (until stop 48: ring - 1 two-block steps, one block fewer to
+    hide behind)."""
+    return (2, ring - 2) if ring > 1 else (0, 0)
+
+
+def ring_backward_transfer_ms(ring: int, xf_ms, xb_ms):
+    """What the ring attention backward's transfers take per layer, hidden or not (:func:`ring_backward_steps`; xf_ms:
+    a one-block step, xb_ms: a two-block step)."""
+    n1, n2 = ring_backward_steps(ring)
+    return n1 * xf_ms + n2 * xb_ms
+
+
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
                 cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0,
                 ep_unpaired: np.ndarray | None = None, cp_coll_ms: tuple = (0.0, 0.0), async_tp_b: bool = False) -> tuple:
@@ -2113,10 +2131,11 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     warm-up forwards and cool-down backwards): their all-to-alls are exposed in full.
     ``async_tp_b``: the column-parallel linears start their backward TP collectives asynchronously (Megatron-Core, TE
     or local layers): without ``--tp-comm-overlap`` the backward's TP time is lowered by ``view.tp_b_async_save_ms``."""
-    # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps (backward: K, V and their
-    # gradients), each overlapped with the attention of the block in hand; what a step's transfer takes beyond that
-    # block's attention is exposed (Liu et al. 2023, Ring Attention; Megatron-Core / TE's implementation). A step is
-    # never shorter than its host work where the host sets the pace (``cp_step_floor_ms``).
+    # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps, each overlapped with the
+    # attention of the block in hand; the backward runs cp steps (step 0 sends K/V, the last dK/dV, the others both:
+    # ring_backward_steps); what a step's transfer takes beyond that block's attention is exposed (Liu et al. 2023,
+    # Ring Attention; Megatron-Core / TE's implementation). A step is never shorter than its host work where the host
+    # sets the pace (``cp_step_floor_ms``).
     cp_f_ms = cp_b_ms = np.zeros(len(view.layer_ids))
     cp_step_ms = (0.0, 0.0)
     ring = cp_group_sizes(par)[1]
@@ -2128,7 +2147,10 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         cp_step_ms = (float(xf), float(xb))
         has = view.attn_f_ms > 0
         cp_f_ms = np.where(has, (ring - 1) * np.maximum(xf - view.attn_f_ms / ring, 0.0), 0.0)
-        cp_b_ms = np.where(view.attn_b_ms > 0, (ring - 1) * np.maximum(xb - view.attn_b_ms / ring, 0.0), 0.0)
+        n1, n2 = ring_backward_steps(ring)
+        blk_b = view.attn_b_ms / ring
+        cp_b_ms = np.where(view.attn_b_ms > 0,
+                           n1 * np.maximum(xf - blk_b, 0.0) + n2 * np.maximum(xb - blk_b, 0.0), 0.0)
         # a recomputed attention (selective or full recomputation) re-runs its forward ring in the backward: its KV
         # steps again, each beside a block of the re-run forward (until stop 36 the re-run's time hid the backward's
         # transfers instead, and the recomputed ring was free)
@@ -2742,8 +2764,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if par.cp > 1 and cp_step_ms[0] > 0:
             xf, xb = cp_step_ms
             tf["cp"] = per_chunk(np.where(view.attn_f_ms > 0, (n_ring - 1) * xf, 0.0))
-            tb["cp"] = per_chunk((n_ring - 1) * (np.where(view.attn_b_ms > 0, xb, 0.0)
-                                                 + np.where(view.attn_rc_ms > 0, xf, 0.0)))
+            tb["cp"] = per_chunk(np.where(view.attn_b_ms > 0, ring_backward_transfer_ms(n_ring, xf, xb), 0.0)
+                                 + np.where(view.attn_rc_ms > 0, (n_ring - 1) * xf, 0.0))
         if par.cp > 1 and (cp_coll[0] > 0 or cp_coll[1] > 0):  # the exposed a2a / allgather collectives
             coll_f, coll_b = _plus_cp_collectives(view, cp_coll)
             tf["cp"] = tf.get("cp", 0.0) + per_chunk(coll_f)
@@ -3114,7 +3136,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     rings.append((tk.micro, cp_coll_name, n_attn[c] * cp_coll[0]))
                 if tk.kind != "F":
                     cb, mb = (tk.stage_b, tk.micro_b) if pair else (c, tk.micro)
-                    rings.append((mb, "ring_kv", (n_ring - 1) * (n_attn[cb] * cp_step_ms[1] + n_attn_rc[cb] * cp_step_ms[0])))
+                    rings.append((mb, "ring_kv", n_attn[cb] * ring_backward_transfer_ms(n_ring, *cp_step_ms)
+                                  + n_attn_rc[cb] * (n_ring - 1) * cp_step_ms[0]))
                     rings.append((mb, cp_coll_name, n_attn_b[cb] * cp_coll[1] + n_attn_rc[cb] * cp_coll[0]))
                 t0 = tk.start
                 for m, what, ring in rings:

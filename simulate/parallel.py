@@ -377,6 +377,9 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
                 raise ParallelConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
     if not ((type(batch) is int and batch >= 1) or is_count(batch)):
         raise ParallelConfigError(f"--batch (global batch in sequences) must be a positive integer, got {batch!r}")
+    fw = framework if framework is not None else ("megatron-deepspeed" if uneven_stages else None)
+    if fw == "megatron-deepspeed":
+        _check_megatron_deepspeed_flags(cfg)
     mp = cfg.tp * cfg.pp * cfg.cp
     if not (cfg.gpus % mp == 0):
         mp_txt = (f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1
@@ -461,7 +464,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             f"--interleave {cfg.interleave} (virtual pipeline stages) is interleaved 1F1B: it cannot run with --schedule "
             f"{cfg.schedule}; use --schedule 1f1b or --interleave 1")
     if cfg.schedule == "dualpipe":
-        _check_dualpipe(cfg, n_micro, framework if framework is not None else ("megatron-deepspeed" if uneven_stages else None))
+        _check_dualpipe(cfg, n_micro, fw)
     if cfg.interleave > 1:
         if not (n_micro % cfg.pp == 0):
             raise ParallelConfigError(
@@ -474,7 +477,6 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
                 f"sequence length ({seq}) must be divisible by tp ({cfg.tp}) for sequence parallelism")
     if not ((type(cfg.zero) is int or is_int(cfg.zero)) and cfg.zero in (0, 1, 2, 3)):
         raise ParallelConfigError(f"--zero must be 0, 1, 2 or 3, got {cfg.zero!r}")
-    fw = framework if framework is not None else ("megatron-deepspeed" if uneven_stages else None)
     zmax = PIPELINE_ZERO_MAX.get(fw)
     if zmax is not None and cfg.pp > 1:
         if not (cfg.zero <= zmax):
@@ -593,6 +595,26 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         # the explicit flag there first (check_overlap_p2p_flag); a ParallelConfig given directly reaches this
         flags["overlap_p2p_comm"] = False
     return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags, **cp_fields)
+
+
+def _check_megatron_deepspeed_flags(cfg: ParallelConfig) -> None:
+    """Megatron-Core options Megatron-DeepSpeed does not have, refused as the --overlap-* flags are for the frameworks
+    without them: ring context parallelism (``--cp`` > 1: Megatron-DeepSpeed's long-sequence option is
+    DeepSpeed-Ulysses, ``--ds-sequence-parallel-size``, which wattcast does not model) and Megatron-Core's
+    ``decoder_first/last_pipeline_num_layers`` (``--pp-first-stage-layers`` / ``--pp-last-stage-layers``: DeepSpeed's
+    ``PipelineModule`` partitions the stages by its ``partition_method``, :func:`stage_layers`' ``deepspeed`` split)."""
+    if cfg.cp > 1:
+        raise ParallelConfigError(
+            f"--cp {cfg.cp} (ring context parallelism) is a Megatron-Core option: --framework megatron-deepspeed has "
+            f"none (its long-sequence option is DeepSpeed-Ulysses, --ds-sequence-parallel-size, not modelled); use "
+            f"--framework megatron, or --cp 1")
+    for flag, v in (("--pp-first-stage-layers", cfg.pp_first_layers), ("--pp-last-stage-layers", cfg.pp_last_layers)):
+        if v is not None:
+            raise ParallelConfigError(
+                f"{flag} {v!r} is a Megatron-Core option (decoder_first/last_pipeline_num_layers): --framework "
+                f"megatron-deepspeed partitions the pipeline stages with DeepSpeed's PipelineModule (partition_method; "
+                f"layers that do not divide are split by its partitioner, sizes differing by one); use --framework "
+                f"megatron, or leave it out")
 
 
 def _check_dualpipe(cfg: ParallelConfig, n_micro: int, framework: str | None) -> None:

@@ -97,6 +97,19 @@ TRACKS = {"compute": (0, "compute"), "dp": (1, "comm: dp (gradient reduce, ZeRO)
           "pp": (3, "comm: pp (send/recv, tied embedding grads)"), "ep": (4, "comm: ep (all-to-all)"), "tp": (5, "comm: tp"),
           "comm": (6, "comm: other")}
 _TRACK_OF = {"zero3": "dp", "tp_ep": "ep"}
+#: the cp track's name and the plot's legend entry per --cp-comm-type (simulate.distributed.cp_collectives: what each
+#: type runs); p2p keeps :data:`TRACKS`' name, which other tools read
+CP_TRACK_NAMES = {"p2p": TRACKS["cp"][1], "a2a": "comm: cp (all-to-all of Q, K, V, output)",
+                  "allgather": "comm: cp (KV all-gather, dK/dV reduce-scatter)",
+                  "a2a+p2p": "comm: cp (all-to-all of Q, K, V, output; ring KV exchange)"}
+CP_LEGEND = {"p2p": "context-parallel ring KV exchange", "a2a": "context-parallel all-to-all (Q, K, V, output)",
+             "allgather": "context-parallel KV all-gather / dK, dV reduce-scatter",
+             "a2a+p2p": "context-parallel all-to-all + ring KV exchange"}
+
+
+def _cp_comm_type(res) -> str:
+    """The step's --cp-comm-type (p2p where the result does not say)."""
+    return str(getattr(getattr(res, "parallel", None), "cp_comm_type", None) or "p2p")
 #: extra lanes of a track (events of one kind that partly overlap: e.g. a ring exchange outlasting its task) start here
 _LANE_TID = 100
 
@@ -145,6 +158,8 @@ def distributed_trace_events(res) -> list[dict]:
     names: dict[tuple[int, int], str] = {}
     for (s, track), sp in spans.items():
         base, label = TRACKS[track]
+        if track == "cp":
+            label = CP_TRACK_NAMES.get(_cp_comm_type(res), label)
         lanes = _lanes(sp)
         for _, _, i in sp:
             lane = lanes[i]
@@ -326,7 +341,7 @@ def timeline_figure(res):
     ax.set_xlabel("ms")
     labels = {"forward": "forward", "backward": "backward", "pair": "forward + backward pair (DualPipe)",
               "optimizer": "optimizer", "not drawn": "steady state (not drawn)",
-              "dp": "data-parallel comm (gradient reduce / param gather)", "cp": "context-parallel ring KV exchange",
+              "dp": "data-parallel comm (gradient reduce / param gather)", "cp": CP_LEGEND.get(_cp_comm_type(res), CP_LEGEND["p2p"]),
               "comm": "other comm"}
     handles = [Patch(facecolor=TIMELINE_COLOURS[k], label=v) for k, v in labels.items() if k in used]
     handles.append(Patch(facecolor="none", edgecolor=TIMELINE_COLOURS["exposed"], hatch="////",

@@ -129,6 +129,28 @@ def test_ring_step_host_floor_is_exposed_where_the_host_sets_the_pace():
             run(2048, bad)
 
 
+def test_ring_backward_runs_cp_steps_as_transformer_engine():
+    """Transformer Engine 2.20.2 ``AttnFuncWithCPAndKVP2P.backward`` (context_parallel.py l. 2694-2730, waits
+    l. 2952-2954) runs cp steps: step 0 sends K/V, the last dK/dV, the others both, each step's transfer beside that
+    step's attention block. Until stop 48 the backward was cp - 1 steps each sending K/V and their gradients (the same
+    bytes, one block fewer to hide behind). With every step floored at 5 ms (tiny 2K-token blocks) the backward's ring
+    exposes cp steps, and the trace's ring events sum to layers x ((cp - 1) forward + cp backward + (cp - 1)
+    recomputed forward) steps."""
+    from wattcast.simulate.distributed import predict_distributed, ring_backward_steps
+    from wattcast.simulate.options import DistributedOptions
+    from wattcast.simulate.parallel import ParallelConfig
+
+    assert [ring_backward_steps(n) for n in (1, 2, 4, 8)] == [(0, 0), (2, 0), (2, 2), (2, 6)]
+    par = ParallelConfig(gpus=64, tp=8, cp=8, dp=1, micro_batch=1, sp=True, zero=1, recompute="selective")
+    r = predict_distributed("llama3_8b", "DGX-H100", par, DistributedOptions(
+        batch=1, seq=2048, attention="flash", framework="megatron", host_ms=(0.006, 0.0, {}, 5.0), trace=True))
+    steps = 32 * (7 + 8 + 7)  # 32 layers, one micro-batch: forward, backward, recomputed forward
+    # each step exposes 5 ms less its attention block (< 0.1 ms at 256 tokens a rank)
+    assert steps * 4.9 < r.comm["cp_exposed_ms_per_micro"] <= steps * 5.0
+    ring = sum(e["end_ms"] - e["start_ms"] for e in r.events if e["name"].startswith("cp.ring_kv"))
+    assert ring == pytest.approx(steps * 5.0, rel=1e-9)
+
+
 def test_recomputed_attention_runs_its_ring_again():
     """Selective (core_attn) or full recomputation re-runs the fused attention's forward in the backward, ring and
     all: its cp - 1 KV steps come back, each beside a block of the re-run forward. Until stop 36 the re-run's time hid

@@ -217,3 +217,33 @@ def test_sliding_window_under_cp_follows_transformer_engine():
         att = [{o["op_class"]: o["flops"] for o in p.per_op}["flash_attention"] for p in (w, f)]
         # 512 of 4096 keys: the windowed pairs (512 x 4096 - 512 x 511 / 2) over the causal half of 4096^2
         assert att[0] / att[1] == pytest.approx((512 * 4096 - 512 * 511 / 2) / (0.5 * 4096**2))
+
+
+def test_cp_track_and_legend_are_named_by_the_comm_type():
+    """The trace's cp track and the timeline plot's legend say what the --cp-comm-type runs (until stop 48 both said
+    "ring KV exchange" for a2a and allgather too); p2p keeps its track name exactly (other tools read it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from wattcast.simulate.trace import TRACKS, distributed_trace_events, timeline_figure
+
+    want = {"p2p": ("comm: cp (ring KV exchange)", "context-parallel ring KV exchange"),
+            "a2a": ("comm: cp (all-to-all of Q, K, V, output)", "context-parallel all-to-all (Q, K, V, output)"),
+            "allgather": ("comm: cp (KV all-gather, dK/dV reduce-scatter)",
+                          "context-parallel KV all-gather / dK, dV reduce-scatter"),
+            "a2a+p2p": ("comm: cp (all-to-all of Q, K, V, output; ring KV exchange)",
+                        "context-parallel all-to-all + ring KV exchange")}
+    for ct, (track, legend) in want.items():
+        kw = dict(cp_comm_type=ct, hierarchical_cp_sizes=(2, 2)) if ct == "a2a+p2p" else dict(cp_comm_type=ct)
+        res = predict_distributed(LLAMA, "dgx-h100", ParallelConfig(gpus=8, tp=2, cp=4, micro_batch=1, **kw),
+                                  DistributedOptions(batch=1, seq=8192, attention="flash", framework="megatron",
+                                                     trace=True))
+        names = {e["args"]["name"] for e in distributed_trace_events(res)
+                 if e.get("name") == "thread_name" and e["tid"] == TRACKS["cp"][0]}
+        assert names == {track}
+        fig = timeline_figure(res)
+        texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        plt.close(fig)
+        assert legend in texts and sum("context-parallel" in t for t in texts) == 1

@@ -1,0 +1,37 @@
+"""`wattcast search` takes predict's per-flag overlap switches (--overlap-grad-reduce/--no-..., --overlap-param-gather/
+--no-..., --tp-comm-overlap/--no-...) for every candidate; until stop 48 it had only --no-overlap (every overlap off)."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run_cli
+
+ARGS = ("search", "--model", "gpt2", "--cluster", "DGX-H100", "--gpus", "16", "--batch", "32", "--seq", "1024",
+        "--framework", "megatron", "--zero", "1", "--max-configs", "40", "--workers", "1", "--json")
+
+
+def _strategies(*extra: str) -> list[str]:
+    r = run_cli(*ARGS, *extra)
+    assert r.returncode == 0, r.stderr
+    return [row["strategy"] for row in json.loads(r.stdout)["ranked"]]
+
+
+def test_search_switches_one_overlap_off():
+    default = _strategies()
+    assert default and not any("noogr" in s or "notpo" in s for s in default)
+    # grad reduce off: every candidate, and the param gather's default follows it (Megatron-LM's rule)
+    no_ogr = _strategies("--no-overlap-grad-reduce")
+    assert len(no_ogr) == len(default) and all(s.endswith("-noogr-noopg") for s in no_ogr)
+    # TP comm overlap off: the candidates where it is on by default (tp > 1 with SP), the others unchanged
+    no_tpo = _strategies("--no-tp-comm-overlap")
+    assert any("notpo" in s for s in no_tpo) and not any("noogr" in s for s in no_tpo)
+    assert all(("notpo" in s) == ("-sp-" in s) for s in no_tpo)  # (SP needs tp > 1)
+    # the param gather alone off keeps the grad reduce's overlap
+    no_opg = _strategies("--no-overlap-param-gather")
+    assert all(s.endswith("-noopg") and "noogr" not in s for s in no_opg)
+
+
+def test_search_refuses_an_overlap_with_no_overlap():
+    r = run_cli(*ARGS, "--no-overlap", "--tp-comm-overlap")
+    assert r.returncode == 2 and "turns every overlap off" in r.stderr and "--tp-comm-overlap" in r.stderr
