@@ -62,6 +62,13 @@ _USED_COLUMNS = frozenset(("op", "dtype", *_COLUMN_ALIASES, *_COLUMN_ALIASES.val
                            *PRED_COLUMNS, *EXTRA_COLUMNS))
 
 
+#: the dtype a vector kernel (softmax, norm, elementwise: not a GEMM family) of a matrix-unit dtype runs in: TF32 is
+#: fp32 data (``predict --dtype tf32`` builds its vector ops in fp32); under Transformer Engine's FP8 recipe only the
+#: linear layers' GEMMs run in FP8 and every softmax, norm and elementwise op in bf16 (``predict --dtype fp8``,
+#: featurize/workload.py ``_hf_forward``; TE casts the GEMM inputs itself), so an fp8 vector row is costed at bf16's
+#: 2 bytes an element, not fp8's 1
+VECTOR_DTYPE_OF = {"tf32": "fp32", "fp8": "bf16"}
+
 #: the dtypes whose kernels need tensor-core units of their own: (the spec's peak field, which GPUs have it)
 _TENSOR_CORE_PEAKS = {"fp8": ("peak_fp8_tflops", "(A100, V100, MI250 and older); use bf16"),
                       "tf32": ("peak_tf32_tflops", "(Ampere and later; PyTorch's TF32 setting does nothing on older "
@@ -176,15 +183,18 @@ def normalise_kernel_frame(frame: pd.DataFrame, plausible_shapes: bool = True) -
         dt_codes, dt_uniq = dt_codes[raw_codes], list(dt_uniq)
     else:
         dt_codes, dt_uniq = np.zeros(n, dtype=np.intp), ["fp32"]
-    # TF32 is a matrix-unit mode: a tf32 softmax, norm or elementwise kernel runs fp32 data on the vector units as fp32
-    # (as `predict --dtype tf32` builds it), so it is predicted as the fp32 kernel
-    if "tf32" in dt_uniq:
+    # TF32 and FP8 are matrix-unit modes (:data:`VECTOR_DTYPE_OF`): a tf32 / fp8 softmax, norm or elementwise kernel
+    # runs on the vector units in the dtype the step gives it, so it is predicted as that kernel (the row keeps the
+    # dtype it gave in the output)
+    for mode_dtype, vector_dtype in VECTOR_DTYPE_OF.items():
+        if mode_dtype not in dt_uniq:
+            continue
         vector_op = np.array([OP_FAMILY.get(u) not in MATMUL_FAMILIES for u in op_uniq], dtype=bool)[op_codes]
-        as_fp32 = (dt_codes == dt_uniq.index("tf32")) & vector_op
-        if as_fp32.any():
-            if "fp32" not in dt_uniq:
-                dt_uniq = dt_uniq + ["fp32"]
-            dt_codes = np.where(as_fp32, dt_uniq.index("fp32"), dt_codes)
+        as_vec = (dt_codes == dt_uniq.index(mode_dtype)) & vector_op
+        if as_vec.any():
+            if vector_dtype not in dt_uniq:
+                dt_uniq = dt_uniq + [vector_dtype]
+            dt_codes = np.where(as_vec, dt_uniq.index(vector_dtype), dt_codes)
     dtype_col = _text_column(dt_uniq, dt_codes)
     err = np.full(n, "", dtype=object)
     fine = np.ones(n, dtype=bool)  # err == '' kept as a mask, not recomputed over strings
