@@ -75,6 +75,20 @@ _TENSOR_CORE_PEAKS = {"fp8": ("peak_fp8_tflops", "(A100, V100, MI250 and older);
                                                    "GPUs); use fp32")}
 
 
+def half_dtype_of(spec) -> str:
+    """The 16-bit dtype ``spec`` runs (what a refusal of fp8 suggests, as ``predict`` does): bf16 where the spec has a
+    BF16 peak, else fp16 (V100, T4: ``predict`` refuses bf16 there), else fp32."""
+    return "bf16" if spec.peak_bf16_tflops else "fp16" if spec.peak_fp16_tflops else "fp32"
+
+
+def unbf16_gemm_error(spec) -> str:
+    """The error of a bf16 GEMM / conv row on a spec without ``peak_bf16_tflops`` (``predict --dtype bf16`` refuses
+    such a GPU alike, ``data.device_spec.unsupported_step_dtype``)."""
+    return (f"dtype bf16 GEMM/conv needs BF16 tensor cores, but {spec.name}'s spec has no peak_bf16_tflops (V100, T4, "
+            "P100 and other pre-Ampere GPUs run bf16 without them, far slower than fp16, which nothing here models; "
+            f"predict --dtype bf16 is refused there too); use {half_dtype_of(spec)}")
+
+
 def unpeaked_dtype_error(spec, dtype: str) -> str | None:
     """Why ``spec`` cannot run ``dtype``'s (canonical) tensor-core kernels: the spec has no peak for them (None when it
     has, or the dtype needs no unit of its own)."""
@@ -83,7 +97,7 @@ def unpeaked_dtype_error(spec, dtype: str) -> str | None:
     field, why = _TENSOR_CORE_PEAKS[dtype]
     if dtype == "fp8":
         from wattcast.data.device_spec import fp8_missing_why
-        why = f"({fp8_missing_why(spec)}); use bf16"
+        why = f"({fp8_missing_why(spec)}); use {half_dtype_of(spec)}"
     return f"dtype {dtype} needs {dtype.upper()} tensor cores, but {spec.name}'s spec has no {field} {why}"
 
 
@@ -983,6 +997,14 @@ def _kernel_columns(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle,
             if rows.any():
                 err = err.copy()
                 err[rows] = msg
+    if not spec.peak_bf16_tflops and (spec.peak_fp16_tflops or catalog_twin(spec) is not None):
+        # a GPU without BF16 (V100, T4; the Tesla P4's entry): its bf16 GEMMs are refused, as predict refuses bf16
+        # there (until stop 48 they were costed at the FP16 tensor peak, or the P4's FP32 rate)
+        bf = (canon["dtype"].to_numpy() == "bf16") & (err == "") & np.isin(
+            canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f in MATMUL_FAMILIES])
+        if bf.any():
+            err = err.copy()
+            err[bf] = unbf16_gemm_error(spec)
     if not (spec.peak_bf16_tflops or spec.peak_fp16_tflops):
         half = _unpeaked_half_gemms(canon, err, spec)
         if half.any():
