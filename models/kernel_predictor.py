@@ -923,6 +923,19 @@ def _at_physical_floor(lr: np.ndarray, lo: np.ndarray, floor_ms: np.ndarray, t_r
     return np.maximum(lr, fl), np.maximum(lo, fl)
 
 
+def _given_dtypes(frame: pd.DataFrame) -> np.ndarray:
+    """Each row's dtype as the frame gives it, canonical (a blank cell or no column: fp32), before
+    :data:`VECTOR_DTYPE_OF` maps a vector row's."""
+    from wattcast.data.kernel_ops import canonical_dtype
+
+    if "dtype" not in frame.columns:
+        return np.full(len(frame), "fp32", dtype=object)
+    raw = frame["dtype"]
+    blank = raw.isna().to_numpy() | (raw.astype(str).str.strip() == "").to_numpy()
+    codes, uniq = _text_codes(np.where(blank, "fp32", raw.astype(str).to_numpy()))
+    return np.array([canonical_dtype(u) for u in uniq], dtype=object)[codes]
+
+
 def _unpeaked_half_gemms(canon: pd.DataFrame, err: np.ndarray, spec: DeviceSpec) -> np.ndarray:
     """The valid bf16/fp16 GEMM and conv rows of ``canon`` on ``spec``, a spec with no 16-bit matrix peak, that must
     not be predicted: ``peak_matrix_tflops`` would cost them at the FP32 peak, an order of magnitude slow on any GPU
@@ -990,10 +1003,13 @@ def _kernel_columns(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle,
     their repeats (fewer repeats than the rule above dedupes), which only the whole table gives."""
     canon, err = normalise_kernel_frame(frame, plausible_shapes=plausible_shapes)
     n = len(canon)
-    # dtypes of tensor-core units the spec has no peak for (a tf32 vector row is fp32 by now)
+    # dtypes of tensor-core units the spec has no peak for (a tf32 vector row is fp32 by now and predicted; an fp8
+    # vector row, bf16 by now, is refused with the fp8 GEMMs: no FP8 step runs on such a GPU)
     for dt in _TENSOR_CORE_PEAKS:
         if (msg := unpeaked_dtype_error(spec, dt)) is not None:
             rows = (canon["dtype"].to_numpy() == dt) & (err == "")
+            if dt == "fp8":
+                rows |= (_given_dtypes(frame) == "fp8") & (err == "")
             if rows.any():
                 err = err.copy()
                 err[rows] = msg
