@@ -77,7 +77,7 @@ def predict_kernels(frame, device, *, dtype: str | None = None, models=None):
 def predict(model, device, *, batch: int | None = None, seq: int | None = None, mode: str = "train",
             dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention, compile: bool = False,
             optimizer: str = DEFAULTS.optimizer, recompute: str = "none", recompute_modules=None,
-            grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
+            optimizer_impl: str | None = None, grad_accumulation: bool = False, bundle=None, power_limit_w: float | None = None,
             clock_cap_mhz: float | None = None, dims: dict[str, int] | None = None, example_inputs=None,
             tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None,
             data_load_ms: float = 0.0, data_workers: int | None = None, kv_context: int | None = None,
@@ -138,6 +138,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
         raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
     # the CLI's check (an optimizer or a recomputation in an inference step); the default optimizer is "not given"
     check_training_only_options(mode, optimizer, recompute, default_optimizer=DEFAULTS.optimizer)
+    if optimizer_impl is not None and str(mode).lower() in INFERENCE_MODES:
+        raise ValueError("optimizer_impl= (the optimizer step's kernels) describes a training step; mode='inference' "
+                         "runs the forward pass only")
     from wattcast.simulate.defaults import shown_dtype, step_dtype
 
     from wattcast.simulate.serving import check_serving
@@ -148,8 +151,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
         seq = 1  # a decode iteration: one new token per running sequence (not the default 1,024-token step)
     spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
     opts = StepOptions(batch=batch, seq=seq, mode=mode, dtype=step_dtype(dtype, spec), attention=attention, compile=compile,
-                       optimizer=optimizer, recompute=recompute_setting(recompute, recompute_modules),
-                       grad_accumulation=grad_accumulation,
+                       optimizer=optimizer, optimizer_impl=optimizer_impl,
+                       recompute=recompute_setting(recompute, recompute_modules), grad_accumulation=grad_accumulation,
                        dims=dims or (), loop_trip_count=loop_trip_count, kv_context=kv_context, logits=logits,
                        fp8_recipe=fp8_recipe, fp8_transpose=fp8_writes_transpose(spec),
                        te_attention_backend=te_attention_backend(spec),
@@ -169,6 +172,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                     batch=b, seq=s_, attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
                     compile=bool(m.get("compile", compile)),
                     optimizer=m.get("optimizer", optimizer) if m.get("mode", mode) == "train" else None,
+                    optimizer_impl=m.get("optimizer_impl") if m.get("mode", mode) == "train" else None,
                     recompute=m.get("recompute", recompute), grad_accumulation=bool(grad_accumulation), framework="hf",
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, data_load_ms=data_load_ms,
                     data_workers=(m.get("data_loading") or {}).get("workers", data_workers), dims=dict(dims) if dims else None,
@@ -330,6 +334,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     recompute: str | None = None, recompute_modules=None, interleave: int | None = None,
                     schedule: str | None = None, dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
                     compile: bool = False, optimizer: str = DEFAULTS.optimizer, device=None, trace: bool = False,
+                    optimizer_impl: str | None = None,
                     power_limit_w: float | None = None, clock_cap_mhz: float | None = None,
                     framework: str = DEFAULTS.framework,
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int | None = None,
@@ -508,7 +513,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         cluster = using_gpus_per_node(resolve_cluster(cluster, device=spec.name if spec is not None else None),
                                       gpus_per_node)
     res = predict_distributed(model, cluster, par, DistributedOptions(
-        batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer, device=spec,
+        batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer,
+        optimizer_impl=optimizer_impl, device=spec,
         trace=trace, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, framework=framework,
         loop_trip_count=loop_trip_count, moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
         moe_pad_to_capacity=moe_pad_to_capacity, moe_token_dispatcher=moe_token_dispatcher,
@@ -531,7 +537,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     dtype=shown_dtype(m, dtype), batch=batch, seq=seq, micro_batch=res.parallel.micro_batch,
                     attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
                     compile=bool(m.get("compile", compile)), optimizer=m.get("optimizer", optimizer),
-                    recompute=res.parallel.recompute, framework=fw, strategy=strategy_text,
+                    optimizer_impl=m.get("optimizer_impl"), recompute=res.parallel.recompute, framework=fw, strategy=strategy_text,
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node,
                     moe_load_imbalance=moe_load_imbalance, moe_capacity_factor=moe_capacity_factor,
                     moe_pad_to_capacity=moe_pad_to_capacity, zero3_prefetch=m.get("zero3_prefetch"),

@@ -370,6 +370,7 @@ def predict(
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="flash (fused kernel of today: FlashAttention-2 / cuDNN / Transformer Engine, default), flash1 (FlashAttention-1 / Triton class, 2022-23 runs) or eager (bmm + softmax + bmm)."),
     compile: bool = typer.Option(False, "--compile", help="Approximate torch.compile: fuse elementwise chains."),
     optimizer: Optional[str] = typer.Option(None, "--optimizer", help="adamw (default), adamw-bf16 (bf16 moments: Megatron-Core's precision-aware optimizer, DeepSeek-V3's AdamW), sgd or none; training only."),
+    optimizer_impl: Optional[str] = typer.Option(None, "--optimizer-impl", help="The optimizer step's kernels: fused (one pass over the fp32 state: torch's fused=True, apex / Transformer Engine / DeepSpeed FusedAdam; every framework's default, Hugging Face Trainer's adamw_torch_fused included) or foreach (PyTorch's multi-tensor default when neither fused nor foreach is given: 8 passes, 80 B a parameter for AdamW against 28); training only."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective or full."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) of the step (an existing file only with --overwrite; never one of the inputs)."),
@@ -481,6 +482,9 @@ def _predict_request(ctx, f):
             check_training_only_options(f.mode, f.optimizer, par["recompute"], names="--optimizer and --recompute")
         except ValueError as e:
             _fail(str(e))
+        if f.optimizer_impl is not None:
+            _fail("--optimizer-impl (the optimizer step's kernels) describes a training step; --mode inference runs "
+                  "the forward pass only")
     elif f.kv_context is not None:
         _fail("--kv-context describes an inference step with a KV cache (--mode inference); a training step has none")
     elif f.logits is not None and str(f.logits).lower() != "all":
@@ -495,7 +499,8 @@ def _predict_request(ctx, f):
                   dtype=_dtype_flag(f.dtype, device=f.device, clusters=[f.cluster] if f.cluster is not None else []),
                   attention=f.attention, compile=f.compile,
                   optimizer=f.optimizer or DEFAULTS.optimizer, recompute=par.pop("recompute"),
-                  power_limit_w=f.power_limit_w, clock_cap_mhz=f.clock_cap_mhz, run=run, fp8_recipe=f.fp8_recipe)
+                  power_limit_w=f.power_limit_w, clock_cap_mhz=f.clock_cap_mhz, run=run, fp8_recipe=f.fp8_recipe,
+                  optimizer_impl=f.optimizer_impl)
     if f.cluster is not None or par["gpus"] is not None:
         if dims:
             _fail("--dim applies to single-device predictions of ONNX models")
@@ -897,6 +902,7 @@ def search(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="As for predict (default bf16; fp16 when a cluster's GPU has no BF16)."),
     attention: str = typer.Option(DEFAULTS.attention, "--attention", help="As for predict (default flash)."),
     optimizer: str = typer.Option(DEFAULTS.optimizer, "--optimizer", help="As for predict (default adamw; adamw-bf16: bf16 moments)."),
+    optimizer_impl: Optional[str] = typer.Option(None, "--optimizer-impl", help="As for predict: fused (the default) or foreach."),
     max_configs: int = typer.Option(20000, "--max-configs", help="Evaluate at most this many valid configurations per cluster (spread over the whole space; the rows it leaves out are counted in the warnings)."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Tokens of the whole run: adds its days, cloud cost, energy, TCO and CO2e."),
     region: Optional[str] = typer.Option(None, "--region", help="Grid region for the run's carbon (with --tokens; `wattcast regions` lists them)."),
@@ -1015,7 +1021,7 @@ def search(
 
             fkw = {k: v for k, v in run_opts.items() if v is not None}
             res = _search(model, list(cluster), gpus, batch, seq, dtype=_dtype_flag(dtype, clusters=list(cluster)),
-                          attention=attention, optimizer=optimizer,
+                          attention=attention, optimizer=optimizer, optimizer_impl=optimizer_impl,
                           max_configs=max_configs,
                           tokens=tokens, footprint_kw=fkw or None,
                           progress=progress,
@@ -1416,7 +1422,8 @@ def _print_prediction(res) -> None:
     for r in res.per_op:
         t.add_row(r["op_class"], f"{r['count']:,}", f"{r['time_ms']:.2f}", share(r["time_ms"]))
         for p in r.get("parts") or []:  # the step's named overheads inside the row (optimizer step, clipping, ...)
-            t.add_row(f"  {_PART_LABELS.get(p['name'], p['name'])}", f"{p['count']:,}", f"{p['time_ms']:.2f}",
+            label = _PART_LABELS.get(p['name'], p['name']) + (f" ({p['impl']})" if p.get("impl") else "")
+            t.add_row(f"  {label}", f"{p['count']:,}", f"{p['time_ms']:.2f}",
                       share(p["time_ms"]), style="dim")
     gap_ms = sum(float(r.get("launch_gap_ms") or 0.0) for r in res.per_op)
     if "launch_gap_ms" in (res.per_op[0] if res.per_op else {}):

@@ -118,6 +118,8 @@ class PredictRequest:
     attention: str = DEFAULTS.attention
     compile: bool = False
     optimizer: str = DEFAULTS.optimizer
+    #: the optimizer step's kernels (training): "fused" or "foreach"; None: the framework's
+    optimizer_impl: str | None = None
     recompute: str = "none"
     power_limit_w: float | None = None
     clock_cap_mhz: float | None = None
@@ -189,6 +191,7 @@ class PredictRequest:
                       optimizer=self.optimizer, recompute=self.recompute, power_limit_w=self.power_limit_w,
                       clock_cap_mhz=self.clock_cap_mhz, loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops,
                       **({"fp8_recipe": self.fp8_recipe} if self.fp8_recipe is not None else {}),
+                      **({"optimizer_impl": self.optimizer_impl} if self.optimizer_impl is not None else {}),
                       models=self.models, collectives=self.collectives, power_model=self.power_model,
                       **self.run.kwargs())
         if not self.distributed:
@@ -231,6 +234,8 @@ class PredictRequest:
             if self.dims:
                 raise ValueError("dims= applies to single-device predictions of ONNX models")
             common.pop("optimizer")
+            if common.pop("optimizer_impl", None) is not None:
+                raise ValueError("optimizer_impl= describes a training step's optimizer: kv_context= is inference")
             return wattcast.predict_cluster(self.model, self.cluster, device=self.device, framework=self.framework,
                                             gpus_per_node=self.gpus_per_node, **served, **asdict(self.parallel),
                                             **common)

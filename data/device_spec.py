@@ -176,7 +176,7 @@ def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
     """Why ``spec`` cannot run a training or inference step in ``dtype`` (None when it can): BF16 needs BF16 tensor
     cores or ALUs (``peak_bf16_tflops``: Ampere, CDNA2 and later; PyTorch runs bf16 on a V100 or T4 without them,
     far slower than fp16, which nothing here models), FP16 an FP16 rate (``peak_fp16_tflops``), an FP8 recipe FP8 tensor
-    cores (``peak_fp8_tflops``)."""
+    cores (``peak_fp8_tflops``) and BF16 ones for everything but its GEMMs (``peak_bf16_tflops``)."""
     d = str(dtype).lower()
     if d == "bf16" and not spec.peak_bf16_tflops:
         return (f"--dtype bf16 needs BF16 support, but {spec.name}'s spec has no peak_bf16_tflops (V100, T4, P100 and "
@@ -191,6 +191,12 @@ def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
         return (f"--dtype fp8 runs the GEMMs on FP8 tensor cores, but {spec.name}'s spec has no peak_fp8_tflops "
                 f"({fp8_missing_why(spec)}); use --dtype bf16"
                 + ("" if spec.peak_bf16_tflops else " where the GPU has it, else --dtype fp16"))
+    if d == "fp8" and not spec.peak_bf16_tflops:
+        # Transformer Engine's recipe runs only the linear layers' GEMMs in FP8: attention, norms, elementwise ops, the
+        # embedding, the LM head and the weights' master copy run in bf16 (featurize/workload.py ``_hf_forward``)
+        return (f"--dtype fp8 runs every op but the linear layers' GEMMs in bf16 (Transformer Engine's FP8 recipe), but "
+                f"{spec.name}'s spec has no peak_bf16_tflops: add the datasheet's dense BF16 tensor peak (every GPU "
+                "with FP8 tensor cores has BF16 ones)" + ("" if spec.peak_fp16_tflops else "; it has no 16-bit peak at all"))
     return None
 
 
@@ -222,6 +228,9 @@ def peak_ratio_notes(spec: DeviceSpec) -> list[str]:
             notes.append(f"{spec.name}: peak_fp8_tflops ({fp8:g}) is {r:.2g}x {half_name} ({half:g}), where every "
                          f"{'AMD' if spec.vendor == 'amd' else 'NVIDIA'} GPU with FP8 gives 2x: is one of them a sparse "
                          f"figure? {dense} (used as given)")
+    if fp8 and not bf16:  # the FP8 recipe's non-GEMM ops run in bf16 (unsupported_step_dtype refuses the step)
+        notes.append(f"{spec.name}: peak_fp8_tflops ({fp8:g}) without peak_bf16_tflops: an fp8 step runs every op but "
+                     "its linear GEMMs in bf16 and is refused on this spec; add the datasheet's dense BF16 peak")
     if fp16 and bf16:
         if bf16 > fp16 * BF16_OVER_FP16_MAX:
             notes.append(f"{spec.name}: peak_bf16_tflops ({bf16:g}) is {bf16 / fp16:.2g}x peak_fp16_tflops ({fp16:g}), "

@@ -25,7 +25,11 @@ from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, module_la
 #: computing in fp32 and storing the moments in bf16; DeepSeek-V3's AdamW, tech report Sec. 3.3.2); fp32 master weights
 OPTIMIZERS = ("adamw", "adam", "adamw-bf16", "sgd", "none")
 
-#: bytes read + written per parameter by one optimizer step (PyTorch foreach implementations).
+#: bytes read + written per parameter by one optimizer step, run as ONE fused kernel pass (the "fused" implementation:
+#: torch.optim.AdamW(fused=True), ``_fused_adamw_``; apex / Transformer Engine FusedAdam, Megatron-Core's optimizer,
+#: megatron-core 0.16.1 megatron/core/optimizer/__init__.py l. 13 and 19; DeepSpeed's FusedAdam, which
+#: Megatron-DeepSpeed runs; Hugging Face Trainer's default ``adamw_torch_fused`` with torch >= 2.8, transformers 5.24.0
+#: training_args.py l. 806-811, trainer_optimizer.py l. 206-207).
 #: fp32 AdamW reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq: 7 x 4 B.
 #: Mixed precision (fp16/bf16 params) keeps fp32 master weights: it also reads the 2-byte grad and
 #: writes the 2-byte param copy: 7 x 4 + 2 + 2 B. bf16 moments read and write 2 B each instead of 4 (-8 B).
@@ -35,6 +39,32 @@ OPTIMIZER_BYTES_PER_PARAM = {
     ("adamw-bf16", False): 20, ("adamw-bf16", True): 24,
     ("sgd", False): 12, ("sgd", True): 16,
 }
+#: the optimizer step's kernel implementations (StepOptions.optimizer_impl): "fused" (one pass, above) or "foreach"
+#: (PyTorch's multi-tensor path, the default of torch.optim.Adam/AdamW when neither fused nor foreach is given:
+#: torch 2.13 optim/adam.py l. 937-939 calls ``_default_to_fused_or_foreach(..., use_fused=False)``)
+OPTIMIZER_IMPLS = ("fused", "foreach")
+#: each framework's default implementation: every framework wattcast models runs a fused AdamW (hf: transformers >=
+#: 5.x with torch >= 2.8 defaults to adamw_torch_fused; megatron: TE/apex FusedAdam; megatron-deepspeed: DeepSpeed's
+#: or apex's FusedAdam). llm-foundry (Composer's DecoupledAdamW, a per-tensor loop) is costed as "foreach"
+#: by its validation (validation/mpt_validation.py)
+FRAMEWORK_OPTIMIZER_IMPL = {"hf": "fused", "megatron": "fused", "megatron-deepspeed": "fused"}
+#: "foreach" AdamW: torch 2.13 ``_multi_tensor_adam`` (optim/adam.py), decoupled weight decay on (torch.optim.AdamW's
+#: default weight_decay=1e-2, optim/adamw.py), capturable off, one kernel launch per ``torch._foreach_*`` call over the
+#: fp32 state (the step counters are CPU tensors, l. 166 and 680-683: no GPU pass):
+#:   l. 691 ``_foreach_mul_(params)``               read p, write p          8 B
+#:   l. 704 ``_foreach_lerp_(exp_avgs, grads)``      read m, g, write m      12 B
+#:   l. 708 ``_foreach_mul_(exp_avg_sqs, beta2)``    read v, write v          8 B
+#:   l. 721 ``_foreach_addcmul_(exp_avg_sqs, g, g)`` read v, g, write v      12 B (g passed twice, read once from DRAM)
+#:   l. 790 ``_foreach_sqrt(exp_avg_sqs)``           read v, write tmp        8 B
+#:   l. 792 ``_foreach_div_(tmp, bc2_sqrt)``         read tmp, write tmp      8 B
+#:   l. 793 ``_foreach_add_(tmp, eps)``              read tmp, write tmp      8 B
+#:   l. 794 ``_foreach_addcdiv_(params, m, tmp)``    read p, m, tmp, write p 16 B
+#: = 80 B (8 passes) against the fused kernel's 28. Composer's DecoupledAdamW (llm-foundry's ``decoupled_adamw``;
+#: mosaicml 0.32.1 composer/optim/decoupled_weight_decay.py l. 283-295, weight decay 0 as llm-foundry's MPT recipes
+#: set it) moves the same 80 B per parameter: mul_ + add_ (8 + 12), mul_ + addcmul_ (8 + 12), sqrt, div, add_
+#: (8 + 8 + 8), addcdiv_ (16). Mixed precision adds the same 2 + 2 B as the fused step. SGD without momentum is one
+#: pass either way (``_foreach_add_(params, grads)``); bf16 moments are Transformer Engine's FusedAdam only.
+FOREACH_OPTIMIZER_BYTES_PER_PARAM = {("adamw", False): 80, ("adamw", True): 84, ("sgd", False): 12, ("sgd", True): 16}
 #: FLOPs per parameter of one step (AdamW: moments, bias correction, sqrt, division, decay, update)
 OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "adamw-bf16": 14, "sgd": 2}
 #: bytes per parameter of the optimizer's states (Adam's two moments; SGD without momentum keeps none)
@@ -56,6 +86,27 @@ def optimizer_key(optimizer: str) -> str:
     if o not in OPTIMIZERS:
         raise GraphError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     return "adamw" if o == "adam" else o
+
+
+def optimizer_impl_key(impl: str | None, framework: str = "hf", optimizer: str = "adamw") -> str:
+    """The optimizer step's implementation: ``impl`` checked (None: the framework's, :data:`FRAMEWORK_OPTIMIZER_IMPL`);
+    GraphError for an unknown one, or for "foreach" with bf16 moments (Transformer Engine's FusedAdam only)."""
+    if impl is None:
+        return FRAMEWORK_OPTIMIZER_IMPL.get(str(framework).lower(), "fused")
+    i = str(impl).lower()
+    if i not in OPTIMIZER_IMPLS:
+        raise GraphError(f"unknown optimizer implementation {impl!r}; use one of {', '.join(OPTIMIZER_IMPLS)}")
+    if i == "foreach" and str(optimizer).lower() == "adamw-bf16":
+        raise GraphError("optimizer adamw-bf16 (bf16 moments) is Transformer Engine's FusedAdam (Megatron-Core's "
+                         "precision-aware optimizer): it has no foreach implementation; use --optimizer-impl fused")
+    return i
+
+
+def optimizer_step_bytes(opt: str, mixed: bool, impl: str = "fused") -> int:
+    """Bytes per parameter one optimizer step moves (:data:`OPTIMIZER_BYTES_PER_PARAM` fused,
+    :data:`FOREACH_OPTIMIZER_BYTES_PER_PARAM` foreach)."""
+    table = FOREACH_OPTIMIZER_BYTES_PER_PARAM if impl == "foreach" else OPTIMIZER_BYTES_PER_PARAM
+    return table[(opt, bool(mixed))]
 
 
 def optimizer_state_bytes(optimizer: str) -> int:
@@ -109,12 +160,14 @@ def _check_modules(fwd: OpGraph, recompute: str) -> None:
 
 
 def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "none",
-                   grad_accumulation: bool = False, clip_grad: bool = True) -> OpGraph:
+                   grad_accumulation: bool = False, clip_grad: bool = True, optimizer_impl: str = "fused") -> OpGraph:
     """Forward + backward (+ recomputation) + optimizer step of a forward graph.
 
     ``grad_accumulation`` adds the AccumulateGrad kernel per parameter (gradients summed into existing
     ``.grad`` tensors, as in gradient accumulation over micro-batches). ``clip_grad``: with an optimizer,
-    clip the gradients' norm first (``CLIP_BYTES_PER_PARAM``).
+    clip the gradients' norm first (``CLIP_BYTES_PER_PARAM``). ``optimizer_impl``: the step's kernels, "fused" (one pass)
+    or "foreach" (PyTorch's multi-tensor passes, :data:`FOREACH_OPTIMIZER_BYTES_PER_PARAM`); the step's kernel rows
+    are named ``{optimizer}.step[layer]`` / ``{optimizer}.foreach_step[layer]``.
     """
     if "backward" not in fwd.saved:
         raise GraphError("graph has no backward rules (was it built by GraphBuilder?)")
@@ -125,6 +178,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
         raise GraphError(str(e)) from None
     _check_modules(fwd, recompute)
     opt = optimizer_key(optimizer)
+    impl = optimizer_impl_key(optimizer_impl, optimizer=opt)
     # DeepSeek-V3's MoE SwiGLU outputs, re-made from their FP8-cached inputs (--fp8-recipe deepseek), with or without
     # a recompute setting; under full recomputation the whole layer re-runs anyway
     stored = storage_rerun_tags(fwd.meta, recompute)
@@ -199,8 +253,9 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
                                          CLIP_BYTES_PER_PARAM * float(p), dtype, "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
             if opt != "none":
-                out_rows.append(_opt_row(f"{opt}.step[{lay}]", "optimizer", lay, scope, OPTIMIZER_FLOPS_PER_PARAM[opt] * float(p),
-                                         OPTIMIZER_BYTES_PER_PARAM[(opt, mixed)] * float(p), dtype, "optimizer"))
+                step = "foreach_step" if impl == "foreach" else "step"
+                out_rows.append(_opt_row(f"{opt}.{step}[{lay}]", "optimizer", lay, scope, OPTIMIZER_FLOPS_PER_PARAM[opt] * float(p),
+                                         optimizer_step_bytes(opt, mixed, impl) * float(p), dtype, "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
             fp8_p = float(fp8_params_by_layer.get(lay, 0.0))
             if fp8_p > 0:
@@ -227,7 +282,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
         warnings.append(f"--recompute {recompute}: nothing in this model's layers is recomputed (a fused attention "
                         "kernel keeps no attention scores to drop); Megatron-Core's --recompute-modules choose other "
                         "parts under --framework megatron")
-    meta = dict(fwd.meta, mode="train", optimizer=opt, recompute=recompute, grad_accumulation=bool(grad_accumulation),
+    meta = dict(fwd.meta, mode="train", optimizer=opt, optimizer_impl=impl, recompute=recompute, grad_accumulation=bool(grad_accumulation),
                 clip_grad=bool(clip_grad and opt != "none"),
                 optimizer_param_count=int(n_params), **({"warnings": warnings} if warnings else {}))
     return replace(fwd, nodes=all_nodes, edges=np.array(edges, dtype=np.int64).reshape(-1, 2), meta=meta)

@@ -21,7 +21,7 @@ from wattcast.featurize.graph_cache import rows_cached
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, model_warnings, pinned
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
-from wattcast.featurize.training_graph import optimizer_key, training_graph
+from wattcast.featurize.training_graph import optimizer_impl_key, optimizer_key, training_graph
 
 MODES = ("train", "inference")
 #: "flash" is today's fused attention (FlashAttention-2 / cuDNN / Transformer Engine), "flash1" the 2022-23 class
@@ -113,6 +113,9 @@ class StepOptions:
     #: place of transformers' per-expert loop; set by the paths that cost a vLLM serving step (``predict(serving=
     #: "vllm")``, ``predict_cluster(kv_context=...)``). Inference under framework "hf" only
     fused_moe: bool = False
+    #: the optimizer step's kernels: "fused" (one pass) or "foreach" (PyTorch's multi-tensor passes);
+    #: None: the framework's (``featurize.training_graph.FRAMEWORK_OPTIMIZER_IMPL``)
+    optimizer_impl: str | None = None
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -158,6 +161,7 @@ class StepOptions:
                              f"not a {mode} step under {framework!r}")
         if not (framework == "megatron" and att == "flash" and mode == "train"):
             te_backend = "flash"  # no effect there: one cache key
+        opt_impl = optimizer_impl_key(self.optimizer_impl, framework, opt)
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,
                            recompute, bool(self.grad_accumulation), int(self.tp), bool(self.sp), int(self.ep),
@@ -170,7 +174,7 @@ class StepOptions:
                            kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
                            fp8_recipe=fp8_recipe_option(self.fp8_recipe, dtype),
                            fp8_transpose=bool(self.fp8_transpose) or dtype != "fp8", te_attention_backend=te_backend,
-                           fused_moe=bool(self.fused_moe),
+                           fused_moe=bool(self.fused_moe), optimizer_impl=opt_impl,
                            **ce_fusion_options(self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl,
                                                framework))
 
@@ -575,7 +579,8 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
                 **({"flash_kernel": opts.flash_kernel} if opts.attention == "flash" else {}))
     fwd = OpGraph(fwd.nodes, fwd.edges, meta, fwd.saved)
     if opts.mode == "train":
-        return training_graph(fwd, optimizer=opts.optimizer, recompute=opts.recompute, grad_accumulation=opts.grad_accumulation)
+        return training_graph(fwd, optimizer=opts.optimizer, recompute=opts.recompute, grad_accumulation=opts.grad_accumulation,
+                              optimizer_impl=optimizer_impl_key(opts.optimizer_impl, opts.framework, opts.optimizer))
     return fwd
 
 

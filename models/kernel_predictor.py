@@ -62,10 +62,31 @@ _USED_COLUMNS = frozenset(("op", "dtype", *_COLUMN_ALIASES, *_COLUMN_ALIASES.val
                            *PRED_COLUMNS, *EXTRA_COLUMNS))
 
 
+#: the dtype a vector kernel (softmax, norm, elementwise: not a GEMM family) of a matrix-unit dtype runs in: TF32 is
+#: fp32 data (``predict --dtype tf32`` builds its vector ops in fp32); under Transformer Engine's FP8 recipe only the
+#: linear layers' GEMMs run in FP8 and every softmax, norm and elementwise op in bf16 (``predict --dtype fp8``,
+#: featurize/workload.py ``_hf_forward``; TE casts the GEMM inputs itself), so an fp8 vector row is costed at bf16's
+#: 2 bytes an element, not fp8's 1
+VECTOR_DTYPE_OF = {"tf32": "fp32", "fp8": "bf16"}
+
 #: the dtypes whose kernels need tensor-core units of their own: (the spec's peak field, which GPUs have it)
 _TENSOR_CORE_PEAKS = {"fp8": ("peak_fp8_tflops", "(A100, V100, MI250 and older); use bf16"),
                       "tf32": ("peak_tf32_tflops", "(Ampere and later; PyTorch's TF32 setting does nothing on older "
                                                    "GPUs); use fp32")}
+
+
+def half_dtype_of(spec) -> str:
+    """The 16-bit dtype ``spec`` runs (what a refusal of fp8 suggests, as ``predict`` does): bf16 where the spec has a
+    BF16 peak, else fp16 (V100, T4: ``predict`` refuses bf16 there), else fp32."""
+    return "bf16" if spec.peak_bf16_tflops else "fp16" if spec.peak_fp16_tflops else "fp32"
+
+
+def unbf16_gemm_error(spec) -> str:
+    """The error of a bf16 GEMM / conv row on a spec without ``peak_bf16_tflops`` (``predict --dtype bf16`` refuses
+    such a GPU alike, ``data.device_spec.unsupported_step_dtype``)."""
+    return (f"dtype bf16 GEMM/conv needs BF16 tensor cores, but {spec.name}'s spec has no peak_bf16_tflops (V100, T4, "
+            "P100 and other pre-Ampere GPUs run bf16 without them, far slower than fp16, which nothing here models; "
+            f"predict --dtype bf16 is refused there too); use {half_dtype_of(spec)}")
 
 
 def unpeaked_dtype_error(spec, dtype: str) -> str | None:
@@ -76,7 +97,7 @@ def unpeaked_dtype_error(spec, dtype: str) -> str | None:
     field, why = _TENSOR_CORE_PEAKS[dtype]
     if dtype == "fp8":
         from wattcast.data.device_spec import fp8_missing_why
-        why = f"({fp8_missing_why(spec)}); use bf16"
+        why = f"({fp8_missing_why(spec)}); use {half_dtype_of(spec)}"
     return f"dtype {dtype} needs {dtype.upper()} tensor cores, but {spec.name}'s spec has no {field} {why}"
 
 
@@ -176,15 +197,18 @@ def normalise_kernel_frame(frame: pd.DataFrame, plausible_shapes: bool = True) -
         dt_codes, dt_uniq = dt_codes[raw_codes], list(dt_uniq)
     else:
         dt_codes, dt_uniq = np.zeros(n, dtype=np.intp), ["fp32"]
-    # TF32 is a matrix-unit mode: a tf32 softmax, norm or elementwise kernel runs fp32 data on the vector units as fp32
-    # (as `predict --dtype tf32` builds it), so it is predicted as the fp32 kernel
-    if "tf32" in dt_uniq:
+    # TF32 and FP8 are matrix-unit modes (:data:`VECTOR_DTYPE_OF`): a tf32 / fp8 softmax, norm or elementwise kernel
+    # runs on the vector units in the dtype the step gives it, so it is predicted as that kernel (the row keeps the
+    # dtype it gave in the output)
+    for mode_dtype, vector_dtype in VECTOR_DTYPE_OF.items():
+        if mode_dtype not in dt_uniq:
+            continue
         vector_op = np.array([OP_FAMILY.get(u) not in MATMUL_FAMILIES for u in op_uniq], dtype=bool)[op_codes]
-        as_fp32 = (dt_codes == dt_uniq.index("tf32")) & vector_op
-        if as_fp32.any():
-            if "fp32" not in dt_uniq:
-                dt_uniq = dt_uniq + ["fp32"]
-            dt_codes = np.where(as_fp32, dt_uniq.index("fp32"), dt_codes)
+        as_vec = (dt_codes == dt_uniq.index(mode_dtype)) & vector_op
+        if as_vec.any():
+            if vector_dtype not in dt_uniq:
+                dt_uniq = dt_uniq + [vector_dtype]
+            dt_codes = np.where(as_vec, dt_uniq.index(vector_dtype), dt_codes)
     dtype_col = _text_column(dt_uniq, dt_codes)
     err = np.full(n, "", dtype=object)
     fine = np.ones(n, dtype=bool)  # err == '' kept as a mask, not recomputed over strings
@@ -899,6 +923,19 @@ def _at_physical_floor(lr: np.ndarray, lo: np.ndarray, floor_ms: np.ndarray, t_r
     return np.maximum(lr, fl), np.maximum(lo, fl)
 
 
+def _given_dtypes(frame: pd.DataFrame) -> np.ndarray:
+    """Each row's dtype as the frame gives it, canonical (a blank cell or no column: fp32), before
+    :data:`VECTOR_DTYPE_OF` maps a vector row's."""
+    from wattcast.data.kernel_ops import canonical_dtype
+
+    if "dtype" not in frame.columns:
+        return np.full(len(frame), "fp32", dtype=object)
+    raw = frame["dtype"]
+    blank = raw.isna().to_numpy() | (raw.astype(str).str.strip() == "").to_numpy()
+    codes, uniq = _text_codes(np.where(blank, "fp32", raw.astype(str).to_numpy()))
+    return np.array([canonical_dtype(u) for u in uniq], dtype=object)[codes]
+
+
 def _unpeaked_half_gemms(canon: pd.DataFrame, err: np.ndarray, spec: DeviceSpec) -> np.ndarray:
     """The valid bf16/fp16 GEMM and conv rows of ``canon`` on ``spec``, a spec with no 16-bit matrix peak, that must
     not be predicted: ``peak_matrix_tflops`` would cost them at the FP32 peak, an order of magnitude slow on any GPU
@@ -966,13 +1003,24 @@ def _kernel_columns(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle,
     their repeats (fewer repeats than the rule above dedupes), which only the whole table gives."""
     canon, err = normalise_kernel_frame(frame, plausible_shapes=plausible_shapes)
     n = len(canon)
-    # dtypes of tensor-core units the spec has no peak for (a tf32 vector row is fp32 by now)
+    # dtypes of tensor-core units the spec has no peak for (a tf32 vector row is fp32 by now and predicted; an fp8
+    # vector row, bf16 by now, is refused with the fp8 GEMMs: no FP8 step runs on such a GPU)
     for dt in _TENSOR_CORE_PEAKS:
         if (msg := unpeaked_dtype_error(spec, dt)) is not None:
             rows = (canon["dtype"].to_numpy() == dt) & (err == "")
+            if dt == "fp8":
+                rows |= (_given_dtypes(frame) == "fp8") & (err == "")
             if rows.any():
                 err = err.copy()
                 err[rows] = msg
+    if not spec.peak_bf16_tflops and (spec.peak_fp16_tflops or catalog_twin(spec) is not None):
+        # a GPU without BF16 (V100, T4; the Tesla P4's entry): its bf16 GEMMs are refused, as predict refuses bf16
+        # there (until stop 48 they were costed at the FP16 tensor peak, or the P4's FP32 rate)
+        bf = (canon["dtype"].to_numpy() == "bf16") & (err == "") & np.isin(
+            canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f in MATMUL_FAMILIES])
+        if bf.any():
+            err = err.copy()
+            err[bf] = unbf16_gemm_error(spec)
     if not (spec.peak_bf16_tflops or spec.peak_fp16_tflops):
         half = _unpeaked_half_gemms(canon, err, spec)
         if half.any():

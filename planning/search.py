@@ -485,6 +485,7 @@ def _in_model_folders(fn):
 @_in_model_folders
 def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFAULTS.dtype, attention: str = DEFAULTS.attention,
            optimizer: str = DEFAULTS.optimizer, max_configs: int = 20000, progress=None, framework: str = DEFAULTS.framework,
+           optimizer_impl: str | None = None,
            tokens: float | None = None, footprint_kw: dict | None = None, overlaps: dict | None = None,
            objective: str = "time", max_usd: float | None = None, deadline_days: float | None = None,
            max_tco2e: float | None = None, pareto: bool = False, prune_oom: bool = True, exact_pipeline: bool = False,
@@ -686,6 +687,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     folders = current_folders()  # resolved and active (_in_model_folders)
     # every candidate's step settings, once (each evaluator adds the models it loaded)
     step = DistributedOptions(batch=batch, seq=seq, dtype=dtype, attention=attention, optimizer=optimizer,
+                              optimizer_impl=optimizer_impl,
                               framework=framework, comm_split=False, prune_oom=bool(prune_oom),
                               exact_pipeline=bool(exact_pipeline), zero3_prefetch=zero3_prefetch,
                               fsdp_reduce_dtype=fsdp_reduce_dtype, data_load_ms=data_load_ms, data_workers=data_workers,

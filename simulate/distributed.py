@@ -850,7 +850,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     _require_dtype(spec, graph_dtype)
     fp8_recipe = _require_fp8_recipe(spec, dopts.fp8_recipe, graph_dtype)
     opts0 = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train", dtype=graph_dtype,
-                        attention=attention, compile=dopts.compile, optimizer=dopts.optimizer, recompute=par.recompute,
+                        attention=attention, compile=dopts.compile, optimizer=dopts.optimizer,
+                        optimizer_impl=dopts.optimizer_impl, recompute=par.recompute,
                         framework=framework, loop_trip_count=_hashable_trips(dopts.loop_trip_count),
                         mtp_layers=dopts.mtp_num_layers, cross_entropy_loss_fusion=dopts.cross_entropy_loss_fusion,
                         cross_entropy_fusion_impl=dopts.cross_entropy_fusion_impl, fp8_recipe=fp8_recipe,

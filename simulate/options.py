@@ -34,6 +34,9 @@ class DistributedOptions:
     attention: str = DEFAULTS.attention
     compile: bool = False
     optimizer: str = "adamw"
+    #: the optimizer step's kernels: "fused" or "foreach" (PyTorch's multi-tensor passes); None: the framework's
+    #: (``featurize.training_graph.FRAMEWORK_OPTIMIZER_IMPL``)
+    optimizer_impl: str | None = None
     #: whose kernels and host costs: hf, megatron or megatron-deepspeed
     framework: str = "hf"
     #: the GPU (catalog name, spec file or DeviceSpec); None: the cluster's own

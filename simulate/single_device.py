@@ -659,11 +659,12 @@ def _name_masks(name: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(s.str.startswith(prefix, na=False).to_numpy(dtype=bool) for prefix in ("clip_grad_norm", "loss_scale.", "accumulate_grad"))
 
 
-def with_op_parts(per_op: list[dict], costed: pd.DataFrame) -> list[dict]:
+def with_op_parts(per_op: list[dict], costed: pd.DataFrame, optimizer_impl: str | None = None) -> list[dict]:
     """``per_op`` (one row per op class) with each row's named overheads: ``launch_gap_ms`` (host time in which the GPU
     waited for the row's next small kernel, inside its ``time_ms``) and, where the row holds any, ``parts``: the
     :data:`OP_PARTS` among its kernels (name, count, time_ms; inside its ``time_ms``, not on top of it: the optimizer
-    row splits into optimizer_step + clip_grad_norm + loss_scaling). Rows, keys and totals are kept."""
+    row splits into optimizer_step + clip_grad_norm + loss_scaling). Rows, keys and totals are kept. ``optimizer_impl``
+    (the graph's, "fused" or "foreach") is named on the optimizer_step part as ``impl``."""
     oc = column_values(costed, "op_class")
     t = costed["time_ms"].to_numpy(dtype=float)
     gap = np.maximum(t - (costed["gpu_ms"].to_numpy(dtype=float) if "gpu_ms" in costed else t), 0.0)
@@ -674,7 +675,9 @@ def with_op_parts(per_op: list[dict], costed: pd.DataFrame) -> list[dict]:
         key = oc[named].astype(object) + "|" + part[named]
         for r in group_totals(key, t[named], np.zeros(int(named.sum())), "key", by_time=False):
             cls, nm = r["key"].split("|")
-            parts.setdefault(cls, []).append(dict(name=nm, count=r["count"], time_ms=r["time_ms"]))
+            parts.setdefault(cls, []).append(dict(name=nm, count=r["count"], time_ms=r["time_ms"],
+                                                  **({"impl": optimizer_impl} if nm == "optimizer_step" and optimizer_impl
+                                                     else {})))
     codes, uniq = column_codes(costed, "op_class")
     gaps = dict(zip(uniq, np.bincount(codes, weights=gap, minlength=len(uniq))))
     order = {n: i for i, n in enumerate(("optimizer_step", "clip_grad_norm", "loss_scaling", "grad_accumulation", "memcpy"))}
@@ -714,7 +717,8 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
     t = costed["time_ms"].to_numpy()
     fwd, bwd, opt = (float(t[column_is(costed, "phase", p)].sum()) for p in ("forward", "backward", "optimizer"))
     flops = costed["flops"].to_numpy(dtype=float)
-    per_op = with_op_parts(group_totals(None, t, flops, "op_class", codes=column_codes(costed, "op_class")), costed)
+    per_op = with_op_parts(group_totals(None, t, flops, "op_class", codes=column_codes(costed, "op_class")), costed,
+                           optimizer_impl=graph.meta.get("optimizer_impl"))
     per_layer = group_totals(costed["layer"].to_numpy(), t, flops, "layer", by_time=False)
     fallback = fallback_summary(costed)
     total = fwd + bwd + opt

@@ -55,7 +55,11 @@ def _check_contract(out: pd.DataFrame, inp: pd.DataFrame) -> None:
 def test_examples_predict_every_row(examples, device):
     out = predict_kernels(examples, device)
     _check_contract(out, examples)
-    assert (out["error"] == "").all(), out.loc[out["error"] != "", "error"].tolist()
+    # a GPU without BF16 (the T4) refuses the bf16 GEMMs, as predict --dtype bf16 refuses it (stop 48)
+    no_bf16 = out["error"].str.contains("no peak_bf16_tflops", regex=False)
+    gemm = examples["OPName"].isin(["linear", "bmm", "conv"]) & (examples["dtype"] == "bf16")
+    assert (no_bf16 == (gemm & (device == "Tesla-T4"))).all()
+    assert (out["error"][~no_bf16] == "").all(), out.loc[out["error"] != "", "error"].tolist()
 
 
 def test_examples_cover_the_documented_ops_and_dtypes(examples):

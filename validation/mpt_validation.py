@@ -122,6 +122,13 @@ def mpt_reduce_dtype(r) -> str | None:
     return MP_MODE_REDUCE_DTYPE[mode.upper()]
 
 
+#: the optimizer step's kernels of llm-foundry's MPT recipes: ``optimizer: name: decoupled_adamw`` (llm-foundry 0.22.0
+#: llmfoundry/optim/__init__.py registers it as Composer's DecoupledAdamW), a per-tensor loop of eight in-place
+#: passes (mosaicml 0.32.1 composer/optim/decoupled_weight_decay.py l. 268-295), 80 B a parameter as PyTorch's
+#: foreach AdamW moves (``featurize.training_graph.FOREACH_OPTIMIZER_BYTES_PER_PARAM``), not one fused pass
+MPT_OPTIMIZER_IMPL = "foreach"
+
+
 def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: str = MPT_ATTENTION,
                 zero3_prefetch: bool | None = None) -> pd.DataFrame:
     """Every row predicted (``zero3_prefetch`` None: the hf framework's default for FSDP's collectives)."""
@@ -131,7 +138,7 @@ def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: 
                              recompute="full" if bool(r.checkpointing) else "none")
         p = predict_distributed(mpt_config(r), MPT_CLUSTER, par, DistributedOptions(
             batch=int(r.batch), seq=int(r.seq), dtype="bf16", attention=attention, optimizer="adamw", framework="hf",
-            device=MPT_DEVICE[r.gpu], coll_model=coll_model, zero3_prefetch=zero3_prefetch,
+            optimizer_impl=MPT_OPTIMIZER_IMPL, device=MPT_DEVICE[r.gpu], coll_model=coll_model, zero3_prefetch=zero3_prefetch,
             fsdp_reduce_dtype=mpt_reduce_dtype(r)))
         return p.step_time_ms, dict(predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"),
                                     memory_gb=p.memory_gb, fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms,

@@ -1,0 +1,102 @@
+"""The optimizer step's kernels: one fused pass (every framework's default) or PyTorch's foreach passes
+(``--optimizer-impl``; llm-foundry's Composer DecoupledAdamW is costed with the same bytes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import wattcast
+import os
+
+from conftest import run_cli
+from wattcast.featurize.op_graph import GraphError
+from wattcast.featurize.training_graph import (FRAMEWORK_OPTIMIZER_IMPL, optimizer_impl_key, optimizer_step_bytes,
+                                                training_graph)
+from wattcast.featurize.workload import StepOptions, step_graph
+
+
+def _step_rows(g):
+    n = g.nodes
+    return n[n["name"].str.contains(r"\.(?:foreach_)?step\[", regex=True)]
+
+
+@pytest.mark.parametrize("dtype,want", [("fp32", 80), ("bf16", 84)])
+def test_foreach_adamw_moves_eight_passes_of_the_fp32_state(dtype, want):
+    fwd = step_graph("gpt2", StepOptions(batch=1, seq=128, mode="inference", dtype=dtype))
+    fused = training_graph(fwd, optimizer="adamw")
+    fe = training_graph(fwd, optimizer="adamw", optimizer_impl="foreach")
+    p = float(fwd.nodes["param_count"].sum())
+    assert _step_rows(fe)["bytes"].sum() == pytest.approx(want * p)
+    assert _step_rows(fused)["bytes"].sum() == pytest.approx((want - 52) * p)  # 28 / 32 B: one pass
+    assert _step_rows(fe)["name"].str.contains("foreach_step").all()
+    assert fe.meta["optimizer_impl"] == "foreach" and fused.meta["optimizer_impl"] == "fused"
+    # SGD without momentum is one pass either way
+    assert optimizer_step_bytes("sgd", False, "foreach") == optimizer_step_bytes("sgd", False, "fused") == 12
+
+
+def test_every_framework_defaults_to_the_fused_step_and_bad_names_are_refused():
+    assert set(FRAMEWORK_OPTIMIZER_IMPL.values()) == {"fused"}
+    for fw in ("hf", "megatron", "megatron-deepspeed"):
+        assert StepOptions(framework=fw).validated().optimizer_impl == "fused"
+    assert StepOptions(optimizer_impl="FOREACH").validated().optimizer_impl == "foreach"
+    with pytest.raises(GraphError, match="unknown optimizer implementation"):
+        optimizer_impl_key("apex")
+    with pytest.raises(GraphError, match="no foreach implementation"):
+        StepOptions(optimizer="adamw-bf16", optimizer_impl="foreach").validated()
+
+
+def test_predict_costs_and_names_the_foreach_step():
+    kw = dict(batch=1, seq=128, dtype="bf16")
+    fused = wattcast.predict("gpt2", "H100-SXM5-80GB", **kw)
+    fe = wattcast.predict("gpt2", "H100-SXM5-80GB", optimizer_impl="foreach", **kw)
+    a, b = fused.overheads["optimizer_step_ms"], fe.overheads["optimizer_step_ms"]
+    assert b / a == pytest.approx(84 / 32, rel=0.1)
+    assert fe.overheads["clip_grad_norm_ms"] == pytest.approx(fused.overheads["clip_grad_norm_ms"])
+    d = fe.to_dict()
+    assert d["settings"]["optimizer_impl"] == "foreach" and fused.to_dict()["settings"]["optimizer_impl"] == "fused"
+    part = next(p for r in d["per_op"] for p in r.get("parts", []) if p["name"] == "optimizer_step")
+    assert part["impl"] == "foreach"
+    with pytest.raises(ValueError, match="training step"):
+        wattcast.predict("gpt2", "H100-SXM5-80GB", mode="inference", optimizer_impl="foreach")
+
+
+def test_predict_cluster_passes_the_implementation_through():
+    kw = dict(gpus=8, batch=8, seq=256, tp=1, dp=8, zero=1, framework="megatron")
+    fused = wattcast.predict_cluster("gpt2", "DGX-H100", **kw)
+    fe = wattcast.predict_cluster("gpt2", "DGX-H100", optimizer_impl="foreach", **kw)
+    assert fe.to_dict()["settings"]["optimizer_impl"] == "foreach"
+    assert fe.step_time_ms > fused.step_time_ms
+
+
+def test_cli_optimizer_impl_flag():
+    r = run_cli("predict", "-m", "gpt2", "-d", "H100-SXM5-80GB", "--batch", "1", "--seq", "128",
+                "--optimizer-impl", "foreach", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["settings"]["optimizer_impl"] == "foreach"
+    bad = run_cli("predict", "-m", "gpt2", "-d", "H100-SXM5-80GB", "--mode", "inference", "--optimizer-impl", "foreach")
+    assert bad.returncode != 0 and "--optimizer-impl" in bad.stdout + bad.stderr
+
+
+def wattcast_data():
+    return os.environ.get("WATTCAST_DATA", "/work/shared/datasets")
+
+
+def test_mpt_rows_cost_composers_per_tensor_adamw(monkeypatch):
+    from wattcast.validation import mpt_validation as mv
+
+    seen = []
+
+    def fake(model, cluster, par, opts):
+        seen.append(opts.optimizer_impl)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(mv, "predict_distributed", fake)
+    row = mv.load_mpt(wattcast_data()).head(1)
+    try:
+        mv.predict_mpt(row)
+    except RuntimeError:
+        pass
+    assert seen == ["foreach"]
