@@ -465,7 +465,12 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             q = b.copy(q, (batch, hl, seq, d), name="self_attn.q_contiguous")
             a = attention(b, q, k, v, impl=impl, causal=True, scale="none", mask="add", dropout_p=attn_p,
                           mask_shape=(batch, 1, seq, seq), clamp_min=True,
-                          softmax_fp32=True)  # transformers 5.24.0 opt l. 89: in every dtype
+                          softmax_fp32=b.dtype == "fp16")
+            # transformers 4.36.2 models/opt/modeling_opt.py OPTAttention.forward, the version whose OPT this graph
+            # follows (q_proj(x) * scaling, l. 182; NeuSight's OPT labels ran it): the mask added then
+            # ``torch.max(attn_weights, finfo.min)`` (l. 232-235, the clamp) and the softmax upcast for fp16 only
+            # (l. 238-242: ``if attn_weights.dtype == torch.float16: softmax(..., dtype=torch.float32)
+            # .to(torch.float16) else softmax(...)``); transformers 5.x drops the clamp and upcasts in every dtype
             a = merge_heads(b, a, name="self_attn.reshape")
             a = b.tp_exit(b.linear(a, h, name="self_attn.out_proj", parallel="row"), name="self_attn.exit")
             a = b.dropout(a, p, name="dropout_1")
