@@ -76,7 +76,9 @@ def gpt_position_embedding(cfg: HFConfig) -> str:
 #: Threads per block of Megatron's fused softmax kernels (megatron/fused_kernels/scaled_masked_softmax.h,
 #: ``get_batch_per_block``; cited from memory: the header is not in the megatron-core wheel, which imports the built
 #: ``scaled_masked_softmax_cuda`` extension) and the key-length bound of ``is_kernel_available`` (megatron-core 0.16.1
-#: megatron/core/fusions/fused_softmax.py l. 253-258: ``16 < sk <= 4096``; Megatron-LM before 2022 allowed 2048)
+#: megatron/core/fusions/fused_softmax.py l. 253-258: ``16 < sk <= 4096``), applied under megatron-deepspeed too:
+#: Megatron-DeepSpeed's own megatron/model/fused_softmax.py is not on PyPI and could not be read offline, so no other
+#: bound is claimed for it (the SC21 and vTrain rows it runs have 2,048 keys)
 FUSED_SOFTMAX_THREADS_PER_BLOCK = 128
 FUSED_SOFTMAX_MAX_SK = 4096
 
@@ -92,10 +94,10 @@ def fused_softmax_batch_per_block(sk: int) -> int:
 
 def megatron_fused_softmax_available(dtype: str, batch: int, heads_per_rank: int, sq: int, sk: int,
                                      causal: bool = True) -> bool:
-    """Megatron's ``FusedScaleMaskSoftmax.is_kernel_available`` (megatron-core 0.16.1 fused_softmax.py l. 238-270, the
-    same rule as Megatron-DeepSpeed's copy up to the sk bound): fp16/bf16 input, 16 < sk <= 4096, sq and sk multiples of
-    4, micro-batch x heads per TP rank a multiple of 4 and of the block's batches (causal; a padding mask: sq a multiple
-    of them). Else ``forward_torch_softmax`` runs: GPT's 16 heads at TP 8 and micro-batch 1 (2 x 1 batches) do."""
+    """Megatron's ``FusedScaleMaskSoftmax.is_kernel_available`` (megatron-core 0.16.1 fused_softmax.py l. 238-270;
+    applied to Megatron-DeepSpeed as well, whose copy was not checked: :data:`FUSED_SOFTMAX_MAX_SK`): fp16/bf16
+    input, 16 < sk <= 4096, sq and sk multiples of 4, micro-batch x heads per TP rank a multiple of 4 and of the
+    block's batches (causal; a padding mask: sq a multiple of them). Else ``forward_torch_softmax`` runs: GPT's 16 heads at TP 8 and micro-batch 1 (2 x 1 batches) do."""
     attn_batches = int(batch) * int(heads_per_rank)
     if dtype not in ("fp16", "bf16") or not 16 < sk <= FUSED_SOFTMAX_MAX_SK:
         return False
