@@ -1,10 +1,11 @@
 """Hugging Face eager attention's fp32 softmax (transformers 5.24.0 ``eager_attention_forward``:
 ``nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)`` in Llama and its relatives,
-GPT-NeoX, OPT, DeepSeek; BLOOM's ``F.softmax(..., dtype=torch.float32).to(query_layer.dtype)``): in bf16 a cast to fp32,
-the fp32 softmax and a cast back, forward and backward (aten ``softmax(input, dim, dtype)`` -> ``_to_copy`` +
-``_softmax``); in CUDA fp16 one softmax kernel reading fp16 and writing fp32 (``half_to_float``) and the cast back. Until
-this change the graph had one softmax kernel in the model's dtype. fp32 models, GPT-2, BERT, Falcon (rotary), gpt-oss
-and llm-foundry's MPT (no upcast in their source) keep the one kernel."""
+GPT-NeoX, DeepSeek; BLOOM's ``F.softmax(..., dtype=torch.float32).to(query_layer.dtype)``; OPT as transformers 4.36.2
+ran it, in fp16 only): in bf16 a cast to fp32, the fp32 softmax and a cast back, forward and backward (aten
+``softmax(input, dim, dtype)`` -> ``_to_copy`` + ``_softmax``); in CUDA fp16 one softmax kernel reading fp16 and writing
+fp32 (``half_to_float``) and the cast back. Until this change the graph had one softmax kernel in the model's dtype.
+fp32 models, GPT-2, BERT, Falcon (rotary), gpt-oss and llm-foundry's MPT (no upcast in their source) keep the one
+kernel."""
 
 from __future__ import annotations
 
