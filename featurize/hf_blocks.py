@@ -99,8 +99,9 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
 def softmax_upcast(b: GraphBuilder, scores: Tensor) -> Tensor:
     """Hugging Face's eager softmax in fp32: ``nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32)
     .to(query.dtype)`` (transformers 5.24.0 ``eager_attention_forward`` of Llama l. 197, Mistral, Qwen2/3, Qwen2/3-MoE,
-    Mixtral, Phi-3, Gemma 1-3, DeepSeek-V2/V3, GPT-NeoX l. 158, OPT l. 89 (every dtype, not fp16 alone); BLOOM l. 284
-    ``F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_layer.dtype)``).
+    Mixtral, Phi-3, Gemma 1-3, DeepSeek-V2/V3, GPT-NeoX l. 158; BLOOM l. 284
+    ``F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_layer.dtype)``); OPT as transformers 4.36.2 ran it
+    calls this for fp16 alone (featurize/hf_models.opt).
 
     What PyTorch runs for it (aten/src/ATen/native/SoftMax.cpp ``softmax(input, dim, dtype)``; checked against the
     torch 2.13 wheel by logging the dispatched aten ops, a FakeTensor on a CUDA device for the forward, meta tensors

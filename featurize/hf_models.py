@@ -76,7 +76,9 @@ def gpt_position_embedding(cfg: HFConfig) -> str:
 #: Threads per block of Megatron's fused softmax kernels (megatron/fused_kernels/scaled_masked_softmax.h,
 #: ``get_batch_per_block``; cited from memory: the header is not in the megatron-core wheel, which imports the built
 #: ``scaled_masked_softmax_cuda`` extension) and the key-length bound of ``is_kernel_available`` (megatron-core 0.16.1
-#: megatron/core/fusions/fused_softmax.py l. 253-258: ``16 < sk <= 4096``; Megatron-LM before 2022 allowed 2048)
+#: megatron/core/fusions/fused_softmax.py l. 253-258: ``16 < sk <= 4096``), applied under megatron-deepspeed too:
+#: Megatron-DeepSpeed's own megatron/model/fused_softmax.py is not on PyPI and could not be read offline, so no other
+#: bound is claimed for it (the SC21 and vTrain rows it runs have 2,048 keys)
 FUSED_SOFTMAX_THREADS_PER_BLOCK = 128
 FUSED_SOFTMAX_MAX_SK = 4096
 
@@ -92,10 +94,10 @@ def fused_softmax_batch_per_block(sk: int) -> int:
 
 def megatron_fused_softmax_available(dtype: str, batch: int, heads_per_rank: int, sq: int, sk: int,
                                      causal: bool = True) -> bool:
-    """Megatron's ``FusedScaleMaskSoftmax.is_kernel_available`` (megatron-core 0.16.1 fused_softmax.py l. 238-270, the
-    same rule as Megatron-DeepSpeed's copy up to the sk bound): fp16/bf16 input, 16 < sk <= 4096, sq and sk multiples of
-    4, micro-batch x heads per TP rank a multiple of 4 and of the block's batches (causal; a padding mask: sq a multiple
-    of them). Else ``forward_torch_softmax`` runs: GPT's 16 heads at TP 8 and micro-batch 1 (2 x 1 batches) do."""
+    """Megatron's ``FusedScaleMaskSoftmax.is_kernel_available`` (megatron-core 0.16.1 fused_softmax.py l. 238-270;
+    applied to Megatron-DeepSpeed as well, whose copy was not checked: :data:`FUSED_SOFTMAX_MAX_SK`): fp16/bf16
+    input, 16 < sk <= 4096, sq and sk multiples of 4, micro-batch x heads per TP rank a multiple of 4 and of the
+    block's batches (causal; a padding mask: sq a multiple of them). Else ``forward_torch_softmax`` runs: GPT's 16 heads at TP 8 and micro-batch 1 (2 x 1 batches) do."""
     attn_batches = int(batch) * int(heads_per_rank)
     if dtype not in ("fp16", "bf16") or not 16 < sk <= FUSED_SOFTMAX_MAX_SK:
         return False
@@ -122,6 +124,20 @@ def megatron_torch_softmax(cfg: HFConfig, framework: str) -> tuple[bool, bool]:
     return bool(scaling or cfg.flag("attention_softmax_in_fp32", False)), bool(scaling)
 
 
+def megatron_softmax_kwargs(cfg: HFConfig, b: GraphBuilder, batch: int, heads_per_rank: int, seq: int) -> dict:
+    """``eager_attention`` settings of Megatron's core attention, whose softmax is ``FusedScaleMaskSoftmax`` in the GPT
+    path, Megatron-Core's ``DotProductAttention`` (megatron-core 0.16.1 megatron/core/transformer/
+    dot_product_attention.py l. 100-109: the same FusedScaleMaskSoftmax, the 1/sqrt(d) scale folded into the
+    ``baddbmm``) and so in the Llama and MLA graphs under Megatron-Core: the one fused causal scale-mask-softmax kernel
+    where :func:`megatron_fused_softmax_available` allows it, else ``forward_torch_softmax``: the scores cast to fp32
+    where ``softmax_in_fp32`` (:func:`megatron_torch_softmax`; half-precision input only), the layer-number scale under
+    query-key layer scaling, the causal mask's ``masked_fill`` and torch's softmax (cast back after)."""
+    fused = megatron_fused_softmax_available(b.dtype, batch, heads_per_rank, seq, seq)
+    softmax_fp32, layer_scale = megatron_torch_softmax(cfg, getattr(b, "framework", "megatron"))
+    return dict(scale="scores_mul" if layer_scale and not fused else "none", mask="none" if fused else "where",
+                softmax_dtype="fp32" if not fused and softmax_fp32 and b.dtype in ("fp16", "bf16") else None)
+
+
 def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> None:
     """GPT-2 as Hugging Face runs it; with ``b.framework`` "megatron"/"megatron-deepspeed" as Megatron-LM runs a GPT
     (fused scale-mask-softmax, fused bias-GeLU, fused bias-dropout-add; Megatron's GPT *is* GPT-2's
@@ -145,10 +161,7 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
     # (fp16/bf16 input and the shape rules of megatron_fused_softmax_available); elsewhere forward_torch_softmax runs:
     # masked_fill of the causal mask, then torch's softmax (in fp32 between two casts where softmax_in_fp32)
     hl = local_heads(b, cfg.n_heads)
-    unfused_mask = fused and not megatron_fused_softmax_available(b.dtype, batch, hl, seq, seq)
-    softmax_fp32, layer_scale = megatron_torch_softmax(cfg, getattr(b, "framework", "hf"))
-    softmax_fp32 = unfused_mask and softmax_fp32 and b.dtype in ("fp16", "bf16")
-    layer_scale = unfused_mask and layer_scale
+    softmax_kw = megatron_softmax_kwargs(cfg, b, batch, hl, seq) if fused else dict(scale="scores_div", mask="where")
     # ``num_experts`` under --framework megatron: Megatron-Core's MoELayer on every layer (--num-experts,
     # --moe-router-topk as ``num_experts_per_tok``), each expert Megatron-Core's SequentialMLP GeLU MLP of the FFN width
     # (``moe_ffn_hidden_size`` defaults to ``ffn_hidden_size``, megatron/training/arguments.py); under other frameworks
@@ -178,10 +191,7 @@ def gpt2(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
             elif rotary:
                 q, k = rope(b, q, "attn.rope.q"), rope(b, k, "attn.rope.k")
             # Megatron: the scale is folded into baddbmm and mask + softmax are one fused kernel
-            a = attention(b, q, k, v, impl=impl, causal=True,
-                          scale=("scores_mul" if layer_scale else "none") if fused else "scores_div",
-                          mask="none" if fused and not unfused_mask else "where", dropout_p=attn_p,
-                          softmax_dtype="fp32" if softmax_fp32 else None,
+            a = attention(b, q, k, v, impl=impl, causal=True, dropout_p=attn_p, **softmax_kw,
                           strided=(not fused and not rotary,) * 2 + (not fused,))  # rotary q/k: fresh tensors
             core = a
             a = merge_heads(b, a)
@@ -465,7 +475,12 @@ def opt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             q = b.copy(q, (batch, hl, seq, d), name="self_attn.q_contiguous")
             a = attention(b, q, k, v, impl=impl, causal=True, scale="none", mask="add", dropout_p=attn_p,
                           mask_shape=(batch, 1, seq, seq), clamp_min=True,
-                          softmax_fp32=True)  # transformers 5.24.0 opt l. 89: in every dtype
+                          softmax_fp32=b.dtype == "fp16")
+            # transformers 4.36.2 models/opt/modeling_opt.py OPTAttention.forward, the version whose OPT this graph
+            # follows (q_proj(x) * scaling, l. 182; NeuSight's OPT labels ran it): the mask added then
+            # ``torch.max(attn_weights, finfo.min)`` (l. 232-235, the clamp) and the softmax upcast for fp16 only
+            # (l. 238-242: ``if attn_weights.dtype == torch.float16: softmax(..., dtype=torch.float32)
+            # .to(torch.float16) else softmax(...)``); transformers 5.x drops the clamp and upcasts in every dtype
             a = merge_heads(b, a, name="self_attn.reshape")
             a = b.tp_exit(b.linear(a, h, name="self_attn.out_proj", parallel="row"), name="self_attn.exit")
             a = b.dropout(a, p, name="dropout_1")
@@ -1089,7 +1104,8 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     - fused RoPE (``apply_rotary_pos_emb`` with ``--apply-rope-fusion``): one memory-bound kernel over q/k/v that
       saves nothing but its frequencies;
     - core attention: TE's flash kernel (``attention="flash"``), or Megatron's unfused path (K/V expanded to every
-      query head inside the core, fused scale-mask-softmax, no dropout: Llama's ``attention_dropout`` is 0);
+      query head inside the core, fused scale-mask-softmax where FusedScaleMaskSoftmax allows it, else its torch fallback:
+      :func:`megatron_softmax_kwargs`; no dropout: Llama's ``attention_dropout`` is 0);
     - output projection; the residual add (bias-dropout-add with hidden dropout 0: no mask);
     - ``linear_fc1`` (gate and up, 2 x ffn outputs, costed as two GEMMs of ffn) and the fused SwiGLU kernel
       (``bias_swiglu_impl``: reads 2 x ffn, writes ffn, saves its input), ``linear_fc2``.
@@ -1164,7 +1180,7 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                 with b.tag("attn_core"):
                     k = repeat_kv(b, k, nhl // nkvl, "core_attention.expand_k")
                     v = repeat_kv(b, v, nhl // nkvl, "core_attention.expand_v")
-                a = eager_attention(b, q, k, v, scale="none", mask="none", dropout_p=0.0)
+                a = eager_attention(b, q, k, v, dropout_p=0.0, **megatron_softmax_kwargs(cfg, b, batch, nhl, sq))
             core = a
             a = merge_heads(b, a, name="self_attention.merge_heads")
             if impl == "flash":  # TE's backend may hand linear_proj a view of the output it saves (te_attention.py)
@@ -1225,8 +1241,12 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
     if impl == "flash":
         a = b.flash_attention(qs, ks, v, causal=True, name="attn.flash")
     else:
-        a = eager_attention(b, qs, ks, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
-                            mask_shape=(batch, 1, seq, seq), strided=(False, False, True), softmax_fp32=hf_softmax)
+        # transformers' eager MLA: scale, additive mask, the fp32 softmax; Megatron-Core's MLA core attention: its
+        # DotProductAttention's FusedScaleMaskSoftmax (megatron_softmax_kwargs)
+        softmax_kw = (dict(scale="scores_mul", mask="add", mask_shape=(batch, 1, seq, seq), softmax_fp32=True)
+                      if hf_softmax else megatron_softmax_kwargs(cfg, b, batch, nhl, s_))
+        a = eager_attention(b, qs, ks, v, dropout_p=_p(cfg, "attention_dropout"), strided=(False, False, True),
+                            **softmax_kw)
     att = a
     a = merge_heads(b, a, name="self_attn.transpose")
     if impl == "flash":  # under Megatron-Core, TE's backend may hand linear_proj a view of its output (te_attention.py)

@@ -35,6 +35,13 @@ _L2_BYTES_PER_SM_CLOCK = 64.0
 #: Cache) gets a lower floor than it could, never a higher one.
 AMD_LAST_LEVEL_CACHE_MB = 256.0
 
+#: the version of the kernel features this featurizer computes (:func:`featurize_kernels` with data.kernel_ops), stamped
+#: in a trained bundle's manifest (``feature_version``, training/kernels.py) and checked at load (models/kernel_bundle.py
+#: warns when a bundle's differs or is absent): bump it with any change that alters the features of the same kernel
+#: row. 2: an fp8 GEMM's output counted at 2 bytes (data.kernel_ops.MATMUL_OUT_BYTES, commit 8fbd5de); bundles
+#: without the stamp were trained before versions were recorded (1 and earlier)
+FEATURE_VERSION = 2
+
 DEVICE_FEATURES = (
     "dev_log_sms",
     "dev_log_bw_gbps",

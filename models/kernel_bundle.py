@@ -11,6 +11,7 @@ Nothing is pickled.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.resources import files
@@ -382,7 +383,35 @@ def load_bundle(folder: str | None = None) -> KernelBundle:
 
 @lru_cache(maxsize=8)
 def _load_live(live: str) -> KernelBundle:
-    return KernelBundle.load(Path(live))
+    bundle = KernelBundle.load(Path(live))
+    warn_feature_version(bundle, live)
+    return bundle
+
+
+#: bundle folders already warned about their feature version (once per folder and process)
+_FEATURE_VERSION_WARNED: set[str] = set()
+
+
+def feature_version_message(bundle: KernelBundle, where: str) -> str | None:
+    """Why ``bundle`` (loaded from ``where``) may see other features than it was trained on: its manifest's
+    ``feature_version`` differs from the featurizer's (featurize/kernel_features.FEATURE_VERSION) or is absent; None
+    when they match."""
+    from wattcast.featurize.kernel_features import FEATURE_VERSION
+
+    got = bundle.meta.get("feature_version")
+    if got == FEATURE_VERSION:
+        return None
+    stamp = "no feature_version (trained before versions were recorded)" if got is None else f"feature_version {got}"
+    return (f"kernel bundle {where}: {stamp}, this featurizer computes version {FEATURE_VERSION}; its surrogates are "
+            f"fed features that may differ from those they were trained on: retrain it (wattcast train kernels)")
+
+
+def warn_feature_version(bundle: KernelBundle, where: str) -> None:
+    """:func:`feature_version_message` as a UserWarning, once per bundle folder."""
+    msg = feature_version_message(bundle, where)
+    if msg and where not in _FEATURE_VERSION_WARNED:
+        _FEATURE_VERSION_WARNED.add(where)
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
 
 load_bundle.cache_clear = _load_live.cache_clear  # type: ignore[attr-defined]  (callers clear it after a swap)

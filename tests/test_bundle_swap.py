@@ -146,3 +146,50 @@ def test_collective_and_power_models_are_checked_before_lightgbm_parses_them(tmp
     (d / "collective_manifest.json").write_text(json.dumps(j))
     with pytest.raises(ValueError, match="not a complete LightGBM text model"):
         CollectiveModel.load(d)
+
+
+def _load_warnings(folder) -> list[str]:
+    import warnings
+
+    kb.load_bundle.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kb.load_bundle(str(folder))
+        kb.load_bundle.cache_clear()
+        kb.load_bundle(str(folder))  # loaded again: warned once per folder
+    return [str(w.message) for w in caught if "feature_version" in str(w.message)]
+
+
+@pytest.mark.parametrize("stamp", [None, 1])
+def test_a_bundle_of_another_or_no_feature_version_warns_once(shipped_copy, stamp):
+    """A bundle trained before a featurizer change (the fp8 GEMM's output bytes, feature version 2) is fed other
+    features than it learned on: loading it warns, once."""
+    path = shipped_copy / "kernel_manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest.pop("feature_version", None)
+    if stamp is not None:
+        manifest["feature_version"] = stamp
+    path.write_text(json.dumps(manifest))
+    kb._FEATURE_VERSION_WARNED.discard(str(shipped_copy))
+    msgs = _load_warnings(shipped_copy)
+    assert len(msgs) == 1 and ("no feature_version" in msgs[0] if stamp is None else "feature_version 1" in msgs[0])
+
+
+def test_the_shipped_bundle_carries_the_current_feature_version():
+    from wattcast.featurize.kernel_features import FEATURE_VERSION
+
+    manifest = json.loads((kb.shipped_folder() / "kernel_manifest.json").read_text())
+    assert manifest["feature_version"] == FEATURE_VERSION
+    assert _load_warnings(kb.shipped_folder()) == []
+
+
+def test_a_partial_retrain_keeps_the_older_stamp_of_the_families_it_kept(shipped_copy):
+    from wattcast.featurize.kernel_features import FEATURE_VERSION
+    from wattcast.training.kernel_run import _merge_families
+
+    base = KernelBundle.load(shipped_copy)
+    old = KernelBundle(base.families, {k: v for k, v in base.meta.items() if k != "feature_version"})
+    one = next(iter(base.families))
+    new = KernelBundle({one: base.families[one]}, {"feature_version": FEATURE_VERSION})
+    assert "feature_version" not in _merge_families(old, new).meta
+    assert _merge_families(base, new).meta["feature_version"] == FEATURE_VERSION

@@ -87,3 +87,14 @@ def test_stop_47_case_passes_and_the_part_tolerance_still_refuses():
     n[:2000] *= 0.99
     ok, why, _ = _judge(_Bundle(), _Bundle(), val, pd.DataFrame({"ape": o}), pd.DataFrame({"ape": n}), {}, False)
     assert not ok and "regresses user rows" in why
+
+
+def test_force_help_states_the_noise_aware_rule():
+    """``train kernels --force``'s help describes the gate it overrides: worse by more than GATE_NOISE_SE standard
+    errors, not merely worse."""
+    import inspect
+
+    from wattcast.cli import train_kernels
+
+    text = inspect.signature(train_kernels).parameters["force"].default.help
+    assert f"{GATE_NOISE_SE:g} standard errors" in text and "GATE_NOISE_SE" in text

@@ -1,10 +1,11 @@
 """Hugging Face eager attention's fp32 softmax (transformers 5.24.0 ``eager_attention_forward``:
 ``nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)`` in Llama and its relatives,
-GPT-NeoX, OPT, DeepSeek; BLOOM's ``F.softmax(..., dtype=torch.float32).to(query_layer.dtype)``): in bf16 a cast to fp32,
-the fp32 softmax and a cast back, forward and backward (aten ``softmax(input, dim, dtype)`` -> ``_to_copy`` +
-``_softmax``); in CUDA fp16 one softmax kernel reading fp16 and writing fp32 (``half_to_float``) and the cast back. Until
-this change the graph had one softmax kernel in the model's dtype. fp32 models, GPT-2, BERT, Falcon (rotary), gpt-oss
-and llm-foundry's MPT (no upcast in their source) keep the one kernel."""
+GPT-NeoX, DeepSeek; BLOOM's ``F.softmax(..., dtype=torch.float32).to(query_layer.dtype)``; OPT as transformers 4.36.2
+ran it, in fp16 only): in bf16 a cast to fp32, the fp32 softmax and a cast back, forward and backward (aten
+``softmax(input, dim, dtype)`` -> ``_to_copy`` + ``_softmax``); in CUDA fp16 one softmax kernel reading fp16 and writing
+fp32 (``half_to_float``) and the cast back. Until this change the graph had one softmax kernel in the model's dtype.
+fp32 models, GPT-2, BERT, Falcon (rotary), gpt-oss and llm-foundry's MPT (no upcast in their source) keep the one
+kernel."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def test_decode_step_casts_too():
 
 @pytest.mark.parametrize("model,upcast", [
     ("gpt2", False), ("bert_base", False), ("falcon_7b", False), ("mpt_7b", False), ("gpt_oss_20b", False),
-    ("bloom_560m", True), ("opt_1.3b", True), ("pythia_160m", True), ("qwen3_8b", True), ("mixtral_8x7b", True),
+    ("bloom_560m", True), ("opt_1.3b", False), ("pythia_160m", True), ("qwen3_8b", True), ("mixtral_8x7b", True),
     ("gemma2_9b", True), ("phi3_mini", True), ("deepseek_v3", True),
 ])
 def test_which_families_upcast(model, upcast):
@@ -109,3 +110,20 @@ def test_megatron_attention_keeps_its_one_softmax():
                        framework="megatron").nodes
         names = set(n["name"])
         assert not any(s.startswith("attn.softmax.to_") or ".softmax.to_" in s for s in names)
+
+
+def test_opt_upcasts_fp16_only_after_its_clamp():
+    """transformers 4.36.2 modeling_opt.py l. 232-242 (the OPT NeuSight's labels ran): mask, ``torch.max(w, finfo.min)``,
+    then ``softmax(dtype=torch.float32).to(torch.float16)`` in fp16 alone; bf16 and fp32 keep one softmax kernel."""
+    def names(dtype):
+        n = step_graph("opt_1.3b", mode="train", batch=1, seq=64, dtype=dtype, attention="eager", blocks=1).nodes
+        f = n[(n["layer"] == 0) & (n["phase"] == "forward") & n["name"].str.startswith("attn.")]
+        return list(f["name"]), f.set_index("name")
+    fp16, f16 = names("fp16")
+    assert fp16[fp16.index("attn.mask"):fp16.index("attn.pv")] == ["attn.mask", "attn.clamp", "attn.softmax",
+                                                                   "attn.softmax.to_dtype"]
+    assert f16.loc["attn.softmax", "dtype"] == "fp32"
+    for dtype in ("bf16", "fp32"):
+        got, f = names(dtype)
+        assert got[got.index("attn.mask"):got.index("attn.pv")] == ["attn.mask", "attn.clamp", "attn.softmax"]
+        assert f.loc["attn.softmax", "dtype"] == dtype

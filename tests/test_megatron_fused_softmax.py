@@ -58,3 +58,31 @@ def test_fp32_softmax_kernels_run_in_fp32_and_the_config_can_turn_scaling_off():
     assert "attn.mask" in off and "attn.scale" not in off and "attn.softmax_float" not in off
     on = _names("megatron", 8, 1, attention_softmax_in_fp32=True)
     assert "attn.softmax_float" in on and "attn.scale" not in on
+
+
+def _mc_attn(model: str, tp: int, batch: int, seq: int = 1024, dtype: str = "bf16", **cfg_kw) -> list[str]:
+    from wattcast.featurize.hf_config import load_hf_config
+
+    cfg = model
+    if cfg_kw:
+        cfg = {**load_hf_config(model).raw, **cfg_kw}
+    g = step_graph(cfg, StepOptions(batch=batch, seq=seq, dtype=dtype, mode="train", framework="megatron", tp=tp,
+                                    attention="eager", blocks=2))
+    n = g.nodes
+    f = n[(n["layer"] == 0) & (n["phase"] == "forward")]
+    return list(f.loc[f["name"].str.startswith("attn."), "name"].astype(str))
+
+
+@pytest.mark.parametrize("model,heads", [("llama3_8b", 32), ("deepseek_v3", 128)])
+def test_megatron_core_attention_follows_the_fused_softmax_rule(model, heads):
+    """Megatron-Core's DotProductAttention (megatron-core 0.16.1 dot_product_attention.py l. 100-109) holds the same
+    FusedScaleMaskSoftmax: Llama and DeepSeek's MLA under --framework megatron run the one fused kernel (no separate
+    scale or mask) where is_kernel_available allows it, else forward_torch_softmax's masked fill and softmax."""
+    tp_fallback = heads // 2  # 2 attention batches a rank at micro-batch 1
+    fused = _mc_attn(model, 8, 1)
+    assert "attn.softmax" in fused and "attn.mask" not in fused and "attn.scale" not in fused
+    fallback = _mc_attn(model, tp_fallback, 1)
+    assert "attn.mask" in fallback and "attn.softmax" in fallback and "attn.softmax_float" not in fallback
+    # softmax_in_fp32 (a config's attention_softmax_in_fp32): the cast to fp32 and back around the fallback
+    assert {"attn.softmax_float", "attn.softmax_half"} <= set(_mc_attn(model, tp_fallback, 1,
+                                                                       attention_softmax_in_fp32=True))

@@ -334,3 +334,24 @@ def test_a_saved_torch_model_file_is_refused_saying_how_to_load_it_without_unpic
         wattcast.predict(str(path), "H100-SXM5-80GB")
     msg = str(e.value)
     assert "saved PyTorch model" in msg and "torch.export.load" in msg and "utf-8" not in msg
+
+
+class _UpcastSoftmax(nn.Module):
+    def forward(self, w):
+        return torch.softmax(w, -1, dtype=torch.float32).to(w.dtype)
+
+
+@pytest.mark.parametrize("dtype,names,bytes_per_el", [
+    ("bf16", ["softmax.to_fp32", "softmax", "to"], [6, 8, 6]),  # cast, fp32 softmax, cast back
+    ("fp16", ["softmax", "to"], [6, 6]),  # CUDA's half_to_float softmax, cast back
+])
+def test_softmax_dtype_argument_and_casts_are_costed_at_their_widths(dtype, names, bytes_per_el):
+    """``softmax(w, -1, dtype=torch.float32).to(w.dtype)`` imports as the config path builds transformers' upcast
+    (hf_blocks.softmax_upcast): the softmax in fp32 and each cast at the bytes it reads and writes."""
+    x = torch.zeros(2, 4, 8, 16, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+    f = graph_from_module(_UpcastSoftmax(), (x,), dtype=dtype).nodes
+    f = f[f["phase"] == "forward"]
+    n = x.numel()
+    assert list(f["name"]) == names
+    assert list(f["bytes"]) == [b * n for b in bytes_per_el]
+    assert set(f["dtype"]) == {"fp32"}

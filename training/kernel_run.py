@@ -418,6 +418,12 @@ def _merge_families(base: KernelBundle, new: KernelBundle) -> KernelBundle:
     cal["families"] = sorted(set(cal_old.get("families", [])) | set(cal_new.get("families", [])))
     meta["generation_calibration"] = cal
     meta["retrained_families"] = sorted(new.families)
+    # the kept families were fitted on the base's features: a base of another (or no) feature version keeps its stamp
+    # (so a load still warns) unless every family it had was retrained
+    if set(base.families) - set(new.families) and base.meta.get("feature_version") != new.meta.get("feature_version"):
+        meta.pop("feature_version", None)
+        if base.meta.get("feature_version") is not None:
+            meta["feature_version"] = base.meta["feature_version"]
     return KernelBundle({**base.families, **new.families}, meta)
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from wattcast.data.catalog import load_catalog
 from wattcast.data.device_spec import DeviceSpec
-from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURES_BY_FAMILY, featurize_kernels
+from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURE_VERSION, FEATURES_BY_FAMILY, featurize_kernels
 from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
 from wattcast.models.gemm_floor import PREDICT_SOURCE
@@ -271,6 +271,7 @@ def train_bundle(
         "holdout_devices": list(cfg.holdout),
         "lodo_scores": {f: t.attrs["scores"] for f, t in tables.items()},
         "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "feature_version": FEATURE_VERSION,
     }
     return KernelBundle(families, meta), tables, pd.concat(val_parts)
 

@@ -86,7 +86,17 @@ class _Ops:
             self.root[node] = self.root[src]
         if pkt != "_to_copy" and _is_tensor(sval) and sval.dtype == val.dtype and sval.device == val.device:
             return self.alias(x, val)
-        return self.b.copy(x, _shape(val), name=name, grad=grad)
+        # a cast writes its target dtype (``.to(torch.bfloat16)`` of an fp32 tensor: 4 B read, 2 B written), as the
+        # config graphs' casts (GraphBuilder.copy's out_dtype); non-float targets keep the model's width
+        return self.b.copy(x, _shape(val), name=name, grad=grad, out_dtype=self._float_out(val))
+
+    def _float_out(self, val) -> str | None:
+        """The graph dtype of a float output ``val`` where it is not the model's (an fp32 softmax or cast in a bf16
+        model), else None."""
+        if not (_is_tensor(val) and val.dtype.is_floating_point):
+            return None
+        d = self.dt(val.dtype)
+        return None if d == self.b.dtype else d
 
     def _creation(self, node, pkt, a, val, name, grad):
         self.grad[node] = False
@@ -117,8 +127,16 @@ class _Ops:
         return self._like(val, out) if isinstance(val, (list, tuple)) else out
 
     def _softmax(self, node, pkt, a, val, name, grad):
+        """``softmax(x, dim, dtype=...)`` / ``_softmax(x, dim, half_to_float)``: in the output's dtype (read off the
+        FakeTensor ``val``, which the ``dtype`` / ``half_to_float`` argument sets) as aten runs it
+        (aten/src/ATen/native/SoftMax.cpp ``softmax(input, dim, dtype)``): an fp16 input to an fp32 softmax is one
+        ``half_to_float`` kernel (CUDA), any other change of dtype a cast (``input.toType(dtype)``) and then the
+        softmax in that dtype, as hf_blocks.softmax_upcast builds transformers' upcast."""
         x = self.value(a.get("self", node.args[0]))
-        return self.b.softmax(x, name=name)
+        out = self._float_out(val)
+        if out and out != x.dtype and not (x.dtype == "fp16" and out == "fp32"):
+            x = self.b.copy(x, name=f"{name}.to_{out}", grad=grad, out_dtype=out)
+        return self.b.softmax(x, name=name, out_dtype=out)
 
     def _cross_entropy(self, node, pkt, a, val, name, grad):
         x = self.value(a["self"])
