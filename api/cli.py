@@ -950,9 +950,9 @@ def search(
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules (as for predict, comma-separated): the selective candidates recompute these (searched besides none and full)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm, MoE all-to-all, and the interleaved schedule's pipeline transfers, which then block as in Megatron-LM 2021)."),
-    overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="As for predict, for every candidate: Megatron-Core reduces gradient buckets during the last backward (default on with --framework megatron)."),
-    overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="As for predict, for every candidate: Megatron-Core all-gathers the distributed optimizer's parameters during the next forward (default on with --framework megatron and ZeRO >= 1)."),
-    tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="As for predict, for every candidate: Megatron-Core/TE pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, tp > 1 and SP)."),
+    overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="As for predict, for every candidate: Megatron-Core reduces gradient buckets during the last backward (default on with --framework megatron; the --no- form turns it off for every candidate)."),
+    overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="As for predict: Megatron-Core all-gathers the distributed optimizer's parameters during the next forward (default on with --framework megatron and ZeRO >= 1). The positive form means on wherever allowed (the ZeRO >= 1 candidates; ZeRO 0 ones are still searched), the --no- form off for every candidate."),
+    tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="As for predict: Megatron-Core/TE pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, tp > 1 and SP). The positive form means on wherever allowed (the tp > 1 candidates with SP; the others are still searched), the --no- form off for every candidate."),
     force: bool = _FORCE_OPTION,
     simulate_oom: bool = typer.Option(False, "--simulate-oom", help="Also simulate the steps of configurations that do not fit (slower; by default memory comes first and their times are left empty)."),
     workers: int = typer.Option(min(2, os.cpu_count() or 1), "--workers", help="Processes to evaluate on (default: the CPUs, at most 2); from 400 candidates on they split the search, with the same results as one."),
@@ -1001,7 +1001,8 @@ def search(
     if plot is not None:
         _output_file(plot, "--plot", (".png",))
     # Megatron-Core's overlaps for every candidate: --no-overlap turns them all off; each flag sets its own (as
-    # predict's flags; not given: the framework's default)
+    # predict's flags; not given: the framework's default); a positive one only where the candidate's rules allow it
+    # (planning.search.candidate_overlaps: on wherever possible, not a filter)
     overlaps = dict.fromkeys(OVERLAP_FLAGS, False) if no_overlap else {}
     for name, flag, v in (("overlap_grad_reduce", "--overlap-grad-reduce", overlap_grad_reduce),
                           ("overlap_param_gather", "--overlap-param-gather", overlap_param_gather),

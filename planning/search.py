@@ -431,6 +431,22 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
 _WHY_MAX = 4000
 
 
+def candidate_overlaps(par: ParallelConfig, overlaps: dict) -> dict:
+    """The overlap flags one search candidate gets from the search's ``overlaps``. An explicit False applies to every
+    candidate; an explicit True only to the candidates whose rules allow it (resolve_parallel's), the others keep the
+    framework's default (off there, simulate.overlap.overlap_defaults), so True means "on wherever it can be", the
+    default already, and does not reject a candidate: ``tp_comm_overlap`` needs tp > 1 and sequence parallelism,
+    ``overlap_param_gather`` ZeRO >= 1 (the distributed optimizer), ``overlap_p2p_comm`` the interleaved schedule
+    (1F1B's transfers block either way: an explicit overlap_p2p_comm there is refused, parallel.check_overlap_p2p_flag,
+    so it is left out there whether True or False). Until the stop 48 review a True went to every candidate, and a
+    search given --tp-comm-overlap rejected every tp 1 strategy."""
+    allowed = {"tp_comm_overlap": par.tp > 1 and bool(par.sp), "overlap_param_gather": par.zero >= 1}
+    out = {k: (None if v is True and not allowed.get(k, True) else v) for k, v in overlaps.items()}
+    if par.interleave <= 1:
+        out["overlap_p2p_comm"] = None
+    return out
+
+
 def why_no_candidates(cl, gpus: int, batch: int, seq: int, space: dict, rules: dict, top: int = 3) -> str:
     """Why a search space generated no candidate for the job (``space``: the checked options, ``rules``: the model's
     rules for :func:`resolve_parallel`): a rule of the job's size (as ``predict`` says it), else the most common rules
@@ -555,8 +571,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     checked before anything is evaluated; worker processes get their resolved paths and load the same versions.
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
-    ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default);
-    ``overlap_p2p_comm`` for the interleaved candidates only (a ValueError when no ``interleave`` choice is 2 or more).
+    ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default); a True
+    ``tp_comm_overlap`` / ``overlap_param_gather`` for the candidates that allow it only (tp > 1 with SP; ZeRO >= 1:
+    :func:`candidate_overlaps`); ``overlap_p2p_comm`` for the interleaved candidates only (a ValueError when no
+    ``interleave`` choice is 2 or more).
 
     ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp,
     schedule, recompute_num_layers),
@@ -643,6 +661,12 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
         raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
     framework = canonical_framework(framework)
+    on = [k for k, v in (overlaps or {}).items() if v is True]
+    if on and framework != "megatron":
+        # every candidate would break it (resolve_parallel's rule); refused here since a True now goes only to the
+        # candidates whose other rules allow it (candidate_overlaps)
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in on)}: Megatron-Core option(s), use "
+                         f"framework megatron (--framework megatron), not {framework}")
     # the model, every cluster and the run's region are resolved before the first evaluation: a typo in the last of
     # them is not found after minutes of work
     if is_onnx_path(model):
@@ -705,10 +729,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space)
             if overlaps:
-                # the interleaved schedule's transfer overlap on the interleaved candidates only (1F1B's block either
-                # way: an explicit overlap_p2p_comm there is refused, parallel.check_overlap_p2p_flag)
-                cands = [replace(c, **(overlaps if c.interleave > 1 else dict(overlaps, overlap_p2p_comm=None)))
-                         for c in cands]
+                cands = [replace(c, **candidate_overlaps(c, overlaps)) for c in cands]
             generated.extend(cands)
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, step=step, tokens=tokens, footprint_kw=run_kw[cl.name],
                        fp8_param_gather=bool(fp8_param_gather), n_layers=hf.total_layers, n_heads=hf.n_heads,

@@ -1203,16 +1203,52 @@ class _RankView:
     dense_param_seq: tuple = None
 
 
+#: the attention output projection (Megatron-Core's ``linear_proj``) as the graph builders --framework megatron runs
+#: name it (featurize/hf_models.py; featurize/workload.py refuses the other families under megatron): the Llama family's
+#: ``self_attention.linear_proj`` (l. 1172), GPT-2/GPT-3's ``attn.c_proj`` (l. 190), multi-head latent attention's
+#: (DeepSeek-V2/V3) ``self_attn.o_proj`` (l. 1234)
+ATTN_OUT_PROJ_NAMES = ("self_attention.linear_proj", "attn.c_proj", "self_attn.o_proj")
+#: multi-head latent attention's input projections (featurize/hf_models.py _mla): the first of its query path
+#: (``q_a_proj``; ``q_proj`` without ``q_lora_rank``), its key-value down-projection, and the query path's last
+MLA_Q_FIRST_NAMES = ("self_attn.q_a_proj", "self_attn.q_proj")
+MLA_KV_DOWN_NAMES = ("self_attn.kv_a_proj_with_mqa",)
+MLA_Q_LAST_NAMES = ("self_attn.q_b_proj", "self_attn.q_proj")
+
+
+def _named(names: np.ndarray, roles: tuple) -> np.ndarray:
+    """Which graph node names are one of ``roles`` (the name itself or its last dotted components)."""
+    return np.logical_or.reduce([(names == r) | np.char.endswith(names, "." + r) for r in roles])
+
+
 def dense_param_sequence(names: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """One layer's parameter sizes (its forward nodes' ``param_count`` > 0, in graph order) reordered as Megatron-Core
-    registers them, which is the order ``module.named_parameters()`` (and so _ParamAndGradBuffer) sees: the graph
-    runs the input norm and the attention's input projection before its output projection, but ``Attention.__init__``
-    builds ``linear_proj`` (megatron-core 0.16.1 transformer/attention.py l. 349) before ``SelfAttention`` builds
-    ``linear_qkv`` (l. 1267), and with Transformer Engine (Megatron-LM's default ``--transformer-impl``) the input norm
-    is ``linear_qkv``'s own ``layer_norm_weight`` (``TELayerNormColumnParallelLinear``; ``input_layernorm`` an
-    IdentityOp): so a ``linear_proj`` moves to the front of its layer (proj, norm, qkv, norm, fc1, fc2)."""
+    registers them, which is the order ``module.named_parameters()`` (and so _ParamAndGradBuffer) sees. The graph
+    runs an attention's input projections before its output projection (:data:`ATTN_OUT_PROJ_NAMES`, whatever the
+    family calls it), but every Megatron-Core attention builds ``linear_proj`` first: ``Attention.__init__``
+    (megatron-core 0.16.1 transformer/attention.py l. 349) before ``SelfAttention`` builds ``linear_qkv`` (l. 1267),
+    ``MultiLatentAttention.__init__`` (multi_latent_attention.py l. 169) before ``MLASelfAttention`` builds its query
+    projections and then its key-value ones (l. 393-483).
+
+    With Transformer Engine (Megatron-LM's default ``--transformer-impl``) a standard attention's input norm is
+    ``linear_qkv``'s own ``layer_norm_weight`` (``TELayerNormColumnParallelLinear``; ``input_layernorm`` an IdentityOp):
+    its output projection moves to the front of the layer (proj, norm, qkv, norm, fc1, fc2). Multi-head latent
+    attention keeps ``input_layernorm`` a module of its own (a TENorm, models/gpt/gpt_layer_specs.py l. 248), built
+    before the attention (transformer_layer.py l. 287 vs 304): its output projection moves to just before the
+    attention's first input projection, and the key-value down-projection after the query path (norm, o_proj,
+    q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, ...)."""
     names = np.asarray(names, dtype=str)
-    key = np.where(np.char.endswith(names, "linear_proj"), -1, np.arange(len(names)))
+    key = np.arange(len(names), dtype=float)
+    proj = np.flatnonzero(_named(names, ATTN_OUT_PROJ_NAMES))
+    # each attention block runs from the output projection before it on; its first latent-attention input
+    # projection, if it has one before its output projection (len(names): none)
+    mla_first = np.append(np.flatnonzero(_named(names, MLA_Q_FIRST_NAMES + MLA_KV_DOWN_NAMES)), len(names))
+    first = mla_first[np.searchsorted(mla_first, np.concatenate([[0], proj[:-1] + 1]))]
+    key[proj] = np.where(first < proj, first - 0.5, -1.0)
+    kv = np.flatnonzero(_named(names, MLA_KV_DOWN_NAMES))
+    q_last = np.flatnonzero(_named(names, MLA_Q_LAST_NAMES))
+    nxt = np.searchsorted(q_last, kv)  # the query path's last projection after each key-value down-projection
+    has = nxt < len(q_last)
+    key[kv[has]] = q_last[nxt[has]] + 0.5
     return np.asarray(counts, dtype=float)[np.argsort(key, kind="stable")]
 
 

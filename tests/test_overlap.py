@@ -538,12 +538,40 @@ def test_dense_param_sequence_registers_the_output_projection_first():
     assert list(got) == [3.0, 1.0, 2.0, 4.0, 5.0, 6.0]
 
 
+def test_dense_param_sequence_knows_the_output_projection_by_role_not_by_one_name():
+    """Review of stop 48: every Megatron-Core attention registers linear_proj first, whatever the graph calls it. A GPT
+    layer's attn.c_proj goes before ln_1 (fused into linear_qkv with TE); multi-head latent attention (DeepSeek) keeps
+    its input norm a TENorm built before the attention (gpt_layer_specs.py l. 248, transformer_layer.py l. 287 vs
+    304), so o_proj goes right after it, and MLASelfAttention builds the query path before the key-value one
+    (multi_latent_attention.py l. 393-483). Until then only names ending in linear_proj moved."""
+    from wattcast.simulate.distributed import dense_param_sequence
+    gpt = ["ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"]
+    assert list(dense_param_sequence(np.array(gpt), np.arange(1.0, 7.0))) == [3.0, 1.0, 2.0, 4.0, 5.0, 6.0]
+    mla = ["input_layernorm", "self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.q_a_layernorm.weight",
+           "self_attn.q_b_proj", "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj", "self_attn.o_proj",
+           "post_attention_layernorm", "mlp.linear_fc1", "mlp.linear_fc2"]
+    got = dense_param_sequence(np.array(mla), np.arange(1.0, 12.0))
+    assert list(got) == [1.0, 8.0, 2.0, 4.0, 5.0, 3.0, 6.0, 7.0, 9.0, 10.0, 11.0]
+    # a multi-token-prediction block after the head (same layer): its o_proj stays in its own block
+    mtp = ["norm", "lm_head", "enorm", "hnorm", "eh_proj"] + mla
+    got = dense_param_sequence(np.array(mtp), np.arange(1.0, 17.0))
+    assert list(got) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 13.0, 7.0, 9.0, 10.0, 8.0, 11.0, 12.0, 14.0, 15.0, 16.0]
+    # without q_lora_rank the query path is one q_proj
+    q1 = ["input_layernorm", "self_attn.kv_a_proj_with_mqa", "self_attn.q_proj", "self_attn.kv_a_layernorm.weight",
+          "self_attn.kv_b_proj", "self_attn.o_proj"]
+    assert list(dense_param_sequence(np.array(q1), np.arange(1.0, 7.0))) == [1.0, 6.0, 3.0, 2.0, 4.0, 5.0]
+    # the MLP's row-parallel projection is not the attention's
+    assert list(dense_param_sequence(np.array(["mlp.c_fc", "mlp.c_proj"]), np.array([1.0, 2.0]))) == [1.0, 2.0]
+
+
 def test_llama3_8b_last_ddp_bucket_holds_the_first_layers_attention(monkeypatch):
     """Llama 3 8B, 16 H100, TP2 PP4 DP2, distributed optimizer, 40M buckets: the first stage's last gradient bucket
     is the 262.7M embedding and the first layer's attention projections and norms left open by the bucket before it
     (21.0M; padded: 283.648M), not the embedding alone (until stop 48: max(embedding, bucket size) = 262.668M). GPT-3
     175B (tied embedding) on 1,024 A100s, TP8 PP16 v2: the word embedding's own 78.6M bucket, its learned position
-    embedding the bucket before (until stop 48 both, 103.8M)."""
+    embedding, the first layer's input norm and attention output projection (attn.c_proj registered before
+    linear_qkv) the 44.1M bucket before (until stop 48 both, 103.8M; until the stop 48 review c_proj stayed after
+    c_attn: 25.2M)."""
     import wattcast.simulate.distributed as dist
     seen = {}
     orig = dist._dp_times
@@ -563,7 +591,7 @@ def test_llama3_8b_last_ddp_bucket_holds_the_first_layers_attention(monkeypatch)
                              sp=True, micro_batch=1, framework="megatron", zero=1, overlap_grad_reduce=True,
                              overlap_param_gather=True)
     bk = seen["ddp_buckets_chunk"][0]
-    assert list(bk[-2:]) == [25190400.0, 78643200.0]
+    assert list(bk[-3:]) == [56652288.0, 44077056.0, 78643200.0]  # ln_2 + c_attn; ln_1 + c_proj + wpe
 
 
 def test_a_bias_gradient_does_not_cut_the_dgrad_collective_from_its_wgrad():

@@ -35,3 +35,28 @@ def test_search_switches_one_overlap_off():
 def test_search_refuses_an_overlap_with_no_overlap():
     r = run_cli(*ARGS, "--no-overlap", "--tp-comm-overlap")
     assert r.returncode == 2 and "turns every overlap off" in r.stderr and "--tp-comm-overlap" in r.stderr
+
+
+def test_search_positive_overlap_flags_mean_on_where_allowed_not_a_filter():
+    """Review of stop 48: a positive flag is what the default does already (on wherever allowed); until then it was
+    forced on every candidate, so --tp-comm-overlap rejected every tp 1 / no-SP strategy (150 of them) and
+    --overlap-param-gather every ZeRO-0 one."""
+    default = _strategies()
+    assert any(s.startswith("tp1-") for s in default)
+    for flag in ("--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce"):
+        assert _strategies(flag) == default, flag
+    r = run_cli(*ARGS, "--tp-comm-overlap")
+    assert not any("tp-comm-overlap" in x["rule"] for x in json.loads(r.stdout)["rejected"])
+    # ZeRO-0 candidates stay in the search under --overlap-param-gather (which needs the distributed optimizer)
+    r = run_cli(*ARGS, "--zero", "0", "--overlap-param-gather")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert any(row["zero"] == 0 for row in d["ranked"])
+    assert not any("overlap-param-gather" in x["rule"] for x in d["rejected"])
+
+
+def test_search_refuses_a_positive_overlap_outside_megatron():
+    import pytest
+    from wattcast.planning.search import search
+    with pytest.raises(ValueError, match="Megatron-Core option"):
+        search("gpt2", "DGX-H100", 16, 32, 1024, framework="hf", overlaps={"tp_comm_overlap": True}, max_configs=4)
