@@ -64,6 +64,8 @@ FRAMEWORK_OPTIMIZER_IMPL = {"hf": "fused", "megatron": "fused", "megatron-deepsp
 #: set it) moves the same 80 B per parameter: mul_ + add_ (8 + 12), mul_ + addcmul_ (8 + 12), sqrt, div, add_
 #: (8 + 8 + 8), addcdiv_ (16). Mixed precision adds the same 2 + 2 B as the fused step. SGD without momentum is one
 #: pass either way (``_foreach_add_(params, grads)``); bf16 moments are Transformer Engine's FusedAdam only.
+#: ``--optimizer adam`` is costed as AdamW (optimizer_key): torch.optim.Adam at its default weight_decay 0 skips l. 691's
+#: pass (72 B foreach, 8 B over-counted); the fused step's one pass is the same either way.
 FOREACH_OPTIMIZER_BYTES_PER_PARAM = {("adamw", False): 80, ("adamw", True): 84, ("sgd", False): 12, ("sgd", True): 16}
 #: FLOPs per parameter of one step (AdamW: moments, bias correction, sqrt, division, decay, update)
 OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "adamw-bf16": 14, "sgd": 2}

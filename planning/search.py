@@ -436,11 +436,13 @@ def candidate_overlaps(par: ParallelConfig, overlaps: dict) -> dict:
     candidate; an explicit True only to the candidates whose rules allow it (resolve_parallel's), the others keep the
     framework's default (off there, simulate.overlap.overlap_defaults), so True means "on wherever it can be", the
     default already, and does not reject a candidate: ``tp_comm_overlap`` needs tp > 1 and sequence parallelism,
-    ``overlap_param_gather`` ZeRO >= 1 (the distributed optimizer), ``overlap_p2p_comm`` the interleaved schedule
+    ``overlap_param_gather`` ZeRO >= 1 (the distributed optimizer), ``overlap_moe_expert_parallel_comm`` ep > 1 (off
+    by default: True turns it on for the expert-parallel candidates), ``overlap_p2p_comm`` the interleaved schedule
     (1F1B's transfers block either way: an explicit overlap_p2p_comm there is refused, parallel.check_overlap_p2p_flag,
     so it is left out there whether True or False). Until the stop 48 review a True went to every candidate, and a
     search given --tp-comm-overlap rejected every tp 1 strategy."""
-    allowed = {"tp_comm_overlap": par.tp > 1 and bool(par.sp), "overlap_param_gather": par.zero >= 1}
+    allowed = {"tp_comm_overlap": par.tp > 1 and bool(par.sp), "overlap_param_gather": par.zero >= 1,
+               "overlap_moe_expert_parallel_comm": par.ep > 1}
     out = {k: (None if v is True and not allowed.get(k, True) else v) for k, v in overlaps.items()}
     if par.interleave <= 1:
         out["overlap_p2p_comm"] = None
@@ -572,8 +574,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
     ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default); a True
-    ``tp_comm_overlap`` / ``overlap_param_gather`` for the candidates that allow it only (tp > 1 with SP; ZeRO >= 1:
-    :func:`candidate_overlaps`); ``overlap_p2p_comm`` for the interleaved candidates only (a ValueError when no
+    ``tp_comm_overlap`` / ``overlap_param_gather`` / ``overlap_moe_expert_parallel_comm`` for the candidates that allow
+    it only (tp > 1 with SP; ZeRO >= 1; ep > 1: :func:`candidate_overlaps`); ``overlap_p2p_comm`` for the interleaved candidates only (a ValueError when no
     ``interleave`` choice is 2 or more).
 
     ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp,

@@ -2494,7 +2494,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         root_stage, head_stage = hit
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero, ctx.grad_accum_dtype),
-                    optimizer=opts.optimizer,
+                    optimizer=opts.optimizer, optimizer_impl=g.meta.get("optimizer_impl"),
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
                     fp8_param_fraction=np.zeros(P) if ctx.fp8_param_gather else fp8_frac, expert_params=expert_stage,
                     expert_dp=edp_n, root_params=0.0 if root_stage is None else root_stage,
@@ -2520,10 +2520,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                       *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
                                               "framework", "block_params", "expert_dp", "reduce_bytes",
                                               "zero3_prefetch", "grad_accum_dtype", "fp8_copy_bytes_per_param",
-                                              "grad_bucket_params")))
+                                              "grad_bucket_params", "optimizer_impl")))
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
                                                state_kw["reduce_bytes"], state_kw["zero3_prefetch"], ds_acc,
-                                               state_kw["fp8_copy_bytes_per_param"], state_kw["grad_bucket_params"]))
+                                               state_kw["fp8_copy_bytes_per_param"], state_kw["grad_bucket_params"],
+                                               state_kw["optimizer_impl"]))
         cache = memo if memo is not None else sums
         mem_parts = cache.get(state_key)
         if mem_parts is None:

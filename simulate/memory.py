@@ -33,7 +33,7 @@ from wattcast.featurize.fp8_recipes import (DEFAULT_FP8_RECIPE, inference_weight
 from wattcast.featurize.op_graph import OpGraph
 from wattcast.featurize.recompute import module_layers_end, node_tags, recompute_tags, storage_rerun_tags
 from wattcast.featurize.training_graph import optimizer_state_bytes
-from wattcast.simulate.stage_memory import held_gradient_bytes
+from wattcast.simulate.stage_memory import foreach_step_bytes, held_gradient_bytes
 
 GB = 1e9
 
@@ -117,6 +117,7 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
         grads = params * held_gradient_bytes("hf", dtype, db)
         optimizer = meta.get("optimizer", "adamw")
         opt = params * optimizer_state_bytes(optimizer)
+        step_tmp = foreach_step_bytes(opt, optimizer, meta.get("optimizer_impl"))
         recompute = meta.get("recompute", "none")
         tbytes = graph.saved.get("tensor_bytes", np.zeros(0))
         kept = kept_tensors(graph)
@@ -134,6 +135,10 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
             acts = outside + sum(block_in) + (max(per_layer.values()) if per_layer else 0.0)
         else:
             acts = float(sum(float(tbytes[t]) for t in kept))
+        # the step runs after the backward has freed the activations: its temporary (foreach AdamW's fp32 copy of the
+        # second moments, stage_memory.foreach_step_bytes) is the peak's only where it exceeds them and the largest
+        # kernel's working set: peak = states + max(activations + transient, step temporary)
+        transient = max(transient, step_tmp - acts)
     return MemoryEstimate(weights / GB, grads / GB, opt / GB, acts / GB, max(transient, 0.0) / GB)
 
 

@@ -324,6 +324,23 @@ def weight_and_master_bytes(framework: str | None, zero: int, dtype_bytes: int) 
     return dtype_bytes, (4 if mixed else 0)
 
 
+#: the multi-tensor ("foreach") AdamW step's temporary: torch 2.13 optim/adam.py l. 790 ``exp_avg_sq_sqrt =
+#: torch._foreach_sqrt(device_exp_avg_sqs)`` allocates an fp32 copy of the second moments for the step (torch's own
+#: ``_foreach_doc``, optim/optimizer.py l. 255-257: foreach "uses ~ sizeof(params) more peak memory"); the fused
+#: kernel (one pass, in place) none. Bytes per parameter the rank's optimizer holds the states of
+FOREACH_STEP_TEMP_BYTES_PER_PARAM = 4.0
+
+
+def foreach_step_bytes(optimizer_bytes, optimizer: str, optimizer_impl: str | None):
+    """Bytes of the optimizer step's temporary under ``optimizer_impl`` (:data:`FOREACH_STEP_TEMP_BYTES_PER_PARAM`
+    per parameter whose states the rank holds: ``optimizer_bytes`` / the optimizer's state bytes per parameter; 0 for
+    the fused step and for an optimizer without states). Held after the last backward, beside the model states."""
+    opt_b = optimizer_state_bytes(optimizer)
+    if optimizer_impl != "foreach" or opt_b <= 0:
+        return 0.0
+    return optimizer_bytes * (FOREACH_STEP_TEMP_BYTES_PER_PARAM / opt_b)
+
+
 def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: int, dp: int,
                       grad_bytes: float | None = None, expert_params: float = 0.0, expert_dp: int | None = None,
                       framework: str | None = None) -> dict:
@@ -673,7 +690,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                  expert_dp: int | None = None, root_params: float = 0.0, head_params: float = 0.0,
                  reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                  grad_accum_dtype: str | None = None,
-                 grad_bucket_params: float = float("inf")) -> StageMemory:
+                 grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -693,6 +710,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
                                  block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
+    if optimizer_impl == "foreach":
+        after = after + foreach_step_bytes(st["optimizer_bytes"], optimizer, optimizer_impl)
     grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
                         head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
@@ -747,7 +766,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                     reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                     grad_accum_dtype: str | None = None,
-                    grad_bucket_params: float = float("inf")) -> dict[str, np.ndarray]:
+                    grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -762,6 +781,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
+    if optimizer_impl == "foreach":
+        after = after + foreach_step_bytes(st["optimizer_bytes"], optimizer, optimizer_impl)
     grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
                         head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
@@ -791,7 +812,7 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                    grad_accum_dtype: str | None = None,
-                   grad_bucket_params: float = float("inf")) -> np.ndarray:
+                   grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
@@ -800,7 +821,8 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                               fp8_copy_bytes_per_param=fp8_copy_bytes_per_param, expert_params=expert_params,
                               expert_dp=expert_dp, root_params=root_params,
                               head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch,
-                              grad_accum_dtype=grad_accum_dtype, grad_bucket_params=grad_bucket_params)
+                              grad_accum_dtype=grad_accum_dtype, grad_bucket_params=grad_bucket_params,
+                              optimizer_impl=optimizer_impl)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
@@ -811,7 +833,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                       expert_dp: int | None = None, root_params: np.ndarray | float = 0.0,
                       head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
                       zero3_prefetch: bool = False, grad_accum_dtype: str | None = None,
-                      grad_bucket_params: float = float("inf")) -> tuple:
+                      grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
@@ -837,9 +859,12 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
                         grad_bucket_params=grad_bucket_params)
     during = during + grads
+    o = _sharded(lambda x: x * opt_b, params, ex, *g[1])
     states = (w + _sharded(lambda x: x * m_b, params, ex, *g[1])
               + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])
-              + _sharded(lambda x: x * opt_b, params, ex, *g[1]))
+              + o)
+    if optimizer_impl == "foreach":  # the multi-tensor step's temporary, after the last backward
+        after = after + foreach_step_bytes(o, optimizer, optimizer_impl)
     return states, during, after
 
 

@@ -100,3 +100,32 @@ def test_mpt_rows_cost_composers_per_tensor_adamw(monkeypatch):
     except RuntimeError:
         pass
     assert seen == ["foreach"]
+
+
+def test_foreach_step_temporary_is_in_the_memory_on_one_device_and_a_cluster():
+    """torch 2.13 optim/adam.py l. 790: the foreach step's ``_foreach_sqrt`` makes an fp32 copy of the second moments
+    (4 B per parameter the rank's optimizer holds), after the backward has freed the activations: the peak is the
+    states plus max(activations + transient, that copy); the fused step has none (a review found it missing)."""
+    from wattcast.simulate.memory import estimate_memory
+    from wattcast.simulate.stage_memory import foreach_step_bytes, stage_memory_gb, stage_total_gb
+
+    fwd = step_graph("gpt2", StepOptions(batch=1, seq=128, mode="inference", dtype="bf16"))
+    p = float(fwd.nodes["param_count"].sum())
+    fused = estimate_memory(training_graph(fwd, optimizer="adamw"))
+    fe = estimate_memory(training_graph(fwd, optimizer="adamw", optimizer_impl="foreach"))
+    # gpt2 at 128 tokens: its activations are far below the 4 B/param copy, so the copy sets the peak
+    assert fe.activations_gb < 4 * p / 1e9
+    assert fe.total_gb == pytest.approx(fused.weights_gb + fused.gradients_gb + fused.optimizer_gb + 4 * p / 1e9)
+    assert fe.total_gb > fused.total_gb
+    assert foreach_step_bytes(8e9, "adamw", "fused") == 0.0 and foreach_step_bytes(8e9, "sgd", "foreach") == 0.0
+    # a cluster stage: held after the last backward (ZeRO-1 over 8 ranks: the rank's eighth of the states)
+    kw = dict(params=[1e9], act_bytes_per_chunk=[0.0], inflight=[1], full_recompute_extra_bytes=0.0, dtype_bytes=2,
+              grad_bytes=4, held_grad_bytes=4.0, optimizer="adamw", zero=1, dp=8, framework="megatron",
+              block_params=1e8)
+    base, fe_c = stage_memory_gb(**kw), stage_memory_gb(**kw, optimizer_impl="foreach")
+    assert fe_c["post_backward_buffers_gb"][0] - base["post_backward_buffers_gb"][0] == pytest.approx(4 * 1e9 / 8 / 1e9)
+    # the total is the states plus the larger of the passes' and the post-backward holdings
+    states = sum(fe_c[k][0] for k in ("weights_gb", "master_weights_gb", "gradients_gb", "optimizer_gb"))
+    during = fe_c["activations_gb"][0] + fe_c["buffers_gb"][0] + fe_c["unsharded_gradients_gb"][0]
+    assert fe_c["total_gb"][0] == pytest.approx(states + max(during, fe_c["post_backward_buffers_gb"][0]))
+    assert stage_total_gb(**kw, optimizer_impl="foreach")[0] == fe_c["total_gb"][0]

@@ -60,3 +60,17 @@ def test_search_refuses_a_positive_overlap_outside_megatron():
     from wattcast.planning.search import search
     with pytest.raises(ValueError, match="Megatron-Core option"):
         search("gpt2", "DGX-H100", 16, 32, 1024, framework="hf", overlaps={"tp_comm_overlap": True}, max_configs=4)
+
+
+def test_candidate_overlaps_gives_the_moe_overlap_to_expert_parallel_candidates_only():
+    """``overlap_moe_expert_parallel_comm`` needs ep > 1 (parallel.resolve_parallel): an explicit True goes to the
+    expert-parallel candidates only, as the other positive overlaps (until stop 48's last review it rejected every
+    ep 1 candidate); an explicit False still goes to every candidate."""
+    from wattcast.planning.search import candidate_overlaps
+    from wattcast.simulate.parallel import ParallelConfig
+
+    on = {"overlap_moe_expert_parallel_comm": True}
+    assert candidate_overlaps(ParallelConfig(ep=2), on)["overlap_moe_expert_parallel_comm"] is True
+    assert candidate_overlaps(ParallelConfig(ep=1), on)["overlap_moe_expert_parallel_comm"] is None
+    off = {"overlap_moe_expert_parallel_comm": False}
+    assert candidate_overlaps(ParallelConfig(ep=1), off)["overlap_moe_expert_parallel_comm"] is False
