@@ -452,7 +452,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                      overlap_p2p_comm=overlap_p2p_comm, zero3_prefetch=zero3_prefetch,
                      fsdp_reduce_dtype=fsdp_reduce_dtype, scatter_gather_p2p=scatter_gather_p2p,
                      grad_accum_dtype=grad_accum_dtype, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
-                     cross_entropy_loss_fusion=cross_entropy_loss_fusion, tokens=tokens, fp8_recipe=fp8_recipe)
+                     cross_entropy_loss_fusion=cross_entropy_loss_fusion, tokens=tokens, fp8_recipe=fp8_recipe,
+                     optimizer_impl=optimizer_impl)
         if kv_context is None:
             raise ValueError("logits= / serving= / prompt_tokens= / output_tokens= on a cluster describe KV-cached "
                              "inference: give kv_context= too")

@@ -38,7 +38,7 @@ _NOT_SERVED = {"pp": (None, 1), "dp": (None, 1), "cp": (None, 1), "ep": (None, 1
                "tp_comm_overlap": (None,), "overlap_moe_expert_parallel_comm": (None,), "overlap_p2p_comm": (None,),
                "zero3_prefetch": (None,), "fsdp_reduce_dtype": (None,), "grad_accum_dtype": (None,), "scatter_gather_p2p": (None,),
                "fp8_param_gather": (None, False), "mtp_num_layers": (None, 0), "cross_entropy_loss_fusion": (None,),
-               "tokens": (None,)}
+               "tokens": (None,), "optimizer_impl": (None,)}
 
 
 def check_tp_serving(*, gpus, tp, gpus_per_node: int, framework: str, given: dict) -> int:

@@ -129,3 +129,13 @@ def test_foreach_step_temporary_is_in_the_memory_on_one_device_and_a_cluster():
     during = fe_c["activations_gb"][0] + fe_c["buffers_gb"][0] + fe_c["unsharded_gradients_gb"][0]
     assert fe_c["total_gb"][0] == pytest.approx(states + max(during, fe_c["post_backward_buffers_gb"][0]))
     assert stage_total_gb(**kw, optimizer_impl="foreach")[0] == fe_c["total_gb"][0]
+
+
+def test_kv_cached_cluster_inference_refuses_an_optimizer_implementation():
+    """predict_cluster(kv_context=) serves one tensor-parallel group: a training option such as optimizer_impl is
+    refused naming it (it was silently ignored until stop 48's last review), as PredictRequest refuses it."""
+    with pytest.raises(ValueError, match="optimizer_impl"):
+        wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=2, tp=2, batch=4, seq=1, kv_context=512,
+                                 optimizer_impl="foreach")
+    ok = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=2, tp=2, batch=4, seq=1, kv_context=512)
+    assert ok.to_dict()["step_time_ms"] > 0
