@@ -1330,7 +1330,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         ood_opt_low_ms=per_layer(k_ood & opt, t_lo), ood_opt_high_ms=per_layer(k_ood & opt, t_hi),
         ood_coll_ms=per_layer(c_ood, t),
         wgrad_ms=per_layer(bwd & ~is_coll & names.str.endswith((".wgrad", ".bgrad")).to_numpy(), t),
-        tp_b_async_save_ms=per_layer(bwd, async_tp_backward_save_ms(names.to_numpy(), phase, op_class, group, layers, t,
+        tp_b_async_save_ms=per_layer(bwd, async_tp_backward_save_ms(name_arr, phase, op_class, group, layers, t,
                                                                      num_sms=spec.num_sms,
                                                                      host_floor_ms=tp_host_floor_ms)),
         layer_ids=full_ids, f_ms=per_layer(fwd, t), b_ms=per_layer(bwd, t), opt_ms=per_layer(opt, t),
@@ -2689,13 +2689,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         ddp_buckets = sums.get(bk_key)
         if ddp_buckets is None:
             ddp_buckets = {}
+            # the shared one is the word embeddings' weight, the embedding's first parameter
+            # (LanguageModelEmbedding builds word_embeddings before position_embeddings: models/common/embeddings/
+            # language_model_embedding.py l. 56, 67)
+            shared = tied_params > 0
             for c in first_ranks:
                 sel = np.flatnonzero(chunk == c)  # the chunk's layers in model order (the embedding first)
                 seqs = [view.dense_param_seq[i] for i in sel]
-                # the shared one is the word embeddings' weight, the embedding's first parameter
-                # (LanguageModelEmbedding builds word_embeddings before position_embeddings: models/common/embeddings/
-                # language_model_embedding.py l. 56, 67)
-                shared = tied_params > 0
                 own = [(np.arange(len(q)) == 0) & bool(shared and view.layer_ids[i] < 0) for i, q in zip(sel, seqs)]
                 if seqs:
                     ddp_buckets[c] = mcore_ddp_bucket_numels(np.concatenate(seqs), bucket_params,

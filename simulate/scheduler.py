@@ -141,7 +141,7 @@ def edge_p2p_ms(p2p_ms, n_stages: int, interleave: int) -> tuple[np.ndarray, np.
         return np.full(P * V, float(hop)), np.full(P * V, float(hop))
     if hop.shape != (P,):
         raise ValueError(f"p2p_ms: one figure or one per hop ({P}), got shape {hop.shape}")
-    return hop[(v - 1) % P].copy(), hop[v % P].copy()
+    return hop[(v - 1) % P], hop[v % P]  # (fancy indexing: copies)
 
 
 def simulate_pipeline(f_ms: np.ndarray, b_ms: np.ndarray, *, n_micro: int, interleave: int = 1, kind: str = "1f1b",

@@ -335,8 +335,10 @@ def foreach_step_bytes(optimizer_bytes, optimizer: str, optimizer_impl: str | No
     """Bytes of the optimizer step's temporary under ``optimizer_impl`` (:data:`FOREACH_STEP_TEMP_BYTES_PER_PARAM`
     per parameter whose states the rank holds: ``optimizer_bytes`` / the optimizer's state bytes per parameter; 0 for
     the fused step and for an optimizer without states). Held after the last backward, beside the model states."""
+    if optimizer_impl != "foreach":
+        return 0.0
     opt_b = optimizer_state_bytes(optimizer)
-    if optimizer_impl != "foreach" or opt_b <= 0:
+    if opt_b <= 0:
         return 0.0
     return optimizer_bytes * (FOREACH_STEP_TEMP_BYTES_PER_PARAM / opt_b)
 
@@ -710,8 +712,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
                                  block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
-    if optimizer_impl == "foreach":
-        after = after + foreach_step_bytes(st["optimizer_bytes"], optimizer, optimizer_impl)
+    after = after + foreach_step_bytes(st["optimizer_bytes"], optimizer, optimizer_impl)  # 0 unless foreach
     grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
                         head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
@@ -781,8 +782,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
-    if optimizer_impl == "foreach":
-        after = after + foreach_step_bytes(st["optimizer_bytes"], optimizer, optimizer_impl)
+    after = after + foreach_step_bytes(st["optimizer_bytes"], optimizer, optimizer_impl)  # 0 unless foreach
     grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
                         head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
@@ -863,8 +863,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     states = (w + _sharded(lambda x: x * m_b, params, ex, *g[1])
               + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])
               + o)
-    if optimizer_impl == "foreach":  # the multi-tensor step's temporary, after the last backward
-        after = after + foreach_step_bytes(o, optimizer, optimizer_impl)
+    after = after + foreach_step_bytes(o, optimizer, optimizer_impl)  # the foreach step's temporary (else 0)
     return states, during, after
 
 
