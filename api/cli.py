@@ -1945,12 +1945,20 @@ def profile_import(
 
 def _distinct_inputs(files: list[Path]) -> list[Path]:
     """``files`` without repeats: a path given twice (same resolved path) or a copy (same sha256 of the content) is
-    imported once, said on stderr (importing it twice duplicated every row)."""
+    imported once, said on stderr (importing it twice duplicated every row). Only files whose size another one shares
+    are hashed: a trace of a distinct size is read once, by its import."""
+    from collections import Counter
+
     from wattcast.models.manifest import sha256_file
 
+    sizes = [f.stat().st_size for f in files]
+    shared = Counter(sizes)
     seen: dict[str, Path] = {}
     out = []
-    for f in files:
+    for f, size in zip(files, sizes):
+        if shared[size] < 2:
+            out.append(f)
+            continue
         key = sha256_file(f)
         if key in seen:
             same = "the same file as" if f.resolve() == seen[key].resolve() else "the same content as"

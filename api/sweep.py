@@ -788,7 +788,8 @@ def _part_error(folder: Path, task_id: str, entries: dict | None = None) -> str 
     """The ``error`` of a part whose task ended with status error, else None: from the folder record's ``entries``
     when it holds the part's status (:func:`part_status`), else read from the part (a folder written before the
     record kept it, or a run stopped before it flushed)."""
-    status = (entries or {}).get(task_id, {}).get("part") if isinstance((entries or {}).get(task_id), dict) else None
+    entry = (entries or {}).get(task_id)
+    status = entry.get("part") if isinstance(entry, dict) else None
     if isinstance(status, dict) and isinstance(status.get("errors"), list):
         return str(status["errors"][0]) if status["errors"] else None
     try:

@@ -30,7 +30,7 @@ import pandas as pd
 from wattcast.data.checks import real_in
 from wattcast.data.collective_ops import canonical_op
 from wattcast.data.profiles.aten_map import ELEM_BYTES, TORCH_DTYPES, map_aten
-from wattcast.data.profiles.devices import catalog_name, device_labels, override_warning
+from wattcast.data.profiles.devices import device_labels, override_warning
 from wattcast.data.profiles.tables import ProfileImportError
 
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime")
@@ -195,13 +195,12 @@ class _ThreadOps:
 
 
 def _nccl_row(kernels, ops: _ThreadOps | None, idx: int, doc: dict, device_name: str, source: str,
-              device: str | None = None) -> dict:
+              device_cat: str) -> dict:
     k0 = kernels[0]
     durs = [_kernel_dur(k) for k in kernels]
     time_us = sum(durs) if None not in durs else float("nan")
     m = _NCCL_OP.search(k0.get("name", ""))
-    row = {"time_us": time_us, "device_name": device_name,
-           "Device": catalog_name(device_name) if device is None else device, "source": source,
+    row = {"time_us": time_us, "device_name": device_name, "Device": device_cat, "source": source,
            "op": "", "size_B": float("nan"), "dtype": "", "world_size": float("nan"), "reason": ""}
     if m:
         try:
