@@ -466,9 +466,10 @@ class GraphBuilder:
 
     @staticmethod
     def _bw(name: str, op_class: str, kernel: str, method: str = "surrogate", *, flops: float, bytes_: float,
-            scale: float = 1.0, **shape) -> dict:
+            scale: float = 1.0, dtype: str | None = None, **shape) -> dict:
+        """A backward kernel's row; ``dtype`` (None: the node's own) a kernel of another dtype than its node's."""
         return dict(name=name, op_class=op_class, kernel=kernel, method=method, flops=float(flops), bytes=float(bytes_),
-                    scale=float(scale), **shape)
+                    scale=float(scale), **shape, **({"dtype": dtype} if dtype else {}))
 
     # ------------------------------------------------------------------ GEMMs
     def linear(self, x: Tensor, out_features: int, *, bias: bool = True, name: str = "linear",
@@ -867,12 +868,11 @@ class GraphBuilder:
             in_b = DTYPE_BYTES[x.dtype]
             fw_bytes, bw_bytes = n * (in_b + db), n * (2 * db + in_b)
             fw_scale, bw_scale = fw_bytes / (2.0 * n * db), SOFTMAX_BACKWARD_MUL * bw_bytes / (3.0 * n * db)
-            bw_dtype = {"dtype": node_dtype}
         else:
-            fw_bytes, bw_bytes, fw_scale, bw_scale, bw_dtype = 2 * n * db, 3 * n * db, 1.0, SOFTMAX_BACKWARD_MUL, {}
+            fw_bytes, bw_bytes, fw_scale, bw_scale = 2 * n * db, 3 * n * db, 1.0, SOFTMAX_BACKWARD_MUL
         out = self._add(name, "softmax", "softmax", "surrogate", [x], x.shape, flops=5 * n, bytes_=fw_bytes,
                         backward=[self._bw(f"{name}.grad", "softmax", "mul", flops=4 * n, bytes_=bw_bytes,
-                                           scale=bw_scale, B=b, H=h, **bw_dtype)],
+                                           scale=bw_scale, dtype=node_dtype, B=b, H=h)],
                         out_dtype=out_dtype, node_dtype=node_dtype, scale=fw_scale, B=b, H=h)
         # softmax saves its output
         self._nodes[out.node].saves.append(out.tid)
@@ -885,7 +885,7 @@ class GraphBuilder:
         n_out = _numel(out_shape)
         node_dtype, db = self._compute_dtype(out_dtype)
         bw = [self._bw(f"{name}.grad", "elementwise", "", "proxy", flops=x.numel, bytes_=(n_out + x.numel) * db,
-                       **({"dtype": node_dtype} if node_dtype else {}))] if grad else []
+                       dtype=node_dtype)] if grad else []
         return self._add(name, "reduction", "", "proxy", [x], out_shape, flops=x.numel, bytes_=(x.numel + n_out) * db, backward=bw,
                          grad_inputs=None if grad else [], out_dtype=out_dtype, node_dtype=node_dtype)
 
@@ -909,28 +909,25 @@ class GraphBuilder:
         if n_out != x.numel and not (expand and n_out >= x.numel):
             raise GraphError(f"{name}: copy of {x.shape} as {shape} changes the element count")
         b, h = _numel(shape[:-1]), (shape[-1] if shape else 1)
-        bytes_ = x.nbytes + n_out * DTYPE_BYTES.get(out_dtype or self.dtype, self.dbytes)
+        to = out_dtype or self.dtype
+        bytes_ = x.nbytes + n_out * DTYPE_BYTES.get(to, self.dbytes)
         # a cast (``x.float()``, ``.to(bf16)``) reads one float dtype and writes another: costed as the wider dtype's
         # copy kernel (the NeuSight copy reads and writes its dtype) scaled to the bytes it moves (a bf16 <-> fp32
         # cast moves 6 of the fp32 copy's 8 bytes an element); its gradient is the cast the other way, as many bytes
-        wide = max((x.dtype, out_dtype or self.dtype), key=lambda d: DTYPE_BYTES.get(d, 0))
-        node_dtype = wide if (x.dtype != (out_dtype or self.dtype) and wide != self.dtype
-                              and x.dtype in _FLOAT_DTYPES and (out_dtype or self.dtype) in _FLOAT_DTYPES) else None
-        kw = {}
-        if node_dtype and n_out == x.numel and n_out:
-            kw = dict(dtype=node_dtype, scale=bytes_ / (2.0 * n_out * DTYPE_BYTES[node_dtype]))
-        elif node_dtype:
-            kw = dict(dtype=node_dtype)
+        wide = max((x.dtype, to), key=lambda d: DTYPE_BYTES.get(d, 0))
+        node_dtype = wide if (x.dtype != to and wide != self.dtype
+                              and x.dtype in _FLOAT_DTYPES and to in _FLOAT_DTYPES) else None
+        scale = bytes_ / (2.0 * n_out * DTYPE_BYTES[node_dtype]) if node_dtype and n_out == x.numel and n_out else 1.0
         if not grad:
             bw = []
         elif n_out == x.numel:
-            bw = [self._bw(f"{name}.grad", "memory", "copy", flops=0, bytes_=bytes_, B=b, H=h, **kw)]
+            bw = [self._bw(f"{name}.grad", "memory", "copy", flops=0, bytes_=bytes_, scale=scale, dtype=node_dtype,
+                           B=b, H=h)]
         else:
-            bw = [self._bw(f"{name}.grad", "reduction", "", "proxy", flops=n_out, bytes_=bytes_,
-                           **({"dtype": node_dtype} if node_dtype else {}))]
+            bw = [self._bw(f"{name}.grad", "reduction", "", "proxy", flops=n_out, bytes_=bytes_, dtype=node_dtype)]
         return self._add(name, "memory", "copy", "surrogate", [x], shape, flops=0, bytes_=bytes_, backward=bw,
                          grad_inputs=None if grad else [], out_dtype=out_dtype, node_dtype=node_dtype,
-                         scale=kw.get("scale", 1.0), B=b, H=h)
+                         scale=scale, B=b, H=h)
 
     def embedding(self, ids: Tensor, vocab: int, dim: int, *, name: str = "embedding", params: bool = True,
                   parallel: bool = False) -> Tensor:
