@@ -1235,7 +1235,7 @@ def clusters(
 
 @app.command()
 def sweep(
-    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output, moe_routing, gpus_per_node, zero3_prefetch, fsdp_reduce_dtype, grad_accum_dtype, fp8_recipe, scatter_gather_p2p, cross_entropy_loss_fusion, cross_entropy_fusion_impl, data_load_ms, data_workers, model_folders, cloud_usd_per_gpu_hour, footprint (the README's sweep section)."),
+    spec: Path = typer.Argument(..., help="Sweep spec (YAML): models, clusters, gpus, batch, seq; optional regions, tokens, dtype, attention, framework, objective, top, max_configs, space, output, moe_routing, gpus_per_node, zero3_prefetch, fsdp_reduce_dtype, grad_accum_dtype, fp8_recipe, scatter_gather_p2p, cross_entropy_loss_fusion, cross_entropy_fusion_impl, data_load_ms, data_workers, optimizer, optimizer_impl, model_folders, cloud_usd_per_gpu_hour, footprint (the README's sweep section)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output folder of Parquet parts (default: the spec's 'output', else sweep.parquet); a rerun resumes it."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Address of a running Dask scheduler (tcp://host:8786); default: a LocalCluster on this machine."),
     workers: int = typer.Option(2, "--workers", help="LocalCluster worker processes (0: run the tasks in this process, one by one, without Dask)."),

@@ -31,6 +31,8 @@
     cross_entropy_fusion_impl: native     # default on there, as the recipes run it): false for a plain Megatron-LM run
     data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
     data_workers: 4                       # optional: data-loader worker processes (as `--data-workers`)
+    optimizer: adamw                      # optional: the optimizer (as `--optimizer`; default adamw)
+    optimizer_impl: foreach               # optional: its kernels, fused or foreach (as `--optimizer-impl`)
     model_folders: {models: retrained/}   # optional: retrained models (models, collectives, power_model), as the
                                           # --models / --collectives / --power-model flags (which override them)
 
@@ -89,6 +91,9 @@ SPEC_KEYS = {
     "tokens": "whole-run length in tokens",
     "dtype": "precision (fp32, tf32, bf16, fp16, fp8)",
     "attention": "eager, flash or flash1",
+    "optimizer": "adamw (default), adam, adamw-bf16, sgd or none (as --optimizer)",
+    "optimizer_impl": "fused or foreach: the optimizer step's kernels (as --optimizer-impl; default: the framework's, "
+                      "fused)",
     "framework": "hf, megatron or megatron-deepspeed",
     "objective": "time, cost, tco, co2e or energy",
     "top": "rows kept per task",
@@ -225,6 +230,8 @@ class SweepSpec:
     cross_entropy_fusion_impl: str | None = None
     data_load_ms: float = 0.0
     data_workers: int | None = None
+    optimizer: str | None = None
+    optimizer_impl: str | None = None
     #: model folders by kind (models, collectives, power_model) as given; resolved (with the environment's) by tasks()
     model_folders: dict = field(default_factory=dict)
     #: run options of every task's footprint (search's footprint_kw, without region), cloud_usd_per_gpu_hour included
@@ -239,7 +246,8 @@ class SweepSpec:
         if self.moe_routing:
             settings["moe_routing"] = dict(sorted(self.moe_routing.items()))
         for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype", "fp8_recipe",
-                  "moe_token_dispatcher", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl"):
+                  "moe_token_dispatcher", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "optimizer",
+                  "optimizer_impl"):
             if getattr(self, k) is not None:
                 settings[k] = getattr(self, k)
         if self.data_load_ms:
@@ -484,6 +492,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
             resolve_workers("hf", data_workers)
     except ValueError as e:
         raise SweepSpecError(f"{where}: {e}") from None
+    optimizer, optimizer_impl = _optimizer_options(raw, where)
     run_opts = _run_options(raw, tokens, where)
     folders = raw.get("model_folders") or {}
     if not isinstance(folders, dict) or set(folders) - set(MODEL_FOLDER_KEYS):
@@ -499,9 +508,33 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      zero3_prefetch=z3, scatter_gather_p2p=sg, fsdp_reduce_dtype=reduce_dtype,
                      grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe, moe_token_dispatcher=dispatcher,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
+                     optimizer=optimizer, optimizer_impl=optimizer_impl,
                      model_folders={k: v for k, v in folders.items() if v is not None}, footprint=run_opts)
     _resolve_names(spec, where)
     return spec
+
+
+def _optimizer_options(raw: dict, where: str) -> tuple[str | None, str | None]:
+    """The spec's ``optimizer`` and ``optimizer_impl`` (None where not given), checked as search checks them
+    (featurize.training_graph.optimizer_key / optimizer_impl_key, with the spec's framework)."""
+    opt, impl = raw.get("optimizer"), raw.get("optimizer_impl")
+    if opt is None and impl is None:
+        return None, None
+    from wattcast.featurize.training_graph import optimizer_impl_key, optimizer_key
+    from wattcast.featurize.workload import canonical_framework
+
+    if opt is not None:
+        try:
+            optimizer_key(str(opt))
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: 'optimizer': {e}") from None
+        opt = str(opt).lower()
+    if impl is not None:
+        try:
+            impl = optimizer_impl_key(str(impl), canonical_framework(str(raw.get("framework", "hf"))), opt or "adamw")
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: 'optimizer_impl': {e}") from None
+    return opt, impl
 
 
 def _run_options(raw: dict, tokens, where: str) -> dict:
@@ -619,7 +652,9 @@ def run_task(task: dict) -> pd.DataFrame:
                   cross_entropy_loss_fusion=task.get("cross_entropy_loss_fusion"),
                   cross_entropy_fusion_impl=task.get("cross_entropy_fusion_impl") or "native",
                   data_load_ms=task.get("data_load_ms", 0.0),
-                  data_workers=task.get("data_workers"), **(task.get("model_folders") or {}))
+                  data_workers=task.get("data_workers"), optimizer_impl=task.get("optimizer_impl"),
+                  **({"optimizer": task["optimizer"]} if task.get("optimizer") else {}),
+                  **(task.get("model_folders") or {}))
         if task["tokens"] is not None:
             run = {**(task.get("footprint") or {}), **({"region": task["region"]} if task["region"] else {})}
             kw.update(tokens=task["tokens"], footprint_kw=run or None)
