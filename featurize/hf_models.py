@@ -1132,6 +1132,9 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
     ``linear_proj``; Mistral and Mixtral: none. The experts of a MoE layer are bias-free here as in transformers."""
     nh, nkv, d, h = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden
     qk_norm = cfg.family in ("qwen3", "qwen3_moe")
+    # linear_qkv's rows per query group (query heads of the group, key, value): Megatron-Core's Muon splits the weight
+    # by them (megatron-core 0.16.1 optimizer/muon.py l. 234-238; training_graph.muon_matrices)
+    b.meta["qkv_group_rows"] = [nh // nkv * d, d, d]
     biases = projection_biases(cfg)
     nhl = local_heads(b, nh)
     # fewer key/value groups than TP ranks (Megatron-Core accepts TP a multiple of num_query_groups,

@@ -23,7 +23,11 @@ from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, module_la
 #: ``adamw-bf16``: AdamW with its two moments held in bf16 (Megatron-Core's precision-aware optimizer,
 #: ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``: Transformer Engine's FusedAdam
 #: computing in fp32 and storing the moments in bf16; DeepSeek-V3's AdamW, tech report Sec. 3.3.2); fp32 master weights
-OPTIMIZERS = ("adamw", "adam", "adamw-bf16", "sgd", "none")
+#: ``muon``: Muon (Keller Jordan 2024; Liu et al. 2025, arXiv:2502.16982) on the transformer blocks' 2-D linear weights,
+#: AdamW on every other parameter (embeddings, output layer, norms, biases), as Megatron-Core 0.16.1 splits them
+#: (megatron/core/optimizer/muon.py l. 251-258) and torch.optim.Muon's documentation asks (torch 2.13 optim/_muon.py
+#: l. 262-263, 278-291): :func:`muon_matrices`, :func:`muon_rows`
+OPTIMIZERS = ("adamw", "adam", "adamw-bf16", "sgd", "muon", "none")
 
 #: bytes read + written per parameter by one optimizer step, run as ONE fused kernel pass (the "fused" implementation:
 #: torch.optim.AdamW(fused=True), ``_fused_adamw_``; apex / Transformer Engine FusedAdam, Megatron-Core's optimizer,
@@ -71,6 +75,34 @@ FOREACH_OPTIMIZER_BYTES_PER_PARAM = {("adamw", False): 80, ("adamw", True): 84, 
 OPTIMIZER_FLOPS_PER_PARAM = {"adamw": 14, "adamw-bf16": 14, "sgd": 2}
 #: bytes per parameter of the optimizer's states (Adam's two moments; SGD without momentum keeps none)
 OPTIMIZER_STATE_BYTES_PER_PARAM = {"adamw": 8, "adamw-bf16": 4, "sgd": 0, "none": 0}
+#: Muon keeps one fp32 momentum buffer per Muon parameter, no second moment: Megatron-Core 0.16.1 muon.py l. 208-212
+#: (``momentum_buffer = torch.zeros_like(p.data)`` of the fp32 main parameter its Float16OptimizerWithFloat16Params
+#: steps, l. 300-303), torch 2.13 optim/_muon.py l. 156-159 (``zeros_like(p.grad)``); its AdamW parameters keep the
+#: two moments (Megatron-Core muon.py l. 214-220): :func:`optimizer_state_bytes` mixes them by the Muon share
+MUON_STATE_BYTES_PER_PARAM = 4
+#: Newton-Schulz iterations per step: Megatron-Core 0.16.1 optimizer_config.py l. 275 (muon_num_ns_steps = 5), torch 2.13
+#: optim/_muon.py l. 28 (DEFAULT_NS_STEPS = 5); each runs A = X X^T, B = bA + cAA, X = aX + BX on the (m, n) matrix with
+#: m <= n (transposed otherwise): _muon.py l. 56-66 (Keller Jordan's reference muon.py, quintic coefficients l. 25-27)
+MUON_NS_STEPS = 5
+#: the GEMM dtype of the Newton-Schulz iteration per framework. Megatron-Core runs it on the fp32 momentum under
+#: ``fp32_matmul_prec="medium"`` (optimizer_config.py l. 272; muon.py l. 56, 106): torch's
+#: ``set_float32_matmul_precision("medium")`` makes CUDA fp32 matmuls TensorFloat32 (torch 2.13 __init__.py l. 1669-1675:
+#: "If 'high' or 'medium' are set then the TensorFloat32 datatype will be used", i.e. allow_tf32; cuBLAS has no bf16
+#: mode for it), so tf32. torch.optim.Muon (hf) casts to bf16 first (_muon.py l. 55: ``grad.bfloat16()``)
+MUON_NS_DTYPE = {"megatron": "tf32", "hf": "bf16"}
+#: bytes per Muon parameter of the step's elementwise passes over the fp32 state (mixed precision adds the 2 + 2 B of
+#: the bf16 gradient read and parameter copy, as :data:`OPTIMIZER_BYTES_PER_PARAM` does for AdamW).
+#: hf, torch.optim.Muon (torch 2.13 optim/_muon.py, nesterov on by default, l. 93): l. 333 ``buf.lerp_(grad)`` 12 B,
+#: l. 334 ``grad.lerp(buf)`` (Nesterov) 12, l. 55 ``.bfloat16()`` read 4 write 2 = 6, l. 59 ``norm`` + ``div_`` on bf16
+#: 2 + 4 = 6, l. 340 ``param.mul_`` (decay) 8, l. 341 ``param.add_(update)`` read 4 + 2, write 4 = 10: 54 B.
+#: megatron (emerging_optimizers' OrthogonalizedOptimizer, not installable here: the passes are the algorithm's as
+#: Megatron-Core configures it, not read from its source): decoupled weight decay (muon.py l. 51-52, 98) 8 B, the
+#: momentum update (no Nesterov: optimizer_config.py l. 266) 12, the normalisation before Newton-Schulz (norm + div
+#: on fp32) 12, the scale ``orth_grad * scale_factor * extra_scale_factor`` (muon.py l. 90: two passes) 16, the update
+#: ``p.add_`` 12: 60 B
+MUON_UPDATE_BYTES_PER_PARAM = {("hf", False): 54, ("hf", True): 58, ("megatron", False): 60, ("megatron", True): 64}
+#: FLOPs per Muon parameter of those passes (lerp 2, decay 1, norm 2, div 1, scale / update 2 each): about 10
+MUON_UPDATE_FLOPS_PER_PARAM = 10
 #: Gradient clipping before the step, at norm 1.0: the default of Hugging Face Trainer (max_grad_norm),
 #: Megatron-LM (--clip-grad) and DeepSpeed (gradient_clipping in its examples). torch.nn.utils.clip_grad_norm_
 #: reads every gradient for the norm (_foreach_norm) and multiplies them all by the clamped coefficient
@@ -101,6 +133,10 @@ def optimizer_impl_key(impl: str | None, framework: str = "hf", optimizer: str =
     if i == "foreach" and str(optimizer).lower() == "adamw-bf16":
         raise GraphError("optimizer adamw-bf16 (bf16 moments) is Transformer Engine's FusedAdam (Megatron-Core's "
                          "precision-aware optimizer): it has no foreach implementation; use --optimizer-impl fused")
+    if i == "foreach" and str(optimizer).lower() == "muon":
+        raise GraphError("optimizer muon: its AdamW part is costed as the framework runs it (fused: Transformer Engine's "
+                         "FusedAdam under Megatron-Core, adamw_torch_fused under hf); --optimizer-impl foreach with "
+                         "Muon is not modelled")
     return i
 
 
@@ -111,9 +147,107 @@ def optimizer_step_bytes(opt: str, mixed: bool, impl: str = "fused") -> int:
     return table[(opt, bool(mixed))]
 
 
-def optimizer_state_bytes(optimizer: str) -> int:
-    """Bytes per parameter of ``optimizer``'s states (:func:`optimizer_key` names it; GraphError when unknown)."""
-    return OPTIMIZER_STATE_BYTES_PER_PARAM[optimizer_key(optimizer)]
+def optimizer_state_bytes(optimizer: str, muon_fraction: float | None = None) -> float:
+    """Bytes per parameter of ``optimizer``'s states (:func:`optimizer_key` names it; GraphError when unknown). Muon:
+    ``muon_fraction`` of the parameters keep its one fp32 momentum (:data:`MUON_STATE_BYTES_PER_PARAM`), the rest
+    AdamW's two moments; ``muon_fraction`` is required for it (the graph's ``meta["muon_param_count"]`` / its
+    parameters)."""
+    o = optimizer_key(optimizer)
+    if o == "muon":
+        if muon_fraction is None:
+            raise GraphError("optimizer muon: the state bytes per parameter need the share of parameters Muon steps "
+                             "(muon_fraction; a training graph's meta muon_param_count / param_count)")
+        f = np.clip(np.asarray(muon_fraction, dtype=float), 0.0, 1.0)
+        f = float(f) if f.ndim == 0 else f
+        return MUON_STATE_BYTES_PER_PARAM * f + OPTIMIZER_STATE_BYTES_PER_PARAM["adamw"] * (1.0 - f)
+    return OPTIMIZER_STATE_BYTES_PER_PARAM[o]
+
+
+def muon_fraction(meta: dict) -> float | None:
+    """The share of a training graph's parameters Muon steps (None when its optimizer is not Muon)."""
+    if meta.get("optimizer") != "muon":
+        return None
+    total = float(meta.get("param_count") or 0.0)
+    return float(meta.get("muon_param_count") or 0.0) / total if total > 0 else 0.0
+
+
+def muon_framework(framework: str) -> str:
+    """The Muon implementation a framework runs: Megatron-Core's TensorParallelMuon (megatron) or torch.optim.Muon
+    (hf); GraphError for megatron-deepspeed (DeepSpeed's Muon is not modelled)."""
+    fw = str(framework).lower()
+    if fw not in MUON_NS_DTYPE:
+        raise GraphError(f"optimizer muon is modelled as Megatron-Core 0.16.1 runs it (--framework megatron) and as "
+                         f"torch.optim.Muon (--framework hf); not under {framework!r}")
+    return fw
+
+
+def muon_ns_flops(m, n, steps: int = MUON_NS_STEPS):
+    """FLOPs of the Newton-Schulz iteration on one (m, n) matrix (either orientation: it runs on the (min, max) one):
+    per step A = X X^T (2 m^2 n), B = bA + cAA (2 m^3), X = aX + BX (2 m^2 n), i.e. 5 x (4 m^2 n + 2 m^3) for 5
+    steps (the additions inside torch.addmm are not counted)."""
+    a, b = np.minimum(m, n), np.maximum(m, n)
+    return steps * (4.0 * a * a * b + 2.0 * a ** 3)
+
+
+def muon_matrices(fwd: OpGraph, framework: str = "megatron") -> pd.DataFrame:
+    """The matrices Muon steps, one row per (node, split): ``layer``, ``rows``, ``cols`` (the rank's shard of the
+    weight, out x in), ``count`` (matrices of that shape the node holds: a mixture of experts' held copies),
+    ``params`` (their elements). Every linear node with a weight inside the transformer blocks (layers 0 .. n_layers-1;
+    embeddings, the output layer, norms and biases go to AdamW: Megatron-Core muon.py l. 251-258). Megatron-Core
+    splits the fused QKV weight into its query, key and value matrices before Newton-Schulz (``muon_split_qkv``
+    default True, optimizer_config.py l. 263; muon.py l. 136-159), by the per-group shapes the graph's meta
+    ``qkv_group_rows`` names."""
+    n = fwd.nodes
+    n_layers = int(fwd.meta.get("n_layers", 0)) or 1 << 30
+    lay = n["layer"].to_numpy()
+    sel = ((n["op_class"].to_numpy() == "linear") & (n["phase"].to_numpy() == "forward")
+           & (n["param_count"].to_numpy() > 0) & (lay >= 0) & (lay < n_layers))
+    sub = n[sel]
+    cols = sub["N"].to_numpy(dtype=float)  # in features (the contraction dim of the forward GEMM)
+    rows = sub["K"].to_numpy(dtype=float)  # out features on this rank
+    bias = sub["kernel"].to_numpy() == "linear"  # GraphBuilder.linear: kernel "linear" with a bias, "bmm" without
+    per = cols * rows + np.where(bias, rows, 0.0)
+    count = np.maximum(np.round(sub["param_count"].to_numpy(dtype=float) / per), 0.0)
+    out = pd.DataFrame({"layer": sub["layer"].to_numpy(dtype=np.int64), "rows": rows, "cols": cols, "count": count,
+                        "name": sub["name"].to_numpy()})
+    out = out[(out["count"] > 0) & (out["rows"] > 0) & (out["cols"] > 0)]
+    split = fwd.meta.get("qkv_group_rows")
+    if framework == "megatron" and split:
+        g = float(sum(split))
+        qkv = out["name"].astype(str).str.endswith("linear_qkv") & (out["rows"] % g == 0) & (out["rows"] >= g)
+        if qkv.any():
+            parts = [out[~qkv]]
+            for r in split:  # query, key, value: num_query_groups x their rows per group
+                q = out[qkv].copy()
+                q["rows"] = q["rows"] / g * float(r)
+                parts.append(q)
+            out = pd.concat(parts, ignore_index=True)
+    out["params"] = out["rows"] * out["cols"] * out["count"]
+    return out.reset_index(drop=True)
+
+
+def muon_rows(mats: pd.DataFrame, lay: int, scope: str, framework: str, mixed: bool, dtype: str) -> list[dict]:
+    """Optimizer-phase rows of Muon's step over one layer's matrices ``mats`` (:func:`muon_matrices`): per matrix
+    shape the Newton-Schulz iteration's three GEMMs (``muon_newton_schulz.gram`` A = X X^T, ``.poly`` B = bA + cAA,
+    ``.apply`` X = aX + BX; costed by the GEMM surrogate as ``bmm`` (B, M, N, K) with N the contraction, times the
+    steps x matrices) and one ``muon_update`` row of the elementwise passes (bytes, :data:`MUON_UPDATE_BYTES_PER_PARAM`)."""
+    ns_dtype = MUON_NS_DTYPE[framework]
+    db = 4 if ns_dtype == "tf32" else 2
+    out = []
+    shapes = mats.assign(m=np.minimum(mats["rows"], mats["cols"]), n=np.maximum(mats["rows"], mats["cols"]))
+    shapes = shapes.groupby(["m", "n"], sort=True)["count"].sum()
+    for (m, n), c in shapes.items():
+        reps = float(c) * MUON_NS_STEPS
+        for part, (M, N, K) in (("gram", (m, n, m)), ("poly", (m, m, m)), ("apply", (m, m, n))):
+            r = _opt_row(f"muon_newton_schulz.{part}[{lay}]", "muon_newton_schulz", lay, scope,
+                         2.0 * M * N * K * reps, (M * N + N * K + M * K) * db * reps, ns_dtype, "optimizer")
+            r.update(kernel="bmm", method="surrogate", dtype=ns_dtype, B=1.0, M=float(M), N=float(N), K=float(K),
+                     scale=reps)
+            out.append(r)
+    p = float(mats["params"].sum())
+    out.append(_opt_row(f"muon_update[{lay}]", "muon_update", lay, scope, MUON_UPDATE_FLOPS_PER_PARAM * p,
+                        MUON_UPDATE_BYTES_PER_PARAM[(framework, bool(mixed))] * p, dtype, "optimizer"))
+    return out
 
 
 def _column_values(nodes: pd.DataFrame) -> dict[str, list]:
@@ -162,14 +296,17 @@ def _check_modules(fwd: OpGraph, recompute: str) -> None:
 
 
 def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "none",
-                   grad_accumulation: bool = False, clip_grad: bool = True, optimizer_impl: str = "fused") -> OpGraph:
+                   grad_accumulation: bool = False, clip_grad: bool = True, optimizer_impl: str = "fused",
+                   framework: str = "hf") -> OpGraph:
     """Forward + backward (+ recomputation) + optimizer step of a forward graph.
 
     ``grad_accumulation`` adds the AccumulateGrad kernel per parameter (gradients summed into existing
     ``.grad`` tensors, as in gradient accumulation over micro-batches). ``clip_grad``: with an optimizer,
     clip the gradients' norm first (``CLIP_BYTES_PER_PARAM``). ``optimizer_impl``: the step's kernels, "fused" (one pass)
     or "foreach" (PyTorch's multi-tensor passes, :data:`FOREACH_OPTIMIZER_BYTES_PER_PARAM`); the step's kernel rows
-    are named ``{optimizer}.step[layer]`` / ``{optimizer}.foreach_step[layer]``.
+    are named ``{optimizer}.step[layer]`` / ``{optimizer}.foreach_step[layer]``. ``optimizer="muon"``: Muon's rows
+    (:func:`muon_rows`, as ``framework`` runs it: :func:`muon_framework`) over the layer's matrices and an
+    ``adamw.step`` row over its other parameters.
     """
     if "backward" not in fwd.saved:
         raise GraphError("graph has no backward rules (was it built by GraphBuilder?)")
@@ -181,6 +318,11 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     _check_modules(fwd, recompute)
     opt = optimizer_key(optimizer)
     impl = optimizer_impl_key(optimizer_impl, optimizer=opt)
+    muon = None
+    if opt == "muon":
+        muon_fw = muon_framework(framework)
+        muon = muon_matrices(fwd, muon_fw)
+        muon_by_layer = {int(k): v for k, v in muon.groupby("layer")} if len(muon) else {}
     # DeepSeek-V3's MoE SwiGLU outputs, re-made from their FP8-cached inputs (--fp8-recipe deepseek), with or without
     # a recompute setting; under full recomputation the whole layer re-runs anyway
     stored = storage_rerun_tags(fwd.meta, recompute)
@@ -254,7 +396,20 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
                 out_rows.append(_opt_row(f"clip_grad_norm[{lay}]", "optimizer", lay, scope, 2.0 * float(p),
                                          CLIP_BYTES_PER_PARAM * float(p), dtype, "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
-            if opt != "none":
+            if opt == "muon":
+                mats = muon_by_layer.get(int(lay))
+                p_muon = float(mats["params"].sum()) if mats is not None else 0.0
+                if p - p_muon > 0:  # the layer's other parameters: AdamW (Megatron-Core muon.py l. 321-333)
+                    out_rows.append(_opt_row(f"adamw.step[{lay}]", "optimizer", lay, scope,
+                                             OPTIMIZER_FLOPS_PER_PARAM["adamw"] * float(p - p_muon),
+                                             optimizer_step_bytes("adamw", mixed, impl) * float(p - p_muon), dtype,
+                                             "optimizer"))
+                    edges.append((prev, n_fwd + len(out_rows) - 1))
+                if mats is not None:
+                    for r in muon_rows(mats, lay, scope, muon_fw, mixed, dtype):
+                        out_rows.append(r)
+                        edges.append((prev, n_fwd + len(out_rows) - 1))
+            elif opt != "none":
                 step = "foreach_step" if impl == "foreach" else "step"
                 out_rows.append(_opt_row(f"{opt}.{step}[{lay}]", "optimizer", lay, scope, OPTIMIZER_FLOPS_PER_PARAM[opt] * float(p),
                                          optimizer_step_bytes(opt, mixed, impl) * float(p), dtype, "optimizer"))
@@ -286,8 +441,50 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
                         "parts under --framework megatron")
     meta = dict(fwd.meta, mode="train", optimizer=opt, optimizer_impl=impl, recompute=recompute, grad_accumulation=bool(grad_accumulation),
                 clip_grad=bool(clip_grad and opt != "none"),
-                optimizer_param_count=int(n_params), **({"warnings": warnings} if warnings else {}))
+                optimizer_param_count=int(n_params), **({"warnings": warnings} if warnings else {}),
+                **(_muon_meta(muon, muon_fw) if muon is not None else {}))
     return replace(fwd, nodes=all_nodes, edges=np.array(edges, dtype=np.int64).reshape(-1, 2), meta=meta)
+
+
+def optimizer_param_tensors(g: OpGraph) -> pd.DataFrame:
+    """The parameter tensors a Muon training graph's optimizer steps, one row each in the graph's order: ``layer``,
+    ``numel``, ``ns_flops`` (Newton-Schulz FLOPs, 0 for an AdamW tensor), ``step_bytes`` (bytes its elementwise passes
+    move: Muon's :data:`MUON_UPDATE_BYTES_PER_PARAM`, AdamW's fused step). What Megatron-Core's
+    LayerWiseDistributedOptimizer splits over the DP ranks (whole tensors: layer_wise_optimizer.py l. 92-136). A
+    Muon matrix is one tensor (its query / key / value split is inside its step); every other node with parameters
+    counts as one AdamW tensor (a linear layer's bias with its weight's AdamW row: not split out)."""
+    fw = g.meta.get("muon_framework", "megatron")
+    mixed = g.meta.get("dtype") in ("fp16", "bf16") or g.meta.get("precision") == "fp8"
+    fwd = OpGraph(g.nodes[g.nodes["phase"] == "forward"].reset_index(drop=True), g.edges, g.meta, g.saved)
+    mats = muon_matrices(fwd, fw if fw in MUON_NS_DTYPE else "megatron")
+    mats = mats.assign(flops=muon_ns_flops(mats["rows"], mats["cols"]) * mats["count"])
+    whole = mats.groupby(["layer", "name"], sort=False).agg(numel=("params", "sum"), flops=("flops", "sum"),
+                                                            count=("count", "first")).reset_index()
+    n = fwd.nodes
+    own = n[n["param_count"] > 0]
+    muon_b = MUON_UPDATE_BYTES_PER_PARAM[(fw, bool(mixed))]
+    adam_b = optimizer_step_bytes("adamw", bool(mixed))
+    rows = []
+    muon_keys = {(int(r.layer), r.name): r for r in whole.itertuples()}
+    for lay, name, pc in zip(own["layer"].to_numpy(), own["name"].to_numpy(), own["param_count"].to_numpy(dtype=float)):
+        r = muon_keys.get((int(lay), name))
+        if r is None:
+            rows.append((int(lay), pc, 0.0, adam_b * pc))
+            continue
+        c = max(int(r.count), 1)  # a mixture of experts' held copies: one tensor each
+        rows += [(int(lay), r.numel / c, r.flops / c, muon_b * r.numel / c)] * c
+        if pc > r.numel:
+            rows.append((int(lay), pc - r.numel, 0.0, adam_b * (pc - r.numel)))
+    return pd.DataFrame(rows, columns=["layer", "numel", "ns_flops", "step_bytes"])
+
+
+def _muon_meta(mats: pd.DataFrame, framework: str) -> dict:
+    """A Muon training graph's meta: the parameters Muon steps (in all and per layer, for the memory and the
+    layer-wise distributed optimizer's split), its implementation and its Newton-Schulz GEMM dtype."""
+    by_layer = mats.groupby("layer")["params"].sum() if len(mats) else pd.Series(dtype=float)
+    return dict(muon_param_count=float(mats["params"].sum()) if len(mats) else 0.0, muon_framework=framework,
+                muon_ns_dtype=MUON_NS_DTYPE[framework], muon_tp_mode="blockwise",
+                muon_params_by_layer={int(k): float(v) for k, v in by_layer.items()})
 
 
 def _opt_row(name: str, op_class: str, layer: int, scope: str, flops: float, bytes_: float, dtype: str, phase: str) -> dict:

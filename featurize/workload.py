@@ -580,7 +580,8 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
     fwd = OpGraph(fwd.nodes, fwd.edges, meta, fwd.saved)
     if opts.mode == "train":
         return training_graph(fwd, optimizer=opts.optimizer, recompute=opts.recompute, grad_accumulation=opts.grad_accumulation,
-                              optimizer_impl=optimizer_impl_key(opts.optimizer_impl, opts.framework, opts.optimizer))
+                              optimizer_impl=optimizer_impl_key(opts.optimizer_impl, opts.framework, opts.optimizer),
+                              framework=opts.framework)
     return fwd
 
 

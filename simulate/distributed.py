@@ -49,7 +49,7 @@ from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
 from wattcast.featurize.recompute import node_tags
-from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM
+from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM, optimizer_param_tensors
 from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype,
                                         fp8_recipe_option, is_onnx_path, moe_dispatcher_option, step_graph)
 from wattcast.models.kernel_bundle import load_bundle
@@ -570,6 +570,95 @@ def per_unit_collectives(framework: str, zero: int) -> bool:
     return int(zero) == 3 or fsdp_shard_grad_op(framework, zero)
 
 
+def muon_layer_wise(framework: str, optimizer: str | None, zero: int) -> bool:
+    """Whether the step runs Muon under Megatron-Core's LayerWiseDistributedOptimizer: ``--optimizer muon`` with
+    ``--framework megatron`` at ZeRO-1. Megatron-Core 0.16.1's Muon refuses the distributed optimizer
+    (optimizer/muon.py l. 190-193: "muon with dist optimizer is not supported") and shards its states over the DP
+    ranks with that wrapper instead (muon.py l. 343-349): whole parameters per rank, sorted by size and dealt
+    ping-pong (layer_wise_optimizer.py l. 92-136), the gradients all-reduced by DDP (l. 35), each rank stepping its
+    own, then one all-gather of the updated parameters inside the step (l. 146-182, 221-229): not overlapped with
+    the next forward. wattcast's ``--zero 1`` with Muon is that wrapper."""
+    return str(optimizer).lower() == "muon" and framework == "megatron" and int(zero) >= 1
+
+
+def check_muon_parallel(par: ParallelConfig, raw_overlap_param_gather, framework: str, optimizer: str | None,
+                        dual: bool = False) -> ParallelConfig:
+    """``par`` as Muon runs it (:func:`muon_layer_wise`: no overlapped parameter gather), or ParallelConfigError for
+    a combination wattcast does not model: hf above ZeRO-0 (torch.optim.Muon orthogonalises whole 2-D matrices;
+    FSDP / ZeRO shards are not), megatron above ZeRO-1 (the layer-wise optimizer keeps Megatron's distributed
+    optimizer and FSDP off, layer_wise_optimizer.py l. 31), expert parallelism or DualPipe with the layer-wise
+    optimizer (its expert-DP split, l. 127-131, and DualPipe's mirrored stages are not modelled), an explicit
+    --overlap-param-gather (its gather runs inside the step, l. 221-229)."""
+    if str(optimizer).lower() != "muon":
+        return par
+    if framework == "hf" and int(par.zero) >= 1:
+        raise ParallelConfigError("--optimizer muon with --framework hf is torch.optim.Muon on whole 2-D matrices: "
+                                  "ZeRO / FSDP sharding (--zero 1-3) with it is not modelled; use --zero 0")
+    if framework == "megatron" and int(par.zero) >= 2:
+        raise ParallelConfigError("--optimizer muon with --framework megatron: Megatron-Core 0.16.1 runs Muon without "
+                                  "the distributed optimizer (optimizer/muon.py l. 190-193) or with its "
+                                  "LayerWiseDistributedOptimizer (--zero 1 here); --zero 2/3 (Megatron-FSDP) is not "
+                                  "supported with it")
+    if muon_layer_wise(framework, optimizer, par.zero):
+        if par.ep > 1:
+            raise ParallelConfigError("--optimizer muon at --zero 1 (Megatron-Core's LayerWiseDistributedOptimizer) with "
+                                      "--ep > 1: its expert-data-parallel split is not modelled; use --zero 0 or --ep 1")
+        if dual:
+            raise ParallelConfigError("--optimizer muon at --zero 1 (LayerWiseDistributedOptimizer) with the DualPipe "
+                                      "schedule is not modelled")
+        if raw_overlap_param_gather:
+            raise ParallelConfigError("--overlap-param-gather with --optimizer muon: Megatron-Core's "
+                                      "LayerWiseDistributedOptimizer all-gathers the updated parameters inside its step "
+                                      "(layer_wise_optimizer.py l. 221-229), not in the next forward")
+        par = replace(par, overlap_param_gather=False)
+    return par
+
+
+def layer_wise_shares(tensors: pd.DataFrame, stage: np.ndarray, P: int, dp: int, ns_tflops: float,
+                      mem_gbps: float) -> np.ndarray:
+    """Per pipeline stage, the slowest DP rank's share of the stage's optimizer step under Megatron-Core's
+    LayerWiseDistributedOptimizer: the stage's parameter tensors (``tensors``: training_graph.optimizer_param_tensors
+    of the whole model in its order, ``stage`` each one's) sorted by size (a stable sort, as Python's ``list.sort``) and dealt to the ranks ping-pong, 0..dp-1 then dp-1..0
+    (layer_wise_optimizer.py l. 104-136); each tensor weighs its Newton-Schulz FLOPs at ``ns_tflops`` plus its
+    elementwise bytes at ``mem_gbps``; the share is the heaviest rank's weight over the stage's."""
+    out = np.full(P, 1.0 / max(int(dp), 1))
+    if dp <= 1 or not len(tensors):
+        return np.ones(P) if dp <= 1 else out
+    w_all = (tensors["ns_flops"].to_numpy(dtype=float) / (ns_tflops * 1e12)
+             + tensors["step_bytes"].to_numpy(dtype=float) / (mem_gbps * 1e9))
+    stage = np.asarray(stage)
+    loop = np.r_[np.arange(dp), np.arange(dp)[::-1]]
+    numel = tensors["numel"].to_numpy(dtype=float)
+    for s in range(P):
+        sel = np.flatnonzero(stage == s)
+        if not len(sel):
+            continue
+        order = sel[np.argsort(numel[sel], kind="stable")]
+        rank = loop[np.arange(len(order)) % len(loop)]
+        per_rank = np.bincount(rank, weights=w_all[order], minlength=dp)
+        total = per_rank.sum()
+        if total > 0:
+            out[s] = per_rank.max() / total
+    return out
+
+
+def model_param_tensors(g, src_layer_ids: np.ndarray, stage_of_full_layer: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """The whole model's optimizer tensors in order (training_graph.optimizer_param_tensors of the costed graph, a
+    short graph's repeated block once per layer it stands for: ``src_layer_ids`` each full layer's graph layer) and
+    each one's pipeline stage (``stage_of_full_layer``)."""
+    tens = optimizer_param_tensors(g)
+    by_layer = {int(k): v for k, v in tens.groupby("layer").indices.items()}
+    idx, stage = [], []
+    for gid, st in zip(np.asarray(src_layer_ids).tolist(), np.asarray(stage_of_full_layer).tolist()):
+        rows = by_layer.get(int(gid))
+        if rows is not None:
+            idx.append(rows)
+            stage.append(np.full(len(rows), int(st)))
+    if not idx:
+        return tens.iloc[:0], np.zeros(0, dtype=np.int64)
+    return tens.iloc[np.concatenate(idx)].reset_index(drop=True), np.concatenate(stage)
+
+
 def dp_reduce_op(framework: str, zero: int, bf16_optimizer: bool = False) -> str:
     """The collective of the data-parallel gradient reduction below ZeRO-3: "reduce_scatter" for a distributed
     optimizer (ZeRO-1/2) except DeepSpeed's, else "all_reduce".
@@ -863,6 +952,8 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            n_experts=hf.n_experts if hf else None, seq=seq, cluster=cl,
                            uneven_stages=framework == "megatron-deepspeed", framework=framework,
                            moe_token_dispatcher=dopts.moe_token_dispatcher)
+    par = check_muon_parallel(par, parallel.overlap_param_gather, framework, dopts.optimizer,
+                              dual=par.schedule == "dualpipe")
     mb = int(par.micro_batch)
     if mb * seq > MAX_TOKENS_PER_STEP:
         whole = par.pp == 1 and parallel.micro_batch is None
@@ -1184,6 +1275,10 @@ class _RankView:
     # the non-collective OOD kernels' ms in the forward and backward of one micro-batch and in the optimizer step,
     # each also at its band's low and high edge (ms x exp(low_log), ms x exp(high_log)); collectives outside the
     # collective model's support (forward and backward), reported apart
+    #: Muon's parameters per layer (training_graph.muon_matrices; None without Muon) and each layer's id in the costed
+    #: graph (a short graph's block 1 stands for many): the layer-wise optimizer's split (layer_wise_shares)
+    muon_params: np.ndarray = None
+    src_layer_ids: np.ndarray = None
     ood_fb_ms: np.ndarray = None
     ood_fb_low_ms: np.ndarray = None
     ood_fb_high_ms: np.ndarray = None
@@ -1323,7 +1418,10 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     rows = rows[np.argsort(li[rows], kind="stable")]  # graph order within each layer
     cuts = np.searchsorted(li[rows], np.arange(n + 1))
     seq_by_id = [dense_param_sequence(name_arr[rows[a:z]], params[rows[a:z]]) for a, z in zip(cuts[:-1], cuts[1:])]
+    muon_by_layer = {int(k): float(v) for k, v in (g.meta.get("muon_params_by_layer") or {}).items()}
     return _RankView(
+        muon_params=layer_array(muon_by_layer) if g.meta.get("optimizer") == "muon" else None,
+        src_layer_ids=ids[src],
         dense_param_seq=tuple(seq_by_id[j] for j in src),
         ood_fb_ms=per_layer(k_ood & (fwd | bwd), t), ood_fb_low_ms=per_layer(k_ood & (fwd | bwd), t_lo),
         ood_fb_high_ms=per_layer(k_ood & (fwd | bwd), t_hi), ood_opt_ms=per_layer(k_ood & opt, t),
@@ -2452,6 +2550,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     bf16_opt = bf16_optimizer_runs(opts.framework, par.zero, ds_acc)
     par_dp = replace(par, zero=max(int(par.zero), 1)) if bf16_opt else par
     dp_op = dp_reduce_op(opts.framework, par.zero, bf16_opt)
+    layer_wise = muon_layer_wise(opts.framework, opts.optimizer, par.zero)
+    if layer_wise:  # LayerWiseDistributedOptimizer: DDP all-reduces the gradients (layer_wise_optimizer.py l. 35)
+        dp_op = "all_reduce"
     summary = ctx.summary
     capacity = capacity_gb(spec.memory_gb)
     # expert states are sharded over the expert-data-parallel group (tp x cp x dp / (etp x ep): _dp_times' ep_dp), not
@@ -2459,10 +2560,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     edp_n = expert_dp(par)
     # what one device's share of the optimizer step is under ZeRO >= 1, per stage: dense parameters sharded over the DP
     # group, expert ones over the expert-DP group (1 / dp without experts or with ep 1)
-    share_key = ("opt_share", P, V, par_dp.zero >= 1, dp_n, edp_n)
+    share_key = ("opt_share", P, V, par_dp.zero >= 1, dp_n, edp_n, layer_wise)
     opt_share = sums.get(share_key)
     if opt_share is None:
-        if par_dp.zero >= 1:
+        if layer_wise:  # each rank steps whole tensors: the slowest rank's share of its stage's step
+            ns_dtype = g.meta.get("muon_ns_dtype", "tf32")
+            tens, stage_t = model_param_tensors(g, view.src_layer_ids, np.asarray(chunk) % P)
+            opt_share = layer_wise_shares(tens, stage_t, P, dp_n, spec.peak_matrix_tflops(ns_dtype),
+                                          spec.memory_bandwidth_gbps)
+        elif par_dp.zero >= 1:
             exp_frac = np.divide(expert_stage, params_stage,
                                  out=np.zeros(P), where=params_stage > 0) if edp_n != dp_n else np.zeros(P)
             opt_share = (1.0 - exp_frac) / dp_n + exp_frac / edp_n
@@ -2492,6 +2598,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             head[-1] += float(g.meta.get("tied_output_params") or 0.0)
             hit = sums[root_key] = (root, np.minimum(head, root))
         root_stage, head_stage = hit
+    muon_frac = None
+    if g.meta.get("optimizer") == "muon":  # each stage's share of parameters Muon steps (its one fp32 momentum)
+        mkey = ("muon_fraction", P, V)
+        muon_frac = sums.get(mkey)
+        if muon_frac is None:
+            m_stage = rank_sum(per_chunk(view.muon_params))
+            muon_frac = sums[mkey] = np.divide(m_stage, params_stage, out=np.zeros(P), where=params_stage > 0)
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero, ctx.grad_accum_dtype),
                     optimizer=opts.optimizer, optimizer_impl=g.meta.get("optimizer_impl"),
@@ -2505,7 +2618,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     grad_bucket_params=(dp_bucket_params(opts.framework, par, dp_n, 4.0)
                                         if megatron_fsdp(opts.framework, par.zero) and par.zero == 2 else float("inf")),
                     fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed",
-                                                                         bool(g.meta.get("fp8_transpose", True))))
+                                                                         bool(g.meta.get("fp8_transpose", True))),
+                    muon_fraction=muon_frac)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -2520,11 +2634,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                       *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
                                               "framework", "block_params", "expert_dp", "reduce_bytes",
                                               "zero3_prefetch", "grad_accum_dtype", "fp8_copy_bytes_per_param",
-                                              "grad_bucket_params", "optimizer_impl")))
+                                              "grad_bucket_params", "optimizer_impl")),
+                      None if muon_frac is None else muon_frac.tobytes())
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
                                                state_kw["reduce_bytes"], state_kw["zero3_prefetch"], ds_acc,
                                                state_kw["fp8_copy_bytes_per_param"], state_kw["grad_bucket_params"],
-                                               state_kw["optimizer_impl"]))
+                                               state_kw["optimizer_impl"],
+                                               None if muon_frac is None else muon_frac.tobytes()))
         cache = memo if memo is not None else sums
         mem_parts = cache.get(state_key)
         if mem_parts is None:

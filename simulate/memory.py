@@ -32,7 +32,7 @@ from wattcast.featurize.fp8_recipes import (DEFAULT_FP8_RECIPE, inference_weight
                                             weight_copy_bytes_per_param)
 from wattcast.featurize.op_graph import OpGraph
 from wattcast.featurize.recompute import module_layers_end, node_tags, recompute_tags, storage_rerun_tags
-from wattcast.featurize.training_graph import optimizer_state_bytes
+from wattcast.featurize.training_graph import muon_fraction, optimizer_state_bytes
 from wattcast.simulate.stage_memory import foreach_step_bytes, held_gradient_bytes
 
 GB = 1e9
@@ -116,7 +116,7 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
             weights += params * 4  # fp32 master copy
         grads = params * held_gradient_bytes("hf", dtype, db)
         optimizer = meta.get("optimizer", "adamw")
-        opt = params * optimizer_state_bytes(optimizer)
+        opt = params * optimizer_state_bytes(optimizer, muon_fraction(meta))
         step_tmp = foreach_step_bytes(opt, optimizer, meta.get("optimizer_impl"))
         recompute = meta.get("recompute", "none")
         tbytes = graph.saved.get("tensor_bytes", np.zeros(0))

@@ -345,7 +345,7 @@ def foreach_step_bytes(optimizer_bytes, optimizer: str, optimizer_impl: str | No
 
 def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: int, dp: int,
                       grad_bytes: float | None = None, expert_params: float = 0.0, expert_dp: int | None = None,
-                      framework: str | None = None) -> dict:
+                      framework: str | None = None, muon_fraction=None) -> dict:
     """Weights, fp32 master weights, gradients and optimizer states of ``params`` parameters (bytes), sharded over
     ``dp`` ranks as ZeRO stage ``zero`` shards them. Mixed precision when ``dtype_bytes`` < 4; ``grad_bytes``: bytes
     per parameter of the held gradients (default fp32 under mixed precision, Megatron's formula). ``expert_params``
@@ -353,7 +353,7 @@ def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: 
     ``framework``: ``hf`` with ZeRO-3 (PyTorch FSDP) holds fp32 weights and no master copy
     (:func:`weight_and_master_bytes`); None: the Megatron formula."""
     mixed = dtype_bytes < 4
-    opt_b = optimizer_state_bytes(optimizer)
+    opt_b = optimizer_state_bytes(optimizer, muon_fraction)
     g = _zero_groups(zero, dp, expert_dp, framework)
     w_b, m_b = weight_and_master_bytes(framework, zero, dtype_bytes)
     if grad_bytes is None:
@@ -692,7 +692,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                  expert_dp: int | None = None, root_params: float = 0.0, head_params: float = 0.0,
                  reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                  grad_accum_dtype: str | None = None,
-                 grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None) -> StageMemory:
+                 grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
+                      muon_fraction=None) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -705,7 +706,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     :func:`megatron_fsdp_grad_bucket_bytes`; inf: one bucket of the stage)."""
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer,
                            zero=bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp=dp, grad_bytes=held_grad_bytes,
-                           expert_params=expert_params, expert_dp=expert_dp, framework=framework)
+                           expert_params=expert_params, expert_dp=expert_dp, framework=framework,
+                           muon_fraction=muon_fraction)
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
                                           expert_params=expert_params, expert_dp=expert_dp,
         bytes_per_param=fp8_copy_bytes_per_param)
@@ -767,7 +769,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                     reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                     grad_accum_dtype: str | None = None,
-                    grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None) -> dict[str, np.ndarray]:
+                    grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
+                      muon_fraction=None) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -775,7 +778,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer,
                            zero=bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp=dp,
                            grad_bytes=held_grad_bytes, expert_params=expert_params, expert_dp=expert_dp,
-                           framework=framework)
+                           framework=framework, muon_fraction=muon_fraction)
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
                                                                dp=dp, expert_params=expert_params, expert_dp=expert_dp,
         bytes_per_param=fp8_copy_bytes_per_param)
@@ -812,7 +815,8 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    root_params: np.ndarray | float = 0.0, head_params: np.ndarray | float = 0.0,
                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                    grad_accum_dtype: str | None = None,
-                   grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None) -> np.ndarray:
+                   grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
+                      muon_fraction=None) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
@@ -822,7 +826,7 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                               expert_dp=expert_dp, root_params=root_params,
                               head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch,
                               grad_accum_dtype=grad_accum_dtype, grad_bucket_params=grad_bucket_params,
-                              optimizer_impl=optimizer_impl)
+                              optimizer_impl=optimizer_impl, muon_fraction=muon_fraction)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
@@ -833,7 +837,8 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                       expert_dp: int | None = None, root_params: np.ndarray | float = 0.0,
                       head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
                       zero3_prefetch: bool = False, grad_accum_dtype: str | None = None,
-                      grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None) -> tuple:
+                      grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
+                      muon_fraction=None) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
@@ -842,7 +847,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     params = np.asarray(params, dtype=float)
     ex = np.asarray(expert_params, dtype=float)
     mixed = dtype_bytes < 4
-    opt_b = optimizer_state_bytes(optimizer)
+    opt_b = optimizer_state_bytes(optimizer, muon_fraction)
     g = _zero_groups(bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp, expert_dp, framework)
     w_b, m_b = weight_and_master_bytes(framework, zero, dtype_bytes)
     if held_grad_bytes is None:
