@@ -23,7 +23,9 @@ Mapping (ONNX op -> builder call):
   writes ``F.gelu(approximate="tanh")``) collapse into one ``gelu``; bool / 8-bit tensors are 1 B per element
   (labelled ``fp8`` as the torch.export importer labels them), so a broadcast (S, S) mask stays a cache-resident
   operand of its Where (``GraphBuilder.elementwise``'s rule) and reads its own S*S bytes;
-  Cast -> ``copy`` when it changes the dtype, free otherwise;
+  Cast -> ``copy`` writing its target float type (another float type than the file's keeps its width: an fp32
+  region of a bf16 file is costed at 4 B an element), free when it does not change the type; Softmax (and
+  elementwise ops) in their tensor's type; the exporters' Softmax -> Cast(FLOAT) is the upcast softmax;
 - LayerNormalization / SimplifiedLayerNormalization / RMSNormalization (and the decomposed
   ReduceMean-Sub-Pow-ReduceMean-Add-Sqrt-Div[-Mul-Add] LayerNorm and Pow-ReduceMean-Add-Sqrt-Div|Mul
   RMSNorm patterns) -> ``layernorm``; Softmax / LogSoftmax -> ``softmax``;

@@ -115,7 +115,9 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
         self.rg: dict[str, bool] = {}  # requires grad (on the parameter-gradient path)
         self.unknown_shapes = 0
         if parent is None:
-            self.dtype = canonical_dtype(dtype) if dtype else self._model_dtype()
+            #: the file's own float type (its weights'): values of that type are costed at ``dtype``
+            self.file_dtype = self._model_dtype()
+            self.dtype = canonical_dtype(dtype) if dtype else self.file_dtype
             self.b = _Builder(self.dtype, train=train, name=name)
             self.counted: set[str] = set()
             self.claim_log: list[str] = []  # counted keys in claim order (to undo a failed handler)
@@ -127,6 +129,7 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             self._ref_cls: dict = {}
         else:  # a body: the parent's builder, claims and flags
             self.dtype, self.b, self.shared, self._ref_cls = parent.dtype, parent.b, parent.shared, parent._ref_cls
+            self.file_dtype = parent.file_dtype
             self.counted, self.claim_log, self.alias_key = parent.counted, parent.claim_log, parent.alias_key
             self.unmapped, self.fallback, self.warnings = parent.unmapped, parent.fallback, parent.warnings
             parent.init_numel.update(self.init_numel)
@@ -155,6 +158,7 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
         self.attn: set[int] = set()
         self.mask_adds: set[int] = set()
         self.bias_of: dict[int, int] = {}  # MatMul node -> fused bias Add node
+        self.folded_casts: set[int] = set()  # Casts a Softmax already costed (ops._softmax: the exporters' upcast)
         self._pre_gamma: dict[int, str] = {}
         self._match_patterns()
         if parent is None:

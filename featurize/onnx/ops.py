@@ -6,6 +6,7 @@ cannot cost raises (see ``assemble._HANDLER_ERRORS``) and the op is then costed 
 
 from __future__ import annotations
 
+from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.onnx.common import _DEFAULT_DOMAINS, _FLOAT_TYPES, _MASK_DTYPE, _Static, _attr, _numel_dims
 from wattcast.featurize.einsum_gemm import einsum_gemm
 from wattcast.featurize.op_graph import GraphError, Tensor
@@ -30,6 +31,10 @@ _BINARY = {
     "Equal": "sub", "Less": "sub", "Greater": "sub", "LessOrEqual": "sub", "GreaterOrEqual": "sub",
     "And": "mul", "Or": "add", "Xor": "add", "BitwiseAnd": "mul", "BitwiseOr": "add", "BitwiseXor": "add",
 }
+
+#: graph labels of float tensors, as op_graph._FLOAT_DTYPES (a Softmax or Cast in another of them than the model's is
+#: costed at its width)
+_FLOAT_LABELS = ("fp32", "bf16", "fp16")
 
 _BOOL_OUT = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf"}
 
@@ -359,14 +364,40 @@ class _Ops:
 
 
     def _softmax(self, k, n, name, ins):
+        """Softmax in its tensor's dtype (an fp32 input in a bf16 model: the fp32 kernel, 8 B an element), as the
+        torch.export importer costs ``softmax(x, dim, dtype)`` (torch_import/ops._softmax). The exporters write
+        ``softmax(x, -1, dtype=torch.float32)`` as a Softmax in ``x``'s dtype followed by a Cast to FLOAT
+        (torch/onnx/symbolic_opset13.py ``softmax``: ``g.op("Softmax", ...)`` then ``g.op("Cast", ...)``; the dynamo
+        exporter unoptimised writes the same), so a Softmax whose only use is a Cast to a wider float is costed as the
+        softmax aten runs for that call (:meth:`_upcast_cast`) and the Cast is its output, not another kernel."""
         x = self._tensor(ins[0])
         rank = len(x.shape)
         axis = int(_attr(n, "axis", -1 if self.opset >= 13 else 1))
         ax = axis % rank if rank else 0
         h = _numel_dims(x.shape[ax:]) if self.opset < 13 else (x.shape[ax] if rank else 1)
         xv = x if (rank and ax == rank - 1) else self._view(x, (x.numel // max(1, h), h))
-        y = self._view(self.b.softmax(xv, name=name), x.shape)
+        up, out = self._upcast_cast(n, x) if n.op_type == "Softmax" else (None, x.dtype)
+        if up is not None and not (x.dtype == "fp16" and out == "fp32"):
+            # aten softmax(input, dim, dtype) (aten/src/ATen/native/SoftMax.cpp): ``input.toType(dtype)`` then the
+            # softmax, except CUDA's one half_to_float kernel for fp16 -> fp32
+            xv = self.b.copy(xv, name=f"{name}.to_{out}", grad=self._rg(ins[0]), out_dtype=out)
+        out_dtype = out if out in _FLOAT_LABELS and out != self.dtype else None
+        y = self._view(self.b.softmax(xv, name=name, out_dtype=out_dtype), x.shape)
         self._set(n.output[0], y, self._rg(ins[0]))
+        if up is not None:
+            self.folded_casts.add(up)
+
+
+    def _upcast_cast(self, n, x: Tensor) -> tuple[int | None, str]:
+        """(the Cast that is the only use of Softmax ``n``'s output and widens its float input ``x``, e.g. to FLOAT
+        from a bf16 / fp16 tensor: the exporters' ``softmax(x, dim, dtype=torch.float32)``; its graph dtype), or
+        (None, ``x``'s dtype) when there is none."""
+        c = self._sole(n.output[0])
+        if c is None or self.nodes[c].op_type != "Cast" or self.nodes[c].domain not in _DEFAULT_DOMAINS:
+            return None, x.dtype
+        to = self._tdtype(int(_attr(self.nodes[c], "to", 0)))
+        wider = DTYPE_BYTES.get(to, 0) > DTYPE_BYTES.get(x.dtype, 4)
+        return (c, to) if wider and x.dtype in _FLOAT_LABELS and to in _FLOAT_LABELS else (None, x.dtype)
 
 
     def _gather(self, k, n, name, ins):
@@ -499,7 +530,7 @@ class _Ops:
         out_nm = n.output[0]
         out_shape = self._out_shape(out_nm, (1,), self._computed_shape(n))
         rg = self._rg(ins[0]) and n.op_type not in _NO_GRAD
-        y = self.b.reduction(x, out_shape, name=name, grad=rg)
+        y = self.b.reduction(x, out_shape, name=name, grad=rg, out_dtype=self._float_out(self._elem(out_nm)))
         self._set(out_nm, y, rg)
         self._register_rest(n, y, False)
 
@@ -520,19 +551,28 @@ class _Ops:
 
 
     def _cast(self, k, n, name, ins):
+        """A Cast that changes the element type is a copy kernel writing its target float dtype (FLOAT from bf16: 2 B
+        read, 4 B written), as the torch.export importer's casts (GraphBuilder.copy's ``out_dtype``); a non-float
+        target keeps the model's width. A Cast to the type its input has, or one a Softmax costed (``folded_casts``),
+        is free. (The first importer also called a Cast free when source and target had the same graph label, double
+        excepted; with DOUBLE the only float type sharing a label, that clause only ever held for equal types.)"""
         x = self._tensor(ins[0])
         to = _attr(n, "to", None)
         src_e = self._elem(ins[0])
         out_nm = n.output[0]
         if n.op_type == "CastLike" and len(ins) > 1:
             to = self._elem(ins[1])
-        same = to == src_e or (to in _FLOAT_TYPES and src_e in _FLOAT_TYPES and _FLOAT_TYPES.get(to) == _FLOAT_TYPES.get(src_e)
-                               and to != 11 and src_e != 11) or to is None
         rg = self._rg(ins[0]) and to in _FLOAT_TYPES
-        if same:
+        if to is None or to == src_e or k in self.folded_casts:
             self._set(out_nm, x, rg)
             return
-        self._set(out_nm, self.b.copy(x, name=name, grad=rg), rg)
+        src = self._tdtype(src_e)
+        if src_e in _FLOAT_TYPES and src != x.dtype and x.dtype in _FLOAT_LABELS:
+            # read at the type the graph gives the input: a kernel costed at the model's width that the graph runs in
+            # fp32 (a collapsed RMSNorm's fp32 region, a MatMul of fp32 rotary tables) is read 4 B an element by the
+            # cast back, as a view of another dtype (torch_import's ``alias``) relabels the same memory
+            x = Tensor(x.shape, src, x.node, x.tid)
+        self._set(out_nm, self.b.copy(x, name=name, grad=rg, out_dtype=self._float_out(to)), rg)
 
 
     def _elementwise(self, k, n, name, ins):
@@ -572,7 +612,9 @@ class _Ops:
             params = self._claim(statics, [k], weight=False)
         rg = (self._rg(*acts) or params > 0) and op not in _BOOL_OUT
         out_nm = n.output[0]
-        out_dtype = _MASK_DTYPE if op in _BOOL_OUT else None
+        # a float output of another type than the model's (an fp32 region between Casts) is computed and written in
+        # that type, as the torch.export importer's elementwise ops (out_dtype from the traced dtype)
+        out_dtype = _MASK_DTYPE if op in _BOOL_OUT else self._float_out(self._elem(out_nm))
         if kernel == "gelu" and len(operands) > 1:
             operands = operands[:2]
         y = self.b.elementwise(kernel, *operands, name=name, grad=rg, out_dtype=out_dtype)

@@ -171,14 +171,30 @@ class _Shapes:
 
 
     def _tdtype(self, elem: int) -> str:
+        """The graph dtype label of ONNX element type ``elem``: the file's float type (``file_dtype``) is the costed
+        ``dtype``; another float type keeps its own label (an fp32 softmax region in a bf16 file: 4 B an element), as
+        the torch.export importer labels a traced dtype (``torch_import/shapes._Values.dt``). DOUBLE and an unknown
+        type (0) take the costed dtype, as ``dt`` does for float64 (not in ``tables._TORCH_DTYPE_NAMES``)."""
+        if elem in _FLOAT_TYPES and elem != 11 and _FLOAT_TYPES[elem] != self.file_dtype:
+            return _FLOAT_TYPES[elem]
         if elem in _FLOAT_TYPES or elem == 0:
             return self.dtype
         return _SIZED_NAMES.get(elem) or _INT_NAMES.get(elem, "int64")
 
 
+    def _float_out(self, elem: int) -> str | None:
+        """The graph dtype a kernel writing float element type ``elem`` is told to write (``out_dtype``) where it is
+        not the costed dtype (an fp32 Cast or Softmax in a bf16 model), else None; None for a non-float ``elem`` (such
+        an output keeps the model's width, as in the torch.export importer's ``_float_out``)."""
+        if elem not in _FLOAT_TYPES:
+            return None
+        d = self._tdtype(elem)
+        return None if d == self.dtype else d
+
+
     def _ebytes(self, elem: int) -> int:
         if elem in _FLOAT_TYPES or elem == 0:
-            return DTYPE_BYTES[self.dtype]
+            return DTYPE_BYTES[self._tdtype(elem)]
         return _ELEM_BYTES.get(elem, 4)
 
 
