@@ -529,6 +529,8 @@ def _optimizer_options(raw: dict, where: str) -> tuple[str | None, str | None]:
         except ValueError as e:
             raise SweepSpecError(f"{where}: 'optimizer': {e}") from None
         opt = str(opt).lower()
+    if impl is not None and opt == "none":
+        raise SweepSpecError(f"{where}: 'optimizer_impl': optimizer 'none' runs no step; drop 'optimizer_impl'")
     if impl is not None:
         try:
             impl = optimizer_impl_key(str(impl), canonical_framework(str(raw.get("framework", "hf"))), opt or "adamw")

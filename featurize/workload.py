@@ -161,6 +161,9 @@ class StepOptions:
                              f"not a {mode} step under {framework!r}")
         if not (framework == "megatron" and att == "flash" and mode == "train"):
             te_backend = "flash"  # no effect there: one cache key
+        if self.optimizer_impl is not None and opt == "none":
+            raise GraphError(f"optimizer_impl {self.optimizer_impl!r} describes the optimizer step's kernels: optimizer "
+                             f"'none' runs no step (drop --optimizer-impl, or give an optimizer)")
         opt_impl = optimizer_impl_key(self.optimizer_impl, framework, opt)
         return StepOptions(None if self.batch is None else int(self.batch), None if self.seq is None else int(self.seq),
                            mode, dtype, att, bool(self.compile), opt,

@@ -139,3 +139,22 @@ def test_kv_cached_cluster_inference_refuses_an_optimizer_implementation():
                                  optimizer_impl="foreach")
     ok = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=2, tp=2, batch=4, seq=1, kv_context=512)
     assert ok.to_dict()["step_time_ms"] > 0
+
+
+def test_an_implementation_without_an_optimizer_step_is_refused():
+    """--optimizer none runs no step: an --optimizer-impl with it is an option that would be ignored (refused, as
+    inference + --optimizer-impl is); the sweep spec refuses it too; sgd + foreach stays valid (torch's SGD has a
+    foreach path)."""
+    from wattcast.sweep import SweepSpecError, load_spec
+
+    with pytest.raises(GraphError, match="optimizer 'none' runs no step"):
+        step_graph("gpt2", StepOptions(batch=1, seq=128, mode="train", optimizer="none", optimizer_impl="foreach"))
+    with pytest.raises(ValueError, match="optimizer 'none' runs no step"):
+        wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=512, tp=8, optimizer="none",
+                                 optimizer_impl="fused")
+    spec = dict(models=["llama3_8b"], clusters=["DGX-H100"], gpus=[8], batch=8, seq=512)
+    with pytest.raises(SweepSpecError, match="optimizer 'none' runs no step"):
+        load_spec(dict(spec, optimizer="none", optimizer_impl="foreach"))
+    g = step_graph("gpt2", StepOptions(batch=1, seq=128, mode="train", optimizer="sgd", optimizer_impl="foreach"))
+    assert g.meta["optimizer_impl"] == "foreach"
+    assert step_graph("gpt2", StepOptions(batch=1, seq=128, mode="train", optimizer="none")).meta["optimizer"] == "none"
