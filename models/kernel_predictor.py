@@ -872,18 +872,35 @@ def _device_ood_detail(fm, A: np.ndarray, cols: list[str], X: pd.DataFrame, rows
             if not sel.any() or cls not in by:
                 continue
             for f, (lo, hi) in by[cls].items():
-                if f not in X or f in found:
+                if f not in X:
                     continue
                 pad = SUPPORT_SLACK * max(hi - lo, 1e-9) + float(margin.get(f, 0.0))
                 v = X[f].to_numpy(dtype=float)[idx]
                 bad = dev_ood & sel & ((v < lo - pad) | (v > hi + pad))
+                if f in found:  # a row the pooled range already names this descriptor for: named once
+                    bad &= ~found[f][0]
                 if bad.any():
-                    found[f] = (bad, v, float(lo - pad), float(hi + pad))
+                    found[f"{f}#{cls}"] = (bad, v, float(lo - pad), float(hi + pad))
+    if not found:
+        return out
+    # one text per distinct combination of (descriptor out, its value): a row's key in mixed radix, texts joined once
+    key = np.zeros(n, dtype=np.int64)
+    parts = []
     for f, (bad, v, lo, hi) in found.items():
-        t = _descriptor_text(f, v[bad], lo, hi)
-        cur = out[bad]
-        out[bad] = np.where(cur == "", t, cur + "; " + t)
-    return out
+        codes, uniq = pd.factorize(pd.Series(np.where(bad, v, np.nan)))  # NaN (not out) -> -1
+        parts.append((len(uniq) + 1, _descriptor_text(f.split("#")[0], np.asarray(uniq, dtype=float), lo, hi)))
+        key = key * (len(uniq) + 1) + (codes + 1)
+    kcodes, kuniq = pd.factorize(key)
+    texts = []
+    for k in kuniq:
+        got = []
+        for radix, text in reversed(parts):
+            c = int(k % radix)
+            k //= radix
+            if c:
+                got.append(text[c - 1])
+        texts.append("; ".join(reversed(got)))
+    return np.asarray(texts, dtype=object)[kcodes]
 
 
 def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_ms: np.ndarray | None = None,
