@@ -1432,7 +1432,8 @@ def _print_prediction(res) -> None:
     con.print(t)
     layers = res.per_layer
     if layers:
-        t = Table(title="per layer (-1 = embeddings, last = head, loss and optimizer)")
+        t = Table(title="per layer (-1 = embeddings, last = head and loss; each row includes the optimizer step of its "
+                          "own parameters)")
         for c in ("layer", "kernels", "time ms"):
             t.add_column(c, justify="right")
         shown = layers if len(layers) <= 12 else layers[:5] + [None] + layers[-5:]

@@ -160,13 +160,39 @@ class DeviceSpec(SpecRecord):
 #: architectures without FP8 tensor cores (FP8 came with Hopper and Ada on NVIDIA, CDNA3 on AMD: the NVIDIA Hopper and Ada
 #: architecture whitepapers, AMD's CDNA3 white paper), matched in a spec's ``arch`` (the catalog's "Ampere (GA100)",
 #: "CDNA2 (gfx90a)"...; a tensor-parallel group's arch starts with its GPU's)
-_NO_FP8_ARCH = re.compile(r"\b(ampere|volta|turing|pascal|cdna2?)\b", re.IGNORECASE)
+#: (NVIDIA: Kepler to Ampere and their chips GK/GM/GP/GV/TU/GA1xx; AMD: CDNA1/2, gfx908/gfx90a, and Vega's gfx906; not
+#: "CDNA 3"/"CDNA4", which have FP8)
+_NO_FP8_ARCH = re.compile(r"\b(kepler|maxwell|pascal|volta|turing|ampere|g[kmp]\d{3}|gv10\d|tu1\d\d|ga10\d)\b"
+                          r"|\bcdna(?!\s*[3-9])\s*[12]?\b|\bgfx90[68a]\b", re.IGNORECASE)
+
+
+def arch_without_fp8(arch: str) -> bool:
+    """True when a spec's ``arch`` names an architecture without FP8 tensor cores (:data:`_NO_FP8_ARCH`)."""
+    return bool(_NO_FP8_ARCH.search(str(arch or "")))
+
+
+#: architectures without BF16 tensor cores or ALUs (BF16 came with NVIDIA's Ampere, the NVIDIA A100 Tensor Core GPU
+#: architecture whitepaper, and AMD's CDNA1, the AMD CDNA architecture whitepaper), matched in a spec's ``arch``
+_NO_BF16_ARCH = re.compile(r"\b(kepler|maxwell|pascal|volta|turing|g[kmp]\d{3}|gv10\d|tu1\d\d|gfx906)\b", re.IGNORECASE)
+
+
+def bf16_missing_why(spec: "DeviceSpec") -> str:
+    """Why ``spec`` has no ``peak_bf16_tflops``, for a refusal: its architecture has no BF16 (V100, T4, P100 and
+    other pre-Ampere GPUs run bf16 without it, far slower than fp16), or the spec file simply lacks the field (an
+    Ampere-or-later GPU's own spec, or one whose ``arch`` names no architecture)."""
+    arch = str(spec.arch or "").strip()
+    if _NO_BF16_ARCH.search(arch):
+        return (f"{arch} has no BF16 tensor cores: V100, T4, P100 and other pre-Ampere GPUs run bf16 without them, far "
+                "slower than fp16, which nothing here models")
+    has = f"{arch} has BF16 tensor cores" if arch else "the spec names no arch"
+    return (f"{has}; the spec lacks the field peak_bf16_tflops: add the datasheet's dense BF16 tensor peak (Ampere, "
+            "CDNA and later GPUs have one; pre-Ampere GPUs run bf16 far slower than fp16, which nothing here models)")
 
 
 def fp8_missing_why(spec: "DeviceSpec") -> str:
     """Why ``spec`` has no ``peak_fp8_tflops``, for a refusal: its architecture has no FP8 (the catalog's A100, V100,
     MI250 and older), or the spec file simply lacks the field (an Ada or Hopper GPU's own spec may: it has FP8)."""
-    if _NO_FP8_ARCH.search(spec.arch or ""):
+    if arch_without_fp8(spec.arch):
         return f"{spec.arch} has no FP8 tensor cores: A100, V100, MI250 and older"
     return ("the spec lacks the field peak_fp8_tflops: add the datasheet's dense FP8 tensor peak if the GPU has FP8 "
             "(Hopper, Ada, Blackwell, CDNA3 and later)")
@@ -179,8 +205,8 @@ def unsupported_step_dtype(spec: "DeviceSpec", dtype: str) -> str | None:
     cores (``peak_fp8_tflops``) and BF16 ones for everything but its GEMMs (``peak_bf16_tflops``)."""
     d = str(dtype).lower()
     if d == "bf16" and not spec.peak_bf16_tflops:
-        return (f"--dtype bf16 needs BF16 support, but {spec.name}'s spec has no peak_bf16_tflops (V100, T4, P100 and "
-                "other pre-Ampere GPUs run bf16 without it, far slower than fp16); use --dtype fp16")
+        return (f"--dtype bf16 needs BF16 support, but {spec.name}'s spec has no peak_bf16_tflops "
+                f"({bf16_missing_why(spec)}); use --dtype fp16")
     if d == "tf32" and not spec.peak_tf32_tflops:
         return (f"--dtype tf32 runs the GEMMs on TF32 tensor cores, but {spec.name}'s spec has no peak_tf32_tflops (TF32 "
                 "is Ampere's and later: on a V100, T4 or P100 PyTorch's TF32 setting does nothing); use --dtype fp32")
@@ -354,7 +380,8 @@ TENSOR_16BIT_FLOP_PER_SM_CLOCK: tuple[tuple[str, str, float, str], ...] = (
     (r"\bampere\b", "Ampere (chip not given: GA100's)", 2048.0, "NVIDIA A100 Tensor Core GPU architecture whitepaper (the larger of GA100 and GA10x)"),
     (r"\bad10\d\b|\bada\b", "Ada Lovelace AD10x", 1024.0, "NVIDIA Ada GPU architecture whitepaper: 4 tensor cores/SM x 128 dense FP16 FMA/clock; catalog L4 989, L40S 1,012"),
     (r"\bgh100\b|\bhopper\b", "Hopper GH100", 4096.0, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 2x A100's dense MMA rate per SM clock-for-clock = 4,096 FLOP (989.4 TFLOP/s = 132 SMs x 1,830 MHz x 4,096); catalog H100/H200 3,779-3,786"),
-    (r"\bgb1\d\d\b|\bgb20\d\b|\bblackwell\b", "Blackwell GB100/GB110", 8192.0, "NVIDIA Blackwell architecture technical brief: 2x Hopper's dense 16-bit tensor rate per SM (B200 2,250 TFLOP/s dense = 148 SMs x 8,192 x 1,856 MHz); catalog B200/B300/GB200/GB300 7,735-7,738"),
+    (r"\bgb20\d\b", "consumer/workstation Blackwell GB20x (RTX 50xx, sm_120)", 1024.0, "NVIDIA RTX Blackwell GPU architecture whitepaper, Appendix A: GeForce RTX 5090 419 dense FP16 tensor TFLOP/s (FP16 accumulate; 209.5 with FP32 accumulate, GeForce's half rate) = 170 SMs x 2,407 MHz x 1,024: Ada's rate per SM, not data-centre Blackwell's 8,192"),
+    (r"\bgb1\d\d\b|\bblackwell\b", "Blackwell GB100/GB110", 8192.0, "NVIDIA Blackwell architecture technical brief: 2x Hopper's dense 16-bit tensor rate per SM (B200 2,250 TFLOP/s dense = 148 SMs x 8,192 x 1,856 MHz); catalog B200/B300/GB200/GB300 7,735-7,738"),
     (r"cdna\s*4|\bgfx950\b", "CDNA4 (gfx950)", 4096.0, "AMD CDNA 4 architecture whitepaper: 2x CDNA3's dense FP16/BF16 matrix rate per CU; catalog MI355X 4,096"),
     (r"cdna\s*3|\bgfx94[012]\b", "CDNA3 (gfx942)", 2048.0, "AMD CDNA 3 architecture whitepaper: 2,048 dense FP16/BF16 matrix FLOP/clock/CU; catalog MI300X 2,048"),
     (r"cdna\s*2|\bgfx90a\b", "CDNA2 (gfx90a)", 1024.0, "AMD CDNA 2 architecture whitepaper: 1,024 FP16/BF16 matrix FLOP/clock/CU; catalog MI210/MI250/MI250X 1,024"),
@@ -710,6 +737,12 @@ class DeviceSpecModel(BaseModel):
                 raise problem("wc_rule", f"field 'peak_tf32_tflops' ({s.peak_tf32_tflops}) is above {half} ({h}); TF32 "
                               "tensor cores run at most at the 16-bit rate (half of it on every NVIDIA generation; "
                               "dense figures for both)")
+        if s.peak_fp8_tflops and arch_without_fp8(s.arch):
+            # a typed-in FP8 figure would give the GEMMs of an fp8 step an FP8 speed-up the GPU cannot deliver
+            raise problem("wc_rule", f"field 'peak_fp8_tflops' ({s.peak_fp8_tflops:g}) is given, but arch {s.arch!r} has "
+                          "no FP8 tensor cores (FP8 came with NVIDIA's Hopper and Ada, the NVIDIA H100 and Ada GPU "
+                          "architecture whitepapers, and AMD's CDNA3, the AMD CDNA 3 architecture whitepaper; A100, V100, "
+                          "T4, MI250 and older have none): drop peak_fp8_tflops, or correct arch")
         if s.idle_power_w and s.tdp_w and s.idle_power_w >= s.tdp_w:
             raise problem("wc_rule", f"field 'idle_power_w' ({s.idle_power_w}) must be below tdp_w ({s.tdp_w})")
         if s.idle_power_w and s.tdp_w and not exotic_allowed():

@@ -75,6 +75,19 @@ _TENSOR_CORE_PEAKS = {"fp8": ("peak_fp8_tflops", "(A100, V100, MI250 and older);
                                                    "GPUs); use fp32")}
 
 
+def unknown_op_error(op: str) -> str:
+    """The ``error`` of a row whose op wattcast has no model for: the ops it knows (and the spellings it reads)."""
+    aliases = ", ".join(f"{a} ({c})" for a, c in OP_ALIASES.items())
+    return f"unknown op {op!r}; known: {', '.join(sorted(OP_FAMILY))} (also read: {aliases})"
+
+
+def unknown_dtype_error(dtype: str) -> str:
+    """The ``error`` of a row whose dtype wattcast has no model for: the dtypes it knows (spellings such as bfloat16,
+    torch.float16 or float8_e4m3fn read as them)."""
+    return (f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)} (also read: bfloat16, float16, half, float32, "
+            "float8_e4m3fn, float8_e5m2, torch.* names)")
+
+
 def half_dtype_of(spec) -> str:
     """The 16-bit dtype ``spec`` runs (what a refusal of fp8 suggests, as ``predict`` does): bf16 where the spec has a
     BF16 peak, else fp16 (V100, T4: ``predict`` refuses bf16 there), else fp32."""
@@ -84,9 +97,18 @@ def half_dtype_of(spec) -> str:
 def unbf16_gemm_error(spec) -> str:
     """The error of a bf16 GEMM / conv row on a spec without ``peak_bf16_tflops`` (``predict --dtype bf16`` refuses
     such a GPU alike, ``data.device_spec.unsupported_step_dtype``)."""
-    return (f"dtype bf16 GEMM/conv needs BF16 tensor cores, but {spec.name}'s spec has no peak_bf16_tflops (V100, T4, "
-            "P100 and other pre-Ampere GPUs run bf16 without them, far slower than fp16, which nothing here models; "
-            f"predict --dtype bf16 is refused there too); use {half_dtype_of(spec)}")
+    from wattcast.data.device_spec import bf16_missing_why
+
+    return (f"dtype bf16 GEMM/conv needs BF16 tensor cores, but {spec.name}'s spec has no peak_bf16_tflops "
+            f"({bf16_missing_why(spec)}; predict --dtype bf16 is refused there too); use {half_dtype_of(spec)}")
+
+
+def unfp16_gemm_error(spec) -> str:
+    """The error of an fp16 GEMM / conv row on a spec with ``peak_bf16_tflops`` but no ``peak_fp16_tflops``
+    (``predict --dtype fp16`` refuses such a spec alike, ``data.device_spec.unsupported_step_dtype``)."""
+    return (f"dtype fp16 GEMM/conv needs the spec's FP16 tensor peak, but {spec.name}'s spec has peak_bf16_tflops "
+            f"({spec.peak_bf16_tflops:g}) and no peak_fp16_tflops: add the datasheet's dense FP16 tensor peak (equal to "
+            "the BF16 one on every NVIDIA GPU with BF16), or use bf16; predict --dtype fp16 is refused there too")
 
 
 def unpeaked_dtype_error(spec, dtype: str) -> str | None:
@@ -214,11 +236,11 @@ def normalise_kernel_frame(frame: pd.DataFrame, plausible_shapes: bool = True) -
     fine = np.ones(n, dtype=bool)  # err == '' kept as a mask, not recomputed over strings
     known = np.array([u in OP_FAMILY for u in op_uniq], dtype=bool)[op_codes]
     if not known.all():
-        err[~known] = [f"unknown op {o!r}" for o in op[~known]]
+        err[~known] = [unknown_op_error(o) for o in op[~known]]
         fine &= known
     bad_dtype = ~np.array([u in DTYPE_BYTES for u in dt_uniq], dtype=bool)[dt_codes] & fine
     if bad_dtype.any():
-        err[bad_dtype] = [f"unknown dtype {dt_uniq[c]!r}" for c in dt_codes[bad_dtype]]
+        err[bad_dtype] = [unknown_dtype_error(dt_uniq[c]) for c in dt_codes[bad_dtype]]
         fine &= ~bad_dtype
     shape = [c for c in SHAPE_COLS if c in df]
     # numeric columns convert element by element: convert each once and validate on slices of it
@@ -812,6 +834,75 @@ def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p:
     return out, sel, ceil_sel
 
 
+def _descriptor_text(f: str, v: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Per row of values ``v`` of device descriptor ``f`` (outside [``lo``, ``hi``]): "bw_gbps 1.79e+03 below the
+    covered 1.94e+03 to 8e+03" (a ``dev_log_`` descriptor shown as its value, not its log)."""
+    name, conv = (f[len("dev_log_"):], np.exp) if f.startswith("dev_log_") else (f[len("dev_"):] if f.startswith("dev_") else f, lambda x: x)
+    lo_v, hi_v = float(conv(lo)), float(conv(hi))
+    codes, uniq = pd.factorize(pd.Series(v))
+    text = np.array([f"{name} {float(conv(u)):.3g} {'below' if u < lo else 'above'} the covered {lo_v:.3g} to "
+                     f"{hi_v:.3g}" for u in uniq], dtype=object)
+    return text[codes] if len(uniq) else np.full(len(v), "", dtype=object)
+
+
+def _device_ood_detail(fm, A: np.ndarray, cols: list[str], X: pd.DataFrame, rows, skip: frozenset, matmul: bool,
+                       dev_ood: np.ndarray) -> np.ndarray:
+    """Per row of a family's rows: the device descriptors beyond the range leave-one-generation-out covered (the
+    family's pooled support, and for matmul families its dtype class's, each widened as the OOD check widens it),
+    "; "-joined ("" where none), for ``ood_reason`` to say which descriptor made a row device-OOD."""
+    n = len(A)
+    out = np.full(n, "", dtype=object)
+    where = {c: j for j, c in enumerate(cols)}
+    found: dict[str, tuple[np.ndarray, np.ndarray, float, float]] = {}
+    for i, f in enumerate(fm._sup_names):
+        if not fm._sup_dev[i] or f not in where or f in skip:
+            continue
+        v = A[:, where[f]]
+        bad = dev_ood & ((v < fm._sup_lo[i]) | (v > fm._sup_hi[i]))
+        if bad.any():
+            found[f] = (bad, v, float(fm._sup_lo[i]), float(fm._sup_hi[i]))
+    by = (fm.logo or {}).get("support_by_dtype_class") or {} if matmul else {}
+    if by and "is_tensor_dtype" in X:
+        from wattcast.models.kernel_bundle import SUPPORT_SLACK
+
+        idx = slice(None) if rows is None else rows
+        margin = (fm.logo or {}).get("margin") or {}
+        tensor = X["is_tensor_dtype"].to_numpy()[idx] > 0.5
+        for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
+            if not sel.any() or cls not in by:
+                continue
+            for f, (lo, hi) in by[cls].items():
+                if f not in X:
+                    continue
+                pad = SUPPORT_SLACK * max(hi - lo, 1e-9) + float(margin.get(f, 0.0))
+                v = X[f].to_numpy(dtype=float)[idx]
+                bad = dev_ood & sel & ((v < lo - pad) | (v > hi + pad))
+                if f in found:  # a row the pooled range already names this descriptor for: named once
+                    bad &= ~found[f][0]
+                if bad.any():
+                    found[f"{f}#{cls}"] = (bad, v, float(lo - pad), float(hi + pad))
+    if not found:
+        return out
+    # one text per distinct combination of (descriptor out, its value): a row's key in mixed radix, texts joined once
+    key = np.zeros(n, dtype=np.int64)
+    parts = []
+    for f, (bad, v, lo, hi) in found.items():
+        codes, uniq = pd.factorize(pd.Series(np.where(bad, v, np.nan)))  # NaN (not out) -> -1
+        parts.append((len(uniq) + 1, _descriptor_text(f.split("#")[0], np.asarray(uniq, dtype=float), lo, hi)))
+        key = key * (len(uniq) + 1) + (codes + 1)
+    kcodes, kuniq = pd.factorize(key)
+    texts = []
+    for k in kuniq:
+        got = []
+        for radix, text in reversed(parts):
+            c = int(k % radix)
+            k //= radix
+            if c:
+                got.append(text[c - 1])
+        texts.append("; ".join(reversed(got)))
+    return np.asarray(texts, dtype=object)[kcodes]
+
+
 def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_ms: np.ndarray | None = None,
                       device: DeviceSpec | None = None) -> dict[str, object]:
     """The output columns for the featurised rows ``X`` (per-family surrogates + OOD check): arrays, and
@@ -896,6 +987,17 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
             if len(both):
                 model_codes[both if rows is None else rows[both]] = code(model_names, "ceiling+floor")
         why_codes[m] = shape_ood + 2 * dev_ood.astype(np.intp)
+        if dev_ood.any():  # name the device descriptor(s) beyond the covered range after the leading "device"
+            detail = _device_ood_detail(fm, A, cols, X, rows, frozenset() if matmul else VECTOR_SKIPPED_DESCRIPTORS,
+                                        matmul, dev_ood)
+            at = np.flatnonzero(detail != "")
+            if len(at):
+                base = np.asarray(why_names, dtype=object)[why_codes[m][at]]
+                full = base + " (" + detail[at] + ")"
+                dcodes, duniq = pd.factorize(full)
+                idx = at if rows is None else rows[at]
+                why_codes[idx] = len(why_names) + dcodes
+                why_names.extend(str(u) for u in duniq)
     floor_ms = X["t_floor_ms"].to_numpy() if "t_floor_ms" in X else np.zeros(n)
     lr, lo = _at_physical_floor(lr, lo, floor_ms, t_roof)
     return {
@@ -1021,6 +1123,15 @@ def _kernel_columns(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle,
         if bf.any():
             err = err.copy()
             err[bf] = unbf16_gemm_error(spec)
+    if spec.peak_bf16_tflops and not spec.peak_fp16_tflops and catalog_twin(spec) is None:
+        # a spec with a BF16 peak but none for FP16: refused as ``predict --dtype fp16`` refuses it
+        # (``unsupported_step_dtype``); until audit 14 its fp16 GEMMs went to the general model as non-tensor-core work
+        # with the device out of distribution (an RTX 5090 bf16 8192^3 band top 11.6 ms, fp16 24.9 ms)
+        f16 = (canon["dtype"].to_numpy() == "fp16") & (err == "") & np.isin(
+            canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f in MATMUL_FAMILIES])
+        if f16.any():
+            err = err.copy()
+            err[f16] = unfp16_gemm_error(spec)
     if not (spec.peak_bf16_tflops or spec.peak_fp16_tflops):
         half = _unpeaked_half_gemms(canon, err, spec)
         if half.any():

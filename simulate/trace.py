@@ -39,6 +39,8 @@ def chrome_trace_events(res) -> list[dict]:
     has_power = "power_w" in nodes
     idle_w = res.meta.get("idle_power_w")
     cols = ["name", "op_class", "phase", "layer", "kernel", "method", "time_ms", "gpu_ms", "flops", "bytes", "ood"]
+    # each kernel's dtype (an fp8 step's fp8 GEMMs next to its bf16 ones); a frame without the column gives none
+    dtypes = nodes["dtype"].astype(str).to_numpy() if "dtype" in nodes else None
     power = nodes["power_w"].to_numpy(dtype=float) if has_power else None
     last_w = None
 
@@ -59,7 +61,8 @@ def chrome_trace_events(res) -> list[dict]:
         events.append({"name": r.name, "cat": f"{r.phase},{r.op_class}", "ph": "X", "pid": 0, "tid": 0, "ts": _us(start),
                        "dur": _us(end - start), "args": {"layer": int(r.layer), "kernel": r.kernel, "method": r.method,
                                                          "gpu_ms": float(r.gpu_ms), "flops": float(r.flops),
-                                                         "bytes": float(r.bytes), "ood": bool(r.ood)}})
+                                                         "bytes": float(r.bytes), "ood": bool(r.ood),
+                                                         **({"dtype": dtypes[i]} if dtypes is not None else {})}})
         if has_power and end > start:
             busy_end = min(max(_ns(t0_ms + max(float(r.gpu_ms), 0.0)), start), end) if idle_w is not None else end
             if busy_end > start:
