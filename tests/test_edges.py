@@ -428,3 +428,30 @@ def test_jobs_using_part_of_every_node():
     assert res.ranked["step_time_ms"].iloc[0] == pytest.approx(p.step_time_ms, rel=1e-9)
     r = run_cli("predict", "--model", "gpt2", "--device", "H100-SXM5-80GB", "--gpus-per-node", "4")
     assert r.returncode != 0 and "needs --cluster" in r.stderr
+
+
+def test_timeline_draws_one_collection_per_row_and_colour_whatever_the_micro_batches():
+    """--plot on a 405B pipeline drew one broken_barh per event (12,555 of them, each updating the axis limits: 190 s;
+    audit of issue 15): it draws one collection per (row, colour), as many for 4 as for 16 micro-batches, and the
+    axis still spans every event."""
+    import matplotlib.pyplot as plt
+
+    from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
+    from wattcast.simulate.parallel import ParallelConfig
+    from wattcast.simulate.trace import timeline_figure
+
+    counts = []
+    for batch in (16, 64):
+        r = predict_distributed("gpt2", "dgx-a100", ParallelConfig(gpus=8, tp=2, pp=2, dp=2, micro_batch=2, zero=1),
+                                DistributedOptions(batch=batch, seq=256, trace=True))
+        fig = timeline_figure(r)
+        ax = fig.axes[0]
+        counts.append(len(ax.collections))
+        lo, hi = ax.get_xlim()
+        assert lo <= min(e["start_ms"] for e in r.events) and hi >= max(e["end_ms"] for e in r.events)
+        rows = {e["stage"] * 2 + (e["stream"] != "compute") for e in r.events}
+        assert len(r.events) > 3 * len(rows)  # many events per row: one artist each would be many more
+        assert counts[-1] <= 2 * len(rows) * 4
+        plt.close(fig)
+    assert counts[0] == counts[1], counts
