@@ -766,6 +766,34 @@ def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]
                          *cp_group_sizes(cfg)))
 
 
+def straddling_group_notes(cfg: ParallelConfig, gpus_per_node: int) -> list[str]:
+    """Warnings for the tensor-, context- and expert-parallel groups that span nodes although their ranks (``size x
+    stride`` consecutive ones in Megatron's order: tp stride 1, cp stride tp, ep stride etp) would fit in one node:
+    the node size is not a multiple of that span, so some groups straddle two nodes and their collectives run over
+    the network (tp 16 on 72-GPU NVL72 racks: ranks 64-79 on two racks, :func:`group_layout`). A node size that is a
+    multiple of the span (``--gpus-per-node``, e.g. 64 of a rack's 72) keeps every group in one node."""
+    g = max(int(gpus_per_node), 1)
+    lay = layouts(cfg, _NodeSize(g))
+    etp = expert_tp(cfg)
+    out = []
+    for key, flag, size, stride in (("tp", "--tp", cfg.tp, 1), ("cp", "--cp", cfg.cp, cfg.tp), ("ep", "--ep", cfg.ep, etp)):
+        span = int(size) * int(stride)
+        if size > 1 and span <= g and lay[key].nodes > 1:
+            what = f"{flag} {size}" if stride == 1 else f"{flag} {size} x its stride {stride}"
+            out.append(f"some {key} groups straddle two nodes although {span} consecutive ranks ({what}) fit in one "
+                       f"node of {g} GPUs ({g} is not a multiple of {span}): their collectives cross the network "
+                       f"(costed as {lay[key].gpus_per_node} per node); --gpus-per-node {g - g % span} "
+                       f"(a multiple of {span}) keeps every group in one node")
+    return out
+
+
+@dataclass(frozen=True)
+class _NodeSize:
+    """The one field of a ClusterSpec :func:`layouts` reads."""
+
+    gpus_per_node: int
+
+
 def expert_tp(cfg: ParallelConfig) -> int:
     """The routed experts' tensor-parallel degree (``etp``, or ``tp`` when not given)."""
     return cfg.tp if cfg.etp is None else int(cfg.etp)
