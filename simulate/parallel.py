@@ -127,6 +127,10 @@ class ParallelConfig:
                                 ("tpo", self.tp_comm_overlap), ("a2a", self.overlap_moe_expert_parallel_comm)) if v]
         if over:
             parts.append("+".join(over))
+        if self.interleave > 1 and self.overlap_p2p_comm is False:
+            # the interleaved schedule's p2p overlap is on by default (overlap_defaults): only its absence is written,
+            # the strategy string's token (simulate/strategy.py: nop2po); every other name stays as it was
+            parts.append("nop2po")
         # the first / last stage's layers as the strategy string writes them (simulate/strategy.py): ppf<N>, ppl<N>
         parts += pp_stage_tokens(self.pp_first_layers, self.pp_last_layers)
         return "-".join(parts)
