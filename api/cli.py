@@ -939,6 +939,7 @@ def search(
     cross_entropy_fusion_impl: str = typer.Option("native", "--cross-entropy-fusion-impl", help="As for predict: native or te."),
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="As for predict: candidates with --zero >= 1 keep FP8 weights and gather them at 1 B (needs --dtype fp8 --framework megatron)."),
     fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="As for predict (with --dtype fp8): delayed (default), tensorwise, mxfp8, blockwise or deepseek for every candidate; a cluster whose GPU cannot run the recipe gets none."),
+    memory_headroom_gb: float = typer.Option(0.0, "--memory-headroom-gb", help="A candidate fits only when its predicted worst-stage memory is at most the GPU's capacity less this many GB (default 0): the rows nearest the memory limit are predicted too fast."),
     zero: Optional[List[int]] = typer.Option(None, "--zero", help="ZeRO stages to search (repeatable: 0, 1, 2, 3; default 0 and 1)."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf). Needs ZeRO-3 candidates (--zero 3; or --zero 2 with --framework hf)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="As for predict, for every candidate: Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
@@ -1036,7 +1037,7 @@ def search(
                           fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe, mtp_num_layers=mtp_num_layers,
                           cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                           cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype,
-                          grad_accum_dtype=grad_accum_dtype,
+                          grad_accum_dtype=grad_accum_dtype, memory_headroom_gb=memory_headroom_gb,
                           data_workers=data_workers,
                           moe_routing=dict(moe_load_imbalance=moe_load_imbalance,
                                            moe_capacity_factor=moe_expert_capacity_factor,
@@ -1071,7 +1072,8 @@ def search(
                           "pareto": _records(res.pareto),
                           "rejected": _records(res.rejected), "excluded": _records(res.excluded),
                           "warnings": list(res.warnings), "unranked_clusters": unranked,
-                          "dropped_values": list(res.dropped_values)}, indent=2, default=str))
+                          "dropped_values": list(res.dropped_values),
+                          "settings": {"memory_headroom_gb": memory_headroom_gb}}, indent=2, default=str))
         _fail_if_none_fits(res, limits)
         return
     con = Console()

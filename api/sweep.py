@@ -118,6 +118,8 @@ SPEC_KEYS = {
     "cross_entropy_fusion_impl": "native or te: the fused loss's implementation (Megatron-Core's "
                                  "--cross-entropy-fusion-impl; default native)",
     "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
+    "memory_headroom_gb": "a strategy fits only at most this many GB below the GPU's capacity (as "
+                          "--memory-headroom-gb; default 0)",
     "data_workers": "data-loader worker processes (default: the framework's)",
     "cloud_usd_per_gpu_hour": "cloud price per GPU-hour (USD) for every task's run (as --cloud-usd-per-gpu-hour); needs "
                               "tokens: what objective cost/tco needs where the shipped table has no price",
@@ -232,6 +234,7 @@ class SweepSpec:
     data_workers: int | None = None
     optimizer: str | None = None
     optimizer_impl: str | None = None
+    memory_headroom_gb: float = 0.0
     #: model folders by kind (models, collectives, power_model) as given; resolved (with the environment's) by tasks()
     model_folders: dict = field(default_factory=dict)
     #: run options of every task's footprint (search's footprint_kw, without region), cloud_usd_per_gpu_hour included
@@ -254,6 +257,8 @@ class SweepSpec:
             settings["data_load_ms"] = self.data_load_ms
         if self.data_workers is not None:
             settings["data_workers"] = self.data_workers
+        if self.memory_headroom_gb:
+            settings["memory_headroom_gb"] = self.memory_headroom_gb
         if self.footprint:
             settings["footprint"] = dict(sorted(self.footprint.items()))
         from wattcast.models.selection import resolve_folders
@@ -493,6 +498,12 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     except ValueError as e:
         raise SweepSpecError(f"{where}: {e}") from None
     optimizer, optimizer_impl = _optimizer_options(raw, where)
+    from wattcast.planning.search import checked_memory_headroom_gb
+
+    try:
+        headroom_gb = checked_memory_headroom_gb(raw.get("memory_headroom_gb", 0.0))
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: {e}") from None
     run_opts = _run_options(raw, tokens, where)
     folders = raw.get("model_folders") or {}
     if not isinstance(folders, dict) or set(folders) - set(MODEL_FOLDER_KEYS):
@@ -508,7 +519,7 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      zero3_prefetch=z3, scatter_gather_p2p=sg, fsdp_reduce_dtype=reduce_dtype,
                      grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe, moe_token_dispatcher=dispatcher,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
-                     optimizer=optimizer, optimizer_impl=optimizer_impl,
+                     optimizer=optimizer, optimizer_impl=optimizer_impl, memory_headroom_gb=headroom_gb,
                      model_folders={k: v for k, v in folders.items() if v is not None}, footprint=run_opts)
     _resolve_names(spec, where)
     return spec
@@ -655,6 +666,7 @@ def run_task(task: dict) -> pd.DataFrame:
                   cross_entropy_fusion_impl=task.get("cross_entropy_fusion_impl") or "native",
                   data_load_ms=task.get("data_load_ms", 0.0),
                   data_workers=task.get("data_workers"), optimizer_impl=task.get("optimizer_impl"),
+                  memory_headroom_gb=task.get("memory_headroom_gb", 0.0),
                   **({"optimizer": task["optimizer"]} if task.get("optimizer") else {}),
                   **(task.get("model_folders") or {}))
         if task["tokens"] is not None:

@@ -513,7 +513,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            fp8_param_gather: bool = False, mtp_num_layers: int = 0, cross_entropy_loss_fusion: bool | None = None,
            cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
            power_model=None, scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
-           fp8_recipe: str | None = None, **space) -> SearchResult:
+           fp8_recipe: str | None = None, memory_headroom_gb: float = 0.0, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -533,6 +533,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``prune_oom`` (default): memory first; a strategy that does not fit is not scheduled (its row has ``fits`` False,
     its memory, ``scheduled`` False and NaN times, MFU and energy), which leaves the fitting rows, their order and
     every figure of theirs unchanged. ``prune_oom=False`` simulates every step.
+
+    ``memory_headroom_gb``: a candidate fits only when its predicted worst-stage memory is at most the GPU's capacity
+    less this many GB (default 0: as before). The rows nearest the memory limit are predicted too fast (README, the
+    published fastest-fitting readings: allocator fragmentation the memory model does not count), so a margin keeps
+    them out of the ranking; they stay in ``ranked`` with ``fits`` False and no run figures.
 
     ``exact_pipeline``: time every pipeline with the event-driven scheduler (the reference); by default the closed form
     of :mod:`wattcast.simulate.pipeline_fast` times the pipelines it is within 1% of (equal stages) and the rest get
@@ -636,6 +641,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             raise ValueError(f"tokens (run length in tokens) must be a finite number above 0, got {tokens!r}")
     elif footprint_kw:
         raise ValueError("footprint_kw describes a run: give tokens too")
+    memory_headroom_gb = checked_memory_headroom_gb(memory_headroom_gb)
     for name, flag in (("exact_pipeline", exact_pipeline), ("prune_oom", prune_oom), ("pareto", pareto)):
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -778,6 +784,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
     df = pd.DataFrame(rows, columns=row_cols + list(_BAND_TERMS))
     df = _with_band(df)[cols]
+    df = with_memory_headroom(df, memory_headroom_gb, run_cols)
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
     warnings = warnings + cap_notes + _ood_warnings(df)
@@ -791,6 +798,37 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
                         dropped_values(asked, outcomes, generated, skipped, max_configs))
+
+
+def checked_memory_headroom_gb(value) -> float:
+    """``memory_headroom_gb`` as a float: finite and at least 0 (``--memory-headroom-gb``), else ValueError."""
+    try:
+        gb = float(value)
+    except (TypeError, ValueError):
+        gb = float("nan")
+    if isinstance(value, bool) or not np.isfinite(gb) or gb < 0:
+        raise ValueError(f"memory_headroom_gb (--memory-headroom-gb) must be a finite number of GB, 0 or more; got {value!r}")
+    return gb
+
+
+def with_memory_headroom(df: pd.DataFrame, headroom_gb: float, run_cols=()) -> pd.DataFrame:
+    """``df`` with ``fits`` False where the predicted memory is above the capacity less ``headroom_gb`` (the same
+    ``memory_gb`` <= ``memory_capacity_gb`` test a prediction's ``fits`` is, with the margin), and those rows' run
+    figures cleared as for any row that does not fit; ``df`` itself when the headroom is 0."""
+    if not headroom_gb or df.empty:
+        return df
+    limit_gb = df["memory_capacity_gb"].to_numpy(dtype=float) - headroom_gb
+    over = df["fits"].to_numpy(dtype=bool) & ~(df["memory_gb"].to_numpy(dtype=float) <= limit_gb)
+    if not over.any():
+        return df
+    df = df.copy()
+    df["fits"] = df["fits"].astype(bool) & ~over
+    clear = [c for c in run_cols if c != "run_pareto" and c in df]
+    for c in clear:  # NaN, as _NO_RUN gives a row that does not fit (a bool column holds it as object, as there)
+        if df[c].dtype == bool:
+            df[c] = df[c].astype(object)
+        df.loc[over, c] = np.nan
+    return df
 
 
 def capped_note(cluster: str, n_skipped: int, n_valid: int, max_configs: int) -> str:

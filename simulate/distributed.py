@@ -61,6 +61,7 @@ from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, giv
 from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
                                         layouts, pp_hop_crosses_nodes, resolve_parallel, stage_layers,
+                                        straddling_group_notes,
                                         _PAIR_ONE_NODE, _PAIR_TWO_NODES)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
@@ -2662,7 +2663,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             return StepSummary(spec.name, par, nan, nan, nan, model_totals["flops"] * n_micro * par.dp, worst, False,
                                nan, nan, nan, nan, capacity, False)
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
-                            view, power_limit_w, ctx.notes)
+                            view, power_limit_w,
+                            (*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node)))
 
     ep_unpaired = None
     if par.overlap_moe_expert_parallel_comm and dual:  # the tasks outside DualPipe's F&B pairs (its reference order)
@@ -3325,7 +3327,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     ood = critical_rank_ood({k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
                             float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
     warn = ood_warning(float(ood.get("share", 0.0)))
-    meta = with_warnings(meta, [*ctx.notes, *([warn] if warn else [])])
+    meta = with_warnings(meta, [*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node), *([warn] if warn else [])])
     if dual:
         meta["dualpipe"] = dualpipe_summary(pipe)
     if pipe.extrapolated:

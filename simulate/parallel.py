@@ -127,6 +127,10 @@ class ParallelConfig:
                                 ("tpo", self.tp_comm_overlap), ("a2a", self.overlap_moe_expert_parallel_comm)) if v]
         if over:
             parts.append("+".join(over))
+        if self.interleave > 1 and self.overlap_p2p_comm is False:
+            # the interleaved schedule's p2p overlap is on by default (overlap_defaults): only its absence is written,
+            # the strategy string's token (simulate/strategy.py: nop2po); every other name stays as it was
+            parts.append("nop2po")
         # the first / last stage's layers as the strategy string writes them (simulate/strategy.py): ppf<N>, ppl<N>
         parts += pp_stage_tokens(self.pp_first_layers, self.pp_last_layers)
         return "-".join(parts)
@@ -764,6 +768,34 @@ def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]
     """Where each parallel group of ``cfg`` sits on ``cluster`` (a new dict; the layouts are shared, immutable)."""
     return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node, expert_tp(cfg),
                          *cp_group_sizes(cfg)))
+
+
+def straddling_group_notes(cfg: ParallelConfig, gpus_per_node: int) -> list[str]:
+    """Warnings for the tensor-, context- and expert-parallel groups that span nodes although their ranks (``size x
+    stride`` consecutive ones in Megatron's order: tp stride 1, cp stride tp, ep stride etp) would fit in one node:
+    the node size is not a multiple of that span, so some groups straddle two nodes and their collectives run over
+    the network (tp 16 on 72-GPU NVL72 racks: ranks 64-79 on two racks, :func:`group_layout`). A node size that is a
+    multiple of the span (``--gpus-per-node``, e.g. 64 of a rack's 72) keeps every group in one node."""
+    g = max(int(gpus_per_node), 1)
+    lay = layouts(cfg, _NodeSize(g))
+    etp = expert_tp(cfg)
+    out = []
+    for key, flag, size, stride in (("tp", "--tp", cfg.tp, 1), ("cp", "--cp", cfg.cp, cfg.tp), ("ep", "--ep", cfg.ep, etp)):
+        span = int(size) * int(stride)
+        if size > 1 and span <= g and lay[key].nodes > 1:
+            what = f"{flag} {size}" if stride == 1 else f"{flag} {size} x its stride {stride}"
+            out.append(f"some {key} groups straddle two nodes although {span} consecutive ranks ({what}) fit in one "
+                       f"node of {g} GPUs ({g} is not a multiple of {span}): their collectives cross the network "
+                       f"(costed as {lay[key].gpus_per_node} per node); --gpus-per-node {g - g % span} "
+                       f"(a multiple of {span}) keeps every group in one node")
+    return out
+
+
+@dataclass(frozen=True)
+class _NodeSize:
+    """The one field of a ClusterSpec :func:`layouts` reads."""
+
+    gpus_per_node: int
 
 
 def expert_tp(cfg: ParallelConfig) -> int:

@@ -327,18 +327,29 @@ def timeline_figure(res):
 
     stages = sorted({e["stage"] for e in res.events}) or [0]
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.55 * len(stages) * 2))
-    used = []
+    # one collection per (row, colour), not one per event: every broken_barh call updates the data limits, so a
+    # 405B pipeline's 12,555 events took 190 s (audit of issue 15); the axis limits are set once below
+    ax.set_autoscale_on(False)
+    spans: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for e in res.events:
         y = e["stage"] * 2 + (0 if e["stream"] == "compute" else 1)
-        kind = _timeline_kind(e)
-        used.append(kind)
-        ax.broken_barh([(e["start_ms"], e["end_ms"] - e["start_ms"])], (y - 0.4, 0.8), facecolors=TIMELINE_COLOURS[kind],
-                       edgecolors="white", linewidth=0.3)
-    exposed = exposed_comm_intervals(res)
-    for s, a, b in exposed:  # over the comm row, hatched: the compute stream waits for it
-        ax.broken_barh([(a, b - a)], (s * 2 + 1 - 0.4, 0.8), facecolors="none", edgecolors=TIMELINE_COLOURS["exposed"],
+        spans.setdefault((y, _timeline_kind(e)), []).append((e["start_ms"], e["end_ms"] - e["start_ms"]))
+    used = [kind for _, kind in spans]
+    for (y, kind), xr in spans.items():
+        ax.broken_barh(xr, (y - 0.4, 0.8), facecolors=TIMELINE_COLOURS[kind], edgecolors="white", linewidth=0.3)
+    exposed: dict[int, list[tuple[float, float]]] = {}
+    for s, a, b in exposed_comm_intervals(res):
+        exposed.setdefault(s, []).append((a, b - a))
+    for s, xr in exposed.items():  # over the comm row, hatched: the compute stream waits for it
+        ax.broken_barh(xr, (s * 2 + 1 - 0.4, 0.8), facecolors="none", edgecolors=TIMELINE_COLOURS["exposed"],
                        hatch="////", linewidth=0.8)
-        ax.broken_barh([(a, b - a)], (s * 2 + 0.35, 0.1), facecolors=TIMELINE_COLOURS["exposed"])
+        ax.broken_barh(xr, (s * 2 + 0.35, 0.1), facecolors=TIMELINE_COLOURS["exposed"])
+    t0_ms = min((e["start_ms"] for e in res.events), default=0.0)
+    t1_ms = max((e["end_ms"] for e in res.events), default=1.0)
+    pad_ms = 0.05 * max(t1_ms - t0_ms, 1e-9)  # matplotlib's default axes.xmargin (rcParams): the same picture
+    ax.set_xlim(t0_ms - pad_ms, t1_ms + pad_ms)
+    y0, y1 = min(stages) * 2 - 0.4, max(stages) * 2 + 1.4  # the bars' extent, and the same default margin
+    ax.set_ylim(y0 - 0.05 * (y1 - y0), y1 + 0.05 * (y1 - y0))
     ax.set_yticks([s * 2 + k for s in stages for k in (0, 1)], [f"stage {s} {n}" for s in stages for n in ("compute", "comm")])
     ax.invert_yaxis()
     ax.set_xlabel("ms")

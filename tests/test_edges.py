@@ -428,3 +428,54 @@ def test_jobs_using_part_of_every_node():
     assert res.ranked["step_time_ms"].iloc[0] == pytest.approx(p.step_time_ms, rel=1e-9)
     r = run_cli("predict", "--model", "gpt2", "--device", "H100-SXM5-80GB", "--gpus-per-node", "4")
     assert r.returncode != 0 and "needs --cluster" in r.stderr
+
+
+def test_timeline_draws_one_collection_per_row_and_colour_whatever_the_micro_batches():
+    """--plot on a 405B pipeline drew one broken_barh per event (12,555 of them, each updating the axis limits: 190 s;
+    audit of issue 15): it draws one collection per (row, colour), as many for 4 as for 16 micro-batches, and the
+    axis still spans every event."""
+    import matplotlib.pyplot as plt
+
+    from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
+    from wattcast.simulate.parallel import ParallelConfig
+    from wattcast.simulate.trace import timeline_figure
+
+    counts = []
+    for batch in (16, 64):
+        r = predict_distributed("gpt2", "dgx-a100", ParallelConfig(gpus=8, tp=2, pp=2, dp=2, micro_batch=2, zero=1),
+                                DistributedOptions(batch=batch, seq=256, trace=True))
+        fig = timeline_figure(r)
+        ax = fig.axes[0]
+        counts.append(len(ax.collections))
+        lo, hi = ax.get_xlim()
+        assert lo <= min(e["start_ms"] for e in r.events) and hi >= max(e["end_ms"] for e in r.events)
+        rows = {e["stage"] * 2 + (e["stream"] != "compute") for e in r.events}
+        assert len(r.events) > 3 * len(rows)  # many events per row: one artist each would be many more
+        assert counts[-1] <= 2 * len(rows) * 4
+        plt.close(fig)
+    assert counts[0] == counts[1], counts
+
+
+def test_a_warning_when_a_tp_group_straddles_nodes_it_would_fit_in():
+    """tp 16 on 72-GPU NVL72 racks puts ranks 64-79 on two racks (audit of issue 15: gpt3_175b 3,443 ms, 1,504 ms of
+    exposed TP; 2,111 ms on 64-GPU nodes) with no warning: the prediction warns, naming --gpus-per-node, when a TP,
+    CP or EP group spans nodes although its ranks fit in one; groups that tile the nodes or cannot fit give none."""
+    from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.options import DistributedOptions
+    from wattcast.simulate.parallel import ParallelConfig, straddling_group_notes
+
+    (tp,) = straddling_group_notes(ParallelConfig(gpus=1152, tp=16, pp=4, dp=18), 72)
+    assert tp.startswith("some tp groups straddle two nodes") and "--gpus-per-node 64" in tp
+    assert straddling_group_notes(ParallelConfig(gpus=1024, tp=16, pp=4, dp=16), 64) == []
+    assert straddling_group_notes(ParallelConfig(gpus=144, tp=72, dp=2), 72) == []  # one node each
+    assert straddling_group_notes(ParallelConfig(gpus=288, tp=144, dp=2), 72) == []  # larger than a node: unavoidable
+    (cp,) = straddling_group_notes(ParallelConfig(gpus=24, tp=2, cp=3, dp=4), 8)  # cp ranks 6-11 (stride 2) on two nodes
+    assert cp.startswith("some cp groups straddle") and "--gpus-per-node 6" in cp
+    (ep,) = straddling_group_notes(ParallelConfig(gpus=24, ep=6, dp=24), 8)
+    assert ep.startswith("some ep groups straddle")
+    o = DistributedOptions(batch=24, seq=128)
+    w6 = predict_distributed("gpt2", "dgx-a100", ParallelConfig(gpus=24, tp=6, micro_batch=1), o).meta["warnings"]
+    assert any(w.startswith("some tp groups straddle two nodes") and "--gpus-per-node 6" in w for w in w6), w6
+    w4 = predict_distributed("gpt2", "dgx-a100", ParallelConfig(gpus=24, tp=4, micro_batch=1), o).meta.get("warnings", [])
+    assert not any("groups straddle" in w for w in w4), w4
