@@ -2056,7 +2056,7 @@ def validate_trace_cmd(
     models: Optional[Path] = _MODELS_OPTION,
     output: Optional[Path] = typer.Option(None, "--output", help="Write every compared row (measured, predicted, error %) to this CSV."),
     overwrite: bool = _OVERWRITE_OPTION,
-    in_step: bool = typer.Option(False, "--in-step", help="Compare the kernel times a predicted step uses (FP32 without the isolated-timing floor of NeuSight's one-op-at-a-time measurements)."),
+    in_step: bool = typer.Option(False, "--in-step", help="Compare the kernel times a predicted step uses (FP32 without the isolated-timing floor of NeuSight's one-op-at-a-time measurements; none below the GPU-side kernel floor plus its roofline time)."),
 ) -> None:
     """Predict every imported kernel on DEVICE and compare with its measured GPU time."""
     from wattcast.data.catalog import resolve_device

@@ -12,7 +12,9 @@ Per node, by ``method`` (see :mod:`wattcast.featurize.op_graph`):
 - ``roofline``: no model: max(FLOPs / dtype peak, bytes / bandwidth); reported in ``fallback_ops``.
 
 Each kernel also pays a host launch cost: eager PyTorch cannot issue kernels faster than one per
-``launch_overhead_ms`` (:data:`DEFAULT_LAUNCH_OVERHEAD_MS`), so a node takes max(GPU time, launch cost).
+``launch_overhead_ms`` (:data:`DEFAULT_LAUNCH_OVERHEAD_MS`), so a node takes max(GPU time, launch cost). On the GPU
+a learned node's kernel takes at least its roofline time plus a fixed :data:`GPU_KERNEL_FLOOR_MS` (measured in a
+profiler trace; it shows where the host floor is below it or the kernel is memory-bound and above a few MB).
 Distinct kernels are predicted once (a 96-layer model repeats ~100 shapes).
 """
 
@@ -42,6 +44,16 @@ from wattcast.simulate.stage_memory import capacity_gb
 #: Host-side cost of launching one kernel from eager PyTorch (ms). Chosen on the NeuSight labels of the
 #: training GPUs only (see benchmarks/e2e_labels.py); the held-out GPUs played no part.
 DEFAULT_LAUNCH_OVERHEAD_MS = 0.006
+#: GPU-side fixed time of one kernel (ms): a kernel occupies its stream for at least this plus its roofline time, however
+#: few bytes it moves (separate from the host launch cost above: a node takes max(GPU time, host floor)). Measured, not
+#: assumed: the CUPTI kernel durations of a PyTorch-profiler trace of a training job on an A100-SXM4-40GB (HTA's
+#: ``tests/data/trace_diff/control``, ``../shared/datasets/traces/a100_trace_diff_control.json.gz``) never go below 3 us
+#: (1,368 elementwise kernels up to 100 KB: none below 3 us, 879 at exactly 3, median 3; integer-us CUPTI durations)
+#: and grow as ~3 us + bytes at the memory bandwidth above that. Fitted on the trace's fitting half (split by shape)
+#: as the additive floor with the lowest MAPE of the in-step kernel times over its elementwise rows, grid 0-6 us in
+#: 0.25 us steps (``benchmarks/fit_gpu_kernel_floor.py``); its other half and the V100 trace are the reported error
+#: (README, ``validate trace --in-step``).
+GPU_KERNEL_FLOOR_MS = 0.003
 #: row width used to shape a proxy (bytes-equivalent copy) kernel
 _PROXY_WIDTH = 4096
 #: (B, H) of the scalar-add kernel whose predicted latency is the device's isolated-timing floor: 16 KB,
@@ -307,16 +319,26 @@ def _addu_ms(spec: DeviceSpec, bundle: KernelBundle, b: int, h: int) -> float:
 _ADDU_CACHE: dict = {}
 
 
-def in_stream_kernel_ms(pred: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle | None = None) -> np.ndarray:
-    """Kernel times as a step costs them, from ``predict_kernels`` output: FP32 rows without the isolated-timing
-    floor (:func:`_timing_floor_ms`), never below their roofline time; other dtypes as predicted. What a profiler
-    trace of a running model measures per kernel."""
+def in_stream_kernel_ms(pred: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle | None = None,
+                        gpu_floor_ms: float = GPU_KERNEL_FLOOR_MS) -> np.ndarray:
+    """Kernel times as a step costs them, from ``predict_kernels`` output (:func:`stream_ms`): FP32 rows without the
+    isolated-timing floor (:func:`_timing_floor_ms`), never below their roofline time; other dtypes as predicted; none
+    below ``gpu_floor_ms`` plus its roofline time. What a profiler trace of a running model measures per kernel."""
     bundle = bundle or load_bundle()
     floor = _timing_floor_ms(spec, bundle)
     dtype = pred["dtype"].astype(str).to_numpy() if "dtype" in pred else np.full(len(pred), "fp32")
-    f_ms = np.where(dtype == "fp32", floor, 0.0)
-    roof = np.where(f_ms > 0, np.nan_to_num(pred["roofline_ms"].to_numpy(dtype=float), nan=0.0), 0.0)
-    return np.maximum(pred["pred_latency_ms"].to_numpy(dtype=float) - f_ms, roof)
+    return stream_ms(pred["pred_latency_ms"].to_numpy(dtype=float), pred["roofline_ms"].to_numpy(dtype=float),
+                     np.where(dtype == "fp32", floor, 0.0), 1.0, gpu_floor_ms)
+
+
+def stream_ms(lat_ms: np.ndarray, roofline_ms: np.ndarray, timing_floor_ms: np.ndarray, mult, gpu_floor_ms: float
+              ) -> np.ndarray:
+    """A kernel's time in a stream from its learned latency ``lat_ms`` (times ``mult``): minus the isolated-timing
+    floor where one applies (``timing_floor_ms`` > 0: FP32), then never below ``gpu_floor_ms`` (the GPU-side fixed
+    time of a kernel, :data:`GPU_KERNEL_FLOOR_MS`) plus its roofline time. A row without a roofline (NaN) counts it 0."""
+    roof = np.nan_to_num(roofline_ms, nan=0.0)
+    own = np.maximum(lat_ms - timing_floor_ms, np.where(timing_floor_ms > 0, roof, 0.0)) * mult
+    return np.maximum(own, roof * mult + gpu_floor_ms)
 
 
 def _timing_floor_ms(spec: DeviceSpec, bundle: KernelBundle) -> float:
@@ -438,9 +460,12 @@ def frame_copy(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
-               launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None) -> pd.DataFrame:
+               launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None,
+               gpu_floor_ms: float = GPU_KERNEL_FLOOR_MS) -> pd.DataFrame:
     """The graph's nodes plus ``time_ms``, ``low_ms``, ``high_ms``, ``ood`` and ``gpu_ms`` columns.
     ``launch_overhead_ms``: each node's host floor, one number or one per graph node (``distributed.node_launch_ms``).
+    ``gpu_floor_ms``: the GPU-side fixed time of a learned (surrogate or proxy) node's kernel, on top of its roofline
+    time (:func:`stream_ms`).
 
     ``collective_ms(kernel, bytes, group) -> (ms, ood)`` (numpy arrays) costs collective nodes; without it a
     graph must hold none (a single-device graph has only the zero-time markers of tensor parallelism).
@@ -473,11 +498,9 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
             # predicted worse with it: 9.7% vs 8.3% mean, host costs refitted either way)
             # Taking the floor off never makes a kernel beat its roofline time (a 1-5 MB add measured at
             # about the floor still moves its bytes).
+            # Nor does any kernel take less than the GPU-side fixed time of a kernel plus its roofline time.
             f_ms = np.where(fp32, floor, 0.0)
-            roof = np.where(f_ms > 0, np.nan_to_num(roofline[r], nan=0.0), 0.0)
-            p = np.maximum(lat[r] - f_ms, roof) * mult
-            pl = np.maximum(low[r] - f_ms, roof) * mult
-            ph = np.maximum(high[r] - f_ms, roof) * mult
+            p, pl, ph = (stream_ms(v[r], roofline[r], f_ms, mult, gpu_floor_ms) for v in (lat, low, high))
             np.add.at(t, idx, np.where(bad, np.nan, p))
             np.add.at(lo, idx, np.where(bad, np.nan, pl))
             np.add.at(hi, idx, np.where(bad, np.nan, ph))

@@ -403,4 +403,4 @@ def test_moe_tests_at_expert_tp_above_one_run_without_linear_biases(data_root):
     kw = dict(host_ms=ci_moe_host_ms(), moe_token_dispatcher="allgather")
     p = predict_megatron_ci(pd.DataFrame([etp2._asdict()]), **kw).iloc[0]
     assert p["launch_gap_ms"] < 190.0  # 200.0 with the biases (CI_MOE_OP_HOST_MS 0.0625)
-    assert predict_megatron_ci(pd.DataFrame([etp1._asdict()]), **kw)["launch_gap_ms"].iloc[0] == pytest.approx(143.4, abs=0.1)
+    assert predict_megatron_ci(pd.DataFrame([etp1._asdict()]), **kw)["launch_gap_ms"].iloc[0] == pytest.approx(143.0, abs=0.1)  # 143.4 before stop 49's GPU kernel floor

@@ -129,6 +129,18 @@ def test_in_step_comparison_takes_the_isolated_timing_floor_off(traces):
     assert step["predicted_busy_ms"] < iso["predicted_busy_ms"] and step["mape_pct"] < iso["mape_pct"] / 2
 
 
+@pytest.mark.e2e
+def test_in_step_elementwise_kernels_take_the_gpu_floor(traces):
+    """In a step a microsecond kernel takes the GPU-side floor plus its roofline time (GPU_KERNEL_FLOOR_MS, fitted on
+    half of the A100 trace): the in-step elementwise rows were -68% on both traces (costed at their roofline, ~ns),
+    now within -30%; the V100 trace played no part in the fit."""
+    for name, device in (("a100_trace_diff_control", "A100-SXM4-40GB"), ("a100_trace_diff_test", "V100-SXM2-16GB")):
+        r = run_cli("validate", "trace", str(traces / f"{name}.json.gz"), "--device", device, "--in-step", "--json")
+        assert r.returncode == 0, r.stderr
+        ew = json.loads(r.stdout)["by_op"]["elementwise"]
+        assert ew["bias_pct"] > -30 and ew["mape_pct"] < 35, (name, ew)
+
+
 def test_validate_trace_busy_counts_nccl_kernels_overlap_and_steps(tmp_path):
     """trace_busy_ms is every kernel (the README's 'all kernels'), NCCL included; the split, the union of busy
     intervals (an NCCL kernel overlapping a GEMM on another stream counts once) and the ProfilerStep# spans."""

@@ -35,8 +35,9 @@ def _stats(meas: np.ndarray, pred: np.ndarray) -> dict:
 def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
                    in_step: bool = False) -> tuple[dict, pd.DataFrame]:
     """(summary dict, per-row table) for the kernel rows of ``paths`` predicted on ``device``. ``in_step``: compare
-    the kernel times a step is costed with (FP32 kernels without NeuSight's isolated-timing floor, never below their
-    roofline: ``simulate.single_device.in_stream_kernel_ms``) instead of the surrogates' isolated-kernel latency."""
+    the kernel times a step is costed with (FP32 kernels without NeuSight's isolated-timing floor; no kernel below its
+    roofline time plus the GPU-side kernel floor: ``simulate.single_device.in_stream_kernel_ms``) instead of the
+    surrogates' isolated-kernel latency."""
     from wattcast import predict_kernels
     from wattcast.data.catalog import resolve_device
 
