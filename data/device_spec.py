@@ -740,9 +740,8 @@ class DeviceSpecModel(BaseModel):
         if s.peak_fp8_tflops and arch_without_fp8(s.arch):
             # a typed-in FP8 figure would give the GEMMs of an fp8 step an FP8 speed-up the GPU cannot deliver
             raise problem("wc_rule", f"field 'peak_fp8_tflops' ({s.peak_fp8_tflops:g}) is given, but arch {s.arch!r} has "
-                          "no FP8 tensor cores (FP8 came with NVIDIA's Hopper and Ada, the NVIDIA H100 and Ada GPU "
-                          "architecture whitepapers, and AMD's CDNA3, the AMD CDNA 3 architecture whitepaper; A100, V100, "
-                          "T4, MI250 and older have none): drop peak_fp8_tflops, or correct arch")
+                          "no FP8 tensor cores (FP8 tensor cores arrived with NVIDIA Hopper / Ada and AMD CDNA3; e.g. A100, V100, "
+                          "T4 and MI250 have none): drop peak_fp8_tflops, or correct arch")
         if s.idle_power_w and s.tdp_w and s.idle_power_w >= s.tdp_w:
             raise problem("wc_rule", f"field 'idle_power_w' ({s.idle_power_w}) must be below tdp_w ({s.tdp_w})")
         if s.idle_power_w and s.tdp_w and not exotic_allowed():
