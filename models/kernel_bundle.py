@@ -187,12 +187,19 @@ class FamilyModel:
         the family's tensor-core training rows, FP32 rows against its FP32 rows (each range widened by the
         generation margin). A GPU can be inside the family's pooled range and outside its own class's: an L4's
         watts per FP32 TFLOP/s (2.4) is below every FP32 training GPU's (8 and up), though bf16 rows go lower."""
-        by = (self.logo or {}).get("support_by_dtype_class") or {}
-        idx = slice(None) if rows is None else rows
         n = len(X) if rows is None else len(rows)
         out = np.zeros(n, dtype=bool)
+        for _, _, bad, _, _, _ in self.dtype_class_support_checks(X, rows):
+            out |= bad
+        return out
+
+    def dtype_class_support_checks(self, X: pd.DataFrame, rows=None):
+        """Per (dtype class, descriptor) of :meth:`dtype_class_device_ood`: (class, descriptor, rows outside its widened
+        range (NaN compares False), the descriptor's values, the range's low and high ends), for the rows ``rows``."""
+        by = (self.logo or {}).get("support_by_dtype_class") or {}
         if not by or "is_tensor_dtype" not in X:
-            return out
+            return
+        idx = slice(None) if rows is None else rows
         margin = (self.logo or {}).get("margin") or {}
         tensor = X["is_tensor_dtype"].to_numpy()[idx] > 0.5
         for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
@@ -203,8 +210,7 @@ class FamilyModel:
                     continue
                 pad = SUPPORT_SLACK * max(hi - lo, 1e-9) + float(margin.get(f, 0.0))
                 v = X[f].to_numpy(dtype=float)[idx]
-                out |= sel & ((v < lo - pad) | (v > hi + pad))  # NaN compares False
-        return out
+                yield cls, f, sel & ((v < lo - pad) | (v > hi + pad)), v, float(lo - pad), float(hi + pad)
 
     def support_columns(self, available) -> list[str]:
         """The support features found among ``available`` (in support order): the columns ood_mask checks."""

@@ -861,26 +861,12 @@ def _device_ood_detail(fm, A: np.ndarray, cols: list[str], X: pd.DataFrame, rows
         bad = dev_ood & ((v < fm._sup_lo[i]) | (v > fm._sup_hi[i]))
         if bad.any():
             found[f] = (bad, v, float(fm._sup_lo[i]), float(fm._sup_hi[i]))
-    by = (fm.logo or {}).get("support_by_dtype_class") or {} if matmul else {}
-    if by and "is_tensor_dtype" in X:
-        from wattcast.models.kernel_bundle import SUPPORT_SLACK
-
-        idx = slice(None) if rows is None else rows
-        margin = (fm.logo or {}).get("margin") or {}
-        tensor = X["is_tensor_dtype"].to_numpy()[idx] > 0.5
-        for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
-            if not sel.any() or cls not in by:
-                continue
-            for f, (lo, hi) in by[cls].items():
-                if f not in X:
-                    continue
-                pad = SUPPORT_SLACK * max(hi - lo, 1e-9) + float(margin.get(f, 0.0))
-                v = X[f].to_numpy(dtype=float)[idx]
-                bad = dev_ood & sel & ((v < lo - pad) | (v > hi + pad))
-                if f in found:  # a row the pooled range already names this descriptor for: named once
-                    bad &= ~found[f][0]
-                if bad.any():
-                    found[f"{f}#{cls}"] = (bad, v, float(lo - pad), float(hi + pad))
+    for cls, f, bad, v, lo, hi in (fm.dtype_class_support_checks(X, rows) if matmul else ()):
+        bad = dev_ood & bad
+        if f in found:  # a row the pooled range already names this descriptor for: named once
+            bad &= ~found[f][0]
+        if bad.any():
+            found[f"{f}#{cls}"] = (bad, v, lo, hi)
     if not found:
         return out
     # one text per distinct combination of (descriptor out, its value): a row's key in mixed radix, texts joined once
