@@ -677,11 +677,15 @@ def layer_wise_state_shares(tensors: pd.DataFrame, stage: np.ndarray, P: int, dp
     return shares[:, 0], shares[:, 1]
 
 
-def model_param_tensors(g, src_layer_ids: np.ndarray, stage_of_full_layer: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+def model_param_tensors(g, src_layer_ids: np.ndarray, stage_of_full_layer: np.ndarray,
+                        tens: pd.DataFrame | None = None) -> tuple[pd.DataFrame, np.ndarray]:
     """The whole model's optimizer tensors in order (training_graph.optimizer_param_tensors of the costed graph, a
     short graph's repeated block once per layer it stands for: ``src_layer_ids`` each full layer's graph layer) and
-    each one's pipeline stage (``stage_of_full_layer``)."""
-    tens = optimizer_param_tensors(g)
+    each one's pipeline stage (``stage_of_full_layer``). ``tens``: the graph's optimizer_param_tensors if known."""
+    tens = optimizer_param_tensors(g) if tens is None else tens
+    if not len(tens) and g.meta.get("param_count"):
+        raise ValueError("model_param_tensors: no optimizer tensors (a graph without its rows: pass the view's "
+                         "muon_tensors)")
     lay = tens["layer"].to_numpy(dtype=np.int64)
     order = np.argsort(lay, kind="stable")  # each graph layer's rows, in the graph's order within it
     keys, first, n_rows = np.unique(lay[order], return_index=True, return_counts=True)
@@ -1319,6 +1323,10 @@ class _RankView:
     #: graph (a short graph's block 1 stands for many): the layer-wise optimizer's split (layer_wise_shares)
     muon_params: np.ndarray = None
     src_layer_ids: np.ndarray = None
+    #: the costed graph's optimizer tensors under Muon (training_graph.optimizer_param_tensors; None without Muon), kept
+    #: here because a search's schedule context drops the graph's rows (ScheduleContext.without_kernels): until this
+    #: field the layer-wise optimizer's split fell back to an even 1 / dp in every search
+    muon_tensors: pd.DataFrame = None
     ood_fb_ms: np.ndarray = None
     ood_fb_low_ms: np.ndarray = None
     ood_fb_high_ms: np.ndarray = None
@@ -1461,6 +1469,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     muon_by_layer = {int(k): float(v) for k, v in (g.meta.get("muon_params_by_layer") or {}).items()}
     return _RankView(
         muon_params=layer_array(muon_by_layer) if g.meta.get("optimizer") == "muon" else None,
+        muon_tensors=optimizer_param_tensors(g) if g.meta.get("optimizer") == "muon" else None,
         src_layer_ids=ids[src],
         dense_param_seq=tuple(seq_by_id[j] for j in src),
         ood_fb_ms=per_layer(k_ood & (fwd | bwd), t), ood_fb_low_ms=per_layer(k_ood & (fwd | bwd), t_lo),
@@ -2604,7 +2613,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         """The whole model's optimizer tensors and each one's stage (model_param_tensors), once per (view, chunking)."""
         out = sums.get(("layer_wise_tensors", P, V))
         if out is None:
-            out = sums[("layer_wise_tensors", P, V)] = model_param_tensors(g, view.src_layer_ids, np.asarray(chunk) % P)
+            # the view's (a search's context has no graph rows left to read them from)
+            out = sums[("layer_wise_tensors", P, V)] = model_param_tensors(g, view.src_layer_ids,
+                                                                           np.asarray(chunk) % P, view.muon_tensors)
         return out
 
     share_key = ("opt_share", P, V, par_dp.zero >= 1, dp_n, edp_n, layer_wise)

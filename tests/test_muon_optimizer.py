@@ -253,3 +253,15 @@ def test_stage_muon_fraction_follows_the_layer_placement(monkeypatch):
     first2 = seen[-1]
     assert even[0] < even[1] and even[3] < even[2] and even[1] > 0.999
     assert first2[0] == pytest.approx(0.4536, abs=1e-3) and first2[0] < even[0]
+
+
+def test_search_rows_match_predict_under_the_layer_wise_optimizer():
+    """A search's schedule contexts drop the graph's rows (ScheduleContext.without_kernels): the layer-wise split reads
+    the view's tensors, so a searched row has predict_cluster's step time and memory (until this fix the search fell
+    back to an even 1 / dp for both)."""
+    kw = dict(gpus=8, batch=8, seq=256, framework="megatron", optimizer="muon")
+    r = wattcast.search("gpt2", "DGX-H100", zero=[1], tp=[1], pp=[1], max_configs=50, **kw)
+    for row in r.ranked.head(3).to_dict("records"):
+        p = wattcast.predict_cluster("gpt2", "DGX-H100", strategy=row["strategy"], **kw)
+        assert row["memory_gb"] == pytest.approx(p.memory_gb, rel=1e-9)
+        assert row["step_time_ms"] == pytest.approx(p.step_time_ms, rel=1e-9)
