@@ -147,7 +147,7 @@ def optimizer_step_bytes(opt: str, mixed: bool, impl: str = "fused") -> int:
     return table[(opt, bool(mixed))]
 
 
-def optimizer_state_bytes(optimizer: str, muon_fraction: float | None = None) -> float:
+def optimizer_state_bytes(optimizer: str, muon_fraction: float | None = None) -> int | float | np.ndarray:
     """Bytes per parameter of ``optimizer``'s states (:func:`optimizer_key` names it; GraphError when unknown). Muon:
     ``muon_fraction`` of the parameters keep its one fp32 momentum (:data:`MUON_STATE_BYTES_PER_PARAM`), the rest
     AdamW's two moments; ``muon_fraction`` is required for it (the graph's ``meta["muon_param_count"]`` / its
@@ -214,7 +214,7 @@ def muon_matrices(fwd: OpGraph, framework: str = "megatron") -> pd.DataFrame:
     split = fwd.meta.get("qkv_group_rows")
     if framework == "megatron" and split:
         g = float(sum(split))
-        qkv = out["name"].astype(str).str.endswith("linear_qkv") & (out["rows"] % g == 0) & (out["rows"] >= g)
+        qkv = _is_qkv(out) & _qkv_splits(out["rows"], split)
         if qkv.any():
             parts = [out[~qkv]]
             for r in split:  # query, key, value: num_query_groups x their rows per group
@@ -224,6 +224,37 @@ def muon_matrices(fwd: OpGraph, framework: str = "megatron") -> pd.DataFrame:
             out = pd.concat(parts, ignore_index=True)
     out["params"] = out["rows"] * out["cols"] * out["count"]
     return out.reset_index(drop=True)
+
+
+def _is_qkv(mats: pd.DataFrame) -> pd.Series:
+    return mats["name"].astype(str).str.endswith("linear_qkv")
+
+
+def _qkv_splits(rows: pd.Series, split) -> pd.Series:
+    """Whether a linear_qkv shard of ``rows`` rows views as whole query groups of ``split`` rows each (Megatron-Core
+    muon.py l. 143-148: ``grad.view(grad_shape[0] // sum(split), sum(split), -1)``)."""
+    g = float(sum(split))
+    return (rows % g == 0) & (rows >= g)
+
+
+def muon_qkv_warning(fwd: OpGraph, framework: str) -> str | None:
+    """The warning of a Megatron-Core Muon graph whose linear_qkv shard holds less than one query group (TP larger
+    than the key/value groups: the groups replicated, one per rank, hf_models.llama_megatron's kv_gather), else None.
+    Megatron-Core 0.16.1's QKV split (``muon_split_qkv``, default True, optimizer_config.py l. 263) then views the
+    shard with 0 groups and fails (muon.py l. 143-148; torch raises "shape '[0, ...]' is invalid"); wattcast costs
+    the shard as one matrix, as ``muon_split_qkv=False`` runs it."""
+    split = fwd.meta.get("qkv_group_rows")
+    if framework != "megatron" or not split:
+        return None
+    mats = muon_matrices(fwd, "hf")  # unsplit shapes
+    qkv = mats[_is_qkv(mats)]
+    bad = qkv[~_qkv_splits(qkv["rows"], split)]
+    if not len(bad):
+        return None
+    return (f"--optimizer muon: linear_qkv's shard ({int(bad['rows'].iloc[0])} rows per TP rank) holds less than one "
+            f"query group ({int(sum(split))} rows: TP larger than the key/value groups); Megatron-Core 0.16.1's Muon "
+            f"QKV split (muon_split_qkv, default True) cannot view it and fails (optimizer/muon.py l. 143-148): costed "
+            f"as one unsplit matrix, as muon_split_qkv=False runs it")
 
 
 def muon_rows(mats: pd.DataFrame, lay: int, scope: str, framework: str, mixed: bool, dtype: str) -> list[dict]:
@@ -434,6 +465,10 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     all_nodes["fwd_id"] = all_nodes["fwd_id"].astype(np.int64)
     all_nodes["layer"] = all_nodes["layer"].astype(np.int64)
     warnings = list(fwd.meta.get("warnings") or [])
+    if opt == "muon":
+        qkv_note = muon_qkv_warning(fwd, muon_fw)
+        if qkv_note and qkv_note not in warnings:
+            warnings.append(qkv_note)
     if recompute != "none" and not all_nodes["recompute"].any():
         # e.g. selective recomputation (the attention core) with a fused attention kernel, which keeps no scores
         warnings.append(f"--recompute {recompute}: nothing in this model's layers is recomputed (a fused attention "
@@ -442,47 +477,59 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     meta = dict(fwd.meta, mode="train", optimizer=opt, optimizer_impl=impl, recompute=recompute, grad_accumulation=bool(grad_accumulation),
                 clip_grad=bool(clip_grad and opt != "none"),
                 optimizer_param_count=int(n_params), **({"warnings": warnings} if warnings else {}),
-                **(_muon_meta(muon, muon_fw) if muon is not None else {}))
+                **(_muon_meta(muon, muon_fw, dtype in ("fp16", "bf16")) if muon is not None else {}))
     return replace(fwd, nodes=all_nodes, edges=np.array(edges, dtype=np.int64).reshape(-1, 2), meta=meta)
 
 
 def optimizer_param_tensors(g: OpGraph) -> pd.DataFrame:
     """The parameter tensors a Muon training graph's optimizer steps, one row each in the graph's order: ``layer``,
     ``numel``, ``ns_flops`` (Newton-Schulz FLOPs, 0 for an AdamW tensor), ``step_bytes`` (bytes its elementwise passes
-    move: Muon's :data:`MUON_UPDATE_BYTES_PER_PARAM`, AdamW's fused step). What Megatron-Core's
-    LayerWiseDistributedOptimizer splits over the DP ranks (whole tensors: layer_wise_optimizer.py l. 92-136). A
-    Muon matrix is one tensor (its query / key / value split is inside its step); every other node with parameters
-    counts as one AdamW tensor (a linear layer's bias with its weight's AdamW row: not split out)."""
-    fw = g.meta.get("muon_framework", "megatron")
-    mixed = g.meta.get("dtype") in ("fp16", "bf16") or g.meta.get("precision") == "fp8"
+    move: Muon's :data:`MUON_UPDATE_BYTES_PER_PARAM`, AdamW's fused step), ``muon`` (whether Muon steps it). What
+    Megatron-Core's LayerWiseDistributedOptimizer splits over the DP ranks (whole tensors: layer_wise_optimizer.py
+    l. 92-136). A Muon matrix is one tensor (its query / key / value split is inside its step); every other node with
+    parameters counts as one AdamW tensor (a linear layer's bias with its weight's AdamW row: not split out).
+    GraphError for a graph :func:`training_graph` did not build with ``optimizer="muon"``."""
+    if g.meta.get("optimizer") != "muon" or "muon_framework" not in g.meta or "muon_mixed" not in g.meta:
+        raise GraphError("optimizer_param_tensors needs a training graph built with optimizer muon (its meta's "
+                         "muon_framework and muon_mixed)")
+    fw, mixed = g.meta["muon_framework"], bool(g.meta["muon_mixed"])
     fwd = OpGraph(g.nodes[g.nodes["phase"] == "forward"].reset_index(drop=True), g.edges, g.meta, g.saved)
-    mats = muon_matrices(fwd, fw if fw in MUON_NS_DTYPE else "megatron")
+    mats = muon_matrices(fwd, fw)
     mats = mats.assign(flops=muon_ns_flops(mats["rows"], mats["cols"]) * mats["count"])
     whole = mats.groupby(["layer", "name"], sort=False).agg(numel=("params", "sum"), flops=("flops", "sum"),
                                                             count=("count", "first")).reset_index()
-    n = fwd.nodes
-    own = n[n["param_count"] > 0]
-    muon_b = MUON_UPDATE_BYTES_PER_PARAM[(fw, bool(mixed))]
-    adam_b = optimizer_step_bytes("adamw", bool(mixed))
-    rows = []
-    muon_keys = {(int(r.layer), r.name): r for r in whole.itertuples()}
-    for lay, name, pc in zip(own["layer"].to_numpy(), own["name"].to_numpy(), own["param_count"].to_numpy(dtype=float)):
-        r = muon_keys.get((int(lay), name))
-        if r is None:
-            rows.append((int(lay), pc, 0.0, adam_b * pc))
-            continue
-        c = max(int(r.count), 1)  # a mixture of experts' held copies: one tensor each
-        rows += [(int(lay), r.numel / c, r.flops / c, muon_b * r.numel / c)] * c
-        if pc > r.numel:
-            rows.append((int(lay), pc - r.numel, 0.0, adam_b * (pc - r.numel)))
-    return pd.DataFrame(rows, columns=["layer", "numel", "ns_flops", "step_bytes"])
+    own = fwd.nodes.loc[fwd.nodes["param_count"] > 0, ["layer", "name", "param_count"]].reset_index(drop=True)
+    own = own.assign(layer=own["layer"].astype(np.int64)).merge(
+        whole.assign(layer=whole["layer"].astype(np.int64)), on=["layer", "name"], how="left", sort=False)
+    pc = own["param_count"].to_numpy(dtype=float)
+    m_numel = own["numel"].fillna(0.0).to_numpy(dtype=float)
+    m_flops = own["flops"].fillna(0.0).to_numpy(dtype=float)
+    is_m = own["numel"].notna().to_numpy()
+    c = np.where(is_m, np.maximum(own["count"].fillna(1.0).to_numpy(dtype=float), 1.0), 0.0).astype(np.int64)
+    adam = np.where(is_m, pc - m_numel, pc)  # a node's parameters outside its Muon matrices: one AdamW tensor
+    lay = own["layer"].to_numpy(dtype=np.int64)
+    node = np.arange(len(own))
+    # a mixture of experts' held copies: one tensor each, then the node's AdamW remainder
+    mi = np.repeat(node, c)
+    ai = node[adam > 0]
+    idx = np.r_[mi, ai]
+    order = np.lexsort((np.r_[np.zeros(len(mi)), np.ones(len(ai))], idx))
+    cc = np.maximum(c, 1).astype(float)
+    numel = np.r_[(m_numel / cc)[mi], adam[ai]][order]
+    muon = np.r_[np.ones(len(mi), dtype=bool), np.zeros(len(ai), dtype=bool)][order]
+    step_b = np.where(muon, MUON_UPDATE_BYTES_PER_PARAM[(fw, mixed)], optimizer_step_bytes("adamw", mixed)) * numel
+    return pd.DataFrame({"layer": lay[idx[order]], "numel": numel,
+                         "ns_flops": np.r_[(m_flops / cc)[mi], np.zeros(len(ai))][order],
+                         "step_bytes": step_b, "muon": muon})
 
 
-def _muon_meta(mats: pd.DataFrame, framework: str) -> dict:
+def _muon_meta(mats: pd.DataFrame, framework: str, mixed: bool) -> dict:
     """A Muon training graph's meta: the parameters Muon steps (in all and per layer, for the memory and the
-    layer-wise distributed optimizer's split), its implementation and its Newton-Schulz GEMM dtype."""
+    layer-wise distributed optimizer's split), its implementation, whether its step runs under mixed precision (the
+    bytes of its passes) and its Newton-Schulz GEMM dtype."""
     by_layer = mats.groupby("layer")["params"].sum() if len(mats) else pd.Series(dtype=float)
     return dict(muon_param_count=float(mats["params"].sum()) if len(mats) else 0.0, muon_framework=framework,
+                muon_mixed=bool(mixed),
                 muon_ns_dtype=MUON_NS_DTYPE[framework], muon_tp_mode="blockwise",
                 muon_params_by_layer={int(k): float(v) for k, v in by_layer.items()})
 

@@ -840,8 +840,14 @@ def capped_note(cluster: str, n_skipped: int, n_valid: int, max_configs: int) ->
 def _resolved(job: _Job, par: ParallelConfig, rules: dict) -> ParallelConfig:
     """``par`` at the job's GPU count through ``resolve_parallel``'s per-strategy checks (``rules``: ``job.rules()``),
     without building a graph: the evaluator's first step and the rule check of a candidate ``max_configs`` skipped.
-    Raises ParallelConfigError naming the rule it breaks."""
-    return resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **rules)
+    Raises ParallelConfigError naming the rule it breaks: ``--optimizer muon``'s too (check_muon_parallel, which
+    predict_distributed runs in its schedule context: a search's context is one per group of candidates, whose ZeRO
+    stage and schedule differ, so each candidate is checked here)."""
+    from wattcast.simulate.distributed import check_muon_parallel
+
+    r = resolve_parallel(par if par.gpus == job.gpus else with_fields(par, gpus=job.gpus), **rules)
+    return check_muon_parallel(r, par.overlap_param_gather, job.step.framework, job.step.optimizer,
+                               dual=r.schedule == "dualpipe")
 
 
 def _rule_broken(job: _Job, cands: list) -> list[str | None]:

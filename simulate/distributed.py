@@ -49,7 +49,8 @@ from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
 from wattcast.featurize.recompute import node_tags
-from wattcast.featurize.training_graph import CLIP_BYTES_PER_PARAM, optimizer_param_tensors
+from wattcast.featurize.training_graph import (CLIP_BYTES_PER_PARAM, MUON_STATE_BYTES_PER_PARAM, optimizer_param_tensors,
+                                               optimizer_state_bytes)
 from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype,
                                         fp8_recipe_option, is_onnx_path, moe_dispatcher_option, step_graph)
 from wattcast.models.kernel_bundle import load_bundle
@@ -80,7 +81,7 @@ from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCU
                                             capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
                                             held_gradient_bytes, inflight_chunks_by_stage,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
-                                            stage_total_from_parts, userbuffer_bytes)
+                                            stage_total_from_parts, userbuffer_bytes, weight_and_master_bytes)
 
 
 @dataclass(frozen=True)
@@ -615,49 +616,91 @@ def check_muon_parallel(par: ParallelConfig, raw_overlap_param_gather, framework
     return par
 
 
+def _ping_pong_rank_sums(numel: np.ndarray, stage: np.ndarray, P: int, dp: int, weights: np.ndarray) -> np.ndarray:
+    """(P, dp, k) sums of the ``weights`` columns (n, k) each DP rank of each pipeline stage holds under
+    Megatron-Core's LayerWiseDistributedOptimizer: a stage's tensors sorted by ``numel`` (a stable sort, as Python's
+    ``list.sort``) and dealt to the ranks ping-pong, 0..dp-1 then dp-1..0 (layer_wise_optimizer.py l. 104-136)."""
+    stage = np.asarray(stage, dtype=np.int64)
+    weights = np.asarray(weights, dtype=float).reshape(len(stage), -1)
+    order = np.lexsort((np.asarray(numel, dtype=float), stage))  # by stage, then by size; stable
+    st = stage[order]
+    first = np.searchsorted(st, np.arange(P))
+    pos = np.arange(len(order)) - first[st]  # each tensor's place in its stage's sorted list
+    loop = np.r_[np.arange(dp), np.arange(dp)[::-1]]
+    cell = st * dp + loop[pos % len(loop)]
+    out = np.stack([np.bincount(cell, weights=weights[order, j], minlength=P * dp) for j in range(weights.shape[1])],
+                   axis=-1)
+    return out.reshape(P, dp, -1)
+
+
 def layer_wise_shares(tensors: pd.DataFrame, stage: np.ndarray, P: int, dp: int, ns_tflops: float,
                       mem_gbps: float) -> np.ndarray:
     """Per pipeline stage, the slowest DP rank's share of the stage's optimizer step under Megatron-Core's
     LayerWiseDistributedOptimizer: the stage's parameter tensors (``tensors``: training_graph.optimizer_param_tensors
-    of the whole model in its order, ``stage`` each one's) sorted by size (a stable sort, as Python's ``list.sort``) and dealt to the ranks ping-pong, 0..dp-1 then dp-1..0
-    (layer_wise_optimizer.py l. 104-136); each tensor weighs its Newton-Schulz FLOPs at ``ns_tflops`` plus its
-    elementwise bytes at ``mem_gbps``; the share is the heaviest rank's weight over the stage's."""
+    of the whole model in its order, ``stage`` each one's) dealt as :func:`_ping_pong_rank_sums` deals them; each
+    tensor weighs its Newton-Schulz FLOPs at ``ns_tflops`` plus its elementwise bytes at ``mem_gbps``; the share is
+    the heaviest rank's weight over the stage's."""
     out = np.full(P, 1.0 / max(int(dp), 1))
     if dp <= 1 or not len(tensors):
         return np.ones(P) if dp <= 1 else out
     w_all = (tensors["ns_flops"].to_numpy(dtype=float) / (ns_tflops * 1e12)
              + tensors["step_bytes"].to_numpy(dtype=float) / (mem_gbps * 1e9))
-    stage = np.asarray(stage)
-    loop = np.r_[np.arange(dp), np.arange(dp)[::-1]]
+    per_rank = _ping_pong_rank_sums(tensors["numel"].to_numpy(dtype=float), stage, P, dp, w_all)[..., 0]
+    total = per_rank.sum(axis=1)
+    return np.where(total > 0, per_rank.max(axis=1) / np.where(total > 0, total, 1.0), out)
+
+
+def layer_wise_state_shares(tensors: pd.DataFrame, stage: np.ndarray, P: int, dp: int,
+                            master_bytes_per_param: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per pipeline stage, the busiest DP rank's shares (fp32 master weights, optimizer states) of the stage's under
+    Megatron-Core's LayerWiseDistributedOptimizer, which keeps both for its own whole tensors only (the master copy is
+    made after the split, "to avoid unnecessary master weight creation": layer_wise_optimizer.py l. 60-80; the
+    states by the wrapped optimizers of those parameters): the tensors dealt as :func:`_ping_pong_rank_sums` deals
+    them, a Muon tensor keeping one fp32 momentum (training_graph.MUON_STATE_BYTES_PER_PARAM), an AdamW one two
+    moments, each ``master_bytes_per_param`` of master weight; the busiest rank is the one holding the most of the
+    two together (a model whose largest tensors are few, e.g. the embedding and output layer at a small DP size, puts
+    well over 1 / dp on it). 1 / dp for a stage without tensors; all of it at dp 1."""
+    if dp <= 1:
+        return np.ones(P), np.ones(P)
+    even = np.full(P, 1.0 / dp)
+    if not len(tensors):
+        return even, even.copy()
     numel = tensors["numel"].to_numpy(dtype=float)
-    for s in range(P):
-        sel = np.flatnonzero(stage == s)
-        if not len(sel):
-            continue
-        order = sel[np.argsort(numel[sel], kind="stable")]
-        rank = loop[np.arange(len(order)) % len(loop)]
-        per_rank = np.bincount(rank, weights=w_all[order], minlength=dp)
-        total = per_rank.sum()
-        if total > 0:
-            out[s] = per_rank.max() / total
-    return out
+    opt_b = np.where(tensors["muon"].to_numpy(dtype=bool), MUON_STATE_BYTES_PER_PARAM,
+                     optimizer_state_bytes("adamw"))
+    w = np.stack([numel * float(master_bytes_per_param), numel * opt_b], axis=1)
+    per_rank = _ping_pong_rank_sums(numel, stage, P, dp, w)  # (P, dp, 2)
+    busiest = per_rank.sum(axis=2).argmax(axis=1)
+    held = per_rank[np.arange(P), busiest]  # (P, 2)
+    total = per_rank.sum(axis=1)
+    shares = np.where(total > 0, held / np.where(total > 0, total, 1.0), 1.0 / dp)
+    return shares[:, 0], shares[:, 1]
 
 
-def model_param_tensors(g, src_layer_ids: np.ndarray, stage_of_full_layer: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+def model_param_tensors(g, src_layer_ids: np.ndarray, stage_of_full_layer: np.ndarray,
+                        tens: pd.DataFrame | None = None) -> tuple[pd.DataFrame, np.ndarray]:
     """The whole model's optimizer tensors in order (training_graph.optimizer_param_tensors of the costed graph, a
     short graph's repeated block once per layer it stands for: ``src_layer_ids`` each full layer's graph layer) and
-    each one's pipeline stage (``stage_of_full_layer``)."""
-    tens = optimizer_param_tensors(g)
-    by_layer = {int(k): v for k, v in tens.groupby("layer").indices.items()}
-    idx, stage = [], []
-    for gid, st in zip(np.asarray(src_layer_ids).tolist(), np.asarray(stage_of_full_layer).tolist()):
-        rows = by_layer.get(int(gid))
-        if rows is not None:
-            idx.append(rows)
-            stage.append(np.full(len(rows), int(st)))
-    if not idx:
+    each one's pipeline stage (``stage_of_full_layer``). ``tens``: the graph's optimizer_param_tensors if known."""
+    tens = optimizer_param_tensors(g) if tens is None else tens
+    if not len(tens) and g.meta.get("param_count"):
+        raise ValueError("model_param_tensors: no optimizer tensors (a graph without its rows: pass the view's "
+                         "muon_tensors)")
+    lay = tens["layer"].to_numpy(dtype=np.int64)
+    order = np.argsort(lay, kind="stable")  # each graph layer's rows, in the graph's order within it
+    keys, first, n_rows = np.unique(lay[order], return_index=True, return_counts=True)
+    if not len(keys):
         return tens.iloc[:0], np.zeros(0, dtype=np.int64)
-    return tens.iloc[np.concatenate(idx)].reset_index(drop=True), np.concatenate(stage)
+    src = np.asarray(src_layer_ids, dtype=np.int64)
+    k = np.minimum(np.searchsorted(keys, src), len(keys) - 1)
+    hit = keys[k] == src  # full layers whose graph layer holds parameters
+    k, st = k[hit], np.asarray(stage_of_full_layer, dtype=np.int64)[hit]
+    reps = n_rows[k]
+    if not reps.sum():
+        return tens.iloc[:0], np.zeros(0, dtype=np.int64)
+    # each full layer's rows: its graph layer's run of ``order``, concatenated in the full layers' order
+    start = np.repeat(first[k] - np.r_[0, np.cumsum(reps)[:-1]], reps) + np.arange(reps.sum())
+    return tens.iloc[order[start]].reset_index(drop=True), np.repeat(st, reps)
 
 
 def dp_reduce_op(framework: str, zero: int, bf16_optimizer: bool = False) -> str:
@@ -1280,6 +1323,10 @@ class _RankView:
     #: graph (a short graph's block 1 stands for many): the layer-wise optimizer's split (layer_wise_shares)
     muon_params: np.ndarray = None
     src_layer_ids: np.ndarray = None
+    #: the costed graph's optimizer tensors under Muon (training_graph.optimizer_param_tensors; None without Muon), kept
+    #: here because a search's schedule context drops the graph's rows (ScheduleContext.without_kernels): until this
+    #: field the layer-wise optimizer's split fell back to an even 1 / dp in every search
+    muon_tensors: pd.DataFrame = None
     ood_fb_ms: np.ndarray = None
     ood_fb_low_ms: np.ndarray = None
     ood_fb_high_ms: np.ndarray = None
@@ -1422,6 +1469,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     muon_by_layer = {int(k): float(v) for k, v in (g.meta.get("muon_params_by_layer") or {}).items()}
     return _RankView(
         muon_params=layer_array(muon_by_layer) if g.meta.get("optimizer") == "muon" else None,
+        muon_tensors=optimizer_param_tensors(g) if g.meta.get("optimizer") == "muon" else None,
         src_layer_ids=ids[src],
         dense_param_seq=tuple(seq_by_id[j] for j in src),
         ood_fb_ms=per_layer(k_ood & (fwd | bwd), t), ood_fb_low_ms=per_layer(k_ood & (fwd | bwd), t_lo),
@@ -2561,12 +2609,21 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     edp_n = expert_dp(par)
     # what one device's share of the optimizer step is under ZeRO >= 1, per stage: dense parameters sharded over the DP
     # group, expert ones over the expert-DP group (1 / dp without experts or with ep 1)
+    def layer_wise_tensors() -> tuple[pd.DataFrame, np.ndarray]:
+        """The whole model's optimizer tensors and each one's stage (model_param_tensors), once per (view, chunking)."""
+        out = sums.get(("layer_wise_tensors", P, V))
+        if out is None:
+            # the view's (a search's context has no graph rows left to read them from)
+            out = sums[("layer_wise_tensors", P, V)] = model_param_tensors(g, view.src_layer_ids,
+                                                                           np.asarray(chunk) % P, view.muon_tensors)
+        return out
+
     share_key = ("opt_share", P, V, par_dp.zero >= 1, dp_n, edp_n, layer_wise)
     opt_share = sums.get(share_key)
     if opt_share is None:
         if layer_wise:  # each rank steps whole tensors: the slowest rank's share of its stage's step
             ns_dtype = g.meta.get("muon_ns_dtype", "tf32")
-            tens, stage_t = model_param_tensors(g, view.src_layer_ids, np.asarray(chunk) % P)
+            tens, stage_t = layer_wise_tensors()
             opt_share = layer_wise_shares(tens, stage_t, P, dp_n, spec.peak_matrix_tflops(ns_dtype),
                                           spec.memory_bandwidth_gbps)
         elif par_dp.zero >= 1:
@@ -2606,6 +2663,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if muon_frac is None:
             m_stage = rank_sum(per_chunk(view.muon_params))
             muon_frac = sums[mkey] = np.divide(m_stage, params_stage, out=np.zeros(P), where=params_stage > 0)
+    # the layer-wise optimizer's busiest rank holds the master weights and states of its whole tensors, not 1 / dp
+    lw_state = None
+    if layer_wise:
+        lw_key = ("layer_wise_state", P, V, dp_n, db, opts.framework)
+        lw_state = sums.get(lw_key)
+        if lw_state is None:
+            tens, stage_t = layer_wise_tensors()
+            lw_state = sums[lw_key] = layer_wise_state_shares(
+                tens, stage_t, P, dp_n, weight_and_master_bytes(opts.framework, par.zero, db)[1])
     state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero, ctx.grad_accum_dtype),
                     optimizer=opts.optimizer, optimizer_impl=g.meta.get("optimizer_impl"),
@@ -2620,7 +2686,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                         if megatron_fsdp(opts.framework, par.zero) and par.zero == 2 else float("inf")),
                     fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed",
                                                                          bool(g.meta.get("fp8_transpose", True))),
-                    muon_fraction=muon_frac)
+                    muon_fraction=muon_frac, layer_wise_shares=lw_state)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -2636,12 +2702,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                               "framework", "block_params", "expert_dp", "reduce_bytes",
                                               "zero3_prefetch", "grad_accum_dtype", "fp8_copy_bytes_per_param",
                                               "grad_bucket_params", "optimizer_impl")),
-                      None if muon_frac is None else muon_frac.tobytes())
+                      None if muon_frac is None else muon_frac.tobytes(),
+                      None if lw_state is None else np.concatenate(lw_state).tobytes())
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
                                                state_kw["reduce_bytes"], state_kw["zero3_prefetch"], ds_acc,
                                                state_kw["fp8_copy_bytes_per_param"], state_kw["grad_bucket_params"],
                                                state_kw["optimizer_impl"],
-                                               None if muon_frac is None else muon_frac.tobytes()))
+                                               None if muon_frac is None else muon_frac.tobytes(),
+                                               None if lw_state is None else np.concatenate(lw_state).tobytes()))
         cache = memo if memo is not None else sums
         mem_parts = cache.get(state_key)
         if mem_parts is None:

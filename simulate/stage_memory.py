@@ -345,25 +345,40 @@ def foreach_step_bytes(optimizer_bytes, optimizer: str, optimizer_impl: str | No
 
 def model_state_bytes(params: float, *, dtype_bytes: int, optimizer: str, zero: int, dp: int,
                       grad_bytes: float | None = None, expert_params: float = 0.0, expert_dp: int | None = None,
-                      framework: str | None = None, muon_fraction=None) -> dict:
+                      framework: str | None = None, muon_fraction=None, layer_wise_shares=None) -> dict:
     """Weights, fp32 master weights, gradients and optimizer states of ``params`` parameters (bytes), sharded over
     ``dp`` ranks as ZeRO stage ``zero`` shards them. Mixed precision when ``dtype_bytes`` < 4; ``grad_bytes``: bytes
     per parameter of the held gradients (default fp32 under mixed precision, Megatron's formula). ``expert_params``
     of the ``params`` are experts, sharded over their ``expert_dp`` ranks instead (default ``dp``; module docstring).
     ``framework``: ``hf`` with ZeRO-3 (PyTorch FSDP) holds fp32 weights and no master copy
-    (:func:`weight_and_master_bytes`); None: the Megatron formula."""
+    (:func:`weight_and_master_bytes`); None: the Megatron formula. ``muon_fraction``: the share of parameters Muon
+    steps (training_graph.optimizer_state_bytes). ``layer_wise_shares``: (master weights, optimizer states) the
+    busiest DP rank holds of them under Megatron-Core's LayerWiseDistributedOptimizer, which deals whole tensors
+    (simulate.distributed.layer_wise_state_shares), in place of ZeRO-1's even 1 / dp."""
     mixed = dtype_bytes < 4
     opt_b = optimizer_state_bytes(optimizer, muon_fraction)
     g = _zero_groups(zero, dp, expert_dp, framework)
     w_b, m_b = weight_and_master_bytes(framework, zero, dtype_bytes)
     if grad_bytes is None:
         grad_bytes = 4 if mixed else dtype_bytes
+    master, opt = _level1_bytes(params, expert_params, g[1], m_b, opt_b, layer_wise_shares)
     return dict(
         weights_bytes=_sharded(lambda x: x * w_b, params, expert_params, *g[3]),
-        master_weights_bytes=_sharded(lambda x: x * m_b, params, expert_params, *g[1]),
+        master_weights_bytes=master,
         gradients_bytes=_sharded(lambda x: x * grad_bytes, params, expert_params, *g[2]),
-        optimizer_bytes=_sharded(lambda x: x * opt_b, params, expert_params, *g[1]),
+        optimizer_bytes=opt,
     )
+
+
+def _level1_bytes(params, expert_params, groups: tuple[int, int], master_b: float, opt_b, layer_wise_shares=None):
+    """(fp32 master weights, optimizer states) bytes one rank holds: sharded evenly over ``groups`` (ZeRO's level 1,
+    :func:`_zero_groups`), or the busiest rank's ``layer_wise_shares`` (master, optimizer) of the whole ``params``
+    under Megatron-Core's LayerWiseDistributedOptimizer (whole tensors per rank)."""
+    if layer_wise_shares is None:
+        return (_sharded(lambda x: x * master_b, params, expert_params, *groups),
+                _sharded(lambda x: x * opt_b, params, expert_params, *groups))
+    m_share, o_share = layer_wise_shares
+    return params * master_b * m_share, params * opt_b * o_share
 
 
 def fp8_copy_bytes(params, *, fp8_param_fraction: float, zero: int, dp: int, expert_params=0.0,
@@ -693,7 +708,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                  reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                  grad_accum_dtype: str | None = None,
                  grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                      muon_fraction=None) -> StageMemory:
+                 muon_fraction=None, layer_wise_shares=None) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -707,7 +722,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer,
                            zero=bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp=dp, grad_bytes=held_grad_bytes,
                            expert_params=expert_params, expert_dp=expert_dp, framework=framework,
-                           muon_fraction=muon_fraction)
+                           muon_fraction=muon_fraction, layer_wise_shares=layer_wise_shares)
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
                                           expert_params=expert_params, expert_dp=expert_dp,
         bytes_per_param=fp8_copy_bytes_per_param)
@@ -770,7 +785,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                     grad_accum_dtype: str | None = None,
                     grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                      muon_fraction=None) -> dict[str, np.ndarray]:
+                    muon_fraction=None, layer_wise_shares=None) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -778,7 +793,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
     st = model_state_bytes(params, dtype_bytes=dtype_bytes, optimizer=optimizer,
                            zero=bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp=dp,
                            grad_bytes=held_grad_bytes, expert_params=expert_params, expert_dp=expert_dp,
-                           framework=framework, muon_fraction=muon_fraction)
+                           framework=framework, muon_fraction=muon_fraction, layer_wise_shares=layer_wise_shares)
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
                                                                dp=dp, expert_params=expert_params, expert_dp=expert_dp,
         bytes_per_param=fp8_copy_bytes_per_param)
@@ -816,7 +831,7 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                    grad_accum_dtype: str | None = None,
                    grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                      muon_fraction=None) -> np.ndarray:
+                   muon_fraction=None, layer_wise_shares=None) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
@@ -826,7 +841,8 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                               expert_dp=expert_dp, root_params=root_params,
                               head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch,
                               grad_accum_dtype=grad_accum_dtype, grad_bucket_params=grad_bucket_params,
-                              optimizer_impl=optimizer_impl, muon_fraction=muon_fraction)
+                              optimizer_impl=optimizer_impl, muon_fraction=muon_fraction,
+                              layer_wise_shares=layer_wise_shares)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
@@ -838,7 +854,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                       head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
                       zero3_prefetch: bool = False, grad_accum_dtype: str | None = None,
                       grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                      muon_fraction=None) -> tuple:
+                      muon_fraction=None, layer_wise_shares=None) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
@@ -864,8 +880,8 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
                         grad_bucket_params=grad_bucket_params)
     during = during + grads
-    o = _sharded(lambda x: x * opt_b, params, ex, *g[1])
-    states = (w + _sharded(lambda x: x * m_b, params, ex, *g[1])
+    master, o = _level1_bytes(params, ex, g[1], m_b, opt_b, layer_wise_shares)
+    states = (w + master
               + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])
               + o)
     after = after + foreach_step_bytes(o, optimizer, optimizer_impl)  # the foreach step's temporary (else 0)
