@@ -1074,7 +1074,7 @@ def search(
                           "warnings": list(res.warnings), "unranked_clusters": unranked,
                           "dropped_values": list(res.dropped_values),
                           "settings": {"memory_headroom_gb": memory_headroom_gb}}, indent=2, default=str))
-        _fail_if_none_fits(res, limits)
+        _fail_if_none_fits(res, limits, memory_headroom_gb)
         return
     con = Console()
     if not con.is_terminal:  # piped or captured: room for every column
@@ -1130,7 +1130,7 @@ def search(
         con.print(f"[yellow]note: cluster {name} has no valid strategy: {why}[/yellow]", soft_wrap=True)
     for w in res.warnings:  # the model's and the clusters' warnings (also on stderr), beside the tables
         con.print(f"[yellow]note: {w}[/yellow]", soft_wrap=True)
-    _fail_if_none_fits(res, limits)
+    _fail_if_none_fits(res, limits, memory_headroom_gb)
 
 
 def _unranked_clusters(res) -> dict[str, str]:
@@ -1181,16 +1181,19 @@ def _print_run_sources(con, ranked) -> None:
                 con.print(line, soft_wrap=True)
 
 
-def _fail_if_none_fits(res, limits: dict | None = None) -> None:
-    """Exit 3 (as predict does for a configuration that does not fit) when no evaluated strategy fits; exit 1 when
-    some fit but a constraint (--max-usd, --deadline-days, --max-tco2e) leaves none, saying what the best would need."""
+def _fail_if_none_fits(res, limits: dict | None = None, memory_headroom_gb: float = 0.0) -> None:
+    """Exit 3 (as predict does for a configuration that does not fit) when no evaluated strategy fits (with
+    ``--memory-headroom-gb``: within the capacity less it, named); exit 1 when some fit but a constraint (--max-usd,
+    --deadline-days, --max-tco2e) leaves none, saying what the best would need."""
     import pandas as pd
 
     every = pd.concat([f for f in (res.ranked, res.excluded) if len(f)]) if len(res.excluded) else res.ranked
     if not every["fits"].any():
-        _fail(f"none of the {len(every)} valid configurations fits in memory (smallest: "
-              f"{every['memory_gb'].min():.1f} GB per GPU); add GPUs, lower --batch/--seq, or use a larger-memory cluster",
-              code=3)
+        where = (f"within the GPU's capacity less --memory-headroom-gb {memory_headroom_gb:g}" if memory_headroom_gb
+                 else "in memory")
+        _fail(f"none of the {len(every)} valid configurations fits {where} (smallest: "
+              f"{every['memory_gb'].min():.1f} GB per GPU); add GPUs, lower --batch/--seq, or use a larger-memory cluster"
+              + (", or a smaller --memory-headroom-gb" if memory_headroom_gb else ""), code=3)
     if res.ranked.empty:
         fit = every[every["fits"]]
         best = []

@@ -118,8 +118,8 @@ SPEC_KEYS = {
     "cross_entropy_fusion_impl": "native or te: the fused loss's implementation (Megatron-Core's "
                                  "--cross-entropy-fusion-impl; default native)",
     "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
-    "memory_headroom_gb": "a strategy fits only at most this many GB below the GPU's capacity (as "
-                          "--memory-headroom-gb; default 0)",
+    "memory_headroom_gb": "a strategy fits only when its memory is at least this many GB below the GPU's capacity "
+                          "(memory_gb <= capacity - X; as --memory-headroom-gb; default 0)",
     "data_workers": "data-loader worker processes (default: the framework's)",
     "cloud_usd_per_gpu_hour": "cloud price per GPU-hour (USD) for every task's run (as --cloud-usd-per-gpu-hour); needs "
                               "tokens: what objective cost/tco needs where the shipped table has no price",
@@ -536,10 +536,9 @@ def _optimizer_options(raw: dict, where: str) -> tuple[str | None, str | None]:
 
     if opt is not None:
         try:
-            optimizer_key(str(opt))
+            opt = optimizer_key(str(opt))  # canonical ("adam" is costed as AdamW: one task id for both)
         except ValueError as e:
             raise SweepSpecError(f"{where}: 'optimizer': {e}") from None
-        opt = str(opt).lower()
     if impl is not None and opt == "none":
         raise SweepSpecError(f"{where}: 'optimizer_impl': optimizer 'none' runs no step; drop 'optimizer_impl'")
     if impl is not None:

@@ -73,3 +73,15 @@ def test_the_sweep_spec_key_reaches_the_search_and_the_task_id_only_when_given(t
     df = read_sweep(run_sweep(dict(spec, memory_headroom_gb=headroom), tmp_path / "s", workers=0).output)
     assert df["status"].iloc[0] == "ok", df["error"].iloc[0]
     assert df["strategy"].iloc[0] == ref["strategy"]
+
+
+def test_a_headroom_that_leaves_nothing_says_so_not_out_of_memory():
+    """Every gpt2 strategy fits an 80 GB A100 in a few GB: with a headroom of 85.5 GB none is left, and the error
+    names the headroom (it said the configurations do not fit in memory)."""
+    from conftest import flat, run_cli
+
+    out = run_cli("search", "-m", "gpt2", "--cluster", "DGX-A100", "--gpus", "8", "-b", "64", "-s", "1024",
+                  "--max-configs", "10", "--memory-headroom-gb", "85.5")
+    assert out.returncode == 3, out.stderr
+    msg = flat(out.stderr)
+    assert "capacity less --memory-headroom-gb 85.5" in msg and "smaller --memory-headroom-gb" in msg, msg

@@ -37,6 +37,9 @@ def test_optimizer_keys_in_the_task_and_its_id_only_when_given():
     assert "optimizer" not in plain and "optimizer_impl" not in plain
     assert impl["optimizer_impl"] == "foreach" and opt["optimizer"] == "sgd"
     assert len({plain["task_id"], impl["task_id"], opt["task_id"]}) == 3
+    # "adam" is costed as AdamW (training_graph.optimizer_key): one canonical name, one task id
+    adam, adamw = (load_spec(dict(SPEC, optimizer=o)).tasks()[0] for o in ("adam", "AdamW"))
+    assert adam["optimizer"] == adamw["optimizer"] == "adamw" and adam["task_id"] == adamw["task_id"]
 
 
 @pytest.mark.parametrize("patch, needle", [
