@@ -163,7 +163,7 @@ class DeviceSpec(SpecRecord):
 #: (NVIDIA: Kepler to Ampere and their chips GK/GM/GP/GV/TU/GA1xx; AMD: CDNA1/2, gfx908/gfx90a, and Vega's gfx906; not
 #: "CDNA 3"/"CDNA4", which have FP8)
 _NO_FP8_ARCH = re.compile(r"\b(kepler|maxwell|pascal|volta|turing|ampere|g[kmp]\d{3}|gv10\d|tu1\d\d|ga10\d)\b"
-                          r"|\bcdna(?!\s*[3-9])\s*[12]?\b|\bgfx90[68a]\b", re.IGNORECASE)
+                          r"|\bcdna(?![\s\-_]*[3-9])[\s\-_]*[12]?\b|\bgfx90[68a]\b", re.IGNORECASE)
 
 
 def arch_without_fp8(arch: str) -> bool:
@@ -380,7 +380,7 @@ TENSOR_16BIT_FLOP_PER_SM_CLOCK: tuple[tuple[str, str, float, str], ...] = (
     (r"\bampere\b", "Ampere (chip not given: GA100's)", 2048.0, "NVIDIA A100 Tensor Core GPU architecture whitepaper (the larger of GA100 and GA10x)"),
     (r"\bad10\d\b|\bada\b", "Ada Lovelace AD10x", 1024.0, "NVIDIA Ada GPU architecture whitepaper: 4 tensor cores/SM x 128 dense FP16 FMA/clock; catalog L4 989, L40S 1,012"),
     (r"\bgh100\b|\bhopper\b", "Hopper GH100", 4096.0, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 2x A100's dense MMA rate per SM clock-for-clock = 4,096 FLOP (989.4 TFLOP/s = 132 SMs x 1,830 MHz x 4,096); catalog H100/H200 3,779-3,786"),
-    (r"\bgb20\d\b", "consumer/workstation Blackwell GB20x (RTX 50xx, sm_120)", 1024.0, "NVIDIA RTX Blackwell GPU architecture whitepaper, Appendix A: GeForce RTX 5090 419 dense FP16 tensor TFLOP/s (FP16 accumulate; 209.5 with FP32 accumulate, GeForce's half rate) = 170 SMs x 2,407 MHz x 1,024: Ada's rate per SM, not data-centre Blackwell's 8,192"),
+    (r"\bgb20[\dx]\b", "consumer/workstation Blackwell GB20x (RTX 50xx, sm_120)", 1024.0, "NVIDIA RTX Blackwell GPU architecture whitepaper, Appendix A: GeForce RTX 5090 419 dense FP16 tensor TFLOP/s (FP16 accumulate; 209.5 with FP32 accumulate, GeForce's half rate) = 170 SMs x 2,407 MHz x 1,024: Ada's rate per SM, not data-centre Blackwell's 8,192"),
     (r"\bgb1\d\d\b|\bblackwell\b", "Blackwell GB100/GB110", 8192.0, "NVIDIA Blackwell architecture technical brief: 2x Hopper's dense 16-bit tensor rate per SM (B200 2,250 TFLOP/s dense = 148 SMs x 8,192 x 1,856 MHz); catalog B200/B300/GB200/GB300 7,735-7,738"),
     (r"cdna\s*4|\bgfx950\b", "CDNA4 (gfx950)", 4096.0, "AMD CDNA 4 architecture whitepaper: 2x CDNA3's dense FP16/BF16 matrix rate per CU; catalog MI355X 4,096"),
     (r"cdna\s*3|\bgfx94[012]\b", "CDNA3 (gfx942)", 2048.0, "AMD CDNA 3 architecture whitepaper: 2,048 dense FP16/BF16 matrix FLOP/clock/CU; catalog MI300X 2,048"),

@@ -133,3 +133,12 @@ def test_trace_kernel_events_carry_their_dtype():
     assert ev and all("dtype" in e["args"] and "layer" in e["args"] for e in ev)
     gemm = {e["args"]["dtype"] for e in ev if e["cat"].endswith(",linear")}
     assert {"fp8", "bf16"} <= gemm, gemm
+
+
+def test_arch_spellings_of_fp8_and_consumer_blackwell():
+    """The README's own "GB20x" spelling names consumer Blackwell (1,024 dense FLOP/SM/clock, not 8,192), and a
+    hyphenated "CDNA-3" has FP8 while "CDNA-2" has none (final-read mends)."""
+    from wattcast.data.device_spec import architecture_of, arch_without_fp8
+
+    assert architecture_of("Blackwell (GB20x)")[1] == 1024.0 and architecture_of("Blackwell (GB100)")[1] == 8192.0
+    assert not arch_without_fp8("CDNA-3") and not arch_without_fp8("CDNA_3") and arch_without_fp8("CDNA-2")
