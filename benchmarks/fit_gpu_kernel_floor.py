@@ -30,6 +30,7 @@ from wattcast.data.profiles.importers import import_files  # noqa: E402
 from wattcast.featurize.kernel_features import featurize_kernels  # noqa: E402
 from wattcast.models.kernel_predictor import normalise_kernel_frame  # noqa: E402
 from wattcast.simulate.single_device import GPU_KERNEL_FLOOR_MS, in_stream_kernel_ms  # noqa: E402
+from wattcast.validation.trace_validation import kernel_input_frame  # noqa: E402
 
 TRACES = {"fit": ("a100_trace_diff_control.json.gz", "A100-SXM4-40GB"),
           "check": ("a100_trace_diff_test.json.gz", "V100-SXM2-16GB")}
@@ -42,9 +43,7 @@ def trace_rows(name: str, device: str) -> pd.DataFrame:
     k = prof.table("kernels")
     lat = pd.to_numeric(k["latency_ms"], errors="coerce")
     rows = k[(k["OPName"].fillna("").astype(str) != "") & (lat > 0)].reset_index(drop=True)
-    frame = rows[["OPName", "B", "M", "N", "K", "H", "dtype"]].copy()
-    for c in "BMNKH":
-        frame[c] = pd.to_numeric(frame[c], errors="coerce")
+    frame = kernel_input_frame(rows)
     spec = resolve_device(device)
     pred = predict_kernels(frame, spec).assign(dtype=frame["dtype"].to_numpy())
     ok = (pred["error"].fillna("") == "").to_numpy()
@@ -82,10 +81,9 @@ def main() -> None:
     slope, a_us = np.polyfit(ew["bytes"].to_numpy(), ew["meas_ms"].to_numpy() * 1e3, 1)
     print(f"\nfitting half, elementwise: measured = {a_us:.2f} us + bytes / {1e-3 / slope:.0f} GB/s "
           f"(spec {resolve_device(TRACES['fit'][1]).memory_bandwidth_gbps:.0f} GB/s)")
-    few = ew
     grid = []
     for f_us in GRID_US:
-        e = (in_step_ms(few, f_us / 1e3) - few["meas_ms"].to_numpy()) / few["meas_ms"].to_numpy()
+        e = (in_step_ms(ew, f_us / 1e3) - ew["meas_ms"].to_numpy()) / ew["meas_ms"].to_numpy()
         grid.append((f_us, np.mean(np.abs(e)) * 100, np.mean(e) * 100))
     g = pd.DataFrame(grid, columns=["floor_us", "mape_pct", "bias_pct"])
     print("\ngrid (fitting half, elementwise rows):\n" + g.round(2).to_string(index=False))

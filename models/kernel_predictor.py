@@ -234,13 +234,18 @@ def normalise_kernel_frame(frame: pd.DataFrame, plausible_shapes: bool = True) -
     dtype_col = _text_column(dt_uniq, dt_codes)
     err = np.full(n, "", dtype=object)
     fine = np.ones(n, dtype=bool)  # err == '' kept as a mask, not recomputed over strings
-    known = np.array([u in OP_FAMILY for u in op_uniq], dtype=bool)[op_codes]
-    if not known.all():
-        err[~known] = [unknown_op_error(o) for o in op[~known]]
+    known_uniq = np.array([u in OP_FAMILY for u in op_uniq], dtype=bool)
+    known = known_uniq[op_codes]
+    if not known.all():  # one message per distinct op, not per row
+        msgs = np.empty(len(op_uniq), dtype=object)
+        msgs[~known_uniq] = [unknown_op_error(u) for u, k in zip(op_uniq, known_uniq) if not k]
+        err[~known] = msgs[op_codes[~known]]
         fine &= known
     bad_dtype = ~np.array([u in DTYPE_BYTES for u in dt_uniq], dtype=bool)[dt_codes] & fine
     if bad_dtype.any():
-        err[bad_dtype] = [unknown_dtype_error(dt_uniq[c]) for c in dt_codes[bad_dtype]]
+        msgs = np.empty(len(dt_uniq), dtype=object)
+        msgs[:] = [None if u in DTYPE_BYTES else unknown_dtype_error(u) for u in dt_uniq]
+        err[bad_dtype] = msgs[dt_codes[bad_dtype]]
         fine &= ~bad_dtype
     shape = [c for c in SHAPE_COLS if c in df]
     # numeric columns convert element by element: convert each once and validate on slices of it
@@ -1024,6 +1029,16 @@ def _given_dtypes(frame: pd.DataFrame) -> np.ndarray:
     return np.array([canonical_dtype(u) for u in uniq], dtype=object)[codes]
 
 
+def _refuse_matmul_dtype(canon: pd.DataFrame, err: np.ndarray, dtype: str, msg: str) -> np.ndarray:
+    """``err`` with ``msg`` on the GEMM / conv rows of ``dtype`` not refused already (a copy when any is)."""
+    rows = (canon["dtype"].to_numpy() == dtype) & (err == "") & np.isin(
+        canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f in MATMUL_FAMILIES])
+    if rows.any():
+        err = err.copy()
+        err[rows] = msg
+    return err
+
+
 def _unpeaked_half_gemms(canon: pd.DataFrame, err: np.ndarray, spec: DeviceSpec) -> np.ndarray:
     """The valid bf16/fp16 GEMM and conv rows of ``canon`` on ``spec``, a spec with no 16-bit matrix peak, that must
     not be predicted: ``peak_matrix_tflops`` would cost them at the FP32 peak, an order of magnitude slow on any GPU
@@ -1104,20 +1119,12 @@ def _kernel_columns(frame: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle,
     if not spec.peak_bf16_tflops and (spec.peak_fp16_tflops or catalog_twin(spec) is not None):
         # a GPU without BF16 (V100, T4; the Tesla P4's entry): its bf16 GEMMs are refused, as predict refuses bf16
         # there (until stop 48 they were costed at the FP16 tensor peak, or the P4's FP32 rate)
-        bf = (canon["dtype"].to_numpy() == "bf16") & (err == "") & np.isin(
-            canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f in MATMUL_FAMILIES])
-        if bf.any():
-            err = err.copy()
-            err[bf] = unbf16_gemm_error(spec)
+        err = _refuse_matmul_dtype(canon, err, "bf16", unbf16_gemm_error(spec))
     if spec.peak_bf16_tflops and not spec.peak_fp16_tflops and catalog_twin(spec) is None:
         # a spec with a BF16 peak but none for FP16: refused as ``predict --dtype fp16`` refuses it
         # (``unsupported_step_dtype``); until audit 14 its fp16 GEMMs went to the general model as non-tensor-core work
         # with the device out of distribution (an RTX 5090 bf16 8192^3 band top 11.6 ms, fp16 24.9 ms)
-        f16 = (canon["dtype"].to_numpy() == "fp16") & (err == "") & np.isin(
-            canon["op"].to_numpy(), [o for o, f in OP_FAMILY.items() if f in MATMUL_FAMILIES])
-        if f16.any():
-            err = err.copy()
-            err[f16] = unfp16_gemm_error(spec)
+        err = _refuse_matmul_dtype(canon, err, "fp16", unfp16_gemm_error(spec))
     if not (spec.peak_bf16_tflops or spec.peak_fp16_tflops):
         half = _unpeaked_half_gemms(canon, err, spec)
         if half.any():

@@ -32,6 +32,14 @@ def _stats(meas: np.ndarray, pred: np.ndarray) -> dict:
             "measured_ms": float(meas.sum()), "predicted_ms": float(pred.sum())}
 
 
+def kernel_input_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """The ``predict_kernels`` input of imported kernel rows: op, shape (numeric) and dtype columns."""
+    frame = rows[["OPName", "B", "M", "N", "K", "H", "dtype"]].copy()
+    for c in ("B", "M", "N", "K", "H"):
+        frame[c] = pd.to_numeric(frame[c], errors="coerce")
+    return frame
+
+
 def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
                    in_step: bool = False) -> tuple[dict, pd.DataFrame]:
     """(summary dict, per-row table) for the kernel rows of ``paths`` predicted on ``device``. ``in_step``: compare
@@ -58,10 +66,7 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
         why = "; ".join(f"{n} x {r}" for r, n in reasons.most_common(3))
         raise ProfileImportError(f"{', '.join(map(str, paths))}: none of the {len(k)} kernel rows maps to a wattcast op "
                                  f"with shapes ({why})")
-    cols = ["OPName", "B", "M", "N", "K", "H", "dtype"]
-    frame = rows[cols].copy()
-    for c in ("B", "M", "N", "K", "H"):
-        frame[c] = pd.to_numeric(frame[c], errors="coerce")
+    frame = kernel_input_frame(rows)
     pred = predict_kernels(frame, spec) if bundle is None else _predict_with(frame, spec, bundle)
     out = rows.copy()
     out["pred_latency_ms"] = pred["pred_latency_ms"].to_numpy()
