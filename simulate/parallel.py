@@ -766,7 +766,12 @@ CP_SUBGROUPS = ("cp_a2a", "cp_ring")
 
 def layouts(cfg: ParallelConfig, cluster: ClusterSpec) -> dict[str, GroupLayout]:
     """Where each parallel group of ``cfg`` sits on ``cluster`` (a new dict; the layouts are shared, immutable)."""
-    return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, cluster.gpus_per_node, expert_tp(cfg),
+    return node_layouts(cfg, cluster.gpus_per_node)
+
+
+def node_layouts(cfg: ParallelConfig, gpus_per_node: int) -> dict[str, GroupLayout]:
+    """:func:`layouts` on nodes of ``gpus_per_node`` GPUs (all a layout reads of a cluster)."""
+    return dict(_layouts(cfg.tp, cfg.cp, cfg.dp or 1, cfg.ep, cfg.pp, gpus_per_node, expert_tp(cfg),
                          *cp_group_sizes(cfg)))
 
 
@@ -777,7 +782,7 @@ def straddling_group_notes(cfg: ParallelConfig, gpus_per_node: int) -> list[str]
     the network (tp 16 on 72-GPU NVL72 racks: ranks 64-79 on two racks, :func:`group_layout`). A node size that is a
     multiple of the span (``--gpus-per-node``, e.g. 64 of a rack's 72) keeps every group in one node."""
     g = max(int(gpus_per_node), 1)
-    lay = layouts(cfg, _NodeSize(g))
+    lay = node_layouts(cfg, g)
     etp = expert_tp(cfg)
     out = []
     for key, flag, size, stride in (("tp", "--tp", cfg.tp, 1), ("cp", "--cp", cfg.cp, cfg.tp), ("ep", "--ep", cfg.ep, etp)):
@@ -789,13 +794,6 @@ def straddling_group_notes(cfg: ParallelConfig, gpus_per_node: int) -> list[str]
                        f"(costed as {lay[key].gpus_per_node} per node); --gpus-per-node {g - g % span} "
                        f"(a multiple of {span}) keeps every group in one node")
     return out
-
-
-@dataclass(frozen=True)
-class _NodeSize:
-    """The one field of a ClusterSpec :func:`layouts` reads."""
-
-    gpus_per_node: int
 
 
 def expert_tp(cfg: ParallelConfig) -> int:
