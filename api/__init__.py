@@ -132,15 +132,12 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     from wattcast.featurize.workload import StepOptions, step_graph
     from wattcast.simulate.single_device import predict_graph
 
-    from wattcast.featurize.workload import INFERENCE_MODES, check_training_only_options
+    from wattcast.request import check_inference_options
 
-    if recompute_modules is not None and str(mode).lower() in INFERENCE_MODES:
-        raise ValueError("recompute_modules describe a training step; mode='inference' runs the forward pass only")
-    # the CLI's check (an optimizer or a recomputation in an inference step); the default optimizer is "not given"
-    check_training_only_options(mode, optimizer, recompute, default_optimizer=DEFAULTS.optimizer)
-    if optimizer_impl is not None and str(mode).lower() in INFERENCE_MODES:
-        raise ValueError("optimizer_impl= (the optimizer step's kernels) describes a training step; mode='inference' "
-                         "runs the forward pass only")
+    # the CLI's check (training-only options in an inference step); the default optimizer is "not given"
+    check_inference_options(mode, optimizer=optimizer, recompute=recompute, optimizer_impl=optimizer_impl,
+                            recompute_modules=recompute_modules, grad_accumulation=grad_accumulation,
+                            default_optimizer=DEFAULTS.optimizer)
     from wattcast.simulate.defaults import shown_dtype, step_dtype
 
     from wattcast.simulate.serving import check_serving
@@ -442,6 +439,11 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     from wattcast.simulate.parallel import ParallelConfig
 
     if any(v is not None for v in (kv_context, logits, serving, prompt_tokens, output_tokens)):
+        from wattcast.request import check_inference_options
+
+        # KV-cached inference: the training-only options refused as wattcast.predict(mode="inference") and the CLI do
+        check_inference_options("inference", optimizer=optimizer, recompute=recompute, optimizer_impl=optimizer_impl,
+                                recompute_modules=recompute_modules, default_optimizer=DEFAULTS.optimizer)
         given = dict(pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, sp=sp, interleave=interleave, micro_batch=micro_batch,
                      recompute=recompute, recompute_modules=recompute_modules, strategy=strategy, etp=etp,
                      schedule=schedule, pp_first_stage_layers=pp_first_stage_layers,

@@ -475,16 +475,15 @@ def _predict_request(ctx, f):
         _fail(_RUN_FLAGS_MESSAGE)
     _check_pricing_flag(f.pricing)
     par = _parallel_flags(ctx, f)
-    from wattcast.featurize.workload import INFERENCE_MODES, check_training_only_options
+    from wattcast.featurize.workload import INFERENCE_MODES
+    from wattcast.request import check_inference_options
 
     if str(f.mode).lower() in INFERENCE_MODES:
         try:  # the check wattcast.predict makes (there with the API's default optimizer allowed)
-            check_training_only_options(f.mode, f.optimizer, par["recompute"], names="--optimizer and --recompute")
+            check_inference_options(f.mode, optimizer=f.optimizer, recompute=par["recompute"],
+                                    optimizer_impl=f.optimizer_impl, cli=True)
         except ValueError as e:
             _fail(str(e))
-        if f.optimizer_impl is not None:
-            _fail("--optimizer-impl (the optimizer step's kernels) describes a training step; --mode inference runs "
-                  "the forward pass only")
     elif f.kv_context is not None:
         _fail("--kv-context describes an inference step with a KV cache (--mode inference); a training step has none")
     elif f.logits is not None and str(f.logits).lower() != "all":

@@ -23,6 +23,32 @@ class StepTokensUnknownError(ValueError):
     dims that are not named batch/sequence): the tokens one step trains on, hence the run's step count, are unknown."""
 
 
+def check_inference_options(mode: Any, *, optimizer: Any = None, recompute: Any = None, optimizer_impl: Any = None,
+                            recompute_modules: Any = None, grad_accumulation: bool = False, cli: bool = False,
+                            default_optimizer: str | None = None) -> None:
+    """The training-only options an inference step (``mode`` in ``featurize.workload.INFERENCE_MODES``) refuses, one
+    check for ``wattcast predict`` (``cli=True``: messages name the flags) and the Python API (``wattcast.predict``,
+    ``wattcast.predict_cluster(kv_context=...)``, :class:`PredictRequest`; messages name the keywords): an optimizer or a
+    recomputation (``featurize.workload.check_training_only_options``), Megatron's recompute modules, the optimizer
+    step's kernels (``optimizer_impl``) and gradient accumulation. A ValueError; nothing in a training step."""
+    from wattcast.featurize.workload import INFERENCE_MODES, check_training_only_options
+
+    if str(mode).lower() not in INFERENCE_MODES:
+        return
+    mode_name = "--mode inference" if cli else "mode='inference'"
+    if recompute_modules is not None:
+        raise ValueError(f"{'--recompute-modules' if cli else 'recompute_modules='} describe a training step; "
+                         f"{mode_name} runs the forward pass only")
+    check_training_only_options(mode, optimizer, recompute, default_optimizer=default_optimizer,
+                                names="--optimizer and --recompute" if cli else "optimizer= and recompute=")
+    if optimizer_impl is not None:
+        raise ValueError(f"{'--optimizer-impl' if cli else 'optimizer_impl='} (the optimizer step's kernels) describes a "
+                         f"training step; {mode_name} runs the forward pass only")
+    if grad_accumulation:
+        raise ValueError(f"{'--grad-accumulation' if cli else 'grad_accumulation='} (gradients summed over "
+                         f"micro-batches) describes a training step; {mode_name} runs the forward pass only")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """A training run of ``tokens`` tokens and its lifecycle options (``--tokens`` and the flags that need it; the
@@ -233,9 +259,9 @@ class PredictRequest:
                 raise ValueError("kv_context= describes an inference step with a KV cache (mode='inference')")
             if self.dims:
                 raise ValueError("dims= applies to single-device predictions of ONNX models")
-            common.pop("optimizer")
-            if common.pop("optimizer_impl", None) is not None:
-                raise ValueError("optimizer_impl= describes a training step's optimizer: kv_context= is inference")
+            check_inference_options(self.mode, optimizer=common.pop("optimizer"), recompute=self.recompute,
+                                    optimizer_impl=common.pop("optimizer_impl", None),
+                                    default_optimizer=DEFAULTS.optimizer)
             return wattcast.predict_cluster(self.model, self.cluster, device=self.device, framework=self.framework,
                                             gpus_per_node=self.gpus_per_node, **served, **asdict(self.parallel),
                                             **common)

@@ -399,22 +399,80 @@ _TENSOR_RATE_FACTOR = {"peak_fp16_tflops": 1.0, "peak_bf16_tflops": 1.0, "peak_t
 
 _SPARSE = "this looks like the sparse (2:4 structured sparsity) figure: use the dense one"
 
+#: GeForce (consumer) NVIDIA parts run BF16 and TF32 tensor math (FP32 accumulate, the only accumulation those dtypes
+#: have) at half the FP16-accumulate rate the 16-bit row of :data:`TENSOR_16BIT_FLOP_PER_SM_CLOCK` gives for GA10x, Ada
+#: and GB20x: NVIDIA Ada GPU architecture whitepaper, Appendix A, GeForce RTX 4090: Peak FP16 Tensor TFLOPS with FP16
+#: accumulate 330.3 / with FP32 accumulate 165.2, Peak BF16 Tensor 165.2, Peak TF32 Tensor 82.6 (dense; 2x sparse);
+#: NVIDIA RTX Blackwell GPU architecture whitepaper, Appendix A, GeForce RTX 5090: FP16 with FP16 accumulate 419, with
+#: FP32 accumulate 209.5, BF16 209.5, TF32 104.8 (dense); NVIDIA Ampere GA102 whitepaper, Appendix A, GeForce RTX 3090:
+#: FP16 (FP16 acc.) 142 / BF16 71 / TF32 35.6. The professional and data-centre boards of the same chips (RTX 6000
+#: Ada, L40S, L4, A10, A40, RTX PRO Blackwell) run them at the full rate. FP16 keeps its factor: its FP16-accumulate
+#: figure is a real dense one (wattcast's example RTX 4090 spec types the FP32-accumulate 165.2 PyTorch runs).
+_GEFORCE_RATE_FACTOR = {**_TENSOR_RATE_FACTOR, "peak_bf16_tflops": 0.5, "peak_tf32_tflops": 0.25}
 
-def architecture_of(arch: str) -> tuple[str, float, str] | None:
-    """(architecture, dense 16-bit tensor FLOP per SM per clock, source) for a spec's ``arch`` text, from
+#: a GeForce product name: "GeForce", or RTX followed by a GeForce model number x0[5-9]0 of the 20 to 50 series
+#: (RTX 3090, rtx4090, RTX-5090 Ti); not the workstation RTX 4000/5000/6000 (Ada), RTX A6000 or Quadro RTX 6000
+_GEFORCE_NAME = re.compile(r"geforce|\brtx[\s_-]*[2-5]0[5-9]0")
+
+
+def _names_of(values: Any) -> list[str]:
+    """The spec's name and aliases, lower-case."""
+    return [str(n).lower() for n in (getattr(values, "name", None), *(getattr(values, "aliases", None) or ())) if n]
+
+
+def is_geforce(values: Any) -> bool:
+    """An NVIDIA GeForce (consumer) part by its name or an alias (:data:`_GEFORCE_NAME`)."""
+    return str(getattr(values, "vendor", "nvidia") or "").lower() == "nvidia" and any(
+        _GEFORCE_NAME.search(n) for n in _names_of(values))
+
+
+#: a Blackwell ``arch`` naming its chip: GB1xx (data centre), GB20x (consumer / workstation), GB10 (DGX Spark)
+_BLACKWELL_CHIP = re.compile(r"\bgb(1\d\d|20[\dx]|10)\b")
+
+
+def blackwell_segment(values: Any) -> str | None:
+    """For a spec whose ``arch`` says Blackwell without its chip (:data:`_BLACKWELL_CHIP`): "consumer" (GB20x: RTX 50xx,
+    RTX PRO Blackwell) when the evidence says so, a GDDR memory (GDDR7: NVIDIA RTX Blackwell whitepaper; no data-centre
+    Blackwell has GDDR) or an RTX / GeForce name; "datacentre" (GB100/GB110) on HBM memory (B200/B300 datasheets:
+    HBM3e) or a B100/B200/B300/GB200/GB300 name; None when neither (or both) is in evidence, or ``arch`` is not a
+    chip-less Blackwell."""
+    arch = str(getattr(values, "arch", "") or "").lower()
+    if not re.search(r"\bblackwell\b", arch) or _BLACKWELL_CHIP.search(arch):
+        return None
+    mem = str(getattr(values, "memory_type", "") or "").lower()
+    names = _names_of(values)
+    consumer = mem.startswith("gddr") or any("rtx" in n or "geforce" in n for n in names)
+    datacentre = mem.startswith("hbm") or any(re.search(r"\bg?b[123]00\b|^g?b[123]00", n) for n in names)
+    if consumer != datacentre:
+        return "consumer" if consumer else "datacentre"
+    return None
+
+
+def architecture_of(arch: Any) -> tuple[str, float, str] | None:
+    """(architecture, dense 16-bit tensor FLOP per SM per clock, source) for a spec's ``arch`` text (or a spec: then a
+    chip-less ``Blackwell`` is resolved by :func:`blackwell_segment`'s evidence), from
     :data:`TENSOR_16BIT_FLOP_PER_SM_CLOCK`; None when no row matches (an unknown or invented architecture)."""
-    a = str(arch or "").strip().lower()
+    text = arch if isinstance(arch, str) or arch is None else getattr(arch, "arch", "")
+    if not isinstance(arch, str) and arch is not None and blackwell_segment(arch) == "consumer":
+        text = f"{text} (gb20x)"  # the evidence names the chip family the arch text left out
+    a = str(text or "").strip().lower()
     for pattern, name, rate, cite in TENSOR_16BIT_FLOP_PER_SM_CLOCK:
         if re.search(pattern, a):
             return name, rate, cite
     return None
 
 
+def _rate_factors(values: Any) -> dict[str, float]:
+    """Each tensor peak field's multiple of the dense 16-bit rate on ``values``' device (:data:`_GEFORCE_RATE_FACTOR`
+    on a GeForce part, else :data:`_TENSOR_RATE_FACTOR`)."""
+    return _GEFORCE_RATE_FACTOR if is_geforce(values) else _TENSOR_RATE_FACTOR
+
+
 def _dense_rates(values: Any) -> list[tuple[str, float, float]]:
     """(field, peak, implied dense 16-bit-equivalent FLOP per SM per clock) of each tensor peak given."""
     sms, mhz = values.num_sms, values.boost_clock_mhz
     out = []
-    for f, k in _TENSOR_RATE_FACTOR.items():
+    for f, k in _rate_factors(values).items():
         v = getattr(values, f)
         if v:
             out.append((f, float(v), float(v) * 1e12 / (float(sms) * float(mhz) * 1e6) / k))
@@ -426,7 +484,7 @@ def _over_rate(values: Any, rate: float) -> tuple[str, float, float, float] | No
     ``values`` implying more than ``rate`` x :data:`DENSE_RATE_MARGIN` (:func:`_dense_rates`), else None."""
     for f, v, per in _dense_rates(values):
         if per > rate * DENSE_RATE_MARGIN:
-            return f, v, per, _TENSOR_RATE_FACTOR[f]
+            return f, v, per, _rate_factors(values)[f]
     return None
 
 
@@ -456,7 +514,7 @@ def _dense_rate_problem(values: Any) -> str | None:
     """A message when a tensor peak implies more dense FLOP per SM per clock than the spec's architecture
     (:func:`architecture_of`) can do, by over :data:`DENSE_RATE_MARGIN`; None otherwise, for an unknown architecture
     (see :func:`dense_rate_notes`) or under ``--force``."""
-    arch = architecture_of(values.arch)
+    arch = architecture_of(values)
     if arch is None or exotic_allowed():
         return None
     name, rate, cite = arch
@@ -464,10 +522,34 @@ def _dense_rate_problem(values: Any) -> str | None:
     if over is None:
         return None
     f, v, per, k = over
+    geforce = (" (a GeForce part: BF16 and TF32 with FP32 accumulate at half the FP16-accumulate rate, e.g. the Ada "
+               "whitepaper's RTX 4090: FP16 330.3 with FP16 accumulate, BF16 165.2, TF32 82.6 dense)"
+               if is_geforce(values) and k != _TENSOR_RATE_FACTOR[f] else "")
     return (f"field '{f}' ({v:g}) is {per / rate:.2g}x what {name} can do densely: {v:g} TFLOP/s on "
             f"{values.num_sms:g} SMs (CUs) at {values.boost_clock_mhz:g} MHz is {per * k:,.0f} FLOP per SM per "
-            f"clock, where {name} does {rate * k:,.0f} dense ({cite}); {_SPARSE}{_catalog_twin_note(values)}. "
-            f"Check num_sms and boost_clock_mhz too, {_FORCE}")
+            f"clock, where {name} does {rate * k:,.0f} dense{geforce} ({cite}); {_SPARSE}"
+            f"{_catalog_twin_note(values)}. Check num_sms and boost_clock_mhz too, {_FORCE}")
+
+
+def _ambiguous_blackwell_note(spec: Any) -> str | None:
+    """A warning for an ``arch`` of plain "Blackwell" (no chip code) whose figures the evidence
+    (:func:`blackwell_segment`) cannot place and whose tensor peaks would be refused as consumer Blackwell's
+    (GB20x, 1,024 dense 16-bit FLOP per SM per clock) while they pass as data-centre Blackwell's (8,192): checked
+    against the data-centre rate, and said so."""
+    arch = str(getattr(spec, "arch", "") or "").lower()
+    if not re.search(r"\bblackwell\b", arch) or _BLACKWELL_CHIP.search(arch) or blackwell_segment(spec) is not None:
+        return None
+    consumer = architecture_of("blackwell (gb20x)")
+    over = _over_rate(spec, consumer[1])
+    if over is None:
+        return None
+    f, v, per, k = over
+    return (f"{spec.name}: arch {spec.arch!r} names no chip, and neither memory_type (GDDR7: consumer; HBM: data "
+            f"centre) nor the name (RTX / GeForce; B200 / B300 / GB200 / GB300) says which Blackwell it is: its tensor "
+            f"peaks were checked against data-centre Blackwell (GB100/GB110, 8,192 dense 16-bit FLOP per SM per clock); "
+            f"if it is a consumer or workstation part (GB20x: RTX 50xx, RTX PRO), {f} ({v:g}) is {per * k:,.0f} FLOP "
+            f"per SM per clock, {per / consumer[1]:.2g}x GB20x's {consumer[1] * k:,.0f} dense: {_SPARSE}. Write the "
+            "chip in arch (e.g. 'Blackwell (GB202)' or 'Blackwell (GB100)') or give memory_type (used as given)")
 
 
 def dense_rate_notes(spec: "DeviceSpec") -> list[str]:
@@ -477,8 +559,9 @@ def dense_rate_notes(spec: "DeviceSpec") -> list[str]:
     catalog device's twin (SMs, clock, bandwidth) with every tensor peak exactly 2x its (:func:`_catalog_twin_note`);
     none otherwise."""
     twin = _catalog_twin_note(spec)
-    if architecture_of(spec.arch) is not None:
-        return [f"{spec.name}: {_SPARSE}{twin}; used as given"] if twin else []
+    if architecture_of(spec) is not None:
+        ambiguous = _ambiguous_blackwell_note(spec)
+        return ([f"{spec.name}: {_SPARSE}{twin}; used as given"] if twin else []) + ([ambiguous] if ambiguous else [])
     top_name, top = max(((n, r) for _, n, r, _ in TENSOR_16BIT_FLOP_PER_SM_CLOCK), key=lambda nr: nr[1])
     over = _over_rate(spec, top)
     if over is not None:

@@ -212,23 +212,25 @@ def compute_capability(spec) -> tuple[int, int] | None:
 
     - Volta 7.0, Turing 7.5, Ampere 8.0 for the GA100 die else 8.6, Ada 8.9, Hopper 9.0;
     - Blackwell by its die code: GB1xx (B200, GB200: GB100; B300, GB300: GB110) 10.x, data-centre; GB2xx (RTX 50,
-      RTX PRO Blackwell) 12.0; GB10 (DGX Spark) 12.1. Without a die code, a name with "RTX" or "GeForce" is a
-      consumer / workstation part (12.0), anything else is taken as data-centre Blackwell (10.0): every Blackwell a
-      training cluster runs (B200, GB200, B300, GB300) is one.
+      RTX PRO Blackwell) 12.0; GB10 (DGX Spark) 12.1. Without a die code, GDDR memory or a name with "RTX" or
+      "GeForce" (and no HBM) is a consumer / workstation part (12.0, ``data.device_spec.blackwell_segment``),
+      anything else is taken as data-centre Blackwell (10.0): every Blackwell a training cluster runs (B200, GB200,
+      B300, GB300) is one.
     """
     if str(getattr(spec, "vendor", "nvidia") or "").lower() != "nvidia":
         return None
     arch = str(getattr(spec, "arch", "") or "").strip().lower()
-    name = str(getattr(spec, "name", "") or "").lower()
     family = arch.split()[0] if arch else ""
     if family == "blackwell":
-        die = re.search(r"\bgb(\d+)", arch)
+        die = re.search(r"\bgb(\d+x?)", arch)  # GB20x (the README's spelling): 12.0, not GB10's 12.1
         if die:
             digits = die.group(1)
             if len(digits) == 3:
                 return (10, 3 if digits.startswith("11") else 0) if digits[0] == "1" else (12, 0)
             return (12, 1)  # GB10
-        return (12, 0) if ("rtx" in name or "geforce" in name) else (10, 0)
+        from wattcast.data.device_spec import blackwell_segment  # the spec checks' rule (GDDR / RTX name; HBM)
+
+        return (12, 0) if blackwell_segment(spec) == "consumer" else (10, 0)
     if family == "ampere":
         return (8, 0) if "ga100" in arch else (8, 6)
     return _ARCH_CC.get(family)

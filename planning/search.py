@@ -685,9 +685,10 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         # Megatron-Core's MoE recipes (Mixtral, DeepSeek-V3, Qwen3-MoE) run the experts without TP: the experts' own
         # degree 1 is tried beside the attention's (a candidate with tp 1 has only the one)
         space["etp"] = (None, 1)
-    if space.get("cp") is None and framework == "megatron-deepspeed":
-        # Megatron-DeepSpeed has no ring context parallelism (parallel._check_megatron_deepspeed_flags): its default
-        # candidates keep cp 1 at every sequence length (an asked-for --cp > 1 is rejected naming the rule)
+    if space.get("cp") is None and framework in ("megatron-deepspeed", "hf"):
+        # Megatron-DeepSpeed has no ring context parallelism (parallel._check_megatron_deepspeed_flags) and Hugging
+        # Face's is not modelled (parallel.HF_CP_MESSAGE): their default candidates keep cp 1 at every sequence length
+        # (an asked-for --cp > 1 is rejected naming the rule)
         space["cp"] = (1,)
     resolved = []
     run_kw: dict[str, dict] = {}  # per cluster: footprint_kw with the cluster spec's own cloud price, if it has one

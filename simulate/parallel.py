@@ -389,6 +389,8 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         mp_txt = (f"tp x pp ({cfg.tp} x {cfg.pp} = {mp})" if cfg.cp == 1
                   else f"tp x pp x cp ({cfg.tp} x {cfg.pp} x {cfg.cp} = {mp})")
         raise ParallelConfigError(f"gpus ({cfg.gpus}) must be a multiple of {mp_txt}")
+    if fw == "hf" and cfg.cp > 1:  # after the job's layout rule, as a layout that cannot be is the first thing to say
+        raise ParallelConfigError(HF_CP_MESSAGE.format(cp=cfg.cp))
     dp = cfg.dp if cfg.dp is not None else cfg.gpus // mp
     if not (dp >= 1 and dp * mp == cfg.gpus):
         raise ParallelConfigError(
@@ -599,6 +601,24 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         # the explicit flag there first (check_overlap_p2p_flag); a ParallelConfig given directly reaches this
         flags["overlap_p2p_comm"] = False
     return with_fields(cfg, dp=dp, micro_batch=mb, recompute=recompute, recompute_method=method, **flags, **cp_fields)
+
+
+#: ``--cp`` > 1 under ``--framework hf``, refused (until stop 50 it silently costed Megatron-Core's context parallelism,
+#: Transformer Engine's ring ``AttnFuncWithCPAndKVP2P``, for a Hugging Face step). Hugging Face's context parallelism
+#: is another mechanism: Accelerate's ``ParallelismConfig(cp_size=...)`` (accelerate 1.15.0 ``parallelism_config.py``
+#: l. 51-54, ``cp_backend`` "torch (FSDP2)"; ``accelerator.py`` ``_prepare_cp`` l. 1659-1666 and
+#: ``maybe_context_parallel``: "currently supported with FSDP2", otherwise it has no effect) wraps PyTorch's
+#: ``torch.distributed.tensor.experimental.context_parallel``, which dispatches SDPA only
+#: (``aten._scaled_dot_product_{flash,efficient,cudnn}_attention``, torch 2.13 ``_context_parallel/_attention.py``
+#: l. 918-923). Its rotation, Accelerate's ``cp_comm_strategy`` (``utils/dataclasses.py`` l. 2230-2245, default
+#: "allgather"), all-gathers the whole K/V once per attention (``_AllGatherRotater``, waited for before the second block:
+#: hidden behind one block, not one ring step per block as TE's p2p), again in the backward, and rotates dK/dV with an
+#: all-to-all permute every step (``dkv_rotater``, l. 520); only its head-tail load balance matches TE's. wattcast
+#: models none of that.
+HF_CP_MESSAGE = ("--cp {cp} (context parallelism) is costed as Megatron-Core runs it (Transformer Engine's ring "
+                 "attention): use --framework megatron, or --cp 1. Hugging Face's context parallelism (Accelerate's "
+                 "ParallelismConfig cp_size over torch.distributed.tensor.experimental.context_parallel: FSDP2 and "
+                 "SDPA only, K/V all-gathered by default) is not modelled")
 
 
 def _check_megatron_deepspeed_flags(cfg: ParallelConfig) -> None:

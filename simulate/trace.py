@@ -355,6 +355,7 @@ def timeline_figure(res):
     ax.set_xlabel("ms")
     labels = {"forward": "forward", "backward": "backward", "pair": "forward + backward pair (DualPipe)",
               "optimizer": "optimizer", "not drawn": "steady state (not drawn)",
+              "host": "host (data loading, framework iteration time: the GPU waits)",
               "dp": "data-parallel comm (gradient reduce / param gather)", "cp": CP_LEGEND.get(_cp_comm_type(res), CP_LEGEND["p2p"]),
               "comm": "other comm"}
     handles = [Patch(facecolor=TIMELINE_COLOURS[k], label=v) for k, v in labels.items() if k in used]

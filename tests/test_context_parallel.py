@@ -67,7 +67,8 @@ def test_cp_rules(kw, msg):
 
 def test_cp_needs_a_causal_decoder():
     with pytest.raises(ParallelConfigError, match="causal decoder"):
-        wattcast.predict_cluster("bert_base", "DGX-H100", gpus=8, batch=4, seq=512, cp=2, attention="flash")
+        wattcast.predict_cluster("bert_base", "DGX-H100", gpus=8, batch=4, seq=512, cp=2, attention="flash",
+                                 framework="megatron")
 
 
 def test_search_includes_cp_for_long_sequences_and_cli_flags():
@@ -81,7 +82,7 @@ def test_search_includes_cp_for_long_sequences_and_cli_flags():
     d = json.loads(r.stdout)
     assert d["parallel"]["cp"] == 2 and d["parallel"]["dp"] == 1
     s = run_cli("search", "--model", "gpt2", "--cluster", "DGX-H100", "--gpus", "8", "--batch", "8", "--seq", "1024",
-                "--cp", "1", "--cp", "2", "--max-configs", "120", "--json")
+                "--cp", "1", "--cp", "2", "--max-configs", "120", "--framework", "megatron", "--json")
     assert s.returncode == 0, s.stderr
     cps = {row["cp"] for row in json.loads(s.stdout)["ranked"]}
     assert cps <= {1, 2} and 2 in cps

@@ -50,7 +50,8 @@ def test_overlapped_step_stays_under_the_power_limit(limit):
     ("llama3_70b", dict(gpus=32, tp=8, pp=4, sp=True, zero=1, micro_batch=1), "megatron", 4096, 200.0),
     ("llama3_8b", dict(gpus=16, tp=1, zero=0, micro_batch=1), "megatron", 2048, 300.0),  # DP buckets under backward
     ("llama3_8b", dict(gpus=16, tp=2, sp=True, zero=3, micro_batch=1), "megatron", 2048, 300.0),  # ZeRO-3 prefetch
-    ("llama3_8b", dict(gpus=8, tp=2, sp=True, cp=2, zero=1, micro_batch=1), "hf", 8192, 300.0),  # accumulation pass
+    # accumulation pass (cp 2 until stop 50, when hf refused context parallelism: parallel.HF_CP_MESSAGE)
+    ("llama3_8b", dict(gpus=8, tp=2, sp=True, zero=1, micro_batch=1), "hf", 8192, 300.0),
 ])
 def test_every_stage_stays_under_the_power_limit(model, par, fw, seq, limit):
     r = predict_distributed(model, "dgx-h100", ParallelConfig(**par),
