@@ -856,7 +856,12 @@ def load_user_kernels(path: str | os.PathLike[str]) -> pd.DataFrame:
     for c in SHAPE_COLUMNS:
         uses = np.array([c in _shape_columns_for(o) for o in df["op"]], dtype=bool)
         df.loc[~uses, c] = np.nan
-    return _finish([df], Counter(), Counter())
+    out = _finish([df], Counter(), Counter())
+    # each row's line in the file (the header is line 1), for messages about rows that fail a later check (the
+    # physics check of `train kernels`); every row here passed the checks above, so _finish dropped none
+    # a list, not an array: pandas compares attrs when it concatenates frames, and an array's == is not a bool
+    out.attrs["lines"] = [int(x) for x in lines] if len(out) == len(lines) else None
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,6 +50,27 @@ REFERENCE_ROWS = 20_000
 #: families is refused whatever its own rows say: a unit or scale error (latencies x50 in the CSV) moves it ~40x, while
 #: retraining on a few hundred rows moves it by tens of percent (duplicates alone: 17.35 -> 11.74%, split_user_rows)
 REFERENCE_VETO_RATIO = 2.0
+#: the physics check of a user CSV (``check_user_physics``), before anything is trained. A row faster than its
+#: physical floor (``featurize.kernel_features.physical_floor_ms``: its GEMM work at the spec's dense peak, or the bytes
+#: that cannot have stayed in the last-level cache crossing DRAM at the datasheet bandwidth) by more than this margin
+#: is impossible on that spec. Measured on the shared datasets' 437,937 rows of the catalog's training GPUs (NeuSight
+#: kernels and kernels_test, Vidur, XLA, DeepBench, LLMCompass; the held-out L4 and A100-PCIe-80GB left out): none is
+#: below its floor, the closest 1.001x above it (NeuSight kernels_test, V100-PCIe-32GB). The 10% is a judgement, not a
+#: fit: it leaves room for timer granularity and for clocks above the one a datasheet peak assumes (NVIDIA gives a
+#: GeForce card's "Boost Clock" as a typical clock under load, which GPU Boost may exceed); the audit's H100 timings
+#: labelled as an RTX 5090 run 2.8x faster than its 209.5 TFLOP/s bf16 dense peak
+FLOOR_TOLERANCE = 0.10
+#: the unit check: the median of measured / roofline over the rows whose roofline is at least UNIT_MIN_ROOF_MS (smaller
+#: kernels are launch-bound: NeuSight's 1-10 us rows reach a median of 79.7x per GPU and family) must not exceed
+#: UNIT_RATIO_LIMIT. On those shared rows with a roofline >= 0.01 ms (333,576) the per-source medians are
+#: 1.37-3.79x and the largest median of any (source, GPU, op, dtype) group of the 212 is 5.29x (LLMCompass MI210
+#: fp16 softmax); the largest single row 124.8x (NeuSight). A CSV in microseconds multiplies every ratio by 1000
+#: (the audit's 200 H100 bf16 linear rows: median 1,800x). 100 is ~19x the worst real group's median and ~10x
+#: below a x1000 unit error of a kernel at its roofline
+UNIT_MIN_ROOF_MS = 0.01
+UNIT_RATIO_LIMIT = 100.0
+#: fewest such rows the unit check judges (a median of fewer could be one outlier row: the largest real one is 124.8x)
+UNIT_MIN_ROWS = 5
 #: the share of a user CSV's measurement points (not rows: see ``split_user_rows``) held out as its validation split
 USER_VAL_FRACTION = 0.2
 #: two measurements of one point further apart than this factor contradict each other (``duplicate_counts``)
@@ -126,6 +147,86 @@ def _canonical_devices(df: pd.DataFrame, extra_specs: dict[str, DeviceSpec]) -> 
         except DeviceSpecError:
             names[d] = d
     return df.assign(device=df["device"].map(names))
+
+
+def _row_shape(r) -> str:
+    """``B=.. M=.. ..`` of the shape columns a row's op uses (the others are NaN)."""
+    from wattcast.data.kernel_datasets import SHAPE_COLUMNS
+
+    return " ".join(f"{c}={int(getattr(r, c))}" for c in SHAPE_COLUMNS if pd.notna(getattr(r, c, np.nan)))
+
+
+def check_user_physics(user: pd.DataFrame, specs: dict[str, DeviceSpec], origin: str = "the CSV",
+                       lines: np.ndarray | None = None) -> None:
+    """Refuse (ValueError) a user CSV whose latencies the GPUs' specs make impossible, before anything is trained:
+
+    - rows faster than their physical floor by more than :data:`FLOOR_TOLERANCE` (a GEMM above the dtype's dense
+      peak, or more bytes through DRAM than the datasheet bandwidth allows): named by line, op, shape, dtype, GPU and
+      the rate they imply against the spec's. The whole CSV is refused, not those rows dropped: a wrong device or
+      spec (or a sparse peak) is wrong for the rows it does not catch too, and training on them gives wrong numbers
+      unflagged.
+    - latencies in microseconds (or another unit): the median measured / roofline over rows with a roofline of at
+      least :data:`UNIT_MIN_ROOF_MS` (at least :data:`UNIT_MIN_ROWS` of them) above :data:`UNIT_RATIO_LIMIT`.
+
+    ``lines``: each row's line in the file (``load_user_kernels``'s ``attrs["lines"]``), else row number + 2."""
+    from wattcast.featurize.kernel_features import featurize_kernels
+
+    if not len(user):
+        return
+    F = featurize_kernels(user, specs)
+    lat = user["latency_ms"].to_numpy(dtype=float)
+    floor = F["t_floor_ms"].to_numpy(dtype=float)
+    roof = F["t_roof_ms"].to_numpy(dtype=float)
+    lines = np.asarray(lines) if lines is not None and len(lines) == len(user) else np.arange(len(user)) + 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = lat / roof
+        fast = np.isfinite(floor) & (floor > 0) & (lat * (1 + FLOOR_TOLERANCE) < floor)
+    big = np.isfinite(ratio) & (roof >= UNIT_MIN_ROOF_MS)
+    med = float(np.median(ratio[big])) if big.sum() >= UNIT_MIN_ROWS else None
+    if med is not None and med > UNIT_RATIO_LIMIT:
+        # x1000 puts a real median (1.4-5.3x) at 1,400-5,300x; between the limit and that, some other scale error
+        unit = ("look like microseconds, not milliseconds" if med > 3 * UNIT_RATIO_LIMIT else
+                "are too slow for milliseconds (another unit, or a scale error?)")
+        raise ValueError(
+            f"{origin}: the latencies {unit}: over the {int(big.sum()):,} rows whose "
+            f"roofline (the spec's peak FLOP/s and memory bandwidth) is at least {UNIT_MIN_ROOF_MS:g} ms, the median "
+            f"measured latency is {med:,.0f}x the roofline (the shared datasets' measurements: medians 1.4-5.3x; "
+            f"refused above {UNIT_RATIO_LIMIT:g}x). Latency is read in milliseconds (the `Latency` / `latency_ms` / "
+            "`Latency (ms)` column): divide it by 1000 if it is in microseconds (and check the Device column and "
+            "--spec figures). Nothing was trained or written")
+    if fast.any():
+        idx = np.flatnonzero(fast)
+        idx = idx[np.argsort(lat[idx] / floor[idx], kind="stable")]  # the most impossible first
+        rows = user.iloc[idx]
+        flops = np.where((F["family"].to_numpy() == "gemm")[idx],
+                         (2.0 * rows["B"] * rows["M"] * rows["N"] * rows["K"]).to_numpy(dtype=float), 0.0)  # dense
+        peak_tflops = np.exp(F["dev_log_peak_tflops"].to_numpy(dtype=float)[idx])
+        bw_gbps = np.exp(F["dev_log_bw_gbps"].to_numpy(dtype=float)[idx])
+        said = []
+        for j, r in enumerate(rows.head(10).itertuples(index=False)):
+            i = idx[j]
+            # the bound that sets the floor: the dense GEMM work at the peak, else the DRAM bytes at the bandwidth
+            if flops[j] / (peak_tflops[j] * 1e9) >= floor[i] * (1 - 1e-9):
+                rate = (f"{flops[j] / lat[i] / 1e9:,.1f} TFLOP/s vs the spec's {peak_tflops[j]:,.1f} {r.dtype} "
+                        "dense peak")
+            else:
+                rate = (f"{floor[i] / lat[i] * bw_gbps[j]:,.0f} GB/s through DRAM (the bytes that cannot stay in the "
+                        f"cache) vs the spec's {bw_gbps[j]:,.0f} GB/s")
+            said.append(f"  line {int(lines[i])}: {r.op} {_row_shape(r)} {r.dtype} on {r.device}: {lat[i]:.6g} ms, "
+                        f"below the physical floor {floor[i]:.6g} ms ({rate})")
+        more = f"\n  ... and {len(idx) - 10:,} more" if len(idx) > 10 else ""
+        devs = sorted(set(rows["device"]))
+        seconds = (f" The median row is {med:.3g}x its roofline: latencies in seconds instead of milliseconds?"
+                   if med is not None and med < 1 / UNIT_RATIO_LIMIT else "")
+        raise ValueError(
+            f"{origin}: {len(idx):,} of {len(user):,} row(s) are faster than the GPU's spec allows (more than "
+            f"{FLOOR_TOLERANCE:.0%} below the physical floor: the GEMM work at the dtype's dense peak, or the bytes "
+            f"beyond the cache at the memory bandwidth), so they cannot have been measured on {', '.join(devs)} as "
+            f"specified:\n" + "\n".join(said) + more
+            + f"\n(the fastest is {floor[idx[0]] / lat[idx[0]]:.2f}x faster than its floor)\nLikely causes: the Device "
+            "column names the wrong GPU (timings from a faster one), a --spec file with wrong figures (a sparse-matrix "
+            "peak, 2x the dense one, or a bandwidth too low), or the wrong dtype." + seconds
+            + " Nothing was trained or written")
 
 
 def _plot_heldout(pred: pd.DataFrame, folder: Path) -> list[Path]:
@@ -222,7 +323,12 @@ def run_train_kernels(
         except DataNotFoundError:
             pass
     if csv is not None:
-        user = _canonical_devices(load_user_kernels(csv), extra_specs)
+        loaded = load_user_kernels(csv)
+        lines = loaded.attrs.pop("lines", None)
+        user = _canonical_devices(loaded, extra_specs)
+        # impossible latencies (faster than the spec's physics) and a unit error are refused before any training
+        check_user_physics(user, _specs_for(user["device"], extra_specs), origin=str(csv),
+                           lines=lines)
         held_user = user[user["device"].isin(holdout)]
         user = user[~user["device"].isin(holdout)]
         if len(held_user):
@@ -474,14 +580,15 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
     try:
         live = resolve_bundle_folder(target)
     except ValueError as e:  # a pointer to a missing version: there is no working bundle to keep
-        return True, f"the existing bundle does not load ({e}): replacing it", {}
+        return _without_working(f"the existing bundle does not load ({e})", "replacing it", val, user_only, force)
     if not (live / "kernel_manifest.json").is_file():
-        return True, "no working bundle at the target: writing the new one", {}
+        return _without_working("no working bundle at the target", "writing the new one", val, user_only, force)
     try:
         old = KernelBundle.load(target)
         old_pred = evaluate(old, val, specs) if len(val) else None
     except Exception as e:  # an unreadable or incompatible old bundle is not a working model
-        return True, f"the existing bundle does not load or predict ({e}): replacing it", {}
+        return _without_working(f"the existing bundle does not load or predict ({e})", "replacing it", val,
+                                user_only, force)
     ok, why, m = _judge(bundle, old, val, old_pred, new_pred, specs, user_only)
     n_ref = 0 if reference is None else len(reference)
     if ok and user_only and n_ref < MIN_GATE_ROWS:
@@ -516,6 +623,23 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
     if ok or not force:
         return ok, why, m
     return True, f"made current by --force although the gate would have {why[0].lower()}{why[1:]}", m
+
+
+def _without_working(what: str, action: str, val: pd.DataFrame, user_only: bool, force: bool):
+    """The gate when there is no working bundle to compare with (``what``): the new one is made current, except an
+    --only-csv run with fewer than :data:`MIN_GATE_ROWS` of the user's held-out rows, which nothing has validated
+    (the audit: a 19-row CSV became the default of an empty --out): kept apart, not current, unless ``force``."""
+    n_user = int((val["source"].to_numpy() == "user").sum()) if len(val) else 0
+    m = {"gate_rows": float(len(val)), "gate_user_rows": float(n_user)}
+    if not (user_only and n_user < MIN_GATE_ROWS):
+        return True, f"{what}: {action}", {}
+    why = (f"only {n_user} row(s) of your CSV were held out for validation, too few (< {MIN_GATE_ROWS}) to validate "
+           f"the new bundle (an --only-csv run is judged on your rows alone; about "
+           f"{MIN_GATE_ROWS / USER_VAL_FRACTION:.0f} distinct shapes are needed)")
+    if force:
+        return True, f"made current by --force although nothing validated it ({what}; {why})", m
+    return False, (f"not made current: {why}, and there is no working bundle to compare it with ({what}); the "
+                   "target's CURRENT is left as it was; rerun with --force to make it current anyway"), m
 
 
 def paired_bootstrap(new_ape: np.ndarray, old_ape: np.ndarray, resamples: int = GATE_BOOTSTRAP_RESAMPLES,
