@@ -164,7 +164,9 @@ def resolve_device(name_or_path: str | Path | DeviceSpec) -> DeviceSpec:
     hint = _closest_hint(text)
     raise DeviceSpecError(
         f"unknown device {text!r}.{hint} "
-        "A path to a device spec file (.yaml/.yml/.json, own schema or NeuSight JSON) also works."
+        "A path to a device spec file (.yaml/.yml/.json, own schema or NeuSight JSON) also works: the README's "
+        "'Device specs' lists its fields, and the repository's examples/my_gpu.yaml is one to copy (an RTX 4090, "
+        "figures cited)."
     )
 
 

@@ -97,6 +97,7 @@ def test_unknown_device_fails_with_suggestions(examples_csv):
     msg = flat(r.stderr)
     assert "unknown device" in msg
     assert "Closest catalog devices" in msg and "H100-SXM5-80GB" in msg
+    assert "examples/my_gpu.yaml" in msg  # a GPU the catalog lacks: where a spec to copy is
     assert r.stdout.strip() == ""
 
 
