@@ -554,6 +554,32 @@ def _cp_sizes_flag(text):
     return pair
 
 
+def _list_elements(values) -> list[str]:
+    """A repeatable flag's values with each value's comma-separated elements spread out (--cp 2,4 --cp 8: 2, 4, 8)."""
+    return [e.strip() for v in (values or ()) for e in str(v).split(",")]
+
+
+def _int_list_flag(values, flag: str, minimum: int = 1) -> tuple[int, ...] | None:
+    """A repeatable integer flag (``--cp 2 --cp 4`` or ``--cp 2,4``) as a tuple; None when not given; a bad element is
+    a CLI error naming the flag and the element."""
+    if not values:
+        return None
+    out = []
+    for e in _list_elements(values):
+        if not e.lstrip("-").isdigit() or int(e) < minimum:
+            what = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+            _fail(f"{flag}: every value must be {what}, got {e!r} (repeat the flag or separate values by commas, "
+                  f"e.g. {flag} {minimum + 1},{minimum + 3} or {flag} {minimum + 1} {flag} {minimum + 3})")
+        out.append(int(e))
+    return tuple(out)
+
+
+def _str_list_flag(values) -> tuple[str, ...] | None:
+    """A repeatable text flag (``--cp-comm-type p2p --cp-comm-type a2a`` or ``p2p,a2a``) as a tuple; None when not given
+    (the search checks each element, naming it)."""
+    return tuple(e for e in _list_elements(values)) or None
+
+
 def _parallel_flags(ctx, f) -> dict:
     """The parallel flags (and --batch, --recompute, --schedule) by their strategy names, merged with --strategy."""
     values = dict(gpus=f.gpus, batch=f.batch, tp=f.tp, pp=f.pp, dp=f.dp, micro_batch=f.micro_batch, zero=f.zero, sp=f.sp,
@@ -923,11 +949,11 @@ def search(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: run time vs cloud cost, coloured by CO2e, the Pareto front highlighted (needs --tokens)."),
     top: Optional[int] = typer.Option(None, "--top", help="Rows to show: the table's (default 10) and, when given, --json's ranked (default every ranked row; --output writes every row)."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
-    cp: Optional[List[int]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
-    cp_comm_type: Optional[List[str]] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE context-parallel communication types to search for cp > 1 candidates (repeatable: p2p, a2a, allgather, a2a+p2p; default p2p)."),
+    cp: Optional[List[str]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable or comma-separated: --cp 2,4,8; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
+    cp_comm_type: Optional[List[str]] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE context-parallel communication types to search for cp > 1 candidates (repeatable or comma-separated: p2p, a2a, allgather, a2a+p2p; default p2p)."),
     hierarchical_cp_sizes: Optional[str] = typer.Option(None, "--hierarchical-cp-sizes", help="With --cp-comm-type a2a+p2p: A,B = inner all-to-all and outer ring sizes; a2a+p2p is tried on the candidates with cp = A x B."),
-    ep: Optional[List[int]] = typer.Option(None, "--ep", help="Expert-parallel degrees to search (repeatable; default 1, and for a mixture-of-experts model every power of two dividing its experts)."),
-    etp: Optional[List[int]] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degrees to search (repeatable; default: each candidate's tp, and 1 too for a mixture-of-experts model under --framework megatron; a degree equal to the candidate's tp is that candidate)."),
+    ep: Optional[List[str]] = typer.Option(None, "--ep", help="Expert-parallel degrees to search (repeatable or comma-separated; default 1, and for a mixture-of-experts model every power of two dividing its experts)."),
+    etp: Optional[List[str]] = typer.Option(None, "--expert-tensor-parallel-size", "--etp", help="Megatron-Core: the routed experts' tensor-parallel degrees to search (repeatable or comma-separated; default: each candidate's tp, and 1 too for a mixture-of-experts model under --framework megatron; a degree equal to the candidate's tp is that candidate)."),
     moe_load_imbalance: float = typer.Option(1.0, "--moe-load-imbalance", help="MoE routing: the busiest expert-parallel rank's tokens over the mean (1 = balanced)."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs on every cluster (e.g. 64 of an NVL72 rack's 72)."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity factor (tokens beyond it dropped)."),
@@ -939,14 +965,14 @@ def search(
     fp8_param_gather: bool = typer.Option(False, "--fp8-param-gather", help="As for predict: candidates with --zero >= 1 keep FP8 weights and gather them at 1 B (needs --dtype fp8 --framework megatron)."),
     fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="As for predict (with --dtype fp8): delayed (default), tensorwise, mxfp8, blockwise or deepseek for every candidate; a cluster whose GPU cannot run the recipe gets none."),
     memory_headroom_gb: float = typer.Option(0.0, "--memory-headroom-gb", help="A candidate fits only when its predicted worst-stage memory is at most the GPU's capacity less this many GB (default 0): the rows nearest the memory limit are predicted too fast."),
-    zero: Optional[List[int]] = typer.Option(None, "--zero", help="ZeRO stages to search (repeatable: 0, 1, 2, 3; default 0 and 1)."),
+    zero: Optional[List[str]] = typer.Option(None, "--zero", help="ZeRO stages to search (repeatable or comma-separated: 0, 1, 2, 3; default 0 and 1)."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf). Needs ZeRO-3 candidates (--zero 3; or --zero 2 with --framework hf)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="As for predict, for every candidate: Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="As for predict: PyTorch FSDP's MixedPrecision.reduce_dtype for the ZeRO-3 candidates under --framework hf (fp32, bf16 or fp16; default: the parameters' dtype)."),
     grad_accum_dtype: Optional[str] = typer.Option(None, "--grad-accum-dtype", help="As for predict, for every candidate under --framework megatron-deepspeed: DeepSpeed's data_types.grad_accum_dtype, fp32 (BF16_Optimizer, the default) or bf16 (at ZeRO-1 the ZeRO optimizer on bf16 gradients)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="The data loader's host time per micro-batch, ms (default 0); as `wattcast predict`."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's)."),
-    recompute_num_layers: Optional[List[int]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable; adds full recomputation to the choices)."),
+    recompute_num_layers: Optional[List[str]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable or comma-separated; adds full recomputation to the choices)."),
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules (as for predict, comma-separated): the selective candidates recompute these (searched besides none and full)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm, MoE all-to-all, and the interleaved schedule's pipeline transfers, which then block as in Megatron-LM 2021)."),
@@ -1012,6 +1038,12 @@ def search(
         if no_overlap and v:
             _fail(f"--no-overlap turns every overlap off: it cannot be given with {flag}")
         overlaps[name] = v
+    # the repeatable list flags: --cp 2 --cp 4 or --cp 2,4 (or both), each element checked naming the flag
+    cp, ep, etp, zero, recompute_num_layers = (
+        _int_list_flag(v, flag, minimum=lo) for v, flag, lo in (
+            (cp, "--cp", 1), (ep, "--ep", 1), (etp, "--expert-tensor-parallel-size", 1), (zero, "--zero", 0),
+            (recompute_num_layers, "--recompute-num-layers", 1)))
+    cp_comm_type = _str_list_flag(cp_comm_type)
     folders = _model_folders(models, collectives, power_model)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
@@ -1042,13 +1074,13 @@ def search(
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),
                           moe_token_dispatcher=moe_token_dispatcher_type,
-                          **(dict(cp=tuple(cp)) if cp else {}), **(dict(ep=tuple(ep)) if ep else {}),
-                          **(dict(zero=tuple(zero)) if zero else {}),
-                          **(dict(cp_comm_type=tuple(cp_comm_type)) if cp_comm_type else {}),
+                          **(dict(cp=cp) if cp else {}), **(dict(ep=ep) if ep else {}),
+                          **(dict(zero=zero) if zero else {}),
+                          **(dict(cp_comm_type=cp_comm_type) if cp_comm_type else {}),
                           **(dict(hierarchical_cp_sizes=_cp_sizes_flag(hierarchical_cp_sizes))
                              if hierarchical_cp_sizes else {}),
-                          **(dict(etp=tuple(etp)) if etp else {}),
-                          **(dict(recompute_num_layers=tuple(recompute_num_layers)) if recompute_num_layers else {}),
+                          **(dict(etp=etp) if etp else {}),
+                          **(dict(recompute_num_layers=recompute_num_layers) if recompute_num_layers else {}),
                           **(dict(recompute=("none", _recompute_flag("selective", recompute_modules), "full"))
                              if recompute_modules else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:

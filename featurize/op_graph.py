@@ -1144,7 +1144,8 @@ class GraphBuilder:
             return
         bs, dv = int(out.shape[0]), int(out.shape[-1])
         if merged.nbytes == out.nbytes and attention_output_shared(self.te_attention_backend, bs, self.cp,
-                                                                   int(q.shape[-1]), dv):
+                                                                   int(q.shape[-1]), dv, cp_comm=self.cp_comm,
+                                                                   cp_a2a=self.cp_a2a):
             self._storage_of[merged.tid] = out.tid
 
     def rotary_checkpoint_inputs(self, roped: Tensor, fused_qkv: Tensor, q_heads: int, kv_heads: int,

@@ -26,8 +26,9 @@ What each keeps for backward, and what it returns to ``linear_proj`` (TE 2.20.2 
   copy when b > 1, the same storage when b == 1 (a size-1 dimension's stride does not break contiguity, so
   ``contiguous()`` returns the tensor itself). So two copies of the output at micro-batch > 1, one at micro-batch 1.
 
-Not covered (two copies, the pre-stop-46 count): context parallelism (the CP functions save their own merged output,
-``context_parallel.py`` l. 2298-2367), Megatron-DeepSpeed and Hugging Face; query and value head dims that differ
+Context parallelism (since stop 50; two copies before): the ring (p2p) and allgather functions save the tensor they
+return, so the rule above holds; the all-to-all ones (a2a, a2a+p2p) save the output before their all-to-all (two
+copies). Not covered (two copies, the pre-stop-46 count): Megatron-DeepSpeed and Hugging Face; query and value head dims that differ
 (MLA) under FlashAttention are two copies by the rule (TE pads and trims them, ``dot_product_attention.py``
 l. 2966-2967). A GPU below sm80 (where TE falls back to its unfused attention, l. 640-646, which wattcast does not
 model under ``--attention flash``) and one of unknown capability (AMD: TE's ROCm port is not read here) get
@@ -53,11 +54,17 @@ def te_attention_backend(spec) -> str:
     return "fused" if cc is not None and cc >= FUSED_PREFERRED_FROM_CC else "flash"
 
 
-def attention_output_shared(backend: str, batch: int, cp: int, head_dim_qk: int, head_dim_v: int) -> bool:
+def attention_output_shared(backend: str, batch: int, cp: int, head_dim_qk: int, head_dim_v: int, *,
+                            cp_comm: str = "p2p", cp_a2a: int = 1) -> bool:
     """Whether the attention output TE's backend saves for backward and the tensor it hands ``linear_proj`` (which
     saves it) are one storage: always under FusedAttention; under FlashAttention when the micro-batch is 1 (the
-    (s, b, h*d) transpose is then already contiguous) and the head dims agree. Not under context parallelism."""
-    if int(cp) > 1:
+    (s, b, h*d) transpose is then already contiguous) and the head dims agree. Under context parallelism the same
+    rule with the KV ring (``cp_comm`` p2p without an all-to-all group) and with allgather, whose functions save the
+    tensor they return (TE 2.20.2 context_parallel.py l. 2166-2176, 2254-2255, 2297-2305, 2349-2356: the ring's
+    accumulator kept in the partial outputs' dtype, ``out.to(dtype)`` of it the tensor itself; allgather: one
+    output buffer, l. 3495, 3826-3832, 3861-3880, 3928-3929); not with an all-to-all (a2a, a2a+p2p): that saves the
+    rank's output before the all-to-all and returns the tensor the all-to-all writes (l. 2259-2271, 4925-4950)."""
+    if int(cp) > 1 and (str(cp_comm) not in ("p2p", "allgather") or int(cp_a2a) > 1):
         return False
     if backend == "fused":
         return True

@@ -253,6 +253,17 @@ def _positive_int(name: str, v) -> int:
     raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
+#: search-space options whose choices may be given as one comma-separated text ("2,4,8"), as the CLI's list flags
+_COMMA_LIST_OPTIONS = ("tp", "pp", "micro_batch", "interleave", "ep", "cp", "zero", "etp", "recompute_num_layers",
+                       "cp_comm_type", "schedule")
+
+
+def _comma_element(text: str):
+    """One element of a comma-separated choice list: an integer where it reads as one, else the stripped text."""
+    t = text.strip()
+    return int(t) if t.lstrip("-").isdigit() else t
+
+
 def _choices(name: str, value) -> tuple | None:
     """One search-space option as a tuple of choices: a list/tuple/range/array or other iterable as given
     (duplicates dropped), a single value (a string too) as a one-element choice; None keeps the default.
@@ -268,7 +279,10 @@ def _choices(name: str, value) -> tuple | None:
     if name == "hierarchical_cp_sizes" and (isinstance(value, str) or (
             isinstance(value, (tuple, list)) and len(value) == 2 and all(is_int(x) for x in value))):
         value = [value]  # one pair (or "A,B"), not two choices
-    if isinstance(value, np.ndarray):
+    if isinstance(value, str) and name in _COMMA_LIST_OPTIONS:
+        # "2,4,8" as the CLI's --cp 2,4,8 (a sweep spec's `cp: "2,4"`): each element a choice, checked below
+        vals = [_comma_element(e) for e in value.split(",")]
+    elif isinstance(value, np.ndarray):
         vals = value.ravel().tolist()
     elif isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         vals = [value]

@@ -292,6 +292,54 @@ def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last
     return counts
 
 
+def _runs(counts: list[int]) -> str:
+    """Layer counts written by runs: [3, 4, 4, 4, 3] as "3, 4 x 3, 3"."""
+    out: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        out.append(f"{counts[i]} x {j - i}" if j - i > 2 else ", ".join([str(counts[i])] * (j - i)))
+        i = j
+    return ", ".join(out)
+
+
+def account_split_chunks(n_layers: int, n_chunks: int) -> list[int] | None:
+    """Transformer layers of each model chunk under Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split`` (Megatron-Core 0.16.1 transformer_config.py l. 1435-1478 and
+    transformer_block.py l. 140-200: the embedding and the loss each count as one layer, layers + 2 divide evenly over
+    the chunks, the first chunk's share less the embedding, the last's less the loss);
+    None when layers + 2 do not divide (Megatron-Core refuses that) or a chunk would have no layer."""
+    per, r = divmod(n_layers + 2, n_chunks)
+    if r or per < 2 or n_chunks < 2:
+        return None
+    return [per - 1] + [per] * (n_chunks - 2) + [per - 1]
+
+
+def _automatic_split_hint(n_layers: int, pp: int, interleave: int, deepspeed: bool) -> str:
+    """What the automatic split (no --pp-first/last-stage-layers) builds for this model, and how Megatron-Core says it:
+    the tail of the refusal of first/last stage layers that do not divide by the virtual stages."""
+    try:
+        auto = chunk_layers(n_layers, pp, interleave, deepspeed=deepspeed)
+    except ParallelConfigError:
+        return ""
+    stages = [sum(auto[v * pp + s] for v in range(interleave)) for s in range(pp)]
+    if len(set(auto)) == 1:
+        how = "Megatron-Core's default even split (no flag)"
+    elif account_split_chunks(n_layers, pp * interleave) == auto:
+        how = ("Megatron-Core builds this split with --account-for-embedding-in-pipeline-split "
+               "--account-for-loss-in-pipeline-split (the embedding and the loss each counted as a layer), or with "
+               "--pipeline-model-parallel-layout")
+    else:
+        how = "Megatron-Core builds this split with --pipeline-model-parallel-layout"
+    return (f". Leave out --pp-first-stage-layers/--pp-last-stage-layers: wattcast's automatic split of the model's "
+            f"{n_layers} layers gives stages [{_runs(stages)}] as {pp * interleave} virtual-stage chunks "
+            f"[{_runs(auto)}] in pipeline order (stage 0's virtual stages "
+            f"{' + '.join(str(auto[v * pp]) for v in range(interleave))}, stage {pp - 1}'s "
+            f"{' + '.join(str(auto[v * pp + pp - 1]) for v in range(interleave))}); {how}")
+
+
 def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | None = None, last: int | None = None,
                  deepspeed: bool = False) -> list[int]:
     """Transformer layers of each model chunk in pipeline order (chunk ``v x pp + s`` is virtual stage ``v`` of stage
@@ -318,8 +366,9 @@ def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | No
         if bad:
             i, n = bad[0]
             raise ParallelConfigError(
-                f"with --interleave {interleave}, every stage's layers must divide by it (Megatron-Core's rule): stage "
-                f"{i} has {n} (layers per stage: {stages})")
+                f"with --interleave {interleave}, every stage's layers must divide by it (Megatron-Core 0.16.1's rule: "
+                f"num_layers_in_first/last_pipeline_stage divide by the virtual pipeline size): stage {i} has {n} (layers per "
+                f"stage: {stages}){_automatic_split_hint(n_layers, pp, interleave, deepspeed)}")
     if min(stages) < interleave:
         raise ParallelConfigError(
             f"a stage has {min(stages)} layer(s), fewer than its {interleave} virtual stages (--interleave)")
