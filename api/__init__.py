@@ -403,7 +403,10 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     gradients plus a whole-model fp32 accumulation buffer, 6 B/param, and an fp32 accumulation pass every micro-batch:
     BLOOM-176B's), "bf16" DeepSpeed's ZeRO optimizer (2 B/param of bf16 gradients, flat bf16 and fp32 copies of the
     rank's partition at the step, autograd's accumulation into bf16 gradients); a warning where it changes nothing,
-    a ValueError under another framework (Megatron-Core's ``--accumulate-allreduce-grads-in-fp32`` is another knob).
+    a ValueError under hf. With ``framework="megatron"`` the dtype of Megatron-LM's main-gradient buffer: "bf16" is
+    its ``--grad-reduce-in-bf16`` (2 B/param of gradients, the DP reduction and tied-embedding all-reduce in bf16, the
+    optimizer's fp32 cast of the rank's shard at the step), "fp32" ``--accumulate-allreduce-grads-in-fp32`` (None:
+    Megatron-LM's default, fp32 for bf16; ``simulate.stage_memory.megatron_main_grad_bytes``).
     ``data_load_ms`` / ``data_workers``: the data loader's host time to produce one micro-batch (default 0: a tokenised
     stream) and its worker processes (None: the framework's, hf 0, megatron 2); the step also copies each micro-batch
     to the GPU and, with Megatron and TP > 1, broadcasts it (``simulate/data_loading.py``; ``comm["data_loading"]``).

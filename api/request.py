@@ -167,7 +167,8 @@ class PredictRequest:
     #: PyTorch FSDP's MixedPrecision.reduce_dtype (hf, ZeRO-3): "fp32", "bf16", "fp16"; None: the parameters' dtype
     fsdp_reduce_dtype: str | None = None
     #: DeepSpeed's data_types.grad_accum_dtype (megatron-deepspeed): "fp32" (BF16_Optimizer) or "bf16" (at ZeRO-1 its
-    #: ZeRO optimizer on bf16 gradients); None: the framework's ("fp32")
+    #: ZeRO optimizer on bf16 gradients); None: the framework's ("fp32"). Under megatron the main-gradient buffer's
+    #: dtype: "bf16" is Megatron-LM's --grad-reduce-in-bf16
     grad_accum_dtype: str | None = None
     #: Megatron-Core's --fp8-param-gather (a cluster step with dtype fp8, ZeRO >= 1, framework megatron)
     fp8_param_gather: bool = False
@@ -233,8 +234,9 @@ class PredictRequest:
                 raise ValueError("fsdp_reduce_dtype= and zero3_prefetch= describe FSDP's ZeRO-2/3 data parallelism "
                                  "(ZeRO-3; ZeRO-2 as SHARD_GRAD_OP under framework='hf'): give cluster= too")
             if self.grad_accum_dtype is not None:
-                raise ValueError("grad_accum_dtype= is DeepSpeed's gradient-accumulation dtype: give cluster= and "
-                                 "framework='megatron-deepspeed' too")
+                raise ValueError("grad_accum_dtype= is the gradient-accumulation dtype of a distributed step: give "
+                                 "cluster= and framework='megatron-deepspeed' (DeepSpeed's) or 'megatron' (Megatron-LM's "
+                                 "main gradients) too")
             if self.mtp_num_layers:
                 raise ValueError("mtp_num_layers= is Megatron-Core's multi-token prediction: give cluster= and "
                                  "framework='megatron' too")

@@ -25,6 +25,8 @@
     fsdp_reduce_dtype: fp32               # optional: FSDP's gradient reduce dtype, framework hf (as `--fsdp-reduce-dtype`)
     grad_accum_dtype: bf16                # optional: DeepSpeed's grad accumulation dtype, framework megatron-deepspeed
                                           # (as `--grad-accum-dtype`; default fp32, BF16_Optimizer)
+    grad_reduce_in_bf16: true             # optional: Megatron-LM's bf16 main gradients, framework megatron (as
+                                          # `--grad-reduce-in-bf16`; = grad_accum_dtype bf16 there)
     fp8_recipe: mxfp8                     # optional, with dtype fp8: Megatron-Core's --fp8-recipe (as `--fp8-recipe`)
     moe_token_dispatcher: allgather       # optional: Megatron-Core's MoE token dispatcher (as `--moe-token-dispatcher-type`)
     cross_entropy_loss_fusion: false      # optional: Megatron-Core's fused cross-entropy loss (framework megatron;
@@ -108,7 +110,10 @@ SPEC_KEYS = {
     "fsdp_reduce_dtype": "fp32, bf16 or fp16: PyTorch FSDP's MixedPrecision.reduce_dtype (framework hf, ZeRO-3; default: "
                          "the parameters' dtype)",
     "grad_accum_dtype": "fp32 or bf16: DeepSpeed's data_types.grad_accum_dtype (framework megatron-deepspeed; default "
-                        "fp32, BF16_Optimizer; bf16 at ZeRO-1: the ZeRO optimizer on bf16 gradients)",
+                        "fp32, BF16_Optimizer; bf16 at ZeRO-1: the ZeRO optimizer on bf16 gradients); framework "
+                        "megatron: the main-gradient buffer's dtype (bf16 = --grad-reduce-in-bf16)",
+    "grad_reduce_in_bf16": "true or false: Megatron-LM's --grad-reduce-in-bf16 (framework megatron): the main-gradient "
+                           "buffer in bf16, the same as grad_accum_dtype bf16 there (default false: fp32)",
     "fp8_recipe": "with dtype fp8: delayed (default), tensorwise, mxfp8 or blockwise: Megatron-Core's --fp8-recipe for "
                   "every strategy (a cluster whose GPU cannot run it gets none)",
     "moe_token_dispatcher": "alltoall (default) or allgather: Megatron-Core's --moe-token-dispatcher-type for every "
@@ -448,6 +453,14 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
         except ValueError as e:
             raise SweepSpecError(f"{where}: 'fsdp_reduce_dtype': {e}") from None
     accum_dtype = raw.get("grad_accum_dtype")
+    bf16_reduce = raw.get("grad_reduce_in_bf16")
+    if bf16_reduce is not None and not isinstance(bf16_reduce, bool):
+        raise SweepSpecError(f"{where}: 'grad_reduce_in_bf16' must be true or false, got {bf16_reduce!r}")
+    if bf16_reduce:  # Megatron-LM's flag: the bf16 of the one gradient-accumulation dtype
+        if accum_dtype is not None and str(accum_dtype).strip().lower() not in ("bf16", "bfloat16"):
+            raise SweepSpecError(f"{where}: 'grad_reduce_in_bf16' is grad_accum_dtype bf16; it contradicts "
+                                 f"'grad_accum_dtype': {accum_dtype!r}")
+        accum_dtype = "bf16"
     if accum_dtype is not None:
         from wattcast.featurize.workload import canonical_framework
         from wattcast.simulate.distributed import checked_grad_accum_dtype

@@ -583,7 +583,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ``simulate.distributed.FRAMEWORK_SCATTER_GATHER_P2P``).
     ``grad_accum_dtype``: DeepSpeed's ``data_types.grad_accum_dtype`` for every candidate under
     ``framework="megatron-deepspeed"`` ("fp32": ``BF16_Optimizer``; "bf16": at ZeRO-1 the ZeRO optimizer on bf16
-    gradients; None: the framework's, "fp32"; ``predict_cluster``'s); a ValueError under another framework.
+    gradients; None: the framework's, "fp32"; ``predict_cluster``'s); under ``framework="megatron"`` the
+    main-gradient buffer's dtype ("bf16": Megatron-LM's ``--grad-reduce-in-bf16``); a ValueError under hf.
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
     candidate (``simulate/data_loading.py``; default 0 ms and the framework's workers).
 

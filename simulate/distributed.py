@@ -80,6 +80,8 @@ from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCU
                                             fsdp_shard_grad_op, megatron_fsdp, pytorch_fsdp,
                                             capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
                                             held_gradient_bytes, inflight_chunks_by_stage,
+                                            MEGATRON_GRAD_CAST_BYTES_PER_PARAM, megatron_grad_cast,
+                                            megatron_main_grad_bytes,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
                                             stage_total_from_parts, userbuffer_bytes, weight_and_master_bytes)
 
@@ -361,18 +363,19 @@ def check_fp8_param_gather(given, *, graph_dtype: str, framework: str, zero: int
     return True
 
 
-def _grad_bytes(framework: str, dtype: str) -> int:
+def _grad_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = None) -> int:
     """Bytes per gradient element the data-parallel reduction moves, by framework default:
     PyTorch AMP keeps fp32 parameters, so fp32 gradients; DeepSpeed's fp16/bf16 engines all-reduce the
-    half-precision gradients; Megatron-LM reduces fp16 gradients as they are but forces fp32 main-gradient
-    accumulation (and reduction) for bf16 (``--accumulate-allreduce-grads-in-fp32``)."""
+    half-precision gradients; Megatron-LM reduces its main-gradient buffer, whose dtype
+    :func:`stage_memory.megatron_main_grad_bytes` gives (fp32 for bf16 unless ``--grad-reduce-in-bf16``,
+    ``grad_accum_dtype`` "bf16" here)."""
     db = DTYPE_BYTES[dtype]
     if db >= 4:
         return db
     if framework == "megatron-deepspeed":
         return db
     if framework == "megatron":
-        return 4 if dtype == "bf16" else db
+        return megatron_main_grad_bytes(dtype, grad_accum_dtype)
     return 4
 
 
@@ -380,7 +383,8 @@ def _grad_bytes(framework: str, dtype: str) -> int:
 FSDP_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 
 
-def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | None = None) -> int:
+def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | None = None,
+                    grad_accum_dtype: str | None = None) -> int:
     """Bytes per gradient element the data-parallel reduction moves: :func:`_grad_bytes`, except under PyTorch FSDP
     (``hf`` with ZeRO-2/3: ``SHARD_GRAD_OP`` / ``FULL_SHARD``) with half precision, which reduce-scatters in ``MixedPrecision.reduce_dtype``: ``reduce_dtype``
     if given, else the parameters' half-precision dtype (2 B; an fp8 recipe's are bf16). That default is what Hugging
@@ -389,7 +393,8 @@ def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | N
     torch's ``MixedPrecision`` does with ``reduce_dtype=None`` ("takes on the ``param_dtype`` value, still running
     gradient reduction in low precision", torch 2.13 ``torch/distributed/fsdp/api.py``) and Composer's / llm-foundry's
     ``mixed_precision: PURE``; Composer's ``DEFAULT`` reduces in fp32 (``composer/distributed/mosaic_parallelism.py``
-    ``get_mixed_precision``: ``reduce_dtype = torch.float32``): ``reduce_dtype="fp32"``."""
+    ``get_mixed_precision``: ``reduce_dtype = torch.float32``): ``reduce_dtype="fp32"``. ``grad_accum_dtype``:
+    Megatron's main-gradient dtype (:func:`_grad_bytes`; ignored by the other frameworks here)."""
     if reduce_dtype is not None:
         if reduce_dtype not in FSDP_REDUCE_DTYPES:
             raise ValueError(f"fsdp_reduce_dtype must be one of {', '.join(FSDP_REDUCE_DTYPES)} or None (the "
@@ -398,7 +403,7 @@ def dp_reduce_bytes(framework: str, dtype: str, zero: int, reduce_dtype: str | N
             raise ValueError(f"fsdp_reduce_dtype is PyTorch FSDP's MixedPrecision.reduce_dtype: it needs framework hf "
                              f"(got {framework})")
     if not pytorch_fsdp(framework, zero) or DTYPE_BYTES[dtype] >= 4:
-        return _grad_bytes(framework, dtype)
+        return _grad_bytes(framework, dtype, grad_accum_dtype if framework == "megatron" else None)
     return DTYPE_BYTES[reduce_dtype] if reduce_dtype is not None else 2
 
 
@@ -434,21 +439,23 @@ FRAMEWORK_GRAD_ACCUM_DTYPE = {"megatron-deepspeed": "fp32"}
 def checked_grad_accum_dtype(framework: str, given: str | None) -> str | None:
     """``given`` in its canonical name ("float32" -> "fp32", "bfloat16" -> "bf16", as ``--dtype`` reads them), or None;
     a ValueError unless it is one of :data:`GRAD_ACCUM_DTYPES` under ``framework`` megatron-deepspeed (DeepSpeed's
-    ``data_types.grad_accum_dtype``). Megatron-Core's ``--accumulate-allreduce-grads-in-fp32`` is another knob (main
-    gradients in fp32, which Megatron-LM sets for bf16 and wattcast always costs so under ``framework`` megatron: not
-    an option here); PyTorch AMP (hf) keeps fp32 gradients of fp32 parameters."""
+    ``data_types.grad_accum_dtype``) or megatron (the dtype of Megatron-LM's main-gradient buffer, one concept under
+    one name: "bf16" is Megatron-LM's ``--grad-reduce-in-bf16``, "fp32" its ``--accumulate-allreduce-grads-in-fp32``,
+    the default for bf16: :func:`stage_memory.megatron_main_grad_bytes`). PyTorch AMP (hf) keeps fp32 gradients of
+    fp32 parameters; its FSDP reduces in ``--fsdp-reduce-dtype``."""
     if given is None:
         return None
     name = canonical_dtype(given)
     if name not in GRAD_ACCUM_DTYPES:
         raise ValueError(f"grad_accum_dtype must be one of {', '.join(GRAD_ACCUM_DTYPES)} or None (the framework's "
                          f"default), got {given!r}")
-    if framework != "megatron-deepspeed":
-        raise ValueError(f"grad_accum_dtype (--grad-accum-dtype) is DeepSpeed's data_types.grad_accum_dtype: it needs "
-                         f"framework megatron-deepspeed (got {framework}). Megatron-Core's "
-                         f"--accumulate-allreduce-grads-in-fp32 is a different knob and not an option here: framework "
-                         f"megatron is costed with fp32 main gradients under bf16 (Megatron-LM sets it for bf16), and "
-                         f"hf (PyTorch AMP) with the fp32 gradients of its fp32 parameters")
+    if framework not in ("megatron-deepspeed", "megatron"):
+        raise ValueError(f"grad_accum_dtype (--grad-accum-dtype; --grad-reduce-in-bf16 is its bf16) is the "
+                         f"gradient-accumulation dtype of DeepSpeed (framework megatron-deepspeed: "
+                         f"data_types.grad_accum_dtype) or of Megatron-LM's main-gradient buffer (framework megatron: "
+                         f"--grad-reduce-in-bf16 / --accumulate-allreduce-grads-in-fp32); framework {framework} "
+                         f"(PyTorch AMP) keeps the fp32 gradients of its fp32 parameters: under FSDP (--zero 2/3) "
+                         f"choose the reduce-scatter dtype with --fsdp-reduce-dtype")
     return name
 
 
@@ -456,8 +463,13 @@ def resolved_grad_accum_dtype(framework: str, given: str | None, dtype: str, zer
     """The grad_accum_dtype a step reports (``parallel.grad_accum_dtype`` of its JSON): ``given`` (checked), else the
     framework's (:data:`FRAMEWORK_GRAD_ACCUM_DTYPE`) at ZeRO-1 and, at ZeRO-0/2/3, DeepSpeed 0.19.8's default, the
     model's bf16 (``get_data_types``, engine.py l. 1799-1810: ``BF16_Optimizer`` with a bf16 buffer at ZeRO-0, bf16
-    gradient partitions at ZeRO-2/3), for megatron-deepspeed with bf16 parameters; None elsewhere (DeepSpeed's fp16
-    engine and full precision are costed without it)."""
+    gradient partitions at ZeRO-2/3), for megatron-deepspeed with bf16 parameters; for megatron the main-gradient
+    buffer's dtype ("fp32" / "bf16", :func:`stage_memory.megatron_main_grad_bytes`) with bf16 parameters or when
+    "fp32" was given; None elsewhere (DeepSpeed's fp16 engine and full precision are costed without it)."""
+    if framework == "megatron":
+        if dtype == "bf16" or given == "fp32":
+            return "fp32" if megatron_main_grad_bytes(dtype, given) == 4 else "bf16"
+        return None
     if framework != "megatron-deepspeed" or dtype != "bf16":
         return None
     if given is not None:
@@ -467,8 +479,20 @@ def resolved_grad_accum_dtype(framework: str, given: str | None, dtype: str, zer
 
 def grad_accum_dtype_notes(given: str | None, framework: str, zero: int, dtype: str) -> list[str]:
     """A warning when ``grad_accum_dtype`` was given where it changes nothing (framework megatron-deepspeed: it
-    selects DeepSpeed's optimizer at ZeRO-1 with bf16 alone, :func:`stage_memory.deepspeed_zero_optimizer_bf16`)."""
-    if given is None or framework != "megatron-deepspeed":
+    selects DeepSpeed's optimizer at ZeRO-1 with bf16 alone, :func:`stage_memory.deepspeed_zero_optimizer_bf16`;
+    framework megatron: "bf16", ``--grad-reduce-in-bf16``, under fp16 / fp32 parameters, which Megatron-LM reads only
+    with ``--bf16``, ``arguments.py`` l. 1181-1194 of the 0.19.2 tree, and "fp32" under fp32 parameters)."""
+    if given is None:
+        return []
+    if framework == "megatron":
+        if given == "bf16" and dtype != "bf16":
+            return [f"grad_accum_dtype=bf16 (--grad-reduce-in-bf16) has no effect under {dtype}: Megatron-LM reads it "
+                    "only with --bf16 (arguments.py); the main gradients are in the parameters' dtype (Megatron-Core "
+                    "DistributedDataParallel: grad_dtype = param.dtype without grad_reduce_in_fp32)"]
+        if given == "fp32" and DTYPE_BYTES.get(dtype, 2) >= 4:
+            return [f"grad_accum_dtype=fp32 has no effect under {dtype}: the main gradients are fp32 already"]
+        return []
+    if framework != "megatron-deepspeed":
         return []
     if dtype != "bf16":
         return [f"grad_accum_dtype={given} has no effect under {dtype}: it chooses between DeepSpeed's BF16_Optimizer "
@@ -525,8 +549,8 @@ def grad_accumulation_bytes(framework: str, dtype: str, grad_accum_dtype: str | 
       ``param.grad`` (DeepSpeed 0.19.8 ``stage_1_and_2.py``: no separate accumulation buffer when the accumulation
       dtype is the model's, l. 394-404; stage 1 reduces only at the accumulation boundary, ``engine.py``
       ``allreduce_gradients`` l. 3088-3092), as the fp16 engine.
-    - Megatron-LM: gradient-accumulation fusion, the default, accumulates into the fp32 main gradients inside
-      the weight-gradient GEMMs: no separate pass.
+    - Megatron-LM: gradient-accumulation fusion, the default, accumulates into the main gradients (fp32, bf16 under
+      ``--grad-reduce-in-bf16``) inside the weight-gradient GEMMs: no separate pass.
     """
     if framework == "megatron":
         return 0.0, False
@@ -834,11 +858,13 @@ def tied_grad_bytes(framework: str, dtype: str, grad_accum_dtype: str | None = N
       "bf16": DeepSpeed 0.19.8 ``runtime/pipe/engine.py`` l. 283); ``_hp_grad`` is in ``BF16_Optimizer``'s
       accumulation dtype (``stage_memory.deepspeed_bf16_optimizer_accum``: bf16 at ZeRO-0 by default in 0.19.8), and
       no ``BF16_Optimizer`` runs at ZeRO-2/3;
-    - PyTorch (``hf``): AMP's fp32 ``.grad``."""
+    - PyTorch (``hf``): AMP's fp32 ``.grad``.
+
+    Under Megatron ``grad_accum_dtype`` is the main-gradient buffer's dtype (bf16: ``--grad-reduce-in-bf16``)."""
     if framework == "megatron-deepspeed":
         acc = deepspeed_bf16_optimizer_accum(framework, dtype, zero, grad_accum_dtype)
         return DTYPE_BYTES[dtype] if acc is None else DTYPE_BYTES[acc]
-    return _grad_bytes(framework, dtype)
+    return _grad_bytes(framework, dtype, grad_accum_dtype if framework == "megatron" else None)
 
 
 def tied_grads_before_dp(framework: str) -> bool:
@@ -2597,6 +2623,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # all-reduces the whole gradient buffer (allreduce_bucket: dist.all_reduce, engine.py l. 3808-3816), not the
     # reduce-scatter a distributed optimizer runs
     bf16_opt = bf16_optimizer_runs(opts.framework, par.zero, ds_acc)
+    # Megatron-Core's optimizer casting bf16 main gradients (--grad-reduce-in-bf16) to fp32 at the step
+    megatron_cast = megatron_grad_cast(opts.framework, dtype, par.zero, opts.optimizer, ctx.grad_accum_dtype)
     par_dp = replace(par, zero=max(int(par.zero), 1)) if bf16_opt else par
     dp_op = dp_reduce_op(opts.framework, par.zero, bf16_opt)
     layer_wise = muon_layer_wise(opts.framework, opts.optimizer, par.zero)
@@ -2672,7 +2700,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             tens, stage_t = layer_wise_tensors()
             lw_state = sums[lw_key] = layer_wise_state_shares(
                 tens, stage_t, P, dp_n, weight_and_master_bytes(opts.framework, par.zero, db)[1])
-    state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype),
+    state_kw = dict(dtype_bytes=db, grad_bytes=_grad_bytes(opts.framework, dtype, ctx.grad_accum_dtype),
                     held_grad_bytes=held_gradient_bytes(opts.framework, dtype, db, par.zero, ctx.grad_accum_dtype),
                     optimizer=opts.optimizer, optimizer_impl=g.meta.get("optimizer_impl"),
                     zero=par.zero, dp=dp_n, framework=opts.framework, block_params=block_params,
@@ -2686,7 +2714,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                         if megatron_fsdp(opts.framework, par.zero) and par.zero == 2 else float("inf")),
                     fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed",
                                                                          bool(g.meta.get("fp8_transpose", True))),
-                    muon_fraction=muon_frac, layer_wise_shares=lw_state)
+                    muon_fraction=muon_frac, layer_wise_shares=lw_state,
+                    # Megatron-Core's fp32 copy of bf16 main gradients at the step (--grad-reduce-in-bf16)
+                    main_grad_cast=megatron_cast)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
     ub_bytes = (userbuffer_bytes(tokens=seq * par.micro_batch / par.cp, hidden=int(g.meta.get("hidden") or 0),
@@ -2701,7 +2731,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                       *(state_kw[k] for k in ("dtype_bytes", "grad_bytes", "held_grad_bytes", "optimizer", "zero", "dp",
                                               "framework", "block_params", "expert_dp", "reduce_bytes",
                                               "zero3_prefetch", "grad_accum_dtype", "fp8_copy_bytes_per_param",
-                                              "grad_bucket_params", "optimizer_impl")),
+                                              "grad_bucket_params", "optimizer_impl", "main_grad_cast")),
                       None if muon_frac is None else muon_frac.tobytes(),
                       None if lw_state is None else np.concatenate(lw_state).tobytes())
                      if memo is not None else ("states", P, V, par.zero, dp_n, edp_n, ctx.fp8_param_gather,
@@ -2816,7 +2846,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     # the bf16 bytes BF16_Optimizer's all-reduce sends (DeepSpeed 0.19.8 casts its fp32 buffer to the default
     # communication_data_type, the model's bf16: stage_memory.bf16_optimizer_reduce_bytes), as the ZeRO optimizer's
-    grad_b = dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype)
+    grad_b = dp_reduce_bytes(opts.framework, dtype, par.zero, ctx.fsdp_reduce_dtype, ctx.grad_accum_dtype)
     bucket_params = dp_bucket_params(opts.framework, par, lay["dp"].size, grad_b)
     # the tied embedding's gradient all-reduce between the first and the last stage (Megatron-Core's
     # _allreduce_embedding_grads, DeepSpeed's _exec_reduce_tied_grads): once per step, a 2-rank all-reduce of the copy's
@@ -2921,6 +2951,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     if bf16_opt and g.meta.get("optimizer", "none") != "none":
         whole_b, part_b = bf16_optimizer_step_bytes(ds_acc, dp_n, bool(g.meta.get("clip_grad", True)))
         bf16_step_ms = np.maximum(params_stage * (whole_b + part_b * opt_share), 0.0) / (stream_gbps * 1e9) * 1e3
+    elif megatron_cast:
+        # Megatron-Core's cast of the bf16 main gradients of the parameters the rank steps to fp32 for its Adam
+        # (--grad-reduce-in-bf16: stage_memory.MEGATRON_GRAD_CAST_BYTES_PER_PARAM), streamed in the optimizer phase
+        bf16_step_ms = params_stage * opt_share * MEGATRON_GRAD_CAST_BYTES_PER_PARAM / (stream_gbps * 1e9) * 1e3
     b_nc = b_nc + acc_ms
     # getting each micro-batch onto the GPU (simulate/data_loading.py): the loader's exposed host time, the copy, the
     # TP broadcast and the derived kernels, in the forward of the chunks that read the batch (first and last)

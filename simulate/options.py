@@ -77,7 +77,10 @@ class DistributedOptions:
     #: DeepSpeed's ``data_types.grad_accum_dtype`` (``framework="megatron-deepspeed"`` only): "fp32" runs
     #: ``BF16_Optimizer`` (bf16 ``param.grad`` + a whole-model fp32 accumulation buffer, an fp32 accumulation pass
     #: every micro-batch), "bf16" at ZeRO-1 the ZeRO optimizer on bf16 gradients (2 B/param, partition copies at the
-    #: step); None: the framework's, "fp32" as BLOOM-176B ran (``simulate.distributed.FRAMEWORK_GRAD_ACCUM_DTYPE``)
+    #: step); None: the framework's, "fp32" as BLOOM-176B ran (``simulate.distributed.FRAMEWORK_GRAD_ACCUM_DTYPE``).
+    #: Under ``framework="megatron"`` the dtype of Megatron-LM's main-gradient buffer: "bf16" is its
+    #: ``--grad-reduce-in-bf16``, "fp32" ``--accumulate-allreduce-grads-in-fp32`` (None: Megatron-LM's default, fp32
+    #: for bf16; ``simulate.stage_memory.megatron_main_grad_bytes``)
     grad_accum_dtype: str | None = None
     #: DeepSpeed's ``BF16_Optimizer.clear_lp_grads`` before each backward (``framework="megatron-deepspeed"``, where
     #: BF16_Optimizer runs): "zero", DeepSpeed 0.19.8's (``torch._foreach_zero_`` on the bf16 ``param.grad``,

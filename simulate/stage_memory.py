@@ -51,7 +51,9 @@ every term cites the equation or the framework code it follows. Units are in the
   default): taken as 32 MiB.
 - Gradients are held in the dtype the framework keeps them in: fp32 for PyTorch AMP (fp32 parameters) and for
   Megatron-LM with bf16 (``--accumulate-allreduce-grads-in-fp32``, which Megatron sets for bf16; its theoretical
-  memory formula assumes it), the half-precision dtype for Megatron-LM fp16, DeepSpeed ZeRO-2/3's gradient
+  memory formula assumes it; bf16 under ``--grad-reduce-in-bf16``, ``grad_accum_dtype="bf16"``, with the optimizer's
+  fp32 copy of the rank's shard after the backward: :func:`megatron_main_grad_bytes`, :func:`main_grad_cast_bytes`),
+  the half-precision dtype for Megatron-LM fp16, DeepSpeed ZeRO-2/3's gradient
   partitions (:func:`held_gradient_bytes`) and DeepSpeed's fp16 engine (its fp32
   master gradients are made at the optimizer step, after the activations are freed), half plus fp32 for
   DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch), which
@@ -82,6 +84,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.training_graph import optimizer_state_bytes
 
 GB = 1e9
@@ -270,6 +273,59 @@ def bf16_optimizer_state_zero(framework: str, zero: int, grad_accum_dtype: str |
     return 1 if int(zero) == 0 and bf16_optimizer_runs(framework, zero, grad_accum_dtype) else int(zero)
 
 
+def megatron_main_grad_bytes(dtype: str, grad_accum_dtype: str | None = None) -> int:
+    """Bytes per element of Megatron-LM's main-gradient buffer (``main_grad``, which the weight-gradient GEMMs
+    accumulate into and the data-parallel reduce-scatter / all-reduce moves). Megatron-Core 0.16.1
+    ``distributed/distributed_data_parallel.py`` l. 147: ``grad_dtype = torch.float if
+    self.ddp_config.grad_reduce_in_fp32 else param.dtype``; Megatron-LM passes ``grad_reduce_in_fp32 =
+    args.accumulate_allreduce_grads_in_fp32`` (``megatron/training/training.py`` l. 1988 of the 0.19.2 tree), which
+    ``arguments.py`` (l. 1181-1194) turns on for ``--bf16`` unless ``--grad-reduce-in-bf16`` (read only under
+    ``--bf16``). ``grad_accum_dtype`` (wattcast's one name for the gradient-accumulation dtype): "bf16" is
+    ``--grad-reduce-in-bf16`` (the parameters' bf16; no effect under fp16 / fp32 parameters, as in Megatron-LM),
+    "fp32" ``--accumulate-allreduce-grads-in-fp32`` (fp32 under fp16 parameters too), None Megatron-LM's default
+    (fp32 for bf16, else the parameters' dtype)."""
+    db = DTYPE_BYTES.get(dtype, 4)
+    if db >= 4 or grad_accum_dtype == "fp32":
+        return 4
+    if grad_accum_dtype == "bf16":
+        return db
+    return 4 if dtype == "bf16" else db
+
+
+#: bytes per parameter Megatron-Core's mixed-precision optimizer moves at the step to cast a bf16 main gradient to the
+#: fp32 gradient its Adam reads (read 2, write 4): distributed optimizer ``_copy_model_grads_to_main_grads``
+#: (megatron-core 0.16.1 ``optimizer/distrib_optimizer.py`` l. 2386-2419, ``shard_main_param.grad =
+#: shard_model_grad.float()``, the rank's shard), ``Float16OptimizerWithFloat16Params`` (``optimizer/optimizer.py``
+#: l. 754-761, ``main_param.grad = model_param.main_grad.float()``, every parameter); with fp32 main gradients
+#: ``.float()`` returns the tensor itself (no pass, no copy)
+MEGATRON_GRAD_CAST_BYTES_PER_PARAM = 2.0 + 4.0
+#: the fp32 gradient that cast makes, held from the step until the next ``zero_grad`` (bytes per parameter whose step
+#: the rank runs)
+MEGATRON_GRAD_CAST_HELD_BYTES_PER_PARAM = 4.0
+
+
+def megatron_grad_cast(framework: str, dtype: str, zero: int, optimizer: str,
+                       grad_accum_dtype: str | None = None) -> bool:
+    """Whether Megatron-Core's optimizer casts bf16 main gradients to fp32 at the step
+    (:data:`MEGATRON_GRAD_CAST_BYTES_PER_PARAM`): ``megatron`` with a bf16 main-gradient buffer
+    (:func:`megatron_main_grad_bytes` 2 B under bf16 parameters), ZeRO-0/1 (Megatron-FSDP, ZeRO-2/3, returns before
+    the copy: ``distrib_optimizer.py`` l. 2397-2398), an optimizer with a step, and not the precision-aware optimizer
+    (``adamw-bf16``: ``shard_main_param.decoupled_grad = shard_model_grad``, the bf16 view, l. 2410-2416)."""
+    return (framework == "megatron" and dtype == "bf16" and int(zero) <= 1
+            and str(optimizer).lower() not in ("none", "adamw-bf16")
+            and megatron_main_grad_bytes(dtype, grad_accum_dtype) == 2)
+
+
+def main_grad_cast_bytes(params, expert_params, groups: tuple[int, int], cast: bool):
+    """Bytes of the fp32 gradients Megatron-Core's optimizer makes from bf16 main gradients at the step
+    (:data:`MEGATRON_GRAD_CAST_HELD_BYTES_PER_PARAM` per parameter whose step the rank runs: sharded over ``groups``,
+    ZeRO's level 1, as the master weights), held after the last backward beside the model states; 0 unless ``cast``
+    (:func:`megatron_grad_cast`)."""
+    if not cast:
+        return 0.0
+    return _sharded(lambda x: x * MEGATRON_GRAD_CAST_HELD_BYTES_PER_PARAM, params, expert_params, *groups)
+
+
 def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int = 0,
                         grad_accum_dtype: str | None = None) -> int:
     """Bytes per parameter of the gradients a framework holds through the backward passes (module docstring).
@@ -297,8 +353,8 @@ def held_gradient_bytes(framework: str, dtype: str, dtype_bytes: int, zero: int 
     given (None: the default), resolved with ``zero``."""
     if dtype_bytes >= 4:
         return dtype_bytes
-    if framework == "megatron":
-        return 4 if dtype == "bf16" else dtype_bytes
+    if framework == "megatron":  # the main-gradient buffer (--grad-reduce-in-bf16: grad_accum_dtype "bf16")
+        return megatron_main_grad_bytes(dtype, grad_accum_dtype)
     if framework == "megatron-deepspeed":
         acc = deepspeed_bf16_optimizer_accum(framework, dtype, zero, grad_accum_dtype)
         # BF16_Optimizer: the bf16 param.grad + its whole flat accumulation buffer in grad_acc_dtype (l. 191)
@@ -708,7 +764,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                  reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                  grad_accum_dtype: str | None = None,
                  grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                 muon_fraction=None, layer_wise_shares=None) -> StageMemory:
+                 muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -730,6 +786,9 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                                  block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
     after = after + foreach_step_bytes(st["optimizer_bytes"], optimizer, optimizer_impl)  # 0 unless foreach
+    after = after + main_grad_cast_bytes(params, expert_params,
+                                         _zero_groups(bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp,
+                                                      expert_dp, framework)[1], main_grad_cast)
     grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
                         head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
@@ -785,7 +844,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                     grad_accum_dtype: str | None = None,
                     grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                    muon_fraction=None, layer_wise_shares=None) -> dict[str, np.ndarray]:
+                    muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -801,6 +860,9 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                                  dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
     after = after + foreach_step_bytes(st["optimizer_bytes"], optimizer, optimizer_impl)  # 0 unless foreach
+    after = after + main_grad_cast_bytes(params, expert_params,
+                                         _zero_groups(bf16_optimizer_state_zero(framework, zero, grad_accum_dtype), dp,
+                                                      expert_dp, framework)[1], main_grad_cast)
     grads = _fsdp_grads(framework, zero, dp, params=params, grad_bytes=grad_bytes, block_params=block_params,
                         head_params=head_params,
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
@@ -831,7 +893,7 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                    grad_accum_dtype: str | None = None,
                    grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                   muon_fraction=None, layer_wise_shares=None) -> np.ndarray:
+                   muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
@@ -842,7 +904,7 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                               head_params=head_params, reduce_bytes=reduce_bytes, zero3_prefetch=zero3_prefetch,
                               grad_accum_dtype=grad_accum_dtype, grad_bucket_params=grad_bucket_params,
                               optimizer_impl=optimizer_impl, muon_fraction=muon_fraction,
-                              layer_wise_shares=layer_wise_shares)
+                              layer_wise_shares=layer_wise_shares, main_grad_cast=main_grad_cast)
     return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
 
 
@@ -854,7 +916,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
                       head_params: np.ndarray | float = 0.0, reduce_bytes: int | None = None,
                       zero3_prefetch: bool = False, grad_accum_dtype: str | None = None,
                       grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                      muon_fraction=None, layer_wise_shares=None) -> tuple:
+                      muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False) -> tuple:
     """What :func:`stage_total_gb` needs besides the activations, which alone depend on the schedule (a search
     keeps it per stage split, ZeRO stage, DP and expert-DP size): (weights + master weights + gradients + optimizer
     states, in that order of addition; buffers held during the passes; buffers after the last backward), bytes per
@@ -885,6 +947,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
               + _sharded(lambda x: x * held_grad_bytes, params, ex, *g[2])
               + o)
     after = after + foreach_step_bytes(o, optimizer, optimizer_impl)  # the foreach step's temporary (else 0)
+    after = after + main_grad_cast_bytes(params, ex, g[1], main_grad_cast)  # Megatron's fp32 copy of bf16 grads
     return states, during, after
 
 

@@ -113,11 +113,12 @@ def test_no_effect_is_a_warning_and_other_frameworks_are_refused():
     b = wattcast.predict_cluster("gpt2", "DGX-A100", **dict(JOB, zero=0))
     assert a.step_time_ms == b.step_time_ms and a.memory == b.memory
     assert not any("grad_accum_dtype" in w for w in a.meta.get("warnings", []))
-    for fw in ("megatron", "hf"):
-        with pytest.raises(ValueError, match="accumulate-allreduce-grads-in-fp32"):
-            wattcast.predict_cluster("gpt2", "DGX-A100", **dict(JOB, framework=fw), grad_accum_dtype="fp32")
-        with pytest.raises(ValueError, match="needs framework megatron-deepspeed"):
-            wattcast.search("gpt2", "DGX-A100", 8, 32, 1024, framework=fw, grad_accum_dtype="bf16", max_configs=5)
+    # hf refused (pointing to --fsdp-reduce-dtype); megatron takes it as its main-gradient dtype
+    # (tests/test_grad_reduce_in_bf16.py)
+    with pytest.raises(ValueError, match="fsdp-reduce-dtype"):
+        wattcast.predict_cluster("gpt2", "DGX-A100", **dict(JOB, framework="hf"), grad_accum_dtype="fp32")
+    with pytest.raises(ValueError, match="framework hf"):
+        wattcast.search("gpt2", "DGX-A100", 8, 32, 1024, framework="hf", grad_accum_dtype="bf16", max_configs=5)
     with pytest.raises(ValueError, match="grad_accum_dtype must be one of fp32, bf16"):
         checked_grad_accum_dtype("megatron-deepspeed", "fp16")
     assert checked_grad_accum_dtype("megatron-deepspeed", "BFloat16") == "bf16"
@@ -138,8 +139,8 @@ def test_cli_flag_request_search_and_sweep():
         assert d["step_time_ms"] == pytest.approx(ref.step_time_ms, rel=1e-12)
         out[value] = d["memory"]["gradients_gb"]
     assert out["fp32"] == pytest.approx(3 * out["bf16"], rel=1e-9)
-    bad = runner.invoke(app, [a if a != "megatron-deepspeed" else "megatron" for a in ARGS] + ["--grad-accum-dtype", "bf16"])
-    assert bad.exit_code != 0 and "accumulate-allreduce-grads-in-fp32" in " ".join(bad.output.split())
+    bad = runner.invoke(app, [a if a != "megatron-deepspeed" else "hf" for a in ARGS] + ["--grad-accum-dtype", "bf16"])
+    assert bad.exit_code != 0 and "--fsdp-reduce-dtype" in " ".join(bad.output.split())
     single = runner.invoke(app, ["predict", "-m", "gpt2", "-d", "A100-SXM4-80GB", "--grad-accum-dtype", "bf16"])
     assert single.exit_code == 2 and "needs --cluster" in " ".join(single.output.split())
     req = wattcast.request.PredictRequest(model="gpt2", cluster="DGX-A100", batch=32, seq=1024, dtype="bf16",
@@ -171,5 +172,5 @@ def test_cli_flag_request_search_and_sweep():
     plain, bf16 = load_spec(spec).tasks()[0], load_spec(dict(spec, grad_accum_dtype="bf16")).tasks()[0]
     assert "grad_accum_dtype" not in plain and bf16["grad_accum_dtype"] == "bf16"
     assert bf16["task_id"] != plain["task_id"]
-    with pytest.raises(SweepSpecError, match="needs framework megatron-deepspeed"):
-        load_spec(dict(spec, grad_accum_dtype="bf16", framework="megatron"))
+    with pytest.raises(SweepSpecError, match="fsdp-reduce-dtype"):
+        load_spec(dict(spec, grad_accum_dtype="bf16", framework="hf"))
