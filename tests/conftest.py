@@ -48,6 +48,18 @@ def data_root() -> Path:
         pytest.skip(f"public kernel data not available: {e}")
 
 
+def load_script(path: Path, name: str):
+    """The module of a repository script outside the package (a benchmark, an example), loaded from its file and
+    registered in ``sys.modules`` (dataclasses resolve annotations through it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def cli_env(data: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(_QUIET_ENV)

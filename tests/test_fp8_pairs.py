@@ -3,21 +3,19 @@ benchmark itself predicts through the shipped bundle and is not run here)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from conftest import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "fp8_pairs.py"
 
 
 @pytest.fixture(scope="module")
 def fp8_pairs():
-    spec = importlib.util.spec_from_file_location("fp8_pairs", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "fp8_pairs")
 
 
 def _table(root: Path) -> None:

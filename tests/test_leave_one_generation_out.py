@@ -3,22 +3,20 @@ frame; the benchmark itself takes minutes and is not run here)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import load_script
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "leave_one_generation_out.py"
 
 
 @pytest.fixture(scope="module")
 def logo():
-    spec = importlib.util.spec_from_file_location("leave_one_generation_out", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "leave_one_generation_out")
 
 
 def _rows() -> pd.DataFrame:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import load_script
 from wattcast.data.catalog import resolve_device
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.models import kernel_predictor as kp
@@ -21,10 +21,7 @@ pytestmark = pytest.mark.skipif(lgbm_forest._walk_rows is None, reason="numba is
 
 def _bench_generator():
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_kernels.py"
-    spec = importlib.util.spec_from_file_location("bench_kernels_for_tests", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.random_kernels
+    return load_script(path, "bench_kernels_for_tests").random_kernels
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 import wattcast
-from conftest import flat
+from conftest import flat, load_script
 from wattcast.cli import app
 from wattcast.data import carbon
 from wattcast.data.catalog import load_catalog
@@ -361,14 +361,10 @@ def test_cli_implausible_electricity_price_names_the_flag():
 
 # ------------------------------------------------------------------------------------------ the check script
 def _validator():
-    import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_price_tables.py"
-    spec = importlib.util.spec_from_file_location("validate_price_tables", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(path, "validate_price_tables")
 
 
 def test_price_check_script_finds_agreement_difference_and_missing_rows(tmp_path):

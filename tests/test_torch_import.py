@@ -3,7 +3,6 @@ accounting, the training graph derived from it, flagged unmapped ops and export 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
@@ -12,7 +11,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from conftest import EXAMPLES  # noqa: E402
+from conftest import EXAMPLES, load_script  # noqa: E402
 
 from wattcast.featurize.op_graph import GraphError  # noqa: E402
 from wattcast.featurize.torch_import import graph_from_module  # noqa: E402
@@ -20,11 +19,7 @@ from wattcast.featurize.training_graph import training_graph  # noqa: E402
 
 
 def _load_nanogpt():
-    spec = importlib.util.spec_from_file_location("wattcast_example_nanogpt", EXAMPLES / "nanogpt.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(EXAMPLES / "nanogpt.py", "wattcast_example_nanogpt")
 
 
 nanogpt = _load_nanogpt()
