@@ -579,7 +579,7 @@ def _int_list_flag(values, flag: str, minimum: int = 1) -> tuple[int, ...] | Non
 def _str_list_flag(values) -> tuple[str, ...] | None:
     """A repeatable text flag (``--cp-comm-type p2p --cp-comm-type a2a`` or ``p2p,a2a``) as a tuple; None when not given
     (the search checks each element, naming it)."""
-    return tuple(e for e in _list_elements(values)) or None
+    return tuple(_list_elements(values)) or None
 
 
 def _parallel_flags(ctx, f) -> dict:

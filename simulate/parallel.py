@@ -15,6 +15,8 @@ only (ZeRO-1), and DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only, 
 
 from __future__ import annotations
 
+import itertools
+
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -294,14 +296,10 @@ def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last
 
 def _runs(counts: list[int]) -> str:
     """Layer counts written by runs: [3, 4, 4, 4, 3] as "3, 4 x 3, 3"."""
-    out: list[str] = []
-    i = 0
-    while i < len(counts):
-        j = i
-        while j < len(counts) and counts[j] == counts[i]:
-            j += 1
-        out.append(f"{counts[i]} x {j - i}" if j - i > 2 else ", ".join([str(counts[i])] * (j - i)))
-        i = j
+    out = []
+    for value, group in itertools.groupby(counts):
+        n = len(list(group))
+        out.append(f"{value} x {n}" if n > 2 else ", ".join([str(value)] * n))
     return ", ".join(out)
 
 
