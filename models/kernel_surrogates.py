@@ -40,15 +40,17 @@ COMPILED_MIN_ROWS = 2048
 COMPILE_AFTER_ROWS = 65_536
 _lgbm_large_rows = [0]  # rows of matrices >= COMPILED_MIN_ROWS LightGBM predicted in this process
 
-#: rows per block of the MLP forward pass (2048 x 128 float32 activations = 1 MiB)
+#: rows per block of the MLP forward pass (2048 x 128 float32 activations = 1 MiB).
+#:
+#: How a row's MLP prediction stays the same bits whatever it is predicted with (tests/test_surrogate_protocol.py checks
+#: it): each layer's GEMM takes float32 activations and weights, accumulates in float64 and rounds to float32. A
+#: product of two float32 values is exact in float64 (24 + 24 < 53 mantissa bits), so the float64 sums of a row differ
+#: between BLAS code paths (micro-tile remainders, one-row gemv, a CPU's own kernels: OpenBLAS DYNAMIC_ARCH picks
+#: Haswell, SkylakeX or Zen kernels, and a small-matrix path below a size threshold) by a few float64 ulps at most,
+#: which the rounding to float32 removes unless the sum lies that close to a float32 rounding midpoint (about 1e-8
+#: of elements). Before (stop 51), float32 GEMMs padded to whole 64-row micro-tiles were exact on one CPU and not on
+#: another: an AMD EPYC rounded ~1 float32 ulp differently for 16 of 2,420 rows depending on the batch.
 _MLP_BLOCK = 2048
-#: every GEMM of the MLP forward pass gets a multiple of this many rows (a block's last rows zero-padded): BLAS
-#: kernels take a matrix's rows in micro-tiles of up to 16 (OpenBLAS: kernel/x86_64/KERNEL.HASWELL / SKYLAKEX,
-#: SGEMM_UNROLL_M/N 4..16; sgemv_t 4 columns at a time) and handle a ragged remainder with other code (and a
-#: one-row product with gemv), whose float32 sums round differently. With whole micro-tiles only, a row's result no
-#: longer depends on how many rows it was predicted with (tests/test_kernel_surrogates.py checks it bit for bit),
-#: so a kernel cached from one batch equals the same kernel predicted in another.
-_MLP_ROW_QUANTUM = 64
 
 _blas_lock = threading.Lock()
 _blas = {"controller": None, "limiter": None, "depth": 0}
@@ -118,7 +120,7 @@ def distinct_matrix_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(a representative of each group of identical rows of the float64 matrix ``A``, the group of every row), rows
     identical when every value is, bit for bit; None when no two rows are (or a hash collision would merge two that
     differ: every group is checked). A row's surrogate prediction depends on that row alone (LightGBM walks each row
-    through the trees; the MLP's GEMMs are padded to whole micro-tiles, :data:`_MLP_ROW_QUANTUM`), so identical rows --
+    through the trees; the MLP's GEMMs accumulate in float64 and round to float32, :data:`_MLP_BLOCK`), so identical rows --
     two kernels that differ only where no feature looks, ``add`` and ``mul`` of one shape -- need predicting once."""
     n = len(A)
     if n < 2 or A.ndim != 2 or A.dtype != np.float64:
@@ -287,6 +289,8 @@ class MLPSurrogate:
         self.layers = [
             (np.ascontiguousarray(weights[f"w{i}"].T, dtype=np.float32), weights[f"b{i}"].astype(np.float32)) for i in range(n_layers)
         ]
+        # the same float32 values held as float64 for the forward pass's float64 accumulation (predict_matrix)
+        self._layers64 = [(wt.astype(np.float64), b.astype(np.float64)) for wt, b in self.layers]
 
     def weights(self) -> dict[str, np.ndarray]:
         """The arrays that rebuild this model (saved as safetensors)."""
@@ -309,9 +313,9 @@ class MLPSurrogate:
 
         The arithmetic of the plain forward pass (impute, clip, standardise in float64, then float32 layers
         with SiLU(z) = z x 1 / (1 + exp(-z))), done in place, in row blocks, with BLAS on one thread. A row's
-        result does not depend on the other rows: every GEMM gets a whole number of :data:`_MLP_ROW_QUANTUM` rows
-        (before, a ragged block could round a row ~1 float32 ulp of the logit differently, so a kernel's cached
-        prediction depended on what else was predicted with it first).
+        result does not depend on the other rows: each GEMM accumulates in float64 and rounds to float32 (see the
+        comment above :data:`_MLP_BLOCK`; float32 BLAS could round a row ~1 float32 ulp of the logit differently
+        with the batch, so a kernel's cached prediction depended on what else was predicted with it first).
         """
         z = np.array(A, dtype=np.float64, order="C", copy=True)  # worked on in place below
         if len(z) == 0:
@@ -331,12 +335,11 @@ class MLPSurrogate:
             for s in range(0, len(x), _MLP_BLOCK):
                 h = x[s : s + _MLP_BLOCK]
                 rows = len(h)
-                if rows % _MLP_ROW_QUANTUM:
-                    h = np.concatenate([h, np.zeros((-rows % _MLP_ROW_QUANTUM, h.shape[1]), dtype=h.dtype)])
                 t = None
-                for i, (wt, b) in enumerate(self.layers):
-                    h = h @ wt
-                    h += b
+                for i, (wt, b) in enumerate(self._layers64):
+                    acc = h.astype(np.float64) @ wt  # exact float32 products, float64 sums
+                    acc += b
+                    h = acc.astype(np.float32)
                     if i < last:  # SiLU, in place: h *= 1 / (1 + exp(-clip(h, -60, 60)))
                         if t is None or t.shape != h.shape:
                             t = np.empty_like(h)
