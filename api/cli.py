@@ -425,8 +425,8 @@ def predict(
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="With --zero 3 (FSDP; and --framework hf --zero 2, FSDP SHARD_GRAD_OP): run each layer's parameter all-gathers and gradient reduce-scatters beside the computation, or in series with it (default: in series for --framework hf, as measured on MosaicML's PyTorch FSDP runs; prefetched for megatron and megatron-deepspeed)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="With --framework hf and --zero 2 or 3 (PyTorch FSDP) under bf16/fp16: MixedPrecision.reduce_dtype, the dtype of the gradient reduce-scatters: fp32, bf16 or fp16 (default: the parameters' dtype, as Accelerate and torch's MixedPrecision have it; Composer/llm-foundry's mixed_precision DEFAULT is fp32)."),
-    grad_accum_dtype: Optional[str] = typer.Option(None, "--grad-accum-dtype", help="DeepSpeed's data_types.grad_accum_dtype (--framework megatron-deepspeed; megatron: see the end): fp32 or bf16. Under bf16 at --zero 1, fp32 runs BF16_Optimizer (bf16 gradients + a whole-model fp32 accumulation buffer, 6 B/param, an fp32 accumulation pass every micro-batch; BLOOM-176B's, the default) and bf16 DeepSpeed's ZeRO optimizer (2 B/param of bf16 gradients, flat bf16 + fp32 copies of the rank's partition at the step). At --zero 0 DeepSpeed 0.19.8 runs BF16_Optimizer with a bf16 buffer (bf16, the default there; fp32, which it refuses, is costed as the older DeepSpeed BLOOM ran, with a warning). No effect at --zero 2/3 (a warning). Under --framework megatron the dtype of Megatron-LM's main-gradient buffer: bf16 is --grad-reduce-in-bf16, fp32 --accumulate-allreduce-grads-in-fp32 (Megatron-LM's default for bf16)."),
-    grad_reduce_in_bf16: bool = typer.Option(False, "--grad-reduce-in-bf16", help="Megatron-LM's --grad-reduce-in-bf16 (--framework megatron, --dtype bf16/fp8): the main-gradient buffer in bf16 instead of fp32, the same as --grad-accum-dtype bf16 there: 2 B/param of gradients instead of 4, the data-parallel reduce-scatter / all-reduce and the tied-embedding all-reduce in bf16 (half the bytes), and the optimizer's cast of the rank's gradient shard to fp32 at the step (read 2, write 4 B/param, held 4 B/param after the backward)."),
+    grad_accum_dtype: Optional[str] = typer.Option(None, "--grad-accum-dtype", help="fp32 or bf16. Under --framework megatron-deepspeed DeepSpeed's data_types.grad_accum_dtype, with --dtype bf16 at --zero 0/1 only (no effect at --zero 2/3 nor under fp16/fp32: a warning): at --zero 1 fp32 runs BF16_Optimizer (bf16 gradients + a whole-model fp32 accumulation buffer, 6 B/param, an fp32 accumulation pass every micro-batch; BLOOM-176B's, the default) and bf16 DeepSpeed's ZeRO optimizer (2 B/param of bf16 gradients, flat bf16 + fp32 copies of the rank's partition at the step); at --zero 0 DeepSpeed 0.19.8 runs BF16_Optimizer with a bf16 buffer (bf16, the default there; fp32, which it refuses, is costed as the older DeepSpeed BLOOM ran, with a warning). Under --framework megatron the dtype of Megatron-LM's main-gradient buffer at every --zero: bf16 is --grad-reduce-in-bf16 (with --dtype bf16/fp8; no effect under fp16/fp32, a warning), fp32 --accumulate-allreduce-grads-in-fp32 (Megatron-LM's default for bf16; under fp16 it replaces the default fp16 buffer). A half-precision buffer is cast to fp32 once per step for Adam (read 2, write 4 B/param of the rank's shard, 4 B/param held after the backward). Refused under --framework hf."),
+    grad_reduce_in_bf16: bool = typer.Option(False, "--grad-reduce-in-bf16", help="Megatron-LM's --grad-reduce-in-bf16 (--framework megatron only, --dtype bf16/fp8): the main-gradient buffer in bf16 instead of fp32, the same as --grad-accum-dtype bf16 there: 2 B/param of gradients instead of 4, the data-parallel reduce-scatter / all-reduce (Megatron-FSDP's too) and the tied-embedding all-reduce in bf16 (half the bytes), and the cast of the rank's gradient shard to fp32 once per step (the optimizer's at --zero 0/1, Megatron-FSDP's update_main_grads at --zero 2/3: read 2, write 4 B/param, held 4 B/param after the backward). DeepSpeed has no such flag: under --framework megatron-deepspeed it is an error (DeepSpeed's data_types.grad_accum_dtype is --grad-accum-dtype bf16)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading: the loader's host time to produce one micro-batch (one device: one step), ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
     recompute_method: Optional[str] = typer.Option(None, "--recompute-method", help="With --recompute full and --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed; the default) or uniform (every layer; the input of each group of N layers kept). Without --recompute full it is an error, as in Megatron."),
@@ -450,7 +450,7 @@ def predict(
     With --cluster (and --gpus), --batch is the global batch in sequences and the step runs under the
     parallel strategy given by --tp/--pp/--dp/--micro-batch/--zero/--sp/--ep/--interleave, or by --strategy."""
     flags = SimpleNamespace(**locals())  # the parsed flags by name (the first statement: nothing else is defined yet)
-    flags.grad_accum_dtype = _grad_accum_flag(flags.grad_accum_dtype, flags.grad_reduce_in_bf16)
+    flags.grad_accum_dtype = _grad_accum_flag(flags.framework, flags.grad_accum_dtype, flags.grad_reduce_in_bf16)
     req = _predict_request(ctx, flags)
     res = _request_prediction(req)
     if req.distributed and req.kv_context is None:
@@ -624,15 +624,16 @@ def _dims(given: list[str]) -> dict[str, int]:
     return dims
 
 
-def _grad_accum_flag(grad_accum_dtype: str | None, grad_reduce_in_bf16: bool) -> str | None:
+def _grad_accum_flag(framework: str, grad_accum_dtype: str | None, grad_reduce_in_bf16: bool) -> str | None:
     """--grad-accum-dtype with --grad-reduce-in-bf16 folded in (Megatron-LM's flag is the bf16 of wattcast's one
-    gradient-accumulation dtype, simulate.distributed.checked_grad_accum_dtype): "bf16", or a CLI error when
-    --grad-accum-dtype names another dtype."""
-    if not grad_reduce_in_bf16:
-        return grad_accum_dtype
-    if grad_accum_dtype is not None and str(grad_accum_dtype).strip().lower() not in ("bf16", "bfloat16"):
-        _fail(f"--grad-reduce-in-bf16 is --grad-accum-dtype bf16; it contradicts --grad-accum-dtype {grad_accum_dtype}")
-    return "bf16"
+    gradient-accumulation dtype under --framework megatron): simulate.distributed.folded_grad_accum_dtype, its
+    ValueError (another framework, or another --grad-accum-dtype) a CLI error."""
+    from wattcast.simulate.distributed import folded_grad_accum_dtype
+
+    try:
+        return folded_grad_accum_dtype(framework, grad_accum_dtype, grad_reduce_in_bf16)
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _cluster_request(f, par: dict, common: dict):
@@ -984,7 +985,7 @@ def search(
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="As for predict, for every candidate: Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="As for predict: PyTorch FSDP's MixedPrecision.reduce_dtype for the ZeRO-3 candidates under --framework hf (fp32, bf16 or fp16; default: the parameters' dtype)."),
     grad_accum_dtype: Optional[str] = typer.Option(None, "--grad-accum-dtype", help="As for predict, for every candidate under --framework megatron-deepspeed: DeepSpeed's data_types.grad_accum_dtype, fp32 (BF16_Optimizer, the default) or bf16 (at ZeRO-1 the ZeRO optimizer on bf16 gradients); under --framework megatron the main-gradient buffer's dtype (bf16 = --grad-reduce-in-bf16)."),
-    grad_reduce_in_bf16: bool = typer.Option(False, "--grad-reduce-in-bf16", help="As for predict, for every candidate: Megatron-LM's bf16 main-gradient buffer (--framework megatron; = --grad-accum-dtype bf16)."),
+    grad_reduce_in_bf16: bool = typer.Option(False, "--grad-reduce-in-bf16", help="As for predict, for every candidate: Megatron-LM's bf16 main-gradient buffer (--framework megatron only; = --grad-accum-dtype bf16 there; an error under megatron-deepspeed, whose DeepSpeed option is --grad-accum-dtype bf16)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="The data loader's host time per micro-batch, ms (default 0); as `wattcast predict`."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's)."),
     recompute_num_layers: Optional[List[str]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable or comma-separated; adds full recomputation to the choices)."),
@@ -1012,7 +1013,7 @@ def search(
     from wattcast.featurize.op_graph import GraphError
 
     _positive(gpus=gpus, batch=batch, seq=seq, max_configs=max_configs, top=top, workers=workers)
-    grad_accum_dtype = _grad_accum_flag(grad_accum_dtype, grad_reduce_in_bf16)
+    grad_accum_dtype = _grad_accum_flag(framework, grad_accum_dtype, grad_reduce_in_bf16)
     run_opts = dict(region=region, pue=pue, lifetime_years=lifetime_years, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                     cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, mtbf_gpu_hours=mtbf_gpu_hours,
                     checkpoint_write_s=checkpoint_write_s, pricing=pricing, electricity_usd_per_kwh=electricity_usd_per_kwh)

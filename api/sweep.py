@@ -456,11 +456,15 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     bf16_reduce = raw.get("grad_reduce_in_bf16")
     if bf16_reduce is not None and not isinstance(bf16_reduce, bool):
         raise SweepSpecError(f"{where}: 'grad_reduce_in_bf16' must be true or false, got {bf16_reduce!r}")
-    if bf16_reduce:  # Megatron-LM's flag: the bf16 of the one gradient-accumulation dtype
-        if accum_dtype is not None and str(accum_dtype).strip().lower() not in ("bf16", "bfloat16"):
-            raise SweepSpecError(f"{where}: 'grad_reduce_in_bf16' is grad_accum_dtype bf16; it contradicts "
-                                 f"'grad_accum_dtype': {accum_dtype!r}")
-        accum_dtype = "bf16"
+    if bf16_reduce:  # Megatron-LM's flag (framework megatron): the bf16 of the one gradient-accumulation dtype
+        from wattcast.simulate.distributed import folded_grad_accum_dtype
+
+        try:
+            accum_dtype = folded_grad_accum_dtype(str(raw.get("framework", "hf")), accum_dtype, bf16_reduce,
+                                                  accum_name="'grad_accum_dtype'", bf16_name="'grad_reduce_in_bf16'",
+                                                  fsdp_name="'fsdp_reduce_dtype'")
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: {e}") from None
     if accum_dtype is not None:
         from wattcast.featurize.workload import canonical_framework
         from wattcast.simulate.distributed import checked_grad_accum_dtype

@@ -450,13 +450,46 @@ def checked_grad_accum_dtype(framework: str, given: str | None) -> str | None:
         raise ValueError(f"grad_accum_dtype must be one of {', '.join(GRAD_ACCUM_DTYPES)} or None (the framework's "
                          f"default), got {given!r}")
     if framework not in ("megatron-deepspeed", "megatron"):
-        raise ValueError(f"grad_accum_dtype (--grad-accum-dtype; --grad-reduce-in-bf16 is its bf16) is the "
-                         f"gradient-accumulation dtype of DeepSpeed (framework megatron-deepspeed: "
+        raise ValueError(f"grad_accum_dtype (--grad-accum-dtype; under megatron --grad-reduce-in-bf16 is its bf16) "
+                         f"is the gradient-accumulation dtype of DeepSpeed (framework megatron-deepspeed: "
                          f"data_types.grad_accum_dtype) or of Megatron-LM's main-gradient buffer (framework megatron: "
                          f"--grad-reduce-in-bf16 / --accumulate-allreduce-grads-in-fp32); framework {framework} "
                          f"(PyTorch AMP) keeps the fp32 gradients of its fp32 parameters: under FSDP (--zero 2/3) "
                          f"choose the reduce-scatter dtype with --fsdp-reduce-dtype")
     return name
+
+
+def folded_grad_accum_dtype(framework: str, grad_accum_dtype: str | None, grad_reduce_in_bf16: bool, *,
+                            accum_name: str = "--grad-accum-dtype", bf16_name: str = "--grad-reduce-in-bf16",
+                            fsdp_name: str = "--fsdp-reduce-dtype") -> str | None:
+    """``grad_accum_dtype`` with Megatron-LM's ``--grad-reduce-in-bf16`` (``grad_reduce_in_bf16``) folded in: "bf16"
+    when it is given, else ``grad_accum_dtype`` as given (:func:`checked_grad_accum_dtype` checks it next). The CLI's
+    ``predict`` / ``search`` and a sweep spec's ``load_spec`` call it, each with its own names for the options
+    (``accum_name``, ``bf16_name``, ``fsdp_name``: the flags, or the spec's keys) for the message of the ValueError it
+    raises when
+
+    - the framework is not ``megatron``: the flag is Megatron-LM's alone (``megatron/training/arguments.py``,
+      ``--grad-reduce-in-bf16``, read with ``--bf16``; Megatron-Core 0.16.1 ``distributed_data_parallel.py`` l. 147
+      makes the main-gradient buffer ``param.dtype`` without ``grad_reduce_in_fp32``). DeepSpeed has no such option:
+      under ``megatron-deepspeed`` its gradient-accumulation dtype is ``data_types.grad_accum_dtype``, given as
+      ``accum_name`` bf16 (until stop 51 the flag was silently taken as that: another optimizer at ZeRO-1);
+      ``hf`` (PyTorch AMP) keeps fp32 gradients, and its FSDP's reduce dtype is ``fsdp_name``;
+    - ``grad_accum_dtype`` names another dtype than bf16: the two contradict each other."""
+    if not grad_reduce_in_bf16:
+        return grad_accum_dtype
+    framework = str(framework).lower()
+    if framework == "megatron-deepspeed":
+        raise ValueError(f"{bf16_name} is Megatron-LM's bf16 main-gradient buffer (framework megatron); DeepSpeed has "
+                         f"no such option: for DeepSpeed's data_types.grad_accum_dtype under framework "
+                         f"megatron-deepspeed give {accum_name} bf16")
+    if framework != "megatron":
+        raise ValueError(f"{bf16_name} is Megatron-LM's bf16 main-gradient buffer: it needs framework megatron; framework "
+                         f"{framework} (PyTorch AMP) keeps the fp32 gradients of its fp32 parameters: under FSDP "
+                         f"(--zero 2/3) choose the reduce-scatter dtype with {fsdp_name}")
+    if grad_accum_dtype is not None and canonical_dtype(str(grad_accum_dtype)) != "bf16":
+        raise ValueError(f"{bf16_name} is {accum_name} bf16 under framework megatron; it contradicts {accum_name} "
+                         f"{grad_accum_dtype}")
+    return "bf16"
 
 
 def resolved_grad_accum_dtype(framework: str, given: str | None, dtype: str, zero: int = 1) -> str | None:
@@ -2623,7 +2656,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # all-reduces the whole gradient buffer (allreduce_bucket: dist.all_reduce, engine.py l. 3808-3816), not the
     # reduce-scatter a distributed optimizer runs
     bf16_opt = bf16_optimizer_runs(opts.framework, par.zero, ds_acc)
-    # Megatron-Core's optimizer casting bf16 main gradients (--grad-reduce-in-bf16) to fp32 at the step
+    # Megatron-Core casting half-precision main gradients (bf16 under --grad-reduce-in-bf16, fp16 without
+    # --accumulate-allreduce-grads-in-fp32) to fp32 once per step: its optimizer at ZeRO-0/1, Megatron-FSDP's
+    # update_main_grads at ZeRO-2/3 (stage_memory.megatron_grad_cast)
     megatron_cast = megatron_grad_cast(opts.framework, dtype, par.zero, opts.optimizer, ctx.grad_accum_dtype)
     par_dp = replace(par, zero=max(int(par.zero), 1)) if bf16_opt else par
     dp_op = dp_reduce_op(opts.framework, par.zero, bf16_opt)
@@ -2715,7 +2750,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     fp8_copy_bytes_per_param=weight_copy_bytes_per_param(g.meta.get("fp8_scaling") or "delayed",
                                                                          bool(g.meta.get("fp8_transpose", True))),
                     muon_fraction=muon_frac, layer_wise_shares=lw_state,
-                    # Megatron-Core's fp32 copy of bf16 main gradients at the step (--grad-reduce-in-bf16)
+                    # Megatron-Core's fp32 copy of half-precision main gradients once per step
                     main_grad_cast=megatron_cast)
     # Transformer Engine's userbuffers for TP communication overlap (simulate/stage_memory.py userbuffer_bytes): the
     # (seq x micro-batch / cp, hidden) shape Megatron-LM gives them, FP8 all-gather buffers under an FP8 recipe
@@ -2952,8 +2987,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         whole_b, part_b = bf16_optimizer_step_bytes(ds_acc, dp_n, bool(g.meta.get("clip_grad", True)))
         bf16_step_ms = np.maximum(params_stage * (whole_b + part_b * opt_share), 0.0) / (stream_gbps * 1e9) * 1e3
     elif megatron_cast:
-        # Megatron-Core's cast of the bf16 main gradients of the parameters the rank steps to fp32 for its Adam
-        # (--grad-reduce-in-bf16: stage_memory.MEGATRON_GRAD_CAST_BYTES_PER_PARAM), streamed in the optimizer phase
+        # Megatron-Core's cast of the half-precision main gradients of the parameters the rank steps to fp32 for its
+        # Adam (stage_memory.MEGATRON_GRAD_CAST_BYTES_PER_PARAM), streamed in the optimizer phase: after the gradient
+        # reduction, before the step (Megatron-FSDP: finish_grad_sync -> update_main_grads)
         bf16_step_ms = params_stage * opt_share * MEGATRON_GRAD_CAST_BYTES_PER_PARAM / (stream_gbps * 1e9) * 1e3
     b_nc = b_nc + acc_ms
     # getting each micro-batch onto the GPU (simulate/data_loading.py): the loader's exposed host time, the copy, the

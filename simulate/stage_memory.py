@@ -51,9 +51,11 @@ every term cites the equation or the framework code it follows. Units are in the
   default): taken as 32 MiB.
 - Gradients are held in the dtype the framework keeps them in: fp32 for PyTorch AMP (fp32 parameters) and for
   Megatron-LM with bf16 (``--accumulate-allreduce-grads-in-fp32``, which Megatron sets for bf16; its theoretical
-  memory formula assumes it; bf16 under ``--grad-reduce-in-bf16``, ``grad_accum_dtype="bf16"``, with the optimizer's
-  fp32 copy of the rank's shard after the backward: :func:`megatron_main_grad_bytes`, :func:`main_grad_cast_bytes`),
-  the half-precision dtype for Megatron-LM fp16, DeepSpeed ZeRO-2/3's gradient
+  memory formula assumes it; bf16 under ``--grad-reduce-in-bf16``, ``grad_accum_dtype="bf16"``),
+  the half-precision dtype for Megatron-LM fp16 (without ``--accumulate-allreduce-grads-in-fp32``; from either
+  half-precision buffer Megatron-Core makes an fp32 copy of the rank's shard after the backward, its optimizer at
+  ZeRO-0/1, Megatron-FSDP's buffer at ZeRO-2/3: :func:`megatron_main_grad_bytes`, :func:`main_grad_cast_bytes`),
+  DeepSpeed ZeRO-2/3's gradient
   partitions (:func:`held_gradient_bytes`) and DeepSpeed's fp16 engine (its fp32
   master gradients are made at the optimizer step, after the activations are freed), half plus fp32 for
   DeepSpeed's ``BF16_Optimizer`` (it accumulates into fp32 gradients after every micro-batch), which
@@ -292,34 +294,51 @@ def megatron_main_grad_bytes(dtype: str, grad_accum_dtype: str | None = None) ->
     return 4 if dtype == "bf16" else db
 
 
-#: bytes per parameter Megatron-Core's mixed-precision optimizer moves at the step to cast a bf16 main gradient to the
-#: fp32 gradient its Adam reads (read 2, write 4): distributed optimizer ``_copy_model_grads_to_main_grads``
-#: (megatron-core 0.16.1 ``optimizer/distrib_optimizer.py`` l. 2386-2419, ``shard_main_param.grad =
-#: shard_model_grad.float()``, the rank's shard), ``Float16OptimizerWithFloat16Params`` (``optimizer/optimizer.py``
-#: l. 754-761, ``main_param.grad = model_param.main_grad.float()``, every parameter); with fp32 main gradients
-#: ``.float()`` returns the tensor itself (no pass, no copy)
+#: bytes per parameter Megatron-Core moves to cast a half-precision (bf16 / fp16) main gradient to the fp32 gradient its
+#: Adam reads (read 2, write 4), once per step after the gradients are reduced: the distributed optimizer's
+#: ``_copy_model_grads_to_main_grads`` (megatron-core 0.16.1 ``optimizer/distrib_optimizer.py`` l. 2386-2419,
+#: ``shard_main_param.grad = shard_model_grad.float()``, the rank's shard), ``Float16OptimizerWithFloat16Params``'
+#: (``optimizer/optimizer.py`` l. 754-761, ``main_param.grad = model_param.main_grad.float()``, every parameter) and
+#: Megatron-FSDP's ``update_main_grads`` (``distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py``
+#: l. 2615-2667: ``optimizer_grad = optimizer_grad.to(param.dtype)``, the fp32 main weight's dtype, of the rank's shard,
+#: ``get_item(item_id, only_shard=sharded_optimizer_state)``), which ``finish_grad_sync`` runs after the gradient
+#: reduce-scatter (``megatron_fsdp.py`` l. 1183-1204, ``attach_grad_to_optimizer_state`` l. 1175-1181); with fp32 main
+#: gradients ``.float()`` / ``.to(torch.float32)`` return the tensor itself (no pass, no copy)
 MEGATRON_GRAD_CAST_BYTES_PER_PARAM = 2.0 + 4.0
-#: the fp32 gradient that cast makes, held from the step until the next ``zero_grad`` (bytes per parameter whose step
-#: the rank runs)
+#: the fp32 gradient that cast makes, held until the next ``zero_grad`` (bytes per parameter whose step the rank runs):
+#: ``main_param.grad`` (distributed optimizer, ``Float16OptimizerWithFloat16Params``), Megatron-FSDP's
+#: ``dist_main_grad`` entry (``param_and_grad_buffer.py`` l. 2649-2664, dropped by ``zero_grad`` l. 2470-2480)
 MEGATRON_GRAD_CAST_HELD_BYTES_PER_PARAM = 4.0
 
 
 def megatron_grad_cast(framework: str, dtype: str, zero: int, optimizer: str,
                        grad_accum_dtype: str | None = None) -> bool:
-    """Whether Megatron-Core's optimizer casts bf16 main gradients to fp32 at the step
-    (:data:`MEGATRON_GRAD_CAST_BYTES_PER_PARAM`): ``megatron`` with a bf16 main-gradient buffer
-    (:func:`megatron_main_grad_bytes` 2 B under bf16 parameters), ZeRO-0/1 (Megatron-FSDP, ZeRO-2/3, returns before
-    the copy: ``distrib_optimizer.py`` l. 2397-2398), an optimizer with a step, and not the precision-aware optimizer
-    (``adamw-bf16``: ``shard_main_param.decoupled_grad = shard_model_grad``, the bf16 view, l. 2410-2416)."""
-    return (framework == "megatron" and dtype == "bf16" and int(zero) <= 1
+    """Whether Megatron-Core casts half-precision main gradients to fp32 once per step
+    (:data:`MEGATRON_GRAD_CAST_BYTES_PER_PARAM`): ``megatron`` with a 2-byte main-gradient buffer
+    (:func:`megatron_main_grad_bytes`: bf16 under ``--grad-reduce-in-bf16``, fp16 under ``--fp16`` without
+    ``--accumulate-allreduce-grads-in-fp32``), an optimizer with a step, and not the precision-aware optimizer
+    (``adamw-bf16``: ``shard_main_param.decoupled_grad = shard_model_grad``, the half-precision view,
+    ``distrib_optimizer.py`` l. 2411-2417), at every ZeRO stage: the distributed optimizer (ZeRO-1) and
+    ``Float16OptimizerWithFloat16Params`` (ZeRO-0) in ``_copy_model_grads_to_main_grads``, Megatron-FSDP (ZeRO-2/3,
+    where that method returns early, l. 2397-2398) in its buffer's ``update_main_grads`` (``param_and_grad_buffer.py``
+    l. 2646-2648, when the group has an fp32 ``main_weight_buffer``, made whenever ``preserve_fp32_weights``, the
+    default: l. 2004-2016, ``distributed_data_parallel_config.py`` l. 94). ``zero`` is not read (every stage casts).
+    Megatron-FSDP reads ``use_precision_aware_optimizer`` off its buffer with ``getattr`` (``param_and_grad_buffer.py``
+    l. 2647, 2674), which nothing in megatron-core 0.16.1 sets: adamw-bf16 is taken
+    to hand the shard over uncast there too, as it must for TE's FusedAdam with ``use_decoupled_grad``
+    (``optimizer/__init__.py`` l. 377-384) to find a gradient. Until stop 51 ZeRO-2/3 and fp16 were not charged."""
+    return (framework == "megatron"
             and str(optimizer).lower() not in ("none", "adamw-bf16")
             and megatron_main_grad_bytes(dtype, grad_accum_dtype) == 2)
 
 
 def main_grad_cast_bytes(params, expert_params, groups: tuple[int, int], cast: bool):
-    """Bytes of the fp32 gradients Megatron-Core's optimizer makes from bf16 main gradients at the step
+    """Bytes of the fp32 gradients Megatron-Core makes from half-precision main gradients once per step
     (:data:`MEGATRON_GRAD_CAST_HELD_BYTES_PER_PARAM` per parameter whose step the rank runs: sharded over ``groups``,
-    ZeRO's level 1, as the master weights), held after the last backward beside the model states; 0 unless ``cast``
+    ZeRO's level 1, as the master weights -- Megatron-FSDP's ``main_weight_buffer`` and ``main_grad_buffer`` share
+    one group per parameter group, the FSDP group or, for experts, the expert one,
+    ``get_fsdp_group(is_expert_parallel=group.is_expert_param)``, ``param_and_grad_buffer.py`` l. 1918-1921,
+    2004-2032), held after the last backward beside the model states; 0 unless ``cast``
     (:func:`megatron_grad_cast`)."""
     if not cast:
         return 0.0

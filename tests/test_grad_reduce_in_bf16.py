@@ -99,7 +99,7 @@ def test_refusals_and_no_effect_warnings():
         load_spec(dict(spec, grad_reduce_in_bf16=True, grad_accum_dtype="fp32"))
     with pytest.raises(SweepSpecError, match="true or false"):
         load_spec(dict(spec, grad_reduce_in_bf16="yes"))
-    with pytest.raises(SweepSpecError, match="fsdp-reduce-dtype"):
+    with pytest.raises(SweepSpecError, match="needs framework megatron.*'fsdp_reduce_dtype'"):
         load_spec(dict(spec, grad_reduce_in_bf16=True, framework="hf"))
 
 
