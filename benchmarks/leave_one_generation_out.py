@@ -70,6 +70,30 @@ as same-format), and read 31.6 / -17.9 and 31.8 / -17.2: the same-format cap exp
 vs -30 / -16%), not the cell's bias (16-64 GFLOP is -46% in every combination). MI300X's combinations all peak at
 0.69-0.73 (mixed fnuz -> fp8 e4m3 out 0.47-0.52) and read -14 to -20% (those two -48%); B200's three are equal
 (0.73; 14.7 / -8.1 to -8.3).
+
+By roofline side (:func:`bound_table`, shipped recipe, GEMMs >= 1 GFLOP; stop 51, issue 14). The spec figures are the
+datasheets' (MI300X 1,307 / 2,615 dense BF16 / FP8 at 2,100 MHz, MI355X 2,517 / 5,033 at 2,400 MHz, MI210 181 at
+1,700 MHz, B200 2,250 / 4,500 / 1,125) and the sustained clock under the power cap is in MAMF's ceilings where it lists
+the part (MI300X bf16 0.511, MI355X 0.622, B200 0.776 / fp8 0.763); what misses is not a peak:
+- memory-bound GEMMs (skinny outputs): XLA's AMD kernels reach a third of the datasheet bandwidth at 64-256 MB working
+  sets (MI300X 1.4-1.7 of 5.3 TB/s, MI355X 2.3-2.9 of 8.0; LLMCompass's MI210 0.55 of 1.64), B200 two thirds (4.4-5.3
+  of 7.7), the A100's LLMCompass rows four fifths: a kernel library's property, learnt from NVIDIA rows when every
+  AMD part is held out (MI355X -24 to -36% there, B200 bf16 +38 to +41%);
+- the ceiling member divides the whole roofline by the matmul ceiling, the DRAM time too. Dividing only the compute
+  time (``max(t_compute / ceiling, t_mem)``, measured as a counterfactual) takes B200 bf16 from 12.9 / +5.4 to
+  9.8 / -3.0 and tf32 to 12.5 / -3.2, but fp8 to 12.4 / -8.8 and every CDNA cell 2-10 points further negative
+  (MI355X bf16 -10.4 -> -16.6): the low ceilings of the AMD parts had been standing in for their kernels' low
+  bandwidth, so it is not adopted;
+- CDNA compute-bound GEMMs of 16-64 GFLOP reach less of the ceiling than NVIDIA's (MI355X 0.30 of peak where the
+  pooled member says 0.39; MI300X 0.32 vs 0.34; at >= 64 GFLOP 0.49 vs 0.54 and 0.41 vs 0.42): 256-304 CUs to fill,
+  beyond every training GPU's SM count;
+- fp8 on CDNA takes the default ceiling 0.74 (MAMF lists no MI300X or MI355X fp8): MI300X's XLA fp8 reaches 0.72 of
+  its FNUZ peak (so the default is right there; its -15% is in 1-4 GFLOP memory-bound rows at 0.05 of peak vs 0.09
+  predicted), MI355X's same-format OCP path 0.39 (-44 to -50% compute-bound, as above);
+- MI210 (not in MAMF: default 0.74, measured plateau 0.665): >= 64 GFLOP within -4%; the bias is six skinny or
+  short-contraction rows of 1-64 GFLOP at -32 to -43% (0.55 TB/s of 1.64);
+- A100: Vidur's and LLMCompass's A100 disagree on the same chip (Vidur's best 0.80 of peak, LLMCompass's 0.94, MAMF's
+  0.869), so the fold's -7 / +5 split is the sources', not a device term.
 """
 
 from __future__ import annotations
@@ -245,6 +269,32 @@ def size_table(df: pd.DataFrame, pred_ms: np.ndarray, fold: str, model: str) -> 
     return out.assign(gflop=out["gflop"].astype(str))
 
 
+def bound_table(df: pd.DataFrame, pred_ms: np.ndarray, t_compute_ms: np.ndarray, t_mem_ms: np.ndarray, fold: str,
+                model: str, min_gflop: float = 1.0) -> pd.DataFrame:
+    """Per device, dtype and roofline side (``compute``: the dense-peak time exceeds the DRAM time, else ``memory``),
+    rows >= ``min_gflop`` GFLOP: MAPE and signed bias of ``pred_ms``, and what the model and the measurement say the
+    kernel reached as medians: the fraction of the dense peak (``t_compute_ms`` over the time) and the fraction of the
+    datasheet bandwidth (``t_mem_ms`` over the time). A bias on one side alone points at that side's term (the matmul
+    ceiling, or the bandwidth a GEMM reaches), which one mean over both cannot show."""
+    lat = df["latency_ms"].to_numpy(dtype=float)
+    pred = np.asarray(pred_ms, dtype=float)
+    tc, tm = np.asarray(t_compute_ms, dtype=float), np.asarray(t_mem_ms, dtype=float)
+    big = gemm_gflop(df) >= min_gflop
+    t = pd.DataFrame({"device": df["device"].to_numpy(), "dtype": df["dtype"].to_numpy(),
+                      "bound": np.where(tm > tc, "memory", "compute"), "err": 100 * (pred - lat) / lat,
+                      "peak_frac_measured": tc / lat, "peak_frac_predicted": tc / pred,
+                      "bw_frac_measured": tm / lat, "bw_frac_predicted": tm / pred})[big]
+    g = t.groupby(["device", "dtype", "bound"])
+    out = pd.DataFrame({"rows": g.size(), "mape_pct": g["err"].apply(lambda e: e.abs().mean()),
+                        "bias_pct": g["err"].mean()})
+    for c in ("peak_frac_measured", "peak_frac_predicted", "bw_frac_measured", "bw_frac_predicted"):
+        out[c] = g[c].median()
+    return out.reset_index().assign(fold=fold, model=model)[["fold", "model", "device", "dtype", "bound", "rows",
+                                                             "mape_pct", "bias_pct", "peak_frac_measured",
+                                                             "peak_frac_predicted", "bw_frac_measured",
+                                                             "bw_frac_predicted"]]
+
+
 def fp8_combination_table(rows: pd.DataFrame, pred_ms: np.ndarray, peak_tflops: np.ndarray, fold: str,
                           model: str, min_gflop: float = 1.0) -> pd.DataFrame:
     """Per device and XLA fp8 (lhs, rhs, out) combination: rows >= ``min_gflop`` GFLOP, their MAPE and signed mean
@@ -281,11 +331,12 @@ def fp8_combination_rows(root, xla_read, devices) -> pd.DataFrame:
 
 
 def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes: list | None = None,
-        xla_tables=None, fp8_combos: list | None = None) -> pd.DataFrame:
+        xla_tables=None, fp8_combos: list | None = None, bounds: list | None = None) -> pd.DataFrame:
     """Every fold's error table; ``sizes`` (a list), when given, receives the shipped recipe's (``bundle``)
     :func:`size_table` per fold; ``fp8_combos`` (a list), when given, the shipped recipe's
     :func:`fp8_combination_table` per fold (every XLA fp8 format combination of a held-out device predicted by the
-    fold's model, which never trains on them). A fold with no tensor-dtype rows to predict is skipped."""
+    fold's model, which never trains on them); ``bounds`` (a list), when given, the shipped recipe's
+    :func:`bound_table` per fold. A fold with no tensor-dtype rows to predict is skipped."""
     xla_read = read_xla_tables(root, xla_tables)  # once: the GEMM rows and the fp8 combinations both read them
     df = gemm_rows(root, fp32_sample, xla_read=xla_read)
     X, y, specs = features(df, root)
@@ -431,6 +482,9 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
                 sizes.append(size_table(df[test], pred[test], fold, model))
             tab["fit_s"] = time.time() - t0
             out.append(tab)
+            if model == SHIPPED_MODEL and bounds is not None:
+                bounds.append(bound_table(df[test], pred[test], X["t_compute_ms"].to_numpy()[test],
+                                          X["t_mem_ms"].to_numpy()[test], fold, model))
             # every XLA fp8 format combination of the fold's held-out devices, predicted (never trained on) by the
             # same members: which fp8 kernel path the fold's fp8 cells measure
             sel = combos["device"].isin(devices).to_numpy() if combos is not None and len(combos) else None
@@ -494,8 +548,9 @@ def main() -> None:
     t0 = time.time()
     sizes: list = []
     fp8_combos: list = []
+    bounds: list = []
     t = run(a.data, a.fp32_sample, tuple(a.models.split(",")) if a.models else None, sizes=sizes, xla_tables=a.xla_table,
-            fp8_combos=fp8_combos)
+            fp8_combos=fp8_combos, bounds=bounds)
     pd.set_option("display.width", 220)
     print(t.drop(columns=["fit_s"]).round(1).to_string(index=False))
     by_size = pd.concat(sizes, ignore_index=True) if sizes else pd.DataFrame()
@@ -510,6 +565,13 @@ def main() -> None:
               " above the peak, physically impossible):")
         print(by_fp8.drop(columns=["model"]).round({"mape_pct": 1, "bias_pct": 1, "best_tflops": 0,
                                                      "best_over_peak": 2}).to_string(index=False))
+    by_bound = pd.concat(bounds, ignore_index=True) if bounds else pd.DataFrame()
+    if len(by_bound):
+        print("\nthe shipped recipe by roofline side, GEMMs >= 1 GFLOP (medians of the fraction of the dense peak and of"
+              " the\ndatasheet bandwidth that the measurement and the prediction reach):")
+        print(by_bound.drop(columns=["model"]).round({"mape_pct": 1, "bias_pct": 1, "peak_frac_measured": 3,
+                                                      "peak_frac_predicted": 3, "bw_frac_measured": 3,
+                                                      "bw_frac_predicted": 3}).to_string(index=False))
     big = t[t["size"] == ">= 1 GFLOP"]
     goal = big.assign(met=(big.mape_pct <= 10) & (big.bias_pct.abs() <= 5)).groupby("model")["met"].agg(["sum", "count"])
     print(f"\nrows >= 1 GFLOP meeting 10% MAPE and |bias| <= 5% (per device x dtype x source):\n{goal.to_string()}")
@@ -527,7 +589,8 @@ def main() -> None:
                         if np.isfinite(getattr(r, k))})
         run_id = log_run(a.mlruns, experiment="kernel-logo", params={"fp32_sample": a.fp32_sample}, metrics=metrics,
                          tags={"kind": "leave-one-generation-out"},
-                         tables={"logo": t, "logo_bundle_by_size": by_size, "logo_fp8_combinations": by_fp8})
+                         tables={"logo": t, "logo_bundle_by_size": by_size, "logo_fp8_combinations": by_fp8,
+                                 "logo_by_bound": by_bound})
         print(f"MLflow run {run_id} (experiment kernel-logo)")
 
 

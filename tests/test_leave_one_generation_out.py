@@ -66,3 +66,23 @@ def test_fp8_metric_key_follows_the_cell_naming(logo):
     assert logo.metric_key(cell, "mape_pct") == "bundle_plus_floor-blend_over_ceiling-member_MI355X_fp8_xla_big_mape_pct"
     assert (logo.fp8_metric_key(r, "mape_pct")
             == "bundle_plus_floor-blend_over_ceiling-member_MI355X_fp8_f8e4m3fn_f8e5m2_bf16_xla_big_mape_pct")
+
+
+def test_bound_table_splits_by_roofline_side_and_reports_fractions(logo):
+    # three GEMMs of 2 x 1024^3 = 2.15 GFLOP and one of 0.03 GFLOP (left out); device X: two compute-bound rows
+    # (t_compute > t_mem) and one memory-bound one
+    df = pd.DataFrame({"device": ["X", "X", "X", "X"], "dtype": ["bf16"] * 4, "B": [1.0] * 4,
+                       "M": [1024.0, 1024.0, 1024.0, 256.0], "N": [1024.0, 1024.0, 1024.0, 256.0],
+                       "K": [1024.0, 1024.0, 1024.0, 256.0], "latency_ms": [1.0, 2.0, 1.0, 1.0]})
+    pred = np.array([0.8, 2.4, 0.5, 9.0])
+    tc = np.array([0.5, 0.5, 0.1, 0.1])
+    tm = np.array([0.2, 0.2, 0.4, 0.01])
+    t = logo.bound_table(df, pred, tc, tm, "fold", "m")
+    assert list(t["bound"]) == ["compute", "memory"] and list(t["rows"]) == [2, 1]
+    c, m = t.iloc[0], t.iloc[1]
+    assert c.mape_pct == pytest.approx(20.0) and c.bias_pct == pytest.approx(0.0)  # -20% and +20%
+    assert c.peak_frac_measured == pytest.approx((0.5 + 0.25) / 2)  # 0.5 / 1 and 0.5 / 2
+    assert c.peak_frac_predicted == pytest.approx((0.5 / 0.8 + 0.5 / 2.4) / 2)
+    assert m.bias_pct == pytest.approx(-50.0) and m.bw_frac_measured == pytest.approx(0.4)
+    assert m.bw_frac_predicted == pytest.approx(0.8)
+    assert set(t["fold"]) == {"fold"} and set(t["model"]) == {"m"}
