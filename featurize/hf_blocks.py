@@ -312,8 +312,8 @@ def vocab_embedding(b: GraphBuilder, ids: Tensor, vocab: int, dim: int, name: st
     """Token embedding: vocabulary-parallel under tensor parallelism, partial lookups all-reduced. ``params=False``:
     a lookup in a table another op already holds."""
     if b.tp == 1:
-        return b.embedding(ids, padded_vocab(b, vocab), dim, name=name, params=params)
-    e = b.embedding(ids, padded_vocab(b, vocab), dim, name=name, parallel=True, params=params)
+        return b.embedding(ids, padded_vocab(b, vocab), dim, name=name, params=params, word=True)
+    e = b.embedding(ids, padded_vocab(b, vocab), dim, name=name, parallel=True, params=params, word=True)
     return b.tp_exit(e, name=f"{name}.reduce")
 
 

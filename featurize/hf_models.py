@@ -1546,12 +1546,15 @@ def bert(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> 
                               name="cls.predictions.decoder", weight_params=False, parallel="col")
             # tied to the word embedding: a pipeline's last stage holds a copy (simulate/distributed.py)
             b.meta["tied_output_params"] = vocab_shard_params(b, cfg.vocab, h)
-            nsp = b.linear(pooled, 2, name="cls.seq_relationship")
+            # the next-sentence head feeds its own loss: an output layer, bf16 under FP8 (Megatron-Core 0.16.1
+            # models/bert/bert_model.py l. 152-156: ``binary_head`` is a torch.nn.Linear, outside Transformer Engine)
+            nsp = b.linear(pooled, 2, name="cls.seq_relationship", fp8=False)
             b.cross_entropy(scores, name="loss.mlm", vocab_parallel=True)
             b.cross_entropy(nsp, name="loss.nsp")
         else:
             pooled = b.dropout(pooled, p, name="dropout")
-            b.linear(pooled, cfg.count("num_labels", default=2), name="classifier")
+            # the classification head: the model's output layer, bf16 under FP8 as the LM heads
+            b.linear(pooled, cfg.count("num_labels", default=2), name="classifier", fp8=False)
 
 
 GENERATORS: dict[str, Callable[..., None]] = {

@@ -86,7 +86,9 @@ def _sparse_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor
     cap = cfg.count("expert_capacity")  # absent: tokens balanced over the experts
     slots = cap if cap is not None else max(1, round(t / n_exp))
     x32 = b.copy(x, name=f"{prefix}.router.to_fp32") if b.dtype != "fp32" else x
-    logits = b.linear(x32, n_exp, bias=cfg.flag("router_bias", False), name=f"{prefix}.router.classifier")
+    # the router stays out of the FP8 recipe, as every MoE router here (README: "an MoE router ... stay[s] bf16"); HF
+    # runs it on the fp32 copy (SwitchTransformersTop1Router, router_dtype float32)
+    logits = b.linear(x32, n_exp, bias=cfg.flag("router_bias", False), name=f"{prefix}.router.classifier", fp8=False)
     probs = b.softmax(logits, name=f"{prefix}.router.softmax")
     # argmax, one_hot, cumsum, capacity mask, max: small (T, E) kernels off the gradient path
     for k, op in enumerate(("argmax", "one_hot", "cumsum", "le", "mul", "max")):

@@ -297,6 +297,9 @@ class GraphBuilder:
         #: an FP8 recipe (Transformer Engine): the linear layers' GEMMs in this dtype with their casts, the rest in
         #: ``dtype`` (see ``linear``)
         self.gemm_dtype = gemm_dtype
+        #: the (rows, columns) of the token-embedding tables (``embedding(..., word=True)``), over the whole vocabulary
+        #: (padded, not this rank's shard): a linear whose weight has such a shape is the output layer (see ``linear``)
+        self._word_tables: set[tuple[int, int]] = set()
         #: the FP8 scaling recipe (Megatron-Core's --fp8-recipe; featurize/fp8_recipes.py): the casts' extra passes and
         #: the block scales of the FP8 copies
         self.fp8_recipe = checked_fp8_recipe(fp8_recipe)
@@ -498,7 +501,15 @@ class GraphBuilder:
         # the input is cast (with its transpose for the weight gradient and an amax) before the GEMM, the output
         # gradient likewise in backward; the weight's cast is once per step (training_graph); the output and dgrad
         # come out in the model's dtype. The FP8 input is what is saved for the weight gradient (1 B per element).
-        fp8 = fp8 and self.gemm_dtype == "fp8"  # ``fp8=False``: a layer the recipe keeps in bf16 (output layer, router)
+        # ``fp8=False``: a layer the recipe keeps in bf16 (output layer, router). The output layer is also recognised
+        # by what it is, whatever its name (``lm_head``, BERT's ``cls.predictions.decoder``, T5's and Switch's
+        # ``lm_head``): the projection onto the vocabulary, its (vocab x hidden) weight shaped like the token embedding
+        # (tied to it or not). Megatron-Core builds it as a ``tensor_parallel.ColumnParallelLinear``, not a Transformer
+        # Engine module, and its FP8 context wraps the transformer block alone (Megatron-Core 0.16.1
+        # models/gpt/gpt_model.py l. 241-253, models/bert/bert_model.py l. 140-149, transformer/transformer_block.py
+        # l. 711-721 ``get_fp8_context``): the output layer's GEMMs run in bf16
+        output_layer = parallel != "row" and (int(out_features), n) in self._word_tables
+        fp8 = fp8 and self.gemm_dtype == "fp8" and not output_layer
         gb = DTYPE_BYTES["fp8"] if fp8 else db  # bytes per GEMM operand element
         gdt = "fp8" if fp8 else None
         shard = self._sp_shard.get(x.tid)  # sequence parallelism: x was all-gathered from this shard
@@ -930,13 +941,16 @@ class GraphBuilder:
                          scale=scale, B=b, H=h)
 
     def embedding(self, ids: Tensor, vocab: int, dim: int, *, name: str = "embedding", params: bool = True,
-                  parallel: bool = False) -> Tensor:
+                  parallel: bool = False, word: bool = False) -> Tensor:
         """``nn.Embedding(vocab, dim)`` gather; backward is a scatter-add into a zeroed (vocab, dim) gradient.
 
         ``parallel=True``: vocabulary-parallel over tp ranks (each holds vocab/tp rows; the caller reduces
-        the partial lookups with ``tp_exit``)."""
+        the partial lookups with ``tp_exit``). ``word=True``: the token embedding (``vocab`` rows: the whole
+        vocabulary), whose shape marks the output layer (:meth:`linear`)."""
         t = ids.numel
         db = self.dbytes
+        if word:
+            self._word_tables.add((int(vocab), int(dim)))
         if parallel and self.tp > 1:
             vocab = -(-vocab // self.tp)
         bw = [self._bw(f"{name}.grad_zero", "memory", "", "proxy", flops=0, bytes_=vocab * dim * db),
@@ -1198,6 +1212,12 @@ class GraphBuilder:
         ``parallel_cross_entropy`` Triton kernels, :meth:`_cross_entropy_te`); None: unfused."""
         if fusion not in CE_FUSIONS:
             raise GraphError(f"{name}: unknown cross-entropy fusion {fusion!r}; use one of {', '.join(map(str, CE_FUSIONS))}")
+        src = self._nodes[logits.node].values if logits.node >= 0 else {}
+        if src.get("op_class") == "linear" and src.get("dtype") == "fp8":
+            # the linear feeding a loss is an output layer, which the FP8 recipe keeps in bf16 (see ``linear``): a
+            # model generator that leaves one in FP8 is a bug, not a prediction
+            raise GraphError(f"{name}: its logits come from {src['name']!r}, an FP8 GEMM; the output layer feeding a "
+                             f"loss stays bf16 under an FP8 recipe (build it with linear(..., fp8=False))")
         v = int(logits.shape[-1])
         t = _numel(logits.shape[:-1])
         db = self.dbytes
