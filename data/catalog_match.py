@@ -6,7 +6,8 @@ another GPU by a catalog name. :func:`catalog_spec_matches` (the lifecycle's pri
 spec's hardware figures are the catalog entry's of that name; :func:`catalog_twin` (the kernel surrogates' measured
 ceilings) also finds the catalog entry whose figures a spec repeats under another name, so identical figures get
 identical predictions; :func:`compute_twin` the catalog device with the same compute silicon (an A100 SXM4 40 GB for
-the 80 GB's measured ceiling, in fused attention's scaling). All live here, below ``models`` and ``lifecycle``, so
+the 80 GB's measured ceiling, in fused attention's scaling), and :func:`twin_base_clock` the base clock such a device
+lists when a spec leaves it out (the H200 takes the H100 SXM5's). All live here, below ``models`` and ``lifecycle``, so
 either may import them.
 """
 
@@ -82,3 +83,32 @@ def compute_twin(spec: DeviceSpec, among) -> str:
     cat = load_catalog()
     hits = [n for n in among if n in cat and all(_same_figure(getattr(cat[n], f), getattr(spec, f)) for f in COMPUTE_FIELDS)]
     return hits[0] if len(hits) == 1 else ""
+
+
+def twin_base_clock(spec: DeviceSpec) -> tuple[float, tuple[str, ...]] | None:
+    """The base clock (MHz) of ``spec``'s compute silicon when the spec leaves ``base_clock_mhz`` out and the catalog
+    devices that list one and share every compute figure with it (:data:`COMPUTE_FIELDS`, numbers within
+    :data:`COMPUTE_RTOL`: same SMs, boost clock, TDP and peaks) all list the same one: ``(MHz, their names)``. Where
+    they disagree (A100 SXM4 40 GB 1095 and 80 GB 1275 MHz at the same 1410 MHz boost), the one whose every other
+    hardware figure the spec repeats (a copy of the 80 GB entry without its base clock) gives it. None when the spec
+    gives its own, when no such device lists one, or when they still disagree.
+
+    The kernel-time surrogate reads the base/boost clock ratio (featurize/kernel_features.py
+    ``dev_base_over_boost``), FP32 GEMMs most: with it missing LightGBM routes the spec like its training GPUs
+    without one (B200, MI210, MI300X, MI355X), which moved the H200 (the H100 SXM5's GH100 die, peaks, SMs and
+    1980 MHz boost; NVIDIA's H200 datasheet lists no clocks) 5-6.6% slower than the H100 on every FP32 GEMM of
+    2048^3 and above. No training GPU gains a value here (tests): the features the shipped bundle was fitted on stay
+    as they were."""
+    if spec.base_clock_mhz:
+        return None
+    from wattcast.data.catalog import load_catalog
+
+    hits = [r for r in load_catalog().values()
+            if r.base_clock_mhz and all(_same_figure(getattr(r, f), getattr(spec, f)) for f in COMPUTE_FIELDS)]
+    if len({float(r.base_clock_mhz) for r in hits}) > 1:
+        skip = CITATION_FIELDS + ("name", "base_clock_mhz")
+        hits = [r for r in hits if _same_hardware(r, spec, skip)]
+    clocks = {float(r.base_clock_mhz) for r in hits}
+    if len(clocks) != 1:
+        return None
+    return clocks.pop(), tuple(sorted(r.name for r in hits))

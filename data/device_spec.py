@@ -669,6 +669,40 @@ def _fallback_notes(spec: "DeviceSpec", power: bool) -> list[str]:
     return []
 
 
+def base_clock_notes(spec: "DeviceSpec", *, catalog: bool | None = None) -> list[str]:
+    """A note (for a prediction's ``warnings``) when ``spec`` gives no ``base_clock_mhz``, which the kernel-time
+    surrogate reads as the base/boost clock ratio (featurize/kernel_features.py ``dev_base_over_boost``; FP32 GEMMs
+    most: an H100 SXM5, A100 SXM4 or V100 SXM2 spec without it, and no twin to take it from, predicts FP32 GEMMs of
+    1024^3 to 16384^3 3-8% slower, measured at stop 51):
+
+    - the clock taken from the catalog devices with the same compute silicon
+      (:func:`wattcast.data.catalog_match.twin_base_clock`), catalog device or not (the H200 takes the H100 SXM5's);
+    - else, for a spec that is not a catalog device's (``catalog``: known already, else looked up), that it is
+      predicted as unknown, as the training GPUs without one (B200, MI300X): give it. A catalog device without one
+      (B200, MI300X) is predicted as its training rows were featurized, and gets none.
+    """
+    if spec.base_clock_mhz:
+        return []
+    from wattcast.data.catalog_match import twin_base_clock
+
+    twin = twin_base_clock(spec)
+    if twin is not None:
+        mhz, names = twin
+        return [f"{spec.name}: the spec gives no base_clock_mhz; {mhz:g} MHz is taken from {' and '.join(names)}, the "
+                f"catalog device{'s' if len(names) > 1 else ''} with the same compute silicon (SMs, {spec.boost_clock_mhz:g} "
+                "MHz boost clock, TDP and peaks): the kernel-time surrogate reads the base/boost clock ratio (FP32 GEMMs "
+                "most); give base_clock_mhz if the datasheet lists a different one"]
+    if catalog is None:
+        catalog = _is_catalog_device(spec)
+    if catalog:
+        return []
+    return [f"{spec.name}: the spec gives no base_clock_mhz and no catalog device with the same compute silicon lists "
+            "one; the kernel-time surrogate reads the base/boost clock ratio (FP32 GEMMs most: an H100, A100 or V100 "
+            "spec without it predicts FP32 GEMMs of 1024^3 to 16384^3 3-8% slower), so kernel times are predicted "
+            "with it unknown (as for the training GPUs without one: B200, MI300X) and may differ from the same GPU's "
+            "with it: give base_clock_mhz from the datasheet"]
+
+
 def _is_catalog_device(spec: "DeviceSpec") -> bool:
     try:
         from wattcast.data.catalog import find_device
@@ -694,11 +728,12 @@ def bandwidth_ratio_notes(spec: "DeviceSpec") -> list[str]:
 
 def spec_notes(spec: "DeviceSpec", *, power: bool = True) -> list[str]:
     """Every spec warning a prediction carries: :func:`peak_ratio_notes`, :func:`dense_rate_notes`,
-    :func:`fallback_notes` (``power``: the idle-power default too; kernel latency has no power figure)."""
+    :func:`fallback_notes` (``power``: the idle-power default too; kernel latency has no power figure),
+    :func:`base_clock_notes` (a catalog device's too: the H200's base clock from the H100 SXM5)."""
     if _is_catalog_device(spec):  # every catalog entry passes the figure checks (tests): only its peak ratios
-        return peak_ratio_notes(spec)
+        return [*peak_ratio_notes(spec), *base_clock_notes(spec, catalog=True)]  # and a base clock from its twin
     return [*peak_ratio_notes(spec), *dense_rate_notes(spec), *bandwidth_ratio_notes(spec),
-            *_fallback_notes(spec, power)]  # the catalog looked up once
+            *_fallback_notes(spec, power), *base_clock_notes(spec, catalog=False)]  # the catalog looked up once
 
 
 def _aliases(v: Any) -> Any:

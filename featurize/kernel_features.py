@@ -12,6 +12,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from wattcast.data.catalog_match import twin_base_clock
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.kernel_ops import (
     BINARY_OPS,
@@ -39,7 +40,9 @@ AMD_LAST_LEVEL_CACHE_MB = 256.0
 #: in a trained bundle's manifest (``feature_version``, training/kernels.py) and checked at load (models/kernel_bundle.py
 #: warns when a bundle's differs or is absent): bump it with any change that alters the features of the same kernel
 #: row. 2: an fp8 GEMM's output counted at 2 bytes (data.kernel_ops.MATMUL_OUT_BYTES, commit 8fbd5de); bundles
-#: without the stamp were trained before versions were recorded (1 and earlier)
+#: without the stamp were trained before versions were recorded (1 and earlier). Not bumped at stop 51 for a missing
+#: base clock taken from the compute twin (:func:`_base_clock_mhz`): no GPU the shipped bundle trained on (or any
+#: shared-data GPU but the withheld H200) gains one, so its rows featurize as before (tests/test_base_clock_twin.py)
 FEATURE_VERSION = 2
 
 DEVICE_FEATURES = (
@@ -113,8 +116,10 @@ def device_table(specs: Mapping[str, DeviceSpec]) -> pd.DataFrame:
             "is_amd": float(s.vendor == "amd"),
             # the cache a working set can stay in instead of DRAM (physical_floor_ms)
             "llc_mb": max(float(s.l2_cache_mb), AMD_LAST_LEVEL_CACHE_MB if s.vendor == "amd" else 0.0),
-            # NaN when the sheet lacks them: LightGBM routes NaN, the MLP imputes
-            "base_clock_mhz": float(s.base_clock_mhz) if s.base_clock_mhz else np.nan,
+            # NaN when the sheet lacks them: LightGBM routes NaN, the MLP imputes; a missing base clock is first
+            # taken from the catalog devices with the same compute silicon (data.catalog_match.twin_base_clock:
+            # the H200 the H100 SXM5's), which no training GPU has (its training features are as they were)
+            "base_clock_mhz": _base_clock_mhz(s),
             "tdp_w": float(s.tdp_w) if s.tdp_w else np.nan,
             "mem_gb": float(s.memory_gb),
             "is_gddr": _is_gddr(s.memory_type),
@@ -122,6 +127,15 @@ def device_table(specs: Mapping[str, DeviceSpec]) -> pd.DataFrame:
             **{f"native_{d}": float(s.has_native(d)) for d in DTYPE_BYTES},
         }
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _base_clock_mhz(s: DeviceSpec) -> float:
+    """The spec's base clock (MHz), else its compute twin's (:func:`wattcast.data.catalog_match.twin_base_clock`;
+    the spec's warnings say so: data.device_spec.base_clock_notes), else NaN."""
+    if s.base_clock_mhz:
+        return float(s.base_clock_mhz)
+    twin = twin_base_clock(s)
+    return twin[0] if twin else np.nan
 
 
 def _is_gddr(memory_type: str | None) -> float:
