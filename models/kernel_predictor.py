@@ -13,7 +13,8 @@ from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_FAMILIES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES,
                                      MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, VEC_COLS, bad_shape_values,
                                      canonical_dtype, min_shape_value, required_columns)
-from wattcast.models.gemm_floor import blend_weight, blended_log_ratio, ceiling_log_ratio, ceiling_model, row_ceilings
+from wattcast.models.gemm_floor import (SIXTEEN_BIT_TWIN, blend_weight, blended_log_ratio, ceiling_log_ratio,
+                                        ceiling_model, row_ceilings)
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate, fnv1a_rows, predict_distinct
 from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
@@ -534,6 +535,9 @@ MONOTONE_MIN_M = 1
 
 #: the per-row physical floor (ms) the predictions carry between :func:`_predict_features` and :func:`_predict_rows`
 _FLOOR_KEY = "_floor_ms"
+#: the per-row time at the device's measured matmul ceiling (ms, 0 where none; :func:`_ceiling_clip_ms`) the band's
+#: low end carries between the same two
+_CLIP_KEY = "_ceiling_clip_ms"
 
 
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
@@ -588,6 +592,14 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
         out["roofline_ms"] = np.array(out["roofline_ms"], dtype=float)
         out["roofline_ms"][raised] = featurize_kernels(canon.iloc[raised], spec)["t_roof_ms"].to_numpy()
     out.pop(_FLOOR_KEY, None)  # internal: the padded kernel's floor, at or above the row's own
+    # the band's low end no faster than the device's measured best achievable matmul (with its slack, never above the
+    # prediction): the learned band reached the dense peak itself (a 4096^3 bf16 GEMM on an A100-SXM4-80GB at 1.00 of
+    # peak, MI355X 0.96 where MAMF measured 0.68), a speed no one measured (issue 14). Applied last, on the band as the
+    # guards left it: clipped before them, a band they scale up (more rows never take less time) rose with its clip,
+    # and 19 of Vidur's A100 and 59 of its A40 rows fell below it.
+    clip = out.pop(_CLIP_KEY, None)  # the padded kernel's (its MMAs are the padded ones)
+    if clip is not None:
+        out["pred_low_ms"] = np.maximum(out["pred_low_ms"], np.minimum(clip, out["pred_latency_ms"]))
     return out
 
 
@@ -786,6 +798,46 @@ def _ceiling_name(device: DeviceSpec, cm: dict) -> str:
     return dev
 
 
+#: the slack over a device's measured matmul ceiling the band's low end is clipped at (:func:`_ceiling_clip_ms`): the
+#: largest excess of a measured training GEMM over its device's own ceiling, rounded up. The ceilings are not maxima:
+#: LLMCompass's A100 rows reach 0.939 of the dense peak where MAMF's best achievable is 0.869 (x 1.081, 7 of its 20
+#: rows above), Vidur's A40 rows 0.901 where its ceiling is their 99th percentile, 0.833 (x 1.082, 240 of 21,924
+#: rows above); B200 tf32 x 1.035, MI300X fp8 x 1.030, every other device and dtype x 1.004 or less (stop 51,
+#: every tensor-core GEMM row of the kernel sources with the extra XLA table of MI300X, held-out GPUs left out). With it no
+#: such row lies below the clip (0 of 62,088); at the ceiling itself 263 would.
+CEILING_CLIP_SLACK = 1.09
+
+
+def _ceiling_clip_ms(fm, X: pd.DataFrame, rows: np.ndarray | None, tensor: np.ndarray, dt_codes: np.ndarray,
+                     dt_names: list[str], device: DeviceSpec | None) -> np.ndarray | None:
+    """Per row of a GEMM family's ``rows`` of ``X``: the time of its matrix work at :data:`CEILING_CLIP_SLACK` x the
+    device's own measured matmul ceiling (capped at the dense peak), the least the band's low end may be; 0 where the
+    device has none (None for all rows: no ceiling member, no device or no ceiling of the device's own).
+
+    "Own" is a measurement of that chip: the MAMF table's best achievable matmul (a brute-force torch.mm shape search,
+    ``tensorcore/SOURCE-mlengineering_mamf.md``) or a training device's 99th percentile of measured efficiency, read
+    under :func:`_ceiling_name` (a compute-silicon twin included), in the row's dtype or its 16-bit twin (as
+    :func:`~wattcast.models.gemm_floor.row_ceilings`). A device that takes its vendor's median or the default ceiling
+    is not clipped: that figure is no measurement of the GPU, and the fastest any GPU of the vendor was measured at
+    leaves nothing to clip on NVIDIA (V100 0.919 x the slack is over the peak; LLMCompass's A100 reaches 0.939) and
+    would hold a new AMD part to 0.76 of its peak (MI300X fp8 0.694 x the slack), where MI355X's mixed-format fp8
+    XLA kernels reach 0.90 of it (benchmarks/leave_one_generation_out.py)."""
+    cm = fm.ceiling_member
+    if not cm or device is None or not tensor.any():
+        return None
+    own = cm["ceilings"].get(_ceiling_name(device, cm))
+    if not own:
+        return None
+    per_dtype = np.array([own.get(d, own.get(SIXTEEN_BIT_TWIN.get(d, ""), np.nan)) for d in dt_names], dtype=float)
+    c = per_dtype[dt_codes if rows is None else dt_codes[rows]]
+    ok = tensor & np.isfinite(c)
+    if not ok.any():
+        return None
+    idx = slice(None) if rows is None else rows
+    t_compute = X["t_compute_ms"].to_numpy()[idx]
+    return np.where(ok, t_compute / np.minimum(np.where(ok, c, 1.0) * CEILING_CLIP_SLACK, 1.0), 0.0)
+
+
 def attention_mma_scale(device: DeviceSpec, dtypes, bundle: KernelBundle, reference: str) -> np.ndarray:
     """Per row of ``dtypes``: ``device``'s achievable-matmul ceiling over the ``reference`` device's, from the
     bundle's GEMM ceiling member (:func:`row_ceilings`: the MAMF table's best achievable matmul over the peak where it
@@ -907,6 +959,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
     lr = np.zeros(n)
     lo = np.zeros(n)
     hi = np.zeros(n)
+    clip_ms = np.zeros(n)
     o = np.zeros(n, dtype=bool)
     model_codes, model_names = np.zeros(n, dtype=np.intp), [""]
     why_codes, why_names = np.zeros(n, dtype=np.intp), list(_OOD_REASONS)
@@ -945,6 +998,12 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         tensor_m = X["is_tensor_dtype"].to_numpy()[m] > 0.5 if "is_tensor_dtype" in X else np.zeros(len(p), dtype=bool)
         band = fm.band_log_rows(tensor_m)
         lo_m = p + band[0] * widen - spread
+        if f == "gemm":  # the least the band's low end may be, applied once the guards have moved the row (_predict_rows)
+            # (not the bytes at the datasheet bandwidth: operands a GEMM finds in the L2 beat it, as 5 of the held-out
+            # L4's 2,092 bmm rows do with its 48 MB L2; the physical floor counts the bytes beyond the cache)
+            clip = _ceiling_clip_ms(fm, X, rows, tensor_m, dt_codes, dt_names, device)
+            if clip is not None:
+                clip_ms[m] = clip
         if fm.latency_floor_ms > 0:
             # never faster than the fastest kernel of this family ever measured in the row's dtype (launch
             # overhead): the learned ratio does not extrapolate to one-element tensors
@@ -1000,6 +1059,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         "model": (model_codes, model_names),
         "ood_reason": (why_codes, why_names),
         _FLOOR_KEY: floor_ms,
+        _CLIP_KEY: clip_ms,
     }
 
 

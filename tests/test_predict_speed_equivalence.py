@@ -208,6 +208,22 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             v[ok] = np.maximum(v[ok], fl)
             out[c] = v
         out["pred_high_ms"] = np.maximum(out["pred_high_ms"].to_numpy(dtype=float), out["pred_latency_ms"].to_numpy())
+        # (stop 51) a tensor-core GEMM's band low end, last, on a GPU with a measured matmul ceiling of its own: no
+        # faster than its work at 1.09 x that ceiling; never above the prediction
+        cm = bundle.families["gemm"].ceiling_member
+        own = cm["ceilings"].get(kp._ceiling_name(spec, cm), {}) if cm else {}
+        X = featurize_kernels(pcanon[ok], spec)
+        low, t = out["pred_low_ms"].to_numpy(dtype=float).copy(), out["pred_latency_ms"].to_numpy(dtype=float)
+        for j, i in enumerate(np.flatnonzero(ok)):
+            r = pcanon.iloc[i]
+            if OP_FAMILY.get(r["op"]) != "gemm":
+                continue
+            clip = 0.0
+            c = own.get(r["dtype"], own.get({"bf16": "fp16", "fp16": "bf16"}.get(r["dtype"], ""))) if r["dtype"] != "fp32" else None
+            if c:
+                clip = max(clip, X["t_compute_ms"].iloc[j] / min(c * 1.09, 1.0))
+            low[i] = max(low[i], min(clip, t[i]))
+        out["pred_low_ms"] = low
     return out
 
 
