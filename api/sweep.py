@@ -28,6 +28,7 @@
     grad_reduce_in_bf16: true             # optional: Megatron-LM's bf16 main gradients, framework megatron (as
                                           # `--grad-reduce-in-bf16`; = grad_accum_dtype bf16 there)
     fp8_recipe: mxfp8                     # optional, with dtype fp8: Megatron-Core's --fp8-recipe (as `--fp8-recipe`)
+    overlaps: {tp_comm_overlap: false}    # optional: Megatron-Core's overlap flags for every strategy (search's overlaps=)
     moe_token_dispatcher: allgather       # optional: Megatron-Core's MoE token dispatcher (as `--moe-token-dispatcher-type`)
     cross_entropy_loss_fusion: false      # optional: Megatron-Core's fused cross-entropy loss (framework megatron;
     cross_entropy_fusion_impl: native     # default on there, as the recipes run it): false for a plain Megatron-LM run
@@ -122,6 +123,9 @@ SPEC_KEYS = {
                                  "on there, as Megatron-Bridge's recipes run it; false for a plain Megatron-LM run)",
     "cross_entropy_fusion_impl": "native or te: the fused loss's implementation (Megatron-Core's "
                                  "--cross-entropy-fusion-impl; default native)",
+    "overlaps": "Megatron-Core's overlap flags for every strategy, a mapping of overlap_grad_reduce, "
+                "overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm, overlap_p2p_comm to true or "
+                "false (wattcast.search's overlaps=; as --[no-]overlap-grad-reduce etc.; default: the framework's)",
     "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
     "memory_headroom_gb": "a strategy fits only when its memory is at least this many GB below the GPU's capacity "
                           "(memory_gb <= capacity - X; as --memory-headroom-gb; default 0)",
@@ -240,6 +244,8 @@ class SweepSpec:
     optimizer: str | None = None
     optimizer_impl: str | None = None
     memory_headroom_gb: float = 0.0
+    #: Megatron-Core's overlap flags for every strategy (search's ``overlaps``), only those given
+    overlaps: dict = field(default_factory=dict)
     #: model folders by kind (models, collectives, power_model) as given; resolved (with the environment's) by tasks()
     model_folders: dict = field(default_factory=dict)
     #: run options of every task's footprint (search's footprint_kw, without region), cloud_usd_per_gpu_hour included
@@ -253,6 +259,8 @@ class SweepSpec:
         # only when given: the ids of sweeps that set neither stay what they were
         if self.moe_routing:
             settings["moe_routing"] = dict(sorted(self.moe_routing.items()))
+        if self.overlaps:
+            settings["overlaps"] = dict(sorted(self.overlaps.items()))
         for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype", "fp8_recipe",
                   "moe_token_dispatcher", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "optimizer",
                   "optimizer_impl"):
@@ -537,9 +545,31 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe, moe_token_dispatcher=dispatcher,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      optimizer=optimizer, optimizer_impl=optimizer_impl, memory_headroom_gb=headroom_gb,
+                     overlaps=_overlaps_option(raw, where),
                      model_folders={k: v for k, v in folders.items() if v is not None}, footprint=run_opts)
     _resolve_names(spec, where)
     return spec
+
+
+def _overlaps_option(raw: dict, where: str) -> dict:
+    """The spec's ``overlaps``: a mapping of Megatron-Core's overlap flags (simulate.overlap.OVERLAP_FLAGS) to true or
+    false, checked here (an unknown flag or a non-boolean value is named); {} when absent. Whether a flag applies to a
+    strategy (framework, TP with SP, ZeRO, experts, interleaving) is search's check, made when the task runs."""
+    from wattcast.simulate.overlap import OVERLAP_FLAGS
+
+    given = raw.get("overlaps")
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise SweepSpecError(f"{where}: 'overlaps' must be a mapping of {', '.join(OVERLAP_FLAGS)} to true or false, "
+                             f"got {given!r}")
+    unknown = sorted(set(map(str, given)) - set(OVERLAP_FLAGS))
+    if unknown:
+        raise SweepSpecError(f"{where}: 'overlaps': unknown flag(s) {', '.join(unknown)}; known: {', '.join(OVERLAP_FLAGS)}")
+    bad = {k: v for k, v in given.items() if not isinstance(v, bool)}
+    if bad:
+        raise SweepSpecError(f"{where}: 'overlaps': each flag must be true or false, got {bad!r}")
+    return dict(given)
 
 
 def _optimizer_options(raw: dict, where: str) -> tuple[str | None, str | None]:
@@ -682,7 +712,7 @@ def run_task(task: dict) -> pd.DataFrame:
                   cross_entropy_fusion_impl=task.get("cross_entropy_fusion_impl") or "native",
                   data_load_ms=task.get("data_load_ms", 0.0),
                   data_workers=task.get("data_workers"), optimizer_impl=task.get("optimizer_impl"),
-                  memory_headroom_gb=task.get("memory_headroom_gb", 0.0),
+                  memory_headroom_gb=task.get("memory_headroom_gb", 0.0), overlaps=task.get("overlaps") or None,
                   **({"optimizer": task["optimizer"]} if task.get("optimizer") else {}),
                   **(task.get("model_folders") or {}))
         if task["tokens"] is not None:

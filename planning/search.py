@@ -26,6 +26,7 @@ from wattcast.simulate.moe_routing import check_routing
 from wattcast.simulate.distributed import (MAX_GLOBAL_TOKENS, deepspeed_zero_search_notes, schedule_step,
                                            schedule_context, spec_notes)
 from wattcast.simulate.options import DistributedOptions
+from wattcast.simulate.overlap import OVERLAP_FLAGS
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
@@ -271,7 +272,9 @@ def _choices(name: str, value) -> tuple | None:
     if name not in SPACE_DEFAULTS:
         raise ValueError(f"unknown search-space option {name!r}; valid: {', '.join(SPACE_DEFAULTS)}"
                          + (f" ({name} describes the run: give it in footprint_kw={{{name!r}: ...}}, with tokens=)"
-                            if name in _footprint_options() else ""))
+                            if name in _footprint_options() else "")
+                         + (f" ({name} is a Megatron-Core overlap flag: give it in overlaps={{{name!r}: True or False}})"
+                            if name in OVERLAP_FLAGS else ""))
     if value is None:
         value = SPACE_DEFAULTS[name]
         if value is None:
@@ -661,8 +664,6 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     goals = _check_goals(objective, max_usd, deadline_days, max_tco2e, pareto, tokens)
-    from wattcast.simulate.overlap import OVERLAP_FLAGS
-
     unknown = set(overlaps or {}) - set(OVERLAP_FLAGS)
     if unknown:
         raise ValueError(f"unknown overlaps option(s) {sorted(unknown)}; valid: {', '.join(OVERLAP_FLAGS)}")

@@ -4,6 +4,7 @@ and wattcast's version, so a sweep resumed after an upgrade recomputes instead o
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -127,3 +128,35 @@ def test_fp8_recipe_is_a_sweep_key_that_reaches_the_search(tmp_path):
     ref = wattcast.search("gpt2", "DGX-H100", 8, 8, 1024, framework="megatron", dtype="fp8", max_configs=2,
                           fp8_recipe="tensorwise", **dict(SPACE, zero=[1]))
     assert df["step_time_ms"].iloc[0] == pytest.approx(ref.ranked["step_time_ms"].iloc[0], rel=1e-12)
+
+
+def test_overlaps_is_a_sweep_key_that_reaches_the_search(tmp_path):
+    """Megatron-Core's overlap flags for every strategy of a sweep (audit 51: a sweep could set none of them): the
+    rows are search's with the same overlaps=; the key is in the task and its id only when given."""
+    off = dict(tp_comm_overlap=False, overlap_grad_reduce=False)
+    df = read_sweep(run_sweep(dict(SPEC, overlaps=off), tmp_path / "off", workers=0).output)
+    assert df["status"].iloc[0] == "ok", df["error"].iloc[0]
+    ref = wattcast.search("llama3_8b", "DGX-H100", 8, 16, 2048, framework="megatron", max_configs=5, overlaps=off,
+                          **SPACE)
+    on = wattcast.search("llama3_8b", "DGX-H100", 8, 16, 2048, framework="megatron", max_configs=5, **SPACE)
+    assert df["step_time_ms"].iloc[0] == pytest.approx(ref.ranked["step_time_ms"].iloc[0], rel=1e-12)
+    assert ref.ranked["step_time_ms"].iloc[0] != pytest.approx(on.ranked["step_time_ms"].iloc[0], rel=1e-6)
+    plain, given = load_spec(SPEC).tasks()[0], load_spec(dict(SPEC, overlaps=off)).tasks()[0]
+    assert "overlaps" not in plain and given["overlaps"] == off and plain["task_id"] != given["task_id"]
+
+
+@pytest.mark.parametrize("overlaps,needle", [
+    (["tp_comm_overlap"], "'overlaps' must be a mapping"),
+    ({"tp_overlap": False}, "unknown flag(s) tp_overlap; known: overlap_grad_reduce"),
+    ({"tp_comm_overlap": "no"}, "each flag must be true or false"),
+])
+def test_bad_overlaps_are_refused(overlaps, needle):
+    with pytest.raises(SweepSpecError, match=re.escape(needle)):
+        load_spec(dict(SPEC, overlaps=overlaps))
+
+
+def test_search_names_the_overlaps_option_for_an_overlap_flag():
+    """wattcast.search(tp_comm_overlap=False) is not a search-space option: the error says where it goes."""
+    with pytest.raises(ValueError, match=re.escape("give it in overlaps={'tp_comm_overlap': True or False}")):
+        wattcast.search("llama3_8b", "DGX-H100", 8, 16, 2048, framework="megatron", max_configs=5,
+                        tp_comm_overlap=False)
