@@ -1595,6 +1595,20 @@ def _tied_copy_optimizer(view: _RankView, tied_params: float) -> tuple[float, fl
     return float(view.opt_ms[emb].sum()) * f, float(view.e_opt_j[emb].sum()) * f
 
 
+def edge_layer_equivalents(view: _RankView, n_layers: int) -> tuple[float, float] | None:
+    """(embedding, output layer + loss) of ``view`` in transformer-layer equivalents: their forward + backward time of
+    one micro-batch (collectives included) over the mean transformer layer's; what the automatic pipeline split weighs
+    the first and the last stage's extra work by (``parallel.balanced_stage_layers``). Layer ids below 0 are the
+    embedding, ``n_layers`` and above the final norm, the output layer, the loss (and MTP blocks); None when the
+    transformer layers cost nothing."""
+    ids = view.layer_ids
+    fb_ms = view.f_ms + view.b_ms
+    layer_ms = float(fb_ms[(ids >= 0) & (ids < n_layers)].sum()) / n_layers
+    if not layer_ms > 0:
+        return None
+    return float(fb_ms[ids < 0].sum()) / layer_ms, float(fb_ms[ids >= n_layers].sum()) / layer_ms
+
+
 def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: list[int] | None = None) -> np.ndarray:
     """Model chunk of each layer: contiguous runs of ``counts`` layers (``parallel.stage_layers``; by default
     DeepSpeed's balanced split); embeddings with the first chunk, head and loss with the last."""
@@ -2516,7 +2530,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     chunk_key = ("chunks", id(view), n_layers, P, V, par.pp_first_layers, par.pp_last_layers, deepspeed, dual)
     hit = memo.get(chunk_key) if memo is not None else None
     if hit is None:
-        counts = chunk_layers(n_layers, P, V, first=par.pp_first_layers, last=par.pp_last_layers, deepspeed=deepspeed)
+        # the automatic split of layers that do not divide the stages balances the stages' work, the embedding on the
+        # first and the output layer with the loss on the last counted at their cost (parallel.balanced_stage_layers);
+        # not under DualPipe (rank s runs stages s and P-1-s: both ends on each outer rank) nor DeepSpeed's partitioner
+        edge = None if dual or deepspeed else edge_layer_equivalents(view, n_layers)
+        counts = chunk_layers(n_layers, P, V, first=par.pp_first_layers, last=par.pp_last_layers, deepspeed=deepspeed,
+                              edge_layers=edge)
         chunk = chunk_of_layer(view.layer_ids, n_layers, n_chunks, counts)
         hit = (counts, chunk, {})
         if memo is not None:

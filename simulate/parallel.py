@@ -294,6 +294,55 @@ def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last
     return counts
 
 
+def balanced_stage_layers(n_layers: int, n_stages: int, edge_layers: tuple[float, float], *,
+                          min_layers: int = 1) -> list[int]:
+    """The automatic split when the layers do not divide the stages, balanced on cost: the transformer layers of each
+    stage minimizing the slowest stage's work, the first stage also running the embedding and the last the output
+    layer with the loss.
+
+    ``edge_layers`` = (embedding, output layer + loss) in layer-equivalents: their forward + backward time of one
+    micro-batch over a transformer layer's (``simulate.distributed.edge_layer_equivalents``, from the costed graph).
+    Megatron-LM's own ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split`` count
+    each as exactly one layer (Megatron-Core 0.16.1 transformer/transformer_config.py l. 1435-1478: layers + 2 must
+    divide the stages; transformer/transformer_block.py l. 140-200 and transformer/transformer_layer.py l. 154-190,
+    ``get_transformer_layer_offset``: the first stage's share less one for the embedding, the last's less one for the
+    loss); here each counts what it costs, which for a 128k-vocabulary head is
+    more than one layer (Llama 3 8B, TP1: the head and the loss cost 2.4 layers) and for the embedding lookup nearly
+    nothing. Every stage holds at least ``min_layers`` (the virtual stages under ``--interleave``). The stages between
+    the first and the last have no extra work, so they split their layers evenly (the old rule's order); the first and
+    the last stage's counts are searched. Ties (an equal slowest stage, compared to 1e-9 layer) go to the split nearest
+    the layer-count balance of :func:`stage_layers` (Llama 3 405B on 16 stages keeps 7, 8 x 14, 7: its head costs 0.6
+    of a layer), then to fewer layers on the earlier stages (1F1B keeps more micro-batches in flight there)."""
+    P = int(n_stages)
+    e, h = (float(x) for x in edge_layers)
+    if not (np.isfinite(e) and np.isfinite(h) and e >= 0 and h >= 0):
+        raise ValueError(f"edge_layers must be finite and >= 0, got {edge_layers!r}")
+    even = stage_layers(n_layers, P)
+    if P == 1 or n_layers % P == 0:
+        return even
+    a = np.arange(min_layers, n_layers + 1)
+    first, last = (x.ravel() for x in np.meshgrid(a, a, indexing="ij"))
+    mid = n_layers - first - last
+    inner = P - 2
+    if inner == 0:
+        ok = mid == 0
+        mid_max = np.zeros_like(mid)
+    else:
+        ok = mid >= inner * min_layers
+        mid_max = -(-mid // inner)
+    cost = np.maximum(np.maximum(first + e, last + h), mid_max).astype(float)
+    cost = np.where(ok, cost, np.inf)
+    best = cost.min()
+    if not np.isfinite(best):  # no split holds min_layers a stage: the caller's check names the rule
+        return even
+    ties = np.flatnonzero(cost <= best + 1e-9)
+
+    def split(i: int) -> list[int]:
+        return [int(first[i])] + (stage_layers(int(mid[i]), inner) if inner else []) + [int(last[i])]
+
+    return min((split(i) for i in ties), key=lambda c: (sum(abs(x - y) for x, y in zip(c, even)), c))
+
+
 def _runs(counts: list[int]) -> str:
     """Layer counts written by runs: [3, 4, 4, 4, 3] as "3, 4 x 3, 3"."""
     out = []
@@ -339,7 +388,7 @@ def _automatic_split_hint(n_layers: int, pp: int, interleave: int, deepspeed: bo
 
 
 def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | None = None, last: int | None = None,
-                 deepspeed: bool = False) -> list[int]:
+                 deepspeed: bool = False, edge_layers: tuple[float, float] | None = None) -> list[int]:
     """Transformer layers of each model chunk in pipeline order (chunk ``v x pp + s`` is virtual stage ``v`` of stage
     ``s``, Megatron's interleaved assignment).
 
@@ -351,14 +400,25 @@ def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | No
     - otherwise the balanced stages of :func:`stage_layers` (Llama 3 405B's 126 layers on 16 stages: 7, 8 x 14, 7), each
       stage's layers over its virtual stages differing by one at most, the chunk holding the embedding (first stage,
       first virtual stage) and the one holding the loss (last stage, last virtual stage) taking the fewer; Megatron-Core
-      runs such a split with ``--pipeline-model-parallel-layout``.
+      runs such a split with ``--pipeline-model-parallel-layout``;
+    - ``edge_layers`` (embedding, output layer + loss) in layer-equivalents, given: where the layers do not divide the
+      stages and neither ``first`` nor ``last`` is given (and not ``deepspeed``), the stages are
+      :func:`balanced_stage_layers`' cost-balanced split instead of the layer-count balance (each stage at least
+      ``interleave`` layers), then split over the virtual stages as above. Layers that divide the stages, and given
+      first/last counts, are never moved.
     """
-    if interleave == 1:
-        return stage_layers(n_layers, pp, first=first, last=last, deepspeed=deepspeed)
     explicit = first is not None or last is not None
+    cost_split = edge_layers is not None and not explicit and not deepspeed and pp > 1 and n_layers % pp != 0
+    if interleave == 1:
+        if cost_split:
+            return balanced_stage_layers(n_layers, pp, edge_layers)
+        return stage_layers(n_layers, pp, first=first, last=last, deepspeed=deepspeed)
     if not explicit and n_layers % (pp * interleave) == 0:
         return [n_layers // (pp * interleave)] * (pp * interleave)
-    stages = stage_layers(n_layers, pp, first=first, last=last, deepspeed=deepspeed)
+    if cost_split:
+        stages = balanced_stage_layers(n_layers, pp, edge_layers, min_layers=interleave)
+    else:
+        stages = stage_layers(n_layers, pp, first=first, last=last, deepspeed=deepspeed)
     if explicit:
         bad = [(i, n) for i, n in enumerate(stages) if n % interleave]
         if bad:
