@@ -763,14 +763,15 @@ def _show_step_prediction(res, f) -> None:
         if res.run is not None:
             _print_run(res.run)
     capacity_gb = res.memory_capacity_gb
-    _warn_memory(res)
-    if not res.fits and not f.allow_oom:
+    refused = not res.fits and not f.allow_oom
+    _warn_memory(res, refused=refused)
+    if refused:
         m = res.memory
         _fail(f"does not fit: predicted {res.memory_gb:.1f} GB on {res.device} with "
               f"{_gb_and_gib(capacity_gb)} (weights {m.weights_gb:.1f}, gradients {m.gradients_gb:.1f}, optimizer "
               f"{m.optimizer_gb:.1f}, activations {m.activations_gb:.1f}, largest kernel {m.transient_gb:.1f} GB"
               + (f", KV cache {m.kv_cache_gb:.1f} GB" if m.kv_cache_gb else "") + "); "
-              + _oom_hint(f.mode, getattr(f, "kv_context", None)), code=3)
+              + _tight_refusal(res) + _oom_hint(f.mode, getattr(f, "kv_context", None)), code=3)
 
 
 def _oom_hint(mode, kv_context) -> str:
@@ -822,11 +823,31 @@ def _strategy_options(ctx, text: str, values: dict) -> dict:
         _fail(f"--strategy: {e}")
 
 
-def _warn_memory(res) -> None:
-    """Say when the memory prediction is near the device's capacity (``res.memory_flag``)."""
+def _tight_refusal(res) -> str:
+    """The part of a "does not fit" refusal (exit 3) that says the prediction is over capacity by less than the
+    memory estimate's error (``memory_flag`` "tight", :data:`~wattcast.simulate.memory.TIGHT_MEMORY_FRACTION`), so
+    the refusal does not read as certain; empty when the step is plainly over. One verdict: the separate "memory is
+    tight" warning is not printed beside a refusal (``_warn_memory(refused=True)``)."""
+    from wattcast.simulate.memory import TIGHT_MEMORY_FRACTION
+
+    if res.memory_flag != "tight":
+        return ""
+    gb, cap = res.memory_gb, res.memory_capacity_gb
+    return (f"predicted {gb:.1f} GB of {cap:.1f} GB: over by {100 * (gb / cap - 1):.1f}%, inside the "
+            f"\u00b1{100 * TIGHT_MEMORY_FRACTION:.0f}% the memory estimate cannot resolve (allocator fragmentation and "
+            "framework buffers are not modelled), so it may run: check on the hardware (--allow-oom predicts it "
+            "anyway); to be sure it fits, ")
+
+
+def _warn_memory(res, *, refused: bool = False) -> None:
+    """Say when the memory prediction is near the device's capacity (``res.memory_flag``); not the "tight" warning
+    when the step is refused (``refused``: over capacity without --allow-oom), whose message says it instead
+    (:func:`_tight_refusal`)."""
     from wattcast.simulate.memory import MEMORY_PRESSURE_FRACTION, TIGHT_MEMORY_FRACTION
 
     gb, cap = res.memory_gb, res.memory_capacity_gb
+    if res.memory_flag == "tight" and refused:
+        return
     if res.memory_flag == "tight":
         err.print(f"[yellow]memory is tight: predicted {gb:.1f} GB of {_gb_and_gib(cap)}, within "
                   f"{100 * TIGHT_MEMORY_FRACTION:.0f}% of capacity, where the estimate cannot tell fitting from not "
@@ -870,13 +891,14 @@ def _show_cluster_prediction(res, req, f) -> None:
         if res.run is not None:
             _print_run(res.run)
     capacity_gb = res.memory_capacity_gb
-    _warn_memory(res)
-    if not res.fits and not f.allow_oom:
+    refused = not res.fits and not f.allow_oom
+    _warn_memory(res, refused=refused)
+    if refused:
         worst = max(res.per_device, key=lambda r: r["memory_gb"])
         _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
               f"{_gb_and_gib(capacity_gb)} (weights {worst['weights_gb']:.1f}, gradients "
               f"{worst['gradients_gb']:.1f}, optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f}, "
-              f"buffers {worst.get('buffers_gb', 0.0):.1f} GB); use --zero, --recompute, "
+              f"buffers {worst.get('buffers_gb', 0.0):.1f} GB); " + _tight_refusal(res) + "use --zero, --recompute, "
               "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
 
 

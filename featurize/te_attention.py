@@ -63,8 +63,15 @@ def attention_output_shared(backend: str, batch: int, cp: int, head_dim_qk: int,
     tensor they return (TE 2.20.2 context_parallel.py l. 2166-2176, 2254-2255, 2297-2305, 2349-2356: the ring's
     accumulator kept in the partial outputs' dtype, ``out.to(dtype)`` of it the tensor itself; allgather: one
     output buffer, l. 3495, 3826-3832, 3861-3880, 3928-3929); not with an all-to-all (a2a, a2a+p2p): that saves the
-    rank's output before the all-to-all and returns the tensor the all-to-all writes (l. 2259-2271, 4925-4950)."""
-    if int(cp) > 1 and (str(cp_comm) not in ("p2p", "allgather") or int(cp_a2a) > 1):
+    rank's output before the all-to-all and returns the tensor the all-to-all writes (l. 2259-2271, 4925-4950).
+    a2a+p2p with an all-to-all group of 1 (``--hierarchical-cp-sizes 1,N``) runs no all-to-all: TE's
+    ``AttnFuncWithCPAndKVP2P`` takes its ``flash_attn_a2a_communicate`` branches only when ``cp_size_a2a > 1`` (the
+    same branches the l. 2259-2271 output exchange sits in), so it saves and returns one output as the plain ring does
+    (the graph adds no all-to-all copies for it either: ``GraphBuilder.flash_attention``, ``cp_a2a > 1``; issue 15:
+    until then its activations were charged the a2a's extra output, 5% more than p2p at an identical step time).
+    ``cp_a2a``: the all-to-all group's size (a2a: cp, whatever is passed)."""
+    runs_a2a = str(cp_comm) == "a2a" or (str(cp_comm) == "a2a+p2p" and int(cp_a2a) > 1)
+    if int(cp) > 1 and runs_a2a:
         return False
     if backend == "fused":
         return True

@@ -3394,6 +3394,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         n_ring = cp_group_sizes(par)[1]
         cp_coll_name = "allgather_kv" if par.cp_comm_type == "allgather" else "a2a_qkvo"
         z3_trace = per_unit and lay["dp"].size > 1
+        # the pipeline's send/recv per task (DualPipe's mirrored transfers are not drawn); each TP rank sends the whole
+        # activation, or 1/tp of it then all-gathered over TP (scatter/gather, ``partitioned``)
+        pp_trace = P > 1 and p2p_ms > 0 and not dual
+        pp_send_bytes = act_bytes / par.tp if partitioned else act_bytes
+        chunk_first = np.concatenate(([0], np.cumsum(np.asarray(counts, dtype=int))))
         z2_name = f"zero2.{dp_op}" if z2_mode is not None else None
         # the TP and EP collectives: what each class adds to the task (_comm_parts: exposed, or what the overlap leaves
         # of it with the slowdown it causes), one event per task and class on the class's track from the task's start
@@ -3404,11 +3409,31 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             c = tk.model_stage if dual else tk.chunk * P + tk.stage
             pair = dual and tk.kind == "FB"
             ev = dict(stage=tk.stage, stream="compute", name=(f"FB{tk.micro}+{tk.micro_b}" if pair else f"{tk.kind}{tk.micro}")
-                      + (f".c{tk.chunk}" if V > 1 else ""), start_ms=tk.start, end_ms=tk.end)
+                      + (f".c{tk.chunk}" if V > 1 else ""), start_ms=tk.start, end_ms=tk.end,
+                      # the trace's args (simulate/trace.py): where the task sits in the schedule and what it runs
+                      args=dict(stage=int(tk.stage), micro_batch=int(tk.micro), chunk=int(tk.chunk), virtual_stage=int(c),
+                                layers=f"{chunk_first[c]}-{chunk_first[c] + int(counts[c]) - 1}"))
             if pair:
                 ev.update(forward_part_ms=float(work["task_f_ms"][tk.model_stage]),
                           backward_part_ms=float(work["task_b_ms"][tk.stage_b]))
+                ev["args"].update(micro_batch_b=int(tk.micro_b))
             events.append(ev)
+            if pp_trace and tk.kind in ("F", "B"):
+                # the pipeline transfer the task ends with (activations on to chunk c + 1, the input gradient back to
+                # chunk c - 1), send_* x p2p_ms over its own hop as the schedule charges it: a blocked sender
+                # (p2p_blocking) spends it at the end of its task, on the sender's pp track; otherwise it runs on the
+                # dependency edge after the task, which the receiver waits for: on the receiver's pp track
+                fwd_send = tk.kind == "F"
+                x = float((send_f if fwd_send else send_b)[c]) * p2p_ms
+                if x > 0:
+                    dst = (c + 1 if fwd_send else c - 1) % P
+                    a, e = (tk.end - x, tk.end) if p2p_blocking else (tk.end, tk.end + x)
+                    events.append(dict(stage=tk.stage if p2p_blocking else dst, stream="comm",
+                                       name=("pp.send_activations" if fwd_send else "pp.send_input_grad") + f"{tk.micro}"
+                                       + (f".c{tk.chunk}" if V > 1 else ""), start_ms=a, end_ms=e,
+                                       args=dict(from_stage=int(tk.stage), to_stage=int(dst), micro_batch=int(tk.micro),
+                                                 chunk=int(tk.chunk), bytes=float(pp_send_bytes),
+                                                 blocking=bool(p2p_blocking))))
             fwd = tk.kind in ("F", "FB")
             if fwd and data_f[c] > 0:  # loading the micro-batch: the start of the forward that reads it
                 events.append(dict(stage=tk.stage, stream="compute", name=f"data_loading{tk.micro}", start_ms=tk.start,

@@ -180,8 +180,11 @@ def distributed_trace_events(res) -> list[dict]:
     for (s, track), sp in spans.items():
         for a, b, i in sp:
             e = res.events[i]
-            ev.append({"name": e["name"], "ph": "X", "pid": s, "tid": tids[i], "ts": _us(a), "dur": _us(b - a),
-                       "cat": e["stream"]})
+            x = {"name": e["name"], "ph": "X", "pid": s, "tid": tids[i], "ts": _us(a), "dur": _us(b - a),
+                 "cat": e["stream"]}
+            if e.get("args"):  # a task's place in the schedule, a pipeline transfer's ends and bytes
+                x["args"] = e["args"]
+            ev.append(x)
     # power counter per stage: what the stage's energy_j charges (simulate/distributed.py)
     for d in res.per_device:
         s = d["stage"]
@@ -250,6 +253,7 @@ def write_distributed_trace(res, path: str | Path) -> Path:
     return _write_trace(path, distributed_trace_events(res), {"model": res.model, "cluster": res.cluster,
                                                               "parallel": res.parallel.describe(), "dtype": shown_dtype(res.meta),
                                                               "step_time_ms": res.step_time_ms,
+                                                              "exposed_comm_split_ms": res.exposed_comm_split_ms,
                                                               "truncated": res.meta.get("trace_truncated"),
                                                               "moe_load": res.meta.get("moe_load", 1.0)})
 
@@ -283,8 +287,9 @@ def _timeline_kind(e: dict) -> str:
 
 def exposed_comm_intervals(res) -> list[tuple[int, float, float]]:
     """(stage, start_ms, end_ms) of the communication on the comm stream during which the stage's compute stream is
-    idle: what the step waits for. (TP and pipeline send/recv time is inside the F/B tasks and is not among these;
-    ``res.exposed_comm_split_ms`` has every class.)"""
+    idle: what the step waits for. (TP time, and the pipeline send/recv of a blocking schedule (Megatron's 1F1B), is
+    inside the F/B tasks and is not among these; a non-blocking pipeline transfer is drawn on its receiver, after the
+    sending task, so what of it the receiver idles for is; ``res.exposed_comm_split_ms`` has every class.)"""
     out = []
     for s in sorted({e["stage"] for e in res.events}):
         busy = sorted((e["start_ms"], e["end_ms"]) for e in res.events if e["stage"] == s and e["stream"] == "compute")

@@ -66,9 +66,14 @@ def test_a2a_p2p_with_inner_size_one_is_the_ring_and_outer_one_is_a2a():
     ring, hier = _predict(), _predict(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(1, 4))
     assert hier.step_time_ms == ring.step_time_ms
     assert hier.exposed_comm_split_ms["cp"] == ring.exposed_comm_split_ms["cp"]
+    # and its memory too (issue 15: the a2a's separate output copy was charged though no all-to-all runs)
+    assert hier.memory_gb == ring.memory_gb
+    assert [r["activations_gb"] for r in hier.per_device] == [r["activations_gb"] for r in ring.per_device]
     # llama3-8b has 8 kv heads: 4 per TP rank, divisible by 4
     a2a, hier = _predict(cp_comm_type="a2a"), _predict(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(4, 1))
     assert hier.step_time_ms == pytest.approx(a2a.step_time_ms, rel=1e-9)
+    # a ring of 1 still runs the all-to-all: the output it saves is not the one it returns, as a2a's
+    assert hier.memory_gb == pytest.approx(a2a.memory_gb, rel=1e-12) and hier.memory_gb > ring.memory_gb
 
 
 def test_comm_types_land_in_the_cp_split_and_the_trace():

@@ -209,6 +209,38 @@ def test_tight_memory_is_flagged_not_hidden():
     assert d["memory_flag"] == "tight" and d["memory_capacity_gb"] == pytest.approx(32 * 2**30 / 1e9)
 
 
+def test_tight_refusal_is_one_verdict():
+    # issue 15: 35.0 GB on a 32 GiB (34.4e9 bytes) card is 2% over, inside the memory estimate's error band: the refusal
+    # (exit 3, as the README's contract says) says so itself, and the "memory is tight ... cannot tell" warning that
+    # contradicted it is not printed as well
+    args = ("predict", "--model", "gpt2_xl", "--device", "V100-PCIe-32GB", "--batch", "10", "--seq", "1024",
+            "--mode", "train", "--dtype", "fp16", "--attention", "eager", "--recompute", "full")
+    r = run_cli(*args)
+    said = flat(r.stdout + r.stderr)
+    assert r.returncode == 3 and "does not fit" in said and "Traceback" not in said
+    assert "predicted 35.0 GB of 34.4 GB: over by 2.0%, inside the \u00b15% the memory estimate cannot resolve" in said
+    assert "memory is tight" not in said and "cannot tell fitting" not in said
+    # --allow-oom predicts it: no refusal, the tight warning stays
+    r = run_cli(*args, "--allow-oom", "--json")
+    assert r.returncode == 0 and "memory is tight" in flat(r.stderr)
+    assert json.loads(r.stdout)["memory_flag"] == "tight"
+    # plainly over (outside the band): today's refusal, without the band's wording
+    r = run_cli(*args[:6], "16", *args[7:])
+    said = flat(r.stdout + r.stderr)
+    assert r.returncode == 3 and "does not fit" in said and "cannot resolve" not in said and "memory is tight" not in said
+
+
+def test_tight_refusal_of_a_cluster_is_one_verdict():
+    # issue 15's report: 405B on 16,384 H100s, stage 1 at 87.2 GB of 85.9 GB (1.6% over): refused (exit 3) saying it
+    # is inside the band, with no contradicting "cannot tell" warning
+    r = run_cli("predict", "-m", "llama3_405b", "--cluster", "DGX-H100", "--gpus", "16384", "--batch", "2048", "--seq",
+                "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--sp", "--framework", "megatron", "--zero", "1")
+    said = flat(r.stdout + r.stderr)
+    assert r.returncode == 3 and "does not fit: stage 1 needs 87.2 GB" in said
+    assert "predicted 87.2 GB of 85.9 GB: over by 1.6%, inside the \u00b15%" in said
+    assert "cannot tell fitting" not in said and "memory is tight" not in said
+
+
 def test_memory_pressure_warns_about_step_time_not_fit():
     # 32.2 GB of 32 GiB (94%): fits, outside the tight band, but where measured eager training forwards slowed (batch
     # 6: full recomputation keeps no dropout masks, AMP's gradients are fp32)

@@ -43,6 +43,9 @@ def test_output_shared_rule():
     assert not attention_output_shared("flash", 2, 2, 128, 128)
     assert not attention_output_shared("fused", 1, 2, 128, 128, cp_comm="a2a")
     assert not attention_output_shared("fused", 1, 4, 128, 128, cp_comm="a2a+p2p", cp_a2a=2)
+    # a2a+p2p whose all-to-all group is 1 runs no all-to-all (TE: the a2a branches need cp_size_a2a > 1): the ring's
+    assert attention_output_shared("fused", 1, 4, 128, 128, cp_comm="a2a+p2p", cp_a2a=1)
+    assert not attention_output_shared("fused", 1, 4, 128, 128, cp_comm="a2a", cp_a2a=1)  # a2a: its group is cp
 
 
 def test_flash_attn_wrapper_copy_only_above_micro_batch_one():
