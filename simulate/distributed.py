@@ -1600,7 +1600,9 @@ def edge_layer_equivalents(view: _RankView, n_layers: int) -> tuple[float, float
     one micro-batch (collectives included) over the mean transformer layer's; what the automatic pipeline split weighs
     the first and the last stage's extra work by (``parallel.balanced_stage_layers``). Layer ids below 0 are the
     embedding, ``n_layers`` and above the final norm, the output layer, the loss (and MTP blocks); None when the
-    transformer layers cost nothing."""
+    transformer layers cost nothing or there are none (a graph without layers: an ONNX export)."""
+    if n_layers <= 0:
+        return None
     ids = view.layer_ids
     fb_ms = view.f_ms + view.b_ms
     layer_ms = float(fb_ms[(ids >= 0) & (ids < n_layers)].sum()) / n_layers
