@@ -75,13 +75,18 @@ def _same_figure(a, b) -> bool:
     return a == b
 
 
+def _same_compute(a: DeviceSpec, b: DeviceSpec) -> bool:
+    """Whether ``a`` and ``b`` have the same compute silicon: every :data:`COMPUTE_FIELDS` figure the same."""
+    return all(_same_figure(getattr(a, f), getattr(b, f)) for f in COMPUTE_FIELDS)
+
+
 def compute_twin(spec: DeviceSpec, among) -> str:
     """The catalog device among the names ``among`` whose compute figures (:data:`COMPUTE_FIELDS`) equal ``spec``'s
     (numbers within :data:`COMPUTE_RTOL`), when exactly one does, else ''."""
     from wattcast.data.catalog import load_catalog
 
     cat = load_catalog()
-    hits = [n for n in among if n in cat and all(_same_figure(getattr(cat[n], f), getattr(spec, f)) for f in COMPUTE_FIELDS)]
+    hits = [n for n in among if n in cat and _same_compute(cat[n], spec)]
     return hits[0] if len(hits) == 1 else ""
 
 
@@ -104,7 +109,7 @@ def twin_base_clock(spec: DeviceSpec) -> tuple[float, tuple[str, ...]] | None:
     from wattcast.data.catalog import load_catalog
 
     hits = [r for r in load_catalog().values()
-            if r.base_clock_mhz and all(_same_figure(getattr(r, f), getattr(spec, f)) for f in COMPUTE_FIELDS)]
+            if r.base_clock_mhz and _same_compute(r, spec)]
     if len({float(r.base_clock_mhz) for r in hits}) > 1:
         skip = CITATION_FIELDS + ("name", "base_clock_mhz")
         hits = [r for r in hits if _same_hardware(r, spec, skip)]

@@ -70,6 +70,12 @@ def ceiling_model(models: dict | None, vendor: str):
 SIXTEEN_BIT_TWIN = {"bf16": "fp16", "fp16": "bf16"}
 
 
+def own_dtype_ceiling(own: dict, dtype: str, default: float) -> float:
+    """A device's own matmul ceiling (``own``: a ``ceiling_member`` ``ceilings`` entry, dtype -> ceiling) in ``dtype``
+    or its 16-bit twin (:data:`SIXTEEN_BIT_TWIN`), else ``default``."""
+    return own.get(dtype, own.get(SIXTEEN_BIT_TWIN.get(dtype, ""), default))
+
+
 def row_ceilings(device: str, vendor: str, dtypes: np.ndarray, entry: dict) -> np.ndarray:
     """Each row's matmul ceiling for ``device`` from a bundle's ``ceiling_member`` entry: the device's own (a training
     device, or one the MAMF table lists) in the dtype or its 16-bit twin, else its vendor's median, else the
@@ -77,7 +83,7 @@ def row_ceilings(device: str, vendor: str, dtypes: np.ndarray, entry: dict) -> n
     own = entry["ceilings"].get(device, {})
     other = entry["vendor_ceilings"].get(vendor, entry["default_ceiling"])
     names, codes = np.unique(np.asarray(dtypes, dtype=object).astype(str), return_inverse=True)  # a few dtypes, many rows
-    per_name = np.array([own.get(d, own.get(SIXTEEN_BIT_TWIN.get(d, ""), other)) for d in names], dtype=float)
+    per_name = np.array([own_dtype_ceiling(own, d, other) for d in names], dtype=float)
     return per_name[codes.reshape(-1)]
 
 

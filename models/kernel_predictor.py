@@ -13,8 +13,8 @@ from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_FAMILIES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES,
                                      MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, VEC_COLS, bad_shape_values,
                                      canonical_dtype, min_shape_value, required_columns)
-from wattcast.models.gemm_floor import (SIXTEEN_BIT_TWIN, blend_weight, blended_log_ratio, ceiling_log_ratio,
-                                        ceiling_model, row_ceilings)
+from wattcast.models.gemm_floor import (blend_weight, blended_log_ratio, ceiling_log_ratio, ceiling_model,
+                                        own_dtype_ceiling, row_ceilings)
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
 from wattcast.models.kernel_surrogates import RooflineSurrogate, fnv1a_rows, predict_distinct
 from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
@@ -828,7 +828,7 @@ def _ceiling_clip_ms(fm, X: pd.DataFrame, rows: np.ndarray | None, tensor: np.nd
     own = cm["ceilings"].get(_ceiling_name(device, cm))
     if not own:
         return None
-    per_dtype = np.array([own.get(d, own.get(SIXTEEN_BIT_TWIN.get(d, ""), np.nan)) for d in dt_names], dtype=float)
+    per_dtype = np.array([own_dtype_ceiling(own, d, np.nan) for d in dt_names], dtype=float)
     c = per_dtype[dt_codes if rows is None else dt_codes[rows]]
     ok = tensor & np.isfinite(c)
     if not ok.any():
