@@ -378,7 +378,7 @@ def predict(
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of the job (distributed prediction; needs --cluster)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (Megatron column/row splits)."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel degree (default gpus / (tp x pp))."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel degree (default gpus / (tp x pp x cp))."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Sequences per micro-batch."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-3 over the data-parallel group (3 = FSDP). With --framework megatron: 1 = the distributed optimizer (--use-distributed-optimizer), 2 / 3 = Megatron-FSDP's --data-parallel-sharding-strategy optim_grads / optim_grads_params (2 reduce-scatters the gradients in every micro-batch's backward, as Megatron-FSDP does: see README). With --framework hf: 3 = PyTorch FSDP FULL_SHARD, 2 = SHARD_GRAD_OP (each layer's parameters all-gathered in every micro-batch's forward and kept through its backward, each layer's gradients reduce-scattered as its backward ends; no_sync is not modelled)."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (with --tp)."),
@@ -406,7 +406,7 @@ def predict(
     loop_trip_count: Optional[int] = typer.Option(None, "--loop-trip-count", help="Iterations of an ONNX model's Loops whose trip count is known only at run time (each body is costed this many times)."),
     pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="Transformer layers of the first pipeline stage (Megatron-Core's decoder_first_pipeline_num_layers); the other stages split the rest evenly."),
     pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="Transformer layers of the last pipeline stage (decoder_last_pipeline_num_layers)."),
-    cp: int = typer.Option(1, "--cp", help="Context-parallel degree: the sequence split over this many ranks (ring attention; needs --attention flash)."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel degree: the sequence split over this many ranks (ring attention; needs --framework megatron and --attention flash)."),
     cp_comm_type: Optional[str] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE: how context parallelism communicates: p2p (the KV ring, default), a2a (all-to-all of Q/K/V and output, heads scattered), allgather (K/V all-gathered) or a2a+p2p (a2a inside, ring across; needs --hierarchical-cp-sizes)."),
     hierarchical_cp_sizes: Optional[str] = typer.Option(None, "--hierarchical-cp-sizes", help="With --cp-comm-type a2a+p2p: A,B = the inner all-to-all and outer ring sizes, A x B = --cp (Megatron-LM --hierarchical-context-parallel-sizes)."),
     overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Megatron-Core: reduce gradient buckets during the last backward (default on with --framework megatron)."),
@@ -1025,8 +1025,8 @@ def search(
     collectives: Optional[Path] = _COLLECTIVES_MODEL_OPTION,
     power_model: Optional[Path] = _POWER_MODEL_OPTION,
 ) -> None:
-    """Evaluate every valid parallel strategy (TP x PP x DP x micro-batch x ZeRO x SP x recompute x interleave),
-    on one cluster or across several; with --tokens, rank and filter whole runs by time, cost and CO2e."""
+    """Evaluate every valid parallel strategy (TP x PP x DP x CP (and its communication type) x EP (and expert TP) x
+    micro-batch x ZeRO x SP x recompute x interleave), on one cluster or across several; with --tokens, rank and filter whole runs by time, cost and CO2e."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from wattcast import search as _search
