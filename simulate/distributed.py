@@ -3396,10 +3396,26 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         n_ring = cp_group_sizes(par)[1]
         cp_coll_name = "allgather_kv" if par.cp_comm_type == "allgather" else "a2a_qkvo"
         z3_trace = per_unit and lay["dp"].size > 1
-        # the pipeline's send/recv per task (DualPipe's mirrored transfers are not drawn); each TP rank sends the whole
-        # activation, or 1/tp of it then all-gathered over TP (scatter/gather, ``partitioned``)
+        # the pipeline's send/recv per task (1F1B, interleaved; DualPipe's mirrored transfers from its replay, below);
+        # each TP rank sends the whole activation, or 1/tp of it then all-gathered over TP (scatter/gather,
+        # ``partitioned``)
         pp_trace = P > 1 and p2p_ms > 0 and not dual
         pp_send_bytes = act_bytes / par.tp if partitioned else act_bytes
+        if dual and P > 1 and p2p_ms > 0:
+            # DualPipe (simulate/dualpipe.DualTransfer): each message from the later of its two ends' posts (the
+            # commits' batch_isend_irecv) to its completion, as the replay timed it. Both ends' commits wait for it
+            # (req.wait() on sends too) and neither end computes meanwhile; drawn once, as 1F1B's asynchronous ones, on
+            # the receiver's pp track (it consumes it: its next task starts after it), the sender's post in the args
+            for x in (pipe.extra or {}).get("transfers", ()):
+                events.append(dict(stage=x.dst_rank, stream="comm",
+                                   name=("pp.send_activations" if x.kind == 0 else "pp.send_input_grad") + f"{x.micro}",
+                                   start_ms=x.start_ms, end_ms=x.end_ms,
+                                   args=dict(from_stage=int(x.src_rank), to_stage=int(x.dst_rank),
+                                             micro_batch=int(x.micro), chunk=int(x.direction),
+                                             bytes=float(pp_send_bytes), blocking=False, direction=int(x.direction),
+                                             from_model_stage=int(x.src_stage), to_model_stage=int(x.dst_stage),
+                                             send_posted_ms=float(x.send_posted_ms),
+                                             recv_posted_ms=float(x.recv_posted_ms))))
         chunk_first = np.concatenate(([0], np.cumsum(np.asarray(counts, dtype=int))))
         z2_name = f"zero2.{dp_op}" if z2_mode is not None else None
         # the TP and EP collectives: what each class adds to the task (_comm_parts: exposed, or what the overlap leaves

@@ -149,8 +149,46 @@ class DualTask(Task):
     stage_b: int = -1
 
 
+@dataclass(frozen=True)
+class DualTransfer:
+    """One point-to-point message of a replayed DualPipe step (:func:`rank_program`, :func:`_replay`): ``kind`` 0 a
+    forward's activations on to the next stage, 1 a backward's input gradient back to the previous one; ``direction``
+    0 for the micro-batches entering at rank 0 (stage s on rank s), 1 for those entering at rank P-1 (stage s on rank
+    P-1-s): it is also the chunk both ends run it on (0 the rank's stage r, 1 its stage P-1-r); ``micro`` the
+    micro-batch (reverse-direction ones numbered from M/2, as the tasks); ``src_rank`` / ``dst_rank`` the ranks,
+    ``src_stage`` / ``dst_stage`` the pipeline stages; ``send_posted_ms`` / ``recv_posted_ms`` when each end's commit
+    posted it (``batch_isend_irecv``), ``start_ms`` the later of the two, ``end_ms`` its completion (``start_ms`` +
+    the transfer): both ends' commits wait for it (``req.wait()`` on sends and receives)."""
+    kind: int
+    direction: int
+    micro: int
+    src_rank: int
+    dst_rank: int
+    src_stage: int
+    dst_stage: int
+    send_posted_ms: float
+    recv_posted_ms: float
+    start_ms: float
+    end_ms: float
+
+
 # the operations of a rank's program (rank_program): post a send / a receive, commit and wait, compute
 _SEND, _RECV, _COMMIT, _F, _B, _W, _FB = range(7)
+
+
+def _transfer(msg: int, pp: int, n_micro: int, sent_ms: float, recvd_ms: float, c: float) -> DualTransfer:
+    """The :class:`DualTransfer` of message ``msg`` (:func:`rank_program`'s numbering) posted at ``sent_ms`` by its
+    sender and ``recvd_ms`` by its receiver, lasting ``c``. The k-th message of a (kind, direction, sending stage) is
+    its k-th micro-batch of that direction: each stage runs a direction's forwards (and its backwards) in micro-batch
+    order and sends once after each (a test checks it against the tasks)."""
+    P, H = pp, n_micro // 2
+    k = msg % H
+    kind, rest = divmod(msg // H, 2 * P)
+    d, s_src = divmod(rest, P)
+    s_dst = s_src + 1 if kind == 0 else s_src - 1
+    rank = (lambda s: s) if d == 0 else (lambda s: P - 1 - s)
+    start = max(sent_ms, recvd_ms)
+    return DualTransfer(kind, d, k + H * d, rank(s_src), rank(s_dst), s_src, s_dst, sent_ms, recvd_ms, start, start + c)
 
 
 @lru_cache(maxsize=64)
@@ -300,7 +338,8 @@ def _replay(f: list, b: list, w: list, pair, P: int, M: int, c: float, keep: boo
     done; a commit posts its queued sends and receives at the rank's current time and waits for every one of them, each
     done ``c`` after both its ends are posted (NCCL's point-to-point transfers rendezvous: a send completes when its
     peer's receive runs, the activations being far above NCCL's staging buffer). Returns per rank its end, busy time,
-    first forward start, (start, end) of its last task that produces weight gradients, and the tasks if ``keep``."""
+    first forward start, (start, end) of its last task that produces weight gradients, and, if ``keep``, the tasks and
+    the transfers (:class:`DualTransfer`, by message number: read off the post times the replay kept)."""
     progs = [rank_program(r, P, M) for r in range(P)]
     INF = math.inf
     n_msg = 4 * P * (M // 2)
@@ -382,7 +421,10 @@ def _replay(f: list, b: list, w: list, pair, P: int, M: int, c: float, keep: boo
                 left -= 1
         if not moved:
             raise RuntimeError("simulate_dualpipe: the programs deadlocked (a transfer no rank posts)")
-    return np.array(t), np.array(busy), np.array(first_f), np.array(last_g, dtype=float), tasks
+    # every message both ends posted (the last stage sends no activations, the first no gradient: never posted); each
+    # is done c after the later post, as the commits above took it
+    transfers = [_transfer(m, P, M, sent[m], recvd[m], c) for m in range(n_msg) if sent[m] < INF] if keep else []
+    return np.array(t), np.array(busy), np.array(first_f), np.array(last_g, dtype=float), tasks, transfers
 
 
 #: micro-batches replayed task by task; beyond, step 4's steady state is extrapolated (simulate_dualpipe)
@@ -405,7 +447,9 @@ def simulate_dualpipe(f_ms, b_ms, w_ms=None, *, n_micro: int, p2p_ms: float = 0.
 
     Returns per rank: its end (``stage_end``), its busy time, the (start, end) of its last task producing weight
     gradients (a W, a full backward or an F&B pair; ``last_backward_by_chunk``, shape (P, 1, 2)) and its first forward
-    (P, 1); tasks (:class:`DualTask`, kinds "F", "B", "W", "FB") if ``keep_tasks``."""
+    (P, 1); tasks (:class:`DualTask`, kinds "F", "B", "W", "FB") and, in ``extra["transfers"]``, the point-to-point
+    messages (:class:`DualTransfer`: its ends, micro-batch, post and completion times) if ``keep_tasks`` (else
+    empty)."""
     f = np.asarray(f_ms, dtype=float)
     b = np.asarray(b_ms, dtype=float)
     w = np.zeros_like(b) if w_ms is None else np.minimum(np.asarray(w_ms, dtype=float), b)
@@ -418,7 +462,7 @@ def simulate_dualpipe(f_ms, b_ms, w_ms=None, *, n_micro: int, p2p_ms: float = 0.
     period = None
     sim_m = M
     if keep_tasks or M <= 2 * limit + 2:
-        end, busy, first_f, last_g, tasks = _replay(fl, bl, wl, pair, P, M, c, keep_tasks)
+        end, busy, first_f, last_g, tasks, transfers = _replay(fl, bl, wl, pair, P, M, c, keep_tasks)
     else:
         runs = [_replay(fl, bl, wl, pair, P, m, c, False) for m in (limit, limit + 2, 2 * limit, 2 * limit + 2)]
         vec = [np.concatenate([x[0], x[1], x[3].ravel()]) for x in runs]
@@ -429,16 +473,16 @@ def simulate_dualpipe(f_ms, b_ms, w_ms=None, *, n_micro: int, p2p_ms: float = 0.
                 and np.array_equal(runs[0][2], runs[-1][2])):
             x = vec[0] + (M - limit) // 2 * d
             end, busy, last_g = x[:P], x[P:2 * P], x[2 * P:].reshape(P, 2)
-            first_f, tasks = runs[0][2], []
+            first_f, tasks, transfers = runs[0][2], [], []
             period, sim_m = d[:P] / 2, 2 * limit + 2
         else:
-            end, busy, first_f, last_g, tasks = _replay(fl, bl, wl, pair, P, M, c, False)
+            end, busy, first_f, last_g, tasks, transfers = _replay(fl, bl, wl, pair, P, M, c, False)
     # Table 2's terms per rank: the means of its two chunks' forward, full backward and weight-gradient part, and an
     # F&B pair as timed here
     fr, br, wr = mirrored(f) / 2, mirrored(b) / 2, mirrored(w) / 2
     fbr = np.array([pair(r, P - 1 - r) + pair(P - 1 - r, r) for r in range(P)]) / 2
     extra = dict(f_ms=fr, b_ms=br, w_ms=wr, fb_ms=fbr, table2_bubble_ms=dualpipe_bubble_ms(fr, br, wr, fbr, P),
-                 paired_share=paired_share(P, M))
+                 paired_share=paired_share(P, M), transfers=transfers)
     return PipelineResult(tasks, end, busy, n_micro=M, simulated_micro=sim_m, period_ms=period,
                           last_backward_by_chunk=last_g[:, None, :], first_forward_by_chunk=first_f[:, None],
                           extra=extra)

@@ -289,7 +289,8 @@ def exposed_comm_intervals(res) -> list[tuple[int, float, float]]:
     """(stage, start_ms, end_ms) of the communication on the comm stream during which the stage's compute stream is
     idle: what the step waits for. (TP time, and the pipeline send/recv of a blocking schedule (Megatron's 1F1B), is
     inside the F/B tasks and is not among these; a non-blocking pipeline transfer is drawn on its receiver, after the
-    sending task, so what of it the receiver idles for is; ``res.exposed_comm_split_ms`` has every class.)"""
+    sending task (DualPipe's: from the later of its two ends' posts), so what of it the receiver idles for is;
+    ``res.exposed_comm_split_ms`` has every class.)"""
     out = []
     for s in sorted({e["stage"] for e in res.events}):
         busy = sorted((e["start_ms"], e["end_ms"]) for e in res.events if e["stage"] == s and e["stream"] == "compute")
@@ -371,7 +372,8 @@ def timeline_figure(res):
     split = ", ".join(f"{k} {v:.1f}" for k, v in (res.exposed_comm_split_ms or {}).items() if v > 0) or "none"
     ax.set_title(f"{res.model} on {res.gpus} x {res.device} ({res.parallel.describe()}): step {res.step_time_ms:.1f} ms, "
                  f"bubble {res.bubble_ms:.1f} ms, exposed comm {res.exposed_comm_ms:.1f} ms\n"
-                 f"exposed comm by class (ms): {split}; TP and pipeline transfers run inside the F/B tasks", fontsize=9)
+                 f"exposed comm by class (ms): {split}; TP transfers (and pipeline ones that block their sender) run "
+                 f"inside the F/B tasks", fontsize=9)
     return fig
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import wattcast
-from wattcast.simulate.dualpipe import (DUALPIPE_EXACT_MICRO, _F, _FB, _W, dualpipe_bubble_ms, peak_activation_bytes,
-                                        rank_order, rank_program, simulate_dualpipe)
+from wattcast.simulate.dualpipe import (DUALPIPE_EXACT_MICRO, _F, _FB, _RECV, _SEND, _W, dualpipe_bubble_ms,
+                                        peak_activation_bytes, rank_order, rank_program, simulate_dualpipe)
 from wattcast.simulate.parallel import ParallelConfigError
 from wattcast.simulate.scheduler import simulate_pipeline
 from wattcast.simulate.stage_memory import inflight_chunks_by_stage
@@ -75,6 +75,53 @@ def test_trace_tasks_name_their_micro_batches():
             assert t.model_stage == (rank if t.micro < M // 2 else P - 1 - rank)
             if t.kind == "FB":
                 assert t.stage_b == P - 1 - t.model_stage and t.stage_b == (rank if t.micro_b < M // 2 else P - 1 - rank)
+
+
+@pytest.mark.parametrize("P,M", [(2, 4), (4, 8), (8, 20)])
+def test_replay_keeps_each_transfer_as_it_timed_it(P, M):
+    """With keep_tasks the replay returns its point-to-point messages (extra["transfers"], for the trace): as many as
+    the programs post sends and receives (one activation and one input gradient per micro-batch per stage boundary of
+    its direction: 2 M (P - 1)), each from the later of its ends' posts to that plus p2p_ms, after the task that
+    produced it and before the one that consumes it, the sender's next task waiting for it too; the timing is the
+    replay's without tasks, bit for bit."""
+    f = 1.0 + 0.1 * np.arange(P)
+    f[-1] += 0.4  # a heavier last stage, as a model's head
+    b, w, c = 2.1 * f, 0.6 * f, 0.3
+    r = simulate_dualpipe(f, b, w, n_micro=M, p2p_ms=c, keep_tasks=True)
+    plain = simulate_dualpipe(f, b, w, n_micro=M, p2p_ms=c)
+    for x, y in ((r.stage_end, plain.stage_end), (r.stage_busy, plain.stage_busy),
+                 (r.last_backward_by_chunk, plain.last_backward_by_chunk)):
+        assert x.tolist() == y.tolist()
+    assert plain.extra["transfers"] == []
+    xs = r.extra["transfers"]
+    progs = [rank_program(q, P, M) for q in range(P)]
+    n_send = sum(o[0] == _SEND for p in progs for o in p)
+    n_recv = sum(o[0] == _RECV for p in progs for o in p)
+    assert len(xs) == n_send == n_recv == 2 * M * (P - 1)
+    H = M // 2
+    assert len({(x.kind, x.micro, x.src_stage) for x in xs}) == len(xs)
+    by_rank = {q: sorted((t for t in r.tasks if t.stage == q), key=lambda t: t.start) for q in range(P)}
+
+    def task(rank, kind, micro):  # the task of ``rank`` running the forward (kind 0) or backward (1) of ``micro``
+        hit = [t for t in by_rank[rank] if (kind == 0 and t.kind in ("F", "FB") and t.micro == micro)
+               or (kind == 1 and ((t.kind == "B" and t.micro == micro) or (t.kind == "FB" and t.micro_b == micro)))]
+        assert len(hit) == 1, (rank, kind, micro)
+        return hit[0]
+
+    for x in xs:
+        assert x.direction == int(x.micro >= H)
+        assert x.dst_stage == x.src_stage + (1 if x.kind == 0 else -1)
+        rank = (lambda s: s) if x.direction == 0 else (lambda s: P - 1 - s)
+        assert (x.src_rank, x.dst_rank) == (rank(x.src_stage), rank(x.dst_stage))
+        assert x.start_ms == max(x.send_posted_ms, x.recv_posted_ms) and x.end_ms == x.start_ms + c
+        made, used = task(x.src_rank, x.kind, x.micro), task(x.dst_rank, x.kind, x.micro)
+        stage_of = lambda t: t.stage_b if (x.kind == 1 and t.kind == "FB") else t.model_stage  # noqa: E731
+        assert (stage_of(made), stage_of(used)) == (x.src_stage, x.dst_stage)
+        assert made.end <= x.send_posted_ms and used.start >= x.end_ms
+        # both ends' commits wait for it: each rank's next task after its post starts after the transfer
+        for q, posted in ((x.src_rank, x.send_posted_ms), (x.dst_rank, x.recv_posted_ms)):
+            nxt = [t.start for t in by_rank[q] if t.start >= posted]
+            assert not nxt or nxt[0] >= x.end_ms
 
 
 @pytest.mark.parametrize("P", [4, 8, 16])
