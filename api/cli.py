@@ -898,8 +898,34 @@ def _show_cluster_prediction(res, req, f) -> None:
         _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
               f"{_gb_and_gib(capacity_gb)} (weights {worst['weights_gb']:.1f}, gradients "
               f"{worst['gradients_gb']:.1f}, optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f}, "
-              f"buffers {worst.get('buffers_gb', 0.0):.1f} GB); " + _tight_refusal(res) + "use --zero, --recompute, "
-              "more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
+              f"buffers {worst.get('buffers_gb', 0.0):.1f} GB); " + _tight_refusal(res) + _fitting_flags(req, res)
+              + "use --zero, --recompute, more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
+
+
+def _fitting_flags(req, res) -> str:
+    """The refusal's first advice: the Megatron-LM flags that change no parallel layout and each alone make the step
+    fit, re-predicted (their GB named): ``--grad-reduce-in-bf16`` (bf16 main gradients, 2 B/param instead of 4) when
+    the buffer is fp32 under bf16/FP8 parameters, ``--no-tp-comm-overlap`` (no Transformer Engine userbuffers) when
+    it is on; empty when neither applies or neither fits."""
+    from dataclasses import replace
+
+    p = res.parallel
+    tries = []
+    if (str(req.framework).lower() == "megatron" and str(req.dtype).lower() in ("bf16", "fp8")
+            and res.meta.get("grad_accum_dtype") == "fp32"):
+        tries.append(("--grad-reduce-in-bf16", replace(req, grad_accum_dtype="bf16", timeline=False)))
+    if p.tp_comm_overlap and req.parallel is not None:
+        tries.append(("--no-tp-comm-overlap", replace(req, parallel=replace(req.parallel, tp_comm_overlap=False),
+                                                      timeline=False)))
+    fit = []
+    for flag, alt in tries:
+        try:
+            r = alt.predict()
+        except ValueError:  # a combination the alternative's rules refuse: not advice
+            continue
+        if r.fits:
+            fit.append(f"{flag} ({r.memory_gb:.1f} GB" + (", tight" if r.memory_flag == "tight" else "") + ")")
+    return f"pass {' or '.join(fit)} ({'each fits' if len(fit) > 1 else 'it fits'} alone, re-predicted); or " if fit else ""
 
 
 def _print_band(con: Console, band: dict) -> None:

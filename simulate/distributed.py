@@ -83,7 +83,8 @@ from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCU
                                             MEGATRON_GRAD_CAST_BYTES_PER_PARAM, megatron_grad_cast,
                                             megatron_main_grad_bytes,
                                             interleaved_peak_bytes, stage_memory_gb, stage_state_parts,
-                                            stage_total_from_parts, userbuffer_bytes, weight_and_master_bytes)
+                                            stage_total_from_parts, userbuffer_bytes, weight_and_master_bytes,
+                                            peak_breakdown)
 
 
 @dataclass(frozen=True)
@@ -2810,6 +2811,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         w_stage = int(np.argmax(mem["total_gb"]))  # the first of the fullest stages
         worst = float(mem["total_gb"][w_stage])
         worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))
+        worst_terms.update(peak_breakdown(worst_terms))  # which peak total_gb is and the terms that sum to it
     fits = bool(worst <= capacity)
     if prune_oom and not fits:
         if summary:

@@ -206,7 +206,12 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
     - a recomputed module keeps its inputs (the tensors its ops read that were made outside it, in their own dtype)
       and nothing made inside it or by no op (an FP8 copy, a dropout mask): re-made in the backward. Its outputs stay
       where an op outside keeps them (the attention core's: Korthikanti et al. 2022 Sec. 5 drops exactly the 5as^2
-      terms and keeps q, k, v);
+      terms and keeps q, k, v). Under RoPE in Megatron-Core the checkpoint's inputs are the rotated q and k and v, a
+      view of the fused QKV output, whose whole storage it holds (``saved["checkpoint_saves"]``); without
+      recomputation Transformer Engine copies that v contiguous (its strides match no layout beside the new k: TE
+      2.20.2 ``get_qkv_layout``, attention/dot_product_attention/utils.py l. 2963-2966) and saves the copy, so there the
+      fused output is not kept and selective holds more than none, by the rotated q and k less the fp32
+      log-sum-exp (``tests/test_megatron_memory.py``, stop 52);
     - an output-discarding module (``moe_act``, ``layernorm``, ``mla_up_proj``: Megatron-Core's
       ``CheckpointWithoutOutput``) also gives up its outputs, whoever keeps them (re-made before the consumer's
       backward); an FP8 GEMM's own FP8 copy of such an output stays (Transformer Engine keeps it).

@@ -216,6 +216,27 @@ class StageMemory:
                     unsharded_gradients_gb=self.unsharded_gradients_bytes / GB, total_gb=self.total_bytes / GB)
 
 
+#: the terms of :meth:`StageMemory.to_gb_dict` held at each of a stage's two peaks (:func:`peak_breakdown`): the model
+#: states always; in the passes the activations, the buffers held through them (userbuffers included) and FSDP's
+#: unsharded gradients; after the last backward (activations freed) the buffers made then
+STATE_TERMS = ("weights_gb", "master_weights_gb", "gradients_gb", "optimizer_gb")
+PEAK_TERMS = {"backward": STATE_TERMS + ("activations_gb", "buffers_gb", "unsharded_gradients_gb"),
+              "after_backward": STATE_TERMS + ("post_backward_buffers_gb",)}
+
+
+def peak_breakdown(terms: dict) -> dict:
+    """Which of a stage's two peaks its ``total_gb`` is, and the terms held there: ``terms`` are one stage's
+    :meth:`StageMemory.to_gb_dict` (or a ``stage_memory_gb`` row), whose ``total_gb`` is states + max(activations +
+    buffers + unsharded gradients, post-backward buffers) -- so the terms of the dict do not add up to it (ZeRO-3 /
+    FSDP: both sides non-zero). ``peak_phase``: "backward" (the passes, the last micro-batch's backward beginning with
+    every in-flight activation held) or "after_backward" (the gradient reduction / optimizer step's temporaries after
+    the activations are freed; a tie is "backward"); ``peak_terms_gb``: the :data:`PEAK_TERMS` of that phase, which
+    sum to ``total_gb`` (the same additions in GB)."""
+    during = terms["activations_gb"] + terms["buffers_gb"] + terms["unsharded_gradients_gb"]
+    phase = "backward" if during >= terms["post_backward_buffers_gb"] else "after_backward"
+    return dict(peak_phase=phase, peak_terms_gb={k: float(terms[k]) for k in PEAK_TERMS[phase]})
+
+
 #: the values of DeepSpeed's ``data_types.grad_accum_dtype`` wattcast models (``DistributedOptions.grad_accum_dtype``)
 GRAD_ACCUM_DTYPES = ("fp32", "bf16")
 

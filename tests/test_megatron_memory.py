@@ -214,6 +214,65 @@ def test_rope_checkpoint_units_match_a_torch_replay_of_megatron_core():
     assert sum(held.values()) / sbh_t_bytes * 2 == pytest.approx(rope_checkpoint_qkv_units(32, 8), rel=1e-12)
 
 
+def te_keeps_views(q, k, v) -> bool:
+    """Whether Transformer Engine 2.20.2's ``get_qkv_layout`` (``attention/dot_product_attention/utils.py``
+    l. 2835-2966, run by ``DotProductAttention.forward`` l. 2616-2630 before any backend) can take q, k, v as they are:
+    every layout its ``run_iteratively`` accepts (l. 2909-2945) needs q/k/v or k/v in one storage, or k's and v's
+    strides per element of their last dimension equal (``check_strides_kv``, l. 2867-2869); otherwise the layout is
+    ``not_supported`` and it makes all three contiguous (l. 2963-2966) -- and ``FusedAttnFunc`` saves those
+    (backends.py l. 1810 ``f16_tensors = (q, k, v, out_f16)``, l. 2271-2272 ``ctx.save_for_backward``; FlashAttention
+    copies them to bshd anyway, l. 979-983). The necessary condition, replayed."""
+    ptr = [x.untyped_storage().data_ptr() for x in (q, k, v)]
+    strides_kv = (tuple(sk / k.shape[-1] for sk in k.stride()[:-1])
+                  == tuple(sv / v.shape[-1] for sv in v.stride()[:-1]))
+    return ptr[0] == ptr[1] == ptr[2] or ptr[1] == ptr[2] or strides_kv
+
+
+def test_selective_keeps_more_than_none_under_rope_as_megatron_core_and_te_do():
+    """Issue 15 (stop 52 audit): a Megatron-Core GQA Llama with RoPE keeps more activations under ``--recompute
+    selective`` than under ``none``, and that is what the source does. A replay on Llama 3 8B's heads at TP 2:
+
+    - selective: the checkpoint saves its arguments (random.py l. 528): the rotated q and k and v, a view of the fused
+      QKV output, whose whole storage stays alive (:func:`rope_checkpoint_qkv_units`);
+    - none: TE is handed the same q, k, v, but v's strides (a slice of the fused output's last dimension) do not match
+      the new k's, so ``get_qkv_layout`` copies v contiguous and the fused attention saves the copy
+      (:func:`te_keeps_views`): the fused output is freed after RoPE. Held: q, k, v, 2(1 + 2 kv/a) sbh/t, plus the
+      output and the fp32 log-sum-exp (4 a/h), which selective re-makes.
+
+    So selective - none = (2 + 2 kv/a) sbh/t - 4 a/h sbh/t per layer, which wattcast's rank graphs give (Llama 3 70B TP8:
+    18.6 MB a layer at seq 8,192; 24.06 vs 22.57 GB on its first stage at PP4). A model without RoPE keeps the views
+    (q, k, v one storage: TE's sbh3d layout, no copy), so there both keep the fused output (the control)."""
+    torch = pytest.importorskip("torch")
+    s, hn, n_q, n_g = 32, 128, 16, 4
+    x = torch.randn(s, 1, 256)
+    w = torch.randn((n_q + 2 * n_g) * hn, 256)
+    mixed = (x @ w.t()).view(s, 1, n_g, (n_q // n_g + 2) * hn)
+    q, k, v = torch.split(mixed, [n_q // n_g * hn, hn, hn], dim=3)
+    q = q.reshape(s, 1, -1, hn)
+    q, k = q * 0.5 + torch.roll(q, 1, -1), k * 0.5 + torch.roll(k, 1, -1)  # RoPE: new tensors
+    assert not te_keeps_views(q, k, v)
+    q, k, v = [t.contiguous() for t in (q, k, v)]  # get_qkv_layout's not_supported branch
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (q, k, v)}
+    sbh_t_bytes = s * n_q * hn * 4
+    assert sum(held.values()) / sbh_t_bytes * 2 == pytest.approx(2 * (1 + 2 * n_g / n_q), rel=1e-12)
+    # control: multi-head attention without RoPE (GPT-3's learned positions): q, k, v stay views of one storage
+    mha = (x @ torch.randn(3 * 4 * hn, 256).t()).view(s, 1, 4, 3 * hn)
+    assert te_keeps_views(*torch.split(mha, [hn, hn, hn], dim=3))
+
+    cfg = load_hf_config("llama3_70b")
+    t, seq = 8, 8192
+    per = {}
+    for rc in ("none", "selective"):
+        opts = StepOptions(batch=1, seq=seq, mode="train", dtype="bf16", attention="flash", recompute=rc,
+                           framework="megatron", tp=t, sp=True, blocks=3)
+        per[rc] = activation_bytes_by_layer(step_graph("llama3_70b", opts))[0][1]
+    sbh_t = seq * cfg.hidden / t
+    a_over_h = cfg.n_heads / cfg.hidden
+    want = sbh_t * (2 + 2 * cfg.n_kv_heads / cfg.n_heads) - sbh_t * 4 * a_over_h
+    assert per["selective"] - per["none"] == pytest.approx(want, rel=1e-9)
+    assert want / 1e6 == pytest.approx(18.61, abs=0.01)
+
+
 def megatron_activation_formula(h: int, ffn: int, t: int, *, s: int = S, b: int = B) -> float:
     """Megatron-LM ``theoretical_memory_usage.compute_activation_memory`` per layer: sbh(18 + 4 ffn/h)/t (selective
     recomputation + SP; derived for the GeLU MLP)."""

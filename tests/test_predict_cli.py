@@ -241,6 +241,26 @@ def test_tight_refusal_of_a_cluster_is_one_verdict():
     assert "cannot tell fitting" not in said and "memory is tight" not in said
 
 
+def test_refusal_names_the_flags_that_make_it_fit():
+    """Issue 15 (stop 52 audit): Llama 3 405B as Meta trained it (TP8 PP16, no recomputation) under Megatron-Core at
+    ZeRO-1 is 1.3 GB over (stage 1: 8 layers x 15 micro-batches of activations, fp32 main gradients, TE's userbuffers);
+    the refusal names the flags that each make it fit, re-predicted, and each does: --grad-reduce-in-bf16 (bf16 main
+    gradients: 12.75 -> 6.38 GB, plus the 0.10 GB fp32 copy of the shard after the backward) and --no-tp-comm-overlap
+    (no userbuffers: -3.29 GB, inside the tight band)."""
+    args = ("predict", "-m", "llama3_405b", "--cluster", "DGX-H100", "--gpus", "16384", "--batch", "2048", "--seq",
+            "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--sp", "--framework", "megatron", "--zero", "1")
+    r = run_cli(*args)
+    said = flat(r.stdout + r.stderr)
+    assert r.returncode == 3
+    assert ("pass --grad-reduce-in-bf16 (80.9 GB) or --no-tp-comm-overlap (83.9 GB, tight) (each fits alone, "
+            "re-predicted); or use --zero") in said
+    for flag, gb in (("--grad-reduce-in-bf16", 80.9), ("--no-tp-comm-overlap", 83.9)):
+        r = run_cli(*args, flag, "--json")
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["fits"] and round(d["memory_gb"], 1) == gb
+
+
 def test_memory_pressure_warns_about_step_time_not_fit():
     # 32.2 GB of 32 GiB (94%): fits, outside the tight band, but where measured eager training forwards slowed (batch
     # 6: full recomputation keeps no dropout masks, AMP's gradients are fp32)

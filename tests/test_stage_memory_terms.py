@@ -176,3 +176,35 @@ def test_interleaved_peak_all_stages_at_once_is_bit_identical(v, pp, n_micro):
     chunk_bytes = np.random.default_rng(v * 1000 + pp).random((v, pp)) * 3.7e9
     got = interleaved_peak_bytes(chunk_bytes, n_micro=n_micro)
     assert got.shape == (pp,) and got.tobytes() == _peak_one_stage_at_a_time(chunk_bytes, n_micro).tobytes()
+
+
+@pytest.mark.parametrize("framework", ["hf", "megatron"])
+@pytest.mark.parametrize("zero", [0, 1, 3])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_peak_terms_sum_to_the_total(framework, zero, recompute):
+    """Issue 15 (stop 52 audit): ``memory``'s terms are both peaks' (the passes' and after the last backward's), so they
+    do not add up to ``total_gb``; ``peak_phase`` names the peak and ``peak_terms_gb`` holds its terms, which do."""
+    from wattcast.simulate.stage_memory import PEAK_TERMS
+
+    m = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=1024, zero=zero, framework=framework,
+                                 micro_batch=1, recompute=recompute).to_dict()["memory"]
+    during = m["activations_gb"] + m["buffers_gb"] + m["unsharded_gradients_gb"]
+    phase = "backward" if during >= m["post_backward_buffers_gb"] else "after_backward"
+    assert m["peak_phase"] == phase
+    assert tuple(m["peak_terms_gb"]) == PEAK_TERMS[phase]
+    assert all(m["peak_terms_gb"][k] == m[k] for k in PEAK_TERMS[phase])
+    assert sum(m["peak_terms_gb"].values()) == pytest.approx(m["total_gb"], rel=1e-12)
+    if (framework, zero, recompute) == ("hf", 3, "full"):
+        # FSDP with few activations: the end of the backward (root unit and first block's gradients in reduction)
+        assert phase == "after_backward"
+
+
+def test_peak_terms_of_the_zero3_audit_case():
+    """The audit's case: Llama 3 70B, FSDP (hf ZeRO-3), full recomputation, 64 H100s: 52.9 GB of terms, 38.02 GB
+    total, the passes' peak (states 17.64 + activations 8.39 + buffers 8.16 + unsharded gradients 3.84)."""
+    m = wattcast.predict_cluster("llama3_70b", "DGX-H100", gpus=64, batch=64, seq=4096, zero=3, framework="hf",
+                                 micro_batch=1, recompute="full").to_dict()["memory"]
+    every = sum(v for k, v in m.items() if k.endswith("_gb") and k not in ("total_gb", "peak_terms_gb"))
+    assert every == pytest.approx(52.9, abs=0.05) and m["total_gb"] == pytest.approx(38.02, abs=0.005)
+    assert m["peak_phase"] == "backward"
+    assert sum(m["peak_terms_gb"].values()) == pytest.approx(m["total_gb"], rel=1e-12)
