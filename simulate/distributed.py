@@ -60,6 +60,7 @@ from wattcast.simulate.energy import apply_power, overlap_cap_w, overlap_power, 
 from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
+                                        memory_fitting_split,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
                                         layouts, pp_hop_crosses_nodes, resolve_parallel, stage_layers,
                                         straddling_group_notes,
@@ -1821,6 +1822,20 @@ class ScheduleContext:
     #: with full recomputation: a function giving the view of the same rank graph without recomputation (block
     #: recomputation, ``ParallelConfig.recompute_num_layers``, takes its layers from both); None otherwise
     keep_view: object = field(default=None, compare=False, repr=False)
+    #: the automatic pipeline split's stage totals when the cost-balanced one does not fit the device memory
+    #: (``parallel.memory_fitting_split``, chosen by :func:`schedule_step`); None: the cost-balanced split
+    stage_split: tuple | None = None
+    #: True: :func:`schedule_step` returns each stage's memory (GB) alone, no schedule (the probes of
+    #: ``parallel.memory_fitting_split``)
+    memory_probe: bool = False
+
+    def with_split(self, stages, *, probe: bool = False) -> "ScheduleContext":
+        """This context with the automatic split's stage totals ``stages`` (:attr:`stage_split`), as a memory probe or
+        not (a shallow copy, as :meth:`with_parallel`)."""
+        out = object.__new__(ScheduleContext)
+        out.__dict__.update(self.__dict__)
+        out.__dict__["stage_split"], out.__dict__["memory_probe"] = tuple(int(n) for n in stages), probe
+        return out
 
     def without_kernels(self) -> "ScheduleContext":
         """This context with its rank graph's metadata only, no kernel rows: :func:`schedule_step` reads nothing else
@@ -2530,7 +2545,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     dual = par.schedule == "dualpipe"
     # (P, V), not their product: chunk_layers splits the layers by both (pp 8 x v 1 and pp 4 x v 2 differ), and a
     # search's memo met them in either order (an order-dependent step time until stop 47)
-    chunk_key = ("chunks", id(view), n_layers, P, V, par.pp_first_layers, par.pp_last_layers, deepspeed, dual)
+    chunk_key = ("chunks", id(view), n_layers, P, V, par.pp_first_layers, par.pp_last_layers, deepspeed, dual,
+                 ctx.stage_split)
     hit = memo.get(chunk_key) if memo is not None else None
     if hit is None:
         # the automatic split of layers that do not divide the stages balances the stages' work, the embedding on the
@@ -2538,12 +2554,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # not under DualPipe (rank s runs stages s and P-1-s: both ends on each outer rank) nor DeepSpeed's partitioner
         edge = None if dual or deepspeed else edge_layer_equivalents(view, n_layers)
         counts = chunk_layers(n_layers, P, V, first=par.pp_first_layers, last=par.pp_last_layers, deepspeed=deepspeed,
-                              edge_layers=edge)
+                              edge_layers=edge, stages=ctx.stage_split)
         chunk = chunk_of_layer(view.layer_ids, n_layers, n_chunks, counts)
-        hit = (counts, chunk, {})
+        # the edge costs when the split is the cost-balanced one (what a split that does not fit is replaced from)
+        auto_edge = (edge if edge is not None and ctx.stage_split is None and par.pp_first_layers is None
+                     and par.pp_last_layers is None and P > 1 and n_layers % P else None)
+        hit = (counts, chunk, {}, auto_edge)
         if memo is not None:
             memo[chunk_key] = hit
-    counts, chunk, sums = hit
+    counts, chunk, sums, auto_edge = hit
     if par.recompute_num_layers is not None:  # resolve_parallel's rule: only with full recomputation
         mix_key = ("block_rc", id(view), par.recompute_num_layers, par.recompute_method, tuple(counts))
         mixed = memo.get(mix_key) if memo is not None else None
@@ -2813,6 +2832,23 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))
         worst_terms.update(peak_breakdown(worst_terms))  # which peak total_gb is and the terms that sum to it
     fits = bool(worst <= capacity)
+    if ctx.memory_probe:
+        return total_gb if summary else mem["total_gb"]
+    if not fits and auto_edge is not None:
+        # the cost-balanced split does not fit: the least slowest-stage work of the automatic splits whose every stage
+        # fits, by this memory model (each probe: the per-stage memory of that split, no schedule); none fitting, the
+        # cost-balanced split stays and is refused naming its memory
+        tried = rank_sum(np.asarray(counts, dtype=float)).astype(int).tolist()
+        alt = memory_fitting_split(
+            n_layers, P, auto_edge, lambda c: schedule_step(ctx.with_split(c, probe=True)) <= capacity,
+            tried=tried, tried_fits=(total_gb if summary else mem["total_gb"]) <= capacity, min_layers=V)
+        if alt is not None:
+            out = ctx.with_split(alt)
+            out.__dict__["notes"] = (*ctx.notes, (
+                f"automatic pipeline split: stages [{', '.join(map(str, alt))}] instead of the cost-balanced "
+                f"[{', '.join(map(str, tried))}], whose stage {w_stage} needs {worst:.1f} GB of the {capacity:.1f} GB "
+                f"per GPU: the fastest automatic split that fits"))
+            return schedule_step(out)
     if prune_oom and not fits:
         if summary:
             nan = float("nan")

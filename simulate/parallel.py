@@ -294,6 +294,33 @@ def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last
     return counts
 
 
+def _edge_costs(edge_layers: tuple[float, float]) -> tuple[float, float]:
+    """(embedding, output layer + loss) in layer-equivalents, checked finite and >= 0."""
+    e, h = (float(x) for x in edge_layers)
+    if not (np.isfinite(e) and np.isfinite(h) and e >= 0 and h >= 0):
+        raise ValueError(f"edge_layers must be finite and >= 0, got {edge_layers!r}")
+    return e, h
+
+
+def _split_candidates(n_layers: int, P: int, edge_layers: tuple[float, float], min_layers: int):
+    """Every automatic split of :func:`balanced_stage_layers` as (first stage's layers, last stage's, the stages
+    between's together, the slowest stage's work in layers, whether each stage holds ``min_layers``), one entry per
+    (first, last) pair."""
+    e, h = _edge_costs(edge_layers)
+    a = np.arange(min_layers, n_layers + 1)
+    first, last = (x.ravel() for x in np.meshgrid(a, a, indexing="ij"))
+    mid = n_layers - first - last
+    inner = P - 2
+    if inner == 0:
+        ok = mid == 0
+        mid_max = np.zeros_like(mid)
+    else:
+        ok = mid >= inner * min_layers
+        mid_max = -(-mid // inner)
+    cost = np.maximum(np.maximum(first + e, last + h), mid_max).astype(float)
+    return first, last, mid, np.where(ok, cost, np.inf), ok
+
+
 def balanced_stage_layers(n_layers: int, n_stages: int, edge_layers: tuple[float, float], *,
                           min_layers: int = 1) -> list[int]:
     """The automatic split when the layers do not divide the stages, balanced on cost: the transformer layers of each
@@ -312,26 +339,16 @@ def balanced_stage_layers(n_layers: int, n_stages: int, edge_layers: tuple[float
     the first and the last have no extra work, so they split their layers evenly (the old rule's order); the first and
     the last stage's counts are searched. Ties (an equal slowest stage, compared to 1e-9 layer) go to the split nearest
     the layer-count balance of :func:`stage_layers` (Llama 3 405B on 16 stages keeps 7, 8 x 14, 7: its head costs 0.6
-    of a layer), then to fewer layers on the earlier stages (1F1B keeps more micro-batches in flight there)."""
+    of a layer), then to fewer layers on the earlier stages (1F1B keeps more micro-batches in flight there).
+    Time only: a split that does not fit the device memory is replaced by :func:`memory_fitting_split`'s (the
+    caller, ``simulate.distributed.schedule_step``, holds the memory model)."""
     P = int(n_stages)
-    e, h = (float(x) for x in edge_layers)
-    if not (np.isfinite(e) and np.isfinite(h) and e >= 0 and h >= 0):
-        raise ValueError(f"edge_layers must be finite and >= 0, got {edge_layers!r}")
+    _edge_costs(edge_layers)
     even = stage_layers(n_layers, P)
     if P == 1 or n_layers % P == 0:
         return even
-    a = np.arange(min_layers, n_layers + 1)
-    first, last = (x.ravel() for x in np.meshgrid(a, a, indexing="ij"))
-    mid = n_layers - first - last
+    first, last, mid, cost, _ = _split_candidates(n_layers, P, edge_layers, min_layers)
     inner = P - 2
-    if inner == 0:
-        ok = mid == 0
-        mid_max = np.zeros_like(mid)
-    else:
-        ok = mid >= inner * min_layers
-        mid_max = -(-mid // inner)
-    cost = np.maximum(np.maximum(first + e, last + h), mid_max).astype(float)
-    cost = np.where(ok, cost, np.inf)
     best = cost.min()
     if not np.isfinite(best):  # no split holds min_layers a stage: the caller's check names the rule
         return even
@@ -341,6 +358,81 @@ def balanced_stage_layers(n_layers: int, n_stages: int, edge_layers: tuple[float
         return [int(first[i])] + (stage_layers(int(mid[i]), inner) if inner else []) + [int(last[i])]
 
     return min((split(i) for i in ties), key=lambda c: (sum(abs(x - y) for x, y in zip(c, even)), c))
+
+
+def ranked_stage_splits(n_layers: int, n_stages: int, edge_layers: tuple[float, float], *,
+                        min_layers: int = 1) -> np.ndarray:
+    """Every automatic split of :func:`balanced_stage_layers` (the first and the last stage's counts searched, the
+    stages between split evenly in :func:`stage_layers`' order), one row of layers per stage, from the least slowest-
+    stage work (to 1e-9 layer) to the most, ties as :func:`balanced_stage_layers` breaks them (nearest the
+    layer-count balance, then fewer layers on the earlier stages). Splits leaving a stage fewer than ``min_layers``
+    are left out."""
+    P = int(n_stages)
+    first, last, mid, cost, ok = _split_candidates(n_layers, P, edge_layers, min_layers)
+    first, last, mid, cost = first[ok], last[ok], mid[ok], cost[ok]
+    inner = P - 2
+    if inner > 0:
+        # stage_layers(mid, inner) for every mid at once: its inner - r stages with q layers are the outermost first
+        order = list(dict.fromkeys(i for pair in zip(range(inner), range(inner - 1, -1, -1)) for i in pair))
+        rank = np.empty(inner, dtype=int)
+        rank[order] = np.arange(inner)
+        q, r = np.divmod(mid, inner)
+        mids = q[:, None] + (rank[None, :] >= (inner - r)[:, None])
+    else:
+        mids = np.zeros((len(mid), 0), dtype=int)
+    # int16: a search keeps a few of these (_ranked_cached)
+    rows = np.column_stack([first, mids, last]).astype(np.int16 if n_layers < 2 ** 15 else np.int64)
+    dist = np.abs(rows.astype(int) - np.asarray(stage_layers(n_layers, P))).sum(axis=1)
+    # np.lexsort: the last key first (work, then distance, then the counts stage by stage: every stage between grows
+    # with their total, so for one first stage's count the rows rise as the last stage's falls)
+    out = rows[np.lexsort((-last, first, dist, np.round(cost, 9)))]
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=32)
+def _ranked_cached(n_layers: int, n_stages: int, edge_layers: tuple[float, float], min_layers: int) -> np.ndarray:
+    """:func:`ranked_stage_splits`, once per (layers, stages, edge costs, min_layers): a search meets the same few."""
+    return ranked_stage_splits(n_layers, n_stages, edge_layers, min_layers=min_layers)
+
+
+def memory_fitting_split(n_layers: int, n_stages: int, edge_layers: tuple[float, float], stage_fits,
+                         tried: list[int], tried_fits: np.ndarray, *, min_layers: int = 1) -> list[int] | None:
+    """The automatic split when :func:`balanced_stage_layers`' (``tried``, its stages fitting the device memory or not
+    in ``tried_fits``) does not fit: the first split of :func:`ranked_stage_splits` (the least slowest-stage work) whose
+    every stage fits, by ``stage_fits(counts)`` -> a bool per stage (the caller's memory model); None when none fits
+    (the caller keeps ``tried`` and refuses it naming the memory).
+
+    Under 1F1B the first stage holds the most micro-batches in flight (pp of them), so the layer moved onto it by the
+    time balance can push it over the memory a layer-count split fits in (Llama 3 8B on 3 H100 stages, TP1, ZeRO-0:
+    11, 12, 9 needs 91.1 GB on stage 0, 10, 11, 11 fits in 83.7). A stage's memory grows with its own layers and does
+    not depend on the other stages' counts (its parameters, gradients, optimizer states and in-flight activations are
+    its layers'; exact for alike layers, an assumption for a stack of dense then MoE layers, whose stages' contents
+    shift with the other stages' counts), so a stage that does not fit with ``c`` layers rules out every split giving
+    it ``c`` or more: the splits are probed in order with those ruled out skipped, and the search stops when the
+    stages' largest fitting counts cannot hold the model's layers (no probe at all when every stage of ``tried`` is
+    over)."""
+    counts, fits = np.asarray(tried, dtype=int), np.asarray(tried_fits, dtype=bool)
+    ub = np.full(len(counts), n_layers)
+    rows = alive = None
+    while True:
+        over = ~fits
+        if not over.any():
+            return counts.tolist()
+        ub = np.where(over, np.minimum(ub, counts - 1), ub)
+        if ub.sum() < n_layers:
+            return None
+        if rows is None:  # the ranking only once a split may fit
+            rows = _ranked_cached(int(n_layers), int(n_stages), tuple(float(x) for x in edge_layers), int(min_layers))
+            alive = np.ones(len(rows), dtype=bool)
+        alive &= ~(rows == counts).all(axis=1)
+        for s in np.flatnonzero(over):
+            alive &= rows[:, s] <= ub[s]
+        left = np.flatnonzero(alive)
+        if not len(left):
+            return None
+        counts = rows[left[0]]
+        fits = np.asarray(stage_fits(counts.tolist()), dtype=bool)
 
 
 def _runs(counts: list[int]) -> str:
@@ -388,7 +480,8 @@ def _automatic_split_hint(n_layers: int, pp: int, interleave: int, deepspeed: bo
 
 
 def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | None = None, last: int | None = None,
-                 deepspeed: bool = False, edge_layers: tuple[float, float] | None = None) -> list[int]:
+                 deepspeed: bool = False, edge_layers: tuple[float, float] | None = None,
+                 stages: list[int] | tuple[int, ...] | None = None) -> list[int]:
     """Transformer layers of each model chunk in pipeline order (chunk ``v x pp + s`` is virtual stage ``v`` of stage
     ``s``, Megatron's interleaved assignment).
 
@@ -405,17 +498,26 @@ def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | No
       stages and neither ``first`` nor ``last`` is given (and not ``deepspeed``), the stages are
       :func:`balanced_stage_layers`' cost-balanced split instead of the layer-count balance (each stage at least
       ``interleave`` layers), then split over the virtual stages as above. Layers that divide the stages, and given
-      first/last counts, are never moved.
+      first/last counts, are never moved;
+    - ``stages`` given: the automatic split's stage totals the caller chose instead (:func:`memory_fitting_split`, when
+      the cost-balanced one does not fit the device memory), split over the virtual stages as above.
     """
     explicit = first is not None or last is not None
     cost_split = edge_layers is not None and not explicit and not deepspeed and pp > 1 and n_layers % pp != 0
-    if interleave == 1:
+    if stages is not None:
+        if explicit or deepspeed or len(stages) != pp or sum(stages) != n_layers:
+            raise ValueError(f"stages {list(stages)!r}: an automatic split of {n_layers} layers over {pp} stages, "
+                             "not with --pp-first/last-stage-layers or DeepSpeed's partitioner")
+        stages = [int(n) for n in stages]
+        if interleave == 1:
+            return stages
+    elif interleave == 1:
         if cost_split:
             return balanced_stage_layers(n_layers, pp, edge_layers)
         return stage_layers(n_layers, pp, first=first, last=last, deepspeed=deepspeed)
-    if not explicit and n_layers % (pp * interleave) == 0:
+    elif not explicit and n_layers % (pp * interleave) == 0:
         return [n_layers // (pp * interleave)] * (pp * interleave)
-    if cost_split:
+    elif cost_split:
         stages = balanced_stage_layers(n_layers, pp, edge_layers, min_layers=interleave)
     else:
         stages = stage_layers(n_layers, pp, first=first, last=last, deepspeed=deepspeed)

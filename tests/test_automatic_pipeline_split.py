@@ -2,11 +2,17 @@
 stages' work with the embedding on the first stage and the output layer with the loss on the last counted at their
 cost (parallel.balanced_stage_layers; issue 15). Until stop 51 it counted layers only and gave the one short stage to
 the first stage: Llama 3 8B on 3 stages ran [10, 11, 11], the last stage also carrying the 128k-vocabulary head and
-the loss (busy 1,678 / 1,840 / 2,239 ms, step 2,678 ms)."""
+the loss (busy 1,678 / 1,840 / 2,239 ms, step 2,678 ms).
+
+Stop 52: the split is memory-aware (parallel.memory_fitting_split): under 1F1B the first stage holds pp micro-batches in
+flight, so the layer the time balance moves onto it could turn a configuration that fits into an OOM refusal (Llama 3 8B
+on 3 H100 stages, TP1, ZeRO-0: 11, 12, 9 needed 91.1 GB on stage 0 of 85.9, refused, where 10, 11, 11 fits in 83.7)."""
+import numpy as np
 import pytest
 
 import wattcast
-from wattcast.simulate.parallel import ParallelConfigError, balanced_stage_layers, chunk_layers, stage_layers
+from wattcast.simulate.parallel import (ParallelConfigError, balanced_stage_layers, chunk_layers, memory_fitting_split,
+                                        ranked_stage_splits, stage_layers)
 
 KW = dict(gpus=6, batch=16, seq=8192, tp=1, pp=3, zero=1, micro_batch=1, framework="megatron", gpus_per_node=6)
 
@@ -71,3 +77,116 @@ def test_search_costs_the_same_automatic_split_as_predict():
                                      gpus_per_node=6, strategy=row["strategy"])
         assert p.meta["stage_layers"][-1] < p.meta["stage_layers"][0]
         assert p.step_time_ms == pytest.approx(row["step_time_ms"], rel=1e-12)
+
+
+def test_ranked_splits_start_with_the_cost_balanced_one():
+    for args in ((32, 3, (0.02, 2.4)), (126, 16, (0.01, 0.6)), (126, 16, (0.01, 1.5)), (80, 6, (0.01, 0.3)),
+                 (96, 64, (0.0, 0.0)), (11, 2, (0.0, 3.0))):
+        assert ranked_stage_splits(*args)[0].tolist() == balanced_stage_layers(*args)
+    # the slowest stage's work 12, 12.02 (x 2: the nearer to 10, 11, 11 first), then 12.4
+    assert ranked_stage_splits(32, 3, (0.02, 2.4))[:5].tolist() == [[11, 12, 9], [12, 11, 9], [12, 12, 8],
+                                                                     [10, 12, 10], [11, 11, 10]]
+    r = ranked_stage_splits(32, 3, (0.0, 0.0), min_layers=4)
+    assert (r.sum(axis=1) == 32).all() and r.min() >= 4
+
+
+def _first_fitting(rows, fits):
+    """The brute force: the first ranked split whose every stage fits."""
+    for row in rows:
+        if fits(row.tolist()).all():
+            return row.tolist()
+    return None
+
+
+def test_memory_fitting_split_is_the_best_ranked_split_that_fits():
+    # a 1F1B-like memory: stage s holds (P - s) micro-batches of its layers; the brute force over every ranked split
+    # agrees with the pruned probing, which probes a few splits only
+    for n_layers, P, edge in ((32, 3, (0.02, 2.4)), (80, 6, (0.01, 0.3)), (126, 16, (0.01, 1.5)), (61, 7, (1.0, 1.0))):
+        rows = ranked_stage_splits(n_layers, P, edge)
+        tried = balanced_stage_layers(n_layers, P, edge)
+        inflight = np.arange(P, 0, -1)
+        top = max(np.asarray(tried) * inflight)
+        for cap in np.linspace(0.3 * top, top, 15):
+            probes = []
+
+            def fits(c, cap=cap):
+                return np.asarray(c) * inflight <= cap
+
+            def probe(c, fits=fits):
+                probes.append(c)
+                return fits(c)
+
+            got = memory_fitting_split(n_layers, P, edge, probe, tried, fits(tried))
+            assert got == _first_fitting(rows, fits), (n_layers, P, cap)
+            assert len(probes) <= 4 * P
+    # Llama 3 8B on 3 stages: the first stage over with 11 layers, the next best split with at most 10 on it
+    fits = lambda c: np.asarray(c) * np.array([3, 2, 1]) <= 31
+    assert memory_fitting_split(32, 3, (0.02, 2.4), fits, [11, 12, 9], fits([11, 12, 9])) == [10, 12, 10]
+    # every stage over: no split can hold the layers, nothing probed, None (the caller keeps the split and refuses it)
+    never = lambda c: pytest.fail("probed")
+    assert memory_fitting_split(32, 3, (0.02, 2.4), never, [11, 12, 9], np.zeros(3, dtype=bool)) is None
+
+
+def test_chunk_layers_takes_the_chosen_stage_totals():
+    assert chunk_layers(32, 3, edge_layers=(0.02, 2.4), stages=[10, 12, 10]) == [10, 12, 10]
+    c = chunk_layers(32, 3, 2, edge_layers=(0.02, 2.4), stages=[10, 12, 10])
+    assert [c[s] + c[3 + s] for s in range(3)] == [10, 12, 10]
+    with pytest.raises(ValueError, match="automatic split of 32 layers over 3 stages"):
+        chunk_layers(32, 3, first=10, stages=[10, 12, 10])
+    with pytest.raises(ValueError, match="automatic split"):
+        chunk_layers(32, 3, stages=[10, 12, 11])
+
+
+OOM_KW = dict(KW, zero=0)  # ZeRO-0: the optimizer states unsharded, stage 0 near the 80 GiB
+
+
+def _peak_gb(r) -> float:
+    return max(d["memory_gb"] for d in r.per_device)
+
+
+def test_time_balanced_split_that_does_not_fit_gives_way_to_one_that_does():
+    auto = wattcast.predict_cluster("llama3_8b", "DGX-H100", **OOM_KW)
+    # the time-balanced split, given explicitly, does not fit: stage 0 (3 micro-batches in flight) is over
+    balanced = wattcast.predict_cluster("llama3_8b", "DGX-H100", pp_first_stage_layers=11, pp_last_stage_layers=9,
+                                        **OOM_KW)
+    assert balanced.meta["stage_layers"] == [11, 12, 9] and not balanced.fits  # 91.1 GB of 85.9
+    counted = wattcast.predict_cluster("llama3_8b", "DGX-H100", pp_first_stage_layers=10, pp_last_stage_layers=11,
+                                       **OOM_KW)
+    assert counted.fits
+    # the automatic split fits: the least slowest-stage work with at most 10 layers on stage 0
+    assert auto.fits and auto.meta["stage_layers"] == [10, 12, 10]
+    assert _peak_gb(auto) <= auto.memory_capacity_gb and _peak_gb(auto) <= _peak_gb(balanced)
+    assert auto.step_time_ms < counted.step_time_ms  # 2,554 against 2,698 ms at stop 52
+    assert any("instead of the cost-balanced [11, 12, 9], whose stage 0 needs" in w for w in auto.meta["warnings"])
+
+
+def test_a_fitting_time_balanced_split_is_kept():
+    auto = wattcast.predict_cluster("llama3_8b", "DGX-H100", **KW)  # ZeRO-1: 73.5 GB on stage 0
+    assert auto.fits and auto.meta["stage_layers"] == [11, 12, 9] == balanced_stage_layers(32, 3, (0.02, 2.4))
+    given = wattcast.predict_cluster("llama3_8b", "DGX-H100", pp_first_stage_layers=11, pp_last_stage_layers=9, **KW)
+    assert auto.step_time_ms == pytest.approx(given.step_time_ms, rel=1e-12)
+
+
+def test_search_prunes_and_costs_the_memory_aware_split_as_predict():
+    res = wattcast.search("llama3_8b", "DGX-H100", 6, 16, 8192, framework="megatron", gpus_per_node=6, tp=(1,),
+                          pp=(3,), zero=(0,), micro_batch=(1,), recompute=("none",), sp=(False,), max_configs=50,
+                          workers=1)
+    rows = res.ranked[res.ranked["strategy"].str.contains("pp3")]
+    assert len(rows) > 0 and rows["fits"].all()
+    row = rows.iloc[0]
+    p = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=6, batch=16, seq=8192, framework="megatron",
+                                 gpus_per_node=6, strategy=row["strategy"])
+    assert p.fits and p.meta["stage_layers"] == [10, 12, 10]
+    assert p.step_time_ms == pytest.approx(row["step_time_ms"], rel=1e-12)
+
+
+def test_llama3_405b_as_meta_ran_it_fits_with_the_memory_aware_split():
+    # 16,384 H100s, TP8 PP16 SP: the cost-balanced split is Meta's 7, 8 x 14, 7 (its head costs ~0.6 of a layer), whose
+    # stage 1 (15 micro-batches in flight) needs 87.2 GB of 85.9: refused until stop 52. The fastest split that fits
+    # moves stage 1's eighth layer to the last stage (82.97 GB on stage 2, 8,420 against 8,122 ms)
+    kw = dict(gpus=16384, batch=2048, seq=8192, tp=8, pp=16, micro_batch=1, sp=True, framework="megatron", zero=1)
+    auto = wattcast.predict_cluster("llama3_405b", "DGX-H100", **kw)
+    meta = wattcast.predict_cluster("llama3_405b", "DGX-H100", pp_first_stage_layers=7, pp_last_stage_layers=7, **kw)
+    assert meta.meta["stage_layers"] == [7] + [8] * 14 + [7] and not meta.fits
+    assert auto.meta["stage_layers"] == [7, 7] + [8] * 14 and auto.fits
+    assert meta.step_time_ms < auto.step_time_ms < 1.05 * meta.step_time_ms
