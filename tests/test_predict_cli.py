@@ -248,9 +248,11 @@ def test_refusal_names_the_flags_that_make_it_fit():
     ZeRO-1 is 1.3 GB over (stage 1: 8 layers x 15 micro-batches of activations, fp32 main gradients, TE's userbuffers);
     the refusal names the flags that each make it fit, re-predicted, and each does: --grad-reduce-in-bf16 (bf16 main
     gradients: 12.75 -> 6.38 GB, plus the 0.10 GB fp32 copy of the shard after the backward) and --no-tp-comm-overlap
-    (no userbuffers: -3.29 GB, inside the tight band)."""
+    (no userbuffers: -3.29 GB, inside the tight band). Meta's own split (7, 8 x 14, 7) is given: the automatic one
+    now picks a split that fits (tests/test_automatic_pipeline_split.py)."""
     args = ("predict", "-m", "llama3_405b", "--cluster", "DGX-H100", "--gpus", "16384", "--batch", "2048", "--seq",
-            "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--sp", "--framework", "megatron", "--zero", "1")
+            "8192", "--tp", "8", "--pp", "16", "--micro-batch", "1", "--sp", "--framework", "megatron", "--zero", "1",
+            "--pp-first-stage-layers", "7", "--pp-last-stage-layers", "7")
     r = run_cli(*args)
     said = flat(r.stdout + r.stderr)
     assert r.returncode == 3
