@@ -13,7 +13,16 @@ Each line prints the best warm time, configurations/s (rows evaluated, i.e. vali
 counted apart) and the ratio against the event-driven line, by wall clock and CPU-bound (this process's CPU time
 plus the busiest worker's, with psutil: what the search takes on otherwise idle cores; the wall clock moves with
 whatever else runs, the load average is printed). The rows of the three modes are checked against each other
-(top-10 identical, step times within 1%). Prints only. Run: ``python3 benchmarks/bench_search_speed.py [--repeats N]``.
+(top-10 identical, step times within 1%).
+
+A mixture-of-experts line follows (``--skip-moe`` leaves it out): DeepSeek-V3 (61 layers, 3 dense then 58 MoE: its
+rank graphs are built whole, 256 routed experts over the EP ranks, 0.5-3 s each, so a search's time is its rank graphs')
+on 256 H100s (DGX-H100) under --framework megatron, batch 512 x 4,096, ZeRO 1, EP 8/16, TP 1-2, micro-batch 1-2,
+recomputation none/full and the default ETP choices: one run, one process (cold: the graphs are what it measures),
+wall clock and CPU time. Stop 52 (a loaded 2-core machine): this line 19.9 s CPU before sharing the forward graph
+between the none/full recomputation siblings and keying the unsharded model totals once for ETP None and 1, 14.4 s
+after; the CLI's whole space at --zero 1 --ep 8,16 (TP 1-8, micro-batch 1-16: 2,824 candidates) 106 s CPU before, 66 s
+after, the same JSON byte for byte. Prints only. Run: ``python3 benchmarks/bench_search_speed.py [--repeats N] [--skip-moe]``.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ import wattcast
 MODEL, CLUSTER, GPUS, BATCH, SEQ = "gpt3_175b", "DGX-A100", 1024, 1536, 2048
 SPACE = dict(zero=(0, 1, 2, 3), sp=(False, True), cp=(1, 2), recompute=("none", "full"), interleave=(1, 2, 3, 4),
              schedule=("1f1b", "gpipe"))
+MOE_MODEL, MOE_CLUSTER, MOE_GPUS, MOE_BATCH, MOE_SEQ = "deepseek_v3", "DGX-H100", 256, 512, 4096
+MOE_SPACE = dict(zero=(1,), ep=(8, 16), tp=(1, 2), micro_batch=(1, 2), recompute=("none", "full"))
 MODES = {"event-driven": dict(exact_pipeline=True, workers=1), "fast": dict(exact_pipeline=False, workers=1),
          "fast, 2 workers": dict(exact_pipeline=False, workers=2)}
 
@@ -63,10 +74,30 @@ def _run(**kw):
     return wall, cpu + (busiest if kw.get("workers", 1) > 1 else 0.0), res
 
 
+def moe_line() -> None:
+    """The mixture-of-experts search, once, in one process: wall clock and CPU time, configurations/s."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    res = wattcast.search(MOE_MODEL, MOE_CLUSTER, MOE_GPUS, MOE_BATCH, MOE_SEQ, framework="megatron", workers=1,
+                          max_configs=1_000_000, **MOE_SPACE)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    n, n_rej = len(res.ranked), len(res.rejected)
+    groups = res.ranked[["tp", "sp", "ep", "micro_batch", "recompute"]].drop_duplicates().shape[0]
+    print(f"{MOE_MODEL} on {MOE_GPUS} x {MOE_CLUSTER} (megatron), batch {MOE_BATCH} x {MOE_SEQ}: {n + n_rej:,} "
+          f"candidates, {n:,} evaluated ({int(res.ranked['fits'].sum()):,} fit), {n_rej:,} rejected; {groups} "
+          f"(tp, sp, ep, mb, recompute) groups; load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+    print(f"  one process, cold: {wall:6.2f} s wall, {cpu:6.2f} s CPU = {n / cpu:5.1f} configurations/s "
+          f"({cpu / max(groups, 1):.2f} s CPU per group)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="warm runs per mode (the best is printed)")
+    ap.add_argument("--skip-moe", action="store_true", help="leave out the mixture-of-experts (DeepSeek-V3) line")
+    ap.add_argument("--moe-only", action="store_true", help="only the mixture-of-experts (DeepSeek-V3) line")
     args = ap.parse_args()
+    if args.moe_only:
+        moe_line()
+        return
     cold, warm, cpu, out = {}, {m: [] for m in MODES}, {m: [] for m in MODES}, {}
     for m, kw in MODES.items():
         cold[m], _, out[m] = _run(**kw)
@@ -100,6 +131,8 @@ def main() -> None:
         dev = float(np.max(np.abs(j.loc[ok, "step_time_ms_f"] / j.loc[ok, "step_time_ms_e"] - 1))) if ok.any() else 0.0
         print(f"  {m} vs event-driven: same rows {len(b) == n and len(j) == n}, top-10 identical {same_top}, "
               f"largest step-time difference {dev:.2%}")
+    if not args.skip_moe:
+        moe_line()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import numpy as np
 from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.te_attention import TE_ATTENTION_BACKENDS
-from wattcast.featurize.graph_cache import rows_cached
+from wattcast.featurize.graph_cache import RowsCache, rows_cached
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, model_warnings, pinned
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
@@ -491,7 +491,27 @@ def _check_kv_cache(cfg: HFConfig, opts: StepOptions) -> None:
 
 @rows_cached(max_entries=256)
 def cached_path_graph(path: str, mtime: float, opts: StepOptions) -> OpGraph:
-    return _build(path, opts)
+    return _build(path, opts, forward_key=(path, mtime))
+
+
+#: the forward graphs the last training graphs of a file or built-in name were built from, by (path, modification
+#: time, the step options less ``recompute``): recomputation is :func:`training_graph`'s alone (the forward builders
+#: never read it), so a strategy search's rank graphs with and without full recomputation (the same group key but
+#: ``recompute``; planning.search evaluates such siblings one after the other) share one forward build, the larger
+#: half of a DeepSeek-V3 rank graph's build. Few entries and rows (the newest always stays): only a sibling built
+#: next needs it; :func:`training_graph` reads the forward graph and never changes it (frames are copied or concatenated).
+FORWARD_CACHE_ROWS = 250_000
+_FORWARDS = RowsCache(max_rows=FORWARD_CACHE_ROWS, max_entries=2)
+
+
+def _clear_path_graphs() -> None:
+    """``cached_path_graph.cache_clear()``: the path graphs and the forward graphs they were built from (a cleared cache
+    builds cold)."""
+    cached_path_graph.cache.clear()
+    _FORWARDS.clear()
+
+
+cached_path_graph.cache_clear = _clear_path_graphs
 
 
 def _onnx_forward(path, opts: StepOptions) -> OpGraph:
@@ -526,7 +546,29 @@ def _onnx_forward(path, opts: StepOptions) -> OpGraph:
     return fwd
 
 
-def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -> OpGraph:
+def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None, forward_key: tuple | None = None) -> OpGraph:
+    """The step graph of ``model`` under ``opts``. ``forward_key``: what names the model file's contents (path and
+    modification time, :func:`cached_path_graph`'s): the forward graph of a training step is then kept in
+    :data:`_FORWARDS` and reused by a step that differs only in its recomputation."""
+    is_onnx = is_onnx_path(model)
+    if (forward_key is not None and opts.mode == "train" and not is_onnx and example_inputs is None
+            and isinstance(model, (str, Path))):
+        fkey = (forward_key, replace(opts, recompute="none"))
+        fwd = _FORWARDS.get(fkey)
+        if fwd is None:
+            fwd = _FORWARDS.put(fkey, _build_forward_and_step(model, fkey[1], forward_only=True))
+        return _training_of(fwd, opts)
+    return _build_forward_and_step(model, opts, example_inputs)
+
+
+def _training_of(fwd: OpGraph, opts: StepOptions) -> OpGraph:
+    return training_graph(fwd, optimizer=opts.optimizer, recompute=opts.recompute, grad_accumulation=opts.grad_accumulation,
+                          optimizer_impl=optimizer_impl_key(opts.optimizer_impl, opts.framework, opts.optimizer),
+                          framework=opts.framework)
+
+
+def _build_forward_and_step(model: Any, opts: StepOptions, example_inputs: tuple | None = None,
+                            forward_only: bool = False) -> OpGraph:
     is_onnx = is_onnx_path(model)
     if (opts.tp > 1 or opts.ep > 1) and not (isinstance(model, dict) or (isinstance(model, (str, Path)) and not is_onnx)):
         raise GraphError("tensor and expert parallelism need a model from a Hugging Face config or a built-in name "
@@ -581,10 +623,8 @@ def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None) -
     meta = dict(fwd.meta, mode=opts.mode, compile=opts.compile, attention=opts.attention,
                 **({"flash_kernel": opts.flash_kernel} if opts.attention == "flash" else {}))
     fwd = OpGraph(fwd.nodes, fwd.edges, meta, fwd.saved)
-    if opts.mode == "train":
-        return training_graph(fwd, optimizer=opts.optimizer, recompute=opts.recompute, grad_accumulation=opts.grad_accumulation,
-                              optimizer_impl=optimizer_impl_key(opts.optimizer_impl, opts.framework, opts.optimizer),
-                              framework=opts.framework)
+    if opts.mode == "train" and not forward_only:
+        return _training_of(fwd, opts)
     return fwd
 
 

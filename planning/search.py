@@ -955,6 +955,22 @@ def _group_key(par: ParallelConfig) -> tuple:
             par.hierarchical_cp_sizes)
 
 
+def _forward_key(key: tuple) -> tuple:
+    """A :func:`_group_key` less its ``recompute``: the groups that share it differ only in recomputation and build
+    their rank graphs from the same forward graph (``featurize.workload._FORWARDS`` keeps it for the sibling built
+    next: the evaluators take such siblings one after the other)."""
+    return key[:5] + key[6:]
+
+
+def _sibling_order(cands: list) -> list[int]:
+    """Candidate indices with the groups of each :func:`_forward_key` one after the other (bundles in the order their
+    first candidate comes, candidate order within a bundle): the order :func:`_evaluate_serial` evaluates a search
+    that goes through every candidate in (the rows are the same in any order; this one builds each forward graph once)."""
+    first: dict = {}
+    keys = [first.setdefault(_forward_key(_group_key(par)), i) for i, par in enumerate(cands)]
+    return sorted(range(len(cands)), key=lambda i: (keys[i], i))
+
+
 class _Evaluator:
     """Evaluates one job's candidates, one schedule context per rank graph (the checks, graph and costing of
     predict_distributed once per group; each strategy then only re-targets it), sharing per-chunk sums and
@@ -1101,6 +1117,9 @@ def _evaluate_serial(job: _Job, cands: list, max_configs: int, progress) -> tupl
         return results[i][0]
 
     with _no_gc():
+        if len(cands) <= max_configs:  # every candidate is gone through: siblings one after the other
+            for i in _sibling_order(cands):
+                kind(i)
         done, skipped = _cut(order, kind, max_configs)
     return [results[i] for i in done], skipped
 
@@ -1225,14 +1244,23 @@ def _assign_groups(job_key: str, groups: dict, n_workers: int) -> list[list]:
     for k, w in home.items():
         if k in groups and w < n_workers:
             load[w] += est(k)
+    # the groups that differ only in recomputation (one forward graph: _forward_key) go to one worker, one after the
+    # other, so that it builds their forward graph once
+    bundles: dict = {}
     for k in sorted(groups, key=lambda k: (-est(k), repr(k))):
-        if k not in home or home[k] >= n_workers:
-            w = min(range(n_workers), key=lambda i: (load[i], i))
-            home[k] = w
-            load[w] += est(k)
+        bundles.setdefault(_forward_key(k), []).append(k)
+    order = sorted(bundles, key=lambda b: (-sum(est(k) for k in bundles[b]), repr(b)))
+    for b in order:
+        homed = [home[k] for k in bundles[b] if k in home and home[k] < n_workers]
+        w = homed[0] if homed else min(range(n_workers), key=lambda i: (load[i], i))
+        for k in bundles[b]:
+            if k not in home or home[k] >= n_workers:
+                home[k] = w
+                load[w] += est(k)
     out: list[list] = [[] for _ in range(n_workers)]
-    for k in sorted(groups, key=lambda k: (-est(k), repr(k))):
-        out[home[k]].append(groups[k])
+    for b in order:
+        for k in bundles[b]:
+            out[home[k]].append(groups[k])
     return out
 
 

@@ -1161,8 +1161,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
     # model FLOPs and parameters: the unsharded graph of one micro-batch without recomputation
     # (balanced routing: model FLOPs are the useful ones, whatever a busiest rank or padding adds); in a search, once
     # per micro-batch (the figures are kept, not the graph)
+    # (an experts' degree of 1 is the unsharded graph's own, None's: one key, one build for etp None and 1)
     opts1 = replace(opts, tp=1, sp=False, ep=1, cp=1, cp_comm="p2p", cp_a2a=1, seq=seq, recompute="none", moe_load=1.0,
-                   moe_pad_to_capacity=False)
+                   moe_pad_to_capacity=False, etp=None if opts.etp == 1 else opts.etp)
     model_totals = pinned(("model_totals", id(model), opts1), lambda: _model_totals(*_rank_graph(model, hf, opts1)))
     return ScheduleContext(model=model, g=g, view=hit[2], keep_view=keep_view, spec=spec, cl=cl, par=par, lay=lay, cm=cm,
                            batch=batch, seq=seq,
