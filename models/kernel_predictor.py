@@ -527,8 +527,9 @@ def _fold_wide_rows(canon: pd.DataFrame) -> pd.DataFrame:
 #: tensor-core linear rows with a contraction (``N``) of at most MONOTONE_MAX_N are held to "a longer contraction never
 #: takes less time" (:func:`_predict_rows`): LoRA ranks (16-256) and MLA's latent (DeepSeek-V3's kv_lora_rank 512)
 MONOTONE_MAX_N = 512
-#: tensor-core linear rows with more than MONOTONE_MIN_M and at most MONOTONE_MAX_M rows (``M``) are held to "more
-#: rows never take less time" (:func:`_predict_rows`)
+#: tensor-core linear rows with at least MONOTONE_MIN_M and fewer than MONOTONE_MAX_M rows (``M``) are held to "more
+#: rows never take less time", bounded by the same GEMM at every power of two above them up to MONOTONE_MAX_M
+#: (:func:`_predict_rows`)
 MONOTONE_MAX_M = 4096
 MONOTONE_MIN_M = 1
 
@@ -555,12 +556,17 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     MI355X (B200 fp8 4096 x 45 x 4096: 23.3 us, 13.8 at 72; now 14.2 at both).
 
     A tensor-core linear layer (a ``linear`` row, or a single matmul: ``bmm`` with B = 1, as a step graph costs its
-    projections) with :data:`MONOTONE_MIN_M` < ``M`` <= :data:`MONOTONE_MAX_M` rows (decode steps, a few tokens per
+    projections) with :data:`MONOTONE_MIN_M` <= ``M`` < :data:`MONOTONE_MAX_M` rows (decode steps, a few tokens per
     expert, short sequences) is bound by reading its weights, and where the floor and ceiling members hand over
     (0.5-2 GFLOP) or the learned multiple wiggles, a larger ``M`` could come out faster (a DeepSeek-V3 step on an L4
     shrank as its batch grew; M = 769 beat 768). Such a row's time is the same GEMM's predicted at the powers of two
-    from MONOTONE_MIN_M to the first at or above its ``M``, made non-decreasing (a running maximum), interpolated
-    log-linearly in ``M`` between the two around it (the band scaled alike): non-decreasing in ``M`` over the range.
+    from the one at or below its ``M`` up to MONOTONE_MAX_M, made non-decreasing by a running minimum from the top
+    (padding a GEMM's rows to a larger ``M`` is always a valid kernel, so the larger one bounds it), interpolated
+    log-linearly in ``M`` between the two around it (the band scaled alike): non-decreasing in ``M`` over the range,
+    and at a grid point never above what the members predict for the row itself. Until stop 52 the guard was a running
+    maximum from M = 1, which carried a time inflated where the members hand over up the ladder: B200 fp8
+    4096 x 4096 x 4096 came out 14.8 us at M = 64 (the ceiling member, extrapolating below the XLA rows' M >= 256)
+    and so at M = 128, 256 and 512 too, above bf16 and +60% over the measured 9.2 us at M = 256 (now 9.4; issue 14).
     The grid rows are predicted in the same pass, each distinct one once. FP32 rows (the roofline member, NeuSight's
     data), attention's batched products (B > 1) and larger ``M`` (compute-bound; tile quantisation can still move
     them by 1-4%) are as predicted.
@@ -626,7 +632,7 @@ def _predict_guarded(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
     res = _predict_features(X, bundle, rows["dtype"], power_floor_ms=_power_floor_ms(X, rows["dtype"], spec),
                             device=spec)
     out = _take(res, slice(None, n))
-    _apply_grid(out, sel, res["pred_latency_ms"][n:][take], owner, lo_i, w, suffix_min=False)
+    _apply_grid(out, sel, res["pred_latency_ms"][n:][take], owner, lo_i, w, suffix_min=True)
     return out
 
 
@@ -708,23 +714,22 @@ def _log2_grid(canon: pd.DataFrame, sel: np.ndarray, start, steps: np.ndarray
 def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(grid rows, the canonical row each belongs to, the guarded rows, per guarded row the index of its grid point at
     or below its ``M`` and the log2 weight of the one above): for every tensor-core linear-layer row (see
-    :func:`_predict_rows`) with
-    MONOTONE_MIN_M < ``M`` <= MONOTONE_MAX_M, the same row at each power of two from MONOTONE_MIN_M to the first at or
-    above ``M``, ascending."""
+    :func:`_predict_rows`) with MONOTONE_MIN_M <= ``M`` < MONOTONE_MAX_M, the same row at each power of two from the
+    one at or below ``M`` up to MONOTONE_MAX_M, ascending."""
     if "M" not in canon:
         return _no_probes(canon)
     m = canon["M"].to_numpy(dtype=float)
-    sel = np.flatnonzero((m > MONOTONE_MIN_M) & (m <= MONOTONE_MAX_M) & _linear_layer_rows(canon)
+    # (a row at MONOTONE_MAX_M is its own grid: nothing to guard)
+    sel = np.flatnonzero((m >= MONOTONE_MIN_M) & (m < MONOTONE_MAX_M) & _linear_layer_rows(canon)
                          & (canon["dtype"].to_numpy() != "fp32"))
     if not len(sel):
         return _no_probes(canon)
-    e0 = np.log2(MONOTONE_MIN_M)
     lm = np.log2(m[sel])
-    top = np.ceil(lm - 1e-12)
-    probes, owner, first, exp = _log2_grid(canon, sel, e0, (top - e0 + 1).astype(int))
-    probes["M"] = np.exp2(exp)
     lo = np.floor(lm + 1e-12)
-    return probes, owner, sel, (first + (lo - e0)).astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
+    top = np.log2(MONOTONE_MAX_M)
+    probes, owner, first, exp = _log2_grid(canon, sel, lo, (top - lo + 1).astype(int))
+    probes["M"] = np.exp2(exp)
+    return probes, owner, sel, first.astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
 
 
 def _n_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

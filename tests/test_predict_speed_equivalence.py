@@ -229,21 +229,20 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
 
 def _reference_m_guarded(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
     """The plain prediction, then "more rows never take less time", row by row, for tensor-core linear layers (linear,
-    or bmm with B = 1) with 1 < M <= 4096: the same row at M = 1, 2, 4, ... up to the first power of two >= M, a running
-    maximum over them, interpolated log-linearly in M between the two around M (band scaled alike)."""
+    or bmm with B = 1) with 1 <= M < 4096: the same row at M = 2**lo, 2**(lo + 1), ... up to 4096 (2**lo the power of
+    two at or below M), a running minimum from the top (stop 52; a running maximum from M = 1 before), interpolated
+    log-linearly in M between the two around M (band scaled alike)."""
     out = _reference_core(frame, spec, bundle)
     canon, err = _reference_normalise(frame)
     probes, owners = [], []
     for i in range(len(canon)):
         r = canon.iloc[i]
         lin = r["op"] == "linear" or (r["op"] == "bmm" and float(r["B"]) == 1)
-        if err[i] == "" and lin and r["dtype"] != "fp32" and 1 < float(r["M"]) <= 4096:
-            m = 1
-            while True:
+        if err[i] == "" and lin and r["dtype"] != "fp32" and 1 <= float(r["M"]) < 4096:
+            m = 2.0 ** np.floor(np.log2(float(r["M"])) + 1e-12)
+            while m <= 4096:
                 probes.append(dict(r, M=float(m)))
                 owners.append(i)
-                if m >= float(r["M"]):
-                    break
                 m *= 2
     if probes:
         pp = _reference_core(pd.DataFrame(probes), spec, bundle)["pred_latency_ms"].to_numpy()
@@ -251,14 +250,22 @@ def _reference_m_guarded(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
         scale = np.ones(len(t))
         for i in sorted(set(owners)):
             g = [pp[j] for j in range(len(owners)) if owners[j] == i]
-            run = [max(g[: k + 1]) for k in range(len(g))]  # running maximum over M = 1, 2, 4, ...
+            run = [min(g[k:]) for k in range(len(g))]  # running minimum from M = 4096 down
             m = float(canon.iloc[i]["M"])
-            lo = int(np.floor(np.log2(m) + 1e-12))
+            lo = np.floor(np.log2(m) + 1e-12)
             w = min(max(np.log2(m) - lo, 0.0), 1.0)
-            hi = min(lo + 1, len(run) - 1)
-            scale[i] = np.exp((1 - w) * np.log(run[lo]) + w * np.log(run[hi])) / t[i]
+            hi = min(1, len(run) - 1)
+            scale[i] = np.exp((1 - w) * np.log(run[0]) + w * np.log(run[hi])) / t[i]
         for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
             out[c] = out[c].to_numpy(dtype=float) * scale
+        # then, as after each guard, the time and the band's low end at or above the row's physical floor
+        ok = err == ""
+        fl = featurize_kernels(canon[ok], spec)["t_floor_ms"].to_numpy()
+        for c in ("pred_latency_ms", "pred_low_ms"):
+            v = out[c].to_numpy(dtype=float).copy()
+            v[ok] = np.maximum(v[ok], fl)
+            out[c] = v
+        out["pred_high_ms"] = np.maximum(out["pred_high_ms"].to_numpy(dtype=float), out["pred_latency_ms"].to_numpy())
     return out
 
 
