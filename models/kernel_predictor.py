@@ -544,6 +544,9 @@ _CLIP_KEY = "_ceiling_clip_ms"
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
     """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``.
 
+    A tensor-core ``linear`` row is predicted as the ``bmm`` of its GEMM plus its bias epilogue
+    (:func:`_linear_as_gemm`, :func:`_bias_epilogue_ms`; since stop 52), its roofline its own.
+
     A tensor-core GEMM's contraction ``N`` below one MMA k-tile is predicted at the k-tile (:func:`_pad_contraction`;
     ``roofline_ms`` stays the row's own). A tensor-core linear layer (as below) with a contraction of at most
     :data:`MONOTONE_MAX_N` (LoRA-B's rank, MLA's latent) is held to "a longer contraction never takes less time": its
@@ -578,7 +581,8 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     as linear rows are (every bmm in the selection below) took benchmarks/bench_kernels.py from 0.9-1.2 M to 0.35-0.54
     M rows/s and --distinct from 183 k to 56 k rows/s (every such row needs its own M = 1, 2, 4, ... grid: about 11
     more tensor-core rows, each through the floor and ceiling members)."""
-    padded, raised = _pad_contraction(_fold_wide_rows(canon))
+    gemm_view, lin = _linear_as_gemm(canon)
+    padded, raised = _pad_contraction(_fold_wide_rows(gemm_view))
     probes, owner, sel, lo_i, w = _n_grid_probes(padded)
     if not len(probes):
         out = _predict_guarded(padded, spec, bundle)
@@ -606,7 +610,61 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     clip = out.pop(_CLIP_KEY, None)  # the padded kernel's (its MMAs are the padded ones)
     if clip is not None:
         out["pred_low_ms"] = np.maximum(out["pred_low_ms"], np.minimum(clip, out["pred_latency_ms"]))
+    if len(lin):  # the GEMM's time (its band as clipped) plus the bias epilogue's (:func:`_bias_epilogue_ms`)
+        X = featurize_kernels(canon.iloc[lin], spec)
+        epilogue_ms = _bias_epilogue_ms(canon.iloc[lin], X)
+        out["roofline_ms"] = np.array(out["roofline_ms"], dtype=float)
+        out["roofline_ms"][lin] = X["t_roof_ms"].to_numpy()  # the row's own
+        for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+            out[k] = np.array(out[k], dtype=float)
+            out[k][lin] += epilogue_ms
     return out
+
+
+def _linear_as_gemm(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """(``canon`` with every tensor-core ``linear`` row (any dtype but FP32) as the single matmul of the same GEMM:
+    ``bmm`` with B = 1 and ``B x M`` rows (``nn.Linear`` shares its weights over the batch), the positions of those
+    rows). :func:`_predict_rows` predicts them as that GEMM and adds the bias epilogue's work at the roofline (its
+    ``K`` bias elements read, ``B x M x K`` adds): cuBLASLt's fused bias epilogue (``CUBLASLT_EPILOGUE_BIAS`` in
+    PyTorch's ``at::cuda::blas::gemm_and_bias``, aten/src/ATen/cuda/CUDABlas.cpp, which ``addmm_out_cuda_impl`` in
+    aten/src/ATen/native/cuda/Blas.cpp calls for ``nn.Linear``'s 1-D bias).
+
+    The members' ``is_linear`` feature is no physics of the kernel: the only tensor-core ``linear`` rows of the
+    training data are Vidur's (A100-SXM4-80GB and A40 fp16, torch.profiler record_function times of Sarathi's
+    layers), every other tensor-core GEMM is a ``bmm``/dot (XLA, DeepBench, LLMCompass), so the feature carries
+    Vidur against the others, and on a GPU Vidur never measured it moved a linear off its own GEMM: on B200 every
+    B = 1 XLA shape >= 1 GFLOP came out +6.3% (bf16) / +7.4% (fp8) slower as ``linear`` than as ``bmm`` on average,
+    up to +27% (issue 14). FP32 ``linear`` rows (NeuSight's, the held-out figures) keep their own prediction."""
+    if not len(canon) or "M" not in canon:
+        return canon, np.zeros(0, dtype=np.intp)
+    lin = np.flatnonzero((canon["op"].to_numpy() == "linear") & (canon["dtype"].to_numpy() != "fp32"))
+    if not len(lin):
+        return canon, lin
+    out = canon.copy()
+    op = out["op"].to_numpy(dtype=object, copy=True)
+    op[lin] = "bmm"
+    out["op"] = op
+    if "B" in out:
+        b = out["B"].to_numpy(dtype=float, copy=True)
+        m = out["M"].to_numpy(dtype=float, copy=True)
+        m[lin] *= b[lin]
+        b[lin] = 1.0
+        out["B"], out["M"] = b, m
+    return out, lin
+
+
+def _bias_epilogue_ms(rows: pd.DataFrame, X: pd.DataFrame) -> np.ndarray:
+    """Per ``linear`` row (``X``: its features): the bias epilogue's own roofline, ms: its ``B x M x K`` adds at the
+    dtype's matrix rate or its ``K`` bias elements read at DRAM bandwidth, whichever is longer (the rates are the row's
+    own: its FLOPs over its compute time, its bytes over its memory time). Non-decreasing in ``M`` and independent of
+    the contraction ``N``, so the guards' monotonicity carries over to the linear row."""
+    b = rows["B"].to_numpy(dtype=float) if "B" in rows else np.ones(len(rows))
+    m, k = rows["M"].to_numpy(dtype=float), rows["K"].to_numpy(dtype=float)
+    codes, names = pd.factorize(rows["dtype"].to_numpy())
+    ebytes = np.array([float(DTYPE_BYTES[d]) for d in names])[codes]
+    flops_per_ms = X["flops"].to_numpy() / X["t_compute_ms"].to_numpy()
+    bytes_per_ms = X["bytes"].to_numpy() / X["t_mem_ms"].to_numpy()
+    return np.maximum(b * m * k / flops_per_ms, k * ebytes / bytes_per_ms)
 
 
 def _take(res: dict, idx) -> dict:

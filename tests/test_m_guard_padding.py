@@ -73,3 +73,42 @@ def test_b200_small_m_gemms_near_the_measured_xla_rows(data_root):
         err = p["pred_latency_ms"].to_numpy() / d["latency_ms"].to_numpy() - 1.0
         assert (np.abs(err) < 0.10).all(), (op, list(zip(d["dtype"], d["M"], err.round(3))))
 
+
+@pytest.mark.parametrize("device", ["B200", "GB200", "H100-SXM5-80GB", "A100-SXM4-80GB", "MI355X"])
+def test_tensor_core_linear_is_its_gemm_plus_the_bias_epilogue(device):
+    """A tensor-core ``linear`` (bias fused in cuBLASLt's epilogue) costs its GEMM -- the ``bmm`` of B = 1 and B x M
+    rows -- plus the epilogue's bias read and adds at the roofline: never less, and at most 1% more here. The members'
+    ``is_linear`` feature (Vidur's A100/A40 rows are the only tensor-core linears of the training data) had B200's
+    linears +6-7% over their bmm on average, up to +27%."""
+    shapes = [(b, m, n, k) for b in (1, 2) for m in (1, 64, 256, 1000, 4096) for n, k in ((4096, 4096), (256, 4096),
+                                                                                      (7168, 2048), (64, 512))]
+    lin = pd.DataFrame([dict(OPName="linear", dtype=dt, B=b, M=m, N=n, K=k) for dt in ("bf16", "fp8")
+                        for b, m, n, k in shapes])
+    gemm = lin.assign(OPName="bmm", B=1, M=lin["B"] * lin["M"])
+    pl, pg = predict_kernels(lin, device), predict_kernels(gemm, device)
+    ok = (pl["error"] == "").to_numpy()
+    assert ok.any() and (ok == (pg["error"] == "").to_numpy()).all()
+    for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+        t_l, t_g = pl[c].to_numpy()[ok], pg[c].to_numpy()[ok]
+        assert (t_l >= t_g).all() and (t_l <= 1.01 * t_g).all(), c
+    # the row's own roofline (its bias bytes and adds), not the GEMM's
+    assert (pl["roofline_ms"].to_numpy()[ok] >= pg["roofline_ms"].to_numpy()[ok]).all()
+
+
+@pytest.mark.parametrize("device", ["A100-PCIe-40GB", "Tesla-T4"])
+def test_fp32_linear_rows_keep_their_own_model(device):
+    """FP32 ``linear`` rows (NeuSight's measurements, the held-out figures) are not mapped to a bmm: their prediction is
+    the family's on the row itself (no guard reaches FP32 rows)."""
+    from wattcast.featurize.kernel_features import featurize_kernels
+    from wattcast.models.kernel_bundle import load_bundle
+
+    rows = pd.DataFrame([dict(OPName="linear", dtype="fp32", B=b, M=m, N=n, K=k) for b in (1, 4) for m in (8, 512, 4096)
+                         for n, k in ((4096, 4096), (1024, 256))])
+    got = predict_kernels(rows, device)
+    spec = kp._resolve(device)
+    canon, _ = kp.normalise_kernel_frame(rows)
+    X = featurize_kernels(canon, spec)
+    own = kp._predict_features(X, load_bundle(None), canon["dtype"], power_floor_ms=kp._power_floor_ms(X, canon["dtype"], spec),
+                               device=spec)
+    np.testing.assert_array_equal(got["pred_latency_ms"].to_numpy(), own["pred_latency_ms"])
+    np.testing.assert_array_equal(got["roofline_ms"].to_numpy(), own["roofline_ms"])

@@ -153,6 +153,55 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
 
 
 def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
+    """Row by row: a tensor-core ``linear`` (any dtype but fp32) predicted as the bmm of its GEMM (B = 1, B x M rows)
+    by :func:`_reference_gemm_predict`, plus its bias epilogue -- B x M x K adds at the row's matrix rate or K bias
+    elements at its DRAM bandwidth, whichever is longer -- with its own roofline (stop 52); every other row as
+    :func:`_reference_gemm_predict` predicts it."""
+    global MAX_SHAPE_DIM
+    canon, err = _reference_normalise(frame)
+    lin = [i for i in range(len(canon)) if err[i] == "" and canon["op"].iloc[i] == "linear"
+           and canon["dtype"].iloc[i] != "fp32"]
+    if not lin:
+        return _reference_gemm_predict(frame, spec, bundle)
+    g = frame.copy()
+    cols = list(g.columns)
+    opcol = "op" if "op" in g else "OPName"
+    for i in lin:
+        b, m = float(canon["B"].iloc[i]), float(canon["M"].iloc[i])
+        g.iloc[i, cols.index(opcol)] = "bmm"
+        g.iloc[i, cols.index("B")] = 1
+        g.iloc[i, cols.index("M")] = b * m
+    out = _reference_gemm_predict(g, spec, bundle)
+    # a GEMM of more than 2**40 rows (B x M of a valid linear) is no input typo: predicted, not refused
+    big = [i for i in lin if float(canon["B"].iloc[i]) * float(canon["M"].iloc[i]) > MAX_SHAPE_DIM]
+    if big:
+        saved, MAX_SHAPE_DIM = MAX_SHAPE_DIM, np.inf
+        try:
+            res = _reference_gemm_predict(g.iloc[big], spec, bundle)
+        finally:
+            MAX_SHAPE_DIM = saved
+        for c in res.columns.difference(cols, sort=False):
+            out.iloc[big, list(out.columns).index(c)] = res[c].to_numpy()
+    out[cols] = frame[cols]  # the input's own columns
+    own = _reference_core(frame.iloc[lin], spec, bundle)["roofline_ms"].to_numpy()
+    X = featurize_kernels(canon.iloc[lin], spec)
+    roof = out["roofline_ms"].to_numpy(dtype=float).copy()
+    times = {c: out[c].to_numpy(dtype=float).copy() for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms")}
+    for j, i in enumerate(lin):
+        r = canon.iloc[i]
+        flops_per_ms = float(X["flops"].iloc[j]) / float(X["t_compute_ms"].iloc[j])
+        bytes_per_ms = float(X["bytes"].iloc[j]) / float(X["t_mem_ms"].iloc[j])
+        epilogue = max(r["B"] * r["M"] * r["K"] / flops_per_ms, r["K"] * DTYPE_BYTES[r["dtype"]] / bytes_per_ms)
+        for c in times:
+            times[c][i] += epilogue
+        roof[i] = own[j]
+    for c, v in times.items():
+        out[c] = v
+    out["roofline_ms"] = roof
+    return out
+
+
+def _reference_gemm_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
     """Row by row: a tensor-core GEMM's contraction N below one k-tile (128 bytes: 64 bf16/fp16, 128 fp8, 32 tf32
     elements) predicted at the k-tile (its own roofline kept); then, for tensor-core linear layers (linear, or bmm with
     B = 1) with N <= 512, "a longer contraction never takes less time": the same row at N = k-tile x 1, 2, 4, ... from
