@@ -527,8 +527,9 @@ def _fold_wide_rows(canon: pd.DataFrame) -> pd.DataFrame:
 #: tensor-core linear rows with a contraction (``N``) of at most MONOTONE_MAX_N are held to "a longer contraction never
 #: takes less time" (:func:`_predict_rows`): LoRA ranks (16-256) and MLA's latent (DeepSeek-V3's kv_lora_rank 512)
 MONOTONE_MAX_N = 512
-#: tensor-core linear rows with more than MONOTONE_MIN_M and at most MONOTONE_MAX_M rows (``M``) are held to "more
-#: rows never take less time" (:func:`_predict_rows`)
+#: tensor-core linear rows with at least MONOTONE_MIN_M and fewer than MONOTONE_MAX_M rows (``M``) are held to "more
+#: rows never take less time", bounded by the same GEMM at every power of two above them up to MONOTONE_MAX_M
+#: (:func:`_predict_rows`)
 MONOTONE_MAX_M = 4096
 MONOTONE_MIN_M = 1
 
@@ -543,6 +544,9 @@ _CLIP_KEY = "_ceiling_clip_ms"
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
     """Predictions for valid canonical rows: the output columns as arrays aligned with ``canon``.
 
+    A tensor-core ``linear`` row is predicted as the ``bmm`` of its GEMM plus its bias epilogue
+    (:func:`_linear_as_gemm`, :func:`_bias_epilogue_ms`; since stop 52), its roofline its own.
+
     A tensor-core GEMM's contraction ``N`` below one MMA k-tile is predicted at the k-tile (:func:`_pad_contraction`;
     ``roofline_ms`` stays the row's own). A tensor-core linear layer (as below) with a contraction of at most
     :data:`MONOTONE_MAX_N` (LoRA-B's rank, MLA's latent) is held to "a longer contraction never takes less time": its
@@ -555,12 +559,17 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     MI355X (B200 fp8 4096 x 45 x 4096: 23.3 us, 13.8 at 72; now 14.2 at both).
 
     A tensor-core linear layer (a ``linear`` row, or a single matmul: ``bmm`` with B = 1, as a step graph costs its
-    projections) with :data:`MONOTONE_MIN_M` < ``M`` <= :data:`MONOTONE_MAX_M` rows (decode steps, a few tokens per
+    projections) with :data:`MONOTONE_MIN_M` <= ``M`` < :data:`MONOTONE_MAX_M` rows (decode steps, a few tokens per
     expert, short sequences) is bound by reading its weights, and where the floor and ceiling members hand over
     (0.5-2 GFLOP) or the learned multiple wiggles, a larger ``M`` could come out faster (a DeepSeek-V3 step on an L4
     shrank as its batch grew; M = 769 beat 768). Such a row's time is the same GEMM's predicted at the powers of two
-    from MONOTONE_MIN_M to the first at or above its ``M``, made non-decreasing (a running maximum), interpolated
-    log-linearly in ``M`` between the two around it (the band scaled alike): non-decreasing in ``M`` over the range.
+    from the one at or below its ``M`` up to MONOTONE_MAX_M, made non-decreasing by a running minimum from the top
+    (padding a GEMM's rows to a larger ``M`` is always a valid kernel, so the larger one bounds it), interpolated
+    log-linearly in ``M`` between the two around it (the band scaled alike): non-decreasing in ``M`` over the range,
+    and at a grid point never above what the members predict for the row itself. Until stop 52 the guard was a running
+    maximum from M = 1, which carried a time inflated where the members hand over up the ladder: B200 fp8
+    4096 x 4096 x 4096 came out 14.8 us at M = 64 (the ceiling member, extrapolating below the XLA rows' M >= 256)
+    and so at M = 128, 256 and 512 too, above bf16 and +60% over the measured 9.2 us at M = 256 (now 9.4; issue 14).
     The grid rows are predicted in the same pass, each distinct one once. FP32 rows (the roofline member, NeuSight's
     data), attention's batched products (B > 1) and larger ``M`` (compute-bound; tile quantisation can still move
     them by 1-4%) are as predicted.
@@ -572,7 +581,8 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     as linear rows are (every bmm in the selection below) took benchmarks/bench_kernels.py from 0.9-1.2 M to 0.35-0.54
     M rows/s and --distinct from 183 k to 56 k rows/s (every such row needs its own M = 1, 2, 4, ... grid: about 11
     more tensor-core rows, each through the floor and ceiling members)."""
-    padded, raised = _pad_contraction(_fold_wide_rows(canon))
+    gemm_view, lin = _linear_as_gemm(canon)
+    padded, raised = _pad_contraction(_fold_wide_rows(gemm_view))
     probes, owner, sel, lo_i, w = _n_grid_probes(padded)
     if not len(probes):
         out = _predict_guarded(padded, spec, bundle)
@@ -600,7 +610,61 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     clip = out.pop(_CLIP_KEY, None)  # the padded kernel's (its MMAs are the padded ones)
     if clip is not None:
         out["pred_low_ms"] = np.maximum(out["pred_low_ms"], np.minimum(clip, out["pred_latency_ms"]))
+    if len(lin):  # the GEMM's time (its band as clipped) plus the bias epilogue's (:func:`_bias_epilogue_ms`)
+        X = featurize_kernels(canon.iloc[lin], spec)
+        epilogue_ms = _bias_epilogue_ms(canon.iloc[lin], X)
+        out["roofline_ms"] = np.array(out["roofline_ms"], dtype=float)
+        out["roofline_ms"][lin] = X["t_roof_ms"].to_numpy()  # the row's own
+        for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+            out[k] = np.array(out[k], dtype=float)
+            out[k][lin] += epilogue_ms
     return out
+
+
+def _linear_as_gemm(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """(``canon`` with every tensor-core ``linear`` row (any dtype but FP32) as the single matmul of the same GEMM:
+    ``bmm`` with B = 1 and ``B x M`` rows (``nn.Linear`` shares its weights over the batch), the positions of those
+    rows). :func:`_predict_rows` predicts them as that GEMM and adds the bias epilogue's work at the roofline (its
+    ``K`` bias elements read, ``B x M x K`` adds): cuBLASLt's fused bias epilogue (``CUBLASLT_EPILOGUE_BIAS`` in
+    PyTorch's ``at::cuda::blas::gemm_and_bias``, aten/src/ATen/cuda/CUDABlas.cpp, which ``addmm_out_cuda_impl`` in
+    aten/src/ATen/native/cuda/Blas.cpp calls for ``nn.Linear``'s 1-D bias).
+
+    The members' ``is_linear`` feature is no physics of the kernel: the only tensor-core ``linear`` rows of the
+    training data are Vidur's (A100-SXM4-80GB and A40 fp16, torch.profiler record_function times of Sarathi's
+    layers), every other tensor-core GEMM is a ``bmm``/dot (XLA, DeepBench, LLMCompass), so the feature carries
+    Vidur against the others, and on a GPU Vidur never measured it moved a linear off its own GEMM: on B200 every
+    B = 1 XLA shape >= 1 GFLOP came out +6.3% (bf16) / +7.4% (fp8) slower as ``linear`` than as ``bmm`` on average,
+    up to +27% (issue 14). FP32 ``linear`` rows (NeuSight's, the held-out figures) keep their own prediction."""
+    if not len(canon) or "M" not in canon:
+        return canon, np.zeros(0, dtype=np.intp)
+    lin = np.flatnonzero((canon["op"].to_numpy() == "linear") & (canon["dtype"].to_numpy() != "fp32"))
+    if not len(lin):
+        return canon, lin
+    out = canon.copy()
+    op = out["op"].to_numpy(dtype=object, copy=True)
+    op[lin] = "bmm"
+    out["op"] = op
+    if "B" in out:
+        b = out["B"].to_numpy(dtype=float, copy=True)
+        m = out["M"].to_numpy(dtype=float, copy=True)
+        m[lin] *= b[lin]
+        b[lin] = 1.0
+        out["B"], out["M"] = b, m
+    return out, lin
+
+
+def _bias_epilogue_ms(rows: pd.DataFrame, X: pd.DataFrame) -> np.ndarray:
+    """Per ``linear`` row (``X``: its features): the bias epilogue's own roofline, ms: its ``B x M x K`` adds at the
+    dtype's matrix rate or its ``K`` bias elements read at DRAM bandwidth, whichever is longer (the rates are the row's
+    own: its FLOPs over its compute time, its bytes over its memory time). Non-decreasing in ``M`` and independent of
+    the contraction ``N``, so the guards' monotonicity carries over to the linear row."""
+    b = rows["B"].to_numpy(dtype=float) if "B" in rows else np.ones(len(rows))
+    m, k = rows["M"].to_numpy(dtype=float), rows["K"].to_numpy(dtype=float)
+    codes, names = pd.factorize(rows["dtype"].to_numpy())
+    ebytes = np.array([float(DTYPE_BYTES[d]) for d in names])[codes]
+    flops_per_ms = X["flops"].to_numpy() / X["t_compute_ms"].to_numpy()
+    bytes_per_ms = X["bytes"].to_numpy() / X["t_mem_ms"].to_numpy()
+    return np.maximum(b * m * k / flops_per_ms, k * ebytes / bytes_per_ms)
 
 
 def _take(res: dict, idx) -> dict:
@@ -626,7 +690,7 @@ def _predict_guarded(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle
     res = _predict_features(X, bundle, rows["dtype"], power_floor_ms=_power_floor_ms(X, rows["dtype"], spec),
                             device=spec)
     out = _take(res, slice(None, n))
-    _apply_grid(out, sel, res["pred_latency_ms"][n:][take], owner, lo_i, w, suffix_min=False)
+    _apply_grid(out, sel, res["pred_latency_ms"][n:][take], owner, lo_i, w, suffix_min=True)
     return out
 
 
@@ -708,23 +772,22 @@ def _log2_grid(canon: pd.DataFrame, sel: np.ndarray, start, steps: np.ndarray
 def _m_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(grid rows, the canonical row each belongs to, the guarded rows, per guarded row the index of its grid point at
     or below its ``M`` and the log2 weight of the one above): for every tensor-core linear-layer row (see
-    :func:`_predict_rows`) with
-    MONOTONE_MIN_M < ``M`` <= MONOTONE_MAX_M, the same row at each power of two from MONOTONE_MIN_M to the first at or
-    above ``M``, ascending."""
+    :func:`_predict_rows`) with MONOTONE_MIN_M <= ``M`` < MONOTONE_MAX_M, the same row at each power of two from the
+    one at or below ``M`` up to MONOTONE_MAX_M, ascending."""
     if "M" not in canon:
         return _no_probes(canon)
     m = canon["M"].to_numpy(dtype=float)
-    sel = np.flatnonzero((m > MONOTONE_MIN_M) & (m <= MONOTONE_MAX_M) & _linear_layer_rows(canon)
+    # (a row at MONOTONE_MAX_M is its own grid: nothing to guard)
+    sel = np.flatnonzero((m >= MONOTONE_MIN_M) & (m < MONOTONE_MAX_M) & _linear_layer_rows(canon)
                          & (canon["dtype"].to_numpy() != "fp32"))
     if not len(sel):
         return _no_probes(canon)
-    e0 = np.log2(MONOTONE_MIN_M)
     lm = np.log2(m[sel])
-    top = np.ceil(lm - 1e-12)
-    probes, owner, first, exp = _log2_grid(canon, sel, e0, (top - e0 + 1).astype(int))
-    probes["M"] = np.exp2(exp)
     lo = np.floor(lm + 1e-12)
-    return probes, owner, sel, (first + (lo - e0)).astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
+    top = np.log2(MONOTONE_MAX_M)
+    probes, owner, first, exp = _log2_grid(canon, sel, lo, (top - lo + 1).astype(int))
+    probes["M"] = np.exp2(exp)
+    return probes, owner, sel, first.astype(np.intp), np.clip(lm - lo, 0.0, 1.0)
 
 
 def _n_grid_probes(canon: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -87,13 +87,14 @@ def test_the_shipped_gemm_family_carries_a_ceiling_member_per_vendor():
 def test_the_ceiling_member_predicts_large_tensor_core_gemms_of_a_vendor_it_has():
     b = load_bundle()
     fm = b.families["gemm"]
-    rows = pd.DataFrame([dict(op="linear", dtype="bf16", B=1, M=8192, N=8192, K=8192),
-                         dict(op="linear", dtype="fp32", B=1, M=8192, N=8192, K=8192)])
+    # (a bmm: a tensor-core linear is costed as this GEMM plus its bias epilogue, tests/test_m_guard_padding.py)
+    rows = pd.DataFrame([dict(op="bmm", dtype="bf16", B=1, M=8192, N=8192, K=8192),
+                         dict(op="bmm", dtype="fp32", B=1, M=8192, N=8192, K=8192)])
     for dev in ("H100-SXM5-80GB", "MI300X"):
         out = predict_kernels(rows, dev, b)
         assert list(out["model"]) == ["ceiling", fm.choice]
         spec = resolve_device(dev)
-        X = featurize_kernels(rows.assign(op=["linear", "linear"]), spec)
+        X = featurize_kernels(rows, spec)
         p = fm.ceiling_lgbm[spec.vendor].predict(X.iloc[:1])
         c = row_ceilings(spec.name, spec.vendor, np.array(["bf16"]), fm.ceiling_member)
         want = np.exp(ceiling_log_ratio(p, X["t_roof_ms"].to_numpy()[:1], fm.ceiling_member["floor_ms"], c)) * X["t_roof_ms"].to_numpy()[:1]
@@ -194,7 +195,9 @@ def test_members_log_ratio_composes_the_members_as_the_predictor_does(device):
     spec = resolve_device(device)
     fm = load_bundle().families["gemm"]
     sizes = [(1, 256, 256, 256), (1, 1024, 1024, 512), (4, 2048, 2048, 1024), (1, 8192, 8192, 8192)]
-    k = pd.DataFrame([{"op": "linear", "dtype": dt, "B": b, "M": m, "N": n, "K": kk}
+    # (bmm rows: a tensor-core linear is costed as the bmm of its GEMM plus its bias epilogue, which the members do
+    # not compose; tests/test_m_guard_padding.py)
+    k = pd.DataFrame([{"op": "bmm", "dtype": dt, "B": b, "M": m, "N": n, "K": kk}
                       for dt in ("bf16", "fp32") for b, m, n, kk in sizes])
     X = featurize_kernels(k.assign(device=device), {device: spec})
     p_roof, _ = fm.predict_log_ratio_matrix(X[fm.features].to_numpy(dtype=float))
@@ -232,8 +235,10 @@ def test_a_ceiling_member_with_features_of_its_own_reads_its_own_columns():
     b = load_bundle()
     fm = b.families["gemm"]
     feats = [f for f in fm.features if f not in ("is_linear", "log_B")][::-1]  # fewer, and in another order
-    rows = pd.DataFrame([dict(op="linear", dtype="bf16", B=1, M=m, N=n, K=k)
-                         for m, n, k in ((4096, 4096, 4096), (8192, 2048, 1024), (2048, 8192, 8192))])
+    # (bmm rows of M >= 4096, which no guard moves: a tensor-core linear is costed as the bmm of its GEMM plus its
+    # bias epilogue, tests/test_m_guard_padding.py)
+    rows = pd.DataFrame([dict(op="bmm", dtype="bf16", B=1, M=m, N=n, K=k)
+                         for m, n, k in ((4096, 4096, 4096), (8192, 2048, 1024), (6144, 8192, 8192))])
     spec = resolve_device("H100-SXM5-80GB")
     X = featurize_kernels(rows, spec)
     rng = np.random.default_rng(0)

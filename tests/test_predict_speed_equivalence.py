@@ -153,6 +153,55 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
 
 
 def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
+    """Row by row: a tensor-core ``linear`` (any dtype but fp32) predicted as the bmm of its GEMM (B = 1, B x M rows)
+    by :func:`_reference_gemm_predict`, plus its bias epilogue -- B x M x K adds at the row's matrix rate or K bias
+    elements at its DRAM bandwidth, whichever is longer -- with its own roofline (stop 52); every other row as
+    :func:`_reference_gemm_predict` predicts it."""
+    global MAX_SHAPE_DIM
+    canon, err = _reference_normalise(frame)
+    lin = [i for i in range(len(canon)) if err[i] == "" and canon["op"].iloc[i] == "linear"
+           and canon["dtype"].iloc[i] != "fp32"]
+    if not lin:
+        return _reference_gemm_predict(frame, spec, bundle)
+    g = frame.copy()
+    cols = list(g.columns)
+    opcol = "op" if "op" in g else "OPName"
+    for i in lin:
+        b, m = float(canon["B"].iloc[i]), float(canon["M"].iloc[i])
+        g.iloc[i, cols.index(opcol)] = "bmm"
+        g.iloc[i, cols.index("B")] = 1
+        g.iloc[i, cols.index("M")] = b * m
+    out = _reference_gemm_predict(g, spec, bundle)
+    # a GEMM of more than 2**40 rows (B x M of a valid linear) is no input typo: predicted, not refused
+    big = [i for i in lin if float(canon["B"].iloc[i]) * float(canon["M"].iloc[i]) > MAX_SHAPE_DIM]
+    if big:
+        saved, MAX_SHAPE_DIM = MAX_SHAPE_DIM, np.inf
+        try:
+            res = _reference_gemm_predict(g.iloc[big], spec, bundle)
+        finally:
+            MAX_SHAPE_DIM = saved
+        for c in res.columns.difference(cols, sort=False):
+            out.iloc[big, list(out.columns).index(c)] = res[c].to_numpy()
+    out[cols] = frame[cols]  # the input's own columns
+    own = _reference_core(frame.iloc[lin], spec, bundle)["roofline_ms"].to_numpy()
+    X = featurize_kernels(canon.iloc[lin], spec)
+    roof = out["roofline_ms"].to_numpy(dtype=float).copy()
+    times = {c: out[c].to_numpy(dtype=float).copy() for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms")}
+    for j, i in enumerate(lin):
+        r = canon.iloc[i]
+        flops_per_ms = float(X["flops"].iloc[j]) / float(X["t_compute_ms"].iloc[j])
+        bytes_per_ms = float(X["bytes"].iloc[j]) / float(X["t_mem_ms"].iloc[j])
+        epilogue = max(r["B"] * r["M"] * r["K"] / flops_per_ms, r["K"] * DTYPE_BYTES[r["dtype"]] / bytes_per_ms)
+        for c in times:
+            times[c][i] += epilogue
+        roof[i] = own[j]
+    for c, v in times.items():
+        out[c] = v
+    out["roofline_ms"] = roof
+    return out
+
+
+def _reference_gemm_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
     """Row by row: a tensor-core GEMM's contraction N below one k-tile (128 bytes: 64 bf16/fp16, 128 fp8, 32 tf32
     elements) predicted at the k-tile (its own roofline kept); then, for tensor-core linear layers (linear, or bmm with
     B = 1) with N <= 512, "a longer contraction never takes less time": the same row at N = k-tile x 1, 2, 4, ... from
@@ -229,21 +278,20 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
 
 def _reference_m_guarded(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
     """The plain prediction, then "more rows never take less time", row by row, for tensor-core linear layers (linear,
-    or bmm with B = 1) with 1 < M <= 4096: the same row at M = 1, 2, 4, ... up to the first power of two >= M, a running
-    maximum over them, interpolated log-linearly in M between the two around M (band scaled alike)."""
+    or bmm with B = 1) with 1 <= M < 4096: the same row at M = 2**lo, 2**(lo + 1), ... up to 4096 (2**lo the power of
+    two at or below M), a running minimum from the top (stop 52; a running maximum from M = 1 before), interpolated
+    log-linearly in M between the two around M (band scaled alike)."""
     out = _reference_core(frame, spec, bundle)
     canon, err = _reference_normalise(frame)
     probes, owners = [], []
     for i in range(len(canon)):
         r = canon.iloc[i]
         lin = r["op"] == "linear" or (r["op"] == "bmm" and float(r["B"]) == 1)
-        if err[i] == "" and lin and r["dtype"] != "fp32" and 1 < float(r["M"]) <= 4096:
-            m = 1
-            while True:
+        if err[i] == "" and lin and r["dtype"] != "fp32" and 1 <= float(r["M"]) < 4096:
+            m = 2.0 ** np.floor(np.log2(float(r["M"])) + 1e-12)
+            while m <= 4096:
                 probes.append(dict(r, M=float(m)))
                 owners.append(i)
-                if m >= float(r["M"]):
-                    break
                 m *= 2
     if probes:
         pp = _reference_core(pd.DataFrame(probes), spec, bundle)["pred_latency_ms"].to_numpy()
@@ -251,14 +299,22 @@ def _reference_m_guarded(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
         scale = np.ones(len(t))
         for i in sorted(set(owners)):
             g = [pp[j] for j in range(len(owners)) if owners[j] == i]
-            run = [max(g[: k + 1]) for k in range(len(g))]  # running maximum over M = 1, 2, 4, ...
+            run = [min(g[k:]) for k in range(len(g))]  # running minimum from M = 4096 down
             m = float(canon.iloc[i]["M"])
-            lo = int(np.floor(np.log2(m) + 1e-12))
+            lo = np.floor(np.log2(m) + 1e-12)
             w = min(max(np.log2(m) - lo, 0.0), 1.0)
-            hi = min(lo + 1, len(run) - 1)
-            scale[i] = np.exp((1 - w) * np.log(run[lo]) + w * np.log(run[hi])) / t[i]
+            hi = min(1, len(run) - 1)
+            scale[i] = np.exp((1 - w) * np.log(run[0]) + w * np.log(run[hi])) / t[i]
         for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
             out[c] = out[c].to_numpy(dtype=float) * scale
+        # then, as after each guard, the time and the band's low end at or above the row's physical floor
+        ok = err == ""
+        fl = featurize_kernels(canon[ok], spec)["t_floor_ms"].to_numpy()
+        for c in ("pred_latency_ms", "pred_low_ms"):
+            v = out[c].to_numpy(dtype=float).copy()
+            v[ok] = np.maximum(v[ok], fl)
+            out[c] = v
+        out["pred_high_ms"] = np.maximum(out["pred_high_ms"].to_numpy(dtype=float), out["pred_latency_ms"].to_numpy())
     return out
 
 
