@@ -251,12 +251,7 @@ def _reference_gemm_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
         out[c] = out[c].to_numpy(dtype=float) * scale
     ok = err == ""
     if ok.any():  # an interpolated time at or above the (padded) kernel's physical floor (stop 46)
-        fl = featurize_kernels(pcanon[ok], spec)["t_floor_ms"].to_numpy()
-        for c in ("pred_latency_ms", "pred_low_ms"):
-            v = out[c].to_numpy(dtype=float).copy()
-            v[ok] = np.maximum(v[ok], fl)
-            out[c] = v
-        out["pred_high_ms"] = np.maximum(out["pred_high_ms"].to_numpy(dtype=float), out["pred_latency_ms"].to_numpy())
+        _at_floor(out, pcanon, ok, spec)
         # (stop 51) a tensor-core GEMM's band low end, last, on a GPU with a measured matmul ceiling of its own: no
         # faster than its work at 1.09 x that ceiling; never above the prediction
         cm = bundle.families["gemm"].ceiling_member
@@ -308,14 +303,19 @@ def _reference_m_guarded(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
         for c in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
             out[c] = out[c].to_numpy(dtype=float) * scale
         # then, as after each guard, the time and the band's low end at or above the row's physical floor
-        ok = err == ""
-        fl = featurize_kernels(canon[ok], spec)["t_floor_ms"].to_numpy()
-        for c in ("pred_latency_ms", "pred_low_ms"):
-            v = out[c].to_numpy(dtype=float).copy()
-            v[ok] = np.maximum(v[ok], fl)
-            out[c] = v
-        out["pred_high_ms"] = np.maximum(out["pred_high_ms"].to_numpy(dtype=float), out["pred_latency_ms"].to_numpy())
+        _at_floor(out, canon, err == "", spec)
     return out
+
+
+def _at_floor(out: pd.DataFrame, canon: pd.DataFrame, ok: np.ndarray, spec) -> None:
+    """In place: the valid rows' (``ok``) time and band low end at or above their physical floor, the high end at or
+    above the time (what the predictor does after each guard)."""
+    fl = featurize_kernels(canon[ok], spec)["t_floor_ms"].to_numpy()
+    for c in ("pred_latency_ms", "pred_low_ms"):
+        v = out[c].to_numpy(dtype=float).copy()
+        v[ok] = np.maximum(v[ok], fl)
+        out[c] = v
+    out["pred_high_ms"] = np.maximum(out["pred_high_ms"].to_numpy(dtype=float), out["pred_latency_ms"].to_numpy())
 
 
 def _reference_core(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
