@@ -2531,6 +2531,14 @@ def _data_loading(ctx: ScheduleContext, f_nc: np.ndarray, b_nc: np.ndarray, P: i
                      **({} if tokens else {"note": NOT_A_TOKEN_BATCH}))
 
 
+def _pp_send_event(stage: int, forward: bool, micro: int, suffix: str, start_ms: float, end_ms: float, **args) -> dict:
+    """A pipeline transfer's trace event on ``stage``'s communication stream: ``pp.send_activations<micro>`` (a
+    forward's activations on to the next stage) or ``pp.send_input_grad<micro>`` (a backward's input gradient back),
+    ``suffix`` after it (the chunk under interleaving), ``args`` its ends, micro-batch, bytes, ... (simulate/trace.py)."""
+    name = ("pp.send_activations" if forward else "pp.send_input_grad") + f"{micro}{suffix}"
+    return dict(stage=stage, stream="comm", name=name, start_ms=start_ms, end_ms=end_ms, args=args)
+
+
 def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     """One step of ``ctx.par`` (see the module docstring, items 2-5)."""
     (model, g, view, spec, cl, par, lay, cm, batch, seq, n_micro, n_layers, dtype, opts, trace, iteration_ms,
@@ -3446,15 +3454,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             # (req.wait() on sends too) and neither end computes meanwhile; drawn once, as 1F1B's asynchronous ones, on
             # the receiver's pp track (it consumes it: its next task starts after it), the sender's post in the args
             for x in (pipe.extra or {}).get("transfers", ()):
-                events.append(dict(stage=x.dst_rank, stream="comm",
-                                   name=("pp.send_activations" if x.kind == 0 else "pp.send_input_grad") + f"{x.micro}",
-                                   start_ms=x.start_ms, end_ms=x.end_ms,
-                                   args=dict(from_stage=int(x.src_rank), to_stage=int(x.dst_rank),
+                events.append(_pp_send_event(x.dst_rank, x.kind == 0, x.micro, "", x.start_ms, x.end_ms,
+                                             from_stage=int(x.src_rank), to_stage=int(x.dst_rank),
                                              micro_batch=int(x.micro), chunk=int(x.direction),
                                              bytes=float(pp_send_bytes), blocking=False, direction=int(x.direction),
                                              from_model_stage=int(x.src_stage), to_model_stage=int(x.dst_stage),
                                              send_posted_ms=float(x.send_posted_ms),
-                                             recv_posted_ms=float(x.recv_posted_ms))))
+                                             recv_posted_ms=float(x.recv_posted_ms)))
         chunk_first = np.concatenate(([0], np.cumsum(np.asarray(counts, dtype=int))))
         z2_name = f"zero2.{dp_op}" if z2_mode is not None else None
         # the TP and EP collectives: what each class adds to the task (_comm_parts: exposed, or what the overlap leaves
@@ -3485,12 +3491,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 if x > 0:
                     dst = (c + 1 if fwd_send else c - 1) % P
                     a, e = (tk.end - x, tk.end) if p2p_blocking else (tk.end, tk.end + x)
-                    events.append(dict(stage=tk.stage if p2p_blocking else dst, stream="comm",
-                                       name=("pp.send_activations" if fwd_send else "pp.send_input_grad") + f"{tk.micro}"
-                                       + (f".c{tk.chunk}" if V > 1 else ""), start_ms=a, end_ms=e,
-                                       args=dict(from_stage=int(tk.stage), to_stage=int(dst), micro_batch=int(tk.micro),
+                    events.append(_pp_send_event(tk.stage if p2p_blocking else dst, fwd_send, tk.micro,
+                                                 f".c{tk.chunk}" if V > 1 else "", a, e,
+                                                 from_stage=int(tk.stage), to_stage=int(dst), micro_batch=int(tk.micro),
                                                  chunk=int(tk.chunk), bytes=float(pp_send_bytes),
-                                                 blocking=bool(p2p_blocking))))
+                                                 blocking=bool(p2p_blocking)))
             fwd = tk.kind in ("F", "FB")
             if fwd and data_f[c] > 0:  # loading the micro-batch: the start of the forward that reads it
                 events.append(dict(stage=tk.stage, stream="compute", name=f"data_loading{tk.micro}", start_ms=tk.start,
