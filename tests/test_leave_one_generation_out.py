@@ -86,3 +86,29 @@ def test_bound_table_splits_by_roofline_side_and_reports_fractions(logo):
     assert m.bias_pct == pytest.approx(-50.0) and m.bw_frac_measured == pytest.approx(0.4)
     assert m.bw_frac_predicted == pytest.approx(0.8)
     assert set(t["fold"]) == {"fold"} and set(t["model"]) == {"m"}
+
+
+def test_folds_hold_out_every_training_gpu_of_their_generations(logo):
+    """A fold leaves its whole generation out (the spec's ``arch``, as training/generation_calibration.py folds the
+    shipped band): until stop 53 the Ampere fold kept the A40 (Vidur's other Ampere GPU) in training."""
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import generation_of
+    from wattcast.models.kernel_bundle import load_bundle
+
+    training = load_bundle().train_devices
+    gen = {d: generation_of(resolve_device(d)) for d in training}
+    assert gen["A40"] == gen["A100-SXM4-80GB"]  # the case the test is about
+    for fold, devices in logo.FOLDS.items():
+        held = {generation_of(resolve_device(d if d != "A100-80GB-unknown" else "A100-SXM4-80GB")) for d in devices}
+        missing = sorted(d for d in training if gen[d] in held and d not in devices)
+        assert not missing, f"{fold} keeps {missing} of its own generation in training"
+
+
+def test_fold_floors_give_an_unseen_source_the_predictors_floor(logo):
+    from wattcast.models.gemm_floor import PREDICT_SOURCE
+
+    fitted = {PREDICT_SOURCE: 0.006, "neusight/kernels": 0.032, "deepbench": 0.010}
+    out = logo.fold_floors_ms(fitted, ["vidur", "deepbench", PREDICT_SOURCE, "vidur"])
+    assert out["vidur"] == pytest.approx(0.006)  # not the median of the fitted floors (0.010)
+    assert {k: out[k] for k in fitted} == fitted  # the fitted floors untouched
+    assert fitted == {PREDICT_SOURCE: 0.006, "neusight/kernels": 0.032, "deepbench": 0.010}  # the input not mutated
