@@ -337,7 +337,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     pp_first_stage_layers: int | None = None, pp_last_stage_layers: int | None = None, cp: int | None = None,
                     overlap_grad_reduce: bool | None = None, overlap_param_gather: bool | None = None,
                     tp_comm_overlap: bool | None = None, overlap_moe_expert_parallel_comm: bool | None = None,
-                    overlap_p2p_comm: bool | None = None,
+                    overlap_p2p_comm: bool | None = None, async_tp_comm: bool | None = None,
                     recompute_num_layers: int | None = None, recompute_method: str | None = None,
                     strategy: str | None = None, cp_comm_type: str | None = None, hierarchical_cp_sizes=None,
                     moe_load_imbalance: float = 1.0, moe_capacity_factor: float | None = None,
@@ -377,6 +377,10 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     default; False: each transfer blocks, as Megatron-LM 2021 ran them); given without ``interleave`` >= 2 it would
     change nothing and is refused (ValueError), as is ``zero3_prefetch`` given where no per-unit ZeRO-3 / FSDP
     collectives run.
+    ``async_tp_comm``: the column-parallel linears' backward TP collective runs beside their weight-gradient GEMM
+    (Megatron-Core's, the default with ``framework="megatron"`` and ``tp`` > 1; False: Megatron-LM 2021's synchronous
+    all-reduce, or its ``--no-async-tensor-model-parallel-allreduce``; off by default under hf and megatron-deepspeed,
+    where True is accepted too); True without ``tp`` > 1, or under DualPipe, is refused (ValueError).
     ``recompute_num_layers``: with ``recompute="full"``, Megatron's block recomputation: only the first N transformer
     layers of each model chunk are recomputed, the others keep their activations (None: every layer);
     ``recompute_method="uniform"``: Megatron's uniform method instead (every layer, each group of N layers' input kept);
@@ -454,7 +458,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                      recompute_method=recompute_method, overlap_grad_reduce=overlap_grad_reduce,
                      overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                      overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
-                     overlap_p2p_comm=overlap_p2p_comm, zero3_prefetch=zero3_prefetch,
+                     overlap_p2p_comm=overlap_p2p_comm, async_tp_comm=async_tp_comm, zero3_prefetch=zero3_prefetch,
                      fsdp_reduce_dtype=fsdp_reduce_dtype, scatter_gather_p2p=scatter_gather_p2p,
                      grad_accum_dtype=grad_accum_dtype, fp8_param_gather=fp8_param_gather, mtp_num_layers=mtp_num_layers,
                      cross_entropy_loss_fusion=cross_entropy_loss_fusion, tokens=tokens, fp8_recipe=fp8_recipe,
@@ -477,7 +481,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                 pp_last_layers=pp_last_stage_layers, overlap_grad_reduce=overlap_grad_reduce,
                 overlap_param_gather=overlap_param_gather, tp_comm_overlap=tp_comm_overlap,
                 overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm, overlap_p2p_comm=overlap_p2p_comm,
-                recompute_num_layers=recompute_num_layers, recompute_method=recompute_method, etp=etp,
+                async_tp_comm=async_tp_comm, recompute_num_layers=recompute_num_layers, recompute_method=recompute_method, etp=etp,
                 cp_comm_type=cp_comm_type,
                 hierarchical_cp_sizes=None if hierarchical_cp_sizes is None else tuple(hierarchical_cp_sizes))
     if strategy is not None:

@@ -414,6 +414,7 @@ def predict(
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="Megatron-Core/TE: pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, --tp > 1 and --sp)."),
     overlap_moe_expert_parallel_comm: Optional[bool] = typer.Option(None, "--overlap-moe-expert-parallel-comm/--no-overlap-moe-expert-parallel-comm", help="Megatron-Core: run each micro-batch's MoE all-to-alls beside another micro-batch's computation (batch-level overlap, as DeepSeek-V3's DualPipe; off by default; needs --ep > 1 and --framework megatron)."),
     overlap_p2p_comm: Optional[bool] = typer.Option(None, "--overlap-p2p-communication/--no-overlap-p2p-communication", help="Megatron-Core: the interleaved schedule's pipeline transfers run beside the computation (default on with --framework megatron; off: each blocks, as Megatron-LM 2021 ran them)."),
+    async_tp_comm: Optional[bool] = typer.Option(None, "--async-tp-comm/--no-async-tp-comm", help="Megatron: the column-parallel linears' backward TP collective runs beside the weight-gradient GEMM (default on with --framework megatron, as Megatron-Core; off: Megatron-LM 2021's synchronous all-reduce, or --no-async-tensor-model-parallel-allreduce). Needs --tp > 1 (not with --schedule dualpipe); off by default under hf and megatron-deepspeed."),
     moe_load_imbalance: float = typer.Option(1.0, "--moe-load-imbalance", help="MoE routing: the busiest expert-parallel rank's tokens over the mean (1 = balanced); every MoE layer waits for it."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72, the rest spares); NICs in proportion."),
     moe_expert_capacity_factor: Optional[float] = typer.Option(None, "--moe-expert-capacity-factor", help="Megatron-Core's expert capacity: each expert keeps at most this many times its balanced share of tokens (the rest are dropped)."),
@@ -590,7 +591,7 @@ def _parallel_flags(ctx, f) -> dict:
                   pp_first_layers=f.pp_first_stage_layers, pp_last_layers=f.pp_last_stage_layers,
                   overlap_grad_reduce=f.overlap_grad_reduce, overlap_param_gather=f.overlap_param_gather,
                   tp_comm_overlap=f.tp_comm_overlap, overlap_moe_expert_parallel_comm=f.overlap_moe_expert_parallel_comm,
-                  overlap_p2p_comm=f.overlap_p2p_comm,
+                  overlap_p2p_comm=f.overlap_p2p_comm, async_tp_comm=f.async_tp_comm,
                   recompute_num_layers=f.recompute_num_layers, recompute_method=f.recompute_method, etp=f.etp,
                   cp_comm_type=f.cp_comm_type, hierarchical_cp_sizes=_cp_sizes_flag(f.hierarchical_cp_sizes))
     if f.strategy is None:
@@ -679,7 +680,7 @@ def _step_request(f, par: dict, dims: dict, common: dict):
             or any(par[k] is not None for k in OVERLAP_FLAGS):
         _fail("parallel options (--tp/--pp/--dp/--cp/--micro-batch/--zero/--sp/--ep/--interleave/--pp-first-stage-layers/"
               "--pp-last-stage-layers/--recompute-num-layers/--recompute-method/--expert-tensor-parallel-size/--overlap-*/"
-              "--tp-comm-overlap) need --cluster and --gpus")
+              "--tp-comm-overlap/--async-tp-comm) need --cluster and --gpus")
     if str(par.get("cp_comm_type") or "p2p").lower() != "p2p" or par.get("hierarchical_cp_sizes") is not None:
         _fail("--cp-comm-type/--hierarchical-cp-sizes say how context parallelism communicates: they need --cluster, "
               "--gpus and --cp > 1")
@@ -799,7 +800,7 @@ _STRATEGY_FLAGS = dict(gpus="--gpus", batch="--batch", tp="--tp", pp="--pp", dp=
                        overlap_grad_reduce="--overlap-grad-reduce", overlap_param_gather="--overlap-param-gather",
                        tp_comm_overlap="--tp-comm-overlap",
                        overlap_moe_expert_parallel_comm="--overlap-moe-expert-parallel-comm",
-                       overlap_p2p_comm="--overlap-p2p-communication",
+                       overlap_p2p_comm="--overlap-p2p-communication", async_tp_comm="--async-tp-comm",
                        recompute_num_layers="--recompute-num-layers", recompute_method="--recompute-method",
                        etp="--expert-tensor-parallel-size", cp_comm_type="--cp-comm-type",
                        hierarchical_cp_sizes="--hierarchical-cp-sizes")
@@ -950,7 +951,10 @@ def _print_cluster_tables(res, batch: int, seq: int) -> None:
     p = res.parallel
     over = [n for n, on in (("grad reduce", p.overlap_grad_reduce), ("param gather", p.overlap_param_gather),
                             ("TP comm", p.tp_comm_overlap), ("MoE all-to-all", p.overlap_moe_expert_parallel_comm),
-                            ("pipeline transfers", p.overlap_p2p_comm and p.interleave > 1)) if on]
+                            ("pipeline transfers", p.overlap_p2p_comm and p.interleave > 1),
+                            # on only with tp > 1 and not under DualPipe (resolve_parallel); --tp-comm-overlap's
+                            # userbuffers pipeline the same collectives instead
+                            ("TP backward async", p.async_tp_comm and not p.tp_comm_overlap)) if on]
     con.print("exposed communication by class: " + (", ".join(f"{k} {v:.1f} ms" for k, v in split.items()) or "none")
               + ("; overlapped: " + ", ".join(over) if over else ""))
     dl = res.comm.get("data_loading") or {}
@@ -1039,10 +1043,11 @@ def search(
     recompute_num_layers: Optional[List[str]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable or comma-separated; adds full recomputation to the choices)."),
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules (as for predict, comma-separated): the selective candidates recompute these (searched besides none and full)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
-    no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm, MoE all-to-all, and the interleaved schedule's pipeline transfers, which then block as in Megatron-LM 2021)."),
+    no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm, MoE all-to-all, the interleaved schedule's pipeline transfers, which then block as in Megatron-LM 2021, and the asynchronous TP backward collective, --no-async-tp-comm: Megatron-LM 2021's synchronous all-reduce)."),
     overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="As for predict, for every candidate: Megatron-Core reduces gradient buckets during the last backward (default on with --framework megatron; the --no- form turns it off for every candidate)."),
     overlap_param_gather: Optional[bool] = typer.Option(None, "--overlap-param-gather/--no-overlap-param-gather", help="As for predict: Megatron-Core all-gathers the distributed optimizer's parameters during the next forward (default on with --framework megatron and ZeRO >= 1). The positive form means on wherever allowed (the ZeRO >= 1 candidates; ZeRO 0 ones are still searched), the --no- form off for every candidate."),
     tp_comm_overlap: Optional[bool] = typer.Option(None, "--tp-comm-overlap/--no-tp-comm-overlap", help="As for predict: Megatron-Core/TE pipeline the TP all-gathers/reduce-scatters with their GEMMs (default on with --framework megatron, tp > 1 and SP). The positive form means on wherever allowed (the tp > 1 candidates with SP; the others are still searched), the --no- form off for every candidate."),
+    async_tp_comm: Optional[bool] = typer.Option(None, "--async-tp-comm/--no-async-tp-comm", help="As for predict: Megatron: the column-parallel linears' backward TP collective runs beside the weight-gradient GEMM (default on with --framework megatron, as Megatron-Core; off: Megatron-LM 2021's synchronous all-reduce, or --no-async-tensor-model-parallel-allreduce). The positive form means on wherever allowed (the tp > 1 candidates, not DualPipe ones; accepted under every framework), the --no- form off for every candidate."),
     force: bool = _FORCE_OPTION,
     simulate_oom: bool = typer.Option(False, "--simulate-oom", help="Also simulate the steps of configurations that do not fit (slower; by default memory comes first and their times are left empty)."),
     workers: int = typer.Option(min(2, os.cpu_count() or 1), "--workers", help="Processes to evaluate on (default: the CPUs, at most 2); from 400 candidates on they split the search, with the same results as one."),
@@ -1097,7 +1102,8 @@ def search(
     overlaps = dict.fromkeys(OVERLAP_FLAGS, False) if no_overlap else {}
     for name, flag, v in (("overlap_grad_reduce", "--overlap-grad-reduce", overlap_grad_reduce),
                           ("overlap_param_gather", "--overlap-param-gather", overlap_param_gather),
-                          ("tp_comm_overlap", "--tp-comm-overlap", tp_comm_overlap)):
+                          ("tp_comm_overlap", "--tp-comm-overlap", tp_comm_overlap),
+                          ("async_tp_comm", "--async-tp-comm", async_tp_comm)):
         if v is None:
             continue
         if no_overlap and v:

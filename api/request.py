@@ -101,6 +101,8 @@ class ParallelOptions:
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
     overlap_p2p_comm: bool | None = None
+    #: the column-parallel linears' backward TP collective beside their weight-gradient GEMM (None: the framework's)
+    async_tp_comm: bool | None = None
     recompute_num_layers: int | None = None
     #: Megatron's --recompute-method (block or uniform); None: not given (block applies to ``recompute_num_layers``).
     #: Given, it needs ``recompute="full"``

@@ -124,8 +124,9 @@ SPEC_KEYS = {
     "cross_entropy_fusion_impl": "native or te: the fused loss's implementation (Megatron-Core's "
                                  "--cross-entropy-fusion-impl; default native)",
     "overlaps": "Megatron-Core's overlap flags for every strategy, a mapping of overlap_grad_reduce, "
-                "overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm, overlap_p2p_comm to true or "
-                "false (wattcast.search's overlaps=; as --[no-]overlap-grad-reduce etc.; default: the framework's)",
+                "overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm, overlap_p2p_comm, "
+                "async_tp_comm to true or false (wattcast.search's overlaps=; as --[no-]overlap-grad-reduce, "
+                "--[no-]async-tp-comm etc.; default: the framework's)",
     "data_load_ms": "the data loader's host ms to produce one micro-batch (default 0)",
     "memory_headroom_gb": "a strategy fits only when its memory is at least this many GB below the GPU's capacity "
                           "(memory_gb <= capacity - X; as --memory-headroom-gb; default 0)",

@@ -35,7 +35,10 @@ from wattcast.planning.search import search
 #: Megatron-LM in 2021 (SC21, the GPT-3 example) had none of Megatron-Core's overlaps: gradients were all-reduced after
 #: the backward pass, there was no distributed optimizer or userbuffers TP overlap, and the interleaved schedule's
 #: transfers blocked (megatron/p2p_communication.py _communicate: batch_isend_irecv, wait, torch.cuda.synchronize;
-#: overlap_p2p_comm off)
+#: overlap_p2p_comm off), and there was no asynchronous TP all-reduce (async_tp_comm off): ColumnParallelLinear's input
+#: gradient was all-reduced synchronously by copy_to_tensor_model_parallel_region's backward (the 2019 f operator);
+#: --async-tensor-model-parallel-allreduce (LinearWithGradAccumulationAndAsyncAllreduce) came later. Until stop 53
+#: these runs were costed with Megatron-Core's asynchronous one (GPT-3 175B -7.05% instead of -4.66%)
 NO_OVERLAP = dict.fromkeys(OVERLAP_FLAGS, False)
 #: these runs (Megatron-LM 2020-2021) computed the loss with the unfused vocab_parallel_cross_entropy: Megatron-Core's
 #: --cross-entropy-loss-fusion (megatron/core/fusions/fused_cross_entropy.py, 2024) did not exist yet

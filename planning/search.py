@@ -26,7 +26,7 @@ from wattcast.simulate.moe_routing import check_routing
 from wattcast.simulate.distributed import (MAX_GLOBAL_TOKENS, deepspeed_zero_search_notes, schedule_step,
                                            schedule_context, spec_notes)
 from wattcast.simulate.options import DistributedOptions
-from wattcast.simulate.overlap import OVERLAP_FLAGS
+from wattcast.simulate.overlap import ANY_FRAMEWORK_FLAGS, OVERLAP_FLAGS
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
@@ -456,10 +456,11 @@ def candidate_overlaps(par: ParallelConfig, overlaps: dict) -> dict:
     ``overlap_param_gather`` ZeRO >= 1 (the distributed optimizer), ``overlap_moe_expert_parallel_comm`` ep > 1 (off
     by default: True turns it on for the expert-parallel candidates), ``overlap_p2p_comm`` the interleaved schedule
     (1F1B's transfers block either way: an explicit overlap_p2p_comm there is refused, parallel.check_overlap_p2p_flag,
-    so it is left out there whether True or False). Until the stop 48 review a True went to every candidate, and a
-    search given --tp-comm-overlap rejected every tp 1 strategy."""
+    so it is left out there whether True or False), ``async_tp_comm`` tp > 1 outside DualPipe. Until the stop 48
+    review a True went to every candidate, and a search given --tp-comm-overlap rejected every tp 1 strategy."""
     allowed = {"tp_comm_overlap": par.tp > 1 and bool(par.sp), "overlap_param_gather": par.zero >= 1,
-               "overlap_moe_expert_parallel_comm": par.ep > 1}
+               "overlap_moe_expert_parallel_comm": par.ep > 1,
+               "async_tp_comm": par.tp > 1 and par.schedule != "dualpipe"}
     out = {k: (None if v is True and not allowed.get(k, True) else v) for k, v in overlaps.items()}
     if par.interleave <= 1:
         out["overlap_p2p_comm"] = None
@@ -596,10 +597,12 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     checked before anything is evaluated; worker processes get their resolved paths and load the same versions.
 
     ``overlaps``: Megatron-Core's overlap flags for every candidate (``overlap_grad_reduce``, ``overlap_param_gather``,
-    ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``: True/False; left out, the framework's default); a True
-    ``tp_comm_overlap`` / ``overlap_param_gather`` / ``overlap_moe_expert_parallel_comm`` for the candidates that allow
-    it only (tp > 1 with SP; ZeRO >= 1; ep > 1: :func:`candidate_overlaps`); ``overlap_p2p_comm`` for the interleaved candidates only (a ValueError when no
-    ``interleave`` choice is 2 or more).
+    ``tp_comm_overlap``, ``overlap_moe_expert_parallel_comm``, ``overlap_p2p_comm``, ``async_tp_comm``: True/False;
+    left out, the framework's default); a True ``tp_comm_overlap`` / ``overlap_param_gather`` /
+    ``overlap_moe_expert_parallel_comm`` / ``async_tp_comm`` for the candidates that allow it only (tp > 1 with SP;
+    ZeRO >= 1; ep > 1; tp > 1 outside DualPipe: :func:`candidate_overlaps`); ``overlap_p2p_comm`` for the interleaved candidates only (a ValueError when no
+    ``interleave`` choice is 2 or more). A True is a Megatron-Core option (a ValueError under another framework) except
+    ``async_tp_comm`` (``simulate.overlap.ANY_FRAMEWORK_FLAGS``).
 
     ``space``: the options of :data:`SPACE_DEFAULTS` (tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp,
     schedule, recompute_num_layers),
@@ -685,7 +688,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if footprint_kw and "region" in footprint_kw and not str(footprint_kw["region"] or "").strip():
         raise ValueError("empty region in footprint_kw; give a country, a cloud region or 'world', or leave it out")
     framework = canonical_framework(framework)
-    on = [k for k, v in (overlaps or {}).items() if v is True]
+    on = [k for k, v in (overlaps or {}).items() if v is True and k not in ANY_FRAMEWORK_FLAGS]
     if on and framework != "megatron":
         # every candidate would break it (resolve_parallel's rule); refused here since a True now goes only to the
         # candidates whose other rules allow it (candidate_overlaps)

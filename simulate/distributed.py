@@ -169,7 +169,7 @@ class DistributedPrediction:
                                   overlap_grad_reduce=p.overlap_grad_reduce, overlap_param_gather=p.overlap_param_gather,
                                   tp_comm_overlap=p.tp_comm_overlap,
                                   overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
-                                  overlap_p2p_comm=p.overlap_p2p_comm,
+                                  overlap_p2p_comm=p.overlap_p2p_comm, async_tp_comm=p.async_tp_comm,
                                   interleave=p.interleave, recompute=p.recompute,
                                   recompute_num_layers=p.recompute_layers,
                                   recompute_method=p.recompute_method if p.recompute_num_layers is not None else None,
@@ -2875,10 +2875,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # warm-up forwards and cool-down backwards (its in-flight count of each; one of each without a pipeline) run
         # alone, their all-to-alls exposed (until stop 36 every task was charged as paired)
         ep_unpaired = np.tile(np.minimum(inflight_s / float(n_micro * V), 1.0), V)  # chunk c is on stage c mod P
-    # Megatron-Core's linear layers: overlap.async_tp_backward_save_ms; not under DualPipe, whose W runs apart (TE's
+    # Megatron-Core's linear layers (--async-tp-comm, par.async_tp_comm: on by default under megatron, until stop 53
+    # a framework == "megatron" rule): overlap.async_tp_backward_save_ms; not under DualPipe, whose W runs apart (TE's
     # delay_wgrad_compute puts the wgrad GEMM in its WeightGradStore, layernorm_linear.py l. 1068-1079, and the dgrad
     # collective is waited for at the end of the same backward, l. 1128-1130: nothing of the module's left beside it)
-    async_tp_b = opts.framework == "megatron" and not dual
+    async_tp_b = bool(par.async_tp_comm) and not dual
     parts_key = ("parts", bool(par.tp_comm_overlap), async_tp_b, bool(par.overlap_moe_expert_parallel_comm), par.cp, cp_kv_bytes,
                  ctx.cp_step_floor_ms, None if ep_unpaired is None else ep_unpaired.tobytes(), par.cp_comm_type,
                  par.hierarchical_cp_sizes)

@@ -1,13 +1,27 @@
 """Communication that Megatron-Core overlaps with computation, and what the overlap costs: pure functions.
 
-Five overlaps, each a flag (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``,
-``--overlap-moe-expert-parallel-comm``, ``--overlap-p2p-communication``) and a ``ParallelConfig`` field; ``None`` takes
-the framework's default (:func:`overlap_defaults`). The last one is the interleaved schedule's point-to-point
-transfers running beside the next chunk's computation (Megatron-Core's ``overlap_p2p_comm``); off, every transfer
-blocks both ends, as Megatron-LM's 2021 schedules did (``p2p_communication._communicate``: ``batch_isend_irecv``, a
-``wait()`` on every request, then ``torch.cuda.synchronize()``), and interleaving ``v`` chunks then costs ``v`` times
-the transfers of 1F1B on the critical path (Narayanan et al. SC21 Sec. 2.2.2: "the amount of communication also
-increases by v").
+Six overlaps, each a flag (``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``,
+``--overlap-moe-expert-parallel-comm``, ``--overlap-p2p-communication``, ``--async-tp-comm``) and a
+``ParallelConfig`` field; ``None`` takes the framework's default (:func:`overlap_defaults`). The fifth is the
+interleaved schedule's point-to-point transfers running beside the next chunk's computation (Megatron-Core's
+``overlap_p2p_comm``); off, every transfer blocks both ends, as Megatron-LM's 2021 schedules did
+(``p2p_communication._communicate``: ``batch_isend_irecv``, a ``wait()`` on every request, then
+``torch.cuda.synchronize()``), and interleaving ``v`` chunks then costs ``v`` times the transfers of 1F1B on the
+critical path (Narayanan et al. SC21 Sec. 2.2.2: "the amount of communication also increases by v").
+
+The sixth, ``async_tp_comm``, is the column-parallel linears' backward TP collective started asynchronously beside
+their weight-gradient GEMM (and, under sequence parallelism, the input re-gather beside the input-gradient GEMM):
+Megatron-Core / Transformer Engine always do it (``LinearWithGradAccumulationAndAsyncCommunication``; the line
+references are in :func:`async_tp_backward_save_ms`), Megatron-LM added it late in 2021 as
+``--async-tensor-model-parallel-allreduce`` (``LinearWithGradAccumulationAndAsyncAllreduce``, megatron/mpu/layers.py;
+later on by default, ``--no-async-tensor-model-parallel-allreduce`` turning it off). Off, the backward's TP
+collectives run in series with the GEMMs, as in Megatron-LM 2019-2021 (the SC21 weak-scaling runs, the GPT-3 175B
+example): ColumnParallelLinear's input gradient was all-reduced synchronously by ``copy_to_tensor_model_parallel_region``'s
+backward (the ``f`` operator of Shoeybi et al. 2019, Fig. 3). It only matters with ``tp`` > 1 and without
+``--tp-comm-overlap`` (whose userbuffers pipeline the same collectives), and not under DualPipe (its weight gradients
+run apart). Off by default under ``hf`` (and ``megatron-deepspeed``: :func:`overlap_defaults`); given there, the step
+is costed as if its column-parallel linears did the same (a what-if: how PyTorch's own tensor parallelism orders
+these collectives is not modelled).
 
 Partial, not total: a collective that runs beside a compute kernel takes streaming multiprocessors from it (NCCL runs
 its collectives as CUDA kernels on ``channels`` CTAs, one SM each), so the overlapped computation slows down by the
@@ -29,20 +43,26 @@ import pandas as pd
 
 #: the overlap flags, as ``ParallelConfig`` fields and API keywords (the CLI flags are these with dashes)
 OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm",
-                 "overlap_p2p_comm")
+                 "overlap_p2p_comm", "async_tp_comm")
+#: the overlap flags an explicit True is accepted for under a framework other than megatron (the others are Megatron-Core
+#: options, refused there by ``parallel.resolve_parallel`` and ``planning.search``): the asynchronous TP backward
+#: collective, which Megatron-DeepSpeed's own layers have too (module docstring, :func:`overlap_defaults`)
+ANY_FRAMEWORK_FLAGS = ("async_tp_comm",)
 #: SMs an NCCL collective occupies while it runs (NCCL's default minimum channel count on NVSwitch systems)
 NCCL_SMS = 16
 #: SMs Transformer Engine's userbuffers ring exchange holds (copy engines move the data)
 UB_SMS = 2
 
 
-def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int, interleave: int | None = None) -> dict[str, bool]:
+def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int, interleave: int | None = None,
+                     schedule: str | None = None) -> dict[str, bool]:
     """What a framework overlaps when not told: Megatron-Core's GPT/Llama recipes (Megatron-LM ``examples/llama``,
     NeMo's ``llama3_*`` pretraining recipes) run the distributed optimizer with ``--overlap-grad-reduce
     --overlap-param-gather`` and, with TP and sequence parallelism, ``--tp-comm-overlap``; PyTorch DDP/FSDP overlap
     gradient buckets with backward by construction (handled by the scheduler), and DeepSpeed's engine reduces after
     backward (``overlap_comm`` off in its default config): none of the three for them. ``interleave``: the virtual
-    pipeline size (None: not known, the interleaved schedule's default), which decides ``overlap_p2p_comm``."""
+    pipeline size (None: not known, the interleaved schedule's default), which decides ``overlap_p2p_comm``;
+    ``schedule`` the pipeline schedule (None: not known, 1F1B), which decides ``async_tp_comm`` under DualPipe."""
     off = dict.fromkeys(OVERLAP_FLAGS, False)
     if framework == "megatron":
         # overlap_p2p_comm: Megatron-LM megatron/training/arguments.py ``--no-overlap-p2p-communication``
@@ -50,8 +70,15 @@ def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int, interleave
         # schedule (arguments.py l. 976-979, megatron-core 0.19.2 wheel: "Overlap P2P communication is disabled if not
         # using the interleaved schedule"): on with interleave >= 2 only (until stop 48 True here, undone at
         # interleave 1 by resolve_parallel and the strategy string's writer)
+        # async_tp_comm: Megatron-Core's linear layers always start the backward TP collective asynchronously
+        # (async_tp_backward_save_ms), so on wherever there is a TP group; off under DualPipe, whose weight-gradient
+        # GEMMs run apart (TE's delay_wgrad_compute: nothing of the module is left beside the collective), and at tp 1
         return dict(off, overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp,
-                    overlap_p2p_comm=interleave is None or int(interleave) > 1)
+                    overlap_p2p_comm=interleave is None or int(interleave) > 1,
+                    async_tp_comm=tp > 1 and schedule != "dualpipe")
+    # megatron-deepspeed: async_tp_comm off. Megatron-DeepSpeed's own code has the asynchronous all-reduce (arguments.py
+    # --no-async-tensor-model-parallel-allreduce); vTrain's single-node fitting half is better without it (measured with
+    # it on and the host costs refitted: mean 5.87 -> 6.13%), so its default stays off (an explicit True is accepted)
     return off
 
 

@@ -27,7 +27,7 @@ from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
 from wattcast.featurize.context_parallel import cp_ring_size
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
-from wattcast.simulate.overlap import overlap_defaults
+from wattcast.simulate.overlap import ANY_FRAMEWORK_FLAGS, overlap_defaults
 
 SCHEDULES = ("1f1b", "gpipe", "dualpipe")
 #: highest ZeRO stage a framework runs together with pipeline parallelism (pp > 1); frameworks not listed
@@ -86,6 +86,11 @@ class ParallelConfig:
     #: schedule's point-to-point transfers run beside the computation; off, each transfer blocks both ends (as in
     #: Megatron-LM 2021, SC21). No effect without interleaving (1F1B's transfers block either way). None: the default
     overlap_p2p_comm: bool | None = None
+    #: the column-parallel linears' backward TP collective started asynchronously beside their weight-gradient GEMM
+    #: (Megatron-Core / TE always; Megatron-LM's ``--no-async-tensor-model-parallel-allreduce`` and Megatron-LM 2021's
+    #: synchronous all-reduce: off; simulate/overlap.py). Needs tp > 1 (an explicit True at tp 1, or under DualPipe, is
+    #: refused by ``resolve_parallel``); no effect under ``tp_comm_overlap``. None: the framework's default
+    async_tp_comm: bool | None = None
     #: Megatron's block recomputation (``--recompute-method block --recompute-num-layers N``) with ``recompute="full"``:
     #: only the first N transformer layers of each model chunk are recomputed, the others keep their activations;
     #: None: every layer (``--recompute-method uniform`` with one layer per group)
@@ -744,7 +749,8 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if cluster is not None:
         check_job_size(cfg.gpus, cluster)
     fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
-    defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero, interleave=cfg.interleave)
+    defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero, interleave=cfg.interleave,
+                                schedule=cfg.schedule)
     flags = {}
     for name, default in defaults.items():
         v = d[name]
@@ -753,7 +759,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             continue
         if not isinstance(v, bool):
             raise ParallelConfigError(f"--{name.replace('_', '-')} must be true or false, got {v!r}")
-        if v and fw_name != "megatron":
+        if v and fw_name != "megatron" and name not in ANY_FRAMEWORK_FLAGS:
             raise ParallelConfigError(
                 f"--{name.replace('_', '-')} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP "
                 f"overlap gradient buckets with backward already; DeepSpeed's engine reduces after backward)")
@@ -803,6 +809,14 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
+    if cfg.async_tp_comm and not (cfg.tp > 1 and cfg.schedule != "dualpipe"):
+        # as --tp-comm-overlap without a TP group: a True that would change nothing is refused (False is accepted
+        # anywhere: it is the default there, and --no-overlap / Megatron-LM 2021's runs turn every overlap off)
+        raise ParallelConfigError(
+            "--async-tp-comm runs the column-parallel linears' backward TP collective beside their weight-gradient GEMM: "
+            + (f"it needs --tp > 1 (got {cfg.tp})" if cfg.tp <= 1 else
+               "not under --schedule dualpipe, whose weight gradients run apart (Transformer Engine's "
+               "delay_wgrad_compute), so the flag would change nothing there"))
     if cfg.interleave == 1 and flags.get("overlap_p2p_comm"):
         # an explicit True at interleave 1 (the default is off there: overlap_defaults): Megatron-LM forces it off
         # without the interleaved schedule (megatron/training/arguments.py l. 976-979, 0.19.2 wheel), so report what

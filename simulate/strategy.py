@@ -16,7 +16,8 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
 - Megatron-Core's overlaps as deviations from the framework's default (``simulate.overlap.overlap_defaults``):
   ``ogr`` / ``noogr`` (grad reduce), ``opg`` / ``noopg`` (param gather), ``tpo`` / ``notpo`` (TP comm), ``a2a`` /
   ``noa2a`` (MoE expert-parallel all-to-alls), ``p2po`` / ``nop2po`` (the interleaved schedule's point-to-point
-  transfers); absent:
+  transfers), ``atp`` / ``noatp`` (the column-parallel linears' backward TP collective beside their weight-gradient
+  GEMM, ``--async-tp-comm``: on by default under megatron with tp > 1); absent:
   the framework's default, so a string predicted under the same ``--framework`` resolves the same flags;
 - ``ppf<N>`` / ``ppl<N>``: transformer layers of the first / last pipeline stage (only when set);
 - ``etp<N>``: the routed experts' tensor-parallel degree (Megatron-Core's ``--expert-tensor-parallel-size``; only when
@@ -44,7 +45,7 @@ __all__ = ["Strategy", "StrategyError", "format_strategy", "parse_strategy"]
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "mb", "ga", "zero", "v", "ppf", "ppl", "etp")
 _REQUIRED = ("tp", "pp", "dp", "mb")
 _OVERLAPS = {"ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_comm_overlap",
-             "a2a": "overlap_moe_expert_parallel_comm", "p2po": "overlap_p2p_comm"}
+             "a2a": "overlap_moe_expert_parallel_comm", "p2po": "overlap_p2p_comm", "atp": "async_tp_comm"}
 _RC_BLOCK = re.compile(r"^rcfull(u?)(\d+)$")
 #: context parallelism's communication type (module docstring): cpca2a, cpcag, cpca2a+p2p<A>x<B>
 _CP_COMM = re.compile(r"^cpc(a2a\+p2p(\d+)x(\d+)|a2a|ag)$")
@@ -76,6 +77,7 @@ class Strategy:
     tp_comm_overlap: bool | None = None
     overlap_moe_expert_parallel_comm: bool | None = None
     overlap_p2p_comm: bool | None = None
+    async_tp_comm: bool | None = None
     pp_first_layers: int | None = None
     pp_last_layers: int | None = None
     recompute_num_layers: int | None = None
@@ -102,7 +104,7 @@ class Strategy:
                               overlap_grad_reduce=self.overlap_grad_reduce,
                               overlap_param_gather=self.overlap_param_gather, tp_comm_overlap=self.tp_comm_overlap,
                               overlap_moe_expert_parallel_comm=self.overlap_moe_expert_parallel_comm,
-                              overlap_p2p_comm=self.overlap_p2p_comm,
+                              overlap_p2p_comm=self.overlap_p2p_comm, async_tp_comm=self.async_tp_comm,
                               recompute_num_layers=self.recompute_num_layers, etp=self.etp,
                               cp_comm_type=self.cp_comm_type, hierarchical_cp_sizes=self.hierarchical_cp_sizes,
                               # the method only with a layer count (rcfull<N> / rcfullu<N>): given alone, it needs full
@@ -128,7 +130,7 @@ def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: st
     # (at interleave 1 the p2p overlap's default is off, what resolve_parallel leaves there: no p2po / nop2po token,
     # which predict would refuse)
     defaults = overlap_defaults(canonical_framework(framework), tp=cfg.tp, sp=cfg.sp, zero=cfg.zero,
-                                interleave=cfg.interleave)
+                                interleave=cfg.interleave, schedule=cfg.schedule)
     overlaps = {name: (None if getattr(cfg, name) is None or bool(getattr(cfg, name)) == defaults[name]
                        else bool(getattr(cfg, name))) for name in _OVERLAPS.values()}
     return format_given(Strategy(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, micro_batch=cfg.micro_batch, cp=cfg.cp, ep=cfg.ep,
@@ -212,7 +214,7 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
     """The parallel options a strategy sets, merged with the ones the caller gave explicitly (``given``: option ->
     value, only those actually given). Keys: gpus, batch, tp, pp, dp, micro_batch, cp, ep, zero, sp, interleave,
     recompute, schedule, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_moe_expert_parallel_comm,
-    overlap_p2p_comm, pp_first_layers, pp_last_layers, recompute_num_layers, recompute_method, etp
+    overlap_p2p_comm, async_tp_comm, pp_first_layers, pp_last_layers, recompute_num_layers, recompute_method, etp
     (batch only when the strategy has ``ga`` or it was given). A given value that differs from the strategy's is a
     StrategyError naming the option (``label(key)``: its name as the caller knows it) and both values."""
     st = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
@@ -224,7 +226,7 @@ def strategy_values(strategy: str | Strategy, given: dict, label=lambda name: na
                # explicit flag predict refuses there (search --no-overlap wrote it into v1 strings until stop 46)
                overlap_p2p_comm=(None if st.overlap_p2p_comm is False and (st.interleave or 1) <= 1
                                  else st.overlap_p2p_comm),
-               pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers,
+               async_tp_comm=st.async_tp_comm, pp_first_layers=st.pp_first_layers, pp_last_layers=st.pp_last_layers,
                recompute_num_layers=st.recompute_num_layers,
                recompute_method=st.recompute_method if st.recompute_num_layers is not None else None, etp=st.etp,
                # the ring (no cpc token) leaves --cp-comm-type open, as the other defaults a string does not write

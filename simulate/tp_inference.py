@@ -36,6 +36,7 @@ _NOT_SERVED = {"pp": (None, 1), "dp": (None, 1), "cp": (None, 1), "ep": (None, 1
                "pp_first_stage_layers": (None,), "pp_last_stage_layers": (None,), "recompute_num_layers": (None,),
                "recompute_method": (None,), "overlap_grad_reduce": (None,), "overlap_param_gather": (None,),
                "tp_comm_overlap": (None,), "overlap_moe_expert_parallel_comm": (None,), "overlap_p2p_comm": (None,),
+               "async_tp_comm": (None,),
                "zero3_prefetch": (None,), "fsdp_reduce_dtype": (None,), "grad_accum_dtype": (None,), "scatter_gather_p2p": (None,),
                "fp8_param_gather": (None, False), "mtp_num_layers": (None, 0), "cross_entropy_loss_fusion": (None,),
                "tokens": (None,), "optimizer_impl": (None,)}

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from wattcast.simulate.defaults import shown_dtype
+from wattcast.simulate.overlap import OVERLAP_FLAGS
 
 
 def _ns(ms: float) -> int:
@@ -251,7 +252,10 @@ def _stage_power_samples(d: dict, compute, dp, events) -> list[tuple[int, float]
 
 def write_distributed_trace(res, path: str | Path) -> Path:
     return _write_trace(path, distributed_trace_events(res), {"model": res.model, "cluster": res.cluster,
-                                                              "parallel": res.parallel.describe(), "dtype": shown_dtype(res.meta),
+                                                              "parallel": res.parallel.describe(),
+                                                              # the resolved overlap flags (the name writes only some)
+                                                              "overlaps": {k: getattr(res.parallel, k) for k in OVERLAP_FLAGS},
+                                                              "dtype": shown_dtype(res.meta),
                                                               "step_time_ms": res.step_time_ms,
                                                               "exposed_comm_split_ms": res.exposed_comm_split_ms,
                                                               "truncated": res.meta.get("trace_truncated"),

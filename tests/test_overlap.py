@@ -38,11 +38,11 @@ def test_defaults_follow_the_framework():
     assert overlap_defaults("megatron", tp=8, sp=True, zero=1) == dict(overlap_grad_reduce=True, overlap_param_gather=True,
                                                                       tp_comm_overlap=True,
                                                                       overlap_moe_expert_parallel_comm=False,
-                                                                      overlap_p2p_comm=True)
+                                                                      overlap_p2p_comm=True, async_tp_comm=True)
     assert overlap_defaults("megatron", tp=1, sp=False, zero=0) == dict(overlap_grad_reduce=True, overlap_param_gather=False,
                                                                        tp_comm_overlap=False,
                                                                        overlap_moe_expert_parallel_comm=False,
-                                                                       overlap_p2p_comm=True)
+                                                                       overlap_p2p_comm=True, async_tp_comm=False)
     for fw in ("hf", "megatron-deepspeed"):
         assert not any(overlap_defaults(fw, tp=8, sp=True, zero=1).values())
 

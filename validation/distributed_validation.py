@@ -31,8 +31,10 @@ from wattcast.validation.step_breakdown import step_terms
 from wattcast.validation.validation_rows import error_stats, predict_rows
 
 #: NeuSight's 4-GPU runs use Megatron-LM's GPT without Megatron-Core's overlaps (gradients all-reduced after backward,
-#: as wattcast modelled them before those flags existed): each strategy says so explicitly (and the prediction says the
-#: loss is Megatron-LM's unfused vocab_parallel_cross_entropy, the --cross-entropy-loss-fusion of 2024 not yet there)
+#: as wattcast modelled them before those flags existed; the TP backward all-reduce synchronous, async_tp_comm off,
+#: as Megatron-LM 2021's copy_to_tensor_model_parallel_region): each strategy says so explicitly (and the prediction
+#: says the loss is Megatron-LM's unfused vocab_parallel_cross_entropy, the --cross-entropy-loss-fusion of 2024 not
+#: yet there)
 _NO_OVERLAP = dict.fromkeys(OVERLAP_FLAGS, False)
 NEUSIGHT_DIST = {"dp4": dict(tp=1, pp=1, micro_batch=1, **_NO_OVERLAP), "tp4": dict(tp=4, pp=1, micro_batch=4, **_NO_OVERLAP),
                  "pp4_1": dict(tp=1, pp=4, micro_batch=4, **_NO_OVERLAP)}
