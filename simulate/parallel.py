@@ -385,7 +385,7 @@ def ranked_stage_splits(n_layers: int, n_stages: int, edge_layers: tuple[float, 
         mids = q[:, None] + (rank[None, :] >= (inner - r)[:, None])
     else:
         mids = np.zeros((len(mid), 0), dtype=int)
-    # int16: a search keeps a few of these (_ranked_cached)
+    # int16: compact (until stop 53 a search cached a few of these for memory_fitting_split)
     rows = np.column_stack([first, mids, last]).astype(np.int16 if n_layers < 2 ** 15 else np.int64)
     dist = np.abs(rows.astype(int) - np.asarray(stage_layers(n_layers, P))).sum(axis=1)
     # np.lexsort: the last key first (work, then distance, then the counts stage by stage: every stage between grows
@@ -395,48 +395,80 @@ def ranked_stage_splits(n_layers: int, n_stages: int, edge_layers: tuple[float, 
     return out
 
 
-@lru_cache(maxsize=32)
-def _ranked_cached(n_layers: int, n_stages: int, edge_layers: tuple[float, float], min_layers: int) -> np.ndarray:
-    """:func:`ranked_stage_splits`, once per (layers, stages, edge costs, min_layers): a search meets the same few."""
-    return ranked_stage_splits(n_layers, n_stages, edge_layers, min_layers=min_layers)
+def _held(level: float, ub: np.ndarray, edge: np.ndarray) -> np.ndarray:
+    """Each stage's layers at a slowest-stage work of ``level``: as many as fit under it (to 1e-9 layer), at most
+    ``ub``."""
+    return np.minimum(ub, np.floor(level - edge + 1e-9)).astype(int)
 
 
 def memory_fitting_split(n_layers: int, n_stages: int, edge_layers: tuple[float, float], stage_fits,
                          tried: list[int], tried_fits: np.ndarray, *, min_layers: int = 1) -> list[int] | None:
     """The automatic split when :func:`balanced_stage_layers`' (``tried``, its stages fitting the device memory or not
-    in ``tried_fits``) does not fit: the first split of :func:`ranked_stage_splits` (the least slowest-stage work) whose
-    every stage fits, by ``stage_fits(counts)`` -> a bool per stage (the caller's memory model); None when none fits
-    (the caller keeps ``tried`` and refuses it naming the memory).
+    in ``tried_fits``) does not fit: the split of the least slowest-stage work, over every split of the layers into
+    per-stage counts of at least ``min_layers``, whose every stage fits by ``stage_fits(counts)`` -> a bool per stage
+    (the caller's memory model); None when none fits (the caller keeps ``tried`` and refuses it naming the memory).
 
     Under 1F1B the first stage holds the most micro-batches in flight (pp of them), so the layer moved onto it by the
     time balance can push it over the memory a layer-count split fits in (Llama 3 8B on 3 H100 stages, TP1, ZeRO-0:
     11, 12, 9 needs 91.1 GB on stage 0, 10, 11, 11 fits in 83.7). A stage's memory grows with its own layers and does
     not depend on the other stages' counts (its parameters, gradients, optimizer states and in-flight activations are
     its layers'; exact for alike layers, an assumption for a stack of dense then MoE layers, whose stages' contents
-    shift with the other stages' counts), so a stage that does not fit with ``c`` layers rules out every split giving
-    it ``c`` or more: the splits are probed in order with those ruled out skipped, and the search stops when the
-    stages' largest fitting counts cannot hold the model's layers (no probe at all when every stage of ``tried`` is
-    over)."""
+    shift with the other stages' counts), so a stage that does not fit with ``c`` layers fits with at most ``c - 1``:
+    an upper bound per stage, learned from each probe.
+
+    Water-filling under those caps: stage s's work is its layers plus its edge (the embedding on the first stage, the
+    output layer with the loss on the last, in layer-equivalents, as :func:`balanced_stage_layers` counts them); the
+    least level T at which every stage taking min(cap, floor(T - edge)) layers holds the model's layers is the least
+    slowest-stage work any split within the caps can have. Each stage takes that many; the surplus over the model's
+    layers comes off the stages whose work is T, one layer each, the first stage on (fewer stages at the slowest work;
+    1F1B keeps the most micro-batches in flight on the earliest stages, so the layers stay on the later ones), any
+    stage's after those (one a stage a pass, the first stage on; the tie-break: any of these splits has the slowest
+    work T, T being the least level).
+    The split is probed; a stage over lowers its cap to one layer fewer than it was given, every stage fitting returns
+    the split. Each probe lowers a cap below the split it probed, so no split is probed twice and the loop ends; it
+    stops when the caps cannot hold the layers (no probe at all when every stage of ``tried`` is over). Under the
+    alike-layer assumption the caps only exclude splits that do not fit, so the split returned has the least
+    slowest-stage work of all the splits whose every stage fits (until stop 53 only the splits with the first and the
+    last stage's counts searched and the stages between split evenly were tried: DeepSeek-V3 on 16 stages, whose early
+    stages need fewer layers and whose last stage carries the head, got a slower split)."""
+    P = int(n_stages)
+    n_layers, min_layers = int(n_layers), int(min_layers)
+    emb, head = _edge_costs(edge_layers)
+    edge = np.zeros(P)
+    edge[0] += emb
+    edge[-1] += head  # one stage (nothing to split): both edges on it
     counts, fits = np.asarray(tried, dtype=int), np.asarray(tried_fits, dtype=bool)
-    ub = np.full(len(counts), n_layers)
-    rows = alive = None
+    if P * min_layers > n_layers:  # no split holds min_layers a stage
+        return None if (~fits).any() else counts.tolist()
+    ub = np.full(P, n_layers)
     while True:
         over = ~fits
         if not over.any():
             return counts.tolist()
         ub = np.where(over, np.minimum(ub, counts - 1), ub)
-        if ub.sum() < n_layers:
+        if ub.sum() < n_layers or ub.min() < min_layers:
             return None
-        if rows is None:  # the ranking only once a split may fit
-            rows = _ranked_cached(int(n_layers), int(n_stages), tuple(float(x) for x in edge_layers), int(min_layers))
-            alive = np.ones(len(rows), dtype=bool)
-        alive &= ~(rows == counts).all(axis=1)
-        for s in np.flatnonzero(over):
-            alive &= rows[:, s] <= ub[s]
-        left = np.flatnonzero(alive)
-        if not len(left):
-            return None
-        counts = rows[left[0]]
+        # the levels where a stage's count steps up: c + edge for c in min_layers..cap; the least one holding the layers
+        # (every stage at min_layers at least: the level starts at the largest min_layers + edge)
+        levels = np.unique(np.concatenate([np.arange(min_layers, u + 1) + e for u, e in zip(ub, edge)]))
+        levels = levels[levels >= (min_layers + edge).max() - 1e-9]
+        lo, hi = 0, len(levels) - 1  # the caps hold the layers: the highest level does; bisect for the least
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _held(levels[mid], ub, edge).sum() >= n_layers else (mid + 1, hi)
+        counts = _held(levels[lo], ub, edge)
+        # the surplus off the stages whose work is the level first (one layer fewer each: fewer stages at the slowest
+        # work), then off any stage; one layer a stage a pass, the first stage on; none below min_layers (the layers
+        # hold min_layers a stage: it ends)
+        at_level = np.abs(counts + edge - levels[lo]) <= 1e-9
+        surplus = int(counts.sum()) - n_layers
+        for pool in itertools.chain([np.flatnonzero(at_level)], itertools.repeat(range(P))):
+            if not surplus:
+                break
+            for s in pool:
+                if surplus and counts[s] > min_layers:
+                    counts[s] -= 1
+                    surplus -= 1
         fits = np.asarray(stage_fits(counts.tolist()), dtype=bool)
 
 
