@@ -135,14 +135,18 @@ def test_deepseek_v3_as_published_fits_an_80_gb_gpu():
     """DeepSeek-V3 (tech report Sec. 3.2-3.3): 2,048 GPUs, PP16 x EP64 x DP128, ZeRO-1, FP8, 15,360 x 4,096 tokens,
     RMSNorm and MLA up-projections recomputed. Refused at 149.5 GB per GPU until the changes pinned above; DeepSeek's
     BF16 optimizer moments, FP8-cached SwiGLU inputs and DualPipe are still not modelled (all in the fitting direction
-    but DualPipe's second parameter copy)."""
+    but DualPipe's second parameter copy). Without the recomputation the cost-balanced split needs 119.6 GB on stage 2;
+    since stop 53 the memory-aware automatic split (water-filling over every per-stage count) fits it by skewing the
+    stages (2, 2, 2, 3 x 4, 4, 4, 5 x 7: the early stages hold the most micro-batches in flight), at 85.8 GB and a
+    slower step than DeepSeek's recomputation (43.3 s against 32.7 s): their choice is the faster one."""
     kw = dict(gpus=2048, batch=15360, seq=4096, tp=1, pp=16, ep=64, dp=128, zero=1, micro_batch=1, dtype="fp8",
               framework="megatron")
     published = wattcast.predict_cluster("deepseek_v3", "DGX-H100", recompute_modules="layernorm,mla_up_proj,moe_act", **kw)
     plain = wattcast.predict_cluster("deepseek_v3", "DGX-H100", **kw)
     assert published.fits and published.memory_gb < 80
-    assert not plain.fits
-    assert published.step_time_ms > plain.step_time_ms  # the recomputation costs time
+    assert not any("automatic pipeline split" in w for w in published.meta.get("warnings") or [])
+    assert any("automatic pipeline split" in w for w in plain.meta.get("warnings") or [])  # only a skewed split fits
+    assert plain.step_time_ms > published.step_time_ms
 
 
 def test_cli_flag_and_its_errors():
