@@ -181,8 +181,13 @@ def async_tp_backward_save_ms(names, phase, op_class, group, layer, time_ms, *, 
     enter = bwd & tp & names.str.contains(r"\.enter(?:\.all_gather)?\.grad$", regex=True).to_numpy()
     if enter.any():
         # a linear's bias gradient (``.bgrad``, a reduction row between its wgrad and the collective) stays in the run:
-        # Transformer Engine fuses it into the wgrad / dgrad work
-        seg = np.cumsum(~(bwd & (is_lin | tp | names.str.endswith(".bgrad").to_numpy())))
+        # Transformer Engine fuses it into the wgrad / dgrad work; so do autograd's sums of the input gradients of
+        # linears that share their input (``<m>.enter.grad_accumulate<i>`` / ``.grad_split_cat``: separate q/k/v or
+        # gate/up projections, as the hf Llama graphs have), which come before the module's collective: until the stop 53
+        # audit they ended the run, and --async-tp-comm hid nothing of a Llama's all-reduces under hf
+        # (featurize/op_graph.py builds those rows; Megatron-Core's fused projections have none)
+        seg = np.cumsum(~(bwd & (is_lin | tp | names.str.endswith(".bgrad").to_numpy()
+                                 | names.str.contains(r"\.grad_(?:accumulate\d+|split_cat)$", regex=True).to_numpy())))
         wgrad = bwd & is_lin & names.str.endswith(".wgrad").to_numpy()
         w_seg = np.bincount(seg, weights=np.where(wgrad, t, 0.0))
         c_seg = np.bincount(seg, weights=np.where(enter, hideable, 0.0))
