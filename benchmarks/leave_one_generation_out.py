@@ -122,7 +122,7 @@ from wattcast.training.kernels import TrainConfig, family_features
 HELD_OUT = ("L4", "A100-PCIe-80GB")
 FOLDS = {
     "Blackwell (B200)": ("B200",),
-    "Ampere (A100)": ("A100-SXM4-80GB", "A100-80GB-unknown", "A100-PCIe-40GB", "A40"),
+    "Ampere (A100, A40)": ("A100-SXM4-80GB", "A100-80GB-unknown", "A100-PCIe-40GB", "A40"),
     "CDNA (MI100/MI210/MI300X/MI355X)": ("MI100", "MI210", "MI300X", "MI355X"),
 }
 SOURCES = ("xla", "vidur", "llmcompass", "deepbench", "neusight/kernels", "neusight/kernels_test")
@@ -189,8 +189,9 @@ def additive_vendor_ms(df: pd.DataFrame, X: pd.DataFrame, specs: dict, inp: dict
     by_source: dict = {}
     for key, v in floors.items():
         by_source.setdefault(key.split("@")[0], []).append(v)
-    median = float(np.median(list(floors.values())))
-    floor_ms = np.array([floors.get(k, np.mean(by_source.get(k.split("@")[0], [median]))) for k in inp["source"]]) / 1e3
+    # a source the fold never saw: the predictor's (PREDICT_SOURCE's) floor, as fold_floors_ms gives the other models
+    fallback = float(np.mean(by_source[PREDICT_SOURCE])) if PREDICT_SOURCE in by_source else float(np.median(list(floors.values())))
+    floor_ms = np.array([floors.get(k, np.mean(by_source.get(k.split("@")[0], [fallback]))) for k in inp["source"]]) / 1e3
     ref = X["t_roof_ms"].to_numpy() / (ceil if ceiling else 1.0)
     lat = df["latency_ms"].to_numpy(dtype=float)
     ya = np.log(np.maximum(lat - floor_ms, 0.25 * ref) / ref)
@@ -225,6 +226,9 @@ def fold_floors_ms(fitted_ms: dict[str, float], sources) -> dict[str, float]:
     every row (``PREDICT_SOURCE``'s: a kernel's GPU time, as a training step's kernels take), not the other sources'
     median (31.8 us, NeuSight's CUDA-event floors, against Vidur's own 3.7 us): the timing method of a source the fold
     never saw is the product's, as for any GPU a user asks about."""
+    if PREDICT_SOURCE not in fitted_ms:
+        raise ValueError(f"the fold's training rows have no {PREDICT_SOURCE!r} (the predictor's source) floor to give "
+                         f"an unseen source (fitted: {sorted(fitted_ms)})")
     out = dict(fitted_ms)
     out.update({s: fitted_ms[PREDICT_SOURCE] for s in set(map(str, sources)) - set(fitted_ms)})
     return out
@@ -400,6 +404,8 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
             continue
         t0 = time.time()
         params = fit_physical(inp, y_us, train)
+        # a source the fold never saw takes the predictor's floor here too (fold_floors_ms), as in every model below
+        params = (fold_floors_ms(params[0], df["source"]), *params[1:])
         phys = physical_us(inp, *params)
         print(fold, "physical params", {k: round(float(v), 2) for k, v in params[0].items()}, round(float(params[1])),
               round(float(params[2])))
@@ -410,7 +416,7 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
         # only) as the trees' reference: at small sizes a kernel costs the floor, not a multiple of the roofline, so
         # a ratio learnt on slower GPUs does not shrink a new GPU's small GEMMs below what they can take
         # (the floor of a source the fit never saw: the predictor's, PREDICT_SOURCE's)
-        floors_ms = fold_floors_ms({s: v / 1e3 for s, v in params[0].items()}, df["source"])
+        floors_ms = {s: v / 1e3 for s, v in params[0].items()}
         ref_ms = floor_reference_ms(X["t_roof_ms"].to_numpy(), df["source"].to_numpy(), floors_ms)
         floor_ms = ref_ms - X["t_roof_ms"].to_numpy()
         p_floor, floor_model = None, None

@@ -112,3 +112,8 @@ def test_fold_floors_give_an_unseen_source_the_predictors_floor(logo):
     assert out["vidur"] == pytest.approx(0.006)  # not the median of the fitted floors (0.010)
     assert {k: out[k] for k in fitted} == fitted  # the fitted floors untouched
     assert fitted == {PREDICT_SOURCE: 0.006, "neusight/kernels": 0.032, "deepbench": 0.010}  # the input not mutated
+
+
+def test_fold_floors_name_a_missing_predictor_source(logo):
+    with pytest.raises(ValueError, match="predictor's source"):
+        logo.fold_floors_ms({"vidur": 0.004}, ["vidur", "deepbench"])
