@@ -746,7 +746,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                               mtp_num_layers=int(mtp_num_layers), cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                               cross_entropy_fusion_impl=cross_entropy_fusion_impl,
                               scatter_gather_p2p=scatter_gather_p2p, grad_accum_dtype=grad_accum_dtype,
-                              fp8_recipe=fp8_recipe, moe_token_dispatcher=moe_token_dispatcher, **routing)
+                              fp8_recipe=fp8_recipe, moe_token_dispatcher=moe_token_dispatcher,
+                              # the memory-aware automatic split keeps the margin free too (with_memory_headroom)
+                              split_headroom_gb=memory_headroom_gb, **routing)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     outcomes = []  # per candidate gone through: (config, evaluated?, its rule), for dropped_values
     generated = []  # every candidate generated (on every cluster), for dropped_values

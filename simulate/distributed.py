@@ -1172,6 +1172,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes,
                            cp_qkvo_bytes=cp_qkvo_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
+                           split_headroom_gb=float(dopts.split_headroom_gb or 0.0),
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
                            scatter_gather_p2p=scatter_gather_p2p(framework, dopts.scatter_gather_p2p),
                            fsdp_reduce_dtype=checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),
@@ -1829,6 +1830,8 @@ class ScheduleContext:
     #: True: :func:`schedule_step` returns each stage's memory (GB) alone, no schedule (the probes of
     #: ``parallel.memory_fitting_split``)
     memory_probe: bool = False
+    #: GB the memory-aware automatic split keeps free (``DistributedOptions.split_headroom_gb``: a search's margin)
+    split_headroom_gb: float = 0.0
 
     def with_split(self, stages, *, probe: bool = False) -> "ScheduleContext":
         """This context with the automatic split's stage totals ``stages`` (:attr:`stage_split`), as a memory probe or
@@ -2843,20 +2846,25 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     fits = bool(worst <= capacity)
     if ctx.memory_probe:
         return total_gb if summary else mem["total_gb"]
-    if not fits and auto_edge is not None:
+    # the memory the automatic split is chosen against: the capacity, less a search's margin (--memory-headroom-gb;
+    # until the stop 53 audit the split was chosen against the full capacity and a candidate could then fail the
+    # margin although another split fitted within it)
+    split_cap = capacity - ctx.split_headroom_gb
+    if worst > split_cap and auto_edge is not None:
         # the cost-balanced split does not fit: the least slowest-stage work of the automatic splits whose every stage
         # fits, by this memory model (each probe: the per-stage memory of that split, no schedule); none fitting, the
         # cost-balanced split stays and is refused naming its memory
         tried = rank_sum(np.asarray(counts, dtype=float)).astype(int).tolist()
         alt = memory_fitting_split(
-            n_layers, P, auto_edge, lambda c: schedule_step(ctx.with_split(c, probe=True)) <= capacity,
-            tried=tried, tried_fits=(total_gb if summary else mem["total_gb"]) <= capacity, min_layers=V)
+            n_layers, P, auto_edge, lambda c: schedule_step(ctx.with_split(c, probe=True)) <= split_cap,
+            tried=tried, tried_fits=(total_gb if summary else mem["total_gb"]) <= split_cap, min_layers=V)
         if alt is not None:
+            margin = (f" less the {ctx.split_headroom_gb:g} GB memory headroom" if ctx.split_headroom_gb else "")
             out = ctx.with_split(alt)
             out.__dict__["notes"] = (*ctx.notes, (
                 f"automatic pipeline split: stages [{', '.join(map(str, alt))}] instead of the cost-balanced "
                 f"[{', '.join(map(str, tried))}], whose stage {w_stage} needs {worst:.1f} GB of the {capacity:.1f} GB "
-                f"per GPU: the fastest automatic split that fits"))
+                f"per GPU{margin}: the fastest automatic split that fits"))
             return schedule_step(out)
     if prune_oom and not fits:
         if summary:

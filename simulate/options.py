@@ -82,6 +82,10 @@ class DistributedOptions:
     #: ``--grad-reduce-in-bf16``, "fp32" ``--accumulate-allreduce-grads-in-fp32`` (None: Megatron-LM's default, fp32
     #: for bf16; ``simulate.stage_memory.megatron_main_grad_bytes``)
     grad_accum_dtype: str | None = None
+    #: GB of each GPU's memory the memory-aware automatic pipeline split keeps free (``search(memory_headroom_gb=)``):
+    #: the cost-balanced split gives way when its worst stage needs more than the capacity less this, and the split
+    #: taken instead fits within it (``parallel.memory_fitting_split``). The step's ``fits`` stays the capacity's
+    split_headroom_gb: float = 0.0
     #: DeepSpeed's ``BF16_Optimizer.clear_lp_grads`` before each backward (``framework="megatron-deepspeed"``, where
     #: BF16_Optimizer runs): "zero", DeepSpeed 0.19.8's (``torch._foreach_zero_`` on the bf16 ``param.grad``,
     #: ``bf16_optimizer.py`` l. 612-623: autograd then adds each gradient into it in place, 2 + 6 B/param per
