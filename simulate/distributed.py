@@ -1009,6 +1009,19 @@ def predict_distributed(model, cluster: str | ClusterSpec, parallel: ParallelCon
     return schedule_step(schedule_context(model, cluster, parallel, options))
 
 
+def _split_headroom_gb(value) -> float:
+    """``DistributedOptions.split_headroom_gb`` as a float: finite and at least 0 (a negative margin would let the
+    memory-aware split pick stages over the capacity), else ValueError."""
+    try:
+        v = float(value or 0.0)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not np.isfinite(v) or v < 0 or isinstance(value, bool):
+        raise ValueError(f"split_headroom_gb (GB the memory-aware pipeline split keeps free) must be a finite number, "
+                         f"0 or more; got {value!r}")
+    return v
+
+
 def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig | None = None,
                      options: DistributedOptions | None = None, *, gpus=MISSING, **keywords) -> "ScheduleContext":
     """:func:`predict_distributed`'s checks, rank graph and costing: the :class:`ScheduleContext` of one step (same
@@ -1172,7 +1185,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes,
                            cp_qkvo_bytes=cp_qkvo_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
-                           split_headroom_gb=float(dopts.split_headroom_gb or 0.0),
+                           split_headroom_gb=_split_headroom_gb(dopts.split_headroom_gb),
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
                            scatter_gather_p2p=scatter_gather_p2p(framework, dopts.scatter_gather_p2p),
                            fsdp_reduce_dtype=checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),

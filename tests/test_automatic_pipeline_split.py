@@ -265,3 +265,13 @@ def test_search_chooses_the_split_within_its_memory_headroom():
     assert plain["fits"] and plain["memory_gb"] > capacity - 3.0  # the cost-balanced-first split: inside the capacity only
     assert kept["fits"] and kept["memory_gb"] <= capacity - 3.0
     assert kept["step_time_ms"] > plain["step_time_ms"]  # the margin costs time: a less balanced split
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "x", True])
+def test_a_bad_split_headroom_is_named(bad):
+    from wattcast.simulate.distributed import predict_distributed
+    from wattcast.simulate.parallel import ParallelConfig
+
+    with pytest.raises(ValueError, match="split_headroom_gb"):
+        predict_distributed("gpt2", "DGX-A100", gpus=2, batch=4, seq=128, parallel=ParallelConfig(pp=2),
+                            split_headroom_gb=bad)
