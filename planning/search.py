@@ -25,7 +25,7 @@ from wattcast.simulate.defaults import DEFAULTS, resolve_dtype
 from wattcast.simulate.moe_routing import check_routing
 from wattcast.simulate.distributed import (MAX_GLOBAL_TOKENS, deepspeed_zero_search_notes, schedule_step,
                                            schedule_context, spec_notes)
-from wattcast.simulate.options import DistributedOptions
+from wattcast.simulate.options import DistributedOptions, checked_headroom_gb
 from wattcast.simulate.overlap import ANY_FRAMEWORK_FLAGS, OVERLAP_FLAGS
 from wattcast.simulate.strategy import format_strategy
 from wattcast.lifecycle import footprint, footprint_from_step
@@ -824,13 +824,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
 def checked_memory_headroom_gb(value) -> float:
     """``memory_headroom_gb`` as a float: finite and at least 0 (``--memory-headroom-gb``), else ValueError."""
-    try:
-        gb = float(value)
-    except (TypeError, ValueError):
-        gb = float("nan")
-    if isinstance(value, bool) or not np.isfinite(gb) or gb < 0:
-        raise ValueError(f"memory_headroom_gb (--memory-headroom-gb) must be a finite number of GB, 0 or more; got {value!r}")
-    return gb
+    return checked_headroom_gb(value, "memory_headroom_gb (--memory-headroom-gb)")
 
 
 def with_memory_headroom(df: pd.DataFrame, headroom_gb: float, run_cols=()) -> pd.DataFrame:

@@ -74,7 +74,7 @@ from wattcast.simulate.scheduler import bucket_spans
 from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, step_overheads,
                                              stream_bandwidth_gbps, with_warnings)
 from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
-from wattcast.simulate.options import MISSING, DistributedOptions, options_from_keywords
+from wattcast.simulate.options import MISSING, DistributedOptions, checked_headroom_gb, options_from_keywords
 from wattcast.simulate.overlap import (NCCL_SMS, async_tp_backward_save_ms, ep_overlap_layer_ms, overlapped_ms, sm_share,
                                       tp_overlap_layer_ms)
 from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, bf16_optimizer_runs,
@@ -1009,19 +1009,6 @@ def predict_distributed(model, cluster: str | ClusterSpec, parallel: ParallelCon
     return schedule_step(schedule_context(model, cluster, parallel, options))
 
 
-def _split_headroom_gb(value) -> float:
-    """``DistributedOptions.split_headroom_gb`` as a float: finite and at least 0 (a negative margin would let the
-    memory-aware split pick stages over the capacity), else ValueError."""
-    try:
-        v = float(value or 0.0)
-    except (TypeError, ValueError):
-        v = float("nan")
-    if not np.isfinite(v) or v < 0 or isinstance(value, bool):
-        raise ValueError(f"split_headroom_gb (GB the memory-aware pipeline split keeps free) must be a finite number, "
-                         f"0 or more; got {value!r}")
-    return v
-
-
 def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig | None = None,
                      options: DistributedOptions | None = None, *, gpus=MISSING, **keywords) -> "ScheduleContext":
     """:func:`predict_distributed`'s checks, rank graph and costing: the :class:`ScheduleContext` of one step (same
@@ -1185,7 +1172,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes,
                            cp_qkvo_bytes=cp_qkvo_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
-                           split_headroom_gb=_split_headroom_gb(dopts.split_headroom_gb),
+                           split_headroom_gb=checked_headroom_gb(
+                               0.0 if dopts.split_headroom_gb is None else dopts.split_headroom_gb,
+                               "split_headroom_gb (GB the memory-aware pipeline split keeps free)"),
                            zero3_prefetch=zero3_prefetch(framework, dopts.zero3_prefetch), launch_ms=float(launch_ms),
                            scatter_gather_p2p=scatter_gather_p2p(framework, dopts.scatter_gather_p2p),
                            fsdp_reduce_dtype=checked_fsdp_reduce_dtype(framework, dopts.fsdp_reduce_dtype),

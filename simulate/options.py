@@ -13,6 +13,7 @@ checks in ``schedule_context``), with the messages they always had.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -129,6 +130,19 @@ MISSING: Any = object()
 
 #: the keyword arguments the options object stands for (``predict_distributed``'s old keyword form)
 OPTION_NAMES = tuple(f.name for f in fields(DistributedOptions))
+
+
+def checked_headroom_gb(value, label: str) -> float:
+    """A memory margin in GB as a float: finite and at least 0, else a ValueError naming it by ``label`` (search's
+    ``memory_headroom_gb``, :attr:`DistributedOptions.split_headroom_gb`: a negative margin would let the memory-aware
+    pipeline split pick stages over the capacity)."""
+    try:
+        gb = float(value)
+    except (TypeError, ValueError):
+        gb = float("nan")
+    if isinstance(value, bool) or not math.isfinite(gb) or gb < 0:
+        raise ValueError(f"{label} must be a finite number of GB, 0 or more; got {value!r}")
+    return gb
 
 
 def options_from_keywords(caller: str, parallel: ParallelConfig | None, options: DistributedOptions | None,

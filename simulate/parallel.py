@@ -309,8 +309,8 @@ def _edge_costs(edge_layers: tuple[float, float]) -> tuple[float, float]:
 
 def _split_candidates(n_layers: int, P: int, edge_layers: tuple[float, float], min_layers: int):
     """Every automatic split of :func:`balanced_stage_layers` as (first stage's layers, last stage's, the stages
-    between's together, the slowest stage's work in layers, whether each stage holds ``min_layers``), one entry per
-    (first, last) pair."""
+    between's together, the slowest stage's work in layers: inf where a stage would hold fewer than ``min_layers``),
+    one entry per (first, last) pair."""
     e, h = _edge_costs(edge_layers)
     a = np.arange(min_layers, n_layers + 1)
     first, last = (x.ravel() for x in np.meshgrid(a, a, indexing="ij"))
@@ -323,7 +323,7 @@ def _split_candidates(n_layers: int, P: int, edge_layers: tuple[float, float], m
         ok = mid >= inner * min_layers
         mid_max = -(-mid // inner)
     cost = np.maximum(np.maximum(first + e, last + h), mid_max).astype(float)
-    return first, last, mid, np.where(ok, cost, np.inf), ok
+    return first, last, mid, np.where(ok, cost, np.inf)
 
 
 def balanced_stage_layers(n_layers: int, n_stages: int, edge_layers: tuple[float, float], *,
@@ -352,7 +352,7 @@ def balanced_stage_layers(n_layers: int, n_stages: int, edge_layers: tuple[float
     even = stage_layers(n_layers, P)
     if P == 1 or n_layers % P == 0:
         return even
-    first, last, mid, cost, _ = _split_candidates(n_layers, P, edge_layers, min_layers)
+    first, last, mid, cost = _split_candidates(n_layers, P, edge_layers, min_layers)
     inner = P - 2
     best = cost.min()
     if not np.isfinite(best):  # no split holds min_layers a stage: the caller's check names the rule
@@ -363,36 +363,6 @@ def balanced_stage_layers(n_layers: int, n_stages: int, edge_layers: tuple[float
         return [int(first[i])] + (stage_layers(int(mid[i]), inner) if inner else []) + [int(last[i])]
 
     return min((split(i) for i in ties), key=lambda c: (sum(abs(x - y) for x, y in zip(c, even)), c))
-
-
-def ranked_stage_splits(n_layers: int, n_stages: int, edge_layers: tuple[float, float], *,
-                        min_layers: int = 1) -> np.ndarray:
-    """Every automatic split of :func:`balanced_stage_layers` (the first and the last stage's counts searched, the
-    stages between split evenly in :func:`stage_layers`' order), one row of layers per stage, from the least slowest-
-    stage work (to 1e-9 layer) to the most, ties as :func:`balanced_stage_layers` breaks them (nearest the
-    layer-count balance, then fewer layers on the earlier stages). Splits leaving a stage fewer than ``min_layers``
-    are left out."""
-    P = int(n_stages)
-    first, last, mid, cost, ok = _split_candidates(n_layers, P, edge_layers, min_layers)
-    first, last, mid, cost = first[ok], last[ok], mid[ok], cost[ok]
-    inner = P - 2
-    if inner > 0:
-        # stage_layers(mid, inner) for every mid at once: its inner - r stages with q layers are the outermost first
-        order = list(dict.fromkeys(i for pair in zip(range(inner), range(inner - 1, -1, -1)) for i in pair))
-        rank = np.empty(inner, dtype=int)
-        rank[order] = np.arange(inner)
-        q, r = np.divmod(mid, inner)
-        mids = q[:, None] + (rank[None, :] >= (inner - r)[:, None])
-    else:
-        mids = np.zeros((len(mid), 0), dtype=int)
-    # int16: compact (until stop 53 a search cached a few of these for memory_fitting_split)
-    rows = np.column_stack([first, mids, last]).astype(np.int16 if n_layers < 2 ** 15 else np.int64)
-    dist = np.abs(rows.astype(int) - np.asarray(stage_layers(n_layers, P))).sum(axis=1)
-    # np.lexsort: the last key first (work, then distance, then the counts stage by stage: every stage between grows
-    # with their total, so for one first stage's count the rows rise as the last stage's falls)
-    out = rows[np.lexsort((-last, first, dist, np.round(cost, 9)))]
-    out.flags.writeable = False
-    return out
 
 
 def _held(level: float, ub: np.ndarray, edge: np.ndarray) -> np.ndarray:

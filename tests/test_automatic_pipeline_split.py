@@ -15,10 +15,40 @@ import numpy as np
 import pytest
 
 import wattcast
-from wattcast.simulate.parallel import (ParallelConfigError, balanced_stage_layers, chunk_layers, memory_fitting_split,
-                                        ranked_stage_splits, stage_layers)
+from wattcast.simulate.parallel import (ParallelConfigError, _split_candidates, balanced_stage_layers, chunk_layers,
+                                        memory_fitting_split, stage_layers)
 
 KW = dict(gpus=6, batch=16, seq=8192, tp=1, pp=3, zero=1, micro_batch=1, framework="megatron", gpus_per_node=6)
+
+
+def ranked_stage_splits(n_layers: int, n_stages: int, edge_layers: tuple[float, float], *,
+                        min_layers: int = 1) -> np.ndarray:
+    """The reference family (stop 52's memory-fitting search; stop 53 left it, so it lives here): every automatic split of
+    :func:`balanced_stage_layers` (the first and the last stage's counts searched, the stages between split evenly in
+    :func:`stage_layers`' order), one row of layers per stage, from the least slowest-stage work (to 1e-9 layer) to
+    the most, ties as :func:`balanced_stage_layers` breaks them (nearest the layer-count balance, then fewer layers on
+    the earlier stages). Splits leaving a stage fewer than ``min_layers`` are left out."""
+    P = int(n_stages)
+    first, last, mid, cost = _split_candidates(n_layers, P, edge_layers, min_layers)
+    ok = np.isfinite(cost)
+    first, last, mid, cost = first[ok], last[ok], mid[ok], cost[ok]
+    inner = P - 2
+    if inner > 0:
+        # stage_layers(mid, inner) for every mid at once: its inner - r stages with q layers are the outermost first
+        order = list(dict.fromkeys(i for pair in zip(range(inner), range(inner - 1, -1, -1)) for i in pair))
+        rank = np.empty(inner, dtype=int)
+        rank[order] = np.arange(inner)
+        q, r = np.divmod(mid, inner)
+        mids = q[:, None] + (rank[None, :] >= (inner - r)[:, None])
+    else:
+        mids = np.zeros((len(mid), 0), dtype=int)
+    rows = np.column_stack([first, mids, last]).astype(np.int16 if n_layers < 2 ** 15 else np.int64)
+    dist = np.abs(rows.astype(int) - np.asarray(stage_layers(n_layers, P))).sum(axis=1)
+    # np.lexsort: the last key first (work, then distance, then the counts stage by stage: every stage between grows
+    # with their total, so for one first stage's count the rows rise as the last stage's falls)
+    out = rows[np.lexsort((-last, first, dist, np.round(cost, 9)))]
+    out.flags.writeable = False
+    return out
 
 
 def test_cost_balanced_split_rules():
