@@ -98,7 +98,9 @@ def test_tensor_core_linear_is_its_gemm_plus_the_bias_epilogue(device):
 @pytest.mark.parametrize("device", ["A100-PCIe-40GB", "Tesla-T4"])
 def test_fp32_linear_rows_keep_their_own_model(device):
     """FP32 ``linear`` rows (NeuSight's measurements, the held-out figures) are not mapped to a bmm: their prediction is
-    the family's on the row itself (no guard reaches FP32 rows)."""
+    the family's on the row itself (no guard reaches FP32 rows), with a ``B`` > 1 row's ``B x M`` rows in ``M``: one
+    GEMM, as ``nn.Linear`` runs it (every FP32 linear row of the data has B = 1; until stop 54 a B = 2048, M = 1 row was
+    predicted 55x the B = 1, M = 2048 one on a Tesla-T4)."""
     from wattcast.featurize.kernel_features import featurize_kernels
     from wattcast.models.kernel_bundle import load_bundle
 
@@ -106,9 +108,24 @@ def test_fp32_linear_rows_keep_their_own_model(device):
                          for n, k in ((4096, 4096), (1024, 256))])
     got = predict_kernels(rows, device)
     spec = kp._resolve(device)
-    canon, _ = kp.normalise_kernel_frame(rows)
+    canon, _ = kp.normalise_kernel_frame(rows.assign(M=rows["B"] * rows["M"], B=1))
     X = featurize_kernels(canon, spec)
     own = kp._predict_features(X, load_bundle(None), canon["dtype"], power_floor_ms=kp._power_floor_ms(X, canon["dtype"], spec),
                                device=spec)
     np.testing.assert_array_equal(got["pred_latency_ms"].to_numpy(), own["pred_latency_ms"])
     np.testing.assert_array_equal(got["roofline_ms"].to_numpy(), own["roofline_ms"])
+
+
+@pytest.mark.parametrize("device", ["Tesla-T4", "V100-SXM2-32GB", "A100-SXM4-80GB"])
+def test_linear_time_does_not_depend_on_how_rows_split_between_b_and_m(device):
+    """``linear`` is ``nn.Linear(N, K)`` on a (B, M, N) input: one GEMM of B x M rows whatever the split (the auditor's
+    repro: FP32 2048 x 4096 x 4096 on a Tesla-T4, 19.0 ms as 1 x 2048 and 1,047.6 ms as 2048 x 1), in every dtype."""
+    splits = ((1, 2048), (8, 256), (32, 64), (2048, 1))
+    dtypes = ("fp32", "fp16") if device != "A100-SXM4-80GB" else ("fp32", "bf16", "fp16")
+    rows = pd.DataFrame([dict(OPName="linear", dtype=dt, B=b, M=m, N=4096, K=4096) for dt in dtypes for b, m in splits])
+    got = predict_kernels(rows, device)
+    assert (got["error"] == "").all()
+    for _, g in got.groupby("dtype"):
+        for col in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+            v = g[col].to_numpy()
+            np.testing.assert_allclose(v, v[0], rtol=1e-9)
