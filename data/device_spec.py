@@ -331,6 +331,24 @@ TENSOR_OVER_FP32_MAX = 500.0
 #: the figures :data:`TENSOR_OVER_FP32_MAX` bounds
 _OVER_FP32 = ("peak_fp32_matrix_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "peak_fp8_tflops")
 
+#: the dense peaks a tensor peak is never below (the rules of :class:`DeviceSpecModel`): FP8 at least the 16-bit
+#: rate, the 16-bit rate at least TF32's
+_WIDER: dict[str, tuple[str, ...]] = {"peak_fp8_tflops": ("peak_fp16_tflops", "peak_bf16_tflops"),
+                                      "peak_fp16_tflops": ("peak_tf32_tflops",), "peak_bf16_tflops": ("peak_tf32_tflops",)}
+
+
+def _pflops_reading(values: Any, f: str, v: float) -> bool:
+    """Whether tensor peak ``v`` (field ``f``, below the FP32 peak) reads as a plausible figure 1,000x up, i.e. it
+    was given in PFLOP/s (as NVIDIA's Hopper and Blackwell datasheets print them: H100 FP8 "1,979 TFLOPS" is 1.979
+    PFLOP/s, B200 FP8 "4.5 PFLOPS"): ``v`` x 1,000 is inside the field's :data:`PLAUSIBLE` range, at or above the FP32
+    peak and every next-wider dtype's peak given (:data:`_WIDER`; one itself below FP32 does not count) and at most
+    :data:`TENSOR_OVER_FP32_MAX` x the FP32 peak."""
+    x, fp32 = v * 1000.0, float(values.peak_fp32_tflops)
+    lo, hi = PLAUSIBLE[f][:2]
+    wider = [float(w) for w in (getattr(values, g) for g in _WIDER.get(f, ())) if w is not None and w >= fp32 * 0.999]
+    return lo <= x <= hi and fp32 * 0.999 <= x <= fp32 * TENSOR_OVER_FP32_MAX and all(x >= w * 0.999 for w in wider)
+
+
 _FORCE = "or pass --force (in Python wattcast.allow_exotic()) for a deliberately exotic value"
 
 
@@ -842,7 +860,7 @@ class DeviceSpecModel(BaseModel):
             if v is not None and v < s.peak_fp32_tflops * 0.999:
                 # a reduced-precision matrix peak below vector FP32 means a typo (or a non-tensor figure)
                 unit = (f" ({s.peak_fp32_tflops / v:,.0f}x below: was it given in PFLOP/s?)"
-                        if v * 100 < s.peak_fp32_tflops else "")
+                        if _pflops_reading(s, f, v) else "")
                 raise problem("wc_rule", f"field '{f}' ({v}) is below peak_fp32_tflops ({s.peak_fp32_tflops}){unit}; "
                               "reduced-precision and FP32 matrix peaks are dense tensor/matrix figures and are never "
                               "slower than vector FP32")
