@@ -292,7 +292,9 @@ def normalise_name(name: str) -> str:
 #: 8-288 GB; 192 GB/s-8 TB/s; L2 2-126 MB; 3-16 nm; launch prices 2,800-33,600 USD), and they are tight enough at
 #: the bottom that a figure given in the unit 1,000x larger is caught: a bandwidth of 8 (B200's TB/s) is under 50 GB/s,
 #: an L2 of 0.05 (GB) under 0.25 MB (a 256 KB L2, the smallest of any CUDA GPU), a price of 33.6 (thousands of USD)
-#: under 50 USD. A slower device (an embedded GPU's 25-60 GB/s) needs --force.
+#: under 50 USD. A slower device (an embedded GPU's 25-60 GB/s) needs --force. The memory floor alone does not catch
+#: the largest GPUs' TB figures (B300's 0.27, MI355X's 0.288), nor the ceiling a small card's MB figure (4096 for 4 GB):
+#: :data:`MEMORY_READ_MS_ACCEPTED` checks the memory against the bandwidth.
 PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "tdp_w": (5.0, 5000.0, "kW", "mW", "watts"),
     "idle_power_w": (0.5, 2000.0, "kW", "mW", "watts"),
@@ -330,6 +332,24 @@ TENSOR_OVER_FP32_MAX = 500.0
 
 #: the figures :data:`TENSOR_OVER_FP32_MAX` bounds
 _OVER_FP32 = ("peak_fp32_matrix_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops", "peak_fp8_tflops")
+
+#: the dense peaks a tensor peak is never below (the rules of :class:`DeviceSpecModel`): FP8 at least the 16-bit
+#: rate, the 16-bit rate at least TF32's
+_WIDER: dict[str, tuple[str, ...]] = {"peak_fp8_tflops": ("peak_fp16_tflops", "peak_bf16_tflops"),
+                                      "peak_fp16_tflops": ("peak_tf32_tflops",), "peak_bf16_tflops": ("peak_tf32_tflops",)}
+
+
+def _pflops_reading(values: Any, f: str, v: float) -> bool:
+    """Whether tensor peak ``v`` (field ``f``, below the FP32 peak) reads as a plausible figure 1,000x up, i.e. it
+    was given in PFLOP/s (as NVIDIA's Hopper and Blackwell datasheets print them: H100 FP8 "1,979 TFLOPS" is 1.979
+    PFLOP/s, B200 FP8 "4.5 PFLOPS"): ``v`` x 1,000 is inside the field's :data:`PLAUSIBLE` range, at or above the FP32
+    peak and every next-wider dtype's peak given (:data:`_WIDER`; one itself below FP32 does not count) and at most
+    :data:`TENSOR_OVER_FP32_MAX` x the FP32 peak."""
+    x, fp32 = v * 1000.0, float(values.peak_fp32_tflops)
+    lo, hi = PLAUSIBLE[f][:2]
+    wider = [float(w) for w in (getattr(values, g) for g in _WIDER.get(f, ())) if w is not None and w >= fp32 * 0.999]
+    return lo <= x <= hi and fp32 * 0.999 <= x <= fp32 * TENSOR_OVER_FP32_MAX and all(x >= w * 0.999 for w in wider)
+
 
 _FORCE = "or pass --force (in Python wattcast.allow_exotic()) for a deliberately exotic value"
 
@@ -627,6 +647,39 @@ def _bandwidth_ratio_problem(values: Any) -> str | None:
     return None
 
 
+#: the time to read the whole memory once at the memory bandwidth, ``memory_gb / memory_bandwidth_gbps`` in ms, of the
+#: catalog, (lowest, highest): 17.78 ms (V100-SXM2-16GB, 16 GB at 900 GB/s) to 80.0 ms (L4, 24 GB at 300 GB/s);
+#: ``tests/test_spec_memory_units.py`` recomputes both from ``wattcast devices --json``. Capacity grows with bandwidth
+#: (HBM stacks add both), so a memory given in TB (B300's 270 GB as 0.27) reads 1,000x too fast and one in MB (a 4 GB
+#: card as 4096) 1,000x too slow.
+MEMORY_READ_MS = (17.78, 80.0)
+#: the accepted range of :data:`MEMORY_READ_MS` (refused outside it, lifted by ``--force``): 1 ms (17.8x under the
+#: catalog's least; a TB figure of any catalog device reads in 0.08 ms or less, 12.5x under it) to 2,000 ms (25x over
+#: the catalog's most, room for unified LPDDR memory: NVIDIA GB10 / DGX Spark, 128 GB at 273 GB/s, reads in 469 ms; an
+#: MB figure of any catalog device reads in 17.8 s or more, 8.9x over it)
+MEMORY_READ_MS_ACCEPTED = (1.0, 2000.0)
+
+
+def _memory_read_problem(values: Any) -> str | None:
+    """A message when ``memory_gb`` read once at ``memory_bandwidth_gbps`` takes a time outside
+    :data:`MEMORY_READ_MS_ACCEPTED`, naming the unit the memory was likely given in: TB under it, MB over it (inside
+    the single-figure ranges of :data:`PLAUSIBLE`, 1,000x the other way always lands in the accepted range: 0.25 GB at
+    200,000 GB/s reads in 1.25 us, 5,000 GB at 50 GB/s in 100 s); None inside it or under ``--force``."""
+    if exotic_allowed():
+        return None
+    mem, bw = float(values.memory_gb), float(values.memory_bandwidth_gbps)
+    ms, (lo, hi), (clo, chi) = mem / bw * 1000.0, MEMORY_READ_MS_ACCEPTED, MEMORY_READ_MS
+    if lo <= ms <= hi:
+        return None
+    low = ms < lo
+    hint = (f"was it given in TB? Give it in GB ({mem:g} TB is {mem * 1000:g} GB)" if low else
+            f"was it given in MB (or MiB)? Give it in GB ({mem:g} MB is {mem / 1000:g} GB, {mem:g} MiB "
+            f"{mem / 1024:g} GiB)")
+    where = f"{lo / ms:.3g}x under" if low else f"{ms / hi:.3g}x over"
+    return (f"field 'memory_gb' ({mem:g}) is read whole in {ms:.3g} ms at memory_bandwidth_gbps ({bw:g}), {where} the "
+            f"{lo:g}-{hi:g} ms accepted (the catalog's {clo:g} ms V100-SXM2-16GB to {chi:g} ms L4): {hint}, {_FORCE}")
+
+
 #: AMD stream processors (lanes) per CU on every CDNA (and GCN/RDNA) GPU: 4 SIMD units x 16 lanes (AMD CDNA 3
 #: architecture whitepaper: "each CU ... four SIMD units", 16-wide; the CDNA 1/2 whitepapers the same; MI300X's 19,456
 #: stream processors over 304 CUs = 64)
@@ -780,7 +833,7 @@ _OptionalText = Annotated[Any, AfterValidator(optional(text()))]
 class DeviceSpecModel(BaseModel):
     """The validation model of a device spec (the fields of :class:`DeviceSpec`, in the order problems are
     reported): types, required fields, positive finite figures, plausible ranges (units off by 1,000x: each figure
-    alone, FP32 peaks against SMs x clock, tensor peaks against FP32; lifted by
+    alone, FP32 peaks against SMs x clock, tensor peaks against FP32, memory against bandwidth; lifted by
     :func:`wattcast.data.checks.allow_exotic` / ``--force``) and the consistency rules a datasheet never breaks.
     Validated with ``context={"cite": True}`` it also asks every figure for a citation (the rule of spec files).
     Values are checked, never converted: a :class:`DeviceSpec` holds what it was given."""
@@ -842,7 +895,7 @@ class DeviceSpecModel(BaseModel):
             if v is not None and v < s.peak_fp32_tflops * 0.999:
                 # a reduced-precision matrix peak below vector FP32 means a typo (or a non-tensor figure)
                 unit = (f" ({s.peak_fp32_tflops / v:,.0f}x below: was it given in PFLOP/s?)"
-                        if v * 100 < s.peak_fp32_tflops else "")
+                        if _pflops_reading(s, f, v) else "")
                 raise problem("wc_rule", f"field '{f}' ({v}) is below peak_fp32_tflops ({s.peak_fp32_tflops}){unit}; "
                               "reduced-precision and FP32 matrix peaks are dense tensor/matrix figures and are never "
                               "slower than vector FP32")
@@ -874,6 +927,9 @@ class DeviceSpecModel(BaseModel):
         if msg:
             raise problem("wc_plausible", msg)
         msg = _bandwidth_ratio_problem(s)
+        if msg:
+            raise problem("wc_plausible", msg)
+        msg = _memory_read_problem(s)  # memory in TB or MB (after the bandwidth's own checks: it is the reference)
         if msg:
             raise problem("wc_plausible", msg)
         if s.cores_per_sm and s.vendor == "amd" and s.cores_per_sm != AMD_STREAM_PROCESSORS_PER_CU and not exotic_allowed():

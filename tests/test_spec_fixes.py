@@ -113,6 +113,39 @@ def test_tensor_peak_in_another_unit_than_fp32_is_named(kw, msg):
         dataclasses.replace(resolve_device("Tesla-T4"), **kw)
 
 
+# a tensor peak in PFLOP/s as NVIDIA's Hopper/Blackwell datasheets print them (audit 54b, finding 2): 15-70x under the
+# FP32 peak, where the hint used to need 100x
+@pytest.mark.parametrize("device,kw,below", [
+    ("H100-SXM5-80GB", dict(peak_fp8_tflops=1.979), 34),   # "FP8 Tensor Core 3,958 teraFLOPS*" (sparse), 1,979 dense
+    ("H100-SXM5-80GB", dict(peak_bf16_tflops=0.9894), 68),
+    ("B200", dict(peak_fp8_tflops=4.5), 17),                # "FP8 ... 4.5 PFLOPS" (dense)
+    ("B200", dict(peak_bf16_tflops=2.25, peak_fp16_tflops=2.25, peak_tf32_tflops=1.1, peak_fp8_tflops=4.5), 68),
+    ("MI300X", dict(peak_fp8_tflops=2.6149), 62),
+    ("Tesla-T4", dict(peak_fp16_tflops=0.065), 125),        # 125x: named before too
+])
+def test_tensor_peak_in_pflops_names_the_unit(device, kw, below):
+    s = resolve_device(device)
+    f = next(iter(kw)) if len(kw) == 1 else "peak_tf32_tflops"  # the first below FP32 in the check order
+    with pytest.raises(DeviceSpecError, match=rf"field '{f}' \({kw[f]}\) is below peak_fp32_tflops "
+                                              rf"\({s.peak_fp32_tflops}\) \({below}x below: was it given in PFLOP/s\?\)"):
+        dataclasses.replace(s, name="mine", aliases=(), **kw)
+
+
+@pytest.mark.parametrize("device,kw", [
+    ("H100-SXM5-80GB", dict(peak_bf16_tflops=50.0)),   # 50,000 would be 747x FP32: over the 500x of any GPU
+    ("H100-SXM5-80GB", dict(peak_fp8_tflops=0.5)),     # 500 would be under the BF16 989.4 FP8 never runs below
+    ("H100-SXM5-80GB", dict(peak_bf16_tflops=0.05)),   # 50 would still be under FP32 (the hint fired at 1,338x)
+])
+def test_a_wrong_tensor_peak_that_is_no_pflops_figure_keeps_its_message(device, kw):
+    s = resolve_device(device)
+    (f, v), = kw.items()
+    with pytest.raises(DeviceSpecError) as e:
+        dataclasses.replace(s, name="mine", aliases=(), **kw)
+    assert str(e.value) == (f"device 'mine': field '{f}' ({v}) is below peak_fp32_tflops ({s.peak_fp32_tflops}); "
+                            "reduced-precision and FP32 matrix peaks are dense tensor/matrix figures and are never "
+                            "slower than vector FP32")
+
+
 # ------------------------------------------------------------------ 2. TF32 above the 16-bit peak
 @pytest.mark.parametrize("kw,half", [
     (dict(peak_tf32_tflops=1000.0, peak_fp16_tflops=165.0, peak_bf16_tflops=None), "peak_fp16_tflops"),
