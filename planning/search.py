@@ -1338,9 +1338,22 @@ def _run_row(fp) -> dict:
                 grid_kgco2e_per_kwh=fp.grid_kgco2e_per_kwh, grid_region=fp.grid_region or "",
                 grid_basis=fp.grid_basis, grid_source=src.get("grid_kgco2e_per_kwh", ""),
                 # the site's own intensity: the region's (table) or one the caller gave; False for the world average
+                # (a country whose upstream figure is missing takes the world average: not specific either)
                 grid_region_specific=fp.grid_basis == "explicit" or (bool(fp.grid_region) and
-                                                                    str(fp.grid_region).lower() != "world"),
+                                                                    str(fp.grid_region).lower() != "world" and
+                                                                    _grid_is_regions_own(fp.grid_region)),
                 pue=fp.pue)
+
+
+def _grid_is_regions_own(region: str) -> bool:
+    """Whether the shipped grid intensity of ``region`` is the region's own (not the world average standing in for a
+    missing country figure: ``data.carbon.missing_country_rows``)."""
+    from wattcast.data.carbon import grid_intensity
+
+    try:
+        return grid_intensity(str(region)).region_specific
+    except ValueError:  # a region the footprint resolved is in the table; anything else is not its own
+        return False
 
 
 def _nonneg(name: str, v) -> float | None:
