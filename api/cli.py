@@ -1191,7 +1191,7 @@ def search(
     con = Console()
     if not con.is_terminal:  # piped or captured: room for every column
         con = Console(width=200)
-    many = len(cluster) > 1
+    many = len(res.clusters) > 1  # the distinct clusters (a repeat is searched once)
     top = SEARCH_TABLE_TOP if top is None else top
     shown = res.ranked.head(top)
     by = {"time": "step time", "cost": f"cloud cost ({pricing or 'on-demand'})", "tco": "TCO", "co2e": "CO2e",
@@ -1402,6 +1402,8 @@ def sweep(
         sp = load_spec(spec)
     except SweepSpecError as e:
         _fail(escape(str(e)))  # messages quote [ray], not markup
+    for n in sp.notes:  # a value given twice: run once, said
+        err.print(f"[yellow]note: {escape(n)}[/yellow]", soft_wrap=True)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=err) as prog:

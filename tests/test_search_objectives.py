@@ -407,3 +407,16 @@ def test_cli_unmet_constraint_and_table_show_small_needs_in_significant_figures(
     best = d["ranked"][0]
     for k in ("run_days", "run_energy_mwh", "run_tco2e"):
         assert best[k] > 0 and _sig(best[k]) in out and _sig(best[k]) not in ("0", "0.00"), k
+
+
+def test_a_cluster_given_twice_is_searched_once_and_said():
+    """--cluster DGX-H100 --cluster dgx-h100: one cluster (the rows of a single search, not each twice), a warning."""
+    one = wattcast.search(MODEL, CLUSTER, **JOB)
+    two = wattcast.search(MODEL, [CLUSTER, "dgx-h100"], **JOB)
+    assert len(two.ranked) == len(one.ranked) and two.clusters == one.clusters == [CLUSTER]
+    assert list(two.ranked["strategy"]) == list(one.ranked["strategy"])
+    assert any("'dgx-h100' is DGX-H100 again" in w and "searched once" in w for w in two.warnings)
+    r = run(*CLI, "--cluster", "dgx-h100", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["ranked_total"] == len(one.ranked) and len({x["strategy"] for x in d["ranked"]}) == len(d["ranked"])
