@@ -71,6 +71,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -838,6 +839,10 @@ def task_homes(tasks: list[dict], workers: list[str]) -> dict[str, list[str]]:
     return home
 
 
+#: a part's file name: part-<task id, 16 hex digits>.parquet (a user's part-mine.parquet is not one)
+_SWEEP_PART = re.compile(r"part-[0-9a-f]{16}\.parquet")
+
+
 def _part_path(folder: Path, task_id: str) -> Path:
     return folder / f"part-{task_id}.parquet"
 
@@ -976,10 +981,21 @@ def _prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bo
     have = done_tasks(out)
     record_path = out / FOLDER_RECORD
     record = _read_record(record_path)
-    if overwrite:
-        for i in have:
+    # a file the sweep did not write (not a part-<16 hex>.parquet, not a name pyarrow's dataset read skips: a leading
+    # "_" or "."): pandas.read_parquet(OUT) would fail on it, so the folder is refused, naming it, unless --overwrite
+    # (which keeps it: only the sweep's own parts are ever removed)
+    others = sorted(p.name for p in out.iterdir() if not (_SWEEP_PART.fullmatch(p.name) or p.name[:1] in "_.")) \
+        if out.is_dir() else []
+    if others and not overwrite:
+        raise SweepSpecError(f"output {out} holds files a sweep did not write ({', '.join(others[:5])}"
+                             + (f" and {len(others) - 5} more" if len(others) > 5 else "") + "), which "
+                             "pandas.read_parquet(OUT) cannot read: give a new output folder (--output), or --overwrite "
+                             "to write beside them (they are kept)")
+    if overwrite:  # only the parts this folder's record says a sweep wrote (its own naming and record)
+        recorded = set((record or {}).get("tasks") or {})
+        for i in sorted(have & recorded):
             _part_path(out, i).unlink(missing_ok=True)
-        have = set()
+        have = have - recorded
     foreign = sorted(have - ids)
     recorded = (record or {}).get("tasks") or {}
     keys = {i: tuple(recorded[i]["key"]) for i in foreign
@@ -1045,12 +1061,12 @@ def done_tasks(folder: Path) -> set[str]:
     """Task ids whose part is already in ``folder`` (a rerun skips them)."""
     if not folder.is_dir():
         return set()
-    return {p.stem[len("part-"):] for p in folder.glob("part-*.parquet")}
+    return {p.stem[len("part-"):] for p in folder.glob("part-*.parquet") if _SWEEP_PART.fullmatch(p.name)}
 
 
 def read_sweep(folder: str | Path) -> pd.DataFrame:
     """Every part of a sweep's output folder as one table."""
-    parts = sorted(Path(folder).glob("part-*.parquet"))
+    parts = sorted(p for p in Path(folder).glob("part-*.parquet") if _SWEEP_PART.fullmatch(p.name))  # not a user's
     if not parts:
         return pd.DataFrame(columns=list(TASK_COLUMNS))
     df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)

@@ -190,3 +190,19 @@ def test_a_value_given_twice_is_one_task_and_said():
     assert len(spec.notes) == 3 and all("run once" in n for n in spec.notes)
     assert any("'dgx-h100' repeats 'DGX-H100'" in n for n in spec.notes)
     assert load_spec(SPEC).notes == ()
+
+
+def test_output_folder_with_other_files_is_refused_and_overwrite_keeps_them(tmp_path):
+    """A folder holding a file the sweep did not write is refused, naming it; --overwrite writes beside it and removes
+    only the parts its record says a sweep wrote, never a user's part-mine.parquet."""
+    out = tmp_path / "uo"
+    out.mkdir()
+    (out / "notes.txt").write_text("x")
+    with pytest.raises(SweepSpecError, match="notes.txt"):
+        run_sweep(SPEC, out, workers=0)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    (out / "part-mine.parquet").write_text("mine")
+    run_sweep(SPEC, out, workers=0, overwrite=True)
+    run_sweep(SPEC, out, workers=0, overwrite=True)
+    assert (out / "part-mine.parquet").read_text() == "mine" and (out / "notes.txt").read_text() == "x"
+    assert len(read_sweep(out)) == 1
