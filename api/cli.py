@@ -119,7 +119,8 @@ def _output_file(path: Path, what: str, suffixes: tuple[str, ...] = (), protect:
         if p is not None and _same_file(path, p):
             _fail(f"{what} {path} is the input file; refusing to overwrite it")
     if overwrite is False and path.exists():
-        _fail(f"{what} {path} already exists; pass --overwrite to replace it, or give another file name")
+        _fail(f"{what} {path} already exists; refusing to overwrite it (pass --overwrite to replace it, or give another "
+              "file name)")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -133,6 +134,17 @@ def _same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # either is missing (or unreadable): not one file
         return False
+
+
+def _sig(v: float, digits: int = 3) -> str:
+    """``v`` to ``digits`` significant figures, never rounded to 0 when it is not: 0.0078 -> '0.0078', 6.9e-05 ->
+    '6.9e-05', 56.74 -> '56.7', 12,345.6 -> '12,346' (a whole number once it has ``digits`` digits)."""
+    import math
+
+    v = float(v)
+    if not math.isfinite(v) or v == 0 or abs(v) < 1:
+        return f"{v:.{digits}g}"
+    return f"{v:,.{max(0, digits - 1 - int(math.floor(math.log10(abs(v)))))}f}"
 
 
 def _gb_and_gib(gb: float) -> str:
@@ -1012,8 +1024,8 @@ def search(
     max_tco2e: Optional[float] = typer.Option(None, "--max-tco2e", help="Keep runs of at most this many tCO2e, embodied included (needs --tokens)."),
     pareto: bool = typer.Option(False, "--pareto", help="Keep only the Pareto front over run time x cloud cost x CO2e (needs --tokens)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write every kept row to FILE (.json, .csv or .parquet, told by the suffix)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Let --output replace an existing file."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: run time vs cloud cost, coloured by CO2e, the Pareto front highlighted (needs --tokens)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Let --output / --plot replace an existing file."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: run time vs cloud cost, coloured by CO2e, the Pareto front highlighted (needs --tokens; an existing file only with --overwrite)."),
     top: Optional[int] = typer.Option(None, "--top", help="Rows to show: the table's (default 10) and, when given, --json's ranked (default every ranked row; --output writes every row)."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
     cp: Optional[List[str]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable or comma-separated: --cp 2,4,8; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
@@ -1086,16 +1098,14 @@ def search(
         _fail("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face config or a "
               "built-in name (an ONNX model can be predicted with `wattcast predict --cluster` and --dp/--pp/--zero)")
     if output is not None:
-        _output_file(output, "--output", _SEARCH_OUTPUT_SUFFIXES)
-        if output.exists() and not overwrite:
-            _fail(f"--output {output} exists; refusing to overwrite it (pass --overwrite to replace it)")
+        _output_file(output, "--output", _SEARCH_OUTPUT_SUFFIXES, overwrite=overwrite)
         if output.suffix.lower() == ".parquet":
             try:
                 import pyarrow  # noqa: F401
             except ImportError:
                 _fail("--output .parquet needs pyarrow (pip install pyarrow), or use .csv or .json")
     if plot is not None:
-        _output_file(plot, "--plot", (".png",))
+        _output_file(plot, "--plot", (".png",), overwrite=overwrite)  # as --output: an existing file only with --overwrite
     # Megatron-Core's overlaps for every candidate: --no-overlap turns them all off; each flag sets its own (as
     # predict's flags; not given: the framework's default); a positive one only where the candidate's rules allow it
     # (planning.search.candidate_overlaps: on wherever possible, not a filter)
@@ -1181,7 +1191,7 @@ def search(
     con = Console()
     if not con.is_terminal:  # piped or captured: room for every column
         con = Console(width=200)
-    many = len(cluster) > 1
+    many = len(res.clusters) > 1  # the distinct clusters (a repeat is searched once)
     top = SEARCH_TABLE_TOP if top is None else top
     shown = res.ranked.head(top)
     by = {"time": "step time", "cost": f"cloud cost ({pricing or 'on-demand'})", "tco": "TCO", "co2e": "CO2e",
@@ -1198,8 +1208,9 @@ def search(
             ("strategy", "strategy", "{}"), ("step ms", "step_time_ms", "{:.1f}"),
             ("90% band ms", "step_time_band_low_ms", "{:.1f}"), ("MFU", "mfu", "{:.1%}"),
             ("GB", "memory_gb", "{:.1f}"), ("fits", "fits", "{}"), ("W/GPU", "avg_power_w", "{:.0f}")] + (
-            [("days", "run_days", "{:,.1f}"), ("cloud $", "run_cloud_usd", "{:,.0f}"), ("TCO $", "run_tco_usd", "{:,.0f}"),
-             ("MWh", "run_energy_mwh", "{:,.2f}"), ("tCO2e", "run_tco2e", "{:,.2f}")] if run else
+            # run figures to 3 significant figures (_sig): a small run's 6.9e-05 tCO2e is not shown as 0.00
+            [("days", "run_days", _sig), ("cloud $", "run_cloud_usd", _sig), ("TCO $", "run_tco_usd", _sig),
+             ("MWh", "run_energy_mwh", _sig), ("tCO2e", "run_tco2e", _sig)] if run else
             [("exposed comm ms", "exposed_comm_ms", "{:.1f}"), ("bubble ms", "bubble_ms", "{:.1f}")]) + (
             # the column the ranking uses: without --tokens, --objective energy ranks by the step's energy
             [("step J", "energy_j", "{:,.0f}")] if str(objective).lower() == "energy" and not run else [])
@@ -1210,9 +1221,10 @@ def search(
             cells = []
             for _, k, fmt in cols:
                 v = r.get(k)
-                cell = "" if pd_isna(v) else ("yes" if v else "NO") if k == "fits" else fmt.format(v)
+                fmt = fmt.format if isinstance(fmt, str) else fmt  # a format string, or a function (_sig)
+                cell = "" if pd_isna(v) else ("yes" if v else "NO") if k == "fits" else fmt(v)
                 if k == "step_time_band_low_ms" and cell:  # the step's 90% band (simulate/step_band.py), low-high
-                    cell += "-" + fmt.format(r.get("step_time_band_high_ms"))
+                    cell += "-" + fmt(r.get("step_time_band_high_ms"))
                 if k == "memory_gb" and r.get("memory_flag") == "tight":
                     cell += " tight"
                 cells.append(cell)
@@ -1299,11 +1311,12 @@ def _fail_if_none_fits(res, limits: dict | None = None, memory_headroom_gb: floa
     if res.ranked.empty:
         fit = every[every["fits"]]
         best = []
-        for flag, col, fmt in (("--max-usd", "run_cloud_usd", "${:,.0f}"), ("--deadline-days", "run_days", "{:,.1f} days"),
-                               ("--max-tco2e", "run_tco2e", "{:,.2f} tCO2e")):
+        # 3 significant figures (_sig): a need of 0.0078 days is not printed as "0.0 days" (as if it were met)
+        for flag, col, fmt in (("--max-usd", "run_cloud_usd", "${}"), ("--deadline-days", "run_days", "{} days"),
+                               ("--max-tco2e", "run_tco2e", "{} tCO2e")):
             lim = (limits or {}).get(flag)
             if lim is not None and col in fit and fit[col].notna().any() and fit[col].min() > lim:
-                best.append(f"{flag} {lim:g}: the best fitting configuration needs {fmt.format(fit[col].min())}")
+                best.append(f"{flag} {lim:g}: the best fitting configuration needs {fmt.format(_sig(fit[col].min()))}")
         _fail(f"no configuration meets the constraints ({len(fit)} fit in memory)" + "".join("; " + b for b in best)
               + ("; each can be met alone, but no configuration meets them together" if not best else ""), code=1)
 
@@ -1389,6 +1402,8 @@ def sweep(
         sp = load_spec(spec)
     except SweepSpecError as e:
         _fail(escape(str(e)))  # messages quote [ray], not markup
+    for n in sp.notes:  # a value given twice: run once, said
+        err.print(f"[yellow]note: {escape(n)}[/yellow]", soft_wrap=True)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=err) as prog:
@@ -1456,7 +1471,7 @@ def regions(
             continue
         ep = electricity_price(n)
         rows.append(dict(region=n, name=g.name, kgco2e_per_kwh=g.kgco2e_per_kwh, basis=g.basis, year=g.year,
-                         grid_source=g.source,
+                         grid_source=g.source, grid_region_specific=g.region_specific,
                          electricity_usd_per_kwh=None if ep is None else ep.usd_per_kwh,
                          electricity_location=None if ep is None else ep.location,
                          electricity_year=None if ep is None else ep.year,
@@ -1472,10 +1487,14 @@ def regions(
         t.add_column(col)
     for r in rows:
         price = r["electricity_usd_per_kwh"]
-        t.add_row(r["region"], r["name"], f"{r['kgco2e_per_kwh']:.3f}", "" if price is None else f"{price:.3f}",
+        t.add_row(r["region"], r["name"], f"{r['kgco2e_per_kwh']:.3f}" + ("" if r["grid_region_specific"] else " *"),
+                  "" if price is None else f"{price:.3f}",
                   "" if price is None else f"{r['electricity_location']} {r['electricity_year']}")
     con = _table_console()
     con.print(t)
+    if not all(r["grid_region_specific"] for r in rows):
+        con.print("*: no figure of the region's own in the source (a missing value): the world average stands in, "
+                  "flagged in a run's output")
     missing = sum(r["electricity_usd_per_kwh"] is None for r in rows)
     con.print(f"USD/kWh: {len(rows) - missing} regions priced (electricity_prices.yaml; figures approximate, see "
               f"--json for each source); {missing} without a price use the global default "

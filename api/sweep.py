@@ -71,6 +71,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -251,6 +252,8 @@ class SweepSpec:
     model_folders: dict = field(default_factory=dict)
     #: run options of every task's footprint (search's footprint_kw, without region), cloud_usd_per_gpu_hour included
     footprint: dict = field(default_factory=dict)
+    #: what load_spec said about the spec (a value given twice, run once); not in any task id
+    notes: tuple = ()
 
     def tasks(self) -> list[dict]:
         """One dict per (model, cluster, gpus, region), with its id."""
@@ -393,6 +396,43 @@ def _as_list(key: str, v: Any) -> tuple:
     return items
 
 
+def _unique(key: str, values: tuple, canon: Callable[[Any], Any], notes: list) -> tuple:
+    """``values`` without the repeats of one value (as ``canon`` names it), first seen kept; each repeat noted."""
+    seen: dict = {}
+    for v in values:
+        k = canon(v)
+        if k in seen:
+            notes.append(f"'{key}': {v!r} repeats {seen[k]!r}" + (f" (both {k})" if str(k) not in (str(v), str(seen[k]))
+                                                                  else "") + ": run once")
+        else:
+            seen[k] = v
+    return tuple(seen.values())
+
+
+def _cluster_key(c: Any) -> Any:
+    """A cluster as it resolves (a preset's canonical name, a file's figures); as given when it does not resolve (the
+    spec check names it)."""
+    from wattcast.data.cluster_spec import resolve_cluster
+
+    try:
+        cl = resolve_cluster(c)
+    except Exception:  # noqa: BLE001 - _resolve_names refuses it, naming it
+        return ("as given", str(c))
+    return cl.name if cluster_fingerprint(c) is None else (cl.name, cluster_fingerprint(c))
+
+
+def _region_key(r: Any) -> Any:
+    """A region as the grid table names it (``FR`` and ``FRA`` are one); as given when unknown or None."""
+    if r is None:
+        return None
+    from wattcast.data.carbon import grid_intensity
+
+    try:
+        return grid_intensity(str(r)).region
+    except (ValueError, KeyError):
+        return ("as given", str(r))
+
+
 def _count(key: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or int(v) < 1:
         raise SweepSpecError(f"sweep spec: '{key}' must be a positive whole number, got {v!r}")
@@ -429,6 +469,12 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
     models, clusters = _as_list("models", raw["models"]), _as_list("clusters", raw["clusters"])
     gpus = tuple(_count("gpus", g) for g in _as_list("gpus", raw["gpus"]))
     regions = _as_list("regions", raw["regions"]) if raw.get("regions") is not None else (None,)
+    # a value given twice (gpus: [8, 8], a preset alias or another spelling of a cluster or region) would run the
+    # same search twice: kept once, in first-seen order, and said
+    notes = []
+    models, clusters, gpus, regions = (_unique(key, vals, canon, notes) for key, vals, canon in (
+        ("models", models, str), ("clusters", clusters, _cluster_key), ("gpus", gpus, int),
+        ("regions", regions, _region_key)))
     tokens = raw.get("tokens")
     if tokens is not None:
         try:
@@ -547,7 +593,8 @@ def load_spec(source: str | Path | dict) -> SweepSpec:
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      optimizer=optimizer, optimizer_impl=optimizer_impl, memory_headroom_gb=headroom_gb,
                      overlaps=_overlaps_option(raw, where),
-                     model_folders={k: v for k, v in folders.items() if v is not None}, footprint=run_opts)
+                     model_folders={k: v for k, v in folders.items() if v is not None}, footprint=run_opts,
+                     notes=tuple(notes))
     _resolve_names(spec, where)
     return spec
 
@@ -629,6 +676,19 @@ def _run_options(raw: dict, tokens, where: str) -> dict:
         check_footprint_kw(opts or None)
     except ValueError as e:
         raise SweepSpecError(f"{where}: 'footprint': {e}") from None
+    # each value checked here as search checks it (lifecycle.assumptions: range, plausibility), naming the spec key, so
+    # a price of 350 USD/GPU-h or a PUE of 0.5 is a spec error, not a sweep of tasks ending in status error
+    from wattcast.lifecycle.assumptions import check_run_options
+
+    top = price is not None
+
+    def key(k: str) -> str:
+        return f"'{k}'" if k == "cloud_usd_per_gpu_hour" and top else f"'footprint.{k}'"
+
+    try:
+        check_run_options(opts, label=key)
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: {e}") from None
     return opts
 
 
@@ -779,6 +839,10 @@ def task_homes(tasks: list[dict], workers: list[str]) -> dict[str, list[str]]:
     return home
 
 
+#: a part's file name: part-<task id, 16 hex digits>.parquet (a user's part-mine.parquet is not one)
+_SWEEP_PART = re.compile(r"part-[0-9a-f]{16}\.parquet")
+
+
 def _part_path(folder: Path, task_id: str) -> Path:
     return folder / f"part-{task_id}.parquet"
 
@@ -917,10 +981,21 @@ def _prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bo
     have = done_tasks(out)
     record_path = out / FOLDER_RECORD
     record = _read_record(record_path)
-    if overwrite:
-        for i in have:
+    # a file the sweep did not write (not a part-<16 hex>.parquet, not a name pyarrow's dataset read skips: a leading
+    # "_" or "."): pandas.read_parquet(OUT) would fail on it, so the folder is refused, naming it, unless --overwrite
+    # (which keeps it: only the sweep's own parts are ever removed)
+    others = sorted(p.name for p in out.iterdir() if not (_SWEEP_PART.fullmatch(p.name) or p.name[:1] in "_.")) \
+        if out.is_dir() else []
+    if others and not overwrite:
+        raise SweepSpecError(f"output {out} holds files a sweep did not write ({', '.join(others[:5])}"
+                             + (f" and {len(others) - 5} more" if len(others) > 5 else "") + "), which "
+                             "pandas.read_parquet(OUT) cannot read: give a new output folder (--output), or --overwrite "
+                             "to write beside them (they are kept)")
+    if overwrite:  # only the parts this folder's record says a sweep wrote (its own naming and record)
+        recorded = set((record or {}).get("tasks") or {})
+        for i in sorted(have & recorded):
             _part_path(out, i).unlink(missing_ok=True)
-        have = set()
+        have = have - recorded
     foreign = sorted(have - ids)
     recorded = (record or {}).get("tasks") or {}
     keys = {i: tuple(recorded[i]["key"]) for i in foreign
@@ -986,12 +1061,12 @@ def done_tasks(folder: Path) -> set[str]:
     """Task ids whose part is already in ``folder`` (a rerun skips them)."""
     if not folder.is_dir():
         return set()
-    return {p.stem[len("part-"):] for p in folder.glob("part-*.parquet")}
+    return {p.stem[len("part-"):] for p in folder.glob("part-*.parquet") if _SWEEP_PART.fullmatch(p.name)}
 
 
 def read_sweep(folder: str | Path) -> pd.DataFrame:
     """Every part of a sweep's output folder as one table."""
-    parts = sorted(Path(folder).glob("part-*.parquet"))
+    parts = sorted(p for p in Path(folder).glob("part-*.parquet") if _SWEEP_PART.fullmatch(p.name))  # not a user's
     if not parts:
         return pd.DataFrame(columns=list(TASK_COLUMNS))
     df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)

@@ -105,6 +105,9 @@ class GridIntensity:
     year: int | None = None
     #: said in a run's notes when the figure is not the region's own (a zone given its country's figure)
     note: str | None = None
+    #: False when the region has no figure of its own and the world average stands in (a country whose upstream
+    #: figure is missing: :func:`missing_country_rows`)
+    region_specific: bool = True
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -276,6 +279,12 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
         note = (f"zone {key}: the shipped zone figure ({row['upstream_gco2e_per_kwh']:g} g/kWh, CodeCarbon "
                 f"nordic_emissions.json) is a placeholder shared by several zones; {row['country']}'s country average "
                 f"{row['gco2e_per_kwh']:g} g/kWh ({year}) is used instead (give --grid-kgco2e-per-kwh for the zone's own)")
+    if table == "countries" and row.get("missing"):
+        note = (f"region {key} ({name}): the shipped country figure ({row['upstream_gco2e_per_kwh']:g} g/kWh, CodeCarbon "
+                f"global_energy_mix.json) is a missing value, not a measurement; the world average "
+                f"{row['gco2e_per_kwh']:g} g/kWh is used instead (give --grid-kgco2e-per-kwh for the country's own)")
+        return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, row.get("year"), note,
+                             region_specific=False)
     return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year, note)
 
 
@@ -682,6 +691,7 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
         for iso, r in sorted(mix.items())
         if r.get("carbon_intensity") is not None and math.isfinite(float(r["carbon_intensity"]))
     }
+    countries.update(missing_country_rows(mix, countries))
 
     def rows(name: str) -> list[dict[str, str]]:
         with open(root / _CC / name, encoding="utf-8-sig", newline="") as fh:
@@ -748,6 +758,27 @@ def build_grid_table(data_root: str | Path) -> dict[str, Any]:
         "cloud_regions": dict(sorted(cloud.items())),
         "zones": zones,
     }
+
+
+def missing_country_rows(mix: Mapping[str, Mapping[str, Any]], countries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The country rows whose upstream ``carbon_intensity`` (CodeCarbon global_energy_mix.json, ``mix``) is 0 while the
+    same row records generation (``total_TWh`` > 0): a missing value, not a measurement, since every source has a
+    nonzero lifecycle intensity (the fossil-free rows of the same file: ALB 24.3, BTN 23.3, COD 24.5, ISL 27.7, LSO 20,
+    NPL 24.4, PRY 23.8 g/kWh; CAF, 0.15 TWh of hydro in 2022, reads 0.0). Such a row takes the world average (the
+    figure used when no region is given, :func:`_world_entry`) and says so (``missing``, ``upstream_gco2e_per_kwh``,
+    ``source``); the lookup flags it in a run's notes and the run is not region-specific. No figure is made up."""
+    world = _world_entry()
+    out: dict[str, Any] = {}
+    for iso, row in countries.items():
+        total = float(mix[iso].get("total_TWh") or 0.0)
+        if row["gco2e_per_kwh"] == 0.0 and total > 0:
+            out[iso] = dict(row, gco2e_per_kwh=float(world["gco2e_per_kwh"]), year=int(world["year"]), missing=True,
+                            upstream_gco2e_per_kwh=0.0,
+                            source=(f"world average {world['gco2e_per_kwh']:g} g/kWh ({world['source'].split(';')[0]}), "
+                                    f"used for {iso}: CodeCarbon global_energy_mix.json gives {row['year']} "
+                                    f"carbon_intensity 0 g/kWh with {total:g} TWh generated (a missing value: every "
+                                    "fossil-free row of the file has 20-28 g/kWh)"))
+    return out
 
 
 #: the country (ISO 3166-1 alpha-3) of a bidding zone, by the ISO 3166-1 alpha-2 code its name starts with (Nord Pool's

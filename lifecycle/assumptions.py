@@ -229,3 +229,15 @@ def assumptions_from_options(assumptions: LifecycleAssumptions | None = None, *,
         _validated(over, _option_label)
     a = assumptions or LifecycleAssumptions()
     return replace(a, **over) if over else a
+
+
+def check_run_options(values: dict[str, Any], label: Callable[[str], str] = _option_label) -> None:
+    """The options of :func:`assumptions_from_options` among ``values`` (others are left to their own checks), checked
+    as it checks them; a ValueError names the option as ``label`` gives it (a sweep spec: its key)."""
+    import inspect
+
+    names = [p for p in inspect.signature(assumptions_from_options).parameters if p != "assumptions"]
+    over = {k: v for k, v in values.items() if k in names and v is not None}
+    if over:
+        _validated(over, label)
+

@@ -104,6 +104,9 @@ class SearchResult:
     #: strategy has but rejected ones do, what ``wattcast search`` notes under its table and ``--json`` gives as
     #: ``dropped_values`` (:func:`dropped_values`): option, value, rejected, rule (the most common), note
     dropped_values: list = field(default_factory=list)
+    #: the names of the clusters searched, each once, in the order given (a cluster given twice, as a preset alias
+    #: or another spelling, is searched once and said in ``warnings``)
+    clusters: list = field(default_factory=list)
 
     def invalid_reason(self, top: int = 3) -> str:
         """Why no configuration is valid, in one line: the job-level reasons of :attr:`why_none`, then the ``top``
@@ -727,8 +730,18 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         space["cp"] = (1,)
     resolved = []
     run_kw: dict[str, dict] = {}  # per cluster: footprint_kw with the cluster spec's own cloud price, if it has one
+    given_as: dict[str, str] = {}  # per cluster name searched, how it was first given
+    repeats: list[str] = []  # a cluster given again (a preset alias, another spelling): searched once, said so
     for c in clusters:
         cl = using_gpus_per_node(resolve_cluster(c), gpus_per_node)
+        if cl.name in given_as:
+            first = next(r for r, _ in resolved if r.name == cl.name)
+            if cl != first:  # rows are told apart by the cluster's name: two different clusters cannot share it
+                raise ValueError(f"cluster {_label(c)} and cluster {given_as[cl.name]} are both named {cl.name!r} but "
+                                 "differ; give each its own name")
+            repeats.append(f"cluster {_label(c)} is {cl.name} again (given as {given_as[cl.name]}): searched once")
+            continue
+        given_as[cl.name] = _label(c)
         spec = resolve_device(cl.device)  # the run's cost uses this spec's own figures
         probe = None
         run_kw[cl.name] = cluster_cloud_kw(cl, dict(footprint_kw or {}), (footprint_kw or {}).get("assumptions"))
@@ -746,7 +759,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     # the clusters' and GPUs', each once (one GPU on two clusters: its peak-ratio note once)
     from wattcast.featurize.hf_config import model_warnings
 
-    warnings = list(dict.fromkeys([*model_warnings(hf, seq), *(w for cl, spec in resolved for w in spec_notes(cl, spec)),
+    warnings = list(dict.fromkeys([*repeats, *model_warnings(hf, seq), *(w for cl, spec in resolved for w in spec_notes(cl, spec)),
                                    *deepspeed_zero_search_notes(canonical_framework(framework), dtype,
                                                                 grad_accum_dtype,
                                                                 space.get("zero") or _choices("zero", None))]))
@@ -815,7 +828,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
         return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings + cap_notes,
-                            dropped_values(asked, outcomes, generated, skipped, max_configs))
+                            dropped_values(asked, outcomes, generated, skipped, max_configs),
+                            [cl.name for cl, _ in resolved])
     row_cols = list(_ROW_COLUMNS + run_cols)
     if tokens is not None:  # run_pareto is computed over the whole frame below
         pareto_at = row_cols.index("run_pareto")
@@ -835,7 +849,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ranked_clusters = set(df["cluster"])
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
-                        dropped_values(asked, outcomes, generated, skipped, max_configs))
+                        dropped_values(asked, outcomes, generated, skipped, max_configs), [cl.name for cl, _ in resolved])
 
 
 def checked_memory_headroom_gb(value) -> float:
@@ -1354,9 +1368,27 @@ def _run_row(fp) -> dict:
                 grid_kgco2e_per_kwh=fp.grid_kgco2e_per_kwh, grid_region=fp.grid_region or "",
                 grid_basis=fp.grid_basis, grid_source=src.get("grid_kgco2e_per_kwh", ""),
                 # the site's own intensity: the region's (table) or one the caller gave; False for the world average
+                # (a country whose upstream figure is missing takes the world average: not specific either)
                 grid_region_specific=fp.grid_basis == "explicit" or (bool(fp.grid_region) and
-                                                                    str(fp.grid_region).lower() != "world"),
+                                                                    str(fp.grid_region).lower() != "world" and
+                                                                    _grid_is_regions_own(fp.grid_region)),
                 pue=fp.pue)
+
+
+def _label(cluster) -> str:
+    """How a cluster was given, for a message: its preset name or file as written, or a spec's name."""
+    return repr(getattr(cluster, "name", None) or str(cluster))
+
+
+def _grid_is_regions_own(region: str) -> bool:
+    """Whether the shipped grid intensity of ``region`` is the region's own (not the world average standing in for a
+    missing country figure: ``data.carbon.missing_country_rows``)."""
+    from wattcast.data.carbon import grid_intensity
+
+    try:
+        return grid_intensity(str(region)).region_specific
+    except ValueError:  # a region the footprint resolved is in the table; anything else is not its own
+        return False
 
 
 def _nonneg(name: str, v) -> float | None:

@@ -127,3 +127,29 @@ def test_cli_regions_and_footprint_with_a_european_cloud_region():
     r_de = runner.invoke(app, ["footprint", "-d", "h100", "--gpus", "8", "--hours", "10", "--avg-power-w", "500",
                                "--region", "DEU", "--json"])
     assert json.loads(r_de.stdout)["operational_tco2e"] == pytest.approx(d["operational_tco2e"], rel=1e-12)
+
+
+def test_a_country_whose_upstream_figure_is_missing_takes_the_world_average_flagged():
+    """CodeCarbon's CAF row reads carbon_intensity 0.0 with 0.15 TWh of hydro generated, a missing value (every other
+    fossil-free row is 20-28 g/kWh): the world average stands in, said in the run's notes, not region-specific; no other
+    country reads 0."""
+    countries = _table()["countries"]
+    assert [k for k, r in countries.items() if r["gco2e_per_kwh"] == 0] == []
+    row = countries["CAF"]
+    assert row["missing"] is True and row["upstream_gco2e_per_kwh"] == 0.0
+    g, world = carbon.grid_intensity("CAF"), carbon.world_grid_intensity()
+    assert g.kgco2e_per_kwh == world.kgco2e_per_kwh == 0.481 and not g.region_specific
+    assert "missing value" in g.note and "--grid-kgco2e-per-kwh" in g.note
+    assert carbon.grid_intensity("COD").region_specific and carbon.grid_intensity("COD").note is None
+    import wattcast
+
+    fp = wattcast.footprint("H100-SXM5-80GB", 8, 10.0, region="CAF")
+    assert fp.operational_tco2e > 0 and fp.grid_kgco2e_per_kwh == 0.481 and any("CAF" in f and "missing value" in f for f in fp.flags)
+    r = runner.invoke(app, ["regions", "CAF", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)[0]["grid_region_specific"] is False
+
+
+def test_rebuild_marks_the_missing_country_figure(data_root):
+    table = carbon.build_grid_table(data_root)
+    assert table["countries"] == _table()["countries"]  # the shipped rows are the rebuild's
+    assert table["countries"]["CAF"]["missing"] and table["countries"]["CAF"]["gco2e_per_kwh"] == 481.0

@@ -366,3 +366,57 @@ def test_search_looks_up_the_model_file_once_not_per_candidate(monkeypatch, tmp_
         os.utime(f, (2e9, 2e9))
         assert hf_config.load_hf_config(str(f)) == first  # pinned: looked up once inside the block
     assert hf_config.load_hf_config(str(f)).n_layers == 5
+
+
+# ------------------------------------------------------------------------------------------------ audit 54
+def test_cli_plot_refuses_an_existing_file_without_overwrite(tmp_path):
+    """--plot, as --output (and predict --plot): an existing file is refused before any work, kept as it was."""
+    png = tmp_path / "p.png"
+    png.write_text("precious")
+    r = run(*CLI, "--tokens", "1e9", "--plot", png)
+    assert r.exit_code == 2 and f"--plot {png} already exists; refusing to overwrite it" in flat(r.stderr)
+    assert png.read_text() == "precious"
+    r = run(*CLI, "--tokens", "1e9", "--plot", png, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sig_figures_never_read_as_zero():
+    from wattcast.cli import _sig
+
+    assert [_sig(v) for v in (6.9e-5, 0.0078, 0.5, 1.234, 56.74, 12345.6, 0.0)] == [
+        "6.9e-05", "0.0078", "0.5", "1.23", "56.7", "12,346", "0"]
+
+
+def test_cli_unmet_constraint_and_table_show_small_needs_in_significant_figures():
+    """A 1e9-token gpt2_medium run needs a fraction of a day and of a tonne: the message says how much (not 0.0), and
+    the table's days / MWh / tCO2e columns show each row's own figure (not 0.00)."""
+    r = run(*CLI, "--tokens", "1e9", "--deadline-days", "1e-6", "--max-tco2e", "1e-6")
+    assert r.exit_code == 1, r.output
+    msg = flat(r.stderr)
+    d = json.loads(run(*CLI, "--tokens", "1e9", "--json").stdout)
+    fit = [x for x in d["ranked"] if x["fits"]]
+    from wattcast.cli import _sig
+
+    days, co2 = min(x["run_days"] for x in fit), min(x["run_tco2e"] for x in fit)
+    assert 0 < days < 0.05 and 0 < co2 < 0.005  # rounded to 0.0 days / 0.00 tCO2e by the old formats
+    assert f"--deadline-days 1e-06: the best fitting configuration needs {_sig(days)} days" in msg
+    assert f"--max-tco2e 1e-06: the best fitting configuration needs {_sig(co2)} tCO2e" in msg
+    assert "needs 0.0 days" not in msg and "needs 0.00 tCO2e" not in msg
+    out = flat(run(*CLI, "--tokens", "1e9").stdout)
+    best = d["ranked"][0]
+    for k in ("run_days", "run_energy_mwh", "run_tco2e"):
+        assert best[k] > 0 and _sig(best[k]) in out and _sig(best[k]) not in ("0", "0.00"), k
+
+
+def test_a_cluster_given_twice_is_searched_once_and_said():
+    """--cluster DGX-H100 --cluster dgx-h100: one cluster (the rows of a single search, not each twice), a warning."""
+    one = wattcast.search(MODEL, CLUSTER, **JOB)
+    two = wattcast.search(MODEL, [CLUSTER, "dgx-h100"], **JOB)
+    assert len(two.ranked) == len(one.ranked) and two.clusters == one.clusters == [CLUSTER]
+    assert list(two.ranked["strategy"]) == list(one.ranked["strategy"])
+    assert any("'dgx-h100' is DGX-H100 again" in w and "searched once" in w for w in two.warnings)
+    r = run(*CLI, "--cluster", "dgx-h100", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["ranked_total"] == len(one.ranked) and len({x["strategy"] for x in d["ranked"]}) == len(d["ranked"])

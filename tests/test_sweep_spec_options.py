@@ -160,3 +160,49 @@ def test_search_names_the_overlaps_option_for_an_overlap_flag():
     with pytest.raises(ValueError, match=re.escape("give it in overlaps={'tp_comm_overlap': True or False}")):
         wattcast.search("llama3_8b", "DGX-H100", 8, 16, 2048, framework="megatron", max_configs=5,
                         tp_comm_overlap=False)
+
+
+# ------------------------------------------------------------------------------------------------ audit 54
+@pytest.mark.parametrize("patch, needle", [
+    (dict(tokens=1e9, cloud_usd_per_gpu_hour=350), "'cloud_usd_per_gpu_hour' is 350, over 30"),
+    (dict(tokens=1e9, footprint=dict(pue=0.5)), "'footprint.pue' must be >= 1"),
+    (dict(tokens=1e9, footprint=dict(cloud_usd_per_gpu_hour=350)), "'footprint.cloud_usd_per_gpu_hour' is 350"),
+    (dict(tokens=1e9, footprint=dict(lifetime_years=-1)), "'footprint.lifetime_years'"),
+])
+def test_run_option_values_are_spec_errors_naming_the_key(tmp_path, patch, needle):
+    """A bad run option is refused when the spec is read (naming its key), as search refuses it: no task runs."""
+    with pytest.raises(SweepSpecError, match=re.escape(needle)):
+        load_spec(dict(SPEC, **patch))
+    with pytest.raises(SweepSpecError):
+        run_sweep(dict(SPEC, **patch), tmp_path / "out", workers=0)
+    assert not (tmp_path / "out").exists()
+    assert load_spec(dict(SPEC, tokens=1e9, cloud_usd_per_gpu_hour=3.5, footprint=dict(pue=1.1))).footprint == dict(
+        cloud_usd_per_gpu_hour=3.5, pue=1.1)
+
+
+def test_a_value_given_twice_is_one_task_and_said():
+    """gpus: [8, 8], a preset in two spellings, a region as ISO2 and ISO3: one task each, first spelling kept (its
+    task id unchanged), and a note per repeat."""
+    spec = load_spec(dict(SPEC, gpus=[8, 8], clusters=["DGX-H100", "dgx-h100"], tokens=1e9, regions=["FR", "FRA"]))
+    assert spec.gpus == (8,) and spec.clusters == ("DGX-H100",) and spec.regions == ("FR",)
+    assert len(spec.tasks()) == 1
+    assert spec.tasks()[0]["task_id"] == load_spec(dict(SPEC, tokens=1e9, regions=["FR"])).tasks()[0]["task_id"]
+    assert len(spec.notes) == 3 and all("run once" in n for n in spec.notes)
+    assert any("'dgx-h100' repeats 'DGX-H100'" in n for n in spec.notes)
+    assert load_spec(SPEC).notes == ()
+
+
+def test_output_folder_with_other_files_is_refused_and_overwrite_keeps_them(tmp_path):
+    """A folder holding a file the sweep did not write is refused, naming it; --overwrite writes beside it and removes
+    only the parts its record says a sweep wrote, never a user's part-mine.parquet."""
+    out = tmp_path / "uo"
+    out.mkdir()
+    (out / "notes.txt").write_text("x")
+    with pytest.raises(SweepSpecError, match="notes.txt"):
+        run_sweep(SPEC, out, workers=0)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    (out / "part-mine.parquet").write_text("mine")
+    run_sweep(SPEC, out, workers=0, overwrite=True)
+    run_sweep(SPEC, out, workers=0, overwrite=True)
+    assert (out / "part-mine.parquet").read_text() == "mine" and (out / "notes.txt").read_text() == "x"
+    assert len(read_sweep(out)) == 1

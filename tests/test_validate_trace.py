@@ -62,6 +62,23 @@ def test_validate_trace_bad_input(tmp_path):
     assert r.returncode == 2 and "truncated" in flat(r.stderr) and "Traceback" not in r.stderr
 
 
+def test_trace_without_device_names_each_commands_flag(tmp_path):
+    """A trace recording no GPU: validate trace asks for its own --trace-device (its --device is the GPU predicted on,
+    already given), profile import for its --device; with --trace-device the validation runs."""
+    b = TraceBuilder(devices=())
+    b.doc.pop("deviceProperties")
+    b.op("aten::mm", [[32, 64], [64, 16]], ["c10::Half", "c10::Half"], kernels=(("ampere_fp16_gemm", 8.0),))
+    trace = b.write(tmp_path / "nodev.json", gz=False)
+    r = run_cli("validate", "trace", str(trace), "--device", "A100-SXM4-40GB")
+    msg = flat(r.stderr)
+    assert r.returncode == 2 and "records no GPU" in msg and "(--trace-device)" in msg and "(--device)" not in msg, msg
+    r = run_cli("profile", "import", str(trace), "--output", str(tmp_path / "prof"))
+    assert r.returncode == 2 and "records no GPU" in flat(r.stderr) and "(--device)" in flat(r.stderr)
+    r = run_cli("validate", "trace", str(trace), "--device", "A100-SXM4-40GB", "--trace-device", "A100-SXM4-40GB", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rows"] == 1
+
+
 # ----------------------------------------------------------------------------- real traces
 @pytest.fixture(scope="module")
 def traces(data_root):

@@ -21,7 +21,7 @@ import pandas as pd
 from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.data.profiles.importers import import_files
 from wattcast.data.profiles.kineto import reason_key
-from wattcast.data.profiles.tables import ProfileImportError
+from wattcast.data.profiles.tables import NoTraceDeviceError, ProfileImportError
 
 
 def _stats(meas: np.ndarray, pred: np.ndarray) -> dict:
@@ -50,7 +50,10 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
     from wattcast.data.catalog import resolve_device
 
     spec = resolve_device(device)
-    prof = import_files([Path(p) for p in paths], device=trace_device)
+    try:
+        prof = import_files([Path(p) for p in paths], device=trace_device)
+    except NoTraceDeviceError as e:  # this command gives the trace's GPU by --trace-device (trace_device=), not --device
+        raise e.naming("--trace-device") from None
     k = prof.table("kernels")
     if k.empty:
         raise ProfileImportError(f"{', '.join(map(str, paths))}: no GPU kernel rows to compare "

@@ -31,7 +31,7 @@ from wattcast.data.checks import real_in
 from wattcast.data.collective_ops import canonical_op
 from wattcast.data.profiles.aten_map import ELEM_BYTES, TORCH_DTYPES, map_aten
 from wattcast.data.profiles.devices import device_labels, override_warning
-from wattcast.data.profiles.tables import ProfileImportError
+from wattcast.data.profiles.tables import NoTraceDeviceError, ProfileImportError
 
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime")
 _FLOW_CATS = ("ac2g", "async_cpu_to_gpu")
@@ -301,7 +301,7 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
             + (": a CPU-only profile (profile with ProfilerActivity.CUDA)" if cpu_only else ""))
     devs = trace_devices(doc)
     if device is None and not devs:
-        raise ProfileImportError(f"{p}: the trace records no GPU (no 'deviceProperties'); give the device (--device)")
+        raise NoTraceDeviceError(p)  # names --device (profile import's); validate trace names its --trace-device
     threads: dict[tuple, list] = defaultdict(list)
     has_dims = False
     for e in events:

@@ -41,6 +41,20 @@ class ProfileImportError(ValueError):
     """A profiling file that cannot be read or mapped; the message names the file and what is missing."""
 
 
+class NoTraceDeviceError(ProfileImportError):
+    """A trace that records no GPU (no ``deviceProperties``) imported without a device: the message names the option
+    that gives it, ``flag`` (``profile import``'s ``--device``; :meth:`naming` says another command's, e.g.
+    ``validate trace``'s ``--trace-device``)."""
+
+    def __init__(self, path, flag: str = "--device"):
+        self.path, self.flag = path, flag
+        super().__init__(f"{path}: the trace records no GPU (no 'deviceProperties'); give the device ({flag})")
+
+    def naming(self, flag: str) -> "NoTraceDeviceError":
+        """The same error, naming ``flag`` as the option that gives the device."""
+        return NoTraceDeviceError(self.path, flag)
+
+
 def empty(kind: str) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in TABLE_COLUMNS[kind]})
 
