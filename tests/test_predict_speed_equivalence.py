@@ -154,26 +154,29 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
 
 def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
     """Row by row: a tensor-core ``linear`` (any dtype but fp32) predicted as the bmm of its GEMM (B = 1, B x M rows)
+    (an fp32 ``linear`` with B > 1 as the fp32 linear of its B x M rows, since stop 54)
     by :func:`_reference_gemm_predict`, plus its bias epilogue -- B x M x K adds at the row's matrix rate or K bias
     elements at its DRAM bandwidth, whichever is longer -- with its own roofline (stop 52); every other row as
     :func:`_reference_gemm_predict` predicts it."""
     global MAX_SHAPE_DIM
     canon, err = _reference_normalise(frame)
-    lin = [i for i in range(len(canon)) if err[i] == "" and canon["op"].iloc[i] == "linear"
-           and canon["dtype"].iloc[i] != "fp32"]
-    if not lin:
+    folded = [i for i in range(len(canon)) if err[i] == "" and canon["op"].iloc[i] == "linear"
+              and (canon["dtype"].iloc[i] != "fp32" or float(canon["B"].iloc[i]) != 1)]
+    lin = [i for i in folded if canon["dtype"].iloc[i] != "fp32"]
+    if not folded:
         return _reference_gemm_predict(frame, spec, bundle)
     g = frame.copy()
     cols = list(g.columns)
     opcol = "op" if "op" in g else "OPName"
-    for i in lin:
+    for i in folded:  # an fp32 linear keeps its op, with its B x M rows in M (stop 54)
         b, m = float(canon["B"].iloc[i]), float(canon["M"].iloc[i])
-        g.iloc[i, cols.index(opcol)] = "bmm"
+        if i in lin:
+            g.iloc[i, cols.index(opcol)] = "bmm"
         g.iloc[i, cols.index("B")] = 1
         g.iloc[i, cols.index("M")] = b * m
     out = _reference_gemm_predict(g, spec, bundle)
     # a GEMM of more than 2**40 rows (B x M of a valid linear) is no input typo: predicted, not refused
-    big = [i for i in lin if float(canon["B"].iloc[i]) * float(canon["M"].iloc[i]) > MAX_SHAPE_DIM]
+    big = [i for i in folded if float(canon["B"].iloc[i]) * float(canon["M"].iloc[i]) > MAX_SHAPE_DIM]
     if big:
         saved, MAX_SHAPE_DIM = MAX_SHAPE_DIM, np.inf
         try:
@@ -183,6 +186,8 @@ def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
         for c in res.columns.difference(cols, sort=False):
             out.iloc[big, list(out.columns).index(c)] = res[c].to_numpy()
     out[cols] = frame[cols]  # the input's own columns
+    if not lin:
+        return out
     own = _reference_core(frame.iloc[lin], spec, bundle)["roofline_ms"].to_numpy()
     X = featurize_kernels(canon.iloc[lin], spec)
     roof = out["roofline_ms"].to_numpy(dtype=float).copy()
