@@ -1028,6 +1028,9 @@ def search(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: run time vs cloud cost, coloured by CO2e, the Pareto front highlighted (needs --tokens; an existing file only with --overwrite)."),
     top: Optional[int] = typer.Option(None, "--top", help="Rows to show: the table's (default 10) and, when given, --json's ranked (default every ranked row; --output writes every row)."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
+    tp: Optional[List[str]] = typer.Option(None, "--tp", help="Tensor-parallel degrees to search (repeatable or comma-separated: --tp 4,8; default every power of two up to the GPUs of a node)."),
+    pp: Optional[List[str]] = typer.Option(None, "--pp", help="Pipeline-parallel sizes to search (repeatable or comma-separated: --pp 2,3,6; default every divisor of the GPUs over tp x cp, at most the model's layers)."),
+    micro_batch: Optional[List[str]] = typer.Option(None, "--micro-batch", help="Micro-batch sizes to search (repeatable or comma-separated: --micro-batch 1,2; default every power of two up to 16 that divides the batch per data-parallel rank)."),
     cp: Optional[List[str]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable or comma-separated: --cp 2,4,8; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     cp_comm_type: Optional[List[str]] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE context-parallel communication types to search for cp > 1 candidates (repeatable or comma-separated: p2p, a2a, allgather, a2a+p2p; default p2p)."),
     hierarchical_cp_sizes: Optional[str] = typer.Option(None, "--hierarchical-cp-sizes", help="With --cp-comm-type a2a+p2p: A,B = inner all-to-all and outer ring sizes; a2a+p2p is tried on the candidates with cp = A x B."),
@@ -1120,8 +1123,9 @@ def search(
             _fail(f"--no-overlap turns every overlap off: it cannot be given with {flag}")
         overlaps[name] = v
     # the repeatable list flags: --cp 2 --cp 4 or --cp 2,4 (or both), each element checked naming the flag
-    cp, ep, etp, zero, recompute_num_layers = (
+    tp, pp, micro_batch, cp, ep, etp, zero, recompute_num_layers = (
         _int_list_flag(v, flag, minimum=lo) for v, flag, lo in (
+            (tp, "--tp", 1), (pp, "--pp", 1), (micro_batch, "--micro-batch", 1),
             (cp, "--cp", 1), (ep, "--ep", 1), (etp, "--expert-tensor-parallel-size", 1), (zero, "--zero", 0),
             (recompute_num_layers, "--recompute-num-layers", 1)))
     cp_comm_type = _str_list_flag(cp_comm_type)
@@ -1155,6 +1159,8 @@ def search(
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),
                           moe_token_dispatcher=moe_token_dispatcher_type,
+                          **(dict(tp=tp) if tp else {}), **(dict(pp=pp) if pp else {}),
+                          **(dict(micro_batch=micro_batch) if micro_batch else {}),
                           **(dict(cp=cp) if cp else {}), **(dict(ep=ep) if ep else {}),
                           **(dict(zero=zero) if zero else {}),
                           **(dict(cp_comm_type=cp_comm_type) if cp_comm_type else {}),
