@@ -441,7 +441,19 @@ def _count(key: str, v: Any) -> int:
 
 def load_spec(source: str | Path | dict) -> SweepSpec:
     """A validated :class:`SweepSpec` from a YAML/JSON file or a dict; models, clusters and regions are resolved
-    here, before any task runs."""
+    here, before any task runs. A figure outside its plausible range (a price of 350 USD/GPU-h, a cluster file's NIC in
+    Tbit/s) is a :class:`SweepSpecError` naming the key, without the ``--force`` that ``search`` offers: ``wattcast
+    sweep`` has no such switch, and the tasks run in other processes."""
+    from wattcast.data.checks import without_force_hint
+
+    try:
+        return _load_spec(source)
+    except SweepSpecError as e:
+        raise SweepSpecError(without_force_hint(str(e))) from None
+
+
+def _load_spec(source: str | Path | dict) -> SweepSpec:
+    """:func:`load_spec`'s work."""
     if isinstance(source, dict):
         raw, where = dict(source), "sweep spec"
     else:
@@ -810,7 +822,11 @@ def run_task(task: dict) -> pd.DataFrame:
 
 
 def _in_sweep_terms(message: str) -> str:
-    """A search's error with, where it names a run option to give, how a sweep spec gives it."""
+    """A search's error with, where it names a run option to give, how a sweep spec gives it (and no offer of
+    ``--force``, which a sweep does not have: :func:`load_spec`)."""
+    from wattcast.data.checks import without_force_hint
+
+    message = without_force_hint(message)
     if "cloud_usd_per_gpu_hour" in message:
         return message + ("; in a sweep spec: the key cloud_usd_per_gpu_hour: USD (every task), or leave out the "
                           "regions with no price")

@@ -206,3 +206,29 @@ def test_output_folder_with_other_files_is_refused_and_overwrite_keeps_them(tmp_
     run_sweep(SPEC, out, workers=0, overwrite=True)
     assert (out / "part-mine.parquet").read_text() == "mine" and (out / "notes.txt").read_text() == "x"
     assert len(read_sweep(out)) == 1
+
+
+def test_implausible_value_errors_do_not_offer_a_force_the_sweep_lacks(tmp_path):
+    """Audit 54c: a spec's implausible figure said "pass --force", which `wattcast sweep` does not take. The sweep's
+    message names the key and the plausible range without it (search's still offers --force, which search has)."""
+    import yaml
+
+    from conftest import flat, run_cli
+    from wattcast.sweep import _in_sweep_terms
+
+    with pytest.raises(SweepSpecError) as e:
+        load_spec(dict(SPEC, tokens=1e9, cloud_usd_per_gpu_hour=350))
+    assert "'cloud_usd_per_gpu_hour' is 350, over 30" in str(e.value) and "(plausible: 0 to 30)" in str(e.value)
+    assert "--force" not in str(e.value) and "allow_exotic" not in str(e.value)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(dict(SPEC, tokens=1e9, footprint=dict(cloud_usd_per_gpu_hour=350))))
+    r = run_cli("sweep", spec, "--output", tmp_path / "o", "--workers", "0")
+    assert r.returncode == 2 and "'footprint.cloud_usd_per_gpu_hour' is 350" in flat(r.stderr)
+    assert "--force" not in r.stderr
+    s = run_cli("search", "-m", "gpt2", "--cluster", "DGX-H100", "--gpus", "8", "--batch", "16", "--tokens", "1e9",
+                "--cloud-usd-per-gpu-hour", "350")
+    assert s.returncode == 2 and "pass --force" in flat(s.stderr)  # search has the switch
+    # a task's own error (a search's run-length check) is said in the sweep's terms too
+    msg = ("tokens (--tokens) is 1e+30: ... over 1e+06 (114 years); give the run's tokens (e.g. 1e12, not 1e30), or pass "
+           "--force (in Python wattcast.allow_exotic()) for a deliberately exotic run")
+    assert _in_sweep_terms(msg).endswith("give the run's tokens (e.g. 1e12, not 1e30)")
