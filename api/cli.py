@@ -1371,7 +1371,7 @@ def sweep(
     models: Optional[Path] = typer.Option(None, "--models", help="A retrained kernel surrogate bundle folder (`wattcast train kernels --out FOLDER`) for every task, over the spec's model_folders (default: $WATTCAST_MODELS, else the shipped one)."),
     collectives: Optional[Path] = typer.Option(None, "--collectives", help="A retrained collective model folder for every task, over the spec's model_folders (default: $WATTCAST_COLLECTIVES, else the shipped one)."),
     power_model: Optional[Path] = typer.Option(None, "--power-model", help="A retrained power model folder for every task, over the spec's model_folders (default: $WATTCAST_POWER_MODEL, else the shipped one)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Remove the output folder's parts first: needed to write a spec into a folder holding another spec's parts (refused otherwise)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Remove the output folder's parts first (each removed file is named on stderr, the first 10, and listed as removed_parts with --json): needed to write a spec into a folder holding another spec's parts (refused otherwise)."),
 ) -> None:
     """Sweep models x clusters x GPU counts x regions (a strategy search per task) on Dask or Ray; results to Parquet as tasks finish.
 
@@ -1416,7 +1416,7 @@ def sweep(
             task = prog.add_task("sweep tasks", total=None)
             res = run_sweep(sp, output, scheduler=scheduler, workers=workers, backend=backend, ray_address=ray_address,
                             progress=lambda d, t: prog.update(task, completed=d, total=t), overwrite=overwrite,
-                            **{k: str(v) for k, v in given.items()})
+                            on_removed=_say_removed_parts, **{k: str(v) for k, v in given.items()})
     except (SweepSpecError, SweepBackendError, OSError) as e:
         _fail(escape(str(e)))  # messages quote [ray], not markup
     best = summary(read_sweep(res.output))
@@ -1427,7 +1427,7 @@ def sweep(
         for r in rows:  # the search's warnings and unranked clusters as search --json gives them (not JSON text)
             r.update({k: search_keys(r[k]) for k in SEARCH_KEYS if k in r})
         print(json.dumps(dict(output=str(res.output), tasks=res.total, skipped=res.skipped, ran=res.ran,
-                              failed=res.failed_tasks, best=rows),
+                              failed=res.failed_tasks, best=rows, removed_parts=list(res.removed_parts)),
                          indent=2))
     else:
         t = Table(title=f"sweep: best strategy per task ({res.total} tasks; {res.skipped} already done, {res.ran} run)")
@@ -1454,6 +1454,21 @@ def sweep(
         err.print(escape(f"task {f['task_id']}{said}: {f['error']}"), style="red", soft_wrap=True)
     if res.failed_tasks:
         raise typer.Exit(1)
+
+
+#: the part files `wattcast sweep --overwrite` names one a line; beyond these, how many more
+SWEEP_REMOVED_SHOWN = 10
+
+
+def _say_removed_parts(out: Path, names: list[str]) -> None:
+    """What `wattcast sweep --overwrite` deleted before running (on stderr): how many parts, then each file, the
+    first :data:`SWEEP_REMOVED_SHOWN` of them."""
+    err.print(f"--overwrite removed {len(names)} part file{'s' if len(names) != 1 else ''} of an earlier sweep from "
+              f"{out}:", soft_wrap=True, markup=False, highlight=False)
+    for n in names[:SWEEP_REMOVED_SHOWN]:
+        err.print(f"  {out / n}", soft_wrap=True, markup=False, highlight=False)
+    if len(names) > SWEEP_REMOVED_SHOWN:
+        err.print(f"  ... and {len(names) - SWEEP_REMOVED_SHOWN} more", markup=False, highlight=False)
 
 
 @app.command()

@@ -232,3 +232,33 @@ def test_implausible_value_errors_do_not_offer_a_force_the_sweep_lacks(tmp_path)
     msg = ("tokens (--tokens) is 1e+30: ... over 1e+06 (114 years); give the run's tokens (e.g. 1e12, not 1e30), or pass "
            "--force (in Python wattcast.allow_exotic()) for a deliberately exotic run")
     assert _in_sweep_terms(msg).endswith("give the run's tokens (e.g. 1e12, not 1e30)")
+
+
+def test_overwrite_names_the_part_files_it_removes(tmp_path):
+    """Audit 54c: `wattcast sweep --overwrite` deleted the folder's parts without a word. It now names each removed
+    file (on stderr; run_sweep's on_removed and the outcome's removed_parts), and a run without --overwrite removes
+    nothing and says nothing."""
+    import json
+
+    import yaml
+
+    from conftest import flat, run_cli
+
+    spec = dict(SPEC, gpus=[8, 16])
+    out = tmp_path / "o"
+    first = run_sweep(spec, out, workers=0)
+    parts = sorted(p.name for p in out.glob("part-*.parquet"))
+    assert len(parts) == 2 and first.removed_parts == []
+    told = []
+    again = run_sweep(spec, out, workers=0, overwrite=True, on_removed=lambda o, names: told.append((o, names)))
+    assert told == [(out, parts)] and again.removed_parts == parts and again.ran == 2
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = run_cli("sweep", path, "--output", out, "--workers", "0", "--overwrite", "--json")
+    assert r.returncode == 0, r.stderr
+    err = flat(r.stderr)
+    assert f"--overwrite removed 2 part files of an earlier sweep from {out}:" in err
+    assert all(str(out / p) in err for p in parts)
+    assert json.loads(r.stdout)["removed_parts"] == parts
+    r = run_cli("sweep", path, "--output", out, "--workers", "0", "--json")
+    assert r.returncode == 0 and "removed" not in r.stderr and json.loads(r.stdout)["removed_parts"] == []
