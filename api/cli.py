@@ -1028,6 +1028,9 @@ def search(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: run time vs cloud cost, coloured by CO2e, the Pareto front highlighted (needs --tokens; an existing file only with --overwrite)."),
     top: Optional[int] = typer.Option(None, "--top", help="Rows to show: the table's (default 10) and, when given, --json's ranked (default every ranked row; --output writes every row)."),
     as_json: bool = typer.Option(False, "--json", help="Print the ranked table and the Pareto front as JSON."),
+    tp: Optional[List[str]] = typer.Option(None, "--tp", help="Tensor-parallel degrees to search (repeatable or comma-separated: --tp 4,8; default every power of two up to the GPUs of a node)."),
+    pp: Optional[List[str]] = typer.Option(None, "--pp", help="Pipeline-parallel sizes to search (repeatable or comma-separated: --pp 2,3,6; default every divisor of the GPUs over tp x cp, at most the model's layers)."),
+    micro_batch: Optional[List[str]] = typer.Option(None, "--micro-batch", help="Micro-batch sizes to search (repeatable or comma-separated: --micro-batch 1,2; default every power of two up to 16 that divides the batch per data-parallel rank)."),
     cp: Optional[List[str]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable or comma-separated: --cp 2,4,8; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
     cp_comm_type: Optional[List[str]] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE context-parallel communication types to search for cp > 1 candidates (repeatable or comma-separated: p2p, a2a, allgather, a2a+p2p; default p2p)."),
     hierarchical_cp_sizes: Optional[str] = typer.Option(None, "--hierarchical-cp-sizes", help="With --cp-comm-type a2a+p2p: A,B = inner all-to-all and outer ring sizes; a2a+p2p is tried on the candidates with cp = A x B."),
@@ -1120,8 +1123,9 @@ def search(
             _fail(f"--no-overlap turns every overlap off: it cannot be given with {flag}")
         overlaps[name] = v
     # the repeatable list flags: --cp 2 --cp 4 or --cp 2,4 (or both), each element checked naming the flag
-    cp, ep, etp, zero, recompute_num_layers = (
+    tp, pp, micro_batch, cp, ep, etp, zero, recompute_num_layers = (
         _int_list_flag(v, flag, minimum=lo) for v, flag, lo in (
+            (tp, "--tp", 1), (pp, "--pp", 1), (micro_batch, "--micro-batch", 1),
             (cp, "--cp", 1), (ep, "--ep", 1), (etp, "--expert-tensor-parallel-size", 1), (zero, "--zero", 0),
             (recompute_num_layers, "--recompute-num-layers", 1)))
     cp_comm_type = _str_list_flag(cp_comm_type)
@@ -1155,6 +1159,8 @@ def search(
                                            moe_capacity_factor=moe_expert_capacity_factor,
                                            moe_pad_to_capacity=moe_pad_expert_input_to_capacity),
                           moe_token_dispatcher=moe_token_dispatcher_type,
+                          **(dict(tp=tp) if tp else {}), **(dict(pp=pp) if pp else {}),
+                          **(dict(micro_batch=micro_batch) if micro_batch else {}),
                           **(dict(cp=cp) if cp else {}), **(dict(ep=ep) if ep else {}),
                           **(dict(zero=zero) if zero else {}),
                           **(dict(cp_comm_type=cp_comm_type) if cp_comm_type else {}),
@@ -1365,7 +1371,7 @@ def sweep(
     models: Optional[Path] = typer.Option(None, "--models", help="A retrained kernel surrogate bundle folder (`wattcast train kernels --out FOLDER`) for every task, over the spec's model_folders (default: $WATTCAST_MODELS, else the shipped one)."),
     collectives: Optional[Path] = typer.Option(None, "--collectives", help="A retrained collective model folder for every task, over the spec's model_folders (default: $WATTCAST_COLLECTIVES, else the shipped one)."),
     power_model: Optional[Path] = typer.Option(None, "--power-model", help="A retrained power model folder for every task, over the spec's model_folders (default: $WATTCAST_POWER_MODEL, else the shipped one)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Remove the output folder's parts first: needed to write a spec into a folder holding another spec's parts (refused otherwise)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Remove the output folder's parts first (each removed file is named on stderr, the first 10, and listed as removed_parts with --json): needed to write a spec into a folder holding another spec's parts (refused otherwise)."),
 ) -> None:
     """Sweep models x clusters x GPU counts x regions (a strategy search per task) on Dask or Ray; results to Parquet as tasks finish.
 
@@ -1410,7 +1416,7 @@ def sweep(
             task = prog.add_task("sweep tasks", total=None)
             res = run_sweep(sp, output, scheduler=scheduler, workers=workers, backend=backend, ray_address=ray_address,
                             progress=lambda d, t: prog.update(task, completed=d, total=t), overwrite=overwrite,
-                            **{k: str(v) for k, v in given.items()})
+                            on_removed=_say_removed_parts, **{k: str(v) for k, v in given.items()})
     except (SweepSpecError, SweepBackendError, OSError) as e:
         _fail(escape(str(e)))  # messages quote [ray], not markup
     best = summary(read_sweep(res.output))
@@ -1421,7 +1427,7 @@ def sweep(
         for r in rows:  # the search's warnings and unranked clusters as search --json gives them (not JSON text)
             r.update({k: search_keys(r[k]) for k in SEARCH_KEYS if k in r})
         print(json.dumps(dict(output=str(res.output), tasks=res.total, skipped=res.skipped, ran=res.ran,
-                              failed=res.failed_tasks, best=rows),
+                              failed=res.failed_tasks, best=rows, removed_parts=list(res.removed_parts)),
                          indent=2))
     else:
         t = Table(title=f"sweep: best strategy per task ({res.total} tasks; {res.skipped} already done, {res.ran} run)")
@@ -1448,6 +1454,21 @@ def sweep(
         err.print(escape(f"task {f['task_id']}{said}: {f['error']}"), style="red", soft_wrap=True)
     if res.failed_tasks:
         raise typer.Exit(1)
+
+
+#: the part files `wattcast sweep --overwrite` names one a line; beyond these, how many more
+SWEEP_REMOVED_SHOWN = 10
+
+
+def _say_removed_parts(out: Path, names: list[str]) -> None:
+    """What `wattcast sweep --overwrite` deleted before running (on stderr): how many parts, then each file, the
+    first :data:`SWEEP_REMOVED_SHOWN` of them."""
+    err.print(f"--overwrite removed {len(names)} part file{'s' if len(names) != 1 else ''} of an earlier sweep from "
+              f"{out}:", soft_wrap=True, markup=False, highlight=False)
+    for n in names[:SWEEP_REMOVED_SHOWN]:
+        err.print(f"  {out / n}", soft_wrap=True, markup=False, highlight=False)
+    if len(names) > SWEEP_REMOVED_SHOWN:
+        err.print(f"  ... and {len(names) - SWEEP_REMOVED_SHOWN} more", markup=False, highlight=False)
 
 
 @app.command()

@@ -441,7 +441,19 @@ def _count(key: str, v: Any) -> int:
 
 def load_spec(source: str | Path | dict) -> SweepSpec:
     """A validated :class:`SweepSpec` from a YAML/JSON file or a dict; models, clusters and regions are resolved
-    here, before any task runs."""
+    here, before any task runs. A figure outside its plausible range (a price of 350 USD/GPU-h, a cluster file's NIC in
+    Tbit/s) is a :class:`SweepSpecError` naming the key, without the ``--force`` that ``search`` offers: ``wattcast
+    sweep`` has no such switch, and the tasks run in other processes."""
+    from wattcast.data.checks import without_force_hint
+
+    try:
+        return _load_spec(source)
+    except SweepSpecError as e:
+        raise SweepSpecError(without_force_hint(str(e))) from None
+
+
+def _load_spec(source: str | Path | dict) -> SweepSpec:
+    """:func:`load_spec`'s work."""
     if isinstance(source, dict):
         raw, where = dict(source), "sweep spec"
     else:
@@ -810,7 +822,11 @@ def run_task(task: dict) -> pd.DataFrame:
 
 
 def _in_sweep_terms(message: str) -> str:
-    """A search's error with, where it names a run option to give, how a sweep spec gives it."""
+    """A search's error with, where it names a run option to give, how a sweep spec gives it (and no offer of
+    ``--force``, which a sweep does not have: :func:`load_spec`)."""
+    from wattcast.data.checks import without_force_hint
+
+    message = without_force_hint(message)
     if "cloud_usd_per_gpu_hour" in message:
         return message + ("; in a sweep spec: the key cloud_usd_per_gpu_hour: USD (every task), or leave out the "
                           "regions with no price")
@@ -974,9 +990,10 @@ def prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: boo
     return _prepare_folder(out, spec, tasks, overwrite)[0]
 
 
-def _prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bool) -> tuple[dict, set, dict]:
+def _prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bool) -> tuple[dict, set, dict, list]:
     """:func:`prepare_folder`'s work: the stale parts per task id, the task ids whose part is in ``out`` once it is
-    done, and the record it wrote (so :func:`run_sweep` lists the folder once and reads the parts' statuses from it)."""
+    done, the record it wrote (so :func:`run_sweep` lists the folder once and reads the parts' statuses from it) and
+    the part files ``overwrite`` removed (names, sorted)."""
     ids = {t["task_id"] for t in tasks}
     have = done_tasks(out)
     record_path = out / FOLDER_RECORD
@@ -991,10 +1008,12 @@ def _prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bo
                              + (f" and {len(others) - 5} more" if len(others) > 5 else "") + "), which "
                              "pandas.read_parquet(OUT) cannot read: give a new output folder (--output), or --overwrite "
                              "to write beside them (they are kept)")
+    removed: list[str] = []  # the parts --overwrite removes, named to the caller (wattcast sweep prints them)
     if overwrite:  # only the parts this folder's record says a sweep wrote (its own naming and record)
         recorded = set((record or {}).get("tasks") or {})
         for i in sorted(have & recorded):
             _part_path(out, i).unlink(missing_ok=True)
+            removed.append(_part_path(out, i).name)
         have = have - recorded
     foreign = sorted(have - ids)
     recorded = (record or {}).get("tasks") or {}
@@ -1043,7 +1062,7 @@ def _prepare_folder(out: Path, spec: SweepSpec, tasks: list[dict], overwrite: bo
             have.discard(old)
         else:
             stale.setdefault(new, []).append(old)
-    return stale, have, record
+    return stale, have, record, removed
 
 
 def write_part(folder: Path, task_id: str, frame: pd.DataFrame) -> Path:
@@ -1086,6 +1105,8 @@ class SweepOutcome:
     #: ``failed``
     failed_tasks: list = field(default_factory=list)
     seconds: float = 0.0
+    #: the part files (names in ``output``) that ``overwrite`` removed before the run, sorted
+    removed_parts: list = field(default_factory=list)
 
 
 def _failure(task: dict, status: str, error: str) -> dict:
@@ -1284,7 +1305,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
               workers: int = 2, progress: Callable[[int, int], None] | None = None,
               client_hook: Callable[[Any], None] | None = None, backend: str = "dask",
               ray_address: str | None = None, models=None, collectives=None, power_model=None,
-              overwrite: bool = False) -> SweepOutcome:
+              overwrite: bool = False, on_removed: Callable[[Path, list[str]], None] | None = None) -> SweepOutcome:
     """Run every task of ``spec`` not already in ``output``; each finished task's rows are written at once.
 
     ``backend="dask"``: ``scheduler`` is a Dask scheduler address (``tcp://host:8786``); None starts a LocalCluster of
@@ -1299,7 +1320,8 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     (:func:`prepare_folder`): a folder holding parts of tasks the spec does not have is refused unless ``overwrite``
     (which removes its parts), a task whose part is there is skipped, and one whose part is stale (other settings, code
     or models) replaces it as its new part is written, unless the new one says status error (the old part is kept, the
-    task listed in ``failed_tasks``)."""
+    task listed in ``failed_tasks``). ``on_removed(output, names)``: called once, before any task runs, with the part
+    files ``overwrite`` removed (also the outcome's ``removed_parts``)."""
     t0 = time.time()
     if backend not in BACKENDS:
         raise SweepBackendError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -1325,7 +1347,9 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     if out.exists() and not out.is_dir():
         raise SweepSpecError(f"output {out} exists and is not a sweep folder")
     tasks = spec.tasks()
-    stale, have, record = _prepare_folder(out, spec, tasks, overwrite)
+    stale, have, record, removed = _prepare_folder(out, spec, tasks, overwrite)
+    if removed and on_removed is not None:
+        on_removed(out, removed)
     entries = record["tasks"]
     todo = [t for t in tasks if t["task_id"] not in have]
     skipped = len(tasks) - len(todo)
@@ -1336,7 +1360,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     failed: list = [_failure(t, "error", e) for t in tasks if t["task_id"] in have
                     for e in [_part_error(out, t["task_id"], entries)] if e is not None]
     if not todo:
-        return SweepOutcome(out, len(tasks), skipped, 0, failed, time.time() - t0)
+        return SweepOutcome(out, len(tasks), skipped, 0, failed, time.time() - t0, removed)
     if backend == "ray":
         results = _ray_results(todo, ray_address, workers, client_hook)
     elif workers == 0 and scheduler is None:
@@ -1374,7 +1398,7 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     finally:
         results.close()
         _write_record(out, record)  # a part written since the last flush and not in it is read on resume instead
-    return SweepOutcome(out, len(tasks), skipped, ran, failed, time.time() - t0)
+    return SweepOutcome(out, len(tasks), skipped, ran, failed, time.time() - t0, removed)
 
 
 def search_keys(value: Any) -> Any:

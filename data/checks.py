@@ -11,6 +11,7 @@ import difflib
 import json
 import math
 import numbers
+import re
 from typing import Iterable, Mapping
 
 import yaml
@@ -87,6 +88,20 @@ def implausible(name: str, v: float, lo: float, hi: float, low_hint: str, high_h
     return (f"{name} is {v:g}, {side} {bound:g}: it looks like {hint}; give it in {unit} (plausible: "
             f"{'0, or ' if zero_ok else ''}{lo:g} to {hi:g}; or pass --force, in Python wattcast.allow_exotic(), for a "
             "deliberately exotic value)")
+
+
+#: the ways a message offers ``--force`` / ``allow_exotic`` for an implausible figure (:func:`implausible`,
+#: ``device_spec._FORCE``, the cluster and run checks): ", or pass --force (in Python wattcast.allow_exotic()) for
+#: a deliberately exotic value", "; or pass --force, in Python ..., for a deliberately exotic run", ...
+_FORCE_HINT = re.compile(r"(?P<lead>[;,.]?)\s*\b[Oo]r pass --force,?\s*\(?in Python wattcast\.allow_exotic\(\)\)?,?\s*"
+                         r"for (?:a deliberately exotic (?:value|run)|a system that is really built so)")
+
+
+def without_force_hint(message: str) -> str:
+    """``message`` without its offer of ``--force`` (in Python ``wattcast.allow_exotic()``): for a command that has no
+    such switch, such as ``wattcast sweep`` (a spec's figure is checked as ``search`` checks it, but the sweep's
+    tasks run in other processes, where an ``allow_exotic`` block of the caller's does not reach)."""
+    return _FORCE_HINT.sub(lambda m: "." if m.group("lead") == "." else "", str(message))
 
 
 # ------------------------------------------------------------------ name suggestions

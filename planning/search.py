@@ -19,6 +19,7 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
+from wattcast.data.device_spec import unsupported_step_dtype
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.defaults import DEFAULTS, resolve_dtype
@@ -113,18 +114,26 @@ class SearchResult:
         most common rules of ``rejected`` with how many candidates broke each. Empty when nothing was rejected and
         no reason is known."""
         parts = []
-        many = len(set(self.why_none) | set(self.rejected["cluster"] if "cluster" in self.rejected else ())) > 1
+        rej = self.rejected
+        on = rej["cluster"].astype(str) if "cluster" in rej else pd.Series([""] * len(rej), index=rej.index, dtype=object)
+        many = len(set(self.why_none) | set(on)) > 1
         for cl, why in self.why_none.items():
+            # a rule of the job on this cluster (its size, a precision its GPU lacks): every candidate breaks it, said
+            # once as predict says it, not as "k of n" (some candidates are rejected by another rule checked first)
+            rules = rej.loc[on == cl, "rule"].astype(str) if "cluster" in rej else rej["rule"].astype(str)
+            rest = rules[rules != why]
+            if len(rules):
+                why += (f" (a rule of the job: every one of the {len(rules)} candidate strategies breaks it"
+                        + (f"; {len(rest)} were rejected by another rule first: {_top_rules(rest, 1)}" if len(rest)
+                           else "") + ")")
             parts.append(f"cluster {cl}: {why}" if many else why)
-        if len(self.rejected):
-            rules = self.rejected["rule"].astype(str)
-            said = set(self.why_none.values())
-            if said:  # a job-level rule: every candidate breaks it, some an earlier rule first
-                rest = rules[~rules.isin(said)]
-                parts.append(f"{len(rules) - len(rest)} of the {len(rules)} candidate strategies were rejected by it"
-                             + (f", the others by an earlier rule: {_top_rules(rest, top)}" if len(rest) else ""))
-            else:
-                parts.append(rule_counts(rules, top=top))
+        # the other clusters' candidates: their own rules, the most common counted (per cluster when several)
+        rest = rej[~on.isin(list(self.why_none))] if "cluster" in rej or not self.why_none else rej.iloc[:0]
+        if len(rest) and many:
+            for cl, frame in rest.groupby(on[rest.index], sort=False):
+                parts.append(f"cluster {cl}: " + rule_counts(frame["rule"].astype(str), top=top))
+        elif len(rest):
+            parts.append(rule_counts(rest["rule"].astype(str), top=top))
         return "; ".join(parts)
 
     def unranked_clusters(self) -> dict[str, str]:
@@ -800,6 +809,13 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                     check_job_size(gpus, cl)
                 except ParallelConfigError as e:  # every candidate breaks it (they are still listed in ``rejected``)
                     why_none[cl.name] = str(e)
+                else:
+                    # the precision the GPU cannot run (--dtype fp8 on an A100, bf16 on a V100): a rule of the job's
+                    # cluster as predict says it, not "540 of 1252 candidates" (audit 54a: some candidates break an
+                    # earlier rule first, so the count understated a rule every one of them breaks)
+                    why = unsupported_step_dtype(spec, checked_dtype(resolve_dtype(dtype, spec)))
+                    if why:
+                        why_none[cl.name] = why
             if n_workers > 1 and len(cands) >= PARALLEL_MIN_CANDIDATES:
                 got = _evaluate_parallel(job, cands, n_workers, max_configs, progress)
             else:

@@ -48,6 +48,25 @@ OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap
 #: options, refused there by ``parallel.resolve_parallel`` and ``planning.search``): the asynchronous TP backward
 #: collective, which Megatron-DeepSpeed's own layers have too (module docstring, :func:`overlap_defaults`)
 ANY_FRAMEWORK_FLAGS = ("async_tp_comm",)
+#: why each of the other flags is refused under --framework hf / megatron-deepspeed (``parallel.resolve_parallel``):
+#: its own reason (until stop 54 every flag gave the gradient-bucket one, which says nothing of TP or pipeline overlap)
+MEGATRON_ONLY_REASONS = {
+    "overlap_grad_reduce": "PyTorch DDP/FSDP overlap gradient buckets with backward already; DeepSpeed's engine "
+                           "reduces after backward",
+    "overlap_param_gather": "it all-gathers Megatron-Core's distributed-optimizer parameters during the next forward; "
+                            "PyTorch FSDP's parameter prefetch is --zero3-prefetch, and DeepSpeed's ZeRO optimizer "
+                            "all-gathers the updated parameters in its step",
+    "tp_comm_overlap": "it pipelines the TP all-gathers/reduce-scatters with their GEMMs through Transformer Engine's "
+                       "userbuffers, as Megatron-Core's --tp-comm-overlap runs them (costed under --framework megatron "
+                       "only); the backward TP collective beside the weight-gradient GEMM is --async-tp-comm, taken "
+                       "under every framework",
+    "overlap_moe_expert_parallel_comm": "it runs the expert-parallel all-to-alls beside computation as Megatron-Core's "
+                                        "--overlap-moe-expert-parallel-comm does (costed under --framework megatron "
+                                        "only)",
+    "overlap_p2p_comm": "it runs the interleaved schedule's pipeline sends and receives beside the next chunk's "
+                        "computation, Megatron-Core's overlap_p2p_comm (costed under --framework megatron only; "
+                        "DeepSpeed's pipeline engine has no interleaved schedule)",
+}
 #: SMs an NCCL collective occupies while it runs (NCCL's default minimum channel count on NVSwitch systems)
 NCCL_SMS = 16
 #: SMs Transformer Engine's userbuffers ring exchange holds (copy engines move the data)

@@ -27,7 +27,7 @@ from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
 from wattcast.featurize.context_parallel import cp_ring_size
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
-from wattcast.simulate.overlap import ANY_FRAMEWORK_FLAGS, overlap_defaults
+from wattcast.simulate.overlap import ANY_FRAMEWORK_FLAGS, MEGATRON_ONLY_REASONS, overlap_defaults
 
 SCHEDULES = ("1f1b", "gpipe", "dualpipe")
 #: highest ZeRO stage a framework runs together with pipeline parallelism (pp > 1); frameworks not listed
@@ -763,8 +763,8 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
             raise ParallelConfigError(f"--{name.replace('_', '-')} must be true or false, got {v!r}")
         if v and fw_name != "megatron" and name not in ANY_FRAMEWORK_FLAGS:
             raise ParallelConfigError(
-                f"--{name.replace('_', '-')} is a Megatron-Core option: use --framework megatron (PyTorch DDP/FSDP "
-                f"overlap gradient buckets with backward already; DeepSpeed's engine reduces after backward)")
+                f"--{name.replace('_', '-')} is a Megatron-Core option: use --framework megatron "
+                f"({MEGATRON_ONLY_REASONS[name]})")
         flags[name] = v
     if cfg.overlap_param_gather and cfg.zero < 1:
         raise ParallelConfigError(

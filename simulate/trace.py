@@ -250,16 +250,42 @@ def _stage_power_samples(d: dict, compute, dp, events) -> list[tuple[int, float]
     return out
 
 
+#: the step settings (beyond the parallel name, the overlaps and the dtype) a distributed trace's ``otherData`` records,
+#: each as ``predict --cluster --json``'s ``settings`` has it (``wattcast.predict_cluster``): every one changes the step
+#: (audit 54a: a trace did not say its framework, batch, FP8 recipe or gradient dtype). ``fp8_recipe`` only under fp8;
+#: ``grad_accum_dtype`` is bf16 for Megatron-LM's --grad-reduce-in-bf16 too
+TRACE_SETTINGS = ("framework", "seq", "batch", "micro_batch", "fp8_recipe", "grad_accum_dtype", "fsdp_reduce_dtype",
+                  "fp8_param_gather", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "optimizer",
+                  "optimizer_impl", "attention", "flash_kernel", "zero3_prefetch", "mtp_num_layers", "data_load_ms",
+                  "data_workers", "moe_token_dispatcher")
+#: those the step's graph records itself (``res.meta``), for a result made without the API's settings
+#: (``simulate.distributed.predict_distributed`` called directly): the meta's own key for each
+_META_SETTINGS = {"attention": "attention", "flash_kernel": "flash_kernel", "optimizer": "optimizer",
+                  "optimizer_impl": "optimizer_impl", "grad_accum_dtype": "grad_accum_dtype", "fp8_recipe": "fp8_scaling"}
+
+
+def trace_settings(res) -> dict:
+    """The :data:`TRACE_SETTINGS` ``res`` ran with: its ``meta["settings"]`` (``wattcast.predict_cluster``), else what
+    its graph's meta records; a setting neither holds is left out."""
+    given = res.meta.get("settings") or {}
+    out = {k: given[k] for k in TRACE_SETTINGS if k in given}
+    if not given:
+        out = {k: res.meta[m] for k, m in _META_SETTINGS.items() if res.meta.get(m) is not None}
+    return out
+
+
 def write_distributed_trace(res, path: str | Path) -> Path:
-    return _write_trace(path, distributed_trace_events(res), {"model": res.model, "cluster": res.cluster,
-                                                              "parallel": res.parallel.describe(),
-                                                              # the resolved overlap flags (the name writes only some)
-                                                              "overlaps": {k: getattr(res.parallel, k) for k in OVERLAP_FLAGS},
-                                                              "dtype": shown_dtype(res.meta),
-                                                              "step_time_ms": res.step_time_ms,
-                                                              "exposed_comm_split_ms": res.exposed_comm_split_ms,
-                                                              "truncated": res.meta.get("trace_truncated"),
-                                                              "moe_load": res.meta.get("moe_load", 1.0)})
+    other = {"model": res.model, "cluster": res.cluster, "parallel": res.parallel.describe(),
+             # the resolved overlap flags (the name writes only some)
+             "overlaps": {k: getattr(res.parallel, k) for k in OVERLAP_FLAGS},
+             "dtype": shown_dtype(res.meta),
+             "step_time_ms": res.step_time_ms,
+             "exposed_comm_split_ms": res.exposed_comm_split_ms,
+             "truncated": res.meta.get("trace_truncated"),
+             "moe_load": res.meta.get("moe_load", 1.0)}
+    # the other settings that change the step, added after (never replacing) the keys above
+    other.update({k: v for k, v in trace_settings(res).items() if k not in other})
+    return _write_trace(path, distributed_trace_events(res), other)
 
 
 #: timeline colours: compute tasks by kind, communication by parallel group, and the exposed part of communication

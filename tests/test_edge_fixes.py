@@ -43,16 +43,32 @@ def test_search_with_no_candidate_names_the_job_rule_predict_gives():
 
 
 def test_search_whose_candidates_all_break_rules_gives_the_most_common_with_counts():
-    res = wattcast.search("gpt2", "DGX-A100", 8, 32, 512, dtype="fp8", max_configs=12)
+    # rules of the candidates themselves (heads by tp): counted, the most common first
+    res = wattcast.search("gpt2", "DGX-H100", 16, 32, 512, tp=(8, 16), max_configs=12)
     assert res.ranked.empty and len(res.rejected) and not res.why_none
     why = res.invalid_reason()
     top = res.rejected["rule"].value_counts()
-    assert "FP8" in why and f"({top.iloc[0]} of {len(res.rejected)})" in why and "most common" in why
+    assert "must be divisible by tp" in why and f"({top.iloc[0]} of {len(res.rejected)})" in why and "most common" in why
     assert why.index(top.index[0]) < why.index(top.index[1])  # most common first
     # a job-level rule leads; the candidates it rejected are counted, not repeated
     res = wattcast.search("gpt2", "DGX-H100", 12, 48, 512, max_configs=12)
     why = res.invalid_reason()
     assert why.startswith(NODE_RULE) and why.count(NODE_RULE) == 1 and f"of the {len(res.rejected)} candidate" in why
+    # a precision the cluster's GPU lacks (fp8 on an A100) is a rule of the job, said once as predict says it, not
+    # "k of n candidates" (audit 54a: "540 of 1252", some candidates broke another rule first); another cluster's
+    # candidates keep their counted rules
+    fp8_rule = "--dtype fp8 runs the GEMMs on FP8 tensor cores, but A100-SXM4-80GB's spec has no peak_fp8_tflops"
+    res = wattcast.search("gpt2", "DGX-A100", 8, 32, 512, dtype="fp8", max_configs=12)
+    why = res.invalid_reason()
+    assert res.ranked.empty and res.why_none["DGX-A100"].startswith(fp8_rule)
+    assert why.startswith(fp8_rule) and why.count(fp8_rule) == 1
+    assert f"every one of the {len(res.rejected)} candidate strategies breaks it" in why
+    n_fp8 = int((res.rejected["rule"] == res.why_none["DGX-A100"]).sum())
+    assert 0 < n_fp8 < len(res.rejected) and f"({n_fp8} of {len(res.rejected)})" not in why
+    res = wattcast.search("gpt2", ["DGX-A100", "DGX-H100"], 16, 32, 512, dtype="fp8", tp=(8, 16), max_configs=12)
+    why = res.invalid_reason()
+    assert why.startswith(f"cluster DGX-A100: {fp8_rule}") and why.count(fp8_rule) == 1
+    assert "cluster DGX-H100: every one of" in why and "must be divisible by tp (8)" in why
     # a search space that generates nothing says which rules its configurations break
     res = wattcast.search("gpt2", "DGX-A100", 8, 32, 512, cp=[3])
     assert res.rejected.empty and "must be a multiple of tp x pp x cp" in res.why_none["DGX-A100"]

@@ -670,3 +670,24 @@ def test_grad_reduce_overlap_loses_only_the_extra_buckets_ring_latency():
         assert z.comm["dp_sync_ms"] == pytest.approx(z_off.comm["dp_sync_ms"], rel=1e-4)
         assert z.comm["dp_param_gather_ms"] == pytest.approx(z_off.comm["dp_param_gather_ms"], rel=1e-4)
         assert z.step_time_ms < z_off.step_time_ms
+
+
+@pytest.mark.parametrize("framework", ["hf", "megatron-deepspeed"])
+@pytest.mark.parametrize("flag,own,other", [
+    ("overlap_grad_reduce", "gradient buckets", "userbuffers"),
+    ("overlap_param_gather", "distributed-optimizer parameters", "gradient buckets"),
+    ("tp_comm_overlap", "Transformer Engine's userbuffers", "gradient buckets"),
+    ("overlap_moe_expert_parallel_comm", "expert-parallel all-to-alls", "gradient buckets"),
+    ("overlap_p2p_comm", "pipeline sends and receives", "gradient buckets"),
+])
+def test_each_megatron_only_overlap_flag_is_refused_with_its_own_reason(framework, flag, own, other):
+    """Audit 54a finding 4: --tp-comm-overlap under megatron-deepspeed was refused with the grad-reduce text (gradient
+    buckets); each flag now says what it overlaps."""
+    from wattcast.simulate.parallel import new_config, resolve_parallel
+
+    cfg = new_config(gpus=8, tp=2, pp=2, micro_batch=1, zero=1, sp=True, ep=1, **{flag: True})
+    with pytest.raises(ParallelConfigError) as e:
+        resolve_parallel(cfg, batch=16, n_layers=24, n_heads=16, framework=framework)
+    msg = " ".join(str(e.value).split())
+    assert msg.startswith(f"--{flag.replace('_', '-')} is a Megatron-Core option: use --framework megatron")
+    assert own in msg and other not in msg

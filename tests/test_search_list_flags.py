@@ -28,7 +28,22 @@ def test_search_list_flags_take_commas_as_repeats():
     assert _rows("--cp", "1,2", "--zero", "0", "--zero", "1") == _rows("--cp", "1", "--cp", "2", "--zero", "0,1")
 
 
+def test_search_tp_pp_micro_batch_flags():
+    """--tp/--pp/--micro-batch (audit 54a: the CLI had none; Python's search(tp=, pp=, micro_batch=) had): the searched
+    candidates have exactly those values, commas and repeats alike."""
+    def got(*extra):
+        r = run_cli(*ARGS, "--zero", "1", *extra)
+        assert r.returncode == 0, r.stderr
+        return sorted({(row["tp"], row["pp"], row["micro_batch"]) for row in json.loads(r.stdout)["ranked"]})
+
+    commas = got("--tp", "2", "--pp", "2,4", "--micro-batch", "1,2")
+    assert commas == [(2, 2, 1), (2, 2, 2), (2, 4, 1), (2, 4, 2)]
+    assert got("--tp", "2", "--pp", "2", "--pp", "4", "--micro-batch", "1", "--micro-batch", "2") == commas
+
+
 @pytest.mark.parametrize("flag,value,bad,what", [
+    ("--tp", "2,x", "'x'", "a positive integer"), ("--pp", "0", "'0'", "a positive integer"),
+    ("--micro-batch", "1,2.5", "'2.5'", "a positive integer"),
     ("--cp", "2,x", "'x'", "a positive integer"), ("--ep", "2,0", "'0'", "a positive integer"),
     ("--zero", "1,-1", "'-1'", "an integer of at least 0"), ("--recompute-num-layers", "2,", "''", "a positive integer"),
     ("--etp", "1.5", "'1.5'", "a positive integer")])

@@ -206,3 +206,59 @@ def test_output_folder_with_other_files_is_refused_and_overwrite_keeps_them(tmp_
     run_sweep(SPEC, out, workers=0, overwrite=True)
     assert (out / "part-mine.parquet").read_text() == "mine" and (out / "notes.txt").read_text() == "x"
     assert len(read_sweep(out)) == 1
+
+
+def test_implausible_value_errors_do_not_offer_a_force_the_sweep_lacks(tmp_path):
+    """Audit 54c: a spec's implausible figure said "pass --force", which `wattcast sweep` does not take. The sweep's
+    message names the key and the plausible range without it (search's still offers --force, which search has)."""
+    import yaml
+
+    from conftest import flat, run_cli
+    from wattcast.sweep import _in_sweep_terms
+
+    with pytest.raises(SweepSpecError) as e:
+        load_spec(dict(SPEC, tokens=1e9, cloud_usd_per_gpu_hour=350))
+    assert "'cloud_usd_per_gpu_hour' is 350, over 30" in str(e.value) and "(plausible: 0 to 30)" in str(e.value)
+    assert "--force" not in str(e.value) and "allow_exotic" not in str(e.value)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(dict(SPEC, tokens=1e9, footprint=dict(cloud_usd_per_gpu_hour=350))))
+    r = run_cli("sweep", spec, "--output", tmp_path / "o", "--workers", "0")
+    assert r.returncode == 2 and "'footprint.cloud_usd_per_gpu_hour' is 350" in flat(r.stderr)
+    assert "--force" not in r.stderr
+    s = run_cli("search", "-m", "gpt2", "--cluster", "DGX-H100", "--gpus", "8", "--batch", "16", "--tokens", "1e9",
+                "--cloud-usd-per-gpu-hour", "350")
+    assert s.returncode == 2 and "pass --force" in flat(s.stderr)  # search has the switch
+    # a task's own error (a search's run-length check) is said in the sweep's terms too
+    msg = ("tokens (--tokens) is 1e+30: ... over 1e+06 (114 years); give the run's tokens (e.g. 1e12, not 1e30), or pass "
+           "--force (in Python wattcast.allow_exotic()) for a deliberately exotic run")
+    assert _in_sweep_terms(msg).endswith("give the run's tokens (e.g. 1e12, not 1e30)")
+
+
+def test_overwrite_names_the_part_files_it_removes(tmp_path):
+    """Audit 54c: `wattcast sweep --overwrite` deleted the folder's parts without a word. It now names each removed
+    file (on stderr; run_sweep's on_removed and the outcome's removed_parts), and a run without --overwrite removes
+    nothing and says nothing."""
+    import json
+
+    import yaml
+
+    from conftest import flat, run_cli
+
+    spec = dict(SPEC, gpus=[8, 16])
+    out = tmp_path / "o"
+    first = run_sweep(spec, out, workers=0)
+    parts = sorted(p.name for p in out.glob("part-*.parquet"))
+    assert len(parts) == 2 and first.removed_parts == []
+    told = []
+    again = run_sweep(spec, out, workers=0, overwrite=True, on_removed=lambda o, names: told.append((o, names)))
+    assert told == [(out, parts)] and again.removed_parts == parts and again.ran == 2
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = run_cli("sweep", path, "--output", out, "--workers", "0", "--overwrite", "--json")
+    assert r.returncode == 0, r.stderr
+    err = flat(r.stderr)
+    assert f"--overwrite removed 2 part files of an earlier sweep from {out}:" in err
+    assert all(str(out / p) in err for p in parts)
+    assert json.loads(r.stdout)["removed_parts"] == parts
+    r = run_cli("sweep", path, "--output", out, "--workers", "0", "--json")
+    assert r.returncode == 0 and "removed" not in r.stderr and json.loads(r.stdout)["removed_parts"] == []
