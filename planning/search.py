@@ -855,6 +855,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     df = with_memory_headroom(df, memory_headroom_gb, run_cols)
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
+        _check_run_length(df, float(tokens), batch * seq)
     warnings = warnings + cap_notes + _ood_warnings(df)
     df, excluded = _apply_goals(df, goals)
     fit = df[df["fits"]].sort_values(["step_time_ms", "memory_gb"])
@@ -1106,6 +1107,18 @@ class _Evaluator:
             else:  # no run figures for a configuration that does not fit (NaN, as a missing key of a row dict gives)
                 row += _NO_RUN
         return "row", row + (self._band_terms(r, ctx) if r.scheduled else _NO_BAND)
+
+
+def _check_run_length(df: pd.DataFrame, tokens: float, tokens_per_step: float) -> None:
+    """The bound ``predict --tokens`` puts on a run (``lifecycle.footprint._check_run_hours``: over 1e6 failure-free
+    hours, 114 years, is refused naming --tokens; lifted by --force / allow_exotic), on the search's fastest fitting
+    row: when even that run is beyond it, every row's is (until stop 54 a search with --tokens 1e30 ranked runs of
+    1.1e19 days)."""
+    from wattcast.lifecycle.footprint import _check_run_hours
+
+    fit = df["fits"].to_numpy(dtype=bool) & np.isfinite(df["step_time_ms"].to_numpy(dtype=float))
+    if fit.any():
+        _check_run_hours(tokens, tokens_per_step, float(df["step_time_ms"].to_numpy(dtype=float)[fit].min()))
 
 
 def _cp_sizes_text(sizes) -> str | None:

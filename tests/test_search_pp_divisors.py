@@ -24,3 +24,20 @@ def test_default_stage_counts_stop_at_the_model_layers():
     cands = candidate_configs("gpt2", "DGX-H100", 64, 64, 1024, tp=(1,), zero=(0,), sp=(False,), recompute=("none",),
                               interleave=(1,), cp=(1,))
     assert {c.pp for c in cands} == {1, 2, 4, 8}
+
+
+def test_search_refuses_a_run_beyond_the_predict_bound():
+    """--tokens 1e30 (the auditor's) made a ranking of 1.1e19-day runs with status ok; predict --tokens refuses a run
+    over 1e6 failure-free hours naming --tokens, and so does search now (on its fastest fitting row); allow_exotic
+    lifts it as it lifts predict's."""
+    import pytest
+
+    import wattcast
+
+    kw = dict(tp=(1,), pp=(1,), micro_batch=(1,), zero=(0,), sp=(False,), recompute=("none",), interleave=(1,), cp=(1,))
+    with pytest.raises(ValueError, match=r"tokens \(--tokens\) is 1e\+30"):
+        wattcast.search("gpt2", "DGX-H100", 8, 16, 1024, tokens=1e30, **kw)
+    with wattcast.allow_exotic():
+        res = wattcast.search("gpt2", "DGX-H100", 8, 16, 1024, tokens=1e30, **kw)
+    assert res.ranked["run_days"].min() > 1e18
+    assert wattcast.search("gpt2", "DGX-H100", 8, 16, 1024, tokens=1e9, **kw).ranked["run_days"].min() < 1
