@@ -88,6 +88,9 @@ def fuse_elementwise(g: OpGraph) -> OpGraph:
                    flops=float(sum(recs[m]["flops"] for m in grp)), bytes=ext, scale=1.0,
                    param_count=int(sum(recs[m]["param_count"] for m in grp)), layer=first["layer"], scope=first["scope"],
                    phase="forward", fwd_id=-1, recompute=False, tag=first["tag"], group="")
+        # the members' model FLOPs over their FLOPs (each member's ``model_share`` weighted by its FLOPs)
+        model = float(sum(recs[m]["flops"] * recs[m]["model_share"] for m in grp))
+        row["model_share"] = model / row["flops"] if row["flops"] > 0 else 1.0
         rows.append(row)
         saves = sorted({t for m in grp for t in g.saved["by_node"][m]})
         by_node.append(saves)

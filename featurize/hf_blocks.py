@@ -5,7 +5,7 @@ vocabulary-parallel embedding."""
 
 from __future__ import annotations
 
-from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
+from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor, attention_pair_share
 
 
 
@@ -21,8 +21,9 @@ def merge_heads(b: GraphBuilder, x: Tensor, name: str = "merge_heads") -> Tensor
     return b.copy(x, (bs, s, n * d), name=name)
 
 
-def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: str, mask: str, dropout_p: float,
-                    mask_shape: tuple[int, ...] | None = None, clamp_min: bool = False,
+def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: str, mask: str,
+                    dropout_p: float, window: int | None = None, mask_shape: tuple[int, ...] | None = None,
+                    clamp_min: bool = False,
                     strided: tuple[bool, bool, bool] = (False, False, False),
                     bias_shape: tuple[int, ...] | None = None, softcap: float | None = None,
                     sinks: bool = False, softmax_dtype: str | None = None, softmax_fp32: bool = False) -> Tensor:
@@ -51,16 +52,25 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
     backward is the cast the other way.
 
     ``softmax_fp32`` (Hugging Face eager attention): the softmax as ``softmax(scores, dim=-1,
-    dtype=torch.float32).to(query.dtype)`` (:func:`softmax_upcast`)."""
+    dtype=torch.float32).to(query.dtype)`` (:func:`softmax_upcast`).
+
+    Model FLOPs (``causal``, ``window``: the mask the model's attention applies): the kernels compute every one of the
+    S x S_kv query-key pairs, masked or not, and the softmax work on the scores; the model's attention is its score and
+    context products over the pairs its mask keeps, as the fused kernel computes them (``GraphBuilder.flash_attention``):
+    QK^T and PV (and their gradients) count in model FLOPs at :func:`~wattcast.featurize.op_graph.attention_pair_share`
+    (causal self-attention: half), the scale, mask, softmax and dropout kernels between them not at all (hardware FLOPs,
+    HFU, only), so MFU does not depend on the kernel (``model_share``)."""
     bs, h, s, d = q.shape
     skv = k.shape[2]
-    with b.tag("attn_core"):
+    share = attention_pair_share(s, skv, causal=causal, window=window)
+    with b.tag("attn_core"), b.model_share(0.0):
         if strided[0]:
             q = b.copy(q, name="attn.q_reshape")
         k_t = Tensor((bs, k.shape[1], d, skv), k.dtype, k.node, k.tid)  # transposed view, no kernel
         if strided[1]:
             k_t = b.copy(k_t, name="attn.k_reshape")
-        scores = b.matmul(q, k_t, name="attn.qk")
+        with b.model_share(share):
+            scores = b.matmul(q, k_t, name="attn.qk")
         wide = softmax_dtype if softmax_dtype and softmax_dtype != scores.dtype else None
         if wide:
             scores = b.copy(scores, name="attn.softmax_float", out_dtype=wide)
@@ -93,7 +103,8 @@ def eager_attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, scale: 
         probs = b.dropout(probs, dropout_p, name="attn.dropout")
         if strided[2]:
             v = b.copy(v, name="attn.v_reshape")
-        return b.matmul(probs, v, name="attn.pv")
+        with b.model_share(share):
+            return b.matmul(probs, v, name="attn.pv")
 
 
 def softmax_upcast(b: GraphBuilder, scores: Tensor) -> Tensor:
@@ -127,14 +138,18 @@ def softmax_upcast(b: GraphBuilder, scores: Tensor) -> Tensor:
 def attention(b: GraphBuilder, q: Tensor, k: Tensor, v: Tensor, *, impl: str, causal: bool, **eager_kw) -> Tensor:
     if impl == "flash":
         return b.flash_attention(q, k, v, causal=causal, name="attn.flash")
-    return eager_attention(b, q, k, v, **eager_kw)
+    return eager_attention(b, q, k, v, causal=causal, **eager_kw)
 
 
 def repeat_kv(b: GraphBuilder, x: Tensor, n_rep: int, name: str) -> Tensor:
+    """Grouped-query attention's keys or values copied to every query head (eager attention's; a fused kernel reads the
+    shared heads). Its backward sums the copies' gradients: hardware FLOPs only (``model_share`` 0), as the fused
+    kernel's own summing of them is not counted either (model FLOPs independent of the kernel, eager_attention)."""
     if n_rep == 1:
         return x
     bs, h, s, d = x.shape
-    return b.copy(x, (bs, h * n_rep, s, d), name=name, expand=True)
+    with b.model_share(0.0):
+        return b.copy(x, (bs, h * n_rep, s, d), name=name, expand=True)
 
 
 def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:

@@ -584,8 +584,9 @@ def _llama_attention(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq:
     if impl == "flash":
         a = b.flash_attention(q, k, v, causal=True, name="attn.flash", window=window if kv_len == seq else None)
     else:
-        a = eager_attention(b, q, k, v, scale="scores_mul", mask="add", dropout_p=_p(cfg, "attention_dropout"),
-                            mask_shape=(batch, 1, seq, kv_len), strided=(False, False, nhl == nkvl and b.kv_context is None),
+        a = eager_attention(b, q, k, v, causal=True, window=window if kv_len == seq else None, scale="scores_mul",
+                            mask="add", dropout_p=_p(cfg, "attention_dropout"), mask_shape=(batch, 1, seq, kv_len),
+                            strided=(False, False, nhl == nkvl and b.kv_context is None),
                             softcap=var.attn_softcap, sinks=var.gpt_oss,
                             # transformers 5.24.0: softmax(dtype=torch.float32).to(query.dtype) in every Llama-family
                             # eager_attention_forward but gpt-oss's (l. 250: ``dtype=combined_logits.dtype``)
@@ -1183,7 +1184,8 @@ def llama_megatron(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl
                 with b.tag("attn_core"):
                     k = repeat_kv(b, k, nhl // nkvl, "core_attention.expand_k")
                     v = repeat_kv(b, v, nhl // nkvl, "core_attention.expand_v")
-                a = eager_attention(b, q, k, v, dropout_p=0.0, **megatron_softmax_kwargs(cfg, b, batch, nhl, sq))
+                a = eager_attention(b, q, k, v, causal=True, window=windows[i], dropout_p=0.0,
+                                    **megatron_softmax_kwargs(cfg, b, batch, nhl, sq))
             core = a
             a = merge_heads(b, a, name="self_attention.merge_heads")
             if impl == "flash":  # TE's backend may hand linear_proj a view of the output it saves (te_attention.py)
@@ -1248,7 +1250,8 @@ def _mla(cfg: HFConfig, b: GraphBuilder, x: Tensor, batch: int, seq: int, impl: 
         # DotProductAttention's FusedScaleMaskSoftmax (megatron_softmax_kwargs)
         softmax_kw = (dict(scale="scores_mul", mask="add", mask_shape=(batch, 1, seq, seq), softmax_fp32=True)
                       if hf_softmax else megatron_softmax_kwargs(cfg, b, batch, nhl, s_))
-        a = eager_attention(b, qs, ks, v, dropout_p=_p(cfg, "attention_dropout"), strided=(False, False, True),
+        a = eager_attention(b, qs, ks, v, causal=True, dropout_p=_p(cfg, "attention_dropout"),
+                            strided=(False, False, True),
                             **softmax_kw)
     att = a
     a = merge_heads(b, a, name="self_attn.transpose")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from wattcast.featurize.hf_config import HFConfig
 from wattcast.featurize.hf_blocks import (activation, local_heads, merge_heads, padded_vocab, rms_norm_eager, vocab_embedding,
                                           vocab_shard_params)
-from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor
+from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor, attention_pair_share
 
 
 def _position_bias(b: GraphBuilder, cfg: HFConfig, batch: int, s_q: int, s_kv: int, *, name: str) -> Tensor:
@@ -56,13 +56,18 @@ def _attention(b: GraphBuilder, cfg: HFConfig, x: Tensor, kv: Tensor | None, bia
     if impl == "flash":
         a = b.flash_attention(q4, k4, v4, causal=causal, name=f"{prefix}.flash")
     else:
-        with b.tag("attn_core"):
-            scores = b.matmul(q4, Tensor((bs, nh, d, skv), k.dtype, k.node, k.tid), name=f"{prefix}.qk")
+        # model FLOPs: the two products over the pairs the mask keeps, the score-side kernels none (as
+        # hf_blocks.eager_attention counts them)
+        share = attention_pair_share(s, skv, causal=causal)
+        with b.tag("attn_core"), b.model_share(0.0):
+            with b.model_share(share):
+                scores = b.matmul(q4, Tensor((bs, nh, d, skv), k.dtype, k.node, k.tid), name=f"{prefix}.qk")
             pb = bias if bias is not None else b.input((bs, nh, s, skv))
             scores = b.elementwise("add", scores, pb, name=f"{prefix}.position_bias")
             probs = b.softmax(scores, name=f"{prefix}.softmax")
             probs = b.dropout(probs, cfg.fraction("dropout_rate", default=0.1), name=f"{prefix}.dropout")
-            a = b.matmul(probs, v4, name=f"{prefix}.pv")
+            with b.model_share(share):
+                a = b.matmul(probs, v4, name=f"{prefix}.pv")
     a = merge_heads(b, a, name=f"{prefix}.contiguous")
     return b.tp_exit(b.linear(a, cfg.hidden, bias=False, name=f"{prefix}.o", parallel="row"), name=f"{prefix}.exit")
 

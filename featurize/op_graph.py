@@ -57,9 +57,13 @@ OP_CLASSES = (
 PHASES = ("forward", "backward", "optimizer")
 METHODS = ("surrogate", "proxy", "flash", "roofline", "collective")
 SHAPE_COLUMNS = ("B", "M", "N", "K", "H", *CONV_COLS[1:])
+#: a graph's node columns. ``model_share``: the part of a node's ``flops`` that counts as model FLOPs (MFU's numerator,
+#: simulate/single_device.model_flops); 1 but in eager attention (:func:`attention_pair_share`,
+#: hf_blocks.eager_attention), whose kernels compute the masked pairs and the softmax work on the scores that the model
+#: FLOPs leave out (hardware FLOPs only)
 NODE_COLUMNS = (
     "name", "op_class", "kernel", "method", "dtype", *SHAPE_COLUMNS, "flops", "bytes", "scale", "param_count",
-    "layer", "scope", "phase", "fwd_id", "recompute", "tag", "group",
+    "layer", "scope", "phase", "fwd_id", "recompute", "tag", "group", "model_share",
 )
 #: collectives the graph can hold (costed by wattcast.models.collectives)
 COLLECTIVE_OPS = COLLECTIVES
@@ -141,6 +145,25 @@ class GraphError(ValueError):
 
 def _numel(shape: Sequence[int]) -> int:
     return int(math.prod(map(int, shape))) if len(shape) else 1
+
+
+def attention_pair_share(s: int, skv: int, *, causal: bool, window: int | None = None) -> float:
+    """The share of the s x skv query-key pairs an attention's mask keeps (one device, no context parallelism): what a
+    fused kernel computes (``GraphBuilder.flash_attention``'s FLOPs) and what model FLOPs count of attention's score
+    and context products whatever the kernel (an eager attention computes all s x skv; hf_blocks.eager_attention).
+    Causal self-attention keeps half: Megatron-LM's model FLOPs for MFU count it so (megatron-core 0.19.2
+    megatron/training/training.py ``num_floating_point_operations`` l. 703-710: the "Core-attention (L^2) part: QK^T and
+    (softmax(QK^T)) V", ``/ 2  # causal mask (only half of the mask is non-zero)``; l. 666-676 likewise for MLA), the two
+    products alone (no softmax term)."""
+    frac = 0.5 if causal and s == skv else 1.0
+    if causal and s < skv:
+        # queries at the end of a longer key sequence (a KV cache: s new tokens after skv - s cached ones): query i
+        # sees skv - s + i + 1 keys, s x skv - s(s - 1)/2 pairs (a decode step, s = 1: all skv keys)
+        frac = 1.0 - (s - 1) / (2.0 * skv)
+    if window and causal and s == skv and s > window:
+        # pairs (i, j) with 0 <= i - j < window, over the S x S square
+        frac = (window * s - window * (window - 1) / 2.0) / float(s * s)
+    return frac
 
 
 def _frame_of_rows(rows: list[dict], columns: list[str]) -> pd.DataFrame:
@@ -331,6 +354,7 @@ class GraphBuilder:
         self._layer = -1
         self._scope = ""
         self._tag = ""
+        self._model_share = 1.0  # the ``model_share`` of the nodes recorded (``model_share``)
         self.param_count = 0
         self.param_bytes = 0
         self.meta: dict = {}
@@ -378,6 +402,13 @@ class GraphBuilder:
     def tag(self, tag: str):
         """Tag the ops recorded inside the block (a tag inside another adds to it: ``moe,moe_act``)."""
         return self._setting(_tag=f"{self._tag},{tag}" if self._tag and tag else (tag or self._tag))
+
+    def model_share(self, share: float):
+        """Record the ops inside the block with ``model_share`` ``share`` (their backward kernels inherit it): the part of
+        their FLOPs that counts as model FLOPs (eager attention: hf_blocks.eager_attention)."""
+        if not 0.0 <= share <= 1.0:
+            raise GraphError(f"model_share must be in [0, 1], got {share}")
+        return self._setting(_model_share=float(share))
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -455,7 +486,8 @@ class GraphBuilder:
         dtype = node_dtype or (self.dtype if self.dtype != "tf32" or op_class in TF32_CLASSES else "fp32")
         values = dict(name=name, op_class=op_class, kernel=kernel, method=method, dtype=dtype,
                       flops=float(flops), bytes=float(bytes_), scale=float(scale), param_count=int(params), layer=self._layer,
-                      scope=self._scope, tag=self._tag, group=shape.pop("group", ""))
+                      scope=self._scope, tag=self._tag, group=shape.pop("group", ""),
+                      model_share=self._model_share)
         for c in SHAPE_COLUMNS:
             values[c] = float(shape[c]) if c in shape else np.nan
         nid = len(self._nodes)
@@ -1053,14 +1085,7 @@ class GraphBuilder:
         skv = k.shape[2]
         if k.shape[3] != d:
             raise GraphError(f"{name}: query and key head dims differ: q {q.shape}, k {k.shape}")
-        frac = 0.5 if causal and s == skv else 1.0
-        if causal and s < skv:
-            # queries at the end of a longer key sequence (a KV cache: s new tokens after skv - s cached ones): query i
-            # sees skv - s + i + 1 keys, s x skv - s(s - 1)/2 pairs (a decode step, s = 1: all skv keys)
-            frac = 1.0 - (s - 1) / (2.0 * skv)
-        if window and causal and s == skv and s > window and self.cp == 1:
-            # pairs (i, j) with 0 <= i - j < window, over the S x S square
-            frac = (window * s - window * (window - 1) / 2.0) / float(s * s)
+        frac = attention_pair_share(s, skv, causal=causal, window=window if self.cp == 1 else None)
         kv_reads = 1
         kb, km = b * h, s  # the kernel's batch x heads and query rows
         ring = 1  # KV-ring steps whose outputs are merged (the cp_out_correction below): the ring's size

@@ -291,8 +291,10 @@ def _column_values(nodes: pd.DataFrame) -> dict[str, list]:
     return {c: nodes[c].tolist() for c in nodes.columns}
 
 
-def _bw_row(spec: dict, layer: int, scope: str, tag: str, fwd_id: int, dtype: str) -> dict:
-    row = dict(_BW_DEFAULTS)
+def _bw_row(spec: dict, layer: int, scope: str, tag: str, fwd_id: int, dtype: str, model_share: float = 1.0) -> dict:
+    """A backward kernel's row; it counts in model FLOPs as its forward node does (``model_share``) unless its spec
+    says otherwise."""
+    row = dict(_BW_DEFAULTS, model_share=model_share)
     row.update(spec)
     dtype = spec.get("dtype") or dtype  # an FP8 recipe's GEMMs name their own dtype
     if dtype == "tf32" and spec.get("op_class") not in TF32_CLASSES:
@@ -364,6 +366,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     rules = fwd.saved["backward"]
     n_fwd = len(nodes)
     fwd_layer, fwd_scope, fwd_tag = fwd_cols["layer"], fwd_cols["scope"], fwd_cols["tag"]
+    fwd_share = fwd_cols["model_share"]
     out_rows: list[dict] = []
     edges: list[tuple[int, int]] = [tuple(e) for e in fwd.edges.tolist()]
     first_bw: dict[int, int] = {}  # forward id -> its first backward node id
@@ -392,7 +395,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
             continue
         for k, spec in enumerate(specs):
             nid = n_fwd + len(out_rows)
-            out_rows.append(_bw_row(spec, fwd_layer[i], fwd_scope[i], fwd_tag[i], i, dtype))
+            out_rows.append(_bw_row(spec, fwd_layer[i], fwd_scope[i], fwd_tag[i], i, dtype, fwd_share[i]))
             edges.append((i, nid))
             edges.append((prev, nid))
             if k == 0:
@@ -538,5 +541,6 @@ def _opt_row(name: str, op_class: str, layer: int, scope: str, flops: float, byt
     dtype = "fp32" if dtype == "tf32" else dtype  # the optimizer's arithmetic is not a matrix product
     row = {c: np.nan for c in SHAPE_COLUMNS}
     row.update(name=name, op_class=op_class, kernel="", method="proxy", dtype=dtype, flops=flops, bytes=bytes_, scale=1.0,
-               param_count=0, layer=int(layer), scope=scope, phase=phase, fwd_id=-1, recompute=False, tag="", group="")
+               param_count=0, layer=int(layer), scope=scope, phase=phase, fwd_id=-1, recompute=False, tag="", group="",
+               model_share=1.0)
     return row

@@ -1313,16 +1313,17 @@ def _full_layer_ids(ids: np.ndarray, n_rep: int, period: int = 1) -> tuple[np.nd
 
 
 def _model_totals(g1, n_rep: int, block_params: int, period: int = 1) -> dict:
-    """Model FLOPs of one micro-batch (optimizer excluded), the fused attention's own recomputation (``flash_rc_flops``:
-    hardware FLOPs beyond the model's) and the parameter count, from the unsharded graph."""
+    """Model FLOPs of one micro-batch (optimizer excluded), the hardware FLOPs beyond the model's (the fused attention's
+    own recomputation, ``flash_rc_flops``; an eager attention's masked pairs and softmax-side work,
+    ``eager_attn_extra_flops``) and the parameter count, from the unsharded graph."""
     hit = _TOTALS.get(id(g1))
     if hit is not None and hit[0] is g1:
         return hit[1]
     nodes = g1.nodes
-    flops, flash_rc = model_flops(nodes, _layer_multiplicity(nodes["layer"].to_numpy(), n_rep, period))
+    flops, flash_rc, eager_extra = model_flops(nodes, _layer_multiplicity(nodes["layer"].to_numpy(), n_rep, period))
     # block_params: the parameters of the repeated block (of one repeated period)
     params = int(g1.meta.get("param_count", 0)) + (n_rep - 1) * int(block_params)
-    out = dict(flops=flops, flash_rc_flops=flash_rc, param_count=params)
+    out = dict(flops=flops, flash_rc_flops=flash_rc, eager_attn_extra_flops=eager_extra, param_count=params)
     _TOTALS[id(g1)] = (g1, out)
     return out
 
@@ -3368,7 +3369,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     bubble = float(span - busy.max())
     # model FLOPs: the unsharded training graph of one micro-batch, times micro-batches and replicas
     model_flops = model_totals["flops"] * n_micro * par.dp
-    hw_flops = model_flops + model_totals["flash_rc_flops"] * n_micro * par.dp
+    # hardware FLOPs beyond the model's: FlashAttention's recomputed scores, eager attention's masked pairs and softmax
+    hw_extra = model_totals["flash_rc_flops"] + model_totals["eager_attn_extra_flops"]
+    hw_flops = model_flops + hw_extra * n_micro * par.dp
     if par.recompute != "none":
         # the costed graph is one tensor-parallel rank's whole model for one micro-batch
         hw_flops += view.recompute_flops * par.tp * par.cp * n_micro * par.dp

@@ -721,18 +721,25 @@ def with_warnings(meta: dict, notes) -> dict:
 FLASH_BACKWARD_MODEL_SHARE = 2.0 / 2.5
 
 
-def model_flops(nodes: pd.DataFrame, mult=1.0) -> tuple[float, float]:
-    """(model FLOPs, the fused attention's own recomputation) of a step graph's nodes, each node counted ``mult``
-    times: the forward and backward kernels without the optimizer step and without recomputation (activation
-    checkpointing's re-run forward, FlashAttention's backward recomputing its scores: hardware FLOPs, not the model's).
-    One device and a cluster's ranks count the same way."""
+def model_flops(nodes: pd.DataFrame, mult=1.0) -> tuple[float, float, float]:
+    """(model FLOPs, the fused attention's own recomputation, eager attention's work beyond the model's) of a step
+    graph's nodes, each node counted ``mult`` times: the forward and backward kernels without the optimizer step and
+    without recomputation (activation checkpointing's re-run forward, FlashAttention's backward recomputing its scores:
+    hardware FLOPs, not the model's), each at its ``model_share``: an eager attention's products over the pairs its mask
+    drops (causal: half the S x S) and its softmax-side kernels are hardware FLOPs only, so that the model FLOPs are the
+    fused kernel's whatever the attention kernel (featurize/op_graph.attention_pair_share). The second and third add up
+    to the hardware FLOPs (HFU) beyond the model's, recomputation aside. One device and a cluster's ranks count the same
+    way."""
     f = nodes["flops"].to_numpy(dtype=float) * mult
     work = ~column_is(nodes, "phase", "optimizer") & ~nodes["recompute"].to_numpy(dtype=bool)
+    share = nodes["model_share"].to_numpy(dtype=float)
+    kept = f * share
     # the fused attention's own backward kernels (a recomputed forward under full recomputation sits in the backward
     # phase too, and is out already)
-    flash_b = float(f[work & column_is(nodes, "phase", "backward") & column_is(nodes, "op_class", "flash_attention")].sum())
+    flash_b = float(kept[work & column_is(nodes, "phase", "backward")
+                         & column_is(nodes, "op_class", "flash_attention")].sum())
     flash_rc = flash_b * (1.0 - FLASH_BACKWARD_MODEL_SHARE)
-    return float(f[work].sum()) - flash_rc, flash_rc
+    return float(kept[work].sum()) - flash_rc, flash_rc, float((f - kept)[work].sum())
 
 
 def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> StepPrediction:
