@@ -2045,17 +2045,17 @@ def profile_import(
     output: Path = typer.Option(..., "--output", "-o", help="Folder to write kernels.csv / collectives.csv / power.csv / profile.json into."),
     device: Optional[str] = typer.Option(None, "--device", "-d", help="GPU of the files when they do not record it (or to override it)."),
     collective: Optional[str] = typer.Option(None, "--collective", help="Collective of an nccl-tests log that does not name it (all_reduce, all_gather, ...)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the tables / profile.json already in --output (stale tables of an earlier import are removed; other files are kept). Without it, an existing one is an error."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the tables / profile.json an earlier import or run wrote into --output (as its profile.json records; its stale tables are removed; other files are kept). Without it, an existing one is an error; a table no profile.json records (a user's own) is refused even with it."),
 ) -> None:
     """Import profiling files into wattcast's measurement tables (schema in the README)."""
     from wattcast.data.profiles.importers import import_file
-    from wattcast.data.profiles.tables import Profile, ProfileImportError, owned_files
+    from wattcast.data.profiles.tables import Profile, ProfileImportError, check_output_folder
 
     _output_dir(output, "--output")
-    existing = owned_files(output) if output.is_dir() else []
-    if existing and not overwrite:
-        _fail(f"--output {output} already holds {', '.join(p.name for p in existing)}; pass --overwrite to replace "
-              "them (with the tables of this import only), or give another folder")
+    try:
+        check_output_folder(output, overwrite=overwrite)
+    except ProfileImportError as e:
+        _fail(str(e))
     for f in files:
         _input_file(f, "input file")
     files = _distinct_inputs(files)
@@ -2078,7 +2078,7 @@ def profile_import(
         for frames in prof.frames.values():
             for fr in frames:
                 fr.loc[(fr["Device"].fillna("") == "") & (fr["device_name"] == device), "Device"] = device
-    _write("--output", output, lambda: prof.write(output, remove_stale=overwrite))
+    _write("--output", output, lambda: prof.write(output))
     k = prof.table("kernels")
     mapped = int((k["OPName"].fillna("") != "").sum()) if len(k) else 0
     err.print(f"[green]{mapped:,}[/] kernel rows mapped to wattcast ops"
@@ -2125,15 +2125,20 @@ def profile_run(
     quick: bool = typer.Option(False, "--quick", help="A small sweep (minutes -> seconds) to check the setup."),
     repeats: int = typer.Option(5, "--repeats", help="Timed loops per shape (the median is kept)."),
     collectives: bool = typer.Option(True, "--collectives/--no-collectives", help="Sweep all_reduce/all_gather/reduce_scatter sizes inside a torch.distributed job (torchrun)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the tables / device.json / profile.json an earlier run or import wrote into --output (as its profile.json records; its stale tables are removed; other files are kept). Without it, an existing one is an error; a table no profile.json records (a user's own) is refused even with it."),
 ) -> None:
     """Measure this machine's GPU on a sweep of GEMM/elementwise/norm/softmax (and collective) shapes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
     from wattcast.data.profiles.collector import SweepOptions, make_backend, run_sweep
-    from wattcast.data.profiles.tables import ProfileImportError
+    from wattcast.data.profiles.tables import DEVICE_FILE, ProfileImportError, check_output_folder
 
     _output_dir(output, "--output")
+    try:  # before the sweep runs: the same rule as `profile import`
+        check_output_folder(output, overwrite=overwrite, writes=(DEVICE_FILE,))
+    except ProfileImportError as e:
+        _fail(str(e))
     _positive(repeats=repeats)
     dts = tuple(dict.fromkeys(canonical_dtype(d) for d in dtype))
     bad = [d for d in dts if d not in DTYPE_BYTES or d == "fp8"]
@@ -2147,8 +2152,7 @@ def profile_run(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
         task = prog.add_task(f"measuring on {be.device_name} ({be.name})", total=None)
         prof, notes = run_sweep(be, opts, progress=lambda i, n: prog.update(task, completed=i, total=n))
-    _write("--output", output, lambda: prof.write(output))
-    _write("--output", output / "device.json", lambda: (output / "device.json").write_text(json.dumps(notes["spec"], indent=2), encoding="utf-8"))
+    _write("--output", output, lambda: prof.write(output, extra={DEVICE_FILE: json.dumps(notes["spec"], indent=2)}))
     err.print(f"[green]{notes['kernel_rows'] - notes['failed_points']:,}[/] kernel shapes measured"
               + (f", [yellow]{notes['failed_points']} not measurable[/] (see 'reason')" if notes["failed_points"] else "")
               + f", {notes['collective_rows']} collective rows, {notes['power_rows']} power samples on {be.device_name} -> {output}")

@@ -51,15 +51,69 @@ def test_profile_import_refuses_existing_tables_and_overwrite_is_consistent(tmp_
     r = run_cli("profile", "import", str(trace), "-o", str(user))
     assert r.returncode == 2 and "Traceback" not in r.stderr and "--overwrite" in flat(r.stderr)
     assert (user / "kernels.csv").read_text() == "precious\n" and not (user / "profile.json").exists()
-    # a folder with a stale collectives.csv: --overwrite removes it so the folder matches profile.json
+    # --overwrite never replaces or deletes a table no profile.json records (the user's own): refused, named
     (user / "collectives.csv").write_text("stale\n")
     r = run_cli("profile", "import", str(trace), "-o", str(user), "--overwrite")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "kernels.csv, collectives.csv" in flat(r.stderr) and "no profile.json" in flat(r.stderr)
+    assert (user / "kernels.csv").read_text() == "precious\n" and (user / "collectives.csv").read_text() == "stale\n"
+    # a folder an import wrote: --overwrite replaces its tables and removes the stale ones it recorded, nothing else
+    imp = tmp_path / "I"
+    log = tmp_path / "all_reduce_perf.log"
+    log.write_text(NCCL_TESTS_NCCL_HEAD.replace("nGpus 1", "nGpus 2")
+                   + "     1048576        262144     float     sum      -1    100.0   10.49   10.49      0    100.0   10.49   10.49      0\n"
+                   + "# Avg bus bandwidth    : 10.49\n")
+    r = run_cli("profile", "import", str(trace), str(log), "-o", str(imp))
     assert r.returncode == 0, r.stderr
-    meta = json.loads((user / "profile.json").read_text())
-    assert meta["rows"]["collectives"] == 0 and not (user / "collectives.csv").exists()
-    assert len(read_table(user, "kernels")) == 1 and (user / "notes.txt").read_text() == "mine\n"
-    r = run_cli("profile", "import", str(trace), "-o", str(user))  # profile.json alone is enough to refuse
+    assert json.loads((imp / "profile.json").read_text())["written"] == ["collectives.csv", "kernels.csv"]
+    (imp / "notes.txt").write_text("mine\n")
+    r = run_cli("profile", "import", str(trace), "-o", str(imp), "--overwrite")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((imp / "profile.json").read_text())
+    assert meta["rows"]["collectives"] == 0 and not (imp / "collectives.csv").exists()
+    assert meta["written"] == ["kernels.csv"]
+    assert len(read_table(imp, "kernels")) == 1 and (imp / "notes.txt").read_text() == "mine\n"
+    r = run_cli("profile", "import", str(trace), "-o", str(imp))  # profile.json alone is enough to refuse
     assert r.returncode == 2 and "already holds" in flat(r.stderr)
+
+
+def test_profile_import_overwrite_keeps_a_power_csv_no_import_wrote(tmp_path):
+    """Audit stop 54 #7: `--overwrite` into a folder holding only the user's power.csv deleted it."""
+    trace = _trace(tmp_path)
+    ud = tmp_path / "ud2"
+    ud.mkdir()
+    (ud / "power.csv").write_text("my,data\n")
+    r = run_cli("profile", "import", str(trace), "-o", str(ud), "--overwrite")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "power.csv" in flat(r.stderr) and "no profile.json" in flat(r.stderr)
+    assert (ud / "power.csv").read_text() == "my,data\n" and not (ud / "kernels.csv").exists()
+    # a power.csv added to an import's folder: its profile.json does not record it -> refused as well
+    imp = tmp_path / "I"
+    assert run_cli("profile", "import", str(trace), "-o", str(imp)).returncode == 0
+    (imp / "power.csv").write_text("my,data\n")
+    r = run_cli("profile", "import", str(trace), "-o", str(imp), "--overwrite")
+    assert r.returncode == 2 and "power.csv" in flat(r.stderr) and "records only kernels.csv" in flat(r.stderr)
+    assert (imp / "power.csv").read_text() == "my,data\n"
+
+
+def test_overwrite_reads_the_record_of_an_older_profile_json(tmp_path):
+    """A profile.json written before the 'written' record: the tables its 'rows' count are the import's."""
+    from wattcast.data.profiles.tables import recorded_files
+
+    trace = _trace(tmp_path)
+    imp = tmp_path / "I"
+    (imp).mkdir()
+    pd.DataFrame({"x": [1]}).to_csv(imp / "collectives.csv", index=False)
+    (imp / "kernels.csv").write_text("old\n")
+    (imp / "profile.json").write_text(json.dumps({"schema_version": 1, "tool": "wattcast", "files": [],
+                                                  "rows": {"kernels": 3, "collectives": 1, "power": 0}}))
+    assert recorded_files(imp) == {"kernels.csv", "collectives.csv"}
+    r = run_cli("profile", "import", str(trace), "-o", str(imp), "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert not (imp / "collectives.csv").exists() and len(read_table(imp, "kernels")) == 1
+    (imp / "profile.json").write_text("{not json")  # a profile.json wattcast did not write: nothing is replaced
+    r = run_cli("profile", "import", str(trace), "-o", str(imp), "--overwrite")
+    assert r.returncode == 2 and "not one wattcast wrote" in flat(r.stderr)
 
 
 # ----------------------------------------------------------------------------- 2. nvidia-smi duplicate targets

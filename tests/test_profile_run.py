@@ -109,6 +109,44 @@ def test_profile_run_cli(tmp_path):
         assert r.returncode == 2 and "no CUDA GPU" in flat(r.stderr)
 
 
+def test_profile_run_refuses_an_existing_folder_as_profile_import_does(tmp_path):
+    """Audit stop 54 #1: `profile run -o DIR` replaced an import's kernels.csv and deleted its collectives.csv, and
+    replaced a user's own kernels.csv / device.json, unsaid (it had no --overwrite)."""
+    import json
+
+    run = ("profile", "run", "--backend", "cpu", "--quick", "--repeats", "1", "--no-collectives")
+    imp = tmp_path / "P1"
+    imp.mkdir()
+    (imp / "kernels.csv").write_text("imported\n")
+    (imp / "collectives.csv").write_text("imported\n")
+    (imp / "notes.txt").write_text("mine\n")
+    (imp / "profile.json").write_text(json.dumps({"schema_version": 1, "tool": "wattcast", "files": [],
+                                                 "rows": {"kernels": 1, "collectives": 1, "power": 0},
+                                                 "written": ["collectives.csv", "kernels.csv"]}))
+    r = run_cli(*run, "--output", str(imp))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--overwrite" in flat(r.stderr)
+    assert "kernels.csv, collectives.csv, profile.json" in flat(r.stderr)
+    assert (imp / "kernels.csv").read_text() == "imported\n" and (imp / "collectives.csv").exists()
+    r = run_cli(*run, "--output", str(imp), "--overwrite")  # the import's own tables: replaced / removed
+    assert r.returncode == 0, r.stderr
+    assert len(read_table(imp, "kernels")) > 1 and not (imp / "collectives.csv").exists()
+    assert json.loads((imp / "profile.json").read_text())["written"] == ["device.json", "kernels.csv"]
+    assert (imp / "notes.txt").read_text() == "mine\n"
+    r = run_cli(*run, "--output", str(imp), "--overwrite")  # a run over a run: its device.json is recorded
+    assert r.returncode == 0, r.stderr
+
+    user = tmp_path / "mydata"
+    user.mkdir()
+    (user / "kernels.csv").write_text("my 600 rows\n")
+    (user / "device.json").write_text("{}")
+    for extra in ((), ("--overwrite",)):
+        r = run_cli(*run, "--output", str(user), *extra)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert "kernels.csv, device.json" in flat(r.stderr)
+        assert (user / "kernels.csv").read_text() == "my 600 rows\n" and (user / "device.json").read_text() == "{}"
+        assert not (user / "profile.json").exists()
+
+
 def test_cuda_backend_code_path_with_fake_driver():
     """CudaBackend's timer, energy counter and spec query, run against stand-ins for torch.cuda and pynvml that
     behave as documented (events: elapsed_time in ms; NVML: energy in mJ, clocks in MHz, limits in mW)."""
