@@ -2072,7 +2072,9 @@ def profile_import(
         try:
             notes = import_file(prof, f, device=device, collective=collective)
         except ProfileImportError as e:
-            _fail(str(e))
+            from rich.markup import escape
+
+            _fail(escape(str(e)))  # messages may quote NVTX ranges such as 'bmm[int8] ...', not markup
         _print_import_notes(notes)
     if device is not None:  # the GPU the user named is known even when the catalog does not list it (spec file)
         for frames in prof.frames.values():
@@ -2186,11 +2188,13 @@ def _print_import_notes(notes: dict) -> None:
                      if busy.get("steps_cpu_ms") else ""))
     if busy.get("copy_events"):
         err.print(f"  {_copies_text(busy)}")
-    if notes.get("warning"):
-        err.print(f"[yellow]{notes['warning']}[/yellow]")
+    from rich.markup import escape
+
+    if notes.get("warning"):  # escaped: warnings quote NVTX ranges such as 'bmm[int8] ...', not markup
+        err.print(f"[yellow]{escape(notes['warning'])}[/yellow]")
     reasons = sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])
     for why, n in reasons[:6]:
-        err.print(f"  {'skipped' if why in skipped else 'unmapped'}: {n:,} x {why}")
+        err.print(f"  {'skipped' if why in skipped else 'unmapped'}: {n:,} x {escape(why)}")
     if len(reasons) > 6:  # the rest counted, not dropped unsaid (profile.json lists every reason)
         err.print(f"  ... and {len(reasons) - 6} more reason(s) ({sum(n for _, n in reasons[6:]):,} rows; every reason "
                   "in profile.json 'unmapped_reasons')")
@@ -2225,7 +2229,9 @@ def validate_trace_cmd(
     try:
         summary, rows = validate_trace(files, device, bundle=models, trace_device=trace_device, in_step=in_step)
     except (ProfileImportError, ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+        from rich.markup import escape
+
+        _fail(escape(str(e)))  # messages may quote NVTX ranges such as 'bmm[int8] ...', not markup
     if output:
         _write("--output", output, lambda: rows.to_csv(output, index=False))
     if summary["trace_catalog_devices"] and summary["device"] not in summary["trace_catalog_devices"]:

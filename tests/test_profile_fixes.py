@@ -182,3 +182,103 @@ def test_nccl_tests_flags_and_counts_bad_rows(tmp_path):
     assert c["reason"].iloc[0].startswith("nccl-tests #wrong > 0") and c["reason"].iloc[1] == ""
     assert notes["unreadable_lines"] == 3 and sum(notes["unmapped_reasons"].values()) == 4
     assert (c["time_us"] > 0).all()
+
+
+# ----------------------------------------------------------------------------- audit stop 54 #5: invalid nsys rows
+def _nsys(path, ranges_kernels):
+    """A minimal Nsight Systems export: one NVTX range per kernel (text, kernel start, kernel end in ns)."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.executescript("""
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL,
+            correlationId INTEGER, globalPid INTEGER, shortName INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER NOT NULL, end INTEGER NOT NULL, globalTid INTEGER,
+            correlationId INTEGER);
+        CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER, text TEXT, globalTid INTEGER,
+            textId INTEGER);
+        CREATE TABLE TARGET_INFO_GPU (id INTEGER, name TEXT);
+        INSERT INTO TARGET_INFO_GPU VALUES (0, 'NVIDIA A100-SXM4-40GB');
+        INSERT INTO StringIds VALUES (1, 'ampere_gemm');
+    """)
+    for i, (text, start, end) in enumerate(ranges_kernels):
+        t0 = 1_000_000 * (i + 1)
+        con.execute("INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, ?, 7, NULL)", (t0 - 10_000, t0, text))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 7, ?)", (t0 - 5_000, t0 - 4_000, 100 + i))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, ?, 1, 1)", (t0 + start, t0 + end, 100 + i))
+    con.commit()
+    con.close()
+    return path
+
+
+BAD_NSYS = [("bmm[fp32] B=1 M=64 N=64 K=64", 0, 20_000),          # valid: 0.02 ms
+            ("bmm[fp32] B=1 M=4096 N=4096 K=4096", 2_000_000, 0),  # end before start: -2 ms
+            ("bmm[fp32] B=1 M=64 N=64 K=64", 5_000, 5_000),        # end == start
+            ("bmm[int8] B=1 M=64 N=64 K=64", 0, 2_000),
+            ("bmm[xyz] B=1 M=64 N=64 K=64", 0, 2_000),
+            ("bmm[fp16] B=0 M=99999999999999 N=64 K=64", 0, 2_000)]
+
+
+def test_nsys_import_keeps_invalid_rows_unmapped_naming_them(tmp_path):
+    from wattcast.data.profiles.nsys import import_nsys
+
+    db = _nsys(tmp_path / "bad.sqlite", BAD_NSYS)
+    k, _, notes = import_nsys(db)
+    assert k["OPName"].tolist() == ["bmm", "", "", "", "", ""] and notes["mapped_rows"] == 1
+    reasons = k["reason"].tolist()
+    assert "latency_ms -2 is negative" in reasons[1] and "latency_ms 0" in reasons[2]
+    assert "invalid dtype: 'int8'" in reasons[3] and "invalid dtype: 'xyz'" in reasons[4]
+    assert "B=0" in reasons[5] and "beyond 2**40" in reasons[5]
+    assert notes["unmapped_reasons"] == {"invalid measured time": 2, "invalid dtype": 2, "invalid shape": 1}
+    assert notes["invalid_rows"] == 5 and str(db) in notes["warning"] and "kernel row 4 (correlationId 103" in notes["warning"]
+    # busy time counts only the valid intervals (a -2 ms kernel adds none)
+    assert notes["busy"]["compute_busy_ms"] == pytest.approx(0.02 + 3 * 0.002)
+    r = run_cli("profile", "import", str(db), "-o", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "bmm[int8]" in flat(r.stderr) and "1 kernel rows mapped" in flat(r.stderr)  # the range text, not eaten as markup
+    # validate trace: a -2 ms duration is an invalid measurement, never "measured time 0"
+    neg = _nsys(tmp_path / "neg.sqlite", BAD_NSYS[1:3])
+    r = run_cli("validate", "trace", str(neg), "-d", "A100-SXM4-40GB")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "2 x invalid measured time" in flat(r.stderr) and "measured time 0" not in flat(r.stderr)
+
+
+def test_kineto_zero_size_operand_is_kept_unmapped(tmp_path):
+    """An aten::mm on an empty tensor (M = 0) failed the trainer's check (B/M > 0) as a mapped row."""
+    k, _, notes = import_kineto(_trace(tmp_path, dims=((0, 128), (128, 32))))
+    assert k["OPName"].tolist() == [""] and k["reason"].iloc[0].startswith("invalid shape: M=0")
+    assert notes["unmapped_reasons"] == {"invalid shape": 1} and "kernel row 1 (aten::mm" in notes["warning"]
+
+
+def test_training_rows_name_the_folder_and_line_of_an_invalid_row(tmp_path):
+    """A mapped row an older importer wrote (dtype int8) named a deleted temporary file and its line at train time."""
+    from wattcast.data.profiles.training_input import kernel_training_rows
+
+    trace = _trace(tmp_path)
+    mixed = tmp_path / "mixed"
+    assert run_cli("profile", "import", str(trace), "-o", str(mixed)).returncode == 0
+    k = read_table(mixed, "kernels")
+    bad = k.iloc[[0]].assign(dtype="int8")
+    pd.concat([k, k, bad], ignore_index=True).to_csv(mixed / "kernels.csv", index=False)
+    with pytest.raises(ProfileImportError, match=r"mixed/kernels.csv: 1 mapped kernel row\(s\).*line 4: invalid dtype: 'int8'"):
+        kernel_training_rows([mixed])
+    r = run_cli("train", "kernels", "--data", str(mixed), "--only-csv", "--quick", "--out", str(tmp_path / "k"),
+                "--no-mlflow")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{mixed}/kernels.csv" in flat(r.stderr) and "line 4" in flat(r.stderr)
+    assert "wattcast-imported" not in r.stderr
+
+
+def test_a_power_csv_without_profile_json_says_what_the_folder_needs(tmp_path):
+    from wattcast.data.profiles.training_input import split_data_args
+
+    d = tmp_path / "gp"
+    d.mkdir()
+    (d / "power.csv").write_text("timestamp,power_w\nt0,300\n")
+    with pytest.raises(ProfileImportError, match="holds power.csv but no profile.json"):
+        split_data_args([d])
+    r = run_cli("train", "power", "--data", str(d), "--out", str(tmp_path / "o"), "--no-mlflow")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no profile.json" in flat(r.stderr) and "wattcast profile import" in flat(r.stderr)
+    assert split_data_args([tmp_path / "empty_root"]) == (tmp_path / "empty_root", [])  # no tables: a dataset root

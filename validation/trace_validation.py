@@ -21,6 +21,7 @@ import pandas as pd
 from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.data.profiles.importers import import_files
 from wattcast.data.profiles.kineto import reason_key
+from wattcast.data.profiles.row_checks import INVALID_TIME
 from wattcast.data.profiles.tables import NoTraceDeviceError, ProfileImportError
 
 
@@ -60,11 +61,16 @@ def validate_trace(paths, device, bundle=None, trace_device: str | None = None,
                                  "(a collectives-only or power-only file?)")
     mapped = k["OPName"].fillna("").astype(str) != ""
     lat = pd.to_numeric(k["latency_ms"], errors="coerce")
+    lat = lat.where(lat >= 0)  # a negative time (a broken record, kept unmapped) adds no busy time
     positive = lat > 0
     rows = k[mapped & positive].reset_index(drop=True)
     reasons = Counter(reason_key(str(r)) for r in k.loc[~mapped, "reason"].fillna(""))
-    if (mapped & ~positive).any():
-        reasons["measured time 0 (below the profiler's 1 us resolution)"] += int((mapped & ~positive).sum())
+    zero = mapped & (lat == 0)
+    if zero.any():  # a Kineto trace's 1 us resolution records the shortest kernels as 0
+        reasons["measured time 0 (below the profiler's 1 us resolution)"] += int(zero.sum())
+    broken = mapped & ~(lat >= 0)  # the importers keep such rows unmapped; a negative time is never "0"
+    if broken.any():
+        reasons[f"{INVALID_TIME} (latency_ms negative or missing)"] += int(broken.sum())
     if rows.empty:
         why = "; ".join(f"{n} x {r}" for r, n in reasons.most_common(3))
         raise ProfileImportError(f"{', '.join(map(str, paths))}: none of the {len(k)} kernel rows maps to a wattcast op "

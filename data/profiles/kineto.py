@@ -25,12 +25,14 @@ from pathlib import Path
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from wattcast.data.checks import real_in
 from wattcast.data.collective_ops import canonical_op
 from wattcast.data.profiles.aten_map import ELEM_BYTES, TORCH_DTYPES, map_aten
 from wattcast.data.profiles.devices import device_labels, override_warning
+from wattcast.data.profiles.row_checks import kernel_row_problems, shown, unmap_invalid
 from wattcast.data.profiles.tables import NoTraceDeviceError, ProfileImportError
 
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime")
@@ -52,6 +54,8 @@ def reason_key(reason: str) -> str:
         return "not an aten op (custom / framework op)"
     if reason.startswith("aten::") and ": " in reason:
         return reason.split(": ", 1)[1]
+    if reason.startswith("invalid ") and ": " in reason:  # row_checks: 'invalid dtype: 'int8' is not ...'
+        return reason.split(": ", 1)[0]
     return reason
 
 
@@ -364,6 +368,16 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
         krows.append(row)
     kdf = pd.DataFrame(krows)
     cdf = pd.DataFrame(crows)
+    invalid = []
+    if len(kdf):  # the checks a user kernel CSV passes (row_checks; a 0 us kernel is the trace's resolution)
+        problems = kernel_row_problems(kdf, zero_time_ok=True)
+        kdf = unmap_invalid(kdf, problems)
+        bad = problems != ""
+        for why in problems[bad]:
+            reasons[reason_key(why)] += 1
+        invalid = [f"kernel row {i + 1} ({a or '?'} -> kernel {str(kn)[:60]!r}): {why}"
+                   for i, a, kn, why in zip(np.flatnonzero(bad), kdf.loc[bad, "aten_op"], kdf.loc[bad, "kernel"],
+                                            problems[bad])]
     mapped = int((kdf["OPName"] != "").sum()) if len(kdf) else 0
     notes = {"file": str(p), "format": "kineto", "device": sorted(set(devs.values())) if device is None else [device],
              "kernels": len(kernels), "kernel_rows": len(kdf), "mapped_rows": mapped, "unmapped_rows": len(kdf) - mapped,
@@ -373,6 +387,10 @@ def _import_kineto(p: Path, device: str | None) -> tuple[pd.DataFrame, pd.DataFr
     if not has_dims:
         warnings.append("the trace has no operator shapes ('Input Dims'): profile with record_shapes=True; "
                         "every kernel row is kept unmapped")
+    if invalid:
+        notes["invalid_rows"] = len(invalid)
+        warnings.append(f"{p}: {len(invalid):,} kernel row(s) kept unmapped as invalid (not trained or validated on): "
+                        f"{shown(invalid)}")
     if duplicates:
         notes["duplicate_events"] = duplicates
         warnings.append(f"{duplicates:,} exact duplicate event(s) dropped (a trace merged or written twice?)")

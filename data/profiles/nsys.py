@@ -26,6 +26,7 @@ from wattcast.data.collective_ops import canonical_op
 from wattcast.data.kernel_ops import OP_FAMILY, SHAPE_COLS, canonical_dtype
 from wattcast.data.profiles.busy import busy_summary
 from wattcast.data.profiles.devices import device_labels, override_warning
+from wattcast.data.profiles.row_checks import INVALID_TIME, kernel_row_problems, shown, unmap_invalid
 from wattcast.data.profiles.tables import ProfileImportError
 
 _RANGE = re.compile(r"^\s*([A-Za-z_0-9]+)(?:\[([A-Za-z0-9_]+)\])?((?:\s+[A-Za-z_]+=\d+)*)\s*$")
@@ -53,6 +54,13 @@ def _tables(con) -> set[str]:
 
 def _cols(con, table: str) -> set[str]:
     return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+
+
+def _busy(ks: pd.DataFrame) -> dict:
+    """The busy figures of the kernels with a valid interval (end after start; a broken record adds no time)."""
+    ok = ks[ks["end"] > ks["start"]]
+    return busy_summary(ok["start"] / 1e3, (ok["end"] - ok["start"]) / 1e3, ok["deviceId"],
+                        ok["name"].str.lower().str.contains("nccl"))
 
 
 def import_nsys(path: str | Path, device: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -132,6 +140,7 @@ def import_nsys(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
     calls: dict = {}
     unmapped: dict[str, int] = defaultdict(int)
     source = f"nsys:{p.name}"
+    ks["row"] = range(1, len(ks) + 1)  # the kernel's row in CUPTI_ACTIVITY_KIND_KERNEL (read order), for messages
     for k in ks.itertuples(index=False):
         dname, dcat = device_labels(gpu_names.get(int(k.deviceId), ""), device)
         base = {"device_name": dname, "Device": dcat, "source": source}
@@ -152,9 +161,14 @@ def import_nsys(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
                     row["world_size"] = int(kv["group"])
             if row["size_B"] != row["size_B"]:
                 row["reason"] = "no 'nccl:OP bytes=N' NVTX range around the NCCL kernel: message size unknown"
+            if not k.end > k.start:  # a broken record: never a training row
+                row["reason"] = f"{INVALID_TIME}: the NCCL kernel ends at or before its start (kernel row {k.row})"
             crows.append(row)
             continue
-        row = {**base, "latency_ms": (k.end - k.start) / 1e6, "n_kernels": 1, "kernel": k.name[:200], "aten_op": ""}
+        row = {**base, "latency_ms": (k.end - k.start) / 1e6, "n_kernels": 1, "kernel": k.name[:200], "aten_op": "",
+               "_where": f"kernel row {k.row} (correlationId {k.correlationId}"
+                         + (f", NVTX range {text!r})" if text else ")"),
+               "_min_ns": k.end - k.start}
         parsed = parse_range(text) if text else None
         if parsed is None:
             why = ("kernel launched outside any NVTX range" if not text
@@ -169,17 +183,32 @@ def import_nsys(path: str | Path, device: str | None = None) -> tuple[pd.DataFra
                 prev = calls[key]
                 prev["latency_ms"] += row["latency_ms"]
                 prev["n_kernels"] += 1
+                prev["_min_ns"] = min(prev["_min_ns"], row["_min_ns"])
                 continue
             calls[key] = row
         krows.append(row)
     kdf = pd.DataFrame(krows)
     cdf = pd.DataFrame(crows)
+    invalid = []
+    if len(kdf):  # the checks a user kernel CSV passes (row_checks); nsys times in ns: a kernel ending at or before
+        # its start is a broken record, never 0 by resolution
+        problems = kernel_row_problems(kdf, zero_time_ok=False)
+        split = (kdf["OPName"] != "") & (problems == "") & (kdf["_min_ns"] <= 0)
+        problems[split] = f"{INVALID_TIME}: a kernel of the call ends at or before its start"
+        kdf = unmap_invalid(kdf, problems)
+        for why in problems[problems != ""]:
+            unmapped[why.split(": ", 1)[0]] += 1
+        invalid = [f"{w}: {why}" for w, why in zip(kdf.loc[problems != "", "_where"], problems[problems != ""])]
+        kdf = kdf.drop(columns=["_where", "_min_ns"])
     mapped = int((kdf["OPName"] != "").sum()) if len(kdf) else 0
     notes = {"file": str(p), "format": "nsys-sqlite", "device": sorted(set(gpu_names.values())) if device is None else [device],
              "kernels": len(ks), "kernel_rows": len(kdf), "mapped_rows": mapped, "unmapped_rows": len(kdf) - mapped,
              "collective_rows": len(cdf), "unmapped_reasons": dict(unmapped),
-             "busy": busy_summary(ks["start"] / 1e3, (ks["end"] - ks["start"]) / 1e3, ks["deviceId"],
-                                  ks["name"].str.lower().str.contains("nccl"))}
+             "busy": _busy(ks)}
+    if invalid:
+        notes["invalid_rows"] = len(invalid)
+        notes["warning"] = (f"{p}: {len(invalid):,} kernel row(s) kept unmapped as invalid (not trained or validated "
+                            f"on): {shown(invalid)}")
     relabel = override_warning(gpu_names.values(), device)
     if relabel:
         notes["device_override"] = {"device": device, "recorded": sorted(set(gpu_names.values()))}

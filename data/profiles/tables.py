@@ -201,7 +201,7 @@ def read_table(folder: str | Path, kind: str) -> pd.DataFrame:
     if not p.is_file():
         return empty(kind)
     try:
-        df = pd.read_csv(p, keep_default_na=True)
+        df = pd.read_csv(p, keep_default_na=True, skip_blank_lines=False)  # the index keeps each row's line
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
         raise ProfileImportError(f"{p}: not a readable CSV ({e})") from None
     missing = [c for c in TABLE_COLUMNS[kind] if c not in df.columns]
