@@ -106,9 +106,11 @@ def predict_label(label: Label, root: Path, bundle, launch_overhead_ms: float = 
                 measured_fw_ms=label.measured_fw_ms, measured_bw_ms=label.measured_bw_ms,
                 error_pct=100.0 * (pred - label.measured_ms) / label.measured_ms,
                 ood_fraction=float(costed["ood"].mean()),
-                # the compared time by op class: what the step band's generation term weighs (validation/step_band.py)
-                per_op=group_totals(costed["op_class"].to_numpy()[compared], t[compared], np.zeros(int(compared.sum())),
-                                    "op_class"))
+                # the compared time by op class: what the step band's generation term weighs (validation/step_band.py),
+                # with each class's FLOPs as `predict` reports them (simulate/single_device.py summarise_costed: the
+                # nodes' hardware FLOPs); until stop 54 zeros were passed and every entry read 'flops': 0.0
+                per_op=group_totals(costed["op_class"].to_numpy()[compared], t[compared],
+                                    costed["flops"].to_numpy(dtype=float)[compared], "op_class"))
 
 
 def evaluate_labels(root: str | Path | None = None, *, bundle=None, launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS,
