@@ -1794,7 +1794,7 @@ def validate_step_band(
 @train_app.command("kernels")
 def train_kernels(
     data: List[Path] = _TRAIN_DATA_OPTION,
-    holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="GPUs never trained, tuned or selected on (repeatable)."),
+    holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="A GPU never trained, tuned or selected on (repeatable). Each one adds to the default held-out GPUs (L4, A100-PCIe-80GB), which are always held out, as is a --spec with their figures under another name."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Your own profiling CSV (schema in README) to train on as well."),
     only_csv: bool = typer.Option(False, "--only-csv", help="Train on --csv alone, without the shared datasets."),
     spec: List[Path] = typer.Option([], "--spec", help="Spec file for a GPU of your CSV that is not in the catalog (repeatable)."),
