@@ -155,7 +155,15 @@ def test_power_into_a_new_folder_is_judged_against_the_shipped_model(data_root, 
     msg = flat(r.stdout + r.stderr)
     assert r.returncode == 1, msg  # until stop 54: "no power model at the target: writing the new one", exit 0
     assert "compared with the shipped one" in msg and "regresses shipped rows" in msg
+    assert "rerun with --force" in msg
     assert not out.exists() or not any(out.iterdir())
+    # --force installs it anyway, saying what the gate would have refused
+    r = run_cli("train", "power", "--data", data_root, "--data", f, "--out", out, "--no-mlflow", "--force")
+    msg = flat(r.stdout + r.stderr)
+    assert r.returncode == 0 and "made current by --force although the gate would have" in msg, msg
+    from wattcast.models import power as mp
+
+    assert mp.resolve_power_folder(out).parent == out / mp.VERSIONS
 
 
 # ------------------------------------------------------------------------------------- collectives

@@ -331,10 +331,11 @@ def _refuse_heldout_clusters(imported: pd.DataFrame, profiles) -> None:
 
 
 def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: bool = True, quick: bool = False,
-                          log=print, profiles=(), cluster=None) -> dict:
+                          log=print, profiles=(), cluster=None, force: bool = False) -> dict:
     """Train, evaluate (leave-one-configuration-out on H100, alpha-beta alone, Polaris), log to MLflow and
     install the model as the target's new live version (models/collectives.py ``install_collective_model``) when it
-    validates no worse than the existing one.
+    validates no worse than the existing one (or, at a new target, than the shipped one). ``force``: install it even
+    when the gate refuses it (the reason says what it overrode), like ``train kernels --force``.
 
     ``profiles``: imported profile folders (``wattcast profile import`` / ``profile run``) whose ``collectives.csv``
     rows, measured on ``cluster`` (preset name or cluster file), join the training rows; rows that cannot be used are
@@ -463,6 +464,9 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
 
     target = Path(out_dir) if out_dir else shipped_folder()
     replaced, reason, gate = gate_decision(model, target, frame, metrics, fp)
+    from wattcast.training.gate_force import forced
+
+    replaced, reason = forced(replaced, reason, force)
     metrics.update(gate)
     if replaced:
         model.manifest["metrics"] = manifest["metrics"]
@@ -485,6 +489,7 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
             "dataset_fingerprint": fp,
             "rounds": rounds,
             "quick": quick,
+            "force": force,
             "polaris_setup": POLARIS_SETUP,
             "split": "leave-one-configuration-out (collective, nodes, gpus_per_node)",
             "profiles": ",".join(map(str, profiles)),

@@ -835,9 +835,11 @@ def _plot(pred: pd.DataFrame, chosen: str, limits: pd.DataFrame | None, path: Pa
 
 # ------------------------------------------------------------------------------------------------ run
 def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: bool = True, log=print,
-                    profiles=()) -> dict:
+                    profiles=(), force: bool = False) -> dict:
     """Build rows, fit, evaluate leave-one-GPU-out, fit the clock response, check power limits, gate, log; install the
-    model as the target's new live version (models/power.py ``install_power_model``) when it validates.
+    model as the target's new live version (models/power.py ``install_power_model``) when it validates (against the
+    target's working model, or at a new target the shipped one). ``force``: install it even when the gate refuses it
+    (the reason says what it overrode), like ``train kernels --force``.
 
     ``profiles``: imported profile folders whose power samples carry the work they measured
     (:data:`PROFILE_POWER_COLUMNS`) join the training rows; the others are counted per reason
@@ -959,6 +961,9 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
 
     target = Path(out_dir) if out_dir else shipped_folder()
     replaced, reason, gate = gate_decision(model, target, train, mean_gpu[chosen])
+    from wattcast.training.gate_force import forced
+
+    replaced, reason = forced(replaced, reason, force)
     metrics.update(gate)
     if replaced:
         # a new version beside the old one, loaded and checked there, then one atomic pointer switch
@@ -977,7 +982,7 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
             "split": "leave-one-GPU-out", "perseus_tp": PERSEUS_TP, "perseus_mbs": PERSEUS_MBS,
             "perseus_tdp_w": PERSEUS_TDP_W, "idle_fraction_of_tdp": IDLE_FRACTION_OF_TDP,
             "min_clock_ratio": MIN_CLOCK_RATIO, "curve_features": ",".join(CURVE_FEATURES),
-            "chosen": chosen, "profiles": ",".join(map(str, profiles)),
+            "chosen": chosen, "profiles": ",".join(map(str, profiles)), "force": force,
             **{f"curve_{k}": round(v, 4) for k, v in params.items()},
             **{f"curve_free_{k}": round(v, 4) for k, v in params_free.items()},
         }
