@@ -1794,7 +1794,7 @@ def validate_step_band(
 @train_app.command("kernels")
 def train_kernels(
     data: List[Path] = _TRAIN_DATA_OPTION,
-    holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="GPUs never trained, tuned or selected on (repeatable)."),
+    holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="A GPU never trained, tuned or selected on (repeatable). Each one adds to the default held-out GPUs (L4, A100-PCIe-80GB), which are always held out, as is a --spec with their figures under another name."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Your own profiling CSV (schema in README) to train on as well."),
     only_csv: bool = typer.Option(False, "--only-csv", help="Train on --csv alone, without the shared datasets."),
     spec: List[Path] = typer.Option([], "--spec", help="Spec file for a GPU of your CSV that is not in the catalog (repeatable)."),
@@ -1939,6 +1939,7 @@ def train_collectives(
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file the imported profiles' collective rows were measured on (needed with profile folders in --data: a profile does not record its fabric)."),
+    force: bool = typer.Option(False, "--force", help="Make the new model current even when the gate refuses it: on the same data its leave-one-configuration-out MAPE is worse than the working model's; on other data its MAPE on all current rows is worse, or over 5% worse on one part of them with at least 5 rows (the nccl-tests rows, your imported rows; training/collectives.py PART_TOLERANCE). The working model is the one at --out, or the shipped one when --out holds none (a new folder). Without it such a model is not written and the command exits 1; with it the message says what the gate would have refused."),
 ) -> None:
     """Train the learned correction of the collective cost model on nccl-tests data (H100; Polaris evaluated only),
     plus the collective rows of imported profile folders given with --data."""
@@ -1950,7 +1951,7 @@ def train_collectives(
     _job_paths(None if no_mlflow else mlruns, out=out)
     try:
         res = run_train_collectives(data=root, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow, quick=quick,
-                                    log=lambda m: err.print(m), profiles=profiles, cluster=cluster)
+                                    log=lambda m: err.print(m), profiles=profiles, cluster=cluster, force=force)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     _print_train_result(res, "collectives: leave-one-configuration-out MAPE %")
@@ -1962,6 +1963,7 @@ def train_power(
     out: Optional[Path] = _OUT_OPTION,
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
+    force: bool = typer.Option(False, "--force", help="Make the new model current even when the gate refuses it: its device-weighted MAPE on the current rows, or on one part of them (the shipped datasets' rows, your imported rows), or its leave-one-GPU-out MAPE is over 2% (relative) worse than the working model's (training/power.py GATE_TOLERANCE). The working model is the one at --out, or the shipped one when --out holds none (a new folder). Without it such a model is not written and the command exits 1; with it the message says what the gate would have refused."),
 ) -> None:
     """Fit the power surrogate on the measured power data (plus the usable power rows of imported profile folders
     given with --data); leave-one-GPU-out errors to MLflow; gated write."""
@@ -1971,7 +1973,7 @@ def train_power(
     _job_paths(None if no_mlflow else mlruns, out=out)
     try:
         res = run_train_power(data=root, out_dir=out, tracking_dir=mlruns, use_mlflow=not no_mlflow,
-                              log=lambda m: err.print(m), profiles=profiles)
+                              log=lambda m: err.print(m), profiles=profiles, force=force)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     _print_train_result(res, "power: leave-one-GPU-out error %")

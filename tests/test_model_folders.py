@@ -134,7 +134,9 @@ def test_cli_flags(folders, tmp_path):
 def test_collective_and_power_folders(folders, tmp_path):
     # a collective model trained the way `train collectives --quick --out` trains one (~2 s)
     out = tmp_path / "coll"
-    r = run_cli("train", "collectives", "--quick", "--out", out, "--no-mlflow")
+    # (--force: a new --out is judged against the shipped model since stop 54, and the quick recipe validates worse,
+    # 10.8% vs 9.7% leave-one-config-out; this test needs a model that differs from the shipped one)
+    r = run_cli("train", "collectives", "--quick", "--out", out, "--no-mlflow", "--force")
     assert r.returncode == 0, r.stderr
     kw = dict(gpus=16, batch=64, tp=2)
     a = wattcast.predict_cluster("gpt2", "DGX-H100", **kw)

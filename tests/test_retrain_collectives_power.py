@@ -349,10 +349,18 @@ def test_train_collectives_with_an_imported_profile_installs_a_new_live_version(
     out, mlruns = tmp_path / "out", tmp_path / "mlruns"
     args = ("train", "collectives", "--data", data_root, "--data", cluster00["profile"], "--cluster", cluster00["cluster"],
             "--quick", "--out", out, "--mlruns", mlruns)
-    r = run_cli(*args, cwd=tmp_path)
+    # a new --out is judged against the shipped model (since stop 54); the quick recipe on these rows validates worse
+    # than it, so without --force nothing becomes current
+    r0 = run_cli(*args, "--no-mlflow", cwd=tmp_path)
+    msg0 = flat(r0.stdout + r0.stderr)
+    assert r0.returncode == 1 and "compared with the shipped one" in msg0 and "rerun with --force" in msg0, msg0
+    assert not (out / mc.POINTER).exists()
+    # --force makes the imported profile's model the live version, saying what it overrode
+    r = run_cli(*args, "--force", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     msg = flat(r.stderr)
     assert "40 of 43 imported collective rows used (left out: 3 no placement)" in msg
+    assert "made current by --force although the gate would have" in flat(r.stdout), flat(r.stdout)
     live = resolve_collective_folder(out)
     assert live.parent == out / mc.VERSIONS and (out / mc.POINTER).read_text().strip() == live.name
     model = load_collective_model(str(out))
@@ -388,7 +396,7 @@ def test_train_collectives_with_an_imported_profile_installs_a_new_live_version(
         assert k in metrics, sorted(metrics)
     assert metrics["imported_rows_used"] == 40
     assert len(tags["mlflow.source.git.commit"]) >= 7 and tags["replaced"] == "True"
-    # the same data again: the gate compares with the live version and lets an equal model through
+    # the same data again, without --force: the gate compares with the live version and lets an equal model through
     r2 = run_cli(*args, cwd=tmp_path)
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert resolve_collective_folder(out) != live and live.is_dir()

@@ -76,8 +76,12 @@ def user_csv(tmp_path_factory, data_root) -> Path:
 @pytest.fixture(scope="module")
 def user_bundle(tmp_path_factory, user_csv) -> Path:
     out = tmp_path_factory.mktemp("user_train") / "bundle2"
-    r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--out", out, "--no-mlflow", cwd=out.parent)
+    # the tests' working bundle: a new --out is judged against the shipped bundle (since stop 54), which this T4-only
+    # bundle (no conv, softmax) does not match, so it is installed with --force
+    r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--out", out, "--no-mlflow", "--force",
+                cwd=out.parent)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "made current by --force although the gate would have" in flat(r.stdout), flat(r.stdout)
     assert "Traceback" not in r.stderr
     return out
 
@@ -124,7 +128,18 @@ def test_retraining_one_family_keeps_the_others_byte_for_byte(user_bundle, user_
 
 
 def test_retraining_one_family_needs_a_bundle_and_a_known_family(user_csv, tmp_path):
+    # a new --out takes the other families from the shipped bundle (since stop 54; README "A `--family` run into a new
+    # `--out` takes the other families from the shipped bundle"; until then it was refused)
     r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--family", "ln", "--out", tmp_path / "none",
+                "--no-mlflow", cwd=tmp_path)
+    assert "Traceback" not in r.stderr
+    assert "no bundle at" in flat(r.stdout + r.stderr) and "the other families are taken from the shipped bundle" in flat(
+        r.stdout + r.stderr)
+    # a bundle folder whose CURRENT names a missing version is broken, not empty: nothing to take the families from
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "CURRENT").write_text("v-missing\n")
+    r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--family", "ln", "--out", broken,
                 "--no-mlflow", cwd=tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "train every family first" in flat(r.stderr)
@@ -182,8 +197,10 @@ def test_csv_on_a_gpu_outside_the_catalog_needs_and_takes_a_spec(user_csv, my_gp
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     assert "--spec" in flat(r.stderr) and "RTX-4090" in flat(r.stderr)
+    # (--force: a new --out is judged against the shipped bundle, whose conv and softmax this CSV lacks; the spec is
+    # what this test is about)
     r = run_cli("train", "kernels", "--csv", path, "--only-csv", "--spec", my_gpu_yaml, "--quick", "--out", tmp_path / "b",
-                "--no-mlflow", cwd=tmp_path)
+                "--no-mlflow", "--force", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((_live(tmp_path / "b") / "kernel_manifest.json").read_text())["train_devices"] == ["RTX-4090"]
 

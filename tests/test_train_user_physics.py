@@ -127,7 +127,7 @@ def test_a_microsecond_csv_does_not_replace_a_working_bundle(tmp_path):
     """The audit's repro (1): a good --only-csv bundle, then the same shapes in microseconds into the same --out."""
     d = _shapes(120, seed=1).assign(Latency=lambda x: _plausible_ms(x))
     out = tmp_path / "kb"
-    first = run_train_kernels(csv=_csv(d, tmp_path / "ms.csv"), only_csv=True, quick=True, out_dir=out,
+    first = run_train_kernels(csv=_csv(d, tmp_path / "ms.csv"), only_csv=True, quick=True, out_dir=out, force=True,
                               use_mlflow=False, log=lambda _: None)
     assert first.replaced
     live = (out / "CURRENT").read_text()

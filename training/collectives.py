@@ -238,14 +238,36 @@ def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_m
 
     try:
         live = resolve_collective_folder(target)
+        missing = None if (live / MANIFEST).is_file() else "no collective model at the target"
     except ValueError as e:  # a pointer to a missing version: there is no working model to keep
-        return True, f"the existing collective model does not load ({e}): replacing it", {}
-    if not (live / MANIFEST).is_file():
-        return True, "no collective model at the target: writing the new one", {}
-    try:
-        old = CollectiveModel.load(target)
-    except Exception as e:  # an unreadable old artifact is not a working model
-        return True, f"the existing collective model does not load ({e}): replacing it", {}
+        missing = f"the existing collective model does not load ({e})"
+    old = None
+    if missing is None:
+        try:
+            old = CollectiveModel.load(target)
+        except Exception as e:  # an unreadable old artifact is not a working model
+            missing = f"the existing collective model does not load ({e})"
+    if old is None:
+        # a new --out: the working model is the shipped one, the model `predict` uses without --collectives (until
+        # stop 54 a fresh folder was written unjudged: a x1000-slow fabric log became its model)
+        try:
+            shipped = shipped_folder()
+            if Path(target).resolve() == Path(shipped).resolve():
+                raise ValueError("the target is the shipped folder")
+            old = CollectiveModel.load(shipped)
+            if old.is_fallback:
+                raise ValueError("no shipped model")
+        except Exception:  # nothing to compare with (a stripped install, or the target is the shipped folder)
+            return True, f"{missing}: {'writing the new one' if missing.startswith('no ') else 'replacing it'}", {}
+        ok, why, m = _judge(new, old, frame, new_metrics, fingerprint)
+        why = why.replace("kept the existing collective model", "not made current (the target is left as it was)")
+        return ok, (f"{missing}, so the new model was compared with the shipped one (the model `predict` uses "
+                    f"without --collectives): {why}"), m
+    return _judge(new, old, frame, new_metrics, fingerprint)
+
+
+def _judge(new: CollectiveModel, old: CollectiveModel, frame: pd.DataFrame, new_metrics: dict, fingerprint: str):
+    """The gate proper (:func:`gate_decision`) with the working model ``old`` loaded."""
     m: dict[str, float] = {}
     old_loco = (old.manifest.get("metrics") or {}).get("loco_mape_pct")
     if old.manifest.get("dataset_fingerprint") == fingerprint and old_loco is not None:
@@ -265,7 +287,7 @@ def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_m
                 pred[idx] = mod.predict_us(*(a[idx] for a in args), cl)
             apes.append(_ape(pred, frame["time_us"]))
     except Exception as e:
-        return True, f"the existing collective model does not predict ({e}): replacing it", {}
+        return True, f"the working collective model does not predict ({e}): replacing it", {}
     n_all, o_all = float(apes[0].mean() * 100), float(apes[1].mean() * 100)
     m = {"gate_new_mape_pct": n_all, "gate_old_mape_pct": o_all}
     imported = frame["imported"].to_numpy(bool) if "imported" in frame else np.zeros(len(frame), bool)
@@ -286,11 +308,34 @@ def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_m
 
 
 # -------------------------------------------------------------------------------------------- run
+def _refuse_heldout_clusters(imported: pd.DataFrame, profiles) -> None:
+    """ValueError when imported rows were measured on a cluster of the project's held-out GPUs (L4, A100 80GB PCIe;
+    by name or by the figures of the cluster's device spec: training/holdout.py): never trained on."""
+    from wattcast.data.catalog import resolve_device
+    from wattcast.data.cluster_spec import resolve_cluster
+    from wattcast.training.holdout import heldout_twin
+
+    for c in sorted(imported["cluster"].unique()):
+        cl = resolve_cluster(c)
+        try:
+            twin = heldout_twin(resolve_device(cl.device))
+        except Exception:  # a device the catalog cannot resolve: not a held-out catalog GPU
+            twin = None
+        if twin is not None:
+            n = int((imported["cluster"] == c).sum())
+            raise ValueError(
+                f"--data {', '.join(map(str, profiles))}: {n:,} imported collective row(s) were measured on cluster "
+                f"{cl.name}, whose GPU {cl.device} is {'' if twin == cl.device else f'(by its figures) '}the held-out "
+                f"{twin}: the project's held-out GPUs (L4, A100 80GB PCIe) are never trained on. Nothing was trained "
+                "or written")
+
+
 def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: bool = True, quick: bool = False,
-                          log=print, profiles=(), cluster=None) -> dict:
+                          log=print, profiles=(), cluster=None, force: bool = False) -> dict:
     """Train, evaluate (leave-one-configuration-out on H100, alpha-beta alone, Polaris), log to MLflow and
     install the model as the target's new live version (models/collectives.py ``install_collective_model``) when it
-    validates no worse than the existing one.
+    validates no worse than the existing one (or, at a new target, than the shipped one). ``force``: install it even
+    when the gate refuses it (the reason says what it overrode), like ``train kernels --force``.
 
     ``profiles``: imported profile folders (``wattcast profile import`` / ``profile run``) whose ``collectives.csv``
     rows, measured on ``cluster`` (preset name or cluster file), join the training rows; rows that cannot be used are
@@ -310,6 +355,7 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
             hint = ("; give the cluster they were measured on with --cluster NAME|FILE" if icounts["no_cluster"] else "")
             raise ValueError(f"--data {', '.join(map(str, profiles))}: no imported collective row can train the "
                              f"correction: {profile_counts_text(icounts)}{hint}")
+        _refuse_heldout_clusters(imported, profiles)
         log(f"collectives: {profile_counts_text(icounts)}, on cluster {imported['cluster'].iloc[0]}")
     elif cluster is not None:
         raise ValueError("--cluster names the cluster imported profile rows were measured on; give the profile "
@@ -418,6 +464,9 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
 
     target = Path(out_dir) if out_dir else shipped_folder()
     replaced, reason, gate = gate_decision(model, target, frame, metrics, fp)
+    from wattcast.training.gate_force import forced
+
+    replaced, reason = forced(replaced, reason, force)
     metrics.update(gate)
     if replaced:
         model.manifest["metrics"] = manifest["metrics"]
@@ -440,6 +489,7 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
             "dataset_fingerprint": fp,
             "rounds": rounds,
             "quick": quick,
+            "force": force,
             "polaris_setup": POLARIS_SETUP,
             "split": "leave-one-configuration-out (collective, nodes, gpus_per_node)",
             "profiles": ",".join(map(str, profiles)),

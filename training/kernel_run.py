@@ -15,6 +15,7 @@ from wattcast.data.device_spec import DeviceSpec, DeviceSpecError
 from wattcast.data.kernel_ops import OP_FAMILY
 from wattcast.models.kernel_bundle import KernelBundle, shipped_folder
 from wattcast.training.generation_calibration import attach_calibration, calibrate_generations, calibration_table
+from wattcast.training.holdout import heldout_twin, with_default_holdout
 from wattcast.training.kernels import (
     MIN_FAMILY_ROWS,
     NEUSIGHT_OOD_MAPE,
@@ -71,6 +72,15 @@ UNIT_MIN_ROOF_MS = 0.01
 UNIT_RATIO_LIMIT = 100.0
 #: fewest such rows the unit check judges (a median of fewer could be one outlier row: the largest real one is 124.8x)
 UNIT_MIN_ROWS = 5
+#: the consistency check of a user CSV with the working bundle (``user_consistency``): the median over the CSV's rows
+#: of measured / predicted (the working bundle, which never saw them) must lie inside the median of the rows' own
+#: 90% bands (``pred_low_ms`` / ``pred_high_ms``: the 5-95% quantiles of measured / predicted on GPUs left out of
+#: training, ``models.kernel_bundle``), else the CSV contradicts the model by more than the model's own error on unseen
+#: hardware: a scale error (every latency x20: median 20x, the shipped GEMM band 0.65-1.71x) or the wrong device.
+#: For honest rows a per-row band holds 90% of them, so their median falls outside it only when the model is
+#: systematically off for that GPU by more than its stated band (then --force). At least this many rows are judged
+#: (a median of 5 rows leaves a 90% band only if 3 of them leave it on one side: ~0.1% for honest rows)
+CONSISTENCY_MIN_ROWS = 5
 #: the share of a user CSV's measurement points (not rows: see ``split_user_rows``) held out as its validation split
 USER_VAL_FRACTION = 0.2
 #: two measurements of one point further apart than this factor contradict each other (``duplicate_counts``)
@@ -287,6 +297,8 @@ def run_train_kernels(
     )
 
     t0 = time.time()
+    # the project's held-out GPUs always: --holdout adds to them, never replaces them
+    holdout = with_default_holdout(holdout)
     cfg = TrainConfig.quick(holdout=tuple(holdout)) if quick else TrainConfig(holdout=tuple(holdout))
     target = Path(out_dir) if out_dir else shipped_folder()
     base_bundle = None
@@ -294,16 +306,26 @@ def run_train_kernels(
         unknown = sorted(set(families) - set(cfg.families))
         if unknown:
             raise ValueError(f"unknown op famil{'ies' if len(unknown) > 1 else 'y'} {unknown}; choose from {list(cfg.families)}")
-        base_bundle = _working_bundle(target)
+        base_bundle, base_from_target = _working_bundle(target, log)
         # the default order kept: the first family draws from the seed exactly as in a full run
         cfg = replace(cfg, families=tuple(f for f in cfg.families if f in families))
     extra_specs = {}
     for f in spec_files:
         s = resolve_device(f)
         extra_specs[s.name] = s
+    # a spec file with a held-out GPU's figures under another name is that GPU: its rows are evaluated, not trained on
+    held_names = set(holdout)
+    for name, s in extra_specs.items():
+        twin = heldout_twin(s, holdout)
+        if twin is not None and name not in held_names:
+            held_names.add(name)
+            log(f"--spec {name} has the hardware figures of the held-out GPU {twin} (never trained on): its rows are "
+                "used for evaluation only")
 
     frames, heldout_parts = [], []
     user_val = None
+    user_rows = None
+    shared = None
     extra_xla: list[str] = []
     if not only_csv:
         shared = load_kernels(data, xla_tables=xla_tables)  # raises DataNotFoundError with a clear message
@@ -329,8 +351,9 @@ def run_train_kernels(
         # impossible latencies (faster than the spec's physics) and a unit error are refused before any training
         check_user_physics(user, _specs_for(user["device"], extra_specs), origin=str(csv),
                            lines=lines)
-        held_user = user[user["device"].isin(holdout)]
-        user = user[~user["device"].isin(holdout)]
+        held_user = user[user["device"].isin(held_names)]
+        user = user[~user["device"].isin(held_names)]
+        user_rows = user
         if len(held_user):
             log(f"{len(held_user)} rows of the user CSV are on held-out GPUs {sorted(set(held_user['device']))}: used for evaluation only")
             heldout_parts.append(held_user)
@@ -365,7 +388,7 @@ def run_train_kernels(
     if base_bundle is not None:
         bundle = _merge_families(base_bundle, bundle)
         log(f"retrained {', '.join(cfg.families)}; kept {', '.join(f for f in bundle.families if f not in cfg.families) or 'nothing'}"
-            f" from {target}")
+            f" from {target if base_from_target else 'the shipped bundle'}")
         # this run's validation split is drawn over every row; the kept families were fitted on their own run's split,
         # so some of these "validation" rows trained them: validate (and gate) on the retrained families' rows only
         val = _of_families(val, cfg.families)
@@ -434,8 +457,13 @@ def run_train_kernels(
     reference = None
     if only_csv:  # the shared rows of the GPUs and families this CSV fitted: they can veto it, never pass it
         reference = _own_reference(data, holdout, xla_tables, bundle, cfg.families, devices=run_devices)
+    elif user_rows is not None and len(user_rows):
+        # a mixed run: the shared rows of the CSV's own GPUs and families veto too (the aggregate over every GPU and
+        # family hid a x20 CSV: its T4 GEMMs are ~1% of the shared validation rows)
+        reference = _own_reference(data, holdout, xla_tables, bundle, cfg.families,
+                                   devices=sorted(set(user_rows["device"])), shared=shared)
     replaced, reason, gate = gate_decision(bundle, target, val, specs, val_pred, user_only=only_csv, force=force,
-                                           reference=reference)
+                                           reference=reference, user_rows=user_rows, origin=str(csv) if csv else None)
     metrics.update(gate)
     bundle.meta["metrics"] = {k: round(float(v), 3) for k, v in metrics.items()}
     # a new version beside the old one, checked, then one atomic pointer switch (models.kernel_bundle.install_bundle):
@@ -495,10 +523,22 @@ def _of_families(rows: pd.DataFrame, families) -> pd.DataFrame:
     return rows[rows["op"].map(OP_FAMILY).isin(families).to_numpy()]
 
 
-def _working_bundle(target: Path) -> KernelBundle:
-    """The bundle live at ``target``, whose families a partial retraining keeps; ValueError when there is none."""
+def _working_bundle(target: Path, log: Callable[[str], None] = print) -> tuple[KernelBundle, bool]:
+    """(bundle, taken from ``target``?): the bundle live at ``target``, whose families a partial retraining keeps; a target with no bundle at all (a new
+    --out) takes them from the shipped bundle, the working one of a user without --models; ValueError when the
+    target's bundle does not load."""
+    from wattcast.models.kernel_bundle import resolve_bundle_folder
+
     try:
-        return KernelBundle.load(target)
+        empty = not (resolve_bundle_folder(target) / "kernel_manifest.json").is_file()
+    except ValueError:  # a pointer to a missing version: a broken bundle, not an empty folder
+        empty = False
+    shipped = _shipped_bundle(target) if empty else None
+    if shipped is not None:
+        log(f"--family: no bundle at {target}: the other families are taken from the shipped bundle")
+        return shipped, False
+    try:
+        return KernelBundle.load(target), True
     except Exception as e:  # a missing folder, a missing version, a bad hash: nothing to take families from
         raise ValueError(f"--family retrains part of a bundle and takes the other families from the working one at "
                          f"{target}, which does not load ({e}); train every family first") from None
@@ -533,16 +573,18 @@ def _merge_families(base: KernelBundle, new: KernelBundle) -> KernelBundle:
     return KernelBundle({**base.families, **new.families}, meta)
 
 
-def _reference_rows(data, holdout, xla_tables=None, devices=None, families=None) -> pd.DataFrame | None:
+def _reference_rows(data, holdout, xla_tables=None, devices=None, families=None,
+                    shared: pd.DataFrame | None = None) -> pd.DataFrame | None:
     """Up to :data:`REFERENCE_ROWS` shared training-GPU rows (never held-out GPUs) of ``devices`` and ``families``
     (None: all), drawn after that filter (a draw over every GPU first left 6 rows of a V100-SXM2's 154), or None
     without the data or any such row."""
     from wattcast.data.kernel_datasets import DataNotFoundError, load_kernels, split_heldout
 
-    try:
-        shared = load_kernels(data, xla_tables=xla_tables)
-    except DataNotFoundError:
-        return None
+    if shared is None:
+        try:
+            shared = load_kernels(data, xla_tables=xla_tables)
+        except DataNotFoundError:
+            return None
     train, _ = split_heldout(shared, holdout=holdout)
     if devices is not None:
         train = train[train["device"].isin(list(devices))]
@@ -552,7 +594,8 @@ def _reference_rows(data, holdout, xla_tables=None, devices=None, families=None)
     return train.sample(n=n, random_state=2) if n else None
 
 
-def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families, devices) -> pd.DataFrame | None:
+def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families, devices,
+                   shared: pd.DataFrame | None = None) -> pd.DataFrame | None:
     """The shared reference rows of the GPUs this run trained on (``devices``; an --only-csv run: the CSV's GPUs), of the ``families`` it fitted (what its CSV claims to describe), or None. After a
     --family merge ``bundle.train_devices`` also lists the kept families' GPUs, so the caller passes the run's own.
 
@@ -563,38 +606,62 @@ def _own_reference(data, holdout, xla_tables, bundle: KernelBundle, families, de
     if not bundle.families:
         return None
     fams = [f for f in families if f in bundle.families]
-    return _reference_rows(data, holdout, xla_tables, devices=devices, families=fams)
+    return _reference_rows(data, holdout, xla_tables, devices=devices, families=fams, shared=shared)
 
 
 def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, new_pred: pd.DataFrame | None = None,
-                  user_only: bool = False, force: bool = False, reference: pd.DataFrame | None = None):
+                  user_only: bool = False, force: bool = False, reference: pd.DataFrame | None = None,
+                  user_rows: pd.DataFrame | None = None, origin: str | None = None):
     """(replace?, why, metrics). Parts: 'user' rows (source == 'user') and 'shared' rows (the rest).
+
+    The working bundle is the one live at ``target``; a target without one (a new ``--out``) is compared with the
+    shipped bundle, the one ``predict`` uses without ``--models`` (until stop 54 such a run was written unjudged: a CSV
+    with every latency x20 became the default of a fresh folder).
 
     ``user_only`` (an --only-csv run): judged on the user's held-out rows alone; fewer than :data:`MIN_GATE_ROWS` of
     them cannot validate it, so it is not made live. A bundle with no fitted family never replaces one with fitted
-    families, nor one that drops a family the working one has fitted. ``reference``: shared measurements of the new bundle's own GPUs and families; a new bundle that more than
+    families, nor one that drops a family the working one has fitted. ``reference``: shared measurements of the new
+    bundle's own GPUs and families (of the CSV's GPUs in a mixed run); a new bundle that more than
     :data:`REFERENCE_VETO_RATIO` x the working one's MAPE on them is refused (a corrupted CSV validates on itself).
-    ``force`` makes the new bundle live whatever the gate says (the reason says what it overrode)."""
+    ``user_rows``: the user's (non-held-out) rows, all of them, which the working bundle never saw: their median
+    measured / predicted must lie inside the working bundle's 90% band (:data:`CONSISTENCY_MIN_ROWS`), named by
+    ``origin``. ``force`` makes the new bundle live whatever the gate says (the reason says what it overrode)."""
     from wattcast.models.kernel_bundle import resolve_bundle_folder
 
+    against = None  # None: the target's working bundle; else how the fallback was chosen
     try:
         live = resolve_bundle_folder(target)
+        missing = None if (live / "kernel_manifest.json").is_file() else "no working bundle at the target"
     except ValueError as e:  # a pointer to a missing version: there is no working bundle to keep
-        return _without_working(f"the existing bundle does not load ({e})", "replacing it", val, user_only, force)
-    if not (live / "kernel_manifest.json").is_file():
-        return _without_working("no working bundle at the target", "writing the new one", val, user_only, force)
-    try:
-        old = KernelBundle.load(target)
-        old_pred = evaluate(old, val, specs) if len(val) else None
-    except Exception as e:  # an unreadable or incompatible old bundle is not a working model
-        return _without_working(f"the existing bundle does not load or predict ({e})", "replacing it", val,
-                                user_only, force)
+        missing = f"the existing bundle does not load ({e})"
+    if missing is None:
+        try:
+            old = KernelBundle.load(target)
+            old_pred = evaluate(old, val, specs) if len(val) else None
+        except Exception as e:  # an unreadable or incompatible old bundle is not a working model
+            missing = f"the existing bundle does not load or predict ({e})"
+    if missing is not None:
+        old = _shipped_bundle(target)
+        if old is None:
+            action = "writing the new one" if missing.startswith("no working") else "replacing it"
+            return _without_working(missing, action, val, user_only, force)
+        against = missing
+        try:
+            old_pred = evaluate(old, val, specs) if len(val) else None
+        except Exception as e:  # the shipped bundle cannot predict these rows: nothing to compare with
+            return _without_working(f"{missing}, and the shipped bundle cannot predict the validation rows ({e})",
+                                    "writing the new one", val, user_only, force)
     ok, why, m = _judge(bundle, old, val, old_pred, new_pred, specs, user_only)
+    if ok and user_rows is not None:
+        ok, why = _consistency_gate(old, user_rows, specs, origin, m, why)
     n_ref = 0 if reference is None else len(reference)
     if ok and user_only and n_ref < MIN_GATE_ROWS:
         why += (f"; the shared-data veto was not applied: {n_ref} shared-dataset row(s) of the same GPUs and families "
                 f"(fewer than {MIN_GATE_ROWS})")
     if ok and n_ref >= MIN_GATE_ROWS:
+        own = (f"on your own rows ({m['gate_new_mape_pct']:.2f}% vs {m['gate_old_mape_pct']:.2f}% MAPE"
+               + (f" on {int(m['gate_user_rows']):,} held-out rows of your CSV)" if user_only else
+                  f" on {int(m['gate_rows']):,} validation rows, yours and the shared ones)"))
         try:
             # the reference rows are shared-dataset rows: catalog GPUs, their specs loaded here (the run's specs
             # cover only its own rows' GPUs)
@@ -602,8 +669,7 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
             o_, n_ = (float(evaluate(b, reference, ref_specs)["ape"].mean()) for b in (old, bundle))
         except Exception as e:  # a veto that cannot run cannot pass the bundle: refused (--force overrides)
             o_ = n_ = None
-            ok, why = False, (f"kept the existing bundle: it validates no worse on your own rows "
-                              f"({m['gate_new_mape_pct']:.2f}% vs {m['gate_old_mape_pct']:.2f}% MAPE), but the "
+            ok, why = False, (f"kept the existing bundle: it validates no worse {own}, but the "
                               f"shared-data veto could not be run: its {n_ref:,} reference rows could not be predicted "
                               f"({type(e).__name__}: {e}); rerun with --force to make it current anyway")
         if o_ is not None:
@@ -612,17 +678,75 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
             note = (f"{n_*100:.2f}% vs {o_*100:.2f}% MAPE on {len(reference):,} shared-dataset rows of the same GPUs "
                     "and families")
             if n_ > o_ * REFERENCE_VETO_RATIO:
-                ok, why = False, (f"kept the existing bundle: it validates no worse on your own rows "
-                                  f"({m['gate_new_mape_pct']:.2f}% vs {m['gate_old_mape_pct']:.2f}% MAPE on "
-                                  f"{int(m['gate_user_rows']):,} held-out rows of your CSV), but it is over "
+                ok, why = False, (f"kept the existing bundle: it validates no worse {own}, but it is over "
                                   f"{REFERENCE_VETO_RATIO:g}x worse on the shared measurements of the same GPUs and "
                                   f"families ({note}): check the CSV's latency units and devices, or rerun with "
                                   "--force to make it current anyway")
             else:
                 why += f"; no veto from the shared data: {note}"
+    if against is not None:
+        why = why.replace("kept the existing bundle", "not made current (the target's CURRENT is left as it was)")
+        why = (f"{against}, so the new bundle was compared with the shipped one (the bundle `predict` uses without "
+               f"--models): {why}")
     if ok or not force:
         return ok, why, m
     return True, f"made current by --force although the gate would have {why[0].lower()}{why[1:]}", m
+
+
+def _shipped_bundle(target: Path) -> KernelBundle | None:
+    """The shipped bundle, the working one of a user with no --models folder, when ``target`` is another folder and
+    it loads; else None."""
+    try:
+        shipped = shipped_folder()
+        if Path(target).resolve() == Path(shipped).resolve():
+            return None
+        return KernelBundle.load(shipped)
+    except Exception:  # no shipped bundle (a stripped install): nothing to compare with
+        return None
+
+
+def user_consistency(old: KernelBundle, user_rows: pd.DataFrame, specs) -> dict | None:
+    """{'rows', 'median_ratio', 'band_low', 'band_high'} of the user's rows under the working bundle ``old``: the
+    median of measured / predicted and the medians of the rows' 90% band (low / predicted, high / predicted), or
+    None with fewer than :data:`CONSISTENCY_MIN_ROWS` rows."""
+    if user_rows is None or len(user_rows) < CONSISTENCY_MIN_ROWS:
+        return None
+    p = evaluate(old, user_rows, specs)
+    pred = p["pred_latency_ms"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = p["latency_ms"].to_numpy(float) / pred
+        lo = p["pred_low_ms"].to_numpy(float) / pred
+        hi = p["pred_high_ms"].to_numpy(float) / pred
+    ok = np.isfinite(r) & np.isfinite(lo) & np.isfinite(hi) & (r > 0)
+    if ok.sum() < CONSISTENCY_MIN_ROWS:
+        return None
+    return {"rows": int(ok.sum()), "median_ratio": float(np.median(r[ok])), "band_low": float(np.median(lo[ok])),
+            "band_high": float(np.median(hi[ok]))}
+
+
+def _consistency_gate(old: KernelBundle, user_rows: pd.DataFrame, specs, origin, m: dict, why: str):
+    """(ok, why) after :func:`user_consistency`: refused when the median measured / predicted of the user's rows lies
+    outside the working bundle's 90% band; metrics ``gate_user_median_ratio`` / ``gate_user_band_*`` into ``m``."""
+    try:
+        c = user_consistency(old, user_rows, specs)
+    except Exception as e:  # a check that cannot run cannot pass the bundle (--force overrides)
+        return False, (f"kept the existing bundle: the working bundle could not predict the rows of "
+                       f"{origin or 'your CSV'} to check them ({type(e).__name__}: {e}); rerun with --force to make "
+                       "it current anyway")
+    if c is None:
+        return True, why
+    m["gate_user_median_ratio"], m["gate_user_band_low"], m["gate_user_band_high"] = (
+        c["median_ratio"], c["band_low"], c["band_high"])
+    said = (f"the median measured / predicted of its {c['rows']:,} rows is {c['median_ratio']:.3g}x (the working "
+            f"bundle's 90% band: {c['band_low']:.2f}-{c['band_high']:.2f}x)")
+    if c["band_low"] <= c["median_ratio"] <= c["band_high"]:
+        return True, f"{why}; {origin or 'your CSV'} agrees with the working bundle: {said}"
+    side = "slower" if c["median_ratio"] > c["band_high"] else "faster"
+    return False, (f"kept the existing bundle: {origin or 'your CSV'} contradicts it: {said}, so its typical row is "
+                   f"{side} than the working bundle allows for any GPU it was not trained on. A scale or unit error "
+                   f"(latencies in another unit, or multiplied), the wrong Device column or --spec, or a GPU the "
+                   f"working bundle mispredicts by more than its band; check the measurements, or rerun with --force "
+                   f"to make it current anyway (the gate otherwise read: {why})")
 
 
 def _without_working(what: str, action: str, val: pd.DataFrame, user_only: bool, force: bool):

@@ -49,7 +49,9 @@ import pandas as pd
 
 from wattcast.data.catalog import resolve_device
 from wattcast.data.device_spec import DeviceSpec
-from wattcast.featurize.power_features import IDLE_FRACTION_OF_TDP, kernel_power_features
+from wattcast.data.profiles.power_logs import TDP_FACTOR
+from wattcast.training.holdout import heldout_twin
+from wattcast.featurize.power_features import IDLE_FRACTION_OF_TDP, device_idle_w, kernel_power_features
 from wattcast.models.power import (
     CURVE_FEATURES,
     LGBM_FEATURES,
@@ -364,7 +366,17 @@ PROFILE_POWER_REASONS = {
     "no_work": "empty or negative flops / bytes, or no positive time_ms",
     "unknown_dtype": "a dtype wattcast does not know",
     "unknown_device": "a GPU the catalog does not know (empty 'Device')",
+    "heldout_device": "a held-out GPU (L4, A100 80GB PCIe: never trained on; matched by its figures too)",
+    "impossible_power": "a power no board draws: above 1.5x its TDP, or below half its idle power",
 }
+#: a sample below this fraction of the GPU's idle power (``featurize.power_features.device_idle_w``: the spec's
+#: idle_power_w, else 0.15 x TDP) is not a measurement of a powered GPU (a unit mix-up: kW or mW, a corrupt cell). The
+#: shipped training rows (Perseus, Zeus, ML.ENERGY: 203 rows on 5 GPUs) draw 1.6-8.0x their idle power; an idle
+#: datacenter GPU's floor is near the spec figure (the A100s' measured 34-69 W behind IDLE_FRACTION_OF_TDP). Above,
+#: ``profile import``'s rule: more than ``data.profiles.power_logs.TDP_FACTOR`` (1.5) x the catalog TDP
+MIN_IDLE_FRACTION = 0.5
+#: rows named in the message when samples are left out for an impossible power
+NAMED_ROWS = 5
 
 
 def load_profile_power(folders) -> tuple[pd.DataFrame, dict]:
@@ -374,7 +386,8 @@ def load_profile_power(folders) -> tuple[pd.DataFrame, dict]:
     from wattcast.data.kernel_ops import DTYPE_BYTES
     from wattcast.data.profiles.tables import read_table
 
-    counts: dict = {"rows": 0, "used": 0, **{k: 0 for k in PROFILE_POWER_REASONS}, "missing": {}}
+    counts: dict = {"rows": 0, "used": 0, **{k: 0 for k in PROFILE_POWER_REASONS}, "missing": {}, "impossible": [],
+                    "heldout": {}}
     parts = []
     for folder in map(Path, folders):
         t = read_table(folder, "power")
@@ -408,6 +421,20 @@ def load_profile_power(folders) -> tuple[pd.DataFrame, dict]:
             except Exception:  # not a catalog GPU: counted below
                 known[d] = None
         flag("unknown_device", np.array([known.get(d) is None for d in dev]) & (why == ""))
+        # the project's held-out GPUs are never trained on, by name or by figures (training/holdout.py)
+        held = {d: heldout_twin(s) for d, s in known.items() if s is not None}
+        flag("heldout_device", np.array([held.get(d) is not None for d in dev]) & (why == ""))
+        # the importer's rule (above TDP_FACTOR x TDP is no measurement), and below half the idle power
+        tdp = np.array([known[d].tdp_w if known.get(d) is not None else np.nan for d in dev], dtype=float)
+        idle = np.array([device_idle_w(known[d])[0] if known.get(d) is not None else np.nan for d in dev], dtype=float)
+        high, low = (power > TDP_FACTOR * tdp), (power < MIN_IDLE_FRACTION * idle)
+        flag("impossible_power", (high | low) & (why == ""))
+        for i in np.flatnonzero(why == "impossible_power")[:max(0, NAMED_ROWS - len(counts["impossible"]))]:
+            lim = (f"above {TDP_FACTOR:g}x the {known[dev[i]].name} TDP {tdp[i]:g} W" if high[i] else
+                   f"below {MIN_IDLE_FRACTION:g}x its idle power {idle[i]:g} W")
+            counts["impossible"].append(f"{folder / 'power.csv'} data row {i + 1}: power_w {power[i]:g} W {lim}")
+        for d in sorted({dev[i] for i in np.flatnonzero(why == "heldout_device")}):
+            counts["heldout"].setdefault(str(folder), []).append(f"{d} (the held-out {held[d]})" if held[d] != d else d)
         for k in PROFILE_POWER_REASONS:
             counts[k] += int((why == k).sum())
         use = why == ""
@@ -430,8 +457,16 @@ def profile_power_text(counts: dict) -> str:
     """'N of M imported power samples used (left out: ...)', naming the missing columns per folder."""
     left = [f"{counts[k]:,} {k.replace('_', ' ')}" for k in PROFILE_POWER_REASONS if counts.get(k)]
     miss = "; ".join(f"{f}/power.csv lacks {', '.join(repr(c) for c in cols)}" for f, cols in counts["missing"].items())
+    held = "; ".join(f"{f}/power.csv has samples of {', '.join(d)}, never trained on"
+                     for f, d in (counts.get("heldout") or {}).items())
+    bad = counts.get("impossible") or []
+    imp = (f"; {counts['impossible_power']:,} sample(s) with a power no board draws left out "
+           f"(above {TDP_FACTOR:g}x the GPU's TDP, the rule of `profile import`, or below {MIN_IDLE_FRACTION:g}x its "
+           f"idle power): {'; '.join(bad)}" + (" ..." if counts["impossible_power"] > len(bad) else "")
+           if counts.get("impossible_power") else "")
     return (f"{counts['used']:,} of {counts['rows']:,} imported power samples used"
-            + (f" (left out: {', '.join(left)})" if left else "") + (f"; {miss}" if miss else ""))
+            + (f" (left out: {', '.join(left)})" if left else "") + (f"; {miss}" if miss else "")
+            + (f"; {held}" if held else "") + imp)
 
 
 def fingerprint(train: pd.DataFrame) -> str:
@@ -700,18 +735,42 @@ def accelwattch_range(root: Path, model: PowerModel) -> dict[str, float]:
 def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_pct: float) -> tuple[bool, str, dict]:
     """(replace?, why, gate metrics): the new model against the target's live one (versioned or flat layout) on the
     current rows, device-weighted, overall and per part (shipped datasets' rows, imported profiles' rows: neither may
-    get worse by more than ``GATE_TOLERANCE``), and on the recorded leave-one-GPU-out figure."""
+    get worse by more than ``GATE_TOLERANCE``), and on the recorded leave-one-GPU-out figure. A target with no working
+    model (a new --out) is compared with the shipped one, the model ``predict`` uses without --power-model (until
+    stop 54 it was written unjudged: 0.25 W samples at 1e14 FLOP/s, LODO 7455%, became a fresh folder's model)."""
+    against = None
     try:
         live = resolve_power_folder(target)
+        missing = None if (live / MANIFEST).is_file() else "no power model at the target"
     except ValueError as e:  # a pointer to a missing version: there is no working model to keep
-        return True, f"the existing power model does not load ({e}): replacing it", {}
-    if not (live / MANIFEST).is_file():
-        return True, "no power model at the target: writing the new one", {}
-    try:
-        old = PowerModel.load(target)
-        old_ape = _ape(old.predict_w(train)[0], train["power_w"])
-    except Exception as e:  # an unreadable old artifact is not a working model
-        return True, f"the existing power model does not load or predict ({e}): replacing it", {}
+        missing = f"the existing power model does not load ({e})"
+    old = None
+    if missing is None:
+        try:
+            old = PowerModel.load(target)
+            old_ape = _ape(old.predict_w(train)[0], train["power_w"])
+        except Exception as e:  # an unreadable old artifact is not a working model
+            missing, old = f"the existing power model does not load or predict ({e})", None
+    if old is None:
+        try:
+            shipped = shipped_folder()
+            if Path(target).resolve() == Path(shipped).resolve():
+                raise ValueError("the target is the shipped folder")
+            old = PowerModel.load(shipped)
+            old_ape = _ape(old.predict_w(train)[0], train["power_w"])
+        except Exception:  # no shipped model to compare with (a stripped install, or the target is it)
+            return True, f"{missing}: {'writing the new one' if missing.startswith('no power') else 'replacing it'}", {}
+        against = missing
+    ok, why, m = _judge(new, old, old_ape, train, new_lodo_pct)
+    if against is not None:
+        why = why.replace("kept the existing power model", "not made current (the target is left as it was)")
+        why = (f"{against}, so the new model was compared with the shipped one (the model `predict` uses without "
+               f"--power-model): {why}")
+    return ok, why, m
+
+
+def _judge(new: PowerModel, old: PowerModel, old_ape: np.ndarray, train: pd.DataFrame, new_lodo_pct: float):
+    """The gate proper (:func:`gate_decision`) with the working model ``old`` and its errors on ``train``."""
     new_ape = _ape(new.predict_w(train)[0], train["power_w"])
     w = _weights(train)
     n_, o_ = float(np.average(new_ape, weights=w) * 100), float(np.average(old_ape, weights=w) * 100)
@@ -776,9 +835,11 @@ def _plot(pred: pd.DataFrame, chosen: str, limits: pd.DataFrame | None, path: Pa
 
 # ------------------------------------------------------------------------------------------------ run
 def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: bool = True, log=print,
-                    profiles=()) -> dict:
+                    profiles=(), force: bool = False) -> dict:
     """Build rows, fit, evaluate leave-one-GPU-out, fit the clock response, check power limits, gate, log; install the
-    model as the target's new live version (models/power.py ``install_power_model``) when it validates.
+    model as the target's new live version (models/power.py ``install_power_model``) when it validates (against the
+    target's working model, or at a new target the shipped one). ``force``: install it even when the gate refuses it
+    (the reason says what it overrode), like ``train kernels --force``.
 
     ``profiles``: imported profile folders whose power samples carry the work they measured
     (:data:`PROFILE_POWER_COLUMNS`) join the training rows; the others are counted per reason
@@ -801,15 +862,22 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
         if icounts["used"] == 0:
             raise PowerDataError(
                 f"--data {', '.join(map(str, profiles))}: no imported power sample can train the power model: "
-                f"{profile_power_text(icounts)}. The model fits g(compute_util, memory_util), and those come from the "
-                f"work each sample measured: add the columns {', '.join(PROFILE_POWER_COLUMNS)} (FLOPs and HBM bytes done "
-                "during the sample's time_ms window, in that dtype) to use the samples; nvidia-smi / DCGM utilisation "
-                "percentages are not a substitute")
-        log(f"power: {profile_power_text(icounts)}")
+                f"{profile_power_text(icounts)}" + (
+                    ". The model fits g(compute_util, memory_util), and those come from the work each sample measured: "
+                    f"add the columns {', '.join(PROFILE_POWER_COLUMNS)} (FLOPs and HBM bytes done during the sample's "
+                    "time_ms window, in that dtype) to use the samples; nvidia-smi / DCGM utilisation percentages are "
+                    "not a substitute" if icounts["missing_columns"] else ""))
+        log(("power: warning: " if icounts["impossible_power"] or icounts["heldout_device"] else "power: ")
+            + profile_power_text(icounts))
     rows = build_rows(root)
     train = rows.get("train")
     if train is None or train.empty:
         raise DataNotFoundError(f"no usable power rows under {root}")
+    held = train["device"].map(lambda d: heldout_twin(resolve_device(d)) is not None).to_numpy()
+    if held.any():  # the shared power data holds none today; never trained on if it does
+        log(f"power: left out {int(held.sum())} shared rows of held-out GPUs "
+            f"({', '.join(sorted(set(train.loc[held, 'device'])))}): never trained on")
+        train = train[~held].reset_index(drop=True)
     if profiles:
         train = pd.concat([train, prof_rows[list(train.columns)]], ignore_index=True)
     if "perseus_sweep" not in rows:
@@ -893,6 +961,9 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
 
     target = Path(out_dir) if out_dir else shipped_folder()
     replaced, reason, gate = gate_decision(model, target, train, mean_gpu[chosen])
+    from wattcast.training.gate_force import forced
+
+    replaced, reason = forced(replaced, reason, force)
     metrics.update(gate)
     if replaced:
         # a new version beside the old one, loaded and checked there, then one atomic pointer switch
@@ -911,7 +982,7 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
             "split": "leave-one-GPU-out", "perseus_tp": PERSEUS_TP, "perseus_mbs": PERSEUS_MBS,
             "perseus_tdp_w": PERSEUS_TDP_W, "idle_fraction_of_tdp": IDLE_FRACTION_OF_TDP,
             "min_clock_ratio": MIN_CLOCK_RATIO, "curve_features": ",".join(CURVE_FEATURES),
-            "chosen": chosen, "profiles": ",".join(map(str, profiles)),
+            "chosen": chosen, "profiles": ",".join(map(str, profiles)), "force": force,
             **{f"curve_{k}": round(v, 4) for k, v in params.items()},
             **{f"curve_free_{k}": round(v, 4) for k, v in params_free.items()},
         }
