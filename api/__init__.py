@@ -325,7 +325,7 @@ def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict, cluster=None):
 
 
 @_model_folder_options
-def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | None = None, seq: int = 1024,
+def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | None = None, seq: int | None = None,
                     tp: int | None = None, pp: int | None = None, dp=None,
                     micro_batch=None, zero: int | None = None, sp: bool | None = None, ep: int | None = None,
                     recompute: str | None = None, recompute_modules=None, interleave: int | None = None,
@@ -362,7 +362,9 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     gather and the group's energy). Pipeline or data parallelism, groups across nodes and training options are
     refused (ValueError).
 
-    ``batch`` is the global batch in sequences. Returns a
+    ``batch`` is the global batch in sequences; ``seq`` its tokens per sequence, default 1,024, or an ONNX file's own
+    (its fixed sequence dim; a model with no sequence axis, an MLP's or an image model's, runs one position per
+    sample and ``settings["seq"]`` is None, as :func:`predict` gives it). Returns a
     :class:`wattcast.simulate.distributed.DistributedPrediction` (step time, MFU, HFU, TFLOP/s per GPU,
     exposed communication, pipeline bubble, per-device memory and busy time, ``fits``).
     ``pp_first_stage_layers``/``pp_last_stage_layers``: transformer layers of the first/last pipeline stage (the rest
@@ -472,6 +474,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                                      output_tokens=output_tokens, dtype=dtype, attention=attention, compile=compile,
                                      device=device, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
                                      framework=framework, gpus_per_node=gpus_per_node, given=given)
+    seq, shown_seq = _cluster_seq(model, seq)
     if recompute_modules is not None:
         from wattcast.featurize.recompute import recompute_setting
 
@@ -544,7 +547,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     except StrategyError:
         strategy_text = None
     settings = dict(_model_settings(model, m), device=res.device, cluster=res.cluster, gpus=res.gpus, mode="train",
-                    dtype=shown_dtype(m, dtype), batch=batch, seq=seq, micro_batch=res.parallel.micro_batch,
+                    dtype=shown_dtype(m, dtype), batch=batch, seq=shown_seq, micro_batch=res.parallel.micro_batch,
                     attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
                     compile=bool(m.get("compile", compile)), optimizer=m.get("optimizer", optimizer),
                     optimizer_impl=m.get("optimizer_impl"), recompute=res.parallel.recompute, framework=fw, strategy=strategy_text,
@@ -560,10 +563,33 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     loop_trip_count=loop_trip_count)
     if tokens is None:
         return _with_settings(res, settings)
+    if shown_seq is None:
+        from wattcast.request import StepTokensUnknownError
+
+        raise StepTokensUnknownError("tokens= needs the step's tokens: this ONNX model has no sequence axis")
     from wattcast.data.cluster_spec import resolve_cluster
 
     return _with_settings(_with_run(res, spec or resolve_device(res.device), tokens, batch * seq, run_kw,
                                     cluster=resolve_cluster(cluster)), settings)
+
+
+def _cluster_seq(model, seq: int | None) -> tuple[int, int | None]:
+    """(the tokens per sequence a cluster step runs, the one its settings show) for ``seq`` given or None: 1,024 by
+    default; an ONNX file's own as :func:`predict` takes it (its fixed sequence dim, 1,024 for a symbolic one), and for
+    a model with no sequence axis 1 (one position per sample), shown as None. Until stop 54 a cluster step always
+    applied 1,024, so an ONNX MLP or CNN could not be predicted on a cluster at all."""
+    from wattcast.featurize.workload import is_onnx_path
+
+    if seq is not None:
+        return seq, seq
+    if not is_onnx_path(model):
+        return 1024, 1024
+    from wattcast.featurize.onnx.load import onnx_own_seq
+
+    kind, own = onnx_own_seq(model)
+    if kind is None:
+        return 1, None
+    return (own, own) if kind == "fixed" else (1024, 1024)
 
 
 def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):

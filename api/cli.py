@@ -659,7 +659,12 @@ def _cluster_request(f, par: dict, common: dict):
         _fail("distributed prediction is for training steps (--mode train), or KV-cached inference on one node's "
               "tensor-parallel group (--mode inference --kv-context N --tp TP --gpus TP)")
     batch = par.pop("batch")
-    batch, seq = (1 if batch is None else batch), (1024 if f.seq is None else f.seq)
+    from wattcast.featurize.workload import is_onnx_path
+
+    # seq not given: 1,024, or an ONNX file's own (predict_cluster decides: its fixed sequence dim, none for an MLP or
+    # a CNN; until stop 54 1,024 was applied to every ONNX file)
+    batch = 1 if batch is None else batch
+    seq = f.seq if f.seq is not None or is_onnx_path(common["model"]) else 1024
     _positive(gpus=par["gpus"], batch=batch, seq=seq)
     if par["gpus"] is None:
         par["gpus"] = par["tp"] * par["pp"] * (par["dp"] or 1)
@@ -754,9 +759,10 @@ def _request_prediction(req):
 
     try:
         return req.predict()
-    except StepTokensUnknownError:
-        _fail("--tokens needs the step's tokens: this ONNX graph's batch and sequence dims are fixed by the file "
-              "and not named batch/sequence, so wattcast cannot tell how many tokens a step trains on")
+    except StepTokensUnknownError as e:
+        why = ("this ONNX model has no sequence axis (an MLP's or an image model's input)" if "no sequence axis" in str(e)
+               else "this ONNX graph's batch and sequence dims are fixed by the file and not named batch/sequence")
+        _fail(f"--tokens needs the step's tokens: {why}, so wattcast cannot tell how many tokens a step trains on")
     except (GraphError, DeviceSpecError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
 
@@ -900,7 +906,7 @@ def _show_cluster_prediction(res, req, f) -> None:
     if f.as_json:
         _print_json(res)
     else:
-        _print_cluster_tables(res, req.batch, req.seq)
+        _print_cluster_tables(res, req.batch, res.meta.get("settings", {}).get("seq", req.seq))
         if res.run is not None:
             _print_run(res.run)
     capacity_gb = res.memory_capacity_gb
@@ -947,12 +953,12 @@ def _print_band(con: Console, band: dict) -> None:
         con.print(f"step time 90% band: {band['low_ms']:.1f} .. {band['high_ms']:.1f} ms ({band['basis']})")
 
 
-def _print_cluster_tables(res, batch: int, seq: int) -> None:
+def _print_cluster_tables(res, batch: int, seq: int | None) -> None:
     """The tables of a distributed prediction: totals, exposed communication, per pipeline stage, energy."""
     con = Console()
     from wattcast.simulate.defaults import shown_dtype
 
-    t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch} x seq {seq}, {shown_dtype(res.meta)}")
+    t = Table(title=f"{res.model} on {res.gpus} x {res.device} ({res.cluster}), {res.parallel.describe()}, global batch {batch}{'' if seq is None else f' x seq {seq}'}, {shown_dtype(res.meta)}")
     for c in ("step ms", "MFU", "TFLOP/s/GPU", "HFU", "exposed comm ms", "bubble ms", "memory GB (worst)", "fits"):
         t.add_column(c, justify="right")
     t.add_row(f"{res.step_time_ms:.1f}", f"{100 * res.mfu:.1f}%", f"{res.tflops_per_gpu:.1f}", f"{100 * res.hfu:.1f}%",

@@ -273,8 +273,7 @@ class PredictRequest:
             raise ValueError("distributed prediction is for training steps (mode='train')")
         if self.dims:
             raise ValueError("dims= applies to single-device predictions of ONNX models")
-        if self.seq is None:
-            common["seq"] = 1024
+        # seq None: predict_cluster's default (1,024, or an ONNX file's own)
         return wattcast.predict_cluster(self.model, self.cluster, device=self.device, trace=self.timeline,
                                         framework=self.framework, moe_load_imbalance=self.moe_load_imbalance,
                                         moe_capacity_factor=self.moe_capacity_factor,

@@ -152,10 +152,16 @@ def repeat_kv(b: GraphBuilder, x: Tensor, n_rep: int, name: str) -> Tensor:
         return b.copy(x, (bs, h * n_rep, s, d), name=name, expand=True)
 
 
+#: the Hugging Face ``hidden_act`` strings :func:`activation` costs, by the kernels they run
+GELU_TANH_COMPOSITE = ("gelu_new", "gelu_pytorch_tanh_composite", "gelu_fast")
+GELU_ONE_KERNEL = ("gelu", "gelu_python", "gelu_pytorch_tanh", "gelu_accurate", "quick_gelu")
+ACTIVATIONS = (*GELU_TANH_COMPOSITE, *GELU_ONE_KERNEL, "relu", "silu", "swish", "tanh")
+
+
 def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:
-    """The activation kernels eager PyTorch runs for a Hugging Face ``hidden_act`` string."""
+    """The activation kernels eager PyTorch runs for a Hugging Face ``hidden_act`` string (:data:`ACTIVATIONS`)."""
     a = act.lower()
-    if a in ("gelu_new", "gelu_pytorch_tanh_composite", "gelu_fast"):
+    if a in GELU_TANH_COMPOSITE:
         # NewGELUActivation: 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))) -> 8 kernels
         half = b.elementwise("mul", x, 0.5, name="gelu.half")
         cube = b.elementwise("pow", x, 3.0, name="gelu.cube")
@@ -165,7 +171,7 @@ def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:
         t = b.elementwise("tanh", inner, name="gelu.tanh")
         t = b.elementwise("add", t, 1.0, name="gelu.one")
         return b.elementwise("mul", half, t, name="gelu.out")
-    if a in ("gelu", "gelu_python", "gelu_pytorch_tanh", "gelu_accurate", "quick_gelu"):
+    if a in GELU_ONE_KERNEL:
         return b.elementwise("gelu", x, name="gelu")
     if a in ("relu",):
         return b.elementwise("relu", x, name="relu")
@@ -173,7 +179,7 @@ def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:
         return b.elementwise("silu", x, name="silu")
     if a == "tanh":
         return b.elementwise("tanh", x, name="tanh")
-    raise GraphError(f"unsupported activation function {act!r}")
+    raise GraphError(f"unsupported activation function {act!r} (supported: {', '.join(ACTIVATIONS)})")
 
 
 def rms_norm_eager(b: GraphBuilder, x: Tensor, name: str, module: str = "") -> Tensor:

@@ -817,6 +817,33 @@ def _check_size(cfg: HFConfig, raw: Mapping[str, Any], origin: str) -> None:
                          "rather than build a graph for hours")
 
 
+#: families whose graph does not read the activation field: BLOOM's and Falcon's MLPs are GELU by architecture,
+#: gpt-oss's experts run its clamped SwiGLU, Gemma reads ``hidden_activation`` instead (hf_models.llama)
+_ACTIVATION_UNREAD = ("bloom", "falcon", "gpt_oss", "gemma", "gemma2", "gemma3")
+
+
+def _check_activation(raw: Mapping[str, Any], family: str, act: str | None, origin: str) -> None:
+    """A config's activation (``hidden_act`` or its alias; Gemma's ``hidden_activation``) must be one the graph
+    builders cost (hf_blocks.ACTIVATIONS): refused here naming the file and the field, not when the graph is built
+    (until stop 54: "unsupported activation function 'frobnicate'", naming neither)."""
+    from wattcast.featurize.hf_blocks import ACTIVATIONS
+
+    if family in ("gemma", "gemma2", "gemma3"):
+        key, value = "hidden_activation", raw.get("hidden_activation")
+        if not isinstance(value, str):
+            return  # absent (the default) or not a string (refused by the builder naming the field)
+    elif act is None or family in _ACTIVATION_UNREAD:
+        return
+    else:
+        key, value = _alias(raw, "activation"), raw.get(_alias(raw, "activation"))
+    name = value.strip().lower()
+    if family == "switch":
+        name = name.removeprefix("gated-")  # T5 / Switch's feed_forward_proj: "gated-gelu" is a gated GELU
+    if name not in ACTIVATIONS:
+        raise GraphError(f"{origin}: field '{key}' is {value!r}, an activation wattcast does not cost; expected one of "
+                         f"{', '.join(ACTIVATIONS)}")
+
+
 def _alias(raw: Mapping[str, Any], key: str) -> str:
     """The alias of ``key`` the config sets (for messages)."""
     return next((a for a in ALIASES[key] if raw.get(a) is not None), ALIASES[key][0])
@@ -944,6 +971,7 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         ffn = default_ffn_width(mt, hidden, origin)
     maxpos = m.max_positions or 0  # 0 = not given (no limit known)
     act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()
+    _check_activation(raw, family, act if m.activation else None, origin)
     cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=m.n_layers, n_heads=heads, n_kv_heads=kv,
                    head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw),
                    wrapper=wrapper)

@@ -583,6 +583,11 @@ class GraphBuilder:
                                 bytes_=(m * n + m * k) * gb + n * k * db, B=1, M=n, N=m, K=k), **({"dtype": gdt} if fp8 else {})))
         if bias:  # db = sum over rows of dY
             bw.append(self._bw(f"{name}.bgrad", "reduction", "", "proxy", flops=m * k, bytes_=(m * k + k) * db))
+        if not weight_params:
+            # a tied weight (the LM head's, the token embedding's table): held once, in the parameters of the layer
+            # that owns it; this node reads it all the same. Recorded by node name so the memory estimate counts the
+            # weight as resident, not again in this kernel's working set (simulate/memory.py)
+            self.meta.setdefault("tied_weight_params", {})[name] = n * k
         return self._add(name, "linear", "linear" if bias else "bmm", "surrogate", [x], (*x.shape[:-1], k),
                          flops=2.0 * m * n * k + (m * k if bias else 0),
                          bytes_=(m * n + n * k) * gb + (m * k + (k if bias else 0)) * db,

@@ -531,19 +531,48 @@ def _onnx_forward(path, opts: StepOptions) -> OpGraph:
             raise GraphError(f"{fwd.meta.get('name')}: {o} {getattr(opts, o)} contradicts --dim {p}={fwd.meta['dims'][p]}: "
                              f"the symbolic dim {p!r} is the file's {'batch' if o == 'batch' else 'sequence'} axis; "
                              f"give its size once, with --dim {p}=...")
-    given = [f"{o} {getattr(opts, o)}" for o in ("batch", "seq") if o in ignored and getattr(opts, o) is not None]
+    given = [o for o in ("batch", "seq") if o in ignored and getattr(opts, o) is not None]
     if given:
-        own = ", ".join(f"{o} {fwd.meta[o]}" for o in ("batch", "seq") if fwd.meta.get(o) is not None)
-        raise GraphError(f"{fwd.meta.get('name')}: the ONNX file's input dims are fixed"
-                         + (f" ({own})" if own else "") + f", so {' and '.join(given)} cannot be applied; re-export it "
-                         "with dynamic axes (torch.onnx.export(..., dynamic_shapes=...)) or give the shapes it was "
-                         "exported with")
+        raise GraphError(onnx_dims_refusal(fwd.meta, {o: getattr(opts, o) for o in given}))
     bound = set(fwd.meta.get("dims") or ())
     unknown = [k for k, _ in opts.dims if k not in bound and ":" not in k]
     if unknown:
         raise GraphError(f"{fwd.meta.get('name')}: no symbolic input dim named {', '.join(unknown)}"
                          + (f" (its symbolic dims: {', '.join(sorted(bound))})" if bound else " (its input dims are fixed)"))
     return fwd
+
+
+def onnx_dims_refusal(meta: dict, given: dict[str, int]) -> str:
+    """Why an ONNX file cannot take the batch / seq ``given`` (options its input dims do not bind), per axis: a dim the
+    file fixes (its value; re-export with dynamic axes, or give that value), or an axis the model has not (an MLP's
+    or an image model's input has no sequence axis: leave seq out, re-exporting cannot help). Until stop 54 every
+    case said "the input dims are fixed (batch 16)", the 16 being the user's own batch bound to a symbolic axis,
+    and advised a re-export with dynamic axes that cannot give an MLP a sequence."""
+    name = meta.get("name")
+    axes = meta.get("input_axes") or {}
+    first = meta.get("first_input") or "?"
+    parts = []
+    fixed = [o for o in given if axes.get(o) == "fixed" or (o not in axes and meta.get(o) is not None)]
+    if fixed:
+        # the dims the file fixes (a symbolic batch bound to the user's value is not one of them)
+        held = [o for o in ("batch", "seq") if axes.get(o) == "fixed" and meta.get(o) is not None] \
+            or [o for o in fixed if meta.get(o) is not None]
+        what = ("input dims are" if all(axes.get(o) in ("fixed", None) for o in ("batch", "seq")) or not axes
+                else f"{' and '.join(held)} dim{'s are' if len(held) > 1 else ' is'}")
+        own = ", ".join(f"{o} {meta[o]}" for o in held)
+        parts.append(f"the ONNX file's {what} fixed" + (f" ({own})" if own else "")
+                     + f", so {' and '.join(f'{o} {given[o]}' for o in fixed)} cannot be applied (first input "
+                     f"{first}); re-export it with dynamic axes (torch.onnx.export(..., dynamic_shapes=...)) or give "
+                     "the shapes it was exported with")
+    missing = [o for o in given if o not in fixed]
+    for o in missing:
+        what = "sequence" if o == "seq" else "batch"
+        parts.append(f"the model has no {what} axis (first input {first}"
+                     + ("; a sequence axis is dim 1 of (batch, seq) token ids or (batch, seq, hidden) activations, "
+                        "dim 2 of a 1-D convolution's (batch, channels, length) input" if o == "seq" else "")
+                     + f"), so {o} {given[o]} cannot be applied: leave {o} (--{o}) out"
+                     + (" (or give 1: one position per sample)" if o == "seq" else ""))
+    return f"{name}: " + "; ".join(parts)
 
 
 def _build(model: Any, opts: StepOptions, example_inputs: tuple | None = None, forward_key: tuple | None = None) -> OpGraph:
@@ -587,7 +616,16 @@ def _build_forward_and_step(model: Any, opts: StepOptions, example_inputs: tuple
         raise GraphError("named input dims (--dim) apply to ONNX models; a config or module takes --batch and --seq")
     if opts.loop_trip_count is not None and not is_onnx:
         raise GraphError("loop_trip_count (--loop-trip-count) applies to ONNX models with Loop nodes")
-    if not is_onnx and example_inputs is None:
+    if not is_onnx and not isinstance(model, (str, Path, dict)) and _is_exported_program(model):
+        # a torch.export program runs as the module it unlifts to, on the inputs it was exported with, reshaped to the
+        # batch / seq given where its dynamic dims allow (exported_program_inputs); its own shapes are then what the
+        # graph's meta (hence settings and tokens_per_s) reports, not the 1 x 1,024 default of a module
+        if example_inputs is None:
+            example_inputs = exported_program_inputs(model, opts.batch, opts.seq)
+            # (a program that kept no example inputs: token ids of (batch, seq), as a module gets them)
+            opts = replace(opts, batch=None, seq=None) if example_inputs is not None else opts.with_default_shape()
+        model = model.module()
+    elif not is_onnx and example_inputs is None:
         opts = opts.with_default_shape()
     if isinstance(model, dict):
         fwd = _hf_forward(load_hf_config(model), opts)
@@ -600,15 +638,6 @@ def _build_forward_and_step(model: Any, opts: StepOptions, example_inputs: tuple
             import torch
         except ImportError:  # pragma: no cover - torch is an optional extra
             raise GraphError("a PyTorch module needs torch installed (pip install 'wattcast[train]')") from None
-        if isinstance(model, torch.export.ExportedProgram):
-            # a torch.export program runs as the module it unlifts to, on the inputs it was exported with unless given
-            if example_inputs is None:
-                args, kwargs = model.example_inputs or ((), {})
-                if kwargs:
-                    raise GraphError("this ExportedProgram was exported with keyword inputs: pass "
-                                     "wattcast.predict(ep.module(), ..., example_inputs=(...)) with positional ones")
-                example_inputs = tuple(args) or None
-            model = model.module()
         if not isinstance(model, torch.nn.Module):
             raise GraphError(f"cannot build a graph from a {type(model).__name__}; pass an ONNX file, a config.json, "
                              "a built-in model name, a config dict, a torch.nn.Module or a torch.export.ExportedProgram")
@@ -626,6 +655,86 @@ def _build_forward_and_step(model: Any, opts: StepOptions, example_inputs: tuple
     if opts.mode == "train" and not forward_only:
         return _training_of(fwd, opts)
     return fwd
+
+
+def _is_exported_program(model: Any) -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is an optional extra
+        return False
+    return isinstance(model, torch.export.ExportedProgram)
+
+
+def exported_program_inputs(ep: Any, batch: int | None, seq: int | None) -> tuple | None:
+    """The positional inputs to cost a ``torch.export.ExportedProgram`` on: those it was exported with, with ``batch``
+    (the first input's dim 0) and ``seq`` (dim 1 of a first input of token ids, integer (batch, seq)) applied where
+    they are given. A dim given a value must be dynamic in the export (a ``torch.export.Dim``, within its range: the
+    program's ``range_constraints``) or already that value; every input dim of the same symbol takes it. Anything
+    else is a GraphError naming the dim and what the export allows: a program traced at 2 x 128 costs 2 x 128, and
+    until stop 54 ``batch=8, seq=512`` were reported beside that step (settings, tokens_per_s) without being applied."""
+    import torch
+
+    args, kwargs = ep.example_inputs or ((), {})
+    if kwargs:
+        raise GraphError("this ExportedProgram was exported with keyword inputs: pass "
+                         "wattcast.predict(ep.module(), ..., example_inputs=(...)) with positional ones")
+    args = tuple(args)
+    if not args:
+        return None  # no example inputs kept: the caller gives the module token ids of (batch, seq)
+    if batch is None and seq is None:
+        return args
+    redo = ("re-export it with torch.export.export(..., dynamic_shapes=...) giving that dim a torch.export.Dim, pass "
+            "wattcast.predict(ep.module(), ..., example_inputs=(...)) at the shapes to cost, or give the shapes it was "
+            "exported with")
+    if not all(isinstance(a, torch.Tensor) for a in args):
+        raise GraphError("batch/seq apply to an ExportedProgram whose positional inputs are tensors; pass "
+                         "wattcast.predict(ep.module(), ..., example_inputs=(...)) at the shapes to cost")
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    vals = [placeholders[u].meta.get("val") for u in ep.graph_signature.user_inputs if u in placeholders]
+    if len(vals) != len(args) or any(v is None for v in vals):
+        raise GraphError("cannot tell this ExportedProgram's input dims apart (its user inputs do not match its "
+                         f"example inputs); {redo}")
+    first = vals[0]
+    token_ids = len(first.shape) == 2 and not first.dtype.is_floating_point
+    shape = "x".join(str(int(d)) for d in args[0].shape)
+    subs: dict = {}
+    for option, axis, value in (("batch", 0, batch), ("seq", 1, seq)):
+        if value is None:
+            continue
+        if option == "seq" and not token_ids:
+            raise GraphError(f"seq {value}: this ExportedProgram's first input is a {args[0].dtype} tensor of shape "
+                             f"{shape}, not token ids (batch, seq), so it has no sequence axis to apply seq to; pass "
+                             "wattcast.predict(ep.module(), ..., example_inputs=(...)) at the shapes to cost")
+        if len(first.shape) <= axis:
+            raise GraphError(f"{option} {value}: this ExportedProgram's first input (shape {shape}) has no dim {axis}")
+        d = first.shape[axis]
+        if not isinstance(d, torch.SymInt):
+            if int(d) != int(value):
+                raise GraphError(f"this ExportedProgram's {option} dim (dim {axis} of its first input, shape {shape}) is "
+                                 f"fixed at {int(d)}, so {option} {value} cannot be applied; {redo}")
+            continue
+        expr = d.node.expr
+        if not expr.is_Symbol:
+            raise GraphError(f"this ExportedProgram's {option} dim (dim {axis} of its first input) is {expr}, derived "
+                             f"from other dims, so {option} {value} cannot be applied to it; {redo}")
+        rng = ep.range_constraints.get(expr)
+        lo, hi = (rng.lower, rng.upper) if rng is not None else (None, None)
+        if (lo is not None and lo.is_finite and value < int(lo)) or (hi is not None and hi.is_finite and value > int(hi)):
+            raise GraphError(f"{option} {value} is outside the range this ExportedProgram's {option} dim was exported "
+                             f"with ({int(lo) if lo.is_finite else '-inf'}..{int(hi) if hi.is_finite else 'inf'}); "
+                             f"{redo}")
+        subs[expr] = int(value)
+    out = []
+    for a, v in zip(args, vals):
+        dims = []
+        for given, d in zip(a.shape, v.shape):
+            if isinstance(d, torch.SymInt):
+                e = d.node.expr.subs(subs)
+                dims.append(int(e) if e.is_number else int(given))
+            else:
+                dims.append(int(given))
+        out.append(torch.empty(dims, dtype=a.dtype, device="meta"))
+    return tuple(out)
 
 
 @rows_cached(max_entries=64)

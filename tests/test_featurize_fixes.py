@@ -197,15 +197,18 @@ def test_symbolic_and_unknown_inner_dims_work_as_before():
     ok = graph_from_onnx(_model(mm, [_vi("x", ["batch", "seq", 16])], [_vi("y", ["batch", "seq", 32])],
                                 [_init("W", 16, 32)]), batch=2, seq=4)
     assert ok.nodes["flops"].sum() == 2 * 8 * 16 * 32 and "warnings" not in ok.meta
-    # a symbolic inner dim: bound right it is a linear; bound wrong the file is not at fault: flagged, not refused
+    # a symbolic inner dim: bound right it is a linear; bound wrong the file is not at fault, but the graph cannot run
+    # at those dims: refused naming the node and the bound dims (until stop 54 flagged and costed by the roofline)
     sym = _model(mm, [_vi("x", ["batch", "seq", "hidden"])], [_vi("y", ["batch", "seq", 32])], [_init("W", 16, 32)])
     assert graph_from_onnx(sym, batch=2, seq=4, dims={"hidden": 16}).nodes["flops"].sum() == 2 * 8 * 16 * 32
-    wrong = graph_from_onnx(sym, batch=2, seq=4, dims={"hidden": 20})
-    assert wrong.meta["fallback_ops"] == {"MatMul": 1} and "costed by the roofline" in wrong.meta["warnings"][0]
-    # two symbolic dims the model contracts, bound to different values: as before
+    with pytest.raises(GraphError, match=r"'/fc/MatMul' cannot run at the dims its inputs were bound to .*hidden=20"):
+        graph_from_onnx(sym, batch=2, seq=4, dims={"hidden": 20})
+    # two symbolic dims the model contracts, bound to different values: likewise
     two = _model([helper.make_node("MatMul", ["a", "b"], ["y"], name="bmm")],
                  [_vi("a", ["batch", 8, "k1"]), _vi("b", ["batch", "k2", 3])], [_vi("y", ["batch", 8, 3])])
-    assert graph_from_onnx(two, batch=2, dims={"k1": 4, "k2": 5}).meta["fallback_ops"] == {"MatMul": 1}
+    with pytest.raises(GraphError, match=r"'bmm' cannot run at the dims .*k1=4, k2=5"):
+        graph_from_onnx(two, batch=2, dims={"k1": 4, "k2": 5})
+    assert graph_from_onnx(two, batch=2, dims={"k1": 4, "k2": 4}).meta.get("fallback_ops") is None
     # an operand whose shape the file does not give (a custom op's output): as before
     unknown = _model([helper.make_node("Foo", ["x"], ["h"], domain="custom", name="foo"),
                       helper.make_node("MatMul", ["h", "W"], ["y"], name="mm")],

@@ -12,11 +12,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from wattcast.data.kernel_ops import canonical_dtype
-from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT_NAMES, _MASK_DTYPE, InvalidModelError, _Builder,
+from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT_NAMES, _MASK_DTYPE, BoundDimsError, InvalidModelError, _Builder,
                                             _Static, _numel_dims, _sanitize)
 from wattcast.featurize.onnx.control import ControlFlowError, _Control
-from wattcast.featurize.onnx.load import (_bind_inputs, _declare_shape_only_weights, _fixed_batch_seq, _load,
-                                          _refuse_control_flow, _symbolic_batch_seq, _topo_order)
+from wattcast.featurize.onnx.load import (_batch_seq_axes, _bind_inputs, _declare_shape_only_weights, _fixed_batch_seq,
+                                          _load, _refuse_control_flow, _symbolic_batch_seq, _topo_order,
+                                          first_input_text)
 from wattcast.featurize.onnx.ops import _Ops
 from wattcast.featurize.onnx.params import _Params, _is_buffer, _tied_by_value
 from wattcast.featurize.onnx.patterns import _Patterns
@@ -58,6 +59,8 @@ class _Shared:
     unbound: Any = None
     #: the shapes of the file's values (``_Shapes._refuse_mismatched_inner``), worked out the first time one is asked
     declared: dict | None = None
+    #: the symbolic input dims' names -> the values they were bound to (batch, seq, dims=)
+    bound: dict = field(default_factory=dict)
 
     @staticmethod
     def flow_key(path: str) -> str:
@@ -417,12 +420,32 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             if n.op_type in _CONTROL_OPS:  # never one tiny op in place of a body
                 raise ControlFlowError(f"node {name!r} ({n.op_type}): its subgraph cannot be costed: "
                                        f"{type(e).__name__}: {e}") from e
+            self._refuse_unrunnable_at_bound_dims(n, name, e)
             self._undo(n, mark, counted, e, "costed by the roofline")
             self._emit_unknown(k, n, name, ins, unmapped=False)
             if k in self.bias_of:  # the bias Add fused into this MatMul
                 add = self.nodes[self.bias_of[k]]
                 self._emit_node(self.bias_of[k], add)
 
+
+    def _refuse_unrunnable_at_bound_dims(self, n, name: str, e: Exception) -> None:
+        """:class:`BoundDimsError` when a MatMul / Gemm's contraction dims differ in a model whose symbolic input dims
+        were bound (the file does not fix them apart: ``_refuse_mismatched_inner`` passed) and no shape on the way was
+        guessed: the graph cannot run at these dims. A legacy ``torch.onnx.export(..., dynamo=False)`` with
+        ``dynamic_axes`` bakes the traced sizes into Reshape shape constants (a key length of 128 in a Concat), so the
+        file runs at its export's dims only. Until stop 54 such a node was costed by the roofline with a warning and
+        the step predicted (exit 0). After an op nothing maps (its output shape may be a guess) or a handler that
+        already fell back, the roofline fallback stays: there the mismatch may be the guess's."""
+        if (n.op_type not in ("MatMul", "Gemm", "FusedMatMul") or not isinstance(e, GraphError)
+                or "contraction dims differ" not in str(e) or self.shared.unbound is None or self.unmapped
+                or self.fallback or not self.shared.bound):
+            return
+        dims = ", ".join(f"{k}={v}" for k, v in self.shared.bound.items())
+        raise BoundDimsError(f"{n.op_type} node {name!r} cannot run at the dims its inputs were bound to ({dims}): "
+                             f"{str(e).removeprefix(f'{name}: ')}. The file's symbolic dims do not carry through its "
+                             "graph (a legacy torch.onnx.export(..., dynamo=False) with dynamic_axes bakes the traced "
+                             "sizes into Reshape shape constants); give the dims it was exported with (--batch/--seq/"
+                             "--dim), or re-export it with torch.onnx.export(..., dynamo=True, dynamic_shapes=...)")
 
     def _emit_static(self, n) -> None:
         ins = [i for i in n.input if i]
@@ -492,11 +515,13 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     name = Path(where).stem if base is not None else (model.graph.name or "onnx_model")
     if isinstance(trips, dict):
         _check_trip_names(trips, model, where)
-    shared = _Shared(trips=trips, unbound=unbound)
+    shared = _Shared(trips=trips, unbound=unbound, bound=dict(env))
     imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts, shared=shared)
     fixed = _fixed_batch_seq(model)
+    axes = _batch_seq_axes(unbound if unbound is not None else model)
     meta = dict(name=name, dims=env, producer=model.producer_name or "",
-                batch=batch if "batch" in used else fixed["batch"], seq=seq if "seq" in used else fixed["seq"])
+                batch=batch if "batch" in used else fixed["batch"], seq=seq if "seq" in used else fixed["seq"],
+                input_axes=axes, first_input=first_input_text(unbound if unbound is not None else model))
     if base is not None:
         meta["path"] = str(base)
     if err:
@@ -504,8 +529,10 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     if shape_only:
         meta["shape_only_weights"] = shape_only  # declared in value_info only
     # an option the fixed dims cannot take (one equal to the exported size is simply met)
+    # (a model with no sequence axis, an MLP's or an image model's, runs one position per sample: seq 1 is met)
     ignored = [f"{o}={v}" for o, v in (("batch", batch), ("seq", seq))
-               if v is not None and o not in used and fixed[o] != int(v)]
+               if v is not None and o not in used and fixed[o] != int(v)
+               and not (o == "seq" and axes["seq"] is None and int(v) == 1)]
     if ignored:
         meta["ignored_options"] = ignored  # the model's input dims are fixed, or bound by name (dims=)
         # an option whose dim is symbolic but was bound by ``dims`` (a name not read as batch / sequence): its name

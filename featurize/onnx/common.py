@@ -35,6 +35,12 @@ class InvalidModelError(GraphError):
     inner dimensions, fixed in the file, differ. Refuses the model instead of costing the node by the roofline."""
 
 
+class BoundDimsError(InvalidModelError):
+    """The ONNX model cannot run at the dims its symbolic inputs were bound to (a MatMul / Gemm whose inner dims
+    differ once they are bound, though the file does not fix them apart): refused naming the node, the shapes and
+    the bound dims, not costed by the roofline as if it ran."""
+
+
 @dataclass(frozen=True)
 class _Static:
     """A value known before the run: initializers, constants, shapes, and anything computed from them only."""

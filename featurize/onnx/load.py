@@ -116,6 +116,37 @@ def _batch_seq_dims(model) -> dict:
     return {"batch": None, "seq": None}
 
 
+def _batch_seq_axes(model) -> dict[str, str | None]:
+    """What the first input has of a batch and a sequence axis (:func:`_batch_seq_dims`): ``"fixed"`` (a number in
+    the file), ``"symbolic"`` (a named dim), or None (no such axis: an MLP's (batch, features) or an image's
+    (batch, channels, height, width) input has no sequence axis)."""
+    return {k: None if d is None else ("fixed" if d.HasField("dim_value") else "symbolic")
+            for k, d in _batch_seq_dims(model).items()}
+
+
+def onnx_own_seq(path) -> tuple[str | None, int | None]:
+    """(the kind of an ONNX file's sequence axis: ``"fixed"``, ``"symbolic"`` or None for none, its fixed length or
+    None), read from the file's first input without building its graph (a cluster step's default ``seq``)."""
+    model, _, _ = _load(path)
+    d = _batch_seq_dims(model)["seq"]
+    if d is None:
+        return None, None
+    return ("fixed", int(d.dim_value)) if d.HasField("dim_value") else ("symbolic", None)
+
+
+def first_input_text(model) -> str:
+    """The first graph input that is not a weight, as ``name of shape (d0, d1, ...)`` (symbolic dims by name), for
+    messages (parentheses: the CLI prints messages as rich markup, where ``[batch]`` would be read as a tag)."""
+    init_names = {t.name for t in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in init_names or not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
+            continue
+        dims = [d.dim_param if d.HasField("dim_param") else str(d.dim_value) if d.HasField("dim_value") else "?"
+                for d in inp.type.tensor_type.shape.dim]
+        return f"{inp.name} of shape ({', '.join(dims)})"
+    return "(none)"
+
+
 def _fixed_batch_seq(model) -> dict[str, int | None]:
     """Batch and sequence length of a graph exported with fixed input dims (:func:`_batch_seq_dims`; None where
     that dim is not fixed)."""
