@@ -127,15 +127,16 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     # every parameter checked up front, so a message names what the caller gave (not an internal quantity)
     if assumptions is not None and not isinstance(assumptions, LifecycleAssumptions):
         raise ValueError(f"assumptions must be a LifecycleAssumptions, got {type(assumptions).__name__}")
+    # (named with their flags, as check_plausible names them: audit 54f)
     if node_overhead_share is not None:
-        _pos("node_overhead_share", node_overhead_share, zero_ok=True)
+        _pos("node_overhead_share (--node-overhead-share)", node_overhead_share, zero_ok=True)
     if flops is not None:
         _pos("flops", flops, zero_ok=True)
     _flag("apply_goodput", apply_goodput)
     gpus = _count("gpus", gpus)
     ideal_h = _pos("hours", hours)
     if avg_power_w is not None:
-        _pos("avg_power_w", avg_power_w)
+        _pos("avg_power_w (--avg-power-w)", avg_power_w)
     # (``hours`` is not range-checked here: footprint_from_step passes the computed hours of a long run; the
     # footprint command checks its --hours)
     for k, v in dict(node_overhead_share=node_overhead_share, flops=flops, avg_power_w=avg_power_w).items():
