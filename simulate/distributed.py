@@ -3446,7 +3446,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                # and the communication hidden after the tasks (the DP sync beside the last backward, the
                                # parameter all-gather beside the first forward): its extra J and the ms it stretches
                                optimizer_power_w=float(e_opt_stage[s] / (opt_stage[s] / 1e3)) if opt_stage[s] > 0 else None,
-                               hidden_comm_extra_j=float(after_j[s]), hidden_comm_stretch_ms=float(after_ms[s])))
+                               hidden_comm_extra_j=float(after_j[s]), hidden_comm_stretch_ms=float(after_ms[s]),
+                               # the board's cap on computation + a hidden collective (energy.overlap_cap_w: the
+                               # power limit, else the TDP), which no sample of the trace's counter goes above
+                               overlap_cap_w=float(cap_w)))
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
     per_op, fallback = view.per_op, view.fallback_ops
     events = []

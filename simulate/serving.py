@@ -183,7 +183,11 @@ def with_serving(res, prefill, *, engine: str, prompt_tokens: int, output_tokens
                 prompt_tokens=int(prompt_tokens), output_tokens=int(output_tokens),
                 requests_per_iteration=batch / output_tokens, host_fixed_ms=c["host_fixed_ms"],
                 host_per_seq_ms=c["host_per_seq_ms"], host_overlaps_gpu=c["host_overlaps_gpu"],
-                provenance=c.get("provenance"))
+                provenance=c.get("provenance"),
+                # the powers the energy above charges each part at (the trace draws them: simulate/trace.py): the
+                # GPU idles over the exposed host time; the prefill's share is drawn at its step's mean power
+                host_power_w=float(idle_power_w),
+                prefill_power_w=prefill.energy_j / (prefill.step_time_ms / 1e3) if prefill.step_time_ms > 0 else 0.0)
     per_op = sorted([*res.per_op,
                      dict(op_class="serving_host", count=1, time_ms=exposed_host, flops=0.0, launch_gap_ms=0.0),
                      dict(op_class="serving_prefill", count=int(prefill_requests), time_ms=pre,
@@ -214,7 +218,7 @@ def _with_tp_sync(res, c: dict, *, tp: int, idle_power_w: float):
     step = res.step_time_ms + sync
     energy = res.energy_j + idle_power_w * sync / 1e3
     info = dict(res.meta["serving"], tp_sync_ms=sync, tp_sync_ms_per_layer_log2_tp=k,
-                tp_provenance=c.get("tp_provenance"))
+                tp_provenance=c.get("tp_provenance"), tp_sync_power_w=float(idle_power_w))
     per_op = sorted([*res.per_op, dict(op_class="serving_tp_sync", count=1, time_ms=sync, flops=0.0, launch_gap_ms=0.0)],
                     key=lambda o: -o["time_ms"])
     band = dict(res.step_band)

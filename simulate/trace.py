@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from wattcast.simulate.defaults import shown_dtype
 from wattcast.simulate.overlap import OVERLAP_FLAGS
 
@@ -27,7 +29,8 @@ def chrome_trace_events(res) -> list[dict]:
     The power counter charges what ``energy_j`` charges (:func:`wattcast.simulate.energy.energy_of`,
     :func:`wattcast.simulate.data_loading.one_device`): a kernel's ``power_w`` over its GPU time (``gpu_ms``), the idle
     power (``meta["idle_power_w"]``) over its launch gap (``time_ms - gpu_ms``) and over the batch's loading, so that
-    the counter's integral over the step is the step's energy."""
+    the counter's integral over the step is the step's energy. A served iteration (``meta["serving"]``) draws the
+    engine's host, prefill and TP-sync time after the GPU step (:func:`_serving_events`)."""
     nodes = res.nodes
     events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{res.device}"}},
               {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "compute"}}]
@@ -71,7 +74,47 @@ def chrome_trace_events(res) -> list[dict]:
             if busy_end < end:  # the launch gap: the GPU idles
                 counter(busy_end, idle_w)
         start = end
+    serving = res.meta.get("serving")
+    if serving:  # a serving engine's iteration: what it adds after the GPU step (simulate/serving.py), in series
+        _serving_events(events, serving, start, counter if has_power else None)
     return events
+
+
+#: the parts a serving iteration adds after its GPU step (simulate/serving.py ``with_serving``), in the order drawn:
+#: (event name = the per-op class, ``meta["serving"]`` key of its time, key of the power its energy charges)
+SERVING_PARTS = (("serving_host", "exposed_host_ms", "host_power_w"),
+                 ("serving_prefill", "prefill_ms", "prefill_power_w"),
+                 ("serving_tp_sync", "tp_sync_ms", "tp_sync_power_w"))
+#: the track (thread id) of a single-device trace on which those parts are drawn
+SERVING_TID = 1
+
+
+def _serving_events(events: list[dict], serving: dict, start: int, counter) -> None:
+    """Append the serving engine's host, amortised prefill and (TP > 1) TP-sync time after the GPU step (which ends
+    at ``start`` ns) on their own track, each named as its per-op class, and (``counter``) the power its energy
+    charges (``meta["serving"]``'s ``*_power_w``: idle over the host and sync, the prefill step's mean power over
+    the prefill's share), so that the trace ends at ``step_time_ms`` and its counter integrates to ``energy_j``."""
+    events.insert(2, {"name": "thread_name", "ph": "M", "pid": 0, "tid": SERVING_TID,
+                      "args": {"name": f"serving engine ({serving.get('engine')}): host, prefill, TP sync"}})
+    t_ns = start
+    end_ms = start / 1e6
+    for name, ms_key, w_key in SERVING_PARTS:
+        ms = float(serving.get(ms_key) or 0.0)
+        if ms <= 0:
+            continue
+        end_ms += ms
+        end = max(_ns(end_ms), t_ns)
+        if end <= t_ns:
+            continue
+        args = {"time_ms": ms}
+        if name == "serving_prefill":
+            args.update(requests=serving.get("prefill_requests"), prompt_tokens=serving.get("prompt_tokens"),
+                        prefill_step_ms=serving.get("prefill_step_ms"))
+        events.append({"name": name, "cat": "serving", "ph": "X", "pid": 0, "tid": SERVING_TID, "ts": _us(t_ns),
+                       "dur": _us(end - t_ns), "args": args})
+        if counter is not None and serving.get(w_key) is not None:
+            counter(t_ns, serving[w_key])
+        t_ns = end
 
 
 def _write_trace(path: str | Path, events: list[dict], other: dict) -> Path:
@@ -207,6 +250,32 @@ def _union(spans) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
+def _capped(times: np.ndarray, levels: np.ndarray, cap_w: float, tasks: list[tuple[int, int]]) -> np.ndarray:
+    """``levels`` (W from each of ``times`` (ns) to the next; the last one holds to the end of the step) with no level
+    above ``cap_w`` and the same integral. The counter draws the tasks at their MEAN power and the hidden
+    communication's extra energy on top, so a span can show more than the cap while the energy model caps the actual
+    computation + collective there (energy.overlap_power): what a span shows above the cap is taken off it and given
+    to the stage's task spans below the cap (whose mean power it is part of) in proportion to their headroom, or,
+    if they have too little, to every span of the step below the cap (the last, open-ended one excepted)."""
+    if levels.size < 2 or not (levels > cap_w).any():
+        return levels
+    dur = np.diff(times).astype(float)  # ns of every span but the last
+    lv = levels[:-1]
+    removed = float(np.sum(np.clip(lv - cap_w, 0.0, None) * dur))  # W x ns
+    lv = np.minimum(lv, cap_w)
+    room = (cap_w - lv) * dur
+    mid = (times[:-1] + times[1:]) / 2
+    in_task = np.zeros(lv.size, dtype=bool)
+    for a, b in tasks:
+        in_task |= (mid > a) & (mid < b)
+    for where in (in_task, np.ones(lv.size, dtype=bool)):
+        total_room = float(np.sum(room[where]))
+        if total_room >= removed > 0:
+            lv = lv + np.where(where, (cap_w - lv) * (removed / total_room), 0.0)
+            return np.append(lv, levels[-1])
+    return levels  # the step's energy does not fit under the cap: shown as charged (energy_j is what the trace keeps)
+
+
 def _stage_power_samples(d: dict, compute, dp, events) -> list[tuple[int, float]]:
     """(ns, W) samples of one stage's power counter, charging what its ``energy_j`` charges: the tasks (F / B, the
     steady state not drawn) at ``busy_power_w``, the optimizer at ``optimizer_power_w``, the rest of the step (pipeline
@@ -214,7 +283,9 @@ def _stage_power_samples(d: dict, compute, dp, events) -> list[tuple[int, float]
     the tasks (``hidden_comm_extra_j`` less the wait power over ``hidden_comm_stretch_ms``, which the wait already
     charges) on top, over the data-parallel events' overlap with the tasks (the DP sync beside the last backward) or,
     where there is none (the parameter all-gather hidden beside the first forward, drawn only as its exposed part), over
-    the stage's first task."""
+    the stage's first task. No sample goes above ``overlap_cap_w`` (the power limit, else the TDP: what the energy
+    model caps computation + a hidden collective at): what the mean power plus the extra shows above it is moved onto
+    the other task spans (:func:`_capped`), so the integral stays the stage's ``energy_j``."""
     busy_w, wait_w = d["busy_power_w"], d["wait_power_w"]
     opt_w = d.get("optimizer_power_w")
     name = lambda i: str(events[i]["name"])  # noqa: E731
@@ -240,9 +311,13 @@ def _stage_power_samples(d: dict, compute, dp, events) -> list[tuple[int, float]
         hidden_ns = sum(b - a for a, b in hidden)
         for a, b in hidden:
             add(a, b, extra_j * 1e9 / hidden_ns)  # J over ns -> W
-    out, w, last = [], wait_w, None
-    for t in sorted(deltas):
-        w += deltas[t]
+    times = np.array(sorted(deltas), dtype=np.int64)
+    levels = wait_w + np.cumsum([deltas[t] for t in times])
+    cap_w = d.get("overlap_cap_w")
+    if cap_w is not None:
+        levels = _capped(times, levels, float(cap_w), tasks)
+    out, last = [], None
+    for t, w in zip(times.tolist(), levels.tolist()):
         shown = round(w, 3)
         if shown != last:
             out.append((t, shown))
