@@ -416,23 +416,17 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                                                      [h for h in h_sizes if h[0] * h[1] == c])]
     schedule = schedule or ("1f1b",)
     rc_layers = rc_layers or (None,)
-    n_layers = 0
-    if any(n is not None for n in rc_layers):
+    n_layers = 0  # the model's layers (0: not known): block recomputation's counts and the default stage counts
+    if pp is None or any(n is not None for n in rc_layers):
         from wattcast.simulate.distributed import model_config
 
-        recompute = tuple(recompute) + (() if "full" in recompute else ("full",))
-        rc_layers = (None,) + tuple(n for n in rc_layers if n is not None)
         cfg = model_config(model)
         n_layers = int(cfg.total_layers) if cfg is not None else 0
+    if any(n is not None for n in rc_layers):
+        recompute = tuple(recompute) + (() if "full" in recompute else ("full",))
+        rc_layers = (None,) + tuple(n for n in rc_layers if n is not None)
     if cp is None:
         cp = default_cps(seq)
-    if pp is None:  # every stage count that divides the job, at most the model's layers (each stage holds one)
-        n_total = n_layers
-        if not n_total:
-            from wattcast.simulate.distributed import model_config
-
-            cfg = model_config(model)
-            n_total = int(cfg.total_layers) if cfg is not None else 0
     if ep is None:
         n_exp = _expert_count(model)
         ep = tuple(e for e in _pow2_divisors(n_exp, gpus) if e >= 1) if n_exp else (1,)
@@ -447,7 +441,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     for t, c in itertools.product(tps, cp):
         if gpus % (t * c) or (c > 1 and seq % (2 * c)):
             continue
-        pps = list(pp) if pp is not None else _divisors(gpus // (t * c), n_total or None)
+        # default: every stage count that divides the job, at most the model's layers (each stage holds one)
+        pps = list(pp) if pp is not None else _divisors(gpus // (t * c), n_layers or None)
         for p in pps:
             if gpus % (t * p * c):
                 continue

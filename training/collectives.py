@@ -250,19 +250,16 @@ def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_m
     if old is None:
         # a new --out: the working model is the shipped one, the model `predict` uses without --collectives (until
         # stop 54 a fresh folder was written unjudged: a x1000-slow fabric log became its model)
+        from wattcast.training.gate_force import against_shipped, shipped_reference
+
         try:
-            shipped = shipped_folder()
-            if Path(target).resolve() == Path(shipped).resolve():
-                raise ValueError("the target is the shipped folder")
-            old = CollectiveModel.load(shipped)
+            old = CollectiveModel.load(shipped_reference(target, shipped_folder()))
             if old.is_fallback:
                 raise ValueError("no shipped model")
         except Exception:  # nothing to compare with (a stripped install, or the target is the shipped folder)
             return True, f"{missing}: {'writing the new one' if missing.startswith('no ') else 'replacing it'}", {}
         ok, why, m = _judge(new, old, frame, new_metrics, fingerprint)
-        why = why.replace("kept the existing collective model", "not made current (the target is left as it was)")
-        return ok, (f"{missing}, so the new model was compared with the shipped one (the model `predict` uses "
-                    f"without --collectives): {why}"), m
+        return ok, against_shipped(missing, why, "collective", "--collectives"), m
     return _judge(new, old, frame, new_metrics, fingerprint)
 
 

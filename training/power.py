@@ -50,6 +50,7 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.profiles.power_logs import TDP_FACTOR
+from wattcast.training.gate_force import against_shipped, shipped_reference
 from wattcast.training.holdout import heldout_twin
 from wattcast.featurize.power_features import IDLE_FRACTION_OF_TDP, device_idle_w, kernel_power_features
 from wattcast.models.power import (
@@ -753,19 +754,14 @@ def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_p
             missing, old = f"the existing power model does not load or predict ({e})", None
     if old is None:
         try:
-            shipped = shipped_folder()
-            if Path(target).resolve() == Path(shipped).resolve():
-                raise ValueError("the target is the shipped folder")
-            old = PowerModel.load(shipped)
+            old = PowerModel.load(shipped_reference(target, shipped_folder()))
             old_ape = _ape(old.predict_w(train)[0], train["power_w"])
         except Exception:  # no shipped model to compare with (a stripped install, or the target is it)
             return True, f"{missing}: {'writing the new one' if missing.startswith('no power') else 'replacing it'}", {}
         against = missing
     ok, why, m = _judge(new, old, old_ape, train, new_lodo_pct)
     if against is not None:
-        why = why.replace("kept the existing power model", "not made current (the target is left as it was)")
-        why = (f"{against}, so the new model was compared with the shipped one (the model `predict` uses without "
-               f"--power-model): {why}")
+        why = against_shipped(against, why, "power", "--power-model")
     return ok, why, m
 
 
