@@ -59,8 +59,8 @@ METHODS = ("surrogate", "proxy", "flash", "roofline", "collective")
 SHAPE_COLUMNS = ("B", "M", "N", "K", "H", *CONV_COLS[1:])
 #: a graph's node columns. ``model_share``: the part of a node's ``flops`` that counts as model FLOPs (MFU's numerator,
 #: simulate/single_device.model_flops); 1 but in eager attention (:func:`attention_pair_share`,
-#: hf_blocks.eager_attention), whose kernels compute the masked pairs and the softmax work on the scores that the model
-#: FLOPs leave out (hardware FLOPs only)
+#: hf_blocks.eager_attention, and the matmul-written cores the ONNX and torch.export importers recognise), whose kernels
+#: compute the masked pairs and the softmax work on the scores that the model FLOPs leave out (hardware FLOPs only)
 NODE_COLUMNS = (
     "name", "op_class", "kernel", "method", "dtype", *SHAPE_COLUMNS, "flops", "bytes", "scale", "param_count",
     "layer", "scope", "phase", "fwd_id", "recompute", "tag", "group", "model_share",

@@ -43,7 +43,9 @@ Mapping (ONNX op -> builder call):
 - com.microsoft fused ops: SkipLayerNormalization / SkipSimplifiedLayerNormalization -> ``add`` +
   ``layernorm``; FusedMatMul -> ``linear``/``matmul``; FastGelu, BiasGelu, QuickGelu, BiasAdd -> ``elementwise``;
 - the attention core (MatMul -> (Div|Mul) -> (Add|Where mask) -> Softmax -> (Dropout) -> MatMul) is
-  tagged ``attn_core``; an opset-23 ``Attention`` op -> ``flash_attention``;
+  tagged ``attn_core`` and counts in model FLOPs as hf_blocks.eager_attention's: the two MatMuls at
+  ``attention_pair_share`` (half when the mask's ancestry shows it causal: ``patterns._mask_is_causal``), the nodes
+  between them at 0 (``model_share``); an opset-23 ``Attention`` op -> ``flash_attention``;
 - control flow: ``Loop`` and ``Scan`` -> their bodies unrolled, one walk per iteration (trip count: the constant
   ``M``, ``loop_trip_count`` given by the user, or the scanned length; unknown -> :class:`GraphError` naming the node
   and the option); ``If`` -> the branch of a constant condition, else the more expensive one, flagged (``control.py``);

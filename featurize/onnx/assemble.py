@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,7 +21,8 @@ from wattcast.featurize.onnx.load import (_batch_seq_axes, _bind_inputs, _declar
 from wattcast.featurize.onnx.ops import _Ops
 from wattcast.featurize.onnx.params import _Params, _is_buffer, _tied_by_value
 from wattcast.featurize.onnx.patterns import _Patterns
-from wattcast.featurize.onnx.shapes import _file_shapes, _infer, _Shapes, _small_constants, _strip_weights
+from wattcast.featurize.onnx.shapes import (_file_shapes, _infer, _Shapes, _small_constants, _strip_weights,
+                                            _triangular_constants)
 from wattcast.featurize.op_graph import GraphError, OpGraph, Tensor, unmapped_ops_warning
 
 _LAYER_RE = re.compile(r"(?:^|[./_])(?:h|layers|layer|blocks|block)[._](\d+)(?=$|[./_])")
@@ -76,8 +77,11 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
 
     def __init__(self, model, *, dtype: str | None, train: bool, name: str, tied: dict[str, str],
                  consts: dict[str, np.ndarray], parent: "_Importer | None" = None,
-                 outer: dict[str, _Static] | None = None, prefix: str = "", shared: _Shared | None = None):
+                 outer: dict[str, _Static] | None = None, prefix: str = "", shared: _Shared | None = None,
+                 triangular: set[str] | frozenset = frozenset()):
         self.model = model
+        #: constants holding a causal mask pattern (shapes._triangular_constants, read before the weights were stripped)
+        self.triangular = frozenset(triangular)
         g = model.graph
         self.g = g
         self.prefix = prefix
@@ -159,6 +163,9 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
         self.fused: dict[int, tuple] = {}  # anchor node -> (kind, ...) of a collapsed subgraph
         self.groups: dict[int, set[int]] = {}  # anchor node -> the nodes it stands for
         self.attn: set[int] = set()
+        #: the QK^T and PV MatMuls of a recognised attention core -> is its mask causal (patterns._match_attention)
+        self.attn_pairs: dict[int, bool] = {}
+        self.attn_pv: set[int] = set()  # the PV ones among them
         self.mask_adds: set[int] = set()
         self.bias_of: dict[int, int] = {}  # MatMul node -> fused bias Add node
         self.folded_casts: set[int] = set()  # Casts a Softmax already costed (ops._softmax: the exporters' upcast)
@@ -313,7 +320,12 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             if k in self.skip:
                 continue
             lay, scope = self.layer_of[k], self.scope_of[k]
-            with self.b.layer(lay, scope), (self.b.tag("attn_core") if k in self.attn else nullcontext()):
+            # a recognised attention core's kernels count in model FLOPs as hf_blocks.eager_attention's: QK^T and PV at
+            # the pairs the mask keeps (ops._matmul), the scale / mask / softmax / dropout between them not at all
+            core = (self.b.tag("attn_core"), self.b.model_share(0.0)) if k in self.attn else ()
+            with self.b.layer(lay, scope), ExitStack() as stack:
+                for c in core:
+                    stack.enter_context(c)
                 self._emit(k, n)
 
 
@@ -347,18 +359,19 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             body = onnx.helper.make_model(g, opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version)
             _refuse_control_flow(body, prefix.rstrip("/") or "body")
             small = _small_constants(body)
+            tri = _triangular_constants(body)
             _strip_weights(body)
             inferred, _ = _infer(body)
-            got = (inferred, small, graph)  # the graph is kept so its id stays unique while cached
+            got = (inferred, small, graph, tri)  # the graph is kept so its id stays unique while cached
             self.shared.bodies[key] = got
-        inferred, small = got[0], got[1]
+        inferred, small, tri = got[0], got[1], got[3]
         outer = {}
         for nm, _, elem, shape in sig:
             v = env[nm]
             if isinstance(v, _Static):
                 outer[nm] = v if v.elem else _Static(v.shape, v.sources, elem)
         child = _Importer(inferred, dtype=self.dtype, train=self.b.train, name="", tied={}, consts={**small, **consts},
-                          parent=self, outer=outer, prefix=prefix)
+                          parent=self, outer=outer, prefix=prefix, triangular=self.triangular | tri)
         for nm, v in env.items():
             if isinstance(v, Tensor):
                 child._set(nm, v, rg.get(nm, False))
@@ -508,6 +521,7 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     shape_only = _declare_shape_only_weights(model)
     tied = _tied_by_value(model)
     consts = _small_constants(model)
+    triangular = _triangular_constants(model, base.parent if base is not None else None)
     _strip_weights(model)
     unbound = _unbound_copy(model)
     env, used = _bind_inputs(model, batch, seq, dims)
@@ -516,7 +530,8 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     if isinstance(trips, dict):
         _check_trip_names(trips, model, where)
     shared = _Shared(trips=trips, unbound=unbound, bound=dict(env))
-    imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts, shared=shared)
+    imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts, shared=shared,
+                    triangular=triangular)
     fixed = _fixed_batch_seq(model)
     axes = _batch_seq_axes(unbound if unbound is not None else model)
     meta = dict(name=name, dims=env, producer=model.producer_name or "",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.onnx.common import _DEFAULT_DOMAINS, _FLOAT_TYPES, _MASK_DTYPE, _Static, _attr, _numel_dims
 from wattcast.featurize.einsum_gemm import einsum_gemm
-from wattcast.featurize.op_graph import GraphError, Tensor
+from wattcast.featurize.op_graph import GraphError, Tensor, attention_pair_share
 
 #: elementwise ONNX ops -> builder elementwise op (vocabulary of wattcast.data.kernel_ops, costed there)
 _UNARY = {
@@ -149,7 +149,12 @@ class _Ops:
             a = self._view(a, (1, a.shape[0]))
         if b_vec:
             b = self._view(b, (b.shape[0], 1))
-        y = self.b.matmul(a, b, name=name)
+        if k in self.attn_pairs:  # an attention core's QK^T (b: K^T, (.., d, S_kv)) or PV (a: the (.., S, S_kv) probs)
+            s, skv = a.shape[-2], (a.shape[-1] if k in self.attn_pv else b.shape[-1])
+            with self.b.model_share(attention_pair_share(int(s), int(skv), causal=self.attn_pairs[k])):
+                y = self.b.matmul(a, b, name=name)
+        else:
+            y = self.b.matmul(a, b, name=name)
         p = self._claim([a_nm if sa else None, b_nm if sb else None], [k])
         if p:
             self.b.own_params(y, p)

@@ -343,6 +343,12 @@ class _Patterns:
             return
         self.attn |= {qk, pv, *chain}
         self.mask_adds |= set(masks)
+        # the mask operands: what the core's Add / Where nodes read besides the scores flowing from QK^T
+        flow = {o for c in (qk, *chain) for o in nodes[c].output if o}
+        operands = [i for c in chain if nodes[c].op_type in ("Add", "Where") for i in nodes[c].input if i and i not in flow]
+        causal = self._mask_is_causal(operands)
+        self.attn_pairs[qk] = self.attn_pairs[pv] = causal
+        self.attn_pv.add(pv)
 
 
     def _leads_to_matmul(self, name: str, depth: int = 6) -> bool:
@@ -357,4 +363,77 @@ class _Patterns:
             if not acts:
                 return False
             name = acts[0]
+        return False
+
+
+    #: ops a mask passes through on its way to the scores (slicing a stored mask, casting, broadcasting, inverting
+    #: it, turning a bool mask into an additive one, combining it with another)
+    _MASK_PASS = frozenset(("Slice", "Cast", "CastLike", "Unsqueeze", "Squeeze", "Expand", "Reshape", "Flatten", "Not",
+                            "Sub", "Mul", "Add", "Neg", "Identity", "Equal", "Where", "And", "Or", "Xor", "Transpose",
+                            "Tile", "Min", "Max", "Clip"))
+    #: the comparisons that make a causal mask from two position indices (arange row vs column)
+    _MASK_COMPARE = frozenset(("Less", "LessOrEqual", "Greater", "GreaterOrEqual"))
+
+
+    def _mask_is_causal(self, names, limit: int = 64) -> bool:
+        """Is the attention mask that ``names`` (the values a core's Add / Where nodes read besides the scores) apply
+        causal, decided from its ancestry: it reaches a ``Trilu`` (diagonal -1, 0 or 1: ``tril(ones)`` or the
+        ``triu(ones, 1)`` a ``masked_fill`` reads; another diagonal cuts a band, undecided), a constant whose last two
+        dims hold a causal pattern (featurize/attention_mask.is_triangular_mask: a bool ``tril`` buffer, an exporter's
+        folded ``bias[:, :, :T, :T] == 0``, an additive 0 / -inf table), or a ``Less`` / ``LessOrEqual`` / ``Greater``
+        / ``GreaterOrEqual`` of two ``Range``-derived position indices with a (rows, cols) output (``kv_idx <=
+        q_idx``, transformers' ``causal_mask_function`` as exported). Anything else -- no mask, a mask given as a
+        graph input, an unknown op on the way -- is not causal (bidirectional), the count of a plain export."""
+        from wattcast.featurize.attention_mask import is_triangular_mask
+
+        seen: set[str] = set()
+        todo = list(names)
+        while todo and len(seen) < limit:
+            nm = todo.pop()
+            if nm in seen:
+                continue
+            seen.add(nm)
+            c = self._const(nm)
+            if nm in self.triangular or (c is not None and is_triangular_mask(c)):
+                return True
+            p = self.producer.get(nm)
+            if p is None:
+                continue
+            n = self.nodes[p]
+            if n.domain not in _DEFAULT_DOMAINS:
+                continue
+            if n.op_type == "Trilu":
+                k = self._scalar(n.input[1]) if len(n.input) > 1 and n.input[1] else 0.0
+                if k is not None and k in (-1.0, 0.0, 1.0):
+                    return True
+                continue
+            if n.op_type in self._MASK_COMPARE:
+                shape = self._shape(n.output[0])
+                if (len(n.input) == 2 and shape is not None and len(shape) >= 2 and min(shape[-2:]) >= 2
+                        and all(self._from_range(i) for i in n.input)):
+                    return True
+                continue
+            if n.op_type in self._MASK_PASS:
+                todo += [i for i in n.input if i]
+        return False
+
+
+    def _from_range(self, name: str, limit: int = 16) -> bool:
+        """``name`` is computed from a ``Range`` (a position index, maybe offset, cast or reshaped)."""
+        seen: set[str] = set()
+        todo = [name]
+        while todo and len(seen) < limit:
+            nm = todo.pop()
+            if nm in seen:
+                continue
+            seen.add(nm)
+            p = self.producer.get(nm)
+            if p is None:
+                continue
+            n = self.nodes[p]
+            if n.op_type == "Range":
+                return True
+            if n.op_type in ("Unsqueeze", "Squeeze", "Reshape", "Expand", "Cast", "Add", "Sub", "Slice", "Identity",
+                             "Gather", "Tile", "Transpose", "Flatten"):
+                todo += [i for i in n.input[:1 if n.op_type not in ("Add", "Sub") else 2] if i]
         return False

@@ -12,6 +12,7 @@ import numpy as np
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _ELEM_BYTES, _FLOAT_TYPES, _INT_NAMES, _SIZED_NAMES, InvalidModelError,
                                             _Static, _attr, _numel_dims)
+from wattcast.featurize.attention_mask import MAX_MASK_ELEMENTS, is_triangular_mask
 from wattcast.featurize.onnx.ops import _BINARY, _REDUCE_OPS, _UNARY
 from wattcast.featurize.op_graph import Tensor
 
@@ -65,6 +66,77 @@ def _small_constants(model) -> dict[str, np.ndarray]:
                 except Exception:  # noqa: BLE001
                     pass
     return vals
+
+
+#: the ops a stored attention mask is read by (sliced, compared, inverted, cast, broadcast, applied): only a constant
+#: whose every reader is one of them is read for a mask pattern (a weight, float or quantized, never is)
+_MASK_READERS = {"Slice", "Equal", "Not", "Where", "Cast", "CastLike", "Add", "Sub", "Mul", "Expand", "Reshape",
+                 "Unsqueeze", "Squeeze", "Identity", "And", "Or", "Xor", "Less", "LessOrEqual", "Greater",
+                 "GreaterOrEqual", "Transpose", "Neg", "Min", "Max"}
+
+
+def _triangular_constants(model, base_dir=None) -> set[str]:
+    """Names of the initializers and Constant values of ``model`` (read before their data is stripped) whose last two
+    dims hold a causal mask pattern (featurize/attention_mask.is_triangular_mask): what the attention matcher
+    (patterns._mask_is_causal) looks a mask's constants up in. Only constants every reader of which is a mask op
+    (:data:`_MASK_READERS`) are read, so no weight is. An initializer in an external-data file (the dynamo exporter
+    writes every one there) is read from its byte range when the file is in ``base_dir`` (the model's folder) and
+    holds it; a missing file leaves it undecided (not causal)."""
+    from onnx import numpy_helper
+
+    readers: dict[str, set[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            if i:
+                readers.setdefault(i, set()).add(n.op_type if n.domain in _DEFAULT_DOMAINS else "")
+    graph_out = {o.name for o in model.graph.output}
+
+    def mask_like(name, dims) -> bool:
+        r = readers.get(name)
+        return (len(dims) >= 2 and min(dims[-2:]) >= 2 and _numel_dims(dims) <= MAX_MASK_ELEMENTS and bool(r)
+                and r <= _MASK_READERS and name not in graph_out)
+
+    cands = [(t.name, t) for t in model.graph.initializer if mask_like(t.name, t.dims)]
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.domain in _DEFAULT_DOMAINS and n.output:
+            cands += [(n.output[0], a.t) for a in n.attribute if a.name == "value" and mask_like(n.output[0], a.t.dims)]
+    out: set[str] = set()
+    for name, t in cands:
+        try:
+            values = _external_array(t, base_dir) if t.data_location == 1 else numpy_helper.to_array(t)
+        except Exception:  # noqa: BLE001 - missing or unreadable data: undecided
+            continue
+        if values is not None and is_triangular_mask(values):
+            out.add(name)
+    return out
+
+
+def _external_array(t, base_dir) -> np.ndarray | None:
+    """The values of initializer ``t`` stored in an external-data file (ONNX external data: ``location``, ``offset``,
+    ``length`` keys, the location relative to the model's folder), or None when the file is not there or the location
+    leaves the folder (onnx.external_data_helper refuses such paths too)."""
+    from pathlib import Path
+
+    from onnx import helper
+
+    if base_dir is None:
+        return None
+    info = {e.key: e.value for e in t.external_data}
+    base = Path(base_dir).resolve()
+    path = (base / info.get("location", "")).resolve()
+    if base not in path.parents or not path.is_file():
+        return None
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    count = _numel_dims(t.dims)
+    offset = int(info.get("offset", 0) or 0)
+    if "length" in info and int(info["length"]) != count * dtype.itemsize:
+        return None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        raw = f.read(count * dtype.itemsize)
+    if len(raw) != count * dtype.itemsize:
+        return None
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(tuple(int(d) for d in t.dims))
 
 
 def _strip_weights(model) -> None:

@@ -48,7 +48,9 @@ Layers: the module path of ``node.meta["nn_module_stack"]`` is the node's ``scop
 component after ``h``/``layers``/``layer``/``blocks``/``block`` is its layer. Ops before the first block
 are layer -1, after the last ``n_layers``. The attention core (the activation-by-activation GEMM
 ``Q K^T``, everything elementwise from it up to the GEMM with ``V``; a fused attention) is tagged
-``attn_core`` for selective recomputation.
+``attn_core`` for selective recomputation. A core written out in matmuls counts in model FLOPs as
+hf_blocks.eager_attention's (``attention.py``): ``Q K^T`` and ``P V`` at ``attention_pair_share`` (half when its mask
+comes from ``tril``/``triu``, a triangular buffer or an ``arange`` comparison), the ops between them at 0.
 
 The package by concern: ``tables`` holds the op-mapping tables (ATen packet -> the handler and kernel kind that
 costs it, dtype labels), ``shapes`` the FakeTensor shapes and the graph Tensors kept per FX node, ``ops`` one handler

@@ -9,13 +9,15 @@ import operator
 import re
 import time
 from collections import Counter
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, Iterable
 
 import torch
 import torch.fx
 
 from wattcast.data.kernel_ops import canonical_dtype
-from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph, unmapped_ops_warning
+from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph, attention_pair_share, unmapped_ops_warning
+from wattcast.featurize.torch_import.attention import _AttentionCores, triangular_tensor
 from wattcast.featurize.torch_import.ops import _attach_params, _Ops
 from wattcast.featurize.torch_import.shapes import _bind, _is_tensor, _shape, _tensors_in, _Values
 from wattcast.featurize.torch_import.tables import _ATTN_PROPAGATE, _CONV, _SDPA, _TORCH_DTYPE_NAMES, _op_label, _packet
@@ -47,11 +49,12 @@ def _drop_backward(builder: GraphBuilder, first: int) -> None:
         n.saves = []
 
 
-class _Importer(_Values, _Ops):
+class _Importer(_Values, _Ops, _AttentionCores):
     """Walks one exported program into a GraphBuilder: the FX walk, parameters, layers and fallbacks; the
     per-op mapping is ``ops._Ops`` (by ``tables.RULES``), the values and shapes ``shapes._Values``."""
 
-    def __init__(self, ep: "torch.export.ExportedProgram", builder: GraphBuilder, float_dtype: torch.dtype | None) -> None:
+    def __init__(self, ep: "torch.export.ExportedProgram", builder: GraphBuilder, float_dtype: torch.dtype | None,
+                 triangular: set[str] | frozenset = frozenset()) -> None:
         self.gm = ep.graph_module
         self.b = builder
         self.float_dtype = float_dtype
@@ -60,6 +63,15 @@ class _Importer(_Values, _Ops):
         self.grad: dict[torch.fx.Node, bool] = {}
         self.root: dict[torch.fx.Node, str] = {}  # node -> parameter fqn (the parameter or a view of it)
         self.attn_open: set[torch.fx.Node] = set()
+        #: the nodes of the matmul-written attention cores matched (attention.match_core) -> their model_share: QK^T
+        #: and PV at the pairs the mask keeps, the ops between them 0
+        self.core_share: dict[torch.fx.Node, float] = {}
+        #: buffer / constant placeholders holding a causal mask pattern (``triangular``: their fully qualified names)
+        sig = ep.graph_signature
+        stored = {**sig.inputs_to_buffers, **dict(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {})}
+        self.mask_nodes: set[torch.fx.Node] = {n for n in ep.graph_module.graph.nodes
+                                               if n.op == "placeholder" and stored.get(n.name) in triangular}
+        self.bound_to: dict[torch.fx.Node, torch.fx.Node] = {}  # a sub-graph's placeholder -> the caller's argument
         self.claimed: set[str] = set()
         self.param_numel: dict[str, int] = {}
         self.unmapped: Counter = Counter()
@@ -122,6 +134,7 @@ class _Importer(_Values, _Ops):
                 if placeholders is not None:  # a sub-graph: bind the caller's argument
                     src = next(placeholders, None)
                     if isinstance(src, torch.fx.Node):
+                        self.bound_to[node] = src
                         self.vals[node] = self.vals.get(src)
                         self.grad[node] = self.grad.get(src, False)
                         if src in self.root:
@@ -137,6 +150,8 @@ class _Importer(_Values, _Ops):
                 if _is_tensor(obj):
                     self.vals[node] = self.as_tensor(obj)
                     self.grad[node] = False
+                    if triangular_tensor(obj):
+                        self.mask_nodes.add(node)
                 else:
                     self.vals[node] = obj
             elif node.op == "call_function":
@@ -204,12 +219,15 @@ class _Importer(_Values, _Ops):
                 tag = "attn_core"  # Q K^T opens the core, P V closes it
                 if not open_in:
                     self.attn_open.add(node)
+                    self.open_core(node, val)
         elif open_in and pkt in _ATTN_PROPAGATE:
             tag = "attn_core"
             self.attn_open.add(node)
         self.grad[node] = self.needs_grad(inputs)
         first_new = len(self.b._nodes)  # noqa: SLF001
-        with self.b.layer(layer, _module_path(node)), self.b.tag(tag):
+        share = self.core_share.get(node)
+        with self.b.layer(layer, _module_path(node)), self.b.tag(tag), \
+                (self.b.model_share(share) if share is not None else nullcontext()):
             try:
                 out = self.map(node, pkt, val)
             except (GraphError, TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
@@ -221,6 +239,18 @@ class _Importer(_Values, _Ops):
             _drop_backward(self.b, first_new)
         if node not in self.root:  # a cast of a parameter leaves it to the op that consumes the cast
             self.claim_leftover(node, out)
+
+    def open_core(self, qk: torch.fx.Node, val: Any) -> None:
+        """A Q K^T product opens an attention core: when the core is matched (attention.match_core), its kernels count
+        in model FLOPs as hf_blocks.eager_attention's: QK^T and PV at the pairs the mask keeps (the (.., S, S_kv)
+        scores' attention_pair_share), the ops between them 0."""
+        core = self.match_core(qk) if _is_tensor(val) and val.dim() >= 2 else None
+        if core is None:
+            return
+        chain, pv, causal = core
+        s, skv = int(val.shape[-2]), int(val.shape[-1])
+        self.core_share.update({n: 0.0 for n in chain})
+        self.core_share[qk] = self.core_share[pv] = attention_pair_share(s, skv, causal=causal)
 
     def subgraph(self, node: torch.fx.Node, pkt: str, layer: int) -> None:
         a = list(node.args)
@@ -337,14 +367,20 @@ def _export_error(module: torch.nn.Module, e: Exception) -> GraphError:
 
 
 def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: str | None = None, train: bool = False,
-                                name: str = "model", param_count: int | None = None, **meta) -> OpGraph:
+                                name: str = "model", param_count: int | None = None,
+                                triangular_buffers: Iterable[str] | None = None, **meta) -> OpGraph:
     """The forward :class:`OpGraph` of an already exported program (see the module docstring for the mapping).
 
     ``param_count`` (default: the parameters of the program's signature, each once) is what
     ``meta["param_count"]`` reports; parameters no op owns are counted there and in
-    ``meta["unattributed_params"]``.
+    ``meta["unattributed_params"]``. ``triangular_buffers``: fully qualified names of buffers / constants holding a
+    causal mask (:func:`graph_from_module` reads them off the module's real buffers, the program being traced on
+    meta); the program's own real buffers and constants are read too.
     """
     sig = ep.graph_signature
+    stored = set(sig.inputs_to_buffers.values()) | set((getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {}).values())
+    own = {**{k: v for k, v in ep.state_dict.items() if k in stored}, **{k: v for k, v in ep.constants.items() if k in stored}}
+    triangular = set(triangular_buffers or ()) | {k for k, v in own.items() if triangular_tensor(v)}
     placeholders = {n.name: n for n in ep.graph_module.graph.nodes if n.op == "placeholder"}
     sizes: Counter = Counter()
     for ph, fqn in sig.inputs_to_parameters.items():
@@ -355,7 +391,7 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
     if param_count is None:
         param_count = sum(int(placeholders[ph].meta["val"].numel()) for ph in sig.inputs_to_parameters if ph in placeholders)
     builder = GraphBuilder(_resolve_dtype(dtype, float_dtype), train=train, name=name)
-    imp = _Importer(ep, builder, float_dtype)
+    imp = _Importer(ep, builder, float_dtype, triangular=triangular)
     imp.run()
     unattributed = int(param_count) - builder.param_count
     if unattributed:
@@ -417,6 +453,8 @@ def graph_from_module(module: torch.nn.Module, example_inputs: tuple | None = No
     float_dtype = _module_float_dtype(module)
     cost_dtype = _resolve_dtype(dtype, float_dtype)
     param_count = sum(p.numel() for p in module.parameters())
+    # causal masks stored as buffers (nanoGPT's ``bias``): their values, which the meta copy drops
+    triangular = {fqn for fqn, buf in module.named_buffers() if triangular_tensor(buf)}
     meta_module = _on_meta(module)
     args = _to_meta(example_inputs)
     kw = _to_meta(dict(kwargs or {}))
@@ -445,6 +483,7 @@ def graph_from_module(module: torch.nn.Module, example_inputs: tuple | None = No
         shape_meta["seq"] = int(seq)
     t1 = time.perf_counter()
     g = graph_from_exported_program(ep, dtype=cost_dtype, train=train, name=type(module).__name__,
-                                    param_count=param_count, export_seconds=round(export_s, 3), **shape_meta)
+                                    param_count=param_count, triangular_buffers=triangular,
+                                    export_seconds=round(export_s, 3), **shape_meta)
     g.meta["import_seconds"] = round(time.perf_counter() - t1, 3)
     return g

@@ -9,6 +9,7 @@ it does not map (the op is then costed by the roofline), or raises (the same, wi
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -311,7 +312,10 @@ class _Ops:
         if pkt == "baddbmm":
             out = b.matmul(V(a["batch1"]), V(a["batch2"]), name=name)
             if float(a.get("beta", 1) or 0) != 0:
-                out = b.elementwise("add", out, V(a["self"]), name=f"{name}.add", grad=self.grad[node])
+                # an attention core's Q K^T plus a position bias (BLOOM's ALiBi): the add is no model FLOP
+                # (hf_blocks.eager_attention's ``attn.position_bias``), the product counts at its core's share
+                with (b.model_share(0.0) if node in self.core_share else nullcontext()):
+                    out = b.elementwise("add", out, V(a["self"]), name=f"{name}.add", grad=self.grad[node])
             return self._fix(out, val)
         if pkt == "einsum":
             return self._einsum(node, a, val, name)
