@@ -68,6 +68,9 @@ POWER_SCHEMA = 1
 #: ``models/artifacts/``) is itself the model. Own names, so the kernel bundle can share the folder.
 POINTER = "POWER_CURRENT"
 VERSIONS = "power_versions"
+#: power models the gate refused: ``power_refused/<name>/`` (the newest few), apart from the versions and from the
+#: kernel bundle's ``refused/`` in a shared folder; usable by their folder (--power-model), never made live
+REFUSED = "power_refused"
 
 #: features the learned ``g`` may use (columns of ``kernel_power_features``)
 CURVE_FEATURES = ("compute_util", "memory_util")
@@ -239,7 +242,7 @@ def shipped_folder() -> Path:
 def _layout():
     from wattcast.models.versioned import Layout
 
-    return Layout(pointer=POINTER, versions=VERSIONS, what="power model")
+    return Layout(pointer=POINTER, versions=VERSIONS, what="power model", refused=REFUSED)
 
 
 def resolve_power_folder(folder: str | Path) -> Path:
@@ -260,11 +263,12 @@ def _probe_features() -> pd.DataFrame:
                          "boost_clock_mhz": 1400.0, "process_node_nm": 7.0, "idle_w": 50.0})
 
 
-def install_power_model(model: "PowerModel", target: str | Path) -> Path:
+def install_power_model(model: "PowerModel", target: str | Path, activate: bool = True) -> Path:
     """Write ``model`` as a new version under ``target/power_versions/``, load it back there (hash checked) and check
     it predicts what ``model`` predicts on probe rows, then make it live with one atomic rename of
     ``target/POWER_CURRENT`` (models/versioned.py). A kill at any moment leaves the previous model live. Returns the
-    new version's folder."""
+    new version's folder. ``activate=False``: written and checked the same way in ``target/power_refused/<name>/``
+    (the newest three kept), the pointer and versions unchanged (a model the gate did not accept)."""
     from wattcast.models.versioned import install_version
 
     probe = _probe_features()
@@ -276,7 +280,7 @@ def install_power_model(model: "PowerModel", target: str | Path) -> Path:
         if back.form != model.form or not np.allclose(got, want, rtol=0, atol=1e-9):
             raise ValueError(f"the power model written to {folder} does not predict what was trained")
 
-    final = install_version(target, _layout(), model.save, check)
+    final = install_version(target, _layout(), model.save, check, activate=activate)
     load_power_model.cache_clear()
     return final
 
