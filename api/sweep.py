@@ -718,6 +718,12 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
     bad = sorted(set(spec.space) - set(SPACE_DEFAULTS))
     if bad:
         raise SweepSpecError(f"{where}: unknown search option(s) {bad} in 'space'; known: {', '.join(SPACE_DEFAULTS)}")
+    from wattcast.planning.search import check_space_choices
+
+    try:  # every element of every option, as search checks it: else each task would end with status error
+        check_space_choices(spec.space)
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: 'space': {e}") from None
     if spec.objective not in ("time", "cost", "tco", "co2e", "energy"):
         raise SweepSpecError(f"{where}: 'objective' must be time, cost, tco, co2e or energy, got {spec.objective!r}")
     try:
