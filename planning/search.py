@@ -1118,15 +1118,15 @@ class _Evaluator:
 
 
 def _check_run_length(df: pd.DataFrame, tokens: float, tokens_per_step: float) -> None:
-    """The bound ``predict --tokens`` puts on a run (``lifecycle.footprint._check_run_hours``: over 1e6 failure-free
+    """The bound ``predict --tokens`` puts on a run (``lifecycle.footprint.check_run_hours``: over 1e6 failure-free
     hours, 114 years, is refused naming --tokens; lifted by --force / allow_exotic), on the search's fastest fitting
     row: when even that run is beyond it, every row's is (until stop 54 a search with --tokens 1e30 ranked runs of
     1.1e19 days)."""
-    from wattcast.lifecycle.footprint import _check_run_hours
+    from wattcast.lifecycle.footprint import check_run_hours
 
     fit = df["fits"].to_numpy(dtype=bool) & np.isfinite(df["step_time_ms"].to_numpy(dtype=float))
     if fit.any():
-        _check_run_hours(tokens, tokens_per_step, float(df["step_time_ms"].to_numpy(dtype=float)[fit].min()))
+        check_run_hours(tokens, tokens_per_step, float(df["step_time_ms"].to_numpy(dtype=float)[fit].min()))
 
 
 def _cp_sizes_text(sizes) -> str | None:
