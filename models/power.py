@@ -313,11 +313,25 @@ def idle_power_w(spec: DeviceSpec) -> float:
     return device_idle_w(spec)[0]
 
 
-def comm_power_w(spec: DeviceSpec, power_limit_w: float | None = None) -> float:
+def comm_power_w(spec: DeviceSpec, power_limit_w: float | None = None, clock_cap_mhz: float | None = None,
+                 model: PowerModel | None = None) -> float:
     """GPU power while only communicating or waiting (collectives, pipeline bubbles): see :data:`COMM_DYNAMIC_FRACTION`.
-    A board power limit caps it (never below idle)."""
+    An SM clock cap lowers its dynamic part as it lowers any kernel's (:func:`apply_clock` at compute utilisation 0:
+    the wait's time is not clock-bound); a board power limit then caps it (never below idle).
+
+    Why the cap applies: this power is not idle power but NCCL kernels polling for their peer on a few SMs, clocks up
+    (:data:`COMM_DYNAMIC_FRACTION`); under a clock cap (``nvidia-smi -lgc``) those SMs run at the capped clock and a
+    lower voltage like every other kernel, so their dynamic power falls, and the static (idle) floor stays. Until stop
+    55 a capped step's waits kept the uncapped figure: at 1000 of an H100's 1980 MHz its computation drew 208 W and
+    its bubbles 224 W. The model scales all of a kernel's power above idle by ratio**alpha, memory-bound kernels' too
+    (their DRAM share does not follow the SM clock), and so it does here: part of this dynamic power is HBM and link
+    traffic, which the fraction, an assumption, does not separate. A power limit only binds where the wait draws more
+    than it (the clock is lowered only as far as the limit needs: :func:`clock_ratio_for_limit`), hence ``min``."""
     idle = idle_power_w(spec)
     w = idle + COMM_DYNAMIC_FRACTION * (device_tdp_w(spec) - idle)
+    if clock_cap_mhz is not None and spec.boost_clock_mhz:
+        s = min(float(clock_cap_mhz) / float(spec.boost_clock_mhz), 1.0)
+        w = float(apply_clock(1.0, w, s, spec, 0.0, model)[1])
     return w if power_limit_w is None else max(idle, min(w, float(power_limit_w)))
 
 
