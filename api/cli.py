@@ -10,8 +10,9 @@ from types import SimpleNamespace
 from typing import List, Optional
 
 import typer
-from rich.console import Console
+from rich.console import Console as _RichConsole
 from rich.table import Table
+from rich.text import Text
 
 from wattcast.simulate.defaults import DEFAULTS
 
@@ -42,6 +43,16 @@ _COLLECTIVES_MODEL_OPTION = typer.Option(None, "--collectives", help="A retraine
 _POWER_MODEL_OPTION = typer.Option(None, "--power-model", help="A retrained power model folder (`wattcast train power --out FOLDER`; default: $WATTCAST_POWER_MODEL, else the shipped one).")
 profile_app = typer.Typer(no_args_is_help=True, help="Import profiling files (or measure this machine's GPU) into measurement tables.")
 app.add_typer(profile_app, name="profile")
+
+
+def Console(**kw) -> _RichConsole:
+    """A rich console that prints text literally (``markup=False``): messages, warnings, names and table cells quote
+    user text and exception messages, where ``[batch]`` or ``[bold]`` read as rich markup would vanish or restyle the
+    rest. Colour goes through ``style=`` or :class:`rich.text.Text` instead."""
+    kw.setdefault("markup", False)
+    return _RichConsole(**kw)
+
+
 err = Console(stderr=True)
 
 
@@ -69,14 +80,14 @@ def _dtype_flag(given: str | None, *, device=None, clusters=()) -> str:
     lacking = sorted(n for n, d in got.items() if d != DEFAULTS.dtype)
     if lacking:
         out = "fp32" if "fp32" in got.values() else "fp16"  # one precision every GPU of the command has
-        err.print(f"[yellow]note: {', '.join(lacking)} has no {lacking_precision(out)}: --dtype {out} (the default is "
-                  f"bf16 where the GPU has it; give --dtype to choose)[/yellow]")
+        err.print(f"note: {', '.join(lacking)} has no {lacking_precision(out)}: --dtype {out} (the default is "
+                  f"bf16 where the GPU has it; give --dtype to choose)", style="yellow")
         return out
     return DEFAULTS.dtype
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}")
+    err.print(Text.assemble(("error:", "bold red"), " ", str(msg)))
     raise typer.Exit(code)
 
 
@@ -300,7 +311,7 @@ def kernels(
             _fail(str(e))
     replaced = [c for c in PRED_COLUMNS + EXTRA_COLUMNS if c in frame.columns]
     if replaced:
-        err.print(f"[yellow]the input already has column(s) {', '.join(replaced)}; the output replaces them[/yellow]")
+        err.print(f"the input already has column(s) {', '.join(replaced)}; the output replaces them", style="yellow")
         frame = frame.drop(columns=replaced)
     try:
         out = predict_kernels(frame, spec, bundle=models)
@@ -316,13 +327,13 @@ def kernels(
     ok = out[out["error"] == ""]
     from wattcast.data.device_spec import spec_notes
     _print_warnings(spec_notes(spec, power=False))  # the spec's (sparse-looking peaks, no tdp_w)
-    err.print(
-        f"[green]{len(ok):,}[/] kernels predicted on [bold]{spec.name}[/]"
-        + (f", total {ok['pred_latency_ms'].sum():.3f} ms" if len(ok) else "")
-        + (f", [yellow]{int(ok['ood'].sum()):,} out of distribution[/]" if len(ok) and ok["ood"].any() else "")
-        + (f", [red]{bad:,} rows with errors[/] (see the 'error' column)" if bad else "")
-        + (f" -> {output}" if output else "")
-    )
+    err.print(Text.assemble(
+        (f"{len(ok):,}", "green"), " kernels predicted on ", (spec.name, "bold"),
+        f", total {ok['pred_latency_ms'].sum():.3f} ms" if len(ok) else "",
+        *([", ", (f"{int(ok['ood'].sum()):,} out of distribution", "yellow")] if len(ok) and ok["ood"].any() else []),
+        *([", ", (f"{bad:,} rows with errors", "red"), " (see the 'error' column)"] if bad else []),
+        f" -> {output}" if output else "",
+    ))
     if bad == len(out):
         raise typer.Exit(1)  # nothing could be predicted: the rows' 'error' column says why
 
@@ -808,7 +819,7 @@ def _print_warnings(warnings) -> None:
     """Warnings on stderr: a prediction's (``meta["warnings"]``: a sequence beyond a RoPE model's positions, ...) or a
     search's (``SearchResult.warnings``)."""
     for w in warnings or ():
-        err.print(f"[yellow]warning: {w}[/yellow]")
+        err.print(f"warning: {w}", style="yellow")
 
 
 #: predict's parallel options as the strategy names them -> their flags
@@ -868,15 +879,15 @@ def _warn_memory(res, *, refused: bool = False) -> None:
     if res.memory_flag == "tight" and refused:
         return
     if res.memory_flag == "tight":
-        err.print(f"[yellow]memory is tight: predicted {gb:.1f} GB of {_gb_and_gib(cap)}, within "
+        err.print(f"memory is tight: predicted {gb:.1f} GB of {_gb_and_gib(cap)}, within "
                   f"{100 * TIGHT_MEMORY_FRACTION:.0f}% of capacity, where the estimate cannot tell fitting from not "
-                  "(allocator fragmentation and framework buffers are not modelled); check on the hardware[/yellow]")
+                  "(allocator fragmentation and framework buffers are not modelled); check on the hardware", style="yellow")
     elif res.memory_flag == "pressure":
-        err.print(f"[yellow]memory pressure: predicted {gb:.1f} GB is {100 * gb / cap:.0f}% of {cap:.1f} GB "
+        err.print(f"memory pressure: predicted {gb:.1f} GB is {100 * gb / cap:.0f}% of {cap:.1f} GB "
                   f"({cap * 1e9 / 2**30:.0f} GiB; from "
                   f"{100 * MEMORY_PRESSURE_FRACTION:.0f}%); eager training steps this close to capacity ran their forward "
                   "pass 1.8-2.8x slower than its kernels on the measured GPUs (allocator frees and retries), so the step "
-                  "time may be underestimated[/yellow]")
+                  "time may be underestimated", style="yellow")
 
 
 def _print_json(res) -> None:
@@ -889,7 +900,7 @@ def _print_run(run) -> None:
     from wattcast.lifecycle import format_footprint
 
     # plain text: the "[power source]" in brackets is not rich markup (it would vanish)
-    Console().print(format_footprint(run), markup=False, highlight=False)
+    Console().print(format_footprint(run), highlight=False)
 
 
 def _show_cluster_prediction(res, req, f) -> None:
@@ -1137,7 +1148,7 @@ def search(
     cp_comm_type = _str_list_flag(cp_comm_type)
     folders = _model_folders(models, collectives, power_model)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("evaluating strategies", total=None)
 
             def progress(done: int, total: int) -> None:  # per cluster: every candidate counts, rejected ones too
@@ -1245,17 +1256,17 @@ def search(
     if "run_hours" in res.ranked and len(res.ranked):
         _print_run_sources(con, res.ranked)
     if "memory_flag" in shown and (shown["memory_flag"] == "tight").any():
-        con.print("[yellow]tight: predicted within 5% of the GPU's memory, where the estimate cannot tell fitting from "
-                  "not; check on the hardware[/yellow]")
+        con.print("tight: predicted within 5% of the GPU's memory, where the estimate cannot tell fitting from "
+                  "not; check on the hardware", style="yellow")
     if len(res.excluded):
         counts = res.excluded["excluded_by"].value_counts()
         con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))
     for d in res.dropped_values:  # a value asked for (--cp 2, --ep 8, ...) absent from the tables: say why
-        con.print(f"[yellow]note: {d['note']}[/yellow]", soft_wrap=True)
+        con.print(f"note: {d['note']}", style="yellow", soft_wrap=True)
     for name, why in unranked.items():  # a searched cluster absent from the tables: say why
-        con.print(f"[yellow]note: cluster {name} has no valid strategy: {why}[/yellow]", soft_wrap=True)
+        con.print(f"note: cluster {name} has no valid strategy: {why}", style="yellow", soft_wrap=True)
     for w in res.warnings:  # the model's and the clusters' warnings (also on stderr), beside the tables
-        con.print(f"[yellow]note: {w}[/yellow]", soft_wrap=True)
+        con.print(f"note: {w}", style="yellow", soft_wrap=True)
     _fail_if_none_fits(res, limits, memory_headroom_gb)
 
 
@@ -1383,7 +1394,6 @@ def sweep(
 
     Exit 0 when every task has a result (ok, none fits or no valid strategy); 1 when a task failed to run or ended
     with status error (listed: on stderr, and under "failed" with --json); 2 for bad input."""
-    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from wattcast.sweep import (BACKENDS, SEARCH_KEYS, SweepBackendError, SweepSpecError, import_ray, load_spec, read_sweep,
@@ -1402,7 +1412,7 @@ def sweep(
         try:
             import_ray()
         except SweepBackendError as e:
-            _fail(escape(str(e)))  # messages quote [ray], not markup
+            _fail(str(e))  # messages quote [ray]: _fail prints them literally
     elif ray_address is not None:
         _fail("--ray-address needs --backend ray")
     from wattcast.models.selection import ModelFolders
@@ -1413,18 +1423,18 @@ def sweep(
     try:
         sp = load_spec(spec)
     except SweepSpecError as e:
-        _fail(escape(str(e)))  # messages quote [ray], not markup
+        _fail(str(e))  # messages quote [ray]: _fail prints them literally
     for n in sp.notes:  # a value given twice: run once, said
-        err.print(f"[yellow]note: {escape(n)}[/yellow]", soft_wrap=True)
+        err.print(f"note: {n}", style="yellow", soft_wrap=True)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TimeRemainingColumn(), console=err) as prog:
             task = prog.add_task("sweep tasks", total=None)
             res = run_sweep(sp, output, scheduler=scheduler, workers=workers, backend=backend, ray_address=ray_address,
                             progress=lambda d, t: prog.update(task, completed=d, total=t), overwrite=overwrite,
                             on_removed=_say_removed_parts, **{k: str(v) for k, v in given.items()})
     except (SweepSpecError, SweepBackendError, OSError) as e:
-        _fail(escape(str(e)))  # messages quote [ray], not markup
+        _fail(str(e))  # messages quote [ray]: _fail prints them literally
     best = summary(read_sweep(res.output))
     # tasks whose part says status error (a task that could not run) and tasks whose run raised or whose worker was
     # lost: SweepOutcome.failed_tasks, one dict per task (task_id, model, cluster, gpus, region, status, error)
@@ -1447,17 +1457,17 @@ def sweep(
         for _, r in best.iterrows():
             task = f"{r['model']} on {r['gpus']} x {r['cluster']}" + (f" ({r['region']})" if r.get("region") else "")
             for name, why in (search_keys(r.get("unranked_clusters")) or {}).items():
-                con.print(escape(f"note: {task}: cluster {name} has no valid strategy: {why}"), style="yellow",
+                con.print(f"note: {task}: cluster {name} has no valid strategy: {why}", style="yellow",
                           soft_wrap=True)
             for d in search_keys(r.get("dropped_values")) or ():
-                con.print(escape(f"note: {task}: {d['note']}"), style="yellow", soft_wrap=True)
+                con.print(f"note: {task}: {d['note']}", style="yellow", soft_wrap=True)
             for w in search_keys(r.get("warnings")) or ():
-                con.print(escape(f"note: {task}: {w}"), style="yellow", soft_wrap=True)
+                con.print(f"note: {task}: {w}", style="yellow", soft_wrap=True)
         err.print(f"results: {res.output} (pandas.read_parquet or wattcast.sweep.read_sweep)")
     for f in sorted(res.failed_tasks, key=lambda f: f["status"] != "error"):  # those with status error first
         said = (f" ({f['model']} on {f['gpus']} x {f['cluster']}" + (f", {f['region']}" if f["region"] else "")
                 + ") ended with status error") if f["status"] == "error" else " failed"
-        err.print(escape(f"task {f['task_id']}{said}: {f['error']}"), style="red", soft_wrap=True)
+        err.print(f"task {f['task_id']}{said}: {f['error']}", style="red", soft_wrap=True)
     if res.failed_tasks:
         raise typer.Exit(1)
 
@@ -1470,11 +1480,11 @@ def _say_removed_parts(out: Path, names: list[str]) -> None:
     """What `wattcast sweep --overwrite` deleted before running (on stderr): how many parts, then each file, the
     first :data:`SWEEP_REMOVED_SHOWN` of them."""
     err.print(f"--overwrite removed {len(names)} part file{'s' if len(names) != 1 else ''} of an earlier sweep from "
-              f"{out}:", soft_wrap=True, markup=False, highlight=False)
+              f"{out}:", soft_wrap=True, highlight=False)
     for n in names[:SWEEP_REMOVED_SHOWN]:
-        err.print(f"  {out / n}", soft_wrap=True, markup=False, highlight=False)
+        err.print(f"  {out / n}", soft_wrap=True, highlight=False)
     if len(names) > SWEEP_REMOVED_SHOWN:
-        err.print(f"  ... and {len(names) - SWEEP_REMOVED_SHOWN} more", markup=False, highlight=False)
+        err.print(f"  ... and {len(names) - SWEEP_REMOVED_SHOWN} more", highlight=False)
 
 
 @app.command()
@@ -1601,10 +1611,10 @@ def _print_prediction(res) -> None:
     con.print(f"energy per step {res.energy_j:.1f} J, average board power {res.avg_power_w:.0f} W"
               + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
     if res.fallback_ops:
-        con.print("[yellow]ops without their own learned model[/] (proxy = costed as a copy moving the same bytes; "
+        con.print(Text.assemble(("ops without their own learned model", "yellow"), " (proxy = costed as a copy moving the same bytes; "
                   "roofline = analytical): "
                   + ", ".join(f"{f['op_class']}" + (f" {f['op_type']}" if f.get("op_type") else "")
-                              + f" ({f['method']}, {f['count']}, {f['time_ms']:.2f} ms)" for f in res.fallback_ops))
+                              + f" ({f['method']}, {f['count']}, {f['time_ms']:.2f} ms)" for f in res.fallback_ops)))
 
 
 @app.command()
@@ -1838,7 +1848,7 @@ def train_kernels(
         except DeviceSpecError as e:
             _fail(f"--holdout: {e}")
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} fits"), TimeElapsedColumn(), console=err) as prog:
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.completed} fits"), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("training kernel surrogates", total=None)
             outcome = run_train_kernels(
                 data=data, csv=csv, only_csv=only_csv, holdout=tuple(holdout_names), out_dir=out,
@@ -1864,7 +1874,7 @@ def train_kernels(
             tab.add_row(*[f"{v:.2f}" if isinstance(v, float) else str(v) for v in r])
         con.print(tab)
     colour = "green" if outcome.replaced else "yellow"
-    con.print(f"[{colour}]{outcome.reason}[/] -> {outcome.out_dir}")
+    con.print(Text.assemble((str(outcome.reason), colour), f" -> {outcome.out_dir}"))
     if outcome.run_id:
         con.print(f"MLflow run {outcome.run_id} in {mlruns}/ (mlflow ui --backend-store-uri sqlite:///{mlruns}/mlflow.db)")
     if not outcome.replaced:
@@ -2008,7 +2018,7 @@ def validate_distributed(
 
     folders = _model_folders(models, collectives, power_model)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as prog, using_folders(folders):
             task = prog.add_task("predicting vTrain and MPT configurations", total=None)
             res = run_validate_distributed(data, tracking_dir=mlruns, use_mlflow=not no_mlflow, sample=sample, output=output,
@@ -2080,9 +2090,7 @@ def profile_import(
         try:
             notes = import_file(prof, f, device=device, collective=collective)
         except ProfileImportError as e:
-            from rich.markup import escape
-
-            _fail(escape(str(e)))  # messages may quote NVTX ranges such as 'bmm[int8] ...', not markup
+            _fail(str(e))  # messages may quote NVTX ranges such as 'bmm[int8] ...': _fail prints them literally
         _print_import_notes(notes)
     if device is not None:  # the GPU the user named is known even when the catalog does not list it (spec file)
         for frames in prof.frames.values():
@@ -2091,14 +2099,15 @@ def profile_import(
     _write("--output", output, lambda: prof.write(output))
     k = prof.table("kernels")
     mapped = int((k["OPName"].fillna("") != "").sum()) if len(k) else 0
-    err.print(f"[green]{mapped:,}[/] kernel rows mapped to wattcast ops"
-              + (f", [yellow]{len(k) - mapped:,} kept unmapped[/] (OPName '', see 'reason')" if len(k) - mapped else "")
-              + f", {len(prof.table('collectives')):,} collective rows, {len(prof.table('power')):,} power samples -> {output}")
+    err.print(Text.assemble(
+        (f"{mapped:,}", "green"), " kernel rows mapped to wattcast ops",
+        *([", ", (f"{len(k) - mapped:,} kept unmapped", "yellow"), " (OPName '', see 'reason')"] if len(k) - mapped else []),
+        f", {len(prof.table('collectives')):,} collective rows, {len(prof.table('power')):,} power samples -> {output}"))
     unknown = sorted({str(n) for t in ("kernels", "collectives", "power") for n, d in
                       zip(prof.table(t)["device_name"].fillna(""), prof.table(t)["Device"].fillna("")) if n and not d})
     if unknown:
-        err.print(f"[yellow]GPU(s) not in the catalog: {', '.join(unknown)}; their rows have an empty 'Device' "
-                  "(give --device NAME or a spec file to train on them)[/yellow]")
+        err.print(f"GPU(s) not in the catalog: {', '.join(unknown)}; their rows have an empty 'Device' "
+                  "(give --device NAME or a spec file to train on them)", style="yellow")
 
 
 def _distinct_inputs(files: list[Path]) -> list[Path]:
@@ -2120,7 +2129,7 @@ def _distinct_inputs(files: list[Path]) -> list[Path]:
         key = sha256_file(f)
         if key in seen:
             same = "the same file as" if f.resolve() == seen[key].resolve() else "the same content as"
-            err.print(f"[yellow]{f}: {same} {seen[key]}, already imported: skipped (its rows would be counted twice)[/yellow]")
+            err.print(f"{f}: {same} {seen[key]}, already imported: skipped (its rows would be counted twice)", style="yellow")
             continue
         seen[key] = f
         out.append(f)
@@ -2159,15 +2168,16 @@ def profile_run(
     except ProfileImportError as e:
         _fail(str(e))
     opts = SweepOptions(dtypes=dts, quick=quick, repeats=repeats, collectives=collectives)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
         task = prog.add_task(f"measuring on {be.device_name} ({be.name})", total=None)
         prof, notes = run_sweep(be, opts, progress=lambda i, n: prog.update(task, completed=i, total=n))
     _write("--output", output, lambda: prof.write(output, extra={DEVICE_FILE: json.dumps(notes["spec"], indent=2)}))
-    err.print(f"[green]{notes['kernel_rows'] - notes['failed_points']:,}[/] kernel shapes measured"
-              + (f", [yellow]{notes['failed_points']} not measurable[/] (see 'reason')" if notes["failed_points"] else "")
-              + f", {notes['collective_rows']} collective rows, {notes['power_rows']} power samples on {be.device_name} -> {output}")
+    err.print(Text.assemble(
+        (f"{notes['kernel_rows'] - notes['failed_points']:,}", "green"), " kernel shapes measured",
+        *([", ", (f"{notes['failed_points']} not measurable", "yellow"), " (see 'reason')"] if notes["failed_points"] else []),
+        f", {notes['collective_rows']} collective rows, {notes['power_rows']} power samples on {be.device_name} -> {output}"))
     if be.name == "cpu":
-        err.print("[yellow]CPU timer backend: these rows time the CPU, not a GPU (for checking the sweep only)[/yellow]")
+        err.print("CPU timer backend: these rows time the CPU, not a GPU (for checking the sweep only)", style="yellow")
 
 
 def _copies_text(busy: dict) -> str:
@@ -2196,13 +2206,11 @@ def _print_import_notes(notes: dict) -> None:
                      if busy.get("steps_cpu_ms") else ""))
     if busy.get("copy_events"):
         err.print(f"  {_copies_text(busy)}")
-    from rich.markup import escape
-
-    if notes.get("warning"):  # escaped: warnings quote NVTX ranges such as 'bmm[int8] ...', not markup
-        err.print(f"[yellow]{escape(notes['warning'])}[/yellow]")
+    if notes.get("warning"):  # literal (err has no markup): warnings quote NVTX ranges such as 'bmm[int8] ...'
+        err.print(notes["warning"], style="yellow")
     reasons = sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])
     for why, n in reasons[:6]:
-        err.print(f"  {'skipped' if why in skipped else 'unmapped'}: {n:,} x {escape(why)}")
+        err.print(f"  {'skipped' if why in skipped else 'unmapped'}: {n:,} x {why}")
     if len(reasons) > 6:  # the rest counted, not dropped unsaid (profile.json lists every reason)
         err.print(f"  ... and {len(reasons) - 6} more reason(s) ({sum(n for _, n in reasons[6:]):,} rows; every reason "
                   "in profile.json 'unmapped_reasons')")
@@ -2237,13 +2245,11 @@ def validate_trace_cmd(
     try:
         summary, rows = validate_trace(files, device, bundle=models, trace_device=trace_device, in_step=in_step)
     except (ProfileImportError, ValueError, FileNotFoundError) as e:
-        from rich.markup import escape
-
-        _fail(escape(str(e)))  # messages may quote NVTX ranges such as 'bmm[int8] ...', not markup
+        _fail(str(e))  # messages may quote NVTX ranges such as 'bmm[int8] ...': _fail prints them literally
     if output:
         _write("--output", output, lambda: rows.to_csv(output, index=False))
     if summary["trace_catalog_devices"] and summary["device"] not in summary["trace_catalog_devices"]:
-        err.print(f"[yellow]the trace ran on {', '.join(summary['trace_devices'])}; predicting on {summary['device']}[/yellow]")
+        err.print(f"the trace ran on {', '.join(summary['trace_devices'])}; predicting on {summary['device']}", style="yellow")
     if as_json:
         print(json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
         return

@@ -255,10 +255,15 @@ class SweepSpec:
     #: what load_spec said about the spec (a value given twice, run once); not in any task id
     notes: tuple = ()
 
-    def tasks(self) -> list[dict]:
-        """One dict per (model, cluster, gpus, region), with its id."""
+    def tasks(self, allow_exotic: bool = False) -> list[dict]:
+        """One dict per (model, cluster, gpus, region), with its id. ``allow_exotic``: every task runs with the
+        plausibility ranges lifted (:func:`wattcast.allow_exotic`), which :func:`run_sweep` passes when it is called
+        inside that block: a context variable does not reach a Dask worker or a Ray actor, the task carries it (and
+        its id, so a strict and a lifted run of one spec do not share parts: whole-node rules differ)."""
         settings = {k: getattr(self, k) for k in ("batch", "seq", "tokens", "dtype", "attention", "framework", "objective",
                                                   "top", "max_configs")}
+        if allow_exotic:  # only when on: the ids of every other sweep stay what they were
+            settings["allow_exotic"] = True
         settings["space"] = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in sorted(self.space.items())}
         # only when given: the ids of sweeps that set neither stay what they were
         if self.moe_routing:
@@ -713,6 +718,12 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
     bad = sorted(set(spec.space) - set(SPACE_DEFAULTS))
     if bad:
         raise SweepSpecError(f"{where}: unknown search option(s) {bad} in 'space'; known: {', '.join(SPACE_DEFAULTS)}")
+    from wattcast.planning.search import check_space_choices
+
+    try:  # every element of every option, as search checks it: else each task would end with status error
+        check_space_choices(spec.space)
+    except ValueError as e:
+        raise SweepSpecError(f"{where}: 'space': {e}") from None
     if spec.objective not in ("time", "cost", "tco", "co2e", "energy"):
         raise SweepSpecError(f"{where}: 'objective' must be time, cost, tco, co2e or energy, got {spec.objective!r}")
     try:
@@ -767,8 +778,11 @@ def _resolve_names(spec: SweepSpec, where: str) -> None:
 
 
 def run_task(task: dict) -> pd.DataFrame:
-    """One task: a strategy search; its ``top`` best fitting rows (or one row saying why there are none)."""
+    """One task: a strategy search; its ``top`` best fitting rows (or one row saying why there are none). The search
+    runs with the plausibility ranges of the task's own ``allow_exotic`` (set by :func:`run_sweep` from the caller's
+    :func:`wattcast.allow_exotic`), not with whatever this process or worker thread happens to have."""
     from wattcast import search
+    from wattcast.data.checks import allow_exotic
 
     t0 = time.time()
     base = {k: task[k] for k in ("task_id", "model", "cluster", "gpus")}
@@ -791,7 +805,8 @@ def run_task(task: dict) -> pd.DataFrame:
         if task["tokens"] is not None:
             run = {**(task.get("footprint") or {}), **({"region": task["region"]} if task["region"] else {})}
             kw.update(tokens=task["tokens"], footprint_kw=run or None)
-        res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)
+        with allow_exotic(bool(task.get("allow_exotic", False))):
+            res = search(task["model"], task["cluster"], task["gpus"], task["batch"], task["seq"], **kw)
         found = dict(warnings=json.dumps(list(res.warnings)), unranked_clusters=json.dumps(res.unranked_clusters()),
                      dropped_values=json.dumps(list(res.dropped_values), default=str))
         fit = res.ranked[res.ranked["fits"].astype(bool)] if len(res.ranked) else res.ranked
@@ -1321,7 +1336,8 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     (which removes its parts), a task whose part is there is skipped, and one whose part is stale (other settings, code
     or models) replaces it as its new part is written, unless the new one says status error (the old part is kept, the
     task listed in ``failed_tasks``). ``on_removed(output, names)``: called once, before any task runs, with the part
-    files ``overwrite`` removed (also the outcome's ``removed_parts``)."""
+    files ``overwrite`` removed (also the outcome's ``removed_parts``). Called inside :func:`wattcast.allow_exotic`,
+    every task (on any backend) runs with the plausibility ranges lifted, as the spec was loaded."""
     t0 = time.time()
     if backend not in BACKENDS:
         raise SweepBackendError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -1346,7 +1362,11 @@ def run_sweep(spec: SweepSpec | str | Path | dict, output: str | Path | None = N
     out = Path(output or spec.output or "sweep.parquet")
     if out.exists() and not out.is_dir():
         raise SweepSpecError(f"output {out} exists and is not a sweep folder")
-    tasks = spec.tasks()
+    from wattcast.data.checks import exotic_allowed
+
+    # the caller's allow_exotic() travels with every task (a context variable stays in this process: Dask workers and
+    # Ray actors would run the tasks strict, refusing the figures load_spec accepted here)
+    tasks = spec.tasks(allow_exotic=exotic_allowed())
     stale, have, record, removed = _prepare_folder(out, spec, tasks, overwrite)
     if removed and on_removed is not None:
         on_removed(out, removed)

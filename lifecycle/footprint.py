@@ -343,7 +343,7 @@ def footprint_from_step(device: str | DeviceSpec, gpus: int, *, step_time_ms: fl
     return fp
 
 
-def _check_run_hours(tokens: float, tokens_per_step: float, step_time_ms: float) -> None:
+def check_run_hours(tokens: float, tokens_per_step: float, step_time_ms: float) -> None:
     """The same bound on a run given in tokens as ``wattcast footprint`` puts on ``--hours`` (:data:`PLAUSIBLE`; lifted
     by --force / allow_exotic): a run of more than 1e6 failure-free hours (114 years) is refused, naming --tokens."""
     try:
@@ -369,7 +369,7 @@ def run_of_prediction(prediction, *, tokens: float, tokens_per_step: float, devi
     API both compute a run through this function."""
     kw = {k: v for k, v in kw.items() if v is not None}
     kw = cluster_cloud_kw(cluster, kw, assumptions)
-    _check_run_hours(tokens, tokens_per_step, prediction.step_time_ms)
+    check_run_hours(tokens, tokens_per_step, prediction.step_time_ms)
     # an inference deployment writes no training checkpoints: a failure costs its restart, not the work since the last
     # checkpoint (until stop 54 a served run was charged Young/Daly checkpoints and lost work: +0.08% on a 2,524 h
     # decode run, audit 54f); a checkpoint time the caller gives is kept

@@ -78,6 +78,9 @@ MANIFEST_SCHEMA = 1
 #: shipped ``models/artifacts/``) is itself the model. Own names, so the kernel bundle can share the folder.
 POINTER = "COLLECTIVE_CURRENT"
 VERSIONS = "collective_versions"
+#: collective models the gate refused: ``collective_refused/<name>/`` (the newest few), apart from the versions and
+#: from the kernel bundle's ``refused/`` in a shared folder; usable by their folder (--collectives), never made live
+REFUSED = "collective_refused"
 
 _OP_CODE = {c: i for i, c in enumerate(COLLECTIVES)}
 AR, AG, RS, A2A, BC, SR = range(6)
@@ -616,7 +619,7 @@ class CollectiveModel:
 def _layout():
     from wattcast.models.versioned import Layout
 
-    return Layout(pointer=POINTER, versions=VERSIONS, what="collective model")
+    return Layout(pointer=POINTER, versions=VERSIONS, what="collective model", refused=REFUSED)
 
 
 def resolve_collective_folder(folder: str | Path) -> Path:
@@ -631,11 +634,13 @@ def resolve_collective_folder(folder: str | Path) -> Path:
 _PROBE_ROWS = 64
 
 
-def install_collective_model(model: "CollectiveModel", target: str | Path) -> Path:
+def install_collective_model(model: "CollectiveModel", target: str | Path, activate: bool = True) -> Path:
     """Write ``model`` as a new version under ``target/collective_versions/``, load it back there (hash checked) and
     check it predicts what ``model`` predicts on probe rows, then make it live with one atomic rename of
     ``target/COLLECTIVE_CURRENT`` (models/versioned.py). A kill at any moment leaves the previous model live.
-    Returns the new version's folder."""
+    Returns the new version's folder. ``activate=False``: written and checked the same way in
+    ``target/collective_refused/<name>/`` (the newest three kept), the pointer and versions unchanged (a model the
+    gate did not accept)."""
     from wattcast.models.versioned import install_version
 
     if model.booster is None:
@@ -652,7 +657,7 @@ def install_collective_model(model: "CollectiveModel", target: str | Path) -> Pa
             raise ValueError(f"the collective model written to {folder} does not predict what was trained "
                              f"(max difference {float(np.max(np.abs(got - want))):.3g})")
 
-    final = install_version(target, _layout(), model.save, check)
+    final = install_version(target, _layout(), model.save, check, activate=activate)
     load_collective_model.cache_clear()
     return final
 

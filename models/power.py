@@ -68,6 +68,9 @@ POWER_SCHEMA = 1
 #: ``models/artifacts/``) is itself the model. Own names, so the kernel bundle can share the folder.
 POINTER = "POWER_CURRENT"
 VERSIONS = "power_versions"
+#: power models the gate refused: ``power_refused/<name>/`` (the newest few), apart from the versions and from the
+#: kernel bundle's ``refused/`` in a shared folder; usable by their folder (--power-model), never made live
+REFUSED = "power_refused"
 
 #: features the learned ``g`` may use (columns of ``kernel_power_features``)
 CURVE_FEATURES = ("compute_util", "memory_util")
@@ -239,7 +242,7 @@ def shipped_folder() -> Path:
 def _layout():
     from wattcast.models.versioned import Layout
 
-    return Layout(pointer=POINTER, versions=VERSIONS, what="power model")
+    return Layout(pointer=POINTER, versions=VERSIONS, what="power model", refused=REFUSED)
 
 
 def resolve_power_folder(folder: str | Path) -> Path:
@@ -260,11 +263,12 @@ def _probe_features() -> pd.DataFrame:
                          "boost_clock_mhz": 1400.0, "process_node_nm": 7.0, "idle_w": 50.0})
 
 
-def install_power_model(model: "PowerModel", target: str | Path) -> Path:
+def install_power_model(model: "PowerModel", target: str | Path, activate: bool = True) -> Path:
     """Write ``model`` as a new version under ``target/power_versions/``, load it back there (hash checked) and check
     it predicts what ``model`` predicts on probe rows, then make it live with one atomic rename of
     ``target/POWER_CURRENT`` (models/versioned.py). A kill at any moment leaves the previous model live. Returns the
-    new version's folder."""
+    new version's folder. ``activate=False``: written and checked the same way in ``target/power_refused/<name>/``
+    (the newest three kept), the pointer and versions unchanged (a model the gate did not accept)."""
     from wattcast.models.versioned import install_version
 
     probe = _probe_features()
@@ -276,7 +280,7 @@ def install_power_model(model: "PowerModel", target: str | Path) -> Path:
         if back.form != model.form or not np.allclose(got, want, rtol=0, atol=1e-9):
             raise ValueError(f"the power model written to {folder} does not predict what was trained")
 
-    final = install_version(target, _layout(), model.save, check)
+    final = install_version(target, _layout(), model.save, check, activate=activate)
     load_power_model.cache_clear()
     return final
 
@@ -309,11 +313,25 @@ def idle_power_w(spec: DeviceSpec) -> float:
     return device_idle_w(spec)[0]
 
 
-def comm_power_w(spec: DeviceSpec, power_limit_w: float | None = None) -> float:
+def comm_power_w(spec: DeviceSpec, power_limit_w: float | None = None, clock_cap_mhz: float | None = None,
+                 model: PowerModel | None = None) -> float:
     """GPU power while only communicating or waiting (collectives, pipeline bubbles): see :data:`COMM_DYNAMIC_FRACTION`.
-    A board power limit caps it (never below idle)."""
+    An SM clock cap lowers its dynamic part as it lowers any kernel's (:func:`apply_clock` at compute utilisation 0:
+    the wait's time is not clock-bound); a board power limit then caps it (never below idle).
+
+    Why the cap applies: this power is not idle power but NCCL kernels polling for their peer on a few SMs, clocks up
+    (:data:`COMM_DYNAMIC_FRACTION`); under a clock cap (``nvidia-smi -lgc``) those SMs run at the capped clock and a
+    lower voltage like every other kernel, so their dynamic power falls, and the static (idle) floor stays. Until stop
+    55 a capped step's waits kept the uncapped figure: at 1000 of an H100's 1980 MHz its computation drew 208 W and
+    its bubbles 224 W. The model scales all of a kernel's power above idle by ratio**alpha, memory-bound kernels' too
+    (their DRAM share does not follow the SM clock), and so it does here: part of this dynamic power is HBM and link
+    traffic, which the fraction, an assumption, does not separate. A power limit only binds where the wait draws more
+    than it (the clock is lowered only as far as the limit needs: :func:`clock_ratio_for_limit`), hence ``min``."""
     idle = idle_power_w(spec)
     w = idle + COMM_DYNAMIC_FRACTION * (device_tdp_w(spec) - idle)
+    if clock_cap_mhz is not None and spec.boost_clock_mhz:
+        s = min(float(clock_cap_mhz) / float(spec.boost_clock_mhz), 1.0)
+        w = float(apply_clock(1.0, w, s, spec, 0.0, model)[1])
     return w if power_limit_w is None else max(idle, min(w, float(power_limit_w)))
 
 

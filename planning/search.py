@@ -367,6 +367,20 @@ def _choices(name: str, value) -> tuple | None:
     return tuple(out)
 
 
+#: candidate_configs' rule, also checked at a sweep spec's load (:func:`check_space_choices`)
+A2A_P2P_NEEDS_SIZES = ("search-space option cp_comm_type a2a+p2p needs hierarchical_cp_sizes (A,B: the inner all-to-all "
+                       "and outer ring sizes)")
+
+
+def check_space_choices(space: dict) -> None:
+    """Check every choice of the search-space options in ``space`` (``{name: choices}``, as ``search`` takes them) the
+    way a search does (:func:`_choices`; cp_comm_type a2a+p2p needs hierarchical_cp_sizes): ValueError naming the
+    option and the bad element. A sweep checks its spec's ``space`` with it at load."""
+    got = {k: _choices(k, v) for k, v in space.items()}
+    if "a2a+p2p" in (got.get("cp_comm_type") or ()) and not [x for x in got.get("hierarchical_cp_sizes") or () if x]:
+        raise ValueError(A2A_P2P_NEEDS_SIZES)
+
+
 def _expert_count(model) -> int:
     """Experts per MoE layer of ``model`` (0 for a dense model, an ONNX file or anything without a config)."""
     from wattcast.simulate.distributed import model_config
@@ -406,8 +420,7 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     cp_types = _choices("cp_comm_type", cp_comm_type) or ("p2p",)
     h_sizes = [x for x in (_choices("hierarchical_cp_sizes", hierarchical_cp_sizes) or ()) if x is not None]
     if "a2a+p2p" in cp_types and not h_sizes:
-        raise ValueError("search-space option cp_comm_type a2a+p2p needs hierarchical_cp_sizes (A,B: the inner "
-                         "all-to-all and outer ring sizes)")
+        raise ValueError(A2A_P2P_NEEDS_SIZES)
 
     def cp_comms(c: int) -> list:  # (type, sizes) choices of a candidate with cp c; cp 1 runs no CP communication
         if c == 1:
@@ -1105,15 +1118,15 @@ class _Evaluator:
 
 
 def _check_run_length(df: pd.DataFrame, tokens: float, tokens_per_step: float) -> None:
-    """The bound ``predict --tokens`` puts on a run (``lifecycle.footprint._check_run_hours``: over 1e6 failure-free
+    """The bound ``predict --tokens`` puts on a run (``lifecycle.footprint.check_run_hours``: over 1e6 failure-free
     hours, 114 years, is refused naming --tokens; lifted by --force / allow_exotic), on the search's fastest fitting
     row: when even that run is beyond it, every row's is (until stop 54 a search with --tokens 1e30 ranked runs of
     1.1e19 days)."""
-    from wattcast.lifecycle.footprint import _check_run_hours
+    from wattcast.lifecycle.footprint import check_run_hours
 
     fit = df["fits"].to_numpy(dtype=bool) & np.isfinite(df["step_time_ms"].to_numpy(dtype=float))
     if fit.any():
-        _check_run_hours(tokens, tokens_per_step, float(df["step_time_ms"].to_numpy(dtype=float)[fit].min()))
+        check_run_hours(tokens, tokens_per_step, float(df["step_time_ms"].to_numpy(dtype=float)[fit].min()))
 
 
 def _cp_sizes_text(sizes) -> str | None:

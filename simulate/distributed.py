@@ -1173,6 +1173,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                            batch=batch, seq=seq,
                            n_micro=n_micro, n_layers=n_layers, dtype=dtype, opts=opts, trace=trace, iteration_ms=iter_ms,
                            power_limit_w=power_limit_w, model_totals=model_totals,
+                           clock_cap_mhz=check_power_settings(power_limit_w, dopts.clock_cap_mhz, spec)[1],
                            stream_gbps=hit[3], power_model=power_model, cp_kv_bytes=cp_kv_bytes,
                            cp_qkvo_bytes=cp_qkvo_bytes, comm_split=dopts.comm_split,
                            prune_oom=dopts.prune_oom, exact_pipeline=dopts.exact_pipeline,
@@ -1781,6 +1782,9 @@ class ScheduleContext:
     trace: bool = False
     iteration_ms: float = 0.0
     power_limit_w: float | None = None
+    #: the SM clock cap (checked; None: none): the graph's kernels are costed under it, and the waits' communication
+    #: power and the gradient-accumulation streaming pass follow it in :func:`schedule_step`
+    clock_cap_mhz: float | None = None
     model_totals: dict | None = None
     stream_gbps: float = 1e3
     power_model: object = None
@@ -3083,19 +3087,24 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
 
     classes = sorted(set(f_parts) | {"pp", "dp"})
     # device figures that no strategy changes: once per search (held with the spec, whose id keys them)
-    dev_key = ("device", id(spec), dtype, power_limit_w, stream_gbps, id(power_model))
+    clock_cap = ctx.clock_cap_mhz
+    dev_key = ("device", id(spec), dtype, power_limit_w, clock_cap, stream_gbps, id(power_model))
     dev = memo.get(dev_key) if memo is not None else None
     if dev is None or dev[0] is not spec:
         from wattcast.models.power import comm_power_w, idle_power_w
 
         p_stream = stream_power_w(spec, stream_gbps, power_model)
-        if power_limit_w is not None:  # the streaming pass is memory-bound: under a limit its power drops, its time stays
+        if power_limit_w is not None or clock_cap is not None:
+            # the streaming pass is memory-bound: under a limit or a clock cap its power drops (as the graph's own
+            # kernels' do, simulate.energy.apply_power), its time stays
             from wattcast.models.power import apply_power_limit
 
-            p_stream = float(apply_power_limit(1.0, p_stream, power_limit_w, spec, 0.0,
-                                               model=power_model if power_model is not None else None)[1])
-        dev = (spec, spec.peak_matrix_tflops(dtype) * 1e12, comm_power_w(spec, power_limit_w), p_stream,
-               idle_power_w(spec))
+            p_stream = float(apply_power_limit(1.0, p_stream, power_limit_w, spec, 0.0, model=power_model,
+                                               clock_cap_mhz=clock_cap)[1])
+        # waits (bubbles, exposed communication) and collectives: communication power, under the clock cap too
+        # (models.power.comm_power_w says why)
+        dev = (spec, spec.peak_matrix_tflops(dtype) * 1e12, comm_power_w(spec, power_limit_w, clock_cap, power_model),
+               p_stream, idle_power_w(spec))
         if memo is not None:
             memo[dev_key] = dev
     _, peak, p_comm, p_stream, p_idle = dev

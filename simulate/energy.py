@@ -64,7 +64,7 @@ def _kernel_power(costed: pd.DataFrame, spec: DeviceSpec, power_model=None, *, p
         gpu, w = apply_power_limit(gpu, w, power_limit_w, spec, cu, model=pm, clock_cap_mhz=clock_cap_mhz)
         gpu = np.asarray(gpu, dtype=float)
         w = np.asarray(w, dtype=float)
-    w = np.where(coll, comm_power_w(spec, power_limit_w), w)
+    w = np.where(coll, comm_power_w(spec, power_limit_w, clock_cap_mhz, pm), w)  # the cap lowers it too (see there)
     return gpu, w, ood, np.where(coll, 0.0, cu)
 
 

@@ -181,6 +181,39 @@ def test_clock_cap_moves_time_and_power(model):
     assert p4[0] <= 300 + 1e-6 and t4[0] > 1.0
 
 
+def test_clock_cap_lowers_wait_power_as_it_lowers_a_kernels(model):
+    """Waiting (bubbles, exposed communication) is NCCL kernels polling on SMs at the clock: a clock cap lowers its
+    dynamic part by the same ratio**alpha as any kernel's (models.power.comm_power_w), never below idle; until stop 55
+    it kept the uncapped figure, above what the capped computation drew."""
+    from wattcast.models.power import comm_power_w
+
+    spec = resolve_device("H100-SXM5-80GB")
+    idle, w = idle_power_w(spec), comm_power_w(spec)
+    capped = comm_power_w(spec, clock_cap_mhz=spec.boost_clock_mhz * 0.5, model=model)
+    assert capped == pytest.approx(idle + (w - idle) * 0.5 ** model.alpha) and idle < capped < w
+    assert capped == pytest.approx(float(apply_clock(1.0, w, 0.5, spec, 0.0, model=model)[1]))
+    assert comm_power_w(spec, clock_cap_mhz=spec.boost_clock_mhz * 2, model=model) == pytest.approx(w)  # not binding
+    assert comm_power_w(spec, 150.0, spec.boost_clock_mhz * 0.5, model) == pytest.approx(min(capped, 150.0))
+
+
+def test_a_capped_cluster_step_waits_below_its_capped_computation():
+    """predict --cluster --clock-cap-mhz: the bubbles' and exposed communication's power (per_device wait_power_w)
+    follows the cap; the step's time does not move with it (waits are not clock-bound). gpt2 on 16 H100s, tp2 pp4:
+    at 1000 MHz busy 208 W beside waits of 224 W before the fix."""
+    from wattcast import predict_cluster
+
+    kw = dict(model="gpt2", cluster="DGX-H100", gpus=16, tp=2, pp=4, batch=64, seq=1024)
+    base = predict_cluster(**kw)
+    cap = predict_cluster(**kw, clock_cap_mhz=1000)
+    spec = resolve_device("H100-SXM5-80GB")
+    for d0, d in zip(base.per_device, cap.per_device):
+        # the uncapped wait at 1000 of 1980 MHz, as apply_clock moves any kernel at compute utilisation 0
+        want = float(apply_clock(1.0, d0["wait_power_w"], 1000 / spec.boost_clock_mhz, spec, 0.0)[1])
+        assert d["wait_power_w"] == pytest.approx(want)
+        assert idle_power_w(spec) < d["wait_power_w"] < d["busy_power_w"] < d0["busy_power_w"]
+    assert cap.step_time_ms > base.step_time_ms and cap.energy_j < base.energy_j
+
+
 def test_node_power_share():
     assert node_power_w(400.0, 8) == pytest.approx(8 * 400 * (1 + DEFAULT_NODE_OVERHEAD_SHARE))
     assert node_power_w(400.0, 8, share=0.0) == pytest.approx(3200.0)

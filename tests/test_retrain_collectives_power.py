@@ -355,6 +355,10 @@ def test_train_collectives_with_an_imported_profile_installs_a_new_live_version(
     msg0 = flat(r0.stdout + r0.stderr)
     assert r0.returncode == 1 and "compared with the shipped one" in msg0 and "rerun with --force" in msg0, msg0
     assert not (out / mc.POINTER).exists()
+    # the refused model is kept apart for inspection (until stop 55 it was dropped), as train kernels keeps its own
+    kept = list((out / mc.REFUSED).iterdir())
+    assert len(kept) == 1 and f"kept, not current, in {kept[0]}" in msg0 and f"--collectives {kept[0]}" in msg0
+    assert not CollectiveModel.load(kept[0]).is_fallback
     # --force makes the imported profile's model the live version, saying what it overrode
     r = run_cli(*args, "--force", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

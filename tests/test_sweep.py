@@ -38,6 +38,12 @@ def _strip(df: pd.DataFrame) -> pd.DataFrame:
     (dict(moe_routing=dict(moe_load_imbalance=0.5)), "from 1"),
     (dict(gpus_per_node=16), "nodes have 8 GPUs"),
     (dict(gpus_per_node=0), "'gpus_per_node' must be a positive whole number"),
+    # a bad element of the search space: the spec's error at load, naming the option and the element (until stop 55
+    # every task ran and ended with status error)
+    (dict(space=dict(tp=[2, "x"])), "'space': search-space option tp: every choice must be a positive integer, got 'x'"),
+    (dict(space=dict(micro_batch=[1, -2])), "option micro_batch: every choice must be a positive integer, got -2"),
+    (dict(space=dict(zero=[1, 4])), "option zero: every choice must be 0, 1, 2 or 3, got 4"),
+    (dict(space=dict(cp_comm_type=["a2a+p2p"])), "cp_comm_type a2a+p2p needs hierarchical_cp_sizes"),
 ])
 def test_bad_specs_are_refused_before_anything_runs(tmp_path, patch, needle):
     out = tmp_path / "out.parquet"
@@ -52,6 +58,18 @@ def test_a_key_given_twice_in_a_sweep_yaml_is_refused(tmp_path):
     f.write_text("models: [gpt2]\nclusters: [DGX-H100]\ngpus: [8]\nbatch: 16\nseq: 512\nbatch: 64\n")
     with pytest.raises(SweepSpecError, match="'batch' given twice"):
         load_spec(f)
+
+
+def test_a_bad_space_element_in_a_yaml_spec_is_a_spec_error_before_any_task(tmp_path):
+    from conftest import flat, run_cli
+
+    f = tmp_path / "sweep.yaml"
+    f.write_text("models: [gpt2]\nclusters: [DGX-H100]\ngpus: [8]\nbatch: 32\nseq: 512\nspace:\n  micro_batch: [1, -2]\n")
+    r = run_cli("sweep", f, "--workers", "0", "--output", tmp_path / "out")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"error: {f}: 'space': search-space option micro_batch: every choice must be a positive integer, got -2" \
+        in flat(r.stderr)
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_key_is_named():

@@ -470,6 +470,12 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
         # a new version beside the old one, loaded and checked there, then one atomic pointer switch: a kill at any
         # moment leaves a working model live
         install_collective_model(model, target)
+    else:  # kept apart for inspection, as train kernels/power keep theirs: <target>/collective_refused/<name>/
+        from wattcast.models.collectives import REFUSED
+        from wattcast.training.gate_force import keep_refused
+
+        reason += keep_refused(lambda: install_collective_model(model, target, activate=False), target, REFUSED,
+                               "collective model", "--collectives")
     metrics["train_seconds"] = time.time() - t0
     log(f"collectives: leave-one-config-out MAPE {metrics['loco_mape_pct']:.1f}% (alpha-beta alone "
         f"{metrics['alpha_beta_mape_pct']:.1f}%); {reason}")

@@ -500,17 +500,10 @@ def run_train_kernels(
 def _keep_refused(bundle: KernelBundle, target: Path) -> str:
     """Keep a bundle the gate refused in ``target/refused/<name>/`` and say where (a ``--models`` path); when that
     folder cannot be written (a read-only install) say so: the working bundle stays live either way."""
-    import shlex
-
     from wattcast.models.kernel_bundle import REFUSED, install_bundle
+    from wattcast.training.gate_force import keep_refused
 
-    try:
-        kept = install_bundle(bundle, target, activate=False)
-    except OSError as e:  # PermissionError included: the refusal stands, only the copy is lost
-        return (f". The new bundle could not be kept in {target / REFUSED} ({type(e).__name__}: {e}); "
-                "rerun with --out DIR to a writable folder to keep it")
-    return (f". The new bundle is kept, not current, in {kept} (the {REFUSED}/ folder keeps the newest few; predict "
-            f"with it: --models {shlex.quote(str(kept))})")
+    return keep_refused(lambda: install_bundle(bundle, target, activate=False), target, REFUSED, "bundle", "--models")
 
 
 def missing_families(bundle: KernelBundle) -> list[str]:

@@ -964,6 +964,12 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
     if replaced:
         # a new version beside the old one, loaded and checked there, then one atomic pointer switch
         install_power_model(model, target)
+    else:  # kept apart for inspection, as train kernels/collectives keep theirs: <target>/power_refused/<name>/
+        from wattcast.models.power import REFUSED
+        from wattcast.training.gate_force import keep_refused
+
+        reason += keep_refused(lambda: install_power_model(model, target, activate=False), target, REFUSED,
+                               "power model", "--power-model")
     metrics["train_seconds"] = time.time() - t0
     log(f"power: alpha {clock['alpha']:.2f} (dynamic power ~ clock^alpha), u_ref {clock['u_ref']:.2f}; {reason}")
 

@@ -136,7 +136,7 @@ def onnx_own_seq(path) -> tuple[str | None, int | None]:
 
 def first_input_text(model) -> str:
     """The first graph input that is not a weight, as ``name of shape (d0, d1, ...)`` (symbolic dims by name), for
-    messages (parentheses: the CLI prints messages as rich markup, where ``[batch]`` would be read as a tag)."""
+    messages (parentheses, as PyTorch writes shapes; the CLI prints messages literally, not as rich markup)."""
     init_names = {t.name for t in model.graph.initializer}
     for inp in model.graph.input:
         if inp.name in init_names or not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
