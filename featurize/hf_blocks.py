@@ -254,11 +254,13 @@ def megatron_rope(b: GraphBuilder, q: Tensor, k: Tensor, *, fused: bool, prefix:
 
 
 def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, train: bool, bias: bool = False,
-                     fp32_loss: bool = False, softcap: float | None = None, shared: bool = False) -> Tensor:
+                     fp32_loss: bool = False, softcap: float | None = None, shared: bool = False,
+                     loss_upcast: bool = True) -> Tensor:
     """LM head (column-parallel over the vocabulary under tensor parallelism) and the cross-entropy loss
     (``fp32_loss``: on ``logits.float()``, as Megatron-LM's GPT computes it, keeping fp32 probabilities;
     ``softcap``: Gemma 2's final logit soft-capping before the loss; ``shared``: the output layer of another head on
-    the same stage, multi-token prediction's: no parameters and no copy of its own)."""
+    the same stage, multi-token prediction's: no parameters and no copy of its own; ``loss_upcast`` False: a loss
+    kernel on the logits in their dtype, flash-attn's, not PyTorch's fp32 cross-entropy: ``GraphBuilder.cross_entropy``)."""
     if b.logits_last and not train and len(x.shape) == 3:
         # generation needs the last position's logits only: transformers' ``generate`` passes ``logits_to_keep=1``
         # (LlamaForCausalLM.forward: ``self.lm_head(hidden_states[:, slice_indices, :])``), vLLM gathers the last
@@ -280,7 +282,7 @@ def lm_head_and_loss(b: GraphBuilder, x: Tensor, vocab: int, *, tied: bool, trai
         # Megatron-Core's --cross-entropy-loss-fusion (featurize.workload.StepOptions.cross_entropy_loss_fusion): its
         # implementation, "native" or "te", or None (unfused); it replaces the fp32 loss only
         b.cross_entropy(logits, name="loss", vocab_parallel=True, fp32_saved=fp32_loss,
-                        fusion=b.ce_fusion if fp32_loss else None)
+                        fusion=b.ce_fusion if fp32_loss else None, upcast=loss_upcast)
     elif b.kv_context is not None and b.tp > 1:
         # a served model's vocabulary-parallel head: each rank's logits shard gathered for sampling (vLLM's
         # LogitsProcessor._gather_logits, tensor_model_parallel_gather to rank 0 in the v0.x engine, cited from memory),

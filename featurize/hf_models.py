@@ -277,7 +277,9 @@ def mpt(cfg: HFConfig, b: GraphBuilder, batch: int, seq: int, *, impl: str) -> N
             x = b.elementwise("add", x, y, name="residual_2")
     with b.layer(cfg.n_layers, "lm_head"):
         x = b.layernorm(x, name="norm_f", bias=bias)
-        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train)
+        # llm-foundry's default loss_fn, flash-attn's Triton cross-entropy on the bf16 logits (llm-foundry 0.22.0
+        # models/mpt/modeling_mpt.py l. 1461, 1495-1503): its memory, not PyTorch's fp32 loss's (op_graph.loss_working_bytes)
+        lm_head_and_loss(b, x, cfg.vocab, tied=cfg.flag("tie_word_embeddings", True), train=b.train, loss_upcast=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -254,6 +254,50 @@ class _Node:
 CE_FUSIONS = (None, "native", "te")
 
 
+def loss_working_bytes(logits: float, dtype_bytes: int, *, fp32_saved: bool, fused: str | None,
+                       upcast: bool = True) -> float:
+    """Bytes a cross-entropy loss holds at its peak beyond what the graph saves for its backward (``cross_entropy``:
+    the logits in their dtype on the unfused PyTorch path, the fp32 probabilities on Megatron's, the logits' copy under
+    Transformer Engine's kernel), for ``logits`` elements (one rank's vocabulary shard of one micro-batch). The memory
+    estimate's transient of the loss's kernels (simulate/memory.py ``kernel_working_bytes``), for one device and every
+    pipeline stage that holds a loss alike.
+
+    - PyTorch's cross-entropy (``fp32_saved`` False: Hugging Face and any eager PyTorch loss). transformers 5.24
+      ``loss/loss_utils.py`` ``ForCausalLMLoss`` upcasts ``logits = logits.float()`` (l. 61; autocast runs
+      ``cross_entropy`` in fp32 as well) and calls ``nn.functional.cross_entropy`` (l. 42): ``log_softmax``, which
+      saves its fp32 output, then ``nll_loss``. Forward peak: the logits, their fp32 copy and the log-probabilities,
+      (db + 8) per logit; backward (the model's outputs, and so its logits, dropped by then): ``nll_loss``'s backward
+      makes a full fp32 gradient and ``log_softmax``'s backward a new one beside it and the saved log-probabilities,
+      12 per logit, the larger. Beyond the db the graph saves: (12 - db) per logit (8 in fp32, 10 in bf16; these
+      autograd rules -- ``_log_softmax`` saves ``result``, its backward returns a new tensor -- are cited from
+      torch's derivatives.yaml from memory).
+    - flash-attn's Triton ``CrossEntropyLoss`` (``upcast`` False: llm-foundry 0.22.0's MPT default, ``loss_fn=
+      'fused_crossentropy'``, models/mpt/modeling_mpt.py l. 1461 and 1495-1503): one kernel over the logits in their
+      dtype that saves them (no copy) with fp32 per-row statistics, and a backward that writes the gradient into a new
+      tensor of their shape and dtype (``inplace_backward`` False, its default; flash_attn/ops/triton/cross_entropy.py,
+      cited from memory): db per logit.
+    - Megatron-Core's ``vocab_parallel_cross_entropy`` (``fp32_saved``, unfused; megatron-core 0.16.1
+      ``tensor_parallel/cross_entropy.py``): ``.float()`` (l. 28) makes the fp32 buffer the loss then works in place
+      (``-=`` l. 45, ``exp(out=)`` l. 65, ``div_`` l. 80) and saves as the probabilities; its backward turns that buffer
+      into the gradient in place (``mul_`` l. 117) and autograd casts it to the logits' dtype. The logits stay alive
+      through the loss (``GPTModel.forward`` holds them, models/gpt/gpt_model.py l. 685-714), and the cast gradient
+      sits beside the fp32 one: db per logit beyond the saved probabilities (0 in fp32: ``.float()`` returns the
+      logits themselves, the loss works in them).
+    - Its fused variant (``--cross-entropy-loss-fusion``, "native", ``fusions/fused_cross_entropy.py``): the same fp32
+      buffer, in place, and the backward's ``grad_input.to(torch.bfloat16)`` (l. 82): db per logit, 0 in fp32.
+    - Transformer Engine's kernel ("te"): the logits and the copy it saves in their dtype (forward), the gradient
+      written over that copy (backward): db per logit beyond the copy.
+
+    Until stop 55 the loss's transient was its largest kernel's bytes read and written (4 per logit for the bf16
+    PyTorch loss, 8 for Megatron's in-place fp32 kernels), and a cluster's stages had none."""
+    db = float(dtype_bytes)
+    if not fp32_saved:
+        return (12.0 - db) * logits if upcast else db * logits
+    if fused == "te":
+        return db * logits
+    return 0.0 if db >= 4 else db * logits
+
+
 def ce_collectives(fusion: str | None, tokens: int, tp: int) -> tuple[tuple[str, str, float], ...]:
     """(collective, what, bytes per rank as nccl-tests counts them) of a vocabulary-parallel loss over ``tp`` ranks:
     unfused, three all-reduces of one fp32 a token (max, target logit, sum of exponentials;
@@ -1232,14 +1276,17 @@ class GraphBuilder:
         return kc, vc
 
     def cross_entropy(self, logits: Tensor, *, name: str = "loss", vocab_parallel: bool = False,
-                      fp32_saved: bool = False, fusion: str | None = None) -> Tensor:
+                      fp32_saved: bool = False, fusion: str | None = None, upcast: bool = True) -> Tensor:
         """Cross-entropy over the last dim of ``logits`` (log_softmax + nll); backward = softmax - onehot.
 
         ``vocab_parallel``: the logits are a tp rank's vocabulary shard (Megatron's parallel cross-entropy:
         three all-reduces of one float per token: max, target logit, sum of exponentials).
         ``fusion`` (with ``fp32_saved``, Megatron-Core's ``--cross-entropy-loss-fusion``): "native" (Megatron-Core's
         ``fused_vocab_parallel_cross_entropy``, :meth:`_cross_entropy_fused_native`) or "te" (Transformer Engine's
-        ``parallel_cross_entropy`` Triton kernels, :meth:`_cross_entropy_te`); None: unfused."""
+        ``parallel_cross_entropy`` Triton kernels, :meth:`_cross_entropy_te`); None: unfused. ``upcast`` (without
+        ``fp32_saved``): PyTorch's cross-entropy on fp32 logits (transformers' ``ForCausalLMLoss``, autocast), else a
+        kernel on the logits in their dtype (flash-attn's, llm-foundry's MPT): their working set
+        (:func:`loss_working_bytes`), the kernels' cost the same."""
         if fusion not in CE_FUSIONS:
             raise GraphError(f"{name}: unknown cross-entropy fusion {fusion!r}; use one of {', '.join(map(str, CE_FUSIONS))}")
         src = self._nodes[logits.node].values if logits.node >= 0 else {}
@@ -1252,6 +1299,19 @@ class GraphBuilder:
         t = _numel(logits.shape[:-1])
         db = self.dbytes
         fused = fusion if fp32_saved else None
+        first = len(self._nodes)
+        out = self._cross_entropy_kernels(logits, name, t, v, db, vocab_parallel, fp32_saved, fused)
+        # every forward kernel of the loss -> the bytes live at the loss's peak beyond what the graph saves for its
+        # backward (the memory estimate's transient: simulate/memory.py kernel_working_bytes), per rank and
+        # micro-batch: the logits shard is t x v here
+        work = loss_working_bytes(t * v, db, fp32_saved=fp32_saved, fused=fused, upcast=upcast)
+        names = self.meta.setdefault("loss_working_bytes", {})
+        for node in self._nodes[first:]:
+            names[node.values["name"]] = work
+        return out
+
+    def _cross_entropy_kernels(self, logits: Tensor, name: str, t: int, v: int, db: int, vocab_parallel: bool,
+                               fp32_saved: bool, fused: str | None) -> Tensor:
         if vocab_parallel and self.tp > 1:
             for op, k, size in ce_collectives(fused, t, self.tp):
                 # statistics of the logits inside one autograd Function (Megatron's _VocabParallelCrossEntropy; its

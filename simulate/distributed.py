@@ -57,7 +57,7 @@ from wattcast.models.kernel_bundle import load_bundle
 from wattcast.models.power import check_power_settings, power_setting_notes
 from wattcast.simulate.defaults import step_dtype
 from wattcast.simulate.energy import apply_power, overlap_cap_w, overlap_power, stream_power_w
-from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag
+from wattcast.simulate.memory import activation_bytes_by_layer, memory_flag, transient_bytes_by_layer
 from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, given_routing, moe_load_factor
 from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
                                         memory_fitting_split,
@@ -1379,6 +1379,9 @@ class _RankView:
     # under full recomputation, each transformer layer's full activations (what its backward re-makes; 0 for the
     # embedding, the head and every layer without recomputation): a stage adds its largest (recompute_extra_by_stage)
     full_extra_bytes: np.ndarray
+    # each layer's largest forward kernel's working set (memory.transient_bytes_by_layer; the loss's in the head's
+    # layer): a stage adds its layers' largest, once (transient_by_stage)
+    transient_bytes: np.ndarray
     block_input_bytes: tuple
     phase_ms: dict
     recompute_flops: float
@@ -1518,6 +1521,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         return out[src]
 
     act, full_extra = layer_array(acts), layer_array(full_layers)
+    transient = layer_array(transient_bytes_by_layer(g))
     n_layers = int(g.meta.get("n_layers", 0) or 0)
     rc = costed["recompute"].to_numpy(dtype=bool)
     flops = costed["flops"].to_numpy(dtype=float)
@@ -1566,6 +1570,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         cu_f_ms=per_layer(fwd & ~is_coll, cu * t), cu_b_ms=per_layer(bwd & ~is_coll, cu * t),
         e_opt_j=per_layer(opt, e_node), opt_cast_ms=per_layer(opt & (op_class == "fp8_cast"), t),
         e_opt_cast_j=per_layer(opt & (op_class == "fp8_cast"), e_node), act_bytes=act, full_extra_bytes=full_extra,
+        transient_bytes=transient,
         block_input_bytes=tuple(block_input_bytes(g, n_layers)) if not g.meta.get("hidden") else (),
         phase_ms={ph: float(wt[wphase == ph].sum()) for ph in ("forward", "backward", "optimizer")},
         recompute_flops=float((flops * mult)[rc].sum()),
@@ -1637,7 +1642,7 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "attn_rc_ms",
                      "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
-                     "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "ood_fb_ms", "ood_fb_low_ms",
+                     "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "transient_bytes", "ood_fb_ms", "ood_fb_low_ms",
                      "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms", "wgrad_ms",
                      "tp_b_async_save_ms")
 
@@ -2707,6 +2712,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     extra_stage = sums.get(extra_key)
     if extra_stage is None:
         extra_stage = sums[extra_key] = recompute_extra_by_stage(view.full_extra_bytes, chunk, n_chunks, P, dual)
+    # each rank's largest kernel working set (its chunks' layers'; the last stage's the loss's, per micro-batch and
+    # vocabulary shard), held beside its activations as one device holds its own (memory.estimate_memory's transient)
+    transient_key = ("transient", P, V)
+    transient_stage = sums.get(transient_key)
+    if transient_stage is None:
+        transient_stage = sums[transient_key] = recompute_extra_by_stage(view.transient_bytes, chunk, n_chunks, P, dual)
 
     def stage_terms(s: int) -> dict:
         return {k: float(v[s]) for k, v in mem.items()}
@@ -2843,13 +2854,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         mem_parts = cache.get(state_key)
         if mem_parts is None:
             mem_parts = cache[state_key] = stage_state_parts(params=params_stage, **state_kw)
-        total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, extra_stage, ub_bytes)
+        total_gb = stage_total_from_parts(mem_parts, act_stage, inflight_s, extra_stage, ub_bytes, transient_stage)
         w_stage = int(np.argmax(total_gb))
         worst = float(total_gb[w_stage])
         worst_terms = None
     else:
         mem = stage_memory_gb(params=params_stage, act_bytes_per_chunk=act_stage, inflight=inflight_s,
-                              full_recompute_extra_bytes=extra_stage, userbuffers_bytes=ub_bytes, **state_kw)
+                              full_recompute_extra_bytes=extra_stage, userbuffers_bytes=ub_bytes,
+                              transient_bytes=transient_stage, **state_kw)
         w_stage = int(np.argmax(mem["total_gb"]))  # the first of the fullest stages
         worst = float(mem["total_gb"][w_stage])
         worst_terms = dict(stage=w_stage, inflight_chunks=int(inflight_s[w_stage]), **stage_terms(w_stage))
@@ -3447,7 +3459,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                gradients_gb=terms["gradients_gb"], optimizer_gb=terms["optimizer_gb"],
                                activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
                                post_backward_buffers_gb=terms["post_backward_buffers_gb"],
-                               unsharded_gradients_gb=terms["unsharded_gradients_gb"], params=float(params_stage[s]),
+                               unsharded_gradients_gb=terms["unsharded_gradients_gb"],
+                               transient_gb=terms["transient_gb"], params=float(params_stage[s]),
                                energy_j=float(stage_e[s]), avg_power_w=float(stage_e[s] / step_s),
                                busy_power_w=float(e_task_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm),
                                # what the trace's power counter draws beyond busy_power_w over the tasks and

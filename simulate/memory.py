@@ -9,9 +9,12 @@
   q/k/v projections is one tensor); ``selective`` recomputation drops what its modules make and keeps their inputs
   (the attention core by default; Megatron-Core's ``--recompute-modules``: :func:`kept_tensors`), ``full`` keeps
   only each block's input plus one block's activations (re-made during its backward);
-- transient: the largest single kernel's inputs + output beyond the above (logits and their gradient in a
-  causal LM), which is what tips a large-vocabulary model over the edge; the weights a kernel reads are not in it,
-  a tied LM head's included (:func:`resident_weight_bytes`);
+- transient: the largest single kernel's inputs + output beyond the above, which is what tips a large-vocabulary
+  model over the edge; the weights a kernel reads are not in it, a tied LM head's included
+  (:func:`resident_weight_bytes`); a loss's kernels hold what its framework's loss holds beyond what it saves
+  (``featurize.op_graph.loss_working_bytes``: PyTorch's fp32 cross-entropy 12 - db bytes a logit, Megatron's db).
+  A cluster's pipeline stage adds its own layers' largest the same way (``transient_gb``; the loss's on the last
+  stage), so one device and a one-GPU cluster carry the same transient;
 - inference: weights plus the largest kernel's working set (no saved activations), plus the KV cache of a KV-cached
   step (``kv_context``: batch x (context + new tokens) x 2 x layers x KV heads x head dim x dtype bytes, its own term
   ``kv_cache_gb``; the working set then leaves out the cache it reads). Under an FP8 recipe the linear layers'
@@ -109,7 +112,7 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
     own_w = resident_weight_bytes(graph, fwd, db)
     if not train:
         return _inference_memory(graph, fwd, own_w, db)
-    transient = float(np.max(fwd["bytes"].to_numpy(dtype=float) - own_w)) if len(fwd) else 0.0
+    transient = float(np.max(kernel_working_bytes(graph, fwd, own_w))) if len(fwd) else 0.0
     # an FP8 recipe: Transformer Engine keeps each FP8 GEMM's weight cast (and its transpose) between steps, 2 B/param
     weights += fp8_weight_copy_bytes(graph)
     if train:
@@ -141,6 +144,38 @@ def estimate_memory(graph: OpGraph) -> MemoryEstimate:
         # kernel's working set: peak = states + max(activations + transient, step temporary)
         transient = max(transient, step_tmp - acts)
     return MemoryEstimate(weights / GB, grads / GB, opt / GB, acts / GB, max(transient, 0.0) / GB)
+
+
+def kernel_working_bytes(graph: OpGraph, fwd, own_w: np.ndarray) -> np.ndarray:
+    """Each forward kernel's working set of a training step beyond the held weights (``own_w``,
+    :func:`resident_weight_bytes`): its inputs + output, except a loss's kernels, which hold what
+    ``featurize.op_graph.loss_working_bytes`` says (``meta["loss_working_bytes"]``: node name -> bytes; the framework's
+    loss beyond what the graph saves). The largest is the step's transient, on one device
+    (:func:`estimate_memory`) and per pipeline stage (:func:`transient_bytes_by_layer`)."""
+    work = fwd["bytes"].to_numpy(dtype=float) - own_w
+    loss = graph.meta.get("loss_working_bytes") or {}
+    if loss:
+        over = fwd["name"].map(loss).to_numpy(dtype=float)
+        work = np.where(np.isnan(over), work, over)
+    return work
+
+
+def transient_bytes_by_layer(graph: OpGraph) -> dict[int, float]:
+    """Per layer of a training graph, its largest forward kernel's working set (:func:`kernel_working_bytes`): what a
+    pipeline stage adds to its activations at its peak (its layers' largest; the last stage's is the loss's, per
+    micro-batch and TP rank's vocabulary shard), as one device adds the whole graph's largest. Empty for inference."""
+    if graph.meta.get("mode") != "train":
+        return {}
+    nodes = graph.nodes
+    fwd = nodes[nodes["phase"] == "forward"]
+    if not len(fwd):
+        return {}
+    db = DTYPE_BYTES.get(graph.meta.get("dtype", "fp32"), 4)
+    work = kernel_working_bytes(graph, fwd, resident_weight_bytes(graph, fwd, db))
+    ids, inv = np.unique(fwd["layer"].to_numpy(), return_inverse=True)
+    top = np.full(len(ids), -np.inf)
+    np.maximum.at(top, inv, work)
+    return dict(zip(ids.astype(int).tolist(), top.tolist()))
 
 
 def resident_weight_bytes(graph: OpGraph, fwd, db: int) -> np.ndarray:

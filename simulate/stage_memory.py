@@ -29,6 +29,12 @@ every term cites the equation or the framework code it follows. Units are in the
   2·s·b·h/t kept per layer under full recomputation plus one layer re-materialised); the first stage holds as many
   micro-batches as 1F1B keeps in flight (p, Sec. 4.2.3: L/p layers x p micro-batches = L layers' worth), the
   interleaved schedule (1 + (p-1)/(p·v)) times that (Narayanan et al. SC21 Sec. 2.2.2), GPipe every micro-batch.
+- The largest kernel's working set (``transient_gb``): each stage's layers' largest forward kernel's inputs + output
+  beyond the held weights, the loss's on the last stage (what the framework's cross-entropy holds beyond what it
+  saves: PyTorch's fp32 loss 12 - db bytes a logit, Megatron-Core's db; featurize/op_graph.py loss_working_bytes),
+  per micro-batch and TP rank's vocabulary shard, held beside the activations as one device holds its own
+  (simulate/memory.py ``transient_bytes_by_layer``; until stop 55 a stage had none, and a one-GPU cluster of GPT-2 at
+  batch 96 x 1,024 tokens fitted an A100 80GB at 67.4 GB where ``predict`` said 86.7 GB).
 - Framework buffers (their own line): PyTorch DDP's gradient buckets are a second copy of the gradients unless
   ``gradient_as_bucket_view=True`` (``torch.nn.parallel.DistributedDataParallel`` docs: the saving "will be equal
   to the total gradients size"), allocated with the model, so held during the passes; FSDP holds the unsharded
@@ -196,6 +202,8 @@ class StageMemory:
     post_backward_buffers_bytes: float = 0.0
     #: FSDP's unsharded gradients held beside the activations in the backward (:func:`fsdp_inflight_gradient_bytes`)
     unsharded_gradients_bytes: float = 0.0
+    #: the stage's largest kernel working set beside its activations (simulate/memory.py transient_bytes_by_layer)
+    transient_bytes: float = 0.0
 
     @property
     def states_bytes(self) -> float:
@@ -203,7 +211,8 @@ class StageMemory:
 
     @property
     def total_bytes(self) -> float:
-        return self.states_bytes + max(self.activations_bytes + (self.buffers_bytes + self.unsharded_gradients_bytes),
+        return self.states_bytes + max(self.activations_bytes + self.transient_bytes
+                                       + (self.buffers_bytes + self.unsharded_gradients_bytes),
                                        self.post_backward_buffers_bytes)
 
     def to_gb_dict(self) -> dict:
@@ -213,14 +222,15 @@ class StageMemory:
                     gradients_gb=self.gradients_bytes / GB, optimizer_gb=self.optimizer_bytes / GB,
                     activations_gb=self.activations_bytes / GB, buffers_gb=self.buffers_bytes / GB,
                     post_backward_buffers_gb=self.post_backward_buffers_bytes / GB,
-                    unsharded_gradients_gb=self.unsharded_gradients_bytes / GB, total_gb=self.total_bytes / GB)
+                    unsharded_gradients_gb=self.unsharded_gradients_bytes / GB,
+                    transient_gb=self.transient_bytes / GB, total_gb=self.total_bytes / GB)
 
 
 #: the terms of :meth:`StageMemory.to_gb_dict` held at each of a stage's two peaks (:func:`peak_breakdown`): the model
 #: states always; in the passes the activations, the buffers held through them (userbuffers included) and FSDP's
 #: unsharded gradients; after the last backward (activations freed) the buffers made then
 STATE_TERMS = ("weights_gb", "master_weights_gb", "gradients_gb", "optimizer_gb")
-PEAK_TERMS = {"backward": STATE_TERMS + ("activations_gb", "buffers_gb", "unsharded_gradients_gb"),
+PEAK_TERMS = {"backward": STATE_TERMS + ("activations_gb", "transient_gb", "buffers_gb", "unsharded_gradients_gb"),
               "after_backward": STATE_TERMS + ("post_backward_buffers_gb",)}
 
 
@@ -232,7 +242,8 @@ def peak_breakdown(terms: dict) -> dict:
     every in-flight activation held) or "after_backward" (the gradient reduction / optimizer step's temporaries after
     the activations are freed; a tie is "backward"); ``peak_terms_gb``: the :data:`PEAK_TERMS` of that phase, which
     sum to ``total_gb`` (the same additions in GB)."""
-    during = terms["activations_gb"] + terms["buffers_gb"] + terms["unsharded_gradients_gb"]
+    during = (terms["activations_gb"] + terms.get("transient_gb", 0.0)) + terms["buffers_gb"] \
+        + terms["unsharded_gradients_gb"]
     phase = "backward" if during >= terms["post_backward_buffers_gb"] else "after_backward"
     return dict(peak_phase=phase, peak_terms_gb={k: float(terms[k]) for k in PEAK_TERMS[phase]})
 
@@ -804,7 +815,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                  reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                  grad_accum_dtype: str | None = None,
                  grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                 muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False) -> StageMemory:
+                 muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False,
+                 transient_bytes: float = 0.0) -> StageMemory:
     """One stage's memory: model states, ``inflight`` chunks of activations (plus the layer re-materialised under
     full recomputation), and buffers. ``fp8_param_fraction``: the share of parameters in FP8 GEMMs under an FP8
     recipe, whose fp8 weight and transpose Transformer Engine caches (2 B/param, counted with the weights).
@@ -834,7 +846,8 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                         dtype_bytes=dtype_bytes, reduce_bytes=reduce_bytes, prefetch=zero3_prefetch,
                         grad_bucket_params=grad_bucket_params)
     return StageMemory(**st, activations_bytes=act_bytes_per_chunk * inflight + full_recompute_extra_bytes,
-                       buffers_bytes=during, post_backward_buffers_bytes=after, unsharded_gradients_bytes=float(grads))
+                       buffers_bytes=during, post_backward_buffers_bytes=after, unsharded_gradients_bytes=float(grads),
+                       transient_bytes=float(transient_bytes))
 
 
 def inflight_chunks_by_stage(*, pp: int, interleave: int, n_micro: int, schedule: str) -> np.ndarray:
@@ -884,7 +897,8 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                     reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                     grad_accum_dtype: str | None = None,
                     grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                    muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False) -> dict[str, np.ndarray]:
+                    muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False,
+                    transient_bytes: np.ndarray | float = 0.0) -> dict[str, np.ndarray]:
     """:func:`stage_memory` of every stage at once (arrays of stages in, the keys of :meth:`StageMemory.to_gb_dict`
     out, one array each): the same equations, term for term, in the same order of operations."""
     params = np.asarray(params, dtype=float)
@@ -914,13 +928,14 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
 
     during, after, grads = arr(during), arr(after), arr(grads)
     act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
+    tr = arr(transient_bytes)
     w, m, g, o = (arr(st[k]) for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes", "optimizer_bytes"))
     # the same order of additions as stage_state_parts + stage_total_from_parts
-    total = w + m + g + o + np.maximum(act + ((during + grads) + userbuffers_bytes), after)
+    total = w + m + g + o + np.maximum((act + tr) + ((during + grads) + userbuffers_bytes), after)
     during = during + userbuffers_bytes
     return dict(weights_gb=w / GB, master_weights_gb=m / GB, gradients_gb=g / GB, optimizer_gb=o / GB,
                 activations_gb=act / GB, buffers_gb=during / GB, post_backward_buffers_gb=after / GB,
-                unsharded_gradients_gb=grads / GB, total_gb=total / GB)
+                unsharded_gradients_gb=grads / GB, transient_gb=tr / GB, total_gb=total / GB)
 
 
 def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
@@ -933,7 +948,8 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                    reduce_bytes: int | None = None, zero3_prefetch: bool = False,
                    grad_accum_dtype: str | None = None,
                    grad_bucket_params: float = float("inf"), optimizer_impl: str | None = None,
-                   muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False) -> np.ndarray:
+                   muon_fraction=None, layer_wise_shares=None, main_grad_cast: bool = False,
+                   transient_bytes: np.ndarray | float = 0.0) -> np.ndarray:
     """``stage_memory_gb(...)["total_gb"]`` alone (what a search compares with the capacity): the same equations in
     the same order of operations, so the same floating-point figures (tested), without the per-term arrays."""
     parts = stage_state_parts(params=params, dtype_bytes=dtype_bytes, grad_bytes=grad_bytes,
@@ -945,7 +961,8 @@ def stage_total_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infli
                               grad_accum_dtype=grad_accum_dtype, grad_bucket_params=grad_bucket_params,
                               optimizer_impl=optimizer_impl, muon_fraction=muon_fraction,
                               layer_wise_shares=layer_wise_shares, main_grad_cast=main_grad_cast)
-    return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes)
+    return stage_total_from_parts(parts, act_bytes_per_chunk, inflight, full_recompute_extra_bytes, userbuffers_bytes,
+                                  transient_bytes)
 
 
 def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, held_grad_bytes: float, optimizer: str,
@@ -992,13 +1009,15 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
 
 
 def stage_total_from_parts(parts: tuple, act_bytes_per_chunk: np.ndarray, inflight: np.ndarray,
-                           full_recompute_extra_bytes: float, userbuffers_bytes: float = 0.0) -> np.ndarray:
+                           full_recompute_extra_bytes: float, userbuffers_bytes: float = 0.0,
+                           transient_bytes: np.ndarray | float = 0.0) -> np.ndarray:
     """Total GB per stage from :func:`stage_state_parts` and the activations: ``inflight`` chunks of
-    ``act_bytes_per_chunk`` plus the layer re-materialised under full recomputation; ``userbuffers_bytes`` (TP
-    overlap's, :func:`userbuffer_bytes`) held with the other buffers."""
+    ``act_bytes_per_chunk`` plus the layer re-materialised under full recomputation and the stage's largest kernel
+    working set (``transient_bytes``); ``userbuffers_bytes`` (TP overlap's, :func:`userbuffer_bytes`) held with the
+    other buffers."""
     states, during, after = parts
     act = np.asarray(act_bytes_per_chunk, dtype=float) * inflight + full_recompute_extra_bytes
-    return (states + np.maximum(act + (during + userbuffers_bytes), after)) / GB
+    return (states + np.maximum((act + transient_bytes) + (during + userbuffers_bytes), after)) / GB
 
 
 def capacity_gb(memory_gb: float) -> float:

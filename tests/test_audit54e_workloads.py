@@ -106,13 +106,14 @@ def test_a_tied_head_in_a_kv_cached_decode_is_not_counted_again():
 
 
 def test_one_gpu_cluster_and_one_device_agree_on_states_and_activations_of_a_tied_model():
-    """The one-GPU cluster path counts no largest-kernel transient but the CUDA context and cuBLAS workspace
-    (buffers); one device the transient and no context. Without those two terms they hold the same bytes (before, the
+    """The one-GPU cluster path counts the CUDA context and cuBLAS workspace (buffers), one device none; both the
+    largest kernel's transient (the cluster's from stop 55). Without the buffers they hold the same bytes (before, the
     device's transient carried the tied head's weight: 0.58 GB more than the cluster's total for Gemma 2B)."""
     one = wattcast.predict(_gpt(True), DEV, batch=1, seq=128)
     cl = wattcast.predict_cluster(_gpt(True), "DGX-H100", gpus=1, batch=1, seq=128)
     pd = cl.to_dict()["memory"]
-    assert one.memory.total_gb - one.memory.transient_gb == pytest.approx(pd["total_gb"] - pd["buffers_gb"], rel=1e-9)
+    assert one.memory.total_gb == pytest.approx(pd["total_gb"] - pd["buffers_gb"], rel=1e-9)
+    assert pd["transient_gb"] == pytest.approx(one.memory.transient_gb, rel=1e-12)
     # the transient is what the untied model's is (its logits' kernels), not the head's weight on top
     untied = wattcast.predict(_gpt(False), DEV, batch=1, seq=128).memory
     assert one.memory.transient_gb == pytest.approx(untied.transient_gb, rel=1e-12)

@@ -50,7 +50,7 @@ def test_fsdp_unsharded_gradients_line(reduce_dtype, rb, prefetch):
     assert mem["unsharded_gradients_gb"] * 1e9 == pytest.approx(expected, rel=1e-9)
     # held beside the activations: the total counts it (the passes' peak beats the end-of-backward one here)
     states = mem["weights_gb"] + mem["master_weights_gb"] + mem["gradients_gb"] + mem["optimizer_gb"]
-    assert mem["total_gb"] == pytest.approx(states + mem["activations_gb"] + mem["buffers_gb"]
+    assert mem["total_gb"] == pytest.approx(states + mem["activations_gb"] + mem["transient_gb"] + mem["buffers_gb"]
                                             + mem["unsharded_gradients_gb"], rel=1e-12)
 
 

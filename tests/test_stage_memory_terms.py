@@ -200,11 +200,13 @@ def test_peak_terms_sum_to_the_total(framework, zero, recompute):
 
 
 def test_peak_terms_of_the_zero3_audit_case():
-    """The audit's case: Llama 3 70B, FSDP (hf ZeRO-3), full recomputation, 64 H100s: 52.9 GB of terms, 38.02 GB
-    total, the passes' peak (states 17.64 + activations 8.39 + buffers 8.16 + unsharded gradients 3.84)."""
+    """The audit's case: Llama 3 70B, FSDP (hf ZeRO-3), full recomputation, 64 H100s: 58.2 GB of terms, 43.28 GB
+    total, the passes' peak (states 17.64 + activations 8.39 + transient 5.25 + buffers 8.16 + unsharded gradients
+    3.84; 52.9 / 38.02 GB until stop 55, before a stage carried its largest kernel's working set, here the loss's
+    10 bytes a logit of 4,096 x 128,256)."""
     m = wattcast.predict_cluster("llama3_70b", "DGX-H100", gpus=64, batch=64, seq=4096, zero=3, framework="hf",
                                  micro_batch=1, recompute="full").to_dict()["memory"]
     every = sum(v for k, v in m.items() if k.endswith("_gb") and k not in ("total_gb", "peak_terms_gb"))
-    assert every == pytest.approx(52.9, abs=0.05) and m["total_gb"] == pytest.approx(38.02, abs=0.005)
+    assert every == pytest.approx(58.2, abs=0.05) and m["total_gb"] == pytest.approx(43.28, abs=0.005)
     assert m["peak_phase"] == "backward"
     assert sum(m["peak_terms_gb"].values()) == pytest.approx(m["total_gb"], rel=1e-12)
