@@ -39,7 +39,8 @@ Five models per fold, all LightGBM on log(measured / roofline) like the shipped 
   the source floor added, efficiency relative to the device's matmul ceiling, MAMF's or the device's own 99th
   percentile) in the roofline member's place for tensor-core rows, the vendor's member or (since stop 32, the CDNA
   fold) the pooled one fitted on every training vendor's rows; a held-out device takes MAMF's ceiling where the table
-  lists it, else its vendor's median, else the default; ``.../no-op-name``: the same with the ceiling member not
+  lists it, else its vendor's median (``vendor_ceilings``: over the vendor's training devices with matrix units,
+  each once), else the default; ``.../no-op-name``: the same with the ceiling member not
   reading ``is_linear`` (measured at stop 32, not adopted: the retrained family validated worse in distribution);
 - ``bundle+floor-blend``: the GEMM family's recipe until stop 30: ``bundle`` and
   ``bundle/floor`` blended in log space by size (``bundle/floor`` alone below 0.5 GFLOP, ``bundle`` alone from 2 GFLOP,

@@ -16,8 +16,8 @@ from wattcast.models.gemm_floor import (POOLED_MEMBER, ceiling_log_ratio, check_
                                        row_ceilings)
 from wattcast.models.kernel_bundle import BundleError, KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
-from wattcast.training.gemm_floor import (CEILING_QUANTILE, ceiling_table, fit_ceiling_member, mamf_ceilings,
-                                          vendor_ceilings)
+from wattcast.training.gemm_floor import (CEILING_QUANTILE, ceiling_table, fit_ceiling_member, has_matrix_units,
+                                          mamf_ceilings, vendor_ceilings)
 
 ENTRY = {"ceilings": {"A": {"bf16": 0.8, "fp8": 0.7}}, "vendor_ceilings": {"nvidia": 0.85, "amd": 0.6},
          "default_ceiling": 0.74, "floor_ms": 0.004, "lgbm": {"nvidia": "n.txt"}}
@@ -66,7 +66,27 @@ def test_ceiling_table_takes_mamf_where_listed_else_the_devices_own_quantile():
     table = ceiling_table(rows, eff, mamf)  # t_roof / latency = eff with latency 1 ms
     assert table["X"] == {"bf16": 0.77}
     assert table["Y"] == {"bf16": pytest.approx(np.quantile(eff[n:2 * n], CEILING_QUANTILE), abs=1e-4)}  # no fp32
-    assert vendor_ceilings(table, {"X": "nvidia", "Y": "nvidia"}) == {"nvidia": pytest.approx((0.77 + table["Y"]["bf16"]) / 2)}
+    specs = {"X": resolve_device("A40"), "Y": resolve_device("Tesla-T4")}
+    assert vendor_ceilings(table, specs) == {"nvidia": pytest.approx((0.77 + table["Y"]["bf16"]) / 2, abs=1e-4)}
+
+
+def test_vendor_ceiling_counts_each_matrix_unit_device_once():
+    """The Ampere fold's NVIDIA training devices (leave_one_generation_out.py): B200 in three dtypes, the P100 (no
+    tensor cores: its fp16 peak is the half2 vector rate, 2x FP32), T4 and V100. Until stop 55 every (device, dtype)
+    entry counted, the P100 too: median 0.769 where the three tensor-core devices' is T4's 0.8635."""
+    table = {"B200": {"bf16": 0.7756, "fp8": 0.7628, "tf32": 0.7472}, "Tesla-P100-PCIe-16GB": {"fp16": 0.4721},
+             "Tesla-T4": {"fp16": 0.8635}, "V100-SXM2-16GB": {"fp16": 0.9193}, "MI210": {"fp16": 0.6705}}
+    specs = {d: resolve_device(d) for d in table}
+    assert vendor_ceilings(table, specs) == {"amd": 0.6705, "nvidia": 0.8635}
+    # a vendor whose only device has vector-rate 16-bit math gets no median (the default applies)
+    assert vendor_ceilings({"Tesla-P100-PCIe-16GB": {"fp16": 0.4721}}, specs) == {}
+
+
+@pytest.mark.parametrize("device, matrix", [("Tesla-P100-PCIe-16GB", False), ("Tesla-P4", False), ("L4", True),
+                                            ("L40S", True), ("A10", True), ("A40", True), ("Tesla-T4", True),
+                                            ("MI210", True), ("B200", True)])
+def test_matrix_units_by_the_16_bit_over_fp32_peak(device, matrix):
+    assert has_matrix_units(resolve_device(device)) is matrix
 
 
 def test_the_shipped_gemm_family_carries_a_ceiling_member_per_vendor():
