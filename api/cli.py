@@ -1112,11 +1112,7 @@ def search(
         if given:
             what = "sets the carbon of a run" if given == ["--region"] else "describe(s) a whole training run"
             _fail(f"{'/'.join(given)} {what}: give --tokens too")
-    from wattcast.featurize.workload import is_onnx_path
-
-    if is_onnx_path(model):
-        _fail("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face config or a "
-              "built-in name (an ONNX model can be predicted with `wattcast predict --cluster` and --dp/--pp/--zero)")
+    # an ONNX model is searched with --tp 1 (and --cp / --ep 1): planning.search.graph_model_space names the flags
     if output is not None:
         _output_file(output, "--output", _SEARCH_OUTPUT_SUFFIXES, overwrite=overwrite)
         if output.suffix.lower() == ".parquet":

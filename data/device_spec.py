@@ -22,6 +22,7 @@ when it is missing. Give ``tdp_w`` for any device you want step, energy or footp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -779,14 +780,57 @@ def bandwidth_ratio_notes(spec: "DeviceSpec") -> list[str]:
             f"compute (as NVIDIA's H20), or a bandwidth given in Gb/s (divide by 8; the field is GB/s)"]
 
 
+def watts_per_dense_tflops(spec: "DeviceSpec") -> float | None:
+    """``tdp_w`` per TFLOP/s of the dense 16-bit tensor peak (the larger of FP16 and BF16), or of the vector FP32 peak
+    where the 16-bit figure is no tensor/matrix-unit one (below :data:`_TENSOR_OVER_FP32_MIN` x FP32: P100's vector
+    FP16, or none: P4); None without ``tdp_w``."""
+    if not spec.tdp_w:
+        return None
+    fp32 = float(spec.peak_fp32_tflops)
+    half = max(float(spec.peak_fp16_tflops or 0), float(spec.peak_bf16_tflops or 0))
+    return float(spec.tdp_w) / (half if half >= _TENSOR_OVER_FP32_MIN * fp32 else fp32)
+
+
+@functools.lru_cache(maxsize=1)
+def catalog_min_watts_per_tflops() -> tuple[float, str]:
+    """(the least :func:`watts_per_dense_tflops` of any catalog device (data/devices/*.yaml), its device): computed
+    from the shipped files on first use (B200 at stop 55: 1,000 W over 2,250 TFLOP/s BF16, 0.444)."""
+    from wattcast.data.catalog import list_devices
+
+    return min((w, s.name) for s in list_devices() if (w := watts_per_dense_tflops(s)) is not None)
+
+
+def tdp_per_flop_notes(spec: "DeviceSpec") -> list[str]:
+    """A note when ``spec``'s TDP per dense TFLOP/s (:func:`watts_per_dense_tflops`) is below every catalog device's
+    (:func:`catalog_min_watts_per_tflops`). The power model (models/power.py) predicts power as idle + (TDP - idle) x
+    a learned fraction, and it has seen no design drawing so little per FLOP: a spec with only ``tdp_w`` lowered (an
+    H100 at 350 W) keeps its step time and gets power and energy scaled down with the TDP (2x less at half the TDP,
+    audit 55b #2), where the same GPU power-capped at 350 W runs slower and saves about a third (``power_limit_w``
+    lowers the clocks: models/power.py apply_power). Catalog devices never get it (at or above the least by
+    construction)."""
+    w = watts_per_dense_tflops(spec)
+    if w is None:
+        return []
+    least, name = catalog_min_watts_per_tflops()
+    if w >= least:
+        return []
+    return [f"{spec.name}: tdp_w ({float(spec.tdp_w):g} W) is {w:.3g} W per dense TFLOP/s, below every catalog GPU's "
+            f"(the least is {name}'s, {least:.3g}): the power model has seen no design drawing so little per FLOP, and "
+            "it models power as a fraction of TDP, so power and energy scale with the tdp_w given (the step time "
+            "hardly moves) and may be far too low; a power-capped GPU is modelled with --power-limit-w "
+            "(power_limit_w=) on its full-TDP spec, which lowers its clocks"]
+
+
 def spec_notes(spec: "DeviceSpec", *, power: bool = True) -> list[str]:
     """Every spec warning a prediction carries: :func:`peak_ratio_notes`, :func:`dense_rate_notes`,
     :func:`fallback_notes` (``power``: the idle-power default too; kernel latency has no power figure),
-    :func:`base_clock_notes` (a catalog device's too: the H200's base clock from the H100 SXM5)."""
+    :func:`base_clock_notes` (a catalog device's too: the H200's base clock from the H100 SXM5), and with ``power``
+    :func:`tdp_per_flop_notes` (a TDP per FLOP below the catalog's: power and energy scale with it)."""
     if _is_catalog_device(spec):  # every catalog entry passes the figure checks (tests): only its peak ratios
         return [*peak_ratio_notes(spec), *base_clock_notes(spec, catalog=True)]  # and a base clock from its twin
     return [*peak_ratio_notes(spec), *dense_rate_notes(spec), *bandwidth_ratio_notes(spec),
-            *_fallback_notes(spec, power), *base_clock_notes(spec, catalog=False)]  # the catalog looked up once
+            *_fallback_notes(spec, power), *(tdp_per_flop_notes(spec) if power else ()),
+            *base_clock_notes(spec, catalog=False)]  # the catalog looked up once
 
 
 def _aliases(v: Any) -> Any:

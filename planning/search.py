@@ -395,7 +395,7 @@ def _expert_count(model) -> int:
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=None,
                       cp=None, schedule=("1f1b",), recompute_num_layers=(None,), etp=(None,), cp_comm_type=("p2p",),
-                      hierarchical_cp_sizes=(None,)) -> list[ParallelConfig]:
+                      hierarchical_cp_sizes=(None,), n_layers: int | None = None) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16); ``pp``
     None: every divisor of the job's GPUs over TP x CP, at most the model's layers where its config is known (until
@@ -411,7 +411,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     candidate's tp, the default; a choice equal to the candidate's tp is that same strategy and is not repeated).
     ``cp_comm_type``: Megatron-Core's --cp-comm-type choices (p2p, a2a, allgather, a2a+p2p) for the candidates with
     cp > 1; a2a+p2p with the ``hierarchical_cp_sizes`` pair (inner a2a, outer ring) whose product is the candidate's
-    cp (other cp degrees skip it); a2a where the heads per TP rank divide by cp (else the candidate is rejected)."""
+    cp (other cp degrees skip it); a2a where the heads per TP rank divide by cp (else the candidate is rejected).
+    ``n_layers``: the model's transformer layers where the caller knows them (None: its config's, 0 without one)."""
     tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule, rc_layers, etp = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
                                     ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp),
@@ -429,8 +430,10 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                                                      [h for h in h_sizes if h[0] * h[1] == c])]
     schedule = schedule or ("1f1b",)
     rc_layers = rc_layers or (None,)
-    n_layers = 0  # the model's layers (0: not known): block recomputation's counts and the default stage counts
-    if pp is None or any(n is not None for n in rc_layers):
+    # the model's layers (0: not known): block recomputation's counts and the default stage counts; ``n_layers`` given
+    # (a search of a model without a config: its graph's, graph_model_layers) is used as is
+    n_layers = int(n_layers or 0)
+    if not n_layers and (pp is None or any(n is not None for n in rc_layers)):
         from wattcast.simulate.distributed import model_config
 
         cfg = model_config(model)
@@ -649,7 +652,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     ratio, an in-node fabric faster than the GPU's own link), once per search. When nothing is evaluated (no
     strategy divides the job, or every one broke a rule: see ``rejected``), ``ranked`` and ``pareto`` are empty frames
     with the usual columns and ``best`` is None."""
-    from wattcast.featurize.workload import canonical_framework, checked_dtype, fp8_recipe_option, is_onnx_path
+    from wattcast.featurize.workload import canonical_framework, checked_dtype, fp8_recipe_option
     from wattcast.models.selection import current_folders
     from wattcast.simulate.distributed import model_config
 
@@ -732,10 +735,13 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                          f"framework megatron (--framework megatron), not {framework}")
     # the model, every cluster and the run's region are resolved before the first evaluation: a typo in the last of
     # them is not found after minutes of work
-    if is_onnx_path(model):
-        raise ValueError("search varies tensor parallelism, which needs the model's layer structure: give a Hugging Face "
-                         "config or a built-in name")
     hf = model_config(model)
+    graph_layers = None  # a model without a config (an ONNX file, a torch module): its graph's layers
+    if hf is None:
+        space = graph_model_space(model, space)
+        from wattcast.simulate.distributed import graph_model_layers
+
+        graph_layers = graph_model_layers(model, seq)
     if space.get("etp") is None and framework == "megatron" and hf is not None and hf.n_experts:
         # Megatron-Core's MoE recipes (Mixtral, DeepSeek-V3, Qwen3-MoE) run the experts without TP: the experts' own
         # degree 1 is tried beside the attention's (a candidate with tp 1 has only the one)
@@ -776,7 +782,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     # the clusters' and GPUs', each once (one GPU on two clusters: its peak-ratio note once)
     from wattcast.featurize.hf_config import model_warnings
 
-    warnings = list(dict.fromkeys([*repeats, *model_warnings(hf, seq), *(w for cl, spec in resolved for w in spec_notes(cl, spec)),
+    warnings = list(dict.fromkeys([*repeats, *(model_warnings(hf, seq) if hf is not None else ()), *(w for cl, spec in resolved for w in spec_notes(cl, spec)),
                                    *deepspeed_zero_search_notes(canonical_framework(framework), dtype,
                                                                 grad_accum_dtype,
                                                                 space.get("zero") or _choices("zero", None))]))
@@ -803,13 +809,18 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
-            cands = candidate_configs(model, cl, gpus, batch, seq, **space)
+            cands = candidate_configs(model, cl, gpus, batch, seq, **space, n_layers=graph_layers)
             if overlaps:
                 cands = [replace(c, **candidate_overlaps(c, overlaps)) for c in cands]
             generated.extend(cands)
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, step=step, tokens=tokens, footprint_kw=run_kw[cl.name],
-                       fp8_param_gather=bool(fp8_param_gather), n_layers=hf.total_layers, n_heads=hf.n_heads,
-                       n_kv_heads=hf.n_kv_heads, ffn=hf.ffn, n_experts=hf.n_experts, folders=folders)
+                       fp8_param_gather=bool(fp8_param_gather),
+                       # a model without a config: its graph's layers, and no heads, width or experts (as
+                       # predict_distributed gives resolve_parallel)
+                       n_layers=hf.total_layers if hf is not None else graph_layers,
+                       n_heads=hf.n_heads if hf is not None else None,
+                       n_kv_heads=hf.n_kv_heads if hf is not None else None, ffn=hf.ffn if hf is not None else None,
+                       n_experts=hf.n_experts if hf is not None else None, folders=folders)
             if not cands:
                 why_none[cl.name] = why_no_candidates(cl, gpus, batch, seq, space, job.rules())
             else:
@@ -875,6 +886,30 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
                         dropped_values(asked, outcomes, generated, skipped, max_configs), [cl.name for cl, _ in resolved])
+
+
+def graph_model_space(model, space: dict) -> dict:
+    """The checked search ``space`` of a model without a config (an ONNX file, a torch module or ExportedProgram):
+    its graph has no attention heads, MLP width or experts to split (``predict_cluster`` refuses tensor and expert
+    parallelism for it, and context parallelism needs a decoder config), so the space must hold tp 1 only, given
+    explicitly (``--tp 1``: the default space varies tp), and cp / ep 1 where given (ValueError naming each flag).
+    Returned with cp and ep 1 where not given; data and pipeline parallelism, ZeRO, micro-batches and recomputation
+    are searched as for any model (the pipeline's stages over the graph's own layers)."""
+    from wattcast.featurize.workload import is_onnx_path
+
+    what = "an ONNX model" if is_onnx_path(model) else "a model given as a graph (not a config)"
+    need = []
+    if tuple(space.get("tp") or ()) != (1,):
+        need.append("--tp 1 (tp=1)" if space.get("tp") is None else
+                    f"--tp 1 (tp=1) instead of tp {', '.join(map(str, space['tp']))}")
+    for k, flag in (("cp", "--cp"), ("ep", "--ep")):
+        if space.get(k) is not None and tuple(space[k]) != (1,):
+            need.append(f"{flag} 1 ({k}=1) instead of {k} {', '.join(map(str, space[k]))}")
+    if need:
+        raise ValueError(f"{what} has no layer structure to split (attention heads, MLP width, experts, a decoder's "
+                         "sequence): search varies data and pipeline parallelism, ZeRO, micro-batch and recomputation "
+                         "for it, not tensor, context or expert parallelism: give " + " and ".join(need))
+    return dict(space, cp=(1,), ep=(1,))
 
 
 def checked_memory_headroom_gb(value) -> float:

@@ -965,6 +965,15 @@ def model_config(model) -> HFConfig | None:
     return None
 
 
+def graph_model_layers(model, seq: int) -> int:
+    """Transformer layers of a model without a config (an ONNX file, a torch module): its training graph's
+    ``meta["n_layers"]`` (1 when it names none), as :func:`schedule_context` counts them (the layer assignment is the
+    import's, whatever the step's dtype or optimizer); the probe runs one sequence of ``seq`` tokens, an ONNX file with
+    fixed dims its own batch. What a search gives ``resolve_parallel`` and the pipeline's default stage counts."""
+    opts = StepOptions(batch=None if is_onnx_path(model) else 1, seq=seq, mode="train")
+    return int(step_graph(model, opts).meta.get("n_layers", 1))
+
+
 #: global tokens of one step (batch x seq) a prediction takes: int64, what tables and JSON readers hold
 MAX_GLOBAL_TOKENS = 2**63 - 1
 
