@@ -838,10 +838,40 @@ def _check_activation(raw: Mapping[str, Any], family: str, act: str | None, orig
         key, value = _alias(raw, "activation"), raw.get(_alias(raw, "activation"))
     name = value.strip().lower()
     if family == "switch":
-        name = name.removeprefix("gated-")  # T5 / Switch's feed_forward_proj: "gated-gelu" is a gated GELU
+        name = name.removeprefix("gated-")  # (Switch's: SwitchTransformersConfig reads dense_act_fn only)
     if name not in ACTIVATIONS:
         raise GraphError(f"{origin}: field '{key}' is {value!r}, an activation wattcast does not cost; expected one of "
                          f"{', '.join(ACTIVATIONS)}")
+
+
+def t5_feed_forward(raw: Mapping[str, Any], origin: str) -> tuple[str, bool]:
+    """(activation, gated) of a ``t5`` config's feed-forward blocks, as T5Config derives them (transformers 5.24.0
+    models/t5/configuration_t5.py): ``feed_forward_proj`` (l.55, default "relu") is "ACT" or "gated-ACT" (l.86-94
+    refuses any other form); l.68-70 ``dense_act_fn = act_info[-1]``, ``is_gated_act = act_info[0] == "gated"``, l.73-74
+    "gated-gelu" runs "gelu_new"; a ``dense_act_fn`` / ``is_gated_act`` the file saves (T5 v1.1 and Flan-T5 write both)
+    is set over them afterwards (configuration_utils.py l.499-505: leftover keys are ``setattr``). A gated block is
+    T5DenseGatedActDense (modeling_t5.py l.98-123: ``wi_0``, ``wi_1``, ``act(wi_0(x)) * wi_1(x)``, ``wo``), else
+    T5DenseActDense (l.76-82: ``wi``, ``act``, ``wo``): T5LayerFF l.130-133 picks by ``is_gated_act``. An activation
+    wattcast does not cost is refused naming its field."""
+    from wattcast.featurize.hf_blocks import ACTIVATIONS
+
+    proj = raw.get("feed_forward_proj", "relu")
+    if proj is None:
+        proj = "relu"
+    parts = proj.strip().lower().split("-") if isinstance(proj, str) else []
+    if not parts or not all(parts) or len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise GraphError(f"{origin}: field 'feed_forward_proj' is {proj!r}: T5Config expects 'ACT' or 'gated-ACT' "
+                         "(e.g. 'relu', 'gated-gelu')")
+    act = "gelu_new" if parts == ["gated", "gelu"] else parts[-1]
+    if raw.get("dense_act_fn") is not None:
+        act = raw["dense_act_fn"].strip().lower() if isinstance(raw["dense_act_fn"], str) else raw["dense_act_fn"]
+        if not isinstance(act, str) or not act:
+            raise GraphError(f"{origin}: field 'dense_act_fn' must be an activation name, got {raw['dense_act_fn']!r}")
+    if act not in ACTIVATIONS:
+        key = "dense_act_fn" if raw.get("dense_act_fn") is not None else "feed_forward_proj"
+        raise GraphError(f"{origin}: field '{key}' is {raw.get(key)!r}, an activation wattcast does not cost; expected "
+                         f"one of {', '.join(ACTIVATIONS)}")
+    return act, bool_field(raw, "is_gated_act", origin, parts[0] == "gated")
 
 
 def _alias(raw: Mapping[str, Any], key: str) -> str:
@@ -971,7 +1001,10 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         ffn = default_ffn_width(mt, hidden, origin)
     maxpos = m.max_positions or 0  # 0 = not given (no limit known)
     act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()
-    _check_activation(raw, family, act if m.activation else None, origin)
+    if mt == "t5":  # T5Config derives the activation (and the gate) from feed_forward_proj: t5_feed_forward
+        act = t5_feed_forward(raw, origin)[0]
+    else:
+        _check_activation(raw, family, act if m.activation else None, origin)
     cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=m.n_layers, n_heads=heads, n_kv_heads=kv,
                    head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw),
                    wrapper=wrapper)
