@@ -60,3 +60,104 @@ def test_t5_gate_follows_feed_forward_proj_and_the_saved_is_gated_act():
         load_hf_config({**base, "feed_forward_proj": "gelu-gated"})
     with pytest.raises(GraphError, match="field 'feed_forward_proj' is 'gated-frobnicate'"):
         load_hf_config({**base, "feed_forward_proj": "gated-frobnicate"})
+
+
+#: google/gemma-3-12b's text_config (hidden 3840, 16 heads, 8 KV heads, 48 layers; no head_dim) with its vocabulary
+GEMMA3_12B_TEXT = {"model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360,
+                   "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8,
+                   "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+                   "vocab_size": 262208, "_name_or_path": "gemma3-12b-text"}
+#: Gemma 3 12B's language model by hand, head_dim 256: embedding 262,208 x 3,840 (tied) + 48 x (q 3,840 x 4,096,
+#: k and v 3,840 x 2,048 each, o 4,096 x 3,840, gate/up/down 3 x 3,840 x 15,360, four 3,840 norms, q/k norms 2 x 256)
+#: + the final norm
+GEMMA3_12B_TEXT_PARAMS = 262208 * 3840 + 48 * (2 * 3840 * 4096 + 2 * 3840 * 2048 + 3 * 3840 * 15360 + 4 * 3840
+                                               + 2 * 256) + 3840
+#: mistralai/Mistral-7B-v0.1 (the sizes)
+MISTRAL_7B = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+              "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+              "tie_word_embeddings": False, "_name_or_path": "mistral"}
+
+
+def _notes(cfg: dict) -> list[str]:
+    from wattcast.featurize.hf_config import config_warnings
+
+    return config_warnings(load_hf_config(cfg))
+
+
+def test_gemma_without_head_dim_takes_the_config_class_default_256_not_hidden_over_heads():
+    """GemmaConfig, Gemma2Config and Gemma3TextConfig default head_dim to 256 (transformers 5.24.0); Gemma 3 12B's
+    text_config gives none: q_proj is 3,840 -> 4,096 and the model 11,766,034,176 parameters. hidden / heads (240)
+    made it 11,624,474,880, silently."""
+    assert GEMMA3_12B_TEXT_PARAMS == 11_766_034_176
+    cfg = load_hf_config(GEMMA3_12B_TEXT)
+    assert cfg.head_dim == 256
+    assert _graph(GEMMA3_12B_TEXT).param_count == GEMMA3_12B_TEXT_PARAMS
+    notes = [w for w in _notes(GEMMA3_12B_TEXT) if "head_dim" in w]
+    assert len(notes) == 1 and "head_dim 256" in notes[0] and "Gemma3TextConfig" in notes[0]
+    # given, it is read and no note is made
+    assert not [w for w in _notes({**GEMMA3_12B_TEXT, "head_dim": 256}) if "head_dim" in w]
+    for mt in ("gemma", "gemma2"):
+        assert load_hf_config({**GEMMA3_12B_TEXT, "model_type": mt}).head_dim == 256
+
+
+@pytest.mark.parametrize("model_type, kv, cls", [("gemma2", 4, "Gemma2Config"), ("gemma3_text", 4, "Gemma3TextConfig"),
+                                                 ("mistral", 8, "MistralConfig"), ("mixtral", 8, "MixtralConfig"),
+                                                 ("qwen3_moe", 4, "Qwen3MoeConfig")])
+def test_missing_key_value_heads_take_the_config_class_default(model_type, kv, cls):
+    """Gemma2Config / Gemma3TextConfig default num_key_value_heads to 4, MistralConfig and MixtralConfig to 8,
+    Qwen3MoeConfig to 4: a config without the field is grouped-query attention, not one key/value head per query
+    head. Mistral 7B without it has its 7,241,732,096 parameters (it was 8,047,038,464, multi-head)."""
+    cfg = {**MISTRAL_7B, "model_type": model_type, **({"moe_intermediate_size": 768} if model_type == "qwen3_moe" else {})}
+    del cfg["num_key_value_heads"]
+    assert load_hf_config(cfg).n_kv_heads == kv
+    notes = [w for w in _notes(cfg) if "num_key_value_heads" in w]
+    assert len(notes) == 1 and f"num_key_value_heads {kv}" in notes[0] and cls in notes[0]
+    if model_type == "mistral":
+        assert _graph(cfg).param_count == _graph(MISTRAL_7B).param_count == 7_241_732_096
+
+
+def test_classes_that_derive_the_field_as_the_generic_rule_stay_silent_and_a_qwen2_default_is_named():
+    """LlamaConfig and Phi3Config set a missing num_key_value_heads to the query heads, and derive head_dim as hidden
+    / heads: nothing filled, no note. Qwen2Config's default is 32 key/value heads: a 16-head config without the
+    field is refused, saying the 32 is the class's default (transformers would build 32 and fail to group them)."""
+    llama = {**MISTRAL_7B, "model_type": "llama"}
+    del llama["num_key_value_heads"]
+    cfg = load_hf_config(llama)
+    assert cfg.n_kv_heads == 32 and cfg.head_dim == 128 and not cfg.defaulted and not _notes(llama)
+    with pytest.raises(GraphError, match=r"16 attention heads .* not divisible by 32 key/value heads "
+                                         r"\(num_key_value_heads absent: Qwen2Config's default\)"):
+        load_hf_config({**llama, "model_type": "qwen2", "num_attention_heads": 16})
+    # Qwen3Config's head_dim default is 128, not hidden / heads (64 here)
+    assert load_hf_config({**llama, "model_type": "qwen3", "num_attention_heads": 64}).head_dim == 128
+
+
+def test_t5_without_d_kv_takes_t5configs_64():
+    """T5Config's d_kv is 64 whatever d_model / num_heads (mT5-small: d_model 512, 6 heads of 64): the attention is
+    6 x 64 = 384 wide; hidden / heads does not even divide (it was refused)."""
+    mt5_small = {k: v for k, v in T5_SMALL.items() if k != "d_kv"} | {"num_heads": 6}
+    cfg = load_hf_config(mt5_small)
+    assert cfg.head_dim == 64
+    assert any("d_kv 64" in w and "T5Config" in w for w in _notes(mt5_small))
+    assert _graph(mt5_small).param_count == _graph({**mt5_small, "d_kv": 64}).param_count
+
+
+def test_every_model_type_has_a_head_rule_and_a_type_without_one_takes_the_generic_rule_with_a_warning(monkeypatch):
+    """Each model_type wattcast builds has its config class's rule for the head size and the key/value heads
+    (CONFIG_CLASS_DEFAULTS; gpt-oss's agrees with GptOssConfig's table); a type without one falls back to hidden /
+    heads and one key/value head per query head, and the warnings name each field."""
+    from wattcast.featurize import hf_config as hc
+
+    for mt, family in hc.MODEL_TYPES.items():
+        assert hc.class_default(mt, "n_kv_heads") is not None, mt
+        if family not in hc.EVEN_HEAD_FAMILIES and family != "deepseek":
+            assert hc.class_default(mt, "head_dim") is not None, mt
+    assert hc.class_default("gpt_oss", "head_dim")[2] == hc.GPT_OSS_DEFAULTS["head_dim"]
+    assert hc.class_default("gemma3_text", "head_dim") == ("head_dim", "Gemma3TextConfig", 256)
+    monkeypatch.delitem(hc.CONFIG_CLASS_DEFAULTS, "gemma3_text")
+    cfg = {**GEMMA3_12B_TEXT}
+    del cfg["num_key_value_heads"]
+    loaded = load_hf_config(cfg)
+    assert loaded.head_dim == 240 and loaded.n_kv_heads == 16
+    notes = _notes(cfg)
+    assert any("no field 'head_dim'" in w and "240" in w and "generic rule" in w for w in notes)
+    assert any("no field 'num_key_value_heads'" in w and "16" in w and "generic rule" in w for w in notes)
