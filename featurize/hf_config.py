@@ -1028,15 +1028,22 @@ def position_warning(cfg: HFConfig, seq: int) -> str | None:
 #: multimodal wrappers whose language model is their ``text_config`` (transformers' Gemma3Config, Mistral3Config,
 #: Llama4Config: ``text_config`` a Gemma3TextConfig / MistralConfig / Llama4TextConfig, ``vision_config`` the vision
 #: tower's), and the text model_type their config class assumes when ``text_config`` names none
-MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text"}
+MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text",
+                       # LlavaConfig (transformers 5.24.0 models/llava/configuration_llava.py l.67): text_config
+                       # SubConfigSpec(config_class=AutoConfig, model_type="llama")
+                       "llava": "llama"}
 
 
 def unwrap_text_config(raw: Mapping[str, Any], origin: str
                        ) -> tuple[Mapping[str, Any], str | None, tuple[tuple[str, int, str], ...]]:
-    """(the language model's config, the wrapper's model_type or None, the fields filled in: none yet): a multimodal
-    wrapper's ``text_config`` (:data:`MULTIMODAL_WRAPPERS`, or any config of an unknown model_type that carries one)
-    is the model wattcast builds; the vision tower is not modelled (:func:`config_warnings` says so). A wrapper
-    without a ``text_config``, or whose text model_type is not one wattcast builds, is refused naming the fix."""
+    """(the language model's config, the wrapper's model_type or None, the fields filled in): a multimodal wrapper's
+    ``text_config`` (:data:`MULTIMODAL_WRAPPERS`, or any config of an unknown model_type that carries one) is the model
+    wattcast builds; the vision tower is not modelled (:func:`config_warnings` says so). The fields the text_config
+    leaves out take its text model_type's config class defaults (:data:`CONFIG_CLASS_DEFAULTS`), as transformers
+    builds the sub-config: Gemma 3 4B's text_config gives no heads and no vocabulary (Gemma3TextConfig's 8, 4 and
+    262,208), LLaVA-1.5's only the vocabulary and positions (LlamaConfig's 4,096 hidden, 32 layers, 32 heads); these
+    are returned as (field, value, config class) for the warning. A wrapper without a ``text_config``, or whose text
+    model_type is not one wattcast builds, is refused naming the fix."""
     if not isinstance(raw, Mapping):
         return raw, None, ()
     mt = str(raw.get("model_type", "")).strip().lower()
@@ -1053,7 +1060,13 @@ def unwrap_text_config(raw: Mapping[str, Any], origin: str
                          f"{text_mt!r}, which wattcast does not build (known types: {', '.join(sorted(MODEL_TYPES))})")
     # the wrapper's quantization_config describes the whole checkpoint: kept for its warning
     quant = {"quantization_config": raw["quantization_config"]} if raw.get("quantization_config") is not None else {}
-    return {**quant, **sub, "model_type": text_mt}, mt, ()
+    cls, defaults = CONFIG_CLASS_DEFAULTS.get(text_mt, (None, {}))
+    if defaults.get("hidden_size") and FFN_DEFAULTS.get(text_mt):  # the MLP width's class default (FFN_DEFAULTS) too
+        defaults = {**defaults, "intermediate_size": FFN_DEFAULTS[text_mt]}
+    filled = tuple((name, value, cls) for name, value in defaults.items()
+                   if value is not None and _KEY_OF_ALIAS.get(name) not in _HEAD_KEYS  # (normalise_config fills those)
+                   and not any(sub.get(a) is not None for a in ALIASES[_KEY_OF_ALIAS[name]]))
+    return {**quant, **sub, **{name: value for name, value, _ in filled}, "model_type": text_mt}, mt, filled
 
 
 def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str = "config") -> HFConfig:

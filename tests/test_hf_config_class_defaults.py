@@ -161,3 +161,74 @@ def test_every_model_type_has_a_head_rule_and_a_type_without_one_takes_the_gener
     notes = _notes(cfg)
     assert any("no field 'head_dim'" in w and "240" in w and "generic rule" in w for w in notes)
     assert any("no field 'num_key_value_heads'" in w and "16" in w and "generic rule" in w for w in notes)
+
+
+#: google/gemma-3-4b-it's config.json: the text_config gives no heads, key/value heads, head_dim nor vocabulary
+GEMMA3_4B_MM = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+                "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                                "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                                "sliding_window": 1024},
+                "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                                  "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                                  "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False},
+                "torch_dtype": "bfloat16", "_name_or_path": "gemma-3-4b-it"}
+#: google/gemma-3-12b-it's: heads and key/value heads given, no head_dim nor vocabulary
+GEMMA3_12B_MM = {"model_type": "gemma3", "text_config": {k: v for k, v in GEMMA3_12B_TEXT.items()
+                                                         if k not in ("vocab_size", "_name_or_path")},
+                 "vision_config": {"model_type": "siglip_vision_model"}, "_name_or_path": "gemma-3-12b-it"}
+#: llava-hf/llava-1.5-7b-hf's config.json: the text_config (Vicuna-7B v1.5, a Llama 2 7B) gives only its vocabulary
+#: and positions
+LLAVA15_7B = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "image_token_index": 32000,
+              "projector_hidden_act": "gelu", "tie_word_embeddings": False,
+              "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"],
+                              "max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05,
+                              "torch_dtype": "float16", "vocab_size": 32064},
+              "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+                                "model_type": "clip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 24,
+                                "patch_size": 14, "projection_dim": 768, "vocab_size": 32000},
+              "vocab_size": 32064, "_name_or_path": "llava-1.5-7b"}
+#: Gemma 3 4B's language model by hand (Gemma3TextConfig's 8 heads, 4 key/value heads of 256, vocabulary 262,208):
+#: embedding + 34 x (q and o 2,560 x 2,048, k and v 2,560 x 1,024, gate/up/down 3 x 2,560 x 10,240, four 2,560 norms,
+#: q/k norms 2 x 256) + the final norm: 3.88 B, Google's text share of the 4.3 B model
+GEMMA3_4B_TEXT_PARAMS = 262208 * 2560 + 34 * (2 * 2560 * 2048 + 2 * 2560 * 1024 + 3 * 2560 * 10240 + 4 * 2560
+                                              + 2 * 256) + 2560
+#: Llama-2-7B (6,738,415,616 with 32,000 tokens) with LLaVA's 32,064: 64 more rows in the embedding and the untied head
+LLAVA15_7B_TEXT_PARAMS = 6_738_415_616 + 2 * 64 * 4096
+
+
+@pytest.mark.parametrize("config, params", [(GEMMA3_4B_MM, GEMMA3_4B_TEXT_PARAMS),
+                                            (GEMMA3_12B_MM, GEMMA3_12B_TEXT_PARAMS),
+                                            (LLAVA15_7B, LLAVA15_7B_TEXT_PARAMS)])
+def test_published_multimodal_configs_fill_their_text_config_from_the_text_model_config_class(config, params):
+    """Gemma3Config builds its text_config as a Gemma3TextConfig and LlavaConfig as the AutoConfig of its model_type
+    (LlamaConfig): the fields the published files leave out are those classes' defaults. They were refused ("missing
+    n_heads", "missing vocab", "missing hidden"); now built, the language model's parameters as counted by hand,
+    with a warning naming every field filled and the vision tower's warning kept."""
+    assert GEMMA3_4B_TEXT_PARAMS == 3_880_263_168 and LLAVA15_7B_TEXT_PARAMS == 6_738_939_904
+    g = _graph(config)
+    assert g.param_count == params
+    warnings = g.meta["warnings"]
+    assert any("vision tower" in w for w in warnings)
+    cls = "LlamaConfig" if config is LLAVA15_7B else "Gemma3TextConfig"
+    filled = [w for w in warnings if "not in the text_config" in w]
+    assert len(filled) == 1 and cls in filled[0]
+    if config is GEMMA3_4B_MM:
+        for f in ("vocab_size 262,208", "num_attention_heads 8", "num_key_value_heads 4", "head_dim 256"):
+            assert f in filled[0]
+    if config is LLAVA15_7B:
+        for f in ("hidden_size 4,096", "num_hidden_layers 32", "num_attention_heads 32", "intermediate_size 11,008"):
+            assert f in filled[0]
+        assert "vocab_size" not in filled[0]  # given: kept (32,064)
+
+
+def test_text_config_fields_given_are_kept_and_llava_defaults_to_a_llama_text_model():
+    """A field the text_config gives is read as given (not the class's default); LlavaConfig's text_config without a
+    model_type is a LlamaConfig; a full text_config fills nothing."""
+    cfg = load_hf_config({**GEMMA3_4B_MM, "text_config": {**GEMMA3_4B_MM["text_config"], "num_attention_heads": 16,
+                                                         "num_key_value_heads": 8}})
+    assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab) == (16, 8, 256, 262208)
+    untyped = {**LLAVA15_7B, "text_config": {k: v for k, v in LLAVA15_7B["text_config"].items() if k != "model_type"}}
+    assert load_hf_config(untyped).model_type == "llama" and _graph(untyped).param_count == LLAVA15_7B_TEXT_PARAMS
+    full = {**LLAVA15_7B, "text_config": {**LLAVA15_7B["text_config"], "hidden_size": 4096, "intermediate_size": 11008,
+                                          "num_hidden_layers": 32, "num_attention_heads": 32}}
+    assert not load_hf_config(full).defaulted
