@@ -164,6 +164,104 @@ FFN_DEFAULTS: dict[str, int | None] = {
     "gpt2": None, "gpt": None, "megatron-gpt": None, "gpt3": None, "falcon": None, "refinedweb": None,
     "refinedwebmodel": None, "bloom": None, "mpt": None,
 }
+#: per model_type, transformers' config class and the defaults it gives the fields a config may leave out (transformers
+#: 5.24.0, ``models/<type>/configuration_<type>.py``, the line of each default cited), as the class builds the model.
+#: ``head_dim`` (T5's ``d_kv``) and ``num_key_value_heads``: a number is the class's default, filled in when a config
+#: omits the field (:func:`normalise_config`; the prediction's warnings list what was filled); None is "derived as
+#: wattcast's generic rule does" (head size hidden / heads, a key/value head per query head: the class sets them so, or
+#: the architecture has no such field). A model_type without an entry for one of the two takes the generic rule with a
+#: warning naming the field. The sizes (``vocab_size``, ``hidden_size``, ``num_hidden_layers``,
+#: ``num_attention_heads``, ``max_position_embeddings``) are filled only into a multimodal wrapper's ``text_config``
+#: (:func:`unwrap_text_config`): transformers writes a sub-config without the fields equal to its class's defaults, so
+#: the published Gemma 3 4B/12B/27B and LLaVA-1.5 files leave them out; a top-level config that omits one is refused,
+#: naming it. (The MLP width's defaults are :data:`FFN_DEFAULTS`.)
+CONFIG_CLASS_DEFAULTS: dict[str, tuple[str, dict[str, int | None]]] = {
+    # LlamaConfig l.63-70 (num_key_value_heads None, l.88-89: = num_attention_heads), l.83 head_dim None (l.87: hidden
+    # / heads)
+    "llama": ("LlamaConfig", {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+                              "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None,
+                              "max_position_embeddings": 2048}),
+    # MistralConfig l.62-70: num_key_value_heads 8, head_dim None (l.83), max_position_embeddings 4096 * 32
+    "mistral": ("MistralConfig", {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+                                  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None,
+                                  "max_position_embeddings": 131072}),
+    # MixtralConfig l.66-74: num_key_value_heads 8, head_dim None
+    "mixtral": ("MixtralConfig", {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+                                  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None,
+                                  "max_position_embeddings": 131072}),
+    # Qwen2Config l.60-67: num_key_value_heads 32 (None only if set null, l.84-85); no head_dim field (Qwen2Attention:
+    # getattr(config, "head_dim", hidden // heads))
+    "qwen2": ("Qwen2Config", {"vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 32,
+                              "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": None,
+                              "max_position_embeddings": 32768}),
+    # Qwen3Config l.61-69: num_key_value_heads 32, head_dim 128
+    "qwen3": ("Qwen3Config", {"vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 32,
+                              "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+                              "max_position_embeddings": 32768}),
+    # Qwen2MoeConfig l.78-85: num_key_value_heads 16, no head_dim field
+    "qwen2_moe": ("Qwen2MoeConfig", {"vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+                                     "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": None,
+                                     "max_position_embeddings": 32768}),
+    # Qwen3MoeConfig l.80-87: num_key_value_heads 4, no head_dim field (modeling_qwen3_moe.py l.129: getattr(config,
+    # "head_dim", hidden // heads))
+    "qwen3_moe": ("Qwen3MoeConfig", {"vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+                                     "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": None,
+                                     "max_position_embeddings": 32768}),
+    # Phi3Config l.60-70: num_key_value_heads None (l.83-84: = heads), no head_dim field
+    "phi3": ("Phi3Config", {"vocab_size": 32064, "hidden_size": 3072, "num_hidden_layers": 32,
+                            "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None,
+                            "max_position_embeddings": 4096}),
+    # GemmaConfig l.66-74: num_key_value_heads 16, head_dim 256
+    "gemma": ("GemmaConfig", {"vocab_size": 256000, "hidden_size": 3072, "num_hidden_layers": 28,
+                              "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+                              "max_position_embeddings": 8192}),
+    # Gemma2Config l.67-75: num_key_value_heads 4, head_dim 256
+    "gemma2": ("Gemma2Config", {"vocab_size": 256000, "hidden_size": 2304, "num_hidden_layers": 26,
+                                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                                "max_position_embeddings": 8192}),
+    # Gemma3TextConfig (models/gemma3/configuration_gemma3.py) l.73-81: num_key_value_heads 4, head_dim 256
+    "gemma3_text": ("Gemma3TextConfig", {"vocab_size": 262208, "hidden_size": 2304, "num_hidden_layers": 26,
+                                         "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                                         "max_position_embeddings": 131072}),
+    # GptOssConfig l.51-63: head_dim 64 (not hidden / heads: 2,880 / 64 would be 45), num_key_value_heads 8
+    "gpt_oss": ("GptOssConfig", {"vocab_size": 201088, "hidden_size": 2880, "num_hidden_layers": 36,
+                                 "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                                 "max_position_embeddings": 131072}),
+    # T5Config l.45 / SwitchTransformersConfig l.59: d_kv 64 (the attention is num_heads x d_kv wide, not d_model);
+    # no key/value-head field (every head has its keys and values)
+    "t5": ("T5Config", {"d_kv": 64, "num_key_value_heads": None}),
+    "switch_transformers": ("SwitchTransformersConfig", {"d_kv": 64, "num_key_value_heads": None}),
+    # FalconConfig l.75: num_kv_heads None (= heads; multi_query and new_decoder_architecture decide: normalise_config)
+    "falcon": ("FalconConfig", {"num_kv_heads": None}),
+    "refinedweb": ("FalconConfig", {"num_kv_heads": None}),
+    "refinedwebmodel": ("FalconConfig", {"num_kv_heads": None}),
+    # DeepseekV2Config l.80 num_key_value_heads None (= heads), DeepseekV3Config l.87 128 (l.119-120: None = heads):
+    # multi-head latent attention expands keys and values per query head (kv_b_proj), so wattcast keeps a key/value
+    # head per query head; the head size is v_head_dim (normalise_config)
+    "deepseek_v2": ("DeepseekV2Config", {"num_key_value_heads": None}),
+    "deepseek_v3": ("DeepseekV3Config", {"num_key_value_heads": None}),
+    # one key/value head per query head, the hidden size split evenly over the heads, by architecture (no such fields:
+    # GPT2Config, OPTConfig, BloomConfig, GPTNeoXConfig, MptConfig (attn_config: normalise_config), BertConfig; and
+    # Megatron-LM's GPT: --num-query-groups and --kv-channels default to heads and hidden / heads,
+    # megatron/training/arguments.py)
+    **{t: (c, {"num_key_value_heads": None}) for t, c in (
+        ("gpt2", "GPT2Config"), ("gpt", "Megatron-LM GPT"), ("megatron-gpt", "Megatron-LM GPT"),
+        ("gpt3", "Megatron-LM GPT"), ("opt", "OPTConfig"), ("bloom", "BloomConfig"), ("gpt_neox", "GPTNeoXConfig"),
+        ("mpt", "MptConfig"), ("bert", "BertConfig"))},
+}
+#: the fields of :data:`CONFIG_CLASS_DEFAULTS` filled into any config that omits them (the others only into a
+#: wrapper's text_config)
+_HEAD_KEYS = ("head_dim", "n_kv_heads")
+
+
+def class_default(model_type: str, key: str) -> tuple[str, str, int | None] | None:
+    """(the config field, the config class, its default: None when the class derives it as wattcast's generic rule)
+    of the normalised field ``key`` (an :data:`ALIASES` key) for ``model_type``; None when wattcast knows no rule."""
+    cls, defaults = CONFIG_CLASS_DEFAULTS.get(model_type, (None, {}))
+    name = next((a for a in ALIASES[key] if a in defaults), None)
+    return None if name is None else (name, cls, defaults[name])
+
+
 #: DeepSeek fields that may be 0 (no shared experts, no routed experts, no dense first blocks)
 _DEEPSEEK_ZERO_OK = ("n_shared_experts", "n_routed_experts", "first_k_dense_replace")
 #: the attention kinds of gpt-oss's ``layer_types``: a causal window of ``sliding_window`` keys, or the whole prefix
@@ -193,6 +291,9 @@ class HFConfig:
     raw: Mapping[str, Any] = field(default_factory=dict)
     #: the multimodal wrapper's model_type when the config was its ``text_config`` (:func:`unwrap_text_config`)
     wrapper: str | None = None
+    #: fields the config left out, as (field, value taken, config class): the class's default
+    #: (:data:`CONFIG_CLASS_DEFAULTS`), or wattcast's generic rule where the class is None (:func:`config_warnings`)
+    defaulted: tuple[tuple[str, int, str | None], ...] = ()
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)
@@ -463,6 +564,26 @@ def ignored_bias_fields(cfg: HFConfig) -> list[str]:
             if k not in read and cfg.raw.get(k) is True]
 
 
+def class_default_notes(cfg: HFConfig) -> list[str]:
+    """The warnings of the fields a config left out (``cfg.defaulted``): one naming those that took their config
+    class's default (:data:`CONFIG_CLASS_DEFAULTS`; a multimodal wrapper's text_config's fill included), one per field
+    that took wattcast's generic rule because no class default is known for the model_type."""
+    out = []
+    by_class = [(f, v, c) for f, v, c in cfg.defaulted if c is not None]
+    if by_class:
+        where = "the text_config" if cfg.wrapper else "the config"
+        classes = " / ".join(dict.fromkeys(c for _, _, c in by_class))
+        out.append(f"{cfg.name}: {', '.join(f'{f} {v:,}' for f, v, _ in by_class)}: not in {where}, so taken from "
+                   f"transformers' {classes} defaults (what transformers would build); give the field if the model's "
+                   "differs")
+    for f, v, c in cfg.defaulted:
+        if c is None:
+            rule = "hidden size / attention heads" if f == "head_dim" else "one per attention head (multi-head attention)"
+            out.append(f"{cfg.name}: no field '{f}' in the config and no known default of model_type {cfg.model_type!r}'s "
+                       f"config class for it: taken as {v:,} ({rule}), wattcast's generic rule; give the field")
+    return out
+
+
 def config_warnings(cfg: HFConfig) -> list[str]:
     """What the config asks for that the graph does not model as asked (predicted anyway; ``meta["warnings"]``,
     printed by the CLI): a Qwen-MoE config with ``use_sliding_window`` (costed without a window: which of its layers
@@ -473,6 +594,7 @@ def config_warnings(cfg: HFConfig) -> list[str]:
     ffn_note = ffn_default_note(cfg)
     if ffn_note:
         out.append(ffn_note)
+    out.extend(class_default_notes(cfg))
     given = layer_types(cfg)
     if given is not None and cfg.model_type == "gemma3_text" and any(
             cfg.raw.get(k) is not None for k in ("sliding_window_pattern", "_sliding_window_pattern")):
@@ -838,10 +960,40 @@ def _check_activation(raw: Mapping[str, Any], family: str, act: str | None, orig
         key, value = _alias(raw, "activation"), raw.get(_alias(raw, "activation"))
     name = value.strip().lower()
     if family == "switch":
-        name = name.removeprefix("gated-")  # T5 / Switch's feed_forward_proj: "gated-gelu" is a gated GELU
+        name = name.removeprefix("gated-")  # (Switch's: SwitchTransformersConfig reads dense_act_fn only)
     if name not in ACTIVATIONS:
         raise GraphError(f"{origin}: field '{key}' is {value!r}, an activation wattcast does not cost; expected one of "
                          f"{', '.join(ACTIVATIONS)}")
+
+
+def t5_feed_forward(raw: Mapping[str, Any], origin: str) -> tuple[str, bool]:
+    """(activation, gated) of a ``t5`` config's feed-forward blocks, as T5Config derives them (transformers 5.24.0
+    models/t5/configuration_t5.py): ``feed_forward_proj`` (l.55, default "relu") is "ACT" or "gated-ACT" (l.86-94
+    refuses any other form); l.68-70 ``dense_act_fn = act_info[-1]``, ``is_gated_act = act_info[0] == "gated"``, l.73-74
+    "gated-gelu" runs "gelu_new"; a ``dense_act_fn`` / ``is_gated_act`` the file saves (T5 v1.1 and Flan-T5 write both)
+    is set over them afterwards (configuration_utils.py l.499-505: leftover keys are ``setattr``). A gated block is
+    T5DenseGatedActDense (modeling_t5.py l.98-123: ``wi_0``, ``wi_1``, ``act(wi_0(x)) * wi_1(x)``, ``wo``), else
+    T5DenseActDense (l.76-82: ``wi``, ``act``, ``wo``): T5LayerFF l.130-133 picks by ``is_gated_act``. An activation
+    wattcast does not cost is refused naming its field."""
+    from wattcast.featurize.hf_blocks import ACTIVATIONS
+
+    proj = raw.get("feed_forward_proj", "relu")
+    if proj is None:
+        proj = "relu"
+    parts = proj.strip().lower().split("-") if isinstance(proj, str) else []
+    if not parts or not all(parts) or len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise GraphError(f"{origin}: field 'feed_forward_proj' is {proj!r}: T5Config expects 'ACT' or 'gated-ACT' "
+                         "(e.g. 'relu', 'gated-gelu')")
+    act = "gelu_new" if parts == ["gated", "gelu"] else parts[-1]
+    if raw.get("dense_act_fn") is not None:
+        act = raw["dense_act_fn"].strip().lower() if isinstance(raw["dense_act_fn"], str) else raw["dense_act_fn"]
+        if not isinstance(act, str) or not act:
+            raise GraphError(f"{origin}: field 'dense_act_fn' must be an activation name, got {raw['dense_act_fn']!r}")
+    if act not in ACTIVATIONS:
+        key = "dense_act_fn" if raw.get("dense_act_fn") is not None else "feed_forward_proj"
+        raise GraphError(f"{origin}: field '{key}' is {raw.get(key)!r}, an activation wattcast does not cost; expected "
+                         f"one of {', '.join(ACTIVATIONS)}")
+    return act, bool_field(raw, "is_gated_act", origin, parts[0] == "gated")
 
 
 def _alias(raw: Mapping[str, Any], key: str) -> str:
@@ -876,19 +1028,27 @@ def position_warning(cfg: HFConfig, seq: int) -> str | None:
 #: multimodal wrappers whose language model is their ``text_config`` (transformers' Gemma3Config, Mistral3Config,
 #: Llama4Config: ``text_config`` a Gemma3TextConfig / MistralConfig / Llama4TextConfig, ``vision_config`` the vision
 #: tower's), and the text model_type their config class assumes when ``text_config`` names none
-MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text"}
+MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text",
+                       # LlavaConfig (transformers 5.24.0 models/llava/configuration_llava.py l.67): text_config
+                       # SubConfigSpec(config_class=AutoConfig, model_type="llama")
+                       "llava": "llama"}
 
 
-def unwrap_text_config(raw: Mapping[str, Any], origin: str) -> tuple[Mapping[str, Any], str | None]:
-    """(the language model's config, the wrapper's model_type or None): a multimodal wrapper's ``text_config``
-    (:data:`MULTIMODAL_WRAPPERS`, or any config of an unknown model_type that carries one) is the model wattcast
-    builds; the vision tower is not modelled (:func:`config_warnings` says so). A wrapper without a ``text_config``,
-    or whose text model_type is not one wattcast builds, is refused naming the fix."""
+def unwrap_text_config(raw: Mapping[str, Any], origin: str
+                       ) -> tuple[Mapping[str, Any], str | None, tuple[tuple[str, int, str], ...]]:
+    """(the language model's config, the wrapper's model_type or None, the fields filled in): a multimodal wrapper's
+    ``text_config`` (:data:`MULTIMODAL_WRAPPERS`, or any config of an unknown model_type that carries one) is the model
+    wattcast builds; the vision tower is not modelled (:func:`config_warnings` says so). The fields the text_config
+    leaves out take its text model_type's config class defaults (:data:`CONFIG_CLASS_DEFAULTS`), as transformers
+    builds the sub-config: Gemma 3 4B's text_config gives no heads and no vocabulary (Gemma3TextConfig's 8, 4 and
+    262,208), LLaVA-1.5's only the vocabulary and positions (LlamaConfig's 4,096 hidden, 32 layers, 32 heads); these
+    are returned as (field, value, config class) for the warning. A wrapper without a ``text_config``, or whose text
+    model_type is not one wattcast builds, is refused naming the fix."""
     if not isinstance(raw, Mapping):
-        return raw, None
+        return raw, None, ()
     mt = str(raw.get("model_type", "")).strip().lower()
     if mt in MODEL_TYPES or (mt not in MULTIMODAL_WRAPPERS and not isinstance(raw.get("text_config"), Mapping)):
-        return raw, None
+        return raw, None, ()
     sub = raw.get("text_config")
     if not isinstance(sub, Mapping):
         raise GraphError(f"{origin}: model_type {mt!r} is a multimodal wrapper (its language model is in 'text_config', "
@@ -900,14 +1060,21 @@ def unwrap_text_config(raw: Mapping[str, Any], origin: str) -> tuple[Mapping[str
                          f"{text_mt!r}, which wattcast does not build (known types: {', '.join(sorted(MODEL_TYPES))})")
     # the wrapper's quantization_config describes the whole checkpoint: kept for its warning
     quant = {"quantization_config": raw["quantization_config"]} if raw.get("quantization_config") is not None else {}
-    return {**quant, **sub, "model_type": text_mt}, mt
+    cls, defaults = CONFIG_CLASS_DEFAULTS.get(text_mt, (None, {}))
+    if defaults.get("hidden_size") and FFN_DEFAULTS.get(text_mt):  # the MLP width's class default (FFN_DEFAULTS) too
+        defaults = {**defaults, "intermediate_size": FFN_DEFAULTS[text_mt]}
+    filled = tuple((name, value, cls) for name, value in defaults.items()
+                   if value is not None and _KEY_OF_ALIAS.get(name) not in _HEAD_KEYS  # (normalise_config fills those)
+                   and not any(sub.get(a) is not None for a in ALIASES[_KEY_OF_ALIAS[name]]))
+    return {**quant, **sub, **{name: value for name, value, _ in filled}, "model_type": text_mt}, mt, filled
 
 
 def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str = "config") -> HFConfig:
     """Validate ``raw`` on :class:`HFConfigModel`, normalise field aliases and derive what the config leaves out
     (head size, key/value heads, MLP width); :class:`GraphError` naming the field on bad input. A multimodal
     wrapper's ``text_config`` is read in its place (:func:`unwrap_text_config`)."""
-    raw, wrapper = unwrap_text_config(raw, origin)
+    raw, wrapper, filled = unwrap_text_config(raw, origin)
+    defaulted = list(filled)
     if wrapper:
         origin = f"{origin} (text_config)"
     try:
@@ -917,8 +1084,13 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
     mt, hidden, heads = m.model_type, m.hidden, m.n_heads
     family = MODEL_TYPES[mt]
     hd = m.head_dim
-    if hd is None and family == "gpt_oss":  # GptOssConfig's default, not hidden / heads
-        hd = GPT_OSS_DEFAULTS["head_dim"]
+    generic_hd = False
+    if hd is None and family not in EVEN_HEAD_FAMILIES and family != "deepseek":
+        rule = class_default(mt, "head_dim")  # the config class's default (Gemma's 256, gpt-oss's 64), not hidden / heads
+        if rule is not None and rule[2] is not None:
+            hd = rule[2]
+            defaulted.append((rule[0], hd, rule[1]))
+        generic_hd = rule is None
     if hd is None and family == "deepseek":
         # multi-head latent attention sizes its heads by qk_nope + qk_rope (queries, keys) and v_head_dim (values):
         # the hidden size need not divide by the heads; the nominal head size is the value head's
@@ -932,12 +1104,21 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
                              f"splits the hidden size {hidden} evenly over its {heads} heads: {hidden // heads} each "
                              f"(transformers does not read the field); remove it or make it {hidden // heads}")
         hd = hidden // heads
+        if generic_hd:  # no known rule of the model_type's class: wattcast's own, said in the warnings
+            defaulted.append(("head_dim", hd, None))
     if heads * hd > MAX_WIDTH:
         raise GraphError(f"{origin}: field '{_alias(raw, 'n_heads')}' ({heads:,}) x head size {hd:,} is {heads * hd:,}: "
                          f"the attention's projections that wide, over {MAX_WIDTH:,}, wider than any published model's; "
                          "wattcast refuses it as a likely typo")
-    kv = heads if m.n_kv_heads is None else m.n_kv_heads
+    kv = m.n_kv_heads
     kv_key = _alias(raw, "n_kv_heads")  # (for messages: the field kv was read from)
+    if kv is None:  # the config class's default (Mistral's 8, Gemma 2/3's 4), else one per query head
+        rule = class_default(mt, "n_kv_heads")
+        kv = heads if rule is None or rule[2] is None else rule[2]
+        if rule is None or rule[2] is not None:
+            defaulted.append((kv_key if rule is None else rule[0], kv, None if rule is None else rule[1]))
+        if rule is not None and rule[2] is not None:
+            kv_key = f"{rule[0]} absent: {rule[1]}'s default"
     ffn = m.ffn
     if family == "mpt":  # MosaicML MPT: nested attention options and an MLP expansion ratio
         attn = raw.get("attn_config")
@@ -971,10 +1152,13 @@ def normalise_config(raw: Mapping[str, Any], *, name: str = "model", origin: str
         ffn = default_ffn_width(mt, hidden, origin)
     maxpos = m.max_positions or 0  # 0 = not given (no limit known)
     act = (m.activation or ("gelu_new" if family == "gpt2" else "gelu")).lower()
-    _check_activation(raw, family, act if m.activation else None, origin)
+    if mt == "t5":  # T5Config derives the activation (and the gate) from feed_forward_proj: t5_feed_forward
+        act = t5_feed_forward(raw, origin)[0]
+    else:
+        _check_activation(raw, family, act if m.activation else None, origin)
     cfg = HFConfig(model_type=mt, family=family, hidden=hidden, n_layers=m.n_layers, n_heads=heads, n_kv_heads=kv,
                    head_dim=hd, ffn=ffn, vocab=m.vocab, max_positions=maxpos, activation=act, name=name, raw=dict(raw),
-                   wrapper=wrapper)
+                   wrapper=wrapper, defaulted=tuple(defaulted))
     # the rules over several fields, on the normalised config
     _check_size(cfg, raw, origin)
     if family == "mixtral" and cfg.n_experts:

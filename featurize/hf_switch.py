@@ -15,7 +15,7 @@ as long as the encoder input (``seq``); training adds cross-entropy over the dec
 
 from __future__ import annotations
 
-from wattcast.featurize.hf_config import HFConfig
+from wattcast.featurize.hf_config import HFConfig, t5_feed_forward
 from wattcast.featurize.hf_blocks import (activation, local_heads, merge_heads, padded_vocab, rms_norm_eager, vocab_embedding,
                                           vocab_shard_params)
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, Tensor, attention_pair_share
@@ -75,8 +75,15 @@ def _attention(b: GraphBuilder, cfg: HFConfig, x: Tensor, kv: Tensor | None, bia
 def _dense_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str, *, tp_region: bool = True) -> Tensor:
     if tp_region:
         x = b.tp_enter(x, name=f"{prefix}.enter")
-    y = b.linear(x, cfg.ffn, bias=False, name=f"{prefix}.wi", parallel="col")
-    y = activation(b, y, cfg.activation.replace("gated-", ""))
+    if cfg.model_type == "t5" and t5_feed_forward(cfg.raw, cfg.name)[1]:
+        # T5DenseGatedActDense (T5 v1.1, Flan-T5, mT5; transformers 5.24.0 models/t5/modeling_t5.py l.98-123):
+        # act(wi_0(x)) * wi_1(x), two input projections d_model -> d_ff
+        g = activation(b, b.linear(x, cfg.ffn, bias=False, name=f"{prefix}.wi_0", parallel="col"), cfg.activation)
+        up = b.linear(x, cfg.ffn, bias=False, name=f"{prefix}.wi_1", parallel="col")
+        y = b.elementwise("mul", g, up, name=f"{prefix}.gate")
+    else:  # T5DenseActDense (modeling_t5.py l.76-82) and SwitchTransformersDenseActDense: act(wi(x))
+        y = b.linear(x, cfg.ffn, bias=False, name=f"{prefix}.wi", parallel="col")
+        y = activation(b, y, cfg.activation.replace("gated-", ""))
     y = b.dropout(y, cfg.fraction("dropout_rate", default=0.1), name=f"{prefix}.dropout")
     y = b.linear(y, cfg.hidden, bias=False, name=f"{prefix}.wo", parallel="row")
     return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
