@@ -721,7 +721,8 @@ def _moe_vllm_fused(cfg: HFConfig, b: GraphBuilder, flat: Tensor, logits: Tensor
       block of rows; the padding is not costed: masked rows of a weight-bound kernel read no extra weights);
     - ``invoke_fused_moe_kernel`` for w13 (gate and up fused, 2 x ffn / tp columns): ONE launch over every routed
       pair, each active expert's weights read once (:meth:`GraphBuilder.grouped_linear`: one batched GEMM of
-      B = active experts, M = their routed rows each; :func:`active_local_experts` of n (1 - (1 - k/n)^t) hit);
+      B = active experts, M = their mean routed rows, B x M = the t x k pairs (:func:`expert_row_split`);
+      :func:`active_local_experts` of n (1 - (1 - k/n)^t) hit);
     - ``silu_and_mul``: one kernel, (t k, 2 ffn / tp) -> (t k, ffn / tp);
     - ``invoke_fused_moe_kernel`` for w2 (ffn / tp -> hidden, the routing weights multiplied in its epilogue,
       ``mul_routed_weight``): one launch;
@@ -743,14 +744,14 @@ def _moe_vllm_fused(cfg: HFConfig, b: GraphBuilder, flat: Tensor, logits: Tensor
     b.opaque("moe.align_block_size", [w], (t * top_k,), flops=float(t * top_k), op_class="other", grad=False,
              bytes_=float(3 * t * top_k * 4))
     rows = max(1, round(t * top_k * b.moe_load))  # the routed (token, expert) pairs
-    active = active_local_experts(n_exp, top_k, t, 1)
-    per = max(1, round(rows / active))
+    active = min(active_local_experts(n_exp, top_k, t, 1), rows)
     with b.expert_tp():
         x = b.tp_enter(flat, name="moe.enter")
-        gu = b.grouped_linear(x, active, per, 2 * ffn, name="moe.experts.w13", parallel="col")
+        # all ``rows`` pairs over the active experts (expert_row_split): one launch, its rows summed over the groups
+        gu = b.grouped_linear(x, active, rows, 2 * ffn, name="moe.experts.w13", parallel="col")
         with b.tag("moe_act"):
             y = b.glu(gu, name="moe.silu_and_mul")
-        y = b.grouped_linear(y, active, per, h, name="moe.experts.w2", parallel="row")
+        y = b.grouped_linear(y, active, rows, h, name="moe.experts.w2", parallel="row")
         ffn_local = gu.shape[-1] // 2  # this rank's share of each expert's intermediate dim
         # the idle experts' w13 (h x 2 ffn_local) and w2 (ffn_local x h): resident on this rank, not read
         b.own_params(gu, (n_exp - active) * h * 2 * ffn_local)
@@ -839,6 +840,7 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
     # the tokens whose choices reach this rank's experts: every expert-parallel rank's, after the expert-TP gather
     # (padded to capacity: every local expert, on its capacity's rows)
     active = local if b.moe_pad else active_local_experts(n_exp, top_k, tokens * (rows // received) * b.ep, b.ep)
+    active = min(active, rows)  # an expert that runs takes at least one of the rank's rows
     # the received rows come grouped by source rank: Megatron-Core's dispatcher re-sorts them by local expert
     # (sort_chunks_by_idxs) before the grouped GEMM, and back before the combine
     sort_chunks = megatron and b.ep > 1 and local > 1
@@ -846,9 +848,8 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
         routed = b.copy(routed, name="moe.sort_chunks")
     if megatron and expert is None:
         b.contiguous_grad(routed)  # the grouped GEMM's input gradient is one buffer
-    per = _rows_per_active_expert(rows, active, local, b.ep, n_exp)
     outs = []
-    for e in range(active):
+    for e, per in enumerate(expert_row_split(rows, active)):
         mark = b.node_mark
         with b.scope(f"moe.experts.{e}"):
             if megatron and expert is not None:  # Megatron-Core's SequentialMLP: each local expert on its contiguous rows
@@ -868,12 +869,18 @@ def _moe_experts(cfg: HFConfig, b: GraphBuilder, routed: Tensor, n_exp: int, ffn
     return b.tp_exit(combined, name="moe.exit", fp8_grad=False)  # the dispatcher's gather, in bf16
 
 
-def _rows_per_active_expert(rows: int, active: int, local: int, ep: int, n_exp: int) -> int:
-    """Rows each running local expert receives: the balanced share ``rows x ep / n_experts`` when every local expert
-    runs (the formula as before, so training graphs are unchanged), else the rank's ``rows`` over the ``active``
-    experts (the expected rows of an expert given it was hit, T k / (n P(hit))); rounded to nearest, at least one.
-    ``active x per`` may differ from ``rows`` by the rounding, as the balanced share always could."""
-    return max(1, round(rows * ep / n_exp)) if active == local else max(1, round(rows / active))
+def expert_row_split(rows: int, active: int) -> list[int]:
+    """The rows each of a rank's ``active`` running experts takes of the ``rows`` (token, expert) pairs it received:
+    ``rows // active`` each and one more on the first ``rows % active``, so that they add up to ``rows`` exactly (every
+    routed pair is computed once; per-expert rounding did not conserve them: Qwen3-30B-A3B's 16 tokens x top-8 = 128
+    pairs over 82 experts came out 164 rows, gpt-oss-120b's 512 over 126 experts 504). Every local expert running
+    (a training micro-batch, T k >> n): ``rows x ep / n_experts`` each when that divides, the balanced share; the
+    busiest rank's or the padded rows (``b.moe_load``, :func:`padded_expert_rows`) split the same way. Balanced:
+    which experts take the extra row is not modelled (the first ones, the same kernels either way)."""
+    if active < 1 or rows < active:
+        raise GraphError(f"{rows} routed rows cannot keep {active} experts running (each takes at least one row)")
+    base, extra = divmod(int(rows), int(active))
+    return [base + 1] * extra + [base] * (active - extra)
 
 
 def _sequential_cat(b: GraphBuilder, outs: list[Tensor], rows: int, h: int, sequential: bool) -> Tensor:
@@ -940,10 +947,9 @@ def _moe_allgather(cfg: HFConfig, b: GraphBuilder, flat: Tensor, w: Tensor, n_ex
     b.opaque("moe.local_probs.masked_select", [probs_t, map_t], (rows,), flops=float(tg * local), op_class="other")
     with b.expert_tp():  # each expert's linears split over etp; no gather of their own
         # the gathered tokens reach this rank's experts (padded to capacity: all of them)
-        active = local if b.moe_pad else active_local_experts(n_exp, top_k, tg, b.ep)
-        per = max(1, round(rows / active))  # rows / local when every local expert runs
+        active = local if b.moe_pad else min(active_local_experts(n_exp, top_k, tg, b.ep), rows)
         outs = []
-        for e in range(active):
+        for e, per in enumerate(expert_row_split(rows, active)):  # rows / local each when every local expert runs
             mark = b.node_mark
             with b.scope(f"moe.experts.{e}"):
                 xe = Tensor((per, h), routed.dtype, routed.node, routed.tid)

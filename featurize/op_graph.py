@@ -653,23 +653,29 @@ class GraphBuilder:
     def grouped_linear(self, x: Tensor, groups: int, rows: int, out_features: int, *, name: str,
                        parallel: str | None = None) -> Tensor:
         """One fused grouped-GEMM launch over ``groups`` weight matrices (in_features = ``x.shape[-1]``, out_features,
-        split like :meth:`linear` by ``parallel``), each multiplying its own ``rows`` rows of ``x``: vLLM's fused MoE
-        kernel over the active experts (``featurize.hf_models._moe_vllm_fused``). Costed as one batched GEMM of B =
-        ``groups`` (each batch reads its own weights once: B x in x out weight elements, B x rows input and output
-        rows), by the same GEMM surrogate as every linear layer; one node, so one launch and one host cost. Its
-        parameters are the groups' weights (the caller adds the idle ones with :meth:`own_params`). Inference only:
-        no backward. Under an FP8 recipe the GEMM runs in FP8 (operands at 1 B) after one cast kernel of its input."""
+        split like :meth:`linear` by ``parallel``), which together multiply ``rows`` rows of ``x``, each group its own
+        share (vLLM's fused MoE kernel over the active experts, ``featurize.hf_models._moe_vllm_fused``: the routed
+        (token, expert) pairs, split ``rows // groups`` and one more as ``hf_models.expert_row_split`` does). Costed
+        as one batched GEMM of B = ``groups`` and M = ``rows / groups`` (the mean share, fractional when the split is
+        uneven, so that B x M is every row: the FLOPs 2 x rows x in x out and the bytes, each group's weights read once
+        and every row read and written, are exact), by the same GEMM surrogate as every linear layer; one node, so one
+        launch and one host cost. Its parameters are the groups' weights (the caller adds the idle ones with
+        :meth:`own_params`). Inference only: no backward. Under an FP8 recipe the GEMM runs in FP8 (operands at 1 B) after one cast kernel of its input."""
         if self.train:
             raise GraphError(f"{name}: the fused grouped GEMM is built for inference (no backward)")
         n, k = int(x.shape[-1]), self._local_out_features(name, out_features, parallel)
-        g, m, db = int(groups), int(rows), self.dbytes
+        g, db = int(groups), self.dbytes
+        if g < 1 or int(rows) < g:
+            raise GraphError(f"{name}: {int(rows)} rows cannot run {g} groups (each takes at least one row)")
+        m = int(rows) / g  # the mean rows of a group (B x M = rows)
         fp8 = self.gemm_dtype == "fp8"
         gb = DTYPE_BYTES["fp8"] if fp8 else db
         if fp8:  # the input's quantisation: one kernel reading the rows in the model's dtype, writing 1 B each
             self._add(f"{name}.fp8_cast", "fp8_cast", "", "proxy", [x], x.shape, flops=x.numel,
                       bytes_=x.numel * (db + gb), grad_inputs=[])
-        return self._add(name, "linear", "bmm", "surrogate", [x], (g * m, k), flops=2.0 * g * m * n * k,
-                         bytes_=g * ((m * n + n * k) * gb + m * k * db), params=g * n * k,
+        r = int(rows)
+        return self._add(name, "linear", "bmm", "surrogate", [x], (r, k), flops=2.0 * r * n * k,
+                         bytes_=g * n * k * gb + r * (n * gb + k * db), params=g * n * k,
                          node_dtype="fp8" if fp8 else None, grad_inputs=[], B=g, M=m, N=n, K=k)
 
     def _fp8_amax(self, name: str, x: Tensor, read_bytes: float) -> None:

@@ -44,12 +44,13 @@ def test_tp_group_runs_two_grouped_gemm_launches_per_moe_layer():
     active = active_local_experts(128, 8, 16, 1)
     assert active == 82  # 128 (1 - (1 - 8/128)^16) = 82.2
     w13, w2 = (gemms[gemms["name"] == f"moe.experts.{w}"].iloc[0] for w in ("w13", "w2"))
-    assert (w13.B, w13.M, w13.N, w13.K) == (active, round(16 * 8 / active), h, 2 * ffn // tp)
-    assert (w2.B, w2.M, w2.N, w2.K) == (active, round(16 * 8 / active), ffn // tp, h)
-    # each active expert's rank-local weights read once (bf16), plus the routed rows
-    m, k13, k2 = w13.M, 2 * ffn // tp, ffn // tp
-    assert w13.bytes == active * (h * k13 + m * h + m * k13) * 2
-    assert w2.bytes == active * (k2 * h + m * k2 + m * h) * 2
+    # M: the groups' mean rows, 16 x 8 / 82 (46 experts take 2 rows, 36 take 1: every routed pair once)
+    assert (w13.B, w13.M, w13.N, w13.K) == (active, pytest.approx(16 * 8 / active), h, 2 * ffn // tp)
+    assert (w2.B, w2.M, w2.N, w2.K) == (active, pytest.approx(16 * 8 / active), ffn // tp, h)
+    # each active expert's rank-local weights read once (bf16), plus the 128 routed rows
+    rows, k13, k2 = 16 * 8, 2 * ffn // tp, ffn // tp
+    assert w13.bytes == (active * h * k13 + rows * h + rows * k13) * 2
+    assert w2.bytes == (active * k2 * h + rows * k2 + rows * h) * 2
     # one all-reduce of the layer's (tokens, hidden) output after moe_sum
     coll = res.nodes[(res.nodes["layer"] == 1) & (res.nodes["name"] == "moe.exit.all_reduce")]
     assert len(coll) == 1 and coll["bytes"].iloc[0] == 16 * h * 2
