@@ -3258,8 +3258,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             # communication hidden beside a task's computation: its dynamic power on top of the computation's, and
             # under a power limit the computation's clock where the sum would exceed it (simulate.energy.overlap_power)
             # (no more than the computation: transfers beyond it, or side by side, are exposed or share its span)
-            st_f, xj_f = hidden_power(np.clip(t_f - (f - f_nc), 0.0, f_nc), "f")
-            st_b, xj_b = hidden_power(np.clip(t_b - (b - b_nc), 0.0, b_nc), "b")
+            hid_f, hid_b = np.clip(t_f - (f - f_nc), 0.0, f_nc), np.clip(t_b - (b - b_nc), 0.0, b_nc)
+            st_f, xj_f = hidden_power(hid_f, "f")
+            st_b, xj_b = hidden_power(hid_b, "b")
             f = f + st_f
             b = b + st_b
         keep = trace and not free
@@ -3388,6 +3389,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # F / B events last)
         work = dict(task_cmp_ms=rank_tasks((f_nc + st_f + b_nc + st_b) * n_micro),
                     task_extra_j=rank_tasks((xj_f + xj_b) * n_micro),
+                    task_hidden_ms=rank_tasks((hid_f + hid_b) * n_micro),
+                    task_stretch_ms=rank_tasks((np.zeros(n_chunks) + st_f + st_b) * n_micro),
                     after_cmp_ms=st_dp + st_g, after_extra_j=xj_dp + xj_g, task_f_ms=f, task_b_ms=b)
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events, work
 
@@ -3478,6 +3481,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                # parameter all-gather beside the first forward): its extra J and the ms it stretches
                                optimizer_power_w=float(e_opt_stage[s] / (opt_stage[s] / 1e3)) if opt_stage[s] > 0 else None,
                                hidden_comm_extra_j=float(after_j[s]), hidden_comm_stretch_ms=float(after_ms[s]),
+                               # the communication hidden inside the tasks (TP under --tp-comm-overlap, TE's async TP
+                               # backward, ...), over the step: its ms, the ms the board's cap adds to the tasks where
+                               # computation + its dynamic power would exceed it (energy.overlap_power), and the J it
+                               # adds to the computation's (in busy_power_w; dynamic power x ms where the cap does not bind)
+                               task_hidden_comm_ms=float(work["task_hidden_ms"][s]),
+                               task_hidden_comm_stretch_ms=float(work["task_stretch_ms"][s]),
+                               task_hidden_comm_extra_j=float(work["task_extra_j"][s]),
                                # the board's cap on computation + a hidden collective (energy.overlap_cap_w: the
                                # power limit, else the TDP), which no sample of the trace's counter goes above
                                overlap_cap_w=float(cap_w)))
