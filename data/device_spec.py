@@ -614,6 +614,17 @@ BANDWIDTH_RATIO_MARGIN_FP32 = 3.0
 _TENSOR_OVER_FP32_MIN = 3.0
 
 
+def has_matrix_units(spec: "DeviceSpec") -> bool:
+    """Whether ``spec``'s dense 16-bit peak (the larger of FP16 and BF16) is a tensor / matrix-unit rate, at least
+    :data:`_TENSOR_OVER_FP32_MIN` x its vector FP32 peak. Vector 16-bit math issues at most two FP16 ops per FP32 lane
+    (packed half2): P100 19.05 vs 9.52 TFLOP/s (2.0x); matrix units 3.9x and up (L4 121 vs 31.3 and L40S 362 vs 91.6,
+    Ada's dual-issue FP32; A10 / A40 4.0x; V100 / T4 8x; CDNA 8-16x; A100 16x; B200 30x). Of the catalog it excludes the
+    P100 and the P4 (no 16-bit peak)."""
+    fp32 = float(spec.peak_fp32_tflops or 0.0)
+    half = max(float(spec.peak_fp16_tflops or 0.0), float(spec.peak_bf16_tflops or 0.0))
+    return fp32 > 0 and half >= _TENSOR_OVER_FP32_MIN * fp32
+
+
 def _cut_down_tensor(bw: float, half: float, fp32: float) -> bool:
     """A part with tensor/matrix units (16-bit peak at least :data:`_TENSOR_OVER_FP32_MIN` x the FP32 one) whose
     bandwidth per dense 16-bit FLOP is beyond the catalog's most by more than the margin while per FP32 FLOP it is
@@ -786,9 +797,8 @@ def watts_per_dense_tflops(spec: "DeviceSpec") -> float | None:
     FP16, or none: P4); None without ``tdp_w``."""
     if not spec.tdp_w:
         return None
-    fp32 = float(spec.peak_fp32_tflops)
     half = max(float(spec.peak_fp16_tflops or 0), float(spec.peak_bf16_tflops or 0))
-    return float(spec.tdp_w) / (half if half >= _TENSOR_OVER_FP32_MIN * fp32 else fp32)
+    return float(spec.tdp_w) / (half if has_matrix_units(spec) else float(spec.peak_fp32_tflops))
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,7 +16,8 @@ from wattcast.models.gemm_floor import (POOLED_MEMBER, ceiling_log_ratio, check_
                                        row_ceilings)
 from wattcast.models.kernel_bundle import BundleError, KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import predict_kernels
-from wattcast.training.gemm_floor import (CEILING_QUANTILE, ceiling_table, fit_ceiling_member, has_matrix_units,
+from wattcast.data.device_spec import has_matrix_units
+from wattcast.training.gemm_floor import (CEILING_QUANTILE, ceiling_table, fit_ceiling_member,
                                           mamf_ceilings, vendor_ceilings)
 
 ENTRY = {"ceilings": {"A": {"bf16": 0.8, "fp8": 0.7}}, "vendor_ceilings": {"nvidia": 0.85, "amd": 0.6},

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import DeviceSpec
+from wattcast.data.device_spec import DeviceSpec, has_matrix_units
 from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.data.kernel_ops import DTYPE_BYTES, MATMUL_OUT_BYTES
 from wattcast.models.gemm_floor import (FLOOR_BLEND_GFLOP, POOLED_MEMBER, PREDICT_SOURCE, blend_weight,
@@ -214,24 +214,10 @@ def ceiling_table(rows: pd.DataFrame, t_roof_ms: np.ndarray, mamf: np.ndarray) -
     return out
 
 
-#: a device has matrix units (tensor / matrix cores) for 16-bit GEMMs where its dense FP16/BF16 peak is at least this
-#: multiple of its (vector) FP32 peak. Vector 16-bit math issues at most two FP16 ops per FP32 lane (packed half2):
-#: P100 19.05 vs 9.52 TFLOP/s (2.0x, data/devices/Tesla-P100-PCIe-16GB.yaml); matrix units 3.9x
-#: and up (catalog: L4 121 vs 31.3 and L40S 362 vs 91.6, Ada's dual-issue FP32; A10/A40 4.0x; V100/T4 8x; CDNA 8-16x;
-#: A100 16x; B200 30x). Of the catalog it excludes the P100 (and the P4, which lists no 16-bit peak).
-MATRIX_UNIT_MIN_PEAK_RATIO = 3.0
-
-
-def has_matrix_units(spec: DeviceSpec) -> bool:
-    """Whether ``spec``'s 16-bit peak is a matrix-unit rate (:data:`MATRIX_UNIT_MIN_PEAK_RATIO`), not a vector one."""
-    half = max(spec.peak_fp16_tflops or 0.0, spec.peak_bf16_tflops or 0.0)
-    return bool(spec.peak_fp32_tflops) and half >= MATRIX_UNIT_MIN_PEAK_RATIO * spec.peak_fp32_tflops
-
-
 def vendor_ceilings(table: dict[str, dict[str, float]], specs: dict[str, DeviceSpec]) -> dict[str, float]:
     """The ceiling a device outside ``table`` takes: the median over its vendor's devices in ``table`` that have matrix
-    units (:func:`has_matrix_units`; a vector-rate 16-bit ceiling, the P100's 0.47, is no tensor-core matmul's), each
-    device once (the median over its dtypes). Until stop 55 every (device, dtype) entry counted, vector-rate devices
+    units (:func:`wattcast.data.device_spec.has_matrix_units`; a vector-rate 16-bit ceiling, the P100's 0.47, is no
+    tensor-core matmul's), each device once (the median over its dtypes). Until stop 55 every (device, dtype) entry counted, vector-rate devices
     too: B200's three dtypes and the P100 took the shipped NVIDIA median to 0.804 (now 0.8635) and the Ampere fold's
     A40 to 0.769 (benchmarks/leave_one_generation_out.py, Vidur FP16 GEMMs >= 1 GFLOP: 21.3% MAPE / +19.2% bias, 9.0% /
     -2.1% with this rule). A vendor with no such device is left out (the default applies)."""
