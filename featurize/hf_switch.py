@@ -6,10 +6,8 @@ scaling, a relative position bias computed in the first block of each stack (buc
 S x S grid, an embedding lookup, broadcast-add of the mask) and added to the scores in every block;
 the decoder adds causal self-attention and cross-attention; every ``*_sparse_step``-th feed-forward is
 a Switch MoE layer: a router (linear to ``num_experts`` logits in fp32, softmax, argmax, one-hot,
-cumsum capacity mask) and one FFN per expert over ``expert_capacity`` token slots (the HF implementation
-gathers each expert's tokens into a zero-padded buffer of ``expert_capacity`` rows; without a capacity
-the tokens are assumed balanced, ``tokens / num_experts`` each), scattered back and scaled by the router
-probability. The LM head is tied to the embedding and scaled by ``d_model**-0.5``. The decoder input is
+cumsum capacity mask) and one FFN per expert that has tokens, on exactly the tokens it kept (no padding to
+the capacity: :func:`switch_expert_rows`), scattered back and scaled by the router probability. The LM head is tied to the embedding and scaled by ``d_model**-0.5``. The decoder input is
 as long as the encoder input (``seq``); training adds cross-entropy over the decoder logits.
 """
 
@@ -89,14 +87,43 @@ def _dense_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str, *, tp_regi
     return b.tp_exit(y, name=f"{prefix}.exit") if tp_region else y
 
 
+def switch_processed_tokens(batch: int, seq: int, n_experts: int, capacity: int | None) -> int:
+    """The tokens a Switch MoE layer's experts compute, of ``batch`` sequences of ``seq`` tokens under top-1 routing.
+
+    SwitchTransformersTop1Router (transformers 5.24.0 models/switch_transformers/modeling_switch_transformers.py l.104-109: ``one_hot(argmax)``,
+    ``token_priority = cumsum(expert_index, dim=-2)``, ``expert_capacity_mask = token_priority <= expert_capacity``)
+    counts the capacity along the sequence, so each sequence keeps at most ``expert_capacity`` tokens per expert; the
+    rest skip the layer (their rows are not computed: SwitchTransformersExperts gathers each hit expert's kept tokens,
+    ``torch.where(expert_mask[...])`` then ``index_add_``, l.168-180, no zero-padded capacity buffer). Balanced
+    routing: a sequence sends ``seq // n`` tokens to every expert and one more to ``seq % n`` of them
+    (:func:`~wattcast.featurize.hf_models.expert_row_split`'s split), each capped at the capacity. No capacity
+    (None): every token, ``batch x seq`` (Switch paper, Fedus et al. 2021, eq. 3: capacity = capacity factor x tokens
+    / experts; a capacity at or above the balanced share drops nothing)."""
+    if batch < 1 or seq < 1 or n_experts < 1:
+        raise GraphError(f"switch_processed_tokens: batch {batch}, seq {seq} and num_experts {n_experts} must be >= 1")
+    if capacity is None:
+        return batch * seq
+    base, extra = divmod(int(seq), int(n_experts))
+    per_seq = extra * min(capacity, base + 1) + (n_experts - extra) * min(capacity, base)
+    return batch * per_seq
+
+
 def _sparse_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor:
+    # deferred: hf_models imports this module
+    from wattcast.featurize.hf_models import active_local_experts, expert_row_split
+
     bs, s, h = x.shape
     t = bs * s
     n_exp = cfg.count("num_experts", default=8)
     if n_exp % b.ep:
         raise GraphError(f"{n_exp} experts are not divisible by expert parallelism {b.ep}")
-    cap = cfg.count("expert_capacity")  # absent: tokens balanced over the experts
-    slots = cap if cap is not None else max(1, round(t / n_exp))
+    cap = cfg.count("expert_capacity")  # per sequence and expert (absent: no token dropped)
+    sp = b.tp if (b.sp and b.tp > 1) else 1  # x is a sequence shard under sequence parallelism
+    s_full = s * sp
+    # the rows this rank's experts compute: its tokens' kept ones (balanced all-to-all: a rank receives as many as it
+    # sends), routed on the full sequence
+    rows = switch_processed_tokens(bs, s_full, n_exp, cap)
+    shard_rows = -(-rows // sp)  # a sequence shard's part of the dispatch buffer (the gather is even)
     x32 = b.copy(x, name=f"{prefix}.router.to_fp32") if b.dtype != "fp32" else x
     # the router stays out of the FP8 recipe, as every MoE router here (README: "an MoE router ... stay[s] bf16"); HF
     # runs it on the fp32 copy (SwitchTransformersTop1Router, router_dtype float32)
@@ -106,18 +133,23 @@ def _sparse_ff(b: GraphBuilder, cfg: HFConfig, x: Tensor, prefix: str) -> Tensor
     for k, op in enumerate(("argmax", "one_hot", "cumsum", "le", "mul", "max")):
         b.opaque(f"{prefix}.router.{op}", [probs], (bs, s, n_exp), flops=float(t * n_exp), op_class="other", grad=False)
     out = b.copy(x, name=f"{prefix}.clone")
-    # expert parallelism: each rank holds n_exp/ep experts and receives their slots from every rank
-    disp = b.copy(Tensor((n_exp * slots, h), x.dtype, x.node, x.tid), name=f"{prefix}.dispatch_buffer")
+    # expert parallelism: each rank holds n_exp/ep experts and receives their rows from every rank
+    disp = b.copy(Tensor((shard_rows, h), x.dtype, x.node, x.tid), name=f"{prefix}.dispatch_buffer")
     if b.ep > 1:
         disp = b.all_to_all(disp, name=f"{prefix}.dispatch")
     disp = b.tp_enter(disp, name=f"{prefix}.enter")
     local = n_exp // b.ep
-    for e in range(local):
+    # the experts the expert-parallel group's tokens reach (transformers loops over ``expert_hit`` only), each on at
+    # least one row; the rows split over them so that they add up to ``rows`` (every kept token computed once)
+    active = min(active_local_experts(n_exp, 1, bs * s_full * b.ep, b.ep), rows)
+    for e, per in enumerate(expert_row_split(rows, active)):
+        mark = b.node_mark
         with b.scope(f"{prefix}.experts.{e}"):
-            buf = b.copy(Tensor((slots * b.ep, h), disp.dtype, disp.node, disp.tid), name=f"experts.{e}.gather")
+            buf = b.copy(Tensor((per, h), disp.dtype, disp.node, disp.tid), name=f"experts.{e}.gather")
             y = _dense_ff(b, cfg, buf, f"experts.{e}", tp_region=False)
-            out = b.copy(Tensor((slots * b.ep, h), y.dtype, y.node, y.tid), name=f"experts.{e}.scatter")
-    comb = b.tp_exit(Tensor((n_exp * slots, h), out.dtype, out.node, out.tid), name=f"{prefix}.exit")
+            out = b.copy(Tensor((per, h), y.dtype, y.node, y.tid), name=f"experts.{e}.scatter")
+    b.hold_params(mark, local - active)  # the idle experts' weights: resident, not read
+    comb = b.tp_exit(Tensor((shard_rows * sp, h), out.dtype, out.node, out.tid), name=f"{prefix}.exit")
     if b.ep > 1:
         comb = b.all_to_all(comb, name=f"{prefix}.combine")
     out = Tensor((bs, s, h), comb.dtype, comb.node, comb.tid)
