@@ -86,6 +86,16 @@ INTRA_OVER_INTER_MAX = 10_000.0
 #: typed in Tbit/s above the range's 1 Gbit/s floor is 2,250x (1.6 beside NVLink 4's 450 GB/s, 3.2 beside NVLink 5's
 #: 900) to 4,500x (1.6 beside 900): refused naming Tbit/s. Lifted by --force.
 INTRA_OVER_NIC_MAX = 2_000.0
+#: the most ONE NIC's rate (Gbit/s / 8) may exceed a GPU's in-node bandwidth: a GPU's cross-node traffic crosses its own
+#: PCIe / NVLink-C2C port, so a NIC much faster than the in-node tier is one whose in-node figure was given in TB/s
+#: (NVLink 5's 1.8 TB/s typed as 1.8). The presets' highest is 0.5x (PCIe-4GPU: one 100G NIC, 12.5 GB/s, beside
+#: 25 GB/s of PCIe 4); 10x leaves room for a slow PCIe 3 box on a 400G NIC (50 GB/s beside ~12 GB/s: 4x). Lifted by --force.
+NIC_OVER_INTRA_MAX = 10.0
+#: the most a device spec's ``interconnect_bandwidth_gbps`` (both directions) may exceed the cluster's in-node
+#: ``bandwidth_gb_per_s`` (one direction): the presets with their own GPU are at 2x-2.6x (DGX-1: 300 / 150; PCIe-4GPU:
+#: 64 / 25), any catalog GPU on any preset at most 72x (a B200, 1800, on PCIe-4GPU's 25 GB/s); an in-node figure given in
+#: TB/s (1.8 for NVLink 5) is 1,000x-2,000x. Lifted by --force.
+DEVICE_OVER_INTRA_MAX = 100.0
 
 
 class ClusterSpecError(ValueError):
@@ -310,6 +320,15 @@ class ClusterSpecModel(BaseModel):
                               "(10 GbE beside NVLink 5 is 720x): was inter.nic_bandwidth_gbit_per_s given in Tbit/s (a "
                               "1.6T NIC is 1600, not 1.6)? Give it in Gbit/s per NIC, or pass --force (in Python "
                               "wattcast.allow_exotic()) for a system that is really built so")
+        if c.inter is not None and c.gpus_per_node > 1 and not exotic_allowed():
+            nic_gb_per_s, intra = c.inter.nic_bandwidth_gbit_per_s / 8.0, c.intra.bandwidth_gb_per_s
+            if nic_gb_per_s > intra * NIC_OVER_INTRA_MAX:
+                raise problem("wc_plausible", f"field 'intra.bandwidth_gb_per_s' ({intra:g} GB/s per GPU each way) is "
+                              f"{nic_gb_per_s / intra:,.0f}x below one NIC's bandwidth (inter.nic_bandwidth_gbit_per_s "
+                              f"{c.inter.nic_bandwidth_gbit_per_s:g} Gbit/s = {nic_gb_per_s:.3g} GB/s), over the "
+                              f"{NIC_OVER_INTRA_MAX:g}x of any GPU cluster: was intra.bandwidth_gb_per_s given in TB/s "
+                              "(NVLink 5's 1.8 TB/s bidirectional is 900 GB/s each way)? Give GB/s per direction, or pass "
+                              "--force (in Python wattcast.allow_exotic()) for a system that is really built so")
         if c.max_nodes is not None and c.max_nodes > 1 and c.inter is None:
             raise problem("wc_rule", f"max_nodes is {c.max_nodes} but there is no 'inter' (cross-node) tier")
         for f in ("intra.bandwidth_gb_per_s", "intra.latency_us") + (("inter.nic_bandwidth_gbit_per_s", "inter.latency_us")
@@ -345,8 +364,32 @@ def _validated(d: Mapping[str, Any]) -> ClusterSpec:
     """The :class:`ClusterSpec` of the fields ``d`` (sections as mappings), validated on :class:`ClusterSpecModel`
     with the citation rule; :class:`ClusterSpecError` naming the first problem's field and value (and the cluster)."""
     m = _check(d, cite=True)
+    _check_device_link(m)
     return ClusterSpec(intra=_tier(IntraNode, m.intra), inter=None if m.inter is None else _tier(InterNode, m.inter),
                        **{f: getattr(m, f) for f in ClusterSpecModel.model_fields if f not in ("intra", "inter")})
+
+
+def _check_device_link(m: ClusterSpecModel) -> None:
+    """Refuse (unless --force) an in-node ``intra.bandwidth_gb_per_s`` more than :data:`DEVICE_OVER_INTRA_MAX` times
+    below the ``interconnect_bandwidth_gbps`` of the cluster's device spec (when it gives one): a figure given in TB/s.
+    A device that does not resolve is left to the code that loads it (it names the problem there)."""
+    if exotic_allowed() or m.gpus_per_node < 2:
+        return
+    from wattcast.data.catalog import resolve_device  # (catalog -> device_spec; no cycle, but kept off import time)
+    from wattcast.data.device_spec import DeviceSpecError
+    try:
+        spec = resolve_device(m.device)
+    except DeviceSpecError:
+        return
+    ic = getattr(spec, "interconnect_bandwidth_gbps", None)
+    bw = m.intra.bandwidth_gb_per_s
+    if not ic or bw * DEVICE_OVER_INTRA_MAX >= ic:
+        return
+    raise ClusterSpecError(
+        f"cluster {m.name!r}: field 'intra.bandwidth_gb_per_s' ({bw:g} GB/s per GPU each way) is {ic / bw:,.0f}x below "
+        f"{spec.name}'s interconnect_bandwidth_gbps ({ic:g} GB/s both ways), more than the {DEVICE_OVER_INTRA_MAX:g}x "
+        f"of any cluster: was it given in TB/s ({ic / 1000:g} TB/s is {ic / 2:g} GB/s each way)? Give GB/s per "
+        "direction, or pass --force (in Python wattcast.allow_exotic()) for a system that is really built so")
 
 
 def _tier(cls: type, m: BaseModel) -> Any:

@@ -192,3 +192,69 @@ def test_astra_sim_latencies_of_real_links_load():
         assert c.intra.latency_us == ns[0] / 1e3 and c.inter.latency_us == ns[1] / 1e3
     with pytest.raises(ClusterSpecError, match=r"'latency\[0\]' is 500000, over 100000"):
         from_astra_network({**ASTRA, "latency": [500_000.0, 5000.0]})
+
+
+# ------------------------------------------------------------------ audit 55e: in-node bandwidth given in TB/s
+def _nvl72_rack(tmp_path: Path, intra_gb_per_s: float, nics: int = 72, nic_gbit: float = 800) -> Path:
+    """audit55e's rubin-nvl72.yaml: 72 GPUs of a hypothetical spec (B200 with interconnect_bandwidth_gbps 3600) on one
+    NVSwitch, one NIC each (the audit's bad7.yaml: intra 1.8, NVLink's 1.8 TB/s typed as GB/s)."""
+    dev = (DEVICES / "B200.yaml").read_text().replace("name: B200", "name: Rubin-like", 1)
+    dev = "\n".join(ln for ln in dev.splitlines() if not ln.startswith("aliases"))
+    dev = dev.replace("interconnect_bandwidth_gbps: 1800", "interconnect_bandwidth_gbps: 3600")
+    assert "interconnect_bandwidth_gbps: 3600" in dev
+    (tmp_path / "rubin.yaml").write_text(dev + "\n")
+    d = preset_cluster("gb200-nvl72", device="rubin.yaml", intra__bandwidth_gb_per_s=intra_gb_per_s,
+                       inter__nics_per_node=nics, inter__nic_bandwidth_gbit_per_s=nic_gbit)
+    d["name"] = "Rubin-NVL72"
+    import yaml
+    f = tmp_path / "rack.yaml"
+    f.write_text(yaml.safe_dump(d))
+    return f
+
+
+def test_in_node_bandwidth_in_tb_per_s_is_refused_against_the_device_interconnect(tmp_path):
+    f = _nvl72_rack(tmp_path, 1.8, nic_gbit=10)  # bad7.yaml: accepted before (a step 100x too slow)
+    with pytest.raises(ClusterSpecError) as e:
+        resolve_cluster(f)
+    msg = flat(str(e.value))
+    assert "'intra.bandwidth_gb_per_s'" in msg and "interconnect_bandwidth_gbps" in msg and "TB/s" in msg
+    assert "1.8 GB/s" in msg and "3600 GB/s" in msg and "2,000x" in msg and "--force" in msg
+    with allow_exotic():
+        assert resolve_cluster(f).intra.bandwidth_gb_per_s == 1.8
+    assert resolve_cluster(_nvl72_rack(tmp_path, 1800, nic_gbit=10)).intra.bandwidth_gb_per_s == 1800
+    assert resolve_cluster(_nvl72_rack(tmp_path, 36.0, nic_gbit=10)).intra.bandwidth_gb_per_s == 36.0  # 1/100: kept
+    with pytest.raises(ClusterSpecError, match="interconnect_bandwidth_gbps"):
+        resolve_cluster(_nvl72_rack(tmp_path, 35.0, nic_gbit=10))
+
+
+def test_a_catalog_device_put_on_a_slow_in_node_tier_is_refused():
+    # device= override: the check runs against the new GPU (B200 NVLink 5, 1800 GB/s, on 9 GB/s: 200x)
+    with pytest.raises(ClusterSpecError, match="intra.bandwidth_gb_per_s"):
+        cluster_from_dict(preset_cluster("pcie-4gpu", intra__bandwidth_gb_per_s=9.0), device="B200")
+    cluster_from_dict(preset_cluster("pcie-4gpu", intra__bandwidth_gb_per_s=9.0))  # its own A100 PCIe (64): 7x
+
+
+def test_one_nic_far_faster_than_the_in_node_tier_is_refused(tmp_path):
+    # 72 GPUs sharing one 800G NIC (1.4 GB/s per GPU: under the in-node 1.8, so the per-GPU rule passes), the NIC
+    # itself 56x the in-node figure; on a GPU with no interconnect figure the device check cannot see it
+    d = preset_cluster("gb200-nvl72", device="MI300X", intra__bandwidth_gb_per_s=1.8, inter__nics_per_node=1,
+                       inter__nic_bandwidth_gbit_per_s=800)
+    d["intra"].pop("topology", None)
+    with pytest.raises(ClusterSpecError) as e:
+        cluster_from_dict(d)
+    msg = flat(str(e.value))
+    assert "'intra.bandwidth_gb_per_s'" in msg and "one NIC's bandwidth" in msg and "56x" in msg and "TB/s" in msg
+    with allow_exotic():
+        cluster_from_dict(d)
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in CLUSTERS.glob("*.yaml")))
+def test_every_preset_loads_with_every_catalog_device(preset):
+    """No shipped cluster is refused by the in-node checks, on its own GPU or any catalog GPU put on it (the widest
+    pairing: a B200's 1800 GB/s interconnect on PCIe-4GPU's 25 GB/s, 72x, under the 100x)."""
+    from wattcast.data.catalog import list_devices
+    from wattcast.data.cluster_spec import load_cluster_file
+
+    c = load_cluster_file(CLUSTERS / f"{preset}.yaml")
+    for spec in list_devices():
+        assert resolve_cluster(c, device=spec.name).device == spec.name
