@@ -989,7 +989,8 @@ def _ceiling_clip_ms(fm, X: pd.DataFrame, rows: np.ndarray | None, tensor: np.nd
 def attention_mma_scale(device: DeviceSpec, dtypes, bundle: KernelBundle, reference: str) -> np.ndarray:
     """Per row of ``dtypes``: ``device``'s achievable-matmul ceiling over the ``reference`` device's, from the
     bundle's GEMM ceiling member (:func:`row_ceilings`: the MAMF table's best achievable matmul over the peak where it
-    lists the device, a training device's own, else the vendor's median, else the default), what a fused attention
+    lists the device, a training device's own, else the median of its die's or its generation's listed devices, else the
+    vendor's median, else the default), what a fused attention
     kernel calibrated on ``reference`` scales its tensor-core efficiency by (models/attention.py). The device is looked
     up as the GEMM family looks it up (:func:`_ceiling_name`, its compute-silicon twin included: an A100 SXM4 40 GB
     is the reference's own chip). All ones without a GEMM ceiling member (older bundles)."""
@@ -1000,8 +1001,9 @@ def attention_mma_scale(device: DeviceSpec, dtypes, bundle: KernelBundle, refere
         return np.ones(len(codes))
     from wattcast.data.catalog import load_catalog
 
-    own = row_ceilings(_ceiling_name(device, cm), device.vendor, names, cm)
-    base = row_ceilings(reference, load_catalog()[reference].vendor, names, cm)
+    ref = load_catalog()[reference]
+    own = row_ceilings(_ceiling_name(device, cm), device.vendor, names, cm, arch=device.arch)
+    base = row_ceilings(reference, ref.vendor, names, cm, arch=ref.arch)
     return (own / base)[codes.reshape(-1)]
 
 
@@ -1028,7 +1030,7 @@ def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p:
             else:  # a member reading features of its own (the manifest entry's ``features``), in its order
                 cols = [fm.features.index(f) for f in model.features]
                 pc = predict_distinct(model.predict_matrix, np.ascontiguousarray(A[np.ix_(ceil_sel, cols)]))
-            c = row_ceilings(_ceiling_name(device, cm), device.vendor, dtype_names[ceil_sel], cm)
+            c = row_ceilings(_ceiling_name(device, cm), device.vendor, dtype_names[ceil_sel], cm, arch=device.arch)
             out[ceil_sel] = ceiling_log_ratio(pc, t_roof_ms[ceil_sel], cm["floor_ms"], c)
     sel = np.flatnonzero(tensor & (w < 1.0))
     if not len(sel):

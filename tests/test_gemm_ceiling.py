@@ -36,6 +36,50 @@ def test_row_ceilings_take_the_device_then_its_vendor_then_the_default():
     assert list(row_ceilings("new", "intel", np.array(["bf16"]), ENTRY)) == [0.74]
 
 
+def test_an_unlisted_spec_takes_its_dies_then_its_generations_listed_ceilings_before_its_vendors():
+    """Catalog names in the table: a spec of B200's die ("Blackwell (GB100)": B200, GB200) takes their median per
+    dtype (a device without the dtype counts with its median over its dtypes), one of another Blackwell die the
+    generation's (B200, GB200, B300), a Hopper the vendor's; a device without matrix units (P100) never counts."""
+    entry = {"ceilings": {"B200": {"bf16": 0.78, "tf32": 0.74}, "GB200": {"bf16": 0.72, "fp8": 0.70},
+                          "B300": {"bf16": 0.80}, "Tesla-P100-PCIe-16GB": {"fp16": 0.47},
+                          "V100-SXM2-16GB": {"fp16": 0.92}},
+             "vendor_ceilings": {"nvidia": 0.86}, "default_ceiling": 0.74}
+    dts = np.array(["bf16", "fp16", "tf32", "fp8"])
+    np.testing.assert_allclose(row_ceilings("new", "nvidia", dts, entry, arch="Blackwell (GB100)"),
+                               [0.75, 0.75, (0.74 + 0.71) / 2, (0.76 + 0.70) / 2])
+    np.testing.assert_allclose(row_ceilings("new", "nvidia", dts, entry, arch="Blackwell (GB999)"),
+                               [0.78, 0.78, 0.74, 0.76])
+    assert list(row_ceilings("new", "nvidia", dts[:1], entry, arch="Hopper (GH100)")) == [0.86]
+    assert list(row_ceilings("new", "nvidia", dts[:1], entry, arch="Pascal (GP100)")) == [0.86]  # P100: no matrix units
+    assert list(row_ceilings("new", "amd", dts[:1], entry, arch="Blackwell (GB100)")) == [0.74]  # another vendor's die: no
+    assert list(row_ceilings("B300", "nvidia", dts[:1], entry, arch="Blackwell (GB100)")) == [0.80]  # its own first
+
+
+def test_a_b200_with_only_its_tdp_changed_keeps_its_dies_gemm_ceiling():
+    """Audit 55e: a B200 spec with tdp_w 1000 -> 2000 W is no longer B200 by its figures; it took NVIDIA's median
+    (0.8635 for B200's measured 0.776) and its bf16 8192^3 GEMM came out 11% faster, every-peak-doubled copies 2.2-2.3x.
+    Now it takes its die's listed devices' (B200, GB200) and stays within a few % of the B200; doubling every tensor
+    peak gains at most the 2x the peaks allow."""
+    b200 = resolve_device("B200")
+    tdp2 = dataclasses.replace(b200, name="B200tdp2", aliases=(), tdp_w=2 * b200.tdp_w)
+    pk = {f: 2 * getattr(b200, f) for f in ("peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops",
+                                             "peak_fp8_tflops")}
+    from wattcast.data.checks import allow_exotic
+    with allow_exotic():
+        pk2 = dataclasses.replace(b200, name="B200pk2", aliases=(), **pk)
+    rows = pd.DataFrame([dict(OPName="bmm", dtype=t, B=1, M=8192, N=8192, K=8192) for t in ("bf16", "tf32", "fp8")])
+    base = predict_kernels(rows, b200)["pred_latency_ms"].to_numpy()
+    cm = load_bundle().families["gemm"].ceiling_member
+    die = np.median([cm["ceilings"]["B200"]["bf16"], cm["ceilings"]["GB200"]["bf16"]])
+    from wattcast.models.kernel_predictor import _ceiling_name
+    assert row_ceilings(_ceiling_name(tdp2, cm), "nvidia", np.array(["bf16"]), cm, arch=tdp2.arch)[0] == pytest.approx(die)
+    ratio = base / predict_kernels(rows, tdp2)["pred_latency_ms"].to_numpy()
+    assert np.all(np.abs(ratio - 1.0) < 0.05), ratio
+    with allow_exotic():  # every tensor peak doubled reads as the sparse column: --force
+        speedup = base / predict_kernels(rows, pk2)["pred_latency_ms"].to_numpy()
+    assert np.all(speedup <= 2.0), speedup
+
+
 @pytest.mark.parametrize("change, match", [
     ({"ceilings": {"A": {"bf16": 1.5}}}, "ceilings"),
     ({"ceilings": {"A": 0.8}}, "ceilings"),
