@@ -225,7 +225,8 @@ CONFIG_CLASS_DEFAULTS: dict[str, tuple[str, dict[str, int | None]]] = {
                                          "max_position_embeddings": 131072}),
     # GptOssConfig l.51-63: head_dim 64 (not hidden / heads: 2,880 / 64 would be 45), num_key_value_heads 8
     "gpt_oss": ("GptOssConfig", {"vocab_size": 201088, "hidden_size": 2880, "num_hidden_layers": 36,
-                                 "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                                 "num_attention_heads": 64, "num_key_value_heads": 8,
+                                 "head_dim": GPT_OSS_DEFAULTS["head_dim"],
                                  "max_position_embeddings": 131072}),
     # T5Config l.45 / SwitchTransformersConfig l.59: d_kv 64 (the attention is num_heads x d_kv wide, not d_model);
     # no key/value-head field (every head has its keys and values)
