@@ -241,18 +241,21 @@ BF16_OVER_FP16_MAX = 1.5
 def peak_ratio_notes(spec: DeviceSpec) -> list[str]:
     """Warnings (for a prediction's ``warnings``) when ``spec``'s tensor peaks are not in the ratios datasheets give
     them, the sign of one sparse figure (2:4 structured sparsity doubles a datasheet peak) among dense ones: FP8 not
-    about 2x the 16-bit peak (NVIDIA and AMD; Intel's Gaudi 3 runs FP8 at the BF16 rate), BF16 above FP16, FP16
-    above BF16 on NVIDIA, the 16-bit peak not about 2x TF32 on NVIDIA. The figures are used as given (no refusal: an
-    exotic device may really be so); every catalog device gets none."""
+    about 2x the 16-bit peak (NVIDIA and AMD, BF16 on a GeForce part; Intel's Gaudi 3 runs FP8 at the BF16 rate),
+    BF16 above FP16, FP16 above BF16 on NVIDIA, the 16-bit peak not about 2x TF32 on NVIDIA. The figures are used as
+    given (no refusal: an exotic device may really be so); every catalog device gets none."""
     notes: list[str] = []
     dense = "datasheets list dense and sparse (2:4 structured sparsity, 2x) tensor peaks; give the dense ones"
     fp8, fp16, bf16, tf32 = spec.peak_fp8_tflops, spec.peak_fp16_tflops, spec.peak_bf16_tflops, spec.peak_tf32_tflops
     half_name, half = max((("peak_fp16_tflops", fp16), ("peak_bf16_tflops", bf16)), key=lambda kv: kv[1] or 0)
-    if fp8 and half and spec.vendor in ("nvidia", "amd"):
+    # on a GeForce part FP8 (FP32 accumulate) is 2x BF16, the FP32-accumulate 16-bit rate, while FP16 may be given at
+    # its FP16-accumulate rate, 2x BF16 (:data:`_GEFORCE_RATE_FACTOR`): FP8 is compared with BF16 there
+    ref_name, ref = ("peak_bf16_tflops", bf16) if bf16 and is_geforce(spec) else (half_name, half)
+    if fp8 and ref and spec.vendor in ("nvidia", "amd"):
         lo, hi = FP8_OVER_16BIT
-        r = fp8 / half
+        r = fp8 / ref
         if not lo <= r <= hi:
-            notes.append(f"{spec.name}: peak_fp8_tflops ({fp8:g}) is {r:.2g}x {half_name} ({half:g}), where every "
+            notes.append(f"{spec.name}: peak_fp8_tflops ({fp8:g}) is {r:.2g}x {ref_name} ({ref:g}), where every "
                          f"{'AMD' if spec.vendor == 'amd' else 'NVIDIA'} GPU with FP8 gives 2x: is one of them a sparse "
                          f"figure? {dense} (used as given)")
     if fp8 and not bf16:  # the FP8 recipe's non-GEMM ops run in bf16 (unsupported_step_dtype refuses the step)
@@ -389,7 +392,7 @@ def _fp32_per_sm_problem(f: str, v: float, sms: float, mhz: float) -> str | None
 #: generation name). Each agrees with the catalog's own cited dense peak / (num_sms x boost_clock_mhz): within 0.92-1.0x
 #: of it (the catalog's boost clocks are a little above the clocks NVIDIA rates its tensor peaks at, e.g. H100's 1,830
 #: MHz); ``tests/test_spec_dense_rate.py`` checks every catalog device against its row. TF32 runs at half this rate, FP8
-#: at twice it (every generation with them).
+#: at twice it (every generation with them; on a GeForce part, FP32 accumulate: :data:`_GEFORCE_RATE_FACTOR`).
 TENSOR_16BIT_FLOP_PER_SM_CLOCK: tuple[tuple[str, str, float, str], ...] = (
     # (regex on arch, architecture, dense 16-bit FLOP/SM/clock, source)
     (r"\bgp100\b", "Pascal GP100", 256.0, "NVIDIA Tesla P100 whitepaper: FP16 at 2x the FP32 rate (64 FP32 cores/SM x 2 FLOP x 2); catalog P100 247"),
@@ -426,10 +429,23 @@ _SPARSE = "this looks like the sparse (2:4 structured sparsity) figure: use the 
 #: accumulate 330.3 / with FP32 accumulate 165.2, Peak BF16 Tensor 165.2, Peak TF32 Tensor 82.6 (dense; 2x sparse);
 #: NVIDIA RTX Blackwell GPU architecture whitepaper, Appendix A, GeForce RTX 5090: FP16 with FP16 accumulate 419, with
 #: FP32 accumulate 209.5, BF16 209.5, TF32 104.8 (dense); NVIDIA Ampere GA102 whitepaper, Appendix A, GeForce RTX 3090:
-#: FP16 (FP16 acc.) 142 / BF16 71 / TF32 35.6. The professional and data-centre boards of the same chips (RTX 6000
-#: Ada, L40S, L4, A10, A40, RTX PRO Blackwell) run them at the full rate. FP16 keeps its factor: its FP16-accumulate
-#: figure is a real dense one (wattcast's example RTX 4090 spec types the FP32-accumulate 165.2 PyTorch runs).
-_GEFORCE_RATE_FACTOR = {**_TENSOR_RATE_FACTOR, "peak_bf16_tflops": 0.5, "peak_tf32_tflops": 0.25}
+#: FP16 (FP16 acc.) 142 / BF16 71 / TF32 35.6. FP8 (Ada and GB20x; GA10x has none, ``arch_without_fp8``) likewise: Ada
+#: whitepaper, Appendix A, RTX 4090: Peak FP8 Tensor TFLOPS with FP16 accumulate 660.6 / with FP32 accumulate 330.3
+#: (dense; 1,321.2 / 660.6 sparse); RTX Blackwell whitepaper, Appendix A, RTX 5090: 838 / 419 (dense). PyTorch's
+#: ``torch._scaled_mm`` and Transformer Engine's FP8 GEMMs accumulate in FP32 (cuBLAS documentation, cublasLtMatmul: FP8
+#: A/B types are supported with computeType CUBLAS_COMPUTE_32F only), so the FP32-accumulate figure is the one a GeForce
+#: FP8 peak must give: FP8 is checked at 1x the FP16-accumulate 16-bit rate there, 2x elsewhere
+#: (:data:`_FP16_ACCUMULATE_FIGURE` names the FP16-accumulate figure in the refusal). The professional and data-centre
+#: boards of the same chips (RTX 6000 Ada, L40S, L4, A10, A40, RTX PRO Blackwell) run them at the full rate. FP16 keeps
+#: its factor: its FP16-accumulate figure is a real dense one (wattcast's example RTX 4090 spec types the
+#: FP32-accumulate 165.2 PyTorch runs). The spec has no FP4 field, so no FP4 rate is checked.
+_GEFORCE_RATE_FACTOR = {**_TENSOR_RATE_FACTOR, "peak_bf16_tflops": 0.5, "peak_tf32_tflops": 0.25,
+                        "peak_fp8_tflops": 1.0}
+#: the tensor peak fields a GeForce datasheet also lists with FP16 accumulate, at twice their FP32-accumulate rate, and
+#: the multiple of the dense 16-bit (FP16-accumulate) rate that figure runs at: a GeForce figure that fits it is named
+#: as the FP16-accumulate figure, not only as a sparse one (RTX 4090 FP8: 660.6 is both the FP16-accumulate dense and
+#: the FP32-accumulate sparse figure)
+_FP16_ACCUMULATE_FIGURE = {"peak_fp8_tflops": 2.0}
 
 #: a GeForce product name: "GeForce", or RTX followed by a GeForce model number x0[5-9]0 of the 20 to 50 series
 #: (RTX 3090, rtx4090, RTX-5090 Ti); not the workstation RTX 4000/5000/6000 (Ada), RTX A6000 or Quadro RTX 6000
@@ -543,9 +559,23 @@ def _dense_rate_problem(values: Any) -> str | None:
     if over is None:
         return None
     f, v, per, k = over
-    geforce = (" (a GeForce part: BF16 and TF32 with FP32 accumulate at half the FP16-accumulate rate, e.g. the Ada "
-               "whitepaper's RTX 4090: FP16 330.3 with FP16 accumulate, BF16 165.2, TF32 82.6 dense)"
-               if is_geforce(values) and k != _TENSOR_RATE_FACTOR[f] else "")
+    halved = is_geforce(values) and k != _TENSOR_RATE_FACTOR[f]
+    here = f"{rate * k * float(values.num_sms) * float(values.boost_clock_mhz) / 1e6:.4g}"  # TFLOP/s at the dense rate
+    acc16 = _FP16_ACCUMULATE_FIGURE.get(f) if halved else None
+    if acc16 and per * k / acc16 <= rate * DENSE_RATE_MARGIN:
+        # a GeForce FP8 figure at the FP16-accumulate dense rate (also the FP32-accumulate sparse one)
+        return (f"field '{f}' ({v:g}) is {per / rate:.2g}x the FP32-accumulate rate {name} runs densely on a GeForce "
+                f"part: {v:g} TFLOP/s on {values.num_sms:g} SMs at {values.boost_clock_mhz:g} MHz is {per * k:,.0f} "
+                f"FLOP per SM per clock, where a GeForce {name} does {rate * k:,.0f} dense with FP32 accumulate and "
+                f"{rate * acc16:,.0f} with FP16 accumulate: this looks like the datasheet's FP16-accumulate figure "
+                f"(or its FP32-accumulate sparse one). PyTorch and Transformer Engine FP8 GEMMs accumulate in FP32, "
+                f"which a GeForce part runs at half the FP16-accumulate rate (Ada whitepaper, Appendix A, RTX 4090: "
+                f"FP8 660.6 with FP16 accumulate, 330.3 with FP32 accumulate, dense; RTX Blackwell whitepaper, "
+                f"Appendix A, RTX 5090: 838 / 419): give the dense FP32-accumulate figure (about {here} TFLOP/s "
+                f"here). Check num_sms and boost_clock_mhz too, {_FORCE}")
+    geforce = (" (a GeForce part: BF16, TF32 and FP8 with FP32 accumulate at half the FP16-accumulate rate, e.g. the "
+               "Ada whitepaper's RTX 4090: FP16 330.3 with FP16 accumulate, BF16 165.2, TF32 82.6, FP8 330.3 with FP32 "
+               f"accumulate (660.6 with FP16 accumulate) dense; about {here} TFLOP/s here)" if halved else "")
     return (f"field '{f}' ({v:g}) is {per / rate:.2g}x what {name} can do densely: {v:g} TFLOP/s on "
             f"{values.num_sms:g} SMs (CUs) at {values.boost_clock_mhz:g} MHz is {per * k:,.0f} FLOP per SM per "
             f"clock, where {name} does {rate * k:,.0f} dense{geforce} ({cite}); {_SPARSE}"
