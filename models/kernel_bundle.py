@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from wattcast.featurize.kernel_features import DEVICE_FEATURES
+from wattcast.featurize.kernel_features import DEVICE_FEATURES, TILES
 from wattcast.models.gemm_floor import check_ceiling_member, check_floor_blend
 from wattcast.models.kernel_surrogates import (LGBMSurrogate, MLPSurrogate, RooflineSurrogate, Surrogate, choice_members,
                                                distinct_matrix_rows)
@@ -72,6 +72,70 @@ BUNDLE_SCHEMA = 1
 OOD_BAND_FACTOR = 2.0
 #: tolerance on support ranges, as a fraction of the range
 SUPPORT_SLACK = 0.02
+
+
+#: the device quantities each model feature is computed from (``featurize.kernel_features.featurize_kernels``: the
+#: ``F[...]`` entries; ``peak`` is the row's own rate, the dtype's matrix peak for a GEMM/conv row and the vector FP32
+#: peak for every other; tests/test_ood_read_descriptors.py checks the table against the featurizer by moving each
+#: spec figure alone). A feature not listed reads no device quantity (the shape's own: log_flops, log_B, ...).
+FEATURE_DEVICE_INPUTS: dict[str, frozenset] = {
+    "log_intensity_over_ridge": frozenset({"peak", "bw"}),
+    "log_t_compute_ms": frozenset({"peak"}),
+    "log_t_mem_ms": frozenset({"bw"}),
+    "log_t_roof_ms": frozenset({"peak", "bw"}),
+    "log_ws_over_l2": frozenset({"l2"}),
+    "is_tensor_dtype": frozenset({"native"}),
+    "dev_log_sms": frozenset({"sms"}),
+    "dev_log_bw_gbps": frozenset({"bw"}),
+    "dev_log_peak_vec_tflops": frozenset({"peak_vec"}),
+    "dev_log_peak_tflops": frozenset({"peak"}),
+    "dev_log_l2_mb": frozenset({"l2"}),
+    "dev_clock_ghz": frozenset({"clock"}),
+    "dev_is_amd": frozenset({"vendor"}),
+    "dev_log_ridge": frozenset({"peak", "bw"}),
+    "dev_log_l2bw_over_dram": frozenset({"sms", "clock", "bw"}),
+    "dev_log_flops_per_sm_clock": frozenset({"peak", "sms", "clock"}),
+    "dev_base_over_boost": frozenset({"base_clock", "clock"}),
+    "dev_log_w_per_tflop": frozenset({"tdp", "peak"}),
+    "dev_log_mem_gb": frozenset({"mem_gb"}),
+    "dev_is_gddr": frozenset({"memory_type"}),
+    **{f: frozenset({"sms"}) for f in ("log_tiles_128x128_per_sm", "log_numel_per_sm", "log_rows_per_sm",
+                                        "row_wave_eff", "log_elem_waves")},
+    **{f"{k}_{a}x{b}": frozenset({"sms"}) for k in ("wave_eff", "log_waves") for a, b in TILES},
+}
+
+
+def read_device_descriptors(features) -> frozenset:
+    """The device descriptors (:data:`DEVICE_FEATURES`) a model reading ``features`` reads: those whose every input
+    quantity (:data:`FEATURE_DEVICE_INPUTS`) enters one of ``features``, so that a model input moves with it. The
+    elementwise and LayerNorm models take only three ``dev_`` features (ridge point, vendor, watts per TFLOP/s) but
+    read the bandwidth through ``log_t_mem_ms``, the SM count through ``log_numel_per_sm``, the L2 through
+    ``log_ws_over_l2`` and the vector rate through ``log_t_compute_ms`` (each recoverable from those and ``log_bytes``
+    / ``log_numel`` / ``log_flops``); they read no memory capacity, clock or base clock, so neither those nor the
+    descriptors built on the clock (FLOP per SM-clock, L2 over DRAM bandwidth, base over boost) are theirs. A GEMM
+    model takes every descriptor itself."""
+    feats = list(features)
+    read = frozenset().union(*(FEATURE_DEVICE_INPUTS.get(f, frozenset()) for f in feats))
+    return frozenset(f for f in DEVICE_FEATURES if FEATURE_DEVICE_INPUTS[f] <= read)
+
+
+#: the arithmetic-rate descriptors, left out of the device-OOD check of a family whose models take none of them as a
+#: feature (the vector families: elementwise, norms, softmax). A judgement kept from commit 8de09a4, not a
+#: derivation: those models do read the rate (:func:`read_device_descriptors`; an H100 spec at 37.4 FP32 TFLOP/s instead of 67 moves
+#: their log ratios by 16% median, 74% at most, over 42 Llama-shaped kernels), but only through features checked
+#: themselves (ridge point and watts per TFLOP/s as device features, ``log_t_compute_ms`` as a shape feature), and
+#: their kernels stream memory far below the ridge point: bandwidth, what their time scales with, stays checked. With
+#: the rate checked, an H100's FP32 peak (67 TFLOP/s, beyond the 55 its folds covered) flags every vector kernel of a
+#: Llama 3 8B bf16 step (OOD time 3% -> 57%, band -13..+29% -> -20..+40%; no other catalog GPU's flags move).
+RATE_DESCRIPTORS = frozenset({"dev_log_peak_tflops", "dev_log_peak_vec_tflops", "dev_log_flops_per_sm_clock"})
+
+
+def checked_device_descriptors(features) -> frozenset:
+    """The device descriptors the device-OOD check of a family whose models read ``features`` looks at: those its
+    models read (:func:`read_device_descriptors`), less :data:`RATE_DESCRIPTORS` where no model takes one as a
+    feature."""
+    read = read_device_descriptors(features)
+    return read if RATE_DESCRIPTORS & set(features) else read - RATE_DESCRIPTORS
 
 
 @dataclass
@@ -173,14 +237,22 @@ class FamilyModel:
         spans = [self.support[f] for f in names]
         slack = np.array([SUPPORT_SLACK * max(b - a, 1e-9) for a, b in spans])
         # a device descriptor is out of distribution only beyond the extrapolation leave-one-generation-out covered
-        # (every descriptor, read by the model or not: the band measured what the unread ones leave unmodelled only
-        # as far as the folds varied them; an L4's watts per TFLOP/s, below every fold, is not covered)
+        # (an L4's watts per TFLOP/s, below every fold, is not covered), and only a descriptor the family's models
+        # read (read_device_descriptors): until stop 56 every one was checked, and an H100 spec with 200 GB of memory
+        # or a 2.1 GHz boost clock flagged every vector kernel of a Llama 3 8B step (OOD time 3% -> 57%, band
+        # -13..+29% -> -20..+40%) whose predictions had not moved in the last digit
         margin = (self.logo or {}).get("margin") or {}
         slack = slack + np.array([float(margin.get(f, 0.0)) if f in DEVICE_FEATURES else 0.0 for f in names])
         self._sup_names = names
         self._sup_lo = np.array([a for a, _ in spans]) - slack
         self._sup_hi = np.array([b for _, b in spans]) + slack
         self._sup_dev = np.array([f in DEVICE_FEATURES for f in names], dtype=bool)
+        # the device descriptors the family's models read (its members' features included; the vector families less
+        # the arithmetic rate, RATE_DESCRIPTORS): the only ones its device-OOD check, and ood_reason, look at
+        member_feats = list((self.ceiling_member or {}).get("features") or [])
+        self.checked_descriptors = checked_device_descriptors(list(self.features) + member_feats)
+        self._sup_skip = np.array([f in DEVICE_FEATURES and f not in self.checked_descriptors for f in names],
+                                  dtype=bool)
 
     def dtype_class_device_ood(self, X: pd.DataFrame, rows=None) -> np.ndarray:
         """Device-OOD per dtype class: tensor-core rows (``is_tensor_dtype``) against the devices' descriptors over
@@ -206,7 +278,7 @@ class FamilyModel:
             if not sel.any() or cls not in by:
                 continue
             for f, (lo, hi) in by[cls].items():
-                if f not in X:
+                if f not in X or f not in self.checked_descriptors:
                     continue
                 pad = SUPPORT_SLACK * max(hi - lo, 1e-9) + float(margin.get(f, 0.0))
                 v = X[f].to_numpy(dtype=float)[idx]
@@ -227,7 +299,7 @@ class FamilyModel:
         below = np.empty(n, dtype=bool)
         above = np.empty(n, dtype=bool)
         for i, f in enumerate(self._sup_names):
-            if f not in where or f in skip:
+            if f not in where or f in skip or self._sup_skip[i]:
                 continue
             v = V[:, where[f]]
             np.less(v, self._sup_lo[i], out=below)  # NaN compares False: never out of support

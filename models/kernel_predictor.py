@@ -914,11 +914,6 @@ def _power_floor_ms(X: pd.DataFrame, dtype, spec: DeviceSpec) -> np.ndarray | No
 #: family's kernels run on the vector units whatever their dtype, so its descriptors are the same for a bf16 and an
 #: fp32 kernel and the family's support (every dtype, widened by what leave-one-generation-out covered) applies.
 DTYPE_CLASS_FAMILIES = frozenset({"gemm", "conv"})
-#: device descriptors of arithmetic rate that the vector families' device-OOD check leaves out: those kernels stream
-#: memory, their models do not read these, and where the arithmetic rate matters to them (transcendental ops, tiny
-#: rows) it enters through shape features that are checked (``log_t_compute_ms``, ``log_intensity_over_ridge``).
-#: An H100's FP32 peak (67 TFLOP/s, beyond every fold) otherwise flagged every bf16 add of a Llama step.
-VECTOR_SKIPPED_DESCRIPTORS = frozenset({"dev_log_peak_tflops", "dev_log_peak_vec_tflops", "dev_log_flops_per_sm_clock"})
 #: ood_reason from (shape_ood, device_ood): code = shape_ood + 2 x device_ood
 _OOD_REASONS = ["", "shape", "device", "shape+device"]
 
@@ -1052,17 +1047,18 @@ def _descriptor_text(f: str, v: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return text[codes] if len(uniq) else np.full(len(v), "", dtype=object)
 
 
-def _device_ood_detail(fm, A: np.ndarray, cols: list[str], X: pd.DataFrame, rows, skip: frozenset, matmul: bool,
+def _device_ood_detail(fm, A: np.ndarray, cols: list[str], X: pd.DataFrame, rows, matmul: bool,
                        dev_ood: np.ndarray) -> np.ndarray:
-    """Per row of a family's rows: the device descriptors beyond the range leave-one-generation-out covered (the
-    family's pooled support, and for matmul families its dtype class's, each widened as the OOD check widens it),
+    """Per row of a family's rows: the device descriptors its check looks at (``fm.checked_descriptors``) beyond the range
+    leave-one-generation-out covered (the family's pooled support, and for matmul families its dtype class's, each
+    widened as the OOD check widens it),
     "; "-joined ("" where none), for ``ood_reason`` to say which descriptor made a row device-OOD."""
     n = len(A)
     out = np.full(n, "", dtype=object)
     where = {c: j for j, c in enumerate(cols)}
     found: dict[str, tuple[np.ndarray, np.ndarray, float, float]] = {}
     for i, f in enumerate(fm._sup_names):
-        if not fm._sup_dev[i] or f not in where or f in skip:
+        if not fm._sup_dev[i] or fm._sup_skip[i] or f not in where:
             continue
         v = A[:, where[f]]
         bad = dev_ood & ((v < fm._sup_lo[i]) | (v > fm._sup_hi[i]))
@@ -1140,7 +1136,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
             dt_m = np.asarray(dt_names, dtype=object)[dt_codes[m]]
             p, blended, ceiled = _floor_blend(fm, X, A, rows, p, t_roof[m], dt_m, device)
         matmul = f in DTYPE_CLASS_FAMILIES
-        shape_ood, dev_ood = fm.ood_mask_matrix(A, cols, frozenset() if matmul else VECTOR_SKIPPED_DESCRIPTORS)
+        shape_ood, dev_ood = fm.ood_mask_matrix(A, cols)
         if matmul:
             dev_ood |= fm.dtype_class_device_ood(X, rows)
         oo = shape_ood | dev_ood
@@ -1188,8 +1184,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
                 model_codes[both if rows is None else rows[both]] = code(model_names, "ceiling+floor")
         why_codes[m] = shape_ood + 2 * dev_ood.astype(np.intp)
         if dev_ood.any():  # name the device descriptor(s) beyond the covered range after the leading "device"
-            detail = _device_ood_detail(fm, A, cols, X, rows, frozenset() if matmul else VECTOR_SKIPPED_DESCRIPTORS,
-                                        matmul, dev_ood)
+            detail = _device_ood_detail(fm, A, cols, X, rows, matmul, dev_ood)
             at = np.flatnonzero(detail != "")
             if len(at):
                 base = np.asarray(why_names, dtype=object)[why_codes[m][at]]

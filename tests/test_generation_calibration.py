@@ -110,9 +110,12 @@ def test_vector_kernels_are_not_flagged_by_an_arithmetic_rate_they_do_not_use():
     """A bf16 elementwise kernel streams memory on the vector units: an H100's FP32 peak (beyond every fold) does not
     make it OOD, its bandwidth (inside what the Ampere fold covered) does not either; a B200's bandwidth (3.8x the
     training maximum, beyond every fold) still does. GEMMs keep every descriptor and their dtype class's support."""
-    from wattcast.models.kernel_predictor import DTYPE_CLASS_FAMILIES, VECTOR_SKIPPED_DESCRIPTORS
+    from wattcast.models.kernel_bundle import RATE_DESCRIPTORS, load_bundle
+    from wattcast.models.kernel_predictor import DTYPE_CLASS_FAMILIES
 
-    assert "elementwise" not in DTYPE_CLASS_FAMILIES and "dev_log_bw_gbps" not in VECTOR_SKIPPED_DESCRIPTORS
+    checked = load_bundle().families["elementwise"].checked_descriptors
+    assert "elementwise" not in DTYPE_CLASS_FAMILIES and "dev_log_bw_gbps" in checked
+    assert not RATE_DESCRIPTORS & checked
     k = pd.DataFrame({"op": ["add", "mul"], "dtype": ["bf16"] * 2, "B": [1.0, 1.0], "H": [2.0**24, 2.0**26]})
     h100 = predict_kernels(k, resolve_device("H100-SXM5-80GB"))
     b200 = predict_kernels(k, resolve_device("B200"))

@@ -126,13 +126,13 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
     dev_ood = np.zeros(len(X), dtype=bool)
     # leave-one-generation-out calibration: device ranges widened by the folds' extrapolation, and for the matmul
     # families checked per dtype class as well (tensor-core rows against the tensor-core training rows, FP32 rows
-    # against the FP32 ones); the vector families leave out the arithmetic-rate descriptors (peaks, FLOP per SM-clock)
+    # against the FP32 ones); only the device descriptors the family's models read are checked (the vector families
+    # less the arithmetic-rate ones: peaks, FLOP per SM-clock; models/kernel_bundle.py checked_device_descriptors)
     matmul = family in ("gemm", "conv")
     logo = fm.logo or {}
     margin = logo.get("margin") or {}
     for f, (lo, hi) in fm.support.items():
-        if f not in X or (not matmul and f in ("dev_log_peak_tflops", "dev_log_peak_vec_tflops",
-                                               "dev_log_flops_per_sm_clock")):
+        if f not in X or (f in DEVICE_FEATURES and f not in fm.checked_descriptors):
             continue
         v = X[f].to_numpy(dtype=float)
         slack = SUPPORT_SLACK * max(hi - lo, 1e-9) + (margin.get(f, 0.0) if f in DEVICE_FEATURES else 0.0)
@@ -145,6 +145,8 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
     for i in range(len(X) if matmul else 0):
         ranges = (logo.get("support_by_dtype_class") or {}).get("tensor" if tensor[i] else "vector", {})
         for f, (lo, hi) in ranges.items():
+            if f not in fm.checked_descriptors:
+                continue
             v = float(X[f].iloc[i])
             slack = SUPPORT_SLACK * max(hi - lo, 1e-9) + margin.get(f, 0.0)
             if v < lo - slack or v > hi + slack:
