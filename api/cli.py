@@ -2060,11 +2060,14 @@ def profile_import(
     device: Optional[str] = typer.Option(None, "--device", "-d", help="GPU of the files when they do not record it (or to override it)."),
     collective: Optional[str] = typer.Option(None, "--collective", help="Collective of an nccl-tests log that does not name it (all_reduce, all_gather, ...)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the tables / profile.json an earlier import or run wrote into --output (as its profile.json records; its stale tables are removed; other files are kept). Without it, an existing one is an error; a table no profile.json records (a user's own) is refused even with it."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Ranks (GPUs) per node of the profiled job (torchrun's --nproc-per-node). A trace does not record which node each rank ran on; this fills collectives.csv's nodes / gpus_per_node, which `train collectives` needs. Nodes = the trace's world size (distributedInfo.world_size) / this, unless --nodes gives them; a group whose global ranks the trace lists is placed rank by rank (rank r on node r // this, torchrun's order)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes the profiled job ran on (with --gpus-per-node, or alone when the trace records its world size); checked against the trace's world size."),
 ) -> None:
     """Import profiling files into wattcast's measurement tables (schema in the README)."""
     from wattcast.data.profiles.importers import import_file
     from wattcast.data.profiles.tables import Profile, ProfileImportError, check_output_folder
 
+    _positive(gpus_per_node=gpus_per_node, nodes=nodes)
     _output_dir(output, "--output")
     try:
         check_output_folder(output, overwrite=overwrite)
@@ -2084,7 +2087,7 @@ def profile_import(
     prof = Profile()
     for f in files:
         try:
-            notes = import_file(prof, f, device=device, collective=collective)
+            notes = import_file(prof, f, device=device, collective=collective, nodes=nodes, gpus_per_node=gpus_per_node)
         except ProfileImportError as e:
             _fail(str(e))  # messages may quote NVTX ranges such as 'bmm[int8] ...': _fail prints them literally
         _print_import_notes(notes)
@@ -2202,6 +2205,16 @@ def _print_import_notes(notes: dict) -> None:
                      if busy.get("steps_cpu_ms") else ""))
     if busy.get("copy_events"):
         err.print(f"  {_copies_text(busy)}")
+    pl = notes.get("placement")
+    if pl:  # the placement profile import's flags gave the collective rows (importers.place_collectives)
+        job = (f"{pl['nodes']} node(s) x {pl['gpus_per_node']} GPUs" if pl.get("nodes") is not None
+               else f"{pl['gpus_per_node']} GPUs per node, nodes unknown")
+        err.print(f"  placement from {pl['from']}: job of {job}"
+                  + (f" ({pl['derived']})" if pl.get("derived") else "")
+                  + f"; {pl['placed']:,} collective row(s) placed"
+                  + (f" ({pl['from_ranks']:,} by their group's global ranks, rank r on node r // "
+                     f"{pl['gpus_per_node']})" if pl.get("from_ranks") else "")
+                  + (f", {pl['kept']:,} kept the file's own" if pl.get("kept") else ""))
     if notes.get("warning"):  # literal (err has no markup): warnings quote NVTX ranges such as 'bmm[int8] ...'
         err.print(notes["warning"], style="yellow")
     reasons = sorted((notes.get("unmapped_reasons") or {}).items(), key=lambda x: -x[1])

@@ -200,7 +200,8 @@ PROFILE_REASONS = {
     "not_measured": "the importer/collector recorded it as not measured (its 'reason' column)",
     "unknown_op": "an op that is not one of the modelled collectives",
     "no_time_or_size": "no positive size_B / time_us",
-    "no_placement": "no nodes / gpus_per_node (an nccl-tests log without '# Rank' lines, or a collector row)",
+    "no_placement": "no nodes / gpus_per_node (a trace imported without profile import --gpus-per-node / --nodes, an "
+                    "nccl-tests log without '# Rank' lines, or a collector row)",
     "inconsistent_group": "nodes x gpus_per_node differs from world_size",
     "single_gpu": "a group of one GPU (nothing is communicated)",
     "no_cluster": "no cluster given for the imported rows (train collectives --cluster NAME|FILE)",

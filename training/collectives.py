@@ -327,6 +327,18 @@ def _refuse_heldout_clusters(imported: pd.DataFrame, profiles) -> None:
                 "or written")
 
 
+def _placement_hint(counts: dict) -> str:
+    """How to give the rows counted ``no placement`` their nodes / GPUs per node: a trace (or a log without
+    ``# Rank`` lines) does not record them, ``profile import --gpus-per-node G [--nodes N]`` does."""
+    from wattcast.data.profiles.importers import PLACEMENT_FLAGS
+
+    if not counts.get("no_placement"):
+        return ""
+    return (f"; {counts['no_placement']:,} row(s) have no placement (nodes / gpus_per_node): re-import their files "
+            f"with the profiled job's placement, `wattcast profile import FILE --output DIR {PLACEMENT_FLAGS}` (a trace "
+            "does not record which node each rank ran on)")
+
+
 def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: bool = True, quick: bool = False,
                           log=print, profiles=(), cluster=None, force: bool = False) -> dict:
     """Train, evaluate (leave-one-configuration-out on H100, alpha-beta alone, Polaris), log to MLflow and
@@ -351,9 +363,10 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
         if icounts["used"] == 0:
             hint = ("; give the cluster they were measured on with --cluster NAME|FILE" if icounts["no_cluster"] else "")
             raise ValueError(f"--data {', '.join(map(str, profiles))}: no imported collective row can train the "
-                             f"correction: {profile_counts_text(icounts)}{hint}")
+                             f"correction: {profile_counts_text(icounts)}{hint}{_placement_hint(icounts)}")
         _refuse_heldout_clusters(imported, profiles)
-        log(f"collectives: {profile_counts_text(icounts)}, on cluster {imported['cluster'].iloc[0]}")
+        log(f"collectives: {profile_counts_text(icounts)}, on cluster {imported['cluster'].iloc[0]}"
+            f"{_placement_hint(icounts)}")
     elif cluster is not None:
         raise ValueError("--cluster names the cluster imported profile rows were measured on; give the profile "
                          "folder(s) with --data DIR (folders written by `wattcast profile import`)")
