@@ -487,7 +487,7 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
 _WHY_MAX = 4000
 
 
-def candidate_overlaps(par: ParallelConfig, overlaps: dict) -> dict:
+def candidate_overlaps(par: ParallelConfig, overlaps: dict, gpus_per_node: int | None = None) -> dict:
     """The overlap flags one search candidate gets from the search's ``overlaps``. An explicit False applies to every
     candidate; an explicit True only to the candidates whose rules allow it (resolve_parallel's), the others keep the
     framework's default (off there, simulate.overlap.overlap_defaults), so True means "on wherever it can be", the
@@ -496,8 +496,15 @@ def candidate_overlaps(par: ParallelConfig, overlaps: dict) -> dict:
     by default: True turns it on for the expert-parallel candidates), ``overlap_p2p_comm`` the interleaved schedule
     (1F1B's transfers block either way: an explicit overlap_p2p_comm there is refused, parallel.check_overlap_p2p_flag,
     so it is left out there whether True or False), ``async_tp_comm`` tp > 1 outside DualPipe. Until the stop 48
-    review a True went to every candidate, and a search given --tp-comm-overlap rejected every tp 1 strategy."""
-    allowed = {"tp_comm_overlap": par.tp > 1 and bool(par.sp), "overlap_param_gather": par.zero >= 1,
+    review a True went to every candidate, and a search given --tp-comm-overlap rejected every tp 1 strategy.
+    ``gpus_per_node``: the searched cluster's node (NVLink domain) size; ``tp_comm_overlap`` also needs every TP group
+    inside one node (Transformer Engine's userbuffers, simulate/overlap.py: off by default beyond, an explicit one
+    refused by resolve_parallel), so a True leaves the TP groups that span nodes at that default (since stop 56; None:
+    not checked here)."""
+    from wattcast.simulate.parallel import group_layout
+
+    tp_in_node = gpus_per_node is None or par.tp <= 1 or group_layout(par.tp, 1, gpus_per_node, par.gpus).nodes <= 1
+    allowed = {"tp_comm_overlap": par.tp > 1 and bool(par.sp) and tp_in_node, "overlap_param_gather": par.zero >= 1,
                "overlap_moe_expert_parallel_comm": par.ep > 1,
                "async_tp_comm": par.tp > 1 and par.schedule != "dualpipe"}
     out = {k: (None if v is True and not allowed.get(k, True) else v) for k, v in overlaps.items()}
@@ -811,7 +818,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         for cl, spec in resolved:
             cands = candidate_configs(model, cl, gpus, batch, seq, **space, n_layers=graph_layers)
             if overlaps:
-                cands = [replace(c, **candidate_overlaps(c, overlaps)) for c in cands]
+                cands = [replace(c, **candidate_overlaps(c, overlaps, cl.gpus_per_node)) for c in cands]
             generated.extend(cands)
             job = _Job(model=model, cl=cl, spec=spec, gpus=gpus, step=step, tokens=tokens, footprint_kw=run_kw[cl.name],
                        fp8_param_gather=bool(fp8_param_gather),

@@ -63,7 +63,7 @@ from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfi
                                         memory_fitting_split,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
                                         layouts, pp_hop_crosses_nodes, resolve_parallel, stage_layers,
-                                        straddling_group_notes,
+                                        straddling_group_notes, tp_overlap_notes,
                                         _PAIR_ONE_NODE, _PAIR_TWO_NODES)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
@@ -2905,7 +2905,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                nan, nan, nan, nan, capacity, False)
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
                             view, power_limit_w,
-                            (*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node)))
+                            (*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
+                             *tp_overlap_notes(par, ctx.cl, ctx.opts.framework)))
 
     ep_unpaired = None
     if par.overlap_moe_expert_parallel_comm and dual:  # the tasks outside DualPipe's F&B pairs (its reference order)
@@ -3633,7 +3634,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     ood = critical_rank_ood({k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
                             float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
     warn = ood_warning(float(ood.get("share", 0.0)))
-    meta = with_warnings(meta, [*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node), *([warn] if warn else [])])
+    meta = with_warnings(meta, [*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
+                                *tp_overlap_notes(par, ctx.cl, ctx.opts.framework), *([warn] if warn else [])])
     if dual:
         meta["dualpipe"] = dualpipe_summary(pipe)
     if pipe.extrapolated:

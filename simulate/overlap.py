@@ -34,6 +34,21 @@ channels on NVLink/NVSwitch systems, ``NCCL_MIN_NCHANNELS``; Megatron-LM leaves 
 Engine's userbuffers ring-exchange moves data with copy engines and holds ``UB_SMS`` = 2 SMs for its
 synchronisation (TE's ``userbuffers`` defaults for the pipelined all-gather/reduce-scatter: ``num_sm`` 1-16 by
 method; the copy-engine ring exchange is the recommended one on NVSwitch machines).
+
+One NVLink domain only (since stop 56): Transformer Engine's userbuffers map the TP group's buffers into each other's
+address space and move the chunks with copy engines / multicast stores, so the whole TP group must sit in one NVLink
+domain (the GPUs one NVSwitch fabric joins: a DGX/HGX node, or a multi-node NVLink rack such as GB200 NVL72). TE 2.20.2
+``pytorch/module/base.py`` ``initialize_ub`` l. 220-225 needs CUDA multicast ("does not support comm+GEMM overlap with
+CUDA Multicast. Launch app with UB_SKIPMC=1 to try CUDA IPC instead"): multicast objects span the GPUs of one NVLink
+fabric, CUDA IPC handles the GPUs of one host; l. 305-321 build one "TP domain" per TP group, and the case of a single
+one is commented "TP model on single NVLink domain"; ``jax/cpp_extensions/gemm.py`` l. 320-321: "the Userbuffers
+backend, which uses CUDA multicast APIs and async memcpy on symmetric memory pointers". Megatron-LM passes only
+``tp_size`` (megatron/training/initialize.py ``_initialize_tp_communicators``, megatron-core 0.19.2 wheel l. 187, 233-239)
+and has no path over the network. wattcast's cluster specs make a "node" the NVLink domain (``gpus_per_node`` 72 for
+the NVL72 racks, data/clusters/gb200-nvl72.yaml), so a TP group over more than one node gets no ``--tp-comm-overlap``:
+its default is off there (:func:`overlap_defaults`' ``tp_nodes``) and an explicit one is refused
+(``parallel.resolve_parallel``), as an overlap other impossible layouts refuse. Until stop 56 the overlap was costed
+for such groups too (TP 16 on 8-GPU DGX H100 nodes hid 91% of its InfiniBand TP traffic).
 """
 
 from __future__ import annotations
@@ -74,14 +89,16 @@ UB_SMS = 2
 
 
 def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int, interleave: int | None = None,
-                     schedule: str | None = None) -> dict[str, bool]:
+                     schedule: str | None = None, tp_nodes: int = 1) -> dict[str, bool]:
     """What a framework overlaps when not told: Megatron-Core's GPT/Llama recipes (Megatron-LM ``examples/llama``,
     NeMo's ``llama3_*`` pretraining recipes) run the distributed optimizer with ``--overlap-grad-reduce
     --overlap-param-gather`` and, with TP and sequence parallelism, ``--tp-comm-overlap``; PyTorch DDP/FSDP overlap
     gradient buckets with backward by construction (handled by the scheduler), and DeepSpeed's engine reduces after
     backward (``overlap_comm`` off in its default config): none of the three for them. ``interleave``: the virtual
     pipeline size (None: not known, the interleaved schedule's default), which decides ``overlap_p2p_comm``;
-    ``schedule`` the pipeline schedule (None: not known, 1F1B), which decides ``async_tp_comm`` under DualPipe."""
+    ``schedule`` the pipeline schedule (None: not known, 1F1B), which decides ``async_tp_comm`` under DualPipe;
+    ``tp_nodes``: the nodes (NVLink domains) the worst TP group spans (``parallel.group_layout``; 1: not known, or one),
+    beyond one no ``tp_comm_overlap`` (module docstring: userbuffers work within one NVLink domain)."""
     off = dict.fromkeys(OVERLAP_FLAGS, False)
     if framework == "megatron":
         # overlap_p2p_comm: Megatron-LM megatron/training/arguments.py ``--no-overlap-p2p-communication``
@@ -92,13 +109,23 @@ def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int, interleave
         # async_tp_comm: Megatron-Core's linear layers always start the backward TP collective asynchronously
         # (async_tp_backward_save_ms), so on wherever there is a TP group; off under DualPipe, whose weight-gradient
         # GEMMs run apart (TE's delay_wgrad_compute: nothing of the module is left beside the collective), and at tp 1
-        return dict(off, overlap_grad_reduce=True, overlap_param_gather=zero >= 1, tp_comm_overlap=tp > 1 and sp,
+        return dict(off, overlap_grad_reduce=True, overlap_param_gather=zero >= 1,
+                    tp_comm_overlap=tp > 1 and bool(sp) and int(tp_nodes) <= 1,
                     overlap_p2p_comm=interleave is None or int(interleave) > 1,
                     async_tp_comm=tp > 1 and schedule != "dualpipe")
     # megatron-deepspeed: async_tp_comm off. Megatron-DeepSpeed's own code has the asynchronous all-reduce (arguments.py
     # --no-async-tensor-model-parallel-allreduce); vTrain's single-node fitting half is better without it (measured with
     # it on and the host costs refitted: mean 5.87 -> 6.13%), so its default stays off (an explicit True is accepted)
     return off
+
+
+def tp_overlap_domain_reason(tp: int, tp_nodes: int, gpus_per_node: int, cluster: str) -> str:
+    """Why ``--tp-comm-overlap`` is not run for TP groups of ``tp`` ranks over ``tp_nodes`` nodes of ``gpus_per_node``
+    GPUs (module docstring: userbuffers within one NVLink domain): the shared part of the note and of the refusal."""
+    who = "the TP groups" if tp > gpus_per_node else "some TP groups"  # else: groups straddling a node boundary
+    return (f"{who} (tp {tp}) span {tp_nodes} nodes of cluster {cluster} ({gpus_per_node} GPUs per node, its "
+            f"NVLink domain): Transformer Engine's userbuffers, which --tp-comm-overlap runs, exchange the chunks "
+            f"through CUDA IPC / NVLink multicast within one NVLink domain only")
 
 
 def sm_share(sms_taken: float, num_sms: int) -> float:

@@ -27,7 +27,8 @@ from wattcast.data.checks import exotic_allowed, is_count, is_int
 from wattcast.data.cluster_spec import ClusterSpec
 from wattcast.featurize.context_parallel import cp_ring_size
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
-from wattcast.simulate.overlap import ANY_FRAMEWORK_FLAGS, MEGATRON_ONLY_REASONS, overlap_defaults
+from wattcast.simulate.overlap import (ANY_FRAMEWORK_FLAGS, MEGATRON_ONLY_REASONS, overlap_defaults,
+                                      tp_overlap_domain_reason)
 
 SCHEDULES = ("1f1b", "gpipe", "dualpipe")
 #: highest ZeRO stage a framework runs together with pipeline parallelism (pp > 1); frameworks not listed
@@ -751,8 +752,12 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
     if cluster is not None:
         check_job_size(cfg.gpus, cluster)
     fw_name = framework or ("megatron-deepspeed" if uneven_stages else "hf")
+    # the nodes (NVLink domains) the worst TP group spans: Transformer Engine's userbuffers (--tp-comm-overlap) work
+    # within one (simulate/overlap.py); no cluster: not known, one
+    tp_nodes = (group_layout(cfg.tp, 1, cluster.gpus_per_node, cfg.gpus).nodes
+                if cluster is not None and cfg.tp > 1 else 1)
     defaults = overlap_defaults(fw_name, tp=cfg.tp, sp=cfg.sp, zero=cfg.zero, interleave=cfg.interleave,
-                                schedule=cfg.schedule)
+                                schedule=cfg.schedule, tp_nodes=tp_nodes)
     flags = {}
     for name, default in defaults.items():
         v = d[name]
@@ -811,6 +816,11 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             "--tp-comm-overlap pipelines the sequence-parallel all-gathers and reduce-scatters with their GEMMs: it needs "
             "--tp > 1 and --sp")
+    if cfg.tp_comm_overlap and tp_nodes > 1:
+        # as the rules above: an overlap the layout cannot run is refused when asked for (its default is off here)
+        why, fix = tp_overlap_domain_hint(cfg.tp, tp_nodes, cluster)
+        raise ParallelConfigError(f"--tp-comm-overlap: {why}. Leave the flag out (off by default for this layout) or "
+                                  f"give --no-tp-comm-overlap; {fix}")
     if cfg.async_tp_comm and not (cfg.tp > 1 and cfg.schedule != "dualpipe"):
         # as --tp-comm-overlap without a TP group: a True that would change nothing is refused (False is accepted
         # anywhere: it is the default there, and --no-overlap / Megatron-LM 2021's runs turn every overlap off)
@@ -1039,6 +1049,31 @@ def straddling_group_notes(cfg: ParallelConfig, gpus_per_node: int) -> list[str]
                        f"(costed as {lay[key].gpus_per_node} per node); --gpus-per-node {g - g % span} "
                        f"(a multiple of {span}) keeps every group in one node")
     return out
+
+
+def tp_overlap_domain_hint(tp: int, tp_nodes: int, cluster: ClusterSpec) -> tuple[str, str]:
+    """Why TP groups of ``tp`` ranks over ``tp_nodes`` nodes of ``cluster`` get no ``--tp-comm-overlap``
+    (simulate/overlap.py), and what keeps them in one NVLink domain: a smaller ``--tp``, or ``--gpus-per-node`` for a
+    group that straddles two nodes although it would fit in one."""
+    g = max(int(cluster.gpus_per_node), 1)
+    fix = (f"--tp {g} or less keeps each TP group in one node" if tp > g else
+           f"--gpus-per-node {g - g % tp} (a multiple of {tp}) keeps every TP group in one node")
+    return tp_overlap_domain_reason(tp, tp_nodes, g, cluster.name), fix
+
+
+def tp_overlap_notes(cfg: ParallelConfig, cluster: ClusterSpec, framework: str | None) -> list[str]:
+    """The note a prediction carries when ``cfg``'s TP groups span nodes (NVLink domains) under ``--framework megatron``
+    with sequence parallelism, where ``--tp-comm-overlap`` would be on in one node: it is off there
+    (:func:`resolve_parallel`, simulate/overlap.py). Nothing otherwise."""
+    if framework != "megatron" or cfg.tp <= 1 or not cfg.sp or cfg.tp_comm_overlap:
+        return []
+    nodes = group_layout(cfg.tp, 1, cluster.gpus_per_node, cfg.gpus).nodes
+    if nodes <= 1:
+        return []
+    why, fix = tp_overlap_domain_hint(cfg.tp, nodes, cluster)
+    return [f"--tp-comm-overlap is off for this layout (the default for TP groups beyond one NVLink domain since stop "
+            f"56): {why}. Its TP all-gathers and reduce-scatters are costed over the network, exposed but for what "
+            f"--async-tp-comm hides in the backward; {fix}"]
 
 
 def expert_tp(cfg: ParallelConfig) -> int:

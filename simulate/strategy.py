@@ -18,7 +18,10 @@ Grammar: tokens joined by ``-``, in any order on input (the canonical order belo
   ``noa2a`` (MoE expert-parallel all-to-alls), ``p2po`` / ``nop2po`` (the interleaved schedule's point-to-point
   transfers), ``atp`` / ``noatp`` (the column-parallel linears' backward TP collective beside their weight-gradient
   GEMM, ``--async-tp-comm``: on by default under megatron with tp > 1); absent:
-  the framework's default, so a string predicted under the same ``--framework`` resolves the same flags;
+  the framework's default, so a string predicted under the same ``--framework`` resolves the same flags. ``tpo``'s
+  default is read without the cluster (on under megatron with tp > 1 and ``sp``): a TP group beyond one node (NVLink
+  domain) runs without it (``parallel.resolve_parallel``, since stop 56), which is written ``notpo``, so a search row
+  says so and its string means the same on any cluster (predicted, the token is an explicit off: the same step);
 - ``ppf<N>`` / ``ppl<N>``: transformer layers of the first / last pipeline stage (only when set);
 - ``etp<N>``: the routed experts' tensor-parallel degree (Megatron-Core's ``--expert-tensor-parallel-size``; only when
   set, absent: tp);
@@ -114,7 +117,8 @@ class Strategy:
 def format_strategy(cfg: ParallelConfig, batch: int | None = None, framework: str = "hf") -> str:
     """The canonical strategy string of ``cfg``: ``dp`` and ``micro_batch`` must be known (a configuration resolved by
     :func:`wattcast.simulate.parallel.resolve_parallel`, as every search row's is). ``batch`` (global, sequences) adds
-    ``ga`` = micro-batches per step. Overlap flags are written where they differ from ``framework``'s default."""
+    ``ga`` = micro-batches per step. Overlap flags are written where they differ from ``framework``'s default, taken
+    without the cluster (module docstring: a TP group beyond one node has ``notpo`` written)."""
     from wattcast.simulate.overlap import overlap_defaults
     from wattcast.featurize.workload import canonical_framework
 
