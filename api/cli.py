@@ -995,6 +995,7 @@ def _print_cluster_tables(res, batch: int, seq: int | None) -> None:
     if res.meta.get("moe_load", 1.0) != 1.0:
         con.print(f"MoE routing: the busiest expert-parallel rank's experts process {res.meta['moe_load']:.2f}x their "
                   "balanced share of tokens (every MoE layer waits for it; energy counts every rank so)")
+    _print_cluster_per_op(con, res)
     d = Table(title="per pipeline stage (one GPU of each)")
     for c in ("stage", "busy ms", "weights+master GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
         d.add_column(c, justify="right")
@@ -1005,6 +1006,34 @@ def _print_cluster_tables(res, batch: int, seq: int | None) -> None:
     con.print(d)
     con.print(f"energy per step {res.energy_j / 1e3:.2f} kJ (all GPUs), average board power {res.avg_power_w:.0f} W per GPU"
               + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
+
+
+def _print_cluster_per_op(con: Console, res) -> None:
+    """A distributed step's ``per_op`` table: the step's kernels by op class (every micro-batch, the whole model at the
+    TP degree, every stage's optimizer step as one of its GPUs runs it: sharded under ZeRO / the distributed optimizer /
+    FSDP), the named parts as "of which" lines, shares of the table's total (with pipeline stages it exceeds the step,
+    which one GPU spends about 1/pp of)."""
+    if not res.per_op:
+        return
+    total = sum(float(r["time_ms"]) for r in res.per_op)
+    n_micro = res.meta.get("n_micro")
+    micro = "" if n_micro is None else f"{n_micro} micro-batch{'' if n_micro == 1 else 'es'}, "
+    t = Table(title=f"per op class over the step ({micro}the whole model at TP {res.parallel.tp}, one GPU of each "
+                    f"stage; total {total:.1f} ms)")
+    for c in ("op class", "kernels", "time ms", "share"):
+        t.add_column(c, justify="right" if c != "op class" else "left")
+    share = lambda ms: f"{100 * ms / max(total, 1e-12):.1f}%"  # noqa: E731
+    for r in res.per_op:
+        t.add_row(r["op_class"], f"{r['count']:,}", f"{r['time_ms']:.2f}", share(r["time_ms"]))
+        for p in r.get("parts") or []:
+            label = _PART_LABELS.get(p["name"], p["name"]) + (f" ({p['impl']})" if p.get("impl") else "")
+            # (a pass the graph has no kernels for, costed by its bytes, counts none)
+            t.add_row(f"  {label}", f"{p['count']:,}" if p["count"] else "", f"{p['time_ms']:.2f}", share(p["time_ms"]),
+                      style="dim")
+    gap_ms = sum(float(r.get("launch_gap_ms") or 0.0) for r in res.per_op)
+    if any("launch_gap_ms" in r for r in res.per_op):
+        t.add_row("launch gaps (inside the rows above)", "", f"{gap_ms:.2f}", share(gap_ms), style="dim")
+    con.print(t)
 
 
 _SEARCH_OUTPUT_SUFFIXES = (".json", ".csv", ".parquet")
@@ -1537,7 +1566,8 @@ def regions(
 #: how the per-op table names a row's parts (single_device.OP_PARTS)
 _PART_LABELS = {"optimizer_step": "of which optimizer step", "clip_grad_norm": "of which clip_grad_norm",
                 "loss_scaling": "of which loss scaling", "grad_accumulation": "of which grad accumulation",
-                "memcpy": "of which memcpy"}
+                "memcpy": "of which memcpy", "main_grad_cast": "of which main-gradient cast",
+                "grad_buffer": "of which gradient-buffer passes"}
 
 
 def _print_prediction(res) -> None:

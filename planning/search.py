@@ -1101,15 +1101,18 @@ class _Evaluator:
         """A scheduled step's :data:`_BAND_TERMS` (``predict_cluster``'s ``step_band`` inputs, as numbers)."""
         gen = 0.0
         if self.generation_term:
+            from wattcast.simulate.step_band import generation_terms
+
             per_op = r.rank_per_op
             hit = self.generation_sums.get(id(per_op))
             if hit is None:  # the op totals are kept (with the search's views): their id is not reused
-                from wattcast.simulate.step_band import generation_terms
-
                 hit = self.generation_sums[id(per_op)] = (per_op, *generation_terms(per_op, ctx.bundle,
                                                                                      ctx.dtype != "fp32"))
-            total = hit[2] + r.data_loading_ms
-            gen = hit[1] / total if np.isfinite(total) and total > 0 else 0.0
+            # the prediction's per_op: the forward and backward rows and the loading n_micro times, the optimizer's
+            # rows once (simulate/distributed.step_per_op)
+            opt_num, opt_total = generation_terms(r.optimizer_per_op or [], ctx.bundle, ctx.dtype != "fp32")
+            total = r.n_micro * (hit[2] + r.data_loading_ms) + opt_total
+            gen = (r.n_micro * hit[1] + opt_num) / total if np.isfinite(total) and total > 0 else 0.0
         return (gen, *(r.ood_sums or _NO_OOD))
 
     def __call__(self, par: ParallelConfig) -> tuple[str, tuple]:

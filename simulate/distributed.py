@@ -49,8 +49,8 @@ from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
 from wattcast.featurize.op_graph import NODE_COLUMNS, GraphError
 from wattcast.featurize.recompute import node_tags
-from wattcast.featurize.training_graph import (CLIP_BYTES_PER_PARAM, MUON_STATE_BYTES_PER_PARAM, optimizer_param_tensors,
-                                               optimizer_state_bytes)
+from wattcast.featurize.training_graph import (CLIP_BYTES_PER_PARAM, MUON_STATE_BYTES_PER_PARAM, optimizer_key,
+                                               optimizer_param_tensors, optimizer_state_bytes)
 from wattcast.featurize.workload import (MAX_TOKENS_PER_STEP, StepOptions, canonical_framework, checked_dtype,
                                         fp8_recipe_option, is_onnx_path, moe_dispatcher_option, step_graph)
 from wattcast.models.kernel_bundle import load_bundle
@@ -71,8 +71,8 @@ from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share
                                         peak_activation_bytes as dualpipe_peak_bytes)
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.scheduler import bucket_spans
-from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, step_overheads,
-                                             stream_bandwidth_gbps, with_warnings)
+from wattcast.simulate.single_device import (cost_nodes, fallback_summary, group_totals, model_flops, op_part_labels,
+                                             step_overheads, stream_bandwidth_gbps, with_warnings)
 from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
 from wattcast.simulate.options import MISSING, DistributedOptions, checked_headroom_gb, options_from_keywords
 from wattcast.simulate.overlap import (NCCL_SMS, async_tp_backward_save_ms, ep_overlap_layer_ms, overlapped_ms, sm_share,
@@ -857,15 +857,26 @@ def bf16_optimizer_step_bytes(accum: str, dp: int, clip_grad: bool = True) -> tu
     ``copy_`` of a tensor onto its own data returns at once). With Megatron-DeepSpeed's weight-decay and no-decay
     groups (its ``megatron/optimizer`` source is not at hand to confirm their number and order) it applies to a stage
     whose weight-decay buffer holds at most 5e8 elements; BLOOM-176B's stages (~3.7e9) do not."""
+    parts = bf16_optimizer_step_parts(accum, dp, clip_grad)
+    # (every term a whole number of bytes: the sums are exact in any order)
+    return sum(w for w, _ in parts.values()), sum(p for _, p in parts.values())
+
+
+def bf16_optimizer_step_parts(accum: str, dp: int, clip_grad: bool = True) -> dict[str, tuple[float, float]]:
+    """:func:`bf16_optimizer_step_bytes` by the ``per_op`` part it adds to (name -> (bytes per parameter of the stage's
+    whole gradient, of the rank's partition)): ``grad_buffer`` the casts and scale around the DP all-reduce and the
+    buffer zeroed twice, ``clip_grad_norm`` the norm and clipping over the whole gradient less the graph's clipping row
+    (which the scheduler shards), ``optimizer_step`` the step's bytes beyond the graph's row (``update_lp_params``' copy,
+    a bf16 buffer's partition cast)."""
     acc4 = accum == "fp32"
     multi = int(dp) > 1
     reduce_b = (12.0 + (4.0 if multi else 0.0)) if acc4 else (4.0 if multi else 0.0)
     norm_b = 4.0 if acc4 else 10.0
     clip_b = (8.0 if acc4 else 4.0) if clip_grad else 0.0
     zero_b = 2 * (4.0 if acc4 else 2.0)
-    whole = reduce_b + norm_b + clip_b + zero_b
-    part = (34.0 - 32.0) + (0.0 if acc4 else 6.0) - (CLIP_BYTES_PER_PARAM if clip_grad else 0.0)
-    return whole, part
+    return {"grad_buffer": (reduce_b + zero_b, 0.0),
+            "clip_grad_norm": (norm_b + clip_b, -(CLIP_BYTES_PER_PARAM if clip_grad else 0.0)),
+            "optimizer_step": (0.0, (34.0 - 32.0) + (0.0 if acc4 else 6.0))}
 
 
 def tied_copy_params_by_chunk(tied_output_params: float, pp: int, n_chunks: int) -> np.ndarray:
@@ -1395,7 +1406,10 @@ class _RankView:
     phase_ms: dict
     recompute_flops: float
     overheads: dict  # single_device.step_overheads of the whole rank graph (one micro-batch; the optimizer once)
-    per_op: list
+    #: the whole rank graph's forward and backward kernels of one micro-batch per op class (count, time_ms, flops,
+    #: launch_gap_ms, parts: single_device.with_op_parts' rows without the optimizer phase); a step's ``per_op`` is
+    #: them n_micro times with the optimizer phase as the ranks run it (:func:`step_per_op`)
+    per_op_fb: list
     fallback_ops: list
     ood_fraction: float
     # out-of-distribution time per layer (simulate/step_band.py: the step band's OOD term, read for the critical rank):
@@ -1427,6 +1441,10 @@ class _RankView:
     # a buffer of their own) in Megatron-Core's registration order (dense_param_sequence): what
     # mcore_ddp_bucket_numels walks to cut the distributed-data-parallel gradient buckets
     dense_param_seq: tuple = None
+    #: the optimizer phase's kernels per "op_class|part" (part: single_device.op_part_labels', "" for none, e.g. the FP8
+    #: weight casts), each a (4, layers) array: per layer their ms, launch gaps (ms inside the first), kernels and FLOPs,
+    #: before ZeRO sharding (:func:`sharded_optimizer_parts` shards them as the step's optimizer time)
+    opt_parts: dict = None
 
 
 #: the attention output projection (Megatron-Core's ``linear_proj``) as the graph builders --framework megatron runs
@@ -1476,6 +1494,34 @@ def dense_param_sequence(names: np.ndarray, counts: np.ndarray) -> np.ndarray:
     has = nxt < len(q_last)
     key[kv[has]] = q_last[nxt[has]] + 0.5
     return np.asarray(counts, dtype=float)[np.argsort(key, kind="stable")]
+
+
+#: the order of a ``per_op`` row's ``parts``: single_device.with_op_parts' (optimizer_step, clip_grad_norm,
+#: loss_scaling, grad_accumulation, memcpy) with a cluster step's own optimizer passes (:func:`optimizer_extra_parts`)
+#: after loss scaling
+OP_PART_ORDER = ("optimizer_step", "clip_grad_norm", "loss_scaling", "main_grad_cast", "grad_buffer",
+                 "grad_accumulation", "memcpy")
+
+
+def op_rows(op_class: np.ndarray, part: np.ndarray, time_ms: np.ndarray, gap_ms: np.ndarray,
+            flops: np.ndarray) -> list[dict]:
+    """``per_op`` rows (op_class, count, time_ms, flops, launch_gap_ms and, where the class holds any named overhead,
+    ``parts``: name, count, time_ms) of kernels given as arrays, each with its ``part`` (single_device.op_part_labels,
+    "" for none) and launch gap: single_device.with_op_parts' rows, from arrays (a repeated short graph's rows need no
+    frame of their own)."""
+    rows = group_totals(op_class, time_ms, flops, "op_class")
+    codes, uniq = pd.factorize(op_class)
+    gaps = dict(zip(map(str, uniq), np.bincount(codes, weights=gap_ms, minlength=len(uniq)).tolist()))
+    named = part != ""
+    parts: dict[str, list[dict]] = {}
+    if named.any():
+        key = op_class[named].astype(str).astype(object) + "|" + part[named].astype(str)
+        for r in group_totals(key, time_ms[named], np.zeros(int(named.sum())), "key", by_time=False):
+            cls, nm = r["key"].split("|")
+            parts.setdefault(cls, []).append(dict(name=nm, count=r["count"], time_ms=r["time_ms"]))
+    return [dict(r, launch_gap_ms=float(gaps.get(r["op_class"], 0.0)),
+                 **({"parts": sorted(parts[r["op_class"]], key=lambda q: OP_PART_ORDER.index(q["name"]))}
+                    if r["op_class"] in parts else {})) for r in rows]
 
 
 def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1,
@@ -1551,7 +1597,22 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     cuts = np.searchsorted(li[rows], np.arange(n + 1))
     seq_by_id = [dense_param_sequence(name_arr[rows[a:z]], params[rows[a:z]]) for a, z in zip(cuts[:-1], cuts[1:])]
     muon_by_layer = {int(k): float(v) for k, v in (g.meta.get("muon_params_by_layer") or {}).items()}
+    # per_op's rows: the forward and backward kernels (whole model, one micro-batch) with their named parts and launch
+    # gaps, and the optimizer phase per layer and part (sharded per stage by the step)
+    part = op_part_labels(costed)
+    gap = np.maximum(t - gpu_t, 0.0)
+    rep = np.repeat(np.arange(len(costed)), mult) if n_rep > 1 else slice(None)
+    w_fb = ~opt[rep]
+    per_op_fb = op_rows(op_class[rep][w_fb], part[rep][w_fb], wt[w_fb], gap[rep][w_fb], flops[rep][w_fb])
+    opt_parts = {}
+    if opt.any():
+        okey = np.where(opt, op_class.astype(str).astype(object) + "|" + part, "")
+        ones = np.ones(len(t))
+        for k in pd.unique(okey[opt]):
+            m = okey == k
+            opt_parts[str(k)] = np.stack([per_layer(m, t), per_layer(m, gap), per_layer(m, ones), per_layer(m, flops)])
     return _RankView(
+        per_op_fb=per_op_fb, opt_parts=opt_parts,
         muon_params=layer_array(muon_by_layer) if g.meta.get("optimizer") == "muon" else None,
         muon_tensors=optimizer_param_tensors(g) if g.meta.get("optimizer") == "muon" else None,
         src_layer_ids=ids[src],
@@ -1584,8 +1645,108 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         phase_ms={ph: float(wt[wphase == ph].sum()) for ph in ("forward", "backward", "optimizer")},
         recompute_flops=float((flops * mult)[rc].sum()),
         overheads=step_overheads(costed.iloc[np.repeat(np.arange(len(costed)), mult)] if n_rep > 1 else costed),
-        per_op=group_totals(whole["op_class"].to_numpy(), wt, whole["flops"].to_numpy(dtype=float), "op_class"),
         fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
+
+
+def sharded_optimizer_parts(raw: dict, opt_share, cast_share, extra: Mapping[str, np.ndarray] | None = None) -> dict:
+    """The optimizer phase of one GPU of each pipeline stage per "op_class|part" (a (4, stages) array: ms, launch gaps,
+    kernels, FLOPs), from the stages' whole optimizer kernels ``raw`` (the schedule's per-stage sums of
+    :attr:`_RankView.opt_parts`) as the step charges them: the FP8 weight casts times ``cast_share``, every other kernel
+    (step, clipping, loss scaling, Muon's) times ``opt_share`` (ZeRO / the distributed optimizer / FSDP: each rank's
+    shard; 1 without sharding), the kernel counts unscaled (a rank launches the same kernels over its shard), and
+    ``extra`` (per "op_class|part", ms per stage: the passes the graph has no rows for, :func:`optimizer_extra_parts`)
+    added. Per stage the ms add up to the step's ``opt_stage``."""
+    out = {}
+    for k, a in raw.items():
+        share = np.asarray(cast_share if k.startswith("fp8_cast|") else opt_share, dtype=float)
+        b = np.array(a, dtype=float)
+        b[[0, 1, 3]] *= share
+        out[k] = b
+    for k, ms in (extra or {}).items():
+        ms = np.asarray(ms, dtype=float)
+        if k not in out:
+            out[k] = np.zeros((4, len(ms)))
+        out[k][0] += ms
+    return out
+
+
+def optimizer_extra_parts(bf16_opt: bool, megatron_cast: bool, ds_acc, dp: int, clip_grad: bool, params_stage,
+                          opt_share, stream_gbps: float, bf16_step_ms) -> dict:
+    """The optimizer-phase passes a step adds to the graph's rows (its ``bf16_step_ms`` per stage), per "op_class|part":
+    DeepSpeed's ``BF16_Optimizer`` by :func:`bf16_optimizer_step_parts` (whole-gradient norm and clipping into
+    ``clip_grad_norm``, its step's extra bytes into ``optimizer_step``, the buffer casts and zeroing as
+    ``grad_buffer``), Megatron-Core's cast of half-precision main gradients to fp32 as ``main_grad_cast``."""
+    if bf16_opt:
+        parts = bf16_optimizer_step_parts(ds_acc, dp, clip_grad)
+        if not np.any(bf16_step_ms):
+            return {}
+        return {f"optimizer|{name}": params_stage * (w + p * opt_share) / (stream_gbps * 1e9) * 1e3
+                for name, (w, p) in parts.items() if w or p}
+    if megatron_cast and np.any(bf16_step_ms):
+        return {"optimizer|main_grad_cast": np.asarray(bf16_step_ms, dtype=float)}
+    return {}
+
+
+#: the optimizer phase's parts in the order a step runs them ("op_class|part" -> the trace's name; the optimizer step's
+#: is the graph's kernel name, :func:`optimizer_trace_parts`): Megatron-Core's MixedPrecisionOptimizer.step copies the
+#: main gradients (prepare_grads: _copy_model_grads_to_main_grads, then the unscale and inf/NaN check), clips them, then
+#: steps (megatron-core 0.16.1 optimizer/optimizer.py l. 524-557, 593-623); DeepSpeed's ZeRO-1/2 step checks overflow,
+#: takes the norm, then unscales and clips in one multiply before the step (0.19.8 zero/stage_1_and_2.py l. 3013-3120,
+#: 3193-3220); the FP8 weight casts follow the step
+OPTIMIZER_TRACE_ORDER = {"optimizer|main_grad_cast": "main_grad_cast",
+                         "optimizer|grad_buffer": "bf16_optimizer.grad_buffer",
+                         "optimizer|loss_scaling": "loss_scale.unscale", "optimizer|clip_grad_norm": "clip_grad_norm",
+                         "muon_newton_schulz|optimizer_step": "muon_newton_schulz", "optimizer|optimizer_step": None,
+                         "muon_update|optimizer_step": "muon_update", "fp8_cast|": "fp8_weight_cast"}
+
+
+def optimizer_trace_parts(opt_parts: dict, optimizer: str | None, optimizer_impl: str | None) -> list[tuple]:
+    """(trace name, "op_class|part", ms per stage) of :func:`sharded_optimizer_parts`' parts in
+    :data:`OPTIMIZER_TRACE_ORDER` (any other after them, named by its key): the optimizer step named as the graph's
+    kernels (``adamw.step``, ``adamw.foreach_step``; Muon's AdamW rows ``adamw.step``)."""
+    opt = optimizer_key(optimizer) if optimizer and optimizer != "none" else "optimizer"
+    step_name = "adamw.step" if opt == "muon" else f"{opt}.{'foreach_step' if optimizer_impl == 'foreach' else 'step'}"
+    known = [k for k in OPTIMIZER_TRACE_ORDER if k in opt_parts]
+    out = [(OPTIMIZER_TRACE_ORDER[k] or step_name, k, opt_parts[k][0]) for k in known]
+    return out + [(k.rstrip("|").replace("|", "."), k, a[0]) for k, a in opt_parts.items()
+                  if k not in OPTIMIZER_TRACE_ORDER]
+
+
+def step_per_op(per_op_fb: list[dict], n_micro: int, opt_parts: dict, optimizer_impl: str | None = None,
+                extra_rows: tuple = ()) -> list[dict]:
+    """A step's ``per_op``: the whole model at the rank graph's TP degree (every stage's layers, one GPU of each stage)
+    over the step: ``per_op_fb`` (the forward and backward of one micro-batch) ``n_micro`` times, the optimizer phase of
+    :func:`sharded_optimizer_parts` summed over the stages (its op classes' rows, the named parts of each:
+    optimizer_step with its ``impl``, clip_grad_norm, loss_scaling, main_grad_cast, grad_buffer), and ``extra_rows``
+    (e.g. data loading over the step), by time. Its time adds up to the step's forward_serial_ms +
+    backward_serial_ms + the extra rows + every stage's optimizer ms (pp 1: optimizer_ms)."""
+    n = int(n_micro)
+    rows: dict[str, dict] = {}
+    for r in per_op_fb:
+        o = rows[r["op_class"]] = dict(r, count=r["count"] * n, time_ms=r["time_ms"] * n, flops=r["flops"] * n,
+                                       launch_gap_ms=r.get("launch_gap_ms", 0.0) * n)
+        if "parts" in r:
+            o["parts"] = [dict(q, count=q["count"] * n, time_ms=q["time_ms"] * n) for q in r["parts"]]
+    for k, a in opt_parts.items():
+        cls, part = k.split("|", 1)
+        ms, gap, cnt, fl = (float(x) for x in np.asarray(a, dtype=float).sum(axis=1))
+        o = rows.setdefault(cls, dict(op_class=cls, count=0, time_ms=0.0, flops=0.0, launch_gap_ms=0.0))
+        o.update(count=o["count"] + int(round(cnt)), time_ms=o["time_ms"] + ms, flops=o["flops"] + fl,
+                 launch_gap_ms=o["launch_gap_ms"] + gap)
+        if part:
+            ps = o.setdefault("parts", [])
+            q = next((q for q in ps if q["name"] == part), None)
+            if q is None:
+                q = dict(name=part, count=0, time_ms=0.0)
+                if part == "optimizer_step" and optimizer_impl:
+                    q["impl"] = optimizer_impl
+                ps.append(q)
+            q.update(count=q["count"] + int(round(cnt)), time_ms=q["time_ms"] + ms)
+    for o in rows.values():
+        if "parts" in o:
+            o["parts"] = sorted(o["parts"], key=lambda q: OP_PART_ORDER.index(q["name"]))
+    out = [o for o in rows.values() if o["count"] > 0 or o["time_ms"] > 0]
+    return sorted([*out, *extra_rows], key=lambda o: -o["time_ms"])
 
 
 def critical_rank_ood_sums(stage: dict, n_micro: int, opt_ms: float, opt_raw_ms: float) -> tuple:
@@ -1682,13 +1843,19 @@ def _blend_rows(keep: list[dict], full: list[dict], keys: tuple[str, ...], w: fl
     rest ``keep``'s: every block is one or the other, so the totals are linear in ``w`` (exact for models whose blocks
     are alike, the families a short rank graph stands for)."""
     out: dict = {}
-    for rows, f in ((keep, 1.0 - w), (full, w)):
+    sub: dict = {}  # a per_op row's parts, by its keys: blended as rows of their own
+    for i, (rows, f) in enumerate(((keep, 1.0 - w), (full, w))):
         for r in rows:
             # (a row's labels: its keys' strings, e.g. a fallback row's op_type; the numbers are blended)
-            o = out.setdefault(tuple(r.get(k) for k in keys), {c: (v if isinstance(v, str) else 0.0) for c, v in r.items()})
+            k = tuple(r.get(c) for c in keys)
+            o = out.setdefault(k, {c: (v if isinstance(v, str) else 0.0) for c, v in r.items() if c != "parts"})
             for c, v in r.items():
-                if not isinstance(v, str):
+                if c == "parts":
+                    sub.setdefault(k, ([], []))[i].extend(v)
+                elif not isinstance(v, str):
                     o[c] += f * v
+    for k, (kp, fp) in sub.items():
+        out[k]["parts"] = sorted(_blend_rows(kp, fp, ("name",), w), key=lambda q: OP_PART_ORDER.index(q["name"]))
     rows = [dict(r, count=int(round(r["count"]))) if "count" in r else r for r in out.values()]
     rows = [r for r in rows if r.get("count", 1) > 0 or r.get("time_ms", 0.0) > 0]
     return sorted(rows, key=lambda r: -r.get("time_ms", 0.0))
@@ -1716,7 +1883,7 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
     return replace(full, **fields, phase_ms=blend, overheads=over,
                    full_extra_bytes=np.where(rc, full.full_extra_bytes, 0.0),
                    recompute_flops=w * full.recompute_flops,
-                   per_op=_blend_rows(keep.per_op, full.per_op, ("op_class",), w),
+                   per_op_fb=_blend_rows(keep.per_op_fb, full.per_op_fb, ("op_class",), w),
                    fallback_ops=_blend_rows(keep.fallback_ops, full.fallback_ops, ("op_class", "method", "op_type"), w),
                    ood_fraction=(1.0 - w) * keep.ood_fraction + w * full.ood_fraction)
 
@@ -1751,9 +1918,10 @@ def recompute_extra_by_stage(full_extra_bytes: np.ndarray, chunk: np.ndarray, n_
 
 def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_layers: int, n_micro: int, counts,
                  model_totals: dict, worst: float, worst_terms: dict | None, capacity: float, view: "_RankView",
-                 power_limit_w: float | None, notes=()) -> DistributedPrediction:
+                 power_limit_w: float | None, notes=(), per_op: list | None = None) -> DistributedPrediction:
     """A strategy that does not fit, with its memory and without a schedule (``prune_oom``): every time, throughput
-    and energy figure is NaN (not simulated), never a made-up number; ``meta["scheduled"]`` is False."""
+    and energy figure is NaN (not simulated), never a made-up number; ``meta["scheduled"]`` is False. ``per_op``: its
+    kernels as costed (:func:`step_per_op`, without the passes and loading the schedule adds)."""
     nan = float("nan")
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
                 scheduled=False, note="does not fit in memory: the step was not simulated (memory-first pruning)")
@@ -1762,7 +1930,9 @@ def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_la
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=nan,
         forward_ms=nan, backward_ms=nan, optimizer_ms=nan, exposed_comm_ms=nan, bubble_ms=nan, mfu=nan, hfu=nan,
         tflops_per_gpu=nan, flops=model_totals["flops"] * n_micro * par.dp, memory_gb=worst, memory=worst_terms or {},
-        fits=False, memory_capacity_gb=capacity, per_device=[], per_op=view.per_op, fallback_ops=view.fallback_ops,
+        fits=False, memory_capacity_gb=capacity, per_device=[],
+        per_op=per_op if per_op is not None else step_per_op(view.per_op_fb, n_micro, {}),
+        fallback_ops=view.fallback_ops,
         ood_fraction=view.ood_fraction, comm={}, meta=meta, energy_j=nan, avg_power_w=nan, power_limit_w=power_limit_w)
 
 
@@ -1908,11 +2078,15 @@ class StepSummary(NamedTuple):
     scheduled: bool
     #: the step band's terms (``simulate/step_band.py``; a search makes its rows' bands from them, over the rows at once):
     #: the critical rank's :func:`critical_rank_ood_sums` (None: no OOD time on any rank), the rank graph's per-op
-    #: totals (the generation term's weights) and the data loading's ms per micro-batch (which the prediction's
-    #: ``per_op`` adds to them)
+    #: totals of one micro-batch's forward and backward (the generation term's weights) and the data loading's ms per
+    #: micro-batch (which the prediction's ``per_op`` adds to them, as below)
     ood_sums: tuple | None = None
     rank_per_op: list | None = None
     data_loading_ms: float = 0.0
+    #: the prediction's ``per_op`` is ``rank_per_op`` (forward and backward of one micro-batch) and the loading
+    #: ``n_micro`` times, with ``optimizer_per_op`` (the step's optimizer-phase rows, every stage's sharded step)
+    n_micro: int = 1
+    optimizer_per_op: list | None = None
 
     @property
     def memory_flag(self) -> str:
@@ -2639,6 +2813,26 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         (half the step's micro-batches run on each)."""
         return mirrored(v) / 2 if dual else by_stage(v)
 
+    def opt_parts_stage() -> dict:
+        """Per "op_class|part", each stage's (rank's) optimizer-phase kernels before sharding (a (4, P) array of
+        :attr:`_RankView.opt_parts`' sums; the last stage's with the tied embedding copy's, as ``opt_by_stage``: the
+        embedding's own per parameter, one more kernel of each kind), once per (view, chunking) in a search."""
+        key = ("opt_parts", P, V)
+        out = sums.get(key)
+        if out is None:
+            emb = view.layer_ids < 0
+            p_emb = float(view.params[emb].sum())
+            out = {}
+            for k, a in (view.opt_parts or {}).items():
+                c = np.stack([per_chunk(x) for x in a])
+                if tied_params > 0 and p_emb > 0:
+                    copy = a[:, emb].sum(axis=1) * (tied_params / p_emb)
+                    copy[2] = float(a[2, emb].sum() > 0)
+                    c[:, -1] += copy
+                out[k] = np.stack([rank_sum(x) for x in c])
+            sums[key] = out
+        return out
+
     def root_chunk() -> np.ndarray:
         """:func:`root_params_by_chunk` of ``params_chunk`` (the chunks' parameters with a pipeline's tied copy), once
         per (view, chunking) in a search: the stage memory's root parameters and ZeRO-3's per-chunk gathers share it."""
@@ -2906,7 +3100,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
                             view, power_limit_w,
                             (*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
-                             *tp_overlap_notes(par, ctx.cl, ctx.opts.framework)))
+                             *tp_overlap_notes(par, ctx.cl, ctx.opts.framework)),
+                            step_per_op(view.per_op_fb, n_micro,
+                                        sharded_optimizer_parts(opt_parts_stage(), opt_share, cast_share),
+                                        g.meta.get("optimizer_impl")))
 
     ep_unpaired = None
     if par.overlap_moe_expert_parallel_comm and dual:  # the tasks outside DualPipe's F&B pairs (its reference order)
@@ -3101,6 +3298,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         # Adam (stage_memory.MEGATRON_GRAD_CAST_BYTES_PER_PARAM), streamed in the optimizer phase: after the gradient
         # reduction, before the step (Megatron-FSDP: finish_grad_sync -> update_main_grads)
         bf16_step_ms = params_stage * opt_share * MEGATRON_GRAD_CAST_BYTES_PER_PARAM / (stream_gbps * 1e9) * 1e3
+    # those passes by the per_op part they add to (per_op, the trace's optimizer parts)
+    opt_extra = optimizer_extra_parts(bf16_opt and g.meta.get("optimizer", "none") != "none", megatron_cast, ds_acc,
+                                      dp_n, bool(g.meta.get("clip_grad", True)), params_stage, opt_share, stream_gbps,
+                                      bf16_step_ms)
     b_nc = b_nc + acc_ms
     # getting each micro-batch onto the GPU (simulate/data_loading.py): the loader's exposed host time, the copy, the
     # TP broadcast and the derived kernels, in the forward of the chunks that read the batch (first and last)
@@ -3396,6 +3597,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         return float(total.max()), pipe, finish, opt_stage, gather, comm_events, work
 
     step, pipe, finish, opt_stage, gather, comm_events, work = run()
+    # the optimizer phase of one GPU of each stage by op class and part, sharded as opt_stage (per stage they add up
+    # to it): per_op's optimizer rows, the trace's optimizer parts
+    opt_parts = sharded_optimizer_parts(opt_parts_stage(), opt_share, cast_share, opt_extra)
     step_free = run(every_class, energy=False)[0]
     # exposed communication per class: what the step would save if that class alone were free
     # every class is named, 0.0 where the strategy has none (tp 1, ep 1, ...); a search leaves the split out
@@ -3458,7 +3662,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                               float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
         return StepSummary(spec.name, par, step, float(mfu), model_flops / step_s / par.gpus / 1e12, model_flops, worst,
                            fits, max(step - step_free, 0.0), max(bubble, 0.0), energy_total,
-                           energy_total / step_s / par.gpus, capacity, True, ood_sums, view.per_op, float(data_f.sum()))
+                           energy_total / step_s / par.gpus, capacity, True, ood_sums, view.per_op_fb,
+                           float(data_f.sum()), n_micro, step_per_op([], 1, opt_parts))
     # per stage: busy time, memory (computed before the schedule, above) and energy; a search reads none of it
     per_device = []
     after_j, after_ms = (np.broadcast_to(np.asarray(work[k], dtype=float), (P,)) for k in ("after_extra_j", "after_cmp_ms"))
@@ -3493,7 +3698,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                # power limit, else the TDP), which no sample of the trace's counter goes above
                                overlap_cap_w=float(cap_w)))
     energy_total = float(stage_e.sum() * par.tp * lay["dp"].size)
-    per_op, fallback = view.per_op, view.fallback_ops
+    fallback = view.fallback_ops
     events = []
     # the TP and EP collective classes a task carries (the trace's tp.* / ep.* events, comm's per-stage figures)
     task_comm = _task_comm_names(par, opts.moe_token_dispatcher, f_parts)
@@ -3613,10 +3818,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         for s, a, e, n_hidden in pipe.trace_gaps:  # an extrapolated step: its steady state is not drawn
             events.append(dict(stage=s, stream="compute", name=f"[{n_hidden:,} tasks of the steady state not drawn]",
                                start_ms=float(a), end_ms=float(e)))
+        opt_trace = optimizer_trace_parts(opt_parts, g.meta.get("optimizer"), g.meta.get("optimizer_impl"))
         for s in range(P):
             t = float(finish[s])
             if opt_stage[s] > 0:
-                events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=t, end_ms=t + float(opt_stage[s])))
+                # its parts in the step's order (trace name, part, ms; they add up to it): the trace draws each inside it
+                parts = [(name, part, float(ms[s])) for name, part, ms in opt_trace if ms[s] > 0]
+                events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=t,
+                                   end_ms=t + float(opt_stage[s]), args={f"{name}_ms": ms for name, _, ms in parts},
+                                   parts=parts))
             t += float(opt_stage[s])
             if gather[s] > 0:  # the distributed optimizer's parameter all-gather: what of it the step waits for
                 events.append(dict(stage=s, stream="comm", name="dp.param_all_gather", start_ms=t, end_ms=t + float(gather[s])))
@@ -3649,10 +3859,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                        f"{pipe.simulated_micro:,} micro-batch schedule, the latter at the end of the step; "
                                        "one event per stage marks the steady state between them, not drawn")
     data_micro = float(data_f.sum())
-    if data_micro > 0:
+    data_rows = ()
+    if data_micro > 0:  # every micro-batch's loading, on the stages that read it
         n_ops = sum(v["copies"] + v["broadcasts"] + v["kernels"] for v in data_info["per_micro"].values())
-        per_op = sorted([*per_op, dict(op_class="data_loading", count=int(n_ops), time_ms=data_micro, flops=0.0)],
-                        key=lambda o: -o["time_ms"])
+        data_rows = (dict(op_class="data_loading", count=int(n_ops) * n_micro, time_ms=data_micro * n_micro, flops=0.0,
+                          launch_gap_ms=0.0),)
+    per_op = step_per_op(view.per_op_fb, n_micro, opt_parts, g.meta.get("optimizer_impl"), data_rows)
     comm = dict(tp_ms_per_micro=float(tp_coll.sum()), p2p_ms=p2p_ms,
                 # named overheads of one rank's graph: per micro-batch, the optimizer and clipping once per step
                 # (before ZeRO sharding); the accumulation pass between micro-batches is grad_accumulation_ms_per_micro;
@@ -3660,7 +3872,15 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 rank_overheads_ms=dict(view.overheads, data_loading_ms=data_micro),
                 data_loading=data_info,
                 rank_overheads_scope=("the whole model at this TP degree, one micro-batch; optimizer and clipping before "
-                                      "the pipeline split and ZeRO sharding (optimizer_ms is what one device spends)"),
+                                      "the pipeline split and ZeRO sharding (optimizer_ms is what one device spends; "
+                                      "per_op and optimizer_parts_ms_by_stage are the step's, sharded)"),
+                # the optimizer phase of one GPU of each stage by part (trace name -> ms per stage; per stage they add
+                # up to its optimizer step, optimizer_ms the busiest's): sharded as the step charges it, as the trace's
+                # optimizer parts
+                optimizer_parts_ms_by_stage={name: np.asarray(ms, dtype=float).tolist()
+                                             for name, _, ms in optimizer_trace_parts(opt_parts, g.meta.get("optimizer"),
+                                                                                      g.meta.get("optimizer_impl"))},
+                optimizer_ms_by_stage=np.asarray(opt_stage, dtype=float).tolist(),
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
                 # per class (tp, ep; tp_ep under the all-gather dispatcher), per stage: what its collectives add to one
                 # micro-batch's tasks (forward + backward of the stage's chunks; exposed, or what an overlap leaves

@@ -229,6 +229,8 @@ def distributed_trace_events(res) -> list[dict]:
             if e.get("args"):  # a task's place in the schedule, a pipeline transfer's ends and bytes
                 x["args"] = e["args"]
             ev.append(x)
+            if e.get("parts"):  # the optimizer step's parts, back to back inside it (the last ends with it)
+                ev.extend(_part_events(e["parts"], s, tids[i], a, b))
     # power counter per stage: what the stage's energy_j charges (simulate/distributed.py)
     for d in res.per_device:
         s = d["stage"]
@@ -237,6 +239,22 @@ def distributed_trace_events(res) -> list[dict]:
         for ts, w in _stage_power_samples(d, spans.get((s, "compute"), ()), spans.get((s, "dp"), ()), res.events):
             ev.append({"name": "power", "ph": "C", "pid": s, "ts": _us(ts), "args": {"board_w": w}})
     return ev
+
+
+def _part_events(parts, pid: int, tid: int, a: int, b: int) -> list[dict]:
+    """Complete events of an event's ``parts`` ((trace name, part, ms), in order) from its start ``a`` (ns), back to
+    back on its thread, each end the running sum rounded once to the nanosecond and the last one the event's end ``b``:
+    nested in it, they add up to its duration (the cluster optimizer's adamw.step, clip_grad_norm, loss_scale.unscale,
+    ... as the one-device trace names its kernels; args: its op class, per_op part and ms)."""
+    out, t, acc = [], a, 0.0
+    for j, (name, key, ms) in enumerate(parts):
+        acc += float(ms)
+        end = b if j == len(parts) - 1 else min(max(a + _ns(acc), t), b)
+        op_class, _, part = str(key).partition("|")
+        out.append({"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": _us(t), "dur": _us(end - t), "cat": "compute",
+                    "args": {"op_class": op_class, **({"part": part} if part else {}), "ms": float(ms)}})
+        t = end
+    return out
 
 
 def _union(spans) -> list[tuple[int, int]]:

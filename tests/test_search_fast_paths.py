@@ -74,7 +74,7 @@ def test_step_summary_equals_the_prediction(par):
     full = schedule_step(replace(ctx, detail=False, memo={}))
     s = schedule_step(replace(ctx, detail=False, summary=True, memo={}))
     assert isinstance(s, StepSummary)
-    band_terms = ("ood_sums", "rank_per_op", "data_loading_ms")  # the step band's inputs, checked below
+    band_terms = ("ood_sums", "rank_per_op", "data_loading_ms", "n_micro", "optimizer_per_op")  # checked below
     for name in StepSummary._fields:
         if name in band_terms:
             continue
@@ -86,8 +86,13 @@ def test_step_summary_equals_the_prediction(par):
     if s.scheduled:  # the band's terms: the critical rank's OOD share, the op totals the generation term weighs
         total, ood_ms = (s.ood_sums or (0.0, 0.0))[:2]
         assert (ood_ms / total if ood_ms > 0 else 0.0) == full.step_band["ood_time_share"]
-        assert (sum(o["time_ms"] for o in s.rank_per_op) + s.data_loading_ms
+        # the prediction's per_op: one micro-batch's forward, backward and loading n_micro times, the optimizer once
+        assert s.n_micro == full.meta["n_micro"]
+        assert ((sum(o["time_ms"] for o in s.rank_per_op) + s.data_loading_ms) * s.n_micro
+                + sum(o["time_ms"] for o in s.optimizer_per_op)
                 == pytest.approx(sum(o["time_ms"] for o in full.per_op), rel=1e-12))
+        assert {o["op_class"]: o["time_ms"] for o in s.optimizer_per_op}["optimizer"] == pytest.approx(
+            {o["op_class"]: o["time_ms"] for o in full.per_op}["optimizer"], rel=1e-12)
 
 
 @pytest.mark.parametrize("limit", [None, 24])

@@ -6,8 +6,9 @@ overheads. :func:`step_terms` flattens a :class:`~wattcast.simulate.distributed.
 columns (``*_ms``), so a validation table carries them next to the measurement and neighbouring rows that differ
 in one knob can be compared term by term.
 
-Kernel terms are per pipeline stage: the rank graph's time per op class for one micro-batch, times the
-micro-batches, divided by the stages (the average stage; with an uneven split the busiest stage is longer).
+Kernel terms are per pipeline stage: the step's time per op class (``per_op``: the rank graph's kernels over every
+micro-batch, the whole model at its TP degree), divided by the stages (the average stage; with an uneven split the
+busiest stage is longer).
 Communication terms are what the step would save if that class alone were free (``exposed_comm_split_ms``), so
 they do not add up to the step exactly (overlaps); ``other_ms`` is the step minus every listed term, i.e. what
 the terms leave unexplained (negative where overlapping terms are counted twice).
@@ -37,11 +38,14 @@ def step_terms(p, iteration_ms: float = 0.0) -> dict:
     """The per-term breakdown of prediction ``p`` (a DistributedPrediction), in ms of the step (see the module
     docstring). ``iteration_ms``: the framework's fixed per-iteration host cost the prediction used."""
     n_micro = int(p.meta.get("n_micro") or 1)
-    per_stage = n_micro / max(int(p.parallel.pp), 1)
+    stages = max(int(p.parallel.pp), 1)
+    per_stage = n_micro / stages
+    # per_op is the step's (every micro-batch, the optimizer phase sharded; until stop 56 one micro-batch's with the
+    # whole optimizer phase, times n_micro here: an FP8 step's weight casts counted n_micro times)
     by_class = {o["op_class"]: float(o["time_ms"]) for o in p.per_op}
-    gemm = by_class.get("linear", 0.0) * per_stage
-    attn = sum(by_class.get(c, 0.0) for c in ATTENTION_CLASSES) * per_stage
-    other = sum(v for k, v in by_class.items() if k not in ("linear", *ATTENTION_CLASSES, *_NOT_COMPUTE)) * per_stage
+    gemm = by_class.get("linear", 0.0) / stages
+    attn = sum(by_class.get(c, 0.0) for c in ATTENTION_CLASSES) / stages
+    other = sum(v for k, v in by_class.items() if k not in ("linear", *ATTENTION_CLASSES, *_NOT_COMPUTE)) / stages
     split = p.exposed_comm_split_ms or {}
     unknown = sorted(set(split) - set(SPLIT_COLUMNS))
     if unknown:  # a class no column counts would land in other_ms unnoticed
