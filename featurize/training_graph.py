@@ -113,6 +113,50 @@ CLIP_BYTES_PER_PARAM = 3 * 4
 #: (_amp_foreach_non_finite_check_and_unscale_ / Megatron's _unscale_main_grads_and_check_for_nan): read and write
 #: the fp32 gradients once. BF16 needs no loss scaling.
 LOSS_SCALE_BYTES_PER_PARAM = 2 * 4
+#: Frameworks whose fp16/bf16 steps run PyTorch AMP (``torch.autocast`` over fp32 parameters): the parameters'
+#: gradients are fp32 (README "PyTorch AMP's fp32 gradients"; ``simulate.stage_memory.held_gradient_bytes``,
+#: ``simulate.distributed._grad_bytes``), as the clip and loss-scale passes above read them. Megatron-LM and DeepSpeed
+#: hold the model in its dtype, so ``param.grad`` is bf16/fp16 there (Megatron's fp32 ``main_grad`` is a buffer of its
+#: own). An embedding's weight gradient under AMP: ``aten::embedding`` has no Autocast kernel (torch 2.13:
+#: ``torch._C._dispatch_has_kernel_for_dispatch_key("aten::embedding", "AutocastCUDA")`` is False; the Autocast keys
+#: fall through), so the lookup runs in its fp32 weight's dtype, the gradient reaching ``embedding_dense_backward`` is
+#: fp32, and the op allocates its ``grad_weight`` from that gradient (the decomposition torch 2.13 ships,
+#: ``torch/_decomp/decompositions.py`` l. 1411: ``grad_weight = grad_output.new_zeros((num_weights,) + ...)``). Run on
+#: the wheel (CPU autocast, bf16, whose fallthrough is the same): embedding out fp32, linear out bf16,
+#: ``embedding_dense_backward`` in and out fp32, ``weight.grad`` fp32.
+AMP_FRAMEWORKS = ("hf",)
+#: bytes of one gradient element under AMP
+AMP_GRAD_BYTES = 4
+
+
+def _embedding_grad_spec(spec: dict, framework: str, dtype: str) -> dict:
+    """An embedding's backward rule (``GraphBuilder.embedding``) as the step runs it.
+
+    ``{name}.grad_zero``, ``embedding_dense_backward``'s zero-filled ``grad_weight``, is ``at::zeros``: a fill kernel,
+    ``aten::zero_`` -> ``aten::fill_`` -> ``vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>`` (the
+    Kineto traces in ``../shared/datasets/traces``: ``v100_df_index_resolver`` 2,020 such launches under
+    ``aten::zero_``, 40 under ``aten::new_zeros``; the traces' ``gpu_memset`` events are launched under ``aten::mm``,
+    ``addmm``, ``sum``, ``convolution_backward`` and fbgemm's embedding op, none under a zero fill), so an
+    ``elementwise`` kernel (its time counts with the model's elementwise kernels, not as a layout copy, ``memcpy``).
+    Under PyTorch AMP (:data:`AMP_FRAMEWORKS`, fp16/bf16) ``grad_weight`` is fp32 (:data:`AMP_FRAMEWORKS`' note): the
+    fill writes :data:`AMP_GRAD_BYTES` per element, and the scatter-add (``{name}.grad``, ``flops`` = the tokens x dim
+    elements it adds into ``grad_weight``) writes them at that width too; it reads the incoming gradient at the
+    graph's activation width as every backward row does.
+    The graph is built without the parallel configuration, so ``hf`` at ZeRO-3 (PyTorch FSDP) is costed the same way
+    although FSDP with a half-precision ``MixedPrecision.param_dtype`` computes the gradient in that dtype (Composer's
+    DEFAULT and PURE modes both set it: mosaicml 0.32.1 ``composer/distributed/mosaic_parallelism.py`` l. 78-85): there
+    the fill is over-counted by 2 B an element (llm-foundry's MPT rows of ``benchmarks/at_scale.py``: +0.7 ms median,
+    at most +13.6 ms, of steps of seconds, 0.03% at most)."""
+    name = str(spec.get("name", ""))
+    amp = str(framework).lower() in AMP_FRAMEWORKS and dtype in ("fp16", "bf16")
+    db = 2
+    if name.endswith(".grad_zero"):
+        spec = dict(spec, op_class="elementwise")
+        if amp:
+            spec.update(bytes=float(spec["bytes"]) * AMP_GRAD_BYTES / db, dtype="fp32")
+    elif amp and name.endswith(".grad") and spec.get("op_class") == "embedding":
+        spec = dict(spec, bytes=float(spec["bytes"]) + float(spec["flops"]) * (AMP_GRAD_BYTES - db))
+    return spec
 
 
 def optimizer_key(optimizer: str) -> str:
@@ -339,7 +383,8 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     or "foreach" (PyTorch's multi-tensor passes, :data:`FOREACH_OPTIMIZER_BYTES_PER_PARAM`); the step's kernel rows
     are named ``{optimizer}.step[layer]`` / ``{optimizer}.foreach_step[layer]``. ``optimizer="muon"``: Muon's rows
     (:func:`muon_rows`, as ``framework`` runs it: :func:`muon_framework`) over the layer's matrices and an
-    ``adamw.step`` row over its other parameters.
+    ``adamw.step`` row over its other parameters. An embedding's weight gradient is zero-filled by a fill kernel and,
+    under ``framework``'s PyTorch AMP in fp16/bf16, held in fp32 (:func:`_embedding_grad_spec`).
     """
     if "backward" not in fwd.saved:
         raise GraphError("graph has no backward rules (was it built by GraphBuilder?)")
@@ -367,6 +412,7 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     n_fwd = len(nodes)
     fwd_layer, fwd_scope, fwd_tag = fwd_cols["layer"], fwd_cols["scope"], fwd_cols["tag"]
     fwd_share = fwd_cols["model_share"]
+    fwd_class = fwd_cols["op_class"]
     out_rows: list[dict] = []
     edges: list[tuple[int, int]] = [tuple(e) for e in fwd.edges.tolist()]
     first_bw: dict[int, int] = {}  # forward id -> its first backward node id
@@ -393,7 +439,10 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
         specs = rules[i]
         if not specs:
             continue
+        embedding = fwd_class[i] == "embedding"
         for k, spec in enumerate(specs):
+            if embedding:
+                spec = _embedding_grad_spec(spec, framework, dtype)
             nid = n_fwd + len(out_rows)
             out_rows.append(_bw_row(spec, fwd_layer[i], fwd_scope[i], fwd_tag[i], i, dtype, fwd_share[i]))
             edges.append((i, nid))
