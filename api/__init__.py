@@ -320,8 +320,12 @@ def _with_run(res, spec, tokens, tokens_per_step, run_kw: dict, cluster=None):
     unknown = sorted(set(run_kw) - set(RUN_OPTIONS))
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {unknown}")
-    return replace(res, run=run_of_prediction(res, tokens=tokens, tokens_per_step=tokens_per_step, device=spec,
-                                              cluster=cluster, **run_kw))
+    run = run_of_prediction(res, tokens=tokens, tokens_per_step=tokens_per_step, device=spec, cluster=cluster, **run_kw)
+    if run.spare_gpus:  # the nodes' idle spares are charged with the run: said beside the other warnings too
+        from wattcast.simulate.single_device import with_warnings
+
+        res = replace(res, meta=with_warnings(res.meta, [f for f in run.flags if f.startswith(f"{run.spare_gpus} spare GPUs")]))
+    return replace(res, run=run)
 
 
 @_model_folder_options
@@ -612,7 +616,9 @@ def footprint(device, gpus: int, hours: float, *, avg_power_w: float | None = No
     """Lifecycle footprint (energy, operational/embodied CO2e, CapEx/OpEx/TCO, goodput) of ``gpus`` x ``device``
     for ``hours`` of wall-clock time. ``avg_power_w``: measured all-in power per accelerator (Patterson et
     al.'s convention); without it, the power surrogate's GPU power at ``utilisation`` plus node overhead.
-    ``kw``: region, pue, grid_kgco2e_per_kwh, lifetime_years, ... (see wattcast.lifecycle.footprint)."""
+    ``kw``: region, pue, grid_kgco2e_per_kwh, lifetime_years, ..., and ``gpus_per_node`` with ``node_gpus`` (the run uses
+    that many of each node's GPUs: the idle spares of the nodes it holds are charged with it) (see
+    wattcast.lifecycle.footprint)."""
     from wattcast.data.catalog import resolve_device
     from wattcast.simulate.energy import gpu_power_at_w
     from wattcast.lifecycle import footprint as _fp

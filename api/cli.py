@@ -1656,7 +1656,9 @@ def footprint(
     grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region's; the region still gives the electricity price and cloud offer)."),
     lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime (default 5)."),
     market_based: bool = typer.Option(False, "--market-based", help="Market-based grid factor for the region (where the table has one)."),
-    node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, NICs, fans as a share of GPU power, added to it (default: 0.3 on the power surrogate's GPU power; 0 with --avg-power-w, which is all-in, so a share given with it treats that power as GPU-only)."),
+    node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, DRAM, NICs, fans per GPU as a share of the GPU's TDP, added to its power (default: 0.3 on the power surrogate's GPU power; 0 with --avg-power-w, which is all-in, so a share given with it treats that power as GPU-only)."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs of each node the run uses (with --node-gpus): the rest of every node it occupies are idle spares, charged with the run (e.g. 64 of an NVL72 rack's 72)."),
+    node_gpus: Optional[int] = typer.Option(None, "--node-gpus", help="GPUs each node has (with --gpus-per-node; 72 for an NVL72 rack)."),
     cloud_usd_per_gpu_hour: Optional[float] = _CLOUD_OPTION,
     pricing: Optional[str] = _PRICING_OPTION,
     electricity_usd_per_kwh: Optional[float] = _ELECTRICITY_OPTION,
@@ -1681,7 +1683,8 @@ def footprint(
                         grid_kgco2e_per_kwh=grid_kgco2e_per_kwh, lifetime_years=lifetime_years,
                         market_based=market_based or None, node_overhead_share=node_overhead_share,
                         cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour, pricing=pricing,
-                        electricity_usd_per_kwh=electricity_usd_per_kwh)
+                        electricity_usd_per_kwh=electricity_usd_per_kwh, gpus_per_node=gpus_per_node,
+                        node_gpus=node_gpus)
     except (DeviceSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     if as_json:

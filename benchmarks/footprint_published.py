@@ -38,17 +38,18 @@ def main() -> None:
     # the same runs with wattcast's own power model instead of the published average power
     from wattcast.data.catalog import find_device
     from wattcast.simulate.energy import DEFAULT_FOOTPRINT_UTILISATION, gpu_power_at_w
-    from wattcast.lifecycle import LifecycleAssumptions
+    from wattcast.lifecycle import LifecycleAssumptions, node_power_w
 
     share = LifecycleAssumptions().node_overhead_share
-    print(f"\nwattcast's own power model (GPU power at utilisation {DEFAULT_FOOTPRINT_UTILISATION} + node overhead {share}):")
+    print(f"\nwattcast's own power model (GPU power at utilisation {DEFAULT_FOOTPRINT_UTILISATION} + host "
+          f"{share} x TDP, as the calculator adds it):")
     for r in t.itertuples(index=False):
         hw = str(r.hardware)
         spec = find_device("V100-SXM2-32GB" if hw.strip().upper() == "V100" else hw)
         if spec is None:
             print(f"  {str(r.model)[:28]:28s} {hw:8s}: not in the device catalog (TPUs are not modelled)")
             continue
-        own = gpu_power_at_w(spec, DEFAULT_FOOTPRINT_UTILISATION) * (1 + share)
+        own = node_power_w(gpu_power_at_w(spec, DEFAULT_FOOTPRINT_UTILISATION), share, spec.tdp_w)
         err = 100 * (own - r.avg_power_w_per_accel) / r.avg_power_w_per_accel
         print(f"  {str(r.model)[:28]:28s} {hw:8s}: {own:.0f} W per accelerator all-in vs published {r.avg_power_w_per_accel:.0f} W "
               f"({err:+.1f}%; energy and operational CO2e scale by the same factor)")

@@ -14,18 +14,23 @@ Formulas (``h`` = effective hours, ``N`` = GPUs):
 - accelerator power ``P``: the given all-in ``avg_power_w`` (Patterson et al.'s "system average power per
   accelerator, incl. memory, NIC, fans, host CPU": no node overhead added), or the power model's GPU
   power at the stated utilisation, or ``default_power_fraction_of_tdp x TDP`` (flagged); the last two
-  add the node overhead: ``P_node = P x (1 + node_overhead_share)``;
-- IT energy ``E_IT = N x P_node x h / 1000`` kWh; facility energy ``E = E_IT x PUE`` (``energy_mwh``);
+  add the host's power per GPU, ``H = node_overhead_share x TDP`` (``host_power_w``: fixed per GPU slot, so a
+  power limit or clock cap lowers ``P``, not ``H``): ``P_node = P + H``;
+- spares (``gpus_per_node`` of each node's ``node_gpus`` used, e.g. 64 of an NVL72 rack's 72): the run holds
+  ``N_held = N + S`` GPUs, ``S = ceil(N / gpus_per_node) x (node_gpus - gpus_per_node)`` of them idle at the board's
+  idle power ``P_idle``; CapEx, embodied carbon, GPU-hours (the cloud view) and the provisioned kW count ``N_held``;
+- IT energy ``E_IT = (N x P + S x P_idle + N_held x H) x h / 1000`` kWh (``it_energy_breakdown_mwh``: gpus,
+  spare_gpus, hosts); facility energy ``E = E_IT x PUE`` (``energy_mwh``);
 - operational ``kgCO2e = E_IT x PUE x grid_kgco2e_per_kwh`` (location-based by default; market-based
   on request; an explicit intensity wins over a region);
 - embodied per GPU (ACT-style): die ``area_cm2 x (CI_fab x EPA + GPA + MPA)/yield`` at the ACT node,
   + memory ``GB x DRAM-class kg/GB`` (HBM/GDDR as DRAM), + board PCB, + the server share (host CPUs,
   host DRAM, SSD, chassis steel/aluminium, boards, divided by GPUs per server); amortised with
   ``share = h / (lifetime_years x 8760 x lifetime_utilisation)``;
-- CapEx = ``share x N x (accelerator + server + network USD per GPU)`` + ``facility_usd_per_kw x kW_provisioned
-  x h / (facility_lifetime_years x 8760 x lifetime_utilisation)``, with ``kW_provisioned = N x TDP x
+- CapEx = ``share x N_held x (accelerator + server + network USD per GPU)`` + ``facility_usd_per_kw x kW_provisioned
+  x h / (facility_lifetime_years x 8760 x lifetime_utilisation)``, with ``kW_provisioned = N_held x TDP x
   (1 + node_overhead_share) / 1000``; OpEx = ``E_IT x PUE x electricity_usd_per_kwh``; TCO = CapEx + OpEx;
-  cloud view (not in TCO) = ``GPU-hours x USD/GPU-hour``;
+  cloud view (not in TCO) = ``GPU-hours (N_held x h) x USD/GPU-hour``;
 - goodput (Daly 2006, exponential failures, failures may also hit restarts): system MTBF ``M = MTBF_gpu / N``,
   checkpoint every ``tau`` (Young/Daly ``sqrt(2 C M)`` by default) taking ``C``, restart ``R``:
   ``goodput = tau / (M e^{R/M} (e^{(tau+C)/M} - 1))`` in (0, 1]; effective hours = failure-free hours / goodput;
@@ -57,7 +62,7 @@ from wattcast.lifecycle.checks import PLAUSIBLE, catalog_spec_matches, check_pla
 from wattcast.lifecycle.cost import capex_breakdown_usd, capex_usd, cloud_usd, opex_usd
 from wattcast.lifecycle.energy import (HOURS_PER_YEAR, EmbodiedBreakdown, amortisation_share, cci_kgco2e_per_pflop,
                                        embodied_kgco2e, embodied_kgco2e_per_device, facility_energy_kwh,
-                                       it_energy_kwh, node_power_w, operational_kgco2e,
+                                       host_power_w, it_energy_kwh, node_power_w, operational_kgco2e,
                                        server_share_kgco2e_per_gpu, tcdp_kgco2e_h)
 from wattcast.lifecycle.footprint import (RUN_KEYS, RunFootprint, footprint, footprint_from_step, format_footprint,
                                           run_footprint, run_of_prediction)
@@ -86,6 +91,7 @@ __all__ = [
     "footprint_from_step",
     "format_footprint",
     "goodput",
+    "host_power_w",
     "it_energy_kwh",
     "node_power_w",
     "operational_kgco2e",

@@ -60,7 +60,7 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     "avg_power_w": (1.0, 10_000.0, "kilowatts", "milliwatts, or the power of all GPUs together", "watts per accelerator"),
     "hours": (0.0, 1e6, "-", "seconds or minutes (1e6 hours is 114 years)", "hours"),
     "lifetime_years": (0.25, 50.0, "another unit (1e-9 years is 0.03 s)", "months, days or hours", "years"),
-    "node_overhead_share": (0.0, 2.0, "-", "a percent (50 means 0.5)", "a share of GPU power (0.3 = 30%)"),
+    "node_overhead_share": (0.0, 2.0, "-", "a percent (50 means 0.5)", "a share of the GPU's TDP (0.3 = 30%)"),
     "pue": (1.0, 4.0, "-", "a percent (120 means 1.2)", "a ratio (facility / IT energy)"),
     # 0 is allowed (:data:`ZERO_ALLOWED`: a run on carbon-free or free power); above it, the cleanest grids give ~0.01
     # kg/kWh and the cheapest power ~0.02 USD/kWh, so a figure under 1e-3 is one in the unit 1,000x larger
@@ -77,7 +77,7 @@ PLAUSIBLE: dict[str, tuple[float, float, str, str, str]] = {
     # thousands, 33.6e6 cents); 0 allowed (hardware already paid off)
     "accelerator_price_usd": _DEVICE_PLAUSIBLE["launch_price_usd"],
     # lifetime embodied carbon of one accelerator with its server share: the shipped ACT-style estimates are
-    # 104-155 kg (device alone 5-56 kg, data/carbon/embodied_factors.yaml); Luccioni et al. 2022 (BLOOM, arXiv
+    # 104-161 kg (device alone 5-63 kg, data/carbon/embodied_factors.yaml); Luccioni et al. 2022 (BLOOM, arXiv
     # 2211.02001) take 150 kg per GPU and 2,500 kg per 8-GPU node. Under 1 kg is tonnes; over 10,000 kg (4 whole
     # BLOOM nodes on one GPU) is grams or a whole cluster's. 0 allowed (embodied left out)
     "embodied_kgco2e_per_gpu": (1.0, 10_000.0, "tonnes (0.15 t means 150 kg)",

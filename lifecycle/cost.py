@@ -131,10 +131,28 @@ def electricity_usd_per_kwh_of(a: "LifecycleAssumptions", flags: list[str], srcs
     return dflt.value, False
 
 
+def cluster_node_kw(cluster, kw: dict) -> dict:
+    """``kw`` (footprint options) with ``gpus_per_node`` / ``node_gpus`` put in when ``cluster`` is one run on part of
+    its nodes' GPUs (``using_gpus_per_node``: ``--gpus-per-node 64`` of an NVL72 rack's 72, named "GB200-NVL72 (64 of 72
+    GPUs per node)"), so the run is charged the spares of the nodes it holds; ``kw`` as it is otherwise, or when it
+    gives them itself. ``cluster``: a ClusterSpec or None."""
+    from wattcast.data.cluster_spec import _partial_node
+
+    name = getattr(cluster, "name", None)
+    part = None if name is None or kw.get("gpus_per_node") is not None or kw.get("node_gpus") is not None \
+        else _partial_node(name)
+    if part is None or part[1] != getattr(cluster, "gpus_per_node", None):
+        return kw
+    return dict(kw, gpus_per_node=part[1], node_gpus=part[2])
+
+
 def cluster_cloud_kw(cluster, kw: dict, assumptions: "LifecycleAssumptions | None" = None) -> dict:
     """``kw`` (footprint options) with ``cluster``'s own ``cloud_usd_per_gpu_hour`` and its source put in, when the
     cluster spec carries one and neither ``kw`` nor ``assumptions`` gives a cloud price (an explicit price wins over
-    the cluster's, the cluster's over the device table). ``cluster``: a ClusterSpec or None."""
+    the cluster's, the cluster's over the device table); and with the nodes' spares of a cluster run on part of its
+    nodes' GPUs (:func:`cluster_node_kw`). ``cluster``: a ClusterSpec or None. (What a search and
+    ``run_of_prediction`` pass a run of ``cluster`` through: the name is kept for them.)"""
+    kw = cluster_node_kw(cluster, kw)
     price = getattr(cluster, "cloud_usd_per_gpu_hour", None)
     if price is None or kw.get("cloud_usd_per_gpu_hour") is not None or (
             assumptions is not None and assumptions.cloud_usd_per_gpu_hour is not None):

@@ -17,9 +17,24 @@ if TYPE_CHECKING:
 HOURS_PER_YEAR = 8760.0
 
 
-def node_power_w(accelerator_power_w: float, node_overhead_share: float) -> float:
-    """Power per accelerator including its share of the node (host CPUs, NICs, fans): ``P x (1 + share)``."""
-    return _pos("accelerator_power_w", accelerator_power_w, zero_ok=True) * (1.0 + _pos("node_overhead_share", node_overhead_share, zero_ok=True))
+def host_power_w(tdp_w: float, node_overhead_share: float) -> float:
+    """Power of the host around one accelerator (its share of the node's CPUs, DRAM, NICs, fans, PSU losses), in W:
+    ``node_overhead_share x TDP``, a fixed figure per GPU slot of the node. It does not follow the GPU's own draw: a
+    power limit or clock cap (``--power-limit-w``, ``--clock-cap-mhz``) or a light load lowers the GPU's power, not
+    the host's. Sized as the cited source sizes it (``costs.yaml`` ``node_overhead_share``): against the GPUs' TDP of
+    a DGX H100 (10.2 kW nameplate for 8 x 700 W GPUs: at most 0.8 x TDP of non-GPU power at full load). Until stop 56
+    the host was ``share x`` the GPU's predicted power, so a 200 W cap on an H100 also cut its host from 166 to 60 W
+    (audit 56d, finding 2)."""
+    return _pos("tdp_w", tdp_w) * _pos("node_overhead_share", node_overhead_share, zero_ok=True)
+
+
+def node_power_w(accelerator_power_w: float, node_overhead_share: float, tdp_w: float | None = None) -> float:
+    """Power per accelerator including its share of the node (host CPUs, NICs, fans), in W: ``P + share x TDP``
+    (:func:`host_power_w`) when the GPU's ``tdp_w`` is given; without it, ``P x (1 + share)`` (the host sized on the
+    given power, which is then taken as the GPU's full-load power)."""
+    p = _pos("accelerator_power_w", accelerator_power_w, zero_ok=True)
+    share = _pos("node_overhead_share", node_overhead_share, zero_ok=True)
+    return p + (host_power_w(tdp_w, share) if tdp_w is not None else p * share)
 
 
 def it_energy_kwh(gpus: int, power_w_per_gpu: float, hours: float) -> float:
@@ -119,8 +134,12 @@ def embodied_kgco2e_per_device(spec: DeviceSpec, *, include_server: bool = True,
             named = None
         fb = named or emb["die_area_default_mm2"]
         area = float(fb["value"])
-        flags.append(f"die area of {spec.name} unknown; assumed {area:g} mm2")
+        flags.append(f"die area of {spec.name} unknown; assumed {area:g} mm2"
+                     + (" (its package's dies together)" if named is not None else ""))
         srcs["die_area_mm2"] = fb["source"]
+    note = (emb.get("die_area_notes") or {}).get(spec.name)
+    if note and catalog_spec_matches(spec):  # a chiplet package whose area source is ambiguous: said, not silent
+        flags.append(note)
     fab = _c.fab_kgco2e_per_cm2(spec.process_node_nm)
     if spec.process_node_nm is None:
         flags.append("process node unknown; ACT default node assumed")
@@ -163,7 +182,8 @@ def tcdp_kgco2e_h(total_kgco2e: float, hours: float) -> float:
 def accelerator_power_w(spec: DeviceSpec, a: "LifecycleAssumptions", flags: list[str], srcs: dict[str, str], *,
                         avg_power_w: float | None = None, power_model=None, utilisation: float | None = None,
                         node_overhead_share: float | None = None) -> tuple[float, float, str]:
-    """Power per accelerator before node overhead (W), the node-overhead share added to it, and how it was found:
+    """Power per accelerator before node overhead (W), the node-overhead share added to it (as host power per GPU of
+    ``share x TDP``: :func:`host_power_w`), and how it was found:
     the given all-in ``avg_power_w`` (no overhead unless ``node_overhead_share`` is given), else ``power_model`` (W,
     or a callable of ``utilisation``), else ``a.default_power_fraction_of_tdp x TDP`` (flagged); the last two add
     ``node_overhead_share`` (default ``a.node_overhead_share``). Appends to ``flags`` and ``srcs``."""

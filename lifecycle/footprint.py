@@ -20,7 +20,7 @@ from wattcast.lifecycle.cost import (accelerator_price_usd_of, capex_breakdown_u
                                      cluster_cloud_kw, electricity_usd_per_kwh_of, opex_usd)
 from wattcast.lifecycle.energy import (accelerator_power_w, amortisation_share, cci_kgco2e_per_pflop, embodied_kgco2e,
                                        embodied_kgco2e_per_gpu_of, facility_energy_kwh, grid_kgco2e_per_kwh_of,
-                                       it_energy_kwh, node_power_w, operational_kgco2e, tcdp_kgco2e_h)
+                                       host_power_w, operational_kgco2e, tcdp_kgco2e_h)
 from wattcast.lifecycle.goodput import run_goodput
 
 #: the keys of the ``run`` object (``wattcast predict --json``); other tools rely on exactly these
@@ -36,7 +36,7 @@ class RunFootprint:
     """One run's lifecycle footprint. The first ten fields are the ``run`` object (:data:`RUN_KEYS`)."""
 
     hours: float  # effective wall-clock hours (failure-free hours / goodput)
-    gpu_hours: float
+    gpu_hours: float  # GPUs held (the job's and the spares it leaves idle in its nodes) x hours: what a cloud bills
     energy_mwh: float  # facility energy (IT x PUE)
     operational_tco2e: float
     embodied_tco2e: float
@@ -47,10 +47,10 @@ class RunFootprint:
     goodput: float
     # ---- extras
     device: str
-    gpus: int
+    gpus: int  # the GPUs the job computes on
     ideal_hours: float  # failure-free hours as given
     avg_power_w: float  # per accelerator, as given / modelled (before node overhead)
-    node_power_w: float  # per accelerator, incl. node overhead (what energy uses)
+    node_power_w: float  # per busy accelerator, incl. its host share (avg_power_w + host_power_w)
     power_source: str
     utilisation: float | None
     it_energy_mwh: float
@@ -76,6 +76,24 @@ class RunFootprint:
     electricity_region_specific: bool = False
     #: cloud pricing plan of ``cloud_usd_per_gpu_hour`` (on-demand, reserved-1y, reserved-3y)
     pricing: str = "on-demand"
+    #: host power per GPU slot (W): ``node_overhead_share x TDP`` (:func:`~wattcast.lifecycle.energy.host_power_w`),
+    #: the same under a power limit or clock cap; 0 for a given all-in ``avg_power_w`` (the host is in it)
+    host_power_w: float = 0.0
+    #: nodes the job occupies (None: not stated; ``gpus_per_node`` / ``node_gpus`` not given)
+    nodes: int | None = None
+    #: GPUs of each node the job uses, and GPUs each node has (``--gpus-per-node 64`` of an NVL72 rack's 72)
+    gpus_per_node: int | None = None
+    node_gpus: int | None = None
+    #: GPUs of the occupied nodes left idle (spares): bought, made and billed with the run, drawing idle power
+    spare_gpus: int = 0
+    #: GPUs held: ``gpus + spare_gpus`` (CapEx, embodied carbon, GPU-hours and the provisioned kW count these)
+    gpus_held: int = 0
+    #: board power of one idle spare GPU (W; its host share is in ``host_power_w``); 0 without spares
+    spare_power_w: float = 0.0
+    #: GPU-hours of the GPUs that compute (``gpus x hours``; ``gpu_hours`` adds the spares')
+    busy_gpu_hours: float = 0.0
+    #: IT energy (MWh, before PUE) by part: the busy GPUs, the idle spares, the hosts of every GPU held
+    it_energy_breakdown_mwh: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def energy_kwh(self) -> float:
@@ -96,6 +114,7 @@ class RunFootprint:
         d["flags"] = list(self.flags)
         d["embodied_breakdown_kgco2e_per_gpu"] = dict(self.embodied_breakdown_kgco2e_per_gpu)
         d["capex_breakdown_usd"] = dict(self.capex_breakdown_usd)
+        d["it_energy_breakdown_mwh"] = dict(self.it_energy_breakdown_mwh)
         d["sources"] = dict(self.sources)
         return d
 
@@ -104,7 +123,8 @@ class RunFootprint:
 def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions: LifecycleAssumptions | None = None, *,
                   avg_power_w: float | None = None, power_model: PowerModel | None = None,
                   utilisation: float | None = None, node_overhead_share: float | None = None,
-                  flops: float | None = None, apply_goodput: bool = True) -> RunFootprint:
+                  flops: float | None = None, apply_goodput: bool = True, gpus_per_node: int | None = None,
+                  node_gpus: int | None = None) -> RunFootprint:
     """Lifecycle footprint of ``gpus`` x ``device`` running for ``hours`` under ``assumptions`` (default: the
     shipped defaults; build one from CLI-style options with :func:`assumptions_from_options`).
 
@@ -118,8 +138,14 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
       overhead added). ``utilisation`` is a fraction of the compute peak, finite and in [0, 1] (0 is
       meaningful: GPUs held but idle draw idle power); anything else is a ValueError naming it.
     - ``node_overhead_share``: the node overhead added to this run's power (None: none on a given
-      ``avg_power_w``, ``assumptions.node_overhead_share`` on modelled power). The provisioned kW of the
-      facility CapEx uses the given share, else ``assumptions.node_overhead_share``.
+      ``avg_power_w``, ``assumptions.node_overhead_share`` on modelled power), as host power per GPU of
+      ``share x TDP`` (:func:`~wattcast.lifecycle.energy.host_power_w`: a power cap lowers the GPU's draw, not the
+      host's). The provisioned kW of the facility CapEx uses the given share, else ``assumptions.node_overhead_share``.
+    - ``gpus_per_node`` and ``node_gpus`` (both or neither): the job uses ``gpus_per_node`` of each node's
+      ``node_gpus`` GPUs (64 of an NVL72 rack's 72, the rest spares). It occupies ``ceil(gpus / gpus_per_node)``
+      nodes, whose ``node_gpus - gpus_per_node`` spares each sit idle: they are charged with the run (CapEx,
+      embodied carbon, GPU-hours and so the cloud view, the provisioned kW, and their idle power plus host power
+      in the energy) and flagged.
     - Grid: ``assumptions.grid_kgco2e_per_kwh`` (explicit) > ``assumptions.region`` (shipped table;
       location-based, or market-based with ``market_based=True``) > world average (flagged).
     - ``flops``: useful FLOPs of the run, for CCI.
@@ -137,6 +163,15 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     ideal_h = _pos("hours", hours)
     if avg_power_w is not None:
         _pos("avg_power_w (--avg-power-w)", avg_power_w)
+    if (gpus_per_node is None) != (node_gpus is None):
+        raise ValueError("gpus_per_node (--gpus-per-node) and node_gpus (--node-gpus) go together: the GPUs of each node "
+                         "the job uses and the GPUs each node has (64 and 72 on an NVL72 rack with 8 spares)")
+    if gpus_per_node is not None:
+        gpus_per_node = _count("gpus_per_node (--gpus-per-node)", gpus_per_node)
+        node_gpus = _count("node_gpus (--node-gpus)", node_gpus)
+        if gpus_per_node > node_gpus:
+            raise ValueError(f"gpus_per_node (--gpus-per-node) {gpus_per_node} is more than the node's {node_gpus} GPUs "
+                             "(node_gpus, --node-gpus)")
     # (``hours`` is not range-checked here: footprint_from_step passes the computed hours of a long run; the
     # footprint command checks its --hours)
     for k, v in dict(node_overhead_share=node_overhead_share, flops=flops, avg_power_w=avg_power_w).items():
@@ -153,7 +188,35 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     # ---- power per accelerator
     p, share, how = accelerator_power_w(spec, a, flags, srcs, avg_power_w=avg_power_w, power_model=power_model,
                                         utilisation=utilisation, node_overhead_share=node_overhead_share)
-    p_node = node_power_w(p, share)
+    # the host's power per GPU slot: share x TDP, whatever the GPU draws (a cap lowers the GPU's power, not the host's)
+    if spec.tdp_w:
+        host_w = host_power_w(float(spec.tdp_w), share)
+    else:
+        host_w = p * share
+        if share:
+            flags.append(f"{spec.name} has no tdp_w: host power taken as {share:g} x the GPU's {p:g} W (not its TDP)")
+    p_node = p + host_w
+
+    # ---- the nodes held: the job's GPUs and the spares it leaves idle in them
+    nodes = spare = None
+    if gpus_per_node is not None:
+        nodes = -(-gpus // gpus_per_node)
+        spare = nodes * (node_gpus - gpus_per_node)
+    spare = spare or 0
+    held = gpus + spare
+    spare_w = 0.0
+    if spare:
+        from wattcast.models.power import idle_power_w
+
+        if not spec.tdp_w and not getattr(spec, "idle_power_w", None):
+            raise ValueError(f"device {spec.name!r} has neither idle_power_w nor tdp_w: the {spare} spare GPUs' idle "
+                             "power is unknown; add idle_power_w to the spec")
+        spare_w = float(idle_power_w(spec))
+        flags.append(f"{spare} spare GPUs charged: the job occupies {nodes} node(s) of {node_gpus} GPUs and uses "
+                     f"{gpus_per_node} of each, so {held} GPUs are held (bought: CapEx; made: embodied carbon; billed: "
+                     f"GPU-hours and the cloud view) and the {spare} idle ones draw {spare_w:.0f} W each"
+                     + (f" + host {host_w:.0f} W" if host_w else "") + f" ({100.0 * spare / gpus:.1f}% above the "
+                     f"job's {gpus} GPUs)")
 
     # ---- goodput
     g, interval, mtbf_s = run_goodput(a, gpus, apply_goodput, flags, run_s=ideal_h * 3600.0)
@@ -169,21 +232,24 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     eff_h = ideal_h / g
     too_large("effective hours", eff_h)
     try:
-        gpu_h = float(gpus) * eff_h
+        busy_h = float(gpus) * eff_h
+        gpu_h = float(held) * eff_h
     except OverflowError:  # more GPUs than a float holds
-        gpu_h = math.inf
+        busy_h = gpu_h = math.inf
     too_large("GPU-hours", gpu_h)
 
-    # ---- energy and operational carbon
+    # ---- energy and operational carbon: the busy GPUs, the idle spares, the host of every GPU held
     too_large("IT energy (kWh)", gpu_h * p_node / 1000.0 * a.pue)
-    e_it = it_energy_kwh(gpus, p_node, eff_h)
+    e_parts = {"gpus": busy_h * p / 1000.0, "spare_gpus": spare * eff_h * spare_w / 1000.0,
+               "hosts": gpu_h * host_w / 1000.0}
+    e_it = sum(e_parts.values())
     grid, basis, greg = grid_kgco2e_per_kwh_of(a, flags, srcs)
     op_kg = operational_kgco2e(e_it, a.pue, grid)
 
     # ---- embodied
     share_h = amortisation_share(eff_h, a.lifetime_years, a.lifetime_utilisation)
     per_gpu, breakdown = embodied_kgco2e_per_gpu_of(spec, a, flags, srcs)
-    emb_kg = embodied_kgco2e(per_gpu, gpus, eff_h, a.lifetime_years, a.lifetime_utilisation)
+    emb_kg = embodied_kgco2e(per_gpu, held, eff_h, a.lifetime_years, a.lifetime_utilisation)
     if share_h > 1:
         flags.append(f"run uses {share_h:.2f} x the hardware's productive lifetime")
 
@@ -193,9 +259,9 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     # the facility is provisioned for the node's power: a given node overhead counts there too
     share_kw = a.node_overhead_share if node_overhead_share is None else node_overhead_share
     tdp_kw = (spec.tdp_w or p) * (1.0 + share_kw) / 1000.0
-    capex = capex_breakdown_usd(price, gpus, eff_h, a.lifetime_years, a.lifetime_utilisation,
+    capex = capex_breakdown_usd(price, held, eff_h, a.lifetime_years, a.lifetime_utilisation,
                                 server_usd_per_gpu=a.server_usd_per_gpu, network_usd_per_gpu=a.network_usd_per_gpu,
-                                facility_usd_per_kw=a.facility_usd_per_kw, facility_kw=gpus * tdp_kw,
+                                facility_usd_per_kw=a.facility_usd_per_kw, facility_kw=held * tdp_kw,
                                 facility_lifetime_years=a.facility_lifetime_years)
     cap = sum(capex.values())
     elec, elec_specific = electricity_usd_per_kwh_of(a, flags, srcs)
@@ -226,7 +292,9 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
         flops=None if flops is None else float(flops),
         cci_kgco2e_per_pflop=cci,
         tcdp_kgco2e_h=tcdp_kgco2e_h(total_kg, eff_h), flags=tuple(flags), sources=srcs,
-        electricity_region_specific=elec_specific, pricing=a.pricing,
+        electricity_region_specific=elec_specific, pricing=a.pricing, host_power_w=host_w, nodes=nodes,
+        gpus_per_node=gpus_per_node, node_gpus=node_gpus, spare_gpus=spare, gpus_held=held, spare_power_w=spare_w,
+        busy_gpu_hours=busy_h, it_energy_breakdown_mwh={k: v / 1000.0 for k, v in e_parts.items()},
     )
 
 
@@ -238,13 +306,14 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
               node_overhead_share: float | None = None, apply_goodput: bool = True,
               assumptions: LifecycleAssumptions | None = None, mtbf_gpu_hours: float | None = None,
               checkpoint_write_s: float | None = None, pricing: str | None = None,
-              cloud_price_source: str | None = None) -> RunFootprint:
+              cloud_price_source: str | None = None, gpus_per_node: int | None = None,
+              node_gpus: int | None = None) -> RunFootprint:
     """:func:`run_footprint` with the assumptions given as options: ``region``, ``pue``, ``grid_kgco2e_per_kwh``,
     ``market_based``, ``lifetime_years``, ``electricity_usd_per_kwh``, ``cloud_usd_per_gpu_hour``, ``mtbf_gpu_hours``
     (mean time between failures of one GPU, hours), ``checkpoint_write_s``, ``pricing`` (cloud plan: on-demand,
     reserved-1y, reserved-3y) and ``cloud_price_source`` (where a given cloud price comes from, said in the output)
     replace those of ``assumptions`` (:func:`assumptions_from_options`; a bad one is a ValueError naming it); the other
-    parameters are :func:`run_footprint`'s. With ``region`` and no ``electricity_usd_per_kwh``, OpEx uses the region's
+    parameters are :func:`run_footprint`'s (``gpus_per_node`` / ``node_gpus``: the spares of the nodes held). With ``region`` and no ``electricity_usd_per_kwh``, OpEx uses the region's
     electricity price (``electricity_prices.yaml``; the global default, flagged, where the region has none)."""
     a = assumptions_from_options(assumptions, pue=pue, region=region, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                                  market_based=market_based, lifetime_years=lifetime_years,
@@ -254,7 +323,7 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
                                  cloud_price_source=cloud_price_source)
     return run_footprint(device, gpus, hours, a, avg_power_w=avg_power_w, power_model=power_model,
                          utilisation=utilisation, node_overhead_share=node_overhead_share, flops=flops,
-                         apply_goodput=apply_goodput)
+                         apply_goodput=apply_goodput, gpus_per_node=gpus_per_node, node_gpus=node_gpus)
 
 
 def _num(v: float, decimals: int = 1) -> str:
@@ -286,7 +355,9 @@ def format_footprint(fp: RunFootprint) -> str:
     lines = [
         f"{fp.gpus} x {fp.device}: {_num(fp.hours)} h ({_num(fp.ideal_hours)} h failure-free, goodput {fp.goodput:.3f}), "
         f"{_num(fp.gpu_hours, 0) if fp.gpu_hours >= 10 else _num(fp.gpu_hours, 2)} GPU-h",
-        f"power {fp.avg_power_w:,.0f} W/GPU -> {fp.node_power_w:,.0f} W incl. node [{fp.power_source}]",
+        f"power {fp.avg_power_w:,.0f} W/GPU"
+        + (f" + host {fp.host_power_w:,.0f} W" if fp.host_power_w else "")
+        + f" -> {fp.node_power_w:,.0f} W incl. node [{fp.power_source}]",
         f"energy {_energy(fp.energy_mwh)} (IT {_energy(fp.it_energy_mwh)} x PUE {fp.pue:g})",
         f"grid {fp.grid_kgco2e_per_kwh:.3f} kgCO2e/kWh ({fp.grid_basis}{', ' + fp.grid_region if fp.grid_region else ''})",
         f"CO2e: operational {_mass(fp.operational_tco2e)} + embodied {_mass(fp.embodied_tco2e)} = {_mass(fp.total_tco2e)}",
@@ -296,6 +367,9 @@ def format_footprint(fp: RunFootprint) -> str:
         f"{'site-specific' if fp.electricity_region_specific else 'NOT region-specific'}; "
         f"source: {fp.sources.get('electricity_usd_per_kwh', '')})",
     ]
+    if fp.spare_gpus:
+        lines.insert(1, f"held: {fp.nodes} node(s) x {fp.node_gpus} GPUs = {fp.gpus_held} GPUs, {fp.gpus_per_node} used "
+                        f"per node: {fp.spare_gpus} idle spares at {fp.spare_power_w:,.0f} W each (charged with the run)")
     if fp.cloud_usd is not None:
         lines.append(f"cloud price source ({fp.pricing}): {fp.sources.get('cloud_usd_per_gpu_hour', '')}")
     if fp.cci_kgco2e_per_pflop is not None:
@@ -365,7 +439,8 @@ def run_of_prediction(prediction, *, tokens: float, tokens_per_step: float, devi
     spec whose price and embodied carbon are used; ``assumptions`` the lifecycle inputs (the CLI builds them from
     its flags). ``kw``: options of :func:`footprint` (region, pue, lifetime_years, node_overhead_share, ...; None
     values are dropped) that replace those of ``assumptions``. ``cluster``: the ClusterSpec the prediction ran on; its
-    own ``cloud_usd_per_gpu_hour`` (when it has one and none is given) prices the cloud view. The CLI and the Python
+    own ``cloud_usd_per_gpu_hour`` (when it has one and none is given) prices the cloud view, and a cluster run on part
+    of its nodes' GPUs (``--gpus-per-node``) charges the run its nodes' idle spares (:func:`~.cost.cluster_node_kw`). The CLI and the Python
     API both compute a run through this function."""
     kw = {k: v for k, v in kw.items() if v is not None}
     kw = cluster_cloud_kw(cluster, kw, assumptions)

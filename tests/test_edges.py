@@ -146,9 +146,11 @@ def test_footprint_cli_units_and_force():
     assert r.returncode == 2 and "--hours" in flat(r.stderr) and "seconds" in flat(r.stderr)
     r = run_cli(*base, "--node-overhead-share", "50", "--force")
     assert r.returncode == 0, r.stderr
-    # the forced share is used: 51 x the GPU power per accelerator
+    # the forced share is used: the GPU's power + 50 x its 700 W TDP of host per accelerator (stop 56: a share of TDP)
     low = json.loads(run_cli(*base, "--node-overhead-share", "0.5").stdout)
-    assert json.loads(r.stdout)["energy_mwh"] == pytest.approx(low["energy_mwh"] * 51 / 1.5, rel=1e-6)
+    p = low["avg_power_w"]
+    assert json.loads(r.stdout)["energy_mwh"] == pytest.approx(low["energy_mwh"] * (p + 50 * 700) / (p + 0.5 * 700),
+                                                               rel=1e-6)
 
 
 def test_long_predicted_runs_are_not_refused_as_implausible_hours():

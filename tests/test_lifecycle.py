@@ -170,14 +170,15 @@ def test_footprint_power_sources_and_flags():
     fp = footprint("h100", 8, 10.0, apply_goodput=False, assumptions=a)
     frac = carbon.cost_defaults()["default_power_fraction_of_tdp"].value
     assert fp.avg_power_w == pytest.approx(frac * 700)
-    assert fp.node_power_w == pytest.approx(frac * 700 * 1.25)
+    # the host: 0.25 x the H100's 700 W TDP per GPU, whatever the GPU draws (stop 56: was 0.25 x the GPU's power)
+    assert fp.host_power_w == pytest.approx(175.0) and fp.node_power_w == pytest.approx(frac * 700 + 175.0)
     assert any("TDP" in f for f in fp.flags)
     # a power model callable evaluated at the stated utilisation; node overhead added
     fp2 = footprint("h100", 8, 10.0, power_model=lambda u: 100 + 500 * u, utilisation=0.8, apply_goodput=False, assumptions=a)
-    assert fp2.avg_power_w == pytest.approx(500.0) and fp2.node_power_w == pytest.approx(625.0)
+    assert fp2.avg_power_w == pytest.approx(500.0) and fp2.node_power_w == pytest.approx(675.0)
     assert not any("TDP" in f for f in fp2.flags)
     fp3 = footprint("h100", 8, 10.0, power_model=450.0, apply_goodput=False, assumptions=a)
-    assert fp3.node_power_w == pytest.approx(450 * 1.25)
+    assert fp3.node_power_w == pytest.approx(450 + 175.0)
     with pytest.raises(ValueError, match="utilisation"):
         footprint("h100", 8, 10.0, power_model=lambda u: 100 + 500 * u)
     # no region: world average, flagged
