@@ -600,6 +600,55 @@ def _int_list_flag(values, flag: str, minimum: int = 1) -> tuple[int, ...] | Non
     return tuple(out)
 
 
+#: what a boolean list flag (search's --sp) takes for on and for off, case aside
+_BOOL_WORDS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
+
+
+def _bool_list_flag(values, flag: str) -> tuple[bool, ...] | None:
+    """A repeatable on/off flag (search's ``--sp on,off``; true/false, yes/no, 1/0 alike) as a tuple of choices, each
+    once; None when not given; a bad element is a CLI error naming the flag and the element."""
+    if not values:
+        return None
+    out: list[bool] = []
+    for e in _list_elements(values):
+        v = _BOOL_WORDS.get(e.lower())
+        if v is None:
+            _fail(f"{flag}: every value must be on or off (true/false, yes/no, 1/0), got {e!r} (repeat the flag or "
+                  f"separate values by commas, e.g. {flag} on,off)")
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+def _recompute_list_flag(values, modules: str | None) -> tuple[str, ...] | None:
+    """search's ``--recompute none,selective,full`` (repeatable) with ``--recompute-modules`` as the search's recompute
+    choices: each element a mode (featurize/recompute.py), the selective one with the modules when given; without
+    --recompute, --recompute-modules searches none, selective on those modules and full (as since it came). None when
+    neither is given (the search's default). A bad element, or modules without a selective choice, is a CLI error
+    naming the flag."""
+    from wattcast.featurize.recompute import RecomputeError, recompute_setting
+
+    if not values:
+        return ("none", _recompute_flag("selective", modules), "full") if modules else None
+    out: list[str] = []
+    for e in _list_elements(values):
+        if e.lower() not in ("none", "selective", "full"):
+            _fail(f"--recompute: every value must be none, selective or full, got {e!r} (repeat the flag or separate "
+                  "values by commas, e.g. --recompute none,full; the selective candidates' modules go in "
+                  "--recompute-modules)")
+        try:
+            v = recompute_setting(e.lower(), modules if e.lower() == "selective" else None)
+        except RecomputeError as err:
+            _fail(f"--recompute/--recompute-modules: {err}")
+        if v not in out:
+            out.append(v)
+    if modules and not any(v.startswith("selective") for v in out):
+        _fail(f"--recompute-modules sets what the selective candidates recompute, but --recompute "
+              f"{','.join(out)} has no selective choice: add selective (--recompute {','.join(out)},selective) or "
+              "drop --recompute-modules")
+    return tuple(out)
+
+
 def _str_list_flag(values) -> tuple[str, ...] | None:
     """A repeatable text flag (``--cp-comm-type p2p --cp-comm-type a2a`` or ``p2p,a2a``) as a tuple; None when not given
     (the search checks each element, naming it)."""
@@ -1077,7 +1126,7 @@ def search(
     tp: Optional[List[str]] = typer.Option(None, "--tp", help="Tensor-parallel degrees to search (repeatable or comma-separated: --tp 4,8; default every power of two up to the GPUs of a node)."),
     pp: Optional[List[str]] = typer.Option(None, "--pp", help="Pipeline-parallel sizes to search (repeatable or comma-separated: --pp 2,3,6; default every divisor of the GPUs over tp x cp, at most the model's layers)."),
     micro_batch: Optional[List[str]] = typer.Option(None, "--micro-batch", help="Micro-batch sizes to search (repeatable or comma-separated: --micro-batch 1,2; default every power of two up to 16 that divides the batch per data-parallel rank)."),
-    cp: Optional[List[str]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable or comma-separated: --cp 2,4,8; default 1, and 2, 4, 8 from 16,384 tokens per sequence)."),
+    cp: Optional[List[str]] = typer.Option(None, "--cp", help="Context-parallel degrees to search (repeatable or comma-separated: --cp 2,4,8; default 1, 2 too from 8,192 tokens per sequence, 4 and 8 from 16,384, 16 from 131,072; --framework megatron only)."),
     cp_comm_type: Optional[List[str]] = typer.Option(None, "--cp-comm-type", help="Megatron-Core/TE context-parallel communication types to search for cp > 1 candidates (repeatable or comma-separated: p2p, a2a, allgather, a2a+p2p; default p2p)."),
     hierarchical_cp_sizes: Optional[str] = typer.Option(None, "--hierarchical-cp-sizes", help="With --cp-comm-type a2a+p2p: A,B = inner all-to-all and outer ring sizes; a2a+p2p is tried on the candidates with cp = A x B."),
     ep: Optional[List[str]] = typer.Option(None, "--ep", help="Expert-parallel degrees to search (repeatable or comma-separated; default 1, and for a mixture-of-experts model every power of two dividing its experts)."),
@@ -1094,6 +1143,9 @@ def search(
     fp8_recipe: Optional[str] = typer.Option(None, "--fp8-recipe", help="As for predict (with --dtype fp8): delayed (default), tensorwise, mxfp8, blockwise or deepseek for every candidate; a cluster whose GPU cannot run the recipe gets none."),
     memory_headroom_gb: float = typer.Option(0.0, "--memory-headroom-gb", help="A candidate fits only when its predicted worst-stage memory is at most the GPU's capacity less this many GB (default 0): the rows nearest the memory limit are predicted too fast."),
     zero: Optional[List[str]] = typer.Option(None, "--zero", help="ZeRO stages to search (repeatable or comma-separated: 0, 1, 2, 3; default 0 and 1)."),
+    interleave: Optional[List[str]] = typer.Option(None, "--interleave", help="Virtual pipeline stages per GPU to search (interleaved 1F1B; repeatable or comma-separated: --interleave 1,2,5; default 1 and 2; above 1 only on the pp > 1 candidates)."),
+    recompute: Optional[List[str]] = typer.Option(None, "--recompute", help="Activation recomputation to search (repeatable or comma-separated: none, selective, full; default none and selective, none and full with --attention flash, the default; --recompute-modules sets the selective candidates' modules)."),
+    sp: Optional[List[str]] = typer.Option(None, "--sp", help="Sequence parallelism to search (repeatable or comma-separated: on, off, or both: --sp on,off; default both; on only for the tp > 1 candidates)."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf). Needs ZeRO-3 candidates (--zero 3; or --zero 2 with --framework hf)."),
     scatter_gather_p2p: Optional[bool] = typer.Option(None, "--scatter-gather-p2p/--no-scatter-gather-p2p", help="As for predict, for every candidate: Pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM 2021's --scatter-gather-tensors-in-pipeline, DeepSpeed's PartitionedTensor; default: the framework's, on for megatron-deepspeed, off for megatron; nothing to scatter under --sp)."),
     fsdp_reduce_dtype: Optional[str] = typer.Option(None, "--fsdp-reduce-dtype", help="As for predict: PyTorch FSDP's MixedPrecision.reduce_dtype for the ZeRO-3 candidates under --framework hf (fp32, bf16 or fp16; default: the parameters' dtype)."),
@@ -1102,7 +1154,7 @@ def search(
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="The data loader's host time per micro-batch, ms (default 0); as `wattcast predict`."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's)."),
     recompute_num_layers: Optional[List[str]] = typer.Option(None, "--recompute-num-layers", help="Also search Megatron's block recomputation of this many layers per pipeline stage (repeatable or comma-separated; adds full recomputation to the choices)."),
-    recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules (as for predict, comma-separated): the selective candidates recompute these (searched besides none and full)."),
+    recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules (as for predict, comma-separated): the selective candidates recompute these (searched besides none and full; with --recompute, its selective choice's modules)."),
     framework: str = typer.Option("hf", "--framework", help="Whose kernels, host costs and overlaps: hf, megatron or megatron-deepspeed."),
     no_overlap: bool = typer.Option(False, "--no-overlap", help="With --framework megatron: none of Megatron-Core's overlaps (grad reduce, param gather, TP comm, MoE all-to-all, the interleaved schedule's pipeline transfers, which then block as in Megatron-LM 2021, and the asynchronous TP backward collective, --no-async-tp-comm: Megatron-LM 2021's synchronous all-reduce)."),
     overlap_grad_reduce: Optional[bool] = typer.Option(None, "--overlap-grad-reduce/--no-overlap-grad-reduce", help="As for predict, for every candidate: Megatron-Core reduces gradient buckets during the last backward (default on with --framework megatron; the --no- form turns it off for every candidate)."),
@@ -1170,6 +1222,9 @@ def search(
             (tp, "--tp", 1), (pp, "--pp", 1), (micro_batch, "--micro-batch", 1),
             (cp, "--cp", 1), (ep, "--ep", 1), (etp, "--expert-tensor-parallel-size", 1), (zero, "--zero", 0),
             (recompute_num_layers, "--recompute-num-layers", 1)))
+    interleave = _int_list_flag(interleave, "--interleave", minimum=1)
+    sp = _bool_list_flag(sp, "--sp")
+    recompute = _recompute_list_flag(recompute, recompute_modules)
     cp_comm_type = _str_list_flag(cp_comm_type)
     folders = _model_folders(models, collectives, power_model)
     try:
@@ -1210,8 +1265,8 @@ def search(
                              if hierarchical_cp_sizes else {}),
                           **(dict(etp=etp) if etp else {}),
                           **(dict(recompute_num_layers=recompute_num_layers) if recompute_num_layers else {}),
-                          **(dict(recompute=("none", _recompute_flag("selective", recompute_modules), "full"))
-                             if recompute_modules else {}))
+                          **(dict(recompute=recompute) if recompute else {}),
+                          **(dict(interleave=interleave) if interleave else {}), **(dict(sp=sp) if sp else {}))
     except (GraphError, ClusterSpecError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     _print_warnings(res.warnings)  # the clusters' and GPUs' own, once (as predict --cluster gives them)

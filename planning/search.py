@@ -108,6 +108,9 @@ class SearchResult:
     #: the names of the clusters searched, each once, in the order given (a cluster given twice, as a preset alias
     #: or another spelling, is searched once and said in ``warnings``)
     clusters: list = field(default_factory=list)
+    #: evaluated candidates not in ``ranked``: ZeRO >= 1 over one data-parallel rank whose step equals a lower stage's,
+    #: listed once, as that stage's row (:func:`_fold_zero_twins`); they count toward ``max_configs`` as evaluated
+    folded_rows: int = 0
 
     def invalid_reason(self, top: int = 3) -> str:
         """Why no configuration is valid, in one line: the job-level reasons of :attr:`why_none`, then the ``top``
@@ -251,18 +254,27 @@ def rule_counts(rules, top: int = 3, what: str = "candidate strategies") -> str:
 SPACE_DEFAULTS = dict(tp=None, pp=None, micro_batch=None, zero=(0, 1), sp=(False, True), recompute=("none", "selective"),
                       interleave=(1, 2), ep=None, cp=None, schedule=("1f1b",), recompute_num_layers=(None,),
                       etp=(None,), cp_comm_type=("p2p",), hierarchical_cp_sizes=(None,))
-#: sequences from this length on are also searched with context parallelism (cp 2, 4, 8) by default: below it the
-#: per-rank attention blocks are too short to hide the ring's KV exchange, and activations rarely need splitting
+#: sequences from this length on are also searched with context parallelism cp 2 by default: NVIDIA's Llama 3
+#: pretraining recipes run CP 2 at 8,192 tokens (Megatron-Bridge 0.3.1 ``recipes/llama/llama3.py``: the 8B recipe
+#: l. 225-249 tp1 pp1 cp2, the 70B l. 658-682 tp4 pp4 vp5 cp2; the 1B/3B ones l. 60-68, l. 154-161 keep cp1), and
+#: for Llama 3 8B on 8 H100s at 8,192 tokens the default space missed tp1-pp1-dp4-cp2, 10,800 ms, against its best
+#: tp2-pp1-dp4 mb2 at 11,370 ms (audit 56c finding 4; 16,384 until stop 56)
+CP2_DEFAULT_MIN_SEQ = 8192
+#: and from this length on also cp 4 and 8: below it the per-rank attention blocks are too short to hide the ring's KV
+#: exchange, and activations rarely need splitting that far
 CP_DEFAULT_MIN_SEQ = 16384
 #: and from this length on also cp 16 (Llama 3 405B's 128k-token stage ran CP 16: Dubey et al. 2024 Table 4)
 CP16_DEFAULT_MIN_SEQ = 131072
 
 
 def default_cps(seq: int) -> tuple[int, ...]:
-    """The context-parallel degrees a search tries by default for ``seq`` tokens per sequence."""
+    """The context-parallel degrees a search tries by default for ``seq`` tokens per sequence: 1; 2 too from
+    :data:`CP2_DEFAULT_MIN_SEQ`; 4 and 8 too from :data:`CP_DEFAULT_MIN_SEQ`; 16 too from :data:`CP16_DEFAULT_MIN_SEQ`."""
     if seq >= CP16_DEFAULT_MIN_SEQ:
         return (1, 2, 4, 8, 16)
-    return (1, 2, 4, 8) if seq >= CP_DEFAULT_MIN_SEQ else (1,)
+    if seq >= CP_DEFAULT_MIN_SEQ:
+        return (1, 2, 4, 8)
+    return (1, 2) if seq >= CP2_DEFAULT_MIN_SEQ else (1,)
 
 
 def _positive_int(name: str, v) -> int:
@@ -392,6 +404,15 @@ def _expert_count(model) -> int:
     return int(getattr(cfg, "n_experts", 0) or 0) if cfg is not None else 0
 
 
+def _cp_comm_choices(c: int, cp_types, h_sizes) -> list:
+    """The (cp_comm_type, hierarchical_cp_sizes) choices of a candidate with cp ``c`` (cp 1 runs no CP communication):
+    each of ``cp_types``, a2a+p2p with each pair of ``h_sizes`` whose product is ``c`` (none: a2a+p2p is left out)."""
+    if c == 1:
+        return [("p2p", None)]
+    return [(t, hs) for t in cp_types for hs in ((None,) if t != "a2a+p2p" else
+                                                 [h for h in h_sizes if h[0] * h[1] == c])]
+
+
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=None,
                       cp=None, schedule=("1f1b",), recompute_num_layers=(None,), etp=(None,), cp_comm_type=("p2p",),
@@ -400,8 +421,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     ``tp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16); ``pp``
     None: every divisor of the job's GPUs over TP x CP, at most the model's layers where its config is known (until
     stop 54 the powers of two only: no 3, 6 or 12 stages on 48 or 96 GPUs);
-    ``cp`` None: 1, and 2, 4, 8 too from :data:`CP_DEFAULT_MIN_SEQ` tokens per sequence on (16 too from
-    :data:`CP16_DEFAULT_MIN_SEQ`); ``ep`` None: 1 for a dense
+    ``cp`` None: 1, 2 too from :data:`CP2_DEFAULT_MIN_SEQ` tokens per sequence on, 4 and 8 from
+    :data:`CP_DEFAULT_MIN_SEQ` (16 too from :data:`CP16_DEFAULT_MIN_SEQ`: :func:`default_cps`); ``ep`` None: 1 for a dense
     model, and for a mixture of experts every power of two that divides its expert count (up to the GPUs).
     ``schedule``: 1f1b and/or gpipe (GPipe only where it differs: pp > 1 without interleaving).
     ``recompute_num_layers``: layers of each model chunk that full recomputation recomputes (Megatron's block method;
@@ -423,11 +444,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     if "a2a+p2p" in cp_types and not h_sizes:
         raise ValueError(A2A_P2P_NEEDS_SIZES)
 
-    def cp_comms(c: int) -> list:  # (type, sizes) choices of a candidate with cp c; cp 1 runs no CP communication
-        if c == 1:
-            return [("p2p", None)]
-        return [(t, hs) for t in cp_types for hs in ((None,) if t != "a2a+p2p" else
-                                                     [h for h in h_sizes if h[0] * h[1] == c])]
+    def cp_comms(c: int) -> list:
+        return _cp_comm_choices(c, cp_types, h_sizes)
     schedule = schedule or ("1f1b",)
     rc_layers = rc_layers or (None,)
     # the model's layers (0: not known): block recomputation's counts and the default stage counts; ``n_layers`` given
@@ -467,7 +485,12 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                 continue
             mbs = list(micro_batch) if micro_batch is not None else _pow2_divisors(batch // dp, 16)
             for mb, z, s, rc, v, e, sch in itertools.product(mbs, zero, sp, recompute, interleave, ep, schedule):
-                if (s and t == 1) or (v > 1 and p == 1) or (z and dp * c == 1):
+                # ZeRO >= 1 over one data-parallel rank (dp x cp = 1) is kept: predict takes it, and it is not always
+                # ZeRO 0's step (megatron-deepspeed's ZeRO optimizer, FSDP's ZeRO 2/3 under hf); where it is (Megatron's
+                # distributed optimizer shards over one rank: nothing), search folds the twin rows (_fold_zero_twins).
+                # Until stop 56 it was skipped here, and a space of ZeRO >= 1 only at dp x cp = 1 (--tp 16 --pp 1
+                # --zero 1 on 16 GPUs) generated no candidate, its error blaming another rule (audit 56c finding 3)
+                if (s and t == 1) or (v > 1 and p == 1):
                     continue
                 if sch == "gpipe" and (p == 1 or v > 1):  # one stage: the same step; interleaving is 1F1B's
                     if "1f1b" in schedule:
@@ -527,20 +550,37 @@ def why_no_candidates(cl, gpus: int, batch: int, seq: int, space: dict, rules: d
     cps = list(opt["cp"] or default_cps(seq))
     eps = list(opt["ep"] or (1,))
     mbs = list(opt["micro_batch"] or (1,))
+    cp_types = opt["cp_comm_type"] or ("p2p",)
+    h_sizes = [x for x in (opt["hierarchical_cp_sizes"] or ()) if x is not None]
     rest = list(itertools.product(opt["zero"], opt["sp"], opt["recompute"], opt["interleave"], eps, opt["schedule"]))
     rules_seen = []
+    passed = 0  # configurations that break none of the per-strategy rules (the message must not say they all do)
     for t, c in itertools.product(tps, cps):
         pps = list(opt["pp"] or (_divisors(gpus // (t * c)) if gpus % (t * c) == 0 else (1,)))
+        # candidate_configs' own rule beyond resolve_parallel's: a cp > 1 candidate needs a CP communication choice
+        no_comm = (None if _cp_comm_choices(c, cp_types, h_sizes) else
+                   f"cp {c}: no --cp-comm-type choice applies (a2a+p2p needs --hierarchical-cp-sizes A,B with A x B = "
+                   f"cp, got {' and '.join(f'{a},{b}' for a, b in h_sizes) or 'none'})")
         for p, mb, (z, sp, rc, v, e, sch) in itertools.product(pps, mbs, rest):
-            if len(rules_seen) >= _WHY_MAX:
+            if len(rules_seen) + passed >= _WHY_MAX:
                 break
             try:
                 resolve_parallel(new_config(gpus=gpus, tp=t, pp=p, cp=c, micro_batch=mb, zero=z, sp=sp, recompute=rc,
                                             interleave=v, ep=e, schedule=sch), **rules)
             except ParallelConfigError as err:
                 rules_seen.append(str(err))
-    if rules_seen:
+                continue
+            if no_comm:
+                rules_seen.append(no_comm)
+            else:
+                passed += 1
+    if rules_seen and not passed:
         return "no strategy of the search space divides the job: " + rule_counts(rules_seen, top, "configurations tried")
+    if rules_seen:  # some pass every rule checked here: say so, not "every one breaks a rule"
+        n = len(rules_seen) + passed
+        return (f"no strategy of the search space divides the job ({gpus} GPUs, global batch {batch}, seq {seq}): "
+                f"{passed} of the {n} configurations tried break no per-strategy rule, yet the search space generated "
+                f"none of them; the others break: " + _top_rules(rules_seen, top))
     return (f"no strategy of the search space divides the job ({gpus} GPUs, global batch {batch}, seq {seq}): "
             "widen the space (tp, pp, micro_batch, zero, ...)")
 
@@ -877,6 +917,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         pareto_at = row_cols.index("run_pareto")
         rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
     df = pd.DataFrame(rows, columns=row_cols + list(_BAND_TERMS))
+    df, folded = _fold_zero_twins(df)
     df = _with_band(df)[cols]
     df = with_memory_headroom(df, memory_headroom_gb, run_cols)
     if tokens is not None:
@@ -890,9 +931,54 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     before = np.fmin.accumulate(np.concatenate(([np.inf], mem[:-1]))) if len(mem) else mem
     front = [r._asdict() for r in fit[mem < before].itertuples(index=False)]
     ranked_clusters = set(df["cluster"])
+    shown_zeros = set(df["zero"]) | set(excluded.get("zero", ()))
     return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
-                        dropped_values(asked, outcomes, generated, skipped, max_configs), [cl.name for cl, _ in resolved])
+                        dropped_values(asked, outcomes, generated, skipped, max_configs)
+                        + folded_zero_values(asked.get("zero"), folded, shown_zeros),
+                        [cl.name for cl, _ in resolved], sum(folded.values()))
+
+
+#: what :func:`folded_zero_values` says of an asked-for ZeRO stage whose rows were all folded into a lower stage's
+ZERO_FOLDED_RULE = ("every strategy with it has one data-parallel rank (dp x cp = 1), where ZeRO shards nothing: its step "
+                    "is the same as a lower stage's, listed once, as that stage's row")
+
+
+def _fold_zero_twins(df: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """``df`` (a search's rows, before the band) less each ZeRO >= 1 row with one data-parallel rank (dp x cp = 1)
+    whose every figure and every other option equals a lower stage's row: ZeRO over one rank shards nothing (Megatron's
+    distributed optimizer over a dp group of 1 keeps every state, as ZeRO 0 does), so the two are one strategy, listed
+    once, at the lower stage (until stop 56 ``candidate_configs`` skipped every such candidate outright). A row that
+    differs is kept (megatron-deepspeed's ZeRO optimizer and FSDP's ZeRO 2/3 under hf are not ZeRO 0's step even over
+    one rank). Returns the rows kept and, per folded stage, how many rows it lost."""
+    if df.empty:
+        return df, {}
+    sub = df[df["dp"].to_numpy(dtype=np.int64) * df["cp"].to_numpy(dtype=np.int64) == 1]
+    if sub.empty or sub["zero"].nunique() < 2:
+        return df, {}
+    key = [c for c in df.columns if c not in ("config", "strategy", "zero")]
+    # hashable keys (a pair of hierarchical CP sizes may be a list); NaN equals NaN in a groupby key with dropna=False
+    keyed = sub[key].apply(lambda col: col.map(lambda v: tuple(v) if isinstance(v, list) else v))
+    lowest = sub["zero"].groupby([keyed[c] for c in key], dropna=False, sort=False).transform("min")
+    drop = sub.index[(sub["zero"] > lowest).to_numpy()]
+    if not len(drop):
+        return df, {}
+    counts = df.loc[drop, "zero"].value_counts()
+    return df.drop(index=drop).reset_index(drop=True), {int(z): int(n) for z, n in counts.items()}
+
+
+def folded_zero_values(asked_zeros, folded: dict, shown: set) -> list[dict]:
+    """The :attr:`SearchResult.dropped_values` entries of the asked-for ZeRO stages (``asked_zeros``; None: not asked)
+    that have no row left because :func:`_fold_zero_twins` folded every one of theirs (``folded``: stage -> rows
+    folded; ``shown``: the stages the kept and excluded rows have)."""
+    out = []
+    for z in asked_zeros or ():
+        if z in shown or not folded.get(z):
+            continue
+        n = folded[z]
+        out.append(dict(option="zero", value=z, rejected=0, rule=ZERO_FOLDED_RULE, folded=n,
+                        note=f"zero {z}: {ZERO_FOLDED_RULE} ({n:,} row{'s' if n > 1 else ''})"))
+    return out
 
 
 def graph_model_space(model, space: dict) -> dict:

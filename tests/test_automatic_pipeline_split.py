@@ -260,8 +260,8 @@ def test_a_fitting_time_balanced_split_is_kept():
 
 def test_search_prunes_and_costs_the_memory_aware_split_as_predict():
     res = wattcast.search("llama3_8b", "DGX-H100", 6, 16, 8192, framework="megatron", gpus_per_node=6, tp=(1,),
-                          pp=(3,), zero=(0,), micro_batch=(1,), recompute=("none",), sp=(False,), max_configs=50,
-                          workers=1)
+                          pp=(3,), cp=(1,), zero=(0,), micro_batch=(1,), recompute=("none",), sp=(False,),
+                          max_configs=50, workers=1)
     rows = res.ranked[res.ranked["strategy"].str.contains("pp3")]
     assert len(rows) > 0 and rows["fits"].all()
     row = rows.iloc[0]
@@ -287,7 +287,7 @@ def test_search_chooses_the_split_within_its_memory_headroom():
     """search(memory_headroom_gb=X): the memory-aware split keeps X GB free too (stop 53 audit: it was chosen against
     the full capacity, so Llama 3 8B on 3 stages, ZeRO 0, seq 8,192 took 10, 12, 10 at 83.7 GB and failed a 3 GB margin
     although 9, 13, 10 fits within it at 81.3 GB)."""
-    kw = dict(gpus_per_node=6, framework="megatron", pp=[3], tp=[1], micro_batch=[1], zero=[0], sp=[False],
+    kw = dict(gpus_per_node=6, framework="megatron", pp=[3], tp=[1], cp=[1], micro_batch=[1], zero=[0], sp=[False],
               recompute=["none"], interleave=[1])
     plain = wattcast.search("llama3_8b", "DGX-H100", 6, 16, 8192, **kw).ranked.iloc[0]
     kept = wattcast.search("llama3_8b", "DGX-H100", 6, 16, 8192, memory_headroom_gb=3.0, **kw).ranked.iloc[0]

@@ -207,7 +207,7 @@ def test_ring_attention_merges_each_step_and_accumulates_its_gradients():
 def test_search_tries_cp16_from_128k_tokens():
     from wattcast.planning.search import default_cps
 
-    assert default_cps(8192) == (1,) and default_cps(32768) == (1, 2, 4, 8)
+    assert default_cps(8192) == (1, 2) and default_cps(32768) == (1, 2, 4, 8)  # cp 2 from 8,192 since stop 56
     assert default_cps(131072) == (1, 2, 4, 8, 16)  # Llama 3 405B's long-context stage: CP 16
     cands = candidate_configs("llama3_8b", "DGX-H100", 64, 64, 131072, tp=(4,), pp=(1,), micro_batch=(1,), zero=(1,),
                               sp=(True,), recompute=("none",), interleave=(1,))
