@@ -824,6 +824,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                                  + (f", region {probe.grid_region}" if (footprint_kw or {}).get("region") else "")
                                  + "): give cloud_usd_per_gpu_hour (--cloud-usd-per-gpu-hour)"
                                  + (", or another pricing (--pricing)" if probe.pricing != "on-demand" else ""))
+            # the nodes' idle spares are charged with every row's run (as predict's warnings say it)
+            repeats.extend(f for f in probe.flags if probe.spare_gpus and f.startswith(f"{probe.spare_gpus} spare GPUs"))
         resolved.append((cl, spec))
     # the model's own warnings (a sequence beyond a RoPE model's positions, ...: every candidate's graph has them), then
     # the clusters' and GPUs', each once (one GPU on two clusters: its peak-ratio note once)
