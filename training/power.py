@@ -607,9 +607,45 @@ def lodo_table(pred: pd.DataFrame, chosen: str) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------ the clock response
+#: grids of the knee clock law's fit (:func:`fit_knee`): knee clock ratio and voltage slope, coarse then fine
+KNEE_GRID = np.arange(0.40, 1.0001, 0.005)
+SLOPE_GRID = np.arange(0.0, 4.0001, 0.01)
+
+
+def _knee_fraction(s: np.ndarray, knee: np.ndarray, slope: np.ndarray) -> np.ndarray:
+    """:func:`wattcast.models.power.clock_power_fraction` of the knee law, broadcast over parameter grids."""
+    v = 1.0 + slope * np.maximum(s - knee, 0.0)
+    v1 = 1.0 + slope * np.maximum(1.0 - knee, 0.0)
+    return s * (v / v1) ** 2
+
+
+def fit_knee(s: np.ndarray, p_w: np.ndarray, p_top: np.ndarray, idle: np.ndarray) -> tuple[float, float, float]:
+    """(knee_clock_ratio, voltage_slope, power MAPE %) of the knee law (models/power.py) fitted to measured power at
+    clock ratios ``s`` below the boost clock: least squares on the relative power error
+    ``(idle + (p_top - idle) x fraction(s) - p_w) / p_w``, a grid (:data:`KNEE_GRID` x :data:`SLOPE_GRID`) then a
+    finer one around its best point."""
+    s, p_w, p_top, idle = (np.asarray(a, float) for a in (s, p_w, p_top, idle))
+
+    def best(knees, slopes):
+        k, b = np.meshgrid(knees, slopes, indexing="ij")
+        k, b = k.reshape(-1, 1), b.reshape(-1, 1)
+        pred = idle + (p_top - idle) * _knee_fraction(s[None, :], k, b)
+        loss = np.sum(((pred - p_w) / p_w) ** 2, axis=1)
+        i = int(np.argmin(loss))
+        return float(k[i, 0]), float(b[i, 0])
+
+    k0, b0 = best(KNEE_GRID, SLOPE_GRID)
+    k1, b1 = best(np.clip(np.arange(k0 - 0.005, k0 + 0.00501, 0.0005), 0.05, 1.0),
+                  np.clip(np.arange(b0 - 0.01, b0 + 0.01001, 0.0005), 0.0, None))
+    pred = idle + (p_top - idle) * _knee_fraction(s, k1, b1)
+    return k1, b1, float(_ape(pred, p_w).mean() * 100)
+
+
 def fit_clock_response(sweep: pd.DataFrame) -> dict[str, float]:
-    """alpha from (P(f) - idle) / (P(f_max) - idle) = (f / f_max)^alpha (least squares in log space, all
-    Perseus rows), and phi / u_ref from t(f) / t(f_max) = (1 - phi) + phi f_max / f (per row, then pooled)."""
+    """The clock law on Perseus's A100 SXM sweeps: alpha of the shipped power law (P(f) - idle) / (P(f_max) - idle) =
+    (f / f_max)^alpha (least squares in log space, all Perseus rows), the knee law's knee clock ratio and voltage slope
+    (:func:`fit_knee`; evaluated, not shipped: models/power.py says why), and phi / u_ref from
+    t(f) / t(f_max) = (1 - phi) + phi f_max / f (per row, then pooled)."""
     rows = []
     for wl, g in sweep.groupby("workload"):
         g = g.sort_values("frequency_mhz")
@@ -641,7 +677,13 @@ def fit_clock_response(sweep: pd.DataFrame) -> dict[str, float]:
             best = (sse, a2, coef[0])
     pred_p = d["idle"] + (d["p_top"] - d["idle"]) * d["s"] ** alpha
     pred_t = d["t_top"] * ((1 - phi) + phi / d["s"])
+    knee, slope, knee_mape = fit_knee(d.loc[m, "s"], d.loc[m, "p_w"], d.loc[m, "p_top"], d.loc[m, "idle"])
+    low = m & (d["s"] < 0.7)  # below the knee: where the two laws part
+    pred_k = d["idle"] + (d["p_top"] - d["idle"]) * _knee_fraction(d["s"].to_numpy(float), knee, slope)
     return {
+        "knee_clock_ratio": knee, "voltage_slope": slope, "sweep_knee_power_mape_pct": knee_mape,
+        "sweep_knee_power_mape_below_0.7_pct": float(_ape(pred_k[low], d.loc[low, "p_w"]).mean() * 100),
+        "sweep_power_law_mape_below_0.7_pct": float(_ape(pred_p[low], d.loc[low, "p_w"]).mean() * 100),
         "alpha": alpha, "phi": phi, "u_ref": u_ref, "u_top_mean": u_top,
         "alpha_free_static": float(best[1]), "static_share_free": float(best[2]),
         "sweep_power_mape_pct": float(_ape(pred_p[m], d.loc[m, "p_w"]).mean() * 100),
@@ -681,6 +723,7 @@ def limit_response(model: PowerModel, zeus: pd.DataFrame, a100: pd.DataFrame | N
             for _, r in g[g["power_limit_0"] < g["power_limit_0"].max()].iterrows():
                 # compute utilisation unknown: time predicted for a fully compute-bound step (upper bound)
                 t1, p1 = apply_power_limit(t0, p0, float(r["power_limit_0"]), spec, 1.0, model)
+                # held-out hardware (A100 80GB PCIe): evaluated here, never fitted or selected on
                 rows.append({"source": "perseus-a100-pcie", "device": "A100-PCIe-80GB", "workload": mdl,
                              "limit_w": r["power_limit_0"], "capped": p0 > r["power_limit_0"], "has_util": False,
                              "t_meas": r["time"], "t_pred": float(t1), "t_top": t0,
@@ -692,17 +735,29 @@ def limit_response(model: PowerModel, zeus: pd.DataFrame, a100: pd.DataFrame | N
     d["p_ape_nochange"] = _ape(d["p_top"], d["p_meas"])
     d["t_ape"] = _ape(d["t_pred"], d["t_meas"])
     d["t_ape_nochange"] = _ape(d["t_top"], d["t_meas"])
+    d["t_err"] = d["t_pred"] / d["t_meas"] - 1.0
+    d["e_ratio_meas"] = d["t_meas"] * d["p_meas"] / (d["t_top"] * d["p_top"])
+    d["e_ratio_pred"] = d["t_pred"] * d["p_pred"] / (d["t_top"] * d["p_top"])
+    d["e_err"] = d["e_ratio_pred"] / d["e_ratio_meas"] - 1.0
+    d["heldout"] = d["device"].map(lambda x: heldout_twin(resolve_device(x)) is not None)
     summ = []
     for (src, dev), g in d.groupby(["source", "device"]):
         c = g[g["capped"]]
-        cu = c[c["has_util"]]
-        summ.append({"source": src, "device": dev, "rows": len(g), "capped_rows": len(c),
+        cu = c[c["has_util"]] if c["has_util"].any() else c  # the held-out A100 PCIe rows: time at compute_util 1
+        emin = _energy_minimum(g)
+        summ.append({"source": src, "device": dev, "heldout": bool(g["heldout"].iloc[0]), "rows": len(g),
+                     "capped_rows": len(c),
+                     "capped_time_bias_pct": cu["t_err"].mean() * 100 if len(cu) else np.nan,
+                     "capped_energy_ratio_mape_pct": cu["e_err"].abs().mean() * 100 if len(cu) else np.nan,
+                     "capped_energy_ratio_bias_pct": cu["e_err"].mean() * 100 if len(cu) else np.nan,
+                     "emin_limit_match_share": emin["match"].mean() if len(emin) else np.nan,
+                     "emin_limit_offset_w": (emin["pred_w"] - emin["meas_w"]).mean() if len(emin) else np.nan,
                      "power_mape_pct": g["p_ape"].mean() * 100,
                      "power_mape_nochange_pct": g["p_ape_nochange"].mean() * 100,
                      "capped_power_mape_pct": c["p_ape"].mean() * 100 if len(c) else np.nan,
                      "capped_time_mape_pct": cu["t_ape"].mean() * 100 if len(cu) else np.nan,
                      "capped_time_mape_nochange_pct": cu["t_ape_nochange"].mean() * 100 if len(cu) else np.nan,
-                     "capped_time_rows": len(cu),
+                     "capped_time_rows": len(cu) if g["has_util"].any() else 0,
                      "meas_slowdown_pct": (cu["t_meas"] / cu["t_top"] - 1).mean() * 100 if len(cu) else np.nan,
                      "pred_slowdown_pct": (cu["t_pred"] / cu["t_top"] - 1).mean() * 100 if len(cu) else np.nan})
     s = pd.DataFrame(summ).round(2)
@@ -713,7 +768,53 @@ def limit_response(model: PowerModel, zeus: pd.DataFrame, a100: pd.DataFrame | N
         if np.isfinite(r["capped_time_mape_pct"]):
             metrics[f"limit_{key}_time_mape_pct"] = r["capped_time_mape_pct"]
             metrics[f"limit_{key}_time_nochange_mape_pct"] = r["capped_time_mape_nochange_pct"]
+            metrics[f"limit_{key}_time_bias_pct"] = r["capped_time_bias_pct"]
+            metrics[f"limit_{key}_energy_ratio_mape_pct"] = r["capped_energy_ratio_mape_pct"]
+            metrics[f"limit_{key}_energy_ratio_bias_pct"] = r["capped_energy_ratio_bias_pct"]
+            metrics[f"limit_{key}_emin_offset_w"] = r["emin_limit_offset_w"]
     return d, s, metrics
+
+
+def _energy_minimum(g: pd.DataFrame) -> pd.DataFrame:
+    """Per workload of limit-response rows (:func:`limit_response`; time needs a compute utilisation, so rows without
+    one are left out unless none has one): the limit (W) at which the measured and the predicted energy per unit of work
+    are lowest, the top limit (ratio 1) included, and whether they agree."""
+    g = g[g["has_util"]] if g["has_util"].any() else g
+    out = []
+    for wl, w in g.groupby("workload"):
+        top = float(w["limit_w"].max() + 1.0)  # the uncapped run: its own row is not in the table; ratio 1
+        lim = np.append(w["limit_w"].to_numpy(float), np.inf)
+        em, ep = np.append(w["e_ratio_meas"].to_numpy(float), 1.0), np.append(w["e_ratio_pred"].to_numpy(float), 1.0)
+        lim = np.where(np.isfinite(lim), lim, top)
+        out.append({"workload": wl, "meas_w": lim[int(np.argmin(em))], "pred_w": lim[int(np.argmin(ep))]})
+    e = pd.DataFrame(out)
+    if len(e):
+        e["match"] = e["meas_w"] == e["pred_w"]
+    return e
+
+
+def clock_checks(model: PowerModel, sweep: pd.DataFrame | None, zeus: pd.DataFrame | None) -> dict[str, float]:
+    """How ``model``'s clock law fits what it is fitted and checked on (the gate compares a retrain with the working
+    model on these): ``clock_sweep_power_mape_pct``, power at every clock of Perseus's A100 SXM sweeps from the
+    top clock's measured power; ``clock_zeus_time_mape_pct``, the mean over the Zeus GPUs of the capped-time MAPE
+    (:func:`limit_response` without the held-out A100 PCIe rows)."""
+    from wattcast.models.power import clock_power_fraction
+
+    out: dict[str, float] = {}
+    if sweep is not None and len(sweep):
+        parts = []
+        for _, g in sweep.groupby("workload"):
+            top = g.loc[g["frequency_mhz"].idxmax()]
+            s = g["frequency_mhz"].to_numpy(float) / float(top["frequency_mhz"])
+            pred = top["idle_w"] + (top["power_w"] - top["idle_w"]) * clock_power_fraction(s, model)
+            parts.append(_ape(pred, g["power_w"].to_numpy(float))[s < 1.0])
+        out["clock_sweep_power_mape_pct"] = float(np.concatenate(parts).mean() * 100)
+    if zeus is not None and len(zeus):
+        _, summ, _ = limit_response(model, zeus, None)
+        t = summ["capped_time_mape_pct"].dropna() if len(summ) else pd.Series(dtype=float)
+        if len(t):
+            out["clock_zeus_time_mape_pct"] = float(t.mean())
+    return out
 
 
 def accelwattch_range(root: Path, model: PowerModel) -> dict[str, float]:
@@ -733,10 +834,13 @@ def accelwattch_range(root: Path, model: PowerModel) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ gate
-def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_pct: float) -> tuple[bool, str, dict]:
+def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_pct: float,
+                  clock_rows: tuple[pd.DataFrame | None, pd.DataFrame | None] | None = None) -> tuple[bool, str, dict]:
     """(replace?, why, gate metrics): the new model against the target's live one (versioned or flat layout) on the
     current rows, device-weighted, overall and per part (shipped datasets' rows, imported profiles' rows: neither may
-    get worse by more than ``GATE_TOLERANCE``), and on the recorded leave-one-GPU-out figure. A target with no working
+    get worse by more than ``GATE_TOLERANCE``), and on the recorded leave-one-GPU-out figure; with ``clock_rows``
+    (Perseus sweep rows, Zeus rows) its clock law too (:func:`clock_checks`: neither the sweep's power nor the Zeus
+    capped time may get worse by more than ``GATE_TOLERANCE``; until stop 56 the clock law was not judged). A target with no working
     model (a new --out) is compared with the shipped one, the model ``predict`` uses without --power-model (until
     stop 54 it was written unjudged: 0.25 W samples at 1e14 FLOP/s, LODO 7455%, became a fresh folder's model)."""
     against = None
@@ -759,13 +863,14 @@ def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_p
         except Exception:  # no shipped model to compare with (a stripped install, or the target is it)
             return True, f"{missing}: {'writing the new one' if missing.startswith('no power') else 'replacing it'}", {}
         against = missing
-    ok, why, m = _judge(new, old, old_ape, train, new_lodo_pct)
+    ok, why, m = _judge(new, old, old_ape, train, new_lodo_pct, clock_rows)
     if against is not None:
         why = against_shipped(against, why, "power", "--power-model")
     return ok, why, m
 
 
-def _judge(new: PowerModel, old: PowerModel, old_ape: np.ndarray, train: pd.DataFrame, new_lodo_pct: float):
+def _judge(new: PowerModel, old: PowerModel, old_ape: np.ndarray, train: pd.DataFrame, new_lodo_pct: float,
+           clock_rows=None):
     """The gate proper (:func:`gate_decision`) with the working model ``old`` and its errors on ``train``."""
     new_ape = _ape(new.predict_w(train)[0], train["power_w"])
     w = _weights(train)
@@ -791,6 +896,16 @@ def _judge(new: PowerModel, old: PowerModel, old_ape: np.ndarray, train: pd.Data
     if old_lodo is not None and new_lodo_pct > float(old_lodo) * (1 + GATE_TOLERANCE) + 1e-9:
         return False, (f"kept the existing power model: leave-one-GPU-out {new_lodo_pct:.2f}% vs {float(old_lodo):.2f}% "
                        f"({what})"), m
+    if clock_rows is not None:
+        cn, co = clock_checks(new, *clock_rows), clock_checks(old, *clock_rows)
+        clock_worse = []
+        for k in sorted(set(cn) & set(co)):
+            m[f"gate_new_{k}"], m[f"gate_old_{k}"] = cn[k], co[k]
+            if cn[k] > co[k] * (1 + GATE_TOLERANCE) + 1e-9:
+                clock_worse.append(f"{k} {cn[k]:.2f} vs {co[k]:.2f}")
+        if clock_worse:
+            return False, f"kept the existing power model: its clock law fits worse ({'; '.join(clock_worse)}; {what})", m
+        what += "; clock law " + ", ".join(f"{k} {cn[k]:.2f} vs {co[k]:.2f}" for k in sorted(set(cn) & set(co)))
     return True, f"new power model validates no worse ({what})", m
 
 
@@ -941,7 +1056,8 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
     metrics.update(lim_metrics)
     metrics.update(accelwattch_range(root, model))
     model.meta["metrics"] = {k: round(float(v), 3) for k, v in metrics.items()
-                             if k.startswith(("lodo_mean", "lodo_curve_mean", "lodo_lgbm_mean", "baseline_tdp", "clock_alpha", "clock_u_ref"))}
+                             if k.startswith(("lodo_mean", "lodo_curve_mean", "lodo_lgbm_mean", "baseline_tdp", "clock_alpha",
+                                              "clock_u_ref", "clock_knee", "clock_voltage", "clock_sweep_knee"))}
     if icounts is not None:  # before/after on the imported samples: held-out GPU figure, TDP x utilisation
         imp = (train["source"] == "profile").to_numpy()
         metrics["imported_samples_used"] = float(icounts["used"])
@@ -956,7 +1072,8 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
                                   "left_out": {k: int(icounts[k]) for k in PROFILE_POWER_REASONS if icounts[k]}}
 
     target = Path(out_dir) if out_dir else shipped_folder()
-    replaced, reason, gate = gate_decision(model, target, train, mean_gpu[chosen])
+    replaced, reason, gate = gate_decision(model, target, train, mean_gpu[chosen],
+                                           clock_rows=(rows.get("perseus_sweep"), rows.get("zeus")))
     from wattcast.training.gate_force import forced
 
     replaced, reason = forced(replaced, reason, force)
@@ -971,7 +1088,10 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
         reason += keep_refused(lambda: install_power_model(model, target, activate=False), target, REFUSED,
                                "power model", "--power-model")
     metrics["train_seconds"] = time.time() - t0
-    log(f"power: alpha {clock['alpha']:.2f} (dynamic power ~ clock^alpha), u_ref {clock['u_ref']:.2f}; {reason}")
+    log(f"power: alpha {clock['alpha']:.2f} (dynamic power ~ clock^alpha; sweep power MAPE "
+        f"{clock['sweep_power_mape_pct']:.1f}%; the knee law, evaluated and not shipped: knee {clock['knee_clock_ratio']:.3f} "
+        f"x boost, voltage slope {clock['voltage_slope']:.3f}, {clock['sweep_knee_power_mape_pct']:.1f}%), "
+        f"u_ref {clock['u_ref']:.2f}; {reason}")
 
     tables = {"lodo_by_gpu": summary, "power_limits": limits}
     run_id = None
