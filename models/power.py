@@ -144,14 +144,6 @@ DEEP_LIMIT_TDP_FRACTION = 0.5
 #: (Zeus NCF rows: 0.15-0.27 x TDP). Perseus (SOSP'24) names this "blocking" power as the energy bloat it
 #: removes; its artifact publishes no separate measurement of it, so we do not claim one.
 COMM_DYNAMIC_FRACTION = 0.2
-#: Host CPUs, memory, NICs, fans and storage of a GPU server, as a share of the GPUs' own power
-#: (node = GPUs x (1 + share)). Patterson et al. 2021, "Carbon Emissions and Large Neural Network
-#: Training" (arXiv:2104.10350), Table 4, report *system* power per accelerator that includes memory,
-#: network interface, fans and host CPU (e.g. 330 W per V100 for their GPT-3 estimate); against the
-#: ~250 W a V100 draws in steady training (Zeus V100 ResNet-50/BERT rows here: 220-228 W at the 250 W
-#: limit; a 300 W SXM2 board draws a little more) that is an overhead of roughly 0.3. Data-centre PUE is
-#: not included. Configurable per call.
-DEFAULT_NODE_OVERHEAD_SHARE = 0.3
 #: band (log of measured / predicted power) used when a model has none: +/- ~15%
 DEFAULT_BAND_LOG = (-0.15, 0.15)
 #: widen the band (log space) of a row outside the power model's training support: a stated ASSUMPTION, as the kernel
@@ -397,17 +389,6 @@ def comm_power_w(spec: DeviceSpec, power_limit_w: float | None = None, clock_cap
         s = min(float(clock_cap_mhz) / float(spec.boost_clock_mhz), 1.0)
         w = float(apply_clock(1.0, w, s, spec, 0.0, model)[1])
     return w if power_limit_w is None else max(idle, min(w, float(power_limit_w)))
-
-
-def node_power_w(gpu_power_w, n_gpus: int = 1, share: float | None = None):
-    """Power of the node(s) around ``n_gpus`` GPUs drawing ``gpu_power_w`` each (W, scalar or array):
-    ``n_gpus * gpu_power_w * (1 + share)``; ``share`` defaults to :data:`DEFAULT_NODE_OVERHEAD_SHARE`."""
-    share = DEFAULT_NODE_OVERHEAD_SHARE if share is None else float(share)
-    if share < 0:
-        raise ValueError(f"node overhead share must be >= 0, got {share}")
-    if n_gpus < 0:
-        raise ValueError(f"n_gpus must be >= 0, got {n_gpus}")
-    return np.asarray(gpu_power_w, dtype=float) * n_gpus * (1.0 + share)
 
 
 # ---------------------------------------------------------------------------- clock and power limits

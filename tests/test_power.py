@@ -14,7 +14,6 @@ import pytest
 from wattcast.data.catalog import resolve_device
 from wattcast.featurize.power_features import IDLE_FRACTION_OF_TDP, kernel_power_features
 from wattcast.models.power import (
-    DEFAULT_NODE_OVERHEAD_SHARE,
     MANIFEST,
     PowerModel,
     analytical_model,
@@ -24,7 +23,6 @@ from wattcast.models.power import (
     idle_power_w,
     load_power_model,
     resolve_power_folder,
-    node_power_w,
 )
 
 DEVICES = ("A100-SXM4-80GB", "H100-SXM5-80GB", "V100-PCIe-32GB", "Quadro-RTX-6000", "L4")
@@ -212,14 +210,6 @@ def test_a_capped_cluster_step_waits_below_its_capped_computation():
         assert d["wait_power_w"] == pytest.approx(want)
         assert idle_power_w(spec) < d["wait_power_w"] < d["busy_power_w"] < d0["busy_power_w"]
     assert cap.step_time_ms > base.step_time_ms and cap.energy_j < base.energy_j
-
-
-def test_node_power_share():
-    assert node_power_w(400.0, 8) == pytest.approx(8 * 400 * (1 + DEFAULT_NODE_OVERHEAD_SHARE))
-    assert node_power_w(400.0, 8, share=0.0) == pytest.approx(3200.0)
-    np.testing.assert_allclose(node_power_w(np.array([100.0, 200.0]), 2, share=0.5), [300.0, 600.0])
-    with pytest.raises(ValueError):
-        node_power_w(100.0, 1, share=-0.1)
 
 
 def test_prediction_code_does_not_import_training():
