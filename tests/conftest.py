@@ -48,6 +48,15 @@ def data_root() -> Path:
         pytest.skip(f"public kernel data not available: {e}")
 
 
+@pytest.fixture(scope="session")
+def traces(data_root) -> Path:
+    """The public PyTorch-profiler traces folder (``traces/``); skips the test when it is not there."""
+    d = data_root / "traces"
+    if not (d / "a100_trace_diff_control.json.gz").is_file():
+        pytest.skip("../shared/datasets/traces not available")
+    return d
+
+
 def load_script(path: Path, name: str):
     """The module of a repository script outside the package (a benchmark, an example), loaded from its file and
     registered in ``sys.modules`` (dataclasses resolve annotations through it)."""

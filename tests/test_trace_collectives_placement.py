@@ -185,14 +185,6 @@ def test_overlap_is_never_negative(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------- real traces
-@pytest.fixture(scope="module")
-def traces(data_root):
-    d = data_root / "traces"
-    if not (d / "a100_trace_diff_control.json.gz").is_file():
-        pytest.skip("../shared/datasets/traces not available")
-    return d
-
-
 @pytest.mark.e2e
 def test_real_all_to_alls_and_fused_adam(traces):
     """a100_trace_diff_control: every ncclKernel_SendRecv sits in an nccl:all_to_all annotation (42, counted by

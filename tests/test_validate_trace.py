@@ -80,14 +80,6 @@ def test_trace_without_device_names_each_commands_flag(tmp_path):
 
 
 # ----------------------------------------------------------------------------- real traces
-@pytest.fixture(scope="module")
-def traces(data_root):
-    d = data_root / "traces"
-    if not (d / "a100_trace_diff_control.json.gz").is_file():
-        pytest.skip("../shared/datasets/traces not available")
-    return d
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("name, device, trace_gpu", [
     ("a100_trace_diff_control.json.gz", "A100-SXM4-40GB", "NVIDIA A100-PG509-200"),
