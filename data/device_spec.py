@@ -742,6 +742,23 @@ IDLE_FRACTION_OF_TDP = 0.15
 IDLE_OVER_TDP = (0.01, 0.27 * 2.5)
 
 
+def device_tdp_w(spec: DeviceSpec) -> float:
+    """The spec's TDP; a clear error when the spec has none (power is scaled by it)."""
+    if not spec.tdp_w:
+        raise DeviceSpecError(
+            f"device {spec.name!r}: power prediction needs 'tdp_w' (board power limit, W); add it to the spec file"
+        )
+    return float(spec.tdp_w)
+
+
+def device_idle_w(spec: DeviceSpec) -> tuple[float, bool]:
+    """(idle board power in W, True when it is the :data:`IDLE_FRACTION_OF_TDP` default)."""
+    tdp = device_tdp_w(spec)
+    if spec.idle_power_w:
+        return float(min(spec.idle_power_w, tdp)), False
+    return IDLE_FRACTION_OF_TDP * tdp, True
+
+
 def fallback_notes(spec: "DeviceSpec", *, power: bool = True) -> list[str]:
     """Notes (for a prediction's ``warnings``) on the figures a spec leaves out that the models replace: no
     ``tdp_w`` (the kernel-time surrogate's watts-per-TFLOP input is then missing, which changes kernel times, and power

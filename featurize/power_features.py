@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from wattcast.data.device_spec import IDLE_FRACTION_OF_TDP, DeviceSpec, DeviceSpecError
+from wattcast.data.device_spec import IDLE_FRACTION_OF_TDP, DeviceSpec, DeviceSpecError, device_idle_w, device_tdp_w  # noqa: F401 (re-exported)
 from wattcast.data.kernel_ops import DTYPE_BYTES
 
 #: clip for utilisations: > 1 is possible only through cache reuse or an understated peak
@@ -42,23 +42,6 @@ FEATURE_COLUMNS = (
     "base_clock_mhz",
     "process_node_nm",
 )
-
-
-def device_tdp_w(spec: DeviceSpec) -> float:
-    """The spec's TDP; a clear error when the spec has none (power is scaled by it)."""
-    if not spec.tdp_w:
-        raise DeviceSpecError(
-            f"device {spec.name!r}: power prediction needs 'tdp_w' (board power limit, W); add it to the spec file"
-        )
-    return float(spec.tdp_w)
-
-
-def device_idle_w(spec: DeviceSpec) -> tuple[float, bool]:
-    """(idle board power in W, True when it is the :data:`IDLE_FRACTION_OF_TDP` default)."""
-    tdp = device_tdp_w(spec)
-    if spec.idle_power_w:
-        return float(min(spec.idle_power_w, tdp)), False
-    return IDLE_FRACTION_OF_TDP * tdp, True
 
 
 def _dtype_array(dtype, n: int) -> np.ndarray:

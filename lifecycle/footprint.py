@@ -206,12 +206,12 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     held = gpus + spare
     spare_w = 0.0
     if spare:
-        from wattcast.models.power import idle_power_w
+        from wattcast.data.device_spec import device_idle_w
 
         if not spec.tdp_w and not getattr(spec, "idle_power_w", None):
             raise ValueError(f"device {spec.name!r} has neither idle_power_w nor tdp_w: the {spare} spare GPUs' idle "
                              "power is unknown; add idle_power_w to the spec")
-        spare_w = float(idle_power_w(spec))
+        spare_w = float(device_idle_w(spec)[0])
         flags.append(f"{spare} spare GPUs charged: the job occupies {nodes} node(s) of {node_gpus} GPUs and uses "
                      f"{gpus_per_node} of each, so {held} GPUs are held (bought: CapEx; made: embodied carbon; billed: "
                      f"GPU-hours and the cloud view) and the {spare} idle ones draw {spare_w:.0f} W each"
