@@ -105,9 +105,12 @@ def test_delayed_on_hopper_matches_the_figures_before_fp8_recipe():
     # matrix-unit device once (training/gemm_floor.vendor_ceilings, 0.8041 -> 0.8635; the H100 takes it):
     # 266.90326706814795 -> 261.3905727290267 ms, 155.1671922398196 -> 152.90626543433635 J (cluster
     # 159.8699929570144 -> 158.9264057966511 ms, 716.2542760917726 -> 699.8930543263428 J)
-    assert p.step_time_ms == pytest.approx(261.3905727290267, rel=1e-9)
+    # stop 56: the embedding's weight gradient under AMP is fp32, its zero fill an elementwise kernel
+    # (tests/test_embedding_grad_dtype.py): 261.3905727290267 -> 261.77663825157856 ms, 152.90626543433635 ->
+    # 153.12967155080642 J; memory and the Megatron cluster (its own gradient buffers) unchanged
+    assert p.step_time_ms == pytest.approx(261.77663825157856, rel=1e-9)
     assert p.memory_gb == pytest.approx(174.516699136, rel=1e-9)
-    assert p.energy_j == pytest.approx(152.90626543433635, rel=1e-9)
+    assert p.energy_j == pytest.approx(153.12967155080642, rel=1e-9)
     c = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=2048, tp=8, sp=True, dtype="fp8",
                                  attention="flash", framework="megatron")
     assert c.step_time_ms == pytest.approx(158.9264057966511, rel=1e-9)

@@ -141,8 +141,12 @@ def test_predict_cluster_with_a_search_rows_strategy_gives_exactly_its_figures(s
     rows = searched.ranked.head(4).to_dict("records") + searched.ranked.tail(2).to_dict("records")
     for r in rows:
         p = wattcast.predict_cluster("gpt2_medium", "DGX-H100", seq=SEARCH["seq"], strategy=r["strategy"])
-        assert p.step_time_ms == r["step_time_ms"] and p.memory_gb == r["memory_gb"], r["strategy"]
-        assert p.energy_j == r["energy_j"] and p.fits == r["fits"]
+        # time and energy to the last bits but one: the search's summary schedule and predict_cluster's detailed one
+        # round the last bit differently on some rows (tp4-pp1-dp2-mb1 of this job: 94.00181402378487 against
+        # ...489; there at f2d9290 too, on rows this test did not sample until the stop-56 default candidate set);
+        # anything beyond 1e-12 is a real disagreement
+        assert p.step_time_ms == pytest.approx(r["step_time_ms"], rel=1e-12, abs=0) and p.memory_gb == r["memory_gb"], r["strategy"]
+        assert p.energy_j == pytest.approx(r["energy_j"], rel=1e-12, abs=0) and p.fits == r["fits"]
         assert p.parallel.describe() == r["config"]
 
 
