@@ -579,7 +579,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     **({"fp8_recipe": m["fp8_scaling"]} if m.get("fp8_scaling") else {}),
                     **ce_fusion_options(cross_entropy_loss_fusion, cross_entropy_fusion_impl, fw),
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
-                    loop_trip_count=loop_trip_count)
+                    loop_trip_count=loop_trip_count, **({"host_us": float(host_us)} if host_us is not None else {}))
     if tokens is None:
         return _with_settings(res, settings)
     if shown_seq is None:

@@ -72,7 +72,7 @@ from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.scheduler import bucket_spans
 from wattcast.simulate.single_device import (CUDA_LAUNCH_MS, EAGER_HOST_LAUNCH_MS, check_host_us, cost_nodes,
-                                             fallback_summary,
+                                             fallback_summary, requeued,
                                              group_totals, model_flops, op_part_labels, step_overheads,
                                              stream_bandwidth_gbps, with_warnings)
 from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
@@ -1192,14 +1192,14 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         hit = _COSTED.get(key)
         if hit is None:
             # the queue runs over the whole step's kernels: a short graph's repeated block as often as it stands for
-            costed = cost_nodes(graph, spec, bundle, collective_ms=coll_fn,
-                                launch_overhead_ms=node_launch_ms(graph.nodes, launch_ms, moe_op_ms),
-                                host_model=host_model,
-                                repeats=_layer_multiplicity(graph.nodes["layer"].to_numpy(), reps, period)
-                                if host_model == "queue" else None)
+            node_host_ms = node_launch_ms(graph.nodes, launch_ms, moe_op_ms)
+            repeats = _layer_multiplicity(graph.nodes["layer"].to_numpy(), reps, period) if host_model == "queue" else None
+            costed = cost_nodes(graph, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=node_host_ms,
+                                host_model=host_model, repeats=repeats)
             # the OOD kernels' bands before a power limit stretches time_ms (as predict_graph: about their own time)
             ood_log = ood_kernel_band_log(costed, bundle)
-            costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=dopts.clock_cap_mhz)
+            costed = requeued(apply_power(costed, spec, power_model, power_limit_w=power_limit_w,
+                                          clock_cap_mhz=dopts.clock_cap_mhz), costed, node_host_ms, host_model, repeats)
             tp_floor = collective_host_floor_ms(opts.framework, lay["tp"].size, coll_floor)
             _COSTED[key] = hit = (pins, costed, _rank_view(graph, costed, spec, reps, period, ood_log=ood_log,
                                                            tp_host_floor_ms=tp_floor),

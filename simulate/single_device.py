@@ -689,6 +689,28 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
     return out
 
 
+def requeued(costed: pd.DataFrame, before: pd.DataFrame, launch_overhead_ms=DEFAULT_LAUNCH_OVERHEAD_MS,
+             host_model: str = "queue", repeats=None) -> pd.DataFrame:
+    """``costed`` (``before`` after ``simulate.energy.apply_power``: a power limit or clock cap stretched some kernels'
+    ``gpu_ms``, each added to its slot) with the launch queue run again on the new GPU times (``host_model`` "queue"):
+    a kernel's stretch fills the launch gap before its successor where there is one, as the stream would; its band
+    moves with its gap. ``costed`` itself where nothing was stretched or the host model is the per-kernel max."""
+    gpu = costed["gpu_ms"].to_numpy(dtype=float)
+    old = before["gpu_ms"].to_numpy(dtype=float)
+    if host_model != "queue" or np.array_equal(gpu, old):
+        return costed
+    coll = column_is(costed, "op_class", "collective") if "op_class" in costed else np.zeros(len(gpu), dtype=bool)
+    marker = coll & (old == 0)
+    host = np.where(marker, 0.0, np.broadcast_to(np.asarray(launch_overhead_ms, dtype=float), gpu.shape))
+    t = queued_node_ms(gpu, host, host_sync_before(costed), repeats)
+    shift = (t - gpu) - (before["time_ms"].to_numpy(dtype=float) - old)  # the new gap less the old one
+    out = frame_copy(costed)
+    out["time_ms"] = t
+    out["low_ms"] = np.where(t == 0, 0.0, before["low_ms"].to_numpy(dtype=float) + shift)
+    out["high_ms"] = np.where(t == 0, 0.0, before["high_ms"].to_numpy(dtype=float) + shift)
+    return out
+
+
 def group_totals(keys: np.ndarray, time_ms: np.ndarray, flops: np.ndarray, name: str, *, by_time: bool = True,
                  codes: tuple[np.ndarray, np.ndarray] | None = None) -> list[dict]:
     """count / time_ms / flops per distinct key (numpy; a pandas groupby costs more than the costing). ``codes``:
@@ -759,7 +781,8 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms, collective_ms=collective_ms,
                         host_model=host_model)
     ood = ood_band_log(costed, bundle or load_bundle())  # before a power limit stretches time_ms (the kernels' bands are about their own time)
-    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+    costed = requeued(apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz),
+                      costed, launch_overhead_ms, host_model)
     res = summarise_costed(graph, costed, spec)
     e = sum(energy_of(costed, spec))
     step_s = res.step_time_ms / 1e3

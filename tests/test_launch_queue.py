@@ -147,3 +147,18 @@ def test_cli_host_us(tmp_path):
     r = CliRunner().invoke(app, ["predict", "-m", "gpt2", "--device", "A100-SXM4-80GB", "--batch", "1", "--seq", "32",
                                  "--host-us", "-5"])
     assert r.exit_code == 2 and "--host-us" in r.output
+
+
+def test_a_clock_cap_stretch_fills_the_launch_gaps():
+    """A clock cap's slower kernels are queued again (simulate.single_device.requeued): in a host-bound step the
+    stretch fills the launch gaps instead of adding to every kernel's slot."""
+    kw = dict(batch=1, seq=32)
+    base = wattcast.predict("gpt2", "A100-SXM4-80GB", **kw)
+    cap = wattcast.predict("gpt2", "A100-SXM4-80GB", clock_cap_mhz=700, **kw)
+    n, n0 = cap.nodes, base.nodes
+    stretch = n["gpu_ms"].sum() - n0["gpu_ms"].sum()
+    assert stretch > 0
+    np.testing.assert_allclose(n["time_ms"], launch_queue_ms(n["gpu_ms"].to_numpy(), EAGER_HOST_LAUNCH_MS,
+                                                             host_sync_before(n)), rtol=1e-12, atol=1e-15)
+    grown = n["time_ms"].sum() - n0["time_ms"].sum()
+    assert 0 <= grown < stretch
