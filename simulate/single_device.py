@@ -548,8 +548,10 @@ def host_sync_before(nodes: pd.DataFrame) -> np.ndarray:
     default, training_args.py l. 1022 ``logging_nan_inf_filter=True``), so the optimizer's launches start on an idle
     GPU. None where the step goes on without one: ``torch.nn.utils.clip_grad_norm_`` scales by the clamped coefficient
     on the device (torch 2.13 nn/utils/clip_grad.py l. 168-173; its ``error_if_nonfinite`` check, l. 109, is off by
-    default), NCCL collectives are enqueued, not waited for, by the host (ProcessGroupNCCL), and the step's start is a
-    sync already (the next batch's host-to-device copy). Not modelled: FP16's ``GradScaler.step``, which reads
+    default), NCCL collectives are enqueued on a stream, not waited for, by the host (torch 2.13
+    distributed/distributed_c10d.py l. 1624-1627: "CUDA execution is async", the process blocks only under
+    ``TORCH_NCCL_BLOCKING_WAIT``; a collective is one launch in the queue), and the step's start is a sync already (the
+    next batch's host-to-device copy). Not modelled: FP16's ``GradScaler.step``, which reads
     ``found_inf`` on the host before the optimizer step (torch 2.13 amp/grad_scaler.py l. 371), a second sync inside
     the optimizer phase (its few launches at most)."""
     ph = column_values(nodes, "phase")
