@@ -82,7 +82,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
             tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None,
             data_load_ms: float = 0.0, data_workers: int | None = None, kv_context: int | None = None,
             logits: str | None = None, serving: str | None = None, prompt_tokens: int | None = None,
-            output_tokens: int | None = None, fp8_recipe: str | None = None, **run_kw):
+            output_tokens: int | None = None, fp8_recipe: str | None = None, host_us: float | None = None, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json`` or model folder, a Hub id (``org/name``) whose config is
@@ -108,6 +108,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     ``fp8_recipe`` (with ``dtype="fp8"``): Megatron-Core's ``--fp8-recipe``, "delayed" (None: the default),
     "tensorwise", "mxfp8" (data-centre Blackwell) or "blockwise" (Hopper, Blackwell); featurize/fp8_recipes.py.
     Inference results carry ``tokens_per_s`` (batch x seq / step time) and ``ms_per_token`` (step time / seq).
+    ``host_us``: the host's time per kernel launch (us, finite, >= 0; None: 40 us, eager PyTorch's on the profiled
+    hosts, which measured 35-170 us), composed as an in-order launch queue (``simulate.single_device.cost_nodes``);
+    a ``compile=True`` step's default is the bare CUDA launch cost (6 us); refused with ``serving``.
     ``serving`` ("vllm"; default None: off, the bare GPU step), with ``kv_context``, ``seq=1``, ``prompt_tokens`` and
     ``output_tokens`` (the requests' mean prompt and output lengths): the decode step as one iteration of a
     continuously-batched serving engine, its fitted host time per iteration (a + b x batch, in series with the GPU
@@ -154,8 +157,12 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                        fp8_recipe=fp8_recipe, fp8_transpose=fp8_writes_transpose(spec),
                        te_attention_backend=te_attention_backend(spec),
                        fused_moe=engine is not None)  # served by vLLM: its fused MoE kernels, else transformers' loop
+    from wattcast.simulate.single_device import step_host_cost
+
+    launch_ms, host_model = step_host_cost(compile=bool(compile), served=engine is not None, host_us=host_us)
     graph = step_graph(model, opts, example_inputs=example_inputs)
-    res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+    res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
+                        launch_overhead_ms=launch_ms, host_model=host_model)
     from wattcast.models.power import idle_power_w
     from wattcast.simulate.data_loading import one_device
 
@@ -176,6 +183,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                     loop_trip_count=loop_trip_count, kv_context=m.get("kv_context", kv_context),
                     logits=m.get("logits", logits),
                     **({"fp8_recipe": m["fp8_scaling"]} if m.get("fp8_scaling") else {}),
+                    **({"host_us": float(host_us)} if host_us is not None else {}),
                     **({"serving": engine, "prompt_tokens": int(prompt_tokens), "output_tokens": int(output_tokens)}
                        if engine is not None else {}))
     if tokens is None:
@@ -190,7 +198,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
 def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, logits, serving, prompt_tokens,
                           output_tokens, dtype, attention, compile, device, power_limit_w, clock_cap_mhz, framework,
-                          gpus_per_node, given: dict):
+                          gpus_per_node, given: dict, host_us: float | None = None):
     """:func:`predict_cluster`'s KV-cached inference: one node's tensor-parallel group (``simulate/tp_inference.py``),
     each rank's graph costed with its collectives over the node's link, then (``serving``) as a serving iteration."""
     from wattcast.data.catalog import resolve_device
@@ -217,7 +225,12 @@ def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, l
                        fused_moe=True)  # the group as vLLM runs it: its fused MoE kernels (hf_models._moe_vllm_fused)
     graph = step_graph(model, opts)
     coll = tp_collective_fn(collective_model(), cl, tp)
-    res = predict_graph(graph, spec, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, collective_ms=coll)
+    from wattcast.simulate.single_device import step_host_cost
+
+    # the host costs of predict's one-device step (tp=1 is that step)
+    launch_ms, host_model = step_host_cost(compile=bool(compile), served=engine is not None, host_us=host_us)
+    res = predict_graph(graph, spec, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, collective_ms=coll,
+                        launch_overhead_ms=launch_ms, host_model=host_model)
     from wattcast.simulate.data_loading import one_device
 
     res = one_device(res, load_ms=0.0, workers=None, idle_power_w=idle_power_w(spec))  # the batch's copy, as predict's
@@ -252,8 +265,12 @@ def _served(res, model, spec, opts, engine: str, prompt_tokens: int, output_toke
 
     k = int(prefill_batch(check_batch(res.meta.get("batch")), output_tokens))
     pre_opts = replace(opts, batch=k, seq=prompt_tokens, kv_context=0)
+    from wattcast.simulate.single_device import step_host_cost
+
+    launch_ms, host_model = step_host_cost(served=True)  # the engine's prefill, costed as its serving fit had it
     prefill = predict_graph(step_graph(model, pre_opts), spec, bundle, power_limit_w=power_limit_w,
-                            clock_cap_mhz=clock_cap_mhz, collective_ms=collective_ms)
+                            clock_cap_mhz=clock_cap_mhz, collective_ms=collective_ms, launch_overhead_ms=launch_ms,
+                            host_model=host_model)
     served = with_serving(res, prefill, engine=engine, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                           prefill_requests=k, idle_power_w=idle_power_w, tp=tp)
     # the prefill runs on the same GPU between decode iterations: its warnings (a prompt beyond the model's positions,
@@ -355,8 +372,10 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     fsdp_reduce_dtype: str | None = None, cross_entropy_loss_fusion: bool | None = None,
                     cross_entropy_fusion_impl: str = "native", kv_context: int | None = None,
                     logits: str | None = None, serving: str | None = None, prompt_tokens: int | None = None,
-                    output_tokens: int | None = None, **run_kw):
+                    output_tokens: int | None = None, host_us: float | None = None, **run_kw):
     """One training step of ``model`` on ``gpus`` GPUs of ``cluster`` under a parallel strategy.
+
+    ``host_us``: each rank's host time per kernel launch (us; :func:`predict`'s; ``DistributedOptions.host_us``).
 
     ``kv_context`` (with ``logits``, ``serving``, ``prompt_tokens``, ``output_tokens`` as for :func:`predict`): instead,
     a KV-cached inference step (``seq=1``: a decode step; ``kv_context=0``: a prefill) of one tensor-parallel group of
@@ -477,7 +496,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                                      logits=logits, serving=serving, prompt_tokens=prompt_tokens,
                                      output_tokens=output_tokens, dtype=dtype, attention=attention, compile=compile,
                                      device=device, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
-                                     framework=framework, gpus_per_node=gpus_per_node, given=given)
+                                     framework=framework, gpus_per_node=gpus_per_node, given=given, host_us=host_us)
     seq, shown_seq = _cluster_seq(model, seq)
     if recompute_modules is not None:
         from wattcast.featurize.recompute import recompute_setting
@@ -540,7 +559,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         mtp_num_layers=mtp_num_layers, fsdp_reduce_dtype=fsdp_reduce_dtype,
         cross_entropy_loss_fusion=cross_entropy_loss_fusion,
         cross_entropy_fusion_impl=cross_entropy_fusion_impl, scatter_gather_p2p=scatter_gather_p2p,
-        grad_accum_dtype=grad_accum_dtype))
+        grad_accum_dtype=grad_accum_dtype, host_us=host_us))
     from wattcast.featurize.workload import canonical_framework, ce_fusion_options
     from wattcast.simulate.defaults import shown_dtype
     from wattcast.simulate.strategy import StrategyError, format_strategy
@@ -564,7 +583,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     **({"fp8_recipe": m["fp8_scaling"]} if m.get("fp8_scaling") else {}),
                     **ce_fusion_options(cross_entropy_loss_fusion, cross_entropy_fusion_impl, fw),
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
-                    loop_trip_count=loop_trip_count)
+                    loop_trip_count=loop_trip_count, **({"host_us": float(host_us)} if host_us is not None else {}))
     if tokens is None:
         return _with_settings(res, settings)
     if shown_seq is None:

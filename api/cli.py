@@ -453,6 +453,7 @@ def predict(
     grad_reduce_in_bf16: bool = typer.Option(False, "--grad-reduce-in-bf16", help="Megatron-LM's --grad-reduce-in-bf16 (--framework megatron only, --dtype bf16/fp8): the main-gradient buffer in bf16 instead of fp32, the same as --grad-accum-dtype bf16 there: 2 B/param of gradients instead of 4, the data-parallel reduce-scatter / all-reduce (Megatron-FSDP's too) and the tied-embedding all-reduce in bf16 (half the bytes), and the cast of the rank's gradient shard to fp32 once per step (the optimizer's at --zero 0/1, Megatron-FSDP's update_main_grads at --zero 2/3: read 2, write 4 B/param, held 4 B/param after the backward). DeepSpeed has no such flag: under --framework megatron-deepspeed it is an error (DeepSpeed's data_types.grad_accum_dtype is --grad-accum-dtype bf16)."),
     data_load_ms: float = typer.Option(0.0, "--data-load-ms", help="Data loading: the loader's host time to produce one micro-batch (one device: one step), ms (default 0: a tokenised stream). Exposed in full with 0 workers, else what the workers cannot hide behind the step."),
     data_workers: Optional[int] = typer.Option(None, "--data-workers", help="Data-loader worker processes (default: the framework's; hf 0, megatron and megatron-deepspeed 2)."),
+    host_us: Optional[float] = typer.Option(None, "--host-us", help="The host's time per kernel launch, us (a property of the CPU, Python and framework version): eager PyTorch issues each kernel after this much host time, into an in-order stream, so small kernels leave the GPU waiting. Default 40 (--framework hf: eager PyTorch on the profiled hosts, which measured 35-170 us; 6 with --compile); with --framework megatron / megatron-deepspeed it replaces their per-kernel floor (6 / 72.5 us). Not with --serving."),
     recompute_method: Optional[str] = typer.Option(None, "--recompute-method", help="With --recompute full and --recompute-num-layers: Megatron's block (the first N layers of each stage recomputed; the default) or uniform (every layer; the input of each group of N layers kept). Without --recompute full it is an error, as in Megatron."),
     recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help="Megatron-Core's selective recomputation modules, comma-separated: core_attn (the default), mlp, moe, shared_experts, moe_act, layernorm, mla_up_proj (the last three discard their outputs too and re-make them in backward). Implies --recompute selective; with --recompute full it is an error."),
     recompute_num_layers: Optional[int] = typer.Option(None, "--recompute-num-layers", help="With --recompute full: Megatron's block recomputation (--recompute-method block): only the first N transformer layers of each pipeline stage (each virtual stage) are recomputed, the others keep their activations."),
@@ -525,7 +526,7 @@ def _predict_request(ctx, f):
                   attention=f.attention, compile=f.compile,
                   optimizer=f.optimizer or DEFAULTS.optimizer, recompute=par.pop("recompute"),
                   power_limit_w=f.power_limit_w, clock_cap_mhz=f.clock_cap_mhz, run=run, fp8_recipe=f.fp8_recipe,
-                  optimizer_impl=f.optimizer_impl)
+                  optimizer_impl=f.optimizer_impl, host_us=_host_us_flag(f.host_us))
     if f.cluster is not None or par["gpus"] is not None:
         if dims:
             _fail("--dim applies to single-device predictions of ONNX models")
@@ -535,6 +536,19 @@ def _predict_request(ctx, f):
                   "node's tensor-parallel group: give --kv-context (and --mode inference) too")
         return _cluster_request(f, par, common)
     return _step_request(f, par, dims, common)
+
+
+def _host_us_flag(v: float | None) -> float | None:
+    """--host-us checked (finite, >= 0; a clear error naming the flag), None when not given."""
+    if v is None:
+        return None
+    from wattcast.simulate.single_device import check_host_us
+
+    try:
+        return check_host_us(v)
+    except ValueError:
+        _fail(f"--host-us must be a finite number of microseconds >= 0 (the host's time per kernel launch; 35-170 us "
+              f"measured), got {v}")
 
 
 def _predict_inputs(f) -> dict[str, Path]:

@@ -179,6 +179,8 @@ class PredictRequest:
     fp8_recipe: str | None = None
     #: Megatron-Core's --mtp-num-layers (a cluster step, framework megatron, DeepSeek-V2/V3 configs)
     mtp_num_layers: int = 0
+    #: the host's time per kernel launch, us (``wattcast.predict``'s / ``predict_cluster``'s host_us); None: the default
+    host_us: float | None = None
     #: Megatron-Core's --cross-entropy-loss-fusion (a cluster step, framework megatron; None: the framework's default,
     #: on for megatron) and --cross-entropy-fusion-impl ("native" or "te")
     cross_entropy_loss_fusion: bool | None = None
@@ -221,6 +223,7 @@ class PredictRequest:
                       clock_cap_mhz=self.clock_cap_mhz, loop_trip_count=dict(loops) if isinstance(loops, tuple) else loops,
                       **({"fp8_recipe": self.fp8_recipe} if self.fp8_recipe is not None else {}),
                       **({"optimizer_impl": self.optimizer_impl} if self.optimizer_impl is not None else {}),
+                      **({"host_us": self.host_us} if self.host_us is not None else {}),
                       models=self.models, collectives=self.collectives, power_model=self.power_model,
                       **self.run.kwargs())
         if not self.distributed:

@@ -48,6 +48,10 @@ class DistributedOptions:
     #: step host floor ms[, MoE bare-op host floor ms (``distributed.moe_bare_op_mask``; None: the per-kernel one)]]]);
     #: None: the framework's (``FRAMEWORK_HOST_MS``, ``FRAMEWORK_COLLECTIVE_HOST_MS``, ``FRAMEWORK_CP_STEP_HOST_MS``)
     host_ms: tuple | None = None
+    #: host time per kernel launch (us; the per-kernel launch cost of ``host_ms``, which it cannot be given with): a
+    #: property of the host and framework version. None: the framework's (hf: 40 us, eager PyTorch's on the Kineto
+    #: traces' typical hosts, in an in-order launch queue; ``distributed.framework_launch_ms``); 35-170 us measured
+    host_us: float | None = None
     power_limit_w: float | None = None
     clock_cap_mhz: float | None = None
     #: also price each class of communication alone (``exposed_comm_split_ms``; a search leaves it out for speed)

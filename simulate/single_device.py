@@ -11,8 +11,11 @@ Per node, by ``method`` (see :mod:`wattcast.featurize.op_graph`):
   2.5x, FlashAttention-2's recompute + 4 GEMMs); the S x S tensor never touches memory;
 - ``roofline``: no model: max(FLOPs / dtype peak, bytes / bandwidth); reported in ``fallback_ops``.
 
-Each kernel also pays a host launch cost: eager PyTorch cannot issue kernels faster than one per
-``launch_overhead_ms`` (:data:`DEFAULT_LAUNCH_OVERHEAD_MS`), so a node takes max(GPU time, launch cost). On the GPU
+Each kernel also pays a host launch cost (``launch_overhead_ms``), composed by ``host_model``: ``queue`` (eager
+PyTorch, :data:`EAGER_HOST_LAUNCH_MS`): the CPU issues the kernels in program order, one every ``h`` of host time,
+into an in-order stream, so kernel k starts at max(the previous kernel's end, its issue time) and a node's time is
+what it adds to the stream's end (:func:`launch_queue_ms`); ``max`` (the Megatron presets' fitted floors): a node
+takes max(GPU time, launch cost). On the GPU
 a learned node's kernel takes at least its roofline time plus a fixed :data:`GPU_KERNEL_FLOOR_MS` (measured in a
 profiler trace; it shows where the host floor is below it or the kernel is memory-bound and above a few MB).
 Distinct kernels are predicted once (a 96-layer model repeats ~100 shapes).
@@ -41,9 +44,55 @@ from wattcast.models.kernel_predictor import attention_mma_scale, predict_kernel
 from wattcast.simulate.memory import MemoryEstimate, estimate_memory, graph_memory, memory_flag
 from wattcast.simulate.stage_memory import capacity_gb
 
-#: Host-side cost of launching one kernel from eager PyTorch (ms). Chosen on the NeuSight labels of the
-#: training GPUs only (see benchmarks/e2e_labels.py); the held-out GPUs played no part.
-DEFAULT_LAUNCH_OVERHEAD_MS = 0.006
+#: What one tiny kernel still costs back to back in a stream, of the fixed floor an isolated, event-timed kernel
+#: measurement carries (ms): NeuSight's timing convention (:func:`_timing_floor_ms` takes the surrogate's prediction
+#: for a tiny add less this off every learned FP32 kernel). A property of how the kernel data were timed, not of a
+#: host: it stays 6 us whatever the host launch cost below (it was the same constant as the old launch floor; kept
+#: apart so that the kernels' GPU times do not move with the host model).
+STREAM_TINY_KERNEL_MS = 0.006
+#: Host time eager PyTorch spends per kernel launch (ms): the Python op, the dispatcher, autograd and the CUDA launch,
+#: between one GPU op's launch and the next. Measured on the real Kineto traces in ``../shared/datasets/traces``
+#: (host span of a step's launches less the time blocked in syncs, over its launches; stop-56 research, scripts in
+#: the README "Host launch queue"): median 43 us (A100, ``a100_trace_diff_control``, DLRM-like training), 35 us (V100,
+#: ``v100_rank0``, ResNet DDP), 43 us (V100-16GB, ``a100_trace_diff_test``), and 84 / 172 us on two hosts whose ops
+#: launch many small kernels from Python (``v100_df_index_resolver``, ``a100_nccl_data``): 40 us is the three
+#: typical hosts' value; the range seen is 35-170 us (``--host-us`` sets it). Composed as an in-order launch queue
+#: (``host_model="queue"``), which reproduces the traces' GPU-stream step times at each trace's own host cost (median
+#: signed error -3.3 / -0.3 / +4.5 / -0.1%); the per-kernel max(GPU, host) over-predicts the GPU-bound V100 rank by
+#: +24% at its real host cost. The NeuSight training labels are GPU-bound: unchanged by it (see README).
+EAGER_HOST_LAUNCH_MS = 0.040
+#: The CUDA launch cost alone (ms), without eager PyTorch's Python and dispatcher: ``torch.compile``'d steps (Inductor's
+#: generated wrapper launches its Triton kernels directly) and served decode steps (vLLM's CUDA graphs; its host time
+#: is ``simulate/serving.py``'s fitted term). The former default of every step, kept for these (not measured here).
+CUDA_LAUNCH_MS = 0.006
+#: The default host cost per launch of an eager PyTorch step (ms): :data:`EAGER_HOST_LAUNCH_MS`
+DEFAULT_LAUNCH_OVERHEAD_MS = EAGER_HOST_LAUNCH_MS
+#: How a step composes the host launch cost with the kernels' GPU times (:func:`cost_nodes`)
+HOST_MODELS = ("queue", "max")
+#: the host times per launch the Kineto traces measured (us): typical hosts 35-43, two heavier 84 and 172
+HOST_US_MEASURED = (35.0, 170.0)
+
+
+def check_host_us(v) -> float:
+    """A host time per kernel launch in us (``--host-us`` / ``host_us``): finite and >= 0 (ValueError naming it)."""
+    from wattcast.data.checks import nonneg_finite
+
+    return nonneg_finite(v, "host_us (host time per kernel launch)", unit="us")
+
+
+def step_host_cost(*, compile: bool = False, served: bool = False, host_us: float | None = None) -> tuple[float, str]:
+    """(host cost per launch in ms, host model) of a one-device step (``wattcast.predict``): eager PyTorch's launch
+    queue at ``host_us`` (us, checked) or :data:`EAGER_HOST_LAUNCH_MS`; a ``torch.compile``'d step's queue at
+    :data:`CUDA_LAUNCH_MS`; a served decode step (vLLM: CUDA graphs, its host time the serving term fitted with this
+    GPU step) max(GPU, :data:`CUDA_LAUNCH_MS`) per kernel, as that fit had it (``host_us`` refused there)."""
+    if served:
+        if host_us is not None:
+            raise ValueError("host_us does not apply to a served step (--serving): the engine's host time is its own "
+                             "fitted term (simulate/serving.py)")
+        return CUDA_LAUNCH_MS, "max"
+    if host_us is not None:
+        return check_host_us(host_us) / 1e3, "queue"
+    return (CUDA_LAUNCH_MS if compile else EAGER_HOST_LAUNCH_MS), "queue"
 #: GPU-side fixed time of one kernel (ms): a kernel occupies its stream for at least this plus its roofline time, however
 #: few bytes it moves (separate from the host launch cost above: a node takes max(GPU time, host floor)). Measured, not
 #: assumed: the CUPTI kernel durations of a PyTorch-profiler trace of a training job on an A100-SXM4-40GB (HTA's
@@ -347,11 +396,12 @@ def _timing_floor_ms(spec: DeviceSpec, bundle: KernelBundle) -> float:
     The kernel surrogates learned latencies timed one op at a time with CUDA events; on every device the
     smallest kernels still read ~0.015-0.045 ms (NeuSight's kernel CSVs: e.g. a 16x256 scalar add takes
     as long as a 1M-element one), a fixed cost of timing an op alone. Back to back in one eager stream a
-    tiny kernel costs only its launch (``DEFAULT_LAUNCH_OVERHEAD_MS``). So the surrogate's own prediction
-    for a 16x256 scalar add (a kernel that is all overhead) minus the launch cost is taken off every
-    learned FP32 kernel time (see cost_nodes); being a prediction, it needs no measurement of the device."""
+    tiny kernel costs only :data:`STREAM_TINY_KERNEL_MS`. So the surrogate's own prediction for a 16x256 scalar
+    add (a kernel that is all overhead) minus that is taken off every learned FP32 kernel time (see cost_nodes);
+    being a prediction, it needs no measurement of the device. The host's launch cost is not in it (it is composed
+    by :func:`cost_nodes`' host model)."""
     v = _addu_ms(spec, bundle, *_FLOOR_SHAPE)
-    return max(v - DEFAULT_LAUNCH_OVERHEAD_MS, 0.0) if np.isfinite(v) else 0.0
+    return max(v - STREAM_TINY_KERNEL_MS, 0.0) if np.isfinite(v) else 0.0
 
 
 def stream_bandwidth_gbps(spec: DeviceSpec, bundle: KernelBundle | None = None) -> float:
@@ -459,11 +509,95 @@ def frame_copy(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.copy(deep=not _COPY_ON_WRITE)
 
 
+def launch_queue_ms(gpu_ms, host_ms, sync_before=None) -> np.ndarray:
+    """Per kernel, in program order, what it adds to the end of an in-order stream fed by one CPU thread (ms).
+
+    Kernel k is issued once the host has spent ``host_ms`` on it and on every kernel before it (H_k, the cumulative
+    host time) and runs when the stream is free: end_k = max(end_{k-1}, H_k) + gpu_k, end_0 = 0. With G the
+    cumulative GPU time, end_k = G_k + max(0, max_{j<=k}(H_j - G_{j-1})): one cumulative maximum, no loop. The result
+    is end_k - end_{k-1} (>= gpu_k: the excess is the time the GPU waited for the host, a launch gap), so the kernels'
+    sum is the stream's end and every sum over a subset (a phase, an op class, a layer) is its share of it.
+
+    ``sync_before``: kernels before which the host waits for the GPU (a host sync: ``.item()``, a blocking copy): the
+    host resumes at the stream's end, so the queue starts again empty there (each segment is its own queue, offset by
+    the end of the last). A node with ``host_ms`` 0 and ``gpu_ms`` 0 adds nothing."""
+    gpu = np.asarray(gpu_ms, dtype=float)
+    host = np.broadcast_to(np.asarray(host_ms, dtype=float), gpu.shape)
+    starts = [0]
+    if sync_before is not None:
+        starts += [int(i) for i in np.flatnonzero(np.asarray(sync_before, dtype=bool)) if i > 0]
+    bounds = [*starts, len(gpu)]
+    out = np.empty(len(gpu))
+    for a, z in zip(bounds[:-1], bounds[1:]):
+        if z <= a:
+            continue
+        g = gpu[a:z]
+        G = np.cumsum(g)
+        # the host's cumulative delay of the stream (end_k - G_k): non-decreasing, exactly 0 while the host keeps ahead
+        wait = np.maximum(np.maximum.accumulate(np.cumsum(host[a:z]) - (G - g)), 0.0)
+        out[a:z] = g + np.diff(wait, prepend=0.0)
+    return out
+
+
+def host_sync_before(nodes: pd.DataFrame) -> np.ndarray:
+    """Per node of a step graph (program order): whether the host waits for the GPU before launching it.
+
+    One sync per training micro-batch, between its backward and the optimizer phase: Hugging Face's Trainer checks each
+    micro-batch's loss for inf/NaN on the host (transformers 5.24.0 trainer.py l. 1918-1922, ``torch.isnan(tr_loss_step)
+    or torch.isinf(tr_loss_step)`` in a Python ``if``: a ``bool()`` of a CUDA tensor, a device-to-host copy; on by
+    default, training_args.py l. 1022 ``logging_nan_inf_filter=True``), so the optimizer's launches start on an idle
+    GPU. None where the step goes on without one: ``torch.nn.utils.clip_grad_norm_`` scales by the clamped coefficient
+    on the device (torch 2.13 nn/utils/clip_grad.py l. 168-173; its ``error_if_nonfinite`` check, l. 109, is off by
+    default), NCCL collectives are enqueued on a stream, not waited for, by the host (torch 2.13
+    distributed/distributed_c10d.py l. 1624-1627: "CUDA execution is async", the process blocks only under
+    ``TORCH_NCCL_BLOCKING_WAIT``; a collective is one launch in the queue), and the step's start is a sync already (the
+    next batch's host-to-device copy). Not modelled: FP16's ``GradScaler.step``, which reads
+    ``found_inf`` on the host before the optimizer step (torch 2.13 amp/grad_scaler.py l. 371), a second sync inside
+    the optimizer phase (its few launches at most)."""
+    ph = column_values(nodes, "phase")
+    opt = ph == "optimizer"
+    prev = np.r_[False, opt[:-1]]
+    return opt & ~prev & (np.arange(len(ph)) > 0)
+
+
+def _expanded_order(repeats: np.ndarray) -> np.ndarray:
+    """Node index of each kernel of the full step a short graph stands for, in program order: a run of consecutive
+    nodes that each stand for m > 1 blocks (``distributed._layer_multiplicity``: the repeated block(s) of a forward,
+    backward or optimizer phase) is that run m times over."""
+    r = np.asarray(repeats, dtype=np.int64)
+    cut = np.flatnonzero(np.diff(r)) + 1
+    parts = []
+    for a, z in zip(np.r_[0, cut], np.r_[cut, len(r)]):
+        run = np.arange(a, z)
+        parts.append(np.tile(run, int(r[a])) if r[a] > 1 else run)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def queued_node_ms(gpu_ms: np.ndarray, host_ms, sync_before: np.ndarray, repeats=None) -> np.ndarray:
+    """:func:`launch_queue_ms` of a graph's nodes; with ``repeats`` (per node, how many blocks of the full model it
+    stands for in a short graph) the queue runs over the full step's kernel sequence (:func:`_expanded_order`) and
+    each node gets the mean of its copies' times (so that node x repeats sums to the full step exactly)."""
+    host = np.broadcast_to(np.asarray(host_ms, dtype=float), np.shape(gpu_ms))
+    if repeats is None or np.all(np.asarray(repeats) <= 1):
+        return launch_queue_ms(gpu_ms, host, sync_before)
+    idx = _expanded_order(repeats)
+    first = np.zeros(len(idx), dtype=bool)
+    first[np.unique(idx, return_index=True)[1]] = True
+    inc = launch_queue_ms(gpu_ms[idx], host[idx], sync_before[idx] & first)
+    return np.bincount(idx, weights=inc, minlength=len(gpu_ms)) / np.asarray(repeats, dtype=float)
+
+
 def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
                launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None,
-               gpu_floor_ms: float = GPU_KERNEL_FLOOR_MS) -> pd.DataFrame:
+               gpu_floor_ms: float = GPU_KERNEL_FLOOR_MS, host_model: str = "queue", repeats=None) -> pd.DataFrame:
     """The graph's nodes plus ``time_ms``, ``low_ms``, ``high_ms``, ``ood`` and ``gpu_ms`` columns.
-    ``launch_overhead_ms``: each node's host floor, one number or one per graph node (``distributed.node_launch_ms``).
+    ``launch_overhead_ms``: each node's host cost, one number or one per graph node (``distributed.node_launch_ms``);
+    ``host_model`` how it composes with the GPU times (:data:`HOST_MODELS`): ``queue``, eager PyTorch's in-order launch
+    queue (:func:`launch_queue_ms`, with :func:`host_sync_before`'s syncs), each node's ``time_ms`` what it adds to
+    the step; ``max``, a node takes max(GPU time, host cost) (a per-kernel floor, as the Megatron presets were fitted).
+    ``repeats`` (queue only): per node, the blocks of the full model it stands for (a short graph's repeated block,
+    ``distributed._layer_multiplicity``), so that the queue runs over the full step's kernels (:func:`queued_node_ms`).
+    A zero-time collective marker costs nothing either way.
     ``gpu_floor_ms``: the GPU-side fixed time of a learned (surrogate or proxy) node's kernel, on top of its roofline
     time (:func:`stream_ms`).
 
@@ -534,15 +668,48 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
         method = method.copy()
         method[need] = "roofline"
     gpu = t.copy()
-    t = np.where(coll & (gpu == 0), 0.0, np.maximum(t, launch_overhead_ms))
+    marker = coll & (gpu == 0)
+    if host_model == "queue":
+        host = np.where(marker, 0.0, np.broadcast_to(np.asarray(launch_overhead_ms, dtype=float), (n,)))
+        t = queued_node_ms(gpu, host, host_sync_before(nodes), repeats)
+        gap = t - gpu
+        lo, hi = np.where(t == 0, 0.0, lo + gap), np.where(t == 0, 0.0, hi + gap)
+    elif host_model == "max":
+        t = np.where(marker, 0.0, np.maximum(t, launch_overhead_ms))
+        lo = np.where(t == 0, 0.0, np.maximum(lo, launch_overhead_ms))
+        hi = np.where(t == 0, 0.0, np.maximum(hi, launch_overhead_ms))
+    else:
+        raise ValueError(f"host_model must be one of {', '.join(HOST_MODELS)}, got {host_model!r}")
     out = frame_copy(nodes)
     if method is not plan.method:  # else the graph's own column, as it is (and its cached masks with it)
         out["method"] = method
     out["gpu_ms"] = gpu
     out["time_ms"] = t
-    out["low_ms"] = np.where(t == 0, 0.0, np.maximum(lo, launch_overhead_ms))
-    out["high_ms"] = np.where(t == 0, 0.0, np.maximum(hi, launch_overhead_ms))
+    out["low_ms"] = lo
+    out["high_ms"] = hi
     out["ood"] = ood
+    return out
+
+
+def requeued(costed: pd.DataFrame, before: pd.DataFrame, launch_overhead_ms=DEFAULT_LAUNCH_OVERHEAD_MS,
+             host_model: str = "queue", repeats=None) -> pd.DataFrame:
+    """``costed`` (``before`` after ``simulate.energy.apply_power``: a power limit or clock cap stretched some kernels'
+    ``gpu_ms``, each added to its slot) with the launch queue run again on the new GPU times (``host_model`` "queue"):
+    a kernel's stretch fills the launch gap before its successor where there is one, as the stream would; its band
+    moves with its gap. ``costed`` itself where nothing was stretched or the host model is the per-kernel max."""
+    gpu = costed["gpu_ms"].to_numpy(dtype=float)
+    old = before["gpu_ms"].to_numpy(dtype=float)
+    if host_model != "queue" or np.array_equal(gpu, old):
+        return costed
+    coll = column_is(costed, "op_class", "collective") if "op_class" in costed else np.zeros(len(gpu), dtype=bool)
+    marker = coll & (old == 0)
+    host = np.where(marker, 0.0, np.broadcast_to(np.asarray(launch_overhead_ms, dtype=float), gpu.shape))
+    t = queued_node_ms(gpu, host, host_sync_before(costed), repeats)
+    shift = (t - gpu) - (before["time_ms"].to_numpy(dtype=float) - old)  # the new gap less the old one
+    out = frame_copy(costed)
+    out["time_ms"] = t
+    out["low_ms"] = np.where(t == 0, 0.0, before["low_ms"].to_numpy(dtype=float) + shift)
+    out["high_ms"] = np.where(t == 0, 0.0, before["high_ms"].to_numpy(dtype=float) + shift)
     return out
 
 
@@ -591,8 +758,12 @@ def _fallback_keys(op_class: np.ndarray, method: np.ndarray, tag: np.ndarray | N
 
 def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
                   launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, power_limit_w: float | None = None,
-                  power_model=None, clock_cap_mhz: float | None = None, collective_ms=None) -> StepPrediction:
+                  power_model=None, clock_cap_mhz: float | None = None, collective_ms=None,
+                  host_model: str = "queue") -> StepPrediction:
     """Step time (sum over one in-order stream), per-op and per-layer breakdown, memory, energy and flags.
+
+    ``launch_overhead_ms`` / ``host_model``: the host's cost per kernel launch and how it composes (:func:`cost_nodes`;
+    by default eager PyTorch's launch queue at :data:`EAGER_HOST_LAUNCH_MS`).
 
     ``collective_ms``: costs the graph's collectives (:func:`cost_nodes`; a tensor-parallel rank's graph of one node's
     group, ``simulate/tp_inference.py``), each in series with the kernels around it.
@@ -609,9 +780,11 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     why = why or unsupported_fp8_recipe(spec, graph.meta.get("fp8_scaling"))  # mxfp8: Blackwell; blockwise: Hopper+
     if why:
         raise ValueError(why)
-    costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms, collective_ms=collective_ms)
+    costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms, collective_ms=collective_ms,
+                        host_model=host_model)
     ood = ood_band_log(costed, bundle or load_bundle())  # before a power limit stretches time_ms (the kernels' bands are about their own time)
-    costed = apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz)
+    costed = requeued(apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz),
+                      costed, launch_overhead_ms, host_model)
     res = summarise_costed(graph, costed, spec)
     e = sum(energy_of(costed, spec))
     step_s = res.step_time_ms / 1e3

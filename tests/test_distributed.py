@@ -278,14 +278,30 @@ def test_short_graph_equals_full_graph(monkeypatch):
              ("mpt_7b", dict(tp=1, pp=1, micro_batch=2, zero=3, recompute="full")),
              ("bloom_560m", dict(tp=2, pp=2, micro_batch=2, zero=1, recompute="selective")),
              ("pythia_160m", dict(tp=2, pp=1, micro_batch=4))]
+    # Since stop 56 eager PyTorch's (hf) launch queue runs over the whole step's kernels, the short graph's repeated
+    # nodes each taking the mean of their copies: the phase totals are the full graph's, but not how the launch gaps
+    # fall on each layer (the full graph gives them to the layers where the host fell behind). Under pipeline
+    # parallelism that per-layer split is read per stage (neither is exact there: each stage's host runs its own
+    # queue), so those cases are compared on the GPU's times (host_us=0), where every node's time is its own, and
+    # within 5% at the default host cost.
     for model, kw in cases:
         args = dict(gpus=8, batch=16, seq=1024, dtype="bf16", attention="eager")
+        pp = kw.get("pp", 1) > 1
+        if pp:
+            args["host_us"] = 0
         short = wattcast.predict_cluster(model, "DGX-H100", **args, **kw).to_dict()
         D._COSTED.clear()
         monkeypatch.setattr(D, "_UNIFORM_FAMILIES", ())
         full = wattcast.predict_cluster(model, "DGX-H100", **args, **kw).to_dict()
+        if pp:
+            eager = {k: wattcast.predict_cluster(model, "DGX-H100", **dict(args, host_us=None), **kw).step_time_ms
+                     for k in ("full",)}
         monkeypatch.undo()
         D._COSTED.clear()
+        if pp:
+            eager["short"] = wattcast.predict_cluster(model, "DGX-H100", **dict(args, host_us=None), **kw).step_time_ms
+            D._COSTED.clear()
+            assert eager["short"] == pytest.approx(eager["full"], rel=0.05), model
         for k in ("step_time_ms", "memory_gb", "mfu", "hfu", "energy_j", "exposed_comm_ms", "bubble_ms", "flops",
                   "forward_ms", "backward_ms", "optimizer_ms", "ood_fraction"):
             assert short[k] == pytest.approx(full[k], rel=1e-9, abs=1e-12), (model, k)

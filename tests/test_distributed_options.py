@@ -52,7 +52,7 @@ def test_options_name_every_old_keyword():
                                  "fp8_param_gather", "fp8_recipe", "mtp_num_layers",
                                  "cross_entropy_loss_fusion",
                                  "cross_entropy_fusion_impl", "data_load_ms", "data_workers", "bundle", "coll_model",
-                                 "power_model", "optimizer_impl", "split_headroom_gb"}
+                                 "power_model", "optimizer_impl", "split_headroom_gb", "host_us"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         DistributedOptions(batch=1, seq=8).seq = 16
 

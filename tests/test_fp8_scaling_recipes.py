@@ -107,10 +107,13 @@ def test_delayed_on_hopper_matches_the_figures_before_fp8_recipe():
     # 159.8699929570144 -> 158.9264057966511 ms, 716.2542760917726 -> 699.8930543263428 J)
     # stop 56: the embedding's weight gradient under AMP is fp32, its zero fill an elementwise kernel
     # (tests/test_embedding_grad_dtype.py): 261.3905727290267 -> 261.77663825157856 ms, 152.90626543433635 ->
-    # 153.12967155080642 J; memory and the Megatron cluster (its own gradient buffers) unchanged
-    assert p.step_time_ms == pytest.approx(261.77663825157856, rel=1e-9)
+    # 153.12967155080642 J; then eager PyTorch's host cost, 40 us a launch in an in-order launch queue (was max(GPU,
+    # 6 us) per kernel; simulate/single_device.py EAGER_HOST_LAUNCH_MS): the many small cast and norm kernels leave
+    # launch gaps (the gradient's extra 0.39 ms of GPU time sits under them): 276.9797827303096 ms,
+    # 154.72600172107317 J; memory and the Megatron cluster (its own per-kernel floor) unchanged
+    assert p.step_time_ms == pytest.approx(276.9797827303096, rel=1e-9)
     assert p.memory_gb == pytest.approx(174.516699136, rel=1e-9)
-    assert p.energy_j == pytest.approx(153.12967155080642, rel=1e-9)
+    assert p.energy_j == pytest.approx(154.72600172107317, rel=1e-9)
     c = wattcast.predict_cluster("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=2048, tp=8, sp=True, dtype="fp8",
                                  attention="flash", framework="megatron")
     assert c.step_time_ms == pytest.approx(158.9264057966511, rel=1e-9)
@@ -189,16 +192,24 @@ def test_block_scales_in_saved_copies_and_cached_weights():
         assert res[r].memory.weights_gb - res["delayed"].memory.weights_gb == pytest.approx(
             (1.0 + weight_scale_bytes_per_param(r)) * fp8_p / 1e9, rel=1e-6)
     # the GEMMs are the same FP8 GEMMs (no measured per-recipe GEMM speed): their time is unchanged
-    gemm = lambda p: p.nodes.loc[p.nodes["op_class"] == "linear", "time_ms"].sum()  # noqa: E731
+    # (their GPU time: since stop 56 a kernel's time_ms also holds the launch gap before it, which the casts around it move)
+    gemm = lambda p: p.nodes.loc[p.nodes["op_class"] == "linear", "gpu_ms"].sum()  # noqa: E731
     assert gemm(res["mxfp8"]) == gemm(res["delayed"]) == gemm(res["blockwise"])
 
 
 def test_tensorwise_amax_pass_costs_time():
     d = wattcast.predict("llama3_8b", "H100-SXM5-80GB", **KW)
     t = wattcast.predict("llama3_8b", "H100-SXM5-80GB", fp8_recipe="tensorwise", **KW)
-    cast = lambda p: p.nodes.loc[p.nodes["op_class"] == "fp8_cast", "time_ms"].sum()  # noqa: E731
+    cast = lambda p: p.nodes.loc[p.nodes["op_class"] == "fp8_cast", "gpu_ms"].sum()  # noqa: E731
     amax = t.nodes[t.nodes["name"].str.contains("amax")]
-    assert len(amax) and np.isclose(t.step_time_ms - d.step_time_ms, cast(t) - cast(d), rtol=0.05)
+    # the step grows by the amax and scale kernels' GPU time and at most their launches' host time on top (eager
+    # PyTorch's launch queue since stop 56, 40 us a launch: this step is partly host-bound, 30.6 ms for 10.3 ms of GPU
+    # time and 928 launches)
+    extra = len(t.nodes) - len(d.nodes)
+    assert len(amax) and cast(t) - cast(d) <= t.step_time_ms - d.step_time_ms <= cast(t) - cast(d) + 0.040 * extra
+    h0 = {k: wattcast.predict("llama3_8b", "H100-SXM5-80GB", host_us=0, **r, **KW) for k, r in
+          (("d", {}), ("t", dict(fp8_recipe="tensorwise")))}
+    assert np.isclose(h0["t"].step_time_ms - h0["d"].step_time_ms, cast(t) - cast(d), rtol=0.05)  # the GPU's step
     assert cast(t) > cast(d) * 1.3 and t.memory_gb == pytest.approx(d.memory_gb, rel=1e-9)
     assert t.to_dict()["settings"]["fp8_recipe"] == "tensorwise"
 

@@ -83,9 +83,13 @@ def test_loop_of_n_matmuls_costs_n_times_one_matmul(tmp_path):
     f1, f1000 = tmp_path / "one.onnx", tmp_path / "loop.onnx"
     onnx.save(_one_matmul(), str(f1))
     onnx.save(_matmul_loop(1000), str(f1000))
-    p1 = wattcast.predict(str(f1), "h100", mode="inference")
-    p1000 = wattcast.predict(str(f1000), "h100", mode="inference")
+    # the GPU's time (host_us=0): additive; with eager PyTorch's host cost (since stop 56 a launch queue at 40 us) the
+    # 1,000 tiny MatMuls are host-bound: 1,000 launches and the last kernel
+    p1 = wattcast.predict(str(f1), "h100", mode="inference", host_us=0)
+    p1000 = wattcast.predict(str(f1000), "h100", mode="inference", host_us=0)
     assert p1000.forward_ms == pytest.approx(1000 * p1.forward_ms, rel=1e-6)
+    e1000 = wattcast.predict(str(f1000), "h100", mode="inference")
+    assert e1000.forward_ms == pytest.approx(1000 * 0.040 + p1.forward_ms, rel=1e-6)
     # training: every iteration's MatMul has its backward (dgrad after the first, wgrad always)
     t1 = training_graph(graph_from_onnx(_one_matmul(), train=True))
     t5 = training_graph(graph_from_onnx(_matmul_loop(5), train=True))
@@ -135,12 +139,13 @@ def test_unknown_trip_count_is_refused_naming_the_option_and_given_count_is_used
     onnx.save(_matmul_loop(None), str(f))
     r = run_cli("predict", "-m", f, "-d", "h100", "--mode", "inference", "--json")
     assert r.returncode == 2 and "--loop-trip-count" in flat(r.stderr) and "Traceback" not in r.stderr
-    r = run_cli("predict", "-m", f, "-d", "h100", "--mode", "inference", "--json", "--loop-trip-count", "20")
+    r = run_cli("predict", "-m", f, "-d", "h100", "--mode", "inference", "--json", "--loop-trip-count", "20",
+                "--host-us", "0")  # the GPU's time: additive (a launch queue's host time is not, above)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     f1 = tmp_path / "one.onnx"
     onnx.save(_one_matmul(), str(f1))
-    one = json.loads(run_cli("predict", "-m", f1, "-d", "h100", "--mode", "inference", "--json").stdout)
+    one = json.loads(run_cli("predict", "-m", f1, "-d", "h100", "--mode", "inference", "--json", "--host-us", "0").stdout)
     assert out["forward_ms"] == pytest.approx(20 * one["forward_ms"], rel=1e-3)
     r = run_cli("predict", "-m", "gpt2", "-d", "h100", "--loop-trip-count", "3")
     assert r.returncode == 2 and "--loop-trip-count" in flat(r.stderr) and "ONNX" in flat(r.stderr)
@@ -170,17 +175,20 @@ def test_loop_trip_count_works_on_a_cluster_too(tmp_path):
     from conftest import flat, run_cli
 
     f1, fl = _token_models(tmp_path)
-    kw = dict(gpus=2, batch=8, seq=128)
+    kw = dict(gpus=2, batch=8, seq=128, host_us=0)  # the GPU's time: additive (a launch queue's host time is not)
     one = wattcast.predict_cluster(str(f1), "DGX-A100", **kw)
     loop = wattcast.predict_cluster(str(fl), "DGX-A100", loop_trip_count=1000, **kw)
     assert one.forward_ms > 0 and loop.forward_ms == pytest.approx(1000 * one.forward_ms, rel=1e-6)
-    # every iteration has its backward: a wgrad each, and a dgrad for the carried state after the first
-    assert 1000 * one.backward_ms < loop.backward_ms < 2000 * one.backward_ms
+    # every iteration has its backward: a wgrad each, and a dgrad for the carried state after the first: 1,999
+    # launches, host-bound at eager PyTorch's host cost (40 us each), within the GPU's time of them
+    assert 1000 * one.backward_ms < loop.backward_ms < 2100 * one.backward_ms
+    loop_e = wattcast.predict_cluster(str(fl), "DGX-A100", loop_trip_count=1000, **dict(kw, host_us=None))
+    assert 1998 * 0.040 <= loop_e.backward_ms <= 1999 * 0.040 + loop.backward_ms  # (the first overlaps the forward's tail)
     assert loop.step_time_ms > 500 * one.step_time_ms and loop.meta["control_flow"][0]["trip_count"] == 1000
     assert wattcast.predict_cluster(str(fl), "DGX-A100", loop_trip_count={"repeat_matmul": 10}, **kw).forward_ms \
         == pytest.approx(10 * one.forward_ms, rel=1e-6)
     req = wattcast.PredictRequest(str(fl), cluster="DGX-A100", batch=8, seq=128, parallel=wattcast.ParallelOptions(gpus=2),
-                                  loop_trip_count=(("repeat_matmul", 1000),))
+                                  loop_trip_count=(("repeat_matmul", 1000),), host_us=0)
     assert req.predict().forward_ms == loop.forward_ms
     with pytest.raises(GraphError, match=r"repeat_matmul.*known only at run time.*--loop-trip-count"):
         wattcast.predict_cluster(str(fl), "DGX-A100", **kw)
@@ -189,7 +197,8 @@ def test_loop_trip_count_works_on_a_cluster_too(tmp_path):
     for bad in ([3], {"repeat_matmul": [3]}, -2):  # the single-device checks, before any cache key is hashed
         with pytest.raises(GraphError, match=r"loop_trip_count.*must be a whole number"):
             wattcast.predict_cluster(str(fl), "DGX-A100", loop_trip_count=bad, **kw)
-    args = ("predict", "-m", fl, "--cluster", "DGX-A100", "--gpus", "2", "--batch", "8", "--seq", "128", "--json")
+    args = ("predict", "-m", fl, "--cluster", "DGX-A100", "--gpus", "2", "--batch", "8", "--seq", "128", "--json",
+            "--host-us", "0")
     r = run_cli(*args, "--loop-trip-count", "1000")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["forward_ms"] == pytest.approx(loop.forward_ms, rel=1e-12)

@@ -200,7 +200,10 @@ def test_a_capped_cluster_step_waits_below_its_capped_computation():
     at 1000 MHz busy 208 W beside waits of 224 W before the fix."""
     from wattcast import predict_cluster
 
-    kw = dict(model="gpt2", cluster="DGX-H100", gpus=16, tp=2, pp=4, batch=64, seq=1024)
+    # host_us=0: the GPU's step. Since stop 56 eager PyTorch's launch queue (40 us a launch) makes this small-micro-batch
+    # gpt2 host-bound: its busy time is then mostly launch gaps at idle power, below the waits' 224 W, and a cap's
+    # slower kernels fill those gaps (the step does not move)
+    kw = dict(model="gpt2", cluster="DGX-H100", gpus=16, tp=2, pp=4, batch=64, seq=1024, host_us=0)
     base = predict_cluster(**kw)
     cap = predict_cluster(**kw, clock_cap_mhz=1000)
     spec = resolve_device("H100-SXM5-80GB")

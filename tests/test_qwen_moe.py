@@ -181,8 +181,11 @@ def test_three_block_shortcut_only_when_every_layer_is_alike(monkeypatch):
     assert mixed.meta["param_count"] == _graph(MIXED).param_count
     monkeypatch.setattr(dist, "_UNIFORM_FAMILIES", tuple(f for f in dist._UNIFORM_FAMILIES if f != "qwen3_moe"))
     full = _cluster(uniform)
-    assert (short.step_time_ms, short.memory_gb, short.energy_j, short.flops, short.meta["param_count"]) == (
-        full.step_time_ms, full.memory_gb, full.energy_j, full.flops, full.meta["param_count"])
+    assert (short.memory_gb, short.flops, short.meta["param_count"]) == (full.memory_gb, full.flops, full.meta["param_count"])
+    # times to the last bits: since stop 56 eager PyTorch's launch queue runs over the whole step's kernel sequence and
+    # gives each repeated node the mean of its copies (simulate.single_device.queued_node_ms): the same sums, summed in
+    # another order
+    assert (short.step_time_ms, short.energy_j) == pytest.approx((full.step_time_ms, full.energy_j), rel=1e-12)
 
 
 def test_expert_states_are_sharded_over_the_expert_data_parallel_group():

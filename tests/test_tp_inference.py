@@ -48,7 +48,10 @@ def test_tp2_decode_has_two_all_reduces_per_layer_and_a_logits_gather():
     assert res.meta["tensor_parallel"]["collective_ms"] > 0
     coll = [o for o in res.per_op if o["op_class"] == "collective"]
     assert coll and sum(o["time_ms"] for o in coll) == pytest.approx(res.meta["tensor_parallel"]["collective_ms"])
-    assert res.step_time_ms < _tp(1).step_time_ms  # half the weights read per GPU
+    # half the weights read per GPU: the GPU's step (host_us=0); at eager PyTorch's host cost (40 us a launch since stop
+    # 56) this decode step is host-bound and TP2's all-reduces are launches more
+    assert _tp(2, host_us=0).step_time_ms < _tp(1, host_us=0).step_time_ms
+    assert res.step_time_ms >= _tp(2, host_us=0).step_time_ms
 
 
 def test_kv_cache_and_weights_per_gpu_halve_at_tp2():
