@@ -617,7 +617,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            fp8_param_gather: bool = False, mtp_num_layers: int = 0, cross_entropy_loss_fusion: bool | None = None,
            cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
            power_model=None, scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
-           fp8_recipe: str | None = None, memory_headroom_gb: float = 0.0, **space) -> SearchResult:
+           fp8_recipe: str | None = None, memory_headroom_gb: float = 0.0, host_us: float | None = None,
+           **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -849,7 +850,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                               scatter_gather_p2p=scatter_gather_p2p, grad_accum_dtype=grad_accum_dtype,
                               fp8_recipe=fp8_recipe, moe_token_dispatcher=moe_token_dispatcher,
                               # the memory-aware automatic split keeps the margin free too (with_memory_headroom)
-                              split_headroom_gb=memory_headroom_gb, **routing)
+                              split_headroom_gb=memory_headroom_gb, host_us=host_us, **routing)
     rows, bad = [], []  # row tuples in the order of ``cols`` (run_pareto filled in below), rejected ones
     outcomes = []  # per candidate gone through: (config, evaluated?, its rule), for dropped_values
     generated = []  # every candidate generated (on every cluster), for dropped_values

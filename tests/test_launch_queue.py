@@ -162,3 +162,23 @@ def test_a_clock_cap_stretch_fills_the_launch_gaps():
                                                              host_sync_before(n)), rtol=1e-12, atol=1e-15)
     grown = n["time_ms"].sum() - n0["time_ms"].sum()
     assert 0 <= grown < stretch
+
+
+def test_search_takes_the_host_cost_and_its_rows_are_predict_clusters():
+    """``search(host_us=)`` and ``wattcast search --host-us``: every candidate is costed with that host cost (a
+    host-bound gpt2 job changes its best layout with it) and the best row is predict_cluster's for the same host cost."""
+    best = {}
+    for h in (None, 0.0):
+        s = wattcast.search("gpt2", "DGX-A100", 8, 8, 128, host_us=h, max_configs=20)
+        r = s.best
+        p = wattcast.predict_cluster("gpt2", "DGX-A100", seq=128, strategy=r["strategy"], host_us=h)
+        assert p.step_time_ms == pytest.approx(r["step_time_ms"], rel=1e-12, abs=0)
+        best[h] = r["step_time_ms"]
+    assert best[0.0] < best[None]
+    from typer.testing import CliRunner
+
+    from wattcast.cli import app
+
+    r = CliRunner().invoke(app, ["search", "-m", "gpt2", "--cluster", "DGX-A100", "--gpus", "8", "--batch", "8",
+                                 "--seq", "128", "--host-us", "-1"])
+    assert r.exit_code == 2 and "--host-us" in r.output
