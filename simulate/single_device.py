@@ -69,8 +69,6 @@ CUDA_LAUNCH_MS = 0.006
 DEFAULT_LAUNCH_OVERHEAD_MS = EAGER_HOST_LAUNCH_MS
 #: How a step composes the host launch cost with the kernels' GPU times (:func:`cost_nodes`)
 HOST_MODELS = ("queue", "max")
-#: the host times per launch the Kineto traces measured (us): typical hosts 35-43, two heavier 84 and 172
-HOST_US_MEASURED = (35.0, 170.0)
 
 
 def check_host_us(v) -> float:
@@ -587,6 +585,13 @@ def queued_node_ms(gpu_ms: np.ndarray, host_ms, sync_before: np.ndarray, repeats
     return np.bincount(idx, weights=inc, minlength=len(gpu_ms)) / np.asarray(repeats, dtype=float)
 
 
+def _queued(gpu: np.ndarray, marker: np.ndarray, launch_overhead_ms, nodes: pd.DataFrame, repeats) -> np.ndarray:
+    """Each node's time in the launch queue (:func:`queued_node_ms`): the host cost per launch (one number or one per
+    node), none for a zero-time collective ``marker``, with :func:`host_sync_before`'s syncs of ``nodes``."""
+    host = np.where(marker, 0.0, np.broadcast_to(np.asarray(launch_overhead_ms, dtype=float), gpu.shape))
+    return queued_node_ms(gpu, host, host_sync_before(nodes), repeats)
+
+
 def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
                launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None,
                gpu_floor_ms: float = GPU_KERNEL_FLOOR_MS, host_model: str = "queue", repeats=None) -> pd.DataFrame:
@@ -670,8 +675,7 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
     gpu = t.copy()
     marker = coll & (gpu == 0)
     if host_model == "queue":
-        host = np.where(marker, 0.0, np.broadcast_to(np.asarray(launch_overhead_ms, dtype=float), (n,)))
-        t = queued_node_ms(gpu, host, host_sync_before(nodes), repeats)
+        t = _queued(gpu, marker, launch_overhead_ms, nodes, repeats)
         gap = t - gpu
         lo, hi = np.where(t == 0, 0.0, lo + gap), np.where(t == 0, 0.0, hi + gap)
     elif host_model == "max":
@@ -702,9 +706,7 @@ def requeued(costed: pd.DataFrame, before: pd.DataFrame, launch_overhead_ms=DEFA
     if host_model != "queue" or np.array_equal(gpu, old):
         return costed
     coll = column_is(costed, "op_class", "collective") if "op_class" in costed else np.zeros(len(gpu), dtype=bool)
-    marker = coll & (old == 0)
-    host = np.where(marker, 0.0, np.broadcast_to(np.asarray(launch_overhead_ms, dtype=float), gpu.shape))
-    t = queued_node_ms(gpu, host, host_sync_before(costed), repeats)
+    t = _queued(gpu, coll & (old == 0), launch_overhead_ms, costed, repeats)
     shift = (t - gpu) - (before["time_ms"].to_numpy(dtype=float) - old)  # the new gap less the old one
     out = frame_copy(costed)
     out["time_ms"] = t
