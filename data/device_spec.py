@@ -248,8 +248,9 @@ def peak_ratio_notes(spec: DeviceSpec) -> list[str]:
     dense = "datasheets list dense and sparse (2:4 structured sparsity, 2x) tensor peaks; give the dense ones"
     fp8, fp16, bf16, tf32 = spec.peak_fp8_tflops, spec.peak_fp16_tflops, spec.peak_bf16_tflops, spec.peak_tf32_tflops
     half_name, half = max((("peak_fp16_tflops", fp16), ("peak_bf16_tflops", bf16)), key=lambda kv: kv[1] or 0)
-    # on a GeForce part FP8 (FP32 accumulate) is 2x BF16, the FP32-accumulate 16-bit rate, while FP16 may be given at
-    # its FP16-accumulate rate, 2x BF16 (:data:`_GEFORCE_RATE_FACTOR`): FP8 is compared with BF16 there
+    # on a GeForce part FP8 (FP32 accumulate) is 2x BF16, the FP32-accumulate 16-bit rate, while an FP16 figure at its
+    # FP16-accumulate rate (2x BF16; refused unless --force, :data:`_GEFORCE_RATE_FACTOR`) may be loaded: FP8 is
+    # compared with BF16 there
     ref_name, ref = ("peak_bf16_tflops", bf16) if bf16 and is_geforce(spec) else (half_name, half)
     if fp8 and ref and spec.vendor in ("nvidia", "amd"):
         lo, hi = FP8_OVER_16BIT
@@ -436,16 +437,31 @@ _SPARSE = "this looks like the sparse (2:4 structured sparsity) figure: use the 
 #: A/B types are supported with computeType CUBLAS_COMPUTE_32F only), so the FP32-accumulate figure is the one a GeForce
 #: FP8 peak must give: FP8 is checked at 1x the FP16-accumulate 16-bit rate there, 2x elsewhere
 #: (:data:`_FP16_ACCUMULATE_FIGURE` names the FP16-accumulate figure in the refusal). The professional and data-centre
-#: boards of the same chips (RTX 6000 Ada, L40S, L4, A10, A40, RTX PRO Blackwell) run them at the full rate. FP16 keeps
-#: its factor: its FP16-accumulate figure is a real dense one (wattcast's example RTX 4090 spec types the
-#: FP32-accumulate 165.2 PyTorch runs). The spec has no FP4 field, so no FP4 rate is checked.
-_GEFORCE_RATE_FACTOR = {**_TENSOR_RATE_FACTOR, "peak_bf16_tflops": 0.5, "peak_tf32_tflops": 0.25,
-                        "peak_fp8_tflops": 1.0}
+#: boards of the same chips (RTX 6000 Ada, L40S, L4, A10, A40, RTX PRO Blackwell) run them at the full rate. FP16 is
+#: checked at the FP32-accumulate rate too: PyTorch's FP16 GEMMs run with computeType CUBLAS_COMPUTE_32F (torch 2.13,
+#: aten/src/ATen/cuda/CUDABlas.cpp, gemm<at::Half>: ``CUBLAS_COMPUTE_32F`` unless the opt-in
+#: ``torch.backends.cuda.matmul.allow_fp16_accumulation`` is set, default False; ``allow_fp16_reduced_precision_
+#: reduction`` only lets split-K reduce in FP16), so the FP16-accumulate figure (RTX 4090's 330.3) would predict FP16
+#: GEMMs 2x fast; it is refused naming the figure to give (``--force`` lifts it for a user who opts in). The spec has
+#: no FP4 field, so no FP4 rate is checked.
+_GEFORCE_RATE_FACTOR = {**_TENSOR_RATE_FACTOR, "peak_fp16_tflops": 0.5, "peak_bf16_tflops": 0.5,
+                        "peak_tf32_tflops": 0.25, "peak_fp8_tflops": 1.0}
 #: the tensor peak fields a GeForce datasheet also lists with FP16 accumulate, at twice their FP32-accumulate rate, and
 #: the multiple of the dense 16-bit (FP16-accumulate) rate that figure runs at: a GeForce figure that fits it is named
 #: as the FP16-accumulate figure, not only as a sparse one (RTX 4090 FP8: 660.6 is both the FP16-accumulate dense and
-#: the FP32-accumulate sparse figure)
-_FP16_ACCUMULATE_FIGURE = {"peak_fp8_tflops": 2.0}
+#: the FP32-accumulate sparse figure; FP16: 330.3 is the FP16-accumulate dense figure, 2x the 165.2 PyTorch runs)
+_FP16_ACCUMULATE_FIGURE = {"peak_fp16_tflops": 1.0, "peak_fp8_tflops": 2.0}
+#: what the refusal of a GeForce FP16-accumulate figure cites, per field: (the datasheet pairs, why FP32 accumulate)
+_FP16_ACCUMULATE_CITE = {
+    "peak_fp8_tflops": ("FP8", "Ada whitepaper, Appendix A, RTX 4090: FP8 660.6 with FP16 accumulate, 330.3 with FP32 "
+                        "accumulate, dense; RTX Blackwell whitepaper, Appendix A, RTX 5090: 838 / 419",
+                        "PyTorch and Transformer Engine FP8 GEMMs accumulate in FP32"),
+    "peak_fp16_tflops": ("FP16", "Ada whitepaper, Appendix A, RTX 4090: FP16 330.3 with FP16 accumulate, 165.2 with "
+                         "FP32 accumulate, dense; RTX Blackwell whitepaper, Appendix A, RTX 5090: 419 / 209.5; GA102 "
+                         "whitepaper, RTX 3090: 142 / 71",
+                         "PyTorch's FP16 GEMMs accumulate in FP32 (cuBLAS CUBLAS_COMPUTE_32F unless "
+                         "torch.backends.cuda.matmul.allow_fp16_accumulation is set; --force if you set it)"),
+}
 
 #: a GeForce product name: "GeForce", or RTX followed by a GeForce model number x0[5-9]0 of the 20 to 50 series
 #: (RTX 3090, rtx4090, RTX-5090 Ti); not the workstation RTX 4000/5000/6000 (Ada), RTX A6000 or Quadro RTX 6000
@@ -563,19 +579,19 @@ def _dense_rate_problem(values: Any) -> str | None:
     here = f"{rate * k * float(values.num_sms) * float(values.boost_clock_mhz) / 1e6:.4g}"  # TFLOP/s at the dense rate
     acc16 = _FP16_ACCUMULATE_FIGURE.get(f) if halved else None
     if acc16 and per * k / acc16 <= rate * DENSE_RATE_MARGIN:
-        # a GeForce FP8 figure at the FP16-accumulate dense rate (also the FP32-accumulate sparse one)
+        # a GeForce FP8 / FP16 figure at the FP16-accumulate dense rate (also the FP32-accumulate sparse one)
+        dtype, pairs, why = _FP16_ACCUMULATE_CITE[f]
         return (f"field '{f}' ({v:g}) is {per / rate:.2g}x the FP32-accumulate rate {name} runs densely on a GeForce "
                 f"part: {v:g} TFLOP/s on {values.num_sms:g} SMs at {values.boost_clock_mhz:g} MHz is {per * k:,.0f} "
                 f"FLOP per SM per clock, where a GeForce {name} does {rate * k:,.0f} dense with FP32 accumulate and "
                 f"{rate * acc16:,.0f} with FP16 accumulate: this looks like the datasheet's FP16-accumulate figure "
-                f"(or its FP32-accumulate sparse one). PyTorch and Transformer Engine FP8 GEMMs accumulate in FP32, "
-                f"which a GeForce part runs at half the FP16-accumulate rate (Ada whitepaper, Appendix A, RTX 4090: "
-                f"FP8 660.6 with FP16 accumulate, 330.3 with FP32 accumulate, dense; RTX Blackwell whitepaper, "
-                f"Appendix A, RTX 5090: 838 / 419): give the dense FP32-accumulate figure (about {here} TFLOP/s "
-                f"here). Check num_sms and boost_clock_mhz too, {_FORCE}")
-    geforce = (" (a GeForce part: BF16, TF32 and FP8 with FP32 accumulate at half the FP16-accumulate rate, e.g. the "
-               "Ada whitepaper's RTX 4090: FP16 330.3 with FP16 accumulate, BF16 165.2, TF32 82.6, FP8 330.3 with FP32 "
-               f"accumulate (660.6 with FP16 accumulate) dense; about {here} TFLOP/s here)" if halved else "")
+                f"(or its FP32-accumulate sparse one). {why}, which a GeForce part runs at half the FP16-accumulate "
+                f"{dtype} rate ({pairs}): give the dense FP32-accumulate figure (about {here} TFLOP/s here). Check "
+                f"num_sms and boost_clock_mhz too, {_FORCE}")
+    geforce = (" (a GeForce part: FP16, BF16, TF32 and FP8 with FP32 accumulate at half the FP16-accumulate rate, e.g. "
+               "the Ada whitepaper's RTX 4090: FP16 165.2 with FP32 accumulate (330.3 with FP16 accumulate), BF16 "
+               "165.2, TF32 82.6, FP8 330.3 with FP32 accumulate (660.6 with FP16 accumulate) dense; about "
+               f"{here} TFLOP/s here)" if halved else "")
     return (f"field '{f}' ({v:g}) is {per / rate:.2g}x what {name} can do densely: {v:g} TFLOP/s on "
             f"{values.num_sms:g} SMs (CUs) at {values.boost_clock_mhz:g} MHz is {per * k:,.0f} FLOP per SM per "
             f"clock, where {name} does {rate * k:,.0f} dense{geforce} ({cite}); {_SPARSE}"

@@ -62,15 +62,18 @@ def test_consumer_blackwell_has_its_own_dense_rate_and_its_sparse_column_is_refu
     assert architecture_of("Blackwell (GB100)")[1] == 8192.0 and architecture_of("Blackwell (GB110)")[1] == 8192.0
     dense = _spec(RTX5090)  # the FP32-accumulate figures (512 per SM per clock) load
     assert dense.peak_bf16_tflops == 209.5
-    assert _spec(RTX5090, peak_fp16_tflops=419.0).peak_fp16_tflops == 419.0  # FP16 accumulate: 1,024
+    # FP16 with FP16 accumulate (419, 1,024 per SM per clock) is refused since stop 57: PyTorch's FP16 GEMMs
+    # accumulate in FP32 (tests/test_geforce_fp16_accumulate.py); --force loads it
+    with pytest.raises(DeviceSpecError, match=r"field 'peak_fp16_tflops' \(419\).*FP16-accumulate figure"):
+        _spec(RTX5090, peak_fp16_tflops=419.0)
     # FP8 has an FP16-accumulate figure too (838), but PyTorch / Transformer Engine FP8 GEMMs accumulate in FP32 (419):
     # on a GeForce it is refused like BF16's, naming the accumulate rate (since stop 56;
     # tests/test_geforce_fp8_accumulate.py)
     with pytest.raises(DeviceSpecError, match=r"field 'peak_fp8_tflops' \(838\).*FP16-accumulate figure"):
-        _spec(RTX5090, peak_fp16_tflops=419.0, peak_fp8_tflops=838.0)
+        _spec(RTX5090, peak_fp8_tflops=838.0)
     # BF16 and TF32 have no FP16 accumulation: on a GeForce 419 / 209.5 are their sparse columns (since stop 50)
     with pytest.raises(DeviceSpecError, match=r"field 'peak_bf16_tflops' \(419\).*GeForce part"):
-        _spec(RTX5090, peak_fp16_tflops=419.0, peak_bf16_tflops=419.0)
+        _spec(RTX5090, peak_bf16_tflops=419.0)
     with pytest.raises(DeviceSpecError, match=r"field 'peak_fp16_tflops' \(838\).*GB20x.*sparse"):
         _spec(RTX5090, peak_fp16_tflops=838.0, peak_bf16_tflops=838.0, peak_tf32_tflops=419.0, peak_fp8_tflops=1676.0)
     # every catalog device still loads (data-centre Blackwell on its 8,192)
