@@ -97,8 +97,18 @@ PREDICT_THREADS = [0]
 
 
 def single_threaded_predictions() -> None:
-    """Run every LightGBM prediction of this process on one thread (a forked worker's initializer)."""
+    """Run every LightGBM call of this process on one thread (a forked worker's initializer): predictions
+    (``PREDICT_THREADS``) and LightGBM's own OpenMP loops, model loading included (``LGBM_SetMaxThreads``, LightGBM
+    >= 4.0 c_api.h). GNU libgomp's state does not survive fork: ``Booster(model_str=...)`` parses its trees in a
+    ``#pragma omp parallel for`` (LightGBM gbdt_model_text.cpp, LoadModelFromString), and a search worker loading a
+    user's model folder hung there forever (audit 57c; tests/test_search_workers_user_bundle.py, which hangs without
+    this cap); a one-thread region runs without a thread team."""
     PREDICT_THREADS[0] = 1
+    import ctypes
+
+    from lightgbm.basic import _LIB, _safe_call
+
+    _safe_call(_LIB.LGBM_SetMaxThreads(ctypes.c_int(1)))
 
 
 #: FNV-1a's 64-bit offset basis and prime (Fowler, Noll, Vo: http://www.isthe.com/chongo/tech/comp/fnv/)
