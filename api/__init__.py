@@ -161,6 +161,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
 
     launch_ms, host_model = step_host_cost(compile=bool(compile), served=engine is not None, host_us=host_us)
     graph = step_graph(model, opts, example_inputs=example_inputs)
+    _attention_settings(graph.meta, attention)  # an attention the imported graph was not costed with: refused
     res = predict_graph(graph, spec, bundle, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz,
                         launch_overhead_ms=launch_ms, host_model=host_model)
     from wattcast.models.power import idle_power_w
@@ -173,7 +174,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     b, s_ = res.meta.get("batch"), res.meta.get("seq")
     m = res.meta
     settings = dict(_model_settings(model, m), device=res.device, mode=m.get("mode", mode), dtype=shown_dtype(m, dtype),
-                    batch=b, seq=s_, attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
+                    batch=b, seq=s_, **_attention_settings(m, attention),
                     compile=bool(m.get("compile", compile)),
                     optimizer=m.get("optimizer", optimizer) if m.get("mode", mode) == "train" else None,
                     optimizer_impl=m.get("optimizer_impl") if m.get("mode", mode) == "train" else None,
@@ -285,6 +286,34 @@ def _served(res, model, spec, opts, engine: str, prompt_tokens: int, output_toke
     mem = replace(m, activations_gb=max(m.activations_gb, p.activations_gb), transient_gb=max(m.transient_gb, p.transient_gb))
     return replace(served, memory=mem, memory_gb=served.memory_gb + mem.total_gb - m.total_gb,
                    meta=with_warnings(served.meta, notes))
+
+
+def _attention_settings(meta: dict, attention: str) -> dict:
+    """``settings``' ``attention`` and ``flash_kernel``: what the step was costed with. An imported graph (ONNX,
+    torch.export: ``meta["attention_costed"]``) holds the attention its file or module wrote -- an ONNX MatMul ->
+    Softmax -> MatMul core is eager, an ``Attention`` op and a torch.export ``scaled_dot_product_attention`` under
+    "flash" the fused kernel; None when it has none -- so that is what is reported; an ``attention`` given
+    (``--attention``; "flash", the default, counts as not given) that the graph was not costed with is a GraphError
+    naming the flag, not an option silently ignored. (Until stop 57 the settings echoed the option asked for: an ONNX
+    GPT costed with its softmax and bmm kernels said "flash" / "fa2", and a module's SDPA costed as flash said
+    "eager".)"""
+    if meta.get("source") not in ("onnx", "torch.export"):
+        return dict(attention=meta.get("attention", attention), flash_kernel=meta.get("flash_kernel"))
+    from wattcast.featurize.op_graph import GraphError
+
+    costed = meta.get("attention_costed")
+    asked = str(attention).lower()
+    if asked != DEFAULTS.attention and costed is not None and costed != asked:
+        src = meta.get("source")
+        how = {"eager": "its own matmul, softmax and matmul kernels, costed as written",
+               "flash": ("an Attention op, costed as the fused kernel (FlashAttention-2 class)" if src == "onnx" else
+                         "scaled_dot_product_attention costed as the fused kernel (FlashAttention-2 class)")}.get(
+            costed, f"costed as {costed} (the kernels it holds)")
+        hint = (" (only F.scaled_dot_product_attention takes eager, flash or flash1)" if src == "torch.export" else "")
+        raise GraphError(f"{meta.get('name') or 'the model'}: attention {asked!r} (--attention) cannot be applied: the "
+                         f"{'ONNX' if src == 'onnx' else 'torch.export'} graph's attention is {how}{hint}; leave "
+                         f"--attention out (the settings then say {costed}), or give --attention {costed.split('+')[0]}")
+    return dict(attention=costed, flash_kernel={"flash": "fa2", "flash1": "fa1"}.get(costed))
 
 
 def _model_settings(model, meta: dict) -> dict:
@@ -571,7 +600,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         strategy_text = None
     settings = dict(_model_settings(model, m), device=res.device, cluster=res.cluster, gpus=res.gpus, mode="train",
                     dtype=shown_dtype(m, dtype), batch=batch, seq=shown_seq, micro_batch=res.parallel.micro_batch,
-                    attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
+                    **_attention_settings(m, attention),
                     compile=bool(m.get("compile", compile)), optimizer=m.get("optimizer", optimizer),
                     optimizer_impl=m.get("optimizer_impl"), recompute=res.parallel.recompute, framework=fw, strategy=strategy_text,
                     power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node,

@@ -644,7 +644,8 @@ def _build_forward_and_step(model: Any, opts: StepOptions, example_inputs: tuple
         from wattcast.featurize.torch_import import graph_from_module
 
         fwd = graph_from_module(model, example_inputs, batch=opts.batch, seq=opts.seq, dtype=opts.dtype,
-                                train=opts.mode == "train")
+                                train=opts.mode == "train", attention=opts.attention,
+                                flash_kernel=opts.flash_kernel)
     if opts.compile:
         from wattcast.featurize.fusion import fuse_elementwise
 

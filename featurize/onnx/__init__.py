@@ -4,8 +4,8 @@
 :class:`~wattcast.featurize.op_graph.GraphBuilder` call per kernel, so
 :func:`wattcast.featurize.training_graph.training_graph` can derive the training step from the result.
 
-Only shapes are needed, never weight values: the file is read with ``load_external_data=False`` (weights
-in a missing external-data file are fine), symbolic input dims are bound from ``batch``/``seq``/``dims``
+Shapes are what is needed: the file is read with ``load_external_data=False`` (weights in a missing external-data
+file are fine; only the tied-weight check below reads values from it), symbolic input dims are bound from ``batch``/``seq``/``dims``
 and ``onnx.shape_inference`` fills in every intermediate shape (what it misses -- shape arithmetic it
 cannot propagate -- is folded here with the ONNX reference ops on the small constant tensors).
 
@@ -57,7 +57,13 @@ Mapping (ONNX op -> builder call):
 Parameters are the float initializers an op uses as weights (GEMM/conv/embedding/norm weights, biases
 and other vectors added or multiplied into activations), each counted once: tied weights (an LM head
 reusing the embedding table, also when the exporter stored it as a transposed copy) are recognised from
-the ``torch.onnx`` node metadata or, when the weight values are in the file, by comparing the values.
+the ``torch.onnx`` node metadata or by comparing the values: in the file, or in its external-data file (read with
+onnx's own loader, ``params._tied_by_value``; a missing data file leaves the tie undecided, said in ``warnings``).
+A static float input of a copy op is a parameter too (a ViT's class token in ``cat([cls.expand(B, -1, -1), x])``).
+A scatter's output has its ``data`` input's shape (``ops._scatter``). A Gather of a weight table at constant indices
+beyond its rows (a learned position table at ``Range(0, seq)`` with a longer ``seq``) refuses the model
+(``assemble._refuse_gather_beyond_table``). ``meta["attention_costed"]`` names the attention the graph holds
+("eager": a recognised MatMul -> Softmax -> MatMul core; "flash": an ``Attention`` op; None: none).
 
 
 The package by concern: ``load`` reads the file and binds the symbolic dims, ``shapes`` infers shapes and folds

@@ -13,7 +13,7 @@ import numpy as np
 
 from wattcast.data.kernel_ops import canonical_dtype
 from wattcast.featurize.onnx.common import (_DEFAULT_DOMAINS, _FLOAT_TYPES, _INT_NAMES, _MASK_DTYPE, BoundDimsError, InvalidModelError, _Builder,
-                                            _Static, _numel_dims, _sanitize)
+                                            _Static, _attr, _numel_dims, _sanitize)
 from wattcast.featurize.onnx.control import ControlFlowError, _Control
 from wattcast.featurize.onnx.load import (_batch_seq_axes, _bind_inputs, _declare_shape_only_weights, _fixed_batch_seq,
                                           _load, _refuse_control_flow, _symbolic_batch_seq, _topo_order,
@@ -62,6 +62,9 @@ class _Shared:
     declared: dict | None = None
     #: the symbolic input dims' names -> the values they were bound to (batch, seq, dims=)
     bound: dict = field(default_factory=dict)
+    #: the attention kernels the graph holds, ``meta["attention_costed"]``: "eager" (a recognised MatMul -> Softmax ->
+    #: MatMul core, costed as written), "flash" (an opset-23 ``Attention`` op, the fused kernel)
+    attention_kinds: set = field(default_factory=set)
 
     @staticmethod
     def flow_key(path: str) -> str:
@@ -171,6 +174,8 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
         self.folded_casts: set[int] = set()  # Casts a Softmax already costed (ops._softmax: the exporters' upcast)
         self._pre_gamma: dict[int, str] = {}
         self._match_patterns()
+        if self.attn_pairs:
+            self.shared.attention_kinds.add("eager")
         if parent is None:
             self.layer_of, self.scope_of, self.n_layers = self._layers()
         else:  # a body runs where its control-flow node is
@@ -298,7 +303,8 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
         self.walk()
         meta = dict(meta)
         meta.update(source="onnx", n_layers=int(self.n_layers), unmapped_ops=dict(sorted(self.unmapped.items())),
-                    onnx_nodes=len(self.nodes), opset=int(self.opset))
+                    onnx_nodes=len(self.nodes), opset=int(self.opset),
+                    attention_costed="+".join(sorted(self.shared.attention_kinds)) or None)
         if self.shared.flow:
             meta["control_flow"] = list(self.shared.flow.values())
         if self.fallback:
@@ -460,8 +466,58 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
                              "sizes into Reshape shape constants); give the dims it was exported with (--batch/--seq/"
                              "--dim), or re-export it with torch.onnx.export(..., dynamo=True, dynamic_shapes=...)")
 
+    def _index_range(self, name: str) -> tuple[int, int, bool] | None:
+        """(smallest, largest, is it 0, 1, ..., n-1) of the constant index tensor ``name``: its folded values, or the
+        bounds of the ``Range`` that makes it (too long to fold); None when unknown or empty."""
+        c = self.consts.get(name)
+        if c is not None and np.issubdtype(np.asarray(c).dtype, np.integer) and np.asarray(c).size:
+            v = np.asarray(c).reshape(-1)
+            return int(v.min()), int(v.max()), bool(np.array_equal(v, np.arange(v.size)))
+        k = self.producer.get(name)
+        if k is None or self.nodes[k].op_type != "Range" or len(self.nodes[k].input) < 3:
+            return None
+        start, limit, delta = (self._scalar(i) for i in self.nodes[k].input[:3])
+        if start is None or limit is None or not delta:
+            return None
+        count = max(0, -(-(int(limit) - int(start)) // int(delta)))
+        if not count:
+            return None
+        last = int(start) + (count - 1) * int(delta)
+        return min(int(start), last), max(int(start), last), int(start) == 0 and int(delta) == 1
+
+    def _refuse_gather_beyond_table(self, n, name: str) -> None:
+        """:class:`BoundDimsError` (:class:`InvalidModelError` when no dim was bound) when a Gather of a weight table
+        reads rows the table does not have: a learned position table of 1,024 rows gathered at ``Range(0, seq)`` with a
+        sequence of 4,096 cannot run (PyTorch's embedding raises an index error), as a Hugging Face config with learned
+        positions refuses a longer ``--seq`` (featurize/workload.py). Until stop 57 such a file was predicted at any
+        sequence length, silently."""
+        ins = [i for i in n.input]
+        if len(ins) < 2 or not ins[0] or not ins[1] or ins[0] not in self.inits or not self.inits[ins[0]].sources:
+            return
+        shape = self._shape(ins[0])
+        got = self._index_range(ins[1])
+        if shape is None or not shape or got is None:
+            return
+        axis = int(_attr(n, "axis", 0)) % len(shape)
+        rows = int(shape[axis])
+        lo, hi, positions = got
+        if -rows <= lo and hi < rows:
+            return
+        bound = self.shared.bound
+        dims = ", ".join(f"{k}={v}" for k, v in bound.items())
+        err = BoundDimsError if bound else InvalidModelError
+        if positions and axis == 0 and len(shape) == 2:
+            raise err(f"seq {hi + 1} exceeds the model's {rows} learned positions: node {name!r} gathers rows 0..{hi} "
+                      f"of its {rows}-row position table {ins[0]!r}" + (f" (inputs bound to {dims})" if dims else "")
+                      + f"; give --seq {rows} or less")
+        raise err(f"node {name!r} (Gather) reads indices {lo}..{hi} of the {rows}-row table {ins[0]!r} (axis {axis})"
+                  + (f" at the dims its inputs were bound to ({dims})" if dims else "")
+                  + "; the model cannot run there")
+
     def _emit_static(self, n) -> None:
         ins = [i for i in n.input if i]
+        if n.op_type == "Gather" and n.domain in _DEFAULT_DOMAINS:
+            self._refuse_gather_beyond_table(n, self._node_name(0, n))
         srcs: frozenset = frozenset()
         if n.op_type == "Identity" and ins and ins[0] in self.inits and self.inits[ins[0]].sources:
             # torch.onnx (TorchScript) stores parameters with equal values once and re-creates each
@@ -475,11 +531,17 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
                 if isinstance(v, _Static):
                     srcs |= v.sources
         self._fold(n)
-        for o in n.output:
+        for idx, o in enumerate(n.output):
             if o:
                 shape = self._shape(o)
                 if shape is None and o in self.consts:
                     shape = tuple(self.consts[o].shape)
+                if shape is None:
+                    # a constant too large to fold (a ViT's (1, 1, 768) class token Expanded to the batch: more than
+                    # _small_constants' 64 elements) still has the shape its rule computes from its operands' shapes
+                    # and folded shape values (``_SHAPE_RULES``); until stop 57 it was unknown, the Concat reading it
+                    # fell back to its activation's shape and a ViT-B/16 lost its class token (196 positions, not 197)
+                    shape = self._computed_shape(n, idx)
                 self.vals[o] = _Static(shape, srcs if self._is_float(o) else frozenset(), self._elem(o))
 
 
@@ -491,7 +553,8 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     ``batch`` / ``seq`` bind symbolic input dims named like batch / sequence (see :data:`BATCH_DIM_NAMES`,
     :data:`SEQ_DIM_NAMES`); ``dims`` binds any other symbolic dim by name (or ``"input:axis"`` for an
     unnamed one). ``dtype`` overrides the dtype read from the model's float tensors; ``train`` turns on
-    dropout kernels. Weight values are never needed: external-data files may be missing.
+    dropout kernels. Weight values are not needed (external-data files may be missing); those of an embedding table
+    and the tensors of its shape are read when there, to recognise a tied LM head (``params._tied_by_value``).
 
     ``graph.meta`` has ``source="onnx"``, ``param_count``, ``n_layers``, ``unmapped_ops`` (op type ->
     count of the ops costed by the roofline because nothing maps them), ``dims`` (the bound symbolic
@@ -519,7 +582,7 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
                          "was the model exported empty or stripped?")
     _refuse_control_flow(model, where)
     shape_only = _declare_shape_only_weights(model)
-    tied = _tied_by_value(model)
+    tied, tied_notes = _tied_by_value(model, base.parent if base is not None else None)
     consts = _small_constants(model)
     triangular = _triangular_constants(model, base.parent if base is not None else None)
     _strip_weights(model)
@@ -532,6 +595,7 @@ def graph_from_onnx(path_or_model, *, batch: int | None = None, seq: int | None 
     shared = _Shared(trips=trips, unbound=unbound, bound=dict(env))
     imp = _Importer(inferred, dtype=dtype, train=train, name=name, tied=tied, consts=consts, shared=shared,
                     triangular=triangular)
+    imp.warnings.extend(tied_notes)
     fixed = _fixed_batch_seq(model)
     axes = _batch_seq_axes(unbound if unbound is not None else model)
     meta = dict(name=name, dims=env, producer=model.producer_name or "",

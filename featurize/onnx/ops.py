@@ -47,6 +47,9 @@ _COPY_OPS = {"Transpose", "Concat", "Slice", "Split", "Expand", "Tile", "Pad", "
              "ScatterND", "ScatterElements", "Scatter", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
              "Trilu", "OneHot", "ReverseSequence", "Compress", "CenterCropPad"}
 
+#: scatter ops: the output is the ``data`` input's shape (``_Ops._scatter``)
+_SCATTER_OPS = frozenset({"ScatterND", "ScatterElements", "Scatter"})
+
 _REDUCE_OPS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "TopK",
                "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool"}
@@ -463,15 +466,52 @@ class _Ops:
                 if o:
                     self._set(o, self.b.alias(self._out_shape(o, src.shape, self._computed_shape(n, i)), y.dtype, y.node), rg)
             return
-        if op in ("ScatterND", "ScatterElements", "Scatter"):
-            shape = src.shape
-        else:
-            shape = self._out_shape(outs[0], src.shape, self._computed_shape(n))
+        if op in _SCATTER_OPS:
+            self._scatter(n, name, ins, rg)
+            return
+        # a static float tensor a copy moves is a parameter (a ViT's class token in ``cat([cls.expand(B, -1, -1), x])``,
+        # counted as elementwise ops count a position table they add: ``_PARAM_ARITH``); its gradient flows through
+        # here. Only the data moved: every input of a Concat, the first of the others (not Resize's scales, OneHot's
+        # values, Pad's fill value)
+        moved = ins if op == "Concat" else ins[:1]
+        params = self._claim([i for i in moved if i and self._is_static(i)], [k], weight=False)
+        rg = rg or params > 0
+        shape = self._out_shape(outs[0], src.shape, self._computed_shape(n))
         stand_in = self.b.alias(shape, src.dtype, src.node) if _numel_dims(shape) != src.numel else self._view(src, shape)
         y = self.b.copy(stand_in, name=name, grad=rg)
+        if params:
+            self.b.own_params(y, params)
         self.b.link(y, tensors[1:])
         self._set(outs[0], y, rg)
         self._register_rest(n, y, rg)
+
+
+    def _scatter(self, n, name, ins, rg: bool) -> None:
+        """ScatterElements / ScatterND / Scatter (``data``, ``indices``, ``updates``): the output has the shape of
+        ``data`` (ONNX operator spec: "output ... of the same shape as data"), whatever the updates' shape. The kernel
+        moves the larger of the two: a clone of an activation ``data`` (ONNX scatter is out of place, as
+        ``torch.scatter``), or the updates written into a new buffer (``torch.zeros(...).scatter_add(d, idx, x)``:
+        pooling, an MoE combine; the zeros are a constant, no kernel at inference). Until stop 57 the output took the
+        shape of the first non-constant input -- the updates (or indices) when ``data`` is a constant -- and every op
+        after such a scatter was costed at the updates' size (64x the FLOPs of the Linear after a 1,024 -> 16 pooling)."""
+        data_nm = ins[0]
+        out_nm = n.output[0]
+        data_shape = self._shape(out_nm) or self._shape(data_nm)
+        if data_shape is None:
+            raise GraphError(f"{n.op_type}: the shape of its data input {data_nm!r} is unknown")
+        upd_nm = ins[2] if len(ins) > 2 and ins[2] else ""
+        if not self._is_static(data_nm):
+            moved = self._tensor(data_nm)
+        elif upd_nm and not self._is_static(upd_nm):
+            moved = self._tensor(upd_nm)
+        else:  # constant data and updates (activation indices): the output written
+            moved = self.b.input(data_shape, self._tdtype(self._elem(data_nm)), requires_grad=False)
+        if _numel_dims(data_shape) > moved.numel:  # the updates written into a larger new buffer: its size is written
+            moved = self.b.alias(data_shape, moved.dtype, moved.node)
+        y = self.b.copy(moved, name=name, grad=rg)
+        self.b.link(y, [self._tensor(i) for i in ins if i and not self._is_static(i)])
+        out = y if tuple(y.shape) == tuple(data_shape) else self.b.alias(data_shape, y.dtype, y.node)
+        self._set(out_nm, out, rg)
 
 
     def _read_in_place(self, name: str, depth: int = 4) -> bool:
@@ -642,6 +682,7 @@ class _Ops:
             v = self._view(v, (v.shape[0], hk, v.shape[1], v.shape[2] // hk))
         with self.b.tag("attn_core"):
             y = self.b.flash_attention(q, kk, v, causal=causal, name=name)
+        self.shared.attention_kinds.add("flash")
         out_nm = n.output[0]
         y = self._view(y, self._out_shape(out_nm, y.shape))
         self.b.link(y, [self._tensor(i) for i in ins[3:] if i and not self._is_static(i)])

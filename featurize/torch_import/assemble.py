@@ -54,8 +54,14 @@ class _Importer(_Values, _Ops, _AttentionCores):
     per-op mapping is ``ops._Ops`` (by ``tables.RULES``), the values and shapes ``shapes._Values``."""
 
     def __init__(self, ep: "torch.export.ExportedProgram", builder: GraphBuilder, float_dtype: torch.dtype | None,
-                 triangular: set[str] | frozenset = frozenset()) -> None:
+                 triangular: set[str] | frozenset = frozenset(), attention: str | None = None) -> None:
         self.gm = ep.graph_module
+        #: how ``scaled_dot_product_attention`` is costed: "eager" (bmm + softmax + bmm, ops._eager_sdpa), "flash" /
+        #: "flash1" (the fused kernel of that class); None: "flash"
+        self.attention = attention
+        #: the attention kernels the graph holds ("eager": a softmax between two activation products, written out or
+        #: an SDPA under attention="eager"; "flash" / "flash1": a fused SDPA), ``meta["attention_costed"]``
+        self.attention_kinds: set[str] = set()
         self.b = builder
         self.float_dtype = float_dtype
         self.param_names = dict(ep.graph_signature.inputs_to_parameters)  # placeholder -> fqn (buffers: no grad)
@@ -248,6 +254,7 @@ class _Importer(_Values, _Ops, _AttentionCores):
         if core is None:
             return
         chain, pv, causal = core
+        self.attention_kinds.add("eager")
         s, skv = int(val.shape[-2]), int(val.shape[-1])
         self.core_share.update({n: 0.0 for n in chain})
         self.core_share[qk] = self.core_share[pv] = attention_pair_share(s, skv, causal=causal)
@@ -368,7 +375,8 @@ def _export_error(module: torch.nn.Module, e: Exception) -> GraphError:
 
 def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: str | None = None, train: bool = False,
                                 name: str = "model", param_count: int | None = None,
-                                triangular_buffers: Iterable[str] | None = None, **meta) -> OpGraph:
+                                triangular_buffers: Iterable[str] | None = None, attention: str | None = None,
+                                flash_kernel: str = "fa2", **meta) -> OpGraph:
     """The forward :class:`OpGraph` of an already exported program (see the module docstring for the mapping).
 
     ``param_count`` (default: the parameters of the program's signature, each once) is what
@@ -376,7 +384,14 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
     ``meta["unattributed_params"]``. ``triangular_buffers``: fully qualified names of buffers / constants holding a
     causal mask (:func:`graph_from_module` reads them off the module's real buffers, the program being traced on
     meta); the program's own real buffers and constants are read too.
+    ``attention``: how ``scaled_dot_product_attention`` is costed, "eager" (bmm + softmax + bmm), "flash" or "flash1"
+    (the fused kernel of that class: FlashAttention-2 / -1; "flash" takes ``flash_kernel``, data/kernel_ops.FLASH_KERNELS,
+    as featurize/workload.StepOptions keeps "flash1" as "flash" with kernel "fa1"); None: "flash". An attention written out in matmuls is
+    costed as written whatever it says. ``meta["attention_costed"]`` names what the graph holds: "eager", "flash",
+    "flash1", both joined by "+" (an SDPA and a written-out core), or None (no attention found).
     """
+    if attention is not None and attention not in _ATTENTION_KERNELS:
+        raise GraphError(f"unknown attention {attention!r}; use eager, flash or flash1")
     sig = ep.graph_signature
     stored = set(sig.inputs_to_buffers.values()) | set((getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {}).values())
     own = {**{k: v for k, v in ep.state_dict.items() if k in stored}, **{k: v for k, v in ep.constants.items() if k in stored}}
@@ -390,8 +405,9 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
     float_dtype = sizes.most_common(1)[0][0] if sizes else None
     if param_count is None:
         param_count = sum(int(placeholders[ph].meta["val"].numel()) for ph in sig.inputs_to_parameters if ph in placeholders)
-    builder = GraphBuilder(_resolve_dtype(dtype, float_dtype), train=train, name=name)
-    imp = _Importer(ep, builder, float_dtype, triangular=triangular)
+    builder = GraphBuilder(_resolve_dtype(dtype, float_dtype), train=train, name=name,
+                           flash_kernel="fa1" if attention == "flash1" else flash_kernel)
+    imp = _Importer(ep, builder, float_dtype, triangular=triangular, attention=attention)
     imp.run()
     unattributed = int(param_count) - builder.param_count
     if unattributed:
@@ -401,8 +417,13 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
         meta = dict(meta, warnings=[*warn, *(meta.get("warnings") or [])])
     g = builder.build(source="torch.export", n_layers=imp.n_layers, unmapped_ops=dict(imp.unmapped),
                       approximated_ops=dict(imp.approximated), unmapped_reasons=dict(imp.fallback_reasons),
-                      unattributed_params=unattributed, fx_nodes=len(ep.graph_module.graph.nodes), **meta)
+                      unattributed_params=unattributed, fx_nodes=len(ep.graph_module.graph.nodes),
+                      attention_costed="+".join(sorted(imp.attention_kinds)) or None, **meta)
     return g
+
+
+#: ``attention`` values of the importer
+_ATTENTION_KERNELS = ("eager", "flash", "flash1")
 
 
 def _first_layer(module: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
@@ -428,7 +449,7 @@ def _check_takes_token_ids(module: torch.nn.Module) -> None:
 
 def graph_from_module(module: torch.nn.Module, example_inputs: tuple | None = None, *, batch: int | None = None,
                       seq: int | None = None, dtype: str | None = None, train: bool = False,
-                      kwargs: dict | None = None) -> OpGraph:
+                      kwargs: dict | None = None, attention: str | None = None, flash_kernel: str = "fa2") -> OpGraph:
     """The forward operator graph of ``module``, traced by ``torch.export`` on the meta device.
 
     ``example_inputs``: the positional inputs of ``forward`` (any device: only shapes and dtypes are used);
@@ -436,11 +457,15 @@ def graph_from_module(module: torch.nn.Module, example_inputs: tuple | None = No
     :class:`GraphError` asks for them: :func:`_check_takes_token_ids`). ``kwargs``: keyword inputs. ``dtype``: the
     precision to cost (``fp32``/``tf32``/``fp16``/``bf16``/``fp8``; default: the parameters' dtype).
     ``train``: export in training mode (dropout active) for a training step. The module is not modified:
-    a module with real weights is copied onto meta structure-only (no weight memory). Raises
+    a module with real weights is copied onto meta structure-only (no weight memory). ``attention``: how
+    ``F.scaled_dot_product_attention`` is costed and ``flash_kernel`` its fused kernel class
+    (:func:`graph_from_exported_program`). Raises
     :class:`GraphError` when the module cannot be exported.
     """
     if not isinstance(module, torch.nn.Module):
         raise GraphError(f"graph_from_module needs a torch.nn.Module, got {type(module).__name__}")
+    if attention is not None and attention not in _ATTENTION_KERNELS:
+        raise GraphError(f"unknown attention {attention!r}; use eager, flash or flash1")
     if example_inputs is None:
         if batch is None or seq is None:
             raise GraphError("give example_inputs, or batch and seq for token-id inputs of shape (batch, seq)")
@@ -483,7 +508,8 @@ def graph_from_module(module: torch.nn.Module, example_inputs: tuple | None = No
         shape_meta["seq"] = int(seq)
     t1 = time.perf_counter()
     g = graph_from_exported_program(ep, dtype=cost_dtype, train=train, name=type(module).__name__,
-                                    param_count=param_count, triangular_buffers=triangular,
+                                    param_count=param_count, triangular_buffers=triangular, attention=attention,
+                                    flash_kernel=flash_kernel,
                                     export_seconds=round(export_s, 3), **shape_meta)
     g.meta["import_seconds"] = round(time.perf_counter() - t1, 3)
     return g

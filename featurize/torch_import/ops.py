@@ -354,12 +354,42 @@ class _Ops:
             lead = math.prod(t.shape[:-2]) if len(t.shape) > 2 else 1
             return Tensor((1, lead, *t.shape[-2:]), t.dtype, t.node, t.tid)
 
-        out = self.b.flash_attention(four(q), four(k), four(v), causal=causal, name=name)
+        if self.attention == "eager":
+            out = self._eager_sdpa(four(q), four(k), four(v), a, causal, name)
+        else:
+            out = self.b.flash_attention(four(q), four(k), four(v), causal=causal, name=name)
+        self.attention_kinds.add("eager" if self.attention == "eager" else
+                                 "flash1" if self.b.flash_kernel == "fa1" else "flash")
         first = _tensors_in(val)[0]
         out = Tensor(_shape(first), out.dtype, out.node, out.tid)
         if isinstance(val, (list, tuple)):  # (output, logsumexp, ...): all from the fused kernel
             return type(val)((out if i == 0 else (self._like(x, out) if _is_tensor(x) else x)) for i, x in enumerate(val))
         return out
+
+    def _eager_sdpa(self, q: Tensor, k: Tensor, v: Tensor, a: dict, causal: bool, name: str) -> Tensor:
+        """``scaled_dot_product_attention`` costed as eager attention (``attention="eager"``: bmm + softmax + bmm, as
+        a Hugging Face config's eager attention, featurize/hf_blocks.eager_attention): Q K^T, the scale on the scores,
+        the mask (``is_causal``: a bool (S, S_kv) ``where``, as the math backend's tril mask; an ``attn_mask``: ``where``
+        when bool, else added), softmax, dropout (``dropout_p``, training), P V. Grouped-query keys and values
+        (``enable_gqa``) are repeated to the query heads first (a copy each, transformers' ``repeat_kv``)."""
+        from wattcast.featurize.hf_blocks import eager_attention
+
+        bs, hq, s, d = q.shape
+        if k.shape[1] != hq:
+            if k.shape[1] == 0 or hq % k.shape[1]:
+                raise GraphError(f"{name}: {hq} query heads over {k.shape[1]} key/value heads")
+            k = self.b.copy(k, (k.shape[0], hq, *k.shape[2:]), name=f"{name}.repeat_k", expand=True)
+            v = self.b.copy(v, (v.shape[0], hq, *v.shape[2:]), name=f"{name}.repeat_v", expand=True)
+        mask, mask_shape = "none", None
+        m = a.get("attn_mask")
+        mv = m.meta.get("val") if isinstance(m, torch.fx.Node) else None
+        if _is_tensor(mv):
+            mask, mask_shape = ("where" if mv.dtype == torch.bool else "add"), _shape(mv)
+        elif causal:
+            mask, mask_shape = "where", (s, k.shape[2])
+        p = float(a.get("dropout_p", 0.0) or 0.0) if self.b.train else 0.0
+        return eager_attention(self.b, q, k, v, causal=causal, scale="scores_mul", mask=mask, dropout_p=p,
+                               mask_shape=mask_shape)
 
     def _conv(self, node: torch.fx.Node, pkt: str, a: dict, val: Any, name: str, grad: bool) -> Any:
         x_node, w_node = a["input"], a["weight"]
