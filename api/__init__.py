@@ -110,7 +110,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     Inference results carry ``tokens_per_s`` (batch x seq / step time) and ``ms_per_token`` (step time / seq).
     ``host_us``: the host's time per kernel launch (us, finite, >= 0; None: 40 us, eager PyTorch's on the profiled
     hosts, which measured 35-170 us), composed as an in-order launch queue (``simulate.single_device.cost_nodes``);
-    a ``compile=True`` step's default is the bare CUDA launch cost (6 us); refused with ``serving``.
+    a ``compile=True`` step's default is the bare CUDA launch cost (6 us); refused with ``serving`` (a served step
+    takes max(GPU, 6 us) per kernel). ``settings["host_us"]`` is the value the step was costed with, given or not.
     ``serving`` ("vllm"; default None: off, the bare GPU step), with ``kv_context``, ``seq=1``, ``prompt_tokens`` and
     ``output_tokens`` (the requests' mean prompt and output lengths): the decode step as one iteration of a
     continuously-batched serving engine, its fitted host time per iteration (a + b x batch, in series with the GPU
@@ -184,7 +185,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                     loop_trip_count=loop_trip_count, kv_context=m.get("kv_context", kv_context),
                     logits=m.get("logits", logits),
                     **({"fp8_recipe": m["fp8_scaling"]} if m.get("fp8_scaling") else {}),
-                    **({"host_us": float(host_us)} if host_us is not None else {}),
+                    host_us=_shown_host_us(launch_ms),  # the host cost per launch assumed, given or not
                     **({"serving": engine, "prompt_tokens": int(prompt_tokens), "output_tokens": int(output_tokens)}
                        if engine is not None else {}))
     if tokens is None:
@@ -248,7 +249,7 @@ def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, l
                     attention=m.get("attention", attention), flash_kernel=m.get("flash_kernel"),
                     compile=bool(m.get("compile", compile)), framework="hf", power_limit_w=power_limit_w,
                     clock_cap_mhz=clock_cap_mhz, gpus_per_node=gpus_per_node, kv_context=m.get("kv_context", kv_context),
-                    logits=m.get("logits", logits),
+                    logits=m.get("logits", logits), host_us=_shown_host_us(launch_ms),
                     **({"serving": engine, "prompt_tokens": int(prompt_tokens), "output_tokens": int(output_tokens)}
                        if engine is not None else {}))
     return _with_settings(res, settings)
@@ -314,6 +315,13 @@ def _attention_settings(meta: dict, attention: str) -> dict:
                          f"{'ONNX' if src == 'onnx' else 'torch.export'} graph's attention is {how}{hint}; leave "
                          f"--attention out (the settings then say {costed}), or give --attention {costed.split('+')[0]}")
     return dict(attention=costed, flash_kernel={"flash": "fa2", "flash1": "fa1"}.get(costed))
+
+
+def _shown_host_us(launch_ms: float) -> float:
+    """``settings["host_us"]``: the host cost per kernel launch (us) the step was costed with, whether ``host_us`` was
+    given or the default was taken (``simulate.single_device.step_host_cost``: 40 eager PyTorch, 6 under
+    ``compile`` or ``serving``; a cluster's ``simulate.distributed.framework_launch_ms``: the framework preset's)."""
+    return round(float(launch_ms) * 1e3, 9)
 
 
 def _model_settings(model, meta: dict) -> dict:
@@ -591,6 +599,7 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
         grad_accum_dtype=grad_accum_dtype, host_us=host_us))
     from wattcast.featurize.workload import canonical_framework, ce_fusion_options
     from wattcast.simulate.defaults import shown_dtype
+    from wattcast.simulate.distributed import framework_launch_ms
     from wattcast.simulate.strategy import StrategyError, format_strategy
 
     m, fw = res.meta, canonical_framework(framework)
@@ -612,7 +621,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
                     **({"fp8_recipe": m["fp8_scaling"]} if m.get("fp8_scaling") else {}),
                     **ce_fusion_options(cross_entropy_loss_fusion, cross_entropy_fusion_impl, fw),
                     data_workers=(res.comm.get("data_loading") or {}).get("workers", data_workers),
-                    loop_trip_count=loop_trip_count, **({"host_us": float(host_us)} if host_us is not None else {}))
+                    loop_trip_count=loop_trip_count,
+                    host_us=_shown_host_us(framework_launch_ms(fw, bool(compile), host_us)))
     if tokens is None:
         return _with_settings(res, settings)
     if shown_seq is None:

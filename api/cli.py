@@ -1071,6 +1071,22 @@ def _print_cluster_tables(res, batch: int, seq: int | None) -> None:
               + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
 
 
+def _launch_gaps_label(settings: dict) -> str:
+    """The per-op tables' launch-gaps row, naming the host cost per launch the step assumed (``settings["host_us"]``)
+    and how it composes: eager PyTorch's (or torch.compile's) in-order launch queue, or a per-kernel floor max(GPU,
+    host) for a served step (vLLM's CUDA graphs) and the Megatron framework presets."""
+    h = settings.get("host_us")
+    if h is None:
+        return "launch gaps (inside the rows above)"
+    if settings.get("serving"):  # (host_us is refused with --serving: its host time is the engine's fitted term)
+        return f"launch gaps (inside the rows above): each kernel >= {h:g} us, {settings['serving']}'s CUDA graphs"
+    if settings.get("framework", "hf") != "hf":
+        how = f"each kernel >= {h:g} us of host, the {settings['framework']} preset"
+    else:
+        how = f"host {h:g} us a launch, {'torch.compile' if settings.get('compile') else 'eager PyTorch'}'s launch queue"
+    return f"launch gaps (inside the rows above): {how} (--host-us sets it)"
+
+
 def _print_cluster_per_op(con: Console, res) -> None:
     """A distributed step's ``per_op`` table: the step's kernels by op class (every micro-batch, the whole model at the
     TP degree, every stage's optimizer step as one of its GPUs runs it: sharded under ZeRO / the distributed optimizer /
@@ -1095,7 +1111,7 @@ def _print_cluster_per_op(con: Console, res) -> None:
                       style="dim")
     gap_ms = sum(float(r.get("launch_gap_ms") or 0.0) for r in res.per_op)
     if any("launch_gap_ms" in r for r in res.per_op):
-        t.add_row("launch gaps (inside the rows above)", "", f"{gap_ms:.2f}", share(gap_ms), style="dim")
+        t.add_row(_launch_gaps_label(res.meta.get("settings") or {}), "", f"{gap_ms:.2f}", share(gap_ms), style="dim")
     con.print(t)
 
 
@@ -1687,7 +1703,7 @@ def _print_prediction(res) -> None:
                       share(p["time_ms"]), style="dim")
     gap_ms = sum(float(r.get("launch_gap_ms") or 0.0) for r in res.per_op)
     if "launch_gap_ms" in (res.per_op[0] if res.per_op else {}):
-        t.add_row("launch gaps (inside the rows above)", "", f"{gap_ms:.2f}", share(gap_ms), style="dim")
+        t.add_row(_launch_gaps_label(res.meta.get("settings") or {}), "", f"{gap_ms:.2f}", share(gap_ms), style="dim")
     con.print(t)
     layers = res.per_layer
     if layers:

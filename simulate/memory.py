@@ -217,16 +217,31 @@ def inference_weight_bytes(graph: OpGraph, db: int) -> float:
     Until stop 41 inference held the weights in bf16 plus the largest FP8 cast (16.1 GB for Llama 3 8B, whose FP8
     serving checkpoint is 9.1 GB). The FP8 weight is the row-wise copy alone, with its row-wise block scales under
     mxfp8 / blockwise (:func:`~wattcast.featurize.fp8_recipes.inference_weight_bytes_per_param`: no transpose or
-    column-wise copy without a backward; until stop 45 the block scales were not counted)."""
+    column-wise copy without a backward; until stop 45 the block scales were not counted).
+
+    The FP8 weights are every FP8 linear layer's weights the model holds, not the ones the step runs: a MoE layer's
+    idle experts are parameters of its running experts' nodes (``GraphBuilder.hold_params`` for the Hugging Face loop,
+    ``own_params`` for vLLM's fused grouped GEMM, featurize/hf_models.py ``_moe_experts`` / ``_moe_vllm_fused``), and
+    an FP8 checkpoint holds them in FP8 as well (vLLM's ``Fp8MoEMethod`` creates ``w13_weight`` / ``w2_weight`` of all
+    ``num_experts`` in float8_e4m3fn). A node's parameters are whole copies of its weight plus its bias: N x K + K each
+    for a biased linear (kernel ``linear``), N x K for one without (``bmm``; the grouped GEMM's B matrices), none for a
+    tied weight (counted where it is owned). Until stop 57 each node was capped at one N x K matrix, so the experts a
+    step did not route stayed at the model's dtype: Mixtral 8x7B FP8 held 80.8 GB at batch 1 (46.97 GB from batch 64,
+    every expert routed) and 86.4 GB served (the fused node's 8 experts capped at one), refused as OOM on one H100."""
     n = graph.nodes
     params = float(graph.meta.get("param_count", 0))
     sel = ((n["phase"] == "forward") & (n["dtype"] == "fp8") & (n["op_class"] == "linear")).to_numpy()
     if not sel.any():
         return params * db
-    # a linear node's parameters are its N x K weight (unless tied) plus a K bias
-    p = n.loc[sel, "param_count"].to_numpy(dtype=float)
-    w = np.minimum(p, n.loc[sel, "N"].to_numpy(dtype=float) * n.loc[sel, "K"].to_numpy(dtype=float))
-    fp8_w = float(w.sum())
+    lin = n.loc[sel]
+    p = lin["param_count"].to_numpy(dtype=float)
+    in_f = lin["N"].to_numpy(dtype=float)
+    # the weight's share of a node's parameters: N x K of every N x K + K (biased), all of them unbiased, none tied
+    share = np.where(lin["kernel"].to_numpy() == "linear", in_f / (in_f + 1.0), 1.0)
+    tied = graph.meta.get("tied_weight_params") or {}
+    if tied:
+        share = np.where(lin["name"].isin(list(tied)).to_numpy(), 0.0, share)
+    fp8_w = float(np.sum(p * share))
     recipe = graph.meta.get("fp8_scaling") or DEFAULT_FP8_RECIPE
     return (params - fp8_w) * db + fp8_w * inference_weight_bytes_per_param(recipe)
 

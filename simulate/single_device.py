@@ -31,7 +31,7 @@ import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec, spec_notes, unsupported_step_dtype
 from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe
-from wattcast.simulate.step_band import band_keys, ood_band_log, ood_warning, step_band
+from wattcast.simulate.step_band import OOD_OF_KERNEL_TIME, band_keys, ood_band_log, ood_warning, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import (GraphMemo, column_codes, column_derived, column_is, column_values,
                                             columns_derived)
@@ -145,6 +145,10 @@ class StepPrediction:
     step_band: dict = field(default_factory=dict)
     #: the dense matrix peak MFU is quoted against (FLOP/s; :func:`mfu_peak_flops`), 0 where not known
     peak_matrix_flops: float = 0.0
+    #: the OOD kernels' share of the kernels' GPU time (``gpu_ms``, host launch gaps aside), in [0, 1]: what the OOD
+    #: warning reads (``ood_time_fraction`` is their share of the costed kernels' ``time_ms``, gaps included: the step
+    #: band's input)
+    ood_kernel_time_fraction: float = 0.0
 
     @property
     def mfu(self) -> float | None:
@@ -193,6 +197,7 @@ class StepPrediction:
                  memory_gb=self.memory_gb,
                  memory=self.memory.to_dict(), fits=self.fits, flops=self.flops, per_op=self.per_op, per_layer=self.per_layer,
                  fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, ood_time_fraction=self.ood_time_fraction,
+                 ood_kernel_time_fraction=self.ood_kernel_time_fraction,
                  model=self.meta.get("name"), param_count=self.meta.get("param_count"), kernels=int(len(self.nodes)),
                  energy_j=self.energy_j, avg_power_w=self.avg_power_w, power_limit_w=self.power_limit_w,
                  memory_capacity_gb=self.memory_capacity_gb, memory_flag=self.memory_flag, overheads=self.overheads,
@@ -795,7 +800,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     if ood:
         ood = dict(ood, share=res.ood_time_fraction)
     band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor, ood=ood)
-    warn = ood_warning(res.ood_time_fraction)
+    warn = ood_warning(res.ood_kernel_time_fraction, OOD_OF_KERNEL_TIME)
     meta = with_warnings(dict(res.meta, idle_power_w=idle_power_w(spec)),
                          [*spec_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec), *([warn] if warn else [])])
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
@@ -928,6 +933,8 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
     fallback = fallback_summary(costed)
     total = fwd + bwd + opt
     ood = costed["ood"].to_numpy(dtype=bool)
+    gpu = costed["gpu_ms"].to_numpy(dtype=float) if "gpu_ms" in costed else t
+    gpu_total = float(gpu.sum())
     mem = graph_memory(graph)
     return StepPrediction(overheads=step_overheads(costed),
         device=spec.name, mode=str(graph.meta.get("mode", "inference")), forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
@@ -937,5 +944,6 @@ def summarise_costed(graph: OpGraph, costed: pd.DataFrame, spec: DeviceSpec) -> 
         per_op=per_op, per_layer=per_layer, fallback_ops=fallback,
         ood_fraction=float(ood.mean()) if len(ood) else 0.0,
         ood_time_fraction=float(t[ood].sum() / total) if total > 0 else 0.0,
+        ood_kernel_time_fraction=float(gpu[ood].sum() / gpu_total) if gpu_total > 0 else 0.0,
         nodes=costed, meta=dict(graph.meta),
     )

@@ -212,11 +212,21 @@ def _mixed_log(lo, hi, share, lo_ood, hi_ood):
     return np.log((1 - s) * np.exp(lo) + s * np.exp(lo_o)), np.log((1 - s) * np.exp(hi) + s * np.exp(hi_o))
 
 
-def ood_warning(share: float) -> str | None:
-    """The warning of a prediction whose OOD share of kernel time is above :data:`OOD_WARN_SHARE`, else None."""
+#: what :func:`ood_warning`'s share is of: one device's OOD kernels' share of the kernels' GPU time
+#: (``StepPrediction.ood_kernel_time_fraction``); a cluster step's (and a search row's) share of its critical rank's
+#: costed time, collectives and host launch gaps included (``distributed.critical_rank_ood``, the band's input)
+OOD_OF_KERNEL_TIME = "the predicted kernel time (GPU time, host launch gaps aside)"
+OOD_OF_RANK_TIME = "the critical rank's predicted time (host launch gaps included)"
+
+
+def ood_warning(share: float, of: str = OOD_OF_RANK_TIME) -> str | None:
+    """The warning of a prediction whose OOD share of ``of`` (:data:`OOD_OF_KERNEL_TIME` on one device,
+    :data:`OOD_OF_RANK_TIME` on a cluster) is above :data:`OOD_WARN_SHARE`, else None. Until stop 57 it said "kernel
+    time" for a share of the step time, host launch gaps included, so a host-bound step hid mostly-OOD kernels (Llama 3
+    8B decode on an H100: 35% at eager PyTorch's 40 us a launch, no warning; 66% at 6 us, the same kernels)."""
     if not math.isfinite(share) or share <= OOD_WARN_SHARE:
         return None
-    return (f"{100 * share:.0f}% of the predicted kernel time is out of distribution: those kernels' GPU descriptors or "
+    return (f"{100 * share:.0f}% of {of} is out of distribution: those kernels' GPU descriptors or "
             "shapes lie beyond what the leave-one-generation-out test covered (no held-out generation was predicted "
             "that far from its training GPUs), so their times are extrapolations; the step band is widened for them "
             "(step_time_band.ood_time_share)")
@@ -246,7 +256,8 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
     share = float(ood.get("share", 0.0)) if ood else 0.0
     if share > 0:
         lo, hi = mix_band_log(lo, hi, ood)
-        basis += (f"; {100 * share:.0f}% of the kernel time is out of distribution and carries those kernels' own band "
+        basis += (f"; {100 * share:.0f}% of the predicted time (host launch gaps included) is out of distribution and "
+                  f"carries those kernels' own band "
                   f"({100 * (math.exp(ood['low_log']) - 1):+.0f} .. {100 * (math.exp(ood['high_log']) - 1):+.0f}%)")
     # reported, not in the basis: the band is not built from it (the collectives' own band rests on one unseen system)
     coll = float(ood.get("collective_share", 0.0)) if ood else 0.0
