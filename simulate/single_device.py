@@ -846,8 +846,12 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
 
 def mfu_peak_flops(spec: DeviceSpec, meta: dict) -> float:
     """The dense matrix peak (FLOP/s) a step's MFU is quoted against: the step dtype's, an FP8 recipe's the BF16 peak
-    (Megatron-LM / NeMo's convention, as ``simulate.distributed`` quotes a cluster step's); 0 when not known."""
+    (Megatron-LM / NeMo's convention, as ``simulate.distributed`` quotes a cluster step's); 0 when not known. An fp32
+    step whose convolutions were costed in TF32 (``meta["conv_math"]``, :func:`with_cudnn_tf32`: a CNN's matrix work)
+    is quoted against the TF32 peak (against the FP32 one a ResNet-50 step on an A100 read an MFU of 1.8)."""
     dtype = "bf16" if meta.get("precision") == "fp8" else str(meta.get("dtype") or "")
+    if dtype == "fp32" and (meta.get("conv_math") or {}).get("tf32_conv_kernels"):
+        dtype = "tf32"
     try:
         return spec.peak_matrix_tflops(dtype) * 1e12
     except (ValueError, StopIteration):  # an unknown dtype (DeviceSpecError is a ValueError) or no matrix peak

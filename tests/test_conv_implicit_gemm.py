@@ -92,7 +92,10 @@ def test_fp32_convs_run_tf32_on_a100_and_fp32_on_v100():
     v100 = cost_nodes(g, resolve_device("V100-SXM2-16GB"))
     assert (v100.loc[v100["kernel"].isin(["conv", "conv_dgrad", "conv_wgrad"]), "dtype"] == "fp32").all()
     assert (v100.loc[v100["op_class"] == "conv", "method"] == "surrogate").all()
-    res = predict_graph(g, resolve_device("A100-SXM4-40GB")).to_dict()
+    res = predict_graph(g, resolve_device("A100-SXM4-40GB"))
+    # its MFU is quoted against the TF32 peak its convolutions ran at (the FP32 one gave MFUs above 1)
+    assert res.peak_matrix_flops == resolve_device("A100-SXM4-40GB").peak_tf32_tflops * 1e12
+    res = res.to_dict()
     n_conv = len(conv)
     assert res["conv_math"] == dict(cudnn_tf32=True, tf32_conv_kernels=n_conv - 2, fp32_conv_kernels=2)
     assert "conv_math" not in predict_graph(g, resolve_device("V100-SXM2-16GB")).to_dict()
@@ -212,3 +215,41 @@ def test_alexnet_trace_convs(data_root):
     assert list(out["step_dtype"]) == ["fp32", "tf32", "tf32", "tf32", "tf32"]
     assert (err[[1, 3, 4, 5]].abs() < 15).all(), err
     assert 0 < err[2] < 50
+
+
+def _onnx_cnn(path):
+    """A two-conv ONNX CNN (16 -> 32 3x3, 32 -> 32 1x1 on 32 x 32 images)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.zeros(s, dtype=np.float32), n) for n, s in (("W1", (32, 16, 3, 3)),
+                                                                                   ("W2", (32, 32, 1, 1)))]
+    g = helper.make_graph([helper.make_node("Conv", ["x", "W1"], ["h"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="c1"),
+                           helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                           helper.make_node("Conv", ["r", "W2"], ["y"], kernel_shape=[1, 1], name="c2")], "cnn",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32, 32, 32])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_cli_no_cudnn_tf32(tmp_path):
+    """`predict --no-cudnn-tf32` (torch.backends.cudnn.allow_tf32 = False) keeps an fp32 CNN's convs FP32; the default
+    runs them TF32 on an A100; the JSON's conv_math says which; a cluster step refuses the flag."""
+    import json
+
+    from conftest import run_cli
+
+    m = _onnx_cnn(tmp_path / "cnn.onnx")
+    out = {}
+    for flag in ("--cudnn-tf32", "--no-cudnn-tf32"):
+        r = run_cli("predict", "-m", m, "-d", "A100-SXM4-80GB", "-b", "16", "--dtype", "fp32", flag, "--json")
+        assert r.returncode == 0, r.stderr
+        out[flag] = json.loads(r.stdout)
+    # c1: forward + wgrad (its input is the images), c2: forward + dgrad + wgrad
+    assert out["--cudnn-tf32"]["conv_math"] == dict(cudnn_tf32=True, tf32_conv_kernels=5, fp32_conv_kernels=0)
+    assert out["--no-cudnn-tf32"]["conv_math"] == dict(cudnn_tf32=False, tf32_conv_kernels=0, fp32_conv_kernels=5)
+    assert out["--cudnn-tf32"]["step_time_ms"] < out["--no-cudnn-tf32"]["step_time_ms"]
+    r = run_cli("predict", "-m", m, "--cluster", "DGX-A100", "--gpus", "8", "-b", "16", "--dtype", "fp32",
+                "--no-cudnn-tf32")
+    assert r.returncode != 0 and "--no-cudnn-tf32" in r.stderr + r.stdout
