@@ -82,7 +82,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
             tokens: float | None = None, loop_trip_count: int | dict[str, int] | None = None,
             data_load_ms: float = 0.0, data_workers: int | None = None, kv_context: int | None = None,
             logits: str | None = None, serving: str | None = None, prompt_tokens: int | None = None,
-            output_tokens: int | None = None, fp8_recipe: str | None = None, host_us: float | None = None, **run_kw):
+            output_tokens: int | None = None, fp8_recipe: str | None = None, host_us: float | None = None,
+            cudnn_tf32: bool = True, **run_kw):
     """Predict one training step (or inference pass) of ``model`` on ``device``.
 
     ``model``: an ONNX file, a Hugging Face ``config.json`` or model folder, a Hub id (``org/name``) whose config is
@@ -108,6 +109,9 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     ``fp8_recipe`` (with ``dtype="fp8"``): Megatron-Core's ``--fp8-recipe``, "delayed" (None: the default),
     "tensorwise", "mxfp8" (data-centre Blackwell) or "blockwise" (Hopper, Blackwell); featurize/fp8_recipes.py.
     Inference results carry ``tokens_per_s`` (batch x seq / step time) and ``ms_per_token`` (step time / seq).
+    ``cudnn_tf32`` (``torch.backends.cudnn.allow_tf32``, default True as in PyTorch): an fp32 model's convolutions run in
+    TF32 on a GPU with TF32 tensor cores (``simulate.single_device.with_cudnn_tf32``); False keeps them FP32. The
+    result's ``to_dict()["conv_math"]`` counts the convolution kernels costed each way.
     ``host_us``: the host's time per kernel launch (us, finite, >= 0; None: 40 us, eager PyTorch's on the profiled
     hosts, which measured 35-170 us), composed as an in-order launch queue (``simulate.single_device.cost_nodes``);
     a ``compile=True`` step's default is the bare CUDA launch cost (6 us); refused with ``serving`` (a served step
@@ -157,7 +161,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                        dims=dims or (), loop_trip_count=loop_trip_count, kv_context=kv_context, logits=logits,
                        fp8_recipe=fp8_recipe, fp8_transpose=fp8_writes_transpose(spec),
                        te_attention_backend=te_attention_backend(spec),
-                       fused_moe=engine is not None)  # served by vLLM: its fused MoE kernels, else transformers' loop
+                       fused_moe=engine is not None,  # served by vLLM: its fused MoE kernels, else transformers' loop
+                       cudnn_tf32=cudnn_tf32)  # torch.backends.cudnn.allow_tf32: fp32 convs in TF32 (to_dict's conv_math)
     from wattcast.simulate.single_device import step_host_cost
 
     launch_ms, host_model = step_host_cost(compile=bool(compile), served=engine is not None, host_us=host_us)

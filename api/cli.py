@@ -466,6 +466,7 @@ def predict(
     output_tokens: Optional[int] = typer.Option(None, "--output-tokens", help="With --serving: the requests' mean output length (tokens), over which each prefill is amortised."),
     logits: Optional[str] = typer.Option(None, "--logits", help="Inference: the LM head's positions, last (default: the last position's, as generation computes them) or all (every position, a plain forward)."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="A strategy string as `wattcast search` prints it (e.g. tp2-pp1-dp32-cp1-ep1-mb2-ga8-zero1-v1-sp-rcnone-1f1b): sets the parallel options, --gpus and (with ga) --batch; needs --cluster."),
+    cudnn_tf32: bool = typer.Option(True, "--cudnn-tf32/--no-cudnn-tf32", help="With --dtype fp32 on a GPU with TF32 tensor cores: run the model's convolutions in TF32, as PyTorch does by default (torch.backends.cudnn.allow_tf32 = True; those with input channels not a multiple of 4 stay FP32), or keep them FP32 (--no-cudnn-tf32, allow_tf32 = False). One device; the result's conv_math says what was costed."),
     models: Optional[Path] = _MODELS_OPTION,
     collectives: Optional[Path] = _COLLECTIVES_MODEL_OPTION,
     power_model: Optional[Path] = _POWER_MODEL_OPTION,
@@ -729,6 +730,9 @@ def _cluster_request(f, par: dict, common: dict):
 
     if f.cluster is None:
         _fail("--gpus needs --cluster NAME|FILE (presets: wattcast clusters)")
+    if not f.cudnn_tf32:
+        _fail("--no-cudnn-tf32 applies to one device (a CNN step); a cluster step costs an fp32 model's convolutions as "
+              "PyTorch's default runs them (TF32 where the GPU has it)")
     if str(f.mode).lower() not in ("train", "training") and f.kv_context is None:
         _fail("distributed prediction is for training steps (--mode train), or KV-cached inference on one node's "
               "tensor-parallel group (--mode inference --kv-context N --tp TP --gpus TP)")
@@ -820,7 +824,7 @@ def _step_request(f, par: dict, dims: dict, common: dict):
     return PredictRequest(batch=par["batch"], seq=f.seq, dims=tuple(dims.items()), loop_trip_count=f.loop_trip_count,
                           data_load_ms=f.data_load_ms, data_workers=f.data_workers, kv_context=f.kv_context,
                           logits=f.logits, serving=f.serving, prompt_tokens=f.prompt_tokens,
-                          output_tokens=f.output_tokens, **common)
+                          output_tokens=f.output_tokens, cudnn_tf32=bool(f.cudnn_tf32), **common)
 
 
 def _request_prediction(req):

@@ -200,6 +200,9 @@ class PredictRequest:
     serving: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    #: ``torch.backends.cudnn.allow_tf32`` (one device): an fp32 model's convolutions in TF32 where the GPU has it
+    #: (True, PyTorch's default) or FP32 (``wattcast.predict``'s cudnn_tf32)
+    cudnn_tf32: bool = True
     run: RunOptions = field(default_factory=RunOptions)
     #: folders of retrained models (``wattcast train kernels|collectives|power --out``): the kernel bundle, the
     #: collective model, the power model; None: ``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` /
@@ -251,7 +254,11 @@ class PredictRequest:
             return wattcast.predict(self.model, self.device, mode=self.mode, dims=dict(self.dims) or None,
                                     kv_context=self.kv_context, logits=self.logits, serving=self.serving,
                                     prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
-                                    data_load_ms=self.data_load_ms, data_workers=self.data_workers, **common)
+                                    data_load_ms=self.data_load_ms, data_workers=self.data_workers,
+                                    **({"cudnn_tf32": False} if not self.cudnn_tf32 else {}), **common)
+        if not self.cudnn_tf32:
+            raise ValueError("cudnn_tf32=False applies to one device: a cluster step costs an fp32 model's convolutions "
+                             "as PyTorch's default runs them (TF32 where the GPU has it)")
         served = dict(kv_context=self.kv_context, logits=self.logits, serving=self.serving,
                       prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens)
         if self.kv_context is None and any(v is not None for v in served.values()):

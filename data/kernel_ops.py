@@ -6,6 +6,8 @@ Shape convention (NeuSight's, used everywhere in wattcast):
 - elementwise ops, ``ln``, ``rmsnorm``, ``softmax``: a (B, H) tensor (normalisation over H).
 - ``conv``   B, Input_Channel, Output_Channel, Kernel_Size, Input_Size, Stride, Padding:
   nn.Conv2d without bias on a (B, C, S, S) input.
+- ``conv_dgrad`` / ``conv_wgrad``: that convolution's backward kernels (the gradient w.r.t. its input / its weights),
+  given by the forward convolution's shape columns (featurize/conv_gemm.py: the implicit GEMM each one runs).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ OP_FAMILY: dict[str, str] = {
     "matmul": "gemm",
     "linear": "gemm",
     "conv": "conv",
+    "conv_dgrad": "conv",
+    "conv_wgrad": "conv",
     "ln": "ln",
     "rmsnorm": "ln",
     "softmax": "softmax",
@@ -55,6 +59,8 @@ REPORT_FAMILY: dict[str, str] = {
     "matmul": "bmm",
     "linear": "linear",
     "conv": "conv",
+    "conv_dgrad": "conv",
+    "conv_wgrad": "conv",
     "ln": "layernorm",
     "rmsnorm": "layernorm",
     "softmax": "softmax",

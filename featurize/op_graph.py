@@ -45,6 +45,7 @@ import pandas as pd
 from wattcast.data.collective_ops import COLLECTIVES
 from wattcast.data.kernel_ops import (BINARY_OPS, CONV_COLS, DTYPE_BYTES, FLASH_KERNELS, FLOPS_PER_ELEMENT, UNARY_OPS,
                                       canonical_dtype)
+from wattcast.featurize.conv_gemm import tf32_conv_on_tensor_cores
 from wattcast.featurize.context_parallel import cp_refuses_window, cp_ring_size
 from wattcast.featurize.fp8_recipes import (CURRENT_SCALE_KERNEL_BYTES, E5M6_BYTES, activation_cast_copies,
                                             cast_scale_bytes, checked_fp8_recipe, scale_bytes)
@@ -747,12 +748,26 @@ class GraphBuilder:
         w = out_channels * c * kernel_size * kernel_size
         shape = dict(B=b, Input_Channel=c, Output_Channel=out_channels, Kernel_Size=kernel_size, Input_Size=s,
                      Stride=stride, Padding=padding)
-        bw = [
-            self._bw(f"{name}.dgrad", "conv", "", "roofline", flops=flops, bytes_=(out_n + w + x.numel) * db),
-            self._bw(f"{name}.wgrad", "conv", "", "roofline", flops=flops, bytes_=(out_n + x.numel + w) * db),
-        ]
+        # backward: the gradient w.r.t. the input (``conv_dgrad``) and w.r.t. the weights (``conv_wgrad``), each its
+        # own kernel with the forward's FLOPs, given by the forward's shape: the kernel models cost them as their
+        # implicit GEMMs on tensor cores, else by the conv surrogate at this shape (featurize/conv_gemm.py,
+        # models/kernel_predictor.py _route_convs). Until stop 57 both were costed by the roofline at the dense peak,
+        # which made a CNN's backward faster than its forward (audit 57d finding 3). No dgrad for a graph input that
+        # needs no gradient (the images): aten's convolution_backward computes grad_input only when the input requires
+        # grad (output_mask[0])
+        # a TF32 convolution with input channels cuDNN's TF32 tensor-core kernels do not take runs in FP32, its
+        # backward kernels too (featurize/conv_gemm.py TF32_CONV_CHANNEL_MULTIPLE: AlexNet's conv1, Cin = 3, on the
+        # A100 trace)
+        simt = self.dtype == "tf32" and not bool(tf32_conv_on_tensor_cores(c))
+        kdt = "fp32" if simt else None
+        bw = [self._bw(f"{name}.wgrad", "conv", "conv_wgrad", flops=flops, bytes_=(out_n + x.numel + w) * db, dtype=kdt,
+                       **shape)]
+        if x.node >= 0 and x.tid not in self._no_grad:
+            bw.insert(0, self._bw(f"{name}.dgrad", "conv", "conv_dgrad", flops=flops, bytes_=(out_n + w + x.numel) * db,
+                                  dtype=kdt, **shape))
         out = self._add(name, "conv", "conv", "surrogate", [x], (b, out_channels, o, o), flops=flops,
-                        bytes_=(x.numel + w + out_n) * db, params=w, saves=[x], backward=bw, **shape)
+                        bytes_=(x.numel + w + out_n) * db, params=w, saves=[x], backward=bw,
+                        node_dtype="fp32" if simt else None, **shape)
         if bias:  # the bias add owns the bias parameters (so the per-layer optimizer step counts them)
             out = self.elementwise("add", out, self._tensor((out_channels, 1, 1), self.dtype, -1), name=f"{name}.bias",
                                    params=out_channels)

@@ -17,7 +17,7 @@ import numpy as np
 from wattcast.data.checks import is_count, is_int, real_in
 from wattcast.data.kernel_ops import DTYPE_BYTES, FLASH_KERNELS, canonical_dtype
 from wattcast.featurize.te_attention import TE_ATTENTION_BACKENDS
-from wattcast.featurize.graph_cache import RowsCache, rows_cached
+from wattcast.featurize.graph_cache import GraphMemo, RowsCache, rows_cached
 from wattcast.featurize.hf_config import HFConfig, load_hf_config, locate_model_config, model_warnings, pinned
 from wattcast.featurize.op_graph import GraphBuilder, GraphError, OpGraph
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
@@ -116,6 +116,10 @@ class StepOptions:
     #: the optimizer step's kernels: "fused" (one pass) or "foreach" (PyTorch's multi-tensor passes);
     #: None: the framework's (``featurize.training_graph.FRAMEWORK_OPTIMIZER_IMPL``)
     optimizer_impl: str | None = None
+    #: ``torch.backends.cudnn.allow_tf32`` (True, PyTorch's default): an fp32 model's convolutions run in TF32 on a GPU
+    #: with TF32 tensor cores (``simulate.single_device.with_cudnn_tf32``); False keeps them FP32. The graph carries it
+    #: as ``meta["cudnn_tf32"]`` (absent: True)
+    cudnn_tf32: bool = True
 
     def validated(self) -> "StepOptions":
         mode = {"inf": "inference", "infer": "inference", "training": "train"}.get(str(self.mode).lower(), str(self.mode).lower())
@@ -130,7 +134,8 @@ class StepOptions:
             if v is not None and not _is_count(v):
                 raise GraphError(f"{name} must be a positive whole number, got {v!r}")
         _check_tokens(self.batch, self.seq)
-        for name in ("compile", "grad_accumulation", "sp", "fp8_transpose", "moe_pad_to_capacity", "fused_moe"):
+        for name in ("compile", "grad_accumulation", "sp", "fp8_transpose", "moe_pad_to_capacity", "fused_moe",
+                     "cudnn_tf32"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise GraphError(f"{name} must be True or False, got {getattr(self, name)!r}")
         try:
@@ -177,7 +182,7 @@ class StepOptions:
                            kv_context=_kv_context_option(self.kv_context, mode), logits=_logits_option(self.logits, mode),
                            fp8_recipe=fp8_recipe_option(self.fp8_recipe, dtype),
                            fp8_transpose=bool(self.fp8_transpose) or dtype != "fp8", te_attention_backend=te_backend,
-                           fused_moe=bool(self.fused_moe), optimizer_impl=opt_impl,
+                           fused_moe=bool(self.fused_moe), optimizer_impl=opt_impl, cudnn_tf32=bool(self.cudnn_tf32),
                            **ce_fusion_options(self.cross_entropy_loss_fusion, self.cross_entropy_fusion_impl,
                                                framework))
 
@@ -764,6 +769,18 @@ def step_graph(model: Any, opts: StepOptions | None = None, example_inputs: tupl
     ``example_inputs``: the positional inputs of a ``torch.nn.Module``'s forward (default: token ids of shape
     (batch, seq)); only shapes and dtypes are used."""
     opts = replace(opts or StepOptions(), **kw).validated()
+    g = _step_graph(model, opts, example_inputs)
+    if opts.cudnn_tf32:
+        return g
+    # cuDNN's TF32 off: the graph says so (its meta), one graph object per built graph (the cost caches key on it)
+    return _NO_CUDNN_TF32.get_or_build(g, (g.nodes, g.meta), lambda: replace(g, meta=dict(g.meta, cudnn_tf32=False)))
+
+
+#: per step graph: the same graph with ``meta["cudnn_tf32"]`` False (StepOptions.cudnn_tf32)
+_NO_CUDNN_TF32 = GraphMemo(max_entries=64)
+
+
+def _step_graph(model: Any, opts: StepOptions, example_inputs: tuple | None) -> OpGraph:
     if example_inputs is not None:
         if isinstance(model, (str, Path, dict)):
             raise GraphError("example_inputs apply to a torch.nn.Module; a config or ONNX file has its own inputs")

@@ -9,6 +9,8 @@ import pandas as pd
 
 from wattcast.data.catalog_match import catalog_twin, compute_twin
 from wattcast.data.device_spec import DeviceSpec
+from wattcast.featurize.conv_gemm import (CONV_KERNELS, TENSOR_CORE_CONV_DTYPES, implicit_gemm_shape, padded_channels,
+                                          tf32_conv_on_tensor_cores)
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_FAMILIES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES,
                                      MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, VEC_COLS, bad_shape_values,
@@ -283,9 +285,10 @@ def normalise_kernel_frame(frame: pd.DataFrame, plausible_shapes: bool = True) -
     else:
         op_col = op.to_numpy() if n == 0 else op.array
     out = pd.DataFrame({"op": op_col, "dtype": dtype_col, **values}, index=df.index)
-    # a convolution whose kernel does not fit the padded input has no output: say so, do not predict it
-    if "conv" in op_uniq:
-        conv = (op_codes == op_uniq.index("conv")) & fine
+    # a convolution whose kernel does not fit the padded input has no output: say so, do not predict it (nor its
+    # backward kernels, which carry its shape)
+    if any(u in CONV_KERNELS for u in op_uniq):
+        conv = np.isin(op_codes, [i for i, u in enumerate(op_uniq) if u in CONV_KERNELS]) & fine
         if conv.any():
             size = out["Input_Size"].to_numpy() + 2 * out["Padding"].to_numpy() - out["Kernel_Size"].to_numpy()
             bad = conv & (size < 0)
@@ -567,7 +570,97 @@ def _half_vector_rows(canon: pd.DataFrame) -> np.ndarray:
                           & np.isin(canon["op"].to_numpy(), _HALF_TWIN_OPS))
 
 
+#: the spec field of each tensor-core convolution dtype's dense peak (:data:`TENSOR_CORE_CONV_DTYPES`)
+_CONV_PEAK_FIELD = {"tf32": "peak_tf32_tflops", "bf16": "peak_bf16_tflops", "fp16": "peak_fp16_tflops",
+                    "fp8": "peak_fp8_tflops"}
+#: the ``model`` suffix of a convolution row costed as its implicit GEMM by the GEMM family (:func:`_route_convs`)
+IMPLICIT_GEMM_SUFFIX = "+implicit-gemm"
+#: the ``model`` suffix of a tf32 convolution row cuDNN runs in FP32 on the vector units (too few input channels for
+#: its tensor-core kernels: featurize/conv_gemm.py TF32_CONV_CHANNEL_MULTIPLE), costed by the conv surrogate as fp32
+FP32_SIMT_SUFFIX = "+fp32-simt"
+#: the ``model`` suffix of a backward convolution row (``conv_dgrad`` / ``conv_wgrad``) off the tensor cores, costed by
+#: the conv surrogate at its forward convolution's shape (the same FLOPs, and the same three tensors read or written)
+FORWARD_SHAPE_SUFFIX = "+fwd-shape"
+
+
+def _route_convs(canon: pd.DataFrame, spec: DeviceSpec) -> tuple[pd.DataFrame, dict | None]:
+    """(``canon`` with its convolution rows as the kernels that cost them, the routes: per-row masks ``conv``,
+    ``gemm``, ``simt`` and ``bwd``; None when ``canon`` holds no convolution).
+
+    - A convolution kernel (``conv``, ``conv_dgrad``, ``conv_wgrad``) of a tensor-core dtype (tf32, bf16, fp16, fp8)
+      on a spec with that dtype's peak becomes the ``bmm`` (B = 1) of its implicit GEMM
+      (:func:`wattcast.featurize.conv_gemm.implicit_gemm_shape`; 16-bit channels padded as cuDNN pads them,
+      :func:`~wattcast.featurize.conv_gemm.padded_channels`), predicted by the GEMM family. The conv surrogate learned
+      NeuSight's FP32 convolutions of V100 / P100 / T4 alone: on tensor-core dtypes it extrapolated, non-monotonically
+      (an A100 bf16 1x1 conv 1.75x slower than the 3x3 on the same tensors, audit 57d finding 4). The GEMM family has
+      the tensor-core data: AlexNet's conv3-5 on an A100 in TF32 come out +8.5 / +9.5 / +5.6% over the measured
+      kernels as implicit GEMMs (-12 / -29 / -19% by the conv surrogate; benchmarks/conv_alexnet.py).
+    - A tf32 convolution whose input channels cuDNN's TF32 tensor-core kernels do not take
+      (:func:`~wattcast.featurize.conv_gemm.tf32_conv_on_tensor_cores`) runs in FP32: the conv surrogate's fp32 row.
+    - A backward kernel off the tensor cores is the conv surrogate's forward row of its shape (the same FLOPs and
+      tensors; the surrogate has no backward data). Until stop 57 a step costed them by the roofline at the dense peak.
+    """
+    op = canon["op"].to_numpy()
+    conv = np.isin(op, CONV_KERNELS)
+    if not conv.any():
+        return canon, None
+    dt = canon["dtype"].to_numpy()
+    codes, names = pd.factorize(dt)
+    peaked = np.array([d in TENSOR_CORE_CONV_DTYPES and bool(getattr(spec, _CONV_PEAK_FIELD[d], None) or 0)
+                       for d in names], dtype=bool)[codes]
+    cin = canon["Input_Channel"].to_numpy(dtype=float)
+    simt = conv & (dt == "tf32") & ~tf32_conv_on_tensor_cores(cin)
+    gemm = conv & peaked & ~simt
+    bwd = conv & (op != "conv")
+    out = canon.copy()
+    new_op = np.where(gemm, "bmm", np.where(conv, "conv", op)).astype(object)
+    out["op"] = new_op
+    if simt.any():
+        out["dtype"] = np.where(simt, "fp32", dt).astype(object)
+    if gemm.any():
+        g = np.flatnonzero(gemm)
+        eb = np.array([float(DTYPE_BYTES[d]) for d in names])[codes][g]
+        c = {col: canon[col].to_numpy(dtype=float)[g] for col in CONV_COLS}
+        m, n_, k = implicit_gemm_shape(op[g], c["B"], padded_channels(c["Input_Channel"], eb),
+                                       padded_channels(c["Output_Channel"], eb), c["Kernel_Size"], c["Input_Size"],
+                                       c["Stride"], c["Padding"])
+        for col, v in (("B", np.ones(len(g))), ("M", m), ("N", n_), ("K", k)):
+            full = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
+            full[g] = v
+            out[col] = full
+        for col in CONV_COLS[1:]:
+            full = out[col].to_numpy(dtype=float, copy=True)
+            full[g] = np.nan
+            out[col] = full
+    return out, {"conv": conv, "gemm": gemm, "simt": simt, "bwd": bwd}
+
+
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
+    """:func:`_predict_unrouted_rows` with the convolution rows routed to the kernels that cost them
+    (:func:`_route_convs`): their ``roofline_ms`` stays their own (the convolution's FLOPs and its tensors' bytes, in
+    the row's dtype), their ``model`` says how they were costed (:data:`IMPLICIT_GEMM_SUFFIX`,
+    :data:`FP32_SIMT_SUFFIX`, :data:`FORWARD_SHAPE_SUFFIX`)."""
+    routed, route = _route_convs(canon, spec)
+    out = _predict_unrouted_rows(routed, spec, bundle)
+    if route is None:
+        return out
+    conv = np.flatnonzero(route["conv"])
+    own = canon.iloc[conv].assign(op="conv")  # a backward kernel's FLOPs and tensors are its forward's
+    out["roofline_ms"] = np.array(out["roofline_ms"], dtype=float)
+    out["roofline_ms"][conv] = featurize_kernels(own, spec)["t_roof_ms"].to_numpy()
+    codes, names = out["model"]
+    suffix = np.where(route["gemm"], IMPLICIT_GEMM_SUFFIX,
+                      np.where(route["simt"], FP32_SIMT_SUFFIX, np.where(route["bwd"], FORWARD_SHAPE_SUFFIX, "")))
+    at = np.flatnonzero(suffix != "")
+    if len(at):
+        codes = codes.copy()
+        tcodes, tnames = pd.factorize(np.asarray(names, dtype=object)[codes[at]] + suffix[at])
+        codes[at] = len(names) + tcodes
+        out["model"] = (codes, list(names) + [str(t) for t in tnames])
+    return out
+
+
+def _predict_unrouted_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
     """Predictions for valid canonical rows (:func:`_predict_kernel_rows`), a 16-bit vector row never slower than
     the same kernel in fp32.
 

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec, spec_notes, unsupported_step_dtype
+from wattcast.featurize.conv_gemm import CONV_KERNELS, cudnn_tf32_rows
 from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe
 from wattcast.simulate.step_band import OOD_OF_KERNEL_TIME, band_keys, ood_band_log, ood_warning, step_band
 from wattcast.data.kernel_ops import DTYPE_BYTES
@@ -213,6 +214,8 @@ class StepPrediction:
                 d["serving"] = dict(self.meta["serving"])
         # e.g. a sequence beyond a RoPE model's trained positions, an ONNX op's fallback; always there ([] when none)
         d["warnings"] = list(self.meta.get("warnings") or [])
+        if self.meta.get("conv_math"):  # fp32 convolutions costed as TF32 (with_cudnn_tf32)
+            d["conv_math"] = dict(self.meta["conv_math"])
         if self.meta.get("settings"):  # the options the public API ran with (wattcast.predict sets them)
             d["settings"] = dict(self.meta["settings"])
         if self.run is not None:  # predict(..., tokens=): the whole run's time, energy, cost and carbon
@@ -597,6 +600,43 @@ def _queued(gpu: np.ndarray, marker: np.ndarray, launch_overhead_ms, nodes: pd.D
     return queued_node_ms(gpu, host, host_sync_before(nodes), repeats)
 
 
+#: per graph: its fp32 convolutions relabelled tf32 (:func:`with_cudnn_tf32`), None when it has none to relabel
+_TF32_GRAPHS = GraphMemo(max_entries=64)
+
+
+def with_cudnn_tf32(graph: OpGraph, spec: DeviceSpec) -> OpGraph:
+    """``graph`` with its fp32 convolution kernels relabelled ``tf32`` where PyTorch runs them so on ``spec``: a GPU
+    with TF32 tensor cores (``peak_tf32_tflops``) under ``torch.backends.cudnn.allow_tf32`` (PyTorch's default; a graph
+    built with ``StepOptions(cudnn_tf32=False)`` has ``meta["cudnn_tf32"]`` False: its convolutions stay FP32), those
+    whose input channels the TF32 kernels take (``featurize.conv_gemm.cudnn_tf32_rows``). The kernel models then cost
+    them as TF32 implicit GEMMs (``models.kernel_predictor._route_convs``). ``meta["conv_math"]`` says what was
+    costed. The graph itself when nothing changes; the relabelled graph is made once per graph."""
+    if not spec.peak_tf32_tflops or "conv_math" in graph.meta:
+        return graph
+    out = _TF32_GRAPHS.get_or_build(graph, (graph.nodes, graph.meta), lambda: _tf32_conv_graph(graph))
+    return graph if out is None else out
+
+
+def _tf32_conv_graph(graph: OpGraph) -> OpGraph | None:
+    """:func:`with_cudnn_tf32`'s graph: None when no fp32 convolution could run TF32; else the relabelled graph (or, with
+    ``meta["cudnn_tf32"]`` False, the graph as it is), with ``meta["conv_math"]`` saying what is costed."""
+    nodes = graph.nodes
+    if "Input_Channel" not in nodes or not len(nodes):
+        return None
+    tf32 = cudnn_tf32_rows(nodes["kernel"].to_numpy(), nodes["dtype"].to_numpy(), nodes["method"].to_numpy(),
+                           nodes["Input_Channel"].to_numpy(dtype=float))
+    if not tf32.any():
+        return None
+    on = bool(graph.meta.get("cudnn_tf32", True))
+    conv = np.isin(nodes["kernel"].to_numpy(), CONV_KERNELS)
+    if on:
+        nodes = nodes.copy()
+        nodes["dtype"] = np.where(tf32, "tf32", nodes["dtype"].to_numpy()).astype(object)
+    meta = dict(graph.meta, conv_math=dict(cudnn_tf32=on, tf32_conv_kernels=int(tf32.sum()) if on else 0,
+                                           fp32_conv_kernels=int((conv & (nodes["dtype"].to_numpy() == "fp32")).sum())))
+    return replace(graph, nodes=nodes, meta=meta)
+
+
 def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = None, *,
                launch_overhead_ms: float = DEFAULT_LAUNCH_OVERHEAD_MS, collective_ms=None,
                gpu_floor_ms: float = GPU_KERNEL_FLOOR_MS, host_model: str = "queue", repeats=None) -> pd.DataFrame:
@@ -616,6 +656,7 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
     What depends on the graph alone (its kernel table and the table's row hashes) is made once per graph
     (:func:`_cost_plan`)."""
     bundle = bundle or load_bundle()
+    graph = with_cudnn_tf32(graph, spec)
     plan = _cost_plan(graph)
     nodes = plan.nodes
     n = len(nodes)
@@ -783,6 +824,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
     from wattcast.simulate.energy import apply_power, energy_of
 
     power_limit_w, clock_cap_mhz = check_power_settings(power_limit_w, clock_cap_mhz, spec)
+    graph = with_cudnn_tf32(graph, spec)  # an fp32 model's convolutions as PyTorch runs them on this GPU (meta says so)
     why = unsupported_step_dtype(spec, "fp8" if graph.meta.get("precision") == "fp8" else graph.meta.get("dtype", ""))
     why = why or unsupported_fp8_recipe(spec, graph.meta.get("fp8_scaling"))  # mxfp8: Blackwell; blockwise: Hopper+
     if why:
@@ -809,8 +851,12 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
 
 def mfu_peak_flops(spec: DeviceSpec, meta: dict) -> float:
     """The dense matrix peak (FLOP/s) a step's MFU is quoted against: the step dtype's, an FP8 recipe's the BF16 peak
-    (Megatron-LM / NeMo's convention, as ``simulate.distributed`` quotes a cluster step's); 0 when not known."""
+    (Megatron-LM / NeMo's convention, as ``simulate.distributed`` quotes a cluster step's); 0 when not known. An fp32
+    step whose convolutions were costed in TF32 (``meta["conv_math"]``, :func:`with_cudnn_tf32`: a CNN's matrix work)
+    is quoted against the TF32 peak (against the FP32 one a ResNet-50 step on an A100 read an MFU of 1.8)."""
     dtype = "bf16" if meta.get("precision") == "fp8" else str(meta.get("dtype") or "")
+    if dtype == "fp32" and (meta.get("conv_math") or {}).get("tf32_conv_kernels"):
+        dtype = "tf32"
     try:
         return spec.peak_matrix_tflops(dtype) * 1e12
     except (ValueError, StopIteration):  # an unknown dtype (DeviceSpecError is a ValueError) or no matrix peak

@@ -153,6 +153,9 @@ def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np
     copy_like = column_is(costed, "method", "proxy")[idx] | column_is(costed, "op_class", "memory")[idx]
     fam[copy_like] = "elementwise"
     tensor = ~column_is(costed, "dtype", "fp32")[idx] if "dtype" in costed else np.ones(len(idx), bool)
+    # a tensor-core convolution is costed as its implicit GEMM by the GEMM family (models/kernel_predictor.py
+    # _route_convs): it carries that family's band
+    fam[(fam == "conv") & tensor] = "gemm"
     for f in pd.unique(fam):
         fm = bundle.families.get(f) if (bundle is not None and f) else None
         if fm is None or not getattr(fm, "logo", None):
