@@ -1214,6 +1214,22 @@ class GraphBuilder:
                                     self._bw(f"{name}.cp_dkv_accumulate", "elementwise", "add", flops=steps * n_kv,
                                              bytes_=steps * 3 * n_kv * db, scale=steps, B=n_kv // max(d, 1), H=d)],
                           scale=steps, B=b * h * s, H=dv)
+                # the ring's working set is one step's, not its cp - 1 steps' together: Transformer Engine 2.20.2
+                # AttnFuncWithCPAndKVP2P.forward (attention/dot_product_attention/context_parallel.py l. 1900-1944,
+                # 2038-2231) keeps two per-step outputs and LSEs (``out_per_step[i % 2]``) and two KV buffers
+                # (``p2p_comm_buffers[(i + 1) % 2]`` received while step i runs on ``[i % 2]``), and corrects one
+                # step at a time (``flash_attn_fwd_out_correction(out, out_per_step[(i - 1) % 2], ...)``). So the
+                # correction node (costed as the cp - 1 passes) holds one pass, 3 x out; the attention node, costed
+                # as one kernel over all cp KV chunks, holds q, the step's K/V, the next step's arriving, and the
+                # output (simulate/memory.py kernel_working_bytes reads ``meta["working_set_share"]``; until stop 57
+                # the whole node was read as one kernel's working set: Llama 3 405B at 8,192 tokens a rank, CP16,
+                # 1.51 GB of transient where cp 1 has 0.49 GB)
+                share = self.meta.setdefault("working_set_share", {})
+                one_step = {f"{name}.cp_out_correction": 1.0 / steps}
+                if kv_reads > 2:
+                    one_step[name] = (q.numel + 2 * (k.numel + v.numel) + _numel(out_shape)) * db / io
+                for node_name, frac in one_step.items():  # a name shared by layers of other shapes: the largest
+                    share[node_name] = max(share.get(node_name, 0.0), frac)
             if self.cp > 1 and self.cp_a2a > 1:
                 # flash_attn_a2a_communicate (TE context_parallel.py): each all-to-all'd tensor is copied twice on the
                 # GPU, the movedim(...).contiguous() that lays the heads out for all_to_all_single and the

@@ -151,8 +151,17 @@ def kernel_working_bytes(graph: OpGraph, fwd, own_w: np.ndarray) -> np.ndarray:
     :func:`resident_weight_bytes`): its inputs + output, except a loss's kernels, which hold what
     ``featurize.op_graph.loss_working_bytes`` says (``meta["loss_working_bytes"]``: node name -> bytes; the framework's
     loss beyond what the graph saves). The largest is the step's transient, on one device
-    (:func:`estimate_memory`) and per pipeline stage (:func:`transient_bytes_by_layer`)."""
-    work = fwd["bytes"].to_numpy(dtype=float) - own_w
+    (:func:`estimate_memory`) and per pipeline stage (:func:`transient_bytes_by_layer`).
+
+    A node costed as several launches run one after another holds one launch's share of its bytes
+    (``meta["working_set_share"]``: node name -> share; context parallelism's KV ring, whose cp - 1 output corrections
+    are one node and whose attention node reads all cp KV chunks while Transformer Engine keeps two per-step buffers:
+    featurize/op_graph.py ``flash_attention``, TE 2.20.2 context_parallel.py l. 1900-1944, 2038-2231)."""
+    work = fwd["bytes"].to_numpy(dtype=float)
+    share = graph.meta.get("working_set_share") or {}
+    if share:
+        work = work * fwd["name"].map(share).fillna(1.0).to_numpy(dtype=float)
+    work = work - own_w
     loss = graph.meta.get("loss_working_bytes") or {}
     if loss:
         over = fwd["name"].map(loss).to_numpy(dtype=float)
@@ -262,10 +271,19 @@ def fp8_weight_copy_bytes(graph: OpGraph) -> float:
 
 
 def kept_tensors(graph: OpGraph) -> dict[int, int]:
-    """The tensors a training step's forward keeps for backward -> the layer each belongs to (its maker's; a tensor
-    made by no node, a dropout mask or an FP8 copy, the first keeper's), under the graph's recomputation
-    (``featurize/recompute.py``). ``full`` keeps everything here (``estimate_memory`` keeps block inputs). Selective,
-    per recomputed module (the ops of a transformer layer tagged with it):
+    """The tensors a training step's forward keeps for backward -> the layer each belongs to: the layer of the op
+    that keeps it (the first such op's), not of the op that made it, under the graph's recomputation
+    (``featurize/recompute.py``). A layer's output is kept by the next layer's input norm, so it counts there: a
+    pipeline stage holds the input it received (its first layer's) and not the output it sent, which Megatron-LM
+    frees once sent (``kw_args['deallocate_pipeline_outputs'] = True``, megatron-core 0.19.2
+    megatron/training/argument_utils.py l. 305; megatron/core/pipeline_parallel/schedules.py l. 166
+    ``deallocate_output_tensor`` pseudo-frees its storage). Until stop 57 a tensor counted in its maker's layer: the
+    first stage held its last layer's output too (+2·s·b·h/t per micro-batch in flight under SP, 0.54 GB on Llama 3
+    405B's stage 0 at 8,192 tokens), the last stage missed its received input. Not counted (stated): DeepSpeed's
+    pipeline engine (``megatron-deepspeed``) keeps each sent output, its 1/tp partition under TP, until that
+    micro-batch's backward (DeepSpeed 0.19.8 runtime/pipe/engine.py l. 731-751, 864-865). ``full`` keeps everything
+    here (``estimate_memory`` keeps block inputs). Selective, per recomputed module (the ops of a transformer layer
+    tagged with it):
 
     - a recomputed module keeps its inputs (the tensors its ops read that were made outside it, in their own dtype)
       and nothing made inside it or by no op (an FP8 copy, a dropout mask): re-made in the backward. Its outputs stay
@@ -324,8 +342,7 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
             return
         t = storage_of.get(t, t)
         if t not in kept:
-            src = int(tnode[t])
-            kept[t] = int(layers[src]) if src >= 0 else int(layers[keeper])
+            kept[t] = int(layers[keeper])
 
     def remade_copy(t: int) -> bool:  # an FP8 copy of an output DeepSeek-V3's storage re-makes
         of = fp8_source.get(t)

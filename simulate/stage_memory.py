@@ -29,10 +29,17 @@ every term cites the equation or the framework code it follows. Units are in the
   2·s·b·h/t kept per layer under full recomputation plus one layer re-materialised); the first stage holds as many
   micro-batches as 1F1B keeps in flight (p, Sec. 4.2.3: L/p layers x p micro-batches = L layers' worth), the
   interleaved schedule (1 + (p-1)/(p·v)) times that (Narayanan et al. SC21 Sec. 2.2.2), GPipe every micro-batch.
+  Each saved tensor counts on the stage whose layer keeps it (simulate/memory.py ``kept_tensors``): a stage (a model
+  chunk) holds the input it received and not the output it sent, which Megatron-LM frees once sent
+  (``deallocate_pipeline_outputs = True``, megatron/training/argument_utils.py l. 305, megatron-core 0.19.2;
+  pipeline_parallel/schedules.py l. 166 ``deallocate_output_tensor``); so the first stage holds its layers and the
+  embedding's dropout mask, the last its layers and its head, as Megatron-LM's ``theoretical_memory_usage`` has them.
 - The largest kernel's working set (``transient_gb``): each stage's layers' largest forward kernel's inputs + output
   beyond the held weights, the loss's on the last stage (what the framework's cross-entropy holds beyond what it
   saves: PyTorch's fp32 loss 12 - db bytes a logit, Megatron-Core's db; featurize/op_graph.py loss_working_bytes),
-  per micro-batch and TP rank's vocabulary shard, held beside the activations as one device holds its own
+  per micro-batch and TP rank's vocabulary shard, held beside the activations as one device holds its own; under
+  context parallelism's KV ring one ring step's (Transformer Engine's two per-step buffers, not the cp - 1 steps the
+  graph costs as one node: featurize/op_graph.py ``flash_attention``)
   (simulate/memory.py ``transient_bytes_by_layer``; until stop 55 a stage had none, and a one-GPU cluster of GPT-2 at
   batch 96 x 1,024 tokens fitted an A100 80GB at 67.4 GB where ``predict`` said 86.7 GB).
 - Framework buffers (their own line): PyTorch DDP's gradient buckets are a second copy of the gradients unless
