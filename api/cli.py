@@ -1929,7 +1929,7 @@ def validate_step_band(
 @train_app.command("kernels")
 def train_kernels(
     data: List[Path] = _TRAIN_DATA_OPTION,
-    holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="A GPU never trained, tuned or selected on (repeatable). Each one adds to the default held-out GPUs (L4, A100-PCIe-80GB), which are always held out, as is a --spec with their figures under another name."),
+    holdout: List[str] = typer.Option(["L4", "A100-PCIe-80GB"], "--holdout", help="A GPU never trained, tuned or selected on (repeatable): a catalog name or alias, a spec file, or the name (or an alias) of a --spec GPU. Each one adds to the default held-out GPUs (L4, A100-PCIe-80GB), which are always held out, as is a --spec with their figures under another name."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Your own profiling CSV (schema in README) to train on as well."),
     only_csv: bool = typer.Option(False, "--only-csv", help="Train on --csv alone, without the shared datasets."),
     spec: List[Path] = typer.Option([], "--spec", help="Spec file for a GPU of your CSV that is not in the catalog (repeatable)."),
@@ -1955,17 +1955,22 @@ def train_kernels(
     for x in xla_table:
         _input_file(x, "--xla-table")
     _job_paths(None if no_mlflow else mlruns, out=out)
-    tmp = None
-    if profiles:
-        csv, tmp = _imported_kernel_csv(profiles, csv)
-    holdout_names = []
     from wattcast.data.catalog import resolve_device
+    from wattcast.training.holdout import holdout_name
 
-    for h in holdout:
+    try:
+        specs = [resolve_device(str(s)) for s in spec]
+    except (DeviceSpecError, FileNotFoundError) as e:
+        _fail(str(e))
+    holdout_names = []
+    for h in holdout:  # a catalog GPU, a spec file, or a GPU of this run's --spec files by its name or an alias
         try:
-            holdout_names.append(resolve_device(h).name)
+            holdout_names.append(holdout_name(h, specs))
         except DeviceSpecError as e:
             _fail(f"--holdout: {e}")
+    tmp = csv_origin = None
+    if profiles:
+        csv, tmp, csv_origin = _imported_kernel_csv(profiles, csv)
     try:
         with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.completed} fits"), TimeElapsedColumn(), console=err) as prog:
             task = prog.add_task("training kernel surrogates", total=None)
@@ -1974,6 +1979,7 @@ def train_kernels(
                 spec_files=tuple(str(s) for s in spec), quick=quick, tracking_dir=mlruns, use_mlflow=not no_mlflow,
                 progress=lambda what, n: prog.advance(task, n), log=lambda m: prog.console.print(m),
                 xla_tables=tuple(str(x) for x in xla_table) or None, families=tuple(family) or None, force=force,
+                csv_origin=csv_origin,
             )
     except (FileNotFoundError, ValueError, DeviceSpecError) as e:
         _fail(str(e))
@@ -2015,13 +2021,17 @@ def _train_data(data: List[Path]) -> tuple[Optional[Path], list[Path]]:
 
 
 def _imported_kernel_csv(profiles: list[Path], csv: Optional[Path]):
-    """A temporary user-schema CSV holding the imported profiles' usable kernel rows (plus --csv's rows)."""
+    """(path, its TemporaryDirectory, origin): a temporary user-schema CSV holding the imported profiles' usable kernel
+    rows (plus --csv's rows), and where each of its rows came from: a frame indexed by the row's line in the temporary
+    file, with the ``file`` (a folder's kernels.csv, or --csv) and ``line`` there, so that the checks and MLflow name
+    the user's own files, never the temporary one (``run_train_kernels(csv_origin=...)``)."""
     import tempfile
 
     import pandas as pd
 
+    from wattcast.data.checks import without_blank_rows
     from wattcast.data.profiles.tables import ProfileImportError
-    from wattcast.data.profiles.training_input import kernel_training_rows
+    from wattcast.data.profiles.training_input import kernel_training_rows, table_lines
 
     try:
         rows, counts = kernel_training_rows(profiles)
@@ -2032,6 +2042,7 @@ def _imported_kernel_csv(profiles: list[Path], csv: Optional[Path]):
               + (" (left out: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in left.items()) + ")" if left else ""))
     if counts["used"] == 0:
         _fail(f"--data {', '.join(map(str, profiles))}: no kernel row with a wattcast op, a measured time and a catalog GPU")
+    files, lines = list(rows.attrs["files"]), list(rows.attrs["lines"])
     if csv is not None:
         from wattcast.data.kernel_datasets import load_user_kernels
 
@@ -2039,16 +2050,18 @@ def _imported_kernel_csv(profiles: list[Path], csv: Optional[Path]):
             load_user_kernels(csv)
         except ValueError as e:
             _fail(f"--csv: {e}")
-        try:
-            own = pd.read_csv(csv, dtype=str, keep_default_na=False)
+        try:  # read as load_user_kernels reads it, so that each row's index gives its line
+            own = without_blank_rows(pd.read_csv(csv, dtype=str, keep_default_na=False, skip_blank_lines=False))
         except Exception as e:  # pandas raises several types for unreadable CSVs
             _fail(f"--csv {csv}: not a readable CSV ({e})")
+        files, lines = [str(csv)] * len(own) + files, table_lines(own.index).tolist() + lines
         own = own.rename(columns={"op": "OPName", "Latency": "latency_ms", "Latency (ms)": "latency_ms", "device": "Device"})
         rows = pd.concat([own, rows.astype(object)], ignore_index=True)
     tmp = tempfile.TemporaryDirectory(prefix="wattcast-imported-")
     path = Path(tmp.name) / "imported_kernels.csv"
     rows.to_csv(path, index=False)
-    return path, tmp
+    origin = pd.DataFrame({"file": files, "line": lines}, index=table_lines(rows.index))
+    return path, tmp, origin
 
 
 def _print_train_result(res: dict, title: str) -> None:
@@ -2074,7 +2087,7 @@ def train_collectives(
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
     cluster: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset name or file the imported profiles' collective rows were measured on (needed with profile folders in --data: a profile does not record its fabric)."),
-    force: bool = typer.Option(False, "--force", help="Make the new model current even when the gate refuses it: on the same data its leave-one-configuration-out MAPE is worse than the working model's; on other data its MAPE on all current rows is worse, or over 5% worse on one part of them with at least 5 rows (the nccl-tests rows, your imported rows; training/collectives.py PART_TOLERANCE). The working model is the one at --out, or the shipped one when --out holds none (a new folder). Without it such a model is not written and the command exits 1; with it the message says what the gate would have refused."),
+    force: bool = typer.Option(False, "--force", help="Make the new model current even when the gate refuses it: on the same data its leave-one-configuration-out MAPE is worse than the working model's; on other data its MAPE on all current rows is worse, or over 5% worse on one part of them with at least 5 rows (the nccl-tests rows, your imported rows; training/collectives.py PART_TOLERANCE). The working model is the one at --out, or the shipped one when --out holds none (a new folder). Without it such a model is kept apart under OUT/collective_refused/ (the newest few; --collectives that folder predicts with it), not current, and the command exits 1; with it the message says what the gate would have refused."),
 ) -> None:
     """Train the learned correction of the collective cost model on nccl-tests data (H100; Polaris evaluated only),
     plus the collective rows of imported profile folders given with --data."""
@@ -2098,7 +2111,7 @@ def train_power(
     out: Optional[Path] = _OUT_OPTION,
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
-    force: bool = typer.Option(False, "--force", help="Make the new model current even when the gate refuses it: its device-weighted MAPE on the current rows, or on one part of them (the shipped datasets' rows, your imported rows), or its leave-one-GPU-out MAPE is over 2% (relative) worse than the working model's (training/power.py GATE_TOLERANCE). The working model is the one at --out, or the shipped one when --out holds none (a new folder). Without it such a model is not written and the command exits 1; with it the message says what the gate would have refused."),
+    force: bool = typer.Option(False, "--force", help="Make the new model current even when the gate refuses it: its device-weighted MAPE on the current rows, or on one part of them (the shipped datasets' rows, your imported rows), or its leave-one-GPU-out MAPE is over 2% (relative) worse than the working model's (training/power.py GATE_TOLERANCE). The working model is the one at --out, or the shipped one when --out holds none (a new folder). Without it such a model is kept apart under OUT/power_refused/ (the newest few; --power-model that folder predicts with it), not current, and the command exits 1; with it the message says what the gate would have refused."),
 ) -> None:
     """Fit the power surrogate on the measured power data (plus the usable power rows of imported profile folders
     given with --data); leave-one-GPU-out errors to MLflow; gated write."""

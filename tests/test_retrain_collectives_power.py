@@ -365,6 +365,7 @@ def test_train_collectives_with_an_imported_profile_installs_a_new_live_version(
     msg = flat(r.stderr)
     assert "40 of 43 imported collective rows used (left out: 3 no placement)" in msg
     assert "made current by --force although the gate would have" in flat(r.stdout), flat(r.stdout)
+    assert "rerun with --force" not in flat(r.stdout) and "not made current" not in flat(r.stdout), flat(r.stdout)
     live = resolve_collective_folder(out)
     assert live.parent == out / mc.VERSIONS and (out / mc.POINTER).read_text().strip() == live.name
     model = load_collective_model(str(out))

@@ -82,6 +82,7 @@ def user_bundle(tmp_path_factory, user_csv) -> Path:
                 cwd=out.parent)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "made current by --force although the gate would have" in flat(r.stdout), flat(r.stdout)
+    assert "rerun with --force" not in flat(r.stdout) and "not made current" not in flat(r.stdout), flat(r.stdout)
     assert "Traceback" not in r.stderr
     return out
 

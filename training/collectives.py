@@ -229,12 +229,15 @@ def _plot(frame: pd.DataFrame, pol: pd.DataFrame | None, path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- gate
-def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_metrics: dict, fingerprint: str):
-    """(replace?, why, gate metrics). Same data as the old artifact's: compare leave-one-config-out MAPE (the
+def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_metrics: dict, fingerprint: str,
+                  force: bool = False):
+    """(replace?, why, gate metrics). ``force``: replace whatever the gate says, the reason saying what it would have
+    refused (training/gate_force.py ``verdict``). Same data as the old artifact's: compare leave-one-config-out MAPE (the
     held-out figure of each artifact's own training run); other data: compare both models on the current rows, overall
     and per part (the shipped dataset's rows, the imported profiles' rows): neither part may get worse by more than
     ``PART_TOLERANCE``. The old model is the target's live version (versioned or flat layout)."""
     from wattcast.models.collectives import resolve_collective_folder
+    from wattcast.training.gate_force import verdict
 
     try:
         live = resolve_collective_folder(target)
@@ -250,7 +253,7 @@ def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_m
     if old is None:
         # a new --out: the working model is the shipped one, the model `predict` uses without --collectives (until
         # stop 54 a fresh folder was written unjudged: a x1000-slow fabric log became its model)
-        from wattcast.training.gate_force import against_shipped, shipped_reference
+        from wattcast.training.gate_force import shipped_reference
 
         try:
             old = CollectiveModel.load(shipped_reference(target, shipped_folder()))
@@ -258,9 +261,8 @@ def gate_decision(new: CollectiveModel, target: Path, frame: pd.DataFrame, new_m
                 raise ValueError("no shipped model")
         except Exception:  # nothing to compare with (a stripped install, or the target is the shipped folder)
             return True, f"{missing}: {'writing the new one' if missing.startswith('no ') else 'replacing it'}", {}
-        ok, why, m = _judge(new, old, frame, new_metrics, fingerprint)
-        return ok, against_shipped(missing, why, "collective", "--collectives"), m
-    return _judge(new, old, frame, new_metrics, fingerprint)
+    ok, why, m = _judge(new, old, frame, new_metrics, fingerprint)
+    return (*verdict(ok, why, force, "collective model", "--collectives", against=missing), m)
 
 
 def _judge(new: CollectiveModel, old: CollectiveModel, frame: pd.DataFrame, new_metrics: dict, fingerprint: str):
@@ -473,10 +475,7 @@ def run_train_collectives(data=None, out_dir=None, tracking_dir="mlruns", use_ml
     tables["loco_rows"] = frame.round(4)
 
     target = Path(out_dir) if out_dir else shipped_folder()
-    replaced, reason, gate = gate_decision(model, target, frame, metrics, fp)
-    from wattcast.training.gate_force import forced
-
-    replaced, reason = forced(replaced, reason, force)
+    replaced, reason, gate = gate_decision(model, target, frame, metrics, fp, force=force)
     metrics.update(gate)
     if replaced:
         model.manifest["metrics"] = manifest["metrics"]

@@ -1,6 +1,6 @@
-"""What the gated trainers share: ``--force``, the gate's verdict overridden when asked in the wording of ``train
-kernels --force`` (training/kernel_run.py ``gate_decision``), the shipped model as the reference of a target that
-holds none (``train collectives``, ``train power``), and a refused model kept apart for inspection (all three)."""
+"""What the gated trainers share (``train kernels``, ``collectives``, ``power``): the gate's final message, a refusal
+or, under ``--force``, an install saying what the gate would have refused (:func:`verdict`); the shipped model as the
+reference of a target that holds none; and a refused model kept apart for inspection."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Callable
 
 
-def forced(replaced: bool, reason: str, force: bool) -> tuple[bool, str]:
-    """(install?, reason): the gate's verdict as is when it accepts; under ``force`` a refusal becomes an install
-    that says what it overrode; otherwise the refusal gains the hint to rerun with --force."""
-    if replaced:
-        return replaced, reason
-    if force:
-        return True, f"made current by --force although the gate would have {reason[0].lower()}{reason[1:]}"
-    return False, f"{reason}; rerun with --force to make it current anyway"
+#: the end of a refusal's message (:func:`verdict`): the one place it is said, never inside a forced install's message
+FORCE_HINT = "rerun with --force to make it current anyway"
+
+
+def kept(kind: str) -> str:
+    """How the gate's refusal of a new ``kind`` starts (its reason follows), as the gates' judges write it: what the
+    gate does when the target has a working model. :func:`verdict` rewords it for a forced install and for a target
+    with none."""
+    return f"kept the existing {kind}: "
 
 
 def shipped_reference(target, shipped) -> Path:
@@ -26,12 +27,29 @@ def shipped_reference(target, shipped) -> Path:
     return Path(shipped)
 
 
-def against_shipped(missing: str, why: str, kind: str, option: str) -> str:
-    """The gate's verdict ``why`` on a new ``kind`` model judged against the shipped one because the target had none
-    (``missing`` says why), naming the ``option`` that picks another model at prediction time."""
-    why = why.replace(f"kept the existing {kind} model", "not made current (the target still has no live model)")
-    return (f"{missing}, so the new model was compared with the shipped one (the model `predict` uses without "
-            f"{option}): {why}")
+def verdict(ok: bool, why: str, force: bool, kind: str, option: str, against: str | None = None,
+            noun: str = "model", unchanged: str = "the target still has no live model") -> tuple[bool, str]:
+    """(install?, reason): the gate's final word on a new ``kind`` (``bundle``, ``collective model``, ``power model``).
+
+    ``why``: the judge's text, a refusal starting with :func:`kept`. ``against``: why the target has no working model,
+    when the new one was judged against the shipped one (the ``noun`` ``predict`` uses without ``option``) instead;
+    ``unchanged`` says what a refusal then leaves at the target. A refusal ends with :data:`FORCE_HINT`; under
+    ``force`` it becomes an install saying what happened and why the gate would have refused it, without the
+    refusal's own wording (until stop 57 the refusal was pasted whole: "made current by --force although the gate
+    would have no working bundle at the target, ...: not made current ...; rerun with --force to make it current
+    anyway")."""
+    compared = None if against is None else (f"{against}, so the new {noun} was compared with the shipped one (the "
+                                             f"{noun} `predict` uses without {option})")
+    if ok:
+        return True, why if compared is None else f"{compared}: {why}"
+    because = why[len(kept(kind)):] if why.startswith(kept(kind)) else why
+    if force:
+        if compared is None:
+            return True, f"made current by --force although the gate would have kept the existing {kind}: {because}"
+        return True, f"made current by --force although the gate would have refused it: {compared}, and {because}"
+    if compared is None:
+        return False, f"{why}; {FORCE_HINT}"
+    return False, f"{compared}: not made current ({unchanged}): {because}; {FORCE_HINT}"
 
 
 def keep_refused(install: Callable[[], Path], target, folder: str, kind: str, option: str) -> str:

@@ -13,16 +13,40 @@ from typing import Iterable
 from wattcast.data.kernel_datasets import HELDOUT_DEVICES
 
 
-def with_default_holdout(extra: Iterable[str] = ()) -> tuple[str, ...]:
-    """The default held-out GPUs followed by ``extra`` (catalog names where they resolve; order kept, no repeats):
-    an extra --holdout adds to the defaults, never replaces them."""
+def holdout_name(name: str, specs: Iterable = ()) -> str:
+    """The device a ``--holdout`` value names: a GPU of the run's ``--spec`` files (``specs``) by its name or an alias
+    (matched as the catalog matches, case- and punctuation-insensitively: ``data.device_spec.normalise_name``), else
+    a catalog device (name or alias) or a spec file's device (``resolve_device``). DeviceSpecError otherwise, listing
+    the run's --spec GPUs too (until stop 57 a --spec GPU's name was refused: "unknown device 'MyGPU-Y'", only its
+    file's path worked)."""
     from wattcast.data.catalog import resolve_device
+    from wattcast.data.device_spec import DeviceSpecError, normalise_name
+
+    specs = list(specs)
+    key = normalise_name(name)
+    for s in specs:
+        if key in {normalise_name(n) for n in (s.name, *(s.aliases or ()))}:
+            return s.name
+    try:
+        return resolve_device(name).name
+    except DeviceSpecError as e:
+        if not specs:
+            raise
+        raise DeviceSpecError(f"{e} Nor is it a GPU of this run's --spec files: "
+                              f"{', '.join(repr(s.name) for s in specs)}.") from None
+
+
+def with_default_holdout(extra: Iterable[str] = (), specs: Iterable = ()) -> tuple[str, ...]:
+    """The default held-out GPUs followed by ``extra`` (device names where they resolve, the run's ``specs`` first:
+    :func:`holdout_name`; order kept, no repeats): an extra --holdout adds to the defaults, never replaces them."""
     from wattcast.data.device_spec import DeviceSpecError
 
+    specs = list(specs)
     out: list[str] = []
-    for name in (*HELDOUT_DEVICES, *extra):
+    # the defaults are the catalog's GPUs, whatever a --spec calls itself (a spec with the alias "L4" is not the L4)
+    for name, among in [(n, []) for n in HELDOUT_DEVICES] + [(n, specs) for n in extra]:
         try:
-            name = resolve_device(name).name
+            name = holdout_name(name, among)
         except (DeviceSpecError, FileNotFoundError, ValueError):
             pass
         if name not in out:

@@ -167,7 +167,7 @@ def _row_shape(r) -> str:
 
 
 def check_user_physics(user: pd.DataFrame, specs: dict[str, DeviceSpec], origin: str = "the CSV",
-                       lines: np.ndarray | None = None) -> None:
+                       lines: np.ndarray | None = None, files: np.ndarray | None = None) -> None:
     """Refuse (ValueError) a user CSV whose latencies the GPUs' specs make impossible, before anything is trained:
 
     - rows faster than their physical floor by more than :data:`FLOOR_TOLERANCE` (a GEMM above the dtype's dense
@@ -178,7 +178,9 @@ def check_user_physics(user: pd.DataFrame, specs: dict[str, DeviceSpec], origin:
     - latencies in microseconds (or another unit): the median measured / roofline over rows with a roofline of at
       least :data:`UNIT_MIN_ROOF_MS` (at least :data:`UNIT_MIN_ROWS` of them) above :data:`UNIT_RATIO_LIMIT`.
 
-    ``lines``: each row's line in the file (``load_user_kernels``'s ``attrs["lines"]``), else row number + 2."""
+    ``lines``: each row's line in the file (``load_user_kernels``'s ``attrs["lines"]``), else row number + 2.
+    ``files``: each row's file, when the rows come from more than one (``train kernels --data PROFILE_DIR`` with
+    ``--csv``, or several folders): a row is then named by its file and line."""
     from wattcast.featurize.kernel_features import featurize_kernels
 
     if not len(user):
@@ -188,6 +190,9 @@ def check_user_physics(user: pd.DataFrame, specs: dict[str, DeviceSpec], origin:
     floor = F["t_floor_ms"].to_numpy(dtype=float)
     roof = F["t_roof_ms"].to_numpy(dtype=float)
     lines = np.asarray(lines) if lines is not None and len(lines) == len(user) else np.arange(len(user)) + 2
+    files = np.asarray(files, dtype=object) if files is not None and len(files) == len(user) else None
+    if files is not None and len(set(files)) < 2:
+        files = None  # one file: ``origin`` names it
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = lat / roof
         fast = np.isfinite(floor) & (floor > 0) & (lat * (1 + FLOOR_TOLERANCE) < floor)
@@ -222,7 +227,8 @@ def check_user_physics(user: pd.DataFrame, specs: dict[str, DeviceSpec], origin:
             else:
                 rate = (f"{floor[i] / lat[i] * bw_gbps[j]:,.0f} GB/s through DRAM (the bytes that cannot stay in the "
                         f"cache) vs the spec's {bw_gbps[j]:,.0f} GB/s")
-            said.append(f"  line {int(lines[i])}: {r.op} {_row_shape(r)} {r.dtype} on {r.device}: {lat[i]:.6g} ms, "
+            where = f"line {int(lines[i])}" if files is None else f"{files[i]} line {int(lines[i])}"
+            said.append(f"  {where}: {r.op} {_row_shape(r)} {r.dtype} on {r.device}: {lat[i]:.6g} ms, "
                         f"below the physical floor {floor[i]:.6g} ms ({rate})")
         more = f"\n  ... and {len(idx) - 10:,} more" if len(idx) > 10 else ""
         devs = sorted(set(rows["device"]))
@@ -281,12 +287,17 @@ def run_train_kernels(
     xla_tables: tuple[str, ...] | None = None,
     families: tuple[str, ...] | None = None,
     force: bool = False,
+    csv_origin: pd.DataFrame | None = None,
 ) -> RunOutcome:
     """Train, evaluate and (if it validates) install a kernel bundle. ``xla_tables``: extra XLA GEMM tables for the
     shared ``xla`` source (``data/xla_perf_table.py``; default: ``$WATTCAST_XLA_TABLE``), recorded in the manifest.
     ``families``: retrain only these op families and take every other one, unchanged, from the working bundle at
     the target (new data that touches one family does not redraw the others' fits); the gate then compares the
-    merged bundle with the working one as usual. ``force``: make the new bundle live even when the gate refuses it."""
+    merged bundle with the working one as usual. ``force``: make the new bundle live even when the gate refuses it.
+    ``csv_origin``: when ``csv`` is a temporary merge of other files (``wattcast train kernels --data PROFILE_DIR``:
+    the folders' kernels.csv, and --csv), where each of its rows came from: indexed by the row's line in ``csv``, the
+    ``file`` and ``line`` there. The checks' messages, the gate's and MLflow's ``user_csv`` then name those files and
+    lines, not ``csv`` (which is deleted after the run)."""
     from wattcast.data.kernel_datasets import (
         WITHHELD_DEVICES,
         DataNotFoundError,
@@ -297,8 +308,13 @@ def run_train_kernels(
     )
 
     t0 = time.time()
-    # the project's held-out GPUs always: --holdout adds to them, never replaces them
-    holdout = with_default_holdout(holdout)
+    origin = str(csv) if csv is not None else None  # what messages and MLflow call the user's rows
+    extra_specs = {}
+    for f in spec_files:
+        s = resolve_device(f)
+        extra_specs[s.name] = s
+    # the project's held-out GPUs always: --holdout adds to them, never replaces them (a --spec GPU by its name too)
+    holdout = with_default_holdout(holdout, extra_specs.values())
     cfg = TrainConfig.quick(holdout=tuple(holdout)) if quick else TrainConfig(holdout=tuple(holdout))
     target = Path(out_dir) if out_dir else shipped_folder()
     base_bundle = None
@@ -309,10 +325,6 @@ def run_train_kernels(
         base_bundle, base_from_target = _working_bundle(target, log)
         # the default order kept: the first family draws from the seed exactly as in a full run
         cfg = replace(cfg, families=tuple(f for f in cfg.families if f in families))
-    extra_specs = {}
-    for f in spec_files:
-        s = resolve_device(f)
-        extra_specs[s.name] = s
     # a spec file with a held-out GPU's figures under another name is that GPU: its rows are evaluated, not trained on
     held_names = set(holdout)
     for name, s in extra_specs.items():
@@ -347,10 +359,15 @@ def run_train_kernels(
     if csv is not None:
         loaded = load_user_kernels(csv)
         lines = loaded.attrs.pop("lines", None)
+        files = None
+        if csv_origin is not None:  # the user's own files and lines, not the merged temporary file's
+            origin = ", ".join(dict.fromkeys(csv_origin["file"]))
+            if lines is not None:
+                where = csv_origin.loc[lines]
+                files, lines = where["file"].to_numpy(object), where["line"].to_numpy()
         user = _canonical_devices(loaded, extra_specs)
         # impossible latencies (faster than the spec's physics) and a unit error are refused before any training
-        check_user_physics(user, _specs_for(user["device"], extra_specs), origin=str(csv),
-                           lines=lines)
+        check_user_physics(user, _specs_for(user["device"], extra_specs), origin=origin, lines=lines, files=files)
         held_user = user[user["device"].isin(held_names)]
         user = user[~user["device"].isin(held_names)]
         user_rows = user
@@ -463,7 +480,7 @@ def run_train_kernels(
         reference = _own_reference(data, holdout, xla_tables, bundle, cfg.families,
                                    devices=sorted(set(user_rows["device"])), shared=shared)
     replaced, reason, gate = gate_decision(bundle, target, val, specs, val_pred, user_only=only_csv, force=force,
-                                           reference=reference, user_rows=user_rows, origin=str(csv) if csv else None)
+                                           reference=reference, user_rows=user_rows, origin=origin)
     metrics.update(gate)
     bundle.meta["metrics"] = {k: round(float(v), 3) for k, v in metrics.items()}
     # a new version beside the old one, checked, then one atomic pointer switch (models.kernel_bundle.install_bundle):
@@ -485,7 +502,7 @@ def run_train_kernels(
             "train_rows": len(train),
             "train_devices": ",".join(run_devices),  # this run's GPUs: a --family run's kept families are not its own
             "dataset_fingerprint": fp,
-            "user_csv": str(csv) if csv else "",
+            "user_csv": origin or "",
             "xla_tables": ",".join(Path(p).name for p in extra_xla),
             **{f"cfg_{k}": v for k, v in cfg.__dict__.items()},
             **{f"choice_{f}": fm.choice for f, fm in bundle.families.items()},
@@ -620,6 +637,7 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
     measured / predicted must lie inside the working bundle's 90% band (:data:`CONSISTENCY_MIN_ROWS`), named by
     ``origin``. ``force`` makes the new bundle live whatever the gate says (the reason says what it overrode)."""
     from wattcast.models.kernel_bundle import resolve_bundle_folder
+    from wattcast.training.gate_force import verdict
 
     against = None  # None: the target's working bundle; else how the fallback was chosen
     try:
@@ -664,7 +682,7 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
             o_ = n_ = None
             ok, why = False, (f"kept the existing bundle: it validates no worse {own}, but the "
                               f"shared-data veto could not be run: its {n_ref:,} reference rows could not be predicted "
-                              f"({type(e).__name__}: {e}); rerun with --force to make it current anyway")
+                              f"({type(e).__name__}: {e})")
         if o_ is not None:
             m["gate_reference_new_mape_pct"], m["gate_reference_old_mape_pct"] = n_ * 100, o_ * 100
             m["gate_reference_rows"] = float(len(reference))
@@ -673,17 +691,12 @@ def gate_decision(bundle: KernelBundle, target: Path, val: pd.DataFrame, specs, 
             if n_ > o_ * REFERENCE_VETO_RATIO:
                 ok, why = False, (f"kept the existing bundle: it validates no worse {own}, but it is over "
                                   f"{REFERENCE_VETO_RATIO:g}x worse on the shared measurements of the same GPUs and "
-                                  f"families ({note}): check the CSV's latency units and devices, or rerun with "
-                                  "--force to make it current anyway")
+                                  f"families ({note}): check the CSV's latency units and devices")
             else:
                 why += f"; no veto from the shared data: {note}"
-    if against is not None:
-        why = why.replace("kept the existing bundle", "not made current (the target's CURRENT is left as it was)")
-        why = (f"{against}, so the new bundle was compared with the shipped one (the bundle `predict` uses without "
-               f"--models): {why}")
-    if ok or not force:
-        return ok, why, m
-    return True, f"made current by --force although the gate would have {why[0].lower()}{why[1:]}", m
+    ok, why = verdict(ok, why, force, "bundle", "--models", against=against, noun="bundle",
+                      unchanged="the target's CURRENT is left as it was")
+    return ok, why, m
 
 
 def _shipped_bundle(target: Path) -> KernelBundle | None:
@@ -724,8 +737,7 @@ def _consistency_gate(old: KernelBundle, user_rows: pd.DataFrame, specs, origin,
         c = user_consistency(old, user_rows, specs)
     except Exception as e:  # a check that cannot run cannot pass the bundle (--force overrides)
         return False, (f"kept the existing bundle: the working bundle could not predict the rows of "
-                       f"{origin or 'your CSV'} to check them ({type(e).__name__}: {e}); rerun with --force to make "
-                       "it current anyway")
+                       f"{origin or 'your CSV'} to check them ({type(e).__name__}: {e})")
     if c is None:
         return True, why
     m["gate_user_median_ratio"], m["gate_user_band_low"], m["gate_user_band_high"] = (
@@ -738,14 +750,16 @@ def _consistency_gate(old: KernelBundle, user_rows: pd.DataFrame, specs, origin,
     return False, (f"kept the existing bundle: {origin or 'your CSV'} contradicts it: {said}, so its typical row is "
                    f"{side} than the working bundle allows for any GPU it was not trained on. A scale or unit error "
                    f"(latencies in another unit, or multiplied), the wrong Device column or --spec, or a GPU the "
-                   f"working bundle mispredicts by more than its band; check the measurements, or rerun with --force "
-                   f"to make it current anyway (the gate otherwise read: {why})")
+                   f"working bundle mispredicts by more than its band; check the measurements (the gate otherwise "
+                   f"read: {why})")
 
 
 def _without_working(what: str, action: str, val: pd.DataFrame, user_only: bool, force: bool):
     """The gate when there is no working bundle to compare with (``what``): the new one is made current, except an
     --only-csv run with fewer than :data:`MIN_GATE_ROWS` of the user's held-out rows, which nothing has validated
     (the audit: a 19-row CSV became the default of an empty --out): kept apart, not current, unless ``force``."""
+    from wattcast.training.gate_force import FORCE_HINT
+
     n_user = int((val["source"].to_numpy() == "user").sum()) if len(val) else 0
     m = {"gate_rows": float(len(val)), "gate_user_rows": float(n_user)}
     if not (user_only and n_user < MIN_GATE_ROWS):
@@ -756,7 +770,7 @@ def _without_working(what: str, action: str, val: pd.DataFrame, user_only: bool,
     if force:
         return True, f"made current by --force although nothing validated it ({what}; {why})", m
     return False, (f"not made current: {why}, and there is no working bundle to compare it with ({what}); the "
-                   "target's CURRENT is left as it was; rerun with --force to make it current anyway"), m
+                   f"target's CURRENT is left as it was; {FORCE_HINT}"), m
 
 
 def paired_bootstrap(new_ape: np.ndarray, old_ape: np.ndarray, resamples: int = GATE_BOOTSTRAP_RESAMPLES,
@@ -778,7 +792,6 @@ def paired_bootstrap(new_ape: np.ndarray, old_ape: np.ndarray, resamples: int = 
 
 def _judge(bundle, old, val, old_pred, new_pred, specs, user_only: bool):
     """The gate proper (``gate_decision``), with the working bundle ``old`` loaded and predicted on ``val``."""
-    force_hint = "rerun with --force to make it current anyway"
     part = np.where(val["source"].to_numpy() == "user", "user", "shared")
     n_user, n_shared = int((part == "user").sum()), int((part == "shared").sum())
     if user_only:
@@ -806,7 +819,7 @@ def _judge(bundle, old, val, old_pred, new_pred, specs, user_only: bool):
         refused.append(f"no validation rows for famil{'ies' if len(fams) > 1 else 'y'} {', '.join(fams)}, so the new "
                        "bundle cannot be shown no worse")
     if refused:
-        return False, f"kept the existing bundle: {'; '.join(refused)}; {force_hint}", {
+        return False, f"kept the existing bundle: {'; '.join(refused)}", {
             "gate_rows": float(len(val)), "gate_user_rows": float(n_user), "gate_shared_rows": float(n_shared)}
     new_pred = new_pred if new_pred is not None and len(new_pred) == len(val) else evaluate(bundle, val, specs)
     new_ape = new_pred["ape"].to_numpy()

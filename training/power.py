@@ -50,7 +50,7 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.data.profiles.power_logs import TDP_FACTOR
-from wattcast.training.gate_force import against_shipped, shipped_reference
+from wattcast.training.gate_force import shipped_reference, verdict
 from wattcast.training.holdout import heldout_twin
 from wattcast.featurize.power_features import IDLE_FRACTION_OF_TDP, device_idle_w, kernel_power_features
 from wattcast.models.power import (
@@ -835,14 +835,17 @@ def accelwattch_range(root: Path, model: PowerModel) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------ gate
 def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_pct: float,
-                  clock_rows: tuple[pd.DataFrame | None, pd.DataFrame | None] | None = None) -> tuple[bool, str, dict]:
+                  clock_rows: tuple[pd.DataFrame | None, pd.DataFrame | None] | None = None,
+                  force: bool = False) -> tuple[bool, str, dict]:
     """(replace?, why, gate metrics): the new model against the target's live one (versioned or flat layout) on the
     current rows, device-weighted, overall and per part (shipped datasets' rows, imported profiles' rows: neither may
     get worse by more than ``GATE_TOLERANCE``), and on the recorded leave-one-GPU-out figure; with ``clock_rows``
     (Perseus sweep rows, Zeus rows) its clock law too (:func:`clock_checks`: neither the sweep's power nor the Zeus
     capped time may get worse by more than ``GATE_TOLERANCE``; until stop 56 the clock law was not judged). A target with no working
     model (a new --out) is compared with the shipped one, the model ``predict`` uses without --power-model (until
-    stop 54 it was written unjudged: 0.25 W samples at 1e14 FLOP/s, LODO 7455%, became a fresh folder's model)."""
+    stop 54 it was written unjudged: 0.25 W samples at 1e14 FLOP/s, LODO 7455%, became a fresh folder's model).
+    ``force``: replace whatever the gate says, the reason saying what it would have refused (training/gate_force.py
+    ``verdict``)."""
     against = None
     try:
         live = resolve_power_folder(target)
@@ -864,9 +867,7 @@ def gate_decision(new: PowerModel, target: Path, train: pd.DataFrame, new_lodo_p
             return True, f"{missing}: {'writing the new one' if missing.startswith('no power') else 'replacing it'}", {}
         against = missing
     ok, why, m = _judge(new, old, old_ape, train, new_lodo_pct, clock_rows)
-    if against is not None:
-        why = against_shipped(against, why, "power", "--power-model")
-    return ok, why, m
+    return (*verdict(ok, why, force, "power model", "--power-model", against=against), m)
 
 
 def _judge(new: PowerModel, old: PowerModel, old_ape: np.ndarray, train: pd.DataFrame, new_lodo_pct: float,
@@ -1073,10 +1074,7 @@ def run_train_power(data=None, out_dir=None, tracking_dir="mlruns", use_mlflow: 
 
     target = Path(out_dir) if out_dir else shipped_folder()
     replaced, reason, gate = gate_decision(model, target, train, mean_gpu[chosen],
-                                           clock_rows=(rows.get("perseus_sweep"), rows.get("zeus")))
-    from wattcast.training.gate_force import forced
-
-    replaced, reason = forced(replaced, reason, force)
+                                           clock_rows=(rows.get("perseus_sweep"), rows.get("zeus")), force=force)
     metrics.update(gate)
     if replaced:
         # a new version beside the old one, loaded and checked there, then one atomic pointer switch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from wattcast.data.profiles.row_checks import kernel_row_problems, shown
@@ -38,12 +39,25 @@ def split_data_args(paths) -> tuple[Path | None, list[Path]]:
     return (roots[0] if roots else None), profiles
 
 
+def table_lines(index) -> np.ndarray:
+    """Each row's line in its file, for a CSV table read with its blank lines kept and then ``without_blank_rows``
+    (``tables.read_table``; ``load_user_kernels`` reads the same way): the frame's index + 2, the header being line 1.
+    The one mapping from a table's rows to the lines a message names."""
+    return np.asarray(index, dtype=np.int64) + 2
+
+
 def kernel_training_rows(folders) -> tuple[pd.DataFrame, dict]:
     """Mapped kernel rows of the profile folders in the user CSV schema, plus counts of what was left out and why
-    (rows with no wattcast op / shape, no measured time, or a GPU the catalog does not know)."""
+    (rows with no wattcast op / shape, no measured time, or a GPU the catalog does not know).
+
+    ``rows.attrs["files"]`` / ``rows.attrs["lines"]``: each row's folder ``kernels.csv`` and its line there (lists,
+    one entry per row), for messages about a row that fails a later check (the physics check of ``train kernels``)."""
     frames, counts = [], {"rows": 0, "used": 0, "unmapped": 0, "no_time": 0, "unknown_device": 0}
+    files: list[str] = []
+    lines: list[int] = []
     for f in folders:
         k = read_table(f, "kernels")
+        path = str(Path(f) / TABLE_FILES["kernels"])
         counts["rows"] += len(k)
         # a mapped row must pass the checks of a user kernel CSV (row_checks; the importers keep a failing row
         # unmapped, a hand-edited or older folder may not): named here by its line in the folder's kernels.csv,
@@ -51,10 +65,10 @@ def kernel_training_rows(folders) -> tuple[pd.DataFrame, dict]:
         problems = kernel_row_problems(k, zero_time_ok=True)
         if (problems != "").any():
             bad = problems[problems != ""]
-            lines = [f"line {i + 2}: {why}" for i, why in zip(bad.index, bad)]  # the header is line 1
+            said = [f"line {n}: {why}" for n, why in zip(table_lines(bad.index), bad)]
             raise ProfileImportError(
-                f"{Path(f) / TABLE_FILES['kernels']}: {len(bad):,} mapped kernel row(s) fail the checks a kernel CSV "
-                f"passes: {shown(lines)}. Re-import the source file (`wattcast profile import ... --overwrite` keeps "
+                f"{path}: {len(bad):,} mapped kernel row(s) fail the checks a kernel CSV "
+                f"passes: {shown(said)}. Re-import the source file (`wattcast profile import ... --overwrite` keeps "
                 "such rows unmapped, with the reason) or fix / delete those lines")
         op = k["OPName"].fillna("").astype(str)
         lat = pd.to_numeric(k["latency_ms"], errors="coerce")
@@ -68,5 +82,9 @@ def kernel_training_rows(folders) -> tuple[pd.DataFrame, dict]:
         use = k[mapped & timed & known]
         counts["used"] += len(use)
         frames.append(use[list(USER_KERNEL_COLUMNS)])
+        files += [path] * len(use)
+        lines += table_lines(use.index).tolist()
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=USER_KERNEL_COLUMNS)
+    # lists, not arrays: pandas compares attrs when it concatenates frames, and an array's == is not a bool
+    out.attrs["files"], out.attrs["lines"] = files, lines
     return out, counts
