@@ -76,6 +76,12 @@ COLLECTIVE_OPS = COLLECTIVES
 #: (bw - floor) / (fw - floor) over the same nodes, 2.95 (quartiles 2.34-3.2).
 BACKWARD_RATIO = {"layernorm": 2.37}
 BACKWARD_RATIO_IN_STREAM = {"layernorm": 2.95}
+#: row width of the LayerNorm-shaped kernel a training-mode BatchNorm is costed as (GraphBuilder.batchnorm): its
+#: per-channel statistics run over N*H*W elements, no row of the LN kernel data; its elements are laid out in rows of
+#: a hidden size central to that data (BERT-large / GPT-2-medium's 1024; NeuSight LN labels), where the model is in
+#: distribution for every tensor size. A channel's plane width (H*W: 49 to 12,544 in ResNet-50) is not: at width 64
+#: the LN model flags the shape out of distribution.
+NORM_EQUIV_WIDTH = 1024
 #: softmax_backward_data (dx = y * (dy - sum(dy * y))) is memory-bound: it reads y and dy, reduces each
 #: row, and reads them again to write dx. It is costed as the two-tensor ``mul`` kernel of the same (B, H)
 #: times this factor: the median of measured ``bw_latency`` / predicted ``mul`` time (timing floor taken
@@ -963,6 +969,57 @@ class GraphBuilder:
         with self.tag(module):
             return self._add(name, "layernorm", kernel, "surrogate", [x], x.shape, flops=FLOPS_PER_ELEMENT[kernel] * b * h,
                              bytes_=(2 * b * h + params) * db, params=params, saves=[x], backward=bw, B=b, H=h)
+
+    def batchnorm(self, x: Tensor, *, name: str = "batchnorm", affine: bool = True, batch_stats: bool = True) -> Tensor:
+        """BatchNorm over the channel dim (dim 1) of ``x`` (N, C, ...), as the two importers find it (torch.export's
+        ``aten.batch_norm`` / ``_native_batch_norm_legit*``, ONNX's ``BatchNormalization``).
+
+        ``batch_stats`` (training mode: ``training=True`` / ONNX ``training_mode=1``): one kernel that reduces the
+        per-channel mean and variance and normalizes, costed by the LayerNorm kernel model (``ln``, the family of a
+        statistics pass plus a normalize pass in one kernel) on the same elements laid out in rows of
+        :data:`NORM_EQUIV_WIDTH`; its backward one kernel reading x and dy and writing dx plus the dgamma/dbeta
+        reduction, the LayerNorm backward at :data:`BACKWARD_RATIO` (the measured LN bw/fw ratio, the closest
+        evidence: same structure). PyTorch on CUDA runs it as cuDNN's ``bn_fw_tr_1C11_*`` and ``bn_bw_1C11_*``, one
+        kernel each way (the V100 ResNet-50 trace, datasets/traces/v100_rank0.json.gz; there BN backward / forward
+        kernel time is 1.92, against LN's 2.37). It saves its input and the per-channel fp32 ``save_mean`` /
+        ``save_invstd`` (aten derivatives.yaml ``native_batch_norm_backward(grad, input, weight, running_mean,
+        running_var, result1, result2, ...)``). Until stop 57 torch.export costed it by the roofline at peak
+        bandwidth and saved nothing, ONNX as one per-channel multiply (audit 57f finding 4).
+
+        Without ``batch_stats`` (inference mode, running statistics): the per-channel affine, one elementwise
+        multiply by a (C, 1, ...) vector."""
+        if len(x.shape) < 2:
+            raise GraphError(f"{name}: batch norm needs an (N, C, ...) input, got {x.shape}")
+        c = int(x.shape[1])
+        params = 2 * c if affine else 0
+        if not batch_stats:
+            scale = self.input((c, *([1] * (len(x.shape) - 2))))
+            return self.elementwise("mul", x, scale, name=name, params=params)
+        n = x.numel
+        h = min(n, NORM_EQUIV_WIDTH)
+        b = -(-n // max(h, 1))
+        fit = n / max(b * h, 1)  # the last row's share when the elements do not fill whole rows
+        db = self.dbytes
+        kernel = "ln"
+        bw = [self._bw(f"{name}.grad", "layernorm", kernel, flops=2 * FLOPS_PER_ELEMENT[kernel] * n,
+                       bytes_=(3 * n + 2 * c) * db,
+                       scale=fit * (BACKWARD_RATIO_IN_STREAM if self.dtype in ("fp32", "tf32") else BACKWARD_RATIO)["layernorm"],
+                       B=b, H=h)]
+        out = self._add(name, "layernorm", kernel, "surrogate", [x], x.shape, flops=FLOPS_PER_ELEMENT[kernel] * n,
+                        bytes_=(2 * n + params) * db, params=params, saves=[x], backward=bw, scale=fit, B=b, H=h)
+        self._nodes[out.node].saves.append(self._tensor((2, c), "fp32", out.node).tid)  # save_mean, save_invstd
+        return out
+
+    def saves_result(self, t: Tensor) -> None:
+        """The op that made ``t`` keeps ``t`` (its result) for backward instead of its input: ReLU (aten
+        derivatives.yaml ``relu: threshold_backward(grad, result, 0)``). The next op reading ``t`` (a convolution)
+        saves the same tensor, counted once (simulate/memory.kept_tensors keeps tensors by id), as PyTorch keeps one
+        storage (audit 57f finding 1: a ReLU -> conv chain was counted as two tensors)."""
+        if t.node < 0:
+            return
+        node = self._nodes[t.node]
+        if node.saves:
+            node.saves = [t.tid]
 
     def softmax(self, x: Tensor, *, name: str = "softmax", out_dtype: str | None = None) -> Tensor:
         """Softmax over the last dim; backward reads output and gradient (one kernel).

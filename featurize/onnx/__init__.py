@@ -38,8 +38,14 @@ Mapping (ONNX op -> builder call):
   Flatten, Identity -> free views; Shape, Constant, ConstantOfShape and anything computed from constants
   only -> no kernel (an inference runtime folds them);
 - ReduceMean / ReduceSum / ReduceMax ..., pooling, ArgMax, TopK, CumSum -> ``reduction``;
-  BatchNormalization -> one per-channel ``mul``; Group/InstanceNormalization -> ``layernorm`` over the
-  group; Dropout -> ``dropout`` (train mode only); Einsum -> ``opaque`` with its FLOPs;
+  BatchNormalization -> ``GraphBuilder.batchnorm``, as torch.export's ``aten.batch_norm``: in training mode
+  (``training_mode=1``, or the running-statistics outputs before opset 14) the LayerNorm kernel over its elements
+  (statistics and normalisation, saving its input), else one per-channel ``mul``; Group/InstanceNormalization ->
+  ``layernorm`` over the group; Relu keeps its result for backward (the tensor a following conv saves: one storage);
+  Resize / Upsample -> ``copy`` of the size its constant scales / sizes give (``shapes._rule_resize``; unknown: the
+  roofline, with a warning); Dropout -> ``dropout`` (train mode only); Einsum -> ``opaque`` with its FLOPs;
+- a Conv the conv model does not cover (grouped / depthwise, non-square, dilated, 1-D / 3-D) and ConvTranspose ->
+  ``opaque`` with its FLOPs, named in ``unmapped_ops`` and its warning as torch.export names such convs;
 - com.microsoft fused ops: SkipLayerNormalization / SkipSimplifiedLayerNormalization -> ``add`` +
   ``layernorm``; FusedMatMul -> ``linear``/``matmul``; FastGelu, BiasGelu, QuickGelu, BiasAdd -> ``elementwise``;
 - the attention core (MatMul -> (Div|Mul) -> (Add|Where mask) -> Softmax -> (Dropout) -> MatMul) is
@@ -52,7 +58,8 @@ Mapping (ONNX op -> builder call):
   any other node with a subgraph -> :class:`GraphError` naming it (one tiny op in its place would be a silently wrong
   step);
 - any other op -> ``opaque`` (0 FLOPs, bytes from its input/output shapes: costed by the roofline and
-  flagged) and counted in ``graph.meta["unmapped_ops"]``.
+  flagged) and counted in ``graph.meta["unmapped_ops"]``. An output shape neither inferred nor computed is taken as
+  its op's input's, counted in ``meta["unknown_shapes"]`` and warned about.
 
 Parameters are the float initializers an op uses as weights (GEMM/conv/embedding/norm weights, biases
 and other vectors added or multiplied into activations), each counted once: tied weights (an LM head

@@ -133,6 +133,9 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             self.claim_log: list[str] = []  # counted keys in claim order (to undo a failed handler)
             self.alias_key: dict[str, str] = {k: _sanitize(v) for k, v in tied.items()}
             self.unmapped: dict[str, int] = {}
+            #: mapped ops costed by the roofline by design (a grouped / depthwise / non-square / transposed conv):
+            #: named in ``unmapped_ops`` and its warning as the torch.export importer names them (audit 57f finding 5)
+            self.roofline_mapped: dict[str, int] = {}
             self.fallback: dict[str, int] = {}
             self.warnings: list[str] = []
             self.shared = shared or _Shared()
@@ -142,6 +145,7 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             self.file_dtype = parent.file_dtype
             self.counted, self.claim_log, self.alias_key = parent.counted, parent.claim_log, parent.alias_key
             self.unmapped, self.fallback, self.warnings = parent.unmapped, parent.fallback, parent.warnings
+            self.roofline_mapped = parent.roofline_mapped
             parent.init_numel.update(self.init_numel)
             self.init_numel = parent.init_numel
         #: the file's own shapes (a dim is an int when the file fixes it), asked for only when a MatMul's bound inner
@@ -302,7 +306,10 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
             self._set(inp.name, self.b.input(shape, self._tdtype(self._elem(inp.name))), False)
         self.walk()
         meta = dict(meta)
-        meta.update(source="onnx", n_layers=int(self.n_layers), unmapped_ops=dict(sorted(self.unmapped.items())),
+        no_model = dict(self.unmapped)
+        for op, c in self.roofline_mapped.items():
+            no_model[op] = no_model.get(op, 0) + c
+        meta.update(source="onnx", n_layers=int(self.n_layers), unmapped_ops=dict(sorted(no_model.items())),
                     onnx_nodes=len(self.nodes), opset=int(self.opset),
                     attention_costed="+".join(sorted(self.shared.attention_kinds)) or None)
         if self.shared.flow:
@@ -312,7 +319,11 @@ class _Importer(_Shapes, _Patterns, _Params, _Ops, _Control):
         if self.unknown_shapes:
             meta["unknown_shapes"] = int(self.unknown_shapes)
         # the unknown ops' warning first: it is what the JSON's ``warnings`` must name even past the first 20
-        unmapped = [w for w in (unmapped_ops_warning(self.unmapped),) if w]
+        unmapped = [w for w in (unmapped_ops_warning(no_model),) if w]
+        if self.unknown_shapes:  # a guessed shape is costed as if known by every op after it: never silently
+            unmapped.append(f"{self.unknown_shapes} value shape(s) could be neither inferred nor computed and were "
+                            "taken as their op's input shape (meta unknown_shapes); the ops after them may be costed "
+                            "at the wrong size")
         if self.warnings or unmapped:
             meta["warnings"] = unmapped + self.warnings[:20]
         return self.b.build(**meta)

@@ -87,6 +87,7 @@ class _Builder(GraphBuilder):
         del self._tensor_bytes[n_tensors:]
         del self._tensor_node[n_tensors:]
         del self._tensor_shape[n_tensors:]
+        del self._tensor_dtype[n_tensors:]
         journal = self._use_journal
         for tid in reversed(journal[n_uses:]):
             uses = self._grad_uses[tid]

@@ -428,6 +428,7 @@ class _Control:
     def _save_state(self) -> dict:
         """What walking a branch changes outside the builder (to try a branch and take it back)."""
         return dict(mark=self.b.mark(), claims=len(self.claim_log), unmapped=dict(self.unmapped),
+                    roofline_mapped=dict(self.roofline_mapped),
                     fallback=dict(self.fallback), warnings=list(self.warnings), flow=copy.deepcopy(self.shared.flow),
                     unrolled=self.shared.unrolled, unknown=self.unknown_shapes)
 
@@ -436,7 +437,7 @@ class _Control:
         for key in self.claim_log[s["claims"]:]:
             self.counted.discard(key)
         del self.claim_log[s["claims"]:]
-        for attr in ("unmapped", "fallback"):
+        for attr in ("unmapped", "roofline_mapped", "fallback"):
             d = getattr(self, attr)
             d.clear()
             d.update(s[attr])

@@ -252,6 +252,7 @@ class _Ops:
         bparams = self._claim([b_nm], [k]) if b_nm and self._is_static(b_nm) else 0
         rg = True
         y = None
+        roofline = False
         if (n.op_type == "Conv" and len(ks) == 2 and len(x.shape) == 4 and group == 1 and ks[0] == ks[1]
                 and x.shape[2] == x.shape[3] and len(set(strides)) == 1 and set(dil) == {1}
                 and self._is_static(w_nm) and len(out_shape) == 4):
@@ -276,8 +277,9 @@ class _Ops:
                 flops = 2.0 * x.numel * _numel_dims(wshape[1:])
             db = self.b.dbytes
             y = self.b.opaque(name, [x], out_shape, flops=flops, bytes_=(x.numel + _numel_dims(wshape) + out_n) * db,
-                              op_class="conv")
+                              op_class="conv", op_type=n.op_type)
             self.b.own_params(y, wparams)
+            roofline = True
         if b_nm:
             bias = self._tensor(b_nm)
             bias = self._view(bias, (bias.numel, *([1] * (len(y.shape) - 2))))  # per output channel
@@ -285,6 +287,8 @@ class _Ops:
             self.b.own_params(yb, bparams)
             y = yb
         self._set(out_nm, self._view(y, self._out_shape(out_nm, y.shape, y.shape)), rg)
+        if roofline:  # counted once the handler can no longer fail (a failed one is counted in ``fallback``)
+            self.roofline_mapped[n.op_type] = self.roofline_mapped.get(n.op_type, 0) + 1
 
 
     def _norm(self, k, n, name, ins):
@@ -362,13 +366,19 @@ class _Ops:
 
 
     def _batchnorm(self, k, n, name, ins):
+        """BatchNormalization (X, scale, B, input_mean, input_var): in training mode (``training_mode=1``, opset 14+;
+        before opset 14 the running-statistics outputs mark it: torch.onnx's ``TrainingMode.TRAINING`` export) the batch
+        statistics and the normalization, else the per-channel affine of the running statistics
+        (GraphBuilder.batchnorm, costed as the torch.export importer costs ``aten.batch_norm``)."""
         x = self._tensor(ins[0])
-        c = x.shape[1] if len(x.shape) > 1 else 1
-        scale = self.b.input((c, *([1] * (len(x.shape) - 2))))
-        y = self.b.elementwise("mul", x, scale, name=name)
-        self.b.own_params(y, self._claim([ins[1], ins[2] if len(ins) > 2 else None], [k]))
+        outs = [o for o in n.output[1:] if o]
+        training = bool(_attr(n, "training_mode", 0)) or (self.opset < 14 and bool(outs))
+        y = self.b.batchnorm(x, name=name, affine=True, batch_stats=training)
+        c = int(x.shape[1]) if len(x.shape) > 1 else 1
+        self.b.own_params(y, self._claim([ins[1], ins[2] if len(ins) > 2 else None], [k]) - 2 * c)
         self._set(n.output[0], y, True)
-        self._register_rest(n, y, True)
+        for o in outs:  # running_mean / running_var (and, before opset 14, saved_mean / saved_var): per channel
+            self._set(o, self.b.alias((c,), y.dtype, y.node), False)
 
 
     def _softmax(self, k, n, name, ins):
@@ -469,6 +479,10 @@ class _Ops:
         if op in _SCATTER_OPS:
             self._scatter(n, name, ins, rg)
             return
+        if op in ("Resize", "Upsample") and self._shape(outs[0]) is None and self._computed_shape(n) is None:
+            # the input's shape would be a guess: every op after it costed at the wrong size (audit 57f finding 2)
+            raise GraphError(f"{op}: its output size is unknown (neither shape inference nor its constant scales / "
+                             "sizes give it); the ops after it are costed at its input's size")
         # a static float tensor a copy moves is a parameter (a ViT's class token in ``cat([cls.expand(B, -1, -1), x])``,
         # counted as elementwise ops count a position table they add: ``_PARAM_ARITH``); its gradient flows through
         # here. Only the data moved: every input of a Concat, the first of the others (not Resize's scales, OneHot's
@@ -663,6 +677,8 @@ class _Ops:
         if kernel == "gelu" and len(operands) > 1:
             operands = operands[:2]
         y = self.b.elementwise(kernel, *operands, name=name, grad=rg, out_dtype=out_dtype)
+        if op == "Relu":  # keeps its result for backward, the tensor the next op (a conv) saves too
+            self.b.saves_result(y)
         if params:
             self.b.own_params(y, params)
         self._set(out_nm, self._view(y, self._out_shape(out_nm, y.shape, y.shape)), rg)

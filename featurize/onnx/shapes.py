@@ -496,6 +496,54 @@ def _rule_reduce(imp, n, s0, val, index):
     return tuple((1 if i in axes else d) for i, d in enumerate(s0) if keep or i not in axes)
 
 
+def _rule_resize(imp, n, s0, val, index):
+    """Resize (opset 10: X, scales; 11+: X, roi, scales, sizes, either of the last two given; opset 18's ``axes`` and
+    ``keep_aspect_ratio_policy``) and Upsample (scales: an attribute before opset 9, then input 1), as the ONNX operator
+    spec sizes the output: ``sizes`` when given, else ``floor(input_dim * scale)`` (times the roi's extent under
+    ``tf_crop_and_resize``). The legacy exporter writes ``F.interpolate(x, scale_factor=2)`` as
+    ``Resize(x, '', Concat(Constant [1, 1], Constant [2, 2]))`` and shape inference leaves its output unknown; until
+    stop 57 every op after it was costed at the input's size (audit 57f finding 2)."""
+    ins = list(n.input)
+    r = len(s0)
+
+    def const(i):
+        c = imp._const(ins[i]) if len(ins) > i and ins[i] else None
+        return None if c is None or np.asarray(c).size == 0 else np.asarray(c, dtype=np.float64).reshape(-1)
+
+    axes = _attr(n, "axes", None)
+    axes = [int(a) % r for a in axes] if axes is not None else list(range(r))
+    roi = None
+    if n.op_type == "Upsample" or imp.opset < 11:
+        scales = _attr(n, "scales", None)
+        scales = np.asarray(scales, dtype=np.float64) if scales is not None else const(1)
+        sizes = None
+    else:
+        scales, sizes = const(2), const(3)
+        if _attr(n, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
+            roi = const(1)
+    out = list(s0)
+    if sizes is not None:
+        if len(sizes) != len(axes):
+            return None
+        policy = _attr(n, "keep_aspect_ratio_policy", "stretch")
+        if policy == "stretch":
+            for a, v in zip(axes, sizes):
+                out[a] = int(v)
+        else:  # one scale for every axis, the smaller (not_larger) or larger (not_smaller) ratio; round half up
+            ratios = [v / s0[a] for a, v in zip(axes, sizes)]
+            sc = min(ratios) if policy == "not_larger" else max(ratios)
+            for a in axes:
+                out[a] = int(math.floor(s0[a] * sc + 0.5))
+        return tuple(out)
+    if scales is None or len(scales) != len(axes):
+        return None
+    extent = ((roi[len(axes):] - roi[:len(axes)]) if roi is not None and len(roi) == 2 * len(axes)
+              else np.ones(len(axes)))
+    for a, sc, e in zip(axes, scales, extent):
+        out[a] = int(math.floor(s0[a] * e * sc))
+    return tuple(out)
+
+
 def _rule_global_pool(imp, n, s0, val, index):
     return (*s0[:2], *([1] * (len(s0) - 2)))
 
@@ -506,5 +554,6 @@ _SHAPE_RULES = {
     "Expand": _rule_expand, "Tile": _rule_tile, "Concat": _rule_concat, "Gather": _rule_gather,
     "GatherElements": _rule_gather, "Slice": _rule_slice, "Split": _rule_split, "Pad": _rule_pad,
     **{op: _rule_reduce for op in sorted(_REDUCE_OPS) if op.startswith(("Reduce", "Arg"))},
+    "Resize": _rule_resize, "Upsample": _rule_resize,
     "GlobalAveragePool": _rule_global_pool, "GlobalMaxPool": _rule_global_pool, "GlobalLpPool": _rule_global_pool,
 }

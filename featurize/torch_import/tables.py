@@ -79,6 +79,14 @@ _CONV = frozenset(("convolution", "_convolution", "conv2d", "conv1d", "conv3d", 
                    "conv_transpose2d", "conv_transpose3d"))
 _LAYERNORM = frozenset(("layer_norm", "native_layer_norm"))
 _RMSNORM = frozenset(("rms_norm", "_fused_rms_norm"))
+#: batch norm (ops._batch_norm): ``batch_norm`` as torch.export keeps it, and the forms a decomposition leaves
+_BATCHNORM = frozenset(("batch_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+                        "_native_batch_norm_legit_no_training", "_batch_norm_with_update",
+                        "_batch_norm_with_update_functional", "_batch_norm_no_update", "cudnn_batch_norm"))
+#: batch norm overloads that always use the batch statistics / never do (the others read their ``training`` argument)
+_BATCHNORM_TRAINING = frozenset(("_batch_norm_with_update", "_batch_norm_with_update_functional"))
+_BATCHNORM_INFERENCE = frozenset(("_native_batch_norm_legit_no_training", "_batch_norm_no_update"))
+_GROUPNORM = frozenset(("group_norm", "native_group_norm"))
 #: ops whose output stays inside the attention core when an input is in it (Q K^T ... P V)
 _ATTN_PROPAGATE = (frozenset(_ELEMENTWISE) | _SOFTMAX | _DROPOUT | _VIEWS | _RESHAPES | _COPIES
                    | _APPROX_CHEAP_UNARY | _APPROX_TRANSCENDENTAL | frozenset(("contiguous", "to", "type_as")))
@@ -112,6 +120,8 @@ RULES = _first_wins(
     (_GEMMS, "_gemm"),
     (("embedding",), "_embedding"),
     ((*_LAYERNORM, *_RMSNORM), "_norm"),
+    (_BATCHNORM, "_batch_norm"),
+    (_GROUPNORM, "_group_norm"),
     (_SOFTMAX, "_softmax"),
     (_SDPA, "_attention"),
     (("cross_entropy_loss",), "_cross_entropy"),
