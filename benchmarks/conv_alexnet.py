@@ -18,7 +18,9 @@ wattcast's time for each is the forward conv node's GPU time (``gpu_ms``: the ke
 graph of the five convolutions costed as ``wattcast predict --dtype fp32`` costs an fp32 model
 (``simulate.single_device.cost_nodes``), and the kernel models' rows for the same convolution in fp32 and tf32
 (``wattcast kernels``). The script runs against older wattcast versions too (before stop 57: the fp32 step costed
-every convolution as FP32).
+every convolution as FP32). Since the implicit-GEMM memory correction (featurize/conv_gemm.py
+``implicit_gemm_conv_ms``) conv3-5 are unchanged (compute-bound in both views) and conv2 (5x5: its 25x-unfolded input
+makes the GEMM view memory-bound) moved from +30.6% to +11.4%; the trace ran conv2 by FFT.
 """
 
 from __future__ import annotations

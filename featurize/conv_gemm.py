@@ -91,3 +91,44 @@ def cudnn_tf32_rows(kernel, dtype, method, cin) -> np.ndarray:
     cuDNN's TF32 kernels do not take (:data:`TF32_CONV_CHANNEL_MULTIPLE`)."""
     return (np.isin(np.asarray(kernel, dtype=object), CONV_KERNELS) & (np.asarray(dtype, dtype=object) == "fp32")
             & (np.asarray(method, dtype=object) == "surrogate") & tf32_conv_on_tensor_cores(cin))
+
+
+def implicit_gemm_conv_ms(t_gemm_ms, gemm_roof_ms, conv_roof_ms, own_roof_ms) -> np.ndarray:
+    """A tensor-core convolution kernel's time from its implicit GEMM's (per row, any of :data:`CONV_KERNELS`):
+    ``t_gemm_ms`` the GEMM model's time for the GEMM of :func:`implicit_gemm_shape`, ``gemm_roof_ms`` that GEMM's
+    roofline (its operands' bytes: the unfolded im2col operand, k^2 x the activation, read from DRAM),
+    ``conv_roof_ms`` the roofline of the convolution as the kernel runs it (the same FLOPs; its three real tensors'
+    bytes, channels as padded), ``own_roof_ms`` the floor: the row's own roofline (unpadded channels; the caller
+    passes the lower of it and ``gemm_roof_ms`` for a kernel that reads a strided subset of its input, a filter
+    narrower than its stride, where the own roofline counts the whole tensor).
+
+    t = t_gemm x min(1, conv_roof / gemm_roof), and never below ``own_roof_ms``.
+
+    The GEMM view counts the unfolded operand (forward and wgrad: the input, B x Ho x Wo x Cin x k^2 elements; dgrad:
+    the output gradient, Cout x k^2 per position) as DRAM traffic. The implicit-GEMM kernel never builds it: its
+    iterators compute the im2col addresses and load each activation tile from the tensor itself, so the k^2 taps that
+    reuse an element hit L2 / shared memory, and DRAM sees the activation, the filters and the output once each
+    (CUTLASS media/docs/implicit_gemm_convolution.md: "the activation tensor ... is never explicitly formed";
+    include/cutlass/conv/threadblock/conv2d_fprop_activation_tile_access_iterator_analytic.h computes the im2col
+    offsets per tile). The rule keeps the GEMM model's efficiency (its time over its roofline: tile shape, waves,
+    pipeline stalls it learned from tensor-core GEMMs) and puts it on the convolution's own roofline (Williams,
+    Waterman, Patterson, "Roofline", CACM 52(4) 2009: time >= max(FLOPs / peak, bytes / bandwidth)). Consequences:
+
+    - compute-bound in both views (AlexNet's conv3-5, TF32 on the A100: ratio 1), the time is the GEMM's unchanged;
+    - memory-bound (few output channels, a 3x3 over large images), the time falls with the real bytes instead of
+      staying at the unfolded operand's: a 128->4 3x3 bf16 conv of B = 64 at 64 x 64 on an A100-80GB read 604 MB
+      unfolded (GEMM roofline 0.30 ms, GEMM model 0.517 ms, more than the 128->64 conv's 0.458) and 69 MB for real
+      (roofline 0.034 ms);
+    - never above the GEMM view's time (min(1, ...): a strided 1x1 conv's unfolded operand is smaller than its
+      input), never below the floor (the last clamp: nothing outruns its roofline). The clamp can lift a strided
+      dgrad above its GEMM view: that GEMM is one of the stride^2 sub-problems (module docstring) and counts a
+      1 / stride^2 of the input gradient the kernel writes in full.
+
+    Not measured here: no tensor-core conv trace but AlexNet's, whose conv3-5 are compute-bound in both views
+    (unchanged) and whose conv2 (5x5, 64->192 at 27 x 27, B 128: the 25x-unfolded input makes its GEMM view
+    memory-bound, ratio 0.85) moves from +30.6% to +11.4% against the trace, where cuDNN ran it by FFT, not as an
+    implicit GEMM; so the memory-bound side rests on the roofline argument. All arrays broadcast; NaN propagates."""
+    t, rg, rc, ro = (np.asarray(v, dtype=float) for v in (t_gemm_ms, gemm_roof_ms, conv_roof_ms, own_roof_ms))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.minimum(1.0, np.where(rg > 0, rc / rg, 1.0))
+    return np.maximum(t * scale, ro)

@@ -9,8 +9,8 @@ import pandas as pd
 
 from wattcast.data.catalog_match import catalog_twin, compute_twin
 from wattcast.data.device_spec import DeviceSpec
-from wattcast.featurize.conv_gemm import (CONV_KERNELS, TENSOR_CORE_CONV_DTYPES, implicit_gemm_shape, padded_channels,
-                                          tf32_conv_on_tensor_cores)
+from wattcast.featurize.conv_gemm import (CONV_KERNELS, TENSOR_CORE_CONV_DTYPES, conv_out_size, implicit_gemm_conv_ms,
+                                          implicit_gemm_shape, padded_channels, tf32_conv_on_tensor_cores)
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_FAMILIES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES,
                                      MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, VEC_COLS, bad_shape_values,
@@ -635,7 +635,183 @@ def _route_convs(canon: pd.DataFrame, spec: DeviceSpec) -> tuple[pd.DataFrame, d
     return out, {"conv": conv, "gemm": gemm, "simt": simt, "bwd": bwd}
 
 
+#: the output-channel counts a tensor-core convolution row is also costed at (:func:`_predict_rows`): powers of two and
+#: 1.5 x powers of two (ResNet's and VGG's 64 .. 2048, AlexNet's 192 and 384, UNet's and ConvNeXt's 96 .. 768 are on it)
+#: from 1 to 2048; a row with more output channels is as predicted
+CONV_COUT_LADDER = np.unique(np.concatenate([2.0 ** np.arange(12), 3.0 * 2.0 ** np.arange(10)]))
+
+
+def _cout_ladder_probes(canon: pd.DataFrame, rows: np.ndarray
+                        ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(probe rows, the canonical row each belongs to, the guarded rows, per guarded row the index of its probe at the
+    ladder value at or below its ``Output_Channel`` and the log weight of the one above): for every row of ``rows``
+    (tensor-core convolution rows) with 1 <= ``Output_Channel`` < the top of :data:`CONV_COUT_LADDER`, the row at
+    each ladder value from the one at or below its ``Output_Channel`` to the top, ascending (one segment per row)."""
+    cout = canon["Output_Channel"].to_numpy(dtype=float)
+    lad = CONV_COUT_LADDER
+    sel = rows[(cout[rows] >= lad[0]) & (cout[rows] < lad[-1])]
+    if not len(sel):
+        return canon.iloc[:0], np.zeros(0, dtype=np.intp), sel, np.zeros(0, dtype=np.intp), np.zeros(0)
+    lo = np.searchsorted(lad, cout[sel], side="right") - 1
+    steps = len(lad) - lo
+    probes, owner, first, k = _log2_grid(canon, sel, 0, steps)
+    probes["Output_Channel"] = lad[np.repeat(lo, steps) + k]
+    w = np.log(cout[sel] / lad[lo]) / np.log(lad[lo + 1] / lad[lo])
+    return probes, owner, sel, first.astype(np.intp), np.clip(w, 0.0, 1.0)
+
+
 def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
+    """:func:`_predict_cout_guarded_rows`, a tensor-core k x k convolution never faster than the 1 x 1 convolution
+    over the same tensors.
+
+    A k x k convolution whose output is the size a 1 x 1 one of the same stride makes of the same input ("same"
+    padding: ResNet's, VGG's 3x3, AlexNet's conv2-5) reads that input and writes that output, and does k^2 times the
+    1 x 1's multiply-adds (Winograd's F(2x2, 3x3) still 16 / 4 = 4 per output against the 1 x 1's 1; Lavin & Gray,
+    "Fast Algorithms for Convolutional Neural Networks", CVPR 2016, eq. 7), so it cannot take less time. The GEMM
+    model, where the k x k conv is memory-bound (its time its GEMM's efficiency on the conv's own bytes,
+    featurize/conv_gemm.py ``implicit_gemm_conv_ms``) and the 1 x 1's GEMM is the same bytes, put the two within its
+    own noise of each other, either way round (bf16 64->64 at 56 x 56, B 32, on an H100 SXM: 3x3 13.0 us, 1x1 14.8).
+    Each such row is predicted with its 1 x 1 twin (the same row, ``Kernel_Size`` 1, ``Padding`` 0; each Cout-guarded
+    as below, so the larger of two non-increasing series stays non-increasing in Cout) in the same pass, and takes
+    the larger time and band."""
+    op = canon["op"].to_numpy() if "op" in canon else np.zeros(0)
+    conv = np.flatnonzero(np.isin(op, CONV_KERNELS))
+    if len(conv):
+        c = canon.iloc[conv]
+        k, size, stride, pad = (c[col].to_numpy(dtype=float)
+                                for col in ("Kernel_Size", "Input_Size", "Stride", "Padding"))
+        same = (k > 1) & (conv_out_size(size, k, stride, pad) == conv_out_size(size, 1, stride, 0))
+        conv = conv[_tensor_core_conv(c, spec) & same]
+    if not len(conv):
+        return _predict_cout_guarded_rows(canon, spec, bundle)
+    n = len(canon)
+    both = pd.concat([canon, canon.iloc[conv].assign(Kernel_Size=1.0, Padding=0.0)], ignore_index=True)
+    groups = _distinct_rows(both)
+    if groups is not None:
+        res = _take(_predict_cout_guarded_rows(both.iloc[groups[0]], spec, bundle), groups[1])
+    else:
+        res = _predict_cout_guarded_rows(both, spec, bundle)
+    out = _take(res, slice(None, n))
+    twin = np.arange(n, n + len(conv))
+    for key in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+        out[key] = np.array(out[key], dtype=float)
+        out[key][conv] = np.maximum(out[key][conv], res[key][twin])
+    return out
+
+
+def _predict_cout_guarded_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
+    """:func:`_predict_conv_rows`, a tensor-core convolution with fewer output channels never slower.
+
+    A convolution of Cout filters is also run by the kernel of any Cout' > Cout filters (the extra filters zeros,
+    their outputs dropped: cuDNN pads 16-bit channels so already, featurize/conv_gemm.py TC_CHANNEL_ALIGN_BYTES), so
+    the Cout' conv's time bounds the Cout conv's. The GEMM model does not know it: a narrow output is a GEMM with few
+    output columns, and its tensor-core training rows have K >= 8 (DeepBench fp16: 6 rows at K = 8, 39 at 16, all with
+    M <= 8448; Vidur, LLMCompass and XLA K >= 32; and no tensor-core row has M >= 65536, where a conv's B x Ho x Wo
+    usually is), so across Cout it wiggled (tf32 3x3 128->Cout, B 64 at 64 x 64 on an A100-80GB, after the memory
+    correction of :func:`~wattcast.featurize.conv_gemm.implicit_gemm_conv_ms`: 0.1256 ms at Cout 8, 0.1232 at 16;
+    bf16 dgrad on an H100 up to 10% between neighbouring Couts). Each tensor-core conv row with 1 <= Cout < 2048 is
+    costed at the :data:`CONV_COUT_LADDER` values from the one at or below its Cout up to 2048, made non-decreasing by
+    a running minimum from the top, and interpolated log-linearly in Cout between the two ladder values around it
+    (the band scaled alike; never below the row's own roofline): non-increasing as Cout falls up to 2048, and on a
+    ladder value never above the row's own prediction (AlexNet's conv2-5, Cout 192 / 384 / 256 / 256, each the
+    fastest of the ladder above it, keep their own). The ladder rows are predicted in the same pass, each distinct one
+    once; a row's result depends on its own ladder only."""
+    op = canon["op"].to_numpy() if "op" in canon else np.zeros(0)
+    conv = np.flatnonzero(np.isin(op, CONV_KERNELS))
+    rows = conv[_tensor_core_conv(canon.iloc[conv], spec)] if len(conv) else conv
+    probes, owner, sel, lo_i, w = _cout_ladder_probes(canon, rows) if len(rows) else (canon.iloc[:0],) + (conv,) * 4
+    if not len(probes):
+        return _predict_conv_rows(canon, spec, bundle)
+    n = len(canon)
+    both = pd.concat([canon, probes], ignore_index=True)
+    groups = _distinct_rows(both)
+    if groups is not None:
+        res = _take(_predict_conv_rows(both.iloc[groups[0]], spec, bundle), groups[1])
+    else:
+        res = _predict_conv_rows(both, spec, bundle)
+    out = _take(res, slice(None, n))
+    # the running minimum from the top of each row's ladder (comparisons only: a ladder value's time stays exact)
+    g, start = _segment_monotone(np.asarray(res["pred_latency_ms"][n:], dtype=float), owner, suffix_min=True)
+    end = np.append(start, len(g))[np.searchsorted(start, lo_i, side="right")] - 1
+    m_lo, m_hi = g[lo_i], g[np.minimum(lo_i + 1, end)]
+    with np.errstate(divide="ignore", invalid="ignore"):  # (clipped: rounding must not step past a neighbour)
+        t_new = np.where(w > 0, np.clip(m_lo * (m_hi / m_lo) ** w, m_lo, m_hi), m_lo)
+    t_old = np.asarray(out["pred_latency_ms"], dtype=float)[sel]
+    f = np.where(t_old > 0, t_new / np.where(t_old > 0, t_old, 1.0), 1.0)
+    roof = np.where(_strided_subset_rows(canon, sel), 0.0, np.asarray(out["roofline_ms"], dtype=float)[sel])
+    for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+        out[k] = np.array(out[k], dtype=float)
+        out[k][sel] = np.maximum(t_new if k == "pred_latency_ms" else out[k][sel] * f, roof)
+    return out
+
+
+def _strided_subset_rows(canon: pd.DataFrame, at: np.ndarray) -> np.ndarray:
+    """Per row ``at`` of ``canon`` (convolution kernels): a forward or wgrad kernel whose filter is narrower than its
+    stride, which reads only the strided pixels of its input (their channels contiguous in NHWC), fewer bytes than the
+    row's own ``roofline_ms`` counts (the whole input tensor): its floor is the lower of that and its implicit GEMM's
+    roofline (:func:`_predict_routed_rows`)."""
+    k, st = (canon[c].to_numpy(dtype=float)[at] for c in ("Kernel_Size", "Stride"))
+    return (canon["op"].to_numpy()[at] != "conv_dgrad") & (k < st)
+
+
+def _tensor_core_conv(conv_rows: pd.DataFrame, spec: DeviceSpec) -> np.ndarray:
+    """Per row of ``conv_rows`` (convolution kernels): it runs as an implicit GEMM on tensor cores (a tensor-core dtype
+    whose peak the spec has; a tf32 conv only with Cin a multiple of 4), as :func:`_route_convs` routes it."""
+    dt = conv_rows["dtype"].to_numpy()
+    codes, names = pd.factorize(dt)
+    peaked = np.array([d in TENSOR_CORE_CONV_DTYPES and bool(getattr(spec, _CONV_PEAK_FIELD[d], None) or 0)
+                       for d in names], dtype=bool)[codes] if len(dt) else np.zeros(0, dtype=bool)
+    cin = conv_rows["Input_Channel"].to_numpy(dtype=float)
+    return peaked & ~((dt == "tf32") & ~tf32_conv_on_tensor_cores(cin))
+
+
+def _predict_conv_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
+    """:func:`_predict_routed_rows`, a tf32 convolution on tensor cores never slower than the same convolution in FP32.
+
+    ``torch.backends.cudnn.allow_tf32`` leaves an fp32 convolution's descriptor at cuDNN's default math type
+    (aten/src/ATen/cudnn/Descriptors.h ``ConvolutionDescriptor::set``: ``CUDNN_FMA_MATH`` only when TF32 is not
+    allowed), under which cuDNN may run TF32 tensor-core kernels or FP32 ones, and PyTorch takes the algorithm cuDNN
+    ranks fastest (aten/src/ATen/native/cudnn/Conv_v7.cpp: ``cudnnFind*`` timing every algorithm under
+    ``cudnn.benchmark``, the ``cudnnGet*_v7`` heuristics' first pick otherwise): the FP32 kernels are still among the
+    candidates. So a tf32 row on tensor cores is predicted with its fp32 twin (same op and shape; the conv surrogate,
+    :data:`FORWARD_SHAPE_SUFFIX` for the backward kernels) in the same pass, and where the twin is faster the row
+    takes the twin's time and band (never below the row's own roofline) and its ``model`` becomes the twin's with
+    :data:`FP32_SIMT_SUFFIX`; ``roofline_ms``, ``ood`` and ``ood_reason`` stay the row's own. Before the implicit-GEMM
+    memory correction (featurize/conv_gemm.py ``implicit_gemm_conv_ms``), a tf32 3x3 128->4 conv of B = 64 at
+    64 x 64 on an A100-80GB came out 1.087 ms against 0.778 in fp32 (audit 57f finding 3); after it the twin binds
+    only on GPUs whose TF32 peak is at most 2x their FP32 one (A10, A40, L40S) on large compute-bound convs, where
+    the conv surrogate's fp32 time is mostly below its own FP32 roofline (an extrapolation left as it is here)."""
+    op = canon["op"].to_numpy() if "op" in canon else np.zeros(0)
+    conv = np.flatnonzero(np.isin(op, CONV_KERNELS) & (canon["dtype"].to_numpy() == "tf32")) if len(op) else op
+    tw = conv[_tensor_core_conv(canon.iloc[conv], spec)] if len(conv) else np.zeros(0, dtype=np.intp)
+    if not len(tw):
+        return _predict_routed_rows(canon, spec, bundle)
+    n = len(canon)
+    both = pd.concat([canon, canon.iloc[tw].assign(dtype="fp32")], ignore_index=True)
+    groups = _distinct_rows(both)
+    if groups is not None:
+        res = _take(_predict_routed_rows(both.iloc[groups[0]], spec, bundle), groups[1])
+    else:
+        res = _predict_routed_rows(both, spec, bundle)
+    out = _take(res, slice(None, n))
+    twin = np.arange(n, n + len(tw))
+    faster = res["pred_latency_ms"][twin] < out["pred_latency_ms"][tw]
+    if faster.any():
+        at, src = tw[faster], twin[faster]
+        roof = np.where(_strided_subset_rows(canon, at), 0.0, np.asarray(out["roofline_ms"], dtype=float)[at])
+        for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+            out[k] = np.array(out[k], dtype=float)
+            out[k][at] = np.maximum(res[k][src], roof)
+        codes, names = out["model"]
+        tcodes, tnames = res["model"]
+        codes = codes.copy()
+        new_codes, new_names = pd.factorize(np.asarray(tnames, dtype=object)[tcodes[src]] + FP32_SIMT_SUFFIX)
+        codes[at] = len(names) + new_codes
+        out["model"] = (codes, list(names) + [str(t) for t in new_names])
+    return out
+
+
+def _predict_routed_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
     """:func:`_predict_unrouted_rows` with the convolution rows routed to the kernels that cost them
     (:func:`_route_convs`): their ``roofline_ms`` stays their own (the convolution's FLOPs and its tensors' bytes, in
     the row's dtype), their ``model`` says how they were costed (:data:`IMPLICIT_GEMM_SUFFIX`,
@@ -647,7 +823,22 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     conv = np.flatnonzero(route["conv"])
     own = canon.iloc[conv].assign(op="conv")  # a backward kernel's FLOPs and tensors are its forward's
     out["roofline_ms"] = np.array(out["roofline_ms"], dtype=float)
+    gemm_roof_ms = out["roofline_ms"].copy()  # the routed rows' own: an implicit GEMM's, over its unfolded operand
     out["roofline_ms"][conv] = featurize_kernels(own, spec)["t_roof_ms"].to_numpy()
+    g = np.flatnonzero(route["gemm"])
+    if len(g):  # the GEMM's efficiency on the convolution's own bytes (featurize/conv_gemm.py implicit_gemm_conv_ms)
+        dt = canon["dtype"].to_numpy()[g]
+        eb = np.array([float(DTYPE_BYTES[d]) for d in dt])
+        cin_run, cout_run = (padded_channels(canon[c].to_numpy(dtype=float)[g], eb)
+                             for c in ("Input_Channel", "Output_Channel"))
+        run = canon.iloc[g].assign(op="conv", Input_Channel=cin_run, Output_Channel=cout_run)
+        conv_roof_ms = featurize_kernels(run, spec)["t_roof_ms"].to_numpy()
+        # ResNet's 1x1 stride-2 shortcut reads a quarter of its input: floored at its GEMM's roofline if that is lower
+        own_ms = out["roofline_ms"][g]
+        floor_ms = np.where(_strided_subset_rows(canon, g), np.minimum(own_ms, gemm_roof_ms[g]), own_ms)
+        for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+            out[k] = np.array(out[k], dtype=float)
+            out[k][g] = implicit_gemm_conv_ms(out[k][g], gemm_roof_ms[g], conv_roof_ms, floor_ms)
     codes, names = out["model"]
     suffix = np.where(route["gemm"], IMPLICIT_GEMM_SUFFIX,
                       np.where(route["simt"], FP32_SIMT_SUFFIX, np.where(route["bwd"], FORWARD_SHAPE_SUFFIX, "")))
