@@ -83,6 +83,39 @@ def implicit_gemm_shape(kind, B, cin, cout, k, s, stride, pad) -> tuple[np.ndarr
     return tuple(np.where(is_d, d, np.where(is_w, w, f)) for f, d, w in zip(fwd, dgrad, wgrad))
 
 
+def pointwise_conv_rows(k, stride, pad) -> np.ndarray:
+    """Per row: a 1 x 1 convolution of stride 1 and no padding, one GEMM over the input as it lies in memory (no
+    im2col: :func:`pointwise_gemm_shape`)."""
+    k, stride, pad = (np.asarray(v, dtype=float) for v in (k, stride, pad))
+    return (k == 1) & (stride == 1) & (pad == 0)
+
+
+def pointwise_gemm_shape(kind, B, cin, cout, s) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(B, M, N, K) of the batched GEMM an FP32 1 x 1, stride-1, unpadded convolution runs as (``kind`` per row one of
+    :data:`CONV_KERNELS`; a (B, Cin, S, S) NCHW input, Cout filters). Per image the input is a (Cin x S^2) matrix and
+    the filters a (Cout x Cin) one, so each kernel is one GEMM per image, a batch of B (wattcast's convention: M rows,
+    N the contraction, K the outputs):
+
+    - forward: M = S^2, N = Cin, K = Cout (Y_b = W X_b);
+    - dgrad:   M = S^2, N = Cout, K = Cin (dX_b = W^T dY_b);
+    - wgrad:   M = Cout, N = S^2, K = Cin (dW = sum_b dY_b X_b^T: one product per image, summed).
+
+    This is the orientation cuDNN ran on a V100 (ResNet-50, batch 32, FP32; $WATTCAST_DATA/traces/v100_rank0.json.gz,
+    benchmarks/resnet50_v100_trace.py), read from the cuBLAS kernels' grids (tile M x tile N, grid.z the batch):
+    forward 64->256 at 56 ``volta_sgemm_64x64_nn`` grid (49, 4, 32) = (3136 / 64, 256 / 64, 32); 128->512 at 28
+    ``volta_sgemm_32x128_nn`` (25, 4, 32) = (ceil(784 / 32), 512 / 128, 32); dgrad of 512->128 at 28
+    ``volta_sgemm_32x128_nt`` (25, 4, 32) (Cin 512 out); wgrad of 1024->256 at 14 ``volta_sgemm_32x128_tn`` (8, 8, 32)
+    = (256 / 32, 1024 / 128, 32). The three do the same FLOPs as the convolution (2 x B x S^2 x Cin x Cout)."""
+    kind = np.asarray(kind, dtype=object)
+    B, cin, cout, s = (np.asarray(v, dtype=float) for v in (B, cin, cout, s))
+    hw = s * s
+    is_d, is_w = kind == "conv_dgrad", kind == "conv_wgrad"
+    m = np.where(is_w, cout, hw)
+    n = np.where(is_d, cout, np.where(is_w, hw, cin))
+    k = np.where(is_d | is_w, cin, cout)
+    return B * np.ones_like(m), m, n, k
+
+
 def cudnn_tf32_rows(kernel, dtype, method, cin) -> np.ndarray:
     """Per node of a step graph (its ``kernel``, ``dtype``, ``method`` and ``Input_Channel`` columns): an fp32
     convolution kernel PyTorch runs in TF32 on a GPU with TF32 tensor cores. ``torch.backends.cudnn.allow_tf32`` is

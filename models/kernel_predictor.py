@@ -10,7 +10,8 @@ import pandas as pd
 from wattcast.data.catalog_match import catalog_twin, compute_twin
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.conv_gemm import (CONV_KERNELS, TENSOR_CORE_CONV_DTYPES, conv_out_size, implicit_gemm_conv_ms,
-                                          implicit_gemm_shape, padded_channels, tf32_conv_on_tensor_cores)
+                                          implicit_gemm_shape, padded_channels, pointwise_conv_rows,
+                                          pointwise_gemm_shape, tf32_conv_on_tensor_cores)
 from wattcast.featurize.kernel_features import featurize_kernels
 from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_FAMILIES, MAX_SHAPE_DIM, MAX_TENSOR_BYTES,
                                      MEASURED_AS, OP_ALIASES, OP_FAMILY, SHAPE_COLS, VEC_COLS, bad_shape_values,
@@ -581,6 +582,9 @@ FP32_SIMT_SUFFIX = "+fp32-simt"
 #: the ``model`` suffix of a backward convolution row (``conv_dgrad`` / ``conv_wgrad``) off the tensor cores, costed by
 #: the conv surrogate at its forward convolution's shape (the same FLOPs, and the same three tensors read or written)
 FORWARD_SHAPE_SUFFIX = "+fwd-shape"
+#: the ``model`` suffix of an FP32 1 x 1 stride-1 unpadded convolution row (forward, dgrad or wgrad) costed as the
+#: batched GEMM it is by the GEMM family (:func:`_route_convs`; featurize/conv_gemm.py ``pointwise_gemm_shape``)
+POINTWISE_GEMM_SUFFIX = "+sgemm-1x1"
 
 
 def _route_convs(canon: pd.DataFrame, spec: DeviceSpec) -> tuple[pd.DataFrame, dict | None]:
@@ -599,6 +603,12 @@ def _route_convs(canon: pd.DataFrame, spec: DeviceSpec) -> tuple[pd.DataFrame, d
       (:func:`~wattcast.featurize.conv_gemm.tf32_conv_on_tensor_cores`) runs in FP32: the conv surrogate's fp32 row.
     - A backward kernel off the tensor cores is the conv surrogate's forward row of its shape (the same FLOPs and
       tensors; the surrogate has no backward data). Until stop 57 a step costed them by the roofline at the dense peak.
+    - An FP32 (after the rule above) 1 x 1 convolution of stride 1 and no padding, forward, dgrad or wgrad, becomes
+      the ``bmm`` of B images it is (:func:`~wattcast.featurize.conv_gemm.pointwise_gemm_shape`), predicted by the
+      GEMM family as FP32 (route ``sgemm``). cuDNN runs them as cuBLAS SGEMMs or GEMM-shaped implicit-GEMM kernels:
+      on the V100 ResNet-50 trace (benchmarks/resnet50_v100_trace.py) ``volta_sgemm_64x64_nn`` / ``_32x128_nn``
+      forward, ``volta_sgemm_*_nt`` dgrad, ``volta_sgemm_*_tn`` wgrad at 10-13 TFLOP/s, where the conv surrogate
+      (NeuSight's conv data) put them at 6.5-8.
     """
     op = canon["op"].to_numpy()
     conv = np.isin(op, CONV_KERNELS)
@@ -611,9 +621,11 @@ def _route_convs(canon: pd.DataFrame, spec: DeviceSpec) -> tuple[pd.DataFrame, d
     cin = canon["Input_Channel"].to_numpy(dtype=float)
     simt = conv & (dt == "tf32") & ~tf32_conv_on_tensor_cores(cin)
     gemm = conv & peaked & ~simt
+    sgemm = conv & ~gemm & ((dt == "fp32") | simt) & pointwise_conv_rows(
+        *(canon[c].to_numpy(dtype=float) for c in ("Kernel_Size", "Stride", "Padding")))
     bwd = conv & (op != "conv")
     out = canon.copy()
-    new_op = np.where(gemm, "bmm", np.where(conv, "conv", op)).astype(object)
+    new_op = np.where(gemm | sgemm, "bmm", np.where(conv, "conv", op)).astype(object)
     out["op"] = new_op
     if simt.any():
         out["dtype"] = np.where(simt, "fp32", dt).astype(object)
@@ -628,11 +640,21 @@ def _route_convs(canon: pd.DataFrame, spec: DeviceSpec) -> tuple[pd.DataFrame, d
             full = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
             full[g] = v
             out[col] = full
+    if sgemm.any():
+        g = np.flatnonzero(sgemm)
+        c = {col: canon[col].to_numpy(dtype=float)[g] for col in CONV_COLS}
+        shape = pointwise_gemm_shape(op[g], c["B"], c["Input_Channel"], c["Output_Channel"], c["Input_Size"])
+        for col, v in zip(("B", "M", "N", "K"), shape):
+            full = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
+            full[g] = v
+            out[col] = full
+    if gemm.any() or sgemm.any():
+        g = np.flatnonzero(gemm | sgemm)
         for col in CONV_COLS[1:]:
             full = out[col].to_numpy(dtype=float, copy=True)
             full[g] = np.nan
             out[col] = full
-    return out, {"conv": conv, "gemm": gemm, "simt": simt, "bwd": bwd}
+    return out, {"conv": conv, "gemm": gemm, "simt": simt & ~sgemm, "bwd": bwd & ~sgemm, "sgemm": sgemm}
 
 
 #: the output-channel counts a tensor-core convolution row is also costed at (:func:`_predict_rows`): powers of two and
@@ -815,7 +837,7 @@ def _predict_routed_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBu
     """:func:`_predict_unrouted_rows` with the convolution rows routed to the kernels that cost them
     (:func:`_route_convs`): their ``roofline_ms`` stays their own (the convolution's FLOPs and its tensors' bytes, in
     the row's dtype), their ``model`` says how they were costed (:data:`IMPLICIT_GEMM_SUFFIX`,
-    :data:`FP32_SIMT_SUFFIX`, :data:`FORWARD_SHAPE_SUFFIX`)."""
+    :data:`FP32_SIMT_SUFFIX`, :data:`FORWARD_SHAPE_SUFFIX`, :data:`POINTWISE_GEMM_SUFFIX`)."""
     routed, route = _route_convs(canon, spec)
     out = _predict_unrouted_rows(routed, spec, bundle)
     if route is None:
@@ -839,9 +861,14 @@ def _predict_routed_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBu
         for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
             out[k] = np.array(out[k], dtype=float)
             out[k][g] = implicit_gemm_conv_ms(out[k][g], gemm_roof_ms[g], conv_roof_ms, floor_ms)
+    p = np.flatnonzero(route["sgemm"])
+    if len(p):  # the GEMM's own time: it reads and writes the convolution's tensors as they lie (no unfolded operand)
+        for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
+            out[k] = np.array(out[k], dtype=float)
+            out[k][p] = np.maximum(out[k][p], out["roofline_ms"][p])
     codes, names = out["model"]
-    suffix = np.where(route["gemm"], IMPLICIT_GEMM_SUFFIX,
-                      np.where(route["simt"], FP32_SIMT_SUFFIX, np.where(route["bwd"], FORWARD_SHAPE_SUFFIX, "")))
+    suffix = np.where(route["sgemm"], POINTWISE_GEMM_SUFFIX, np.where(route["gemm"], IMPLICIT_GEMM_SUFFIX,
+                      np.where(route["simt"], FP32_SIMT_SUFFIX, np.where(route["bwd"], FORWARD_SHAPE_SUFFIX, ""))))
     at = np.flatnonzero(suffix != "")
     if len(at):
         codes = codes.copy()
