@@ -824,13 +824,19 @@ def _predict_conv_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBund
         for k in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
             out[k] = np.array(out[k], dtype=float)
             out[k][at] = np.maximum(res[k][src], roof)
-        codes, names = out["model"]
         tcodes, tnames = res["model"]
-        codes = codes.copy()
-        new_codes, new_names = pd.factorize(np.asarray(tnames, dtype=object)[tcodes[src]] + FP32_SIMT_SUFFIX)
-        codes[at] = len(names) + new_codes
-        out["model"] = (codes, list(names) + [str(t) for t in new_names])
+        out["model"] = _relabelled(out["model"], at, np.asarray(tnames, dtype=object)[tcodes[src]] + FP32_SIMT_SUFFIX)
     return out
+
+
+def _relabelled(model: tuple, at: np.ndarray, labels) -> tuple:
+    """``model`` (the ``model`` column as (codes, names)) with the rows ``at`` labelled ``labels`` (one per row, e.g.
+    a row's model name plus the suffix saying how it was costed), new names appended after the old ones."""
+    codes, names = model
+    codes = codes.copy()
+    new_codes, new_names = pd.factorize(np.asarray(labels, dtype=object))
+    codes[at] = len(names) + new_codes
+    return codes, list(names) + [str(t) for t in new_names]
 
 
 def _predict_routed_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -> dict[str, np.ndarray]:
@@ -871,10 +877,7 @@ def _predict_routed_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBu
                       np.where(route["simt"], FP32_SIMT_SUFFIX, np.where(route["bwd"], FORWARD_SHAPE_SUFFIX, ""))))
     at = np.flatnonzero(suffix != "")
     if len(at):
-        codes = codes.copy()
-        tcodes, tnames = pd.factorize(np.asarray(names, dtype=object)[codes[at]] + suffix[at])
-        codes[at] = len(names) + tcodes
-        out["model"] = (codes, list(names) + [str(t) for t in tnames])
+        out["model"] = _relabelled(out["model"], at, np.asarray(names, dtype=object)[codes[at]] + suffix[at])
     return out
 
 
@@ -915,10 +918,7 @@ def _predict_unrouted_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: Kernel
             out[k] = np.array(out[k], dtype=float)
             out[k][at] = np.minimum(out[k][at], res[k][tw])
         codes, names = out["model"]
-        codes = codes.copy()
-        tcodes, tnames = pd.factorize(np.asarray(names, dtype=object)[codes[at]] + FP32_TWIN_SUFFIX)
-        codes[at] = len(names) + tcodes
-        out["model"] = (codes, list(names) + [str(t) for t in tnames])
+        out["model"] = _relabelled(out["model"], at, np.asarray(names, dtype=object)[codes[at]] + FP32_TWIN_SUFFIX)
     return out
 
 
