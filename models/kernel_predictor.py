@@ -707,13 +707,8 @@ def _predict_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBundle) -
     if not len(conv):
         return _predict_cout_guarded_rows(canon, spec, bundle)
     n = len(canon)
-    both = pd.concat([canon, canon.iloc[conv].assign(Kernel_Size=1.0, Padding=0.0)], ignore_index=True)
-    groups = _distinct_rows(both)
-    if groups is not None:
-        res = _take(_predict_cout_guarded_rows(both.iloc[groups[0]], spec, bundle), groups[1])
-    else:
-        res = _predict_cout_guarded_rows(both, spec, bundle)
-    out = _take(res, slice(None, n))
+    one_by_one = canon.iloc[conv].assign(Kernel_Size=1.0, Padding=0.0)
+    out, res = _with_extra_rows(_predict_cout_guarded_rows, canon, one_by_one, spec, bundle)
     twin = np.arange(n, n + len(conv))
     for key in ("pred_latency_ms", "pred_low_ms", "pred_high_ms"):
         out[key] = np.array(out[key], dtype=float)
@@ -745,13 +740,7 @@ def _predict_cout_guarded_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: Ke
     if not len(probes):
         return _predict_conv_rows(canon, spec, bundle)
     n = len(canon)
-    both = pd.concat([canon, probes], ignore_index=True)
-    groups = _distinct_rows(both)
-    if groups is not None:
-        res = _take(_predict_conv_rows(both.iloc[groups[0]], spec, bundle), groups[1])
-    else:
-        res = _predict_conv_rows(both, spec, bundle)
-    out = _take(res, slice(None, n))
+    out, res = _with_extra_rows(_predict_conv_rows, canon, probes, spec, bundle)
     # the running minimum from the top of each row's ladder (comparisons only: a ladder value's time stays exact)
     g, start = _segment_monotone(np.asarray(res["pred_latency_ms"][n:], dtype=float), owner, suffix_min=True)
     end = np.append(start, len(g))[np.searchsorted(start, lo_i, side="right")] - 1
@@ -809,13 +798,7 @@ def _predict_conv_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBund
     if not len(tw):
         return _predict_routed_rows(canon, spec, bundle)
     n = len(canon)
-    both = pd.concat([canon, canon.iloc[tw].assign(dtype="fp32")], ignore_index=True)
-    groups = _distinct_rows(both)
-    if groups is not None:
-        res = _take(_predict_routed_rows(both.iloc[groups[0]], spec, bundle), groups[1])
-    else:
-        res = _predict_routed_rows(both, spec, bundle)
-    out = _take(res, slice(None, n))
+    out, res = _with_extra_rows(_predict_routed_rows, canon, canon.iloc[tw].assign(dtype="fp32"), spec, bundle)
     twin = np.arange(n, n + len(tw))
     faster = res["pred_latency_ms"][twin] < out["pred_latency_ms"][tw]
     if faster.any():
@@ -827,6 +810,18 @@ def _predict_conv_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: KernelBund
         tcodes, tnames = res["model"]
         out["model"] = _relabelled(out["model"], at, np.asarray(tnames, dtype=object)[tcodes[src]] + FP32_SIMT_SUFFIX)
     return out
+
+
+def _with_extra_rows(predict, canon: pd.DataFrame, extra: pd.DataFrame, spec: DeviceSpec,
+                     bundle: KernelBundle) -> tuple[dict, dict]:
+    """(the predictions of ``canon``'s rows, those of ``canon`` followed by ``extra``): ``predict`` run once over both,
+    identical rows predicted once (:func:`_distinct_rows`), for a rule comparing a row with a variant of it (a twin in
+    another dtype, another filter size, a ladder of channel counts); the extra rows' results start at ``len(canon)``."""
+    both = pd.concat([canon, extra], ignore_index=True)
+    groups = _distinct_rows(both)
+    res = (_take(predict(both.iloc[groups[0]], spec, bundle), groups[1]) if groups is not None
+           else predict(both, spec, bundle))
+    return _take(res, slice(None, len(canon))), res
 
 
 def _relabelled(model: tuple, at: np.ndarray, labels) -> tuple:
@@ -901,15 +896,8 @@ def _predict_unrouted_rows(canon: pd.DataFrame, spec: DeviceSpec, bundle: Kernel
     if not len(half):
         return _predict_kernel_rows(canon, spec, bundle)
     n = len(canon)
-    twins = canon.iloc[half].copy()
-    twins["dtype"] = "fp32"
-    rows = pd.concat([canon, twins], ignore_index=True)
-    groups = _distinct_rows(rows)  # bf16 and fp16 rows share a twin, and the batch may hold it already
-    if groups is not None:
-        res = _take(_predict_kernel_rows(rows.iloc[groups[0]], spec, bundle), groups[1])
-    else:
-        res = _predict_kernel_rows(rows, spec, bundle)
-    out = _take(res, slice(None, n))
+    # bf16 and fp16 rows share a twin, and the batch may hold it already: deduplicated with the batch
+    out, res = _with_extra_rows(_predict_kernel_rows, canon, canon.iloc[half].assign(dtype="fp32"), spec, bundle)
     twin_ms = res["pred_latency_ms"][n:]
     faster = twin_ms < out["pred_latency_ms"][half]
     if faster.any():
