@@ -173,12 +173,16 @@ def activation(b: GraphBuilder, x: Tensor, act: str) -> Tensor:
         return b.elementwise("mul", half, t, name="gelu.out")
     if a in GELU_ONE_KERNEL:
         return b.elementwise("gelu", x, name="gelu")
-    if a in ("relu",):
-        return b.elementwise("relu", x, name="relu")
+    if a in ("relu",):  # keeps its result for backward, the tensor the next linear layer saves: counted once
+        y = b.elementwise("relu", x, name="relu")
+        b.saves_result(y)  # aten derivatives.yaml, relu: threshold_backward(grad, result, 0)
+        return y
     if a in ("silu", "swish"):
         return b.elementwise("silu", x, name="silu")
     if a == "tanh":
-        return b.elementwise("tanh", x, name="tanh")
+        y = b.elementwise("tanh", x, name="tanh")
+        b.saves_result(y)  # aten derivatives.yaml, tanh: tanh_backward(grad, result)
+        return y
     raise GraphError(f"unsupported activation function {act!r} (supported: {', '.join(ACTIVATIONS)})")
 
 
