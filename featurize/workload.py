@@ -769,7 +769,8 @@ def step_graph(model: Any, opts: StepOptions | None = None, example_inputs: tupl
     ``example_inputs``: the positional inputs of a ``torch.nn.Module``'s forward (default: token ids of shape
     (batch, seq)); only shapes and dtypes are used."""
     opts = replace(opts or StepOptions(), **kw).validated()
-    g = _step_graph(model, opts, example_inputs)
+    # the graph does not depend on cuDNN's TF32 switch (the costing reads it from meta): built, and cached, once for both
+    g = _step_graph(model, replace(opts, cudnn_tf32=True), example_inputs)
     if opts.cudnn_tf32:
         return g
     # cuDNN's TF32 off: the graph says so (its meta), one graph object per built graph (the cost caches key on it)

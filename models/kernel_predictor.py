@@ -587,6 +587,15 @@ FORWARD_SHAPE_SUFFIX = "+fwd-shape"
 POINTWISE_GEMM_SUFFIX = "+sgemm-1x1"
 
 
+def _put_gemm_shape(out: pd.DataFrame, rows: np.ndarray, bmnk) -> None:
+    """Write the GEMM shape ``bmnk`` (B, M, N, K arrays, one value per row of ``rows``) into ``out``'s rows ``rows``
+    (the other rows keep theirs; a column ``out`` lacks is made, NaN elsewhere)."""
+    for col, v in zip(("B", "M", "N", "K"), bmnk):
+        full = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
+        full[rows] = v
+        out[col] = full
+
+
 def _route_convs(canon: pd.DataFrame, spec: DeviceSpec) -> tuple[pd.DataFrame, dict | None]:
     """(``canon`` with its convolution rows as the kernels that cost them, the routes: per-row masks ``conv``,
     ``gemm``, ``simt`` and ``bwd``; None when ``canon`` holds no convolution).
@@ -636,18 +645,12 @@ def _route_convs(canon: pd.DataFrame, spec: DeviceSpec) -> tuple[pd.DataFrame, d
         m, n_, k = implicit_gemm_shape(op[g], c["B"], padded_channels(c["Input_Channel"], eb),
                                        padded_channels(c["Output_Channel"], eb), c["Kernel_Size"], c["Input_Size"],
                                        c["Stride"], c["Padding"])
-        for col, v in (("B", np.ones(len(g))), ("M", m), ("N", n_), ("K", k)):
-            full = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
-            full[g] = v
-            out[col] = full
+        _put_gemm_shape(out, g, (np.ones(len(g)), m, n_, k))
     if sgemm.any():
         g = np.flatnonzero(sgemm)
         c = {col: canon[col].to_numpy(dtype=float)[g] for col in CONV_COLS}
-        shape = pointwise_gemm_shape(op[g], c["B"], c["Input_Channel"], c["Output_Channel"], c["Input_Size"])
-        for col, v in zip(("B", "M", "N", "K"), shape):
-            full = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
-            full[g] = v
-            out[col] = full
+        _put_gemm_shape(out, g, pointwise_gemm_shape(op[g], c["B"], c["Input_Channel"], c["Output_Channel"],
+                                                     c["Input_Size"]))
     if gemm.any() or sgemm.any():
         g = np.flatnonzero(gemm | sgemm)
         for col in CONV_COLS[1:]:

@@ -157,17 +157,22 @@ FORCED = "made current by --force although the gate would have"
 REFUSAL_ONLY = ("rerun with --force", "not made current", "CURRENT is left as it was", "still has no live model")
 
 
+def _t4_bmm_rows(data_root, n: int) -> pd.DataFrame:
+    """The first ``n`` Tesla T4 rows of NeuSight's bmm test kernels (skips when the data is absent)."""
+    f = data_root / "neusight" / "kernels_test" / "bmm.csv"
+    if not f.is_file():
+        pytest.skip(f"{f} not present")
+    d = pd.read_csv(f)
+    return d[d["Device"] == "Tesla T4"][["OPName", "Latency", "Device", "B", "M", "N", "K"]].head(n)
+
+
 @pytest.fixture(scope="module")
 def t4_rows(data_root, tmp_path_factory):
     from wattcast.data.catalog import resolve_device
     from wattcast.data.kernel_datasets import load_user_kernels
     from wattcast.training.kernel_run import _canonical_devices
 
-    f = data_root / "neusight" / "kernels_test" / "bmm.csv"
-    if not f.is_file():
-        pytest.skip(f"{f} not present")
-    d = pd.read_csv(f)
-    d = d[d["Device"] == "Tesla T4"][["OPName", "Latency", "Device", "B", "M", "N", "K"]].head(100)
+    d = _t4_bmm_rows(data_root, 100)
     p = tmp_path_factory.mktemp("t4") / "t4.csv"
     d.to_csv(p, index=False)
     return _canonical_devices(load_user_kernels(p), {}), {"Tesla-T4": resolve_device("Tesla-T4")}
@@ -250,11 +255,7 @@ def test_verdict_wording():
 
 # ------------------------------------------------------------------------------- 4. --holdout of a --spec GPU
 def test_holdout_names_a_spec_gpu_of_the_same_command(data_root, tmp_path):
-    f = data_root / "neusight" / "kernels_test" / "bmm.csv"
-    if not f.is_file():
-        pytest.skip(f"{f} not present")
-    d = pd.read_csv(f)
-    d = d[d["Device"] == "Tesla T4"][["OPName", "Latency", "Device", "B", "M", "N", "K"]].head(40)
+    d = _t4_bmm_rows(data_root, 40)
     csv = tmp_path / "rtx.csv"
     d.assign(Device="RTX-4090").to_csv(csv, index=False)  # T4 timings: slower than a 4090 can run them, not faster
     for name in ("RTX-4090", "GeForce RTX 4090", "rtx4090", str(MY_GPU)):  # the name, two aliases, the spec path
