@@ -675,22 +675,32 @@ def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
     return _search(model, cluster, gpus, batch, seq, **kw)
 
 
-def footprint(device, gpus: int, hours: float, *, avg_power_w: float | None = None, utilisation: float = 0.5, **kw):
+def footprint(device, gpus: int, hours: float, *, avg_power_w: float | None = None, utilisation: float = 0.5,
+              apply_goodput: bool = False, power_model=None, **kw):
     """Lifecycle footprint (energy, operational/embodied CO2e, CapEx/OpEx/TCO, goodput) of ``gpus`` x ``device``
     for ``hours`` of wall-clock time. ``avg_power_w``: measured all-in power per accelerator (Patterson et
-    al.'s convention); without it, the power surrogate's GPU power at ``utilisation`` plus node overhead.
-    ``kw``: region, pue, grid_kgco2e_per_kwh, lifetime_years, ..., and ``gpus_per_node`` with ``node_gpus`` (the run uses
-    that many of each node's GPUs: the idle spares of the nodes it holds are charged with it) (see
-    wattcast.lifecycle.footprint)."""
+    al.'s convention); else ``power_model`` (GPU power in W, or a callable ``f(utilisation) -> W``; node overhead
+    added); without either, the power surrogate's GPU power at ``utilisation`` plus node overhead.
+    ``apply_goodput``: False by default here (``hours`` are measured wall-clock time, as published footprints report
+    them, goodput 1); True takes them as failure-free and adds the time failures, checkpoints and restarts cost, as
+    :func:`wattcast.lifecycle.footprint` does by default (and every run of predicted steps). The result says which in
+    ``goodput_applied``. ``kw``: region, pue, grid_kgco2e_per_kwh, lifetime_years, ..., and ``gpus_per_node`` with
+    ``node_gpus`` (the run uses that many of each node's GPUs: the idle spares of the nodes it holds are charged with
+    it) (see wattcast.lifecycle.footprint)."""
     from wattcast.data.catalog import resolve_device
     from wattcast.simulate.energy import gpu_power_at_w
     from wattcast.lifecycle import footprint as _fp
 
+    if avg_power_w is not None and power_model is not None:
+        raise ValueError("avg_power_w gives the measured all-in power itself and power_model models the GPU's: give "
+                         "one of them")
     spec = resolve_device(device)
     kw = {k: v for k, v in kw.items() if v is not None}
     if avg_power_w is not None:
-        return _fp(spec, gpus, hours, avg_power_w=avg_power_w, apply_goodput=False, **kw)
-    return _fp(spec, gpus, hours, power_model=lambda u: gpu_power_at_w(spec, u), utilisation=utilisation, apply_goodput=False, **kw)
+        return _fp(spec, gpus, hours, avg_power_w=avg_power_w, apply_goodput=apply_goodput, **kw)
+    if power_model is None:
+        power_model = lambda u: gpu_power_at_w(spec, u)  # noqa: E731
+    return _fp(spec, gpus, hours, power_model=power_model, utilisation=utilisation, apply_goodput=apply_goodput, **kw)
 
 
 def builtin_models() -> list[str]:

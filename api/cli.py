@@ -1427,6 +1427,10 @@ def _print_run_sources(con, ranked) -> None:
             (f"{dev}: cloud price unknown (cloud $ empty; give --cloud-usd-per-gpu-hour)" if pd_isna(r["cloud_usd_per_gpu_hour"])
              else f"{dev}: cloud {r['cloud_usd_per_gpu_hour']:g} USD/GPU-h, {r.get('cloud_pricing', 'on-demand')} "
                   f"(source: {r['cloud_price_source']})")]
+        if "accelerator_price_usd" in r and not pd_isna(r["accelerator_price_usd"]):  # TCO's and CO2e's own inputs
+            lines += [f"{dev}: purchase USD {r['accelerator_price_usd']:,.0f} per GPU (source: "
+                      f"{r['accelerator_price_source']}); embodied {r['embodied_kgco2e_per_gpu']:,.0f} kgCO2e per GPU "
+                      "over its life"]
         for line in lines:
             if line not in seen:
                 seen.add(line)
@@ -1645,8 +1649,8 @@ def regions(
     con = _table_console()
     con.print(t)
     if not all(r["grid_region_specific"] for r in rows):
-        con.print("*: no figure of the region's own in the source (a missing value): the world average stands in, "
-                  "flagged in a run's output")
+        con.print("*: not a region's own figure: the world average ('world' itself, or standing in for a region whose "
+                  "source has no figure, a missing value), flagged in a run's output")
     missing = sum(r["electricity_usd_per_kwh"] is None for r in rows)
     con.print(f"USD/kWh: {len(rows) - missing} regions priced (electricity_prices.yaml; figures approximate, see "
               f"--json for each source); {missing} without a price use the global default "
@@ -1745,7 +1749,7 @@ def footprint(
     region: Optional[str] = typer.Option(None, "--region", help="Grid region: country (ISO code or name) or cloud region."),
     grid_kgco2e_per_kwh: Optional[float] = typer.Option(None, "--grid-kgco2e-per-kwh", help="Grid intensity (overrides --region's; the region still gives the electricity price and cloud offer)."),
     lifetime_years: Optional[float] = typer.Option(None, "--lifetime-years", help="Hardware lifetime (default 5)."),
-    market_based: bool = typer.Option(False, "--market-based", help="Market-based grid factor for the region (where the table has one)."),
+    market_based: bool = typer.Option(False, "--market-based", help="Market-based grid factor for the region (cloud regions only: location x (1 - the provider's declared renewable-matching share, CodeCarbon offsetRatio), a proxy, not a published Scope-2 factor; a 0 is the provider's claim, flagged)."),
     node_overhead_share: Optional[float] = typer.Option(None, "--node-overhead-share", help="Host CPUs, DRAM, NICs, fans per GPU as a share of the GPU's TDP, added to its power (default: 0.3 on the power surrogate's GPU power; 0 with --avg-power-w, which is all-in, so a share given with it treats that power as GPU-only)."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs of each node the run uses (with --node-gpus): the rest of every node it occupies are idle spares, charged with the run (e.g. 64 of an NVL72 rack's 72)."),
     node_gpus: Optional[int] = typer.Option(None, "--node-gpus", help="GPUs each node has (with --gpus-per-node; 72 for an NVL72 rack)."),

@@ -159,7 +159,7 @@ BOOL_COLUMNS = frozenset(("sp", "fits", "scheduled", "electricity_region_specifi
 TEXT_COLUMNS = frozenset(("task_id", "model", "cluster", "region", "status", "error", "device", "config", "recompute",
                           "strategy", "schedule", "memory_flag", "dtype", "attention", "framework", "etp",
                           "cloud_price_source", "electricity_source", "grid_region", "grid_basis", "grid_source",
-                          "cloud_pricing", "warnings", "unranked_clusters", "dropped_values", "cp_comm_type",
+                          "cloud_pricing", "accelerator_price_source", "warnings", "unranked_clusters", "dropped_values", "cp_comm_type",
                           "hierarchical_cp_sizes"))
 #: a search's own findings, on every row of its task as JSON text (the keys and values of ``wattcast search --json``):
 #: ``warnings`` (a list: the model's, e.g. a sequence beyond its positions, and the cluster's and GPU's,

@@ -105,9 +105,15 @@ class GridIntensity:
     year: int | None = None
     #: said in a run's notes when the figure is not the region's own (a zone given its country's figure)
     note: str | None = None
-    #: False when the region has no figure of its own and the world average stands in (a country whose upstream
-    #: figure is missing: :func:`missing_country_rows`)
+    #: False when the figure is not a region's own: the world average, asked for as ``world`` or standing in for a
+    #: country whose upstream figure is missing (:func:`missing_country_rows`). The one definition every output uses
+    #: (``wattcast regions``, a run's ``grid_region_specific``; until stop 58 ``regions`` said True for ``world``
+    #: while a search row said False, audit 58c finding 6)
     region_specific: bool = True
+    #: a market-based figure (``basis`` market): the region's location-based figure (kgCO2e/kWh) and the provider's
+    #: declared renewable-matching share it is derived from (CodeCarbon ``offsetRatio``, percent); None otherwise
+    location_kgco2e_per_kwh: float | None = None
+    offset_ratio_pct: float | None = None
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -273,7 +279,9 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
                 "exist only for cloud regions); give the market-based factor as grid_kgco2e_per_kwh "
                 "(--grid-kgco2e-per-kwh; in Python also LifecycleAssumptions.market_kgco2e_per_kwh)"
             )
-        return GridIntensity(key, name, float(m) / 1000.0, "market", f"{src}; {g['sources']['market']}", year)
+        return GridIntensity(key, name, float(m) / 1000.0, "market", f"{src}; {g['sources']['market']}", year,
+                             location_kgco2e_per_kwh=float(row["gco2e_per_kwh"]) / 1000.0,
+                             offset_ratio_pct=float(row.get("offset_ratio_pct") or 0.0))
     note = None
     if table == "zones" and row.get("placeholder"):
         note = (f"zone {key}: the shipped zone figure ({row['upstream_gco2e_per_kwh']:g} g/kWh, CodeCarbon "
@@ -285,7 +293,8 @@ def grid_intensity(region: str, *, market_based: bool = False) -> GridIntensity:
                 f"{row['gco2e_per_kwh']:g} g/kWh is used instead (give --grid-kgco2e-per-kwh for the country's own)")
         return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, row.get("year"), note,
                              region_specific=False)
-    return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year, note)
+    return GridIntensity(key, name, float(row["gco2e_per_kwh"]) / 1000.0, "location", src, year, note,
+                         region_specific=table != "world")
 
 
 def world_grid_intensity() -> GridIntensity:

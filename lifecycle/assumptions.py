@@ -34,7 +34,8 @@ class LifecycleAssumptions:
     region: str | None = None
     grid_kgco2e_per_kwh: float | None = None  # explicit location- or market-based intensity; wins over region
     market_based: bool = False
-    market_kgco2e_per_kwh: float | None = None  # market-based override used when market_based=True
+    #: market-based override, kgCO2e/kWh (the range of grid_kgco2e_per_kwh); needs market_based=True (else refused)
+    market_kgco2e_per_kwh: float | None = None
     accelerator_price_usd: float | None = None  # None: the spec's launch price, else a stated fallback
     server_usd_per_gpu: float = field(default_factory=_d("server_usd_per_gpu"))
     network_usd_per_gpu: float = field(default_factory=_d("network_usd_per_gpu"))
@@ -60,6 +61,12 @@ class LifecycleAssumptions:
         ``LifecycleAssumptions.<field>``); the pricing plan is kept normalised (``On_Demand`` -> ``on-demand``)."""
         m = _validated({f.name: getattr(self, f.name) for f in fields(self)}, lambda f: f"LifecycleAssumptions.{f}")
         object.__setattr__(self, "pricing", m.pricing)
+        if self.market_kgco2e_per_kwh is not None and not self.market_based:
+            # used only with market_based=True: until stop 58 it was ignored without a word (audit 58c finding 1)
+            raise ValueError(
+                f"LifecycleAssumptions.market_kgco2e_per_kwh is {self.market_kgco2e_per_kwh!r} but market_based is "
+                "False, so it would be ignored (the location-based figure used instead): pass market_based=True with "
+                "it, or give the figure as grid_kgco2e_per_kwh")
 
     def sources(self) -> dict[str, str]:
         """Where each figure comes from: the table's source when it is the default, else 'given'."""

@@ -79,7 +79,9 @@ def accelerator_price_usd_of(spec: DeviceSpec, a: "LifecycleAssumptions", catalo
         pf = _accelerator_price(spec, catalog_own, flags)
         price, srcs["accelerator_price_usd"] = pf.value, pf.source
         if pf.assumption:
-            flags.append(f"no launch price for {spec.name}: assumed USD {pf.value:,.0f}")
+            # with its source (a sibling's price, a rule of USD per W): a search says it once per device, where the
+            # sources are not otherwise shown (audit 58c finding 2)
+            flags.append(f"no launch price for {spec.name}: assumed USD {pf.value:,.0f} ({pf.source})")
     return price
 
 

@@ -224,21 +224,58 @@ def accelerator_power_w(spec: DeviceSpec, a: "LifecycleAssumptions", flags: list
     return p, share, how
 
 
-def grid_kgco2e_per_kwh_of(a: "LifecycleAssumptions", flags: list[str], srcs: dict[str, str]) -> tuple[float, str, str | None]:
-    """The grid intensity a run is charged (kgCO2e/kWh), its basis (explicit | market | location) and region:
-    ``a.grid_kgco2e_per_kwh`` > a market-based override > ``a.region``'s table entry > the world average (flagged).
-    Appends to ``flags`` and ``srcs``."""
+@dataclass(frozen=True)
+class GridCharge:
+    """The grid intensity a run is charged (:func:`grid_kgco2e_per_kwh_of`)."""
+
+    kgco2e_per_kwh: float
+    basis: str  # explicit | market | location
+    region: str | None
+    #: the site's own figure: a given one (explicit or market-based), or the table's row of the region; False for the
+    #: world average (asked for as 'world', taken by default, or standing in for a country's missing figure):
+    #: :attr:`wattcast.data.carbon.GridIntensity.region_specific`, the one definition every output uses
+    region_specific: bool
+    #: a market-based 0 from the shipped table: the provider's own claim of renewable matching (CodeCarbon offsetRatio
+    #: 100%), not a grid factor; said in the run's flags
+    renewable_claim_zero: bool = False
+
+
+def market_proxy_note(region: str, gi: "_c.GridIntensity") -> str:
+    """What a market-based figure from the shipped table is (its ``source`` says it too, but only in the JSON): the
+    provider's declared renewable matching applied to the location figure, not a published Scope-2 factor; a 0 is
+    said as such (until stop 58 an Azure region's 0.0 kg printed without a note: audit 58c finding 5)."""
+    loc, ratio = gi.location_kgco2e_per_kwh, gi.offset_ratio_pct
+    how = (f"location-based {loc:g} kgCO2e/kWh x (1 - offset ratio {ratio:g}%): CodeCarbon's offsetRatio, the "
+           "provider's declared share matched by renewable purchases/offsets")
+    if gi.kgco2e_per_kwh == 0:
+        return (f"market-based grid intensity 0 for {region} is the provider's own renewable-matching claim, not a grid "
+                f"factor ({how}; not a published Scope-2 market-based factor): operational CO2e 0 rests on that claim; "
+                "drop --market-based (market_based) for the grid's figure")
+    return (f"market-based grid intensity {gi.kgco2e_per_kwh:g} kgCO2e/kWh for {region} is a proxy: {how}; not a "
+            "published Scope-2 market-based factor")
+
+
+def grid_kgco2e_per_kwh_of(a: "LifecycleAssumptions", flags: list[str], srcs: dict[str, str]) -> GridCharge:
+    """The grid intensity a run is charged (kgCO2e/kWh), its basis (explicit | market | location), region and whether
+    it is the region's own: ``a.grid_kgco2e_per_kwh`` > a market-based override > ``a.region``'s table entry > the
+    world average (flagged). Appends to ``flags`` and ``srcs``."""
+    claim_zero = False
     if a.grid_kgco2e_per_kwh is not None:
-        grid, basis, greg = a.grid_kgco2e_per_kwh, "explicit", a.region
+        grid, basis, greg, own = a.grid_kgco2e_per_kwh, "explicit", a.region, True
         srcs["grid_kgco2e_per_kwh"] = "given"
         if a.region:
             flags.append(f"explicit grid intensity {grid:g} kgCO2e/kWh used instead of region {a.region!r}")
+        if a.market_based and a.market_kgco2e_per_kwh is not None:
+            flags.append(f"explicit grid intensity {grid:g} kgCO2e/kWh used instead of the market-based "
+                         f"market_kgco2e_per_kwh {a.market_kgco2e_per_kwh:g}")
     elif a.market_based and a.market_kgco2e_per_kwh is not None:
-        grid, basis, greg = a.market_kgco2e_per_kwh, "market", a.region
+        grid, basis, greg, own = a.market_kgco2e_per_kwh, "market", a.region, True
         srcs["grid_kgco2e_per_kwh"] = "given (market-based)"
     else:
         if a.region:
             gi = _c.grid_intensity(a.region, market_based=a.market_based)
+            if gi.region == "world":  # asked for by name: said as when no region is given
+                flags.append(f"region 'world': world average {gi.kgco2e_per_kwh:g} kgCO2e/kWh (not region-specific)")
         else:
             if a.market_based:
                 raise _c.CarbonDataError(
@@ -247,11 +284,14 @@ def grid_kgco2e_per_kwh_of(a: "LifecycleAssumptions", flags: list[str], srcs: di
                     "(--grid-kgco2e-per-kwh; in Python also LifecycleAssumptions.market_kgco2e_per_kwh)")
             gi = _c.world_grid_intensity()
             flags.append(f"no region or grid intensity given: world average {gi.kgco2e_per_kwh:g} kgCO2e/kWh")
-        grid, basis, greg = gi.kgco2e_per_kwh, gi.basis, gi.region
+        grid, basis, greg, own = gi.kgco2e_per_kwh, gi.basis, gi.region, gi.region_specific
         srcs["grid_kgco2e_per_kwh"] = gi.source
         if gi.note:  # a zone given its country's figure: said, not silent
             flags.append(gi.note)
-    return grid, basis, greg
+        if gi.basis == "market" and gi.location_kgco2e_per_kwh is not None:
+            claim_zero = gi.kgco2e_per_kwh == 0
+            flags.append(market_proxy_note(gi.region, gi))
+    return GridCharge(grid, basis, greg, bool(own), claim_zero)
 
 
 def embodied_kgco2e_per_gpu_of(spec: DeviceSpec, a: "LifecycleAssumptions", flags: list[str],

@@ -94,6 +94,22 @@ class RunFootprint:
     busy_gpu_hours: float = 0.0
     #: IT energy (MWh, before PUE) by part: the busy GPUs, the idle spares, the hosts of every GPU held
     it_energy_breakdown_mwh: Mapping[str, float] = field(default_factory=dict)
+    #: purchase price of one accelerator (USD; its source in ``sources['accelerator_price_usd']``)
+    accelerator_price_usd: float = 0.0
+    #: whether ``hours`` were taken as failure-free and divided by the goodput (failures, checkpoints, restarts:
+    #: ``wattcast.lifecycle.footprint`` / ``run_footprint`` by default, and every run of predicted steps) or as measured
+    #: wall-clock time, goodput 1 (``wattcast.footprint`` and ``wattcast footprint`` by default)
+    goodput_applied: bool = True
+    #: the grid intensity is the site's own (a given figure, or the region's row of the table); False for the world
+    #: average (asked for, taken by default, or standing in for a missing country figure):
+    #: ``wattcast.data.carbon.GridIntensity.region_specific``, as ``wattcast regions`` and a search row say it
+    grid_region_specific: bool = False
+    #: the grid intensity is a market-based 0 from the shipped table: the cloud provider's own claim of renewable
+    #: matching (CodeCarbon offsetRatio 100%), not a grid factor (flagged in ``flags`` too)
+    grid_renewable_claim_zero: bool = False
+    #: the flags about the device's own figures (its embodied carbon, its purchase price: assumed or approximate), also
+    #: in ``flags``; the same for every run of the device under the same assumptions (a search says them once)
+    device_flags: tuple[str, ...] = ()
 
     @property
     def energy_kwh(self) -> float:
@@ -112,6 +128,7 @@ class RunFootprint:
         """Every field, JSON-ready (tuples as lists, mappings as dicts)."""
         d = asdict(self)
         d["flags"] = list(self.flags)
+        d["device_flags"] = list(self.device_flags)
         d["embodied_breakdown_kgco2e_per_gpu"] = dict(self.embodied_breakdown_kgco2e_per_gpu)
         d["capex_breakdown_usd"] = dict(self.capex_breakdown_usd)
         d["it_energy_breakdown_mwh"] = dict(self.it_energy_breakdown_mwh)
@@ -243,19 +260,24 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
     e_parts = {"gpus": busy_h * p / 1000.0, "spare_gpus": spare * eff_h * spare_w / 1000.0,
                "hosts": gpu_h * host_w / 1000.0}
     e_it = sum(e_parts.values())
-    grid, basis, greg = grid_kgco2e_per_kwh_of(a, flags, srcs)
+    gc = grid_kgco2e_per_kwh_of(a, flags, srcs)
+    grid, basis, greg = gc.kgco2e_per_kwh, gc.basis, gc.region
     op_kg = operational_kgco2e(e_it, a.pue, grid)
 
     # ---- embodied
     share_h = amortisation_share(eff_h, a.lifetime_years, a.lifetime_utilisation)
+    n_before = len(flags)
     per_gpu, breakdown = embodied_kgco2e_per_gpu_of(spec, a, flags, srcs)
+    device_flags = flags[n_before:]  # the device's own figures (embodied, then purchase price): a search says them once
     emb_kg = embodied_kgco2e(per_gpu, held, eff_h, a.lifetime_years, a.lifetime_utilisation)
     if share_h > 1:
         flags.append(f"run uses {share_h:.2f} x the hardware's productive lifetime")
 
     # ---- costs
     catalog_own = catalog_spec_matches(spec)
+    n_before = len(flags)
     price = accelerator_price_usd_of(spec, a, catalog_own, flags, srcs)
+    device_flags += flags[n_before:]
     # the facility is provisioned for the node's power: a given node overhead counts there too
     share_kw = a.node_overhead_share if node_overhead_share is None else node_overhead_share
     tdp_kw = (spec.tdp_w or p) * (1.0 + share_kw) / 1000.0
@@ -295,6 +317,8 @@ def run_footprint(device: str | DeviceSpec, gpus: int, hours: float, assumptions
         electricity_region_specific=elec_specific, pricing=a.pricing, host_power_w=host_w, nodes=nodes,
         gpus_per_node=gpus_per_node, node_gpus=node_gpus, spare_gpus=spare, gpus_held=held, spare_power_w=spare_w,
         busy_gpu_hours=busy_h, it_energy_breakdown_mwh={k: v / 1000.0 for k, v in e_parts.items()},
+        accelerator_price_usd=price, goodput_applied=bool(apply_goodput), grid_region_specific=gc.region_specific,
+        grid_renewable_claim_zero=gc.renewable_claim_zero, device_flags=tuple(device_flags),
     )
 
 
@@ -314,7 +338,11 @@ def footprint(device: str | DeviceSpec, gpus: int, hours: float, avg_power_w: fl
     reserved-1y, reserved-3y) and ``cloud_price_source`` (where a given cloud price comes from, said in the output)
     replace those of ``assumptions`` (:func:`assumptions_from_options`; a bad one is a ValueError naming it); the other
     parameters are :func:`run_footprint`'s (``gpus_per_node`` / ``node_gpus``: the spares of the nodes held). With ``region`` and no ``electricity_usd_per_kwh``, OpEx uses the region's
-    electricity price (``electricity_prices.yaml``; the global default, flagged, where the region has none)."""
+    electricity price (``electricity_prices.yaml``; the global default, flagged, where the region has none).
+    ``apply_goodput`` is True by default here: ``hours`` are failure-free and the run takes ``hours / goodput``
+    (failures, checkpoints, restarts). :func:`wattcast.footprint` (and ``wattcast footprint``) defaults to False:
+    ``hours`` measured, goodput 1. The same ``hours`` therefore give different figures unless ``apply_goodput`` is
+    passed to one of them; the result's ``goodput_applied`` says which was done."""
     a = assumptions_from_options(assumptions, pue=pue, region=region, grid_kgco2e_per_kwh=grid_kgco2e_per_kwh,
                                  market_based=market_based, lifetime_years=lifetime_years,
                                  electricity_usd_per_kwh=electricity_usd_per_kwh,
@@ -353,13 +381,17 @@ def format_footprint(fp: RunFootprint) -> str:
     """A short human-readable summary (what ``wattcast footprint`` without ``--json`` can print). Units scale with
     the run (kWh below 1 MWh, kg below 1 t, cents below $100) so a small run never prints as zero."""
     lines = [
-        f"{fp.gpus} x {fp.device}: {_num(fp.hours)} h ({_num(fp.ideal_hours)} h failure-free, goodput {fp.goodput:.3f}), "
+        f"{fp.gpus} x {fp.device}: {_num(fp.hours)} h ("
+        + (f"{_num(fp.ideal_hours)} h failure-free, goodput {fp.goodput:.3f}" if fp.goodput_applied else
+           "measured wall-clock, goodput not applied") + "), "
         f"{_num(fp.gpu_hours, 0) if fp.gpu_hours >= 10 else _num(fp.gpu_hours, 2)} GPU-h",
         f"power {fp.avg_power_w:,.0f} W/GPU"
         + (f" + host {fp.host_power_w:,.0f} W" if fp.host_power_w else "")
         + f" -> {fp.node_power_w:,.0f} W incl. node [{fp.power_source}]",
         f"energy {_energy(fp.energy_mwh)} (IT {_energy(fp.it_energy_mwh)} x PUE {fp.pue:g})",
-        f"grid {fp.grid_kgco2e_per_kwh:.3f} kgCO2e/kWh ({fp.grid_basis}{', ' + fp.grid_region if fp.grid_region else ''})",
+        f"grid {fp.grid_kgco2e_per_kwh:.3f} kgCO2e/kWh ({fp.grid_basis}{', ' + fp.grid_region if fp.grid_region else ''}"
+        + ("; the provider's renewable claim, not a grid factor: see note" if fp.grid_renewable_claim_zero else "")
+        + ("" if fp.grid_region_specific else "; NOT region-specific") + ")",
         f"CO2e: operational {_mass(fp.operational_tco2e)} + embodied {_mass(fp.embodied_tco2e)} = {_mass(fp.total_tco2e)}",
         f"cost: CapEx {_usd(fp.capex_usd)} + OpEx {_usd(fp.opex_usd)} = TCO {_usd(fp.tco_usd)}"
         + (f"  (cloud {fp.pricing} view: {_usd(fp.cloud_usd)} at ${fp.cloud_usd_per_gpu_hour:g}/GPU-h)" if fp.cloud_usd is not None else ""),
