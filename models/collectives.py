@@ -11,14 +11,23 @@ Prediction-time code only (numpy + LightGBM text models; nothing here trains). S
   receives as much from the previous one. A single point-to-point transfer is ``n_gpus=2``.
 
 A query is a group of ``n_gpus`` GPUs placed ``gpus_per_node`` (g) to a node, so it spans N = ceil(n / g)
-nodes. Tiers: ``intra`` (per-GPU NVLink/NVSwitch/xGMI/PCIe bandwidth B_i, latency a_i) and ``inter``
-(NICs: per-GPU share B_e = min(g, nics_per_node) x NIC rate / g / oversubscription, one NIC B_1 = NIC rate /
-oversubscription, latency a_e). Every algorithm gives per-GPU bytes on each tier and a latency term;
-time = latency + max(bytes_intra / B_i, bytes_inter / B_e): the tiers run concurrently (NCCL pipelines chunks
-through all of them). On a ``full_mesh`` in-node tier (``intra.topology``: one direct link to each of the node's
-G - 1 peers, each B_i / (G - 1)) a GPU reaches only its group's peers: B_i is scaled by (g-1)/(G-1) for every
-collective of a group with g GPUs per node (ring and direct algorithms on a full mesh drive the links to the group's
-peers at once) and by 1/(G-1) for send_recv (one link per transfer); a ``switch`` tier gives any group all of B_i. With f = bus_factor(op, n), S = size, N nodes:
+nodes. Tiers: ``intra`` (per-GPU NVLink/NVSwitch/xGMI/PCIe bandwidth B_i, latency a_i) and ``inter`` (NICs: per-GPU
+share B_e = min(c, nics_per_node) x NIC rate / c / oversubscription, latency a_e), where c (``concurrent_per_node``,
+>= g, default g) is how many GPUs of a node drive inter-node traffic at the same time as this collective: the group's
+own g members and those of the other groups of its kind running beside it (a training job's DP groups all reduce at
+once; every rank at a pipeline stage boundary sends at once). The default c = g is a group with the node's NICs to
+itself, as nccl-tests measures one. Why the share: NCCL's topology search gives each channel the NIC nearest its GPU
+(src/graph/search.cc, paths.cc: the NIC on the GPU's own PCIe switch first), and rail-optimised nodes (DGX A100 /
+H100 / B200) have one NIC per GPU, so every GPU has its own whatever the others do. With fewer NICs than GPUs (DGX-1:
+4 NICs, each on a PCIe switch with two of the 8 GPUs, NVIDIA's DGX-1 system architecture white paper; Polaris: 2 for
+4; a PCIe server: 1) the GPUs behind one switch share its NIC: with c of the node's GPUs sending across at once each
+gets min(c, nics)/c of one, not the min(g, nics)/g its own group's members alone would get. Every algorithm gives
+per-GPU bytes on each tier and a latency term; time = latency + max(bytes_intra / B_i, bytes_inter / B_e): the tiers
+run concurrently (NCCL pipelines chunks through all of them). On a ``full_mesh`` in-node tier (``intra.topology``: one
+direct link to each of the node's G - 1 peers, each B_i / (G - 1)) a GPU reaches only its group's peers: B_i is
+scaled by (g-1)/(G-1) for every collective of a group with g GPUs per node (ring and direct algorithms on a full mesh
+drive the links to the group's peers at once) and by 1/(G-1) for send_recv (one link per transfer); a ``switch``
+tier gives any group all of B_i. With f = bus_factor(op, n), S = size, N nodes:
 
 ``ring`` (NCCL's ring; with N > 1 one channel per NIC/rail, each channel leaving the node through its own
 NIC, so a node's cross-node traffic is spread over its g GPUs' NICs)
@@ -30,8 +39,11 @@ NIC, so a node's cross-node traffic is spread over its g GPUs' NICs)
     a step (latency intercepts 158-200 us at 4 GPUs per node, 413-519 us at 8; the crossings-only form gives
     135 / 255 us and fits the nccl-tests rows worse: README "Collectives").
     all_to_all (direct, every pair): intra S (g-1)/n, inter S (n-g)/n; latency (g-1) a_i + (n-g) a_e.
-    send_recv: within a node S / B_i; across nodes one NIC per pair, S / B_1 (the intra pairs of the same
-    group in parallel); latency a (one hop).
+    send_recv: within a node S / B_i; across nodes S / B_1 (the intra pairs of the same group in parallel), B_1 =
+    min(k, nics_per_node) x NIC rate / k / oversubscription, one pair's share of the NICs with k = c / g pairs of the
+    node sending across at once: each group's ring leaves a node through one of its g members there (nccl-tests'
+    single group, c = g: k = 1, a whole NIC); a pipeline's stage boundary (pairs, g = 1) sends from all c of its
+    ranks on the node at once; latency a (one hop).
 ``tree`` (all_reduce: NCCL's double binary tree across nodes, a chain inside each node; broadcast: a
 binomial tree). all_reduce: intra 2S (g > 1), inter 2S / g; latency 2 (ceil(log2 N) a_e + (g-1) a_i).
 broadcast: intra S, inter 2S / g; latency ceil(log2 N) a_e + ceil(log2 g) a_i. Tree bytes are divided by 0.92
@@ -230,19 +242,29 @@ class CollectiveQuery:
     g: np.ndarray  # GPUs per node actually used (<= n)
     N: np.ndarray  # nodes
     lp: LinkParams
+    #: GPUs of a node driving inter-node traffic at once with this collective (>= g; g: the group alone)
+    c: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.c is None:
+            self.c = self.g
 
 
-def collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster) -> CollectiveQuery:
+def collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster, concurrent_per_node=None) -> CollectiveQuery:
+    """``concurrent_per_node``: GPUs of a node driving inter-node traffic at once with this collective (the group's
+    own members per node and those of the other groups running beside it: module docstring); None = the group's own
+    (``gpus_per_node``), a group with the node's NICs to itself."""
     lp = link_params(cluster)
-    S, n, g = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(n_gpus, dtype=np.float64),
-                                  np.asarray(gpus_per_node, dtype=np.float64))
+    conc = gpus_per_node if concurrent_per_node is None else concurrent_per_node
+    S, n, g, c = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(n_gpus, dtype=np.float64),
+                                     np.asarray(gpus_per_node, dtype=np.float64), np.asarray(conc, dtype=np.float64))
     shape = S.shape
-    S, n, g = S.ravel(), n.ravel(), g.ravel()
+    S, n, g, c = S.ravel(), n.ravel(), g.ravel(), c.ravel()
     if np.ndim(op) and not isinstance(op, str):
         op_arr = np.asarray(op)
         if op_arr.size != S.size:
             if S.size == 1:
-                S, n, g = (np.broadcast_to(a, (op_arr.size,)) for a in (S, n, g))
+                S, n, g, c = (np.broadcast_to(a, (op_arr.size,)) for a in (S, n, g, c))
                 shape = op_arr.shape
             else:
                 raise ValueError(f"op has {op_arr.size} entries but the sizes/groups have {S.size}")
@@ -256,7 +278,14 @@ def collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster) -> Collecti
             raise ValueError("n_gpus and gpus_per_node must be whole numbers >= 1")
         if g.max() > lp.gpus_per_node:
             raise ValueError(f"gpus_per_node {int(g.max())} exceeds the {lp.gpus_per_node} GPUs per node of cluster {lp.name!r}")
+        if concurrent_per_node is not None:
+            if np.any(c != np.round(c)) or np.any(c < g) or c.max() > lp.gpus_per_node:
+                bad = int(np.flatnonzero((c != np.round(c)) | (c < g) | (c > lp.gpus_per_node))[0])
+                raise ValueError(f"concurrent_per_node {c[bad]:g} must be a whole number between the group's gpus_per_node "
+                                 f"({g[bad]:g}) and the {lp.gpus_per_node} GPUs per node of cluster {lp.name!r}")
     g = np.minimum(g, n)
+    # a group inside one node drives no inter-node traffic; otherwise at least its own members per node do
+    c = np.maximum(c, g)
     N = np.ceil(n / g)
     if S.size and N.max() > 1:
         if not lp.has_inter:
@@ -264,14 +293,16 @@ def collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster) -> Collecti
                              f"but cluster {lp.name!r} has no inter-node tier")
         if lp.max_nodes is not None and N.max() > lp.max_nodes:
             raise ValueError(f"the group spans {int(N.max())} nodes; cluster {lp.name!r} has {lp.max_nodes}")
-    q = CollectiveQuery(codes, S, n, g, N, lp)
+    q = CollectiveQuery(codes, S, n, g, N, lp, c)
     q.shape = shape  # type: ignore[attr-defined]
     return q
 
 
 def _inter_bw_gpu(q: CollectiveQuery) -> np.ndarray:
+    """B_e: one GPU's share of its node's NICs while ``q.c`` of the node's GPUs drive inter-node traffic at once
+    (module docstring: NICs paired with GPUs on rail-optimised nodes, shared behind a PCIe switch with fewer)."""
     lp = q.lp
-    return np.minimum(q.g, lp.nics_per_node) * lp.nic_bw / q.g if lp.has_inter else np.zeros_like(q.g)
+    return np.minimum(q.c, lp.nics_per_node) * lp.nic_bw / q.c if lp.has_inter else np.zeros_like(q.g)
 
 
 def _terms(q: CollectiveQuery, alg: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -291,11 +322,13 @@ def _terms(q: CollectiveQuery, alg: str) -> tuple[np.ndarray, np.ndarray, np.nda
         lat = np.where(is_a2a, (g - 1) * lp.intra_lat + (n - g) * lp.inter_lat, lat)
         intra = np.where(is_a2a, S * (g - 1) / n, intra)
         inter = np.where(is_a2a, S * (n - g) / n, inter)
-        # send_recv: one hop; across nodes on one NIC (inter bytes scaled so that bytes / B_e = S / B_1)
+        # send_recv: one hop; across nodes on one pair's share B_1 of the NICs among the node's k = c / g crossing
+        # pairs (one NIC for nccl-tests' single group, k = 1; inter bytes scaled so that bytes / B_e = S / B_1)
         lat = np.where(is_sr, a_top, lat)
         intra = np.where(is_sr, np.where(g > 1, S, zero), intra)
         if lp.has_inter:
-            one_nic = S * _inter_bw_gpu(q) / lp.nic_bw
+            k = q.c / g
+            one_nic = S * _inter_bw_gpu(q) / (np.minimum(k, lp.nics_per_node) * lp.nic_bw / k)
             inter = np.where(is_sr & multi, one_nic, inter)
         if alg == "hierarchical":
             hier = multi & (g > 1) & ~is_a2a & ~is_sr
@@ -394,11 +427,13 @@ def alpha_beta(q: CollectiveQuery, algorithm: str = "auto") -> AlphaBeta:
     return AlphaBeta(tot, lat, ti, te, chosen, floor, q)
 
 
-def alpha_beta_us(op, size_bytes, n_gpus, gpus_per_node, cluster, algorithm: str = "auto") -> np.ndarray:
+def alpha_beta_us(op, size_bytes, n_gpus, gpus_per_node, cluster, algorithm: str = "auto",
+                  concurrent_per_node=None) -> np.ndarray:
     """Alpha-beta time (us) of collective(s) ``op`` on ``size_bytes`` (nccl-tests size) among ``n_gpus`` GPUs
-    placed ``gpus_per_node`` per node on ``cluster``. Vectorised: sizes, group sizes, placements and ops
-    broadcast against each other. ``algorithm``: auto | ring | tree | hierarchical | nvls (module docstring)."""
-    q = collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster)
+    placed ``gpus_per_node`` per node on ``cluster``, ``concurrent_per_node`` GPUs of a node driving inter-node traffic
+    at once (None: the group's own). Vectorised: sizes, group sizes, placements and ops broadcast against each other.
+    ``algorithm``: auto | ring | tree | hierarchical | nvls (module docstring)."""
+    q = collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster, concurrent_per_node)
     return alpha_beta(q, algorithm).us.reshape(q.shape)  # type: ignore[attr-defined]
 
 
@@ -411,7 +446,14 @@ def busbw_gb_per_s(op, size_bytes, n_gpus, time_us) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------- features
 def correction_features(ab: AlphaBeta) -> np.ndarray:
-    """(n, len(FEATURES)) float64 matrix of the learned correction's inputs, columns in ``FEATURES`` order."""
+    """(n, len(FEATURES)) float64 matrix of the learned correction's inputs, columns in ``FEATURES`` order.
+
+    ``inter_bw_per_gpu_gb_per_s`` and ``nics_per_gpu`` are the GPU's share of the NICs with the query's concurrent
+    senders (``q.c``): what the GPU gets, the figure the alpha-beta's inter wire time (``inter_frac``) is made of. The
+    correction was fitted on single-group nccl-tests (c = g), and the gate that applies it (``_cluster_seen``, on
+    :meth:`LinkParams.link_vector`) admits only clusters whose NIC rate over all the node's GPUs (the share at c = G)
+    matches a training cluster's: its one training cluster (DGX-H100) has a NIC per GPU, where the share is the same
+    whatever c, so on every fabric it applies to these two columns are the values it was fitted on."""
     q = ab.query
     lp = q.lp
     n_rows = len(q.S)
@@ -434,7 +476,7 @@ def correction_features(ab: AlphaBeta) -> np.ndarray:
     X[:, 12] = _inter_bw_gpu(q) / 1e3 if lp.has_inter else 0.0
     X[:, 13] = lp.intra_lat
     X[:, 14] = lp.inter_lat
-    X[:, 15] = np.minimum(q.g, lp.nics_per_node) / q.g if lp.has_inter else 0.0
+    X[:, 15] = np.minimum(q.c, lp.nics_per_node) / q.c if lp.has_inter else 0.0
     X[:, 16] = float(lp.rail_optimized)
     X[:, 17] = lp.oversubscription
     X[:, 18] = float(lp.nvls)
@@ -526,8 +568,10 @@ class CollectiveModel:
         ok = ((~intra_used[:, None] | intra_ok[None, :]) & (~inter_used[:, None] | inter_ok[None, :])).any(axis=1)
         return ok & (~intra_used | (q.lp.topology in self._topologies))
 
-    def predict(self, op, size_bytes, n_gpus, gpus_per_node, cluster) -> CollectivePrediction:
-        q = collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster)
+    def predict(self, op, size_bytes, n_gpus, gpus_per_node, cluster, concurrent_per_node=None) -> CollectivePrediction:
+        """``concurrent_per_node``: GPUs of a node driving inter-node traffic at once with these collectives (the
+        group's members per node and the other groups' beside it; None: the group alone, as nccl-tests runs it)."""
+        q = collective_query(op, size_bytes, n_gpus, gpus_per_node, cluster, concurrent_per_node)
         ab = alpha_beta(q, "auto")
         corr = np.zeros(len(q.S))
         mask = self._ood(q, ab)
@@ -545,16 +589,19 @@ class CollectiveModel:
         return CollectivePrediction(us.reshape(shape), ab.us.reshape(shape), ab.floor_us.reshape(shape),
                                     (mask != 0).reshape(shape), mask.reshape(shape))
 
-    def predict_us(self, op, size_bytes, n_gpus, gpus_per_node, cluster, return_ood: bool = False):
+    def predict_us(self, op, size_bytes, n_gpus, gpus_per_node, cluster, return_ood: bool = False,
+                   concurrent_per_node=None):
         """Predicted time (us), as an array shaped like the broadcast inputs; with ``return_ood`` also the
-        bool out-of-support array."""
-        p = self.predict(op, size_bytes, n_gpus, gpus_per_node, cluster)
+        bool out-of-support array. ``concurrent_per_node``: :meth:`predict`."""
+        p = self.predict(op, size_bytes, n_gpus, gpus_per_node, cluster, concurrent_per_node)
         return (p.us, p.ood) if return_ood else p.us
 
-    def predict_us_memo(self, op: str, size_bytes, n_gpus: int, gpus_per_node: int, cluster) -> tuple[np.ndarray, np.ndarray]:
-        """(us, ood) of one collective ``op`` over one group placement for an array of message sizes,
-        remembered per distinct (op, group, size, cluster): search loops ask for the same messages again
-        and again, and one LightGBM call costs about a millisecond however few rows it has."""
+    def predict_us_memo(self, op: str, size_bytes, n_gpus: int, gpus_per_node: int, cluster,
+                        concurrent_per_node: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(us, ood) of one collective ``op`` over one group placement (``concurrent_per_node``: :meth:`predict`) for
+        an array of message sizes, remembered per distinct (op, group, concurrency, size, cluster): search loops ask
+        for the same messages again and again, and one LightGBM call costs about a millisecond however few rows it
+        has."""
         entry = self._memo.get(id(cluster))
         if entry is None or entry[0] is not cluster:
             if len(self._memo) >= 32:
@@ -563,10 +610,13 @@ class CollectiveModel:
         memo = entry[1]
         if len(memo) > 200_000:
             memo.clear()
-        keys = [(op, int(n_gpus), int(gpus_per_node), s) for s in np.asarray(size_bytes, dtype=float).ravel().tolist()]
+        conc = None if concurrent_per_node is None else int(concurrent_per_node)
+        keys = [(op, int(n_gpus), int(gpus_per_node), conc, s)
+                for s in np.asarray(size_bytes, dtype=float).ravel().tolist()]
         miss = [k for k in dict.fromkeys(keys) if k not in memo]
         if miss:
-            u, f = self.predict_us(op, np.array([k[3] for k in miss]), n_gpus, gpus_per_node, cluster, return_ood=True)
+            u, f = self.predict_us(op, np.array([k[4] for k in miss]), n_gpus, gpus_per_node, cluster, return_ood=True,
+                                   concurrent_per_node=conc)
             for k, a, b in zip(miss, np.ravel(u).tolist(), np.ravel(f).tolist()):
                 memo[k] = (a, b)
         vals = [memo[k] for k in keys]

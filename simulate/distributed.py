@@ -62,9 +62,9 @@ from wattcast.simulate.moe_routing import ROUTING_DEFAULTS, MoERoutingError, giv
 from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfig, ParallelConfigError, chunk_layers,
                                         memory_fitting_split,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
-                                        layouts, pp_hop_crosses_nodes, resolve_parallel, stage_layers,
-                                        straddling_group_notes, tp_overlap_notes,
-                                        _PAIR_ONE_NODE, _PAIR_TWO_NODES)
+                                        layouts, pair_layout_across, pp_hop_crosses_nodes, pp_senders_per_node,
+                                        resolve_parallel, stage_layers, straddling_group_notes, tp_overlap_notes,
+                                        _PAIR_ONE_NODE)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
 from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share as dualpipe_paired_share,
@@ -965,20 +965,24 @@ def collective_model():
 
 
 def collective_ms(model, op, size_bytes, layout: GroupLayout, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(ms, ood) of collectives ``op`` of ``size_bytes`` (arrays) over a group placed as ``layout``."""
+    """(ms, ood) of collectives ``op`` of ``size_bytes`` (arrays) over a group placed as ``layout``; with the node's
+    GPUs that send across nodes at once (``layout.concurrent``: the other groups of the kind beside this one) sharing
+    its NICs (models/collectives.py ``concurrent_per_node``)."""
     op = np.atleast_1d(np.asarray(op, dtype=object))
     size = np.atleast_1d(np.asarray(size_bytes, dtype=float))
     if layout.size <= 1:
         return np.zeros(len(size)), np.zeros(len(size), dtype=bool)
+    # the group alone passes nothing (any model with predict_us_memo's five arguments still serves it)
+    conc = {} if layout.concurrent is None else dict(concurrent_per_node=layout.concurrent)
     kinds = list(dict.fromkeys(op.tolist()))  # first-seen order, as pd.unique (a search calls this thousands of times)
     if len(kinds) == 1:
-        u, f = model.predict_us_memo(kinds[0], size, layout.size, layout.gpus_per_node, cluster)
+        u, f = model.predict_us_memo(kinds[0], size, layout.size, layout.gpus_per_node, cluster, **conc)
         return np.asarray(u, dtype=float) / 1e3, np.asarray(f, dtype=bool)
     us = np.zeros(len(size))
     ood = np.zeros(len(size), dtype=bool)
     for o in kinds:
         sel = op == o
-        u, f = model.predict_us_memo(o, size[sel], layout.size, layout.gpus_per_node, cluster)
+        u, f = model.predict_us_memo(o, size[sel], layout.size, layout.gpus_per_node, cluster, **conc)
         us[sel] = np.asarray(u, dtype=float)
         ood[sel] = np.asarray(f, dtype=bool)
     return us / 1e3, ood
@@ -3183,11 +3187,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # worst hop
     hop_ms = None
     if P > 1 and act_bytes > 0:
-        p2p_key = ("p2p", act_bytes, id(cl), id(cm), partitioned and lay["tp"])
+        # across nodes every rank of a node at the stage boundary sends at once, sharing the node's NICs
+        pair_across = pair_layout_across(pp_senders_per_node(par.tp, par.cp, par.dp or 1, P, cl.gpus_per_node))
+        p2p_key = ("p2p", act_bytes, id(cl), id(cm), partitioned and lay["tp"], pair_across)
         in_out = memo.get(p2p_key) if memo is not None else None
         if in_out is None:
             in_out = []
-            for pl in (_PAIR_ONE_NODE, _PAIR_TWO_NODES):  # a pair on one node, on two
+            for pl in (_PAIR_ONE_NODE, pair_across):  # a pair on one node, on two
                 if partitioned:
                     in_out.append(float(collective_ms(cm, ["send_recv"], [act_bytes / par.tp], pl, cl)[0][0]
                                         + collective_ms(cm, ["all_gather"], [act_bytes], lay["tp"], cl)[0][0]))
@@ -3943,8 +3949,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # first/last stage gradient all-reduce, once per step
                 **(dict(tied_embedding_copy_params=tied_params, embedding_grad_allreduce_bytes=tied_ar_bytes,
                         embedding_grad_allreduce_ms=tied_ar_ms) if tied_params > 0 else {}),
-                layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes) for k, v in lay.items()
-                         if k not in CP_SUBGROUPS})
+                # inter_senders_per_node: the node's GPUs sending across nodes at once with the group's collectives
+                # (its kind's other groups beside it: GroupLayout.concurrent), for groups that span nodes
+                layouts={k: dict(size=v.size, gpus_per_node=v.gpus_per_node, nodes=v.nodes,
+                                 **({} if v.concurrent is None else dict(inter_senders_per_node=v.concurrent)))
+                         for k, v in lay.items() if k not in CP_SUBGROUPS})
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=step,
         # the scheduled tasks (overlap, exposed communication, loading, accumulation: the trace's F / B events), summed

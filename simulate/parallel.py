@@ -938,11 +938,16 @@ _DEFAULT_CONFIG = ParallelConfig()
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """Where the members of one parallel group sit: how many GPUs, how many share a node, how many nodes."""
+    """Where the members of one parallel group sit: how many GPUs, how many share a node, how many nodes; and
+    ``concurrent``: how many GPUs of a node drive inter-node traffic at once with the group's collectives (its own
+    members there and the other groups of its kind beside them: :func:`inter_senders_per_node`), the collective
+    model's ``concurrent_per_node`` (models/collectives.py: the NICs a node's GPUs share). None: the group alone, a
+    group inside one node, or a layout built without the job's other groups."""
 
     size: int
     gpus_per_node: int
     nodes: int
+    concurrent: int | None = None
 
 
 def group_layout(size: int, stride: int, gpus_per_node: int, world: int | None = None) -> GroupLayout:
@@ -958,7 +963,30 @@ def group_layout(size: int, stride: int, gpus_per_node: int, world: int | None =
     if size <= 1:
         return GroupLayout(1, 1, 1)
     per = worst_members_per_node(size, stride, gpus_per_node, world)
-    return GroupLayout(size, per, -(-size // per))
+    nodes = -(-size // per)
+    return GroupLayout(size, per, nodes, inter_senders_per_node(size, stride, gpus_per_node, world) if nodes > 1 else None)
+
+
+@lru_cache(maxsize=4096)
+def inter_senders_per_node(size: int, stride: int, gpus_per_node: int, world: int | None = None) -> int:
+    """The most ranks of one node whose group (``size`` members ``stride`` ranks apart, Megatron's order as
+    :func:`worst_members_per_node`) spans nodes: the GPUs of a node that drive inter-node traffic at once when every
+    group of the kind runs its collective together (a step's DP reduce-scatters, EP all-to-alls, CP exchanges; the
+    step waits for the slowest). A TP8 job's DP groups on 8-GPU nodes have one member per node, and all 8 ranks of
+    the node are in one: 8, where the group alone would be 1. 0 when no group spans nodes."""
+    g = max(int(gpus_per_node), 1)
+    if size <= 1:
+        return 0
+    block = size * stride
+    period = block * g // math.gcd(block, g)
+    if world is not None:
+        period = min(period, max(int(world) // block, 1) * block)
+    starts = (np.arange(period // block)[:, None] * block + np.arange(stride)[None, :]).ravel()
+    nodes = (starts[:, None] + stride * np.arange(size)[None, :]) // g  # (groups, members), ascending along a row
+    spans = nodes[:, 0] != nodes[:, -1]
+    if not spans.any():
+        return 0
+    return int(np.bincount(nodes[spans].ravel()).max())
 
 
 @lru_cache(maxsize=4096)
@@ -987,6 +1015,32 @@ def worst_members_per_node(size: int, stride: int, gpus_per_node: int, world: in
 _NO_GROUP, _PAIR_ONE_NODE, _PAIR_TWO_NODES = GroupLayout(1, 1, 1), GroupLayout(2, 2, 1), GroupLayout(2, 1, 2)
 
 
+def pair_layout_across(senders_per_node: int) -> GroupLayout:
+    """A pair on two nodes (a pipeline hop, an embedding group) with ``senders_per_node`` ranks of each node
+    sending across at once (``GroupLayout.concurrent``; 1: the pair alone, ``_PAIR_TWO_NODES``)."""
+    k = max(int(senders_per_node), 1)
+    return _PAIR_TWO_NODES if k == 1 else GroupLayout(2, 1, 2, k)
+
+
+def pp_senders_per_node(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int) -> int:
+    """The most ranks of one node that send across nodes at once at a pipeline stage boundary: a stage's ``a = tp x
+    cp x dp`` ranks all send to the next stage together (each to its peer ``a`` ranks on, Megatron's order), so a
+    node holding ``m`` ranks of a stage whose hop crosses has ``m`` senders: min(a, G) on G-GPU nodes when stages
+    tile them (TP2 DP4 on 8 GPUs: 8). Counted per hop and node from the rank layout (the hops that cross:
+    :func:`pp_hop_crosses_nodes`); 1 when no hop crosses."""
+    a = max(int(tp) * int(cp) * int(dp), 1)
+    g = max(int(gpus_per_node), 1)
+    P = max(int(pp), 1)
+    s = np.arange(P)[:, None]
+    i = np.arange(a)[None, :]
+    src = (s * a + i) // g
+    dst = (((s + 1) % P) * a + i) // g
+    cross = src != dst
+    if not cross.any():
+        return 1
+    return max(1, int(np.bincount(src[cross].ravel()).max()))
+
+
 def embedding_group_layout(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int) -> GroupLayout:
     """Where Megatron's embedding groups sit: the first and the last pipeline stage's rank of each (TP, CP, DP) rank,
     ``tp x cp x dp x (pp - 1)`` ranks apart in Megatron's order (``parallel_state.initialize_model_parallel``:
@@ -995,10 +1049,17 @@ def embedding_group_layout(tp: int, cp: int, dp: int, pp: int, gpus_per_node: in
     Every pair reduces at once and the step waits for the slowest, so one pair across nodes puts the group across
     nodes. Pair ``(r, r + stride)`` for ``r`` < ``a = tp x cp x dp`` shares a node only if ``r mod g + stride < g``;
     all of them do exactly when ``a x pp`` (the whole job) fits on one node. (:func:`group_layout`'s count of members
-    per node, ``g // stride``, would put ranks 0 and 6 of one 8-GPU node on two nodes.)"""
+    per node, ``g // stride``, would put ranks 0 and 6 of one 8-GPU node on two nodes.)
+
+    Across nodes, every first-stage rank of a node whose pair crosses sends at once (``GroupLayout.concurrent``)."""
     if pp <= 1:
         return _NO_GROUP
-    return _PAIR_ONE_NODE if tp * cp * dp * pp <= gpus_per_node else _PAIR_TWO_NODES
+    if tp * cp * dp * pp <= gpus_per_node:
+        return _PAIR_ONE_NODE
+    a, g = tp * cp * dp, max(int(gpus_per_node), 1)
+    r = np.arange(a)
+    cross = r // g != (r + a * (pp - 1)) // g
+    return pair_layout_across(int(np.bincount(r[cross] // g).max()))
 
 
 

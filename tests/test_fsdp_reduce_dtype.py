@@ -22,10 +22,10 @@ class Recording:
     def __init__(self):
         self.inner, self.calls = collective_model(), []
 
-    def predict_us_memo(self, op, size, n, gpus_per_node, cluster):
+    def predict_us_memo(self, op, size, n, gpus_per_node, cluster, **kw):
         if n == 16:
             self.calls.extend((op, float(b)) for b in np.atleast_1d(size))
-        return self.inner.predict_us_memo(op, size, n, gpus_per_node, cluster)
+        return self.inner.predict_us_memo(op, size, n, gpus_per_node, cluster, **kw)
 
 
 def _sizes(**kw):

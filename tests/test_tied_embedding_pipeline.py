@@ -134,8 +134,9 @@ def test_embedding_group_placement():
     # the whole job on one node: both ends of every pair there (group_layout's g // stride would say 2 nodes for 0 and 6)
     assert embedding_group_layout(2, 1, 1, 4, 8) == GroupLayout(2, 2, 1)
     assert embedding_group_layout(1, 1, 2, 2, 8) == GroupLayout(2, 2, 1)
-    assert embedding_group_layout(8, 1, 8, 16, 8) == GroupLayout(2, 1, 2)
-    assert embedding_group_layout(2, 1, 2, 4, 8) == GroupLayout(2, 1, 2)  # pair (3, 15) crosses
+    # across nodes, with the node's first-stage ranks that send across at once (all 8 of a node; ranks 0-3 of node 0)
+    assert embedding_group_layout(8, 1, 8, 16, 8) == GroupLayout(2, 1, 2, 8)
+    assert embedding_group_layout(2, 1, 2, 4, 8) == GroupLayout(2, 1, 2, 4)  # pair (3, 15) crosses
     assert embedding_group_layout(8, 1, 8, 1, 8).size == 1
 
 

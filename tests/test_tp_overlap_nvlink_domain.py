@@ -84,7 +84,8 @@ def test_the_settings_record_says_it_is_off():
     assert d["parallel"]["tp_comm_overlap"] is False
     assert d["settings"]["strategy"].endswith("-notpo")
     assert any(w.startswith(NOTE) for w in d["warnings"])
-    assert d["comm"]["layouts"]["tp"] == {"size": 16, "gpus_per_node": 8, "nodes": 2}
+    # (the node's 8 GPUs all send across nodes at once: inter_senders_per_node, the NICs they share)
+    assert d["comm"]["layouts"]["tp"] == {"size": 16, "gpus_per_node": 8, "nodes": 2, "inter_senders_per_node": 8}
 
 
 def test_candidate_overlaps_leaves_cross_node_tp_at_its_default():
