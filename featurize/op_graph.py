@@ -1219,8 +1219,12 @@ class GraphBuilder:
         if self.cp > 1:
             # context parallelism (ring attention, Megatron-Core / Transformer Engine): this rank's queries (s = seq/cp
             # tokens, two load-balanced chunks) meet every rank's keys and values as they pass round the ring; with the
-            # causal mask balanced over the ranks the work is half of s x (s x cp): 1/cp of the full causal attention
-            # (costed as one kernel of that size; the cp-1 KV exchanges are the scheduler's, overlapped with it)
+            # causal mask balanced over the ranks the work is half of s x (s x cp): 1/cp of the full causal attention.
+            # One node carries it (its FLOPs, bytes, saved tensors); under a KV ring it is timed as the ring's per-step
+            # kernels (``meta["cp_ring_attention"]``: node name -> ring size; context_parallel.ring_attention_steps,
+            # simulate/single_device.py _flash_ms: one causal s x s step and ring - 1 steps of s x s/2 or s/2 x s;
+            # until stop 58 as one s x (s x cp) kernel, at 642 TFLOP/s from cp 1 to 32 on an H100). The cp - 1 KV
+            # exchanges are the scheduler's, each overlapped with one step's kernel
             a2a = self.cp_a2a
             ring = cp_ring_size(self.cp_comm, self.cp, a2a)
             skv, kv_reads = skv * self.cp, (self.cp // a2a if self.cp_comm != "allgather" else self.cp)
@@ -1258,6 +1262,7 @@ class GraphBuilder:
                                                bytes_=2 * io + b * h * s * 4, B=kb, M=km, N=int(round(d_eff)),
                                                K=skv)])
             if self.cp > 1 and ring > 1:
+                self.meta.setdefault("cp_ring_attention", {})[name] = ring
                 # Transformer Engine's ring attention merges each of the cp - 1 further steps into the output (the
                 # softmax-LSE and output correction: reads the step's output and the running one, writes it) and, in
                 # backward, accumulates each step's dQ and the dK/dV passed round the ring: memory-bound kernels,
@@ -1276,11 +1281,11 @@ class GraphBuilder:
                 # 2038-2231) keeps two per-step outputs and LSEs (``out_per_step[i % 2]``) and two KV buffers
                 # (``p2p_comm_buffers[(i + 1) % 2]`` received while step i runs on ``[i % 2]``), and corrects one
                 # step at a time (``flash_attn_fwd_out_correction(out, out_per_step[(i - 1) % 2], ...)``). So the
-                # correction node (costed as the cp - 1 passes) holds one pass, 3 x out; the attention node, costed
-                # as one kernel over all cp KV chunks, holds q, the step's K/V, the next step's arriving, and the
-                # output (simulate/memory.py kernel_working_bytes reads ``meta["working_set_share"]``; until stop 57
-                # the whole node was read as one kernel's working set: Llama 3 405B at 8,192 tokens a rank, CP16,
-                # 1.51 GB of transient where cp 1 has 0.49 GB)
+                # correction node (costed as the cp - 1 passes) holds one pass, 3 x out; the attention node, one
+                # node over all cp KV chunks (timed as the per-step kernels), holds q, the step's K/V, the next
+                # step's arriving, and the output (simulate/memory.py kernel_working_bytes reads
+                # ``meta["working_set_share"]``; until stop 57 the whole node was read as one kernel's working set:
+                # Llama 3 405B at 8,192 tokens a rank, CP16, 1.51 GB of transient where cp 1 has 0.49 GB)
                 share = self.meta.setdefault("working_set_share", {})
                 one_step = {f"{name}.cp_out_correction": 1.0 / steps}
                 if kv_reads > 2:

@@ -186,6 +186,21 @@ NO_CANDIDATE_RULE = ("no candidate strategy has it: it fits none of the job's la
                      "batch split into micro-batches, the heads by tp and cp, the layers by pp)")
 
 
+def early_skip_rule(option: str, value, generated: list, cp_types=("p2p",), h_sizes=()) -> str | None:
+    """The rule of a combination :func:`candidate_configs` skips without generating it that keeps the asked-for
+    ``value`` of ``option`` out of every ``generated`` candidate, as resolve_parallel words it; None: none of them (the
+    job's layouts, :data:`NO_CANDIDATE_RULE`). ``--sp`` needs a candidate with tp > 1, ``--interleave`` > 1 one with
+    pp > 1, a cp > 1 a CP communication choice (a2a+p2p: a --hierarchical-cp-sizes pair whose product is cp)."""
+    if option == "sp" and value and not any(par.tp > 1 for par in generated):
+        return "--sp (sequence parallelism) needs tensor parallelism (--tp > 1): no candidate strategy has tp > 1"
+    if option == "interleave" and value > 1 and not any(par.pp > 1 for par in generated):
+        return "--interleave needs pipeline parallelism (--pp > 1): no candidate strategy has pp > 1"
+    if option == "cp" and value > 1 and not _cp_comm_choices(value, cp_types, h_sizes):
+        return (f"no --cp-comm-type choice applies (a2a+p2p needs --hierarchical-cp-sizes A,B with A x B = cp, got "
+                f"{' and '.join(f'{a},{b}' for a, b in h_sizes) or 'none'})")
+    return None
+
+
 def dropped_values(asked: dict, outcomes: list, generated: list | None = None, skipped: list | None = None,
                    max_configs: int | None = None) -> list[dict]:
     """Per value of ``asked`` (search-space option -> the choices the caller gave) that no evaluated candidate has but
@@ -208,8 +223,10 @@ def dropped_values(asked: dict, outcomes: list, generated: list | None = None, s
             as_json = list(value) if isinstance(value, tuple) else value
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
             if made is not None and value not in made and option not in ("cp_comm_type", "hierarchical_cp_sizes"):
-                out.append(dict(option=option, value=as_json, rejected=0, rule=NO_CANDIDATE_RULE,
-                                note=f"{option} {shown}: {NO_CANDIDATE_RULE}"))
+                h_sizes = [x for x in asked.get("hierarchical_cp_sizes") or () if x is not None]
+                rule = early_skip_rule(option, value, generated, asked.get("cp_comm_type") or ("p2p",),
+                                       h_sizes) or NO_CANDIDATE_RULE
+                out.append(dict(option=option, value=as_json, rejected=0, rule=rule, note=f"{option} {shown}: {rule}"))
                 continue
             rules = [str(rule) for v, (_, ok, rule) in zip(have, outcomes) if v == value and not ok]
             if any(ok for v, (_, ok, _) in zip(have, outcomes) if v == value):
@@ -465,8 +482,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     if any(n is not None for n in rc_layers):
         recompute = tuple(recompute) + (() if "full" in recompute else ("full",))
         rc_layers = (None,) + tuple(n for n in rc_layers if n is not None)
-    if cp is None:
-        cp = default_cps(seq)
+    if cp is None:  # the search's own choice: only the degrees the sequence splits into 2 x cp chunks for
+        cp = tuple(c for c in default_cps(seq) if c == 1 or seq % (2 * c) == 0)
     if ep is None:
         n_exp = _expert_count(model)
         ep = tuple(e for e in _pow2_divisors(n_exp, gpus) if e >= 1) if n_exp else (1,)
@@ -479,7 +496,10 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     tps = list(tp) if tp is not None else _pow2_divisors(gpus, cl.gpus_per_node)
     out = []
     for t, c in itertools.product(tps, cp):
-        if gpus % (t * c) or (c > 1 and seq % (2 * c)):
+        # an asked-for cp the sequence does not split into 2 x cp chunks is generated: its candidates are rejected by
+        # resolve_parallel's rule, named in ``rejected`` and dropped_values (until stop 58 they were skipped here, and
+        # dropped_values blamed the layouts: audit 58b finding 1)
+        if gpus % (t * c):
             continue
         # default: every stage count that divides the job, at most the model's layers (each stage holds one)
         pps = list(pp) if pp is not None else _divisors(gpus // (t * c), n_layers or None)

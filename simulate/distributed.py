@@ -71,8 +71,8 @@ from wattcast.simulate.dualpipe import (dualpipe_summary, mirrored, paired_share
                                         peak_activation_bytes as dualpipe_peak_bytes)
 from wattcast.simulate.pipeline_fast import time_pipeline
 from wattcast.simulate.scheduler import bucket_spans
-from wattcast.simulate.single_device import (CUDA_LAUNCH_MS, EAGER_HOST_LAUNCH_MS, check_host_us, cost_nodes,
-                                             fallback_summary, requeued,
+from wattcast.simulate.single_device import (CUDA_LAUNCH_MS, EAGER_HOST_LAUNCH_MS, RING_DIAG_SHARE, check_host_us,
+                                             cost_nodes, fallback_summary, requeued,
                                              group_totals, model_flops, op_part_labels, step_overheads,
                                              stream_bandwidth_gbps, with_warnings)
 from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
@@ -1408,6 +1408,12 @@ class _RankView:
     attn_f_ms: np.ndarray  # fused attention kernels' time (what ring attention's KV exchange overlaps with)
     attn_b_ms: np.ndarray  # the backward's own (not a recomputed forward)
     attn_rc_ms: np.ndarray  # the fused attention's forward re-run in the backward (recomputation: its ring runs again)
+    # under a context-parallel KV ring, the diagonal ring step's kernel time of each of the three (0 elsewhere): the
+    # one causal s x s step of the ring's per-step kernels (single_device._flash_ms), the others each
+    # (attn - diag) / (ring - 1)
+    attn_diag_f_ms: np.ndarray
+    attn_diag_b_ms: np.ndarray
+    attn_diag_rc_ms: np.ndarray
     gemm_f_ms: np.ndarray  # linear layers' GEMMs (what --tp-comm-overlap pipelines the TP collectives with)
     gemm_b_ms: np.ndarray
     coll_by_group: dict  # collective group ("tp", "ep") -> (forward ms, backward ms) per layer
@@ -1580,6 +1586,9 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     op_class = costed["op_class"].to_numpy()
     is_coll = op_class == "collective"
     is_attn = op_class == "flash_attention"
+    # a KV ring's attention: the diagonal step's share of each node's time (single_device.RING_DIAG_SHARE)
+    diag = (costed[RING_DIAG_SHARE].to_numpy(dtype=float) if RING_DIAG_SHARE in costed.columns
+            else np.zeros(len(costed)))
     is_gemm = op_class == "linear"
     group = costed["group"].astype(str).to_numpy()
     params = costed["param_count"].to_numpy(dtype=float)
@@ -1665,6 +1674,8 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         f_nc_ms=per_layer(fwd & ~is_coll, t), b_nc_ms=per_layer(bwd & ~is_coll, t), coll_ms=per_layer(is_coll, t),
         attn_f_ms=per_layer(fwd & is_attn, t), attn_b_ms=per_layer(bwd & is_attn & ~rc, t),
         attn_rc_ms=per_layer(bwd & is_attn & rc, t),
+        attn_diag_f_ms=per_layer(fwd & is_attn, t * diag), attn_diag_b_ms=per_layer(bwd & is_attn & ~rc, t * diag),
+        attn_diag_rc_ms=per_layer(bwd & is_attn & rc, t * diag),
         gemm_f_ms=per_layer(fwd & is_gemm, t), gemm_b_ms=per_layer(bwd & is_gemm, t),
         coll_by_group={str(grp): (per_layer(fwd & is_coll & (group == grp), t), per_layer(bwd & is_coll & (group == grp), t))
                        for grp in pd.unique(group[is_coll])},
@@ -1846,6 +1857,7 @@ def chunk_of_layer(layers: np.ndarray, n_layers: int, n_chunks: int, counts: lis
 
 #: the per-layer arrays of a _RankView (block recomputation picks each layer's from one of two views)
 _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", "attn_f_ms", "attn_b_ms", "attn_rc_ms",
+                     "attn_diag_f_ms", "attn_diag_b_ms", "attn_diag_rc_ms",
                      "gemm_f_ms", "moe_mlp_f_ms", "moe_mlp_b_ms", "a2a_dispatch_f_ms", "a2a_dispatch_b_ms",
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
                      "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "transient_bytes", "ood_fb_ms", "ood_fb_low_ms",
@@ -2624,6 +2636,30 @@ def ring_backward_steps(ring: int) -> tuple[int, int]:
     return (2, ring - 2) if ring > 1 else (0, 0)
 
 
+def cp_event_args(what: str, direction: str, micro: int, transfer_ms: float, exposed_ms: float, ring: int,
+                  kv_step_ms: tuple, cp_comm_type: str) -> dict:
+    """The args of one trace event of context parallelism's communication (``cp.ring_kv``, ``cp.a2a_qkvo``,
+    ``cp.allgather_kv``): the event lasts ``exposed_ms``, what it adds to its task (as the tp.* / ep.* events);
+    ``transfer_ms`` is what the communication takes, hidden or not, ``hidden_ms`` the part of it behind the
+    attention's ring steps (a ring's KV exchange; the all-to-alls and all-gathers are waited for: none hidden)."""
+    out = dict(micro_batch=int(micro), direction=direction, cp_comm_type=str(cp_comm_type),
+               duration="exposed: what it adds to the task", transfer_ms=float(transfer_ms),
+               exposed_ms=float(exposed_ms), hidden_ms=float(max(transfer_ms - exposed_ms, 0.0)))
+    if what == "ring_kv":
+        out.update(ring_ranks=int(ring), kv_step_ms=float(kv_step_ms[0]), kv_and_grad_step_ms=float(kv_step_ms[1]))
+    return out
+
+
+def _ring_step_ms(attn_ms: np.ndarray, diag_ms: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the diagonal ring step's kernel time, each off-diagonal step's) per layer, from a layer's ring attention time
+    ``attn_ms`` (its ``ring`` per-step kernels) and its diagonal step's ``diag_ms``; a layer without the split (0) takes
+    the mean step, attn / ring, for both."""
+    attn, diag = np.asarray(attn_ms, dtype=float), np.asarray(diag_ms, dtype=float)
+    split = (diag > 0) & (ring > 1)
+    mean = attn / ring
+    return np.where(split, diag, mean), np.where(split, (attn - diag) / max(ring - 1, 1), mean)
+
+
 def ring_backward_transfer_ms(ring: int, xf_ms, xb_ms):
     """What the ring attention backward's transfers take per layer, hidden or not (:func:`ring_backward_steps`; xf_ms:
     a one-block step, xb_ms: a two-block step)."""
@@ -2659,17 +2695,26 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         xf, xb = collective_ms(cm, ["send_recv", "send_recv"], [cp_kv_bytes, 2.0 * cp_kv_bytes], lay["cp_ring"], cl)[0]
         xf, xb = max(float(xf), cp_step_floor_ms), max(float(xb), cp_step_floor_ms)
         cp_step_ms = (float(xf), float(xb))
-        has = view.attn_f_ms > 0
-        cp_f_ms = np.where(has, (ring - 1) * np.maximum(xf - view.attn_f_ms / ring, 0.0), 0.0)
-        n1, n2 = ring_backward_steps(ring)
-        blk_b = view.attn_b_ms / ring
-        cp_b_ms = np.where(view.attn_b_ms > 0,
-                           n1 * np.maximum(xf - blk_b, 0.0) + n2 * np.maximum(xb - blk_b, 0.0), 0.0)
+        # each transfer against the ring step it runs beside (TE 2.20.2 AttnFuncWithCPAndKVP2P, context_parallel.py):
+        # forward, step i sends the K/V of step i + 1 while step i's kernel runs (l. 1925-1943: wait for step i's,
+        # start i + 1's), so the cp - 1 transfers overlap the diagonal step 0 and cp - 2 off-diagonal steps; backward,
+        # step i's transfer starts before its kernel and is waited for after it (l. 2721-2729, 2952-2954): step 0
+        # (K/V only) and steps 1 .. cp - 2 (K/V and dK/dV) beside off-diagonal steps, the last (dK/dV only) beside the
+        # diagonal one (l. 2816). The diagonal is causal s x s, the others s x s/2 or s/2 x s, timed apart
+        # (single_device._flash_ms); until stop 58 every step was the attention's mean, a 1/ring share of one kernel
+        f_diag, f_off = _ring_step_ms(view.attn_f_ms, view.attn_diag_f_ms, ring)
+        b_diag, b_off = _ring_step_ms(view.attn_b_ms, view.attn_diag_b_ms, ring)
+        cp_f_ms = np.where(view.attn_f_ms > 0, np.maximum(xf - f_diag, 0.0)
+                           + (ring - 2) * np.maximum(xf - f_off, 0.0), 0.0)
+        _, n2 = ring_backward_steps(ring)  # (2, ring - 2): step 0 and the last send one block
+        cp_b_ms = np.where(view.attn_b_ms > 0, np.maximum(xf - b_off, 0.0) + np.maximum(xf - b_diag, 0.0)
+                           + n2 * np.maximum(xb - b_off, 0.0), 0.0)
         # a recomputed attention (selective or full recomputation) re-runs its forward ring in the backward: its KV
-        # steps again, each beside a block of the re-run forward (until stop 36 the re-run's time hid the backward's
+        # steps again, each beside a step of the re-run forward (until stop 36 the re-run's time hid the backward's
         # transfers instead, and the recomputed ring was free)
-        cp_b_ms = cp_b_ms + np.where(view.attn_rc_ms > 0,
-                                     (ring - 1) * np.maximum(xf - view.attn_rc_ms / ring, 0.0), 0.0)
+        rc_diag, rc_off = _ring_step_ms(view.attn_rc_ms, view.attn_diag_rc_ms, ring)
+        cp_b_ms = cp_b_ms + np.where(view.attn_rc_ms > 0, np.maximum(xf - rc_diag, 0.0)
+                                     + (ring - 2) * np.maximum(xf - rc_off, 0.0), 0.0)
     if par.cp > 1 and (cp_coll_ms[0] > 0 or cp_coll_ms[1] > 0):
         cp_f_ms, cp_b_ms = _plus_cp_collectives(view, cp_coll_ms, cp_f_ms, cp_b_ms)
     # per communication class, what it adds to each chunk's forward and backward (collectives in the rank graph by
@@ -3835,22 +3880,33 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                             t0 += x
             if par.cp > 1 and tk.kind != "W":  # a W (DualPipe's weight-gradient part) runs no attention
                 # (forward ring, backward ring) of the task: an F&B pair runs its forward's, then its backward's; the
-                # a2a / allgather collectives (cp_collectives) as their own events, named by their kind
+                # a2a / allgather collectives (cp_collectives) as their own events, named by their kind. Each lasts
+                # what it adds to the task, as the tp.* / ep.* events (_comm_parts' cp class: the ring's exposed
+                # steps; the collectives, exposed in full), args: the whole transfer and its hidden part (until stop
+                # 58 a ring event lasted its whole transfer, mostly hidden, and an a2a / allgather one its exposed
+                # time: the track's meaning changed with --cp-comm-type, audit 58b finding 3)
                 rings = []
                 if fwd:
-                    rings.append((tk.micro, "ring_kv", n_attn[c] * (n_ring - 1) * cp_step_ms[0]))
-                    rings.append((tk.micro, cp_coll_name, n_attn[c] * cp_coll[0]))
+                    coll = n_attn[c] * cp_coll[0]
+                    rings.append((tk.micro, "forward", "ring_kv", n_attn[c] * (n_ring - 1) * cp_step_ms[0],
+                                  float(np.asarray(f_parts["cp"])[c]) - coll))
+                    rings.append((tk.micro, "forward", cp_coll_name, coll, coll))
                 if tk.kind != "F":
                     cb, mb = (tk.stage_b, tk.micro_b) if pair else (c, tk.micro)
-                    rings.append((mb, "ring_kv", n_attn[cb] * ring_backward_transfer_ms(n_ring, *cp_step_ms)
-                                  + n_attn_rc[cb] * (n_ring - 1) * cp_step_ms[0]))
-                    rings.append((mb, cp_coll_name, n_attn_b[cb] * cp_coll[1] + n_attn_rc[cb] * cp_coll[0]))
+                    coll = n_attn_b[cb] * cp_coll[1] + n_attn_rc[cb] * cp_coll[0]
+                    rings.append((mb, "backward", "ring_kv", n_attn[cb] * ring_backward_transfer_ms(n_ring, *cp_step_ms)
+                                  + n_attn_rc[cb] * (n_ring - 1) * cp_step_ms[0],
+                                  float(np.asarray(b_parts["cp"])[cb]) - coll))
+                    rings.append((mb, "backward", cp_coll_name, coll, coll))
                 t0 = tk.start
-                for m, what, ring in rings:
-                    if ring > 0:
+                for m, direction, what, moved, exposed in rings:
+                    if moved > 0:  # a ring hidden in full is an event of 0 ms: its args say what it moved
+                        exposed = min(max(exposed, 0.0), moved)
                         events.append(dict(stage=tk.stage, stream="comm", name=f"cp.{what}{m}", start_ms=t0,
-                                           end_ms=t0 + ring))
-                        t0 += ring
+                                           end_ms=t0 + exposed, args=cp_event_args(
+                                               what, direction, m, moved, exposed, n_ring, cp_step_ms,
+                                               par.cp_comm_type)))
+                        t0 += exposed
         for s, name, a, e in comm_events:
             events.append(dict(stage=s, stream="comm", name=name, start_ms=a, end_ms=e))
         for s, a, e, n_hidden in pipe.trace_gaps:  # an extrapolated step: its steady state is not drawn
@@ -3923,9 +3979,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # per class (tp, ep; tp_ep under the all-gather dispatcher), per stage: what its collectives add to one
                 # micro-batch's tasks (forward + backward of the stage's chunks; exposed, or what an overlap leaves
                 # with the slowdown it causes): the trace's tp.* / ep.* events per micro-batch
+                # (and cp, with context parallelism: the ring's exposed steps and the a2a / allgather collectives,
+                # the trace's cp.* events, whose args give the whole transfer and its hidden part)
                 task_comm_ms_per_micro_by_stage={
                     k: np.asarray(rank_tasks(np.asarray(f_parts[k]) + np.asarray(b_parts[k])), dtype=float).tolist()
-                    for k, _ in task_comm},
+                    for k in [k for k, _ in task_comm] + (["cp"] if par.cp > 1 else [])},
                 **(dict(cp_comm_type=par.cp_comm_type, cp_collective_ms=list(cp_coll),
                         hierarchical_cp_sizes=list(par.hierarchical_cp_sizes or ()) or None)
                    if par.cp > 1 and par.cp_comm_type != "p2p" else {}),

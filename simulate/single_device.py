@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec, spec_notes, unsupported_step_dtype
+from wattcast.featurize.context_parallel import ring_attention_steps
 from wattcast.featurize.conv_gemm import CONV_KERNELS, cudnn_tf32_rows
 from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe
 from wattcast.simulate.step_band import OOD_OF_KERNEL_TIME, band_keys, ood_band_log, ood_warning, step_band
@@ -333,12 +334,20 @@ FLASH_BAND_RATIO = (0.8, 1.25)
 
 
 def _flash_ms(f: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray,
-              spec: DeviceSpec, bundle: KernelBundle) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              spec: DeviceSpec, bundle: KernelBundle, ring: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Fused attention nodes (B = batch x heads, M = queries, N = head dim, K = keys): the spec-sheet model of
     models/attention.py, with a band of -20% / +25% (:data:`FLASH_BAND_RATIO`, an assumption: no held-out timing
     measures it). Its
     tensor-core part scales with the device's matmul ceiling as the bundle's GEMM family takes it, its softmax part
-    runs at the device's single-issue FP32 rate."""
+    runs at the device's single-issue FP32 rate.
+
+    ``ring`` (per node; None: 1 each): a context-parallel KV ring's size, whose node (M queries against K = M x ring
+    keys) is timed as the kernels Transformer Engine launches per ring step
+    (:func:`~wattcast.featurize.context_parallel.ring_attention_steps`: one causal M x M, the others M x M/2 or
+    M/2 x M, the same FLOPs), each step reading 1/ring of the node's bytes. Returns (ms, low, high, the diagonal
+    step's share of the node's time: 0 off a ring), the last for the scheduler's per-step overlap of the KV
+    transfers (simulate/distributed.py _comm_parts)."""
     B, M, N, K = (f[c].to_numpy(dtype=float) for c in ("B", "M", "N", "K"))
     # a recomputed forward (activation checkpointing's re-run, in the backward phase) is the forward kernel again
     # (torch.utils.checkpoint re-runs the module's forward: the same flash-attention forward launch), with the
@@ -351,11 +360,28 @@ def _flash_ms(f: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, dtype: np.
     kernel = np.where(f["kernel"].astype(str).to_numpy() == "", DEFAULT_FLASH_KERNEL, f["kernel"].astype(str).to_numpy())
     peak = _peak_tflops(dtype, spec, "bf16")
     fp32 = scalar_fp32_tflops(spec.peak_fp32_tflops, spec.num_sms, spec.cores_per_sm, spec.boost_clock_mhz)
+    mma = _flash_mma_scale(dtype, spec, bundle)
     ms = flash_attention_ms(kernel=kernel, phase=np.where(bwd, "backward", "forward"), bh=B, s_q=M, s_kv=K,
                             head_dim=N, kept=kept, io_bytes=bytes_, peak_tflops=peak, fp32_tflops=fp32,
-                            memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms,
-                            mma_scale=_flash_mma_scale(dtype, spec, bundle))
-    return ms, ms * FLASH_BAND_RATIO[0], ms * FLASH_BAND_RATIO[1]
+                            memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms, mma_scale=mma)
+    diag = np.zeros(len(ms))
+    r = np.ones(len(ms)) if ring is None else np.asarray(ring, dtype=float)
+    on = np.flatnonzero((r > 1) & (np.abs(K - M * r) < 0.5))  # a ring node: M queries against ring x M keys
+    if len(on):
+        # the node's kept share: 0.5 under the causal mask (the ring's balanced half), 1 without
+        sq, skv, kp, count = ring_attention_steps(M[on], r[on], kept[on] < 0.75)
+
+        def rep(a):  # each ring node's value for its three step kinds
+            return np.repeat(np.asarray(a)[on], 3)
+        step = flash_attention_ms(kernel=rep(kernel), phase=rep(np.where(bwd, "backward", "forward")), bh=rep(B),
+                                  s_q=sq.ravel(), s_kv=skv.ravel(), head_dim=rep(N), kept=kp.ravel(),
+                                  io_bytes=rep(bytes_ / r), peak_tflops=rep(peak), fp32_tflops=fp32,
+                                  memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms,
+                                  mma_scale=np.broadcast_to(mma, ms.shape)[on].repeat(3)).reshape(-1, 3)
+        ms = ms.copy()
+        ms[on] = (step * count).sum(axis=1)
+        diag[on] = step[:, 0] / ms[on]
+    return ms, ms * FLASH_BAND_RATIO[0], ms * FLASH_BAND_RATIO[1], diag
 
 
 def _addu_ms(spec: DeviceSpec, bundle: KernelBundle, b: int, h: int) -> float:
@@ -438,6 +464,7 @@ class _CostPlan:
     any_fp32: bool
     flash: np.ndarray  # node idx of fused attention
     flash_nodes: pd.DataFrame
+    flash_ring: np.ndarray  # per fused-attention node, its context-parallel KV ring's size (1: none)
     coll: np.ndarray
     real: np.ndarray  # collectives that move data (a kernel name: not a zero-time marker)
 
@@ -447,7 +474,9 @@ def _read_only(*arrays) -> None:
         a.flags.writeable = False
 
 
-def _cost_plan_of(nodes: pd.DataFrame) -> _CostPlan:
+def _cost_plan_of(nodes: pd.DataFrame, rings: dict | None = None) -> _CostPlan:
+    """``rings``: the graph's ``meta["cp_ring_attention"]`` (forward node name -> KV ring size; its backward and
+    recomputed forward, ``.grad`` / ``.recompute``, are the same ring's)."""
     n = len(nodes)
     method = nodes["method"].to_numpy()
     dtype = nodes["dtype"].to_numpy()
@@ -487,14 +516,18 @@ def _cost_plan_of(nodes: pd.DataFrame) -> _CostPlan:
     for p in parts_out:
         _read_only(*p)
     fl = np.flatnonzero(method == "flash")
+    flash_ring = np.ones(len(fl))
+    if rings and len(fl):
+        base = nodes["name"].iloc[fl].astype(str).str.replace(r"\.(grad|recompute)$", "", regex=True)
+        flash_ring = base.map(rings).fillna(1).to_numpy(dtype=float)
     coll = method == "collective"
     real = coll & (nodes["kernel"].to_numpy() != "")
     method = method.copy()
     dtype = dtype.copy()
-    _read_only(method, dtype, flops, bytes_, covered, fl, coll, real)
+    _read_only(method, dtype, flops, bytes_, covered, fl, flash_ring, coll, real)
     return _CostPlan(nodes=nodes, method=method, dtype=dtype, flops=flops, bytes_=bytes_, parts=parts_out,
                      covered=covered, kernels=kernels, hashes=hashes, any_fp32=any_fp32, flash=fl,
-                     flash_nodes=nodes.iloc[fl], coll=coll, real=real)
+                     flash_nodes=nodes.iloc[fl], flash_ring=flash_ring, coll=coll, real=real)
 
 
 #: per graph (by identity, while it lives; made again for a graph given another nodes frame): its :class:`_CostPlan`
@@ -502,7 +535,8 @@ _PLANS = GraphMemo(max_entries=64)
 
 
 def _cost_plan(graph: OpGraph) -> _CostPlan:
-    return _PLANS.get_or_build(graph, (graph.nodes,), lambda: _cost_plan_of(graph.nodes.reset_index(drop=True)))
+    return _PLANS.get_or_build(graph, (graph.nodes,), lambda: _cost_plan_of(graph.nodes.reset_index(drop=True),
+                                                                            graph.meta.get("cp_ring_attention")))
 
 
 #: pandas copies on write (pandas 3; pandas 2 with the option on): a frame shallow-copied and then given new columns
@@ -691,8 +725,13 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
             np.add.at(hi, idx, np.where(bad, np.nan, ph))
             ood[idx] |= r_ood[r].astype(bool) | bad
     fl = plan.flash
+    ring_diag = None
     if len(fl):
-        t[fl], lo[fl], hi[fl] = _flash_ms(plan.flash_nodes, flops[fl], bytes_[fl], dtype[fl], spec, bundle)
+        t[fl], lo[fl], hi[fl], diag = _flash_ms(plan.flash_nodes, flops[fl], bytes_[fl], dtype[fl], spec, bundle,
+                                                plan.flash_ring)
+        if (plan.flash_ring > 1).any():
+            ring_diag = np.zeros(n)
+            ring_diag[fl] = diag
     coll, real = plan.coll, plan.real
     if coll.any():
         t[coll] = 0.0
@@ -738,7 +777,14 @@ def cost_nodes(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None = N
     out["low_ms"] = lo
     out["high_ms"] = hi
     out["ood"] = ood
+    if ring_diag is not None:  # a context-parallel KV ring: its diagonal step's share of each attention node's time
+        out[RING_DIAG_SHARE] = ring_diag
     return out
+
+
+#: the costed frame's column (a graph with a context-parallel KV ring only) of each fused-attention node's diagonal
+#: ring step's share of its time (the rest is the ring - 1 off-diagonal steps': :func:`_flash_ms`)
+RING_DIAG_SHARE = "cp_ring_diag_share"
 
 
 def requeued(costed: pd.DataFrame, before: pd.DataFrame, launch_overhead_ms=DEFAULT_LAUNCH_OVERHEAD_MS,

@@ -135,8 +135,9 @@ def test_ring_backward_runs_cp_steps_as_transformer_engine():
     l. 2952-2954) runs cp steps: step 0 sends K/V, the last dK/dV, the others both, each step's transfer beside that
     step's attention block. Until stop 48 the backward was cp - 1 steps each sending K/V and their gradients (the same
     bytes, one block fewer to hide behind). With every step floored at 5 ms (tiny 2K-token blocks) the backward's ring
-    exposes cp steps, and the trace's ring events sum to layers x ((cp - 1) forward + cp backward + (cp - 1)
-    recomputed forward) steps."""
+    exposes cp steps, and the trace's ring events' transfers (args ``transfer_ms``) sum to layers x ((cp - 1) forward
+    + cp backward + (cp - 1) recomputed forward) steps, their durations (what they add to the tasks, since stop 58)
+    to the exposed part."""
     from wattcast.simulate.distributed import predict_distributed, ring_backward_steps
     from wattcast.simulate.options import DistributedOptions
     from wattcast.simulate.parallel import ParallelConfig
@@ -148,8 +149,9 @@ def test_ring_backward_runs_cp_steps_as_transformer_engine():
     steps = 32 * (7 + 8 + 7)  # 32 layers, one micro-batch: forward, backward, recomputed forward
     # each step exposes 5 ms less its attention block (< 0.1 ms at 256 tokens a rank)
     assert steps * 4.9 < r.comm["cp_exposed_ms_per_micro"] <= steps * 5.0
-    ring = sum(e["end_ms"] - e["start_ms"] for e in r.events if e["name"].startswith("cp.ring_kv"))
-    assert ring == pytest.approx(steps * 5.0, rel=1e-9)
+    ring = [e for e in r.events if e["name"].startswith("cp.ring_kv")]
+    assert sum(e["args"]["transfer_ms"] for e in ring) == pytest.approx(steps * 5.0, rel=1e-9)
+    assert sum(e["end_ms"] - e["start_ms"] for e in ring) == pytest.approx(r.comm["cp_exposed_ms_per_micro"], rel=1e-9)
 
 
 def test_recomputed_attention_runs_its_ring_again():
