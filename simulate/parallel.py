@@ -967,6 +967,17 @@ def group_layout(size: int, stride: int, gpus_per_node: int, world: int | None =
     return GroupLayout(size, per, nodes, inter_senders_per_node(size, stride, gpus_per_node, world) if nodes > 1 else None)
 
 
+def _group_nodes(size: int, stride: int, g: int, world: int | None) -> np.ndarray:
+    """The node of each member of every group of ``size`` members ``stride`` ranks apart on ``g``-GPU nodes, over one
+    period of the rank pattern (lcm(size x stride, g) ranks, at most the job's ``world``): (groups, members)."""
+    block = size * stride
+    period = block * g // math.gcd(block, g)
+    if world is not None:
+        period = min(period, max(int(world) // block, 1) * block)
+    starts = (np.arange(period // block)[:, None] * block + np.arange(stride)[None, :]).ravel()
+    return (starts[:, None] + stride * np.arange(size)[None, :]) // g
+
+
 @lru_cache(maxsize=4096)
 def inter_senders_per_node(size: int, stride: int, gpus_per_node: int, world: int | None = None) -> int:
     """The most ranks of one node whose group (``size`` members ``stride`` ranks apart, Megatron's order as
@@ -974,15 +985,9 @@ def inter_senders_per_node(size: int, stride: int, gpus_per_node: int, world: in
     group of the kind runs its collective together (a step's DP reduce-scatters, EP all-to-alls, CP exchanges; the
     step waits for the slowest). A TP8 job's DP groups on 8-GPU nodes have one member per node, and all 8 ranks of
     the node are in one: 8, where the group alone would be 1. 0 when no group spans nodes."""
-    g = max(int(gpus_per_node), 1)
     if size <= 1:
         return 0
-    block = size * stride
-    period = block * g // math.gcd(block, g)
-    if world is not None:
-        period = min(period, max(int(world) // block, 1) * block)
-    starts = (np.arange(period // block)[:, None] * block + np.arange(stride)[None, :]).ravel()
-    nodes = (starts[:, None] + stride * np.arange(size)[None, :]) // g  # (groups, members), ascending along a row
+    nodes = _group_nodes(size, stride, max(int(gpus_per_node), 1), world)  # (groups, members), ascending along a row
     spans = nodes[:, 0] != nodes[:, -1]
     if not spans.any():
         return 0
@@ -998,12 +1003,7 @@ def worst_members_per_node(size: int, stride: int, gpus_per_node: int, world: in
     g = max(int(gpus_per_node), 1)
     if stride >= g:
         return 1
-    block = size * stride
-    period = block * g // math.gcd(block, g)
-    if world is not None:
-        period = min(period, max(int(world) // block, 1) * block)
-    starts = (np.arange(period // block)[:, None] * block + np.arange(stride)[None, :]).ravel()
-    nodes = (starts[:, None] + stride * np.arange(size)[None, :]) // g  # (groups, members)
+    nodes = _group_nodes(size, stride, g, world)  # (groups, members)
     # members per node of each group: runs of equal node ids (sorted along a row)
     first = np.ones(nodes.shape, dtype=bool)
     first[:, 1:] = nodes[:, 1:] != nodes[:, :-1]
