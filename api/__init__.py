@@ -174,6 +174,20 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     from wattcast.simulate.data_loading import one_device
 
     res = one_device(res, load_ms=data_load_ms, workers=data_workers, idle_power_w=idle_power_w(spec))
+    if graph.meta.get("precision") == "fp8" and engine is None:
+        # the same step in bf16 (its graph and costing: a second prediction, measured 0.12 -> 0.25 s for a warm Llama 3
+        # 8B FP8 step on an H100, about 5% of a CLI call), to say whether the FP8 gain is lost to launch gaps
+        # (fp8_host_bound; audit 58a). One device only: a cluster step or a search row would pay a second schedule
+        from dataclasses import replace as _replace
+
+        from wattcast.simulate.single_device import fp8_host_bound, with_warnings
+
+        twin = predict_graph(step_graph(model, _replace(opts, dtype="bf16", fp8_recipe=None),
+                                        example_inputs=example_inputs), spec, bundle, power_limit_w=power_limit_w,
+                             clock_cap_mhz=clock_cap_mhz, launch_overhead_ms=launch_ms, host_model=host_model)
+        twin = one_device(twin, load_ms=data_load_ms, workers=data_workers, idle_power_w=idle_power_w(spec))
+        cmp_, note = fp8_host_bound(res, twin, 1e3 * launch_ms)
+        res = _replace(res, meta=with_warnings(dict(res.meta, fp8_vs_bf16=cmp_), [note] if note else []))
     if engine is not None:
         res = _served(res, model, spec, opts, engine, int(prompt_tokens), int(output_tokens), bundle=bundle,
                       power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz, idle_power_w=idle_power_w(spec))
@@ -663,7 +677,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int = 1024, **kw):
     """Enumerate valid parallel strategies, evaluate them (shared caches), rank them; Pareto front over step
     time and memory. Every row has a ``strategy`` string that ``predict_cluster(..., strategy=)`` predicts exactly,
     given the same step options (``dtype``, ``framework``, and the ones no token records: ``grad_accum_dtype``,
-    ``fsdp_reduce_dtype``).
+    ``fsdp_reduce_dtype``, ``fp8_recipe`` and ``fp8_param_gather``; the last two are also each row's ``fp8_recipe`` /
+    ``fp8_param_gather`` columns and, with the others, the result's ``settings``).
     With ``tokens`` (and ``footprint_kw``: region, pue, lifetime_years, grid_kgco2e_per_kwh, cloud_usd_per_gpu_hour,
     ...): each fitting row's run days, cloud cost, TCO, energy and CO2e with their sources; ``objective`` (time, cost,
     tco, co2e, energy), ``max_usd``, ``deadline_days``, ``max_tco2e`` and ``pareto`` (time x cloud cost x CO2e) rank and

@@ -1323,7 +1323,9 @@ def search(
                           "rejected": _records(res.rejected), "excluded": _records(res.excluded),
                           "warnings": list(res.warnings), "unranked_clusters": unranked,
                           "dropped_values": list(res.dropped_values),
-                          "settings": {"memory_headroom_gb": memory_headroom_gb}}, indent=2, default=str))
+                          # the options no strategy string records (SearchResult.settings): replay a row with them
+                          "settings": dict(res.settings, memory_headroom_gb=memory_headroom_gb)}, indent=2,
+                         default=str))
         _fail_if_none_fits(res, limits, memory_headroom_gb)
         return
     con = Console()

@@ -155,12 +155,13 @@ TASK_COLUMNS = ("task_id", "model", "cluster", "gpus", "region", "status", "erro
 #: float64 (``planning.search.COLUMNS`` / ``RUN_COLUMNS``; ``test_sweep_parts`` checks these against a search)
 INT_COLUMNS = frozenset(("gpus", "rank", "tp", "pp", "dp", "cp", "micro_batch", "zero", "ep", "interleave",
                          "grad_accum", "seq"))
-BOOL_COLUMNS = frozenset(("sp", "fits", "scheduled", "electricity_region_specific", "grid_region_specific", "run_pareto"))
+BOOL_COLUMNS = frozenset(("sp", "fits", "scheduled", "electricity_region_specific", "grid_region_specific", "run_pareto",
+                          "fp8_param_gather"))
 TEXT_COLUMNS = frozenset(("task_id", "model", "cluster", "region", "status", "error", "device", "config", "recompute",
                           "strategy", "schedule", "memory_flag", "dtype", "attention", "framework", "etp",
                           "cloud_price_source", "electricity_source", "grid_region", "grid_basis", "grid_source",
-                          "cloud_pricing", "accelerator_price_source", "warnings", "unranked_clusters", "dropped_values", "cp_comm_type",
-                          "hierarchical_cp_sizes"))
+                          "cloud_pricing", "accelerator_price_source", "warnings", "unranked_clusters", "dropped_values",
+                          "cp_comm_type", "hierarchical_cp_sizes", "fp8_recipe"))
 #: a search's own findings, on every row of its task as JSON text (the keys and values of ``wattcast search --json``):
 #: ``warnings`` (a list: the model's, e.g. a sequence beyond its positions, and the cluster's and GPU's,
 #: ``SearchResult.warnings``) and ``unranked_clusters`` (an object: the searched cluster, when it has no valid strategy,

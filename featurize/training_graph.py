@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from wattcast.featurize.fp8_recipes import DEFAULT_FP8_RECIPE, weight_copy_bytes_per_param
+from wattcast.featurize.fp8_recipes import CURRENT_SCALE_KERNEL_BYTES, DEFAULT_FP8_RECIPE, weight_copy_bytes_per_param
 from wattcast.featurize.op_graph import NODE_COLUMNS, SHAPE_COLUMNS, TF32_CLASSES, GraphError, OpGraph, _frame_of_rows
 from wattcast.featurize.recompute import (MODULE_TAGS, RecomputeError, module_layers_end, node_tags, parse_recompute,
                                          recompute_setting, recompute_tags, storage_rerun_tags)
@@ -459,7 +459,11 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
     if grad_accumulation or opt != "none":
         by_layer = nodes.groupby("layer", sort=True)["param_count"].sum()
         fp8_rows = nodes["dtype"].to_numpy() == "fp8"
-        fp8_params_by_layer = nodes[fp8_rows].groupby("layer")["param_count"].sum().to_dict() if fp8_rows.any() else {}
+        # the FP8 GEMMs' weights per layer, one entry per module (its node's name and parameters): Transformer Engine
+        # casts each module's weight on its own (below)
+        fp8_w = nodes.loc[fp8_rows & (nodes["param_count"].to_numpy(dtype=float) > 0), ["layer", "name", "param_count"]]
+        fp8_weights_by_layer = {int(k): list(zip(v["name"], v["param_count"].astype(float)))
+                                for k, v in fp8_w.groupby("layer", sort=False)} if len(fp8_w) else {}
         recipe = fwd.meta.get("fp8_scaling") or DEFAULT_FP8_RECIPE
         fp8_transpose = bool(fwd.meta.get("fp8_transpose", True))
         mixed = dtype in ("fp16", "bf16")
@@ -497,17 +501,31 @@ def training_graph(fwd: OpGraph, *, optimizer: str = "adamw", recompute: str = "
                 out_rows.append(_opt_row(f"{opt}.{step}[{lay}]", "optimizer", lay, scope, OPTIMIZER_FLOPS_PER_PARAM[opt] * float(p),
                                          optimizer_step_bytes(opt, mixed, impl) * float(p), dtype, "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))
-            fp8_p = float(fp8_params_by_layer.get(lay, 0.0))
-            if fp8_p > 0:
-                if recipe == "tensorwise":  # current scaling: an amax pass over the bf16 weights before their cast
-                    out_rows.append(_opt_row(f"fp8_weight_amax[{lay}]", "fp8_cast", lay, scope, fp8_p, 2.0 * fp8_p,
-                                             dtype, "optimizer"))
+            # Transformer Engine casts the updated bf16 weight of each FP8 module once per step (cached over the
+            # micro-batches, Megatron's is_first_microbatch), one quantize kernel per module weight: TE 2.20.2
+            # pytorch/module/linear.py l. 575-585 (``quantize_weight`` of the module's weight, ``update_workspace``
+            # on the first micro-batch), layernorm_linear.py l. 352-357 (Megatron's fused QKV), layernorm_mlp.py
+            # l. 505-538 (fc1 and fc2, one each), base.py l. 792-880 (``quantize_weight``: one ``tex.quantize`` or
+            # ``quantize_`` of the workspace per call); Megatron-Core's grouped experts (TE GroupedLinear, whose
+            # default ``single_grouped_weight=False``, grouped_linear.py l. 1593 / 1642, keeps one parameter per
+            # expert) quantize each local expert's weight on its own (l. 841-855), one per expert GEMM node here (the
+            # single grouped weight's one ``tex.group_quantize``, l. 270-310, is an option). Until stop 58 one cast per layer
+            # carried all its modules' bytes (HF path: 7 modules a layer, Megatron: 4). Each reads 2 B a parameter
+            # and writes the fp8 copy and its transpose (mxfp8 / blockwise: row-wise and column-wise copies with their
+            # block scales; per-tensor recipes on data-centre Blackwell: the data alone,
+            # fp8_recipes.weight_copy_bytes_per_param)
+            for wname, fp8_p in fp8_weights_by_layer.get(int(lay), ()):
+                if recipe == "tensorwise":
+                    # current scaling (Float8CurrentScalingQuantizer::quantize_impl, csrc/quantizer.cpp): an amax pass
+                    # over the bf16 weight, then the one-element scale kernel, before its cast (as every activation
+                    # cast's, op_graph._fp8_amax)
+                    out_rows.append(_opt_row(f"fp8_weight_amax[{lay}].{wname}", "fp8_cast", lay, scope, fp8_p,
+                                             2.0 * fp8_p, dtype, "optimizer"))
                     edges.append((prev, n_fwd + len(out_rows) - 1))
-                # Transformer Engine casts the updated bf16 weights of its FP8 GEMMs once per step (cached over the
-                # micro-batches, Megatron's is_first_microbatch): read 2 B, write the fp8 copy and its transpose
-                # (mxfp8 / blockwise: row-wise and column-wise copies with their block scales; per-tensor recipes on
-                # data-centre Blackwell: the data alone, fp8_recipes.weight_copy_bytes_per_param)
-                out_rows.append(_opt_row(f"fp8_weight_cast[{lay}]", "fp8_cast", lay, scope, fp8_p,
+                    out_rows.append(_opt_row(f"fp8_weight_amax[{lay}].{wname}.scale", "fp8_cast", lay, scope, 1.0,
+                                             float(CURRENT_SCALE_KERNEL_BYTES), dtype, "optimizer"))
+                    edges.append((prev, n_fwd + len(out_rows) - 1))
+                out_rows.append(_opt_row(f"fp8_weight_cast[{lay}].{wname}", "fp8_cast", lay, scope, fp8_p,
                                          (2.0 + weight_copy_bytes_per_param(recipe, fp8_transpose)) * fp8_p, dtype,
                                          "optimizer"))
                 edges.append((prev, n_fwd + len(out_rows) - 1))

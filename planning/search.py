@@ -56,7 +56,8 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
-           "attention", "framework", "etp", "seq", "cp_comm_type", "hierarchical_cp_sizes", "step_time_band_low_ms",
+           "attention", "framework", "etp", "seq", "cp_comm_type", "hierarchical_cp_sizes", "fp8_recipe",
+           "fp8_param_gather", "step_time_band_low_ms",
            "step_time_band_high_ms", "ood_time_share", "ood_collective_time_share")
 #: the step's 90% band and its out-of-distribution shares (the last of :data:`COLUMNS`): what ``predict_cluster`` gives
 #: the same strategy as ``step_time_band_ms`` and ``step_time_band.ood_time_share`` /
@@ -117,6 +118,13 @@ class SearchResult:
     #: evaluated candidates not in ``ranked``: ZeRO >= 1 over one data-parallel rank whose step equals a lower stage's,
     #: listed once, as that stage's row (:func:`_fold_zero_twins`); they count toward ``max_configs`` as evaluated
     folded_rows: int = 0
+    #: the step options the rows were predicted with that no ``strategy`` string records: ``fp8_recipe`` (the resolved
+    #: recipe, None unless dtype fp8), ``fp8_param_gather`` (as given; each row's own ``fp8_param_gather`` column says
+    #: whether its strategy gathers FP8 parameters: only with ZeRO >= 1), ``grad_accum_dtype``, ``fsdp_reduce_dtype``,
+    #: and the search's ``memory_headroom_gb``. A row replays as ``predict_cluster(..., strategy=row.strategy,
+    #: dtype=row.dtype, framework=row.framework, fp8_recipe=row.fp8_recipe, fp8_param_gather=row.fp8_param_gather,
+    #: grad_accum_dtype=..., fsdp_reduce_dtype=...)`` with these
+    settings: dict = field(default_factory=dict)
 
     def invalid_reason(self, top: int = 3) -> str:
         """Why no configuration is valid, in one line: the job-level reasons of :attr:`why_none`, then the ``top``
@@ -864,11 +872,15 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     # the model's own warnings (a sequence beyond a RoPE model's positions, ...: every candidate's graph has them), then
     # the clusters' and GPUs', each once (one GPU on two clusters: its peak-ratio note once)
     from wattcast.featurize.hf_config import model_warnings
+    from wattcast.simulate.step_band import fp8_step_warning
 
     warnings = list(dict.fromkeys([*repeats, *(model_warnings(hf, seq) if hf is not None else ()), *(w for cl, spec in resolved for w in spec_notes(cl, spec)),
                                    *deepspeed_zero_search_notes(canonical_framework(framework), dtype,
                                                                 grad_accum_dtype,
-                                                                space.get("zero") or _choices("zero", None))]))
+                                                                space.get("zero") or _choices("zero", None)),
+                                   # an FP8 step on a generation no FP8 step was measured on (predict_cluster's)
+                                   *filter(None, (fp8_step_warning(spec, checked_dtype(dtype) == "fp8")
+                                                  for _, spec in resolved))]))
     run_cols = RUN_COLUMNS if tokens is not None else ()
     n_workers = _workers(workers)
     folders = current_folders()  # resolved and active (_in_model_folders)
@@ -942,12 +954,16 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
                 progress(len(cands), len(cands))
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
+    # the options no strategy token records (SearchResult.settings; the JSON's ``settings``)
+    settings = dict(fp8_recipe=fp8_recipe_option(fp8_recipe, checked_dtype(dtype)), fp8_param_gather=bool(fp8_param_gather),
+                    grad_accum_dtype=grad_accum_dtype, fsdp_reduce_dtype=fsdp_reduce_dtype,
+                    memory_headroom_gb=memory_headroom_gb)
     cols = list(COLUMNS + run_cols)
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
         return SearchResult(empty, empty.copy(), rejected, empty.copy(), why_none, warnings + cap_notes,
                             dropped_values(asked, outcomes, generated, skipped, max_configs),
-                            [cl.name for cl, _ in resolved])
+                            [cl.name for cl, _ in resolved], settings=settings)
     row_cols = list(_ROW_COLUMNS + run_cols)
     if tokens is not None:  # run_pareto is computed over the whole frame below
         pareto_at = row_cols.index("run_pareto")
@@ -972,7 +988,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
                         dropped_values(asked, outcomes, generated, skipped, max_configs)
                         + folded_zero_values(asked.get("zero"), folded, shown_zeros),
-                        [cl.name for cl, _ in resolved], sum(folded.values()))
+                        [cl.name for cl, _ in resolved], sum(folded.values()), settings=settings)
 
 
 #: what :func:`folded_zero_values` says of an asked-for ZeRO stage whose rows were all folded into a lower stage's
@@ -1213,10 +1229,15 @@ class _Evaluator:
         # the precision the rows were predicted in (the default bf16 is fp16 on a GPU without BF16)
         self.dtype = str(resolve_dtype(job.step.dtype, job.spec)).lower()
         self.attention = str(job.step.attention).lower()
-        from wattcast.simulate.step_band import outside_calibration
+        from wattcast.featurize.workload import checked_dtype, fp8_recipe_option
+        from wattcast.simulate.step_band import fp8_kernel_log, outside_calibration
 
-        # the band's generation term: only off the measured cluster steps' generations; per rank graph's op totals
-        self.generation_term = outside_calibration("cluster", job.spec)
+        # the band's generation term: only off the measured cluster steps' generations; per rank graph's op totals.
+        # An FP8 step off the generations with a measured FP8 step adds the FP8 kernels' error on its linear layers
+        self.outside = outside_calibration("cluster", job.spec)
+        self.fp8_log = fp8_kernel_log(job.spec, checked_dtype(self.dtype) == "fp8")
+        self.fp8_recipe = fp8_recipe_option(job.step.fp8_recipe, checked_dtype(self.dtype))
+        self.generation_term = self.outside or self.fp8_log > 0
         self.generation_sums: dict = {}
 
     def _band_terms(self, r, ctx) -> tuple:
@@ -1228,11 +1249,12 @@ class _Evaluator:
             per_op = r.rank_per_op
             hit = self.generation_sums.get(id(per_op))
             if hit is None:  # the op totals are kept (with the search's views): their id is not reused
-                hit = self.generation_sums[id(per_op)] = (per_op, *generation_terms(per_op, ctx.bundle,
-                                                                                     ctx.dtype != "fp32"))
+                hit = self.generation_sums[id(per_op)] = (per_op, *generation_terms(
+                    per_op, ctx.bundle, ctx.dtype != "fp32", generation=self.outside, fp8_log=self.fp8_log))
             # the prediction's per_op: the forward and backward rows and the loading n_micro times, the optimizer's
             # rows once (simulate/distributed.step_per_op)
-            opt_num, opt_total = generation_terms(r.optimizer_per_op or [], ctx.bundle, ctx.dtype != "fp32")
+            opt_num, opt_total = generation_terms(r.optimizer_per_op or [], ctx.bundle, ctx.dtype != "fp32",
+                                                  generation=self.outside, fp8_log=self.fp8_log)
             total = r.n_micro * (hit[2] + r.data_loading_ms) + opt_total
             gen = (r.n_micro * hit[1] + opt_num) / total if np.isfinite(total) and total > 0 else 0.0
         return (gen, *(r.ood_sums or _NO_OOD))
@@ -1271,7 +1293,10 @@ class _Evaluator:
                self.dtype, self.attention, framework, expert_tp(p) if job.n_experts else None, job.step.seq,
                # --cp-comm-type (p2p, the ring, where cp is 1) and --hierarchical-cp-sizes as the flag takes it ("A,B";
                # None unless a2a+p2p): the strategy string's cpc token, as columns
-               p.cp_comm_type, _cp_sizes_text(p.hierarchical_cp_sizes))
+               p.cp_comm_type, _cp_sizes_text(p.hierarchical_cp_sizes),
+               # the FP8 recipe (None unless dtype fp8) and whether this strategy gathers FP8 parameters (the option
+               # given, on the candidates with the distributed optimizer): no strategy token records them either
+               self.fp8_recipe, bool(ctx.fp8_param_gather))
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,

@@ -75,7 +75,8 @@ from wattcast.simulate.single_device import (CUDA_LAUNCH_MS, EAGER_HOST_LAUNCH_M
                                              cost_nodes, fallback_summary, requeued,
                                              group_totals, model_flops, op_part_labels, step_overheads,
                                              stream_bandwidth_gbps, with_warnings)
-from wattcast.simulate.step_band import band_keys, ood_from_sums, ood_kernel_band_log, ood_warning, step_band
+from wattcast.simulate.step_band import (band_keys, fp8_step_warning, ood_from_sums, ood_kernel_band_log, ood_warning,
+                                          step_band)
 from wattcast.simulate.options import MISSING, DistributedOptions, checked_headroom_gb, options_from_keywords
 from wattcast.simulate.overlap import (NCCL_SMS, async_tp_backward_save_ms, ep_overlap_layer_ms, overlapped_ms, sm_share,
                                       tp_overlap_layer_ms)
@@ -1253,7 +1254,9 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
                                                        spec),
                                   *fsdp_reduce_dtype_notes(dopts.fsdp_reduce_dtype, framework, par.zero, dtype),
                                   *grad_accum_dtype_notes(checked_grad_accum_dtype(framework, dopts.grad_accum_dtype),
-                                                          framework, par.zero, dtype)))
+                                                          framework, par.zero, dtype),
+                                  # an FP8 step on a generation no FP8 step was measured on (simulate/step_band.py)
+                                  *filter(None, [fp8_step_warning(spec, graph_dtype == "fp8")])))
 
 
 def spec_notes(cl: ClusterSpec, spec: DeviceSpec) -> list[str]:
@@ -4025,4 +4028,5 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         ood_fraction=view.ood_fraction, comm=comm, events=events,
         meta=meta,
         energy_j=energy_total, avg_power_w=energy_total / step_s / par.gpus, power_limit_w=power_limit_w,
-        step_band=step_band(step, "cluster", spec, per_op, ctx.bundle, tensor=dtype != "fp32", ood=ood))
+        step_band=step_band(step, "cluster", spec, per_op, ctx.bundle, tensor=dtype != "fp32", ood=ood,
+                            fp8=g.meta.get("precision") == "fp8"))

@@ -33,7 +33,8 @@ from wattcast.data.device_spec import DeviceSpec, spec_notes, unsupported_step_d
 from wattcast.featurize.context_parallel import ring_attention_steps
 from wattcast.featurize.conv_gemm import CONV_KERNELS, cudnn_tf32_rows
 from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe
-from wattcast.simulate.step_band import OOD_OF_KERNEL_TIME, band_keys, ood_band_log, ood_warning, step_band
+from wattcast.simulate.step_band import (OOD_OF_KERNEL_TIME, band_keys, fp8_step_warning, ood_band_log, ood_warning,
+                                          step_band)
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import (GraphMemo, column_codes, column_derived, column_is, column_values,
                                             columns_derived)
@@ -215,6 +216,8 @@ class StepPrediction:
                 d["serving"] = dict(self.meta["serving"])
         # e.g. a sequence beyond a RoPE model's trained positions, an ONNX op's fallback; always there ([] when none)
         d["warnings"] = list(self.meta.get("warnings") or [])
+        if self.meta.get("fp8_vs_bf16"):  # an FP8 step against its bf16 twin (wattcast.predict; fp8_host_bound)
+            d["fp8_vs_bf16"] = dict(self.meta["fp8_vs_bf16"])
         if self.meta.get("conv_math"):  # fp32 convolutions costed as TF32 (with_cudnn_tf32)
             d["conv_math"] = dict(self.meta["conv_math"])
         if self.meta.get("settings"):  # the options the public API ran with (wattcast.predict sets them)
@@ -887,10 +890,12 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
                    & ~column_is(costed, "dtype", "fp32")).any())
     if ood:
         ood = dict(ood, share=res.ood_time_fraction)
-    band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor, ood=ood)
-    warn = ood_warning(res.ood_kernel_time_fraction, OOD_OF_KERNEL_TIME)
+    fp8 = graph.meta.get("precision") == "fp8"
+    band = step_band(res.step_time_ms, "single", spec, res.per_op, bundle or load_bundle(), tensor=tensor, ood=ood,
+                     fp8=fp8)
+    warns = [w for w in (ood_warning(res.ood_kernel_time_fraction, OOD_OF_KERNEL_TIME), fp8_step_warning(spec, fp8)) if w]
     meta = with_warnings(dict(res.meta, idle_power_w=idle_power_w(spec)),
-                         [*spec_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec), *([warn] if warn else [])])
+                         [*spec_notes(spec), *power_setting_notes(power_limit_w, clock_cap_mhz, spec), *warns])
     return replace(res, energy_j=e, avg_power_w=e / step_s if step_s > 0 else 0.0, power_limit_w=power_limit_w,
                    step_band=band, meta=meta, peak_matrix_flops=mfu_peak_flops(spec, graph.meta))
 
@@ -979,6 +984,38 @@ def with_op_parts(per_op: list[dict], costed: pd.DataFrame, optimizer_impl: str 
     return [dict(r, launch_gap_ms=float(gaps.get(r["op_class"], 0.0)),
                  **({"parts": sorted(parts[r["op_class"]], key=lambda q: order[q["name"]])}
                     if r["op_class"] in parts else {})) for r in per_op]
+
+
+#: an FP8 step's note on its host-bound launches (:func:`fp8_host_bound`) is given when its launch gaps exceed its bf16
+#: twin's by more than this share of the FP8 step
+FP8_HOST_NOTE_SHARE = 0.01
+
+
+def fp8_host_bound(fp8: StepPrediction, bf16: StepPrediction, host_us: float) -> tuple[dict, str | None]:
+    """(``fp8_vs_bf16``: the FP8 step against the same step in bf16, its twin, ms: step, GPU time (the step less its
+    launch gaps) and launch gaps of each, the FP8 cast launches and their host time at ``host_us``; the note, or None).
+    The note says so when the FP8 step's launch gaps (host time in which the GPU waited for the next small kernel)
+    exceed the twin's by more than :data:`FP8_HOST_NOTE_SHARE` of the step: the FP8 recipe's cast kernels add launches,
+    and in a host-bound step (eager PyTorch's 40 us a launch, a small batch x seq) the host queue, not the GPU, sets the
+    pace, so the GPU time the FP8 GEMMs save is partly or wholly lost (audit 58a: Llama 3 8B at 2,048 tokens on a
+    B200 predicted 11.9% slower in FP8)."""
+    def gaps(r):
+        return float(r.overheads.get("launch_gap_ms", 0.0))
+
+    casts = sum(int(o.get("count", 0)) for o in fp8.per_op if o.get("op_class") == "fp8_cast")
+    gpu_b, gpu_f = bf16.step_time_ms - gaps(bf16), fp8.step_time_ms - gaps(fp8)
+    out = dict(bf16_step_ms=bf16.step_time_ms, fp8_step_ms=fp8.step_time_ms, bf16_gpu_ms=gpu_b, fp8_gpu_ms=gpu_f,
+               bf16_launch_gap_ms=gaps(bf16), fp8_launch_gap_ms=gaps(fp8), fp8_cast_launches=casts,
+               fp8_cast_host_ms=casts * host_us / 1e3, host_us=host_us)
+    if not (gaps(fp8) - gaps(bf16) > FP8_HOST_NOTE_SHARE * fp8.step_time_ms and gpu_f > 0 and fp8.step_time_ms > 0):
+        return out, None
+    step_x, gpu_x = bf16.step_time_ms / fp8.step_time_ms, gpu_b / gpu_f
+    return out, (f"FP8 is host-bound here: the step is {fp8.step_time_ms:.1f} ms against {bf16.step_time_ms:.1f} ms in "
+                 f"bf16 ({step_x:.2f}x), where its GPU time alone is {gpu_f:.1f} against {gpu_b:.1f} ms ({gpu_x:.2f}x). "
+                 f"The FP8 recipe adds {casts:,} cast launches ({casts * host_us / 1e3:.1f} ms of host time at "
+                 f"{host_us:g} us a launch) and the GPU waits for the host longer: launch gaps {gaps(bf16):.1f} ms in "
+                 f"bf16, {gaps(fp8):.1f} ms in FP8. More tokens a step (batch x seq) give each launch more GPU work "
+                 "(fp8_vs_bf16)")
 
 
 def with_warnings(meta: dict, notes) -> dict:

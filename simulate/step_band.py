@@ -7,6 +7,11 @@ generation outside those also carries the kernels' generation error, which no me
 :func:`generation_log_width`, each op family's largest signed bias over its leave-one-generation-out folds (the kernel
 bundle's ``logo.folds``; the dtype class's where the folds give one), weighted by the family's share of the step.
 Signed, not absolute per-kernel error: over a step the per-kernel scatter averages out, a generation's bias does not.
+No measured step is FP8 (and the only FP8 steps in the data, Megatron-LM CI's small GB200 models, are not validated):
+an FP8 step on a generation outside :data:`FP8_STEP_GENERATIONS` also carries the FP8 GEMM kernels' own
+leave-one-generation-out error on its linear layers' share (:func:`fp8_kernel_log`) and warns
+(:func:`fp8_step_warning`; audit 58a: an H100 FP8 step at an MFU above 1 against the BF16 peak had the bf16
+generation term alone and no warning).
 
 Both of those describe kernels the leave-one-generation-out test covers. A kernel flagged ``ood`` is outside it (a
 device descriptor beyond the training range widened by the farthest any fold extrapolated it, or a shape beyond
@@ -95,6 +100,60 @@ def _family_bias_log(bundle, family: str, tensor: bool) -> float:
     return math.log1p(worst / 100.0)
 
 
+#: GPU generations with a measured FP8 training step in the shared data: Megatron-LM's CI only, its GB200 platforms
+#: (``endtoend/megatron_ci/megatron_ci_iteration_times.csv``: 9 rows with ``fp8-format`` set, all ``dev_dgx_gb200*``;
+#: small models, not among the validated rows either). No FP8 step was measured on any other generation (Hopper, Ada,
+#: CDNA3/4): there an FP8 step carries :data:`FP8_KERNEL_LOGO`'s error and :func:`fp8_step_warning`
+FP8_STEP_GENERATIONS = ("Blackwell",)
+#: generations whose FP8 GEMMs are in the kernel model's training data (``data/kernel_datasets.py`` XLA_DTYPES: B200
+#: sm_100 and MI355X gfx950 in the shared tables; MI300X gfx942 only from an extra table; Hopper withheld)
+FP8_KERNEL_GENERATIONS = ("Blackwell", "CDNA4")
+#: the FP8 GEMM kernels' leave-one-generation-out error per vendor (the shipped GEMM recipe, the fold that holds the
+#: generation out; ``benchmarks/leave_one_generation_out.py``, MLflow experiment kernel-logo, run ab07755c of stop 58,
+#: metrics ``bundle_plus_floor-blend_over_ceiling-member_{device}_fp8_xla_big_{mape,bias}_pct``, GEMMs >= 1 GFLOP; bias
+#: = predicted / measured - 1, so negative is predicted too fast). One fold per vendor: NVIDIA's only FP8 kernels are
+#: B200's (XLA); AMD's held-out FP8 cell in the default run is MI355X's. The kernel bundle keeps no per-dtype fold
+#: figures (``logo.folds`` are per dtype class), hence the constants; refresh them with the benchmark
+FP8_KERNEL_LOGO = {
+    "nvidia": {"fold": "B200 held out: Blackwell fold, XLA e4m3 GEMMs >= 1 GFLOP", "mape_pct": 12.4, "bias_pct": -3.4},
+    "amd": {"fold": "MI355X held out: CDNA fold, XLA e4m3 GEMMs >= 1 GFLOP", "mape_pct": 30.7, "bias_pct": -24.3},
+}
+
+
+def fp8_kernel_logo(spec: DeviceSpec) -> dict | None:
+    """The :data:`FP8_KERNEL_LOGO` entry an FP8 step on ``spec`` carries (its vendor's, the widest for another
+    vendor), or None where FP8 steps were measured on its generation (:data:`FP8_STEP_GENERATIONS`)."""
+    if generation_of(spec) in FP8_STEP_GENERATIONS:
+        return None
+    return FP8_KERNEL_LOGO.get(str(spec.vendor).lower()) or max(FP8_KERNEL_LOGO.values(), key=lambda v: v["mape_pct"])
+
+
+def fp8_kernel_log(spec: DeviceSpec, fp8: bool) -> float:
+    """The FP8 term's log width per unit of FP8 GEMM time (0 for a step that is not FP8 or on a generation of
+    :data:`FP8_STEP_GENERATIONS`): log(1 + the vendor fold's FP8 MAPE). The MAPE, not the signed bias the generation
+    term takes (:func:`_family_bias_log`): one fold is one sample of how far a new generation's FP8 GEMMs are off as a
+    whole (B200 -3.4%, MI355X -24.3%); the next generation's is not known from it, and the per-kernel MAPE bounds the
+    fold's |bias|."""
+    logo = fp8_kernel_logo(spec) if fp8 else None
+    return math.log1p(logo["mape_pct"] / 100.0) if logo else 0.0
+
+
+def fp8_step_warning(spec: DeviceSpec, fp8: bool) -> str | None:
+    """The warning of an FP8 step on a generation without a measured FP8 step (:data:`FP8_STEP_GENERATIONS`), else
+    None."""
+    logo = fp8_kernel_logo(spec) if fp8 else None
+    if logo is None:
+        return None
+    gen = generation_of(spec)
+    kernels = ("its FP8 GEMM kernels were measured (XLA) but no whole FP8 step" if gen in FP8_KERNEL_GENERATIONS else
+               f"no {gen} FP8 kernel is in the training data either: the FP8 GEMM times extrapolate the kernel model "
+               "from other generations")
+    return (f"FP8 on {gen}: no FP8 training step on {gen} was measured (the only FP8 steps in the data are "
+            f"Megatron-LM CI's small GB200 models); {kernels}. The kernel model's FP8 error on a held-out generation is "
+            f"{logo['mape_pct']:.1f}% MAPE / {logo['bias_pct']:+.1f}% signed ({logo['fold']}); the step band carries it "
+            f"on the linear layers' share of the time (step_time_band.basis)")
+
+
 def _family_times(per_op: list[dict]) -> tuple[float, dict[str, float]]:
     """(all of ``per_op``'s time, its time by kernel family of :data:`OP_CLASS_FAMILY`)."""
     total = sum(float(o.get("time_ms", 0.0)) for o in per_op or [])
@@ -106,22 +165,29 @@ def _family_times(per_op: list[dict]) -> tuple[float, dict[str, float]]:
     return total, by_family
 
 
-def generation_log_width(per_op: list[dict], bundle, tensor: bool) -> float:
+def generation_log_width(per_op: list[dict], bundle, tensor: bool, *, generation: bool = True,
+                         fp8_log: float = 0.0) -> float:
     """The kernels' generation error of a step (log units): each family's :func:`_family_bias_log` times its share of
     ``per_op``'s time (op_class, time_ms: a single-GPU step's, or a cluster rank's whole model for one micro-batch;
-    classes outside :data:`OP_CLASS_FAMILY`, such as collectives, add nothing but count in the total)."""
-    total, by_family = _family_times(per_op)
-    if not math.isfinite(total) or total <= 0:
-        return 0.0
-    return sum(t / total * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items())
+    classes outside :data:`OP_CLASS_FAMILY`, such as collectives, add nothing but count in the total); ``generation``
+    False: that term left out. Plus ``fp8_log`` (:func:`fp8_kernel_log`) times the ``linear`` class's share: an FP8
+    step's GEMMs on a generation without a measured FP8 step (the LM head, bf16 under an FP8 recipe, is in that class
+    too: a few percent of the linear time)."""
+    num, total = generation_terms(per_op, bundle, tensor, generation=generation, fp8_log=fp8_log)
+    return num / total if math.isfinite(total) and total > 0 else 0.0
 
 
-def generation_terms(per_op: list[dict], bundle, tensor: bool) -> tuple[float, float]:
-    """(sum over kernel families of their time x :func:`_family_bias_log`, all of ``per_op``'s time): the
-    :func:`generation_log_width` of ``per_op`` with ``extra_ms`` more time outside the families (a cluster step's data
-    loading) is the first over (the second + extra_ms), for many ``extra_ms`` at once (:func:`cluster_band_columns`)."""
+def generation_terms(per_op: list[dict], bundle, tensor: bool, *, generation: bool = True,
+                     fp8_log: float = 0.0) -> tuple[float, float]:
+    """(sum over kernel families of their time x :func:`_family_bias_log` (0 with ``generation`` False), plus the
+    ``linear`` class's time x ``fp8_log``; all of ``per_op``'s time): the :func:`generation_log_width` of ``per_op``
+    with ``extra_ms`` more time outside the families (a cluster step's data loading) is the first over (the second +
+    extra_ms), for many ``extra_ms`` at once (:func:`cluster_band_columns`)."""
     total, by_family = _family_times(per_op)
-    return sum(t * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items()), total
+    num = sum(t * _family_bias_log(bundle, fam, tensor) for fam, t in by_family.items()) if generation else 0.0
+    if fp8_log:
+        num += fp8_log * sum(float(o.get("time_ms", 0.0)) for o in per_op or [] if o.get("op_class") == "linear")
+    return num, total
 
 
 def outside_calibration(setting: str, spec: DeviceSpec) -> bool:
@@ -236,7 +302,7 @@ def ood_warning(share: float, of: str = OOD_OF_RANK_TIME) -> str | None:
 
 
 def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict], bundle, *, tensor: bool,
-              ood: dict | None = None) -> dict:
+              ood: dict | None = None, fp8: bool = False) -> dict:
     """``{"low_ms", "high_ms", "basis", "generation", "ood_time_share", "ood_collective_time_share"}`` for a predicted
     step of ``step_ms`` (empty without a calibration for ``setting`` or a finite step). ``tensor``: the step's GEMMs
     run on tensor cores (not FP32). ``ood``: :func:`ood_band_log` of the step's kernels (a cluster step's: its critical
@@ -244,7 +310,9 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
     no OOD term. ``ood["collective_share"]``: the share of that time in collectives outside the collective model's
     training support, reported only: no leave-one-generation-out test covers the collective model (its per-kernel
     band, ``collective_band.json``, rests on one unseen system), so they keep the measured step band, like any
-    collective."""
+    collective. ``fp8``: an FP8 recipe's step; on a generation without a measured FP8 step its linear layers' share
+    carries the FP8 kernels' leave-one-generation-out error too (:func:`fp8_kernel_log`), whatever the generation term
+    (no calibrated generation runs FP8)."""
     cal = load_step_band()
     s = (cal or {}).get("settings", {}).get(setting)
     if s is None or not math.isfinite(step_ms) or step_ms <= 0:
@@ -256,6 +324,14 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
         extra = generation_log_width(per_op, bundle, tensor)
         lo, hi = lo - extra, hi + extra
         basis += f" + the kernels' generation error ({gen} is not among them: +/-{100 * (math.exp(extra) - 1):.1f}%)"
+    fp8_log = fp8_kernel_log(spec, fp8)
+    if fp8_log > 0:
+        extra = generation_log_width(per_op, bundle, tensor, generation=False, fp8_log=fp8_log)
+        lo, hi = lo - extra, hi + extra
+        logo = fp8_kernel_logo(spec)
+        basis += (f" + the FP8 GEMMs' error on a generation never measured in FP8 (no FP8 step on {gen}; "
+                  f"{logo['mape_pct']:.1f}% MAPE, {logo['fold']}, on the linear layers' share of the time: "
+                  f"+/-{100 * (math.exp(extra) - 1):.1f}%)")
     share = float(ood.get("share", 0.0)) if ood else 0.0
     if share > 0:
         lo, hi = mix_band_log(lo, hi, ood)

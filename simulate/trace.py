@@ -132,9 +132,14 @@ def _write_trace(path: str | Path, events: list[dict], other: dict) -> Path:
 
 
 def write_chrome_trace(res, path: str | Path) -> Path:
-    return _write_trace(path, chrome_trace_events(res), {"model": res.meta.get("name"), "device": res.device,
-                                                         "mode": res.mode, "dtype": shown_dtype(res.meta),
-                                                         "step_time_ms": res.step_time_ms})
+    """One device's step as a Chrome trace; ``otherData`` names the model, device, mode, dtype and step time, then
+    (added after, never replacing them) the :data:`TRACE_SETTINGS` the step ran with, as ``predict --json``'s
+    ``settings`` gives them: the FP8 recipe under fp8 (audit 58a: only the cluster trace had it; a delayed and a
+    tensorwise trace could be told apart by their kernel names alone), framework, batch, seq, optimizer, attention."""
+    other = {"model": res.meta.get("name"), "device": res.device, "mode": res.mode, "dtype": shown_dtype(res.meta),
+             "step_time_ms": res.step_time_ms}
+    other.update({k: v for k, v in trace_settings(res).items() if k not in other})
+    return _write_trace(path, chrome_trace_events(res), other)
 
 
 #: the tracks (thread ids) of a distributed trace, per pipeline stage (process): the computation, then one per kind

@@ -63,10 +63,13 @@ def test_fp8_moe_cast_kernels_per_micro_batch_at_scale():
     f8 = wattcast.predict_cluster(MOE, "DGX-H100", dtype="fp8", **kw)
     layers = builtin_config(MOE).n_layers
     cast = [o for o in f8.per_op if o["op_class"] == "fp8_cast"]
-    # per layer and micro-batch: QKV and projection (2 each), grouped FC1 and FC2 (2 each); plus one weight cast per
-    # layer and step; the old graph: 4 + 4 x 128 + 1 a layer (24,816). per_op is the step's: 4 micro-batches (64 / 16)
+    # per layer and micro-batch: QKV and projection (2 each), grouped FC1 and FC2 (2 each); plus, once a step, one
+    # weight cast per module weight: QKV, projection and each expert's FC1 and FC2 (TE GroupedLinear's default keeps
+    # one parameter per expert and quantizes each, grouped_linear.py l. 841-855; until stop 58 one cast per layer);
+    # the old graph: 4 + 4 x 128 + 1 a layer (24,816). per_op is the step's: 4 micro-batches (64 / 16)
     n_micro = f8.meta["n_micro"]
-    assert n_micro == 4 and cast[0]["count"] == layers * ((4 + 4) * n_micro + 1)
+    experts = builtin_config(MOE).n_experts
+    assert n_micro == 4 and cast[0]["count"] == layers * ((4 + 4) * n_micro + 2 + 2 * experts)
 
 
 def test_dense_fp8_graphs_keep_one_cast_per_linear():
