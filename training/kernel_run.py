@@ -558,7 +558,11 @@ def _merge_families(base: KernelBundle, new: KernelBundle) -> KernelBundle:
     """``base`` with ``new``'s families in place of its own; the manifest says which were retrained."""
     meta = dict(base.meta)
     meta.update({k: v for k, v in new.meta.items()
-                 if k not in ("train_devices", "family_train_devices", "lodo_scores", "generation_calibration")})
+                 if k not in ("train_devices", "family_train_devices", "lodo_scores", "generation_calibration",
+                              "spec_monotone")})
+    # the monotone directions of each family as it was fitted: a kept family keeps its own (none before stop 58)
+    mono = {f: v for f, v in (base.meta.get("spec_monotone") or {}).items() if f in base.families and f not in new.families}
+    meta["spec_monotone"] = {**mono, **(new.meta.get("spec_monotone") or {})}
     # the GPUs the bundle's families were trained on: a retrained family's old GPUs go with it (a kept family's are
     # known per family when the base recorded them; a base without the record keeps its whole list)
     old_by_fam, new_by_fam = base.meta.get("family_train_devices"), new.meta.get("family_train_devices") or {}

@@ -28,7 +28,8 @@ from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURE_VERSION,
 from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
 from wattcast.models.gemm_floor import PREDICT_SOURCE
-from wattcast.models.kernel_surrogates import CANDIDATES, CHOICES, LGBMSurrogate, MLPSurrogate, RooflineSurrogate
+from wattcast.models.kernel_surrogates import (CANDIDATES, CHOICES, LGBMSurrogate, MLPSurrogate, RooflineSurrogate,
+                                              spec_monotone_constraints)
 from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, mamf_ceilings, mamf_ratio_any,
                                           per_vendor_sample)
 
@@ -45,10 +46,19 @@ NEUSIGHT_OOD_MAPE = {"bmm": 13.8, "linear": 13.9, "elementwise": 19.3, "softmax"
 #: the memory technology its T4 fold went 14 -> 33%). Stop 30 measured the memory technology in place of its watts
 #: per TFLOP: mean per-GPU LODO APE of the MLP 22.2 -> 16.1% (seed 0; 21.9 -> 18.0 seed 1; Vidur's A40 fold 47 ->
 #: 19%), but in distribution 5.25 -> 5.27% and the bundle gate kept the working family (MLflow run aabb540f).
+#: Stop 58 (issue 14, audit 57g) took the watts per TFLOP out of all three: a streaming kernel is bound by DRAM, not by
+#: the board's power limit (the power-limited case, FP32 GEMMs on a board whose TDP cannot feed its lanes, is
+#: models/power_derating.py's explicit floor), and as a learned input it made the time depend on TDP in both
+#: directions: B200 at 1.5x TDP ran rmsnorm 14.8% slower, at 0.75x softmax 7.4% faster. The MLP that LayerNorm
+#: chooses cannot be held monotone by LightGBM's constraints (models/kernel_surrogates.py SPEC_MONOTONE), so the input
+#: goes, not just its direction. Measured with those constraints (run 04409822, refused by the gate: 3.430 vs 3.235%
+#: on 21,830 validation rows; elementwise 2.60 -> 2.83, softmax 5.29 -> 5.46, LayerNorm 5.30 -> 5.28): held-out L4
+#: LayerNorm 68.2 -> 40.5%, softmax 142.0 -> 98.1%, elementwise 35.3 -> 32.8%, A100 80GB PCIe elementwise 4.1 -> 5.3%.
+#: The family's LightGBM alone without the input: 2.41 -> 2.43% (unconstrained).
 VECTOR_DEVICE_FEATURES = {
-    "ln": ("dev_log_ridge", "dev_is_amd", "dev_log_w_per_tflop"),
-    "softmax": ("dev_is_gddr", "dev_is_amd", "dev_log_w_per_tflop"),
-    "elementwise": ("dev_log_ridge", "dev_is_amd", "dev_log_w_per_tflop"),
+    "ln": ("dev_log_ridge", "dev_is_amd"),
+    "softmax": ("dev_is_gddr", "dev_is_amd"),
+    "elementwise": ("dev_log_ridge", "dev_is_amd"),
 }
 
 
@@ -272,6 +282,10 @@ def train_bundle(
         "lodo_scores": {f: t.attrs["scores"] for f, t in tables.items()},
         "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "feature_version": FEATURE_VERSION,
+        # per family, the directions its LightGBM members were fitted monotone in (models/kernel_surrogates.py
+        # SPEC_MONOTONE; bundles before stop 58 have none: their trees are free in every spec figure)
+        "spec_monotone": {f: {k: c for k, c in zip(fm.features, spec_monotone_constraints(fm.features)) if c}
+                          for f, fm in families.items()},
     }
     return KernelBundle(families, meta), tables, pd.concat(val_parts)
 
