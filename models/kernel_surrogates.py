@@ -196,7 +196,9 @@ class RooflineSurrogate:
         return np.full(len(A), self.offset)
 
 
-#: The direction every LightGBM kernel member's learned log ratio must take in the features that carry a spec-sheet
+#: The direction every LightGBM kernel member's learned log ratio takes, in the opt-in recipe (``LGBMSurrogate(...,
+#: spec_monotone=True)``, ``wattcast train kernels --spec-monotone``; the shipped bundle is fitted without: its
+#: retraining was refused by the gate, README "Monotone in the spec sheet"), in the features that carry a spec-sheet
 #: figure (LightGBM ``monotone_constraints``: +1 non-decreasing, -1 non-increasing, holding the other features fixed;
 #: method "advanced", as training/power.py). Each member learns ``log(time / reference)`` with a reference that never
 #: grows when the GPU gets more capable (the roofline ``max(flops / peak, bytes / bandwidth)``; roofline + a measuring
@@ -268,12 +270,14 @@ def spec_monotone_constraints(features: Sequence[str]) -> list[int]:
 
 
 class LGBMSurrogate:
-    """LightGBM regressor on the log roofline ratio, monotone in the spec-sheet features of :data:`SPEC_MONOTONE`
-    (``params={"monotone_constraints": None}`` fits without: the recipe before issue 14's audit)."""
+    """LightGBM regressor on the log roofline ratio. ``spec_monotone``: fit it monotone in the spec-sheet features of
+    :data:`SPEC_MONOTONE` (opt-in, ``wattcast train kernels --spec-monotone``: the shipped bundle is fitted without,
+    README "Monotone in the spec sheet")."""
 
     name = "lgbm"
 
-    def __init__(self, features: Sequence[str], params: dict | None = None, num_boost_round: int = 400):
+    def __init__(self, features: Sequence[str], params: dict | None = None, num_boost_round: int = 400,
+                 spec_monotone: bool = False):
         self.features = list(features)
         self.params = {
             "objective": "l2",
@@ -292,12 +296,9 @@ class LGBMSurrogate:
             # pick the other one and a refit differs (its docs: set one with ``deterministic``); col-wise is what it
             # picks for these tables on an idle machine
             "force_col_wise": True,
-            **self.monotone_params(self.features),
+            **(self.monotone_params(self.features) if spec_monotone else {}),
             **(params or {}),
         }
-        if self.params.get("monotone_constraints") is None:
-            self.params.pop("monotone_constraints", None)
-            self.params.pop("monotone_constraints_method", None)
         self.num_boost_round = num_boost_round
         self.booster = None
         self._model_text: str | None = None  # the text model it was loaded from (compile_forest reads it)
