@@ -1942,6 +1942,7 @@ def train_kernels(
     out: Optional[Path] = typer.Option(None, "--out", help="Bundle folder to write (default: the shipped one in the package)."),
     quick: bool = typer.Option(False, "--quick", help="Small, fast fits (smoke tests); not for shipping."),
     family: List[str] = typer.Option([], "--family", help="Retrain only this op family (gemm, conv, elementwise, ln, softmax; repeatable) and keep the others of the bundle at --out as they are."),
+    spec_monotone: bool = typer.Option(False, "--spec-monotone", help="Fit every LightGBM member monotone in the spec-sheet figures (more bandwidth, L2 or power never slower; 2x bandwidth at most 2x faster for the vector kernels, which then read no power limit). Opt-in: the shipped bundle is fitted without (its retraining with it validated worse; README 'Monotone in the spec sheet')."),
     xla_table: List[Path] = typer.Option([], "--xla-table", help="An extra XLA GEMM table (a JAX CUDA plugin wheel, its .so, the .txtpb or a CSV from python -m wattcast.data.xla_perf_table; repeatable; default: $WATTCAST_XLA_TABLE)."),
     mlruns: Path = _MLRUNS_OPTION,
     no_mlflow: bool = _NO_MLFLOW_OPTION,
@@ -1985,7 +1986,7 @@ def train_kernels(
                 spec_files=tuple(str(s) for s in spec), quick=quick, tracking_dir=mlruns, use_mlflow=not no_mlflow,
                 progress=lambda what, n: prog.advance(task, n), log=lambda m: prog.console.print(m),
                 xla_tables=tuple(str(x) for x in xla_table) or None, families=tuple(family) or None, force=force,
-                csv_origin=csv_origin,
+                csv_origin=csv_origin, spec_monotone=spec_monotone,
             )
     except (FileNotFoundError, ValueError, DeviceSpecError) as e:
         _fail(str(e))

@@ -2,7 +2,7 @@
 """Tensor-core GEMMs on a GPU generation the model never saw: leave one generation out, on visible data only.
 
     python3 benchmarks/leave_one_generation_out.py [--data PATH] [--fp32-sample 0.25] [--xla-table FILE ...]
-        [--models bundle,bundle/floor,...] [--mlruns DIR | --no-mlflow]
+        [--models bundle,bundle/floor,...] [--spec-monotone] [--mlruns DIR | --no-mlflow]
 
 Folds (every device of the generation leaves training together):
 - Blackwell: train without B200, predict B200 (XLA's table: bf16, fp8, tf32);
@@ -351,12 +351,15 @@ def fp8_combination_rows(root, xla_read, devices) -> pd.DataFrame:
 
 
 def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes: list | None = None,
-        xla_tables=None, fp8_combos: list | None = None, bounds: list | None = None) -> pd.DataFrame:
+        xla_tables=None, fp8_combos: list | None = None, bounds: list | None = None,
+        spec_monotone: bool = False) -> pd.DataFrame:
     """Every fold's error table; ``sizes`` (a list), when given, receives the shipped recipe's (``bundle``)
     :func:`size_table` per fold; ``fp8_combos`` (a list), when given, the shipped recipe's
     :func:`fp8_combination_table` per fold (every XLA fp8 format combination of a held-out device predicted by the
     fold's model, which never trains on them); ``bounds`` (a list), when given, the shipped recipe's
-    :func:`bound_table` per fold. A fold with no tensor-dtype rows to predict is skipped."""
+    :func:`bound_table` per fold. A fold with no tensor-dtype rows to predict is skipped. ``spec_monotone``: the ceiling
+    member fitted with the opt-in monotone recipe (training/kernels.py ``TrainConfig.spec_monotone``; this script's
+    own trees, :class:`Fitted`, are free either way)."""
     xla_read = read_xla_tables(root, xla_tables)  # once: the GEMM rows and the fp8 combinations both read them
     df = gemm_rows(root, fp32_sample, xla_read=xla_read)
     X, y, specs = features(df, root)
@@ -490,7 +493,8 @@ def run(root=None, fp32_sample: float = 0.25, models: tuple | None = None, sizes
                 continue
             t0 = time.time()
             cm, entry = fit_ceiling_member(df[train].reset_index(drop=True), X[train].reset_index(drop=True), specs,
-                                           c_feats, floors_ms, X["mamf_ratio"].to_numpy()[train], rounds=cfg.lgbm_rounds)
+                                           c_feats, floors_ms, X["mamf_ratio"].to_numpy()[train], rounds=cfg.lgbm_rounds,
+                                           spec_monotone=spec_monotone)
             floor_model = floor_model or Fitted(X[train], np.log(lat / ref_ms)[train], bundle_feats, cfg)
             roof_fit = roof_fit or Fitted(X[train], y[train], bundle_feats, cfg)
             p_roof = roof_fit.predict(X[test]) if p_roof is None else p_roof
@@ -566,13 +570,15 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="comma-separated subset of the models to fit (default: all)")
     ap.add_argument("--xla-table", action="append", default=None,
                     help="an extra XLA GEMM table (data/xla_perf_table.py; repeatable; default: $WATTCAST_XLA_TABLE)")
+    ap.add_argument("--spec-monotone", action="store_true", help="fit the ceiling member with the opt-in monotone "
+                    "recipe (wattcast train kernels --spec-monotone)")
     a = ap.parse_args()
     t0 = time.time()
     sizes: list = []
     fp8_combos: list = []
     bounds: list = []
     t = run(a.data, a.fp32_sample, tuple(a.models.split(",")) if a.models else None, sizes=sizes, xla_tables=a.xla_table,
-            fp8_combos=fp8_combos, bounds=bounds)
+            fp8_combos=fp8_combos, bounds=bounds, spec_monotone=a.spec_monotone)
     pd.set_option("display.width", 220)
     print(t.drop(columns=["fit_s"]).round(1).to_string(index=False))
     by_size = pd.concat(sizes, ignore_index=True) if sizes else pd.DataFrame()
@@ -609,7 +615,8 @@ def main() -> None:
         metrics.update({fp8_metric_key(r, k): float(getattr(r, k)) for r in by_fp8.itertuples()
                         for k in ("mape_pct", "bias_pct", "best_over_peak", "rows_over_peak")
                         if np.isfinite(getattr(r, k))})
-        run_id = log_run(a.mlruns, experiment="kernel-logo", params={"fp32_sample": a.fp32_sample}, metrics=metrics,
+        run_id = log_run(a.mlruns, experiment="kernel-logo",
+                         params={"fp32_sample": a.fp32_sample, "spec_monotone": a.spec_monotone}, metrics=metrics,
                          tags={"kind": "leave-one-generation-out"},
                          tables={"logo": t, "logo_bundle_by_size": by_size, "logo_fp8_combinations": by_fp8,
                                  "logo_by_bound": by_bound})

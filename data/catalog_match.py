@@ -90,6 +90,26 @@ def compute_twin(spec: DeviceSpec, among) -> str:
     return hits[0] if len(hits) == 1 else ""
 
 
+def power_siblings(spec: DeviceSpec, among) -> tuple[list[str], list[str]]:
+    """(the catalog devices among the names ``among`` with ``spec``'s compute silicon at a power limit no higher than
+    ``spec``'s, those at one no lower): every :data:`COMPUTE_FIELDS` figure but ``tdp_w`` the same (numbers within
+    :data:`COMPUTE_RTOL`). A spec can be capped to a lower limit, so what the silicon measured there is within its
+    reach (a lower bound on its matmul ceiling), and it can reach no more than the same silicon given more power (an
+    upper bound): models/kernel_predictor.py ``_device_ceilings``. Both empty when ``spec`` has no ``tdp_w``."""
+    from wattcast.data.catalog import load_catalog
+
+    if not spec.tdp_w:
+        return [], []
+    cat = load_catalog()
+    same = [f for f in COMPUTE_FIELDS if f != "tdp_w"]
+    hits = [n for n in among if n in cat and cat[n].tdp_w
+            and all(_same_figure(getattr(cat[n], f), getattr(spec, f)) for f in same)]
+    tdp = float(spec.tdp_w)
+    lower = [n for n in hits if float(cat[n].tdp_w) <= tdp * (1 + COMPUTE_RTOL)]
+    upper = [n for n in hits if float(cat[n].tdp_w) >= tdp * (1 - COMPUTE_RTOL)]
+    return lower, upper
+
+
 def twin_base_clock(spec: DeviceSpec) -> tuple[float, tuple[str, ...]] | None:
     """The base clock (MHz) of ``spec``'s compute silicon when the spec leaves ``base_clock_mhz`` out and the catalog
     devices that list one and share every compute figure with it (:data:`COMPUTE_FIELDS`, numbers within

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from wattcast.data.catalog_match import catalog_twin, compute_twin
+from wattcast.data.catalog_match import catalog_twin, compute_twin, power_siblings
 from wattcast.data.device_spec import DeviceSpec
 from wattcast.featurize.conv_gemm import (CONV_KERNELS, TENSOR_CORE_CONV_DTYPES, conv_out_size, implicit_gemm_conv_ms,
                                           implicit_gemm_shape, padded_channels, pointwise_conv_rows,
@@ -1236,11 +1236,39 @@ def _ceiling_name(device: DeviceSpec, cm: dict) -> str:
     (:func:`~wattcast.data.catalog_match.compute_twin`: an A100 SXM4 40 GB takes the 80 GB's measured ceiling, a V100
     SXM2 32 GB the 16 GB's: the same tensor cores at the same clock and power; until stop 41 only fused attention
     looked the twin up and the GEMMs of an A100 SXM4 40 GB ran at NVIDIA's median ceiling, 0.804 of peak where its
-    chip measures 0.869), else the own name (its vendor's median)."""
+    chip measures 0.869), else the own name (its vendor's median; :func:`_device_ceilings` bounds it by the same
+    silicon's measurements at other power limits)."""
     dev = _ceiling_device(device)
     if dev not in cm["ceilings"]:
         dev = compute_twin(device, cm["ceilings"]) or dev
     return dev
+
+
+def _device_ceilings(device: DeviceSpec, cm: dict, dtypes) -> np.ndarray:
+    """Per row of ``dtypes``: ``device``'s matmul ceiling (:func:`~wattcast.models.gemm_floor.row_ceilings` under
+    :func:`_ceiling_name`) and, for a device with no measured ceiling of its own, that ceiling held between what the
+    same silicon measured at other power limits (:func:`~wattcast.data.catalog_match.power_siblings`): at least the
+    best of those at a limit no higher (it can be capped to theirs), at most the least of those at a limit no lower.
+    Until stop 58 a B200 spec at 1,500 W took its die's median (0.752 of the bf16 peak for B200's measured 0.776)
+    and ran every large GEMM 3% slower than at 1,000 W (audit 57g); the held-out A100 80GB PCIe (300 W) keeps its
+    vendor's median (0.864), above the 250 W A100 PCIe 40GB's 0.811."""
+    name = _ceiling_name(device, cm)
+    c = row_ceilings(name, device.vendor, dtypes, cm, arch=device.arch)
+    if name in cm["ceilings"]:
+        return c
+    lower, upper = power_siblings(device, cm["ceilings"])
+    if not lower and not upper:
+        return c
+    dts = np.asarray(dtypes, dtype=object).astype(str)
+
+    def measured(sib: str) -> np.ndarray:  # the sibling's own ceilings (its 16-bit twin's too), NaN where it has none
+        return np.array([own_dtype_ceiling(cm["ceilings"][sib], d, np.nan) for d in dts], dtype=float)
+
+    for sib in lower:
+        c = np.fmax(c, measured(sib))
+    for sib in upper:
+        c = np.fmin(c, measured(sib))
+    return c
 
 
 #: the slack over a device's measured matmul ceiling the band's low end is clipped at (:func:`_ceiling_clip_ms`): the
@@ -1299,7 +1327,7 @@ def attention_mma_scale(device: DeviceSpec, dtypes, bundle: KernelBundle, refere
     from wattcast.data.catalog import load_catalog
 
     ref = load_catalog()[reference]
-    own = row_ceilings(_ceiling_name(device, cm), device.vendor, names, cm, arch=device.arch)
+    own = _device_ceilings(device, cm, names)
     base = row_ceilings(reference, ref.vendor, names, cm, arch=ref.arch)
     return (own / base)[codes.reshape(-1)]
 
@@ -1327,7 +1355,7 @@ def _floor_blend(fm, X: pd.DataFrame, A: np.ndarray, rows: np.ndarray | None, p:
             else:  # a member reading features of its own (the manifest entry's ``features``), in its order
                 cols = [fm.features.index(f) for f in model.features]
                 pc = predict_distinct(model.predict_matrix, np.ascontiguousarray(A[np.ix_(ceil_sel, cols)]))
-            c = row_ceilings(_ceiling_name(device, cm), device.vendor, dtype_names[ceil_sel], cm, arch=device.arch)
+            c = _device_ceilings(device, cm, dtype_names[ceil_sel])
             out[ceil_sel] = ceiling_log_ratio(pc, t_roof_ms[ceil_sel], cm["floor_ms"], c)
     sel = np.flatnonzero(tensor & (w < 1.0))
     if not len(sel):

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.checks import did_you_mean
+from wattcast.featurize.kernel_features import TILES
 
 #: the MLP's efficiency ceiling against the DRAM roofline; above 1 because L2-resident kernels beat DRAM
 EFF_MAX = 2.0
@@ -195,12 +196,88 @@ class RooflineSurrogate:
         return np.full(len(A), self.offset)
 
 
+#: The direction every LightGBM kernel member's learned log ratio takes, in the opt-in recipe (``LGBMSurrogate(...,
+#: spec_monotone=True)``, ``wattcast train kernels --spec-monotone``; the shipped bundle is fitted without: its
+#: retraining was refused by the gate, README "Monotone in the spec sheet"), in the features that carry a spec-sheet
+#: figure (LightGBM ``monotone_constraints``: +1 non-decreasing, -1 non-increasing, holding the other features fixed;
+#: method "advanced", as training/power.py). Each member learns ``log(time / reference)`` with a reference that never
+#: grows when the GPU gets more capable (the roofline ``max(flops / peak, bytes / bandwidth)``; roofline + a measuring
+#: floor for the floor member; roofline / the device's matmul ceiling for the ceiling member, models/gemm_floor.py),
+#: so a ratio that does not grow along a capability makes the predicted time non-increasing in it. A feature is listed
+#: only where the direction is physically right whichever figure moves it; the shape direction of a mixed feature is
+#: carried by an unconstrained shape feature next to it (``log_bytes`` for ``log_t_mem_ms``, ``log_numel`` for
+#: ``log_numel_per_sm``), so the constraint binds the device direction. Not listed, on purpose:
+#: ``dev_log_ridge`` and ``log_intensity_over_ridge`` (peak / bandwidth: more bandwidth and more peak move them in
+#: opposite directions, and the ratio to the roofline peaks where a kernel's compute and memory times meet: not
+#: monotone in either), ``dev_log_l2bw_over_dram`` (SMs x clock / bandwidth: same conflict), ``dev_log_peak_tflops``
+#: and ``dev_log_peak_vec_tflops`` (a higher peak is reached at a lower fraction: B200's measured matmul ceiling is
+#: 0.78 of peak, A100's 0.81-0.87, so the ratio rightly grows with it), ``dev_log_sms`` and
+#: ``dev_log_flops_per_sm_clock`` (at a fixed total peak, more and slower SMs make a one-tile kernel slower),
+#: ``log_waves_*`` / ``log_tiles_128x128_per_sm`` (fewer waves amortise a kernel's fixed cost over less work),
+#: ``log_t_compute_ms`` / ``log_t_roof_ms`` (the roofline itself: larger kernels reach a larger fraction of it),
+#: ``dev_log_mem_gb`` (capacity, no speed) and the clocks (measured and dropped: see below the vector table). Audit 57g (issue 14) measured the unconstrained trees: B200 fp8
+#: 1024x4096x4096 15.6% slower at 1.5x bandwidth (the ceiling member's ratio fell with ``log_t_mem_ms``: +0.40 of log
+#: ratio of its +0.18), 163 vs 148 SMs (peaks scaled) 3.7% slower on 1024x4096x4096 (``wave_eff_128x128``).
+SPEC_MONOTONE: dict[str, int] = {
+    # DRAM time of the kernel's bytes: more bytes (at the same log_bytes-free rest) or less bandwidth can never make
+    # it faster, and more bandwidth never slower, compute-bound or not (issue 14's "time = max(compute, memory)")
+    "log_t_mem_ms": +1,
+    # the bandwidth itself, at the same DRAM time: the same argument from the device side
+    "dev_log_bw_gbps": -1,
+    # working set over the L2: a larger cache (or a smaller working set at the same bytes) keeps more of it on chip;
+    # a cache never slows a kernel down (audit 57g: 2x L2 made small H100 kernels 4-7% slower)
+    "log_ws_over_l2": +1,
+    "dev_log_l2_mb": -1,
+    # watts per dense TFLOP: a board with more power per unit of compute throttles less, never more (a higher limit
+    # can always be capped down to a lower one); a higher peak at the same TDP may rightly reach a smaller fraction of
+    # it (power-starved designs, models/power_derating.py). Audit 57g: B200 at 1.5x TDP ran rmsnorm 14.8% slower
+    "dev_log_w_per_tflop": -1,
+    # the fraction of the SMs the last wave of output tiles fills (tiles / (waves x SMs)): a kernel's time is its
+    # waves x a tile's time, the roofline its tiles x a tile's work over every SM, so the ratio is 1 / wave efficiency
+    # (more SMs at the same waves lower the efficiency exactly as they lower the roofline: time unchanged)
+    **{f"wave_eff_{a}x{b}": -1 for a, b in TILES},
+    "row_wave_eff": -1,
+    # a vector kernel's work per SM (log_numel, log_B carry its size): fewer SMs for the same tensor never speed it up
+    "log_numel_per_sm": +1,
+    "log_rows_per_sm": +1,
+    "log_elem_waves": +1,
+}
+
+
+#: The vector families (softmax, LayerNorm/RMSNorm, elementwise: the features of ``featurize.kernel_features``
+#: VEC_FEATURES, told apart by ``log_numel``) stream their tensors through DRAM: their time is at least the DRAM time of
+#: what does not stay in the cache, so more bandwidth speeds them up by at most the bandwidth ratio and more vector
+#: peak not at all. For them these replace or add to :data:`SPEC_MONOTONE` (the ratio is to the DRAM time there):
+MEMORY_BOUND_MONOTONE: dict[str, int] = {
+    # less DRAM time at the same bytes (more bandwidth) never lowers the ratio to it: a 2x bandwidth gives at most 2x
+    # (audit 57g: B200 LayerNorm 2.07x, add 2.06x; A100 SXM4 fp32 add 2.27x). This is the opposite of the GEMMs'
+    # sign: there a compute-bound kernel's roofline does not move with the bandwidth, here it moves in proportion
+    "log_t_mem_ms": -1,
+}
+# Measured at stop 58 and left out (validation rows of the shared datasets, the family's LightGBM alone, 400 rounds on
+# 80,000 rows): the vector ridge point (-1) and intensity over it (+1), physically right for a DRAM-bound kernel both
+# ways (more bandwidth: at most its ratio of speed-up; more vector peak: never slower), took elementwise 2.41 -> 2.65%
+# MAPE (gelu 2.2 -> 2.8, P100 fp32 gelu 4.1 -> 8.9 in the bundle: transcendental-heavy fp32 kernels are not purely
+# DRAM-bound on the older GPUs), 2.46% without them; the boost clock (-1) and base over boost (-1) cost the GEMM
+# family's main member 7.40 -> 7.42% and its ceiling member 5.30 -> 5.33% and fix nothing the audit found
+
+
+def spec_monotone_constraints(features: Sequence[str]) -> list[int]:
+    """LightGBM's ``monotone_constraints`` for ``features`` in order (:data:`SPEC_MONOTONE`, with
+    :data:`MEMORY_BOUND_MONOTONE` over it for the vector families' features; 0 for the others)."""
+    table = {**SPEC_MONOTONE, **MEMORY_BOUND_MONOTONE} if "log_numel" in features else SPEC_MONOTONE
+    return [int(table.get(f, 0)) for f in features]
+
+
 class LGBMSurrogate:
-    """LightGBM regressor on the log roofline ratio."""
+    """LightGBM regressor on the log roofline ratio. ``spec_monotone``: fit it monotone in the spec-sheet features of
+    :data:`SPEC_MONOTONE` (opt-in, ``wattcast train kernels --spec-monotone``: the shipped bundle is fitted without,
+    README "Monotone in the spec sheet")."""
 
     name = "lgbm"
 
-    def __init__(self, features: Sequence[str], params: dict | None = None, num_boost_round: int = 400):
+    def __init__(self, features: Sequence[str], params: dict | None = None, num_boost_round: int = 400,
+                 spec_monotone: bool = False):
         self.features = list(features)
         self.params = {
             "objective": "l2",
@@ -219,12 +296,23 @@ class LGBMSurrogate:
             # pick the other one and a refit differs (its docs: set one with ``deterministic``); col-wise is what it
             # picks for these tables on an idle machine
             "force_col_wise": True,
+            **(self.monotone_params(self.features) if spec_monotone else {}),
             **(params or {}),
         }
         self.num_boost_round = num_boost_round
         self.booster = None
         self._model_text: str | None = None  # the text model it was loaded from (compile_forest reads it)
         self._forest = None  # the compiled forest (models/lgbm_forest.py): built on first use, False if it cannot be
+
+    @staticmethod
+    def monotone_params(features: Sequence[str]) -> dict:
+        """The LightGBM parameters that make a fit on ``features`` monotone in :data:`SPEC_MONOTONE` ({} when none of
+        them is read). "advanced" constrains each leaf against the leaves it can be compared with, not the whole
+        subtree ("basic" over-constrains: LightGBM docs, ``monotone_constraints_method``)."""
+        mono = spec_monotone_constraints(features)
+        if not any(mono):
+            return {}
+        return {"monotone_constraints": mono, "monotone_constraints_method": "advanced"}
 
     def fit(self, X: pd.DataFrame, y: np.ndarray) -> "LGBMSurrogate":
         import lightgbm as lgb

@@ -70,11 +70,14 @@ def test_a_b200_with_only_its_tdp_changed_keeps_its_dies_gemm_ceiling():
     rows = pd.DataFrame([dict(OPName="bmm", dtype=t, B=1, M=8192, N=8192, K=8192) for t in ("bf16", "tf32", "fp8")])
     base = predict_kernels(rows, b200)["pred_latency_ms"].to_numpy()
     cm = load_bundle().families["gemm"].ceiling_member
+    from wattcast.models.kernel_predictor import _ceiling_name, _device_ceilings
     die = np.median([cm["ceilings"]["B200"]["bf16"], cm["ceilings"]["GB200"]["bf16"]])
-    from wattcast.models.kernel_predictor import _ceiling_name
     assert row_ceilings(_ceiling_name(tdp2, cm), "nvidia", np.array(["bf16"]), cm, arch=tdp2.arch)[0] == pytest.approx(die)
+    # since stop 58 (audit 57g) held at least at the B200's own: the same silicon at a lower power limit
+    # (data.catalog_match.power_siblings); the die's median is 3% lower and made every large GEMM 3% slower than at 1 kW
+    assert _device_ceilings(tdp2, cm, np.array(["bf16"]))[0] == cm["ceilings"]["B200"]["bf16"] > die
     ratio = base / predict_kernels(rows, tdp2)["pred_latency_ms"].to_numpy()
-    assert np.all(np.abs(ratio - 1.0) < 0.05), ratio
+    assert np.all(np.abs(ratio - 1.0) < 0.05) and np.all(ratio >= 1.0 - 1e-9), ratio
     with allow_exotic():  # every tensor peak doubled reads as the sparse column: --force
         speedup = base / predict_kernels(rows, pk2)["pred_latency_ms"].to_numpy()
     assert np.all(speedup <= 2.0), speedup

@@ -128,6 +128,29 @@ def test_retraining_one_family_keeps_the_others_byte_for_byte(user_bundle, user_
     assert set(manifest["families"]) == {"gemm", "elementwise", "ln"}
 
 
+def test_spec_monotone_is_opt_in_and_recorded_per_family(user_bundle, user_csv, tmp_path):
+    """The default recipe fits free trees (the manifest's ``spec_monotone`` empty per family, LayerNorm reads the watts
+    per TFLOP); ``--spec-monotone`` fits the retrained family's LightGBM with the constraints, without that feature,
+    and the manifest says so for it alone (a kept family keeps its own, empty, record)."""
+    live = _live(user_bundle)
+    manifest = json.loads((live / "kernel_manifest.json").read_text())
+    assert manifest["spec_monotone"] == {f: {} for f in manifest["families"]}
+    assert "dev_log_w_per_tflop" in manifest["families"]["ln"]["features"]
+    assert all("[monotone_constraints: ]" in p.read_text() for p in live.glob("*.lgbm.txt"))  # LightGBM's "none"
+    out = tmp_path / "mono"
+    shutil.copytree(live, out)
+    r = run_cli("train", "kernels", "--csv", user_csv, "--only-csv", "--quick", "--family", "ln", "--spec-monotone",
+                "--out", out, "--no-mlflow", "--force", cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    mono = json.loads((_live(out) / "kernel_manifest.json").read_text())
+    assert mono["spec_monotone"]["ln"] == {"log_t_mem_ms": -1, "log_ws_over_l2": 1, "row_wave_eff": -1,
+                                           "log_numel_per_sm": 1, "log_rows_per_sm": 1, "log_elem_waves": 1}
+    assert mono["spec_monotone"]["gemm"] == {} and mono["spec_monotone"]["elementwise"] == {}
+    assert "dev_log_w_per_tflop" not in mono["families"]["ln"]["features"]
+    assert "[monotone_constraints_method: advanced]" in (_live(out) / "kernel_ln.lgbm.txt").read_text()
+    assert "[monotone_constraints: ]" in (_live(out) / "kernel_gemm.lgbm.txt").read_text()
+
+
 def test_retraining_one_family_needs_a_bundle_and_a_known_family(user_csv, tmp_path):
     # a new --out takes the other families from the shipped bundle (since stop 54; README "A `--family` run into a new
     # `--out` takes the other families from the shipped bundle"; until then it was refused)

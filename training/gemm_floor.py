@@ -175,11 +175,12 @@ def floor_reference_ms(t_roof_ms: np.ndarray, sources, floors_ms: dict[str, floa
 
 
 def fit_floor_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], features: list[str], *,
-                     rounds: int = 400, seed: int = 0, root=None, mamf: np.ndarray | None = None
-                     ) -> tuple[LGBMSurrogate, dict]:
+                     rounds: int = 400, seed: int = 0, root=None, mamf: np.ndarray | None = None,
+                     spec_monotone: bool = False) -> tuple[LGBMSurrogate, dict]:
     """(the floor member's LightGBM, the bundle's ``floor_blend`` entry) from the GEMM family's training ``rows``
     (with ``source``) and their features ``X``. ``mamf``: the rows' :func:`mamf_ratio_any` where the caller has it
-    (else read from ``root``)."""
+    (else read from ``root``). ``spec_monotone``: the opt-in monotone recipe (models/kernel_surrogates.py
+    SPEC_MONOTONE)."""
     ceiling = matmul_ceiling(root, rows, specs) if mamf is None else ceiling_from_ratio(mamf, rows["dtype"])
     floors = fit_source_floors(rows, specs, ceiling)
     if PREDICT_SOURCE not in floors:
@@ -187,7 +188,7 @@ def fit_floor_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Devic
                          f"(sources: {sorted(floors)})")
     ref = floor_reference_ms(X["t_roof_ms"].to_numpy(), rows["source"].to_numpy(), floors)
     y = np.log(rows["latency_ms"].to_numpy(dtype=float) / ref)
-    lg = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X, y)
+    lg = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}, spec_monotone=spec_monotone).fit(X, y)
     return lg, {"floors_ms": dict(sorted(floors.items())), "source": PREDICT_SOURCE, "gflop": list(FLOOR_BLEND_GFLOP)}
 
 
@@ -255,7 +256,8 @@ CEILING_FP32_LEFT_OUT_FROM_K = 16384
 
 def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], features: list[str],
                        floors_ms: dict[str, float], mamf: np.ndarray, *, rounds: int = 400, seed: int = 0,
-                       min_tensor_rows: int = 1000) -> tuple[dict[str, LGBMSurrogate], dict]:
+                       min_tensor_rows: int = 1000, spec_monotone: bool = False
+                       ) -> tuple[dict[str, LGBMSurrogate], dict]:
     """({vendor: LightGBM}, the bundle's ``ceiling_member`` entry) from the GEMM family's training ``rows``.
 
     Per vendor with at least ``min_tensor_rows`` tensor-core rows, LightGBM on that vendor's rows alone learns
@@ -263,7 +265,8 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
     to what the device's best achievable matmul takes (:func:`ceiling_table`; FP32 rows: ceiling 1, vector peak; a vendor in
     :data:`CEILING_FP32_LEFT_OUT` without its FP32 rows beyond :data:`CEILING_FP32_LEFT_OUT_FROM_K`);
     one more on every vendor's rows (key :data:`POOLED_MEMBER`) for a GPU of a vendor without its own. Each reads
-    ``features`` (the entry's ``features``; the shipped bundle's are the family's)."""
+    ``features`` (the entry's ``features``; the shipped bundle's are the family's). ``spec_monotone``: the opt-in
+    monotone recipe (models/kernel_surrogates.py SPEC_MONOTONE)."""
     table = ceiling_table(rows, X["t_roof_ms"].to_numpy(), mamf)
     vendor_of = {d: specs[d].vendor for d in rows["device"].unique()}
     vendor = rows["device"].map(vendor_of).to_numpy()
@@ -281,11 +284,13 @@ def fit_ceiling_member(rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, Dev
         if (m & (dt != "fp32")).sum() < min_tensor_rows:
             continue
         m &= keep
-        models[v] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X[m], y[m])
+        models[v] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed},
+                                  spec_monotone=spec_monotone).fit(X[m], y[m])
     if not models:
         raise ValueError(f"no vendor has {min_tensor_rows} tensor-core GEMM rows to fit the ceiling member on")
     # every vendor's rows together: the member of a GPU whose vendor has none (models/gemm_floor.py POOLED_MEMBER)
-    models[POOLED_MEMBER] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed}).fit(X[keep], y[keep])
+    models[POOLED_MEMBER] = LGBMSurrogate(features, num_boost_round=rounds, params={"seed": seed},
+                                          spec_monotone=spec_monotone).fit(X[keep], y[keep])
     entry = {"ceilings": {d: dict(sorted(p.items())) for d, p in sorted(table.items())},
              "vendor_ceilings": vendor_ceilings(table, specs), "default_ceiling": DEFAULT_CEILING,
              "floor_ms": float(floors_ms[PREDICT_SOURCE]), "features": list(features)}

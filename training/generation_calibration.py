@@ -79,6 +79,9 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
         if m.sum() < 50 or fm.lgbm is None:
             continue
         X, y, gens, srcs = X_all[m], y_all[m], gens_all[m], src_all[m]
+        # refitted as the family was fitted: monotone in the spec sheet where its manifest says so (the opt-in recipe,
+        # training/kernels.py TrainConfig.spec_monotone), so the band is that of the trees it predicts with
+        mono = fitted_monotone(bundle, fam)
         rows = train[m]
         # the GEMM family's floor and ceiling members (models/gemm_floor.py) are refitted per fold too: the band is
         # that of the recipe the bundle predicts with
@@ -105,9 +108,11 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
                 continue
             if len(tr_idx) > max_rows:
                 tr_idx = rng.choice(tr_idx, max_rows, replace=False)
-            lg = LGBMSurrogate(fm.features, num_boost_round=rounds, params={"seed": seed}).fit(X.iloc[tr_idx], y[tr_idx])
+            lg = LGBMSurrogate(fm.features, num_boost_round=rounds, params={"seed": seed},
+                               spec_monotone=mono).fit(X.iloc[tr_idx], y[tr_idx])
             p = lg.predict(X[te])
             composed = _gemm_members(p, rows, X, specs, fm, tr_idx, te, mamf, rounds=rounds, seed=seed,
+                                     spec_monotone=mono,
                                      ceiling_idx=per_vendor_sample(rows["device"].to_numpy(), np.flatnonzero(~held),
                                                                    specs, max_rows, rng_members)) if members else None
             p = p if composed is None else composed
@@ -156,6 +161,12 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
     return out
 
 
+def fitted_monotone(bundle: KernelBundle, family: str) -> bool:
+    """Whether ``family`` of ``bundle`` was fitted monotone in the spec sheet: its manifest ``spec_monotone`` record
+    (training/kernels.py ``train_bundle``) lists a direction; bundles before stop 58 have no record (free trees)."""
+    return bool((bundle.meta.get("spec_monotone") or {}).get(family))
+
+
 def _band(resid: np.ndarray) -> list[float]:
     """The :data:`BAND_QUANTILES` of pooled log(measured / predicted) residuals."""
     return [float(np.quantile(resid, BAND_QUANTILES[0])), float(np.quantile(resid, BAND_QUANTILES[1]))]
@@ -169,7 +180,7 @@ def _equal_weight(r: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def _gemm_members(p_roof: np.ndarray, rows: pd.DataFrame, X: pd.DataFrame, specs: dict[str, DeviceSpec], fm,
                   tr_idx: np.ndarray, te: np.ndarray, mamf: np.ndarray, *, rounds: int, seed: int,
-                  ceiling_idx: np.ndarray | None = None) -> np.ndarray | None:
+                  ceiling_idx: np.ndarray | None = None, spec_monotone: bool = False) -> np.ndarray | None:
     """The GEMM family's prediction for a fold's held-out rows ``te`` with the floor member and (where the bundle has
     one) the ceiling member refitted on the fold's training rows ``tr_idx`` (training/gemm_floor.py); each row scored
     against its own measuring source's floor (the source the fold's training rows also have). ``ceiling_idx``: the
@@ -179,7 +190,7 @@ def _gemm_members(p_roof: np.ndarray, rows: pd.DataFrame, X: pd.DataFrame, specs
     tr_rows, tr_X = rows.iloc[tr_idx], X.iloc[tr_idx]
     try:
         floor_lg, blend = fit_floor_member(tr_rows, tr_X, specs, fm.features, rounds=rounds, seed=seed,
-                                           mamf=mamf[tr_idx])
+                                           mamf=mamf[tr_idx], spec_monotone=spec_monotone)
     except ValueError:  # the fold's training rows lack the source predictions take the floor of: the roofline member
         return None
     cms, entry = {}, None
@@ -187,7 +198,7 @@ def _gemm_members(p_roof: np.ndarray, rows: pd.DataFrame, X: pd.DataFrame, specs
         try:
             c_idx = tr_idx if ceiling_idx is None else ceiling_idx
             cms, entry = fit_ceiling_member(rows.iloc[c_idx], X.iloc[c_idx], specs, fm.features, blend["floors_ms"],
-                                            mamf[c_idx], rounds=rounds, seed=seed)
+                                            mamf[c_idx], rounds=rounds, seed=seed, spec_monotone=spec_monotone)
         except ValueError:  # no vendor left with enough tensor-core rows: the roofline member, as predictions do
             cms, entry = {}, None
     own_floor = source_floor(rows["source"].to_numpy()[te], blend["floors_ms"])

@@ -288,6 +288,7 @@ def run_train_kernels(
     families: tuple[str, ...] | None = None,
     force: bool = False,
     csv_origin: pd.DataFrame | None = None,
+    spec_monotone: bool = False,
 ) -> RunOutcome:
     """Train, evaluate and (if it validates) install a kernel bundle. ``xla_tables``: extra XLA GEMM tables for the
     shared ``xla`` source (``data/xla_perf_table.py``; default: ``$WATTCAST_XLA_TABLE``), recorded in the manifest.
@@ -297,7 +298,8 @@ def run_train_kernels(
     ``csv_origin``: when ``csv`` is a temporary merge of other files (``wattcast train kernels --data PROFILE_DIR``:
     the folders' kernels.csv, and --csv), where each of its rows came from: indexed by the row's line in ``csv``, the
     ``file`` and ``line`` there. The checks' messages, the gate's and MLflow's ``user_csv`` then name those files and
-    lines, not ``csv`` (which is deleted after the run)."""
+    lines, not ``csv`` (which is deleted after the run). ``spec_monotone``: the opt-in recipe monotone in the spec sheet
+    (training/kernels.py ``TrainConfig.spec_monotone``; the shipped bundle is fitted without)."""
     from wattcast.data.kernel_datasets import (
         WITHHELD_DEVICES,
         DataNotFoundError,
@@ -315,7 +317,7 @@ def run_train_kernels(
         extra_specs[s.name] = s
     # the project's held-out GPUs always: --holdout adds to them, never replaces them (a --spec GPU by its name too)
     holdout = with_default_holdout(holdout, extra_specs.values())
-    cfg = TrainConfig.quick(holdout=tuple(holdout)) if quick else TrainConfig(holdout=tuple(holdout))
+    cfg = (TrainConfig.quick if quick else TrainConfig)(holdout=tuple(holdout), spec_monotone=spec_monotone)
     target = Path(out_dir) if out_dir else shipped_folder()
     base_bundle = None
     if families:
@@ -558,7 +560,11 @@ def _merge_families(base: KernelBundle, new: KernelBundle) -> KernelBundle:
     """``base`` with ``new``'s families in place of its own; the manifest says which were retrained."""
     meta = dict(base.meta)
     meta.update({k: v for k, v in new.meta.items()
-                 if k not in ("train_devices", "family_train_devices", "lodo_scores", "generation_calibration")})
+                 if k not in ("train_devices", "family_train_devices", "lodo_scores", "generation_calibration",
+                              "spec_monotone")})
+    # the monotone directions of each family as it was fitted: a kept family keeps its own (none before stop 58)
+    mono = {f: v for f, v in (base.meta.get("spec_monotone") or {}).items() if f in base.families and f not in new.families}
+    meta["spec_monotone"] = {**mono, **(new.meta.get("spec_monotone") or {})}
     # the GPUs the bundle's families were trained on: a retrained family's old GPUs go with it (a kept family's are
     # known per family when the base recorded them; a base without the record keeps its whole list)
     old_by_fam, new_by_fam = base.meta.get("family_train_devices"), new.meta.get("family_train_devices") or {}

@@ -28,7 +28,8 @@ from wattcast.featurize.kernel_features import DEVICE_FEATURES, FEATURE_VERSION,
 from wattcast.data.kernel_ops import REPORT_FAMILY
 from wattcast.models.kernel_bundle import FamilyModel, KernelBundle
 from wattcast.models.gemm_floor import PREDICT_SOURCE
-from wattcast.models.kernel_surrogates import CANDIDATES, CHOICES, LGBMSurrogate, MLPSurrogate, RooflineSurrogate
+from wattcast.models.kernel_surrogates import (CANDIDATES, CHOICES, LGBMSurrogate, MLPSurrogate, RooflineSurrogate,
+                                              spec_monotone_constraints)
 from wattcast.training.gemm_floor import (fit_ceiling_member, fit_floor_member, mamf_ceilings, mamf_ratio_any,
                                           per_vendor_sample)
 
@@ -50,12 +51,27 @@ VECTOR_DEVICE_FEATURES = {
     "softmax": ("dev_is_gddr", "dev_is_amd", "dev_log_w_per_tflop"),
     "elementwise": ("dev_log_ridge", "dev_is_amd", "dev_log_w_per_tflop"),
 }
+#: what the opt-in monotone recipe (``TrainConfig.spec_monotone``, ``wattcast train kernels --spec-monotone``) takes
+#: out of every vector family's features. Stop 58 (issue 14, audit 57g): a streaming kernel is bound by DRAM, not by
+#: the board's power limit (the power-limited case, FP32 GEMMs on a board whose TDP cannot feed its lanes, is
+#: models/power_derating.py's explicit floor), and as a learned input the watts per TFLOP made the time depend on TDP
+#: in both directions: B200 at 1.5x TDP ran rmsnorm 14.8% slower, at 0.75x softmax 7.4% faster. The MLP that
+#: LayerNorm chooses cannot be held monotone by LightGBM's constraints (models/kernel_surrogates.py SPEC_MONOTONE), so
+#: the input goes, not just its direction. Measured with those constraints (run 04409822, refused by the gate: 3.430
+#: vs 3.235% on 21,830 validation rows; elementwise 2.60 -> 2.83, softmax 5.29 -> 5.46, LayerNorm 5.30 -> 5.28):
+#: held-out L4 LayerNorm 68.2 -> 40.5%, softmax 142.0 -> 98.1%, elementwise 35.3 -> 32.8%, A100 80GB PCIe elementwise
+#: 4.1 -> 5.3%. The family's LightGBM alone without the input: 2.41 -> 2.43% (unconstrained).
+VECTOR_MONOTONE_DROPPED = ("dev_log_w_per_tflop",)
 
 
-def family_features(family: str) -> list[str]:
+def family_features(family: str, spec_monotone: bool = False) -> list[str]:
+    """The features ``family`` is fitted on; ``spec_monotone``: the opt-in monotone recipe's (the vector families
+    without :data:`VECTOR_MONOTONE_DROPPED`)."""
     feats = list(FEATURES_BY_FAMILY[family])
     if family in VECTOR_DEVICE_FEATURES:
         feats = [f for f in feats if f not in DEVICE_FEATURES] + list(VECTOR_DEVICE_FEATURES[family])
+        if spec_monotone:
+            feats = [f for f in feats if f not in VECTOR_MONOTONE_DROPPED]
     return feats
 
 
@@ -76,6 +92,12 @@ class TrainConfig:
     val_fraction: float = 0.10
     seed: int = 0
     families: tuple[str, ...] = ("gemm", "conv", "elementwise", "ln", "softmax")
+    # opt-in: every LightGBM fit monotone in the spec sheet (models/kernel_surrogates.py SPEC_MONOTONE: the main, floor
+    # and ceiling members, and the generation calibration's refits, which read it from the manifest) and the vector
+    # families without VECTOR_MONOTONE_DROPPED. Off by default: its retraining was refused by the gate (stop 58: vector
+    # families 3.430 vs 3.235%, GEMM 7.976 vs 7.942%; README "Monotone in the spec sheet"), and the shipped bundle must
+    # be what the default recipe refits
+    spec_monotone: bool = False
 
     @classmethod
     def quick(cls, **kw) -> "TrainConfig":
@@ -105,7 +127,8 @@ def _fit_pair(X: pd.DataFrame, y: np.ndarray, feats: list[str], cfg: TrainConfig
     idx = np.arange(len(X))
     if len(idx) > cfg.max_rows_per_fit:
         idx = rng.choice(idx, cfg.max_rows_per_fit, replace=False)
-    lg = LGBMSurrogate(feats, num_boost_round=cfg.lgbm_rounds, params={"seed": cfg.seed}).fit(X.iloc[idx], y[idx])
+    lg = LGBMSurrogate(feats, num_boost_round=cfg.lgbm_rounds, params={"seed": cfg.seed},
+                       spec_monotone=cfg.spec_monotone).fit(X.iloc[idx], y[idx])
     mlp = None
     if want_mlp and cfg.mlp_epochs > 0:
         from wattcast.training.kernel_mlp import fit_mlp
@@ -161,7 +184,7 @@ def _fit_ceiling(train: pd.DataFrame, X_all: pd.DataFrame, m: np.ndarray, specs:
     rows, X = train.iloc[idx], X_all.iloc[idx]
     try:
         models, entry = fit_ceiling_member(rows, X, specs, feats, floors_ms, mamf_ratio_any(data_root, rows, specs),
-                                           rounds=cfg.lgbm_rounds, seed=cfg.seed)
+                                           rounds=cfg.lgbm_rounds, seed=cfg.seed, spec_monotone=cfg.spec_monotone)
     except ValueError as e:  # too few tensor-core rows of any vendor (a small --csv with XLA rows): the roofline member
         print(f"GEMM ceiling member not fitted ({e}); tensor-core GEMMs keep the roofline member")
         return None, None
@@ -209,7 +232,7 @@ def train_bundle(
         m = (X_all["family"] == fam).to_numpy() & ~is_val
         if m.sum() < MIN_FAMILY_ROWS:  # no surrogate: its kernels are costed by the roofline (kernel_run warns)
             continue
-        feats = family_features(fam)
+        feats = family_features(fam, cfg.spec_monotone)
         X, y = X_all[m], y_all[m]
         devs = train["device"].to_numpy()[m]
         family_devices[fam] = sorted(set(devs))
@@ -258,7 +281,8 @@ def train_bundle(
                 floor_rng = np.random.default_rng([cfg.seed, zlib.crc32(b"floor member")])
                 idx = np.sort(floor_rng.choice(idx, cfg.max_rows_per_fit, replace=False))
             families[fam].floor_lgbm, families[fam].floor_blend = fit_floor_member(
-                train.iloc[idx], X_all.iloc[idx], specs, feats, rounds=cfg.lgbm_rounds, seed=cfg.seed, root=data_root)
+                train.iloc[idx], X_all.iloc[idx], specs, feats, rounds=cfg.lgbm_rounds, seed=cfg.seed, root=data_root,
+                spec_monotone=cfg.spec_monotone)
             tick()
             # tensor-core GEMMs from the blend's lower edge up: the ceiling member, vendor by vendor, on up to
             # max_rows_per_fit rows of each vendor (models/gemm_floor.py; a random stream of its own)
@@ -272,6 +296,11 @@ def train_bundle(
         "lodo_scores": {f: t.attrs["scores"] for f, t in tables.items()},
         "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "feature_version": FEATURE_VERSION,
+        # per family, the directions its LightGBM members were fitted monotone in (models/kernel_surrogates.py
+        # SPEC_MONOTONE; empty without --spec-monotone, as in every bundle before stop 58: the trees are free in every
+        # spec figure). The generation calibration refits each family as this says (training/generation_calibration.py)
+        "spec_monotone": {f: ({k: c for k, c in zip(fm.features, spec_monotone_constraints(fm.features)) if c}
+                              if cfg.spec_monotone else {}) for f, fm in families.items()},
     }
     return KernelBundle(families, meta), tables, pd.concat(val_parts)
 
