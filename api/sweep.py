@@ -19,6 +19,7 @@
     space: {tp: [1, 2, 4, 8], zero: [1, 3]}  # optional search-space options of `wattcast.search`
     moe_routing: {moe_load_imbalance: 1.2}  # optional: MoE routing for every strategy (as `search(moe_routing=)`)
     gpus_per_node: 64                     # optional: use this many of each node's GPUs (as `--gpus-per-node`)
+    compile: true                         # optional: torch.compile for every strategy (as `--compile`)
     zero3_prefetch: true                  # optional: ZeRO-3/FSDP collectives beside the computation (as `--zero3-prefetch`;
                                           # needs a zero choice with them: 3, or 2 under framework hf)
     scatter_gather_p2p: false             # optional: pipeline transfers scattered over TP (as `--scatter-gather-p2p`)
@@ -106,6 +107,7 @@ SPEC_KEYS = {
              "schedule, recompute_num_layers)",
     "moe_routing": "MoE routing for every strategy: moe_load_imbalance, moe_capacity_factor, moe_pad_to_capacity",
     "gpus_per_node": "use this many of each node's GPUs (e.g. 64 of an NVL72 rack's 72)",
+    "compile": "true or false: every strategy as torch.compile runs it (as `--compile`; default false: eager)",
     "zero3_prefetch": "true or false: ZeRO-3 / FSDP collectives beside the computation or in series (default: the framework's)",
     "scatter_gather_p2p": "true or false: pipeline transfers scattered over the TP group and all-gathered on arrival "
                           "(default: the framework's)",
@@ -156,7 +158,7 @@ TASK_COLUMNS = ("task_id", "model", "cluster", "gpus", "region", "status", "erro
 INT_COLUMNS = frozenset(("gpus", "rank", "tp", "pp", "dp", "cp", "micro_batch", "zero", "ep", "interleave",
                          "grad_accum", "seq"))
 BOOL_COLUMNS = frozenset(("sp", "fits", "scheduled", "electricity_region_specific", "grid_region_specific", "run_pareto",
-                          "fp8_param_gather"))
+                          "fp8_param_gather", "compile"))
 TEXT_COLUMNS = frozenset(("task_id", "model", "cluster", "region", "status", "error", "device", "config", "recompute",
                           "strategy", "schedule", "memory_flag", "dtype", "attention", "framework", "etp",
                           "cloud_price_source", "electricity_source", "grid_region", "grid_basis", "grid_source",
@@ -235,6 +237,8 @@ class SweepSpec:
     moe_routing: dict = field(default_factory=dict)
     gpus_per_node: int | None = None
     zero3_prefetch: bool | None = None
+    #: torch.compile for every strategy (search's ``compile``)
+    compile: bool = False
     scatter_gather_p2p: bool | None = None
     fsdp_reduce_dtype: str | None = None
     grad_accum_dtype: str | None = None
@@ -276,6 +280,8 @@ class SweepSpec:
                   "optimizer_impl"):
             if getattr(self, k) is not None:
                 settings[k] = getattr(self, k)
+        if self.compile:  # only when on: the ids of eager sweeps stay what they were
+            settings["compile"] = True
         if self.data_load_ms:
             settings["data_load_ms"] = self.data_load_ms
         if self.data_workers is not None:
@@ -513,6 +519,9 @@ def _load_spec(source: str | Path | dict) -> SweepSpec:
     z3 = raw.get("zero3_prefetch")
     if z3 is not None and not isinstance(z3, bool):
         raise SweepSpecError(f"{where}: 'zero3_prefetch' must be true or false, got {z3!r}")
+    compiled = raw.get("compile", False)
+    if not isinstance(compiled, bool):
+        raise SweepSpecError(f"{where}: 'compile' must be true or false, got {compiled!r}")
     sg = raw.get("scatter_gather_p2p")
     if sg is not None and not isinstance(sg, bool):
         raise SweepSpecError(f"{where}: 'scatter_gather_p2p' must be true or false, got {sg!r}")
@@ -606,7 +615,7 @@ def _load_spec(source: str | Path | dict) -> SweepSpec:
                      top=_count("top", raw.get("top", 1)), max_configs=_count("max_configs", raw.get("max_configs", 500)),
                      space=dict(space), output=raw.get("output"), moe_routing=dict(routing),
                      gpus_per_node=None if per_node is None else _count("gpus_per_node", per_node),
-                     zero3_prefetch=z3, scatter_gather_p2p=sg, fsdp_reduce_dtype=reduce_dtype,
+                     zero3_prefetch=z3, scatter_gather_p2p=sg, compile=compiled, fsdp_reduce_dtype=reduce_dtype,
                      grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe, moe_token_dispatcher=dispatcher,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      optimizer=optimizer, optimizer_impl=optimizer_impl, memory_headroom_gb=headroom_gb,
@@ -794,6 +803,7 @@ def run_task(task: dict) -> pd.DataFrame:
                   max_configs=task["max_configs"], objective=task["objective"], **task["space"],
                   moe_routing=task.get("moe_routing"), gpus_per_node=task.get("gpus_per_node"),
                   zero3_prefetch=task.get("zero3_prefetch"), fsdp_reduce_dtype=task.get("fsdp_reduce_dtype"),
+                  compile=bool(task.get("compile", False)),
                   scatter_gather_p2p=task.get("scatter_gather_p2p"), grad_accum_dtype=task.get("grad_accum_dtype"),
                   fp8_recipe=task.get("fp8_recipe"), moe_token_dispatcher=task.get("moe_token_dispatcher") or "alltoall",
                   cross_entropy_loss_fusion=task.get("cross_entropy_loss_fusion"),

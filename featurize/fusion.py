@@ -52,7 +52,9 @@ def fuse_elementwise(g: OpGraph) -> OpGraph:
     for i in range(n):
         if grouped[i]:
             last[int(root[i])] = i
-    rows, by_node, backward, new_inputs, new_out = [], [], [], [], []
+    old_tids = g.saved.get("input_tids")
+    old_tnode = np.asarray(g.saved["tensor_node"])
+    rows, by_node, backward, new_inputs, new_out, new_tids = [], [], [], [], [], []
     new_id = np.full(n, -1, dtype=np.int64)
     members: dict[int, list[int]] = {}
     for i in range(n):
@@ -70,6 +72,8 @@ def fuse_elementwise(g: OpGraph) -> OpGraph:
             backward.append(list(g.saved["backward"][i]))
             new_inputs.append(list(inputs[i]))
             new_out.append(out_bytes[i])
+            if old_tids is not None:
+                new_tids.append(list(old_tids[i]))
             continue
         grp = members[int(root[i])]
         gs = set(grp)
@@ -98,6 +102,8 @@ def fuse_elementwise(g: OpGraph) -> OpGraph:
         backward.append([dict(name=f"{row['name']}.grad", op_class="fused", kernel="", method="proxy",
                               flops=2 * row["flops"], bytes=2 * ext, scale=1.0)] if has_bw else [])
         new_inputs.append(sorted({p for m in grp for p in inputs[m] if p not in gs}))
+        if old_tids is not None:  # the tensors the fused kernel reads: its members' inputs made outside the group
+            new_tids.append(sorted({int(t) for m in grp for t in old_tids[m] if int(old_tnode[t]) not in gs}))
         new_out.append(float(sum(out_bytes[m] for m in grp if not consumers[m] or any(c not in gs for c in consumers[m]))))
     new_inputs = [sorted({int(new_id[p]) for p in ins if new_id[p] != nid}) for nid, ins in enumerate(new_inputs)]
     edges = sorted({(s, d) for d, ins in enumerate(new_inputs) for s in ins})
@@ -105,6 +111,10 @@ def fuse_elementwise(g: OpGraph) -> OpGraph:
     tensor_node = np.where(tensor_node >= 0, new_id[np.maximum(tensor_node, 0)], -1)
     saved = dict(g.saved, by_node=by_node, backward=backward, inputs=new_inputs, out_bytes=np.array(new_out),
                  tensor_node=tensor_node)
+    if old_tids is not None:
+        # one list a fused node (until stop 58 the unfused graph's lists were kept, one per original node: misaligned
+        # with the fused nodes, so a compiled graph's block inputs and a recomputed module's inputs read wrong rows)
+        saved["input_tids"] = new_tids
     frame = pd.DataFrame(rows, columns=list(NODE_COLUMNS))
     frame["layer"] = frame["layer"].astype(np.int64)
     frame["fwd_id"] = frame["fwd_id"].astype(np.int64)

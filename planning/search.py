@@ -57,7 +57,7 @@ COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
            "attention", "framework", "etp", "seq", "cp_comm_type", "hierarchical_cp_sizes", "fp8_recipe",
-           "fp8_param_gather", "step_time_band_low_ms",
+           "fp8_param_gather", "compile", "step_time_band_low_ms",
            "step_time_band_high_ms", "ood_time_share", "ood_collective_time_share")
 #: the step's 90% band and its out-of-distribution shares (the last of :data:`COLUMNS`): what ``predict_cluster`` gives
 #: the same strategy as ``step_time_band_ms`` and ``step_time_band.ood_time_share`` /
@@ -123,7 +123,8 @@ class SearchResult:
     #: whether its strategy gathers FP8 parameters: only with ZeRO >= 1), ``grad_accum_dtype``, ``fsdp_reduce_dtype``,
     #: and the search's ``memory_headroom_gb``. A row replays as ``predict_cluster(..., strategy=row.strategy,
     #: dtype=row.dtype, framework=row.framework, fp8_recipe=row.fp8_recipe, fp8_param_gather=row.fp8_param_gather,
-    #: grad_accum_dtype=..., fsdp_reduce_dtype=...)`` with these
+    #: grad_accum_dtype=..., fsdp_reduce_dtype=..., compile=...)`` with these (``compile``: torch.compile, also each
+    #: row's ``compile`` column)
     settings: dict = field(default_factory=dict)
 
     def invalid_reason(self, top: int = 3) -> str:
@@ -652,7 +653,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
            power_model=None, scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
            fp8_recipe: str | None = None, memory_headroom_gb: float = 0.0, host_us: float | None = None,
-           **space) -> SearchResult:
+           compile: bool = False, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -698,6 +699,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     (featurize/fp8_recipes.py; None: delayed).
     ``fp8_param_gather``: Megatron-Core's ``--fp8-param-gather`` for every candidate with the distributed optimizer
     (ZeRO >= 1; needs ``dtype="fp8"`` and ``framework="megatron"``).
+    ``compile``: every candidate as ``predict_cluster(..., compile=True)`` costs it (torch.compile: fused elementwise
+    chains, the compiled launch cost); the rows' ``compile`` column and ``settings`` record it. Until stop 58 a
+    search always costed eager steps (audit 58e: Llama 3 8B, FSDP on 8 H100, 1,083.7 ms eager vs 903.5 compiled).
     ``zero3_prefetch``: whether ZeRO-3 / FSDP candidates' collectives run beside the computation (True) or in series
     with it (False); None: the framework's (``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``); given when no ``zero``
     choice has such candidates (3; 2 under ``framework="hf"``) it is a ValueError (it would change nothing).
@@ -765,6 +769,9 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
 
     grad_accum_dtype = checked_grad_accum_dtype(canonical_framework(framework), grad_accum_dtype)
     fp8_recipe = fp8_recipe_option(fp8_recipe, checked_dtype(dtype))  # a bad name, or one without fp8, named first
+    if not isinstance(compile, (bool, np.bool_)):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
+    compile = bool(compile)
     if fp8_param_gather:  # what it needs beyond the distributed optimizer (candidates with ZeRO >= 1 use it)
         from wattcast.simulate.distributed import check_fp8_param_gather
 
@@ -885,7 +892,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     n_workers = _workers(workers)
     folders = current_folders()  # resolved and active (_in_model_folders)
     # every candidate's step settings, once (each evaluator adds the models it loaded)
-    step = DistributedOptions(batch=batch, seq=seq, dtype=dtype, attention=attention, optimizer=optimizer,
+    step = DistributedOptions(batch=batch, seq=seq, dtype=dtype, attention=attention, compile=compile, optimizer=optimizer,
                               optimizer_impl=optimizer_impl,
                               framework=framework, comm_split=False, prune_oom=bool(prune_oom),
                               exact_pipeline=bool(exact_pipeline), zero3_prefetch=zero3_prefetch,
@@ -957,7 +964,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     # the options no strategy token records (SearchResult.settings; the JSON's ``settings``)
     settings = dict(fp8_recipe=fp8_recipe_option(fp8_recipe, checked_dtype(dtype)), fp8_param_gather=bool(fp8_param_gather),
                     grad_accum_dtype=grad_accum_dtype, fsdp_reduce_dtype=fsdp_reduce_dtype,
-                    memory_headroom_gb=memory_headroom_gb)
+                    memory_headroom_gb=memory_headroom_gb, compile=compile)
     cols = list(COLUMNS + run_cols)
     if not rows:  # nothing evaluated: empty frames with the usual columns (``best`` is None)
         empty = pd.DataFrame(columns=cols)
@@ -1296,7 +1303,7 @@ class _Evaluator:
                p.cp_comm_type, _cp_sizes_text(p.hierarchical_cp_sizes),
                # the FP8 recipe (None unless dtype fp8) and whether this strategy gathers FP8 parameters (the option
                # given, on the candidates with the distributed optimizer): no strategy token records them either
-               self.fp8_recipe, bool(ctx.fp8_param_gather))
+               self.fp8_recipe, bool(ctx.fp8_param_gather), bool(job.step.compile))
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,

@@ -43,7 +43,8 @@ from wattcast.data.device_spec import DeviceSpec, unsupported_step_dtype
 from wattcast.data.device_spec import spec_notes as device_spec_notes
 from wattcast.data.kernel_ops import DTYPE_BYTES, canonical_dtype
 from wattcast.featurize.context_parallel import cp_refuses_window
-from wattcast.featurize.fp8_recipes import fp8_writes_transpose, unsupported_fp8_recipe, weight_copy_bytes_per_param
+from wattcast.featurize.fp8_recipes import (activation_cast_copies, fp8_writes_transpose, unsupported_fp8_recipe,
+                                            weight_copy_bytes_per_param)
 from wattcast.featurize.te_attention import te_attention_backend
 from wattcast.featurize.graph_cache import RowsCache
 from wattcast.featurize.hf_config import HFConfig, attention_windows, deepseek_field, load_hf_config, pinned
@@ -1698,6 +1699,23 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         fallback_ops=fallback_summary(whole), ood_fraction=float(whole["ood"].mean()))
 
 
+def fsdp_fp8_cast_share(meta: Mapping, n_micro: int) -> float:
+    """The FP8 weight casts of a step under PyTorch FSDP (``hf``, ZeRO-2/3) over the graph's once-a-step casts
+    (``featurize.training_graph``: one per module weight, reading 2 B a parameter and writing the FP8 copy and its
+    transpose, ``weight_copy_bytes_per_param`` c). Transformer Engine 2.20.2 under FSDP2 caches no FP8 weight and
+    saves none for the backward (pytorch/module/linear.py l. 2443, l. 738-741): every micro-batch's forward quantizes
+    the gathered weight row-wise only (l. 563: read 2 B, write c / k, k = ``activation_cast_copies``: 2 with a
+    transpose, else 1) and its backward re-quantizes it for the dgrad GEMM with both usages (l. 1356-1368: read 2 B,
+    write c). Share = n_micro x ((2 + c / k) + (2 + c)) / (2 + c): 1.75 a micro-batch under delayed scaling on H100.
+    Until stop 58 an FSDP step cast once a step, as Transformer Engine's cache (Megatron's ``is_first_microbatch``)
+    does, while its memory held the cast copy sharded (audit 58e finding 4)."""
+    recipe = meta.get("fp8_scaling") or "delayed"
+    transpose = bool(meta.get("fp8_transpose", True))
+    c = weight_copy_bytes_per_param(recipe, transpose)
+    k = activation_cast_copies(recipe, transpose=transpose, train=True)
+    return float(max(int(n_micro), 1)) * ((2.0 + c / k) + (2.0 + c)) / (2.0 + c)
+
+
 def sharded_optimizer_parts(raw: dict, opt_share, cast_share, extra: Mapping[str, np.ndarray] | None = None) -> dict:
     """The optimizer phase of one GPU of each pipeline stage per "op_class|part" (a (4, stages) array: ms, launch gaps,
     kernels, FLOPs), from the stages' whole optimizer kernels ``raw`` (the schedule's per-stage sums of
@@ -2276,7 +2294,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
               gather_b_chunk: np.ndarray | None = None, bucketed_first_chunk_only: bool = False, first_chunks=(0,),
               reduce_op: str | None = None, reduce_every_micro: bool = False, framework: str | None = None,
               root_chunk: np.ndarray | None = None, first_root_chunk: np.ndarray | None = None,
-              last_bucket_chunk: np.ndarray | None = None, ddp_buckets_chunk: dict | None = None) -> dict:
+              last_bucket_chunk: np.ndarray | None = None, ddp_buckets_chunk: dict | None = None,
+              fsdp_root_chunk: np.ndarray | None = None) -> dict:
     """Per chunk: gradient sync time (bucketed), param all-gather after the step (ZeRO-1/2), ZeRO-3's gathers and
     reduce-scatters per task; and per stage its buckets in order (``bucket_pad``: stages x most buckets, zero-padded;
     ``bucket_n``: each stage's count). ``gather_b_chunk``: bytes of each chunk's gathered parameters (default
@@ -2312,7 +2331,16 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     bucket of a backward (the embedding's), ``z2_last_b_ms`` its reduce-scatter; the rest in ``bucket_params``
     buckets. Without ``reduce_every_micro`` (Megatron-Core's DDP / distributed optimizer) ``ddp_buckets_chunk``
     (chunk -> :func:`mcore_ddp_bucket_numels`) gives the bucketed chunk's buckets as the source cuts them: the last
-    one (the embedding's) as it is, the others at their mean size."""
+    one (the embedding's) as it is, the others at their mean size.
+
+    ``fsdp_root_chunk`` (PyTorch FSDP ZeRO-3, ``--framework hf --zero 3``: :func:`root_params_by_chunk`): each chunk's
+    parameters of FSDP's root unit (embeddings, final norm, output layer), spread over the chunk's units as before,
+    which the root keeps unsharded from its forward through the backward: the backward's re-gathers leave them out.
+    FSDP1 frees no root parameter after the forward (torch 2.13 distributed/fsdp/_runtime_utils.py l. 493-500:
+    ``free_unsharded_flat_param = not state._is_root and ...``); FSDP2's root, with ``reshard_after_forward`` left at
+    its default, gets no post-forward reshard (_fully_shard/_fsdp_state.py l. 203-207: ``post_forward_mesh_info =
+    None``), as the memory model holds it (stage_memory: the root's unsharded parameters through the backward). Until
+    stop 58 the backward re-gathered them (audit 58e: 85.49 ms = 2.00 x the forward's 42.70 ms on Llama 3 8B, 8 H100)."""
     n_chunks = P * V
     dp_l = lay["dp"]
     out = {"sync_ms": np.zeros(n_chunks), "bucket_ms": [], "gather_after_ms": np.zeros(n_chunks),
@@ -2379,6 +2407,11 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
             # every backward (the embedding's last)
             msgs.append((c, "z3_ag", "all_gather", max(gather_b - root * db, 0.0) / u, dp_l, u))
             msgs.append((c, "z3_rs", "reduce_scatter", max(params_chunk[c] - root, 0.0) * grad_b / u, dp_l, u))
+            fsdp_root = 0.0 if fsdp_root_chunk is None else min(float(fsdp_root_chunk[c]), float(params_chunk[c]))
+            if fsdp_root > 0 and not shard_grad_op and params_chunk[c] > 0:
+                # FSDP's root unit stays gathered through the backward: its re-gathers are the blocks' alone
+                kept_b = fsdp_root * gather_b / params_chunk[c]
+                msgs.append((c, "z3_ag_bwd", "all_gather", max(gather_b - kept_b, 0.0) / u, dp_l, u))
             for role, n_params in (("z3_root_first", first), ("z3_root", root - first)):
                 if n_params > 0:
                     msgs.append((c, role + "_ag", "all_gather", n_params * db, dp_l, 1))
@@ -2448,6 +2481,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
                 out["z3_f_n"][c] += nb
                 if shard_grad_op:  # the forward's gathers are kept through the backward: no re-gather
                     continue
+                if fsdp_root_chunk is not None and float(fsdp_root_chunk[c]) > 0:
+                    continue  # the backward's re-gathers without FSDP's root unit: z3_ag_bwd
             out["z3_b_ms"][c] += nb * t_ms
             if not (role == "z3_rs" and first_root_chunk[c] > 0):  # else the embedding's reduce-scatter is the last
                 out["z3_first_b_ms"][c] += t_ms
@@ -3062,6 +3097,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     # 4 B a parameter); with FP8 parameters (--fp8-param-gather) each casts its shard of the fp32 master weights (read
     # 4 B, write 1) and, after the FP8 all-gather, makes the whole weights' transposes (read 1, write 1)
     cast_share = 0.5 + 1.25 * opt_share if ctx.fp8_param_gather else 1.0
+    if pytorch_fsdp(opts.framework, par.zero):
+        cast_share = fsdp_fp8_cast_share(g.meta, n_micro)
     # FSDP's root unit (hf, ZeRO-3): each stage's parameters outside the transformer blocks (embeddings, final norm,
     # untied head, a pipeline's tied copy), unsharded through the passes (simulate/stage_memory.py buffer_bytes)
     # and of them the LM head's (the layers after the blocks, or a tied embedding's use as the head, on the last
@@ -3322,6 +3359,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             first_root_c = mfsdp_first_bucket_params(emb_c, root_c, bucket_params)
         else:
             last_c = mfsdp_first_bucket_params(emb_c, params_chunk - expert_chunk, bucket_params)
+    # PyTorch FSDP's FULL_SHARD (hf, ZeRO-3): the root unit's parameters stay gathered through the backward, which
+    # re-gathers the blocks' alone (_dp_times' fsdp_root_chunk)
+    fsdp_root_c = root_chunk() if (pytorch_fsdp(opts.framework, par_dp.zero) and not sgo and not dual) else None
     ddp_buckets = None
     if not mfsdp and first_only and not dual and np.isfinite(bucket_params) and view.dense_param_seq is not None:
         # Megatron-Core's DDP / distributed optimizer (ZeRO 0/1): the bucketed first chunk's gradient buckets as
@@ -3351,7 +3391,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             last_c[c] = bk[-1] if len(bk) else 0.0
     dp_key = ("dp", par_dp.zero, z2_mode, sgo, dp_op, lay["dp"], par.ep, par.tp, par.etp, bucket_params, grad_b, db, P, V, id(cl), id(cm),
               params_chunk.tobytes(), expert_chunk.tobytes(), gather_b_chunk.tobytes(), tuple(counts), first_only,
-              first_ranks, *(None if x is None else x.tobytes() for x in (root_c, first_root_c, last_c)),
+              first_ranks, *(None if x is None else x.tobytes() for x in (root_c, first_root_c, last_c, fsdp_root_c)),
               None if ddp_buckets is None else tuple((c, bk.tobytes()) for c, bk in sorted(ddp_buckets.items())))
     dpt = memo.get(dp_key) if memo is not None else None
     if dpt is None:
@@ -3359,7 +3399,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                         bucket_params, gather_b_chunk, bucketed_first_chunk_only=first_only, reduce_op=dp_op,
                         first_chunks=first_ranks, reduce_every_micro=z2_mode is not None, framework=opts.framework,
                         root_chunk=root_c, first_root_chunk=first_root_c, last_bucket_chunk=last_c,
-                        ddp_buckets_chunk=ddp_buckets)
+                        ddp_buckets_chunk=ddp_buckets, fsdp_root_chunk=fsdp_root_c)
         if memo is not None:
             memo[dp_key] = dpt
     # accumulating each micro-batch's gradients: a streaming pass over the chunk's gradients (partitioned over

@@ -369,15 +369,33 @@ def kept_tensors(graph: OpGraph) -> dict[int, int]:
 
 
 def block_input_bytes(graph: OpGraph, n_layers: int) -> list[float]:
-    """Bytes of each block's input: the output of the last forward node before the block."""
+    """Bytes of each block's input, what a fully recomputed (checkpointed) block keeps: the tensors its forward nodes
+    read that the node just before the block made (the residual stream, s·b·h in the model's dtype: Korthikanti et
+    al. 2022 Sec. 4.2, 2·s·b·h bytes a layer under full recomputation). ``torch.utils.checkpoint`` keeps exactly the
+    checkpointed function's arguments (torch 2.13 utils/checkpoint.py l. 271 ``ctx.save_for_backward(*tensor_inputs)``,
+    reentrant; l. 1657-1688 ``recompute_fn`` re-runs ``fn(*args, **kwargs)`` on the forward's arguments,
+    non-reentrant), whatever the kernels inside it are. Until stop 58 the whole output of the node before the block
+    was taken: under ``--compile`` that node is a fused kernel (featurize/fusion.py) also writing the previous
+    block's post-attention norm output, two residual-sized tensors, so a compiled full-recompute step held (L - 1)
+    residuals too many (+2.08 GB on Llama 3 8B at 8,192 tokens). A graph without per-node tensor inputs keeps the
+    node's whole output, as before."""
     out_bytes = graph.saved.get("out_bytes")
+    input_tids = graph.saved.get("input_tids")
+    tbytes = graph.saved.get("tensor_bytes")
+    tnode = graph.saved.get("tensor_node")
     nodes = graph.nodes
     fwd_layers = nodes.loc[nodes["phase"] == "forward", "layer"].to_numpy()
+    by_tensor = input_tids is not None and tbytes is not None and tnode is not None and len(input_tids) >= len(fwd_layers)
     res = []
     for lay in range(n_layers):
         idx = np.flatnonzero(fwd_layers == lay)
         if len(idx) and idx[0] > 0 and out_bytes is not None:
-            res.append(float(out_bytes[idx[0] - 1]))
+            prev = idx[0] - 1
+            if by_tensor:
+                read = {int(t) for i in idx for t in input_tids[i] if int(tnode[t]) == prev}
+                res.append(float(sum(float(tbytes[t]) for t in read)) if read else float(out_bytes[prev]))
+            else:
+                res.append(float(out_bytes[prev]))
     return res
 
 

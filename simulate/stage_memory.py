@@ -496,11 +496,24 @@ def _level1_bytes(params, expert_params, groups: tuple[int, int], master_b: floa
 
 
 def fp8_copy_bytes(params, *, fp8_param_fraction: float, zero: int, dp: int, expert_params=0.0,
-                   expert_dp: int | None = None, bytes_per_param: float = 2.0):
+                   expert_dp: int | None = None, bytes_per_param: float = 2.0, framework: str | None = None):
     """Bytes of Transformer Engine's cached fp8 weight and transpose (``bytes_per_param`` per FP8-GEMM parameter, the
     share ``fp8_param_fraction`` of ``params``: 2 B, plus the block scales under --fp8-recipe mxfp8 or blockwise,
     ``featurize.fp8_recipes.weight_copy_bytes_per_param``), sharded with the weights under ZeRO-3 (experts over
-    ``expert_dp``)."""
+    ``expert_dp``).
+
+    PyTorch FSDP (``framework`` ``hf``, ZeRO-2/3: :func:`pytorch_fsdp`) holds none: Transformer Engine 2.20.2 run
+    under FSDP2 neither caches the FP8 weight (pytorch/module/linear.py l. 2443: ``cache_name = None if
+    (is_first_microbatch is None or self.is_fsdp2)``) nor saves it for the backward (l. 738-741: "FSDP2: Don't save
+    FP8 workspace for non-quantized weights. Backward will re-quantize from the FSDP2 all-gathered weight"); the
+    forward quantizes the gathered weight row-wise only (l. 563), module by module, and frees it after the GEMM: one
+    linear module's copy at a time (Llama 3 8B: 59 MB), below the step's largest kernel working set, so no term of
+    its own. (TE's manual FSDP1 path, ``fsdp_group``, scatters the saved copy over the group instead, l. 723-728, and
+    TE steers away from it: "use FSDP2 or MCore FSDP", l. 192; torchao's float8 under FSDP2 keeps no FP8 copy
+    either.) Until stop 58 ZeRO-3 held 2 B a parameter / dp (audit 58e finding 4: +1.75 GB on Llama 3 8B over 8
+    H100s, matching no recipe) and ZeRO-2 2 B a parameter."""
+    if pytorch_fsdp(framework or "", zero):
+        return 0.0 * params
     weights_groups = _zero_groups(zero, dp, expert_dp)[3]
     return _sharded(lambda x: bytes_per_param * x * fp8_param_fraction, params, expert_params, *weights_groups)
 
@@ -840,7 +853,7 @@ def stage_memory(*, params: float, act_bytes_per_chunk: float, inflight: int, fu
                            muon_fraction=muon_fraction, layer_wise_shares=layer_wise_shares)
     st["weights_bytes"] += fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp,
                                           expert_params=expert_params, expert_dp=expert_dp,
-        bytes_per_param=fp8_copy_bytes_per_param)
+        bytes_per_param=fp8_copy_bytes_per_param, framework=framework)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero, dp=dp,
                                  block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
@@ -916,7 +929,7 @@ def stage_memory_gb(*, params: np.ndarray, act_bytes_per_chunk: np.ndarray, infl
                            framework=framework, muon_fraction=muon_fraction, layer_wise_shares=layer_wise_shares)
     st["weights_bytes"] = st["weights_bytes"] + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero,
                                                                dp=dp, expert_params=expert_params, expert_dp=expert_dp,
-        bytes_per_param=fp8_copy_bytes_per_param)
+        bytes_per_param=fp8_copy_bytes_per_param, framework=framework)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=dp, block_params=block_params, root_params=root_params, reduce_bytes=reduce_bytes,
                                  grad_accum_dtype=grad_accum_dtype)
@@ -997,7 +1010,7 @@ def stage_state_parts(*, params: np.ndarray, dtype_bytes: int, grad_bytes: int, 
     w = _sharded(lambda x: x * w_b, params, ex, *g[3])
     w = w + fp8_copy_bytes(params, fp8_param_fraction=fp8_param_fraction, zero=zero, dp=dp, expert_params=ex,
                            expert_dp=expert_dp,
-        bytes_per_param=fp8_copy_bytes_per_param)
+        bytes_per_param=fp8_copy_bytes_per_param, framework=framework)
     during, after = buffer_bytes(framework, params=params, grad_bytes=grad_bytes, dtype_bytes=dtype_bytes, zero=zero,
                                  dp=max(int(dp), 1), block_params=block_params, root_params=root_params,
                                  reduce_bytes=reduce_bytes, grad_accum_dtype=grad_accum_dtype)

@@ -39,8 +39,10 @@ def _sizes(**kw):
         batch=32, seq=1024, dtype="bf16", attention="flash", framework="hf", coll_model=rec, **kw))
     ag = {b for op, b in rec.calls if op == "all_gather"}
     rs = {b for op, b in rec.calls if op == "reduce_scatter"}
-    assert len(ag) == 1 and len(rs) == 1  # one unit's gather and one unit's reduce-scatter
-    return ag.pop(), rs.pop()
+    # one unit's forward gather and its backward re-gather (smaller: without the root unit, kept gathered through the
+    # backward since stop 58), one unit's reduce-scatter
+    assert len(ag) == 2 and len(rs) == 1 and min(ag) < max(ag)
+    return max(ag), rs.pop()
 
 
 def test_fsdp_reduces_bf16_gradients_by_default_and_fp32_when_told():

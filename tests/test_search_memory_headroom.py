@@ -52,9 +52,9 @@ def test_the_cli_takes_it_and_reports_it_in_the_settings():
                   "--max-configs", "10", "--memory-headroom-gb", "79", "--json")
     assert out.returncode in (0, 3), out.stderr
     d = json.loads(out.stdout)
-    # since stop 58 the settings also hold the step options no strategy string records (audit 58a)
+    # since stop 58 the settings also hold the step options no strategy string records (audit 58a; compile: 58e)
     assert d["settings"] == {"memory_headroom_gb": 79.0, "fp8_recipe": None, "fp8_param_gather": False,
-                             "grad_accum_dtype": None, "fsdp_reduce_dtype": None}
+                             "grad_accum_dtype": None, "fsdp_reduce_dtype": None, "compile": False}
     cap = d["ranked"][0]["memory_capacity_gb"]
     assert all(r["memory_gb"] <= cap - 79 for r in d["ranked"] if r["fits"])
 
