@@ -9,6 +9,7 @@ import numpy as np
 
 from wattcast.simulate.defaults import shown_dtype
 from wattcast.simulate.overlap import OVERLAP_FLAGS
+from wattcast.simulate.step_band import band_keys
 
 
 def _ns(ms: float) -> int:
@@ -134,7 +135,12 @@ def _write_trace(path: str | Path, events: list[dict], other: dict) -> Path:
 def write_chrome_trace(res, path: str | Path) -> Path:
     return _write_trace(path, chrome_trace_events(res), {"model": res.meta.get("name"), "device": res.device,
                                                          "mode": res.mode, "dtype": shown_dtype(res.meta),
-                                                         "step_time_ms": res.step_time_ms})
+                                                         "step_time_ms": res.step_time_ms,
+                                                         # the step's 90% band, as predict --json gives it (stop 58)
+                                                         **band_keys(getattr(res, "step_band", None) or {}),
+                                                         "ood_time_fraction": getattr(res, "ood_time_fraction", None),
+                                                         "ood_kernel_time_fraction":
+                                                             getattr(res, "ood_kernel_time_fraction", None)})
 
 
 #: the tracks (thread ids) of a distributed trace, per pipeline stage (process): the computation, then one per kind
@@ -375,7 +381,10 @@ def write_distributed_trace(res, path: str | Path) -> Path:
              "step_time_ms": res.step_time_ms,
              "exposed_comm_split_ms": res.exposed_comm_split_ms,
              "truncated": res.meta.get("trace_truncated"),
-             "moe_load": res.meta.get("moe_load", 1.0)}
+             "moe_load": res.meta.get("moe_load", 1.0),
+             # the step's 90% band and OOD shares, as predict --cluster --json gives them (stop 58)
+             **band_keys(getattr(res, "step_band", None) or {}),
+             **{k: (res.meta.get("ood_shares") or {}).get(k) for k in ("ood_time_fraction", "ood_kernel_time_fraction")}}
     # the other settings that change the step, added after (never replacing) the keys above
     other.update({k: v for k, v in trace_settings(res).items() if k not in other})
     return _write_trace(path, distributed_trace_events(res), other)

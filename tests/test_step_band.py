@@ -133,7 +133,10 @@ def test_the_band_widens_monotonically_with_the_ood_share():
     assert sb.mix_band_log(lo, hi, {"share": 0.7, "low_log": -0.01, "high_log": 0.01}) == pytest.approx((lo, hi))
 
 
-def test_ood_kernels_carry_their_familys_generation_band():
+def test_ood_kernels_carry_their_own_kernel_band():
+    """An OOD kernel's time carries the band ``wattcast kernels`` gives it (its low_ms / high_ms), bundle or not: until
+    stop 58 its family's un-widened leave-one-generation-out band replaced it (audit 58d: a 10x GPU's step got a
+    catalog GPU's band)."""
     band = {"elementwise": (-0.3, 0.4)}
 
     def rows(tensor):
@@ -144,11 +147,10 @@ def test_ood_kernels_carry_their_familys_generation_band():
                            "time_ms": [10.0, 30.0, 60.0, 0.0], "low_ms": [1.0, 3.0, 30.0, 0.0],
                            "high_ms": [100.0, 300.0, 120.0, 0.0], "ood": [True, True, False, True]})
     got = sb.ood_band_log(costed, bundle)
-    assert got["share"] == pytest.approx(0.4)  # the optimizer's proxy copy is the elementwise family's
-    assert got["low_log"] == pytest.approx(-0.3) and got["high_log"] == pytest.approx(0.4)
+    assert got["share"] == pytest.approx(0.4)
+    assert got["low_log"] == pytest.approx(math.log(0.1)) and got["high_log"] == pytest.approx(math.log(10.0))
+    assert sb.ood_band_log(costed, None) == got
     assert sb.ood_band_log(costed.assign(ood=False), bundle) == {}
-    own = sb.ood_band_log(costed, None)  # no bundle band: the kernels' own edges
-    assert own["high_log"] == pytest.approx(math.log(10.0))
     assert sb.ood_warning(0.5) is None and "51%" in sb.ood_warning(0.51)
 
 
