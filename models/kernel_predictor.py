@@ -1455,6 +1455,10 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
         ext_lo, ext_hi = device_excess_log(fm, A, cols, X, rows, matmul, dchecks) if dev_ood.any() else (0.0, 0.0)
         tensor_m = X["is_tensor_dtype"].to_numpy()[m] > 0.5 if "is_tensor_dtype" in X else np.zeros(len(p), dtype=bool)
         band = fm.band_log_rows(tensor_m)
+        # the distance's widening is capped at the flat factor's (models/coverage.py MAX_EXCESS: the folds show no
+        # error growing with extrapolation, so beyond that the assumption would outrun every measurement)
+        ext_lo = np.minimum(ext_lo, (OOD_BAND_FACTOR - 1.0) * np.abs(band[0]))
+        ext_hi = np.minimum(ext_hi, (OOD_BAND_FACTOR - 1.0) * np.abs(band[1]))
         lo_m = p + band[0] * widen - spread - ext_lo
         if f == "gemm":  # the least the band's low end may be, applied once the guards have moved the row (_predict_rows)
             # (not the bytes at the datasheet bandwidth: operands a GEMM finds in the L2 beat it, as 5 of the held-out

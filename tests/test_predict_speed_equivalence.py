@@ -418,6 +418,8 @@ def _reference_core(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
             tensor_rows = X["is_tensor_dtype"].to_numpy()[m] > 0.5
             band = [np.array([by_class[("tensor" if t else "vector")][j] if ("tensor" if t else "vector") in by_class
                               else band[j] for t in tensor_rows]) for j in (0, 1)]  # the row's dtype class's band
+            ext_lo = np.minimum(ext_lo, (OOD_BAND_FACTOR - 1.0) * np.abs(band[0]))  # capped at the flat factor's
+            ext_hi = np.minimum(ext_hi, (OOD_BAND_FACTOR - 1.0) * np.abs(band[1]))
             lo_m = p + band[0] * widen - spread - ext_lo
             if fm.latency_floor_ms > 0:  # the measured floor of the row's dtype, applied row by row here
                 dts = canon[ok]["dtype"].to_numpy()[m]

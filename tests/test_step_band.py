@@ -96,7 +96,9 @@ def test_predictions_carry_the_band_in_json():
     assert lo < one["step_time_ms"] < hi and one["step_time_band"]["basis"].startswith("measured single steps")
     new = wattcast.predict("gpt2", "B200", batch=4, seq=512).to_dict()
     assert "Blackwell is not among them" in new["step_time_band"]["basis"]
-    assert new["step_time_band_ms"][1] / new["step_time_ms"] > hi / one["step_time_ms"]
+    # an unmeasured generation's step carries its kernels' leave-one-generation-out bands (not the A100's measured
+    # single-step band, which reflects its labels' own spread): at least +20% on top here
+    assert new["step_time_band_ms"][1] / new["step_time_ms"] > 1.2
     cl = wattcast.predict_cluster("gpt3_2.7b", "DGX-A100", gpus=16, batch=64, seq=2048, tp=2, pp=2, micro_batch=2).to_dict()
     lo, hi = cl["step_time_band_ms"]
     assert lo < cl["step_time_ms"] < hi and cl["step_time_band"]["basis"] == "measured cluster steps (Ampere)"
