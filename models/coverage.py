@@ -27,6 +27,11 @@ the ratio grows by that distance; it gains as the roofline says: the ratio stays
 rate (SM count, L2 size, clock, watts per TFLOP/s) unit elasticity is the same assumption without that bound. The
 folds do not measure it: none extrapolated beyond its own margin by construction.
 
+The distance's widening is capped at the flat factor's (``models/kernel_predictor.py``: at most ``OOD_BAND_FACTOR - 1``
+times the row's own fold band on each side): uncapped, catalog B200 (its vector kernels 0.77 log units beyond the
+bandwidth the folds covered) read a step band of +129% and a 10x spec +927%, and the folds show no error growing with
+extrapolation (README, issue 14) to support any of it. So the band is continuous at the edge and grows to the old x2.
+
 A shape-OOD row (a shape feature beyond the training rows) keeps the flat ``OOD_BAND_FACTOR``: nothing here measures
 shape extrapolation either, and no shape descriptor has a roofline bound.
 
