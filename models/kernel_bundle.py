@@ -63,7 +63,8 @@ def _check_file(folder: Path, fn: str, manifest: dict) -> Path:
     except ValueError as e:
         raise BundleError(str(e)) from None
 BUNDLE_SCHEMA = 1
-#: widen the band (in log space) for out-of-distribution rows: a stated ASSUMPTION, not a calibration (issue 14). An
+#: widen the band (in log space) for rows whose shape is beyond training (since stop 58 a device beyond coverage is
+#: widened by its distance instead, models/coverage.py): a stated ASSUMPTION, not a calibration (issue 14). An
 #: OOD row lies beyond the farthest any leave-one-generation-out fold extrapolated (``margin``,
 #: training/generation_calibration.py), so no fold measured its error, and the folds do not say the error grows with
 #: extrapolation up to there: the 14 family folds whose held-out generation lay >= 0.2 (log units) beyond their training

@@ -19,6 +19,7 @@ from wattcast.data.kernel_ops import (CONV_COLS, DTYPE_BYTES, GEMM_COLS, MATMUL_
 from wattcast.models.gemm_floor import (blend_weight, blended_log_ratio, ceiling_log_ratio, ceiling_model,
                                         own_dtype_ceiling, row_ceilings)
 from wattcast.models.kernel_bundle import OOD_BAND_FACTOR, KernelBundle, load_bundle
+from wattcast.models.coverage import device_excess_log, dtype_coverage_for, dtype_support_checks
 from wattcast.models.kernel_surrogates import RooflineSurrogate, fnv1a_rows, predict_distinct
 from wattcast.models.power_derating import fp32_gemm_floor_ms, spec_fp32_fraction
 
@@ -1378,7 +1379,7 @@ def _descriptor_text(f: str, v: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 
 def _device_ood_detail(fm, A: np.ndarray, cols: list[str], X: pd.DataFrame, rows, matmul: bool,
-                       dev_ood: np.ndarray) -> np.ndarray:
+                       dev_ood: np.ndarray, dtype_checks=()) -> np.ndarray:
     """Per row of a family's rows: the device descriptors its check looks at (``fm.checked_descriptors``) beyond the range
     leave-one-generation-out covered (the family's pooled support, and for matmul families its dtype class's, each
     widened as the OOD check widens it),
@@ -1394,10 +1395,11 @@ def _device_ood_detail(fm, A: np.ndarray, cols: list[str], X: pd.DataFrame, rows
         bad = dev_ood & ((v < fm._sup_lo[i]) | (v > fm._sup_hi[i]))
         if bad.any():
             found[f] = (bad, v, float(fm._sup_lo[i]), float(fm._sup_hi[i]))
-    for cls, f, bad, v, lo, hi in (fm.dtype_class_support_checks(X, rows) if matmul else ()):
+    for cls, f, bad, v, lo, hi in ([*fm.dtype_class_support_checks(X, rows), *dtype_checks] if matmul else ()):
         bad = dev_ood & bad
-        if f in found:  # a row the pooled range already names this descriptor for: named once
-            bad &= ~found[f][0]
+        for k, hit in found.items():  # a row an earlier range already names this descriptor for: named once
+            if k.split("#")[0] == f:
+                bad &= ~hit[0]
         if bad.any():
             found[f"{f}#{cls}"] = (bad, v, lo, hi)
     if not found:
@@ -1467,13 +1469,25 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
             p, blended, ceiled = _floor_blend(fm, X, A, rows, p, t_roof[m], dt_m, device)
         matmul = f in DTYPE_CLASS_FAMILIES
         shape_ood, dev_ood = fm.ood_mask_matrix(A, cols)
+        dchecks = []  # a tensor-core row against the GPUs that measured its dtype (models/coverage.py, stop 58)
         if matmul:
             dev_ood |= fm.dtype_class_device_ood(X, rows)
+            dchecks = dtype_support_checks(dtype_coverage_for(bundle), f, X, rows,
+                                           np.asarray(dt_names, dtype=object)[dt_codes[m]], fm.checked_descriptors)
+            for check in dchecks:
+                dev_ood |= check[2]
         oo = shape_ood | dev_ood
-        widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
+        # a shape beyond training: the flat factor; a device beyond coverage: widened by its distance beyond it
+        # (models/coverage.py, stop 58: continuous at the coverage edge, growing with the extrapolation)
+        widen = np.where(shape_ood, OOD_BAND_FACTOR, 1.0)
+        ext_lo, ext_hi = device_excess_log(fm, A, cols, X, rows, matmul, dchecks) if dev_ood.any() else (0.0, 0.0)
         tensor_m = X["is_tensor_dtype"].to_numpy()[m] > 0.5 if "is_tensor_dtype" in X else np.zeros(len(p), dtype=bool)
         band = fm.band_log_rows(tensor_m)
-        lo_m = p + band[0] * widen - spread
+        # the distance's widening is capped at the flat factor's (models/coverage.py MAX_EXCESS: the folds show no
+        # error growing with extrapolation, so beyond that the assumption would outrun every measurement)
+        ext_lo = np.minimum(ext_lo, (OOD_BAND_FACTOR - 1.0) * np.abs(band[0]))
+        ext_hi = np.minimum(ext_hi, (OOD_BAND_FACTOR - 1.0) * np.abs(band[1]))
+        lo_m = p + band[0] * widen - spread - ext_lo
         if f == "gemm":  # the least the band's low end may be, applied once the guards have moved the row (_predict_rows)
             # (not the bytes at the datasheet bandwidth: operands a GEMM finds in the L2 beat it, as 5 of the held-out
             # L4's 2,092 bmm rows do with its 48 MB L2; the physical floor counts the bytes beyond the cache)
@@ -1499,7 +1513,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
                 lo_m = lo_m + shift
         lr[m] = p
         lo[m] = lo_m
-        hi[m] = p + band[1] * widen + spread
+        hi[m] = p + band[1] * widen + spread + ext_hi
         o[m] = oo
         model_codes[m] = code(model_names, fm.choice if fm.choice != RooflineSurrogate.name else "roofline-fallback")
         if ceiled is not None and len(ceiled):
@@ -1514,7 +1528,7 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
                 model_codes[both if rows is None else rows[both]] = code(model_names, "ceiling+floor")
         why_codes[m] = shape_ood + 2 * dev_ood.astype(np.intp)
         if dev_ood.any():  # name the device descriptor(s) beyond the covered range after the leading "device"
-            detail = _device_ood_detail(fm, A, cols, X, rows, matmul, dev_ood)
+            detail = _device_ood_detail(fm, A, cols, X, rows, matmul, dev_ood, dchecks)
             at = np.flatnonzero(detail != "")
             if len(at):
                 base = np.asarray(why_names, dtype=object)[why_codes[m][at]]

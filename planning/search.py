@@ -19,7 +19,7 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.checks import is_count, is_int
 from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
-from wattcast.data.device_spec import unsupported_step_dtype
+from wattcast.data.device_spec import generation_of, unsupported_step_dtype
 from wattcast.featurize.hf_config import pinned_files
 from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.simulate.defaults import DEFAULTS, resolve_dtype
@@ -53,22 +53,26 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 
 
 #: columns of ``SearchResult.ranked`` (and ``pareto``); a search with ``tokens`` adds :data:`RUN_COLUMNS`
-COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
+_CORE_COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
            "attention", "framework", "etp", "seq", "cp_comm_type", "hierarchical_cp_sizes", "fp8_recipe",
            "fp8_param_gather", "compile", "step_time_band_low_ms",
            "step_time_band_high_ms", "ood_time_share", "ood_collective_time_share")
+#: what ``predict_cluster``'s ``step_time_band`` says of the same strategy as ``basis`` and ``generation``
+#: (``step_band.search_basis_columns``; None for a strategy that was not scheduled; stop 58, audit 58d)
+BASIS_COLUMNS = ("step_time_band_basis", "step_time_band_generation")
+COLUMNS = _CORE_COLUMNS + BASIS_COLUMNS
 #: the step's 90% band and its out-of-distribution shares (the last of :data:`COLUMNS`): what ``predict_cluster`` gives
 #: the same strategy as ``step_time_band_ms`` and ``step_time_band.ood_time_share`` /
 #: ``ood_collective_time_share`` (``simulate/step_band.py``: the measured cluster-step band, widened by the kernels'
 #: generation error off the calibrated generations and by the critical rank's OOD time share); NaN for a strategy
 #: that was not scheduled
-BAND_COLUMNS = COLUMNS[-4:]
+BAND_COLUMNS = _CORE_COLUMNS[-4:]
 #: the columns an evaluator's row holds before the band (COLUMNS but :data:`BAND_COLUMNS`), and after its run figures
 #: the band's terms, which the search turns into :data:`BAND_COLUMNS` over all rows at once
 #: (``step_band.cluster_band_columns``: generation term, the critical rank's kernel, OOD and OOD-collective ms)
-_ROW_COLUMNS = COLUMNS[:-4]
+_ROW_COLUMNS = _CORE_COLUMNS[:-4]
 _BAND_TERMS = ("_generation_log", "_rank_ms", "_ood_ms", "_ood_low_ms", "_ood_high_ms", "_ood_coll_ms")
 #: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the cloud price per GPU-hour
 #: under ``cloud_pricing`` (on-demand, reserved-1y, reserved-3y; ``cloud_usd_per_gpu_hour``, from ``cloud_price_source``:
@@ -977,7 +981,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
     df = pd.DataFrame(rows, columns=row_cols + list(_BAND_TERMS))
     df, folded = _fold_zero_twins(df)
-    df = _with_band(df)[cols]
+    df = _with_band(df, {cl.name: generation_of(spec) for cl, spec in resolved})[cols]
     df = with_memory_headroom(df, memory_headroom_gb, run_cols)
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
@@ -1138,13 +1142,20 @@ def _ood_warnings(df: pd.DataFrame) -> list[str]:
     return out
 
 
-def _with_band(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (rows with their :data:`_BAND_TERMS`) with :data:`BAND_COLUMNS`, made over all rows at once."""
-    from wattcast.simulate.step_band import cluster_band_columns
+def _with_band(df: pd.DataFrame, generations: dict | None = None) -> pd.DataFrame:
+    """``df`` (rows with their :data:`_BAND_TERMS`) with :data:`BAND_COLUMNS`, made over all rows at once, and
+    :data:`BASIS_COLUMNS` (``generations``: each cluster's GPU generation)."""
+    from wattcast.simulate.step_band import cluster_band_columns, search_basis_columns
 
-    band = cluster_band_columns(df["step_time_ms"].to_numpy(dtype=float),
-                                *(df[c].to_numpy(dtype=float) for c in _BAND_TERMS))
-    return df.assign(**band)
+    step = df["step_time_ms"].to_numpy(dtype=float)
+    terms = [df[c].to_numpy(dtype=float) for c in _BAND_TERMS]
+    band = cluster_band_columns(step, *terms)
+    gen = df["cluster"].map(generations or {}).to_numpy(dtype=object)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo_o, hi_o = np.log(terms[3] / terms[2]), np.log(terms[4] / terms[2])
+    ok = np.isfinite(step) & (step > 0) & pd.notna(gen)
+    basis = search_basis_columns(gen, terms[0], ok, band["ood_time_share"], lo_o, hi_o)
+    return df.assign(**band, **basis)
 
 
 #: candidates from which ``workers`` > 1 splits a search over processes; below, starting them costs more than it saves

@@ -190,7 +190,11 @@ class DistributedPrediction:
                     exposed_comm_unattributed_ms=self.exposed_comm_unattributed_ms, bubble_ms=self.bubble_ms,
                     mfu=self.mfu, hfu=self.hfu, tflops_per_gpu=self.tflops_per_gpu, flops=self.flops,
                     memory_gb=self.memory_gb, memory=self.memory, fits=self.fits, per_device=self.per_device, per_op=self.per_op,
-                    fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction, comm=self.comm,
+                    fallback_ops=self.fallback_ops, ood_fraction=self.ood_fraction,
+                    # as a single device's JSON (stop 58): the critical rank's OOD shares (None where not simulated)
+                    ood_time_fraction=(self.meta.get("ood_shares") or {}).get("ood_time_fraction"),
+                    ood_kernel_time_fraction=(self.meta.get("ood_shares") or {}).get("ood_kernel_time_fraction"),
+                    comm=self.comm,
                     data_loading=self.comm.get("data_loading"),
                     param_count=self.meta.get("param_count"), energy_j=self.energy_j, avg_power_w=self.avg_power_w,
                     power_limit_w=self.power_limit_w, memory_capacity_gb=self.memory_capacity_gb,
@@ -1836,6 +1840,17 @@ def critical_rank_ood(stage: dict, n_micro: int, opt_ms: float, opt_raw_ms: floa
     out = ood_from_sums(total, ood_ms, low_ms, high_ms)
     coll = coll_ms / total if total > 0 else 0.0
     return dict(out, collective_share=coll) if coll > 0 else out
+
+
+def _ood_shares(ood: dict, sums: tuple, coll_ms: float) -> dict:
+    """The cluster JSON's ``ood_time_fraction`` (the critical rank's OOD kernels' share of its costed time, collectives
+    included: what the step band and the warning read, ``step_time_band.ood_time_share``) and
+    ``ood_kernel_time_fraction`` (their share of that rank's kernel time, its in-graph collectives ``coll_ms`` taken
+    out), the two keys a single device's ``predict --json`` has (audit 58d)."""
+    total, ood_ms = float(sums[0]), float(sums[1])
+    kernel = total - coll_ms
+    return {"ood_time_fraction": float(ood.get("share", 0.0)),
+            "ood_kernel_time_fraction": float(ood_ms / kernel) if kernel > 0 and ood_ms > 0 else 0.0}
 
 
 def _tied_copy_optimizer(view: _RankView, tied_params: float) -> tuple[float, float]:
@@ -3981,6 +3996,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     ood = critical_rank_ood({k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
                             float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
     warn = ood_warning(float(ood.get("share", 0.0)))
+    meta["ood_band"] = dict(ood)  # the step band's OOD term (validation/step_band.py scores rows with it)
+    meta["ood_shares"] = _ood_shares(ood, critical_rank_ood_sums(
+        {k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
+        float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit])),
+        n_micro * float(rank_tasks(chunk_sum("coll_ms"))[crit]))
     meta = with_warnings(meta, [*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
                                 *tp_overlap_notes(par, ctx.cl, ctx.opts.framework), *([warn] if warn else [])])
     if dual:

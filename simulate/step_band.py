@@ -16,10 +16,11 @@ generation term alone and no warning).
 Both of those describe kernels the leave-one-generation-out test covers. A kernel flagged ``ood`` is outside it (a
 device descriptor beyond the training range widened by the farthest any fold extrapolated it, or a shape beyond
 training: ``models/kernel_bundle.py``), and no measurement says how far off it is. Its time carries its own band
-instead (:func:`ood_band_log`): its family's leave-one-generation-out kernel band (the 5-95% range of the held-out
-generations' rows, so 90% of those rows by construction; the per-kernel output widens it further by the bundle's
-``OOD_BAND_FACTOR``, a stated assumption no fold measures), summed over the OOD kernels without averaging (beyond
-coverage the error is the generation's, shared by its kernels, not scatter).
+instead (:func:`ood_band_log`): the band ``wattcast kernels`` gives it (its family's leave-one-generation-out band,
+widened by its distance beyond what the folds covered, ``models/coverage.py``: a stated assumption no fold measures),
+summed over the OOD kernels without averaging (beyond coverage the error is the generation's, shared by its kernels,
+not scatter). Until stop 58 the un-widened family band stood in for it, so the step band of kernels 10x beyond every
+measured GPU was a catalog GPU's.
 The two are mixed by time share (:func:`mix_band_log`): the band equals the measured-step band with no OOD time, the
 OOD kernels' band with all of it, and widens monotonically in between; past :data:`OOD_WARN_SHARE` a prediction warns.
 
@@ -44,7 +45,6 @@ import numpy as np
 import pandas as pd
 
 from wattcast.data.device_spec import DeviceSpec, generation_of
-from wattcast.featurize.graph_cache import column_derived, column_is
 
 #: the shipped calibration
 STEP_BAND_FILE = Path(str(files("wattcast.models") / "artifacts" / "step_band.json"))
@@ -200,8 +200,11 @@ def outside_calibration(setting: str, spec: DeviceSpec) -> bool:
 def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ood, low_log, high_log) per row of a costed graph (columns as :func:`ood_band_log` reads them): ``ood`` the rows
     flagged out of distribution with a finite positive time, and each such row's log band (0 on the other rows): its
-    family's leave-one-generation-out band (the dtype class's: ``FamilyModel.band_log_rows``) where ``bundle`` has one,
-    else its own ``low_ms`` / ``high_ms`` over ``time_ms``. Read it before a power limit stretches ``time_ms``."""
+    own ``low_ms`` / ``high_ms`` over ``time_ms``, the band ``wattcast kernels`` shows for it (the leave-one-generation-out
+    band widened by its distance beyond coverage, ``models/coverage.py``, or for a shape beyond training by
+    ``OOD_BAND_FACTOR``). Until stop 58 the family's un-widened leave-one-generation-out band replaced it, so a step of
+    kernels 10x beyond every measured GPU got the band of a catalog GPU (audit 58d). ``bundle`` is no longer read
+    (kept for callers). Read it before a power limit stretches ``time_ms``."""
     t = costed["time_ms"].to_numpy(dtype=float)
     n = len(t)
     ood = costed["ood"].to_numpy(dtype=bool) & np.isfinite(t) & (t > 0)
@@ -213,29 +216,9 @@ def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np
     with np.errstate(divide="ignore", invalid="ignore"):
         lo = np.log(costed["low_ms"].to_numpy(dtype=float)[idx] / tt)
         hi = np.log(costed["high_ms"].to_numpy(dtype=float)[idx] / tt)
-    # a proxy kernel (optimizer step, reductions, gathers, fused chains) and a layout copy are costed as the
-    # elementwise family's copy of their bytes (simulate/single_device.py): they carry that family's band
-    fam = column_derived(costed, "op_class", "ood_family", _family_of)[idx]
-    copy_like = column_is(costed, "method", "proxy")[idx] | column_is(costed, "op_class", "memory")[idx]
-    fam[copy_like] = "elementwise"
-    tensor = ~column_is(costed, "dtype", "fp32")[idx] if "dtype" in costed else np.ones(len(idx), bool)
-    # a tensor-core convolution is costed as its implicit GEMM by the GEMM family (models/kernel_predictor.py
-    # _route_convs): it carries that family's band
-    fam[(fam == "conv") & tensor] = "gemm"
-    for f in pd.unique(fam):
-        fm = bundle.families.get(f) if (bundle is not None and f) else None
-        if fm is None or not getattr(fm, "logo", None):
-            continue
-        sel = fam == f
-        lo[sel], hi[sel] = fm.band_log_rows(tensor[sel])
     lo_all[idx] = np.where(np.isfinite(lo), np.minimum(lo, 0.0), 0.0)
     hi_all[idx] = np.where(np.isfinite(hi), np.maximum(hi, 0.0), 0.0)
     return ood, lo_all, hi_all
-
-
-def _family_of(op_class: np.ndarray) -> np.ndarray:
-    """The kernel family (:data:`OP_CLASS_FAMILY`; "" for none) of each op class."""
-    return pd.Series(pd.Series(op_class, dtype=object).astype(str)).map(OP_CLASS_FAMILY).fillna("").to_numpy(dtype=object)
 
 
 def ood_from_sums(total_ms: float, ood_ms: float, ood_low_ms: float, ood_high_ms: float) -> dict:
@@ -251,9 +234,8 @@ def ood_from_sums(total_ms: float, ood_ms: float, ood_low_ms: float, ood_high_ms
 def ood_band_log(costed, bundle=None) -> dict:
     """``{"share", "low_log", "high_log"}`` of a costed graph's out-of-distribution kernels (``ood``; ``op_class``,
     ``dtype``, ``time_ms``, ``low_ms``, ``high_ms`` as :func:`wattcast.simulate.single_device.cost_nodes` gives them):
-    their share of the kernel time and the log of their time-weighted band, each kernel with its family's
-    leave-one-generation-out band (the dtype class's: ``FamilyModel.band_log_rows``; 90% of the held-out generations'
-    rows inside it) where ``bundle`` has one, else its own ``low_ms`` / ``high_ms`` (:func:`ood_kernel_band_log`).
+    their share of the kernel time and the log of their time-weighted band, each kernel with its own ``low_ms`` /
+    ``high_ms`` (:func:`ood_kernel_band_log`: the band ``wattcast kernels`` shows).
     Empty without OOD time."""
     t = costed["time_ms"].to_numpy(dtype=float)
     ok = np.isfinite(t) & (t > 0)
@@ -301,6 +283,39 @@ def ood_warning(share: float, of: str = OOD_OF_RANK_TIME) -> str | None:
             "(step_time_band.ood_time_share)")
 
 
+def basis_text(setting: str, generations: list, gen: str, extra_log: float | None, share: float, ood_low_log: float,
+               ood_high_log: float) -> str:
+    """The ``basis`` sentence of a step band (:func:`step_band`; a search row's ``step_time_band_basis``): the measured
+    steps' generations, the kernels' generation term ``extra_log`` (None: ``gen`` is among the calibrated ones) and
+    the OOD share of the time with its kernels' band (log ends)."""
+    basis = f"measured {setting} steps ({', '.join(generations)})"
+    if extra_log is not None:
+        basis += f" + the kernels' generation error ({gen} is not among them: +/-{100 * (math.exp(extra_log) - 1):.1f}%)"
+    if share > 0:
+        basis += (f"; {100 * share:.0f}% of the predicted time (host launch gaps included) is out of distribution and "
+                  f"carries those kernels' own band "
+                  f"({100 * (math.exp(ood_low_log) - 1):+.0f} .. {100 * (math.exp(ood_high_log) - 1):+.0f}%)")
+    return basis
+
+
+def search_basis_columns(generation: np.ndarray, generation_log: np.ndarray, ok: np.ndarray, share: np.ndarray,
+                         ood_lo_log: np.ndarray, ood_hi_log: np.ndarray, setting: str = "cluster") -> dict[str, np.ndarray]:
+    """``step_time_band_basis`` and ``step_time_band_generation`` per search row (what ``predict_cluster``'s
+    ``step_time_band`` says as ``basis`` / ``generation`` for the same strategy): :func:`basis_text` of each row
+    (``ok``: a scheduled step; None elsewhere, and everywhere without a calibration for ``setting``)."""
+    s = (load_step_band() or {}).get("settings", {}).get(setting)
+    n = len(generation)
+    basis = np.full(n, None, dtype=object)
+    if s is not None:
+        for i in np.flatnonzero(ok):
+            g = str(generation[i])
+            sh = float(share[i]) if math.isfinite(float(share[i])) else 0.0
+            basis[i] = basis_text(setting, s["generations"], g, None if g in s["generations"] else float(generation_log[i]),
+                                  sh, float(ood_lo_log[i]) if sh > 0 else 0.0, float(ood_hi_log[i]) if sh > 0 else 0.0)
+    return {"step_time_band_basis": basis,
+            "step_time_band_generation": np.where(ok, np.asarray(generation, dtype=object), None)}
+
+
 def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict], bundle, *, tensor: bool,
               ood: dict | None = None, fp8: bool = False) -> dict:
     """``{"low_ms", "high_ms", "basis", "generation", "ood_time_share", "ood_collective_time_share"}`` for a predicted
@@ -319,25 +334,24 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
         return {}
     lo, hi = s["band_log"]
     gen = generation_of(spec)
-    basis = f"measured {setting} steps ({', '.join(s['generations'])})"
+    extra = None
     if gen not in s["generations"]:
         extra = generation_log_width(per_op, bundle, tensor)
         lo, hi = lo - extra, hi + extra
-        basis += f" + the kernels' generation error ({gen} is not among them: +/-{100 * (math.exp(extra) - 1):.1f}%)"
+    fp8_text = ""
     fp8_log = fp8_kernel_log(spec, fp8)
     if fp8_log > 0:
-        extra = generation_log_width(per_op, bundle, tensor, generation=False, fp8_log=fp8_log)
-        lo, hi = lo - extra, hi + extra
+        fp8_extra = generation_log_width(per_op, bundle, tensor, generation=False, fp8_log=fp8_log)
+        lo, hi = lo - fp8_extra, hi + fp8_extra
         logo = fp8_kernel_logo(spec)
-        basis += (f" + the FP8 GEMMs' error on a generation never measured in FP8 (no FP8 step on {gen}; "
-                  f"{logo['mape_pct']:.1f}% MAPE, {logo['fold']}, on the linear layers' share of the time: "
-                  f"+/-{100 * (math.exp(extra) - 1):.1f}%)")
+        fp8_text = (f" + the FP8 GEMMs' error on a generation never measured in FP8 (no FP8 step on {gen}; "
+                    f"{logo['mape_pct']:.1f}% MAPE, {logo['fold']}, on the linear layers' share of the time: "
+                    f"+/-{100 * (math.exp(fp8_extra) - 1):.1f}%)")
     share = float(ood.get("share", 0.0)) if ood else 0.0
     if share > 0:
         lo, hi = mix_band_log(lo, hi, ood)
-        basis += (f"; {100 * share:.0f}% of the predicted time (host launch gaps included) is out of distribution and "
-                  f"carries those kernels' own band "
-                  f"({100 * (math.exp(ood['low_log']) - 1):+.0f} .. {100 * (math.exp(ood['high_log']) - 1):+.0f}%)")
+    basis = basis_text(setting, s["generations"], gen, extra, share, *((ood["low_log"], ood["high_log"]) if share > 0
+                                                                        else (0.0, 0.0))) + fp8_text
     # reported, not in the basis: the band is not built from it (the collectives' own band rests on one unseen system)
     coll = float(ood.get("collective_share", 0.0)) if ood else 0.0
     return {"low_ms": step_ms * math.exp(lo), "high_ms": step_ms * math.exp(hi), "basis": basis, "generation": gen,

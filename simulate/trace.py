@@ -9,6 +9,7 @@ import numpy as np
 
 from wattcast.simulate.defaults import shown_dtype
 from wattcast.simulate.overlap import OVERLAP_FLAGS
+from wattcast.simulate.step_band import band_keys
 
 
 def _ns(ms: float) -> int:
@@ -135,9 +136,12 @@ def write_chrome_trace(res, path: str | Path) -> Path:
     """One device's step as a Chrome trace; ``otherData`` names the model, device, mode, dtype and step time, then
     (added after, never replacing them) the :data:`TRACE_SETTINGS` the step ran with, as ``predict --json``'s
     ``settings`` gives them: the FP8 recipe under fp8 (audit 58a: only the cluster trace had it; a delayed and a
-    tensorwise trace could be told apart by their kernel names alone), framework, batch, seq, optimizer, attention."""
+    tensorwise trace could be told apart by their kernel names alone), framework, batch, seq, optimizer, attention;
+    and the step's 90% band and OOD fractions, as predict --json gives them (audit 58d)."""
     other = {"model": res.meta.get("name"), "device": res.device, "mode": res.mode, "dtype": shown_dtype(res.meta),
-             "step_time_ms": res.step_time_ms}
+             "step_time_ms": res.step_time_ms, **band_keys(getattr(res, "step_band", None) or {}),
+             "ood_time_fraction": getattr(res, "ood_time_fraction", None),
+             "ood_kernel_time_fraction": getattr(res, "ood_kernel_time_fraction", None)}
     other.update({k: v for k, v in trace_settings(res).items() if k not in other})
     return _write_trace(path, chrome_trace_events(res), other)
 
@@ -380,7 +384,10 @@ def write_distributed_trace(res, path: str | Path) -> Path:
              "step_time_ms": res.step_time_ms,
              "exposed_comm_split_ms": res.exposed_comm_split_ms,
              "truncated": res.meta.get("trace_truncated"),
-             "moe_load": res.meta.get("moe_load", 1.0)}
+             "moe_load": res.meta.get("moe_load", 1.0),
+             # the step's 90% band and OOD shares, as predict --cluster --json gives them (stop 58)
+             **band_keys(getattr(res, "step_band", None) or {}),
+             **{k: (res.meta.get("ood_shares") or {}).get(k) for k in ("ood_time_fraction", "ood_kernel_time_fraction")}}
     # the other settings that change the step, added after (never replacing) the keys above
     other.update({k: v for k, v in trace_settings(res).items() if k not in other})
     return _write_trace(path, distributed_trace_events(res), other)

@@ -112,7 +112,10 @@ def test_the_llama_step_of_a_larger_memory_h100_keeps_the_h100s_band():
     b = wattcast.predict("llama3_8b", _my_h100(memory_gb=200.0), batch=1, seq=2048).to_dict()
     assert b["step_time_ms"] == a["step_time_ms"]
     assert b["ood_time_fraction"] == a["ood_time_fraction"] < 0.05
-    assert b["step_time_band_ms"] == a["step_time_band_ms"]
+    # since stop 58 the OOD kernels carry their own band (simulate/step_band.py): the two shape-OOD lm-head GEMMs are
+    # predicted by the ceiling member, which does not move, but their band adds the LightGBM / MLP members' disagreement,
+    # which reads the memory capacity (x7.61 -> x7.50 of the prediction at the top): 406.26 -> 406.04 ms on the step's
+    assert b["step_time_band_ms"] == pytest.approx(a["step_time_band_ms"], rel=1e-3)
 
 
 @pytest.mark.parametrize("device", ["B200", "H200-SXM-141GB", "MI300X", "MI355X", "L40S", "L4"])

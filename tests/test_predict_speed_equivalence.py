@@ -124,6 +124,28 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
         spread = np.abs(stack[0] - stack[-1]) / 2 if len(stack) > 1 else np.zeros(len(X))
     shape_ood = np.zeros(len(X), dtype=bool)
     dev_ood = np.zeros(len(X), dtype=bool)
+    # a device descriptor beyond coverage widens the band by its log distance beyond it (models/coverage.py, stop 58):
+    # a rate (bandwidth, peaks) above it the high end only, below it the low end only; watts per TFLOP/s the other way
+    # round; clock and base/boost in the log of their ratio to the edge; vendor and memory type by log 2; the rest both
+    ext_lo, ext_hi = np.zeros(len(X)), np.zeros(len(X))
+
+    def widen_by(i, f, v, lo_c, hi_c):
+        if f in ("dev_is_amd", "dev_is_gddr"):
+            below = above = np.log(2.0) if (v < lo_c or v > hi_c) else 0.0
+        elif f in ("dev_clock_ghz", "dev_base_over_boost"):
+            below = np.log(lo_c / v) if v < lo_c else 0.0
+            above = np.log(v / hi_c) if v > hi_c else 0.0
+        else:
+            below = lo_c - v if v < lo_c else 0.0
+            above = v - hi_c if v > hi_c else 0.0
+        if f in ("dev_log_bw_gbps", "dev_log_peak_tflops", "dev_log_peak_vec_tflops"):
+            side_lo, side_hi = below, above
+        elif f == "dev_log_w_per_tflop":
+            side_lo, side_hi = above, below
+        else:
+            side_lo = side_hi = max(below, above)
+        ext_lo[i] = max(ext_lo[i], side_lo)
+        ext_hi[i] = max(ext_hi[i], side_hi)
     # leave-one-generation-out calibration: device ranges widened by the folds' extrapolation, and for the matmul
     # families checked per dtype class as well (tensor-core rows against the tensor-core training rows, FP32 rows
     # against the FP32 ones); only the device descriptors the family's models read are checked (the vector families
@@ -139,6 +161,8 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
         out = (v < lo - slack) | (v > hi + slack)
         if f in DEVICE_FEATURES:
             dev_ood |= out
+            for i in np.flatnonzero(out):
+                widen_by(i, f, v[i], lo - slack, hi + slack)
         else:
             shape_ood |= out
     tensor = X["is_tensor_dtype"].to_numpy() > 0.5
@@ -151,7 +175,8 @@ def _reference_family(fm, X: pd.DataFrame, family: str):
             slack = SUPPORT_SLACK * max(hi - lo, 1e-9) + margin.get(f, 0.0)
             if v < lo - slack or v > hi + slack:
                 dev_ood[i] = True
-    return p, spread, shape_ood, dev_ood
+                widen_by(i, f, v, lo - slack, hi + slack)
+    return p, spread, shape_ood, dev_ood, ext_lo, ext_hi
 
 
 def _reference_predict(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
@@ -351,7 +376,7 @@ def _reference_core(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                 mname[m] = "roofline-fallback"
                 why[m] = f"no surrogate for family {f!r}"
                 continue
-            p, spread, shape_ood, dev_ood = _reference_family(fm, X[m], f)
+            p, spread, shape_ood, dev_ood, ext_lo, ext_hi = _reference_family(fm, X[m], f)
             floor_rows = np.zeros(int(m.sum()), dtype=bool)
             ceiling_rows = np.zeros(int(m.sum()), dtype=bool)
             ceiling = (fm.ceiling_lgbm or {}).get(spec.vendor, (fm.ceiling_lgbm or {}).get("pooled"))
@@ -387,13 +412,15 @@ def _reference_core(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                         p[i] = w * p[i] + (1.0 - w) * (q[i] + np.log((tr + floor_ms_src) / tr))
                         floor_rows[i] = True
             oo = shape_ood | dev_ood
-            widen = np.where(oo, OOD_BAND_FACTOR, 1.0)
+            widen = np.where(shape_ood, OOD_BAND_FACTOR, 1.0)  # a shape beyond training; a device: by distance
             band = fm.logo["band_log"] if fm.logo else fm.band_log  # the generation-calibrated band where there is one
             by_class = (fm.logo or {}).get("band_log_by_class") or {}
             tensor_rows = X["is_tensor_dtype"].to_numpy()[m] > 0.5
             band = [np.array([by_class[("tensor" if t else "vector")][j] if ("tensor" if t else "vector") in by_class
                               else band[j] for t in tensor_rows]) for j in (0, 1)]  # the row's dtype class's band
-            lo_m = p + band[0] * widen - spread
+            ext_lo = np.minimum(ext_lo, (OOD_BAND_FACTOR - 1.0) * np.abs(band[0]))  # capped at the flat factor's
+            ext_hi = np.minimum(ext_hi, (OOD_BAND_FACTOR - 1.0) * np.abs(band[1]))
+            lo_m = p + band[0] * widen - spread - ext_lo
             if fm.latency_floor_ms > 0:  # the measured floor of the row's dtype, applied row by row here
                 dts = canon[ok]["dtype"].to_numpy()[m]
                 floor_ms = fm.floor_ms([str(d) for d in dts])
@@ -408,7 +435,7 @@ def _reference_core(frame: pd.DataFrame, spec, bundle) -> pd.DataFrame:
                     p, lo_m = p + shift, lo_m + shift
             lr[m] = p
             lo[m] = lo_m
-            hi[m] = p + band[1] * widen + spread
+            hi[m] = p + band[1] * widen + spread + ext_hi
             o[m] = oo
             mname[m] = np.where(ceiling_rows & floor_rows, "ceiling+floor", np.where(
                 ceiling_rows, "ceiling", np.where(floor_rows, f"{fm.choice}+floor",

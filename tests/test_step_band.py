@@ -96,7 +96,9 @@ def test_predictions_carry_the_band_in_json():
     assert lo < one["step_time_ms"] < hi and one["step_time_band"]["basis"].startswith("measured single steps")
     new = wattcast.predict("gpt2", "B200", batch=4, seq=512).to_dict()
     assert "Blackwell is not among them" in new["step_time_band"]["basis"]
-    assert new["step_time_band_ms"][1] / new["step_time_ms"] > hi / one["step_time_ms"]
+    # an unmeasured generation's step carries its kernels' leave-one-generation-out bands (not the A100's measured
+    # single-step band, which reflects its labels' own spread): at least +20% on top here
+    assert new["step_time_band_ms"][1] / new["step_time_ms"] > 1.2
     cl = wattcast.predict_cluster("gpt3_2.7b", "DGX-A100", gpus=16, batch=64, seq=2048, tp=2, pp=2, micro_batch=2).to_dict()
     lo, hi = cl["step_time_band_ms"]
     assert lo < cl["step_time_ms"] < hi and cl["step_time_band"]["basis"] == "measured cluster steps (Ampere)"
@@ -133,7 +135,10 @@ def test_the_band_widens_monotonically_with_the_ood_share():
     assert sb.mix_band_log(lo, hi, {"share": 0.7, "low_log": -0.01, "high_log": 0.01}) == pytest.approx((lo, hi))
 
 
-def test_ood_kernels_carry_their_familys_generation_band():
+def test_ood_kernels_carry_their_own_kernel_band():
+    """An OOD kernel's time carries the band ``wattcast kernels`` gives it (its low_ms / high_ms), bundle or not: until
+    stop 58 its family's un-widened leave-one-generation-out band replaced it (audit 58d: a 10x GPU's step got a
+    catalog GPU's band)."""
     band = {"elementwise": (-0.3, 0.4)}
 
     def rows(tensor):
@@ -144,11 +149,10 @@ def test_ood_kernels_carry_their_familys_generation_band():
                            "time_ms": [10.0, 30.0, 60.0, 0.0], "low_ms": [1.0, 3.0, 30.0, 0.0],
                            "high_ms": [100.0, 300.0, 120.0, 0.0], "ood": [True, True, False, True]})
     got = sb.ood_band_log(costed, bundle)
-    assert got["share"] == pytest.approx(0.4)  # the optimizer's proxy copy is the elementwise family's
-    assert got["low_log"] == pytest.approx(-0.3) and got["high_log"] == pytest.approx(0.4)
+    assert got["share"] == pytest.approx(0.4)
+    assert got["low_log"] == pytest.approx(math.log(0.1)) and got["high_log"] == pytest.approx(math.log(10.0))
+    assert sb.ood_band_log(costed, None) == got
     assert sb.ood_band_log(costed.assign(ood=False), bundle) == {}
-    own = sb.ood_band_log(costed, None)  # no bundle band: the kernels' own edges
-    assert own["high_log"] == pytest.approx(math.log(10.0))
     assert sb.ood_warning(0.5) is None and "51%" in sb.ood_warning(0.51)
 
 

@@ -97,6 +97,7 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
         if len(names) < 2:
             continue
         pooled, folds = [], {}
+        fold_resid: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per fold: (residuals, tensor-class rows)
         pooled_class: dict[str, list[np.ndarray]] = {"tensor": [], "vector": []}
         margin = {f: 0.0 for f in dev_feats}
         for g in names:
@@ -136,6 +137,7 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
                              "by_class": {cls: {"rows": int(sel.sum()), "mape_pct": float(100 * np.abs(err[sel]).mean()),
                                                 "bias_pct": float(100 * err[sel].mean())}
                                           for cls, sel in (("tensor", te_tensor), ("vector", ~te_tensor)) if sel.any()}}
+            fold_resid[str(g)] = (r, te_tensor)
             pooled.append(_equal_weight(r, rng))
             for cls, sel in (("tensor", te_tensor), ("vector", ~te_tensor)):
                 if sel.sum() >= MIN_CLASS_ROWS:
@@ -145,16 +147,19 @@ def calibrate_generations(train: pd.DataFrame, specs: dict[str, DeviceSpec], bun
         if len(folds) < 2:
             continue
         resid = np.concatenate(pooled)
+        band_all = _band(resid)
+        band_cls = {cls: _band(np.concatenate(v)) for cls, v in pooled_class.items() if len(v) >= 2}
+        _fold_coverage(folds, fold_resid, band_all, band_cls)
         by_class = {}
         for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
             if sel.any():
                 by_class[cls] = {f: [float(np.nanmin(X[f].to_numpy(dtype=float)[sel])),
                                      float(np.nanmax(X[f].to_numpy(dtype=float)[sel]))]
                                  for f in dev_feats if np.isfinite(X[f].to_numpy(dtype=float)[sel]).any()}
-        out[fam] = {"support_by_dtype_class": by_class, "band_log": _band(resid),
+        out[fam] = {"support_by_dtype_class": by_class, "band_log": band_all,
                     # a class's own band where at least two generations measured it (tensor-core GEMMs of a new
                     # generation and FP32 ones are predicted by different members and miss differently)
-                    "band_log_by_class": {cls: _band(np.concatenate(v)) for cls, v in pooled_class.items() if len(v) >= 2},
+                    "band_log_by_class": band_cls,
                     "margin": margin, "folds": folds,
                     "model": f"LightGBM refit per fold ({rounds} rounds, at most {max_rows:,} rows), the family's features"
                              + ("; the floor and ceiling members refitted with it" if members else "")}
@@ -165,6 +170,27 @@ def fitted_monotone(bundle: KernelBundle, family: str) -> bool:
     """Whether ``family`` of ``bundle`` was fitted monotone in the spec sheet: its manifest ``spec_monotone`` record
     (training/kernels.py ``train_bundle``) lists a direction; bundles before stop 58 have no record (free trees)."""
     return bool((bundle.meta.get("spec_monotone") or {}).get(family))
+
+
+def _fold_coverage(folds: dict, fold_resid: dict, band_all: list[float], band_cls: dict) -> None:
+    """Into each fold's entry: ``coverage_pct``, the share of its held-out rows whose log(measured / predicted) lies
+    inside the band a row of its class carries (``band_log_by_class``'s where the class has one, else ``band_log``:
+    ``FamilyModel.band_log_rows``), and ``band_width_log`` (the mean high - low of those bands); ``by_class`` the same
+    per dtype class. Pooled with every generation weighing the same, 90% by construction; per fold it says which
+    generations the band under- or over-covers (issue 14: the band's coverage on the leave-one-generation-out test,
+    never recorded until stop 58)."""
+    for g, (r, tensor) in fold_resid.items():
+        lo = np.full(len(r), band_all[0])
+        hi = np.full(len(r), band_all[1])
+        for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
+            if cls in band_cls:
+                lo[sel], hi[sel] = band_cls[cls]
+        inside = (r >= lo) & (r <= hi)
+        folds[g]["coverage_pct"] = float(100 * inside.mean())
+        folds[g]["band_width_log"] = float((hi - lo).mean())
+        for cls, sel in (("tensor", tensor), ("vector", ~tensor)):
+            if sel.any() and cls in folds[g].get("by_class", {}):
+                folds[g]["by_class"][cls]["coverage_pct"] = float(100 * inside[sel].mean())
 
 
 def _band(resid: np.ndarray) -> list[float]:
@@ -216,6 +242,8 @@ def calibration_table(cal: dict[str, dict]) -> pd.DataFrame:
         for g, f in c["folds"].items():
             r = {"family": fam, "generation": g, "rows": f["rows"], "rows_new_source": f.get("rows_new_source", 0),
                  "mape_pct": f["mape_pct"], "bias_pct": f["bias_pct"],
+                 # the share of the fold's held-out rows inside their band (NaN: calibrated before stop 58)
+                 "coverage_pct": f.get("coverage_pct", np.nan),
                  "band_low_pct": pct(c["band_log"][0]), "band_high_pct": pct(c["band_log"][1])}
             if tensor_band:
                 t = (f.get("by_class") or {}).get("tensor", {})
@@ -321,7 +349,7 @@ def main(argv=None) -> None:
         from wattcast.training.tracking import log_run
 
         metrics = {f"logo_{r.family}_{r.generation}_{m}": float(getattr(r, m)) for r in t.itertuples()
-                   for m in ("mape_pct", "bias_pct")}
+                   for m in ("mape_pct", "bias_pct", "coverage_pct") if np.isfinite(float(getattr(r, m)))}
         metrics.update({f"band_{fam}_{end}_pct": float(g[f"band_{end}_pct"].iloc[0])
                         for fam, g in t.groupby("family") for end in ("low", "high")})
         if "tensor_band_low_pct" in t:

@@ -27,7 +27,7 @@ from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.overlap import OVERLAP_FLAGS
 from wattcast.simulate.parallel import ParallelConfig
 from wattcast.validation.mpt_validation import load_mpt, predict_mpt, summarise_mpt
-from wattcast.validation.step_breakdown import step_terms
+from wattcast.validation.step_breakdown import ood_band_columns, step_terms
 from wattcast.validation.validation_rows import error_stats, predict_rows
 
 #: NeuSight's 4-GPU runs use Megatron-LM's GPT through accelerate (../shared/datasets/neusight/distributed_setup/*.yaml:
@@ -105,7 +105,7 @@ def predict_vtrain(df: pd.DataFrame, *, cluster: str = "DGX-A100", coll_model=No
             batch=int(r.batch), seq=int(r.seq), dtype="fp16", attention="eager", optimizer="adamw",
             framework="megatron-deepspeed", coll_model=coll_model, host_ms=host_ms))
         iteration_ms = (host_ms or FRAMEWORK_HOST_MS["megatron-deepspeed"])[1]
-        return p.step_time_ms, dict(mfu=p.mfu, fits=p.fits, **step_terms(p, iteration_ms))
+        return p.step_time_ms, dict(mfu=p.mfu, fits=p.fits, **step_terms(p, iteration_ms), **ood_band_columns(p))
 
     return predict_rows(df, one, progress=progress)
 

@@ -25,6 +25,7 @@ from wattcast.featurize.op_graph import GraphError
 from wattcast.featurize.workload import StepOptions, step_graph
 from wattcast.models.kernel_bundle import load_bundle
 from wattcast.simulate.single_device import DEFAULT_LAUNCH_OVERHEAD_MS, cost_nodes, group_totals
+from wattcast.simulate.step_band import ood_band_log
 from wattcast.validation.label_consistency import label_source_consistency
 from wattcast.training.tracking import scatter_pred_vs_measured
 
@@ -106,6 +107,9 @@ def predict_label(label: Label, root: Path, bundle, launch_overhead_ms: float = 
                 measured_fw_ms=label.measured_fw_ms, measured_bw_ms=label.measured_bw_ms,
                 error_pct=100.0 * (pred - label.measured_ms) / label.measured_ms,
                 ood_fraction=float(costed["ood"].mean()),
+                # the step band's OOD term as `predict` computes it (simulate/single_device.py: ood_band_log of the
+                # costed graph): validation/step_band.py scores each row against the band predict ships (stop 58)
+                ood_band=ood_band_log(costed, bundle),
                 # the compared time by op class: what the step band's generation term weighs (validation/step_band.py),
                 # with each class's FLOPs as `predict` reports them (simulate/single_device.py summarise_costed: the
                 # nodes' hardware FLOPs); until stop 54 zeros were passed and every entry read 'flops': 0.0

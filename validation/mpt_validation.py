@@ -35,7 +35,7 @@ from wattcast.data.kernel_datasets import resolve_data_root
 from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
 from wattcast.simulate.options import DistributedOptions
 from wattcast.simulate.parallel import ParallelConfig
-from wattcast.validation.step_breakdown import step_terms
+from wattcast.validation.step_breakdown import ood_band_columns, step_terms
 from wattcast.validation.validation_rows import error_stats, predict_rows
 
 MPT_DEVICE = {"a100_40gb": "A100-SXM4-40GB", "a100_80gb": "A100-SXM4-80GB"}
@@ -142,7 +142,7 @@ def predict_mpt(df: pd.DataFrame, *, progress=None, coll_model=None, attention: 
             fsdp_reduce_dtype=mpt_reduce_dtype(r)))
         return p.step_time_ms, dict(predicted_mfu_pct=100 * p.mfu, predicted_params=p.meta.get("param_count"),
                                     memory_gb=p.memory_gb, fits=bool(p.fits), exposed_comm_ms=p.exposed_comm_ms,
-                                    **step_terms(p, FRAMEWORK_HOST_MS["hf"][1]))
+                                    **step_terms(p, FRAMEWORK_HOST_MS["hf"][1]), **ood_band_columns(p))
 
     return predict_rows(df, one, progress=progress)
 

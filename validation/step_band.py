@@ -34,7 +34,7 @@ import pandas as pd
 from wattcast.data.catalog import resolve_device
 from wattcast.data.device_spec import generation_of
 from wattcast.models.kernel_bundle import load_bundle
-from wattcast.simulate.step_band import STEP_BAND_FILE, check_step_band, generation_log_width
+from wattcast.simulate.step_band import STEP_BAND_FILE, check_step_band, generation_log_width, mix_band_log
 from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
 from wattcast.validation.e2e_labels import evaluate_labels
 from wattcast.validation.mpt_validation import MPT_DEVICE, load_mpt, predict_mpt, split_mpt
@@ -42,6 +42,16 @@ from wattcast.validation.source_anomalies import anomaly_mask
 
 #: quantiles of the band
 QUANTILES = (0.05, 0.95)
+
+
+def _ood_dicts(p: pd.DataFrame) -> list | None:
+    """Per row of a cluster prediction table: the OOD term ``{"share", "low_log", "high_log"}`` from its
+    ``step_breakdown.ood_band_columns`` (None without them)."""
+    if "ood_time_share" not in p:
+        return None
+    return [{"share": s, "low_log": lo, "high_log": hi} if s > 0 else {}
+            for s, lo, hi in zip(p["ood_time_share"].astype(float), p["ood_band_low_log"].astype(float),
+                                 p["ood_band_high_log"].astype(float))]
 
 
 def step_rows(data=None) -> pd.DataFrame:
@@ -54,7 +64,8 @@ def step_rows(data=None) -> pd.DataFrame:
                                                                      "neusight-labels (training GPUs)"),
                                "role": np.where(labels["heldout"], "check", "calibrate"), "device": labels["device"],
                                "measured_ms": labels["measured_ms"], "predicted_ms": labels["predicted_ms"],
-                               "per_op": labels["per_op"], "tensor": False}))
+                               "per_op": labels["per_op"], "tensor": False,
+                               "ood_band": labels["ood_band"] if "ood_band" in labels else None}))
     fit, ev = fit_split(load_vtrain(data, "single"))
     multi = load_vtrain(data, "multi")
     multi = multi[~anomaly_mask(multi, "vtrain-multi")]
@@ -75,7 +86,8 @@ def step_rows(data=None) -> pd.DataFrame:
         # vTrain's A100s are the DGX-A100 preset's (predict_vtrain's cluster)
         device = p["gpu"].map(MPT_DEVICE) if "gpu" in p else "A100-SXM4-80GB"
         parts.append(pd.DataFrame({"setting": "cluster", "source": source, "role": role, "device": device,
-                                   "measured_ms": p["measured_ms"], "predicted_ms": p["predicted_ms"]}))
+                                   "measured_ms": p["measured_ms"], "predicted_ms": p["predicted_ms"],
+                                   "ood_band": _ood_dicts(p)}))
     out = pd.concat(parts, ignore_index=True)
     out["log_ratio"] = np.log(out["measured_ms"].astype(float) / out["predicted_ms"].astype(float))
     return out[np.isfinite(out["log_ratio"])].reset_index(drop=True)
@@ -87,6 +99,26 @@ def weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs) -> list[floa
     v, w = np.asarray(values, dtype=float)[order], np.asarray(weights, dtype=float)[order]
     cdf = (np.cumsum(w) - 0.5 * w) / w.sum()
     return [float(np.interp(q, cdf, v)) for q in qs]
+
+
+def shipped_band_log(lo: np.ndarray, hi: np.ndarray, ood_bands) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the log band (``lo``, ``hi``: the measured-step band with the row's generation term) mixed with the
+    row's OOD term (``ood_bands``: per row the ``{"share", "low_log", "high_log"}`` of
+    :func:`~wattcast.simulate.step_band.ood_band_log`, or None/empty) as ``predict`` mixes it (``mix_band_log``)."""
+    lo = np.asarray(lo, dtype=float) * np.ones(len(ood_bands) if ood_bands is not None else 1)
+    hi = np.asarray(hi, dtype=float) * np.ones_like(lo)
+    if ood_bands is None:
+        return lo, hi
+    lo_r, hi_r = lo.copy(), hi.copy()
+    for i, ob in enumerate(ood_bands):
+        if isinstance(ob, dict) and ob:
+            lo_r[i], hi_r[i] = mix_band_log(float(lo[i]), float(hi[i]), ob)
+    return lo_r, hi_r
+
+
+def _mean_share(ood_bands) -> float:
+    """The mean OOD time share over rows' OOD terms (0 for a row without one)."""
+    return float(np.mean([float(ob.get("share", 0.0)) if isinstance(ob, dict) else 0.0 for ob in ood_bands]))
 
 
 def calibrate(rows: pd.DataFrame, bundle=None) -> dict:
@@ -106,7 +138,11 @@ def calibrate(rows: pd.DataFrame, bundle=None) -> dict:
                 if generation_of(resolve_device(r.device)) not in gens and isinstance(r.per_op, list):
                     extra[i] = generation_log_width(r.per_op, bundle, bool(r.tensor))
         lr = d["log_ratio"].to_numpy()
-        inside = pd.Series((lr >= lo - extra) & (lr <= hi + extra), index=d.index)
+        # each row against the band `predict` ships for it: with its OOD kernels' share carrying their own band
+        # (simulate/step_band.py mix_band_log), as predict applies it; until stop 58 scored without it
+        lo_r, hi_r = shipped_band_log(lo - extra, hi + extra, d["ood_band"] if "ood_band" in d else None)
+        inside = pd.Series((lr >= lo_r) & (lr <= hi_r), index=d.index)
+        inside_unmixed = (lr >= lo - extra) & (lr <= hi + extra)
         is_chk = (d["role"] == "check").to_numpy()
         sources = {}
         for (src, role), s in d.groupby(["source", "role"]):
@@ -117,6 +153,10 @@ def calibrate(rows: pd.DataFrame, bundle=None) -> dict:
         out["settings"][setting] = {"band_log": [lo, hi], "generations": gens, "calibration_rows": int(len(cal)),
                                     "check_rows": int(is_chk.sum()),
                                     "check_coverage": float(inside[is_chk].mean()) if is_chk.any() else None,
+                                    # the same rows against the band without the OOD term (what check_coverage was
+                                    # until stop 58), and the check rows' mean OOD share
+                                    "check_coverage_without_ood": float(inside_unmixed[is_chk].mean()) if is_chk.any() else None,
+                                    "check_ood_time_share": _mean_share(d["ood_band"][is_chk]) if "ood_band" in d and is_chk.any() else None,
                                     "sources": sources}
     return check_step_band(out, "step band")
 

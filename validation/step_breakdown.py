@@ -34,6 +34,15 @@ TERM_COLUMNS = ("n_micro", "gemm_ms", "attention_ms", "other_kernels_ms", "expos
                 "iteration_ms", "other_ms")
 
 
+def ood_band_columns(p) -> dict:
+    """The step band's OOD term of prediction ``p`` (a DistributedPrediction: its critical rank's OOD share and its
+    kernels' band, log ends; 0 without OOD time) as three columns, what validation/step_band.py scores each row's
+    shipped band with (stop 58)."""
+    ob = p.meta.get("ood_band") or {}
+    return {"ood_time_share": float(ob.get("share", 0.0)), "ood_band_low_log": float(ob.get("low_log", 0.0)),
+            "ood_band_high_log": float(ob.get("high_log", 0.0))}
+
+
 def step_terms(p, iteration_ms: float = 0.0) -> dict:
     """The per-term breakdown of prediction ``p`` (a DistributedPrediction), in ms of the step (see the module
     docstring). ``iteration_ms``: the framework's fixed per-iteration host cost the prediction used."""
