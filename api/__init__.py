@@ -136,7 +136,7 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
     from wattcast.data.device_spec import DeviceSpec
     from wattcast.featurize.recompute import recompute_setting
     from wattcast.featurize.fp8_recipes import fp8_writes_transpose
-    from wattcast.featurize.te_attention import te_attention_backend
+    from wattcast.featurize.te_attention import te_attention_backend, vllm_flash_kernel
     from wattcast.featurize.workload import StepOptions, step_graph
     from wattcast.simulate.single_device import predict_graph
 
@@ -161,6 +161,8 @@ def predict(model, device, *, batch: int | None = None, seq: int | None = None, 
                        dims=dims or (), loop_trip_count=loop_trip_count, kv_context=kv_context, logits=logits,
                        fp8_recipe=fp8_recipe, fp8_transpose=fp8_writes_transpose(spec),
                        te_attention_backend=te_attention_backend(spec),
+                       # served by vLLM: its attention kernel class (FA3 on Hopper), else SDPA's FlashAttention-2
+                       **({"flash_kernel": vllm_flash_kernel(spec)} if engine is not None else {}),
                        fused_moe=engine is not None,  # served by vLLM: its fused MoE kernels, else transformers' loop
                        cudnn_tf32=cudnn_tf32)  # torch.backends.cudnn.allow_tf32: fp32 convs in TF32 (to_dict's conv_math)
     from wattcast.simulate.single_device import step_host_cost
@@ -225,6 +227,7 @@ def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, l
     from wattcast.data.catalog import resolve_device
     from wattcast.data.cluster_spec import resolve_cluster, using_gpus_per_node
     from wattcast.data.device_spec import DeviceSpec
+    from wattcast.featurize.te_attention import vllm_flash_kernel
     from wattcast.featurize.workload import StepOptions, step_graph
     from wattcast.models.power import idle_power_w
     from wattcast.simulate.defaults import shown_dtype, step_dtype
@@ -243,6 +246,7 @@ def _predict_tp_inference(model, cluster, *, gpus, tp, batch, seq, kv_context, l
                            output_tokens=output_tokens)
     opts = StepOptions(batch=batch, seq=seq, mode="inference", dtype=step_dtype(dtype, spec), attention=attention,
                        compile=compile, tp=tp, kv_context=kv_context, logits=logits,
+                       flash_kernel=vllm_flash_kernel(spec),  # vLLM's attention class (FA3 on Hopper)
                        fused_moe=True)  # the group as vLLM runs it: its fused MoE kernels (hf_models._moe_vllm_fused)
     graph = step_graph(model, opts)
     coll = tp_collective_fn(collective_model(), cl, tp)
@@ -329,11 +333,12 @@ def _attention_settings(meta: dict, attention: str) -> dict:
                "flash": ("an Attention op, costed as the fused kernel (FlashAttention-2 class)" if src == "onnx" else
                          "scaled_dot_product_attention costed as the fused kernel (FlashAttention-2 class)")}.get(
             costed, f"costed as {costed} (the kernels it holds)")
-        hint = (" (only F.scaled_dot_product_attention takes eager, flash or flash1)" if src == "torch.export" else "")
+        hint = (" (only F.scaled_dot_product_attention takes eager, flash, flash1 or flash3)" if src == "torch.export" else "")
         raise GraphError(f"{meta.get('name') or 'the model'}: attention {asked!r} (--attention) cannot be applied: the "
                          f"{'ONNX' if src == 'onnx' else 'torch.export'} graph's attention is {how}{hint}; leave "
                          f"--attention out (the settings then say {costed}), or give --attention {costed.split('+')[0]}")
-    return dict(attention=costed, flash_kernel={"flash": "fa2", "flash1": "fa1"}.get(costed))
+    return dict(attention=costed, flash_kernel=(meta.get("flash_kernel") or "fa2") if costed == "flash" else
+                {"flash1": "fa1", "flash3": "fa3"}.get(costed))
 
 
 def _shown_host_us(launch_ms: float) -> float:

@@ -95,7 +95,7 @@ SPEC_KEYS = {
     "regions": "list of regions (wattcast regions); needs tokens",
     "tokens": "whole-run length in tokens",
     "dtype": "precision (fp32, tf32, bf16, fp16, fp8)",
-    "attention": "eager, flash or flash1",
+    "attention": "eager, flash, flash1 or flash3",
     "optimizer": "adamw (default), adam, adamw-bf16, muon, sgd or none (as --optimizer)",
     "optimizer_impl": "fused or foreach: the optimizer step's kernels (as --optimizer-impl; default: the framework's, "
                       "fused)",

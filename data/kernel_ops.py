@@ -75,9 +75,11 @@ FLOPS_PER_ELEMENT: dict[str, float] = {
     "ln": 8, "rmsnorm": 5, "softmax": 5,
 }
 
-#: fused-attention implementation classes (their cost model: models/attention.py): "fa2" FlashAttention-2 / cuDNN /
-#: Transformer Engine (today's training), "fa1" FlashAttention-1 and the 2022-23 Triton kernels
-FLASH_KERNELS = ("fa2", "fa1")
+#: fused-attention implementation classes (their cost model: models/attention.py): "fa2" FlashAttention-2 (PyTorch
+#: SDPA's flash backend, flash-attn 2.x; off its native instruction on Hopper / data-centre Blackwell), "fa1"
+#: FlashAttention-1 and the 2022-23 Triton kernels, "fa3" the generation's own fused kernel (FlashAttention-3 / cuDNN
+#: fused attention, what Transformer Engine and vLLM run on Hopper)
+FLASH_KERNELS = ("fa2", "fa1", "fa3")
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 

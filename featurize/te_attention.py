@@ -76,3 +76,16 @@ def attention_output_shared(backend: str, batch: int, cp: int, head_dim_qk: int,
     if backend == "fused":
         return True
     return int(batch) == 1 and int(head_dim_qk) == int(head_dim_v)
+
+
+def vllm_flash_kernel(spec) -> str:
+    """The fused-attention class (data/kernel_ops.FLASH_KERNELS) vLLM's serving step runs on ``spec``: "fa3" on Hopper
+    and data-centre Blackwell (compute capability 9.0 <= cc < 12.0), "fa2" elsewhere (Ampere, Ada, consumer Blackwell,
+    AMD: FA2 is native there, the pre-stop-58 costing).
+
+    From memory, not verified against vLLM's source here (no vLLM installed): vLLM's FlashAttention backend runs its
+    own FA3 build on sm90 (``vllm/attention/utils/fa_utils.py`` ``get_flash_attn_version``: 3 when the device's major
+    capability is 9), and on sm100 its default backend is FlashInfer, whose Blackwell kernels (TRT-LLM / cuDNN) use
+    the generation's instruction; both are the ``fa3`` class (models/attention.py)."""
+    cc = compute_capability(spec)
+    return "fa3" if cc is not None and (9, 0) <= cc < (12, 0) else "fa2"

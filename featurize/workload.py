@@ -24,10 +24,14 @@ from wattcast.featurize.recompute import RecomputeError, recompute_setting
 from wattcast.featurize.training_graph import optimizer_impl_key, optimizer_key, training_graph
 
 MODES = ("train", "inference")
-#: "flash" is today's fused attention (FlashAttention-2 / cuDNN / Transformer Engine), "flash1" the 2022-23 class
-#: (FlashAttention-1, Triton FlashAttention); both build the same fused node, costed per class (models/attention.py)
-ATTENTION = ("eager", "flash", "flash1")
-_FLASH_KERNEL_OF = {"flash": "fa2", "flash1": "fa1"}
+#: "flash" is today's fused attention as the framework runs it (PyTorch SDPA's FlashAttention-2 under "hf" and
+#: Megatron-DeepSpeed's flash-attn 2.x: kernel "fa2"; Transformer Engine's cuDNN fused attention under "megatron" on
+#: compute capability >= 9.0: "fa3", below it FA2), "flash1" the 2022-23 class (FlashAttention-1, Triton
+#: FlashAttention), "flash3" the generation's own fused kernel whatever the framework (FlashAttention-3 / cuDNN, e.g.
+#: SDPA with FA3 registered, ``torch.nn.attention.activate_flash_attention_impl("FA3")``); all build the same fused
+#: node, costed per class (models/attention.py)
+ATTENTION = ("eager", "flash", "flash1", "flash3")
+_FLASH_KERNEL_OF = {"flash": "fa2", "flash1": "fa1", "flash3": "fa3"}
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ class StepOptions:
         dtype = checked_dtype(self.dtype)
         att = str(self.attention).lower()
         if att not in ATTENTION:
-            raise GraphError(f"unknown attention {self.attention!r}; use eager, flash or flash1")
+            raise GraphError(f"unknown attention {self.attention!r}; use eager, flash, flash1 or flash3")
         for name in ("batch", "seq"):
             v = getattr(self, name)
             if v is not None and not _is_count(v):
@@ -150,8 +154,9 @@ class StepOptions:
         except RecomputeError as e:
             raise GraphError(str(e)) from None
         opt = optimizer_key(self.optimizer)
-        # "flash1" is the fused node with the older kernel class; validated twice, the class stays what it was set to
-        fk = _FLASH_KERNEL_OF[att] if att == "flash1" else str(self.flash_kernel)
+        # "flash1" / "flash3" are the fused node with that kernel class; validated twice, the class stays what it was
+        # set to
+        fk = _FLASH_KERNEL_OF[att] if att in ("flash1", "flash3") else str(self.flash_kernel)
         if fk not in FLASH_KERNELS:
             raise GraphError(f"unknown flash attention kernel {self.flash_kernel!r}; use one of {', '.join(FLASH_KERNELS)}")
         if att in _FLASH_KERNEL_OF:
@@ -161,6 +166,8 @@ class StepOptions:
             raise GraphError(f"unknown Transformer Engine attention backend {self.te_attention_backend!r}; use one of "
                              f"{', '.join(TE_ATTENTION_BACKENDS)}")
         framework = canonical_framework(self.framework)
+        if framework == "megatron" and att == "flash" and te_backend == "fused" and fk == "fa2":
+            fk = "fa3"  # TE's cuDNN FusedAttention (compute capability >= 9.0): the generation's own kernel
         if self.fused_moe and (mode != "inference" or framework != "hf"):
             raise GraphError(f"fused_moe (vLLM's fused MoE kernels) describes an inference step under framework 'hf', "
                              f"not a {mode} step under {framework!r}")

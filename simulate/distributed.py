@@ -1133,7 +1133,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
         if hf is None or hf.family in ("bert", "switch"):
             raise ParallelConfigError("--cp (context parallelism) splits the sequence of a causal decoder language model "
                                       "(a GPT, Llama, MPT, ... config); this model is not one")
-        if str(attention).lower() != "flash":
+        if str(attention).lower() not in ("flash", "flash3"):  # flash3: the fa3 class (models/attention.py)
             raise ParallelConfigError("--cp (context parallelism) runs ring attention on fused attention kernels "
                                       "(Transformer Engine / FlashAttention): use --attention flash")
         if any(attention_windows(hf)) and cp_refuses_window(par.cp_comm_type, par.cp, cp_group_sizes(par)[0]):

@@ -32,15 +32,15 @@ import pandas as pd
 from wattcast.data.device_spec import DeviceSpec, spec_notes, unsupported_step_dtype
 from wattcast.featurize.context_parallel import ring_attention_steps
 from wattcast.featurize.conv_gemm import CONV_KERNELS, cudnn_tf32_rows
-from wattcast.featurize.fp8_recipes import unsupported_fp8_recipe
+from wattcast.featurize.fp8_recipes import compute_capability, unsupported_fp8_recipe
 from wattcast.simulate.step_band import (OOD_OF_KERNEL_TIME, band_keys, fp8_step_warning, ood_band_log, ood_warning,
                                           step_band)
 from wattcast.data.kernel_ops import DTYPE_BYTES
 from wattcast.featurize.graph_cache import (GraphMemo, column_codes, column_derived, column_is, column_values,
                                             columns_derived)
 from wattcast.featurize.op_graph import OpGraph, SHAPE_COLUMNS, op_type_of_tag
-from wattcast.models.attention import (BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, REFERENCE_DEVICE, flash_attention_ms,
-                                       scalar_fp32_tflops)
+from wattcast.models.attention import (BACKWARD_FLOP_RATIO, DEFAULT_FLASH_KERNEL, OFF_NATIVE_REFERENCE_DEVICE,
+                                       REFERENCE_DEVICE, flash_attention_ms, off_native, scalar_fp32_tflops)
 from wattcast.models.collectives import collective_band_log
 from wattcast.models.kernel_bundle import KernelBundle, load_bundle
 from wattcast.models.kernel_predictor import attention_mma_scale, predict_kernels
@@ -309,17 +309,19 @@ def _roofline_ms(flops: np.ndarray, bytes_: np.ndarray, dtype: np.ndarray, spec:
     return np.maximum(flops / peak, bytes_ / (spec.memory_bandwidth_gbps * 1e9)) * 1e3
 
 
-def _flash_mma_scale(dtype: np.ndarray, spec: DeviceSpec, bundle: KernelBundle) -> np.ndarray:
-    """Per row: the device's matmul ceiling over the reference A100's (:func:`attention_mma_scale`), looked up once
-    per device, bundle and dtype."""
+def _flash_mma_scale(dtype: np.ndarray, spec: DeviceSpec, bundle: KernelBundle,
+                     reference: str = REFERENCE_DEVICE) -> np.ndarray:
+    """Per row: the device's matmul ceiling over the ``reference``'s (the A100 the FA2 shares were measured on, or
+    the H100 SXM5 of the off-native FA2 share; :func:`attention_mma_scale`), looked up once per device, bundle,
+    reference and dtype."""
     names, inv = np.unique(np.asarray(dtype, dtype=str), return_inverse=True)
-    key = (id(spec), id(bundle), tuple(names.tolist()))
+    key = (id(spec), id(bundle), reference, tuple(names.tolist()))
     hit = _FLASH_SCALE_CACHE.get(key)
     # both objects are held (a spec is frozen), so their ids are not reused while cached
     if hit is None or hit[0] is not spec or hit[1] is not bundle:
         if len(_FLASH_SCALE_CACHE) > 256:
             _FLASH_SCALE_CACHE.clear()
-        hit = (spec, bundle, attention_mma_scale(spec, names, bundle, REFERENCE_DEVICE))
+        hit = (spec, bundle, attention_mma_scale(spec, names, bundle, reference))
         _FLASH_SCALE_CACHE[key] = hit
     return hit[2][inv.ravel()]
 
@@ -364,9 +366,15 @@ def _flash_ms(f: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, dtype: np.
     peak = _peak_tflops(dtype, spec, "bf16")
     fp32 = scalar_fp32_tflops(spec.peak_fp32_tflops, spec.num_sms, spec.cores_per_sm, spec.boost_clock_mhz)
     mma = _flash_mma_scale(dtype, spec, bundle)
+    # FA2 off its native tensor-core instruction (Hopper, data-centre Blackwell): the H100's share, scaled by the
+    # device's matmul ceiling over the H100 SXM5's (models/attention.py, off-native FA2)
+    cc = compute_capability(spec)
+    offn = bool(len(kernel)) and any(off_native(k, cc) for k in np.unique(kernel.astype(str)))
+    mma_h = _flash_mma_scale(dtype, spec, bundle, OFF_NATIVE_REFERENCE_DEVICE) if offn else 1.0
     ms = flash_attention_ms(kernel=kernel, phase=np.where(bwd, "backward", "forward"), bh=B, s_q=M, s_kv=K,
                             head_dim=N, kept=kept, io_bytes=bytes_, peak_tflops=peak, fp32_tflops=fp32,
-                            memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms, mma_scale=mma)
+                            memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms, mma_scale=mma,
+                            compute_capability=cc, off_native_mma_scale=mma_h)
     diag = np.zeros(len(ms))
     r = np.ones(len(ms)) if ring is None else np.asarray(ring, dtype=float)
     on = np.flatnonzero((r > 1) & (np.abs(K - M * r) < 0.5))  # a ring node: M queries against ring x M keys
@@ -380,7 +388,8 @@ def _flash_ms(f: pd.DataFrame, flops: np.ndarray, bytes_: np.ndarray, dtype: np.
                                   s_q=sq.ravel(), s_kv=skv.ravel(), head_dim=rep(N), kept=kp.ravel(),
                                   io_bytes=rep(bytes_ / r), peak_tflops=rep(peak), fp32_tflops=fp32,
                                   memory_gbps=spec.memory_bandwidth_gbps, sms=spec.num_sms,
-                                  mma_scale=np.broadcast_to(mma, ms.shape)[on].repeat(3)).reshape(-1, 3)
+                                  mma_scale=np.broadcast_to(mma, ms.shape)[on].repeat(3), compute_capability=cc,
+                                  off_native_mma_scale=np.broadcast_to(mma_h, ms.shape)[on].repeat(3)).reshape(-1, 3)
         ms = ms.copy()
         ms[on] = (step * count).sum(axis=1)
         diag[on] = step[:, 0] / ms[on]

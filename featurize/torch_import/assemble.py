@@ -384,14 +384,15 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
     ``meta["unattributed_params"]``. ``triangular_buffers``: fully qualified names of buffers / constants holding a
     causal mask (:func:`graph_from_module` reads them off the module's real buffers, the program being traced on
     meta); the program's own real buffers and constants are read too.
-    ``attention``: how ``scaled_dot_product_attention`` is costed, "eager" (bmm + softmax + bmm), "flash" or "flash1"
-    (the fused kernel of that class: FlashAttention-2 / -1; "flash" takes ``flash_kernel``, data/kernel_ops.FLASH_KERNELS,
-    as featurize/workload.StepOptions keeps "flash1" as "flash" with kernel "fa1"); None: "flash". An attention written out in matmuls is
+    ``attention``: how ``scaled_dot_product_attention`` is costed, "eager" (bmm + softmax + bmm), "flash", "flash1" or
+    "flash3" (the fused kernel of that class: FlashAttention-2 / -1 / -3; "flash" takes ``flash_kernel``,
+    data/kernel_ops.FLASH_KERNELS, as featurize/workload.StepOptions keeps "flash1" / "flash3" as "flash" with kernel
+    "fa1" / "fa3"); None: "flash". An attention written out in matmuls is
     costed as written whatever it says. ``meta["attention_costed"]`` names what the graph holds: "eager", "flash",
     "flash1", both joined by "+" (an SDPA and a written-out core), or None (no attention found).
     """
     if attention is not None and attention not in _ATTENTION_KERNELS:
-        raise GraphError(f"unknown attention {attention!r}; use eager, flash or flash1")
+        raise GraphError(f"unknown attention {attention!r}; use eager, flash, flash1 or flash3")
     sig = ep.graph_signature
     stored = set(sig.inputs_to_buffers.values()) | set((getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {}).values())
     own = {**{k: v for k, v in ep.state_dict.items() if k in stored}, **{k: v for k, v in ep.constants.items() if k in stored}}
@@ -406,7 +407,7 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
     if param_count is None:
         param_count = sum(int(placeholders[ph].meta["val"].numel()) for ph in sig.inputs_to_parameters if ph in placeholders)
     builder = GraphBuilder(_resolve_dtype(dtype, float_dtype), train=train, name=name,
-                           flash_kernel="fa1" if attention == "flash1" else flash_kernel)
+                           flash_kernel={"flash1": "fa1", "flash3": "fa3"}.get(attention, flash_kernel))
     imp = _Importer(ep, builder, float_dtype, triangular=triangular, attention=attention)
     imp.run()
     unattributed = int(param_count) - builder.param_count
@@ -423,7 +424,7 @@ def graph_from_exported_program(ep: "torch.export.ExportedProgram", *, dtype: st
 
 
 #: ``attention`` values of the importer
-_ATTENTION_KERNELS = ("eager", "flash", "flash1")
+_ATTENTION_KERNELS = ("eager", "flash", "flash1", "flash3")
 
 
 def _first_layer(module: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
@@ -465,7 +466,7 @@ def graph_from_module(module: torch.nn.Module, example_inputs: tuple | None = No
     if not isinstance(module, torch.nn.Module):
         raise GraphError(f"graph_from_module needs a torch.nn.Module, got {type(module).__name__}")
     if attention is not None and attention not in _ATTENTION_KERNELS:
-        raise GraphError(f"unknown attention {attention!r}; use eager, flash or flash1")
+        raise GraphError(f"unknown attention {attention!r}; use eager, flash, flash1 or flash3")
     if example_inputs is None:
         if batch is None or seq is None:
             raise GraphError("give example_inputs, or batch and seq for token-id inputs of shape (batch, seq)")

@@ -401,7 +401,7 @@ class _Ops:
         else:
             out = self.b.flash_attention(four(q), four(k), four(v), causal=causal, name=name)
         self.attention_kinds.add("eager" if self.attention == "eager" else
-                                 "flash1" if self.b.flash_kernel == "fa1" else "flash")
+                                 {"fa1": "flash1", "fa3": "flash3"}.get(self.b.flash_kernel, "flash"))
         first = _tensors_in(val)[0]
         out = Tensor(_shape(first), out.dtype, out.node, out.tid)
         if isinstance(val, (list, tuple)):  # (output, logsumexp, ...): all from the fused kernel
