@@ -1478,12 +1478,12 @@ def _predict_features(X: pd.DataFrame, bundle: KernelBundle, dtype, power_floor_
                 dev_ood |= check[2]
         oo = shape_ood | dev_ood
         # a shape beyond training: the flat factor; a device beyond coverage: widened by its distance beyond it
-        # (models/coverage.py, stop 58: continuous at the coverage edge, growing with the extrapolation)
+        # (models/coverage.py, stop 58: continuous at the coverage edge, growing with the extrapolation up to the cap)
         widen = np.where(shape_ood, OOD_BAND_FACTOR, 1.0)
         ext_lo, ext_hi = device_excess_log(fm, A, cols, X, rows, matmul, dchecks) if dev_ood.any() else (0.0, 0.0)
         tensor_m = X["is_tensor_dtype"].to_numpy()[m] > 0.5 if "is_tensor_dtype" in X else np.zeros(len(p), dtype=bool)
         band = fm.band_log_rows(tensor_m)
-        # the distance's widening is capped at the flat factor's (models/coverage.py MAX_EXCESS: the folds show no
+        # the distance's widening is capped at the flat factor's (models/coverage.py's docstring: the folds show no
         # error growing with extrapolation, so beyond that the assumption would outrun every measurement)
         ext_lo = np.minimum(ext_lo, (OOD_BAND_FACTOR - 1.0) * np.abs(band[0]))
         ext_hi = np.minimum(ext_hi, (OOD_BAND_FACTOR - 1.0) * np.abs(band[1]))
