@@ -1836,7 +1836,12 @@ def critical_rank_ood_sums(stage: dict, n_micro: int, opt_ms: float, opt_raw_ms:
 def critical_rank_ood(stage: dict, n_micro: int, opt_ms: float, opt_raw_ms: float) -> dict:
     """The step band's OOD term (:func:`~wattcast.simulate.step_band.ood_from_sums`, with ``collective_share``) of one
     pipeline stage's rank, from :func:`critical_rank_ood_sums`."""
-    total, ood_ms, low_ms, high_ms, coll_ms = critical_rank_ood_sums(stage, n_micro, opt_ms, opt_raw_ms)
+    return ood_from_critical_sums(critical_rank_ood_sums(stage, n_micro, opt_ms, opt_raw_ms))
+
+
+def ood_from_critical_sums(sums: tuple) -> dict:
+    """:func:`critical_rank_ood` from the rank's :func:`critical_rank_ood_sums` already summed."""
+    total, ood_ms, low_ms, high_ms, coll_ms = sums
     out = ood_from_sums(total, ood_ms, low_ms, high_ms)
     coll = coll_ms / total if total > 0 else 0.0
     return dict(out, collective_share=coll) if coll > 0 else out
@@ -3993,14 +3998,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 scatter_gather_p2p=bool(partitioned) if P > 1 else None)
     # the step band's OOD term: the critical rank's (the stage that ends the step), its OOD kernels' share of its time
     crit = int(np.argmax(finish + opt_stage + gather))
-    ood = critical_rank_ood({k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
-                            float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
+    crit_sums = critical_rank_ood_sums({k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
+                                       float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
+    ood = ood_from_critical_sums(crit_sums)
     warn = ood_warning(float(ood.get("share", 0.0)))
     meta["ood_band"] = dict(ood)  # the step band's OOD term (validation/step_band.py scores rows with it)
-    meta["ood_shares"] = _ood_shares(ood, critical_rank_ood_sums(
-        {k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
-        float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit])),
-        n_micro * float(rank_tasks(chunk_sum("coll_ms"))[crit]))
+    meta["ood_shares"] = _ood_shares(ood, crit_sums, n_micro * float(rank_tasks(chunk_sum("coll_ms"))[crit]))
     meta = with_warnings(meta, [*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
                                 *tp_overlap_notes(par, ctx.cl, ctx.opts.framework), *([warn] if warn else [])])
     if dual:
