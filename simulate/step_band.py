@@ -197,14 +197,14 @@ def outside_calibration(setting: str, spec: DeviceSpec) -> bool:
     return s is not None and generation_of(spec) not in s["generations"]
 
 
-def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ood_kernel_band_log(costed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ood, low_log, high_log) per row of a costed graph (columns as :func:`ood_band_log` reads them): ``ood`` the rows
     flagged out of distribution with a finite positive time, and each such row's log band (0 on the other rows): its
     own ``low_ms`` / ``high_ms`` over ``time_ms``, the band ``wattcast kernels`` shows for it (the leave-one-generation-out
     band widened by its distance beyond coverage, ``models/coverage.py``, or for a shape beyond training by
     ``OOD_BAND_FACTOR``). Until stop 58 the family's un-widened leave-one-generation-out band replaced it, so a step of
-    kernels 10x beyond every measured GPU got the band of a catalog GPU (audit 58d). ``bundle`` is no longer read
-    (kept for callers). Read it before a power limit stretches ``time_ms``."""
+    kernels 10x beyond every measured GPU got the band of a catalog GPU (audit 58d); its ``bundle`` argument, unread
+    since, went at stop 59. Read it before a power limit stretches ``time_ms``."""
     t = costed["time_ms"].to_numpy(dtype=float)
     n = len(t)
     ood = costed["ood"].to_numpy(dtype=bool) & np.isfinite(t) & (t > 0)
@@ -231,7 +231,7 @@ def ood_from_sums(total_ms: float, ood_ms: float, ood_low_ms: float, ood_high_ms
             "high_log": math.log(ood_high_ms / ood_ms)}
 
 
-def ood_band_log(costed, bundle=None) -> dict:
+def ood_band_log(costed) -> dict:
     """``{"share", "low_log", "high_log"}`` of a costed graph's out-of-distribution kernels (``ood``; ``op_class``,
     ``dtype``, ``time_ms``, ``low_ms``, ``high_ms`` as :func:`wattcast.simulate.single_device.cost_nodes` gives them):
     their share of the kernel time and the log of their time-weighted band, each kernel with its own ``low_ms`` /
@@ -239,7 +239,7 @@ def ood_band_log(costed, bundle=None) -> dict:
     Empty without OOD time."""
     t = costed["time_ms"].to_numpy(dtype=float)
     ok = np.isfinite(t) & (t > 0)
-    ood, lo, hi = ood_kernel_band_log(costed, bundle)
+    ood, lo, hi = ood_kernel_band_log(costed)
     tt = t[ood]
     return ood_from_sums(float(t[ok].sum()), float(tt.sum()), float((tt * np.exp(lo[ood])).sum()),
                          float((tt * np.exp(hi[ood])).sum()))
