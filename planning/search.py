@@ -71,9 +71,10 @@ COLUMNS = _CORE_COLUMNS + BASIS_COLUMNS
 BAND_COLUMNS = _CORE_COLUMNS[-4:]
 #: the columns an evaluator's row holds before the band (COLUMNS but :data:`BAND_COLUMNS`), and after its run figures
 #: the band's terms, which the search turns into :data:`BAND_COLUMNS` over all rows at once
-#: (``step_band.cluster_band_columns``: generation term, the critical rank's kernel, OOD and OOD-collective ms)
+#: (``step_band.cluster_band_columns``: generation term, the critical rank's kernel, OOD and OOD-collective ms; then
+#: the FP8 term, which the band adds to the generation term and the basis names apart, as ``step_band`` does)
 _ROW_COLUMNS = _CORE_COLUMNS[:-4]
-_BAND_TERMS = ("_generation_log", "_rank_ms", "_ood_ms", "_ood_low_ms", "_ood_high_ms", "_ood_coll_ms")
+_BAND_TERMS = ("_generation_log", "_rank_ms", "_ood_ms", "_ood_low_ms", "_ood_high_ms", "_ood_coll_ms", "_fp8_log")
 #: run columns (``tokens`` given; filled for rows that fit). ``run_cloud_usd``: GPU-hours x the cloud price per GPU-hour
 #: under ``cloud_pricing`` (on-demand, reserved-1y, reserved-3y; ``cloud_usd_per_gpu_hour``, from ``cloud_price_source``:
 #: a given price, the cluster spec's own, or the table's; NaN when none is known);
@@ -981,7 +982,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
         rows = [r[:pareto_at] + (np.nan,) + r[pareto_at:] for r in rows]
     df = pd.DataFrame(rows, columns=row_cols + list(_BAND_TERMS))
     df, folded = _fold_zero_twins(df)
-    df = _with_band(df, {cl.name: generation_of(spec) for cl, spec in resolved})[cols]
+    from wattcast.simulate.step_band import fp8_kernel_logo
+
+    df = _with_band(df, {cl.name: generation_of(spec) for cl, spec in resolved},
+                    {cl.name: fp8_kernel_logo(spec) if checked_dtype(resolve_dtype(dtype, spec)) == "fp8" else None
+                     for cl, spec in resolved})[cols]
     df = with_memory_headroom(df, memory_headroom_gb, run_cols)
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
@@ -1142,19 +1147,24 @@ def _ood_warnings(df: pd.DataFrame) -> list[str]:
     return out
 
 
-def _with_band(df: pd.DataFrame, generations: dict | None = None) -> pd.DataFrame:
+def _with_band(df: pd.DataFrame, generations: dict | None = None, fp8_logos: dict | None = None) -> pd.DataFrame:
     """``df`` (rows with their :data:`_BAND_TERMS`) with :data:`BAND_COLUMNS`, made over all rows at once, and
-    :data:`BASIS_COLUMNS` (``generations``: each cluster's GPU generation)."""
+    :data:`BASIS_COLUMNS` (``generations``: each cluster's GPU generation; ``fp8_logos``: each cluster's
+    ``step_band.fp8_kernel_logo`` for an FP8 step, None where its steps carry no FP8 term)."""
     from wattcast.simulate.step_band import cluster_band_columns, search_basis_columns
 
     step = df["step_time_ms"].to_numpy(dtype=float)
     terms = [df[c].to_numpy(dtype=float) for c in _BAND_TERMS]
-    band = cluster_band_columns(step, *terms)
+    gen_log, fp8_log = terms[0], terms[6]
+    # step_band widens by the generation term, then by the FP8 term: the band takes their sum
+    band = cluster_band_columns(step, gen_log + fp8_log, *terms[1:6])
     gen = df["cluster"].map(generations or {}).to_numpy(dtype=object)
+    logos = df["cluster"].map(lambda c: (fp8_logos or {}).get(c)).to_numpy(dtype=object)
     with np.errstate(divide="ignore", invalid="ignore"):
         lo_o, hi_o = np.log(terms[3] / terms[2]), np.log(terms[4] / terms[2])
     ok = np.isfinite(step) & (step > 0) & pd.notna(gen)
-    basis = search_basis_columns(gen, terms[0], ok, band["ood_time_share"], lo_o, hi_o)
+    basis = search_basis_columns(gen, gen_log, ok, band["ood_time_share"], lo_o, hi_o, fp8_logo=logos,
+                                 fp8_log=fp8_log)
     return df.assign(**band, **basis)
 
 
@@ -1259,23 +1269,33 @@ class _Evaluator:
         self.generation_sums: dict = {}
 
     def _band_terms(self, r, ctx) -> tuple:
-        """A scheduled step's :data:`_BAND_TERMS` (``predict_cluster``'s ``step_band`` inputs, as numbers)."""
-        gen = 0.0
+        """A scheduled step's :data:`_BAND_TERMS` (``predict_cluster``'s ``step_band`` inputs, as numbers): the
+        generation term and the FP8 term apart, as ``step_band`` takes them (its basis names each)."""
+        gen = fp8 = 0.0
         if self.generation_term:
             from wattcast.simulate.step_band import generation_terms
+
+            tensor = ctx.dtype != "fp32"
+
+            def terms(ops) -> tuple[float, float, float]:
+                """(generation term's numerator, FP8 term's numerator, all the time) of ``ops``."""
+                g_num, total = generation_terms(ops, ctx.bundle, tensor, generation=self.outside)
+                f_num = (generation_terms(ops, ctx.bundle, tensor, generation=False, fp8_log=self.fp8_log)[0]
+                         if self.fp8_log else 0.0)
+                return g_num, f_num, total
 
             per_op = r.rank_per_op
             hit = self.generation_sums.get(id(per_op))
             if hit is None:  # the op totals are kept (with the search's views): their id is not reused
-                hit = self.generation_sums[id(per_op)] = (per_op, *generation_terms(
-                    per_op, ctx.bundle, ctx.dtype != "fp32", generation=self.outside, fp8_log=self.fp8_log))
+                hit = self.generation_sums[id(per_op)] = (per_op, *terms(per_op))
             # the prediction's per_op: the forward and backward rows and the loading n_micro times, the optimizer's
             # rows once (simulate/distributed.step_per_op)
-            opt_num, opt_total = generation_terms(r.optimizer_per_op or [], ctx.bundle, ctx.dtype != "fp32",
-                                                  generation=self.outside, fp8_log=self.fp8_log)
-            total = r.n_micro * (hit[2] + r.data_loading_ms) + opt_total
-            gen = (r.n_micro * hit[1] + opt_num) / total if np.isfinite(total) and total > 0 else 0.0
-        return (gen, *(r.ood_sums or _NO_OOD))
+            opt_g, opt_f, opt_total = terms(r.optimizer_per_op or [])
+            total = r.n_micro * (hit[3] + r.data_loading_ms) + opt_total
+            if np.isfinite(total) and total > 0:
+                gen = (r.n_micro * hit[1] + opt_g) / total
+                fp8 = (r.n_micro * hit[2] + opt_f) / total
+        return (gen, *(r.ood_sums or _NO_OOD), fp8)
 
     def __call__(self, par: ParallelConfig) -> tuple[str, tuple]:
         """("row", the search row: values in the order of :data:`_ROW_COLUMNS`, then :data:`RUN_COLUMNS` but

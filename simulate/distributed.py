@@ -1207,7 +1207,7 @@ def schedule_context(model, cluster: str | ClusterSpec, parallel: ParallelConfig
             costed = cost_nodes(graph, spec, bundle, collective_ms=coll_fn, launch_overhead_ms=node_host_ms,
                                 host_model=host_model, repeats=repeats)
             # the OOD kernels' bands before a power limit stretches time_ms (as predict_graph: about their own time)
-            ood_log = ood_kernel_band_log(costed, bundle)
+            ood_log = ood_kernel_band_log(costed)
             costed = requeued(apply_power(costed, spec, power_model, power_limit_w=power_limit_w,
                                           clock_cap_mhz=dopts.clock_cap_mhz), costed, node_host_ms, host_model, repeats)
             tp_floor = collective_host_floor_ms(opts.framework, lay["tp"].size, coll_floor)

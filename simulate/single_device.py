@@ -889,7 +889,7 @@ def predict_graph(graph: OpGraph, spec: DeviceSpec, bundle: KernelBundle | None 
         raise ValueError(why)
     costed = cost_nodes(graph, spec, bundle, launch_overhead_ms=launch_overhead_ms, collective_ms=collective_ms,
                         host_model=host_model)
-    ood = ood_band_log(costed, bundle or load_bundle())  # before a power limit stretches time_ms (the kernels' bands are about their own time)
+    ood = ood_band_log(costed)  # before a power limit stretches time_ms (the kernels' bands are about their own time)
     costed = requeued(apply_power(costed, spec, power_model, power_limit_w=power_limit_w, clock_cap_mhz=clock_cap_mhz),
                       costed, launch_overhead_ms, host_model)
     res = summarise_costed(graph, costed, spec)

@@ -197,14 +197,14 @@ def outside_calibration(setting: str, spec: DeviceSpec) -> bool:
     return s is not None and generation_of(spec) not in s["generations"]
 
 
-def ood_kernel_band_log(costed, bundle=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ood_kernel_band_log(costed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ood, low_log, high_log) per row of a costed graph (columns as :func:`ood_band_log` reads them): ``ood`` the rows
     flagged out of distribution with a finite positive time, and each such row's log band (0 on the other rows): its
     own ``low_ms`` / ``high_ms`` over ``time_ms``, the band ``wattcast kernels`` shows for it (the leave-one-generation-out
     band widened by its distance beyond coverage, ``models/coverage.py``, or for a shape beyond training by
     ``OOD_BAND_FACTOR``). Until stop 58 the family's un-widened leave-one-generation-out band replaced it, so a step of
-    kernels 10x beyond every measured GPU got the band of a catalog GPU (audit 58d). ``bundle`` is no longer read
-    (kept for callers). Read it before a power limit stretches ``time_ms``."""
+    kernels 10x beyond every measured GPU got the band of a catalog GPU (audit 58d); its ``bundle`` argument, unread
+    since, went at stop 59. Read it before a power limit stretches ``time_ms``."""
     t = costed["time_ms"].to_numpy(dtype=float)
     n = len(t)
     ood = costed["ood"].to_numpy(dtype=bool) & np.isfinite(t) & (t > 0)
@@ -231,7 +231,7 @@ def ood_from_sums(total_ms: float, ood_ms: float, ood_low_ms: float, ood_high_ms
             "high_log": math.log(ood_high_ms / ood_ms)}
 
 
-def ood_band_log(costed, bundle=None) -> dict:
+def ood_band_log(costed) -> dict:
     """``{"share", "low_log", "high_log"}`` of a costed graph's out-of-distribution kernels (``ood``; ``op_class``,
     ``dtype``, ``time_ms``, ``low_ms``, ``high_ms`` as :func:`wattcast.simulate.single_device.cost_nodes` gives them):
     their share of the kernel time and the log of their time-weighted band, each kernel with its own ``low_ms`` /
@@ -239,7 +239,7 @@ def ood_band_log(costed, bundle=None) -> dict:
     Empty without OOD time."""
     t = costed["time_ms"].to_numpy(dtype=float)
     ok = np.isfinite(t) & (t > 0)
-    ood, lo, hi = ood_kernel_band_log(costed, bundle)
+    ood, lo, hi = ood_kernel_band_log(costed)
     tt = t[ood]
     return ood_from_sums(float(t[ok].sum()), float(tt.sum()), float((tt * np.exp(lo[ood])).sum()),
                          float((tt * np.exp(hi[ood])).sum()))
@@ -298,11 +298,25 @@ def basis_text(setting: str, generations: list, gen: str, extra_log: float | Non
     return basis
 
 
+def fp8_basis_text(gen: str, logo: dict, fp8_extra_log: float) -> str:
+    """The FP8 clause :func:`step_band` appends to its ``basis`` (and a search row's ``step_time_band_basis``) for an
+    FP8 step on a generation without a measured FP8 step: ``logo`` its :func:`fp8_kernel_logo`, ``fp8_extra_log`` the
+    FP8 term's log width on the step (:func:`generation_log_width` with ``generation=False``)."""
+    return (f" + the FP8 GEMMs' error on a generation never measured in FP8 (no FP8 step on {gen}; "
+            f"{logo['mape_pct']:.1f}% MAPE, {logo['fold']}, on the linear layers' share of the time: "
+            f"+/-{100 * (math.exp(fp8_extra_log) - 1):.1f}%)")
+
+
 def search_basis_columns(generation: np.ndarray, generation_log: np.ndarray, ok: np.ndarray, share: np.ndarray,
-                         ood_lo_log: np.ndarray, ood_hi_log: np.ndarray, setting: str = "cluster") -> dict[str, np.ndarray]:
+                         ood_lo_log: np.ndarray, ood_hi_log: np.ndarray, setting: str = "cluster", *,
+                         fp8_logo: np.ndarray | None = None, fp8_log: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """``step_time_band_basis`` and ``step_time_band_generation`` per search row (what ``predict_cluster``'s
     ``step_time_band`` says as ``basis`` / ``generation`` for the same strategy): :func:`basis_text` of each row
-    (``ok``: a scheduled step; None elsewhere, and everywhere without a calibration for ``setting``)."""
+    (``ok``: a scheduled step; None elsewhere, and everywhere without a calibration for ``setting``), with
+    :func:`fp8_basis_text` where the row's ``fp8_logo`` (its :func:`fp8_kernel_logo` for an FP8 step, else None) is
+    set, ``fp8_log`` its FP8 term's log width (``generation_log`` the generation term alone). Until stop 59 a row had no
+    FP8 clause and its generation figure held the FP8 term too (Llama 3 8B FP8 TP8 on DGX-H100: +/-5.9% against
+    predict_cluster's +/-3.0% and an FP8 +/-2.9%; the band was the same)."""
     s = (load_step_band() or {}).get("settings", {}).get(setting)
     n = len(generation)
     basis = np.full(n, None, dtype=object)
@@ -312,6 +326,9 @@ def search_basis_columns(generation: np.ndarray, generation_log: np.ndarray, ok:
             sh = float(share[i]) if math.isfinite(float(share[i])) else 0.0
             basis[i] = basis_text(setting, s["generations"], g, None if g in s["generations"] else float(generation_log[i]),
                                   sh, float(ood_lo_log[i]) if sh > 0 else 0.0, float(ood_hi_log[i]) if sh > 0 else 0.0)
+            logo = fp8_logo[i] if fp8_logo is not None else None
+            if logo:
+                basis[i] += fp8_basis_text(g, logo, float(fp8_log[i]))
     return {"step_time_band_basis": basis,
             "step_time_band_generation": np.where(ok, np.asarray(generation, dtype=object), None)}
 
@@ -343,10 +360,7 @@ def step_band(step_ms: float, setting: str, spec: DeviceSpec, per_op: list[dict]
     if fp8_log > 0:
         fp8_extra = generation_log_width(per_op, bundle, tensor, generation=False, fp8_log=fp8_log)
         lo, hi = lo - fp8_extra, hi + fp8_extra
-        logo = fp8_kernel_logo(spec)
-        fp8_text = (f" + the FP8 GEMMs' error on a generation never measured in FP8 (no FP8 step on {gen}; "
-                    f"{logo['mape_pct']:.1f}% MAPE, {logo['fold']}, on the linear layers' share of the time: "
-                    f"+/-{100 * (math.exp(fp8_extra) - 1):.1f}%)")
+        fp8_text = fp8_basis_text(gen, fp8_kernel_logo(spec), fp8_extra)
     share = float(ood.get("share", 0.0)) if ood else 0.0
     if share > 0:
         lo, hi = mix_band_log(lo, hi, ood)

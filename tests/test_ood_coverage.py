@@ -153,6 +153,25 @@ def test_search_rows_carry_predict_clusters_basis_and_generation():
         assert row["step_time_band_basis"] == p.step_band["basis"]
 
 
+def test_an_fp8_search_row_says_what_predict_clusters_fp8_basis_says():
+    """An FP8 step on Hopper (no FP8 step measured there) carries the FP8 kernels' error on its linear share;
+    predict_cluster's basis names it apart from the generation term. Until stop 59 the search row's basis had no FP8
+    clause and its generation figure held both terms (+/-5.9% against +/-3.0% and FP8 +/-2.9%); the band was the same."""
+    kw = dict(dtype="fp8", framework="megatron")
+    res = wattcast.search("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=2048, tp=(8,), pp=(1,), micro_batch=(1,),
+                          zero=(1,), sp=(True,), recompute=("none",), interleave=(1,), workers=1, **kw)
+    row = res.ranked.iloc[0]
+    p = wattcast.predict_cluster("llama3_8b", "DGX-H100", seq=2048, strategy=row["strategy"], **kw)
+    assert "FP8 GEMMs' error" in p.step_band["basis"]
+    assert row["step_time_band_basis"] == p.step_band["basis"]
+    assert row["step_time_band_low_ms"] == pytest.approx(p.step_band["low_ms"], rel=1e-12)
+    assert row["step_time_band_high_ms"] == pytest.approx(p.step_band["high_ms"], rel=1e-12)
+    # the same search in bf16 has no FP8 clause
+    bf = wattcast.search("llama3_8b", "DGX-H100", gpus=8, batch=8, seq=2048, tp=(8,), pp=(1,), micro_batch=(1,),
+                         zero=(1,), sp=(True,), recompute=("none",), interleave=(1,), workers=1, framework="megatron")
+    assert "FP8" not in bf.ranked.iloc[0]["step_time_band_basis"]
+
+
 def test_traces_carry_the_step_band(tmp_path):
     from wattcast.simulate.trace import write_chrome_trace, write_distributed_trace
 

@@ -136,23 +136,17 @@ def test_the_band_widens_monotonically_with_the_ood_share():
 
 
 def test_ood_kernels_carry_their_own_kernel_band():
-    """An OOD kernel's time carries the band ``wattcast kernels`` gives it (its low_ms / high_ms), bundle or not: until
-    stop 58 its family's un-widened leave-one-generation-out band replaced it (audit 58d: a 10x GPU's step got a
-    catalog GPU's band)."""
-    band = {"elementwise": (-0.3, 0.4)}
-
-    def rows(tensor):
-        return np.tile(band["elementwise"][0], len(tensor)), np.tile(band["elementwise"][1], len(tensor))
-    bundle = SimpleNamespace(families={"elementwise": SimpleNamespace(logo={"folds": {}}, band_log_rows=rows)})
+    """An OOD kernel's time carries the band ``wattcast kernels`` gives it (its low_ms / high_ms; no kernel bundle is
+    read): until stop 58 its family's un-widened leave-one-generation-out band replaced it (audit 58d: a 10x GPU's step
+    got a catalog GPU's band)."""
     costed = pd.DataFrame({"op_class": ["elementwise", "optimizer", "linear", "collective"],
                            "method": ["surrogate", "proxy", "surrogate", "collective"], "dtype": "bf16",
                            "time_ms": [10.0, 30.0, 60.0, 0.0], "low_ms": [1.0, 3.0, 30.0, 0.0],
                            "high_ms": [100.0, 300.0, 120.0, 0.0], "ood": [True, True, False, True]})
-    got = sb.ood_band_log(costed, bundle)
+    got = sb.ood_band_log(costed)
     assert got["share"] == pytest.approx(0.4)
     assert got["low_log"] == pytest.approx(math.log(0.1)) and got["high_log"] == pytest.approx(math.log(10.0))
-    assert sb.ood_band_log(costed, None) == got
-    assert sb.ood_band_log(costed.assign(ood=False), bundle) == {}
+    assert sb.ood_band_log(costed.assign(ood=False)) == {}
     assert sb.ood_warning(0.5) is None and "51%" in sb.ood_warning(0.51)
 
 

@@ -109,7 +109,7 @@ def predict_label(label: Label, root: Path, bundle, launch_overhead_ms: float = 
                 ood_fraction=float(costed["ood"].mean()),
                 # the step band's OOD term as `predict` computes it (simulate/single_device.py: ood_band_log of the
                 # costed graph): validation/step_band.py scores each row against the band predict ships (stop 58)
-                ood_band=ood_band_log(costed, bundle),
+                ood_band=ood_band_log(costed),
                 # the compared time by op class: what the step band's generation term weighs (validation/step_band.py),
                 # with each class's FLOPs as `predict` reports them (simulate/single_device.py summarise_costed: the
                 # nodes' hardware FLOPs); until stop 54 zeros were passed and every entry read 'flops': 0.0
