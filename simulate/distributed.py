@@ -322,15 +322,48 @@ def collective_host_floor_ms(framework: str, group_size: int, table: dict[int, f
 #: Whether data-parallel gradient buckets overlap the backward pass: PyTorch DDP/FSDP do; Megatron-LM's
 #: local DDP (without --overlap-grad-reduce) and DeepSpeed's ZeRO-0 engine all-reduce after backward.
 FRAMEWORK_DP_OVERLAP = {"hf": True, "megatron": False, "megatron-deepspeed": False}
-#: whether a framework's ZeRO-3 / FSDP collectives run beside the computation (``DistributedOptions.zero3_prefetch``).
-#: hf (PyTorch FSDP): False, measured. MosaicML's llm-foundry runs (Composer's PyTorch FSDP1 ``FULL_SHARD`` with its
-#: defaults: ``backward_prefetch=BACKWARD_POST``, no forward prefetch, rate-limited all-gathers; the MPT table in
-#: ``../shared/datasets/endtoend/mpt``) lose throughput with the GPU count at a fixed micro-batch by about the whole
-#: time of their collectives: 350M parameters, micro-batch 18, 16 -> 128 A100s: +45 ms per step measured, +41 ms of
-#: collectives predicted (latency-bound 29 MB all-gathers, 15 -> 127 ring steps), +7 ms with them prefetched. Chosen
-#: on the fitting half of that table (``benchmarks/at_scale.py`` reports the other half; ``validation/mpt_validation.py``
-#: ``fit_zero3_prefetch``). megatron / megatron-deepspeed: True (DeepSpeed ZeRO-3 prefetches parameters,
-#: ``stage3_prefetch_bucket_size``; no measurement here says otherwise).
+#: whether a framework's ZeRO-3 / FSDP collectives run beside the computation
+#: (``DistributedOptions.zero3_prefetch``). megatron / megatron-deepspeed: True (DeepSpeed ZeRO-3 prefetches
+#: parameters, ``stage3_prefetch_bucket_size``; no measurement here says otherwise). hf (PyTorch FSDP): False, an
+#: EMPIRICAL COMPENSATION, not what FSDP does. FSDP1 as MosaicML's llm-foundry / Composer runs it (``FULL_SHARD``,
+#: ``backward_prefetch=BACKWARD_POST``, no forward prefetch, ``limit_all_gathers``) overlaps its collectives: torch
+#: 2.13 distributed/fsdp/_runtime_utils.py issues a unit's forward all-gather from its pre-forward hook
+#: (``_pre_forward_unshard`` l. 411) while the GPU still runs the unit before (the rate limiter, ``_unshard`` l.
+#: 297-303 with _limiter_utils.py's two in-flight gathers, keeps the CPU one unit ahead, not in step) and the
+#: backward's next gather from the post-backward hook (``_post_backward_reshard`` l. 793-807). On the MPT table
+#: (``../shared/datasets/endtoend/mpt``; ``validation/mpt_validation.py``) a unit's collectives are at most 0.28 of
+#: its computation, so all but a micro-batch's first gather and last reduce-scatter hide, and prefetched is right
+#: where the collectives are large: 30B 32 / 128 GPUs -2.0 / -1.9% (in series +5.8 / +3.8), 13B 16-128 GPUs -0.4 to
+#: +1.3% (in series +1.9 to +4.3). In series is kept because the fitting half (``fit_zero3_prefetch``; whole models
+#: 125M, 760M, 3B, 13B, 70B) prefers it: mean |error| 3.91% in series, 5.60% prefetched (evaluation half 3.28 /
+#: 3.58%, whole table 3.63 / 4.70%). Three quarters of that gap is 125M-3B (their share of the fitting mean 1.98 ->
+#: 3.27 points; 13B and 70B 1.93 -> 2.33, from rows already too fast in series: 70B on 64 GPUs -20.3 -> -31.6%, 13B
+#: on 8 x 40 GB -8.3..-10.7 -> -12.0..-14.6%), which prefetched predicts too fast by 1.1-4.5x their whole collective
+#: time, 8-GPU single-node rows included. What is missing there is not the collectives' time (stop-59 study,
+#: prefetched, per-term breakdowns of every row):
+#: - on 8 GPUs it is per micro-batch, not per step (3B 80 GB at 20,480 tokens a micro-batch: 36.3 / 36.1 ms a
+#:   micro-batch at 6 / 2 micro-batches a step, seq 1024 / 2048) and grows with the sequence at fixed tokens (1B 40
+#:   GB 31 -> 76 ms, seq 512 -> 16k); that growth follows the predicted attention time at head dim 128 only (8 GPUs,
+#:   no checkpointing, an offset per model and GPU: slope 0.044 on the fitting half, 0.060 on the evaluation half;
+#:   head dim 64: -0.012 / +0.016), i.e. a FlashAttention-1 / Triton head-dim-128 kernel ~5% slower than the fa1
+#:   class (``models/attention.py``: 40% / 30% of peak, the ends of the FlashAttention-2 abstract's "25-40%"); no
+#:   source pins such a share, and it leaves the sequence-independent part (30-40 ms a micro-batch for 760M-3B on 40
+#:   GB);
+#: - not the vocabulary (loss, embedding and head are fixed at fixed tokens per micro-batch while the miss moves,
+#:   125M 40 GB -4 -> +73 ms; 125M, where they weigh most, misses least on 40 GB), not kernel launches (GPU-bound,
+#:   launch gaps ~0), not the learned position table (<= 33.5M parameters, 1B at 16k), not memory pressure
+#:   (correlation -0.18 with predicted memory over capacity); the 80 GB (DEFAULT) and 40 GB (PURE) sections miss
+#:   differently (125M at seq <= 4096: 21-23 ms a micro-batch on 80 GB, -4 to +5 on 40 GB);
+#: - across nodes (40 GB, seq 2048, one micro-batch a step) the miss is about the predicted collective time (3B
+#:   0.93-1.00x at 16-128 GPUs, 1B 0.96-1.10x, 760M 0.97-1.97x, 350M 0.42-1.22x, 125M 1.27-2.96x) and grows with the
+#:   GPU count at a fixed per-GPU batch (350M, micro-batch 18, 16 -> 128 GPUs: +45 ms a step measured, +41 ms of
+#:   latency-bound collectives predicted, +6 ms prefetched), which is what in series adds. An unmodelled per-step
+#:   host cost (Composer's per-tensor DecoupledAdamW loop and FSDP's per-tensor clip_grad_norm_, 8 + 2 eager launches
+#:   a parameter tensor at EAGER_HOST_LAUNCH_MS, if the optimizer saw the original parameters) would take 4.21% /
+#:   3.14% (fitting / evaluation) prefetched, still behind in series on the fitting half, and overshoots 350M on 16
+#:   GPUs (-0.9 -> +7.7%); not adopted.
+#: So in series stands in for small-model time the model lacks, not for FSDP1's schedule; FSDP2 / torchtitan runs
+#: (their own prefetch): pass ``--zero3-prefetch`` (README).
 FRAMEWORK_ZERO3_PREFETCH = {"hf": False, "megatron": True, "megatron-deepspeed": True}
 
 
