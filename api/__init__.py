@@ -480,8 +480,8 @@ def predict_cluster(model, cluster, *, gpus: int | None = None, batch: int | Non
     ``framework="megatron"``: "alltoall" (default) or "allgather" (all-gathers over the expert-TP x EP ranks, a
     reduce-scatter back; ``featurize.hf_models._moe_allgather``).
     ``zero3_prefetch``: with ``zero=3`` (FSDP), whether each layer's parameter all-gathers and gradient reduce-scatters
-    run beside the computation (True) or in series with it (False); None: the framework's (``hf``: in series, as
-    measured on MosaicML's PyTorch FSDP runs; ``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
+    run beside the computation (True) or in series with it (False); None: the framework's (``hf``: in series, chosen on
+    MosaicML's PyTorch FSDP runs as an empirical compensation; ``simulate.distributed.FRAMEWORK_ZERO3_PREFETCH``).
     ``scatter_gather_p2p``: pipeline transfers scattered over the TP group and all-gathered on arrival (Megatron-LM
     2021's ``--scatter-gather-tensors-in-pipeline``, DeepSpeed's PartitionedTensor); None: the framework's
     (``simulate.distributed.FRAMEWORK_SCATTER_GATHER_P2P``: on for megatron-deepspeed, off for megatron as
