@@ -924,6 +924,14 @@ def bf16_optimizer_step_bytes(accum: str, dp: int, clip_grad: bool = True) -> tu
     return sum(w for w, _ in parts.values()), sum(p for _, p in parts.values())
 
 
+def bf16_optimizer_norm_clip_bytes(accum: str, clip_grad: bool = True) -> tuple[float, float]:
+    """(the norm's, the clipping's) bytes per parameter of the whole gradient that DeepSpeed's ``BF16_Optimizer`` moves
+    in its ``clip_grad_norm`` part (:func:`bf16_optimizer_step_bytes`): the norm reads 4 B (fp32) or casts and reads
+    2 + 4 + 4 B (bf16), the clipping scales 8 B (fp32) or 4 B (bf16), 0 without clipping."""
+    acc4 = accum == "fp32"
+    return (4.0 if acc4 else 10.0), ((8.0 if acc4 else 4.0) if clip_grad else 0.0)
+
+
 def bf16_optimizer_step_parts(accum: str, dp: int, clip_grad: bool = True) -> dict[str, tuple[float, float]]:
     """:func:`bf16_optimizer_step_bytes` by the ``per_op`` part it adds to (name -> (bytes per parameter of the stage's
     whole gradient, of the rank's partition)): ``grad_buffer`` the casts and scale around the DP all-reduce and the
@@ -933,8 +941,7 @@ def bf16_optimizer_step_parts(accum: str, dp: int, clip_grad: bool = True) -> di
     acc4 = accum == "fp32"
     multi = int(dp) > 1
     reduce_b = (12.0 + (4.0 if multi else 0.0)) if acc4 else (4.0 if multi else 0.0)
-    norm_b = 4.0 if acc4 else 10.0
-    clip_b = (8.0 if acc4 else 4.0) if clip_grad else 0.0
+    norm_b, clip_b = bf16_optimizer_norm_clip_bytes(accum, clip_grad)
     zero_b = 2 * (4.0 if acc4 else 2.0)
     return {"grad_buffer": (reduce_b + zero_b, 0.0),
             "clip_grad_norm": (norm_b + clip_b, -(CLIP_BYTES_PER_PARAM if clip_grad else 0.0)),
@@ -995,6 +1002,108 @@ def tied_grad_sync_ms(end_ms: np.ndarray, allreduce_ms: float) -> tuple[np.ndarr
     start = float(max(out[0], out[-1]))
     out[0] = out[-1] = start + float(allreduce_ms)
     return out, start
+
+
+#: the share of a clipping row's bytes (featurize/training_graph.py CLIP_BYTES_PER_PARAM: the norm reads the fp32
+#: gradient once, 4 B; the clipping multiplies it in place, read and write 4 B each) that the local norm moves: the part
+#: of clip_grad_norm a stage runs before the norm's all-reduce
+CLIP_NORM_SHARE = 4.0 / CLIP_BYTES_PER_PARAM
+#: the 4-byte fp32 scalar each all-reduce of :func:`optimizer_barriers` sends (the squared norm, the found-inf flag)
+GRAD_STATS_BYTES = 4.0
+
+
+def optimizer_barriers(framework: str, dtype: str, clip_grad: bool, bf16_opt: bool, pp: int,
+                       optimizer: str | None = "adamw") -> tuple[str, ...]:
+    """The all-reduces over the pipeline's stages the optimizer step waits for, in the order it runs them: each is a
+    barrier (no stage goes on before every stage has sent its scalar), so no stage clips or steps before the last
+    stage to finish its backward (and its DP sync) has reached it. None without a pipeline (the ranks of one stage's
+    groups do the same work) or an optimizer.
+
+    - ``"found_inf"``: fp16's loss-scale check under megatron (megatron-core 0.16.1 optimizer/optimizer.py l. 511-519:
+      ``all_reduce(found_inf, MAX, group=get_grad_stats_parallel_group())`` and ``.item()`` in prepare_grads, before
+      the clipping) and megatron-deepspeed (DeepSpeed 0.19.8 runtime/utils.py l. 297-321 ``has_overflow``, over
+      ``mpu.get_model_parallel_group()``; zero/stage_1_and_2.py l. 3237-3246 likewise).
+    - ``"grad_norm"``: clipping by the global norm. Megatron-Core ``clip_grad_norm`` -> ``get_grad_norm_fp32``
+      (optimizer/optimizer.py l. 203-219, 606-607; clip_grads.py l. 96-127: ``all_reduce(total_norm, SUM,
+      group=grad_stats_parallel_group)`` then ``.item()``), the group the model-parallel one (tp x pp) or, under the
+      distributed optimizer, every rank of the instance (optimizer/__init__.py l. 446-466), the default
+      ``clip_grad`` 1.0 (optimizer_config.py l. 331). DeepSpeed's BF16_Optimizer takes the norm every step, with or
+      without clipping (bf16_optimizer.py l. 389-391), and ``get_global_norm_of_tensors`` all-reduces it over
+      ``mpu.get_model_parallel_group()`` (utils.py l. 956-959), the pipeline grid's pipe x model ranks
+      (pipe/topology.py l. 298-315, 452-453); its fp16 optimizers clip by the same global norm. hf: a pipeline runs
+      torch.distributed.pipelining, whose clipping in torchtitan 0.3.0 (distributed/utils.py l. 599-672
+      ``clip_grad_norm_(..., pp_mesh)``) all-reduces the norm over the pipeline mesh; torch's own
+      ``clip_grad_norm_`` over one stage's parameters would clip by that stage's norm alone."""
+    if int(pp) <= 1 or not optimizer or optimizer == "none":
+        return ()
+    out = []
+    if dtype == "fp16" and framework in ("megatron", "megatron-deepspeed"):
+        out.append("found_inf")
+    if clip_grad or bf16_opt:
+        out.append("grad_norm")
+    return tuple(out)
+
+
+def grad_stats_group_layout(framework: str, dist_opt: bool, lay: Mapping[str, GroupLayout], gpus: int,
+                            gpus_per_node: int) -> GroupLayout:
+    """Where the group of :func:`optimizer_barriers`' all-reduces sits: under megatron's distributed optimizer
+    (``dist_opt``) every rank (the optimizer instance, megatron-core 0.16.1 optimizer/__init__.py l. 446-459),
+    otherwise the model-parallel ranks, tp x pp (megatron's ``model_parallel_group``, DeepSpeed's pipe x model grid,
+    torchtitan's pipeline mesh with each stage's TP norm): each TP group's members of a node times the pipeline
+    group's (``lay``'s "tp" and "pp" layouts), the nodes that many per node take."""
+    if framework == "megatron" and dist_opt:
+        return group_layout(int(gpus), 1, int(gpus_per_node), int(gpus))
+    size = lay["tp"].size * lay["pp"].size
+    per = min(lay["tp"].gpus_per_node * lay["pp"].gpus_per_node, size)
+    return GroupLayout(size, per, -(-size // per)) if size > 1 else GroupLayout(1, 1, 1)
+
+
+def optimizer_segments(opt_parts: Mapping[str, np.ndarray], opt_stage: np.ndarray, barriers: tuple[str, ...],
+                       norm_share: float) -> tuple[list[list[tuple[str, np.ndarray]]], list[np.ndarray]]:
+    """The optimizer phase of each stage cut at ``barriers`` (:func:`optimizer_barriers`): (per segment, ("op_class|part",
+    ms per stage) of :func:`sharded_optimizer_parts`' ``opt_parts`` in :data:`OPTIMIZER_TRACE_ORDER` (any other after
+    them); per segment, its ms per stage). Before the found-inf check: the main gradients' cast, a DeepSpeed buffer's
+    passes and the unscaling; before the norm's all-reduce: the local norm, ``norm_share`` of the clip_grad_norm part;
+    after the last barrier the clipping's scale, the step and the casts after it. The last segment's ms are
+    ``opt_stage`` less the others', so per stage the segments add up to ``opt_stage``. Without barriers one segment,
+    the whole phase (``opt_stage``)."""
+    order = [k for k in OPTIMIZER_TRACE_ORDER if k in opt_parts] + [k for k in opt_parts if k not in OPTIMIZER_TRACE_ORDER]
+    ms = {k: np.asarray(opt_parts[k][0], dtype=float) for k in order}
+    total = np.asarray(opt_stage, dtype=float)
+    if not barriers:
+        return [[(k, ms[k]) for k in order]], [total]
+    pre_keys = ("optimizer|main_grad_cast", "optimizer|grad_buffer", "optimizer|loss_scaling")
+    clip_key = "optimizer|clip_grad_norm"
+    pre = [(k, ms[k]) for k in order if k in pre_keys]
+    norm = [(clip_key, ms[clip_key] * norm_share)] if clip_key in ms else []
+    post = ([(clip_key, ms[clip_key] * (1.0 - norm_share))] if clip_key in ms else []) + \
+        [(k, ms[k]) for k in order if k not in pre_keys and k != clip_key]
+    if "found_inf" in barriers and "grad_norm" in barriers:
+        segs = [pre, norm, post]
+    elif "found_inf" in barriers:
+        segs = [pre, norm + post]
+    else:
+        segs = [pre + norm, post]
+    seg_ms = [sum((m for _, m in sg), np.zeros_like(total)) for sg in segs[:-1]]
+    return segs, seg_ms + [total - sum(seg_ms, np.zeros_like(total))]
+
+
+def barrier_optimizer_ms(finish: np.ndarray, seg_ms: list[np.ndarray],
+                         barrier_ms: list[float]) -> tuple[np.ndarray, list[np.ndarray], list[tuple[float, float]]]:
+    """(each stage's end of its optimizer phase, each segment's start per stage, each barrier's (start, end)) of an
+    optimizer phase of segments ``seg_ms`` (ms per stage) that starts at ``finish`` (each stage's end of its backward
+    and gradient sync) with an all-reduce of ``barrier_ms[i]`` between segments i and i + 1: a barrier starts when the
+    last stage reaches it and every stage goes on when it ends. One segment: ``finish + seg_ms[0]``."""
+    t = np.asarray(finish, dtype=float)
+    starts, spans = [], []
+    for i, m in enumerate(seg_ms):
+        starts.append(t)
+        t = t + m
+        if i < len(seg_ms) - 1:
+            a = float(t.max())
+            spans.append((a, a + float(barrier_ms[i])))
+            t = np.full_like(t, a + float(barrier_ms[i]))
+    return t, starts, spans
 
 
 def collective_model():
@@ -3580,6 +3689,27 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     z3_f_ms = dpt["z3_f_ms"] + dpt["z3_root_f_ms"] / n_micro
     z3_first_f_ms = dpt["z3_first_f_ms"] + dpt["z3_root_first_f_ms"] / n_micro
 
+    # the all-reduces over the stages the optimizer step waits for (optimizer_barriers: the global norm's, fp16's
+    # found-inf check): the phase cut there (optimizer_segments), each barrier a 4-byte all-reduce over the group that
+    # reduces the norm (grad_stats_group_layout), in the "pp" class
+    opt_parts = sharded_optimizer_parts(opt_parts_stage(), opt_share, cast_share, opt_extra)
+    clip_on = bool(g.meta.get("clip_grad", True))
+    barriers = optimizer_barriers(opts.framework, dtype, clip_on, bf16_opt, P, g.meta.get("optimizer", "none"))
+    barrier_ms = 0.0
+    if barriers:
+        stats_l = grad_stats_group_layout(opts.framework, par.zero >= 1, lay, par.gpus, cl.gpus_per_node)
+        stats_key = ("grad_stats_ar", stats_l, id(cl), id(cm))
+        barrier_ms = memo.get(stats_key) if memo is not None else None
+        if barrier_ms is None:
+            barrier_ms = float(collective_ms(cm, ["all_reduce"], [GRAD_STATS_BYTES], stats_l, cl)[0][0])
+            if memo is not None:
+                memo[stats_key] = barrier_ms
+    if bf16_opt:  # BF16_Optimizer's clip_grad_norm part: its whole-gradient norm and clipping (the graph row cancels)
+        norm_b, clip_b = bf16_optimizer_norm_clip_bytes(ds_acc, clip_on)
+        norm_share = norm_b / (norm_b + clip_b)
+    else:
+        norm_share = CLIP_NORM_SHARE
+
     def run(free: frozenset = frozenset(), energy: bool = True):
         """The step with the communication classes in ``free`` made free (everything else as costed); ``energy``
         False: the step's time alone (``work`` None), what the runs for the exposed communication need."""
@@ -3761,9 +3891,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                         hid[np.isin(np.arange(P), first_ranks, invert=True)] = 0.0
                     st_g, xj_g = hidden_power(hid, "fs")
                     gather = gather + st_g
-        total = finish + opt_stage + gather + iteration_ms
+        # the optimizer phase, cut at its barriers: no stage clips or steps before every stage has taken its norm
+        opt_segs, seg_ms = optimizer_segments(opt_parts, opt_stage, barriers, norm_share)
+        opt_end, seg_start, bar_spans = barrier_optimizer_ms(finish, seg_ms, [0.0 if "pp" in free else barrier_ms]
+                                                             * len(barriers))
+        total = opt_end + gather + iteration_ms
+        phase = (opt_end, opt_segs, seg_ms, seg_start, bar_spans)
         if not energy:
-            return float(total.max()), pipe, finish, opt_stage, gather, comm_events, None
+            return float(total.max()), pipe, finish, opt_stage, gather, comm_events, None, phase
         # the computation's time per stage (the stretches a power limit puts on the overlapped spans included) and its
         # energy with what the hidden communication adds: the rest of the step is exposed communication or waiting
         # (task_f_ms, task_b_ms: each chunk's forward and backward task as scheduled, per micro-batch: what the trace's
@@ -3773,12 +3908,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     task_hidden_ms=rank_tasks((hid_f + hid_b) * n_micro),
                     task_stretch_ms=rank_tasks((np.zeros(n_chunks) + st_f + st_b) * n_micro),
                     after_cmp_ms=st_dp + st_g, after_extra_j=xj_dp + xj_g, task_f_ms=f, task_b_ms=b)
-        return float(total.max()), pipe, finish, opt_stage, gather, comm_events, work
+        return float(total.max()), pipe, finish, opt_stage, gather, comm_events, work, phase
 
-    step, pipe, finish, opt_stage, gather, comm_events, work = run()
-    # the optimizer phase of one GPU of each stage by op class and part, sharded as opt_stage (per stage they add up
-    # to it): per_op's optimizer rows, the trace's optimizer parts
-    opt_parts = sharded_optimizer_parts(opt_parts_stage(), opt_share, cast_share, opt_extra)
+    step, pipe, finish, opt_stage, gather, comm_events, work, phase = run()
+    opt_end, opt_segs, seg_ms, seg_start, bar_spans = phase
     step_free = run(every_class, energy=False)[0]
     # exposed communication per class: what the step would save if that class alone were free
     # every class is named, 0.0 where the strategy has none (tp 1, ep 1, ...); a search leaves the split out
@@ -3836,7 +3969,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             ood_stage = sums[("ood_stage", P, V)] = a if a[2:].any() else None
         ood_sums = None
         if ood_stage is not None:
-            crit = int(np.argmax(finish + opt_stage + gather))
+            crit = int(np.argmax(opt_end + gather))
             ood_sums = critical_rank_ood_sums(dict(zip(_OOD_STAGE_FIELDS, ood_stage[:, crit].tolist())), n_micro,
                                               float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
         return StepSummary(spec.name, par, step, float(mfu), model_flops / step_s / par.gpus / 1e12, model_flops, worst,
@@ -4008,16 +4141,21 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         for s, a, e, n_hidden in pipe.trace_gaps:  # an extrapolated step: its steady state is not drawn
             events.append(dict(stage=s, stream="compute", name=f"[{n_hidden:,} tasks of the steady state not drawn]",
                                start_ms=float(a), end_ms=float(e)))
-        opt_trace = optimizer_trace_parts(opt_parts, g.meta.get("optimizer"), g.meta.get("optimizer_impl"))
+        trace_name = {part: name for name, part, _ in optimizer_trace_parts(opt_parts, g.meta.get("optimizer"),
+                                                                             g.meta.get("optimizer_impl"))}
         for s in range(P):
-            t = float(finish[s])
-            if opt_stage[s] > 0:
-                # its parts in the step's order (trace name, part, ms; they add up to it): the trace draws each inside it
-                parts = [(name, part, float(ms[s])) for name, part, ms in opt_trace if ms[s] > 0]
-                events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=t,
-                                   end_ms=t + float(opt_stage[s]), args={f"{name}_ms": ms for name, _, ms in parts},
-                                   parts=parts))
-            t += float(opt_stage[s])
+            # the optimizer phase, one event per segment between its barriers (optimizer_segments; one without a
+            # pipeline): its parts in the step's order (trace name, part, ms; they add up to it), each drawn inside it
+            for i, (seg, m) in enumerate(zip(opt_segs, seg_ms)):
+                if m[s] > 0:
+                    t = float(seg_start[i][s])
+                    parts = [(trace_name[part], part, float(ms[s])) for part, ms in seg if ms[s] > 0]
+                    events.append(dict(stage=s, stream="compute", name="optimizer", start_ms=t, end_ms=t + float(m[s]),
+                                       args={f"{name}_ms": ms for name, _, ms in parts}, parts=parts))
+                if i < len(bar_spans):  # every stage in the all-reduce from the last one's arrival to its end
+                    a, e = bar_spans[i]
+                    events.append(dict(stage=s, stream="comm", name=f"pp.{barriers[i]}_all_reduce", start_ms=a, end_ms=e))
+            t = float(opt_end[s])
             if gather[s] > 0:  # the distributed optimizer's parameter all-gather: what of it the step waits for
                 events.append(dict(stage=s, stream="comm", name="dp.param_all_gather", start_ms=t, end_ms=t + float(gather[s])))
             t += float(gather[s])
@@ -4030,7 +4168,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # whether pipeline transfers were scattered over TP and all-gathered (None: no pipeline transfers)
                 scatter_gather_p2p=bool(partitioned) if P > 1 else None)
     # the step band's OOD term: the critical rank's (the stage that ends the step), its OOD kernels' share of its time
-    crit = int(np.argmax(finish + opt_stage + gather))
+    crit = int(np.argmax(opt_end + gather))
     crit_sums = critical_rank_ood_sums({k: float(rank_tasks(chunk_sum(k))[crit]) for k in _OOD_STAGE_FIELDS}, n_micro,
                                        float(opt_stage[crit] - bf16_step_ms[crit]), float(opt_by_stage[crit]))
     ood = ood_from_critical_sums(crit_sums)
@@ -4074,6 +4212,12 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                              for name, _, ms in optimizer_trace_parts(opt_parts, g.meta.get("optimizer"),
                                                                                       g.meta.get("optimizer_impl"))},
                 optimizer_ms_by_stage=np.asarray(opt_stage, dtype=float).tolist(),
+                # a pipeline's optimizer barriers (optimizer_barriers: "found_inf", "grad_norm"), the 4-byte
+                # all-reduce each one costs, and per stage the time its optimizer phase waits at them (the all-reduces
+                # included): each stage's phase ends at finish_ms + optimizer_ms_by_stage + this
+                **(dict(optimizer_barriers=list(barriers), optimizer_barrier_all_reduce_ms=barrier_ms,
+                        optimizer_barrier_wait_ms_by_stage=np.maximum(opt_end - finish - opt_stage, 0.0).tolist())
+                   if barriers else {}),
                 cp_exposed_ms_per_micro=float((cp_f_ms + cp_b_ms).sum()), cp_kv_step_ms=list(cp_step_ms),
                 # per class (tp, ep; tp_ep under the all-gather dispatcher), per stage: what its collectives add to one
                 # micro-batch's tasks (forward + backward of the stage's chunks; exposed, or what an overlap leaves

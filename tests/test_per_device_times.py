@@ -29,10 +29,12 @@ def test_pipeline_stages_busy_is_tasks_plus_optimizer_and_finish_is_the_optimize
     for s, d in enumerate(r.per_device):
         ev = _stage_events(r, s)
         tasks = [e for e in ev if e["name"][0] in "FBW" and not e["name"].startswith("[")]
-        opt = [e for e in ev if e["name"] == "optimizer"]
-        assert len(opt) == 1
+        # the optimizer phase in pieces between its barriers across the stages (the global norm's all-reduce)
+        opt = sorted((e for e in ev if e["name"] == "optimizer"), key=lambda e: e["start_ms"])
+        assert len(opt) == 1 + len(r.comm.get("optimizer_barriers", []))
         assert opt[0]["start_ms"] == pytest.approx(d["finish_ms"], rel=1e-12)
         assert d["finish_ms"] >= max(e["end_ms"] for e in tasks)
-        busy = sum(e["end_ms"] - e["start_ms"] for e in tasks) + (opt[0]["end_ms"] - opt[0]["start_ms"])
+        opt_ms = sum(e["end_ms"] - e["start_ms"] for e in opt)
+        busy = sum(e["end_ms"] - e["start_ms"] for e in tasks) + opt_ms
         assert d["busy_ms"] == pytest.approx(busy, rel=1e-9)
-        assert d["finish_ms"] + (opt[0]["end_ms"] - opt[0]["start_ms"]) <= r.step_time_ms * (1 + 1e-12)
+        assert d["finish_ms"] + opt_ms <= opt[-1]["end_ms"] * (1 + 1e-12) <= r.step_time_ms * (1 + 1e-12)
