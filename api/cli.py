@@ -1064,15 +1064,32 @@ def _print_cluster_tables(res, batch: int, seq: int | None) -> None:
                   "balanced share of tokens (every MoE layer waits for it; energy counts every rank so)")
     _print_cluster_per_op(con, res)
     d = Table(title="per pipeline stage (one GPU of each)")
-    for c in ("stage", "busy ms", "weights+master GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
+    layers = _stage_layers_cells(res)
+    for c in ("stage", *(("layers",) if layers else ()), "busy ms", "weights+master GB", "grads GB", "optimizer GB",
+              "activations GB", "buffers GB", "total GB"):
         d.add_column(c, justify="right")
     for r in res.per_device:
-        d.add_row(str(r["stage"]), f"{r['busy_ms']:.1f}", f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
+        d.add_row(str(r["stage"]), *((layers[r["stage"]],) if layers else ()), f"{r['busy_ms']:.1f}",
+                  f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
                   f"{r['optimizer_gb']:.2f}", f"{r['activations_gb']:.2f}", f"{r.get('buffers_gb', 0.0):.2f}",
                   f"{r['memory_gb']:.2f}")
     con.print(d)
     con.print(f"energy per step {res.energy_j / 1e3:.2f} kJ (all GPUs), average board power {res.avg_power_w:.0f} W per GPU"
               + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
+
+
+def _stage_layers_cells(res) -> list[str] | None:
+    """Each pipeline stage's (rank's) transformer layers as the per-stage table shows them (``parallel.stage_layers``,
+    the chunks in pipeline order): "11=5+6" for a stage's virtual-stage chunks under --interleave, or under DualPipe
+    its two stages (s and pp-1-s); None without the split."""
+    counts, P, V = res.meta.get("stage_layers"), res.parallel.pp, res.parallel.interleave
+    if not counts or len(counts) != P * V:
+        return None
+    if res.parallel.schedule == "dualpipe":
+        parts = [[counts[s], counts[P - 1 - s]] for s in range(P)]
+    else:
+        parts = [[counts[v * P + s] for v in range(V)] for s in range(P)]
+    return [f"{sum(x)}={'+'.join(map(str, x))}" if len(x) > 1 else str(x[0]) for x in parts]
 
 
 def _launch_gaps_label(settings: dict) -> str:
@@ -1377,6 +1394,17 @@ def search(
     if "memory_flag" in shown and (shown["memory_flag"] == "tight").any():
         con.print("tight: predicted within 5% of the GPU's memory, where the estimate cannot tell fitting from "
                   "not; check on the hardware", style="yellow")
+    # rows whose pipeline split Megatron-Core builds only with a split flag (framework megatron, an uneven automatic
+    # split: the row's pipeline_layout; predict --strategy warns with the --pp-first/last-stage-layers when they do)
+    laid = {}
+    for _, frame in tables:
+        for r in frame.to_dict("records") if "pipeline_layout" in frame else ():
+            if isinstance(r.get("pipeline_layout"), str) and r["pipeline_layout"]:
+                laid.setdefault(r["strategy"], r["pipeline_layout"])
+    for strategy, layout in laid.items():
+        con.print(f"note: {strategy}: an uneven pipeline split, which Megatron-Core builds only with a split flag: "
+                  f"--pipeline-model-parallel-layout \"{layout}\" (the row's pipeline_layout; predict --strategy "
+                  "names --pp-first/last-stage-layers where those build it)", style="yellow", soft_wrap=True)
     if len(res.excluded):
         counts = res.excluded["excluded_by"].value_counts()
         con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))
