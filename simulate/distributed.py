@@ -3853,7 +3853,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
                                post_backward_buffers_gb=terms["post_backward_buffers_gb"],
                                unsharded_gradients_gb=terms["unsharded_gradients_gb"],
-                               transient_gb=terms["transient_gb"], params=float(params_stage[s]),
+                               transient_gb=terms["transient_gb"],
+                               # which peak memory_gb is and its terms, which sum to it (as ``memory``'s)
+                               **peak_breakdown(terms), params=float(params_stage[s]),
                                energy_j=float(stage_e[s]), avg_power_w=float(stage_e[s] / step_s),
                                busy_power_w=float(e_task_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm),
                                # what the trace's power counter draws beyond busy_power_w over the tasks and
