@@ -628,8 +628,9 @@ def pipeline_split_report(counts: list[int] | tuple[int, ...], n_layers: int, pp
                if framework == "megatron-deepspeed" else
                "wattcast's automatic split: the stages' work balanced, the first stage also running the embedding and "
                "the last the output layer with the loss, within the memory")
-        return layout, [f"{head} ({how}; --pp-first-stage-layers/--pp-last-stage-layers set the first and the last "
-                        "stage's layers)"]
+        flags = ("" if framework == "megatron-deepspeed" else  # refused there: DeepSpeed partitions the stages
+                 "; --pp-first-stage-layers/--pp-last-stage-layers set the first and the last stage's layers")
+        return layout, [f"{head} ({how}{flags})"]
     why = (f"num_layers % pipeline_model_parallel_size == 0 ({n_layers} % {pp})" if n_layers % pp else
            f"each stage's layers % the virtual pipeline size == 0 ({n_layers // pp} % {interleave})")
     flags = first_last_flags_for(c, n_layers, pp, interleave)

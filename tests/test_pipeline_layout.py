@@ -53,6 +53,10 @@ def test_report_only_for_an_automatic_uneven_split():
     layout, notes = pipeline_split_report([5, 6, 5, 6, 6, 4], 32, 3, 2, framework="hf")
     assert layout is None and len(notes) == 1 and "stages [11, 12, 9]" in notes[0]
     assert "pipeline-model-parallel-layout" not in notes[0]
+    # megatron-deepspeed refuses --pp-first/last-stage-layers (DeepSpeed partitions the stages): not offered
+    layout, notes = pipeline_split_report([3, 2, 3, 2, 2], 12, 5, framework="megatron-deepspeed")
+    assert layout is None and "stages [3, 2, 3, 2, 2] (DeepSpeed's PipelineModule" in notes[0]
+    assert "--pp-first-stage-layers" not in notes[0]
     layout, notes = pipeline_split_report([13] + [14] * 5 + [13], 96, 7, framework="megatron")
     assert "--pp-first-stage-layers 13 --pp-last-stage-layers 13" in notes[0]
     assert "--decoder-first-pipeline-num-layers 13" in notes[0] and "96 % 7" in notes[0]
