@@ -1441,15 +1441,17 @@ def search(
                   "not; check on the hardware", style="yellow")
     # rows whose pipeline split Megatron-Core builds only with a split flag (framework megatron, an uneven automatic
     # split: the row's pipeline_layout; predict --strategy warns with the --pp-first/last-stage-layers when they do)
-    laid = {}
+    laid: dict[str, list[str]] = {}  # layout -> the shown rows' strategies with it, once each
     for _, frame in tables:
         for r in frame.to_dict("records") if "pipeline_layout" in frame else ():
             if isinstance(r.get("pipeline_layout"), str) and r["pipeline_layout"]:
-                laid.setdefault(r["strategy"], r["pipeline_layout"])
-    for strategy, layout in laid.items():
-        con.print(f"note: {strategy}: an uneven pipeline split, which Megatron-Core builds only with a split flag: "
-                  f"--pipeline-model-parallel-layout \"{layout}\" (the row's pipeline_layout; predict --strategy "
-                  "names --pp-first/last-stage-layers where those build it)", style="yellow", soft_wrap=True)
+                rows = laid.setdefault(r["pipeline_layout"], [])
+                if r["strategy"] not in rows:
+                    rows.append(r["strategy"])
+    for layout, strategies in laid.items():
+        con.print(f"note: {', '.join(strategies)}: an uneven pipeline split, which Megatron-Core builds only with a "
+                  f"split flag: --pipeline-model-parallel-layout \"{layout}\" (the row's pipeline_layout; predict "
+                  "--strategy names --pp-first/last-stage-layers where those build it)", style="yellow", soft_wrap=True)
     if len(res.excluded):
         counts = res.excluded["excluded_by"].value_counts()
         con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))
