@@ -991,12 +991,47 @@ def _show_cluster_prediction(res, req, f) -> None:
     refused = not res.fits and not f.allow_oom
     _warn_memory(res, refused=refused)
     if refused:
-        worst = max(res.per_device, key=lambda r: r["memory_gb"])
-        _fail(f"does not fit: stage {worst['stage']} needs {worst['memory_gb']:.1f} GB per GPU on {res.device} with "
-              f"{_gb_and_gib(capacity_gb)} (weights {worst['weights_gb']:.1f}, gradients "
-              f"{worst['gradients_gb']:.1f}, optimizer {worst['optimizer_gb']:.1f}, activations {worst['activations_gb']:.1f}, "
-              f"buffers {worst.get('buffers_gb', 0.0):.1f} GB); " + _tight_refusal(res) + _fitting_flags(req, res)
+        m = res.memory  # the worst stage's (the JSON's memory): its peak terms sum to its total
+        _fail(f"does not fit: stage {m['stage']} needs {m['total_gb']:.1f} GB per GPU on {res.device} with "
+              f"{_gb_and_gib(capacity_gb)} ({_peak_terms_text(m)}; {_largest_term_advice(res, m)}); "
+              + _tight_refusal(res) + _fitting_flags(req, res)
               + "use --zero, --recompute, more --tp/--pp, a smaller --micro-batch, or pass --allow-oom", code=3)
+
+
+def _peak_terms_text(m: dict) -> str:
+    """A stage's memory (``memory`` / a ``per_device`` row) as the terms of its peak that are not zero, in the JSON's
+    ``peak_terms_gb`` names and order, and their sum: "weights 2.0 + gradients 2.0 + ... = 147.0 GB at the backward
+    peak"."""
+    terms = {k: v for k, v in m["peak_terms_gb"].items() if v > 0}
+    phase = "the backward" if m["peak_phase"] == "backward" else "the after-backward (gradient reduction)"
+    return (" + ".join(f"{k.removesuffix('_gb')} {v:.1f}" for k, v in terms.items())
+            + f" = {sum(terms.values()):.1f} GB at {phase} peak")
+
+
+def _largest_term_advice(res, m: dict) -> str:
+    """What shrinks the largest term of the worst stage's peak (``m``: ``res.memory``), in the flags that exist."""
+    terms = m["peak_terms_gb"]
+    name = max(terms, key=terms.get)
+    p = res.parallel
+    fw = str(res.meta.get("settings", {}).get("framework") or res.meta.get("framework") or "")
+    holds_loss = p.pp == 1 or m["stage"] == p.pp - 1 or (p.schedule == "dualpipe" and m["stage"] == 0)
+    more_tp = "more --tp" + (" with --sp" if fw == "megatron" and not p.sp else "")
+    advice = {
+        "weights_gb": "--zero 3 shards the weights over data parallel; more --tp/--pp split them",
+        "master_weights_gb": "a higher --zero shards the fp32 master weights over data parallel; more --tp/--pp split them",
+        "gradients_gb": "--zero 2 or 3 shards the gradients over data parallel; more --tp/--pp split them",
+        "optimizer_gb": "--zero 1 or higher shards the optimizer states over data parallel; more --tp/--pp split them",
+        "activations_gb": (f"--recompute (selective or full), a smaller --micro-batch, {more_tp}"
+                           + (", --cp" if fw == "megatron" else "") + " or more --pp"),
+        "transient_gb": ("the largest kernel's working set" + (
+            ", here the loss over the logits (micro-batch x seq x vocabulary" + (" / tp" if fw != "hf" else "") + ")"
+            if holds_loss else "") + ": a smaller --micro-batch" + (" or more --tp" if fw != "hf" else "")
+            + " shrinks it; --recompute and --zero do not"),
+        "buffers_gb": "the communication and gradient buffers: more --tp/--pp split them",
+        "unsharded_gradients_gb": "a unit's gradients before their reduce-scatter: more --tp/--pp split them",
+        "post_backward_buffers_gb": "the gradient reduction's buffers: more --tp/--pp split them",
+    }.get(name, "more --tp/--pp")
+    return f"the largest, {name.removesuffix('_gb')} {terms[name]:.1f} GB: {advice}"
 
 
 def _fitting_flags(req, res) -> str:
@@ -1063,16 +1098,43 @@ def _print_cluster_tables(res, batch: int, seq: int | None) -> None:
         con.print(f"MoE routing: the busiest expert-parallel rank's experts process {res.meta['moe_load']:.2f}x their "
                   "balanced share of tokens (every MoE layer waits for it; energy counts every rank so)")
     _print_cluster_per_op(con, res)
-    d = Table(title="per pipeline stage (one GPU of each)")
-    for c in ("stage", "busy ms", "weights+master GB", "grads GB", "optimizer GB", "activations GB", "buffers GB", "total GB"):
+    d = Table(title="per pipeline stage (one GPU of each; GB: the terms of each stage's peak, memory.peak_terms_gb's "
+                    "names, which sum to its total)")
+    layers = _stage_layers_cells(res)
+    from wattcast.simulate.stage_memory import PEAK_TERMS
+
+    # every term of a stage's peak that is not zero on some stage, in the JSON's order (the backward peak's, then the
+    # after-backward peak's own); "-" where a stage's peak does not hold it
+    order = list(dict.fromkeys(PEAK_TERMS["backward"] + PEAK_TERMS["after_backward"]))
+    shown = [k for k in order if any(r["peak_terms_gb"].get(k, 0.0) > 0 for r in res.per_device)]
+    for c in ("stage", *(("layers",) if layers else ()), "busy ms", *(k.removesuffix("_gb") for k in shown), "total GB"):
         d.add_column(c, justify="right")
     for r in res.per_device:
-        d.add_row(str(r["stage"]), f"{r['busy_ms']:.1f}", f"{r['weights_gb']:.2f}", f"{r['gradients_gb']:.2f}",
-                  f"{r['optimizer_gb']:.2f}", f"{r['activations_gb']:.2f}", f"{r.get('buffers_gb', 0.0):.2f}",
+        d.add_row(str(r["stage"]), *((layers[r["stage"]],) if layers else ()), f"{r['busy_ms']:.1f}",
+                  *(f"{r['peak_terms_gb'][k]:.2f}" if k in r["peak_terms_gb"] else "-" for k in shown),
                   f"{r['memory_gb']:.2f}")
-    con.print(d)
+    # piped or captured: room for every column, as search's tables (a terminal fits the table to its width)
+    (con if con.is_terminal else Console(width=200)).print(d)
+    after = [str(r["stage"]) for r in res.per_device if r["peak_phase"] == "after_backward"]
+    if after:
+        con.print(f"stage{'s' if len(after) > 1 else ''} {', '.join(after)}: the peak is after the backward (the "
+                  "gradient reduction's buffers, the activations freed)")
     con.print(f"energy per step {res.energy_j / 1e3:.2f} kJ (all GPUs), average board power {res.avg_power_w:.0f} W per GPU"
               + (f" under a {res.power_limit_w:g} W limit" if res.power_limit_w else ""))
+
+
+def _stage_layers_cells(res) -> list[str] | None:
+    """Each pipeline stage's (rank's) transformer layers as the per-stage table shows them (``parallel.stage_layers``,
+    the chunks in pipeline order): "11=5+6" for a stage's virtual-stage chunks under --interleave, or under DualPipe
+    its two stages (s and pp-1-s); None without the split."""
+    counts, P, V = res.meta.get("stage_layers"), res.parallel.pp, res.parallel.interleave
+    if not counts or len(counts) != P * V:
+        return None
+    if res.parallel.schedule == "dualpipe":
+        parts = [[counts[s], counts[P - 1 - s]] for s in range(P)]
+    else:
+        parts = [[counts[v * P + s] for v in range(V)] for s in range(P)]
+    return [f"{sum(x)}={'+'.join(map(str, x))}" if len(x) > 1 else str(x[0]) for x in parts]
 
 
 def _launch_gaps_label(settings: dict) -> str:
@@ -1377,6 +1439,19 @@ def search(
     if "memory_flag" in shown and (shown["memory_flag"] == "tight").any():
         con.print("tight: predicted within 5% of the GPU's memory, where the estimate cannot tell fitting from "
                   "not; check on the hardware", style="yellow")
+    # rows whose pipeline split Megatron-Core builds only with a split flag (framework megatron, an uneven automatic
+    # split: the row's pipeline_layout; predict --strategy warns with the --pp-first/last-stage-layers when they do)
+    laid: dict[str, list[str]] = {}  # layout -> the shown rows' strategies with it, once each
+    for _, frame in tables:
+        for r in frame.to_dict("records") if "pipeline_layout" in frame else ():
+            if isinstance(r.get("pipeline_layout"), str) and r["pipeline_layout"]:
+                rows = laid.setdefault(r["pipeline_layout"], [])
+                if r["strategy"] not in rows:
+                    rows.append(r["strategy"])
+    for layout, strategies in laid.items():
+        con.print(f"note: {', '.join(strategies)}: an uneven pipeline split, which Megatron-Core builds only with a "
+                  f"split flag: --pipeline-model-parallel-layout \"{layout}\" (the row's pipeline_layout; predict "
+                  "--strategy names --pp-first/last-stage-layers where those build it)", style="yellow", soft_wrap=True)
     if len(res.excluded):
         counts = res.excluded["excluded_by"].value_counts()
         con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))

@@ -164,7 +164,7 @@ TEXT_COLUMNS = frozenset(("task_id", "model", "cluster", "region", "status", "er
                           "cloud_price_source", "electricity_source", "grid_region", "grid_basis", "grid_source",
                           "cloud_pricing", "accelerator_price_source", "warnings", "unranked_clusters", "dropped_values",
                           "cp_comm_type", "hierarchical_cp_sizes", "fp8_recipe", "step_time_band_basis",
-                          "step_time_band_generation"))
+                          "step_time_band_generation", "pipeline_layout"))
 #: a search's own findings, on every row of its task as JSON text (the keys and values of ``wattcast search --json``):
 #: ``warnings`` (a list: the model's, e.g. a sequence beyond its positions, and the cluster's and GPU's,
 #: ``SearchResult.warnings``) and ``unranked_clusters`` (an object: the searched cluster, when it has no valid strategy,

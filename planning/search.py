@@ -53,11 +53,13 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 
 
 #: columns of ``SearchResult.ranked`` (and ``pareto``); a search with ``tokens`` adds :data:`RUN_COLUMNS`
+#: (``pipeline_layout``: framework megatron, an uneven pipeline split, the Megatron-Core
+#: ``--pipeline-model-parallel-layout`` that builds it, as ``predict``'s ``parallel.pipeline_layout``; None otherwise)
 _CORE_COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
            "attention", "framework", "etp", "seq", "cp_comm_type", "hierarchical_cp_sizes", "fp8_recipe",
-           "fp8_param_gather", "compile", "step_time_band_low_ms",
+           "fp8_param_gather", "compile", "pipeline_layout", "step_time_band_low_ms",
            "step_time_band_high_ms", "ood_time_share", "ood_collective_time_share")
 #: what ``predict_cluster``'s ``step_time_band`` says of the same strategy as ``basis`` and ``generation``
 #: (``step_band.search_basis_columns``; None for a strategy that was not scheduled; stop 58, audit 58d)
@@ -1334,7 +1336,10 @@ class _Evaluator:
                p.cp_comm_type, _cp_sizes_text(p.hierarchical_cp_sizes),
                # the FP8 recipe (None unless dtype fp8) and whether this strategy gathers FP8 parameters (the option
                # given, on the candidates with the distributed optimizer): no strategy token records them either
-               self.fp8_recipe, bool(ctx.fp8_param_gather), bool(job.step.compile))
+               self.fp8_recipe, bool(ctx.fp8_param_gather), bool(job.step.compile),
+               # framework megatron, an uneven split: the --pipeline-model-parallel-layout Megatron-Core builds it with
+               # (predict's parallel.pipeline_layout; None otherwise)
+               r.pipeline_layout)
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,

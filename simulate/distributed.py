@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
@@ -64,7 +65,8 @@ from wattcast.simulate.parallel import (CP_SUBGROUPS, GroupLayout, ParallelConfi
                                         memory_fitting_split,
                                         cp_group_sizes, embedding_group_layout, expert_dp, expert_tp, group_layout,
                                         layouts, pair_layout_across, pp_hop_crosses_nodes, pp_senders_per_node,
-                                        resolve_parallel, stage_layers, straddling_group_notes, tp_overlap_notes,
+                                        pipeline_split_report, resolve_parallel, stage_layers, straddling_group_notes,
+                                        tp_overlap_notes,
                                         _PAIR_ONE_NODE)
 from wattcast.simulate.data_loading import (NOT_A_TOKEN_BATCH, check_load_ms, h2d_copy_ms, loader_exposed_ms,
                                             resolve_workers, stage_copy, stage_figures)
@@ -153,6 +155,13 @@ class DistributedPrediction:
         return float(self.exposed_comm_ms - sum(self.exposed_comm_split_ms.values()))
 
     @property
+    def pipeline_layout(self) -> str | None:
+        """Megatron-Core's ``--pipeline-model-parallel-layout`` that builds this step's uneven pipeline split (framework
+        megatron; ``parallel.pipeline_layout`` in the JSON, :func:`parallel.pipeline_split_report`); None for an even
+        split, no pipeline or another framework."""
+        return self.meta.get("pipeline_layout")
+
+    @property
     def memory_flag(self) -> str:
         """"tight" or "" (see simulate.memory.memory_flag; "pressure" was measured on eager single-GPU
         training only, not under these frameworks: a vTrain run predicted at 81.2 GB of 80 ran 5.7% faster)."""
@@ -179,6 +188,9 @@ class DistributedPrediction:
                                   recompute_method=p.recompute_method if p.recompute_num_layers is not None else None,
                                   schedule=p.schedule, name=p.describe(),
                                   stage_layers=self.meta.get("stage_layers"),
+                                  # framework megatron, an uneven split: the --pipeline-model-parallel-layout that
+                                  # builds it (parallel.pipeline_split_report; None otherwise)
+                                  pipeline_layout=self.pipeline_layout,
                                   zero3_prefetch=self.meta.get("zero3_prefetch"),
                                   scatter_gather_p2p=self.meta.get("scatter_gather_p2p"),
                                   grad_accum_dtype=self.meta.get("grad_accum_dtype")),
@@ -2149,13 +2161,14 @@ def recompute_extra_by_stage(full_extra_bytes: np.ndarray, chunk: np.ndarray, n_
 
 def _unscheduled(g, spec: DeviceSpec, cl: ClusterSpec, par: ParallelConfig, n_layers: int, n_micro: int, counts,
                  model_totals: dict, worst: float, worst_terms: dict | None, capacity: float, view: "_RankView",
-                 power_limit_w: float | None, notes=(), per_op: list | None = None) -> DistributedPrediction:
+                 power_limit_w: float | None, notes=(), per_op: list | None = None,
+                 pipeline_layout: str | None = None) -> DistributedPrediction:
     """A strategy that does not fit, with its memory and without a schedule (``prune_oom``): every time, throughput
     and energy figure is NaN (not simulated), never a made-up number; ``meta["scheduled"]`` is False. ``per_op``: its
     kernels as costed (:func:`step_per_op`, without the passes and loading the schedule adds)."""
     nan = float("nan")
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
-                scheduled=False, note="does not fit in memory: the step was not simulated (memory-first pruning)")
+                pipeline_layout=pipeline_layout, scheduled=False, note="does not fit in memory: the step was not simulated (memory-first pruning)")
     meta = with_warnings(meta, notes)
     return DistributedPrediction(
         model=str(g.meta.get("name")), device=spec.name, cluster=cl.name, gpus=par.gpus, parallel=par, step_time_ms=nan,
@@ -2288,6 +2301,15 @@ class ScheduleContext:
         return out
 
 
+@lru_cache(maxsize=4096)
+def _split_report(counts: tuple, n_layers: int, pp: int, interleave: int, framework: str, explicit: bool,
+                  dual: bool) -> tuple[str | None, tuple[str, ...]]:
+    """:func:`parallel.pipeline_split_report` once per split (a search meets the same split many times)."""
+    layout, notes = pipeline_split_report(counts, n_layers, pp, interleave, framework=framework, explicit=explicit,
+                                          dualpipe=dual)
+    return layout, tuple(notes)
+
+
 class StepSummary(NamedTuple):
     """What a search row needs of one step (``ScheduleContext.summary``): the DistributedPrediction fields of the same
     names, with the same values; a strategy that does not fit (memory-first pruning) has NaN times and energy and
@@ -2318,6 +2340,9 @@ class StepSummary(NamedTuple):
     #: ``n_micro`` times, with ``optimizer_per_op`` (the step's optimizer-phase rows, every stage's sharded step)
     n_micro: int = 1
     optimizer_per_op: list | None = None
+    #: Megatron-Core's ``--pipeline-model-parallel-layout`` of an uneven split (the prediction's
+    #: ``parallel.pipeline_layout``; None for an even split, no pipeline or another framework)
+    pipeline_layout: str | None = None
 
     @property
     def memory_flag(self) -> str:
@@ -3055,6 +3080,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if memo is not None:
             memo[chunk_key] = hit
     counts, chunk, sums, auto_edge = hit
+    # Megatron-Core's --pipeline-model-parallel-layout of an uneven split (parallel.pipeline_layout) and the warning
+    # an automatic uneven split carries (the split, and the flags Megatron-Core builds it with)
+    split_layout, split_notes = _split_report(tuple(int(x) for x in counts), n_layers, P, V, opts.framework,
+                                              par.pp_first_layers is not None or par.pp_last_layers is not None, dual)
     if par.recompute_num_layers is not None:  # resolve_parallel's rule: only with full recomputation
         mix_key = ("block_rc", id(view), par.recompute_num_layers, par.recompute_method, tuple(counts))
         mixed = memo.get(mix_key) if memo is not None else None
@@ -3379,14 +3408,14 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if summary:
             nan = float("nan")
             return StepSummary(spec.name, par, nan, nan, nan, model_totals["flops"] * n_micro * par.dp, worst, False,
-                               nan, nan, nan, nan, capacity, False)
+                               nan, nan, nan, nan, capacity, False, pipeline_layout=split_layout)
         return _unscheduled(g, spec, cl, par, n_layers, n_micro, counts, model_totals, worst, worst_terms, capacity,
                             view, power_limit_w,
-                            (*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
+                            (*ctx.notes, *split_notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
                              *tp_overlap_notes(par, ctx.cl, ctx.opts.framework)),
                             step_per_op(view.per_op_fb, n_micro,
                                         sharded_optimizer_parts(opt_parts_stage(), opt_share, cast_share),
-                                        g.meta.get("optimizer_impl")))
+                                        g.meta.get("optimizer_impl")), pipeline_layout=split_layout)
 
     ep_unpaired = None
     if par.overlap_moe_expert_parallel_comm and dual:  # the tasks outside DualPipe's F&B pairs (its reference order)
@@ -3975,7 +4004,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         return StepSummary(spec.name, par, step, float(mfu), model_flops / step_s / par.gpus / 1e12, model_flops, worst,
                            fits, max(step - step_free, 0.0), max(bubble, 0.0), energy_total,
                            energy_total / step_s / par.gpus, capacity, True, ood_sums, view.per_op_fb,
-                           float(data_f.sum()), n_micro, step_per_op([], 1, opt_parts))
+                           float(data_f.sum()), n_micro, step_per_op([], 1, opt_parts), pipeline_layout=split_layout)
     # per stage: busy time, memory (computed before the schedule, above) and energy; a search reads none of it
     per_device = []
     after_j, after_ms = (np.broadcast_to(np.asarray(work[k], dtype=float), (P,)) for k in ("after_extra_j", "after_cmp_ms"))
@@ -3990,7 +4019,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                activations_gb=terms["activations_gb"], buffers_gb=terms["buffers_gb"],
                                post_backward_buffers_gb=terms["post_backward_buffers_gb"],
                                unsharded_gradients_gb=terms["unsharded_gradients_gb"],
-                               transient_gb=terms["transient_gb"], params=float(params_stage[s]),
+                               transient_gb=terms["transient_gb"],
+                               # which peak memory_gb is and its terms, which sum to it (as ``memory``'s)
+                               **peak_breakdown(terms), params=float(params_stage[s]),
                                energy_j=float(stage_e[s]), avg_power_w=float(stage_e[s] / step_s),
                                busy_power_w=float(e_task_s[s] / max(busy[s] / 1e3, 1e-12)), wait_power_w=float(p_comm),
                                # what the trace's power counter draws beyond busy_power_w over the tasks and
@@ -4162,7 +4193,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             if iteration_ms > 0:  # the framework's per-iteration host time (the GPU waits)
                 events.append(dict(stage=s, stream="compute", name="host.iteration", start_ms=t, end_ms=t + float(iteration_ms)))
     meta = dict(g.meta, n_layers=n_layers, param_count=model_totals["param_count"], n_micro=n_micro, stage_layers=counts,
-                zero3_prefetch=ctx.zero3_prefetch if per_unit else None,
+                pipeline_layout=split_layout, zero3_prefetch=ctx.zero3_prefetch if per_unit else None,
                 # DeepSpeed's gradient-accumulation dtype (None: not a DeepSpeed bf16 step)
                 grad_accum_dtype=resolved_grad_accum_dtype(opts.framework, ctx.grad_accum_dtype, dtype, par.zero),
                 # whether pipeline transfers were scattered over TP and all-gathered (None: no pipeline transfers)
@@ -4175,7 +4206,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
     warn = ood_warning(float(ood.get("share", 0.0)))
     meta["ood_band"] = dict(ood)  # the step band's OOD term (validation/step_band.py scores rows with it)
     meta["ood_shares"] = _ood_shares(ood, crit_sums, n_micro * float(rank_tasks(chunk_sum("coll_ms"))[crit]))
-    meta = with_warnings(meta, [*ctx.notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
+    meta = with_warnings(meta, [*ctx.notes, *split_notes, *straddling_group_notes(par, ctx.cl.gpus_per_node),
                                 *tp_overlap_notes(par, ctx.cl, ctx.opts.framework), *([warn] if warn else [])])
     if dual:
         meta["dualpipe"] = dualpipe_summary(pipe)

@@ -551,6 +551,104 @@ def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | No
     return [per[s][v] for v in range(interleave) for s in range(pp)]
 
 
+def pipeline_layout_string(counts: list[int] | tuple[int, ...]) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` for the transformer layers of each model chunk ``counts``
+    (in pipeline order, chunk ``v x pp + s`` virtual stage ``v`` of stage ``s``: the layout's own order,
+    Megatron-Core 0.16.1 transformer/pipeline_parallel_layer_layout.py l. 47-53 reads chunk
+    ``vpp_rank * pp + pp_rank``): "|" between chunks, "E" (the embedding) before the first chunk's layers, "L" (the
+    output layer with the loss) after the last's, "t*n" for n transformer layers and "(...|)*k" for k equal chunks in
+    a row between, the syntax of its ``parse_str_to_list`` (l. 283-330). 32 layers as chunks 5, 6, 5, 6, 6, 4:
+    "Et*5|t*6|t*5|(t*6|)*2t*4L". The layout sets every chunk's count (transformer/transformer_block.py l. 88-93:
+    with a layout ``get_num_layers_to_build`` returns its count, no divisibility rule), so Megatron-Core builds any
+    split with it."""
+    def body(n: int) -> str:
+        return "" if n == 0 else "t" if n == 1 else f"t*{n}"
+
+    c = [int(x) for x in counts]
+    if len(c) == 1:
+        return f"E{body(c[0])}L"
+    pieces = [f"E{body(c[0])}|"]
+    for value, group in itertools.groupby(c[1:-1]):
+        k = len(list(group))
+        pieces.append(f"({body(value)}|)*{k}" if k > 1 else f"{body(value)}|")
+    pieces.append(f"{body(c[-1])}L")
+    return "".join(pieces)
+
+
+def first_last_flags_for(counts: list[int] | tuple[int, ...], n_layers: int, pp: int,
+                         interleave: int = 1) -> tuple[int | None, int | None] | None:
+    """(--pp-first-stage-layers, --pp-last-stage-layers) that build the chunks ``counts`` (:func:`chunk_layers`' order)
+    with Megatron-Core's ``decoder_first/last_pipeline_num_layers`` (None for a flag not needed), the fewest flags
+    first; None when no such flags build it (the stages between would not be equal, or a stage's layers would not
+    divide by ``interleave``: transformer/transformer_block.py l. 119-135 and l. 175)."""
+    c = [int(x) for x in counts]
+    if pp < 2 or len(c) != pp * interleave:
+        return None
+    stages = [sum(c[v * pp + s] for v in range(interleave)) for s in range(pp)]
+    for first, last in ((stages[0], None), (None, stages[-1]), (stages[0], stages[-1])):
+        try:
+            if chunk_layers(n_layers, pp, interleave, first=first, last=last) == c:
+                return first, last
+        except ParallelConfigError:
+            pass
+    return None
+
+
+def pipeline_split_report(counts: list[int] | tuple[int, ...], n_layers: int, pp: int, interleave: int = 1, *,
+                          framework: str = "megatron", explicit: bool = False,
+                          dualpipe: bool = False) -> tuple[str | None, list[str]]:
+    """(``parallel.pipeline_layout``, warnings) of a pipeline split ``counts`` (:func:`chunk_layers`' chunks).
+
+    ``pipeline_layout``: under ``framework`` megatron (not DualPipe, which Megatron-Core does not run), where the
+    chunks are not all equal, the ``--pipeline-model-parallel-layout`` that builds them
+    (:func:`pipeline_layout_string`); None for Megatron-Core's default even split, no pipeline, or another framework.
+
+    warnings: one, where the split is wattcast's automatic one (no ``explicit`` first/last stage layers) and uneven:
+    the split itself, and under megatron the flags that make Megatron-Core build it: without a split flag it asserts
+    ``num_layers % pipeline_model_parallel_size == 0`` and, under a virtual pipeline, each stage's layers divide by
+    ``interleave`` (Megatron-Core 0.16.1 transformer/transformer_block.py l. 155-157 and l. 174-176); the
+    --pp-first/last-stage-layers that build it when some do (:func:`first_last_flags_for`), else the layout."""
+    c = [int(x) for x in counts]
+    if pp < 2 or len(set(c)) < 2:
+        return None, []
+    megatron = framework == "megatron" and not dualpipe
+    layout = pipeline_layout_string(c) if megatron else None
+    if explicit:
+        return layout, []
+    stages = [sum(c[v * pp + s] for v in range(interleave)) for s in range(pp)] if len(c) == pp * interleave else c
+    chunks = (f" as {len(c)} virtual-stage chunks [{_runs(c)}] in pipeline order (stage 0's "
+              f"{' + '.join(str(c[v * pp]) for v in range(interleave))}, stage {pp - 1}'s "
+              f"{' + '.join(str(c[v * pp + pp - 1]) for v in range(interleave))})"
+              if interleave > 1 and len(c) == pp * interleave else "")
+    what = f"the {pp} stages" + (f" x {interleave} virtual stages (--interleave)" if interleave > 1 else "")
+    head = (f"automatic pipeline split: the model's {n_layers} transformer layers do not divide {what} evenly: "
+            f"stages [{_runs(stages)}]{chunks}")
+    if not megatron:
+        how = ("DeepSpeed's PipelineModule partitioning, layer i on chunk i x chunks // layers"
+               if framework == "megatron-deepspeed" else
+               "wattcast's automatic split: the stages' work balanced, the first stage also running the embedding and "
+               "the last the output layer with the loss, within the memory")
+        flags = ("" if framework == "megatron-deepspeed" else  # refused there: DeepSpeed partitions the stages
+                 "; --pp-first-stage-layers/--pp-last-stage-layers set the first and the last stage's layers")
+        return layout, [f"{head} ({how}{flags})"]
+    why = (f"num_layers % pipeline_model_parallel_size == 0 ({n_layers} % {pp})" if n_layers % pp else
+           f"each stage's layers % the virtual pipeline size == 0 ({n_layers // pp} % {interleave})")
+    flags = first_last_flags_for(c, n_layers, pp, interleave)
+    account = (" or Megatron-LM's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split"
+               if account_split_chunks(n_layers, pp * interleave) == c else "")
+    if flags is not None:
+        ours = " ".join(f"--pp-{w}-stage-layers {n}" for w, n in zip(("first", "last"), flags) if n is not None)
+        theirs = " ".join(f"--decoder-{w}-pipeline-num-layers {n}" for w, n in zip(("first", "last"), flags)
+                          if n is not None)
+        build = (f"give {ours} (Megatron-LM's {theirs}){account} or Megatron-LM's "
+                 f"--pipeline-model-parallel-layout \"{layout}\"")
+    else:
+        build = (f"--pp-first-stage-layers/--pp-last-stage-layers cannot build it; Megatron-LM's "
+                 f"--pipeline-model-parallel-layout \"{layout}\"{account} does (parallel.pipeline_layout)")
+    return layout, [f"{head}. Megatron-Core 0.16.1 builds it only with a split flag (without one it asserts {why}, "
+                    f"transformer/transformer_block.py get_num_layers_to_build): {build}"]
+
+
 def _check_etp(cfg: ParallelConfig, *, dp: int, n_experts: int | None, fw: str | None) -> None:
     """Megatron-Core's rules for ``--expert-tensor-parallel-size`` (MoE parallel folding,
     ``parallel_state.initialize_model_parallel``: the expert ranks etp x ep x expert-dp fold over tp x cp x dp)."""

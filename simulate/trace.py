@@ -141,9 +141,21 @@ def write_chrome_trace(res, path: str | Path) -> Path:
     other = {"model": res.meta.get("name"), "device": res.device, "mode": res.mode, "dtype": shown_dtype(res.meta),
              "step_time_ms": res.step_time_ms, **band_keys(getattr(res, "step_band", None) or {}),
              "ood_time_fraction": getattr(res, "ood_time_fraction", None),
-             "ood_kernel_time_fraction": getattr(res, "ood_kernel_time_fraction", None)}
+             "ood_kernel_time_fraction": getattr(res, "ood_kernel_time_fraction", None),
+             **_memory_keys(res)}
     other.update({k: v for k, v in trace_settings(res).items() if k not in other})
     return _write_trace(path, chrome_trace_events(res), other)
+
+
+def _memory_keys(res) -> dict:
+    """A trace's memory, as ``predict --json`` gives it (audit 59a: a trace had none): ``memory_gb`` (one device's
+    total; a cluster step's worst stage's), ``memory_terms_gb`` (the terms that sum to it: a cluster step's
+    ``memory.peak_terms_gb``, one device's ``memory`` terms but ``total_gb``), ``memory`` (the JSON's ``memory``
+    block), ``memory_capacity_gb`` and ``fits``."""
+    mem = res.memory if isinstance(res.memory, dict) else res.memory.to_dict()
+    terms = mem.get("peak_terms_gb") if "peak_terms_gb" in mem else {k: v for k, v in mem.items() if k != "total_gb"}
+    return {"memory_gb": res.memory_gb, "memory_terms_gb": dict(terms or {}), "memory": dict(mem),
+            "memory_capacity_gb": res.memory_capacity_gb, "fits": res.fits}
 
 
 #: the tracks (thread ids) of a distributed trace, per pipeline stage (process): the computation, then one per kind
@@ -387,7 +399,9 @@ def write_distributed_trace(res, path: str | Path) -> Path:
              "moe_load": res.meta.get("moe_load", 1.0),
              # the step's 90% band and OOD shares, as predict --cluster --json gives them (stop 58)
              **band_keys(getattr(res, "step_band", None) or {}),
-             **{k: (res.meta.get("ood_shares") or {}).get(k) for k in ("ood_time_fraction", "ood_kernel_time_fraction")}}
+             **{k: (res.meta.get("ood_shares") or {}).get(k) for k in ("ood_time_fraction", "ood_kernel_time_fraction")},
+             # the worst stage's memory and its peak's terms, as predict --cluster --json's memory block (audit 59a)
+             **_memory_keys(res)}
     # the other settings that change the step, added after (never replacing) the keys above
     other.update({k: v for k, v in trace_settings(res).items() if k not in other})
     return _write_trace(path, distributed_trace_events(res), other)
