@@ -246,7 +246,11 @@ class DistributedPrediction:
 FRAMEWORK_HOST_MS = {"hf": (EAGER_HOST_LAUNCH_MS, 0.0), "megatron": (0.006, 0.0), "megatron-deepspeed": (0.0725, 2.5)}
 #: How each framework's per-kernel host cost composes with the GPU times (``single_device.cost_nodes``' host_model):
 #: eager PyTorch (hf) an in-order launch queue; the Megatron presets a per-kernel max(GPU, host), as their costs
-#: were fitted (megatron-deepspeed's on vTrain) or shipped (megatron)
+#: were fitted (megatron-deepspeed's on vTrain) or shipped (megatron). The queue refitted for megatron-deepspeed lost on
+#: vTrain's fitting half at stop 59 (``benchmarks/fit_framework_overhead.py --host-model queue``: best 9.03% mean, 139
+#: rows > 15%, against the max's 5.80% / 59): it draws the host-bound plateau's turn (hidden 1,024 TP2 micro-batch 4
+#: +19 -> +11%) but its GPU-bound rows come out too short (TP4 -15 -> -25%), so the max's host charge is standing in
+#: for GPU time missing at TP4, the term to look for next
 FRAMEWORK_HOST_MODEL = {"hf": "queue", "megatron": "max", "megatron-deepspeed": "max"}
 
 
