@@ -250,7 +250,9 @@ FRAMEWORK_HOST_MS = {"hf": (EAGER_HOST_LAUNCH_MS, 0.0), "megatron": (0.006, 0.0)
 #: vTrain's fitting half at stop 59 (``benchmarks/fit_framework_overhead.py --host-model queue``: best 9.03% mean, 139
 #: rows > 15%, against the max's 5.80% / 59): it draws the host-bound plateau's turn (hidden 1,024 TP2 micro-batch 4
 #: +19 -> +11%) but its GPU-bound rows come out too short (TP4 -15 -> -25%), so the max's host charge is standing in
-#: for GPU time missing at TP4, the term to look for next
+#: for GPU time missing at TP4, the term to look for next. Looked for at stop 59 (benchmarks/vtrain_tp_terms.py, README
+#: "vTrain's TP rows: the per-layer term"): a fixed cost per layer and micro-batch at TP > 1 (0.75-1.3 / 1.3-1.8 / ~2.3
+#: ms at TP2 / 4 / 8), flat in the all-reduce size from 16 to 32 MB, so no bandwidth or kernel term; not shipped
 FRAMEWORK_HOST_MODEL = {"hf": "queue", "megatron": "max", "megatron-deepspeed": "max"}
 
 

@@ -16,6 +16,7 @@ the terms leave unexplained (negative where overlapping terms are counted twice)
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 #: op classes of the rank graph reported as "attention": the score and value batched GEMMs, softmax and the fused
@@ -109,3 +110,55 @@ def repeat_floor_pct(measured_ms, keys) -> pd.Series:
     k = pd.Series(list(keys), dtype=object)
     lo, hi = m.groupby(k).transform("min"), m.groupby(k).transform("max")
     return 100.0 * (hi - lo) / (hi + lo)
+
+
+def layer_slopes(rows: pd.DataFrame, value: str = "measured_ms", by: tuple = ("hidden", "tp")) -> pd.DataFrame:
+    """Per-layer and per-micro-batch times of single-stage (pp 1) training steps, by least squares.
+
+    Within each group of ``by``, every row's ``value`` (ms) is read as ``n_micro x (a + b x layers) + c + d x layers``
+    with ``a`` and ``b`` per micro-batch size (the time one micro-batch spends outside the layers and in each layer,
+    forward and backward), ``c`` per (micro-batch size, DP degree) and ``d`` per DP degree (the optimizer, the
+    gradient all-reduce and the other once-a-step costs, per step and per layer). vTrain's single-node rows follow
+    this form to 1e-13 ms within a (hidden, TP, micro-batch, DP) cell (README, stop 48), so ``b`` is the per-layer
+    time that rows with several layer counts and micro-batch counts pin apart from every per-step term. ``n_micro``
+    is ``batch / (micro_batch x dp)`` when the rows do not carry it.
+
+    Returns one row per (``by``, micro_batch): ``a_ms``, ``b_ms`` (NaN where the rows do not identify them, e.g. one
+    micro-batch count and no other micro-batch size to share ``d`` with), ``rows`` and ``max_residual_ms`` (the
+    group's largest |fit - value|: how well the form holds)."""
+    need = [*by, "micro_batch", "dp", "pp", "layers", value] + ([] if "n_micro" in rows.columns else ["batch"])
+    missing = [c for c in need if c not in rows.columns]
+    if missing:
+        raise ValueError(f"layer_slopes: the rows have no column(s) {missing}")
+    if (rows["pp"] != 1).any():
+        raise ValueError("layer_slopes: rows with pp > 1 (pipeline stages split the layers and add a bubble); pass "
+                         "the pp 1 rows")
+    df = rows.copy()
+    if "n_micro" not in df.columns:
+        df["n_micro"] = df["batch"] / (df["micro_batch"] * df["dp"])
+    out = []
+    for key, g in df.groupby(list(by)):
+        n, L, y = (g[c].to_numpy(dtype=float) for c in ("n_micro", "layers", value))
+        mbs, dps = np.sort(g["micro_batch"].unique()), np.sort(g["dp"].unique())
+        cols, names = [], []
+        for mb in mbs:
+            s = (g["micro_batch"] == mb).to_numpy(dtype=float)
+            cols += [s * n, s * n * L]
+            names += [("a", mb), ("b", mb)]
+            cols += [s * (g["dp"] == dp).to_numpy() for dp in np.sort(g.loc[g["micro_batch"] == mb, "dp"].unique())]
+            names += [("c", mb)] * (len(cols) - len(names))
+        cols += [(g["dp"] == dp).to_numpy() * L for dp in dps]
+        names += [("d", None)] * len(dps)
+        X = np.column_stack(cols).astype(float)
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        rank = np.linalg.matrix_rank(X)
+        null = np.linalg.svd(X)[2][rank:]  # directions the rows leave free: a coefficient with weight there is not pinned
+        free = (np.abs(null) > 1e-8).any(axis=0) if len(null) else np.zeros(X.shape[1], dtype=bool)
+        resid = float(np.abs(X @ coef - y).max())
+        key = key if isinstance(key, tuple) else (key,)
+        for mb in mbs:
+            ia, ib = names.index(("a", mb)), names.index(("b", mb))
+            out.append({**dict(zip(by, key)), "micro_batch": mb, "rows": int((g["micro_batch"] == mb).sum()),
+                        "a_ms": np.nan if free[ia] else float(coef[ia]), "b_ms": np.nan if free[ib] else float(coef[ib]),
+                        "max_residual_ms": resid})
+    return pd.DataFrame(out, columns=[*by, "micro_batch", "rows", "a_ms", "b_ms", "max_residual_ms"])
