@@ -6,7 +6,7 @@
 Recomputes each figure from the data with the shipped surrogates (nothing is trained or tuned here) and prints
 one table: issue, what is measured, the goal, the measured figure, its signed mean (``signed_pct``: predicted over
 measured - 1, %, averaged over the rows; a model 10% slow on every row reads MAPE 10, signed +10) and whether the
-goal is met. About 40-90 s (82 s at load 3, stop 59).
+goal is met. About 30-90 s with the machine's load (34 s at load 2 and 82 s at load 3, stop 59).
 
 - Kernels (issue 2): MAPE per op family on the held-out GPUs' kernels_test rows and label-CSV nodes; goal half
   of NeuSight's published out-of-distribution error for that family (``heldout_accuracy.py``).
@@ -69,7 +69,7 @@ def weak_scaling_goals(w: pd.DataFrame) -> list[dict]:
     """The SC21 weak-scaling runs' goal rows (each under 10%), on the step time as every row here: ``signed_pct`` is
     predicted / measured step time - 1 (``published_runs.megatron_weak_scaling``'s ``step_error_pct``), not the
     TFLOP/s error the table publishes (+: predicted faster; until stop 59 this row showed that, with the other sign
-    and a smaller max: 11.27 / -3.79 where the step time reads 12.70 / +4.15)."""
+    and a smaller max: 11.27 / -3.79 where the step time reads 12.70 / +4.16)."""
     out = []
     for col, name in (("step_error_pct", "micro-batch 1"), ("tuned_step_error_pct", "fastest fitting micro-batch")):
         e = w[col].astype(float)
