@@ -6,7 +6,7 @@
 Recomputes each figure from the data with the shipped surrogates (nothing is trained or tuned here) and prints
 one table: issue, what is measured, the goal, the measured figure, its signed mean (``signed_pct``: predicted over
 measured - 1, %, averaged over the rows; a model 10% slow on every row reads MAPE 10, signed +10) and whether the
-goal is met. About 40 s.
+goal is met. About 30-90 s with the machine's load (34 s at load 2 and 82 s at load 3, stop 59).
 
 - Kernels (issue 2): MAPE per op family on the held-out GPUs' kernels_test rows and label-CSV nodes; goal half
   of NeuSight's published out-of-distribution error for that family (``heldout_accuracy.py``).
@@ -65,6 +65,19 @@ def label_goals(data) -> list[dict]:
     return out
 
 
+def weak_scaling_goals(w: pd.DataFrame) -> list[dict]:
+    """The SC21 weak-scaling runs' goal rows (each under 10%), on the step time as every row here: ``signed_pct`` is
+    predicted / measured step time - 1 (``published_runs.megatron_weak_scaling``'s ``step_error_pct``), not the
+    TFLOP/s error the table publishes (+: predicted faster; until stop 59 this row showed that, with the other sign
+    and a smaller max: 11.27 / -3.79 where the step time reads 12.70 / +4.16)."""
+    out = []
+    for col, name in (("step_error_pct", "micro-batch 1"), ("tuned_step_error_pct", "fastest fitting micro-batch")):
+        e = w[col].astype(float)
+        out.append(dict(issue=4, measure=f"Megatron weak scaling, {name}: max step time |error| % ({len(w)} runs)",
+                        goal=PUBLISHED_GOAL_PCT, measured=float(e.abs().max()), signed_pct=float(e.mean())))
+    return out
+
+
 def distributed_goals(data) -> list[dict]:
     v = run_validate_distributed(data, use_mlflow=False)
     out = [dict(issue=4, measure=f"NeuSight 4-GPU {r.strategy} |error| %", goal=NEUSIGHT_4GPU_GOAL_PCT,
@@ -73,10 +86,7 @@ def distributed_goals(data) -> list[dict]:
     for name, key in (("vTrain single node (evaluation half)", "summary_single"), ("vTrain multi node", "summary_multi")):
         out.append(dict(issue=4, measure=f"{name} mean |error| %", goal=VTRAIN_GOAL_PCT, measured=v[key]["mean_abs_pct"],
                         signed_pct=v[key].get("mean_signed_pct", float("nan"))))
-    w = megatron_weak_scaling(data)
-    for col, name in (("error_pct", "micro-batch 1"), ("tuned_error_pct", "fastest fitting micro-batch")):
-        out.append(dict(issue=4, measure=f"Megatron weak scaling, {name}: max |error| % ({len(w)} runs)",
-                        goal=PUBLISHED_GOAL_PCT, measured=float(w[col].abs().max()), signed_pct=float(w[col].mean())))
+    out += weak_scaling_goals(megatron_weak_scaling(data))
     for run in (gpt3_megatron_a100(), bloom_176b()):
         err_pct = 100 * (run["predicted"] - run["measured"]) / run["measured"]
         out.append(dict(issue=4, measure=f"{run['run']} step time |error| %", goal=PUBLISHED_GOAL_PCT,

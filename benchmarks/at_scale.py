@@ -38,7 +38,10 @@ import time
 import numpy as np
 import pandas as pd
 
-from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling
+# step_time_error_pct: the weak-scaling table's TFLOP/s errors as step-time errors (until stop 36 they were averaged
+# with the step-time errors, each with its own sign; since stop 59 the function lives in published_runs.py, which
+# accuracy_goals.py reads too)
+from published_runs import bloom_176b, gpt3_megatron_a100, megatron_weak_scaling, step_time_error_pct
 from wattcast.validation.distributed_validation import VTRAIN_RECOMPUTE, fit_split, load_vtrain, predict_vtrain
 from wattcast.validation.megatron_ci import (CI_HOST_FIT, ci_model_key, ci_moe_host_ms, ci_split, ci_unmodelled,
                                            load_megatron_ci, load_megatron_ci_moe, predict_megatron_ci)
@@ -57,13 +60,6 @@ def _stats(source: str, err_pct, refused: int) -> dict:
     return dict(source=source, rows=int(len(e)), median_abs_pct=float(a.median()) if len(e) else np.nan,
                 max_abs_pct=float(a.max()) if len(e) else np.nan, mean_abs_pct=float(a.mean()) if len(e) else np.nan,
                 signed_mean_pct=float(e.mean()) if len(e) else np.nan, refused_oom=int(refused))
-
-
-def step_time_error_pct(throughput_error_pct):
-    """A throughput's signed error (+: predicted faster) as the step time's (+: predicted slower), the sign every other
-    source here uses: measured / predicted throughput - 1 (until stop 36 the weak-scaling table's TFLOP/s errors were
-    averaged with the step-time errors, each with its own sign)."""
-    return 100.0 * (1.0 / (1.0 + np.asarray(throughput_error_pct, dtype=float) / 100.0) - 1.0)
 
 
 def published_rows(data) -> pd.DataFrame:

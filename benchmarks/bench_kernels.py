@@ -37,7 +37,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-TARGET_ROWS_PER_S = 200_000
+#: the kernels issue's goals, rows/s on 2 cores: >= 1 M rows/s on a transformer-like table (repeated shapes) and
+#: >= 100 k rows/s when (nearly) every kernel differs (--distinct); until stop 59 one 200,000 target served both
+TARGET_ROWS_PER_S = {"repeated": 1_000_000, "distinct": 100_000}
 ELEMENTWISE = ("add", "addu", "mul", "mulu", "gelu", "relu", "tanh", "div")
 
 
@@ -152,10 +154,14 @@ def bench_predict(rows: int, device: str, repeats: int, distinct: bool = False) 
     t_ood, _ = timed(ood, repeats)
     rate = rows / t_total
     rest = max(t_total - t_input - t_norm - t_group - t_feat - t_model, 0.0)
+    kind = "distinct" if distinct else "repeated"
+    target = TARGET_ROWS_PER_S[kind]
+    cpu_rate = rows / cpu_total
     print(f"\n  predict_kernels total   {t_total * 1e3:9.1f} ms   {rate:12,.0f} rows/s   "
-          f"(target {TARGET_ROWS_PER_S:,} rows/s on 2 cores: {'met' if rate >= TARGET_ROWS_PER_S else 'NOT met'}, "
-          f"{rate / TARGET_ROWS_PER_S:.2f}x)")
-    print(f"  predict_kernels CPU time {cpu_total * 1e3:9.1f} ms   {rows / cpu_total:12,.0f} rows per CPU second (all threads)")
+          f"(the kernels issue's target for {kind} shapes: {target:,} rows/s on 2 cores: by wall clock "
+          f"{'met' if rate >= target else 'NOT met'}, {rate / target:.2f}x)")
+    print(f"  predict_kernels CPU time {cpu_total * 1e3:9.1f} ms   {cpu_rate:12,.0f} rows per CPU second (all threads; "
+          f"{cpu_rate / target:.2f}x the target per CPU second, which other jobs on the machine move less)")
     print(f"  split (each stage timed alone; rows/s counts all {rows:,} input rows):")
     for name, t in (("find distinct input rows", t_input), ("normalise those rows", t_norm),
                     ("find distinct kernels", t_group),

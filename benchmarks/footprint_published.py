@@ -32,7 +32,8 @@ def main() -> None:
         print(show.to_string(index=False))
     scored = t[~t["status"].astype(str).str.startswith("skipped")]
     for c in ("energy_err_pct", "operational_err_pct", "total_err_pct"):
-        print(f"max |{c}| = {scored[c].abs().max():.2f}%  (mean {scored[c].abs().mean():.2f}%)")
+        print(f"max |{c}| = {scored[c].abs().max():.2f}%  (mean |error| {scored[c].abs().mean():.2f}%, signed "
+              f"{scored[c].mean():+.2f}%: + = predicted above published)")
     print(f"{(scored['status'] == 'ok').sum()}/{len(scored)} rows within {TOLERANCE_PCT:g}%; "
           f"{len(t) - len(scored)} skipped")
     # the same runs with wattcast's own power model instead of the published average power

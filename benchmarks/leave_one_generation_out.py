@@ -74,7 +74,10 @@ e4m3 -> bf16 reach 0.90 and 1.04 (one reading above peak) but only at the few la
 as same-format), and read 31.6 / -17.9 and 31.8 / -17.2: the same-format cap explains the >= 64 GFLOP bucket (-45%
 vs -30 / -16%), not the cell's bias (16-64 GFLOP is -46% in every combination). MI300X's combinations all peak at
 0.69-0.73 (mixed fnuz -> fp8 e4m3 out 0.47-0.52) and read -14 to -20% (those two -48%); B200's three are equal
-(0.73; 14.7 / -8.1 to -8.3).
+(0.73; 14.7 / -8.1 to -8.3). Those figures are from before stop 47's GEMM refit. Re-measured at stop 59 (shared tables,
+no --xla-table, so no MI300X; ``--models bundle+floor-blend/ceiling-member --no-mlflow``): MI355X same-format
+e4m3 x e4m3 -> bf16 30.7 / -24.3 (best 0.39 of peak), the mixed ones -> bf16 31.8 / -15.4 and 31.9 / -14.8; B200's
+three 12.4-12.7 / -3.4 to -3.5 (0.73).
 
 By roofline side (:func:`bound_table`, shipped recipe, GEMMs >= 1 GFLOP; stop 51, issue 14). The spec figures are the
 datasheets' (MI300X 1,307 / 2,615 dense BF16 / FP8 at 2,100 MHz, MI355X 2,517 / 5,033 at 2,400 MHz, MI210 181 at
@@ -98,7 +101,8 @@ the part (MI300X bf16 0.511, MI355X 0.622, B200 0.776 / fp8 0.763); what misses 
 - MI210 (not in MAMF: default 0.74, measured plateau 0.665): >= 64 GFLOP within -4%; the bias is six skinny or
   short-contraction rows of 1-64 GFLOP at -32 to -43% (0.55 TB/s of 1.64);
 - A100: Vidur's and LLMCompass's A100 disagree on the same chip (Vidur's best 0.80 of peak, LLMCompass's 0.94, MAMF's
-  0.869), so the fold's -7 / +5 split is the sources', not a device term.
+  0.869), so the fold's split between them is the sources', not a device term (-7 / +5 when written; Vidur -2.8,
+  LLMCompass +8.3 since stop 53's Ampere fold, re-measured at stop 59).
 """
 
 from __future__ import annotations

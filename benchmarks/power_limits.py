@@ -190,9 +190,11 @@ def main() -> None:
     shipped = load_power_model()
     print(f"clock law fit on Perseus A100 SXM stage sweeps ({clock['sweep_rows']} rows, {clock['sweep_clock_min_mhz']:.0f}-1410 MHz): "
           f"knee {clock['knee_clock_ratio']:.3f} x boost, voltage slope {clock['voltage_slope']:.3f}: power MAPE "
-          f"{clock['sweep_knee_power_mape_pct']:.2f}% (below 0.7 x boost {clock['sweep_knee_power_mape_below_0.7_pct']:.2f}%); "
-          f"power law clock^{clock['alpha']:.2f}: {clock['sweep_power_mape_pct']:.2f}% "
-          f"({clock['sweep_power_law_mape_below_0.7_pct']:.2f}%). Shipped: the {shipped.clock_law} law")
+          f"{clock['sweep_knee_power_mape_pct']:.2f}%, signed {clock['sweep_knee_power_signed_pct']:+.2f}% "
+          f"(below 0.7 x boost {clock['sweep_knee_power_mape_below_0.7_pct']:.2f}%); "
+          f"power law clock^{clock['alpha']:.2f}: {clock['sweep_power_mape_pct']:.2f}%, signed "
+          f"{clock['sweep_power_signed_pct']:+.2f}% ({clock['sweep_power_law_mape_below_0.7_pct']:.2f}%). In-sample: "
+          f"fitted on these rows. Shipped: the {shipped.clock_law} law")
     meas = pd.concat([zeus_measured(root, a.quick), a100_pcie_measured(root)], ignore_index=True)
     tdp = {d: float(resolve_device(d).tdp_w) for d in meas["device"].unique()}
     parts = []

@@ -109,7 +109,8 @@ FP8_STEP_GENERATIONS = ("Blackwell",)
 #: sm_100 and MI355X gfx950 in the shared tables; MI300X gfx942 only from an extra table; Hopper withheld)
 FP8_KERNEL_GENERATIONS = ("Blackwell", "CDNA4")
 #: the FP8 GEMM kernels' leave-one-generation-out error per vendor (the shipped GEMM recipe, the fold that holds the
-#: generation out; ``benchmarks/leave_one_generation_out.py``, MLflow experiment kernel-logo, run ab07755c of stop 58,
+#: generation out; ``benchmarks/leave_one_generation_out.py``, MLflow experiment kernel-logo, run ab07755c, logged at
+#: stop 53 (commit 5f58b3c) and read into this constant at stop 58, re-measured at stop 59 with the same figures;
 #: metrics ``bundle_plus_floor-blend_over_ceiling-member_{device}_fp8_xla_big_{mape,bias}_pct``, GEMMs >= 1 GFLOP; bias
 #: = predicted / measured - 1, so negative is predicted too fast). One fold per vendor: NVIDIA's only FP8 kernels are
 #: B200's (XLA); AMD's held-out FP8 cell in the default run is MI355X's. The kernel bundle keeps no per-dtype fold

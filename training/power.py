@@ -687,6 +687,9 @@ def fit_clock_response(sweep: pd.DataFrame) -> dict[str, float]:
         "alpha": alpha, "phi": phi, "u_ref": u_ref, "u_top_mean": u_top,
         "alpha_free_static": float(best[1]), "static_share_free": float(best[2]),
         "sweep_power_mape_pct": float(_ape(pred_p[m], d.loc[m, "p_w"]).mean() * 100),
+        # signed means beside the MAPEs (predicted / measured - 1, %; + = predicted above measured)
+        "sweep_power_signed_pct": float(((pred_p[m] / d.loc[m, "p_w"]) - 1.0).mean() * 100),
+        "sweep_knee_power_signed_pct": float(((pred_k[m] / d.loc[m, "p_w"]) - 1.0).mean() * 100),
         "sweep_time_mape_pct": float(_ape(pred_t[m], d.loc[m, "t_ms"]).mean() * 100),
         "sweep_rows": int(m.sum()), "sweep_clock_min_mhz": float(sweep["frequency_mhz"].min()),
     }
