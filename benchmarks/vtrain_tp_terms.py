@@ -26,7 +26,27 @@ micro-batch 4 (both 16 MB): a fixed cost per layer and micro-batch that grows wi
 Read as the all-reduces it would be 46-99 GB/s bus bandwidth at 16-32 MB and flat in size, which no NVSwitch
 all-reduce is; see README "vTrain's TP rows: the per-layer term".
 
-Run: python3 benchmarks/vtrain_tp_terms.py [--half fit|eval]
+``--outside``: the per-micro-batch time outside the layers instead (``meas_a`` against its prediction), per cell the
+predicted GPU time of each part (the shipped graph's nodes, without host costs): the embedding and position embedding
+forward (``emb_f``) and backward with the vocabulary x hidden gradient's zeroing (``emb_b``), the final LayerNorm
+(``ln_f``), the LM head GEMM forward (``lm_f``) and its two backward GEMMs (``lm_dg``, ``lm_wg``; tied to the word
+embedding, vocabulary padded to 128 x TP), the logits' fp16 -> fp32 cast and its backward (``cast``), the
+vocabulary-parallel cross-entropy's kernels (``ce``: max, subtract, exp, sum, divide, the gradient's multiply) and the
+TP collectives outside the layers (``tp_coll``: the embedding's all-reduce, the LM head input gradient's, the loss's
+three scalar ones); ``ship_a`` (the shipped prediction, host costs and loading included); ``bound`` (the LM head's
+FLOPs at the A100's dense fp16 peak plus every other part's bytes at its HBM peak: no run of those kernels is
+faster); ``meas/bound``. Then ``tp_split_floor`` of the measured ``a`` (``validation/step_breakdown``: a(t) - (t2 /
+t) a(t2), the least time degree t spends on something no split or TP-invariant term accounts for) and, per TP, the
+least-squares factors on the predicted LM head GEMMs and cross-entropy (cast included) that the measured ``a`` implies.
+Stop 59 (the fitting half): hidden 2,048 micro-batch 4 measures 35.6 ms at TP1 and 8.65 at TP2, so against TP2 TP1
+spends at least 18.3 ms (51%) on something that is neither split over the ranks nor the same on both degrees (hidden
+2,048: 2.8 / 7.9 / 18.3 ms at micro-batch 1 / 2 / 4; hidden 1,024: -0.3 / 2.6 / 5.9), but against TP4 at most 3.8 ms
+(one cell; the other five -5.1..0.0); measured / bound at micro-batch 4 is 2.43 / 1.16 / 2.07 (hidden 2,048, TP1 / 2 /
+4): TP2 is the degree near the floor. Per TP the factors read LM head x2.87 and cross-entropy x0.13 at TP1, x0.51 /
+x0.78 at TP2, x1.15 / x1.11 at TP4: no one factor fits two degrees, and Megatron-DeepSpeed has no TP1-only cost
+outside the layers (README "vTrain's TP rows: the per-micro-batch term outside the layers").
+
+Run: python3 benchmarks/vtrain_tp_terms.py [--half fit|eval] [--outside]
 """
 
 from __future__ import annotations
@@ -38,9 +58,12 @@ import numpy as np
 import pandas as pd
 
 from wattcast.models.collectives import busbw_gb_per_s, load_collective_model
-from wattcast.simulate.distributed import FRAMEWORK_HOST_MS
-from wattcast.validation.distributed_validation import fit_split, load_vtrain, predict_vtrain
-from wattcast.validation.step_breakdown import layer_slopes
+from wattcast.simulate import distributed as dist
+from wattcast.simulate.distributed import FRAMEWORK_HOST_MS, predict_distributed
+from wattcast.simulate.options import DistributedOptions
+from wattcast.simulate.parallel import ParallelConfig
+from wattcast.validation.distributed_validation import _vtrain_config, fit_split, load_vtrain, predict_vtrain
+from wattcast.validation.step_breakdown import layer_slopes, tp_split_floor
 
 FRAMEWORK = "megatron-deepspeed"
 CLUSTER = "DGX-A100"
@@ -101,12 +124,96 @@ def tp_terms(rows: pd.DataFrame) -> pd.DataFrame:
                       "ar_mb", "cm_busbw", "ar_ms", "ar_busbw", "meas_a", "ship_a"]]
 
 
+#: the parts outside the layers, by graph node name (featurize/hf_blocks.py: vocab_embedding, lm_head_and_loss;
+#: GraphBuilder.cross_entropy's loss.* nodes; the training graph's .grad / .dgrad / .wgrad / .grad_zero nodes)
+OUTSIDE_PARTS = ("emb_f", "emb_b", "ln_f", "lm_f", "lm_dg", "lm_wg", "cast", "ce", "tp_coll")
+
+
+def outside_part(name: str, op_class: str) -> str | None:
+    """The OUTSIDE_PARTS label of one rank-graph node (None: a layer's node or the optimizer's)."""
+    if op_class == "collective":
+        return "tp_coll" if name.startswith(("wte", "lm_head", "loss")) else None
+    if name.startswith("lm_head"):
+        return {"lm_head": "lm_f", "lm_head.dgrad": "lm_dg", "lm_head.wgrad": "lm_wg"}.get(name)
+    if name.startswith("loss"):
+        return "cast" if name.startswith("loss.float") else "ce"
+    if name.startswith("ln_f"):
+        return "ln_f"
+    if name.startswith(("wte", "wpe", "embed")):
+        return "emb_b" if "grad" in name else "emb_f"
+    return None
+
+
+def _outside_costed(hidden: int, heads: int, seq: int, tp: int, micro_batch: int) -> tuple[pd.DataFrame, object]:
+    """(the costed rank graph of one micro-batch, the device spec) of a vTrain cell as predict_vtrain builds it: read
+    from simulate.distributed's costed-graph cache (a diagnostic: the prediction keeps per-node times nowhere else)."""
+    dist._COSTED.clear()
+    predict_distributed(_vtrain_config(hidden, heads, 12, seq), CLUSTER,
+                        ParallelConfig(gpus=tp, tp=tp, pp=1, dp=1, micro_batch=micro_batch),
+                        DistributedOptions(batch=micro_batch, seq=seq, dtype="fp16", attention="eager", optimizer="adamw",
+                                           framework=FRAMEWORK))
+    (pins, costed, _view, _bw), = [v[0] for v in dist._COSTED._data.values()]
+    return costed, pins[1]
+
+
+def outside_terms(rows: pd.DataFrame) -> pd.DataFrame:
+    """The per-cell table of ``--outside`` (module docstring) for vTrain single-node ``rows`` (pp 1 rows are used)."""
+    rows = rows[rows["pp"] == 1]
+    key = ["hidden", "tp", "micro_batch"]
+    meas = layer_slopes(rows).rename(columns={"a_ms": "meas_a"})[key + ["meas_a"]]
+    cells = rows.drop_duplicates(key)[["hidden", "heads", "seq", "tp", "micro_batch"]]
+    shipped = _slopes(predict_vtrain(_grid(cells)), "predicted_ms").rename(columns={"a_ms": "ship_a"})[key + ["ship_a"]]
+    out = []
+    for r in cells.sort_values(key).itertuples():
+        c, spec = _outside_costed(int(r.hidden), int(r.heads), int(r.seq), int(r.tp), int(r.micro_batch))
+        part = pd.Series([outside_part(n, k) for n, k in zip(c["name"], c["op_class"])], index=c.index, dtype=object)
+        c = c[part.notna()].assign(part=part.dropna())
+        gpu = c.groupby("part")["gpu_ms"].sum()
+        lm = c["part"].isin(["lm_f", "lm_dg", "lm_wg"]).to_numpy()
+        kernels = ~lm & (c["part"] != "tp_coll").to_numpy()
+        bound = (c.loc[lm, "flops"].sum() / (spec.peak_fp16_tflops * 1e9)
+                 + c.loc[kernels, "bytes"].sum() / (spec.memory_bandwidth_gbps * 1e6))
+        out.append(dict(hidden=int(r.hidden), tp=int(r.tp), micro_batch=int(r.micro_batch),
+                        **{p: float(gpu.get(p, 0.0)) for p in OUTSIDE_PARTS}, gpu_a=float(gpu.sum()), bound=float(bound)))
+    t = meas.merge(pd.DataFrame(out), on=key).merge(shipped, on=key)
+    t["meas/bound"] = t["meas_a"] / t["bound"]
+    t["ship_%"] = 100.0 * (t["ship_a"] / t["meas_a"] - 1.0)
+    return t[key + ["meas_a", "ship_a", "ship_%", *OUTSIDE_PARTS, "gpu_a", "bound", "meas/bound"]]
+
+
+def outside_factors(t: pd.DataFrame) -> pd.DataFrame:
+    """Per TP degree, least squares of the measured ``a`` on the predicted LM head GEMMs, the cross-entropy (its fp32
+    cast included) and a constant, after the other parts' predicted GPU time: the factors each would need."""
+    out = []
+    for tp, g in t.dropna(subset=["meas_a"]).groupby("tp"):
+        lm = g[["lm_f", "lm_dg", "lm_wg"]].sum(axis=1).to_numpy()
+        ce = g[["cast", "ce"]].sum(axis=1).to_numpy()
+        y = g["meas_a"].to_numpy() - (g["gpu_a"].to_numpy() - lm - ce)
+        X = np.column_stack([lm, ce, np.ones(len(g))])
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        out.append(dict(tp=tp, cells=len(g), lm_head_x=coef[0], ce_x=coef[1], const_ms=coef[2],
+                        max_resid_ms=float(np.abs(X @ coef - y).max())))
+    return pd.DataFrame(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--half", choices=("fit", "eval"), default="fit",
                     help="vTrain single-node half (fit_split): fit (default) or eval")
+    ap.add_argument("--outside", action="store_true",
+                    help="the per-micro-batch time outside the layers, part by part (module docstring)")
     args = ap.parse_args()
     fit, ev = fit_split(load_vtrain(which="single"))
+    if args.outside:
+        t = outside_terms(fit if args.half == "fit" else ev)
+        with pd.option_context("display.width", 250, "display.max_columns", 40):
+            print(t.round(3).to_string(index=False))
+            meas = t.dropna(subset=["meas_a"]).rename(columns={"meas_a": "a_ms"})
+            print("\ntp_split_floor of the measured a (ms): value(tp) - tp2 / tp x value(tp2)")
+            print(tp_split_floor(meas).round(3).to_string(index=False))
+            print("\nfactors on the predicted LM head GEMMs and cross-entropy the measured a implies, per TP")
+            print(outside_factors(t).round(3).to_string(index=False))
+        return
     t = tp_terms(fit if args.half == "fit" else ev)
     with pd.option_context("display.width", 250, "display.max_columns", 40):
         print(t.round(3).to_string(index=False))

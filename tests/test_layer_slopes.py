@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from wattcast.validation.step_breakdown import layer_slopes
+from wattcast.validation.step_breakdown import layer_slopes, tp_split_floor
 
 
 def _rows(a, b, c, d, mbs=(1, 2), dps=(1, 2), layers=(12, 16, 24), n_micros=(1, 2, 4)):
@@ -46,3 +46,30 @@ def test_refuses_pipelined_rows_and_missing_columns():
         layer_slopes(r.assign(pp=2))
     with pytest.raises(ValueError, match="layers"):
         layer_slopes(r.drop(columns="layers"))
+
+
+def _cells(split_ms, same_ms, only_tp1_ms, tps=(1, 2, 4)):
+    """a_ms per (hidden, micro_batch, tp): a term split over the ranks, one the same on every degree, one at TP1 only."""
+    return pd.DataFrame([dict(hidden=h, micro_batch=mb, tp=t, a_ms=split_ms * mb / t + same_ms + (only_tp1_ms * mb if t == 1 else 0.0))
+                         for h in (1024,) for mb in (1, 4) for t in tps])
+
+
+def test_tp_split_floor_bounds_a_cost_of_one_degree_only():
+    # split and TP-invariant terms alone: never a positive floor
+    f = tp_split_floor(_cells(8.0, 0.5, 0.0))
+    assert (f["floor_ms"] <= 1e-12).all()
+    # a TP1-only cost: the floor is at most it, and equals it when nothing is TP-invariant
+    f = tp_split_floor(_cells(8.0, 0.5, 3.0)).set_index(["micro_batch", "tp", "tp2"])
+    assert f.loc[(4, 1, 2), "floor_ms"] == pytest.approx(12.0 - 0.5, abs=1e-12)
+    assert f.loc[(4, 2, 4), "floor_ms"] == pytest.approx(-0.5, abs=1e-12)  # TP2 has no cost of its own
+    f0 = tp_split_floor(_cells(8.0, 0.0, 3.0)).set_index(["micro_batch", "tp", "tp2"])
+    assert f0.loc[(1, 1, 2), "floor_ms"] == pytest.approx(3.0, abs=1e-12)
+    assert f0.loc[(1, 1, 4), "floor_share"] == pytest.approx(3.0 / 11.0, abs=1e-12)
+
+
+def test_tp_split_floor_refuses_duplicate_cells_and_missing_columns():
+    c = _cells(1.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="more than one row"):
+        tp_split_floor(pd.concat([c, c]))
+    with pytest.raises(ValueError, match="a_ms"):
+        tp_split_floor(c.drop(columns="a_ms"))

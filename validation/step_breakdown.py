@@ -162,3 +162,31 @@ def layer_slopes(rows: pd.DataFrame, value: str = "measured_ms", by: tuple = ("h
                         "a_ms": np.nan if free[ia] else float(coef[ia]), "b_ms": np.nan if free[ib] else float(coef[ib]),
                         "max_residual_ms": resid})
     return pd.DataFrame(out, columns=[*by, "micro_batch", "rows", "a_ms", "b_ms", "max_residual_ms"])
+
+
+def tp_split_floor(slopes: pd.DataFrame, value: str = "a_ms", by: tuple = ("hidden", "micro_batch")) -> pd.DataFrame:
+    """A model-free lower bound on a cost that one tensor-parallel degree has and a larger one does not.
+
+    ``slopes``: one row per (``by``, ``tp``) with a time ``value`` (ms; e.g. :func:`layer_slopes`' ``a_ms``, one
+    micro-batch outside the layers). Every term of such a time is split over the TP ranks (the vocabulary-parallel
+    LM head, its cross-entropy, the embedding's gradient: a rank of degree ``t`` does ``t2 / t`` times the work of one
+    of degree ``t2 > t``, on a bigger shard that runs at least as efficiently), or the same on every degree (the
+    position embedding, the final norm, loading, host syncs), or present only when TP > 1 (the collectives, the
+    vocabulary masks), so ``value(t) <= (t2 / t) x value(t2)`` unless degree ``t`` has a cost of its own. For each
+    pair of degrees present in a ``by`` group, ``floor_ms`` = ``value(t) - (t2 / t) x value(t2)``: a positive figure
+    is at least that much time that no term of those kinds accounts for (the TP-invariant terms only lower it, by
+    ``(t2 / t - 1)`` times themselves). Returns ``by``, ``tp``, ``tp2``, ``value_tp``, ``value_tp2``, ``floor_ms``
+    and ``floor_share`` (floor_ms / value(t))."""
+    missing = [c for c in [*by, "tp", value] if c not in slopes.columns]
+    if missing:
+        raise ValueError(f"tp_split_floor: the rows have no column(s) {missing}")
+    s = slopes[[*by, "tp", value]].dropna(subset=[value])
+    if s.duplicated([*by, "tp"]).any():
+        raise ValueError(f"tp_split_floor: more than one row per ({', '.join(by)}, tp); pass one {value} per cell")
+    m = s.merge(s, on=list(by), suffixes=("", "2"))
+    m = m[m["tp"] < m["tp2"]]
+    out = m.rename(columns={value: "value_tp", f"{value}2": "value_tp2"})
+    out["floor_ms"] = out["value_tp"] - out["tp2"] / out["tp"] * out["value_tp2"]
+    out["floor_share"] = out["floor_ms"] / out["value_tp"]
+    return out[[*by, "tp", "tp2", "value_tp", "value_tp2", "floor_ms", "floor_share"]].sort_values(
+        [*by, "tp", "tp2"]).reset_index(drop=True)
