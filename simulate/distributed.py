@@ -78,11 +78,13 @@ from wattcast.simulate.single_device import (CUDA_LAUNCH_MS, EAGER_HOST_LAUNCH_M
                                              cost_nodes, fallback_summary, requeued,
                                              group_totals, model_flops, op_part_labels, step_overheads,
                                              stream_bandwidth_gbps, with_warnings)
+from wattcast.simulate.single_device import _peak_tflops
 from wattcast.simulate.step_band import (band_keys, fp8_step_warning, ood_from_sums, ood_kernel_band_log, ood_warning,
                                           step_band)
 from wattcast.simulate.options import MISSING, DistributedOptions, checked_headroom_gb, options_from_keywords
 from wattcast.simulate.overlap import (NCCL_SMS, async_tp_backward_save_ms, ep_overlap_layer_ms, overlapped_ms, sm_share,
                                       tp_overlap_layer_ms)
+from wattcast.simulate.overlap import collective_hbm_bytes, hbm_stretch, nccl_hbm_bytes_per_byte
 from wattcast.simulate.stage_memory import (DEEPSPEED_BUCKET_ELEMENTS, GRAD_ACCUM_DTYPES, bf16_optimizer_runs,
                                             fsdp_shard_grad_op, megatron_fsdp, pytorch_fsdp,
                                             capacity_gb, deepspeed_bf16_optimizer_accum, effective_grad_accum,
@@ -1655,6 +1657,14 @@ class _RankView:
     #: weight casts), each a (4, layers) array: per layer their ms, launch gaps (ms inside the first), kernels and FLOPs,
     #: before ZeRO sharding (:func:`sharded_optimizer_parts` shards them as the step's optimizer time)
     opt_parts: dict = None
+    #: the DRAM traffic of the computation a collective runs beside (overlap.hbm_stretch), per layer: key -> a (3,
+    #: layers) array of the memory-bound kernels' ms (roofline: bytes / bandwidth above FLOPs / peak), their bytes and
+    #: the other kernels' bytes; keys f, b (forward / backward without collectives), gemm_f, gemm_b (linear layers),
+    #: mlp_f, mlp_b (the experts' sub-module, as moe_mlp_*)
+    hbm: dict = None
+    #: the collectives' nccl-tests bytes per group and op: group -> op -> (forward, backward) per layer (what their
+    #: DRAM traffic follows from: overlap.collective_hbm_bytes)
+    coll_bytes_by_group: dict = None
 
 
 #: the attention output projection (Megatron-Core's ``linear_proj``) as the graph builders --framework megatron runs
@@ -1817,6 +1827,29 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     rep = np.repeat(np.arange(len(costed)), mult) if n_rep > 1 else slice(None)
     w_fb = ~opt[rep]
     per_op_fb = op_rows(op_class[rep][w_fb], part[rep][w_fb], wt[w_fb], gap[rep][w_fb], flops[rep][w_fb])
+    # the DRAM traffic of what a collective can overlap (overlap.hbm_stretch): each kernel memory-bound or not by the
+    # roofline of the spec sheet (single_device._roofline_ms' two terms), its bytes as the graph counts them
+    nbytes = costed["bytes"].to_numpy(dtype=float) if "bytes" in costed.columns else np.zeros(len(costed))
+    mem_bound = ~is_coll & (nbytes / (spec.memory_bandwidth_gbps * 1e9)
+                            > flops / (_peak_tflops(costed["dtype"].to_numpy(), spec, "fp32") * 1e12))
+
+    def hbm_of(mask):
+        return np.stack([per_layer(mask & mem_bound, t), per_layer(mask & mem_bound, nbytes),
+                         per_layer(mask & ~mem_bound, nbytes)])
+
+    hbm = {"f": hbm_of(fwd & ~is_coll), "b": hbm_of(bwd & ~is_coll), "gemm_f": hbm_of(fwd & is_gemm),
+           "gemm_b": hbm_of(bwd & is_gemm), "mlp_f": hbm_of(fwd & is_mlp), "mlp_b": hbm_of(bwd & is_mlp)}
+    ci = np.flatnonzero(is_coll)  # the collectives' bytes per group and op, over their rows alone
+    c_li, c_b, c_grp, c_fwd = li[ci], nbytes[ci], group[ci], fwd[ci]
+    c_kern, c_bwd = costed["kernel"].to_numpy()[ci].astype(str), bwd[ci]
+
+    def coll_layer(m):
+        return np.bincount(c_li[m], weights=c_b[m], minlength=n)[src]
+
+    coll_bytes = {str(grp): {str(k): (coll_layer(c_fwd & (c_grp == grp) & (c_kern == k)),
+                                      coll_layer(c_bwd & (c_grp == grp) & (c_kern == k)))
+                             for k in pd.unique(c_kern[c_grp == grp])}
+                  for grp in pd.unique(c_grp)}
     opt_parts = {}
     if opt.any():
         okey = np.where(opt, op_class.astype(str).astype(object) + "|" + part, "")
@@ -1825,7 +1858,7 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
             m = okey == k
             opt_parts[str(k)] = np.stack([per_layer(m, t), per_layer(m, gap), per_layer(m, ones), per_layer(m, flops)])
     return _RankView(
-        per_op_fb=per_op_fb, opt_parts=opt_parts,
+        per_op_fb=per_op_fb, opt_parts=opt_parts, hbm=hbm, coll_bytes_by_group=coll_bytes,
         muon_params=layer_array(muon_by_layer) if g.meta.get("optimizer") == "muon" else None,
         muon_tensors=optimizer_param_tensors(g) if g.meta.get("optimizer") == "muon" else None,
         src_layer_ids=ids[src],
@@ -2127,6 +2160,16 @@ def _block_recompute_view(full: _RankView, keep: _RankView, chunk: np.ndarray, c
     fields["coll_by_group"] = {grp: tuple(np.where(rc, full.coll_by_group.get(grp, (zeros, zeros))[i],
                                                    keep.coll_by_group.get(grp, (zeros, zeros))[i]) for i in (0, 1))
                                for grp in groups}
+    if full.hbm is not None and keep.hbm is not None:  # the DRAM traffic of each layer's computation and collectives
+        fields["hbm"] = {k: np.where(rc, full.hbm[k], keep.hbm[k]) for k in full.hbm}
+        cb = {}
+        for src_cb in (keep.coll_bytes_by_group, full.coll_bytes_by_group):
+            for grp, ops in src_cb.items():
+                for op in ops:
+                    cb.setdefault(grp, {})[op] = tuple(
+                        np.where(rc, full.coll_bytes_by_group.get(grp, {}).get(op, (zeros, zeros))[i],
+                                 keep.coll_bytes_by_group.get(grp, {}).get(op, (zeros, zeros))[i]) for i in (0, 1))
+        fields["coll_bytes_by_group"] = cb
     blend = {k: (1.0 - w) * keep.phase_ms.get(k, 0.0) + w * v for k, v in full.phase_ms.items()}
     over = {k: (1.0 - w) * keep.overheads.get(k, 0.0) + w * v for k, v in full.overheads.items()}
     return replace(full, **fields, phase_ms=blend, overheads=over,
@@ -2526,6 +2569,9 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     (chunk -> :func:`mcore_ddp_bucket_numels`) gives the bucketed chunk's buckets as the source cuts them: the last
     one (the embedding's) as it is, the others at their mean size.
 
+    ``sync_bytes`` / ``gather_bytes``: each chunk's gradient buckets' and parameter all-gathers' nccl-tests bytes (what
+    their DRAM traffic beside the computation follows from: overlap.collective_hbm_bytes).
+
     ``fsdp_root_chunk`` (PyTorch FSDP ZeRO-3, ``--framework hf --zero 3``: :func:`root_params_by_chunk`): each chunk's
     parameters of FSDP's root unit (embeddings, final norm, output layer), spread over the chunk's units as before,
     which the root keeps unsharded from its forward through the backward: the backward's re-gathers leave them out.
@@ -2544,7 +2590,8 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
            "z3_f_bytes": np.zeros(n_chunks), "z3_f_n": np.zeros(n_chunks, dtype=np.int64),
            "z3_b_bytes": np.zeros(n_chunks), "z3_b_n": np.zeros(n_chunks, dtype=np.int64),
            "z3_root_f_ms": np.zeros(n_chunks), "z3_root_first_f_ms": np.zeros(n_chunks),
-           "z3_root_f_bytes": np.zeros(n_chunks), "z3_root_f_n": np.zeros(n_chunks, dtype=np.int64)}
+           "z3_root_f_bytes": np.zeros(n_chunks), "z3_root_f_n": np.zeros(n_chunks, dtype=np.int64),
+           "sync_bytes": np.zeros(n_chunks), "gather_bytes": np.zeros(n_chunks)}
     root_chunk = np.zeros(n_chunks) if root_chunk is None else np.asarray(root_chunk, dtype=float)
     first_root_chunk = (np.zeros(n_chunks) if first_root_chunk is None
                         else np.minimum(np.asarray(first_root_chunk, dtype=float), root_chunk))
@@ -2641,10 +2688,13 @@ def _dp_times(par: ParallelConfig, lay: dict, cl: ClusterSpec, cm, params_chunk:
     for (c, role, _o, msg_b, _g, nb), t_ms in zip(msgs, ms_of):
         if role == "bucket":
             buckets[c].append(np.full(nb, t_ms))
+            out["sync_bytes"][c] += nb * msg_b
         elif role == "gather":
             out["gather_after_ms"][c] += nb * t_ms
+            out["gather_bytes"][c] += nb * msg_b
         elif role == "gather_last":  # the bucketed chunk's last bucket's gather (what its first forward waits for)
             out["gather_after_ms"][c] += t_ms
+            out["gather_bytes"][c] += msg_b
             out["gather_last_ms"][c] = t_ms
         elif role in ("z2_rs", "z2_rs_last", "z2_rs_rest"):
             # ZeRO-2 every micro-batch: nb buckets of t_ms each per backward, the last at its end (z2_rs: equal buckets,
@@ -2736,7 +2786,7 @@ def chunk_reduce_spans_ms(chunk_ms: np.ndarray, ready_ms: np.ndarray) -> tuple[n
 
 
 def param_gather_ms(f_first_ms: np.ndarray, gather_ms: np.ndarray, n_buckets: np.ndarray, share: float, *,
-                    first_forward_ms: np.ndarray | None = None, first_stages=(0,)) -> np.ndarray:
+                    first_forward_ms: np.ndarray | None = None, first_stages=(0,), stretch=None) -> np.ndarray:
     """What the overlapped parameter all-gather (``--overlap-param-gather``, one model chunk a stage) adds to each
     stage's step, ms: gathered bucket by bucket in the next step's forward pre-hooks, the first bucket waited for, the
     rest beside the first micro-batch's forward (slowing it by ``share``), what outlasts that forward exposed.
@@ -2744,10 +2794,11 @@ def param_gather_ms(f_first_ms: np.ndarray, gather_ms: np.ndarray, n_buckets: np
     gathers its parameters in one piece (no buckets past the first stage), dispatched as the step starts and waited for
     before its first forward, which the warm-up reaches late anyway: such a stage is late by what outlasts that wait,
     and by at least the first stage's delay, which its inputs carry. ``first_stages``: the stages (ranks) holding the
-    first stage's chunk (DualPipe: rank 0 and rank P-1), bucketed as it."""
+    first stage's chunk (DualPipe: rank 0 and rank P-1), bucketed as it. ``stretch``: overlapped_ms' (the SMs and the
+    DRAM bandwidth the gathers share with the forward, overlap.hbm_stretch; None: ``share`` of the SMs alone)."""
     f = np.asarray(f_first_ms, dtype=float)
     g = np.asarray(gather_ms, dtype=float)
-    exposed = overlapped_ms(f, g, share=share, first_chunk_ms=g / n_buckets) - f
+    exposed = overlapped_ms(f, g, share=share, first_chunk_ms=g / n_buckets, stretch=stretch) - f
     if first_forward_ms is not None and len(g) > 1:
         first = np.isin(np.arange(len(g)), first_stages)
         later = np.maximum(g - np.asarray(first_forward_ms, dtype=float), 0.0)
@@ -2900,7 +2951,8 @@ def ring_backward_transfer_ms(ring: int, xf_ms, xb_ms):
 
 def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: ClusterSpec, lay: dict,
                 cp_kv_bytes: float, per_chunk, *, cp_step_floor_ms: float = 0.0,
-                ep_unpaired: np.ndarray | None = None, cp_coll_ms: tuple = (0.0, 0.0), async_tp_b: bool = False) -> tuple:
+                ep_unpaired: np.ndarray | None = None, cp_coll_ms: tuple = (0.0, 0.0), async_tp_b: bool = False,
+                hbm_gbps: float | None = None) -> tuple:
     """Per communication class, what it adds to each chunk's forward and backward (ms), the ring attention's KV step
     times and its exposed time per layer: (f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms).
 
@@ -2911,7 +2963,9 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
     ``ep_unpaired``: per chunk, the share of its tasks the MoE all-to-all overlap finds no partner for (a stage's
     warm-up forwards and cool-down backwards): their all-to-alls are exposed in full.
     ``async_tp_b``: the column-parallel linears start their backward TP collectives asynchronously (Megatron-Core, TE
-    or local layers): without ``--tp-comm-overlap`` the backward's TP time is lowered by ``view.tp_b_async_save_ms``."""
+    or local layers): without ``--tp-comm-overlap`` the backward's TP time is lowered by ``view.tp_b_async_save_ms``.
+    ``hbm_gbps``: the achievable DRAM bandwidth the overlapped collectives share with the computation
+    (overlap.hbm_stretch; None: they share its SMs alone)."""
     # context parallelism: ring attention passes K and V round the cp ranks in cp - 1 steps, each overlapped with the
     # attention of the block in hand; the backward runs cp steps (step 0 sends K/V, the last dK/dV, the others both:
     # ring_backward_steps); what a step's transfer takes beyond that block's attention is exposed (Liu et al. 2023,
@@ -2956,15 +3010,29 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         # the experts' TP collectives (the dispatcher's gather over the etp group) report as TP; Transformer Engine's
         # --tp-comm-overlap pipelines the TE linear layers' own collectives only, not the MoE dispatcher's
         key = "tp" if grp in ("", "etp") else grp
+        # the overlapped collectives' DRAM traffic, forward and backward (overlap.collective_hbm_bytes)
+        cbytes = (view.coll_bytes_by_group or {}).get(grp, {})
+        hbm_on = hbm_gbps is not None and view.hbm is not None
         if grp in ("", "tp") and par.tp_comm_overlap:
-            cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms) - view.gemm_f_ms
-            cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms) - view.gemm_b_ms
+            ub_f, ub_b = (collective_hbm_bytes({o: v[i] for o, v in cbytes.items()}, par.tp, userbuffers=True)
+                          for i in (0, 1))
+            cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms, coll_hbm_bytes=ub_f,
+                                     gemm_hbm=view.hbm["gemm_f"] if hbm_on else None,
+                                     hbm_gbps=hbm_gbps if hbm_on else None) - view.gemm_f_ms
+            cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms, coll_hbm_bytes=ub_b,
+                                     gemm_hbm=view.hbm["gemm_b"] if hbm_on else None,
+                                     hbm_gbps=hbm_gbps if hbm_on else None) - view.gemm_b_ms
         elif grp == "tp" and async_tp_b and view.tp_b_async_save_ms is not None:
             cb = np.maximum(cb - view.tp_b_async_save_ms, 0.0)
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:
             pf, pb = ep_overlap_layer_ms(view.f_nc_ms, view.b_nc_ms, cf, cb, num_sms=spec.num_sms,
                                          mlp_f_ms=view.moe_mlp_f_ms, mlp_b_ms=view.moe_mlp_b_ms,
-                                         dispatch_f_ms=view.a2a_dispatch_f_ms, dispatch_b_ms=view.a2a_dispatch_b_ms)
+                                         dispatch_f_ms=view.a2a_dispatch_f_ms, dispatch_b_ms=view.a2a_dispatch_b_ms,
+                                         hbm=dict(gbps=hbm_gbps, f=view.hbm["f"], b=view.hbm["b"],
+                                                  mlp_f=view.hbm["mlp_f"], mlp_b=view.hbm["mlp_b"],
+                                                  **{f"a2a_{d}_bytes": collective_hbm_bytes(
+                                                      {o: v[i] for o, v in cbytes.items()}, par.ep)
+                                                     for i, d in enumerate("fb")}) if hbm_on else None)
             u = 0.0 if ep_unpaired is None else ep_unpaired  # the unpaired tasks keep their all-to-alls in series
             f_parts[key] = f_parts.get(key, 0.0) + (1.0 - u) * per_chunk(pf) + u * per_chunk(cf)
             b_parts[key] = b_parts.get(key, 0.0) + (1.0 - u) * per_chunk(pb) + u * per_chunk(cb)
@@ -3447,7 +3515,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                    host_floor_ms=lambda n: collective_host_floor_ms(opts.framework, n, ctx.coll_floor))
         parts = sums[parts_key] = (*_comm_parts(view, par, spec, cm, cl, lay, cp_kv_bytes, per_chunk,
                                                 cp_step_floor_ms=ctx.cp_step_floor_ms, ep_unpaired=ep_unpaired,
-                                                cp_coll_ms=cp_coll, async_tp_b=async_tp_b), cp_coll)
+                                                cp_coll_ms=cp_coll, async_tp_b=async_tp_b, hbm_gbps=stream_gbps), cp_coll)
     f_parts, b_parts, cp_step_ms, cp_f_ms, cp_b_ms, cp_coll = parts
     f_nc, b_nc, opt_ms = chunk_sum("f_nc_ms"), chunk_sum("b_nc_ms"), chunk_sum("opt_ms")
     tp_coll = chunk_sum("coll_ms")
@@ -3714,6 +3782,31 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         return 0.0, dyn_kw * hidden_ms
 
     nccl_share = sm_share(NCCL_SMS, spec.num_sms)
+    n_dp = lay["dp"].size
+
+    def hbm_chunk(phase: str, stage: bool = False) -> np.ndarray:
+        """Per chunk (``stage``: per stage), the (memory-bound ms, their bytes, other bytes) of one micro-batch's forward
+        ("f") or backward ("b") computation: what a data-parallel collective beside it shares the DRAM with
+        (overlap.hbm_stretch)."""
+        key = ("hbm_chunk", phase, stage)
+        out = sums.get(key)
+        if out is None:
+            out = np.stack([per_chunk(row) for row in view.hbm[phase]])
+            out = sums[key] = np.stack([by_stage(row) for row in out]) if stage else out
+        return out
+
+    def dp_stretch(compute_ms, comm_ms, comm_bytes, op: str, phase: str, stage: bool = False):
+        """(compute, communication) factors of data-parallel collectives of ``comm_bytes`` (nccl-tests, ``op`` over the
+        DP group) beside a chunk's (``stage``: a stage's) computation: NCCL's SMs and the DRAM bandwidth they share
+        (overlap.hbm_stretch at the achievable stream bandwidth)."""
+        if view.hbm is None:  # (a view without the kernels' traffic: the SMs alone)
+            return hbm_stretch(compute_ms, comm_ms, share=nccl_share)
+        h = hbm_chunk(phase, stage)
+        return hbm_stretch(compute_ms, comm_ms, share=nccl_share, mem_ms=h[0], mem_bytes=h[1], other_bytes=h[2],
+                           comm_hbm_bytes=nccl_hbm_bytes_per_byte(op, n_dp) * np.asarray(comm_bytes, dtype=float),
+                           hbm_gbps=stream_gbps)
+
+    dp_st: dict = {}  # dp_stretch's factors of the step's gradient buckets, once a step
     dp_overlaps = bool(FRAMEWORK_DP_OVERLAP.get(opts.framework, True) or par.overlap_grad_reduce)
 
     dp_group = lay["dp"].size > 1 or edp_n > 1  # a data-parallel sync to run (the dense or the experts' group)
@@ -3765,8 +3858,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             # prefetched: in series with the computation (their sum: overlapped_ms with share 1 would still hide the
             # computation behind collectives longer than it)
             if ctx.zero3_prefetch:
-                f = overlapped_ms(f, z3_f_ms, share=nccl_share, first_chunk_ms=z3_first_f_ms)
-                b = overlapped_ms(b, dpt["z3_b_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_b_ms"])
+                # (and the DRAM bandwidth: overlap.hbm_stretch; the backward's gathers and reduce-scatters move alike)
+                st_f = dp_stretch(f, z3_f_ms, dpt["z3_f_bytes"] + dpt["z3_root_f_bytes"] / n_micro, "all_gather", "f")
+                st_b = dp_stretch(b, dpt["z3_b_ms"], dpt["z3_b_bytes"], "reduce_scatter", "b")
+                f = overlapped_ms(f, z3_f_ms, share=nccl_share, first_chunk_ms=z3_first_f_ms, stretch=st_f)
+                b = overlapped_ms(b, dpt["z3_b_ms"], share=nccl_share, first_chunk_ms=dpt["z3_first_b_ms"], stretch=st_b)
             else:
                 f = f + z3_f_ms
                 b = b + dpt["z3_b_ms"]
@@ -3775,7 +3871,8 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             # the backward on its side stream (NCCL's SMs taken from it), the last one, launched as the backward ends,
             # waited for (GradReducePipeline.reset); DeepSpeed's on the compute stream, in series with it
             if z2_mode == "overlapped":
-                b = overlapped_ms(b, dpt["z2_b_ms"], share=nccl_share, first_chunk_ms=dpt["z2_last_b_ms"])
+                b = overlapped_ms(b, dpt["z2_b_ms"], share=nccl_share, first_chunk_ms=dpt["z2_last_b_ms"],
+                                  stretch=dp_stretch(b, dpt["z2_b_ms"], dpt["z2_bytes"], dp_op, "b"))
             else:
                 b = b + dpt["z2_b_ms"]
         p2p = 0.0 if "pp" in free else p2p_ms
@@ -3839,6 +3936,13 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                                            cum - ms, (np.arange(P), np.maximum(n - 1, 0)), n > 0)
             valid, frac, cum, cum_before, last_idx, has = pre
             op = dp_op
+            # NCCL's SMs and the DRAM bandwidth the buckets share with the backward (overlap.hbm_stretch): the stage's
+            # computation and the buckets each longer by (factor - 1) x the time they run together
+            # (once a step: the same for every run)
+            if "buckets" not in dp_st:
+                dp_st["buckets"] = tuple(np.broadcast_to(x, (P,)) for x in dp_stretch(
+                    by_stage(b_nc), by_stage(dpt["sync_ms"]), by_stage(dpt["sync_bytes"]), dp_op, "b", stage=True))
+            dp_fc, dp_fr = dp_st["buckets"]
             if dp_overlaps and V > 1:
                 # interleaved: Megatron-Core keeps a grad buffer per model chunk and launches a chunk's reduction when
                 # its last micro-batch's backward is done (forward_backward_pipelining_with_interleaving calls the
@@ -3849,7 +3953,16 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 # backward tasks after its last one, chunk 0's after the stage's final backward); the reductions' time
                 # before the stage ends is charged as slowing its computation (below) though part of it may fall in
                 # the drain's idle gaps
-                c_start, c_end = chunk_reduce_spans_ms(dpt["sync_ms"].reshape(V, P).T, pipe.last_backward_by_chunk[:, :, 1])
+                chunk_ms, ready_c = dpt["sync_ms"].reshape(V, P).T, pipe.last_backward_by_chunk[:, :, 1]
+                c_start, c_end = chunk_reduce_spans_ms(chunk_ms, ready_c)
+                # reductions beside the stage's computation take SMs from it (simulate/overlap.py): it ends later
+                over = np.maximum(np.minimum(c_end, stage_end[:, None]) - c_start, 0.0)
+                hidden = over.sum(axis=1)
+                scale = np.ones_like(chunk_ms)
+                if np.any(dp_fr > 1.0):  # and each chunk's reductions longer by what they share the DRAM with
+                    stretched = chunk_ms + (dp_fr[:, None] - 1.0) * over
+                    scale = np.divide(stretched, chunk_ms, out=scale, where=chunk_ms > 0)
+                    c_start, c_end = chunk_reduce_spans_ms(stretched, ready_c)
                 end = np.where(has, c_end.max(axis=1), 0.0)
                 if trace:  # each chunk's buckets back to back from its start, numbered in the stage's queue order
                     for s in range(P):
@@ -3857,10 +3970,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                         for c in range(V - 1, -1, -1):
                             t = float(c_start[s, c])
                             for x in dpt["bucket_ms"][c * P + s].tolist():
+                                x = x * float(scale[s, c])
                                 comm_events.append((s, f"dp.{op}[{j}].c{c}", t, t + x))
                                 t, j = t + x, j + 1
-                # reductions beside the stage's computation take SMs from it (simulate/overlap.py): it ends later
-                hidden = np.maximum(np.minimum(c_end, stage_end[:, None]) - c_start, 0.0).sum(axis=1)
             else:
                 if dp_overlaps:
                     ready = lb[:, :1] + (lb[:, 1:] - lb[:, :1]) * frac
@@ -3869,20 +3981,26 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                 ready = np.where(valid, ready, -np.inf)
                 ends = cum + np.maximum(np.maximum.accumulate(ready - cum_before, axis=1), 0.0)
                 starts = ends - ms
+                # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
+                if dp_overlaps:
+                    over = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0), 0.0)
+                    hidden = over.sum(axis=1)
+                    if np.any(dp_fr > 1.0):  # and each bucket longer by what it shares the DRAM with: queued again
+                        ms_x = ms + (dp_fr[:, None] - 1.0) * over
+                        cum_x = np.cumsum(ms_x, axis=1)
+                        ends = cum_x + np.maximum(np.maximum.accumulate(ready - (cum_x - ms_x), axis=1), 0.0)
+                        starts = ends - ms_x
+                else:
+                    hidden = np.zeros(P)
                 end = np.where(has, ends[last_idx], 0.0)
                 if trace:
                     chunk_of = [np.concatenate([np.full(len(dpt["bucket_ms"][c * P + s]), c) for c in range(V)])
                                 for s in range(P)] if V > 1 else None  # the buckets in chunk order (_stage_buckets)
                     comm_events += [(s, f"dp.{op}[{j}]" + (f".c{int(chunk_of[s][j])}" if V > 1 else ""),
                                      float(starts[s, j]), float(ends[s, j])) for s in range(P) for j in range(int(n[s]))]
-                # buckets reduced during the last backward take SMs from it (simulate/overlap.py): it ends later
-                if dp_overlaps:
-                    hidden = np.where(valid, np.maximum(np.minimum(ends, stage_end[:, None]) - starts, 0.0),
-                                      0.0).sum(axis=1)
-                else:
-                    hidden = np.zeros(P)
             st_dp, xj_dp = hidden_power(hidden, "bs")
-            finish = np.where(has, np.maximum(stage_end + nccl_share * hidden + st_dp, end), np.maximum(stage_end, 0.0))
+            finish = np.where(has, np.maximum(stage_end + (dp_fc - 1.0) * hidden + st_dp, end),
+                              np.maximum(stage_end, 0.0))
         if tied_on and not tied_first:  # Megatron-Core's finalize_model_grads: the DP sync, then the embedding's
             finish, tied_start = tied_grad_sync_ms(finish, tied_ar_ms)
         if tied_on and trace:
@@ -3893,8 +4011,11 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         if dp_on and par_dp.zero >= 1 and dp_group:
             if par.overlap_param_gather and V > 1:
                 # interleaved: chunk by chunk, each before that chunk's first forward (interleaved_param_gather_ms)
+                # (the gathers' share of the SMs and the DRAM bandwidth: the forward's factor, overlap.hbm_stretch)
+                g_fc = dp_stretch(by_stage(f_nc), by_stage(dpt["gather_after_ms"]), by_stage(dpt["gather_bytes"]),
+                                  "all_gather", "f", stage=True)[0]
                 gather = interleaved_param_gather_ms(dpt["gather_after_ms"].reshape(V, P).T, pipe.first_forward_by_chunk,
-                                                     nccl_share)
+                                                     g_fc - 1.0)
                 st_g, xj_g = hidden_power(np.maximum(by_stage(dpt["gather_after_ms"]) - gather, 0.0), "fs")
                 gather = gather + st_g
             else:
@@ -3918,7 +4039,9 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                     total_g = gather
                     gather = param_gather_ms(f[:P], gather, n_b, nccl_share,
                                              first_forward_ms=pipe.first_forward_by_chunk[:, 0] if first_only else None,
-                                             first_stages=first_ranks)
+                                             first_stages=first_ranks,
+                                             stretch=dp_stretch(f[:P], gather, by_stage(dpt["gather_bytes"]),
+                                                                "all_gather", "f", stage=True))
                     # beside the first forward what is not exposed; a later stage's one piece (first_only) goes in its
                     # warm-up wait, charged as waiting
                     hid = np.maximum(total_g - gather, 0.0)

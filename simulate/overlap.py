@@ -28,12 +28,36 @@ its collectives as CUDA kernels on ``channels`` CTAs, one SM each), so the overl
 share of SMs the collective holds while they run together, and a collective longer than the computation it hides
 behind is exposed for the rest. Pipelined TP overlap (Transformer Engine's userbuffers) splits each collective into
 ``tp`` chunks: the first chunk (all-gather) or the last (reduce-scatter) waits for, or is waited on by, its GEMM.
+Since stop 59 (audit 59b finding 3) the two also share the device's DRAM bandwidth, both ways (:func:`hbm_stretch`):
+a collective reads and writes HBM as it moves its chunks (per byte of message: :func:`nccl_hbm_bytes_per_byte`,
+derived from NCCL's ring steps; :func:`userbuffers_hbm_bytes_per_byte` for TE's copy-engine ring exchange), and so do
+the kernels it runs beside (the costed graph's bytes over their time, memory-bound kernels split from the rest by the
+spec sheet's roofline); where the two demands together exceed the achievable bandwidth (the learned stream bandwidth,
+``single_device.stream_bandwidth_gbps``, that the optimizer-phase passes are costed at), both slow down in proportion
+until the bytes fit: the computation's memory-bound kernels (and any other whose demand with the collective's exceeds
+it) by total demand / bandwidth, at least by the SMs' share, and the collective over the span it runs beside them,
+which lengthens what of it is exposed. A GEMM-bound span (demand a tenth of the bandwidth) is left to the SMs' share; a
+memory-bound one beside an NVLink all-reduce (about 3 x its bus bandwidth of DRAM traffic: > 1 TB/s) is not. Called
+wherever a collective is costed beside computation: ``--tp-comm-overlap`` (the layer's GEMMs), the MoE all-to-all
+pairs, ZeRO-3 prefetch and ZeRO-2's per-micro-batch reductions (the chunk's forward / backward), the gradient
+buckets beside the last backward and the overlapped parameter all-gathers (the stage's backward / forward; interleaved,
+the computation's side only). Not (yet) the context-parallel ring's KV transfers (costed as what outlasts each ring
+step's attention kernel, compute-bound flash attention, no SM share either) nor ``--async-tp-comm``'s collective beside
+the wgrad / dgrad GEMM (GEMM-bound: the SMs' share).
 
 Assumptions (stated, not fitted): NCCL's collectives hold 16 SMs while they run (NCCL's default of at least 16
 channels on NVLink/NVSwitch systems, ``NCCL_MIN_NCHANNELS``; Megatron-LM leaves it at the default), Transformer
 Engine's userbuffers ring-exchange moves data with copy engines and holds ``UB_SMS`` = 2 SMs for its
 synchronisation (TE's ``userbuffers`` defaults for the pipelined all-gather/reduce-scatter: ``num_sm`` 1-16 by
-method; the copy-engine ring exchange is the recommended one on NVSwitch machines).
+method; the copy-engine ring exchange is the recommended one on NVSwitch machines). DRAM: a collective's traffic per
+byte of message is its algorithm's (NCCL's ring with the Simple protocol through staging buffers for every NCCL
+collective, tree and NVLS included; TE's ring exchange / userbuffers reduce-scatter for the TP ones), a kernel's is
+the bytes the graph counts (each tensor read or written once: a GEMM's tile re-reads that miss L2 are not counted),
+each kernel class demands its bytes over its time while the collective runs beside it in proportion to the classes'
+time, and the bandwidth is shared in proportion to demand (each side slowed by the same factor). Stated
+simplifications, no constant fitted: the stretched collective is not let overlap more of the computation (second
+order), the gradient buckets' traffic is the dense DP group's ring (an expert-DP group's size is not told apart), and
+the interleaved parameter gathers slow the computation by the DRAM factor but are not stretched themselves.
 
 One NVLink domain only (since stop 56): Transformer Engine's userbuffers map the TP group's buffers into each other's
 address space and move the chunks with copy engines / multicast stores, so the whole TP group must sit in one NVLink
@@ -133,31 +157,141 @@ def sm_share(sms_taken: float, num_sms: int) -> float:
     return float(min(max(sms_taken, 0.0) / max(num_sms, 1), 1.0))
 
 
-def overlapped_ms(compute_ms, comm_ms, *, share: float, first_chunk_ms=0.0):
+# Per-rank HBM traffic (bytes read + written in the rank's own DRAM) per byte of a collective's nccl-tests size, NCCL's
+# ring algorithm, Simple protocol, over the P2P transport (each hop's chunk written into a staging buffer and read
+# out of it once: by the sender into the receiver's FIFO, or, with P2P read, the receiver reading the sender's): a
+# function of the op and the group size n. Derived step by step from NCCL's ring primitives (src/device/
+# all_reduce.h ``runRing``, all_gather.h, reduce_scatter.h; prims_simple.h: ``send``, ``recvReduceSend``,
+# ``directRecvReduceCopySend``, ``directRecvCopySend``, ``directRecv``), chunk c = S / n, counted on every rank alike:
+#
+# - all_reduce (S the per-rank buffer): step 0 reads its input chunk (1c); n - 2 recvReduceSend steps read the
+#   received chunk and the input (2c each); the last reduce step reads both and writes the output (3c); n - 2
+#   recvCopySend steps and the final recv read the staged chunk and write the output (2c each); the 2(n - 1) chunks
+#   its predecessor stages in it are written (2(n - 1) c): (6n - 4) / n per byte (5.5 at n 8, -> 6);
+# - all_gather (S the gathered buffer): its own chunk copied to the output (read + write, 2c), n - 1 received chunks
+#   staged in (1c), read and written to the output (2c): (3n - 1) / n;
+# - reduce_scatter (S the input): its input chunk read and sent (1c), n - 2 recvReduceSend (2c), the last reads both
+#   and writes its output chunk (3c), n - 1 chunks staged in (1c): (3n - 1) / n;
+# - all_to_all (NCCL's grouped send / recv, S the whole buffer): n - 1 chunks read and sent, n - 1 staged in, read
+#   and written to the output, its own chunk copied: (4n - 2) / n;
+# - send_recv / broadcast (S per rank): read, staged, read, written: 4.
+#
+# Stated simplifications: the ring's traffic for every algorithm (tree all-reduce moves the same per byte at each
+# chain hop; NVLS all-reduce, where NVSwitch reduces, moves less: about 2 per byte), the network transports' NIC
+# reads and writes of the staging buffers counted as the P2P ones (their rates are far below HBM's anyway), L2
+# hits ignored (a collective's chunks stream through, 512 KiB a channel step).
+def nccl_hbm_bytes_per_byte(op, n):
+    """HBM bytes a rank reads and writes per byte of nccl-tests size of collective ``op`` over ``n`` ranks, vectorised
+    over ``n`` (the comment above: NCCL's ring, Simple protocol, derived per step); 0 for ``n`` <= 1."""
+    nn = np.maximum(np.asarray(n, dtype=float), 1.0)
+    f = {"all_reduce": (6.0 * nn - 4.0) / nn, "all_gather": (3.0 * nn - 1.0) / nn,
+         "reduce_scatter": (3.0 * nn - 1.0) / nn, "all_to_all": (4.0 * nn - 2.0) / nn}.get(str(op), 4.0 + 0.0 * nn)
+    return np.where(nn > 1.0, f, 0.0)
+
+
+def userbuffers_hbm_bytes_per_byte(op, tp):
+    """HBM bytes per byte of a TP collective's nccl-tests size as Transformer Engine's userbuffers run it under
+    ``--tp-comm-overlap`` (TE 2.20.2 ``pytorch/module/base.py`` ``initialize_ub`` l. 350-390: the all-gathers
+    ``ring_exchange`` with ``use_ce`` (copy engines), the forward reduce-scatters ``pipeline``, the backward ones
+    ``bulk``): a ring-exchange all-gather forwards ``tp`` - 1 chunks of S / tp, each read out of the local buffer and
+    written into the next rank's (2 (tp - 1) / tp; the GEMM's own reads of the chunks are in its bytes); a userbuffers
+    reduce-scatter reads every rank's GEMM output chunk over NVLink from where it was written (each rank's buffer read
+    once in all, S) and writes the reduced chunk (S / tp): (tp + 1) / tp; an all-reduce both."""
+    t = np.maximum(np.asarray(tp, dtype=float), 1.0)
+    ag, rs = 2.0 * (t - 1.0) / t, (t + 1.0) / t
+    f = {"all_gather": ag, "reduce_scatter": rs}.get(str(op), ag + rs)
+    return np.where(t > 1.0, f, 0.0)
+
+
+def collective_hbm_bytes(bytes_by_op: dict, n, *, userbuffers: bool = False):
+    """HBM bytes a rank's collectives move, from their nccl-tests sizes per op (``bytes_by_op``: op -> bytes, arrays
+    or scalars) over ``n`` ranks: NCCL's ring (:func:`nccl_hbm_bytes_per_byte`) or TE's userbuffers
+    (:func:`userbuffers_hbm_bytes_per_byte`)."""
+    per = userbuffers_hbm_bytes_per_byte if userbuffers else nccl_hbm_bytes_per_byte
+    return sum((per(op, n) * np.asarray(b, dtype=float) for op, b in bytes_by_op.items()), 0.0)
+
+
+def hbm_stretch(compute_ms, comm_ms, *, share: float, mem_ms=0.0, mem_bytes=0.0, other_bytes=0.0, comm_hbm_bytes=0.0,
+                hbm_gbps=None):
+    """(compute factor, communication factor) of a computation run beside a collective (arrays or scalars): what each
+    ms of the two that overlap costs, for :func:`overlapped_ms`' ``stretch``.
+
+    Both read and write the device's DRAM. The computation's demand comes from its costed kernels: ``mem_ms`` of its
+    ``compute_ms`` is memory-bound kernels (the roofline's: bytes / bandwidth above FLOPs / peak), which move
+    ``mem_bytes``, the rest moves ``other_bytes``; the collective's is ``comm_hbm_bytes`` over ``comm_ms``
+    (:func:`collective_hbm_bytes`). Where the two demands together exceed ``hbm_gbps`` (the achievable DRAM bandwidth),
+    both slow down in proportion, so that the bytes fit: by (demand of the kernels + the collective's) / bandwidth,
+    the collective's side on its whole overlap (it sees the computation's mix of kernels: memory-bound for ``mem_ms`` /
+    ``compute_ms`` of it), the computation's memory-bound kernels alike and its others too should their demand with
+    the collective's exceed the bandwidth (a GEMM's rarely does); every kernel is slowed at least by ``share``, the SMs
+    the collective holds (:func:`sm_share`). ``hbm_gbps`` None (or not finite): SMs alone, (1 + share, 1).
+
+    Stated simplifications: a kernel class's demand is its bytes over its time (the bytes the graph counts: each
+    tensor once), the collective overlaps the computation's kernel classes in proportion to their time, and the stretch is
+    charged on the span the two share as costed before it (the stretched collective overlapping more of the
+    computation is not iterated: a second-order term)."""
+    c = np.asarray(compute_ms, dtype=float)
+    r = np.asarray(comm_ms, dtype=float)
+    if hbm_gbps is None or not np.isfinite(hbm_gbps) or hbm_gbps <= 0:
+        return 1.0 + share + 0.0 * c, np.ones(np.broadcast(c, r).shape)
+    bw = float(hbm_gbps) * 1e6  # bytes per ms
+    mem = np.clip(np.asarray(mem_ms, dtype=float), 0.0, np.maximum(c, 0.0))
+    oth = np.maximum(c - mem, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f_mem = np.where(c > 0, mem / c, 0.0)
+        d_mem = np.minimum(np.where(mem > 0, np.asarray(mem_bytes, dtype=float) / mem, 0.0), bw)
+        d_oth = np.minimum(np.where(oth > 0, np.asarray(other_bytes, dtype=float) / oth, 0.0), bw)
+        d_comm = np.minimum(np.where(r > 0, np.asarray(comm_hbm_bytes, dtype=float) / r, 0.0), bw)
+    s_mem = np.maximum((d_mem + d_comm) / bw, 1.0)
+    s_oth = np.maximum((d_oth + d_comm) / bw, 1.0)
+    compute = f_mem * np.maximum(1.0 + share, s_mem) + (1.0 - f_mem) * np.maximum(1.0 + share, s_oth)
+    comm = f_mem * s_mem + (1.0 - f_mem) * s_oth
+    return compute, comm
+
+
+def overlapped_ms(compute_ms, comm_ms, *, share: float, first_chunk_ms=0.0, stretch=None):
     """Wall time of ``compute_ms`` of computation with ``comm_ms`` of communication run beside it (arrays or scalars).
 
     While both run the computation is slowed by ``share`` (the SMs the collective holds): the overlapped span
     ``min(compute, comm)`` costs ``share`` x itself more; communication beyond the computation is exposed; and
-    ``first_chunk_ms`` (a pipelined collective's chunk that cannot overlap) is always exposed. Never less than
-    ``max(compute, comm)``, and equal to ``compute + comm`` when there is nothing to hide behind."""
+    ``first_chunk_ms`` (a pipelined collective's chunk that cannot overlap) is always exposed. ``stretch``: (compute
+    factor, communication factor) of the overlapped span (:func:`hbm_stretch`: the SMs and the DRAM bandwidth the
+    two share; None: (1 + share, 1), the SMs alone): the computation's side costs ``factor - 1`` x the span more, and
+    so does the communication's. Never less than ``max(compute, comm)``, and equal to ``compute + comm`` when there is
+    nothing to hide behind."""
     compute = np.asarray(compute_ms, dtype=float)
     comm = np.asarray(comm_ms, dtype=float)
     first = np.minimum(np.asarray(first_chunk_ms, dtype=float), comm)
     rest = comm - first
     together = np.minimum(compute, rest)
-    t = first + np.maximum(compute + share * together, rest)
+    if stretch is None:
+        t = first + np.maximum(compute + share * together, rest)
+    else:
+        fc, fr = stretch
+        t = first + np.maximum(compute + (np.asarray(fc, dtype=float) - 1.0) * together,
+                               rest + (np.asarray(fr, dtype=float) - 1.0) * together)
     return t if t.ndim else float(t)
 
 
-def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int):
+def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int, gemm_hbm=None, coll_hbm_bytes=0.0,
+                        hbm_gbps=None):
     """Time of a layer's TP collectives and the GEMMs they are pipelined with under ``--tp-comm-overlap``
-    (userbuffers: ``tp`` chunks, one exposed, copy-engine transfers holding :data:`UB_SMS` SMs)."""
+    (userbuffers: ``tp`` chunks, one exposed, copy-engine transfers holding :data:`UB_SMS` SMs). ``gemm_hbm``: the
+    GEMMs' (memory-bound ms, their bytes, the other GEMMs' bytes), ``coll_hbm_bytes`` the collectives' DRAM traffic
+    (:func:`collective_hbm_bytes` with ``userbuffers``), ``hbm_gbps`` the achievable DRAM bandwidth: the two share it
+    (:func:`hbm_stretch`; None: the SMs alone)."""
     coll = np.asarray(coll_ms, dtype=float)
-    return overlapped_ms(gemm_ms, coll, share=sm_share(UB_SMS, num_sms), first_chunk_ms=coll / max(int(tp), 1))
+    share = sm_share(UB_SMS, num_sms)
+    stretch = None
+    if hbm_gbps is not None:
+        mem_ms, mem_b, oth_b = gemm_hbm if gemm_hbm is not None else (0.0, 0.0, 0.0)
+        stretch = hbm_stretch(gemm_ms, coll, share=share, mem_ms=mem_ms, mem_bytes=mem_b, other_bytes=oth_b,
+                              comm_hbm_bytes=coll_hbm_bytes, hbm_gbps=hbm_gbps)
+    return overlapped_ms(gemm_ms, coll, share=share, first_chunk_ms=coll / max(int(tp), 1), stretch=stretch)
 
 
 def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_sms: int, mlp_f_ms, mlp_b_ms,
-                        dispatch_f_ms, dispatch_b_ms):
+                        dispatch_f_ms, dispatch_b_ms, hbm: dict | None = None):
     """What a layer's expert-parallel all-to-alls add to its forward and to its backward under Megatron-Core's
     ``--overlap-moe-expert-parallel-comm`` (arrays per layer, ms).
 
@@ -177,7 +311,12 @@ def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_s
     forward and the backward in proportion to their all-to-all times. ``dispatch_f_ms`` / ``dispatch_b_ms``: the
     dispatch's share of ``a2a_f_ms`` / ``a2a_b_ms`` (the rest is the combine's). Until stop 37 the four all-to-alls
     were pooled against the whole forward and backward (optimistic: a stop-36 audit measured about 0.8 s on
-    DeepSeek-V3). A pipeline's unpaired tasks are the caller's (``_comm_parts``)."""
+    DeepSeek-V3). A pipeline's unpaired tasks are the caller's (``_comm_parts``).
+
+    ``hbm``: the DRAM bandwidth the pairs share (:func:`hbm_stretch`; None: the SMs alone): ``gbps`` the achievable
+    bandwidth, ``f`` / ``b`` / ``mlp_f`` / ``mlp_b`` each a (memory-bound ms, their bytes, other bytes) of the forward,
+    the backward and their experts' computation, ``a2a_f_bytes`` / ``a2a_b_bytes`` the all-to-alls' DRAM traffic
+    (:func:`collective_hbm_bytes`), spread over each direction's all-to-alls in proportion to their time."""
     f = np.asarray(f_compute_ms, dtype=float)
     b = np.asarray(b_compute_ms, dtype=float)
     af = np.asarray(a2a_f_ms, dtype=float)
@@ -189,7 +328,20 @@ def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_s
     df = np.minimum(np.asarray(dispatch_f_ms, dtype=float), af)
     db = np.minimum(np.asarray(dispatch_b_ms, dtype=float), ab)
     pairs = ((f - mf, ab - db), (mb, df), (mf, db), (b - mb, af - df))
-    extra = sum(overlapped_ms(c, a, share=share) for c, a in pairs) - (f + b)
+    if hbm is None:
+        extra = sum(overlapped_ms(c, a, share=share) for c, a in pairs) - (f + b)
+    else:
+        hf, hb, hmf, hmb = (tuple(np.asarray(x, dtype=float) for x in hbm[k]) for k in ("f", "b", "mlp_f", "mlp_b"))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate_f = np.where(af > 0, np.asarray(hbm["a2a_f_bytes"], dtype=float) / af, 0.0)  # bytes per ms
+            rate_b = np.where(ab > 0, np.asarray(hbm["a2a_b_bytes"], dtype=float) / ab, 0.0)
+        attn_f = tuple(np.maximum(x - y, 0.0) for x, y in zip(hf, hmf))
+        attn_b = tuple(np.maximum(x - y, 0.0) for x, y in zip(hb, hmb))
+        extra = -(f + b)
+        for (c, a), h, rate in zip(pairs, (attn_f, hmb, hmf, attn_b), (rate_b, rate_f, rate_b, rate_f)):
+            st = hbm_stretch(c, a, share=share, mem_ms=h[0], mem_bytes=h[1], other_bytes=h[2], comm_hbm_bytes=rate * a,
+                             hbm_gbps=hbm["gbps"])
+            extra = extra + overlapped_ms(c, a, share=share, stretch=st)
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.where(comm > 0, af / comm, 0.0)
     return extra * frac, extra * (1.0 - frac)

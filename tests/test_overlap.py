@@ -691,3 +691,83 @@ def test_each_megatron_only_overlap_flag_is_refused_with_its_own_reason(framewor
     msg = " ".join(str(e.value).split())
     assert msg.startswith(f"--{flag.replace('_', '-')} is a Megatron-Core option: use --framework megatron")
     assert own in msg and other not in msg
+
+
+def test_hbm_traffic_per_byte_follows_the_ring_steps():
+    """The per-rank DRAM traffic of NCCL's ring (simulate/overlap.py, derived per step) and of TE's userbuffers."""
+    from wattcast.simulate.overlap import collective_hbm_bytes, nccl_hbm_bytes_per_byte, userbuffers_hbm_bytes_per_byte
+
+    # all-reduce over 8: 1 + 2 x 6 + 3 (reduce-scatter) + 2 x 6 + 2 (all-gather) chunks read / written, 14 staged in
+    assert float(nccl_hbm_bytes_per_byte("all_reduce", 8)) == pytest.approx((1 + 12 + 3 + 12 + 2 + 14) / 8)
+    assert float(nccl_hbm_bytes_per_byte("all_gather", 8)) == pytest.approx(23 / 8)
+    assert float(nccl_hbm_bytes_per_byte("reduce_scatter", 8)) == pytest.approx(23 / 8)
+    assert float(nccl_hbm_bytes_per_byte("all_to_all", 8)) == pytest.approx(30 / 8)
+    assert float(nccl_hbm_bytes_per_byte("all_reduce", 1)) == 0.0  # no group, no traffic
+    # a ring all-reduce moves about 3x its bus bytes through DRAM (2(n-1)/n of the buffer crosses the links)
+    assert float(nccl_hbm_bytes_per_byte("all_reduce", 64)) / (2 * 63 / 64) == pytest.approx(3.0, rel=0.02)
+    # userbuffers' copy-engine ring exchange: read out and written into the next rank's buffer, tp - 1 chunks
+    assert float(userbuffers_hbm_bytes_per_byte("all_gather", 8)) == pytest.approx(14 / 8)
+    assert float(userbuffers_hbm_bytes_per_byte("reduce_scatter", 8)) == pytest.approx(9 / 8)
+    assert float(collective_hbm_bytes({"all_gather": 8e6, "reduce_scatter": 8e6}, 8, userbuffers=True)) \
+        == pytest.approx(8e6 * (14 + 9) / 8)
+
+
+def test_memory_bandwidth_is_shared_both_ways():
+    """A collective beside computation shares the DRAM bandwidth with it (issue 15: shared SMs and memory bandwidth
+    slow both sides): a memory-bound task beside a large all-gather takes longer than with SM sharing alone, a
+    GEMM-bound one barely changes, and the collective itself takes longer beside a task that saturates the DRAM."""
+    from wattcast.simulate.overlap import collective_hbm_bytes, hbm_stretch
+
+    share = sm_share(16, 132)
+    bw_gbps = 3000.0
+    compute_ms, comm_ms = 10.0, 8.0
+    # an 8-way all-gather of 2 GB in 8 ms (~220 GB/s of bus bandwidth): 2.875 B of DRAM traffic a byte, ~720 GB/s
+    ag_hbm = float(collective_hbm_bytes({"all_gather": 2e9}, 8))
+    sm_only = overlapped_ms(compute_ms, comm_ms, share=share)
+    # memory-bound: every kernel streams at the full bandwidth (3 GB/ms x 10 ms)
+    mem = hbm_stretch(compute_ms, comm_ms, share=share, mem_ms=compute_ms, mem_bytes=bw_gbps * 1e6 * compute_ms,
+                      comm_hbm_bytes=ag_hbm, hbm_gbps=bw_gbps)
+    t_mem = overlapped_ms(compute_ms, comm_ms, share=share, stretch=mem)
+    assert t_mem > sm_only + 0.5  # 1.24x on the 8 ms together vs the SMs' 1.12x
+    assert t_mem == pytest.approx(compute_ms + (bw_gbps * 1e6 + ag_hbm / comm_ms) / (bw_gbps * 1e6) * comm_ms - comm_ms)
+    # GEMM-bound: 300 GB/s of demand, which fits beside the all-gather's: the SMs' share alone
+    gemm = hbm_stretch(compute_ms, comm_ms, share=share, other_bytes=300e6 * compute_ms, comm_hbm_bytes=ag_hbm,
+                       hbm_gbps=bw_gbps)
+    assert overlapped_ms(compute_ms, comm_ms, share=share, stretch=gemm) == pytest.approx(sm_only)
+    # the communication's side: a collective longer than a DRAM-saturating task is exposed for longer than with SMs
+    # alone (its overlapped part stretched by the same factor), and not beside a GEMM-bound one
+    long_comm = 20.0
+    sat = hbm_stretch(compute_ms, long_comm, share=share, mem_ms=compute_ms, mem_bytes=bw_gbps * 1e6 * compute_ms,
+                      comm_hbm_bytes=ag_hbm * long_comm / comm_ms, hbm_gbps=bw_gbps)
+    assert sat[1] > 1.2
+    t_long = overlapped_ms(compute_ms, long_comm, share=share, stretch=sat)
+    assert t_long == pytest.approx(long_comm + (sat[1] - 1.0) * compute_ms)
+    assert t_long > overlapped_ms(compute_ms, long_comm, share=share) + 2.0
+    gemm_long = hbm_stretch(compute_ms, long_comm, share=share, other_bytes=300e6 * compute_ms,
+                            comm_hbm_bytes=ag_hbm * long_comm / comm_ms, hbm_gbps=bw_gbps)
+    assert gemm_long[1] == pytest.approx(1.0)
+    # no bandwidth given: the SMs alone, as before
+    none = hbm_stretch(compute_ms, comm_ms, share=share, mem_ms=compute_ms, mem_bytes=1e12, comm_hbm_bytes=ag_hbm)
+    assert overlapped_ms(compute_ms, comm_ms, share=share, stretch=none) == pytest.approx(sm_only)
+    # vectorised: a mix of memory-bound and GEMM kernels lands between the two
+    mixed = hbm_stretch(np.full(3, compute_ms), comm_ms, share=share, mem_ms=np.array([0.0, 5.0, 10.0]),
+                        mem_bytes=bw_gbps * 1e6 * np.array([0.0, 5.0, 10.0]), other_bytes=300e6 * np.array([10.0, 5.0, 0.0]),
+                        comm_hbm_bytes=ag_hbm, hbm_gbps=bw_gbps)
+    t = overlapped_ms(np.full(3, compute_ms), comm_ms, share=share, stretch=mixed)
+    assert t[0] < t[1] < t[2]
+
+
+def test_data_parallel_overlap_pays_for_the_dram_it_shares(monkeypatch):
+    """Megatron-Core's overlapped gradient buckets and parameter all-gathers, costed with the DRAM bandwidth they share
+    with the backward and the forward, take longer than with NCCL's SMs alone (the backward's memory-bound kernels:
+    norms, activations, casts)."""
+    import wattcast.simulate.distributed as dist
+    from wattcast.simulate import overlap
+
+    kw = dict(gpus=16, batch=64, seq=4096, micro_batch=2, zero=1, framework="megatron", overlap_grad_reduce=True,
+              overlap_param_gather=True)
+    both = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
+    monkeypatch.setattr(dist, "hbm_stretch", lambda c, r, *, share, **k: overlap.hbm_stretch(c, r, share=share))
+    sm_only = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
+    assert both.step_time_ms > sm_only.step_time_ms + 1.0
+    assert both.step_time_ms < sm_only.step_time_ms * 1.05  # a share of the hidden traffic, not all of it
