@@ -1665,6 +1665,11 @@ class _RankView:
     #: the collectives' nccl-tests bytes per group and op: group -> op -> (forward, backward) per layer (what their
     #: DRAM traffic follows from: overlap.collective_hbm_bytes)
     coll_bytes_by_group: dict = None
+    #: the TP collectives' ms per layer that Transformer Engine's userbuffers run by a method other than the ring
+    #: exchange under --tp-comm-overlap (overlap.UB_METHOD_SMS): the forward reduce-scatters (``pipeline``) and the
+    #: backward's input re-gathers and dgrad reduce-scatters (``bulk``); None: none known (all ring exchange)
+    tp_pipeline_f_ms: np.ndarray = None
+    tp_bulk_b_ms: np.ndarray = None
 
 
 #: the attention output projection (Megatron-Core's ``linear_proj``) as the graph builders --framework megatron runs
@@ -1850,6 +1855,13 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
                                       coll_layer(c_bwd & (c_grp == grp) & (c_kern == k)))
                              for k in pd.unique(c_kern[c_grp == grp])}
                   for grp in pd.unique(c_grp)}
+    # the TP collectives TE's userbuffers run under --tp-comm-overlap, by method (overlap.UB_METHOD_SMS; TE 2.20.2
+    # initialize_ub l. 350-360): forward all-gathers (``<m>.enter.all_gather``) ring exchange, forward reduce-scatters
+    # (``<m>.exit.reduce_scatter``) pipeline; backward, the row-parallel layers' output-gradient all-gathers
+    # (``<m>.exit.reduce_scatter.grad``) ring exchange, the column-parallel layers' dgrad reduce-scatters
+    # (``<m>.enter.all_gather.grad``) and input re-gathers (``.input_all_gather``) bulk
+    kern = costed["kernel"].to_numpy().astype(str)
+    ub_coll = is_coll & (group == "tp")
     opt_parts = {}
     if opt.any():
         okey = np.where(opt, op_class.astype(str).astype(object) + "|" + part, "")
@@ -1878,6 +1890,9 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         attn_diag_f_ms=per_layer(fwd & is_attn, t * diag), attn_diag_b_ms=per_layer(bwd & is_attn & ~rc, t * diag),
         attn_diag_rc_ms=per_layer(bwd & is_attn & rc, t * diag),
         gemm_f_ms=per_layer(fwd & is_gemm, t), gemm_b_ms=per_layer(bwd & is_gemm, t),
+        tp_pipeline_f_ms=per_layer(fwd & ub_coll & (kern == "reduce_scatter"), t),
+        tp_bulk_b_ms=per_layer(bwd & ub_coll & ((kern == "reduce_scatter")
+                                                | names.str.endswith(".input_all_gather").to_numpy()), t),
         coll_by_group={str(grp): (per_layer(fwd & is_coll & (group == grp), t), per_layer(bwd & is_coll & (group == grp), t))
                        for grp in pd.unique(group[is_coll])},
         moe_mlp_f_ms=per_layer(fwd & is_mlp, t), moe_mlp_b_ms=per_layer(bwd & is_mlp, t),
@@ -2096,7 +2111,7 @@ _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", 
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
                      "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "transient_bytes", "ood_fb_ms", "ood_fb_low_ms",
                      "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms", "wgrad_ms",
-                     "tp_b_async_save_ms")
+                     "tp_b_async_save_ms", "tp_pipeline_f_ms", "tp_bulk_b_ms")
 
 
 #: the per-layer sums :func:`critical_rank_ood` reads
@@ -3016,12 +3031,18 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
         if grp in ("", "tp") and par.tp_comm_overlap:
             ub_f, ub_b = (collective_hbm_bytes({o: v[i] for o, v in cbytes.items()}, par.tp, userbuffers=True)
                           for i in (0, 1))
+            # each userbuffers method's SMs (overlap.UB_METHOD_SMS: ring exchange 1, pipeline and bulk 16); until stop
+            # 59 every one held 2
             cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms, coll_hbm_bytes=ub_f,
                                      gemm_hbm=view.hbm["gemm_f"] if hbm_on else None,
-                                     hbm_gbps=hbm_gbps if hbm_on else None) - view.gemm_f_ms
+                                     hbm_gbps=hbm_gbps if hbm_on else None,
+                                     method_ms=None if view.tp_pipeline_f_ms is None or grp != "tp"
+                                     else {"pipeline": view.tp_pipeline_f_ms}) - view.gemm_f_ms
             cb = tp_overlap_layer_ms(view.gemm_b_ms, cb, tp=par.tp, num_sms=spec.num_sms, coll_hbm_bytes=ub_b,
                                      gemm_hbm=view.hbm["gemm_b"] if hbm_on else None,
-                                     hbm_gbps=hbm_gbps if hbm_on else None) - view.gemm_b_ms
+                                     hbm_gbps=hbm_gbps if hbm_on else None,
+                                     method_ms=None if view.tp_bulk_b_ms is None or grp != "tp"
+                                     else {"bulk": view.tp_bulk_b_ms}) - view.gemm_b_ms
         elif grp == "tp" and async_tp_b and view.tp_b_async_save_ms is not None:
             cb = np.maximum(cb - view.tp_b_async_save_ms, 0.0)
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:

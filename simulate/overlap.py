@@ -46,10 +46,19 @@ step's attention kernel, compute-bound flash attention, no SM share either) nor 
 the wgrad / dgrad GEMM (GEMM-bound: the SMs' share).
 
 Assumptions (stated, not fitted): NCCL's collectives hold 16 SMs while they run (NCCL's default of at least 16
-channels on NVLink/NVSwitch systems, ``NCCL_MIN_NCHANNELS``; Megatron-LM leaves it at the default), Transformer
-Engine's userbuffers ring-exchange moves data with copy engines and holds ``UB_SMS`` = 2 SMs for its
-synchronisation (TE's ``userbuffers`` defaults for the pipelined all-gather/reduce-scatter: ``num_sm`` 1-16 by
-method; the copy-engine ring exchange is the recommended one on NVSwitch machines). DRAM: a collective's traffic per
+channels on NVLink/NVSwitch systems, ``NCCL_MIN_NCHANNELS``; Megatron-LM leaves it at the default); Transformer
+Engine's userbuffers hold the SMs TE 2.20.2's ``initialize_ub`` defaults give each overlap method
+(:data:`UB_METHOD_SMS`, ``pytorch/module/base.py`` l. 350-360 and 384; Megatron-LM passes no ``ub_cfgs`` unless
+``--tp-comm-overlap-cfg``): the ring exchange 1 (copy engines move the chunks: the forward all-gathers of the QKV /
+FC1 input and the backward all-gathers of the proj / FC2 output gradient), the pipelined forward reduce-scatters after
+proj / FC2 16, the backward's bulk overlaps (the QKV / FC1 input re-gather beside their dgrad GEMM, the dgrad
+reduce-scatter beside their wgrad GEMM) 16; each direction's pairs are pooled (its GEMMs against its collectives), each
+collective's SMs weighted by its time (:func:`ub_sm_share`). Until stop 59 every userbuffers collective held 2 SMs
+(optimistic for the pipelined and bulk ones): the audit's Llama 3 70B TP8 stage-1 task 88.66 -> 91.13 ms. Stated
+simplifications: TE launches the pipeline / bulk GEMMs on the SMs less ``num_sm`` for their whole length
+(``set_sm_margin``, l. 386), here only over the span the collective runs beside them; and the exposed chunk is a
+``1 / tp`` of the collectives whatever their method (TE's ``num_splits``, l. 387: ``tp`` for the ring exchange, 4 for
+the pipeline; the bulk overlaps pipeline nothing and expose nothing of their own). DRAM: a collective's traffic per
 byte of message is its algorithm's (NCCL's ring with the Simple protocol through staging buffers for every NCCL
 collective, tree and NVLS included; TE's ring exchange / userbuffers reduce-scatter for the TP ones), a kernel's is
 the bytes the graph counts (each tensor read or written once: a GEMM's tile re-reads that miss L2 are not counted),
@@ -108,8 +117,24 @@ MEGATRON_ONLY_REASONS = {
 }
 #: SMs an NCCL collective occupies while it runs (NCCL's default minimum channel count on NVSwitch systems)
 NCCL_SMS = 16
-#: SMs Transformer Engine's userbuffers ring exchange holds (copy engines move the data)
-UB_SMS = 2
+#: SMs Transformer Engine's userbuffers hold while a TP collective runs beside its GEMM, per overlap method, as TE
+#: 2.20.2 ``pytorch/module/base.py`` ``initialize_ub`` sets them by default: ``get_default_config`` (l. 375-393),
+#: ``"num_sm": 1 if method == "ring_exchange" else 16`` (l. 384), ``"cga_size": 1 if ... else 2`` (l. 385),
+#: ``"set_sm_margin": not method == "ring_exchange"`` (l. 386: the GEMM is launched on the SMs less ``num_sm``),
+#: ``"use_ce": True`` (l. 390: the ring exchange's chunks move by copy engine, its one SM signals); the methods by GEMM
+#: (l. 350-360): ``ring_exchange`` for qkv_fprop / fc1_fprop (the forward all-gathers) and proj_dgrad / fc2_dgrad (the
+#: backward all-gathers of the output gradient), ``pipeline`` for proj_fprop / fc2_fprop (the forward
+#: reduce-scatters), ``bulk`` for qkv_dgrad / fc1_dgrad (the sequence-parallel input re-gather beside the dgrad GEMM)
+#: and qkv_wgrad / fc1_wgrad (the dgrad's reduce-scatter beside the wgrad GEMM), ``external`` for proj_wgrad /
+#: fc2_wgrad (no collective of their own). Megatron-LM passes ``ub_cfgs={}`` unless ``--tp-comm-overlap-cfg`` names a
+#: YAML file (megatron/training/initialize.py ``_initialize_tp_communicators`` l. 204-208 and 233-239, megatron-core
+#: 0.19.2 wheel; arguments.py l. 2743: default None), so TE's defaults stand; megatron-core 0.16.1's
+#: ``ModelParallelConfig`` (model_parallel_config.py l. 186-238) turns the bulk dgrad / wgrad overlaps and the
+#: AG / RS overlaps on by default (``tp_comm_bulk_wgrad``, ``tp_comm_bulk_dgrad``, ``tp_comm_overlap_ag``,
+#: ``tp_comm_overlap_rs`` True; ``tp_comm_overlap_rs_dgrad`` False: the dgrad reduce-scatter stays bulk).
+UB_METHOD_SMS = {"ring_exchange": 1, "pipeline": 16, "bulk": 16}
+#: (until stop 59 one ``UB_SMS`` = 2 for every userbuffers collective: optimistic for the pipelined reduce-scatters and
+#: the bulk overlaps)
 
 
 def overlap_defaults(framework: str, *, tp: int, sp: bool, zero: int, interleave: int | None = None,
@@ -273,15 +298,35 @@ def overlapped_ms(compute_ms, comm_ms, *, share: float, first_chunk_ms=0.0, stre
     return t if t.ndim else float(t)
 
 
-def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int, gemm_hbm=None, coll_hbm_bytes=0.0,
-                        hbm_gbps=None):
-    """Time of a layer's TP collectives and the GEMMs they are pipelined with under ``--tp-comm-overlap``
-    (userbuffers: ``tp`` chunks, one exposed, copy-engine transfers holding :data:`UB_SMS` SMs). ``gemm_hbm``: the
-    GEMMs' (memory-bound ms, their bytes, the other GEMMs' bytes), ``coll_hbm_bytes`` the collectives' DRAM traffic
-    (:func:`collective_hbm_bytes` with ``userbuffers``), ``hbm_gbps`` the achievable DRAM bandwidth: the two share it
-    (:func:`hbm_stretch`; None: the SMs alone)."""
+def ub_sm_share(coll_ms, num_sms: int, method_ms: dict | None = None):
+    """The share of SMs the userbuffers collectives ``coll_ms`` hold from the GEMMs they run beside: each method's
+    :data:`UB_METHOD_SMS` over ``num_sms``, weighted by the time its collectives take (``method_ms``: method -> ms, a
+    part of ``coll_ms``; what is not named is ring exchange). None: all ring exchange."""
     coll = np.asarray(coll_ms, dtype=float)
-    share = sm_share(UB_SMS, num_sms)
+    named = {m: np.asarray(v, dtype=float) for m, v in (method_ms or {}).items()}
+    unknown = set(named) - set(UB_METHOD_SMS)
+    if unknown:
+        raise ValueError(f"userbuffers method(s) {sorted(unknown)} unknown: one of {sorted(UB_METHOD_SMS)}")
+    rest = np.maximum(coll - sum(named.values(), np.zeros_like(coll)), 0.0)
+    sms = rest * UB_METHOD_SMS["ring_exchange"] + sum(
+        (UB_METHOD_SMS[m] * np.minimum(v, coll) for m, v in named.items()), np.zeros_like(coll))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_sms = np.where(coll > 0, sms / coll, float(UB_METHOD_SMS["ring_exchange"]))
+    return np.minimum(np.maximum(mean_sms, 0.0) / max(int(num_sms), 1), 1.0)
+
+
+def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int, gemm_hbm=None, coll_hbm_bytes=0.0,
+                        hbm_gbps=None, method_ms: dict | None = None):
+    """Time of a layer's TP collectives and the GEMMs they are pipelined with under ``--tp-comm-overlap``
+    (userbuffers: ``tp`` chunks, one exposed). ``method_ms``: the part of ``coll_ms`` each userbuffers method other
+    than the ring exchange runs (``pipeline``: the forward reduce-scatters; ``bulk``: the backward's input re-gathers
+    and dgrad reduce-scatters; the rest is ring exchange): each holds :data:`UB_METHOD_SMS` SMs from the GEMMs while
+    it runs (:func:`ub_sm_share`, the pairs pooled per direction). ``gemm_hbm``: the GEMMs' (memory-bound ms, their
+    bytes, the other GEMMs' bytes), ``coll_hbm_bytes`` the collectives' DRAM traffic (:func:`collective_hbm_bytes`
+    with ``userbuffers``), ``hbm_gbps`` the achievable DRAM bandwidth: the two share it (:func:`hbm_stretch`; None:
+    the SMs alone)."""
+    coll = np.asarray(coll_ms, dtype=float)
+    share = ub_sm_share(coll, num_sms, method_ms)
     stretch = None
     if hbm_gbps is not None:
         mem_ms, mem_b, oth_b = gemm_hbm if gemm_hbm is not None else (0.0, 0.0, 0.0)

@@ -771,3 +771,45 @@ def test_data_parallel_overlap_pays_for_the_dram_it_shares(monkeypatch):
     sm_only = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
     assert both.step_time_ms > sm_only.step_time_ms + 1.0
     assert both.step_time_ms < sm_only.step_time_ms * 1.05  # a share of the hidden traffic, not all of it
+
+
+def test_userbuffers_sm_share_follows_te_defaults_per_method():
+    """TE 2.20.2 initialize_ub's defaults (simulate/overlap.py UB_METHOD_SMS): the ring exchange (forward all-gathers,
+    backward output-gradient all-gathers) holds 1 SM, the pipelined forward reduce-scatters and the backward's bulk
+    overlaps 16; until stop 59 every userbuffers collective held 2."""
+    from wattcast.simulate.overlap import UB_METHOD_SMS, ub_sm_share
+
+    assert UB_METHOD_SMS == {"ring_exchange": 1, "pipeline": 16, "bulk": 16}
+    n = 132
+    assert float(ub_sm_share(8.0, n)) == pytest.approx(1 / n)  # nothing named: ring exchange
+    assert float(ub_sm_share(8.0, n, {"pipeline": 8.0})) == pytest.approx(16 / n)
+    # a forward: half ring-exchange all-gathers, half pipelined reduce-scatters, weighted by their time
+    assert float(ub_sm_share(8.0, n, {"pipeline": 4.0})) == pytest.approx((4 * 1 + 4 * 16) / 8 / n)
+    # a backward: a third ring exchange (proj / fc2 dgrad), two thirds bulk (qkv / fc1 re-gather and reduce-scatter)
+    assert np.allclose(ub_sm_share(np.array([9.0, 0.0]), n, {"bulk": np.array([6.0, 0.0])}),
+                       [(3 * 1 + 6 * 16) / 9 / n, 1 / n])
+    with pytest.raises(ValueError, match="external"):
+        ub_sm_share(8.0, n, {"external": 1.0})
+    # a reduce-scatter pair slows its GEMM by 16 / num_sms over the span it runs beside it (first chunk exposed)
+    gemm, coll, tp = 100.0, 8.0, 8
+    rest = coll - coll / tp
+    assert tp_overlap_layer_ms(gemm, coll, tp=tp, num_sms=n, method_ms={"pipeline": coll}) == pytest.approx(
+        coll / tp + gemm + 16 / n * rest)
+    # an all-gather pair (ring exchange, copy engines) by 1 / num_sms
+    assert tp_overlap_layer_ms(gemm, coll, tp=tp, num_sms=n) == pytest.approx(coll / tp + gemm + 1 / n * rest)
+
+
+def test_tp_comm_overlap_charges_each_userbuffers_method_its_sms(monkeypatch):
+    """Wired where --tp-comm-overlap's pairs are costed (distributed._comm_parts): the rank view splits the TP
+    collectives by TE's method (forward reduce-scatters pipeline, backward reduce-scatters and input re-gathers bulk),
+    and with every method charged the ring exchange's 1 SM the exposed TP time is lower."""
+    from wattcast.simulate import overlap
+
+    kw = dict(gpus=32, batch=8, seq=4096, tp=8, sp=True, pp=4, micro_batch=1, zero=1, framework="megatron")
+    te = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
+    assert te.parallel.tp_comm_overlap
+    monkeypatch.setitem(overlap.UB_METHOD_SMS, "pipeline", 1)
+    monkeypatch.setitem(overlap.UB_METHOD_SMS, "bulk", 1)
+    ring_only = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
+    assert te.exposed_comm_split_ms["tp"] > ring_only.exposed_comm_split_ms["tp"] + 0.1
+    assert te.step_time_ms > ring_only.step_time_ms
