@@ -1241,6 +1241,8 @@ def search(
     memory_headroom_gb: float = typer.Option(0.0, "--memory-headroom-gb", help="A candidate fits only when its predicted worst-stage memory is at most the GPU's capacity less this many GB (default 0): the rows nearest the memory limit are predicted too fast."),
     zero: Optional[List[str]] = typer.Option(None, "--zero", help="ZeRO stages to search (repeatable or comma-separated: 0, 1, 2, 3; default 0 and 1)."),
     interleave: Optional[List[str]] = typer.Option(None, "--interleave", help="Virtual pipeline stages per GPU to search (interleaved 1F1B; repeatable or comma-separated: --interleave 1,2,5; default 1 and 2; above 1 only on the pp > 1 candidates)."),
+    pp_first_stage_layers: Optional[int] = typer.Option(None, "--pp-first-stage-layers", help="As for predict, on every pp > 1 candidate: the first pipeline stage's transformer layers (Megatron-Core's decoder_first_pipeline_num_layers; the other stages split the rest evenly). A candidate whose pp / --interleave cannot take it is rejected naming the rule; pp 1 candidates keep none."),
+    pp_last_stage_layers: Optional[int] = typer.Option(None, "--pp-last-stage-layers", help="As for predict, on every pp > 1 candidate: the last pipeline stage's transformer layers (Megatron-Core's decoder_last_pipeline_num_layers)."),
     recompute: Optional[List[str]] = typer.Option(None, "--recompute", help="Activation recomputation to search (repeatable or comma-separated: none, selective, full; default none and selective, none and full with --attention flash, the default; --recompute-modules sets the selective candidates' modules)."),
     sp: Optional[List[str]] = typer.Option(None, "--sp", help="Sequence parallelism to search (repeatable or comma-separated: on, off, or both: --sp on,off; default both; on only for the tp > 1 candidates)."),
     zero3_prefetch: Optional[bool] = typer.Option(None, "--zero3-prefetch/--no-zero3-prefetch", help="ZeRO-3 (FSDP) candidates: collectives beside the computation, or in series with it (default: the framework's; in series for hf). Needs ZeRO-3 candidates (--zero 3; or --zero 2 with --framework hf)."),
@@ -1324,6 +1326,12 @@ def search(
     sp = _bool_list_flag(sp, "--sp")
     recompute = _recompute_list_flag(recompute, recompute_modules)
     cp_comm_type = _str_list_flag(cp_comm_type)
+    try:  # a bad count is named before anything runs (predict's check)
+        from wattcast.planning.search import check_stage_layers_option
+
+        check_stage_layers_option(pp_first_stage_layers, pp_last_stage_layers, framework, pp, gpus)
+    except ValueError as e:
+        _fail(str(e))
     folders = _model_folders(models, collectives, power_model)
     try:
         with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as prog:
@@ -1346,7 +1354,8 @@ def search(
                           gpus_per_node=gpus_per_node, zero3_prefetch=zero3_prefetch, data_load_ms=data_load_ms,
                           scatter_gather_p2p=scatter_gather_p2p,
                           fp8_param_gather=fp8_param_gather, fp8_recipe=fp8_recipe, mtp_num_layers=mtp_num_layers,
-                          compile=compile,
+                          compile=compile, pp_first_stage_layers=pp_first_stage_layers,
+                          pp_last_stage_layers=pp_last_stage_layers,
                           cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                           cross_entropy_fusion_impl=cross_entropy_fusion_impl, fsdp_reduce_dtype=fsdp_reduce_dtype,
                           grad_accum_dtype=grad_accum_dtype, memory_headroom_gb=memory_headroom_gb,
@@ -1388,7 +1397,11 @@ def search(
                           "warnings": list(res.warnings), "unranked_clusters": unranked,
                           "dropped_values": list(res.dropped_values),
                           # the options no strategy string records (SearchResult.settings): replay a row with them
-                          "settings": dict(res.settings, memory_headroom_gb=memory_headroom_gb)}, indent=2,
+                          "settings": dict(res.settings, memory_headroom_gb=memory_headroom_gb),
+                          # --pp-first/last-stage-layers as given (null: not), on the pp > 1 candidates (their rows'
+                          # pp_first/last_stage_layers columns and strategy ppf/ppl tokens)
+                          "pipeline_split": {"pp_first_stage_layers": pp_first_stage_layers,
+                                             "pp_last_stage_layers": pp_last_stage_layers}}, indent=2,
                          default=str))
         _fail_if_none_fits(res, limits, memory_headroom_gb)
         return
@@ -1444,6 +1457,8 @@ def search(
     laid: dict[str, list[str]] = {}  # layout -> the shown rows' strategies with it, once each
     for _, frame in tables:
         for r in frame.to_dict("records") if "pipeline_layout" in frame else ():
+            if not (pd_isna(r.get("pp_first_stage_layers")) and pd_isna(r.get("pp_last_stage_layers"))):
+                continue  # the split --pp-first/last-stage-layers asked for: those flags build it (said below)
             if isinstance(r.get("pipeline_layout"), str) and r["pipeline_layout"]:
                 rows = laid.setdefault(r["pipeline_layout"], [])
                 if r["strategy"] not in rows:
@@ -1452,6 +1467,12 @@ def search(
         con.print(f"note: {', '.join(strategies)}: an uneven pipeline split, which Megatron-Core builds only with a "
                   f"split flag: --pipeline-model-parallel-layout \"{layout}\" (the row's pipeline_layout; predict "
                   "--strategy names --pp-first/last-stage-layers where those build it)", style="yellow", soft_wrap=True)
+    if pp_first_stage_layers is not None or pp_last_stage_layers is not None:
+        from wattcast.simulate.parallel import stage_flags_text
+
+        con.print(f"pipeline split: {stage_flags_text(pp_first_stage_layers, pp_last_stage_layers)} on every pp > 1 "
+                  "candidate (pp 1 ones have no stages to split; candidates whose pp / interleave cannot take them are "
+                  "rejected)", soft_wrap=True)
     if len(res.excluded):
         counts = res.excluded["excluded_by"].value_counts()
         con.print("left out: " + ", ".join(f"{n} by {k}" for k, n in counts.items()))

@@ -35,6 +35,8 @@
     cross_entropy_fusion_impl: native     # default on there, as the recipes run it): false for a plain Megatron-LM run
     data_load_ms: 5.0                     # optional: data loader's host ms per micro-batch (as `--data-load-ms`)
     data_workers: 4                       # optional: data-loader worker processes (as `--data-workers`)
+    pp_first_stage_layers: 6              # optional: the first / last pipeline stage's layers on every pp > 1 strategy
+    pp_last_stage_layers: 6               # (as `--pp-first-stage-layers` / `--pp-last-stage-layers`)
     optimizer: adamw                      # optional: the optimizer (as `--optimizer`; default adamw)
     optimizer_impl: foreach               # optional: its kernels, fused or foreach (as `--optimizer-impl`)
     model_folders: {models: retrained/}   # optional: retrained models (models, collectives, power_model), as the
@@ -134,6 +136,11 @@ SPEC_KEYS = {
     "memory_headroom_gb": "a strategy fits only when its memory is at least this many GB below the GPU's capacity "
                           "(memory_gb <= capacity - X; as --memory-headroom-gb; default 0)",
     "data_workers": "data-loader worker processes (default: the framework's)",
+    "pp_first_stage_layers": "transformer layers of the first pipeline stage on every pp > 1 strategy (Megatron-Core's "
+                             "decoder_first_pipeline_num_layers; as --pp-first-stage-layers; strategies whose pp / "
+                             "interleave cannot take it are rejected naming the rule)",
+    "pp_last_stage_layers": "transformer layers of the last pipeline stage on every pp > 1 strategy (as "
+                            "--pp-last-stage-layers)",
     "cloud_usd_per_gpu_hour": "cloud price per GPU-hour (USD) for every task's run (as --cloud-usd-per-gpu-hour); needs "
                               "tokens: what objective cost/tco needs where the shipped table has no price",
     "footprint": "other run options of every task (wattcast.search's footprint_kw: pue, pricing, lifetime_years, "
@@ -156,7 +163,7 @@ TASK_COLUMNS = ("task_id", "model", "cluster", "gpus", "region", "status", "erro
 #: first hid the other 32). Whole numbers are nullable int64, flags nullable bool, text '' when absent, the rest
 #: float64 (``planning.search.COLUMNS`` / ``RUN_COLUMNS``; ``test_sweep_parts`` checks these against a search)
 INT_COLUMNS = frozenset(("gpus", "rank", "tp", "pp", "dp", "cp", "micro_batch", "zero", "ep", "interleave",
-                         "grad_accum", "seq"))
+                         "grad_accum", "seq", "pp_first_stage_layers", "pp_last_stage_layers"))
 BOOL_COLUMNS = frozenset(("sp", "fits", "scheduled", "electricity_region_specific", "grid_region_specific", "run_pareto",
                           "fp8_param_gather", "compile"))
 TEXT_COLUMNS = frozenset(("task_id", "model", "cluster", "region", "status", "error", "device", "config", "recompute",
@@ -252,6 +259,9 @@ class SweepSpec:
     optimizer: str | None = None
     optimizer_impl: str | None = None
     memory_headroom_gb: float = 0.0
+    #: the first / last pipeline stage's layers on every pp > 1 strategy (search's pp_first/last_stage_layers)
+    pp_first_stage_layers: int | None = None
+    pp_last_stage_layers: int | None = None
     #: Megatron-Core's overlap flags for every strategy (search's ``overlaps``), only those given
     overlaps: dict = field(default_factory=dict)
     #: model folders by kind (models, collectives, power_model) as given; resolved (with the environment's) by tasks()
@@ -278,7 +288,7 @@ class SweepSpec:
             settings["overlaps"] = dict(sorted(self.overlaps.items()))
         for k in ("gpus_per_node", "zero3_prefetch", "scatter_gather_p2p", "fsdp_reduce_dtype", "grad_accum_dtype", "fp8_recipe",
                   "moe_token_dispatcher", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "optimizer",
-                  "optimizer_impl"):
+                  "optimizer_impl", "pp_first_stage_layers", "pp_last_stage_layers"):
             if getattr(self, k) is not None:
                 settings[k] = getattr(self, k)
         if self.compile:  # only when on: the ids of eager sweeps stay what they were
@@ -604,6 +614,18 @@ def _load_spec(source: str | Path | dict) -> SweepSpec:
         headroom_gb = checked_memory_headroom_gb(raw.get("memory_headroom_gb", 0.0))
     except ValueError as e:
         raise SweepSpecError(f"{where}: {e}") from None
+    first, last = raw.get("pp_first_stage_layers"), raw.get("pp_last_stage_layers")
+    if first is not None or last is not None:  # search's check (a whole number >= 1, a pp > 1 choice, the framework)
+        from wattcast.planning.search import _choices, check_stage_layers_option
+
+        try:
+            pps = _choices("pp", space.get("pp"))
+        except ValueError:  # a bad pp choice is the search's to name
+            pps = None
+        try:
+            check_stage_layers_option(first, last, str(raw.get("framework", "hf")), pps, 0)
+        except ValueError as e:
+            raise SweepSpecError(f"{where}: {e}") from None
     run_opts = _run_options(raw, tokens, where)
     folders = raw.get("model_folders") or {}
     if not isinstance(folders, dict) or set(folders) - set(MODEL_FOLDER_KEYS):
@@ -620,6 +642,7 @@ def _load_spec(source: str | Path | dict) -> SweepSpec:
                      grad_accum_dtype=accum_dtype, fp8_recipe=fp8_recipe, moe_token_dispatcher=dispatcher,
                      cross_entropy_loss_fusion=ce_fusion, cross_entropy_fusion_impl=ce_impl, data_load_ms=load_ms, data_workers=data_workers,
                      optimizer=optimizer, optimizer_impl=optimizer_impl, memory_headroom_gb=headroom_gb,
+                     pp_first_stage_layers=first, pp_last_stage_layers=last,
                      overlaps=_overlaps_option(raw, where),
                      model_folders={k: v for k, v in folders.items() if v is not None}, footprint=run_opts,
                      notes=tuple(notes))
@@ -812,6 +835,8 @@ def run_task(task: dict) -> pd.DataFrame:
                   data_load_ms=task.get("data_load_ms", 0.0),
                   data_workers=task.get("data_workers"), optimizer_impl=task.get("optimizer_impl"),
                   memory_headroom_gb=task.get("memory_headroom_gb", 0.0), overlaps=task.get("overlaps") or None,
+                  pp_first_stage_layers=task.get("pp_first_stage_layers"),
+                  pp_last_stage_layers=task.get("pp_last_stage_layers"),
                   **({"optimizer": task["optimizer"]} if task.get("optimizer") else {}),
                   **(task.get("model_folders") or {}))
         if task["tokens"] is not None:

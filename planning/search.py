@@ -33,6 +33,7 @@ from wattcast.lifecycle import footprint, footprint_from_step
 from wattcast.lifecycle.cost import cluster_cloud_kw
 from wattcast.simulate.parallel import (CP_COMM_TYPES, SCHEDULES, ParallelConfig, ParallelConfigError, check_job_size,
                                         check_overlap_p2p_flag, cp_sizes_pair, expert_tp, new_config, resolve_parallel,
+                                        stage_flags_text,
                                         with_fields)
 
 
@@ -54,13 +55,20 @@ def _pow2_divisors(n: int, cap: int | None = None) -> list[int]:
 
 #: columns of ``SearchResult.ranked`` (and ``pareto``); a search with ``tokens`` adds :data:`RUN_COLUMNS`
 #: (``pipeline_layout``: framework megatron, an uneven pipeline split, the Megatron-Core
-#: ``--pipeline-model-parallel-layout`` that builds it, as ``predict``'s ``parallel.pipeline_layout``; None otherwise)
+#: ``--pipeline-model-parallel-layout`` that builds it, as ``predict``'s ``parallel.pipeline_layout``; None otherwise;
+#: ``pp_first_stage_layers`` / ``pp_last_stage_layers``: the transformer layers the row's first / last pipeline stage
+#: was given, ``search(pp_first_stage_layers=, pp_last_stage_layers=)`` on its pp > 1 candidates, as predict's
+#: ``--pp-first-stage-layers`` / ``--pp-last-stage-layers`` (the strategy string's ``ppf`` / ``ppl`` tokens); <NA>
+#: when not given or pp 1)
 _CORE_COLUMNS = ("cluster", "device", "config", "tp", "pp", "dp", "cp", "micro_batch", "zero", "sp", "ep", "recompute", "interleave",
            "step_time_ms", "mfu", "tflops_per_gpu", "memory_gb", "fits", "exposed_comm_ms", "bubble_ms", "energy_j",
            "avg_power_w", "strategy", "grad_accum", "schedule", "memory_capacity_gb", "memory_flag", "scheduled", "dtype",
            "attention", "framework", "etp", "seq", "cp_comm_type", "hierarchical_cp_sizes", "fp8_recipe",
-           "fp8_param_gather", "compile", "pipeline_layout", "step_time_band_low_ms",
+           "fp8_param_gather", "compile", "pipeline_layout", "pp_first_stage_layers", "pp_last_stage_layers",
+           "step_time_band_low_ms",
            "step_time_band_high_ms", "ood_time_share", "ood_collective_time_share")
+#: the first / last stage's layers given (nullable whole numbers: <NA> where not given or pp 1)
+_SPLIT_COLUMNS = ("pp_first_stage_layers", "pp_last_stage_layers")
 #: what ``predict_cluster``'s ``step_time_band`` says of the same strategy as ``basis`` and ``generation``
 #: (``step_band.search_basis_columns``; None for a strategy that was not scheduled; stop 58, audit 58d)
 BASIS_COLUMNS = ("step_time_band_basis", "step_time_band_generation")
@@ -455,7 +463,8 @@ def _cp_comm_choices(c: int, cp_types, h_sizes) -> list:
 def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=None, pp=None, micro_batch=None, zero=(0, 1),
                       sp=(False, True), recompute=("none", "selective"), interleave=(1, 2), ep=None,
                       cp=None, schedule=("1f1b",), recompute_num_layers=(None,), etp=(None,), cp_comm_type=("p2p",),
-                      hierarchical_cp_sizes=(None,), n_layers: int | None = None) -> list[ParallelConfig]:
+                      hierarchical_cp_sizes=(None,), n_layers: int | None = None, pp_first_layers: int | None = None,
+                      pp_last_layers: int | None = None) -> list[ParallelConfig]:
     """Every strategy of the search space that divides the job. Each option takes a list of choices or one value;
     ``tp``, ``micro_batch`` None: powers of two that divide the job (TP within a node, micro-batches up to 16); ``pp``
     None: every divisor of the job's GPUs over TP x CP, at most the model's layers where its config is known (until
@@ -472,7 +481,11 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     ``cp_comm_type``: Megatron-Core's --cp-comm-type choices (p2p, a2a, allgather, a2a+p2p) for the candidates with
     cp > 1; a2a+p2p with the ``hierarchical_cp_sizes`` pair (inner a2a, outer ring) whose product is the candidate's
     cp (other cp degrees skip it); a2a where the heads per TP rank divide by cp (else the candidate is rejected).
-    ``n_layers``: the model's transformer layers where the caller knows them (None: its config's, 0 without one)."""
+    ``n_layers``: the model's transformer layers where the caller knows them (None: its config's, 0 without one).
+    ``pp_first_layers`` / ``pp_last_layers``: the first / last pipeline stage's transformer layers (Megatron-Core's
+    ``decoder_first/last_pipeline_num_layers``) on every candidate with pp > 1 (pp 1 has no stages to split: those
+    candidates keep none); a count that (pp, interleave) cannot take is left to resolve_parallel's rule, which
+    rejects the candidate naming the flags."""
     tp, pp, micro_batch, zero, sp, recompute, interleave, ep, cp, schedule, rc_layers, etp = (
         _choices(k, v) for k, v in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch), ("zero", zero), ("sp", sp),
                                     ("recompute", recompute), ("interleave", interleave), ("ep", ep), ("cp", cp),
@@ -490,7 +503,8 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
     # the model's layers (0: not known): block recomputation's counts and the default stage counts; ``n_layers`` given
     # (a search of a model without a config: its graph's, graph_model_layers) is used as is
     n_layers = int(n_layers or 0)
-    if not n_layers and (pp is None or any(n is not None for n in rc_layers)):
+    explicit_split = pp_first_layers is not None or pp_last_layers is not None
+    if not n_layers and (pp is None or explicit_split or any(n is not None for n in rc_layers)):
         from wattcast.simulate.distributed import model_config
 
         cfg = model_config(model)
@@ -538,14 +552,33 @@ def candidate_configs(model, cluster, gpus: int, batch: int, seq: int, *, tp=Non
                     if "1f1b" in schedule:
                         continue
                     sch = "1f1b" if p == 1 else sch  # a lone gpipe choice: one stage runs it as 1F1B does
+                split = (dict(pp_first_layers=pp_first_layers, pp_last_layers=pp_last_layers)
+                         if explicit_split and p > 1 else {})
+                biggest = _biggest_chunk(n_layers, p, v, split) if n_layers else 0
                 for n, x, (ct, hs) in itertools.product(rc_layers if rc == "full" else (None,), etps(t), cp_comms(c)):
                     # a count at least every chunk's layers recomputes them all: the None candidate already
-                    if n is not None and n_layers and n >= -(-n_layers // (p * v)):
+                    if n is not None and biggest and n >= biggest:
                         continue
                     extra = {} if ct == "p2p" else dict(cp_comm_type=ct, hierarchical_cp_sizes=hs)
                     out.append(new_config(gpus=gpus, tp=t, pp=p, dp=dp, micro_batch=mb, zero=z, sp=s, ep=e, recompute=rc,
-                                          interleave=v, cp=c, schedule=sch, recompute_num_layers=n, etp=x, **extra))
+                                          interleave=v, cp=c, schedule=sch, recompute_num_layers=n, etp=x, **extra,
+                                          **split))
     return out
+
+
+def _biggest_chunk(n_layers: int, pp: int, interleave: int, split: dict) -> int:
+    """The most transformer layers a model chunk of (``pp``, ``interleave``) holds: the even split's (rounded up), or
+    with the given first/last stage layers (``split``) their chunks' (0: the counts do not fit, resolve_parallel
+    rejects the candidate)."""
+    if not split:
+        return -(-n_layers // (pp * interleave))
+    from wattcast.simulate.parallel import chunk_layers
+
+    try:
+        return max(chunk_layers(n_layers, pp, interleave, first=split["pp_first_layers"],
+                                last=split["pp_last_layers"]))
+    except (ParallelConfigError, ValueError):
+        return 0
 
 
 #: configurations :func:`why_no_candidates` checks at most
@@ -660,7 +693,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
            cross_entropy_fusion_impl: str = "native", fsdp_reduce_dtype: str | None = None, models=None, collectives=None,
            power_model=None, scatter_gather_p2p: bool | None = None, grad_accum_dtype: str | None = None,
            fp8_recipe: str | None = None, memory_headroom_gb: float = 0.0, host_us: float | None = None,
-           compile: bool = False, **space) -> SearchResult:
+           compile: bool = False, pp_first_stage_layers: int | None = None,
+           pp_last_stage_layers: int | None = None, **space) -> SearchResult:
     """Evaluate every valid strategy for ``model`` on ``gpus`` GPUs of ``cluster`` (global ``batch``).
 
     ``cluster``: one cluster (preset name, file or spec) or a list of them, to compare hardware: every row
@@ -723,6 +757,16 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     main-gradient buffer's dtype ("bf16": Megatron-LM's ``--grad-reduce-in-bf16``); a ValueError under hf.
     ``data_load_ms`` / ``data_workers``: the data loader's host ms per micro-batch and worker processes for every
     candidate (``simulate/data_loading.py``; default 0 ms and the framework's workers).
+    ``pp_first_stage_layers`` / ``pp_last_stage_layers``: the transformer layers of the first / last pipeline stage
+    (Megatron-Core's ``decoder_first/last_pipeline_num_layers``, ``predict_cluster``'s and ``wattcast predict
+    --pp-first-stage-layers / --pp-last-stage-layers``) on every candidate with pp > 1, the other stages splitting the
+    rest evenly; the pp 1 candidates have no stages to split and keep none (their rows' columns are <NA>). A candidate
+    whose (pp, interleave) cannot take the counts (the rest not dividing the middle stages, a count at least the
+    model's layers, a stage's layers not dividing by the interleave) is rejected by that rule (``rejected``, naming
+    the flags), never costed with another split. Each row's ``pp_first_stage_layers`` / ``pp_last_stage_layers``
+    columns, its ``strategy`` (``ppf`` / ``ppl`` tokens) and ``pipeline_layout`` record the split. Not a whole
+    number >= 1, no pp > 1 choice in the space, or framework megatron-deepspeed (DeepSpeed partitions the stages
+    itself): a ValueError naming the flag.
 
     ``models`` / ``collectives`` / ``power_model``: folders of retrained models (``wattcast.predict``'s; default: the
     caller's, else ``$WATTCAST_MODELS`` / ``$WATTCAST_COLLECTIVES`` / ``$WATTCAST_POWER_MODEL``, else the shipped ones),
@@ -798,6 +842,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     elif footprint_kw:
         raise ValueError("footprint_kw describes a run: give tokens too")
     memory_headroom_gb = checked_memory_headroom_gb(memory_headroom_gb)
+    check_stage_layers_option(pp_first_stage_layers, pp_last_stage_layers, framework, space.get("pp"), gpus)
     for name, flag in (("exact_pipeline", exact_pipeline), ("prune_oom", prune_oom), ("pareto", pareto)):
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -918,7 +963,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     why_none: dict[str, str] = {}  # per cluster: a job-level rule no strategy meets, or why none was generated
     with pinned_files():  # the model's file looked up once per search, not per candidate
         for cl, spec in resolved:
-            cands = candidate_configs(model, cl, gpus, batch, seq, **space, n_layers=graph_layers)
+            cands = candidate_configs(model, cl, gpus, batch, seq, **space, n_layers=graph_layers,
+                                      pp_first_layers=pp_first_stage_layers, pp_last_layers=pp_last_stage_layers)
             if overlaps:
                 cands = [replace(c, **candidate_overlaps(c, overlaps, cl.gpus_per_node)) for c in cands]
             generated.extend(cands)
@@ -968,6 +1014,11 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
             if progress and cands:  # stopped at max_configs: the rest is skipped, the bar ends full
                 progress(len(cands), len(cands))
     rejected = pd.DataFrame(bad, columns=list(REJECTED_COLUMNS))
+    split_given = pp_first_stage_layers is not None or pp_last_stage_layers is not None
+    if split_given and generated and not any(par.pp > 1 for par in generated):
+        # a space whose layouts leave no pp > 1 candidate (pp chosen by the job): the counts applied to none
+        warnings = warnings + [f"{stage_flags_text(pp_first_stage_layers, pp_last_stage_layers)}: no candidate "
+                               "strategy has pp > 1 (the job's layouts), so no row uses them"]
     # the options no strategy token records (SearchResult.settings; the JSON's ``settings``)
     settings = dict(fp8_recipe=fp8_recipe_option(fp8_recipe, checked_dtype(dtype)), fp8_param_gather=bool(fp8_param_gather),
                     grad_accum_dtype=grad_accum_dtype, fsdp_reduce_dtype=fsdp_reduce_dtype,
@@ -990,6 +1041,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                     {cl.name: fp8_kernel_logo(spec) if checked_dtype(resolve_dtype(dtype, spec)) == "fp8" else None
                      for cl, spec in resolved})[cols]
     df = with_memory_headroom(df, memory_headroom_gb, run_cols)
+    for c in _SPLIT_COLUMNS:  # whole numbers, <NA> where not given or pp 1
+        df[c] = pd.array([None if v is None or pd.isna(v) else int(v) for v in df[c]], dtype="Int64")
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
         _check_run_length(df, float(tokens), batch * seq)
@@ -1002,7 +1055,8 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
     front = [r._asdict() for r in fit[mem < before].itertuples(index=False)]
     ranked_clusters = set(df["cluster"])
     shown_zeros = set(df["zero"]) | set(excluded.get("zero", ()))
-    return SearchResult(df, pd.DataFrame(front, columns=df.columns), rejected, excluded,
+    pareto_df = pd.DataFrame(front, columns=df.columns).astype({c: "Int64" for c in _SPLIT_COLUMNS})
+    return SearchResult(df, pareto_df, rejected, excluded,
                         {k: v for k, v in why_none.items() if k not in ranked_clusters}, warnings,
                         dropped_values(asked, outcomes, generated, skipped, max_configs)
                         + folded_zero_values(asked.get("zero"), folded, shown_zeros),
@@ -1073,6 +1127,32 @@ def graph_model_space(model, space: dict) -> dict:
                          "sequence): search varies data and pipeline parallelism, ZeRO, micro-batch and recomputation "
                          "for it, not tensor, context or expert parallelism: give " + " and ".join(need))
     return dict(space, cp=(1,), ep=(1,))
+
+
+def check_stage_layers_option(first, last, framework: str, pps, gpus: int) -> None:
+    """search's ``pp_first_stage_layers`` / ``pp_last_stage_layers`` checked before anything is evaluated: each None
+    or a whole number >= 1 (predict's check, ``parallel.check_pp_stage_layers``), a space with a pp > 1 choice, and a
+    framework that takes them (megatron-deepspeed partitions the stages with DeepSpeed's PipelineModule:
+    ``parallel._check_megatron_deepspeed_flags`` would reject every pp > 1 candidate). ValueError naming the flag."""
+    if first is None and last is None:
+        return
+    from wattcast.featurize.workload import canonical_framework
+    from wattcast.simulate.parallel import _check_megatron_deepspeed_flags, check_pp_stage_layers
+
+    try:
+        check_pp_stage_layers(first, last)
+    except ParallelConfigError as e:
+        raise ValueError(str(e)) from None
+    flags = stage_flags_text(first, last)
+    if canonical_framework(framework) == "megatron-deepspeed":
+        try:
+            _check_megatron_deepspeed_flags(new_config(pp=2, pp_first_layers=first, pp_last_layers=last))
+        except ParallelConfigError as e:
+            raise ValueError(str(e)) from None
+    if (pps is not None and all(p == 1 for p in pps)) or gpus == 1:
+        raise ValueError(f"{flags}: the first / last pipeline stage's layers need pipeline parallelism, but the search "
+                         f"space has no pp > 1 choice ({'one GPU' if gpus == 1 else '--pp 1'}): give --pp choices "
+                         "above 1, or leave the flags out")
 
 
 def checked_memory_headroom_gb(value) -> float:
@@ -1339,7 +1419,9 @@ class _Evaluator:
                self.fp8_recipe, bool(ctx.fp8_param_gather), bool(job.step.compile),
                # framework megatron, an uneven split: the --pipeline-model-parallel-layout Megatron-Core builds it with
                # (predict's parallel.pipeline_layout; None otherwise)
-               r.pipeline_layout)
+               r.pipeline_layout,
+               # the first / last stage's layers given (search's pp_first/last_stage_layers, pp > 1 candidates)
+               p.pp_first_layers, p.pp_last_layers)
         if job.tokens:
             if r.fits:
                 fp = footprint_from_step(job.spec, job.gpus, step_time_ms=r.step_time_ms, gpu_power_w=r.avg_power_w,

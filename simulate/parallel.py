@@ -237,6 +237,13 @@ def recompute_layers_suffix(num_layers: int | None, method: str) -> str:
     return "" if num_layers is None else f"{'u' if method == 'uniform' else ''}{num_layers}"
 
 
+def stage_flags_text(first: int | None, last: int | None) -> str:
+    """The given ``--pp-first-stage-layers`` / ``--pp-last-stage-layers`` as flags ("--pp-first-stage-layers 5"), the
+    head of the rule a split they cannot build breaks (predict's error, a search candidate's ``rejected`` rule)."""
+    return " ".join(f"{flag} {int(v)}" for flag, v in (("--pp-first-stage-layers", first),
+                                                       ("--pp-last-stage-layers", last)) if v is not None)
+
+
 def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last: int | None = None,
                  deepspeed: bool = False) -> list[int]:
     """Transformer layers of each model chunk (stage, or virtual stage under interleaving), in pipeline order.
@@ -272,12 +279,12 @@ def stage_layers(n_layers: int, n_chunks: int, *, first: int | None = None, last
         others = f"the other {inner} stage{'s' if inner > 1 else ''}"
         if mid < inner:
             raise ParallelConfigError(
-                f"the model's {n_layers} transformer layers with {given} leave {mid} for {others}: every stage needs at "
-                f"least one layer")
+                f"{stage_flags_text(first, last)}: the model's {n_layers} transformer layers with {given} leave {mid} "
+                f"for {others}: every stage needs at least one layer")
         if mid % inner:
             raise ParallelConfigError(
-                f"the model's {n_layers} transformer layers with {given} leave {mid} for {others}: they must divide "
-                f"evenly (Megatron-Core's rule)")
+                f"{stage_flags_text(first, last)}: the model's {n_layers} transformer layers with {given} leave {mid} "
+                f"for {others}: they must divide evenly (Megatron-Core's rule)")
         counts = [mid // inner] * inner
         return ([f] if first is not None else []) + counts + ([lst] if last is not None else [])
     q, r = divmod(n_layers, n_chunks)
@@ -534,7 +541,8 @@ def chunk_layers(n_layers: int, pp: int, interleave: int = 1, *, first: int | No
         if bad:
             i, n = bad[0]
             raise ParallelConfigError(
-                f"with --interleave {interleave}, every stage's layers must divide by it (Megatron-Core 0.16.1's rule: "
+                f"{stage_flags_text(first, last)}: with --interleave {interleave}, every stage's layers must divide by "
+                f"it (Megatron-Core 0.16.1's rule: "
                 f"num_layers_in_first/last_pipeline_stage divide by the virtual pipeline size): stage {i} has {n} (layers per "
                 f"stage: {stages}){_automatic_split_hint(n_layers, pp, interleave, deepspeed)}")
     if min(stages) < interleave:
@@ -667,6 +675,17 @@ def _check_etp(cfg: ParallelConfig, *, dp: int, n_experts: int | None, fw: str |
             "Megatron-Core folds the expert ranks over the attention's")
 
 
+def check_pp_stage_layers(first, last) -> None:
+    """``--pp-first-stage-layers`` / ``--pp-last-stage-layers`` (``pp_first_layers`` / ``pp_last_layers``) each None or
+    a whole number of layers >= 1 (every pipeline stage holds at least one transformer layer): a ParallelConfigError
+    naming the flag otherwise. Whether the counts fit the model and the (pp, interleave) is :func:`chunk_layers`'."""
+    for flag, v in (("--pp-first-stage-layers", first), ("--pp-last-stage-layers", last)):
+        if not (v is None or ((type(v) is int or is_int(v)) and v >= 1)):
+            raise ParallelConfigError(
+                f"{flag} must be a whole number of layers, at least 1 (every pipeline stage holds at least one "
+                f"transformer layer), got {v!r}")
+
+
 def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads: int | None = None,
                      n_kv_heads: int | None = None, ffn: int | None = None, n_experts: int | None = None,
                      seq: int | None = None, cluster: ClusterSpec | None = None,
@@ -763,12 +782,7 @@ def resolve_parallel(cfg: ParallelConfig, *, batch: int, n_layers: int, n_heads:
         raise ParallelConfigError(
             f"layers ({n_layers}) must be at least pp x interleave ({cfg.pp} x {cfg.interleave} = {cfg.pp * cfg.interleave})")
     explicit = cfg.pp_first_layers is not None or cfg.pp_last_layers is not None
-    for name in ("pp_first_layers", "pp_last_layers"):
-        v = getattr(cfg, name)
-        if not (v is None or ((type(v) is int or is_int(v)) and v >= 1)):
-            raise ParallelConfigError(
-                f"--{name.replace('_layers', '-stage-layers').replace('_', '-')} must be a whole number of layers, at least "
-                f"1 (every pipeline stage holds at least one transformer layer), got {v!r}")
+    check_pp_stage_layers(cfg.pp_first_layers, cfg.pp_last_layers)
     if explicit:
         if not (cfg.pp > 1):
             raise ParallelConfigError(
