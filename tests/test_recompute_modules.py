@@ -144,8 +144,12 @@ def test_deepseek_v3_as_published_fits_an_80_gb_gpu():
     published = wattcast.predict_cluster("deepseek_v3", "DGX-H100", recompute_modules="layernorm,mla_up_proj,moe_act", **kw)
     plain = wattcast.predict_cluster("deepseek_v3", "DGX-H100", **kw)
     assert published.fits and published.memory_gb < 80
-    assert not any("automatic pipeline split" in w for w in published.meta.get("warnings") or [])
-    assert any("automatic pipeline split" in w for w in plain.meta.get("warnings") or [])  # only a skewed split fits
+    # the memory-aware split's note ("automatic pipeline split: stages [...] instead of the cost-balanced ..."; since
+    # stop 59 every automatic uneven split also warns how Megatron-Core builds it, simulate/parallel.py
+    # pipeline_split_report: 61 layers on 16 stages do not divide, so both carry that one)
+    skewed = "instead of the cost-balanced"
+    assert not any(skewed in w for w in published.meta.get("warnings") or [])
+    assert any(skewed in w for w in plain.meta.get("warnings") or [])  # only a skewed split fits
     assert plain.step_time_ms > published.step_time_ms
 
 
