@@ -1670,9 +1670,6 @@ class _RankView:
     #: backward's input re-gathers and dgrad reduce-scatters (``bulk``); None: none known (all ring exchange)
     tp_pipeline_f_ms: np.ndarray = None
     tp_bulk_b_ms: np.ndarray = None
-    #: of ``tp_bulk_b_ms``, what each bulk collective takes beyond the GEMM it runs beside (:func:`_bulk_excess_ms`):
-    #: exposed whatever else the backward runs; None: not known (pooled with the other GEMMs)
-    tp_bulk_excess_b_ms: np.ndarray = None
 
 
 #: the attention output projection (Megatron-Core's ``linear_proj``) as the graph builders --framework megatron runs
@@ -1750,43 +1747,6 @@ def op_rows(op_class: np.ndarray, part: np.ndarray, time_ms: np.ndarray, gap_ms:
     return [dict(r, launch_gap_ms=float(gaps.get(r["op_class"], 0.0)),
                  **({"parts": sorted(parts[r["op_class"]], key=lambda q: OP_PART_ORDER.index(q["name"]))}
                     if r["op_class"] in parts else {})) for r in rows]
-
-
-def _bulk_excess_ms(names: np.ndarray, bulk: np.ndarray, bulk_ag: np.ndarray, bwd_gemm: np.ndarray,
-                    t: np.ndarray, layer: np.ndarray) -> np.ndarray:
-    """Per node, what a userbuffers bulk collective (``bulk``, in graph order) takes beyond the GEMM TE runs it
-    beside: an input re-gather (``bulk_ag``: ``<m>.input_all_gather``) beside ``<m>.dgrad``, the next dgrad GEMM; a
-    dgrad reduce-scatter (``<scope>.enter.all_gather.grad``) beside the wgrad GEMM before it (``<scope>.*.wgrad``).
-    TE 2.20.2 ``pytorch/module/linear.py`` l. 1219-1228 (``ub_bulk_dgrad``: input all-gather in the dgrad GEMM's
-    ``general_gemm``, l. 1424-1437; ``ub_bulk_wgrad``: dgrad reduce-scatter in the wgrad GEMM's, l. 1600-1615); a bulk
-    overlap is one collective launched whole beside one GEMM (``num_splits`` unused), so nothing of it is exposed but
-    its excess over that GEMM. The partner must be in the same ``layer``. A collective whose partner is not found by
-    name (another framework's graph) has no excess here (pooled with the backward's GEMMs, as until stop 59). 0
-    elsewhere."""
-    out = np.zeros(len(t))
-    pos = np.arange(len(t))
-    gpos = pos[bwd_gemm]
-    if not bulk.any() or not len(gpos):
-        return out
-    gnames = names[bwd_gemm].astype(str)
-    ag = pos[bulk & bulk_ag]
-    rs = pos[bulk & ~bulk_ag]
-    # input re-gather: the first backward GEMM after it, which must be its module's dgrad
-    j = np.searchsorted(gpos, ag, side="right")
-    ok = j < len(gpos)
-    jj = np.where(ok, j, 0)
-    want = np.char.add(np.char.replace(names[ag].astype(str), ".input_all_gather", ""), ".dgrad")
-    ok &= (gnames[jj] == want) & (layer[gpos[jj]] == layer[ag])
-    out[ag] = np.where(ok, np.maximum(t[ag] - t[gpos[jj]], 0.0), 0.0)
-    # dgrad reduce-scatter: the last backward GEMM before it, which must be a wgrad of its scope
-    j = np.searchsorted(gpos, rs, side="left") - 1
-    ok = j >= 0
-    jj = np.where(ok, j, 0)
-    scope = np.char.add(np.char.replace(names[rs].astype(str), ".enter.all_gather.grad", ""), ".")
-    ok &= (np.char.startswith(gnames[jj], scope) & np.char.endswith(gnames[jj], ".wgrad")
-           & (layer[gpos[jj]] == layer[rs]))
-    out[rs] = np.where(ok, np.maximum(t[rs] - t[gpos[jj]], 0.0), 0.0)
-    return out
 
 
 def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period: int = 1,
@@ -1902,9 +1862,6 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
     # (``<m>.enter.all_gather.grad``) and input re-gathers (``.input_all_gather``) bulk
     kern = costed["kernel"].to_numpy().astype(str)
     ub_coll = is_coll & (group == "tp")
-    bulk_ag = bwd & ub_coll & names.str.endswith(".input_all_gather").to_numpy()
-    bulk_b = bulk_ag | (bwd & ub_coll & (kern == "reduce_scatter"))
-    bulk_excess = _bulk_excess_ms(name_arr, bulk_b, bulk_ag, bwd & is_gemm, t, layers)
     opt_parts = {}
     if opt.any():
         okey = np.where(opt, op_class.astype(str).astype(object) + "|" + part, "")
@@ -1934,8 +1891,8 @@ def _rank_view(g, costed: pd.DataFrame, spec: DeviceSpec, n_rep: int = 1, period
         attn_diag_rc_ms=per_layer(bwd & is_attn & rc, t * diag),
         gemm_f_ms=per_layer(fwd & is_gemm, t), gemm_b_ms=per_layer(bwd & is_gemm, t),
         tp_pipeline_f_ms=per_layer(fwd & ub_coll & (kern == "reduce_scatter"), t),
-        tp_bulk_b_ms=per_layer(bulk_b, t),
-        tp_bulk_excess_b_ms=per_layer(bulk_b, bulk_excess),
+        tp_bulk_b_ms=per_layer(bwd & ub_coll & ((kern == "reduce_scatter")
+                                                | names.str.endswith(".input_all_gather").to_numpy()), t),
         coll_by_group={str(grp): (per_layer(fwd & is_coll & (group == grp), t), per_layer(bwd & is_coll & (group == grp), t))
                        for grp in pd.unique(group[is_coll])},
         moe_mlp_f_ms=per_layer(fwd & is_mlp, t), moe_mlp_b_ms=per_layer(bwd & is_mlp, t),
@@ -2154,7 +2111,7 @@ _PER_LAYER_FIELDS = ("f_ms", "b_ms", "opt_ms", "f_nc_ms", "b_nc_ms", "coll_ms", 
                      "gemm_b_ms", "params", "expert_params", "fp8_params", "e_f_nc_j", "e_b_nc_j", "cu_f_ms",
                      "cu_b_ms", "e_opt_j", "opt_cast_ms", "e_opt_cast_j", "act_bytes", "transient_bytes", "ood_fb_ms", "ood_fb_low_ms",
                      "ood_fb_high_ms", "ood_opt_ms", "ood_opt_low_ms", "ood_opt_high_ms", "ood_coll_ms", "wgrad_ms",
-                     "tp_b_async_save_ms", "tp_pipeline_f_ms", "tp_bulk_b_ms", "tp_bulk_excess_b_ms")
+                     "tp_b_async_save_ms", "tp_pipeline_f_ms", "tp_bulk_b_ms")
 
 
 #: the per-layer sums :func:`critical_rank_ood` reads
@@ -3075,8 +3032,7 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
             ub_f, ub_b = (collective_hbm_bytes({o: v[i] for o, v in cbytes.items()}, par.tp, userbuffers=True)
                           for i in (0, 1))
             # each userbuffers method's SMs (overlap.UB_METHOD_SMS: ring exchange 1, pipeline and bulk 16); until stop
-            # 59 every one held 2; exposed per method (overlap.ub_exposed_ms: ring 1/tp, pipeline 1/4, bulk its
-            # excess over its GEMM), until stop 59 1/tp of each
+            # 59 every one held 2
             cf = tp_overlap_layer_ms(view.gemm_f_ms, cf, tp=par.tp, num_sms=spec.num_sms, coll_hbm_bytes=ub_f,
                                      gemm_hbm=view.hbm["gemm_f"] if hbm_on else None,
                                      hbm_gbps=hbm_gbps if hbm_on else None,
@@ -3086,9 +3042,7 @@ def _comm_parts(view: _RankView, par: ParallelConfig, spec: DeviceSpec, cm, cl: 
                                      gemm_hbm=view.hbm["gemm_b"] if hbm_on else None,
                                      hbm_gbps=hbm_gbps if hbm_on else None,
                                      method_ms=None if view.tp_bulk_b_ms is None or grp != "tp"
-                                     else {"bulk": view.tp_bulk_b_ms},
-                                     bulk_excess_ms=0.0 if view.tp_bulk_excess_b_ms is None or grp != "tp"
-                                     else view.tp_bulk_excess_b_ms) - view.gemm_b_ms
+                                     else {"bulk": view.tp_bulk_b_ms}) - view.gemm_b_ms
         elif grp == "tp" and async_tp_b and view.tp_b_async_save_ms is not None:
             cb = np.maximum(cb - view.tp_b_async_save_ms, 0.0)
         elif key == "ep" and par.overlap_moe_expert_parallel_comm:

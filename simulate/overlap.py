@@ -56,11 +56,9 @@ reduce-scatter beside their wgrad GEMM) 16; each direction's pairs are pooled (i
 collective's SMs weighted by its time (:func:`ub_sm_share`). Until stop 59 every userbuffers collective held 2 SMs
 (optimistic for the pipelined and bulk ones): the audit's Llama 3 70B TP8 stage-1 task 88.66 -> 91.13 ms. Stated
 simplifications: TE launches the pipeline / bulk GEMMs on the SMs less ``num_sm`` for their whole length
-(``set_sm_margin``, l. 386), here only over the span the collective runs beside them. Exposed, per method
-(:func:`ub_exposed_ms`, since stop 59; until then a ``1 / tp`` of every method's): the ring exchange's last of ``tp``
-chunks, the pipelined reduce-scatter's last of 4 (``num_splits``, l. 387), a bulk collective's excess over the one
-GEMM it runs beside (the input re-gather beside the dgrad GEMM, the dgrad reduce-scatter beside the wgrad GEMM), no
-chunk. DRAM: a collective's traffic per
+(``set_sm_margin``, l. 386), here only over the span the collective runs beside them; and the exposed chunk is a
+``1 / tp`` of the collectives whatever their method (TE's ``num_splits``, l. 387: ``tp`` for the ring exchange, 4 for
+the pipeline; the bulk overlaps pipeline nothing and expose nothing of their own). DRAM: a collective's traffic per
 byte of message is its algorithm's (NCCL's ring with the Simple protocol through staging buffers for every NCCL
 collective, tree and NVLS included; TE's ring exchange / userbuffers reduce-scatter for the TP ones), a kernel's is
 the bytes the graph counts (each tensor read or written once: a GEMM's tile re-reads that miss L2 are not counted),
@@ -135,10 +133,6 @@ NCCL_SMS = 16
 #: AG / RS overlaps on by default (``tp_comm_bulk_wgrad``, ``tp_comm_bulk_dgrad``, ``tp_comm_overlap_ag``,
 #: ``tp_comm_overlap_rs`` True; ``tp_comm_overlap_rs_dgrad`` False: the dgrad reduce-scatter stays bulk).
 UB_METHOD_SMS = {"ring_exchange": 1, "pipeline": 16, "bulk": 16}
-#: the chunks each userbuffers method splits its GEMM and collective into (TE 2.20.2 ``pytorch/module/base.py``
-#: ``initialize_ub`` l. 387: ``num_splits`` = tp for the ring exchange, 4 otherwise); None: the TP size. The bulk
-#: overlaps ignore it (one collective launched whole beside another GEMM: ``tp_overlap_layer_ms``)
-UB_METHOD_SPLITS = {"ring_exchange": None, "pipeline": 4}
 #: (until stop 59 one ``UB_SMS`` = 2 for every userbuffers collective: optimistic for the pipelined reduce-scatters and
 #: the bulk overlaps)
 
@@ -321,37 +315,13 @@ def ub_sm_share(coll_ms, num_sms: int, method_ms: dict | None = None):
     return np.minimum(np.maximum(mean_sms, 0.0) / max(int(num_sms), 1), 1.0)
 
 
-def ub_exposed_ms(coll_ms, *, tp: int, method_ms: dict | None = None, bulk_excess_ms=0.0):
-    """What of the userbuffers collectives ``coll_ms`` no GEMM can hide, per method (``method_ms`` as
-    :func:`ub_sm_share`; what is not named is ring exchange): the ring exchange's last of ``tp`` chunks
-    (``num_splits`` = tp, TE 2.20.2 ``initialize_ub`` l. 387); the pipelined reduce-scatter's last of
-    :data:`UB_METHOD_SPLITS` ["pipeline"] = 4 chunks (l. 387; ``pipeline_rs_overlap_first_gemm`` False, l. 394: each
-    chunk's reduce-scatter starts after its GEMM chunk and runs beside the next, so the last one follows the last GEMM
-    chunk: TE's C++ ``CommOverlapBase::split_overlap_rs`` as remembered, its source not in the 2.20.2 wheel and not
-    read here); a bulk collective's excess over the one GEMM it runs beside (``bulk_excess_ms``, from the graph:
-    ``distributed._bulk_excess_ms``), no chunk of its own. Until stop 59 a ``1 / tp`` of every method's."""
-    coll = np.asarray(coll_ms, dtype=float)
-    named = {m: np.minimum(np.asarray(v, dtype=float), coll) for m, v in (method_ms or {}).items()}
-    unknown = set(named) - set(UB_METHOD_SMS)
-    if unknown:
-        raise ValueError(f"userbuffers method(s) {sorted(unknown)} unknown: one of {sorted(UB_METHOD_SMS)}")
-    ring = np.maximum(coll - sum(named.values(), np.zeros_like(coll)), 0.0)
-    tp = max(int(tp), 1)
-    exposed = ring / tp + named.get("pipeline", 0.0) / (UB_METHOD_SPLITS["pipeline"] or tp)
-    exposed = exposed + np.minimum(np.maximum(np.asarray(bulk_excess_ms, dtype=float), 0.0),
-                                   named.get("bulk", np.zeros_like(coll)))
-    return np.minimum(exposed, coll)
-
-
 def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int, gemm_hbm=None, coll_hbm_bytes=0.0,
-                        hbm_gbps=None, method_ms: dict | None = None, bulk_excess_ms=0.0):
+                        hbm_gbps=None, method_ms: dict | None = None):
     """Time of a layer's TP collectives and the GEMMs they are pipelined with under ``--tp-comm-overlap``
-    (userbuffers). ``method_ms``: the part of ``coll_ms`` each userbuffers method other
+    (userbuffers: ``tp`` chunks, one exposed). ``method_ms``: the part of ``coll_ms`` each userbuffers method other
     than the ring exchange runs (``pipeline``: the forward reduce-scatters; ``bulk``: the backward's input re-gathers
     and dgrad reduce-scatters; the rest is ring exchange): each holds :data:`UB_METHOD_SMS` SMs from the GEMMs while
-    it runs (:func:`ub_sm_share`, the pairs pooled per direction), and exposes what :func:`ub_exposed_ms` says (the
-    ring exchange a ``1 / tp`` chunk, the pipeline a 1/4 chunk, the bulk its ``bulk_excess_ms`` over its GEMM); the
-    rest runs beside the direction's GEMMs, pooled. ``gemm_hbm``: the GEMMs' (memory-bound ms, their
+    it runs (:func:`ub_sm_share`, the pairs pooled per direction). ``gemm_hbm``: the GEMMs' (memory-bound ms, their
     bytes, the other GEMMs' bytes), ``coll_hbm_bytes`` the collectives' DRAM traffic (:func:`collective_hbm_bytes`
     with ``userbuffers``), ``hbm_gbps`` the achievable DRAM bandwidth: the two share it (:func:`hbm_stretch`; None:
     the SMs alone)."""
@@ -362,8 +332,7 @@ def tp_overlap_layer_ms(gemm_ms, coll_ms, *, tp: int, num_sms: int, gemm_hbm=Non
         mem_ms, mem_b, oth_b = gemm_hbm if gemm_hbm is not None else (0.0, 0.0, 0.0)
         stretch = hbm_stretch(gemm_ms, coll, share=share, mem_ms=mem_ms, mem_bytes=mem_b, other_bytes=oth_b,
                               comm_hbm_bytes=coll_hbm_bytes, hbm_gbps=hbm_gbps)
-    return overlapped_ms(gemm_ms, coll, share=share, stretch=stretch,
-                         first_chunk_ms=ub_exposed_ms(coll, tp=tp, method_ms=method_ms, bulk_excess_ms=bulk_excess_ms))
+    return overlapped_ms(gemm_ms, coll, share=share, first_chunk_ms=coll / max(int(tp), 1), stretch=stretch)
 
 
 def ep_overlap_layer_ms(f_compute_ms, b_compute_ms, a2a_f_ms, a2a_b_ms, *, num_sms: int, mlp_f_ms, mlp_b_ms,

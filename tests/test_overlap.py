@@ -790,12 +790,11 @@ def test_userbuffers_sm_share_follows_te_defaults_per_method():
                        [(3 * 1 + 6 * 16) / 9 / n, 1 / n])
     with pytest.raises(ValueError, match="external"):
         ub_sm_share(8.0, n, {"external": 1.0})
-    # a reduce-scatter pair slows its GEMM by 16 / num_sms over the span it runs beside it (its last of 4 chunks
-    # exposed: ub_exposed_ms)
+    # a reduce-scatter pair slows its GEMM by 16 / num_sms over the span it runs beside it (first chunk exposed)
     gemm, coll, tp = 100.0, 8.0, 8
     rest = coll - coll / tp
     assert tp_overlap_layer_ms(gemm, coll, tp=tp, num_sms=n, method_ms={"pipeline": coll}) == pytest.approx(
-        coll / 4 + gemm + 16 / n * (coll - coll / 4))
+        coll / tp + gemm + 16 / n * rest)
     # an all-gather pair (ring exchange, copy engines) by 1 / num_sms
     assert tp_overlap_layer_ms(gemm, coll, tp=tp, num_sms=n) == pytest.approx(coll / tp + gemm + 1 / n * rest)
 
@@ -814,77 +813,3 @@ def test_tp_comm_overlap_charges_each_userbuffers_method_its_sms(monkeypatch):
     ring_only = wattcast.predict_cluster("llama3_8b", "DGX-H100", **kw)
     assert te.exposed_comm_split_ms["tp"] > ring_only.exposed_comm_split_ms["tp"] + 0.1
     assert te.step_time_ms > ring_only.step_time_ms
-
-
-def test_userbuffers_expose_each_methods_own_chunk():
-    """TE 2.20.2 initialize_ub (pytorch/module/base.py l. 387): the ring exchange splits in tp chunks (the last
-    exposed), the pipelined forward reduce-scatter in 4 (its last chunk follows the last GEMM chunk,
-    pipeline_rs_overlap_first_gemm False, l. 394), and a bulk overlap runs one whole collective beside another GEMM:
-    no chunk, only its excess over that GEMM. Until stop 59 a 1 / tp of every method's was exposed."""
-    from wattcast.simulate.overlap import UB_METHOD_SPLITS, ub_exposed_ms
-
-    assert UB_METHOD_SPLITS["pipeline"] == 4
-    assert float(ub_exposed_ms(8.0, tp=8)) == pytest.approx(1.0)  # ring exchange: 1 / tp
-    assert float(ub_exposed_ms(8.0, tp=8, method_ms={"pipeline": 8.0})) == pytest.approx(2.0)  # 1 / 4, not 1 / 8
-    assert float(ub_exposed_ms(8.0, tp=2, method_ms={"pipeline": 8.0})) == pytest.approx(2.0)  # 1 / 4 at any tp
-    assert float(ub_exposed_ms(8.0, tp=8, method_ms={"bulk": 8.0})) == 0.0  # bulk within its GEMM: nothing
-    assert float(ub_exposed_ms(8.0, tp=8, method_ms={"bulk": 8.0}, bulk_excess_ms=3.0)) == pytest.approx(3.0)
-    # a backward: 3 ms ring exchange, 6 ms bulk of which 1 ms beyond its GEMMs
-    assert float(ub_exposed_ms(9.0, tp=8, method_ms={"bulk": 6.0}, bulk_excess_ms=1.0)) == pytest.approx(3 / 8 + 1)
-    # the excess cannot exceed the bulk collectives themselves
-    assert float(ub_exposed_ms(9.0, tp=8, method_ms={"bulk": 6.0}, bulk_excess_ms=7.0)) == pytest.approx(3 / 8 + 6)
-    with pytest.raises(ValueError, match="external"):
-        ub_exposed_ms(8.0, tp=8, method_ms={"external": 1.0})
-    big = 10 ** 9  # SMs: no slowdown, the exposure alone
-    assert tp_overlap_layer_ms(100.0, 8.0, tp=8, num_sms=big, method_ms={"pipeline": 8.0}) == pytest.approx(102.0)
-    assert tp_overlap_layer_ms(100.0, 8.0, tp=8, num_sms=big, method_ms={"bulk": 8.0}) == pytest.approx(100.0)
-    assert tp_overlap_layer_ms(100.0, 8.0, tp=8, num_sms=big, method_ms={"bulk": 8.0},
-                               bulk_excess_ms=3.0) == pytest.approx(103.0)
-    assert tp_overlap_layer_ms(100.0, 8.0, tp=8, num_sms=big) == pytest.approx(101.0)
-
-
-def test_bulk_collectives_pair_with_the_gemm_te_runs_them_beside():
-    """TE 2.20.2 linear.py l. 1219-1228: the input re-gather (ub_bulk_dgrad) runs beside the module's dgrad GEMM,
-    the dgrad reduce-scatter (ub_bulk_wgrad) beside its wgrad GEMM; each exposes its excess over that GEMM."""
-    from wattcast.simulate.distributed import _bulk_excess_ms
-
-    rows = [  # name, is bulk, is input re-gather, is backward GEMM, layer, ms
-        ("mlp.exit.reduce_scatter.grad", False, False, False, 1, 0.2),  # ring exchange: not bulk
-        ("mlp.linear_fc2.dgrad", False, False, True, 1, 1.0),
-        ("mlp.linear_fc2.wgrad", False, False, True, 1, 1.0),
-        ("mlp.linear_fc1.input_all_gather", True, True, False, 1, 0.3),
-        ("mlp.linear_fc1.dgrad", False, False, True, 1, 2.0),
-        ("mlp.linear_fc1.wgrad", False, False, True, 1, 0.5),
-        ("mlp.enter.all_gather.grad", True, False, False, 1, 0.8),  # 0.3 beyond the 0.5 ms wgrad
-        ("self_attention.linear_qkv.input_all_gather", True, True, False, 1, 0.4),
-        ("self_attention.linear_qkv.dgrad", False, False, True, 1, 0.1),  # 0.3 beyond
-        ("self_attention.linear_qkv.wgrad", False, False, True, 1, 0.1),
-        ("self_attention.enter.all_gather.grad", True, False, False, 1, 0.05),  # within
-        ("mlp.linear_fc1.input_all_gather", True, True, False, 2, 0.3),
-        ("mlp.linear_fc1.dgrad", False, False, True, 3, 0.1),  # another layer's: not its partner (pooled)
-    ]
-    n, bulk, ag, gemm, layer, t = map(np.array, zip(*rows))
-    out = _bulk_excess_ms(n, bulk, ag, gemm, t.astype(float), layer)
-    assert out[3] == 0.0 and out[10] == 0.0 and out[11] == 0.0
-    assert out[6] == pytest.approx(0.3) and out[7] == pytest.approx(0.3)
-    assert out[[0, 1, 2, 4, 5, 8, 9, 12]].sum() == 0.0
-
-
-def test_tp_comm_overlap_exposes_the_pipeline_quarter_and_the_bulk_excess(monkeypatch):
-    """Wired (distributed._comm_parts): a Llama 3 70B TP8 megatron prediction exposes more TP time than with every
-    method's exposure a 1 / tp chunk (until stop 59): the forward reduce-scatters' last quarter and the QKV re-gather
-    and reduce-scatter beyond the QKV's small dgrad / wgrad GEMMs (at 8B the forward's collectives outlast its GEMMs,
-    so any chunk is exposed anyway)."""
-    from wattcast.simulate import distributed, overlap
-
-    kw = dict(gpus=32, batch=8, seq=4096, tp=8, sp=True, pp=4, micro_batch=1, zero=1, framework="megatron")
-    te = wattcast.predict_cluster("llama3_70b", "DGX-H100", **kw)
-    assert te.parallel.tp_comm_overlap
-    monkeypatch.setitem(overlap.UB_METHOD_SPLITS, "pipeline", None)  # the tp size
-    quarter_off = wattcast.predict_cluster("llama3_70b", "DGX-H100", **kw)
-    ub = overlap.tp_overlap_layer_ms
-    monkeypatch.setattr(distributed, "tp_overlap_layer_ms", lambda *a, bulk_excess_ms=0.0, **k: ub(*a, **k))
-    old = wattcast.predict_cluster("llama3_70b", "DGX-H100", **kw)
-    assert te.exposed_comm_split_ms["tp"] > quarter_off.exposed_comm_split_ms["tp"] + 0.1
-    assert quarter_off.exposed_comm_split_ms["tp"] > old.exposed_comm_split_ms["tp"] + 0.1
-    assert te.step_time_ms > quarter_off.step_time_ms > old.step_time_ms
