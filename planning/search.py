@@ -1042,7 +1042,7 @@ def search(model, cluster, gpus: int, batch: int, seq: int, *, dtype: str = DEFA
                      for cl, spec in resolved})[cols]
     df = with_memory_headroom(df, memory_headroom_gb, run_cols)
     for c in _SPLIT_COLUMNS:  # whole numbers, <NA> where not given or pp 1
-        df[c] = pd.array([None if v is None or pd.isna(v) else int(v) for v in df[c]], dtype="Int64")
+        df[c] = pd.to_numeric(df[c]).astype("Int64")
     if tokens is not None:
         df["run_pareto"] = pareto_mask(df)
         _check_run_length(df, float(tokens), batch * seq)

@@ -3858,6 +3858,10 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
         norm_share = norm_b / (norm_b + clip_b)
     else:
         norm_share = CLIP_NORM_SHARE
+    # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share. The
+    # same in every run below (no communication class made free changes it): the phase and its cut made once
+    opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share + bf16_step_ms
+    opt_segs, seg_ms = optimizer_segments(opt_parts, opt_stage, barriers, norm_share)
 
     def run(free: frozenset = frozenset(), energy: bool = True):
         """The step with the communication classes in ``free`` made free (everything else as costed); ``energy``
@@ -4026,8 +4030,6 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
             finish, tied_start = tied_grad_sync_ms(finish, tied_ar_ms)
         if tied_on and trace:
             comm_events += [(s, "pp.embedding_grad_all_reduce", tied_start, tied_start + tied_ar_ms) for s in (0, P - 1)]
-        # ZeRO shards the optimizer step over the DP group; the FP8 weight cast after it is every rank's whole share
-        opt_stage = (opt_by_stage - opt_cast_stage) * opt_share + opt_cast_stage * cast_share + bf16_step_ms
         gather = np.zeros(P)
         if dp_on and par_dp.zero >= 1 and dp_group:
             if par.overlap_param_gather and V > 1:
@@ -4070,8 +4072,7 @@ def schedule_step(ctx: ScheduleContext) -> DistributedPrediction:
                         hid[np.isin(np.arange(P), first_ranks, invert=True)] = 0.0
                     st_g, xj_g = hidden_power(hid, "fs")
                     gather = gather + st_g
-        # the optimizer phase, cut at its barriers: no stage clips or steps before every stage has taken its norm
-        opt_segs, seg_ms = optimizer_segments(opt_parts, opt_stage, barriers, norm_share)
+        # the optimizer phase (cut at its barriers above): no stage clips or steps before every stage has taken its norm
         opt_end, seg_start, bar_spans = barrier_optimizer_ms(finish, seg_ms, [0.0 if "pp" in free else barrier_ms]
                                                              * len(barriers))
         total = opt_end + gather + iteration_ms
